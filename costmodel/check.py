@@ -1,0 +1,106 @@
+"""`check_plan`: the one validator of a plan against model, training spec and cluster.
+
+The planner prunes with it and the runtime refuses with it. Each problem is one sentence a user
+can act on; an empty list means the plan is valid (and fits, when memory is checked).
+"""
+from __future__ import annotations
+
+from costmodel.cluster import ClusterSpec
+from costmodel.estimate import memory_per_rank
+from costmodel.plan import AXES, Plan, Recompute, Schedule
+from costmodel.specs import ModelSpec, TrainSpec
+
+GIB = 2**30
+
+
+def check_structure(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> list[str]:
+    problems: list[str] = []
+    add = problems.append
+    for name in ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "num_micro_batches"):
+        if getattr(plan, name) < 1:
+            add(f"{name} must be at least 1 (got {getattr(plan, name)})")
+    if problems:
+        return problems
+    if plan.world_size != cluster.world_size:
+        add(f"dp*tp*pp*cp = {plan.dp}*{plan.tp}*{plan.pp}*{plan.cp} = {plan.world_size} does not "
+            f"equal the cluster's {cluster.world_size} devices")
+    for what, n in (("num_heads", model.num_heads), ("num_kv_heads", model.num_kv_heads),
+                    ("ffn_hidden_size", model.ffn_hidden_size)):
+        if n % plan.tp:
+            add(f"tp={plan.tp} does not divide the model's {what} ({n})")
+    if train.seq_len % plan.cp:
+        add(f"cp={plan.cp} does not divide seq_len {train.seq_len}")
+    if plan.sequence_parallel and plan.tp == 1:
+        add("sequence parallelism needs tp > 1")
+    if plan.sequence_parallel and (train.seq_len // plan.cp) % plan.tp:
+        add(f"sequence parallelism needs tp={plan.tp} to divide the local sequence {train.seq_len // plan.cp}")
+    batch = plan.dp * plan.micro_batch_size * plan.num_micro_batches
+    if batch != train.global_batch_size:
+        add(f"dp*micro_batch_size*num_micro_batches = {plan.dp}*{plan.micro_batch_size}*"
+            f"{plan.num_micro_batches} = {batch} does not equal the global batch {train.global_batch_size}")
+    if plan.zero_stage not in (0, 1, 2, 3):
+        add(f"zero_stage must be 0, 1, 2 or 3 (got {plan.zero_stage})")
+    if sorted(plan.mesh_axis_order) != sorted(AXES):
+        add(f"mesh_axis_order must order exactly {', '.join(AXES)} (got {', '.join(plan.mesh_axis_order)})")
+    problems += _check_pipeline(model, plan)
+    problems += _check_recompute(plan)
+    return problems
+
+
+def _check_pipeline(model: ModelSpec, plan: Plan) -> list[str]:
+    problems: list[str] = []
+    add = problems.append
+    if len(plan.layers_per_stage) != plan.pp * plan.vpp:
+        add(f"layers_per_stage has {len(plan.layers_per_stage)} entries; pp*vpp = {plan.pp * plan.vpp}")
+    elif sum(plan.layers_per_stage) != model.num_layers:
+        add(f"layers_per_stage sums to {sum(plan.layers_per_stage)}, the model has {model.num_layers} layers")
+    elif min(plan.layers_per_stage) < 1:
+        add("every pipeline stage needs at least one layer")
+    s = plan.schedule
+    if s is Schedule.INTERLEAVED:
+        if plan.vpp < 2 or plan.pp < 2:
+            add("interleaved-1f1b needs pp >= 2 and vpp >= 2")
+        elif plan.num_micro_batches % plan.pp:
+            add(f"interleaved-1f1b needs num_micro_batches ({plan.num_micro_batches}) divisible by pp ({plan.pp})")
+    elif s is Schedule.ZBV:
+        if plan.vpp != 2 or plan.pp < 2:
+            add("zbv places exactly two virtual stages per rank (vpp = 2) on pp >= 2")
+    elif plan.vpp != 1:
+        add(f"schedule {s} runs one stage per rank (vpp must be 1)")
+    if plan.pp == 1 and s not in (Schedule.ONE_F_ONE_B, Schedule.GPIPE):
+        add(f"schedule {s} needs pp > 1")
+    return problems
+
+
+def _check_recompute(plan: Plan) -> list[str]:
+    if len(plan.recompute_num_layers) != plan.pp:
+        return [f"recompute_num_layers has {len(plan.recompute_num_layers)} entries, one per pipeline rank ({plan.pp}) expected"]
+    problems = []
+    for rank, n in enumerate(plan.recompute_num_layers):
+        layers = plan.layers_on_rank(rank) if len(plan.layers_per_stage) == plan.pp * plan.vpp else n
+        if not 0 <= n <= layers:
+            problems.append(f"recompute_num_layers[{rank}] = {n} is outside 0..{layers}")
+    if plan.recompute is Recompute.NONE and any(plan.recompute_num_layers):
+        problems.append("recompute is none but recompute_num_layers is not all zero")
+    if plan.recompute is not Recompute.NONE and not any(plan.recompute_num_layers):
+        problems.append(f"recompute is {plan.recompute} but no layer is recomputed")
+    return problems
+
+
+def check_memory(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> list[str]:
+    capacity = cluster.device.memory_bytes
+    problems = []
+    for rank, mem in enumerate(memory_per_rank(model, train, cluster, plan)):
+        if mem.total_bytes > capacity:
+            problems.append(f"pipeline stage {rank} needs {mem.total_bytes / GIB:.1f} GiB per device, "
+                            f"{(mem.total_bytes - capacity) / GIB:.1f} GiB over the "
+                            f"{capacity / GIB:.1f} GiB of {cluster.device.name}")
+    return problems
+
+
+def check_plan(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan,
+               *, memory: bool = True) -> list[str]:
+    problems = check_structure(model, train, cluster, plan)
+    if not problems and memory:
+        problems = check_memory(model, train, cluster, plan)
+    return problems

@@ -1,0 +1,160 @@
+"""Hardware as data: device profiles (TOML files) x nodes x devices per node.
+
+A profile keeps datasheet numbers (`[device]`, `[[network]]`) apart from the achievable
+efficiency parameters (`[efficiency]`), which are fitted or measured and say how.
+"""
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from costmodel.specs import DType
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NetworkTier:
+    """One level of the network. Bandwidth is per device, per direction (what one GPU can push)."""
+
+    name: str
+    bandwidth_bytes_per_s: float
+    latency_s: float
+    efficiency: float  # achievable fraction of bandwidth_bytes_per_s for large collectives
+
+    @property
+    def effective_bandwidth_bytes_per_s(self) -> float:
+        return self.bandwidth_bytes_per_s * self.efficiency
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Efficiency:
+    """Achievable fractions of the datasheet peaks, and fixed overheads (see each profile's notes)."""
+
+    gemm: float               # large-GEMM fraction of dense peak FLOP/s
+    attention: float          # fused (flash) attention fraction of dense peak FLOP/s
+    memory: float             # fraction of HBM bandwidth reached by memory-bound kernels
+    kernel_overhead_s: float  # launch + tail cost per kernel
+    reserved_memory_bytes: int  # context, allocator fragmentation, library workspaces
+    source: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DeviceProfile:
+    name: str
+    aliases: tuple[str, ...]
+    peak_flops_per_s: dict[str, float]
+    memory_bytes: int
+    memory_bandwidth_bytes_per_s: float
+    intra_node: NetworkTier
+    inter_node: NetworkTier
+    efficiency: Efficiency
+    path: str
+
+    def peak_for(self, dtype: DType) -> float:
+        peak = self.peak_flops_per_s.get(str(dtype), 0.0)
+        if peak <= 0:
+            raise ValueError(f"device {self.name} has no {dtype} support in its profile")
+        return peak
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ClusterSpec:
+    device: DeviceProfile
+    num_nodes: int
+    devices_per_node: int
+
+    def __post_init__(self) -> None:
+        if self.num_nodes <= 0 or self.devices_per_node <= 0:
+            raise ValueError("a cluster needs at least one node and one device per node")
+
+    @property
+    def world_size(self) -> int:
+        return self.num_nodes * self.devices_per_node
+
+    @property
+    def name(self) -> str:
+        return f"{self.num_nodes}x{self.devices_per_node}x{self.device.name}"
+
+    def to_dict(self) -> dict[str, Any]:
+        # A shipped profile is named; any other (e.g. one `planner profile` wrote) by its path.
+        shipped = Path(self.device.path).parent == _profile_dir()
+        return {"num_nodes": self.num_nodes, "devices_per_node": self.devices_per_node,
+                "device": self.device.name if shipped else self.device.path}
+
+
+def _profile_dir() -> Path:
+    return Path(str(resources.files("profiles")))
+
+
+def _tier(raw: dict[str, Any], efficiency: float) -> NetworkTier:
+    return NetworkTier(name=raw["name"], bandwidth_bytes_per_s=float(raw["bandwidth_bytes_per_s"]),
+                       latency_s=float(raw["latency_s"]), efficiency=efficiency)
+
+
+def load_profile(path: Path) -> DeviceProfile:
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path}: not a valid profile ({exc})") from None
+    try:
+        dev, eff, net = raw["device"], raw["efficiency"], {t["scope"]: t for t in raw["network"]}
+        efficiency = Efficiency(gemm=eff["gemm"], attention=eff["attention"], memory=eff["memory"],
+                                kernel_overhead_s=eff["kernel_overhead_s"],
+                                reserved_memory_bytes=int(eff["reserved_memory_bytes"]),
+                                source=eff["source"])
+        return DeviceProfile(
+            name=dev["name"], aliases=tuple(dev.get("aliases", ())),
+            peak_flops_per_s={k: float(v) for k, v in dev["peak_flops_per_s"].items()},
+            memory_bytes=int(dev["memory_bytes"]),
+            memory_bandwidth_bytes_per_s=float(dev["memory_bandwidth_bytes_per_s"]),
+            intra_node=_tier(net["node"], eff["intra_node_comm"]),
+            inter_node=_tier(net["cluster"], eff["inter_node_comm"]),
+            efficiency=efficiency, path=str(path))
+    except KeyError as exc:
+        raise ValueError(f"{path}: profile lacks {exc.args[0]!r}") from None
+
+
+def known_profiles() -> dict[str, DeviceProfile]:
+    """Every shipped profile by name, in file-name order."""
+    return {p.name: p for p in (load_profile(f) for f in sorted(_profile_dir().glob("*.toml")))}
+
+
+def resolve_device(name_or_path: str) -> DeviceProfile:
+    path = Path(name_or_path)
+    if path.suffix == ".toml":
+        if not path.is_file():
+            raise ValueError(f"profile {name_or_path!r} does not exist")
+        return load_profile(path)
+    profiles = known_profiles()
+    wanted = name_or_path.lower()
+    for profile in profiles.values():
+        if wanted == profile.name.lower() or wanted in (a.lower() for a in profile.aliases):
+            return profile
+    names = ", ".join(f"{p.name} ({'/'.join(p.aliases)})" if p.aliases else p.name
+                      for p in profiles.values())
+    raise ValueError(f"unknown device {name_or_path!r}; known: {names}, or a path to a .toml profile")
+
+
+_CLUSTER_RE = re.compile(r"^(\d+)x(\d+)x(.+)$")
+
+
+def parse_cluster(text: str) -> ClusterSpec:
+    """`NODESxDEVICES_PER_NODExDEVICE`, e.g. `8x8xA100` or `1x2xprofiles/cpu.toml`."""
+    match = _CLUSTER_RE.match(text.strip())
+    if not match:
+        raise ValueError(f"malformed cluster {text!r}: expected NODESxGPUS_PER_NODExDEVICE, "
+                         "e.g. 8x8xA100 or 1x2xpath/to/profile.toml")
+    nodes, per_node, device = int(match[1]), int(match[2]), match[3]
+    if nodes <= 0 or per_node <= 0:
+        raise ValueError(f"malformed cluster {text!r}: node and device counts must be positive")
+    return ClusterSpec(device=resolve_device(device), num_nodes=nodes, devices_per_node=per_node)
+
+
+def cluster_from_dict(data: dict[str, Any]) -> ClusterSpec:
+    if set(data) != {"num_nodes", "devices_per_node", "device"}:
+        raise ValueError(f"cluster: expected keys num_nodes, devices_per_node, device; got {sorted(data)}")
+    return ClusterSpec(device=resolve_device(data["device"]), num_nodes=data["num_nodes"],
+                       devices_per_node=data["devices_per_node"])

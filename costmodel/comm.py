@@ -1,0 +1,49 @@
+"""Collective and point-to-point times: the latency-bandwidth (alpha-beta) model.
+
+Ring algorithms (Thakur, Rabenseifner & Gropp 2005; what NCCL uses for large messages): over n
+ranks an all-gather or reduce-scatter of a B-byte (unsharded) buffer moves (n-1)/n·B bytes per
+rank in n-1 steps; an all-reduce is a reduce-scatter followed by an all-gather. A group that spans
+nodes runs hierarchically: the intra-node part on NVLink at full size and the inter-node part on
+the B/m shard each of the m local ranks owns, every rank using its own NIC (bandwidth per device
+per direction, as the profiles give it).
+"""
+from __future__ import annotations
+
+from enum import StrEnum
+
+from costmodel.cluster import ClusterSpec, NetworkTier
+from costmodel.placement import AxisSpan
+
+
+class Collective(StrEnum):
+    ALL_REDUCE = "all_reduce"
+    ALL_GATHER = "all_gather"
+    REDUCE_SCATTER = "reduce_scatter"
+
+
+def ring_time_s(kind: Collective, num_bytes: float, n: int, tier: NetworkTier) -> float:
+    if n <= 1 or num_bytes <= 0:
+        return 0.0
+    steps = n - 1
+    volume = (n - 1) / n * num_bytes
+    if kind is Collective.ALL_REDUCE:
+        steps, volume = 2 * steps, 2 * volume
+    return steps * tier.latency_s + volume / tier.effective_bandwidth_bytes_per_s
+
+
+def collective_time_s(kind: Collective, num_bytes: float, span: AxisSpan,
+                      cluster: ClusterSpec) -> float:
+    """Time of one collective over a group laid out as `span` (see costmodel.placement)."""
+    intra, inter = cluster.device.intra_node, cluster.device.inter_node
+    if not span.crosses_nodes:
+        return ring_time_s(kind, num_bytes, span.size, intra)
+    m, k = span.members_per_node, span.num_nodes
+    inner = ring_time_s(kind, num_bytes, m, intra)
+    # e.g. all-reduce = reduce-scatter in node + all-reduce of the 1/m shard across nodes +
+    # all-gather in node; the in-node ring all-reduce accounts for the first and last parts.
+    outer = ring_time_s(kind, num_bytes / m, k, inter)
+    return inner + outer
+
+
+def p2p_time_s(num_bytes: float, tier: NetworkTier) -> float:
+    return tier.latency_s + num_bytes / tier.effective_bandwidth_bytes_per_s

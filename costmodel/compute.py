@@ -1,0 +1,136 @@
+"""Compute time of one layer (and of the embedding, LM head, optimizer) on one device.
+
+Each kernel is priced by the roofline (Williams et al. 2009): the larger of FLOPs over the
+achievable FLOP/s and bytes over the achievable memory bandwidth, plus a fixed per-kernel cost
+(launch and wave tail), which is what makes small GEMMs and many small kernels inefficient.
+Achievable rates are datasheet peak x the profile's fitted efficiencies.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from costmodel.cluster import DeviceProfile
+from costmodel.layout import Style, layer_blocks
+from costmodel.params import ceil_div
+from costmodel.plan import Plan
+from costmodel.specs import AttentionKernel, FfnKind, ModelSpec, PositionKind, TrainSpec
+
+FLASH_BACKWARD_FACTOR = 2.5  # FlashAttention-2 (Dao 2023): 5 matmuls backward vs 2 forward
+CAUSAL_FRACTION = 0.5        # a causal flash kernel skips the masked upper triangle
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class KernelTimes:
+    """Seconds for one micro-batch through one layer on one device (no communication)."""
+
+    forward_s: float
+    backward_input_s: float   # dX (and everything without weights, e.g. attention core)
+    backward_weight_s: float  # dW of the projections
+    attention_forward_s: float  # the part selective recomputation re-runs
+
+    @property
+    def backward_s(self) -> float:
+        return self.backward_input_s + self.backward_weight_s
+
+
+def roofline_s(flops: float, num_bytes: float, dev: DeviceProfile, peak: float, eff: float,
+               num_kernels: int = 1) -> float:
+    return (max(flops / (peak * eff), num_bytes / (dev.memory_bandwidth_bytes_per_s * dev.efficiency.memory))
+            + num_kernels * dev.efficiency.kernel_overhead_s)
+
+
+def memory_bound_s(num_bytes: float, dev: DeviceProfile, num_kernels: int) -> float:
+    return roofline_s(0.0, num_bytes, dev, 1.0, 1.0, num_kernels)
+
+
+def gemm_s(m: int, k: int, n: int, dev: DeviceProfile, train: TrainSpec) -> float:
+    a = train.compute_dtype.num_bytes
+    return roofline_s(2.0 * m * k * n, a * (m * k + k * n + m * n), dev,
+                      dev.peak_for(train.compute_dtype), dev.efficiency.gemm)
+
+
+def _linears_s(model: ModelSpec, train: TrainSpec, plan: Plan, dev: DeviceProfile, tokens: int) -> float:
+    total = 0.0
+    for block in layer_blocks(model):
+        for lin in block.linears:
+            if lin.style is Style.COLWISE:
+                total += gemm_s(tokens, lin.in_features, ceil_div(lin.out_features, plan.tp), dev, train)
+            else:
+                total += gemm_s(tokens, ceil_div(lin.in_features, plan.tp), lin.out_features, dev, train)
+    return total
+
+
+def _attention_core_s(model: ModelSpec, train: TrainSpec, plan: Plan, dev: DeviceProfile) -> tuple[float, float]:
+    """(forward, backward) of scores, softmax and weighted sum for local heads and queries."""
+    b, heads, d = plan.micro_batch_size, model.num_heads // plan.tp, model.head_dim
+    s_q, s_k, a = train.seq_len // plan.cp, train.seq_len, train.compute_dtype.num_bytes
+    peak = dev.peak_for(train.compute_dtype)
+    flops = 4.0 * b * heads * s_q * s_k * d
+    if train.attention_kernel is AttentionKernel.FLASH:
+        fwd = roofline_s(flops * CAUSAL_FRACTION, a * 4 * b * heads * s_q * d, dev, peak, dev.efficiency.attention)
+        bwd = roofline_s(flops * CAUSAL_FRACTION * FLASH_BACKWARD_FACTOR, a * 8 * b * heads * s_q * d,
+                         dev, peak, dev.efficiency.attention)
+        return fwd, bwd
+    scores = b * heads * s_q * s_k
+    matmuls = roofline_s(flops, a * (2 * scores + 4 * b * heads * s_q * d), dev, peak, dev.efficiency.gemm, 2)
+    drop = 1 if model.dropout else 0
+    softmax_fwd = memory_bound_s(scores * (2 * a + drop * (2 * a + 1)), dev, 1 + drop)
+    softmax_bwd = memory_bound_s(scores * (3 * a + drop * (2 * a + 1)), dev, 1 + drop)
+    return matmuls + softmax_fwd, 2 * matmuls + softmax_bwd
+
+
+def _elementwise_forward_s(model: ModelSpec, train: TrainSpec, plan: Plan, dev: DeviceProfile,
+                           tokens: int) -> float:
+    """Norms, residual adds, dropout, activation function and RoPE: bytes read + written.
+    Without sequence parallelism every TP rank repeats the norms/adds/dropout on all tokens."""
+    a, t = train.compute_dtype.num_bytes, plan.tp
+    rep = tokens * model.hidden_size / (t if plan.sequence_parallel else 1)
+    drop = 1 if model.dropout else 0
+    num_bytes = rep * (2 * 2 * a + 2 * 3 * a + drop * 2 * (2 * a + 1))
+    acts = 3 if model.ffn_kind is FfnKind.SWIGLU else 2
+    num_bytes += acts * a * tokens * model.ffn_hidden_size / t
+    kernels = 5 + 2 * drop
+    if model.position_kind is PositionKind.ROPE:
+        num_bytes += 2 * a * tokens * (model.hidden_size + model.kv_hidden_size) / t
+        kernels += 1
+    return memory_bound_s(num_bytes, dev, kernels)
+
+
+def layer_kernel_times(model: ModelSpec, train: TrainSpec, plan: Plan, dev: DeviceProfile) -> KernelTimes:
+    tokens = plan.micro_batch_size * train.seq_len // plan.cp
+    linears = _linears_s(model, train, plan, dev, tokens)
+    attn_fwd, attn_bwd = _attention_core_s(model, train, plan, dev)
+    elementwise = _elementwise_forward_s(model, train, plan, dev, tokens)
+    return KernelTimes(forward_s=linears + attn_fwd + elementwise,
+                       backward_input_s=linears + attn_bwd + 2 * elementwise,
+                       backward_weight_s=linears, attention_forward_s=attn_fwd)
+
+
+def head_kernel_times(model: ModelSpec, train: TrainSpec, plan: Plan, dev: DeviceProfile) -> KernelTimes:
+    """Final norm, output projection (vocab-parallel) and cross entropy (fp32 softmax)."""
+    tokens = plan.micro_batch_size * train.seq_len // plan.cp
+    vocab = ceil_div(model.vocab_size, plan.tp)
+    proj = gemm_s(tokens, model.hidden_size, vocab, dev, train)
+    a = train.compute_dtype.num_bytes
+    loss = memory_bound_s(tokens * vocab * (a + 3 * 4), dev, 3)
+    norm = memory_bound_s(2 * a * tokens * model.hidden_size, dev, 1)
+    return KernelTimes(forward_s=proj + loss + norm, backward_input_s=proj + loss + 2 * norm,
+                       backward_weight_s=proj, attention_forward_s=0.0)
+
+
+def embedding_kernel_times(model: ModelSpec, train: TrainSpec, plan: Plan, dev: DeviceProfile) -> KernelTimes:
+    """Lookup (a gather) forward, scatter-add of the gradient backward: memory-bound."""
+    tokens = plan.micro_batch_size * train.seq_len // plan.cp
+    num_bytes = 2 * train.compute_dtype.num_bytes * tokens * model.hidden_size
+    fwd = memory_bound_s(num_bytes, dev, 1)
+    return KernelTimes(forward_s=fwd, backward_input_s=0.0, backward_weight_s=2 * fwd,
+                       attention_forward_s=0.0)
+
+
+def optimizer_step_s(num_params: float, train: TrainSpec, dev: DeviceProfile) -> float:
+    """AdamW over the local (ZeRO-sharded) parameters: read master, moments and gradient, write
+    master, moments and the 16-bit copy, plus one gradient read for the global-norm clip."""
+    g = train.grad_dtype.num_bytes
+    states = 3 * 4 if train.optimizer.value == "adamw" else 4
+    per_param = 2 * states + 2 * g + (train.compute_dtype.num_bytes if train.master_weights_fp32 else 0)
+    return memory_bound_s(num_params * per_param, dev, 4)

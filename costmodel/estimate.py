@@ -1,0 +1,115 @@
+"""`estimate(model, train, cluster, plan) -> Estimate`: the ledger of one optimizer step.
+
+The step time is a sum of ledger items under hierarchical keys (a test checks the sum): the
+critical pipeline rank's per-micro-batch work times the number of micro-batches, split into
+compute and the communication on its path, then the pipeline bubble, then what happens once per
+step (exposed data-parallel synchronisation, tied-embedding sync, optimizer).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from costmodel.cluster import ClusterSpec
+from costmodel.comm import Collective, collective_time_s
+from costmodel.compute import optimizer_step_s
+from costmodel.flops import executed_flops_per_step, model_flops_per_step
+from costmodel.memory import StageMemory, stage_memory
+from costmodel.params import ceil_div, rank_params
+from costmodel.pipeline import pipeline_time_s
+from costmodel.placement import AxisSpan
+from costmodel.plan import Plan
+from costmodel.specs import ModelSpec, TrainSpec
+from costmodel.timing import RankTimes, Spans, dp_exposed_s, rank_times, spans
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Estimate:
+    step_time_s: float
+    tokens_per_s: float
+    mfu: float
+    hfu: float
+    model_flops: float
+    executed_flops: float
+    peak_memory_bytes: list[float]
+    memory_capacity_bytes: float
+    fits: bool
+    bubble_fraction: float
+    time_breakdown_s: dict[str, float]
+    memory_breakdown_bytes: list[dict[str, float]]
+    critical_rank: int
+    rank_time_per_micro_batch_s: list[float] = field(default_factory=list)
+
+    @property
+    def max_peak_memory_bytes(self) -> float:
+        return max(self.peak_memory_bytes)
+
+    @property
+    def exposed_comm_s(self) -> float:
+        return sum(v for k, v in self.time_breakdown_s.items() if k.startswith("comm/"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _tied_embedding_sync_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
+                           sp: Spans) -> float:
+    """Tied input/output embeddings on different pipeline ranks: all-reduce their gradient
+    between the first and last stage once per step (Megatron-LM)."""
+    first, last = plan.stage_rank(0), plan.stage_rank(plan.num_virtual_stages - 1)
+    if not model.tied_embeddings or first == last:
+        return 0.0
+    num_bytes = ceil_div(model.vocab_size, plan.tp) * model.hidden_size * train.grad_dtype.num_bytes
+    pair = AxisSpan(size=2, members_per_node=1 if sp.pp.crosses_nodes else 2,
+                    num_nodes=2 if sp.pp.crosses_nodes else 1)
+    return collective_time_s(Collective.ALL_REDUCE, num_bytes, pair, cluster)
+
+
+def _ledger(plan: Plan, critical: RankTimes, pipe_s: float, dp_s: float, emb_s: float,
+            optim_s: float) -> dict[str, float]:
+    m = plan.num_micro_batches
+    return {
+        "compute/forward": m * critical.forward_s,
+        "compute/backward": m * critical.backward_s,
+        "compute/recompute": m * critical.recompute_s,
+        "comm/tp_exposed": m * critical.tp_comm_s,
+        "comm/cp_exposed": m * critical.cp_comm_s,
+        "comm/pp_exposed": m * critical.pp_comm_s,
+        "pipeline/bubble": pipe_s - m * critical.total_s,
+        "comm/dp_exposed": dp_s,
+        "comm/embedding_sync": emb_s,
+        "optimizer/step": optim_s,
+    }
+
+
+def memory_per_rank(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> list[StageMemory]:
+    reserved = cluster.device.efficiency.reserved_memory_bytes
+    return [stage_memory(model, train, plan, r, reserved) for r in range(plan.pp)]
+
+
+def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> Estimate:
+    """Predict one optimizer step. The plan must pass `check_plan` structurally."""
+    sp = spans(plan, cluster)
+    ranks = [rank_times(model, train, plan, cluster, sp, r) for r in range(plan.pp)]
+    pipe_s, critical = pipeline_time_s(plan, ranks)
+    dp_s = max(dp_exposed_s(model, train, plan, cluster, sp, r, ranks[r]) for r in range(plan.pp))
+    shards = plan.dp * plan.cp if plan.zero_stage >= 1 else 1
+    optim_s = max(optimizer_step_s(rank_params(model, plan, r).total / shards, train, cluster.device)
+                  for r in range(plan.pp))
+    ledger = _ledger(plan, ranks[critical], pipe_s, dp_s,
+                     _tied_embedding_sync_s(model, train, plan, cluster, sp), optim_s)
+    step_s = sum(ledger.values())
+    memory = memory_per_rank(model, train, cluster, plan)
+    peak = [m.total_bytes for m in memory]
+    capacity = float(cluster.device.memory_bytes)
+    model_flops = float(model_flops_per_step(model, train))
+    executed = float(executed_flops_per_step(model, train, plan))
+    peak_flops = cluster.world_size * cluster.device.peak_for(train.compute_dtype)
+    return Estimate(
+        step_time_s=step_s, tokens_per_s=train.tokens_per_step / step_s,
+        mfu=model_flops / (step_s * peak_flops), hfu=executed / (step_s * peak_flops),
+        model_flops=model_flops, executed_flops=executed, peak_memory_bytes=peak,
+        memory_capacity_bytes=capacity, fits=max(peak) <= capacity,
+        bubble_fraction=ledger["pipeline/bubble"] / step_s, time_breakdown_s=ledger,
+        memory_breakdown_bytes=[m.to_dict() for m in memory], critical_rank=critical,
+        rank_time_per_micro_batch_s=[r.total_s for r in ranks])

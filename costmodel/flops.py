@@ -1,0 +1,63 @@
+"""FLOP counts (2 FLOPs per multiply-add), per layer, per step, model vs executed.
+
+Source: Narayanan et al. SC'21 (arXiv 2104.04473) Sec. 5.1, generalised to GQA and SwiGLU by
+counting each projection of costmodel.layout: a linear of shape (in, out) over T tokens costs
+2·T·in·out forward and twice that backward (input and weight gradients). Attention scores and
+their weighted sum cost 2·2·b·s²·h forward, counted over the full s x s square as Megatron's
+Eq. 7 does (model FLOPs convention); a causal flash kernel executes only half of it, which
+`costmodel.compute` accounts for in time, not in these counts. For a GPT layer with ffn = 4h
+this gives Megatron's 72·B·s·l·h²·(1 + s/6h + V/12lh) per step (tested).
+"""
+from __future__ import annotations
+
+from costmodel.layout import layer_blocks
+from costmodel.plan import Plan, Recompute
+from costmodel.specs import ModelSpec, TrainSpec
+
+BACKWARD_FACTOR = 2  # dX and dW each cost one forward's FLOPs (SC'21 Sec. 5.1)
+
+
+def layer_linear_forward_flops(model: ModelSpec, num_tokens: int) -> int:
+    """All projections of one layer (QKV, output, MLP) over num_tokens tokens."""
+    return sum(2 * num_tokens * lin.in_features * lin.out_features
+               for block in layer_blocks(model) for lin in block.linears)
+
+
+def attention_core_forward_flops(model: ModelSpec, num_sequences: int, seq_len: int) -> int:
+    """Q·K^T and P·V over the full s x s square: 2 x 2·b·s²·h (independent of GQA: every
+    query head still attends over s keys of head_dim)."""
+    return 4 * num_sequences * seq_len * seq_len * model.hidden_size
+
+
+def layer_forward_flops(model: ModelSpec, num_sequences: int, seq_len: int) -> int:
+    tokens = num_sequences * seq_len
+    return (layer_linear_forward_flops(model, tokens)
+            + attention_core_forward_flops(model, num_sequences, seq_len))
+
+
+def lm_head_forward_flops(model: ModelSpec, num_tokens: int) -> int:
+    return 2 * num_tokens * model.hidden_size * model.vocab_size
+
+
+def model_flops_per_step(model: ModelSpec, train: TrainSpec) -> int:
+    """Forward + backward of every layer and the LM head, no recomputation (MFU numerator)."""
+    b, s = train.global_batch_size, train.seq_len
+    forward = model.num_layers * layer_forward_flops(model, b, s) + lm_head_forward_flops(model, b * s)
+    return (1 + BACKWARD_FACTOR) * forward
+
+
+def recompute_flops_per_step(model: ModelSpec, train: TrainSpec, plan: Plan) -> int:
+    """Extra forward work re-done in backward: whole layers (full) or the attention core
+    (selective), for the layers the plan recomputes on each pipeline rank, over all DP replicas."""
+    if plan.recompute is Recompute.NONE:
+        return 0
+    b, s = train.global_batch_size, train.seq_len
+    per_layer = (layer_forward_flops(model, b, s) if plan.recompute is Recompute.FULL
+                 else attention_core_forward_flops(model, b, s))
+    # recompute_num_layers counts layers of one pipeline rank; every rank sees the whole batch.
+    return per_layer * sum(plan.recompute_num_layers)
+
+
+def executed_flops_per_step(model: ModelSpec, train: TrainSpec, plan: Plan) -> int:
+    """Hardware FLOPs (HFU numerator): model FLOPs plus recomputation."""
+    return model_flops_per_step(model, train) + recompute_flops_per_step(model, train, plan)

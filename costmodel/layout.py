@@ -1,0 +1,54 @@
+"""The tensor-parallel layout as data (Megatron-LM, Shoeybi et al. 2019, Sec. 3).
+
+Each block starts with column-parallel projections (output features split across TP ranks,
+input replicated) and ends with one row-parallel projection (input features split, output
+partial sums). So a block needs one collective on its input (identity forward / all-reduce
+backward; all-gather with sequence parallelism) and one on its output (all-reduce; reduce-scatter
+with sequence parallelism). The cost model counts collectives from this table and the runtime
+applies `ColwiseParallel` / `RowwiseParallel` from it, so both agree by construction.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from costmodel.specs import Arch, ModelSpec
+
+
+class Style(StrEnum):
+    COLWISE = "colwise"
+    ROWWISE = "rowwise"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Linear:
+    name: str           # module name inside the block (the runtime uses the same names)
+    in_features: int
+    out_features: int
+    style: Style
+    bias: bool
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Block:
+    name: str                 # "attention" or "mlp"
+    linears: tuple[Linear, ...]  # column-parallel ones first, the row-parallel one last
+
+
+def layer_blocks(model: ModelSpec) -> tuple[Block, ...]:
+    h, kv, f, b = model.hidden_size, model.kv_hidden_size, model.ffn_hidden_size, model.bias
+    col, row = Style.COLWISE, Style.ROWWISE
+    if model.arch is Arch.LLAMA:
+        attn = (Linear(name="wq", in_features=h, out_features=h, style=col, bias=b),
+                Linear(name="wk", in_features=h, out_features=kv, style=col, bias=b),
+                Linear(name="wv", in_features=h, out_features=kv, style=col, bias=b),
+                Linear(name="wo", in_features=h, out_features=h, style=row, bias=b))
+        mlp = (Linear(name="w1", in_features=h, out_features=f, style=col, bias=b),
+               Linear(name="w3", in_features=h, out_features=f, style=col, bias=b),
+               Linear(name="w2", in_features=f, out_features=h, style=row, bias=b))
+    else:
+        attn = (Linear(name="qkv", in_features=h, out_features=h + 2 * kv, style=col, bias=b),
+                Linear(name="proj", in_features=h, out_features=h, style=row, bias=b))
+        mlp = (Linear(name="fc1", in_features=h, out_features=f, style=col, bias=b),
+               Linear(name="fc2", in_features=f, out_features=h, style=row, bias=b))
+    return (Block(name="attention", linears=attn), Block(name="mlp", linears=mlp))

@@ -1,0 +1,148 @@
+"""Memory per device, per pipeline rank: states, activations, buffers.
+
+States follow the ZeRO paper (Rajbhandari et al. 2020, Sec. 3.1 and 5): mixed-precision Adam
+holds 16-bit weights (2 bytes), gradients (`grad_dtype`), and fp32 master weights, momentum and
+variance (12 bytes); ZeRO-1 shards the optimizer states, ZeRO-2 also the gradients, ZeRO-3 also
+the weights, over the data-parallel (x context-parallel) group.
+
+Activations follow Korthikanti et al. 2022 (arXiv 2205.05198) Sec. 4: per layer, per micro-batch
+s·b·h·(34 + 5·a·s/h) bytes for a GPT layer with t = 1, s·b·h·(10 + 24/t + 5·a·s/(h·t)) with tensor
+parallelism, s·b·h·(34/t + 5·a·s/(h·t)) with sequence parallelism, the 5·a·s/h term gone under
+selective recomputation and 2·s·b·h (/t with SP) under full recomputation. `layer_activation_bytes`
+re-derives those terms tensor by tensor so they hold for GQA (smaller K, V), SwiGLU (four f-wide
+tensors instead of two), no dropout (Llama), fp32 activations, and flash attention (no s x s
+tensors; the softmax statistics instead). Tests check the published coefficients.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from costmodel.params import ceil_div, layer_params, rank_params
+from costmodel.plan import Plan, Recompute, Schedule
+from costmodel.specs import AttentionKernel, FfnKind, ModelSpec, Optimizer, TrainSpec
+
+ADAM_MOMENT_BYTES = 8  # fp32 momentum + variance
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StageMemory:
+    params_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    buffers_bytes: float
+    reserved_bytes: float
+
+    @property
+    def total_bytes(self) -> float:
+        return (self.params_bytes + self.grads_bytes + self.optimizer_bytes
+                + self.activations_bytes + self.buffers_bytes + self.reserved_bytes)
+
+    def to_dict(self) -> dict[str, float]:
+        return {k.removesuffix("_bytes"): v for k, v in asdict(self).items()}
+
+
+def optimizer_bytes_per_param(train: TrainSpec) -> int:
+    master = 4 if train.master_weights_fp32 else 0
+    moments = ADAM_MOMENT_BYTES if train.optimizer is Optimizer.ADAMW else 0
+    return master + moments
+
+
+def state_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer states) on one device of pipeline rank `rank`."""
+    n = rank_params(model, plan, rank).total
+    shards = plan.dp * plan.cp  # CP ranks hold the same weights, so ZeRO shards over dp x cp
+    z = plan.zero_stage
+    weights = n * train.compute_dtype.num_bytes / (shards if z >= 3 else 1)
+    grads = n * train.grad_dtype.num_bytes / (shards if z >= 2 else 1)
+    optim = n * optimizer_bytes_per_param(train) / (shards if z >= 1 else 1)
+    return weights, grads, optim
+
+
+def layer_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, mode: Recompute) -> float:
+    """Bytes one layer keeps for backward, for one micro-batch, on one device."""
+    a = train.compute_dtype.num_bytes
+    t, sp = plan.tp, plan.tp if plan.sequence_parallel else 1
+    b, s = plan.micro_batch_size, train.seq_len // plan.cp
+    tokens, h, kv, f = b * s, model.hidden_size, model.kv_hidden_size, model.ffn_hidden_size
+    drop = 1 if model.dropout else 0  # 1-byte masks
+    if mode is Recompute.FULL:
+        return a * tokens * h / sp  # the layer input only
+    replicated = tokens * h * (2 * a + a + a + 2 * drop) / sp  # 2 norm inputs, attn & MLP inputs, masks
+    qkv = a * tokens * (h + 2 * kv) / t
+    out_proj_input = a * tokens * h / t
+    mlp = (4 if model.ffn_kind is FfnKind.SWIGLU else 2) * a * tokens * f / t
+    if mode is Recompute.SELECTIVE:
+        core = 0.0
+    elif train.attention_kernel is AttentionKernel.FLASH:
+        core = 4.0 * b * (model.num_heads // t) * s  # fp32 log-sum-exp per query row
+    else:  # softmax output (+ dropout mask and output), over local queries x all keys
+        core = b * (model.num_heads / t) * s * train.seq_len * (a + drop * (1 + a))
+    return replicated + qkv + out_proj_input + mlp + core
+
+
+def in_flight_micro_batches(plan: Plan, rank: int) -> float:
+    """Micro-batches whose activations a pipeline rank holds at its peak, in units of the
+    rank's whole layer set (Narayanan et al. SC'21 Sec. 2.2; Korthikanti et al. Sec. 4.2.3 for
+    the interleaved schedule: p·(1 + (p-1)/(p·v)) on the first rank)."""
+    m, p, v = plan.num_micro_batches, plan.pp, plan.vpp
+    if plan.schedule is Schedule.GPIPE:
+        return m
+    if plan.schedule is Schedule.INTERLEAVED:
+        chunks = min(m * v, 2 * (p - rank - 1) + (v - 1) * p + 1)
+        return chunks / v
+    if plan.schedule is Schedule.ZBV:
+        return min(m, p)
+    return min(m, p - rank)  # 1F1B and ZB-H1 (which keeps 1F1B's peak by design)
+
+
+def activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int) -> float:
+    layers = plan.layers_on_rank(rank)
+    recomputed = plan.recompute_num_layers[rank]
+    full = layer_activation_bytes(model, train, plan, Recompute.NONE)
+    kept = layer_activation_bytes(model, train, plan, plan.recompute)
+    per_micro_batch = (layers - recomputed) * full + recomputed * kept
+    held = in_flight_micro_batches(plan, rank) * per_micro_batch
+    if recomputed:
+        held += full - kept  # what is rebuilt for the one layer being back-propagated
+    return held + _edge_activation_bytes(model, train, plan, rank)
+
+
+def _edge_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int) -> float:
+    """Embedding output on the first stage; final norm, logits and fp32 softmax on the last
+    (Megatron's vocab-parallel cross entropy works in fp32)."""
+    a, b, s = train.compute_dtype.num_bytes, plan.micro_batch_size, train.seq_len // plan.cp
+    sp = plan.tp if plan.sequence_parallel else 1
+    tokens = b * s
+    total = 0.0
+    if rank == plan.stage_rank(0):
+        total += in_flight_micro_batches(plan, rank) * tokens * model.hidden_size * (a + model.dropout) / sp
+    if rank == plan.stage_rank(plan.num_virtual_stages - 1):
+        logits = tokens * ceil_div(model.vocab_size, plan.tp) * (a + 4)
+        held = plan.num_micro_batches if plan.schedule is Schedule.GPIPE else 1
+        total += held * (logits + a * tokens * model.hidden_size * (1 + 1 / sp))
+    return total
+
+
+def buffer_bytes(model: ModelSpec, train: TrainSpec, plan: Plan) -> float:
+    """Communication buffers: pipeline send/receive, and ZeRO-3's gathered layers (the current
+    one and the prefetched next one, plus one layer's unsharded gradient before reduce-scatter)."""
+    a = train.compute_dtype.num_bytes
+    sp = plan.tp if plan.sequence_parallel else 1
+    total = 0.0
+    if plan.pp > 1:
+        total += 4 * a * plan.micro_batch_size * (train.seq_len // plan.cp) * model.hidden_size / sp
+    if plan.zero_stage >= 2:
+        layer = layer_params(model, plan.tp)
+        gathered = 2 * layer * a if plan.zero_stage >= 3 else 0
+        total += gathered + layer * train.grad_dtype.num_bytes
+    return total
+
+
+def stage_memory(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
+                 reserved_bytes: float) -> StageMemory:
+    weights, grads, optim = state_bytes(model, train, plan, rank)
+    return StageMemory(params_bytes=weights, grads_bytes=grads, optimizer_bytes=optim,
+                       activations_bytes=activation_bytes(model, train, plan, rank),
+                       buffers_bytes=buffer_bytes(model, train, plan),
+                       reserved_bytes=reserved_bytes)

@@ -1,0 +1,81 @@
+"""Parameter counts: whole model, per layer, and per device of a plan.
+
+Derived from the layer layout (costmodel.layout) so the count matches the module tree the
+runtime builds. Exact against published totals (tests): llama2-7b 6,738,415,616;
+llama3-8b 8,030,261,248; llama2-70b 68,976,648,192; llama3-405b 405,853,388,800; and Megatron's
+GPT formula P = 12 l h^2 (1 + 13/12h + (V + s)/12lh) (SC'21 Eq. 2) plus the final LayerNorm.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from costmodel.layout import Style, layer_blocks
+from costmodel.plan import Plan
+from costmodel.specs import ModelSpec, NormKind, PositionKind
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def norm_params(model: ModelSpec) -> int:
+    """RMSNorm has a scale; LayerNorm a scale and a bias."""
+    return model.hidden_size * (1 if model.norm_kind is NormKind.RMSNORM else 2)
+
+
+def layer_params(model: ModelSpec, tp: int = 1) -> int:
+    """One transformer layer on one TP rank (tp=1: the whole layer)."""
+    total = 2 * norm_params(model)  # replicated on every TP rank
+    for block in layer_blocks(model):
+        for lin in block.linears:
+            if lin.style is Style.COLWISE:
+                total += (lin.in_features + lin.bias) * ceil_div(lin.out_features, tp)
+            else:  # row-parallel: weight split on input features, bias replicated
+                total += ceil_div(lin.in_features, tp) * lin.out_features + lin.bias * lin.out_features
+    return total
+
+
+def embedding_params(model: ModelSpec, tp: int = 1) -> int:
+    """Vocab-parallel word embedding (padded to a multiple of tp) plus learned positions."""
+    words = ceil_div(model.vocab_size, tp) * model.hidden_size
+    positions = model.max_position_embeddings * model.hidden_size \
+        if model.position_kind is PositionKind.LEARNED else 0
+    return words + positions
+
+
+def head_params(model: ModelSpec, tp: int = 1, *, pipelined: bool = False) -> int:
+    """Final norm and output projection. A tied head owns no weight, except on a separate last
+    pipeline stage, which keeps its own copy of the embedding (Megatron-LM)."""
+    lm_head = ceil_div(model.vocab_size, tp) * model.hidden_size
+    owns_weight = not model.tied_embeddings or pipelined
+    return norm_params(model) + (lm_head if owns_weight else 0)
+
+
+def total_params(model: ModelSpec) -> int:
+    return (embedding_params(model) + model.num_layers * layer_params(model)
+            + head_params(model))
+
+
+def non_embedding_params(model: ModelSpec) -> int:
+    return model.num_layers * layer_params(model)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RankParams:
+    """Parameters held by one device of pipeline rank r before any ZeRO sharding."""
+
+    layers: int
+    embedding: int
+    head: int
+
+    @property
+    def total(self) -> int:
+        return self.layers + self.embedding + self.head
+
+
+def rank_params(model: ModelSpec, plan: Plan, rank: int) -> RankParams:
+    first, last = plan.stage_rank(0), plan.stage_rank(plan.num_virtual_stages - 1)
+    return RankParams(
+        layers=plan.layers_on_rank(rank) * layer_params(model, plan.tp),
+        embedding=embedding_params(model, plan.tp) if rank == first else 0,
+        head=head_params(model, plan.tp, pipelined=first != last) if rank == last else 0)

@@ -1,0 +1,162 @@
+"""The Plan contract and `plan.json` (versioned, loaded strictly)."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from costmodel.cluster import ClusterSpec, cluster_from_dict
+from costmodel.specs import ModelSpec, TrainSpec, _check_keys
+
+PLAN_FORMAT_VERSION = 1
+
+AXES = ("pp", "dp", "cp", "tp")
+DEFAULT_AXIS_ORDER = ("pp", "dp", "cp", "tp")  # outermost first: TP innermost, inside a node
+
+
+class Schedule(StrEnum):
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED = "interleaved-1f1b"
+    ZB_H1 = "zb-h1"
+    ZBV = "zbv"
+
+
+class Recompute(StrEnum):
+    NONE = "none"
+    SELECTIVE = "selective"  # attention core only (Korthikanti et al. 2022)
+    FULL = "full"            # whole layer; only the layer input is kept
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Plan:
+    """Every field concrete, no sentinels.
+
+    `layers_per_stage` lists the transformer layers of each virtual stage in model order
+    (pp x vpp entries); virtual stage j runs on pipeline rank `stage_rank(j)`.
+    `recompute_num_layers[r]` says how many of pipeline rank r's layers run under `recompute`.
+    `mesh_axis_order` names the mesh axes outermost first; the innermost axis gets adjacent ranks.
+    """
+
+    dp: int
+    tp: int
+    pp: int
+    cp: int
+    zero_stage: int
+    recompute: Recompute
+    recompute_num_layers: tuple[int, ...]
+    sequence_parallel: bool
+    micro_batch_size: int
+    num_micro_batches: int
+    schedule: Schedule
+    vpp: int
+    layers_per_stage: tuple[int, ...]
+    mesh_axis_order: tuple[str, ...]
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def num_virtual_stages(self) -> int:
+        return self.pp * self.vpp
+
+    def stage_rank(self, virtual_stage: int) -> int:
+        """Pipeline rank of a virtual stage: loop placement, or V placement for ZBV."""
+        if self.schedule is Schedule.ZBV:
+            return virtual_stage if virtual_stage < self.pp else 2 * self.pp - 1 - virtual_stage
+        return virtual_stage % self.pp
+
+    def layers_on_rank(self, rank: int) -> int:
+        return sum(n for j, n in enumerate(self.layers_per_stage) if self.stage_rank(j) == rank)
+
+    def degree(self, axis: str) -> int:
+        return {"pp": self.pp, "dp": self.dp, "cp": self.cp, "tp": self.tp}[axis]
+
+    def short(self) -> str:
+        """One-line human summary, e.g. `dp8 tp8 pp1 z1 sel mbs1x128 1f1b`."""
+        text = f"dp{self.dp} tp{self.tp}{'+sp' if self.sequence_parallel else ''} pp{self.pp}"
+        if self.vpp > 1:
+            text += f"x{self.vpp}v"
+        if self.cp > 1:
+            text += f" cp{self.cp}"
+        rc = "" if self.recompute is Recompute.NONE else f" rc={self.recompute}"
+        if self.recompute is not Recompute.NONE and len(set(self.recompute_num_layers)) > 1:
+            rc += "[" + ",".join(map(str, self.recompute_num_layers)) + "]"
+        return (f"{text} z{self.zero_stage}{rc} mbs{self.micro_batch_size}x{self.num_micro_batches}"
+                f" {self.schedule}")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["recompute"], out["schedule"] = str(self.recompute), str(self.schedule)
+        for key in ("recompute_num_layers", "layers_per_stage", "mesh_axis_order"):
+            out[key] = list(out[key])
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Plan":
+        _check_keys(cls, data, "plan")
+        try:
+            return cls(**{**data, "recompute": Recompute(data["recompute"]),
+                          "schedule": Schedule(data["schedule"]),
+                          "recompute_num_layers": tuple(data["recompute_num_layers"]),
+                          "layers_per_stage": tuple(data["layers_per_stage"]),
+                          "mesh_axis_order": tuple(data["mesh_axis_order"])})
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"plan: {exc}") from None
+
+
+def even_layers(num_layers: int, num_stages: int) -> tuple[int, ...]:
+    """Split layers as evenly as possible; the remainder goes to the middle stages, which carry
+    neither the embedding nor the LM head."""
+    base, extra = divmod(num_layers, num_stages)
+    counts = [base] * num_stages
+    order = sorted(range(num_stages), key=lambda j: (j in (0, num_stages - 1), abs(j - num_stages / 2)))
+    for j in order[:extra]:
+        counts[j] += 1
+    return tuple(counts)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PlanFile:
+    """What `plan.json` holds: the plan and the specs it was made for."""
+
+    plan: Plan
+    model: ModelSpec
+    train: TrainSpec
+    cluster: ClusterSpec
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": PLAN_FORMAT_VERSION, "plan": self.plan.to_dict(),
+                "model": self.model.to_dict(), "train": self.train.to_dict(),
+                "cluster": self.cluster.to_dict()}
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "PlanFile":
+        expected = {"version", "plan", "model", "train", "cluster"}
+        if set(data) != expected:
+            raise ValueError(f"plan file: expected keys {sorted(expected)}, got {sorted(data)}")
+        if data["version"] != PLAN_FORMAT_VERSION:
+            raise ValueError(f"plan file version {data['version']!r} is not supported "
+                             f"(this planner reads version {PLAN_FORMAT_VERSION})")
+        return cls(plan=Plan.from_dict(data["plan"]), model=ModelSpec.from_dict(data["model"]),
+                   train=TrainSpec.from_dict(data["train"]),
+                   cluster=cluster_from_dict(data["cluster"]))
+
+    @classmethod
+    def load(cls, path: Path) -> "PlanFile":
+        try:
+            data = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ValueError(f"plan file {path} does not exist") from None
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: a plan file is a JSON object")
+        return cls.from_dict(data)

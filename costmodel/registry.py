@@ -1,0 +1,140 @@
+"""Named models, each citing its public config, and a reader for Hugging Face config.json files."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from costmodel.specs import Arch, FfnKind, ModelSpec, NormKind, PositionKind
+
+_HF = "Hugging Face config.json of"
+
+
+def llama_spec(name: str, *, layers: int, hidden: int, heads: int, kv_heads: int, ffn: int,
+           vocab: int, max_pos: int, source: str) -> ModelSpec:
+    return ModelSpec(name=name, arch=Arch.LLAMA, num_layers=layers, hidden_size=hidden,
+                     num_heads=heads, num_kv_heads=kv_heads, ffn_hidden_size=ffn,
+                     ffn_kind=FfnKind.SWIGLU, vocab_size=vocab, tied_embeddings=False,
+                     norm_kind=NormKind.RMSNORM, position_kind=PositionKind.ROPE,
+                     max_position_embeddings=max_pos, bias=False, dropout=False, source=source)
+
+
+def gpt_spec(name: str, *, layers: int, hidden: int, heads: int, vocab: int, max_pos: int,
+         source: str, ffn: int | None = None) -> ModelSpec:
+    """Megatron-LM GPT: LayerNorm, learned positions, GeLU MLP of 4h, biases, tied output layer."""
+    return ModelSpec(name=name, arch=Arch.GPT, num_layers=layers, hidden_size=hidden,
+                     num_heads=heads, num_kv_heads=heads, ffn_hidden_size=ffn or 4 * hidden,
+                     ffn_kind=FfnKind.GELU, vocab_size=vocab, tied_embeddings=True,
+                     norm_kind=NormKind.LAYERNORM, position_kind=PositionKind.LEARNED,
+                     max_position_embeddings=max_pos, bias=True, dropout=True, source=source)
+
+
+_SC21 = "Narayanan et al. SC'21 (arXiv 2104.04473) Table 1 (vocab 51200, seq 2048)"
+
+# (name, layers, hidden, heads) of Megatron-LM's weak-scaling table (SC'21 Table 1).
+_MEGATRON_TABLE = [
+    ("megatron-1.7b", 24, 2304, 24), ("megatron-3.6b", 30, 3072, 32),
+    ("megatron-7.5b", 36, 4096, 32), ("megatron-18b", 40, 6144, 48),
+    ("megatron-39b", 48, 8192, 64), ("megatron-76b", 60, 10240, 80),
+    ("megatron-145b", 80, 12288, 96), ("megatron-310b", 96, 16384, 128),
+    ("megatron-530b", 105, 20480, 128), ("megatron-1t", 128, 25600, 160),
+]
+
+MODELS: dict[str, ModelSpec] = {m.name: m for m in [
+    llama_spec("llama2-7b", layers=32, hidden=4096, heads=32, kv_heads=32, ffn=11008, vocab=32000,
+           max_pos=4096, source=f"{_HF} meta-llama/Llama-2-7b-hf"),
+    llama_spec("llama2-13b", layers=40, hidden=5120, heads=40, kv_heads=40, ffn=13824, vocab=32000,
+           max_pos=4096, source=f"{_HF} meta-llama/Llama-2-13b-hf"),
+    llama_spec("llama2-70b", layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672, vocab=32000,
+           max_pos=4096, source=f"{_HF} meta-llama/Llama-2-70b-hf"),
+    llama_spec("llama3-8b", layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256,
+           max_pos=8192, source=f"{_HF} meta-llama/Meta-Llama-3-8B"),
+    llama_spec("llama3-70b", layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672, vocab=128256,
+           max_pos=8192, source=f"{_HF} meta-llama/Meta-Llama-3-70B"),
+    llama_spec("llama3-405b", layers=126, hidden=16384, heads=128, kv_heads=8, ffn=53248,
+           vocab=128256, max_pos=131072, source=f"{_HF} meta-llama/Llama-3.1-405B"),
+    gpt_spec("gpt3-175b", layers=96, hidden=12288, heads=96, vocab=50257, max_pos=2048,
+         source="Brown et al. 2020 (arXiv 2005.14165) Table 2.1; vocab 50257, n_ctx 2048"),
+    *[gpt_spec(n, layers=lay, hidden=hid, heads=hds, vocab=51200, max_pos=2048, source=_SC21)
+      for n, lay, hid, hds in _MEGATRON_TABLE],
+    # Small enough to run on a CPU in tests; GQA (4 heads / 2 kv heads) exercises every code path.
+    llama_spec("debug-tiny", layers=4, hidden=64, heads=4, kv_heads=2, ffn=192, vocab=256,
+           max_pos=128, source="project debug model (tests and local runs)"),
+]}
+
+ALIASES: dict[str, str] = {"llama-70b": "llama2-70b", "llama-7b": "llama2-7b",
+                           "llama-13b": "llama2-13b", "gpt3": "gpt3-175b"}
+
+# Published pre-training recipes: (seq_len, global batch in sequences), used as defaults.
+RECIPES: dict[str, tuple[int, int]] = {
+    "llama2-7b": (4096, 1024), "llama2-13b": (4096, 1024), "llama2-70b": (4096, 1024),
+    # Llama 2 paper (arXiv 2307.09288) Sec. 2.2: 4k context, 4M-token batches.
+    # Llama 3 paper (arXiv 2407.21783) Sec. 3.4.1: 8k context; the 405B batch grows 4M -> 8M
+    # -> 16M tokens (16M = 2048 x 8192 used here). 8B/70B batch not stated: 4M tokens assumed.
+    "llama3-8b": (8192, 512), "llama3-70b": (8192, 512),
+    "llama3-405b": (8192, 2048),
+    "gpt3-175b": (2048, 1536),  # GPT-3 paper Table 2.1: 3.2M-token batch = 1536 x 2048.
+    "debug-tiny": (32, 8),
+}
+
+
+def model_names() -> list[str]:
+    return sorted(MODELS)
+
+
+def default_recipe(model: ModelSpec) -> tuple[int, int]:
+    """(seq_len, global_batch_size) of the model's published recipe, else Megatron's SC'21 setting."""
+    return RECIPES.get(model.name, (min(2048, model.max_position_embeddings), 512))
+
+
+def resolve_model(name_or_path: str) -> ModelSpec:
+    """A registry name, an alias, or a path to a Hugging Face-style config.json."""
+    key = ALIASES.get(name_or_path.lower(), name_or_path.lower())
+    if key in MODELS:
+        return MODELS[key]
+    path = Path(name_or_path)
+    if path.suffix == ".json" or path.exists():
+        if not path.is_file():
+            raise ValueError(f"model config {name_or_path!r} does not exist")
+        return model_from_hf_config(path)
+    known = ", ".join(model_names() + sorted(ALIASES))
+    raise ValueError(f"unknown model {name_or_path!r}; known: {known} (or a path to config.json)")
+
+
+def model_from_hf_config(path: Path) -> ModelSpec:
+    try:
+        cfg: dict[str, Any] = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    kind = cfg.get("model_type", "")
+    name = cfg.get("_name_or_path") or path.parent.name or path.stem
+    try:
+        if kind in ("llama", "mistral"):
+            return _llama_from_hf(name, cfg, path)
+        if kind == "gpt2":
+            return _gpt2_from_hf(name, cfg, path)
+    except KeyError as exc:
+        raise ValueError(f"{path}: config has no {exc.args[0]!r}") from None
+    raise ValueError(f"{path}: model_type {kind!r} is not supported (supported: llama, mistral, gpt2)")
+
+
+def _llama_from_hf(name: str, cfg: dict[str, Any], path: Path) -> ModelSpec:
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"{path}: hidden_act {cfg['hidden_act']!r} is not SwiGLU (silu)")
+    if cfg.get("attention_bias") or cfg.get("mlp_bias"):
+        raise ValueError(f"{path}: llama-style models with biases are not supported")
+    heads = cfg["num_attention_heads"]
+    spec = llama_spec(name, layers=cfg["num_hidden_layers"], hidden=cfg["hidden_size"], heads=heads,
+                  kv_heads=cfg.get("num_key_value_heads") or heads, ffn=cfg["intermediate_size"],
+                  vocab=cfg["vocab_size"], max_pos=cfg.get("max_position_embeddings", 4096),
+                  source=f"{path}")
+    if cfg.get("tie_word_embeddings", False):
+        spec = ModelSpec.from_dict({**spec.to_dict(), "tied_embeddings": True})
+    return spec
+
+
+def _gpt2_from_hf(name: str, cfg: dict[str, Any], path: Path) -> ModelSpec:
+    hidden = cfg["n_embd"]
+    return gpt_spec(name, layers=cfg["n_layer"], hidden=hidden, heads=cfg["n_head"],
+                vocab=cfg["vocab_size"], max_pos=cfg["n_positions"],
+                ffn=cfg.get("n_inner") or 4 * hidden, source=f"{path}")

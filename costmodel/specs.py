@@ -1,0 +1,159 @@
+"""Model and training specs: frozen, plain data, units in names.
+
+`ModelSpec` holds architecture facts only; `TrainSpec` holds what one optimizer step
+processes. Neither is ever chosen by the planner.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from enum import StrEnum
+from typing import Any
+
+
+class Arch(StrEnum):
+    """`llama`: RMSNorm, RoPE, SwiGLU, GQA, no biases. `gpt`: LayerNorm, learned positions, GeLU, biases."""
+
+    LLAMA = "llama"
+    GPT = "gpt"
+
+
+class FfnKind(StrEnum):
+    SWIGLU = "swiglu"
+    GELU = "gelu"
+
+
+class NormKind(StrEnum):
+    RMSNORM = "rmsnorm"
+    LAYERNORM = "layernorm"
+
+
+class PositionKind(StrEnum):
+    ROPE = "rope"
+    LEARNED = "learned"
+    ALIBI = "alibi"
+
+
+class DType(StrEnum):
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+
+    @property
+    def num_bytes(self) -> int:
+        return 4 if self is DType.FP32 else 2
+
+
+class Optimizer(StrEnum):
+    ADAMW = "adamw"
+    SGD = "sgd"
+
+
+class AttentionKernel(StrEnum):
+    """`flash`: fused, O(s) memory, skips the masked half of causal attention (Dao 2022).
+    `eager`: materialised s x s scores with softmax/dropout as separate memory-bound passes."""
+
+    FLASH = "flash"
+    EAGER = "eager"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelSpec:
+    name: str
+    arch: Arch
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    ffn_hidden_size: int
+    ffn_kind: FfnKind
+    vocab_size: int
+    tied_embeddings: bool
+    norm_kind: NormKind
+    position_kind: PositionKind
+    max_position_embeddings: int
+    bias: bool
+    dropout: bool
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads",
+                     "ffn_hidden_size", "vocab_size", "max_position_embeddings"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"model {self.name!r}: {name} must be positive")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"model {self.name!r}: hidden_size {self.hidden_size} is not a "
+                             f"multiple of num_heads {self.num_heads}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"model {self.name!r}: num_heads {self.num_heads} is not a "
+                             f"multiple of num_kv_heads {self.num_kv_heads}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def kv_hidden_size(self) -> int:
+        """Width of K (and of V): num_kv_heads x head_dim; equals hidden_size without GQA."""
+        return self.num_kv_heads * self.head_dim
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (str(v) if isinstance(v, StrEnum) else v) for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ModelSpec":
+        _check_keys(cls, data, "model")
+        return cls(**{**data, "arch": Arch(data["arch"]), "ffn_kind": FfnKind(data["ffn_kind"]),
+                      "norm_kind": NormKind(data["norm_kind"]),
+                      "position_kind": PositionKind(data["position_kind"])})
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainSpec:
+    """One optimizer step: `global_batch_size` sequences of `seq_len` tokens.
+
+    Mixed precision as in Megatron-LM / ZeRO: weights and activations in `compute_dtype`,
+    fp32 master weights and Adam moments when `compute_dtype` is 16-bit, gradients reduced and
+    accumulated in `grad_dtype` (Megatron's default for bf16 is fp32 main grads; the ZeRO paper's
+    2+2+12 bytes/parameter ledger is `grad_dtype=compute_dtype`).
+    """
+
+    seq_len: int
+    global_batch_size: int
+    compute_dtype: DType = DType.BF16
+    grad_dtype: DType = DType.FP32
+    optimizer: Optimizer = Optimizer.ADAMW
+    attention_kernel: AttentionKernel = AttentionKernel.FLASH
+
+    def __post_init__(self) -> None:
+        if self.seq_len <= 0 or self.global_batch_size <= 0:
+            raise ValueError("seq_len and global_batch_size must be positive")
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.seq_len * self.global_batch_size
+
+    @property
+    def master_weights_fp32(self) -> bool:
+        return self.compute_dtype is not DType.FP32
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (str(v) if isinstance(v, StrEnum) else v) for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrainSpec":
+        _check_keys(cls, data, "train")
+        return cls(seq_len=data["seq_len"], global_batch_size=data["global_batch_size"],
+                   compute_dtype=DType(data["compute_dtype"]), grad_dtype=DType(data["grad_dtype"]),
+                   optimizer=Optimizer(data["optimizer"]),
+                   attention_kernel=AttentionKernel(data["attention_kernel"]))
+
+
+def _check_keys(cls: type, data: dict[str, Any], what: str) -> None:
+    """Strict loading: unknown or missing keys are user errors, not silently ignored."""
+    names = {f.name for f in fields(cls)}
+    unknown = set(data) - names
+    missing = names - set(data)
+    if unknown:
+        raise ValueError(f"{what}: unknown keys {sorted(unknown)}")
+    if missing:
+        raise ValueError(f"{what}: missing keys {sorted(missing)}")

@@ -1,0 +1,208 @@
+"""The `planner` command line. User mistakes become one line on stderr and exit code 2."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from costmodel.check import check_memory, check_structure
+from costmodel.cluster import ClusterSpec, known_profiles, parse_cluster
+from costmodel.estimate import estimate
+from costmodel.params import total_params
+from costmodel.plan import DEFAULT_AXIS_ORDER, PlanFile, Recompute, Schedule
+from costmodel.registry import MODELS, default_recipe, model_names, resolve_model
+from costmodel.specs import AttentionKernel, DType, ModelSpec, TrainSpec
+from planner.space import Choice, build_plan
+
+EXIT_USAGE = 2
+
+EPILOG_PREDICT = """examples:
+  planner predict --model llama-70b --cluster 8x8xA100 --tp 8 --pp 4 --zero 1 --recompute selective --mbs 1
+  planner predict --model llama3-8b --cluster 1x8xH100 --tp 2 --json
+  planner predict --plan plan.json            (the specs recorded in the plan file)
+"""
+
+
+class UserError(Exception):
+    """A mistake in what the user asked for: printed as one line, exit code 2."""
+
+
+def _add_train_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="registry name (see `planner models`) or path to a HF config.json")
+    p.add_argument("--cluster", help="NODESxGPUS_PER_NODExDEVICE, e.g. 8x8xA100 (see `planner devices`)")
+    p.add_argument("--seq-len", type=int, help="tokens per sequence (default: the model's published recipe)")
+    p.add_argument("--global-batch", type=int, help="sequences per optimizer step (default: published recipe)")
+    p.add_argument("--dtype", choices=[d.value for d in DType], default="bf16",
+                   help="compute precision; 16-bit implies fp32 master weights (default bf16)")
+    p.add_argument("--grad-dtype", choices=[d.value for d in DType], default="fp32",
+                   help="gradient accumulation/reduction precision (default fp32, as Megatron-LM)")
+    p.add_argument("--attention", choices=[a.value for a in AttentionKernel], default="flash",
+                   help="attention kernel (default flash)")
+
+
+def _add_plan_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("plan (omitted degrees default to 1; --dp defaults to world/(tp*pp*cp))")
+    g.add_argument("--dp", type=int)
+    g.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
+    g.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree")
+    g.add_argument("--cp", type=int, default=1, help="context-parallel degree")
+    g.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=1,
+                   help="0 replicated (DDP), 1 optimizer sharded, 2 +gradients, 3 +weights (FSDP)")
+    g.add_argument("--recompute", choices=[r.value for r in Recompute], default="none")
+    g.add_argument("--recompute-layers", type=int,
+                   help="layers recomputed per pipeline rank (default: all of them)")
+    g.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None,
+                   help="sequence parallelism (default: on when tp > 1)")
+    g.add_argument("--mbs", type=int, default=1, help="micro-batch size in sequences")
+    g.add_argument("--vpp", type=int, default=1, help="virtual stages per pipeline rank")
+    g.add_argument("--schedule", choices=[s.value for s in Schedule],
+                   help="pipeline schedule (default: interleaved-1f1b if vpp > 1, else 1f1b)")
+    g.add_argument("--mesh-order", default=",".join(DEFAULT_AXIS_ORDER),
+                   help="mesh axes outermost first (default pp,dp,cp,tp: TP inside a node)")
+
+
+def _specs(args: argparse.Namespace) -> tuple[ModelSpec, TrainSpec, ClusterSpec]:
+    if not args.model or not args.cluster:
+        raise UserError("--model and --cluster are required (or --plan plan.json)")
+    model, cluster = resolve_model(args.model), parse_cluster(args.cluster)
+    seq, batch = default_recipe(model)
+    train = TrainSpec(seq_len=args.seq_len or seq, global_batch_size=args.global_batch or batch,
+                      compute_dtype=DType(args.dtype), grad_dtype=DType(args.grad_dtype),
+                      attention_kernel=AttentionKernel(args.attention))
+    return model, train, cluster
+
+
+def _choice(args: argparse.Namespace) -> Choice:
+    return Choice(tp=args.tp, pp=args.pp, cp=args.cp, dp=args.dp, zero_stage=args.zero,
+                  recompute=Recompute(args.recompute), recompute_layers=args.recompute_layers,
+                  sequence_parallel=args.sp, micro_batch_size=args.mbs, vpp=args.vpp,
+                  schedule=Schedule(args.schedule) if args.schedule else None,
+                  mesh_axis_order=tuple(a.strip() for a in args.mesh_order.split(",")))
+
+
+def _emit_json(doc: Any) -> None:
+    json.dump(doc, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    if args.plan:
+        pf = PlanFile.load(Path(args.plan))
+        model, train, cluster, plan = pf.model, pf.train, pf.cluster, pf.plan
+    else:
+        model, train, cluster = _specs(args)
+        plan = build_plan(model, train, cluster, _choice(args))
+    problems = check_structure(model, train, cluster, plan)
+    if problems:
+        raise UserError("invalid plan: " + "; ".join(problems))
+    est = estimate(model, train, cluster, plan)
+    if args.out:
+        PlanFile(plan=plan, model=model, train=train, cluster=cluster).save(Path(args.out))
+        print(f"wrote {args.out}", file=sys.stderr)
+    if args.json:
+        _emit_json({"plan": plan.to_dict(), "estimate": est.to_dict()})
+    else:
+        from reports.tables import ledger_table, memory_table, summary_lines
+        print(summary_lines(model, train, cluster, plan, est))
+        print()
+        print(ledger_table(est))
+        print()
+        print(memory_table(est))
+    over = check_memory(model, train, cluster, plan)
+    if over:
+        raise UserError("plan does not fit: " + "; ".join(over))
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from planner.validate import validate
+    results, summary = validate(Path(args.runs))
+    if args.json:
+        _emit_json({"rows": [r.to_dict() for r in results], "summary": summary})
+    else:
+        from reports.tables import validate_table
+        print(validate_table(results, summary))
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    rows = []
+    for name in model_names():
+        m = MODELS[name]
+        rows.append({"name": name, "params": total_params(m), "layers": m.num_layers,
+                     "hidden": m.hidden_size, "heads": m.num_heads, "kv_heads": m.num_kv_heads,
+                     "ffn": m.ffn_hidden_size, "vocab": m.vocab_size, "arch": str(m.arch),
+                     "source": m.source})
+    if args.json:
+        _emit_json({"models": rows})
+        return 0
+    from reports.tables import table
+    print(table(("model", "params", "layers", "hidden", "heads/kv", "ffn", "vocab", "source"),
+                [(r["name"], f"{r['params'] / 1e9:,.2f}B", r["layers"], r["hidden"],
+                  f"{r['heads']}/{r['kv_heads']}", r["ffn"], r["vocab"], r["source"]) for r in rows]))
+    print("\naliases: llama-70b -> llama2-70b, llama-7b, llama-13b, gpt3; or --model path/to/config.json")
+    return 0
+
+
+def cmd_devices(args: argparse.Namespace) -> int:
+    profiles = known_profiles()
+    rows = [{"name": p.name, "aliases": list(p.aliases), "peak_flops_per_s": p.peak_flops_per_s,
+             "memory_bytes": p.memory_bytes, "memory_bandwidth_bytes_per_s": p.memory_bandwidth_bytes_per_s,
+             "intra_node_bytes_per_s": p.intra_node.bandwidth_bytes_per_s,
+             "inter_node_bytes_per_s": p.inter_node.bandwidth_bytes_per_s, "profile": p.path}
+            for p in profiles.values()]
+    if args.json:
+        _emit_json({"devices": rows})
+        return 0
+    from reports.tables import table
+    print(table(("device", "aliases", "bf16 TFLOP/s", "memory GiB", "HBM GB/s", "node GB/s", "net GB/s"),
+                [(r["name"], ",".join(r["aliases"]), f"{r['peak_flops_per_s'].get('bf16', 0) / 1e12:,.1f}",
+                  f"{r['memory_bytes'] / 2**30:.0f}", f"{r['memory_bandwidth_bytes_per_s'] / 1e9:,.0f}",
+                  f"{r['intra_node_bytes_per_s'] / 1e9:,.0f}", f"{r['inter_node_bytes_per_s'] / 1e9:,.1f}")
+                 for r in rows]))
+    print("\nbandwidths are per device, per direction; a path to a .toml profile works as a device")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="planner", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Plan, predict and validate parallel training of large language models.",
+        epilog="start with: planner predict --model llama-70b --cluster 8x8xA100 --tp 8 --pp 4")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    raw = argparse.RawDescriptionHelpFormatter
+
+    p = sub.add_parser("predict", help="estimate one plan: step time ledger and memory per stage",
+                       epilog=EPILOG_PREDICT, formatter_class=raw)
+    _add_train_args(p)
+    _add_plan_args(p)
+    p.add_argument("--plan", help="read the plan and its specs from plan.json instead")
+    p.add_argument("--out", help="write the plan with its specs to this plan.json")
+    p.add_argument("--json", action="store_true", help='print {"plan", "estimate"} as JSON on stdout')
+    p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser("validate", help="predicted vs published step time for measured runs (CSV)",
+                       description="Empty plan cells are filled with the planner's best choice; "
+                                   "status=OOM rows are right when the plan is predicted not to fit.")
+    p.add_argument("runs", help="table in the format of shared/reference/published_runs.csv")
+    p.add_argument("--json", action="store_true", help='print {"rows", "summary"} as JSON')
+    p.set_defaults(func=cmd_validate)
+
+    for name, func, text in (("models", cmd_models, "list the known models"),
+                             ("devices", cmd_devices, "list the known device profiles")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--json", action="store_true")
+        p.set_defaults(func=func)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (UserError, ValueError) as exc:
+        print(f"planner {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+

@@ -1,0 +1,58 @@
+"""Building concrete plans from degrees and choices, and the small discrete choices around them."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from costmodel.cluster import ClusterSpec
+from costmodel.plan import DEFAULT_AXIS_ORDER, Plan, Recompute, Schedule, even_layers
+from costmodel.specs import ModelSpec, TrainSpec
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Choice:
+    """What a user (or the search) picks; `build_plan` turns it into a concrete Plan."""
+
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    dp: int | None = None  # None: world size / (tp*pp*cp)
+    zero_stage: int = 1
+    recompute: Recompute = Recompute.NONE
+    recompute_layers: int | None = None  # per pipeline rank; None: all of the rank's layers
+    sequence_parallel: bool | None = None  # None: on whenever tp > 1 (Megatron's recommendation)
+    micro_batch_size: int = 1
+    vpp: int = 1
+    schedule: Schedule | None = None  # None: interleaved-1f1b when vpp > 1, else 1f1b
+    mesh_axis_order: tuple[str, ...] = DEFAULT_AXIS_ORDER
+
+
+def build_plan(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, choice: Choice) -> Plan:
+    """Fill in what follows from the choice. Raises ValueError when the degrees cannot divide the
+    cluster or the batch; everything else is left to check_plan so the user sees every problem."""
+    inner = choice.tp * choice.pp * choice.cp
+    dp = choice.dp if choice.dp is not None else cluster.world_size // inner
+    if choice.dp is None and cluster.world_size % inner:
+        raise ValueError(f"tp*pp*cp = {inner} does not divide the cluster's {cluster.world_size} devices")
+    per_replica = train.global_batch_size // max(dp, 1)
+    if dp < 1 or train.global_batch_size % dp or per_replica % choice.micro_batch_size:
+        raise ValueError(f"global batch {train.global_batch_size} does not split into dp={dp} "
+                         f"replicas of micro-batches of {choice.micro_batch_size}")
+    schedule = choice.schedule or (Schedule.INTERLEAVED if choice.vpp > 1 else Schedule.ONE_F_ONE_B)
+    layers = even_layers(model.num_layers, choice.pp * choice.vpp)
+    probe = Plan(dp=dp, tp=choice.tp, pp=choice.pp, cp=choice.cp, zero_stage=choice.zero_stage,
+                 recompute=choice.recompute, recompute_num_layers=(0,) * choice.pp,
+                 sequence_parallel=False, micro_batch_size=choice.micro_batch_size,
+                 num_micro_batches=per_replica // choice.micro_batch_size, schedule=schedule,
+                 vpp=choice.vpp, layers_per_stage=layers, mesh_axis_order=tuple(choice.mesh_axis_order))
+    if choice.recompute is Recompute.NONE:
+        counts = (0,) * choice.pp
+    else:
+        counts = tuple(probe.layers_on_rank(r) if choice.recompute_layers is None
+                       else min(choice.recompute_layers, probe.layers_on_rank(r)) for r in range(choice.pp))
+    sp = choice.sequence_parallel if choice.sequence_parallel is not None else choice.tp > 1
+    return Plan(**{**{f: getattr(probe, f) for f in Plan.__dataclass_fields__},
+                   "recompute_num_layers": counts, "sequence_parallel": sp})
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]

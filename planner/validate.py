@@ -1,0 +1,220 @@
+"""`planner validate RUNS.csv`: predicted vs published for measured training runs.
+
+Semantics (../shared/reference/README.md): empty plan cells are filled with the planner's best
+choice with every stated field fixed (a constrained enumeration over the empty fields, fastest
+plan that fits); `status` rows with value OOM are right when the plan is predicted not to fit;
+errors are signed, (predicted - published) / published.
+"""
+from __future__ import annotations
+
+import csv
+import itertools
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from costmodel.check import check_plan
+from costmodel.cluster import ClusterSpec, parse_cluster
+from costmodel.estimate import Estimate, estimate
+from costmodel.plan import Plan, Recompute
+from costmodel.specs import Arch, AttentionKernel, DType, ModelSpec, TrainSpec
+from costmodel.registry import gpt_spec, llama_spec
+from planner.space import Choice, build_plan, divisors
+
+REQUIRED = ("id", "arch", "layers", "hidden", "heads", "vocab", "seq_len", "gpu", "num_gpus",
+            "gpus_per_node", "tp", "pp", "global_batch", "metric_name", "metric_value")
+MAX_MICRO_BATCH = 16
+_ARXIV_ID = re.compile(r"\b(\d{4})\.(\d{4,5})\b")
+FLASH_ATTENTION_ARXIV_ID = (2205, 14135)  # FlashAttention, Dao et al., arXiv 2205.14135
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RowResult:
+    id: str
+    metric: str
+    published: float | str
+    predicted: float | str
+    error_pct: float | None
+    fits: bool
+    filled: dict[str, Any]
+    plan: Plan
+    estimate: Estimate
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "metric": self.metric, "published": self.published,
+                "predicted": self.predicted, "error_pct": self.error_pct, "fits": self.fits,
+                "filled": self.filled, "plan": self.plan.to_dict(),
+                "step_time_s": self.estimate.step_time_s, "mfu": self.estimate.mfu}
+
+
+def read_runs(path: Path) -> list[dict[str, str]]:
+    try:
+        with open(path, newline="") as fh:
+            reader = csv.DictReader(fh)
+            rows = list(reader)
+            header = reader.fieldnames or []
+    except FileNotFoundError:
+        raise ValueError(f"runs table {path} does not exist") from None
+    missing = [c for c in REQUIRED if c not in header]
+    if missing:
+        raise ValueError(f"{path}: missing columns {', '.join(missing)}")
+    return rows
+
+
+def _int(row: dict[str, str], key: str, default: int | None = None) -> int | None:
+    value = (row.get(key) or "").strip()
+    if not value:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"row {row.get('id')!r}: {key} = {value!r} is not an integer") from None
+
+
+def row_specs(row: dict[str, str]) -> tuple[ModelSpec, TrainSpec, ClusterSpec]:
+    hidden, heads, seq = _int(row, "hidden"), _int(row, "heads"), _int(row, "seq_len")
+    common = dict(layers=_int(row, "layers"), hidden=hidden, heads=heads, vocab=_int(row, "vocab"),
+                  ffn=_int(row, "ffn_hidden", 4 * hidden), source=f"published run {row['id']}")
+    if row["arch"] == Arch.GPT:
+        model = gpt_spec(row["id"], max_pos=seq, **common)
+    elif row["arch"] == Arch.LLAMA:
+        model = llama_spec(row["id"], kv_heads=_int(row, "kv_heads", heads), max_pos=seq, **common)
+    else:
+        raise ValueError(f"row {row['id']!r}: arch {row['arch']!r} is neither gpt nor llama")
+    precision = (row.get("precision") or "bf16").strip()
+    train = TrainSpec(seq_len=seq, global_batch_size=_int(row, "global_batch"),
+                      compute_dtype=DType(precision), attention_kernel=attention_kernel(row))
+    num_gpus, per_node = _int(row, "num_gpus"), _int(row, "gpus_per_node")
+    if num_gpus % per_node:
+        raise ValueError(f"row {row['id']!r}: {num_gpus} GPUs is not a whole number of {per_node}-GPU nodes")
+    return model, train, parse_cluster(f"{num_gpus // per_node}x{per_node}x{row['gpu']}")
+
+
+def attention_kernel(row: dict[str, str]) -> AttentionKernel:
+    """A row may say `attention` (flash/eager). Otherwise runs published before FlashAttention
+    existed (arXiv ids before 2205, May 2022) used materialised-softmax attention."""
+    stated = (row.get("attention") or "").strip()
+    if stated:
+        return AttentionKernel(stated)
+    arxiv = _ARXIV_ID.search(row.get("source", ""))
+    if arxiv and (int(arxiv[1]), int(arxiv[2])) < FLASH_ATTENTION_ARXIV_ID:
+        return AttentionKernel.EAGER
+    return AttentionKernel.FLASH
+
+
+def _options(row: dict[str, str], model: ModelSpec, tp: int, pp: int, dp: int,
+             global_batch: int) -> tuple[dict[str, list[Any]], set[str]]:
+    """Candidate values for every fillable field: the stated one, or all sensible ones."""
+    stated_sp = (row.get("sp") or "").strip().lower()
+    rc = (row.get("recompute") or "").strip()
+    per_replica = global_batch // dp
+    vpp_all = [1] + [v for v in divisors(model.num_layers // pp)[1:] if pp > 1 and model.num_layers % pp == 0]
+    opts = {
+        "micro_batch": [_int(row, "micro_batch")] if row.get("micro_batch", "").strip()
+        else [d for d in divisors(per_replica) if d <= MAX_MICRO_BATCH],
+        "recompute": [Recompute(rc)] if rc else list(Recompute),
+        "vpp": [_int(row, "vpp")] if row.get("vpp", "").strip() else vpp_all,
+        "sp": [stated_sp in ("yes", "true", "1")] if stated_sp else ([False, True] if tp > 1 else [False]),
+        "zero_stage": [_int(row, "zero_stage")] if row.get("zero_stage", "").strip() else [0, 1, 2, 3],
+    }
+    return opts, {k for k in opts if not (row.get(k) or "").strip()}
+
+
+def best_plan_for_row(row: dict[str, str], model: ModelSpec, train: TrainSpec,
+                      cluster: ClusterSpec) -> tuple[Plan, Estimate, dict[str, Any]]:
+    tp, pp, cp = _int(row, "tp"), _int(row, "pp"), _int(row, "cp", 1)
+    dp = _int(row, "dp", cluster.world_size // (tp * pp * cp))
+    opts, fillable = _options(row, model, tp, pp, dp, train.global_batch_size)
+    best: tuple[tuple, Plan, Estimate] | None = None
+    for mb, rc, vpp, sp, zero in itertools.product(*opts.values()):
+        choice = Choice(tp=tp, pp=pp, cp=cp, dp=dp, zero_stage=zero, recompute=rc,
+                        sequence_parallel=sp, micro_batch_size=mb, vpp=vpp)
+        try:
+            plan = build_plan(model, train, cluster, choice)
+        except ValueError:
+            continue
+        if check_plan(model, train, cluster, plan, memory=False):
+            continue
+        est = estimate(model, train, cluster, plan)
+        # fastest plan that fits; if none fits, the one that overflows least
+        key = (not est.fits, est.step_time_s if est.fits else est.max_peak_memory_bytes)
+        if best is None or key < best[0]:
+            best = (key, plan, est)
+    if best is None:
+        raise ValueError(f"row {row['id']!r}: no valid plan for the stated fields")
+    _, plan, est = best
+    filled = {"micro_batch": plan.micro_batch_size, "recompute": str(plan.recompute),
+              "vpp": plan.vpp, "sp": plan.sequence_parallel, "zero_stage": plan.zero_stage}
+    return plan, est, {k: v for k, v in filled.items() if k in fillable}
+
+
+def validate_row(row: dict[str, str]) -> RowResult:
+    model, train, cluster = row_specs(row)
+    plan, est, filled = best_plan_for_row(row, model, train, cluster)
+    metric, raw = row["metric_name"].strip(), row["metric_value"].strip()
+    if metric == "status":
+        predicted = "fits" if est.fits else "OOM"
+        return RowResult(id=row["id"], metric=metric, published=raw, predicted=predicted,
+                         error_pct=None, fits=est.fits, filled=filled, plan=plan, estimate=est)
+    if metric == "iteration_time_s":
+        predicted = est.step_time_s
+    elif metric == "tokens_per_sec_per_gpu":
+        predicted = est.tokens_per_s / cluster.world_size
+    else:
+        raise ValueError(f"row {row['id']!r}: unknown metric_name {metric!r}")
+    published = float(raw)
+    return RowResult(id=row["id"], metric=metric, published=published, predicted=predicted,
+                     error_pct=100.0 * (predicted - published) / published, fits=est.fits,
+                     filled=filled, plan=plan, estimate=est)
+
+
+def _step_time(result: RowResult, row: dict[str, str], which: str) -> float:
+    value = float(getattr(result, which))
+    if result.metric == "iteration_time_s":
+        return value
+    tokens = _int(row, "global_batch") * _int(row, "seq_len")
+    return tokens / (value * _int(row, "num_gpus"))
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    """Spearman's rank correlation (average ranks for ties)."""
+    def ranks(values: list[float]) -> list[float]:
+        order = sorted(range(len(values)), key=values.__getitem__)
+        out = [0.0] * len(values)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                out[order[k]] = (i + j) / 2
+            i = j + 1
+        return out
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    var = math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
+    return cov / var if var else float("nan")
+
+
+def summarize(results: list[RowResult], rows: list[dict[str, str]]) -> dict[str, Any]:
+    timed = [(r, row) for r, row in zip(results, rows) if r.error_pct is not None]
+    status = [r for r in results if r.error_pct is None]
+    errors = [abs(r.error_pct) for r, _ in timed]
+    return {
+        "n": len(timed),
+        "mape_pct": sum(errors) / len(errors) if errors else float("nan"),
+        "max_abs_error_pct": max(errors) if errors else float("nan"),
+        "spearman": spearman([_step_time(r, row, "predicted") for r, row in timed],
+                             [_step_time(r, row, "published") for r, row in timed]) if len(timed) > 1 else float("nan"),
+        "num_status_rows": len(status),
+        "num_status_correct": sum(1 for r in status if (r.published == "OOM") == (not r.fits)),
+    }
+
+
+def validate(path: Path) -> tuple[list[RowResult], dict[str, Any]]:
+    rows = read_runs(path)
+    results = [validate_row(row) for row in rows]
+    return results, summarize(results, rows)

@@ -1,0 +1,1 @@
+"""Hardware profiles as data: one TOML file per device, every number with its source."""

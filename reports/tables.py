@@ -1,0 +1,70 @@
+"""Plain-text tables for the terminal. Renders numbers the cost model computed; derives none."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from costmodel.cluster import ClusterSpec
+from costmodel.estimate import Estimate
+from costmodel.plan import Plan
+from costmodel.specs import ModelSpec, TrainSpec
+
+GIB = 2**30
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Left-aligned first column, right-aligned others."""
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    fmt = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)  # noqa: E731
+                              for i, (c, w) in enumerate(zip(r, widths)))
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([fmt(cells[0]), rule] + [fmt(r) for r in cells[1:]])
+
+
+def ledger_table(est: Estimate) -> str:
+    rows = [(key, f"{value * 1e3:,.1f}", f"{100 * value / est.step_time_s:.1f}")
+            for key, value in est.time_breakdown_s.items() if value]
+    rows.append(("total", f"{est.step_time_s * 1e3:,.1f}", "100.0"))
+    return table(("time ledger (critical rank %d)" % est.critical_rank, "ms", "%"), rows)
+
+
+def memory_table(est: Estimate) -> str:
+    keys = list(est.memory_breakdown_bytes[0])
+    rows = []
+    for rank, (parts, peak) in enumerate(zip(est.memory_breakdown_bytes, est.peak_memory_bytes)):
+        over = peak - est.memory_capacity_bytes
+        status = "ok" if over <= 0 else f"OVER by {over / GIB:.1f}"
+        rows.append([f"stage {rank}"] + [f"{parts[k] / GIB:.2f}" for k in keys]
+                    + [f"{peak / GIB:.2f}", status])
+    headers = ["memory per device (GiB)"] + keys + ["peak", f"of {est.memory_capacity_bytes / GIB:.0f}"]
+    return table(headers, rows)
+
+
+def summary_lines(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan,
+                  est: Estimate) -> str:
+    return "\n".join([
+        f"model    {model.name}   train seq {train.seq_len} x global batch {train.global_batch_size} "
+        f"({train.compute_dtype}, {train.optimizer}, {train.attention_kernel} attention)",
+        f"cluster  {cluster.name} ({cluster.world_size} devices)",
+        f"plan     {plan.short()}   layers/stage {list(plan.layers_per_stage)}   "
+        f"mesh {'>'.join(plan.mesh_axis_order)}",
+        f"step     {est.step_time_s:.3f} s   {est.tokens_per_s:,.0f} tokens/s   "
+        f"MFU {100 * est.mfu:.1f}%   HFU {100 * est.hfu:.1f}%   bubble {100 * est.bubble_fraction:.1f}%   "
+        f"peak {est.max_peak_memory_bytes / GIB:.1f} GiB of {est.memory_capacity_bytes / GIB:.0f}"
+        f" ({'fits' if est.fits else 'DOES NOT FIT'})",
+    ])
+
+
+def validate_table(results: Sequence[Any], summary: dict[str, Any]) -> str:
+    rows = []
+    for r in results:
+        err = "" if r.error_pct is None else f"{r.error_pct:+.1f}"
+        pub = r.published if isinstance(r.published, str) else f"{r.published:.4g}"
+        pred = r.predicted if isinstance(r.predicted, str) else f"{r.predicted:.4g}"
+        filled = " ".join(f"{k}={v}" for k, v in r.filled.items())
+        rows.append((r.id, r.metric, pub, pred, err, "yes" if r.fits else "no", filled))
+    text = table(("id", "metric", "published", "predicted", "error %", "fits", "filled (planner's choice)"), rows)
+    s = summary
+    text += (f"\n\nrows {s['n']}   MAPE {s['mape_pct']:.1f}%   max |error| {s['max_abs_error_pct']:.1f}%   "
+             f"Spearman {s['spearman']:.3f}   status rows {s['num_status_correct']}/{s['num_status_rows']} correct")
+    return text

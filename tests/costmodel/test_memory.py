@@ -1,0 +1,76 @@
+"""Memory against the ZeRO paper and Korthikanti et al. 2022, term by term."""
+import pytest
+
+from costmodel.cluster import parse_cluster
+from costmodel.memory import in_flight_micro_batches, layer_activation_bytes, state_bytes
+from costmodel.params import total_params
+from costmodel.plan import Recompute, Schedule
+from costmodel.registry import MODELS
+from costmodel.specs import AttentionKernel, DType, TrainSpec
+from planner.space import Choice, build_plan
+
+ZERO_TRAIN = TrainSpec(seq_len=2048, global_batch_size=64, grad_dtype=DType.BF16)
+
+
+@pytest.mark.parametrize("zero,expected_bytes_per_param", [
+    (0, 2 + 2 + 12), (1, 2 + 2 + 12 / 64), (2, 2 + (2 + 12) / 64), (3, (2 + 2 + 12) / 64)])
+def test_zero_paper_state_bytes(zero, expected_bytes_per_param):
+    """ZeRO paper Sec. 5.1: (2 + 2 + K) psi replicated; 2psi + 2psi + K psi/Nd with P_os;
+    2psi + (2 + K) psi/Nd with P_os+g; (2 + 2 + K) psi/Nd with P_os+g+p; K = 12 for mixed Adam."""
+    m = MODELS["llama2-7b"]
+    plan = build_plan(m, ZERO_TRAIN, parse_cluster("8x8xA100"), Choice(zero_stage=zero))
+    psi = total_params(m)
+    assert sum(state_bytes(m, ZERO_TRAIN, plan, 0)) == pytest.approx(expected_bytes_per_param * psi)
+
+
+def test_zero_paper_figure1_7_5b_on_64_gpus():
+    """ZeRO paper Fig. 1: psi = 7.5B, Nd = 64: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB."""
+    psi, nd = 7.5e9, 64
+    for z, gb in ((0, 120), (1, 31.4), (2, 16.6), (3, 1.9)):
+        got = psi * ((2 / (nd if z >= 3 else 1)) + 2 / (nd if z >= 2 else 1) + 12 / (nd if z >= 1 else 1))
+        assert got / 1e9 == pytest.approx(gb, abs=0.05)
+
+
+def _gpt_plan(tp, sp, recompute=Recompute.NONE):
+    m = MODELS["megatron-18b"]
+    train = TrainSpec(seq_len=2048, global_batch_size=8, attention_kernel=AttentionKernel.EAGER)
+    plan = build_plan(m, train, parse_cluster(f"1x{tp}xA100"),
+                      Choice(tp=tp, sequence_parallel=sp, recompute=recompute, micro_batch_size=1))
+    return m, train, plan
+
+
+@pytest.mark.parametrize("tp,sp,recompute,coefficient", [
+    (1, False, Recompute.NONE, lambda t, r: 34 + 5 * r),            # Eq. 2
+    (8, False, Recompute.NONE, lambda t, r: 10 + 24 / t + 5 * r / t),  # Eq. 3
+    (8, True, Recompute.NONE, lambda t, r: 34 / t + 5 * r / t),      # Eq. 4
+    (8, True, Recompute.SELECTIVE, lambda t, r: 34 / t),            # Eq. 6
+    (8, False, Recompute.FULL, lambda t, r: 2),                     # Sec. 5: input only
+    (8, True, Recompute.FULL, lambda t, r: 2 / t),
+])
+def test_korthikanti_activation_coefficients(tp, sp, recompute, coefficient):
+    """Per layer, per micro-batch: s b h x coefficient, with r = a s / h (Korthikanti et al. 2022)."""
+    m, train, plan = _gpt_plan(tp, sp, recompute)
+    s, b, h, a = 2048, 1, m.hidden_size, m.num_heads
+    expected = s * b * h * coefficient(tp, a * s / h)
+    assert layer_activation_bytes(m, train, plan, recompute) == pytest.approx(expected)
+
+
+def test_flash_attention_drops_the_quadratic_term():
+    m, train, plan = _gpt_plan(8, True)
+    flash = TrainSpec(seq_len=2048, global_batch_size=8)
+    lse = 4 * 1 * (m.num_heads // 8) * 2048
+    assert layer_activation_bytes(m, flash, plan, Recompute.NONE) == pytest.approx(
+        2048 * m.hidden_size * 34 / 8 + lse)
+
+
+def test_in_flight_micro_batches_per_schedule():
+    m = MODELS["megatron-145b"]
+    train = TrainSpec(seq_len=2048, global_batch_size=64)
+    cluster = parse_cluster("8x8xA100")
+    one_f_one_b = build_plan(m, train, cluster, Choice(tp=8, pp=8))
+    assert [in_flight_micro_batches(one_f_one_b, r) for r in (0, 3, 7)] == [8, 5, 1]
+    gpipe = build_plan(m, train, cluster, Choice(tp=8, pp=8, schedule=Schedule.GPIPE))
+    assert in_flight_micro_batches(gpipe, 0) == 64
+    inter = build_plan(m, train, cluster, Choice(tp=8, pp=8, vpp=2))
+    # Korthikanti et al. Sec. 4.2.3: the first rank holds p (1 + (p - 1)/(p v)) micro-batches
+    assert in_flight_micro_batches(inter, 0) == pytest.approx(8 * (1 + 7 / 16))

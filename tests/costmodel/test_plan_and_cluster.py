@@ -1,0 +1,96 @@
+import json
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from costmodel.check import check_plan
+from costmodel.cluster import known_profiles, parse_cluster
+from costmodel.placement import axis_span
+from costmodel.plan import PlanFile, Schedule
+from planner.space import Choice, build_plan
+
+PROFILES = Path(__file__).resolve().parents[2] / "profiles"
+
+
+def test_plan_file_round_trip(tmp_path, llama70b, a100_64, train_4k):
+    plan = build_plan(llama70b, train_4k, a100_64, Choice(tp=8, pp=4, vpp=2))
+    path = tmp_path / "plan.json"
+    PlanFile(plan=plan, model=llama70b, train=train_4k, cluster=a100_64).save(path)
+    loaded = PlanFile.load(path)
+    assert loaded.plan == plan and loaded.model == llama70b and loaded.train == train_4k
+    assert loaded.cluster.name == a100_64.name
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (lambda d: d["plan"].update(extra=1), "unknown keys"),
+    (lambda d: d["plan"].pop("vpp"), "missing keys"),
+    (lambda d: d.update(version=99), "version 99"),
+    (lambda d: d["model"].update(bogus=True), "unknown keys"),
+    (lambda d: d["plan"].update(schedule="round-robin"), "round-robin"),
+])
+def test_plan_file_is_loaded_strictly(tmp_path, llama70b, a100_64, train_4k, mutate, message):
+    plan = build_plan(llama70b, train_4k, a100_64, Choice(tp=8))
+    doc = PlanFile(plan=plan, model=llama70b, train=train_4k, cluster=a100_64).to_dict()
+    mutate(doc)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=message):
+        PlanFile.load(path)
+
+
+def test_cluster_strings():
+    c = parse_cluster("8x8xA100")
+    assert (c.num_nodes, c.devices_per_node, c.world_size, c.device.name) == (8, 8, 64, "A100-SXM4-80GB")
+    assert parse_cluster(f"1x2x{PROFILES / 'cpu.toml'}").device.name == "cpu"
+    for bad in ("8xA100", "axbxA100", "0x8xA100", "8x8x"):
+        with pytest.raises(ValueError, match="malformed cluster"):
+            parse_cluster(bad)
+    with pytest.raises(ValueError, match="unknown device 'Z80'.*H100-SXM5-80GB"):
+        parse_cluster("1x8xZ80")
+
+
+def test_every_profile_number_cites_its_source():
+    """Each numeric datasheet line carries a comment; efficiencies say how they were obtained."""
+    for path in sorted(PROFILES.glob("*.toml")):
+        raw = tomllib.loads(path.read_text())
+        assert raw["efficiency"]["source"], path
+        section = None
+        for line in path.read_text().splitlines():
+            if line.startswith("["):
+                section = line
+            number = re.match(r"^\s*\w+\s*=\s*[\d{]", line)
+            if number and section in ("[device]", "[[network]]"):
+                assert "#" in line, f"{path.name}: no source for: {line}"
+    assert {"A100-SXM4-40GB", "A100-SXM4-80GB", "H100-SXM5-80GB", "H200-SXM-141GB", "B200",
+            "V100-SXM2-32GB", "cpu"} <= set(known_profiles())
+
+
+def test_placement_tp_inside_node_dp_across():
+    order, degrees = ("pp", "dp", "cp", "tp"), (4, 2, 1, 8)
+    tp = axis_span(order, degrees, "tp", 8)
+    dp = axis_span(order, degrees, "dp", 8)
+    assert (tp.members_per_node, tp.num_nodes) == (8, 1)
+    assert (dp.members_per_node, dp.num_nodes) == (1, 2)
+
+
+@pytest.mark.parametrize("choice,message", [
+    (Choice(tp=16, dp=4), "tp=16 does not divide the model's num_kv_heads"),
+    (Choice(tp=8, pp=4, vpp=2, schedule=Schedule.ONE_F_ONE_B), "runs one stage per rank"),
+    (Choice(tp=8, pp=4, vpp=2, micro_batch_size=256), "divisible by pp"),
+    (Choice(tp=8, pp=3, dp=1), "does not equal the cluster's 64 devices"),
+])
+def test_check_plan_names_the_problem(llama70b, a100_64, train_4k, choice, message):
+    try:
+        plan = build_plan(llama70b, train_4k, a100_64, choice)
+    except ValueError as exc:
+        assert re.search(message, str(exc)) or "does not" in str(exc)
+        return
+    assert any(re.search(message, p) for p in check_plan(llama70b, train_4k, a100_64, plan))
+
+
+def test_plan_over_memory_says_by_how_much(llama70b, a100_64, train_4k):
+    plan = build_plan(llama70b, train_4k, a100_64, Choice(tp=1, pp=1, zero_stage=0))
+    problems = check_plan(llama70b, train_4k, a100_64, plan)
+    assert problems and re.search(r"stage 0 needs [\d.]+ GiB per device, [\d.]+ GiB over", problems[0])

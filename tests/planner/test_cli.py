@@ -1,0 +1,80 @@
+"""The command line as a user meets it: output shapes, JSON contract, one-line errors, exit 2."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.cli import main
+
+RUNS = Path(__file__).resolve().parents[3] / "shared" / "reference" / "published_runs.csv"
+PREDICT = ["predict", "--model", "llama-70b", "--cluster", "8x8xA100", "--tp", "8", "--pp", "4",
+           "--zero", "1", "--recompute", "selective"]
+
+
+def test_predict_prints_a_full_ledger(capsys):
+    assert main(PREDICT) == 0
+    out = capsys.readouterr().out
+    for text in ("compute/forward", "comm/tp_exposed", "pipeline/bubble", "optimizer/step", "total",
+                 "stage 3", "MFU", "tokens/s"):
+        assert text in out
+
+
+def test_predict_json_contract(capsys):
+    assert main(PREDICT + ["--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    est = doc["estimate"]
+    for key in ("step_time_s", "tokens_per_s", "mfu", "peak_memory_bytes", "fits",
+                "time_breakdown_s", "memory_breakdown_bytes"):
+        assert key in est
+    assert len(est["peak_memory_bytes"]) == 4 and doc["plan"]["pp"] == 4
+
+
+def test_predict_writes_a_plan_that_predict_reads_back(tmp_path, capsys):
+    path = tmp_path / "plan.json"
+    assert main(PREDICT + ["--json", "--out", str(path)]) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert main(["predict", "--plan", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == first
+
+
+@pytest.mark.parametrize("args,message", [
+    (["predict", "--model", "gpt5", "--cluster", "8x8xA100"], "unknown model 'gpt5'; known:"),
+    (["predict", "--model", "llama-70b", "--cluster", "8xA100"], "malformed cluster '8xA100'"),
+    (["predict", "--model", "llama-70b", "--cluster", "8x8xA100", "--tp", "16"], "tp=16 does not divide"),
+    (["predict", "--model", "llama-70b", "--cluster", "8x8xA100", "--tp", "3"], "does not divide the cluster"),
+    (["predict", "--model", "llama-70b", "--cluster", "1x8xA100", "--zero", "0"], "stage 0 needs"),
+    (["predict", "--plan", "/nonexistent/plan.json"], "does not exist"),
+    (["predict", "--model", "llama-70b", "--cluster", "1x8xV100", "--tp", "8"], "no bf16 support"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, args, message):
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_validate_json_contract():
+    out = subprocess.run([sys.executable, "-m", "planner", "validate", str(RUNS), "--json"],
+                         capture_output=True, text=True, check=True)
+    doc = json.loads(out.stdout)
+    assert set(doc["summary"]) >= {"n", "mape_pct", "max_abs_error_pct", "spearman",
+                                   "num_status_rows", "num_status_correct"}
+    row = doc["rows"][0]
+    assert set(row) >= {"id", "published", "predicted", "error_pct", "fits", "filled"}
+    assert doc["summary"]["n"] == 38
+
+
+def test_validate_rejects_missing_columns(tmp_path, capsys):
+    bad = tmp_path / "runs.csv"
+    bad.write_text("id,arch,layers\nx,gpt,2\n")
+    assert main(["validate", str(bad)]) == 2
+    assert "missing columns hidden, heads" in capsys.readouterr().err
+
+
+def test_models_and_devices_list(capsys):
+    assert main(["models"]) == 0
+    assert "llama3-405b" in capsys.readouterr().out
+    assert main(["devices", "--json"]) == 0
+    names = [d["name"] for d in json.loads(capsys.readouterr().out)["devices"]]
+    assert "H100-SXM5-80GB" in names

@@ -1,0 +1,38 @@
+import csv
+from pathlib import Path
+
+import pytest
+
+from planner.validate import attention_kernel, spearman, validate
+
+HEADER = ("id,source,arch,layers,hidden,ffn_hidden,heads,kv_heads,vocab,seq_len,gpu,num_gpus,"
+          "gpus_per_node,tp,pp,dp,vpp,sp,cp,zero_stage,recompute,micro_batch,global_batch,"
+          "precision,metric_name,metric_value")
+
+
+def test_spearman():
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.9486833, rel=1e-6)
+
+
+def test_attention_kernel_by_publication():
+    assert attention_kernel({"source": "Narayanan et al. (arXiv 2104.04473)"}) == "eager"
+    assert attention_kernel({"source": "Korthikanti et al. (arXiv 2205.05198)"}) == "eager"
+    assert attention_kernel({"source": "Megatron-LM README"}) == "flash"
+    assert attention_kernel({"source": "x", "attention": "eager"}) == "eager"
+
+
+def test_oom_rows_and_filled_cells(tmp_path):
+    """A 70B GPT on 8 GPUs, no sharding: predicted not to fit, so the OOM row is right; the empty
+    micro_batch and recompute cells are filled and reported as the planner's choice."""
+    path = tmp_path / "runs.csv"
+    path.write_text(HEADER + "\n"
+                    "oom,x,gpt,80,8192,,64,64,51200,2048,A100-SXM4-80GB,8,8,1,1,8,,,1,0,none,1,8,bf16,status,OOM\n"
+                    "ok,x,gpt,24,2048,,16,16,51200,2048,A100-SXM4-80GB,8,8,1,1,8,,,1,1,,,64,bf16,iteration_time_s,1.0\n")
+    results, summary = validate(path)
+    oom, ok = results
+    assert oom.predicted == "OOM" and not oom.fits and oom.error_pct is None
+    assert set(ok.filled) == {"micro_batch", "recompute", "vpp", "sp"}
+    assert summary["num_status_rows"] == 1 and summary["num_status_correct"] == 1
+    assert summary["n"] == 1
