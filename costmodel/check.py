@@ -21,6 +21,8 @@ def check_structure(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
             add(f"{name} must be at least 1 (got {getattr(plan, name)})")
     if problems:
         return problems
+    if cluster.device.peak_flops_per_s.get(str(train.compute_dtype), 0) <= 0:
+        add(f"device {cluster.device.name} has no {train.compute_dtype} support in its profile")
     if plan.world_size != cluster.world_size:
         add(f"dp*tp*pp*cp = {plan.dp}*{plan.tp}*{plan.pp}*{plan.cp} = {plan.world_size} does not "
             f"equal the cluster's {cluster.world_size} devices")

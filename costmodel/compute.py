@@ -13,7 +13,7 @@ from costmodel.cluster import DeviceProfile
 from costmodel.layout import Style, layer_blocks
 from costmodel.params import ceil_div
 from costmodel.plan import Plan
-from costmodel.specs import AttentionKernel, FfnKind, ModelSpec, PositionKind, TrainSpec
+from costmodel.specs import AttentionKernel, FfnKind, ModelSpec, Optimizer, PositionKind, TrainSpec
 
 FLASH_BACKWARD_FACTOR = 2.5  # FlashAttention-2 (Dao 2023): 5 matmuls backward vs 2 forward
 CAUSAL_FRACTION = 0.5        # a causal flash kernel skips the masked upper triangle
@@ -131,6 +131,6 @@ def optimizer_step_s(num_params: float, train: TrainSpec, dev: DeviceProfile) ->
     """AdamW over the local (ZeRO-sharded) parameters: read master, moments and gradient, write
     master, moments and the 16-bit copy, plus one gradient read for the global-norm clip."""
     g = train.grad_dtype.num_bytes
-    states = 3 * 4 if train.optimizer.value == "adamw" else 4
+    states = 3 * 4 if train.optimizer is Optimizer.ADAMW else 4
     per_param = 2 * states + 2 * g + (train.compute_dtype.num_bytes if train.master_weights_fp32 else 0)
     return memory_bound_s(num_params * per_param, dev, 4)

@@ -30,19 +30,23 @@ def axis_strides(order: tuple[str, ...], degrees: tuple[int, ...]) -> dict[str, 
     return {axis: prod(degrees[i + 1:]) for i, axis in enumerate(order)}
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=8192)
+def group_span(order: tuple[str, ...], degrees: tuple[int, ...], axes: tuple[str, ...],
+               devices_per_node: int) -> AxisSpan:
+    """How the group over `axes` (one axis, or several such as dp x cp) that contains rank 0
+    spreads over nodes. All groups are alike when devices_per_node divides the strides, the usual
+    case; otherwise this describes the first group."""
+    strides = axis_strides(order, degrees)
+    ranks = [0]
+    for axis, degree in zip(order, degrees):
+        if axis in axes:
+            ranks = [r + j * strides[axis] for r in ranks for j in range(degree)]
+    nodes: dict[int, int] = {}
+    for r in ranks:
+        nodes[r // devices_per_node] = nodes.get(r // devices_per_node, 0) + 1
+    return AxisSpan(size=len(ranks), members_per_node=max(nodes.values()), num_nodes=len(nodes))
+
+
 def axis_span(order: tuple[str, ...], degrees: tuple[int, ...], axis: str,
               devices_per_node: int) -> AxisSpan:
-    """How the group of `axis` containing rank 0 spreads over nodes (all groups are alike when
-    devices_per_node divides the strides, the usual case; otherwise this is the first group)."""
-    stride = axis_strides(order, degrees)[axis]
-    size = degrees[order.index(axis)]
-    nodes: dict[int, int] = {}
-    for i in range(size):
-        node = (i * stride) // devices_per_node
-        nodes[node] = nodes.get(node, 0) + 1
-    return AxisSpan(size=size, members_per_node=max(nodes.values()), num_nodes=len(nodes))
-
-
-def mesh_shape(order: tuple[str, ...], degree_of: dict[str, int]) -> tuple[int, ...]:
-    return tuple(degree_of[axis] for axis in order)
+    return group_span(order, degrees, (axis,), devices_per_node)

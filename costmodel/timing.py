@@ -3,7 +3,6 @@ path), and the data-parallel synchronisation left exposed after overlap."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 from costmodel.cluster import ClusterSpec
 from costmodel.comm import Collective, collective_time_s, p2p_time_s
@@ -11,7 +10,7 @@ from costmodel.compute import (KernelTimes, embedding_kernel_times, head_kernel_
                                layer_kernel_times)
 from costmodel.layout import layer_blocks
 from costmodel.params import rank_params
-from costmodel.placement import AxisSpan
+from costmodel.placement import AxisSpan, group_span
 from costmodel.plan import Plan, Recompute
 from costmodel.specs import ModelSpec, TrainSpec
 
@@ -46,25 +45,8 @@ def spans(plan: Plan, cluster: ClusterSpec) -> Spans:
     order = plan.mesh_axis_order
     degrees = tuple(plan.degree(a) for a in order)
     dpn = cluster.devices_per_node
-    get = lambda axes: _group_span(order, degrees, axes, dpn)  # noqa: E731
-    return Spans(tp=get(("tp",)), cp=get(("cp",)), pp=get(("pp",)), dp=get(("dp", "cp")))
-
-
-@lru_cache(maxsize=8192)
-def _group_span(order: tuple[str, ...], degrees: tuple[int, ...], axes: tuple[str, ...],
-                devices_per_node: int) -> AxisSpan:
-    """Nodes touched by the group over `axes` that contains rank 0 (see costmodel.placement)."""
-    ranks = [0]
-    for i, axis in enumerate(order):
-        if axis in axes:
-            stride = 1
-            for d in degrees[i + 1:]:
-                stride *= d
-            ranks = [r + j * stride for r in ranks for j in range(degrees[i])]
-    nodes: dict[int, int] = {}
-    for r in ranks:
-        nodes[r // devices_per_node] = nodes.get(r // devices_per_node, 0) + 1
-    return AxisSpan(size=len(ranks), members_per_node=max(nodes.values()), num_nodes=len(nodes))
+    return Spans(tp=group_span(order, degrees, ("tp",), dpn), cp=group_span(order, degrees, ("cp",), dpn),
+                 pp=group_span(order, degrees, ("pp",), dpn), dp=group_span(order, degrees, ("dp", "cp"), dpn))
 
 
 def _tp_layer_comm_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
