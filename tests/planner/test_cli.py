@@ -78,3 +78,10 @@ def test_models_and_devices_list(capsys):
     assert main(["devices", "--json"]) == 0
     names = [d["name"] for d in json.loads(capsys.readouterr().out)["devices"]]
     assert "H100-SXM5-80GB" in names
+
+
+def test_closed_pipe_is_not_a_traceback():
+    """`planner predict ... | head -1` must not print a BrokenPipeError traceback."""
+    cmd = f"{sys.executable} -m planner {' '.join(PREDICT)} | head -1"
+    out = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True)
+    assert out.stdout.startswith("model") and "Traceback" not in out.stderr
