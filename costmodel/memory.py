@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from costmodel.params import ceil_div, layer_params, rank_params
+from costmodel.params import ceil_div, layer_params, rank_params, rank_params_at
 from costmodel.plan import Plan, Recompute, Schedule
 from costmodel.specs import AttentionKernel, FfnKind, ModelSpec, Optimizer, TrainSpec
 
@@ -50,7 +50,10 @@ def optimizer_bytes_per_param(train: TrainSpec) -> int:
 
 def state_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int) -> tuple[float, float, float]:
     """(weights, gradients, optimizer states) on one device of pipeline rank `rank`."""
-    n = rank_params(model, plan, rank).total
+    return state_bytes_for(train, plan, rank_params(model, plan, rank).total)
+
+
+def state_bytes_for(train: TrainSpec, plan: Plan, n: float) -> tuple[float, float, float]:
     shards = plan.dp * plan.cp  # CP ranks hold the same weights, so ZeRO shards over dp x cp
     z = plan.zero_stage
     weights = n * train.compute_dtype.num_bytes / (shards if z >= 3 else 1)
@@ -96,9 +99,8 @@ def in_flight_micro_batches(plan: Plan, rank: int) -> float:
     return min(m, p - rank)  # 1F1B and ZB-H1 (which keeps 1F1B's peak by design)
 
 
-def activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int) -> float:
-    layers = plan.layers_on_rank(rank)
-    recomputed = plan.recompute_num_layers[rank]
+def activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
+                     layers: int, recomputed: int) -> float:
     full = layer_activation_bytes(model, train, plan, Recompute.NONE)
     kept = layer_activation_bytes(model, train, plan, plan.recompute)
     per_micro_batch = (layers - recomputed) * full + recomputed * kept
@@ -141,8 +143,18 @@ def buffer_bytes(model: ModelSpec, train: TrainSpec, plan: Plan) -> float:
 
 def stage_memory(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
                  reserved_bytes: float) -> StageMemory:
-    weights, grads, optim = state_bytes(model, train, plan, rank)
+    return stage_memory_at(model, train, plan, rank, plan.layers_on_rank(rank),
+                           plan.recompute_num_layers[rank], reserved_bytes)
+
+
+def stage_memory_at(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int, layers: int,
+                    recomputed: int, reserved_bytes: float) -> StageMemory:
+    """Memory of pipeline rank `rank` were it to hold `layers` layers, `recomputed` of them
+    recomputed (the search evaluates candidate splits through this)."""
+    first, last = plan.stage_rank(0), plan.stage_rank(plan.num_virtual_stages - 1)
+    n_params = rank_params_at(model, plan, layers, rank == first, rank == last).total
+    weights, grads, optim = state_bytes_for(train, plan, n_params)
     return StageMemory(params_bytes=weights, grads_bytes=grads, optimizer_bytes=optim,
-                       activations_bytes=activation_bytes(model, train, plan, rank),
+                       activations_bytes=activation_bytes(model, train, plan, rank, layers, recomputed),
                        buffers_bytes=buffer_bytes(model, train, plan),
                        reserved_bytes=reserved_bytes)

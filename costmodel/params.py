@@ -73,9 +73,14 @@ class RankParams:
         return self.layers + self.embedding + self.head
 
 
+def rank_params_at(model: ModelSpec, plan: Plan, layers: int, first: bool, last: bool) -> RankParams:
+    """Parameters of a pipeline rank holding `layers` layers (and the embedding / head)."""
+    pipelined = plan.stage_rank(0) != plan.stage_rank(plan.num_virtual_stages - 1)
+    return RankParams(layers=layers * layer_params(model, plan.tp),
+                      embedding=embedding_params(model, plan.tp) if first else 0,
+                      head=head_params(model, plan.tp, pipelined=pipelined) if last else 0)
+
+
 def rank_params(model: ModelSpec, plan: Plan, rank: int) -> RankParams:
     first, last = plan.stage_rank(0), plan.stage_rank(plan.num_virtual_stages - 1)
-    return RankParams(
-        layers=plan.layers_on_rank(rank) * layer_params(model, plan.tp),
-        embedding=embedding_params(model, plan.tp) if rank == first else 0,
-        head=head_params(model, plan.tp, pipelined=first != last) if rank == last else 0)
+    return rank_params_at(model, plan, plan.layers_on_rank(rank), rank == first, rank == last)

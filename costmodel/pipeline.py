@@ -9,7 +9,8 @@ With m micro-batches and per-micro-batch rank times t_r (forward + backward on r
   by v: T = m·max(t) + (sum(t) - max(t))/v.
 - ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", Sec. 3): deferring the
   weight-gradient pass W fills the drain; the bubble becomes (p - 1)·(F + B - W) per rank instead
-  of (p - 1)·(F + B + W), about a third of 1F1B's when F = B = W.
+  of (p - 1)·(F + B + W), about a third of 1F1B's when F = B = W. With unequal ranks the fill is
+  sum(F + B - W) - max(F + B - W) over ranks.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def pipeline_time_s(plan: Plan, ranks: list[RankTimes]) -> tuple[float, int]:
         fill = [t - 2 * r.backward_weight_s for t, r in zip(totals, ranks)]
     else:
         fill = totals
-    drain = sum(fill) - fill[critical]
+    drain = sum(fill) - max(fill)  # for 1F1B fill = totals, so this is sum(t) - max(t)
     if plan.schedule is Schedule.INTERLEAVED:
         drain /= plan.vpp
     return steady + drain, critical

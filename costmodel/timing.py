@@ -32,6 +32,36 @@ class RankTimes:
         return (self.forward_s + self.backward_s + self.recompute_s + self.tp_comm_s
                 + self.cp_comm_s + self.pp_comm_s)
 
+    def __add__(self, other: "RankTimes") -> "RankTimes":
+        return RankTimes(**{f: getattr(self, f) + getattr(other, f) for f in RankTimes.__slots__})
+
+    def scaled(self, k: float) -> "RankTimes":
+        return RankTimes(**{f: getattr(self, f) * k for f in RankTimes.__slots__})
+
+
+ZERO_TIMES = RankTimes(forward_s=0.0, backward_s=0.0, backward_weight_s=0.0, recompute_s=0.0,
+                       tp_comm_s=0.0, cp_comm_s=0.0, pp_comm_s=0.0)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RankTimeModel:
+    """A rank's micro-batch time is affine in its layer count and recomputed-layer count, plus
+    the embedding / LM-head work of the first / last rank. The search reads this shape."""
+
+    per_layer: RankTimes
+    per_recomputed_layer: RankTimes
+    first_edge: RankTimes
+    last_edge: RankTimes
+    pp_comm_s: float
+
+    def at(self, layers: int, recomputed: int, first: bool, last: bool) -> RankTimes:
+        times = self.per_layer.scaled(layers) + self.per_recomputed_layer.scaled(recomputed)
+        if first:
+            times = times + self.first_edge
+        if last:
+            times = times + self.last_edge
+        return times + RankTimes(**{**{f: 0.0 for f in RankTimes.__slots__}, "pp_comm_s": self.pp_comm_s})
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Spans:
@@ -80,31 +110,43 @@ def _cp_layer_comm_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Cl
             max(0.0, 2 * fwd - kernels.attention_forward_s * 2.5))
 
 
-def rank_times(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
-               sp: Spans, rank: int) -> RankTimes:
+def _times(fwd: float = 0.0, bwd: float = 0.0, bwd_w: float = 0.0, rc: float = 0.0,
+           tp: float = 0.0, cp: float = 0.0) -> RankTimes:
+    return RankTimes(forward_s=fwd, backward_s=bwd, backward_weight_s=bwd_w, recompute_s=rc,
+                     tp_comm_s=tp, cp_comm_s=cp, pp_comm_s=0.0)
+
+
+def rank_time_model(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
+                    sp: Spans) -> RankTimeModel:
+    """Depends on the plan's degrees, micro-batch, SP, recompute mode and placement only, not on
+    its layer split or recompute counts."""
     dev = cluster.device
     layer = layer_kernel_times(model, train, plan, dev)
     tp = _tp_layer_comm_s(model, train, plan, cluster, sp.tp)
     cp_fwd, cp_bwd = _cp_layer_comm_s(model, train, plan, cluster, sp.cp, layer)
-    n, n_rc = plan.layers_on_rank(rank), plan.recompute_num_layers[rank]
-    fwd, bwd, bwd_w = n * layer.forward_s, n * layer.backward_s, n * layer.backward_weight_s
-    tp_s, cp_s = 2 * n * tp, n * (cp_fwd + cp_bwd)
-    edge_tp = _edge_tp_comm_s(train, plan, cluster, model, sp.tp)
-    if rank == plan.stage_rank(0):
-        emb = embedding_kernel_times(model, train, plan, dev)
-        fwd, bwd, bwd_w, tp_s = fwd + emb.forward_s, bwd + emb.backward_s, bwd_w + emb.backward_weight_s, tp_s + edge_tp
-    if rank == plan.stage_rank(plan.num_virtual_stages - 1):
-        head = head_kernel_times(model, train, plan, dev)
-        fwd, bwd, bwd_w, tp_s = fwd + head.forward_s, bwd + head.backward_s, bwd_w + head.backward_weight_s, tp_s + edge_tp
-    recompute = 0.0
+    per_layer = _times(layer.forward_s, layer.backward_s, layer.backward_weight_s, tp=2 * tp,
+                       cp=cp_fwd + cp_bwd)
     if plan.recompute is Recompute.FULL:
-        recompute = n_rc * layer.forward_s
-        tp_s += n_rc * tp
-        cp_s += n_rc * cp_fwd
+        per_rc = _times(rc=layer.forward_s, tp=tp, cp=cp_fwd)
     elif plan.recompute is Recompute.SELECTIVE:
-        recompute = n_rc * layer.attention_forward_s
-    return RankTimes(forward_s=fwd, backward_s=bwd, backward_weight_s=bwd_w, recompute_s=recompute,
-                     tp_comm_s=tp_s, cp_comm_s=cp_s, pp_comm_s=_pp_comm_s(model, train, plan, cluster, sp.pp))
+        per_rc = _times(rc=layer.attention_forward_s)
+    else:
+        per_rc = ZERO_TIMES
+    edge_tp = _edge_tp_comm_s(train, plan, cluster, model, sp.tp)
+    emb = embedding_kernel_times(model, train, plan, dev)
+    head = head_kernel_times(model, train, plan, dev)
+    return RankTimeModel(
+        per_layer=per_layer, per_recomputed_layer=per_rc,
+        first_edge=_times(emb.forward_s, emb.backward_s, emb.backward_weight_s, tp=edge_tp),
+        last_edge=_times(head.forward_s, head.backward_s, head.backward_weight_s, tp=edge_tp),
+        pp_comm_s=_pp_comm_s(model, train, plan, cluster, sp.pp))
+
+
+def rank_times(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
+               sp: Spans, rank: int) -> RankTimes:
+    first, last = plan.stage_rank(0), plan.stage_rank(plan.num_virtual_stages - 1)
+    return rank_time_model(model, train, plan, cluster, sp).at(
+        plan.layers_on_rank(rank), plan.recompute_num_layers[rank], rank == first, rank == last)
 
 
 def _edge_tp_comm_s(train: TrainSpec, plan: Plan, cluster: ClusterSpec, model: ModelSpec,
@@ -131,27 +173,54 @@ def _pp_comm_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterS
     return 2 * plan.vpp * p2p_time_s(num_bytes, tier)
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DpTerm:
+    """One data-parallel synchronisation, `multiplier` times per step: collectives whose size is
+    `bytes_per_param` x the rank's parameters, hidden behind the rank's forward or backward."""
+
+    multiplier: int
+    collectives: tuple[tuple[Collective, float], ...]
+    window: str  # "forward" or "backward"
+
+
+def dp_terms(train: TrainSpec, plan: Plan) -> tuple[DpTerm, ...]:
+    """ZeRO-0: one gradient all-reduce per step. ZeRO-1: reduce-scatter gradients, all-gather
+    updated weights (Megatron's distributed optimizer). ZeRO-2: gradients sharded, so
+    reduce-scattered every micro-batch. ZeRO-3 (FSDP): weights gathered for forward and again for
+    backward, gradients reduce-scattered, every micro-batch."""
+    g, w, m = train.grad_dtype.num_bytes, train.compute_dtype.num_bytes, plan.num_micro_batches
+    ar, ag, rs = Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.REDUCE_SCATTER
+    z = plan.zero_stage
+    if z == 0:
+        return (DpTerm(multiplier=1, collectives=((ar, g),), window="backward"),)
+    if z in (1, 2):
+        return (DpTerm(multiplier=1 if z == 1 else m, collectives=((rs, g),), window="backward"),
+                DpTerm(multiplier=1, collectives=((ag, w),), window="forward"))
+    return (DpTerm(multiplier=m, collectives=((ag, w),), window="forward"),
+            DpTerm(multiplier=m, collectives=((ag, w), (rs, g)), window="backward"))
+
+
+def dp_term_comm_s(term: DpTerm, n_params: float, cluster: ClusterSpec, span: AxisSpan) -> float:
+    return sum(collective_time_s(kind, bpp * n_params, span, cluster) for kind, bpp in term.collectives)
+
+
+def dp_window_s(term: DpTerm, times: RankTimes) -> float:
+    return times.forward_s if term.window == "forward" else times.backward_s + times.recompute_s
+
+
+def dp_hidden_s(comm_s: float, window_s: float, layers: int) -> float:
+    """Bucketed overlap: the collective hides behind the window, except at least one layer's
+    bucket (the first to gather, the last to reduce) stays exposed."""
+    return max(comm_s - window_s, comm_s / max(1, layers))
+
+
 def dp_exposed_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
                  sp: Spans, rank: int, times: RankTimes) -> float:
-    """Gradient reduction and parameter gathers over the dp x cp group, minus what hides behind
-    compute: step-level collectives overlap the last micro-batch's backward (gradients) or the
-    first forward (parameters), bucket by bucket, so at least one layer's bucket stays exposed;
-    ZeRO-2/3 collectives run every micro-batch behind that micro-batch's compute."""
+    """Gradient reduction and parameter gathers over the dp x cp group, minus what hides."""
     if sp.dp.size == 1:
         return 0.0
     n_params = rank_params(model, plan, rank).total
-    grads = n_params * train.grad_dtype.num_bytes
-    weights = n_params * train.compute_dtype.num_bytes
-    buckets = max(1, plan.layers_on_rank(rank))
-    t = lambda kind, b: collective_time_s(kind, b, sp.dp, cluster)  # noqa: E731
-    hide = lambda comm, window: max(comm - window, comm / buckets)  # noqa: E731
-    bwd, fwd, m = times.backward_s + times.recompute_s, times.forward_s, plan.num_micro_batches
-    z = plan.zero_stage
-    if z == 0:
-        return hide(t(Collective.ALL_REDUCE, grads), bwd)
-    if z == 1:
-        return hide(t(Collective.REDUCE_SCATTER, grads), bwd) + hide(t(Collective.ALL_GATHER, weights), fwd)
-    if z == 2:
-        return m * hide(t(Collective.REDUCE_SCATTER, grads), bwd) + hide(t(Collective.ALL_GATHER, weights), fwd)
-    gather = t(Collective.ALL_GATHER, weights)
-    return m * (hide(gather, fwd) + hide(gather + t(Collective.REDUCE_SCATTER, grads), bwd))
+    layers = plan.layers_on_rank(rank)
+    return sum(t.multiplier * dp_hidden_s(dp_term_comm_s(t, n_params, cluster, sp.dp),
+                                          dp_window_s(t, times), layers)
+               for t in dp_terms(train, plan))
