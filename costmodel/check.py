@@ -69,6 +69,9 @@ def _check_pipeline(model: ModelSpec, plan: Plan) -> list[str]:
             add("zbv places exactly two virtual stages per rank (vpp = 2) on pp >= 2")
     elif plan.vpp != 1:
         add(f"schedule {s} runs one stage per rank (vpp must be 1)")
+    if s in (Schedule.ZB_H1, Schedule.ZBV) and plan.recompute is Recompute.SELECTIVE:
+        # torch 2.13: backward-for-weights re-enters a selectively checkpointed region and fails
+        add(f"schedule {s} cannot be combined with selective recomputation")
     if plan.pp == 1 and s not in (Schedule.ONE_F_ONE_B, Schedule.GPIPE):
         add(f"schedule {s} needs pp > 1")
     return problems

@@ -45,13 +45,17 @@ class Efficiency:
 class DeviceProfile:
     name: str
     aliases: tuple[str, ...]
-    peak_flops_per_s: dict[str, float]
+    peak_flops: tuple[tuple[str, float], ...]  # (dtype, dense peak FLOP/s); a tuple keeps specs hashable
     memory_bytes: int
     memory_bandwidth_bytes_per_s: float
     intra_node: NetworkTier
     inter_node: NetworkTier
     efficiency: Efficiency
     path: str
+
+    @property
+    def peak_flops_per_s(self) -> dict[str, float]:
+        return dict(self.peak_flops)
 
     def peak_for(self, dtype: DType) -> float:
         peak = self.peak_flops_per_s.get(str(dtype), 0.0)
@@ -107,7 +111,7 @@ def load_profile(path: Path) -> DeviceProfile:
                                 source=eff["source"])
         return DeviceProfile(
             name=dev["name"], aliases=tuple(dev.get("aliases", ())),
-            peak_flops_per_s={k: float(v) for k, v in dev["peak_flops_per_s"].items()},
+            peak_flops=tuple((k, float(v)) for k, v in dev["peak_flops_per_s"].items()),
             memory_bytes=int(dev["memory_bytes"]),
             memory_bandwidth_bytes_per_s=float(dev["memory_bandwidth_bytes_per_s"]),
             intra_node=_tier(net["node"], eff["intra_node_comm"]),

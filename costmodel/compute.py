@@ -8,12 +8,23 @@ Achievable rates are datasheet peak x the profile's fitted efficiencies.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from costmodel.cluster import DeviceProfile
 from costmodel.layout import Style, layer_blocks
 from costmodel.params import ceil_div
 from costmodel.plan import Plan
+from typing import Protocol
 from costmodel.specs import AttentionKernel, FfnKind, ModelSpec, Optimizer, PositionKind, TrainSpec
+
+class KernelShape(Protocol):
+    """What kernel times depend on (a Plan has these, and so does the search's cache key)."""
+
+    tp: int
+    cp: int
+    sequence_parallel: bool
+    micro_batch_size: int
+
 
 FLASH_BACKWARD_FACTOR = 2.5  # FlashAttention-2 (Dao 2023): 5 matmuls backward vs 2 forward
 CAUSAL_FRACTION = 0.5        # a causal flash kernel skips the masked upper triangle
@@ -49,7 +60,7 @@ def gemm_s(m: int, k: int, n: int, dev: DeviceProfile, train: TrainSpec) -> floa
                       dev.peak_for(train.compute_dtype), dev.efficiency.gemm)
 
 
-def _linears_s(model: ModelSpec, train: TrainSpec, plan: Plan, dev: DeviceProfile, tokens: int) -> float:
+def _linears_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile, tokens: int) -> float:
     total = 0.0
     for block in layer_blocks(model):
         for lin in block.linears:
@@ -60,7 +71,7 @@ def _linears_s(model: ModelSpec, train: TrainSpec, plan: Plan, dev: DeviceProfil
     return total
 
 
-def _attention_core_s(model: ModelSpec, train: TrainSpec, plan: Plan, dev: DeviceProfile) -> tuple[float, float]:
+def _attention_core_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile) -> tuple[float, float]:
     """(forward, backward) of scores, softmax and weighted sum for local heads and queries."""
     b, heads, d = plan.micro_batch_size, model.num_heads // plan.tp, model.head_dim
     s_q, s_k, a = train.seq_len // plan.cp, train.seq_len, train.compute_dtype.num_bytes
@@ -79,7 +90,7 @@ def _attention_core_s(model: ModelSpec, train: TrainSpec, plan: Plan, dev: Devic
     return matmuls + softmax_fwd, 2 * matmuls + softmax_bwd
 
 
-def _elementwise_forward_s(model: ModelSpec, train: TrainSpec, plan: Plan, dev: DeviceProfile,
+def _elementwise_forward_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile,
                            tokens: int) -> float:
     """Norms, residual adds, dropout, activation function and RoPE: bytes read + written.
     Without sequence parallelism every TP rank repeats the norms/adds/dropout on all tokens."""
@@ -97,6 +108,25 @@ def _elementwise_forward_s(model: ModelSpec, train: TrainSpec, plan: Plan, dev: 
 
 
 def layer_kernel_times(model: ModelSpec, train: TrainSpec, plan: Plan, dev: DeviceProfile) -> KernelTimes:
+    return _layer_kernel_times(model, train, _KernelKey.of(plan), dev)
+
+
+@dataclass(frozen=True, slots=True)
+class _KernelKey:
+    """The plan fields kernel times depend on: the search shares them across many candidates."""
+
+    tp: int
+    cp: int
+    sequence_parallel: bool
+    micro_batch_size: int
+
+    @classmethod
+    def of(cls, plan: Plan) -> "_KernelKey":
+        return cls(plan.tp, plan.cp, plan.sequence_parallel, plan.micro_batch_size)
+
+
+@lru_cache(maxsize=4096)
+def _layer_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile) -> KernelTimes:
     tokens = plan.micro_batch_size * train.seq_len // plan.cp
     linears = _linears_s(model, train, plan, dev, tokens)
     attn_fwd, attn_bwd = _attention_core_s(model, train, plan, dev)
@@ -107,6 +137,11 @@ def layer_kernel_times(model: ModelSpec, train: TrainSpec, plan: Plan, dev: Devi
 
 
 def head_kernel_times(model: ModelSpec, train: TrainSpec, plan: Plan, dev: DeviceProfile) -> KernelTimes:
+    return _head_kernel_times(model, train, _KernelKey.of(plan), dev)
+
+
+@lru_cache(maxsize=4096)
+def _head_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile) -> KernelTimes:
     """Final norm, output projection (vocab-parallel) and cross entropy (fp32 softmax)."""
     tokens = plan.micro_batch_size * train.seq_len // plan.cp
     vocab = ceil_div(model.vocab_size, plan.tp)
@@ -119,6 +154,11 @@ def head_kernel_times(model: ModelSpec, train: TrainSpec, plan: Plan, dev: Devic
 
 
 def embedding_kernel_times(model: ModelSpec, train: TrainSpec, plan: Plan, dev: DeviceProfile) -> KernelTimes:
+    return _embedding_kernel_times(model, train, _KernelKey.of(plan), dev)
+
+
+@lru_cache(maxsize=4096)
+def _embedding_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile) -> KernelTimes:
     """Lookup (a gather) forward, scatter-add of the gradient backward: memory-bound."""
     tokens = plan.micro_batch_size * train.seq_len // plan.cp
     num_bytes = 2 * train.compute_dtype.num_bytes * tokens * model.hidden_size

@@ -10,6 +10,7 @@ applies `ColwiseParallel` / `RowwiseParallel` from it, so both agree by construc
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from enum import StrEnum
 
 from costmodel.specs import Arch, ModelSpec
@@ -35,6 +36,7 @@ class Block:
     linears: tuple[Linear, ...]  # column-parallel ones first, the row-parallel one last
 
 
+@lru_cache(maxsize=256)
 def layer_blocks(model: ModelSpec) -> tuple[Block, ...]:
     h, kv, f, b = model.hidden_size, model.kv_hidden_size, model.ffn_hidden_size, model.bias
     col, row = Style.COLWISE, Style.ROWWISE

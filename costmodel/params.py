@@ -8,6 +8,7 @@ GPT formula P = 12 l h^2 (1 + 13/12h + (V + s)/12lh) (SC'21 Eq. 2) plus the fina
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from costmodel.layout import Style, layer_blocks
 from costmodel.plan import Plan
@@ -23,6 +24,7 @@ def norm_params(model: ModelSpec) -> int:
     return model.hidden_size * (1 if model.norm_kind is NormKind.RMSNORM else 2)
 
 
+@lru_cache(maxsize=1024)
 def layer_params(model: ModelSpec, tp: int = 1) -> int:
     """One transformer layer on one TP rank (tp=1: the whole layer)."""
     total = 2 * norm_params(model)  # replicated on every TP rank

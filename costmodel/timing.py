@@ -9,7 +9,7 @@ from costmodel.comm import Collective, collective_time_s, p2p_time_s
 from costmodel.compute import (KernelTimes, embedding_kernel_times, head_kernel_times,
                                layer_kernel_times)
 from costmodel.layout import layer_blocks
-from costmodel.params import rank_params
+from costmodel.params import layer_params, rank_params
 from costmodel.placement import AxisSpan, group_span
 from costmodel.plan import Plan, Recompute
 from costmodel.specs import ModelSpec, TrainSpec
@@ -208,10 +208,14 @@ def dp_window_s(term: DpTerm, times: RankTimes) -> float:
     return times.forward_s if term.window == "forward" else times.backward_s + times.recompute_s
 
 
-def dp_hidden_s(comm_s: float, window_s: float, layers: int) -> float:
-    """Bucketed overlap: the collective hides behind the window, except at least one layer's
-    bucket (the first to gather, the last to reduce) stays exposed."""
-    return max(comm_s - window_s, comm_s / max(1, layers))
+def dp_hidden_s(comm_s: float, window_s: float, bucket_s: float) -> float:
+    """Bucketed overlap: the collective hides behind the window, except the last bucket (one
+    layer's parameters: the first to gather, the last to reduce) stays exposed."""
+    return max(comm_s - window_s, bucket_s)
+
+
+def dp_bucket_s(model: ModelSpec, plan: Plan, term: DpTerm, cluster: ClusterSpec, span: AxisSpan) -> float:
+    return dp_term_comm_s(term, layer_params(model, plan.tp), cluster, span)
 
 
 def dp_exposed_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
@@ -220,7 +224,6 @@ def dp_exposed_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Cluste
     if sp.dp.size == 1:
         return 0.0
     n_params = rank_params(model, plan, rank).total
-    layers = plan.layers_on_rank(rank)
-    return sum(t.multiplier * dp_hidden_s(dp_term_comm_s(t, n_params, cluster, sp.dp),
-                                          dp_window_s(t, times), layers)
+    return sum(t.multiplier * dp_hidden_s(dp_term_comm_s(t, n_params, cluster, sp.dp), dp_window_s(t, times),
+                                          dp_bucket_s(model, plan, t, cluster, sp.dp))
                for t in dp_terms(train, plan))

@@ -1,0 +1,285 @@
+"""CP-SAT: split layers over pipeline ranks and choose per-rank recomputation under the memory cap
+so that the predicted step time is minimal (the AdaPipe idea, Sun et al. 2024).
+
+For one outer choice (degrees, micro-batch, schedule, ZeRO, recompute mode, placement) the cost
+model is, per pipeline rank r, affine in its layer count L_r and recomputed-layer count n_r:
+micro-batch time t_r, the zero-bubble fill f_r, optimizer time, memory (plus one step when n_r > 0);
+the exposed data-parallel time is a max of affine pieces and a constant. The model here reads those
+coefficients by evaluating costmodel's own functions (and checks they are affine), then minimises
+exactly what `estimate` computes:
+
+    m·max(t) + (sum(f) - max(f)) / v + max_r(sum_k mult_k·max(comm_kr - window_kr, one layer's bucket))
+    + max_r(optimizer_r)       (+ a constant: tied-embedding sync)
+
+in integer nanoseconds. Within a rank, interleaved virtual stages get an even split (the model
+prices a rank by its totals only).
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, replace
+
+from ortools.sat.python import cp_model
+
+from costmodel.cluster import ClusterSpec
+from costmodel.compute import optimizer_step_s
+from costmodel.memory import stage_memory_at
+from costmodel.params import rank_params_at
+from costmodel.plan import Plan, Recompute, Schedule, even_layers
+from costmodel.specs import ModelSpec, TrainSpec
+from costmodel.timing import (RankTimeModel, dp_bucket_s, dp_term_comm_s, dp_terms,
+                              dp_window_s, rank_time_model, spans)
+
+NS = 1e9
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Split:
+    layers: tuple[int, ...]      # per pipeline rank
+    recomputed: tuple[int, ...]  # per pipeline rank
+    optimal: bool
+
+
+def _affine(f, x0: int, x1: int) -> tuple[float, float]:
+    """(intercept, slope) of f from two points; callers verify at a third."""
+    y0, y1 = f(x0), f(x1)
+    slope = (y1 - y0) / (x1 - x0)
+    return y0 - slope * x0, slope
+
+
+def _check(predicted: float, actual: float, what: str) -> None:
+    assert abs(predicted - actual) <= 1e-9 * max(1.0, abs(actual)), f"{what} is not affine"
+
+
+class _RankShape:
+    """Everything the solver needs about one pipeline rank, read from costmodel."""
+
+    def __init__(self, model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan,
+                 rtm: RankTimeModel, rank: int) -> None:
+        first, last = rank == 0, rank == plan.pp - 1
+        self.first, self.last = first, last
+        zb = plan.schedule is Schedule.ZB_H1
+        at = lambda L, n: rtm.at(L, n, first, last)  # noqa: E731
+        self.t = (at(0, 0).total_s, rtm.per_layer.total_s, rtm.per_recomputed_layer.total_s)
+        w0, w1 = at(0, 0).backward_weight_s, rtm.per_layer.backward_weight_s
+        self.f = (self.t[0] - 2 * w0 * zb, self.t[1] - 2 * w1 * zb, self.t[2])
+        params = lambda L: rank_params_at(model, plan, L, first, last).total  # noqa: E731
+        shards = plan.dp * plan.cp if plan.zero_stage >= 1 else 1
+        self.opt = _affine(lambda L: optimizer_step_s(params(L) / shards, train, cluster.device), 1, 2)
+        reserved = cluster.device.efficiency.reserved_memory_bytes
+        mem = lambda L, n: stage_memory_at(model, train, plan, rank, L, n, reserved).total_bytes  # noqa: E731
+        base, per_layer = _affine(lambda L: mem(L, 0), 1, 2)
+        per_rc = mem(3, 2) - mem(3, 1)
+        jump = mem(2, 1) - mem(2, 0) - per_rc
+        _check(base + 5 * per_layer + 3 * per_rc + jump, mem(5, 3), "memory")
+        self.mem = (base, per_layer, per_rc, jump)
+        self.dp = self._dp_terms(model, train, cluster, plan, rtm, params)
+
+    def _dp_terms(self, model, train, cluster, plan, rtm, params):
+        sp = spans(plan, cluster)
+        if sp.dp.size == 1:
+            return []
+        terms = []
+        for term in dp_terms(train, plan):
+            comm = lambda L, term=term: dp_term_comm_s(term, params(L), cluster, sp.dp)  # noqa: E731
+            c0, c1 = _affine(comm, 1, 2)
+            _check(c0 + 7 * c1, comm(7), "DP communication")
+            win = lambda L, n, term=term: dp_window_s(term, rtm.at(L, n, self.first, self.last))  # noqa: E731
+            terms.append((term.multiplier, (c0, c1), (win(0, 0), win(1, 0) - win(0, 0), win(1, 1) - win(1, 0)),
+                          dp_bucket_s(model, plan, term, cluster, sp.dp)))
+        return terms
+
+
+def rank_shapes(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> list[_RankShape]:
+    rtm = rank_time_model(model, train, plan, cluster, spans(plan, cluster))
+    return [_RankShape(model, train, cluster, plan, rtm, r) for r in range(plan.pp)]
+
+
+def max_layers_that_fit(shape: _RankShape, cap: float, can_recompute: bool, total: int) -> int:
+    """Most layers a rank can hold within `cap`: memory is affine in layers at n = 0 and at n = L
+    (every layer recomputed), and recomputing more never needs more memory."""
+    base, per_layer, per_rc, jump = shape.mem
+    options = [(base, per_layer)] + ([(base + jump, per_layer + per_rc)] if can_recompute else [])
+    best = -1
+    for intercept, slope in options:
+        if slope <= 0:
+            best = max(best, total if intercept <= cap else -1)
+        elif intercept <= cap:
+            best = max(best, min(total, int((cap - intercept) // slope)))
+    return best
+
+
+def split_exists(shapes: list[_RankShape], plan: Plan, cap: float, total: int) -> bool:
+    """Exact: some split of `total` layers (at least vpp per rank) fits every rank."""
+    most = [max_layers_that_fit(s, cap, plan.recompute is not Recompute.NONE, total) for s in shapes]
+    return min(most) >= plan.vpp and sum(most) >= total
+
+
+def _recompute_needed(shape: _RankShape, layers: int, cap: float) -> float:
+    """Least (fractional) number of recomputed layers that makes `layers` fit on this rank."""
+    base, per_layer, per_rc, jump = shape.mem
+    over = base + per_layer * layers - cap
+    if over <= 0:
+        return 0.0
+    return (over + jump) / -per_rc if per_rc < 0 else math.inf
+
+
+def min_total_recompute(shapes: list[_RankShape], plan: Plan, cap: float, total: int) -> float:
+    """Lower bound on sum(n_r) over all splits: each rank's need is convex in its layer count
+    (zero, then linear), so adding layers greedily where the need grows least is optimal for the
+    continuous relaxation."""
+    layers = [plan.vpp] * plan.pp
+    need = [_recompute_needed(sh, plan.vpp, cap) for sh in shapes]
+    heap = [(_recompute_needed(sh, plan.vpp + 1, cap) - need[r], r) for r, sh in enumerate(shapes)]
+    heapq.heapify(heap)
+    for _ in range(total - plan.vpp * plan.pp):
+        delta, r = heapq.heappop(heap)
+        layers[r] += 1
+        need[r] += delta
+        heapq.heappush(heap, (_recompute_needed(shapes[r], layers[r] + 1, cap) - need[r], r))
+    return sum(need)
+
+
+def lower_bound_with_memory_s(shapes: list[_RankShape], plan: Plan, cap: float, total: int) -> float:
+    """Step-time lower bound for this outer choice including the recomputation needed to fit,
+    the DP buckets that can never hide, and the optimizer on the average rank (see
+    planner.search.lower_bound_s for the pipeline part)."""
+    rc = max(min_total_recompute(shapes, plan, cap, total),
+             0.0 if plan.recompute is Recompute.NONE else 1.0)
+    if math.isinf(rc) or (rc > 0 and plan.recompute is Recompute.NONE):
+        return math.inf
+    sum_t = sum(sh.t[0] for sh in shapes) + shapes[0].t[1] * total + shapes[0].t[2] * rc
+    m, pp = plan.num_micro_batches, plan.pp
+    if plan.schedule is Schedule.ZB_H1:
+        sum_f = sum(sh.f[0] for sh in shapes) + shapes[0].f[1] * total + shapes[0].f[2] * rc
+        pipe = (m - 1) * sum_t / pp + sum_f
+    else:
+        v = plan.vpp if plan.schedule is Schedule.INTERLEAVED else 1
+        pipe = (m - 1 / v) * sum_t / pp + sum_t / v
+    dp = sum(mult * bucket for mult, _, _, bucket in shapes[0].dp)
+    opt = (sum(sh.opt[0] for sh in shapes) + shapes[0].opt[1] * total) / pp
+    return pipe + dp + opt
+
+
+def _scan_single_rank(shape: _RankShape, plan: Plan, total: int, cap: float) -> Split | None:
+    """pp = 1: the whole objective is a function of n alone; try every n (exact, no solver)."""
+    base, per_layer, per_rc, jump = shape.mem
+    choices = [0] if plan.recompute is Recompute.NONE else range(1, total + 1)
+    best = None
+    for n in choices:
+        if base + per_layer * total + per_rc * n + jump * (n > 0) > cap:
+            continue
+        t = shape.t[0] + shape.t[1] * total + shape.t[2] * n
+        dp = sum(mult * max(c0 + c1 * total - (w0 + w1 * total + w2 * n), bucket)
+                 for mult, (c0, c1), (w0, w1, w2), bucket in shape.dp)
+        value = plan.num_micro_batches * t + dp + shape.opt[0] + shape.opt[1] * total
+        if best is None or value < best[0]:
+            best = (value, n)
+    return None if best is None else Split(layers=(total,), recomputed=(best[1],), optimal=True)
+
+
+def _ns(x: float) -> int:
+    return round(x * NS)
+
+
+def solve_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan,
+                time_limit_s: float = 10.0, ranks: list[_RankShape] | None = None) -> Split | None:
+    """The best (layers, recomputed) per rank for `plan`'s outer choices, or None if nothing fits."""
+    ranks = ranks or rank_shapes(model, train, cluster, plan)
+    total, v, m = model.num_layers, plan.vpp, plan.num_micro_batches
+    if not split_exists(ranks, plan, cluster.device.memory_bytes, total):
+        return None
+    if plan.pp == 1:
+        return _scan_single_rank(ranks[0], plan, total, cluster.device.memory_bytes)
+    cm = cp_model.CpModel()
+    L = [cm.NewIntVar(v, total, f"L{r}") for r in range(plan.pp)]
+    n = [cm.NewIntVar(0, total, f"n{r}") for r in range(plan.pp)]
+    z = [cm.NewBoolVar(f"z{r}") for r in range(plan.pp)]
+    cm.Add(sum(L) == total)
+    for r in range(plan.pp):
+        cm.Add(n[r] <= L[r])
+        cm.Add(n[r] <= total * z[r])
+        cm.Add(n[r] >= z[r])
+    if plan.recompute is Recompute.NONE:
+        cm.Add(sum(n) == 0)
+    else:
+        cm.Add(sum(n) >= 1)
+    cap = cluster.device.memory_bytes
+    t_vars, f_vars, dp_vars, opt_vars = [], [], [], []
+    for r, rs in enumerate(ranks):
+        base, per_layer, per_rc, jump = rs.mem
+        cm.Add(round(base) + round(per_layer) * L[r] + round(per_rc) * n[r] + round(jump) * z[r] <= int(cap))
+        t_vars.append(_affine_var(cm, rs.t, L[r], n[r], v, total, f"t{r}"))
+        f_vars.append(_affine_var(cm, rs.f, L[r], n[r], v, total, f"f{r}"))
+        opt_vars.append(_affine_var(cm, (*rs.opt, 0.0), L[r], n[r], v, total, f"o{r}"))
+        dp_vars.append(_dp_rank(cm, rs, L[r], n[r], total, v, r))
+    T = _max_var(cm, t_vars, "T")
+    F = _max_var(cm, f_vars, "F")
+    DP = _max_var(cm, dp_vars, "DP")
+    OPT = _max_var(cm, opt_vars, "OPT")
+    even = even_layers(total, plan.pp)
+    for r in range(plan.pp):
+        cm.AddHint(L[r], max(v, even[r]))
+    scale = v if plan.schedule is Schedule.INTERLEAVED else 1
+    step = scale * m * T.var + sum(f.var for f in f_vars) - F.var + scale * (DP.var + OPT.var)
+    # ties (equal predicted time) go to the split that recomputes fewer layers
+    cm.Minimize((total + 1) * step + sum(n))
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1  # deterministic
+    solver.parameters.max_time_in_seconds = time_limit_s
+    status = solver.Solve(cm)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+    return Split(layers=tuple(solver.Value(x) for x in L), recomputed=tuple(solver.Value(x) for x in n),
+                 optimal=status == cp_model.OPTIMAL)
+
+
+def _affine_var(cm: cp_model.CpModel, coef: tuple[float, float, float], L, n, lo_layers: int,
+                total: int, name: str):
+    """An IntVar equal to a + b·L + c·n (ns), with its exact range as domain (tight domains make
+    CP-SAT's propagation and optimality proof fast)."""
+    a, b, c = (_ns(x) for x in coef)
+    corners = [a + b * x + c * y for x in (lo_layers, total) for y in (0, total)]
+    var = _Bounded(cm.NewIntVar(min(corners), max(corners), name), min(corners), max(corners))
+    cm.Add(var.var == a + b * L + c * n)
+    return var
+
+
+@dataclass(frozen=True, slots=True)
+class _Bounded:
+    var: cp_model.IntVar
+    lo: int
+    hi: int
+
+
+def _max_var(cm: cp_model.CpModel, xs: list[_Bounded], name: str) -> _Bounded:
+    lo, hi = max(x.lo for x in xs), max(x.hi for x in xs)
+    var = cm.NewIntVar(lo, hi, name)
+    cm.AddMaxEquality(var, [x.var for x in xs])
+    return _Bounded(var, lo, hi)
+
+
+def _dp_rank(cm: cp_model.CpModel, rs: _RankShape, L, n, total: int, v: int, r: int):
+    """sum_k mult_k · max(comm_k - window_k, bucket_k) for one rank."""
+    if not rs.dp:
+        return _Bounded(cm.NewConstant(0), 0, 0)
+    parts, lo, hi = [], 0, 0
+    for k, (mult, (c0, c1), (w0, w1, w2), bucket) in enumerate(rs.dp):
+        diff = _affine_var(cm, (c0 - w0, c1 - w1, -w2), L, n, v, total, f"d{r}_{k}")
+        b = _ns(bucket)
+        hidden = _max_var(cm, [diff, _Bounded(cm.NewConstant(b), b, b)], f"h{r}_{k}")
+        parts.append(mult * hidden.var)
+        lo, hi = lo + mult * hidden.lo, hi + mult * hidden.hi
+    out = cm.NewIntVar(lo, hi, f"dp{r}")
+    cm.Add(out == sum(parts))
+    return _Bounded(out, lo, hi)
+
+
+def apply_split(plan: Plan, split: Split) -> Plan:
+    """The concrete plan: rank r's layers spread evenly over its virtual stages (loop placement)."""
+    per_stage = [0] * plan.num_virtual_stages
+    for r, layers in enumerate(split.layers):
+        for chunk, count in enumerate(even_layers(layers, plan.vpp)):
+            per_stage[chunk * plan.pp + r] = count
+    return replace(plan, layers_per_stage=tuple(per_stage), recompute_num_layers=split.recomputed)

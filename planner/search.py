@@ -1,0 +1,291 @@
+"""`planner search`: the fastest plan that fits, exact under the cost model.
+
+Outer choices (tp, cp, pp, dp, micro-batch, virtual stages, schedule, ZeRO stage, sequence
+parallelism, recompute mode, rank placement) are enumerated; each gets a valid lower bound on its
+step time from the cost model's per-rank shape (the slowest rank takes at least the average share
+of all ranks' work, times m micro-batches). Candidates are taken in order of that bound and solved
+exactly by CP-SAT (layer split and per-rank recompute under the memory cap, planner.partition);
+the search stops once the bound of the next candidate is no better than the K-th best plan found.
+So the result is the optimum over the whole space whenever every CP-SAT solve proved optimality.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable, Iterator
+
+from costmodel.check import check_memory, check_structure
+from costmodel.cluster import ClusterSpec
+from costmodel.estimate import Estimate, estimate
+from costmodel.plan import Plan, Recompute, Schedule
+from costmodel.specs import ModelSpec, TrainSpec
+from costmodel.compute import optimizer_step_s
+from costmodel.params import layer_params
+from costmodel.timing import dp_bucket_s, dp_terms, rank_time_model, spans
+from planner.partition import (apply_split, lower_bound_with_memory_s, rank_shapes, solve_split,
+                               split_exists)
+from planner.space import Choice, build_plan, divisors
+
+MAX_MICRO_BATCH = 64
+MAX_CP = 8
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SearchOptions:
+    top_k: int = 5
+    max_tp: int | None = None  # None: devices per node (TP across nodes is never competitive)
+    fixed: dict = field(default_factory=dict)  # field name -> value, e.g. {"pp": 4}
+    no_recompute: bool = False
+    objective: str = "time"  # or "memory": least memory within 5 % of the best time
+    progress: Callable[[str], None] | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Found:
+    plan: Plan
+    estimate: Estimate
+
+
+@dataclass(kw_only=True)
+class SearchStats:
+    wall_s: float = 0.0
+    num_candidates: int = 0
+    num_feasible: int = 0
+    num_solved: int = 0
+    pruned_by_reason: dict[str, int] = field(default_factory=dict)
+    optimal: bool = True
+
+    def prune(self, reason: str) -> None:
+        self.pruned_by_reason[reason] = self.pruned_by_reason.get(reason, 0) + 1
+
+    def to_dict(self) -> dict:
+        return {"wall_s": self.wall_s, "num_candidates": self.num_candidates,
+                "num_feasible": self.num_feasible, "num_solved": self.num_solved,
+                "pruned_by_reason": dict(sorted(self.pruned_by_reason.items())), "optimal": self.optimal}
+
+
+@dataclass(kw_only=True)
+class SearchResult:
+    plans: list[Found]
+    stats: SearchStats
+    evaluated: list[Found]         # every plan the solver produced, for --csv
+    closest: Found | None = None   # when nothing fits: the plan that overflows least
+
+
+def _orders(degrees: dict[str, int], cluster: ClusterSpec) -> list[tuple[str, ...]]:
+    """Mesh axis orders that place groups differently (others are equivalent for the model)."""
+    seen, out = set(), []
+    for order in itertools.permutations(("pp", "dp", "cp", "tp")):
+        probe = Plan(dp=degrees["dp"], tp=degrees["tp"], pp=degrees["pp"], cp=degrees["cp"], zero_stage=0,
+                     recompute=Recompute.NONE, recompute_num_layers=(0,) * degrees["pp"],
+                     sequence_parallel=False, micro_batch_size=1, num_micro_batches=1,
+                     schedule=Schedule.ONE_F_ONE_B, vpp=1, layers_per_stage=(1,) * degrees["pp"],
+                     mesh_axis_order=order)
+        key = spans(probe, cluster)
+        if key not in seen:
+            seen.add(key)
+            out.append(order)
+    return out
+
+
+def _allowed(options: SearchOptions, name: str, values: list) -> list:
+    if name in options.fixed:
+        return [v for v in values if v == options.fixed[name]]
+    return values
+
+
+def _dominant(options: SearchOptions, name: str, values: list, best) -> list:
+    """Keep only the value that dominates the others under the cost model, unless the user fixed
+    this field (then honour their choice)."""
+    if name in options.fixed:
+        return _allowed(options, name, values)
+    return [best] if best in values else values
+
+
+def _schedules(pp: int, vpp: int, mode: Recompute) -> tuple[list[Schedule], Schedule]:
+    """(valid schedules, the dominant one). Under the model GPipe equals 1F1B in time and needs
+    more memory; ZB-H1 has 1F1B's memory and a smaller fill, but cannot run with selective
+    recomputation (check_plan)."""
+    if pp == 1:
+        return [Schedule.ONE_F_ONE_B], Schedule.ONE_F_ONE_B
+    if vpp > 1:
+        return [Schedule.INTERLEAVED], Schedule.INTERLEAVED
+    valid = [Schedule.GPIPE, Schedule.ONE_F_ONE_B] + ([] if mode is Recompute.SELECTIVE else [Schedule.ZB_H1])
+    return valid, valid[-1]
+
+
+def time_keys(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: SearchOptions,
+              stats: SearchStats) -> Iterator[Choice]:
+    """Every outer choice except the ZeRO stage (which the time bound does not depend on)."""
+    world, L = cluster.world_size, model.num_layers
+    max_tp = options.max_tp or cluster.devices_per_node
+    tp_all = [t for t in divisors(math.gcd(model.num_heads, model.num_kv_heads, model.ffn_hidden_size))
+              if t <= max(max_tp, options.fixed.get("tp", 0)) and world % t == 0]
+    for tp in _allowed(options, "tp", tp_all):
+        cp_all = [c for c in divisors(world // tp) if c <= MAX_CP and train.seq_len % c == 0]
+        for cp in _allowed(options, "cp", cp_all):
+            for pp in _allowed(options, "pp", [p for p in divisors(world // (tp * cp)) if p <= L]):
+                dp = world // (tp * cp * pp)
+                if train.global_batch_size % dp:
+                    stats.prune("global batch not divisible by dp")
+                elif options.fixed.get("dp", dp) == dp:
+                    yield from _keys_for_degrees(model, train, cluster, options, tp, cp, pp, dp, stats)
+
+
+def _keys_for_degrees(model, train, cluster, options, tp, cp, pp, dp, stats) -> Iterator[Choice]:
+    L, per_replica = model.num_layers, train.global_batch_size // dp
+    modes = [Recompute.NONE] if options.no_recompute else list(Recompute)
+    # SP dominates no-SP: the same collective volume (AG + RS = AR), less memory, less elementwise work
+    sps = _dominant(options, "sequence_parallel",
+                    [True, False] if tp > 1 and (train.seq_len // cp) % tp == 0 else [False], True)
+    orders = _orders({"tp": tp, "cp": cp, "pp": pp, "dp": dp}, cluster)
+    for mbs in _allowed(options, "micro_batch_size", [b for b in divisors(per_replica) if b <= MAX_MICRO_BATCH]):
+        m = per_replica // mbs
+        # interleaving as Megatron-LM runs it: equal chunks (pp x vpp divides the layers)
+        vpps = [1] + ([v for v in divisors(L // pp)[1:] if L % pp == 0 and m % pp == 0] if pp > 1 else [])
+        for vpp, mode, sp, order in itertools.product(_allowed(options, "vpp", vpps),
+                                                      _allowed(options, "recompute", modes), sps, orders):
+            valid, best = _schedules(pp, vpp, mode)
+            for sched in _dominant(options, "schedule", valid, best):
+                stats.num_candidates += 1
+                yield Choice(tp=tp, pp=pp, cp=cp, dp=dp, zero_stage=0, recompute=mode, sequence_parallel=sp,
+                             micro_batch_size=mbs, vpp=vpp, schedule=sched, mesh_axis_order=order)
+
+
+def lower_bound_s(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> float:
+    """A valid lower bound on the step time over every layer split and recompute count.
+
+    With per-rank micro-batch times t_r and T = max t_r >= sum(t)/pp, the pipeline takes
+    m·T + (sum(t) - T)/v >= (m - 1/v)·sum(t)/pp + sum(t)/v (1F1B, GPipe: v = 1; interleaved: v),
+    or m·T + sum(f) - max(f) >= (m - 1)·sum(t)/pp + sum(f) for ZB-H1 (f = t - 2W <= t <= T).
+    sum(t) is fixed by the model up to recomputation, counted here at its minimum (one layer when
+    the mode recomputes). Exposed DP time and the optimizer are >= 0."""
+    rtm = rank_time_model(model, train, plan, cluster, spans(plan, cluster))
+    rc = 0 if plan.recompute is Recompute.NONE else 1
+    per_layer, edges = rtm.per_layer, rtm.first_edge + rtm.last_edge
+    total = (model.num_layers * per_layer.total_s + rc * rtm.per_recomputed_layer.total_s
+             + edges.total_s + plan.pp * rtm.pp_comm_s)
+    m, pp = plan.num_micro_batches, plan.pp
+    if plan.schedule is Schedule.ZB_H1:
+        weights = model.num_layers * per_layer.backward_weight_s + edges.backward_weight_s
+        return (m - 1) * total / pp + total - 2 * weights
+    v = plan.vpp if plan.schedule is Schedule.INTERLEAVED else 1
+    return (m - 1 / v) * total / pp + total / v
+
+
+def zero_floor_s(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> float:
+    """What a ZeRO stage adds at the least: the DP buckets that never hide, and the optimizer
+    step on the average rank (affine in parameters, so the slowest rank is at least that)."""
+    sp = spans(plan, cluster)
+    dp = 0.0 if sp.dp.size == 1 else sum(
+        t.multiplier * dp_bucket_s(model, plan, t, cluster, sp.dp) for t in dp_terms(train, plan))
+    shards = plan.dp * plan.cp if plan.zero_stage >= 1 else 1
+    layers_only = model.num_layers * layer_params(model, plan.tp) / plan.pp  # <= the average rank's
+    return dp + optimizer_step_s(layers_only / shards, train, cluster.device)
+
+
+def _zero_stages(options: SearchOptions, plan: Plan) -> list[int]:
+    return _allowed(options, "zero_stage", [0, 1, 2, 3] if plan.dp * plan.cp > 1 else [0])
+
+
+def search(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
+           options: SearchOptions = SearchOptions()) -> SearchResult:
+    start = time.perf_counter()
+    stats = SearchStats()
+    bounded: list[tuple[float, int, Plan]] = []
+    for choice in time_keys(model, train, cluster, options, stats):
+        try:
+            plan = build_plan(model, train, cluster, choice)
+        except ValueError:
+            stats.prune("does not divide")
+            continue
+        problems = check_structure(model, train, cluster, plan)
+        if problems:
+            stats.prune(problems[0].split(" (")[0][:60])
+            continue
+        time_bound = lower_bound_s(model, train, cluster, plan)
+        for zero in _zero_stages(options, plan):
+            with_zero = replace(plan, zero_stage=zero)
+            bound = time_bound + zero_floor_s(model, train, cluster, with_zero)
+            bounded.append((bound, len(bounded), with_zero))
+    bounded.sort(key=lambda item: item[:2])
+    stats.num_candidates = len(bounded) + sum(stats.pruned_by_reason.values())
+    _say(options, f"{len(bounded)} valid candidates; solving in order of their lower bound")
+    result = _branch_and_bound(model, train, cluster, options, stats, bounded)
+    stats.wall_s = time.perf_counter() - start
+    return result
+
+
+def _say(options: SearchOptions, text: str) -> None:
+    if options.progress:
+        options.progress(text)
+
+
+def _branch_and_bound(model, train, cluster, options, stats, bounded) -> SearchResult:
+    found: list[Found] = []
+    closest: Found | None = None
+    for index, (bound, _, plan) in enumerate(bounded):
+        if bound >= _cutoff(found, options):
+            stats.pruned_by_reason["bound"] = stats.pruned_by_reason.get("bound", 0) + len(bounded) - index
+            break
+        if index and index % 500 == 0:
+            _say(options, f"examined {index}, solved {stats.num_solved}, best so far "
+                          f"{min((f.estimate.step_time_s for f in found), default=math.inf):.3f} s")
+        shapes = rank_shapes(model, train, cluster, plan)
+        cap, total = cluster.device.memory_bytes, model.num_layers
+        if not split_exists(shapes, plan, cap, total):
+            stats.prune("memory")
+            closest = _closer(model, train, cluster, plan, closest)
+            continue
+        if lower_bound_with_memory_s(shapes, plan, cap, total) >= _cutoff(found, options):
+            stats.prune("bound")
+            continue
+        split = solve_split(model, train, cluster, plan, ranks=shapes)
+        stats.num_solved += 1
+        if split is None:
+            stats.prune("memory")
+            closest = _closer(model, train, cluster, plan, closest)
+            continue
+        stats.optimal &= split.optimal
+        concrete = apply_split(plan, split)
+        est = estimate(model, train, cluster, concrete)
+        if check_memory(model, train, cluster, concrete):  # integer rounding at the very edge
+            stats.prune("memory")
+            continue
+        stats.num_feasible += 1
+        found.append(Found(plan=concrete, estimate=est))
+    return SearchResult(plans=_rank(found, options), stats=stats, evaluated=found, closest=closest)
+
+
+def _cutoff(found: list[Found], options: SearchOptions) -> float:
+    """No candidate whose bound reaches this can enter the answer."""
+    times = sorted(f.estimate.step_time_s for f in found)
+    if len(times) < options.top_k:
+        return math.inf
+    cutoff = times[options.top_k - 1]
+    if options.objective == "memory":
+        cutoff = max(cutoff, 1.05 * times[0])
+    return cutoff
+
+
+def _rank(found: list[Found], options: SearchOptions) -> list[Found]:
+    by_time = sorted(found, key=lambda f: (f.estimate.step_time_s, f.estimate.max_peak_memory_bytes, f.plan.short()))
+    if options.objective == "memory" and by_time:
+        limit = 1.05 * by_time[0].estimate.step_time_s
+        near = [f for f in by_time if f.estimate.step_time_s <= limit]
+        near.sort(key=lambda f: (f.estimate.max_peak_memory_bytes, f.estimate.step_time_s))
+        by_time = near + [f for f in by_time if f not in near]
+    return by_time[: options.top_k]
+
+
+def _closer(model, train, cluster, plan, closest: Found | None) -> Found:
+    """The candidate with everything recomputed and layers even: how far from fitting is it?"""
+    counts = tuple(plan.layers_on_rank(r) for r in range(plan.pp)) if plan.recompute is not Recompute.NONE \
+        else (0,) * plan.pp
+    probe = replace(plan, recompute_num_layers=counts)
+    est = estimate(model, train, cluster, probe)
+    if closest is None or est.max_peak_memory_bytes < closest.estimate.max_peak_memory_bytes:
+        return Found(plan=probe, estimate=est)
+    return closest
