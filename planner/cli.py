@@ -117,6 +117,29 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_search(args: argparse.Namespace) -> int:
+    from planner.search_cli import run_search, why_runner_up_lost
+    model, train, cluster = _specs(args)
+    result, code = run_search(args, model, train, cluster)
+    stats = result.stats
+    if args.json:
+        _emit_json({"plans": [{"plan": f.plan.to_dict(), "estimate": f.estimate.to_dict()} for f in result.plans],
+                    "search": stats.to_dict()})
+        return code
+    from reports.tables import search_table, summary_lines
+    best = result.plans[0]
+    print(summary_lines(model, train, cluster, best.plan, best.estimate))
+    print()
+    print(search_table(result.plans))
+    print()
+    proof = "proven optimal under the cost model" if stats.optimal else "best found (a solver hit its time limit)"
+    print(f"{proof}: {stats.num_candidates:,} candidates, {stats.num_solved:,} solved exactly, "
+          f"{stats.num_feasible:,} feasible, {stats.wall_s:.2f} s")
+    if len(result.plans) > 1:
+        print(why_runner_up_lost(best, result.plans[1]))
+    return code
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from planner.validate import validate
     results, summary = validate(Path(args.runs))
@@ -183,6 +206,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="write the plan with its specs to this plan.json")
     p.add_argument("--json", action="store_true", help='print {"plan", "estimate"} as JSON on stdout')
     p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser("search", help="the fastest plan that fits, exact under the cost model",
+                       formatter_class=raw, epilog="""examples:
+  planner search --model llama3-8b --cluster 1x8xH100
+  planner search --model llama-70b --cluster 8x8xA100 --fix pp=4 --zero 1 --top 10 --out plan.json
+  planner search --model llama-70b --cluster 8x8xA100 --objective memory --json""")
+    _add_train_args(p)
+    from planner.search_cli import add_search_args
+    add_search_args(p)
+    p.set_defaults(func=cmd_search)
 
     p = sub.add_parser("validate", help="predicted vs published step time for measured runs (CSV)",
                        description="Empty plan cells are filled with the planner's best choice; "

@@ -271,7 +271,9 @@ def _cutoff(found: list[Found], options: SearchOptions) -> float:
 
 
 def _rank(found: list[Found], options: SearchOptions) -> list[Found]:
-    by_time = sorted(found, key=lambda f: (f.estimate.step_time_s, f.estimate.max_peak_memory_bytes, f.plan.short()))
+    # equal predicted times (to the microsecond): less memory, then the simpler plan first
+    by_time = sorted(found, key=lambda f: (round(f.estimate.step_time_s, 6), f.estimate.max_peak_memory_bytes,
+                                           f.plan.cp, f.plan.pp, f.plan.tp, f.plan.vpp, f.plan.short()))
     if options.objective == "memory" and by_time:
         limit = 1.05 * by_time[0].estimate.step_time_s
         near = [f for f in by_time if f.estimate.step_time_s <= limit]

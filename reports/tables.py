@@ -68,3 +68,13 @@ def validate_table(results: Sequence[Any], summary: dict[str, Any]) -> str:
     text += (f"\n\nrows {s['n']}   MAPE {s['mape_pct']:.1f}%   max |error| {s['max_abs_error_pct']:.1f}%   "
              f"Spearman {s['spearman']:.3f}   status rows {s['num_status_correct']}/{s['num_status_rows']} correct")
     return text
+
+
+def search_table(found: Sequence[Any]) -> str:
+    rows = []
+    for i, f in enumerate(found, 1):
+        e = f.estimate
+        rows.append((i, f.plan.short(), f"{e.step_time_s:.3f}", f"{e.tokens_per_s:,.0f}", f"{100 * e.mfu:.1f}",
+                     f"{e.max_peak_memory_bytes / GIB:.1f}/{e.memory_capacity_bytes / GIB:.0f}",
+                     f"{100 * e.bubble_fraction:.1f}", f"{e.exposed_comm_s:.3f}"))
+    return table(("#", "plan", "step s", "tokens/s", "MFU %", "peak GiB", "bubble %", "exposed comm s"), rows)

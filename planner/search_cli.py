@@ -1,0 +1,122 @@
+"""`planner search`: arguments, the ranked table, the explanation of the choice."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from costmodel.check import GIB
+from costmodel.plan import PlanFile, Recompute, Schedule
+from planner.search import Found, SearchOptions, SearchResult, search
+
+# --fix KEY=VALUE: the plan field it pins and how to read the value
+FIXABLE = {"dp": ("dp", int), "tp": ("tp", int), "pp": ("pp", int), "cp": ("cp", int),
+           "vpp": ("vpp", int), "mbs": ("micro_batch_size", int), "zero": ("zero_stage", int),
+           "schedule": ("schedule", Schedule), "recompute": ("recompute", Recompute),
+           "sp": ("sequence_parallel", lambda v: {"true": True, "1": True, "yes": True,
+                                                  "false": False, "0": False, "no": False}[v.lower()])}
+
+
+def add_search_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--top", type=int, default=5, help="how many plans to rank (default 5)")
+    p.add_argument("--out", help="write the best plan with its specs to this plan.json")
+    p.add_argument("--json", action="store_true", help='print {"plans", "search"} as JSON on stdout')
+    p.add_argument("--csv", help="write every plan the solver evaluated to this CSV")
+    c = p.add_argument_group("constraints")
+    c.add_argument("--max-tp", type=int, help="largest TP degree (default: devices per node)")
+    c.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE",
+                   help=f"pin a plan field; keys: {', '.join(FIXABLE)} (repeatable)")
+    c.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="only this ZeRO stage (= --fix zero=Z)")
+    c.add_argument("--schedule", choices=[s.value for s in Schedule], help="only this pipeline schedule")
+    c.add_argument("--no-recompute", action="store_true", help="never recompute activations")
+    c.add_argument("--objective", choices=["time", "memory"], default="time",
+                   help="time: fastest plan; memory: least memory within 5%% of the fastest")
+
+
+def parse_options(args: argparse.Namespace) -> SearchOptions:
+    fixed: dict[str, Any] = {}
+    for item in args.fix:
+        key, _, value = item.partition("=")
+        if key not in FIXABLE or not value:
+            raise ValueError(f"--fix {item!r}: expected KEY=VALUE with KEY one of {', '.join(FIXABLE)}")
+        name, parse = FIXABLE[key]
+        try:
+            fixed[name] = parse(value)
+        except (ValueError, KeyError):
+            raise ValueError(f"--fix {item!r}: {value!r} is not a valid {key}") from None
+    for name, value in (("zero_stage", args.zero), ("schedule", args.schedule and Schedule(args.schedule))):
+        if value is not None:
+            if name in fixed and fixed[name] != value:
+                raise ValueError(f"contradictory constraints: --fix gives {name}={fixed[name]}, another flag {value}")
+            fixed[name] = value
+    if args.no_recompute and fixed.get("recompute", Recompute.NONE) is not Recompute.NONE:
+        raise ValueError(f"contradictory constraints: --no-recompute and --fix recompute={fixed['recompute']}")
+    if args.max_tp and fixed.get("tp", 0) > args.max_tp:
+        raise ValueError(f"contradictory constraints: --fix tp={fixed['tp']} exceeds --max-tp {args.max_tp}")
+    if args.top < 1:
+        raise ValueError("--top must be at least 1")
+    return SearchOptions(top_k=args.top, max_tp=args.max_tp, fixed=fixed, no_recompute=args.no_recompute,
+                         objective=args.objective, progress=_progress())
+
+
+def _progress():
+    start = time.perf_counter()
+
+    def say(text: str) -> None:
+        print(f"search [{time.perf_counter() - start:6.1f} s] {text}", file=sys.stderr, flush=True)
+    return say
+
+
+def infeasible_message(result: SearchResult, cluster_name: str) -> str:
+    if result.closest is None:
+        return ("no plan satisfies the constraints (see pruned_by_reason with --json); "
+                "relax --fix / --max-tp / --schedule")
+    est, plan = result.closest.estimate, result.closest.plan
+    rank = max(range(len(est.peak_memory_bytes)), key=est.peak_memory_bytes.__getitem__)
+    parts = est.memory_breakdown_bytes[rank]
+    over = (est.peak_memory_bytes[rank] - est.memory_capacity_bytes) / GIB
+    states = (parts["params"] + parts["grads"] + parts["optimizer"]) / GIB
+    hints = ["more devices (a larger cluster than " + cluster_name + ")"]
+    if plan.zero_stage < 3:
+        hints.append("ZeRO-3 (shards weights too)")
+    if plan.recompute is not Recompute.FULL:
+        hints.append("full recomputation")
+    if plan.micro_batch_size > 1:
+        hints.append("a smaller micro-batch")
+    return (f"nothing fits: the closest plan ({plan.short()}) needs {est.peak_memory_bytes[rank] / GIB:.1f} GiB "
+            f"on pipeline stage {rank}, {over:.1f} GiB over the {est.memory_capacity_bytes / GIB:.0f} GiB device "
+            f"({states:.1f} GiB of it model states, {parts['activations'] / GIB:.1f} GiB activations); "
+            f"would help: {', '.join(hints)}")
+
+
+def why_runner_up_lost(best: Found, second: Found) -> str:
+    diffs = {k: second.estimate.time_breakdown_s.get(k, 0.0) - v for k, v in best.estimate.time_breakdown_s.items()}
+    worse = sorted(((d, k) for k, d in diffs.items() if d > 0), reverse=True)[:3]
+    gap = second.estimate.step_time_s - best.estimate.step_time_s
+    if gap < 1e-6:
+        return (f"runner-up ({second.plan.short()}) ties with the best: same predicted step time; "
+                "ranked by peak memory, then the simpler plan (fewer cp, pp, tp ranks)")
+    items = ", ".join(f"{k} +{d * 1e3:,.0f} ms" for d, k in worse) or "no single item"
+    return f"runner-up ({second.plan.short()}) is {gap * 1e3:,.0f} ms slower per step: {items}"
+
+
+def write_csv(path: str, result: SearchResult) -> None:
+    import pandas as pd  # only this option needs pandas (slow to import)
+    rows = [{**f.plan.to_dict(), "step_time_s": f.estimate.step_time_s, "tokens_per_s": f.estimate.tokens_per_s,
+             "mfu": f.estimate.mfu, "max_peak_memory_gib": f.estimate.max_peak_memory_bytes / GIB,
+             "bubble_fraction": f.estimate.bubble_fraction} for f in result.evaluated]
+    pd.DataFrame(rows).sort_values("step_time_s").to_csv(path, index=False)
+
+
+def run_search(args: argparse.Namespace, model, train, cluster) -> tuple[SearchResult, int]:
+    result = search(model, train, cluster, parse_options(args))
+    if not result.plans:
+        raise ValueError(infeasible_message(result, cluster.name))
+    if args.out:
+        PlanFile(plan=result.plans[0].plan, model=model, train=train, cluster=cluster).save(Path(args.out))
+        print(f"wrote {args.out}", file=sys.stderr)
+    if args.csv:
+        write_csv(args.csv, result)
+    return result, 0

@@ -1,0 +1,63 @@
+import csv
+import json
+
+import pytest
+
+from planner.cli import main
+
+SEARCH = ["search", "--model", "llama3-8b", "--cluster", "1x8xH100", "--seq-len", "4096", "--global-batch", "64"]
+
+
+def test_search_json_contract(capsys):
+    assert main(SEARCH + ["--json", "--top", "3"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc["search"]) >= {"wall_s", "num_candidates", "num_feasible", "pruned_by_reason", "optimal"}
+    assert doc["search"]["optimal"] is True and len(doc["plans"]) == 3
+    times = [p["estimate"]["step_time_s"] for p in doc["plans"]]
+    assert times == sorted(times) and all(p["estimate"]["fits"] for p in doc["plans"])
+
+
+def test_search_out_is_a_plan_predict_reproduces(tmp_path, capsys):
+    path = tmp_path / "plan.json"
+    assert main(SEARCH + ["--json", "--out", str(path)]) == 0
+    best = json.loads(capsys.readouterr().out)["plans"][0]["estimate"]["step_time_s"]
+    assert main(["predict", "--plan", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["estimate"]["step_time_s"] == pytest.approx(best)
+
+
+def test_search_table_says_whether_optimal_and_why_runner_up_lost(capsys):
+    assert main(SEARCH + ["--fix", "tp=2", "--no-recompute"]) == 0
+    out = capsys.readouterr().out
+    assert "proven optimal under the cost model" in out and "runner-up" in out
+    assert " tp2" in out.splitlines()[2]
+
+
+def test_constraints_are_honoured(capsys):
+    assert main(SEARCH + ["--json", "--fix", "pp=2", "--zero", "1", "--schedule", "1f1b"]) == 0
+    for entry in json.loads(capsys.readouterr().out)["plans"]:
+        plan = entry["plan"]
+        assert (plan["pp"], plan["zero_stage"], plan["schedule"]) == (2, 1, "1f1b")
+
+
+def test_nothing_fits_explains_why(capsys):
+    assert main(["search", "--model", "llama2-70b", "--cluster", "1x2xA100"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "nothing fits: the closest plan" in err and "GiB over" in err and "more devices" in err
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--fix", "tp=16", "--max-tp", "8"], "contradictory constraints: --fix tp=16 exceeds --max-tp 8"),
+    (["--no-recompute", "--fix", "recompute=full"], "contradictory constraints: --no-recompute"),
+    (["--fix", "colour=blue"], "KEY one of dp, tp"),
+    (["--fix", "zero=1", "--zero", "2"], "contradictory constraints"),
+])
+def test_contradictions_are_named(capsys, extra, message):
+    assert main(SEARCH + extra) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_csv_has_every_evaluated_plan(tmp_path, capsys):
+    path = tmp_path / "all.csv"
+    assert main(SEARCH + ["--csv", str(path), "--top", "2"]) == 0
+    rows = list(csv.DictReader(open(path)))
+    assert len(rows) >= 2 and {"tp", "pp", "step_time_s", "mfu"} <= set(rows[0])
