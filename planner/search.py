@@ -39,6 +39,7 @@ class SearchOptions:
     fixed: dict = field(default_factory=dict)  # field name -> value, e.g. {"pp": 4}
     no_recompute: bool = False
     objective: str = "time"  # or "memory": least memory within 5 % of the best time
+    time_limit_s: float = 60.0  # then stop: best found so far, not proven optimal
     progress: Callable[[str], None] | None = None
 
 
@@ -56,6 +57,7 @@ class SearchStats:
     num_solved: int = 0
     pruned_by_reason: dict[str, int] = field(default_factory=dict)
     optimal: bool = True
+    lower_bound_s: float = 0.0  # no plan left unexamined can beat this (equals the best when optimal)
 
     def prune(self, reason: str) -> None:
         self.pruned_by_reason[reason] = self.pruned_by_reason.get(reason, 0) + 1
@@ -63,7 +65,8 @@ class SearchStats:
     def to_dict(self) -> dict:
         return {"wall_s": self.wall_s, "num_candidates": self.num_candidates,
                 "num_feasible": self.num_feasible, "num_solved": self.num_solved,
-                "pruned_by_reason": dict(sorted(self.pruned_by_reason.items())), "optimal": self.optimal}
+                "pruned_by_reason": dict(sorted(self.pruned_by_reason.items())), "optimal": self.optimal,
+                "lower_bound_s": self.lower_bound_s}
 
 
 @dataclass(kw_only=True)
@@ -213,7 +216,9 @@ def search(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
     bounded.sort(key=lambda item: item[:2])
     stats.num_candidates = len(bounded) + sum(stats.pruned_by_reason.values())
     _say(options, f"{len(bounded)} valid candidates; solving in order of their lower bound")
-    result = _branch_and_bound(model, train, cluster, options, stats, bounded)
+    seeds = _seeds(model, train, cluster, bounded)
+    _say(options, f"{len(seeds)} seed plans, best {min((f.estimate.step_time_s for f in seeds), default=math.inf):.3f} s")
+    result = _branch_and_bound(model, train, cluster, options, stats, bounded, start + options.time_limit_s, seeds)
     stats.wall_s = time.perf_counter() - start
     return result
 
@@ -223,12 +228,36 @@ def _say(options: SearchOptions, text: str) -> None:
         options.progress(text)
 
 
-def _branch_and_bound(model, train, cluster, options, stats, bounded) -> SearchResult:
-    found: list[Found] = []
+def _seeds(model, train, cluster, bounded) -> list[Found]:
+    """Feasible plans of the kind Megatron-LM users start from (the largest TP, SP, ZeRO-1,
+    micro-batch 1, one stage per rank, even split, every layer recomputed when the mode asks),
+    priced by `estimate`. They only tighten the cutoff early; the search still examines every
+    candidate whose bound is below it, so the result stays exact."""
+    top_tp = max((plan.tp for _, _, plan in bounded), default=1)
+    seeds = []
+    for _, _, plan in bounded:
+        if (plan.tp, plan.micro_batch_size, plan.vpp, plan.zero_stage) != (top_tp, 1, 1, min(1, plan.dp * plan.cp - 1)):
+            continue
+        counts = tuple(plan.layers_on_rank(r) if plan.recompute is not Recompute.NONE else 0 for r in range(plan.pp))
+        concrete = replace(plan, recompute_num_layers=counts)
+        if not check_memory(model, train, cluster, concrete):
+            seeds.append(Found(plan=concrete, estimate=estimate(model, train, cluster, concrete)))
+    return seeds
+
+
+def _branch_and_bound(model, train, cluster, options, stats, bounded, deadline: float,
+                      seeds: list[Found]) -> SearchResult:
+    found: list[Found] = list(seeds)
     closest: Found | None = None
     for index, (bound, _, plan) in enumerate(bounded):
         if bound >= _cutoff(found, options):
             stats.pruned_by_reason["bound"] = stats.pruned_by_reason.get("bound", 0) + len(bounded) - index
+            break
+        if time.perf_counter() > deadline:
+            stats.optimal = False
+            stats.lower_bound_s = bound
+            stats.pruned_by_reason["time limit"] = len(bounded) - index
+            _say(options, f"time limit reached after {index:,} of {len(bounded):,} candidates")
             break
         if index and index % 500 == 0:
             _say(options, f"examined {index}, solved {stats.num_solved}, best so far "
@@ -242,7 +271,8 @@ def _branch_and_bound(model, train, cluster, options, stats, bounded) -> SearchR
         if lower_bound_with_memory_s(shapes, plan, cap, total) >= _cutoff(found, options):
             stats.prune("bound")
             continue
-        split = solve_split(model, train, cluster, plan, ranks=shapes)
+        split = solve_split(model, train, cluster, plan, ranks=shapes,
+                            time_limit_s=max(1.0, deadline - time.perf_counter()))
         stats.num_solved += 1
         if split is None:
             stats.prune("memory")
@@ -256,6 +286,8 @@ def _branch_and_bound(model, train, cluster, options, stats, bounded) -> SearchR
             continue
         stats.num_feasible += 1
         found.append(Found(plan=concrete, estimate=est))
+    if stats.optimal:
+        stats.lower_bound_s = min((f.estimate.step_time_s for f in found), default=math.inf)
     return SearchResult(plans=_rank(found, options), stats=stats, evaluated=found, closest=closest)
 
 
@@ -270,7 +302,17 @@ def _cutoff(found: list[Found], options: SearchOptions) -> float:
     return cutoff
 
 
+def _outer_key(plan: Plan) -> Plan:
+    return replace(plan, layers_per_stage=(), recompute_num_layers=())
+
+
 def _rank(found: list[Found], options: SearchOptions) -> list[Found]:
+    best: dict[Plan, Found] = {}
+    for f in found:
+        key = _outer_key(f.plan)
+        if key not in best or f.estimate.step_time_s < best[key].estimate.step_time_s:
+            best[key] = f
+    found = list(best.values())
     # equal predicted times (to the microsecond): less memory, then the simpler plan first
     by_time = sorted(found, key=lambda f: (round(f.estimate.step_time_s, 6), f.estimate.max_peak_memory_bytes,
                                            f.plan.cp, f.plan.pp, f.plan.tp, f.plan.vpp, f.plan.short()))

@@ -31,6 +31,9 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
     c.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="only this ZeRO stage (= --fix zero=Z)")
     c.add_argument("--schedule", choices=[s.value for s in Schedule], help="only this pipeline schedule")
     c.add_argument("--no-recompute", action="store_true", help="never recompute activations")
+    c.add_argument("--time-limit", type=float, default=60.0, metavar="S",
+                   help="stop after S seconds with the best plan found, reported as not proven optimal "
+                        "(default 60)")
     c.add_argument("--objective", choices=["time", "memory"], default="time",
                    help="time: fastest plan; memory: least memory within 5%% of the fastest")
 
@@ -57,8 +60,10 @@ def parse_options(args: argparse.Namespace) -> SearchOptions:
         raise ValueError(f"contradictory constraints: --fix tp={fixed['tp']} exceeds --max-tp {args.max_tp}")
     if args.top < 1:
         raise ValueError("--top must be at least 1")
+    if args.time_limit <= 0:
+        raise ValueError("--time-limit must be positive")
     return SearchOptions(top_k=args.top, max_tp=args.max_tp, fixed=fixed, no_recompute=args.no_recompute,
-                         objective=args.objective, progress=_progress())
+                         objective=args.objective, time_limit_s=args.time_limit, progress=_progress())
 
 
 def _progress():
@@ -93,7 +98,7 @@ def infeasible_message(result: SearchResult, cluster_name: str) -> str:
 
 def why_runner_up_lost(best: Found, second: Found) -> str:
     diffs = {k: second.estimate.time_breakdown_s.get(k, 0.0) - v for k, v in best.estimate.time_breakdown_s.items()}
-    worse = sorted(((d, k) for k, d in diffs.items() if d > 0), reverse=True)[:3]
+    worse = sorted(((d, k) for k, d in diffs.items() if d >= 5e-4), reverse=True)[:3]
     gap = second.estimate.step_time_s - best.estimate.step_time_s
     if gap < 1e-6:
         return (f"runner-up ({second.plan.short()}) ties with the best: same predicted step time; "
@@ -113,6 +118,9 @@ def write_csv(path: str, result: SearchResult) -> None:
 def run_search(args: argparse.Namespace, model, train, cluster) -> tuple[SearchResult, int]:
     result = search(model, train, cluster, parse_options(args))
     if not result.plans:
+        if not result.stats.optimal:
+            raise ValueError(f"no plan found within the --time-limit of {args.time_limit:g} s "
+                             f"({result.stats.pruned_by_reason.get('time limit', 0):,} candidates left); raise it")
         raise ValueError(infeasible_message(result, cluster.name))
     if args.out:
         PlanFile(plan=result.plans[0].plan, model=model, train=train, cluster=cluster).save(Path(args.out))
