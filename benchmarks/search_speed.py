@@ -23,10 +23,11 @@ CASES = [
 
 
 def run(model: str, cluster: str, limit_s: float) -> dict:
-    cmd = [sys.executable, "-m", "planner", "search", "--model", model, "--cluster", cluster, "--json"]
+    cmd = [sys.executable, "-m", "planner", "search", "--model", model, "--cluster", cluster, "--json",
+           "--time-limit", str(limit_s)]
     start = time.perf_counter()
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=limit_s)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=limit_s + 60)
     except subprocess.TimeoutExpired:
         return {"finished": False, "command_s": time.perf_counter() - start}
     doc = json.loads(out.stdout)

@@ -81,13 +81,22 @@ def _attention_core_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev
         fwd = roofline_s(flops * CAUSAL_FRACTION, a * 4 * b * heads * s_q * d, dev, peak, dev.efficiency.attention)
         bwd = roofline_s(flops * CAUSAL_FRACTION * FLASH_BACKWARD_FACTOR, a * 8 * b * heads * s_q * d,
                          dev, peak, dev.efficiency.attention)
-        return fwd, bwd
+        merge = _ring_merge_s(plan, b * heads * s_q * d, dev)
+        return fwd + merge, bwd + 2 * merge
     scores = b * heads * s_q * s_k
     matmuls = roofline_s(flops, a * (2 * scores + 4 * b * heads * s_q * d), dev, peak, dev.efficiency.gemm, 2)
     drop = 1 if model.dropout else 0
     softmax_fwd = memory_bound_s(scores * (2 * a + drop * (2 * a + 1)), dev, 1 + drop)
     softmax_bwd = memory_bound_s(scores * (3 * a + drop * (2 * a + 1)), dev, 1 + drop)
     return matmuls + softmax_fwd, 2 * matmuls + softmax_bwd
+
+
+def _ring_merge_s(plan: KernelShape, output_elems: int, dev: DeviceProfile) -> float:
+    """Context parallelism runs attention as cp partial kernels, one per ring hop (Liu et al.
+    2023), and folds each partial output into the running one with its softmax statistics: a
+    memory-bound pass over the fp32 output (read both, write one) and one more kernel per hop."""
+    hops = plan.cp - 1
+    return hops * memory_bound_s(3 * 4 * output_elems, dev, 2) if hops else 0.0
 
 
 def _elementwise_forward_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile,

@@ -85,8 +85,9 @@ class Plan:
         rc = "" if self.recompute is Recompute.NONE else f" rc={self.recompute}"
         if self.recompute is not Recompute.NONE and len(set(self.recompute_num_layers)) > 1:
             rc += "[" + ",".join(map(str, self.recompute_num_layers)) + "]"
+        mesh = "" if self.mesh_axis_order == DEFAULT_AXIS_ORDER else " mesh=" + ">".join(self.mesh_axis_order)
         return (f"{text} z{self.zero_stage}{rc} mbs{self.micro_batch_size}x{self.num_micro_batches}"
-                f" {self.schedule}")
+                f" {self.schedule}{mesh}")
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)

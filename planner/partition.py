@@ -20,6 +20,7 @@ import heapq
 import math
 from dataclasses import dataclass, replace
 
+import numpy as np
 from ortools.sat.python import cp_model
 
 from costmodel.cluster import ClusterSpec
@@ -39,6 +40,10 @@ class Split:
     layers: tuple[int, ...]      # per pipeline rank
     recomputed: tuple[int, ...]  # per pipeline rank
     optimal: bool
+
+
+class SolverTimeout(Exception):
+    """CP-SAT ran out of time before finding any split (not a proof that none fits)."""
 
 
 def _affine(f, x0: int, x1: int) -> tuple[float, float]:
@@ -179,6 +184,41 @@ def _scan_single_rank(shape: _RankShape, plan: Plan, total: int, cap: float) -> 
     return None if best is None else Split(layers=(total,), recomputed=(best[1],), optimal=True)
 
 
+def _enumerate_two_ranks(ranks: list[_RankShape], plan: Plan, total: int, cap: float) -> Split | None:
+    """pp = 2: every (L0, n0, n1) at once with numpy, the same objective as the CP-SAT model, in
+    floating point; ties go to fewer recomputed layers, then fewer layers on rank 0."""
+    v, m = plan.vpp, plan.num_micro_batches
+    l0 = np.arange(total + 1)[:, None, None]
+    n0 = np.arange(total + 1)[None, :, None]
+    n1 = np.arange(total + 1)[None, None, :]
+    l1 = total - l0
+    ok = (l0 >= v) & (l1 >= v) & (n0 <= l0) & (n1 <= l1)
+    if plan.recompute is Recompute.NONE:
+        ok &= (n0 == 0) & (n1 == 0)
+    else:
+        ok &= (n0 + n1) >= 1
+    for (base, per_layer, per_rc, jump), L, n in ((ranks[0].mem, l0, n0), (ranks[1].mem, l1, n1)):
+        ok &= base + per_layer * L + per_rc * n + jump * (n > 0) <= cap
+    if not ok.any():
+        return None
+    lin = lambda c, L, n: c[0] + c[1] * L + c[2] * n  # noqa: E731
+    t0, t1 = lin(ranks[0].t, l0, n0), lin(ranks[1].t, l1, n1)
+    f0, f1 = lin(ranks[0].f, l0, n0), lin(ranks[1].f, l1, n1)
+    dp = [sum(mult * np.maximum(c0 + c1 * L - (w0 + w1 * L + w2 * n), bucket)
+              for mult, (c0, c1), (w0, w1, w2), bucket in rs.dp)
+          for rs, L, n in ((ranks[0], l0, n0), (ranks[1], l1, n1))]
+    opt = np.maximum(ranks[0].opt[0] + ranks[0].opt[1] * l0, ranks[1].opt[0] + ranks[1].opt[1] * l1)
+    scale = v if plan.schedule is Schedule.INTERLEAVED else 1
+    step = (scale * m * np.maximum(t0, t1) + f0 + f1 - np.maximum(f0, f1)
+            + scale * (np.maximum(dp[0], dp[1]) + opt))
+    step = np.where(ok, np.broadcast_to(step, ok.shape), np.inf)
+    best = np.min(step)
+    tie = np.isclose(step, best, rtol=1e-12, atol=0.0) & ok
+    a, b, c = np.nonzero(tie)
+    i = np.lexsort((a, b + c))[0]  # fewest recomputed layers, then fewer layers on rank 0
+    return Split(layers=(int(a[i]), total - int(a[i])), recomputed=(int(b[i]), int(c[i])), optimal=True)
+
+
 def _ns(x: float) -> int:
     return round(x * NS)
 
@@ -192,6 +232,8 @@ def solve_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
         return None
     if plan.pp == 1:
         return _scan_single_rank(ranks[0], plan, total, cluster.device.memory_bytes)
+    if plan.pp == 2:
+        return _enumerate_two_ranks(ranks, plan, total, cluster.device.memory_bytes)
     cm = cp_model.CpModel()
     L = [cm.NewIntVar(v, total, f"L{r}") for r in range(plan.pp)]
     n = [cm.NewIntVar(0, total, f"n{r}") for r in range(plan.pp)]
@@ -229,6 +271,8 @@ def solve_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
     solver.parameters.num_workers = 1  # deterministic
     solver.parameters.max_time_in_seconds = time_limit_s
     status = solver.Solve(cm)
+    if status == cp_model.UNKNOWN:
+        raise SolverTimeout(plan.short())
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
     return Split(layers=tuple(solver.Value(x) for x in L), recomputed=tuple(solver.Value(x) for x in n),

@@ -24,7 +24,7 @@ from costmodel.specs import ModelSpec, TrainSpec
 from costmodel.compute import optimizer_step_s
 from costmodel.params import layer_params
 from costmodel.timing import dp_bucket_s, dp_terms, rank_time_model, spans
-from planner.partition import (apply_split, lower_bound_with_memory_s, rank_shapes, solve_split,
+from planner.partition import (SolverTimeout, apply_split, lower_bound_with_memory_s, rank_shapes, solve_split,
                                split_exists)
 from planner.space import Choice, build_plan, divisors
 
@@ -271,8 +271,13 @@ def _branch_and_bound(model, train, cluster, options, stats, bounded, deadline: 
         if lower_bound_with_memory_s(shapes, plan, cap, total) >= _cutoff(found, options):
             stats.prune("bound")
             continue
-        split = solve_split(model, train, cluster, plan, ranks=shapes,
-                            time_limit_s=max(1.0, deadline - time.perf_counter()))
+        try:
+            split = solve_split(model, train, cluster, plan, ranks=shapes,
+                                time_limit_s=max(1.0, deadline - time.perf_counter()))
+        except SolverTimeout:
+            stats.optimal = False
+            stats.prune("solver time limit")
+            continue
         stats.num_solved += 1
         if split is None:
             stats.prune("memory")
