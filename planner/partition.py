@@ -26,7 +26,7 @@ from ortools.sat.python import cp_model
 from costmodel.cluster import ClusterSpec
 from costmodel.compute import optimizer_step_s
 from costmodel.memory import stage_memory_at
-from costmodel.params import rank_params_at
+from costmodel.params import layer_params, rank_params_at
 from costmodel.plan import Plan, Recompute, Schedule, even_layers
 from costmodel.specs import ModelSpec, TrainSpec
 from costmodel.timing import (RankTimeModel, dp_bucket_s, dp_term_comm_s, dp_terms,
@@ -47,58 +47,60 @@ class SolverTimeout(Exception):
 
 
 def _affine(f, x0: int, x1: int) -> tuple[float, float]:
-    """(intercept, slope) of f from two points; callers verify at a third."""
+    """(intercept, slope) of f from two points (the affinity itself is checked in the tests)."""
     y0, y1 = f(x0), f(x1)
     slope = (y1 - y0) / (x1 - x0)
     return y0 - slope * x0, slope
 
 
-def _check(predicted: float, actual: float, what: str) -> None:
-    assert abs(predicted - actual) <= 1e-9 * max(1.0, abs(actual)), f"{what} is not affine"
-
-
 class _RankShape:
-    """Everything the solver needs about one pipeline rank, read from costmodel."""
+    """Everything the solver needs about one pipeline rank, read from costmodel. Each quantity
+    is affine in (L, n) for a fixed outer choice (tests/planner/test_partition.py checks it
+    against the cost model at many points), so a few evaluations give its coefficients."""
 
     def __init__(self, model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan,
-                 rtm: RankTimeModel, rank: int) -> None:
+                 rtm: RankTimeModel, rank: int, dp_shape: list) -> None:
         first, last = rank == 0, rank == plan.pp - 1
-        self.first, self.last = first, last
+        edge = rtm.at(0, 0, first, last)
         zb = plan.schedule is Schedule.ZB_H1
-        at = lambda L, n: rtm.at(L, n, first, last)  # noqa: E731
-        self.t = (at(0, 0).total_s, rtm.per_layer.total_s, rtm.per_recomputed_layer.total_s)
-        w0, w1 = at(0, 0).backward_weight_s, rtm.per_layer.backward_weight_s
+        self.t = (edge.total_s, rtm.per_layer.total_s, rtm.per_recomputed_layer.total_s)
+        w0, w1 = edge.backward_weight_s, rtm.per_layer.backward_weight_s
         self.f = (self.t[0] - 2 * w0 * zb, self.t[1] - 2 * w1 * zb, self.t[2])
-        params = lambda L: rank_params_at(model, plan, L, first, last).total  # noqa: E731
+        edge_params = rank_params_at(model, plan, 0, first, last).total
+        per_layer_params = rank_params_at(model, plan, 1, first, last).total - edge_params
         shards = plan.dp * plan.cp if plan.zero_stage >= 1 else 1
-        self.opt = _affine(lambda L: optimizer_step_s(params(L) / shards, train, cluster.device), 1, 2)
+        opt = lambda L: optimizer_step_s((edge_params + L * per_layer_params) / shards, train, cluster.device)  # noqa: E731
+        self.opt = _affine(opt, 1, 2)
         reserved = cluster.device.efficiency.reserved_memory_bytes
         mem = lambda L, n: stage_memory_at(model, train, plan, rank, L, n, reserved).total_bytes  # noqa: E731
         base, per_layer = _affine(lambda L: mem(L, 0), 1, 2)
-        per_rc = mem(3, 2) - mem(3, 1)
-        jump = mem(2, 1) - mem(2, 0) - per_rc
-        _check(base + 5 * per_layer + 3 * per_rc + jump, mem(5, 3), "memory")
-        self.mem = (base, per_layer, per_rc, jump)
-        self.dp = self._dp_terms(model, train, cluster, plan, rtm, params)
+        m21 = mem(2, 1)
+        per_rc = mem(2, 2) - m21
+        self.mem = (base, per_layer, per_rc, m21 - (base + 2 * per_layer) - per_rc)
+        # DP collectives: comm(P) = alpha + beta·P in the rank's parameters P = edge + L·per_layer
+        self.dp = [(mult, (alpha + beta * edge_params, beta * per_layer_params),
+                    (dp_window_s(term, edge), dp_window_s(term, rtm.per_layer),
+                     dp_window_s(term, rtm.per_recomputed_layer)), bucket)
+                   for mult, term, alpha, beta, bucket in dp_shape]
 
-    def _dp_terms(self, model, train, cluster, plan, rtm, params):
-        sp = spans(plan, cluster)
-        if sp.dp.size == 1:
-            return []
-        terms = []
-        for term in dp_terms(train, plan):
-            comm = lambda L, term=term: dp_term_comm_s(term, params(L), cluster, sp.dp)  # noqa: E731
-            c0, c1 = _affine(comm, 1, 2)
-            _check(c0 + 7 * c1, comm(7), "DP communication")
-            win = lambda L, n, term=term: dp_window_s(term, rtm.at(L, n, self.first, self.last))  # noqa: E731
-            terms.append((term.multiplier, (c0, c1), (win(0, 0), win(1, 0) - win(0, 0), win(1, 1) - win(1, 0)),
-                          dp_bucket_s(model, plan, term, cluster, sp.dp)))
-        return terms
+
+def _dp_shape(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> list:
+    """Per DP term: (multiplier, term, alpha, beta, bucket) with comm(P params) = alpha + beta·P."""
+    sp = spans(plan, cluster)
+    if sp.dp.size == 1:
+        return []
+    unit = layer_params(model, plan.tp)
+    out = []
+    for term in dp_terms(train, plan):
+        alpha, beta = _affine(lambda k: dp_term_comm_s(term, k * unit, cluster, sp.dp), 1, 2)
+        out.append((term.multiplier, term, alpha, beta / unit, dp_bucket_s(model, plan, term, cluster, sp.dp)))
+    return out
 
 
 def rank_shapes(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> list[_RankShape]:
     rtm = rank_time_model(model, train, plan, cluster, spans(plan, cluster))
-    return [_RankShape(model, train, cluster, plan, rtm, r) for r in range(plan.pp)]
+    dp_shape = _dp_shape(model, train, cluster, plan)
+    return [_RankShape(model, train, cluster, plan, rtm, r, dp_shape) for r in range(plan.pp)]
 
 
 def max_layers_that_fit(shape: _RankShape, cap: float, can_recompute: bool, total: int) -> int:

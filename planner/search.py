@@ -248,7 +248,7 @@ def _seeds(model, train, cluster, bounded) -> list[Found]:
 def _branch_and_bound(model, train, cluster, options, stats, bounded, deadline: float,
                       seeds: list[Found]) -> SearchResult:
     found: list[Found] = list(seeds)
-    closest: Found | None = None
+    too_big: list[Plan] = []
     for index, (bound, _, plan) in enumerate(bounded):
         if bound >= _cutoff(found, options):
             stats.pruned_by_reason["bound"] = stats.pruned_by_reason.get("bound", 0) + len(bounded) - index
@@ -266,7 +266,7 @@ def _branch_and_bound(model, train, cluster, options, stats, bounded, deadline: 
         cap, total = cluster.device.memory_bytes, model.num_layers
         if not split_exists(shapes, plan, cap, total):
             stats.prune("memory")
-            closest = _closer(model, train, cluster, plan, closest)
+            too_big.append(plan)
             continue
         if lower_bound_with_memory_s(shapes, plan, cap, total) >= _cutoff(found, options):
             stats.prune("bound")
@@ -281,7 +281,7 @@ def _branch_and_bound(model, train, cluster, options, stats, bounded, deadline: 
         stats.num_solved += 1
         if split is None:
             stats.prune("memory")
-            closest = _closer(model, train, cluster, plan, closest)
+            too_big.append(plan)
             continue
         stats.optimal &= split.optimal
         concrete = apply_split(plan, split)
@@ -293,6 +293,10 @@ def _branch_and_bound(model, train, cluster, options, stats, bounded, deadline: 
         found.append(Found(plan=concrete, estimate=est))
     if stats.optimal:
         stats.lower_bound_s = min((f.estimate.step_time_s for f in found), default=math.inf)
+    closest = None
+    if not found:  # only then does anyone need to know how far the plans are from fitting
+        for plan in too_big[:2000]:
+            closest = _closer(model, train, cluster, plan, closest)
     return SearchResult(plans=_rank(found, options), stats=stats, evaluated=found, closest=closest)
 
 

@@ -1,0 +1,56 @@
+"""The solver's view of the cost model (affine per-rank shapes) equals the cost model itself."""
+import dataclasses
+import itertools
+
+import pytest
+
+from costmodel.cluster import parse_cluster
+from costmodel.memory import stage_memory_at
+from costmodel.plan import Recompute, Schedule
+from costmodel.registry import resolve_model
+from costmodel.specs import TrainSpec
+from costmodel.timing import dp_exposed_s, rank_times, spans
+from planner.partition import rank_shapes
+from planner.space import Choice, build_plan
+
+TRAIN = TrainSpec(seq_len=4096, global_batch_size=64)
+
+
+@pytest.mark.parametrize("choice", [
+    Choice(tp=8, pp=4, zero_stage=1, recompute=Recompute.FULL),
+    Choice(tp=4, pp=4, vpp=2, zero_stage=3, recompute=Recompute.SELECTIVE, micro_batch_size=2),
+    Choice(tp=2, pp=8, cp=2, zero_stage=2, recompute=Recompute.FULL, schedule=Schedule.ZB_H1),
+    Choice(tp=8, pp=2, zero_stage=0),
+])
+def test_rank_shapes_match_the_cost_model(choice):
+    model, cluster = resolve_model("llama2-13b"), parse_cluster("4x8xH100")
+    base = build_plan(model, TRAIN, cluster, choice)
+    shapes = rank_shapes(model, TRAIN, cluster, base)
+    reserved = cluster.device.efficiency.reserved_memory_bytes
+    sp = spans(base, cluster)
+    for rank, shape in enumerate(shapes):
+        for layers, recomputed in itertools.product((1, 3, 10), (0, 1, 3)):
+            if recomputed > layers or (base.recompute is Recompute.NONE and recomputed):
+                continue
+            counts = [base.layers_on_rank(r) for r in range(base.pp)]
+            counts[rank] = layers
+            plan = _with_rank_layers(base, counts, rank, recomputed)
+            mem = stage_memory_at(model, TRAIN, plan, rank, layers, recomputed, reserved).total_bytes
+            base_b, per_layer, per_rc, jump = shape.mem
+            assert base_b + per_layer * layers + per_rc * recomputed + jump * (recomputed > 0) == pytest.approx(mem)
+            times = rank_times(model, TRAIN, plan, cluster, sp, rank)
+            assert shape.t[0] + shape.t[1] * layers + shape.t[2] * recomputed == pytest.approx(times.total_s)
+            dp = sum(mult * max(c0 + c1 * layers - (w0 + w1 * layers + w2 * recomputed), bucket)
+                     for mult, (c0, c1), (w0, w1, w2), bucket in shape.dp)
+            assert dp == pytest.approx(dp_exposed_s(model, TRAIN, plan, cluster, sp, rank, times), abs=1e-12)
+
+
+def _with_rank_layers(plan, counts, rank, recomputed):
+    """A plan whose ranks hold `counts` layers (split evenly over their virtual stages)."""
+    per_stage = [0] * plan.num_virtual_stages
+    for r, n in enumerate(counts):
+        for chunk in range(plan.vpp):
+            per_stage[chunk * plan.pp + r] = n // plan.vpp + (chunk < n % plan.vpp)
+    rc = [0] * plan.pp
+    rc[rank] = recomputed
+    return dataclasses.replace(plan, layers_per_stage=tuple(per_stage), recompute_num_layers=tuple(rc))
