@@ -21,9 +21,8 @@ from costmodel.cluster import ClusterSpec
 from costmodel.estimate import Estimate, estimate
 from costmodel.plan import Plan, Recompute, Schedule
 from costmodel.specs import ModelSpec, TrainSpec
-from costmodel.compute import optimizer_step_s
-from costmodel.params import layer_params
-from costmodel.timing import dp_bucket_s, dp_terms, rank_time_model, spans
+from costmodel.timing import spans
+from planner.bounds import lower_bound_s, zero_floor_s
 from planner.partition import (SolverTimeout, apply_split, lower_bound_with_memory_s, rank_shapes, solve_split,
                                split_exists)
 from planner.space import Choice, build_plan, divisors
@@ -155,38 +154,6 @@ def _keys_for_degrees(model, train, cluster, options, tp, cp, pp, dp, stats) -> 
                 stats.num_candidates += 1
                 yield Choice(tp=tp, pp=pp, cp=cp, dp=dp, zero_stage=0, recompute=mode, sequence_parallel=sp,
                              micro_batch_size=mbs, vpp=vpp, schedule=sched, mesh_axis_order=order)
-
-
-def lower_bound_s(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> float:
-    """A valid lower bound on the step time over every layer split and recompute count.
-
-    With per-rank micro-batch times t_r and T = max t_r >= sum(t)/pp, the pipeline takes
-    m·T + (sum(t) - T)/v >= (m - 1/v)·sum(t)/pp + sum(t)/v (1F1B, GPipe: v = 1; interleaved: v),
-    or m·T + sum(f) - max(f) >= (m - 1)·sum(t)/pp + sum(f) for ZB-H1 (f = t - 2W <= t <= T).
-    sum(t) is fixed by the model up to recomputation, counted here at its minimum (one layer when
-    the mode recomputes). Exposed DP time and the optimizer are >= 0."""
-    rtm = rank_time_model(model, train, plan, cluster, spans(plan, cluster))
-    rc = 0 if plan.recompute is Recompute.NONE else 1
-    per_layer, edges = rtm.per_layer, rtm.first_edge + rtm.last_edge
-    total = (model.num_layers * per_layer.total_s + rc * rtm.per_recomputed_layer.total_s
-             + edges.total_s + plan.pp * rtm.pp_comm_s)
-    m, pp = plan.num_micro_batches, plan.pp
-    if plan.schedule is Schedule.ZB_H1:
-        weights = model.num_layers * per_layer.backward_weight_s + edges.backward_weight_s
-        return (m - 1) * total / pp + total - 2 * weights
-    v = plan.vpp if plan.schedule is Schedule.INTERLEAVED else 1
-    return (m - 1 / v) * total / pp + total / v
-
-
-def zero_floor_s(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> float:
-    """What a ZeRO stage adds at the least: the DP buckets that never hide, and the optimizer
-    step on the average rank (affine in parameters, so the slowest rank is at least that)."""
-    sp = spans(plan, cluster)
-    dp = 0.0 if sp.dp.size == 1 else sum(
-        t.multiplier * dp_bucket_s(model, plan, t, cluster, sp.dp) for t in dp_terms(train, plan))
-    shards = plan.dp * plan.cp if plan.zero_stage >= 1 else 1
-    layers_only = model.num_layers * layer_params(model, plan.tp) / plan.pp  # <= the average rank's
-    return dp + optimizer_step_s(layers_only / shards, train, cluster.device)
 
 
 def _zero_stages(options: SearchOptions, plan: Plan) -> list[int]:

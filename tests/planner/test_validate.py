@@ -1,5 +1,3 @@
-import csv
-from pathlib import Path
 
 import pytest
 
