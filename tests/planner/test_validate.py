@@ -1,4 +1,3 @@
-
 import pytest
 
 from planner.validate import attention_kernel, spearman, validate
