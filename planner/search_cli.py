@@ -35,7 +35,8 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
                    help="stop after S seconds with the best plan found, reported as not proven optimal "
                         "(default 60)")
     c.add_argument("--objective", choices=["time", "memory"], default="time",
-                   help="time: fastest plan; memory: least memory within 5%% of the fastest")
+                   help="time: fastest plan; memory: least memory within 5%% of the fastest "
+                        "(among each outer choice's fastest layer split)")
 
 
 def parse_options(args: argparse.Namespace) -> SearchOptions:

@@ -61,3 +61,12 @@ def test_csv_has_every_evaluated_plan(tmp_path, capsys):
     assert main(SEARCH + ["--csv", str(path), "--top", "2"]) == 0
     rows = list(csv.DictReader(open(path)))
     assert len(rows) >= 2 and {"tp", "pp", "step_time_s", "mfu"} <= set(rows[0])
+
+
+def test_memory_objective_trades_a_little_time_for_memory(capsys):
+    assert main(SEARCH + ["--json"]) == 0
+    fastest = json.loads(capsys.readouterr().out)["plans"][0]["estimate"]
+    assert main(SEARCH + ["--json", "--objective", "memory"]) == 0
+    lean = json.loads(capsys.readouterr().out)["plans"][0]["estimate"]
+    assert lean["step_time_s"] <= 1.05 * fastest["step_time_s"] + 1e-9
+    assert max(lean["peak_memory_bytes"]) < 0.8 * max(fastest["peak_memory_bytes"])
