@@ -164,9 +164,22 @@ def lower_bound_with_memory_s(shapes: list[_RankShape], plan: Plan, cap: float, 
     else:
         v = plan.vpp if plan.schedule is Schedule.INTERLEAVED else 1
         pipe = (m - 1 / v) * sum_t / pp + sum_t / v
-    dp = sum(mult * bucket for mult, _, _, bucket in shapes[0].dp)
     opt = (sum(sh.opt[0] for sh in shapes) + shapes[0].opt[1] * total) / pp
-    return pipe + dp + opt
+    return pipe + _dp_floor_s(shapes, plan, total) + opt
+
+
+def _dp_floor_s(shapes: list[_RankShape], plan: Plan, total: int) -> float:
+    """Exposed DP time of the slowest rank >= the rank average >= (by convexity of max) the same
+    max at the average layer count; the window is taken with every layer recomputed (its widest),
+    so this never exceeds the true value."""
+    pp = len(shapes)
+    layers = total / pp
+    recomputed = layers if plan.recompute is not Recompute.NONE else 0.0
+    out = 0.0
+    for k, (mult, (_, c1), (_, w1, w2), bucket) in enumerate(shapes[0].dp):
+        intercept = sum(sh.dp[k][1][0] - sh.dp[k][2][0] for sh in shapes) / pp
+        out += mult * max(intercept + (c1 - w1) * layers - w2 * recomputed, bucket)
+    return out
 
 
 def _scan_single_rank(shape: _RankShape, plan: Plan, total: int, cap: float) -> Split | None:
