@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from costmodel.cluster import ClusterSpec, cluster_from_dict
-from costmodel.specs import ModelSpec, TrainSpec, _check_keys
+from costmodel.specs import ModelSpec, TrainSpec, check_keys
 
 PLAN_FORMAT_VERSION = 1
 
@@ -98,7 +98,7 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Plan":
-        _check_keys(cls, data, "plan")
+        check_keys(cls, data, "plan")
         try:
             return cls(**{**data, "recompute": Recompute(data["recompute"]),
                           "schedule": Schedule(data["schedule"]),

@@ -101,7 +101,7 @@ class ModelSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ModelSpec":
-        _check_keys(cls, data, "model")
+        check_keys(cls, data, "model")
         return cls(**{**data, "arch": Arch(data["arch"]), "ffn_kind": FfnKind(data["ffn_kind"]),
                       "norm_kind": NormKind(data["norm_kind"]),
                       "position_kind": PositionKind(data["position_kind"])})
@@ -141,14 +141,14 @@ class TrainSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TrainSpec":
-        _check_keys(cls, data, "train")
+        check_keys(cls, data, "train")
         return cls(seq_len=data["seq_len"], global_batch_size=data["global_batch_size"],
                    compute_dtype=DType(data["compute_dtype"]), grad_dtype=DType(data["grad_dtype"]),
                    optimizer=Optimizer(data["optimizer"]),
                    attention_kernel=AttentionKernel(data["attention_kernel"]))
 
 
-def _check_keys(cls: type, data: dict[str, Any], what: str) -> None:
+def check_keys(cls: type, data: dict[str, Any], what: str) -> None:
     """Strict loading: unknown or missing keys are user errors, not silently ignored."""
     names = {f.name for f in fields(cls)}
     unknown = set(data) - names

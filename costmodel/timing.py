@@ -2,7 +2,7 @@
 path), and the data-parallel synchronisation left exposed after overlap."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from costmodel.cluster import ClusterSpec
 from costmodel.comm import Collective, collective_time_s, p2p_time_s
@@ -60,7 +60,7 @@ class RankTimeModel:
             times = times + self.first_edge
         if last:
             times = times + self.last_edge
-        return times + RankTimes(**{**{f: 0.0 for f in RankTimes.__slots__}, "pp_comm_s": self.pp_comm_s})
+        return times + replace(ZERO_TIMES, pp_comm_s=self.pp_comm_s)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -13,6 +13,7 @@ from costmodel.placement import AxisSpan
 from costmodel.plan import Plan, Recompute, Schedule
 from costmodel.specs import ModelSpec, TrainSpec
 from costmodel.timing import dp_bucket_s, dp_terms, rank_time_model, spans
+from planner.space import degrees_plan
 
 
 def lower_bound_s(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> float:
@@ -51,8 +52,6 @@ def _dp_floor_s(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: in
                 num_micro_batches: int, span: AxisSpan) -> float:
     if span.size == 1:
         return 0.0
-    probe = Plan(dp=span.size, tp=tp, pp=1, cp=1, zero_stage=zero, recompute=Recompute.NONE,
-                 recompute_num_layers=(0,), sequence_parallel=False, micro_batch_size=1,
-                 num_micro_batches=num_micro_batches, schedule=Schedule.ONE_F_ONE_B, vpp=1,
-                 layers_per_stage=(model.num_layers,), mesh_axis_order=("pp", "dp", "cp", "tp"))
+    probe = degrees_plan(dp=span.size, tp=tp, pp=1, cp=1, zero_stage=zero,
+                         num_micro_batches=num_micro_batches, num_layers=model.num_layers)
     return sum(t.multiplier * dp_bucket_s(model, probe, t, cluster, span) for t in dp_terms(train, probe))

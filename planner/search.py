@@ -25,7 +25,7 @@ from costmodel.timing import spans
 from planner.bounds import lower_bound_s, zero_floor_s
 from planner.partition import (SolverTimeout, apply_split, lower_bound_with_memory_s, rank_shapes, solve_split,
                                split_exists)
-from planner.space import Choice, build_plan, divisors
+from planner.space import Choice, build_plan, degrees_plan, divisors
 
 MAX_MICRO_BATCH = 64
 MAX_CP = 8
@@ -80,12 +80,7 @@ def _orders(degrees: dict[str, int], cluster: ClusterSpec) -> list[tuple[str, ..
     """Mesh axis orders that place groups differently (others are equivalent for the model)."""
     seen, out = set(), []
     for order in itertools.permutations(("pp", "dp", "cp", "tp")):
-        probe = Plan(dp=degrees["dp"], tp=degrees["tp"], pp=degrees["pp"], cp=degrees["cp"], zero_stage=0,
-                     recompute=Recompute.NONE, recompute_num_layers=(0,) * degrees["pp"],
-                     sequence_parallel=False, micro_batch_size=1, num_micro_batches=1,
-                     schedule=Schedule.ONE_F_ONE_B, vpp=1, layers_per_stage=(1,) * degrees["pp"],
-                     mesh_axis_order=order)
-        key = spans(probe, cluster)
+        key = spans(degrees_plan(**degrees, mesh_axis_order=order), cluster)
         if key not in seen:
             seen.add(key)
             out.append(order)
@@ -203,7 +198,8 @@ def _seeds(model, train, cluster, bounded) -> list[Found]:
     top_tp = max((plan.tp for _, _, plan in bounded), default=1)
     seeds = []
     for _, _, plan in bounded:
-        if (plan.tp, plan.micro_batch_size, plan.vpp, plan.zero_stage) != (top_tp, 1, 1, min(1, plan.dp * plan.cp - 1)):
+        zero = 1 if plan.dp * plan.cp > 1 else 0  # ZeRO-1 wherever there is a group to shard over
+        if (plan.tp, plan.micro_batch_size, plan.vpp, plan.zero_stage) != (top_tp, 1, 1, zero):
             continue
         counts = tuple(plan.layers_on_rank(r) if plan.recompute is not Recompute.NONE else 0 for r in range(plan.pp))
         concrete = replace(plan, recompute_num_layers=counts)

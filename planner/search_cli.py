@@ -116,7 +116,7 @@ def write_csv(path: str, result: SearchResult) -> None:
     pd.DataFrame(rows).sort_values("step_time_s").to_csv(path, index=False)
 
 
-def run_search(args: argparse.Namespace, model, train, cluster) -> tuple[SearchResult, int]:
+def run_search(args: argparse.Namespace, model, train, cluster) -> SearchResult:
     result = search(model, train, cluster, parse_options(args))
     if not result.plans:
         if not result.stats.optimal:
@@ -128,4 +128,4 @@ def run_search(args: argparse.Namespace, model, train, cluster) -> tuple[SearchR
         print(f"wrote {args.out}", file=sys.stderr)
     if args.csv:
         write_csv(args.csv, result)
-    return result, 0
+    return result

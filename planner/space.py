@@ -54,5 +54,16 @@ def build_plan(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, choice:
                    "recompute_num_layers": counts, "sequence_parallel": sp})
 
 
+def degrees_plan(*, dp: int, tp: int, pp: int, cp: int, zero_stage: int = 0, num_micro_batches: int = 1,
+                 mesh_axis_order: tuple[str, ...] = DEFAULT_AXIS_ORDER, num_layers: int | None = None) -> Plan:
+    """A concrete plan that fixes only degrees (and ZeRO stage / micro-batch count): for asking
+    the cost model questions that depend on nothing else, such as placement or DP collectives."""
+    layers = num_layers or pp
+    return Plan(dp=dp, tp=tp, pp=pp, cp=cp, zero_stage=zero_stage, recompute=Recompute.NONE,
+                recompute_num_layers=(0,) * pp, sequence_parallel=False, micro_batch_size=1,
+                num_micro_batches=num_micro_batches, schedule=Schedule.ONE_F_ONE_B, vpp=1,
+                layers_per_stage=even_layers(layers, pp), mesh_axis_order=mesh_axis_order)
+
+
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]

@@ -1,6 +1,7 @@
 """Fit each device's efficiency parameters on the published runs table.
 
-    python scripts/fit_published.py [RUNS.csv]      (needs scipy: pip install -e ".[fit]")
+    python scripts/fit_published.py [RUNS.csv]             (needs scipy: pip install -e ".[fit]")
+    python scripts/fit_published.py [RUNS.csv] --evaluate  (no fit: the profiles' current values)
 
 Per device, a handful of physically meaningful parameters, each bounded to a plausible range:
 large-GEMM efficiency, fused-attention efficiency, memory-bound kernel bandwidth efficiency,
@@ -79,14 +80,28 @@ def fit_device(name, rows):
     return values
 
 
+def evaluate_device(name, rows):
+    """Fit quality of the values the profile holds now, under the current cost model."""
+    specs = [row_specs(r) for r in rows]
+    dev = specs[0][2].device
+    values = {"gemm": dev.efficiency.gemm, "attention": dev.efficiency.attention,
+              "memory": dev.efficiency.memory, "intra_node_comm": dev.intra_node.efficiency,
+              "inter_node_comm": dev.inter_node.efficiency}
+    errs = row_log_errors(rows, specs, values)
+    worst = max(zip(errs, rows), key=lambda item: abs(item[0]))
+    print(f"{name}: {len(rows)} rows, rms log error {math.sqrt(sum(e * e for e in errs) / len(errs)):.3f}, "
+          f"worst {worst[1]['id']} {100 * (math.exp(worst[0]) - 1):+.1f}% step time")
+
+
 def main() -> None:
-    path = Path(sys.argv[1] if len(sys.argv) > 1 else "../shared/reference/published_runs.csv")
+    args = [a for a in sys.argv[1:] if a != "--evaluate"]
+    path = Path(args[0] if args else "../shared/reference/published_runs.csv")
     by_device = defaultdict(list)
     for row in read_runs(path):
         if row["metric_name"] != "status":
             by_device[row["gpu"]].append(row)
     for name, rows in sorted(by_device.items()):
-        fit_device(name, rows)
+        (evaluate_device if "--evaluate" in sys.argv else fit_device)(name, rows)
 
 
 if __name__ == "__main__":
