@@ -151,7 +151,7 @@ def min_total_recompute(shapes: list[_RankShape], plan: Plan, cap: float, total:
 def lower_bound_with_memory_s(shapes: list[_RankShape], plan: Plan, cap: float, total: int) -> float:
     """Step-time lower bound for this outer choice including the recomputation needed to fit,
     the DP buckets that can never hide, and the optimizer on the average rank (see
-    planner.search.lower_bound_s for the pipeline part)."""
+    planner.bounds.lower_bound_s for the pipeline part)."""
     rc = max(min_total_recompute(shapes, plan, cap, total),
              0.0 if plan.recompute is Recompute.NONE else 1.0)
     if math.isinf(rc) or (rc > 0 and plan.recompute is Recompute.NONE):
