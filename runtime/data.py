@@ -1,0 +1,63 @@
+"""Training data addressed by global sample index.
+
+Sample `i` of step `t` is global sample `t * global_batch_size + i`, whatever the plan: every
+data-parallel rank takes its contiguous slice of the global batch, split into micro-batches in
+order. So any two plans of the same TrainSpec see the same global batch at every step, and a
+single process can replay it (what the parity tests rely on).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+TOKEN_DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
+
+
+class TokenSource:
+    """Synthetic seeded tokens, or windows of a token file (.npy, or raw .bin with `dtype`)."""
+
+    def __init__(self, vocab_size: int, seq_len: int, seed: int, path: Path | None = None,
+                 dtype: str = "uint16") -> None:
+        self.vocab_size, self.seq_len, self.seed = vocab_size, seq_len, seed
+        self.tokens = None if path is None else _open_tokens(Path(path), dtype)
+        if self.tokens is not None:
+            if len(self.tokens) < seq_len + 1:
+                raise ValueError(f"{path}: {len(self.tokens)} tokens, fewer than seq_len + 1 = {seq_len + 1}")
+            top = int(self.tokens[: 1 << 20].max())
+            if top >= vocab_size:
+                raise ValueError(f"{path}: token id {top} is outside the model's vocabulary ({vocab_size})")
+
+    def sample(self, index: int) -> torch.Tensor:
+        """seq_len + 1 tokens: inputs are [:-1], labels [1:]."""
+        n = self.seq_len + 1
+        if self.tokens is None:
+            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
+            return torch.randint(self.vocab_size, (n,), generator=gen)
+        windows = (len(self.tokens) - 1) // self.seq_len
+        start = (index % windows) * self.seq_len
+        return torch.from_numpy(self.tokens[start:start + n].astype(np.int64))
+
+    def batch(self, first_index: int, num_samples: int) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = torch.stack([self.sample(first_index + i) for i in range(num_samples)])
+        return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+
+
+def local_slice(step: int, global_batch_size: int, dp: int, dp_rank: int) -> tuple[int, int]:
+    """(first global sample index, number of samples) of one data-parallel rank at a step."""
+    per_rank = global_batch_size // dp
+    return step * global_batch_size + dp_rank * per_rank, per_rank
+
+
+def _open_tokens(path: Path, dtype: str) -> np.ndarray:
+    if not path.exists():
+        raise ValueError(f"token file {path} does not exist")
+    if path.suffix == ".npy":
+        tokens = np.load(path, mmap_mode="r")
+        if tokens.ndim != 1 or tokens.dtype not in (np.uint16, np.uint32, np.int32, np.int64):
+            raise ValueError(f"{path}: expected a 1-D array of integer token ids, got {tokens.dtype} {tokens.shape}")
+        return tokens
+    if dtype not in TOKEN_DTYPES:
+        raise ValueError(f"token dtype must be one of {sorted(TOKEN_DTYPES)} (got {dtype!r})")
+    return np.memmap(path, dtype=TOKEN_DTYPES[dtype], mode="r")

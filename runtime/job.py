@@ -1,0 +1,123 @@
+"""One rank's share of a plan: mesh coordinates, stage modules, optimizer, schedule.
+
+Built in the documented order (runtime.parallel): model on the meta device -> pruned to this
+rank's pipeline stages -> materialised and initialised deterministically -> tensor/sequence
+parallel -> activation checkpointing -> FSDP2. The same builder serves `planner run` (real
+process group) and `--dry-run` (fake process group, parameters left on the meta device).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+
+from costmodel.plan import Plan, PlanFile
+from runtime.model import Transformer
+from runtime.parallel import (apply_data_parallel, apply_recompute, apply_tensor_parallel,
+                              build_mesh, recomputed_layers)
+from runtime.pipeline import build_schedule, local_stages, stage_layer_ids
+
+
+@dataclass(kw_only=True)
+class Job:
+    plan: Plan
+    mesh: DeviceMesh
+    device: torch.device
+    coords: dict[str, int]
+    modules: dict[int, nn.Module]          # virtual stage -> its module on this rank
+    schedule: object | None = None         # torch pipelining schedule when pp > 1
+    tied_params: list[nn.Parameter] = field(default_factory=list)
+    tied_group: object | None = None       # ranks holding the two copies of a tied embedding
+
+    @property
+    def num_stages(self) -> int:
+        return self.plan.num_virtual_stages
+
+    @property
+    def holds_loss(self) -> bool:
+        """One rank per data-parallel replica reports the loss: TP rank 0 of the last stage."""
+        return (self.num_stages - 1) in self.modules and self.coords["tp"] == 0 and self.coords["cp"] == 0
+
+    def parameters(self) -> list[nn.Parameter]:
+        seen, out = set(), []
+        for mod in self.modules.values():
+            for p in mod.parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    out.append(p)
+        return out
+
+
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean over the micro-batch's tokens, in fp32 (Megatron's cross entropy works in fp32)."""
+    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(0, 1))
+
+
+def build_job(pf: PlanFile, device: torch.device, *, seed: int, materialize: bool = True) -> Job:
+    plan, model = pf.plan, pf.model
+    if plan.cp > 1:
+        raise ValueError("context parallelism (cp > 1) is not executed by the runtime yet; "
+                         "plan with --fix cp=1 to run, or use --dry-run")
+    mesh = build_mesh(plan, device.type)
+    coords = {axis: mesh.get_local_rank(axis) for axis in plan.mesh_axis_order}
+    layer_ids = stage_layer_ids(plan)
+    mine = local_stages(plan, coords["pp"])
+    rc_layers = recomputed_layers(plan, coords["pp"], [i for j in mine for i in layer_ids[j]])
+    modules = {}
+    for j in mine:
+        with torch.device("meta"):
+            mod = Transformer(model, pf.train.attention_kernel)
+        mod.keep_only(layer_ids[j], first=j == 0, last=j == plan.num_virtual_stages - 1)
+        if materialize:
+            mod.materialize(device, seed)
+        if plan.tp > 1:
+            apply_tensor_parallel(mod, mesh["tp"], plan.sequence_parallel)
+        apply_recompute(mod, plan, rc_layers)
+        apply_data_parallel(mod, mesh, plan, pf.train)
+        modules[j] = mod
+    job = Job(plan=plan, mesh=mesh, device=device, coords=coords, modules=modules)
+    _tie_embeddings(job, pf)
+    if plan.pp > 1 and materialize:
+        job.schedule, _ = build_schedule(plan, modules, mesh["pp"].get_group(), device, cross_entropy)
+    return job
+
+
+def _tie_embeddings(job: Job, pf: PlanFile) -> None:
+    """A tied embedding split over stages has two copies, kept equal by summing their gradients
+    over the ranks that hold them (Megatron-LM's embedding group), once per step."""
+    last = job.num_stages - 1
+    if not pf.model.tied_embeddings or last == 0:
+        return
+    if 0 in job.modules:
+        job.tied_params.append(job.modules[0].embed.tok.weight)
+    if last in job.modules:
+        job.tied_params.append(job.modules[last].output.weight)
+    first_rank, last_rank = job.plan.stage_rank(0), job.plan.stage_rank(last)
+    if first_rank == last_rank:
+        return
+    pp_dim = job.plan.mesh_axis_order.index("pp")
+    ranks = job.mesh.mesh.movedim(pp_dim, -1).reshape(-1, job.plan.pp)
+    for row in ranks.tolist():   # every rank creates every group, in the same order
+        group = dist.new_group([row[first_rank], row[last_rank]])
+        if dist.get_rank() in (row[first_rank], row[last_rank]):
+            job.tied_group = group
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def sync_tied_embedding(job: Job) -> None:
+    if not job.tied_params:
+        return
+    grads = [local(p.grad) for p in job.tied_params]
+    total = grads[0].clone() if len(grads) == 1 else grads[0] + grads[1]
+    if job.tied_group is not None:
+        dist.all_reduce(total, group=job.tied_group)
+    for g in grads:
+        g.copy_(total)

@@ -1,0 +1,212 @@
+"""The decoder the runtime trains, built from a `ModelSpec` and the cost model's layout table.
+
+Projection names, shapes and biases come from `costmodel.layout.layer_blocks`, the table the cost
+model counts FLOPs, parameters and collectives from, so the module tree and the analytical
+counts agree by construction (a test checks every registry model on the meta device).
+
+Two variants: Llama (RMSNorm, RoPE, GQA, SwiGLU, no biases) and GPT (LayerNorm, learned
+positions, GeLU, biases, tied embeddings). GPT's fused QKV projection stores, per KV group, the
+group's query heads then its key head and value head (Megatron-LM's layout): a contiguous split
+of its output features over TP ranks then hands each rank whole groups, as column parallelism
+needs.
+
+Layers live in a ModuleDict keyed by their global index, so a pipeline stage that keeps only
+some layers has the same parameter names as the whole model (stable checkpoints, parity tests).
+"""
+from __future__ import annotations
+
+import math
+import zlib
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from costmodel.layout import layer_blocks
+from costmodel.specs import Arch, AttentionKernel, FfnKind, ModelSpec, NormKind, PositionKind
+
+ROPE_THETA = 10_000.0   # ModelSpec carries no RoPE base; it changes numerics, not cost
+INIT_STD = 0.02         # GPT-2 / Megatron-LM default
+DROPOUT_P = 0.1         # Megatron-LM's hidden and attention dropout for GPT
+
+
+def _norm(model: ModelSpec) -> nn.Module:
+    if model.norm_kind is NormKind.RMSNORM:
+        return nn.RMSNorm(model.hidden_size, eps=1e-5)
+    return nn.LayerNorm(model.hidden_size, eps=1e-5)
+
+
+def _linears(module: nn.Module, block_name: str, model: ModelSpec) -> None:
+    block = next(b for b in layer_blocks(model) if b.name == block_name)
+    for lin in block.linears:
+        module.add_module(lin.name, nn.Linear(lin.in_features, lin.out_features, bias=lin.bias))
+
+
+def rope(x: torch.Tensor, theta: float = ROPE_THETA) -> torch.Tensor:
+    """Rotary embedding (Su et al. 2021) on (batch, seq, heads, head_dim), rotate-half form."""
+    seq, dim = x.shape[1], x.shape[-1]
+    inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim)
+    angles = torch.outer(torch.arange(seq, device=x.device, dtype=torch.float32), inv_freq)
+    cos = torch.cat((angles.cos(), angles.cos()), -1)[None, :, None, :].to(x.dtype)
+    sin = torch.cat((angles.sin(), angles.sin()), -1)[None, :, None, :].to(x.dtype)
+    half = dim // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), -1)
+    return x * cos + rotated * sin
+
+
+def core_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: AttentionKernel,
+                   dropout_p: float) -> torch.Tensor:
+    """Causal attention on (batch, heads, seq, head_dim); K/V may have fewer (GQA) heads."""
+    if kernel is AttentionKernel.FLASH:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p,
+                                              enable_gqa=k.shape[1] != q.shape[1])
+    group = q.shape[1] // k.shape[1]   # eager: the s x s scores are materialised
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).triu(1)
+    probs = F.dropout(scores.masked_fill(mask, float("-inf")).softmax(-1), dropout_p)
+    return probs @ v
+
+
+class Attention(nn.Module):
+    def __init__(self, model: ModelSpec, kernel: AttentionKernel) -> None:
+        super().__init__()
+        _linears(self, "attention", model)
+        self.arch, self.head_dim, self.kernel = model.arch, model.head_dim, kernel
+        self.group = model.num_heads // model.num_kv_heads
+        self.rope = model.position_kind is PositionKind.ROPE
+        self.dropout_p = DROPOUT_P if model.dropout else 0.0
+        self.selective_recompute = False   # set by the runtime from the plan
+
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        b, s, d = x.shape[0], x.shape[1], self.head_dim
+        if self.arch is Arch.LLAMA:   # -1: local head counts under tensor parallelism
+            return (self.wq(x).view(b, s, -1, d), self.wk(x).view(b, s, -1, d),
+                    self.wv(x).view(b, s, -1, d))
+        groups = self.qkv(x).view(b, s, -1, (self.group + 2) * d)
+        q, k, v = groups.split((self.group * d, d, d), dim=-1)
+        return q.reshape(b, s, -1, d), k, v
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self._qkv(x)
+        if self.rope:
+            q, k = rope(q), rope(k)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        p = self.dropout_p if self.training else 0.0
+        if self.selective_recompute:   # Korthikanti et al. 2022: recompute the attention core only
+            out = checkpoint(core_attention, q, k, v, self.kernel, p, use_reentrant=False)
+        else:
+            out = core_attention(q, k, v, self.kernel, p)
+        out = out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1)
+        return self.wo(out) if self.arch is Arch.LLAMA else self.proj(out)
+
+
+class Mlp(nn.Module):
+    def __init__(self, model: ModelSpec) -> None:
+        super().__init__()
+        _linears(self, "mlp", model)
+        self.swiglu = model.ffn_kind is FfnKind.SWIGLU
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.swiglu:
+            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+
+
+class Layer(nn.Module):
+    """Pre-norm transformer layer; dropout on each branch's output when the model has it."""
+
+    def __init__(self, model: ModelSpec, kernel: AttentionKernel) -> None:
+        super().__init__()
+        self.attention_norm, self.attention = _norm(model), Attention(model, kernel)
+        self.mlp_norm, self.mlp = _norm(model), Mlp(model)
+        self.dropout = nn.Dropout(DROPOUT_P if model.dropout else 0.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.dropout(self.attention(self.attention_norm(x)))
+        return x + self.dropout(self.mlp(self.mlp_norm(x)))
+
+
+class Embedding(nn.Module):
+    """Token embedding plus, for GPT, learned positions (kept together so that sequence
+    parallelism can shard the sum, not the token part alone)."""
+
+    def __init__(self, model: ModelSpec) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(model.vocab_size, model.hidden_size)
+        learned = model.position_kind is PositionKind.LEARNED
+        self.pos = nn.Embedding(model.max_position_embeddings, model.hidden_size) if learned else None
+        self.dropout = nn.Dropout(DROPOUT_P if model.dropout else 0.0)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.tok(tokens)
+        if self.pos is not None:
+            h = h + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+        return self.dropout(h)
+
+
+class Transformer(nn.Module):
+    """The whole model, or one pipeline stage of it once `keep_only` has pruned it."""
+
+    def __init__(self, model: ModelSpec, kernel: AttentionKernel = AttentionKernel.FLASH) -> None:
+        super().__init__()
+        if model.position_kind is PositionKind.ALIBI:
+            raise ValueError(f"model {model.name}: ALiBi positions are not implemented by the runtime")
+        self.spec = model
+        self.embed: Embedding | None = Embedding(model)
+        self.layers = nn.ModuleDict({str(i): Layer(model, kernel) for i in range(model.num_layers)})
+        self.norm: nn.Module | None = _norm(model)
+        self.output: nn.Linear | None = nn.Linear(model.hidden_size, model.vocab_size, bias=False)
+        if model.tied_embeddings:
+            self.output.weight = self.embed.tok.weight
+
+    def keep_only(self, layer_ids: list[int], *, first: bool, last: bool) -> None:
+        """Prune to one pipeline stage. A tied output layer on a later stage than the embedding
+        gets its own weight, synchronised by the runtime (Megatron-LM's embedding group)."""
+        for i in [i for i in map(int, self.layers) if i not in set(layer_ids)]:
+            del self.layers[str(i)]
+        if last and not first and self.spec.tied_embeddings:
+            self.output.weight = nn.Parameter(torch.empty_like(self.output.weight))
+        if not first:
+            self.embed = None
+        if not last:
+            self.norm, self.output = None, None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x) if self.embed is not None else x
+        for layer in self.layers.values():
+            h = layer(h)
+        if self.norm is not None:
+            h = self.output(self.norm(h))
+        return h
+
+    def materialize(self, device: torch.device, seed: int) -> None:
+        """Allocate on `device` (the model is built on meta) and initialise. `to_empty` makes
+        new parameters, which unties a shared output weight: tie it again."""
+        tied = self.embed is not None and self.output is not None and \
+            self.output.weight is self.embed.tok.weight
+        self.to_empty(device=device)
+        if tied:
+            self.output.weight = self.embed.tok.weight
+        self.init_weights(seed)
+
+    @torch.no_grad()
+    def init_weights(self, seed: int) -> None:
+        """Deterministic per parameter name, so every rank and the single-process reference
+        draw the same values whatever they hold. The separate copy of a tied output weight uses
+        the embedding's name, hence starts equal to it."""
+        for name, param in self.named_parameters():
+            key = "embed.tok.weight" if name == "output.weight" else name
+            if name.endswith("bias"):
+                param.zero_()
+            elif "norm" in name:
+                param.fill_(1.0)
+            else:
+                gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(key.encode()))
+                param.copy_(torch.randn(param.shape, generator=gen) * INIT_STD)
+
+
+def count_params(module: nn.Module) -> int:
+    """Distinct parameters (a tied weight counts once), shapes only: works on the meta device."""
+    return sum(p.numel() for p in module.parameters())

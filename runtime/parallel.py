@@ -1,0 +1,131 @@
+"""Apply a plan to a model (or pipeline stage) with PyTorch-native parallelism.
+
+The order is fixed and matters (torchtitan's): pipeline split (runtime.pipeline) -> tensor /
+sequence parallel -> activation checkpointing -> FSDP2. Tensor parallelism must come before
+checkpoint wrapping: `parallelize_module` finds submodules by name, a wrapper hides them, and
+torch only warns that a plan key did not resolve while the numbers silently go wrong. Here that
+warning is an error.
+
+Data parallelism is FSDP2 `fully_shard` for every ZeRO stage (one mechanism, composes with TP
+and pipelining; all match a single process, see shared/reference/torch-on-cpu-notes.md):
+  ZeRO-3: shard parameters, gradients, optimizer states; reshard parameters after forward.
+  ZeRO-2: same shards, but parameters stay unsharded from forward to backward.
+  ZeRO-1: as ZeRO-2, and gradients accumulate unsharded over micro-batches, reduce-scattered
+          once per step (Megatron-LM's distributed optimizer).
+  ZeRO-0: replicate everything, all-reduce gradients once per step (DDP): FSDP2 over a
+          (dp, 1) mesh, i.e. HSDP whose shard group has one member.
+Mixed precision follows the TrainSpec: parameters gathered in compute_dtype, gradients reduced
+in grad_dtype, fp32 master weights and optimizer states (FSDP2 MixedPrecisionPolicy).
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
+                                               PrepareModuleOutput, RowwiseParallel,
+                                               SequenceParallel, parallelize_module)
+
+from costmodel.layout import Style, layer_blocks
+from costmodel.plan import Plan, Recompute
+from costmodel.specs import DType, TrainSpec
+
+UNIT_AXIS = "dp_unit"   # size-1 shard axis that turns FSDP2 into plain replication (ZeRO-0)
+TORCH_DTYPES = {DType.FP32: torch.float32, DType.BF16: torch.bfloat16, DType.FP16: torch.float16}
+
+
+def build_mesh(plan: Plan, device_type: str) -> DeviceMesh:
+    """The world mesh in the plan's axis order (outermost first), the same row-major rank layout
+    `costmodel.placement` prices; the trailing unit axis is free."""
+    shape = tuple(plan.degree(axis) for axis in plan.mesh_axis_order) + (1,)
+    return init_device_mesh(device_type, shape, mesh_dim_names=(*plan.mesh_axis_order, UNIT_AXIS))
+
+
+def _layer_tp_plan(module: nn.Module, sp: bool) -> dict:
+    """Column-parallel projections first, the row-parallel one last, per costmodel.layout."""
+    out = Shard(1) if sp else Replicate()
+    spec = module.spec
+    plan: dict = {}
+    for block in layer_blocks(spec):
+        prefix = "attention" if block.name == "attention" else "mlp"
+        if sp:
+            plan[f"{prefix}_norm"] = SequenceParallel()
+            plan[prefix] = PrepareModuleInput(input_layouts=(Shard(1),),
+                                              desired_input_layouts=(Replicate(),))
+        for lin in block.linears:
+            plan[f"{prefix}.{lin.name}"] = (ColwiseParallel() if lin.style is Style.COLWISE
+                                            else RowwiseParallel(output_layouts=out))
+    return plan
+
+
+def apply_tensor_parallel(stage: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> None:
+    """Megatron-style TP (and SP: norms and dropout on sequence shards) on one stage module."""
+    top: dict = {}
+    embed = stage.embed
+    if embed is not None:
+        seq_shard_now = sp and embed.pos is None
+        top["embed.tok"] = RowwiseParallel(input_layouts=Replicate(),
+                                           output_layouts=Shard(1) if seq_shard_now else Replicate())
+        if sp and embed.pos is not None:  # add positions first, then take this rank's sequence shard
+            top["embed"] = PrepareModuleOutput(output_layouts=Replicate(),
+                                               desired_output_layouts=Shard(1))
+    if stage.norm is not None:
+        if sp:
+            top["norm"] = SequenceParallel()
+        top["output"] = ColwiseParallel(input_layouts=Shard(1) if sp else Replicate(),
+                                        output_layouts=Replicate())
+    tied = embed is not None and stage.output is not None and stage.output.weight is embed.tok.weight
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*Parallelize plan key.*")
+        parallelize_module(stage, tp_mesh, top)
+        for layer in stage.layers.values():
+            parallelize_module(layer, tp_mesh, _layer_tp_plan(stage, sp))
+    if tied:  # both sides shard the vocab dim alike; keep them one parameter
+        stage.output.weight = stage.embed.tok.weight
+
+
+def recomputed_layers(plan: Plan, pp_rank: int, layer_ids: list[int]) -> list[int]:
+    """The first `recompute_num_layers[r]` layers of pipeline rank r, in model order."""
+    if plan.recompute is Recompute.NONE:
+        return []
+    return sorted(layer_ids)[:plan.recompute_num_layers[pp_rank]]
+
+
+def apply_recompute(stage: nn.Module, plan: Plan, layer_ids: list[int]) -> None:
+    """Full: checkpoint the whole layer (only its input is kept). Selective: the attention core."""
+    for i in layer_ids:
+        key = str(i)
+        if key not in stage.layers:
+            continue
+        if plan.recompute is Recompute.FULL:
+            stage.layers[key] = checkpoint_wrapper(stage.layers[key], preserve_rng_state=True)
+        else:
+            stage.layers[key].attention.selective_recompute = True
+
+
+def dp_mesh_for(mesh: DeviceMesh, plan: Plan) -> DeviceMesh:
+    return mesh["dp", UNIT_AXIS] if plan.zero_stage == 0 else mesh["dp"]
+
+
+def apply_data_parallel(stage: nn.Module, mesh: DeviceMesh, plan: Plan, train: TrainSpec) -> None:
+    """FSDP2 per layer, then the stage root (which holds embedding, final norm and head)."""
+    mp = MixedPrecisionPolicy()
+    if train.compute_dtype is not DType.FP32:
+        mp = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[train.compute_dtype],
+                                  reduce_dtype=TORCH_DTYPES[train.grad_dtype])
+    dp_mesh = dp_mesh_for(mesh, plan)
+    reshard = plan.zero_stage == 3
+    for layer in stage.layers.values():
+        fully_shard(layer, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
+    fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
+
+
+def gradient_sync_every_micro_batch(plan: Plan) -> bool:
+    """ZeRO-2/3 reduce-scatter after each micro-batch (sharded gradient accumulation); ZeRO-0/1
+    accumulate full gradients and reduce once per step."""
+    return plan.zero_stage >= 2

@@ -1,0 +1,44 @@
+"""Pipeline split and schedules: the plan's explicit layers per (virtual) stage, placed on
+pipeline ranks by `Plan.stage_rank` (loop placement, or V placement for ZBV), executed by the
+`torch.distributed.pipelining` schedule class of the plan's schedule."""
+from __future__ import annotations
+
+from itertools import accumulate
+
+import torch
+from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
+                                          ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble,
+                                          ScheduleZBVZeroBubble)
+
+from costmodel.plan import Plan, Schedule
+
+# zb-h1 (Qi et al. 2023) is torch's InterleavedZeroBubble; with one stage per rank it is ZB-H1.
+SCHEDULE_CLASSES = {
+    Schedule.GPIPE: ScheduleGPipe,
+    Schedule.ONE_F_ONE_B: Schedule1F1B,
+    Schedule.INTERLEAVED: ScheduleInterleaved1F1B,
+    Schedule.ZB_H1: ScheduleInterleavedZeroBubble,
+    Schedule.ZBV: ScheduleZBVZeroBubble,
+}
+MULTI_STAGE = (Schedule.INTERLEAVED, Schedule.ZB_H1, Schedule.ZBV)
+
+
+def stage_layer_ids(plan: Plan) -> list[list[int]]:
+    """Global layer indices of every virtual stage, in model order."""
+    ends = list(accumulate(plan.layers_per_stage))
+    return [list(range(end - n, end)) for n, end in zip(plan.layers_per_stage, ends)]
+
+
+def local_stages(plan: Plan, pp_rank: int) -> list[int]:
+    """Virtual stages this pipeline rank runs, in increasing stage order."""
+    return [j for j in range(plan.num_virtual_stages) if plan.stage_rank(j) == pp_rank]
+
+
+def build_schedule(plan: Plan, modules: dict[int, torch.nn.Module], pp_group, device: torch.device,
+                   loss_fn):
+    """One PipelineStage per local virtual stage, driven by the plan's schedule class."""
+    stages = [PipelineStage(mod, j, plan.num_virtual_stages, device, group=pp_group)
+              for j, mod in sorted(modules.items())]
+    cls = SCHEDULE_CLASSES[plan.schedule]
+    target = stages if plan.schedule in MULTI_STAGE else stages[0]
+    return cls(target, n_microbatches=plan.num_micro_batches, loss_fn=loss_fn), stages

@@ -1,0 +1,177 @@
+"""The training loop one rank runs, and what it measures.
+
+Per step: the rank's slice of the global batch (runtime.data), forward/backward over the plan's
+micro-batches (a pipelining schedule when pp > 1, gradient accumulation otherwise), tied
+embedding sync, optimizer step. Warm-up steps are not timed. The step time is the slowest rank's
+(ranks start each step together after a barrier). Peak memory: `torch.cuda.max_memory_allocated`
+on GPU; on CPU the tensor bytes seen by torch's MemTracker over the last warm-up step (tensors
+only, not the allocator's or the interpreter's overhead; said so in measured.json).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from costmodel.plan import PlanFile
+from costmodel.specs import Optimizer
+from runtime.data import TokenSource, local_slice
+from runtime.job import Job, build_job, cross_entropy, sync_tied_embedding
+from runtime.parallel import gradient_sync_every_micro_batch
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    steps: int = 10
+    warmup: int = 2
+    seed: int = 0
+    lr: float = 3e-4
+    data: str | None = None
+    data_dtype: str = "uint16"
+    collect_params: bool = False    # tests: gather full parameters on rank 0
+    quiet: bool = False
+
+
+def init_distributed(timeout_s: float = 120.0) -> torch.device:
+    """NCCL for CUDA tensors and gloo for CPU ones when a GPU is present, else gloo."""
+    if torch.cuda.is_available():
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local_rank)
+        dist.init_process_group("cpu:gloo,cuda:nccl", timeout=timedelta(seconds=timeout_s))
+        return torch.device("cuda", local_rank)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
+    return torch.device("cpu")
+
+
+def make_optimizer(job: Job, pf: PlanFile, lr: float) -> torch.optim.Optimizer:
+    params = job.parameters()
+    if pf.train.optimizer is Optimizer.SGD:
+        return torch.optim.SGD(params, lr=lr)
+    return torch.optim.AdamW(params, lr=lr, foreach=True)
+
+
+def forward_backward(job: Job, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | None:
+    """One step's gradients on this rank; returns the mean loss of its micro-batches (or None
+    on ranks without the last stage)."""
+    plan = job.plan
+    x, y = tokens.to(job.device), labels.to(job.device)
+    if job.schedule is not None:
+        losses: list[torch.Tensor] = []
+        first, last = 0 in job.modules, job.num_stages - 1 in job.modules
+        args = (x,) if first else ()
+        kwargs = {"target": y, "losses": losses} if last else {}
+        job.schedule.step(*args, **kwargs)
+        return torch.stack(losses).mean().detach() if last else None
+    model = job.modules[0]
+    m = plan.num_micro_batches
+    total = torch.zeros((), device=job.device)
+    for k, (xs, ys) in enumerate(zip(x.chunk(m), y.chunk(m))):
+        final = k == m - 1
+        model.set_requires_gradient_sync(final or gradient_sync_every_micro_batch(plan))
+        model.set_reshard_after_backward(final or plan.zero_stage == 3)
+        loss = cross_entropy(model(xs), ys)
+        (loss / m).backward()
+        total += loss.detach()
+    return total / m
+
+
+def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
+    """Train on this rank (process group already initialised); rank 0 returns the raw figures."""
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    job = build_job(pf, device, seed=cfg.seed)
+    optimizer = make_optimizer(job, pf, cfg.lr)
+    source = TokenSource(pf.model.vocab_size, pf.train.seq_len, cfg.seed, cfg.data, cfg.data_dtype)
+    losses, times, memory = [], [], None
+    for step in range(cfg.warmup + cfg.steps):
+        first, count = local_slice(step, pf.train.global_batch_size, pf.plan.dp, job.coords["dp"])
+        tokens, labels = source.batch(first, count)
+        track = step == cfg.warmup - 1 and device.type == "cpu"
+        if step == cfg.warmup and device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        dist.barrier()
+        start = time.perf_counter()
+        loss, tracked = _step(job, optimizer, tokens, labels, track)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - start
+        memory = tracked if track else memory
+        step_loss, step_s = _reduce_step(job, loss, elapsed)
+        losses.append(step_loss)
+        if step >= cfg.warmup:
+            times.append(step_s)
+        if dist.get_rank() == 0 and not cfg.quiet:
+            tag = "warm-up" if step < cfg.warmup else "step"
+            print(f"[planner run] {tag} {step + 1}/{cfg.warmup + cfg.steps}: loss {step_loss:.4f}, "
+                  f"{step_s * 1e3:.1f} ms", file=sys.stderr, flush=True)
+    if device.type == "cuda":
+        memory = torch.cuda.max_memory_allocated()
+    peak = _peak_per_stage(job, memory)
+    params = _gather_params(job) if cfg.collect_params else None
+    if dist.get_rank() != 0:
+        return None
+    return {"losses": losses, "step_times_s": times, "peak_memory_bytes": peak, "params": params,
+            "memory_source": ("torch.cuda.max_memory_allocated" if device.type == "cuda" else
+                              "tensor bytes tracked by torch.distributed._tools.mem_tracker."
+                              "MemTracker over the last warm-up step (CPU; excludes allocator "
+                              "and interpreter overhead)" if memory is not None else
+                              "not measured (CPU needs --warmup >= 1)"),
+            "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu"}
+
+
+def _step(job: Job, optimizer, tokens, labels, track: bool):
+    if not track:
+        loss = forward_backward(job, tokens, labels)
+        sync_tied_embedding(job)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss, None
+    from torch.distributed._tools.mem_tracker import MemTracker
+    tracker = MemTracker()
+    tracker.track_external(*job.modules.values(), optimizer)
+    with tracker:
+        loss, _ = _step(job, optimizer, tokens, labels, False)
+    peak = tracker.get_tracker_snapshot("peak")
+    return loss, float(sum(d["Total"] for d in peak.values()))
+
+
+def _reduce_step(job: Job, loss: torch.Tensor | None, elapsed_s: float) -> tuple[float, float]:
+    """Global loss (mean over data-parallel replicas) and the slowest rank's step time."""
+    contrib = loss.float().cpu() if (loss is not None and job.holds_loss) else torch.zeros(())
+    packed = (contrib / job.plan.dp).reshape(1)
+    slowest = torch.tensor([elapsed_s])
+    dist.all_reduce(packed)   # CPU tensors: gloo, also under "cpu:gloo,cuda:nccl"
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return float(packed[0]), float(slowest[0])
+
+
+def _peak_per_stage(job: Job, memory: float | None) -> list[float] | None:
+    """Per pipeline rank, the largest peak over its ranks."""
+    if memory is None:
+        return None
+    table = torch.zeros(job.plan.pp, dtype=torch.float64)
+    table[job.coords["pp"]] = memory
+    dist.all_reduce(table, op=dist.ReduceOp.MAX)
+    return table.tolist()
+
+
+def _gather_params(job: Job) -> dict[str, torch.Tensor] | None:
+    """Full parameters by name on rank 0 (DTensor.full_tensor inside each stage, then objects
+    across pipeline ranks). For tests: it gathers everything."""
+    mine = {}
+    for mod in job.modules.values():
+        for name, p in mod.named_parameters():
+            full = p.full_tensor() if hasattr(p, "full_tensor") else p
+            mine[name.replace("_checkpoint_wrapped_module.", "")] = full.detach().float().cpu()
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    if dist.get_rank() != 0:
+        return None
+    out: dict[str, torch.Tensor] = {}
+    for part in gathered:
+        out.update(part)
+    return out

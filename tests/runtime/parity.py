@@ -1,0 +1,69 @@
+"""Single-process reference and the distributed run it is compared with."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from costmodel.cluster import parse_cluster
+from costmodel.plan import PlanFile
+from costmodel.registry import resolve_model
+from costmodel.specs import AttentionKernel, DType, Optimizer, TrainSpec
+from planner.space import Choice, build_plan
+from runtime.data import TokenSource
+from runtime.fork import run_forked
+from runtime.job import cross_entropy
+from runtime.model import Transformer
+from runtime.train import RunConfig, run_rank
+
+STEPS, LR, SEED = 3, 0.5, 7   # SGD: a wrong gradient scale shows (Adam would hide it)
+
+
+def plan_file(choice: Choice, *, world: int, model: str = "debug-tiny", seq_len: int = 32,
+              global_batch: int = 8, compute_dtype: DType = DType.FP32,
+              attention_kernel: AttentionKernel = AttentionKernel.FLASH, **model_changes) -> PlanFile:
+    spec = resolve_model(model)
+    if model_changes:
+        spec = replace(spec, **model_changes)
+    train = TrainSpec(seq_len=seq_len, global_batch_size=global_batch, compute_dtype=compute_dtype,
+                      grad_dtype=DType.FP32, optimizer=Optimizer.SGD,
+                      attention_kernel=attention_kernel)
+    cluster = parse_cluster(f"1x{world}xcpu")
+    return PlanFile(plan=build_plan(spec, train, cluster, choice), model=spec, train=train,
+                    cluster=cluster)
+
+
+def reference(pf: PlanFile, steps: int = STEPS) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """The whole global batch in one process, the plain model, the same optimizer."""
+    model = Transformer(pf.model, pf.train.attention_kernel)
+    model.init_weights(SEED)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    source = TokenSource(pf.model.vocab_size, pf.train.seq_len, SEED)
+    losses = []
+    for step in range(steps):
+        x, y = source.batch(step * pf.train.global_batch_size, pf.train.global_batch_size)
+        loss = cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def distributed(pf: PlanFile, steps: int = STEPS) -> dict:
+    cfg = RunConfig(steps=steps, warmup=0, seed=SEED, lr=LR, collect_params=True, quiet=True)
+    return run_forked(pf.plan.world_size, run_rank, pf, cfg)[0]
+
+
+def assert_parity(pf: PlanFile, rtol: float = 1e-5, steps: int = STEPS) -> None:
+    ref_losses, ref_params = reference(pf, steps)
+    got = distributed(pf, steps)
+    for step, (a, b) in enumerate(zip(got["losses"], ref_losses)):
+        assert abs(a - b) <= rtol * abs(b), f"step {step}: loss {a} vs reference {b}"
+    params = got["params"]
+    for name, ref in ref_params.items():
+        assert name in params, f"{name} missing from the distributed model"
+        err = (params[name] - ref).abs().max().item()
+        assert err <= rtol * max(ref.abs().max().item(), 1.0), f"{name}: max |diff| {err}"
+    if "output.weight" in params and "output.weight" not in ref_params:   # tied, split copy
+        assert torch.allclose(params["output.weight"], ref_params["embed.tok.weight"], atol=rtol)
