@@ -226,6 +226,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help='print {"rows", "summary"} as JSON')
     p.set_defaults(func=cmd_validate)
 
+    from planner.run_cli import EPILOG as RUN_EPILOG, add_run_args, cmd_run
+    p = sub.add_parser("run", help="execute a plan with torch.distributed, measure it, compare with the estimate",
+                       epilog=RUN_EPILOG, formatter_class=raw)
+    add_run_args(p)
+    p.set_defaults(func=cmd_run)
+
     for name, func, text in (("models", cmd_models, "list the known models"),
                              ("devices", cmd_devices, "list the known device profiles")):
         p = sub.add_parser(name, help=text)

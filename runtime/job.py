@@ -58,7 +58,10 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(0, 1))
 
 
-def build_job(pf: PlanFile, device: torch.device, *, seed: int, materialize: bool = True) -> Job:
+def build_job(pf: PlanFile, device: torch.device, *, seed: int, materialize: bool = True,
+              before_data_parallel=None) -> Job:
+    """`before_data_parallel(stage, module)`, if given, sees each stage module after tensor
+    parallelism and before FSDP2 (the dry run counts unsharded parameters there)."""
     plan, model = pf.plan, pf.model
     if plan.cp > 1:
         raise ValueError("context parallelism (cp > 1) is not executed by the runtime yet; "
@@ -78,6 +81,8 @@ def build_job(pf: PlanFile, device: torch.device, *, seed: int, materialize: boo
         if plan.tp > 1:
             apply_tensor_parallel(mod, mesh["tp"], plan.sequence_parallel)
         apply_recompute(mod, plan, rc_layers)
+        if before_data_parallel is not None:
+            before_data_parallel(j, mod)
         apply_data_parallel(mod, mesh, plan, pf.train)
         modules[j] = mod
     job = Job(plan=plan, mesh=mesh, device=device, coords=coords, modules=modules)

@@ -4,8 +4,8 @@ Per step: the rank's slice of the global batch (runtime.data), forward/backward 
 micro-batches (a pipelining schedule when pp > 1, gradient accumulation otherwise), tied
 embedding sync, optimizer step. Warm-up steps are not timed. The step time is the slowest rank's
 (ranks start each step together after a barrier). Peak memory: `torch.cuda.max_memory_allocated`
-on GPU; on CPU the tensor bytes seen by torch's MemTracker over the last warm-up step (tensors
-only, not the allocator's or the interpreter's overhead; said so in measured.json).
+on GPU; on CPU the live tensor bytes over the last warm-up step (runtime.memtrack: tensors only,
+not the allocator's or the interpreter's overhead; said so in measured.json).
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ import torch.distributed as dist
 from costmodel.plan import PlanFile
 from costmodel.specs import Optimizer
 from runtime.data import TokenSource, local_slice
+from runtime.memtrack import TensorBytesTracker, state_tensors
 from runtime.job import Job, build_job, cross_entropy, sync_tied_embedding
 from runtime.parallel import gradient_sync_every_micro_batch
 
@@ -35,6 +36,7 @@ class RunConfig:
     data_dtype: str = "uint16"
     collect_params: bool = False    # tests: gather full parameters on rank 0
     quiet: bool = False
+    fault: tuple[int, int, str] | None = None   # (rank, step, "raise" | "exit"): failure tests
 
 
 def init_distributed(timeout_s: float = 120.0) -> torch.device:
@@ -93,6 +95,7 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
         track = step == cfg.warmup - 1 and device.type == "cpu"
         if step == cfg.warmup and device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
+        _maybe_fail(cfg.fault, step)
         dist.barrier()
         start = time.perf_counter()
         loss, tracked = _step(job, optimizer, tokens, labels, track)
@@ -116,11 +119,19 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
         return None
     return {"losses": losses, "step_times_s": times, "peak_memory_bytes": peak, "params": params,
             "memory_source": ("torch.cuda.max_memory_allocated" if device.type == "cuda" else
-                              "tensor bytes tracked by torch.distributed._tools.mem_tracker."
-                              "MemTracker over the last warm-up step (CPU; excludes allocator "
-                              "and interpreter overhead)" if memory is not None else
+                              "live tensor bytes over the last warm-up step, tracked by "
+                              "runtime.memtrack (CPU: tensors only, no allocator or interpreter "
+                              "overhead)" if memory is not None else
                               "not measured (CPU needs --warmup >= 1)"),
             "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu"}
+
+
+def _maybe_fail(fault: tuple[int, int, str] | None, step: int) -> None:
+    if fault is None or fault[0] != dist.get_rank() or fault[1] != step:
+        return
+    if fault[2] == "exit":
+        os._exit(3)   # dies without a Python error, as a killed process would
+    raise RuntimeError(f"injected fault at step {step}")
 
 
 def _step(job: Job, optimizer, tokens, labels, track: bool):
@@ -130,13 +141,10 @@ def _step(job: Job, optimizer, tokens, labels, track: bool):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return loss, None
-    from torch.distributed._tools.mem_tracker import MemTracker
-    tracker = MemTracker()
-    tracker.track_external(*job.modules.values(), optimizer)
+    tracker = TensorBytesTracker(state_tensors(job.modules.values(), optimizer))
     with tracker:
         loss, _ = _step(job, optimizer, tokens, labels, False)
-    peak = tracker.get_tracker_snapshot("peak")
-    return loss, float(sum(d["Total"] for d in peak.values()))
+    return loss, float(tracker.peak_bytes)
 
 
 def _reduce_step(job: Job, loss: torch.Tensor | None, elapsed_s: float) -> tuple[float, float]:

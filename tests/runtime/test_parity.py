@@ -65,7 +65,6 @@ def test_tensor_parallel_after_checkpoint_wrapping_is_an_error():
 
 
 def _tp_after_wrapping():
-    import torch
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     from torch.distributed.device_mesh import init_device_mesh
     from runtime.model import Transformer

@@ -1,0 +1,157 @@
+"""`planner run plan.json`: execute a plan with the runtime, measure it, compare with the estimate.
+
+torch is imported only here (lazily), so the other commands stay light.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from costmodel.check import check_memory, check_structure
+from costmodel.plan import PlanFile
+
+EPILOG = """examples:
+  planner search --model debug-tiny --cluster 1x2xcpu --out plan.json && planner run plan.json
+  planner run plan.json --steps 20 --warmup 3 --out runs/tiny
+  planner run plan.json --dry-run          (plans too big for this machine: states per rank on meta)
+  planner run plan.json --print-launch     (torchrun per node and an sbatch script)
+
+ranks start with torchrun; CPU runs use gloo and one thread per rank (oversubscribing cores is
+fine for correctness, not for speed); GPU runs use NCCL, one GPU per rank."""
+
+
+class RunRefused(ValueError):
+    """A plan or request the runtime cannot execute: one line, exit code 2."""
+
+
+def add_run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("plan", help="plan.json from `planner search --out` or `planner predict --out`")
+    p.add_argument("--nproc", type=int,
+                   help="local processes (default: the plan's world size); needed to oversubscribe CPU cores")
+    p.add_argument("--steps", type=int, default=10, help="timed training steps (default 10)")
+    p.add_argument("--warmup", type=int, default=2,
+                   help="untimed steps first (default 2; the last one measures memory on CPU)")
+    p.add_argument("--seed", type=int, default=0, help="initialisation and synthetic data seed")
+    p.add_argument("--lr", type=float, default=3e-4, help="learning rate (default 3e-4)")
+    p.add_argument("--data", help="token file: .npy, or raw .bin of --data-dtype (default: synthetic tokens)")
+    p.add_argument("--data-dtype", choices=["uint16", "uint32"], default="uint16")
+    p.add_argument("--out", help="directory for measured.json and run.log (default runs/<model>-<time>)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="build each stage's first rank on the meta device under a fake process group "
+                        "and compare its states with the estimate; runs nothing")
+    p.add_argument("--print-launch", action="store_true",
+                   help="print the torchrun command per node and an sbatch script instead of running")
+    p.add_argument("--json", action="store_true", help="print measured.json (or the dry-run rows) on stdout")
+
+
+def _load(path: str) -> PlanFile:
+    pf = PlanFile.load(Path(path))
+    problems = check_structure(pf.model, pf.train, pf.cluster, pf.plan)
+    if problems:
+        raise RunRefused(f"{path} is not a valid plan: " + "; ".join(problems))
+    return pf
+
+
+def _worker_args(args: argparse.Namespace, pf: PlanFile, out: Path):
+    from runtime.launch import WorkerArgs
+    if args.steps < 1 or args.warmup < 0:
+        raise RunRefused("--steps must be at least 1 and --warmup at least 0")
+    return WorkerArgs(plan=Path(args.plan).resolve(), out=out.resolve(), steps=args.steps,
+                      warmup=args.warmup, seed=args.seed, lr=args.lr,
+                      data=str(Path(args.data).resolve()) if args.data else None,
+                      data_dtype=args.data_dtype)
+
+
+def _check_machine(args: argparse.Namespace, pf: PlanFile) -> tuple[int, int]:
+    """(processes, threads per rank), or refuse with the reason and what to do instead."""
+    import torch
+    world = pf.plan.world_size
+    cuda = torch.cuda.is_available()
+    wants_gpu = pf.cluster.device.name != "cpu"
+    if wants_gpu and not cuda:
+        raise RunRefused(f"the plan is for {pf.cluster.device.name} but this machine has no GPU; use "
+                         "--dry-run to check its memory, or plan for this machine with --cluster 1xNxcpu")
+    if not wants_gpu and cuda:
+        raise RunRefused("the plan is for cpu ranks but this machine has a GPU; plan for its GPU")
+    nproc = args.nproc or world
+    if nproc != world:
+        raise RunRefused(f"--nproc {nproc}: this plan needs exactly {world} ranks (dp*tp*pp*cp); "
+                         "for several nodes use --print-launch")
+    available = torch.cuda.device_count() if cuda else (os.cpu_count() or 1)
+    if world > available and (cuda or args.nproc is None):
+        what = f"{available} GPUs" if cuda else f"{available} CPU cores"
+        hint = "; use --print-launch for a multi-node cluster" if cuda else \
+            f"; pass --nproc {world} to oversubscribe the cores (correct, but slow), or --dry-run"
+        raise RunRefused(f"the plan needs {world} ranks but this machine has {what}{hint}")
+    return nproc, max(1, (os.cpu_count() or 1) // nproc)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    pf = _load(args.plan)
+    if args.dry_run:
+        return _dry_run(args, pf)
+    out = Path(args.out or f"runs/{pf.model.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    worker = _worker_args(args, pf, out)
+    if args.print_launch:
+        from runtime.launch import node_commands, sbatch_script
+        print(f"# {pf.plan.short()} on {pf.cluster.num_nodes} node(s): run on node i (MASTER_ADDR = node 0)")
+        for i, cmd in enumerate(node_commands(pf, worker)):
+            print(f"# node {i}\n{cmd}")
+        print("\n# or submit with sbatch:\n" + sbatch_script(pf, worker))
+        return 0
+    nproc, threads = _check_machine(args, pf)
+    if args.data:   # refuse a bad token file here, not once per rank
+        from runtime.data import TokenSource
+        TokenSource(pf.model.vocab_size, pf.train.seq_len, args.seed, Path(args.data), args.data_dtype)
+    for problem in check_memory(pf.model, pf.train, pf.cluster, pf.plan):
+        print(f"planner run: warning: predicted not to fit: {problem}", file=sys.stderr)
+    from runtime.launch import RunFailed, run_local
+    from runtime.measure import measured_record
+    print(f"planner run: {pf.plan.short()} on {nproc} local rank(s), {args.warmup} warm-up + "
+          f"{args.steps} steps; log in {out / 'run.log'}", file=sys.stderr)
+    try:
+        wall_s = run_local(nproc, worker, threads)
+    except RunFailed as exc:
+        raise RunRefused(str(exc)) from None
+    raw = json.loads((out / "raw.json").read_text())
+    record = measured_record(pf, raw, steps=args.steps, warmup=args.warmup, wall_s=wall_s)
+    (out / "measured.json").write_text(json.dumps(record, indent=2) + "\n")
+    if args.json:
+        json.dump(record, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        _print_comparison(record, out)
+    return 0
+
+
+def _print_comparison(record: dict, out: Path) -> None:
+    from reports.tables import table
+    from runtime.measure import comparison_rows
+    print(table(("", "predicted", "measured", "error"), comparison_rows(record)))
+    print(f"\nmemory measured as: {record['memory_source']}")
+    print(f"wrote {out / 'measured.json'}")
+
+
+def _dry_run(args: argparse.Namespace, pf: PlanFile) -> int:
+    from runtime.dryrun import dry_run
+    rows = dry_run(pf)
+    if args.json:
+        json.dump({"rows": rows}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    from reports.tables import table
+    body = []
+    for r in rows:
+        for key in ("params_bytes", "grads_bytes", "optimizer_bytes"):
+            v = r[key]
+            body.append((r["stage"], r["rank"], key.removesuffix("_bytes"),
+                         f"{v['runtime'] / 2**30:,.3f}", f"{v['predicted'] / 2**30:,.3f}",
+                         f"{v['error_pct']:+.2f}%"))
+    print(f"dry run of {pf.plan.short()} ({pf.model.name}, world {pf.plan.world_size}): the first rank "
+          "of each pipeline stage built on the meta device under a fake process group")
+    print(table(("stage", "rank", "state", "runtime GiB", "predicted GiB", "error"), body))
+    return 0

@@ -1,0 +1,74 @@
+"""`planner run plan.json --dry-run`: build the real model's share on the meta device for the
+first rank of every pipeline stage, under a fake process group of the plan's full world size,
+and compare the states it holds with the cost model's memory ledger.
+
+What is counted is what torch actually allocated: TP-local parameter elements after
+`parallelize_module` (held unsharded in compute dtype while a layer runs, ZeRO-0..2) and the
+FSDP2 shard each rank keeps (fp32 master weights and optimizer states, ZeRO >= 1). Bytes per
+element come from the TrainSpec's dtypes and `costmodel.memory.optimizer_bytes_per_param`.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from costmodel.estimate import memory_per_rank
+from costmodel.memory import optimizer_bytes_per_param
+from costmodel.plan import PlanFile
+from runtime.job import build_job
+
+
+def _local_numel(p: torch.Tensor) -> int:
+    return p.to_local().numel() if isinstance(p, DTensor) else p.numel()
+
+
+def first_rank_of_stage(pf: PlanFile, pp_rank: int) -> int:
+    """Global rank at mesh coordinates (pp = pp_rank, every other axis 0), row-major."""
+    order, plan = pf.plan.mesh_axis_order, pf.plan
+    rank = 0
+    for axis in order:
+        rank = rank * plan.degree(axis) + (pp_rank if axis == "pp" else 0)
+    return rank
+
+
+def _count_rank(pf: PlanFile, rank: int) -> dict[str, int]:
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers "fake"
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=pf.plan.world_size)
+    try:
+        unsharded: dict[int, int] = {}
+
+        def count(stage: int, module: torch.nn.Module) -> None:
+            unsharded[stage] = sum(_local_numel(p) for p in module.parameters())
+
+        job = build_job(pf, torch.device("cpu"), seed=0, materialize=False, before_data_parallel=count)
+        shard = sum(_local_numel(p) for p in job.parameters())
+        assert all(p.device.type == "meta" for p in job.parameters())
+        return {"unsharded": sum(unsharded.values()), "shard": shard}
+    finally:
+        dist.destroy_process_group()
+
+
+def dry_run(pf: PlanFile) -> list[dict[str, Any]]:
+    """Per pipeline stage: runtime-counted vs predicted parameter, gradient, optimizer bytes."""
+    plan, train = pf.plan, pf.train
+    predicted = memory_per_rank(pf.model, train, pf.cluster, plan)
+    rows = []
+    for pp_rank in range(plan.pp):
+        rank = first_rank_of_stage(pf, pp_rank)
+        n = _count_rank(pf, rank)
+        z = plan.zero_stage
+        runtime = {
+            "params": (n["shard"] if z >= 3 else n["unsharded"]) * train.compute_dtype.num_bytes,
+            "grads": (n["shard"] if z >= 2 else n["unsharded"]) * train.grad_dtype.num_bytes,
+            "optimizer": (n["shard"] if z >= 1 else n["unsharded"]) * optimizer_bytes_per_param(train),
+        }
+        pred = predicted[pp_rank].to_dict()
+        rows.append({"stage": pp_rank, "rank": rank, "elements_unsharded": n["unsharded"],
+                     "elements_shard": n["shard"],
+                     **{f"{k}_bytes": {"runtime": v, "predicted": pred[k],
+                                       "error_pct": 100 * (v - pred[k]) / pred[k] if pred[k] else 0.0}
+                        for k, v in runtime.items()}})
+    return rows

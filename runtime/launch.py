@@ -1,0 +1,122 @@
+"""Launching a plan's ranks with torchrun (`torch.distributed.run`), locally or as printed
+per-node commands / an sbatch script for a multi-node cluster, and naming the rank that failed."""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from costmodel.plan import PlanFile
+
+MONITOR_INTERVAL_S = 1     # torchrun polls its workers this often; one failure ends the rest
+PORT = 29500
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerArgs:
+    plan: Path
+    out: Path
+    steps: int
+    warmup: int
+    seed: int
+    lr: float
+    data: str | None
+    data_dtype: str
+
+    def argv(self) -> list[str]:
+        args = ["-m", "runtime.worker", "--plan", str(self.plan), "--out", str(self.out),
+                "--steps", str(self.steps), "--warmup", str(self.warmup), "--seed", str(self.seed),
+                "--lr", repr(self.lr)]
+        if self.data:
+            args += ["--data", self.data, "--data-dtype", self.data_dtype]
+        return args
+
+
+class RunFailed(RuntimeError):
+    pass
+
+
+def local_command(nproc: int, worker: WorkerArgs) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            f"--monitor-interval={MONITOR_INTERVAL_S}", *worker.argv()]
+
+
+def node_commands(pf: PlanFile, worker: WorkerArgs, master: str = "$MASTER_ADDR") -> list[str]:
+    """One torchrun command per node (c10d rendezvous on the first node)."""
+    c = pf.cluster
+    return [" ".join(["torchrun", f"--nnodes={c.num_nodes}", f"--node-rank={i}",
+                      f"--nproc-per-node={c.devices_per_node}", "--rdzv-backend=c10d",
+                      f"--rdzv-endpoint={master}:{PORT}", "--rdzv-id=planner",
+                      *map(shlex.quote, worker.argv())])
+            for i in range(c.num_nodes)]
+
+
+def sbatch_script(pf: PlanFile, worker: WorkerArgs) -> str:
+    c = pf.cluster
+    run = " ".join(["torchrun", f"--nnodes={c.num_nodes}", f"--nproc-per-node={c.devices_per_node}",
+                    "--rdzv-backend=c10d", f'--rdzv-endpoint="$MASTER_ADDR:{PORT}"',
+                    "--rdzv-id=$SLURM_JOB_ID", *map(shlex.quote, worker.argv())])
+    return "\n".join([
+        "#!/bin/bash",
+        f"#SBATCH --job-name=planner-{pf.model.name}",
+        f"#SBATCH --nodes={c.num_nodes}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --gpus-per-node={c.devices_per_node}",
+        "#SBATCH --exclusive",
+        'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        "export MASTER_ADDR",
+        f"srun {run}",
+        ""])
+
+
+def run_local(nproc: int, worker: WorkerArgs, threads_per_rank: int) -> float:
+    """Run torchrun, tee its output to OUT/run.log and stderr; returns the wall time."""
+    worker.out.mkdir(parents=True, exist_ok=True)
+    for stale in [worker.out / "raw.json", *worker.out.glob("errors/rank*.txt")]:
+        stale.unlink(missing_ok=True)   # a reused --out must not blame an old run
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads_per_rank),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
+                                                       os.environ.get("PYTHONPATH")]))}
+    start = time.perf_counter()
+    with open(worker.out / "run.log", "w") as log:
+        proc = subprocess.Popen(local_command(nproc, worker), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, env=env)
+        for line in proc.stdout:
+            log.write(line)
+            if line.startswith("[planner run]"):
+                print(line, end="", file=sys.stderr, flush=True)
+        code = proc.wait()
+    if code != 0:
+        raise RunFailed(failure_message(worker.out, nproc))
+    return time.perf_counter() - start
+
+
+# What the surviving ranks report once a peer has gone: consequences, not causes.
+PEER_LOST = re.compile(r"Connection (reset|closed)|Broken pipe|[Pp]eer|timed out|Timeout|SIGTERM|Signals\.")
+
+
+def failure_message(out: Path, nproc: int) -> str:
+    """Name the rank that caused the failure and why. A Python error that is not a lost-peer
+    consequence comes first; then a rank that died without a Python error (signal, os._exit),
+    found in torchrun's failure summary; then the earliest error of any kind."""
+    errors = sorted((out / "errors").glob("rank*.txt")) if (out / "errors").exists() else []
+    causes = sorted((p.stat().st_mtime, int(p.stem.removeprefix("rank")), p.read_text().splitlines()[0])
+                    for p in errors)
+    log_path = out / "run.log"
+    log = log_path.read_text() if log_path.exists() else ""
+    primary = [c for c in causes if not PEER_LOST.search(c[2])]
+    if primary:
+        return f"rank {primary[0][1]} failed: {primary[0][2]} (log: {log_path})"
+    with_file = {rank for _, rank, _ in causes}
+    for rank, code in re.findall(r"rank\s*:\s*(\d+).*?\n\s*exitcode\s*:\s*(-?\d+)", log):
+        if int(rank) not in with_file:
+            how = f"signal {-int(code)}" if int(code) < 0 else f"exit code {code}"
+            return f"rank {rank} died ({how}) without a Python error (log: {log_path})"
+    if causes:
+        return f"rank {causes[0][1]} failed: {causes[0][2]} (log: {log_path})"
+    return f"the job of {nproc} ranks failed; see {log_path}"

@@ -1,0 +1,79 @@
+"""measured.json: what a run measured, in the Estimate's field names, beside the prediction.
+
+Throughput and MFU come from the measured step time and the cost model's FLOP count (one
+formula, one place): tokens/s = tokens per step / step time; MFU = model FLOPs per step /
+(step time x world size x the profile's peak for the compute dtype).
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from costmodel.estimate import Estimate, estimate
+from costmodel.flops import model_flops_per_step
+from costmodel.plan import PlanFile
+
+
+def error_pct(measured: float | None, predicted: float) -> float | None:
+    if measured is None or not predicted:
+        return None
+    return 100.0 * (measured - predicted) / predicted
+
+
+def measured_record(pf: PlanFile, raw: dict[str, Any], *, steps: int, warmup: int,
+                    wall_s: float) -> dict[str, Any]:
+    est: Estimate = estimate(pf.model, pf.train, pf.cluster, pf.plan)
+    step_s = statistics.median(raw["step_times_s"])
+    peak_flops = pf.cluster.world_size * pf.cluster.device.peak_for(pf.train.compute_dtype)
+    mfu = model_flops_per_step(pf.model, pf.train) / (step_s * peak_flops)
+    peak = raw["peak_memory_bytes"]
+    # CPU figures count tensors only; compare them with the prediction less its reserve.
+    reserve = est.memory_breakdown_bytes[0]["reserved"] if raw["device"] == "cpu" else 0.0
+    predicted_peak = [p - reserve for p in est.peak_memory_bytes]
+    return {
+        "step_time_s": step_s,
+        "tokens_per_s": pf.train.tokens_per_step / step_s,
+        "mfu": mfu,
+        "peak_memory_bytes": peak,
+        "losses": raw["losses"],
+        "step_times_s": raw["step_times_s"],
+        "predicted": est.to_dict(),
+        "error_pct": {
+            "step_time_s": error_pct(step_s, est.step_time_s),
+            "tokens_per_s": error_pct(pf.train.tokens_per_step / step_s, est.tokens_per_s),
+            "mfu": error_pct(mfu, est.mfu),
+            "peak_memory_bytes": (None if peak is None else
+                                  [error_pct(m, p) for m, p in zip(peak, predicted_peak)]),
+        },
+        "memory_source": raw["memory_source"],
+        "predicted_memory_compared_bytes": predicted_peak,
+        "device": raw["device"],
+        "world_size": pf.plan.world_size,
+        "steps": steps,
+        "warmup_steps": warmup,
+        "wall_s": wall_s,
+        "plan": pf.plan.to_dict(),
+        "model": pf.model.name,
+        "cluster": f"{pf.cluster.num_nodes}x{pf.cluster.devices_per_node}x{pf.cluster.device.name}",
+    }
+
+
+def comparison_rows(m: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(quantity, predicted, measured, error) for the end-of-run table."""
+    est, err = m["predicted"], m["error_pct"]
+
+    def pct(v: float | None) -> str:
+        return "-" if v is None else f"{v:+.1f}%"
+
+    rows = [("step time", f"{est['step_time_s'] * 1e3:,.1f} ms", f"{m['step_time_s'] * 1e3:,.1f} ms",
+             pct(err["step_time_s"])),
+            ("tokens/s", f"{est['tokens_per_s']:,.0f}", f"{m['tokens_per_s']:,.0f}", pct(err["tokens_per_s"])),
+            ("MFU", f"{100 * est['mfu']:.1f}%", f"{100 * m['mfu']:.1f}%", pct(err["mfu"]))]
+    peak = m["peak_memory_bytes"]
+    for stage, predicted in enumerate(m["predicted_memory_compared_bytes"]):
+        measured = "-" if peak is None else f"{peak[stage] / 2**20:,.1f} MiB"
+        rows.append((f"peak memory, stage {stage}", f"{predicted / 2**20:,.1f} MiB", measured,
+                     pct(None if peak is None else err["peak_memory_bytes"][stage])))
+    losses = m["losses"]
+    rows.append(("loss (first -> last step)", "-", f"{losses[0]:.4f} -> {losses[-1]:.4f}", "-"))
+    return rows

@@ -1,0 +1,64 @@
+"""Peak tensor memory on CPU, where torch has no allocator statistics.
+
+A dispatch mode sees every tensor an operator returns; the tracker keeps the storages alive at
+that moment (weakly) plus the states present before it started (parameters, gradients,
+optimizer states), and after each operator sums their current sizes. Summing sizes rather than
+counting allocations follows FSDP2, which frees unsharded parameters by resizing storages to
+zero. What it measures: bytes of live tensor storages (DTensors by their local shard). What it
+does not: allocator caching and fragmentation, the interpreter, torch's own buffers.
+torch's MemTracker does the same with per-module statistics, but refuses modules called more
+than once per step, which every micro-batched step does.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map_only
+from torch.utils.weak import WeakIdKeyDictionary
+
+
+def _storage(t: torch.Tensor):
+    local = t.to_local() if hasattr(t, "to_local") else t
+    if local.device.type == "meta":
+        return None
+    return local.untyped_storage()
+
+
+class TensorBytesTracker(TorchDispatchMode):
+    def __init__(self, existing: Iterable[torch.Tensor] = ()) -> None:
+        super().__init__()
+        self._live = WeakIdKeyDictionary()
+        self.peak_bytes = 0
+        for t in existing:
+            self._add(t)
+        self._update()
+
+    def _add(self, t: torch.Tensor) -> None:
+        st = _storage(t)
+        if st is not None:
+            self._live[st] = True
+
+    def _update(self) -> None:
+        current = sum(st.nbytes() for st in list(self._live.keys()))
+        self.peak_bytes = max(self.peak_bytes, current)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        tree_map_only(torch.Tensor, self._add, out)
+        self._update()
+        return out
+
+
+def state_tensors(modules: Iterable[torch.nn.Module], optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """Parameters, gradients and optimizer states that exist before the tracked step."""
+    out: list[torch.Tensor] = []
+    for mod in modules:
+        for p in mod.parameters():
+            out.append(p)
+            if p.grad is not None:
+                out.append(p.grad)
+    for state in optimizer.state.values():
+        out += [v for v in state.values() if isinstance(v, torch.Tensor)]
+    return out

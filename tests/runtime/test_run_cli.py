@@ -1,0 +1,121 @@
+"""`planner run` as a user meets it: a real torchrun launch on CPU, the measured.json contract,
+failures that end the job and name the rank, refusals in one line, the dry run, launch scripts."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from planner.cli import main
+
+TINY = ["predict", "--model", "debug-tiny", "--cluster", "1x2xcpu", "--dtype", "fp32"]
+
+
+def _plan(tmp_path: Path, *extra: str, name: str = "plan.json") -> Path:
+    path = tmp_path / name
+    assert main([*TINY, *extra, "--out", str(path), "--json"]) == 0
+    return path
+
+
+def _run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "planner", "run", *args], capture_output=True,
+                          text=True, env={**os.environ, **(env or {})}, timeout=120)
+
+
+def test_run_measures_and_compares(tmp_path, capsys):
+    plan = _plan(tmp_path, "--zero", "3")
+    capsys.readouterr()
+    out = tmp_path / "run"
+    proc = _run(str(plan), "--steps", "2", "--warmup", "1", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    for text in ("step time", "tokens/s", "MFU", "peak memory, stage 0", "loss"):
+        assert text in proc.stdout
+    m = json.loads((out / "measured.json").read_text())
+    for key in ("step_time_s", "tokens_per_s", "mfu", "peak_memory_bytes", "losses", "predicted",
+                "error_pct"):
+        assert key in m
+    assert len(m["losses"]) == 3 and len(m["peak_memory_bytes"]) == 1
+    assert m["peak_memory_bytes"][0] > 0 and m["step_time_s"] > 0
+    assert m["predicted"]["step_time_s"] > 0 and "time_breakdown_s" in m["predicted"]
+    assert (out / "run.log").exists()
+
+
+@pytest.mark.parametrize("fault, expected", [
+    ("1:1:raise", "rank 1 failed: RuntimeError: injected fault at step 1"),
+    ("0:1:exit", "rank 0 died (exit code 3) without a Python error"),
+])
+def test_a_failing_rank_ends_the_job_and_is_named(tmp_path, fault, expected):
+    plan = _plan(tmp_path)
+    start = time.monotonic()
+    proc = _run(str(plan), "--steps", "3", "--warmup", "1", "--out", str(tmp_path / "run"),
+                env={"PLANNER_FAULT": fault})
+    assert time.monotonic() - start < 60   # the bound is 30 s of job time; launch adds a few
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert expected in last and "Traceback" not in proc.stderr.split("planner run: error")[-1]
+
+
+def _refused(args: list[str], capsys) -> str:
+    assert main(["run", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("planner run: error:")
+    return err
+
+
+def test_bad_plan_files_are_refused_in_one_line(tmp_path, capsys):
+    plan = _plan(tmp_path)
+    capsys.readouterr()
+    doc = json.loads(plan.read_text())
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**doc, "version": 99}))
+    assert "version 99 is not supported" in _refused([str(bad)], capsys)
+    bad.write_text(json.dumps({**doc, "cluster": {**doc["cluster"], "devices_per_node": 4}}))
+    assert "does not equal the cluster's 4 devices" in _refused([str(bad)], capsys)
+    assert "does not exist" in _refused([str(tmp_path / "missing.json")], capsys)
+
+
+def test_machine_mismatches_are_refused(tmp_path, capsys):
+    big = tmp_path / "big.json"
+    assert main(["predict", "--model", "debug-tiny", "--cluster", f"1x{4 * (os.cpu_count() or 1)}xcpu",
+                 "--global-batch", str(4 * (os.cpu_count() or 1)), "--dtype", "fp32", "--out", str(big),
+                 "--json"]) == 0
+    capsys.readouterr()
+    assert "pass --nproc" in _refused([str(big)], capsys)
+    small = _plan(tmp_path)
+    capsys.readouterr()
+    assert "needs exactly" in _refused([str(small), "--nproc", "3"], capsys)
+    gpu = tmp_path / "gpu.json"
+    assert main(["predict", "--model", "llama3-8b", "--cluster", "1x8xH100", "--tp", "8",
+                 "--out", str(gpu), "--json"]) == 0
+    capsys.readouterr()
+    if not __import__("torch").cuda.is_available():
+        assert "no GPU" in _refused([str(gpu)], capsys)
+
+
+def test_dry_run_checks_llama70b_states_per_rank(tmp_path, capsys):
+    plan = tmp_path / "70b.json"
+    assert main(["predict", "--model", "llama-70b", "--cluster", "8x8xA100", "--tp", "8", "--pp", "4",
+                 "--zero", "1", "--recompute", "selective", "--out", str(plan), "--json"]) == 0
+    capsys.readouterr()
+    assert main(["run", str(plan), "--dry-run", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["stage"] for r in rows] == [0, 1, 2, 3]
+    for row in rows:
+        for key in ("params_bytes", "grads_bytes", "optimizer_bytes"):
+            assert abs(row[key]["error_pct"]) < 0.01, (row["stage"], key, row[key])
+
+
+def test_print_launch_gives_one_torchrun_per_node_and_sbatch(tmp_path, capsys):
+    plan = tmp_path / "70b.json"
+    assert main(["predict", "--model", "llama-70b", "--cluster", "8x8xA100", "--tp", "8", "--pp", "4",
+                 "--out", str(plan), "--json"]) == 0
+    capsys.readouterr()
+    assert main(["run", str(plan), "--print-launch"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("torchrun --nnodes=8 --node-rank=") == 8
+    assert "#SBATCH --nodes=8" in out and "--gpus-per-node=8" in out and "srun torchrun" in out
