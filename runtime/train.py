@@ -86,6 +86,9 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
     """Train on this rank (process group already initialised); rank 0 returns the raw figures."""
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     job = build_job(pf, device, seed=cfg.seed)
+    # Dropout: one RNG stream per (replica, stage); TP ranks of a replica share it, so masks on
+    # replicated activations agree. Initialisation does not use this stream (runtime.model).
+    torch.manual_seed(cfg.seed * 1_000_003 + job.coords["dp"] * 1009 + job.coords["pp"])
     optimizer = make_optimizer(job, pf, cfg.lr)
     source = TokenSource(pf.model.vocab_size, pf.train.seq_len, cfg.seed, cfg.data, cfg.data_dtype)
     losses, times, memory = [], [], None
@@ -108,8 +111,9 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
         if step >= cfg.warmup:
             times.append(step_s)
         if dist.get_rank() == 0 and not cfg.quiet:
-            tag = "warm-up" if step < cfg.warmup else "step"
-            print(f"[planner run] {tag} {step + 1}/{cfg.warmup + cfg.steps}: loss {step_loss:.4f}, "
+            tag = (f"warm-up {step + 1}/{cfg.warmup}" if step < cfg.warmup
+                   else f"step {step - cfg.warmup + 1}/{cfg.steps}")
+            print(f"[planner run] {tag}: loss {step_loss:.4f}, "
                   f"{step_s * 1e3:.1f} ms", file=sys.stderr, flush=True)
     if device.type == "cuda":
         memory = torch.cuda.max_memory_allocated()
