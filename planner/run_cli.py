@@ -103,6 +103,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"# node {i}\n{cmd}")
         print("\n# or submit with sbatch:\n" + sbatch_script(pf, worker))
         return 0
+    if pf.plan.cp > 1:
+        raise RunRefused("context parallelism (cp > 1) is not executed by the runtime (torch 2.13 has "
+                         "no context-parallel rule for the CPU attention kernel); plan with --fix cp=1, "
+                         "or check memory with --dry-run")
     nproc, threads = _check_machine(args, pf)
     if args.data:   # refuse a bad token file here, not once per rank
         from runtime.data import TokenSource

@@ -109,7 +109,15 @@ def apply_recompute(stage: nn.Module, plan: Plan, layer_ids: list[int]) -> None:
 
 
 def dp_mesh_for(mesh: DeviceMesh, plan: Plan) -> DeviceMesh:
-    return mesh["dp", UNIT_AXIS] if plan.zero_stage == 0 else mesh["dp"]
+    """ZeRO shards over dp x cp (CP ranks hold the same weights), as costmodel.memory counts."""
+    if plan.cp == 1:
+        return mesh["dp", UNIT_AXIS] if plan.zero_stage == 0 else mesh["dp"]
+    flat = mesh["dp", "cp"]._flatten("dp_cp")
+    if plan.zero_stage > 0:
+        return flat
+    with warnings.catch_warnings():   # slicing a flattened dim from the root: fine in 2.13
+        warnings.filterwarnings("ignore", message=".*flattened dim.*")
+        return mesh["dp_cp", UNIT_AXIS]
 
 
 def apply_data_parallel(stage: nn.Module, mesh: DeviceMesh, plan: Plan, train: TrainSpec) -> None:

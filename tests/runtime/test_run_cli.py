@@ -119,3 +119,16 @@ def test_print_launch_gives_one_torchrun_per_node_and_sbatch(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.count("torchrun --nnodes=8 --node-rank=") == 8
     assert "#SBATCH --nodes=8" in out and "--gpus-per-node=8" in out and "srun torchrun" in out
+
+
+def test_dry_run_shards_zero_over_dp_times_cp(tmp_path, capsys):
+    """cp ranks hold the same weights, so ZeRO shards over dp x cp, in the runtime as in costmodel."""
+    plan = tmp_path / "cp.json"
+    assert main(["predict", "--model", "llama3-8b", "--cluster", "2x8xH100", "--cp", "2", "--tp", "2",
+                 "--pp", "2", "--vpp", "2", "--zero", "1", "--global-batch", "64", "--out", str(plan),
+                 "--json"]) == 0
+    capsys.readouterr()
+    assert main(["run", str(plan), "--dry-run", "--json"]) == 0
+    for row in json.loads(capsys.readouterr().out)["rows"]:
+        assert abs(row["optimizer_bytes"]["error_pct"]) < 0.01
+    assert "not executed" in _refused([str(plan)], capsys)
