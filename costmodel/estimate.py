@@ -1,13 +1,19 @@
 """`estimate(model, train, cluster, plan) -> Estimate`: the ledger of one optimizer step.
 
+The pipeline phase is simulated event by event (costmodel.simulate, in torch's operation order).
 The step time is a sum of ledger items under hierarchical keys (a test checks the sum): the
-critical pipeline rank's per-micro-batch work times the number of micro-batches, split into
-compute and the communication on its path, then the pipeline bubble, then what happens once per
-step (exposed data-parallel synchronisation, tied-embedding sync, optimizer).
+critical pipeline rank's (the busiest in the simulation) work over all micro-batches, split into
+compute and the communication on its path, then its idle time in the pipeline (the bubble), then
+what happens once per step (exposed data-parallel synchronisation, tied-embedding sync,
+optimizer). Peak activation memory per rank is the simulated peak.
+
+The closed forms of costmodel.pipeline are kept beside it as `closed_form_step_time_s`: the
+search optimises layer splits against them (they are affine enough for CP-SAT) and the tests use
+them as an oracle (equal to the simulation on uniform stages).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from costmodel.cluster import ClusterSpec
@@ -19,6 +25,8 @@ from costmodel.params import ceil_div, rank_params
 from costmodel.pipeline import pipeline_time_s
 from costmodel.placement import AxisSpan
 from costmodel.plan import Plan
+from costmodel.simulate import Simulation, simulate
+from costmodel.stages import stage_costs
 from costmodel.specs import ModelSpec, TrainSpec
 from costmodel.timing import RankTimes, Spans, dp_exposed_s, rank_times, spans
 
@@ -39,6 +47,8 @@ class Estimate:
     memory_breakdown_bytes: list[dict[str, float]]
     critical_rank: int
     rank_time_per_micro_batch_s: list[float] = field(default_factory=list)
+    bubble_fraction_per_rank: list[float] = field(default_factory=list)
+    closed_form_step_time_s: float | None = None   # None: the schedule (zbv) has no closed form
 
     @property
     def max_peak_memory_bytes(self) -> float:
@@ -65,8 +75,8 @@ def _tied_embedding_sync_s(model: ModelSpec, train: TrainSpec, plan: Plan, clust
     return collective_time_s(Collective.ALL_REDUCE, num_bytes, pair, cluster)
 
 
-def _ledger(plan: Plan, critical: RankTimes, pipe_s: float, dp_s: float, emb_s: float,
-            optim_s: float) -> dict[str, float]:
+def _ledger(plan: Plan, critical: RankTimes, sim: Simulation, rank: int, dp_s: float,
+            emb_s: float, optim_s: float) -> dict[str, float]:
     m = plan.num_micro_batches
     return {
         "compute/forward": m * critical.forward_s,
@@ -74,32 +84,50 @@ def _ledger(plan: Plan, critical: RankTimes, pipe_s: float, dp_s: float, emb_s: 
         "compute/recompute": m * critical.recompute_s,
         "comm/tp_exposed": m * critical.tp_comm_s,
         "comm/cp_exposed": m * critical.cp_comm_s,
-        "comm/pp_exposed": m * critical.pp_comm_s,
-        "pipeline/bubble": pipe_s - m * critical.total_s,
+        "comm/pp_exposed": sim.send_s[rank],
+        "pipeline/bubble": sim.time_s - sim.busy_s[rank],
         "comm/dp_exposed": dp_s,
         "comm/embedding_sync": emb_s,
         "optimizer/step": optim_s,
     }
 
 
-def memory_per_rank(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> list[StageMemory]:
+def simulate_plan(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan,
+                  *, keep_events: bool = False) -> Simulation:
+    return simulate(plan, stage_costs(model, train, plan, cluster), keep_events=keep_events)
+
+
+def memory_per_rank(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan,
+                    sim: Simulation | None = None) -> list[StageMemory]:
+    """States, buffers and reserve per formula; activations at their simulated peak."""
+    sim = sim or simulate_plan(model, train, cluster, plan)
     reserved = cluster.device.efficiency.reserved_memory_bytes
-    return [stage_memory(model, train, plan, r, reserved) for r in range(plan.pp)]
+    return [replace(stage_memory(model, train, plan, r, reserved),
+                    activations_bytes=sim.peak_activation_bytes[r]) for r in range(plan.pp)]
+
+
+def _closed_form_s(plan: Plan, ranks: list[RankTimes]) -> float | None:
+    try:
+        return pipeline_time_s(plan, ranks)[0]
+    except ValueError:   # zbv: only the simulator knows it
+        return None
 
 
 def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> Estimate:
     """Predict one optimizer step. The plan must pass `check_plan` structurally."""
     sp = spans(plan, cluster)
     ranks = [rank_times(model, train, plan, cluster, sp, r) for r in range(plan.pp)]
-    pipe_s, critical = pipeline_time_s(plan, ranks)
+    sim = simulate_plan(model, train, cluster, plan)
+    critical = max(range(plan.pp), key=lambda r: sim.busy_s[r])
     dp_s = max(dp_exposed_s(model, train, plan, cluster, sp, r, ranks[r]) for r in range(plan.pp))
     shards = plan.dp * plan.cp if plan.zero_stage >= 1 else 1
     optim_s = max(optimizer_step_s(rank_params(model, plan, r).total / shards, train, cluster.device)
                   for r in range(plan.pp))
-    ledger = _ledger(plan, ranks[critical], pipe_s, dp_s,
-                     _tied_embedding_sync_s(model, train, plan, cluster, sp), optim_s)
+    emb_s = _tied_embedding_sync_s(model, train, plan, cluster, sp)
+    ledger = _ledger(plan, ranks[critical], sim, critical, dp_s, emb_s, optim_s)
     step_s = sum(ledger.values())
-    memory = memory_per_rank(model, train, cluster, plan)
+    closed = _closed_form_s(plan, ranks)
+    memory = memory_per_rank(model, train, cluster, plan, sim)
     peak = [m.total_bytes for m in memory]
     capacity = float(cluster.device.memory_bytes)
     model_flops = float(model_flops_per_step(model, train))
@@ -112,4 +140,6 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
         memory_capacity_bytes=capacity, fits=max(peak) <= capacity,
         bubble_fraction=ledger["pipeline/bubble"] / step_s, time_breakdown_s=ledger,
         memory_breakdown_bytes=[m.to_dict() for m in memory], critical_rank=critical,
-        rank_time_per_micro_batch_s=[r.total_s for r in ranks])
+        rank_time_per_micro_batch_s=[r.total_s for r in ranks],
+        bubble_fraction_per_rank=sim.bubble_fractions,
+        closed_form_step_time_s=None if closed is None else closed + dp_s + emb_s + optim_s)

@@ -89,7 +89,7 @@ def in_flight_micro_batches(plan: Plan, rank: int) -> float:
     rank's whole layer set (Narayanan et al. SC'21 Sec. 2.2; Korthikanti et al. Sec. 4.2.3 for
     the interleaved schedule: p·(1 + (p-1)/(p·v)) on the first rank)."""
     m, p, v = plan.num_micro_batches, plan.pp, plan.vpp
-    if plan.schedule is Schedule.GPIPE:
+    if plan.schedule is Schedule.GPIPE and p > 1:   # pp = 1 accumulates one micro-batch at a time
         return m
     if plan.schedule is Schedule.INTERLEAVED:
         chunks = min(m * v, 2 * (p - rank - 1) + (v - 1) * p + 1)
@@ -111,19 +111,42 @@ def activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
 
 
 def _edge_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int) -> float:
-    """Embedding output on the first stage; final norm, logits and fp32 softmax on the last
-    (Megatron's vocab-parallel cross entropy works in fp32)."""
+    """Embedding output on the first stage (per in-flight micro-batch); final norm, logits and
+    fp32 softmax on the last (Megatron's vocab-parallel cross entropy works in fp32), held for
+    one micro-batch (all of them under GPipe)."""
+    total = 0.0
+    if rank == plan.stage_rank(0):
+        total += in_flight_micro_batches(plan, rank) * edge_bytes_per_micro_batch(model, train, plan, True, False)
+    if rank == plan.stage_rank(plan.num_virtual_stages - 1):
+        held = plan.num_micro_batches if plan.schedule is Schedule.GPIPE and plan.pp > 1 else 1
+        total += held * edge_bytes_per_micro_batch(model, train, plan, False, True)
+    return total
+
+
+def edge_bytes_per_micro_batch(model: ModelSpec, train: TrainSpec, plan: Plan, first: bool,
+                               last: bool) -> float:
     a, b, s = train.compute_dtype.num_bytes, plan.micro_batch_size, train.seq_len // plan.cp
     sp = plan.tp if plan.sequence_parallel else 1
     tokens = b * s
     total = 0.0
-    if rank == plan.stage_rank(0):
-        total += in_flight_micro_batches(plan, rank) * tokens * model.hidden_size * (a + model.dropout) / sp
-    if rank == plan.stage_rank(plan.num_virtual_stages - 1):
+    if first:
+        total += tokens * model.hidden_size * (a + model.dropout) / sp
+    if last:
         logits = tokens * ceil_div(model.vocab_size, plan.tp) * (a + 4)
-        held = plan.num_micro_batches if plan.schedule is Schedule.GPIPE else 1
-        total += held * (logits + a * tokens * model.hidden_size * (1 + 1 / sp))
+        total += logits + a * tokens * model.hidden_size * (1 + 1 / sp)
     return total
+
+
+def micro_batch_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, layers: int,
+                                 recomputed: int, first: bool, last: bool) -> tuple[float, float]:
+    """(bytes one micro-batch holds on a stage of `layers` layers, `recomputed` of them
+    recomputed; extra bytes while its backward rebuilds a recomputed layer). The simulator
+    counts these per in-flight micro-batch; `activation_bytes` is its closed form."""
+    full = layer_activation_bytes(model, train, plan, Recompute.NONE)
+    kept = layer_activation_bytes(model, train, plan, plan.recompute)
+    held = (layers - recomputed) * full + recomputed * kept
+    held += edge_bytes_per_micro_batch(model, train, plan, first, last)
+    return held, (full - kept if recomputed else 0.0)
 
 
 def buffer_bytes(model: ModelSpec, train: TrainSpec, plan: Plan) -> float:

@@ -72,6 +72,19 @@ class Plan:
     def layers_on_rank(self, rank: int) -> int:
         return sum(n for j, n in enumerate(self.layers_per_stage) if self.stage_rank(j) == rank)
 
+    def recompute_per_stage(self) -> tuple[int, ...]:
+        """Recomputed layers of each virtual stage: pipeline rank r recomputes the first
+        `recompute_num_layers[r]` of its layers in model order (its stages in increasing order).
+        The runtime applies the same rule."""
+        left = list(self.recompute_num_layers)
+        out = []
+        for j, n in enumerate(self.layers_per_stage):
+            r = self.stage_rank(j)
+            k = min(n, left[r])
+            left[r] -= k
+            out.append(k)
+        return tuple(out)
+
     def degree(self, axis: str) -> int:
         return {"pp": self.pp, "dp": self.dp, "cp": self.cp, "tp": self.tp}[axis]
 

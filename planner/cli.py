@@ -132,7 +132,8 @@ def cmd_search(args: argparse.Namespace) -> int:
     print()
     print(search_table(result.plans))
     print()
-    proof = ("proven optimal under the cost model" if stats.optimal else
+    proof = ("proven optimal under the cost model (closed-form pipeline bounds; times simulated)"
+             if stats.optimal else
              f"NOT proven optimal (stopped at --time-limit; no unexamined plan is faster than "
              f"{stats.lower_bound_s:.3f} s, gap {100 * (best.estimate.step_time_s / stats.lower_bound_s - 1):.1f}%)")
     print(f"{proof}: {stats.num_candidates:,} candidates, {stats.num_solved:,} solved exactly, "

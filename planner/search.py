@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
-from costmodel.check import check_memory, check_structure
+from costmodel.check import check_structure
 from costmodel.cluster import ClusterSpec
 from costmodel.estimate import Estimate, estimate
 from costmodel.plan import Plan, Recompute, Schedule
@@ -203,8 +203,9 @@ def _seeds(model, train, cluster, bounded) -> list[Found]:
             continue
         counts = tuple(plan.layers_on_rank(r) if plan.recompute is not Recompute.NONE else 0 for r in range(plan.pp))
         concrete = replace(plan, recompute_num_layers=counts)
-        if not check_memory(model, train, cluster, concrete):
-            seeds.append(Found(plan=concrete, estimate=estimate(model, train, cluster, concrete)))
+        est = estimate(model, train, cluster, concrete)
+        if est.fits:
+            seeds.append(Found(plan=concrete, estimate=est))
     return seeds
 
 
@@ -249,7 +250,7 @@ def _branch_and_bound(model, train, cluster, options, stats, bounded, deadline: 
         stats.optimal &= split.optimal
         concrete = apply_split(plan, split)
         est = estimate(model, train, cluster, concrete)
-        if check_memory(model, train, cluster, concrete):  # integer rounding at the very edge
+        if not est.fits:  # simulated peak above the closed form's, or rounding at the very edge
             stats.prune("memory")
             continue
         stats.num_feasible += 1

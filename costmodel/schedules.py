@@ -1,0 +1,128 @@
+"""The order in which each pipeline rank runs its operations, per schedule.
+
+These are the orders `torch.distributed.pipelining` executes (torch 2.13), so the simulator
+prices what the runtime runs; tests/costmodel/test_schedules.py compares them with the schedule
+classes' own action lists. Operations: F (forward), B (whole backward), I (backward for inputs),
+W (backward for weights); zero-bubble schedules split B into I then a deferred W.
+
+- GPipe (Huang et al. 2019): all forwards, then all backwards.
+- No pipeline (pp = 1): gradient accumulation, one micro-batch's forward then its backward.
+- 1F1B (Narayanan et al. 2021; torch's Schedule1F1B): stage s runs min(m, p - s) forwards, then
+  alternates one backward and one forward, then the remaining backwards.
+- Interleaved 1F1B (SC'21 Sec. 2.2.2): v local stages, forwards taken round by round
+  (`per_round` micro-batches per local stage before moving to the next), warm-up
+  (v - 1)·per_round + 2·(p - 1 - r) forwards, then 1F1B over (stage, micro-batch) pairs.
+- ZB-H1 / interleaved zero bubble (Qi et al. 2023, ZB1P): as interleaved 1F1B with warm-up
+  (v - 1)·per_round + (p - 1 - r), backwards split into I and W; rank r runs r plain I's before
+  it starts pairing each I with the W of the oldest pending one.
+- ZBV (Qi et al. 2023 Sec. 6): two stages per rank in V placement (r and 2p - 1 - r); fixed
+  warm-up / steady / cool-down counts over max(2p - 1, m) slots, slots past m left empty.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from costmodel.plan import Plan, Schedule
+
+Action = tuple[int, str, int]   # (virtual stage, "F" | "B" | "I" | "W", micro-batch)
+
+
+def rank_orders(plan: Plan) -> tuple[tuple[Action, ...], ...]:
+    return _orders(plan.schedule, plan.pp, plan.num_micro_batches, plan.vpp)
+
+
+@lru_cache(maxsize=256)
+def _orders(s: Schedule, p: int, m: int, v: int) -> tuple[tuple[Action, ...], ...]:
+    return tuple(map(tuple, _order_lists(s, p, m, v)))
+
+
+def _order_lists(s: Schedule, p: int, m: int, v: int) -> list[list[Action]]:
+    if s is Schedule.GPIPE and p > 1:
+        return [[(r, "F", i) for i in range(m)] + [(r, "B", i) for i in range(m)] for r in range(p)]
+    if s is Schedule.ONE_F_ONE_B or p == 1:   # pp = 1: gradient accumulation, F0 B0 F1 B1 ...
+        return [_one_f_one_b(r, p, m) for r in range(p)]
+    if s is Schedule.ZBV:
+        return [_zbv(r, p, m) for r in range(p)]
+    zero_bubble = s is Schedule.ZB_H1
+    return [_interleaved(r, p, m, v, zero_bubble) for r in range(p)]
+
+
+def _one_f_one_b(r: int, p: int, m: int) -> list[Action]:
+    warmup = min(m, p - r)
+    ops: list[Action] = [(r, "F", i) for i in range(warmup)]
+    f = warmup
+    for b in range(m):
+        ops.append((r, "B", b))
+        if f < m:
+            ops.append((r, "F", f))
+            f += 1
+    return ops
+
+
+def _interleaved(r: int, p: int, m: int, v: int, zero_bubble: bool) -> list[Action]:
+    rounds = max(1, m // p)
+    per_round = m // rounds
+    warmup = min((v - 1) * per_round + (1 if zero_bubble else 2) * (p - 1 - r), m * v)
+    total = m * v   # forwards (= backwards) on this rank
+
+    def fwd_stage(k: int) -> int:
+        return (k // per_round) % v * p + r
+
+    def bwd_stage(k: int) -> int:
+        return (v - 1 - (k - warmup) // per_round % v) * p + r
+
+    next_mb: dict[tuple[str, int], int] = {}
+
+    def take(kind: str, stage: int) -> Action:
+        i = next_mb.get((kind, stage), 0)
+        next_mb[(kind, stage)] = i + 1
+        return (stage, kind, i)
+
+    ops: list[Action] = []
+    backward_kind = "I" if zero_bubble else "B"
+    pending_w: list[int] = []   # op indices whose W is still to run
+    for k in range(warmup + total):
+        if k < total:
+            ops.append(take("F", fwd_stage(k)))
+        if k >= warmup:
+            ops.append(take(backward_kind, bwd_stage(k)))
+            pending_w.append(k)
+            if zero_bubble and k - warmup >= r:
+                ops.append(take("W", bwd_stage(pending_w.pop(0))))
+    while zero_bubble and pending_w:
+        ops.append(take("W", bwd_stage(pending_w.pop(0))))
+    return ops
+
+
+def _zbv(r: int, p: int, m: int) -> list[Action]:
+    c0, c1 = r, 2 * p - 1 - r
+    return [a for a in _zbv_main(r, p, max(2 * p - 1, m), c0, c1) if a[2] < m]
+
+
+def _zbv_main(r: int, p: int, slots: int, c0: int, c1: int) -> list[Action]:
+    f0 = f1 = b0 = b1 = 0
+    ops: list[Action] = []
+    for _ in range(2 * (p - r) - 1):
+        ops.append((c0, "F", f0)); f0 += 1
+    for _ in range(r):
+        ops.append((c1, "F", f1)); f1 += 1
+        ops.append((c0, "F", f0)); f0 += 1
+    for _ in range(p - r):
+        ops.append((c1, "F", f1)); f1 += 1
+        ops += [(c1, "I", b1), (c1, "W", b1)]; b1 += 1
+    while f1 < f0 or f0 < slots:
+        if f0 < slots:
+            ops.append((c0, "F", f0)); f0 += 1
+        ops += [(c0, "I", b0), (c0, "W", b0)]; b0 += 1
+        ops.append((c1, "F", f1)); f1 += 1
+        ops += [(c1, "I", b1), (c1, "W", b1)]; b1 += 1
+    w0, w1 = b0, b1
+    for _ in range(r):
+        ops.append((c0, "I", b0)); b0 += 1
+        ops.append((c1, "I", b1)); b1 += 1
+    for _ in range(p - r):
+        ops.append((c0, "I", b0)); b0 += 1
+        ops.append((c0, "W", w0)); w0 += 1
+    ops += [(c1, "W", i) for i in range(w1, b1)]
+    ops += [(c0, "W", i) for i in range(w0, b0)]
+    return ops

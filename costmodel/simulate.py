@@ -1,0 +1,146 @@
+"""Event-level simulation of one optimizer step's pipeline phase.
+
+Each pipeline rank runs its operations in the order torch executes them (costmodel.schedules),
+one at a time: an operation starts when the rank is free and its input has arrived. A forward
+needs the previous stage's forward of the same micro-batch, a backward (or backward-for-inputs)
+the next stage's; backward-for-weights follows its own backward-for-inputs. A stage boundary
+between two ranks costs a point-to-point transfer the sender waits for (torch's pipelining
+waits on its sends); between two stages on one rank (the turn of ZBV's V) it costs nothing.
+Stages may be non-uniform: costs come per virtual stage from the cost model (costmodel.stages).
+
+Memory: a micro-batch's activations for a stage are held from the start of its forward to the
+end of its backward (backward-for-inputs under zero-bubble schedules: ZB-H1 is designed to keep
+1F1B's peak, Qi et al. 2023 Sec. 3.1); a recomputed stage also holds the rebuilt layer during
+its backward. The data-parallel synchronisation and the optimizer step follow the pipeline phase
+(costmodel.estimate adds them).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from costmodel.plan import Plan
+from costmodel.schedules import rank_orders
+
+# Event kinds, in the words the reports use.
+FORWARD, RECOMPUTE, BACKWARD = "forward", "recompute", "backward"
+BACKWARD_INPUT, BACKWARD_WEIGHT, SEND = "backward-input", "backward-weight", "send"
+
+Event = tuple[int, int, str, int, float, float]   # (rank, stage, kind, micro-batch, start_s, end_s)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StageCost:
+    """Seconds and bytes of one virtual stage for one micro-batch."""
+
+    forward_s: float
+    recompute_s: float
+    backward_s: float          # inputs and weights, without recomputation
+    backward_weight_s: float   # the part of backward_s a zero-bubble schedule defers
+    send_s: float              # one activation (or gradient) transfer to the neighbour stage
+    activation_bytes: float    # held from forward to backward
+    transient_bytes: float     # extra while its backward runs (the recomputed layer)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Simulation:
+    time_s: float
+    events: tuple[Event, ...]
+    busy_s: tuple[float, ...]            # per rank: compute and sends
+    send_s: tuple[float, ...]            # per rank: sends only
+    peak_activation_bytes: tuple[float, ...]
+    memory_curves: tuple[tuple[tuple[float, float], ...], ...]  # per rank: (time, bytes) steps
+
+    @property
+    def bubble_fractions(self) -> list[float]:
+        return [1.0 - b / self.time_s if self.time_s else 0.0 for b in self.busy_s]
+
+    @property
+    def bubble_fraction(self) -> float:
+        return 1.0 - sum(self.busy_s) / (len(self.busy_s) * self.time_s) if self.time_s else 0.0
+
+
+def simulate(plan: Plan, costs: list[StageCost], *, keep_events: bool = True) -> Simulation:
+    """Run the plan's schedule over `costs` (one per virtual stage). Without `keep_events` only
+    the totals are kept (what the search needs), which is several times faster."""
+    orders = rank_orders(plan)
+    n, m, p = plan.num_virtual_stages, plan.num_micro_batches, plan.pp
+    owner = [plan.stage_rank(j) for j in range(n)]
+    # per stage: seconds of each part, and whether its forward / backward output crosses ranks
+    fwd_send = [c.send_s if j < n - 1 and owner[j + 1] != owner[j] else 0.0 for j, c in enumerate(costs)]
+    bwd_send = [c.send_s if j > 0 and owner[j - 1] != owner[j] else 0.0 for j, c in enumerate(costs)]
+    fwd_ready = [[-1.0] * m for _ in range(n)]   # stage j's output for micro-batch i has arrived
+    bwd_ready = [[-1.0] * m for _ in range(n)]   # stage j's input gradient for i has arrived
+    clock, pos = [0.0] * p, [0] * p
+    busy, sends = [0.0] * p, [0.0] * p
+    events: list[Event] | None = [] if keep_events else None
+    deltas: list[list[tuple[float, float]]] = [[] for _ in range(p)]
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = 0
+        for r in range(p):
+            ops, i, t = orders[r], pos[r], clock[r]
+            log = deltas[r]
+            while i < len(ops):
+                stage, kind, mb = ops[i]
+                c = costs[stage]
+                if kind == "F":
+                    ready = 0.0 if stage == 0 else fwd_ready[stage - 1][mb]
+                    if ready < 0:
+                        break
+                    t = max(t, ready)
+                    log.append((t, c.activation_bytes))
+                    t = _span(events, r, stage, FORWARD, mb, t, c.forward_s)
+                    if fwd_send[stage]:
+                        sends[r] += fwd_send[stage]
+                        t = _span(events, r, stage, SEND, mb, t, fwd_send[stage])
+                    fwd_ready[stage][mb] = t
+                    busy[r] += c.forward_s + fwd_send[stage]
+                elif kind == "W":
+                    t = _span(events, r, stage, BACKWARD_WEIGHT, mb, t, c.backward_weight_s)
+                    busy[r] += c.backward_weight_s
+                else:
+                    ready = fwd_ready[stage][mb] if stage == n - 1 else bwd_ready[stage + 1][mb]
+                    if ready < 0:
+                        break
+                    t = max(t, ready)
+                    log.append((t, c.transient_bytes))
+                    if c.recompute_s:
+                        t = _span(events, r, stage, RECOMPUTE, mb, t, c.recompute_s)
+                    work = c.backward_s if kind == "B" else c.backward_s - c.backward_weight_s
+                    t = _span(events, r, stage, BACKWARD if kind == "B" else BACKWARD_INPUT, mb, t, work)
+                    log.append((t, -c.activation_bytes - c.transient_bytes))
+                    if bwd_send[stage]:
+                        sends[r] += bwd_send[stage]
+                        t = _span(events, r, stage, SEND, mb, t, bwd_send[stage])
+                    bwd_ready[stage][mb] = t
+                    busy[r] += c.recompute_s + work + bwd_send[stage]
+                i += 1
+            progressed += i - pos[r]
+            pos[r], clock[r] = i, t
+        remaining -= progressed
+        if not progressed:
+            raise AssertionError(f"schedule {plan.schedule} deadlocks: operation order is inconsistent")
+    peaks, curves = zip(*(_memory_curve(d, keep_events) for d in deltas))
+    return Simulation(time_s=max(clock), events=tuple(events or ()), busy_s=tuple(busy),
+                      send_s=tuple(sends), peak_activation_bytes=peaks, memory_curves=curves)
+
+
+def _span(events: list[Event] | None, r: int, stage: int, kind: str, mb: int, start: float,
+          duration: float) -> float:
+    if events is not None:
+        events.append((r, stage, kind, mb, start, start + duration))
+    return start + duration
+
+
+def _memory_curve(deltas: list[tuple[float, float]], keep: bool) -> tuple[float, tuple]:
+    """Peak and step curve of held activation bytes. A rank logs its changes in time order
+    (its operations run one after another; a free at an operation's end precedes the next
+    operation's allocation), so a running sum suffices."""
+    level, peak, curve = 0.0, 0.0, [(0.0, 0.0)]
+    for t, d in deltas:
+        level += d
+        if level > peak:
+            peak = level
+        if keep:
+            curve.append((t, level))
+    return peak, tuple(curve)

@@ -1,0 +1,37 @@
+"""Per virtual stage costs for the simulator, from the same formulas that price whole ranks.
+
+A rank's micro-batch time is affine in its layers (costmodel.timing.RankTimeModel), so a stage
+of L_j layers (R_j recomputed, with the embedding on stage 0 and the LM head on the last) costs
+the model evaluated at (L_j, R_j), without the rank's point-to-point term: the simulator charges
+transfers itself, per boundary. Tensor- and context-parallel communication sits on the critical
+path inside forward, recompute and backward (in proportion to their compute); the
+backward-for-weights part needs none.
+"""
+from __future__ import annotations
+
+from costmodel.cluster import ClusterSpec
+from costmodel.memory import micro_batch_activation_bytes
+from costmodel.plan import Plan
+from costmodel.simulate import StageCost
+from costmodel.specs import ModelSpec, TrainSpec
+from costmodel.timing import RankTimeModel, rank_time_model, spans
+
+
+def stage_costs(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
+                rtm: RankTimeModel | None = None) -> list[StageCost]:
+    rtm = rtm or rank_time_model(model, train, plan, cluster, spans(plan, cluster))
+    n = plan.num_virtual_stages
+    send_s = rtm.pp_comm_s / (2 * plan.vpp) if plan.pp > 1 else 0.0
+    out = []
+    for j, (layers, rc) in enumerate(zip(plan.layers_per_stage, plan.recompute_per_stage())):
+        first, last = j == 0, j == n - 1
+        t = rtm.at(layers, rc, first, last)
+        compute = t.forward_s + t.backward_s + t.recompute_s
+        comm = t.tp_comm_s + t.cp_comm_s
+        share = comm / compute if compute else 0.0
+        held, transient = micro_batch_activation_bytes(model, train, plan, layers, rc, first, last)
+        out.append(StageCost(forward_s=t.forward_s * (1 + share), recompute_s=t.recompute_s * (1 + share),
+                             backward_s=t.backward_s * (1 + share),
+                             backward_weight_s=t.backward_weight_s, send_s=send_s,
+                             activation_bytes=held, transient_bytes=transient))
+    return out

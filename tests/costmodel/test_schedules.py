@@ -1,0 +1,59 @@
+"""The simulator's operation orders are the ones torch.distributed.pipelining executes."""
+from __future__ import annotations
+
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch.distributed import pipelining as tp
+
+from costmodel.plan import Schedule
+from costmodel.schedules import rank_orders
+from planner.space import degrees_plan
+
+MULTI = {Schedule.INTERLEAVED: tp.ScheduleInterleaved1F1B,
+         Schedule.ZB_H1: tp.ScheduleInterleavedZeroBubble, Schedule.ZBV: tp.ScheduleZBVZeroBubble}
+
+
+def _plan(schedule: Schedule, p: int, m: int, v: int):
+    base = degrees_plan(dp=1, tp=1, pp=p, cp=1, num_micro_batches=m, num_layers=p * v)
+    return replace(base, schedule=schedule, vpp=v, layers_per_stage=(1,) * (p * v))
+
+
+def _stage(index: int, num_stages: int, p: int, rank: int):
+    return SimpleNamespace(stage_index=index, num_stages=num_stages, group_size=p, group_rank=rank,
+                           is_first=index == 0, is_last=index == num_stages - 1,
+                           submod=torch.nn.Module())
+
+
+def _torch_order(schedule: Schedule, p: int, m: int, v: int) -> list[list[tuple]]:
+    n = p * v
+    stages = ([_stage(0, n, p, 0), _stage(n - 1, n, p, 0)] if schedule is Schedule.ZBV
+              else [_stage(j, n, p, 0) for j in range(0, n, p)])
+    sched = MULTI[schedule](stages, n_microbatches=m)
+    return [[(a.stage_index, a.computation_type.value, a.microbatch_index)
+             for a in sched.pipeline_order[r] if a is not None] for r in range(p)]
+
+
+@pytest.mark.parametrize("schedule, p, m, v", [
+    (Schedule.INTERLEAVED, 2, 4, 2), (Schedule.INTERLEAVED, 4, 8, 2), (Schedule.INTERLEAVED, 4, 12, 3),
+    (Schedule.INTERLEAVED, 4, 4, 4), (Schedule.ZB_H1, 2, 4, 1), (Schedule.ZB_H1, 4, 8, 1),
+    (Schedule.ZB_H1, 4, 6, 1), (Schedule.ZB_H1, 4, 8, 2), (Schedule.ZBV, 2, 4, 2),
+    (Schedule.ZBV, 4, 8, 2), (Schedule.ZBV, 4, 3, 2), (Schedule.ZBV, 8, 32, 2)])
+def test_multi_stage_orders_equal_torch_action_lists(schedule, p, m, v):
+    assert [list(o) for o in rank_orders(_plan(schedule, p, m, v))] == _torch_order(schedule, p, m, v)
+
+
+@pytest.mark.parametrize("p, m", [(2, 4), (4, 4), (4, 9)])
+def test_single_stage_orders_follow_torch_step_loops(p, m):
+    """Schedule1F1B / ScheduleGPipe run their own loops (their pipeline_order is display only):
+    1F1B warms up with min(m, p - s) forwards, then alternates backward / forward."""
+    orders = rank_orders(_plan(Schedule.ONE_F_ONE_B, p, m, 1))
+    for r, ops in enumerate(orders):
+        warm = min(m, p - r)
+        assert [k for _, k, _ in ops[:warm]] == ["F"] * warm
+        assert ops[warm] == (r, "B", 0)
+        assert sorted(ops) == sorted([(r, "F", i) for i in range(m)] + [(r, "B", i) for i in range(m)])
+    gpipe = rank_orders(_plan(Schedule.GPIPE, p, m, 1))
+    assert list(gpipe[0]) == [(0, "F", i) for i in range(m)] + [(0, "B", i) for i in range(m)]
