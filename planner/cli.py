@@ -140,6 +140,37 @@ def cmd_search(args: argparse.Namespace) -> int:
           f"{stats.num_feasible:,} feasible, {stats.wall_s:.2f} s")
     if len(result.plans) > 1:
         print(why_runner_up_lost(best, result.plans[1]))
+    if args.report:
+        _write_report(args.report, model, train, cluster, best.plan, best.estimate,
+                      runners_up=[(f.plan, f.estimate) for f in result.plans[1:]],
+                      candidates=[f.estimate for f in result.evaluated],
+                      runner_up_text=why_runner_up_lost(best, result.plans[1]) if len(result.plans) > 1 else "")
+    return 0
+
+
+def _write_report(out: str, model, train, cluster, plan, est, **extra) -> None:
+    from reports.build import ReportInput, write_report
+    print(f"writing the report to {out}/ ...", file=sys.stderr)
+    files = write_report(ReportInput(model=model, train=train, cluster=cluster, plan=plan, estimate=est,
+                                     **extra), Path(out))
+    print(f"wrote {len(files)} files to {out}/ (open {out}/index.html)", file=sys.stderr)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    pf = PlanFile.load(Path(args.plan))
+    problems = check_structure(pf.model, pf.train, pf.cluster, pf.plan)
+    if problems:
+        raise UserError(f"{args.plan} is not a valid plan: " + "; ".join(problems))
+    measured = None
+    if args.measured:
+        try:
+            measured = json.loads(Path(args.measured).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise UserError(f"cannot read {args.measured}: {exc}") from None
+        if measured.get("plan") != pf.plan.to_dict():
+            raise UserError(f"{args.measured} was measured for another plan ({measured.get('plan', {})})")
+    est = estimate(pf.model, pf.train, pf.cluster, pf.plan)
+    _write_report(args.out, pf.model, pf.train, pf.cluster, pf.plan, est, measured=measured)
     return 0
 
 
@@ -226,6 +257,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("runs", help="table in the format of shared/reference/published_runs.csv")
     p.add_argument("--json", action="store_true", help='print {"rows", "summary"} as JSON')
     p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("report", help="bubble and memory report of a plan (PNG/SVG, index.html/md)",
+                       formatter_class=raw, epilog="""examples:
+  planner report plan.json --out reports/my-plan
+  planner report plan.json --measured runs/x/measured.json --out reports/my-plan   (predicted beside measured)""")
+    p.add_argument("plan", help="plan.json (from search --out or predict --out)")
+    p.add_argument("--measured", help="measured.json from `planner run` of this plan")
+    p.add_argument("--out", required=True, help="directory for the report")
+    p.set_defaults(func=cmd_report)
 
     from planner.run_cli import EPILOG as RUN_EPILOG, add_run_args, cmd_run
     p = sub.add_parser("run", help="execute a plan with torch.distributed, measure it, compare with the estimate",

@@ -24,6 +24,8 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="write the best plan with its specs to this plan.json")
     p.add_argument("--json", action="store_true", help='print {"plans", "search"} as JSON on stdout')
     p.add_argument("--csv", help="write every plan the solver evaluated to this CSV")
+    p.add_argument("--report", metavar="DIR", help="write bubble, memory and ranking reports (PNG/SVG, "
+                                                   "index.html/md) of the result to DIR")
     c = p.add_argument_group("constraints")
     c.add_argument("--max-tp", type=int, help="largest TP degree (default: devices per node)")
     c.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE",

@@ -1,0 +1,129 @@
+"""Bubble report: the simulated timeline of the chosen plan, and of the same plan under every
+other pipeline schedule, with the bubble per pipeline rank and the step time."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from costmodel.check import check_structure
+from costmodel.cluster import ClusterSpec
+from costmodel.estimate import Estimate, estimate, simulate_plan
+from costmodel.plan import Plan, Schedule, even_layers
+from costmodel.simulate import Simulation
+from costmodel.specs import ModelSpec, TrainSpec
+from reports.style import KIND_COLOURS, LIGHT, plt, save
+
+GIB = 2**30
+MAX_LABELLED_BARS = 600   # beyond this, micro-batch numbers would be unreadable
+
+
+@dataclass(frozen=True)
+class Variant:
+    label: str
+    plan: Plan | None
+    reason: str = ""                  # why this schedule cannot run the plan
+    estimate: Estimate | None = None
+    sim: Simulation | None = None
+
+
+def schedule_variants(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> list[Variant]:
+    """The chosen plan first, then the same degrees, micro-batches and recomputation under each
+    other schedule (two virtual stages for the interleaved and V schedules, layers split evenly
+    when the stage count changes)."""
+    out = [_priced("chosen: " + str(plan.schedule) + (f" (v={plan.vpp})" if plan.vpp > 1 else ""),
+                   model, train, cluster, plan)]
+    if plan.pp == 1:
+        return out
+    for schedule in Schedule:
+        if schedule is plan.schedule:
+            continue
+        vpp = 2 if schedule in (Schedule.INTERLEAVED, Schedule.ZBV) else 1
+        layers = plan.layers_per_stage if vpp == plan.vpp else even_layers(model.num_layers, plan.pp * vpp)
+        probe = replace(plan, schedule=schedule, vpp=vpp, layers_per_stage=layers)
+        counts = tuple(min(n, probe.layers_on_rank(r)) for r, n in enumerate(plan.recompute_num_layers))
+        variant = replace(probe, recompute_num_layers=counts)
+        problems = check_structure(model, train, cluster, variant)
+        label = str(schedule) + (f" (v={vpp})" if vpp > 1 else "")
+        if problems:
+            out.append(Variant(label=label, plan=None, reason=problems[0]))
+        else:
+            out.append(_priced(label, model, train, cluster, variant))
+    return out
+
+
+def _priced(label, model, train, cluster, plan) -> Variant:
+    return Variant(label=label, plan=plan, estimate=estimate(model, train, cluster, plan),
+                   sim=simulate_plan(model, train, cluster, plan, keep_events=True))
+
+
+def schedule_table(variants: list[Variant]) -> tuple[list[str], list[list[str]]]:
+    headers = ["schedule", "step s", "pipeline s", "bubble % (all ranks)", "bubble % per rank",
+               "peak GiB per rank", "fits"]
+    rows = []
+    for v in variants:
+        if v.plan is None:
+            rows.append([v.label, "-", "-", "-", "not runnable: " + v.reason, "-", "-"])
+            continue
+        e, s = v.estimate, v.sim
+        rows.append([v.label, f"{e.step_time_s:.3f}", f"{s.time_s:.3f}", f"{100 * s.bubble_fraction:.1f}",
+                     " ".join(f"{100 * b:.0f}" for b in s.bubble_fractions),
+                     " ".join(f"{p / GIB:.1f}" for p in e.peak_memory_bytes), "yes" if e.fits else "NO"])
+    return headers, rows
+
+
+def _draw(ax, sim: Simulation, title: str, t_max: float, labels: bool) -> None:
+    p = len(sim.busy_s)
+    for r in range(p):
+        ax.broken_barh([(0, sim.time_s)], (r - 0.4, 0.8), facecolors=LIGHT, rasterized=True)
+    by_kind: dict[tuple[int, str], list[tuple[float, float]]] = {}
+    for r, _, kind, _, start, end in sim.events:
+        by_kind.setdefault((r, kind), []).append((start, end - start))
+    for (r, kind), bars in by_kind.items():
+        # thousands of bars: rasterised inside the SVG (text and axes stay vector)
+        ax.broken_barh(bars, (r - 0.4, 0.8), facecolors=KIND_COLOURS[kind], linewidth=0, rasterized=True)
+    if labels:
+        visible = [e for e in sim.events if e[2] != "send" and e[4] < t_max]
+        wide = [e for e in visible if (e[5] - e[4]) > 0.012 * t_max]
+        for r, _, kind, mb, start, end in wide[:MAX_LABELLED_BARS]:
+            ax.text((start + min(end, t_max)) / 2, r, str(mb), ha="center", va="center", fontsize=6,
+                    color="white" if kind in ("forward", "backward", "recompute") else "black")
+    ax.set_xlim(0, t_max)
+    ax.set_ylim(p - 0.5, -0.5)
+    ax.set_yticks(range(p), [f"rank {r}" for r in range(p)], fontsize=7)
+    ax.set_title(title, fontsize=9, loc="left")
+
+
+def _legend(fig) -> None:
+    from matplotlib.patches import Patch
+    fig.legend(handles=[Patch(color=c, label=k) for k, c in KIND_COLOURS.items()], loc="lower center",
+               ncol=len(KIND_COLOURS), fontsize=8, frameon=False)
+
+
+def bubble_figures(variants: list[Variant], out_dir: Path) -> list[tuple[str, str]]:
+    """(file stem, caption) of the timeline comparison and of the chosen plan's warm-up detail."""
+    runnable = [v for v in variants if v.sim is not None]
+    t_max = max(v.sim.time_s for v in runnable)
+    fig, axes = plt.subplots(len(runnable), 1, figsize=(12, 0.9 + 0.32 * len(runnable[0].sim.busy_s) * len(runnable)),
+                             sharex=True, squeeze=False)
+    for ax, v in zip(axes[:, 0], runnable):
+        _draw(ax, v.sim, f"{v.label}: pipeline {v.sim.time_s:.3f} s, bubble {100 * v.sim.bubble_fraction:.1f}%",
+              t_max, labels=len(v.sim.events) < 400)
+    axes[-1, 0].set_xlabel("seconds into the step (pipeline phase)")
+    _legend(fig)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    save(fig, out_dir, "bubble_schedules")
+    chosen = runnable[0]
+    first_backward = min(e[4] for e in chosen.sim.events if e[0] == 0 and e[2] != "forward" and e[2] != "send")
+    window = min(chosen.sim.time_s, 1.25 * max(first_backward, 1e-12))
+    fig, ax = plt.subplots(figsize=(12, 0.9 + 0.32 * len(chosen.sim.busy_s)))
+    _draw(ax, chosen.sim, f"{chosen.label}: warm-up, the first {window:.3f} s (numbers: micro-batch)",
+          window, labels=True)
+    ax.set_xlabel("seconds into the step")
+    _legend(fig)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    save(fig, out_dir, "bubble_warmup")
+    return [("bubble_schedules", "Simulated timeline of one step's pipeline phase per rank, the chosen "
+             "schedule first and the same plan under the other schedules below it (same time axis; "
+             "grey is idle)."),
+            ("bubble_warmup", "The chosen plan's warm-up in detail, micro-batch numbers on the bars: "
+             "the fill that the bubble is made of.")]

@@ -1,0 +1,172 @@
+"""Write a report directory: figures (PNG + SVG), index.md and index.html with captions that say
+where the time goes, what limits the plan and what would change it."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from costmodel.cluster import ClusterSpec
+from costmodel.estimate import Estimate
+from costmodel.plan import Plan
+from costmodel.specs import ModelSpec, TrainSpec
+from reports.bubble import schedule_table, schedule_variants, bubble_figures
+from reports.document import Document
+from reports.memory_report import PlanMemory, memory_figures, memory_table
+from reports.ranking import ledger_figure, ranking_figure
+
+GIB = 2**30
+
+
+@dataclass
+class ReportInput:
+    model: ModelSpec
+    train: TrainSpec
+    cluster: ClusterSpec
+    plan: Plan
+    estimate: Estimate
+    runners_up: list[tuple[Plan, Estimate]] = field(default_factory=list)   # search only
+    candidates: list[Estimate] = field(default_factory=list)                # search only
+    runner_up_text: str = ""
+    measured: dict[str, Any] | None = None
+
+
+def write_report(inp: ReportInput, out_dir: Path) -> list[str]:
+    """Returns the files written (relative to out_dir)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    doc = Document(f"Plan report: {inp.model.name} on {inp.cluster.name}")
+    _summary(doc, inp)
+    _where_time_goes(doc, inp, out_dir)
+    variants = schedule_variants(inp.model, inp.train, inp.cluster, inp.plan)
+    _bubble(doc, inp, variants, out_dir)
+    _memory(doc, inp, variants, out_dir)
+    if inp.candidates:
+        _ranking(doc, inp, out_dir)
+    if inp.measured:
+        _measured(doc, inp.measured)
+    _what_would_change_it(doc, inp, variants)
+    (out_dir / "index.md").write_text(doc.markdown() + "\n")
+    (out_dir / "index.html").write_text(doc.html() + "\n")
+    return sorted(p.name for p in out_dir.iterdir())
+
+
+def _summary(doc: Document, inp: ReportInput) -> None:
+    e, p, t = inp.estimate, inp.plan, inp.train
+    doc.text(f"Plan {p.short()} for {inp.model.name} ({t.seq_len} tokens x {t.global_batch_size} "
+             f"sequences per step, {t.compute_dtype}) on {inp.cluster.world_size} x {inp.cluster.device.name}: "
+             f"{e.step_time_s:.3f} s per step, {e.tokens_per_s:,.0f} tokens/s, MFU {100 * e.mfu:.1f}%, "
+             f"peak {e.max_peak_memory_bytes / GIB:.1f} of {e.memory_capacity_bytes / GIB:.0f} GiB per device. "
+             f"Layers per virtual stage {list(p.layers_per_stage)}, recomputed layers per pipeline rank "
+             f"{list(p.recompute_num_layers)} ({p.recompute}), mesh {' > '.join(p.mesh_axis_order)}.")
+
+
+def _where_time_goes(doc: Document, inp: ReportInput, out_dir: Path) -> None:
+    e = inp.estimate
+    doc.heading("Where the time goes")
+    items = sorted(((v, k) for k, v in e.time_breakdown_s.items() if v > 0), reverse=True)
+    top = ", ".join(f"{k} {100 * v / e.step_time_s:.0f}%" for v, k in items[:3])
+    doc.text(f"On the critical pipeline rank ({e.critical_rank}) the step is {top} of its "
+             f"{e.step_time_s:.3f} s; compute is {100 * _share(e, 'compute/'):.0f}%, exposed communication "
+             f"{100 * _share(e, 'comm/'):.0f}%, pipeline idle {100 * _share(e, 'pipeline/'):.0f}%.")
+    doc.table(["ledger item", "seconds", "% of step"],
+              [[k, f"{v:.4f}", f"{100 * v / e.step_time_s:.1f}"] for k, v in e.time_breakdown_s.items() if v]
+              + [["total", f"{e.step_time_s:.4f}", "100.0"]])
+    doc.image(*ledger_figure(e, out_dir))
+
+
+def _share(e: Estimate, prefix: str) -> float:
+    return sum(v for k, v in e.time_breakdown_s.items() if k.startswith(prefix)) / e.step_time_s
+
+
+def _bubble(doc: Document, inp: ReportInput, variants, out_dir: Path) -> None:
+    doc.heading("Bubble report: the pipeline schedule")
+    p, m = inp.plan.pp, inp.plan.num_micro_batches
+    if p == 1:
+        doc.text("No pipeline (pp = 1): micro-batches accumulate gradients one after another and no "
+                 "rank waits for another, so there is no bubble.")
+    else:
+        doc.text(f"{p} pipeline ranks, {m} micro-batches per step. 1F1B would idle (p-1)/(m+p-1) = "
+                 f"{100 * (p - 1) / (m + p - 1):.1f}% of the pipeline phase on uniform stages; the simulation, "
+                 f"with the real stage costs (embedding on the first stage, the LM head on the last) and "
+                 f"torch's operation order, gives the figures below.")
+    doc.table(*schedule_table(variants))
+    for stem, caption in bubble_figures(variants, out_dir):
+        doc.image(stem, caption)
+
+
+def _memory(doc: Document, inp: ReportInput, variants, out_dir: Path) -> None:
+    doc.heading("Memory report")
+    chosen = PlanMemory(label="#1 (chosen)", plan=inp.plan, estimate=inp.estimate, sim=variants[0].sim)
+    from costmodel.estimate import simulate_plan
+    plans = [chosen] + [PlanMemory(label=f"#{i}", plan=p, estimate=e,
+                                   sim=simulate_plan(inp.model, inp.train, inp.cluster, p, keep_events=True))
+                        for i, (p, e) in enumerate(inp.runners_up[:2], 2)]
+    e = inp.estimate
+    tight = max(range(len(e.peak_memory_bytes)), key=lambda r: e.peak_memory_bytes[r])
+    parts = e.memory_breakdown_bytes[tight]
+    doc.text(f"The fullest stage is {tight}: {e.peak_memory_bytes[tight] / GIB:.1f} of "
+             f"{e.memory_capacity_bytes / GIB:.0f} GiB, of which activations {parts['activations'] / GIB:.1f} GiB "
+             f"(peak of the simulated in-flight micro-batches), optimizer states {parts['optimizer'] / GIB:.1f}, "
+             f"weights {parts['params'] / GIB:.1f}, gradients {parts['grads'] / GIB:.1f} GiB.")
+    doc.table(*memory_table(chosen))
+    for stem, caption in memory_figures(plans, out_dir):
+        doc.image(stem, caption)
+
+
+def _ranking(doc: Document, inp: ReportInput, out_dir: Path) -> None:
+    doc.heading("Ranking")
+    rows = [[str(i), p.short(), f"{e.step_time_s:.3f}", f"{e.tokens_per_s:,.0f}", f"{100 * e.mfu:.1f}",
+             f"{e.max_peak_memory_bytes / GIB:.1f}", f"{100 * e.bubble_fraction:.1f}"]
+            for i, (p, e) in enumerate([(inp.plan, inp.estimate)] + inp.runners_up, 1)]
+    doc.table(["#", "plan", "step s", "tokens/s", "MFU %", "peak GiB", "bubble %"], rows)
+    if inp.runner_up_text:
+        doc.text(inp.runner_up_text)
+    doc.image(*ranking_figure(inp.candidates, [inp.estimate] + [e for _, e in inp.runners_up], out_dir))
+
+
+def _measured(doc: Document, m: dict[str, Any]) -> None:
+    doc.heading("Predicted and measured")
+    est, err = m["predicted"], m["error_pct"]
+    pct = lambda v: "-" if v is None else f"{v:+.1f}%"  # noqa: E731
+    rows = [["step time (s)", f"{est['step_time_s']:.4f}", f"{m['step_time_s']:.4f}", pct(err["step_time_s"])],
+            ["tokens/s", f"{est['tokens_per_s']:,.0f}", f"{m['tokens_per_s']:,.0f}", pct(err["tokens_per_s"])],
+            ["MFU", f"{100 * est['mfu']:.2f}%", f"{100 * m['mfu']:.2f}%", pct(err["mfu"])]]
+    for r, pred in enumerate(m.get("predicted_memory_compared_bytes", est["peak_memory_bytes"])):
+        meas = m["peak_memory_bytes"][r] if m["peak_memory_bytes"] else None
+        rows.append([f"peak memory stage {r} (MiB)", f"{pred / 2**20:,.1f}",
+                     "-" if meas is None else f"{meas / 2**20:,.1f}",
+                     pct(err["peak_memory_bytes"][r] if err["peak_memory_bytes"] else None)])
+    doc.table(["quantity", "predicted", "measured", "error"], rows)
+    doc.text(f"Measured on {m['device']} over {m['steps']} steps after {m['warmup_steps']} warm-up; memory: "
+             f"{m['memory_source']}. Losses {m['losses'][0]:.4f} -> {m['losses'][-1]:.4f}.")
+
+
+def _what_would_change_it(doc: Document, inp: ReportInput, variants) -> None:
+    doc.heading("What limits it, and what would change it")
+    e, p = inp.estimate, inp.plan
+    notes = []
+    bubble = e.time_breakdown_s["pipeline/bubble"] / e.step_time_s
+    if p.pp > 1 and bubble > 0.02:
+        better = [v for v in variants[1:] if v.estimate is not None and v.estimate.step_time_s < e.step_time_s]
+        tip = f"; {better[0].label} would take {better[0].estimate.step_time_s:.3f} s" if better else ""
+        notes.append(f"The pipeline idles {100 * bubble:.1f}% of the step: more micro-batches per step "
+                     f"(a smaller micro-batch or a larger global batch), more virtual stages, or a "
+                     f"zero-bubble schedule shrink it{tip}.")
+    headroom = 1 - e.max_peak_memory_bytes / e.memory_capacity_bytes
+    if headroom < 0.1:
+        notes.append(f"Memory binds ({100 * headroom:.0f}% headroom): a larger micro-batch or less "
+                     f"recomputation would not fit; more devices per model replica (TP or PP) or a higher "
+                     f"ZeRO stage would free room.")
+    comm = _share(e, "comm/")
+    if comm > 0.1:
+        worst = max((k for k in e.time_breakdown_s if k.startswith("comm/")), key=e.time_breakdown_s.get)
+        notes.append(f"Exposed communication is {100 * comm:.0f}% of the step, mostly {worst}: a faster "
+                     f"link for that group or a placement that keeps it inside a node would help.")
+    if e.time_breakdown_s["compute/recompute"] > 0.02 * e.step_time_s:
+        notes.append(f"Recomputation costs {100 * e.time_breakdown_s['compute/recompute'] / e.step_time_s:.0f}% "
+                     f"of the step, the price of fitting in memory.")
+    if not notes:
+        notes.append("Compute dominates and the pipeline, communication and memory leave little to win: "
+                     "a faster device or more of them is what would change it.")
+    for n in notes:
+        doc.text(n)

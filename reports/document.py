@@ -1,0 +1,67 @@
+"""A report as a list of blocks, rendered to Markdown and to HTML from the same content."""
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+
+@dataclass
+class Document:
+    title: str
+    blocks: list[tuple[str, Any]] = field(default_factory=list)
+
+    def heading(self, text: str) -> None:
+        self.blocks.append(("h2", text))
+
+    def text(self, text: str) -> None:
+        self.blocks.append(("p", text))
+
+    def table(self, headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+        self.blocks.append(("table", ([str(h) for h in headers], [[str(c) for c in r] for r in rows])))
+
+    def image(self, stem: str, caption: str) -> None:
+        self.blocks.append(("img", (stem, caption)))
+
+    def markdown(self) -> str:
+        out = [f"# {self.title}", ""]
+        for kind, value in self.blocks:
+            if kind == "h2":
+                out += [f"## {value}", ""]
+            elif kind == "p":
+                out += [value, ""]
+            elif kind == "table":
+                headers, rows = value
+                out.append("| " + " | ".join(headers) + " |")
+                out.append("|" + "|".join("---" for _ in headers) + "|")
+                out += ["| " + " | ".join(r) + " |" for r in rows]
+                out.append("")
+            else:
+                stem, caption = value
+                out += [f"![{caption}]({stem}.png)", "", f"*{caption}* ([SVG]({stem}.svg))", ""]
+        return "\n".join(out)
+
+    def html(self) -> str:
+        e = html.escape
+        out = ["<!doctype html>", "<html><head><meta charset='utf-8'>", f"<title>{e(self.title)}</title>",
+               "<style>body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;"
+               "line-height:1.45;color:#222}table{border-collapse:collapse;margin:1em 0;font-size:90%}"
+               "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
+               "td:first-child,th:first-child{text-align:left}img{max-width:100%}"
+               "figcaption{color:#555;font-size:90%}</style></head><body>", f"<h1>{e(self.title)}</h1>"]
+        for kind, value in self.blocks:
+            if kind == "h2":
+                out.append(f"<h2>{e(value)}</h2>")
+            elif kind == "p":
+                out.append(f"<p>{e(value)}</p>")
+            elif kind == "table":
+                headers, rows = value
+                out.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in headers) + "</tr>")
+                out += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows]
+                out.append("</table>")
+            else:
+                stem, caption = value
+                out.append(f"<figure><a href='{stem}.svg'><img src='{stem}.png' alt='{e(caption)}'></a>"
+                           f"<figcaption>{e(caption)}</figcaption></figure>")
+        out.append("</body></html>")
+        return "\n".join(out)

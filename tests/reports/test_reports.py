@@ -1,0 +1,81 @@
+"""Reports: the files a user opens, a golden snapshot of their tables (not pixels), the
+predicted-vs-measured section, and the Pareto front."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from costmodel.cluster import parse_cluster
+from costmodel.estimate import estimate
+from costmodel.plan import PlanFile, Schedule
+from costmodel.registry import resolve_model
+from costmodel.specs import TrainSpec
+from planner.cli import main
+from planner.space import Choice, build_plan
+from reports.build import ReportInput, write_report
+from reports.ranking import pareto_front
+from runtime.measure import measured_record
+
+GOLDEN = Path(__file__).parent / "golden" / "llama70b_zbh1_tables.md"
+FIGURES = ("bubble_schedules", "bubble_warmup", "ledger", "memory_stages", "memory_over_time")
+
+
+def _llama70b_plan():
+    model, cluster = resolve_model("llama-70b"), parse_cluster("8x8xA100")
+    train = TrainSpec(seq_len=4096, global_batch_size=1024)
+    plan = build_plan(model, train, cluster, Choice(tp=2, pp=8, zero_stage=2, schedule=Schedule.ZB_H1))
+    return PlanFile(plan=plan, model=model, train=train, cluster=cluster)
+
+
+def _tables(markdown: str) -> str:
+    return "\n".join(line for line in markdown.splitlines() if line.startswith("|")) + "\n"
+
+
+def test_plan_report_files_and_golden_tables(tmp_path):
+    pf = _llama70b_plan()
+    est = estimate(pf.model, pf.train, pf.cluster, pf.plan)
+    files = write_report(ReportInput(model=pf.model, train=pf.train, cluster=pf.cluster, plan=pf.plan,
+                                     estimate=est), tmp_path)
+    for stem in FIGURES:
+        assert f"{stem}.png" in files and f"{stem}.svg" in files
+        assert (tmp_path / f"{stem}.png").stat().st_size > 10_000
+    md, page = (tmp_path / "index.md").read_text(), (tmp_path / "index.html").read_text()
+    for stem in FIGURES:
+        assert f"({stem}.png)" in md and f"src='{stem}.png'" in page
+    for heading in ("Where the time goes", "Bubble report", "Memory report", "What limits it"):
+        assert heading in md and heading in page
+    if os.environ.get("UPDATE_GOLDEN"):
+        GOLDEN.write_text(_tables(md))
+    assert _tables(md) == GOLDEN.read_text(), "tables changed: rerun with UPDATE_GOLDEN=1 if intended"
+
+
+def test_search_report_adds_the_ranking(tmp_path, capsys):
+    out = tmp_path / "rep"
+    assert main(["search", "--model", "llama3-8b", "--cluster", "1x8xH100", "--report", str(out)]) == 0
+    md = (out / "index.md").read_text()
+    assert "## Ranking" in md and "(ranking_scatter.png)" in md and (out / "ranking_scatter.svg").exists()
+    assert "runner-up" in md
+
+
+def test_report_command_puts_measured_beside_predicted(tmp_path, capsys):
+    pf = _llama70b_plan()
+    plan_path = tmp_path / "plan.json"
+    pf.save(plan_path)
+    raw = {"losses": [10.0, 9.5], "step_times_s": [150.0], "peak_memory_bytes": [70 * 2**30] * 8,
+           "memory_source": "torch.cuda.max_memory_allocated", "device": "A100"}
+    measured = measured_record(pf, raw, steps=1, warmup=1, wall_s=300.0)
+    (tmp_path / "measured.json").write_text(json.dumps(measured))
+    out = tmp_path / "rep"
+    assert main(["report", str(plan_path), "--measured", str(tmp_path / "measured.json"), "--out", str(out)]) == 0
+    md = (out / "index.md").read_text()
+    assert "## Predicted and measured" in md and "| step time (s) |" in md and "150.0000" in md
+    other = dict(measured, plan={**measured["plan"], "pp": 4})
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    assert main(["report", str(plan_path), "--measured", str(tmp_path / "other.json"), "--out", str(out)]) == 2
+    assert "another plan" in capsys.readouterr().err
+
+
+def test_pareto_front():
+    points = [(1.0, 5.0), (2.0, 3.0), (2.5, 4.0), (3.0, 1.0), (1.5, 6.0)]
+    assert pareto_front(points) == [0, 1, 3]
