@@ -90,8 +90,9 @@ def _bubble(doc: Document, inp: ReportInput, variants, out_dir: Path) -> None:
                  f"with the real stage costs (embedding on the first stage, the LM head on the last) and "
                  f"torch's operation order, gives the figures below.")
     doc.table(*schedule_table(variants))
-    for stem, caption in bubble_figures(variants, out_dir):
-        doc.image(stem, caption)
+    if p > 1:
+        for stem, caption in bubble_figures(variants, out_dir):
+            doc.image(stem, caption)
 
 
 def _memory(doc: Document, inp: ReportInput, variants, out_dir: Path) -> None:
