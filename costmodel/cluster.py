@@ -23,6 +23,7 @@ class NetworkTier:
     bandwidth_bytes_per_s: float
     latency_s: float
     efficiency: float  # achievable fraction of bandwidth_bytes_per_s for large collectives
+    p2p_latency_s: float | None = None  # measured point-to-point latency when it differs (gloo)
 
     @property
     def effective_bandwidth_bytes_per_s(self) -> float:
@@ -52,6 +53,14 @@ class DeviceProfile:
     inter_node: NetworkTier
     efficiency: Efficiency
     path: str
+    # Measured curves (`planner profile`): per dtype, (FLOPs per GEMM call, achieved FLOP/s);
+    # (bytes per memory-bound kernel, achieved bytes/s). Empty: datasheet peak x efficiency.
+    gemm_curves: tuple[tuple[str, tuple[tuple[float, float], ...]], ...] = ()
+    memory_curve: tuple[tuple[float, float], ...] = ()
+    kind: str = "gpu"   # "cpu": ranks are processes on CPU cores (gloo); runs need no GPU
+
+    def gemm_curve(self, dtype: DType) -> tuple[tuple[float, float], ...]:
+        return dict(self.gemm_curves).get(str(dtype), ())
 
     @property
     def peak_flops_per_s(self) -> dict[str, float]:
@@ -94,8 +103,14 @@ def _profile_dir() -> Path:
 
 
 def _tier(raw: dict[str, Any], efficiency: float) -> NetworkTier:
+    p2p = raw.get("p2p_latency_s")
     return NetworkTier(name=raw["name"], bandwidth_bytes_per_s=float(raw["bandwidth_bytes_per_s"]),
-                       latency_s=float(raw["latency_s"]), efficiency=efficiency)
+                       latency_s=float(raw["latency_s"]), efficiency=efficiency,
+                       p2p_latency_s=None if p2p is None else float(p2p))
+
+
+def _curve(points: list[list[float]]) -> tuple[tuple[float, float], ...]:
+    return tuple(sorted((float(x), float(y)) for x, y in points))
 
 
 def load_profile(path: Path) -> DeviceProfile:
@@ -116,7 +131,10 @@ def load_profile(path: Path) -> DeviceProfile:
             memory_bandwidth_bytes_per_s=float(dev["memory_bandwidth_bytes_per_s"]),
             intra_node=_tier(net["node"], eff["intra_node_comm"]),
             inter_node=_tier(net["cluster"], eff["inter_node_comm"]),
-            efficiency=efficiency, path=str(path))
+            efficiency=efficiency, path=str(path), kind=dev.get("kind", "gpu"),
+            gemm_curves=tuple((k.removeprefix("gemm_"), _curve(v)) for k, v in raw.get("measured", {}).items()
+                              if k.startswith("gemm_")),
+            memory_curve=_curve(raw.get("measured", {}).get("memory_bound", [])))
     except KeyError as exc:
         raise ValueError(f"{path}: profile lacks {exc.args[0]!r}") from None
 

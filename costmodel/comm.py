@@ -46,4 +46,5 @@ def collective_time_s(kind: Collective, num_bytes: float, span: AxisSpan,
 
 
 def p2p_time_s(num_bytes: float, tier: NetworkTier) -> float:
-    return tier.latency_s + num_bytes / tier.effective_bandwidth_bytes_per_s
+    latency = tier.latency_s if tier.p2p_latency_s is None else tier.p2p_latency_s
+    return latency + num_bytes / tier.effective_bandwidth_bytes_per_s

@@ -3,10 +3,17 @@
 Each kernel is priced by the roofline (Williams et al. 2009): the larger of FLOPs over the
 achievable FLOP/s and bytes over the achievable memory bandwidth, plus a fixed per-kernel cost
 (launch and wave tail), which is what makes small GEMMs and many small kernels inefficient.
-Achievable rates are datasheet peak x the profile's fitted efficiencies.
+Achievable rates are datasheet peak x the profile's fitted efficiencies, or, where the profile
+was measured (`planner profile`), the measured rate at that size: FLOP/s interpolated by FLOPs
+per GEMM call, bytes/s by bytes per memory-bound kernel (log-linear between measured sizes,
+flat beyond them), times the same efficiencies (1 unless calibrated). Measured rates include the
+bare call's cost; a measured profile's kernel overhead is what training adds per kernel (autograd,
+module calls, hooks), 0 until `planner calibrate` fits it.
 """
 from __future__ import annotations
 
+import math
+from bisect import bisect_left
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -50,14 +57,40 @@ def roofline_s(flops: float, num_bytes: float, dev: DeviceProfile, peak: float, 
             + num_kernels * dev.efficiency.kernel_overhead_s)
 
 
+def interpolate(curve: tuple[tuple[float, float], ...], x: float) -> float:
+    """Log-linear in x between measured points, the end values beyond them."""
+    if x <= curve[0][0]:
+        return curve[0][1]
+    if x >= curve[-1][0]:
+        return curve[-1][1]
+    i = bisect_left(curve, (x, -math.inf))
+    (x0, y0), (x1, y1) = curve[i - 1], curve[i]
+    w = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0)) if x1 > x0 else 0.0
+    return y0 + w * (y1 - y0)
+
+
 def memory_bound_s(num_bytes: float, dev: DeviceProfile, num_kernels: int) -> float:
+    if dev.memory_curve and num_bytes > 0:
+        per_kernel = num_bytes / num_kernels
+        return num_kernels * (per_kernel / (interpolate(dev.memory_curve, per_kernel) * dev.efficiency.memory)
+                              + dev.efficiency.kernel_overhead_s)
     return roofline_s(0.0, num_bytes, dev, 1.0, 1.0, num_kernels)
+
+
+def compute_bound_s(flops: float, num_bytes: float, dev: DeviceProfile, train: TrainSpec, eff: float,
+                    num_kernels: int = 1) -> float:
+    """A GEMM-like kernel: the measured rate at its size when profiled, else the roofline."""
+    curve = dev.gemm_curve(train.compute_dtype)
+    if curve:
+        per_kernel = flops / num_kernels
+        return num_kernels * (per_kernel / (interpolate(curve, per_kernel) * eff)
+                              + dev.efficiency.kernel_overhead_s)
+    return roofline_s(flops, num_bytes, dev, dev.peak_for(train.compute_dtype), eff, num_kernels)
 
 
 def gemm_s(m: int, k: int, n: int, dev: DeviceProfile, train: TrainSpec) -> float:
     a = train.compute_dtype.num_bytes
-    return roofline_s(2.0 * m * k * n, a * (m * k + k * n + m * n), dev,
-                      dev.peak_for(train.compute_dtype), dev.efficiency.gemm)
+    return compute_bound_s(2.0 * m * k * n, a * (m * k + k * n + m * n), dev, train, dev.efficiency.gemm)
 
 
 def _linears_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile, tokens: int) -> float:
@@ -75,16 +108,17 @@ def _attention_core_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev
     """(forward, backward) of scores, softmax and weighted sum for local heads and queries."""
     b, heads, d = plan.micro_batch_size, model.num_heads // plan.tp, model.head_dim
     s_q, s_k, a = train.seq_len // plan.cp, train.seq_len, train.compute_dtype.num_bytes
-    peak = dev.peak_for(train.compute_dtype)
     flops = 4.0 * b * heads * s_q * s_k * d
     if train.attention_kernel is AttentionKernel.FLASH:
-        fwd = roofline_s(flops * CAUSAL_FRACTION, a * 4 * b * heads * s_q * d, dev, peak, dev.efficiency.attention)
-        bwd = roofline_s(flops * CAUSAL_FRACTION * FLASH_BACKWARD_FACTOR, a * 8 * b * heads * s_q * d,
-                         dev, peak, dev.efficiency.attention)
+        fwd = compute_bound_s(flops * CAUSAL_FRACTION, a * 4 * b * heads * s_q * d, dev, train,
+                              dev.efficiency.attention)
+        bwd = compute_bound_s(flops * CAUSAL_FRACTION * FLASH_BACKWARD_FACTOR, a * 8 * b * heads * s_q * d,
+                              dev, train, dev.efficiency.attention)
         merge = _ring_merge_s(plan, b * heads * s_q * d, dev)
         return fwd + merge, bwd + 2 * merge
     scores = b * heads * s_q * s_k
-    matmuls = roofline_s(flops, a * (2 * scores + 4 * b * heads * s_q * d), dev, peak, dev.efficiency.gemm, 2)
+    matmuls = compute_bound_s(flops, a * (2 * scores + 4 * b * heads * s_q * d), dev, train,
+                              dev.efficiency.gemm, 2)
     drop = 1 if model.dropout else 0
     softmax_fwd = memory_bound_s(scores * (2 * a + drop * (2 * a + 1)), dev, 1 + drop)
     softmax_bwd = memory_bound_s(scores * (3 * a + drop * (2 * a + 1)), dev, 1 + drop)

@@ -60,6 +60,9 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in [
     # Small enough to run on a CPU in tests; GQA (4 heads / 2 kv heads) exercises every code path.
     llama_spec("debug-tiny", layers=4, hidden=64, heads=4, kv_heads=2, ffn=192, vocab=256,
            max_pos=128, source="project debug model (tests and local runs)"),
+    # Big enough for compute to matter on a CPU, small enough to train there (closed-loop benchmark).
+    llama_spec("debug-small", layers=4, hidden=256, heads=8, kv_heads=4, ffn=768, vocab=2048,
+           max_pos=512, source="project debug model (closed-loop benchmark)"),
     # The GPT code paths (fused QKV, LayerNorm, learned positions, biases, tied output layer).
     gpt_spec("debug-tiny-gpt", layers=4, hidden=64, heads=4, vocab=256, max_pos=128,
          source="project debug model (tests and local runs)"),
@@ -77,7 +80,7 @@ RECIPES: dict[str, tuple[int, int]] = {
     "llama3-8b": (8192, 512), "llama3-70b": (8192, 512),
     "llama3-405b": (8192, 2048),
     "gpt3-175b": (2048, 1536),  # GPT-3 paper Table 2.1: 3.2M-token batch = 1536 x 2048.
-    "debug-tiny": (32, 8), "debug-tiny-gpt": (32, 8),
+    "debug-tiny": (32, 8), "debug-tiny-gpt": (32, 8), "debug-small": (128, 16),
 }
 
 

@@ -267,6 +267,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="directory for the report")
     p.set_defaults(func=cmd_report)
 
+    from planner.profile_cli import EPILOG as PROFILE_EPILOG, add_profile_args, cmd_profile
+    p = sub.add_parser("profile", help="measure this machine (GEMM, memory, collectives) into a device profile",
+                       epilog=PROFILE_EPILOG, formatter_class=raw)
+    add_profile_args(p)
+    p.set_defaults(func=cmd_profile)
+
+    from planner.calibrate_cli import EPILOG as CAL_EPILOG, add_calibrate_args, cmd_calibrate
+    p = sub.add_parser("calibrate", help="fit a profile's efficiencies to measured runs (writes a new profile)",
+                       epilog=CAL_EPILOG, formatter_class=raw)
+    add_calibrate_args(p)
+    p.set_defaults(func=cmd_calibrate)
+
     from planner.run_cli import EPILOG as RUN_EPILOG, add_run_args, cmd_run
     p = sub.add_parser("run", help="execute a plan with torch.distributed, measure it, compare with the estimate",
                        epilog=RUN_EPILOG, formatter_class=raw)

@@ -71,7 +71,7 @@ def _check_machine(args: argparse.Namespace, pf: PlanFile) -> tuple[int, int]:
     import torch
     world = pf.plan.world_size
     cuda = torch.cuda.is_available()
-    wants_gpu = pf.cluster.device.name != "cpu"
+    wants_gpu = pf.cluster.device.kind != "cpu"
     if wants_gpu and not cuda:
         raise RunRefused(f"the plan is for {pf.cluster.device.name} but this machine has no GPU; use "
                          "--dry-run to check its memory, or plan for this machine with --cluster 1xNxcpu")
@@ -122,6 +122,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except RunFailed as exc:
         raise RunRefused(str(exc)) from None
     raw = json.loads((out / "raw.json").read_text())
+    (out / "plan.json").write_text(Path(args.plan).read_text())   # the run directory is self-contained
     record = measured_record(pf, raw, steps=args.steps, warmup=args.warmup, wall_s=wall_s)
     (out / "measured.json").write_text(json.dumps(record, indent=2) + "\n")
     if args.json:

@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         if raw is not None:
             raw.pop("params", None)
             (out / "raw.json").write_text(json.dumps(raw, indent=2))
+        dist.barrier()   # no rank tears gloo down while a peer still talks to it
         dist.destroy_process_group()
         return 0
     except BaseException as exc:   # noqa: BLE001 - recorded for the launcher, then re-raised

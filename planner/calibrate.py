@@ -1,0 +1,124 @@
+"""Fit a device profile's few physical parameters to measured runs (`planner calibrate`).
+
+Parameters: compute efficiency (a factor on the GEMM and attention rates), memory-bound
+efficiency, the per-kernel overhead training adds, and the node-tier communication efficiency.
+They are fitted by least squares on log(predicted / measured) step time over all runs
+(Nelder-Mead on the logs of the parameters, so each stays positive), predictions recomputed by
+`costmodel.estimate` with the candidate profile: no per-plan factors. With GPU runs
+(`torch.cuda.max_memory_allocated`), the reserved memory is set to the median of measured minus
+predicted tensor memory; CPU runs measure tensors only, so it is left alone.
+"""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from scipy.optimize import minimize
+
+from costmodel.cluster import DeviceProfile
+from costmodel.estimate import Estimate, estimate
+from costmodel.plan import PlanFile
+
+PARAMS = ("compute", "memory", "kernel_overhead_s", "intra_node_comm")
+
+
+@dataclass(frozen=True)
+class Run:
+    path: Path
+    pf: PlanFile
+    measured: dict
+
+    @property
+    def measured_step_s(self) -> float:
+        return self.measured["step_time_s"]
+
+
+def load_run(path: Path) -> Run:
+    path = Path(path)
+    for name in ("plan.json", "measured.json"):
+        if not (path / name).exists():
+            raise ValueError(f"{path} is not a run directory of `planner run` (no {name})")
+    return Run(path=path, pf=PlanFile.load(path / "plan.json"),
+               measured=json.loads((path / "measured.json").read_text()))
+
+
+def predict_with(run: Run, device: DeviceProfile) -> Estimate:
+    pf = run.pf
+    return estimate(pf.model, pf.train, replace(pf.cluster, device=device), pf.plan)
+
+
+def with_params(base: DeviceProfile, x: dict[str, float]) -> DeviceProfile:
+    eff = base.efficiency
+    new_eff = replace(eff, gemm=eff.gemm * x["compute"], attention=eff.attention * x["compute"],
+                      memory=eff.memory * x["memory"], kernel_overhead_s=x["kernel_overhead_s"])
+    intra = replace(base.intra_node, efficiency=base.intra_node.efficiency * x["intra_node_comm"])
+    return replace(base, efficiency=new_eff, intra_node=intra)
+
+
+def log_errors(runs: list[Run], device: DeviceProfile) -> list[float]:
+    return [math.log(predict_with(r, device).step_time_s / r.measured_step_s) for r in runs]
+
+
+def summary(runs: list[Run], device: DeviceProfile) -> dict[str, float]:
+    errors = [100 * (math.exp(e) - 1) for e in log_errors(runs, device)]
+    return {"mape_pct": statistics.mean(map(abs, errors)), "max_abs_error_pct": max(map(abs, errors))}
+
+
+def fit(runs: list[Run], base: DeviceProfile) -> tuple[DeviceProfile, dict[str, float]]:
+    if not runs:
+        raise ValueError("no runs to calibrate on")
+    start = {"compute": 1.0, "memory": 1.0, "kernel_overhead_s": max(base.efficiency.kernel_overhead_s, 1e-6),
+             "intra_node_comm": 1.0}
+
+    def unpack(z) -> dict[str, float]:
+        return {k: start[k] * math.exp(v) for k, v in zip(PARAMS, z)}
+
+    def loss(z) -> float:
+        return sum(e * e for e in log_errors(runs, with_params(base, unpack(z))))
+
+    best = minimize(loss, [0.0] * len(PARAMS), method="Nelder-Mead",
+                    options={"xatol": 1e-3, "fatol": 1e-6, "maxiter": 2000})
+    params = unpack(best.x)
+    device = with_params(base, params)
+    gpu = [r for r in runs if r.measured.get("memory_source", "").startswith("torch.cuda")]
+    if gpu:
+        gaps = [m - p for r in gpu for m, p in zip(r.measured["peak_memory_bytes"],
+                                                   predict_with(r, device).peak_memory_bytes)]
+        reserved = max(0, int(device.efficiency.reserved_memory_bytes + statistics.median(gaps)))
+        device = replace(device, efficiency=replace(device.efficiency, reserved_memory_bytes=reserved))
+    return device, params
+
+
+def calibrated_toml(base_path: Path, device: DeviceProfile, params: dict[str, float], runs: list[Run],
+                    before: dict[str, float], after: dict[str, float], command: str) -> str:
+    """The base profile's text with [device] name and [efficiency] values replaced, and the
+    calibration's provenance on top: datasheet or measured lines stay as they were."""
+    import re
+    import time
+    eff = device.efficiency
+    values = {"gemm": f"{eff.gemm:.4g}", "attention": f"{eff.attention:.4g}", "memory": f"{eff.memory:.4g}",
+              "kernel_overhead_s": f"{eff.kernel_overhead_s:.4g}",
+              "intra_node_comm": f"{device.intra_node.efficiency:.4g}",
+              "reserved_memory_bytes": str(eff.reserved_memory_bytes)}
+    how = (f"calibrated {time.strftime('%Y-%m-%d')} by `{command}` on {len(runs)} runs: step-time MAPE "
+           f"{before['mape_pct']:.1f}% -> {after['mape_pct']:.1f}%, max {before['max_abs_error_pct']:.1f}% -> "
+           f"{after['max_abs_error_pct']:.1f}%")
+    out, section = [f"# {how}", "# fitted factors: " + ", ".join(f"{k} {v:.4g}" for k, v in params.items()),
+                    f"# base profile: {base_path}"], None
+    for line in base_path.read_text().splitlines():
+        if line.startswith("["):
+            section = line.strip()
+        key = re.match(r"^(\w+)\s*=", line)
+        if section == "[device]" and key and key[1] == "name":
+            line = f'name = "{device.name}"'
+        elif section == "[device]" and key and key[1] == "aliases":
+            line = "aliases = []"
+        elif section == "[efficiency]" and key and key[1] in values:
+            line = f"{key[1]} = {values[key[1]]}  # calibrated (see the top of this file)"
+        elif section == "[efficiency]" and key and key[1] == "source":
+            line = f'source = "{how}"'
+        out.append(line)
+    return "\n".join(out) + "\n"

@@ -1,0 +1,46 @@
+"""`planner calibrate RUN_DIRS... --profile P --out Q`: fit the profile to measured runs."""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from costmodel.cluster import resolve_device
+
+EPILOG = """examples:
+  planner calibrate runs/* --profile profiles/local.toml --out profiles/local-calibrated.toml
+
+The calibrated profile is written next to the original, never over it; then plan with
+--cluster 1x2xlocal-calibrated (or the file's path)."""
+
+
+def add_calibrate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("runs", nargs="+", help="run directories written by `planner run --out`")
+    p.add_argument("--profile", required=True, help="the profile to calibrate (name or .toml path)")
+    p.add_argument("--out", help="calibrated profile to write (default: NAME-calibrated.toml beside it)")
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from planner.calibrate import calibrated_toml, fit, load_run, summary
+    from reports.tables import table
+    base = resolve_device(args.profile)
+    base_path = Path(base.path)
+    out = Path(args.out) if args.out else base_path.with_name(f"{base_path.stem}-calibrated.toml")
+    if out.resolve() == base_path.resolve():
+        raise ValueError("--out must differ from the profile: calibration never overwrites it")
+    runs = [load_run(Path(r)) for r in args.runs]
+    runs = [replace(r, pf=replace(r.pf, cluster=replace(r.pf.cluster, device=base))) for r in runs]
+    before = summary(runs, base)
+    print(f"fitting {len(runs)} runs ...", file=sys.stderr)
+    device, params = fit(runs, base)
+    device = replace(device, name=out.stem)
+    after = summary(runs, device)
+    command = "planner calibrate " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "planner calibrate"
+    out.write_text(calibrated_toml(base_path, device, params, runs, before, after, command))
+    print(table(("step time", "before", "after"),
+                [("MAPE", f"{before['mape_pct']:.1f}%", f"{after['mape_pct']:.1f}%"),
+                 ("max |error|", f"{before['max_abs_error_pct']:.1f}%", f"{after['max_abs_error_pct']:.1f}%")]))
+    print("fitted: " + ", ".join(f"{k} {v:.4g}" for k, v in params.items()))
+    print(f"wrote {out}")
+    return 0
