@@ -7,7 +7,8 @@ predicted with measured step time (MAPE, max error, Spearman), then the same aft
 2. For each plan of MATRIX (debug-small / debug-tiny, 1-2 ranks, fp32): `planner predict ... --out
    plan.json`, then `planner run plan.json` (torchrun, gloo) into OUT/NAME (unless --skip-runs).
 3. `planner calibrate OUT/* --profile profiles/local.toml --out profiles/local-calibrated.toml`,
-   and the table again with the calibrated profile (predictions recomputed, runs reused).
+   and the table again with the calibrated profile (predictions recomputed, runs reused); then
+   leave-one-out: each plan predicted by a calibration on the other plans only.
 4. The runtime's overhead: a plain single-process torch loop (no FSDP, no planner) of the
    1-rank plan's model and batch against `planner run`'s measured step time.
 Targets (issue 6): MAPE <= 10 %, max <= 20 %, Spearman >= 0.9; runtime overhead <= 3 %.
@@ -79,6 +80,20 @@ def summarise(label: str, rows: list[tuple[str, float, float]]) -> None:
           f"Spearman {rho:.3f}   ({len(rows)} plans)")
 
 
+def leave_one_out(out: Path) -> list[tuple[str, float, float]]:
+    """Each plan predicted by a profile calibrated on the other plans only: how well the
+    calibration predicts a plan it has not seen (the in-sample table can flatter)."""
+    from costmodel.cluster import load_profile
+    from planner.calibrate import fit, load_run, predict_with
+    base = load_profile(PROFILE)
+    runs = [load_run(out / name) for name, *_ in MATRIX]
+    rows = []
+    for i, (name, *_) in enumerate(MATRIX):
+        device, _ = fit(runs[:i] + runs[i + 1:], base)
+        rows.append((name, predict_with(runs[i], device).step_time_s, runs[i].measured_step_s))
+    return rows
+
+
 def plain_loop_overhead(out: Path, steps: int) -> None:
     """`planner run` of the 1-rank plan against the same model trained by a bare loop."""
     import torch
@@ -87,7 +102,8 @@ def plain_loop_overhead(out: Path, steps: int) -> None:
     from runtime.job import cross_entropy
     from runtime.model import Transformer
     pf = PlanFile.load(out / "single_mbs4" / "plan.json")
-    torch.set_num_threads(2)   # what `planner run` gives its one rank on this machine
+    from costmodel.cluster import load_profile
+    torch.set_num_threads(load_profile(PROFILE).threads_per_rank or 1)   # as `planner run` gives its rank
     model = Transformer(pf.model)
     model.init_weights(0)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, foreach=True)
@@ -124,7 +140,9 @@ def main() -> None:
     summarise(f"profile {PROFILE} (measured curves, no calibration)", table(args.out, PROFILE))
     planner("calibrate", *[str(args.out / name) for name, *_ in MATRIX], "--profile", str(PROFILE),
             "--out", str(CALIBRATED), quiet=False)
-    summarise(f"calibrated profile {CALIBRATED}", table(args.out, CALIBRATED))
+    summarise(f"calibrated profile {CALIBRATED} (fitted on all {len(MATRIX)} plans)", table(args.out, CALIBRATED))
+    summarise("leave-one-out: each plan predicted by a profile calibrated on the other plans",
+              leave_one_out(args.out))
     plain_loop_overhead(args.out, args.steps)
     print(f"\n{time.perf_counter() - start:.0f} s; command: python benchmarks/closed_loop.py "
           + " ".join(sys.argv[1:]))

@@ -40,6 +40,7 @@ class Efficiency:
     kernel_overhead_s: float  # launch + tail cost per kernel
     reserved_memory_bytes: int  # context, allocator fragmentation, library workspaces
     source: str
+    overlap: float = 1.0      # fraction of compute that data-parallel communication can hide behind
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -58,6 +59,7 @@ class DeviceProfile:
     gemm_curves: tuple[tuple[str, tuple[tuple[float, float], ...]], ...] = ()
     memory_curve: tuple[tuple[float, float], ...] = ()
     kind: str = "gpu"   # "cpu": ranks are processes on CPU cores (gloo); runs need no GPU
+    threads_per_rank: int = 0   # CPU: threads per rank the figures were measured with (0: unknown)
 
     def gemm_curve(self, dtype: DType) -> tuple[tuple[float, float], ...]:
         return dict(self.gemm_curves).get(str(dtype), ())
@@ -123,7 +125,7 @@ def load_profile(path: Path) -> DeviceProfile:
         efficiency = Efficiency(gemm=eff["gemm"], attention=eff["attention"], memory=eff["memory"],
                                 kernel_overhead_s=eff["kernel_overhead_s"],
                                 reserved_memory_bytes=int(eff["reserved_memory_bytes"]),
-                                source=eff["source"])
+                                source=eff["source"], overlap=float(eff.get("overlap", 1.0)))
         return DeviceProfile(
             name=dev["name"], aliases=tuple(dev.get("aliases", ())),
             peak_flops=tuple((k, float(v)) for k, v in dev["peak_flops_per_s"].items()),
@@ -132,6 +134,7 @@ def load_profile(path: Path) -> DeviceProfile:
             intra_node=_tier(net["node"], eff["intra_node_comm"]),
             inter_node=_tier(net["cluster"], eff["inter_node_comm"]),
             efficiency=efficiency, path=str(path), kind=dev.get("kind", "gpu"),
+            threads_per_rank=int(raw.get("measured", {}).get("threads_per_rank", dev.get("threads_per_rank", 0))),
             gemm_curves=tuple((k.removeprefix("gemm_"), _curve(v)) for k, v in raw.get("measured", {}).items()
                               if k.startswith("gemm_")),
             memory_curve=_curve(raw.get("measured", {}).get("memory_bound", [])))

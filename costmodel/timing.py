@@ -204,8 +204,12 @@ def dp_term_comm_s(term: DpTerm, n_params: float, cluster: ClusterSpec, span: Ax
     return sum(collective_time_s(kind, bpp * n_params, span, cluster) for kind, bpp in term.collectives)
 
 
-def dp_window_s(term: DpTerm, times: RankTimes) -> float:
-    return times.forward_s if term.window == "forward" else times.backward_s + times.recompute_s
+def dp_window_s(term: DpTerm, times: RankTimes, overlap: float) -> float:
+    """Compute the collective can hide behind: the rank's forward or backward, times the
+    device's overlap (1 with a separate communication stream, as on GPUs; lower where compute
+    and communication share the cores, as gloo ranks on a CPU do)."""
+    window = times.forward_s if term.window == "forward" else times.backward_s + times.recompute_s
+    return overlap * window
 
 
 def dp_hidden_s(comm_s: float, window_s: float, bucket_s: float) -> float:
@@ -224,6 +228,7 @@ def dp_exposed_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Cluste
     if sp.dp.size == 1:
         return 0.0
     n_params = rank_params(model, plan, rank).total
-    return sum(t.multiplier * dp_hidden_s(dp_term_comm_s(t, n_params, cluster, sp.dp), dp_window_s(t, times),
+    overlap = cluster.device.efficiency.overlap
+    return sum(t.multiplier * dp_hidden_s(dp_term_comm_s(t, n_params, cluster, sp.dp), dp_window_s(t, times, overlap),
                                           dp_bucket_s(model, plan, t, cluster, sp.dp))
                for t in dp_terms(train, plan))

@@ -1,7 +1,9 @@
 """Fit a device profile's few physical parameters to measured runs (`planner calibrate`).
 
 Parameters: compute efficiency (a factor on the GEMM and attention rates), memory-bound
-efficiency, the per-kernel overhead training adds, and the node-tier communication efficiency.
+efficiency, the per-kernel overhead training adds, and the node tier's communication bandwidth
+efficiency and latency factor (the software cost of a collective, e.g. DTensor's redistribution
+on CPU, scales its fixed part).
 They are fitted by least squares on log(predicted / measured) step time over all runs
 (Nelder-Mead on the logs of the parameters, so each stays positive), predictions recomputed by
 `costmodel.estimate` with the candidate profile: no per-plan factors. With GPU runs
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import tomllib
 import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,7 +25,7 @@ from costmodel.cluster import DeviceProfile
 from costmodel.estimate import Estimate, estimate
 from costmodel.plan import PlanFile
 
-PARAMS = ("compute", "memory", "kernel_overhead_s", "intra_node_comm")
+PARAMS = ("compute", "memory", "kernel_overhead_s", "intra_node_comm", "comm_latency", "overlap")
 
 
 @dataclass(frozen=True)
@@ -53,8 +56,12 @@ def predict_with(run: Run, device: DeviceProfile) -> Estimate:
 def with_params(base: DeviceProfile, x: dict[str, float]) -> DeviceProfile:
     eff = base.efficiency
     new_eff = replace(eff, gemm=eff.gemm * x["compute"], attention=eff.attention * x["compute"],
-                      memory=eff.memory * x["memory"], kernel_overhead_s=x["kernel_overhead_s"])
-    intra = replace(base.intra_node, efficiency=base.intra_node.efficiency * x["intra_node_comm"])
+                      memory=eff.memory * x["memory"], kernel_overhead_s=x["kernel_overhead_s"],
+                      overlap=min(1.0, x["overlap"]))
+    tier = base.intra_node
+    intra = replace(tier, efficiency=tier.efficiency * x["intra_node_comm"],
+                    latency_s=tier.latency_s * x["comm_latency"],
+                    p2p_latency_s=None if tier.p2p_latency_s is None else tier.p2p_latency_s * x["comm_latency"])
     return replace(base, efficiency=new_eff, intra_node=intra)
 
 
@@ -71,7 +78,7 @@ def fit(runs: list[Run], base: DeviceProfile) -> tuple[DeviceProfile, dict[str, 
     if not runs:
         raise ValueError("no runs to calibrate on")
     start = {"compute": 1.0, "memory": 1.0, "kernel_overhead_s": max(base.efficiency.kernel_overhead_s, 1e-6),
-             "intra_node_comm": 1.0}
+             "intra_node_comm": 1.0, "comm_latency": 1.0, "overlap": 0.5}
 
     def unpack(z) -> dict[str, float]:
         return {k: start[k] * math.exp(v) for k, v in zip(PARAMS, z)}
@@ -79,8 +86,10 @@ def fit(runs: list[Run], base: DeviceProfile) -> tuple[DeviceProfile, dict[str, 
     def loss(z) -> float:
         return sum(e * e for e in log_errors(runs, with_params(base, unpack(z))))
 
-    best = minimize(loss, [0.0] * len(PARAMS), method="Nelder-Mead",
-                    options={"xatol": 1e-3, "fatol": 1e-6, "maxiter": 2000})
+    best = None
+    for restart in range(3):   # Nelder-Mead restarted from its own optimum escapes a collapsed simplex
+        x0 = [0.0] * len(PARAMS) if best is None else best.x
+        best = minimize(loss, x0, method="Nelder-Mead", options={"xatol": 1e-3, "fatol": 1e-7, "maxiter": 3000})
     params = unpack(best.x)
     device = with_params(base, params)
     gpu = [r for r in runs if r.measured.get("memory_source", "").startswith("torch.cuda")]
@@ -102,23 +111,32 @@ def calibrated_toml(base_path: Path, device: DeviceProfile, params: dict[str, fl
     values = {"gemm": f"{eff.gemm:.4g}", "attention": f"{eff.attention:.4g}", "memory": f"{eff.memory:.4g}",
               "kernel_overhead_s": f"{eff.kernel_overhead_s:.4g}",
               "intra_node_comm": f"{device.intra_node.efficiency:.4g}",
-              "reserved_memory_bytes": str(eff.reserved_memory_bytes)}
+              "reserved_memory_bytes": str(eff.reserved_memory_bytes), "overlap": f"{eff.overlap:.4g}"}
     how = (f"calibrated {time.strftime('%Y-%m-%d')} by `{command}` on {len(runs)} runs: step-time MAPE "
            f"{before['mape_pct']:.1f}% -> {after['mape_pct']:.1f}%, max {before['max_abs_error_pct']:.1f}% -> "
            f"{after['max_abs_error_pct']:.1f}%")
+    base_keys = set(tomllib.loads(base_path.read_text())["efficiency"])
     out, section = [f"# {how}", "# fitted factors: " + ", ".join(f"{k} {v:.4g}" for k, v in params.items()),
                     f"# base profile: {base_path}"], None
     for line in base_path.read_text().splitlines():
         if line.startswith("["):
             section = line.strip()
+            node = False
+        if section == "[[network]]" and line.strip() == 'scope = "node"':
+            node = True
         key = re.match(r"^(\w+)\s*=", line)
         if section == "[device]" and key and key[1] == "name":
             line = f'name = "{device.name}"'
         elif section == "[device]" and key and key[1] == "aliases":
             line = "aliases = []"
+        elif section == "[[network]]" and key and key[1] in ("latency_s", "p2p_latency_s") and node:
+            factor = params["comm_latency"]
+            line = f"{key[1]} = {float(line.split('=')[1].split('#')[0]) * factor:.4g}  # calibrated: measured x {factor:.3g}"
         elif section == "[efficiency]" and key and key[1] in values:
             line = f"{key[1]} = {values[key[1]]}  # calibrated (see the top of this file)"
         elif section == "[efficiency]" and key and key[1] == "source":
             line = f'source = "{how}"'
         out.append(line)
+        if section == "[efficiency]" and key and key[1] == "reserved_memory_bytes" and "overlap" not in base_keys:
+            out.append(f"overlap = {values['overlap']}  # calibrated (see the top of this file)")
     return "\n".join(out) + "\n"

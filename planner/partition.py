@@ -78,9 +78,10 @@ class _RankShape:
         per_rc = mem(2, 2) - m21
         self.mem = (base, per_layer, per_rc, m21 - (base + 2 * per_layer) - per_rc)
         # DP collectives: comm(P) = alpha + beta·P in the rank's parameters P = edge + L·per_layer
+        overlap = cluster.device.efficiency.overlap
         self.dp = [(mult, (alpha + beta * edge_params, beta * per_layer_params),
-                    (dp_window_s(term, edge), dp_window_s(term, rtm.per_layer),
-                     dp_window_s(term, rtm.per_recomputed_layer)), bucket)
+                    (dp_window_s(term, edge, overlap), dp_window_s(term, rtm.per_layer, overlap),
+                     dp_window_s(term, rtm.per_recomputed_layer, overlap)), bucket)
                    for mult, term, alpha, beta, bucket in dp_shape]
 
 

@@ -63,32 +63,15 @@ def cmd_profile(args: argparse.Namespace) -> int:
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     if device.type == "cuda" and torch.cuda.device_count() < args.nproc:
         raise ValueError(f"--nproc {args.nproc}: this machine has {torch.cuda.device_count()} GPUs")
-    threads = max(1, (os.cpu_count() or 1) // args.nproc)
-    torch.set_num_threads(threads)   # as `planner run` gives each rank its share of the cores
+    threads = max(1, (os.cpu_count() or 1) // args.nproc)   # each rank's share of the cores
     shapes = prof.gemm_shapes()
     dtypes = list(prof.DTYPES)
     progress = Progress(len(shapes) * len(dtypes) + len(prof.MEMORY_ELEMS) + len(dtypes) + 2)
-    gemm: dict[str, list[tuple[float, float]]] = {}
-    for name in dtypes:
-        points = []
-        for m, k, n in shapes:
-            progress.step(f"GEMM {name} {m}x{k}x{n}")
-            points.append(prof.gemm_point(m, k, n, prof.DTYPES[name], device))
-        gemm[name] = sorted(points)
-    memory = []
-    for elems in prof.MEMORY_ELEMS:
-        progress.step(f"memory-bound kernels, {elems:,} elements")
-        memory += prof.memory_points(elems, device)
-    memory = _monotone_by_size(memory)
-    attention = {}
-    for name in dtypes:
-        progress.step(f"attention {name}")
-        attention[name] = prof.attention_efficiency(prof.DTYPES[name], device, _interp_rate(gemm[name]))
-    progress.step("per-operator overhead")
-    overhead_s = prof.op_overhead_s(device)
-    progress.step(f"collectives on {args.nproc} ranks")
-    samples = run_forked(args.nproc, prof.collective_worker, prof.COLLECTIVE_BYTES, device)[0]
+    result = run_forked(args.nproc, prof.measure_rank, shapes, dtypes, prof.MEMORY_ELEMS,
+                        prof.COLLECTIVE_BYTES, device.type, threads, progress.step)[0]
     progress.close()
+    gemm, attention, overhead_s = result["gemm"], result["attention"], result["overhead_s"]
+    memory, samples = _monotone_by_size(result["memory"]), result["collectives"]
     alpha, beta, rms, p2p = prof.fit_alpha_beta(samples, args.nproc)
     text = _toml(args, out, device, threads, gemm, memory, attention, overhead_s, samples, alpha, beta, rms, p2p,
                  prof.machine_description(device))
@@ -131,6 +114,8 @@ def _toml(args, out, device, threads, gemm, memory, attention, overhead_s, sampl
     lines = [
         f"# Device profile of this machine: {how}.",
         "# Peaks are the best measured rates; the curves under [measured] are what the cost model uses.",
+        f"# All {args.nproc} ranks measured at once (each shares cores, caches and memory bandwidth with the",
+        "# others, as the ranks of a run do); rank 0's figures are written.",
         "",
         "[device]",
         f'name = "{name}"',
@@ -171,7 +156,7 @@ def _toml(args, out, device, threads, gemm, memory, attention, overhead_s, sampl
         f'date = "{date}"',
         f'command = "{command}"',
         f'machine = "{machine}"',
-        f"threads_per_rank = {threads}",
+        f"threads_per_rank = {threads}  # `planner run` gives each CPU rank this many threads",
         *[f"gemm_{k} = {_pairs(v)}  # [FLOPs per call, FLOP/s]" for k, v in gemm.items()],
         f"memory_bound = {_pairs(memory)}  # [bytes moved per call, bytes/s]",
         *[f"collective_{k} = {_pairs(v)}  # [bytes, seconds]" for k, v in samples.items()],

@@ -87,7 +87,9 @@ def _check_machine(args: argparse.Namespace, pf: PlanFile) -> tuple[int, int]:
         hint = "; use --print-launch for a multi-node cluster" if cuda else \
             f"; pass --nproc {world} to oversubscribe the cores (correct, but slow), or --dry-run"
         raise RunRefused(f"the plan needs {world} ranks but this machine has {what}{hint}")
-    return nproc, max(1, (os.cpu_count() or 1) // nproc)
+    # A CPU profile describes a rank with the threads it was measured with; run ranks alike.
+    threads = pf.cluster.device.threads_per_rank or max(1, (os.cpu_count() or 1) // nproc)
+    return nproc, threads
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -121,7 +121,12 @@ def dp_mesh_for(mesh: DeviceMesh, plan: Plan) -> DeviceMesh:
 
 
 def apply_data_parallel(stage: nn.Module, mesh: DeviceMesh, plan: Plan, train: TrainSpec) -> None:
-    """FSDP2 per layer, then the stage root (which holds embedding, final norm and head)."""
+    """FSDP2 per layer, then the stage root (which holds embedding, final norm and head). With
+    one data-parallel replica, no tensor parallelism and fp32 there is nothing for FSDP to do,
+    and its hooks and copies would only cost time: the stage stays plain. (Under TP, FSDP also
+    makes every parameter a DTensor, which the optimizers' foreach kernels need.)"""
+    if plan.dp * plan.cp == 1 and plan.tp == 1 and train.compute_dtype is DType.FP32:
+        return
     mp = MixedPrecisionPolicy()
     if train.compute_dtype is not DType.FP32:
         mp = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[train.compute_dtype],

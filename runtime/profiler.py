@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from typing import Callable
 
 import numpy as np
@@ -138,6 +139,45 @@ def fit_alpha_beta(samples: dict[str, list[tuple[float, float]]], world: int) ->
     rms = float(np.sqrt(np.mean((a @ np.array([alpha, inv_beta]) - 1.0) ** 2)))
     p2p = float(np.median([t for _, t in samples["p2p"][:4]]))
     return float(alpha), float(1.0 / inv_beta), rms, p2p
+
+
+def measure_rank(shapes, dtypes: list[str], elems: tuple[int, ...], sizes: tuple[int, ...],
+                 device_type: str, threads: int, report) -> dict | None:
+    """Everything, on every rank of an initialised group at once: each rank is one "device" of
+    the node and shares cores, caches and memory bandwidth with the others, as ranks of a run
+    do. A barrier before each point keeps the ranks measuring together; rank 0's figures are
+    returned (and its progress reported through `report(what)`)."""
+    torch.set_num_threads(threads)
+    device = torch.device(device_type, dist.get_rank() if device_type == "cuda" else 0)
+    if device_type == "cuda":
+        torch.cuda.set_device(device)
+    lead = dist.get_rank() == 0
+    out: dict = {"gemm": {}, "memory": [], "attention": {}}
+    for name in dtypes:
+        points = []
+        for m, k, n in shapes:
+            dist.barrier()
+            points.append(gemm_point(m, k, n, DTYPES[name], device))
+            lead and report(f"GEMM {name} {m}x{k}x{n}")
+        out["gemm"][name] = sorted(points)
+    for e in elems:
+        dist.barrier()
+        out["memory"] += memory_points(e, device)
+        lead and report(f"memory-bound kernels, {e:,} elements")
+    for name in dtypes:
+        dist.barrier()
+        curve = out["gemm"][name]
+        rate = lambda f, c=curve: float(np.interp(np.log(f), np.log([x for x, _ in c]), [y for _, y in c]))  # noqa: E731
+        out["attention"][name] = attention_efficiency(DTYPES[name], device, rate)
+        lead and report(f"attention {name}")
+    dist.barrier()
+    out["overhead_s"] = op_overhead_s(device)
+    lead and report("per-operator overhead")
+    with warnings.catch_warnings():   # gloo's *_tensor collectives are "deprecated" in 2.13, still the API
+        warnings.simplefilter("ignore", FutureWarning)
+        out["collectives"] = collective_worker(sizes, device)
+    lead and report(f"collectives on {dist.get_world_size()} ranks")
+    return out if lead else None
 
 
 def machine_description(device: torch.device) -> str:

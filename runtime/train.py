@@ -17,6 +17,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
 
 from costmodel.plan import PlanFile
 from costmodel.specs import Optimizer
@@ -74,8 +75,9 @@ def forward_backward(job: Job, tokens: torch.Tensor, labels: torch.Tensor) -> to
     total = torch.zeros((), device=job.device)
     for k, (xs, ys) in enumerate(zip(x.chunk(m), y.chunk(m))):
         final = k == m - 1
-        model.set_requires_gradient_sync(final or gradient_sync_every_micro_batch(plan))
-        model.set_reshard_after_backward(final or plan.zero_stage == 3)
+        if isinstance(model, FSDPModule):
+            model.set_requires_gradient_sync(final or gradient_sync_every_micro_batch(plan))
+            model.set_reshard_after_backward(final or plan.zero_stage == 3)
         loss = cross_entropy(model(xs), ys)
         (loss / m).backward()
         total += loss.detach()

@@ -21,23 +21,25 @@ STEPS, LR, SEED = 3, 0.5, 7   # SGD: a wrong gradient scale shows (Adam would hi
 
 def plan_file(choice: Choice, *, world: int, model: str = "debug-tiny", seq_len: int = 32,
               global_batch: int = 8, compute_dtype: DType = DType.FP32,
-              attention_kernel: AttentionKernel = AttentionKernel.FLASH, **model_changes) -> PlanFile:
+              attention_kernel: AttentionKernel = AttentionKernel.FLASH,
+              optimizer: Optimizer = Optimizer.SGD, **model_changes) -> PlanFile:
     spec = resolve_model(model)
     if model_changes:
         spec = replace(spec, **model_changes)
     train = TrainSpec(seq_len=seq_len, global_batch_size=global_batch, compute_dtype=compute_dtype,
-                      grad_dtype=DType.FP32, optimizer=Optimizer.SGD,
+                      grad_dtype=DType.FP32, optimizer=optimizer,
                       attention_kernel=attention_kernel)
     cluster = parse_cluster(f"1x{world}xcpu")
     return PlanFile(plan=build_plan(spec, train, cluster, choice), model=spec, train=train,
                     cluster=cluster)
 
 
-def reference(pf: PlanFile, steps: int = STEPS) -> tuple[list[float], dict[str, torch.Tensor]]:
+def reference(pf: PlanFile, steps: int = STEPS, lr: float = LR) -> tuple[list[float], dict[str, torch.Tensor]]:
     """The whole global batch in one process, the plain model, the same optimizer."""
     model = Transformer(pf.model, pf.train.attention_kernel)
     model.init_weights(SEED)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    opt = (torch.optim.SGD(model.parameters(), lr=lr) if pf.train.optimizer is Optimizer.SGD
+           else torch.optim.AdamW(model.parameters(), lr=lr))
     source = TokenSource(pf.model.vocab_size, pf.train.seq_len, SEED)
     losses = []
     for step in range(steps):
@@ -50,8 +52,8 @@ def reference(pf: PlanFile, steps: int = STEPS) -> tuple[list[float], dict[str, 
     return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def distributed(pf: PlanFile, steps: int = STEPS) -> dict:
-    cfg = RunConfig(steps=steps, warmup=0, seed=SEED, lr=LR, collect_params=True, quiet=True)
+def distributed(pf: PlanFile, steps: int = STEPS, lr: float = LR) -> dict:
+    cfg = RunConfig(steps=steps, warmup=0, seed=SEED, lr=lr, collect_params=True, quiet=True)
     return run_forked(pf.plan.world_size, run_rank, pf, cfg)[0]
 
 
