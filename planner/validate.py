@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import itertools
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -179,24 +178,9 @@ def _step_time(result: RowResult, row: dict[str, str], which: str) -> float:
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:
-    """Spearman's rank correlation (average ranks for ties)."""
-    def ranks(values: list[float]) -> list[float]:
-        order = sorted(range(len(values)), key=values.__getitem__)
-        out = [0.0] * len(values)
-        i = 0
-        while i < len(order):
-            j = i
-            while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-                j += 1
-            for k in range(i, j + 1):
-                out[order[k]] = (i + j) / 2
-            i = j + 1
-        return out
-    rx, ry = ranks(xs), ranks(ys)
-    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
-    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    var = math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
-    return cov / var if var else float("nan")
+    """Spearman's rank correlation (average ranks for ties), by scipy."""
+    from scipy.stats import spearmanr
+    return float(spearmanr(xs, ys).statistic)
 
 
 def summarize(results: list[RowResult], rows: list[dict[str, str]]) -> dict[str, Any]:

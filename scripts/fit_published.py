@@ -1,6 +1,6 @@
 """Fit each device's efficiency parameters on the published runs table.
 
-    python scripts/fit_published.py [RUNS.csv]             (needs scipy: pip install -e ".[fit]")
+    python scripts/fit_published.py [RUNS.csv]
     python scripts/fit_published.py [RUNS.csv] --evaluate  (no fit: the profiles' current values)
 
 Per device, a handful of physically meaningful parameters, each bounded to a plausible range:
