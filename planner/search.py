@@ -113,6 +113,12 @@ def _schedules(pp: int, vpp: int, mode: Recompute) -> tuple[list[Schedule], Sche
     return valid, valid[-1]
 
 
+def _max_cp(cluster: ClusterSpec) -> int:
+    """CPU ranks cannot run context parallelism (torch 2.13 has no context-parallel rule for the
+    CPU attention kernel, so the runtime refuses it): plans for them keep cp = 1."""
+    return 1 if cluster.device.kind == "cpu" else MAX_CP
+
+
 def time_keys(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: SearchOptions,
               stats: SearchStats) -> Iterator[Choice]:
     """Every outer choice except the ZeRO stage (which the time bound does not depend on)."""
@@ -121,7 +127,7 @@ def time_keys(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options:
     tp_all = [t for t in divisors(math.gcd(model.num_heads, model.num_kv_heads, model.ffn_hidden_size))
               if t <= max(max_tp, options.fixed.get("tp", 0)) and world % t == 0]
     for tp in _allowed(options, "tp", tp_all):
-        cp_all = [c for c in divisors(world // tp) if c <= MAX_CP and train.seq_len % c == 0]
+        cp_all = [c for c in divisors(world // tp) if c <= _max_cp(cluster) and train.seq_len % c == 0]
         for cp in _allowed(options, "cp", cp_all):
             for pp in _allowed(options, "pp", [p for p in divisors(world // (tp * cp)) if p <= L]):
                 dp = world // (tp * cp * pp)

@@ -12,6 +12,7 @@ from costmodel.plan import Plan
 from costmodel.specs import ModelSpec, TrainSpec
 from reports.bubble import schedule_table, schedule_variants, bubble_figures
 from reports.document import Document
+from reports.measured import measured_figure
 from reports.memory_report import PlanMemory, memory_figures, memory_table
 from reports.ranking import ledger_figure, ranking_figure
 
@@ -44,6 +45,7 @@ def write_report(inp: ReportInput, out_dir: Path) -> list[str]:
         _ranking(doc, inp, out_dir)
     if inp.measured:
         _measured(doc, inp.measured)
+        doc.image(*measured_figure(inp.measured, out_dir))
     _what_would_change_it(doc, inp, variants)
     (out_dir / "index.md").write_text(doc.markdown() + "\n")
     (out_dir / "index.html").write_text(doc.html() + "\n")
