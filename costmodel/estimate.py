@@ -113,21 +113,52 @@ def _closed_form_s(plan: Plan, ranks: list[RankTimes]) -> float | None:
         return None
 
 
-def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> Estimate:
-    """Predict one optimizer step. The plan must pass `check_plan` structurally."""
+def _closed_form_ledger(plan: Plan, critical: RankTimes, pipe_s: float, dp_s: float, emb_s: float,
+                        optim_s: float) -> dict[str, float]:
+    m = plan.num_micro_batches
+    return {
+        "compute/forward": m * critical.forward_s,
+        "compute/backward": m * critical.backward_s,
+        "compute/recompute": m * critical.recompute_s,
+        "comm/tp_exposed": m * critical.tp_comm_s,
+        "comm/cp_exposed": m * critical.cp_comm_s,
+        "comm/pp_exposed": m * critical.pp_comm_s,
+        "pipeline/bubble": pipe_s - m * critical.total_s,
+        "comm/dp_exposed": dp_s,
+        "comm/embedding_sync": emb_s,
+        "optimizer/step": optim_s,
+    }
+
+
+def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan,
+             *, simulate: bool = True) -> Estimate:
+    """Predict one optimizer step. The plan must pass `check_plan` structurally.
+
+    `simulate=False` prices the pipeline by its closed form instead (fast, affine in the layer
+    split: what the search's branch and bound and CP-SAT reason with); zbv has none."""
     sp = spans(plan, cluster)
     ranks = [rank_times(model, train, plan, cluster, sp, r) for r in range(plan.pp)]
-    sim = simulate_plan(model, train, cluster, plan)
-    critical = max(range(plan.pp), key=lambda r: sim.busy_s[r])
     dp_s = max(dp_exposed_s(model, train, plan, cluster, sp, r, ranks[r]) for r in range(plan.pp))
     shards = plan.dp * plan.cp if plan.zero_stage >= 1 else 1
     optim_s = max(optimizer_step_s(rank_params(model, plan, r).total / shards, train, cluster.device)
                   for r in range(plan.pp))
     emb_s = _tied_embedding_sync_s(model, train, plan, cluster, sp)
-    ledger = _ledger(plan, ranks[critical], sim, critical, dp_s, emb_s, optim_s)
-    step_s = sum(ledger.values())
     closed = _closed_form_s(plan, ranks)
-    memory = memory_per_rank(model, train, cluster, plan, sim)
+    if simulate:
+        sim = simulate_plan(model, train, cluster, plan)
+        critical = max(range(plan.pp), key=lambda r: sim.busy_s[r])
+        ledger = _ledger(plan, ranks[critical], sim, critical, dp_s, emb_s, optim_s)
+        memory = memory_per_rank(model, train, cluster, plan, sim)
+        bubbles = sim.bubble_fractions
+    else:
+        if closed is None:
+            raise ValueError(f"schedule {plan.schedule} has no closed form: simulate it")
+        pipe_s, critical = pipeline_time_s(plan, ranks)
+        ledger = _closed_form_ledger(plan, ranks[critical], pipe_s, dp_s, emb_s, optim_s)
+        reserved = cluster.device.efficiency.reserved_memory_bytes
+        memory = [stage_memory(model, train, plan, r, reserved) for r in range(plan.pp)]
+        bubbles = []
+    step_s = sum(ledger.values())
     peak = [m.total_bytes for m in memory]
     capacity = float(cluster.device.memory_bytes)
     model_flops = float(model_flops_per_step(model, train))
@@ -141,5 +172,5 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
         bubble_fraction=ledger["pipeline/bubble"] / step_s, time_breakdown_s=ledger,
         memory_breakdown_bytes=[m.to_dict() for m in memory], critical_rank=critical,
         rank_time_per_micro_batch_s=[r.total_s for r in ranks],
-        bubble_fraction_per_rank=sim.bubble_fractions,
+        bubble_fraction_per_rank=bubbles,
         closed_form_step_time_s=None if closed is None else closed + dp_s + emb_s + optim_s)

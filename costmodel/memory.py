@@ -15,7 +15,7 @@ tensors; the softmax statistics instead). Tests check the published coefficients
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from costmodel.params import ceil_div, layer_params, rank_params, rank_params_at
 from costmodel.plan import Plan, Recompute, Schedule
@@ -39,7 +39,10 @@ class StageMemory:
                 + self.activations_bytes + self.buffers_bytes + self.reserved_bytes)
 
     def to_dict(self) -> dict[str, float]:
-        return {k.removesuffix("_bytes"): v for k, v in asdict(self).items()}
+        # field by field: dataclasses.asdict deep-copies, and the search calls this a lot
+        return {"params": self.params_bytes, "grads": self.grads_bytes, "optimizer": self.optimizer_bytes,
+                "activations": self.activations_bytes, "buffers": self.buffers_bytes,
+                "reserved": self.reserved_bytes}
 
 
 def optimizer_bytes_per_param(train: TrainSpec) -> int:

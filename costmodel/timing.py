@@ -2,7 +2,7 @@
 path), and the data-parallel synchronisation left exposed after overlap."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from costmodel.cluster import ClusterSpec
 from costmodel.comm import Collective, collective_time_s, p2p_time_s
@@ -60,7 +60,10 @@ class RankTimeModel:
             times = times + self.first_edge
         if last:
             times = times + self.last_edge
-        return times + replace(ZERO_TIMES, pp_comm_s=self.pp_comm_s)
+        return RankTimes(forward_s=times.forward_s, backward_s=times.backward_s,
+                         backward_weight_s=times.backward_weight_s, recompute_s=times.recompute_s,
+                         tp_comm_s=times.tp_comm_s, cp_comm_s=times.cp_comm_s,
+                         pp_comm_s=times.pp_comm_s + self.pp_comm_s)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -7,6 +7,11 @@ of all ranks' work, times m micro-batches). Candidates are taken in order of tha
 exactly by CP-SAT (layer split and per-rank recompute under the memory cap, planner.partition);
 the search stops once the bound of the next candidate is no better than the K-th best plan found.
 So the result is the optimum over the whole space whenever every CP-SAT solve proved optimality.
+
+All of this reasons with the closed-form pipeline (`estimate(..., simulate=False)`), which the
+bounds and CP-SAT's affine model are derived from, so the proof is consistent. The best plans of
+that search (REPRICED of them) are then priced by the event simulation, which is what is shown
+and ranked; one whose simulated memory does not fit is dropped.
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ from planner.partition import (SolverTimeout, apply_split, lower_bound_with_memo
 from planner.space import Choice, build_plan, degrees_plan, divisors
 
 MAX_MICRO_BATCH = 64
+REPRICED = 20   # closed-form best plans re-priced by simulation for the final ranking
 MAX_CP = 8
 
 
@@ -209,7 +215,7 @@ def _seeds(model, train, cluster, bounded) -> list[Found]:
             continue
         counts = tuple(plan.layers_on_rank(r) if plan.recompute is not Recompute.NONE else 0 for r in range(plan.pp))
         concrete = replace(plan, recompute_num_layers=counts)
-        est = estimate(model, train, cluster, concrete)
+        est = estimate(model, train, cluster, concrete, simulate=False)
         if est.fits:
             seeds.append(Found(plan=concrete, estimate=est))
     return seeds
@@ -255,8 +261,8 @@ def _branch_and_bound(model, train, cluster, options, stats, bounded, deadline: 
             continue
         stats.optimal &= split.optimal
         concrete = apply_split(plan, split)
-        est = estimate(model, train, cluster, concrete)
-        if not est.fits:  # simulated peak above the closed form's, or rounding at the very edge
+        est = estimate(model, train, cluster, concrete, simulate=False)
+        if not est.fits:  # integer rounding at the very edge
             stats.prune("memory")
             continue
         stats.num_feasible += 1
@@ -267,7 +273,11 @@ def _branch_and_bound(model, train, cluster, options, stats, bounded, deadline: 
     if not found:  # only then does anyone need to know how far the plans are from fitting
         for plan in too_big[:2000]:
             closest = _closer(model, train, cluster, plan, closest)
-    return SearchResult(plans=_rank(found, options), stats=stats, evaluated=found, closest=closest)
+    ranked = _rank(found, replace(options, top_k=max(REPRICED, options.top_k)))
+    simulated = {id(f): Found(plan=f.plan, estimate=estimate(model, train, cluster, f.plan)) for f in ranked}
+    evaluated = [simulated.get(id(f), f) for f in found]
+    plans = _rank([f for f in simulated.values() if f.estimate.fits], options)
+    return SearchResult(plans=plans, stats=stats, evaluated=evaluated, closest=closest)
 
 
 def _cutoff(found: list[Found], options: SearchOptions) -> float:
@@ -308,7 +318,7 @@ def _closer(model, train, cluster, plan, closest: Found | None) -> Found:
     counts = tuple(plan.layers_on_rank(r) for r in range(plan.pp)) if plan.recompute is not Recompute.NONE \
         else (0,) * plan.pp
     probe = replace(plan, recompute_num_layers=counts)
-    est = estimate(model, train, cluster, probe)
+    est = estimate(model, train, cluster, probe, simulate=False)
     if closest is None or est.max_peak_memory_bytes < closest.estimate.max_peak_memory_bytes:
         return Found(plan=probe, estimate=est)
     return closest
