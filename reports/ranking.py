@@ -48,8 +48,9 @@ def ranking_figure(estimates: Sequence[Estimate], top: Sequence[Estimate], out_d
     ax.legend(fontsize=7, loc="upper right")
     fig.tight_layout()
     save(fig, out_dir, "ranking_scatter")
-    return ("ranking_scatter", "Every feasible plan the search priced exactly: step time against peak "
-            "memory per device; the numbers are the top plans of the table, the dashed line the capacity.")
+    return ("ranking_scatter", "Every feasible plan the search solved: step time against peak memory per "
+            "device (closed-form pipeline; the best ones re-priced by simulation); the numbers are the top "
+            "plans of the table, the dashed line the capacity.")
 
 
 def ledger_figure(est: Estimate, out_dir: Path) -> tuple[str, str]:
