@@ -48,6 +48,9 @@ class Estimate:
     critical_rank: int
     rank_time_per_micro_batch_s: list[float] = field(default_factory=list)
     bubble_fraction_per_rank: list[float] = field(default_factory=list)
+    # per pipeline rank, seconds per step of its own work: compute and the TP/CP collectives
+    # inside it (what the runtime times as a stage's busy time)
+    rank_work_s: list[float] = field(default_factory=list)
     closed_form_step_time_s: float | None = None   # None: the schedule (zbv) has no closed form
 
     @property
@@ -173,4 +176,5 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
         memory_breakdown_bytes=[m.to_dict() for m in memory], critical_rank=critical,
         rank_time_per_micro_batch_s=[r.total_s for r in ranks],
         bubble_fraction_per_rank=bubbles,
+        rank_work_s=[plan.num_micro_batches * (r.total_s - r.pp_comm_s) for r in ranks],
         closed_form_step_time_s=None if closed is None else closed + dp_s + emb_s + optim_s)

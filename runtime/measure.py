@@ -30,7 +30,10 @@ def measured_record(pf: PlanFile, raw: dict[str, Any], *, steps: int, warmup: in
     # CPU figures count tensors only; compare them with the prediction less its reserve.
     reserve = est.memory_breakdown_bytes[0]["reserved"] if raw["device"] == "cpu" else 0.0
     predicted_peak = [p - reserve for p in est.peak_memory_bytes]
+    work = raw.get("stage_busy_s")
     return {
+        "stage_work_s": work,
+        "stage_rest_s": None if work is None else [step_s - w for w in work],
         "step_time_s": step_s,
         "tokens_per_s": pf.train.tokens_per_step / step_s,
         "mfu": mfu,
@@ -44,6 +47,10 @@ def measured_record(pf: PlanFile, raw: dict[str, Any], *, steps: int, warmup: in
             "mfu": error_pct(mfu, est.mfu),
             "peak_memory_bytes": (None if peak is None else
                                   [error_pct(m, p) for m, p in zip(peak, predicted_peak)]),
+            "stage_work_s": (None if work is None else
+                             [error_pct(w, p) for w, p in zip(work, est.rank_work_s)]),
+            "stage_rest_s": (None if work is None else
+                             [error_pct(step_s - w, est.step_time_s - p) for w, p in zip(work, est.rank_work_s)]),
         },
         "memory_source": raw["memory_source"],
         "predicted_memory_compared_bytes": predicted_peak,
@@ -69,6 +76,14 @@ def comparison_rows(m: dict[str, Any]) -> list[tuple[str, str, str, str]]:
              pct(err["step_time_s"])),
             ("tokens/s", f"{est['tokens_per_s']:,.0f}", f"{m['tokens_per_s']:,.0f}", pct(err["tokens_per_s"])),
             ("MFU", f"{100 * est['mfu']:.1f}%", f"{100 * m['mfu']:.1f}%", pct(err["mfu"]))]
+    work = m.get("stage_work_s")
+    for stage, predicted in enumerate(est.get("rank_work_s", [])):
+        if work is None:
+            break
+        rows.append((f"stage {stage} work (compute + TP)", f"{predicted * 1e3:,.1f} ms", f"{work[stage] * 1e3:,.1f} ms",
+                     pct(err["stage_work_s"][stage])))
+        rows.append((f"stage {stage} rest (bubble, comm, optim.)", f"{(est['step_time_s'] - predicted) * 1e3:,.1f} ms",
+                     f"{m['stage_rest_s'][stage] * 1e3:,.1f} ms", pct(err["stage_rest_s"][stage])))
     peak = m["peak_memory_bytes"]
     for stage, predicted in enumerate(m["predicted_memory_compared_bytes"]):
         measured = "-" if peak is None else f"{peak[stage] / 2**20:,.1f} MiB"

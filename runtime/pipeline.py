@@ -3,6 +3,7 @@ pipeline ranks by `Plan.stage_rank` (loop placement, or V placement for ZBV), ex
 `torch.distributed.pipelining` schedule class of the plan's schedule."""
 from __future__ import annotations
 
+import time
 from itertools import accumulate
 
 import torch
@@ -34,10 +35,34 @@ def local_stages(plan: Plan, pp_rank: int) -> list[int]:
     return [j for j in range(plan.num_virtual_stages) if plan.stage_rank(j) == pp_rank]
 
 
+class TimedStage(PipelineStage):
+    """A PipelineStage that adds up the seconds it computes (forward, backward, backward for
+    weights, including the tensor-parallel collectives inside them); the rest of a rank's
+    pipeline phase is waiting and point-to-point transfer."""
+
+    busy_s = 0.0
+
+    def _timed(self, fn, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            TimedStage.busy_s += time.perf_counter() - start
+
+    def forward_one_chunk(self, *args, **kwargs):
+        return self._timed(super().forward_one_chunk, *args, **kwargs)
+
+    def backward_one_chunk(self, *args, **kwargs):
+        return self._timed(super().backward_one_chunk, *args, **kwargs)
+
+    def backward_weight_one_chunk(self, *args, **kwargs):
+        return self._timed(super().backward_weight_one_chunk, *args, **kwargs)
+
+
 def build_schedule(plan: Plan, modules: dict[int, torch.nn.Module], pp_group, device: torch.device,
                    loss_fn):
     """One PipelineStage per local virtual stage, driven by the plan's schedule class."""
-    stages = [PipelineStage(mod, j, plan.num_virtual_stages, device, group=pp_group)
+    stages = [TimedStage(mod, j, plan.num_virtual_stages, device, group=pp_group)
               for j, mod in sorted(modules.items())]
     cls = SCHEDULE_CLASSES[plan.schedule]
     target = stages if plan.schedule in MULTI_STAGE else stages[0]

@@ -25,6 +25,7 @@ from runtime.data import TokenSource, local_slice
 from runtime.memtrack import TensorBytesTracker, state_tensors
 from runtime.job import Job, build_job, cross_entropy, sync_tied_embedding
 from runtime.parallel import gradient_sync_every_micro_batch
+from runtime.pipeline import TimedStage
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,6 +74,7 @@ def forward_backward(job: Job, tokens: torch.Tensor, labels: torch.Tensor) -> to
     model = job.modules[0]
     m = plan.num_micro_batches
     total = torch.zeros((), device=job.device)
+    start = time.perf_counter()
     for k, (xs, ys) in enumerate(zip(x.chunk(m), y.chunk(m))):
         final = k == m - 1
         if isinstance(model, FSDPModule):
@@ -81,6 +83,7 @@ def forward_backward(job: Job, tokens: torch.Tensor, labels: torch.Tensor) -> to
         loss = cross_entropy(model(xs), ys)
         (loss / m).backward()
         total += loss.detach()
+    TimedStage.busy_s += time.perf_counter() - start   # no pipeline: all of it is the stage's work
     return total / m
 
 
@@ -93,7 +96,7 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
     torch.manual_seed(cfg.seed * 1_000_003 + job.coords["dp"] * 1009 + job.coords["pp"])
     optimizer = make_optimizer(job, pf, cfg.lr)
     source = TokenSource(pf.model.vocab_size, pf.train.seq_len, cfg.seed, cfg.data, cfg.data_dtype)
-    losses, times, memory = [], [], None
+    losses, times, busy, memory = [], [], [], None
     for step in range(cfg.warmup + cfg.steps):
         first, count = local_slice(step, pf.train.global_batch_size, pf.plan.dp, job.coords["dp"])
         tokens, labels = source.batch(first, count)
@@ -102,6 +105,7 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
             torch.cuda.reset_peak_memory_stats()
         _maybe_fail(cfg.fault, step)
         dist.barrier()
+        TimedStage.busy_s = 0.0
         start = time.perf_counter()
         loss, tracked = _step(job, optimizer, tokens, labels, track)
         if device.type == "cuda":
@@ -112,6 +116,7 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
         losses.append(step_loss)
         if step >= cfg.warmup:
             times.append(step_s)
+            busy.append(_per_stage_max(job, TimedStage.busy_s))
         if dist.get_rank() == 0 and not cfg.quiet:
             tag = (f"warm-up {step + 1}/{cfg.warmup}" if step < cfg.warmup
                    else f"step {step - cfg.warmup + 1}/{cfg.steps}")
@@ -124,6 +129,7 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
     if dist.get_rank() != 0:
         return None
     return {"losses": losses, "step_times_s": times, "peak_memory_bytes": peak, "params": params,
+            "stage_busy_s": [sorted(col)[len(col) // 2] for col in zip(*busy)] if busy else None,
             "memory_source": ("torch.cuda.max_memory_allocated" if device.type == "cuda" else
                               "live tensor bytes over the last warm-up step, tracked by "
                               "runtime.memtrack (CPU: tensors only, no allocator or interpreter "
@@ -161,6 +167,14 @@ def _reduce_step(job: Job, loss: torch.Tensor | None, elapsed_s: float) -> tuple
     dist.all_reduce(packed)   # CPU tensors: gloo, also under "cpu:gloo,cuda:nccl"
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     return float(packed[0]), float(slowest[0])
+
+
+def _per_stage_max(job: Job, value: float) -> list[float]:
+    """Per pipeline rank, the largest value over its ranks (one small all-reduce, untimed)."""
+    table = torch.zeros(job.plan.pp, dtype=torch.float64)
+    table[job.coords["pp"]] = value
+    dist.all_reduce(table, op=dist.ReduceOp.MAX)
+    return table.tolist()
 
 
 def _peak_per_stage(job: Job, memory: float | None) -> list[float] | None:
