@@ -25,7 +25,7 @@ from costmodel.cluster import DeviceProfile
 from costmodel.estimate import Estimate, estimate
 from costmodel.plan import PlanFile
 
-PARAMS = ("compute", "memory", "kernel_overhead_s", "intra_node_comm", "comm_latency", "overlap")
+PARAMS = ("compute", "memory", "kernel_overhead_s", "intra_node_comm", "comm_latency", "overlap")  # overlap last
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ def with_params(base: DeviceProfile, x: dict[str, float]) -> DeviceProfile:
     eff = base.efficiency
     new_eff = replace(eff, gemm=eff.gemm * x["compute"], attention=eff.attention * x["compute"],
                       memory=eff.memory * x["memory"], kernel_overhead_s=x["kernel_overhead_s"],
-                      overlap=min(1.0, x["overlap"]))
+                      overlap=x["overlap"])
     tier = base.intra_node
     intra = replace(tier, efficiency=tier.efficiency * x["intra_node_comm"],
                     latency_s=tier.latency_s * x["comm_latency"],
@@ -74,22 +74,34 @@ def summary(runs: list[Run], device: DeviceProfile) -> dict[str, float]:
     return {"mape_pct": statistics.mean(map(abs, errors)), "max_abs_error_pct": max(map(abs, errors))}
 
 
+# Physical ranges (factors on the measured or datasheet values, except the overhead in seconds
+# and the overlap fraction): the fit stays where the parameters still mean what they say.
+BOUNDS = {"compute": (0.05, 2.0), "memory": (0.05, 2.0), "kernel_overhead_s": (1e-8, 1e-3),
+          "intra_node_comm": (0.01, 2.0), "comm_latency": (0.5, 100.0), "overlap": (0.0, 1.0)}
+
+
 def fit(runs: list[Run], base: DeviceProfile) -> tuple[DeviceProfile, dict[str, float]]:
     if not runs:
         raise ValueError("no runs to calibrate on")
-    start = {"compute": 1.0, "memory": 1.0, "kernel_overhead_s": max(base.efficiency.kernel_overhead_s, 1e-6),
-             "intra_node_comm": 1.0, "comm_latency": 1.0, "overlap": 0.5}
+    # positive parameters are searched on a log scale, the overlap fraction directly
+    logs = [k for k in PARAMS if k != "overlap"]
+    lo = [math.log(BOUNDS[k][0]) for k in logs] + [0.0]
+    hi = [math.log(BOUNDS[k][1]) for k in logs] + [1.0]
+    start = [0.0, 0.0, math.log(max(base.efficiency.kernel_overhead_s, 1e-6)), 0.0, 0.0, 0.5]
 
     def unpack(z) -> dict[str, float]:
-        return {k: start[k] * math.exp(v) for k, v in zip(PARAMS, z)}
+        out = {k: math.exp(v) for k, v in zip(logs, z)}
+        out["overlap"] = float(z[-1])
+        return out
 
     def loss(z) -> float:
         return sum(e * e for e in log_errors(runs, with_params(base, unpack(z))))
 
     best = None
-    for restart in range(3):   # Nelder-Mead restarted from its own optimum escapes a collapsed simplex
-        x0 = [0.0] * len(PARAMS) if best is None else best.x
-        best = minimize(loss, x0, method="Nelder-Mead", options={"xatol": 1e-3, "fatol": 1e-7, "maxiter": 3000})
+    for _ in range(3):   # Nelder-Mead restarted from its own optimum escapes a collapsed simplex
+        x0 = start if best is None else best.x
+        best = minimize(loss, x0, method="Nelder-Mead", bounds=list(zip(lo, hi)),
+                        options={"xatol": 1e-3, "fatol": 1e-7, "maxiter": 3000})
     params = unpack(best.x)
     device = with_params(base, params)
     gpu = [r for r in runs if r.measured.get("memory_source", "").startswith("torch.cuda")]
