@@ -10,6 +10,7 @@ not the allocator's or the interpreter's overhead; said so in measured.json).
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -129,7 +130,8 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
     if dist.get_rank() != 0:
         return None
     return {"losses": losses, "step_times_s": times, "peak_memory_bytes": peak, "params": params,
-            "stage_busy_s": [sorted(col)[len(col) // 2] for col in zip(*busy)] if busy else None,
+            # the median, as for the step time (runtime.measure), so that work <= step holds
+            "stage_busy_s": [statistics.median(col) for col in zip(*busy)] if busy else None,
             "memory_source": ("torch.cuda.max_memory_allocated" if device.type == "cuda" else
                               "live tensor bytes over the last warm-up step, tracked by "
                               "runtime.memtrack (CPU: tensors only, no allocator or interpreter "
