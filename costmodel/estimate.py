@@ -78,7 +78,7 @@ def _tied_embedding_sync_s(model: ModelSpec, train: TrainSpec, plan: Plan, clust
     return collective_time_s(Collective.ALL_REDUCE, num_bytes, pair, cluster)
 
 
-def _ledger(plan: Plan, critical: RankTimes, sim: Simulation, rank: int, dp_s: float,
+def _ledger(plan: Plan, critical: RankTimes, pp_s: float, bubble_s: float, dp_s: float,
             emb_s: float, optim_s: float) -> dict[str, float]:
     m = plan.num_micro_batches
     return {
@@ -87,8 +87,8 @@ def _ledger(plan: Plan, critical: RankTimes, sim: Simulation, rank: int, dp_s: f
         "compute/recompute": m * critical.recompute_s,
         "comm/tp_exposed": m * critical.tp_comm_s,
         "comm/cp_exposed": m * critical.cp_comm_s,
-        "comm/pp_exposed": sim.send_s[rank],
-        "pipeline/bubble": sim.time_s - sim.busy_s[rank],
+        "comm/pp_exposed": pp_s,
+        "pipeline/bubble": bubble_s,
         "comm/dp_exposed": dp_s,
         "comm/embedding_sync": emb_s,
         "optimizer/step": optim_s,
@@ -116,23 +116,6 @@ def _closed_form_s(plan: Plan, ranks: list[RankTimes]) -> float | None:
         return None
 
 
-def _closed_form_ledger(plan: Plan, critical: RankTimes, pipe_s: float, dp_s: float, emb_s: float,
-                        optim_s: float) -> dict[str, float]:
-    m = plan.num_micro_batches
-    return {
-        "compute/forward": m * critical.forward_s,
-        "compute/backward": m * critical.backward_s,
-        "compute/recompute": m * critical.recompute_s,
-        "comm/tp_exposed": m * critical.tp_comm_s,
-        "comm/cp_exposed": m * critical.cp_comm_s,
-        "comm/pp_exposed": m * critical.pp_comm_s,
-        "pipeline/bubble": pipe_s - m * critical.total_s,
-        "comm/dp_exposed": dp_s,
-        "comm/embedding_sync": emb_s,
-        "optimizer/step": optim_s,
-    }
-
-
 def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan,
              *, simulate: bool = True) -> Estimate:
     """Predict one optimizer step. The plan must pass `check_plan` structurally.
@@ -150,14 +133,17 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
     if simulate:
         sim = simulate_plan(model, train, cluster, plan)
         critical = max(range(plan.pp), key=lambda r: sim.busy_s[r])
-        ledger = _ledger(plan, ranks[critical], sim, critical, dp_s, emb_s, optim_s)
+        # the busiest rank's sends, and its idle time in the simulated pipeline phase
+        ledger = _ledger(plan, ranks[critical], sim.send_s[critical], sim.time_s - sim.busy_s[critical],
+                         dp_s, emb_s, optim_s)
         memory = memory_per_rank(model, train, cluster, plan, sim)
         bubbles = sim.bubble_fractions
     else:
         if closed is None:
             raise ValueError(f"schedule {plan.schedule} has no closed form: simulate it")
         pipe_s, critical = pipeline_time_s(plan, ranks)
-        ledger = _closed_form_ledger(plan, ranks[critical], pipe_s, dp_s, emb_s, optim_s)
+        crit, m = ranks[critical], plan.num_micro_batches
+        ledger = _ledger(plan, crit, m * crit.pp_comm_s, pipe_s - m * crit.total_s, dp_s, emb_s, optim_s)
         reserved = cluster.device.efficiency.reserved_memory_bytes
         memory = [stage_memory(model, train, plan, r, reserved) for r in range(plan.pp)]
         bubbles = []
