@@ -61,7 +61,8 @@ class Simulation:
 
 def simulate(plan: Plan, costs: list[StageCost], *, keep_events: bool = True) -> Simulation:
     """Run the plan's schedule over `costs` (one per virtual stage). Without `keep_events` only
-    the totals are kept (what the search needs), which is several times faster."""
+    the totals are kept (what the search needs), which is several times faster. The event loop
+    is written out in one function on purpose: it runs tens of thousands of times per call."""
     orders = rank_orders(plan)
     n, m, p = plan.num_virtual_stages, plan.num_micro_batches, plan.pp
     owner = [plan.stage_rank(j) for j in range(n)]
