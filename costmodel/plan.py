@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from enum import StrEnum
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +71,7 @@ class Plan:
         return virtual_stage % self.pp
 
     def layers_on_rank(self, rank: int) -> int:
-        return sum(n for j, n in enumerate(self.layers_per_stage) if self.stage_rank(j) == rank)
+        return _layers_by_rank(self)[rank]
 
     def recompute_per_stage(self) -> tuple[int, ...]:
         """Recomputed layers of each virtual stage: pipeline rank r recomputes the first
@@ -120,6 +121,17 @@ class Plan:
                           "mesh_axis_order": tuple(data["mesh_axis_order"])})
         except (TypeError, ValueError) as exc:
             raise ValueError(f"plan: {exc}") from None
+
+
+@lru_cache(maxsize=65536)
+def _layers_by_rank(plan: Plan) -> tuple[int, ...]:
+    """Layers each pipeline rank holds (the search asks this hundreds of thousands of times)."""
+    counts = [0] * plan.pp
+    for j, n in enumerate(plan.layers_per_stage):
+        r = plan.stage_rank(j)
+        if 0 <= r < plan.pp:
+            counts[r] += n
+    return tuple(counts)
 
 
 def even_layers(num_layers: int, num_stages: int) -> tuple[int, ...]:
