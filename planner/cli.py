@@ -228,8 +228,8 @@ def cmd_devices(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="planner", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Plan, predict and validate parallel training of large language models.",
-        epilog="start with: planner predict --model llama-70b --cluster 8x8xA100 --tp 8 --pp 4")
+        description="Plan, predict, run, measure and calibrate parallel training of large language models.",
+        epilog="start with: planner search --model llama-70b --cluster 8x8xA100 --report reports/llama-70b")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     raw = argparse.RawDescriptionHelpFormatter
 

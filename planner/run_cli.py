@@ -20,8 +20,9 @@ EPILOG = """examples:
   planner run plan.json --dry-run          (plans too big for this machine: states per rank on meta)
   planner run plan.json --print-launch     (torchrun per node and an sbatch script)
 
-ranks start with torchrun; CPU runs use gloo and one thread per rank (oversubscribing cores is
-fine for correctness, not for speed); GPU runs use NCCL, one GPU per rank."""
+ranks start with torchrun; CPU runs use gloo and the threads per rank the profile was measured
+with (oversubscribing cores is fine for correctness, not for speed); GPU runs use NCCL, one GPU
+per rank."""
 
 
 class RunRefused(ValueError):
