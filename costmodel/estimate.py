@@ -19,7 +19,7 @@ from typing import Any
 from costmodel.cluster import ClusterSpec
 from costmodel.comm import Collective, collective_time_s
 from costmodel.compute import optimizer_step_s
-from costmodel.flops import executed_flops_per_step, model_flops_per_step
+from costmodel.flops import executed_flops_per_step, model_flops_per_step, utilization
 from costmodel.memory import StageMemory, stage_memory
 from costmodel.params import ceil_div, rank_params
 from costmodel.pipeline import pipeline_time_s
@@ -152,10 +152,11 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
     capacity = float(cluster.device.memory_bytes)
     model_flops = float(model_flops_per_step(model, train))
     executed = float(executed_flops_per_step(model, train, plan))
-    peak_flops = cluster.world_size * cluster.device.peak_for(train.compute_dtype)
+    device_peak = cluster.device.peak_for(train.compute_dtype)
     return Estimate(
         step_time_s=step_s, tokens_per_s=train.tokens_per_step / step_s,
-        mfu=model_flops / (step_s * peak_flops), hfu=executed / (step_s * peak_flops),
+        mfu=utilization(model_flops, step_s, cluster.world_size, device_peak),
+        hfu=utilization(executed, step_s, cluster.world_size, device_peak),
         model_flops=model_flops, executed_flops=executed, peak_memory_bytes=peak,
         memory_capacity_bytes=capacity, fits=max(peak) <= capacity,
         bubble_fraction=ledger["pipeline/bubble"] / step_s, time_breakdown_s=ledger,

@@ -61,3 +61,8 @@ def recompute_flops_per_step(model: ModelSpec, train: TrainSpec, plan: Plan) -> 
 def executed_flops_per_step(model: ModelSpec, train: TrainSpec, plan: Plan) -> int:
     """Hardware FLOPs (HFU numerator): model FLOPs plus recomputation."""
     return model_flops_per_step(model, train) + recompute_flops_per_step(model, train, plan)
+
+
+def utilization(flops: float, step_s: float, world_size: int, peak_flops_per_s: float) -> float:
+    """MFU (model FLOPs) or HFU (executed FLOPs): achieved over the peak of every device."""
+    return flops / (step_s * world_size * peak_flops_per_s)

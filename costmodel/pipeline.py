@@ -36,3 +36,8 @@ def pipeline_time_s(plan: Plan, ranks: list[RankTimes]) -> tuple[float, int]:
     if plan.schedule is Schedule.INTERLEAVED:
         drain /= plan.vpp
     return steady + drain, critical
+
+
+def uniform_1f1b_bubble_fraction(pp: int, num_micro_batches: int) -> float:
+    """Idle share of the pipeline phase of 1F1B (and GPipe) on uniform stages: (p-1)/(m+p-1)."""
+    return (pp - 1) / (num_micro_batches + pp - 1)

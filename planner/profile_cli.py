@@ -3,7 +3,6 @@ the measuring; this module drives it, shows progress and writes the TOML)."""
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
@@ -38,16 +37,6 @@ class Progress:
 
     def close(self) -> None:
         sys.stderr.write("\n")
-
-
-def _interp_rate(curve: list[tuple[float, float]]):
-    xs = [math.log(x) for x, _ in curve]
-    ys = [y for _, y in curve]
-
-    def rate(x: float) -> float:
-        import numpy as np
-        return float(np.interp(math.log(x), xs, ys))
-    return rate
 
 
 def cmd_profile(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ from typing import Any
 
 from costmodel.cluster import ClusterSpec
 from costmodel.estimate import Estimate
+from costmodel.pipeline import uniform_1f1b_bubble_fraction
 from costmodel.plan import Plan
 from costmodel.specs import ModelSpec, TrainSpec
 from reports.bubble import schedule_table, schedule_variants, bubble_figures
@@ -88,7 +89,7 @@ def _bubble(doc: Document, inp: ReportInput, variants, out_dir: Path) -> None:
                  "rank waits for another, so there is no bubble.")
     else:
         doc.text(f"{p} pipeline ranks, {m} micro-batches per step. 1F1B would idle (p-1)/(m+p-1) = "
-                 f"{100 * (p - 1) / (m + p - 1):.1f}% of the pipeline phase on uniform stages; the simulation, "
+                 f"{100 * uniform_1f1b_bubble_fraction(p, m):.1f}% of the pipeline phase on uniform stages; the simulation, "
                  f"with the real stage costs (embedding on the first stage, the LM head on the last) and "
                  f"torch's operation order, gives the figures below.")
     doc.table(*schedule_table(variants))

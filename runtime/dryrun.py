@@ -17,6 +17,7 @@ from torch.distributed.tensor import DTensor
 
 from costmodel.estimate import memory_per_rank
 from costmodel.memory import optimizer_bytes_per_param
+from costmodel.placement import axis_strides
 from costmodel.plan import PlanFile
 from runtime.job import build_job
 
@@ -26,12 +27,9 @@ def _local_numel(p: torch.Tensor) -> int:
 
 
 def first_rank_of_stage(pf: PlanFile, pp_rank: int) -> int:
-    """Global rank at mesh coordinates (pp = pp_rank, every other axis 0), row-major."""
-    order, plan = pf.plan.mesh_axis_order, pf.plan
-    rank = 0
-    for axis in order:
-        rank = rank * plan.degree(axis) + (pp_rank if axis == "pp" else 0)
-    return rank
+    """Global rank at mesh coordinates (pp = pp_rank, every other axis 0): the placement rule."""
+    order = pf.plan.mesh_axis_order
+    return pp_rank * axis_strides(order, tuple(pf.plan.degree(a) for a in order))["pp"]
 
 
 def _count_rank(pf: PlanFile, rank: int) -> dict[str, int]:

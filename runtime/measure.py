@@ -10,7 +10,7 @@ import statistics
 from typing import Any
 
 from costmodel.estimate import Estimate, estimate
-from costmodel.flops import model_flops_per_step
+from costmodel.flops import model_flops_per_step, utilization
 from costmodel.plan import PlanFile
 
 
@@ -24,8 +24,8 @@ def measured_record(pf: PlanFile, raw: dict[str, Any], *, steps: int, warmup: in
                     wall_s: float) -> dict[str, Any]:
     est: Estimate = estimate(pf.model, pf.train, pf.cluster, pf.plan)
     step_s = statistics.median(raw["step_times_s"])
-    peak_flops = pf.cluster.world_size * pf.cluster.device.peak_for(pf.train.compute_dtype)
-    mfu = model_flops_per_step(pf.model, pf.train) / (step_s * peak_flops)
+    mfu = utilization(model_flops_per_step(pf.model, pf.train), step_s, pf.cluster.world_size,
+                      pf.cluster.device.peak_for(pf.train.compute_dtype))
     peak = raw["peak_memory_bytes"]
     # CPU figures count tensors only; compare them with the prediction less its reserve.
     reserve = est.memory_breakdown_bytes[0]["reserved"] if raw["device"] == "cpu" else 0.0

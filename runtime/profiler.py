@@ -25,6 +25,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from costmodel.compute import interpolate
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 LAYER_HIDDEN = (64, 128, 256, 512, 1024)
 LAYER_TOKENS = (128, 512, 2048)
@@ -166,9 +168,8 @@ def measure_rank(shapes, dtypes: list[str], elems: tuple[int, ...], sizes: tuple
         lead and report(f"memory-bound kernels, {e:,} elements")
     for name in dtypes:
         dist.barrier()
-        curve = out["gemm"][name]
-        rate = lambda f, c=curve: float(np.interp(np.log(f), np.log([x for x, _ in c]), [y for _, y in c]))  # noqa: E731
-        out["attention"][name] = attention_efficiency(DTYPES[name], device, rate)
+        curve = tuple(out["gemm"][name])   # read the way the cost model reads it
+        out["attention"][name] = attention_efficiency(DTYPES[name], device, lambda f, c=curve: interpolate(c, f))
         lead and report(f"attention {name}")
     dist.barrier()
     out["overhead_s"] = op_overhead_s(device)
