@@ -140,9 +140,16 @@ def _measured(doc: Document, m: dict[str, Any]) -> None:
         rows.append([f"peak memory stage {r} (MiB)", f"{pred / 2**20:,.1f}",
                      "-" if meas is None else f"{meas / 2**20:,.1f}",
                      pct(err["peak_memory_bytes"][r] if err["peak_memory_bytes"] else None)])
+    parts, predicted = m.get("stage_breakdown_s"), m.get("predicted_stage_breakdown_s")
+    for stage in range(len(parts["work"]) if parts else 0):
+        for key in ("work", "dp_sync", "optimizer", "wait"):
+            rows.append([f"stage {stage} {key} (s)", f"{predicted[key][stage]:.4f}", f"{parts[key][stage]:.4f}",
+                         pct(err["stage_breakdown_s"][key][stage])])
     doc.table(["quantity", "predicted", "measured", "error"], rows)
     doc.text(f"Measured on {m['device']} over {m['steps']} steps after {m['warmup_steps']} warm-up; memory: "
-             f"{m['memory_source']}. Losses {m['losses'][0]:.4f} -> {m['losses'][-1]:.4f}.")
+             f"{m['memory_source']}. Losses {m['losses'][0]:.4f} -> {m['losses'][-1]:.4f}. Per stage: its own "
+             f"work (compute and TP/CP collectives), the DP gradient reduction after the pipeline (inside the "
+             f"backward pass when there is no pipeline), the optimizer, and the wait (bubble and PP transfers).")
 
 
 def _what_would_change_it(doc: Document, inp: ReportInput, variants) -> None:

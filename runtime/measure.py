@@ -30,10 +30,10 @@ def measured_record(pf: PlanFile, raw: dict[str, Any], *, steps: int, warmup: in
     # CPU figures count tensors only; compare them with the prediction less its reserve.
     reserve = est.memory_breakdown_bytes[0]["reserved"] if raw["device"] == "cpu" else 0.0
     predicted_peak = [p - reserve for p in est.peak_memory_bytes]
-    work = raw.get("stage_busy_s")
+    measured_parts, predicted_parts = _stage_parts(pf, est, raw, step_s)
     return {
-        "stage_work_s": work,
-        "stage_rest_s": None if work is None else [step_s - w for w in work],
+        "stage_breakdown_s": measured_parts,
+        "predicted_stage_breakdown_s": predicted_parts,
         "step_time_s": step_s,
         "tokens_per_s": pf.train.tokens_per_step / step_s,
         "mfu": mfu,
@@ -47,10 +47,9 @@ def measured_record(pf: PlanFile, raw: dict[str, Any], *, steps: int, warmup: in
             "mfu": error_pct(mfu, est.mfu),
             "peak_memory_bytes": (None if peak is None else
                                   [error_pct(m, p) for m, p in zip(peak, predicted_peak)]),
-            "stage_work_s": (None if work is None else
-                             [error_pct(w, p) for w, p in zip(work, est.rank_work_s)]),
-            "stage_rest_s": (None if work is None else
-                             [error_pct(step_s - w, est.step_time_s - p) for w, p in zip(work, est.rank_work_s)]),
+            "stage_breakdown_s": (None if measured_parts is None else
+                                  {k: [error_pct(a, b) for a, b in zip(measured_parts[k], predicted_parts[k])]
+                                   for k in measured_parts}),
         },
         "memory_source": raw["memory_source"],
         "predicted_memory_compared_bytes": predicted_peak,
@@ -65,6 +64,32 @@ def measured_record(pf: PlanFile, raw: dict[str, Any], *, steps: int, warmup: in
     }
 
 
+PARTS = {"work": "work (compute + TP/CP)", "dp_sync": "DP gradient sync", "optimizer": "optimizer",
+         "wait": "wait (bubble + PP transfer)"}
+
+
+def _stage_parts(pf: PlanFile, est: Estimate, raw: dict[str, Any], step_s: float):
+    """Per pipeline stage, the step split as the runtime times it, measured and predicted:
+    the stage's own work, the data-parallel reduction after the pipeline, the optimizer step,
+    and the rest (waiting in the bubble, point-to-point transfers). Without a pipeline FSDP
+    reduces gradients inside the backward pass, so the prediction's DP time joins the work."""
+    work = raw.get("stage_busy_s")
+    if work is None:
+        return None, None
+    sync, optim = raw["stage_dp_sync_s"], raw["stage_optimizer_s"]
+    measured = {"work": work, "dp_sync": sync, "optimizer": optim,
+                "wait": [step_s - w - d - o for w, d, o in zip(work, sync, optim)]}
+    ledger = est.time_breakdown_s
+    dp = ledger["comm/dp_exposed"] + ledger["comm/embedding_sync"]
+    inside = pf.plan.pp == 1
+    pred_work = [w + (dp if inside else 0.0) for w in est.rank_work_s]
+    pred_sync = [0.0 if inside else dp] * pf.plan.pp
+    pred_optim = [ledger["optimizer/step"]] * pf.plan.pp
+    predicted = {"work": pred_work, "dp_sync": pred_sync, "optimizer": pred_optim,
+                 "wait": [est.step_time_s - w - d - o for w, d, o in zip(pred_work, pred_sync, pred_optim)]}
+    return measured, predicted
+
+
 def comparison_rows(m: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     """(quantity, predicted, measured, error) for the end-of-run table."""
     est, err = m["predicted"], m["error_pct"]
@@ -76,14 +101,11 @@ def comparison_rows(m: dict[str, Any]) -> list[tuple[str, str, str, str]]:
              pct(err["step_time_s"])),
             ("tokens/s", f"{est['tokens_per_s']:,.0f}", f"{m['tokens_per_s']:,.0f}", pct(err["tokens_per_s"])),
             ("MFU", f"{100 * est['mfu']:.1f}%", f"{100 * m['mfu']:.1f}%", pct(err["mfu"]))]
-    work = m.get("stage_work_s")
-    for stage, predicted in enumerate(est.get("rank_work_s", [])):
-        if work is None:
-            break
-        rows.append((f"stage {stage} work (compute + TP)", f"{predicted * 1e3:,.1f} ms", f"{work[stage] * 1e3:,.1f} ms",
-                     pct(err["stage_work_s"][stage])))
-        rows.append((f"stage {stage} rest (bubble, comm, optim.)", f"{(est['step_time_s'] - predicted) * 1e3:,.1f} ms",
-                     f"{m['stage_rest_s'][stage] * 1e3:,.1f} ms", pct(err["stage_rest_s"][stage])))
+    parts, predicted = m.get("stage_breakdown_s"), m.get("predicted_stage_breakdown_s")
+    for stage in range(len(parts["work"]) if parts else 0):
+        for key, label in PARTS.items():
+            rows.append((f"stage {stage} {label}", f"{predicted[key][stage] * 1e3:,.1f} ms",
+                         f"{parts[key][stage] * 1e3:,.1f} ms", pct(err["stage_breakdown_s"][key][stage])))
     peak = m["peak_memory_bytes"]
     for stage, predicted in enumerate(m["predicted_memory_compared_bytes"]):
         measured = "-" if peak is None else f"{peak[stage] / 2**20:,.1f} MiB"

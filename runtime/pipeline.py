@@ -37,10 +37,13 @@ def local_stages(plan: Plan, pp_rank: int) -> list[int]:
 
 class TimedStage(PipelineStage):
     """A PipelineStage that adds up the seconds it computes (forward, backward, backward for
-    weights, including the tensor-parallel collectives inside them); the rest of a rank's
-    pipeline phase is waiting and point-to-point transfer."""
+    weights, including the tensor-parallel collectives inside them) and the seconds of its
+    data-parallel gradient reduction at the end of the step; the rest of a rank's pipeline
+    phase is waiting (the bubble) and point-to-point transfer."""
 
     busy_s = 0.0
+    dp_sync_s = 0.0
+    optimizer_s = 0.0   # set by the train loop: the optimizer step follows the pipeline phase
 
     def _timed(self, fn, *args, **kwargs):
         start = time.perf_counter()
@@ -48,6 +51,13 @@ class TimedStage(PipelineStage):
             return fn(*args, **kwargs)
         finally:
             TimedStage.busy_s += time.perf_counter() - start
+
+    def perform_reduce_grad(self, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return super().perform_reduce_grad(*args, **kwargs)
+        finally:
+            TimedStage.dp_sync_s += time.perf_counter() - start
 
     def forward_one_chunk(self, *args, **kwargs):
         return self._timed(super().forward_one_chunk, *args, **kwargs)

@@ -97,7 +97,7 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
     torch.manual_seed(cfg.seed * 1_000_003 + job.coords["dp"] * 1009 + job.coords["pp"])
     optimizer = make_optimizer(job, pf, cfg.lr)
     source = TokenSource(pf.model.vocab_size, pf.train.seq_len, cfg.seed, cfg.data, cfg.data_dtype)
-    losses, times, busy, memory = [], [], [], None
+    losses, times, busy, sync, optim, memory = [], [], [], [], [], None
     for step in range(cfg.warmup + cfg.steps):
         first, count = local_slice(step, pf.train.global_batch_size, pf.plan.dp, job.coords["dp"])
         tokens, labels = source.batch(first, count)
@@ -106,7 +106,7 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
             torch.cuda.reset_peak_memory_stats()
         _maybe_fail(cfg.fault, step)
         dist.barrier()
-        TimedStage.busy_s = 0.0
+        TimedStage.busy_s = TimedStage.dp_sync_s = 0.0
         start = time.perf_counter()
         loss, tracked = _step(job, optimizer, tokens, labels, track)
         if device.type == "cuda":
@@ -118,6 +118,8 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
         if step >= cfg.warmup:
             times.append(step_s)
             busy.append(_per_stage_max(job, TimedStage.busy_s))
+            sync.append(_per_stage_max(job, TimedStage.dp_sync_s))
+            optim.append(_per_stage_max(job, TimedStage.optimizer_s))
         if dist.get_rank() == 0 and not cfg.quiet:
             tag = (f"warm-up {step + 1}/{cfg.warmup}" if step < cfg.warmup
                    else f"step {step - cfg.warmup + 1}/{cfg.steps}")
@@ -132,6 +134,8 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
     return {"losses": losses, "step_times_s": times, "peak_memory_bytes": peak, "params": params,
             # the median, as for the step time (runtime.measure), so that work <= step holds
             "stage_busy_s": [statistics.median(col) for col in zip(*busy)] if busy else None,
+            "stage_dp_sync_s": [statistics.median(col) for col in zip(*sync)] if sync else None,
+            "stage_optimizer_s": [statistics.median(col) for col in zip(*optim)] if optim else None,
             "memory_source": ("torch.cuda.max_memory_allocated" if device.type == "cuda" else
                               "live tensor bytes over the last warm-up step, tracked by "
                               "runtime.memtrack (CPU: tensors only, no allocator or interpreter "
@@ -152,8 +156,10 @@ def _step(job: Job, optimizer, tokens, labels, track: bool):
     if not track:
         loss = forward_backward(job, tokens, labels)
         sync_tied_embedding(job)
+        start = time.perf_counter()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        TimedStage.optimizer_s = time.perf_counter() - start
         return loss, None
     tracker = TensorBytesTracker(state_tensors(job.modules.values(), optimizer))
     with tracker:

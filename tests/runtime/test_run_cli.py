@@ -33,7 +33,7 @@ def test_run_measures_and_compares(tmp_path, capsys):
     out = tmp_path / "run"
     proc = _run(str(plan), "--steps", "2", "--warmup", "1", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
-    for text in ("step time", "tokens/s", "MFU", "peak memory, stage 0", "stage 0 work", "loss"):
+    for text in ("step time", "tokens/s", "MFU", "peak memory, stage 0", "stage 0 work", "stage 0 wait", "loss"):
         assert text in proc.stdout
     m = json.loads((out / "measured.json").read_text())
     for key in ("step_time_s", "tokens_per_s", "mfu", "peak_memory_bytes", "losses", "predicted",
@@ -41,7 +41,10 @@ def test_run_measures_and_compares(tmp_path, capsys):
         assert key in m
     assert len(m["losses"]) == 3 and len(m["peak_memory_bytes"]) == 1
     assert m["peak_memory_bytes"][0] > 0 and m["step_time_s"] > 0
-    assert 0 < m["stage_work_s"][0] <= m["step_time_s"] and len(m["error_pct"]["stage_work_s"]) == 1
+    parts = m["stage_breakdown_s"]
+    assert 0 < parts["work"][0] <= m["step_time_s"] and parts["optimizer"][0] > 0
+    assert sum(p[0] for p in parts.values()) == pytest.approx(m["step_time_s"])
+    assert set(m["error_pct"]["stage_breakdown_s"]) == {"work", "dp_sync", "optimizer", "wait"}
     assert m["predicted"]["step_time_s"] > 0 and "time_breakdown_s" in m["predicted"]
     assert (out / "run.log").exists()
 
