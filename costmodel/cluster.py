@@ -95,12 +95,13 @@ class ClusterSpec:
 
     def to_dict(self) -> dict[str, Any]:
         # A shipped profile is named; any other (e.g. one `planner profile` wrote) by its path.
-        shipped = Path(self.device.path).parent == _profile_dir()
+        shipped = Path(self.device.path).parent == profile_dir()
         return {"num_nodes": self.num_nodes, "devices_per_node": self.devices_per_node,
                 "device": self.device.name if shipped else self.device.path}
 
 
-def _profile_dir() -> Path:
+def profile_dir() -> Path:
+    """Where the shipped profiles live (and where `planner profile` writes by default)."""
     return Path(str(resources.files("profiles")))
 
 
@@ -144,7 +145,7 @@ def load_profile(path: Path) -> DeviceProfile:
 
 def known_profiles() -> dict[str, DeviceProfile]:
     """Every shipped profile by name, in file-name order."""
-    return {p.name: p for p in (load_profile(f) for f in sorted(_profile_dir().glob("*.toml")))}
+    return {p.name: p for p in (load_profile(f) for f in sorted(profile_dir().glob("*.toml")))}
 
 
 def resolve_device(name_or_path: str) -> DeviceProfile:

@@ -102,14 +102,19 @@ def in_flight_micro_batches(plan: Plan, rank: int) -> float:
     return min(m, p - rank)  # 1F1B and ZB-H1 (which keeps 1F1B's peak by design)
 
 
-def activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
-                     layers: int, recomputed: int) -> float:
+def _layers_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, layers: int,
+                  recomputed: int) -> tuple[float, float]:
+    """(bytes one micro-batch keeps across `layers` layers, `recomputed` of them recomputed;
+    extra bytes while the backward pass rebuilds one recomputed layer)."""
     full = layer_activation_bytes(model, train, plan, Recompute.NONE)
     kept = layer_activation_bytes(model, train, plan, plan.recompute)
-    per_micro_batch = (layers - recomputed) * full + recomputed * kept
-    held = in_flight_micro_batches(plan, rank) * per_micro_batch
-    if recomputed:
-        held += full - kept  # what is rebuilt for the one layer being back-propagated
+    return (layers - recomputed) * full + recomputed * kept, (full - kept if recomputed else 0.0)
+
+
+def activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
+                     layers: int, recomputed: int) -> float:
+    per_micro_batch, rebuilt = _layers_bytes(model, train, plan, layers, recomputed)
+    held = in_flight_micro_batches(plan, rank) * per_micro_batch + rebuilt
     return held + _edge_activation_bytes(model, train, plan, rank)
 
 
@@ -145,11 +150,8 @@ def micro_batch_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan,
     """(bytes one micro-batch holds on a stage of `layers` layers, `recomputed` of them
     recomputed; extra bytes while its backward rebuilds a recomputed layer). The simulator
     counts these per in-flight micro-batch; `activation_bytes` is its closed form."""
-    full = layer_activation_bytes(model, train, plan, Recompute.NONE)
-    kept = layer_activation_bytes(model, train, plan, plan.recompute)
-    held = (layers - recomputed) * full + recomputed * kept
-    held += edge_bytes_per_micro_batch(model, train, plan, first, last)
-    return held, (full - kept if recomputed else 0.0)
+    held, rebuilt = _layers_bytes(model, train, plan, layers, recomputed)
+    return held + edge_bytes_per_micro_batch(model, train, plan, first, last), rebuilt
 
 
 def buffer_bytes(model: ModelSpec, train: TrainSpec, plan: Plan) -> float:

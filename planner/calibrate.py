@@ -3,9 +3,9 @@
 Parameters: compute efficiency (a factor on the GEMM and attention rates), memory-bound
 efficiency, the per-kernel overhead training adds, and the node tier's communication bandwidth
 efficiency and latency factor (the software cost of a collective, e.g. DTensor's redistribution
-on CPU, scales its fixed part).
+on CPU, scales its fixed part), and the overlap of data-parallel communication with compute.
 They are fitted by least squares on log(predicted / measured) step time over all runs
-(Nelder-Mead on the logs of the parameters, so each stays positive), predictions recomputed by
+(bounded Nelder-Mead, positive parameters on a log scale), predictions recomputed by
 `costmodel.estimate` with the candidate profile: no per-plan factors. With GPU runs
 (`torch.cuda.max_memory_allocated`), the reserved memory is set to the median of measured minus
 predicted tensor memory; CPU runs measure tensors only, so it is left alone.
@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import json
 import math
-import tomllib
+import re
 import statistics
+import time
+import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -25,7 +27,7 @@ from costmodel.cluster import DeviceProfile
 from costmodel.estimate import Estimate, estimate
 from costmodel.plan import PlanFile
 
-PARAMS = ("compute", "memory", "kernel_overhead_s", "intra_node_comm", "comm_latency", "overlap")  # overlap last
+PARAMS = ("compute", "memory", "kernel_overhead_s", "intra_node_comm", "comm_latency", "overlap")
 
 
 @dataclass(frozen=True)
@@ -84,23 +86,22 @@ def fit(runs: list[Run], base: DeviceProfile) -> tuple[DeviceProfile, dict[str, 
     if not runs:
         raise ValueError("no runs to calibrate on")
     # positive parameters are searched on a log scale, the overlap fraction directly
-    logs = [k for k in PARAMS if k != "overlap"]
-    lo = [math.log(BOUNDS[k][0]) for k in logs] + [0.0]
-    hi = [math.log(BOUNDS[k][1]) for k in logs] + [1.0]
-    start = [0.0, 0.0, math.log(max(base.efficiency.kernel_overhead_s, 1e-6)), 0.0, 0.0, 0.5]
+    linear = {"overlap"}
+    start = {"compute": 1.0, "memory": 1.0, "intra_node_comm": 1.0, "comm_latency": 1.0, "overlap": 0.5,
+             "kernel_overhead_s": min(max(base.efficiency.kernel_overhead_s, 1e-6), 1e-3)}
+    to_z = lambda k, v: v if k in linear else math.log(v)  # noqa: E731
+    bounds = [(to_z(k, BOUNDS[k][0]), to_z(k, BOUNDS[k][1])) for k in PARAMS]
+    x0 = [to_z(k, start[k]) for k in PARAMS]
 
     def unpack(z) -> dict[str, float]:
-        out = {k: math.exp(v) for k, v in zip(logs, z)}
-        out["overlap"] = float(z[-1])
-        return out
+        return {k: float(v) if k in linear else math.exp(v) for k, v in zip(PARAMS, z)}
 
     def loss(z) -> float:
         return sum(e * e for e in log_errors(runs, with_params(base, unpack(z))))
 
     best = None
     for _ in range(3):   # Nelder-Mead restarted from its own optimum escapes a collapsed simplex
-        x0 = start if best is None else best.x
-        best = minimize(loss, x0, method="Nelder-Mead", bounds=list(zip(lo, hi)),
+        best = minimize(loss, x0 if best is None else best.x, method="Nelder-Mead", bounds=bounds,
                         options={"xatol": 1e-3, "fatol": 1e-7, "maxiter": 3000})
     params = unpack(best.x)
     device = with_params(base, params)
@@ -115,11 +116,10 @@ def fit(runs: list[Run], base: DeviceProfile) -> tuple[DeviceProfile, dict[str, 
 
 def calibrated_toml(base_path: Path, device: DeviceProfile, params: dict[str, float], runs: list[Run],
                     before: dict[str, float], after: dict[str, float], command: str) -> str:
-    """The base profile's text with [device] name and [efficiency] values replaced, and the
-    calibration's provenance on top: datasheet or measured lines stay as they were."""
-    import re
-    import time
-    eff = device.efficiency
+    """The base profile's text with [device] name, [efficiency] values and the node tier's
+    latencies replaced, and the calibration's provenance on top: every other datasheet or
+    measured line stays as it was."""
+    eff, tier = device.efficiency, device.intra_node
     values = {"gemm": f"{eff.gemm:.4g}", "attention": f"{eff.attention:.4g}", "memory": f"{eff.memory:.4g}",
               "kernel_overhead_s": f"{eff.kernel_overhead_s:.4g}",
               "intra_node_comm": f"{device.intra_node.efficiency:.4g}",
@@ -128,8 +128,9 @@ def calibrated_toml(base_path: Path, device: DeviceProfile, params: dict[str, fl
            f"{before['mape_pct']:.1f}% -> {after['mape_pct']:.1f}%, max {before['max_abs_error_pct']:.1f}% -> "
            f"{after['max_abs_error_pct']:.1f}%")
     base_keys = set(tomllib.loads(base_path.read_text())["efficiency"])
-    out, section = [f"# {how}", "# fitted factors: " + ", ".join(f"{k} {v:.4g}" for k, v in params.items()),
-                    f"# base profile: {base_path}"], None
+    latencies = {"latency_s": tier.latency_s, "p2p_latency_s": tier.p2p_latency_s}
+    out, section, node = [f"# {how}", "# fitted factors: " + ", ".join(f"{k} {v:.4g}" for k, v in params.items()),
+                          f"# base profile: {base_path}"], None, False
     for line in base_path.read_text().splitlines():
         if line.startswith("["):
             section = line.strip()
@@ -141,9 +142,9 @@ def calibrated_toml(base_path: Path, device: DeviceProfile, params: dict[str, fl
             line = f'name = "{device.name}"'
         elif section == "[device]" and key and key[1] == "aliases":
             line = "aliases = []"
-        elif section == "[[network]]" and key and key[1] in ("latency_s", "p2p_latency_s") and node:
-            factor = params["comm_latency"]
-            line = f"{key[1]} = {float(line.split('=')[1].split('#')[0]) * factor:.4g}  # calibrated: measured x {factor:.3g}"
+        elif section == "[[network]]" and node and key and latencies.get(key[1]) is not None:
+            line = (f"{key[1]} = {latencies[key[1]]:.4g}  # calibrated: measured x "
+                    f"{params['comm_latency']:.3g}")
         elif section == "[efficiency]" and key and key[1] in values:
             line = f"{key[1]} = {values[key[1]]}  # calibrated (see the top of this file)"
         elif section == "[efficiency]" and key and key[1] == "source":

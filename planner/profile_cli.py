@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+from costmodel.cluster import profile_dir
+
 EPILOG = """examples:
   planner profile                              (writes profiles/local.toml; then --cluster 1x2xlocal)
   planner profile --out profiles/mybox.toml --nproc 4
@@ -70,13 +72,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     print(f"wrote {out}: GEMM up to {max(r for _, r in gemm[dtypes[0]]) / 1e9:,.1f} GFLOP/s ({dtypes[0]}), "
           f"memory-bound up to {max(r for _, r in memory) / 1e9:.1f} GB/s, collectives alpha "
           f"{alpha * 1e6:.0f} us beta {beta / 1e9:.2f} GB/s (fit rms {100 * rms:.0f}%); use --cluster 1x{args.nproc}x{name}"
-          + ("" if out.parent.resolve() == _shipped_dir() else f" or 1x{args.nproc}x{out}"))
+          + ("" if out.parent.resolve() == profile_dir().resolve() else f" or 1x{args.nproc}x{out}"))
     return 0
-
-
-def _shipped_dir() -> Path:
-    from importlib import resources
-    return Path(str(resources.files("profiles"))).resolve()
 
 
 def _monotone_by_size(points: list[tuple[float, float]]) -> list[tuple[float, float]]:

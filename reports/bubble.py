@@ -11,6 +11,8 @@ from costmodel.estimate import Estimate, estimate, simulate_plan
 from costmodel.plan import Plan, Schedule, even_layers
 from costmodel.simulate import Simulation
 from costmodel.specs import ModelSpec, TrainSpec
+from matplotlib.patches import Patch
+
 from reports.style import KIND_COLOURS, LIGHT, plt, save
 
 GIB = 2**30
@@ -94,7 +96,6 @@ def _draw(ax, sim: Simulation, title: str, t_max: float, labels: bool) -> None:
 
 
 def _legend(fig) -> None:
-    from matplotlib.patches import Patch
     fig.legend(handles=[Patch(color=c, label=k) for k, c in KIND_COLOURS.items()], loc="lower center",
                ncol=len(KIND_COLOURS), fontsize=8, frameon=False)
 

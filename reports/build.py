@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from costmodel.cluster import ClusterSpec
-from costmodel.estimate import Estimate
+from costmodel.estimate import Estimate, simulate_plan
 from costmodel.pipeline import uniform_1f1b_bubble_fraction
 from costmodel.plan import Plan
 from costmodel.specs import ModelSpec, TrainSpec
@@ -101,7 +101,6 @@ def _bubble(doc: Document, inp: ReportInput, variants, out_dir: Path) -> None:
 def _memory(doc: Document, inp: ReportInput, variants, out_dir: Path) -> None:
     doc.heading("Memory report")
     chosen = PlanMemory(label="#1 (chosen)", plan=inp.plan, estimate=inp.estimate, sim=variants[0].sim)
-    from costmodel.estimate import simulate_plan
     plans = [chosen] + [PlanMemory(label=f"#{i}", plan=p, estimate=e,
                                    sim=simulate_plan(inp.model, inp.train, inp.cluster, p, keep_events=True))
                         for i, (p, e) in enumerate(inp.runners_up[:2], 2)]

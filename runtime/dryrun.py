@@ -13,17 +13,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
 from costmodel.estimate import memory_per_rank
 from costmodel.memory import optimizer_bytes_per_param
 from costmodel.placement import axis_strides
 from costmodel.plan import PlanFile
 from runtime.job import build_job
-
-
-def _local_numel(p: torch.Tensor) -> int:
-    return p.to_local().numel() if isinstance(p, DTensor) else p.numel()
+from runtime.parallel import local_tensor
 
 
 def first_rank_of_stage(pf: PlanFile, pp_rank: int) -> int:
@@ -39,10 +35,10 @@ def _count_rank(pf: PlanFile, rank: int) -> dict[str, int]:
         unsharded: dict[int, int] = {}
 
         def count(stage: int, module: torch.nn.Module) -> None:
-            unsharded[stage] = sum(_local_numel(p) for p in module.parameters())
+            unsharded[stage] = sum(local_tensor(p).numel() for p in module.parameters())
 
         job = build_job(pf, torch.device("cpu"), seed=0, materialize=False, before_data_parallel=count)
-        shard = sum(_local_numel(p) for p in job.parameters())
+        shard = sum(local_tensor(p).numel() for p in job.parameters())
         assert all(p.device.type == "meta" for p in job.parameters())
         return {"unsharded": sum(unsharded.values()), "shard": shard}
     finally:

@@ -14,11 +14,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor
 
 from costmodel.plan import Plan, PlanFile
 from runtime.model import Transformer
-from runtime.parallel import (apply_data_parallel, apply_recompute, apply_tensor_parallel,
+from runtime.parallel import (apply_data_parallel, local_tensor, apply_recompute, apply_tensor_parallel,
                               build_mesh, recomputed_layers)
 from runtime.pipeline import build_schedule, local_stages, stage_layer_ids
 
@@ -90,7 +89,7 @@ def build_job(pf: PlanFile, device: torch.device, *, seed: int, materialize: boo
     job = Job(plan=plan, mesh=mesh, device=device, coords=coords, modules=modules)
     _tie_embeddings(job, pf)
     if plan.pp > 1 and materialize:
-        job.schedule, _ = build_schedule(plan, modules, mesh["pp"].get_group(), device, cross_entropy)
+        job.schedule = build_schedule(plan, modules, mesh["pp"].get_group(), device, cross_entropy)
     return job
 
 
@@ -115,14 +114,10 @@ def _tie_embeddings(job: Job, pf: PlanFile) -> None:
             job.tied_group = group
 
 
-def local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
 def sync_tied_embedding(job: Job) -> None:
     if not job.tied_params:
         return
-    grads = [local(p.grad) for p in job.tied_params]
+    grads = [local_tensor(p.grad) for p in job.tied_params]
     total = grads[0].clone() if len(grads) == 1 else grads[0] + grads[1]
     if job.tied_group is not None:
         dist.all_reduce(total, group=job.tied_group)

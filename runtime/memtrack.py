@@ -18,9 +18,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only
 from torch.utils.weak import WeakIdKeyDictionary
 
+from runtime.parallel import local_tensor
+
 
 def _storage(t: torch.Tensor):
-    local = t.to_local() if hasattr(t, "to_local") else t
+    local = local_tensor(t)
     if local.device.type == "meta":
         return None
     return local.untyped_storage()

@@ -26,7 +26,7 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
                                                PrepareModuleOutput, RowwiseParallel,
                                                SequenceParallel, parallelize_module)
@@ -37,6 +37,11 @@ from costmodel.specs import DType, TrainSpec
 
 UNIT_AXIS = "dp_unit"   # size-1 shard axis that turns FSDP2 into plain replication (ZeRO-0)
 TORCH_DTYPES = {DType.FP32: torch.float32, DType.BF16: torch.bfloat16, DType.FP16: torch.float16}
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor (the tensor itself otherwise)."""
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def build_mesh(plan: Plan, device_type: str) -> DeviceMesh:

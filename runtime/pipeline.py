@@ -76,4 +76,4 @@ def build_schedule(plan: Plan, modules: dict[int, torch.nn.Module], pp_group, de
               for j, mod in sorted(modules.items())]
     cls = SCHEDULE_CLASSES[plan.schedule]
     target = stages if plan.schedule in MULTI_STAGE else stages[0]
-    return cls(target, n_microbatches=plan.num_micro_batches, loss_fn=loss_fn), stages
+    return cls(target, n_microbatches=plan.num_micro_batches, loss_fn=loss_fn)

@@ -42,15 +42,13 @@ class RunConfig:
     fault: tuple[int, int, str] | None = None   # (rank, step, "raise" | "exit"): failure tests
 
 
-def init_distributed(timeout_s: float = 120.0) -> torch.device:
+def init_distributed(timeout_s: float = 120.0) -> None:
     """NCCL for CUDA tensors and gloo for CPU ones when a GPU is present, else gloo."""
     if torch.cuda.is_available():
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local_rank)
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group("cpu:gloo,cuda:nccl", timeout=timedelta(seconds=timeout_s))
-        return torch.device("cuda", local_rank)
-    dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
-    return torch.device("cpu")
+    else:
+        dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
 
 
 def make_optimizer(job: Job, pf: PlanFile, lr: float) -> torch.optim.Optimizer:

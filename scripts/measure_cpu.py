@@ -1,4 +1,4 @@
-"""One-off measurement behind profiles/cpu.toml (until `planner profile` exists).
+"""One-off measurement behind profiles/cpu.toml (`planner profile` measures more: profiles/local.toml).
 
     OMP_NUM_THREADS=1 python scripts/measure_cpu.py
 
@@ -8,32 +8,23 @@ transformer-like size, copy bandwidth, and a 2-rank gloo all-reduce over loopbac
 from __future__ import annotations
 
 import os
-import time
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-
-def best_s(fn, repeat: int = 5) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
+from runtime.profiler import best_s   # best of N after a warm-up, as `planner profile` times
 
 
 def matmul_flops_per_s(dtype: torch.dtype, n: int = 1024) -> float:
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    return 2 * n**3 / best_s(lambda: a @ b)
+    return 2 * n**3 / best_s(lambda: a @ b, 5)
 
 
 def copy_bytes_per_s(num_bytes: int = 256 * 2**20) -> float:
     src = torch.empty(num_bytes // 4, dtype=torch.float32).fill_(1.0)
     dst = torch.empty_like(src)
-    return 2 * num_bytes / best_s(lambda: dst.copy_(src))
+    return 2 * num_bytes / best_s(lambda: dst.copy_(src), 5)
 
 
 def _allreduce_worker(rank: int, out: dict) -> None:
