@@ -102,20 +102,51 @@ def in_flight_micro_batches(plan: Plan, rank: int) -> float:
     return min(m, p - rank)  # 1F1B and ZB-H1 (which keeps 1F1B's peak by design)
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AffineBytes:
+    """Bytes as a function of a rank's layer count L and recomputed-layer count n:
+    base + per_layer·L + per_recomputed·n (+ jump once n > 0: the layer being rebuilt)."""
+
+    base: float
+    per_layer: float
+    per_recomputed: float
+    jump: float
+
+    def at(self, layers: int, recomputed: int) -> float:
+        return (self.base + self.per_layer * layers + self.per_recomputed * recomputed
+                + (self.jump if recomputed else 0.0))
+
+
+def _micro_batch_shape(model: ModelSpec, train: TrainSpec, plan: Plan) -> AffineBytes:
+    """What one micro-batch keeps across a rank's layers: a full layer's activations, the
+    recomputed layers only their checkpoint, plus the rebuilt layer's bytes during backward."""
+    full = layer_activation_bytes(model, train, plan, Recompute.NONE)
+    kept = layer_activation_bytes(model, train, plan, plan.recompute)
+    return AffineBytes(base=0.0, per_layer=full, per_recomputed=kept - full, jump=full - kept)
+
+
 def _layers_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, layers: int,
                   recomputed: int) -> tuple[float, float]:
     """(bytes one micro-batch keeps across `layers` layers, `recomputed` of them recomputed;
     extra bytes while the backward pass rebuilds one recomputed layer)."""
-    full = layer_activation_bytes(model, train, plan, Recompute.NONE)
-    kept = layer_activation_bytes(model, train, plan, plan.recompute)
-    return (layers - recomputed) * full + recomputed * kept, (full - kept if recomputed else 0.0)
+    shape = _micro_batch_shape(model, train, plan)
+    rebuilt = shape.jump if recomputed else 0.0
+    return shape.at(layers, recomputed) - rebuilt, rebuilt
+
+
+def activation_shape(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
+                     micro_batch: AffineBytes | None = None) -> AffineBytes:
+    """A rank's peak activations: every in-flight micro-batch's layers, one layer being rebuilt,
+    and the embedding / LM-head tensors of the first / last rank."""
+    mb = micro_batch or _micro_batch_shape(model, train, plan)
+    held = in_flight_micro_batches(plan, rank)
+    return AffineBytes(base=_edge_activation_bytes(model, train, plan, rank), per_layer=held * mb.per_layer,
+                       per_recomputed=held * mb.per_recomputed, jump=mb.jump)
 
 
 def activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
                      layers: int, recomputed: int) -> float:
-    per_micro_batch, rebuilt = _layers_bytes(model, train, plan, layers, recomputed)
-    held = in_flight_micro_batches(plan, rank) * per_micro_batch + rebuilt
-    return held + _edge_activation_bytes(model, train, plan, rank)
+    return activation_shape(model, train, plan, rank).at(layers, recomputed)
 
 
 def _edge_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int) -> float:
@@ -178,7 +209,7 @@ def stage_memory(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
 def stage_memory_at(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int, layers: int,
                     recomputed: int, reserved_bytes: float) -> StageMemory:
     """Memory of pipeline rank `rank` were it to hold `layers` layers, `recomputed` of them
-    recomputed (the search evaluates candidate splits through this)."""
+    recomputed (the search reads the same quantity as `stage_memory_shapes`)."""
     first, last = plan.stage_rank(0), plan.stage_rank(plan.num_virtual_stages - 1)
     n_params = rank_params_at(model, plan, layers, rank == first, rank == last).total
     weights, grads, optim = state_bytes_for(train, plan, n_params)
@@ -186,3 +217,23 @@ def stage_memory_at(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int, l
                        activations_bytes=activation_bytes(model, train, plan, rank, layers, recomputed),
                        buffers_bytes=buffer_bytes(model, train, plan),
                        reserved_bytes=reserved_bytes)
+
+
+def stage_memory_shapes(model: ModelSpec, train: TrainSpec, plan: Plan,
+                        reserved_bytes: float) -> list[AffineBytes]:
+    """Per pipeline rank, its total memory as an affine function of its layer and
+    recomputed-layer counts: `stage_memory_at(...).total_bytes` for every (L, n) at once. States
+    are linear in the rank's parameters, which are affine in L."""
+    first, last = plan.stage_rank(0), plan.stage_rank(plan.num_virtual_stages - 1)
+    per_param = sum(state_bytes_for(train, plan, 1.0))
+    fixed = buffer_bytes(model, train, plan) + reserved_bytes
+    mb = _micro_batch_shape(model, train, plan)
+    out = []
+    for rank in range(plan.pp):
+        edge = rank_params_at(model, plan, 0, rank == first, rank == last).total
+        per_layer = rank_params_at(model, plan, 1, rank == first, rank == last).total - edge
+        act = activation_shape(model, train, plan, rank, mb)
+        out.append(AffineBytes(base=fixed + per_param * edge + act.base,
+                               per_layer=per_param * per_layer + act.per_layer,
+                               per_recomputed=act.per_recomputed, jump=act.jump))
+    return out

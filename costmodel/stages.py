@@ -21,7 +21,7 @@ def stage_costs(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Cluster
                 rtm: RankTimeModel | None = None) -> list[StageCost]:
     rtm = rtm or rank_time_model(model, train, plan, cluster, spans(plan, cluster))
     n = plan.num_virtual_stages
-    send_s = rtm.pp_comm_s / (2 * plan.vpp) if plan.pp > 1 else 0.0
+    send_s = rtm.pp_send_s
     out = []
     for j, (layers, rc) in enumerate(zip(plan.layers_per_stage, plan.recompute_per_stage())):
         first, last = j == 0, j == n - 1

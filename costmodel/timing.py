@@ -2,7 +2,7 @@
 path), and the data-parallel synchronisation left exposed after overlap."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from costmodel.cluster import ClusterSpec
 from costmodel.comm import Collective, collective_time_s, p2p_time_s
@@ -52,7 +52,21 @@ class RankTimeModel:
     per_recomputed_layer: RankTimes
     first_edge: RankTimes
     last_edge: RankTimes
-    pp_comm_s: float
+    pp_send_s: float  # one activation (or its gradient) to the neighbouring stage
+    vpp: int
+
+    @property
+    def pp_comm_s(self) -> float:
+        return self.pp_comm_with_s(self.vpp)
+
+    def pp_comm_with_s(self, vpp: int) -> float:
+        """Forward and backward sends at every virtual-stage boundary of the rank, were it to
+        hold `vpp` virtual stages."""
+        return 2 * vpp * self.pp_send_s
+
+    def with_vpp(self, vpp: int) -> "RankTimeModel":
+        """The same rank with `vpp` virtual stages (only its pipeline sends change)."""
+        return replace(self, vpp=vpp)
 
     def at(self, layers: int, recomputed: int, first: bool, last: bool) -> RankTimes:
         times = self.per_layer.scaled(layers) + self.per_recomputed_layer.scaled(recomputed)
@@ -142,7 +156,7 @@ def rank_time_model(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Clu
         per_layer=per_layer, per_recomputed_layer=per_rc,
         first_edge=_times(emb.forward_s, emb.backward_s, emb.backward_weight_s, tp=edge_tp),
         last_edge=_times(head.forward_s, head.backward_s, head.backward_weight_s, tp=edge_tp),
-        pp_comm_s=_pp_comm_s(model, train, plan, cluster, sp.pp))
+        pp_send_s=_pp_send_s(model, train, plan, cluster, sp.pp), vpp=plan.vpp)
 
 
 def rank_times(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
@@ -164,16 +178,16 @@ def _edge_tp_comm_s(train: TrainSpec, plan: Plan, cluster: ClusterSpec, model: M
     return 2 * collective_time_s(kind, num_bytes, span, cluster)
 
 
-def _pp_comm_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
+def _pp_send_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
                span: AxisSpan) -> float:
-    """Send activations forward and gradients backward at every virtual-stage boundary of the
-    rank; with TP each rank sends only its 1/t slice (SC'21 scatter/gather optimisation)."""
+    """One micro-batch's activations (or their gradient) to the next stage; with TP each rank
+    sends only its 1/t slice (SC'21 scatter/gather optimisation)."""
     if plan.pp == 1:
         return 0.0
     tier = cluster.device.inter_node if span.crosses_nodes else cluster.device.intra_node
     num_bytes = (train.compute_dtype.num_bytes * plan.micro_batch_size * train.seq_len // plan.cp
                  * model.hidden_size / plan.tp)
-    return 2 * plan.vpp * p2p_time_s(num_bytes, tier)
+    return p2p_time_s(num_bytes, tier)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

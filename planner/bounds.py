@@ -1,6 +1,8 @@
 """Valid lower bounds on a candidate's step time, cheap enough to compute for every candidate.
 
 They order the branch and bound in planner.search; planner.partition adds the memory-aware one.
+Both read only what the candidate's rank time model (costmodel.timing) and degrees fix, so the
+search computes them without building a plan per candidate.
 """
 from __future__ import annotations
 
@@ -12,38 +14,49 @@ from costmodel.params import layer_params
 from costmodel.placement import AxisSpan
 from costmodel.plan import Plan, Recompute, Schedule
 from costmodel.specs import ModelSpec, TrainSpec
-from costmodel.timing import dp_bucket_s, dp_terms, rank_time_model, spans
+from costmodel.timing import RankTimeModel, dp_bucket_s, dp_terms, rank_time_model, spans
 from planner.space import degrees_plan
 
 
 def lower_bound_s(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> float:
-    """A valid lower bound on the step time over every layer split and recompute count.
+    """`time_floor_s` + `zero_floor_s` of a concrete plan."""
+    sp = spans(plan, cluster)
+    rtm = rank_time_model(model, train, plan, cluster, sp)
+    return (time_floor_s(model, rtm, plan.pp, plan.num_micro_batches, plan.schedule, plan.vpp, plan.recompute)
+            + zero_floor_s(model, train, cluster, plan.tp, plan.pp, plan.dp * plan.cp, plan.zero_stage,
+                           plan.num_micro_batches, sp.dp))
+
+
+def time_floor_s(model: ModelSpec, rtm: RankTimeModel, pp: int, num_micro_batches: int, schedule: Schedule,
+                 vpp: int, recompute: Recompute) -> float:
+    """A valid lower bound on the pipeline's time over every layer split and recompute count
+    (`rtm` may be priced for any number of virtual stages: `vpp` is what counts).
 
     With per-rank micro-batch times t_r and T = max t_r >= sum(t)/pp, the pipeline takes
     m·T + (sum(t) - T)/v >= (m - 1/v)·sum(t)/pp + sum(t)/v (1F1B, GPipe: v = 1; interleaved: v),
     or m·T + sum(f) - max(f) >= (m - 1)·sum(t)/pp + sum(f) for ZB-H1 (f = t - 2W <= t <= T).
     sum(t) is fixed by the model up to recomputation, counted here at its minimum (one layer when
-    the mode recomputes). Exposed DP time and the optimizer are >= 0."""
-    rtm = rank_time_model(model, train, plan, cluster, spans(plan, cluster))
-    rc = 0 if plan.recompute is Recompute.NONE else 1
-    per_layer, edges = rtm.per_layer, rtm.first_edge + rtm.last_edge
+    the mode recomputes)."""
+    rc = 0 if recompute is Recompute.NONE else 1
+    per_layer, first, last = rtm.per_layer, rtm.first_edge, rtm.last_edge
     total = (model.num_layers * per_layer.total_s + rc * rtm.per_recomputed_layer.total_s
-             + edges.total_s + plan.pp * rtm.pp_comm_s)
-    m, pp = plan.num_micro_batches, plan.pp
-    if plan.schedule is Schedule.ZB_H1:
-        weights = model.num_layers * per_layer.backward_weight_s + edges.backward_weight_s
+             + first.total_s + last.total_s + pp * rtm.pp_comm_with_s(vpp))
+    m = num_micro_batches
+    if schedule is Schedule.ZB_H1:
+        weights = model.num_layers * per_layer.backward_weight_s + first.backward_weight_s + last.backward_weight_s
         return (m - 1) * total / pp + total - 2 * weights
-    v = plan.vpp if plan.schedule is Schedule.INTERLEAVED else 1
+    v = vpp if schedule is Schedule.INTERLEAVED else 1
     return (m - 1 / v) * total / pp + total / v
 
 
-def zero_floor_s(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> float:
-    """What a ZeRO stage adds at the least: the DP buckets that never hide, and the optimizer
-    step on the average rank (affine in parameters, so the slowest rank is at least that)."""
-    sp = spans(plan, cluster)
-    dp = _dp_floor_s(model, train, cluster, plan.tp, plan.zero_stage, plan.num_micro_batches, sp.dp)
-    shards = plan.dp * plan.cp if plan.zero_stage >= 1 else 1
-    layers_only = model.num_layers * layer_params(model, plan.tp) / plan.pp  # <= the average rank's
+def zero_floor_s(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: int, pp: int, group: int,
+                 zero: int, num_micro_batches: int, dp_span: AxisSpan) -> float:
+    """What a ZeRO stage adds at the least: the DP buckets that never hide (over the dp x cp
+    group of `group` ranks spanning `dp_span`), and the optimizer step on the average rank
+    (affine in parameters, so the slowest rank is at least that)."""
+    dp = _dp_floor_s(model, train, cluster, tp, zero, num_micro_batches, dp_span)
+    shards = group if zero >= 1 else 1
+    layers_only = model.num_layers * layer_params(model, tp) / pp  # <= the average rank's
     return dp + optimizer_step_s(layers_only / shards, train, cluster.device)
 
 

@@ -25,7 +25,7 @@ from ortools.sat.python import cp_model
 
 from costmodel.cluster import ClusterSpec
 from costmodel.compute import optimizer_step_s
-from costmodel.memory import stage_memory_at
+from costmodel.memory import AffineBytes, stage_memory_shapes
 from costmodel.params import layer_params, rank_params_at
 from costmodel.plan import Plan, Recompute, Schedule, even_layers
 from costmodel.specs import ModelSpec, TrainSpec
@@ -53,36 +53,43 @@ def _affine(f, x0: int, x1: int) -> tuple[float, float]:
     return y0 - slope * x0, slope
 
 
+@dataclass(frozen=True, slots=True)
 class _RankShape:
     """Everything the solver needs about one pipeline rank, read from costmodel. Each quantity
     is affine in (L, n) for a fixed outer choice (tests/planner/test_partition.py checks it
-    against the cost model at many points), so a few evaluations give its coefficients."""
+    against the cost model at many points): coefficients (per rank, per layer, per recomputed
+    layer) of the micro-batch time t and zero-bubble fill f, (intercept, slope in L) of the
+    optimizer step, memory as (base, per layer, per recomputed layer, jump once n > 0), and per
+    DP term (multiplier, comm, window, bucket)."""
 
-    def __init__(self, model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan,
-                 rtm: RankTimeModel, rank: int, dp_shape: list) -> None:
-        first, last = rank == 0, rank == plan.pp - 1
-        edge = rtm.at(0, 0, first, last)
-        zb = plan.schedule is Schedule.ZB_H1
-        self.t = (edge.total_s, rtm.per_layer.total_s, rtm.per_recomputed_layer.total_s)
-        w0, w1 = edge.backward_weight_s, rtm.per_layer.backward_weight_s
-        self.f = (self.t[0] - 2 * w0 * zb, self.t[1] - 2 * w1 * zb, self.t[2])
-        edge_params = rank_params_at(model, plan, 0, first, last).total
-        per_layer_params = rank_params_at(model, plan, 1, first, last).total - edge_params
-        shards = plan.dp * plan.cp if plan.zero_stage >= 1 else 1
-        opt = lambda L: optimizer_step_s((edge_params + L * per_layer_params) / shards, train, cluster.device)  # noqa: E731
-        self.opt = _affine(opt, 1, 2)
-        reserved = cluster.device.efficiency.reserved_memory_bytes
-        mem = lambda L, n: stage_memory_at(model, train, plan, rank, L, n, reserved).total_bytes  # noqa: E731
-        base, per_layer = _affine(lambda L: mem(L, 0), 1, 2)
-        m21 = mem(2, 1)
-        per_rc = mem(2, 2) - m21
-        self.mem = (base, per_layer, per_rc, m21 - (base + 2 * per_layer) - per_rc)
-        # DP collectives: comm(P) = alpha + beta·P in the rank's parameters P = edge + L·per_layer
-        overlap = cluster.device.efficiency.overlap
-        self.dp = [(mult, (alpha + beta * edge_params, beta * per_layer_params),
-                    (dp_window_s(term, edge, overlap), dp_window_s(term, rtm.per_layer, overlap),
-                     dp_window_s(term, rtm.per_recomputed_layer, overlap)), bucket)
-                   for mult, term, alpha, beta, bucket in dp_shape]
+    t: tuple[float, float, float]
+    f: tuple[float, float, float]
+    opt: tuple[float, float]
+    mem: tuple[float, float, float, float]
+    dp: list
+    memory: AffineBytes  # mem as costmodel states it
+
+
+def _time_shape(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan, rtm: RankTimeModel,
+                first: bool, last: bool, dp_shape: list) -> tuple:
+    """(t, f, opt, dp) of a rank: the same on every rank in the middle of the pipeline."""
+    edge = rtm.at(0, 0, first, last)
+    zb = plan.schedule is Schedule.ZB_H1
+    t = (edge.total_s, rtm.per_layer.total_s, rtm.per_recomputed_layer.total_s)
+    w0, w1 = edge.backward_weight_s, rtm.per_layer.backward_weight_s
+    f = (t[0] - 2 * w0 * zb, t[1] - 2 * w1 * zb, t[2])
+    edge_params = rank_params_at(model, plan, 0, first, last).total
+    per_layer_params = rank_params_at(model, plan, 1, first, last).total - edge_params
+    shards = plan.dp * plan.cp if plan.zero_stage >= 1 else 1
+    opt = _affine(lambda L: optimizer_step_s((edge_params + L * per_layer_params) / shards, train, cluster.device),
+                  1, 2)
+    # DP collectives: comm(P) = alpha + beta·P in the rank's parameters P = edge + L·per_layer
+    overlap = cluster.device.efficiency.overlap
+    dp = [(mult, (alpha + beta * edge_params, beta * per_layer_params),
+           (dp_window_s(term, edge, overlap), dp_window_s(term, rtm.per_layer, overlap),
+            dp_window_s(term, rtm.per_recomputed_layer, overlap)), bucket)
+          for mult, term, alpha, beta, bucket in dp_shape]
+    return t, f, opt, dp
 
 
 def _dp_shape(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> list:
@@ -98,16 +105,29 @@ def _dp_shape(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pl
     return out
 
 
-def rank_shapes(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> list[_RankShape]:
-    rtm = rank_time_model(model, train, plan, cluster, spans(plan, cluster))
+def rank_shapes(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan,
+                memory: list[AffineBytes] | None = None, rtm: RankTimeModel | None = None) -> list[_RankShape]:
+    """`memory` (the plan's `stage_memory_shapes`) and `rtm` (its rank time model): when the
+    caller already has them."""
+    rtm = rtm or rank_time_model(model, train, plan, cluster, spans(plan, cluster))
     dp_shape = _dp_shape(model, train, cluster, plan)
-    return [_RankShape(model, train, cluster, plan, rtm, r, dp_shape) for r in range(plan.pp)]
+    memory = memory or stage_memory_shapes(model, train, plan, cluster.device.efficiency.reserved_memory_bytes)
+    first, last = plan.stage_rank(0), plan.stage_rank(plan.num_virtual_stages - 1)
+    times: dict[tuple[bool, bool], tuple] = {}
+    out = []
+    for r, mem in enumerate(memory):
+        key = (r == first, r == last)
+        if key not in times:
+            times[key] = _time_shape(model, train, cluster, plan, rtm, *key, dp_shape)
+        t, f, opt, dp = times[key]
+        out.append(_RankShape(t, f, opt, (mem.base, mem.per_layer, mem.per_recomputed, mem.jump), dp, mem))
+    return out
 
 
-def max_layers_that_fit(shape: _RankShape, cap: float, can_recompute: bool, total: int) -> int:
+def max_layers_that_fit(mem: AffineBytes, cap: float, can_recompute: bool, total: int) -> int:
     """Most layers a rank can hold within `cap`: memory is affine in layers at n = 0 and at n = L
     (every layer recomputed), and recomputing more never needs more memory."""
-    base, per_layer, per_rc, jump = shape.mem
+    base, per_layer, per_rc, jump = mem.base, mem.per_layer, mem.per_recomputed, mem.jump
     options = [(base, per_layer)] + ([(base + jump, per_layer + per_rc)] if can_recompute else [])
     best = -1
     for intercept, slope in options:
@@ -118,54 +138,116 @@ def max_layers_that_fit(shape: _RankShape, cap: float, can_recompute: bool, tota
     return best
 
 
-def split_exists(shapes: list[_RankShape], plan: Plan, cap: float, total: int) -> bool:
-    """Exact: some split of `total` layers (at least vpp per rank) fits every rank."""
-    most = [max_layers_that_fit(s, cap, plan.recompute is not Recompute.NONE, total) for s in shapes]
+def split_exists(memory: list[AffineBytes], plan: Plan, cap: float, total: int) -> bool:
+    """Exact: some split of `total` layers (at least vpp per rank) fits every rank (`memory`:
+    costmodel.memory.stage_memory_shapes)."""
+    most = [max_layers_that_fit(m, cap, plan.recompute is not Recompute.NONE, total) for m in memory]
     return min(most) >= plan.vpp and sum(most) >= total
 
 
-def _recompute_needed(shape: _RankShape, layers: int, cap: float) -> float:
+def _recompute_needed(mem: AffineBytes, layers: int, cap: float) -> float:
     """Least (fractional) number of recomputed layers that makes `layers` fit on this rank."""
-    base, per_layer, per_rc, jump = shape.mem
-    over = base + per_layer * layers - cap
+    over = mem.base + mem.per_layer * layers - cap
     if over <= 0:
         return 0.0
-    return (over + jump) / -per_rc if per_rc < 0 else math.inf
+    return (over + mem.jump) / -mem.per_recomputed if mem.per_recomputed < 0 else math.inf
 
 
-def min_total_recompute(shapes: list[_RankShape], plan: Plan, cap: float, total: int) -> float:
+def min_total_recompute(memory: list[AffineBytes], plan: Plan, cap: float, total: int) -> float:
     """Lower bound on sum(n_r) over all splits: each rank's need is convex in its layer count
     (zero, then linear), so adding layers greedily where the need grows least is optimal for the
     continuous relaxation."""
     layers = [plan.vpp] * plan.pp
-    need = [_recompute_needed(sh, plan.vpp, cap) for sh in shapes]
-    heap = [(_recompute_needed(sh, plan.vpp + 1, cap) - need[r], r) for r, sh in enumerate(shapes)]
+    need = [_recompute_needed(mem, plan.vpp, cap) for mem in memory]
+    heap = [(_recompute_needed(mem, plan.vpp + 1, cap) - need[r], r) for r, mem in enumerate(memory)]
     heapq.heapify(heap)
     for _ in range(total - plan.vpp * plan.pp):
         delta, r = heapq.heappop(heap)
         layers[r] += 1
         need[r] += delta
-        heapq.heappush(heap, (_recompute_needed(shapes[r], layers[r] + 1, cap) - need[r], r))
+        heapq.heappush(heap, (_recompute_needed(memory[r], layers[r] + 1, cap) - need[r], r))
     return sum(need)
 
 
-def lower_bound_with_memory_s(shapes: list[_RankShape], plan: Plan, cap: float, total: int) -> float:
+def least_recomputed(memory: list[AffineBytes], cap: float, recompute: bool, total: int) -> np.ndarray:
+    """[rank, L] for L = 0..total layers on the rank: the fewest recomputed layers that make them
+    fit (-1 where none does). Memory falls by per_rc per recomputed layer after a one-off jump."""
+    col = lambda name: np.array([getattr(mem, name) for mem in memory])[:, None]  # noqa: E731
+    per_rc, jump = col("per_recomputed"), col("jump")
+    layers = np.arange(total + 1)[None, :]
+    over = col("base") + col("per_layer") * layers - cap
+    need = np.where(over <= 0, 0, -1)
+    if recompute:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            # 1e-9: the CP-SAT model and estimate() round differently at the very edge
+            n = np.maximum(1, np.ceil((over + jump) / -per_rc - 1e-9))
+        need = np.where((over > 0) & (per_rc < 0) & (n <= layers), n, need)
+    return need
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryFit:
+    """What memory alone says about an outer choice; rank placement does not change it, so the
+    search computes it once for all placements."""
+
+    memory: list[AffineBytes]  # costmodel.memory.stage_memory_shapes
+    fits: bool                 # some split fits (exact)
+    least_recomputed: np.ndarray | None  # [rank, L], see least_recomputed (when it fits)
+    min_recomputed: float      # no split that fits recomputes fewer layers in all (when it fits)
+
+
+def memory_fit(memory: list[AffineBytes], plan: Plan, cap: float, total: int) -> MemoryFit:
+    if not split_exists(memory, plan, cap, total):
+        return MemoryFit(memory, False, None, math.inf)
+    recompute = plan.recompute is not Recompute.NONE
+    return MemoryFit(memory, True, least_recomputed(memory, cap, recompute, total),
+                     max(min_total_recompute(memory, plan, cap, total), 1.0 if recompute else 0.0))
+
+
+def min_max_time_s(shapes: list[_RankShape], plan: Plan, fit: MemoryFit, total: int) -> float:
+    """The least possible max_r t_r over every split that fits (exact over integer layer and
+    recompute counts, up to the relaxation that a rank may take any layer count whose time fits):
+    a rank's fastest way to hold L layers recomputes as few as fit, so for a candidate T each rank
+    holds at most max{L : t_min(L) <= T} layers, and T is feasible when those sum to `total`."""
+    need = fit.least_recomputed
+    t0 = np.array([sh.t[0] for sh in shapes])[:, None]
+    t = t0 + shapes[0].t[1] * np.arange(total + 1)[None, :] + shapes[0].t[2] * need
+    t = np.where(need >= 0, t, np.inf)
+    t[:, :plan.vpp] = np.inf  # every virtual stage holds a layer
+    # fastest way to hold at least L layers: nondecreasing in L, so "most layers within T" is a count
+    t = np.minimum.accumulate(t[:, ::-1], axis=1)[:, ::-1]
+    values = np.unique(t)
+    values = values[np.isfinite(values)]
+    lo, hi = 0, len(values)
+    while lo < hi:  # first T at which the ranks can hold every layer
+        mid = (lo + hi) // 2
+        counts = np.count_nonzero(t <= values[mid], axis=1)  # most layers within T, plus one
+        feasible = counts.min() >= 1 and int(counts.sum()) - len(shapes) >= total
+        lo, hi = (lo, mid) if feasible else (mid + 1, hi)
+    return float(values[lo]) if lo < len(values) else math.inf
+
+
+def lower_bound_with_memory_s(shapes: list[_RankShape], plan: Plan, fit: MemoryFit, total: int) -> float:
     """Step-time lower bound for this outer choice including the recomputation needed to fit,
-    the DP buckets that can never hide, and the optimizer on the average rank (see
-    planner.bounds.lower_bound_s for the pipeline part)."""
-    rc = max(min_total_recompute(shapes, plan, cap, total),
-             0.0 if plan.recompute is Recompute.NONE else 1.0)
-    if math.isinf(rc) or (rc > 0 and plan.recompute is Recompute.NONE):
+    the slowest rank at least as slow as the best memory-feasible min-max split allows, the DP
+    buckets that can never hide, and the optimizer on the average rank (see
+    planner.bounds.time_floor_s for the pipeline part)."""
+    rc = fit.min_recomputed
+    if not fit.fits or math.isinf(rc) or (rc > 0 and plan.recompute is Recompute.NONE):
         return math.inf
+    slowest = min_max_time_s(shapes, plan, fit, total)
     sum_t = sum(sh.t[0] for sh in shapes) + shapes[0].t[1] * total + shapes[0].t[2] * rc
-    m, pp = plan.num_micro_batches, plan.pp
+    slowest = max(slowest, sum_t / plan.pp)
+    m = plan.num_micro_batches
     if plan.schedule is Schedule.ZB_H1:
+        # m·T + sum(f) - max(f) with max(f) <= T
         sum_f = sum(sh.f[0] for sh in shapes) + shapes[0].f[1] * total + shapes[0].f[2] * rc
-        pipe = (m - 1) * sum_t / pp + sum_f
+        pipe = (m - 1) * slowest + sum_f
     else:
+        # m·T + (sum(t) - T) / v
         v = plan.vpp if plan.schedule is Schedule.INTERLEAVED else 1
-        pipe = (m - 1 / v) * sum_t / pp + sum_t / v
-    opt = (sum(sh.opt[0] for sh in shapes) + shapes[0].opt[1] * total) / pp
+        pipe = (m - 1 / v) * slowest + sum_t / v
+    opt = (sum(sh.opt[0] for sh in shapes) + shapes[0].opt[1] * total) / plan.pp
     return pipe + _dp_floor_s(shapes, plan, total) + opt
 
 
@@ -183,7 +265,7 @@ def _dp_floor_s(shapes: list[_RankShape], plan: Plan, total: int) -> float:
     return out
 
 
-def _scan_single_rank(shape: _RankShape, plan: Plan, total: int, cap: float) -> Split | None:
+def _scan_single_rank(shape: _RankShape, plan: Plan, total: int, cap: float, cutoff_s: float) -> Split | None:
     """pp = 1: the whole objective is a function of n alone; try every n (exact, no solver)."""
     base, per_layer, per_rc, jump = shape.mem
     choices = [0] if plan.recompute is Recompute.NONE else range(1, total + 1)
@@ -195,18 +277,20 @@ def _scan_single_rank(shape: _RankShape, plan: Plan, total: int, cap: float) -> 
         dp = sum(mult * max(c0 + c1 * total - (w0 + w1 * total + w2 * n), bucket)
                  for mult, (c0, c1), (w0, w1, w2), bucket in shape.dp)
         value = plan.num_micro_batches * t + dp + shape.opt[0] + shape.opt[1] * total
-        if best is None or value < best[0]:
+        if value <= cutoff_s and (best is None or value < best[0]):
             best = (value, n)
     return None if best is None else Split(layers=(total,), recomputed=(best[1],), optimal=True)
 
 
-def _enumerate_two_ranks(ranks: list[_RankShape], plan: Plan, total: int, cap: float) -> Split | None:
+def _enumerate_two_ranks(ranks: list[_RankShape], plan: Plan, total: int, cap: float,
+                         cutoff_s: float) -> Split | None:
     """pp = 2: every (L0, n0, n1) at once with numpy, the same objective as the CP-SAT model, in
     floating point; ties go to fewer recomputed layers, then fewer layers on rank 0."""
     v, m = plan.vpp, plan.num_micro_batches
+    counts = np.arange(total + 1) if plan.recompute is not Recompute.NONE else np.zeros(1, dtype=int)
     l0 = np.arange(total + 1)[:, None, None]
-    n0 = np.arange(total + 1)[None, :, None]
-    n1 = np.arange(total + 1)[None, None, :]
+    n0 = counts[None, :, None]
+    n1 = counts[None, None, :]
     l1 = total - l0
     ok = (l0 >= v) & (l1 >= v) & (n0 <= l0) & (n1 <= l1)
     if plan.recompute is Recompute.NONE:
@@ -227,12 +311,16 @@ def _enumerate_two_ranks(ranks: list[_RankShape], plan: Plan, total: int, cap: f
     scale = v if plan.schedule is Schedule.INTERLEAVED else 1
     step = (scale * m * np.maximum(t0, t1) + f0 + f1 - np.maximum(f0, f1)
             + scale * (np.maximum(dp[0], dp[1]) + opt))
+    ok = ok & (step <= scale * cutoff_s)
+    if not ok.any():
+        return None
     step = np.where(ok, np.broadcast_to(step, ok.shape), np.inf)
     best = np.min(step)
     tie = np.isclose(step, best, rtol=1e-12, atol=0.0) & ok
     a, b, c = np.nonzero(tie)
     i = np.lexsort((a, b + c))[0]  # fewest recomputed layers, then fewer layers on rank 0
-    return Split(layers=(int(a[i]), total - int(a[i])), recomputed=(int(b[i]), int(c[i])), optimal=True)
+    return Split(layers=(int(a[i]), total - int(a[i])), recomputed=(int(counts[b[i]]), int(counts[c[i]])),
+                 optimal=True)
 
 
 def _ns(x: float) -> int:
@@ -240,16 +328,21 @@ def _ns(x: float) -> int:
 
 
 def solve_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan,
-                time_limit_s: float = 10.0, ranks: list[_RankShape] | None = None) -> Split | None:
-    """The best (layers, recomputed) per rank for `plan`'s outer choices, or None if nothing fits."""
+                time_limit_s: float = 10.0, ranks: list[_RankShape] | None = None,
+                cutoff_s: float = math.inf, fit: MemoryFit | None = None) -> Split | None:
+    """The best (layers, recomputed) per rank for `plan`'s outer choices, or None if no split
+    fits with a step time of at most `cutoff_s` (the branch and bound's K-th best so far: the
+    solver then only has to show nothing beats it). The objective leaves out the plan's
+    constant terms (>= 0), so None never hides a plan that would beat the cutoff."""
     ranks = ranks or rank_shapes(model, train, cluster, plan)
     total, v, m = model.num_layers, plan.vpp, plan.num_micro_batches
-    if not split_exists(ranks, plan, cluster.device.memory_bytes, total):
+    fit = fit or memory_fit([r.memory for r in ranks], plan, cluster.device.memory_bytes, total)
+    if not fit.fits:
         return None
     if plan.pp == 1:
-        return _scan_single_rank(ranks[0], plan, total, cluster.device.memory_bytes)
+        return _scan_single_rank(ranks[0], plan, total, cluster.device.memory_bytes, cutoff_s)
     if plan.pp == 2:
-        return _enumerate_two_ranks(ranks, plan, total, cluster.device.memory_bytes)
+        return _enumerate_two_ranks(ranks, plan, total, cluster.device.memory_bytes, cutoff_s)
     cm = cp_model.CpModel()
     L = [cm.NewIntVar(v, total, f"L{r}") for r in range(plan.pp)]
     n = [cm.NewIntVar(0, total, f"n{r}") for r in range(plan.pp)]
@@ -281,6 +374,12 @@ def solve_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
         cm.AddHint(L[r], max(v, even[r]))
     scale = v if plan.schedule is Schedule.INTERLEAVED else 1
     step = scale * m * T.var + sum(f.var for f in f_vars) - F.var + scale * (DP.var + OPT.var)
+    # integer nanoseconds round each coefficient: allow that much slack in both bounds below
+    slack = (scale * m + 3 * plan.pp + 3) * (2 * total + 2)
+    slowest = min_max_time_s(ranks, plan, fit, total)
+    cm.Add(T.var >= math.floor(slowest * NS) - slack)  # the exact min-max of the slowest rank
+    if math.isfinite(cutoff_s):
+        cm.Add(step <= math.floor(scale * cutoff_s * NS) + slack)
     # ties (equal predicted time) go to the split that recomputes fewer layers
     cm.Minimize((total + 1) * step + sum(n))
     solver = cp_model.CpSolver()

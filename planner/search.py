@@ -15,26 +15,32 @@ and ranked; one whose simulated memory does not fit is dropped.
 """
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
+import numpy as np
+
 from costmodel.check import check_structure
 from costmodel.cluster import ClusterSpec
 from costmodel.estimate import Estimate, estimate
+from costmodel.memory import stage_memory_shapes
+from costmodel.placement import AxisSpan
 from costmodel.plan import Plan, Recompute, Schedule
 from costmodel.specs import ModelSpec, TrainSpec
-from costmodel.timing import spans
-from planner.bounds import lower_bound_s, zero_floor_s
-from planner.partition import (SolverTimeout, apply_split, lower_bound_with_memory_s, rank_shapes, solve_split,
-                               split_exists)
+from costmodel.timing import RankTimeModel, Spans, rank_time_model, spans
+from planner.bounds import time_floor_s, zero_floor_s
+from planner.partition import (MemoryFit, SolverTimeout, apply_split, lower_bound_with_memory_s, memory_fit,
+                               rank_shapes, solve_split)
 from planner.space import Choice, build_plan, degrees_plan, divisors
 
 MAX_MICRO_BATCH = 64
 REPRICED = 20   # closed-form best plans re-priced by simulation for the final ranking
 MAX_CP = 8
+ZERO_STAGES = (0, 1, 2, 3)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -163,38 +169,98 @@ def _keys_for_degrees(model, train, cluster, options, tp, cp, pp, dp, stats) -> 
                              micro_batch_size=mbs, vpp=vpp, schedule=sched, mesh_axis_order=order)
 
 
-def _zero_stages(options: SearchOptions, plan: Plan) -> list[int]:
-    return _allowed(options, "zero_stage", [0, 1, 2, 3] if plan.dp * plan.cp > 1 else [0])
+class _Shared:
+    """What many candidates of one search share, computed once: the rank time model (it does
+    not depend on the ZeRO stage or the schedule, and on the virtual stages only through the
+    pipeline sends), the ZeRO floor, and the memory shapes (they do not depend on placement)."""
+
+    def __init__(self, model: ModelSpec, train: TrainSpec, cluster: ClusterSpec) -> None:
+        self.model, self.train, self.cluster = model, train, cluster
+        self._times: dict[tuple, tuple[RankTimeModel, Spans]] = {}
+        self._zero: dict[tuple, float] = {}
+        self._memory: dict[tuple, MemoryFit] = {}
+
+    def time_model(self, c: Choice) -> tuple[RankTimeModel, Spans]:
+        """The rank time model, priced with one virtual stage (RankTimeModel.with_vpp adds more)."""
+        key = (c.tp, c.cp, c.pp, c.dp, c.micro_batch_size, c.sequence_parallel, c.recompute, c.mesh_axis_order)
+        if key not in self._times:
+            probe = build_plan(self.model, self.train, self.cluster, replace(c, vpp=1, schedule=None))
+            sp = spans(probe, self.cluster)
+            self._times[key] = rank_time_model(self.model, self.train, probe, self.cluster, sp), sp
+        return self._times[key]
+
+    def zero_floors_s(self, c: Choice, num_micro_batches: int, dp_span: AxisSpan) -> tuple[float, ...]:
+        """planner.bounds.zero_floor_s for ZeRO stages 0..3."""
+        key = (c.tp, c.pp, c.dp * c.cp, num_micro_batches, dp_span)
+        if key not in self._zero:
+            self._zero[key] = tuple(zero_floor_s(self.model, self.train, self.cluster, c.tp, c.pp, c.dp * c.cp,
+                                                 zero, num_micro_batches, dp_span) for zero in ZERO_STAGES)
+        return self._zero[key]
+
+    @staticmethod
+    def memory_key(c: Choice, zero: int) -> tuple:
+        return (c.tp, c.cp, c.pp, c.dp, zero, c.recompute, c.sequence_parallel, c.micro_batch_size, c.vpp,
+                c.schedule)
+
+    def known_not_to_fit(self, c: Choice, zero: int) -> bool:
+        """Some split fits under another placement of the same choice iff one fits under this."""
+        entry = self._memory.get(self.memory_key(c, zero))
+        return entry is not None and not entry.fits
+
+    def memory(self, c: Choice, plan: Plan) -> MemoryFit:
+        key = self.memory_key(c, plan.zero_stage)
+        if key not in self._memory:
+            reserved = self.cluster.device.efficiency.reserved_memory_bytes
+            memory = stage_memory_shapes(self.model, self.train, plan, reserved)
+            self._memory[key] = memory_fit(memory, plan, self.cluster.device.memory_bytes, self.model.num_layers)
+        return self._memory[key]
 
 
 def search(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
            options: SearchOptions = SearchOptions()) -> SearchResult:
     start = time.perf_counter()
     stats = SearchStats()
-    bounded: list[tuple[float, int, Plan]] = []
+    shared = _Shared(model, train, cluster)
+    choices, bounds = [], []
+    allowed = np.array([zero in _allowed(options, "zero_stage", list(ZERO_STAGES)) for zero in ZERO_STAGES])
     for choice in time_keys(model, train, cluster, options, stats):
-        try:
-            plan = build_plan(model, train, cluster, choice)
-        except ValueError:
-            stats.prune("does not divide")
-            continue
-        problems = check_structure(model, train, cluster, plan)
-        if problems:
-            stats.prune(problems[0].split(" (")[0][:60])
-            continue
-        time_bound = lower_bound_s(model, train, cluster, plan)
-        for zero in _zero_stages(options, plan):
-            with_zero = replace(plan, zero_stage=zero)
-            bound = time_bound + zero_floor_s(model, train, cluster, with_zero)
-            bounded.append((bound, len(bounded), with_zero))
-    bounded.sort(key=lambda item: item[:2])
-    stats.num_candidates = len(bounded) + sum(stats.pruned_by_reason.values())
-    _say(options, f"{len(bounded)} valid candidates; solving in order of their lower bound")
-    seeds = _seeds(model, train, cluster, bounded)
+        # a Plan is built only for the candidates the branch and bound examines
+        rtm, sp = shared.time_model(choice)
+        m = train.global_batch_size // choice.dp // choice.micro_batch_size
+        choices.append(choice)
+        bounds.append(time_floor_s(model, rtm, choice.pp, m, choice.schedule, choice.vpp, choice.recompute))
+        bounds.extend(shared.zero_floors_s(choice, m, sp.dp))
+    table = np.array(bounds).reshape(-1, 1 + len(ZERO_STAGES))
+    # ZeRO needs a group to shard over: without one, every stage is the same plan as stage 0
+    sharded = np.array([c.dp * c.cp > 1 for c in choices], dtype=bool)[:, None]
+    valid = allowed[None, :] & (sharded | (np.arange(len(ZERO_STAGES)) == 0)[None, :])
+    candidates = _Candidates(choices, np.where(valid, table[:, :1] + table[:, 1:], np.inf))
+    stats.num_candidates = len(candidates) + sum(stats.pruned_by_reason.values())
+    _say(options, f"{len(candidates)} valid candidates; solving in order of their lower bound")
+    seeds = _seeds(model, train, cluster, candidates)
     _say(options, f"{len(seeds)} seed plans, best {min((f.estimate.step_time_s for f in seeds), default=math.inf):.3f} s")
-    result = _branch_and_bound(model, train, cluster, options, stats, bounded, start + options.time_limit_s, seeds)
+    result = _branch_and_bound(shared, options, stats, candidates, start + options.time_limit_s, seeds)
     stats.wall_s = time.perf_counter() - start
     return result
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidates:
+    """Every outer choice with its lower bound per ZeRO stage (inf where the stage is not a
+    candidate), taken in order of the bound (ties: generation order, then ZeRO stage)."""
+
+    choices: list[Choice]
+    bounds: np.ndarray  # [choice, ZeRO stage]
+
+    def __len__(self) -> int:
+        return int(np.isfinite(self.bounds).sum())
+
+    def in_order(self) -> Iterator[tuple[float, Choice, int]]:
+        flat = self.bounds.ravel()
+        order = np.argsort(flat, kind="stable")[: len(self)]
+        width = self.bounds.shape[1]
+        for index, bound in zip(order.tolist(), flat[order].tolist()):
+            yield bound, self.choices[index // width], index % width
 
 
 def _say(options: SearchOptions, text: str) -> None:
@@ -202,62 +268,85 @@ def _say(options: SearchOptions, text: str) -> None:
         options.progress(text)
 
 
-def _seeds(model, train, cluster, bounded) -> list[Found]:
+def _seeds(model, train, cluster, candidates: _Candidates) -> list[Found]:
     """Feasible plans of the kind Megatron-LM users start from (the largest TP, SP, ZeRO-1,
     micro-batch 1, one stage per rank, even split, every layer recomputed when the mode asks),
     priced by `estimate`. They only tighten the cutoff early; the search still examines every
     candidate whose bound is below it, so the result stays exact."""
-    top_tp = max((plan.tp for _, _, plan in bounded), default=1)
+    top_tp = max((choice.tp for choice in candidates.choices), default=1)
     seeds = []
-    for _, _, plan in bounded:
-        zero = 1 if plan.dp * plan.cp > 1 else 0  # ZeRO-1 wherever there is a group to shard over
-        if (plan.tp, plan.micro_batch_size, plan.vpp, plan.zero_stage) != (top_tp, 1, 1, zero):
+    for index, choice in enumerate(candidates.choices):
+        zero = 1 if choice.dp * choice.cp > 1 else 0  # ZeRO-1 wherever there is a group to shard over
+        if (choice.tp, choice.micro_batch_size, choice.vpp) != (top_tp, 1, 1) or \
+                not math.isfinite(candidates.bounds[index, zero]):
             continue
-        counts = tuple(plan.layers_on_rank(r) if plan.recompute is not Recompute.NONE else 0 for r in range(plan.pp))
-        concrete = replace(plan, recompute_num_layers=counts)
-        est = estimate(model, train, cluster, concrete, simulate=False)
+        # build_plan recomputes every layer of the rank when the mode recomputes
+        plan = build_plan(model, train, cluster, replace(choice, zero_stage=zero))
+        if check_structure(model, train, cluster, plan):
+            continue
+        est = estimate(model, train, cluster, plan, simulate=False)
         if est.fits:
-            seeds.append(Found(plan=concrete, estimate=est))
+            seeds.append(Found(plan=plan, estimate=est))
     return seeds
 
 
-def _branch_and_bound(model, train, cluster, options, stats, bounded, deadline: float,
+def _branch_and_bound(shared: _Shared, options, stats, candidates: _Candidates, deadline: float,
                       seeds: list[Found]) -> SearchResult:
+    model, train, cluster = shared.model, shared.train, shared.cluster
     found: list[Found] = list(seeds)
-    too_big: list[Plan] = []
-    for index, (bound, _, plan) in enumerate(bounded):
-        if bound >= _cutoff(found, options):
-            stats.pruned_by_reason["bound"] = stats.pruned_by_reason.get("bound", 0) + len(bounded) - index
+    too_big: list[tuple[Choice, int]] = []  # (choice, ZeRO stage) that cannot fit
+    total = model.num_layers
+    cutoff = _cutoff(found, options)
+    count = len(candidates)
+    for index, (bound, choice, zero) in enumerate(candidates.in_order()):
+        if bound >= cutoff:
+            stats.pruned_by_reason["bound"] = stats.pruned_by_reason.get("bound", 0) + count - index
             break
         if time.perf_counter() > deadline:
             stats.optimal = False
             stats.lower_bound_s = bound
-            stats.pruned_by_reason["time limit"] = len(bounded) - index
-            _say(options, f"time limit reached after {index:,} of {len(bounded):,} candidates")
+            stats.pruned_by_reason["time limit"] = count - index
+            _say(options, f"time limit reached after {index:,} of {count:,} candidates")
             break
         if index and index % 500 == 0:
             _say(options, f"examined {index}, solved {stats.num_solved}, best so far "
                           f"{min((f.estimate.step_time_s for f in found), default=math.inf):.3f} s")
-        shapes = rank_shapes(model, train, cluster, plan)
-        cap, total = cluster.device.memory_bytes, model.num_layers
-        if not split_exists(shapes, plan, cap, total):
+        if shared.known_not_to_fit(choice, zero):
             stats.prune("memory")
-            too_big.append(plan)
+            too_big.append((choice, zero))
             continue
-        if lower_bound_with_memory_s(shapes, plan, cap, total) >= _cutoff(found, options):
+        try:
+            plan = build_plan(model, train, cluster, replace(choice, zero_stage=zero))
+        except ValueError:
+            stats.prune("does not divide")
+            continue
+        problems = check_structure(model, train, cluster, plan)
+        if problems:
+            stats.prune(problems[0].split(" (")[0][:60])
+            continue
+        fit = shared.memory(choice, plan)
+        if not fit.fits:
+            stats.prune("memory")
+            too_big.append((choice, zero))
+            continue
+        shapes = rank_shapes(model, train, cluster, plan, memory=fit.memory, rtm=shared.time_model(choice)[0].with_vpp(plan.vpp))
+        if lower_bound_with_memory_s(shapes, plan, fit, total) >= cutoff:
             stats.prune("bound")
             continue
         try:
-            split = solve_split(model, train, cluster, plan, ranks=shapes,
+            split = solve_split(model, train, cluster, plan, ranks=shapes, cutoff_s=cutoff, fit=fit,
                                 time_limit_s=max(1.0, deadline - time.perf_counter()))
         except SolverTimeout:
             stats.optimal = False
             stats.prune("solver time limit")
             continue
         stats.num_solved += 1
-        if split is None:
+        if split is None and math.isinf(cutoff):
             stats.prune("memory")
-            too_big.append(plan)
+            too_big.append((choice, zero))
+            continue
+        if split is None:  # no split that fits beats the K-th best
+            stats.prune("bound")
             continue
         stats.optimal &= split.optimal
         concrete = apply_split(plan, split)
@@ -267,12 +356,14 @@ def _branch_and_bound(model, train, cluster, options, stats, bounded, deadline: 
             continue
         stats.num_feasible += 1
         found.append(Found(plan=concrete, estimate=est))
+        cutoff = _cutoff(found, options)
     if stats.optimal:
         stats.lower_bound_s = min((f.estimate.step_time_s for f in found), default=math.inf)
     closest = None
     if not found:  # only then does anyone need to know how far the plans are from fitting
-        for plan in too_big[:2000]:
-            closest = _closer(model, train, cluster, plan, closest)
+        for choice, zero in too_big[:2000]:
+            closest = _closer(model, train, cluster, build_plan(model, train, cluster, replace(choice, zero_stage=zero)),
+                              closest)
     ranked = _rank(found, replace(options, top_k=max(REPRICED, options.top_k)))
     simulated = {id(f): Found(plan=f.plan, estimate=estimate(model, train, cluster, f.plan)) for f in ranked}
     evaluated = [simulated.get(id(f), f) for f in found]
@@ -282,10 +373,10 @@ def _branch_and_bound(model, train, cluster, options, stats, bounded, deadline: 
 
 def _cutoff(found: list[Found], options: SearchOptions) -> float:
     """No candidate whose bound reaches this can enter the answer."""
-    times = sorted(f.estimate.step_time_s for f in found)
-    if len(times) < options.top_k:
+    if len(found) < options.top_k:
         return math.inf
-    cutoff = times[options.top_k - 1]
+    times = heapq.nsmallest(options.top_k, (f.estimate.step_time_s for f in found))
+    cutoff = times[-1]
     if options.objective == "memory":
         cutoff = max(cutoff, 1.05 * times[0])
     return cutoff
