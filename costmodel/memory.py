@@ -228,10 +228,14 @@ def stage_memory_shapes(model: ModelSpec, train: TrainSpec, plan: Plan,
     per_param = sum(state_bytes_for(train, plan, 1.0))
     fixed = buffer_bytes(model, train, plan) + reserved_bytes
     mb = _micro_batch_shape(model, train, plan)
+    params: dict[tuple[bool, bool], tuple[int, int]] = {}  # (edge, per layer): one per kind of rank
     out = []
     for rank in range(plan.pp):
-        edge = rank_params_at(model, plan, 0, rank == first, rank == last).total
-        per_layer = rank_params_at(model, plan, 1, rank == first, rank == last).total - edge
+        kind = (rank == first, rank == last)
+        if kind not in params:
+            edge = rank_params_at(model, plan, 0, *kind).total
+            params[kind] = edge, rank_params_at(model, plan, 1, *kind).total - edge
+        edge, per_layer = params[kind]
         act = activation_shape(model, train, plan, rank, mb)
         out.append(AffineBytes(base=fixed + per_param * edge + act.base,
                                per_layer=per_param * per_layer + act.per_layer,

@@ -126,14 +126,18 @@ class Plan:
 @lru_cache(maxsize=65536)
 def _layers_by_rank(plan: Plan) -> tuple[int, ...]:
     """Layers each pipeline rank holds (the search asks this hundreds of thousands of times)."""
-    counts = [0] * plan.pp
-    for j, n in enumerate(plan.layers_per_stage):
+    stages, pp = plan.layers_per_stage, plan.pp
+    if plan.schedule is not Schedule.ZBV and len(stages) == pp * plan.vpp:  # loop placement
+        return tuple(sum(stages[r::pp]) for r in range(pp))
+    counts = [0] * pp
+    for j, n in enumerate(stages):
         r = plan.stage_rank(j)
-        if 0 <= r < plan.pp:
+        if 0 <= r < pp:
             counts[r] += n
     return tuple(counts)
 
 
+@lru_cache(maxsize=4096)
 def even_layers(num_layers: int, num_stages: int) -> tuple[int, ...]:
     """Split layers as evenly as possible; the remainder goes to the middle stages, which carry
     neither the embedding nor the LM head."""

@@ -29,7 +29,7 @@ from costmodel.memory import AffineBytes, stage_memory_shapes
 from costmodel.params import layer_params, rank_params_at
 from costmodel.plan import Plan, Recompute, Schedule, even_layers
 from costmodel.specs import ModelSpec, TrainSpec
-from costmodel.timing import (RankTimeModel, dp_bucket_s, dp_term_comm_s, dp_terms,
+from costmodel.timing import (RankTimeModel, RankTimes, dp_bucket_s, dp_term_comm_s, dp_terms,
                               dp_window_s, rank_time_model, spans)
 
 NS = 1e9
@@ -70,14 +70,29 @@ class _RankShape:
     memory: AffineBytes  # mem as costmodel states it
 
 
+def _pipeline_rows(rtm: RankTimeModel, plan: Plan, edge: RankTimes) -> tuple[tuple, tuple]:
+    """(t, f) coefficients of a rank whose fixed part (edges, sends) is `edge`."""
+    zb = plan.schedule is Schedule.ZB_H1
+    t = (edge.total_s, rtm.per_layer.total_s, rtm.per_recomputed_layer.total_s)
+    w0, w1 = edge.backward_weight_s, rtm.per_layer.backward_weight_s
+    return t, (t[0] - 2 * w0 * zb, t[1] - 2 * w1 * zb, t[2])
+
+
+def pipeline_rows(rtm: RankTimeModel, plan: Plan) -> tuple[list[tuple], list[tuple]]:
+    """Per pipeline rank, the t and f coefficients of _RankShape (what the pipeline bound needs),
+    without the optimizer and DP parts."""
+    first, last = plan.stage_rank(0), plan.stage_rank(plan.num_virtual_stages - 1)
+    kinds = {(r == first, r == last) for r in range(plan.pp)}
+    rows = {kind: _pipeline_rows(rtm, plan, rtm.at(0, 0, *kind)) for kind in kinds}
+    per_rank = [rows[r == first, r == last] for r in range(plan.pp)]
+    return [t for t, _ in per_rank], [f for _, f in per_rank]
+
+
 def _time_shape(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan, rtm: RankTimeModel,
                 first: bool, last: bool, dp_shape: list) -> tuple:
     """(t, f, opt, dp) of a rank: the same on every rank in the middle of the pipeline."""
     edge = rtm.at(0, 0, first, last)
-    zb = plan.schedule is Schedule.ZB_H1
-    t = (edge.total_s, rtm.per_layer.total_s, rtm.per_recomputed_layer.total_s)
-    w0, w1 = edge.backward_weight_s, rtm.per_layer.backward_weight_s
-    f = (t[0] - 2 * w0 * zb, t[1] - 2 * w1 * zb, t[2])
+    t, f = _pipeline_rows(rtm, plan, edge)
     edge_params = rank_params_at(model, plan, 0, first, last).total
     per_layer_params = rank_params_at(model, plan, 1, first, last).total - edge_params
     shards = plan.dp * plan.cp if plan.zero_stage >= 1 else 1
@@ -204,14 +219,15 @@ def memory_fit(memory: list[AffineBytes], plan: Plan, cap: float, total: int) ->
                      max(min_total_recompute(memory, plan, cap, total), 1.0 if recompute else 0.0))
 
 
-def min_max_time_s(shapes: list[_RankShape], plan: Plan, fit: MemoryFit, total: int) -> float:
+def min_max_time_s(ts: list[tuple], plan: Plan, fit: MemoryFit, total: int) -> float:
     """The least possible max_r t_r over every split that fits (exact over integer layer and
     recompute counts, up to the relaxation that a rank may take any layer count whose time fits):
     a rank's fastest way to hold L layers recomputes as few as fit, so for a candidate T each rank
-    holds at most max{L : t_min(L) <= T} layers, and T is feasible when those sum to `total`."""
+    holds at most max{L : t_min(L) <= T} layers, and T is feasible when those sum to `total`.
+    `ts`: per rank, (t0, t1, t2) of _RankShape.t."""
     need = fit.least_recomputed
-    t0 = np.array([sh.t[0] for sh in shapes])[:, None]
-    t = t0 + shapes[0].t[1] * np.arange(total + 1)[None, :] + shapes[0].t[2] * need
+    t0 = np.array([t[0] for t in ts])[:, None]
+    t = t0 + ts[0][1] * np.arange(total + 1)[None, :] + ts[0][2] * need
     t = np.where(need >= 0, t, np.inf)
     t[:, :plan.vpp] = np.inf  # every virtual stage holds a layer
     # fastest way to hold at least L layers: nondecreasing in L, so "most layers within T" is a count
@@ -222,31 +238,38 @@ def min_max_time_s(shapes: list[_RankShape], plan: Plan, fit: MemoryFit, total: 
     while lo < hi:  # first T at which the ranks can hold every layer
         mid = (lo + hi) // 2
         counts = np.count_nonzero(t <= values[mid], axis=1)  # most layers within T, plus one
-        feasible = counts.min() >= 1 and int(counts.sum()) - len(shapes) >= total
+        feasible = counts.min() >= 1 and int(counts.sum()) - len(ts) >= total
         lo, hi = (lo, mid) if feasible else (mid + 1, hi)
     return float(values[lo]) if lo < len(values) else math.inf
 
 
-def lower_bound_with_memory_s(shapes: list[_RankShape], plan: Plan, fit: MemoryFit, total: int) -> float:
-    """Step-time lower bound for this outer choice including the recomputation needed to fit,
-    the slowest rank at least as slow as the best memory-feasible min-max split allows, the DP
-    buckets that can never hide, and the optimizer on the average rank (see
-    planner.bounds.time_floor_s for the pipeline part)."""
+def pipeline_floor_s(ts: list[tuple], fs: list[tuple], plan: Plan, fit: MemoryFit, total: int) -> float:
+    """Lower bound on the pipeline part of the step time (see planner.bounds.time_floor_s) with
+    the recomputation needed to fit, and the slowest rank at least as slow as the best
+    memory-feasible min-max split allows. `ts`, `fs`: `pipeline_rows`. Placement-aware but
+    cheaper than the rank shapes: the search tries it first."""
     rc = fit.min_recomputed
     if not fit.fits or math.isinf(rc) or (rc > 0 and plan.recompute is Recompute.NONE):
         return math.inf
-    slowest = min_max_time_s(shapes, plan, fit, total)
-    sum_t = sum(sh.t[0] for sh in shapes) + shapes[0].t[1] * total + shapes[0].t[2] * rc
+    slowest = min_max_time_s(ts, plan, fit, total)
+    sum_t = sum(t[0] for t in ts) + ts[0][1] * total + ts[0][2] * rc
     slowest = max(slowest, sum_t / plan.pp)
     m = plan.num_micro_batches
     if plan.schedule is Schedule.ZB_H1:
         # m·T + sum(f) - max(f) with max(f) <= T
-        sum_f = sum(sh.f[0] for sh in shapes) + shapes[0].f[1] * total + shapes[0].f[2] * rc
-        pipe = (m - 1) * slowest + sum_f
-    else:
-        # m·T + (sum(t) - T) / v
-        v = plan.vpp if plan.schedule is Schedule.INTERLEAVED else 1
-        pipe = (m - 1 / v) * slowest + sum_t / v
+        sum_f = sum(f[0] for f in fs) + fs[0][1] * total + fs[0][2] * rc
+        return (m - 1) * slowest + sum_f
+    # m·T + (sum(t) - T) / v
+    v = plan.vpp if plan.schedule is Schedule.INTERLEAVED else 1
+    return (m - 1 / v) * slowest + sum_t / v
+
+
+def lower_bound_with_memory_s(shapes: list[_RankShape], plan: Plan, fit: MemoryFit, total: int) -> float:
+    """Step-time lower bound for this outer choice: `pipeline_floor_s`, the DP buckets that can
+    never hide, and the optimizer on the average rank."""
+    pipe = pipeline_floor_s([sh.t for sh in shapes], [sh.f for sh in shapes], plan, fit, total)
+    if math.isinf(pipe):
+        return pipe
     opt = (sum(sh.opt[0] for sh in shapes) + shapes[0].opt[1] * total) / plan.pp
     return pipe + _dp_floor_s(shapes, plan, total) + opt
 
@@ -376,7 +399,7 @@ def solve_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
     step = scale * m * T.var + sum(f.var for f in f_vars) - F.var + scale * (DP.var + OPT.var)
     # integer nanoseconds round each coefficient: allow that much slack in both bounds below
     slack = (scale * m + 3 * plan.pp + 3) * (2 * total + 2)
-    slowest = min_max_time_s(ranks, plan, fit, total)
+    slowest = min_max_time_s([r.t for r in ranks], plan, fit, total)
     cm.Add(T.var >= math.floor(slowest * NS) - slack)  # the exact min-max of the slowest rank
     if math.isfinite(cutoff_s):
         cm.Add(step <= math.floor(scale * cutoff_s * NS) + slack)

@@ -34,7 +34,7 @@ from costmodel.specs import ModelSpec, TrainSpec
 from costmodel.timing import RankTimeModel, Spans, rank_time_model, spans
 from planner.bounds import time_floor_s, zero_floor_s
 from planner.partition import (MemoryFit, SolverTimeout, apply_split, lower_bound_with_memory_s, memory_fit,
-                               rank_shapes, solve_split)
+                               pipeline_floor_s, pipeline_rows, rank_shapes, solve_split)
 from planner.space import Choice, build_plan, degrees_plan, divisors
 
 MAX_MICRO_BATCH = 64
@@ -178,7 +178,8 @@ class _Shared:
         self.model, self.train, self.cluster = model, train, cluster
         self._times: dict[tuple, tuple[RankTimeModel, Spans]] = {}
         self._zero: dict[tuple, float] = {}
-        self._memory: dict[tuple, MemoryFit] = {}
+        self._memory: dict[tuple, tuple[MemoryFit, Plan]] = {}
+        self._rows: dict[tuple, tuple[list, list]] = {}
 
     def time_model(self, c: Choice) -> tuple[RankTimeModel, Spans]:
         """The rank time model, priced with one virtual stage (RankTimeModel.with_vpp adds more)."""
@@ -197,23 +198,32 @@ class _Shared:
                                                  zero, num_micro_batches, dp_span) for zero in ZERO_STAGES)
         return self._zero[key]
 
+    def memory(self, c: Choice, zero: int) -> tuple[MemoryFit, Plan] | None:
+        """What memory says about this choice, and a plan of it under the placement first seen
+        (memory and pipeline shape do not depend on placement); None until `add_memory`."""
+        return self._memory.get(self._memory_key(c, zero))
+
+    def add_memory(self, c: Choice, plan: Plan) -> tuple[MemoryFit, Plan]:
+        reserved = self.cluster.device.efficiency.reserved_memory_bytes
+        memory = stage_memory_shapes(self.model, self.train, plan, reserved)
+        entry = memory_fit(memory, plan, self.cluster.device.memory_bytes, self.model.num_layers), plan
+        self._memory[self._memory_key(c, plan.zero_stage)] = entry
+        return entry
+
     @staticmethod
-    def memory_key(c: Choice, zero: int) -> tuple:
+    def _memory_key(c: Choice, zero: int) -> tuple:
         return (c.tp, c.cp, c.pp, c.dp, zero, c.recompute, c.sequence_parallel, c.micro_batch_size, c.vpp,
                 c.schedule)
 
-    def known_not_to_fit(self, c: Choice, zero: int) -> bool:
-        """Some split fits under another placement of the same choice iff one fits under this."""
-        entry = self._memory.get(self.memory_key(c, zero))
-        return entry is not None and not entry.fits
-
-    def memory(self, c: Choice, plan: Plan) -> MemoryFit:
-        key = self.memory_key(c, plan.zero_stage)
-        if key not in self._memory:
-            reserved = self.cluster.device.efficiency.reserved_memory_bytes
-            memory = stage_memory_shapes(self.model, self.train, plan, reserved)
-            self._memory[key] = memory_fit(memory, plan, self.cluster.device.memory_bytes, self.model.num_layers)
-        return self._memory[key]
+    def pipeline_floor_s(self, c: Choice, zero: int, plan: Plan, fit: MemoryFit) -> float:
+        """planner.partition.pipeline_floor_s + the ZeRO floor, for `plan` under c's placement."""
+        rtm, sp = self.time_model(c)
+        key = (c, plan.vpp, plan.schedule)
+        if key not in self._rows:
+            self._rows[key] = pipeline_rows(rtm.with_vpp(plan.vpp), plan)
+        ts, fs = self._rows[key]
+        return (pipeline_floor_s(ts, fs, plan, fit, self.model.num_layers)
+                + self.zero_floors_s(c, plan.num_micro_batches, sp.dp)[zero])
 
 
 def search(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
@@ -311,25 +321,30 @@ def _branch_and_bound(shared: _Shared, options, stats, candidates: _Candidates, 
         if index and index % 500 == 0:
             _say(options, f"examined {index}, solved {stats.num_solved}, best so far "
                           f"{min((f.estimate.step_time_s for f in found), default=math.inf):.3f} s")
-        if shared.known_not_to_fit(choice, zero):
-            stats.prune("memory")
-            too_big.append((choice, zero))
-            continue
-        try:
-            plan = build_plan(model, train, cluster, replace(choice, zero_stage=zero))
-        except ValueError:
-            stats.prune("does not divide")
-            continue
-        problems = check_structure(model, train, cluster, plan)
-        if problems:
-            stats.prune(problems[0].split(" (")[0][:60])
-            continue
-        fit = shared.memory(choice, plan)
+        entry = shared.memory(choice, zero)
+        if entry is None:
+            try:
+                plan = build_plan(model, train, cluster, replace(choice, zero_stage=zero))
+            except ValueError:
+                stats.prune("does not divide")
+                continue
+            problems = check_structure(model, train, cluster, plan)
+            if problems:
+                stats.prune(problems[0].split(" (")[0][:60])
+                continue
+            entry = shared.add_memory(choice, plan)
+        fit, plan = entry
         if not fit.fits:
             stats.prune("memory")
             too_big.append((choice, zero))
             continue
-        shapes = rank_shapes(model, train, cluster, plan, memory=fit.memory, rtm=shared.time_model(choice)[0].with_vpp(plan.vpp))
+        if shared.pipeline_floor_s(choice, zero, plan, fit) >= cutoff:
+            stats.prune("bound")
+            continue
+        if plan.mesh_axis_order != choice.mesh_axis_order:
+            plan = replace(plan, mesh_axis_order=choice.mesh_axis_order)
+        rtm = shared.time_model(choice)[0].with_vpp(plan.vpp)
+        shapes = rank_shapes(model, train, cluster, plan, memory=fit.memory, rtm=rtm)
         if lower_bound_with_memory_s(shapes, plan, fit, total) >= cutoff:
             stats.prune("bound")
             continue

@@ -1,7 +1,7 @@
 """Building concrete plans from degrees and choices, and the small discrete choices around them."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from costmodel.cluster import ClusterSpec
 from costmodel.plan import DEFAULT_AXIS_ORDER, Plan, Recompute, Schedule, even_layers
@@ -50,8 +50,7 @@ def build_plan(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, choice:
         counts = tuple(probe.layers_on_rank(r) if choice.recompute_layers is None
                        else min(choice.recompute_layers, probe.layers_on_rank(r)) for r in range(choice.pp))
     sp = choice.sequence_parallel if choice.sequence_parallel is not None else choice.tp > 1
-    return Plan(**{**{f: getattr(probe, f) for f in Plan.__dataclass_fields__},
-                   "recompute_num_layers": counts, "sequence_parallel": sp})
+    return replace(probe, recompute_num_layers=counts, sequence_parallel=sp)
 
 
 def degrees_plan(*, dp: int, tp: int, pp: int, cp: int, zero_stage: int = 0, num_micro_batches: int = 1,
