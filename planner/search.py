@@ -247,9 +247,7 @@ def search(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
     candidates = _Candidates(choices, np.where(valid, table[:, :1] + table[:, 1:], np.inf))
     stats.num_candidates = len(candidates) + sum(stats.pruned_by_reason.values())
     _say(options, f"{len(candidates)} valid candidates; solving in order of their lower bound")
-    seeds = _seeds(model, train, cluster, candidates)
-    _say(options, f"{len(seeds)} seed plans, best {min((f.estimate.step_time_s for f in seeds), default=math.inf):.3f} s")
-    result = _branch_and_bound(shared, options, stats, candidates, start + options.time_limit_s, seeds)
+    result = _branch_and_bound(shared, options, stats, candidates, start + options.time_limit_s)
     stats.wall_s = time.perf_counter() - start
     return result
 
@@ -278,32 +276,9 @@ def _say(options: SearchOptions, text: str) -> None:
         options.progress(text)
 
 
-def _seeds(model, train, cluster, candidates: _Candidates) -> list[Found]:
-    """Feasible plans of the kind Megatron-LM users start from (the largest TP, SP, ZeRO-1,
-    micro-batch 1, one stage per rank, even split, every layer recomputed when the mode asks),
-    priced by `estimate`. They only tighten the cutoff early; the search still examines every
-    candidate whose bound is below it, so the result stays exact."""
-    top_tp = max((choice.tp for choice in candidates.choices), default=1)
-    seeds = []
-    for index, choice in enumerate(candidates.choices):
-        zero = 1 if choice.dp * choice.cp > 1 else 0  # ZeRO-1 wherever there is a group to shard over
-        if (choice.tp, choice.micro_batch_size, choice.vpp) != (top_tp, 1, 1) or \
-                not math.isfinite(candidates.bounds[index, zero]):
-            continue
-        # build_plan recomputes every layer of the rank when the mode recomputes
-        plan = build_plan(model, train, cluster, replace(choice, zero_stage=zero))
-        if check_structure(model, train, cluster, plan):
-            continue
-        est = estimate(model, train, cluster, plan, simulate=False)
-        if est.fits:
-            seeds.append(Found(plan=plan, estimate=est))
-    return seeds
-
-
-def _branch_and_bound(shared: _Shared, options, stats, candidates: _Candidates, deadline: float,
-                      seeds: list[Found]) -> SearchResult:
+def _branch_and_bound(shared: _Shared, options, stats, candidates: _Candidates, deadline: float) -> SearchResult:
     model, train, cluster = shared.model, shared.train, shared.cluster
-    found: list[Found] = list(seeds)
+    found: list[Found] = []
     too_big: list[tuple[Choice, int]] = []  # (choice, ZeRO stage) that cannot fit
     total = model.num_layers
     cutoff = _cutoff(found, options)

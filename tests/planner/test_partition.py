@@ -1,16 +1,18 @@
 """The solver's view of the cost model (affine per-rank shapes) equals the cost model itself."""
 import dataclasses
 import itertools
+import math
+import random
 
 import pytest
 
 from costmodel.cluster import parse_cluster
-from costmodel.memory import stage_memory_at
+from costmodel.memory import AffineBytes, stage_memory_at
 from costmodel.plan import Recompute, Schedule
 from costmodel.registry import resolve_model
 from costmodel.specs import TrainSpec
 from costmodel.timing import dp_exposed_s, rank_times, spans
-from planner.partition import rank_shapes
+from planner.partition import memory_fit, min_max_time_s, rank_shapes
 from planner.space import Choice, build_plan
 
 TRAIN = TrainSpec(seq_len=4096, global_batch_size=64)
@@ -54,3 +56,33 @@ def _with_rank_layers(plan, counts, rank, recomputed):
     rc = [0] * plan.pp
     rc[rank] = recomputed
     return dataclasses.replace(plan, layers_per_stage=tuple(per_stage), recompute_num_layers=tuple(rc))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_min_max_time_is_the_exact_min_max_over_splits(seed):
+    """The slowest rank's least possible time (the bound the search prunes with and CP-SAT
+    starts from) equals brute force over every split and every per-rank recompute count."""
+    rng = random.Random(seed)
+    pp, total, cap = 3, 7, 100.0
+    recompute = seed % 2 == 0
+    plan = build_plan(resolve_model("debug-tiny"), TrainSpec(seq_len=64, global_batch_size=4),
+                      parse_cluster("1x3xA100"), Choice(pp=pp, recompute=Recompute.FULL if recompute else Recompute.NONE))
+    memory = [AffineBytes(base=rng.uniform(0, 40), per_layer=rng.uniform(5, 25), per_recomputed=-rng.uniform(2, 15),
+                          jump=rng.uniform(0, 10)) for _ in range(pp)]
+    ts = [(rng.uniform(0, 2), 1.0, rng.uniform(0.2, 0.5)) for _ in range(pp)]
+    ts = [(t0, ts[0][1], ts[0][2]) for t0, _, _ in ts]  # per-layer costs are the same on every rank
+    fit = memory_fit(memory, plan, cap, total)
+    best = math.inf
+    for split in itertools.product(range(1, total + 1), repeat=pp):
+        if sum(split) != total:
+            continue
+        slowest = 0.0
+        for (t0, t1, t2), mem, layers in zip(ts, memory, split):
+            options = [t0 + t1 * layers + t2 * n for n in (range(layers + 1) if recompute else [0])
+                       if mem.at(layers, n) <= cap]
+            slowest = max(slowest, min(options, default=math.inf))
+        best = min(best, slowest)
+    if not fit.fits:
+        assert math.isinf(best)
+        return
+    assert min_max_time_s(ts, plan, fit, total) == pytest.approx(best)
