@@ -23,7 +23,7 @@ from costmodel.flops import executed_flops_per_step, model_flops_per_step, utili
 from costmodel.memory import StageMemory, stage_memory
 from costmodel.params import ceil_div, rank_params
 from costmodel.pipeline import pipeline_time_s
-from costmodel.placement import AxisSpan
+from costmodel.placement import stage_pair_span
 from costmodel.plan import Plan
 from costmodel.simulate import Simulation, simulate
 from costmodel.stages import stage_costs
@@ -73,9 +73,7 @@ def _tied_embedding_sync_s(model: ModelSpec, train: TrainSpec, plan: Plan, clust
     if not model.tied_embeddings or first == last:
         return 0.0
     num_bytes = ceil_div(model.vocab_size, plan.tp) * model.hidden_size * train.grad_dtype.num_bytes
-    pair = AxisSpan(size=2, members_per_node=1 if sp.pp.crosses_nodes else 2,
-                    num_nodes=2 if sp.pp.crosses_nodes else 1)
-    return collective_time_s(Collective.ALL_REDUCE, num_bytes, pair, cluster)
+    return collective_time_s(Collective.ALL_REDUCE, num_bytes, stage_pair_span(sp.pp), cluster)
 
 
 def _ledger(plan: Plan, critical: RankTimes, pp_s: float, bubble_s: float, dp_s: float,

@@ -50,3 +50,10 @@ def group_span(order: tuple[str, ...], degrees: tuple[int, ...], axes: tuple[str
 def axis_span(order: tuple[str, ...], degrees: tuple[int, ...], axis: str,
               devices_per_node: int) -> AxisSpan:
     return group_span(order, degrees, (axis,), devices_per_node)
+
+
+def stage_pair_span(pp_span: AxisSpan) -> AxisSpan:
+    """The two ranks holding the first and last pipeline stage: in one node unless the pipeline
+    axis crosses nodes."""
+    return AxisSpan(size=2, members_per_node=1 if pp_span.crosses_nodes else 2,
+                    num_nodes=2 if pp_span.crosses_nodes else 1)

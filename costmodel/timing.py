@@ -10,7 +10,7 @@ from costmodel.compute import (KernelTimes, embedding_kernel_times, head_kernel_
                                layer_kernel_times)
 from costmodel.layout import layer_blocks
 from costmodel.params import layer_params, rank_params
-from costmodel.placement import AxisSpan, group_span
+from costmodel.placement import AxisSpan, group_span, stage_pair_span
 from costmodel.plan import Plan, Recompute
 from costmodel.specs import ModelSpec, TrainSpec
 
@@ -94,6 +94,29 @@ def spans(plan: Plan, cluster: ClusterSpec) -> Spans:
     dpn = cluster.devices_per_node
     return Spans(tp=group_span(order, degrees, ("tp",), dpn), cp=group_span(order, degrees, ("cp",), dpn),
                  pp=group_span(order, degrees, ("pp",), dpn), dp=group_span(order, degrees, ("dp", "cp"), dpn))
+
+
+def link_costs(sp: Spans, cluster: ClusterSpec) -> tuple[float, ...]:
+    """Every link time the cost model derives from a placement, each as its (latency, seconds
+    per byte) pair: each collective over each axis's group, a point-to-point send on the pipeline
+    and the context-parallel axis, and the tied-embedding all-reduce between the first and last
+    stage. Every time the cost model prices is nondecreasing in each of these, so a placement
+    whose every entry is at least another's is never faster (the search drops it). Keep this in
+    step with the functions below that take a span."""
+    out: list[float] = []
+
+    def affine(time_of) -> None:  # every link time here is affine in the bytes moved
+        one, two = time_of(1.0), time_of(2.0)
+        out.extend((2 * one - two, two - one))
+
+    for span in (sp.tp, sp.cp, sp.pp, sp.dp):
+        for kind in Collective:
+            affine(lambda b: collective_time_s(kind, b, span, cluster))  # noqa: B023
+    for span in (sp.pp, sp.cp):
+        tier = cluster.device.inter_node if span.crosses_nodes else cluster.device.intra_node
+        affine(lambda b: p2p_time_s(b, tier))  # noqa: B023
+    affine(lambda b: collective_time_s(Collective.ALL_REDUCE, b, stage_pair_span(sp.pp), cluster))
+    return tuple(out)
 
 
 def _tp_layer_comm_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,

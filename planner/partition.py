@@ -16,6 +16,7 @@ prices a rank by its totals only).
 """
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from dataclasses import dataclass, replace
@@ -200,23 +201,32 @@ def least_recomputed(memory: list[AffineBytes], cap: float, recompute: bool, tot
     return need
 
 
-@dataclass(frozen=True, slots=True)
 class MemoryFit:
     """What memory alone says about an outer choice; rank placement does not change it, so the
-    search computes it once for all placements."""
+    search computes it once for all placements. The recompute figures are worked out when first
+    asked for (many choices that fit are never examined further)."""
 
-    memory: list[AffineBytes]  # costmodel.memory.stage_memory_shapes
-    fits: bool                 # some split fits (exact)
-    least_recomputed: np.ndarray | None  # [rank, L], see least_recomputed (when it fits)
-    min_recomputed: float      # no split that fits recomputes fewer layers in all (when it fits)
+    def __init__(self, memory: list[AffineBytes], plan: Plan, cap: float, total: int) -> None:
+        self.memory = memory  # costmodel.memory.stage_memory_shapes
+        self.fits = split_exists(memory, plan, cap, total)  # some split fits (exact)
+        self._plan, self._cap, self._total = plan, cap, total
+
+    @functools.cached_property
+    def least_recomputed(self) -> np.ndarray:
+        """[rank, L]: see `least_recomputed` (meaningful when it fits)."""
+        return least_recomputed(self.memory, self._cap, self._plan.recompute is not Recompute.NONE, self._total)
+
+    @functools.cached_property
+    def min_recomputed(self) -> float:
+        """No split that fits recomputes fewer layers in all."""
+        if not self.fits:
+            return math.inf
+        floor = 0.0 if self._plan.recompute is Recompute.NONE else 1.0
+        return max(min_total_recompute(self.memory, self._plan, self._cap, self._total), floor)
 
 
 def memory_fit(memory: list[AffineBytes], plan: Plan, cap: float, total: int) -> MemoryFit:
-    if not split_exists(memory, plan, cap, total):
-        return MemoryFit(memory, False, None, math.inf)
-    recompute = plan.recompute is not Recompute.NONE
-    return MemoryFit(memory, True, least_recomputed(memory, cap, recompute, total),
-                     max(min_total_recompute(memory, plan, cap, total), 1.0 if recompute else 0.0))
+    return MemoryFit(memory, plan, cap, total)
 
 
 def min_max_time_s(ts: list[tuple], plan: Plan, fit: MemoryFit, total: int) -> float:

@@ -27,11 +27,11 @@ import numpy as np
 from costmodel.check import check_structure
 from costmodel.cluster import ClusterSpec
 from costmodel.estimate import Estimate, estimate
-from costmodel.memory import stage_memory_shapes
+from costmodel.memory import stage_memory_shapes_by_zero
 from costmodel.placement import AxisSpan
 from costmodel.plan import Plan, Recompute, Schedule
 from costmodel.specs import ModelSpec, TrainSpec
-from costmodel.timing import RankTimeModel, Spans, rank_time_model, spans
+from costmodel.timing import RankTimeModel, Spans, link_costs, rank_time_model, spans
 from planner.bounds import time_floor_s, zero_floor_s
 from planner.partition import (MemoryFit, SolverTimeout, apply_split, lower_bound_with_memory_s, memory_fit,
                                pipeline_floor_s, pipeline_rows, rank_shapes, solve_split)
@@ -89,12 +89,20 @@ class SearchResult:
 
 
 def _orders(degrees: dict[str, int], cluster: ClusterSpec) -> list[tuple[str, ...]]:
-    """Mesh axis orders that place groups differently (others are equivalent for the model)."""
-    seen, out = set(), []
+    """Mesh axis orders worth pricing: one per distinct placement of the groups, and none whose
+    every link is at least as slow as another's (costmodel.timing.link_costs: such a placement
+    cannot give a faster plan, and memory does not depend on placement)."""
+    placed: dict[Spans, tuple[tuple[str, ...], tuple[float, ...]]] = {}
     for order in itertools.permutations(("pp", "dp", "cp", "tp")):
-        key = spans(degrees_plan(**degrees, mesh_axis_order=order), cluster)
-        if key not in seen:
-            seen.add(key)
+        sp = spans(degrees_plan(**degrees, mesh_axis_order=order), cluster)
+        if sp not in placed:
+            placed[sp] = order, link_costs(sp, cluster)
+    items = list(placed.values())
+    out = []
+    for i, (order, costs) in enumerate(items):
+        # dominated: another is no slower anywhere, and faster somewhere or listed first
+        if not any(j != i and all(a <= b for a, b in zip(other, costs)) and (other != costs or j < i)
+                   for j, (_, other) in enumerate(items)):
             out.append(order)
     return out
 
@@ -169,29 +177,37 @@ def _keys_for_degrees(model, train, cluster, options, tp, cp, pp, dp, stats) -> 
                              micro_batch_size=mbs, vpp=vpp, schedule=sched, mesh_axis_order=order)
 
 
+@dataclass(frozen=True, slots=True)
+class _Timed:
+    rtm: RankTimeModel  # priced with one virtual stage (RankTimeModel.with_vpp adds more)
+    spans: Spans
+    zero_floors_s: tuple[float, ...]  # planner.bounds.zero_floor_s per ZeRO stage
+
+
 class _Shared:
     """What many candidates of one search share, computed once: the rank time model (it does
     not depend on the ZeRO stage or the schedule, and on the virtual stages only through the
     pipeline sends), the ZeRO floor, and the memory shapes (they do not depend on placement)."""
 
-    def __init__(self, model: ModelSpec, train: TrainSpec, cluster: ClusterSpec) -> None:
+    def __init__(self, model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: SearchOptions) -> None:
         self.model, self.train, self.cluster = model, train, cluster
+        allowed = _allowed(options, "zero_stage", list(ZERO_STAGES))
+        self.zero_allowed = tuple(zero in allowed for zero in ZERO_STAGES)
         self._times: dict[tuple, tuple[RankTimeModel, Spans]] = {}
         self._zero: dict[tuple, float] = {}
         self._memory: dict[tuple, tuple[MemoryFit, Plan]] = {}
         self._rows: dict[tuple, tuple[list, list]] = {}
 
-    def time_model(self, c: Choice) -> tuple[RankTimeModel, Spans]:
-        """The rank time model, priced with one virtual stage (RankTimeModel.with_vpp adds more)."""
+    def time_model(self, c: Choice) -> "_Timed":
         key = (c.tp, c.cp, c.pp, c.dp, c.micro_batch_size, c.sequence_parallel, c.recompute, c.mesh_axis_order)
         if key not in self._times:
             probe = build_plan(self.model, self.train, self.cluster, replace(c, vpp=1, schedule=None))
             sp = spans(probe, self.cluster)
-            self._times[key] = rank_time_model(self.model, self.train, probe, self.cluster, sp), sp
+            self._times[key] = _Timed(rank_time_model(self.model, self.train, probe, self.cluster, sp), sp,
+                                      self._zero_floors_s(c, probe.num_micro_batches, sp.dp))
         return self._times[key]
 
-    def zero_floors_s(self, c: Choice, num_micro_batches: int, dp_span: AxisSpan) -> tuple[float, ...]:
-        """planner.bounds.zero_floor_s for ZeRO stages 0..3."""
+    def _zero_floors_s(self, c: Choice, num_micro_batches: int, dp_span: AxisSpan) -> tuple[float, ...]:
         key = (c.tp, c.pp, c.dp * c.cp, num_micro_batches, dp_span)
         if key not in self._zero:
             self._zero[key] = tuple(zero_floor_s(self.model, self.train, self.cluster, c.tp, c.pp, c.dp * c.cp,
@@ -204,11 +220,17 @@ class _Shared:
         return self._memory.get(self._memory_key(c, zero))
 
     def add_memory(self, c: Choice, plan: Plan) -> tuple[MemoryFit, Plan]:
+        """Memory fit of `plan`, and of the same choice under the other ZeRO stages the search
+        will come to (they share the costly activation shapes)."""
         reserved = self.cluster.device.efficiency.reserved_memory_bytes
-        memory = stage_memory_shapes(self.model, self.train, plan, reserved)
-        entry = memory_fit(memory, plan, self.cluster.device.memory_bytes, self.model.num_layers), plan
-        self._memory[self._memory_key(c, plan.zero_stage)] = entry
-        return entry
+        stages = tuple(z for z in ZERO_STAGES if self._memory_key(c, z) not in self._memory
+                       and (z == plan.zero_stage or (self.zero_allowed[z] and c.dp * c.cp > 1)))
+        by_zero = stage_memory_shapes_by_zero(self.model, self.train, plan, reserved, stages)
+        for zero, memory in by_zero.items():
+            sharded = plan if zero == plan.zero_stage else replace(plan, zero_stage=zero)
+            fit = memory_fit(memory, sharded, self.cluster.device.memory_bytes, self.model.num_layers)
+            self._memory[self._memory_key(c, zero)] = fit, sharded
+        return self._memory[self._memory_key(c, plan.zero_stage)]
 
     @staticmethod
     def _memory_key(c: Choice, zero: int) -> tuple:
@@ -217,29 +239,28 @@ class _Shared:
 
     def pipeline_floor_s(self, c: Choice, zero: int, plan: Plan, fit: MemoryFit) -> float:
         """planner.partition.pipeline_floor_s + the ZeRO floor, for `plan` under c's placement."""
-        rtm, sp = self.time_model(c)
+        timed = self.time_model(c)
         key = (c, plan.vpp, plan.schedule)
         if key not in self._rows:
-            self._rows[key] = pipeline_rows(rtm.with_vpp(plan.vpp), plan)
+            self._rows[key] = pipeline_rows(timed.rtm.with_vpp(plan.vpp), plan)
         ts, fs = self._rows[key]
-        return (pipeline_floor_s(ts, fs, plan, fit, self.model.num_layers)
-                + self.zero_floors_s(c, plan.num_micro_batches, sp.dp)[zero])
+        return pipeline_floor_s(ts, fs, plan, fit, self.model.num_layers) + timed.zero_floors_s[zero]
 
 
 def search(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
            options: SearchOptions = SearchOptions()) -> SearchResult:
     start = time.perf_counter()
     stats = SearchStats()
-    shared = _Shared(model, train, cluster)
+    shared = _Shared(model, train, cluster, options)
     choices, bounds = [], []
-    allowed = np.array([zero in _allowed(options, "zero_stage", list(ZERO_STAGES)) for zero in ZERO_STAGES])
+    allowed = np.array(shared.zero_allowed)
     for choice in time_keys(model, train, cluster, options, stats):
         # a Plan is built only for the candidates the branch and bound examines
-        rtm, sp = shared.time_model(choice)
+        timed = shared.time_model(choice)
         m = train.global_batch_size // choice.dp // choice.micro_batch_size
         choices.append(choice)
-        bounds.append(time_floor_s(model, rtm, choice.pp, m, choice.schedule, choice.vpp, choice.recompute))
-        bounds.extend(shared.zero_floors_s(choice, m, sp.dp))
+        bounds.append(time_floor_s(model, timed.rtm, choice.pp, m, choice.schedule, choice.vpp, choice.recompute))
+        bounds.extend(timed.zero_floors_s)
     table = np.array(bounds).reshape(-1, 1 + len(ZERO_STAGES))
     # ZeRO needs a group to shard over: without one, every stage is the same plan as stage 0
     sharded = np.array([c.dp * c.cp > 1 for c in choices], dtype=bool)[:, None]
@@ -318,7 +339,7 @@ def _branch_and_bound(shared: _Shared, options, stats, candidates: _Candidates, 
             continue
         if plan.mesh_axis_order != choice.mesh_axis_order:
             plan = replace(plan, mesh_axis_order=choice.mesh_axis_order)
-        rtm = shared.time_model(choice)[0].with_vpp(plan.vpp)
+        rtm = shared.time_model(choice).rtm.with_vpp(plan.vpp)
         shapes = rank_shapes(model, train, cluster, plan, memory=fit.memory, rtm=rtm)
         if lower_bound_with_memory_s(shapes, plan, fit, total) >= cutoff:
             stats.prune("bound")
