@@ -17,7 +17,6 @@ prices a rank by its totals only).
 from __future__ import annotations
 
 import functools
-import heapq
 import math
 from dataclasses import dataclass, replace
 
@@ -161,28 +160,25 @@ def split_exists(memory: list[AffineBytes], plan: Plan, cap: float, total: int) 
     return min(most) >= plan.vpp and sum(most) >= total
 
 
-def _recompute_needed(mem: AffineBytes, layers: int, cap: float) -> float:
-    """Least (fractional) number of recomputed layers that makes `layers` fit on this rank."""
-    over = mem.base + mem.per_layer * layers - cap
-    if over <= 0:
-        return 0.0
-    return (over + mem.jump) / -mem.per_recomputed if mem.per_recomputed < 0 else math.inf
-
-
 def min_total_recompute(memory: list[AffineBytes], plan: Plan, cap: float, total: int) -> float:
-    """Lower bound on sum(n_r) over all splits: each rank's need is convex in its layer count
-    (zero, then linear), so adding layers greedily where the need grows least is optimal for the
-    continuous relaxation."""
-    layers = [plan.vpp] * plan.pp
-    need = [_recompute_needed(mem, plan.vpp, cap) for mem in memory]
-    heap = [(_recompute_needed(mem, plan.vpp + 1, cap) - need[r], r) for r, mem in enumerate(memory)]
-    heapq.heapify(heap)
-    for _ in range(total - plan.vpp * plan.pp):
-        delta, r = heapq.heappop(heap)
-        layers[r] += 1
-        need[r] += delta
-        heapq.heappush(heap, (_recompute_needed(memory[r], layers[r] + 1, cap) - need[r], r))
-    return sum(need)
+    """Lower bound on sum(n_r) over all splits (continuous relaxation). A rank's need for
+    recomputed layers is convex in its layer count (zero until memory binds, then linear), so the
+    cheapest way to place the layers beyond vpp per rank takes the smallest per-layer increments
+    over all ranks: sum of needs at vpp layers + the (total - vpp·pp) smallest increments."""
+    col = lambda name: np.array([getattr(mem, name) for mem in memory])[:, None]  # noqa: E731
+    per_rc = col("per_recomputed")
+    over = col("base") + col("per_layer") * np.arange(plan.vpp, total + 1)[None, :] - cap
+    with np.errstate(divide="ignore", invalid="ignore"):
+        need = np.where(over <= 0, 0.0, np.where(per_rc < 0, (over + col("jump")) / -per_rc, np.inf))
+    extra = total - plan.vpp * plan.pp
+    if extra < 0:
+        return math.inf
+    start = float(need[:, 0].sum())
+    if extra == 0 or math.isinf(start):
+        return start
+    with np.errstate(invalid="ignore"):  # inf - inf where a rank can never hold that many
+        steps = np.where(np.isfinite(need[:, 1:]), np.diff(need, axis=1), np.inf).ravel()
+    return start + float(np.partition(steps, extra - 1)[:extra].sum())
 
 
 def least_recomputed(memory: list[AffineBytes], cap: float, recompute: bool, total: int) -> np.ndarray:

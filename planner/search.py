@@ -139,9 +139,11 @@ def _max_cp(cluster: ClusterSpec) -> int:
     return 1 if cluster.device.kind == "cpu" else MAX_CP
 
 
-def time_keys(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: SearchOptions,
-              stats: SearchStats) -> Iterator[Choice]:
-    """Every outer choice except the ZeRO stage (which the time bound does not depend on)."""
+def time_groups(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: SearchOptions,
+                stats: SearchStats) -> Iterator[tuple[Choice, list[tuple[int, Schedule]]]]:
+    """Every outer choice except the ZeRO stage (which the time bound does not depend on), as
+    (a choice with one virtual stage and no schedule, its (vpp, schedule) variants): the
+    variants share one rank time model."""
     world, L = cluster.world_size, model.num_layers
     max_tp = options.max_tp or cluster.devices_per_node
     tp_all = [t for t in divisors(math.gcd(model.num_heads, model.num_kv_heads, model.ffn_hidden_size))
@@ -154,10 +156,10 @@ def time_keys(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options:
                 if train.global_batch_size % dp:
                     stats.prune("global batch not divisible by dp")
                 elif options.fixed.get("dp", dp) == dp:
-                    yield from _keys_for_degrees(model, train, cluster, options, tp, cp, pp, dp, stats)
+                    yield from _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp)
 
 
-def _keys_for_degrees(model, train, cluster, options, tp, cp, pp, dp, stats) -> Iterator[Choice]:
+def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp):
     L, per_replica = model.num_layers, train.global_batch_size // dp
     modes = [Recompute.NONE] if options.no_recompute else list(Recompute)
     # SP dominates no-SP: the same collective volume (AG + RS = AR), less memory, less elementwise work
@@ -168,13 +170,16 @@ def _keys_for_degrees(model, train, cluster, options, tp, cp, pp, dp, stats) -> 
         m = per_replica // mbs
         # interleaving as Megatron-LM runs it: equal chunks (pp x vpp divides the layers)
         vpps = [1] + ([v for v in divisors(L // pp)[1:] if L % pp == 0 and m % pp == 0] if pp > 1 else [])
-        for vpp, mode, sp, order in itertools.product(_allowed(options, "vpp", vpps),
-                                                      _allowed(options, "recompute", modes), sps, orders):
-            valid, best = _schedules(pp, vpp, mode)
-            for sched in _dominant(options, "schedule", valid, best):
-                stats.num_candidates += 1
+        for mode in _allowed(options, "recompute", modes):
+            variants = []
+            for vpp in _allowed(options, "vpp", vpps):
+                valid, best = _schedules(pp, vpp, mode)
+                variants += [(vpp, sched) for sched in _dominant(options, "schedule", valid, best)]
+            if not variants:
+                continue
+            for sp, order in itertools.product(sps, orders):
                 yield Choice(tp=tp, pp=pp, cp=cp, dp=dp, zero_stage=0, recompute=mode, sequence_parallel=sp,
-                             micro_batch_size=mbs, vpp=vpp, schedule=sched, mesh_axis_order=order)
+                             micro_batch_size=mbs, vpp=1, schedule=None, mesh_axis_order=order), variants
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,14 +202,21 @@ class _Shared:
         self._zero: dict[tuple, float] = {}
         self._memory: dict[tuple, tuple[MemoryFit, Plan]] = {}
         self._rows: dict[tuple, tuple[list, list]] = {}
+        self._probes: dict[tuple, Plan] = {}
 
-    def time_model(self, c: Choice) -> "_Timed":
-        key = (c.tp, c.cp, c.pp, c.dp, c.micro_batch_size, c.sequence_parallel, c.recompute, c.mesh_axis_order)
+    def time_model(self, base: Choice) -> "_Timed":
+        """`base`: a choice with one virtual stage and no schedule (time_groups)."""
+        key = (base.tp, base.cp, base.pp, base.dp, base.micro_batch_size, base.sequence_parallel, base.recompute,
+               base.mesh_axis_order)
         if key not in self._times:
-            probe = build_plan(self.model, self.train, self.cluster, replace(c, vpp=1, schedule=None))
+            placed = key[:-1]  # the same choice under another placement differs only in its order
+            if placed in self._probes:
+                probe = replace(self._probes[placed], mesh_axis_order=base.mesh_axis_order)
+            else:
+                probe = self._probes[placed] = build_plan(self.model, self.train, self.cluster, base)
             sp = spans(probe, self.cluster)
             self._times[key] = _Timed(rank_time_model(self.model, self.train, probe, self.cluster, sp), sp,
-                                      self._zero_floors_s(c, probe.num_micro_batches, sp.dp))
+                                      self._zero_floors_s(base, probe.num_micro_batches, sp.dp))
         return self._times[key]
 
     def _zero_floors_s(self, c: Choice, num_micro_batches: int, dp_span: AxisSpan) -> tuple[float, ...]:
@@ -214,33 +226,33 @@ class _Shared:
                                                  zero, num_micro_batches, dp_span) for zero in ZERO_STAGES)
         return self._zero[key]
 
-    def memory(self, c: Choice, zero: int) -> tuple[MemoryFit, Plan] | None:
-        """What memory says about this choice, and a plan of it under the placement first seen
+    def memory(self, base: Choice, vpp: int, schedule: Schedule, zero: int) -> tuple[MemoryFit, Plan] | None:
+        """What memory says about this candidate, and a plan of it under the placement first seen
         (memory and pipeline shape do not depend on placement); None until `add_memory`."""
-        return self._memory.get(self._memory_key(c, zero))
+        return self._memory.get(self._memory_key(base, vpp, schedule, zero))
 
-    def add_memory(self, c: Choice, plan: Plan) -> tuple[MemoryFit, Plan]:
+    def add_memory(self, base: Choice, plan: Plan) -> tuple[MemoryFit, Plan]:
         """Memory fit of `plan`, and of the same choice under the other ZeRO stages the search
         will come to (they share the costly activation shapes)."""
         reserved = self.cluster.device.efficiency.reserved_memory_bytes
-        stages = tuple(z for z in ZERO_STAGES if self._memory_key(c, z) not in self._memory
-                       and (z == plan.zero_stage or (self.zero_allowed[z] and c.dp * c.cp > 1)))
+        key = lambda zero: self._memory_key(base, plan.vpp, plan.schedule, zero)  # noqa: E731
+        stages = tuple(z for z in ZERO_STAGES if key(z) not in self._memory
+                       and (z == plan.zero_stage or (self.zero_allowed[z] and base.dp * base.cp > 1)))
         by_zero = stage_memory_shapes_by_zero(self.model, self.train, plan, reserved, stages)
         for zero, memory in by_zero.items():
             sharded = plan if zero == plan.zero_stage else replace(plan, zero_stage=zero)
             fit = memory_fit(memory, sharded, self.cluster.device.memory_bytes, self.model.num_layers)
-            self._memory[self._memory_key(c, zero)] = fit, sharded
-        return self._memory[self._memory_key(c, plan.zero_stage)]
+            self._memory[key(zero)] = fit, sharded
+        return self._memory[key(plan.zero_stage)]
 
     @staticmethod
-    def _memory_key(c: Choice, zero: int) -> tuple:
-        return (c.tp, c.cp, c.pp, c.dp, zero, c.recompute, c.sequence_parallel, c.micro_batch_size, c.vpp,
-                c.schedule)
+    def _memory_key(c: Choice, vpp: int, schedule: Schedule, zero: int) -> tuple:
+        return (c.tp, c.cp, c.pp, c.dp, zero, c.recompute, c.sequence_parallel, c.micro_batch_size, vpp, schedule)
 
-    def pipeline_floor_s(self, c: Choice, zero: int, plan: Plan, fit: MemoryFit) -> float:
-        """planner.partition.pipeline_floor_s + the ZeRO floor, for `plan` under c's placement."""
-        timed = self.time_model(c)
-        key = (c, plan.vpp, plan.schedule)
+    def pipeline_floor_s(self, base: Choice, zero: int, plan: Plan, fit: MemoryFit) -> float:
+        """planner.partition.pipeline_floor_s + the ZeRO floor, for `plan` under base's placement."""
+        timed = self.time_model(base)
+        key = (base, plan.vpp, plan.schedule)
         if key not in self._rows:
             self._rows[key] = pipeline_rows(timed.rtm.with_vpp(plan.vpp), plan)
         ts, fs = self._rows[key]
@@ -252,20 +264,20 @@ def search(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
     start = time.perf_counter()
     stats = SearchStats()
     shared = _Shared(model, train, cluster, options)
-    choices, bounds = [], []
-    allowed = np.array(shared.zero_allowed)
-    for choice in time_keys(model, train, cluster, options, stats):
+    variants, bounds = [], []
+    for base, group in time_groups(model, train, cluster, options, stats):
         # a Plan is built only for the candidates the branch and bound examines
-        timed = shared.time_model(choice)
-        m = train.global_batch_size // choice.dp // choice.micro_batch_size
-        choices.append(choice)
-        bounds.append(time_floor_s(model, timed.rtm, choice.pp, m, choice.schedule, choice.vpp, choice.recompute))
-        bounds.extend(timed.zero_floors_s)
+        timed = shared.time_model(base)
+        m = train.global_batch_size // base.dp // base.micro_batch_size
+        for vpp, schedule in group:
+            variants.append((base, vpp, schedule))
+            bounds.append(time_floor_s(model, timed.rtm, base.pp, m, schedule, vpp, base.recompute))
+            bounds.extend(timed.zero_floors_s)
     table = np.array(bounds).reshape(-1, 1 + len(ZERO_STAGES))
     # ZeRO needs a group to shard over: without one, every stage is the same plan as stage 0
-    sharded = np.array([c.dp * c.cp > 1 for c in choices], dtype=bool)[:, None]
-    valid = allowed[None, :] & (sharded | (np.arange(len(ZERO_STAGES)) == 0)[None, :])
-    candidates = _Candidates(choices, np.where(valid, table[:, :1] + table[:, 1:], np.inf))
+    sharded = np.array([base.dp * base.cp > 1 for base, _, _ in variants], dtype=bool)[:, None]
+    valid = np.array(shared.zero_allowed)[None, :] & (sharded | (np.arange(len(ZERO_STAGES)) == 0)[None, :])
+    candidates = _Candidates(variants, np.where(valid, table[:, :1] + table[:, 1:], np.inf))
     stats.num_candidates = len(candidates) + sum(stats.pruned_by_reason.values())
     _say(options, f"{len(candidates)} valid candidates; solving in order of their lower bound")
     result = _branch_and_bound(shared, options, stats, candidates, start + options.time_limit_s)
@@ -273,38 +285,39 @@ def search(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
     return result
 
 
-@dataclass(frozen=True, slots=True)
-class _Candidates:
-    """Every outer choice with its lower bound per ZeRO stage (inf where the stage is not a
-    candidate), taken in order of the bound (ties: generation order, then ZeRO stage)."""
-
-    choices: list[Choice]
-    bounds: np.ndarray  # [choice, ZeRO stage]
-
-    def __len__(self) -> int:
-        return int(np.isfinite(self.bounds).sum())
-
-    def in_order(self) -> Iterator[tuple[float, Choice, int]]:
-        flat = self.bounds.ravel()
-        order = np.argsort(flat, kind="stable")[: len(self)]
-        width = self.bounds.shape[1]
-        for index, bound in zip(order.tolist(), flat[order].tolist()):
-            yield bound, self.choices[index // width], index % width
-
-
 def _say(options: SearchOptions, text: str) -> None:
     if options.progress:
         options.progress(text)
 
 
+@dataclass(frozen=True, slots=True)
+class _Candidates:
+    """Every outer choice, as (base choice, vpp, schedule) (see time_groups), with its lower
+    bound per ZeRO stage (inf where the stage is not a candidate), taken in order of the bound
+    (ties: generation order, then ZeRO stage)."""
+
+    variants: list[tuple[Choice, int, Schedule]]
+    bounds: np.ndarray  # [variant, ZeRO stage]
+
+    def __len__(self) -> int:
+        return int(np.isfinite(self.bounds).sum())
+
+    def in_order(self) -> Iterator[tuple[float, Choice, int, Schedule, int]]:
+        flat = self.bounds.ravel()
+        order = np.argsort(flat, kind="stable")[: len(self)]
+        width = self.bounds.shape[1]
+        for index, bound in zip(order.tolist(), flat[order].tolist()):
+            yield bound, *self.variants[index // width], index % width
+
+
 def _branch_and_bound(shared: _Shared, options, stats, candidates: _Candidates, deadline: float) -> SearchResult:
     model, train, cluster = shared.model, shared.train, shared.cluster
     found: list[Found] = []
-    too_big: list[tuple[Choice, int]] = []  # (choice, ZeRO stage) that cannot fit
+    too_big: list[Choice] = []  # candidates that cannot fit
     total = model.num_layers
     cutoff = _cutoff(found, options)
     count = len(candidates)
-    for index, (bound, choice, zero) in enumerate(candidates.in_order()):
+    for index, (bound, base, vpp, schedule, zero) in enumerate(candidates.in_order()):
         if bound >= cutoff:
             stats.pruned_by_reason["bound"] = stats.pruned_by_reason.get("bound", 0) + count - index
             break
@@ -314,13 +327,13 @@ def _branch_and_bound(shared: _Shared, options, stats, candidates: _Candidates, 
             stats.pruned_by_reason["time limit"] = count - index
             _say(options, f"time limit reached after {index:,} of {count:,} candidates")
             break
-        if index and index % 500 == 0:
-            _say(options, f"examined {index}, solved {stats.num_solved}, best so far "
+        if index and index % 2000 == 0:
+            _say(options, f"examined {index:,}, solved {stats.num_solved}, best so far "
                           f"{min((f.estimate.step_time_s for f in found), default=math.inf):.3f} s")
-        entry = shared.memory(choice, zero)
+        entry = shared.memory(base, vpp, schedule, zero)
         if entry is None:
             try:
-                plan = build_plan(model, train, cluster, replace(choice, zero_stage=zero))
+                plan = build_plan(model, train, cluster, replace(base, zero_stage=zero, vpp=vpp, schedule=schedule))
             except ValueError:
                 stats.prune("does not divide")
                 continue
@@ -328,18 +341,18 @@ def _branch_and_bound(shared: _Shared, options, stats, candidates: _Candidates, 
             if problems:
                 stats.prune(problems[0].split(" (")[0][:60])
                 continue
-            entry = shared.add_memory(choice, plan)
+            entry = shared.add_memory(base, plan)
         fit, plan = entry
         if not fit.fits:
             stats.prune("memory")
-            too_big.append((choice, zero))
+            too_big.append(replace(base, zero_stage=zero, vpp=vpp, schedule=schedule))
             continue
-        if shared.pipeline_floor_s(choice, zero, plan, fit) >= cutoff:
+        if shared.pipeline_floor_s(base, zero, plan, fit) >= cutoff:
             stats.prune("bound")
             continue
-        if plan.mesh_axis_order != choice.mesh_axis_order:
-            plan = replace(plan, mesh_axis_order=choice.mesh_axis_order)
-        rtm = shared.time_model(choice).rtm.with_vpp(plan.vpp)
+        if plan.mesh_axis_order != base.mesh_axis_order:
+            plan = replace(plan, mesh_axis_order=base.mesh_axis_order)
+        rtm = shared.time_model(base).rtm.with_vpp(plan.vpp)
         shapes = rank_shapes(model, train, cluster, plan, memory=fit.memory, rtm=rtm)
         if lower_bound_with_memory_s(shapes, plan, fit, total) >= cutoff:
             stats.prune("bound")
@@ -354,7 +367,7 @@ def _branch_and_bound(shared: _Shared, options, stats, candidates: _Candidates, 
         stats.num_solved += 1
         if split is None and math.isinf(cutoff):
             stats.prune("memory")
-            too_big.append((choice, zero))
+            too_big.append(replace(base, zero_stage=zero, vpp=vpp, schedule=schedule))
             continue
         if split is None:  # no split that fits beats the K-th best
             stats.prune("bound")
@@ -372,9 +385,8 @@ def _branch_and_bound(shared: _Shared, options, stats, candidates: _Candidates, 
         stats.lower_bound_s = min((f.estimate.step_time_s for f in found), default=math.inf)
     closest = None
     if not found:  # only then does anyone need to know how far the plans are from fitting
-        for choice, zero in too_big[:2000]:
-            closest = _closer(model, train, cluster, build_plan(model, train, cluster, replace(choice, zero_stage=zero)),
-                              closest)
+        for choice in too_big[:2000]:
+            closest = _closer(model, train, cluster, build_plan(model, train, cluster, choice), closest)
     ranked = _rank(found, replace(options, top_k=max(REPRICED, options.top_k)))
     simulated = {id(f): Found(plan=f.plan, estimate=estimate(model, train, cluster, f.plan)) for f in ranked}
     evaluated = [simulated.get(id(f), f) for f in found]
