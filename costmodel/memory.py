@@ -15,7 +15,7 @@ tensors; the softmax statistics instead). Tests check the published coefficients
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from costmodel.params import ceil_div, layer_params, rank_params, rank_params_at
 from costmodel.plan import Plan, Recompute, Schedule
@@ -224,13 +224,14 @@ def stage_memory_shapes(model: ModelSpec, train: TrainSpec, plan: Plan,
     """Per pipeline rank, its total memory as an affine function of its layer and
     recomputed-layer counts: `stage_memory_at(...).total_bytes` for every (L, n) at once. States
     are linear in the rank's parameters, which are affine in L."""
-    return stage_memory_shapes_by_zero(model, train, plan, reserved_bytes, (plan.zero_stage,))[plan.zero_stage]
+    return stage_memory_shapes_by_zero(model, train, [plan], reserved_bytes)[0]
 
 
-def stage_memory_shapes_by_zero(model: ModelSpec, train: TrainSpec, plan: Plan, reserved_bytes: float,
-                                zero_stages: tuple[int, ...]) -> dict[int, list[AffineBytes]]:
-    """`stage_memory_shapes` of the plan under each of `zero_stages` (activations, the costly
-    part, do not depend on the ZeRO stage and are computed once)."""
+def stage_memory_shapes_by_zero(model: ModelSpec, train: TrainSpec, plans: list[Plan],
+                                reserved_bytes: float) -> list[list[AffineBytes]]:
+    """`stage_memory_shapes` of plans that differ only in their ZeRO stage (activations, the
+    costly part, do not depend on it and are computed once)."""
+    plan = plans[0]
     first, last = plan.stage_rank(0), plan.stage_rank(plan.num_virtual_stages - 1)
     mb = _micro_batch_shape(model, train, plan)
     params: dict[tuple[bool, bool], tuple[int, int]] = {}  # (edge, per layer): one per kind of rank
@@ -241,13 +242,12 @@ def stage_memory_shapes_by_zero(model: ModelSpec, train: TrainSpec, plan: Plan, 
             edge = rank_params_at(model, plan, 0, *kind).total
             params[kind] = edge, rank_params_at(model, plan, 1, *kind).total - edge
         ranks.append((params[kind], activation_shape(model, train, plan, rank, mb)))
-    out = {}
-    for zero in zero_stages:
-        sharded = plan if zero == plan.zero_stage else replace(plan, zero_stage=zero)
+    out = []
+    for sharded in plans:
         per_param = sum(state_bytes_for(train, sharded, 1.0))
         fixed = buffer_bytes(model, train, sharded) + reserved_bytes
-        out[zero] = [AffineBytes(base=fixed + per_param * edge + act.base,
-                                 per_layer=per_param * per_layer + act.per_layer,
-                                 per_recomputed=act.per_recomputed, jump=act.jump)
-                     for (edge, per_layer), act in ranks]
+        out.append([AffineBytes(base=fixed + per_param * edge + act.base,
+                                per_layer=per_param * per_layer + act.per_layer,
+                                per_recomputed=act.per_recomputed, jump=act.jump)
+                    for (edge, per_layer), act in ranks])
     return out

@@ -238,11 +238,10 @@ class _Shared:
         key = lambda zero: self._memory_key(base, plan.vpp, plan.schedule, zero)  # noqa: E731
         stages = tuple(z for z in ZERO_STAGES if key(z) not in self._memory
                        and (z == plan.zero_stage or (self.zero_allowed[z] and base.dp * base.cp > 1)))
-        by_zero = stage_memory_shapes_by_zero(self.model, self.train, plan, reserved, stages)
-        for zero, memory in by_zero.items():
-            sharded = plan if zero == plan.zero_stage else replace(plan, zero_stage=zero)
+        plans = [plan if zero == plan.zero_stage else replace(plan, zero_stage=zero) for zero in stages]
+        for sharded, memory in zip(plans, stage_memory_shapes_by_zero(self.model, self.train, plans, reserved)):
             fit = memory_fit(memory, sharded, self.cluster.device.memory_bytes, self.model.num_layers)
-            self._memory[key(zero)] = fit, sharded
+            self._memory[key(sharded.zero_stage)] = fit, sharded
         return self._memory[key(plan.zero_stage)]
 
     @staticmethod
@@ -313,7 +312,7 @@ class _Candidates:
 def _branch_and_bound(shared: _Shared, options, stats, candidates: _Candidates, deadline: float) -> SearchResult:
     model, train, cluster = shared.model, shared.train, shared.cluster
     found: list[Found] = []
-    too_big: list[Choice] = []  # candidates that cannot fit
+    too_big: list[tuple[Choice, int, Schedule, int]] = []  # candidates that cannot fit
     total = model.num_layers
     cutoff = _cutoff(found, options)
     count = len(candidates)
@@ -345,7 +344,7 @@ def _branch_and_bound(shared: _Shared, options, stats, candidates: _Candidates, 
         fit, plan = entry
         if not fit.fits:
             stats.prune("memory")
-            too_big.append(replace(base, zero_stage=zero, vpp=vpp, schedule=schedule))
+            too_big.append((base, vpp, schedule, zero))
             continue
         if shared.pipeline_floor_s(base, zero, plan, fit) >= cutoff:
             stats.prune("bound")
@@ -367,7 +366,7 @@ def _branch_and_bound(shared: _Shared, options, stats, candidates: _Candidates, 
         stats.num_solved += 1
         if split is None and math.isinf(cutoff):
             stats.prune("memory")
-            too_big.append(replace(base, zero_stage=zero, vpp=vpp, schedule=schedule))
+            too_big.append((base, vpp, schedule, zero))
             continue
         if split is None:  # no split that fits beats the K-th best
             stats.prune("bound")
@@ -385,7 +384,8 @@ def _branch_and_bound(shared: _Shared, options, stats, candidates: _Candidates, 
         stats.lower_bound_s = min((f.estimate.step_time_s for f in found), default=math.inf)
     closest = None
     if not found:  # only then does anyone need to know how far the plans are from fitting
-        for choice in too_big[:2000]:
+        for base, vpp, schedule, zero in too_big[:2000]:
+            choice = replace(base, zero_stage=zero, vpp=vpp, schedule=schedule)
             closest = _closer(model, train, cluster, build_plan(model, train, cluster, choice), closest)
     ranked = _rank(found, replace(options, top_k=max(REPRICED, options.top_k)))
     simulated = {id(f): Found(plan=f.plan, estimate=estimate(model, train, cluster, f.plan)) for f in ranked}
