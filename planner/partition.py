@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -33,6 +34,18 @@ from costmodel.timing import (RankTimeModel, RankTimes, dp_bucket_s, dp_term_com
                               dp_window_s, rank_time_model, spans)
 
 NS = 1e9
+# CP-SAT attempts on a split model, each stopped at a deterministic-time budget (the same on
+# every machine, so the answer is too) and the last at the deadline. Without presolve almost every
+# model is solved in milliseconds (the largest deterministic time in the speed benchmark's searches
+# is 0.04, gpt3-175b; 0.05 is about 0.8 s of wall time on a hard model). Of the few left, some
+# are solved far faster with symmetry breaking and no probing, others only with the defaults
+# (sc21_t1_1T's hardest: 4.9 s default, > 10 s so; sc21_t1_530's hardest: 1.4 s so, 17.6 s
+# default, and more than the 0.3 budget so, which keeps the 1T case from paying for it).
+ATTEMPTS: list[tuple[dict, float | None]] = [
+    ({"cp_model_presolve": False}, 0.05),
+    ({"symmetry_level": 4, "cp_model_probing_level": 0}, 0.3),
+    ({}, None),
+]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -364,19 +377,32 @@ def solve_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
         cm.Add(step <= math.floor(scale * cutoff_s * NS) + slack)
     # ties (equal predicted time) go to the split that recomputes fewer layers
     cm.Minimize((total + 1) * step + sum(n))
-    solver = cp_model.CpSolver()
-    solver.parameters.num_workers = 1  # deterministic
-    # with the bounds above the model is small and tight; presolve costs more than it saves
-    # (the 17 solves of the llama-70b search: 0.25 s with it, 0.06 s without)
-    solver.parameters.cp_model_presolve = False
-    solver.parameters.max_time_in_seconds = time_limit_s
-    status = solver.Solve(cm)
+    # With the bounds above the model is small and tight, and presolve usually costs more than it
+    # saves (megatron_h100_70B's 79 solves: 1-2 s each with it, 2-15 ms without); see ATTEMPTS.
+    deadline = time.perf_counter() + time_limit_s
+    for attempt, budget in ATTEMPTS:
+        solver, status = _solve(cm, time_limit_s=max(0.1, deadline - time.perf_counter()), deterministic_limit=budget,
+                                **attempt)
+        if status in (cp_model.OPTIMAL, cp_model.INFEASIBLE):
+            break
     if status == cp_model.UNKNOWN:
         raise SolverTimeout(plan.short())
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
     return Split(layers=tuple(solver.Value(x) for x in L), recomputed=tuple(solver.Value(x) for x in n),
                  optimal=status == cp_model.OPTIMAL)
+
+
+def _solve(cm: cp_model.CpModel, *, time_limit_s: float, deterministic_limit: float | None = None,
+           **parameters) -> tuple[cp_model.CpSolver, int]:
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1  # deterministic
+    for name, value in parameters.items():
+        setattr(solver.parameters, name, value)
+    solver.parameters.max_time_in_seconds = time_limit_s
+    if deterministic_limit is not None:
+        solver.parameters.max_deterministic_time = deterministic_limit
+    return solver, solver.Solve(cm)
 
 
 def _affine_var(cm: cp_model.CpModel, coef: tuple[float, float, float], L, n, lo_layers: int,

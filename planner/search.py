@@ -326,7 +326,7 @@ def _branch_and_bound(shared: _Shared, options, stats, candidates: _Candidates, 
             stats.pruned_by_reason["time limit"] = count - index
             _say(options, f"time limit reached after {index:,} of {count:,} candidates")
             break
-        if index and index % 2000 == 0:
+        if index and index % 500 == 0:
             _say(options, f"examined {index:,}, solved {stats.num_solved}, best so far "
                           f"{min((f.estimate.step_time_s for f in found), default=math.inf):.3f} s")
         entry = shared.memory(base, vpp, schedule, zero)

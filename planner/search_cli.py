@@ -70,10 +70,16 @@ def parse_options(args: argparse.Namespace) -> SearchOptions:
 
 
 def _progress():
+    """Progress lines on stderr once a search has run for a second, then at most one a second
+    (a search that ends sooner prints nothing)."""
     start = time.perf_counter()
+    last = [start]
 
     def say(text: str) -> None:
-        print(f"search [{time.perf_counter() - start:6.1f} s] {text}", file=sys.stderr, flush=True)
+        now = time.perf_counter()
+        if now - start >= 1.0 and now - last[0] >= 1.0:
+            last[0] = now
+            print(f"search [{now - start:6.1f} s] {text}", file=sys.stderr, flush=True)
     return say
 
 

@@ -12,7 +12,8 @@ from costmodel.plan import Recompute, Schedule
 from costmodel.registry import resolve_model
 from costmodel.specs import TrainSpec
 from costmodel.timing import dp_exposed_s, rank_times, spans
-from planner.partition import memory_fit, min_max_time_s, rank_shapes
+from planner import partition
+from planner.partition import memory_fit, min_max_time_s, rank_shapes, solve_split
 from planner.space import Choice, build_plan
 
 TRAIN = TrainSpec(seq_len=4096, global_batch_size=64)
@@ -86,3 +87,19 @@ def test_min_max_time_is_the_exact_min_max_over_splits(seed):
         assert math.isinf(best)
         return
     assert min_max_time_s(ts, plan, fit, total) == pytest.approx(best)
+
+
+def test_split_solver_falls_back_to_presolve_with_the_same_answer(monkeypatch):
+    """Every attempt but the last stops at a deterministic budget; when only the last, with
+    CP-SAT's defaults, has time, it must reach the same optimum."""
+    model, cluster = resolve_model("llama2-13b"), parse_cluster("4x8xH100")
+    plan = build_plan(model, TRAIN, cluster, Choice(tp=2, pp=4, zero_stage=1, recompute=Recompute.FULL,
+                                                    schedule=Schedule.ZB_H1))
+    tight = dataclasses.replace(cluster, device=dataclasses.replace(cluster.device, memory_bytes=40 * 2**30))
+    first = solve_split(model, TRAIN, tight, plan)
+    monkeypatch.setattr(partition, "ATTEMPTS", [(params, 1e-9 if budget else None)
+                                                for params, budget in partition.ATTEMPTS])
+    second = solve_split(model, TRAIN, tight, plan)
+    assert first is not None and first.optimal and second.optimal
+    assert (first.layers, first.recomputed) == (second.layers, second.recomputed)
+    assert any(first.recomputed)  # the cap binds
