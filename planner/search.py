@@ -284,6 +284,30 @@ def search(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
     return result
 
 
+def unsatisfiable_constraints(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
+                              options: SearchOptions) -> list[str]:
+    """When the constraints leave no candidate at all: each fixed field whose value no plan can
+    take, with the values it could take; or, when each is possible alone, that they are not
+    together."""
+    possible: dict[str, set] = {name: set() for name in options.fixed}
+    for base, group in time_groups(model, train, cluster, replace(options, fixed={}), SearchStats()):
+        for vpp, schedule in group:
+            for zero in ZERO_STAGES if base.dp * base.cp > 1 else (0,):
+                choice = replace(base, vpp=vpp, schedule=schedule, zero_stage=zero)
+                for name, seen in possible.items():
+                    seen.add(getattr(choice, name))
+    problems = []
+    for name, value in options.fixed.items():
+        if value not in possible[name]:
+            shown = ", ".join(str(v) for v in sorted(possible[name]))
+            problems.append(f"{name}={value} is not possible for {model.name} on {cluster.name} "
+                            f"(the search considers: {shown})")
+    if not problems and options.fixed:
+        pinned = ", ".join(f"{k}={v}" for k, v in options.fixed.items())
+        problems.append(f"each of {pinned} is possible, but not all together")
+    return problems
+
+
 def _say(options: SearchOptions, text: str) -> None:
     if options.progress:
         options.progress(text)

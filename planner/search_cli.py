@@ -9,7 +9,7 @@ from typing import Any
 
 from costmodel.check import GIB
 from costmodel.plan import PlanFile, Recompute, Schedule
-from planner.search import Found, SearchOptions, SearchResult, search
+from planner.search import Found, SearchOptions, SearchResult, search, unsatisfiable_constraints
 
 # --fix KEY=VALUE: the plan field it pins and how to read the value
 FIXABLE = {"dp": ("dp", int), "tp": ("tp", int), "pp": ("pp", int), "cp": ("cp", int),
@@ -93,7 +93,7 @@ def infeasible_message(result: SearchResult, cluster_name: str) -> str:
     over = (est.peak_memory_bytes[rank] - est.memory_capacity_bytes) / GIB
     states = (parts["params"] + parts["grads"] + parts["optimizer"]) / GIB
     hints = ["more devices (a larger cluster than " + cluster_name + ")"]
-    if plan.zero_stage < 3:
+    if plan.zero_stage < 3 and plan.dp * plan.cp > 1:
         hints.append("ZeRO-3 (shards weights too)")
     if plan.recompute is not Recompute.FULL:
         hints.append("full recomputation")
@@ -125,11 +125,16 @@ def write_csv(path: str, result: SearchResult) -> None:
 
 
 def run_search(args: argparse.Namespace, model, train, cluster) -> SearchResult:
-    result = search(model, train, cluster, parse_options(args))
+    options = parse_options(args)
+    result = search(model, train, cluster, options)
     if not result.plans:
         if not result.stats.optimal:
             raise ValueError(f"no plan found within the --time-limit of {args.time_limit:g} s "
                              f"({result.stats.pruned_by_reason.get('time limit', 0):,} candidates left); raise it")
+        if result.closest is None:
+            problems = unsatisfiable_constraints(model, train, cluster, options)
+            if problems:
+                raise ValueError("contradictory constraints: " + "; ".join(problems))
         raise ValueError(infeasible_message(result, cluster.name))
     if args.out:
         PlanFile(plan=result.plans[0].plan, model=model, train=train, cluster=cluster).save(Path(args.out))

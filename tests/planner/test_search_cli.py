@@ -50,6 +50,9 @@ def test_nothing_fits_explains_why(capsys):
     (["--no-recompute", "--fix", "recompute=full"], "contradictory constraints: --no-recompute"),
     (["--fix", "colour=blue"], "KEY one of dp, tp"),
     (["--fix", "zero=1", "--zero", "2"], "contradictory constraints"),
+    # values no plan can take (pp must divide the 8 devices), and values possible only apart
+    (["--fix", "pp=3"], "pp=3 is not possible for llama3-8b on 1x8xH100"),
+    (["--fix", "tp=8", "--fix", "pp=2"], "each of tp=8, pp=2 is possible, but not all together"),
 ])
 def test_contradictions_are_named(capsys, extra, message):
     assert main(SEARCH + extra) == 2
