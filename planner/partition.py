@@ -234,10 +234,6 @@ class MemoryFit:
         return max(min_total_recompute(self.memory, self._plan, self._cap, self._total), floor)
 
 
-def memory_fit(memory: list[AffineBytes], plan: Plan, cap: float, total: int) -> MemoryFit:
-    return MemoryFit(memory, plan, cap, total)
-
-
 def min_max_time_s(ts: list[tuple], plan: Plan, fit: MemoryFit, total: int) -> float:
     """The least possible max_r t_r over every split that fits (exact over integer layer and
     recompute counts, up to the relaxation that a rank may take any layer count whose time fits):
@@ -333,7 +329,7 @@ def solve_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
     constant terms (>= 0), so None never hides a plan that would beat the cutoff."""
     ranks = ranks or rank_shapes(model, train, cluster, plan)
     total, v, m = model.num_layers, plan.vpp, plan.num_micro_batches
-    fit = fit or memory_fit([r.memory for r in ranks], plan, cluster.device.memory_bytes, total)
+    fit = fit or MemoryFit([r.memory for r in ranks], plan, cluster.device.memory_bytes, total)
     if not fit.fits:
         return None
     if plan.pp == 1:

@@ -1,12 +1,14 @@
 """`planner search`: the fastest plan that fits, exact under the cost model.
 
 Outer choices (tp, cp, pp, dp, micro-batch, virtual stages, schedule, ZeRO stage, sequence
-parallelism, recompute mode, rank placement) are enumerated; each gets a valid lower bound on its
-step time from the cost model's per-rank shape (the slowest rank takes at least the average share
-of all ranks' work, times m micro-batches). Candidates are taken in order of that bound and solved
-exactly by CP-SAT (layer split and per-rank recompute under the memory cap, planner.partition);
-the search stops once the bound of the next candidate is no better than the K-th best plan found.
-So the result is the optimum over the whole space whenever every CP-SAT solve proved optimality.
+parallelism, recompute mode, rank placement) are enumerated, each with a valid lower bound on its
+step time read from the rank time model (planner.bounds). Candidates are taken in order of that
+bound; each is checked for memory once per placement-free choice, bounded again with the slowest
+rank's least time over every split that fits (planner.partition.pipeline_floor_s) and the full
+per-rank shapes, and only then solved exactly by CP-SAT (layer split and per-rank recompute under
+the memory cap, told the K-th best so far as a cutoff). The search stops once the bound of the
+next candidate is no better than the K-th best plan found, so the result is the optimum over the
+whole space whenever every CP-SAT solve proved optimality.
 
 All of this reasons with the closed-form pipeline (`estimate(..., simulate=False)`), which the
 bounds and CP-SAT's affine model are derived from, so the proof is consistent. The best plans of
@@ -33,7 +35,7 @@ from costmodel.plan import Plan, Recompute, Schedule
 from costmodel.specs import ModelSpec, TrainSpec
 from costmodel.timing import RankTimeModel, Spans, link_costs, rank_time_model, spans
 from planner.bounds import time_floor_s, zero_floor_s
-from planner.partition import (MemoryFit, SolverTimeout, apply_split, lower_bound_with_memory_s, memory_fit,
+from planner.partition import (MemoryFit, SolverTimeout, apply_split, lower_bound_with_memory_s,
                                pipeline_floor_s, pipeline_rows, rank_shapes, solve_split)
 from planner.space import Choice, build_plan, degrees_plan, divisors
 
@@ -240,7 +242,7 @@ class _Shared:
                        and (z == plan.zero_stage or (self.zero_allowed[z] and base.dp * base.cp > 1)))
         plans = [plan if zero == plan.zero_stage else replace(plan, zero_stage=zero) for zero in stages]
         for sharded, memory in zip(plans, stage_memory_shapes_by_zero(self.model, self.train, plans, reserved)):
-            fit = memory_fit(memory, sharded, self.cluster.device.memory_bytes, self.model.num_layers)
+            fit = MemoryFit(memory, sharded, self.cluster.device.memory_bytes, self.model.num_layers)
             self._memory[key(sharded.zero_stage)] = fit, sharded
         return self._memory[key(plan.zero_stage)]
 
@@ -334,10 +336,8 @@ class _Candidates:
 
 
 def _branch_and_bound(shared: _Shared, options, stats, candidates: _Candidates, deadline: float) -> SearchResult:
-    model, train, cluster = shared.model, shared.train, shared.cluster
     found: list[Found] = []
     too_big: list[tuple[Choice, int, Schedule, int]] = []  # candidates that cannot fit
-    total = model.num_layers
     cutoff = _cutoff(found, options)
     count = len(candidates)
     for index, (bound, base, vpp, schedule, zero) in enumerate(candidates.in_order()):
@@ -353,59 +353,84 @@ def _branch_and_bound(shared: _Shared, options, stats, candidates: _Candidates, 
         if index and index % 500 == 0:
             _say(options, f"examined {index:,}, solved {stats.num_solved}, best so far "
                           f"{min((f.estimate.step_time_s for f in found), default=math.inf):.3f} s")
-        entry = shared.memory(base, vpp, schedule, zero)
+        entry = _memory_entry(shared, stats, base, vpp, schedule, zero)
         if entry is None:
-            try:
-                plan = build_plan(model, train, cluster, replace(base, zero_stage=zero, vpp=vpp, schedule=schedule))
-            except ValueError:
-                stats.prune("does not divide")
-                continue
-            problems = check_structure(model, train, cluster, plan)
-            if problems:
-                stats.prune(problems[0].split(" (")[0][:60])
-                continue
-            entry = shared.add_memory(base, plan)
+            continue
         fit, plan = entry
-        if not fit.fits:
+        outcome = _examine(shared, stats, base, zero, plan, fit, cutoff, deadline) if fit.fits else None
+        if outcome is None:
             stats.prune("memory")
             too_big.append((base, vpp, schedule, zero))
-            continue
-        if shared.pipeline_floor_s(base, zero, plan, fit) >= cutoff:
-            stats.prune("bound")
-            continue
-        if plan.mesh_axis_order != base.mesh_axis_order:
-            plan = replace(plan, mesh_axis_order=base.mesh_axis_order)
-        rtm = shared.time_model(base).rtm.with_vpp(plan.vpp)
-        shapes = rank_shapes(model, train, cluster, plan, memory=fit.memory, rtm=rtm)
-        if lower_bound_with_memory_s(shapes, plan, fit, total) >= cutoff:
-            stats.prune("bound")
-            continue
-        try:
-            split = solve_split(model, train, cluster, plan, ranks=shapes, cutoff_s=cutoff, fit=fit,
-                                time_limit_s=max(1.0, deadline - time.perf_counter()))
-        except SolverTimeout:
-            stats.optimal = False
-            stats.prune("solver time limit")
-            continue
-        stats.num_solved += 1
-        if split is None and math.isinf(cutoff):
-            stats.prune("memory")
-            too_big.append((base, vpp, schedule, zero))
-            continue
-        if split is None:  # no split that fits beats the K-th best
-            stats.prune("bound")
-            continue
-        stats.optimal &= split.optimal
-        concrete = apply_split(plan, split)
-        est = estimate(model, train, cluster, concrete, simulate=False)
-        if not est.fits:  # integer rounding at the very edge
-            stats.prune("memory")
-            continue
-        stats.num_feasible += 1
-        found.append(Found(plan=concrete, estimate=est))
-        cutoff = _cutoff(found, options)
+        elif isinstance(outcome, Found):
+            found.append(outcome)
+            cutoff = _cutoff(found, options)
     if stats.optimal:
         stats.lower_bound_s = min((f.estimate.step_time_s for f in found), default=math.inf)
+    return _result(shared, options, stats, found, too_big)
+
+
+def _memory_entry(shared: _Shared, stats: SearchStats, base: Choice, vpp: int, schedule: Schedule,
+                  zero: int) -> tuple[MemoryFit, Plan] | None:
+    """The candidate's memory fit and a plan of it, built and checked on the first visit of its
+    placement-free choice; None when the plan is structurally invalid."""
+    entry = shared.memory(base, vpp, schedule, zero)
+    if entry is not None:
+        return entry
+    try:
+        plan = build_plan(shared.model, shared.train, shared.cluster,
+                          replace(base, zero_stage=zero, vpp=vpp, schedule=schedule))
+    except ValueError:
+        stats.prune("does not divide")
+        return None
+    problems = check_structure(shared.model, shared.train, shared.cluster, plan)
+    if problems:
+        stats.prune(problems[0].split(" (")[0][:60])
+        return None
+    return shared.add_memory(base, plan)
+
+
+def _examine(shared: _Shared, stats: SearchStats, base: Choice, zero: int, plan: Plan, fit: MemoryFit,
+             cutoff: float, deadline: float) -> Found | bool | None:
+    """A candidate some split of which fits: the pipeline floor, then the full bound, then
+    CP-SAT. The plan found, False when pruned (bound, solver time limit), None when no split fits
+    after all."""
+    model, train, cluster = shared.model, shared.train, shared.cluster
+    if shared.pipeline_floor_s(base, zero, plan, fit) >= cutoff:
+        stats.prune("bound")
+        return False
+    if plan.mesh_axis_order != base.mesh_axis_order:
+        plan = replace(plan, mesh_axis_order=base.mesh_axis_order)
+    rtm = shared.time_model(base).rtm.with_vpp(plan.vpp)
+    shapes = rank_shapes(model, train, cluster, plan, memory=fit.memory, rtm=rtm)
+    if lower_bound_with_memory_s(shapes, plan, fit, model.num_layers) >= cutoff:
+        stats.prune("bound")
+        return False
+    try:
+        split = solve_split(model, train, cluster, plan, ranks=shapes, cutoff_s=cutoff, fit=fit,
+                            time_limit_s=max(1.0, deadline - time.perf_counter()))
+    except SolverTimeout:
+        stats.optimal = False
+        stats.prune("solver time limit")
+        return False
+    stats.num_solved += 1
+    if split is None:
+        if math.isinf(cutoff):
+            return None
+        stats.prune("bound")  # no split that fits beats the K-th best
+        return False
+    stats.optimal &= split.optimal
+    concrete = apply_split(plan, split)
+    est = estimate(model, train, cluster, concrete, simulate=False)
+    if not est.fits:  # integer rounding at the very edge
+        return None
+    stats.num_feasible += 1
+    return Found(plan=concrete, estimate=est)
+
+
+def _result(shared: _Shared, options: SearchOptions, stats: SearchStats, found: list[Found],
+            too_big: list[tuple[Choice, int, Schedule, int]]) -> SearchResult:
+    """Re-price the best plans by simulation and rank them; when nothing fits, the closest plan."""
+    model, train, cluster = shared.model, shared.train, shared.cluster
     closest = None
     if not found:  # only then does anyone need to know how far the plans are from fitting
         for base, vpp, schedule, zero in too_big[:2000]:

@@ -13,7 +13,7 @@ from costmodel.registry import resolve_model
 from costmodel.specs import TrainSpec
 from costmodel.timing import dp_exposed_s, rank_times, spans
 from planner import partition
-from planner.partition import memory_fit, min_max_time_s, rank_shapes, solve_split
+from planner.partition import MemoryFit, min_max_time_s, rank_shapes, solve_split
 from planner.space import Choice, build_plan
 
 TRAIN = TrainSpec(seq_len=4096, global_batch_size=64)
@@ -72,7 +72,7 @@ def test_min_max_time_is_the_exact_min_max_over_splits(seed):
                           jump=rng.uniform(0, 10)) for _ in range(pp)]
     ts = [(rng.uniform(0, 2), 1.0, rng.uniform(0.2, 0.5)) for _ in range(pp)]
     ts = [(t0, ts[0][1], ts[0][2]) for t0, _, _ in ts]  # per-layer costs are the same on every rank
-    fit = memory_fit(memory, plan, cap, total)
+    fit = MemoryFit(memory, plan, cap, total)
     best = math.inf
     for split in itertools.product(range(1, total + 1), repeat=pp):
         if sum(split) != total:
