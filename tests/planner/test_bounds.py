@@ -12,6 +12,7 @@ from costmodel.plan import Recompute, Schedule
 from costmodel.registry import resolve_model
 from costmodel.specs import TrainSpec
 from planner.bounds import lower_bound_s
+from planner.partition import MemoryFit, lower_bound_with_memory_s, rank_shapes
 from planner.space import Choice, build_plan
 
 TRAIN = TrainSpec(seq_len=4096, global_batch_size=64)
@@ -44,3 +45,41 @@ def test_first_bound_is_below_every_split(choice):
     for _ in range(20):
         split = _random_split(plan, rng)
         assert bound <= estimate(model, TRAIN, cluster, split, simulate=False).step_time_s * (1 + 1e-12)
+
+
+def _near_even_split(plan, rng):
+    """Move a few layers between neighbouring stages of the even split; recompute most layers."""
+    layers = list(plan.layers_per_stage)
+    for _ in range(3):
+        j = rng.randrange(len(layers) - 1)
+        if layers[j] > 1:
+            layers[j] -= 1
+            layers[j + 1] += 1
+    probe = dataclasses.replace(plan, layers_per_stage=tuple(layers))
+    counts = tuple(rng.randint(max(1, probe.layers_on_rank(r) - 2), probe.layers_on_rank(r)) for r in range(plan.pp))
+    return dataclasses.replace(probe, recompute_num_layers=counts)
+
+
+@pytest.mark.parametrize("choice", [
+    Choice(tp=2, pp=4, zero_stage=1, recompute=Recompute.FULL, schedule=Schedule.ZB_H1),
+    Choice(tp=4, pp=4, vpp=2, zero_stage=3, recompute=Recompute.SELECTIVE, micro_batch_size=2),
+    Choice(tp=2, pp=4, zero_stage=1, recompute=Recompute.FULL, schedule=Schedule.ONE_F_ONE_B),
+])
+def test_memory_aware_bound_is_below_every_split_that_fits(choice):
+    model, cluster = resolve_model("llama2-13b"), parse_cluster("4x8xH100")
+    plan = build_plan(model, TRAIN, cluster, choice)
+    # a cap the even split with every layer recomputed meets with a little room
+    full = max(estimate(model, TRAIN, cluster, plan, simulate=False).peak_memory_bytes)
+    cap = full * 1.15
+    tight = dataclasses.replace(cluster, device=dataclasses.replace(cluster.device, memory_bytes=cap))
+    shapes = rank_shapes(model, TRAIN, tight, plan)
+    fit = MemoryFit([s.memory for s in shapes], plan, cap, model.num_layers)
+    bound = lower_bound_with_memory_s(shapes, plan, fit, model.num_layers)
+    assert fit.fits
+    rng, fitting = random.Random(1), 0
+    for _ in range(200):
+        est = estimate(model, TRAIN, tight, _near_even_split(plan, rng), simulate=False)
+        if est.fits:
+            fitting += 1
+            assert bound <= est.step_time_s * (1 + 1e-12)
+    assert fitting >= 5
