@@ -36,11 +36,14 @@ from costmodel.timing import (RankTimeModel, RankTimes, dp_bucket_s, dp_term_com
 NS = 1e9
 # CP-SAT attempts on a split model, each stopped at a deterministic-time budget (the same on
 # every machine, so the answer is too) and the last at the deadline. Without presolve almost every
-# model is solved in milliseconds (the largest deterministic time in the speed benchmark's searches
-# is 0.04, gpt3-175b; 0.05 is about 0.8 s of wall time on a hard model). Of the few left, some
-# are solved far faster with symmetry breaking and no probing, others only with the defaults
-# (sc21_t1_1T's hardest: 4.9 s default, > 10 s so; sc21_t1_530's hardest: 1.4 s so, 17.6 s
-# default, and more than the 0.3 budget so, which keeps the 1T case from paying for it).
+# model is settled in milliseconds: `python benchmarks/search_profile.py --model gpt3-175b
+# --cluster 16x8xA100` settles all 77 in 0.18 s, the largest using 0.042 of deterministic time.
+# Hard ones (large pp with full recomputation: `--row sc21_t1_1T --time-limit-s 20`, `--row
+# sc21_t1_530`) go on to symmetry breaking without probing, which settles some of them far
+# faster than the defaults and others not at all (then the defaults do, in seconds). When this
+# was tuned, presolve on every model made megatron_h100_70B's solves 1-2 s each instead of
+# milliseconds, and the defaults alone took 17.6 s on one sc21_t1_530 model that symmetry
+# breaking settles in 1.4 s.
 ATTEMPTS: list[tuple[dict, float | None]] = [
     ({"cp_model_presolve": False}, 0.05),
     ({"symmetry_level": 4, "cp_model_probing_level": 0}, 0.3),
@@ -374,7 +377,7 @@ def solve_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
     # ties (equal predicted time) go to the split that recomputes fewer layers
     cm.Minimize((total + 1) * step + sum(n))
     # With the bounds above the model is small and tight, and presolve usually costs more than it
-    # saves (megatron_h100_70B's 79 solves: 1-2 s each with it, 2-15 ms without); see ATTEMPTS.
+    # saves; see ATTEMPTS.
     deadline = time.perf_counter() + time_limit_s
     for attempt, budget in ATTEMPTS:
         solver, status = _solve(cm, time_limit_s=max(0.1, deadline - time.perf_counter()), deterministic_limit=budget,
