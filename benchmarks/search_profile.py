@@ -1,7 +1,8 @@
 """Where one search spends its time, and how CP-SAT's attempts fare on its split models.
 
     python benchmarks/search_profile.py --model llama-70b --cluster 8x8xA100
-    python benchmarks/search_profile.py --row sc21_t1_530 --time-limit-s 40   # a published run
+    python benchmarks/search_profile.py --row sc21_t1_530 --top 10 --time-limit-s 60   # a published run
+    python benchmarks/search_profile.py --row sc21_t1_530 --top 10 --only-attempt 2     # defaults alone
 
 Prints the search's phases (candidates and their first bounds; memory checks; the pipeline
 floor; the rest of each examination, CP-SAT included; re-pricing by simulation), then per CP-SAT
@@ -50,8 +51,14 @@ def main() -> None:
     parser.add_argument("--row", help="a published run's id instead of --model/--cluster")
     parser.add_argument("--runs", default="../shared/reference/published_runs.csv")
     parser.add_argument("--time-limit-s", type=float, default=60.0)
+    parser.add_argument("--top", type=int, default=5, help="plans ranked (plan_quality.py ranks 10)")
+    parser.add_argument("--only-attempt", type=int, metavar="N",
+                        help="run every split model with attempt N's parameters alone, unbudgeted "
+                             "(to compare the attempts planner.partition.ATTEMPTS chains)")
     args = parser.parse_args()
     model, train, cluster = specs(args)
+    if args.only_attempt is not None:
+        partition.ATTEMPTS = [(partition.ATTEMPTS[args.only_attempt][0], None)]
 
     phases: dict[str, float] = defaultdict(float)
     search._branch_and_bound = timed(phases, "branch and bound", search._branch_and_bound)
@@ -74,20 +81,21 @@ def main() -> None:
     partition._solve = recorded
 
     start = time.perf_counter()
-    result = search.search(model, train, cluster, search.SearchOptions(time_limit_s=args.time_limit_s))
+    result = search.search(model, train, cluster, search.SearchOptions(top_k=args.top, time_limit_s=args.time_limit_s))
     total = time.perf_counter() - start
     print(f"{model.name} on {cluster.name}: {total:.2f} s, {result.stats.num_candidates:,} candidates, "
           f"{result.stats.num_solved} solved, optimal {result.stats.optimal}")
     print(f"  candidates and first bounds          {total - phases['branch and bound']:6.2f} s")
     for name, seconds in phases.items():
         print(f"{name:40} {seconds:6.2f} s")
-    print("CP-SAT attempt  parameters                                   runs  settled   wall s  max det. time")
+    print("CP-SAT attempt  parameters                                   runs  settled   wall s  max wall s  "
+          "max det. time")
     for index, (params, budget) in enumerate(partition.ATTEMPTS):
         runs = attempts.get(index, [])
         shown = ", ".join(f"{k}={v}" for k, v in params.items()) or "defaults"
         print(f"{index:>14}  {shown + (f' (budget {budget})' if budget else ''):43} {len(runs):5} "
               f"{sum(s for _, _, s in runs):8} {sum(w for w, _, _ in runs):8.2f} "
-              f"{max((d for _, d, _ in runs), default=0.0):14.3f}")
+              f"{max((w for w, _, _ in runs), default=0.0):11.2f} {max((d for _, d, _ in runs), default=0.0):14.3f}")
 
 
 if __name__ == "__main__":

@@ -58,10 +58,6 @@ def total_params(model: ModelSpec) -> int:
             + head_params(model))
 
 
-def non_embedding_params(model: ModelSpec) -> int:
-    return model.num_layers * layer_params(model)
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RankParams:
     """Parameters held by one device of pipeline rank r before any ZeRO sharding."""

@@ -29,13 +29,19 @@ def pipeline_time_s(plan: Plan, ranks: list[RankTimes]) -> tuple[float, int]:
         raise ValueError("schedule zbv has no closed form here: its V-shaped order needs the "
                          "event-level pipeline simulator")
     if plan.schedule is Schedule.ZB_H1:
-        fill = [t - 2 * r.backward_weight_s for t, r in zip(totals, ranks)]
+        fill = [zero_bubble_fill_s(r) for r in ranks]
     else:
         fill = totals
     drain = sum(fill) - max(fill)  # for 1F1B fill = totals, so this is sum(t) - max(t)
     if plan.schedule is Schedule.INTERLEAVED:
         drain /= plan.vpp
     return steady + drain, critical
+
+
+def zero_bubble_fill_s(times: RankTimes) -> float:
+    """A rank's part in ZB-H1's fill and drain: F + B - W, its time less twice the deferred
+    weight-gradient pass (linear in the times, so it applies to per-layer coefficients too)."""
+    return times.total_s - 2 * times.backward_weight_s
 
 
 def uniform_1f1b_bubble_fraction(pp: int, num_micro_batches: int) -> float:

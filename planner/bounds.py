@@ -11,6 +11,7 @@ from functools import lru_cache
 from costmodel.cluster import ClusterSpec
 from costmodel.compute import optimizer_step_s
 from costmodel.params import layer_params
+from costmodel.pipeline import zero_bubble_fill_s
 from costmodel.placement import AxisSpan
 from costmodel.plan import Plan, Recompute, Schedule
 from costmodel.specs import ModelSpec, TrainSpec
@@ -43,8 +44,9 @@ def time_floor_s(model: ModelSpec, rtm: RankTimeModel, pp: int, num_micro_batche
              + first.total_s + last.total_s + pp * rtm.pp_comm_with_s(vpp))
     m = num_micro_batches
     if schedule is Schedule.ZB_H1:
-        weights = model.num_layers * per_layer.backward_weight_s + first.backward_weight_s + last.backward_weight_s
-        return (m - 1) * total / pp + total - 2 * weights
+        fill = (model.num_layers * zero_bubble_fill_s(per_layer) + rc * zero_bubble_fill_s(rtm.per_recomputed_layer)
+                + zero_bubble_fill_s(first) + zero_bubble_fill_s(last) + pp * rtm.pp_comm_with_s(vpp))
+        return (m - 1) * total / pp + fill
     v = vpp if schedule is Schedule.INTERLEAVED else 1
     return (m - 1 / v) * total / pp + total / v
 

@@ -28,6 +28,7 @@ from costmodel.cluster import ClusterSpec
 from costmodel.compute import optimizer_step_s
 from costmodel.memory import AffineBytes, stage_memory_shapes
 from costmodel.params import layer_params, rank_params_at
+from costmodel.pipeline import zero_bubble_fill_s
 from costmodel.plan import Plan, Recompute, Schedule, even_layers
 from costmodel.specs import ModelSpec, TrainSpec
 from costmodel.timing import (RankTimeModel, RankTimes, dp_bucket_s, dp_term_comm_s, dp_terms,
@@ -35,15 +36,14 @@ from costmodel.timing import (RankTimeModel, RankTimes, dp_bucket_s, dp_term_com
 
 NS = 1e9
 # CP-SAT attempts on a split model, each stopped at a deterministic-time budget (the same on
-# every machine, so the answer is too) and the last at the deadline. Without presolve almost every
-# model is settled in milliseconds: `python benchmarks/search_profile.py --model gpt3-175b
-# --cluster 16x8xA100` settles all 77 in 0.18 s, the largest using 0.042 of deterministic time.
-# Hard ones (large pp with full recomputation: `--row sc21_t1_1T --time-limit-s 20`, `--row
-# sc21_t1_530`) go on to symmetry breaking without probing, which settles some of them far
-# faster than the defaults and others not at all (then the defaults do, in seconds). When this
-# was tuned, presolve on every model made megatron_h100_70B's solves 1-2 s each instead of
-# milliseconds, and the defaults alone took 17.6 s on one sc21_t1_530 model that symmetry
-# breaking settles in 1.4 s.
+# every machine, so the answer is too) and the last at the deadline. Figures from
+# `python benchmarks/search_profile.py --row ID --top 10 [--only-attempt N]` (2026-11-22):
+# - without presolve almost every model settles in milliseconds; with CP-SAT's defaults alone
+#   megatron_h100_70B's search takes 36.8 s instead of 2.7 s;
+# - a few models with deep pipelines and full recomputation need more: symmetry breaking without
+#   probing alone settles sc21_t1_530 in 6.5 s where the defaults alone do not in 120 s, but
+#   leaves sc21_t1_1T unproven at 60 s where the defaults alone take 19.0 s. Chained as below:
+#   21.3 s and 15.2 s, both proven.
 ATTEMPTS: list[tuple[dict, float | None]] = [
     ({"cp_model_presolve": False}, 0.05),
     ({"symmetry_level": 4, "cp_model_probing_level": 0}, 0.3),
@@ -88,10 +88,9 @@ class _RankShape:
 
 def _pipeline_rows(rtm: RankTimeModel, plan: Plan, edge: RankTimes) -> tuple[tuple, tuple]:
     """(t, f) coefficients of a rank whose fixed part (edges, sends) is `edge`."""
-    zb = plan.schedule is Schedule.ZB_H1
-    t = (edge.total_s, rtm.per_layer.total_s, rtm.per_recomputed_layer.total_s)
-    w0, w1 = edge.backward_weight_s, rtm.per_layer.backward_weight_s
-    return t, (t[0] - 2 * w0 * zb, t[1] - 2 * w1 * zb, t[2])
+    parts = (edge, rtm.per_layer, rtm.per_recomputed_layer)
+    t = tuple(p.total_s for p in parts)
+    return t, (tuple(zero_bubble_fill_s(p) for p in parts) if plan.schedule is Schedule.ZB_H1 else t)
 
 
 def pipeline_rows(rtm: RankTimeModel, plan: Plan) -> tuple[list[tuple], list[tuple]]:
