@@ -79,7 +79,10 @@ def run_local(nproc: int, worker: WorkerArgs, threads_per_rank: int) -> float:
     worker.out.mkdir(parents=True, exist_ok=True)
     for stale in [worker.out / "raw.json", *worker.out.glob("errors/rank*.txt")]:
         stale.unlink(missing_ok=True)   # a reused --out must not blame an old run
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads_per_rank),
+    # expandable segments: the fragmentation the GPU profiles price (1.05-1.10 of allocated
+    # bytes with them, 1.15-1.3 without); a user's own setting wins. Ignored on CPU.
+    env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+           **os.environ, "OMP_NUM_THREADS": str(threads_per_rank),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
                                                        os.environ.get("PYTHONPATH")]))}
     start = time.perf_counter()
@@ -97,6 +100,7 @@ def run_local(nproc: int, worker: WorkerArgs, threads_per_rank: int) -> float:
 
 
 # What the surviving ranks report once a peer has gone: consequences, not causes.
+EXITS = re.compile(r"rank\s*:\s*(\d+).*?\n\s*exitcode\s*:\s*(-?\d+)")
 PEER_LOST = re.compile(r"Connection (reset|closed)|Broken pipe|[Pp]eer|timed out|Timeout|SIGTERM|Signals\.")
 
 
@@ -112,11 +116,14 @@ def failure_message(out: Path, nproc: int) -> str:
     primary = [c for c in causes if not PEER_LOST.search(c[2])]
     if primary:
         return f"rank {primary[0][1]} failed: {primary[0][2]} (log: {log_path})"
-    with_file = {rank for _, rank, _ in causes}
-    for rank, code in re.findall(r"rank\s*:\s*(\d+).*?\n\s*exitcode\s*:\s*(-?\d+)", log):
-        if int(rank) not in with_file:
-            how = f"signal {-int(code)}" if int(code) < 0 else f"exit code {code}"
-            return f"rank {rank} died ({how}) without a Python error (log: {log_path})"
+    first_line = {rank: line for _, rank, line in causes}
+    # torchrun lists the ranks it terminated first and its first observed failure last.
+    before, found, root = log.rpartition("Root Cause")
+    for rank, code in EXITS.findall(root if found else log) + EXITS.findall(before if found else ""):
+        if int(rank) in first_line:
+            return f"rank {rank} failed: {first_line[int(rank)]} (log: {log_path})"
+        how = f"signal {-int(code)}" if int(code) < 0 else f"exit code {code}"
+        return f"rank {rank} died ({how}) without a Python error (log: {log_path})"
     if causes:
         return f"rank {causes[0][1]} failed: {causes[0][2]} (log: {log_path})"
     return f"the job of {nproc} ranks failed; see {log_path}"
