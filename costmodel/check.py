@@ -93,13 +93,15 @@ def _check_recompute(plan: Plan) -> list[str]:
 
 
 def check_memory(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> list[str]:
-    capacity = cluster.device.memory_bytes
+    capacity = cluster.memory_budget_bytes
     problems = []
     for rank, mem in enumerate(memory_per_rank(model, train, cluster, plan)):
         if mem.total_bytes > capacity:
             problems.append(f"pipeline stage {rank} needs {mem.total_bytes / GIB:.1f} GiB per device, "
                             f"{(mem.total_bytes - capacity) / GIB:.1f} GiB over the "
-                            f"{capacity / GIB:.1f} GiB of {cluster.device.name}")
+                            f"{capacity / GIB:.1f} GiB a plan may use of {cluster.device.name} "
+                            f"({cluster.device.usable_memory_bytes / GIB:.2f} GiB less "
+                            f"{cluster.memory_headroom:.0%} headroom and the allocator's fragmentation)")
     return problems
 
 
@@ -109,3 +111,10 @@ def check_plan(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: P
     if not problems and memory:
         problems = check_memory(model, train, cluster, plan)
     return problems
+
+
+def runtime_executes(plan: Plan) -> bool:
+    """What `planner run` executes: every plan the search emits but those with context
+    parallelism (torch 2.13's context_parallel has no sharding rule for the CPU attention
+    kernel, so the runtime cannot prove it equal to one process and does not run it)."""
+    return plan.cp == 1

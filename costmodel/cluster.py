@@ -12,7 +12,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from costmodel.frameworks import RUNTIME, FrameworkTraits
 from costmodel.specs import DType
+
+# Fraction of the device memory CUDA reports that plans leave free by default: the spread of the
+# allocator's reserved-over-allocated ratio between runs of one job (a few %, see the profiles'
+# `allocator_fragmentation` notes) is what a plan at the edge would trip over.
+DEFAULT_MEMORY_HEADROOM = 0.05
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -38,9 +44,18 @@ class Efficiency:
     attention: float          # fused (flash) attention fraction of dense peak FLOP/s
     memory: float             # fraction of HBM bandwidth reached by memory-bound kernels
     kernel_overhead_s: float  # launch + tail cost per kernel
-    reserved_memory_bytes: int  # context, allocator fragmentation, library workspaces
+    reserved_memory_bytes: int  # outside PyTorch's allocator: CUDA context, NCCL buffers, workspaces
     source: str
     overlap: float = 1.0      # fraction of compute that data-parallel communication can hide behind
+    # the caching allocator's reserved bytes over the bytes it hands out, minus 1 (block rounding
+    # and fragmentation): what allocated tensors really cost of the device
+    allocator_fragmentation: float = 0.0
+    # compute slowdown per second of data-parallel communication hidden behind it (NCCL's
+    # kernels occupy SMs and HBM bandwidth beside the GEMMs); fitted, 0 where unknown
+    comm_contention: float = 0.0
+    # how much faster the vendor's fused attention (cuDNN, FlashAttention-3) runs than the
+    # FlashAttention-2 kernel `attention` describes, for frameworks that use it; 1: none
+    vendor_attention_speedup: float = 1.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -48,7 +63,7 @@ class DeviceProfile:
     name: str
     aliases: tuple[str, ...]
     peak_flops: tuple[tuple[str, float], ...]  # (dtype, dense peak FLOP/s); a tuple keeps specs hashable
-    memory_bytes: int
+    memory_bytes: int         # datasheet capacity
     memory_bandwidth_bytes_per_s: float
     intra_node: NetworkTier
     inter_node: NetworkTier
@@ -60,6 +75,14 @@ class DeviceProfile:
     memory_curve: tuple[tuple[float, float], ...] = ()
     kind: str = "gpu"   # "cpu": ranks are processes on CPU cores (gloo); runs need no GPU
     threads_per_rank: int = 0   # CPU: threads per rank the figures were measured with (0: unknown)
+    # what the runtime can allocate on: torch.cuda's total_memory (less than the datasheet:
+    # ECC and the driver's own reservations); 0: unknown, the datasheet figure is used
+    reported_memory_bytes: int = 0
+    num_sms: int = 0   # streaming multiprocessors (GEMM wave quantisation); 0: not modelled
+
+    @property
+    def usable_memory_bytes(self) -> int:
+        return self.reported_memory_bytes or self.memory_bytes
 
     def gemm_curve(self, dtype: DType) -> tuple[tuple[float, float], ...]:
         return dict(self.gemm_curves).get(str(dtype), ())
@@ -77,13 +100,30 @@ class DeviceProfile:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ClusterSpec:
+    """The hardware, and how it is driven: the software whose traits price a plan (our runtime
+    unless a published run says otherwise) and the share of memory plans leave free."""
+
     device: DeviceProfile
     num_nodes: int
     devices_per_node: int
+    framework: FrameworkTraits = RUNTIME
+    memory_headroom: float = DEFAULT_MEMORY_HEADROOM
 
     def __post_init__(self) -> None:
         if self.num_nodes <= 0 or self.devices_per_node <= 0:
             raise ValueError("a cluster needs at least one node and one device per node")
+        if not 0.0 <= self.memory_headroom < 1.0:
+            raise ValueError(f"memory headroom {self.memory_headroom} must be in [0, 1)")
+
+    @property
+    def memory_budget_bytes(self) -> float:
+        """What a stage's predicted total (allocated tensors + the fixed reserve) may reach: the
+        reported capacity less the headroom, with allocated bytes costing 1 + fragmentation.
+        Stage totals count the reserve once, so the budget is stated in the same units."""
+        eff = self.device.efficiency
+        fixed = eff.reserved_memory_bytes
+        usable = self.device.usable_memory_bytes * (1.0 - self.memory_headroom) - fixed
+        return usable / (1.0 + eff.allocator_fragmentation) + fixed
 
     @property
     def world_size(self) -> int:
@@ -96,8 +136,11 @@ class ClusterSpec:
     def to_dict(self) -> dict[str, Any]:
         # A shipped profile is named; any other (e.g. one `planner profile` wrote) by its path.
         shipped = Path(self.device.path).parent == profile_dir()
-        return {"num_nodes": self.num_nodes, "devices_per_node": self.devices_per_node,
-                "device": self.device.name if shipped else self.device.path}
+        out = {"num_nodes": self.num_nodes, "devices_per_node": self.devices_per_node,
+               "device": self.device.name if shipped else self.device.path}
+        if self.memory_headroom != DEFAULT_MEMORY_HEADROOM:   # older readers never see the key
+            out["memory_headroom"] = self.memory_headroom
+        return out
 
 
 def profile_dir() -> Path:
@@ -126,11 +169,16 @@ def load_profile(path: Path) -> DeviceProfile:
         efficiency = Efficiency(gemm=eff["gemm"], attention=eff["attention"], memory=eff["memory"],
                                 kernel_overhead_s=eff["kernel_overhead_s"],
                                 reserved_memory_bytes=int(eff["reserved_memory_bytes"]),
-                                source=eff["source"], overlap=float(eff.get("overlap", 1.0)))
+                                source=eff["source"], overlap=float(eff.get("overlap", 1.0)),
+                                allocator_fragmentation=float(eff.get("allocator_fragmentation", 0.0)),
+                                comm_contention=float(eff.get("comm_contention", 0.0)),
+                                vendor_attention_speedup=float(eff.get("vendor_attention_speedup", 1.0)))
         return DeviceProfile(
             name=dev["name"], aliases=tuple(dev.get("aliases", ())),
             peak_flops=tuple((k, float(v)) for k, v in dev["peak_flops_per_s"].items()),
             memory_bytes=int(dev["memory_bytes"]),
+            reported_memory_bytes=int(dev.get("reported_memory_bytes", 0)),
+            num_sms=int(dev.get("num_sms", 0)),
             memory_bandwidth_bytes_per_s=float(dev["memory_bandwidth_bytes_per_s"]),
             intra_node=_tier(net["node"], eff["intra_node_comm"]),
             inter_node=_tier(net["cluster"], eff["inter_node_comm"]),
@@ -180,7 +228,10 @@ def parse_cluster(text: str) -> ClusterSpec:
 
 
 def cluster_from_dict(data: dict[str, Any]) -> ClusterSpec:
-    if set(data) != {"num_nodes", "devices_per_node", "device"}:
-        raise ValueError(f"cluster: expected keys num_nodes, devices_per_node, device; got {sorted(data)}")
+    required = {"num_nodes", "devices_per_node", "device"}
+    if not required <= set(data) <= required | {"memory_headroom"}:
+        raise ValueError(f"cluster: expected keys num_nodes, devices_per_node, device "
+                         f"(and optionally memory_headroom); got {sorted(data)}")
     return ClusterSpec(device=resolve_device(data["device"]), num_nodes=data["num_nodes"],
-                       devices_per_node=data["devices_per_node"])
+                       devices_per_node=data["devices_per_node"],
+                       memory_headroom=float(data.get("memory_headroom", DEFAULT_MEMORY_HEADROOM)))

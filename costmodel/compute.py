@@ -88,9 +88,24 @@ def compute_bound_s(flops: float, num_bytes: float, dev: DeviceProfile, train: T
     return roofline_s(flops, num_bytes, dev, dev.peak_for(train.compute_dtype), eff, num_kernels)
 
 
+GEMM_TILE = 128  # output tile edge of the large cuBLAS/CUTLASS tensor-core kernels (128x128, 128x256)
+
+
+def wave_efficiency(m: int, n: int, num_sms: int) -> float:
+    """Wave quantisation (NVIDIA, "Matrix Multiplication Background User's Guide"): the output
+    is cut into tiles, one per SM at a time; a last partial wave leaves SMs idle. 1 for a
+    device with no SM count (measured curves already include it)."""
+    if num_sms <= 0:
+        return 1.0
+    tiles = -(-m // GEMM_TILE) * -(-n // GEMM_TILE)
+    waves = -(-tiles // num_sms)
+    return tiles / (waves * num_sms)
+
+
 def gemm_s(m: int, k: int, n: int, dev: DeviceProfile, train: TrainSpec) -> float:
     a = train.compute_dtype.num_bytes
-    return compute_bound_s(2.0 * m * k * n, a * (m * k + k * n + m * n), dev, train, dev.efficiency.gemm)
+    eff = dev.efficiency.gemm * (1.0 if dev.gemm_curve(train.compute_dtype) else wave_efficiency(m, n, dev.num_sms))
+    return compute_bound_s(2.0 * m * k * n, a * (m * k + k * n + m * n), dev, train, eff)
 
 
 def _linears_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile, tokens: int) -> float:

@@ -20,7 +20,7 @@ from costmodel.cluster import ClusterSpec
 from costmodel.comm import Collective, collective_time_s
 from costmodel.compute import optimizer_step_s
 from costmodel.flops import executed_flops_per_step, model_flops_per_step, utilization
-from costmodel.memory import StageMemory, stage_memory
+from costmodel.memory import StageMemory, backward_working_bytes, stage_memory
 from costmodel.params import ceil_div, rank_params
 from costmodel.pipeline import pipeline_time_s
 from costmodel.placement import stage_pair_span
@@ -103,8 +103,11 @@ def memory_per_rank(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
     """States, buffers and reserve per formula; activations at their simulated peak."""
     sim = sim or simulate_plan(model, train, cluster, plan)
     reserved = cluster.device.efficiency.reserved_memory_bytes
-    return [replace(stage_memory(model, train, plan, r, reserved),
-                    activations_bytes=sim.peak_activation_bytes[r]) for r in range(plan.pp)]
+    last = plan.stage_rank(plan.num_virtual_stages - 1)
+    return [replace(stage_memory(model, train, plan, r, reserved, cluster.framework),
+                    activations_bytes=sim.peak_activation_bytes[r]
+                    + backward_working_bytes(model, train, plan, r == last, cluster.framework))
+            for r in range(plan.pp)]
 
 
 def _closed_form_s(plan: Plan, ranks: list[RankTimes]) -> float | None:
@@ -143,11 +146,11 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
         crit, m = ranks[critical], plan.num_micro_batches
         ledger = _ledger(plan, crit, m * crit.pp_comm_s, pipe_s - m * crit.total_s, dp_s, emb_s, optim_s)
         reserved = cluster.device.efficiency.reserved_memory_bytes
-        memory = [stage_memory(model, train, plan, r, reserved) for r in range(plan.pp)]
+        memory = [stage_memory(model, train, plan, r, reserved, cluster.framework) for r in range(plan.pp)]
         bubbles = []
     step_s = sum(ledger.values())
     peak = [m.total_bytes for m in memory]
-    capacity = float(cluster.device.memory_bytes)
+    capacity = float(cluster.memory_budget_bytes)
     model_flops = float(model_flops_per_step(model, train))
     executed = float(executed_flops_per_step(model, train, plan))
     device_peak = cluster.device.peak_for(train.compute_dtype)

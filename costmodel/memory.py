@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from costmodel.frameworks import RUNTIME, FrameworkTraits
 from costmodel.params import ceil_div, layer_params, rank_params, rank_params_at
 from costmodel.plan import Plan, Recompute, Schedule
 from costmodel.specs import AttentionKernel, FfnKind, ModelSpec, Optimizer, TrainSpec
@@ -51,21 +52,50 @@ def optimizer_bytes_per_param(train: TrainSpec) -> int:
     return master + moments
 
 
-def state_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int) -> tuple[float, float, float]:
+def state_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
+                traits: FrameworkTraits = RUNTIME) -> tuple[float, float, float]:
     """(weights, gradients, optimizer states) on one device of pipeline rank `rank`."""
-    return state_bytes_for(train, plan, rank_params(model, plan, rank).total)
+    return state_bytes_for(train, plan, rank_params(model, plan, rank).total, traits)
 
 
-def state_bytes_for(train: TrainSpec, plan: Plan, n: float) -> tuple[float, float, float]:
+def unsharded_between_micro_batches(plan: Plan, traits: FrameworkTraits) -> bool:
+    """ZeRO-2/3 under a pipeline whose framework keeps full gradients (and ZeRO-3's gathered
+    weights) until the last micro-batch (costmodel.frameworks: torch pipelining over FSDP2)."""
+    return plan.pp > 1 and plan.zero_stage >= 2 and not traits.sharded_grads_under_pp
+
+
+def state_bytes_for(train: TrainSpec, plan: Plan, n: float,
+                    traits: FrameworkTraits = RUNTIME) -> tuple[float, float, float]:
     shards = plan.dp * plan.cp  # CP ranks hold the same weights, so ZeRO shards over dp x cp
+    return state_bytes_from_counts(train, plan, n, n / shards, traits)
+
+
+def state_bytes_from_counts(train: TrainSpec, plan: Plan, whole: float, shard: float,
+                            traits: FrameworkTraits = RUNTIME) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer states) of a rank holding `whole` parameter elements, a
+    ZeRO shard of `shard` of them (the dry run counts both on the real model)."""
     z = plan.zero_stage
-    weights = n * train.compute_dtype.num_bytes / (shards if z >= 3 else 1)
-    grads = n * train.grad_dtype.num_bytes / (shards if z >= 2 else 1)
-    optim = n * optimizer_bytes_per_param(train) / (shards if z >= 1 else 1)
+    held = unsharded_between_micro_batches(plan, traits)
+    sharded = whole > shard
+    a = train.compute_dtype.num_bytes
+    grads = train.grad_dtype.num_bytes * (shard if z >= 2 and not held else whole)
+    if traits.fsdp_master_params and train.master_weights_fp32:
+        # FSDP mixed precision: the (sharded) fp32 parameter is the master weight; 16-bit copies
+        # exist while gathered: all step below ZeRO-3 (kept from forward to backward), only
+        # the prefetched units under ZeRO-3 (buffer_bytes) unless a pipeline keeps them
+        master = 4 * (shard if z >= 1 else whole)
+        copies = a * whole if z < 3 or (held and sharded) else 0.0
+        moments = ADAM_MOMENT_BYTES if train.optimizer is Optimizer.ADAMW else 0
+        return master + copies, grads, moments * (shard if z >= 1 else whole)
+    weights = a * (shard if z >= 3 else whole)
+    if z >= 3 and held and sharded:  # the gathered copy stays from the first backward on
+        weights += a * whole
+    optim = optimizer_bytes_per_param(train) * (shard if z >= 1 else whole)
     return weights, grads, optim
 
 
-def layer_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, mode: Recompute) -> float:
+def layer_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, mode: Recompute,
+                           traits: FrameworkTraits = RUNTIME) -> float:
     """Bytes one layer keeps for backward, for one micro-batch, on one device."""
     a = train.compute_dtype.num_bytes
     t, sp = plan.tp, plan.tp if plan.sequence_parallel else 1
@@ -77,7 +107,9 @@ def layer_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, mode:
     replicated = tokens * h * (2 * a + a + a + 2 * drop) / sp  # 2 norm inputs, attn & MLP inputs, masks
     qkv = a * tokens * (h + 2 * kv) / t
     out_proj_input = a * tokens * h / t
-    mlp = (4 if model.ffn_kind is FfnKind.SWIGLU else 2) * a * tokens * f / t
+    # SwiGLU in eager torch saves gate, up, silu(gate) and the product; a fused kernel keeps the
+    # 2f-wide first projection and the product (costmodel.frameworks)
+    mlp = (traits.swiglu_saved_tensors if model.ffn_kind is FfnKind.SWIGLU else 2) * a * tokens * f / t
     if mode is Recompute.SELECTIVE:
         core = 0.0
     elif train.attention_kernel is AttentionKernel.FLASH:
@@ -94,7 +126,9 @@ def in_flight_micro_batches(plan: Plan, rank: int) -> float:
     m, p, v = plan.num_micro_batches, plan.pp, plan.vpp
     if plan.schedule is Schedule.GPIPE and p > 1:   # pp = 1 accumulates one micro-batch at a time
         return m
-    if plan.schedule is Schedule.INTERLEAVED:
+    # torch's interleaved zero-bubble order holds as many chunks as interleaved 1F1B, at most
+    # (with v > 1 the 1F1B count below would be short: tests/costmodel/test_memory.py)
+    if plan.schedule is Schedule.INTERLEAVED or (plan.schedule is Schedule.ZB_H1 and v > 1):
         chunks = min(m * v, 2 * (p - rank - 1) + (v - 1) * p + 1)
         return chunks / v
     if plan.schedule is Schedule.ZBV:
@@ -117,36 +151,54 @@ class AffineBytes:
                 + (self.jump if recomputed else 0.0))
 
 
-def _micro_batch_shape(model: ModelSpec, train: TrainSpec, plan: Plan) -> AffineBytes:
+def _micro_batch_shape(model: ModelSpec, train: TrainSpec, plan: Plan,
+                       traits: FrameworkTraits = RUNTIME) -> AffineBytes:
     """What one micro-batch keeps across a rank's layers: a full layer's activations, the
     recomputed layers only their checkpoint, plus the rebuilt layer's bytes during backward."""
-    full = layer_activation_bytes(model, train, plan, Recompute.NONE)
-    kept = layer_activation_bytes(model, train, plan, plan.recompute)
+    full = layer_activation_bytes(model, train, plan, Recompute.NONE, traits)
+    kept = layer_activation_bytes(model, train, plan, plan.recompute, traits)
     return AffineBytes(base=0.0, per_layer=full, per_recomputed=kept - full, jump=full - kept)
 
 
 def _layers_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, layers: int,
-                  recomputed: int) -> tuple[float, float]:
+                  recomputed: int, traits: FrameworkTraits = RUNTIME) -> tuple[float, float]:
     """(bytes one micro-batch keeps across `layers` layers, `recomputed` of them recomputed;
     extra bytes while the backward pass rebuilds one recomputed layer)."""
-    shape = _micro_batch_shape(model, train, plan)
+    shape = _micro_batch_shape(model, train, plan, traits)
     rebuilt = shape.jump if recomputed else 0.0
     return shape.at(layers, recomputed) - rebuilt, rebuilt
 
 
 def activation_shape(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
-                     micro_batch: AffineBytes | None = None) -> AffineBytes:
+                     micro_batch: AffineBytes | None = None,
+                     traits: FrameworkTraits = RUNTIME) -> AffineBytes:
     """A rank's peak activations: every in-flight micro-batch's layers, one layer being rebuilt,
     and the embedding / LM-head tensors of the first / last rank."""
-    mb = micro_batch or _micro_batch_shape(model, train, plan)
+    mb = micro_batch or _micro_batch_shape(model, train, plan, traits)
     held = in_flight_micro_batches(plan, rank)
-    return AffineBytes(base=_edge_activation_bytes(model, train, plan, rank), per_layer=held * mb.per_layer,
+    deferred = 0.0
+    if plan.schedule.defers_weight_grad:
+        deferred = deferred_weight_passes(plan, rank) * weight_grad_input_bytes(model, train, plan)
+    base = (_edge_activation_bytes(model, train, plan, rank)
+            + backward_working_bytes(model, train, plan, rank == plan.stage_rank(plan.num_virtual_stages - 1),
+                                     traits))
+    return AffineBytes(base=base, per_layer=held * mb.per_layer + deferred,
                        per_recomputed=held * mb.per_recomputed, jump=mb.jump)
 
 
+def deferred_weight_passes(plan: Plan, rank: int) -> float:
+    """Weight-gradient passes a zero-bubble rank has put off at once, at most, in units of its
+    whole layer set: torch's ZB-H1 order defers rank + 1 stage chunks, ZBV 2·rank + 1 half-ranks
+    (counted by costmodel.simulate with unit costs; tests/costmodel/test_memory.py). Added to the
+    in-flight activations this is an upper bound of the simulated peak, which frees and holds
+    them at their real times."""
+    chunks = 2 * rank + 1 if plan.schedule is Schedule.ZBV else rank + 1
+    return min(plan.num_micro_batches * plan.vpp, chunks) / plan.vpp
+
+
 def activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
-                     layers: int, recomputed: int) -> float:
-    return activation_shape(model, train, plan, rank).at(layers, recomputed)
+                     layers: int, recomputed: int, traits: FrameworkTraits = RUNTIME) -> float:
+    return activation_shape(model, train, plan, rank, traits=traits).at(layers, recomputed)
 
 
 def _edge_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int) -> float:
@@ -171,29 +223,79 @@ def edge_bytes_per_micro_batch(model: ModelSpec, train: TrainSpec, plan: Plan, f
     if first:
         total += tokens * model.hidden_size * (a + model.dropout) / sp
     if last:
-        logits = tokens * ceil_div(model.vocab_size, plan.tp) * (a + 4)
-        total += logits + a * tokens * model.hidden_size * (1 + 1 / sp)
+        total += logits_held_bytes(model, train, plan) + a * tokens * model.hidden_size * (1 + 1 / sp)
     return total
 
 
+def _local_tokens(train: TrainSpec, plan: Plan) -> int:
+    """Tokens of one micro-batch on one device: its sequences, each cut into cp pieces."""
+    return plan.micro_batch_size * (train.seq_len // plan.cp)
+
+
+def _logits_elems(model: ModelSpec, train: TrainSpec, plan: Plan) -> float:
+    return _local_tokens(train, plan) * ceil_div(model.vocab_size, plan.tp)
+
+
+def logits_held_bytes(model: ModelSpec, train: TrainSpec, plan: Plan) -> float:
+    """What the loss keeps of one micro-batch's logits until its backward: the fp32 log-probs
+    cross entropy saves (4 bytes whatever the compute dtype: the loss runs in fp32), and, under
+    a pipeline, the last stage's output in the compute dtype, which torch pipelining (like
+    Megatron's schedules) keeps for the backward call. Without a pipeline the 16-bit logits die
+    once upcast."""
+    kept_output = train.compute_dtype.num_bytes if plan.pp > 1 else 0
+    return _logits_elems(model, train, plan) * (4 + kept_output)
+
+
+def backward_working_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, last: bool,
+                           traits: FrameworkTraits = RUNTIME) -> float:
+    """Transient bytes of the backward pass beyond what the forward kept: a layer's input
+    gradients of its widest block (SwiGLU: gate, up and product gradients, f wide; attention:
+    dQ, dK, dV and FlashAttention-2's fp32 dQ accumulator) plus its largest weight gradient in
+    the compute dtype before it is added to the fp32 main gradient; on the last stage the
+    loss's gradient (fp32 then cast back) over the logits, if larger. One backward runs at a
+    time, so a rank adds this once."""
+    a, t = train.compute_dtype.num_bytes, plan.tp
+    tokens = _local_tokens(train, plan)
+    h, kv, f = model.hidden_size, model.kv_hidden_size, model.ffn_hidden_size
+    mlp = (traits.swiglu_saved_tensors - 1 if model.ffn_kind is FfnKind.SWIGLU else 2) * a * tokens * f / t
+    attention = a * tokens * (h + 2 * kv) / t + 4 * tokens * h / t
+    widest_weight = a * h * max(f, h + 2 * kv) / t
+    layer = max(mlp, attention) + widest_weight
+    # a loss whose backward writes the gradient over its saved softmax needs only the cast
+    head = _logits_elems(model, train, plan) * (a if traits.loss_grad_in_place else 4 + a) if last else 0.0
+    return max(layer, head)
+
+
+def weight_grad_input_bytes(model: ModelSpec, train: TrainSpec, plan: Plan) -> float:
+    """Per layer and micro-batch, what a deferred weight-gradient pass (ZB-H1, ZBV) still needs
+    once the input-gradient pass has freed the rest: the input of every projection (the two
+    norm outputs feeding QKV and the MLP, the attention output, the MLP's activated product)."""
+    a, t = train.compute_dtype.num_bytes, plan.tp
+    sp = plan.tp if plan.sequence_parallel else 1
+    tokens = _local_tokens(train, plan)
+    return a * tokens * (2 * model.hidden_size / sp + model.hidden_size / t + model.ffn_hidden_size / t)
+
+
 def micro_batch_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, layers: int,
-                                 recomputed: int, first: bool, last: bool) -> tuple[float, float]:
+                                 recomputed: int, first: bool, last: bool,
+                                 traits: FrameworkTraits = RUNTIME) -> tuple[float, float]:
     """(bytes one micro-batch holds on a stage of `layers` layers, `recomputed` of them
     recomputed; extra bytes while its backward rebuilds a recomputed layer). The simulator
     counts these per in-flight micro-batch; `activation_bytes` is its closed form."""
-    held, rebuilt = _layers_bytes(model, train, plan, layers, recomputed)
+    held, rebuilt = _layers_bytes(model, train, plan, layers, recomputed, traits)
     return held + edge_bytes_per_micro_batch(model, train, plan, first, last), rebuilt
 
 
-def buffer_bytes(model: ModelSpec, train: TrainSpec, plan: Plan) -> float:
+def buffer_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, traits: FrameworkTraits = RUNTIME) -> float:
     """Communication buffers: pipeline send/receive, and ZeRO-3's gathered layers (the current
-    one and the prefetched next one, plus one layer's unsharded gradient before reduce-scatter)."""
+    one and the prefetched next one, plus one layer's unsharded gradient before reduce-scatter);
+    none of the latter where a pipeline keeps weights and gradients whole (state_bytes_for)."""
     a = train.compute_dtype.num_bytes
     sp = plan.tp if plan.sequence_parallel else 1
     total = 0.0
     if plan.pp > 1:
-        total += 4 * a * plan.micro_batch_size * (train.seq_len // plan.cp) * model.hidden_size / sp
-    if plan.zero_stage >= 2:
+        total += 4 * a * _local_tokens(train, plan) * model.hidden_size / sp
+    if plan.zero_stage >= 2 and not unsharded_between_micro_batches(plan, traits):
         layer = layer_params(model, plan.tp)
         gathered = 2 * layer * a if plan.zero_stage >= 3 else 0
         total += gathered + layer * train.grad_dtype.num_bytes
@@ -201,39 +303,41 @@ def buffer_bytes(model: ModelSpec, train: TrainSpec, plan: Plan) -> float:
 
 
 def stage_memory(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
-                 reserved_bytes: float) -> StageMemory:
+                 reserved_bytes: float, traits: FrameworkTraits = RUNTIME) -> StageMemory:
     return stage_memory_at(model, train, plan, rank, plan.layers_on_rank(rank),
-                           plan.recompute_num_layers[rank], reserved_bytes)
+                           plan.recompute_num_layers[rank], reserved_bytes, traits)
 
 
 def stage_memory_at(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int, layers: int,
-                    recomputed: int, reserved_bytes: float) -> StageMemory:
+                    recomputed: int, reserved_bytes: float,
+                    traits: FrameworkTraits = RUNTIME) -> StageMemory:
     """Memory of pipeline rank `rank` were it to hold `layers` layers, `recomputed` of them
     recomputed (the search reads the same quantity as `stage_memory_shapes`)."""
     first, last = plan.stage_rank(0), plan.stage_rank(plan.num_virtual_stages - 1)
     n_params = rank_params_at(model, plan, layers, rank == first, rank == last).total
-    weights, grads, optim = state_bytes_for(train, plan, n_params)
+    weights, grads, optim = state_bytes_for(train, plan, n_params, traits)
     return StageMemory(params_bytes=weights, grads_bytes=grads, optimizer_bytes=optim,
-                       activations_bytes=activation_bytes(model, train, plan, rank, layers, recomputed),
-                       buffers_bytes=buffer_bytes(model, train, plan),
+                       activations_bytes=activation_bytes(model, train, plan, rank, layers, recomputed, traits),
+                       buffers_bytes=buffer_bytes(model, train, plan, traits),
                        reserved_bytes=reserved_bytes)
 
 
 def stage_memory_shapes(model: ModelSpec, train: TrainSpec, plan: Plan,
-                        reserved_bytes: float) -> list[AffineBytes]:
+                        reserved_bytes: float, traits: FrameworkTraits = RUNTIME) -> list[AffineBytes]:
     """Per pipeline rank, its total memory as an affine function of its layer and
     recomputed-layer counts: `stage_memory_at(...).total_bytes` for every (L, n) at once. States
     are linear in the rank's parameters, which are affine in L."""
-    return stage_memory_shapes_by_zero(model, train, [plan], reserved_bytes)[0]
+    return stage_memory_shapes_by_zero(model, train, [plan], reserved_bytes, traits)[0]
 
 
 def stage_memory_shapes_by_zero(model: ModelSpec, train: TrainSpec, plans: list[Plan],
-                                reserved_bytes: float) -> list[list[AffineBytes]]:
+                                reserved_bytes: float,
+                                traits: FrameworkTraits = RUNTIME) -> list[list[AffineBytes]]:
     """`stage_memory_shapes` of plans that differ only in their ZeRO stage (activations, the
     costly part, do not depend on it and are computed once)."""
     plan = plans[0]
     first, last = plan.stage_rank(0), plan.stage_rank(plan.num_virtual_stages - 1)
-    mb = _micro_batch_shape(model, train, plan)
+    mb = _micro_batch_shape(model, train, plan, traits)
     params: dict[tuple[bool, bool], tuple[int, int]] = {}  # (edge, per layer): one per kind of rank
     ranks = []
     for rank in range(plan.pp):
@@ -241,11 +345,11 @@ def stage_memory_shapes_by_zero(model: ModelSpec, train: TrainSpec, plans: list[
         if kind not in params:
             edge = rank_params_at(model, plan, 0, *kind).total
             params[kind] = edge, rank_params_at(model, plan, 1, *kind).total - edge
-        ranks.append((params[kind], activation_shape(model, train, plan, rank, mb)))
+        ranks.append((params[kind], activation_shape(model, train, plan, rank, mb, traits)))
     out = []
     for sharded in plans:
-        per_param = sum(state_bytes_for(train, sharded, 1.0))
-        fixed = buffer_bytes(model, train, sharded) + reserved_bytes
+        per_param = sum(state_bytes_for(train, sharded, 1.0, traits))
+        fixed = buffer_bytes(model, train, sharded, traits) + reserved_bytes
         out.append([AffineBytes(base=fixed + per_param * edge + act.base,
                                 per_layer=per_param * per_layer + act.per_layer,
                                 per_recomputed=act.per_recomputed, jump=act.jump)

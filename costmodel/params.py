@@ -24,6 +24,13 @@ def norm_params(model: ModelSpec) -> int:
     return model.hidden_size * (1 if model.norm_kind is NormKind.RMSNORM else 2)
 
 
+def layer_param_tensors(model: ModelSpec) -> int:
+    """Parameter tensors of one layer (weights, biases, norm scales and shifts): how many
+    collectives a framework that gathers parameter by parameter issues per layer."""
+    norms = 2 * (1 if model.norm_kind is NormKind.RMSNORM else 2)
+    return norms + sum(1 + lin.bias for block in layer_blocks(model) for lin in block.linears)
+
+
 @lru_cache(maxsize=1024)
 def layer_params(model: ModelSpec, tp: int = 1) -> int:
     """One transformer layer on one TP rank (tp=1: the whole layer)."""

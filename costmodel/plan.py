@@ -24,6 +24,11 @@ class Schedule(StrEnum):
     ZB_H1 = "zb-h1"
     ZBV = "zbv"
 
+    @property
+    def defers_weight_grad(self) -> bool:
+        """Zero-bubble schedules split backward and run the weight-gradient pass later."""
+        return self in (Schedule.ZB_H1, Schedule.ZBV)
+
 
 class Recompute(StrEnum):
     NONE = "none"

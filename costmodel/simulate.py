@@ -9,9 +9,10 @@ waits on its sends); between two stages on one rank (the turn of ZBV's V) it cos
 Stages may be non-uniform: costs come per virtual stage from the cost model (costmodel.stages).
 
 Memory: a micro-batch's activations for a stage are held from the start of its forward to the
-end of its backward (backward-for-inputs under zero-bubble schedules: ZB-H1 is designed to keep
-1F1B's peak, Qi et al. 2023 Sec. 3.1); a recomputed stage also holds the rebuilt layer during
-its backward. The data-parallel synchronisation and the optimizer step follow the pipeline phase
+end of its backward; under zero-bubble schedules the backward-for-inputs frees them except the
+inputs of the projections, which the deferred backward-for-weights still needs and frees (Qi et
+al. 2023 Sec. 3.1 count that memory; torch's order decides how many are deferred at once); a
+recomputed stage also holds the rebuilt layer during its backward. The data-parallel synchronisation and the optimizer step follow the pipeline phase
 (costmodel.estimate adds them).
 """
 from __future__ import annotations
@@ -39,6 +40,7 @@ class StageCost:
     send_s: float              # one activation (or gradient) transfer to the neighbour stage
     activation_bytes: float    # held from forward to backward
     transient_bytes: float     # extra while its backward runs (the recomputed layer)
+    weight_input_bytes: float = 0.0  # held from backward-for-inputs to backward-for-weights
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -59,10 +61,27 @@ class Simulation:
         return 1.0 - sum(self.busy_s) / (len(self.busy_s) * self.time_s) if self.time_s else 0.0
 
 
+_CACHE: dict[tuple, Simulation] = {}
+_CACHE_SIZE = 256
+
+
 def simulate(plan: Plan, costs: list[StageCost], *, keep_events: bool = True) -> Simulation:
     """Run the plan's schedule over `costs` (one per virtual stage). Without `keep_events` only
-    the totals are kept (what the search needs), which is several times faster. The event loop
-    is written out in one function on purpose: it runs tens of thousands of times per call."""
+    the totals are kept (what the search needs), which is several times faster. Plans that
+    differ only where the pipeline phase cannot see it (ZeRO stage, a placement with the same
+    send costs) share one simulation: the result depends on the schedule's shape and the costs."""
+    key = (plan.pp, plan.vpp, plan.num_micro_batches, plan.schedule, tuple(costs), keep_events)
+    hit = _CACHE.get(key)
+    if hit is None:
+        if len(_CACHE) >= _CACHE_SIZE:
+            _CACHE.pop(next(iter(_CACHE)))   # oldest first
+        hit = _CACHE[key] = _simulate(plan, costs, keep_events)
+    return hit
+
+
+def _simulate(plan: Plan, costs: list[StageCost], keep_events: bool) -> Simulation:
+    """The event loop, written out in one function on purpose: it runs tens of thousands of
+    times per call."""
     orders = rank_orders(plan)
     n, m, p = plan.num_virtual_stages, plan.num_micro_batches, plan.pp
     owner = [plan.stage_rank(j) for j in range(n)]
@@ -98,6 +117,7 @@ def simulate(plan: Plan, costs: list[StageCost], *, keep_events: bool = True) ->
                     busy[r] += c.forward_s + fwd_send[stage]
                 elif kind == "W":
                     t = _span(events, r, stage, BACKWARD_WEIGHT, mb, t, c.backward_weight_s)
+                    log.append((t, -c.weight_input_bytes))
                     busy[r] += c.backward_weight_s
                 else:
                     ready = fwd_ready[stage][mb] if stage == n - 1 else bwd_ready[stage + 1][mb]
@@ -109,7 +129,9 @@ def simulate(plan: Plan, costs: list[StageCost], *, keep_events: bool = True) ->
                         t = _span(events, r, stage, RECOMPUTE, mb, t, c.recompute_s)
                     work = c.backward_s if kind == "B" else c.backward_s - c.backward_weight_s
                     t = _span(events, r, stage, BACKWARD if kind == "B" else BACKWARD_INPUT, mb, t, work)
-                    log.append((t, -c.activation_bytes - c.transient_bytes))
+                    # a deferred weight pass keeps its projections' inputs until it runs
+                    kept = c.weight_input_bytes if kind != "B" else 0.0
+                    log.append((t, kept - c.activation_bytes - c.transient_bytes))
                     if bwd_send[stage]:
                         sends[r] += bwd_send[stage]
                         t = _span(events, r, stage, SEND, mb, t, bwd_send[stage])

@@ -10,7 +10,7 @@ backward-for-weights part needs none.
 from __future__ import annotations
 
 from costmodel.cluster import ClusterSpec
-from costmodel.memory import micro_batch_activation_bytes
+from costmodel.memory import micro_batch_activation_bytes, weight_grad_input_bytes
 from costmodel.plan import Plan
 from costmodel.simulate import StageCost
 from costmodel.specs import ModelSpec, TrainSpec
@@ -22,6 +22,7 @@ def stage_costs(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Cluster
     rtm = rtm or rank_time_model(model, train, plan, cluster, spans(plan, cluster))
     n = plan.num_virtual_stages
     send_s = rtm.pp_send_s
+    w_inputs = weight_grad_input_bytes(model, train, plan) if plan.schedule.defers_weight_grad else 0.0
     out = []
     for j, (layers, rc) in enumerate(zip(plan.layers_per_stage, plan.recompute_per_stage())):
         first, last = j == 0, j == n - 1
@@ -29,9 +30,11 @@ def stage_costs(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Cluster
         compute = t.forward_s + t.backward_s + t.recompute_s
         comm = t.tp_comm_s + t.cp_comm_s
         share = comm / compute if compute else 0.0
-        held, transient = micro_batch_activation_bytes(model, train, plan, layers, rc, first, last)
+        held, transient = micro_batch_activation_bytes(model, train, plan, layers, rc, first, last,
+                                                         cluster.framework)
         out.append(StageCost(forward_s=t.forward_s * (1 + share), recompute_s=t.recompute_s * (1 + share),
                              backward_s=t.backward_s * (1 + share),
                              backward_weight_s=t.backward_weight_s, send_s=send_s,
-                             activation_bytes=held, transient_bytes=transient))
+                             activation_bytes=held, transient_bytes=transient,
+                             weight_input_bytes=w_inputs * layers))
     return out

@@ -8,8 +8,10 @@ from costmodel.cluster import ClusterSpec
 from costmodel.comm import Collective, collective_time_s, p2p_time_s
 from costmodel.compute import (KernelTimes, embedding_kernel_times, head_kernel_times,
                                layer_kernel_times)
+from costmodel.frameworks import FrameworkTraits
 from costmodel.layout import layer_blocks
-from costmodel.params import layer_params, rank_params
+from costmodel.memory import unsharded_between_micro_batches
+from costmodel.params import layer_param_tensors, layer_params, rank_params
 from costmodel.placement import AxisSpan, group_span, stage_pair_span
 from costmodel.plan import Plan, Recompute
 from costmodel.specs import ModelSpec, TrainSpec
@@ -168,7 +170,8 @@ def rank_time_model(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Clu
     its layer split or recompute counts."""
     dev = cluster.device
     layer = layer_kernel_times(model, train, plan, dev)
-    tp = _tp_layer_comm_s(model, train, plan, cluster, sp.tp)
+    # the share of TP collectives the framework hides behind GEMMs (costmodel.frameworks)
+    tp = _tp_layer_comm_s(model, train, plan, cluster, sp.tp) * (1.0 - cluster.framework.tp_comm_hidden)
     cp_fwd, cp_bwd = _cp_layer_comm_s(model, train, plan, cluster, sp.cp, layer)
     per_layer = _times(layer.forward_s, layer.backward_s, layer.backward_weight_s, tp=2 * tp,
                        cp=cp_fwd + cp_bwd)
@@ -222,38 +225,76 @@ def _pp_send_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterS
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DpTerm:
     """One data-parallel synchronisation, `multiplier` times per step: collectives whose size is
-    `bytes_per_param` x the rank's parameters, hidden behind the rank's forward or backward."""
+    `bytes_per_param` x the rank's parameters, hidden behind the rank's forward or backward.
+    `pieces_per_layer` 0: large buckets, one collective's latency for the rank; n >= 1: one
+    layer at a time (FSDP units), each in n collectives, every one paying the ring's latency."""
 
     multiplier: int
     collectives: tuple[tuple[Collective, float], ...]
-    window: str  # "forward" or "backward"
+    window: str  # "forward", "backward", or "none" (after the backward pass, exposed)
+    pieces_per_layer: int = 0
+    scale: float = 1.0   # a fraction of the collectives' time (the contention terms below)
 
 
-def dp_terms(train: TrainSpec, plan: Plan) -> tuple[DpTerm, ...]:
+def dp_terms(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec) -> tuple[DpTerm, ...]:
+    """The synchronisations of `_dp_terms` under the cluster's framework, and for each one that
+    hides behind compute a term for what hiding costs: NCCL's kernels take SMs and memory
+    bandwidth from the GEMMs they run beside, so the compute slows by the device's
+    `comm_contention` (fitted; 0 where unknown) x the collective's time. Counted as exposed."""
+    terms = _dp_terms(model, train, plan, cluster.framework)
+    contention = cluster.device.efficiency.comm_contention
+    if not contention:
+        return terms
+    return terms + tuple(replace(t, window="none", scale=contention) for t in terms if t.window != "none")
+
+
+def _dp_terms(model: ModelSpec, train: TrainSpec, plan: Plan, traits: FrameworkTraits) -> tuple[DpTerm, ...]:
     """ZeRO-0: one gradient all-reduce per step. ZeRO-1: reduce-scatter gradients, all-gather
     updated weights (Megatron's distributed optimizer). ZeRO-2: gradients sharded, so
     reduce-scattered every micro-batch. ZeRO-3 (FSDP): weights gathered for forward and again for
-    backward, gradients reduce-scattered, every micro-batch."""
+    backward, gradients reduce-scattered, every micro-batch, one layer (FSDP unit) at a time, or
+    one parameter at a time where the framework gathers so (DeepSpeed). A framework that keeps
+    gradients whole between a pipeline's micro-batches reduce-scatters once per step instead; one
+    that does not overlap a collective leaves it after the backward pass (window "none")."""
     g, w, m = train.grad_dtype.num_bytes, train.compute_dtype.num_bytes, plan.num_micro_batches
     ar, ag, rs = Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.REDUCE_SCATTER
     z = plan.zero_stage
+    reduce_window = "backward" if traits.dp_grad_overlap else "none"
+    gather_window = "forward" if traits.dp_param_overlap else "none"
+    reduces = 1 if unsharded_between_micro_batches(plan, traits) else m
     if z == 0:
-        return (DpTerm(multiplier=1, collectives=((ar, g),), window="backward"),)
+        return (DpTerm(multiplier=1, collectives=((ar, g),), window=reduce_window),)
     if z in (1, 2):
-        return (DpTerm(multiplier=1 if z == 1 else m, collectives=((rs, g),), window="backward"),
-                DpTerm(multiplier=1, collectives=((ag, w),), window="forward"))
-    return (DpTerm(multiplier=m, collectives=((ag, w),), window="forward"),
-            DpTerm(multiplier=m, collectives=((ag, w), (rs, g)), window="backward"))
+        return (DpTerm(multiplier=1 if z == 1 else reduces, collectives=((rs, g),), window=reduce_window),
+                DpTerm(multiplier=1, collectives=((ag, w),), window=gather_window))
+    pieces = layer_param_tensors(model) if traits.zero3_gathers_per_param else 1
+    # FSDP prefetches the next layer's gather behind the current one's compute in either pass
+    forward = DpTerm(multiplier=m, collectives=((ag, w),), window="forward", pieces_per_layer=pieces)
+    if reduces == m and reduce_window == "backward":   # backward's gathers and reductions share its window
+        return (forward, DpTerm(multiplier=m, collectives=((ag, w), (rs, g)), window="backward",
+                                pieces_per_layer=pieces))
+    return (forward, DpTerm(multiplier=m, collectives=((ag, w),), window="backward", pieces_per_layer=pieces),
+            DpTerm(multiplier=reduces, collectives=((rs, g),), window=reduce_window, pieces_per_layer=pieces))
 
 
-def dp_term_comm_s(term: DpTerm, n_params: float, cluster: ClusterSpec, span: AxisSpan) -> float:
-    return sum(collective_time_s(kind, bpp * n_params, span, cluster) for kind, bpp in term.collectives)
+def dp_term_comm_s(term: DpTerm, n_params: float, cluster: ClusterSpec, span: AxisSpan,
+                   unit_params: float) -> float:
+    """Seconds of one synchronisation of `n_params` parameters; `unit_params`: one layer's."""
+    if not term.pieces_per_layer:
+        return term.scale * sum(collective_time_s(kind, bpp * n_params, span, cluster)
+                                for kind, bpp in term.collectives)
+    k = term.pieces_per_layer
+    per_unit = sum(k * collective_time_s(kind, bpp * unit_params / k, span, cluster)
+                   for kind, bpp in term.collectives)
+    return term.scale * n_params / unit_params * per_unit
 
 
 def dp_window_s(term: DpTerm, times: RankTimes, overlap: float) -> float:
     """Compute the collective can hide behind: the rank's forward or backward, times the
     device's overlap (1 with a separate communication stream, as on GPUs; lower where compute
     and communication share the cores, as gloo ranks on a CPU do)."""
+    if term.window == "none":
+        return 0.0
     window = times.forward_s if term.window == "forward" else times.backward_s + times.recompute_s
     return overlap * window
 
@@ -265,7 +306,8 @@ def dp_hidden_s(comm_s: float, window_s: float, bucket_s: float) -> float:
 
 
 def dp_bucket_s(model: ModelSpec, plan: Plan, term: DpTerm, cluster: ClusterSpec, span: AxisSpan) -> float:
-    return dp_term_comm_s(term, layer_params(model, plan.tp), cluster, span)
+    unit = layer_params(model, plan.tp)
+    return dp_term_comm_s(term, unit, cluster, span, unit)
 
 
 def dp_exposed_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
@@ -275,6 +317,7 @@ def dp_exposed_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Cluste
         return 0.0
     n_params = rank_params(model, plan, rank).total
     overlap = cluster.device.efficiency.overlap
-    return sum(t.multiplier * dp_hidden_s(dp_term_comm_s(t, n_params, cluster, sp.dp), dp_window_s(t, times, overlap),
-                                          dp_bucket_s(model, plan, t, cluster, sp.dp))
-               for t in dp_terms(train, plan))
+    unit = layer_params(model, plan.tp)
+    return sum(t.multiplier * dp_hidden_s(dp_term_comm_s(t, n_params, cluster, sp.dp, unit),
+                                          dp_window_s(t, times, overlap), dp_bucket_s(model, plan, t, cluster, sp.dp))
+               for t in dp_terms(model, train, plan, cluster))

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from costmodel.estimate import estimate, simulate_plan
-from costmodel.memory import in_flight_micro_batches
+from costmodel.memory import backward_working_bytes, in_flight_micro_batches
 from costmodel.plan import Schedule
 from costmodel.simulate import BACKWARD, BACKWARD_INPUT, FORWARD, SEND, StageCost, simulate
 from planner.space import Choice, build_plan, degrees_plan
@@ -108,4 +108,8 @@ def test_estimate_ledger_uses_the_simulation(llama70b, a100_64, train_4k):
     assert pipeline == pytest.approx(sim.time_s)
     # balanced stages: the closed form and the simulation agree to within the edge stages' spread
     assert est.step_time_s == pytest.approx(est.closed_form_step_time_s, rel=0.02)
-    assert [m["activations"] for m in est.memory_breakdown_bytes] == list(sim.peak_activation_bytes)
+    # the simulated peak of held activations, plus the one backward's working set
+    last = plan.stage_rank(plan.num_virtual_stages - 1)
+    assert [m["activations"] for m in est.memory_breakdown_bytes] == [
+        peak + backward_working_bytes(llama70b, train_4k, plan, r == last)
+        for r, peak in enumerate(sim.peak_activation_bytes)]

@@ -1,0 +1,9 @@
+"""How far the cost model's step times are from measurements it was not fitted on.
+
+`MODEL_ERROR_BAND` is the leave-one-source-out MAPE of step time over the published runs
+(profiles/runs/published_runs.csv): each source's runs predicted by a fit on the other sources.
+Measured by `python benchmarks/fidelity.py` on 2026-11-23 (73 runs, 7 sources): 8.2 %. Plans
+whose predicted step times differ by less than this are not told apart by the evidence, so the
+search treats them as equivalent and prefers the more robust one (planner.search).
+"""
+MODEL_ERROR_BAND = 0.082
