@@ -56,17 +56,19 @@ def zero_floor_s(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: i
     """What a ZeRO stage adds at the least: the DP buckets that never hide (over the dp x cp
     group of `group` ranks spanning `dp_span`), and the optimizer step on the average rank
     (affine in parameters, so the slowest rank is at least that)."""
-    dp = _dp_floor_s(model, train, cluster, tp, zero, num_micro_batches, dp_span)
+    dp = _dp_floor_s(model, train, cluster, tp, pp, zero, num_micro_batches, dp_span)
     shards = group if zero >= 1 else 1
     layers_only = model.num_layers * layer_params(model, tp) / pp  # <= the average rank's
     return dp + optimizer_step_s(layers_only / shards, train, cluster.device)
 
 
 @lru_cache(maxsize=16384)
-def _dp_floor_s(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: int, zero: int,
+def _dp_floor_s(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: int, pp: int, zero: int,
                 num_micro_batches: int, span: AxisSpan) -> float:
     if span.size == 1:
         return 0.0
-    probe = degrees_plan(dp=span.size, tp=tp, pp=1, cp=1, zero_stage=zero,
+    # pp decides only whether gradients stay whole between micro-batches (dp_terms)
+    probe = degrees_plan(dp=span.size, tp=tp, pp=min(pp, 2), cp=1, zero_stage=zero,
                          num_micro_batches=num_micro_batches, num_layers=model.num_layers)
-    return sum(t.multiplier * dp_bucket_s(model, probe, t, cluster, span) for t in dp_terms(train, probe))
+    return sum(t.multiplier * dp_bucket_s(model, probe, t, cluster, span)
+               for t in dp_terms(model, train, probe, cluster))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -9,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from costmodel.check import check_memory, check_structure
-from costmodel.cluster import ClusterSpec, known_profiles, parse_cluster
+from costmodel.cluster import DEFAULT_MEMORY_HEADROOM, ClusterSpec, known_profiles, parse_cluster
 from costmodel.estimate import estimate
+from costmodel.fidelity import MODEL_ERROR_BAND
 from costmodel.params import total_params
 from costmodel.plan import DEFAULT_AXIS_ORDER, PlanFile, Recompute, Schedule
 from costmodel.registry import MODELS, default_recipe, model_names, resolve_model
@@ -30,6 +32,16 @@ class UserError(Exception):
     """A mistake in what the user asked for: printed as one line, exit code 2."""
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"{text} is not a fraction in [0, 1), e.g. 0.05")
+    return value
+
+
 def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="registry name (see `planner models`) or path to a HF config.json")
     p.add_argument("--cluster", help="NODESxGPUS_PER_NODExDEVICE, e.g. 8x8xA100 (see `planner devices`)")
@@ -41,6 +53,9 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
                    help="gradient accumulation/reduction precision (default fp32, as Megatron-LM)")
     p.add_argument("--attention", choices=[a.value for a in AttentionKernel], default="flash",
                    help="attention kernel (default flash)")
+    p.add_argument("--memory-headroom", type=_fraction, default=DEFAULT_MEMORY_HEADROOM, metavar="F",
+                   help="share of the device memory CUDA reports that plans leave free, beyond the context, "
+                        f"NCCL and allocator fragmentation the profile counts (default {DEFAULT_MEMORY_HEADROOM})")
 
 
 def _add_plan_args(p: argparse.ArgumentParser) -> None:
@@ -68,6 +83,7 @@ def _specs(args: argparse.Namespace) -> tuple[ModelSpec, TrainSpec, ClusterSpec]
     if not args.model or not args.cluster:
         raise UserError("--model and --cluster are required (or --plan plan.json)")
     model, cluster = resolve_model(args.model), parse_cluster(args.cluster)
+    cluster = dataclasses.replace(cluster, memory_headroom=args.memory_headroom)
     seq, batch = default_recipe(model)
     train = TrainSpec(seq_len=args.seq_len or seq, global_batch_size=args.global_batch or batch,
                       compute_dtype=DType(args.dtype), grad_dtype=DType(args.grad_dtype),
@@ -103,7 +119,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         PlanFile(plan=plan, model=model, train=train, cluster=cluster).save(Path(args.out))
         print(f"wrote {args.out}", file=sys.stderr)
     if args.json:
-        _emit_json({"plan": plan.to_dict(), "estimate": est.to_dict()})
+        _emit_json({"plan": plan.to_dict(), "estimate": est.to_dict(), "error_band": MODEL_ERROR_BAND})
     else:
         from reports.tables import ledger_table, memory_table, summary_lines
         print(summary_lines(model, train, cluster, plan, est))
@@ -124,7 +140,10 @@ def cmd_search(args: argparse.Namespace) -> int:
     stats = result.stats
     if args.json:
         _emit_json({"plans": [{"plan": f.plan.to_dict(), "estimate": f.estimate.to_dict()} for f in result.plans],
-                    "search": stats.to_dict()})
+                    "search": {**stats.to_dict(), "equivalent_plans": result.equivalent,
+                               "error_band": result.error_band,
+                               "fastest": None if result.fastest is None else
+                               {"plan": result.fastest.plan.to_dict(), "estimate": result.fastest.estimate.to_dict()}}})
         return 0
     from reports.tables import search_table, summary_lines
     best = result.plans[0]
@@ -132,13 +151,20 @@ def cmd_search(args: argparse.Namespace) -> int:
     print()
     print(search_table(result.plans))
     print()
+    fastest = result.fastest or best
     proof = ("proven optimal under the cost model (closed-form pipeline; the top plans re-priced by simulation)"
              if stats.optimal else
              f"NOT proven optimal (stopped at --time-limit; no unexamined plan is faster than "
              f"{stats.lower_bound_s:.3f} s in closed form, gap "
-             f"{100 * ((best.estimate.closed_form_step_time_s or best.estimate.step_time_s) / stats.lower_bound_s - 1):.1f}%)")
-    print(f"{proof}: {stats.num_candidates:,} candidates, {stats.num_solved:,} solved exactly, "
-          f"{stats.num_feasible:,} feasible, {stats.wall_s:.2f} s")
+             f"{100 * ((fastest.estimate.closed_form_step_time_s or fastest.estimate.step_time_s) / stats.lower_bound_s - 1):.1f}%)")
+    print(f"fastest plan ({fastest.plan.short()}, {fastest.estimate.step_time_s:.3f} s) {proof}, "
+          f"within the model's measured error of +-{100 * result.error_band:.1f}% "
+          f"(leave-one-source-out on published runs): {stats.num_candidates:,} candidates, "
+          f"{stats.num_solved:,} solved exactly, {stats.num_feasible:,} feasible, {stats.wall_s:.2f} s")
+    if result.equivalent > 1:
+        print(f"{result.equivalent} plans within +-{100 * result.error_band:.1f}% of the fastest are equivalent "
+              f"under that error: the first is the most robust (runs in `planner run`, memory headroom, "
+              f"fewer moving parts)")
     if len(result.plans) > 1:
         print(why_runner_up_lost(best, result.plans[1]))
     if args.report:
@@ -176,8 +202,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from planner.validate import validate
-    results, summary = validate(Path(args.runs))
+    from planner.validate import default_runs_path, validate
+    results, summary = validate(Path(args.runs) if args.runs else default_runs_path())
     if args.json:
         _emit_json({"rows": [r.to_dict() for r in results], "summary": summary})
     else:
@@ -255,7 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="predicted vs published step time for measured runs (CSV)",
                        description="Empty plan cells are filled with the planner's best choice; "
                                    "status=OOM rows are right when the plan is predicted not to fit.")
-    p.add_argument("runs", help="table in the format of shared/reference/published_runs.csv")
+    p.add_argument("runs", nargs="?", default=None,
+                   help="table in the format of profiles/runs/published_runs.csv (default: that table)")
     p.add_argument("--json", action="store_true", help='print {"rows", "summary"} as JSON')
     p.set_defaults(func=cmd_validate)
 

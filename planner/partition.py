@@ -129,8 +129,8 @@ def _dp_shape(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pl
         return []
     unit = layer_params(model, plan.tp)
     out = []
-    for term in dp_terms(train, plan):
-        alpha, beta = _affine(lambda k: dp_term_comm_s(term, k * unit, cluster, sp.dp), 1, 2)
+    for term in dp_terms(model, train, plan, cluster):
+        alpha, beta = _affine(lambda k: dp_term_comm_s(term, k * unit, cluster, sp.dp, unit), 1, 2)
         out.append((term.multiplier, term, alpha, beta / unit, dp_bucket_s(model, plan, term, cluster, sp.dp)))
     return out
 
@@ -141,7 +141,8 @@ def rank_shapes(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
     caller already has them."""
     rtm = rtm or rank_time_model(model, train, plan, cluster, spans(plan, cluster))
     dp_shape = _dp_shape(model, train, cluster, plan)
-    memory = memory or stage_memory_shapes(model, train, plan, cluster.device.efficiency.reserved_memory_bytes)
+    memory = memory or stage_memory_shapes(model, train, plan, cluster.device.efficiency.reserved_memory_bytes,
+                                          cluster.framework)
     first, last = plan.stage_rank(0), plan.stage_rank(plan.num_virtual_stages - 1)
     times: dict[tuple[bool, bool], tuple] = {}
     out = []
@@ -331,11 +332,11 @@ def solve_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
     constant terms (>= 0), so None never hides a plan that would beat the cutoff."""
     ranks = ranks or rank_shapes(model, train, cluster, plan)
     total, v, m = model.num_layers, plan.vpp, plan.num_micro_batches
-    fit = fit or MemoryFit([r.memory for r in ranks], plan, cluster.device.memory_bytes, total)
+    fit = fit or MemoryFit([r.memory for r in ranks], plan, cluster.memory_budget_bytes, total)
     if not fit.fits:
         return None
     if plan.pp == 1:
-        return _scan_single_rank(ranks[0], plan, total, cluster.device.memory_bytes, cutoff_s)
+        return _scan_single_rank(ranks[0], plan, total, cluster.memory_budget_bytes, cutoff_s)
     cm = cp_model.CpModel()
     L = [cm.NewIntVar(v, total, f"L{r}") for r in range(plan.pp)]
     n = [cm.NewIntVar(0, total, f"n{r}") for r in range(plan.pp)]
@@ -349,7 +350,7 @@ def solve_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
         cm.Add(sum(n) == 0)
     else:
         cm.Add(sum(n) >= 1)
-    cap = cluster.device.memory_bytes
+    cap = cluster.memory_budget_bytes
     t_vars, f_vars, dp_vars, opt_vars = [], [], [], []
     for r, rs in enumerate(ranks):
         base, per_layer, per_rc, jump = rs.mem
@@ -433,7 +434,18 @@ def _dp_rank(cm: cp_model.CpModel, rs: _RankShape, L, n, total: int, v: int, r: 
     if not rs.dp:
         return _Bounded(cm.NewConstant(0), 0, 0)
     parts, lo, hi = [], 0, 0
+    # terms that hide behind nothing (window "none": exposed syncs, the contention terms) are
+    # affine in L once one layer's worth already exceeds the bucket: one variable for all of them
+    exposed = [(mult, c0, c1) for mult, (c0, c1), w, bucket in rs.dp if w == (0.0, 0.0, 0.0)
+               and c1 >= 0 and c0 + c1 * max(v, 1) >= bucket]
+    if exposed:
+        var = _affine_var(cm, (sum(m * c0 for m, c0, _ in exposed), sum(m * c1 for m, _, c1 in exposed), 0.0),
+                          L, n, v, total, f"e{r}")
+        parts.append(var.var)
+        lo, hi = lo + var.lo, hi + var.hi
     for k, (mult, (c0, c1), (w0, w1, w2), bucket) in enumerate(rs.dp):
+        if (mult, c0, c1) in exposed and (w0, w1, w2) == (0.0, 0.0, 0.0):
+            continue
         diff = _affine_var(cm, (c0 - w0, c1 - w1, -w2), L, n, v, total, f"d{r}_{k}")
         b = _ns(bucket)
         hidden = _max_var(cm, [diff, _Bounded(cm.NewConstant(b), b, b)], f"h{r}_{k}")

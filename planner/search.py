@@ -26,9 +26,10 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from costmodel.check import check_structure
+from costmodel.check import check_structure, runtime_executes
 from costmodel.cluster import ClusterSpec
 from costmodel.estimate import Estimate, estimate
+from costmodel.fidelity import MODEL_ERROR_BAND
 from costmodel.memory import stage_memory_shapes_by_zero
 from costmodel.placement import AxisSpan
 from costmodel.plan import Plan, Recompute, Schedule
@@ -53,6 +54,13 @@ class SearchOptions:
     no_recompute: bool = False
     objective: str = "time"  # or "memory": least memory within 5 % of the best time
     time_limit_s: float = 60.0  # then stop: best found so far, not proven optimal
+    # the schedules a plan may use (None: every one the runtime runs); e.g. the ones the
+    # framework of a published run offers, for `planner validate`
+    schedules: frozenset | None = None
+    # plans within this fraction of the fastest are equivalent under the evidence (the model's
+    # leave-one-source-out error, costmodel.fidelity); the most robust of them is shown first
+    error_band: float = MODEL_ERROR_BAND
+    repriced: int | None = None   # best plans re-priced by simulation (None: REPRICED)
     progress: Callable[[str], None] | None = None
 
 
@@ -88,6 +96,9 @@ class SearchResult:
     stats: SearchStats
     evaluated: list[Found]         # every plan the solver produced, for --csv
     closest: Found | None = None   # when nothing fits: the plan that overflows least
+    equivalent: int = 1            # the first plans within the error band of the fastest
+    error_band: float = 0.0
+    fastest: Found | None = None   # the plan the optimality proof is about (plans[0] is the most robust)
 
 
 def _orders(degrees: dict[str, int], cluster: ClusterSpec) -> list[tuple[str, ...]]:
@@ -116,23 +127,29 @@ def _allowed(options: SearchOptions, name: str, values: list) -> list:
 
 
 def _dominant(options: SearchOptions, name: str, values: list, best) -> list:
-    """Keep only the value that dominates the others under the cost model, unless the user fixed
-    this field (then honour their choice)."""
+    """Keep only the value(s) that dominate the others under the cost model, unless the user
+    fixed this field (then honour their choice). `best`: one value or a list of them."""
     if name in options.fixed:
         return _allowed(options, name, values)
-    return [best] if best in values else values
+    kept = [b for b in (best if isinstance(best, list) else [best]) if b in values]
+    return kept or values
 
 
-def _schedules(pp: int, vpp: int, mode: Recompute) -> tuple[list[Schedule], Schedule]:
-    """(valid schedules, the dominant one). Under the model GPipe equals 1F1B in time and needs
-    more memory; ZB-H1 has 1F1B's memory and a smaller fill, but cannot run with selective
-    recomputation (check_plan)."""
+def _schedules(pp: int, vpp: int, mode: Recompute,
+               allowed: frozenset | None = None) -> tuple[list[Schedule], list[Schedule]]:
+    """(valid schedules, the dominant ones). Under the model GPipe equals 1F1B in time and needs
+    more memory, so 1F1B dominates it; ZB-H1 has a smaller fill but holds the deferred weight
+    passes' inputs (more memory), so neither it nor 1F1B dominates the other. ZB-H1 cannot run
+    with selective recomputation (check_plan). `allowed` narrows them (pp = 1 needs none)."""
     if pp == 1:
-        return [Schedule.ONE_F_ONE_B], Schedule.ONE_F_ONE_B
+        return [Schedule.ONE_F_ONE_B], [Schedule.ONE_F_ONE_B]
     if vpp > 1:
-        return [Schedule.INTERLEAVED], Schedule.INTERLEAVED
-    valid = [Schedule.GPIPE, Schedule.ONE_F_ONE_B] + ([] if mode is Recompute.SELECTIVE else [Schedule.ZB_H1])
-    return valid, valid[-1]
+        valid = [Schedule.INTERLEAVED]
+    else:
+        valid = [Schedule.GPIPE, Schedule.ONE_F_ONE_B] + ([] if mode is Recompute.SELECTIVE else [Schedule.ZB_H1])
+    valid = [s for s in valid if allowed is None or s in allowed]
+    dominant = [s for s in valid if s is not Schedule.GPIPE] or valid
+    return valid, dominant
 
 
 def _max_cp(cluster: ClusterSpec) -> int:
@@ -175,8 +192,9 @@ def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp):
         for mode in _allowed(options, "recompute", modes):
             variants = []
             for vpp in _allowed(options, "vpp", vpps):
-                valid, best = _schedules(pp, vpp, mode)
-                variants += [(vpp, sched) for sched in _dominant(options, "schedule", valid, best)]
+                valid, best = _schedules(pp, vpp, mode, options.schedules)
+                if valid:
+                    variants += [(vpp, sched) for sched in _dominant(options, "schedule", valid, best)]
             if not variants:
                 continue
             for sp, order in itertools.product(sps, orders):
@@ -241,8 +259,9 @@ class _Shared:
         stages = tuple(z for z in ZERO_STAGES if key(z) not in self._memory
                        and (z == plan.zero_stage or (self.zero_allowed[z] and base.dp * base.cp > 1)))
         plans = [plan if zero == plan.zero_stage else replace(plan, zero_stage=zero) for zero in stages]
-        for sharded, memory in zip(plans, stage_memory_shapes_by_zero(self.model, self.train, plans, reserved)):
-            fit = MemoryFit(memory, sharded, self.cluster.device.memory_bytes, self.model.num_layers)
+        for sharded, memory in zip(plans, stage_memory_shapes_by_zero(self.model, self.train, plans, reserved,
+                                                                                  self.cluster.framework)):
+            fit = MemoryFit(memory, sharded, self.cluster.memory_budget_bytes, self.model.num_layers)
             self._memory[key(sharded.zero_stage)] = fit, sharded
         return self._memory[key(plan.zero_stage)]
 
@@ -261,10 +280,12 @@ class _Shared:
 
 
 def search(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
-           options: SearchOptions = SearchOptions()) -> SearchResult:
+           options: SearchOptions = SearchOptions(), *, _reuse: "_Shared | None" = None) -> SearchResult:
     start = time.perf_counter()
     stats = SearchStats()
-    shared = _Shared(model, train, cluster, options)
+    # a narrower search of the same question (the executable alternatives) reuses the wider
+    # one's rank time models and memory fits: they depend on the candidate, not the constraints
+    shared = _reuse or _Shared(model, train, cluster, options)
     variants, bounds = [], []
     for base, group in time_groups(model, train, cluster, options, stats):
         # a Plan is built only for the candidates the branch and bound examines
@@ -282,8 +303,38 @@ def search(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
     stats.num_candidates = len(candidates) + sum(stats.pruned_by_reason.values())
     _say(options, f"{len(candidates)} valid candidates; solving in order of their lower bound")
     result = _branch_and_bound(shared, options, stats, candidates, start + options.time_limit_s)
+    result = _with_executable_alternatives(model, train, cluster, options, result, start, shared)
     stats.wall_s = time.perf_counter() - start
     return result
+
+
+def _repriced(options: SearchOptions) -> int:
+    """How many of the best plans are re-priced by simulation and kept for the ranking."""
+    return max(options.repriced or REPRICED, options.top_k)
+
+
+def _with_executable_alternatives(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
+                                  options: SearchOptions, result: SearchResult, start: float,
+                                  shared: "_Shared") -> SearchResult:
+    """When the fastest plan is one `planner run` cannot execute (context parallelism), the
+    fastest plans it can execute are searched too (cp fixed to 1: a smaller space), so that the
+    robustness tie-break can prefer one of them when it is within the error band."""
+    if (not result.plans or options.error_band <= 0 or options.objective != "time" or "cp" in options.fixed
+            or runtime_executes(result.plans[0].plan)):
+        return result
+    left = options.time_limit_s - (time.perf_counter() - start)
+    if left <= 0:
+        return result
+    alt = search(model, train, cluster, replace(options, fixed={**options.fixed, "cp": 1}, error_band=0.0,
+                                                time_limit_s=left, progress=None, repriced=options.top_k),
+                 _reuse=shared)
+    # the band is measured from the fastest plan of the whole search, which the shown list (cut to
+    # top_k in robustness order) may not hold
+    extra = [] if result.fastest is None or result.fastest in result.plans else [result.fastest]
+    pool = _rank(extra + result.plans + alt.plans,
+                 replace(options, top_k=_repriced(options)))
+    plans, equivalent = _robust_first(pool, options.error_band)
+    return replace(result, plans=plans[:options.top_k], equivalent=equivalent)
 
 
 def unsatisfiable_constraints(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
@@ -436,11 +487,37 @@ def _result(shared: _Shared, options: SearchOptions, stats: SearchStats, found: 
         for base, vpp, schedule, zero in too_big[:2000]:
             choice = replace(base, zero_stage=zero, vpp=vpp, schedule=schedule)
             closest = _closer(model, train, cluster, build_plan(model, train, cluster, choice), closest)
-    ranked = _rank(found, replace(options, top_k=max(REPRICED, options.top_k)))
+    ranked = _rank(found, replace(options, top_k=_repriced(options)))
     simulated = {id(f): Found(plan=f.plan, estimate=estimate(model, train, cluster, f.plan)) for f in ranked}
     evaluated = [simulated.get(id(f), f) for f in found]
-    plans = _rank([f for f in simulated.values() if f.estimate.fits], options)
-    return SearchResult(plans=plans, stats=stats, evaluated=evaluated, closest=closest)
+    fitting = [f for f in simulated.values() if f.estimate.fits]
+    fastest = min(fitting, key=lambda f: f.estimate.step_time_s) if fitting else None
+    plans = _rank(fitting, replace(options, top_k=max(REPRICED, options.top_k)))
+    # `--objective memory` already picks the leanest plan near the fastest
+    band = options.error_band if options.objective == "time" else 0.0
+    plans, equivalent = _robust_first(plans, band)
+    return SearchResult(plans=plans[:options.top_k], stats=stats, evaluated=evaluated, closest=closest,
+                        equivalent=equivalent, error_band=options.error_band, fastest=fastest)
+
+
+def _robust_first(ranked: list[Found], band: float) -> tuple[list[Found], int]:
+    """The plans within `band` of the fastest, most robust first: one the runtime executes, then
+    more memory headroom (in steps of a tenth of the device), then fewer moving parts (context,
+    pipeline and virtual stages, tensor ranks, a zero-bubble schedule), then time; the rest by
+    time after them. Returns the order and how many are equivalent."""
+    if not ranked or band <= 0:
+        return ranked, min(len(ranked), 1)
+    limit = ranked[0].estimate.step_time_s * (1 + band)
+    near = [f for f in ranked if f.estimate.step_time_s <= limit]
+
+    def robustness(f: Found) -> tuple:
+        e, p = f.estimate, f.plan
+        headroom_tenths = math.floor(10 * (1 - e.max_peak_memory_bytes / e.memory_capacity_bytes))
+        return (not runtime_executes(p), -headroom_tenths, p.cp, p.pp * p.vpp, p.tp,
+                p.schedule.defers_weight_grad, e.step_time_s)
+
+    near.sort(key=robustness)
+    return near + [f for f in ranked if f not in near], len(near)
 
 
 def _cutoff(found: list[Found], options: SearchOptions) -> float:

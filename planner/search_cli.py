@@ -111,6 +111,9 @@ def why_runner_up_lost(best: Found, second: Found) -> str:
     diffs = {k: second.estimate.time_breakdown_s.get(k, 0.0) - v for k, v in best.estimate.time_breakdown_s.items()}
     worse = sorted(((d, k) for k, d in diffs.items() if d >= 5e-4), reverse=True)[:3]
     gap = second.estimate.step_time_s - best.estimate.step_time_s
+    if gap <= -1e-6:
+        return (f"runner-up ({second.plan.short()}) is predicted {-gap * 1e3:,.0f} ms faster per step, within "
+                "the model's error band: ranked below the first for robustness")
     if gap < 1e-6:
         return (f"runner-up ({second.plan.short()}) ties with the best: same predicted step time; "
                 "ranked by peak memory, then the simpler plan (fewer cp, pp, tp ranks)")

@@ -8,7 +8,7 @@ import pytest
 
 from planner.cli import main
 
-RUNS = Path(__file__).resolve().parents[3] / "shared" / "reference" / "published_runs.csv"
+RUNS = Path(__file__).resolve().parents[2] / "profiles" / "runs" / "published_runs.csv"
 PREDICT = ["predict", "--model", "llama-70b", "--cluster", "8x8xA100", "--tp", "8", "--pp", "4",
            "--zero", "1", "--recompute", "selective"]
 
@@ -61,8 +61,8 @@ def test_validate_json_contract():
     assert set(doc["summary"]) >= {"n", "mape_pct", "max_abs_error_pct", "spearman",
                                    "num_status_rows", "num_status_correct"}
     row = doc["rows"][0]
-    assert set(row) >= {"id", "published", "predicted", "error_pct", "fits", "filled"}
-    assert doc["summary"]["n"] == 38
+    assert set(row) >= {"id", "published", "predicted", "error_pct", "fits", "filled", "published_mfu"}
+    assert doc["summary"]["n"] == sum(1 for line in RUNS.read_text().splitlines()[1:] if line.strip())
 
 
 def test_validate_rejects_missing_columns(tmp_path, capsys):

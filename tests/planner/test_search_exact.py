@@ -61,18 +61,20 @@ def brute_force_best(model, train, cluster):
 
 
 def _tight(cluster, memory_bytes):
-    device = dataclasses.replace(cluster.device, memory_bytes=memory_bytes)
-    return dataclasses.replace(cluster, device=device)
+    """A device of exactly `memory_bytes` for plans: no headroom, no fragmentation margin."""
+    device = dataclasses.replace(cluster.device, memory_bytes=memory_bytes, reported_memory_bytes=memory_bytes,
+                                 efficiency=dataclasses.replace(cluster.device.efficiency, allocator_fragmentation=0.0))
+    return dataclasses.replace(cluster, device=device, memory_headroom=0.0)
 
 
 # (model, cluster, global batch, device memory). The caps sit below the unconstrained winner's
-# peak (2 GiB reserved + 2.05 MB / 2.58 MB), so memory binds: the optimum becomes uneven full
-# recomputation on pp=2 ([0, 2]) for the Llama case and tp=2 + full recomputation for the GPT one.
+# peak (2 GiB reserved + 2.07 MB / 3.05 MB), so memory binds: the optimum becomes tp=2 + SP
+# with full recomputation for the Llama case and ZeRO-3 with full recomputation for the GPT one.
 CASES = [
     (llama_spec("tiny-llama", layers=4, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256, max_pos=64,
-                source="test"), "1x4xA100", 4, 2**31 + 1_842_624),
+                source="test"), "1x4xA100", 4, 2**31 + 1_347_008),
     (gpt_spec("tiny-gpt", layers=4, hidden=64, heads=4, vocab=512, max_pos=64, source="test"),
-     "2x2xA100", 4, 2**31 + 1_806_873),
+     "2x2xA100", 4, 2**31 + 2_134_899),
 ]
 
 
