@@ -1,8 +1,8 @@
 """`planner validate RUNS.csv`: predicted vs published for measured training runs.
 
-Semantics (../shared/reference/README.md): empty plan cells are filled with the planner's best
-choice with every stated field fixed (a constrained enumeration over the empty fields, fastest
-plan that fits); `status` rows with value OOM are right when the plan is predicted not to fit;
+Semantics (profiles/runs/README.md): empty plan cells are filled by the planner's own search with
+every stated field fixed, each row priced with the traits of the framework that ran it
+(costmodel.frameworks); `status` rows with value OOM are right when the plan is predicted not to fit;
 errors are signed, (predicted - published) / published.
 """
 from __future__ import annotations
@@ -10,16 +10,18 @@ from __future__ import annotations
 import csv
 import itertools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from costmodel.check import check_plan
-from costmodel.cluster import ClusterSpec, parse_cluster
+from costmodel.cluster import ClusterSpec, parse_cluster, profile_dir
 from costmodel.estimate import Estimate, estimate
-from costmodel.plan import Plan, Recompute
+from costmodel.frameworks import device_as_run_by, framework_traits
+from costmodel.plan import Plan, Recompute, Schedule
 from costmodel.specs import Arch, AttentionKernel, DType, ModelSpec, TrainSpec
 from costmodel.registry import gpt_spec, llama_spec
+from planner.search import SearchOptions, search
 from planner.space import Choice, build_plan, divisors
 
 REQUIRED = ("id", "arch", "layers", "hidden", "heads", "vocab", "seq_len", "gpu", "num_gpus",
@@ -41,25 +43,69 @@ class RowResult:
     plan: Plan
     estimate: Estimate
 
+    @property
+    def published_mfu(self) -> float | None:
+        """The MFU the published measurement implies, on the cost model's FLOP convention (the
+        predicted MFU scaled by predicted over published speed)."""
+        if self.error_pct is None:
+            return None
+        speed_ratio = 1 + self.error_pct / 100   # predicted / published, as a speed or a time
+        return self.estimate.mfu * (speed_ratio if self.metric == "iteration_time_s" else 1 / speed_ratio)
+
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "metric": self.metric, "published": self.published,
                 "predicted": self.predicted, "error_pct": self.error_pct, "fits": self.fits,
                 "filled": self.filled, "plan": self.plan.to_dict(),
-                "step_time_s": self.estimate.step_time_s, "mfu": self.estimate.mfu}
+                "step_time_s": self.estimate.step_time_s, "mfu": self.estimate.mfu,
+                "published_mfu": self.published_mfu}
 
 
 def read_runs(path: Path) -> list[dict[str, str]]:
     try:
-        with open(path, newline="") as fh:
+        with open(path, newline="", encoding="utf-8-sig") as fh:   # a byte-order mark is not a column name
             reader = csv.DictReader(fh)
             rows = list(reader)
             header = reader.fieldnames or []
     except FileNotFoundError:
         raise ValueError(f"runs table {path} does not exist") from None
+    except IsADirectoryError:
+        raise ValueError(f"runs table {path} is a directory, not a CSV file") from None
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise ValueError(f"runs table {path} is not a readable CSV file ({exc.__class__.__name__})") from None
     missing = [c for c in REQUIRED if c not in header]
     if missing:
         raise ValueError(f"{path}: missing columns {', '.join(missing)}")
+    if not rows:
+        raise ValueError(f"{path}: no runs (only a header)")
+    seen: set[str] = set()
+    for line, row in enumerate(rows, start=2):
+        _check_row(path, line, row)
+        if row["id"] in seen:
+            raise ValueError(f"{path} line {line}: duplicate id {row['id']!r}")
+        seen.add(row["id"])
     return rows
+
+
+def _check_row(path: Path, line: int, row: dict[str, str]) -> None:
+    """Every required cell present, and a metric that can be compared."""
+    where = f"{path} line {line} (row {row.get('id')!r})"
+    empty = [c for c in REQUIRED if not (row.get(c) or "").strip()]
+    if empty:
+        raise ValueError(f"{where}: empty {', '.join(empty)} (an OOM row still needs its plan: tp, pp, ...)")
+    metric, value = row["metric_name"].strip(), row["metric_value"].strip()
+    if metric == "status":
+        if value not in ("OOM", "fits"):
+            raise ValueError(f"{where}: status must be OOM or fits, not {value!r}")
+        return
+    if metric not in ("iteration_time_s", "tokens_per_sec_per_gpu"):
+        raise ValueError(f"{where}: unknown metric_name {metric!r} "
+                         "(iteration_time_s, tokens_per_sec_per_gpu or status)")
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"{where}: metric_value {value!r} is not a number") from None
+    if not number > 0 or number == float("inf"):
+        raise ValueError(f"{where}: metric_value {value!r} must be a positive number")
 
 
 def _int(row: dict[str, str], key: str, default: int | None = None) -> int | None:
@@ -72,12 +118,23 @@ def _int(row: dict[str, str], key: str, default: int | None = None) -> int | Non
         raise ValueError(f"row {row.get('id')!r}: {key} = {value!r} is not an integer") from None
 
 
+def _flag(row: dict[str, str], key: str, default: bool) -> bool:
+    value = (row.get(key) or "").strip().lower()
+    if not value:
+        return default
+    if value not in ("yes", "no", "true", "false", "1", "0"):
+        raise ValueError(f"row {row.get('id')!r}: {key} = {value!r} is not yes or no")
+    return value in ("yes", "true", "1")
+
+
 def row_specs(row: dict[str, str]) -> tuple[ModelSpec, TrainSpec, ClusterSpec]:
     hidden, heads, seq = _int(row, "hidden"), _int(row, "heads"), _int(row, "seq_len")
     common = dict(layers=_int(row, "layers"), hidden=hidden, heads=heads, vocab=_int(row, "vocab"),
                   ffn=_int(row, "ffn_hidden", 4 * hidden), source=f"published run {row['id']}")
     if row["arch"] == Arch.GPT:
         model = gpt_spec(row["id"], max_pos=seq, **common)
+        if not _flag(row, "dropout", True):   # e.g. MPT trains without dropout
+            model = replace(model, dropout=False)
     elif row["arch"] == Arch.LLAMA:
         model = llama_spec(row["id"], kv_heads=_int(row, "kv_heads", heads), max_pos=seq, **common)
     else:
@@ -88,7 +145,15 @@ def row_specs(row: dict[str, str]) -> tuple[ModelSpec, TrainSpec, ClusterSpec]:
     num_gpus, per_node = _int(row, "num_gpus"), _int(row, "gpus_per_node")
     if num_gpus % per_node:
         raise ValueError(f"row {row['id']!r}: {num_gpus} GPUs is not a whole number of {per_node}-GPU nodes")
-    return model, train, parse_cluster(f"{num_gpus // per_node}x{per_node}x{row['gpu']}")
+    cluster = parse_cluster(f"{num_gpus // per_node}x{per_node}x{row['gpu']}")
+    # priced with the traits of the framework that ran it (unknown names: generic traits) and
+    # judged against the hard limit (what CUDA reports, less the context and NCCL reserve): the
+    # question is whether the run as published fits, not whether we would plan that close to
+    # the edge; the headroom and fragmentation margins are for the plans we emit
+    traits = framework_traits(row.get("framework"))
+    device = device_as_run_by(cluster.device, traits)
+    hard = replace(device, efficiency=replace(device.efficiency, allocator_fragmentation=0.0))
+    return model, train, replace(cluster, device=hard, framework=traits, memory_headroom=0.0)
 
 
 def attention_kernel(row: dict[str, str]) -> AttentionKernel:
@@ -121,12 +186,48 @@ def _options(row: dict[str, str], model: ModelSpec, tp: int, pp: int, dp: int,
     return opts, {k for k in opts if not (row.get(k) or "").strip()}
 
 
-def best_plan_for_row(row: dict[str, str], model: ModelSpec, train: TrainSpec,
-                      cluster: ClusterSpec) -> tuple[Plan, Estimate, dict[str, Any]]:
+# What the published frameworks' pipelines run: 1F1B, or interleaved 1F1B with virtual stages
+# (none of them ran a zero-bubble schedule); our own runtime runs them all.
+PUBLISHED_SCHEDULES = frozenset({Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED})
+SEARCH_FIELDS = {"micro_batch": "micro_batch_size", "recompute": "recompute", "vpp": "vpp",
+                 "sp": "sequence_parallel", "zero_stage": "zero_stage"}
+
+
+def best_plan_for_row(row: dict[str, str], model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
+                      time_limit_s: float = 20.0) -> tuple[Plan, Estimate, dict[str, Any]]:
+    """The planner's own search fills the unstated fields with every stated one fixed (and the
+    schedules the framework offers); the plan is then laid out as the framework runs it: equal
+    layers per stage, every layer of the chosen recompute mode recomputed, Megatron's rank order.
+    When no plan fits, the enumeration below finds the one that overflows least (OOM rows)."""
     tp, pp, cp = _int(row, "tp"), _int(row, "pp"), _int(row, "cp", 1)
     dp = _int(row, "dp", cluster.world_size // (tp * pp * cp))
     opts, fillable = _options(row, model, tp, pp, dp, train.global_batch_size)
-    best: tuple[tuple, Plan, Estimate] | None = None
+    stated = {SEARCH_FIELDS[k]: v[0] for k, v in opts.items() if k not in fillable}
+    options = SearchOptions(top_k=1, fixed={"tp": tp, "pp": pp, "cp": cp, "dp": dp, **stated},
+                            max_tp=max(tp, cluster.devices_per_node), time_limit_s=time_limit_s,
+                            schedules=PUBLISHED_SCHEDULES, error_band=0.0)
+    found = search(model, train, cluster, options).plans
+    if found:
+        chosen = found[0].plan
+        choice = Choice(tp=tp, pp=pp, cp=cp, dp=dp, zero_stage=chosen.zero_stage, recompute=chosen.recompute,
+                        sequence_parallel=chosen.sequence_parallel, micro_batch_size=chosen.micro_batch_size,
+                        vpp=chosen.vpp)
+        plan = build_plan(model, train, cluster, choice)
+        est = estimate(model, train, cluster, plan)
+        if not est.fits:  # the framework's layout overflows where the search's split fits
+            plan, est = chosen, found[0].estimate
+    else:
+        plan, est = _least_overflow(row, model, train, cluster, opts, (tp, pp, cp, dp))
+    filled = {"micro_batch": plan.micro_batch_size, "recompute": str(plan.recompute),
+              "vpp": plan.vpp, "sp": plan.sequence_parallel, "zero_stage": plan.zero_stage}
+    return plan, est, {k: v for k, v in filled.items() if k in fillable}
+
+
+def _least_overflow(row: dict[str, str], model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
+                    opts: dict[str, list[Any]], degrees: tuple[int, int, int, int]) -> tuple[Plan, Estimate]:
+    """Nothing fits: the framework-laid-out plan of the stated fields that overflows least."""
+    tp, pp, cp, dp = degrees
+    best: tuple[float, Plan, Estimate] | None = None
     for mb, rc, vpp, sp, zero in itertools.product(*opts.values()):
         choice = Choice(tp=tp, pp=pp, cp=cp, dp=dp, zero_stage=zero, recompute=rc,
                         sequence_parallel=sp, micro_batch_size=mb, vpp=vpp)
@@ -137,16 +238,11 @@ def best_plan_for_row(row: dict[str, str], model: ModelSpec, train: TrainSpec,
         if check_plan(model, train, cluster, plan, memory=False):
             continue
         est = estimate(model, train, cluster, plan)
-        # fastest plan that fits; if none fits, the one that overflows least
-        key = (not est.fits, est.step_time_s if est.fits else est.max_peak_memory_bytes)
-        if best is None or key < best[0]:
-            best = (key, plan, est)
+        if best is None or est.max_peak_memory_bytes < best[0]:
+            best = (est.max_peak_memory_bytes, plan, est)
     if best is None:
         raise ValueError(f"row {row['id']!r}: no valid plan for the stated fields")
-    _, plan, est = best
-    filled = {"micro_batch": plan.micro_batch_size, "recompute": str(plan.recompute),
-              "vpp": plan.vpp, "sp": plan.sequence_parallel, "zero_stage": plan.zero_stage}
-    return plan, est, {k: v for k, v in filled.items() if k in fillable}
+    return best[1], best[2]
 
 
 def validate_row(row: dict[str, str]) -> RowResult:
@@ -196,6 +292,11 @@ def summarize(results: list[RowResult], rows: list[dict[str, str]]) -> dict[str,
         "num_status_rows": len(status),
         "num_status_correct": sum(1 for r in status if (r.published == "OOM") == (not r.fits)),
     }
+
+
+def default_runs_path() -> Path:
+    """The calibration table shipped with the profiles it calibrates."""
+    return profile_dir() / "runs" / "published_runs.csv"
 
 
 def validate(path: Path) -> tuple[list[RowResult], dict[str, Any]]:

@@ -33,3 +33,34 @@ def test_oom_rows_and_filled_cells(tmp_path):
     assert set(ok.filled) == {"micro_batch", "recompute", "vpp", "sp"}
     assert summary["num_status_rows"] == 1 and summary["num_status_correct"] == 1
     assert summary["n"] == 1
+
+
+GOOD = "ok,x,gpt,24,2048,,16,16,51200,2048,A100-SXM4-80GB,8,8,1,1,8,,,1,1,,,64,bf16,iteration_time_s,1.0\n"
+
+
+@pytest.mark.parametrize("text,message", [
+    (HEADER + "\n", "no runs"),
+    ("id,source\nx,y\n", "missing columns"),
+    (HEADER + "\n" + GOOD.replace(",8,8,1,1,8,", ",8,8,x,1,8,"), "tp = 'x' is not an integer"),
+    (HEADER + "\n" + GOOD.replace("iteration_time_s,1.0", "status,OOM").replace(",8,8,1,1,8,", ",8,8,,,8,"),
+     "empty tp, pp"),
+    (HEADER + "\n" + GOOD.replace(",1.0\n", ",-5\n"), "must be a positive number"),
+    (HEADER + "\n" + GOOD.replace(",1.0\n", ",fast\n"), "is not a number"),
+    (HEADER + "\n" + GOOD + GOOD, "duplicate id 'ok'"),
+])
+def test_bad_tables_are_one_line_and_exit_2(tmp_path, capsys, text, message):
+    from planner.cli import main
+    path = tmp_path / "runs.csv"
+    path.write_text(text)
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err
+
+
+def test_unknown_framework_gets_generic_traits(tmp_path):
+    from costmodel.frameworks import GENERIC, framework_traits
+    assert framework_traits("some-new-trainer") is GENERIC and framework_traits("") is GENERIC
+    path = tmp_path / "runs.csv"
+    path.write_text(HEADER + ",framework\n" + GOOD.rstrip("\n") + ",some-new-trainer\n")
+    results, summary = validate(path)
+    assert summary["n"] == 1 and results[0].error_pct is not None

@@ -1,0 +1,58 @@
+"""The cost model against published runs, in sample and on sources it was not fitted on.
+
+    python benchmarks/fidelity.py [RUNS.csv] [--fit]
+
+Prints, per row, the error of `planner validate` with the profiles as shipped (in sample: the
+profiles were fitted on this table) and the error when the row's whole source is left out of
+the fit (`planner.fit.leave_one_source_out`), then both summaries. `--fit` also prints the
+per-chip values a fit on the whole table gives (what profiles/*.toml hold, copied by hand).
+About a minute on a 2-core machine.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+from planner import fit
+from planner.validate import default_runs_path, read_runs, summarize, validate_row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="?", default=None)
+    parser.add_argument("--fit", action="store_true", help="print the whole-table fit per chip")
+    args = parser.parse_args()
+    path = Path(args.runs) if args.runs else default_runs_path()
+    start = time.perf_counter()
+    rows = read_runs(path)
+    results = [validate_row(r) for r in rows]
+    in_sample = summarize(results, rows)
+    filled = fit.fill_rows(rows)
+    loso = dict((r.row["id"], e) for r, e in fit.leave_one_source_out(
+        filled, progress=lambda msg: print(msg, file=sys.stderr)))
+    print(f"{'id':42} {'source':28} {'in-sample':>9} {'left out':>9}")
+    for res, row in zip(results, rows):
+        if res.error_pct is None:
+            continue
+        sign = 1 if row["metric_name"].strip() == "iteration_time_s" else -1   # + means predicted too slow
+        left = 100 * (math.exp(loso[row["id"]]) - 1)
+        print(f"{row['id']:42} {row['source'][:28]:28} {sign * res.error_pct:+8.1f}% {left:+8.1f}%")
+    held = fit.summary(list(loso.values()))
+    print(f"\nerrors are of step time: + predicted too slow, - too fast")
+    print(f"in sample (profiles as shipped): rows {in_sample['n']}  MAPE {in_sample['mape_pct']:.1f}%  "
+          f"max |error| {in_sample['max_abs_error_pct']:.1f}%  Spearman {in_sample['spearman']:.3f}  "
+          f"status rows {in_sample['num_status_correct']}/{in_sample['num_status_rows']} correct  "
+          f"measured rows predicted to fit {sum(r.fits for r in results if r.error_pct is not None)}/{in_sample['n']}")
+    print(f"leave one source out ({len({r.source for r in filled})} sources): rows {held['n']}  "
+          f"MAPE {held['mape_pct']:.1f}%  max |error| {held['max_abs_error_pct']:.1f}%")
+    if args.fit:
+        for name, values in fit.fit_by_chip(filled).items():
+            print(f"fit on the whole table, {name}: " + ", ".join(f"{k} = {v:.4g}" for k, v in values.items()))
+    print(f"({time.perf_counter() - start:.0f} s: python benchmarks/fidelity.py{' --fit' if args.fit else ''})")
+
+
+if __name__ == "__main__":
+    main()

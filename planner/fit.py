@@ -1,0 +1,176 @@
+"""Fit device efficiencies on published runs, and judge the fit on runs it never saw.
+
+One parameter set per chip (A100 40/80 GB share one, H100; the H200 and B200 profiles borrow
+H100's), never per row, source or model, each parameter bounded to what a measurement
+supports (`BOUNDS`). The objective is the mean squared log error of predicted step time. Rows'
+unstated fields are filled once by the search (`planner.validate.best_plan_for_row`) with the
+profile's current values; the fit then re-prices those plans (closed-form pipeline: every
+published schedule has one, and it is what the search reasons with).
+
+`leave_one_source_out` refits without each source in turn and predicts that source's rows: the
+error a user should expect on a run of a kind the table does not hold.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from costmodel.cluster import ClusterSpec
+from costmodel.estimate import estimate
+from costmodel.plan import Plan
+from costmodel.specs import ModelSpec, TrainSpec
+
+# Bounds from measurements, per chip (sources in each profile's comments):
+# GEMM: the best measured dense BF16 matmul, 86.9 % of peak on A100 and 80.3 % on H100
+# (stas00/ml-engineering mamf-finder); collectives: nccl-tests ring bus bandwidth over the
+# link's nominal rate, 0.77 on A100 NVLink 3 and 0.82 on H100 NVLink 4 (Azure ND A100 v4 /
+# NDv5 results; sjeaugey in NVIDIA/nccl-tests#212), 0.96 across DGX A100 nodes (192 GB/s of
+# 8 x 25 GB/s, NVIDIA/nccl#812); a per-kernel cost between a bare launch (2 us) and an eager
+# PyTorch op with autograd (30 us); contention up to 0.3: NCCL runs up to 32 channels, one SM
+# each, 24 % of an H100's 132 SMs, 30 % of an A100's 108.
+BOUNDS: dict[str, dict[str, tuple[float, float]]] = {
+    "A100": {"gemm": (0.45, 0.87), "attention": (0.2, 0.8), "memory": (0.4, 0.95),
+             "kernel_overhead_s": (2e-6, 30e-6), "intra_node_comm": (0.4, 0.77), "inter_node_comm": (0.4, 0.96),
+             "comm_contention": (0.0, 0.3)},
+    "H100": {"gemm": (0.45, 0.80), "attention": (0.2, 0.8), "memory": (0.4, 0.95),
+             "kernel_overhead_s": (2e-6, 30e-6), "intra_node_comm": (0.4, 0.82), "inter_node_comm": (0.4, 0.96),
+             "comm_contention": (0.0, 0.3)},
+}
+PARAMS = tuple(BOUNDS["A100"])
+# chips without rows of their own are fitted with the bounds of the chip whose values they borrow
+BORROWS = {"H200": "H100", "B200": "H100", "V100": "A100"}
+
+
+def chip(cluster: ClusterSpec) -> str:
+    name = cluster.device.name.split("-")[0]
+    return BORROWS.get(name, name)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FilledRow:
+    """A published run with its plan chosen once: what the fit re-prices."""
+
+    row: dict[str, str]
+    model: ModelSpec
+    train: TrainSpec
+    cluster: ClusterSpec
+    plan: Plan
+
+    @property
+    def source(self) -> str:
+        return source_group(self.row["source"])
+
+    def log_error(self, values: dict[str, float] | None = None, *, simulate: bool = False) -> float:
+        """log(predicted / published step time): positive means predicted too slow."""
+        cluster = with_values(self.cluster, values) if values else self.cluster
+        est = estimate(self.model, self.train, cluster, self.plan, simulate=simulate)
+        published = float(self.row["metric_value"])
+        if self.row["metric_name"].strip() == "iteration_time_s":
+            return math.log(est.step_time_s / published)
+        return -math.log(est.tokens_per_s / cluster.world_size / published)
+
+
+def source_group(source: str) -> str:
+    """The publication a row comes from, whatever table or file of it the row cites: the
+    repository (owner/name) or the first author. Rows of one publication share their
+    conventions and software, so they are left out together."""
+    text = source.strip().removeprefix("https://").removeprefix("github.com/")
+    repo = re.match(r"^([\w.-]+/[\w.-]+)", text)
+    return repo[1].lower() if repo else text.split()[0].rstrip(",").lower()
+
+
+def _attention_factor(cluster: ClusterSpec) -> float:
+    """The framework's attention kernels against the profile's FlashAttention-2 figure."""
+    eff = cluster.device.efficiency
+    return eff.vendor_attention_speedup if cluster.framework.vendor_attention else 1.0
+
+
+def current_values(cluster: ClusterSpec) -> dict[str, float]:
+    dev = cluster.device
+    eff = dev.efficiency
+    return {"gemm": eff.gemm, "attention": eff.attention / _attention_factor(cluster), "memory": eff.memory,
+            "comm_contention": eff.comm_contention,
+            "kernel_overhead_s": eff.kernel_overhead_s, "intra_node_comm": dev.intra_node.efficiency,
+            "inter_node_comm": dev.inter_node.efficiency}
+
+
+def with_values(cluster: ClusterSpec, values: dict[str, float]) -> ClusterSpec:
+    dev = cluster.device
+    eff = dataclasses.replace(dev.efficiency, gemm=values["gemm"],
+                              attention=values["attention"] * _attention_factor(cluster),
+                              memory=values["memory"], kernel_overhead_s=values["kernel_overhead_s"],
+                              comm_contention=values["comm_contention"])
+    dev = dataclasses.replace(dev, efficiency=eff,
+                              intra_node=dataclasses.replace(dev.intra_node, efficiency=values["intra_node_comm"]),
+                              inter_node=dataclasses.replace(dev.inter_node, efficiency=values["inter_node_comm"]))
+    return dataclasses.replace(cluster, device=dev)
+
+
+def fill_rows(rows: list[dict[str, str]], progress: Callable[[str], None] | None = None) -> list[FilledRow]:
+    from planner.validate import best_plan_for_row, row_specs
+    out = []
+    for i, row in enumerate(rows):
+        if row["metric_name"].strip() == "status":
+            continue
+        model, train, cluster = row_specs(row)
+        plan, _, _ = best_plan_for_row(row, model, train, cluster)
+        out.append(FilledRow(row=row, model=model, train=train, cluster=cluster, plan=plan))
+        if progress:
+            progress(f"filled {i + 1}/{len(rows)} rows")
+    return out
+
+
+def fit(rows: list[FilledRow], *, max_evaluations: int = 400) -> dict[str, float]:
+    """Least squares in log step time over the rows of one chip, Powell within the bounds."""
+    from scipy.optimize import minimize
+    bounds = BOUNDS[chip(rows[0].cluster)]
+    start = current_values(rows[0].cluster)
+    # fused attention is identifiable only from rows that ran it
+    keys = [k for k in PARAMS if k != "attention" or any(r.train.attention_kernel == "flash" for r in rows)]
+    scale = {k: bounds[k][1] for k in keys}   # work in units of the upper bound
+
+    def loss(x) -> float:
+        values = {**start, **{k: v * scale[k] for k, v in zip(keys, x)}}
+        errs = [r.log_error(values) for r in rows]
+        return sum(e * e for e in errs) / len(errs)
+
+    x0 = [min(max(start[k], bounds[k][0]), bounds[k][1]) / scale[k] for k in keys]
+    res = minimize(loss, x0, method="Powell", bounds=[(bounds[k][0] / scale[k], 1.0) for k in keys],
+                   options={"xtol": 1e-3, "ftol": 1e-5, "maxfev": max_evaluations})
+    return {**start, **{k: v * scale[k] for k, v in zip(keys, res.x)}}
+
+
+def fit_by_chip(rows: list[FilledRow]) -> dict[str, dict[str, float]]:
+    groups: dict[str, list[FilledRow]] = defaultdict(list)
+    for r in rows:
+        groups[chip(r.cluster)].append(r)
+    return {name: fit(group) for name, group in sorted(groups.items())}
+
+
+def leave_one_source_out(rows: list[FilledRow], progress: Callable[[str], None] | None = None
+                         ) -> list[tuple[FilledRow, float]]:
+    """Each source's rows predicted by a fit on every other source's rows of the same chip
+    (simulated, as `validate` prices them). A chip with no other source keeps its profile's
+    values for those rows (said in the output by the caller)."""
+    out = []
+    sources = sorted({r.source for r in rows})
+    for i, source in enumerate(sources):
+        held_out = [r for r in rows if r.source == source]
+        rest = [r for r in rows if r.source != source]
+        fitted = fit_by_chip(rest)
+        for r in held_out:
+            values = fitted.get(chip(r.cluster))
+            out.append((r, r.log_error(values, simulate=True)))
+        if progress:
+            progress(f"left out {i + 1}/{len(sources)}: {source[:60]}")
+    return out
+
+
+def summary(errors: list[float]) -> dict[str, Any]:
+    """MAPE and max |error| of step time, in percent, from log errors."""
+    pct = [100 * abs(math.exp(e) - 1) for e in errors]
+    return {"n": len(pct), "mape_pct": sum(pct) / len(pct), "max_abs_error_pct": max(pct)}
