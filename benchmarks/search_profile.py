@@ -49,7 +49,7 @@ def main() -> None:
     parser.add_argument("--model", default="llama-70b")
     parser.add_argument("--cluster", default="8x8xA100")
     parser.add_argument("--row", help="a published run's id instead of --model/--cluster")
-    parser.add_argument("--runs", default="../shared/reference/published_runs.csv")
+    parser.add_argument("--runs", default="profiles/runs/published_runs.csv")
     parser.add_argument("--time-limit-s", type=float, default=60.0)
     parser.add_argument("--top", type=int, default=5, help="plans ranked (plan_quality.py ranks 10)")
     parser.add_argument("--only-attempt", type=int, metavar="N",

@@ -1,6 +1,8 @@
 """Plain-text tables for the terminal. Renders numbers the cost model computed; derives none."""
 from __future__ import annotations
 
+from costmodel.fidelity import MODEL_ERROR_BAND
+
 from typing import Any, Sequence
 
 from costmodel.cluster import ClusterSpec
@@ -50,8 +52,12 @@ def summary_lines(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan
         f"mesh {'>'.join(plan.mesh_axis_order)}",
         f"step     {est.step_time_s:.3f} s   {est.tokens_per_s:,.0f} tokens/s   "
         f"MFU {100 * est.mfu:.1f}%   HFU {100 * est.hfu:.1f}%   bubble {100 * est.bubble_fraction:.1f}%   "
-        f"peak {est.max_peak_memory_bytes / GIB:.1f} GiB of {est.memory_capacity_bytes / GIB:.0f}"
+        f"peak {est.max_peak_memory_bytes / GIB:.1f} GiB of {est.memory_capacity_bytes / GIB:.1f}"
         f" ({'fits' if est.fits else 'DOES NOT FIT'})",
+        f"         memory: {cluster.device.usable_memory_bytes / GIB:.2f} GiB as CUDA reports it, less "
+        f"{cluster.memory_headroom:.0%} headroom and {cluster.device.efficiency.allocator_fragmentation:.0%} "
+        f"allocator fragmentation; MFU counts 6N + 12·layers·hidden·seq FLOPs per token (full s² "
+        f"attention, Megatron Eq. 7 / PaLM); expected error +-{100 * MODEL_ERROR_BAND:.1f}% (costmodel.fidelity)",
     ])
 
 

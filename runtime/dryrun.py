@@ -3,9 +3,9 @@ first rank of every pipeline stage, under a fake process group of the plan's ful
 and compare the states it holds with the cost model's memory ledger.
 
 What is counted is what torch actually allocated: TP-local parameter elements after
-`parallelize_module` (held unsharded in compute dtype while a layer runs, ZeRO-0..2) and the
-FSDP2 shard each rank keeps (fp32 master weights and optimizer states, ZeRO >= 1). Bytes per
-element come from the TrainSpec's dtypes and `costmodel.memory.optimizer_bytes_per_param`.
+`parallelize_module` and the FSDP2 shard each rank keeps, priced per element by
+`costmodel.memory.state_bytes_from_counts` with the runtime's traits (the fp32 shard is the
+master weight; 16-bit copies held below ZeRO-3; whole gradients under a pipeline).
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import torch
 import torch.distributed as dist
 
 from costmodel.estimate import memory_per_rank
-from costmodel.memory import optimizer_bytes_per_param
+from costmodel.frameworks import RUNTIME
+from costmodel.memory import state_bytes_from_counts
 from costmodel.placement import axis_strides
 from costmodel.plan import PlanFile
 from runtime.job import build_job
@@ -53,12 +54,9 @@ def dry_run(pf: PlanFile) -> list[dict[str, Any]]:
     for pp_rank in range(plan.pp):
         rank = first_rank_of_stage(pf, pp_rank)
         n = _count_rank(pf, rank)
-        z = plan.zero_stage
-        runtime = {
-            "params": (n["shard"] if z >= 3 else n["unsharded"]) * train.compute_dtype.num_bytes,
-            "grads": (n["shard"] if z >= 2 else n["unsharded"]) * train.grad_dtype.num_bytes,
-            "optimizer": (n["shard"] if z >= 1 else n["unsharded"]) * optimizer_bytes_per_param(train),
-        }
+        # the counted elements through the one state formula, with our runtime's traits
+        params, grads, optim = state_bytes_from_counts(train, plan, n["unsharded"], n["shard"], RUNTIME)
+        runtime = {"params": params, "grads": grads, "optimizer": optim}
         pred = predicted[pp_rank].to_dict()
         rows.append({"stage": pp_rank, "rank": rank, "elements_unsharded": n["unsharded"],
                      "elements_shard": n["shard"],

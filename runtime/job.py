@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from costmodel.check import runtime_executes
 from costmodel.plan import Plan, PlanFile
 from runtime.model import Transformer
 from runtime.parallel import (apply_data_parallel, local_tensor, apply_recompute, apply_tensor_parallel,
@@ -62,7 +63,7 @@ def build_job(pf: PlanFile, device: torch.device, *, seed: int, materialize: boo
     """`before_data_parallel(stage, module)`, if given, sees each stage module after tensor
     parallelism and before FSDP2 (the dry run counts unsharded parameters there)."""
     plan, model = pf.plan, pf.model
-    if plan.cp > 1 and materialize:
+    if not runtime_executes(plan) and materialize:
         # torch 2.13's context_parallel has no sharding rule for the CPU attention kernel
         # (aten._scaled_dot_product_flash_attention_for_cpu), so it cannot be proven here.
         raise ValueError("context parallelism (cp > 1) is not executed by the runtime; "
