@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from costmodel import machine
 from costmodel.frameworks import RUNTIME, FrameworkTraits
 from costmodel.specs import DType
 
@@ -58,6 +60,10 @@ class Efficiency:
     vendor_attention_speedup: float = 1.0
 
 
+# What a profile's [efficiency.<dtype>] table sets (the rest is the device's).
+DTYPE_FIELDS = ("gemm", "attention", "memory", "kernel_overhead_s")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DeviceProfile:
     name: str
@@ -75,6 +81,13 @@ class DeviceProfile:
     memory_curve: tuple[tuple[float, float], ...] = ()
     kind: str = "gpu"   # "cpu": ranks are processes on CPU cores (gloo); runs need no GPU
     threads_per_rank: int = 0   # CPU: threads per rank the figures were measured with (0: unknown)
+    # `planner profile`: the costmodel.machine key and description of the machine measured
+    # (empty for datasheet profiles, which describe a kind of device, not one machine)
+    machine_key: str = ""
+    machine: str = ""
+    # per compute dtype where training differs by dtype (a CPU's bf16 path: other kernels, other
+    # per-kernel costs): `planner profile`'s [efficiency.<dtype>] tables; empty: one for all
+    dtype_efficiency: tuple[tuple[str, Efficiency], ...] = ()
     # what the runtime can allocate on: torch.cuda's total_memory (less than the datasheet:
     # ECC and the driver's own reservations); 0: unknown, the datasheet figure is used
     reported_memory_bytes: int = 0
@@ -83,6 +96,12 @@ class DeviceProfile:
     @property
     def usable_memory_bytes(self) -> int:
         return self.reported_memory_bytes or self.memory_bytes
+
+    def for_dtype(self, dtype: DType) -> "DeviceProfile":
+        """This profile with the efficiency of `dtype` (itself when it has none of its own)."""
+        if not self.dtype_efficiency:
+            return self
+        return _for_dtype(self, str(dtype))
 
     def gemm_curve(self, dtype: DType) -> tuple[tuple[float, float], ...]:
         return dict(self.gemm_curves).get(str(dtype), ())
@@ -143,6 +162,12 @@ class ClusterSpec:
         return out
 
 
+@lru_cache(maxsize=64)
+def _for_dtype(dev: DeviceProfile, dtype: str) -> DeviceProfile:
+    own = dict(dev.dtype_efficiency).get(dtype)
+    return dev if own is None else replace(dev, efficiency=own, dtype_efficiency=())
+
+
 def profile_dir() -> Path:
     """Where the shipped profiles live (and where `planner profile` writes by default)."""
     return Path(str(resources.files("profiles")))
@@ -186,9 +211,15 @@ def load_profile(path: Path) -> DeviceProfile:
             threads_per_rank=int(raw.get("measured", {}).get("threads_per_rank", dev.get("threads_per_rank", 0))),
             gemm_curves=tuple((k.removeprefix("gemm_"), _curve(v)) for k, v in raw.get("measured", {}).items()
                               if k.startswith("gemm_")),
-            memory_curve=_curve(raw.get("measured", {}).get("memory_bound", [])))
+            memory_curve=_curve(raw.get("measured", {}).get("memory_bound", [])),
+            machine_key=str(raw.get("measured", {}).get("machine_key", "")),
+            machine=str(raw.get("measured", {}).get("machine", "")),
+            dtype_efficiency=tuple((k, replace(efficiency, **{f: float(v[f]) for f in DTYPE_FIELDS}))
+                                   for k, v in eff.items() if isinstance(v, dict)))
     except KeyError as exc:
         raise ValueError(f"{path}: profile lacks {exc.args[0]!r}") from None
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(f"{path}: not a valid profile ({exc})") from None
 
 
 def known_profiles() -> dict[str, DeviceProfile]:
@@ -196,7 +227,24 @@ def known_profiles() -> dict[str, DeviceProfile]:
     return {p.name: p for p in (load_profile(f) for f in sorted(profile_dir().glob("*.toml")))}
 
 
+def local_profile() -> DeviceProfile:
+    """This machine's measured profile from the cache; LocalProfileMissing (the command line
+    then measures it) when there is none, it is unreadable, or it was measured elsewhere."""
+    path = machine.local_profile_path()
+    if not path.is_file():
+        raise machine.LocalProfileMissing(path, "no profile of this machine yet")
+    try:
+        dev = load_profile(path)
+    except (ValueError, OSError) as exc:
+        raise machine.LocalProfileMissing(path, f"the cached profile is unreadable: {exc}") from None
+    if dev.machine_key != machine.machine_key():
+        raise machine.LocalProfileMissing(path, f"the cached profile was measured on {dev.machine or 'another machine'}")
+    return dev
+
+
 def resolve_device(name_or_path: str) -> DeviceProfile:
+    if name_or_path.lower() == machine.LOCAL:
+        return local_profile()
     path = Path(name_or_path)
     if path.suffix == ".toml":
         if not path.is_file():

@@ -103,6 +103,7 @@ def wave_efficiency(m: int, n: int, num_sms: int) -> float:
 
 
 def gemm_s(m: int, k: int, n: int, dev: DeviceProfile, train: TrainSpec) -> float:
+    dev = dev.for_dtype(train.compute_dtype)
     a = train.compute_dtype.num_bytes
     eff = dev.efficiency.gemm * (1.0 if dev.gemm_curve(train.compute_dtype) else wave_efficiency(m, n, dev.num_sms))
     return compute_bound_s(2.0 * m * k * n, a * (m * k + k * n + m * n), dev, train, eff)
@@ -166,6 +167,7 @@ def _elementwise_forward_s(model: ModelSpec, train: TrainSpec, plan: KernelShape
 
 
 def layer_kernel_times(model: ModelSpec, train: TrainSpec, plan: Plan, dev: DeviceProfile) -> KernelTimes:
+    dev = dev.for_dtype(train.compute_dtype)
     return _layer_kernel_times(model, train, _KernelKey.of(plan), dev)
 
 
@@ -195,6 +197,7 @@ def _layer_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, d
 
 
 def head_kernel_times(model: ModelSpec, train: TrainSpec, plan: Plan, dev: DeviceProfile) -> KernelTimes:
+    dev = dev.for_dtype(train.compute_dtype)
     return _head_kernel_times(model, train, _KernelKey.of(plan), dev)
 
 
@@ -212,6 +215,7 @@ def _head_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, de
 
 
 def embedding_kernel_times(model: ModelSpec, train: TrainSpec, plan: Plan, dev: DeviceProfile) -> KernelTimes:
+    dev = dev.for_dtype(train.compute_dtype)
     return _embedding_kernel_times(model, train, _KernelKey.of(plan), dev)
 
 
@@ -228,6 +232,7 @@ def _embedding_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShap
 def optimizer_step_s(num_params: float, train: TrainSpec, dev: DeviceProfile) -> float:
     """AdamW over the local (ZeRO-sharded) parameters: read master, moments and gradient, write
     master, moments and the 16-bit copy, plus one gradient read for the global-norm clip."""
+    dev = dev.for_dtype(train.compute_dtype)
     g = train.grad_dtype.num_bytes
     states = 3 * 4 if train.optimizer is Optimizer.ADAMW else 4
     per_param = 2 * states + 2 * g + (train.compute_dtype.num_bytes if train.master_weights_fp32 else 0)

@@ -55,16 +55,26 @@ def predict_with(run: Run, device: DeviceProfile) -> Estimate:
     return estimate(pf.model, pf.train, replace(pf.cluster, device=device), pf.plan)
 
 
+IDENTITY = {"compute": 1.0, "memory": 1.0, "intra_node_comm": 1.0, "comm_latency": 1.0}
+
+
+def _scaled(eff, x: dict[str, float]):
+    out = replace(eff, gemm=eff.gemm * x["compute"], attention=eff.attention * x["compute"],
+                  memory=eff.memory * x["memory"])
+    return replace(out, kernel_overhead_s=x["kernel_overhead_s"]) if "kernel_overhead_s" in x else out
+
+
 def with_params(base: DeviceProfile, x: dict[str, float]) -> DeviceProfile:
-    eff = base.efficiency
-    new_eff = replace(eff, gemm=eff.gemm * x["compute"], attention=eff.attention * x["compute"],
-                      memory=eff.memory * x["memory"], kernel_overhead_s=x["kernel_overhead_s"],
-                      overlap=x["overlap"])
+    """`base` with the factors `x` applied (a parameter missing from `x` leaves its value
+    alone); per-dtype efficiencies are scaled alike."""
+    x = {**IDENTITY, **x}
+    eff = replace(_scaled(base.efficiency, x), overlap=x.get("overlap", base.efficiency.overlap))
+    per_dtype = tuple((d, _scaled(e, x)) for d, e in base.dtype_efficiency)
     tier = base.intra_node
     intra = replace(tier, efficiency=tier.efficiency * x["intra_node_comm"],
                     latency_s=tier.latency_s * x["comm_latency"],
                     p2p_latency_s=None if tier.p2p_latency_s is None else tier.p2p_latency_s * x["comm_latency"])
-    return replace(base, efficiency=new_eff, intra_node=intra)
+    return replace(base, efficiency=eff, intra_node=intra, dtype_efficiency=per_dtype)
 
 
 def log_errors(runs: list[Run], device: DeviceProfile) -> list[float]:
@@ -82,7 +92,9 @@ BOUNDS = {"compute": (0.05, 2.0), "memory": (0.05, 2.0), "kernel_overhead_s": (1
           "intra_node_comm": (0.01, 2.0), "comm_latency": (0.5, 100.0), "overlap": (0.0, 1.0)}
 
 
-def fit(runs: list[Run], base: DeviceProfile) -> tuple[DeviceProfile, dict[str, float]]:
+def fit(runs: list[Run], base: DeviceProfile, names: tuple[str, ...] = PARAMS,
+        max_iter: int = 3000) -> tuple[DeviceProfile, dict[str, float]]:
+    """The parameters `names` fitted to `runs` (the others left as `base` has them)."""
     if not runs:
         raise ValueError("no runs to calibrate on")
     # positive parameters are searched on a log scale, the overlap fraction directly
@@ -90,11 +102,11 @@ def fit(runs: list[Run], base: DeviceProfile) -> tuple[DeviceProfile, dict[str, 
     start = {"compute": 1.0, "memory": 1.0, "intra_node_comm": 1.0, "comm_latency": 1.0, "overlap": 0.5,
              "kernel_overhead_s": min(max(base.efficiency.kernel_overhead_s, 1e-6), 1e-3)}
     to_z = lambda k, v: v if k in linear else math.log(v)  # noqa: E731
-    bounds = [(to_z(k, BOUNDS[k][0]), to_z(k, BOUNDS[k][1])) for k in PARAMS]
-    x0 = [to_z(k, start[k]) for k in PARAMS]
+    bounds = [(to_z(k, BOUNDS[k][0]), to_z(k, BOUNDS[k][1])) for k in names]
+    x0 = [to_z(k, start[k]) for k in names]
 
     def unpack(z) -> dict[str, float]:
-        return {k: float(v) if k in linear else math.exp(v) for k, v in zip(PARAMS, z)}
+        return {k: float(v) if k in linear else math.exp(v) for k, v in zip(names, z)}
 
     def loss(z) -> float:
         return sum(e * e for e in log_errors(runs, with_params(base, unpack(z))))
@@ -102,7 +114,7 @@ def fit(runs: list[Run], base: DeviceProfile) -> tuple[DeviceProfile, dict[str, 
     best = None
     for _ in range(3):   # Nelder-Mead restarted from its own optimum escapes a collapsed simplex
         best = minimize(loss, x0 if best is None else best.x, method="Nelder-Mead", bounds=bounds,
-                        options={"xatol": 1e-3, "fatol": 1e-7, "maxiter": 3000})
+                        options={"xatol": 1e-3, "fatol": 1e-7, "maxiter": max_iter})
     params = unpack(best.x)
     device = with_params(base, params)
     gpu = [r for r in runs if r.measured.get("memory_source", "").startswith("torch.cuda")]
@@ -128,6 +140,8 @@ def calibrated_toml(base_path: Path, device: DeviceProfile, params: dict[str, fl
            f"{before['mape_pct']:.1f}% -> {after['mape_pct']:.1f}%, max {before['max_abs_error_pct']:.1f}% -> "
            f"{after['max_abs_error_pct']:.1f}%")
     base_keys = set(tomllib.loads(base_path.read_text())["efficiency"])
+    per_dtype = {f"[efficiency.{d}]": {"gemm": e.gemm, "attention": e.attention, "memory": e.memory,
+                                       "kernel_overhead_s": e.kernel_overhead_s} for d, e in device.dtype_efficiency}
     latencies = {"latency_s": tier.latency_s, "p2p_latency_s": tier.p2p_latency_s}
     out, section, node = [f"# {how}", "# fitted factors: " + ", ".join(f"{k} {v:.4g}" for k, v in params.items()),
                           f"# base profile: {base_path}"], None, False
@@ -147,6 +161,8 @@ def calibrated_toml(base_path: Path, device: DeviceProfile, params: dict[str, fl
                     f"{params['comm_latency']:.3g}")
         elif section == "[efficiency]" and key and key[1] in values:
             line = f"{key[1]} = {values[key[1]]}  # calibrated (see the top of this file)"
+        elif section and section.startswith("[efficiency.") and key and key[1] in per_dtype.get(section, {}):
+            line = f"{key[1]} = {per_dtype[section][key[1]]:.4g}  # calibrated (see the top of this file)"
         elif section == "[efficiency]" and key and key[1] == "source":
             line = f'source = "{how}"'
         out.append(line)

@@ -11,6 +11,7 @@ from typing import Any
 
 from costmodel.check import check_memory, check_structure
 from costmodel.cluster import DEFAULT_MEMORY_HEADROOM, ClusterSpec, known_profiles, parse_cluster
+from costmodel.machine import LocalProfileMissing
 from costmodel.estimate import estimate
 from costmodel.fidelity import MODEL_ERROR_BAND
 from costmodel.params import total_params
@@ -324,7 +325,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        try:
+            return args.func(args)
+        except LocalProfileMissing as missing:
+            # `local` is this machine: measured on first use, cached, then the command again
+            print(f"planner {args.command}: {missing.reason}; measuring this machine once "
+                  f"(about a minute, cached in {missing.path})", file=sys.stderr)
+            from planner.profile_cli import measure_local
+            measure_local()
+            return args.func(args)
     except (UserError, ValueError) as exc:
         print(f"planner {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

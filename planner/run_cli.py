@@ -15,7 +15,7 @@ from costmodel.check import check_memory, check_structure, runtime_executes
 from costmodel.plan import PlanFile
 
 EPILOG = """examples:
-  planner search --model debug-tiny --cluster 1x2xcpu --out plan.json && planner run plan.json
+  planner search --model debug-tiny --cluster 1x2xlocal --out plan.json && planner run plan.json
   planner run plan.json --steps 20 --warmup 3 --out runs/tiny
   planner run plan.json --dry-run          (plans too big for this machine: states per rank on meta)
   planner run plan.json --print-launch     (torchrun per node and an sbatch script)
@@ -75,9 +75,15 @@ def _check_machine(args: argparse.Namespace, pf: PlanFile) -> tuple[int, int]:
     wants_gpu = pf.cluster.device.kind != "cpu"
     if wants_gpu and not cuda:
         raise RunRefused(f"the plan is for {pf.cluster.device.name} but this machine has no GPU; use "
-                         "--dry-run to check its memory, or plan for this machine with --cluster 1xNxcpu")
+                         "--dry-run to check its memory, or plan for this machine with --cluster 1xNxlocal")
     if not wants_gpu and cuda:
         raise RunRefused("the plan is for cpu ranks but this machine has a GPU; plan for its GPU")
+    from costmodel import machine
+    measured_on = pf.cluster.device.machine_key
+    if measured_on and measured_on != machine.machine_key():
+        raise RunRefused(f"the plan's profile {pf.cluster.device.path} was measured on {pf.cluster.device.machine}, "
+                         f"not this machine ({machine.describe()}): its prediction would not be this "
+                         "machine's; plan with --cluster 1xNxlocal")
     nproc = args.nproc or world
     if nproc != world:
         raise RunRefused(f"--nproc {nproc}: this plan needs exactly {world} ranks (dp*tp*pp*cp); "

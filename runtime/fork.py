@@ -34,11 +34,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, result_dir: str, fn: Callable, args: tuple) -> None:
+def _worker(rank: int, world: int, port: int, result_dir: str, fn: Callable, args: tuple,
+            device_type: str = "cpu") -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    if device_type == "cuda":   # as runtime.train.init_distributed: NCCL for CUDA tensors
+        torch.cuda.set_device(rank)
+        dist.init_process_group("cpu:gloo,cuda:nccl", timeout=timedelta(seconds=120))
+    else:
+        dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     try:
         out = fn(*args)
         Path(result_dir, f"rank{rank}.pkl").write_bytes(pickle.dumps(out))
@@ -46,12 +51,13 @@ def _worker(rank: int, world: int, port: int, result_dir: str, fn: Callable, arg
         dist.destroy_process_group()
 
 
-def run_forked(world: int, fn: Callable, *args: Any) -> list[Any]:
-    """`fn(*args)` on `world` forked ranks; returns each rank's result, rank order."""
+def run_forked(world: int, fn: Callable, *args: Any, device_type: str = "cpu") -> list[Any]:
+    """`fn(*args)` on `world` forked ranks; returns each rank's result, rank order. CUDA ranks
+    are spawned instead (CUDA cannot be used in a forked child), so `fn` and `args` must pickle."""
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            mp.start_processes(_worker, args=(world, _free_port(), tmp, fn, args), nprocs=world,
-                               join=True, start_method="fork")
+            mp.start_processes(_worker, args=(world, _free_port(), tmp, fn, args, device_type), nprocs=world,
+                               join=True, start_method="spawn" if device_type == "cuda" else "fork")
         except mp.ProcessRaisedException as exc:
             raise RankFailed(f"rank {exc.error_index} raised:\n{exc}") from None
         except mp.ProcessExitedException as exc:

@@ -14,8 +14,12 @@ from costmodel.flops import model_flops_per_step, utilization
 from costmodel.plan import PlanFile
 
 
+# Parts of a step predicted below this share of it are compared in milliseconds, not percent.
+SMALL_PART_SHARE = 0.05
+
+
 def error_pct(measured: float | None, predicted: float) -> float | None:
-    if measured is None or not predicted:
+    if measured is None or abs(predicted) < 1e-12:   # ~0 predicted: no relative error
         return None
     return 100.0 * (measured - predicted) / predicted
 
@@ -104,8 +108,11 @@ def comparison_rows(m: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     parts, predicted = m.get("stage_breakdown_s"), m.get("predicted_stage_breakdown_s")
     for stage in range(len(parts["work"]) if parts else 0):
         for key, label in PARTS.items():
-            rows.append((f"stage {stage} {label}", f"{predicted[key][stage] * 1e3:,.1f} ms",
-                         f"{parts[key][stage] * 1e3:,.1f} ms", pct(err["stage_breakdown_s"][key][stage])))
+            p, q = predicted[key][stage], parts[key][stage]
+            # a part predicted near 0 has no meaningful relative error: show the difference
+            small = abs(p) < SMALL_PART_SHARE * est["step_time_s"]
+            rows.append((f"stage {stage} {label}", f"{p * 1e3:,.1f} ms", f"{q * 1e3:,.1f} ms",
+                         f"{(q - p) * 1e3:+,.1f} ms" if small else pct(err["stage_breakdown_s"][key][stage])))
     peak = m["peak_memory_bytes"]
     for stage, predicted in enumerate(m["predicted_memory_compared_bytes"]):
         measured = "-" if peak is None else f"{peak[stage] / 2**20:,.1f} MiB"

@@ -10,14 +10,21 @@
 - Collectives among N local ranks (gloo on CPU, NCCL on GPU): all-reduce, all-gather,
   reduce-scatter and send/recv over message sizes, fitted to the alpha-beta ring model of
   costmodel.comm (latency per step, bandwidth per rank per direction).
+- Training steps of small probe plans (`probe_rank`): what a step adds to the kernels above.
 Each figure is the best of a few repetitions after a warm-up (the achievable rate, as a
 training step that repeats the same kernels sees it).
+
+Every curve obeys a `Budget`: sizes grow only while the next point's expected time (from the
+rate just measured) stays under the per-point budget and the phase's share of the total, so a
+dtype the hardware does not accelerate (bf16 on a CPU without AMX: ~1 GFLOP/s) stops at small
+sizes instead of taking minutes. All ranks stop together (`_agree`).
 """
 from __future__ import annotations
 
 import os
 import time
 import warnings
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -33,6 +40,46 @@ LAYER_TOKENS = (128, 512, 2048)
 SQUARE = (16, 32, 64, 1536)
 MEMORY_ELEMS = tuple(4**k for k in range(5, 13))          # 1 Ki .. 16 Mi elements
 COLLECTIVE_BYTES = tuple(4**k for k in range(1, 12))      # 4 B .. 16 MiB
+CALLS_PER_POINT = 4                                       # best_s: one warm-up + three timed
+# Below this share of fp32's rate at equal FLOPs a dtype is "not accelerated" here.
+ACCELERATED_RATIO = 0.5
+# ... judged at calls this large and up: smaller ones are dominated by dispatch and conversions
+# (bf16 on an AMX CPU reaches fp32's rate only from ~1e7 FLOPs, and twice it beyond).
+ACCELERATED_CHECK_FLOPS = 3e7
+
+# Each phase's share of the total budget; what is left covers process start-up and the fit.
+PHASE_SHARES = {"gemm": 0.30, "memory": 0.06, "attention": 0.05, "collectives": 0.10, "probes": 0.37}
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How long a profile may take (`total_s`) and one curve point (`point_s`: warm-up and
+    repetitions together)."""
+    total_s: float
+    point_s: float
+
+    def phase_s(self, phase: str) -> float:
+        return self.total_s * PHASE_SHARES[phase]
+
+
+# (total_s, point_s) per mode and device kind: the issue's ceilings are 60 s on a 2-core CPU and
+# 120 s on one GPU for the default; the totals leave room for start-up and the fit.
+BUDGETS = {("quick", "cpu"): Budget(30.0, 0.15), ("default", "cpu"): Budget(45.0, 0.4),
+           ("thorough", "cpu"): Budget(240.0, 2.0), ("quick", "cuda"): Budget(45.0, 0.2),
+           ("default", "cuda"): Budget(90.0, 0.5), ("thorough", "cuda"): Budget(400.0, 2.0)}
+
+
+def _agree(stop: bool) -> bool:
+    """True on every rank when any rank wants to stop (their clocks differ slightly)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return stop
+    flag = torch.tensor([1 if stop else 0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def _over(expected_s: float, phase_start: float, phase_s: float, point_s: float) -> bool:
+    return expected_s > point_s or time.perf_counter() - phase_start + expected_s > phase_s
 
 
 def best_s(fn: Callable[[], object], repeat: int = 3, sync: Callable[[], None] = lambda: None) -> float:
@@ -64,6 +111,34 @@ def gemm_point(m: int, k: int, n: int, dtype: torch.dtype, device: torch.device)
     return flops, flops / best_s(lambda: a @ b, sync=_sync(device))
 
 
+@dataclass(frozen=True)
+class Curve:
+    """A measured curve and where the budget stopped it (None: every size measured)."""
+    points: tuple[tuple[float, float], ...]
+    stopped_before: float | None = None
+    accelerated: bool = True
+
+
+def gemm_curve(shapes, dtype: torch.dtype, device: torch.device, phase_s: float, point_s: float,
+               reference: tuple[tuple[float, float], ...] = (), report=lambda frac, what: None) -> Curve:
+    """GEMM rates over `shapes` (ascending FLOPs) until the next point would break the budget.
+    Against `reference` (fp32's curve), a dtype below ACCELERATED_RATIO of it
+    (at ACCELERATED_CHECK_FLOPS and up) is marked not accelerated and measured with a quarter
+    of the point budget from then on."""
+    start, points, accelerated = time.perf_counter(), [], True
+    for i, (m, k, n) in enumerate(shapes):
+        flops = 2.0 * m * k * n
+        expected = CALLS_PER_POINT * flops / points[-1][1] if points else 0.0
+        if _agree(_over(expected, start, phase_s, point_s)):
+            return Curve(tuple(sorted(points)), flops, accelerated)
+        points.append(gemm_point(m, k, n, dtype, device))
+        if reference and accelerated and flops >= ACCELERATED_CHECK_FLOPS and \
+                _agree(points[-1][1] < ACCELERATED_RATIO * interpolate(reference, flops)):
+            accelerated, point_s = False, point_s / 4
+        report((i + 1) / len(shapes), f"GEMM {m}x{k}x{n}")
+    return Curve(tuple(sorted(points)), None, accelerated)
+
+
 def memory_points(elems: int, device: torch.device) -> list[tuple[float, float]]:
     """(bytes moved, bytes/s) for an add (read 2, write 1), an RMS norm and a softmax (read 1,
     write 1) over fp32 rows of 256."""
@@ -77,31 +152,57 @@ def memory_points(elems: int, device: torch.device) -> list[tuple[float, float]]
             (2.0 * b, 2 * b / best_s(lambda: x.softmax(-1), sync=sync))]
 
 
+def memory_curve(device: torch.device, phase_s: float, point_s: float, report) -> Curve:
+    start, points = time.perf_counter(), []
+    for i, elems in enumerate(MEMORY_ELEMS):
+        bytes_ = 7.0 * 4 * elems   # the three kernels' traffic together
+        expected = CALLS_PER_POINT * bytes_ / min(r for _, r in points[-3:]) if points else 0.0
+        if _agree(_over(expected, start, phase_s, point_s)):
+            return Curve(tuple(points), 3.0 * 4 * elems)
+        points += memory_points(elems, device)
+        report((i + 1) / len(MEMORY_ELEMS), f"memory-bound kernels, {elems:,} elements")
+    return Curve(tuple(points))
+
+
 def op_overhead_s(device: torch.device) -> float:
     x = torch.ones(1, device=device)
     return best_s(lambda: [x + x for _ in range(1000)], repeat=5, sync=_sync(device)) / 1000
 
 
-def attention_efficiency(dtype: torch.dtype, device: torch.device, gemm_rate: Callable[[float], float]) -> float:
+ATTENTION_SHAPES = ((1, 4, 256, 64), (1, 8, 512, 64), (2, 8, 1024, 64))
+
+
+def attention_efficiency(dtype: torch.dtype, device: torch.device, gemm: tuple[tuple[float, float], ...],
+                         phase_s: float, point_s: float) -> float:
     """Causal SDPA rate over the GEMM rate at the same FLOPs (counting the half a causal kernel
-    computes), the median over a few shapes."""
-    ratios = []
-    for b, h, s, d in ((1, 4, 256, 64), (1, 8, 512, 64), (2, 8, 1024, 64)):
-        q, k, v = (torch.randn(b, h, s, d, dtype=dtype, device=device) for _ in range(3))
+    computes), the median over the shapes the budget allows (the smallest always)."""
+    start, ratios = time.perf_counter(), []
+    for b, h, s, d in ATTENTION_SHAPES:
         flops = 0.5 * 4.0 * b * h * s * s * d
+        expected = CALLS_PER_POINT * flops / (interpolate(gemm, flops) * min(ratios)) if ratios else 0.0
+        if _agree(_over(expected, start, phase_s, point_s)):
+            break
+        q, k, v = (torch.randn(b, h, s, d, dtype=dtype, device=device) for _ in range(3))
         t = best_s(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), sync=_sync(device))
-        ratios.append(flops / t / gemm_rate(flops))
+        ratios.append(flops / t / interpolate(gemm, flops))
     return float(np.median(ratios))
 
 
-def collective_worker(sizes: tuple[int, ...], device: torch.device) -> dict[str, list[tuple[float, float]]] | None:
+def collective_worker(sizes: tuple[int, ...], device: torch.device, phase_s: float = float("inf"),
+                      point_s: float = float("inf")) -> dict[str, list[tuple[float, float]]] | None:
     """Run inside every rank of an initialised group: (bytes, seconds) per collective, rank 0."""
     world, rank = dist.get_world_size(), dist.get_rank()
     out: dict[str, list[tuple[float, float]]] = {k: [] for k in
                                                  ("all_reduce", "all_gather", "reduce_scatter", "p2p")}
     sync = _sync(device)
+    start = time.perf_counter()
     for size in sizes:
         n = max(world, size // 4 // world * world)
+        last = [t for v in out.values() for _, t in v[-1:]]
+        # 6 calls per collective kind (best of 5 after one), times the growth of the message
+        expected = 6 * sum(last) * 4 if last else 0.0
+        if _agree(_over(expected, start, phase_s, point_s)):
+            break
         full = torch.ones(n, device=device)
         shard = torch.ones(n // world, device=device)
         dist.barrier()
@@ -143,42 +244,74 @@ def fit_alpha_beta(samples: dict[str, list[tuple[float, float]]], world: int) ->
     return float(alpha), float(1.0 / inv_beta), rms, p2p
 
 
-def measure_rank(shapes, dtypes: list[str], elems: tuple[int, ...], sizes: tuple[int, ...],
-                 device_type: str, threads: int, report) -> dict | None:
-    """Everything, on every rank of an initialised group at once: each rank is one "device" of
-    the node and shares cores, caches and memory bandwidth with the others, as ranks of a run
-    do. A barrier before each point keeps the ranks measuring together; rank 0's figures are
-    returned (and its progress reported through `report(what)`)."""
-    torch.set_num_threads(threads)
+def _device(device_type: str) -> torch.device:
     device = torch.device(device_type, dist.get_rank() if device_type == "cuda" else 0)
     if device_type == "cuda":
         torch.cuda.set_device(device)
+    return device
+
+
+def measure_rank(dtypes: list[str], device_type: str, threads: int, budget: Budget, report) -> dict | None:
+    """Every microbenchmark, on every rank of an initialised group at once: each rank is one
+    "device" of the node and shares cores, caches and memory bandwidth with the others, as ranks
+    of a run do. A barrier before each phase keeps the ranks measuring together; rank 0's figures
+    are returned (and its progress reported through `report(phase, fraction, what)`)."""
+    torch.set_num_threads(threads)
+    device = _device(device_type)
     lead = dist.get_rank() == 0
-    out: dict = {"gemm": {}, "memory": [], "attention": {}}
-    for name in dtypes:
-        points = []
-        for m, k, n in shapes:
-            dist.barrier()
-            points.append(gemm_point(m, k, n, DTYPES[name], device))
-            lead and report(f"GEMM {name} {m}x{k}x{n}")
-        out["gemm"][name] = sorted(points)
-    for e in elems:
+    say = (lambda phase: (lambda frac, what: report(phase, frac, what))) if lead else \
+        (lambda phase: (lambda frac, what: None))
+    out: dict = {"gemm": {}, "attention": {}}
+    shapes, fp32, spent_s = gemm_shapes(), (), 0.0
+    for i, name in enumerate(dtypes):
         dist.barrier()
-        out["memory"] += memory_points(e, device)
-        lead and report(f"memory-bound kernels, {e:,} elements")
+        # an even share of what is left of the GEMM phase for each dtype still to measure
+        share_s = (budget.phase_s("gemm") - spent_s) / (len(dtypes) - i)
+        t0 = time.perf_counter()
+        curve = gemm_curve(shapes, DTYPES[name], device, share_s, budget.point_s, fp32, say(f"gemm {name}"))
+        spent_s += time.perf_counter() - t0
+        out["gemm"][name] = curve
+        fp32 = curve.points if name == "fp32" else fp32
+    dist.barrier()
+    out["memory"] = memory_curve(device, budget.phase_s("memory"), budget.point_s, say("memory"))
     for name in dtypes:
         dist.barrier()
-        curve = tuple(out["gemm"][name])   # read the way the cost model reads it
-        out["attention"][name] = attention_efficiency(DTYPES[name], device, lambda f, c=curve: interpolate(c, f))
-        lead and report(f"attention {name}")
+        out["attention"][name] = attention_efficiency(DTYPES[name], device, out["gemm"][name].points,
+                                                      budget.phase_s("attention") / len(dtypes), budget.point_s)
+        say("attention")(1.0, f"attention {name}")
     dist.barrier()
     out["overhead_s"] = op_overhead_s(device)
-    lead and report("per-operator overhead")
-    with warnings.catch_warnings():   # gloo's *_tensor collectives are "deprecated" in 2.13, still the API
-        warnings.simplefilter("ignore", FutureWarning)
-        out["collectives"] = collective_worker(sizes, device)
-    lead and report(f"collectives on {dist.get_world_size()} ranks")
+    if dist.get_world_size() > 1:
+        with warnings.catch_warnings():   # gloo's *_tensor collectives are "deprecated" in 2.13, still the API
+            warnings.simplefilter("ignore", FutureWarning)
+            out["collectives"] = collective_worker(COLLECTIVE_BYTES, device, budget.phase_s("collectives"),
+                                                   budget.point_s)
+        say("collectives")(1.0, f"collectives on {dist.get_world_size()} ranks")
     return out if lead else None
+
+
+def probe_rank(plans: list, threads: int, phase_s: float, report) -> list[dict | None]:
+    """Training steps of small plans on this group (the plans of its world size), so the profile
+    holds what a step adds to its kernels: autograd and module overhead per kernel, collectives
+    inside FSDP / DTensor / pipelining, how much communication hides. One warm-up and three
+    timed steps each, the median kept; plans the phase budget leaves no time for are skipped
+    (None) on every rank."""
+    from runtime.train import RunConfig, run_rank   # the runtime's own step, as `planner run` runs it
+    torch.set_num_threads(threads)
+    start, results = time.perf_counter(), []
+    for i, pf in enumerate(plans):
+        spent = time.perf_counter() - start
+        expected = spent / i if i else 0.0
+        if _agree(spent + expected > phase_s):
+            results.append(None)
+            continue
+        with warnings.catch_warnings():   # FSDP's and pipelining's notices are the user's business in a run
+            warnings.simplefilter("ignore")
+            raw = run_rank(pf, RunConfig(steps=3, warmup=1, quiet=True))
+        results.append(raw)
+        if dist.get_rank() == 0:
+            report((i + 1) / len(plans), f"probe step: {pf.plan.short()} {pf.train.compute_dtype}")
+    return results
 
 
 def machine_description(device: torch.device) -> str:

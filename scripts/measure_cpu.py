@@ -1,4 +1,4 @@
-"""One-off measurement behind profiles/cpu.toml (`planner profile` measures more: profiles/local.toml).
+"""One-off measurement behind profiles/xeon-amx.toml (`planner profile` measures more, into the `local` cache).
 
     OMP_NUM_THREADS=1 python scripts/measure_cpu.py
 

@@ -43,7 +43,7 @@ def test_plan_file_is_loaded_strictly(tmp_path, llama70b, a100_64, train_4k, mut
 def test_cluster_strings():
     c = parse_cluster("8x8xA100")
     assert (c.num_nodes, c.devices_per_node, c.world_size, c.device.name) == (8, 8, 64, "A100-SXM4-80GB")
-    assert parse_cluster(f"1x2x{PROFILES / 'cpu.toml'}").device.name == "cpu"
+    assert parse_cluster(f"1x2x{PROFILES / 'xeon-amx.toml'}").device.name == "xeon-amx"
     for bad in ("8xA100", "axbxA100", "0x8xA100", "8x8x"):
         with pytest.raises(ValueError, match="malformed cluster"):
             parse_cluster(bad)
@@ -64,7 +64,7 @@ def test_every_profile_number_cites_its_source():
             if number and section in ("[device]", "[[network]]"):
                 assert "#" in line, f"{path.name}: no source for: {line}"
     assert {"A100-SXM4-40GB", "A100-SXM4-80GB", "H100-SXM5-80GB", "H200-SXM-141GB", "B200",
-            "V100-SXM2-32GB", "cpu"} <= set(known_profiles())
+            "V100-SXM2-32GB", "xeon-amx"} <= set(known_profiles())
 
 
 def test_placement_tp_inside_node_dp_across():

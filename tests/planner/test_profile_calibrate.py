@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from costmodel import machine
 from costmodel.cluster import load_profile, parse_cluster
 from costmodel.compute import gemm_s, interpolate
 from costmodel.estimate import estimate
@@ -19,20 +20,73 @@ from planner.cli import main
 from planner.space import Choice, build_plan
 
 
-def test_profile_writes_a_usable_measured_profile(tmp_path, capsys):
-    out = tmp_path / "box.toml"
-    assert main(["profile", "--out", str(out), "--nproc", "2"]) == 0
-    raw = tomllib.loads(out.read_text())
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> Path:
+    """One quick profile of this machine for the module (the budget keeps it under ~25 s)."""
+    out = tmp_path_factory.mktemp("profile") / "box.toml"
+    assert main(["profile", "--out", str(out), "--quick"]) == 0
+    return out
+
+
+def test_profile_writes_a_usable_measured_profile(measured, capsys):
+    raw = tomllib.loads(measured.read_text())
     assert raw["device"]["kind"] == "cpu" and raw["measured"]["threads_per_rank"] >= 1
     for key in ("gemm_fp32", "gemm_bf16", "memory_bound", "collective_all_reduce", "collective_p2p"):
-        assert len(raw["measured"][key]) >= 8, key
+        assert len(raw["measured"][key]) >= 4, key
     assert "measured" in raw["efficiency"]["source"] and "planner profile" in raw["measured"]["command"]
-    dev = load_profile(out)
+    assert raw["measured"]["machine_key"] == machine.machine_key()
+    # the probes ran and were fitted: per-dtype efficiencies, each probe's measured step
+    assert {"fp32", "bf16"} <= set(raw["efficiency"]) and raw["probes"]["steps"]
+    assert all(s["measured_s"] > 0 for s in raw["probes"]["steps"])
+    dev = load_profile(measured)
+    assert dev.for_dtype(DType.BF16).efficiency != dev.for_dtype(DType.FP32).efficiency
     train = TrainSpec(seq_len=128, global_batch_size=8, compute_dtype=DType.FP32)
     small, big = gemm_s(64, 64, 64, dev, train), gemm_s(1024, 1024, 1024, dev, train)
     assert big / small < 4096   # small GEMMs run at a lower measured rate than large ones
-    assert main(["predict", "--model", "debug-small", "--cluster", f"1x2x{out}", "--dtype", "fp32",
+    assert main(["predict", "--model", "debug-small", "--cluster", f"1x2x{measured}", "--dtype", "fp32",
                  "--json"]) == 0
+
+
+def test_an_existing_profile_is_not_overwritten(measured, capsys):
+    assert main(["profile", "--out", str(measured)]) == 2
+    assert "--force" in capsys.readouterr().err
+
+
+def test_local_is_measured_once_then_cached(measured, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PLANNER_CACHE_DIR", str(tmp_path))
+    machine.identity.cache_clear()
+    calls = []
+
+    def fake_measure(quick: bool = False) -> Path:   # the real one is the fixture's `planner profile`
+        calls.append(1)
+        target = machine.local_profile_path()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(measured.read_text())
+        return target
+    monkeypatch.setattr("planner.profile_cli.measure_local", fake_measure)
+    args = ["predict", "--model", "debug-tiny", "--cluster", "1x2xlocal", "--dtype", "fp32", "--json"]
+    assert main(args) == 0 and len(calls) == 1
+    assert "no profile of this machine yet; measuring this machine once" in capsys.readouterr().err
+    assert main(args) == 0 and len(calls) == 1          # cached: not measured again
+    cached = machine.local_profile_path()
+    cached.write_text(cached.read_text()[:300])          # truncated: measured again, one line why
+    assert main(args) == 0 and len(calls) == 2
+    assert "unreadable" in capsys.readouterr().err
+    cached.write_text(cached.read_text().replace(machine.machine_key(), "0123456789ab"))
+    assert main(args) == 0 and len(calls) == 3           # measured elsewhere (another torch, CPU, GPU)
+    assert "measured on" in capsys.readouterr().err
+
+
+def test_run_refuses_a_profile_of_another_machine(measured, tmp_path, capsys):
+    other = tmp_path / "other.toml"
+    other.write_text(measured.read_text().replace(machine.machine_key(), "0123456789ab"))
+    plan = tmp_path / "plan.json"
+    assert main(["predict", "--model", "debug-tiny", "--cluster", f"1x2x{other}", "--dtype", "fp32",
+                 "--out", str(plan), "--json"]) == 0
+    capsys.readouterr()
+    assert main(["run", str(plan)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "not this machine" in err
 
 
 def test_interpolation_is_log_linear_and_flat_outside():
@@ -43,7 +97,7 @@ def test_interpolation_is_log_linear_and_flat_outside():
 
 def _fake_runs(tmp_path: Path, truth) -> list[Path]:
     """Run directories whose 'measured' step times come from a known profile."""
-    model, base = resolve_model("debug-small"), parse_cluster("1x2xlocal")
+    model, base = resolve_model("debug-small"), parse_cluster("1x2xxeon-amx")
     dirs = []
     for i, choice in enumerate([Choice(zero_stage=0, micro_batch_size=2), Choice(tp=2), Choice(pp=2),
                                 Choice(zero_stage=3), Choice(zero_stage=1, micro_batch_size=4)]):
@@ -59,11 +113,10 @@ def _fake_runs(tmp_path: Path, truth) -> list[Path]:
     return dirs
 
 
-def test_calibrate_recovers_a_known_slowdown_and_keeps_the_original(tmp_path, capsys):
-    base = parse_cluster("1x2xlocal").device
-    truth = replace(base, efficiency=replace(base.efficiency, gemm=base.efficiency.gemm * 0.5,
-                                             attention=base.efficiency.attention * 0.5,
-                                             kernel_overhead_s=2e-5))
+def test_calibrate_recovers_a_known_slowdown_and_keeps_the_original(measured, tmp_path, capsys):
+    from planner.calibrate import with_params
+    base = parse_cluster(f"1x2x{measured}").device
+    truth = with_params(base, {"compute": 0.5, "kernel_overhead_s": 2e-5})
     runs = _fake_runs(tmp_path, truth)
     before = Path(base.path).read_text()
     out = tmp_path / "cal.toml"

@@ -29,7 +29,7 @@ def plan_file(choice: Choice, *, world: int, model: str = "debug-tiny", seq_len:
     train = TrainSpec(seq_len=seq_len, global_batch_size=global_batch, compute_dtype=compute_dtype,
                       grad_dtype=DType.FP32, optimizer=optimizer,
                       attention_kernel=attention_kernel)
-    cluster = parse_cluster(f"1x{world}xcpu")
+    cluster = parse_cluster(f"1x{world}xxeon-amx")
     return PlanFile(plan=build_plan(spec, train, cluster, choice), model=spec, train=train,
                     cluster=cluster)
 

@@ -33,3 +33,17 @@ def test_root_cause_with_lost_peer_error_names_its_line(tmp_path):
 
 def test_no_summary_says_where_the_log_is(tmp_path):
     assert "see" in failure_message(tmp_path, 4)
+
+
+def test_parts_predicted_near_zero_compare_in_milliseconds():
+    from runtime.measure import comparison_rows
+    m = {"predicted": {"step_time_s": 0.1, "tokens_per_s": 10.0, "mfu": 0.1},
+         "error_pct": {"step_time_s": 10.0, "tokens_per_s": -9.0, "mfu": -9.0,
+                       "stage_breakdown_s": {k: [1e18] for k in ("work", "dp_sync", "optimizer", "wait")}},
+         "step_time_s": 0.11, "tokens_per_s": 9.1, "mfu": 0.09, "peak_memory_bytes": None,
+         "predicted_memory_compared_bytes": [], "losses": [1.0, 0.9],
+         "stage_breakdown_s": {"work": [0.08], "dp_sync": [0.002], "optimizer": [0.01], "wait": [0.018]},
+         "predicted_stage_breakdown_s": {"work": [0.07], "dp_sync": [0.0], "optimizer": [0.01], "wait": [1e-19]}}
+    rows = {r[0]: r[3] for r in comparison_rows(m)}
+    assert rows["stage 0 DP gradient sync"] == "+2.0 ms" and rows["stage 0 wait (bubble + PP transfer)"] == "+18.0 ms"
+    assert rows["stage 0 work (compute + TP/CP)"].endswith("%")

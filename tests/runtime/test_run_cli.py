@@ -13,7 +13,7 @@ import pytest
 
 from planner.cli import main
 
-TINY = ["predict", "--model", "debug-tiny", "--cluster", "1x2xcpu", "--dtype", "fp32"]
+TINY = ["predict", "--model", "debug-tiny", "--cluster", "1x2xxeon-amx", "--dtype", "fp32"]
 
 
 def _plan(tmp_path: Path, *extra: str, name: str = "plan.json") -> Path:
@@ -86,7 +86,7 @@ def test_bad_plan_files_are_refused_in_one_line(tmp_path, capsys):
 
 def test_machine_mismatches_are_refused(tmp_path, capsys):
     big = tmp_path / "big.json"
-    assert main(["predict", "--model", "debug-tiny", "--cluster", f"1x{4 * (os.cpu_count() or 1)}xcpu",
+    assert main(["predict", "--model", "debug-tiny", "--cluster", f"1x{4 * (os.cpu_count() or 1)}xxeon-amx",
                  "--global-batch", str(4 * (os.cpu_count() or 1)), "--dtype", "fp32", "--out", str(big),
                  "--json"]) == 0
     capsys.readouterr()
@@ -148,7 +148,7 @@ def test_zero_under_a_pipeline_uses_the_memory_the_model_says(tmp_path, capsys):
     peaks = {}
     for zero in ("1", "3"):
         plan = tmp_path / f"z{zero}.json"
-        assert main(["predict", "--model", "debug-tiny", "--cluster", "1x4xcpu", "--dtype", "bf16", "--pp", "2",
+        assert main(["predict", "--model", "debug-tiny", "--cluster", "1x4xxeon-amx", "--dtype", "bf16", "--pp", "2",
                      "--dp", "2", "--zero", zero, "--mbs", "1", "--out", str(plan), "--json"]) == 0
         capsys.readouterr()
         out = tmp_path / f"run{zero}"

@@ -1,0 +1,106 @@
+"""The training-step probes of `planner profile`: small plans run with the runtime's own step,
+and the fit of what a step adds to the microbenchmarks.
+
+Microbenchmarks measure kernels alone. A training step adds eager-mode work per kernel (autograd,
+module calls, hooks), collectives wrapped in FSDP / DTensor / pipelining bookkeeping, and on a
+CPU ranks that share cores cannot hide communication. Calibrating on the user's own runs found
+these (34 us per kernel, collectives at 0.13 of the microbenchmark bandwidth, no overlap); the
+probes measure them at profile time, so predictions hold before any calibration. The probe
+model is not any model the planner ships: two Llama-style layers with GQA, at two widths so the
+fit can tell a per-kernel cost from a rate.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from costmodel.cluster import ClusterSpec, DeviceProfile
+from costmodel.plan import PlanFile
+from costmodel.registry import llama_spec
+from costmodel.plan import Recompute
+from costmodel.specs import DType, TrainSpec
+from planner.calibrate import Run, fit, summary
+from planner.space import Choice, build_plan
+
+_WHY = "probe of `planner profile`: not a published model"
+NARROW = llama_spec("probe-narrow", layers=2, hidden=64, heads=4, kv_heads=2, ffn=176, vocab=1024,
+                    max_pos=256, source=_WHY)
+WIDE = llama_spec("probe-wide", layers=2, hidden=256, heads=4, kv_heads=2, ffn=688, vocab=4096,
+                  max_pos=256, source=_WHY)
+SEQ_LEN, GLOBAL_BATCH = 128, 4
+
+# (model, ranks, choice). One rank at two widths and micro-batch sizes (the fit tells a
+# per-kernel cost from a rate by them) and with recomputation; then DP, TP + SP and a 1F1B
+# pipeline on two ranks: each parallelism the runtime executes, once.
+PROBES = [
+    (WIDE, 1, Choice(micro_batch_size=4)),
+    (WIDE, 1, Choice(micro_batch_size=1)),
+    (NARROW, 1, Choice(micro_batch_size=4)),
+    (NARROW, 1, Choice(micro_batch_size=1)),
+    (WIDE, 1, Choice(micro_batch_size=2, recompute=Recompute.FULL)),
+    (WIDE, 2, Choice(micro_batch_size=2, zero_stage=1)),
+    (WIDE, 2, Choice(tp=2, micro_batch_size=4)),
+    (WIDE, 2, Choice(pp=2, micro_batch_size=1)),
+]
+# Fitted per dtype on one rank, then for the communication on two ranks (every dtype together):
+# two small least-squares problems are better posed, and faster, than one of nine parameters.
+COMPUTE_PARAMS = ("compute", "memory", "kernel_overhead_s")
+COMM_PARAMS = ("intra_node_comm", "comm_latency", "overlap")
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    pf: PlanFile
+    step_time_s: float
+
+
+def probe_plans(device: DeviceProfile, dtypes: dict[str, bool], ranks: int) -> list[PlanFile]:
+    """The probes for `ranks` ranks, per dtype; a dtype the hardware does not accelerate
+    (dtypes[name] False) gets the narrow model only, which takes seconds even at 1 GFLOP/s."""
+    out = []
+    cluster = ClusterSpec(device=device, num_nodes=1, devices_per_node=ranks)
+    # probe-major, dtype-minor: when the budget runs out, every dtype has its first probes
+    for model, world, choice in PROBES:
+        if world != ranks:
+            continue
+        for name, accelerated in dtypes.items():
+            train = TrainSpec(seq_len=SEQ_LEN, global_batch_size=GLOBAL_BATCH, compute_dtype=DType(name))
+            mine = model if accelerated else NARROW
+            out.append(PlanFile(plan=build_plan(mine, train, cluster, choice), model=mine, train=train,
+                                cluster=cluster))
+    return out
+
+
+def results(plans: list[PlanFile], raws: list[dict | None]) -> list[ProbeResult]:
+    return [ProbeResult(pf, statistics.median(raw["step_times_s"]))
+            for pf, raw in zip(plans, raws) if raw is not None]
+
+
+def fit_probes(probes: list[ProbeResult], base: DeviceProfile) -> tuple[DeviceProfile, dict[str, float], dict, dict]:
+    """The calibration fit (planner.calibrate) on the probes: per dtype its compute factors on
+    the one-rank probes, then the communication factors on the others. Returns the fitted
+    profile, the factors (the first dtype's compute ones), and the MAPE before and after."""
+    runs = [Run(path=Path(f"probe:{p.pf.plan.short()}"), pf=_on(p.pf, base), measured={"step_time_s": p.step_time_s})
+            for p in probes]
+    single = [r for r in runs if r.pf.plan.world_size == 1]
+    params: dict[str, float] = {}
+    per_dtype = []
+    for dtype in dict.fromkeys(str(r.pf.train.compute_dtype) for r in single):
+        mine = [r for r in single if str(r.pf.train.compute_dtype) == dtype]
+        # fewer probes than parameters (a short budget): the rate factor alone
+        names = COMPUTE_PARAMS if len(mine) >= len(COMPUTE_PARAMS) else ("compute",)
+        fitted, found = fit(mine, base, names, max_iter=600)
+        per_dtype.append((dtype, fitted.efficiency))
+        params = params or found
+    device = replace(base, efficiency=per_dtype[0][1] if per_dtype else base.efficiency,
+                     dtype_efficiency=tuple(per_dtype))
+    multi = [replace(r, pf=_on(r.pf, device)) for r in runs if r.pf.plan.world_size > 1]
+    if multi:
+        device, found = fit(multi, device, COMM_PARAMS, max_iter=600)
+        params |= found
+    return device, params, summary(runs, base), summary([replace(r, pf=_on(r.pf, device)) for r in runs], device)
+
+
+def _on(pf: PlanFile, device: DeviceProfile) -> PlanFile:
+    return replace(pf, cluster=replace(pf.cluster, device=device))
