@@ -178,15 +178,17 @@ def profile_machine(setup: Setup) -> None:
 
 
 def _summary(setup: Setup, micro: dict, measured, fitted) -> None:
-    _, params, before, after = fitted
+    device, _, before, after = fitted
     gemm = micro["gemm"]
     rates = ", ".join(f"{d} {max(r for _, r in c.points) / 1e9:,.1f}" + ("" if c.accelerated else " (not accelerated)")
                       for d, c in gemm.items())
     print(f"GEMM up to {rates} GFLOP/s; memory-bound up to "
           f"{max(r for _, r in micro['memory'].points) / 1e9:.1f} GB/s; {len(measured)} probe steps: "
           f"step-time error {before['mape_pct']:.0f}% on the microbenchmarks alone -> {after['mape_pct']:.1f}% "
-          f"fitted (per-kernel overhead {params['kernel_overhead_s'] * 1e6:.0f} us, collectives x"
-          f"{params['intra_node_comm']:.2f} bandwidth, overlap {params['overlap']:.2f})", file=sys.stderr)
+          "fitted (per-kernel overhead " + ", ".join(f"{d} {e.kernel_overhead_s * 1e6:.0f} us"
+                                                     for d, e in device.dtype_efficiency)
+          + f"; collectives at {device.intra_node.efficiency:.2f} of their microbenchmark bandwidth, "
+          f"overlap {device.efficiency.overlap:.2f})", file=sys.stderr)
 
 
 def _pairs(points) -> str:
@@ -247,10 +249,10 @@ def profile_toml(setup: Setup, micro: dict, probed, elapsed_s: float = 0.0) -> s
         f'name = "{"gloo" if cpu else "nccl"}-local"',
         f"bandwidth_bytes_per_s = {beta:.6g}  # measured: {net_how}",
         f"latency_s = {tier.latency_s if tier else alpha:.6g}  # " + (
-            f"probes: the measured {alpha:.3g} s per ring step x {params['comm_latency']:.3g}" if tier
+            f"probes: the measured {alpha:.3g} s per ring step x {params.get('comm_latency', 1.0):.3g}" if tier
             else "measured: same fit, per ring step"),
         f"p2p_latency_s = {tier.p2p_latency_s if tier else p2p:.6g}  # " + (
-            f"probes: the measured {p2p:.3g} s x {params['comm_latency']:.3g}" if tier
+            f"probes: the measured {p2p:.3g} s x {params.get('comm_latency', 1.0):.3g}" if tier
             else "measured: send/recv of the smallest messages (median)"),
         "",
         "[[network]]",

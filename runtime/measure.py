@@ -42,6 +42,7 @@ def measured_record(pf: PlanFile, raw: dict[str, Any], *, steps: int, warmup: in
         "tokens_per_s": pf.train.tokens_per_step / step_s,
         "mfu": mfu,
         "peak_memory_bytes": peak,
+        "peak_reserved_bytes": raw.get("peak_reserved_bytes"),   # CUDA only: allocated + allocator cache
         "losses": raw["losses"],
         "step_times_s": raw["step_times_s"],
         "predicted": est.to_dict(),

@@ -123,13 +123,16 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
                    else f"step {step - cfg.warmup + 1}/{cfg.steps}")
             print(f"[planner run] {tag}: loss {step_loss:.4f}, "
                   f"{step_s * 1e3:.1f} ms", file=sys.stderr, flush=True)
+    reserved = None
     if device.type == "cuda":
         memory = torch.cuda.max_memory_allocated()
+        reserved = _peak_per_stage(job, torch.cuda.max_memory_reserved())   # the allocator's own share too
     peak = _peak_per_stage(job, memory)
     params = _gather_params(job) if cfg.collect_params else None
     if dist.get_rank() != 0:
         return None
     return {"losses": losses, "step_times_s": times, "peak_memory_bytes": peak, "params": params,
+            "peak_reserved_bytes": reserved,
             # the median, as for the step time (runtime.measure), so that work <= step holds
             "stage_busy_s": [statistics.median(col) for col in zip(*busy)] if busy else None,
             "stage_dp_sync_s": [statistics.median(col) for col in zip(*sync)] if sync else None,
