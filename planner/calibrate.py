@@ -147,7 +147,7 @@ def calibrated_toml(base_path: Path, device: DeviceProfile, params: dict[str, fl
                           f"# base profile: {base_path}"], None, False
     for line in base_path.read_text().splitlines():
         if line.startswith("["):
-            section = line.strip()
+            section = line.split("#")[0].strip()
             node = False
         if section == "[[network]]" and line.strip() == 'scope = "node"':
             node = True

@@ -9,10 +9,10 @@ from pathlib import Path
 from costmodel.cluster import resolve_device
 
 EPILOG = """examples:
-  planner calibrate runs/* --profile profiles/local.toml --out profiles/local-calibrated.toml
+  planner calibrate runs/* --profile local --out mine-calibrated.toml
 
-The calibrated profile is written next to the original, never over it; then plan with
---cluster 1x2xlocal-calibrated (or the file's path)."""
+`--profile local` is this machine's cached profile (`planner profile`). The calibrated profile is
+a new file, never the original; then plan with --cluster 1x2xmine-calibrated.toml."""
 
 
 def add_calibrate_args(p: argparse.ArgumentParser) -> None:

@@ -127,4 +127,6 @@ def test_calibrate_recovers_a_known_slowdown_and_keeps_the_original(measured, tm
     assert after < 2.0
     cal = load_profile(out)
     assert "calibrated" in cal.efficiency.source and cal.name == "cal"
+    # the written file carries the per-dtype efficiencies the fit scaled, not the base's
+    assert cal.for_dtype(DType.FP32).efficiency.gemm != pytest.approx(base.for_dtype(DType.FP32).efficiency.gemm)
     assert main(["calibrate", *map(str, runs), "--profile", base.path, "--out", base.path]) == 2
