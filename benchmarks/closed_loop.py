@@ -87,12 +87,12 @@ def leave_one_out(out: Path, profile: Path) -> list[tuple[str, float, float]]:
     """Each plan predicted by a profile calibrated on the other plans only: how well the
     calibration predicts a plan it has not seen (the in-sample table can flatter)."""
     from costmodel.cluster import load_profile
-    from planner.calibrate import fit, load_run, predict_with
+    from planner.calibrate import fit_by_dtype, load_run, predict_with
     base = load_profile(profile)
     runs = [load_run(out / name) for name, *_ in MATRIX]
     rows = []
     for i, (name, *_) in enumerate(MATRIX):
-        device, _ = fit(runs[:i] + runs[i + 1:], base)
+        device, _ = fit_by_dtype(runs[:i] + runs[i + 1:], base)
         rows.append((name, predict_with(runs[i], device).step_time_s, runs[i].measured_step_s))
     return rows
 

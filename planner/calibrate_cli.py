@@ -22,7 +22,7 @@ def add_calibrate_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from planner.calibrate import calibrated_toml, fit, load_run, summary
+    from planner.calibrate import calibrated_toml, fit_by_dtype, load_run, summary
     from reports.tables import table
     base = resolve_device(args.profile)
     base_path = Path(base.path)
@@ -33,7 +33,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     runs = [replace(r, pf=replace(r.pf, cluster=replace(r.pf.cluster, device=base))) for r in runs]
     before = summary(runs, base)
     print(f"fitting {len(runs)} runs ...", file=sys.stderr)
-    device, params = fit(runs, base)
+    device, params = fit_by_dtype(runs, base)
     device = replace(device, name=out.stem)
     after = summary(runs, device)
     command = "planner calibrate " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "planner calibrate"

@@ -20,7 +20,7 @@ from costmodel.plan import PlanFile
 from costmodel.registry import llama_spec
 from costmodel.plan import Recompute
 from costmodel.specs import DType, TrainSpec
-from planner.calibrate import Run, fit, summary
+from planner.calibrate import COMM_PARAMS, COMPUTE_PARAMS, Run, fit, summary
 from planner.space import Choice, build_plan
 
 _WHY = "probe of `planner profile`: not a published model"
@@ -43,10 +43,8 @@ PROBES = [
     (WIDE, 2, Choice(tp=2, micro_batch_size=4)),
     (WIDE, 2, Choice(pp=2, micro_batch_size=1)),
 ]
-# Fitted per dtype on one rank, then for the communication on two ranks (every dtype together):
+# Fitted per dtype on one rank, then the communication on two ranks (every dtype together):
 # two small least-squares problems are better posed, and faster, than one of nine parameters.
-COMPUTE_PARAMS = ("compute", "memory", "kernel_overhead_s")
-COMM_PARAMS = ("intra_node_comm", "comm_latency", "overlap")
 
 
 @dataclass(frozen=True)

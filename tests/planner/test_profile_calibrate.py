@@ -95,16 +95,16 @@ def test_interpolation_is_log_linear_and_flat_outside():
     assert interpolate(curve, 1.0) == 1.0 and interpolate(curve, 1e9) == 3.0
 
 
-def _fake_runs(tmp_path: Path, truth) -> list[Path]:
+def _fake_runs(tmp_path: Path, truth, dtype: DType = DType.FP32) -> list[Path]:
     """Run directories whose 'measured' step times come from a known profile."""
     model, base = resolve_model("debug-small"), parse_cluster("1x2xxeon-amx")
     dirs = []
     for i, choice in enumerate([Choice(zero_stage=0, micro_batch_size=2), Choice(tp=2), Choice(pp=2),
                                 Choice(zero_stage=3), Choice(zero_stage=1, micro_batch_size=4)]):
-        train = TrainSpec(seq_len=128, global_batch_size=16, compute_dtype=DType.FP32)
+        train = TrainSpec(seq_len=128, global_batch_size=16, compute_dtype=dtype)
         plan = build_plan(model, train, base, choice)
         pf = PlanFile(plan=plan, model=model, train=train, cluster=base)
-        d = tmp_path / f"run{i}"
+        d = tmp_path / f"run{i}_{dtype}"
         pf.save(d / "plan.json")
         est = estimate(model, train, replace(base, device=truth), plan)
         (d / "measured.json").write_text(json.dumps({"step_time_s": est.step_time_s,
@@ -130,3 +130,16 @@ def test_calibrate_recovers_a_known_slowdown_and_keeps_the_original(measured, tm
     # the written file carries the per-dtype efficiencies the fit scaled, not the base's
     assert cal.for_dtype(DType.FP32).efficiency.gemm != pytest.approx(base.for_dtype(DType.FP32).efficiency.gemm)
     assert main(["calibrate", *map(str, runs), "--profile", base.path, "--out", base.path]) == 2
+
+
+def test_calibration_fits_each_dtype_apart(measured, tmp_path):
+    """bf16 slower than the profile says and fp32 as it says: the per-dtype fit finds both."""
+    from planner.calibrate import fit_by_dtype, load_run, summary, with_params
+    base = parse_cluster(f"1x2x{measured}").device
+    truth = with_params(base, {"compute": 0.5}, dtype="bf16")
+    dirs = _fake_runs(tmp_path, truth, DType.FP32) + _fake_runs(tmp_path, truth, DType.BF16)
+    runs = [load_run(d) for d in dirs]
+    runs = [replace(r, pf=replace(r.pf, cluster=replace(r.pf.cluster, device=base))) for r in runs]
+    device, factors = fit_by_dtype(runs, base)
+    assert summary(runs, device)["mape_pct"] < summary(runs, base)["mape_pct"] / 2
+    assert factors["compute@bf16"] < 0.8 and abs(factors["compute@fp32"] - 1.0) < 0.1

@@ -1,0 +1,26 @@
+"""The profiler's budget: a curve stops where the next point would break it and says so, and a
+dtype far below fp32's rate is marked not accelerated (run in one process, no group)."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from runtime.profiler import ACCELERATED_CHECK_FLOPS, gemm_curve, gemm_shapes
+
+
+def test_a_curve_stops_at_its_budget_and_says_where():
+    start = time.perf_counter()
+    curve = gemm_curve(gemm_shapes(), torch.float32, torch.device("cpu"), phase_s=0.3, point_s=0.02)
+    assert time.perf_counter() - start < 3.0          # the budget, not the shape list, bounds it
+    assert curve.stopped_before is not None and curve.points
+    assert max(x for x, _ in curve.points) < curve.stopped_before
+
+
+def test_a_dtype_far_below_fp32_is_marked_not_accelerated():
+    # a reference 1000x faster than anything here: the measured dtype cannot keep up with it
+    reference = ((1.0, 1e15), (1e12, 1e15))
+    shapes = [s for s in gemm_shapes() if 2 * s[0] * s[1] * s[2] <= 4 * ACCELERATED_CHECK_FLOPS]
+    curve = gemm_curve(shapes, torch.float32, torch.device("cpu"), phase_s=10.0, point_s=1.0,
+                       reference=reference)
+    assert not curve.accelerated
