@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from costmodel.cluster import ClusterSpec
 from costmodel.estimate import memory_per_rank
-from costmodel.plan import AXES, Plan, Recompute, Schedule
+from costmodel.plan import AXES, Plan, Recompute
 from costmodel.specs import ModelSpec, TrainSpec
 
 GIB = 2**30
@@ -58,22 +58,8 @@ def _check_pipeline(model: ModelSpec, plan: Plan) -> list[str]:
         add(f"layers_per_stage sums to {sum(plan.layers_per_stage)}, the model has {model.num_layers} layers")
     elif min(plan.layers_per_stage) < 1:
         add("every pipeline stage needs at least one layer")
-    s = plan.schedule
-    if s is Schedule.INTERLEAVED:
-        if plan.vpp < 2 or plan.pp < 2:
-            add("interleaved-1f1b needs pp >= 2 and vpp >= 2")
-        elif plan.num_micro_batches % plan.pp:
-            add(f"interleaved-1f1b needs num_micro_batches ({plan.num_micro_batches}) divisible by pp ({plan.pp})")
-    elif s is Schedule.ZBV:
-        if plan.vpp != 2 or plan.pp < 2:
-            add("zbv places exactly two virtual stages per rank (vpp = 2) on pp >= 2")
-    elif plan.vpp != 1:
-        add(f"schedule {s} runs one stage per rank (vpp must be 1)")
-    if s in (Schedule.ZB_H1, Schedule.ZBV) and plan.recompute is Recompute.SELECTIVE:
-        # torch 2.13: backward-for-weights re-enters a selectively checkpointed region and fails
-        add(f"schedule {s} cannot be combined with selective recomputation")
-    if plan.pp == 1 and s not in (Schedule.ONE_F_ONE_B, Schedule.GPIPE):
-        add(f"schedule {s} needs pp > 1")
+    problems += plan.schedule.traits.problems(str(plan.schedule), plan.pp, plan.vpp, plan.num_micro_batches,
+                                              plan.recompute is Recompute.SELECTIVE)
     return problems
 
 

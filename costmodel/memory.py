@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from costmodel.frameworks import RUNTIME, FrameworkTraits
 from costmodel.params import ceil_div, layer_params, rank_params, rank_params_at
-from costmodel.plan import Plan, Recompute, Schedule
+from costmodel.plan import Plan, Recompute
 from costmodel.specs import AttentionKernel, FfnKind, ModelSpec, Optimizer, TrainSpec
 
 ADAM_MOMENT_BYTES = 8  # fp32 momentum + variance
@@ -124,14 +124,15 @@ def in_flight_micro_batches(plan: Plan, rank: int) -> float:
     rank's whole layer set (Narayanan et al. SC'21 Sec. 2.2; Korthikanti et al. Sec. 4.2.3 for
     the interleaved schedule: p·(1 + (p-1)/(p·v)) on the first rank)."""
     m, p, v = plan.num_micro_batches, plan.pp, plan.vpp
-    if plan.schedule is Schedule.GPIPE and p > 1:   # pp = 1 accumulates one micro-batch at a time
+    kind = plan.schedule.traits.in_flight
+    if kind == "all" and p > 1:   # pp = 1 accumulates one micro-batch at a time
         return m
     # torch's interleaved zero-bubble order holds as many chunks as interleaved 1F1B, at most
     # (with v > 1 the 1F1B count below would be short: tests/costmodel/test_memory.py)
-    if plan.schedule is Schedule.INTERLEAVED or (plan.schedule is Schedule.ZB_H1 and v > 1):
+    if kind == "interleaved" or (kind == "1f1b" and v > 1):
         chunks = min(m * v, 2 * (p - rank - 1) + (v - 1) * p + 1)
         return chunks / v
-    if plan.schedule is Schedule.ZBV:
+    if kind == "v":
         return min(m, p)
     return min(m, p - rank)  # 1F1B and ZB-H1 (which keeps 1F1B's peak by design)
 
@@ -192,7 +193,7 @@ def deferred_weight_passes(plan: Plan, rank: int) -> float:
     (counted by costmodel.simulate with unit costs; tests/costmodel/test_memory.py). Added to the
     in-flight activations this is an upper bound of the simulated peak, which frees and holds
     them at their real times."""
-    chunks = 2 * rank + 1 if plan.schedule is Schedule.ZBV else rank + 1
+    chunks = plan.schedule.traits.deferred_chunks_per_rank * rank + 1
     return min(plan.num_micro_batches * plan.vpp, chunks) / plan.vpp
 
 
@@ -209,7 +210,7 @@ def _edge_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank:
     if rank == plan.stage_rank(0):
         total += in_flight_micro_batches(plan, rank) * edge_bytes_per_micro_batch(model, train, plan, True, False)
     if rank == plan.stage_rank(plan.num_virtual_stages - 1):
-        held = plan.num_micro_batches if plan.schedule is Schedule.GPIPE and plan.pp > 1 else 1
+        held = plan.num_micro_batches if plan.schedule.traits.in_flight == "all" and plan.pp > 1 else 1
         total += held * edge_bytes_per_micro_batch(model, train, plan, False, True)
     return total
 

@@ -14,7 +14,7 @@ With m micro-batches and per-micro-batch rank times t_r (forward + backward on r
 """
 from __future__ import annotations
 
-from costmodel.plan import Plan, Schedule
+from costmodel.plan import Plan, ScheduleTraits
 from costmodel.timing import RankTimes
 
 
@@ -22,20 +22,36 @@ def pipeline_time_s(plan: Plan, ranks: list[RankTimes]) -> tuple[float, int]:
     """(time of all micro-batches through the pipeline, index of the critical rank)."""
     totals = [r.total_s for r in ranks]
     critical = max(range(len(totals)), key=totals.__getitem__)
-    steady = plan.num_micro_batches * totals[critical]
     if plan.pp == 1:
-        return steady, critical
-    if plan.schedule is Schedule.ZBV:
-        raise ValueError("schedule zbv has no closed form here: its V-shaped order needs the "
+        return plan.num_micro_batches * totals[critical], critical
+    traits = plan.schedule.traits
+    if not traits.closed_form:
+        raise ValueError(f"schedule {plan.schedule} has no closed form here: its order needs the "
                          "event-level pipeline simulator")
-    if plan.schedule is Schedule.ZB_H1:
-        fill = [zero_bubble_fill_s(r) for r in ranks]
-    else:
-        fill = totals
-    drain = sum(fill) - max(fill)  # for 1F1B fill = totals, so this is sum(t) - max(t)
-    if plan.schedule is Schedule.INTERLEAVED:
-        drain /= plan.vpp
-    return steady + drain, critical
+    fill = [fill_s(traits, r) for r in ranks]
+    return closed_form_s(traits, plan.num_micro_batches, totals[critical], sum(fill), max(fill), plan.vpp), critical
+
+
+def fill_s(traits: ScheduleTraits, times: RankTimes) -> float:
+    """A rank's part in its schedule's fill and drain (linear in the times, so it applies to
+    per-layer coefficients too)."""
+    return zero_bubble_fill_s(times) if traits.fill == "zero-bubble" else times.total_s
+
+
+def scaled_closed_form(traits: ScheduleTraits, m, slowest, fill_sum, fill_max, vpp: int):
+    """v times the pipeline's closed form, m·T + (Σf - max f)/v: the one formula the estimate,
+    the search's bounds and its CP-SAT split model all use (any numbers or linear expressions:
+    scaled by v so that CP-SAT's integers need no division). T is the slowest rank's time per
+    micro-batch, f each rank's fill (`fill_s`); 1F1B's fill is its stage time (the bubble
+    (p-1)/m of Narayanan et al. 2021), interleaving divides it by v, ZB-H1's is F + B - W."""
+    v = vpp if traits.fill_divided_by_vpp else 1
+    return v * m * slowest + fill_sum - fill_max
+
+
+def closed_form_s(traits: ScheduleTraits, m: int, slowest_s: float, fill_sum_s: float, fill_max_s: float,
+                  vpp: int) -> float:
+    v = vpp if traits.fill_divided_by_vpp else 1
+    return scaled_closed_form(traits, m, slowest_s, fill_sum_s, fill_max_s, vpp) / v
 
 
 def zero_bubble_fill_s(times: RankTimes) -> float:

@@ -25,9 +25,92 @@ class Schedule(StrEnum):
     ZBV = "zbv"
 
     @property
+    def traits(self) -> "ScheduleTraits":
+        return SCHEDULE_TRAITS[self]
+
+    @property
     def defers_weight_grad(self) -> bool:
         """Zero-bubble schedules split backward and run the weight-gradient pass later."""
-        return self in (Schedule.ZB_H1, Schedule.ZBV)
+        return self.traits.defers_weight_grad
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduleTraits:
+    """What the cost model, the search, the checks and the runtime need to know of a pipeline
+    schedule: the one place a schedule is described (its event order for the simulator lives in
+    costmodel/schedules.py, its torch class is named here)."""
+
+    description: str
+    # closed form m·T + (Σf - max f)/v (costmodel.pipeline.closed_form_s); None: simulation only
+    fill: str | None                 # "stage": f = a rank's micro-batch time; "zero-bubble": F + B - W
+    fill_divided_by_vpp: bool = False   # interleaving shrinks the fill by the virtual stages
+    min_vpp: int = 1
+    max_vpp: int | None = 1          # None: any
+    needs_pp: bool = False           # meaningless on one pipeline rank
+    micro_batches_multiple_of_pp: bool = False
+    v_placement: bool = False        # virtual stages placed down then up the ranks (V), else in a loop
+    in_flight: str = "1f1b"          # activations held at the peak: "all" | "1f1b" | "interleaved" | "v"
+    defers_weight_grad: bool = False
+    deferred_chunks_per_rank: int = 0   # weight passes put off at once: (this) · rank + 1 chunks
+    selective_recompute: bool = True    # torch 2.13: zero-bubble W passes re-enter selective regions and fail
+    dominated_by: "Schedule | None" = None   # same time under the model and never less memory
+    torch_class: str                 # torch.distributed.pipelining class the runtime runs
+    multi_stage: bool = False        # torch's multi-stage API (several stages per rank)
+
+    @property
+    def closed_form(self) -> bool:
+        return self.fill is not None
+
+    def accepts_vpp(self, vpp: int) -> bool:
+        return vpp >= self.min_vpp and (self.max_vpp is None or vpp <= self.max_vpp)
+
+    def problems(self, name: str, pp: int, vpp: int, num_micro_batches: int, selective: bool) -> list[str]:
+        """Why a plan cannot run this schedule (check_plan's and the search's one rule set)."""
+        out = []
+        if self.needs_pp and pp < 2:
+            out.append(f"schedule {name} needs pp > 1")
+        if not self.accepts_vpp(vpp) and self.max_vpp == 1:
+            out.append(f"schedule {name} runs one stage per rank (vpp must be 1)")
+        elif not self.accepts_vpp(vpp):
+            want = (f"vpp = {self.min_vpp}" if self.min_vpp == self.max_vpp else
+                    f"vpp >= {self.min_vpp}" if self.max_vpp is None else f"{self.min_vpp} <= vpp <= {self.max_vpp}")
+            out.append(f"schedule {name} needs {want} (virtual stages per rank; got {vpp})")
+        if self.micro_batches_multiple_of_pp and pp > 1 and num_micro_batches % pp:
+            out.append(f"schedule {name} needs num_micro_batches ({num_micro_batches}) divisible by pp ({pp})")
+        if selective and not self.selective_recompute:
+            out.append(f"schedule {name} cannot be combined with selective recomputation")
+        return out
+
+
+SCHEDULE_TRAITS: dict[Schedule, ScheduleTraits] = {
+    Schedule.GPIPE: ScheduleTraits(
+        description="all forwards, then all backwards (Huang et al. 2019); holds every micro-batch",
+        fill="stage", in_flight="all", dominated_by=Schedule.ONE_F_ONE_B, torch_class="ScheduleGPipe"),
+    Schedule.ONE_F_ONE_B: ScheduleTraits(
+        description="one forward, one backward (PipeDream-Flush, Narayanan et al. 2021)",
+        fill="stage", torch_class="Schedule1F1B"),
+    Schedule.INTERLEAVED: ScheduleTraits(
+        description="1F1B over v virtual stages per rank in a loop (Narayanan et al. SC'21)",
+        fill="stage", fill_divided_by_vpp=True, min_vpp=2, max_vpp=None, needs_pp=True,
+        micro_batches_multiple_of_pp=True, in_flight="interleaved", torch_class="ScheduleInterleaved1F1B",
+        multi_stage=True),
+    Schedule.ZB_H1: ScheduleTraits(
+        description="zero bubble H1: backward split into input and weight passes, weights later "
+                    "(Qi et al. 2024); 1F1B's peak activations plus the deferred passes' inputs",
+        fill="zero-bubble", needs_pp=True, defers_weight_grad=True, deferred_chunks_per_rank=1,
+        selective_recompute=False, torch_class="ScheduleInterleavedZeroBubble", multi_stage=True),
+    Schedule.ZBV: ScheduleTraits(
+        description="zero bubble V: two virtual stages per rank placed in a V (Qi et al. 2024); no "
+                    "closed form, priced by the event simulator",
+        fill=None, min_vpp=2, max_vpp=2, needs_pp=True, v_placement=True, in_flight="v",
+        defers_weight_grad=True, deferred_chunks_per_rank=2, selective_recompute=False,
+        torch_class="ScheduleZBVZeroBubble", multi_stage=True),
+}
+
+
+def default_schedule(vpp: int) -> Schedule:
+    """What a plan runs when it names no schedule: interleaved 1F1B with virtual stages, else 1F1B."""
+    return Schedule.INTERLEAVED if vpp > 1 else Schedule.ONE_F_ONE_B
 
 
 class Recompute(StrEnum):
@@ -71,7 +154,7 @@ class Plan:
 
     def stage_rank(self, virtual_stage: int) -> int:
         """Pipeline rank of a virtual stage: loop placement, or V placement for ZBV."""
-        if self.schedule is Schedule.ZBV:
+        if self.schedule.traits.v_placement:
             return virtual_stage if virtual_stage < self.pp else 2 * self.pp - 1 - virtual_stage
         return virtual_stage % self.pp
 
@@ -132,7 +215,7 @@ class Plan:
 def _layers_by_rank(plan: Plan) -> tuple[int, ...]:
     """Layers each pipeline rank holds (the search asks this hundreds of thousands of times)."""
     stages, pp = plan.layers_per_stage, plan.pp
-    if plan.schedule is not Schedule.ZBV and len(stages) == pp * plan.vpp:  # loop placement
+    if not plan.schedule.traits.v_placement and len(stages) == pp * plan.vpp:  # loop placement
         return tuple(sum(stages[r::pp]) for r in range(pp))
     counts = [0] * pp
     for j, n in enumerate(stages):

@@ -11,7 +11,7 @@ from functools import lru_cache
 from costmodel.cluster import ClusterSpec
 from costmodel.compute import optimizer_step_s
 from costmodel.params import layer_params
-from costmodel.pipeline import zero_bubble_fill_s
+from costmodel.pipeline import closed_form_s, fill_s
 from costmodel.placement import AxisSpan
 from costmodel.plan import Plan, Recompute, Schedule
 from costmodel.specs import ModelSpec, TrainSpec
@@ -42,13 +42,10 @@ def time_floor_s(model: ModelSpec, rtm: RankTimeModel, pp: int, num_micro_batche
     per_layer, first, last = rtm.per_layer, rtm.first_edge, rtm.last_edge
     total = (model.num_layers * per_layer.total_s + rc * rtm.per_recomputed_layer.total_s
              + first.total_s + last.total_s + pp * rtm.pp_comm_with_s(vpp))
-    m = num_micro_batches
-    if schedule is Schedule.ZB_H1:
-        fill = (model.num_layers * zero_bubble_fill_s(per_layer) + rc * zero_bubble_fill_s(rtm.per_recomputed_layer)
-                + zero_bubble_fill_s(first) + zero_bubble_fill_s(last) + pp * rtm.pp_comm_with_s(vpp))
-        return (m - 1) * total / pp + fill
-    v = vpp if schedule is Schedule.INTERLEAVED else 1
-    return (m - 1 / v) * total / pp + total / v
+    traits = schedule.traits
+    fill = (model.num_layers * fill_s(traits, per_layer) + rc * fill_s(traits, rtm.per_recomputed_layer)
+            + fill_s(traits, first) + fill_s(traits, last) + pp * rtm.pp_comm_with_s(vpp))
+    return closed_form_s(traits, num_micro_batches, total / pp, fill, total / pp, vpp)
 
 
 def zero_floor_s(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: int, pp: int, group: int,

@@ -28,8 +28,8 @@ from costmodel.cluster import ClusterSpec
 from costmodel.compute import optimizer_step_s
 from costmodel.memory import AffineBytes, stage_memory_shapes
 from costmodel.params import layer_params, rank_params_at
-from costmodel.pipeline import zero_bubble_fill_s
-from costmodel.plan import Plan, Recompute, Schedule, even_layers
+from costmodel.pipeline import closed_form_s, fill_s, scaled_closed_form
+from costmodel.plan import Plan, Recompute, even_layers
 from costmodel.specs import ModelSpec, TrainSpec
 from costmodel.timing import (RankTimeModel, RankTimes, dp_bucket_s, dp_term_comm_s, dp_terms,
                               dp_window_s, rank_time_model, spans)
@@ -90,7 +90,7 @@ def _pipeline_rows(rtm: RankTimeModel, plan: Plan, edge: RankTimes) -> tuple[tup
     """(t, f) coefficients of a rank whose fixed part (edges, sends) is `edge`."""
     parts = (edge, rtm.per_layer, rtm.per_recomputed_layer)
     t = tuple(p.total_s for p in parts)
-    return t, (tuple(zero_bubble_fill_s(p) for p in parts) if plan.schedule is Schedule.ZB_H1 else t)
+    return t, tuple(fill_s(plan.schedule.traits, p) for p in parts)
 
 
 def pipeline_rows(rtm: RankTimeModel, plan: Plan) -> tuple[list[tuple], list[tuple]]:
@@ -268,14 +268,9 @@ def pipeline_floor_s(ts: list[tuple], fs: list[tuple], plan: Plan, fit: MemoryFi
     slowest = min_max_time_s(ts, plan, fit, total)
     sum_t = sum(t[0] for t in ts) + ts[0][1] * total + ts[0][2] * rc
     slowest = max(slowest, sum_t / plan.pp)
-    m = plan.num_micro_batches
-    if plan.schedule is Schedule.ZB_H1:
-        # m·T + sum(f) - max(f) with max(f) <= T
-        sum_f = sum(f[0] for f in fs) + fs[0][1] * total + fs[0][2] * rc
-        return (m - 1) * slowest + sum_f
-    # m·T + (sum(t) - T) / v
-    v = plan.vpp if plan.schedule is Schedule.INTERLEAVED else 1
-    return (m - 1 / v) * slowest + sum_t / v
+    # the closed form with max(f) <= T (f = t for 1F1B, t - 2W for ZB-H1)
+    sum_f = sum(f[0] for f in fs) + fs[0][1] * total + fs[0][2] * rc
+    return closed_form_s(plan.schedule.traits, plan.num_micro_batches, slowest, sum_f, slowest, plan.vpp)
 
 
 def lower_bound_with_memory_s(shapes: list[_RankShape], plan: Plan, fit: MemoryFit, total: int) -> float:
@@ -366,8 +361,9 @@ def solve_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
     even = even_layers(total, plan.pp)
     for r in range(plan.pp):
         cm.AddHint(L[r], max(v, even[r]))
-    scale = v if plan.schedule is Schedule.INTERLEAVED else 1
-    step = scale * m * T.var + sum(f.var for f in f_vars) - F.var + scale * (DP.var + OPT.var)
+    traits = plan.schedule.traits
+    scale = v if traits.fill_divided_by_vpp else 1
+    step = scaled_closed_form(traits, m, T.var, sum(f.var for f in f_vars), F.var, v) + scale * (DP.var + OPT.var)
     # integer nanoseconds round each coefficient: allow that much slack in both bounds below
     slack = (scale * m + 3 * plan.pp + 3) * (2 * total + 2)
     slowest = min_max_time_s([r.t for r in ranks], plan, fit, total)

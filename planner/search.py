@@ -22,6 +22,7 @@ import itertools
 import math
 import time
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Callable, Iterator
 
 import numpy as np
@@ -32,7 +33,7 @@ from costmodel.estimate import Estimate, estimate
 from costmodel.fidelity import MODEL_ERROR_BAND
 from costmodel.memory import stage_memory_shapes_by_zero
 from costmodel.placement import AxisSpan
-from costmodel.plan import Plan, Recompute, Schedule
+from costmodel.plan import Plan, Recompute, Schedule, default_schedule, even_layers
 from costmodel.specs import ModelSpec, TrainSpec
 from costmodel.timing import RankTimeModel, Spans, link_costs, rank_time_model, spans
 from planner.bounds import time_floor_s, zero_floor_s
@@ -42,6 +43,7 @@ from planner.space import Choice, build_plan, degrees_plan, divisors
 
 MAX_MICRO_BATCH = 64
 REPRICED = 20   # closed-form best plans re-priced by simulation for the final ranking
+VARIANTS_OF = 5   # best simulated plans laid out for schedules without a closed form (ZBV)
 MAX_CP = 8
 ZERO_STAGES = (0, 1, 2, 3)
 
@@ -98,7 +100,10 @@ class SearchResult:
     closest: Found | None = None   # when nothing fits: the plan that overflows least
     equivalent: int = 1            # the first plans within the error band of the fastest
     error_band: float = 0.0
-    fastest: Found | None = None   # the plan the optimality proof is about (plans[0] is the most robust)
+    fastest: Found | None = None   # the fastest plan found (plans[0] is the most robust)
+    # the fastest closed-form plan, which the optimality proof is about (differs from `fastest`
+    # when a schedule priced only by simulation, ZBV, beat it)
+    proven_fastest: Found | None = None
 
 
 def _orders(degrees: dict[str, int], cluster: ClusterSpec) -> list[tuple[str, ...]]:
@@ -131,25 +136,26 @@ def _dominant(options: SearchOptions, name: str, values: list, best) -> list:
     fixed this field (then honour their choice). `best`: one value or a list of them."""
     if name in options.fixed:
         return _allowed(options, name, values)
-    kept = [b for b in (best if isinstance(best, list) else [best]) if b in values]
+    kept = [b for b in (best if isinstance(best, (list, tuple)) else [best]) if b in values]
     return kept or values
 
 
+@lru_cache(maxsize=4096)   # asked once per candidate: the traits' rules need not be re-read
 def _schedules(pp: int, vpp: int, mode: Recompute,
-               allowed: frozenset | None = None) -> tuple[list[Schedule], list[Schedule]]:
+               allowed: frozenset | None = None) -> tuple[tuple[Schedule, ...], tuple[Schedule, ...]]:
     """(valid schedules, the dominant ones). Under the model GPipe equals 1F1B in time and needs
     more memory, so 1F1B dominates it; ZB-H1 has a smaller fill but holds the deferred weight
     passes' inputs (more memory), so neither it nor 1F1B dominates the other. ZB-H1 cannot run
     with selective recomputation (check_plan). `allowed` narrows them (pp = 1 needs none)."""
     if pp == 1:
-        return [Schedule.ONE_F_ONE_B], [Schedule.ONE_F_ONE_B]
-    if vpp > 1:
-        valid = [Schedule.INTERLEAVED]
-    else:
-        valid = [Schedule.GPIPE, Schedule.ONE_F_ONE_B] + ([] if mode is Recompute.SELECTIVE else [Schedule.ZB_H1])
-    valid = [s for s in valid if allowed is None or s in allowed]
-    dominant = [s for s in valid if s is not Schedule.GPIPE] or valid
-    return valid, dominant
+        return (default_schedule(1),), (default_schedule(1),)
+    # the schedules check_plan accepts here (pp, vpp, recompute mode; the micro-batch rule is the
+    # candidate's) that have a closed form: ZBV is priced only by simulation
+    valid = [s for s in Schedule if s.traits.closed_form and (allowed is None or s in allowed)
+             and not [p for p in s.traits.problems(str(s), pp, vpp, 0, mode is Recompute.SELECTIVE)
+                      if "num_micro_batches" not in p]]
+    dominant = [s for s in valid if s.traits.dominated_by not in valid] or valid
+    return tuple(valid), tuple(dominant)   # cached: never handed out to be changed
 
 
 def _max_cp(cluster: ClusterSpec) -> int:
@@ -491,13 +497,47 @@ def _result(shared: _Shared, options: SearchOptions, stats: SearchStats, found: 
     simulated = {id(f): Found(plan=f.plan, estimate=estimate(model, train, cluster, f.plan)) for f in ranked}
     evaluated = [simulated.get(id(f), f) for f in found]
     fitting = [f for f in simulated.values() if f.estimate.fits]
+    proven = min(fitting, key=lambda f: f.estimate.step_time_s) if fitting else None
+    # variants of the few best simulated plans only: each simulation costs milliseconds to tens of them
+    best = sorted(fitting, key=lambda f: f.estimate.step_time_s)[:max(options.top_k, VARIANTS_OF)]
+    variants = [f for f in _simulated_variants(shared, options, best) if f.estimate.fits]
+    fitting += variants
     fastest = min(fitting, key=lambda f: f.estimate.step_time_s) if fitting else None
     plans = _rank(fitting, replace(options, top_k=max(REPRICED, options.top_k)))
     # `--objective memory` already picks the leanest plan near the fastest
     band = options.error_band if options.objective == "time" else 0.0
     plans, equivalent = _robust_first(plans, band)
-    return SearchResult(plans=plans[:options.top_k], stats=stats, evaluated=evaluated, closest=closest,
-                        equivalent=equivalent, error_band=options.error_band, fastest=fastest)
+    return SearchResult(plans=plans[:options.top_k], stats=stats, evaluated=evaluated + variants, closest=closest,
+                        equivalent=equivalent, error_band=options.error_band, fastest=fastest,
+                        proven_fastest=proven)
+
+
+def _simulated_variants(shared: _Shared, options: SearchOptions, ranked: list[Found]) -> list[Found]:
+    """Schedules without a closed form (ZBV) compete by simulation: each of the best closed-form
+    plans with a pipeline, laid out for the schedule (its virtual stages, layers split evenly,
+    the same recomputation per rank), priced by the event simulator. They are outside the
+    closed-form proof; SearchResult.proven_fastest is what the proof is about."""
+    if options.fixed.keys() & {"schedule", "vpp"}:
+        return []
+    model, train, cluster = shared.model, shared.train, shared.cluster
+    out, seen = [], set()
+    for schedule in Schedule:
+        if schedule.traits.closed_form or (options.schedules is not None and schedule not in options.schedules):
+            continue
+        vpp = schedule.traits.min_vpp
+        for f in ranked:
+            plan = f.plan
+            if plan.pp < 2 or model.num_layers < plan.pp * vpp:
+                continue
+            probe = replace(plan, schedule=schedule, vpp=vpp,
+                            layers_per_stage=even_layers(model.num_layers, plan.pp * vpp))
+            counts = tuple(min(n, probe.layers_on_rank(r)) for r, n in enumerate(plan.recompute_num_layers))
+            variant = replace(probe, recompute_num_layers=counts)
+            if variant in seen or check_structure(model, train, cluster, variant):
+                continue
+            seen.add(variant)
+            out.append(Found(plan=variant, estimate=estimate(model, train, cluster, variant)))
+    return out
 
 
 def _robust_first(ranked: list[Found], band: float) -> tuple[list[Found], int]:

@@ -99,7 +99,7 @@ def infeasible_message(result: SearchResult, cluster_name: str) -> str:
         hints.append("full recomputation")
     if plan.micro_batch_size > 1:
         hints.append("a smaller micro-batch")
-    if plan.schedule is Schedule.GPIPE and plan.pp > 1:
+    if plan.schedule.traits.in_flight == "all" and plan.pp > 1:
         hints.append(f"a 1F1B schedule (GPipe holds all {plan.num_micro_batches} micro-batches' activations)")
     return (f"nothing fits: the closest plan ({plan.short()}) needs {est.peak_memory_bytes[rank] / GIB:.1f} GiB "
             f"on pipeline stage {rank}, {over:.1f} GiB over the {est.memory_capacity_bytes / GIB:.0f} GiB device "

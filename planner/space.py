@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from costmodel.cluster import ClusterSpec
-from costmodel.plan import DEFAULT_AXIS_ORDER, Plan, Recompute, Schedule, even_layers
+from costmodel.plan import DEFAULT_AXIS_ORDER, Plan, Recompute, Schedule, default_schedule, even_layers
 from costmodel.specs import ModelSpec, TrainSpec
 
 
@@ -37,7 +37,7 @@ def build_plan(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, choice:
     if dp < 1 or train.global_batch_size % dp or per_replica % choice.micro_batch_size:
         raise ValueError(f"global batch {train.global_batch_size} does not split into dp={dp} "
                          f"replicas of micro-batches of {choice.micro_batch_size}")
-    schedule = choice.schedule or (Schedule.INTERLEAVED if choice.vpp > 1 else Schedule.ONE_F_ONE_B)
+    schedule = choice.schedule or default_schedule(choice.vpp)
     layers = even_layers(model.num_layers, choice.pp * choice.vpp)
     probe = Plan(dp=dp, tp=choice.tp, pp=choice.pp, cp=choice.cp, zero_stage=choice.zero_stage,
                  recompute=choice.recompute, recompute_num_layers=(0,) * choice.pp,
@@ -60,7 +60,7 @@ def degrees_plan(*, dp: int, tp: int, pp: int, cp: int, zero_stage: int = 0, num
     layers = num_layers or pp
     return Plan(dp=dp, tp=tp, pp=pp, cp=cp, zero_stage=zero_stage, recompute=Recompute.NONE,
                 recompute_num_layers=(0,) * pp, sequence_parallel=False, micro_batch_size=1,
-                num_micro_batches=num_micro_batches, schedule=Schedule.ONE_F_ONE_B, vpp=1,
+                num_micro_batches=num_micro_batches, schedule=default_schedule(1), vpp=1,
                 layers_per_stage=even_layers(layers, pp), mesh_axis_order=mesh_axis_order)
 
 

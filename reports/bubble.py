@@ -39,7 +39,7 @@ def schedule_variants(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, 
     for schedule in Schedule:
         if schedule is plan.schedule:
             continue
-        vpp = 2 if schedule in (Schedule.INTERLEAVED, Schedule.ZBV) else 1
+        vpp = max(2, schedule.traits.min_vpp) if schedule.traits.max_vpp != 1 else 1
         layers = plan.layers_per_stage if vpp == plan.vpp else even_layers(model.num_layers, plan.pp * vpp)
         probe = replace(plan, schedule=schedule, vpp=vpp, layers_per_stage=layers)
         counts = tuple(min(n, probe.layers_on_rank(r)) for r, n in enumerate(plan.recompute_num_layers))

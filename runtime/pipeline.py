@@ -7,21 +7,16 @@ import time
 from itertools import accumulate
 
 import torch
-from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
-                                          ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble,
-                                          ScheduleZBVZeroBubble)
+from torch.distributed import pipelining
+from torch.distributed.pipelining import PipelineStage
 
-from costmodel.plan import Plan, Schedule
+from costmodel.plan import Plan, ScheduleTraits
 
-# zb-h1 (Qi et al. 2023) is torch's InterleavedZeroBubble; with one stage per rank it is ZB-H1.
-SCHEDULE_CLASSES = {
-    Schedule.GPIPE: ScheduleGPipe,
-    Schedule.ONE_F_ONE_B: Schedule1F1B,
-    Schedule.INTERLEAVED: ScheduleInterleaved1F1B,
-    Schedule.ZB_H1: ScheduleInterleavedZeroBubble,
-    Schedule.ZBV: ScheduleZBVZeroBubble,
-}
-MULTI_STAGE = (Schedule.INTERLEAVED, Schedule.ZB_H1, Schedule.ZBV)
+
+def schedule_class(traits: ScheduleTraits) -> type:
+    """The torch.distributed.pipelining class a schedule's traits name (zb-h1 (Qi et al. 2024)
+    is torch's InterleavedZeroBubble; with one stage per rank it is ZB-H1)."""
+    return getattr(pipelining, traits.torch_class)
 
 
 def stage_layer_ids(plan: Plan) -> list[list[int]]:
@@ -74,6 +69,7 @@ def build_schedule(plan: Plan, modules: dict[int, torch.nn.Module], pp_group, de
     """One PipelineStage per local virtual stage, driven by the plan's schedule class."""
     stages = [TimedStage(mod, j, plan.num_virtual_stages, device, group=pp_group)
               for j, mod in sorted(modules.items())]
-    cls = SCHEDULE_CLASSES[plan.schedule]
-    target = stages if plan.schedule in MULTI_STAGE else stages[0]
+    traits = plan.schedule.traits
+    cls = schedule_class(traits)
+    target = stages if traits.multi_stage else stages[0]
     return cls(target, n_microbatches=plan.num_micro_batches, loss_fn=loss_fn)

@@ -57,3 +57,18 @@ def test_single_stage_orders_follow_torch_step_loops(p, m):
         assert sorted(ops) == sorted([(r, "F", i) for i in range(m)] + [(r, "B", i) for i in range(m)])
     gpipe = rank_orders(_plan(Schedule.GPIPE, p, m, 1))
     assert list(gpipe[0]) == [(0, "F", i) for i in range(m)] + [(0, "B", i) for i in range(m)]
+
+
+def test_every_schedule_is_described_once_and_runs_on_torch():
+    """The traits table is the schedule's home: each one has traits, a torch class the runtime
+    can look up, and rules that check_plan and the search share."""
+    from torch.distributed import pipelining
+
+    from costmodel.plan import SCHEDULE_TRAITS, Schedule
+    assert set(SCHEDULE_TRAITS) == set(Schedule)
+    for schedule, traits in SCHEDULE_TRAITS.items():
+        assert isinstance(getattr(pipelining, traits.torch_class), type), schedule
+        assert traits.accepts_vpp(traits.min_vpp)
+        assert traits.defers_weight_grad == (traits.deferred_chunks_per_rank > 0)
+        assert traits.dominated_by is None or traits.dominated_by.traits.closed_form
+    assert [s for s in Schedule if not s.traits.closed_form] == [Schedule.ZBV]

@@ -22,3 +22,17 @@ def test_the_first_plan_is_executable_and_within_the_band_of_the_fastest():
     assert fastest.estimate.step_time_s <= min(f.estimate.step_time_s for f in result.plans)
     strict = search(model, TRAIN, cluster, SearchOptions(top_k=5, error_band=0.0))
     assert strict.plans[0].estimate.step_time_s == fastest.estimate.step_time_s
+
+
+def test_a_schedule_without_closed_form_competes_by_simulation():
+    """ZBV has no closed form: it is priced by simulation as a variant of the best plans, and
+    the proof stays about the fastest closed-form plan."""
+    from costmodel.plan import Schedule
+    model, cluster = resolve_model("llama-70b"), parse_cluster("8x8xA100")
+    result = search(model, TRAIN, cluster, SearchOptions(top_k=5))
+    variants = [f for f in result.evaluated if f.plan.schedule is Schedule.ZBV]
+    assert variants and all(f.plan.vpp == 2 for f in variants)
+    assert result.proven_fastest.plan.schedule.traits.closed_form
+    assert result.fastest.estimate.step_time_s <= result.proven_fastest.estimate.step_time_s
+    fixed = search(model, TRAIN, cluster, SearchOptions(top_k=5, schedules=frozenset({Schedule.ONE_F_ONE_B})))
+    assert not [f for f in fixed.evaluated if f.plan.schedule is Schedule.ZBV]

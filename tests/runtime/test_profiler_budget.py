@@ -14,7 +14,7 @@ def test_a_curve_stops_at_its_budget_and_says_where():
     curve = gemm_curve(gemm_shapes(), torch.float32, torch.device("cpu"), phase_s=0.3, point_s=0.02)
     assert time.perf_counter() - start < 3.0          # the budget, not the shape list, bounds it
     assert curve.stopped_before is not None and curve.points
-    assert max(x for x, _ in curve.points) < curve.stopped_before
+    assert max(x for x, _ in curve.points) <= curve.stopped_before   # shapes of equal FLOPs may straddle it
 
 
 def test_a_dtype_far_below_fp32_is_marked_not_accelerated():
