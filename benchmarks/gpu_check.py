@@ -23,8 +23,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from costmodel.units import GIB
 
-GIB = 2**30
 
 
 def model_config(memory_bytes: int) -> dict:

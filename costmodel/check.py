@@ -9,8 +9,8 @@ from costmodel.cluster import ClusterSpec
 from costmodel.estimate import memory_per_rank
 from costmodel.plan import AXES, Plan, Recompute
 from costmodel.specs import ModelSpec, TrainSpec
+from costmodel.units import GIB
 
-GIB = 2**30
 
 
 def check_structure(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> list[str]:

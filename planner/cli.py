@@ -18,6 +18,7 @@ from costmodel.params import total_params
 from costmodel.plan import DEFAULT_AXIS_ORDER, PlanFile, Recompute, Schedule
 from costmodel.registry import MODELS, default_recipe, model_names, resolve_model
 from costmodel.specs import AttentionKernel, DType, ModelSpec, TrainSpec
+from costmodel.units import GIB
 from planner.space import Choice, build_plan
 
 EXIT_USAGE = 2
@@ -252,7 +253,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
     from reports.tables import table
     print(table(("device", "aliases", "bf16 TFLOP/s", "memory GiB", "HBM GB/s", "node GB/s", "net GB/s"),
                 [(r["name"], ",".join(r["aliases"]), f"{r['peak_flops_per_s'].get('bf16', 0) / 1e12:,.1f}",
-                  f"{r['memory_bytes'] / 2**30:.0f}", f"{r['memory_bandwidth_bytes_per_s'] / 1e9:,.0f}",
+                  f"{r['memory_bytes'] / GIB:.0f}", f"{r['memory_bandwidth_bytes_per_s'] / 1e9:,.0f}",
                   f"{r['intra_node_bytes_per_s'] / 1e9:,.0f}", f"{r['inter_node_bytes_per_s'] / 1e9:,.1f}")
                  for r in rows]))
     print("\nbandwidths are per device, per direction; a path to a .toml profile works as a device")

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from costmodel.check import check_memory, check_structure, runtime_executes
+from costmodel.units import GIB
 from costmodel.plan import PlanFile
 
 EPILOG = """examples:
@@ -47,6 +48,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--print-launch", action="store_true",
                    help="print the torchrun command per node and an sbatch script instead of running")
     p.add_argument("--json", action="store_true", help="print measured.json (or the dry-run rows) on stdout")
+    p.add_argument("--inject-fault", default=None, help=argparse.SUPPRESS)   # RANK:STEP:raise|exit, failure tests
 
 
 def _load(path: str) -> PlanFile:
@@ -64,7 +66,7 @@ def _worker_args(args: argparse.Namespace, pf: PlanFile, out: Path):
     return WorkerArgs(plan=Path(args.plan).resolve(), out=out.resolve(), steps=args.steps,
                       warmup=args.warmup, seed=args.seed, lr=args.lr,
                       data=str(Path(args.data).resolve()) if args.data else None,
-                      data_dtype=args.data_dtype)
+                      data_dtype=args.data_dtype, fault=args.inject_fault)
 
 
 def _check_machine(args: argparse.Namespace, pf: PlanFile) -> tuple[int, int]:
@@ -163,7 +165,7 @@ def _dry_run(args: argparse.Namespace, pf: PlanFile) -> int:
         for key in ("params_bytes", "grads_bytes", "optimizer_bytes"):
             v = r[key]
             body.append((r["stage"], r["rank"], key.removesuffix("_bytes"),
-                         f"{v['runtime'] / 2**30:,.3f}", f"{v['predicted'] / 2**30:,.3f}",
+                         f"{v['runtime'] / GIB:,.3f}", f"{v['predicted'] / GIB:,.3f}",
                          f"{v['error_pct']:+.2f}%"))
     print(f"dry run of {pf.plan.short()} ({pf.model.name}, world {pf.plan.world_size}): the first rank "
           "of each pipeline stage built on the meta device under a fake process group")

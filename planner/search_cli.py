@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from costmodel.check import GIB
+from costmodel.units import GIB
 from costmodel.plan import PlanFile, Recompute, Schedule
 from planner.search import Found, SearchOptions, SearchResult, search, unsatisfiable_constraints
 

@@ -14,8 +14,8 @@ from costmodel.specs import ModelSpec, TrainSpec
 from matplotlib.patches import Patch
 
 from reports.style import KIND_COLOURS, LIGHT, plt, save
+from costmodel.units import GIB
 
-GIB = 2**30
 MAX_LABELLED_BARS = 600   # beyond this, micro-batch numbers would be unreadable
 
 

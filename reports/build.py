@@ -16,8 +16,8 @@ from reports.document import Document
 from reports.measured import measured_figure
 from reports.memory_report import PlanMemory, memory_figures, memory_table
 from reports.ranking import ledger_figure, ranking_figure
+from costmodel.units import GIB
 
-GIB = 2**30
 
 
 @dataclass

@@ -10,8 +10,8 @@ from costmodel.estimate import Estimate
 from costmodel.plan import Plan
 from costmodel.simulate import Simulation
 from reports.style import MEMORY_COLOURS, plt, save
+from costmodel.units import GIB
 
-GIB = 2**30
 STATIC = ("params", "grads", "optimizer", "buffers", "reserved")
 
 

@@ -9,8 +9,8 @@ from costmodel.cluster import ClusterSpec
 from costmodel.estimate import Estimate
 from costmodel.plan import Plan
 from costmodel.specs import ModelSpec, TrainSpec
+from costmodel.units import GIB
 
-GIB = 2**30
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

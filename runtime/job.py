@@ -20,7 +20,7 @@ from costmodel.plan import Plan, PlanFile
 from runtime.model import Transformer
 from runtime.parallel import (apply_data_parallel, local_tensor, apply_recompute, apply_tensor_parallel,
                               build_mesh, recomputed_layers)
-from runtime.pipeline import build_schedule, local_stages, stage_layer_ids
+from runtime.pipeline import StepClock, build_schedule, local_stages, stage_layer_ids
 
 
 @dataclass(kw_only=True)
@@ -33,6 +33,7 @@ class Job:
     schedule: object | None = None         # torch pipelining schedule when pp > 1
     tied_params: list[nn.Parameter] = field(default_factory=list)
     tied_group: object | None = None       # ranks holding the two copies of a tied embedding
+    clock: StepClock = field(default_factory=StepClock)   # this rank's split of the current step
 
     @property
     def num_stages(self) -> int:
@@ -90,7 +91,7 @@ def build_job(pf: PlanFile, device: torch.device, *, seed: int, materialize: boo
     job = Job(plan=plan, mesh=mesh, device=device, coords=coords, modules=modules)
     _tie_embeddings(job, pf)
     if plan.pp > 1 and materialize:
-        job.schedule = build_schedule(plan, modules, mesh["pp"].get_group(), device, cross_entropy)
+        job.schedule = build_schedule(plan, modules, mesh["pp"].get_group(), device, cross_entropy, job.clock)
     return job
 
 

@@ -2,6 +2,7 @@
 per-node commands / an sbatch script for a multi-node cluster, and naming the rank that failed."""
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import shlex
@@ -19,14 +20,17 @@ PORT = 29500
 
 @dataclass(frozen=True, kw_only=True)
 class WorkerArgs:
+    """What each rank's `python -m runtime.worker` is told: written (`argv`) and read (`parse`)
+    here only."""
     plan: Path
     out: Path
-    steps: int
-    warmup: int
-    seed: int
-    lr: float
-    data: str | None
-    data_dtype: str
+    steps: int = 10
+    warmup: int = 2
+    seed: int = 0
+    lr: float = 3e-4
+    data: str | None = None
+    data_dtype: str = "uint16"
+    fault: str | None = None   # RANK:STEP:raise|exit, injected by the failure tests
 
     def argv(self) -> list[str]:
         args = ["-m", "runtime.worker", "--plan", str(self.plan), "--out", str(self.out),
@@ -34,7 +38,25 @@ class WorkerArgs:
                 "--lr", repr(self.lr)]
         if self.data:
             args += ["--data", self.data, "--data-dtype", self.data_dtype]
+        if self.fault:
+            args += ["--fault", self.fault]
         return args
+
+    @classmethod
+    def parse(cls, argv: list[str] | None = None) -> "WorkerArgs":
+        p = argparse.ArgumentParser(prog="python -m runtime.worker")
+        p.add_argument("--plan", required=True, type=Path)
+        p.add_argument("--out", required=True, type=Path)
+        for name, kind in (("--steps", int), ("--warmup", int), ("--seed", int), ("--lr", float),
+                           ("--data", str), ("--data-dtype", str), ("--fault", str)):
+            p.add_argument(name, type=kind, default=getattr(cls, name[2:].replace("-", "_")))
+        return cls(**vars(p.parse_args(argv)))
+
+    def fault_spec(self) -> tuple[int, int, str] | None:
+        if not self.fault:
+            return None
+        rank, step, kind = self.fault.split(":")
+        return int(rank), int(step), kind
 
 
 class RunFailed(RuntimeError):

@@ -4,6 +4,7 @@ pipeline ranks by `Plan.stage_rank` (loop placement, or V placement for ZBV), ex
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from itertools import accumulate
 
 import torch
@@ -30,29 +31,41 @@ def local_stages(plan: Plan, pp_rank: int) -> list[int]:
     return [j for j in range(plan.num_virtual_stages) if plan.stage_rank(j) == pp_rank]
 
 
-class TimedStage(PipelineStage):
-    """A PipelineStage that adds up the seconds it computes (forward, backward, backward for
-    weights, including the tensor-parallel collectives inside them) and the seconds of its
-    data-parallel gradient reduction at the end of the step; the rest of a rank's pipeline
-    phase is waiting (the bubble) and point-to-point transfer."""
+@dataclass
+class StepClock:
+    """One rank's split of a step, reset by the train loop before each step: the seconds its
+    stages compute (forward, backward, backward for weights, with the tensor-parallel collectives
+    inside them), its data-parallel gradient reduction after the pipeline, and the optimizer
+    step; the rest of the pipeline phase is waiting (the bubble) and point-to-point transfer."""
 
-    busy_s = 0.0
-    dp_sync_s = 0.0
-    optimizer_s = 0.0   # set by the train loop: the optimizer step follows the pipeline phase
+    busy_s: float = 0.0
+    dp_sync_s: float = 0.0
+    optimizer_s: float = 0.0
+
+    def reset(self) -> None:
+        self.busy_s = self.dp_sync_s = self.optimizer_s = 0.0
+
+
+class TimedStage(PipelineStage):
+    """A PipelineStage that adds its compute and its gradient reduction to the job's StepClock."""
+
+    def __init__(self, *args, clock: StepClock, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.clock = clock
 
     def _timed(self, fn, *args, **kwargs):
         start = time.perf_counter()
         try:
             return fn(*args, **kwargs)
         finally:
-            TimedStage.busy_s += time.perf_counter() - start
+            self.clock.busy_s += time.perf_counter() - start
 
     def perform_reduce_grad(self, *args, **kwargs):
         start = time.perf_counter()
         try:
             return super().perform_reduce_grad(*args, **kwargs)
         finally:
-            TimedStage.dp_sync_s += time.perf_counter() - start
+            self.clock.dp_sync_s += time.perf_counter() - start
 
     def forward_one_chunk(self, *args, **kwargs):
         return self._timed(super().forward_one_chunk, *args, **kwargs)
@@ -65,9 +78,9 @@ class TimedStage(PipelineStage):
 
 
 def build_schedule(plan: Plan, modules: dict[int, torch.nn.Module], pp_group, device: torch.device,
-                   loss_fn):
+                   loss_fn, clock: StepClock):
     """One PipelineStage per local virtual stage, driven by the plan's schedule class."""
-    stages = [TimedStage(mod, j, plan.num_virtual_stages, device, group=pp_group)
+    stages = [TimedStage(mod, j, plan.num_virtual_stages, device, group=pp_group, clock=clock)
               for j, mod in sorted(modules.items())]
     traits = plan.schedule.traits
     cls = schedule_class(traits)

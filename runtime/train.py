@@ -26,7 +26,6 @@ from runtime.data import TokenSource, local_slice
 from runtime.memtrack import TensorBytesTracker, state_tensors
 from runtime.job import Job, build_job, cross_entropy, sync_tied_embedding
 from runtime.parallel import gradient_sync_every_micro_batch
-from runtime.pipeline import TimedStage
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,7 +81,7 @@ def forward_backward(job: Job, tokens: torch.Tensor, labels: torch.Tensor) -> to
         loss = cross_entropy(model(xs), ys)
         (loss / m).backward()
         total += loss.detach()
-    TimedStage.busy_s += time.perf_counter() - start   # no pipeline: all of it is the stage's work
+    job.clock.busy_s += time.perf_counter() - start   # no pipeline: all of it is the stage's work
     return total / m
 
 
@@ -104,7 +103,7 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
             torch.cuda.reset_peak_memory_stats()
         _maybe_fail(cfg.fault, step)
         dist.barrier()
-        TimedStage.busy_s = TimedStage.dp_sync_s = 0.0
+        job.clock.reset()
         start = time.perf_counter()
         loss, tracked = _step(job, optimizer, tokens, labels, track)
         if device.type == "cuda":
@@ -115,9 +114,9 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
         losses.append(step_loss)
         if step >= cfg.warmup:
             times.append(step_s)
-            busy.append(_per_stage_max(job, TimedStage.busy_s))
-            sync.append(_per_stage_max(job, TimedStage.dp_sync_s))
-            optim.append(_per_stage_max(job, TimedStage.optimizer_s))
+            busy.append(_per_stage_max(job, job.clock.busy_s))
+            sync.append(_per_stage_max(job, job.clock.dp_sync_s))
+            optim.append(_per_stage_max(job, job.clock.optimizer_s))
         if dist.get_rank() == 0 and not cfg.quiet:
             tag = (f"warm-up {step + 1}/{cfg.warmup}" if step < cfg.warmup
                    else f"step {step - cfg.warmup + 1}/{cfg.steps}")
@@ -160,7 +159,7 @@ def _step(job: Job, optimizer, tokens, labels, track: bool):
         start = time.perf_counter()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        TimedStage.optimizer_s = time.perf_counter() - start
+        job.clock.optimizer_s = time.perf_counter() - start
         return loss, None
     tracker = TensorBytesTracker(state_tensors(job.modules.values(), optimizer))
     with tracker:

@@ -2,53 +2,32 @@
 
 Rank 0 writes DIR/raw.json (losses, step times, memory); a rank that raises writes
 DIR/errors/rank<R>.txt (the cause on the first line, then the traceback) so the launcher can name
-it. `PLANNER_FAULT=RANK:STEP:raise|exit` injects a failure (used by the failure tests).
+it. `--fault RANK:STEP:raise|exit` injects a failure (the failure tests, through `planner run`'s
+hidden `--inject-fault`).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import traceback
-from pathlib import Path
 
 import torch.distributed as dist
 
 from costmodel.plan import PlanFile
+from runtime.launch import WorkerArgs
 from runtime.train import RunConfig, init_distributed, run_rank
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m runtime.worker")
-    p.add_argument("--plan", required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--lr", type=float, default=3e-4)
-    p.add_argument("--data", default=None)
-    p.add_argument("--data-dtype", default="uint16")
-    return p.parse_args(argv)
-
-
-def fault_hook() -> tuple[int, int, str] | None:
-    spec = os.environ.get("PLANNER_FAULT")
-    if not spec:
-        return None
-    rank, step, kind = spec.split(":")
-    return int(rank), int(step), kind
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    out = Path(args.out)
+    args = WorkerArgs.parse(argv)
+    out = args.out
     rank = int(os.environ.get("RANK", "0"))
     try:
-        pf = PlanFile.load(Path(args.plan))
+        pf = PlanFile.load(args.plan)
         init_distributed()
         cfg = RunConfig(steps=args.steps, warmup=args.warmup, seed=args.seed, lr=args.lr,
-                        data=args.data, data_dtype=args.data_dtype, fault=fault_hook())
+                        data=args.data, data_dtype=args.data_dtype, fault=args.fault_spec())
         raw = run_rank(pf, cfg)
         if raw is not None:
             raw.pop("params", None)

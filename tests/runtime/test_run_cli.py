@@ -58,7 +58,7 @@ def test_a_failing_rank_ends_the_job_and_is_named(tmp_path, fault, expected):
     plan = _plan(tmp_path)
     start = time.monotonic()
     proc = _run(str(plan), "--steps", "3", "--warmup", "1", "--out", str(tmp_path / "run"),
-                env={"PLANNER_FAULT": fault})
+                "--inject-fault", fault)
     assert time.monotonic() - start < 60   # the bound is 30 s of job time; launch adds a few
     assert proc.returncode == 2
     last = proc.stderr.strip().splitlines()[-1]
