@@ -23,6 +23,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from costmodel.measured import MeasuredRun
 from costmodel.units import GIB
 
 
@@ -67,11 +69,11 @@ def check(out: Path, profile: Path, config: Path, steps: int, quick: bool) -> li
             row["run_error"] = ran.stderr.strip().splitlines()[-1] if ran.stderr.strip() else "failed"
             rows.append(row)
             continue
-        m = json.loads((run_dir / "measured.json").read_text())
-        row |= {"predicted_step_s": m["predicted"]["step_time_s"], "measured_step_s": m["step_time_s"],
-                "predicted_peak_bytes": m["predicted_memory_compared_bytes"][0],
-                "measured_allocated_bytes": m["peak_memory_bytes"][0],
-                "measured_reserved_bytes": (m.get("peak_reserved_bytes") or [None])[0]}
+        m = MeasuredRun.load(run_dir / "measured.json")
+        row |= {"predicted_step_s": m.predicted["step_time_s"], "measured_step_s": m.step_time_s,
+                "predicted_peak_bytes": m.predicted_memory_compared_bytes[0],
+                "measured_allocated_bytes": m.peak_memory_bytes[0],
+                "measured_reserved_bytes": (m.peak_reserved_bytes or [None])[0]}
         rows.append(row)
     return rows
 

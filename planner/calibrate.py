@@ -12,7 +12,6 @@ predicted tensor memory; CPU runs measure tensors only, so it is left alone.
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 import statistics
@@ -25,6 +24,7 @@ from scipy.optimize import minimize
 
 from costmodel.cluster import DeviceProfile
 from costmodel.estimate import Estimate, estimate
+from costmodel.measured import MeasuredRun
 from costmodel.plan import PlanFile
 
 PARAMS = ("compute", "memory", "kernel_overhead_s", "intra_node_comm", "comm_latency", "overlap")
@@ -32,13 +32,12 @@ PARAMS = ("compute", "memory", "kernel_overhead_s", "intra_node_comm", "comm_lat
 
 @dataclass(frozen=True)
 class Run:
+    """A plan and its measured step time (`measured`: the whole record, for `planner run`'s runs;
+    None for the profiler's probes, which time steps only)."""
     path: Path
     pf: PlanFile
-    measured: dict
-
-    @property
-    def measured_step_s(self) -> float:
-        return self.measured["step_time_s"]
+    measured_step_s: float
+    measured: MeasuredRun | None = None
 
 
 def load_run(path: Path) -> Run:
@@ -46,8 +45,9 @@ def load_run(path: Path) -> Run:
     for name in ("plan.json", "measured.json"):
         if not (path / name).exists():
             raise ValueError(f"{path} is not a run directory of `planner run` (no {name})")
-    return Run(path=path, pf=PlanFile.load(path / "plan.json"),
-               measured=json.loads((path / "measured.json").read_text()))
+    measured = MeasuredRun.load(path / "measured.json")
+    return Run(path=path, pf=PlanFile.load(path / "plan.json"), measured_step_s=measured.step_time_s,
+               measured=measured)
 
 
 def predict_with(run: Run, device: DeviceProfile) -> Estimate:
@@ -131,9 +131,9 @@ def fit(runs: list[Run], base: DeviceProfile, names: tuple[str, ...] = PARAMS,
                         options={"xatol": 1e-3, "fatol": 1e-7, "maxiter": max_iter})
     params = unpack(best.x)
     device = with_params(base, params, dtype)
-    gpu = [r for r in runs if r.measured.get("memory_source", "").startswith("torch.cuda")]
+    gpu = [r for r in runs if r.measured is not None and r.measured.memory_from_cuda]
     if gpu:
-        gaps = [m - p for r in gpu for m, p in zip(r.measured["peak_memory_bytes"],
+        gaps = [m - p for r in gpu for m, p in zip(r.measured.peak_memory_bytes,
                                                    predict_with(r, device).peak_memory_bytes)]
         reserved = max(0, int(device.efficiency.reserved_memory_bytes + statistics.median(gaps)))
         device = replace(device, efficiency=replace(device.efficiency, reserved_memory_bytes=reserved))

@@ -12,6 +12,7 @@ from typing import Any
 from costmodel.check import check_memory, check_structure
 from costmodel.cluster import DEFAULT_MEMORY_HEADROOM, ClusterSpec, known_profiles, parse_cluster
 from costmodel.machine import LocalProfileMissing
+from costmodel.measured import MeasuredRun
 from costmodel.estimate import estimate
 from costmodel.fidelity import MODEL_ERROR_BAND
 from costmodel.params import total_params
@@ -199,12 +200,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise UserError(f"{args.plan} is not a valid plan: " + "; ".join(problems))
     measured = None
     if args.measured:
-        try:
-            measured = json.loads(Path(args.measured).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise UserError(f"cannot read {args.measured}: {exc}") from None
-        if measured.get("plan") != pf.plan.to_dict():
-            raise UserError(f"{args.measured} was measured for another plan ({measured.get('plan', {})})")
+        measured = MeasuredRun.load(Path(args.measured))
+        if measured.plan != pf.plan.to_dict():
+            raise UserError(f"{args.measured} was measured for another plan ({measured.plan})")
     est = estimate(pf.model, pf.train, pf.cluster, pf.plan)
     _write_report(args.out, pf.model, pf.train, pf.cluster, pf.plan, est, measured=measured)
     return 0

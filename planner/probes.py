@@ -79,7 +79,7 @@ def fit_probes(probes: list[ProbeResult], base: DeviceProfile) -> tuple[DevicePr
     """The calibration fit (planner.calibrate) on the probes: per dtype its compute factors on
     the one-rank probes, then the communication factors on the others. Returns the fitted
     profile, the factors (the first dtype's compute ones), and the MAPE before and after."""
-    runs = [Run(path=Path(f"probe:{p.pf.plan.short()}"), pf=_on(p.pf, base), measured={"step_time_s": p.step_time_s})
+    runs = [Run(path=Path(f"probe:{p.pf.plan.short()}"), pf=_on(p.pf, base), measured_step_s=p.step_time_s)
             for p in probes]
     single = [r for r in runs if r.pf.plan.world_size == 1]
     params: dict[str, float] = {}

@@ -341,7 +341,7 @@ def _probes_section(probed) -> list[str]:
              "fitted_factors = { " + ", ".join(f"{k} = {v:.4g}" for k, v in params.items()) + " }",
              "steps = ["]
     for p in measured:
-        run = Run(path=Path("probe"), pf=p.pf, measured={"step_time_s": p.step_time_s})
+        run = Run(path=Path("probe"), pf=p.pf, measured_step_s=p.step_time_s)
         predicted = predict_with(run, device).step_time_s
         lines.append(f'  {{ plan = "{p.pf.model.name} {p.pf.train.compute_dtype} {p.pf.plan.short()}", '
                      f"measured_s = {p.step_time_s:.5g}, predicted_s = {predicted:.5g} }},")

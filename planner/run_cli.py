@@ -135,20 +135,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     raw = json.loads((out / "raw.json").read_text())
     (out / "plan.json").write_text(Path(args.plan).read_text())   # the run directory is self-contained
     record = measured_record(pf, raw, steps=args.steps, warmup=args.warmup, wall_s=wall_s)
-    (out / "measured.json").write_text(json.dumps(record, indent=2) + "\n")
+    record.save(out / "measured.json")
     if args.json:
-        json.dump(record, sys.stdout, indent=2)
+        json.dump(record.to_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         _print_comparison(record, out)
     return 0
 
 
-def _print_comparison(record: dict, out: Path) -> None:
+def _print_comparison(record, out: Path) -> None:
     from reports.tables import table
     from runtime.measure import comparison_rows
     print(table(("", "predicted", "measured", "error"), comparison_rows(record)))
-    print(f"\nmemory measured as: {record['memory_source']}")
+    print(f"\nmemory measured as: {record.memory_source}")
     print(f"wrote {out / 'measured.json'}")
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from costmodel.cluster import ClusterSpec
 from costmodel.estimate import Estimate, simulate_plan
@@ -16,6 +15,7 @@ from reports.document import Document
 from reports.measured import measured_figure
 from reports.memory_report import PlanMemory, memory_figures, memory_table
 from reports.ranking import ledger_figure, ranking_figure
+from costmodel.measured import MeasuredRun
 from costmodel.units import GIB
 
 
@@ -30,7 +30,7 @@ class ReportInput:
     runners_up: list[tuple[Plan, Estimate]] = field(default_factory=list)   # search only
     candidates: list[Estimate] = field(default_factory=list)                # search only
     runner_up_text: str = ""
-    measured: dict[str, Any] | None = None
+    measured: MeasuredRun | None = None
 
 
 def write_report(inp: ReportInput, out_dir: Path) -> list[str]:
@@ -127,26 +127,26 @@ def _ranking(doc: Document, inp: ReportInput, out_dir: Path) -> None:
     doc.image(*ranking_figure(inp.candidates, [inp.estimate] + [e for _, e in inp.runners_up], out_dir))
 
 
-def _measured(doc: Document, m: dict[str, Any]) -> None:
+def _measured(doc: Document, m: MeasuredRun) -> None:
     doc.heading("Predicted and measured")
-    est, err = m["predicted"], m["error_pct"]
+    est, err = m.predicted, m.error_pct
     pct = lambda v: "-" if v is None else f"{v:+.1f}%"  # noqa: E731
-    rows = [["step time (s)", f"{est['step_time_s']:.4f}", f"{m['step_time_s']:.4f}", pct(err["step_time_s"])],
-            ["tokens/s", f"{est['tokens_per_s']:,.0f}", f"{m['tokens_per_s']:,.0f}", pct(err["tokens_per_s"])],
-            ["MFU", f"{100 * est['mfu']:.2f}%", f"{100 * m['mfu']:.2f}%", pct(err["mfu"])]]
-    for r, pred in enumerate(m.get("predicted_memory_compared_bytes", est["peak_memory_bytes"])):
-        meas = m["peak_memory_bytes"][r] if m["peak_memory_bytes"] else None
+    rows = [["step time (s)", f"{est['step_time_s']:.4f}", f"{m.step_time_s:.4f}", pct(err["step_time_s"])],
+            ["tokens/s", f"{est['tokens_per_s']:,.0f}", f"{m.tokens_per_s:,.0f}", pct(err["tokens_per_s"])],
+            ["MFU", f"{100 * est['mfu']:.2f}%", f"{100 * m.mfu:.2f}%", pct(err["mfu"])]]
+    for r, pred in enumerate(m.predicted_memory_compared_bytes):
+        meas = m.peak_memory_bytes[r] if m.peak_memory_bytes else None
         rows.append([f"peak memory stage {r} (MiB)", f"{pred / 2**20:,.1f}",
                      "-" if meas is None else f"{meas / 2**20:,.1f}",
                      pct(err["peak_memory_bytes"][r] if err["peak_memory_bytes"] else None)])
-    parts, predicted = m.get("stage_breakdown_s"), m.get("predicted_stage_breakdown_s")
+    parts, predicted = m.stage_breakdown_s, m.predicted_stage_breakdown_s
     for stage in range(len(parts["work"]) if parts else 0):
         for key in ("work", "dp_sync", "optimizer", "wait"):
             rows.append([f"stage {stage} {key} (s)", f"{predicted[key][stage]:.4f}", f"{parts[key][stage]:.4f}",
                          pct(err["stage_breakdown_s"][key][stage])])
     doc.table(["quantity", "predicted", "measured", "error"], rows)
-    doc.text(f"Measured on {m['device']} over {m['steps']} steps after {m['warmup_steps']} warm-up; memory: "
-             f"{m['memory_source']}. Losses {m['losses'][0]:.4f} -> {m['losses'][-1]:.4f}. Per stage: its own "
+    doc.text(f"Measured on {m.device} over {m.steps} steps after {m.warmup_steps} warm-up; memory: "
+             f"{m.memory_source}. Losses {m.losses[0]:.4f} -> {m.losses[-1]:.4f}. Per stage: its own "
              f"work (compute and TP/CP collectives), the DP gradient reduction after the pipeline (inside the "
              f"backward pass when there is no pipeline), the optimizer, and the wait (bubble and PP transfers).")
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from costmodel.estimate import Estimate, estimate
 from costmodel.flops import model_flops_per_step, utilization
+from costmodel.measured import MeasuredRun
 from costmodel.plan import PlanFile
 
 
@@ -25,7 +26,7 @@ def error_pct(measured: float | None, predicted: float) -> float | None:
 
 
 def measured_record(pf: PlanFile, raw: dict[str, Any], *, steps: int, warmup: int,
-                    wall_s: float) -> dict[str, Any]:
+                    wall_s: float) -> MeasuredRun:
     est: Estimate = estimate(pf.model, pf.train, pf.cluster, pf.plan)
     step_s = statistics.median(raw["step_times_s"])
     mfu = utilization(model_flops_per_step(pf.model, pf.train), step_s, pf.cluster.world_size,
@@ -35,7 +36,7 @@ def measured_record(pf: PlanFile, raw: dict[str, Any], *, steps: int, warmup: in
     reserve = est.memory_breakdown_bytes[0]["reserved"] if raw["device"] == "cpu" else 0.0
     predicted_peak = [p - reserve for p in est.peak_memory_bytes]
     measured_parts, predicted_parts = _stage_parts(pf, est, raw, step_s)
-    return {
+    return MeasuredRun(**{
         "stage_breakdown_s": measured_parts,
         "predicted_stage_breakdown_s": predicted_parts,
         "step_time_s": step_s,
@@ -66,7 +67,7 @@ def measured_record(pf: PlanFile, raw: dict[str, Any], *, steps: int, warmup: in
         "plan": pf.plan.to_dict(),
         "model": pf.model.name,
         "cluster": f"{pf.cluster.num_nodes}x{pf.cluster.devices_per_node}x{pf.cluster.device.name}",
-    }
+    })
 
 
 PARTS = {"work": "work (compute + TP/CP)", "dp_sync": "DP gradient sync", "optimizer": "optimizer",
@@ -95,18 +96,18 @@ def _stage_parts(pf: PlanFile, est: Estimate, raw: dict[str, Any], step_s: float
     return measured, predicted
 
 
-def comparison_rows(m: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+def comparison_rows(m: MeasuredRun) -> list[tuple[str, str, str, str]]:
     """(quantity, predicted, measured, error) for the end-of-run table."""
-    est, err = m["predicted"], m["error_pct"]
+    est, err = m.predicted, m.error_pct
 
     def pct(v: float | None) -> str:
         return "-" if v is None else f"{v:+.1f}%"
 
-    rows = [("step time", f"{est['step_time_s'] * 1e3:,.1f} ms", f"{m['step_time_s'] * 1e3:,.1f} ms",
+    rows = [("step time", f"{est['step_time_s'] * 1e3:,.1f} ms", f"{m.step_time_s * 1e3:,.1f} ms",
              pct(err["step_time_s"])),
-            ("tokens/s", f"{est['tokens_per_s']:,.0f}", f"{m['tokens_per_s']:,.0f}", pct(err["tokens_per_s"])),
-            ("MFU", f"{100 * est['mfu']:.1f}%", f"{100 * m['mfu']:.1f}%", pct(err["mfu"]))]
-    parts, predicted = m.get("stage_breakdown_s"), m.get("predicted_stage_breakdown_s")
+            ("tokens/s", f"{est['tokens_per_s']:,.0f}", f"{m.tokens_per_s:,.0f}", pct(err["tokens_per_s"])),
+            ("MFU", f"{100 * est['mfu']:.1f}%", f"{100 * m.mfu:.1f}%", pct(err["mfu"]))]
+    parts, predicted = m.stage_breakdown_s, m.predicted_stage_breakdown_s
     for stage in range(len(parts["work"]) if parts else 0):
         for key, label in PARTS.items():
             p, q = predicted[key][stage], parts[key][stage]
@@ -114,11 +115,11 @@ def comparison_rows(m: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             small = abs(p) < SMALL_PART_SHARE * est["step_time_s"]
             rows.append((f"stage {stage} {label}", f"{p * 1e3:,.1f} ms", f"{q * 1e3:,.1f} ms",
                          f"{(q - p) * 1e3:+,.1f} ms" if small else pct(err["stage_breakdown_s"][key][stage])))
-    peak = m["peak_memory_bytes"]
-    for stage, predicted in enumerate(m["predicted_memory_compared_bytes"]):
+    peak = m.peak_memory_bytes
+    for stage, predicted in enumerate(m.predicted_memory_compared_bytes):
         measured = "-" if peak is None else f"{peak[stage] / 2**20:,.1f} MiB"
         rows.append((f"peak memory, stage {stage}", f"{predicted / 2**20:,.1f} MiB", measured,
                      pct(None if peak is None else err["peak_memory_bytes"][stage])))
-    losses = m["losses"]
+    losses = m.losses
     rows.append(("loss (first -> last step)", "-", f"{losses[0]:.4f} -> {losses[-1]:.4f}", "-"))
     return rows

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from costmodel import machine
+from runtime.measure import measured_record
 from costmodel.cluster import load_profile, parse_cluster
 from costmodel.compute import gemm_s, interpolate
 from costmodel.estimate import estimate
@@ -107,8 +108,9 @@ def _fake_runs(tmp_path: Path, truth, dtype: DType = DType.FP32) -> list[Path]:
         d = tmp_path / f"run{i}_{dtype}"
         pf.save(d / "plan.json")
         est = estimate(model, train, replace(base, device=truth), plan)
-        (d / "measured.json").write_text(json.dumps({"step_time_s": est.step_time_s,
-                                                     "memory_source": "tensors", "peak_memory_bytes": None}))
+        raw = {"losses": [1.0], "step_times_s": [est.step_time_s], "peak_memory_bytes": None,
+               "memory_source": "tensors", "device": "cpu"}
+        measured_record(pf, raw, steps=1, warmup=0, wall_s=1.0).save(d / "measured.json")
         dirs.append(d)
     return dirs
 

@@ -65,13 +65,13 @@ def test_report_command_puts_measured_beside_predicted(tmp_path, capsys):
     raw = {"losses": [10.0, 9.5], "step_times_s": [150.0], "peak_memory_bytes": [70 * 2**30] * 8,
            "memory_source": "torch.cuda.max_memory_allocated", "device": "A100"}
     measured = measured_record(pf, raw, steps=1, warmup=1, wall_s=300.0)
-    (tmp_path / "measured.json").write_text(json.dumps(measured))
+    measured.save(tmp_path / "measured.json")
     out = tmp_path / "rep"
     assert main(["report", str(plan_path), "--measured", str(tmp_path / "measured.json"), "--out", str(out)]) == 0
     md = (out / "index.md").read_text()
     assert "## Predicted and measured" in md and "| step time (s) |" in md and "150.0000" in md
     assert (out / "measured.png").exists() and "(measured.png)" in md
-    other = dict(measured, plan={**measured["plan"], "pp": 4})
+    other = dict(measured.to_dict(), plan={**measured.plan, "pp": 4})
     (tmp_path / "other.json").write_text(json.dumps(other))
     assert main(["report", str(plan_path), "--measured", str(tmp_path / "other.json"), "--out", str(out)]) == 2
     assert "another plan" in capsys.readouterr().err
@@ -80,3 +80,24 @@ def test_report_command_puts_measured_beside_predicted(tmp_path, capsys):
 def test_pareto_front():
     points = [(1.0, 5.0), (2.0, 3.0), (2.5, 4.0), (3.0, 1.0), (1.5, 6.0)]
     assert pareto_front(points) == [0, 1, 3]
+
+
+def test_measured_json_is_strict_and_versioned(tmp_path, capsys):
+    """An old measured.json (no version) is migrated, a newer or truncated one is one line, exit 2."""
+    from costmodel.measured import MEASURED_FORMAT_VERSION, MeasuredRun
+    pf = _llama70b_plan()
+    plan_path = tmp_path / "plan.json"
+    pf.save(plan_path)
+    raw = {"losses": [10.0], "step_times_s": [150.0], "peak_memory_bytes": [70 * 2**30] * 8,
+           "memory_source": "torch.cuda.max_memory_allocated", "device": "A100"}
+    record = measured_record(pf, raw, steps=1, warmup=1, wall_s=300.0).to_dict()
+    old = {k: v for k, v in record.items() if k not in ("version", "peak_reserved_bytes")}
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    assert MeasuredRun.load(tmp_path / "old.json").peak_reserved_bytes is None
+    for name, text, why in (("new.json", json.dumps({**record, "version": MEASURED_FORMAT_VERSION + 1}), "version"),
+                            ("cut.json", json.dumps(record)[:500], "truncated"),
+                            ("odd.json", json.dumps({**record, "stepz": 1}), "unknown fields stepz")):
+        (tmp_path / name).write_text(text)
+        assert main(["report", str(plan_path), "--measured", str(tmp_path / name), "--out", str(tmp_path / "r")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and why in err and name in err
