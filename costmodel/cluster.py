@@ -184,11 +184,42 @@ def _curve(points: list[list[float]]) -> tuple[tuple[float, float], ...]:
     return tuple(sorted((float(x), float(y)) for x, y in points))
 
 
+# What a profile may hold, per table; anything else is refused (a misspelt key would otherwise
+# leave its default in force without a word).
+PROFILE_KEYS = {
+    "": {"device", "network", "efficiency", "measured", "probes"},
+    "device": {"name", "kind", "aliases", "peak_flops_per_s", "memory_bytes", "reported_memory_bytes", "num_sms",
+               "memory_bandwidth_bytes_per_s", "threads_per_rank"},
+    "network": {"scope", "name", "bandwidth_bytes_per_s", "latency_s", "p2p_latency_s"},
+    "efficiency": {"gemm", "attention", "memory", "kernel_overhead_s", "intra_node_comm", "inter_node_comm",
+                   "reserved_memory_bytes", "source", "overlap", "allocator_fragmentation", "comm_contention",
+                   "vendor_attention_speedup"},
+}
+
+
+def _check_keys(path: Path, raw: dict[str, Any]) -> None:
+    tables = [("", raw), ("device", raw.get("device", {})), ("efficiency", raw.get("efficiency", {}))]
+    tables += [("network", t) for t in raw.get("network", [])]
+    for name, table in tables:
+        extra = sorted(k for k, v in table.items() if k not in PROFILE_KEYS[name]
+                       and not (name == "efficiency" and isinstance(v, dict)))
+        if extra:
+            where = f"[{name}]" if name else "the top level"
+            raise ValueError(f"{path}: unknown key(s) {', '.join(extra)} in {where}")
+    for dtype, table in raw.get("efficiency", {}).items():
+        if isinstance(table, dict) and set(table) - set(DTYPE_FIELDS):
+            raise ValueError(f"{path}: unknown key(s) {', '.join(sorted(set(table) - set(DTYPE_FIELDS)))} "
+                             f"in [efficiency.{dtype}]")
+
+
 def load_profile(path: Path) -> DeviceProfile:
     try:
         raw = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"{path}: not a valid profile ({exc})") from None
+        raise ValueError(f"{path}: not a valid profile (truncated? {exc})") from None
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read ({exc.strerror})") from None
+    _check_keys(path, raw)
     try:
         dev, eff, net = raw["device"], raw["efficiency"], {t["scope"]: t for t in raw["network"]}
         efficiency = Efficiency(gemm=eff["gemm"], attention=eff["attention"], memory=eff["memory"],

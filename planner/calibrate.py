@@ -13,16 +13,14 @@ predicted tensor memory; CPU runs measure tensors only, so it is left alone.
 from __future__ import annotations
 
 import math
-import re
 import statistics
 import time
-import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from scipy.optimize import minimize
 
-from costmodel.cluster import DeviceProfile
+from costmodel.cluster import DTYPE_FIELDS, DeviceProfile
 from costmodel.estimate import Estimate, estimate
 from costmodel.measured import MeasuredRun
 from costmodel.plan import PlanFile
@@ -183,52 +181,35 @@ def _factors(base: DeviceProfile, device: DeviceProfile, dtypes: list[str]) -> d
                   "overlap": device.efficiency.overlap}
 
 
-def calibrated_toml(base_path: Path, device: DeviceProfile, params: dict[str, float], runs: list[Run],
-                    before: dict[str, float], after: dict[str, float], command: str) -> str:
-    """The base profile's text with [device] name, [efficiency] values and the node tier's
-    latencies replaced, and the calibration's provenance on top: every other datasheet or
-    measured line stays as it was."""
+def calibrated_profile(base_path: Path, device: DeviceProfile, params: dict[str, float], runs: list[Run],
+                       before: dict[str, float], after: dict[str, float], command: str):
+    """The base profile's document with [device] name, the fitted efficiencies (per dtype too)
+    and the node tier's latencies set, and the calibration's provenance on top: every other
+    datasheet or measured value and its source comment stays as it was."""
+    from planner import profile_file as pf_io
     eff, tier = device.efficiency, device.intra_node
-    values = {"gemm": f"{eff.gemm:.4g}", "attention": f"{eff.attention:.4g}", "memory": f"{eff.memory:.4g}",
-              "kernel_overhead_s": f"{eff.kernel_overhead_s:.4g}",
-              "intra_node_comm": f"{device.intra_node.efficiency:.4g}",
-              "reserved_memory_bytes": str(eff.reserved_memory_bytes), "overlap": f"{eff.overlap:.4g}"}
     how = (f"calibrated {time.strftime('%Y-%m-%d')} by `{command}` on {len(runs)} runs: step-time MAPE "
            f"{before['mape_pct']:.1f}% -> {after['mape_pct']:.1f}%, max {before['max_abs_error_pct']:.1f}% -> "
            f"{after['max_abs_error_pct']:.1f}%")
-    base_keys = set(tomllib.loads(base_path.read_text())["efficiency"])
-    per_dtype = {f"[efficiency.{d}]": {"gemm": e.gemm, "attention": e.attention, "memory": e.memory,
-                                       "kernel_overhead_s": e.kernel_overhead_s} for d, e in device.dtype_efficiency}
-    latencies = {"latency_s": tier.latency_s, "p2p_latency_s": tier.p2p_latency_s}
-    out, section, node = [f"# {how}", "# fitted factors: " + ", ".join(f"{k} {v:.4g}" for k, v in params.items()),
-                          f"# base profile: {base_path}"], None, False
-    for line in base_path.read_text().splitlines():
-        if line.startswith("["):
-            section = line.split("#")[0].strip()
-            node = False
-        if section == "[[network]]" and line.strip() == 'scope = "node"':
-            node = True
-        key = re.match(r"^(\w+)\s*=", line)
-        if section == "[device]" and key and key[1] == "name":
-            line = f'name = "{device.name}"'
-        elif section == "[device]" and key and key[1] == "aliases":
-            line = "aliases = []"
-        elif section == "[[network]]" and node and key and latencies.get(key[1]) is not None:
-            line = (f"{key[1]} = {latencies[key[1]]:.4g}  # calibrated: measured x "
-                    f"{params.get('comm_latency', 1.0):.3g}")
-        elif section == "[efficiency]" and key and key[1] in values:
-            line = f"{key[1]} = {values[key[1]]}  # calibrated (see the top of this file)"
-        elif section and section.startswith("[efficiency.") and key and key[1] in per_dtype.get(section, {}):
-            line = f"{key[1]} = {per_dtype[section][key[1]]:.4g}  # calibrated (see the top of this file)"
-        elif section == "[efficiency]" and key and key[1] == "source":
-            line = f'source = "{how}"'
-        out.append(line)
-        if section == "[efficiency]" and key and key[1] == "reserved_memory_bytes":
-            out += [f"{k} = {values[k]}  # calibrated (see the top of this file)"
-                    for k in ("overlap",) if k not in base_keys]
-    present = {ln.split("#")[0].strip() for ln in out if ln.startswith("[efficiency.")}
-    for section, values in per_dtype.items():
-        if section not in present:
-            out += ["", f"{section}  # calibrated (see the top of this file)",
-                    *[f"{k} = {v:.4g}" for k, v in values.items()]]
-    return "\n".join(out) + "\n"
+    header = [how, "fitted factors: " + ", ".join(f"{k} {v:.4g}" for k, v in params.items()),
+              f"base profile: {base_path}"]
+    doc = pf_io.parse("".join(f"# {line}\n" for line in header) + "\n" + base_path.read_text())
+    mark = "calibrated (see the top of this file)"
+    pf_io.set_value(doc["device"], "name", device.name, "")
+    pf_io.set_value(doc["device"], "aliases", [], "")
+    table = doc["efficiency"]
+    for key, value in (("gemm", eff.gemm), ("attention", eff.attention), ("memory", eff.memory),
+                       ("kernel_overhead_s", eff.kernel_overhead_s), ("intra_node_comm", tier.efficiency),
+                       ("reserved_memory_bytes", eff.reserved_memory_bytes), ("overlap", eff.overlap)):
+        pf_io.set_value(table, key, value, mark)
+    pf_io.set_value(table, "source", how, "")
+    for dtype, e in device.dtype_efficiency:
+        if dtype not in table:
+            table.add(dtype, pf_io.table([], comment=mark))
+        for key in DTYPE_FIELDS:
+            pf_io.set_value(table[dtype], key, getattr(e, key), mark)
+    node = next(t for t in doc["network"] if t["scope"] == "node")
+    for key, value in (("latency_s", tier.latency_s), ("p2p_latency_s", tier.p2p_latency_s)):
+        if value is not None and key in node:
+            pf_io.set_value(node, key, value, f"calibrated: measured x {params.get('comm_latency', 1.0):.3g}")
+    return doc

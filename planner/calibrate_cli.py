@@ -22,7 +22,8 @@ def add_calibrate_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from planner.calibrate import calibrated_toml, fit_by_dtype, load_run, summary
+    from planner import profile_file
+    from planner.calibrate import calibrated_profile, fit_by_dtype, load_run, summary
     from reports.tables import table
     base = resolve_device(args.profile)
     base_path = Path(base.path)
@@ -37,7 +38,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     device = replace(device, name=out.stem)
     after = summary(runs, device)
     command = "planner calibrate " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "planner calibrate"
-    out.write_text(calibrated_toml(base_path, device, params, runs, before, after, command))
+    profile_file.write(out, calibrated_profile(base_path, device, params, runs, before, after, command))
     print(table(("step time", "before", "after"),
                 [("MAPE", f"{before['mape_pct']:.1f}%", f"{after['mape_pct']:.1f}%"),
                  ("max |error|", f"{before['max_abs_error_pct']:.1f}%", f"{after['max_abs_error_pct']:.1f}%")]))

@@ -94,3 +94,14 @@ def test_plan_over_memory_says_by_how_much(llama70b, a100_64, train_4k):
     plan = build_plan(llama70b, train_4k, a100_64, Choice(tp=1, pp=1, zero_stage=0))
     problems = check_plan(llama70b, train_4k, a100_64, plan)
     assert problems and re.search(r"stage 0 needs [\d.]+ GiB per device, [\d.]+ GiB over", problems[0])
+
+
+def test_a_profile_with_a_misspelt_or_cut_key_is_one_line(tmp_path, capsys):
+    from planner.cli import main
+    text = (PROFILES / "A100-SXM4-80GB.toml").read_text()
+    for name, body, why in (("typo.toml", text.replace("\ngemm =", "\ngemm_efficiency =", 1), "unknown key(s) gemm_efficiency"),
+                            ("cut.toml", text[: len(text) // 3] + "\n[efficiency\n", "truncated")):
+        (tmp_path / name).write_text(body)
+        assert main(["predict", "--model", "llama2-7b", "--cluster", f"1x8x{tmp_path / name}"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and why in err and name in err

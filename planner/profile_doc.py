@@ -1,0 +1,187 @@
+"""The document `planner profile` writes: what was measured, under [measured]; the probes' fit
+under [efficiency] and [efficiency.<dtype>]; each probe under [probes]; every number with its
+source as a comment (planner.profile_file writes it)."""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from costmodel import machine
+from planner import profile_file as pf_io
+
+
+@dataclass(frozen=True)
+class Setup:
+    out: Path
+    name: str
+    mode: str
+    nproc: int
+    device_type: str
+    threads: int
+    command: str
+
+
+def measured_profile(setup: Setup, micro: dict, probed=None, elapsed_s: float = 0.0):
+    """The profile document. Without `probed` (the probes' results and fit) it is the base the
+    probes are predicted with: the measured curves, efficiencies 1, no per-kernel cost."""
+    from runtime import profiler as prof
+    date, ident = time.strftime("%Y-%m-%d"), machine.identity()
+    how = f"measured {date} by `{setup.command}` on {machine.describe(ident)}, {setup.threads} thread(s) per rank"
+    memory = _monotone_by_size(micro["memory"].points)
+    net = _network(setup, micro.get("collectives"))
+    device = probed[1] if probed else None
+    doc = pf_io.document([
+        f"Device profile of this machine: {how}, {elapsed_s:.0f} s.",
+        "Peaks are the best measured rates; the curves under [measured] are what the cost model uses.",
+        f"All {setup.nproc} ranks measured at once (each shares cores, caches and memory bandwidth with the",
+        "others, as the ranks of a run do); rank 0's figures are written. [efficiency] holds what",
+        "training steps add to the microbenchmarks, fitted to the probes at the end of this file."])
+    doc.add("device", pf_io.table(_device_rows(setup, micro, memory)))
+    doc.add("network", pf_io.networks(_network_rows(setup, net, device)))
+    doc.add("efficiency", _efficiency(micro, device, how, len(probed[0]) if probed else 0))
+    doc.add("measured", pf_io.table(_measured_rows(setup, micro, memory, net, date, ident)))
+    for key, c in micro["gemm"].items():
+        if c.stopped_before:
+            doc["measured"].add(pf_io.tomlkit.comment(
+                f"gemm_{key}: the budget stopped before {c.stopped_before:.3g} FLOPs per call; larger GEMMs are "
+                "priced at the largest measured rate (extrapolated)"))
+        if not c.accelerated:
+            doc["measured"].add(pf_io.tomlkit.comment(
+                f"gemm_{key}: NOT ACCELERATED here (below {prof.ACCELERATED_RATIO} of fp32's rate at equal FLOPs); "
+                "measured at small sizes only"))
+    if probed:
+        doc.add("probes", _probes(probed))
+    return doc
+
+
+@dataclass(frozen=True)
+class _Net:
+    alpha_s: float
+    beta_bytes_per_s: float
+    p2p_s: float
+    how: str
+    samples: dict | None
+
+
+def _network(setup: Setup, samples: dict | None) -> _Net:
+    from runtime import profiler as prof
+    if not samples:   # one GPU: no peer to measure; single-device plans never use the network
+        return _Net(1e-5, 1e10, 1e-5, "not measured (one device, no peer): a placeholder that single-device "
+                    "plans never use", None)
+    alpha, beta, rms, p2p = prof.fit_alpha_beta(samples, setup.nproc)
+    count = sum(len(v) for k, v in samples.items() if k != "p2p")
+    return _Net(alpha, beta, p2p, f"alpha-beta ring fit over {count} collective samples on {setup.nproc} ranks "
+                f"(rms {100 * rms:.0f}%)", samples)
+
+
+def _device_rows(setup: Setup, micro: dict, memory) -> list[pf_io.Row]:
+    cpu = setup.device_type == "cpu"
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 2**34
+    peaks = {k: max(r for _, r in c.points) for k, c in micro["gemm"].items()}
+    return [("name", setup.name, None), ("kind", "cpu" if cpu else "gpu", None), ("aliases", [], None),
+            ("peak_flops_per_s", peaks, "measured: best GEMM rate of the curves below"),
+            ("memory_bytes", int(ram // setup.nproc if cpu else _cuda_memory()),
+             f"this machine's RAM / {setup.nproc} ranks (a choice)" if cpu
+             else "device memory (torch.cuda.get_device_properties)"),
+            ("memory_bandwidth_bytes_per_s", max(r for _, r in memory), "measured: best memory-bound kernel rate")]
+
+
+def _network_rows(setup: Setup, net: _Net, device) -> list[list[pf_io.Row]]:
+    tier = device.intra_node if device else None
+    factor = tier.latency_s / net.alpha_s if tier else 1.0
+    node = [("scope", "node", None), ("name", f"{'gloo' if setup.device_type == 'cpu' else 'nccl'}-local", None),
+            ("bandwidth_bytes_per_s", net.beta_bytes_per_s, f"measured: {net.how}"),
+            ("latency_s", tier.latency_s if tier else net.alpha_s,
+             f"probes: the measured {net.alpha_s:.3g} s per ring step x {factor:.3g}" if tier
+             else "measured: same fit, per ring step"),
+            ("p2p_latency_s", tier.p2p_latency_s if tier else net.p2p_s,
+             f"probes: the measured {net.p2p_s:.3g} s x {factor:.3g}" if tier
+             else "measured: send/recv of the smallest messages (median)")]
+    stand_in = "no second machine measured: the node figure stands in"
+    cluster = [("scope", "cluster", None), ("name", "unmeasured", None),
+               ("bandwidth_bytes_per_s", net.beta_bytes_per_s, stand_in), ("latency_s", net.alpha_s, stand_in)]
+    return [node, cluster]
+
+
+def _efficiency(micro: dict, device, how: str, probes: int):
+    fitted = f"fitted to {probes} probe training steps (see [probes])"
+    eff, tier = (device.efficiency, device.intra_node) if device else (None, None)
+    first = next(iter(micro["attention"]))
+    rows: list[pf_io.Row] = [
+        ("gemm", eff.gemm if eff else 1.0, f"{fitted}: training's share of the measured GEMM curve" if eff
+         else "the measured GEMM curve already is the achieved rate"),
+        ("attention", eff.attention if eff else micro["attention"][first],
+         f"measured causal SDPA / GEMM ({first}) x the gemm factor"),
+        ("memory", eff.memory if eff else 1.0, f"{fitted}: share of the measured memory-bound curve" if eff
+         else "the measured memory-bound curve already is the achieved rate"),
+        ("kernel_overhead_s", eff.kernel_overhead_s if eff else 0.0,
+         f"{fitted}: eager work per kernel (autograd, modules, hooks; bare operator {micro['overhead_s']:.2g} s)"
+         if eff else "the curves include each call's cost"),
+        ("intra_node_comm", tier.efficiency if tier else 1.0,
+         f"{fitted}: collectives inside FSDP / DTensor / pipelining over the microbenchmark fit" if tier
+         else "the fit above is the achieved rate"),
+        ("inter_node_comm", 1.0, None),
+        ("overlap", eff.overlap if eff else 0.5, f"{fitted}: share of data-parallel communication hidden by compute"
+         if eff else "a starting point for the probes' fit"),
+        ("reserved_memory_bytes", 268435456, "assumed: interpreter + torch runtime, ~256 MiB"),
+        ("source", how, None)]
+    out = pf_io.table(rows)
+    own = dict(device.dtype_efficiency) if device else {}
+    for dtype, ratio in micro["attention"].items():   # per dtype: its own attention rate, then the fit
+        e = own.get(dtype)
+        out.add(dtype, pf_io.table([
+            ("gemm", e.gemm if e else 1.0, None), ("attention", e.attention if e else ratio,
+                                                     f"measured causal SDPA / GEMM in {dtype}: {ratio:.3g}"
+                                                     + (" x the gemm factor" if e else "")),
+            ("memory", e.memory if e else 1.0, None), ("kernel_overhead_s", e.kernel_overhead_s if e else 0.0, None)],
+            comment=f"{fitted}, the one-rank probes in {dtype}" if e else "measured"))
+    return out
+
+
+def _measured_rows(setup: Setup, micro: dict, memory, net: _Net, date: str, ident: dict) -> list[pf_io.Row]:
+    rows: list[pf_io.Row] = [
+        ("date", date, None), ("command", setup.command, None), ("machine", machine.describe(ident), None),
+        ("machine_key", machine.machine_key(ident), "costmodel.machine: processor, cores, torch, GPU"),
+        ("threads_per_rank", setup.threads, "`planner run` gives each CPU rank this many threads"),
+        *[(f"gemm_{k}", c.points, "[FLOPs per call, FLOP/s]") for k, c in micro["gemm"].items()],
+        ("memory_bound", memory, "[bytes moved per call, bytes/s]" + (
+            f"; the budget stopped before {micro['memory'].stopped_before:.3g} bytes per call, larger kernels "
+            "are priced at the largest measured rate" if micro["memory"].stopped_before else "")),
+        ("attention_efficiency", dict(micro["attention"]), "causal SDPA rate / GEMM rate at equal FLOPs"),
+        ("op_overhead_s", micro["overhead_s"], "a one-element add, the bare dispatch cost"),
+        ("collective_alpha_s", net.alpha_s, "the microbenchmark fit, before the probes"),
+        ("collective_p2p_latency_s", net.p2p_s, None)]
+    return rows + [(f"collective_{k}", v, "[bytes, seconds]") for k, v in (net.samples or {}).items()]
+
+
+def _probes(probed):
+    from planner.calibrate import Run, predict_with
+    measured, device, params, before, after = probed
+    steps = pf_io.tomlkit.array()
+    for p in measured:
+        predicted = predict_with(Run(path=Path("probe"), pf=p.pf, measured_step_s=p.step_time_s), device)
+        row = pf_io.tomlkit.inline_table()
+        row.update({"plan": f"{p.pf.model.name} {p.pf.train.compute_dtype} {p.pf.plan.short()}",
+                    "measured_s": round(p.step_time_s, 6), "predicted_s": round(predicted.step_time_s, 6)})
+        steps.append(row)
+    steps.multiline(True)
+    out = pf_io.table([("fitted_factors", params, None)],
+                      comment=f"step-time MAPE of the probes: {before['mape_pct']:.1f}% with the microbenchmarks "
+                      f"alone, {after['mape_pct']:.1f}% fitted (max {after['max_abs_error_pct']:.1f}%)")
+    out.add("steps", steps)
+    return out
+
+
+def _monotone_by_size(points) -> list[tuple[float, float]]:
+    """One rate per size (the best kernel kind there), sorted: what interpolation needs."""
+    best: dict[float, float] = {}
+    for size, rate in points:
+        best[size] = max(rate, best.get(size, 0.0))
+    return sorted(best.items())
+
+
+def _cuda_memory() -> int:
+    import torch
+    return torch.cuda.get_device_properties(0).total_memory

@@ -1,0 +1,75 @@
+"""Writing device profiles: the one writer, for `planner profile` (a new file) and `planner
+calibrate` (the base profile's text with fitted values set). Every number in a profile cites its
+source, so the writer keeps comments: tomlkit builds and edits the document, comments included.
+Reading is `costmodel.cluster.load_profile`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable
+
+import tomlkit
+from tomlkit.items import Table
+
+# (key, value, comment or None)
+Row = tuple[str, Any, str | None]
+
+
+def document(header: Iterable[str]) -> tomlkit.TOMLDocument:
+    doc = tomlkit.document()
+    for line in header:
+        doc.add(tomlkit.comment(line))
+    doc.add(tomlkit.nl())
+    return doc
+
+
+def table(rows: Iterable[Row], comment: str | None = None) -> Table:
+    out = tomlkit.table()
+    if comment:
+        out.comment(comment)
+    for key, value, note in rows:
+        set_value(out, key, value, note)
+    return out
+
+
+def set_value(container, key: str, value: Any, comment: str | None = None) -> None:
+    """Set `key` (added or replaced) with `comment` after it (kept as it was when None)."""
+    item = tomlkit.item(_plain(value))
+    if comment is None and key in container:
+        old = container.item(key) if hasattr(container, "item") else None
+        comment = old.trivia.comment.lstrip("# ").rstrip() if old is not None and old.trivia.comment else None
+    if comment:
+        item.comment(comment)
+    container[key] = item
+
+
+def networks(tiers: Iterable[Iterable[Row]]) -> tomlkit.items.AoT:
+    out = tomlkit.aot()
+    for rows in tiers:
+        out.append(table(rows))
+    return out
+
+
+def write(path: Path, doc: tomlkit.TOMLDocument) -> None:
+    """Written to a temporary file and renamed: an interrupted write never leaves half a profile."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(path.suffix + ".partial")
+    partial.write_text(tomlkit.dumps(doc))
+    partial.replace(path)
+
+
+def parse(text: str) -> tomlkit.TOMLDocument:
+    return tomlkit.parse(text)
+
+
+def _plain(value: Any) -> Any:
+    """Tuples as arrays, curves' points as arrays of two floats, dicts as inline tables."""
+    if isinstance(value, dict):
+        inline = tomlkit.inline_table()
+        inline.update({k: _plain(v) for k, v in value.items()})
+        return inline
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, float):
+        return float(f"{value:.6g}")   # six significant digits: what was measured, no more
+    return value
