@@ -26,16 +26,10 @@ def check_structure(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
     if plan.world_size != cluster.world_size:
         add(f"dp*tp*pp*cp = {plan.dp}*{plan.tp}*{plan.pp}*{plan.cp} = {plan.world_size} does not "
             f"equal the cluster's {cluster.world_size} devices")
-    for what, n in (("num_heads", model.num_heads), ("num_kv_heads", model.num_kv_heads),
-                    ("ffn_hidden_size", model.ffn_hidden_size)):
-        if n % plan.tp:
-            add(f"tp={plan.tp} does not divide the model's {what} ({n})")
-    if train.seq_len % plan.cp:
-        add(f"cp={plan.cp} does not divide seq_len {train.seq_len}")
-    if plan.sequence_parallel and plan.tp == 1:
-        add("sequence parallelism needs tp > 1")
-    if plan.sequence_parallel and (train.seq_len // plan.cp) % plan.tp:
-        add(f"sequence parallelism needs tp={plan.tp} to divide the local sequence {train.seq_len // plan.cp}")
+    problems += tp_problems(model, plan.tp)
+    problems += cp_problems(train, cluster, plan.cp)
+    if plan.sequence_parallel:
+        problems += sp_problems(train, plan.tp, plan.cp)
     batch = plan.dp * plan.micro_batch_size * plan.num_micro_batches
     if batch != train.global_batch_size:
         add(f"dp*micro_batch_size*num_micro_batches = {plan.dp}*{plan.micro_batch_size}*"
@@ -47,6 +41,29 @@ def check_structure(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
     problems += _check_pipeline(model, plan)
     problems += _check_recompute(plan)
     return problems
+
+
+# The rules the search enumerates from as well (planner.search asks these, not copies of them).
+
+def tp_problems(model: ModelSpec, tp: int) -> list[str]:
+    return [f"tp={tp} does not divide the model's {what} ({n})"
+            for what, n in (("num_heads", model.num_heads), ("num_kv_heads", model.num_kv_heads),
+                            ("ffn_hidden_size", model.ffn_hidden_size)) if n % tp]
+
+
+def cp_problems(train: TrainSpec, cluster: ClusterSpec, cp: int) -> list[str]:
+    out = [f"cp={cp} does not divide seq_len {train.seq_len}"] if train.seq_len % cp else []
+    if cp > 1 and cluster.device.kind == "cpu":   # a machine capability: what the runtime can run there
+        out.append("context parallelism does not run on CPU ranks (torch 2.13 has no context-parallel "
+                   "rule for the CPU attention kernel)")
+    return out
+
+
+def sp_problems(train: TrainSpec, tp: int, cp: int) -> list[str]:
+    if tp == 1:
+        return ["sequence parallelism needs tp > 1"]
+    local = train.seq_len // cp
+    return [f"sequence parallelism needs tp={tp} to divide the local sequence {local}"] if local % tp else []
 
 
 def _check_pipeline(model: ModelSpec, plan: Plan) -> list[str]:

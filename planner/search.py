@@ -27,7 +27,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from costmodel.check import check_structure, runtime_executes
+from costmodel.check import check_structure, cp_problems, runtime_executes, sp_problems, tp_problems
 from costmodel.cluster import ClusterSpec
 from costmodel.estimate import Estimate, estimate
 from costmodel.fidelity import MODEL_ERROR_BAND
@@ -158,12 +158,6 @@ def _schedules(pp: int, vpp: int, mode: Recompute,
     return tuple(valid), tuple(dominant)   # cached: never handed out to be changed
 
 
-def _max_cp(cluster: ClusterSpec) -> int:
-    """CPU ranks cannot run context parallelism (torch 2.13 has no context-parallel rule for the
-    CPU attention kernel, so the runtime refuses it): plans for them keep cp = 1."""
-    return 1 if cluster.device.kind == "cpu" else MAX_CP
-
-
 def time_groups(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: SearchOptions,
                 stats: SearchStats) -> Iterator[tuple[Choice, list[tuple[int, Schedule]]]]:
     """Every outer choice except the ZeRO stage (which the time bound does not depend on), as
@@ -171,10 +165,9 @@ def time_groups(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, option
     variants share one rank time model."""
     world, L = cluster.world_size, model.num_layers
     max_tp = options.max_tp or cluster.devices_per_node
-    tp_all = [t for t in divisors(math.gcd(model.num_heads, model.num_kv_heads, model.ffn_hidden_size))
-              if t <= max(max_tp, options.fixed.get("tp", 0)) and world % t == 0]
+    tp_all = [t for t in divisors(world) if t <= max(max_tp, options.fixed.get("tp", 0)) and not tp_problems(model, t)]
     for tp in _allowed(options, "tp", tp_all):
-        cp_all = [c for c in divisors(world // tp) if c <= _max_cp(cluster) and train.seq_len % c == 0]
+        cp_all = [c for c in divisors(world // tp) if c <= MAX_CP and not cp_problems(train, cluster, c)]
         for cp in _allowed(options, "cp", cp_all):
             for pp in _allowed(options, "pp", [p for p in divisors(world // (tp * cp)) if p <= L]):
                 dp = world // (tp * cp * pp)
@@ -188,8 +181,7 @@ def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp):
     L, per_replica = model.num_layers, train.global_batch_size // dp
     modes = [Recompute.NONE] if options.no_recompute else list(Recompute)
     # SP dominates no-SP: the same collective volume (AG + RS = AR), less memory, less elementwise work
-    sps = _dominant(options, "sequence_parallel",
-                    [True, False] if tp > 1 and (train.seq_len // cp) % tp == 0 else [False], True)
+    sps = _dominant(options, "sequence_parallel", [True, False] if not sp_problems(train, tp, cp) else [False], True)
     orders = _orders({"tp": tp, "cp": cp, "pp": pp, "dp": dp}, cluster)
     for mbs in _allowed(options, "micro_batch_size", [b for b in divisors(per_replica) if b <= MAX_MICRO_BATCH]):
         m = per_replica // mbs
