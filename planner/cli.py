@@ -186,10 +186,11 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def _write_report(out: str, model, train, cluster, plan, est, **extra) -> None:
+    from planner.report_plans import schedule_variants
     from reports.build import ReportInput, write_report
     print(f"writing the report to {out}/ ...", file=sys.stderr)
     files = write_report(ReportInput(model=model, train=train, cluster=cluster, plan=plan, estimate=est,
-                                     **extra), Path(out))
+                                     variants=schedule_variants(model, train, cluster, plan), **extra), Path(out))
     print(f"wrote {len(files)} files to {out}/ (open {out}/index.html)", file=sys.stderr)
 
 

@@ -33,13 +33,13 @@ from costmodel.estimate import Estimate, estimate
 from costmodel.fidelity import MODEL_ERROR_BAND
 from costmodel.memory import stage_memory_shapes_by_zero
 from costmodel.placement import AxisSpan
-from costmodel.plan import Plan, Recompute, Schedule, default_schedule, even_layers
+from costmodel.plan import Plan, Recompute, Schedule, default_schedule
 from costmodel.specs import ModelSpec, TrainSpec
 from costmodel.timing import RankTimeModel, Spans, link_costs, rank_time_model, spans
 from planner.bounds import time_floor_s, zero_floor_s
 from planner.partition import (MemoryFit, SolverTimeout, apply_split, lower_bound_with_memory_s,
                                pipeline_floor_s, pipeline_rows, rank_shapes, solve_split)
-from planner.space import Choice, build_plan, degrees_plan, divisors
+from planner.space import Choice, build_plan, degrees_plan, divisors, under_schedule
 
 MAX_MICRO_BATCH = 64
 REPRICED = 20   # closed-form best plans re-priced by simulation for the final ranking
@@ -516,15 +516,10 @@ def _simulated_variants(shared: _Shared, options: SearchOptions, ranked: list[Fo
     for schedule in Schedule:
         if schedule.traits.closed_form or (options.schedules is not None and schedule not in options.schedules):
             continue
-        vpp = schedule.traits.min_vpp
         for f in ranked:
-            plan = f.plan
-            if plan.pp < 2 or model.num_layers < plan.pp * vpp:
+            if f.plan.pp < 2 or model.num_layers < f.plan.pp * max(2, schedule.traits.min_vpp):
                 continue
-            probe = replace(plan, schedule=schedule, vpp=vpp,
-                            layers_per_stage=even_layers(model.num_layers, plan.pp * vpp))
-            counts = tuple(min(n, probe.layers_on_rank(r)) for r, n in enumerate(plan.recompute_num_layers))
-            variant = replace(probe, recompute_num_layers=counts)
+            variant = under_schedule(model, f.plan, schedule)
             if variant in seen or check_structure(model, train, cluster, variant):
                 continue
             seen.add(variant)

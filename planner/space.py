@@ -66,3 +66,16 @@ def degrees_plan(*, dp: int, tp: int, pp: int, cp: int, zero_stage: int = 0, num
 
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def under_schedule(model: ModelSpec, plan: Plan, schedule: Schedule) -> Plan:
+    """The same degrees, micro-batches and recomputation under another pipeline schedule: its
+    virtual stages (two for schedules that take several), layers split evenly when the stage count
+    changes, each rank's recomputed layers capped by what it now holds. Not checked: the caller
+    asks check_plan."""
+    traits = schedule.traits
+    vpp = max(2, traits.min_vpp) if traits.max_vpp != 1 else 1
+    layers = plan.layers_per_stage if vpp == plan.vpp else even_layers(model.num_layers, plan.pp * vpp)
+    probe = replace(plan, schedule=schedule, vpp=vpp, layers_per_stage=layers)
+    counts = tuple(min(n, probe.layers_on_rank(r)) for r, n in enumerate(plan.recompute_num_layers))
+    return replace(probe, recompute_num_layers=counts)

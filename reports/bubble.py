@@ -2,15 +2,12 @@
 other pipeline schedule, with the bubble per pipeline rank and the step time."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
-from costmodel.check import check_structure
-from costmodel.cluster import ClusterSpec
-from costmodel.estimate import Estimate, estimate, simulate_plan
-from costmodel.plan import Plan, Schedule, even_layers
+from costmodel.estimate import Estimate
+from costmodel.plan import Plan
 from costmodel.simulate import Simulation
-from costmodel.specs import ModelSpec, TrainSpec
 from matplotlib.patches import Patch
 
 from reports.style import KIND_COLOURS, LIGHT, plt, save
@@ -26,36 +23,6 @@ class Variant:
     reason: str = ""                  # why this schedule cannot run the plan
     estimate: Estimate | None = None
     sim: Simulation | None = None
-
-
-def schedule_variants(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> list[Variant]:
-    """The chosen plan first, then the same degrees, micro-batches and recomputation under each
-    other schedule (two virtual stages for the interleaved and V schedules, layers split evenly
-    when the stage count changes)."""
-    out = [_priced("chosen: " + str(plan.schedule) + (f" (v={plan.vpp})" if plan.vpp > 1 else ""),
-                   model, train, cluster, plan)]
-    if plan.pp == 1:
-        return out
-    for schedule in Schedule:
-        if schedule is plan.schedule:
-            continue
-        vpp = max(2, schedule.traits.min_vpp) if schedule.traits.max_vpp != 1 else 1
-        layers = plan.layers_per_stage if vpp == plan.vpp else even_layers(model.num_layers, plan.pp * vpp)
-        probe = replace(plan, schedule=schedule, vpp=vpp, layers_per_stage=layers)
-        counts = tuple(min(n, probe.layers_on_rank(r)) for r, n in enumerate(plan.recompute_num_layers))
-        variant = replace(probe, recompute_num_layers=counts)
-        problems = check_structure(model, train, cluster, variant)
-        label = str(schedule) + (f" (v={vpp})" if vpp > 1 else "")
-        if problems:
-            out.append(Variant(label=label, plan=None, reason=problems[0]))
-        else:
-            out.append(_priced(label, model, train, cluster, variant))
-    return out
-
-
-def _priced(label, model, train, cluster, plan) -> Variant:
-    return Variant(label=label, plan=plan, estimate=estimate(model, train, cluster, plan),
-                   sim=simulate_plan(model, train, cluster, plan, keep_events=True))
 
 
 def schedule_table(variants: list[Variant]) -> tuple[list[str], list[list[str]]]:

@@ -10,7 +10,7 @@ from costmodel.estimate import Estimate, simulate_plan
 from costmodel.pipeline import uniform_1f1b_bubble_fraction
 from costmodel.plan import Plan
 from costmodel.specs import ModelSpec, TrainSpec
-from reports.bubble import schedule_table, schedule_variants, bubble_figures
+from reports.bubble import Variant, bubble_figures, schedule_table
 from reports.document import Document
 from reports.measured import measured_figure
 from reports.memory_report import PlanMemory, memory_figures, memory_table
@@ -31,6 +31,7 @@ class ReportInput:
     candidates: list[Estimate] = field(default_factory=list)                # search only
     runner_up_text: str = ""
     measured: MeasuredRun | None = None
+    variants: list[Variant] = field(default_factory=list)   # the plan under each schedule (planner.report_plans)
 
 
 def write_report(inp: ReportInput, out_dir: Path) -> list[str]:
@@ -39,7 +40,7 @@ def write_report(inp: ReportInput, out_dir: Path) -> list[str]:
     doc = Document(f"Plan report: {inp.model.name} on {inp.cluster.name}")
     _summary(doc, inp)
     _where_time_goes(doc, inp, out_dir)
-    variants = schedule_variants(inp.model, inp.train, inp.cluster, inp.plan)
+    variants = inp.variants
     _bubble(doc, inp, variants, out_dir)
     _memory(doc, inp, variants, out_dir)
     if inp.candidates:

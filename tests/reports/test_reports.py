@@ -35,8 +35,9 @@ def _tables(markdown: str) -> str:
 def test_plan_report_files_and_golden_tables(tmp_path):
     pf = _llama70b_plan()
     est = estimate(pf.model, pf.train, pf.cluster, pf.plan)
-    files = write_report(ReportInput(model=pf.model, train=pf.train, cluster=pf.cluster, plan=pf.plan,
-                                     estimate=est), tmp_path)
+    from planner.report_plans import schedule_variants
+    files = write_report(ReportInput(model=pf.model, train=pf.train, cluster=pf.cluster, plan=pf.plan, estimate=est,
+                                     variants=schedule_variants(pf.model, pf.train, pf.cluster, pf.plan)), tmp_path)
     for stem in FIGURES:
         assert f"{stem}.png" in files and f"{stem}.svg" in files
         assert (tmp_path / f"{stem}.png").stat().st_size > 10_000

@@ -1,0 +1,34 @@
+"""The plans a report compares, built and priced here (reports render; they build no plans):
+the chosen plan under every other pipeline schedule."""
+from __future__ import annotations
+
+from costmodel.check import check_structure
+from costmodel.cluster import ClusterSpec
+from costmodel.estimate import estimate, simulate_plan
+from costmodel.plan import Plan, Schedule
+from costmodel.specs import ModelSpec, TrainSpec
+from planner.space import under_schedule
+from reports.bubble import Variant
+
+
+def schedule_variants(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> list[Variant]:
+    """The chosen plan first, then the same plan under each other schedule (planner.space.
+    under_schedule), or why that schedule cannot run it."""
+    out = [_priced("chosen: " + str(plan.schedule) + (f" (v={plan.vpp})" if plan.vpp > 1 else ""),
+                   model, train, cluster, plan)]
+    if plan.pp == 1:
+        return out
+    for schedule in Schedule:
+        if schedule is plan.schedule:
+            continue
+        variant = under_schedule(model, plan, schedule)
+        problems = check_structure(model, train, cluster, variant)
+        label = str(schedule) + (f" (v={variant.vpp})" if variant.vpp > 1 else "")
+        out.append(Variant(label=label, plan=None, reason=problems[0]) if problems
+                   else _priced(label, model, train, cluster, variant))
+    return out
+
+
+def _priced(label: str, model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> Variant:
+    return Variant(label=label, plan=plan, estimate=estimate(model, train, cluster, plan),
+                   sim=simulate_plan(model, train, cluster, plan, keep_events=True))
