@@ -1,21 +1,29 @@
 """Valid lower bounds on a candidate's step time, cheap enough to compute for every candidate.
 
-They order the branch and bound in planner.search; planner.partition adds the memory-aware one.
-Both read only what the candidate's rank time model (costmodel.timing) and degrees fix, so the
-search computes them without building a plan per candidate.
+They order the branch and bound in planner.search: first the ones that read only what a
+candidate's rank time model (costmodel.timing) and degrees fix, without building a plan; then,
+per outer choice, the memory-aware ones over the per-rank coefficients of planner.shapes
+(whether any layer split fits, the least recomputation it needs, the exact min-max of the
+slowest rank). Every lower bound of the search is here, once.
 """
 from __future__ import annotations
 
+import functools
+import math
 from functools import lru_cache
+
+import numpy as np
 
 from costmodel.cluster import ClusterSpec
 from costmodel.compute import optimizer_step_s
+from costmodel.memory import AffineBytes
 from costmodel.params import layer_params
 from costmodel.pipeline import closed_form_s, fill_s
 from costmodel.placement import AxisSpan
 from costmodel.plan import Plan, Recompute, Schedule
 from costmodel.specs import ModelSpec, TrainSpec
 from costmodel.timing import RankTimeModel, dp_bucket_s, dp_terms, rank_time_model, spans
+from planner.shapes import RankShape
 from planner.space import degrees_plan
 
 
@@ -69,3 +77,145 @@ def _dp_floor_s(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: in
                          num_micro_batches=num_micro_batches, num_layers=model.num_layers)
     return sum(t.multiplier * dp_bucket_s(model, probe, t, cluster, span)
                for t in dp_terms(model, train, probe, cluster))
+
+
+def max_layers_that_fit(mem: AffineBytes, cap: float, can_recompute: bool, total: int) -> int:
+    """Most layers a rank can hold within `cap`: memory is affine in layers at n = 0 and at n = L
+    (every layer recomputed), and recomputing more never needs more memory."""
+    base, per_layer, per_rc, jump = mem.base, mem.per_layer, mem.per_recomputed, mem.jump
+    options = [(base, per_layer)] + ([(base + jump, per_layer + per_rc)] if can_recompute else [])
+    best = -1
+    for intercept, slope in options:
+        if slope <= 0:
+            best = max(best, total if intercept <= cap else -1)
+        elif intercept <= cap:
+            best = max(best, min(total, int((cap - intercept) // slope)))
+    return best
+
+
+def split_exists(memory: list[AffineBytes], plan: Plan, cap: float, total: int) -> bool:
+    """Exact: some split of `total` layers (at least vpp per rank) fits every rank (`memory`:
+    costmodel.memory.stage_memory_shapes)."""
+    most = [max_layers_that_fit(m, cap, plan.recompute is not Recompute.NONE, total) for m in memory]
+    return min(most) >= plan.vpp and sum(most) >= total
+
+
+def min_total_recompute(memory: list[AffineBytes], plan: Plan, cap: float, total: int) -> float:
+    """Lower bound on sum(n_r) over all splits (continuous relaxation). A rank's need for
+    recomputed layers is convex in its layer count (zero until memory binds, then linear), so the
+    cheapest way to place the layers beyond vpp per rank takes the smallest per-layer increments
+    over all ranks: sum of needs at vpp layers + the (total - vpp·pp) smallest increments."""
+    col = lambda name: np.array([getattr(mem, name) for mem in memory])[:, None]  # noqa: E731
+    per_rc = col("per_recomputed")
+    over = col("base") + col("per_layer") * np.arange(plan.vpp, total + 1)[None, :] - cap
+    with np.errstate(divide="ignore", invalid="ignore"):
+        need = np.where(over <= 0, 0.0, np.where(per_rc < 0, (over + col("jump")) / -per_rc, np.inf))
+    extra = total - plan.vpp * plan.pp
+    if extra < 0:
+        return math.inf
+    start = float(need[:, 0].sum())
+    if extra == 0 or math.isinf(start):
+        return start
+    with np.errstate(invalid="ignore"):  # inf - inf where a rank can never hold that many
+        steps = np.where(np.isfinite(need[:, 1:]), np.diff(need, axis=1), np.inf).ravel()
+    return start + float(np.partition(steps, extra - 1)[:extra].sum())
+
+
+def least_recomputed(memory: list[AffineBytes], cap: float, recompute: bool, total: int) -> np.ndarray:
+    """[rank, L] for L = 0..total layers on the rank: the fewest recomputed layers that make them
+    fit (-1 where none does). Memory falls by per_rc per recomputed layer after a one-off jump."""
+    col = lambda name: np.array([getattr(mem, name) for mem in memory])[:, None]  # noqa: E731
+    per_rc, jump = col("per_recomputed"), col("jump")
+    layers = np.arange(total + 1)[None, :]
+    over = col("base") + col("per_layer") * layers - cap
+    need = np.where(over <= 0, 0, -1)
+    if recompute:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            # 1e-9: the CP-SAT model and estimate() round differently at the very edge
+            n = np.maximum(1, np.ceil((over + jump) / -per_rc - 1e-9))
+        need = np.where((over > 0) & (per_rc < 0) & (n <= layers), n, need)
+    return need
+
+
+class MemoryFit:
+    """What memory alone says about an outer choice; rank placement does not change it, so the
+    search computes it once for all placements. The recompute figures are worked out when first
+    asked for (many choices that fit are never examined further)."""
+
+    def __init__(self, memory: list[AffineBytes], plan: Plan, cap: float, total: int) -> None:
+        self.memory = memory  # costmodel.memory.stage_memory_shapes
+        self.fits = split_exists(memory, plan, cap, total)  # some split fits (exact)
+        self._plan, self._cap, self._total = plan, cap, total
+
+    @functools.cached_property
+    def least_recomputed(self) -> np.ndarray:
+        """[rank, L]: see `least_recomputed` (meaningful when it fits)."""
+        return least_recomputed(self.memory, self._cap, self._plan.recompute is not Recompute.NONE, self._total)
+
+    @functools.cached_property
+    def min_recomputed(self) -> float:
+        """No split that fits recomputes fewer layers in all."""
+        if not self.fits:
+            return math.inf
+        floor = 0.0 if self._plan.recompute is Recompute.NONE else 1.0
+        return max(min_total_recompute(self.memory, self._plan, self._cap, self._total), floor)
+
+
+def min_max_time_s(ts: list[tuple], plan: Plan, fit: MemoryFit, total: int) -> float:
+    """The least possible max_r t_r over every split that fits (exact over integer layer and
+    recompute counts, up to the relaxation that a rank may take any layer count whose time fits):
+    a rank's fastest way to hold L layers recomputes as few as fit, so for a candidate T each rank
+    holds at most max{L : t_min(L) <= T} layers, and T is feasible when those sum to `total`.
+    `ts`: per rank, (t0, t1, t2) of RankShape.t."""
+    need = fit.least_recomputed
+    t0 = np.array([t[0] for t in ts])[:, None]
+    t = t0 + ts[0][1] * np.arange(total + 1)[None, :] + ts[0][2] * need
+    t = np.where(need >= 0, t, np.inf)
+    t[:, :plan.vpp] = np.inf  # every virtual stage holds a layer
+    # t[r, L]: fastest way for rank r to hold at least L layers, nondecreasing in L. Within T,
+    # rank r holds #{L >= 1 : t[r, L] <= T} layers; those sum to `total` from the total-th
+    # smallest t[r, L >= 1] on, and every rank holds its vpp layers from max_r t[r, vpp] on.
+    t = np.minimum.accumulate(t[:, ::-1], axis=1)[:, ::-1]
+    slots = t[:, 1:].ravel()
+    enough = np.partition(slots, total - 1)[total - 1]
+    return float(max(enough, t[:, plan.vpp].max()))
+
+
+def pipeline_floor_s(ts: list[tuple], fs: list[tuple], plan: Plan, fit: MemoryFit, total: int) -> float:
+    """Lower bound on the pipeline part of the step time (see planner.bounds.time_floor_s) with
+    the recomputation needed to fit, and the slowest rank at least as slow as the best
+    memory-feasible min-max split allows. `ts`, `fs`: `pipeline_rows`. Placement-aware but
+    cheaper than the rank shapes: the search tries it first."""
+    rc = fit.min_recomputed
+    if not fit.fits or math.isinf(rc) or (rc > 0 and plan.recompute is Recompute.NONE):
+        return math.inf
+    slowest = min_max_time_s(ts, plan, fit, total)
+    sum_t = sum(t[0] for t in ts) + ts[0][1] * total + ts[0][2] * rc
+    slowest = max(slowest, sum_t / plan.pp)
+    # the closed form with max(f) <= T (f = t for 1F1B, t - 2W for ZB-H1)
+    sum_f = sum(f[0] for f in fs) + fs[0][1] * total + fs[0][2] * rc
+    return closed_form_s(plan.schedule.traits, plan.num_micro_batches, slowest, sum_f, slowest, plan.vpp)
+
+
+def lower_bound_with_memory_s(shapes: list[RankShape], plan: Plan, fit: MemoryFit, total: int) -> float:
+    """Step-time lower bound for this outer choice: `pipeline_floor_s`, the DP buckets that can
+    never hide, and the optimizer on the average rank."""
+    pipe = pipeline_floor_s([sh.t for sh in shapes], [sh.f for sh in shapes], plan, fit, total)
+    if math.isinf(pipe):
+        return pipe
+    opt = (sum(sh.opt[0] for sh in shapes) + shapes[0].opt[1] * total) / plan.pp
+    return pipe + _dp_floor_of_shapes_s(shapes, plan, total) + opt
+
+
+def _dp_floor_of_shapes_s(shapes: list[RankShape], plan: Plan, total: int) -> float:
+    """Exposed DP time of the slowest rank >= the rank average >= (by convexity of max) the same
+    max at the average layer count; the window is taken with every layer recomputed (its widest),
+    so this never exceeds the true value."""
+    pp = len(shapes)
+    layers = total / pp
+    recomputed = layers if plan.recompute is not Recompute.NONE else 0.0
+    out = 0.0
+    for k, (mult, (_, c1), (_, w1, w2), bucket) in enumerate(shapes[0].dp):
+        intercept = sum(sh.dp[k][1][0] - sh.dp[k][2][0] for sh in shapes) / pp
+        out += mult * max(intercept + (c1 - w1) * layers - w2 * recomputed, bucket)
+    return out

@@ -4,7 +4,7 @@ Outer choices (tp, cp, pp, dp, micro-batch, virtual stages, schedule, ZeRO stage
 parallelism, recompute mode, rank placement) are enumerated, each with a valid lower bound on its
 step time read from the rank time model (planner.bounds). Candidates are taken in order of that
 bound; each is checked for memory once per placement-free choice, bounded again with the slowest
-rank's least time over every split that fits (planner.partition.pipeline_floor_s) and the full
+rank's least time over every split that fits (planner.bounds.pipeline_floor_s) and the full
 per-rank shapes, and only then solved exactly by CP-SAT (layer split and per-rank recompute under
 the memory cap, told the K-th best so far as a cutoff). The search stops once the bound of the
 next candidate is no better than the K-th best plan found, so the result is the optimum over the
@@ -18,52 +18,29 @@ and ranked; one whose simulated memory does not fit is dropped.
 from __future__ import annotations
 
 import heapq
-import itertools
 import math
 import time
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
-from typing import Callable, Iterator
+from typing import Iterator
 
 import numpy as np
 
-from costmodel.check import check_structure, cp_problems, runtime_executes, sp_problems, tp_problems
+from costmodel.check import check_structure, runtime_executes
 from costmodel.cluster import ClusterSpec
 from costmodel.estimate import Estimate, estimate
-from costmodel.fidelity import MODEL_ERROR_BAND
 from costmodel.memory import stage_memory_shapes_by_zero
 from costmodel.placement import AxisSpan
-from costmodel.plan import Plan, Recompute, Schedule, default_schedule
+from costmodel.plan import Plan, Recompute, Schedule
 from costmodel.specs import ModelSpec, TrainSpec
-from costmodel.timing import RankTimeModel, Spans, link_costs, rank_time_model, spans
-from planner.bounds import time_floor_s, zero_floor_s
-from planner.partition import (MemoryFit, SolverTimeout, apply_split, lower_bound_with_memory_s,
-                               pipeline_floor_s, pipeline_rows, rank_shapes, solve_split)
-from planner.space import Choice, build_plan, degrees_plan, divisors, under_schedule
+from costmodel.timing import RankTimeModel, Spans, rank_time_model, spans
+from planner.bounds import MemoryFit, lower_bound_with_memory_s, pipeline_floor_s, time_floor_s, zero_floor_s
+from planner.partition import SolverTimeout, apply_split, solve_split
+from planner.shapes import pipeline_rows, rank_shapes
+from planner.candidates import ZERO_STAGES, SearchOptions, allowed, time_groups
+from planner.space import Choice, build_plan, under_schedule
 
-MAX_MICRO_BATCH = 64
 REPRICED = 20   # closed-form best plans re-priced by simulation for the final ranking
 VARIANTS_OF = 5   # best simulated plans laid out for schedules without a closed form (ZBV)
-MAX_CP = 8
-ZERO_STAGES = (0, 1, 2, 3)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class SearchOptions:
-    top_k: int = 5
-    max_tp: int | None = None  # None: devices per node (TP across nodes is never competitive)
-    fixed: dict = field(default_factory=dict)  # field name -> value, e.g. {"pp": 4}
-    no_recompute: bool = False
-    objective: str = "time"  # or "memory": least memory within 5 % of the best time
-    time_limit_s: float = 60.0  # then stop: best found so far, not proven optimal
-    # the schedules a plan may use (None: every one the runtime runs); e.g. the ones the
-    # framework of a published run offers, for `planner validate`
-    schedules: frozenset | None = None
-    # plans within this fraction of the fastest are equivalent under the evidence (the model's
-    # leave-one-source-out error, costmodel.fidelity); the most robust of them is shown first
-    error_band: float = MODEL_ERROR_BAND
-    repriced: int | None = None   # best plans re-priced by simulation (None: REPRICED)
-    progress: Callable[[str], None] | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -106,100 +83,6 @@ class SearchResult:
     proven_fastest: Found | None = None
 
 
-def _orders(degrees: dict[str, int], cluster: ClusterSpec) -> list[tuple[str, ...]]:
-    """Mesh axis orders worth pricing: one per distinct placement of the groups, and none whose
-    every link is at least as slow as another's (costmodel.timing.link_costs: such a placement
-    cannot give a faster plan, and memory does not depend on placement)."""
-    placed: dict[Spans, tuple[tuple[str, ...], tuple[float, ...]]] = {}
-    for order in itertools.permutations(("pp", "dp", "cp", "tp")):
-        sp = spans(degrees_plan(**degrees, mesh_axis_order=order), cluster)
-        if sp not in placed:
-            placed[sp] = order, link_costs(sp, cluster)
-    items = list(placed.values())
-    out = []
-    for i, (order, costs) in enumerate(items):
-        # dominated: another is no slower anywhere, and faster somewhere or listed first
-        if not any(j != i and all(a <= b for a, b in zip(other, costs)) and (other != costs or j < i)
-                   for j, (_, other) in enumerate(items)):
-            out.append(order)
-    return out
-
-
-def _allowed(options: SearchOptions, name: str, values: list) -> list:
-    if name in options.fixed:
-        return [v for v in values if v == options.fixed[name]]
-    return values
-
-
-def _dominant(options: SearchOptions, name: str, values: list, best) -> list:
-    """Keep only the value(s) that dominate the others under the cost model, unless the user
-    fixed this field (then honour their choice). `best`: one value or a list of them."""
-    if name in options.fixed:
-        return _allowed(options, name, values)
-    kept = [b for b in (best if isinstance(best, (list, tuple)) else [best]) if b in values]
-    return kept or values
-
-
-@lru_cache(maxsize=4096)   # asked once per candidate: the traits' rules need not be re-read
-def _schedules(pp: int, vpp: int, mode: Recompute,
-               allowed: frozenset | None = None) -> tuple[tuple[Schedule, ...], tuple[Schedule, ...]]:
-    """(valid schedules, the dominant ones). Under the model GPipe equals 1F1B in time and needs
-    more memory, so 1F1B dominates it; ZB-H1 has a smaller fill but holds the deferred weight
-    passes' inputs (more memory), so neither it nor 1F1B dominates the other. ZB-H1 cannot run
-    with selective recomputation (check_plan). `allowed` narrows them (pp = 1 needs none)."""
-    if pp == 1:
-        return (default_schedule(1),), (default_schedule(1),)
-    # the schedules check_plan accepts here (pp, vpp, recompute mode; the micro-batch rule is the
-    # candidate's) that have a closed form: ZBV is priced only by simulation
-    valid = [s for s in Schedule if s.traits.closed_form and (allowed is None or s in allowed)
-             and not [p for p in s.traits.problems(str(s), pp, vpp, 0, mode is Recompute.SELECTIVE)
-                      if "num_micro_batches" not in p]]
-    dominant = [s for s in valid if s.traits.dominated_by not in valid] or valid
-    return tuple(valid), tuple(dominant)   # cached: never handed out to be changed
-
-
-def time_groups(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: SearchOptions,
-                stats: SearchStats) -> Iterator[tuple[Choice, list[tuple[int, Schedule]]]]:
-    """Every outer choice except the ZeRO stage (which the time bound does not depend on), as
-    (a choice with one virtual stage and no schedule, its (vpp, schedule) variants): the
-    variants share one rank time model."""
-    world, L = cluster.world_size, model.num_layers
-    max_tp = options.max_tp or cluster.devices_per_node
-    tp_all = [t for t in divisors(world) if t <= max(max_tp, options.fixed.get("tp", 0)) and not tp_problems(model, t)]
-    for tp in _allowed(options, "tp", tp_all):
-        cp_all = [c for c in divisors(world // tp) if c <= MAX_CP and not cp_problems(train, cluster, c)]
-        for cp in _allowed(options, "cp", cp_all):
-            for pp in _allowed(options, "pp", [p for p in divisors(world // (tp * cp)) if p <= L]):
-                dp = world // (tp * cp * pp)
-                if train.global_batch_size % dp:
-                    stats.prune("global batch not divisible by dp")
-                elif options.fixed.get("dp", dp) == dp:
-                    yield from _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp)
-
-
-def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp):
-    L, per_replica = model.num_layers, train.global_batch_size // dp
-    modes = [Recompute.NONE] if options.no_recompute else list(Recompute)
-    # SP dominates no-SP: the same collective volume (AG + RS = AR), less memory, less elementwise work
-    sps = _dominant(options, "sequence_parallel", [True, False] if not sp_problems(train, tp, cp) else [False], True)
-    orders = _orders({"tp": tp, "cp": cp, "pp": pp, "dp": dp}, cluster)
-    for mbs in _allowed(options, "micro_batch_size", [b for b in divisors(per_replica) if b <= MAX_MICRO_BATCH]):
-        m = per_replica // mbs
-        # interleaving as Megatron-LM runs it: equal chunks (pp x vpp divides the layers)
-        vpps = [1] + ([v for v in divisors(L // pp)[1:] if L % pp == 0 and m % pp == 0] if pp > 1 else [])
-        for mode in _allowed(options, "recompute", modes):
-            variants = []
-            for vpp in _allowed(options, "vpp", vpps):
-                valid, best = _schedules(pp, vpp, mode, options.schedules)
-                if valid:
-                    variants += [(vpp, sched) for sched in _dominant(options, "schedule", valid, best)]
-            if not variants:
-                continue
-            for sp, order in itertools.product(sps, orders):
-                yield Choice(tp=tp, pp=pp, cp=cp, dp=dp, zero_stage=0, recompute=mode, sequence_parallel=sp,
-                             micro_batch_size=mbs, vpp=1, schedule=None, mesh_axis_order=order), variants
-
-
 @dataclass(frozen=True, slots=True)
 class _Timed:
     rtm: RankTimeModel  # priced with one virtual stage (RankTimeModel.with_vpp adds more)
@@ -214,8 +97,8 @@ class _Shared:
 
     def __init__(self, model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: SearchOptions) -> None:
         self.model, self.train, self.cluster = model, train, cluster
-        allowed = _allowed(options, "zero_stage", list(ZERO_STAGES))
-        self.zero_allowed = tuple(zero in allowed for zero in ZERO_STAGES)
+        stages = allowed(options, "zero_stage", list(ZERO_STAGES))
+        self.zero_allowed = tuple(zero in stages for zero in ZERO_STAGES)
         self._times: dict[tuple, tuple[RankTimeModel, Spans]] = {}
         self._zero: dict[tuple, float] = {}
         self._memory: dict[tuple, tuple[MemoryFit, Plan]] = {}
@@ -268,7 +151,7 @@ class _Shared:
         return (c.tp, c.cp, c.pp, c.dp, zero, c.recompute, c.sequence_parallel, c.micro_batch_size, vpp, schedule)
 
     def pipeline_floor_s(self, base: Choice, zero: int, plan: Plan, fit: MemoryFit) -> float:
-        """planner.partition.pipeline_floor_s + the ZeRO floor, for `plan` under base's placement."""
+        """planner.bounds.pipeline_floor_s + the ZeRO floor, for `plan` under base's placement."""
         timed = self.time_model(base)
         key = (base, plan.vpp, plan.schedule)
         if key not in self._rows:
@@ -285,7 +168,7 @@ def search(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
     # one's rank time models and memory fits: they depend on the candidate, not the constraints
     shared = _reuse or _Shared(model, train, cluster, options)
     variants, bounds = [], []
-    for base, group in time_groups(model, train, cluster, options, stats):
+    for base, group in time_groups(model, train, cluster, options, stats.prune):
         # a Plan is built only for the candidates the branch and bound examines
         timed = shared.time_model(base)
         m = train.global_batch_size // base.dp // base.micro_batch_size
@@ -341,7 +224,7 @@ def unsatisfiable_constraints(model: ModelSpec, train: TrainSpec, cluster: Clust
     take, with the values it could take; or, when each is possible alone, that they are not
     together."""
     possible: dict[str, set] = {name: set() for name in options.fixed}
-    for base, group in time_groups(model, train, cluster, replace(options, fixed={}), SearchStats()):
+    for base, group in time_groups(model, train, cluster, replace(options, fixed={}), lambda reason: None):
         for vpp, schedule in group:
             for zero in ZERO_STAGES if base.dp * base.cp > 1 else (0,):
                 choice = replace(base, vpp=vpp, schedule=schedule, zero_stage=zero)

@@ -12,7 +12,8 @@ from costmodel.plan import Recompute, Schedule
 from costmodel.registry import resolve_model
 from costmodel.specs import TrainSpec
 from planner.bounds import lower_bound_s
-from planner.partition import MemoryFit, lower_bound_with_memory_s, rank_shapes
+from planner.bounds import MemoryFit, lower_bound_with_memory_s
+from planner.shapes import rank_shapes
 from planner.space import Choice, build_plan
 
 TRAIN = TrainSpec(seq_len=4096, global_batch_size=64)

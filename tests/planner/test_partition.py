@@ -13,7 +13,9 @@ from costmodel.registry import resolve_model
 from costmodel.specs import TrainSpec
 from costmodel.timing import dp_exposed_s, rank_times, spans
 from planner import partition
-from planner.partition import MemoryFit, min_max_time_s, rank_shapes, solve_split
+from planner.bounds import MemoryFit, min_max_time_s
+from planner.partition import solve_split
+from planner.shapes import rank_shapes
 from planner.space import Choice, build_plan
 
 TRAIN = TrainSpec(seq_len=4096, global_batch_size=64)

@@ -2,7 +2,6 @@
 `planner calibrate` fits a profile to runs, never overwriting the original."""
 from __future__ import annotations
 
-import json
 import tomllib
 from dataclasses import replace
 from pathlib import Path
@@ -125,8 +124,9 @@ def test_calibrate_recovers_a_known_slowdown_and_keeps_the_original(measured, tm
     assert main(["calibrate", *map(str, runs), "--profile", base.path, "--out", str(out)]) == 0
     assert Path(base.path).read_text() == before
     text = capsys.readouterr().out
-    after = float(text.split("MAPE")[1].split()[1].rstrip("%"))
-    assert after < 2.0
+    before, after = (float(v.rstrip("%")) for v in text.split("MAPE")[1].split()[:2])
+    # the fit is pulled towards the profile's own values (PRIOR_WEIGHT), so it need not reach 0
+    assert after < min(5.0, before / 4), (before, after)
     cal = load_profile(out)
     assert "calibrated" in cal.efficiency.source and cal.name == "cal"
     # the written file carries the per-dtype efficiencies the fit scaled, not the base's

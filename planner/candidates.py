@@ -1,0 +1,140 @@
+"""The search space: every outer choice the search considers (degrees, micro-batch, recompute
+mode, virtual stages, schedule, SP, placement), what the user fixed or narrowed, and the choices
+dropped because another dominates them under the model. The rules of a valid plan are asked of
+costmodel.check (tp_problems, cp_problems, sp_problems) and the schedule traits, not copied.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Callable, Iterator
+
+from costmodel.check import cp_problems, sp_problems, tp_problems
+from costmodel.cluster import ClusterSpec
+from costmodel.fidelity import MODEL_ERROR_BAND
+from costmodel.plan import Recompute, Schedule, default_schedule
+from costmodel.specs import ModelSpec, TrainSpec
+from costmodel.timing import Spans, link_costs, spans
+from planner.space import Choice, degrees_plan, divisors
+
+
+MAX_MICRO_BATCH = 64
+
+
+MAX_CP = 8
+
+
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SearchOptions:
+    top_k: int = 5
+    max_tp: int | None = None  # None: devices per node (TP across nodes is never competitive)
+    fixed: dict = field(default_factory=dict)  # field name -> value, e.g. {"pp": 4}
+    no_recompute: bool = False
+    objective: str = "time"  # or "memory": least memory within 5 % of the best time
+    time_limit_s: float = 60.0  # then stop: best found so far, not proven optimal
+    # the schedules a plan may use (None: every one the runtime runs); e.g. the ones the
+    # framework of a published run offers, for `planner validate`
+    schedules: frozenset | None = None
+    # plans within this fraction of the fastest are equivalent under the evidence (the model's
+    # leave-one-source-out error, costmodel.fidelity); the most robust of them is shown first
+    error_band: float = MODEL_ERROR_BAND
+    repriced: int | None = None   # best plans re-priced by simulation (None: REPRICED)
+    progress: Callable[[str], None] | None = None
+
+
+def _orders(degrees: dict[str, int], cluster: ClusterSpec) -> list[tuple[str, ...]]:
+    """Mesh axis orders worth pricing: one per distinct placement of the groups, and none whose
+    every link is at least as slow as another's (costmodel.timing.link_costs: such a placement
+    cannot give a faster plan, and memory does not depend on placement)."""
+    placed: dict[Spans, tuple[tuple[str, ...], tuple[float, ...]]] = {}
+    for order in itertools.permutations(("pp", "dp", "cp", "tp")):
+        sp = spans(degrees_plan(**degrees, mesh_axis_order=order), cluster)
+        if sp not in placed:
+            placed[sp] = order, link_costs(sp, cluster)
+    items = list(placed.values())
+    out = []
+    for i, (order, costs) in enumerate(items):
+        # dominated: another is no slower anywhere, and faster somewhere or listed first
+        if not any(j != i and all(a <= b for a, b in zip(other, costs)) and (other != costs or j < i)
+                   for j, (_, other) in enumerate(items)):
+            out.append(order)
+    return out
+
+
+def allowed(options: SearchOptions, name: str, values: list) -> list:
+    if name in options.fixed:
+        return [v for v in values if v == options.fixed[name]]
+    return values
+
+
+def dominant(options: SearchOptions, name: str, values: list, best) -> list:
+    """Keep only the value(s) that dominate the others under the cost model, unless the user
+    fixed this field (then honour their choice). `best`: one value or a list of them."""
+    if name in options.fixed:
+        return allowed(options, name, values)
+    kept = [b for b in (best if isinstance(best, (list, tuple)) else [best]) if b in values]
+    return kept or values
+
+
+@lru_cache(maxsize=4096)   # asked once per candidate: the traits' rules need not be re-read
+def _schedules(pp: int, vpp: int, mode: Recompute,
+               allowed: frozenset | None = None) -> tuple[tuple[Schedule, ...], tuple[Schedule, ...]]:
+    """(valid schedules, the dominant ones). Under the model GPipe equals 1F1B in time and needs
+    more memory, so 1F1B dominates it; ZB-H1 has a smaller fill but holds the deferred weight
+    passes' inputs (more memory), so neither it nor 1F1B dominates the other. ZB-H1 cannot run
+    with selective recomputation (check_plan). `allowed` narrows them (pp = 1 needs none)."""
+    if pp == 1:
+        return (default_schedule(1),), (default_schedule(1),)
+    # the schedules check_plan accepts here (pp, vpp, recompute mode; the micro-batch rule is the
+    # candidate's) that have a closed form: ZBV is priced only by simulation
+    valid = [s for s in Schedule if s.traits.closed_form and (allowed is None or s in allowed)
+             and not [p for p in s.traits.problems(str(s), pp, vpp, 0, mode is Recompute.SELECTIVE)
+                      if "num_micro_batches" not in p]]
+    dominant = [s for s in valid if s.traits.dominated_by not in valid] or valid
+    return tuple(valid), tuple(dominant)   # cached: never handed out to be changed
+
+
+def time_groups(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: SearchOptions,
+                prune: Callable[[str], None]) -> Iterator[tuple[Choice, list[tuple[int, Schedule]]]]:
+    """Every outer choice except the ZeRO stage (which the time bound does not depend on), as
+    (a choice with one virtual stage and no schedule, its (vpp, schedule) variants): the
+    variants share one rank time model."""
+    world, L = cluster.world_size, model.num_layers
+    max_tp = options.max_tp or cluster.devices_per_node
+    tp_all = [t for t in divisors(world) if t <= max(max_tp, options.fixed.get("tp", 0)) and not tp_problems(model, t)]
+    for tp in allowed(options, "tp", tp_all):
+        cp_all = [c for c in divisors(world // tp) if c <= MAX_CP and not cp_problems(train, cluster, c)]
+        for cp in allowed(options, "cp", cp_all):
+            for pp in allowed(options, "pp", [p for p in divisors(world // (tp * cp)) if p <= L]):
+                dp = world // (tp * cp * pp)
+                if train.global_batch_size % dp:
+                    prune("global batch not divisible by dp")
+                elif options.fixed.get("dp", dp) == dp:
+                    yield from _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp)
+
+
+def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp):
+    L, per_replica = model.num_layers, train.global_batch_size // dp
+    modes = [Recompute.NONE] if options.no_recompute else list(Recompute)
+    # SP dominates no-SP: the same collective volume (AG + RS = AR), less memory, less elementwise work
+    sps = dominant(options, "sequence_parallel", [True, False] if not sp_problems(train, tp, cp) else [False], True)
+    orders = _orders({"tp": tp, "cp": cp, "pp": pp, "dp": dp}, cluster)
+    for mbs in allowed(options, "micro_batch_size", [b for b in divisors(per_replica) if b <= MAX_MICRO_BATCH]):
+        m = per_replica // mbs
+        # interleaving as Megatron-LM runs it: equal chunks (pp x vpp divides the layers)
+        vpps = [1] + ([v for v in divisors(L // pp)[1:] if L % pp == 0 and m % pp == 0] if pp > 1 else [])
+        for mode in allowed(options, "recompute", modes):
+            variants = []
+            for vpp in allowed(options, "vpp", vpps):
+                valid, best = _schedules(pp, vpp, mode, options.schedules)
+                if valid:
+                    variants += [(vpp, sched) for sched in dominant(options, "schedule", valid, best)]
+            if not variants:
+                continue
+            for sp, order in itertools.product(sps, orders):
+                yield Choice(tp=tp, pp=pp, cp=cp, dp=dp, zero_stage=0, recompute=mode, sequence_parallel=sp,
+                             micro_batch_size=mbs, vpp=1, schedule=None, mesh_axis_order=order), variants

@@ -1,0 +1,110 @@
+"""What the split solver and its bounds read from the cost model, per pipeline rank: affine
+coefficients in the rank's layer count L and recomputed-layer count n (micro-batch time, the
+schedule's fill, optimizer, memory, each data-parallel term), evaluated with costmodel's own
+functions (tests/planner/test_partition.py checks the affinity at many points)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from costmodel.cluster import ClusterSpec
+from costmodel.compute import optimizer_step_s
+from costmodel.memory import AffineBytes, stage_memory_shapes
+from costmodel.params import layer_params, rank_params_at
+from costmodel.pipeline import fill_s
+from costmodel.plan import Plan
+from costmodel.specs import ModelSpec, TrainSpec
+from costmodel.timing import (RankTimeModel, RankTimes, dp_bucket_s, dp_term_comm_s, dp_terms,
+                              dp_window_s, rank_time_model, spans)
+
+
+def affine(f, x0: int, x1: int) -> tuple[float, float]:
+    """(intercept, slope) of f from two points (the affinity itself is checked in the tests)."""
+    y0, y1 = f(x0), f(x1)
+    slope = (y1 - y0) / (x1 - x0)
+    return y0 - slope * x0, slope
+
+
+@dataclass(frozen=True, slots=True)
+class RankShape:
+    """Everything the solver needs about one pipeline rank, read from costmodel. Each quantity
+    is affine in (L, n) for a fixed outer choice (tests/planner/test_partition.py checks it
+    against the cost model at many points): coefficients (per rank, per layer, per recomputed
+    layer) of the micro-batch time t and zero-bubble fill f, (intercept, slope in L) of the
+    optimizer step, memory as (base, per layer, per recomputed layer, jump once n > 0), and per
+    DP term (multiplier, comm, window, bucket)."""
+
+    t: tuple[float, float, float]
+    f: tuple[float, float, float]
+    opt: tuple[float, float]
+    mem: tuple[float, float, float, float]
+    dp: list
+    memory: AffineBytes  # mem as costmodel states it
+
+
+def _pipeline_rows(rtm: RankTimeModel, plan: Plan, edge: RankTimes) -> tuple[tuple, tuple]:
+    """(t, f) coefficients of a rank whose fixed part (edges, sends) is `edge`."""
+    parts = (edge, rtm.per_layer, rtm.per_recomputed_layer)
+    t = tuple(p.total_s for p in parts)
+    return t, tuple(fill_s(plan.schedule.traits, p) for p in parts)
+
+
+def pipeline_rows(rtm: RankTimeModel, plan: Plan) -> tuple[list[tuple], list[tuple]]:
+    """Per pipeline rank, the t and f coefficients of RankShape (what the pipeline bound needs),
+    without the optimizer and DP parts."""
+    first, last = plan.stage_rank(0), plan.stage_rank(plan.num_virtual_stages - 1)
+    kinds = {(r == first, r == last) for r in range(plan.pp)}
+    rows = {kind: _pipeline_rows(rtm, plan, rtm.at(0, 0, *kind)) for kind in kinds}
+    per_rank = [rows[r == first, r == last] for r in range(plan.pp)]
+    return [t for t, _ in per_rank], [f for _, f in per_rank]
+
+
+def _time_shape(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan, rtm: RankTimeModel,
+                first: bool, last: bool, dp_shape: list) -> tuple:
+    """(t, f, opt, dp) of a rank: the same on every rank in the middle of the pipeline."""
+    edge = rtm.at(0, 0, first, last)
+    t, f = _pipeline_rows(rtm, plan, edge)
+    edge_params = rank_params_at(model, plan, 0, first, last).total
+    per_layer_params = rank_params_at(model, plan, 1, first, last).total - edge_params
+    shards = plan.dp * plan.cp if plan.zero_stage >= 1 else 1
+    opt = affine(lambda L: optimizer_step_s((edge_params + L * per_layer_params) / shards, train, cluster.device),
+                  1, 2)
+    # DP collectives: comm(P) = alpha + beta·P in the rank's parameters P = edge + L·per_layer
+    overlap = cluster.device.efficiency.overlap
+    dp = [(mult, (alpha + beta * edge_params, beta * per_layer_params),
+           (dp_window_s(term, edge, overlap), dp_window_s(term, rtm.per_layer, overlap),
+            dp_window_s(term, rtm.per_recomputed_layer, overlap)), bucket)
+          for mult, term, alpha, beta, bucket in dp_shape]
+    return t, f, opt, dp
+
+
+def _dp_shape(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> list:
+    """Per DP term: (multiplier, term, alpha, beta, bucket) with comm(P params) = alpha + beta·P."""
+    sp = spans(plan, cluster)
+    if sp.dp.size == 1:
+        return []
+    unit = layer_params(model, plan.tp)
+    out = []
+    for term in dp_terms(model, train, plan, cluster):
+        alpha, beta = affine(lambda k: dp_term_comm_s(term, k * unit, cluster, sp.dp, unit), 1, 2)
+        out.append((term.multiplier, term, alpha, beta / unit, dp_bucket_s(model, plan, term, cluster, sp.dp)))
+    return out
+
+
+def rank_shapes(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan,
+                memory: list[AffineBytes] | None = None, rtm: RankTimeModel | None = None) -> list[RankShape]:
+    """`memory` (the plan's `stage_memory_shapes`) and `rtm` (its rank time model): when the
+    caller already has them."""
+    rtm = rtm or rank_time_model(model, train, plan, cluster, spans(plan, cluster))
+    dp_shape = _dp_shape(model, train, cluster, plan)
+    memory = memory or stage_memory_shapes(model, train, plan, cluster.device.efficiency.reserved_memory_bytes,
+                                          cluster.framework)
+    first, last = plan.stage_rank(0), plan.stage_rank(plan.num_virtual_stages - 1)
+    times: dict[tuple[bool, bool], tuple] = {}
+    out = []
+    for r, mem in enumerate(memory):
+        key = (r == first, r == last)
+        if key not in times:
+            times[key] = _time_shape(model, train, cluster, plan, rtm, *key, dp_shape)
+        t, f, opt, dp = times[key]
+        out.append(RankShape(t, f, opt, (mem.base, mem.per_layer, mem.per_recomputed, mem.jump), dp, mem))
+    return out
