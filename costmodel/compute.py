@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, wraps
 
 from costmodel.cluster import DeviceProfile
 from costmodel.layout import Style, layer_blocks
@@ -166,9 +166,16 @@ def _elementwise_forward_s(model: ModelSpec, train: TrainSpec, plan: KernelShape
     return memory_bound_s(num_bytes, dev, kernels)
 
 
-def layer_kernel_times(model: ModelSpec, train: TrainSpec, plan: Plan, dev: DeviceProfile) -> KernelTimes:
-    dev = dev.for_dtype(train.compute_dtype)
-    return _layer_kernel_times(model, train, _KernelKey.of(plan), dev)
+def _per_kernel_shape(fn):
+    """Called with a Plan and any profile; cached on the plan fields kernel times depend on and
+    on the profile as the plan's compute dtype sees it (the search asks for the same shapes
+    across many candidates)."""
+    cached = lru_cache(maxsize=4096)(fn)
+
+    @wraps(fn)
+    def by_plan(model: ModelSpec, train: TrainSpec, plan: Plan, dev: DeviceProfile) -> KernelTimes:
+        return cached(model, train, _KernelKey.of(plan), dev.for_dtype(train.compute_dtype))
+    return by_plan
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,8 +192,8 @@ class _KernelKey:
         return cls(plan.tp, plan.cp, plan.sequence_parallel, plan.micro_batch_size)
 
 
-@lru_cache(maxsize=4096)
-def _layer_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile) -> KernelTimes:
+@_per_kernel_shape
+def layer_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile) -> KernelTimes:
     tokens = plan.micro_batch_size * train.seq_len // plan.cp
     linears = _linears_s(model, train, plan, dev, tokens)
     attn_fwd, attn_bwd = _attention_core_s(model, train, plan, dev)
@@ -196,13 +203,8 @@ def _layer_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, d
                        backward_weight_s=linears, attention_forward_s=attn_fwd)
 
 
-def head_kernel_times(model: ModelSpec, train: TrainSpec, plan: Plan, dev: DeviceProfile) -> KernelTimes:
-    dev = dev.for_dtype(train.compute_dtype)
-    return _head_kernel_times(model, train, _KernelKey.of(plan), dev)
-
-
-@lru_cache(maxsize=4096)
-def _head_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile) -> KernelTimes:
+@_per_kernel_shape
+def head_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile) -> KernelTimes:
     """Final norm, output projection (vocab-parallel) and cross entropy (fp32 softmax)."""
     tokens = plan.micro_batch_size * train.seq_len // plan.cp
     vocab = ceil_div(model.vocab_size, plan.tp)
@@ -214,13 +216,8 @@ def _head_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, de
                        backward_weight_s=proj, attention_forward_s=0.0)
 
 
-def embedding_kernel_times(model: ModelSpec, train: TrainSpec, plan: Plan, dev: DeviceProfile) -> KernelTimes:
-    dev = dev.for_dtype(train.compute_dtype)
-    return _embedding_kernel_times(model, train, _KernelKey.of(plan), dev)
-
-
-@lru_cache(maxsize=4096)
-def _embedding_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile) -> KernelTimes:
+@_per_kernel_shape
+def embedding_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile) -> KernelTimes:
     """Lookup (a gather) forward, scatter-add of the gradient backward: memory-bound."""
     tokens = plan.micro_batch_size * train.seq_len // plan.cp
     num_bytes = 2 * train.compute_dtype.num_bytes * tokens * model.hidden_size

@@ -96,8 +96,8 @@ BOUNDS = {"compute": (0.05, 2.0), "memory": (0.05, 2.0), "kernel_overhead_s": (1
 
 
 def fit(runs: list[Run], base: DeviceProfile, names: tuple[str, ...] = PARAMS,
-        max_iter: int = 3000, dtype: str | None = None,
-        prior_weight: float = 0.0) -> tuple[DeviceProfile, dict[str, float]]:
+        max_iter: int = 3000, dtype: str | None = None, prior_weight: float = 0.0,
+        bounds: dict[str, tuple[float, float]] | None = None) -> tuple[DeviceProfile, dict[str, float]]:
     """The parameters `names` fitted to `runs` (the others left as `base` has them); with
     `dtype`, compute factors of that dtype only (`with_params`)."""
     if not runs:
@@ -109,7 +109,8 @@ def fit(runs: list[Run], base: DeviceProfile, names: tuple[str, ...] = PARAMS,
              "overlap": min(max(base.efficiency.overlap, 0.05), 0.95),
              "kernel_overhead_s": min(max(own.kernel_overhead_s, 1e-6), 1e-3)}
     to_z = lambda k, v: v if k in linear else math.log(v)  # noqa: E731
-    bounds = [(to_z(k, BOUNDS[k][0]), to_z(k, BOUNDS[k][1])) for k in names]
+    limits = {**BOUNDS, **(bounds or {})}
+    bounds = [(to_z(k, limits[k][0]), to_z(k, limits[k][1])) for k in names]
     x0 = [to_z(k, start[k]) for k in names]
 
     def unpack(z) -> dict[str, float]:

@@ -19,17 +19,23 @@ PORT = 29500
 
 
 @dataclass(frozen=True, kw_only=True)
-class WorkerArgs:
-    """What each rank's `python -m runtime.worker` is told: written (`argv`) and read (`parse`)
-    here only."""
-    plan: Path
-    out: Path
+class StepsConfig:
+    """How a run trains: steps, warm-up, seed, learning rate, data (the worker's flags and the
+    train loop's configuration share these)."""
     steps: int = 10
     warmup: int = 2
     seed: int = 0
     lr: float = 3e-4
     data: str | None = None
     data_dtype: str = "uint16"
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerArgs(StepsConfig):
+    """What each rank's `python -m runtime.worker` is told: written (`argv`) and read (`parse`)
+    here only."""
+    plan: Path
+    out: Path
     fault: str | None = None   # RANK:STEP:raise|exit, injected by the failure tests
 
     def argv(self) -> list[str]:

@@ -25,17 +25,12 @@ from costmodel.specs import Optimizer
 from runtime.data import TokenSource, local_slice
 from runtime.memtrack import TensorBytesTracker, state_tensors
 from runtime.job import Job, build_job, cross_entropy, sync_tied_embedding
+from runtime.launch import StepsConfig
 from runtime.parallel import gradient_sync_every_micro_batch
 
 
 @dataclass(frozen=True, kw_only=True)
-class RunConfig:
-    steps: int = 10
-    warmup: int = 2
-    seed: int = 0
-    lr: float = 3e-4
-    data: str | None = None
-    data_dtype: str = "uint16"
+class RunConfig(StepsConfig):
     collect_params: bool = False    # tests: gather full parameters on rank 0
     quiet: bool = False
     fault: tuple[int, int, str] | None = None   # (rank, step, "raise" | "exit"): failure tests
