@@ -63,7 +63,7 @@ def main() -> None:
     phases: dict[str, float] = defaultdict(float)
     search._branch_and_bound = timed(phases, "branch and bound", search._branch_and_bound)
     search._memory_entry = timed(phases, "  memory checks", search._memory_entry)
-    search._Shared.pipeline_floor_s = timed(phases, "  pipeline floors", search._Shared.pipeline_floor_s)
+    search.SharedModels.pipeline_floor_s = timed(phases, "  pipeline floors", search.SharedModels.pipeline_floor_s)
     search._examine = timed(phases, "  examinations (floor, shapes, CP-SAT)", search._examine)
     search._result = timed(phases, "  re-pricing and ranking", search._result)
 

@@ -17,156 +17,37 @@ and ranked; one whose simulated memory does not fit is dropped.
 """
 from __future__ import annotations
 
-import heapq
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Iterator
 
 import numpy as np
 
 from costmodel.check import check_structure, runtime_executes
 from costmodel.cluster import ClusterSpec
-from costmodel.estimate import Estimate, estimate
-from costmodel.memory import stage_memory_shapes_by_zero
-from costmodel.placement import AxisSpan
-from costmodel.plan import Plan, Recompute, Schedule
+from costmodel.estimate import estimate
+from costmodel.plan import Plan, Schedule
 from costmodel.specs import ModelSpec, TrainSpec
-from costmodel.timing import RankTimeModel, Spans, rank_time_model, spans
-from planner.bounds import MemoryFit, lower_bound_with_memory_s, pipeline_floor_s, time_floor_s, zero_floor_s
+from planner.bounds import MemoryFit, lower_bound_with_memory_s, time_floor_s
 from planner.partition import SolverTimeout, apply_split, solve_split
-from planner.shapes import pipeline_rows, rank_shapes
-from planner.candidates import ZERO_STAGES, SearchOptions, allowed, time_groups
+from planner.shapes import rank_shapes
+from planner.candidates import ZERO_STAGES, SearchOptions, time_groups
+from planner.ranking import closer, kth_best_s, rank, robust_first
+from planner.search_state import Found, SearchResult, SearchStats, SharedModels
 from planner.space import Choice, build_plan, under_schedule
 
 REPRICED = 20   # closed-form best plans re-priced by simulation for the final ranking
 VARIANTS_OF = 5   # best simulated plans laid out for schedules without a closed form (ZBV)
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Found:
-    plan: Plan
-    estimate: Estimate
-
-
-@dataclass(kw_only=True)
-class SearchStats:
-    wall_s: float = 0.0
-    num_candidates: int = 0
-    num_feasible: int = 0
-    num_solved: int = 0
-    pruned_by_reason: dict[str, int] = field(default_factory=dict)
-    optimal: bool = True
-    lower_bound_s: float = 0.0  # no plan left unexamined can beat this (equals the best when optimal)
-
-    def prune(self, reason: str) -> None:
-        self.pruned_by_reason[reason] = self.pruned_by_reason.get(reason, 0) + 1
-
-    def to_dict(self) -> dict:
-        return {"wall_s": self.wall_s, "num_candidates": self.num_candidates,
-                "num_feasible": self.num_feasible, "num_solved": self.num_solved,
-                "pruned_by_reason": dict(sorted(self.pruned_by_reason.items())), "optimal": self.optimal,
-                "lower_bound_s": self.lower_bound_s}
-
-
-@dataclass(kw_only=True)
-class SearchResult:
-    plans: list[Found]
-    stats: SearchStats
-    evaluated: list[Found]         # every plan the solver produced, for --csv
-    closest: Found | None = None   # when nothing fits: the plan that overflows least
-    equivalent: int = 1            # the first plans within the error band of the fastest
-    error_band: float = 0.0
-    fastest: Found | None = None   # the fastest plan found (plans[0] is the most robust)
-    # the fastest closed-form plan, which the optimality proof is about (differs from `fastest`
-    # when a schedule priced only by simulation, ZBV, beat it)
-    proven_fastest: Found | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class _Timed:
-    rtm: RankTimeModel  # priced with one virtual stage (RankTimeModel.with_vpp adds more)
-    spans: Spans
-    zero_floors_s: tuple[float, ...]  # planner.bounds.zero_floor_s per ZeRO stage
-
-
-class _Shared:
-    """What many candidates of one search share, computed once: the rank time model (it does
-    not depend on the ZeRO stage or the schedule, and on the virtual stages only through the
-    pipeline sends), the ZeRO floor, and the memory shapes (they do not depend on placement)."""
-
-    def __init__(self, model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: SearchOptions) -> None:
-        self.model, self.train, self.cluster = model, train, cluster
-        stages = allowed(options, "zero_stage", list(ZERO_STAGES))
-        self.zero_allowed = tuple(zero in stages for zero in ZERO_STAGES)
-        self._times: dict[tuple, tuple[RankTimeModel, Spans]] = {}
-        self._zero: dict[tuple, float] = {}
-        self._memory: dict[tuple, tuple[MemoryFit, Plan]] = {}
-        self._rows: dict[tuple, tuple[list, list]] = {}
-        self._probes: dict[tuple, Plan] = {}
-
-    def time_model(self, base: Choice) -> "_Timed":
-        """`base`: a choice with one virtual stage and no schedule (time_groups)."""
-        key = (base.tp, base.cp, base.pp, base.dp, base.micro_batch_size, base.sequence_parallel, base.recompute,
-               base.mesh_axis_order)
-        if key not in self._times:
-            placed = key[:-1]  # the same choice under another placement differs only in its order
-            if placed in self._probes:
-                probe = replace(self._probes[placed], mesh_axis_order=base.mesh_axis_order)
-            else:
-                probe = self._probes[placed] = build_plan(self.model, self.train, self.cluster, base)
-            sp = spans(probe, self.cluster)
-            self._times[key] = _Timed(rank_time_model(self.model, self.train, probe, self.cluster, sp), sp,
-                                      self._zero_floors_s(base, probe.num_micro_batches, sp.dp))
-        return self._times[key]
-
-    def _zero_floors_s(self, c: Choice, num_micro_batches: int, dp_span: AxisSpan) -> tuple[float, ...]:
-        key = (c.tp, c.pp, c.dp * c.cp, num_micro_batches, dp_span)
-        if key not in self._zero:
-            self._zero[key] = tuple(zero_floor_s(self.model, self.train, self.cluster, c.tp, c.pp, c.dp * c.cp,
-                                                 zero, num_micro_batches, dp_span) for zero in ZERO_STAGES)
-        return self._zero[key]
-
-    def memory(self, base: Choice, vpp: int, schedule: Schedule, zero: int) -> tuple[MemoryFit, Plan] | None:
-        """What memory says about this candidate, and a plan of it under the placement first seen
-        (memory and pipeline shape do not depend on placement); None until `add_memory`."""
-        return self._memory.get(self._memory_key(base, vpp, schedule, zero))
-
-    def add_memory(self, base: Choice, plan: Plan) -> tuple[MemoryFit, Plan]:
-        """Memory fit of `plan`, and of the same choice under the other ZeRO stages the search
-        will come to (they share the costly activation shapes)."""
-        reserved = self.cluster.device.efficiency.reserved_memory_bytes
-        key = lambda zero: self._memory_key(base, plan.vpp, plan.schedule, zero)  # noqa: E731
-        stages = tuple(z for z in ZERO_STAGES if key(z) not in self._memory
-                       and (z == plan.zero_stage or (self.zero_allowed[z] and base.dp * base.cp > 1)))
-        plans = [plan if zero == plan.zero_stage else replace(plan, zero_stage=zero) for zero in stages]
-        for sharded, memory in zip(plans, stage_memory_shapes_by_zero(self.model, self.train, plans, reserved,
-                                                                                  self.cluster.framework)):
-            fit = MemoryFit(memory, sharded, self.cluster.memory_budget_bytes, self.model.num_layers)
-            self._memory[key(sharded.zero_stage)] = fit, sharded
-        return self._memory[key(plan.zero_stage)]
-
-    @staticmethod
-    def _memory_key(c: Choice, vpp: int, schedule: Schedule, zero: int) -> tuple:
-        return (c.tp, c.cp, c.pp, c.dp, zero, c.recompute, c.sequence_parallel, c.micro_batch_size, vpp, schedule)
-
-    def pipeline_floor_s(self, base: Choice, zero: int, plan: Plan, fit: MemoryFit) -> float:
-        """planner.bounds.pipeline_floor_s + the ZeRO floor, for `plan` under base's placement."""
-        timed = self.time_model(base)
-        key = (base, plan.vpp, plan.schedule)
-        if key not in self._rows:
-            self._rows[key] = pipeline_rows(timed.rtm.with_vpp(plan.vpp), plan)
-        ts, fs = self._rows[key]
-        return pipeline_floor_s(ts, fs, plan, fit, self.model.num_layers) + timed.zero_floors_s[zero]
-
-
 def search(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
-           options: SearchOptions = SearchOptions(), *, _reuse: "_Shared | None" = None) -> SearchResult:
+           options: SearchOptions = SearchOptions(), *, _reuse: "SharedModels | None" = None) -> SearchResult:
     start = time.perf_counter()
     stats = SearchStats()
     # a narrower search of the same question (the executable alternatives) reuses the wider
     # one's rank time models and memory fits: they depend on the candidate, not the constraints
-    shared = _reuse or _Shared(model, train, cluster, options)
+    shared = _reuse or SharedModels(model, train, cluster, options)
     variants, bounds = [], []
     for base, group in time_groups(model, train, cluster, options, stats.prune):
         # a Plan is built only for the candidates the branch and bound examines
@@ -196,7 +77,7 @@ def _repriced(options: SearchOptions) -> int:
 
 def _with_executable_alternatives(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
                                   options: SearchOptions, result: SearchResult, start: float,
-                                  shared: "_Shared") -> SearchResult:
+                                  shared: "SharedModels") -> SearchResult:
     """When the fastest plan is one `planner run` cannot execute (context parallelism), the
     fastest plans it can execute are searched too (cp fixed to 1: a smaller space), so that the
     robustness tie-break can prefer one of them when it is within the error band."""
@@ -212,9 +93,9 @@ def _with_executable_alternatives(model: ModelSpec, train: TrainSpec, cluster: C
     # the band is measured from the fastest plan of the whole search, which the shown list (cut to
     # top_k in robustness order) may not hold
     extra = [] if result.fastest is None or result.fastest in result.plans else [result.fastest]
-    pool = _rank(extra + result.plans + alt.plans,
+    pool = rank(extra + result.plans + alt.plans,
                  replace(options, top_k=_repriced(options)))
-    plans, equivalent = _robust_first(pool, options.error_band)
+    plans, equivalent = robust_first(pool, options.error_band)
     return replace(result, plans=plans[:options.top_k], equivalent=equivalent)
 
 
@@ -267,10 +148,10 @@ class _Candidates:
             yield bound, *self.variants[index // width], index % width
 
 
-def _branch_and_bound(shared: _Shared, options, stats, candidates: _Candidates, deadline: float) -> SearchResult:
+def _branch_and_bound(shared: SharedModels, options, stats, candidates: _Candidates, deadline: float) -> SearchResult:
     found: list[Found] = []
     too_big: list[tuple[Choice, int, Schedule, int]] = []  # candidates that cannot fit
-    cutoff = _cutoff(found, options)
+    cutoff = kth_best_s(found, options)
     count = len(candidates)
     for index, (bound, base, vpp, schedule, zero) in enumerate(candidates.in_order()):
         if bound >= cutoff:
@@ -295,13 +176,13 @@ def _branch_and_bound(shared: _Shared, options, stats, candidates: _Candidates, 
             too_big.append((base, vpp, schedule, zero))
         elif isinstance(outcome, Found):
             found.append(outcome)
-            cutoff = _cutoff(found, options)
+            cutoff = kth_best_s(found, options)
     if stats.optimal:
         stats.lower_bound_s = min((f.estimate.step_time_s for f in found), default=math.inf)
     return _result(shared, options, stats, found, too_big)
 
 
-def _memory_entry(shared: _Shared, stats: SearchStats, base: Choice, vpp: int, schedule: Schedule,
+def _memory_entry(shared: SharedModels, stats: SearchStats, base: Choice, vpp: int, schedule: Schedule,
                   zero: int) -> tuple[MemoryFit, Plan] | None:
     """The candidate's memory fit and a plan of it, built and checked on the first visit of its
     placement-free choice; None when the plan is structurally invalid."""
@@ -321,7 +202,7 @@ def _memory_entry(shared: _Shared, stats: SearchStats, base: Choice, vpp: int, s
     return shared.add_memory(base, plan)
 
 
-def _examine(shared: _Shared, stats: SearchStats, base: Choice, zero: int, plan: Plan, fit: MemoryFit,
+def _examine(shared: SharedModels, stats: SearchStats, base: Choice, zero: int, plan: Plan, fit: MemoryFit,
              cutoff: float, deadline: float) -> Found | bool | None:
     """A candidate some split of which fits: the pipeline floor, then the full bound, then
     CP-SAT. The plan found, False when pruned (bound, solver time limit), None when no split fits
@@ -359,7 +240,7 @@ def _examine(shared: _Shared, stats: SearchStats, base: Choice, zero: int, plan:
     return Found(plan=concrete, estimate=est)
 
 
-def _result(shared: _Shared, options: SearchOptions, stats: SearchStats, found: list[Found],
+def _result(shared: SharedModels, options: SearchOptions, stats: SearchStats, found: list[Found],
             too_big: list[tuple[Choice, int, Schedule, int]]) -> SearchResult:
     """Re-price the best plans by simulation and rank them; when nothing fits, the closest plan."""
     model, train, cluster = shared.model, shared.train, shared.cluster
@@ -367,8 +248,8 @@ def _result(shared: _Shared, options: SearchOptions, stats: SearchStats, found: 
     if not found:  # only then does anyone need to know how far the plans are from fitting
         for base, vpp, schedule, zero in too_big[:2000]:
             choice = replace(base, zero_stage=zero, vpp=vpp, schedule=schedule)
-            closest = _closer(model, train, cluster, build_plan(model, train, cluster, choice), closest)
-    ranked = _rank(found, replace(options, top_k=_repriced(options)))
+            closest = closer(model, train, cluster, build_plan(model, train, cluster, choice), closest)
+    ranked = rank(found, replace(options, top_k=_repriced(options)))
     simulated = {id(f): Found(plan=f.plan, estimate=estimate(model, train, cluster, f.plan)) for f in ranked}
     evaluated = [simulated.get(id(f), f) for f in found]
     fitting = [f for f in simulated.values() if f.estimate.fits]
@@ -378,16 +259,16 @@ def _result(shared: _Shared, options: SearchOptions, stats: SearchStats, found: 
     variants = [f for f in _simulated_variants(shared, options, best) if f.estimate.fits]
     fitting += variants
     fastest = min(fitting, key=lambda f: f.estimate.step_time_s) if fitting else None
-    plans = _rank(fitting, replace(options, top_k=max(REPRICED, options.top_k)))
+    plans = rank(fitting, replace(options, top_k=max(REPRICED, options.top_k)))
     # `--objective memory` already picks the leanest plan near the fastest
     band = options.error_band if options.objective == "time" else 0.0
-    plans, equivalent = _robust_first(plans, band)
+    plans, equivalent = robust_first(plans, band)
     return SearchResult(plans=plans[:options.top_k], stats=stats, evaluated=evaluated + variants, closest=closest,
                         equivalent=equivalent, error_band=options.error_band, fastest=fastest,
                         proven_fastest=proven)
 
 
-def _simulated_variants(shared: _Shared, options: SearchOptions, ranked: list[Found]) -> list[Found]:
+def _simulated_variants(shared: SharedModels, options: SearchOptions, ranked: list[Found]) -> list[Found]:
     """Schedules without a closed form (ZBV) compete by simulation: each of the best closed-form
     plans with a pipeline, laid out for the schedule (its virtual stages, layers split evenly,
     the same recomputation per rank), priced by the event simulator. They are outside the
@@ -410,65 +291,3 @@ def _simulated_variants(shared: _Shared, options: SearchOptions, ranked: list[Fo
     return out
 
 
-def _robust_first(ranked: list[Found], band: float) -> tuple[list[Found], int]:
-    """The plans within `band` of the fastest, most robust first: one the runtime executes, then
-    more memory headroom (in steps of a tenth of the device), then fewer moving parts (context,
-    pipeline and virtual stages, tensor ranks, a zero-bubble schedule), then time; the rest by
-    time after them. Returns the order and how many are equivalent."""
-    if not ranked or band <= 0:
-        return ranked, min(len(ranked), 1)
-    limit = ranked[0].estimate.step_time_s * (1 + band)
-    near = [f for f in ranked if f.estimate.step_time_s <= limit]
-
-    def robustness(f: Found) -> tuple:
-        e, p = f.estimate, f.plan
-        headroom_tenths = math.floor(10 * (1 - e.max_peak_memory_bytes / e.memory_capacity_bytes))
-        return (not runtime_executes(p), -headroom_tenths, p.cp, p.pp * p.vpp, p.tp,
-                p.schedule.defers_weight_grad, e.step_time_s)
-
-    near.sort(key=robustness)
-    return near + [f for f in ranked if f not in near], len(near)
-
-
-def _cutoff(found: list[Found], options: SearchOptions) -> float:
-    """No candidate whose bound reaches this can enter the answer."""
-    if len(found) < options.top_k:
-        return math.inf
-    times = heapq.nsmallest(options.top_k, (f.estimate.step_time_s for f in found))
-    cutoff = times[-1]
-    if options.objective == "memory":
-        cutoff = max(cutoff, 1.05 * times[0])
-    return cutoff
-
-
-def _outer_key(plan: Plan) -> Plan:
-    return replace(plan, layers_per_stage=(), recompute_num_layers=())
-
-
-def _rank(found: list[Found], options: SearchOptions) -> list[Found]:
-    best: dict[Plan, Found] = {}
-    for f in found:
-        key = _outer_key(f.plan)
-        if key not in best or f.estimate.step_time_s < best[key].estimate.step_time_s:
-            best[key] = f
-    found = list(best.values())
-    # equal predicted times (to the microsecond): less memory, then the simpler plan first
-    by_time = sorted(found, key=lambda f: (round(f.estimate.step_time_s, 6), f.estimate.max_peak_memory_bytes,
-                                           f.plan.cp, f.plan.pp, f.plan.tp, f.plan.vpp, f.plan.short()))
-    if options.objective == "memory" and by_time:
-        limit = 1.05 * by_time[0].estimate.step_time_s
-        near = [f for f in by_time if f.estimate.step_time_s <= limit]
-        near.sort(key=lambda f: (f.estimate.max_peak_memory_bytes, f.estimate.step_time_s))
-        by_time = near + [f for f in by_time if f not in near]
-    return by_time[: options.top_k]
-
-
-def _closer(model, train, cluster, plan, closest: Found | None) -> Found:
-    """The candidate with everything recomputed and layers even: how far from fitting is it?"""
-    counts = tuple(plan.layers_on_rank(r) for r in range(plan.pp)) if plan.recompute is not Recompute.NONE \
-        else (0,) * plan.pp
-    probe = replace(plan, recompute_num_layers=counts)
-    est = estimate(model, train, cluster, probe, simulate=False)
-    if closest is None or est.max_peak_memory_bytes < closest.estimate.max_peak_memory_bytes:
-        return Found(plan=probe, estimate=est)
-    return closest

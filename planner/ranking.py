@@ -1,0 +1,78 @@
+"""Ranking found plans: by step time, ties by memory and simplicity; within the model's error
+band the most robust first; the cutoff the branch and bound prunes against; the plan closest
+to fitting when none does."""
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import replace
+
+from costmodel.check import runtime_executes
+from costmodel.estimate import estimate
+from costmodel.plan import Plan, Recompute
+from planner.candidates import SearchOptions
+from planner.search_state import Found
+
+
+def robust_first(ranked: list[Found], band: float) -> tuple[list[Found], int]:
+    """The plans within `band` of the fastest, most robust first: one the runtime executes, then
+    more memory headroom (in steps of a tenth of the device), then fewer moving parts (context,
+    pipeline and virtual stages, tensor ranks, a zero-bubble schedule), then time; the rest by
+    time after them. Returns the order and how many are equivalent."""
+    if not ranked or band <= 0:
+        return ranked, min(len(ranked), 1)
+    limit = ranked[0].estimate.step_time_s * (1 + band)
+    near = [f for f in ranked if f.estimate.step_time_s <= limit]
+
+    def robustness(f: Found) -> tuple:
+        e, p = f.estimate, f.plan
+        headroom_tenths = math.floor(10 * (1 - e.max_peak_memory_bytes / e.memory_capacity_bytes))
+        return (not runtime_executes(p), -headroom_tenths, p.cp, p.pp * p.vpp, p.tp,
+                p.schedule.defers_weight_grad, e.step_time_s)
+
+    near.sort(key=robustness)
+    return near + [f for f in ranked if f not in near], len(near)
+
+
+def kth_best_s(found: list[Found], options: SearchOptions) -> float:
+    """No candidate whose bound reaches this can enter the answer."""
+    if len(found) < options.top_k:
+        return math.inf
+    times = heapq.nsmallest(options.top_k, (f.estimate.step_time_s for f in found))
+    cutoff = times[-1]
+    if options.objective == "memory":
+        cutoff = max(cutoff, 1.05 * times[0])
+    return cutoff
+
+
+def outer_key(plan: Plan) -> Plan:
+    return replace(plan, layers_per_stage=(), recompute_num_layers=())
+
+
+def rank(found: list[Found], options: SearchOptions) -> list[Found]:
+    best: dict[Plan, Found] = {}
+    for f in found:
+        key = outer_key(f.plan)
+        if key not in best or f.estimate.step_time_s < best[key].estimate.step_time_s:
+            best[key] = f
+    found = list(best.values())
+    # equal predicted times (to the microsecond): less memory, then the simpler plan first
+    by_time = sorted(found, key=lambda f: (round(f.estimate.step_time_s, 6), f.estimate.max_peak_memory_bytes,
+                                           f.plan.cp, f.plan.pp, f.plan.tp, f.plan.vpp, f.plan.short()))
+    if options.objective == "memory" and by_time:
+        limit = 1.05 * by_time[0].estimate.step_time_s
+        near = [f for f in by_time if f.estimate.step_time_s <= limit]
+        near.sort(key=lambda f: (f.estimate.max_peak_memory_bytes, f.estimate.step_time_s))
+        by_time = near + [f for f in by_time if f not in near]
+    return by_time[: options.top_k]
+
+
+def closer(model, train, cluster, plan, closest: Found | None) -> Found:
+    """The candidate with everything recomputed and layers even: how far from fitting is it?"""
+    counts = tuple(plan.layers_on_rank(r) for r in range(plan.pp)) if plan.recompute is not Recompute.NONE \
+        else (0,) * plan.pp
+    probe = replace(plan, recompute_num_layers=counts)
+    est = estimate(model, train, cluster, probe, simulate=False)
+    if closest is None or est.max_peak_memory_bytes < closest.estimate.max_peak_memory_bytes:
+        return Found(plan=probe, estimate=est)
+    return closest

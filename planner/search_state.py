@@ -1,0 +1,134 @@
+"""What a search produces (Found, SearchStats, SearchResult) and what many of its candidates
+share, computed once (SharedModels: rank time models, ZeRO floors, memory fits)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from costmodel.cluster import ClusterSpec
+from costmodel.estimate import Estimate
+from costmodel.memory import stage_memory_shapes_by_zero
+from costmodel.placement import AxisSpan
+from costmodel.plan import Plan, Schedule
+from costmodel.specs import ModelSpec, TrainSpec
+from costmodel.timing import RankTimeModel, Spans, rank_time_model, spans
+from planner.bounds import MemoryFit, pipeline_floor_s, zero_floor_s
+from planner.candidates import ZERO_STAGES, SearchOptions, allowed
+from planner.shapes import pipeline_rows
+from planner.space import Choice, build_plan
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Found:
+    plan: Plan
+    estimate: Estimate
+
+
+@dataclass(kw_only=True)
+class SearchStats:
+    wall_s: float = 0.0
+    num_candidates: int = 0
+    num_feasible: int = 0
+    num_solved: int = 0
+    pruned_by_reason: dict[str, int] = field(default_factory=dict)
+    optimal: bool = True
+    lower_bound_s: float = 0.0  # no plan left unexamined can beat this (equals the best when optimal)
+
+    def prune(self, reason: str) -> None:
+        self.pruned_by_reason[reason] = self.pruned_by_reason.get(reason, 0) + 1
+
+    def to_dict(self) -> dict:
+        return {"wall_s": self.wall_s, "num_candidates": self.num_candidates,
+                "num_feasible": self.num_feasible, "num_solved": self.num_solved,
+                "pruned_by_reason": dict(sorted(self.pruned_by_reason.items())), "optimal": self.optimal,
+                "lower_bound_s": self.lower_bound_s}
+
+
+@dataclass(kw_only=True)
+class SearchResult:
+    plans: list[Found]
+    stats: SearchStats
+    evaluated: list[Found]         # every plan the solver produced, for --csv
+    closest: Found | None = None   # when nothing fits: the plan that overflows least
+    equivalent: int = 1            # the first plans within the error band of the fastest
+    error_band: float = 0.0
+    fastest: Found | None = None   # the fastest plan found (plans[0] is the most robust)
+    # the fastest closed-form plan, which the optimality proof is about (differs from `fastest`
+    # when a schedule priced only by simulation, ZBV, beat it)
+    proven_fastest: Found | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TimedChoice:
+    rtm: RankTimeModel  # priced with one virtual stage (RankTimeModel.with_vpp adds more)
+    spans: Spans
+    zero_floors_s: tuple[float, ...]  # planner.bounds.zero_floor_s per ZeRO stage
+
+
+class SharedModels:
+    """What many candidates of one search share, computed once: the rank time model (it does
+    not depend on the ZeRO stage or the schedule, and on the virtual stages only through the
+    pipeline sends), the ZeRO floor, and the memory shapes (they do not depend on placement)."""
+
+    def __init__(self, model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: SearchOptions) -> None:
+        self.model, self.train, self.cluster = model, train, cluster
+        stages = allowed(options, "zero_stage", list(ZERO_STAGES))
+        self.zero_allowed = tuple(zero in stages for zero in ZERO_STAGES)
+        self._times: dict[tuple, tuple[RankTimeModel, Spans]] = {}
+        self._zero: dict[tuple, float] = {}
+        self._memory: dict[tuple, tuple[MemoryFit, Plan]] = {}
+        self._rows: dict[tuple, tuple[list, list]] = {}
+        self._probes: dict[tuple, Plan] = {}
+
+    def time_model(self, base: Choice) -> "TimedChoice":
+        """`base`: a choice with one virtual stage and no schedule (time_groups)."""
+        key = (base.tp, base.cp, base.pp, base.dp, base.micro_batch_size, base.sequence_parallel, base.recompute,
+               base.mesh_axis_order)
+        if key not in self._times:
+            placed = key[:-1]  # the same choice under another placement differs only in its order
+            if placed in self._probes:
+                probe = replace(self._probes[placed], mesh_axis_order=base.mesh_axis_order)
+            else:
+                probe = self._probes[placed] = build_plan(self.model, self.train, self.cluster, base)
+            sp = spans(probe, self.cluster)
+            self._times[key] = TimedChoice(rank_time_model(self.model, self.train, probe, self.cluster, sp), sp,
+                                      self._zero_floors_s(base, probe.num_micro_batches, sp.dp))
+        return self._times[key]
+
+    def _zero_floors_s(self, c: Choice, num_micro_batches: int, dp_span: AxisSpan) -> tuple[float, ...]:
+        key = (c.tp, c.pp, c.dp * c.cp, num_micro_batches, dp_span)
+        if key not in self._zero:
+            self._zero[key] = tuple(zero_floor_s(self.model, self.train, self.cluster, c.tp, c.pp, c.dp * c.cp,
+                                                 zero, num_micro_batches, dp_span) for zero in ZERO_STAGES)
+        return self._zero[key]
+
+    def memory(self, base: Choice, vpp: int, schedule: Schedule, zero: int) -> tuple[MemoryFit, Plan] | None:
+        """What memory says about this candidate, and a plan of it under the placement first seen
+        (memory and pipeline shape do not depend on placement); None until `add_memory`."""
+        return self._memory.get(self._memory_key(base, vpp, schedule, zero))
+
+    def add_memory(self, base: Choice, plan: Plan) -> tuple[MemoryFit, Plan]:
+        """Memory fit of `plan`, and of the same choice under the other ZeRO stages the search
+        will come to (they share the costly activation shapes)."""
+        reserved = self.cluster.device.efficiency.reserved_memory_bytes
+        key = lambda zero: self._memory_key(base, plan.vpp, plan.schedule, zero)  # noqa: E731
+        stages = tuple(z for z in ZERO_STAGES if key(z) not in self._memory
+                       and (z == plan.zero_stage or (self.zero_allowed[z] and base.dp * base.cp > 1)))
+        plans = [plan if zero == plan.zero_stage else replace(plan, zero_stage=zero) for zero in stages]
+        for sharded, memory in zip(plans, stage_memory_shapes_by_zero(self.model, self.train, plans, reserved,
+                                                                                  self.cluster.framework)):
+            fit = MemoryFit(memory, sharded, self.cluster.memory_budget_bytes, self.model.num_layers)
+            self._memory[key(sharded.zero_stage)] = fit, sharded
+        return self._memory[key(plan.zero_stage)]
+
+    @staticmethod
+    def _memory_key(c: Choice, vpp: int, schedule: Schedule, zero: int) -> tuple:
+        return (c.tp, c.cp, c.pp, c.dp, zero, c.recompute, c.sequence_parallel, c.micro_batch_size, vpp, schedule)
+
+    def pipeline_floor_s(self, base: Choice, zero: int, plan: Plan, fit: MemoryFit) -> float:
+        """planner.bounds.pipeline_floor_s + the ZeRO floor, for `plan` under base's placement."""
+        timed = self.time_model(base)
+        key = (base, plan.vpp, plan.schedule)
+        if key not in self._rows:
+            self._rows[key] = pipeline_rows(timed.rtm.with_vpp(plan.vpp), plan)
+        ts, fs = self._rows[key]
+        return pipeline_floor_s(ts, fs, plan, fit, self.model.num_layers) + timed.zero_floors_s[zero]
