@@ -186,8 +186,9 @@ def _curve(points: list[list[float]]) -> tuple[tuple[float, float], ...]:
 
 # What a profile may hold, per table; anything else is refused (a misspelt key would otherwise
 # leave its default in force without a word).
+PROFILE_FORMAT_VERSION = 1   # written by `planner profile` / `calibrate`; files without one are read as it
 PROFILE_KEYS = {
-    "": {"device", "network", "efficiency", "measured", "probes"},
+    "": {"format_version", "device", "network", "efficiency", "measured", "probes"},
     "device": {"name", "kind", "aliases", "peak_flops_per_s", "memory_bytes", "reported_memory_bytes", "num_sms",
                "memory_bandwidth_bytes_per_s", "threads_per_rank"},
     "network": {"scope", "name", "bandwidth_bytes_per_s", "latency_s", "p2p_latency_s"},
@@ -219,6 +220,10 @@ def load_profile(path: Path) -> DeviceProfile:
         raise ValueError(f"{path}: not a valid profile (truncated? {exc})") from None
     except OSError as exc:
         raise ValueError(f"{path}: cannot read ({exc.strerror})") from None
+    version = raw.get("format_version", PROFILE_FORMAT_VERSION)
+    if version != PROFILE_FORMAT_VERSION:
+        raise ValueError(f"{path}: profile format version {version}; this planner reads version "
+                         f"{PROFILE_FORMAT_VERSION} (written by a newer planner?)")
     _check_keys(path, raw)
     try:
         dev, eff, net = raw["device"], raw["efficiency"], {t["scope"]: t for t in raw["network"]}

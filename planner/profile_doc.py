@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from costmodel import machine
+from costmodel.cluster import PROFILE_FORMAT_VERSION
 from planner import profile_file as pf_io
 
 
@@ -38,6 +39,7 @@ def measured_profile(setup: Setup, micro: dict, probed=None, elapsed_s: float = 
         f"All {setup.nproc} ranks measured at once (each shares cores, caches and memory bandwidth with the",
         "others, as the ranks of a run do); rank 0's figures are written. [efficiency] holds what",
         "training steps add to the microbenchmarks, fitted to the probes at the end of this file."])
+    doc.add("format_version", PROFILE_FORMAT_VERSION)
     doc.add("device", pf_io.table(_device_rows(setup, micro, memory)))
     doc.add("network", pf_io.networks(_network_rows(setup, net, device)))
     doc.add("efficiency", _efficiency(micro, device, how, len(probed[0]) if probed else 0))
