@@ -137,7 +137,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from planner.search_cli import run_search, why_runner_up_lost
+    from planner.commands.search import run_search, why_runner_up_lost
     model, train, cluster = _specs(args)
     result = run_search(args, model, train, cluster)
     stats = result.stats
@@ -282,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
   planner search --model llama-70b --cluster 8x8xA100 --fix pp=4 --zero 1 --top 10 --out plan.json
   planner search --model llama-70b --cluster 8x8xA100 --objective memory --json""")
     _add_train_args(p)
-    from planner.search_cli import add_search_args
+    from planner.commands.search import add_search_args
     add_search_args(p)
     p.set_defaults(func=cmd_search)
 
@@ -303,19 +303,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="directory for the report")
     p.set_defaults(func=cmd_report)
 
-    from planner.profile_cli import EPILOG as PROFILE_EPILOG, add_profile_args, cmd_profile
+    from planner.commands.profile import EPILOG as PROFILE_EPILOG, add_profile_args, cmd_profile
     p = sub.add_parser("profile", help="measure this machine (GEMM, memory, collectives) into a device profile",
                        epilog=PROFILE_EPILOG, formatter_class=raw)
     add_profile_args(p)
     p.set_defaults(func=cmd_profile)
 
-    from planner.calibrate_cli import EPILOG as CAL_EPILOG, add_calibrate_args, cmd_calibrate
+    from planner.commands.calibrate import EPILOG as CAL_EPILOG, add_calibrate_args, cmd_calibrate
     p = sub.add_parser("calibrate", help="fit a profile's efficiencies to measured runs (writes a new profile)",
                        epilog=CAL_EPILOG, formatter_class=raw)
     add_calibrate_args(p)
     p.set_defaults(func=cmd_calibrate)
 
-    from planner.run_cli import EPILOG as RUN_EPILOG, add_run_args, cmd_run
+    from planner.commands.run import EPILOG as RUN_EPILOG, add_run_args, cmd_run
     p = sub.add_parser("run", help="execute a plan with torch.distributed, measure it, compare with the estimate",
                        epilog=RUN_EPILOG, formatter_class=raw)
     add_run_args(p)
@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
             # `local` is this machine: measured on first use, cached, then the command again
             print(f"planner {args.command}: {missing.reason}; measuring this machine once "
                   f"(about a minute, cached in {missing.path})", file=sys.stderr)
-            from planner.profile_cli import measure_local
+            from planner.commands.profile import measure_local
             measure_local()
             return args.func(args)
     except (UserError, ValueError) as exc:

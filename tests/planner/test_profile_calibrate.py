@@ -63,7 +63,7 @@ def test_local_is_measured_once_then_cached(measured, tmp_path, monkeypatch, cap
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(measured.read_text())
         return target
-    monkeypatch.setattr("planner.profile_cli.measure_local", fake_measure)
+    monkeypatch.setattr("planner.commands.profile.measure_local", fake_measure)
     args = ["predict", "--model", "debug-tiny", "--cluster", "1x2xlocal", "--dtype", "fp32", "--json"]
     assert main(args) == 0 and len(calls) == 1
     assert "no profile of this machine yet; measuring this machine once" in capsys.readouterr().err
