@@ -15,9 +15,9 @@ import time
 from costmodel.cluster import parse_cluster
 from costmodel.estimate import estimate
 from costmodel.registry import resolve_model
-from costmodel.simulate import _CACHE, _simulate, simulate
+from costmodel.pipeline_simulation import _CACHE, _simulate, simulate
 from costmodel.specs import TrainSpec
-from costmodel.stages import stage_costs
+from costmodel.stage_costs import stage_costs
 from planner.space import Choice, build_plan
 
 
@@ -43,7 +43,7 @@ def main() -> None:
     ops = sum(1 for _ in simulate(plan, costs).events)
     print(f"llama3-405b {plan.short()}: {plan.num_virtual_stages} virtual stages, {ops:,} timeline events")
     print(f"stage costs           {median_ms(lambda: stage_costs(model, train, plan, cluster), args.repeat):7.1f} ms")
-    # the event loop itself, not costmodel.simulate's cache of repeated plans
+    # the event loop itself, not costmodel.pipeline_simulation's cache of repeated plans
     print(f"simulate (totals)     {median_ms(lambda: _simulate(plan, costs, False), args.repeat):7.1f} ms")
     print(f"simulate (timeline)   {median_ms(lambda: _simulate(plan, costs, True), args.repeat):7.1f} ms")
     print(f"whole estimate        {median_ms(lambda: (_CACHE.clear(), estimate(model, train, cluster, plan)), args.repeat):7.1f} ms")

@@ -12,10 +12,10 @@ import argparse
 import random
 from dataclasses import replace
 
-from costmodel.pipeline import pipeline_time_s
+from costmodel.pipeline_closed_form import pipeline_time_s
 from costmodel.plan import Schedule
-from costmodel.simulate import StageCost, simulate
-from costmodel.timing import RankTimes
+from costmodel.pipeline_simulation import StageCost, simulate
+from costmodel.rank_time import RankTimes
 from planner.space import degrees_plan
 
 

@@ -1,13 +1,13 @@
 """`estimate(model, train, cluster, plan) -> Estimate`: the ledger of one optimizer step.
 
-The pipeline phase is simulated event by event (costmodel.simulate, in torch's operation order).
+The pipeline phase is simulated event by event (costmodel.pipeline_simulation, in torch's operation order).
 The step time is a sum of ledger items under hierarchical keys (a test checks the sum): the
 critical pipeline rank's (the busiest in the simulation) work over all micro-batches, split into
 compute and the communication on its path, then its idle time in the pipeline (the bubble), then
 what happens once per step (exposed data-parallel synchronisation, tied-embedding sync,
 optimizer). Peak activation memory per rank is the simulated peak.
 
-The closed forms of costmodel.pipeline are kept beside it as `closed_form_step_time_s`: the
+The closed forms of costmodel.pipeline_closed_form are kept beside it as `closed_form_step_time_s`: the
 search optimises layer splits against them (they are affine enough for CP-SAT) and the tests use
 them as an oracle (equal to the simulation on uniform stages).
 """
@@ -22,13 +22,13 @@ from costmodel.compute import optimizer_step_s
 from costmodel.flops import executed_flops_per_step, model_flops_per_step, utilization
 from costmodel.memory import StageMemory, backward_working_bytes, stage_memory
 from costmodel.params import ceil_div, rank_params
-from costmodel.pipeline import pipeline_time_s
+from costmodel.pipeline_closed_form import pipeline_time_s
 from costmodel.placement import stage_pair_span
 from costmodel.plan import Plan
-from costmodel.simulate import Simulation, simulate
-from costmodel.stages import stage_costs
+from costmodel.pipeline_simulation import Simulation, simulate
+from costmodel.stage_costs import stage_costs
 from costmodel.specs import ModelSpec, TrainSpec
-from costmodel.timing import RankTimes, Spans, dp_exposed_s, rank_times, spans
+from costmodel.rank_time import RankTimes, Spans, dp_exposed_s, rank_times, spans
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -190,7 +190,7 @@ def activation_shape(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
 def deferred_weight_passes(plan: Plan, rank: int) -> float:
     """Weight-gradient passes a zero-bubble rank has put off at once, at most, in units of its
     whole layer set: torch's ZB-H1 order defers rank + 1 stage chunks, ZBV 2·rank + 1 half-ranks
-    (counted by costmodel.simulate with unit costs; tests/costmodel/test_memory.py). Added to the
+    (counted by costmodel.pipeline_simulation with unit costs; tests/costmodel/test_memory.py). Added to the
     in-flight activations this is an upper bound of the simulated peak, which frees and holds
     them at their real times."""
     chunks = plan.schedule.traits.deferred_chunks_per_rank * rank + 1

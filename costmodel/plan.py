@@ -38,10 +38,10 @@ class Schedule(StrEnum):
 class ScheduleTraits:
     """What the cost model, the search, the checks and the runtime need to know of a pipeline
     schedule: the one place a schedule is described (its event order for the simulator lives in
-    costmodel/schedules.py, its torch class is named here)."""
+    costmodel/schedule_orders.py, its torch class is named here)."""
 
     description: str
-    # closed form m·T + (Σf - max f)/v (costmodel.pipeline.closed_form_s); None: simulation only
+    # closed form m·T + (Σf - max f)/v (costmodel.pipeline_closed_form.closed_form_s); None: simulation only
     fill: str | None                 # "stage": f = a rank's micro-batch time; "zero-bubble": F + B - W
     fill_divided_by_vpp: bool = False   # interleaving shrinks the fill by the virtual stages
     min_vpp: int = 1

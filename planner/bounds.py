@@ -1,7 +1,7 @@
 """Valid lower bounds on a candidate's step time, cheap enough to compute for every candidate.
 
 They order the branch and bound in planner.search: first the ones that read only what a
-candidate's rank time model (costmodel.timing) and degrees fix, without building a plan; then,
+candidate's rank time model (costmodel.rank_time) and degrees fix, without building a plan; then,
 per outer choice, the memory-aware ones over the per-rank coefficients of planner.shapes
 (whether any layer split fits, the least recomputation it needs, the exact min-max of the
 slowest rank). Every lower bound of the search is here, once.
@@ -18,11 +18,11 @@ from costmodel.cluster import ClusterSpec
 from costmodel.compute import optimizer_step_s
 from costmodel.memory import AffineBytes
 from costmodel.params import layer_params
-from costmodel.pipeline import closed_form_s, fill_s
+from costmodel.pipeline_closed_form import closed_form_s, fill_s
 from costmodel.placement import AxisSpan
 from costmodel.plan import Plan, Recompute, Schedule
 from costmodel.specs import ModelSpec, TrainSpec
-from costmodel.timing import RankTimeModel, dp_bucket_s, dp_terms, rank_time_model, spans
+from costmodel.rank_time import RankTimeModel, dp_bucket_s, dp_terms, rank_time_model, spans
 from planner.shapes import RankShape
 from planner.space import degrees_plan
 

@@ -15,7 +15,7 @@ from costmodel.cluster import ClusterSpec
 from costmodel.fidelity import MODEL_ERROR_BAND
 from costmodel.plan import Recompute, Schedule, default_schedule
 from costmodel.specs import ModelSpec, TrainSpec
-from costmodel.timing import Spans, link_costs, spans
+from costmodel.rank_time import Spans, link_costs, spans
 from planner.space import Choice, degrees_plan, divisors
 
 
@@ -48,7 +48,7 @@ class SearchOptions:
 
 def _orders(degrees: dict[str, int], cluster: ClusterSpec) -> list[tuple[str, ...]]:
     """Mesh axis orders worth pricing: one per distinct placement of the groups, and none whose
-    every link is at least as slow as another's (costmodel.timing.link_costs: such a placement
+    every link is at least as slow as another's (costmodel.rank_time.link_costs: such a placement
     cannot give a faster plan, and memory does not depend on placement)."""
     placed: dict[Spans, tuple[tuple[str, ...], tuple[float, ...]]] = {}
     for order in itertools.permutations(("pp", "dp", "cp", "tp")):

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from ortools.sat.python import cp_model
 
 from costmodel.cluster import ClusterSpec
-from costmodel.pipeline import scaled_closed_form
+from costmodel.pipeline_closed_form import scaled_closed_form
 from costmodel.plan import Plan, Recompute, even_layers
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.bounds import MemoryFit, min_max_time_s

@@ -10,7 +10,7 @@ from costmodel.memory import stage_memory_shapes_by_zero
 from costmodel.placement import AxisSpan
 from costmodel.plan import Plan, Schedule
 from costmodel.specs import ModelSpec, TrainSpec
-from costmodel.timing import RankTimeModel, Spans, rank_time_model, spans
+from costmodel.rank_time import RankTimeModel, Spans, rank_time_model, spans
 from planner.bounds import MemoryFit, pipeline_floor_s, zero_floor_s
 from planner.candidates import ZERO_STAGES, SearchOptions, allowed
 from planner.shapes import pipeline_rows

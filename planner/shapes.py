@@ -10,10 +10,10 @@ from costmodel.cluster import ClusterSpec
 from costmodel.compute import optimizer_step_s
 from costmodel.memory import AffineBytes, stage_memory_shapes
 from costmodel.params import layer_params, rank_params_at
-from costmodel.pipeline import fill_s
+from costmodel.pipeline_closed_form import fill_s
 from costmodel.plan import Plan
 from costmodel.specs import ModelSpec, TrainSpec
-from costmodel.timing import (RankTimeModel, RankTimes, dp_bucket_s, dp_term_comm_s, dp_terms,
+from costmodel.rank_time import (RankTimeModel, RankTimes, dp_bucket_s, dp_term_comm_s, dp_terms,
                               dp_window_s, rank_time_model, spans)
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from costmodel.estimate import Estimate
 from costmodel.plan import Plan
-from costmodel.simulate import Simulation
+from costmodel.pipeline_simulation import Simulation
 from matplotlib.patches import Patch
 
 from reports.style import KIND_COLOURS, LIGHT, plt, save

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from costmodel.cluster import ClusterSpec
 from costmodel.estimate import Estimate, simulate_plan
-from costmodel.pipeline import uniform_1f1b_bubble_fraction
+from costmodel.pipeline_closed_form import uniform_1f1b_bubble_fraction
 from costmodel.plan import Plan
 from costmodel.specs import ModelSpec, TrainSpec
 from reports.bubble import Variant, bubble_figures, schedule_table

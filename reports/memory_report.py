@@ -8,7 +8,7 @@ from pathlib import Path
 
 from costmodel.estimate import Estimate
 from costmodel.plan import Plan
-from costmodel.simulate import Simulation
+from costmodel.pipeline_simulation import Simulation
 from reports.style import MEMORY_COLOURS, plt, save
 from costmodel.units import GIB
 

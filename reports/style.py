@@ -14,7 +14,7 @@ BLUE, ORANGE, SKY, GREEN, YELLOW, NAVY, VERMILLION, PINK = (
     "#0072B2", "#E69F00", "#56B4E9", "#009E73", "#F0E442", "#00467A", "#D55E00", "#CC79A7")
 GREY, LIGHT = "#7F7F7F", "#E8E8E8"
 
-KIND_COLOURS = {   # timeline operations (costmodel.simulate kinds)
+KIND_COLOURS = {   # timeline operations (costmodel.pipeline_simulation kinds)
     "forward": BLUE, "backward": VERMILLION, "backward-input": ORANGE, "backward-weight": GREEN,
     "recompute": PINK, "send": SKY, "idle": LIGHT,
 }

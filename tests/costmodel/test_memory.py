@@ -124,7 +124,7 @@ def test_deferred_weight_passes_bound_the_simulated_ones(schedule, pp, m, vpp):
     is what the closed form counts, and with activations too the closed form bounds the peak."""
     from costmodel.memory import deferred_weight_passes
     from costmodel.plan import Plan
-    from costmodel.simulate import StageCost, simulate
+    from costmodel.pipeline_simulation import StageCost, simulate
     n = pp * vpp
     plan = Plan(dp=1, tp=1, pp=pp, cp=1, zero_stage=0, recompute=Recompute.NONE,
                 recompute_num_layers=(0,) * pp, sequence_parallel=False, micro_batch_size=1,

@@ -9,7 +9,7 @@ import torch
 from torch.distributed import pipelining as tp
 
 from costmodel.plan import Schedule
-from costmodel.schedules import rank_orders
+from costmodel.schedule_orders import rank_orders
 from planner.space import degrees_plan
 
 MULTI = {Schedule.INTERLEAVED: tp.ScheduleInterleaved1F1B,

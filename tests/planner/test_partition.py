@@ -11,7 +11,7 @@ from costmodel.memory import AffineBytes, stage_memory_at
 from costmodel.plan import Recompute, Schedule
 from costmodel.registry import resolve_model
 from costmodel.specs import TrainSpec
-from costmodel.timing import dp_exposed_s, rank_times, spans
+from costmodel.rank_time import dp_exposed_s, rank_times, spans
 from planner import partition
 from planner.bounds import MemoryFit, min_max_time_s
 from planner.partition import solve_split

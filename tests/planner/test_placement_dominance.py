@@ -1,5 +1,5 @@
 """The search drops a rank placement whose every link is at least as slow as another's
-(costmodel.timing.link_costs). That is only sound if every time the cost model prices is
+(costmodel.rank_time.link_costs). That is only sound if every time the cost model prices is
 nondecreasing in those links: checked here on whole plans, with the simulator's pricing too."""
 import itertools
 
@@ -10,7 +10,7 @@ from costmodel.estimate import estimate
 from costmodel.plan import Recompute, Schedule
 from costmodel.registry import resolve_model
 from costmodel.specs import TrainSpec
-from costmodel.timing import link_costs, spans
+from costmodel.rank_time import link_costs, spans
 from planner.space import Choice, build_plan
 
 TRAIN = TrainSpec(seq_len=4096, global_batch_size=64)

@@ -1,12 +1,12 @@
 """Event-level simulation of one optimizer step's pipeline phase.
 
-Each pipeline rank runs its operations in the order torch executes them (costmodel.schedules),
+Each pipeline rank runs its operations in the order torch executes them (costmodel.schedule_orders),
 one at a time: an operation starts when the rank is free and its input has arrived. A forward
 needs the previous stage's forward of the same micro-batch, a backward (or backward-for-inputs)
 the next stage's; backward-for-weights follows its own backward-for-inputs. A stage boundary
 between two ranks costs a point-to-point transfer the sender waits for (torch's pipelining
 waits on its sends); between two stages on one rank (the turn of ZBV's V) it costs nothing.
-Stages may be non-uniform: costs come per virtual stage from the cost model (costmodel.stages).
+Stages may be non-uniform: costs come per virtual stage from the cost model (costmodel.stage_costs).
 
 Memory: a micro-batch's activations for a stage are held from the start of its forward to the
 end of its backward; under zero-bubble schedules the backward-for-inputs frees them except the
@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from costmodel.plan import Plan
-from costmodel.schedules import rank_orders
+from costmodel.schedule_orders import rank_orders
 
 # Event kinds, in the words the reports use.
 FORWARD, RECOMPUTE, BACKWARD = "forward", "recompute", "backward"

@@ -1,6 +1,6 @@
 """Per virtual stage costs for the simulator, from the same formulas that price whole ranks.
 
-A rank's micro-batch time is affine in its layers (costmodel.timing.RankTimeModel), so a stage
+A rank's micro-batch time is affine in its layers (costmodel.rank_time.RankTimeModel), so a stage
 of L_j layers (R_j recomputed, with the embedding on stage 0 and the LM head on the last) costs
 the model evaluated at (L_j, R_j), without the rank's point-to-point term: the simulator charges
 transfers itself, per boundary. Tensor- and context-parallel communication sits on the critical
@@ -12,9 +12,9 @@ from __future__ import annotations
 from costmodel.cluster import ClusterSpec
 from costmodel.memory import micro_batch_activation_bytes, weight_grad_input_bytes
 from costmodel.plan import Plan
-from costmodel.simulate import StageCost
+from costmodel.pipeline_simulation import StageCost
 from costmodel.specs import ModelSpec, TrainSpec
-from costmodel.timing import RankTimeModel, rank_time_model, spans
+from costmodel.rank_time import RankTimeModel, rank_time_model, spans
 
 
 def stage_costs(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
