@@ -32,6 +32,9 @@ class NetworkTier:
     latency_s: float
     efficiency: float  # achievable fraction of bandwidth_bytes_per_s for large collectives
     p2p_latency_s: float | None = None  # measured point-to-point latency when it differs (gloo)
+    # a tier between the node and the whole cluster (a rack, a leaf switch) connects groups of at
+    # most this many nodes; None for the node and cluster tiers
+    max_nodes: int | None = None
 
     @property
     def effective_bandwidth_bytes_per_s(self) -> float:
@@ -73,6 +76,9 @@ class DeviceProfile:
     memory_bandwidth_bytes_per_s: float
     intra_node: NetworkTier
     inter_node: NetworkTier
+    # tiers between the node and the cluster, innermost first ([[network]] entries with another
+    # scope and `max_nodes`): a third tier is a profile change, not a code change
+    middle_tiers: tuple[NetworkTier, ...] = ()
     efficiency: Efficiency
     path: str
     # Measured curves (`planner profile`): per dtype, (FLOPs per GEMM call, achieved FLOP/s);
@@ -96,6 +102,14 @@ class DeviceProfile:
     @property
     def usable_memory_bytes(self) -> int:
         return self.reported_memory_bytes or self.memory_bytes
+
+    def tier_for(self, num_nodes: int) -> NetworkTier:
+        """The slowest tier a group spread over `num_nodes` nodes crosses (its nodes taken as
+        consecutive, as the row-major placement lays them out): the node's own links for one node,
+        the innermost middle tier that spans them, else the cluster's."""
+        if num_nodes <= 1:
+            return self.intra_node
+        return next((t for t in self.middle_tiers if num_nodes <= (t.max_nodes or 0)), self.inter_node)
 
     def for_dtype(self, dtype: DType) -> "DeviceProfile":
         """This profile with the efficiency of `dtype` (itself when it has none of its own)."""
@@ -173,6 +187,17 @@ def profile_dir() -> Path:
     return Path(str(resources.files("profiles")))
 
 
+def _middle_tiers(path: Path, tiers: list[dict[str, Any]], efficiency: float) -> tuple[NetworkTier, ...]:
+    out = []
+    for raw in tiers:
+        if raw["scope"] in ("node", "cluster"):
+            continue
+        if not isinstance(raw.get("max_nodes"), int) or raw["max_nodes"] < 2:
+            raise ValueError(f"{path}: [[network]] scope {raw['scope']!r} needs max_nodes >= 2 (the nodes it connects)")
+        out.append(replace(_tier(raw, float(raw.get("efficiency", efficiency))), max_nodes=raw["max_nodes"]))
+    return tuple(sorted(out, key=lambda t: t.max_nodes))
+
+
 def _tier(raw: dict[str, Any], efficiency: float) -> NetworkTier:
     p2p = raw.get("p2p_latency_s")
     return NetworkTier(name=raw["name"], bandwidth_bytes_per_s=float(raw["bandwidth_bytes_per_s"]),
@@ -191,7 +216,7 @@ PROFILE_KEYS = {
     "": {"format_version", "device", "network", "efficiency", "measured", "probes"},
     "device": {"name", "kind", "aliases", "peak_flops_per_s", "memory_bytes", "reported_memory_bytes", "num_sms",
                "memory_bandwidth_bytes_per_s", "threads_per_rank"},
-    "network": {"scope", "name", "bandwidth_bytes_per_s", "latency_s", "p2p_latency_s"},
+    "network": {"scope", "name", "bandwidth_bytes_per_s", "latency_s", "p2p_latency_s", "max_nodes", "efficiency"},
     "efficiency": {"gemm", "attention", "memory", "kernel_overhead_s", "intra_node_comm", "inter_node_comm",
                    "reserved_memory_bytes", "source", "overlap", "allocator_fragmentation", "comm_contention",
                    "vendor_attention_speedup"},
@@ -243,6 +268,7 @@ def load_profile(path: Path) -> DeviceProfile:
             memory_bandwidth_bytes_per_s=float(dev["memory_bandwidth_bytes_per_s"]),
             intra_node=_tier(net["node"], eff["intra_node_comm"]),
             inter_node=_tier(net["cluster"], eff["inter_node_comm"]),
+            middle_tiers=_middle_tiers(path, raw["network"], eff["inter_node_comm"]),
             efficiency=efficiency, path=str(path), kind=dev.get("kind", "gpu"),
             threads_per_rank=int(raw.get("measured", {}).get("threads_per_rank", dev.get("threads_per_rank", 0))),
             gemm_curves=tuple((k.removeprefix("gemm_"), _curve(v)) for k, v in raw.get("measured", {}).items()

@@ -34,7 +34,7 @@ def ring_time_s(kind: Collective, num_bytes: float, n: int, tier: NetworkTier) -
 def collective_time_s(kind: Collective, num_bytes: float, span: AxisSpan,
                       cluster: ClusterSpec) -> float:
     """Time of one collective over a group laid out as `span` (see costmodel.placement)."""
-    intra, inter = cluster.device.intra_node, cluster.device.inter_node
+    intra, inter = cluster.device.intra_node, cluster.device.tier_for(span.num_nodes)
     if not span.crosses_nodes:
         return ring_time_s(kind, num_bytes, span.size, intra)
     m, k = span.members_per_node, span.num_nodes

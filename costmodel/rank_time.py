@@ -121,7 +121,7 @@ def link_costs(sp: Spans, cluster: ClusterSpec) -> tuple[float, ...]:
         for kind in Collective:
             affine(lambda b: collective_time_s(kind, b, span, cluster))  # noqa: B023
     for span in (sp.pp, sp.cp):
-        tier = cluster.device.inter_node if span.crosses_nodes else cluster.device.intra_node
+        tier = cluster.device.tier_for(span.num_nodes)
         affine(lambda b: p2p_time_s(b, tier))  # noqa: B023
     affine(lambda b: collective_time_s(Collective.ALL_REDUCE, b, stage_pair_span(sp.pp), cluster))
     return tuple(out)
@@ -149,7 +149,7 @@ def _cp_layer_comm_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Cl
     attention core; backward also returns dK, dV. Returns the exposed (forward, backward) parts."""
     if plan.cp == 1:
         return 0.0, 0.0
-    tier = cluster.device.inter_node if span.crosses_nodes else cluster.device.intra_node
+    tier = cluster.device.tier_for(span.num_nodes)
     kv_bytes = (2 * train.compute_dtype.num_bytes * plan.micro_batch_size
                 * (train.seq_len // plan.cp) * model.kv_hidden_size / plan.tp)
     hops = plan.cp - 1
@@ -216,7 +216,7 @@ def _pp_send_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterS
     sends only its 1/t slice (SC'21 scatter/gather optimisation)."""
     if plan.pp == 1:
         return 0.0
-    tier = cluster.device.inter_node if span.crosses_nodes else cluster.device.intra_node
+    tier = cluster.device.tier_for(span.num_nodes)
     num_bytes = (train.compute_dtype.num_bytes * plan.micro_batch_size * train.seq_len // plan.cp
                  * model.hidden_size / plan.tp)
     return p2p_time_s(num_bytes, tier)

@@ -106,3 +106,22 @@ def test_a_profile_with_a_misspelt_or_cut_key_is_one_line(tmp_path, capsys):
         assert main(["predict", "--model", "llama2-7b", "--cluster", f"1x8x{tmp_path / name}"]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and why in err and name in err
+
+
+def test_a_third_network_tier_is_a_profile_change(tmp_path):
+    """A rack tier between node and cluster prices the groups it spans, and only those."""
+    from costmodel.comm import Collective, collective_time_s
+    from costmodel.placement import AxisSpan
+    text = (PROFILES / "A100-SXM4-80GB.toml").read_text()
+    rack = ('\n[[network]]\nscope = "rack"\nname = "leaf switch"\nmax_nodes = 4\n'
+            'bandwidth_bytes_per_s = 100e9  # a test figure\nlatency_s = 5e-6\n')
+    (tmp_path / "racked.toml").write_text(text + rack)
+    plain, racked = parse_cluster("16x8xA100"), parse_cluster(f"16x8x{tmp_path / 'racked.toml'}")
+    assert racked.device.middle_tiers[0].max_nodes == 4
+    within, across = AxisSpan(size=32, members_per_node=8, num_nodes=4), AxisSpan(size=64, members_per_node=8, num_nodes=8)
+    t = lambda c, span: collective_time_s(Collective.ALL_REDUCE, 1e9, span, c)  # noqa: E731
+    assert t(racked, within) < t(plain, within)        # the rack's faster links
+    assert t(racked, across) == t(plain, across)       # beyond the rack: the cluster tier, as before
+    (tmp_path / "bad.toml").write_text(text + rack.replace("max_nodes = 4\n", ""))
+    with pytest.raises(ValueError, match="max_nodes"):
+        parse_cluster(f"16x8x{tmp_path / 'bad.toml'}")
