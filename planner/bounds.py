@@ -168,8 +168,8 @@ def min_max_time_s(ts: list[tuple], plan: Plan, fit: MemoryFit, total: int) -> f
     holds at most max{L : t_min(L) <= T} layers, and T is feasible when those sum to `total`.
     `ts`: per rank, (t0, t1, t2) of RankShape.t."""
     need = fit.least_recomputed
-    t0 = np.array([t[0] for t in ts])[:, None]
-    t = t0 + ts[0][1] * np.arange(total + 1)[None, :] + ts[0][2] * need
+    t0 = np.array([t.base for t in ts])[:, None]
+    t = t0 + ts[0].per_layer * np.arange(total + 1)[None, :] + ts[0].per_recomputed * need
     t = np.where(need >= 0, t, np.inf)
     t[:, :plan.vpp] = np.inf  # every virtual stage holds a layer
     # t[r, L]: fastest way for rank r to hold at least L layers, nondecreasing in L. Within T,
@@ -190,10 +190,10 @@ def pipeline_floor_s(ts: list[tuple], fs: list[tuple], plan: Plan, fit: MemoryFi
     if not fit.fits or math.isinf(rc) or (rc > 0 and plan.recompute is Recompute.NONE):
         return math.inf
     slowest = min_max_time_s(ts, plan, fit, total)
-    sum_t = sum(t[0] for t in ts) + ts[0][1] * total + ts[0][2] * rc
+    sum_t = sum(t.base for t in ts) + ts[0].per_layer * total + ts[0].per_recomputed * rc
     slowest = max(slowest, sum_t / plan.pp)
     # the closed form with max(f) <= T (f = t for 1F1B, t - 2W for ZB-H1)
-    sum_f = sum(f[0] for f in fs) + fs[0][1] * total + fs[0][2] * rc
+    sum_f = sum(f.base for f in fs) + fs[0].per_layer * total + fs[0].per_recomputed * rc
     return closed_form_s(plan.schedule.traits, plan.num_micro_batches, slowest, sum_f, slowest, plan.vpp)
 
 
@@ -203,7 +203,7 @@ def lower_bound_with_memory_s(shapes: list[RankShape], plan: Plan, fit: MemoryFi
     pipe = pipeline_floor_s([sh.t for sh in shapes], [sh.f for sh in shapes], plan, fit, total)
     if math.isinf(pipe):
         return pipe
-    opt = (sum(sh.opt[0] for sh in shapes) + shapes[0].opt[1] * total) / plan.pp
+    opt = (sum(sh.opt.intercept for sh in shapes) + shapes[0].opt.slope * total) / plan.pp
     return pipe + _dp_floor_of_shapes_s(shapes, plan, total) + opt
 
 
@@ -216,6 +216,6 @@ def _dp_floor_of_shapes_s(shapes: list[RankShape], plan: Plan, total: int) -> fl
     recomputed = layers if plan.recompute is not Recompute.NONE else 0.0
     out = 0.0
     for k, (mult, (_, c1), (_, w1, w2), bucket) in enumerate(shapes[0].dp):
-        intercept = sum(sh.dp[k][1][0] - sh.dp[k][2][0] for sh in shapes) / pp
+        intercept = sum(sh.dp[k].comm.intercept - sh.dp[k].window.base for sh in shapes) / pp
         out += mult * max(intercept + (c1 - w1) * layers - w2 * recomputed, bucket)
     return out

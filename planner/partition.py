@@ -65,10 +65,10 @@ def _scan_single_rank(shape: RankShape, plan: Plan, total: int, cap: float, cuto
     for n in choices:
         if base + per_layer * total + per_rc * n + jump * (n > 0) > cap:
             continue
-        t = shape.t[0] + shape.t[1] * total + shape.t[2] * n
+        t = shape.t.base + shape.t.per_layer * total + shape.t.per_recomputed * n
         dp = sum(mult * max(c0 + c1 * total - (w0 + w1 * total + w2 * n), bucket)
                  for mult, (c0, c1), (w0, w1, w2), bucket in shape.dp)
-        value = plan.num_micro_batches * t + dp + shape.opt[0] + shape.opt[1] * total
+        value = plan.num_micro_batches * t + dp + shape.opt.intercept + shape.opt.slope * total
         if value <= cutoff_s and (best is None or value < best[0]):
             best = (value, n)
     return None if best is None else Split(layers=(total,), recomputed=(best[1],), optimal=True)

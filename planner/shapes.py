@@ -5,6 +5,7 @@ functions (tests/planner/test_partition.py checks the affinity at many points)."
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from costmodel.cluster import ClusterSpec
 from costmodel.compute import optimizer_step_s
@@ -24,6 +25,35 @@ def affine(f, x0: int, x1: int) -> tuple[float, float]:
     return y0 - slope * x0, slope
 
 
+class Coefficients(NamedTuple):
+    """A quantity affine in a rank's layers L and recomputed layers n: base + per_layer·L +
+    per_recomputed·n."""
+    base: float
+    per_layer: float
+    per_recomputed: float
+
+
+class Linear(NamedTuple):
+    """A quantity affine in the layers L only: intercept + slope·L."""
+    intercept: float
+    slope: float
+
+
+class DpTermShape(NamedTuple):
+    """One data-parallel term of a rank: multiplier · max(comm - window, bucket)."""
+    multiplier: float
+    comm: Linear              # the collective's time in the rank's parameters
+    window: Coefficients      # the compute it can hide behind
+    bucket: float             # one layer's bucket: never hidden
+
+
+class MemoryCoefficients(NamedTuple):
+    base: float
+    per_layer: float
+    per_recomputed: float
+    jump: float               # once any layer is recomputed
+
+
 @dataclass(frozen=True, slots=True)
 class RankShape:
     """Everything the solver needs about one pipeline rank, read from costmodel. Each quantity
@@ -33,19 +63,19 @@ class RankShape:
     optimizer step, memory as (base, per layer, per recomputed layer, jump once n > 0), and per
     DP term (multiplier, comm, window, bucket)."""
 
-    t: tuple[float, float, float]
-    f: tuple[float, float, float]
-    opt: tuple[float, float]
-    mem: tuple[float, float, float, float]
-    dp: list
+    t: Coefficients
+    f: Coefficients
+    opt: Linear
+    mem: MemoryCoefficients
+    dp: list[DpTermShape]
     memory: AffineBytes  # mem as costmodel states it
 
 
 def _pipeline_rows(rtm: RankTimeModel, plan: Plan, edge: RankTimes) -> tuple[tuple, tuple]:
     """(t, f) coefficients of a rank whose fixed part (edges, sends) is `edge`."""
     parts = (edge, rtm.per_layer, rtm.per_recomputed_layer)
-    t = tuple(p.total_s for p in parts)
-    return t, tuple(fill_s(plan.schedule.traits, p) for p in parts)
+    return (Coefficients(*(p.total_s for p in parts)),
+            Coefficients(*(fill_s(plan.schedule.traits, p) for p in parts)))
 
 
 def pipeline_rows(rtm: RankTimeModel, plan: Plan) -> tuple[list[tuple], list[tuple]]:
@@ -66,13 +96,13 @@ def _time_shape(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
     edge_params = rank_params_at(model, plan, 0, first, last).total
     per_layer_params = rank_params_at(model, plan, 1, first, last).total - edge_params
     shards = plan.dp * plan.cp if plan.zero_stage >= 1 else 1
-    opt = affine(lambda L: optimizer_step_s((edge_params + L * per_layer_params) / shards, train, cluster.device),
-                  1, 2)
+    opt = Linear(*affine(lambda L: optimizer_step_s((edge_params + L * per_layer_params) / shards, train,
+                                                    cluster.device), 1, 2))
     # DP collectives: comm(P) = alpha + beta·P in the rank's parameters P = edge + L·per_layer
     overlap = cluster.device.efficiency.overlap
-    dp = [(mult, (alpha + beta * edge_params, beta * per_layer_params),
-           (dp_window_s(term, edge, overlap), dp_window_s(term, rtm.per_layer, overlap),
-            dp_window_s(term, rtm.per_recomputed_layer, overlap)), bucket)
+    dp = [DpTermShape(mult, Linear(alpha + beta * edge_params, beta * per_layer_params),
+                      Coefficients(dp_window_s(term, edge, overlap), dp_window_s(term, rtm.per_layer, overlap),
+                                   dp_window_s(term, rtm.per_recomputed_layer, overlap)), bucket)
           for mult, term, alpha, beta, bucket in dp_shape]
     return t, f, opt, dp
 
@@ -106,5 +136,6 @@ def rank_shapes(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
         if key not in times:
             times[key] = _time_shape(model, train, cluster, plan, rtm, *key, dp_shape)
         t, f, opt, dp = times[key]
-        out.append(RankShape(t, f, opt, (mem.base, mem.per_layer, mem.per_recomputed, mem.jump), dp, mem))
+        out.append(RankShape(t, f, opt, MemoryCoefficients(mem.base, mem.per_layer, mem.per_recomputed, mem.jump),
+                             dp, mem))
     return out

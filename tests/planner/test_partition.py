@@ -15,7 +15,7 @@ from costmodel.rank_time import dp_exposed_s, rank_times, spans
 from planner import partition
 from planner.bounds import MemoryFit, min_max_time_s
 from planner.partition import solve_split
-from planner.shapes import rank_shapes
+from planner.shapes import Coefficients, rank_shapes
 from planner.space import Choice, build_plan
 
 TRAIN = TrainSpec(seq_len=4096, global_batch_size=64)
@@ -73,7 +73,7 @@ def test_min_max_time_is_the_exact_min_max_over_splits(seed):
     memory = [AffineBytes(base=rng.uniform(0, 40), per_layer=rng.uniform(5, 25), per_recomputed=-rng.uniform(2, 15),
                           jump=rng.uniform(0, 10)) for _ in range(pp)]
     ts = [(rng.uniform(0, 2), 1.0, rng.uniform(0.2, 0.5)) for _ in range(pp)]
-    ts = [(t0, ts[0][1], ts[0][2]) for t0, _, _ in ts]  # per-layer costs are the same on every rank
+    ts = [Coefficients(t0, ts[0][1], ts[0][2]) for t0, _, _ in ts]  # per-layer costs are the same on every rank
     fit = MemoryFit(memory, plan, cap, total)
     best = math.inf
     for split in itertools.product(range(1, total + 1), repeat=pp):
