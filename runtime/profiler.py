@@ -41,6 +41,10 @@ SQUARE = (16, 32, 64, 1536)
 MEMORY_ELEMS = tuple(4**k for k in range(5, 13))          # 1 Ki .. 16 Mi elements
 COLLECTIVE_BYTES = tuple(4**k for k in range(1, 12))      # 4 B .. 16 MiB
 CALLS_PER_POINT = 4                                       # best_s: one warm-up + three timed
+# Training-step probes: the median of PROBE_STEPS after PROBE_WARMUP (a shared 2-core machine
+# moved single steps by 10-30 %; the fitted per-kernel cost moved 13 -> 60 us between profiles
+# with 3 steps after 1).
+PROBE_STEPS, PROBE_WARMUP = 5, 2
 # Below this share of fp32's rate at equal FLOPs a dtype is "not accelerated" here.
 ACCELERATED_RATIO = 0.5
 # ... judged at calls this large and up: smaller ones are dominated by dispatch and conversions
@@ -293,8 +297,8 @@ def measure_rank(dtypes: list[str], device_type: str, threads: int, budget: Budg
 def probe_rank(plans: list, threads: int, phase_s: float, report) -> list[dict | None]:
     """Training steps of small plans on this group (the plans of its world size), so the profile
     holds what a step adds to its kernels: autograd and module overhead per kernel, collectives
-    inside FSDP / DTensor / pipelining, how much communication hides. One warm-up and three
-    timed steps each, the median kept; plans the phase budget leaves no time for are skipped
+    inside FSDP / DTensor / pipelining, how much communication hides. PROBE_WARMUP warm-up and
+    PROBE_STEPS timed steps each, the median kept; plans the phase budget leaves no time for are skipped
     (None) on every rank."""
     from runtime.train import RunConfig, run_rank   # the runtime's own step, as `planner run` runs it
     torch.set_num_threads(threads)
@@ -307,7 +311,7 @@ def probe_rank(plans: list, threads: int, phase_s: float, report) -> list[dict |
             continue
         with warnings.catch_warnings():   # FSDP's and pipelining's notices are the user's business in a run
             warnings.simplefilter("ignore")
-            raw = run_rank(pf, RunConfig(steps=3, warmup=1, quiet=True))
+            raw = run_rank(pf, RunConfig(steps=PROBE_STEPS, warmup=PROBE_WARMUP, quiet=True))
         results.append(raw)
         if dist.get_rank() == 0:
             report((i + 1) / len(plans), f"probe step: {pf.plan.short()} {pf.train.compute_dtype}")

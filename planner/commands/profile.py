@@ -109,6 +109,19 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+# What the fit of the probes needs at most, kept out of the probes' share of the total.
+FIT_RESERVE_S = 6.0
+
+
+def _probe_budget_s(budget, start: float, ranks: int, nproc: int) -> float:
+    """The probes' share, or more when the microbenchmarks finished early: what is left of the
+    total less the fit's reserve, split between the one-rank and the N-rank probes."""
+    left = budget.total_s - (time.perf_counter() - start) - FIT_RESERVE_S
+    share = 0.5 if ranks == 1 and nproc > 1 else 1.0
+    from runtime.profiler import PHASE_SHARES
+    return max(budget.total_s * PHASE_SHARES["probes"] * share, left * share)
+
+
 def measure_local(quick: bool = False) -> Path:
     """Measure this machine into the `local` cache (the first use of `--cluster ...xlocal`)."""
     args = argparse.Namespace(out=None, nproc=None, name=None, quick=quick, thorough=False, force=False)
@@ -149,7 +162,7 @@ def profile_machine(setup: Setup) -> None:
             phase = f"probes {ranks}"
             plans = probes.probe_plans(base, accelerated, ranks)
             raws = run_forked(ranks, prof.probe_rank, plans, setup.threads,
-                              budget.phase_s("probes") * weights[phase] / prof.PHASE_SHARES["probes"],
+                              _probe_budget_s(budget, start, ranks, setup.nproc),
                               partial(progress.report, phase), device_type=setup.device_type)[0]
             progress.report(phase, 1.0, f"{len(plans)} probe plans on {ranks} rank(s)")
             measured += probes.results(plans, raws)
