@@ -24,6 +24,8 @@ from pathlib import Path
 
 from scipy.stats import spearmanr
 
+from planner.calibrate import PRIOR_WEIGHT
+
 # Not in costmodel.registry, not a probe: hidden 384, 6 heads over 2 KV heads, SwiGLU 1024.
 HIDDEN = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 384,
           "intermediate_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 6,
@@ -83,7 +85,7 @@ def summarise(label: str, rows: list[tuple[str, float, float]]) -> None:
           f"Spearman {rho:.3f}   ({len(rows)} plans)")
 
 
-def leave_one_out(out: Path, profile: Path) -> list[tuple[str, float, float]]:
+def leave_one_out(out: Path, profile: Path, prior_weight: float) -> list[tuple[str, float, float]]:
     """Each plan predicted by a profile calibrated on the other plans only: how well the
     calibration predicts a plan it has not seen (the in-sample table can flatter)."""
     from costmodel.cluster import load_profile
@@ -92,7 +94,7 @@ def leave_one_out(out: Path, profile: Path) -> list[tuple[str, float, float]]:
     runs = [load_run(out / name) for name, *_ in MATRIX]
     rows = []
     for i, (name, *_) in enumerate(MATRIX):
-        device, _ = fit_by_dtype(runs[:i] + runs[i + 1:], base)
+        device, _ = fit_by_dtype(runs[:i] + runs[i + 1:], base, prior_weight=prior_weight)
         rows.append((name, predict_with(runs[i], device).step_time_s, runs[i].measured_step_s))
     return rows
 
@@ -103,6 +105,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--skip-profile", action="store_true")
     parser.add_argument("--skip-runs", action="store_true")
+    parser.add_argument("--prior-weight", type=float, default=None,
+                        help="leave-one-out with this prior weight (default planner.calibrate.PRIOR_WEIGHT)")
     args = parser.parse_args()
     profile, calibrated = args.out / "profile.toml", args.out / "profile-calibrated.toml"
     start = time.perf_counter()
@@ -116,7 +120,7 @@ def main() -> None:
             "--out", str(calibrated), quiet=False)
     summarise(f"calibrated on all {len(MATRIX)} runs (in sample)", table(args.out, calibrated))
     summarise("leave-one-out: each plan predicted by a calibration on the other plans",
-              leave_one_out(args.out, profile))
+              leave_one_out(args.out, profile, PRIOR_WEIGHT if args.prior_weight is None else args.prior_weight))
     print(f"\n{time.perf_counter() - start:.0f} s; command: python benchmarks/closed_loop.py "
           + " ".join(sys.argv[1:]))
 

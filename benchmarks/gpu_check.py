@@ -30,7 +30,8 @@ from costmodel.units import GIB
 
 
 def model_config(memory_bytes: int) -> dict:
-    """About 1.1B parameters (16 layers of hidden 2048) from 60 GB, half the layers below."""
+    """0.85B parameters (16 layers of hidden 2048, costmodel.params.total_params) from 60 GB,
+    0.49B (8 layers) below."""
     layers = 16 if memory_bytes >= 60 * GIB else 8
     return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048,
             "intermediate_size": 5632, "num_hidden_layers": layers, "num_attention_heads": 16,

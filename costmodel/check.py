@@ -43,7 +43,7 @@ def check_structure(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
     return problems
 
 
-# The rules the search enumerates from as well (planner.search asks these, not copies of them).
+# The rules the search enumerates from as well (planner.candidates asks these, not copies of them).
 
 def tp_problems(model: ModelSpec, tp: int) -> list[str]:
     return [f"tp={tp} does not divide the model's {what} ({n})"

@@ -6,6 +6,7 @@ efficiency parameters (`[efficiency]`), which are fitted or measured and say how
 from __future__ import annotations
 
 import re
+import statistics
 import tomllib
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -48,7 +49,7 @@ class Efficiency:
     gemm: float               # large-GEMM fraction of dense peak FLOP/s
     attention: float          # fused (flash) attention fraction of dense peak FLOP/s
     memory: float             # fraction of HBM bandwidth reached by memory-bound kernels
-    kernel_overhead_s: float  # launch + tail cost per kernel
+    kernel_overhead_s: float  # fixed cost per kernel: launch, and on CPUs eager dispatch (wave tails: compute.wave_efficiency)
     reserved_memory_bytes: int  # outside PyTorch's allocator: CUDA context, NCCL buffers, workspaces
     source: str
     overlap: float = 1.0      # fraction of compute that data-parallel communication can hide behind
@@ -206,7 +207,13 @@ def _tier(raw: dict[str, Any], efficiency: float) -> NetworkTier:
 
 
 def _curve(points: list[list[float]]) -> tuple[tuple[float, float], ...]:
-    return tuple(sorted((float(x), float(y)) for x, y in points))
+    """Sorted by size, one rate per size: several GEMM shapes share a FLOP count (tokens x hidden
+    x n in different orders) and the cost model knows the count only, so their median stands for
+    it (interpolation among duplicates would otherwise land on whichever sorted first)."""
+    by_size: dict[float, list[float]] = {}
+    for x, y in points:
+        by_size.setdefault(float(x), []).append(float(y))
+    return tuple((x, statistics.median(ys)) for x, ys in sorted(by_size.items()))
 
 
 # What a profile may hold, per table; anything else is refused (a misspelt key would otherwise
@@ -326,7 +333,7 @@ _CLUSTER_RE = re.compile(r"^(\d+)x(\d+)x(.+)$")
 
 
 def parse_cluster(text: str) -> ClusterSpec:
-    """`NODESxDEVICES_PER_NODExDEVICE`, e.g. `8x8xA100` or `1x2xprofiles/cpu.toml`."""
+    """`NODESxDEVICES_PER_NODExDEVICE`, e.g. `8x8xA100`, `1x2xlocal` or `1x2xprofiles/xeon-amx.toml`."""
     match = _CLUSTER_RE.match(text.strip())
     if not match:
         raise ValueError(f"malformed cluster {text!r}: expected NODESxGPUS_PER_NODExDEVICE, "

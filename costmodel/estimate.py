@@ -51,7 +51,7 @@ class Estimate:
     # per pipeline rank, seconds per step of its own work: compute and the TP/CP collectives
     # inside it (what the runtime times as a stage's busy time)
     rank_work_s: list[float] = field(default_factory=list)
-    closed_form_step_time_s: float | None = None   # None: the schedule (zbv) has no closed form
+    closed_form_step_time_s: float | None = None   # None: the schedule has no closed form (zbv)
 
     @property
     def max_peak_memory_bytes(self) -> float:
@@ -110,11 +110,6 @@ def memory_per_rank(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
             for r in range(plan.pp)]
 
 
-def _closed_form_s(plan: Plan, ranks: list[RankTimes]) -> float | None:
-    try:
-        return pipeline_time_s(plan, ranks)[0]
-    except ValueError:   # zbv: only the simulator knows it
-        return None
 
 
 def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan,
@@ -122,7 +117,8 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
     """Predict one optimizer step. The plan must pass `check_plan` structurally.
 
     `simulate=False` prices the pipeline by its closed form instead (fast, affine in the layer
-    split: what the search's branch and bound and CP-SAT reason with); zbv has none."""
+    split: what the search's branch and bound and CP-SAT reason with); a schedule without one
+    (ScheduleTraits.closed_form) is refused."""
     sp = spans(plan, cluster)
     ranks = [rank_times(model, train, plan, cluster, sp, r) for r in range(plan.pp)]
     dp_s = max(dp_exposed_s(model, train, plan, cluster, sp, r, ranks[r]) for r in range(plan.pp))
@@ -130,7 +126,7 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
     optim_s = max(optimizer_step_s(rank_params(model, plan, r).total / shards, train, cluster.device)
                   for r in range(plan.pp))
     emb_s = _tied_embedding_sync_s(model, train, plan, cluster, sp)
-    closed = _closed_form_s(plan, ranks)
+    closed, critical = pipeline_time_s(plan, ranks) if plan.schedule.traits.closed_form else (None, None)
     if simulate:
         sim = simulate_plan(model, train, cluster, plan)
         critical = max(range(plan.pp), key=lambda r: sim.busy_s[r])
@@ -142,9 +138,8 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
     else:
         if closed is None:
             raise ValueError(f"schedule {plan.schedule} has no closed form: simulate it")
-        pipe_s, critical = pipeline_time_s(plan, ranks)
         crit, m = ranks[critical], plan.num_micro_batches
-        ledger = _ledger(plan, crit, m * crit.pp_comm_s, pipe_s - m * crit.total_s, dp_s, emb_s, optim_s)
+        ledger = _ledger(plan, crit, m * crit.pp_comm_s, closed - m * crit.total_s, dp_s, emb_s, optim_s)
         reserved = cluster.device.efficiency.reserved_memory_bytes
         memory = [stage_memory(model, train, plan, r, reserved, cluster.framework) for r in range(plan.pp)]
         bubbles = []

@@ -3,7 +3,9 @@
 States follow the ZeRO paper (Rajbhandari et al. 2020, Sec. 3.1 and 5): mixed-precision Adam
 holds 16-bit weights (2 bytes), gradients (`grad_dtype`), and fp32 master weights, momentum and
 variance (12 bytes); ZeRO-1 shards the optimizer states, ZeRO-2 also the gradients, ZeRO-3 also
-the weights, over the data-parallel (x context-parallel) group.
+the weights, over the data-parallel (x context-parallel) group. How a framework departs from the
+paper is one of its traits (costmodel.frameworks): our runtime (FSDP2, the default) keeps the fp32
+shard as the master weight and holds whole gradients under a pipeline until its last micro-batch.
 
 Activations follow Korthikanti et al. 2022 (arXiv 2205.05198) Sec. 4: per layer, per micro-batch
 s·b·h·(34 + 5·a·s/h) bytes for a GPT layer with t = 1, s·b·h·(10 + 24/t + 5·a·s/(h·t)) with tensor
@@ -11,7 +13,8 @@ parallelism, s·b·h·(34/t + 5·a·s/(h·t)) with sequence parallelism, the 5·
 selective recomputation and 2·s·b·h (/t with SP) under full recomputation. `layer_activation_bytes`
 re-derives those terms tensor by tensor so they hold for GQA (smaller K, V), SwiGLU (four f-wide
 tensors instead of two), no dropout (Llama), fp32 activations, and flash attention (no s x s
-tensors; the softmax statistics instead). Tests check the published coefficients.
+tensors; the softmax statistics instead); how many SwiGLU tensors are saved is a framework trait.
+Tests check the published coefficients.
 """
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Closed-form pipeline time for one optimizer step (the event simulator replaces it later and
-must agree with it on uniform stages).
+"""Closed-form pipeline time for one optimizer step: what the search's bounds and CP-SAT model
+reason with and the event simulator (costmodel.pipeline_simulation, which prices the plans
+shown) must agree with on uniform stages.
 
 With m micro-batches and per-micro-batch rank times t_r (forward + backward on rank r):
 - GPipe and 1F1B (Huang et al. 2019; Narayanan et al. 2021): the slowest rank works m·max(t)

@@ -50,8 +50,7 @@ class ScheduleTraits:
     micro_batches_multiple_of_pp: bool = False
     v_placement: bool = False        # virtual stages placed down then up the ranks (V), else in a loop
     in_flight: str = "1f1b"          # activations held at the peak: "all" | "1f1b" | "interleaved" | "v"
-    defers_weight_grad: bool = False
-    deferred_chunks_per_rank: int = 0   # weight passes put off at once: (this) · rank + 1 chunks
+    deferred_chunks_per_rank: int = 0   # weight passes put off at once: (this) · rank + 1 chunks; 0: none
     selective_recompute: bool = True    # torch 2.13: zero-bubble W passes re-enter selective regions and fail
     dominated_by: "Schedule | None" = None   # same time under the model and never less memory
     torch_class: str                 # torch.distributed.pipelining class the runtime runs
@@ -60,6 +59,11 @@ class ScheduleTraits:
     @property
     def closed_form(self) -> bool:
         return self.fill is not None
+
+    @property
+    def defers_weight_grad(self) -> bool:
+        """Backward split into input and weight passes, the weight passes run later (zero bubble)."""
+        return self.deferred_chunks_per_rank > 0
 
     def accepts_vpp(self, vpp: int) -> bool:
         return vpp >= self.min_vpp and (self.max_vpp is None or vpp <= self.max_vpp)
@@ -97,13 +101,13 @@ SCHEDULE_TRAITS: dict[Schedule, ScheduleTraits] = {
     Schedule.ZB_H1: ScheduleTraits(
         description="zero bubble H1: backward split into input and weight passes, weights later "
                     "(Qi et al. 2024); 1F1B's peak activations plus the deferred passes' inputs",
-        fill="zero-bubble", needs_pp=True, defers_weight_grad=True, deferred_chunks_per_rank=1,
+        fill="zero-bubble", needs_pp=True, deferred_chunks_per_rank=1,
         selective_recompute=False, torch_class="ScheduleInterleavedZeroBubble", multi_stage=True),
     Schedule.ZBV: ScheduleTraits(
         description="zero bubble V: two virtual stages per rank placed in a V (Qi et al. 2024); no "
                     "closed form, priced by the event simulator",
         fill=None, min_vpp=2, max_vpp=2, needs_pp=True, v_placement=True, in_flight="v",
-        defers_weight_grad=True, deferred_chunks_per_rank=2, selective_recompute=False,
+        deferred_chunks_per_rank=2, selective_recompute=False,
         torch_class="ScheduleZBVZeroBubble", multi_stage=True),
 }
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import math
-from functools import lru_cache
 
 import numpy as np
 
@@ -67,7 +66,7 @@ def zero_floor_s(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: i
     return dp + optimizer_step_s(layers_only / shards, train, cluster.device)
 
 
-@lru_cache(maxsize=16384)
+@functools.lru_cache(maxsize=16384)
 def _dp_floor_s(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: int, pp: int, zero: int,
                 num_micro_batches: int, span: AxisSpan) -> float:
     if span.size == 1:

@@ -144,18 +144,22 @@ COMM_PARAMS = ("intra_node_comm", "comm_latency", "overlap")
 
 
 # Weight of the prior (the profile's own values) against the runs' squared log errors, per
-# parameter in log space: chosen on benchmarks/closed_loop.py's ten runs of an unseen model,
-# where leave-one-out went 13.8 % (none) -> 10.6 % (0.02) -> 9.5 % (0.1) -> 9.0 % (0.3).
+# parameter in log space: chosen on benchmarks/closed_loop.py's ten runs of an unseen model
+# (`python benchmarks/closed_loop.py --out DIR --skip-profile --skip-runs --prior-weight W`):
+# on the runs of 2026-11-24 (the README's run E) leave-one-out MAPE / max went 14.0 / 23.5 % (0),
+# 8.1 / 17.4 % (0.1), 9.1 / 19.9 % (0.3); on run A's runs 13.8 % (0) -> 9.0 % (0.3). 0.3 kept.
 PRIOR_WEIGHT = 0.3
 
 
 def fit_by_dtype(runs: list[Run], base: DeviceProfile, rounds: int = 2, max_iter: int = 800,
-                 prior_weight: float = PRIOR_WEIGHT) -> tuple[DeviceProfile, dict[str, float]]:
+                 prior_weight: float = PRIOR_WEIGHT, bounds: dict[str, tuple[float, float]] | None = None,
+                 compute_on_one_rank: bool = False) -> tuple[DeviceProfile, dict[str, float]]:
     """Compute factors per compute dtype (on a CPU, bf16 runs other kernels with other per-kernel
     costs than fp32), alternating with the shared communication factors on the multi-rank runs:
     small, well-posed fits instead of one of 3 x dtypes + 3 parameters. A dtype with fewer runs
-    than compute parameters gets its rate factor only. Returns the device and the overall
-    factors against `base` (per dtype as NAME@DTYPE)."""
+    than compute parameters gets its rate factor only. `compute_on_one_rank`: the compute factors
+    from the one-rank runs alone (the profiler's probes, where one rank runs alone on the node).
+    Returns the device and the overall factors against `base` (per dtype as NAME@DTYPE)."""
     if not runs:
         raise ValueError("no runs to calibrate on")
     device = base
@@ -163,9 +167,12 @@ def fit_by_dtype(runs: list[Run], base: DeviceProfile, rounds: int = 2, max_iter
     multi = [r for r in runs if r.pf.plan.world_size > 1]
     for _ in range(rounds):
         for d in dtypes:
-            mine = [r for r in runs if str(r.pf.train.compute_dtype) == d]
+            mine = [r for r in runs if str(r.pf.train.compute_dtype) == d
+                    and not (compute_on_one_rank and r.pf.plan.world_size > 1)]
+            if not mine:
+                continue
             names = COMPUTE_PARAMS if len(mine) >= len(COMPUTE_PARAMS) else ("compute",)
-            device, _ = fit(mine, device, names, max_iter, dtype=d, prior_weight=prior_weight)
+            device, _ = fit(mine, device, names, max_iter, dtype=d, prior_weight=prior_weight, bounds=bounds)
         if multi:
             device, _ = fit(multi, device, COMM_PARAMS, max_iter, prior_weight=prior_weight)
     return device, _factors(base, device, dtypes)

@@ -89,11 +89,11 @@ def _schedules(pp: int, vpp: int, mode: Recompute,
     with selective recomputation (check_plan). `allowed` narrows them (pp = 1 needs none)."""
     if pp == 1:
         return (default_schedule(1),), (default_schedule(1),)
-    # the schedules check_plan accepts here (pp, vpp, recompute mode; the micro-batch rule is the
-    # candidate's) that have a closed form: ZBV is priced only by simulation
+    # the schedules check_plan accepts here (pp, vpp, recompute mode; the micro-batch rule is met:
+    # interleaving is offered only when pp divides the micro-batches) that have a closed form:
+    # ZBV is priced only by simulation
     valid = [s for s in Schedule if s.traits.closed_form and (allowed is None or s in allowed)
-             and not [p for p in s.traits.problems(str(s), pp, vpp, 0, mode is Recompute.SELECTIVE)
-                      if "num_micro_batches" not in p]]
+             and not s.traits.problems(str(s), pp, vpp, pp, mode is Recompute.SELECTIVE)]
     dominant = [s for s in valid if s.traits.dominated_by not in valid] or valid
     return tuple(valid), tuple(dominant)   # cached: never handed out to be changed
 

@@ -77,7 +77,8 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--mbs", type=int, default=1, help="micro-batch size in sequences")
     g.add_argument("--vpp", type=int, default=1, help="virtual stages per pipeline rank")
     g.add_argument("--schedule", choices=[s.value for s in Schedule],
-                   help="pipeline schedule (default: interleaved-1f1b if vpp > 1, else 1f1b)")
+                   help="pipeline schedule (default: interleaved-1f1b if vpp > 1, else 1f1b). "
+                        + "; ".join(f"{s}: {s.traits.description}" for s in Schedule))
     g.add_argument("--mesh-order", default=",".join(DEFAULT_AXIS_ORDER),
                    help="mesh axes outermost first (default pp,dp,cp,tp: TP inside a node)")
 
@@ -175,13 +176,13 @@ def cmd_search(args: argparse.Namespace) -> int:
         print(f"{result.equivalent} plans within +-{100 * result.error_band:.1f}% of the fastest are equivalent "
               f"under that error: the first is the most robust (runs in `planner run`, memory headroom, "
               f"fewer moving parts)")
-    if len(result.plans) > 1:
-        print(why_runner_up_lost(best, result.plans[1]))
+    runner_up_text = why_runner_up_lost(best, result.plans[1]) if len(result.plans) > 1 else ""
+    if runner_up_text:
+        print(runner_up_text)
     if args.report:
         _write_report(args.report, model, train, cluster, best.plan, best.estimate,
                       runners_up=[(f.plan, f.estimate) for f in result.plans[1:]],
-                      candidates=[f.estimate for f in result.evaluated],
-                      runner_up_text=why_runner_up_lost(best, result.plans[1]) if len(result.plans) > 1 else "")
+                      candidates=[f.estimate for f in result.evaluated], runner_up_text=runner_up_text)
     return 0
 
 

@@ -3,10 +3,10 @@ so that the predicted step time is minimal (the AdaPipe idea, Sun et al. 2024).
 
 For one outer choice (degrees, micro-batch, schedule, ZeRO, recompute mode, placement) the cost
 model is, per pipeline rank r, affine in its layer count L_r and recomputed-layer count n_r:
-micro-batch time t_r, the zero-bubble fill f_r, optimizer time, memory (plus one step when n_r > 0);
-the exposed data-parallel time is a max of affine pieces and a constant. The model here reads those
-coefficients by evaluating costmodel's own functions (and checks they are affine), then minimises
-exactly what `estimate` computes:
+micro-batch time t_r, the schedule's fill f_r, optimizer time, memory (plus one step when n_r > 0);
+the exposed data-parallel time is a max of affine pieces and a constant. planner.shapes reads those
+coefficients from costmodel's own functions (tests/planner/test_partition.py checks they are
+affine); the model here minimises exactly what `estimate` computes:
 
     m·max(t) + (sum(f) - max(f)) / v + max_r(sum_k mult_k·max(comm_kr - window_kr, one layer's bucket))
     + max_r(optimizer_r)       (+ a constant: tied-embedding sync)
@@ -59,11 +59,10 @@ class SolverTimeout(Exception):
 
 def _scan_single_rank(shape: RankShape, plan: Plan, total: int, cap: float, cutoff_s: float) -> Split | None:
     """pp = 1: the whole objective is a function of n alone; try every n (exact, no solver)."""
-    base, per_layer, per_rc, jump = shape.mem
     choices = [0] if plan.recompute is Recompute.NONE else range(1, total + 1)
     best = None
     for n in choices:
-        if base + per_layer * total + per_rc * n + jump * (n > 0) > cap:
+        if shape.memory.at(total, n) > cap:
             continue
         t = shape.t.base + shape.t.per_layer * total + shape.t.per_recomputed * n
         dp = sum(mult * max(c0 + c1 * total - (w0 + w1 * total + w2 * n), bucket)
@@ -108,8 +107,9 @@ def solve_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
     cap = cluster.memory_budget_bytes
     t_vars, f_vars, dp_vars, opt_vars = [], [], [], []
     for r, rs in enumerate(ranks):
-        base, per_layer, per_rc, jump = rs.mem
-        cm.Add(round(base) + round(per_layer) * L[r] + round(per_rc) * n[r] + round(jump) * z[r] <= int(cap))
+        mem = rs.memory
+        cm.Add(round(mem.base) + round(mem.per_layer) * L[r] + round(mem.per_recomputed) * n[r]
+               + round(mem.jump) * z[r] <= int(cap))
         t_vars.append(_affine_var(cm, rs.t, L[r], n[r], v, total, f"t{r}"))
         f_vars.append(_affine_var(cm, rs.f, L[r], n[r], v, total, f"f{r}"))
         opt_vars.append(_affine_var(cm, (*rs.opt, 0.0), L[r], n[r], v, total, f"o{r}"))

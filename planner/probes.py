@@ -3,11 +3,11 @@ and the fit of what a step adds to the microbenchmarks.
 
 Microbenchmarks measure kernels alone. A training step adds eager-mode work per kernel (autograd,
 module calls, hooks), collectives wrapped in FSDP / DTensor / pipelining bookkeeping, and on a
-CPU ranks that share cores cannot hide communication. Calibrating on the user's own runs found
-these (34 us per kernel, collectives at 0.13 of the microbenchmark bandwidth, no overlap); the
-probes measure them at profile time, so predictions hold before any calibration. The probe
-model is not any model the planner ships: two Llama-style layers with GQA, at two widths so the
-fit can tell a per-kernel cost from a rate.
+CPU ranks that share cores cannot hide communication. `planner calibrate` finds these from the
+user's own runs; the probes measure them at profile time, so predictions hold before any
+calibration. The probe model is not any model the planner ships: two Llama-style layers with
+GQA, at three widths so the fit can tell a per-kernel cost from a rate (each probe's measured
+and fitted step time is written under the profile's [probes]).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from costmodel.plan import PlanFile
 from costmodel.registry import llama_spec
 from costmodel.plan import Recompute
 from costmodel.specs import DType, TrainSpec
-from planner.calibrate import COMM_PARAMS, COMPUTE_PARAMS, Run, fit, summary
+from planner.calibrate import Run, fit_by_dtype, summary
 from planner.space import Choice, build_plan
 
 _WHY = "probe of `planner profile`: not a published model"
@@ -32,7 +32,7 @@ BROAD = llama_spec("probe-broad", layers=2, hidden=512, heads=8, kv_heads=2, ffn
                    max_pos=256, source=_WHY)
 SEQ_LEN, GLOBAL_BATCH = 128, 4
 
-# (model, ranks, choice). One rank at two widths and micro-batch sizes (the fit tells a
+# (model, ranks, choice). One rank at three widths and two micro-batch sizes (the fit tells a
 # per-kernel cost from a rate by them) and with recomputation; then DP, TP + SP and a 1F1B
 # pipeline on two ranks: each parallelism the runtime executes, once.
 PROBES = [
@@ -49,12 +49,9 @@ PROBES = [
 # The measured curves are the best of several repetitions: a training step's GEMMs do not run
 # faster than them (beyond noise), nor its memory-bound kernels much faster; without these bounds
 # the fit traded a GEMM factor of 1.8 against a memory-bound one of 0.2 on the small probes, and
-# predicted a larger model 28 % too fast.
+# predicted a larger model 28 % too fast (a profile's [probes] fitted_factors shows where a fit
+# lands; benchmarks/closed_loop.py the unseen model).
 PROBE_BOUNDS = {"compute": (0.3, 1.15), "memory": (0.05, 1.5)}
-
-# Fitted per dtype on one rank, then the communication on two ranks (every dtype together):
-# two small least-squares problems are better posed, and faster, than one of nine parameters.
-
 
 @dataclass(frozen=True)
 class ProbeResult:
@@ -85,29 +82,18 @@ def results(plans: list[PlanFile], raws: list[dict | None]) -> list[ProbeResult]
 
 
 def fit_probes(probes: list[ProbeResult], base: DeviceProfile) -> tuple[DeviceProfile, dict[str, float], dict, dict]:
-    """The calibration fit (planner.calibrate) on the probes: per dtype its compute factors on
-    the one-rank probes, then the communication factors on the others. Returns the fitted
-    profile, the factors (the first dtype's compute ones), and the MAPE before and after."""
-    runs = [Run(path=Path(f"probe:{p.pf.plan.short()}"), pf=_on(p.pf, base), measured_step_s=p.step_time_s)
-            for p in probes]
-    single = [r for r in runs if r.pf.plan.world_size == 1]
-    params: dict[str, float] = {}
-    per_dtype = []
-    for dtype in dict.fromkeys(str(r.pf.train.compute_dtype) for r in single):
-        mine = [r for r in single if str(r.pf.train.compute_dtype) == dtype]
-        # fewer probes than parameters (a short budget): the rate factor alone
-        names = COMPUTE_PARAMS if len(mine) >= len(COMPUTE_PARAMS) else ("compute",)
-        fitted, found = fit(mine, base, names, max_iter=600, bounds=PROBE_BOUNDS)
-        per_dtype.append((dtype, fitted.efficiency))
-        params = params or found
-    device = replace(base, efficiency=per_dtype[0][1] if per_dtype else base.efficiency,
-                     dtype_efficiency=tuple(per_dtype))
-    multi = [replace(r, pf=_on(r.pf, device)) for r in runs if r.pf.plan.world_size > 1]
-    if multi:
-        device, found = fit(multi, device, COMM_PARAMS, max_iter=600)
-        params |= found
-    return device, params, summary(runs, base), summary([replace(r, pf=_on(r.pf, device)) for r in runs], device)
+    """planner.calibrate.fit_by_dtype on the probes: per dtype its compute factors on the one-rank
+    probes (within PROBE_BOUNDS, no prior: the probes are the measurement), then the communication
+    factors on the others. The device's own efficiency becomes fp32's (dtypes without a table of
+    their own, e.g. fp16, are priced with it). Returns the fitted profile, its factors, and the
+    probes' MAPE before and after."""
+    runs = [Run(path=Path(f"probe:{p.pf.plan.short()}"), pf=p.pf, measured_step_s=p.step_time_s) for p in probes]
+    device, params = fit_by_dtype(runs, base, rounds=1, max_iter=600, prior_weight=0.0, bounds=PROBE_BOUNDS,
+                                  compute_on_one_rank=True)
+    own = dict(device.dtype_efficiency)
+    if own:
+        first = own.get("fp32") or next(iter(own.values()))
+        device = replace(device, efficiency=replace(first, overlap=device.efficiency.overlap))
+    return device, params, summary(runs, base), summary(runs, device)
 
 
-def _on(pf: PlanFile, device: DeviceProfile) -> PlanFile:
-    return replace(pf, cluster=replace(pf.cluster, device=device))

@@ -10,7 +10,7 @@ from costmodel.memory import stage_memory_shapes_by_zero
 from costmodel.placement import AxisSpan
 from costmodel.plan import Plan, Schedule
 from costmodel.specs import ModelSpec, TrainSpec
-from costmodel.rank_time import RankTimeModel, Spans, rank_time_model, spans
+from costmodel.rank_time import RankTimeModel, rank_time_model, spans
 from planner.bounds import MemoryFit, pipeline_floor_s, zero_floor_s
 from planner.candidates import ZERO_STAGES, SearchOptions, allowed
 from planner.shapes import pipeline_rows
@@ -60,7 +60,6 @@ class SearchResult:
 @dataclass(frozen=True, slots=True)
 class TimedChoice:
     rtm: RankTimeModel  # priced with one virtual stage (RankTimeModel.with_vpp adds more)
-    spans: Spans
     zero_floors_s: tuple[float, ...]  # planner.bounds.zero_floor_s per ZeRO stage
 
 
@@ -73,7 +72,7 @@ class SharedModels:
         self.model, self.train, self.cluster = model, train, cluster
         stages = allowed(options, "zero_stage", list(ZERO_STAGES))
         self.zero_allowed = tuple(zero in stages for zero in ZERO_STAGES)
-        self._times: dict[tuple, tuple[RankTimeModel, Spans]] = {}
+        self._times: dict[tuple, TimedChoice] = {}
         self._zero: dict[tuple, float] = {}
         self._memory: dict[tuple, tuple[MemoryFit, Plan]] = {}
         self._rows: dict[tuple, tuple[list, list]] = {}
@@ -90,8 +89,8 @@ class SharedModels:
             else:
                 probe = self._probes[placed] = build_plan(self.model, self.train, self.cluster, base)
             sp = spans(probe, self.cluster)
-            self._times[key] = TimedChoice(rank_time_model(self.model, self.train, probe, self.cluster, sp), sp,
-                                      self._zero_floors_s(base, probe.num_micro_batches, sp.dp))
+            self._times[key] = TimedChoice(rank_time_model(self.model, self.train, probe, self.cluster, sp),
+                                           self._zero_floors_s(base, probe.num_micro_batches, sp.dp))
         return self._times[key]
 
     def _zero_floors_s(self, c: Choice, num_micro_batches: int, dp_span: AxisSpan) -> tuple[float, ...]:

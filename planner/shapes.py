@@ -47,28 +47,21 @@ class DpTermShape(NamedTuple):
     bucket: float             # one layer's bucket: never hidden
 
 
-class MemoryCoefficients(NamedTuple):
-    base: float
-    per_layer: float
-    per_recomputed: float
-    jump: float               # once any layer is recomputed
-
-
 @dataclass(frozen=True, slots=True)
 class RankShape:
     """Everything the solver needs about one pipeline rank, read from costmodel. Each quantity
     is affine in (L, n) for a fixed outer choice (tests/planner/test_partition.py checks it
     against the cost model at many points): coefficients (per rank, per layer, per recomputed
-    layer) of the micro-batch time t and zero-bubble fill f, (intercept, slope in L) of the
-    optimizer step, memory as (base, per layer, per recomputed layer, jump once n > 0), and per
-    DP term (multiplier, comm, window, bucket)."""
+    layer) of the micro-batch time t and the schedule's fill f (costmodel.pipeline_closed_form.
+    fill_s), (intercept, slope in L) of the optimizer step, per DP term (multiplier, comm, window,
+    bucket), and memory as costmodel states it (AffineBytes: base, per layer, per recomputed
+    layer, jump once n > 0)."""
 
     t: Coefficients
     f: Coefficients
     opt: Linear
-    mem: MemoryCoefficients
     dp: list[DpTermShape]
-    memory: AffineBytes  # mem as costmodel states it
+    memory: AffineBytes
 
 
 def _pipeline_rows(rtm: RankTimeModel, plan: Plan, edge: RankTimes) -> tuple[tuple, tuple]:
@@ -136,6 +129,5 @@ def rank_shapes(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
         if key not in times:
             times[key] = _time_shape(model, train, cluster, plan, rtm, *key, dp_shape)
         t, f, opt, dp = times[key]
-        out.append(RankShape(t, f, opt, MemoryCoefficients(mem.base, mem.per_layer, mem.per_recomputed, mem.jump),
-                             dp, mem))
+        out.append(RankShape(t, f, opt, dp, mem))
     return out

@@ -16,7 +16,7 @@ from reports.measured import measured_figure
 from reports.memory_report import PlanMemory, memory_figures, memory_table
 from reports.ranking import ledger_figure, ranking_figure
 from costmodel.measured import MeasuredRun
-from costmodel.units import GIB
+from costmodel.units import GIB, MIB
 
 
 
@@ -27,11 +27,11 @@ class ReportInput:
     cluster: ClusterSpec
     plan: Plan
     estimate: Estimate
+    variants: list[Variant]   # the plan under each schedule, chosen first (planner.report_plans)
     runners_up: list[tuple[Plan, Estimate]] = field(default_factory=list)   # search only
     candidates: list[Estimate] = field(default_factory=list)                # search only
     runner_up_text: str = ""
     measured: MeasuredRun | None = None
-    variants: list[Variant] = field(default_factory=list)   # the plan under each schedule (planner.report_plans)
 
 
 def write_report(inp: ReportInput, out_dir: Path) -> list[str]:
@@ -137,8 +137,8 @@ def _measured(doc: Document, m: MeasuredRun) -> None:
             ["MFU", f"{100 * est['mfu']:.2f}%", f"{100 * m.mfu:.2f}%", pct(err["mfu"])]]
     for r, pred in enumerate(m.predicted_memory_compared_bytes):
         meas = m.peak_memory_bytes[r] if m.peak_memory_bytes else None
-        rows.append([f"peak memory stage {r} (MiB)", f"{pred / 2**20:,.1f}",
-                     "-" if meas is None else f"{meas / 2**20:,.1f}",
+        rows.append([f"peak memory stage {r} (MiB)", f"{pred / MIB:,.1f}",
+                     "-" if meas is None else f"{meas / MIB:,.1f}",
                      pct(err["peak_memory_bytes"][r] if err["peak_memory_bytes"] else None)])
     parts, predicted = m.stage_breakdown_s, m.predicted_stage_breakdown_s
     for stage in range(len(parts["work"]) if parts else 0):

@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from costmodel.measured import MeasuredRun
+from costmodel.units import MIB
 
 from reports.style import BLUE, VERMILLION, plt, save
 
@@ -17,8 +18,8 @@ def measured_figure(m: MeasuredRun, out_dir: Path) -> tuple[str, str]:
     ax_t.set_xticks([0, 1], ["predicted", "measured"])
     ax_t.set_ylabel("step time (ms)")
     stages = range(len(predicted_mem))
-    ax_m.bar([s - 0.2 for s in stages], [b / 2**20 for b in predicted_mem], width=0.4, color=BLUE, label="predicted")
-    ax_m.bar([s + 0.2 for s in stages], [b / 2**20 for b in measured_mem], width=0.4, color=VERMILLION,
+    ax_m.bar([s - 0.2 for s in stages], [b / MIB for b in predicted_mem], width=0.4, color=BLUE, label="predicted")
+    ax_m.bar([s + 0.2 for s in stages], [b / MIB for b in measured_mem], width=0.4, color=VERMILLION,
              label="measured")
     ax_m.set_xticks(list(stages), [f"stage {s}" for s in stages])
     ax_m.set_ylabel("peak memory per device (MiB)")

@@ -13,6 +13,7 @@ from costmodel.estimate import Estimate, estimate
 from costmodel.flops import model_flops_per_step, utilization
 from costmodel.measured import MeasuredRun
 from costmodel.plan import PlanFile
+from costmodel.units import MIB
 
 
 # Parts of a step predicted below this share of it are compared in milliseconds, not percent.
@@ -117,8 +118,8 @@ def comparison_rows(m: MeasuredRun) -> list[tuple[str, str, str, str]]:
                          f"{(q - p) * 1e3:+,.1f} ms" if small else pct(err["stage_breakdown_s"][key][stage])))
     peak = m.peak_memory_bytes
     for stage, predicted in enumerate(m.predicted_memory_compared_bytes):
-        measured = "-" if peak is None else f"{peak[stage] / 2**20:,.1f} MiB"
-        rows.append((f"peak memory, stage {stage}", f"{predicted / 2**20:,.1f} MiB", measured,
+        measured = "-" if peak is None else f"{peak[stage] / MIB:,.1f} MiB"
+        rows.append((f"peak memory, stage {stage}", f"{predicted / MIB:,.1f} MiB", measured,
                      pct(None if peak is None else err["peak_memory_bytes"][stage])))
     losses = m.losses
     rows.append(("loss (first -> last step)", "-", f"{losses[0]:.4f} -> {losses[-1]:.4f}", "-"))

@@ -21,7 +21,6 @@ sizes instead of taking minutes. All ranks stop together (`_agree`).
 """
 from __future__ import annotations
 
-import os
 import time
 import warnings
 from dataclasses import dataclass
@@ -318,16 +317,3 @@ def probe_rank(plans: list, threads: int, phase_s: float, report) -> list[dict |
     return results
 
 
-def machine_description(device: torch.device) -> str:
-    import platform
-    if device.type == "cuda":
-        return f"{torch.cuda.get_device_name()} ({platform.node()}), torch {torch.__version__}"
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}"

@@ -1,6 +1,6 @@
 """`planner run plan.json`: execute a plan with the runtime, measure it, compare with the estimate.
 
-torch is imported only here (lazily), so the other commands stay light.
+torch and the runtime are imported inside the command (lazily), so the other commands stay light.
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""`planner search`: arguments, the ranked table, the explanation of the choice."""
+"""`planner search`: its arguments, running the search with progress and a time limit, the
+ranked table and why the runner-up lost (planner/cli.py prints the summary and proof line)."""
 from __future__ import annotations
 
 import argparse

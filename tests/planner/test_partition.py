@@ -41,7 +41,8 @@ def test_rank_shapes_match_the_cost_model(choice):
             counts[rank] = layers
             plan = _with_rank_layers(base, counts, rank, recomputed)
             mem = stage_memory_at(model, TRAIN, plan, rank, layers, recomputed, reserved).total_bytes
-            base_b, per_layer, per_rc, jump = shape.mem
+            m = shape.memory
+            base_b, per_layer, per_rc, jump = m.base, m.per_layer, m.per_recomputed, m.jump
             assert base_b + per_layer * layers + per_rc * recomputed + jump * (recomputed > 0) == pytest.approx(mem)
             times = rank_times(model, TRAIN, plan, cluster, sp, rank)
             assert shape.t[0] + shape.t[1] * layers + shape.t[2] * recomputed == pytest.approx(times.total_s)

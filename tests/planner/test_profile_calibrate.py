@@ -57,7 +57,7 @@ def test_local_is_measured_once_then_cached(measured, tmp_path, monkeypatch, cap
     machine.identity.cache_clear()
     calls = []
 
-    def fake_measure(quick: bool = False) -> Path:   # the real one is the fixture's `planner profile`
+    def fake_measure() -> Path:   # the real one is the fixture's `planner profile`
         calls.append(1)
         target = machine.local_profile_path()
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,7 @@ def test_the_first_plan_is_executable_and_within_the_band_of_the_fastest():
     # the fastest needs context parallelism, which `planner run` does not execute yet: it is
     # still reported (the proof is about it), just not recommended first
     assert fastest.estimate.step_time_s <= min(f.estimate.step_time_s for f in result.plans)
+    assert fastest.plan.cp > 1 and not runtime_executes(fastest.plan)
     strict = search(model, TRAIN, cluster, SearchOptions(top_k=5, error_band=0.0))
     assert strict.plans[0].estimate.step_time_s == fastest.estimate.step_time_s
 

@@ -32,7 +32,8 @@ def test_root_cause_with_lost_peer_error_names_its_line(tmp_path):
 
 
 def test_no_summary_says_where_the_log_is(tmp_path):
-    assert "see" in failure_message(tmp_path, 4)
+    message = failure_message(tmp_path, 4)
+    assert "see" in message and "run.log" in message
 
 
 def test_parts_predicted_near_zero_compare_in_milliseconds():

@@ -15,6 +15,7 @@ def test_a_curve_stops_at_its_budget_and_says_where():
     assert time.perf_counter() - start < 3.0          # the budget, not the shape list, bounds it
     assert curve.stopped_before is not None and curve.points
     assert max(x for x, _ in curve.points) <= curve.stopped_before   # shapes of equal FLOPs may straddle it
+    assert len(curve.points) < len(gemm_shapes())   # the budget, not the end of the list, stopped it
 
 
 def test_a_dtype_far_below_fp32_is_marked_not_accelerated():
