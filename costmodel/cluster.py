@@ -14,8 +14,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from costmodel import machine
+from costmodel import inputs, machine
 from costmodel.frameworks import RUNTIME, FrameworkTraits
+from costmodel.inputs import InputError
 from costmodel.specs import DType
 
 # Fraction of the device memory CUDA reports that plans leave free by default: the spread of the
@@ -146,6 +147,8 @@ class ClusterSpec:
     def __post_init__(self) -> None:
         if self.num_nodes <= 0 or self.devices_per_node <= 0:
             raise ValueError("a cluster needs at least one node and one device per node")
+        inputs.check_limit("cluster", "world size", self.num_nodes * self.devices_per_node,
+                           inputs.MAX_WORLD_SIZE)
         if not 0.0 <= self.memory_headroom < 1.0:
             raise ValueError(f"memory headroom {self.memory_headroom} must be in [0, 1)")
 
@@ -247,11 +250,9 @@ def _check_keys(path: Path, raw: dict[str, Any]) -> None:
 
 def load_profile(path: Path) -> DeviceProfile:
     try:
-        raw = tomllib.loads(path.read_text())
+        raw = tomllib.loads(inputs.read_text(path, "profile"))
     except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"{path}: not a valid profile (truncated? {exc})") from None
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read ({exc.strerror})") from None
+        raise InputError(f"{path}: not a valid profile (truncated? {exc})") from None
     version = raw.get("format_version", PROFILE_FORMAT_VERSION)
     if version != PROFILE_FORMAT_VERSION:
         raise ValueError(f"{path}: profile format version {version}; this planner reads version "
@@ -315,9 +316,9 @@ def resolve_device(name_or_path: str) -> DeviceProfile:
     if name_or_path.lower() == machine.LOCAL:
         return local_profile()
     path = Path(name_or_path)
-    if path.suffix == ".toml":
-        if not path.is_file():
-            raise ValueError(f"profile {name_or_path!r} does not exist")
+    if path.suffix == ".toml" or path.exists():
+        if path.suffix != ".toml":
+            raise InputError(f"device {name_or_path!r} is a path but not a .toml profile")
         return load_profile(path)
     profiles = known_profiles()
     wanted = name_or_path.lower()
@@ -344,11 +345,18 @@ def parse_cluster(text: str) -> ClusterSpec:
     return ClusterSpec(device=resolve_device(device), num_nodes=nodes, devices_per_node=per_node)
 
 
-def cluster_from_dict(data: dict[str, Any]) -> ClusterSpec:
+def cluster_from_dict(data: Any, where: str = "cluster") -> ClusterSpec:
     required = {"num_nodes", "devices_per_node", "device"}
-    if not required <= set(data) <= required | {"memory_headroom"}:
-        raise ValueError(f"cluster: expected keys num_nodes, devices_per_node, device "
-                         f"(and optionally memory_headroom); got {sorted(data)}")
-    return ClusterSpec(device=resolve_device(data["device"]), num_nodes=data["num_nodes"],
-                       devices_per_node=data["devices_per_node"],
-                       memory_headroom=float(data.get("memory_headroom", DEFAULT_MEMORY_HEADROOM)))
+    if not isinstance(data, dict) or not required <= set(data) <= required | {"memory_headroom"}:
+        raise InputError(f"{where}: expected an object with keys num_nodes, devices_per_node, device "
+                         f"(and optionally memory_headroom); got {sorted(data) if isinstance(data, dict) else data!r}")
+    try:
+        return ClusterSpec(device=resolve_device(inputs.value(data, "device", str, where)),
+                           num_nodes=inputs.positive_int(data, "num_nodes", where),
+                           devices_per_node=inputs.positive_int(data, "devices_per_node", where),
+                           memory_headroom=inputs.value(data, "memory_headroom", float, where,
+                                                        DEFAULT_MEMORY_HEADROOM))
+    except InputError:
+        raise
+    except ValueError as exc:
+        raise InputError(f"{where}: {exc}") from None

@@ -1,18 +1,21 @@
 """`measured.json`: what `planner run` measured, beside what was predicted (versioned like
 plan.json, strict on read; written and read here only).
 
-Version 1 added `version` and `peak_reserved_bytes`; a file without `version` (written before
-2026-11-24) is read as version 0 and migrated. A newer version, a truncated file or one with
+Version 1 added `version` and `peak_reserved_bytes`; version 2 `complete` (false when the run was
+interrupted and the file holds the steps measured before it). A file without `version` (written
+before 2026-11-24) is read as version 0 and migrated. A newer version, a truncated file or one with
 missing or unknown fields is refused with one line that names the file and the field.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-MEASURED_FORMAT_VERSION = 1
+from costmodel.inputs import InputError, dataclass_from_json, read_json_object, write_text_atomic
+
+MEASURED_FORMAT_VERSION = 2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,6 +41,7 @@ class MeasuredRun:
     model: str
     cluster: str
     peak_reserved_bytes: list[float] | None = None   # CUDA: max_memory_reserved per stage
+    complete: bool = True              # False: interrupted, the steps measured before the signal
 
     @property
     def memory_from_cuda(self) -> bool:
@@ -47,33 +51,20 @@ class MeasuredRun:
         return {"version": MEASURED_FORMAT_VERSION, **asdict(self)}
 
     def save(self, path: Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        write_text_atomic(Path(path), json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "measured.json") -> "MeasuredRun":
         if not isinstance(data, dict):
-            raise ValueError(f"{where}: not a measured.json (a JSON object is expected)")
+            raise InputError(f"{where}: not a measured.json (a JSON object is expected)")
         data = dict(data)
         version = data.pop("version", 0)
-        if version == 0:
-            data.setdefault("peak_reserved_bytes", None)   # version 0 did not record it
-        elif version != MEASURED_FORMAT_VERSION:
-            raise ValueError(f"{where}: measured.json version {version}; this planner reads versions 0 and "
-                             f"{MEASURED_FORMAT_VERSION} (written by a newer planner?)")
-        names = {f.name for f in fields(cls)}
-        required = {f.name for f in fields(cls) if f.name != "peak_reserved_bytes"}
-        if missing := sorted(required - set(data)):
-            raise ValueError(f"{where}: measured.json lacks {', '.join(missing)}")
-        if unknown := sorted(set(data) - names):
-            raise ValueError(f"{where}: measured.json has unknown fields {', '.join(unknown)}")
-        return cls(**data)
+        if version not in (0, 1, MEASURED_FORMAT_VERSION):
+            raise InputError(f"{where}: measured.json version {version!r}; this planner reads versions 0 "
+                             f"to {MEASURED_FORMAT_VERSION} (written by a newer planner?)")
+        # Fields added later have defaults: peak_reserved_bytes (v1), complete (v2).
+        return dataclass_from_json(cls, data, where)
 
     @classmethod
     def load(cls, path: Path) -> "MeasuredRun":
-        try:
-            data = json.loads(Path(path).read_text())
-        except OSError as exc:
-            raise ValueError(f"{path}: cannot read ({exc.strerror})") from None
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not valid JSON (truncated? {exc.msg} at line {exc.lineno})") from None
-        return cls.from_dict(data, str(path))
+        return cls.from_dict(read_json_object(path, "measured run"), str(path))

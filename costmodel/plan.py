@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from costmodel.cluster import ClusterSpec, cluster_from_dict
-from costmodel.specs import ModelSpec, TrainSpec, check_keys
+from costmodel.inputs import InputError, dataclass_from_json, read_json_object, write_text_atomic
+from costmodel.specs import ModelSpec, TrainSpec
 
 PLAN_FORMAT_VERSION = 1
 
@@ -203,16 +204,8 @@ class Plan:
         return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Plan":
-        check_keys(cls, data, "plan")
-        try:
-            return cls(**{**data, "recompute": Recompute(data["recompute"]),
-                          "schedule": Schedule(data["schedule"]),
-                          "recompute_num_layers": tuple(data["recompute_num_layers"]),
-                          "layers_per_stage": tuple(data["layers_per_stage"]),
-                          "mesh_axis_order": tuple(data["mesh_axis_order"])})
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"plan: {exc}") from None
+    def from_dict(cls, data: dict[str, Any], where: str = "plan") -> "Plan":
+        return dataclass_from_json(cls, data, where)
 
 
 @lru_cache(maxsize=65536)
@@ -257,28 +250,21 @@ class PlanFile:
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        write_text_atomic(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "PlanFile":
+    def from_dict(cls, data: dict[str, Any], where: str = "plan file") -> "PlanFile":
         expected = {"version", "plan", "model", "train", "cluster"}
         if set(data) != expected:
-            raise ValueError(f"plan file: expected keys {sorted(expected)}, got {sorted(data)}")
+            raise InputError(f"{where}: expected keys {sorted(expected)}, got {sorted(data)}")
         if data["version"] != PLAN_FORMAT_VERSION:
-            raise ValueError(f"plan file version {data['version']!r} is not supported "
+            raise InputError(f"{where}: version {data['version']!r} is not supported "
                              f"(this planner reads version {PLAN_FORMAT_VERSION})")
-        return cls(plan=Plan.from_dict(data["plan"]), model=ModelSpec.from_dict(data["model"]),
-                   train=TrainSpec.from_dict(data["train"]),
-                   cluster=cluster_from_dict(data["cluster"]))
+        return cls(plan=Plan.from_dict(data["plan"], f"{where}: plan"),
+                   model=ModelSpec.from_dict(data["model"], f"{where}: model"),
+                   train=TrainSpec.from_dict(data["train"], f"{where}: train"),
+                   cluster=cluster_from_dict(data["cluster"], f"{where}: cluster"))
 
     @classmethod
     def load(cls, path: Path) -> "PlanFile":
-        try:
-            data = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise ValueError(f"plan file {path} does not exist") from None
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: a plan file is a JSON object")
-        return cls.from_dict(data)
+        return cls.from_dict(read_json_object(path, "plan file"), str(path))

@@ -1,10 +1,11 @@
 """Named models, each citing its public config, and a reader for Hugging Face config.json files."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from costmodel import inputs
+from costmodel.inputs import InputError, read_json_object
 from costmodel.specs import Arch, FfnKind, ModelSpec, NormKind, PositionKind
 
 _HF = "Hugging Face config.json of"
@@ -94,53 +95,56 @@ def default_recipe(model: ModelSpec) -> tuple[int, int]:
 
 
 def resolve_model(name_or_path: str) -> ModelSpec:
-    """A registry name, an alias, or a path to a Hugging Face-style config.json."""
+    """A registry name, an alias, or a path to a Hugging Face-style config.json (or its directory)."""
     key = ALIASES.get(name_or_path.lower(), name_or_path.lower())
     if key in MODELS:
         return MODELS[key]
     path = Path(name_or_path)
+    if path.is_dir() and (path / "config.json").is_file():   # a Hugging Face model directory
+        path = path / "config.json"
     if path.suffix == ".json" or path.exists():
-        if not path.is_file():
-            raise ValueError(f"model config {name_or_path!r} does not exist")
         return model_from_hf_config(path)
     known = ", ".join(model_names() + sorted(ALIASES))
     raise ValueError(f"unknown model {name_or_path!r}; known: {known} (or a path to config.json)")
 
 
 def model_from_hf_config(path: Path) -> ModelSpec:
-    try:
-        cfg: dict[str, Any] = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
-    kind = cfg.get("model_type", "")
-    name = cfg.get("_name_or_path") or path.parent.name or path.stem
-    try:
-        if kind in ("llama", "mistral"):
-            return _llama_from_hf(name, cfg, path)
-        if kind == "gpt2":
-            return _gpt2_from_hf(name, cfg, path)
-    except KeyError as exc:
-        raise ValueError(f"{path}: config has no {exc.args[0]!r}") from None
-    raise ValueError(f"{path}: model_type {kind!r} is not supported (supported: llama, mistral, gpt2)")
+    cfg = read_json_object(path, "model config")
+    where = str(path)
+    kind = inputs.value(cfg, "model_type", str, where, "")
+    name = inputs.value(cfg, "_name_or_path", str, where, "") or path.parent.name or path.stem
+    readers = {"llama": _llama_from_hf, "mistral": _llama_from_hf, "gpt2": _gpt2_from_hf}
+    if kind in readers:
+        try:
+            return readers[kind](name, cfg, where)
+        except InputError:
+            raise
+        except ValueError as exc:   # the spec's own checks (head counts dividing, limits)
+            raise InputError(f"{where}: {exc}") from None
+    raise InputError(f"{where}: model_type {kind!r} is not supported (supported: llama, mistral, gpt2)")
 
 
-def _llama_from_hf(name: str, cfg: dict[str, Any], path: Path) -> ModelSpec:
-    if cfg.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"{path}: hidden_act {cfg['hidden_act']!r} is not SwiGLU (silu)")
-    if cfg.get("attention_bias") or cfg.get("mlp_bias"):
-        raise ValueError(f"{path}: llama-style models with biases are not supported")
-    heads = cfg["num_attention_heads"]
-    spec = llama_spec(name, layers=cfg["num_hidden_layers"], hidden=cfg["hidden_size"], heads=heads,
-                  kv_heads=cfg.get("num_key_value_heads") or heads, ffn=cfg["intermediate_size"],
-                  vocab=cfg["vocab_size"], max_pos=cfg.get("max_position_embeddings", 4096),
-                  source=f"{path}")
-    if cfg.get("tie_word_embeddings", False):
+def _size(cfg: dict[str, Any], key: str, where: str, default: Any = inputs.MISSING) -> int:
+    return inputs.positive_int(cfg, key, where, default)
+
+
+def _llama_from_hf(name: str, cfg: dict[str, Any], where: str) -> ModelSpec:
+    if (act := inputs.value(cfg, "hidden_act", str, where, "silu")) != "silu":
+        raise InputError(f"{where}: hidden_act {act!r} is not SwiGLU (silu)")
+    if inputs.value(cfg, "attention_bias", bool, where, False) or inputs.value(cfg, "mlp_bias", bool, where, False):
+        raise InputError(f"{where}: llama-style models with biases are not supported")
+    heads = _size(cfg, "num_attention_heads", where)
+    spec = llama_spec(name, layers=_size(cfg, "num_hidden_layers", where), hidden=_size(cfg, "hidden_size", where),
+                      heads=heads, kv_heads=_size(cfg, "num_key_value_heads", where, None) or heads,
+                      ffn=_size(cfg, "intermediate_size", where), vocab=_size(cfg, "vocab_size", where),
+                      max_pos=_size(cfg, "max_position_embeddings", where, 4096), source=where)
+    if inputs.value(cfg, "tie_word_embeddings", bool, where, False):
         spec = ModelSpec.from_dict({**spec.to_dict(), "tied_embeddings": True})
     return spec
 
 
-def _gpt2_from_hf(name: str, cfg: dict[str, Any], path: Path) -> ModelSpec:
-    hidden = cfg["n_embd"]
-    return gpt_spec(name, layers=cfg["n_layer"], hidden=hidden, heads=cfg["n_head"],
-                vocab=cfg["vocab_size"], max_pos=cfg["n_positions"],
-                ffn=cfg.get("n_inner") or 4 * hidden, source=f"{path}")
+def _gpt2_from_hf(name: str, cfg: dict[str, Any], where: str) -> ModelSpec:
+    hidden = _size(cfg, "n_embd", where)
+    return gpt_spec(name, layers=_size(cfg, "n_layer", where), hidden=hidden, heads=_size(cfg, "n_head", where),
+                    vocab=_size(cfg, "vocab_size", where), max_pos=_size(cfg, "n_positions", where),
+                    ffn=_size(cfg, "n_inner", where, None) or 4 * hidden, source=where)

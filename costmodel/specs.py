@@ -5,9 +5,12 @@ processes. Neither is ever chosen by the planner.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
+
+from costmodel.inputs import (MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_SEQ_LEN, MAX_VOCAB, MAX_WIDTH,
+                              check_limit, dataclass_from_json)
 
 
 class Arch(StrEnum):
@@ -80,6 +83,10 @@ class ModelSpec:
                      "ffn_hidden_size", "vocab_size", "max_position_embeddings"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"model {self.name!r}: {name} must be positive")
+        check_limit(f"model {self.name!r}", "num_layers", self.num_layers, MAX_LAYERS)
+        check_limit(f"model {self.name!r}", "vocab_size", self.vocab_size, MAX_VOCAB)
+        for name in ("hidden_size", "num_heads", "ffn_hidden_size"):
+            check_limit(f"model {self.name!r}", name, getattr(self, name), MAX_WIDTH)
         if self.hidden_size % self.num_heads:
             raise ValueError(f"model {self.name!r}: hidden_size {self.hidden_size} is not a "
                              f"multiple of num_heads {self.num_heads}")
@@ -100,11 +107,8 @@ class ModelSpec:
         return {k: (str(v) if isinstance(v, StrEnum) else v) for k, v in asdict(self).items()}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ModelSpec":
-        check_keys(cls, data, "model")
-        return cls(**{**data, "arch": Arch(data["arch"]), "ffn_kind": FfnKind(data["ffn_kind"]),
-                      "norm_kind": NormKind(data["norm_kind"]),
-                      "position_kind": PositionKind(data["position_kind"])})
+    def from_dict(cls, data: dict[str, Any], where: str = "model") -> "ModelSpec":
+        return dataclass_from_json(cls, data, where)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -127,6 +131,8 @@ class TrainSpec:
     def __post_init__(self) -> None:
         if self.seq_len <= 0 or self.global_batch_size <= 0:
             raise ValueError("seq_len and global_batch_size must be positive")
+        check_limit("train", "seq_len", self.seq_len, MAX_SEQ_LEN)
+        check_limit("train", "global_batch_size", self.global_batch_size, MAX_GLOBAL_BATCH)
 
     @property
     def tokens_per_step(self) -> int:
@@ -140,20 +146,5 @@ class TrainSpec:
         return {k: (str(v) if isinstance(v, StrEnum) else v) for k, v in asdict(self).items()}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "TrainSpec":
-        check_keys(cls, data, "train")
-        return cls(seq_len=data["seq_len"], global_batch_size=data["global_batch_size"],
-                   compute_dtype=DType(data["compute_dtype"]), grad_dtype=DType(data["grad_dtype"]),
-                   optimizer=Optimizer(data["optimizer"]),
-                   attention_kernel=AttentionKernel(data["attention_kernel"]))
-
-
-def check_keys(cls: type, data: dict[str, Any], what: str) -> None:
-    """Strict loading: unknown or missing keys are user errors, not silently ignored."""
-    names = {f.name for f in fields(cls)}
-    unknown = set(data) - names
-    missing = names - set(data)
-    if unknown:
-        raise ValueError(f"{what}: unknown keys {sorted(unknown)}")
-    if missing:
-        raise ValueError(f"{what}: missing keys {sorted(missing)}")
+    def from_dict(cls, data: dict[str, Any], where: str = "train") -> "TrainSpec":
+        return dataclass_from_json(cls, data, where)

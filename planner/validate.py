@@ -8,6 +8,7 @@ errors are signed, (predicted - published) / published.
 from __future__ import annotations
 
 import csv
+import io
 import itertools
 import re
 from dataclasses import dataclass, replace
@@ -17,6 +18,7 @@ from typing import Any
 from costmodel.check import check_plan
 from costmodel.cluster import ClusterSpec, parse_cluster, profile_dir
 from costmodel.estimate import Estimate, estimate
+from costmodel.inputs import InputError, read_text
 from costmodel.frameworks import device_as_run_by, framework_traits
 from costmodel.plan import Plan, Recompute, Schedule
 from costmodel.specs import Arch, AttentionKernel, DType, ModelSpec, TrainSpec
@@ -61,17 +63,13 @@ class RowResult:
 
 
 def read_runs(path: Path) -> list[dict[str, str]]:
+    text = read_text(path, "runs table")
     try:
-        with open(path, newline="", encoding="utf-8-sig") as fh:   # a byte-order mark is not a column name
-            reader = csv.DictReader(fh)
-            rows = list(reader)
-            header = reader.fieldnames or []
-    except FileNotFoundError:
-        raise ValueError(f"runs table {path} does not exist") from None
-    except IsADirectoryError:
-        raise ValueError(f"runs table {path} is a directory, not a CSV file") from None
-    except (UnicodeDecodeError, csv.Error) as exc:
-        raise ValueError(f"runs table {path} is not a readable CSV file ({exc.__class__.__name__})") from None
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        rows = list(reader)
+        header = reader.fieldnames or []
+    except csv.Error as exc:
+        raise InputError(f"runs table {path} is not a readable CSV file ({exc})") from None
     missing = [c for c in REQUIRED if c not in header]
     if missing:
         raise ValueError(f"{path}: missing columns {', '.join(missing)}")
@@ -273,9 +271,12 @@ def _step_time(result: RowResult, row: dict[str, str], which: str) -> float:
     return tokens / (value * _int(row, "num_gpus"))
 
 
-def spearman(xs: list[float], ys: list[float]) -> float:
-    """Spearman's rank correlation (average ranks for ties), by scipy."""
+def spearman(xs: list[float], ys: list[float]) -> float | None:
+    """Spearman's rank correlation (average ranks for ties), by scipy; None where it is
+    undefined (fewer than two rows, or a column of one value)."""
     from scipy.stats import spearmanr
+    if len(xs) < 2 or len(set(xs)) < 2 or len(set(ys)) < 2:
+        return None
     return float(spearmanr(xs, ys).statistic)
 
 
@@ -285,10 +286,10 @@ def summarize(results: list[RowResult], rows: list[dict[str, str]]) -> dict[str,
     errors = [abs(r.error_pct) for r, _ in timed]
     return {
         "n": len(timed),
-        "mape_pct": sum(errors) / len(errors) if errors else float("nan"),
-        "max_abs_error_pct": max(errors) if errors else float("nan"),
+        "mape_pct": sum(errors) / len(errors) if errors else None,   # None: no timed row (JSON null)
+        "max_abs_error_pct": max(errors) if errors else None,
         "spearman": spearman([_step_time(r, row, "predicted") for r, row in timed],
-                             [_step_time(r, row, "published") for r, row in timed]) if len(timed) > 1 else float("nan"),
+                             [_step_time(r, row, "published") for r, row in timed]),
         "num_status_rows": len(status),
         "num_status_correct": sum(1 for r in status if (r.published == "OOM") == (not r.fits)),
     }
@@ -301,5 +302,11 @@ def default_runs_path() -> Path:
 
 def validate(path: Path) -> tuple[list[RowResult], dict[str, Any]]:
     rows = read_runs(path)
-    results = [validate_row(row) for row in rows]
+    results = []
+    for line, row in enumerate(rows, start=2):
+        try:
+            results.append(validate_row(row))
+        except ValueError as exc:   # the row's own messages already name it: say the line instead
+            where = f"row {row['id']!r}: "
+            raise InputError(f"{path} line {line} ({where[:-2]}): {str(exc).removeprefix(where)}") from None
     return results, summarize(results, rows)

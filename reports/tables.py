@@ -71,8 +71,11 @@ def validate_table(results: Sequence[Any], summary: dict[str, Any]) -> str:
         rows.append((r.id, r.metric, pub, pred, err, "yes" if r.fits else "no", filled))
     text = table(("id", "metric", "published", "predicted", "error %", "fits", "filled (planner's choice)"), rows)
     s = summary
-    text += (f"\n\nrows {s['n']}   MAPE {s['mape_pct']:.1f}%   max |error| {s['max_abs_error_pct']:.1f}%   "
-             f"Spearman {s['spearman']:.3f}   status rows {s['num_status_correct']}/{s['num_status_rows']} correct")
+    def shown(value, fmt: str) -> str:
+        return "-" if value is None else format(value, fmt)
+    text += (f"\n\nrows {s['n']}   MAPE {shown(s['mape_pct'], '.1f')}%   max |error| "
+             f"{shown(s['max_abs_error_pct'], '.1f')}%   Spearman {shown(s['spearman'], '.3f')}   "
+             f"status rows {s['num_status_correct']}/{s['num_status_rows']} correct")
     return text
 
 

@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from costmodel.inputs import InputError
+
 TOKEN_DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 
 
@@ -24,10 +26,13 @@ class TokenSource:
         self.tokens = None if path is None else _open_tokens(Path(path), dtype)
         if self.tokens is not None:
             if len(self.tokens) < seq_len + 1:
-                raise ValueError(f"{path}: {len(self.tokens)} tokens, fewer than seq_len + 1 = {seq_len + 1}")
-            top = int(self.tokens[: 1 << 20].max())
-            if top >= vocab_size:
-                raise ValueError(f"{path}: token id {top} is outside the model's vocabulary ({vocab_size})")
+                raise InputError(f"token file {path}: {len(self.tokens)} tokens, fewer than seq_len + 1 = {seq_len + 1}")
+            head = self.tokens[: 1 << 20]   # the ids a run reads first, checked before any rank starts
+            low, top = int(head.min()), int(head.max())
+            if low < 0 or top >= vocab_size:
+                bad = low if low < 0 else top
+                raise InputError(f"token file {path}: token id {bad} is outside the model's vocabulary "
+                                 f"[0, {vocab_size})")
 
     def sample(self, index: int) -> torch.Tensor:
         """seq_len + 1 tokens: inputs are [:-1], labels [1:]."""
@@ -52,12 +57,18 @@ def local_slice(step: int, global_batch_size: int, dp: int, dp_rank: int) -> tup
 
 def _open_tokens(path: Path, dtype: str) -> np.ndarray:
     if not path.exists():
-        raise ValueError(f"token file {path} does not exist")
-    if path.suffix == ".npy":
-        tokens = np.load(path, mmap_mode="r")
-        if tokens.ndim != 1 or tokens.dtype not in (np.uint16, np.uint32, np.int32, np.int64):
-            raise ValueError(f"{path}: expected a 1-D array of integer token ids, got {tokens.dtype} {tokens.shape}")
-        return tokens
+        raise InputError(f"token file {path} does not exist")
+    if not path.is_file():
+        raise InputError(f"token file {path} is not a file")
     if dtype not in TOKEN_DTYPES:
-        raise ValueError(f"token dtype must be one of {sorted(TOKEN_DTYPES)} (got {dtype!r})")
-    return np.memmap(path, dtype=TOKEN_DTYPES[dtype], mode="r")
+        raise InputError(f"token dtype must be one of {sorted(TOKEN_DTYPES)} (got {dtype!r})")
+    try:
+        if path.suffix != ".npy":
+            return np.memmap(path, dtype=TOKEN_DTYPES[dtype], mode="r")
+        tokens = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:   # numpy's words for a file it cannot map
+        raise InputError(f"token file {path} is not a {'.npy array' if path.suffix == '.npy' else dtype + ' file'} "
+                         f"({str(exc).splitlines()[0][:120]})") from None
+    if tokens.ndim != 1 or tokens.dtype not in (np.uint16, np.uint32, np.int32, np.int64):
+        raise InputError(f"token file {path}: expected a 1-D array of integer token ids, got {tokens.dtype} {tokens.shape}")
+    return tokens

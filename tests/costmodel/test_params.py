@@ -60,7 +60,7 @@ def test_hf_config_is_read(tmp_path):
 def test_hf_config_errors(tmp_path):
     cfg = tmp_path / "config.json"
     cfg.write_text('{"model_type": "llama", "hidden_size": 64}')
-    with pytest.raises(ValueError, match="config has no 'num_attention_heads'"):
+    with pytest.raises(ValueError, match="config.json: num_attention_heads is missing"):
         resolve_model(str(cfg))
     cfg.write_text('{"model_type": "t5"}')
     with pytest.raises(ValueError, match="not supported"):

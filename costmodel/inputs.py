@@ -1,0 +1,201 @@
+"""The one boundary for what users hand us: every file is read here, and every JSON object is
+checked against the dataclass it becomes, so an error names the file and the field.
+
+Readers above this (plan files, model configs, measured runs, profiles, CSV tables) only add
+what is particular to their kind; none of them opens a file or trusts a JSON value's type.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import types
+import typing
+from enum import Enum
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+# A plan, config, profile or table is kilobytes; anything this large is not one of them.
+MAX_INPUT_BYTES = 64 * 1024 * 1024
+
+# Sanity limits on sizes: far beyond any published run (the largest have ~100k GPUs, 126 layers,
+# 256k vocabularies and 1M-token contexts), near enough that nothing loops for minutes on them.
+MAX_WORLD_SIZE = 1 << 20
+MAX_LAYERS = 10_000
+MAX_WIDTH = 1 << 20          # hidden, FFN, heads
+MAX_VOCAB = 1 << 24
+MAX_SEQ_LEN = 1 << 24
+MAX_GLOBAL_BATCH = 1 << 24
+
+
+MISSING = dataclasses.MISSING   # "no default": the key is required
+
+
+class InputError(ValueError):
+    """A file or value a user handed us is not what it must be: one line naming file and field."""
+
+
+def check_limit(where: str, name: str, value: int, limit: int) -> None:
+    if value > limit:
+        raise InputError(f"{where}: {name} {value:,} is beyond this planner's limit of {limit:,}")
+
+
+def _os_reason(exc: OSError) -> str:
+    return exc.strerror or type(exc).__name__
+
+
+def read_bytes(path: Path | str, what: str) -> bytes:
+    """The whole file, or an InputError saying what is wrong with the path."""
+    path = Path(path)
+    try:
+        if path.is_dir():
+            raise InputError(f"{what} {path} is a directory, not a file")
+        size = path.stat().st_size
+        if size > MAX_INPUT_BYTES:
+            raise InputError(f"{what} {path} is {size / 2**20:,.0f} MiB; a {what} is far smaller")
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise InputError(f"{what} {path} does not exist") from None
+    except OSError as exc:   # permission, symlink loop, I/O error
+        raise InputError(f"{what} {path}: cannot read ({_os_reason(exc)})") from None
+
+
+def read_text(path: Path | str, what: str) -> str:
+    raw = read_bytes(path, what)
+    try:
+        return raw.decode("utf-8-sig")   # a byte-order mark is not part of the first column's name
+    except UnicodeDecodeError:
+        raise InputError(f"{what} {path} is not a text file (not UTF-8)") from None
+
+
+def read_json_object(path: Path | str, what: str) -> dict[str, Any]:
+    text = read_text(path, what)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{what} {path}: not valid JSON (truncated? {exc.msg} at line {exc.lineno})") from None
+    except RecursionError:
+        raise InputError(f"{what} {path}: nested too deeply to be a {what}") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{what} {path}: a JSON object is expected, not {_kind(data)}")
+    return data
+
+
+def _shown(raw: Any) -> str:
+    if raw is None:
+        return "null"
+    text = repr(raw)
+    return f"{_kind(raw)} {text if len(text) <= 40 else text[:37] + '...'}"
+
+
+def _kind(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null",
+            int: "an integer", float: "a number"}.get(type(value), type(value).__name__)
+
+
+def value(data: dict[str, Any], key: str, kind: Any, where: str, default: Any = MISSING) -> Any:
+    """data[key] checked against `kind` (int, float, bool, str, an Enum, tuple[X, ...], X | None)."""
+    if key not in data:
+        if default is MISSING:
+            raise InputError(f"{where}: {key} is missing")
+        return default
+    return _coerce(data[key], kind, f"{where}: {key}")
+
+
+def positive_int(data: dict[str, Any], key: str, where: str, default: Any = MISSING,
+                 limit: int | None = None) -> int:
+    number = value(data, key, int, where, default)
+    if number is None:
+        return number
+    if number <= 0:
+        raise InputError(f"{where}: {key} must be a positive integer, not {number}")
+    if limit is not None:
+        check_limit(where, key, number, limit)
+    return number
+
+
+def _coerce(raw: Any, kind: Any, where: str) -> Any:
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (typing.Union, types.UnionType):
+        if raw is None and type(None) in args:
+            return None
+        kind = next(a for a in args if a is not type(None))
+        origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if kind is Any:
+        return raw
+    if origin is dict:
+        if not isinstance(raw, dict):
+            raise InputError(f"{where} must be a JSON object, not {_kind(raw)}")
+        return {k: _coerce(v, args[1], f"{where}.{k}") for k, v in raw.items()}
+    if origin is list:
+        if not isinstance(raw, list):
+            raise InputError(f"{where} must be a list, not {_kind(raw)}")
+        return [_coerce(item, args[0], f"{where}[{i}]") for i, item in enumerate(raw)]
+    if origin is tuple:
+        if not isinstance(raw, (list, tuple)):
+            raise InputError(f"{where} must be a list, not {_kind(raw)}")
+        return tuple(_coerce(item, args[0], f"{where}[{i}]") for i, item in enumerate(raw))
+    if isinstance(kind, type) and issubclass(kind, Enum):
+        choices = [str(m.value) for m in kind]
+        if not isinstance(raw, str) or raw not in choices:
+            raise InputError(f"{where} must be one of {', '.join(choices)}, not {raw!r}")
+        return kind(raw)
+    if kind is bool:
+        if not isinstance(raw, bool):
+            raise InputError(f"{where} must be true or false, not {_shown(raw)}")
+        return raw
+    if kind is int:
+        if isinstance(raw, bool) or not isinstance(raw, int):
+            raise InputError(f"{where} must be an integer, not {_shown(raw)}")
+        return raw
+    if kind is float:
+        if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw):
+            raise InputError(f"{where} must be a finite number, not {_shown(raw)}")
+        return float(raw)
+    if kind is str:
+        if not isinstance(raw, str):
+            raise InputError(f"{where} must be a string, not {_kind(raw)}")
+        return raw
+    raise TypeError(f"no input rule for {kind!r}")   # a programming error, not a user's
+
+
+@lru_cache(maxsize=None)
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def dataclass_from_json(cls: type, data: Any, where: str):
+    """`cls(**data)` after checking that data is an object with exactly cls's fields (those with
+    defaults may be left out), each of its annotated type; the dataclass's own checks
+    (__post_init__) then speak with `where` in front."""
+    if not isinstance(data, dict):
+        raise InputError(f"{where} must be a JSON object, not {_kind(data)}")
+    fields = dataclasses.fields(cls)
+    names = {f.name for f in fields}
+    if unknown := sorted(set(data) - names):
+        raise InputError(f"{where}: unknown keys {unknown}")
+    required = {f.name for f in fields if f.default is dataclasses.MISSING
+                and f.default_factory is dataclasses.MISSING}
+    if missing := sorted(required - set(data)):
+        raise InputError(f"{where}: missing keys {missing}")
+    hints = _hints(cls)
+    kwargs = {name: _coerce(raw, hints[name], f"{where}: {name}") for name, raw in data.items()}
+    try:
+        return cls(**kwargs)
+    except InputError:
+        raise
+    except ValueError as exc:
+        raise InputError(f"{where}: {exc}") from None
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write to a temporary name beside `path`, then rename: a reader (or a resume) never sees a
+    half-written file, and an interrupted write leaves the old one whole."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
