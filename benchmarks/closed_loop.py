@@ -59,8 +59,8 @@ def run_matrix(out: Path, profile: Path, steps: int) -> None:
         plan = out / name / "plan.json"
         plan.unlink(missing_ok=True)
         planner("predict", "--model", str(config), "--cluster", f"1x{ranks}x{profile}", *TRAIN, *flags,
-                "--out", str(plan), "--json")
-        planner("run", str(plan), "--steps", str(steps), "--warmup", "2", "--out", str(out / name))
+                "--out", str(plan), "--overwrite", "--json")
+        planner("run", str(plan), "--steps", str(steps), "--warmup", "2", "--out", str(out / name), "--overwrite")
 
 
 def table(out: Path, profile: Path) -> list[tuple[str, float, float]]:
@@ -112,12 +112,12 @@ def main() -> None:
     start = time.perf_counter()
     if not args.skip_profile:
         args.out.mkdir(parents=True, exist_ok=True)
-        planner("profile", "--out", str(profile), "--force", quiet=False)
+        planner("profile", "--out", str(profile), "--overwrite", quiet=False)
     if not args.skip_runs:
         run_matrix(args.out, profile, args.steps)
     summarise(f"fresh profile {profile}, no calibration", table(args.out, profile))
     planner("calibrate", *[str(args.out / name) for name, *_ in MATRIX], "--profile", str(profile),
-            "--out", str(calibrated), quiet=False)
+            "--out", str(calibrated), "--overwrite", quiet=False)
     summarise(f"calibrated on all {len(MATRIX)} runs (in sample)", table(args.out, calibrated))
     summarise("leave-one-out: each plan predicted by a calibration on the other plans",
               leave_one_out(args.out, profile, PRIOR_WEIGHT if args.prior_weight is None else args.prior_weight))

@@ -57,7 +57,7 @@ def check(out: Path, profile: Path, config: Path, steps: int, quick: bool) -> li
         plan.unlink(missing_ok=True)
         pred = planner("predict", "--model", str(config), "--cluster", f"1x1x{profile}", "--dtype", "bf16",
                        "--seq-len", str(seq), "--global-batch", str(4 * mbs), "--mbs", str(mbs),
-                       "--recompute", recompute, "--out", str(plan), "--json")
+                       "--recompute", recompute, "--out", str(plan), "--overwrite", "--json")
         row = {"plan": name, "predicted_fits": pred.returncode == 0}
         if pred.returncode != 0:
             row["refusal"] = pred.stderr.strip().splitlines()[-1] if pred.stderr.strip() else "refused"
@@ -65,7 +65,7 @@ def check(out: Path, profile: Path, config: Path, steps: int, quick: bool) -> li
             print(f"{name}: predicted not to fit ({row['refusal']})", file=sys.stderr)
             continue
         print(f"{name}: running", file=sys.stderr, flush=True)
-        ran = planner("run", str(plan), "--steps", str(steps), "--warmup", "2", "--out", str(run_dir), "--json")
+        ran = planner("run", str(plan), "--steps", str(steps), "--warmup", "2", "--out", str(run_dir), "--overwrite", "--json")
         if ran.returncode != 0:
             row["run_error"] = ran.stderr.strip().splitlines()[-1] if ran.stderr.strip() else "failed"
             rows.append(row)
@@ -116,7 +116,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     profile = args.out / "gpu.toml"
     if not args.skip_profile:
-        done = planner("profile", "--out", str(profile), "--nproc", "1", "--force")
+        done = planner("profile", "--out", str(profile), "--nproc", "1", "--overwrite")
         print(done.stdout + done.stderr.splitlines()[-1] if done.stderr else done.stdout, file=sys.stderr)
         if done.returncode != 0:
             return done.returncode

@@ -20,9 +20,16 @@ from costmodel.plan import DEFAULT_AXIS_ORDER, PlanFile, Recompute, Schedule
 from costmodel.registry import MODELS, default_recipe, model_names, resolve_model
 from costmodel.specs import AttentionKernel, DType, ModelSpec, TrainSpec
 from costmodel.units import GIB
+from planner import outputs
+from planner.args import (EXIT_USAGE, Parser, add_overwrite_arg, fraction, given_flags, non_negative_int, positive_int,
+                          refuse_ignored, refuse_repeated)
+from planner.signals import Terminated, held_while_loading, terminate_as_exception
 from planner.space import Choice, build_plan
 
-EXIT_USAGE = 2
+# predict --plan takes all of these from the file
+SPEC_AND_PLAN_FLAGS = {"model", "cluster", "seq_len", "global_batch", "dtype", "grad_dtype", "attention",
+                       "memory_headroom", "dp", "tp", "pp", "cp", "zero", "recompute", "recompute_layers",
+                       "sp", "mbs", "vpp", "schedule", "mesh_order"}
 
 EPILOG_PREDICT = """examples:
   planner predict --model llama-70b --cluster 8x8xA100 --tp 8 --pp 4 --zero 1 --recompute selective --mbs 1
@@ -35,47 +42,37 @@ class UserError(Exception):
     """A mistake in what the user asked for: printed as one line, exit code 2."""
 
 
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"{text} is not a fraction in [0, 1), e.g. 0.05")
-    return value
-
-
 def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="registry name (see `planner models`) or path to a HF config.json")
     p.add_argument("--cluster", help="NODESxGPUS_PER_NODExDEVICE, e.g. 8x8xA100 (see `planner devices`)")
-    p.add_argument("--seq-len", type=int, help="tokens per sequence (default: the model's published recipe)")
-    p.add_argument("--global-batch", type=int, help="sequences per optimizer step (default: published recipe)")
+    p.add_argument("--seq-len", type=positive_int, help="tokens per sequence (default: the model's published recipe)")
+    p.add_argument("--global-batch", type=positive_int, help="sequences per optimizer step (default: published recipe)")
     p.add_argument("--dtype", choices=[d.value for d in DType], default="bf16",
                    help="compute precision; 16-bit implies fp32 master weights (default bf16)")
     p.add_argument("--grad-dtype", choices=[d.value for d in DType], default="fp32",
                    help="gradient accumulation/reduction precision (default fp32, as Megatron-LM)")
     p.add_argument("--attention", choices=[a.value for a in AttentionKernel], default="flash",
                    help="attention kernel (default flash)")
-    p.add_argument("--memory-headroom", type=_fraction, default=DEFAULT_MEMORY_HEADROOM, metavar="F",
+    p.add_argument("--memory-headroom", type=fraction, default=DEFAULT_MEMORY_HEADROOM, metavar="F",
                    help="share of the device memory CUDA reports that plans leave free, beyond the context, "
                         f"NCCL and allocator fragmentation the profile counts (default {DEFAULT_MEMORY_HEADROOM})")
 
 
 def _add_plan_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("plan (omitted degrees default to 1; --dp defaults to world/(tp*pp*cp))")
-    g.add_argument("--dp", type=int)
-    g.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
-    g.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree")
-    g.add_argument("--cp", type=int, default=1, help="context-parallel degree")
+    g.add_argument("--dp", type=positive_int)
+    g.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree")
+    g.add_argument("--pp", type=positive_int, default=1, help="pipeline-parallel degree")
+    g.add_argument("--cp", type=positive_int, default=1, help="context-parallel degree")
     g.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=1,
                    help="0 replicated (DDP), 1 optimizer sharded, 2 +gradients, 3 +weights (FSDP)")
     g.add_argument("--recompute", choices=[r.value for r in Recompute], default="none")
-    g.add_argument("--recompute-layers", type=int,
+    g.add_argument("--recompute-layers", type=non_negative_int,
                    help="layers recomputed per pipeline rank (default: all of them)")
     g.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None,
                    help="sequence parallelism (default: on when tp > 1)")
-    g.add_argument("--mbs", type=int, default=1, help="micro-batch size in sequences")
-    g.add_argument("--vpp", type=int, default=1, help="virtual stages per pipeline rank")
+    g.add_argument("--mbs", type=positive_int, default=1, help="micro-batch size in sequences")
+    g.add_argument("--vpp", type=positive_int, default=1, help="virtual stages per pipeline rank")
     g.add_argument("--schedule", choices=[s.value for s in Schedule],
                    help="pipeline schedule (default: interleaved-1f1b if vpp > 1, else 1f1b). "
                         + "; ".join(f"{s}: {s.traits.description}" for s in Schedule))
@@ -85,11 +82,13 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
 
 def _specs(args: argparse.Namespace) -> tuple[ModelSpec, TrainSpec, ClusterSpec]:
     if not args.model or not args.cluster:
-        raise UserError("--model and --cluster are required (or --plan plan.json)")
+        raise UserError("--model and --cluster are required"
+                        + (" (or --plan plan.json)" if args.command == "predict" else ""))
     model, cluster = resolve_model(args.model), parse_cluster(args.cluster)
     cluster = dataclasses.replace(cluster, memory_headroom=args.memory_headroom)
     seq, batch = default_recipe(model)
-    train = TrainSpec(seq_len=args.seq_len or seq, global_batch_size=args.global_batch or batch,
+    train = TrainSpec(seq_len=seq if args.seq_len is None else args.seq_len,
+                      global_batch_size=batch if args.global_batch is None else args.global_batch,
                       compute_dtype=DType(args.dtype), grad_dtype=DType(args.grad_dtype),
                       attention_kernel=AttentionKernel(args.attention))
     return model, train, cluster
@@ -109,7 +108,10 @@ def _emit_json(doc: Any) -> None:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
+    out = outputs.out_file(args.out, "--out", args.overwrite, ".json")
     if args.plan:
+        refuse_ignored(args.given, SPEC_AND_PLAN_FLAGS, "--plan takes the model, cluster, training and plan "
+                       "from the file (leave out --plan to give them as flags)")
         pf = PlanFile.load(Path(args.plan))
         model, train, cluster, plan = pf.model, pf.train, pf.cluster, pf.plan
     else:
@@ -119,9 +121,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if problems:
         raise UserError("invalid plan: " + "; ".join(problems))
     est = estimate(model, train, cluster, plan)
-    if args.out:
-        PlanFile(plan=plan, model=model, train=train, cluster=cluster).save(Path(args.out))
-        print(f"wrote {args.out}", file=sys.stderr)
+    if out:
+        PlanFile(plan=plan, model=model, train=train, cluster=cluster).save(out)
+        print(f"wrote {out}", file=sys.stderr)
     if args.json:
         _emit_json({"plan": plan.to_dict(), "estimate": est.to_dict(), "error_band": MODEL_ERROR_BAND})
     else:
@@ -138,7 +140,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from planner.commands.search import run_search, why_runner_up_lost
+    from planner.commands.search import check_outputs, run_search, why_runner_up_lost
+    check_outputs(args)
     model, train, cluster = _specs(args)
     result = run_search(args, model, train, cluster)
     stats = result.stats
@@ -196,6 +199,7 @@ def _write_report(out: str, model, train, cluster, plan, est, **extra) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    outputs.out_dir(args.out, "--out", args.overwrite, outputs.REPORT_FILES)
     pf = PlanFile.load(Path(args.plan))
     problems = check_structure(pf.model, pf.train, pf.cluster, pf.plan)
     if problems:
@@ -261,7 +265,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="planner", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Plan, predict, run, measure and calibrate parallel training of large language models.",
         epilog="start with: planner search --model llama-70b --cluster 8x8xA100 --report reports/llama-70b")
@@ -274,8 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plan_args(p)
     p.add_argument("--plan", help="read the plan and its specs from plan.json instead")
     p.add_argument("--out", help="write the plan with its specs to this plan.json")
+    add_overwrite_arg(p)
     p.add_argument("--json", action="store_true", help='print {"plan", "estimate"} as JSON on stdout')
-    p.set_defaults(func=cmd_predict)
+    p.set_defaults(parser=p, func=cmd_predict)
 
     p = sub.add_parser("search", help="the fastest plan that fits, exact under the cost model",
                        formatter_class=raw, epilog="""examples:
@@ -285,7 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_args(p)
     from planner.commands.search import add_search_args
     add_search_args(p)
-    p.set_defaults(func=cmd_search)
+    p.set_defaults(parser=p, func=cmd_search)
 
     p = sub.add_parser("validate", help="predicted vs published step time for measured runs (CSV)",
                        description="Empty plan cells are filled with the planner's best choice; "
@@ -293,7 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("runs", nargs="?", default=None,
                    help="table in the format of profiles/runs/published_runs.csv (default: that table)")
     p.add_argument("--json", action="store_true", help='print {"rows", "summary"} as JSON')
-    p.set_defaults(func=cmd_validate)
+    p.set_defaults(parser=p, func=cmd_validate)
 
     p = sub.add_parser("report", help="bubble and memory report of a plan (PNG/SVG, index.html/md)",
                        formatter_class=raw, epilog="""examples:
@@ -302,37 +307,65 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("plan", help="plan.json (from search --out or predict --out)")
     p.add_argument("--measured", help="measured.json from `planner run` of this plan")
     p.add_argument("--out", required=True, help="directory for the report")
-    p.set_defaults(func=cmd_report)
+    add_overwrite_arg(p)
+    p.set_defaults(parser=p, func=cmd_report)
 
     from planner.commands.profile import EPILOG as PROFILE_EPILOG, add_profile_args, cmd_profile
     p = sub.add_parser("profile", help="measure this machine (GEMM, memory, collectives) into a device profile",
                        epilog=PROFILE_EPILOG, formatter_class=raw)
     add_profile_args(p)
-    p.set_defaults(func=cmd_profile)
+    p.set_defaults(parser=p, func=cmd_profile)
 
     from planner.commands.calibrate import EPILOG as CAL_EPILOG, add_calibrate_args, cmd_calibrate
     p = sub.add_parser("calibrate", help="fit a profile's efficiencies to measured runs (writes a new profile)",
                        epilog=CAL_EPILOG, formatter_class=raw)
     add_calibrate_args(p)
-    p.set_defaults(func=cmd_calibrate)
+    p.set_defaults(parser=p, func=cmd_calibrate)
 
     from planner.commands.run import EPILOG as RUN_EPILOG, add_run_args, cmd_run
     p = sub.add_parser("run", help="execute a plan with torch.distributed, measure it, compare with the estimate",
                        epilog=RUN_EPILOG, formatter_class=raw)
     add_run_args(p)
-    p.set_defaults(func=cmd_run)
+    p.set_defaults(parser=p, func=cmd_run)
 
     for name, func, text in (("models", cmd_models, "list the known models"),
                              ("devices", cmd_devices, "list the known device profiles")):
         p = sub.add_parser(name, help=text)
         p.add_argument("--json", action="store_true")
-        p.set_defaults(func=func)
+        p.set_defaults(parser=p, func=func)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    who = f"planner {argv[0]}" if argv and not argv[0].startswith("-") else "planner"
     try:
+        with terminate_as_exception():
+            with held_while_loading():
+                parser = build_parser()
+            try:
+                args, extra = parser.parse_known_args(argv)
+                if extra:   # said by the subcommand, whose --help lists what it takes
+                    args.parser.error(f"unrecognized arguments: {' '.join(extra)}")
+            except SystemExit as exc:   # --help (0) or a usage error, already printed (2)
+                return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+            return _dispatch(args, argv)
+    except KeyboardInterrupt as exc:
+        return _interrupted(who, exc, "interrupted", 130)
+    except Terminated as exc:
+        return _interrupted(who, exc, "terminated", 143)
+
+
+def _interrupted(who: str, exc: BaseException, what: str, code: int) -> int:
+    notes = "; ".join(getattr(exc, "__notes__", []))
+    print(f"{who}: {what}" + (f"; {notes}" if notes else ""), file=sys.stderr)
+    return code
+
+
+def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
+    try:
+        args.given = given_flags(args.parser, argv[1:])
+        refuse_repeated(args.parser, args.given)
         try:
             return args.func(args)
         except LocalProfileMissing as missing:
@@ -342,6 +375,9 @@ def main(argv: list[str] | None = None) -> int:
             from planner.commands.profile import measure_local
             measure_local()
             return args.func(args)
+    except argparse.ArgumentError as exc:
+        print(f"planner {args.command}: error: {exc} (see planner {args.command} --help)", file=sys.stderr)
+        return EXIT_USAGE
     except (UserError, ValueError) as exc:
         print(f"planner {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -349,4 +385,3 @@ def main(argv: list[str] | None = None) -> int:
         # the reader (e.g. `| head`) closed early: not an error; silence the flush at exit
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-

@@ -1,6 +1,7 @@
 """Building concrete plans from degrees and choices, and the small discrete choices around them."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from costmodel.cluster import ClusterSpec
@@ -65,7 +66,9 @@ def degrees_plan(*, dp: int, tp: int, pp: int, cp: int, zero_stage: int = 0, num
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """In O(sqrt n): a world size or a layer count from a user may be large."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def under_schedule(model: ModelSpec, plan: Plan, schedule: Schedule) -> Plan:

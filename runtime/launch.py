@@ -16,6 +16,8 @@ from costmodel.plan import PlanFile
 
 MONITOR_INTERVAL_S = 1     # torchrun polls its workers this often; one failure ends the rest
 PORT = 29500
+PARTIAL = "partial.json"   # rank 0's figures after every timed step: what an interrupted run keeps
+STOP_GRACE_S = 3.0         # after Ctrl-C / SIGTERM, torchrun's time to stop its ranks before SIGKILL
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,7 +107,7 @@ def sbatch_script(pf: PlanFile, worker: WorkerArgs) -> str:
 def run_local(nproc: int, worker: WorkerArgs, threads_per_rank: int) -> float:
     """Run torchrun, tee its output to OUT/run.log and stderr; returns the wall time."""
     worker.out.mkdir(parents=True, exist_ok=True)
-    for stale in [worker.out / "raw.json", *worker.out.glob("errors/rank*.txt")]:
+    for stale in [worker.out / "raw.json", worker.out / PARTIAL, *worker.out.glob("errors/rank*.txt")]:
         stale.unlink(missing_ok=True)   # a reused --out must not blame an old run
     # expandable segments: the fragmentation the GPU profiles price (1.05-1.10 of allocated
     # bytes with them, 1.15-1.3 without); a user's own setting wins. Ignored on CPU.
@@ -115,16 +117,38 @@ def run_local(nproc: int, worker: WorkerArgs, threads_per_rank: int) -> float:
                                                        os.environ.get("PYTHONPATH")]))}
     start = time.perf_counter()
     with open(worker.out / "run.log", "w") as log:
+        # Its own session: a terminal's Ctrl-C reaches the planner only, which stops torchrun
+        # (and so its ranks) in order, rather than every process at once.
         proc = subprocess.Popen(local_command(nproc, worker), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, env=env)
-        for line in proc.stdout:
-            log.write(line)
-            if line.startswith("[planner run]"):
-                print(line, end="", file=sys.stderr, flush=True)
-        code = proc.wait()
+                                stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+        try:
+            for line in proc.stdout:
+                log.write(line)
+                if line.startswith("[planner run]"):
+                    print(line, end="", file=sys.stderr, flush=True)
+            code = proc.wait()
+        except BaseException:
+            stop(proc)
+            raise
     if code != 0:
         raise RunFailed(failure_message(worker.out, nproc))
     return time.perf_counter() - start
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """End torchrun and its ranks: SIGTERM (torchrun forwards it to the ranks), then after
+    STOP_GRACE_S a SIGKILL of its process group; ranks die with torchrun in any case (each asks
+    the kernel for it, runtime.worker), so nothing is left behind."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, 9)
+            except ProcessLookupError:
+                pass
+            proc.wait()
 
 
 # What the surviving ranks report once a peer has gone: consequences, not causes.

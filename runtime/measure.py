@@ -27,7 +27,7 @@ def error_pct(measured: float | None, predicted: float) -> float | None:
 
 
 def measured_record(pf: PlanFile, raw: dict[str, Any], *, steps: int, warmup: int,
-                    wall_s: float) -> MeasuredRun:
+                    wall_s: float, complete: bool = True) -> MeasuredRun:
     est: Estimate = estimate(pf.model, pf.train, pf.cluster, pf.plan)
     step_s = statistics.median(raw["step_times_s"])
     mfu = utilization(model_flops_per_step(pf.model, pf.train), step_s, pf.cluster.world_size,
@@ -68,6 +68,7 @@ def measured_record(pf: PlanFile, raw: dict[str, Any], *, steps: int, warmup: in
         "plan": pf.plan.to_dict(),
         "model": pf.model.name,
         "cluster": f"{pf.cluster.num_nodes}x{pf.cluster.devices_per_node}x{pf.cluster.device.name}",
+        "complete": complete,
     })
 
 

@@ -9,17 +9,20 @@ not the allocator's or the interpreter's overhead; said so in measured.json).
 """
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
+from costmodel.inputs import write_text_atomic
 from costmodel.plan import PlanFile
 from costmodel.specs import Optimizer
 from runtime.data import TokenSource, local_slice
@@ -34,6 +37,7 @@ class RunConfig(StepsConfig):
     collect_params: bool = False    # tests: gather full parameters on rank 0
     quiet: bool = False
     fault: tuple[int, int, str] | None = None   # (rank, step, "raise" | "exit"): failure tests
+    partial: Path | None = None     # rank 0 rewrites its figures here after every timed step
 
 
 def init_distributed(timeout_s: float = 120.0) -> None:
@@ -117,15 +121,26 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
                    else f"step {step - cfg.warmup + 1}/{cfg.steps}")
             print(f"[planner run] {tag}: loss {step_loss:.4f}, "
                   f"{step_s * 1e3:.1f} ms", file=sys.stderr, flush=True)
+        if cfg.partial is not None and step >= cfg.warmup and step < cfg.warmup + cfg.steps - 1:
+            raw = _figures(job, device, memory, losses, times, busy, sync, optim)
+            if raw is not None:   # untimed, after the step: what an interrupted run keeps
+                write_text_atomic(cfg.partial, json.dumps(raw))
+    raw = _figures(job, device, memory, losses, times, busy, sync, optim)
+    params = _gather_params(job) if cfg.collect_params else None
+    return None if raw is None else {**raw, "params": params}
+
+
+def _figures(job: Job, device: torch.device, memory: float | None, losses, times, busy, sync,
+             optim) -> dict | None:
+    """Rank 0's raw figures of the steps so far (every rank takes part: peaks are all-reduced)."""
     reserved = None
     if device.type == "cuda":
         memory = torch.cuda.max_memory_allocated()
         reserved = _peak_per_stage(job, torch.cuda.max_memory_reserved())   # the allocator's own share too
     peak = _peak_per_stage(job, memory)
-    params = _gather_params(job) if cfg.collect_params else None
     if dist.get_rank() != 0:
         return None
-    return {"losses": losses, "step_times_s": times, "peak_memory_bytes": peak, "params": params,
+    return {"losses": losses, "step_times_s": times, "peak_memory_bytes": peak,
             "peak_reserved_bytes": reserved,
             # the median, as for the step time (runtime.measure), so that work <= step holds
             "stage_busy_s": [statistics.median(col) for col in zip(*busy)] if busy else None,

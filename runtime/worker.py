@@ -9,17 +9,31 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import traceback
 
 import torch.distributed as dist
 
 from costmodel.plan import PlanFile
-from runtime.launch import WorkerArgs
+from runtime.launch import PARTIAL, WorkerArgs
 from runtime.train import RunConfig, init_distributed, run_rank
 
 
+def die_with_parent() -> None:
+    """On Linux, ask the kernel to SIGKILL this rank when torchrun ends, however it ends: a
+    torchrun killed outright (or a planner stopped hard) then leaves no rank behind."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() == 1:   # torchrun was already gone before the request took effect
+        os._exit(1)
+
+
 def main(argv: list[str] | None = None) -> int:
+    die_with_parent()
     args = WorkerArgs.parse(argv)
     out = args.out
     rank = int(os.environ.get("RANK", "0"))
@@ -27,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
         pf = PlanFile.load(args.plan)
         init_distributed()
         cfg = RunConfig(steps=args.steps, warmup=args.warmup, seed=args.seed, lr=args.lr,
-                        data=args.data, data_dtype=args.data_dtype, fault=args.fault_spec())
+                        data=args.data, data_dtype=args.data_dtype, fault=args.fault_spec(),
+                        partial=out / PARTIAL)
         raw = run_rank(pf, cfg)
         if raw is not None:
             raw.pop("params", None)

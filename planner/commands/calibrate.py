@@ -7,6 +7,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from costmodel.cluster import resolve_device
+from planner import outputs
+from planner.args import add_overwrite_arg
 
 EPILOG = """examples:
   planner calibrate runs/* --profile local --out mine-calibrated.toml
@@ -19,6 +21,7 @@ def add_calibrate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("runs", nargs="+", help="run directories written by `planner run --out`")
     p.add_argument("--profile", required=True, help="the profile to calibrate (name or .toml path)")
     p.add_argument("--out", help="calibrated profile to write (default: NAME-calibrated.toml beside it)")
+    add_overwrite_arg(p)
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -30,6 +33,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else base_path.with_name(f"{base_path.stem}-calibrated.toml")
     if out.resolve() == base_path.resolve():
         raise ValueError("--out must differ from the profile: calibration never overwrites it")
+    outputs.out_file(out, "--out", args.overwrite, ".toml")
     runs = [load_run(Path(r)) for r in args.runs]
     runs = [replace(r, pf=replace(r.pf, cluster=replace(r.pf.cluster, device=base))) for r in runs]
     before = summary(runs, base)

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from costmodel import machine
 from costmodel.cluster import load_profile
-from planner import profile_file
+from planner import outputs, profile_file
+from planner.args import add_overwrite_arg, positive_int
 from planner.profile_doc import Setup, measured_profile
 
 EPILOG = """examples:
@@ -35,13 +36,13 @@ microbenchmark figures stay under [measured]."""
 def add_profile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None,
                    help=f"profile to write (default: this machine's cached `local` profile, {machine.local_profile_path()})")
-    p.add_argument("--nproc", type=int, default=None,
+    p.add_argument("--nproc", type=positive_int, default=None,
                    help="local ranks measured together (default 2, or 1 on a machine with one GPU)")
     p.add_argument("--name", help="device name in the profile (default: the file name; `local` for the cache)")
     speed = p.add_mutually_exclusive_group()
     speed.add_argument("--quick", action="store_true", help="a shorter budget (30 s on a CPU, 45 s on a GPU)")
     speed.add_argument("--thorough", action="store_true", help="a few minutes (240 s on a CPU): larger sizes")
-    p.add_argument("--force", action="store_true", help="replace an existing --out file")
+    add_overwrite_arg(p)
 
 
 # Phase weights of the progress bar: the budget's shares (runtime.profiler.PHASE_SHARES) and the fit.
@@ -87,11 +88,7 @@ def _setup(args: argparse.Namespace) -> Setup:
     if not cuda and nproc < 2:
         raise ValueError("--nproc must be at least 2 on a CPU (collectives and two-rank probes need two ranks)")
     cached = args.out is None
-    out = machine.local_profile_path() if cached else Path(args.out)
-    if out.suffix != ".toml":
-        raise ValueError(f"--out {out}: a profile is a .toml file")
-    if out.exists() and not cached and not args.force:
-        raise ValueError(f"--out {out} exists; pass --force to replace it")
+    out = machine.local_profile_path() if cached else outputs.out_file(args.out, "--out", args.overwrite, ".toml")
     mode = "quick" if args.quick else "thorough" if args.thorough else "default"
     flags = " --quick" if args.quick else " --thorough" if args.thorough else ""
     command = f"planner profile{'' if cached else f' --out {out}'} --nproc {nproc}{flags}"
@@ -124,7 +121,7 @@ def _probe_budget_s(budget, start: float, ranks: int, nproc: int) -> float:
 
 def measure_local() -> Path:
     """Measure this machine into the `local` cache (the first use of `--cluster ...xlocal`)."""
-    args = argparse.Namespace(out=None, nproc=None, name=None, quick=False, thorough=False, force=False)
+    args = argparse.Namespace(out=None, nproc=None, name=None, quick=False, thorough=False, overwrite=False)
     setup = _setup(args)
     profile_machine(setup)
     return setup.out

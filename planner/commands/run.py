@@ -12,8 +12,12 @@ import time
 from pathlib import Path
 
 from costmodel.check import check_memory, check_structure, runtime_executes
+from costmodel.inputs import write_text_atomic
 from costmodel.units import GIB
 from costmodel.plan import PlanFile
+from planner import outputs
+from planner.args import add_overwrite_arg, non_negative_int, positive_float, positive_int, refuse_ignored
+from runtime.launch import PARTIAL
 
 EPILOG = """examples:
   planner search --model debug-tiny --cluster 1x2xlocal --out plan.json && planner run plan.json
@@ -32,16 +36,17 @@ class RunRefused(ValueError):
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("plan", help="plan.json from `planner search --out` or `planner predict --out`")
-    p.add_argument("--nproc", type=int,
+    p.add_argument("--nproc", type=positive_int,
                    help="local processes (default: the plan's world size); needed to oversubscribe CPU cores")
-    p.add_argument("--steps", type=int, default=10, help="timed training steps (default 10)")
-    p.add_argument("--warmup", type=int, default=2,
+    p.add_argument("--steps", type=positive_int, default=10, help="timed training steps (default 10)")
+    p.add_argument("--warmup", type=non_negative_int, default=2,
                    help="untimed steps first (default 2; the last one measures memory on CPU)")
-    p.add_argument("--seed", type=int, default=0, help="initialisation and synthetic data seed")
-    p.add_argument("--lr", type=float, default=3e-4, help="learning rate (default 3e-4)")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="initialisation and synthetic data seed")
+    p.add_argument("--lr", type=positive_float, default=3e-4, help="learning rate (default 3e-4)")
     p.add_argument("--data", help="token file: .npy, or raw .bin of --data-dtype (default: synthetic tokens)")
     p.add_argument("--data-dtype", choices=["uint16", "uint32"], default="uint16")
     p.add_argument("--out", help="directory for measured.json and run.log (default runs/<model>-<time>)")
+    add_overwrite_arg(p)
     p.add_argument("--dry-run", action="store_true",
                    help="build each stage's first rank on the meta device under a fake process group "
                         "and compare its states with the estimate; runs nothing")
@@ -61,8 +66,6 @@ def _load(path: str) -> PlanFile:
 
 def _worker_args(args: argparse.Namespace, pf: PlanFile, out: Path):
     from runtime.launch import WorkerArgs
-    if args.steps < 1 or args.warmup < 0:
-        raise RunRefused("--steps must be at least 1 and --warmup at least 0")
     return WorkerArgs(plan=Path(args.plan).resolve(), out=out.resolve(), steps=args.steps,
                       warmup=args.warmup, seed=args.seed, lr=args.lr,
                       data=str(Path(args.data).resolve()) if args.data else None,
@@ -101,11 +104,24 @@ def _check_machine(args: argparse.Namespace, pf: PlanFile) -> tuple[int, int]:
     return nproc, threads
 
 
+# what a mode does not use, refused by name rather than silently dropped
+DRY_RUN_IGNORES = {"nproc", "steps", "warmup", "seed", "lr", "data", "data_dtype", "out", "overwrite", "inject_fault"}
+PRINT_LAUNCH_IGNORES = {"nproc", "json", "overwrite", "inject_fault"}
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.dry_run and args.print_launch:
+        raise RunRefused("--dry-run and --print-launch are two modes; choose one")
+    if args.dry_run:
+        refuse_ignored(args.given, DRY_RUN_IGNORES, "--dry-run builds the states on the meta device and trains nothing")
+    if args.print_launch:
+        refuse_ignored(args.given, PRINT_LAUNCH_IGNORES, "--print-launch prints commands and runs nothing")
     pf = _load(args.plan)
     if args.dry_run:
         return _dry_run(args, pf)
     out = Path(args.out or f"runs/{pf.model.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if not args.print_launch:
+        outputs.out_dir(out, "--out", args.overwrite, outputs.RUN_FILES)
     worker = _worker_args(args, pf, out)
     if args.print_launch:
         from runtime.launch import node_commands, sbatch_script
@@ -128,20 +144,44 @@ def cmd_run(args: argparse.Namespace) -> int:
     from runtime.measure import measured_record
     print(f"planner run: {pf.plan.short()} on {nproc} local rank(s), {args.warmup} warm-up + "
           f"{args.steps} steps; log in {out / 'run.log'}", file=sys.stderr)
+    start = time.perf_counter()
     try:
         wall_s = run_local(nproc, worker, threads)
     except RunFailed as exc:
         raise RunRefused(str(exc)) from None
+    except BaseException as exc:
+        if not isinstance(exc, Exception):   # Ctrl-C or SIGTERM: keep what was measured so far
+            _keep_partial(pf, args, out, time.perf_counter() - start, exc)
+        raise
     raw = json.loads((out / "raw.json").read_text())
-    (out / "plan.json").write_text(Path(args.plan).read_text())   # the run directory is self-contained
+    write_text_atomic(out / "plan.json", Path(args.plan).read_text())   # the run directory is self-contained
     record = measured_record(pf, raw, steps=args.steps, warmup=args.warmup, wall_s=wall_s)
     record.save(out / "measured.json")
+    (out / PARTIAL).unlink(missing_ok=True)
     if args.json:
         json.dump(record.to_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         _print_comparison(record, out)
     return 0
+
+
+def _keep_partial(pf: PlanFile, args: argparse.Namespace, out: Path, wall_s: float, exc: BaseException) -> None:
+    """The timed steps rank 0 recorded before the signal, as measured.json marked incomplete."""
+    from runtime.measure import measured_record
+    try:
+        raw = json.loads((out / PARTIAL).read_text())
+    except (OSError, ValueError):
+        raw = None
+    if not raw or not raw.get("step_times_s"):
+        exc.add_note(f"no step was measured (log: {out / 'run.log'})")
+        return
+    steps = len(raw["step_times_s"])
+    write_text_atomic(out / "plan.json", Path(args.plan).read_text())
+    measured_record(pf, raw, steps=steps, warmup=args.warmup, wall_s=wall_s,
+                    complete=False).save(out / "measured.json")
+    exc.add_note(f"kept the {steps} of {args.steps} steps measured so far in {out / 'measured.json'} "
+                 "(marked incomplete)")
 
 
 def _print_comparison(record, out: Path) -> None:

@@ -8,8 +8,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from costmodel.inputs import write_text_atomic
 from costmodel.units import GIB
 from costmodel.plan import PlanFile, Recompute, Schedule
+from planner import outputs
+from planner.args import add_overwrite_arg, positive_float, positive_int
 from planner.search import Found, SearchOptions, SearchResult, search, unsatisfiable_constraints
 
 # --fix KEY=VALUE: the plan field it pins and how to read the value
@@ -21,20 +24,21 @@ FIXABLE = {"dp": ("dp", int), "tp": ("tp", int), "pp": ("pp", int), "cp": ("cp",
 
 
 def add_search_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--top", type=int, default=5, help="how many plans to rank (default 5)")
+    p.add_argument("--top", type=positive_int, default=5, help="how many plans to rank (default 5)")
     p.add_argument("--out", help="write the best plan with its specs to this plan.json")
     p.add_argument("--json", action="store_true", help='print {"plans", "search"} as JSON on stdout')
     p.add_argument("--csv", help="write every plan the solver evaluated to this CSV")
     p.add_argument("--report", metavar="DIR", help="write bubble, memory and ranking reports (PNG/SVG, "
                                                    "index.html/md) of the result to DIR")
+    add_overwrite_arg(p)
     c = p.add_argument_group("constraints")
-    c.add_argument("--max-tp", type=int, help="largest TP degree (default: devices per node)")
+    c.add_argument("--max-tp", type=positive_int, help="largest TP degree (default: devices per node)")
     c.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE",
                    help=f"pin a plan field; keys: {', '.join(FIXABLE)} (repeatable)")
     c.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="only this ZeRO stage (= --fix zero=Z)")
     c.add_argument("--schedule", choices=[s.value for s in Schedule], help="only this pipeline schedule")
     c.add_argument("--no-recompute", action="store_true", help="never recompute activations")
-    c.add_argument("--time-limit", type=float, default=60.0, metavar="S",
+    c.add_argument("--time-limit", type=positive_float, default=60.0, metavar="S",
                    help="stop after S seconds with the best plan found, reported as not proven optimal "
                         "(default 60)")
     c.add_argument("--objective", choices=["time", "memory"], default="time",
@@ -49,6 +53,8 @@ def parse_options(args: argparse.Namespace) -> SearchOptions:
         if key not in FIXABLE or not value:
             raise ValueError(f"--fix {item!r}: expected KEY=VALUE with KEY one of {', '.join(FIXABLE)}")
         name, parse = FIXABLE[key]
+        if name in fixed:
+            raise ValueError(f"--fix {key} given twice; say it once")
         try:
             fixed[name] = parse(value)
         except (ValueError, KeyError):
@@ -62,10 +68,6 @@ def parse_options(args: argparse.Namespace) -> SearchOptions:
         raise ValueError(f"contradictory constraints: --no-recompute and --fix recompute={fixed['recompute']}")
     if args.max_tp and fixed.get("tp", 0) > args.max_tp:
         raise ValueError(f"contradictory constraints: --fix tp={fixed['tp']} exceeds --max-tp {args.max_tp}")
-    if args.top < 1:
-        raise ValueError("--top must be at least 1")
-    if args.time_limit <= 0:
-        raise ValueError("--time-limit must be positive")
     return SearchOptions(top_k=args.top, max_tp=args.max_tp, fixed=fixed, no_recompute=args.no_recompute,
                          objective=args.objective, time_limit_s=args.time_limit, progress=_progress())
 
@@ -127,7 +129,14 @@ def write_csv(path: str, result: SearchResult) -> None:
     rows = [{**f.plan.to_dict(), "step_time_s": f.estimate.step_time_s, "tokens_per_s": f.estimate.tokens_per_s,
              "mfu": f.estimate.mfu, "max_peak_memory_gib": f.estimate.max_peak_memory_bytes / GIB,
              "bubble_fraction": f.estimate.bubble_fraction} for f in result.evaluated]
-    pd.DataFrame(rows).sort_values("step_time_s").to_csv(path, index=False)
+    write_text_atomic(Path(path), pd.DataFrame(rows).sort_values("step_time_s").to_csv(index=False))
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Before any work: a bad --out, --csv or --report must not cost a search."""
+    args.out = outputs.out_file(args.out, "--out", args.overwrite, ".json")
+    args.csv = outputs.out_file(args.csv, "--csv", args.overwrite, ".csv")
+    outputs.out_dir(args.report, "--report", args.overwrite, outputs.REPORT_FILES)
 
 
 def run_search(args: argparse.Namespace, model, train, cluster) -> SearchResult:
@@ -143,7 +152,7 @@ def run_search(args: argparse.Namespace, model, train, cluster) -> SearchResult:
                 raise ValueError("contradictory constraints: " + "; ".join(problems))
         raise ValueError(infeasible_message(result, cluster.name))
     if args.out:
-        PlanFile(plan=result.plans[0].plan, model=model, train=train, cluster=cluster).save(Path(args.out))
+        PlanFile(plan=result.plans[0].plan, model=model, train=train, cluster=cluster).save(args.out)
         print(f"wrote {args.out}", file=sys.stderr)
     if args.csv:
         write_csv(args.csv, result)

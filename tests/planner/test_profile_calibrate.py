@@ -49,7 +49,7 @@ def test_profile_writes_a_usable_measured_profile(measured, capsys):
 
 def test_an_existing_profile_is_not_overwritten(measured, capsys):
     assert main(["profile", "--out", str(measured)]) == 2
-    assert "--force" in capsys.readouterr().err
+    assert "--overwrite" in capsys.readouterr().err
 
 
 def test_local_is_measured_once_then_cached(measured, tmp_path, monkeypatch, capsys):

@@ -74,7 +74,7 @@ def test_report_command_puts_measured_beside_predicted(tmp_path, capsys):
     assert (out / "measured.png").exists() and "(measured.png)" in md
     other = dict(measured.to_dict(), plan={**measured.plan, "pp": 4})
     (tmp_path / "other.json").write_text(json.dumps(other))
-    assert main(["report", str(plan_path), "--measured", str(tmp_path / "other.json"), "--out", str(out)]) == 2
+    assert main(["report", str(plan_path), "--measured", str(tmp_path / "other.json"), "--out", str(out), "--overwrite"]) == 2
     assert "another plan" in capsys.readouterr().err
 
 
@@ -97,7 +97,7 @@ def test_measured_json_is_strict_and_versioned(tmp_path, capsys):
     assert MeasuredRun.load(tmp_path / "old.json").peak_reserved_bytes is None
     for name, text, why in (("new.json", json.dumps({**record, "version": MEASURED_FORMAT_VERSION + 1}), "version"),
                             ("cut.json", json.dumps(record)[:500], "truncated"),
-                            ("odd.json", json.dumps({**record, "stepz": 1}), "unknown fields stepz")):
+                            ("odd.json", json.dumps({**record, "stepz": 1}), "unknown keys ['stepz']")):
         (tmp_path / name).write_text(text)
         assert main(["report", str(plan_path), "--measured", str(tmp_path / name), "--out", str(tmp_path / "r")]) == 2
         err = capsys.readouterr().err.strip()

@@ -1,0 +1,98 @@
+"""The command line's own boundary: argparse errors as one line, value types that refuse zero and
+nonsense instead of falling back to a default, and flags that contradict each other or that a
+mode would ignore refused by name."""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+EXIT_USAGE = 2
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse without the usage text on errors (one line and a pointer to --help) and without
+    abbreviated long flags (`--glob` for `--global-batch` breaks the day another flag starts alike)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
+def add_overwrite_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace what an earlier command wrote there (refused otherwise)")
+
+
+def _number(text: str, kind: type):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+    if kind is float and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def positive_int(text: str) -> int:
+    value = _number(text, int)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = _number(text, int)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = _number(text, float)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not positive")
+    return value
+
+
+def fraction(text: str) -> float:
+    value = _number(text, float)
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"{text} is not a fraction in [0, 1), e.g. 0.05")
+    return value
+
+
+def given_flags(parser: argparse.ArgumentParser, tokens: list[str]) -> dict[str, list[str]]:
+    """The flags the user typed, by destination: {"sp": ["--sp", "--no-sp"], ...}.
+    (argparse does not tell a default from a typed value; the option table it keeps does.)"""
+    table = parser._option_string_actions   # noqa: SLF001 - stable since Python 3.2
+    given: dict[str, list[str]] = {}
+    for token in tokens:
+        if token == "--":
+            break
+        action = table.get(token.split("=", 1)[0]) if token.startswith("-") else None
+        if action is not None:
+            given.setdefault(action.dest, []).append(token.split("=", 1)[0])
+    return given
+
+
+def refuse_repeated(parser: argparse.ArgumentParser, given: dict[str, list[str]]) -> None:
+    """A single-valued flag given twice is a contradiction, not "the last one wins"."""
+    table = parser._option_string_actions   # noqa: SLF001
+    for dest, flags in given.items():
+        if len(flags) > 1 and not isinstance(table[flags[0]], argparse._AppendAction):   # noqa: SLF001
+            distinct = list(dict.fromkeys(flags))
+            said = (f"{' and '.join(distinct)} contradict each other" if len(distinct) > 1
+                    else f"{flags[0]} given {len(flags)} times")
+            raise argparse.ArgumentError(None, f"{said}; say it once")
+
+
+def refuse_ignored(given: dict[str, list[str]], dests: set[str], because: str) -> None:
+    """Flags a mode would ignore are an error naming them, so nobody believes they took effect."""
+    ignored = sorted({flag for dest in dests & set(given) for flag in given[dest]})
+    if ignored:
+        raise argparse.ArgumentError(None, f"{', '.join(ignored)} would be ignored: {because}")

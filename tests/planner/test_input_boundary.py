@@ -1,0 +1,178 @@
+"""Issue 18's named cases, each ending cleanly: one stderr line naming the file or flag, exit 2;
+nothing replaced without --overwrite; bounded work on huge inputs. (Interruption: tests/runtime/
+test_interrupt.py; random inputs: test_fuzz.py.)"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from costmodel.cluster import profile_dir
+from planner.cli import main
+
+CPU = "1x2xxeon-amx"
+LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "vocab_size": 512}
+
+
+@pytest.fixture()
+def files(tmp_path: Path, capsys) -> dict[str, Path]:
+    plan = tmp_path / "plan.json"
+    assert main(["predict", "--model", "debug-tiny", "--cluster", CPU, "--pp", "2", "--out", str(plan), "--json"]) == 0
+    capsys.readouterr()
+    doc = json.loads(plan.read_text())
+    out = {"plan": plan, "dir": tmp_path / "a-dir"}
+    out["dir"].mkdir()
+    for name, content in {
+        "list.json": [1, 2], "str_hidden.json": {**LLAMA, "hidden_size": "64"},
+        "null_ffn.json": {**LLAMA, "intermediate_size": None},
+        "huge_layers.json": {**LLAMA, "num_hidden_layers": 10**9},
+        "plan_str_dp.json": {**doc, "plan": {**doc["plan"], "dp": "2"}},
+        "plan_null.json": {**doc, "plan": None}, "measured_list.json": [],
+    }.items():
+        out[name] = tmp_path / name
+        out[name].write_text(json.dumps(content))
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    out["loop"] = tmp_path / "loop1"
+    out["garbage.npy"] = tmp_path / "garbage.npy"
+    out["garbage.npy"].write_bytes(os.urandom(1000))
+    out["negative.npy"] = tmp_path / "negative.npy"
+    np.save(out["negative.npy"], np.arange(-5, 4000, dtype=np.int32))
+    return out
+
+
+def _one_line(capsys, code: int, *phrases: str) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    for phrase in phrases:
+        assert phrase in err, err
+    assert code == 2
+    return err
+
+
+CASES = [  # (argv with {names} for fixture files, phrases the line must hold)
+    (["predict", "--model", "{list.json}", "--cluster", CPU], ["list.json", "JSON object"]),
+    (["predict", "--model", "{str_hidden.json}", "--cluster", CPU], ["str_hidden.json", "hidden_size", "integer"]),
+    (["predict", "--model", "{null_ffn.json}", "--cluster", CPU], ["null_ffn.json", "intermediate_size"]),
+    (["predict", "--plan", "{plan_str_dp.json}"], ["plan_str_dp.json", "plan: dp", "integer"]),
+    (["predict", "--plan", "{plan_null.json}"], ["plan_null.json", "plan must be a JSON object"]),
+    (["report", "{plan}", "--measured", "{measured_list.json}", "--out", "{dir}/r"], ["measured_list.json"]),
+    (["predict", "--plan", "{dir}"], ["a-dir", "is a directory"]),
+    (["predict", "--plan", "{loop}"], ["loop1", "symbolic links"]),
+    (["predict", "--plan", "{garbage.npy}"], ["garbage.npy", "not a text file"]),
+    (["search", "--model", "debug-tiny", "--cluster", CPU, "--out", "{plan}"], ["plan.json exists", "--overwrite"]),
+    (["search", "--model", "debug-tiny", "--cluster", CPU, "--out", "{dir}"], ["a-dir is a directory"]),
+    (["search", "--model", "debug-tiny", "--cluster", CPU, "--out", "/proc/x.json"], ["--out /proc/x.json", "cannot"]),
+    (["search", "--model", "debug-tiny", "--cluster", CPU, "--csv", "/proc/x.csv"], ["--csv /proc/x.csv"]),
+    (["search", "--model", "debug-tiny", "--cluster", CPU, "--report", "/proc/rep"], ["--report /proc/rep"]),
+    (["predict", "--model", "debug-tiny", "--cluster", CPU, "--out", "/proc/p.json"], ["--out /proc/p.json"]),
+    (["report", "{plan}", "--out", "/proc/rep"], ["--out /proc/rep"]),
+    (["run", "{plan}", "--nproc", "2", "--out", "/proc/run"], ["--out /proc/run"]),
+    (["calibrate", "{dir}", "--profile", "xeon-amx", "--out", "/proc/c.toml"], ["--out /proc/c.toml"]),
+    (["predict", "--model", "debug-tiny", "--cluster", CPU, "--global-batch", "0"], ["--global-batch", "positive"]),
+    (["predict", "--model", "debug-tiny", "--cluster", CPU, "--seq-len", "0"], ["--seq-len", "positive"]),
+    (["run", "{plan}", "--nproc", "0"], ["--nproc", "positive"]),
+    (["predict", "--model", "debug-tiny", "--cluster", CPU, "--tp", "2", "--sp", "--no-sp"], ["--sp and --no-sp"]),
+    (["search", "--model", "debug-tiny", "--cluster", CPU, "--fix", "tp=1", "--fix", "tp=2"], ["--fix tp given twice"]),
+    (["predict", "--plan", "{plan}", "--model", "llama-70b", "--cluster", "8x8xA100"],
+     ["--cluster, --model would be ignored", "--plan"]),
+    (["predict", "--model", "debug-tiny", "--cluster", CPU, "--tp", "-1"], ["--tp", "-1 is not a positive integer"]),
+    (["predict", "--model", "debug-tiny", "--cluster", "1x2x{dir}"], ["a-dir", "not a .toml profile"]),
+    (["predict", "--model", "debug-tiny", "--cluster", CPU, "--dtype", "fp9"], ["--dtype", "see planner predict --help"]),
+    (["run", "{plan}", "--dry-run", "--steps", "3"], ["--steps would be ignored", "--dry-run"]),
+    (["run", "{plan}", "--nproc", "2", "--data", "{garbage.npy}"], ["token file", "garbage.npy"]),
+    (["run", "{plan}", "--nproc", "2", "--data", "{negative.npy}"], ["negative.npy", "token id -5"]),
+    (["models", "--steps", "3"], ["planner models: error: unrecognized arguments: --steps 3"]),
+]
+
+
+@pytest.mark.parametrize("argv, phrases", CASES, ids=[" ".join(c[0][:4]) + f" #{i}" for i, c in enumerate(CASES)])
+def test_named_case_is_one_line_and_exit_2(files, capsys, argv, phrases):
+    def filled(arg: str) -> str:
+        for name, path in files.items():
+            arg = arg.replace("{" + name + "}", str(path))
+        return arg
+    _one_line(capsys, main([filled(a) for a in argv]), *phrases)
+
+
+@pytest.mark.parametrize("config, limit", [({**LLAMA, "num_hidden_layers": 10**9}, "num_layers"),
+                                           (None, "world size")])
+def test_huge_inputs_end_at_once(tmp_path, capsys, config, limit):
+    """10^9 layers or 8 x 10^8 devices used to spin for minutes before --time-limit was looked at."""
+    model = "debug-tiny"
+    if config:
+        (tmp_path / "c.json").write_text(json.dumps(config))
+        model = str(tmp_path / "c.json")
+    start = time.perf_counter()
+    code = main(["search", "--model", model, "--cluster", "8x8xA100" if config else "100000000x8xA100",
+                 "--time-limit", "10"])
+    assert time.perf_counter() - start < 5
+    _one_line(capsys, code, limit, "limit")
+
+
+def test_the_largest_allowed_cluster_obeys_the_time_limit(capsys):
+    start = time.perf_counter()
+    assert main(["search", "--model", "llama-70b", "--cluster", "131072x8xA100", "--time-limit", "1", "--json"]) == 0
+    assert time.perf_counter() - start < 15   # the limit bounds the search; tables and start-up follow
+
+
+def _runs_table(tmp_path: Path, name: str, edit) -> Path:
+    with open(profile_dir() / "runs" / "published_runs.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    stated = [r for r in rows if all(r[k] for k in ("tp", "pp", "dp", "micro_batch"))][:2]
+    path = tmp_path / name
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(edit(stated))
+    return path
+
+
+@pytest.mark.parametrize("name, edit, phrases", [
+    ("header.csv", lambda rows: [], ["no runs (only a header)"]),
+    ("negative.csv", lambda rows: [{**rows[0], "metric_value": "-3"}], ["line 2", "must be a positive number"]),
+    ("dupes.csv", lambda rows: [rows[0], rows[0]], ["line 3", "duplicate id"]),
+    ("huge.csv", lambda rows: [{**rows[0], "layers": "1000000000"}], ["line 2", "num_layers", "limit"]),
+])
+def test_bad_runs_tables(tmp_path, capsys, name, edit, phrases):
+    path = _runs_table(tmp_path, name, edit)
+    start = time.perf_counter()
+    code = main(["validate", str(path)])
+    assert time.perf_counter() - start < 10
+    _one_line(capsys, code, name, *phrases)
+
+
+def test_a_byte_order_mark_is_not_part_of_a_column_name(tmp_path, capsys):
+    path = _runs_table(tmp_path, "bom.csv", lambda rows: rows[:1])
+    path.write_text("\ufeff" + path.read_text())
+    assert main(["validate", str(path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["summary"]["n"] == 1 and doc["summary"]["spearman"] is None   # one row: no rank correlation
+
+
+def test_nothing_is_replaced_without_overwrite(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    tiny = ["search", "--model", "debug-tiny", "--cluster", CPU, "--out", str(out)]
+    assert main(tiny) == 0
+    first = out.read_text()
+    out.write_text(first.replace('"dp"', '"dp" ', 1))   # marked, to see whether it is replaced
+    capsys.readouterr()
+    _one_line(capsys, main(tiny), "exists", "--overwrite")
+    assert out.read_text() != first
+    assert main([*tiny, "--overwrite"]) == 0 and out.read_text() == first
+
+
+def test_a_used_run_directory_is_refused_before_anything_runs(files, capsys):
+    run = files["dir"] / "run"
+    run.mkdir()
+    (run / "measured.json").write_text("{}")
+    start = time.perf_counter()
+    code = main(["run", str(files["plan"]), "--nproc", "2", "--out", str(run)])
+    assert time.perf_counter() - start < 3
+    _one_line(capsys, code, "holds an earlier result (measured.json)", "--overwrite")

@@ -1,0 +1,62 @@
+"""Ctrl-C and SIGTERM during `planner run`: the command ends within seconds with one line (exit
+130 / 143), torchrun and every rank are gone, and the steps measured so far are kept in a
+measured.json marked incomplete (written whole, under a temporary name first)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from planner.cli import main
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:   # gone meanwhile
+            continue
+        if text in cmdline:
+            found.append(f"{pid}: {cmdline[:200]}")
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("sig, code, word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
+def test_a_signal_ends_the_run_cleanly_and_keeps_what_was_measured(tmp_path, capsys, sig, code, word):
+    plan, out = tmp_path / "plan.json", tmp_path / "run"
+    assert main(["predict", "--model", "debug-tiny", "--cluster", "1x2xxeon-amx", "--dtype", "fp32",
+                 "--out", str(plan), "--json"]) == 0
+    proc = subprocess.Popen([sys.executable, "-m", "planner", "run", str(plan), "--steps", "100000",
+                             "--warmup", "1", "--out", str(out)], stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stderr:   # wait until a timed step has been recorded
+            if "step 2/" in line:
+                break
+        else:
+            pytest.fail(f"the run ended before its second step: exit {proc.wait()}")
+        sent = time.perf_counter()
+        proc.send_signal(sig)
+        rest = proc.stderr.read()
+        proc.wait(timeout=30)
+        elapsed = time.perf_counter() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = [line for line in rest.splitlines() if not line.startswith("[planner run]")]
+    assert proc.returncode == code and len(lines) == 1 and word in lines[0], rest
+    assert "Traceback" not in rest
+    assert elapsed < 5, f"took {elapsed:.1f} s to end"
+    time.sleep(0.5)
+    assert _processes_mentioning(str(out)) == [], "processes left behind"
+    measured = json.loads((out / "measured.json").read_text())
+    assert measured["complete"] is False and measured["steps"] >= 1 and len(measured["step_times_s"]) >= 1
+    assert "incomplete" in lines[0] and "measured.json" in lines[0]
+    assert not list(out.glob(".*.tmp-*")), "a temporary file left behind"
