@@ -34,6 +34,19 @@ def build_plan(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, choice:
     dp = choice.dp if choice.dp is not None else cluster.world_size // inner
     if choice.dp is None and cluster.world_size % inner:
         raise ValueError(f"tp*pp*cp = {inner} does not divide the cluster's {cluster.world_size} devices")
+    # before anything is sized by these degrees: a typo of 10^9 must not allocate 10^9 entries
+    if dp * inner != cluster.world_size:
+        raise ValueError(f"dp*tp*pp*cp = {dp * inner:,} is not the cluster's {cluster.world_size:,} devices")
+    if choice.pp * choice.vpp > model.num_layers:
+        raise ValueError(f"pp*vpp = {choice.pp * choice.vpp:,} pipeline stages, but the model has only "
+                         f"{model.num_layers} layers")
+    if choice.recompute_layers is not None:
+        if choice.recompute is Recompute.NONE:
+            raise ValueError("--recompute-layers needs --recompute selective or full")
+        most = -(-model.num_layers // choice.pp)
+        if choice.recompute_layers > most:
+            raise ValueError(f"--recompute-layers {choice.recompute_layers}: a pipeline rank holds at most "
+                             f"{most} layers")
     per_replica = train.global_batch_size // max(dp, 1)
     if dp < 1 or train.global_batch_size % dp or per_replica % choice.micro_batch_size:
         raise ValueError(f"global batch {train.global_batch_size} does not split into dp={dp} "

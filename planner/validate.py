@@ -107,13 +107,19 @@ def _check_row(path: Path, line: int, row: dict[str, str]) -> None:
 
 
 def _int(row: dict[str, str], key: str, default: int | None = None) -> int | None:
+    """A size or degree: a positive integer (zero_stage: 0 to 3), or `default` when empty."""
     value = (row.get(key) or "").strip()
     if not value:
         return default
     try:
-        return int(value)
+        number = int(value)
     except ValueError:
         raise ValueError(f"row {row.get('id')!r}: {key} = {value!r} is not an integer") from None
+    low, high = (0, 3) if key == "zero_stage" else (1, None)
+    if number < low or (high is not None and number > high):
+        raise ValueError(f"row {row.get('id')!r}: {key} = {number} is out of range "
+                         f"({'0 to 3' if high else 'a positive integer'})")
+    return number
 
 
 def _flag(row: dict[str, str], key: str, default: bool) -> bool:

@@ -89,6 +89,11 @@ CASES = [  # (argv with {names} for fixture files, phrases the line must hold)
     (["run", "{plan}", "--nproc", "2", "--data", "{garbage.npy}"], ["token file", "garbage.npy"]),
     (["run", "{plan}", "--nproc", "2", "--data", "{negative.npy}"], ["negative.npy", "token id -5"]),
     (["models", "--steps", "3"], ["planner models: error: unrecognized arguments: --steps 3"]),
+    (["predict", "--model", "debug-tiny", "--cluster", CPU, "--vpp", "1000000000"], ["pipeline stages", "layers"]),
+    (["predict", "--model", "debug-tiny", "--cluster", CPU, "--dp", "1", "--pp", "1000000000"], ["devices"]),
+    (["predict", "--model", "debug-tiny", "--cluster", CPU, "--recompute-layers", "1"], ["needs --recompute"]),
+    (["predict", "--model", "debug-tiny", "--cluster", CPU, "--recompute", "full", "--recompute-layers", "999"],
+     ["--recompute-layers 999", "at most"]),
 ]
 
 
