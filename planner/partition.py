@@ -152,6 +152,9 @@ def _solve(cm: cp_model.CpModel, *, time_limit_s: float, deterministic_limit: fl
            **parameters) -> tuple[cp_model.CpSolver, int]:
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1  # deterministic
+    # CP-SAT's own Ctrl-C handler leaves SIGINT at its default (kill, no clean-up) once a solve
+    # ends; each solve is short, so Python's handler serves between solves.
+    solver.parameters.catch_sigint_signal = False
     for name, value in parameters.items():
         setattr(solver.parameters, name, value)
     solver.parameters.max_time_in_seconds = time_limit_s

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import socket
 import tempfile
 from datetime import timedelta
@@ -23,6 +24,8 @@ import torch.distributed.fsdp  # noqa: F401
 import torch.distributed.pipelining  # noqa: F401
 import torch.distributed.tensor.parallel  # noqa: F401
 
+from runtime.launch import die_with_parent
+
 
 class RankFailed(RuntimeError):
     pass
@@ -36,6 +39,9 @@ def _free_port() -> int:
 
 def _worker(rank: int, world: int, port: int, result_dir: str, fn: Callable, args: tuple,
             device_type: str = "cpu") -> None:
+    # The parent handles Ctrl-C and ends the ranks (run_forked); a rank dies with the parent.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     torch.set_num_threads(1)
@@ -55,11 +61,20 @@ def run_forked(world: int, fn: Callable, *args: Any, device_type: str = "cpu") -
     """`fn(*args)` on `world` forked ranks; returns each rank's result, rank order. CUDA ranks
     are spawned instead (CUDA cannot be used in a forked child), so `fn` and `args` must pickle."""
     with tempfile.TemporaryDirectory() as tmp:
+        context = mp.start_processes(_worker, args=(world, _free_port(), tmp, fn, args, device_type),
+                                     nprocs=world, join=False,
+                                     start_method="spawn" if device_type == "cuda" else "fork")
         try:
-            mp.start_processes(_worker, args=(world, _free_port(), tmp, fn, args, device_type), nprocs=world,
-                               join=True, start_method="spawn" if device_type == "cuda" else "fork")
+            while not context.join():
+                pass
         except mp.ProcessRaisedException as exc:
             raise RankFailed(f"rank {exc.error_index} raised:\n{exc}") from None
         except mp.ProcessExitedException as exc:
             raise RankFailed(f"rank {exc.error_index} exited with code {exc.exit_code}") from None
+        except BaseException:   # Ctrl-C or SIGTERM in the parent: no rank outlives it
+            for proc in context.processes:
+                if proc.is_alive():
+                    proc.kill()
+                proc.join()
+            raise
         return [pickle.loads(Path(tmp, f"rank{r}.pkl").read_bytes()) for r in range(world)]

@@ -67,6 +67,19 @@ class WorkerArgs(StepsConfig):
         return int(rank), int(step), kind
 
 
+def die_with_parent() -> None:
+    """On Linux, ask the kernel to SIGKILL this process when its parent ends, however it ends:
+    a torchrun (or planner) killed outright then leaves no rank behind."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() == 1:   # the parent was already gone before the request took effect
+        os._exit(1)
+
+
 class RunFailed(RuntimeError):
     pass
 

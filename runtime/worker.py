@@ -9,27 +9,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import traceback
 
 import torch.distributed as dist
 
 from costmodel.plan import PlanFile
-from runtime.launch import PARTIAL, WorkerArgs
+from runtime.launch import PARTIAL, WorkerArgs, die_with_parent
 from runtime.train import RunConfig, init_distributed, run_rank
-
-
-def die_with_parent() -> None:
-    """On Linux, ask the kernel to SIGKILL this rank when torchrun ends, however it ends: a
-    torchrun killed outright (or a planner stopped hard) then leaves no rank behind."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-    if os.getppid() == 1:   # torchrun was already gone before the request took effect
-        os._exit(1)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -60,3 +60,29 @@ def test_a_signal_ends_the_run_cleanly_and_keeps_what_was_measured(tmp_path, cap
     assert measured["complete"] is False and measured["steps"] >= 1 and len(measured["step_times_s"]) >= 1
     assert "incomplete" in lines[0] and "measured.json" in lines[0]
     assert not list(out.glob(".*.tmp-*")), "a temporary file left behind"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("argv, after_s", [
+    (["validate"], 2.5),   # CP-SAT solves under way: its own SIGINT handler once left Ctrl-C fatal
+    (["profile", "--out", "{tmp}/p.toml", "--quick"], 6.0),   # forked measuring ranks
+])
+def test_ctrl_c_ends_long_commands_in_one_line(tmp_path, argv, after_s):
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    proc = subprocess.Popen([sys.executable, "-m", "planner", *argv], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(after_s)
+    sent = time.perf_counter()
+    proc.send_signal(signal.SIGINT)
+    try:
+        err = proc.stderr.read()
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    elapsed = time.perf_counter() - sent
+    assert proc.returncode == 130 and err.strip().splitlines()[-1] == f"planner {argv[0]}: interrupted", err
+    assert "Traceback" not in err and elapsed < 5
+    time.sleep(0.5)
+    assert _processes_mentioning(str(tmp_path)) == []
+    assert not (tmp_path / "p.toml").exists()   # an interrupted profile writes nothing
