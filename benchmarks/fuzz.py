@@ -34,6 +34,9 @@ def kinds(ws: fuzzing.Workspace):
         "plan file": mutated("plan.json", plan, lambda p: ["predict", "--plan", str(p)]),
         "model config": mutated("config.json", fuzzing.CONFIG,
                                 lambda p: ["predict", "--model", str(p), "--cluster", f"1x2x{fuzzing.PROFILE}"]),
+        "measured run": mutated("measured.json", json.loads(ws.measured.read_text()),
+                                lambda p: ["report", str(ws.plan), "--measured", str(p), "--out",
+                                           str(ws.outputs / "report"), "--overwrite"]),
         "runs table": fuzzing.csv_mutations(ws.runs.read_text()).map(
             lambda t: ["validate", str(fuzzing.write_input(ws, "runs.csv", t)), "--json"]),
     }
@@ -41,7 +44,8 @@ def kinds(ws: fuzzing.Workspace):
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--examples", type=int, default=2000, help="examples per kind (default 2000)")
+    p.add_argument("--examples", type=int, default=2000,
+                   help="examples per kind (default 2000; a tenth of it for measured runs, which render reports)")
     p.add_argument("--seed", type=int, default=None, help="hypothesis seed (default: random, printed)")
     args = p.parse_args()
     chosen = random.randrange(2**32) if args.seed is None else args.seed
@@ -50,8 +54,11 @@ def main() -> int:
     for kind, strategy in kinds(ws).items():
         codes: collections.Counter = collections.Counter()
 
+        # a valid measured run renders a whole report (~2 s): a tenth as many of those
+        count = args.examples // 10 if kind == "measured run" else args.examples
+
         @seed(chosen)
-        @settings(max_examples=args.examples, deadline=None, database=None,
+        @settings(max_examples=count, deadline=None, database=None,
                   suppress_health_check=list(HealthCheck))
         @given(argv=strategy)
         def one(argv):

@@ -313,6 +313,8 @@ def local_profile() -> DeviceProfile:
 
 
 def resolve_device(name_or_path: str) -> DeviceProfile:
+    if not name_or_path.strip():
+        raise InputError("the device name is empty (a name such as A100, `local`, or a .toml path)")
     if name_or_path.lower() == machine.LOCAL:
         return local_profile()
     path = Path(name_or_path)
@@ -352,11 +354,10 @@ def cluster_from_dict(data: Any, where: str = "cluster") -> ClusterSpec:
                          f"(and optionally memory_headroom); got {sorted(data) if isinstance(data, dict) else data!r}")
     try:
         return ClusterSpec(device=resolve_device(inputs.value(data, "device", str, where)),
-                           num_nodes=inputs.positive_int(data, "num_nodes", where),
-                           devices_per_node=inputs.positive_int(data, "devices_per_node", where),
+                           num_nodes=inputs.positive_field(data, "num_nodes", where),
+                           devices_per_node=inputs.positive_field(data, "devices_per_node", where),
                            memory_headroom=inputs.value(data, "memory_headroom", float, where,
                                                         DEFAULT_MEMORY_HEADROOM))
-    except InputError:
-        raise
-    except ValueError as exc:
-        raise InputError(f"{where}: {exc}") from None
+    except ValueError as exc:   # a profile's own errors name their file; the device's are ours
+        text = str(exc)
+        raise InputError(text if text.startswith(where) else f"{where}: {text}") from None

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import math
 import os
+import stat
 import types
 import typing
 from enum import Enum
@@ -21,13 +22,14 @@ from typing import Any
 MAX_INPUT_BYTES = 64 * 1024 * 1024
 
 # Sanity limits on sizes: far beyond any published run (the largest have ~100k GPUs, 126 layers,
-# 256k vocabularies and 1M-token contexts), near enough that nothing loops for minutes on them.
+# 256k vocabularies, 1M-token contexts and batches of a few thousand sequences), near enough that
+# nothing loops for minutes on them (the pipeline simulation is linear in micro-batches).
 MAX_WORLD_SIZE = 1 << 20
 MAX_LAYERS = 10_000
 MAX_WIDTH = 1 << 20          # hidden, FFN, heads
 MAX_VOCAB = 1 << 24
 MAX_SEQ_LEN = 1 << 24
-MAX_GLOBAL_BATCH = 1 << 24
+MAX_GLOBAL_BATCH = 1 << 16    # sequences; published LLM runs use up to a few thousand
 
 
 MISSING = dataclasses.MISSING   # "no default": the key is required
@@ -38,8 +40,9 @@ class InputError(ValueError):
 
 
 def check_limit(where: str, name: str, value: int, limit: int) -> None:
+    # a plain ValueError: the reader that called the dataclass puts the file in front
     if value > limit:
-        raise InputError(f"{where}: {name} {value:,} is beyond this planner's limit of {limit:,}")
+        raise ValueError(f"{where}: {name} {value:,} is beyond this planner's limit of {limit:,}")
 
 
 def _os_reason(exc: OSError) -> str:
@@ -52,10 +55,13 @@ def read_bytes(path: Path | str, what: str) -> bytes:
     try:
         if path.is_dir():
             raise InputError(f"{what} {path} is a directory, not a file")
-        size = path.stat().st_size
-        if size > MAX_INPUT_BYTES:
-            raise InputError(f"{what} {path} is {size / 2**20:,.0f} MiB; a {what} is far smaller")
-        return path.read_bytes()
+        if not stat.S_ISREG(path.stat().st_mode):   # /dev/zero, a FIFO: endless or blocking
+            raise InputError(f"{what} {path} is not a regular file")
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_INPUT_BYTES + 1)   # the size a file reports is not trusted
+        if len(raw) > MAX_INPUT_BYTES:
+            raise InputError(f"{what} {path} is over {MAX_INPUT_BYTES // 2**20} MiB; a {what} is far smaller")
+        return raw
     except FileNotFoundError:
         raise InputError(f"{what} {path} does not exist") from None
     except OSError as exc:   # permission, symlink loop, I/O error
@@ -96,23 +102,20 @@ def _kind(value: Any) -> str:
 
 
 def value(data: dict[str, Any], key: str, kind: Any, where: str, default: Any = MISSING) -> Any:
-    """data[key] checked against `kind` (int, float, bool, str, an Enum, tuple[X, ...], X | None)."""
-    if key not in data:
+    """data[key] checked against `kind` (int, float, bool, str, an Enum, tuple[X, ...], X | None).
+    A key with a default may be absent or null (Hugging Face configs write `"n_inner": null`)."""
+    if key not in data or (data[key] is None and default is not MISSING):
         if default is MISSING:
             raise InputError(f"{where}: {key} is missing")
         return default
     return _coerce(data[key], kind, f"{where}: {key}")
 
 
-def positive_int(data: dict[str, Any], key: str, where: str, default: Any = MISSING,
-                 limit: int | None = None) -> int:
+def positive_field(data: dict[str, Any], key: str, where: str, default: Any = MISSING) -> int | None:
+    """data[key] as a positive integer (or `default`, which may be None, when absent or null)."""
     number = value(data, key, int, where, default)
-    if number is None:
-        return number
-    if number <= 0:
+    if number is not None and number <= 0:
         raise InputError(f"{where}: {key} must be a positive integer, not {number}")
-    if limit is not None:
-        check_limit(where, key, number, limit)
     return number
 
 
@@ -184,15 +187,14 @@ def dataclass_from_json(cls: type, data: Any, where: str):
     kwargs = {name: _coerce(raw, hints[name], f"{where}: {name}") for name, raw in data.items()}
     try:
         return cls(**kwargs)
-    except InputError:
-        raise
-    except ValueError as exc:
+    except ValueError as exc:   # the dataclass's own checks, which do not know the file
         raise InputError(f"{where}: {exc}") from None
 
 
 def write_text_atomic(path: Path, text: str) -> None:
     """Write to a temporary name beside `path`, then rename: a reader (or a resume) never sees a
     half-written file, and an interrupted write leaves the old one whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         tmp.write_text(text)

@@ -9,6 +9,7 @@ missing or unknown fields is refused with one line that names the file and the f
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,13 @@ from typing import Any
 from costmodel.inputs import InputError, dataclass_from_json, read_json_object, write_text_atomic
 
 MEASURED_FORMAT_VERSION = 2
+STAGE_PARTS = ("work", "dp_sync", "optimizer", "wait")   # runtime.measure's split of a stage's step
+
+
+def _number(value: Any, none_ok: bool = False) -> bool:
+    if value is None:
+        return none_ok
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,6 +50,42 @@ class MeasuredRun:
     cluster: str
     peak_reserved_bytes: list[float] | None = None   # CUDA: max_memory_reserved per stage
     complete: bool = True              # False: interrupted, the steps measured before the signal
+
+    def __post_init__(self) -> None:
+        """Consistent as `planner run` writes it; what reports and calibrate index into."""
+        if problems := self._problems():
+            raise ValueError("; ".join(problems))
+
+    def _problems(self) -> list[str]:
+        out = [f"{name} must be positive, not {getattr(self, name)}"
+               for name in ("step_time_s", "tokens_per_s", "world_size", "steps") if not getattr(self, name) > 0]
+        out += [f"{name} must not be negative" for name in ("mfu", "warmup_steps", "wall_s") if getattr(self, name) < 0]
+        if not self.losses or not self.step_times_s or min(self.step_times_s) <= 0:
+            out.append("losses and step_times_s must be non-empty, step times positive")
+        pp = self.plan.get("pp")
+        if not isinstance(pp, int) or isinstance(pp, bool) or pp < 1:
+            return out + ["plan.pp must be a positive integer"]
+        per_stage = {"peak_memory_bytes": self.peak_memory_bytes, "peak_reserved_bytes": self.peak_reserved_bytes,
+                     "predicted_memory_compared_bytes": self.predicted_memory_compared_bytes,
+                     "error_pct.peak_memory_bytes": self.error_pct.get("peak_memory_bytes")}
+        for name, parts in (("stage_breakdown_s", self.stage_breakdown_s),
+                            ("predicted_stage_breakdown_s", self.predicted_stage_breakdown_s),
+                            ("error_pct.stage_breakdown_s", self.error_pct.get("stage_breakdown_s"))):
+            if parts is not None:
+                if not isinstance(parts, dict) or set(parts) != set(STAGE_PARTS):
+                    out.append(f"{name} must hold {', '.join(STAGE_PARTS)}")
+                    continue
+                per_stage.update({f"{name}.{k}": v for k, v in parts.items()})
+        out += [f"{name} must have one entry per pipeline stage ({pp})" for name, v in per_stage.items()
+                if v is not None and (not isinstance(v, list) or len(v) != pp)]
+        out += [f"{name} must hold numbers" for name, v in per_stage.items()
+                if isinstance(v, list) and not all(_number(x, none_ok=name.startswith("error_pct")) for x in v)]
+        for name, doc, none_ok in (("predicted", self.predicted, False), ("error_pct", self.error_pct, True)):
+            if bad := [k for k in ("step_time_s", "tokens_per_s", "mfu") if not _number(doc.get(k, "-"), none_ok)]:
+                out.append(f"{name}: {', '.join(bad)} must be numbers")
+        if missing := [k for k in ("peak_memory_bytes", "stage_breakdown_s") if k not in self.error_pct]:
+            out.append(f"error_pct lacks {', '.join(missing)}")
+        return out
 
     @property
     def memory_from_cuda(self) -> bool:

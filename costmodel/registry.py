@@ -117,15 +117,11 @@ def model_from_hf_config(path: Path) -> ModelSpec:
     if kind in readers:
         try:
             return readers[kind](name, cfg, where)
-        except InputError:
+        except InputError:   # already names the file
             raise
         except ValueError as exc:   # the spec's own checks (head counts dividing, limits)
             raise InputError(f"{where}: {exc}") from None
     raise InputError(f"{where}: model_type {kind!r} is not supported (supported: llama, mistral, gpt2)")
-
-
-def _size(cfg: dict[str, Any], key: str, where: str, default: Any = inputs.MISSING) -> int:
-    return inputs.positive_int(cfg, key, where, default)
 
 
 def _llama_from_hf(name: str, cfg: dict[str, Any], where: str) -> ModelSpec:
@@ -133,18 +129,18 @@ def _llama_from_hf(name: str, cfg: dict[str, Any], where: str) -> ModelSpec:
         raise InputError(f"{where}: hidden_act {act!r} is not SwiGLU (silu)")
     if inputs.value(cfg, "attention_bias", bool, where, False) or inputs.value(cfg, "mlp_bias", bool, where, False):
         raise InputError(f"{where}: llama-style models with biases are not supported")
-    heads = _size(cfg, "num_attention_heads", where)
-    spec = llama_spec(name, layers=_size(cfg, "num_hidden_layers", where), hidden=_size(cfg, "hidden_size", where),
-                      heads=heads, kv_heads=_size(cfg, "num_key_value_heads", where, None) or heads,
-                      ffn=_size(cfg, "intermediate_size", where), vocab=_size(cfg, "vocab_size", where),
-                      max_pos=_size(cfg, "max_position_embeddings", where, 4096), source=where)
+    heads = inputs.positive_field(cfg, "num_attention_heads", where)
+    spec = llama_spec(name, layers=inputs.positive_field(cfg, "num_hidden_layers", where), hidden=inputs.positive_field(cfg, "hidden_size", where),
+                      heads=heads, kv_heads=inputs.positive_field(cfg, "num_key_value_heads", where, None) or heads,
+                      ffn=inputs.positive_field(cfg, "intermediate_size", where), vocab=inputs.positive_field(cfg, "vocab_size", where),
+                      max_pos=inputs.positive_field(cfg, "max_position_embeddings", where, 4096), source=where)
     if inputs.value(cfg, "tie_word_embeddings", bool, where, False):
         spec = ModelSpec.from_dict({**spec.to_dict(), "tied_embeddings": True})
     return spec
 
 
 def _gpt2_from_hf(name: str, cfg: dict[str, Any], where: str) -> ModelSpec:
-    hidden = _size(cfg, "n_embd", where)
-    return gpt_spec(name, layers=_size(cfg, "n_layer", where), hidden=hidden, heads=_size(cfg, "n_head", where),
-                    vocab=_size(cfg, "vocab_size", where), max_pos=_size(cfg, "n_positions", where),
-                    ffn=_size(cfg, "n_inner", where, None) or 4 * hidden, source=where)
+    hidden = inputs.positive_field(cfg, "n_embd", where)
+    return gpt_spec(name, layers=inputs.positive_field(cfg, "n_layer", where), hidden=hidden, heads=inputs.positive_field(cfg, "n_head", where),
+                    vocab=inputs.positive_field(cfg, "vocab_size", where), max_pos=inputs.positive_field(cfg, "n_positions", where),
+                    ffn=inputs.positive_field(cfg, "n_inner", where, None) or 4 * hidden, source=where)

@@ -52,6 +52,14 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def seed_int(text: str) -> int:
+    """A seed the ranks can derive theirs from without overflowing torch's 64-bit seed."""
+    value = non_negative_int(text)
+    if value >= 2**32:
+        raise argparse.ArgumentTypeError(f"{value} is not below 2^32")
+    return value
+
+
 def positive_float(text: str) -> float:
     value = _number(text, float)
     if value <= 0:

@@ -44,6 +44,9 @@ def load_run(path: Path) -> Run:
         if not (path / name).exists():
             raise ValueError(f"{path} is not a run directory of `planner run` (no {name})")
     measured = MeasuredRun.load(path / "measured.json")
+    if not measured.complete:
+        raise ValueError(f"{path}: the run was interrupted after {measured.steps} step(s) (measured.json is "
+                         "marked incomplete); calibrate on complete runs (run it again)")
     return Run(path=path, pf=PlanFile.load(path / "plan.json"), measured_step_s=measured.step_time_s,
                measured=measured)
 

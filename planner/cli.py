@@ -21,8 +21,8 @@ from costmodel.registry import MODELS, default_recipe, model_names, resolve_mode
 from costmodel.specs import AttentionKernel, DType, ModelSpec, TrainSpec
 from costmodel.units import GIB
 from planner import outputs
-from planner.args import (EXIT_USAGE, Parser, add_overwrite_arg, fraction, given_flags, non_negative_int, positive_int,
-                          refuse_ignored, refuse_repeated)
+from planner.args import (EXIT_USAGE, Parser, add_overwrite_arg, fraction, given_flags, non_negative_int,
+                          positive_float, positive_int, refuse_ignored, refuse_repeated)
 from planner.signals import Terminated, held_while_loading, terminate_as_exception
 from planner.space import Choice, build_plan
 
@@ -145,6 +145,12 @@ def cmd_search(args: argparse.Namespace) -> int:
     model, train, cluster = _specs(args)
     result = run_search(args, model, train, cluster)
     stats = result.stats
+    best = result.plans[0]
+    runner_up_text = why_runner_up_lost(best, result.plans[1]) if len(result.plans) > 1 else ""
+    if args.report:   # with --json too: stdout holds the JSON, the report goes to its directory
+        _write_report(args.report, model, train, cluster, best.plan, best.estimate,
+                      runners_up=[(f.plan, f.estimate) for f in result.plans[1:]],
+                      candidates=[f.estimate for f in result.evaluated], runner_up_text=runner_up_text)
     if args.json:
         _emit_json({"plans": [{"plan": f.plan.to_dict(), "estimate": f.estimate.to_dict()} for f in result.plans],
                     "search": {**stats.to_dict(), "equivalent_plans": result.equivalent,
@@ -153,7 +159,6 @@ def cmd_search(args: argparse.Namespace) -> int:
                                {"plan": result.fastest.plan.to_dict(), "estimate": result.fastest.estimate.to_dict()}}})
         return 0
     from reports.tables import search_table, summary_lines
-    best = result.plans[0]
     print(summary_lines(model, train, cluster, best.plan, best.estimate))
     print()
     print(search_table(result.plans))
@@ -179,13 +184,8 @@ def cmd_search(args: argparse.Namespace) -> int:
         print(f"{result.equivalent} plans within +-{100 * result.error_band:.1f}% of the fastest are equivalent "
               f"under that error: the first is the most robust (runs in `planner run`, memory headroom, "
               f"fewer moving parts)")
-    runner_up_text = why_runner_up_lost(best, result.plans[1]) if len(result.plans) > 1 else ""
     if runner_up_text:
         print(runner_up_text)
-    if args.report:
-        _write_report(args.report, model, train, cluster, best.plan, best.estimate,
-                      runners_up=[(f.plan, f.estimate) for f in result.plans[1:]],
-                      candidates=[f.estimate for f in result.evaluated], runner_up_text=runner_up_text)
     return 0
 
 
@@ -216,7 +216,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from planner.validate import default_runs_path, validate
-    results, summary = validate(Path(args.runs) if args.runs else default_runs_path())
+    results, summary = validate(Path(args.runs) if args.runs else default_runs_path(), args.time_limit)
     if args.json:
         _emit_json({"rows": [r.to_dict() for r in results], "summary": summary})
     else:
@@ -298,6 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("runs", nargs="?", default=None,
                    help="table in the format of profiles/runs/published_runs.csv (default: that table)")
     p.add_argument("--json", action="store_true", help='print {"rows", "summary"} as JSON')
+    p.add_argument("--time-limit", type=positive_float, default=600.0, metavar="S",
+                   help="stop after S seconds in all with one line (default 600; a row with unstated "
+                        "fields is searched for up to 20 s)")
     p.set_defaults(parser=p, func=cmd_validate)
 
     p = sub.add_parser("report", help="bubble and memory report of a plan (PNG/SVG, index.html/md)",

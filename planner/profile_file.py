@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import tomlkit
+
+from costmodel.inputs import write_text_atomic
 from tomlkit.items import Table
 
 # (key, value, comment or None)
@@ -51,11 +53,8 @@ def networks(tiers: Iterable[Iterable[Row]]) -> tomlkit.items.AoT:
 
 
 def write(path: Path, doc: tomlkit.TOMLDocument) -> None:
-    """Written to a temporary file and renamed: an interrupted write never leaves half a profile."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(path.suffix + ".partial")
-    partial.write_text(tomlkit.dumps(doc))
-    partial.replace(path)
+    """Atomically (costmodel.inputs.write_text_atomic): never half a profile."""
+    write_text_atomic(path, tomlkit.dumps(doc))
 
 
 def parse(text: str) -> tomlkit.TOMLDocument:

@@ -36,7 +36,7 @@ def build_plan(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, choice:
         raise ValueError(f"tp*pp*cp = {inner} does not divide the cluster's {cluster.world_size} devices")
     # before anything is sized by these degrees: a typo of 10^9 must not allocate 10^9 entries
     if dp * inner != cluster.world_size:
-        raise ValueError(f"dp*tp*pp*cp = {dp * inner:,} is not the cluster's {cluster.world_size:,} devices")
+        raise ValueError(f"dp*tp*pp*cp = {dp * inner:,} does not equal the cluster's {cluster.world_size} devices")
     if choice.pp * choice.vpp > model.num_layers:
         raise ValueError(f"pp*vpp = {choice.pp * choice.vpp:,} pipeline stages, but the model has only "
                          f"{model.num_layers} layers")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+import time
 import itertools
 import re
 from dataclasses import dataclass, replace
@@ -63,25 +64,32 @@ class RowResult:
 
 
 def read_runs(path: Path) -> list[dict[str, str]]:
+    return [row for _, row in read_numbered_runs(path)]
+
+
+def read_numbered_runs(path: Path) -> list[tuple[int, dict[str, str]]]:
+    """(line in the file, row) for every run, checked; errors name the file and the line."""
     text = read_text(path, "runs table")
+    numbered = []
     try:
         reader = csv.DictReader(io.StringIO(text, newline=""))
-        rows = list(reader)
+        for row in reader:
+            numbered.append((reader.line_num, row))   # blank lines and quoted newlines counted
         header = reader.fieldnames or []
     except csv.Error as exc:
         raise InputError(f"runs table {path} is not a readable CSV file ({exc})") from None
     missing = [c for c in REQUIRED if c not in header]
     if missing:
         raise ValueError(f"{path}: missing columns {', '.join(missing)}")
-    if not rows:
+    if not numbered:
         raise ValueError(f"{path}: no runs (only a header)")
     seen: set[str] = set()
-    for line, row in enumerate(rows, start=2):
+    for line, row in numbered:
         _check_row(path, line, row)
         if row["id"] in seen:
             raise ValueError(f"{path} line {line}: duplicate id {row['id']!r}")
         seen.add(row["id"])
-    return rows
+    return numbered
 
 
 def _check_row(path: Path, line: int, row: dict[str, str]) -> None:
@@ -106,8 +114,9 @@ def _check_row(path: Path, line: int, row: dict[str, str]) -> None:
         raise ValueError(f"{where}: metric_value {value!r} must be a positive number")
 
 
-def _int(row: dict[str, str], key: str, default: int | None = None) -> int | None:
-    """A size or degree: a positive integer (zero_stage: 0 to 3), or `default` when empty."""
+def _int(row: dict[str, str], key: str, default: int | None = None, low: int = 1,
+         high: int | None = None) -> int | None:
+    """A size or degree in [low, high] (a positive integer unless said), or `default` when empty."""
     value = (row.get(key) or "").strip()
     if not value:
         return default
@@ -115,10 +124,9 @@ def _int(row: dict[str, str], key: str, default: int | None = None) -> int | Non
         number = int(value)
     except ValueError:
         raise ValueError(f"row {row.get('id')!r}: {key} = {value!r} is not an integer") from None
-    low, high = (0, 3) if key == "zero_stage" else (1, None)
     if number < low or (high is not None and number > high):
         raise ValueError(f"row {row.get('id')!r}: {key} = {number} is out of range "
-                         f"({'0 to 3' if high else 'a positive integer'})")
+                         f"({f'{low} to {high}' if high is not None else f'at least {low}'})")
     return number
 
 
@@ -185,7 +193,7 @@ def _options(row: dict[str, str], model: ModelSpec, tp: int, pp: int, dp: int,
         "recompute": [Recompute(rc)] if rc else list(Recompute),
         "vpp": [_int(row, "vpp")] if row.get("vpp", "").strip() else vpp_all,
         "sp": [stated_sp in ("yes", "true", "1")] if stated_sp else ([False, True] if tp > 1 else [False]),
-        "zero_stage": [_int(row, "zero_stage")] if row.get("zero_stage", "").strip() else [0, 1, 2, 3],
+        "zero_stage": [_int(row, "zero_stage", low=0, high=3)] if row.get("zero_stage", "").strip() else [0, 1, 2, 3],
     }
     return opts, {k for k in opts if not (row.get(k) or "").strip()}
 
@@ -249,9 +257,12 @@ def _least_overflow(row: dict[str, str], model: ModelSpec, train: TrainSpec, clu
     return best[1], best[2]
 
 
-def validate_row(row: dict[str, str]) -> RowResult:
+ROW_SEARCH_LIMIT_S = 20.0   # a row's search for its unstated fields
+
+
+def validate_row(row: dict[str, str], time_limit_s: float = ROW_SEARCH_LIMIT_S) -> RowResult:
     model, train, cluster = row_specs(row)
-    plan, est, filled = best_plan_for_row(row, model, train, cluster)
+    plan, est, filled = best_plan_for_row(row, model, train, cluster, time_limit_s=time_limit_s)
     metric, raw = row["metric_name"].strip(), row["metric_value"].strip()
     if metric == "status":
         predicted = "fits" if est.fits else "OOM"
@@ -306,13 +317,19 @@ def default_runs_path() -> Path:
     return profile_dir() / "runs" / "published_runs.csv"
 
 
-def validate(path: Path) -> tuple[list[RowResult], dict[str, Any]]:
-    rows = read_runs(path)
+def validate(path: Path, time_limit_s: float = 600.0) -> tuple[list[RowResult], dict[str, Any]]:
+    """Every row, within `time_limit_s` in all (each row's search gets what is left, at most
+    ROW_SEARCH_LIMIT_S), or an InputError saying where it stopped."""
+    numbered = read_numbered_runs(path)
     results = []
-    for line, row in enumerate(rows, start=2):
+    deadline = time.perf_counter() + time_limit_s
+    for line, row in numbered:
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            raise InputError(f"{path}: stopped at --time-limit {time_limit_s:g} s after {len(results)} of "
+                             f"{len(numbered)} rows (rows with unstated fields are searched); raise it")
         try:
-            results.append(validate_row(row))
-        except ValueError as exc:   # the row's own messages already name it: say the line instead
-            where = f"row {row['id']!r}: "
-            raise InputError(f"{path} line {line} ({where[:-2]}): {str(exc).removeprefix(where)}") from None
-    return results, summarize(results, rows)
+            results.append(validate_row(row, min(ROW_SEARCH_LIMIT_S, left)))
+        except ValueError as exc:
+            raise InputError(f"{path} line {line}: {exc}") from None
+    return results, summarize(results, [row for _, row in numbered])

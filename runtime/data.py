@@ -21,18 +21,21 @@ class TokenSource:
     """Synthetic seeded tokens, or windows of a token file (.npy, or raw .bin with `dtype`)."""
 
     def __init__(self, vocab_size: int, seq_len: int, seed: int, path: Path | None = None,
-                 dtype: str = "uint16") -> None:
+                 dtype: str = "uint16", checked_tokens: int = 1 << 20) -> None:
+        """`checked_tokens`: how many of the file's first tokens are checked to be in the
+        vocabulary (`planner run` checks all a run will read, once, before any rank starts)."""
         self.vocab_size, self.seq_len, self.seed = vocab_size, seq_len, seed
         self.tokens = None if path is None else _open_tokens(Path(path), dtype)
         if self.tokens is not None:
             if len(self.tokens) < seq_len + 1:
                 raise InputError(f"token file {path}: {len(self.tokens)} tokens, fewer than seq_len + 1 = {seq_len + 1}")
-            head = self.tokens[: 1 << 20]   # the ids a run reads first, checked before any rank starts
-            low, top = int(head.min()), int(head.max())
-            if low < 0 or top >= vocab_size:
-                bad = low if low < 0 else top
-                raise InputError(f"token file {path}: token id {bad} is outside the model's vocabulary "
-                                 f"[0, {vocab_size})")
+            chunk = 1 << 24
+            for start in range(0, min(len(self.tokens), checked_tokens), chunk):
+                part = self.tokens[start:min(start + chunk, checked_tokens)]
+                low, top = int(part.min()), int(part.max())
+                if low < 0 or top >= vocab_size:
+                    raise InputError(f"token file {path}: token id {low if low < 0 else top} is outside the "
+                                     f"model's vocabulary [0, {vocab_size})")
 
     def sample(self, index: int) -> torch.Tensor:
         """seq_len + 1 tokens: inputs are [:-1], labels [1:]."""

@@ -152,16 +152,22 @@ def stop(proc: subprocess.Popen) -> None:
     """End torchrun and its ranks: SIGTERM (torchrun forwards it to the ranks), then after
     STOP_GRACE_S a SIGKILL of its process group; ranks die with torchrun in any case (each asks
     the kernel for it, runtime.worker), so nothing is left behind."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
+    import signal
+    held = {signal.SIGINT, signal.SIGTERM}   # a second Ctrl-C must not cut this short
+    signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        if proc.poll() is None:
+            proc.terminate()
             try:
-                os.killpg(proc.pid, 9)
-            except ProcessLookupError:
-                pass
-            proc.wait()
+                proc.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
 
 
 # What the surviving ranks report once a peer has gone: consequences, not causes.

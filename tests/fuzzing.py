@@ -15,6 +15,7 @@ import hashlib
 import io
 import json
 import math
+import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -86,6 +87,7 @@ def make_workspace(root: Path) -> Workspace:
     np.save(inputs / "tokens.npy", np.arange(4096, dtype=np.uint16) % 512)
     (inputs / "binary.bin").write_bytes(bytes(range(256)) * 4)
     (inputs / "a-directory").mkdir()
+    os.mkfifo(inputs / "a-fifo")   # reading it would block: must be refused, not read
     return Workspace(inputs=inputs, outputs=outputs, plan=inputs / "plan.json", config=inputs / "config.json",
                      runs=inputs / "runs.csv", measured=inputs / "measured.json", run_dir=run_dir,
                      profile=inputs / "profile.toml", tokens=inputs / "tokens.npy", binary=inputs / "binary.bin")
@@ -100,7 +102,8 @@ NUMBERS = st.sampled_from(["-1", "0", "1", "2", "3", "4", "8", "64", "1e3", "nan
 def input_paths(ws: Workspace):
     return st.sampled_from([str(ws.plan), str(ws.config), str(ws.runs), str(ws.measured), str(ws.profile),
                             str(ws.tokens), str(ws.binary), str(ws.inputs / "a-directory"), str(ws.run_dir),
-                            str(ws.inputs / "missing.json"), "/dev/null", "/proc"])
+                            str(ws.inputs / "missing.json"), "/dev/null", "/dev/zero", "/proc",
+                            str(ws.inputs / "a-fifo")])
 
 
 def output_paths(ws: Workspace, suffix: str):
@@ -141,6 +144,7 @@ FLAG_VALUES = {
     "--data": lambda ws: st.sampled_from([str(ws.tokens), str(ws.binary), str(ws.inputs / "missing.npy"),
                                           str(ws.inputs / "a-directory")]),
     "--plan": input_paths, "--measured": input_paths, "--profile": input_paths,
+    "--data-dtype": lambda ws: st.sampled_from(["uint16", "uint32", "int8"]),
 }
 SWITCHES = {"--json", "--sp", "--no-sp", "--overwrite", "--no-recompute", "--dry-run", "--print-launch"}
 
@@ -150,10 +154,10 @@ COMMANDS = {
                 "--mbs", "--vpp", "--zero", "--recompute", "--recompute-layers", "--schedule", "--mesh-order",
                 "--memory-headroom", "--plan", "--out", "--json", "--sp", "--no-sp", "--overwrite"],
     "search": ["--model", "--cluster", "--seq-len", "--global-batch", "--dtype", "--fix", "--top", "--max-tp",
-               "--time-limit", "--objective", "--zero", "--schedule", "--out", "--csv", "--json", "--overwrite",
-               "--no-recompute"],
-    "run": ["--steps", "--warmup", "--seed", "--lr", "--nproc", "--data", "--out", "--dry-run", "--print-launch",
-            "--json", "--overwrite"],
+               "--time-limit", "--objective", "--zero", "--schedule", "--out", "--csv", "--report", "--json",
+               "--overwrite", "--no-recompute"],
+    "run": ["--steps", "--warmup", "--seed", "--lr", "--nproc", "--data", "--data-dtype", "--out", "--dry-run",
+            "--print-launch", "--json", "--overwrite"],
     "validate": ["--json"],
     "report": ["--measured", "--out", "--overwrite"],
     "calibrate": ["--profile", "--out", "--overwrite"],
@@ -181,8 +185,9 @@ def command_lines(draw, ws: Workspace) -> list[str]:
                               max_size=5, unique=True)):
         if flag in SWITCHES:
             argv.append(flag)
-        elif flag in ("--out", "--csv"):
-            argv += [flag, draw(output_paths(ws, ".csv" if flag == "--csv" else OUT_SUFFIX.get(command, "")))]
+        elif flag in ("--out", "--csv", "--report"):
+            suffix = ".csv" if flag == "--csv" else "" if flag == "--report" else OUT_SUFFIX.get(command, "")
+            argv += [flag, draw(output_paths(ws, suffix))]
         else:
             argv += [flag, draw(FLAG_VALUES[flag](ws))]
     return _bounded(argv)

@@ -89,6 +89,8 @@ def _setup(args: argparse.Namespace) -> Setup:
         raise ValueError("--nproc must be at least 2 on a CPU (collectives and two-rank probes need two ranks)")
     cached = args.out is None
     out = machine.local_profile_path() if cached else outputs.out_file(args.out, "--out", args.overwrite, ".toml")
+    if cached and (problem := outputs.writable_dir_problem(out.parent)):   # before a minute of measuring
+        raise ValueError(f"the profile cache {out.parent}: {problem} (set PLANNER_CACHE_DIR, or pass --out)")
     mode = "quick" if args.quick else "thorough" if args.thorough else "default"
     flags = " --quick" if args.quick else " --thorough" if args.thorough else ""
     command = f"planner profile{'' if cached else f' --out {out}'} --nproc {nproc}{flags}"

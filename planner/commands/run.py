@@ -16,7 +16,8 @@ from costmodel.inputs import write_text_atomic
 from costmodel.units import GIB
 from costmodel.plan import PlanFile
 from planner import outputs
-from planner.args import add_overwrite_arg, non_negative_int, positive_float, positive_int, refuse_ignored
+from planner.args import (add_overwrite_arg, non_negative_int, positive_float, positive_int, refuse_ignored,
+                          seed_int)
 from runtime.launch import PARTIAL
 
 EPILOG = """examples:
@@ -41,7 +42,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=positive_int, default=10, help="timed training steps (default 10)")
     p.add_argument("--warmup", type=non_negative_int, default=2,
                    help="untimed steps first (default 2; the last one measures memory on CPU)")
-    p.add_argument("--seed", type=non_negative_int, default=0, help="initialisation and synthetic data seed")
+    p.add_argument("--seed", type=seed_int, default=0, help="initialisation and synthetic data seed")
     p.add_argument("--lr", type=positive_float, default=3e-4, help="learning rate (default 3e-4)")
     p.add_argument("--data", help="token file: .npy, or raw .bin of --data-dtype (default: synthetic tokens)")
     p.add_argument("--data-dtype", choices=["uint16", "uint32"], default="uint16")
@@ -116,6 +117,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         refuse_ignored(args.given, DRY_RUN_IGNORES, "--dry-run builds the states on the meta device and trains nothing")
     if args.print_launch:
         refuse_ignored(args.given, PRINT_LAUNCH_IGNORES, "--print-launch prints commands and runs nothing")
+    if not args.data:
+        refuse_ignored(args.given, {"data_dtype"}, "it is the dtype of a raw --data file")
+    elif args.data.endswith(".npy"):
+        refuse_ignored(args.given, {"data_dtype"}, "a .npy file records its own dtype")
     pf = _load(args.plan)
     if args.dry_run:
         return _dry_run(args, pf)
@@ -137,7 +142,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     nproc, threads = _check_machine(args, pf)
     if args.data:   # refuse a bad token file here, not once per rank
         from runtime.data import TokenSource
-        TokenSource(pf.model.vocab_size, pf.train.seq_len, args.seed, Path(args.data), args.data_dtype)
+        every = (args.warmup + args.steps) * pf.train.global_batch_size * pf.train.seq_len + 1
+        TokenSource(pf.model.vocab_size, pf.train.seq_len, args.seed, Path(args.data), args.data_dtype,
+                    checked_tokens=every)
     for problem in check_memory(pf.model, pf.train, pf.cluster, pf.plan):
         print(f"planner run: warning: predicted not to fit: {problem}", file=sys.stderr)
     from runtime.launch import RunFailed, run_local
@@ -180,6 +187,7 @@ def _keep_partial(pf: PlanFile, args: argparse.Namespace, out: Path, wall_s: flo
     write_text_atomic(out / "plan.json", Path(args.plan).read_text())
     measured_record(pf, raw, steps=steps, warmup=args.warmup, wall_s=wall_s,
                     complete=False).save(out / "measured.json")
+    (out / PARTIAL).unlink(missing_ok=True)
     exc.add_note(f"kept the {steps} of {args.steps} steps measured so far in {out / 'measured.json'} "
                  "(marked incomplete)")
 

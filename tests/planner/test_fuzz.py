@@ -54,8 +54,10 @@ def test_mutated_measured_runs(ws, data):
     run.mkdir(parents=True, exist_ok=True)
     (run / "plan.json").write_text(ws.plan.read_text())
     (run / "measured.json").write_text(json.dumps(doc))
-    fuzzing.check(ws, ["calibrate", str(run), "--profile", str(ws.profile),
-                       "--out", str(ws.outputs / "calibrated.toml"), "--overwrite"])
+    command = data.draw(st.sampled_from([
+        ["calibrate", str(run), "--profile", str(ws.profile), "--out", str(ws.outputs / "calibrated.toml")],
+        ["report", str(run / "plan.json"), "--measured", str(run / "measured.json"), "--out", str(ws.outputs / "r")]]))
+    fuzzing.check(ws, [*command, "--overwrite"])
 
 
 @settings(max_examples=40, **SETTINGS)

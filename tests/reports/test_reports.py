@@ -72,7 +72,7 @@ def test_report_command_puts_measured_beside_predicted(tmp_path, capsys):
     md = (out / "index.md").read_text()
     assert "## Predicted and measured" in md and "| step time (s) |" in md and "150.0000" in md
     assert (out / "measured.png").exists() and "(measured.png)" in md
-    other = dict(measured.to_dict(), plan={**measured.plan, "pp": 4})
+    other = dict(measured.to_dict(), plan={**measured.plan, "zero_stage": 1})
     (tmp_path / "other.json").write_text(json.dumps(other))
     assert main(["report", str(plan_path), "--measured", str(tmp_path / "other.json"), "--out", str(out), "--overwrite"]) == 2
     assert "another plan" in capsys.readouterr().err

@@ -40,14 +40,14 @@ def test_parts_predicted_near_zero_compare_in_milliseconds():
     from costmodel.measured import MeasuredRun
     from runtime.measure import comparison_rows
     m = {"predicted": {"step_time_s": 0.1, "tokens_per_s": 10.0, "mfu": 0.1},
-         "error_pct": {"step_time_s": 10.0, "tokens_per_s": -9.0, "mfu": -9.0,
+         "error_pct": {"step_time_s": 10.0, "tokens_per_s": -9.0, "mfu": -9.0, "peak_memory_bytes": None,
                        "stage_breakdown_s": {k: [1e18] for k in ("work", "dp_sync", "optimizer", "wait")}},
          "step_time_s": 0.11, "tokens_per_s": 9.1, "mfu": 0.09, "peak_memory_bytes": None,
-         "predicted_memory_compared_bytes": [], "losses": [1.0, 0.9],
+         "predicted_memory_compared_bytes": [1e6], "losses": [1.0, 0.9],
          "stage_breakdown_s": {"work": [0.08], "dp_sync": [0.002], "optimizer": [0.01], "wait": [0.018]},
          "predicted_stage_breakdown_s": {"work": [0.07], "dp_sync": [0.0], "optimizer": [0.01], "wait": [1e-19]}}
     m |= {"step_times_s": [0.11], "memory_source": "tensors", "device": "cpu", "world_size": 1, "steps": 1,
-          "warmup_steps": 1, "wall_s": 1.0, "plan": {}, "model": "m", "cluster": "1x1xc"}
+          "warmup_steps": 1, "wall_s": 1.0, "plan": {"pp": 1}, "model": "m", "cluster": "1x1xc"}
     rows = {r[0]: r[3] for r in comparison_rows(MeasuredRun(**m))}
     assert rows["stage 0 DP gradient sync"] == "+2.0 ms" and rows["stage 0 wait (bubble + PP transfer)"] == "+18.0 ms"
     assert rows["stage 0 work (compute + TP/CP)"].endswith("%")

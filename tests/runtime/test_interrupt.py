@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -36,6 +37,8 @@ def test_a_signal_ends_the_run_cleanly_and_keeps_what_was_measured(tmp_path, cap
                  "--out", str(plan), "--json"]) == 0
     proc = subprocess.Popen([sys.executable, "-m", "planner", "run", str(plan), "--steps", "100000",
                              "--warmup", "1", "--out", str(out)], stderr=subprocess.PIPE, text=True)
+    watchdog = threading.Timer(120, proc.kill)   # reading stderr must not hang the suite
+    watchdog.start()
     try:
         for line in proc.stderr:   # wait until a timed step has been recorded
             if "step 2/" in line:
@@ -48,6 +51,7 @@ def test_a_signal_ends_the_run_cleanly_and_keeps_what_was_measured(tmp_path, cap
         proc.wait(timeout=30)
         elapsed = time.perf_counter() - sent
     finally:
+        watchdog.cancel()
         if proc.poll() is None:
             proc.kill()
     lines = [line for line in rest.splitlines() if not line.startswith("[planner run]")]
