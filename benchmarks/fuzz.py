@@ -31,6 +31,7 @@ def kinds(ws: fuzzing.Workspace):
     plan = json.loads(ws.plan.read_text())
     return {
         "command line": fuzzing.command_lines(ws),
+        "plausible plan": fuzzing.plan_command_lines(ws),
         "plan file": mutated("plan.json", plan, lambda p: ["predict", "--plan", str(p)]),
         "model config": mutated("config.json", fuzzing.CONFIG,
                                 lambda p: ["predict", "--model", str(p), "--cluster", f"1x2x{fuzzing.PROFILE}"]),

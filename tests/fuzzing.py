@@ -193,6 +193,34 @@ def command_lines(draw, ws: Workspace) -> list[str]:
     return _bounded(argv)
 
 
+DEGREES = st.sampled_from(["1", "2", "4", "8"])
+
+
+@st.composite
+def plan_command_lines(draw, ws: Workspace) -> list[str]:
+    """predict and search with plausible values only: what valid-looking combinations of degrees,
+    schedules, recomputation, dtypes and shapes do (a crash hides better there than in nonsense)."""
+    command = draw(st.sampled_from(["predict", "predict", "predict", "search"]))
+    argv = [command, "--model", draw(st.sampled_from(["debug-tiny", "llama-7b", "llama3-8b", str(ws.config)])),
+            "--cluster", draw(st.sampled_from(["1x8xA100", "2x8xH100", "1x4xA100-40GB", f"1x2x{PROFILE}",
+                                               f"1x4x{PROFILE}"])), "--json"]
+    for flag in ("tp", "pp", "cp", "mbs", "vpp"):
+        if draw(st.booleans()):
+            argv += [f"--{flag}", draw(DEGREES)] if command == "predict" else ["--fix", f"{flag}={draw(DEGREES)}"]
+    choices = {"--zero": ["0", "1", "2", "3"], "--schedule": ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zbv"],
+               "--dtype": ["fp32", "bf16", "fp16"], "--seq-len": ["128", "256", "2048", "4096"],
+               "--global-batch": ["8", "16", "64", "512"], "--attention": ["flash", "eager"]}
+    if command == "predict":
+        choices |= {"--recompute": ["none", "selective", "full"],
+                    "--mesh-order": ["pp,dp,cp,tp", "dp,pp,cp,tp", "tp,cp,dp,pp"]}
+    for flag, values in choices.items():
+        if draw(st.booleans()):
+            argv += [flag, draw(st.sampled_from(values))]
+    if command == "predict" and draw(st.booleans()):
+        argv.append(draw(st.sampled_from(["--sp", "--no-sp"])))
+    return _bounded(argv)
+
+
 def _bounded(argv: list[str]) -> list[str]:
     """A search the harness runs gets a time limit (its own drawn one is kept and is what binds);
     a run only ever prints or dry-runs: training is the runtime tests' work, not the fuzzer's."""

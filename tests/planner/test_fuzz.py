@@ -1,6 +1,6 @@
 """Issue 18's property over random inputs (tests/fuzzing.py): exit 0 with a result, or exit 1/2
 with one stderr line; no traceback, no input changed, within the time bound. Derandomised, so CI
-sees the same few hundred examples every time; benchmarks/fuzz.py runs more with random seeds."""
+sees the same 430 examples every time; benchmarks/fuzz.py runs more with random seeds."""
 from __future__ import annotations
 
 import json
@@ -26,6 +26,12 @@ def ws(tmp_path_factory):
 @given(data=st.data())
 def test_random_command_lines(ws, data):
     fuzzing.check(ws, data.draw(fuzzing.command_lines(ws)))
+
+
+@settings(max_examples=80, **SETTINGS)
+@given(data=st.data())
+def test_plausible_plans(ws, data):
+    fuzzing.check(ws, data.draw(fuzzing.plan_command_lines(ws)))
 
 
 @settings(max_examples=60, **SETTINGS)
