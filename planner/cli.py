@@ -108,6 +108,8 @@ def _emit_json(doc: Any) -> None:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
+    if not args.out:
+        refuse_ignored(args.given, {"overwrite"}, "without --out nothing is written")
     out = outputs.out_file(args.out, "--out", args.overwrite, ".json")
     if args.plan:
         refuse_ignored(args.given, SPEC_AND_PLAN_FLAGS, "--plan takes the model, cluster, training and plan "

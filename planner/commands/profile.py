@@ -14,7 +14,7 @@ from pathlib import Path
 from costmodel import machine
 from costmodel.cluster import load_profile
 from planner import outputs, profile_file
-from planner.args import add_overwrite_arg, positive_int
+from planner.args import add_overwrite_arg, positive_int, refuse_ignored
 from planner.profile_doc import Setup, measured_profile
 
 EPILOG = """examples:
@@ -88,6 +88,9 @@ def _setup(args: argparse.Namespace) -> Setup:
     if not cuda and nproc < 2:
         raise ValueError("--nproc must be at least 2 on a CPU (collectives and two-rank probes need two ranks)")
     cached = args.out is None
+    if cached:
+        refuse_ignored(getattr(args, "given", {}), {"overwrite"},
+                       "the cached profile is replaced whenever it is measured; --overwrite is for --out")
     out = machine.local_profile_path() if cached else outputs.out_file(args.out, "--out", args.overwrite, ".toml")
     if cached and (problem := outputs.writable_dir_problem(out.parent)):   # before a minute of measuring
         raise ValueError(f"the profile cache {out.parent}: {problem} (set PLANNER_CACHE_DIR, or pass --out)")

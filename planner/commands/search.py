@@ -12,7 +12,7 @@ from costmodel.inputs import write_text_atomic
 from costmodel.units import GIB
 from costmodel.plan import PlanFile, Recompute, Schedule
 from planner import outputs
-from planner.args import add_overwrite_arg, positive_float, positive_int
+from planner.args import add_overwrite_arg, positive_float, positive_int, refuse_ignored
 from planner.search import Found, SearchOptions, SearchResult, search, unsatisfiable_constraints
 
 # --fix KEY=VALUE: the plan field it pins and how to read the value
@@ -134,6 +134,8 @@ def write_csv(path: str, result: SearchResult) -> None:
 
 def check_outputs(args: argparse.Namespace) -> None:
     """Before any work: a bad --out, --csv or --report must not cost a search."""
+    if not (args.out or args.csv or args.report):
+        refuse_ignored(args.given, {"overwrite"}, "without --out, --csv or --report nothing is written")
     args.out = outputs.out_file(args.out, "--out", args.overwrite, ".json")
     args.csv = outputs.out_file(args.csv, "--csv", args.overwrite, ".csv")
     outputs.out_dir(args.report, "--report", args.overwrite, outputs.REPORT_FILES)

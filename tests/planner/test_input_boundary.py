@@ -72,6 +72,7 @@ CASES = [  # (argv with {names} for fixture files, phrases the line must hold)
     (["search", "--model", "debug-tiny", "--cluster", CPU, "--out", "/proc/x.json"], ["--out /proc/x.json", "cannot"]),
     (["search", "--model", "debug-tiny", "--cluster", CPU, "--csv", "/proc/x.csv"], ["--csv /proc/x.csv", "cannot"]),
     (["predict", "--plan", "/dev/zero"], ["/dev/zero is not a regular file"]),
+    (["predict", "--model", "debug-tiny", "--cluster", CPU, "--overwrite"], ["--overwrite would be ignored"]),
     (["run", "{plan}", "--nproc", "2", "--data-dtype", "uint32"], ["--data-dtype would be ignored"]),
     (["run", "{plan}", "--nproc", "2", "--seed", "99999999999999999999"], ["--seed", "2^32"]),
     (["search", "--model", "debug-tiny", "--cluster", CPU, "--report", "/proc/rep"], ["--report /proc/rep"]),
