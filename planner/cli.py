@@ -166,11 +166,15 @@ def cmd_search(args: argparse.Namespace) -> int:
     print(search_table(result.plans))
     print()
     fastest = result.fastest or best
-    proof = ("proven optimal under the cost model (closed-form pipeline; the top plans re-priced by simulation)"
-             if stats.optimal else
-             f"NOT proven optimal (stopped at --time-limit; no unexamined plan is faster than "
-             f"{stats.lower_bound_s:.3f} s in closed form, gap "
-             f"{100 * ((fastest.estimate.closed_form_step_time_s or fastest.estimate.step_time_s) / stats.lower_bound_s - 1):.1f}%)")
+    if stats.optimal:
+        proof = "proven optimal under the cost model (closed-form pipeline; the top plans re-priced by simulation)"
+    elif not stats.enumerated:
+        proof = ("NOT proven optimal (stopped at --time-limit while the space was still being listed: "
+                 "no bound on the rest; raise --time-limit)")
+    else:
+        proof = (f"NOT proven optimal (stopped at --time-limit; no unexamined plan is faster than "
+                 f"{stats.lower_bound_s:.3f} s in closed form, gap "
+                 f"{100 * ((fastest.estimate.closed_form_step_time_s or fastest.estimate.step_time_s) / stats.lower_bound_s - 1):.1f}%)")
     label = "fastest plan"
     proven = result.proven_fastest
     if proven is not None and proven.plan != fastest.plan:

@@ -49,7 +49,12 @@ def search(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
     # one's rank time models and memory fits: they depend on the candidate, not the constraints
     shared = _reuse or SharedModels(model, train, cluster, options)
     variants, bounds = [], []
+    deadline = start + options.time_limit_s
     for base, group in time_groups(model, train, cluster, options, stats.prune):
+        if time.perf_counter() > deadline:   # a space too large to list within the limit: no bound
+            stats.optimal, stats.enumerated = False, False
+            _say(options, f"time limit reached while listing the space ({len(variants):,} variants so far)")
+            break
         # a Plan is built only for the candidates the branch and bound examines
         timed = shared.time_model(base)
         m = train.global_batch_size // base.dp // base.micro_batch_size
@@ -64,7 +69,9 @@ def search(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
     candidates = _Candidates(variants, np.where(valid, table[:, :1] + table[:, 1:], np.inf))
     stats.num_candidates = len(candidates) + sum(stats.pruned_by_reason.values())
     _say(options, f"{len(candidates)} valid candidates; solving in order of their lower bound")
-    result = _branch_and_bound(shared, options, stats, candidates, start + options.time_limit_s)
+    result = _branch_and_bound(shared, options, stats, candidates, deadline)
+    if not stats.enumerated:
+        stats.lower_bound_s = 0.0   # what was never listed has no bound
     result = _with_executable_alternatives(model, train, cluster, options, result, start, shared)
     stats.wall_s = time.perf_counter() - start
     return result

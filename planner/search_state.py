@@ -32,6 +32,7 @@ class SearchStats:
     pruned_by_reason: dict[str, int] = field(default_factory=dict)
     optimal: bool = True
     lower_bound_s: float = 0.0  # no plan left unexamined can beat this (equals the best when optimal)
+    enumerated: bool = True     # False: the time limit fell while the space was being listed (no bound)
 
     def prune(self, reason: str) -> None:
         self.pruned_by_reason[reason] = self.pruned_by_reason.get(reason, 0) + 1
@@ -40,7 +41,7 @@ class SearchStats:
         return {"wall_s": self.wall_s, "num_candidates": self.num_candidates,
                 "num_feasible": self.num_feasible, "num_solved": self.num_solved,
                 "pruned_by_reason": dict(sorted(self.pruned_by_reason.items())), "optimal": self.optimal,
-                "lower_bound_s": self.lower_bound_s}
+                "lower_bound_s": self.lower_bound_s, "enumerated": self.enumerated}
 
 
 @dataclass(kw_only=True)

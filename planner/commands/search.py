@@ -146,8 +146,9 @@ def run_search(args: argparse.Namespace, model, train, cluster) -> SearchResult:
     result = search(model, train, cluster, options)
     if not result.plans:
         if not result.stats.optimal:
-            raise ValueError(f"no plan found within the --time-limit of {args.time_limit:g} s "
-                             f"({result.stats.pruned_by_reason.get('time limit', 0):,} candidates left); raise it")
+            left = (f"{result.stats.pruned_by_reason.get('time limit', 0):,} candidates left"
+                    if result.stats.enumerated else "the space was still being listed")
+            raise ValueError(f"no plan found within the --time-limit of {args.time_limit:g} s ({left}); raise it")
         if result.closest is None:
             problems = unsatisfiable_constraints(model, train, cluster, options)
             if problems:

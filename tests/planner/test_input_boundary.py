@@ -48,7 +48,8 @@ def files(tmp_path: Path, capsys) -> dict[str, Path]:
 
 
 def _one_line(capsys, code: int, *phrases: str) -> str:
-    err = capsys.readouterr().err.strip()
+    """The error is one line (progress lines of a long search before it are not errors)."""
+    err = "\n".join(line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith("search ["))
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     for phrase in phrases:
         assert phrase in err, err
@@ -201,3 +202,13 @@ def test_gpt2_configs_with_null_optional_fields_are_read(tmp_path, capsys):
               "n_positions": 128, "n_inner": None}
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert main(["predict", "--model", str(tmp_path), "--cluster", CPU, "--json"]) == 0
+
+
+def test_a_space_too_large_to_list_obeys_the_time_limit(capsys):
+    """40,320 devices (a number with many divisors) and a batch as divisible: listing the
+    candidates alone took 12 s, and --time-limit was first looked at after it."""
+    start = time.perf_counter()
+    code = main(["search", "--model", "llama3-405b", "--cluster", "5040x8xH100", "--global-batch", "40320",
+                 "--time-limit", "1"])
+    assert time.perf_counter() - start < 4
+    _one_line(capsys, code, "no plan found within the --time-limit of 1 s", "still being listed")
