@@ -8,7 +8,7 @@ from __future__ import annotations
 from costmodel.cluster import ClusterSpec
 from costmodel.estimate import memory_per_rank
 from costmodel.plan import AXES, Plan, Recompute
-from costmodel.specs import ModelSpec, TrainSpec
+from costmodel.specs import ModelSpec, PositionKind, TrainSpec
 from costmodel.units import GIB
 
 
@@ -23,6 +23,8 @@ def check_structure(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
         return problems
     if cluster.device.peak_flops_per_s.get(str(train.compute_dtype), 0) <= 0:
         add(f"device {cluster.device.name} has no {train.compute_dtype} support in its profile")
+    if model.position_kind is PositionKind.LEARNED and train.seq_len > model.max_position_embeddings:
+        add(f"seq_len {train.seq_len} is longer than the model's {model.max_position_embeddings} learned positions")
     if plan.world_size != cluster.world_size:
         add(f"dp*tp*pp*cp = {plan.dp}*{plan.tp}*{plan.pp}*{plan.cp} = {plan.world_size} does not "
             f"equal the cluster's {cluster.world_size} devices")

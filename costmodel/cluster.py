@@ -5,6 +5,7 @@ efficiency parameters (`[efficiency]`), which are fitted or measured and say how
 """
 from __future__ import annotations
 
+import math
 import re
 import statistics
 import tomllib
@@ -255,41 +256,85 @@ def load_profile(path: Path) -> DeviceProfile:
         raise InputError(f"{path}: not a valid profile (truncated? {exc})") from None
     version = raw.get("format_version", PROFILE_FORMAT_VERSION)
     if version != PROFILE_FORMAT_VERSION:
-        raise ValueError(f"{path}: profile format version {version}; this planner reads version "
+        raise ValueError(f"{path}: profile format version {version!r}; this planner reads version "
                          f"{PROFILE_FORMAT_VERSION} (written by a newer planner?)")
-    _check_keys(path, raw)
     try:
-        dev, eff, net = raw["device"], raw["efficiency"], {t["scope"]: t for t in raw["network"]}
-        efficiency = Efficiency(gemm=eff["gemm"], attention=eff["attention"], memory=eff["memory"],
-                                kernel_overhead_s=eff["kernel_overhead_s"],
-                                reserved_memory_bytes=int(eff["reserved_memory_bytes"]),
-                                source=eff["source"], overlap=float(eff.get("overlap", 1.0)),
-                                allocator_fragmentation=float(eff.get("allocator_fragmentation", 0.0)),
-                                comm_contention=float(eff.get("comm_contention", 0.0)),
-                                vendor_attention_speedup=float(eff.get("vendor_attention_speedup", 1.0)))
-        return DeviceProfile(
-            name=dev["name"], aliases=tuple(dev.get("aliases", ())),
-            peak_flops=tuple((k, float(v)) for k, v in dev["peak_flops_per_s"].items()),
-            memory_bytes=int(dev["memory_bytes"]),
-            reported_memory_bytes=int(dev.get("reported_memory_bytes", 0)),
-            num_sms=int(dev.get("num_sms", 0)),
-            memory_bandwidth_bytes_per_s=float(dev["memory_bandwidth_bytes_per_s"]),
-            intra_node=_tier(net["node"], eff["intra_node_comm"]),
-            inter_node=_tier(net["cluster"], eff["inter_node_comm"]),
-            middle_tiers=_middle_tiers(path, raw["network"], eff["inter_node_comm"]),
-            efficiency=efficiency, path=str(path), kind=dev.get("kind", "gpu"),
-            threads_per_rank=int(raw.get("measured", {}).get("threads_per_rank", dev.get("threads_per_rank", 0))),
-            gemm_curves=tuple((k.removeprefix("gemm_"), _curve(v)) for k, v in raw.get("measured", {}).items()
-                              if k.startswith("gemm_")),
-            memory_curve=_curve(raw.get("measured", {}).get("memory_bound", [])),
-            machine_key=str(raw.get("measured", {}).get("machine_key", "")),
-            machine=str(raw.get("measured", {}).get("machine", "")),
-            dtype_efficiency=tuple((k, replace(efficiency, **{f: float(v[f]) for f in DTYPE_FIELDS}))
-                                   for k, v in eff.items() if isinstance(v, dict)))
+        _check_keys(path, raw)
+        profile = _profile_from(path, raw)
     except KeyError as exc:
-        raise ValueError(f"{path}: profile lacks {exc.args[0]!r}") from None
+        raise InputError(f"{path}: profile lacks {exc.args[0]!r}") from None
     except (TypeError, ValueError, AttributeError) as exc:
-        raise ValueError(f"{path}: not a valid profile ({exc})") from None
+        text = str(exc)
+        raise InputError(text if text.startswith(str(path)) else f"{path}: not a valid profile ({text})") from None
+    if problems := profile_problems(profile):
+        raise InputError(f"{path}: " + "; ".join(problems))
+    return profile
+
+
+def profile_problems(dev: DeviceProfile) -> list[str]:  # noqa: C901 - one check per number
+    """Every number the cost model divides by or adds: finite, and positive where it is a rate.
+    (A zero bandwidth was a ZeroDivisionError; a negative one made plans faster.)"""
+    out = []
+    def need(name: str, value: float, ok: bool) -> None:
+        if not (math.isfinite(value) and ok):
+            out.append(f"{name} = {value!r} is out of range")
+    for dtype, flops in dev.peak_flops:
+        need(f"peak_flops_per_s.{dtype}", flops, flops > 0)
+    need("memory_bytes", dev.memory_bytes, dev.memory_bytes > 0)
+    need("memory_bandwidth_bytes_per_s", dev.memory_bandwidth_bytes_per_s, dev.memory_bandwidth_bytes_per_s > 0)
+    need("threads_per_rank", dev.threads_per_rank, dev.threads_per_rank >= 0)
+    for name in ("reported_memory_bytes", "num_sms"):
+        need(name, getattr(dev, name), getattr(dev, name) >= 0)
+    if not isinstance(dev.name, str) or not dev.name.strip() or not dev.name.isprintable():
+        out.append(f"device.name {dev.name!r} is not a name")
+    if dev.kind not in ("gpu", "cpu"):
+        out.append(f"device.kind = {dev.kind!r} is neither gpu nor cpu")
+    for tier in (dev.intra_node, dev.inter_node, *dev.middle_tiers):
+        need(f"network {tier.name} bandwidth_bytes_per_s", tier.bandwidth_bytes_per_s, tier.bandwidth_bytes_per_s > 0)
+        need(f"network {tier.name} latency_s", tier.latency_s, tier.latency_s >= 0)
+        need(f"network {tier.name} efficiency", tier.efficiency, 0 < tier.efficiency <= 1)
+        if tier.p2p_latency_s is not None:
+            need(f"network {tier.name} p2p_latency_s", tier.p2p_latency_s, tier.p2p_latency_s >= 0)
+    for label, eff in (("efficiency", dev.efficiency), *((f"efficiency.{d}", e) for d, e in dev.dtype_efficiency)):
+        for name in ("gemm", "attention", "memory", "vendor_attention_speedup"):
+            need(f"{label}.{name}", getattr(eff, name), getattr(eff, name) > 0)
+        for name in ("kernel_overhead_s", "reserved_memory_bytes", "allocator_fragmentation", "comm_contention"):
+            need(f"{label}.{name}", getattr(eff, name), getattr(eff, name) >= 0)
+        need(f"{label}.overlap", eff.overlap, 0 <= eff.overlap <= 1)
+    for name, curve in (*((f"measured.gemm_{d}", c) for d, c in dev.gemm_curves), ("measured.memory_bound", dev.memory_curve)):
+        if any(not (math.isfinite(x) and math.isfinite(y) and x > 0 and y > 0) for x, y in curve):
+            out.append(f"{name} has a point that is not a positive size and rate")
+    return out
+
+
+def _profile_from(path: Path, raw: dict[str, Any]) -> DeviceProfile:
+    dev, eff, net = raw["device"], raw["efficiency"], {t["scope"]: t for t in raw["network"]}
+    efficiency = Efficiency(gemm=float(eff["gemm"]), attention=float(eff["attention"]),
+                            memory=float(eff["memory"]), kernel_overhead_s=float(eff["kernel_overhead_s"]),
+                            reserved_memory_bytes=int(eff["reserved_memory_bytes"]),
+                            source=eff["source"], overlap=float(eff.get("overlap", 1.0)),
+                            allocator_fragmentation=float(eff.get("allocator_fragmentation", 0.0)),
+                            comm_contention=float(eff.get("comm_contention", 0.0)),
+                            vendor_attention_speedup=float(eff.get("vendor_attention_speedup", 1.0)))
+    return DeviceProfile(
+        name=dev["name"], aliases=tuple(dev.get("aliases", ())),
+        peak_flops=tuple((k, float(v)) for k, v in dev["peak_flops_per_s"].items()),
+        memory_bytes=int(dev["memory_bytes"]),
+        reported_memory_bytes=int(dev.get("reported_memory_bytes", 0)),
+        num_sms=int(dev.get("num_sms", 0)),
+        memory_bandwidth_bytes_per_s=float(dev["memory_bandwidth_bytes_per_s"]),
+        intra_node=_tier(net["node"], eff["intra_node_comm"]),
+        inter_node=_tier(net["cluster"], eff["inter_node_comm"]),
+        middle_tiers=_middle_tiers(path, raw["network"], eff["inter_node_comm"]),
+        efficiency=efficiency, path=str(path), kind=dev.get("kind", "gpu"),
+        threads_per_rank=int(raw.get("measured", {}).get("threads_per_rank", dev.get("threads_per_rank", 0))),
+        gemm_curves=tuple((k.removeprefix("gemm_"), _curve(v)) for k, v in raw.get("measured", {}).items()
+                          if k.startswith("gemm_")),
+        memory_curve=_curve(raw.get("measured", {}).get("memory_bound", [])),
+        machine_key=str(raw.get("measured", {}).get("machine_key", "")),
+        machine=str(raw.get("measured", {}).get("machine", "")),
+        dtype_efficiency=tuple((k, replace(efficiency, **{f: float(v[f]) for f in DTYPE_FIELDS}))
+                               for k, v in eff.items() if isinstance(v, dict)))
 
 
 def known_profiles() -> dict[str, DeviceProfile]:

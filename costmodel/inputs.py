@@ -84,6 +84,8 @@ def read_json_object(path: Path | str, what: str) -> dict[str, Any]:
         raise InputError(f"{what} {path}: not valid JSON (truncated? {exc.msg} at line {exc.lineno})") from None
     except RecursionError:
         raise InputError(f"{what} {path}: nested too deeply to be a {what}") from None
+    except ValueError as exc:   # e.g. an integer of over 4,300 digits
+        raise InputError(f"{what} {path}: not readable JSON ({str(exc)[:80]})") from None
     if not isinstance(data, dict):
         raise InputError(f"{what} {path}: a JSON object is expected, not {_kind(data)}")
     return data
@@ -92,7 +94,7 @@ def read_json_object(path: Path | str, what: str) -> dict[str, Any]:
 def _shown(raw: Any) -> str:
     if raw is None:
         return "null"
-    text = repr(raw)
+    text = repr(raw) if not isinstance(raw, int) or abs(raw) < 10**40 else "(an integer of over 40 digits)"
     return f"{_kind(raw)} {text if len(text) <= 40 else text[:37] + '...'}"
 
 
@@ -154,12 +156,18 @@ def _coerce(raw: Any, kind: Any, where: str) -> Any:
             raise InputError(f"{where} must be an integer, not {_shown(raw)}")
         return raw
     if kind is float:
-        if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw):
+        try:
+            number = None if isinstance(raw, bool) or not isinstance(raw, (int, float)) else float(raw)
+        except OverflowError:   # an integer of hundreds of digits
+            number = None
+        if number is None or not math.isfinite(number):
             raise InputError(f"{where} must be a finite number, not {_shown(raw)}")
-        return float(raw)
+        return number
     if kind is str:
         if not isinstance(raw, str):
             raise InputError(f"{where} must be a string, not {_kind(raw)}")
+        if not raw.isprintable():   # a newline in a name would reach launch scripts and paths
+            raise InputError(f"{where} holds control characters (a newline?)")
         return raw
     raise TypeError(f"no input rule for {kind!r}")   # a programming error, not a user's
 

@@ -68,6 +68,12 @@ class MeasuredRun:
         per_stage = {"peak_memory_bytes": self.peak_memory_bytes, "peak_reserved_bytes": self.peak_reserved_bytes,
                      "predicted_memory_compared_bytes": self.predicted_memory_compared_bytes,
                      "error_pct.peak_memory_bytes": self.error_pct.get("peak_memory_bytes")}
+        triple = (self.stage_breakdown_s, self.predicted_stage_breakdown_s, self.error_pct.get("stage_breakdown_s"))
+        if len({part is None for part in triple}) > 1:
+            out.append("stage_breakdown_s, predicted_stage_breakdown_s and error_pct.stage_breakdown_s are "
+                       "all present or all null")
+        if self.memory_source.startswith("torch.cuda") and self.peak_memory_bytes is None:
+            out.append("peak_memory_bytes is null, but memory_source says CUDA measured it")
         for name, parts in (("stage_breakdown_s", self.stage_breakdown_s),
                             ("predicted_stage_breakdown_s", self.predicted_stage_breakdown_s),
                             ("error_pct.stage_breakdown_s", self.error_pct.get("stage_breakdown_s"))):

@@ -2,6 +2,8 @@
 the chosen plan under every other pipeline schedule."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from costmodel.check import check_structure
 from costmodel.cluster import ClusterSpec
 from costmodel.estimate import estimate, simulate_plan
@@ -29,6 +31,17 @@ def schedule_variants(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, 
     return out
 
 
+# A timeline is drawn event by event: past this many micro-batches the figure shows the first
+# ones (warm-up, steady state, cool-down look the same) and says so; the estimate is the whole.
+DRAWN_MICRO_BATCHES = 64
+
+
 def _priced(label: str, model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> Variant:
+    cap = plan.pp * max(1, DRAWN_MICRO_BATCHES // plan.pp)
+    if plan.num_micro_batches <= cap:
+        return Variant(label=label, plan=plan, estimate=estimate(model, train, cluster, plan),
+                       sim=simulate_plan(model, train, cluster, plan, keep_events=True))
+    drawn = replace(plan, num_micro_batches=cap)
     return Variant(label=label, plan=plan, estimate=estimate(model, train, cluster, plan),
-                   sim=simulate_plan(model, train, cluster, plan, keep_events=True))
+                   sim=simulate_plan(model, train, cluster, plan),
+                   timeline=simulate_plan(model, train, cluster, drawn, keep_events=True))

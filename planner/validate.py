@@ -157,6 +157,8 @@ def row_specs(row: dict[str, str]) -> tuple[ModelSpec, TrainSpec, ClusterSpec]:
     num_gpus, per_node = _int(row, "num_gpus"), _int(row, "gpus_per_node")
     if num_gpus % per_node:
         raise ValueError(f"row {row['id']!r}: {num_gpus} GPUs is not a whole number of {per_node}-GPU nodes")
+    if row["gpu"].strip().lower() == "local":   # a published run ran on a named device, not on this machine
+        raise ValueError(f"row {row['id']!r}: gpu 'local' is this machine; a published run names its device")
     cluster = parse_cluster(f"{num_gpus // per_node}x{per_node}x{row['gpu']}")
     # priced with the traits of the framework that ran it (unknown names: generic traits) and
     # judged against the hard limit (what CUDA reports, less the context and NCCL reserve): the
@@ -213,6 +215,10 @@ def best_plan_for_row(row: dict[str, str], model: ModelSpec, train: TrainSpec, c
     When no plan fits, the enumeration below finds the one that overflows least (OOM rows)."""
     tp, pp, cp = _int(row, "tp"), _int(row, "pp"), _int(row, "cp", 1)
     dp = _int(row, "dp", cluster.world_size // (tp * pp * cp))
+    if dp < 1 or dp * tp * pp * cp != cluster.world_size:
+        raise ValueError(f"row {row['id']!r}: dp*tp*pp*cp = {dp}*{tp}*{pp}*{cp} is not num_gpus "
+                         f"{cluster.world_size}")
+    deadline = time.perf_counter() + time_limit_s
     opts, fillable = _options(row, model, tp, pp, dp, train.global_batch_size)
     stated = {SEARCH_FIELDS[k]: v[0] for k, v in opts.items() if k not in fillable}
     options = SearchOptions(top_k=1, fixed={"tp": tp, "pp": pp, "cp": cp, "dp": dp, **stated},
@@ -229,18 +235,22 @@ def best_plan_for_row(row: dict[str, str], model: ModelSpec, train: TrainSpec, c
         if not est.fits:  # the framework's layout overflows where the search's split fits
             plan, est = chosen, found[0].estimate
     else:
-        plan, est = _least_overflow(row, model, train, cluster, opts, (tp, pp, cp, dp))
+        plan, est = _least_overflow(row, model, train, cluster, opts, (tp, pp, cp, dp), deadline)
     filled = {"micro_batch": plan.micro_batch_size, "recompute": str(plan.recompute),
               "vpp": plan.vpp, "sp": plan.sequence_parallel, "zero_stage": plan.zero_stage}
     return plan, est, {k: v for k, v in filled.items() if k in fillable}
 
 
 def _least_overflow(row: dict[str, str], model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
-                    opts: dict[str, list[Any]], degrees: tuple[int, int, int, int]) -> tuple[Plan, Estimate]:
-    """Nothing fits: the framework-laid-out plan of the stated fields that overflows least."""
+                    opts: dict[str, list[Any]], degrees: tuple[int, int, int, int],
+                    deadline: float) -> tuple[Plan, Estimate]:
+    """Nothing fits: the framework-laid-out plan of the stated fields that overflows least (of
+    those priced before the deadline: a row's time is bounded like its search)."""
     tp, pp, cp, dp = degrees
     best: tuple[float, Plan, Estimate] | None = None
     for mb, rc, vpp, sp, zero in itertools.product(*opts.values()):
+        if best is not None and time.perf_counter() > deadline:
+            break
         choice = Choice(tp=tp, pp=pp, cp=cp, dp=dp, zero_stage=zero, recompute=rc,
                         sequence_parallel=sp, micro_batch_size=mb, vpp=vpp)
         try:

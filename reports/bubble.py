@@ -22,7 +22,19 @@ class Variant:
     plan: Plan | None
     reason: str = ""                  # why this schedule cannot run the plan
     estimate: Estimate | None = None
-    sim: Simulation | None = None
+    sim: Simulation | None = None      # the whole step: the table's figures
+    timeline: Simulation | None = None  # what is drawn when fewer micro-batches are (None: sim)
+
+    @property
+    def drawn(self) -> Simulation | None:
+        return self.timeline or self.sim
+
+    @property
+    def drawn_label(self) -> str:
+        if self.timeline is None or self.plan is None:
+            return self.label
+        shown = len({e[3] for e in self.timeline.events if e[2] == "forward"})
+        return f"{self.label} (drawn: the first {shown} of {self.plan.num_micro_batches} micro-batches)"
 
 
 def schedule_table(variants: list[Variant]) -> tuple[list[str], list[list[str]]]:
@@ -69,22 +81,22 @@ def _legend(fig) -> None:
 
 def bubble_figures(variants: list[Variant], out_dir: Path) -> list[tuple[str, str]]:
     """(file stem, caption) of the timeline comparison and of the chosen plan's warm-up detail."""
-    runnable = [v for v in variants if v.sim is not None]
-    t_max = max(v.sim.time_s for v in runnable)
-    fig, axes = plt.subplots(len(runnable), 1, figsize=(12, 0.9 + 0.32 * len(runnable[0].sim.busy_s) * len(runnable)),
+    runnable = [v for v in variants if v.drawn is not None]
+    t_max = max(v.drawn.time_s for v in runnable)
+    fig, axes = plt.subplots(len(runnable), 1, figsize=(12, 0.9 + 0.32 * len(runnable[0].drawn.busy_s) * len(runnable)),
                              sharex=True, squeeze=False)
     for ax, v in zip(axes[:, 0], runnable):
-        _draw(ax, v.sim, f"{v.label}: pipeline {v.sim.time_s:.3f} s, bubble {100 * v.sim.bubble_fraction:.1f}%",
-              t_max, labels=len(v.sim.events) < 400)
+        _draw(ax, v.drawn, f"{v.drawn_label}: pipeline {v.drawn.time_s:.3f} s, bubble {100 * v.drawn.bubble_fraction:.1f}%",
+              t_max, labels=len(v.drawn.events) < 400)
     axes[-1, 0].set_xlabel("seconds into the step (pipeline phase)")
     _legend(fig)
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     save(fig, out_dir, "bubble_schedules")
     chosen = runnable[0]
-    first_backward = min(e[4] for e in chosen.sim.events if e[0] == 0 and e[2] != "forward" and e[2] != "send")
-    window = min(chosen.sim.time_s, 1.25 * max(first_backward, 1e-12))
-    fig, ax = plt.subplots(figsize=(12, 0.9 + 0.32 * len(chosen.sim.busy_s)))
-    _draw(ax, chosen.sim, f"{chosen.label}: warm-up, the first {window:.3f} s (numbers: micro-batch)",
+    first_backward = min(e[4] for e in chosen.drawn.events if e[0] == 0 and e[2] != "forward" and e[2] != "send")
+    window = min(chosen.drawn.time_s, 1.25 * max(first_backward, 1e-12))
+    fig, ax = plt.subplots(figsize=(12, 0.9 + 0.32 * len(chosen.drawn.busy_s)))
+    _draw(ax, chosen.drawn, f"{chosen.drawn_label}: warm-up, the first {window:.3f} s (numbers: micro-batch)",
           window, labels=True)
     ax.set_xlabel("seconds into the step")
     _legend(fig)

@@ -136,6 +136,9 @@ def check_outputs(args: argparse.Namespace) -> None:
     """Before any work: a bad --out, --csv or --report must not cost a search."""
     if not (args.out or args.csv or args.report):
         refuse_ignored(args.given, {"overwrite"}, "without --out, --csv or --report nothing is written")
+    given = [Path(p).resolve() for p in (args.out, args.csv, args.report) if p]
+    if len(set(given)) < len(given):
+        raise ValueError("--out, --csv and --report name the same path; give each its own")
     args.out = outputs.out_file(args.out, "--out", args.overwrite, ".json")
     args.csv = outputs.out_file(args.csv, "--csv", args.overwrite, ".csv")
     outputs.out_dir(args.report, "--report", args.overwrite, outputs.REPORT_FILES)

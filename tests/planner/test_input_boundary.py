@@ -212,3 +212,20 @@ def test_a_space_too_large_to_list_obeys_the_time_limit(capsys):
                  "--time-limit", "1"])
     assert time.perf_counter() - start < 4
     _one_line(capsys, code, "no plan found within the --time-limit of 1 s", "still being listed")
+
+
+def test_odd_profiles_are_refused_naming_the_number(tmp_path, capsys):
+    """A zero bandwidth was a ZeroDivisionError, a negative one made plans faster, NaN gave 'step nan s'."""
+    text = (profile_dir() / "H100-SXM5-80GB.toml").read_text()
+    for name, old, new, phrase in (("zero_bw.toml", "bandwidth_bytes_per_s = ", "bandwidth_bytes_per_s = 0 #", "bandwidth_bytes_per_s"),
+                                   ("neg_gemm.toml", "\ngemm = ", "\ngemm = -1 #", "efficiency.gemm")):
+        assert old in text
+        (tmp_path / name).write_text(text.replace(old, new, 1))
+        _one_line(capsys, main(["predict", "--model", "llama-7b", "--cluster", f"2x8x{tmp_path / name}"]),
+                  name, phrase, "out of range")
+
+
+def test_colliding_outputs_are_refused_before_the_search(tmp_path, capsys):
+    same = str(tmp_path / "x.json")
+    _one_line(capsys, main(["search", "--model", "debug-tiny", "--cluster", CPU, "--out", same, "--report", same]),
+              "name the same path")
