@@ -13,6 +13,14 @@ from costmodel.units import GIB
 
 
 
+def world_problem(dp: int, tp: int, pp: int, cp: int, world: int) -> str | None:
+    """The one rule that the degrees fill the cluster (build_plan and validate ask it before they
+    size anything by the degrees)."""
+    if dp * tp * pp * cp == world:
+        return None
+    return f"dp*tp*pp*cp = {dp}*{tp}*{pp}*{cp} = {dp * tp * pp * cp:,} does not equal the cluster's {world:,} devices"
+
+
 def check_structure(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> list[str]:
     problems: list[str] = []
     add = problems.append
@@ -25,9 +33,8 @@ def check_structure(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
         add(f"device {cluster.device.name} has no {train.compute_dtype} support in its profile")
     if model.position_kind is PositionKind.LEARNED and train.seq_len > model.max_position_embeddings:
         add(f"seq_len {train.seq_len} is longer than the model's {model.max_position_embeddings} learned positions")
-    if plan.world_size != cluster.world_size:
-        add(f"dp*tp*pp*cp = {plan.dp}*{plan.tp}*{plan.pp}*{plan.cp} = {plan.world_size} does not "
-            f"equal the cluster's {cluster.world_size} devices")
+    if problem := world_problem(plan.dp, plan.tp, plan.pp, plan.cp, cluster.world_size):
+        add(problem)
     problems += tp_problems(model, plan.tp)
     problems += cp_problems(train, cluster, plan.cp)
     if plan.sequence_parallel:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from costmodel.check import world_problem
 from costmodel.cluster import ClusterSpec
 from costmodel.plan import DEFAULT_AXIS_ORDER, Plan, Recompute, Schedule, default_schedule, even_layers
 from costmodel.specs import ModelSpec, TrainSpec
@@ -35,8 +36,8 @@ def build_plan(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, choice:
     if choice.dp is None and cluster.world_size % inner:
         raise ValueError(f"tp*pp*cp = {inner} does not divide the cluster's {cluster.world_size} devices")
     # before anything is sized by these degrees: a typo of 10^9 must not allocate 10^9 entries
-    if dp * inner != cluster.world_size:
-        raise ValueError(f"dp*tp*pp*cp = {dp * inner:,} does not equal the cluster's {cluster.world_size} devices")
+    if problem := world_problem(dp, choice.tp, choice.pp, choice.cp, cluster.world_size):
+        raise ValueError(problem)
     if choice.pp * choice.vpp > model.num_layers:
         raise ValueError(f"pp*vpp = {choice.pp * choice.vpp:,} pipeline stages, but the model has only "
                          f"{model.num_layers} layers")

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from costmodel.check import check_plan
+from costmodel.check import check_plan, world_problem
 from costmodel.cluster import ClusterSpec, parse_cluster, profile_dir
 from costmodel.estimate import Estimate, estimate
 from costmodel.inputs import InputError, read_text
@@ -215,9 +215,8 @@ def best_plan_for_row(row: dict[str, str], model: ModelSpec, train: TrainSpec, c
     When no plan fits, the enumeration below finds the one that overflows least (OOM rows)."""
     tp, pp, cp = _int(row, "tp"), _int(row, "pp"), _int(row, "cp", 1)
     dp = _int(row, "dp", cluster.world_size // (tp * pp * cp))
-    if dp < 1 or dp * tp * pp * cp != cluster.world_size:
-        raise ValueError(f"row {row['id']!r}: dp*tp*pp*cp = {dp}*{tp}*{pp}*{cp} is not num_gpus "
-                         f"{cluster.world_size}")
+    if problem := world_problem(dp, tp, pp, cp, cluster.world_size):   # dp 0: tp*pp*cp above num_gpus
+        raise ValueError(f"row {row['id']!r}: {problem}")
     deadline = time.perf_counter() + time_limit_s
     opts, fillable = _options(row, model, tp, pp, dp, train.global_batch_size)
     stated = {SEARCH_FIELDS[k]: v[0] for k, v in opts.items() if k not in fillable}

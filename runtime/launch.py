@@ -153,7 +153,8 @@ def stop(proc: subprocess.Popen) -> None:
     STOP_GRACE_S a SIGKILL of its process group; ranks die with torchrun in any case (each asks
     the kernel for it, runtime.worker), so nothing is left behind."""
     import signal
-    held = {signal.SIGINT, signal.SIGTERM}   # a second Ctrl-C must not cut this short
+    held = {signal.SIGINT, signal.SIGTERM}   # a second Ctrl-C must not cut this short (runtime does
+    # not import planner, so not planner.signals' helper)
     signal.pthread_sigmask(signal.SIG_BLOCK, held)
     try:
         if proc.poll() is None:
