@@ -85,7 +85,7 @@ def _check_pipeline(model: ModelSpec, plan: Plan) -> list[str]:
     elif min(plan.layers_per_stage) < 1:
         add("every pipeline stage needs at least one layer")
     problems += plan.schedule.traits.problems(str(plan.schedule), plan.pp, plan.vpp, plan.num_micro_batches,
-                                              plan.recompute is Recompute.SELECTIVE)
+                                              plan.recompute is not Recompute.NONE and any(plan.recompute_num_layers))
     return problems
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from costmodel import inputs, machine
-from costmodel.frameworks import RUNTIME, FrameworkTraits
+from costmodel.frameworks import RUNTIME, FrameworkTraits, traits_on
 from costmodel.inputs import InputError
 from costmodel.specs import DType
 
@@ -152,6 +152,8 @@ class ClusterSpec:
                            inputs.MAX_WORLD_SIZE)
         if not 0.0 <= self.memory_headroom < 1.0:
             raise ValueError(f"memory headroom {self.memory_headroom} must be in [0, 1)")
+        # torch's kernels differ by device kind (costmodel.frameworks.traits_on)
+        object.__setattr__(self, "framework", traits_on(self.framework, self.device.kind))
 
     @property
     def memory_budget_bytes(self) -> float:

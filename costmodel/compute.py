@@ -210,10 +210,17 @@ def head_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev
     vocab = ceil_div(model.vocab_size, plan.tp)
     proj = gemm_s(tokens, model.hidden_size, vocab, dev, train)
     a = train.compute_dtype.num_bytes
-    loss = memory_bound_s(tokens * vocab * (a + 3 * 4), dev, 3)
+    loss = cross_entropy_s(tokens, vocab, train, dev)
     norm = memory_bound_s(2 * a * tokens * model.hidden_size, dev, 1)
     return KernelTimes(forward_s=proj + loss + norm, backward_input_s=proj + loss + 2 * norm,
                        backward_weight_s=proj, attention_forward_s=0.0)
+
+
+def cross_entropy_s(tokens: int, vocab: int, train: TrainSpec, dev: DeviceProfile) -> float:
+    """The loss over `vocab` logits per token, forward or backward: read the 16-bit logits, the
+    fp32 upcast and softmax (three memory-bound kernels)."""
+    a = train.compute_dtype.num_bytes
+    return memory_bound_s(tokens * vocab * (a + 3 * 4), dev.for_dtype(train.compute_dtype), 3)
 
 
 @_per_kernel_shape

@@ -33,6 +33,28 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
 - `vendor_attention`: attention through Transformer Engine (cuDNN fused attention, FlashAttention-3
   class on Hopper) rather than PyTorch's FlashAttention-2 SDPA: the device's
   `vendor_attention_speedup` applies (`device_as_run_by`).
+- `tp_keeps_gathered_input`: under sequence parallelism, whether the column-parallel projections
+  keep their all-gathered (whole-sequence) input for the weight gradient. torch's DTensor TP
+  (`PrepareModuleInput` from `Shard(1)` to `Replicate()`, then `nn.Linear`) does: autograd saves
+  the gathered tensor. Megatron-LM keeps the sequence shard and gathers it again in backward
+  (Korthikanti et al. 2022 Sec. 4.2.2), so its inputs count 1/t. Measured for our runtime by
+  tests/runtime/test_activation_memory.py.
+- `vocab_parallel_loss`: whether the loss runs on the vocabulary shards of the logits (Megatron's
+  vocab-parallel cross entropy, torchtitan's `loss_parallel`), or, as in our runtime (output
+  projection `ColwiseParallel(output_layouts=Replicate())`, then `F.cross_entropy`), every TP rank
+  all-gathers the whole logits and computes the whole loss.
+- `cpu_kernels`: torch's CPU kernels, which keep more for backward than the CUDA ones: RMSNorm is
+  composite (`rms_norm_composite` keeps the normalised input besides the input; CUDA's fused
+  kernel keeps the input and 1/rms), dropout multiplies by a mask in the compute dtype (CUDA's
+  `native_dropout` keeps a 1-byte mask), and attention with dropout leaves the flash kernel for
+  the math path (the s x s softmax, mask and dropped probabilities). Not a framework's choice but
+  torch's on that device: `ClusterSpec` sets it for CPU profiles (`traits_on`). Measured by
+  tests/runtime/test_activation_memory.py.
+- `deferred_w_keeps_graph`: what a zero-bubble schedule's deferred weight pass holds. Qi et al.
+  keep only the projections' inputs; torch pipelining's `stage_backward_input` runs
+  `autograd.grad(..., retain_graph=True)` and starts the weight pass later from graph nodes that
+  reach the whole stage, so every saved tensor of the micro-batch (logits included) lives until
+  its weight pass (measured: tests/runtime/test_run_cli.py).
 - `zero3_gathers_per_param`: DeepSpeed ZeRO-3 gathers parameter by parameter (many small
   collectives, each paying the ring latency) rather than one flat buffer per layer as FSDP does.
 """
@@ -57,17 +79,23 @@ class FrameworkTraits:
     loss_grad_in_place: bool = False
     fsdp_master_params: bool = False
     vendor_attention: bool = False
+    tp_keeps_gathered_input: bool = False
+    vocab_parallel_loss: bool = True
+    cpu_kernels: bool = False
+    deferred_w_keeps_graph: bool = False
 
 
 GENERIC = FrameworkTraits(name="generic", dp_grad_overlap=True, dp_param_overlap=True, tp_comm_hidden=0.0,
                           sharded_grads_under_pp=True, zero3_gathers_per_param=False)
 
 # This project's executor: FSDP2 for every ZeRO stage (bucketed overlap of reduce-scatter and
-# prefetched all-gathers, fp32 sharded parameters), DTensor TP without overlap, eager SwiGLU,
-# torch's cross entropy, torch pipelining (see the module docstring).
+# prefetched all-gathers, fp32 sharded parameters), DTensor TP without overlap (keeping gathered
+# inputs, whole logits), eager SwiGLU, torch's cross entropy, torch pipelining (see the module
+# docstring).
 RUNTIME = FrameworkTraits(name="planner", dp_grad_overlap=True, dp_param_overlap=True, tp_comm_hidden=0.0,
                           sharded_grads_under_pp=False, zero3_gathers_per_param=False,
-                          fsdp_master_params=True)
+                          fsdp_master_params=True, tp_keeps_gathered_input=True, vocab_parallel_loss=False,
+                          deferred_w_keeps_graph=True)
 
 _MEGATRON = dict(sharded_grads_under_pp=True, zero3_gathers_per_param=False, loss_grad_in_place=True)
 _FSDP = dict(dp_grad_overlap=True, dp_param_overlap=True, tp_comm_hidden=0.0, zero3_gathers_per_param=False,
@@ -85,13 +113,19 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
     FrameworkTraits(name="megatron-deepspeed", **{**_DEEPSPEED, "loss_grad_in_place": True}),
     FrameworkTraits(name="deepspeed", **_DEEPSPEED),
     FrameworkTraits(name="composer-fsdp", sharded_grads_under_pp=True, **_FSDP),
-    FrameworkTraits(name="torchtitan", sharded_grads_under_pp=False, **_FSDP),
+    FrameworkTraits(name="torchtitan", sharded_grads_under_pp=False, tp_keeps_gathered_input=True, **_FSDP),
 )}
 
 
 def framework_traits(name: str | None) -> FrameworkTraits:
     """The traits of a named framework; `GENERIC` for an empty or unknown name."""
     return FRAMEWORKS.get((name or "").strip().lower(), GENERIC)
+
+
+def traits_on(traits: FrameworkTraits, device_kind: str) -> FrameworkTraits:
+    """A framework's traits with torch's kernels on this kind of device (`cpu_kernels`)."""
+    cpu = device_kind == "cpu"
+    return traits if traits.cpu_kernels == cpu else replace(traits, cpu_kernels=cpu)
 
 
 def device_as_run_by(device: "DeviceProfile", traits: FrameworkTraits) -> "DeviceProfile":

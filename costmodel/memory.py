@@ -21,9 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from costmodel.frameworks import RUNTIME, FrameworkTraits
+from costmodel.layout import Style, layer_blocks
 from costmodel.params import ceil_div, layer_params, rank_params, rank_params_at
 from costmodel.plan import Plan, Recompute
-from costmodel.specs import AttentionKernel, FfnKind, ModelSpec, Optimizer, TrainSpec
+from costmodel.specs import AttentionKernel, FfnKind, ModelSpec, NormKind, Optimizer, TrainSpec
 
 ADAM_MOMENT_BYTES = 8  # fp32 momentum + variance
 
@@ -104,10 +105,14 @@ def layer_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, mode:
     t, sp = plan.tp, plan.tp if plan.sequence_parallel else 1
     b, s = plan.micro_batch_size, train.seq_len // plan.cp
     tokens, h, kv, f = b * s, model.hidden_size, model.kv_hidden_size, model.ffn_hidden_size
-    drop = 1 if model.dropout else 0  # 1-byte masks
+    # dropout masks: 1 byte on CUDA, the compute dtype on CPU (costmodel.frameworks.cpu_kernels)
+    drop = (a if traits.cpu_kernels else 1) if model.dropout else 0
     if mode is Recompute.FULL:
         return a * tokens * h / sp  # the layer input only
-    replicated = tokens * h * (2 * a + a + a + 2 * drop) / sp  # 2 norm inputs, attn & MLP inputs, masks
+    # 2 norm inputs (and, CPU RMSNorm, their normalised copies) and 2 dropout masks on sequence
+    # shards; the attention and MLP inputs whole where TP keeps them gathered (frameworks)
+    norms = (2 if model.norm_kind is NormKind.RMSNORM and traits.cpu_kernels else 1) * 2 * a
+    replicated = tokens * h * (norms + 2 * drop) / sp + 2 * a * tokens * h / _proj_input_split(plan, traits)
     qkv = a * tokens * (h + 2 * kv) / t
     out_proj_input = a * tokens * h / t
     # SwiGLU in eager torch saves gate, up, silu(gate) and the product; a fused kernel keeps the
@@ -115,11 +120,17 @@ def layer_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, mode:
     mlp = (traits.swiglu_saved_tensors if model.ffn_kind is FfnKind.SWIGLU else 2) * a * tokens * f / t
     if mode is Recompute.SELECTIVE:
         core = 0.0
-    elif train.attention_kernel is AttentionKernel.FLASH:
+    elif train.attention_kernel is AttentionKernel.FLASH and not (drop and traits.cpu_kernels):
         core = 4.0 * b * (model.num_heads // t) * s  # fp32 log-sum-exp per query row
     else:  # softmax output (+ dropout mask and output), over local queries x all keys
-        core = b * (model.num_heads / t) * s * train.seq_len * (a + drop * (1 + a))
+        core = b * (model.num_heads / t) * s * train.seq_len * (a + (drop + a if drop else 0))
     return replicated + qkv + out_proj_input + mlp + core
+
+
+def _proj_input_split(plan: Plan, traits: FrameworkTraits) -> int:
+    """Over how many ranks the saved input of a column-parallel projection is split: the
+    sequence shards under SP, unless the framework keeps the gathered input (frameworks)."""
+    return plan.tp if plan.sequence_parallel and not traits.tp_keeps_gathered_input else 1
 
 
 def in_flight_micro_batches(plan: Plan, rank: int) -> float:
@@ -180,10 +191,15 @@ def activation_shape(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
     and the embedding / LM-head tensors of the first / last rank."""
     mb = micro_batch or _micro_batch_shape(model, train, plan, traits)
     held = in_flight_micro_batches(plan, rank)
-    deferred = 0.0
+    deferred = edges = 0.0
     if plan.schedule.defers_weight_grad:
-        deferred = deferred_weight_passes(plan, rank) * weight_grad_input_bytes(model, train, plan)
-    base = (_edge_activation_bytes(model, train, plan, rank)
+        passes = deferred_weight_passes(plan, rank)
+        deferred = passes * weight_grad_input_bytes(model, train, plan, traits)
+        if traits.deferred_w_keeps_graph:   # the embedding's and the loss's tensors too
+            first, last = rank == plan.stage_rank(0), rank == plan.stage_rank(plan.num_virtual_stages - 1)
+            edges = passes * (edge_bytes_per_micro_batch(model, train, plan, first, last, traits)
+                              + edge_weight_grad_output_bytes(model, train, plan, first, last))
+    base = (edges + _edge_activation_bytes(model, train, plan, rank, traits)
             + backward_working_bytes(model, train, plan, rank == plan.stage_rank(plan.num_virtual_stages - 1),
                                      traits))
     return AffineBytes(base=base, per_layer=held * mb.per_layer + deferred,
@@ -205,21 +221,23 @@ def activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
     return activation_shape(model, train, plan, rank, traits=traits).at(layers, recomputed)
 
 
-def _edge_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int) -> float:
+def _edge_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
+                           traits: FrameworkTraits = RUNTIME) -> float:
     """Embedding output on the first stage (per in-flight micro-batch); final norm, logits and
     fp32 softmax on the last (Megatron's vocab-parallel cross entropy works in fp32), held for
     one micro-batch (all of them under GPipe)."""
     total = 0.0
     if rank == plan.stage_rank(0):
-        total += in_flight_micro_batches(plan, rank) * edge_bytes_per_micro_batch(model, train, plan, True, False)
+        total += in_flight_micro_batches(plan, rank) * edge_bytes_per_micro_batch(model, train, plan, True, False,
+                                                                                   traits)
     if rank == plan.stage_rank(plan.num_virtual_stages - 1):
         held = plan.num_micro_batches if plan.schedule.traits.in_flight == "all" and plan.pp > 1 else 1
-        total += held * edge_bytes_per_micro_batch(model, train, plan, False, True)
+        total += held * edge_bytes_per_micro_batch(model, train, plan, False, True, traits)
     return total
 
 
 def edge_bytes_per_micro_batch(model: ModelSpec, train: TrainSpec, plan: Plan, first: bool,
-                               last: bool) -> float:
+                               last: bool, traits: FrameworkTraits = RUNTIME) -> float:
     a, b, s = train.compute_dtype.num_bytes, plan.micro_batch_size, train.seq_len // plan.cp
     sp = plan.tp if plan.sequence_parallel else 1
     tokens = b * s
@@ -227,7 +245,7 @@ def edge_bytes_per_micro_batch(model: ModelSpec, train: TrainSpec, plan: Plan, f
     if first:
         total += tokens * model.hidden_size * (a + model.dropout) / sp
     if last:
-        total += logits_held_bytes(model, train, plan) + a * tokens * model.hidden_size * (1 + 1 / sp)
+        total += logits_held_bytes(model, train, plan, traits) + a * tokens * model.hidden_size * (1 + 1 / sp)
     return total
 
 
@@ -236,18 +254,26 @@ def _local_tokens(train: TrainSpec, plan: Plan) -> int:
     return plan.micro_batch_size * (train.seq_len // plan.cp)
 
 
-def _logits_elems(model: ModelSpec, train: TrainSpec, plan: Plan) -> float:
-    return _local_tokens(train, plan) * ceil_div(model.vocab_size, plan.tp)
+def _logits_elems(model: ModelSpec, train: TrainSpec, plan: Plan, traits: FrameworkTraits = RUNTIME) -> float:
+    """Logits of one micro-batch on one device: its vocabulary shard, or the whole vocabulary
+    where the framework gathers them before the loss (frameworks.vocab_parallel_loss)."""
+    return _local_tokens(train, plan) * loss_vocab(model, plan, traits)
 
 
-def logits_held_bytes(model: ModelSpec, train: TrainSpec, plan: Plan) -> float:
+def loss_vocab(model: ModelSpec, plan: Plan, traits: FrameworkTraits = RUNTIME) -> int:
+    """The vocabulary one device's loss runs over."""
+    return ceil_div(model.vocab_size, plan.tp) if traits.vocab_parallel_loss else model.vocab_size
+
+
+def logits_held_bytes(model: ModelSpec, train: TrainSpec, plan: Plan,
+                      traits: FrameworkTraits = RUNTIME) -> float:
     """What the loss keeps of one micro-batch's logits until its backward: the fp32 log-probs
     cross entropy saves (4 bytes whatever the compute dtype: the loss runs in fp32), and, under
     a pipeline, the last stage's output in the compute dtype, which torch pipelining (like
     Megatron's schedules) keeps for the backward call. Without a pipeline the 16-bit logits die
     once upcast."""
     kept_output = train.compute_dtype.num_bytes if plan.pp > 1 else 0
-    return _logits_elems(model, train, plan) * (4 + kept_output)
+    return _logits_elems(model, train, plan, traits) * (4 + kept_output)
 
 
 def backward_working_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, last: bool,
@@ -266,18 +292,46 @@ def backward_working_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, last:
     widest_weight = a * h * max(f, h + 2 * kv) / t
     layer = max(mlp, attention) + widest_weight
     # a loss whose backward writes the gradient over its saved softmax needs only the cast
-    head = _logits_elems(model, train, plan) * (a if traits.loss_grad_in_place else 4 + a) if last else 0.0
+    head = _logits_elems(model, train, plan, traits) * (a if traits.loss_grad_in_place else 4 + a) if last else 0.0
     return max(layer, head)
 
 
-def weight_grad_input_bytes(model: ModelSpec, train: TrainSpec, plan: Plan) -> float:
+def weight_grad_input_bytes(model: ModelSpec, train: TrainSpec, plan: Plan,
+                            traits: FrameworkTraits = RUNTIME) -> float:
     """Per layer and micro-batch, what a deferred weight-gradient pass (ZB-H1, ZBV) still needs
     once the input-gradient pass has freed the rest: the input of every projection (the two
-    norm outputs feeding QKV and the MLP, the attention output, the MLP's activated product)."""
+    norm outputs feeding QKV and the MLP, the attention output, the MLP's activated product);
+    the whole layer where the framework keeps the graph (frameworks.deferred_w_keeps_graph)."""
+    if traits.deferred_w_keeps_graph:
+        return (layer_activation_bytes(model, train, plan, plan.recompute, traits)
+                + weight_grad_output_bytes(model, train, plan))
     a, t = train.compute_dtype.num_bytes, plan.tp
-    sp = plan.tp if plan.sequence_parallel else 1
     tokens = _local_tokens(train, plan)
-    return a * tokens * (2 * model.hidden_size / sp + model.hidden_size / t + model.ffn_hidden_size / t)
+    return a * tokens * (2 * model.hidden_size / _proj_input_split(plan, traits)
+                         + model.hidden_size / t + model.ffn_hidden_size / t)
+
+
+def weight_grad_output_bytes(model: ModelSpec, train: TrainSpec, plan: Plan) -> float:
+    """Per layer and micro-batch, the output gradients torch pipelining's input pass captures
+    for a deferred weight pass (`stage_backward_input` hooks): every projection's (a column-
+    parallel one's 1/t slice, a row-parallel one's whole partial output) and the two norm scales'.
+    Measured on a 2-stage ZB-H1 run: 232 MiB held per micro-batch, 228 MiB by this count."""
+    sp = plan.tp if plan.sequence_parallel else 1
+    width = 2 * model.hidden_size / sp
+    for block in layer_blocks(model):
+        width += sum(lin.out_features / plan.tp if lin.style is Style.COLWISE else lin.out_features
+                     for lin in block.linears)
+    return train.compute_dtype.num_bytes * _local_tokens(train, plan) * width
+
+
+def edge_weight_grad_output_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, first: bool,
+                                   last: bool) -> float:
+    """The same for the embedding (its whole output) and the final norm and output projection
+    (its vocabulary slice)."""
+    sp = plan.tp if plan.sequence_parallel else 1
+    width = (model.hidden_size if first else 0) + \
+        (model.hidden_size / sp + ceil_div(model.vocab_size, plan.tp) if last else 0)
+    return train.compute_dtype.num_bytes * _local_tokens(train, plan) * width
 
 
 def micro_batch_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, layers: int,
@@ -287,7 +341,7 @@ def micro_batch_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan,
     recomputed; extra bytes while its backward rebuilds a recomputed layer). The simulator
     counts these per in-flight micro-batch; `activation_bytes` is its closed form."""
     held, rebuilt = _layers_bytes(model, train, plan, layers, recomputed, traits)
-    return held + edge_bytes_per_micro_batch(model, train, plan, first, last), rebuilt
+    return held + edge_bytes_per_micro_batch(model, train, plan, first, last, traits), rebuilt
 
 
 def buffer_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, traits: FrameworkTraits = RUNTIME) -> float:

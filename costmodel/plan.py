@@ -52,7 +52,10 @@ class ScheduleTraits:
     v_placement: bool = False        # virtual stages placed down then up the ranks (V), else in a loop
     in_flight: str = "1f1b"          # activations held at the peak: "all" | "1f1b" | "interleaved" | "v"
     deferred_chunks_per_rank: int = 0   # weight passes put off at once: (this) · rank + 1 chunks; 0: none
-    selective_recompute: bool = True    # torch 2.13: zero-bubble W passes re-enter selective regions and fail
+    # torch 2.13's zero-bubble split backward: W passes re-enter selective regions and fail, and
+    # under full recomputation the retained graph keeps the rebuilt layers until the weight pass
+    # (measured on a 2-stage ZB-H1 run: the last stage 6x the model's count)
+    recompute: bool = True
     dominated_by: "Schedule | None" = None   # same time under the model and never less memory
     torch_class: str                 # torch.distributed.pipelining class the runtime runs
     multi_stage: bool = False        # torch's multi-stage API (several stages per rank)
@@ -69,7 +72,7 @@ class ScheduleTraits:
     def accepts_vpp(self, vpp: int) -> bool:
         return vpp >= self.min_vpp and (self.max_vpp is None or vpp <= self.max_vpp)
 
-    def problems(self, name: str, pp: int, vpp: int, num_micro_batches: int, selective: bool) -> list[str]:
+    def problems(self, name: str, pp: int, vpp: int, num_micro_batches: int, recomputes: bool) -> list[str]:
         """Why a plan cannot run this schedule (check_plan's and the search's one rule set)."""
         out = []
         if self.needs_pp and pp < 2:
@@ -82,8 +85,9 @@ class ScheduleTraits:
             out.append(f"schedule {name} needs {want} (virtual stages per rank; got {vpp})")
         if self.micro_batches_multiple_of_pp and pp > 1 and num_micro_batches % pp:
             out.append(f"schedule {name} needs num_micro_batches ({num_micro_batches}) divisible by pp ({pp})")
-        if selective and not self.selective_recompute:
-            out.append(f"schedule {name} cannot be combined with selective recomputation")
+        if recomputes and not self.recompute:
+            out.append(f"schedule {name} cannot be combined with recomputation (torch's zero-bubble "
+                       "split backward keeps the recomputed layers until the weight pass)")
         return out
 
 
@@ -103,12 +107,12 @@ SCHEDULE_TRAITS: dict[Schedule, ScheduleTraits] = {
         description="zero bubble H1: backward split into input and weight passes, weights later "
                     "(Qi et al. 2024); 1F1B's peak activations plus the deferred passes' inputs",
         fill="zero-bubble", needs_pp=True, deferred_chunks_per_rank=1,
-        selective_recompute=False, torch_class="ScheduleInterleavedZeroBubble", multi_stage=True),
+        recompute=False, torch_class="ScheduleInterleavedZeroBubble", multi_stage=True),
     Schedule.ZBV: ScheduleTraits(
         description="zero bubble V: two virtual stages per rank placed in a V (Qi et al. 2024); no "
                     "closed form, priced by the event simulator",
         fill=None, min_vpp=2, max_vpp=2, needs_pp=True, v_placement=True, in_flight="v",
-        deferred_chunks_per_rank=2, selective_recompute=False,
+        deferred_chunks_per_rank=2, recompute=False,
         torch_class="ScheduleZBVZeroBubble", multi_stage=True),
 }
 

@@ -6,12 +6,12 @@ from dataclasses import dataclass, replace
 
 from costmodel.cluster import ClusterSpec
 from costmodel.comm import Collective, collective_time_s, p2p_time_s
-from costmodel.compute import (KernelTimes, embedding_kernel_times, head_kernel_times,
+from costmodel.compute import (KernelTimes, cross_entropy_s, embedding_kernel_times, head_kernel_times,
                                layer_kernel_times)
 from costmodel.frameworks import FrameworkTraits
 from costmodel.layout import layer_blocks
 from costmodel.memory import unsharded_between_micro_batches
-from costmodel.params import layer_param_tensors, layer_params, rank_params
+from costmodel.params import ceil_div, layer_param_tensors, layer_params, rank_params
 from costmodel.placement import AxisSpan, group_span, stage_pair_span
 from costmodel.plan import Plan, Recompute
 from costmodel.specs import ModelSpec, TrainSpec
@@ -184,10 +184,12 @@ def rank_time_model(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Clu
     edge_tp = _edge_tp_comm_s(train, plan, cluster, model, sp.tp)
     emb = embedding_kernel_times(model, train, plan, dev)
     head = head_kernel_times(model, train, plan, dev)
+    loss_s, gather_s = _gathered_logits_s(model, train, plan, cluster, sp.tp)
     return RankTimeModel(
         per_layer=per_layer, per_recomputed_layer=per_rc,
         first_edge=_times(emb.forward_s, emb.backward_s, emb.backward_weight_s, tp=edge_tp),
-        last_edge=_times(head.forward_s, head.backward_s, head.backward_weight_s, tp=edge_tp),
+        last_edge=_times(head.forward_s + loss_s, head.backward_s + loss_s, head.backward_weight_s,
+                         tp=edge_tp + gather_s),
         pp_send_s=_pp_send_s(model, train, plan, cluster, sp.pp), vpp=plan.vpp)
 
 
@@ -208,6 +210,20 @@ def _edge_tp_comm_s(train: TrainSpec, plan: Plan, cluster: ClusterSpec, model: M
         * model.hidden_size
     kind = Collective.REDUCE_SCATTER if plan.sequence_parallel else Collective.ALL_REDUCE
     return 2 * collective_time_s(kind, num_bytes, span, cluster)
+
+
+def _gathered_logits_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
+                       span: AxisSpan) -> tuple[float, float]:
+    """Where the framework gathers the logits over TP before a whole-vocabulary loss
+    (frameworks.vocab_parallel_loss): (the loss over the other ranks' vocabulary, each way; the
+    all-gather of one micro-batch's logits)."""
+    if plan.tp == 1 or cluster.framework.vocab_parallel_loss:
+        return 0.0, 0.0
+    tokens = plan.micro_batch_size * train.seq_len // plan.cp
+    others = model.vocab_size - ceil_div(model.vocab_size, plan.tp)
+    gathered = train.compute_dtype.num_bytes * tokens * model.vocab_size
+    return (cross_entropy_s(tokens, others, train, cluster.device),
+            collective_time_s(Collective.ALL_GATHER, gathered, span, cluster))
 
 
 def _pp_send_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,

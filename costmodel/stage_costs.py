@@ -10,7 +10,8 @@ backward-for-weights part needs none.
 from __future__ import annotations
 
 from costmodel.cluster import ClusterSpec
-from costmodel.memory import micro_batch_activation_bytes, weight_grad_input_bytes
+from costmodel.memory import (edge_weight_grad_output_bytes, micro_batch_activation_bytes, weight_grad_input_bytes,
+                              weight_grad_output_bytes)
 from costmodel.plan import Plan
 from costmodel.pipeline_simulation import StageCost
 from costmodel.specs import ModelSpec, TrainSpec
@@ -22,7 +23,14 @@ def stage_costs(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Cluster
     rtm = rtm or rank_time_model(model, train, plan, cluster, spans(plan, cluster))
     n = plan.num_virtual_stages
     send_s = rtm.pp_send_s
-    w_inputs = weight_grad_input_bytes(model, train, plan) if plan.schedule.defers_weight_grad else 0.0
+    defers = plan.schedule.defers_weight_grad
+    # torch pipelining keeps a deferred weight pass's whole graph (costmodel.frameworks)
+    keeps_graph = defers and cluster.framework.deferred_w_keeps_graph
+    w_inputs = weight_grad_input_bytes(model, train, plan, cluster.framework) if defers else 0.0
+    def kept_grads(layers: int, first: bool, last: bool) -> float:
+        return (weight_grad_output_bytes(model, train, plan) * layers
+                + edge_weight_grad_output_bytes(model, train, plan, first, last))
+
     out = []
     for j, (layers, rc) in enumerate(zip(plan.layers_per_stage, plan.recompute_per_stage())):
         first, last = j == 0, j == n - 1
@@ -36,5 +44,6 @@ def stage_costs(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Cluster
                              backward_s=t.backward_s * (1 + share),
                              backward_weight_s=t.backward_weight_s, send_s=send_s,
                              activation_bytes=held, transient_bytes=transient,
-                             weight_input_bytes=w_inputs * layers))
+                             weight_input_bytes=held + kept_grads(layers, first, last) if keeps_graph
+                             else w_inputs * layers))
     return out

@@ -86,14 +86,14 @@ def _schedules(pp: int, vpp: int, mode: Recompute,
     """(valid schedules, the dominant ones). Under the model GPipe equals 1F1B in time and needs
     more memory, so 1F1B dominates it; ZB-H1 has a smaller fill but holds the deferred weight
     passes' inputs (more memory), so neither it nor 1F1B dominates the other. ZB-H1 cannot run
-    with selective recomputation (check_plan). `allowed` narrows them (pp = 1 needs none)."""
+    with recomputation (check_plan). `allowed` narrows them (pp = 1 needs none)."""
     if pp == 1:
         return (default_schedule(1),), (default_schedule(1),)
     # the schedules check_plan accepts here (pp, vpp, recompute mode; the micro-batch rule is met:
     # interleaving is offered only when pp divides the micro-batches) that have a closed form:
     # ZBV is priced only by simulation
     valid = [s for s in Schedule if s.traits.closed_form and (allowed is None or s in allowed)
-             and not s.traits.problems(str(s), pp, vpp, pp, mode is Recompute.SELECTIVE)]
+             and not s.traits.problems(str(s), pp, vpp, pp, mode is not Recompute.NONE)]
     dominant = [s for s in valid if s.traits.dominated_by not in valid] or valid
     return tuple(valid), tuple(dominant)   # cached: never handed out to be changed
 

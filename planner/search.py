@@ -257,6 +257,10 @@ def _result(shared: SharedModels, options: SearchOptions, stats: SearchStats, fo
             choice = replace(base, zero_stage=zero, vpp=vpp, schedule=schedule)
             closest = closer(model, train, cluster, build_plan(model, train, cluster, choice), closest)
     ranked = rank(found, replace(options, top_k=_repriced(options)))
+    if options.objective != "time":   # the fastest plans too: the leanest are judged against them
+        chosen = {id(f) for f in ranked}
+        ranked += [f for f in rank(found, replace(options, top_k=_repriced(options), objective="time"))
+                   if id(f) not in chosen]
     simulated = {id(f): Found(plan=f.plan, estimate=estimate(model, train, cluster, f.plan)) for f in ranked}
     evaluated = [simulated.get(id(f), f) for f in found]
     fitting = [f for f in simulated.values() if f.estimate.fits]

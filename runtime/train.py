@@ -66,7 +66,9 @@ def forward_backward(job: Job, tokens: torch.Tensor, labels: torch.Tensor) -> to
         first, last = 0 in job.modules, job.num_stages - 1 in job.modules
         args = (x,) if first else ()
         kwargs = {"target": y, "losses": losses} if last else {}
-        job.schedule.step(*args, **kwargs)
+        # return_outputs=False: otherwise the last stage keeps every micro-batch's logits until
+        # the step ends (torch's output_chunks), which the cost model does not count
+        job.schedule.step(*args, return_outputs=False, **kwargs)
         return torch.stack(losses).mean().detach() if last else None
     model = job.modules[0]
     m = plan.num_micro_batches

@@ -2,7 +2,7 @@
 import pytest
 
 from costmodel.cluster import parse_cluster
-from costmodel.frameworks import GENERIC, RUNTIME
+from costmodel.frameworks import GENERIC, RUNTIME, framework_traits
 from costmodel.memory import in_flight_micro_batches, layer_activation_bytes, state_bytes, state_bytes_for
 from costmodel.params import total_params
 from costmodel.plan import Recompute, Schedule
@@ -59,18 +59,30 @@ def _gpt_plan(tp, sp, recompute=Recompute.NONE):
     (8, True, Recompute.FULL, lambda t, r: 2 / t),
 ])
 def test_korthikanti_activation_coefficients(tp, sp, recompute, coefficient):
-    """Per layer, per micro-batch: s b h x coefficient, with r = a s / h (Korthikanti et al. 2022)."""
+    """Per layer, per micro-batch: s b h x coefficient, with r = a s / h (Korthikanti et al. 2022),
+    for Megatron-LM, which keeps the sequence shard of a projection's input under SP."""
     m, train, plan = _gpt_plan(tp, sp, recompute)
     s, b, h, a = 2048, 1, m.hidden_size, m.num_heads
     expected = s * b * h * coefficient(tp, a * s / h)
-    assert layer_activation_bytes(m, train, plan, recompute) == pytest.approx(expected)
+    megatron = framework_traits("megatron-lm")
+    assert layer_activation_bytes(m, train, plan, recompute, megatron) == pytest.approx(expected)
+
+
+def test_torch_sequence_parallelism_keeps_the_gathered_projection_inputs():
+    """DTensor SP (our runtime, torchtitan) saves the all-gathered input of the QKV and first MLP
+    projections: 2 x 2sbh whole instead of 2 x 2sbh / t (measured: tests/runtime)."""
+    m, train, plan = _gpt_plan(8, True)
+    s, h = 2048, m.hidden_size
+    megatron = layer_activation_bytes(m, train, plan, Recompute.NONE, framework_traits("megatron-lm"))
+    assert layer_activation_bytes(m, train, plan, Recompute.NONE, RUNTIME) == pytest.approx(
+        megatron + 2 * 2 * s * h * (1 - 1 / 8))
 
 
 def test_flash_attention_drops_the_quadratic_term():
     m, train, plan = _gpt_plan(8, True)
     flash = TrainSpec(seq_len=2048, global_batch_size=8)
     lse = 4 * 1 * (m.num_heads // 8) * 2048
-    assert layer_activation_bytes(m, flash, plan, Recompute.NONE) == pytest.approx(
+    assert layer_activation_bytes(m, flash, plan, Recompute.NONE, framework_traits("megatron-lm")) == pytest.approx(
         2048 * m.hidden_size * 34 / 8 + lse)
 
 
@@ -115,6 +127,18 @@ def test_loss_keeps_fp32_log_probs_whatever_the_dtype():
         elems = 1024 * m.vocab_size
         assert logits_held_bytes(m, train, flat) == elems * 4
         assert logits_held_bytes(m, train, piped) == elems * (4 + dtype.num_bytes)
+
+
+def test_the_loss_runs_on_vocabulary_shards_only_where_the_framework_does():
+    """Megatron's vocab-parallel cross entropy keeps 1/t of the logits; our runtime gathers them
+    (ColwiseParallel to Replicate) and every TP rank keeps the whole vocabulary's."""
+    from costmodel.memory import logits_held_bytes
+    m = MODELS["llama2-7b"]
+    train = TrainSpec(seq_len=1024, global_batch_size=8)
+    plan = build_plan(m, train, parse_cluster("1x8xA100"), Choice(tp=4, dp=2, micro_batch_size=1))
+    whole = logits_held_bytes(m, train, plan, RUNTIME)
+    assert whole == 1024 * m.vocab_size * 4
+    assert logits_held_bytes(m, train, plan, framework_traits("megatron-lm")) == pytest.approx(whole / 4)
 
 
 @pytest.mark.parametrize("schedule,pp,m,vpp", [(Schedule.ZB_H1, 4, 8, 1), (Schedule.ZB_H1, 4, 16, 2),

@@ -27,9 +27,10 @@ def test_the_first_plan_is_executable_and_within_the_band_of_the_fastest():
 
 def test_a_schedule_without_closed_form_competes_by_simulation():
     """ZBV has no closed form: it is priced by simulation as a variant of the best plans, and
-    the proof stays about the fastest closed-form plan."""
+    the proof stays about the fastest closed-form plan. (Not llama-70b on 64 A100s: its best
+    plans recompute, which torch's zero-bubble schedules cannot.)"""
     from costmodel.plan import Schedule
-    model, cluster = resolve_model("llama-70b"), parse_cluster("8x8xA100")
+    model, cluster = resolve_model("llama2-13b"), parse_cluster("2x8xA100")
     result = search(model, TRAIN, cluster, SearchOptions(top_k=5))
     variants = [f for f in result.evaluated if f.plan.schedule is Schedule.ZBV]
     assert variants and all(f.plan.vpp == 2 for f in variants)
