@@ -55,6 +55,11 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   `autograd.grad(..., retain_graph=True)` and starts the weight pass later from graph nodes that
   reach the whole stage, so every saved tensor of the micro-batch (logits included) lives until
   its weight pass (measured: tests/runtime/test_run_cli.py).
+- `pipeline_sends_held`: torch's multi-stage schedule runner (`_PipelineScheduleRuntime`: our
+  interleaved 1F1B, ZB-H1 and ZBV) keeps the Work of every send, and with it the tensor sent,
+  until the step ends ("send ops should be waited on before step() exits"); its single-stage
+  schedules (GPipe, 1F1B) wait each send at once. Measured: a 2-stage ZBV run's ranks grew by one
+  activation per send until the step's end (benchmarks and tests/runtime/test_run_cli.py).
 - `zero3_gathers_per_param`: DeepSpeed ZeRO-3 gathers parameter by parameter (many small
   collectives, each paying the ring latency) rather than one flat buffer per layer as FSDP does.
 """
@@ -83,6 +88,7 @@ class FrameworkTraits:
     vocab_parallel_loss: bool = True
     cpu_kernels: bool = False
     deferred_w_keeps_graph: bool = False
+    pipeline_sends_held: bool = False
 
 
 GENERIC = FrameworkTraits(name="generic", dp_grad_overlap=True, dp_param_overlap=True, tp_comm_hidden=0.0,
@@ -95,7 +101,7 @@ GENERIC = FrameworkTraits(name="generic", dp_grad_overlap=True, dp_param_overlap
 RUNTIME = FrameworkTraits(name="planner", dp_grad_overlap=True, dp_param_overlap=True, tp_comm_hidden=0.0,
                           sharded_grads_under_pp=False, zero3_gathers_per_param=False,
                           fsdp_master_params=True, tp_keeps_gathered_input=True, vocab_parallel_loss=False,
-                          deferred_w_keeps_graph=True)
+                          deferred_w_keeps_graph=True, pipeline_sends_held=True)
 
 _MEGATRON = dict(sharded_grads_under_pp=True, zero3_gathers_per_param=False, loss_grad_in_place=True)
 _FSDP = dict(dp_grad_overlap=True, dp_param_overlap=True, tp_comm_hidden=0.0, zero3_gathers_per_param=False,

@@ -133,6 +133,25 @@ def _proj_input_split(plan: Plan, traits: FrameworkTraits) -> int:
     return plan.tp if plan.sequence_parallel and not traits.tp_keeps_gathered_input else 1
 
 
+def send_bytes(model: ModelSpec, train: TrainSpec, plan: Plan) -> float:
+    """One activation (or its gradient) a pipeline stage sends: this rank's sequence shard under SP."""
+    sp = plan.tp if plan.sequence_parallel else 1
+    return train.compute_dtype.num_bytes * _local_tokens(train, plan) * model.hidden_size / sp
+
+
+def held_send_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
+                    traits: FrameworkTraits = RUNTIME) -> float:
+    """What a rank's sends keep alive by the step's end where the framework waits them only
+    then (frameworks.pipeline_sends_held): one tensor per micro-batch per stage edge that
+    crosses to another rank, forward and backward."""
+    if plan.pp == 1 or not (traits.pipeline_sends_held and plan.schedule.traits.multi_stage):
+        return 0.0
+    n = plan.num_virtual_stages
+    edges = sum((j < n - 1 and plan.stage_rank(j + 1) != rank) + (j > 0 and plan.stage_rank(j - 1) != rank)
+                for j in range(n) if plan.stage_rank(j) == rank)
+    return edges * plan.num_micro_batches * send_bytes(model, train, plan)
+
+
 def in_flight_micro_batches(plan: Plan, rank: int) -> float:
     """Micro-batches whose activations a pipeline rank holds at its peak, in units of the
     rank's whole layer set (Narayanan et al. SC'21 Sec. 2.2; Korthikanti et al. Sec. 4.2.3 for
@@ -199,7 +218,8 @@ def activation_shape(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
             first, last = rank == plan.stage_rank(0), rank == plan.stage_rank(plan.num_virtual_stages - 1)
             edges = passes * (edge_bytes_per_micro_batch(model, train, plan, first, last, traits)
                               + edge_weight_grad_output_bytes(model, train, plan, first, last))
-    base = (edges + _edge_activation_bytes(model, train, plan, rank, traits)
+    base = (edges + held_send_bytes(model, train, plan, rank, traits)
+            + _edge_activation_bytes(model, train, plan, rank, traits)
             + backward_working_bytes(model, train, plan, rank == plan.stage_rank(plan.num_virtual_stages - 1),
                                      traits))
     return AffineBytes(base=base, per_layer=held * mb.per_layer + deferred,

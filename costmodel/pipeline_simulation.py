@@ -41,6 +41,7 @@ class StageCost:
     activation_bytes: float    # held from forward to backward
     transient_bytes: float     # extra while its backward runs (the recomputed layer)
     weight_input_bytes: float = 0.0  # held from backward-for-inputs to backward-for-weights
+    sent_held_bytes: float = 0.0     # each send to another rank, held until the step ends
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -86,8 +87,12 @@ def _simulate(plan: Plan, costs: list[StageCost], keep_events: bool) -> Simulati
     n, m, p = plan.num_virtual_stages, plan.num_micro_batches, plan.pp
     owner = [plan.stage_rank(j) for j in range(n)]
     # per stage: seconds of each part, and whether its forward / backward output crosses ranks
-    fwd_send = [c.send_s if j < n - 1 and owner[j + 1] != owner[j] else 0.0 for j, c in enumerate(costs)]
-    bwd_send = [c.send_s if j > 0 and owner[j - 1] != owner[j] else 0.0 for j, c in enumerate(costs)]
+    fwd_cross = [j < n - 1 and owner[j + 1] != owner[j] for j in range(n)]
+    bwd_cross = [j > 0 and owner[j - 1] != owner[j] for j in range(n)]
+    fwd_send = [c.send_s if cross else 0.0 for c, cross in zip(costs, fwd_cross)]
+    bwd_send = [c.send_s if cross else 0.0 for c, cross in zip(costs, bwd_cross)]
+    fwd_hold = [c.sent_held_bytes if cross else 0.0 for c, cross in zip(costs, fwd_cross)]
+    bwd_hold = [c.sent_held_bytes if cross else 0.0 for c, cross in zip(costs, bwd_cross)]
     fwd_ready = [[-1.0] * m for _ in range(n)]   # stage j's output for micro-batch i has arrived
     bwd_ready = [[-1.0] * m for _ in range(n)]   # stage j's input gradient for i has arrived
     clock, pos = [0.0] * p, [0] * p
@@ -113,6 +118,8 @@ def _simulate(plan: Plan, costs: list[StageCost], keep_events: bool) -> Simulati
                     if fwd_send[stage]:
                         sends[r] += fwd_send[stage]
                         t = _span(events, r, stage, SEND, mb, t, fwd_send[stage])
+                    if fwd_hold[stage]:
+                        log.append((t, fwd_hold[stage]))
                     fwd_ready[stage][mb] = t
                     busy[r] += c.forward_s + fwd_send[stage]
                 elif kind == "W":
@@ -135,6 +142,8 @@ def _simulate(plan: Plan, costs: list[StageCost], keep_events: bool) -> Simulati
                     if bwd_send[stage]:
                         sends[r] += bwd_send[stage]
                         t = _span(events, r, stage, SEND, mb, t, bwd_send[stage])
+                    if bwd_hold[stage]:
+                        log.append((t, bwd_hold[stage]))
                     bwd_ready[stage][mb] = t
                     busy[r] += c.recompute_s + work + bwd_send[stage]
                 i += 1

@@ -10,8 +10,8 @@ backward-for-weights part needs none.
 from __future__ import annotations
 
 from costmodel.cluster import ClusterSpec
-from costmodel.memory import (edge_weight_grad_output_bytes, micro_batch_activation_bytes, weight_grad_input_bytes,
-                              weight_grad_output_bytes)
+from costmodel.memory import (edge_weight_grad_output_bytes, micro_batch_activation_bytes, send_bytes,
+                              weight_grad_input_bytes, weight_grad_output_bytes)
 from costmodel.plan import Plan
 from costmodel.pipeline_simulation import StageCost
 from costmodel.specs import ModelSpec, TrainSpec
@@ -27,10 +27,18 @@ def stage_costs(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Cluster
     # torch pipelining keeps a deferred weight pass's whole graph (costmodel.frameworks)
     keeps_graph = defers and cluster.framework.deferred_w_keeps_graph
     w_inputs = weight_grad_input_bytes(model, train, plan, cluster.framework) if defers else 0.0
+
     def kept_grads(layers: int, first: bool, last: bool) -> float:
+        # torch skips the first stage's input pass (no input needs a gradient) and runs its whole
+        # backward in the weight slot: the graph waits, no output gradients are captured
+        if first:
+            return 0.0
         return (weight_grad_output_bytes(model, train, plan) * layers
                 + edge_weight_grad_output_bytes(model, train, plan, first, last))
 
+    # torch's multi-stage runner keeps every send until the step ends (costmodel.frameworks)
+    sent_held = send_bytes(model, train, plan) if (
+        plan.schedule.traits.multi_stage and cluster.framework.pipeline_sends_held) else 0.0
     out = []
     for j, (layers, rc) in enumerate(zip(plan.layers_per_stage, plan.recompute_per_stage())):
         first, last = j == 0, j == n - 1
@@ -40,10 +48,12 @@ def stage_costs(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Cluster
         share = comm / compute if compute else 0.0
         held, transient = micro_batch_activation_bytes(model, train, plan, layers, rc, first, last,
                                                          cluster.framework)
+        backward_s = t.backward_s * (1 + share)
+        # torch's first stage runs its whole backward in the weight slot (kept_grads)
+        weight_s = backward_s if keeps_graph and first else t.backward_weight_s
         out.append(StageCost(forward_s=t.forward_s * (1 + share), recompute_s=t.recompute_s * (1 + share),
-                             backward_s=t.backward_s * (1 + share),
-                             backward_weight_s=t.backward_weight_s, send_s=send_s,
+                             backward_s=backward_s, backward_weight_s=weight_s, send_s=send_s,
                              activation_bytes=held, transient_bytes=transient,
                              weight_input_bytes=held + kept_grads(layers, first, last) if keeps_graph
-                             else w_inputs * layers))
+                             else w_inputs * layers, sent_held_bytes=sent_held))
     return out

@@ -30,7 +30,7 @@ def test_a_schedule_without_closed_form_competes_by_simulation():
     the proof stays about the fastest closed-form plan. (Not llama-70b on 64 A100s: its best
     plans recompute, which torch's zero-bubble schedules cannot.)"""
     from costmodel.plan import Schedule
-    model, cluster = resolve_model("llama2-13b"), parse_cluster("2x8xA100")
+    model, cluster = resolve_model("llama2-13b"), parse_cluster("4x8xA100")
     result = search(model, TRAIN, cluster, SearchOptions(top_k=5))
     variants = [f for f in result.evaluated if f.plan.schedule is Schedule.ZBV]
     assert variants and all(f.plan.vpp == 2 for f in variants)

@@ -164,15 +164,15 @@ def test_zero_under_a_pipeline_uses_the_memory_the_model_says(tmp_path, capsys):
         assert measured1 <= predicted1 <= 1.5 * measured1
 
 
-@pytest.mark.parametrize("schedule,vpp", [("1f1b", 1), ("zb-h1", 1), ("zbv", 2)])
+@pytest.mark.parametrize("schedule,vpp", [("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zbv", 2)])
 def test_pipeline_schedules_hold_the_memory_the_model_says(tmp_path, capsys, schedule, vpp):
     """Per stage, measured peak against predicted on 2 stages x 8 micro-batches (fp32): torch's
     zero-bubble schedules keep a deferred weight pass's whole graph and its output gradients
-    (costmodel.frameworks.deferred_w_keeps_graph), and the last stage keeps no logits beyond the
-    micro-batch in flight. Measured here (2026-11-24): 1F1B +11 % / +2 %, ZB-H1 +28 % / -2 %
-    (torch does not split the first stage's backward, the model does), ZBV -4 % / -13 % (rank
-    1, which holds the V's turn, keeps more than the simulated timeline frees): the bounds are
-    -15 % and +30 %; without the graph and gradient terms ZB-H1's last stage was -52 %."""
+    (costmodel.frameworks.deferred_w_keeps_graph), its multi-stage runner keeps every send until
+    the step ends (pipeline_sends_held), and the last stage keeps no logits beyond the micro-batch
+    in flight. Measured here (2026-11-25), predicted over measured per stage: 1F1B +12 % / +10 %,
+    interleaved +2 % / -2 %, ZB-H1 +14 % / +19 %, ZBV +12 % / -3 %. Before those terms ZB-H1's
+    last stage was predicted 52 % short and ZBV's second rank 13 %."""
     plan = tmp_path / "plan.json"
     assert main(["predict", "--model", "debug-small", "--cluster", "1x2xxeon-amx", "--dtype", "fp32",
                  "--seq-len", "512", "--global-batch", "16", "--mbs", "2", "--pp", "2", "--dp", "1",
@@ -183,4 +183,4 @@ def test_pipeline_schedules_hold_the_memory_the_model_says(tmp_path, capsys, sch
     assert proc.returncode == 0, proc.stderr
     m = json.loads((out / "measured.json").read_text())
     for stage, (measured, predicted) in enumerate(zip(m["peak_memory_bytes"], m["predicted_memory_compared_bytes"])):
-        assert -0.15 <= predicted / measured - 1 <= 0.30, f"stage {stage}: {predicted:.3g} vs {measured:.3g}"
+        assert -0.10 <= predicted / measured - 1 <= 0.25, f"stage {stage}: {predicted:.3g} vs {measured:.3g}"
