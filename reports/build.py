@@ -101,10 +101,11 @@ def _bubble(doc: Document, inp: ReportInput, variants, out_dir: Path) -> None:
 
 def _memory(doc: Document, inp: ReportInput, variants, out_dir: Path) -> None:
     doc.heading("Memory report")
-    chosen = PlanMemory(label="#1 (chosen)", plan=inp.plan, estimate=inp.estimate, sim=variants[0].sim)
-    plans = [chosen] + [PlanMemory(label=f"#{i}", plan=p, estimate=e,
-                                   sim=simulate_plan(inp.model, inp.train, inp.cluster, p, keep_events=True))
-                        for i, (p, e) in enumerate(inp.runners_up[:2], 2)]
+    # the whole step with its memory curves (a variant's `sim` may be the lean one without them)
+    plans = [PlanMemory(label=label, plan=p, estimate=e,
+                        sim=simulate_plan(inp.model, inp.train, inp.cluster, p, keep_events=True))
+             for label, (p, e) in zip(["#1 (chosen)", "#2", "#3"],
+                                      [(inp.plan, inp.estimate)] + list(inp.runners_up[:2]))]
     e = inp.estimate
     tight = max(range(len(e.peak_memory_bytes)), key=lambda r: e.peak_memory_bytes[r])
     parts = e.memory_breakdown_bytes[tight]
@@ -112,7 +113,7 @@ def _memory(doc: Document, inp: ReportInput, variants, out_dir: Path) -> None:
              f"{e.memory_capacity_bytes / GIB:.0f} GiB, of which activations {parts['activations'] / GIB:.1f} GiB "
              f"(peak of the simulated in-flight micro-batches), optimizer states {parts['optimizer'] / GIB:.1f}, "
              f"weights {parts['params'] / GIB:.1f}, gradients {parts['grads'] / GIB:.1f} GiB.")
-    doc.table(*memory_table(chosen))
+    doc.table(*memory_table(plans[0]))
     for stem, caption in memory_figures(plans, out_dir):
         doc.image(stem, caption)
 

@@ -102,3 +102,19 @@ def test_measured_json_is_strict_and_versioned(tmp_path, capsys):
         assert main(["report", str(plan_path), "--measured", str(tmp_path / name), "--out", str(tmp_path / "r")]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and why in err and name in err
+
+
+def test_memory_over_time_draws_every_plan_s_activations(tmp_path, monkeypatch):
+    """The chosen plan's curve too: with more micro-batches than a timeline draws, its schedule
+    variant carries a lean simulation without memory curves (its figure was flat once)."""
+    import reports.build as build
+    seen = []
+    real = build.memory_figures
+    monkeypatch.setattr(build, "memory_figures", lambda plans, out: seen.extend(plans) or real(plans, out))
+    pf = _llama70b_plan()
+    assert pf.plan.num_micro_batches > 64
+    est = estimate(pf.model, pf.train, pf.cluster, pf.plan)
+    from planner.report_plans import schedule_variants
+    write_report(ReportInput(model=pf.model, train=pf.train, cluster=pf.cluster, plan=pf.plan, estimate=est,
+                             variants=schedule_variants(pf.model, pf.train, pf.cluster, pf.plan)), tmp_path)
+    assert seen and all(max(level for _, level in pm.sim.memory_curves[0]) > 0 for pm in seen)
