@@ -19,6 +19,7 @@ Tests check the published coefficients.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from costmodel.frameworks import RUNTIME, FrameworkTraits
 from costmodel.layout import Style, layer_blocks
@@ -146,10 +147,20 @@ def held_send_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
     crosses to another rank, forward and backward."""
     if plan.pp == 1 or not (traits.pipeline_sends_held and plan.schedule.traits.multi_stage):
         return 0.0
-    n = plan.num_virtual_stages
-    edges = sum((j < n - 1 and plan.stage_rank(j + 1) != rank) + (j > 0 and plan.stage_rank(j - 1) != rank)
-                for j in range(n) if plan.stage_rank(j) == rank)
+    edges = _crossing_edges(plan.pp, plan.vpp, plan.schedule.traits.v_placement)[rank]
     return edges * plan.num_micro_batches * send_bytes(model, train, plan)
+
+
+@lru_cache(maxsize=1024)
+def _crossing_edges(p: int, v: int, v_placement: bool) -> tuple[int, ...]:
+    """Per pipeline rank, its stages' edges (forward and backward) to a stage on another rank
+    (Plan.stage_rank's placements; cached: the search asks for every candidate)."""
+    def owner(j: int) -> int:
+        return (j if j < p else 2 * p - 1 - j) if v_placement else j % p
+    n, out = p * v, [0] * p
+    for j in range(n):
+        out[owner(j)] += (j < n - 1 and owner(j + 1) != owner(j)) + (j > 0 and owner(j - 1) != owner(j))
+    return tuple(out)
 
 
 def in_flight_micro_batches(plan: Plan, rank: int) -> float:
