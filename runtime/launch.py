@@ -30,6 +30,12 @@ class StepsConfig:
     lr: float = 3e-4
     data: str | None = None
     data_dtype: str = "uint16"
+    # runtime.checkpoint: where, how often (steps; 0: at the end only), how many to keep, and
+    # whether to continue from the latest complete one
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    keep: int = 2
+    resume: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,6 +54,9 @@ class WorkerArgs(StepsConfig):
             args += ["--data", self.data, "--data-dtype", self.data_dtype]
         if self.fault:
             args += ["--fault", self.fault]
+        if self.checkpoint_dir:
+            args += ["--checkpoint-dir", self.checkpoint_dir, "--checkpoint-every", str(self.checkpoint_every),
+                     "--keep", str(self.keep)] + (["--resume"] if self.resume else [])
         return args
 
     @classmethod
@@ -56,8 +65,10 @@ class WorkerArgs(StepsConfig):
         p.add_argument("--plan", required=True, type=Path)
         p.add_argument("--out", required=True, type=Path)
         for name, kind in (("--steps", int), ("--warmup", int), ("--seed", int), ("--lr", float),
-                           ("--data", str), ("--data-dtype", str), ("--fault", str)):
+                           ("--data", str), ("--data-dtype", str), ("--fault", str),
+                           ("--checkpoint-dir", str), ("--checkpoint-every", int), ("--keep", int)):
             p.add_argument(name, type=kind, default=getattr(cls, name[2:].replace("-", "_")))
+        p.add_argument("--resume", action="store_true")
         return cls(**vars(p.parse_args(argv)))
 
     def fault_spec(self) -> tuple[int, int, str] | None:

@@ -25,6 +25,7 @@ from torch.distributed.fsdp import FSDPModule
 from costmodel.inputs import write_text_atomic
 from costmodel.plan import PlanFile
 from costmodel.specs import Optimizer
+from runtime import checkpoint
 from runtime.data import TokenSource, local_slice
 from runtime.memtrack import TensorBytesTracker, state_tensors
 from runtime.job import Job, build_job, cross_entropy, sync_tied_embedding
@@ -96,7 +97,9 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
     optimizer = make_optimizer(job, pf, cfg.lr)
     source = TokenSource(pf.model.vocab_size, pf.train.seq_len, cfg.seed, cfg.data, cfg.data_dtype)
     losses, times, busy, sync, optim, memory = [], [], [], [], [], None
-    for step in range(cfg.warmup + cfg.steps):
+    total = cfg.warmup + cfg.steps
+    start = _resume(job, optimizer, pf, cfg, total)
+    for step in range(start, total):
         first, count = local_slice(step, pf.train.global_batch_size, pf.plan.dp, job.coords["dp"])
         tokens, labels = source.batch(first, count)
         track = step == cfg.warmup - 1 and device.type == "cpu"
@@ -123,6 +126,9 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
                    else f"step {step - cfg.warmup + 1}/{cfg.steps}")
             print(f"[planner run] {tag}: loss {step_loss:.4f}, "
                   f"{step_s * 1e3:.1f} ms", file=sys.stderr, flush=True)
+        if cfg.checkpoint_dir and (step + 1 == total or
+                                   (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0)):
+            checkpoint.save(Path(cfg.checkpoint_dir), step + 1, job.modules, optimizer, pf, cfg.keep)
         if cfg.partial is not None and step >= cfg.warmup and step < cfg.warmup + cfg.steps - 1:
             raw = _figures(job, device, memory, losses, times, busy, sync, optim)
             if raw is not None:   # untimed, after the step: what an interrupted run keeps
@@ -130,6 +136,25 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
     raw = _figures(job, device, memory, losses, times, busy, sync, optim)
     params = _gather_params(job) if cfg.collect_params else None
     return None if raw is None else {**raw, "params": params}
+
+
+def _resume(job: Job, optimizer, pf: PlanFile, cfg: RunConfig, total: int) -> int:
+    """The step to start from: 0, or the step of the latest complete checkpoint with --resume
+    (its weights, optimizer states and, under the plan it was saved with, this rank's RNG)."""
+    if not (cfg.resume and cfg.checkpoint_dir):
+        return 0
+    root = Path(cfg.checkpoint_dir)
+    path = checkpoint.latest(root)
+    if path is None:
+        if checkpoint.any_attempt(root):   # never a silent fresh start over unreadable checkpoints
+            raise checkpoint.CheckpointError(f"{root}: no complete checkpoint to resume from "
+                                             f"(only {', '.join(checkpoint.any_attempt(root))})")
+        return 0
+    step = checkpoint.load(path, job.modules, optimizer, pf)
+    if step >= total:
+        raise checkpoint.CheckpointError(f"checkpoint {path} is at step {step}; --warmup + --steps = {total} "
+                                         "trains nothing more (raise --steps)")
+    return step
 
 
 def _figures(job: Job, device: torch.device, memory: float | None, losses, times, busy, sync,

@@ -47,6 +47,16 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", help="token file: .npy, or raw .bin of --data-dtype (default: synthetic tokens)")
     p.add_argument("--data-dtype", choices=["uint16", "uint32"], default="uint16")
     p.add_argument("--out", help="directory for measured.json and run.log (default runs/<model>-<time>)")
+    p.add_argument("--checkpoint-dir", metavar="DIR",
+                   help="save sharded checkpoints here (torch.distributed.checkpoint: model, optimizer, "
+                        "RNG; each rank its part), after the last step and every --checkpoint-every steps")
+    p.add_argument("--checkpoint-every", type=positive_int, metavar="N",
+                   help="also save after every N-th step (counted from the run's first step)")
+    p.add_argument("--keep", type=positive_int, default=2, metavar="K",
+                   help="complete checkpoints kept, newest first (default 2)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the latest complete checkpoint in --checkpoint-dir, under this plan "
+                        "or another of the same model; --warmup + --steps is then the step the run reaches")
     add_overwrite_arg(p)
     p.add_argument("--dry-run", action="store_true",
                    help="build each stage's first rank on the meta device under a fake process group "
@@ -70,7 +80,9 @@ def _worker_args(args: argparse.Namespace, pf: PlanFile, out: Path):
     return WorkerArgs(plan=Path(args.plan).resolve(), out=out.resolve(), steps=args.steps,
                       warmup=args.warmup, seed=args.seed, lr=args.lr,
                       data=str(Path(args.data).resolve()) if args.data else None,
-                      data_dtype=args.data_dtype, fault=args.inject_fault)
+                      data_dtype=args.data_dtype, fault=args.inject_fault,
+                      checkpoint_dir=str(Path(args.checkpoint_dir).resolve()) if args.checkpoint_dir else None,
+                      checkpoint_every=args.checkpoint_every or 0, keep=args.keep, resume=args.resume)
 
 
 def _check_machine(args: argparse.Namespace, pf: PlanFile) -> tuple[int, int]:
@@ -106,7 +118,9 @@ def _check_machine(args: argparse.Namespace, pf: PlanFile) -> tuple[int, int]:
 
 
 # what a mode does not use, refused by name rather than silently dropped
-DRY_RUN_IGNORES = {"nproc", "steps", "warmup", "seed", "lr", "data", "data_dtype", "out", "overwrite", "inject_fault"}
+DRY_RUN_IGNORES = {"nproc", "steps", "warmup", "seed", "lr", "data", "data_dtype", "out", "overwrite", "inject_fault",
+                   "checkpoint_dir", "checkpoint_every", "keep", "resume"}
+CHECKPOINT_FLAGS = {"checkpoint_every", "keep", "resume"}
 PRINT_LAUNCH_IGNORES = {"nproc", "json", "overwrite", "inject_fault"}
 
 
@@ -121,9 +135,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         refuse_ignored(args.given, {"data_dtype"}, "it is the dtype of a raw --data file")
     elif args.data.endswith(".npy"):
         refuse_ignored(args.given, {"data_dtype"}, "a .npy file records its own dtype")
+    if not args.checkpoint_dir:
+        refuse_ignored(args.given, CHECKPOINT_FLAGS, "they need --checkpoint-dir")
     pf = _load(args.plan)
     if args.dry_run:
         return _dry_run(args, pf)
+    resume_step = _checkpoints(args, pf) if args.checkpoint_dir and not args.print_launch else 0
     out = Path(args.out or f"runs/{pf.model.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     if not args.print_launch:
         outputs.out_dir(out, "--out", args.overwrite, outputs.RUN_FILES)
@@ -149,8 +166,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"planner run: warning: predicted not to fit: {problem}", file=sys.stderr)
     from runtime.launch import RunFailed, run_local
     from runtime.measure import measured_record
+    resumed = f", resuming after step {resume_step}" if resume_step else ""
     print(f"planner run: {pf.plan.short()} on {nproc} local rank(s), {args.warmup} warm-up + "
-          f"{args.steps} steps; log in {out / 'run.log'}", file=sys.stderr)
+          f"{args.steps} steps{resumed}; log in {out / 'run.log'}", file=sys.stderr)
     start = time.perf_counter()
     try:
         wall_s = run_local(nproc, worker, threads)
@@ -162,7 +180,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise
     raw = json.loads((out / "raw.json").read_text())
     write_text_atomic(out / "plan.json", Path(args.plan).read_text())   # the run directory is self-contained
-    record = measured_record(pf, raw, steps=args.steps, warmup=args.warmup, wall_s=wall_s)
+    timed = len(raw["step_times_s"])   # a resumed run measures the steps it ran
+    record = measured_record(pf, raw, steps=timed, warmup=len(raw["losses"]) - timed, wall_s=wall_s)
     record.save(out / "measured.json")
     (out / PARTIAL).unlink(missing_ok=True)
     if args.json:
@@ -171,6 +190,40 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         _print_comparison(record, out)
     return 0
+
+
+def _checkpoints(args: argparse.Namespace, pf: PlanFile) -> int:
+    """Check --checkpoint-dir before any rank starts: writable; earlier checkpoints resumed
+    (--resume), replaced (--overwrite) or refused; the one a resume takes readable. Returns the
+    step the run resumes after (0: from the start)."""
+    import shutil
+    from runtime import checkpoint
+    root = Path(args.checkpoint_dir)
+    if root.exists() and not root.is_dir():
+        raise RunRefused(f"--checkpoint-dir {root} is a file; give a directory")
+    if problem := outputs.writable_dir_problem(root):
+        raise RunRefused(f"--checkpoint-dir: {problem}")
+    earlier = checkpoint.any_attempt(root)
+    if not args.resume:
+        if earlier and not args.overwrite:
+            raise RunRefused(f"--checkpoint-dir {root} holds checkpoints ({', '.join(earlier[-3:])}); pass "
+                             "--resume to continue from them or --overwrite to replace them")
+        for name in earlier:
+            shutil.rmtree(root / name)
+        return 0
+    path = checkpoint.latest(root)
+    if path is None:
+        if earlier:   # never a silent fresh start over checkpoints that exist
+            raise RunRefused(f"--resume: {root} has no complete checkpoint (only {', '.join(earlier)})")
+        return 0
+    try:
+        step = checkpoint.check_resumable(path, pf)
+    except checkpoint.CheckpointError as exc:
+        raise RunRefused(f"--resume: {exc}") from None
+    if step >= args.warmup + args.steps:
+        raise RunRefused(f"--resume: {path} is after step {step}; --warmup + --steps = "
+                         f"{args.warmup + args.steps} trains nothing more")
+    return step
 
 
 def _keep_partial(pf: PlanFile, args: argparse.Namespace, out: Path, wall_s: float, exc: BaseException) -> None:

@@ -1,0 +1,168 @@
+"""Checkpoints of a run: sharded with `torch.distributed.checkpoint` (each rank writes its own
+part), resumable onto the same plan or onto another plan of the same model.
+
+Layout: DIR/step-000006/ holds DCP's files, `plan.json` (what was running), one RNG file per rank
+and `COMPLETE`. A checkpoint is written into DIR/.step-000006.partial/ and renamed by rank 0 once
+every rank has finished its part, so a half-written checkpoint is never the one a resume picks.
+
+Names are the model's own (`layers.<global index>...`, `embed`, `norm`, `output`): a pipeline
+stage saves its layers under the names the whole model has, so a checkpoint saved under pp2 loads
+under dp2 x tp2, and DCP reshards DTensors (FSDP2, TP) to whatever mesh the loading plan has.
+Optimizer states are saved flattened (`state.<name>.<key>`) for the same reason.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+from costmodel.plan import PlanFile
+
+COMPLETE = "COMPLETE"
+_STEP_DIR = re.compile(r"^step-(\d{6})$")
+_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed from: the message names the directory or file."""
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"step-{step:06d}"
+
+
+def complete_steps(root: Path) -> list[int]:
+    """Steps with a complete checkpoint under `root`, ascending."""
+    if not root.is_dir():
+        return []
+    return sorted(int(m.group(1)) for d in root.iterdir()
+                  if (m := _STEP_DIR.match(d.name)) and (d / COMPLETE).is_file())
+
+
+def any_attempt(root: Path) -> list[str]:
+    """Names under `root` that look like checkpoints, complete or not."""
+    if not root.is_dir():
+        return []
+    return sorted(d.name for d in root.iterdir() if d.name.startswith(("step-", ".step-")))
+
+
+def latest(root: Path) -> Path | None:
+    steps = complete_steps(root)
+    return step_dir(root, steps[-1]) if steps else None
+
+
+def check_resumable(path: Path, pf: PlanFile) -> int:
+    """The step a complete checkpoint was taken after; CheckpointError naming the bad file
+    otherwise (never a silent fresh start)."""
+    for name in (COMPLETE, ".metadata", "plan.json"):
+        if not (path / name).is_file():
+            raise CheckpointError(f"checkpoint {path}: {name} is missing (not a complete checkpoint)")
+    try:
+        saved = json.loads((path / "plan.json").read_text())
+        step = int(saved["step"])
+        model = saved["model"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"checkpoint {path / 'plan.json'}: unreadable ({exc})") from None
+    if model != pf.model.to_dict():
+        raise CheckpointError(f"checkpoint {path}: saved for model {model.get('name', '?')}, "
+                              f"this plan trains {pf.model.name}")
+    return step
+
+
+class _Stages(nn.Module):
+    """This rank's stage modules under one parent, so one optimizer's states map to names."""
+
+    def __init__(self, modules: dict[int, nn.Module]) -> None:
+        super().__init__()
+        for j, mod in modules.items():
+            self.add_module(f"s{j}", mod)
+
+
+_PREFIX = re.compile(r"^((?:state|param_groups)\.)?s\d+\.")
+
+
+def _model_names(sd: dict) -> dict:
+    """`s<j>.layers.3.w` -> `layers.3.w` (and so inside flattened optimizer keys)."""
+    return {_PREFIX.sub(lambda m: m.group(1) or "", k): v for k, v in sd.items()}
+
+
+def _state(modules: dict[int, nn.Module], optimizer) -> tuple[_Stages, dict, dict]:
+    parent = _Stages(modules)
+    msd, osd = get_state_dict(parent, optimizer, options=_OPTIONS)
+    return parent, msd, osd
+
+
+def save(root: Path, step: int, modules: dict[int, nn.Module], optimizer, pf: PlanFile, keep: int) -> Path:
+    """Every rank calls this after step `step`; returns the complete checkpoint's directory."""
+    final = step_dir(root, step)
+    partial = root / f".{final.name}.partial"
+    rank = dist.get_rank()
+    if rank == 0:
+        shutil.rmtree(partial, ignore_errors=True)   # a crashed earlier attempt at this step
+        partial.mkdir(parents=True)
+    dist.barrier()
+    _, msd, osd = _state(modules, optimizer)
+    dcp.save({"model": _model_names(msd), "optim": _model_names(osd)}, checkpoint_id=str(partial))
+    rng = partial / "rng"
+    if rank == 0:
+        rng.mkdir(exist_ok=True)
+    dist.barrier()
+    torch.save(torch.get_rng_state(), rng / f"rank-{rank:05d}.pt")
+    dist.barrier()
+    if rank == 0:
+        record = {"step": step, "model": pf.model.to_dict(), "plan": pf.to_dict()}
+        (partial / "plan.json").write_text(json.dumps(record, indent=1))
+        (partial / COMPLETE).write_text(f"step {step}\n")
+        shutil.rmtree(final, ignore_errors=True)
+        partial.rename(final)
+        for old in complete_steps(root)[:-keep]:
+            shutil.rmtree(step_dir(root, old), ignore_errors=True)
+    dist.barrier()
+    return final
+
+
+_TIED = ("output.weight", "embed.tok.weight")
+
+
+def _tied_from_embedding(names: dict, path: Path, pf: PlanFile) -> dict:
+    """A tied output layer split onto another stage than the embedding is its own parameter, kept
+    equal to the embedding (runtime.job); a checkpoint saved with both on one stage has only the
+    embedding. Its entries (weights and optimizer states, equal by construction) then fill both."""
+    if not pf.model.tied_embeddings:
+        return names
+    saved = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    out = {}
+    for part, sd in names.items():
+        out[part] = {}
+        for key, value in sd.items():
+            if f"{part}.{key}" not in saved and _TIED[0] in key:
+                key = key.replace(_TIED[0], _TIED[1])
+            out[part][key] = value
+    return out
+
+
+def load(path: Path, modules: dict[int, nn.Module], optimizer, pf: PlanFile) -> int:
+    """Load a checkpoint into this rank's modules and optimizer (any plan of the same model);
+    restore this rank's RNG where the plan is the one saved. Returns the step it was taken after."""
+    step = check_resumable(path, pf)
+    parent, msd, osd = _state(modules, optimizer)
+    request = _tied_from_embedding({"model": _model_names(msd), "optim": _model_names(osd)}, path, pf)
+    try:
+        dcp.load(request, checkpoint_id=str(path))   # in place; non-tensor values replaced in `request`
+    except Exception as exc:   # DCP raises several kinds; the user needs the file and the reason
+        raise CheckpointError(f"checkpoint {path}: cannot be loaded ({str(exc).splitlines()[0][:300]})") from None
+    back = dict(zip(msd, request["model"].values()))     # key order is kept through the renames
+    back_o = dict(zip(osd, request["optim"].values()))
+    set_state_dict(parent, optimizer, model_state_dict=back, optim_state_dict=back_o, options=_OPTIONS)
+    saved_plan = json.loads((path / "plan.json").read_text())["plan"]
+    rng = path / "rng" / f"rank-{dist.get_rank():05d}.pt"
+    if saved_plan == pf.to_dict() and rng.is_file():
+        torch.set_rng_state(torch.load(rng))
+    return step

@@ -1,0 +1,140 @@
+"""Checkpoints: a run stopped after step 3 and resumed continues exactly as an uninterrupted run
+(fp32, AdamW, so optimizer states matter), under every parallelism tested here; a checkpoint
+saved under one plan resumes under another; a half-written or damaged one is refused by name.
+Ranks are forked (gloo on CPU)."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from costmodel.plan import Schedule
+from costmodel.specs import Optimizer
+from parity import SEED, plan_file
+from planner.space import Choice
+from runtime import checkpoint
+from runtime.fork import RankFailed, run_forked
+from runtime.train import RunConfig, run_rank
+
+LR = 1e-2
+
+
+def _losses(pf, root=None, *, steps: int, resume: bool = False, every: int = 0) -> list[float]:
+    cfg = RunConfig(steps=steps, warmup=0, seed=SEED, lr=LR, quiet=True, resume=resume,
+                    checkpoint_dir=str(root) if root else None, checkpoint_every=every)
+    return run_forked(pf.plan.world_size, run_rank, pf, cfg)[0]["losses"]
+
+
+def _plan(choice: Choice, world: int = 2):
+    return plan_file(choice, world=world, optimizer=Optimizer.ADAMW)
+
+
+SAME_PLAN = {
+    "ddp": Choice(zero_stage=0, micro_batch_size=2),
+    "zero3": Choice(zero_stage=3, micro_batch_size=2),
+    "tp_sp": Choice(tp=2),
+    "pp_1f1b": Choice(pp=2),
+    "pp_interleaved": Choice(pp=2, vpp=2),
+}
+
+
+@pytest.mark.parametrize("name", list(SAME_PLAN))
+def test_resume_continues_exactly(tmp_path, name):
+    pf = _plan(SAME_PLAN[name])
+    whole = _losses(pf, steps=6)
+    first = _losses(pf, tmp_path, steps=3, every=2)    # checkpoints after steps 2 and 3
+    assert checkpoint.complete_steps(tmp_path) == [2, 3]
+    rest = _losses(pf, tmp_path, steps=6, resume=True)
+    assert first + rest == whole   # fp32, same plan: bit for bit
+
+
+@pytest.mark.parametrize("saved,resumed", [
+    (Choice(zero_stage=1, micro_batch_size=2), Choice(tp=2)),
+    (Choice(pp=2), Choice(zero_stage=1, micro_batch_size=2)),
+    (Choice(zero_stage=3, micro_batch_size=2), Choice(zero_stage=1, micro_batch_size=2)),
+], ids=["dp2-to-tp2", "pp2-to-dp2", "zero3-to-zero1"])
+def test_a_checkpoint_resumes_under_another_plan(tmp_path, saved, resumed):
+    whole = _losses(_plan(saved), steps=5)
+    _losses(_plan(saved), tmp_path, steps=3)
+    rest = _losses(_plan(resumed), tmp_path, steps=5, resume=True)
+    assert rest == pytest.approx(whole[3:], rel=1e-5)
+
+
+def test_keep_prunes_old_checkpoints_and_partial_ones_are_never_picked(tmp_path):
+    pf = _plan(Choice(zero_stage=1, micro_batch_size=2))
+    cfg = RunConfig(steps=4, warmup=0, seed=SEED, lr=LR, quiet=True, checkpoint_dir=str(tmp_path),
+                    checkpoint_every=1, keep=2)
+    run_forked(2, run_rank, pf, cfg)
+    assert checkpoint.complete_steps(tmp_path) == [3, 4]
+    # a checkpoint being written (no COMPLETE yet) is not the latest
+    shutil.copytree(tmp_path / "step-000004", tmp_path / "step-000009")
+    (tmp_path / "step-000009" / checkpoint.COMPLETE).unlink()
+    assert checkpoint.latest(tmp_path) == tmp_path / "step-000004"
+
+
+def test_damaged_checkpoints_are_refused_by_name(tmp_path):
+    pf = _plan(Choice(zero_stage=1, micro_batch_size=2))
+    _losses(pf, tmp_path, steps=2)
+    step = tmp_path / "step-000002"
+    (step / "plan.json").write_text("{not json")
+    with pytest.raises(RankFailed, match="plan.json"):
+        _losses(pf, tmp_path, steps=4, resume=True)
+    # none complete, but attempts exist: no silent start from step 0
+    (step / checkpoint.COMPLETE).unlink()
+    with pytest.raises(RankFailed, match="no complete checkpoint"):
+        _losses(pf, tmp_path, steps=4, resume=True)
+
+
+def test_a_checkpoint_of_another_model_is_refused(tmp_path):
+    _losses(_plan(Choice(zero_stage=1, micro_batch_size=2)), tmp_path, steps=1)
+    other = plan_file(Choice(zero_stage=1, micro_batch_size=2), world=2, model="debug-tiny-gpt",
+                      optimizer=Optimizer.ADAMW)
+    with pytest.raises(RankFailed, match="saved for model debug-tiny"):
+        _losses(other, tmp_path, steps=3, resume=True)
+    saved = json.loads((tmp_path / "step-000001" / "plan.json").read_text())
+    assert saved["step"] == 1 and saved["model"]["name"] == "debug-tiny"
+
+
+def test_planner_run_saves_and_resumes(tmp_path, capsys):
+    """The command as a user types it (torchrun, 2 gloo ranks): 3 steps saved, then resumed to 5
+    under another plan; the flags' refusals are one line each."""
+    import subprocess
+    import sys
+    from planner.cli import main
+    tiny = ["predict", "--model", "debug-tiny", "--cluster", "1x2xxeon-amx", "--dtype", "fp32", "--json"]
+    assert main([*tiny, "--dp", "2", "--out", str(tmp_path / "dp.json")]) == 0
+    assert main([*tiny, "--dp", "1", "--tp", "2", "--out", str(tmp_path / "tp.json")]) == 0
+    capsys.readouterr()
+    ckpt = tmp_path / "ckpt"
+
+    def run(plan, out, *extra):
+        return subprocess.run([sys.executable, "-m", "planner", "run", str(tmp_path / plan), "--warmup", "0",
+                               "--out", str(tmp_path / out), "--checkpoint-dir", str(ckpt), *extra],
+                              capture_output=True, text=True, timeout=120)
+    first = run("dp.json", "a", "--steps", "3")
+    assert first.returncode == 0, first.stderr
+    assert checkpoint.complete_steps(ckpt) == [3]
+    again = run("dp.json", "b", "--steps", "5")
+    assert again.returncode == 2 and "holds checkpoints (step-000003); pass --resume" in again.stderr
+    resumed = run("tp.json", "c", "--steps", "5", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming after step 3" in resumed.stderr
+    losses = json.loads((tmp_path / "c" / "measured.json").read_text())["losses"]
+    assert len(losses) == 2 and checkpoint.complete_steps(ckpt) == [3, 5]
+    done = run("tp.json", "d", "--steps", "5", "--resume")
+    assert done.returncode == 2 and "trains nothing more" in done.stderr
+    for flags, text in ((["--keep", "3"], "need --checkpoint-dir"), (["--resume"], "need --checkpoint-dir")):
+        assert main(["run", str(tmp_path / "dp.json"), *flags]) == 2
+        assert text in capsys.readouterr().err
+
+
+def test_a_tied_embedding_saved_on_one_stage_resumes_split_over_two(tmp_path):
+    """GPT ties its output layer to the embedding; split over pipeline stages the output layer is
+    a copy kept equal to it, which the one-stage checkpoint fills from the embedding's entries."""
+    def gpt(choice):
+        return plan_file(choice, world=2, model="debug-tiny-gpt", dropout=False, optimizer=Optimizer.ADAMW)
+    whole = _losses(gpt(Choice(zero_stage=1, micro_batch_size=2)), steps=4)
+    _losses(gpt(Choice(zero_stage=1, micro_batch_size=2)), tmp_path, steps=2)
+    rest = _losses(gpt(Choice(pp=2)), tmp_path, steps=4, resume=True)
+    assert rest == pytest.approx(whole[2:], rel=1e-5)
