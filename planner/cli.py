@@ -142,6 +142,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
+    from costmodel.resilience import checkpoint_cost
     from planner.commands.search import check_outputs, run_search, why_runner_up_lost
     check_outputs(args)
     model, train, cluster = _specs(args)
@@ -158,7 +159,10 @@ def cmd_search(args: argparse.Namespace) -> int:
                     "search": {**stats.to_dict(), "equivalent_plans": result.equivalent,
                                "error_band": result.error_band,
                                "fastest": None if result.fastest is None else
-                               {"plan": result.fastest.plan.to_dict(), "estimate": result.fastest.estimate.to_dict()}}})
+                               {"plan": result.fastest.plan.to_dict(), "estimate": result.fastest.estimate.to_dict()}},
+                    # the first plan's checkpoint interval and throughput with failures (costmodel.resilience)
+                    "checkpoint": checkpoint_cost(model, train, cluster.world_size, best.estimate.step_time_s,
+                                                  best.estimate.tokens_per_s).to_dict()})
         return 0
     from reports.tables import search_table, summary_lines
     print(summary_lines(model, train, cluster, best.plan, best.estimate))

@@ -5,6 +5,7 @@ from costmodel.fidelity import MODEL_ERROR_BAND
 
 from typing import Any, Sequence
 
+from costmodel import resilience
 from costmodel.cluster import ClusterSpec
 from costmodel.estimate import Estimate
 from costmodel.plan import Plan
@@ -58,6 +59,8 @@ def summary_lines(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan
         f"{cluster.memory_headroom:.0%} headroom and {cluster.device.efficiency.allocator_fragmentation:.0%} "
         f"allocator fragmentation; MFU counts 6N + 12·layers·hidden·seq FLOPs per token (full s² "
         f"attention, Megatron Eq. 7 / PaLM); expected error +-{100 * MODEL_ERROR_BAND:.1f}% (costmodel.fidelity)",
+        "long run   " + resilience.summary_line(resilience.checkpoint_cost(
+            model, train, cluster.world_size, est.step_time_s, est.tokens_per_s)),
     ])
 
 

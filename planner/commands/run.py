@@ -51,7 +51,8 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                    help="save sharded checkpoints here (torch.distributed.checkpoint: model, optimizer, "
                         "RNG; each rank its part), after the last step and every --checkpoint-every steps")
     p.add_argument("--checkpoint-every", type=positive_int, metavar="N",
-                   help="also save after every N-th step (counted from the run's first step)")
+                   help="also save after every N-th step (default: Young/Daly's interval for the plan's "
+                        "predicted step and Llama 3's failure rate, as `planner search` prints it)")
     p.add_argument("--keep", type=positive_int, default=2, metavar="K",
                    help="complete checkpoints kept, newest first (default 2)")
     p.add_argument("--resume", action="store_true",
@@ -82,7 +83,20 @@ def _worker_args(args: argparse.Namespace, pf: PlanFile, out: Path):
                       data=str(Path(args.data).resolve()) if args.data else None,
                       data_dtype=args.data_dtype, fault=args.inject_fault,
                       checkpoint_dir=str(Path(args.checkpoint_dir).resolve()) if args.checkpoint_dir else None,
-                      checkpoint_every=args.checkpoint_every or 0, keep=args.keep, resume=args.resume)
+                      checkpoint_every=_checkpoint_every(args, pf), keep=args.keep, resume=args.resume)
+
+
+def _checkpoint_every(args: argparse.Namespace, pf: PlanFile) -> int:
+    """--checkpoint-every, or Young/Daly's interval for the plan's predicted step
+    (costmodel.resilience); 0 without --checkpoint-dir."""
+    if not args.checkpoint_dir:
+        return 0
+    if args.checkpoint_every:
+        return args.checkpoint_every
+    from costmodel.estimate import estimate
+    from costmodel.resilience import checkpoint_cost
+    est = estimate(pf.model, pf.train, pf.cluster, pf.plan)
+    return checkpoint_cost(pf.model, pf.train, pf.cluster.world_size, est.step_time_s, est.tokens_per_s).interval_steps
 
 
 def _check_machine(args: argparse.Namespace, pf: PlanFile) -> tuple[int, int]:
@@ -167,6 +181,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from runtime.launch import RunFailed, run_local
     from runtime.measure import measured_record
     resumed = f", resuming after step {resume_step}" if resume_step else ""
+    if args.checkpoint_dir:
+        resumed += f", checkpoints every {worker.checkpoint_every} steps and at the end in {args.checkpoint_dir}"
     print(f"planner run: {pf.plan.short()} on {nproc} local rank(s), {args.warmup} warm-up + "
           f"{args.steps} steps{resumed}; log in {out / 'run.log'}", file=sys.stderr)
     start = time.perf_counter()

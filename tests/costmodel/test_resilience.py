@@ -1,0 +1,41 @@
+"""Checkpoint interval and throughput with failures (Young/Daly) against their sources."""
+import json
+import math
+
+import pytest
+
+from costmodel.params import total_params
+from costmodel.registry import resolve_model
+from costmodel.resilience import FAILURES_PER_DEVICE_HOUR, checkpoint_cost
+from costmodel.specs import TrainSpec
+from planner.cli import main
+
+
+def test_llama3_failure_rate_gives_its_own_interruption_interval():
+    """419 interruptions in 54 days on 16,384 GPUs: one every 3.1 hours at that size."""
+    model = resolve_model("llama3-405b")
+    cost = checkpoint_cost(model, TrainSpec(seq_len=8192, global_batch_size=2048), 16_384, 10.0, 1e6)
+    assert cost.mtbf_s / 3600 == pytest.approx(54 * 24 / 419)
+    assert FAILURES_PER_DEVICE_HOUR * 16_384 * 54 * 24 == pytest.approx(419)
+
+
+def test_young_daly_interval_and_lost_share():
+    model = resolve_model("llama-70b")
+    train = TrainSpec(seq_len=4096, global_batch_size=1024)
+    cost = checkpoint_cost(model, train, 64, 1.0, 1000.0)   # 1 s steps: tau in whole steps ~ exact
+    assert cost.state_bytes == total_params(model) * 12   # fp32 master weights + AdamW moments
+    assert cost.interval_s == pytest.approx(math.sqrt(2 * cost.write_s * cost.mtbf_s), abs=1.0)
+    delta, tau, m = cost.write_s, cost.interval_s, cost.mtbf_s
+    assert cost.lost_fraction == pytest.approx(delta / (tau + delta) + (tau / 2 + delta) / m)
+    assert cost.effective_tokens_per_s == pytest.approx(1000.0 * (1 - cost.lost_fraction))
+    # more devices: failures come sooner, so checkpoints come more often
+    assert checkpoint_cost(model, train, 4096, 1.0, 1000.0).interval_s < cost.interval_s
+
+
+def test_search_prints_and_returns_the_checkpoint_plan(capsys):
+    args = ["search", "--model", "llama2-7b", "--cluster", "1x8xA100", "--seq-len", "2048", "--global-batch", "64"]
+    assert main(args) == 0
+    assert "checkpoint every" in capsys.readouterr().out
+    assert main([*args, "--json"]) == 0
+    ckpt = json.loads(capsys.readouterr().out)["checkpoint"]
+    assert ckpt["interval_steps"] >= 1 and 0 < ckpt["lost_fraction"] < 0.1 and "Llama 3" in ckpt["source"]
