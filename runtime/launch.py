@@ -17,6 +17,7 @@ from costmodel.plan import PlanFile
 MONITOR_INTERVAL_S = 1     # torchrun polls its workers this often; one failure ends the rest
 PORT = 29500
 PARTIAL = "partial.json"   # rank 0's figures after every timed step: what an interrupted run keeps
+RESTARTED = "restarted.txt"   # rank 0 of a restarted attempt writes the restart count here
 STOP_GRACE_S = 3.0         # after Ctrl-C / SIGTERM, torchrun's time to stop its ranks before SIGKILL
 
 
@@ -44,7 +45,8 @@ class WorkerArgs(StepsConfig):
     here only."""
     plan: Path
     out: Path
-    fault: str | None = None   # RANK:STEP:raise|exit, injected by the failure tests
+    fault: str | None = None   # RANK:STEP:raise|exit|kill, injected by the failure tests (first attempt only)
+    max_restarts: int = 0      # torchrun restarts the ranks this often; they resume from the checkpoint
 
     def argv(self) -> list[str]:
         args = ["-m", "runtime.worker", "--plan", str(self.plan), "--out", str(self.out),
@@ -97,14 +99,15 @@ class RunFailed(RuntimeError):
 
 def local_command(nproc: int, worker: WorkerArgs) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            f"--monitor-interval={MONITOR_INTERVAL_S}", *worker.argv()]
+            f"--monitor-interval={MONITOR_INTERVAL_S}", f"--max-restarts={worker.max_restarts}", *worker.argv()]
 
 
 def node_commands(pf: PlanFile, worker: WorkerArgs, master: str = "$MASTER_ADDR") -> list[str]:
     """One torchrun command per node (c10d rendezvous on the first node)."""
     c = pf.cluster
     return [" ".join(["torchrun", f"--nnodes={c.num_nodes}", f"--node-rank={i}",
-                      f"--nproc-per-node={c.devices_per_node}", "--rdzv-backend=c10d",
+                      f"--nproc-per-node={c.devices_per_node}", f"--max-restarts={worker.max_restarts}",
+                      "--rdzv-backend=c10d",
                       f"--rdzv-endpoint={master}:{PORT}", "--rdzv-id=planner",
                       *map(shlex.quote, worker.argv())])
             for i in range(c.num_nodes)]
@@ -113,6 +116,7 @@ def node_commands(pf: PlanFile, worker: WorkerArgs, master: str = "$MASTER_ADDR"
 def sbatch_script(pf: PlanFile, worker: WorkerArgs) -> str:
     c = pf.cluster
     run = " ".join(["torchrun", f"--nnodes={c.num_nodes}", f"--nproc-per-node={c.devices_per_node}",
+                    f"--max-restarts={worker.max_restarts}",
                     "--rdzv-backend=c10d", f'--rdzv-endpoint="$MASTER_ADDR:{PORT}"',
                     "--rdzv-id=$SLURM_JOB_ID", *map(shlex.quote, worker.argv())])
     return "\n".join([
@@ -131,7 +135,8 @@ def sbatch_script(pf: PlanFile, worker: WorkerArgs) -> str:
 def run_local(nproc: int, worker: WorkerArgs, threads_per_rank: int) -> float:
     """Run torchrun, tee its output to OUT/run.log and stderr; returns the wall time."""
     worker.out.mkdir(parents=True, exist_ok=True)
-    for stale in [worker.out / "raw.json", worker.out / PARTIAL, *worker.out.glob("errors/rank*.txt")]:
+    for stale in [worker.out / "raw.json", worker.out / PARTIAL, worker.out / RESTARTED,
+                  *worker.out.glob("errors/rank*.txt")]:
         stale.unlink(missing_ok=True)   # a reused --out must not blame an old run
     # expandable segments: the fragmentation the GPU profiles price (1.05-1.10 of allocated
     # bytes with them, 1.15-1.3 without); a user's own setting wins. Ignored on CPU.
@@ -156,6 +161,10 @@ def run_local(nproc: int, worker: WorkerArgs, threads_per_rank: int) -> float:
             raise
     if code != 0:
         raise RunFailed(failure_message(worker.out, nproc))
+    if (worker.out / RESTARTED).exists():
+        print(f"planner run: recovered: a rank failed and all ranks were restarted "
+              f"{(worker.out / RESTARTED).read_text().strip()} time(s) from the latest checkpoint "
+              f"(what failed: {worker.out / 'run.log'})", file=sys.stderr)
     return time.perf_counter() - start
 
 

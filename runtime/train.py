@@ -43,11 +43,20 @@ class RunConfig(StepsConfig):
 
 def init_distributed(timeout_s: float = 120.0) -> None:
     """NCCL for CUDA tensors and gloo for CPU ones when a GPU is present, else gloo."""
+    kwargs: dict = {"timeout": timedelta(seconds=timeout_s)}
+    if attempt := restart_count():
+        # torchrun keeps one store across restarts, and the subgroups (DeviceMesh) are named alike
+        # in every attempt: without a prefix of our own the restarted ranks read the dead
+        # attempt's addresses (gloo: "connectFullMesh ... Connection refused")
+        base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                             timeout=timedelta(seconds=timeout_s))
+        kwargs.update(store=dist.PrefixStore(f"planner-attempt-{attempt}/", base),
+                      rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group("cpu:gloo,cuda:nccl", timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group("cpu:gloo,cuda:nccl", **kwargs)
     else:
-        dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group("gloo", **kwargs)
 
 
 def make_optimizer(job: Job, pf: PlanFile, lr: float) -> torch.optim.Optimizer:
@@ -141,7 +150,7 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
 def _resume(job: Job, optimizer, pf: PlanFile, cfg: RunConfig, total: int) -> int:
     """The step to start from: 0, or the step of the latest complete checkpoint with --resume
     (its weights, optimizer states and, under the plan it was saved with, this rank's RNG)."""
-    if not (cfg.resume and cfg.checkpoint_dir):
+    if not cfg.checkpoint_dir or not (cfg.resume or restart_count()):   # a restart resumes by itself
         return 0
     root = Path(cfg.checkpoint_dir)
     path = checkpoint.latest(root)
@@ -181,11 +190,20 @@ def _figures(job: Job, device: torch.device, memory: float | None, losses, times
             "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu"}
 
 
+def restart_count() -> int:
+    """How often torchrun has restarted this job's ranks (torchrun --max-restarts)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
 def _maybe_fail(fault: tuple[int, int, str] | None, step: int) -> None:
-    if fault is None or fault[0] != dist.get_rank() or fault[1] != step:
+    """Failure tests: a fault on the first attempt only, so that a restart can get past it."""
+    if fault is None or fault[0] != dist.get_rank() or fault[1] != step or restart_count():
         return
     if fault[2] == "exit":
         os._exit(3)   # dies without a Python error, as a killed process would
+    if fault[2] == "kill":
+        import signal
+        os.kill(os.getpid(), signal.SIGKILL)
     raise RuntimeError(f"injected fault at step {step}")
 
 

@@ -15,8 +15,8 @@ import traceback
 import torch.distributed as dist
 
 from costmodel.plan import PlanFile
-from runtime.launch import PARTIAL, WorkerArgs, die_with_parent
-from runtime.train import RunConfig, init_distributed, run_rank
+from runtime.launch import PARTIAL, RESTARTED, WorkerArgs, die_with_parent
+from runtime.train import RunConfig, init_distributed, restart_count, run_rank
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         pf = PlanFile.load(args.plan)
         init_distributed()
+        if restart_count() and rank == 0:   # the launcher says so once the run succeeds
+            (out / RESTARTED).write_text(f"{restart_count()}\n")
         cfg = RunConfig(steps=args.steps, warmup=args.warmup, seed=args.seed, lr=args.lr,
                         data=args.data, data_dtype=args.data_dtype, fault=args.fault_spec(),
                         partial=out / PARTIAL, checkpoint_dir=args.checkpoint_dir,

@@ -138,3 +138,32 @@ def test_a_tied_embedding_saved_on_one_stage_resumes_split_over_two(tmp_path):
     _losses(gpt(Choice(zero_stage=1, micro_batch_size=2)), tmp_path, steps=2)
     rest = _losses(gpt(Choice(pp=2)), tmp_path, steps=4, resume=True)
     assert rest == pytest.approx(whole[2:], rel=1e-5)
+
+
+def test_a_killed_rank_restarts_and_the_run_ends_as_an_uninterrupted_one(tmp_path, capsys):
+    """rank 1 SIGKILLs itself before step 3 (of 4) on the first attempt; with --max-restarts 1
+    torchrun restarts the ranks, which resume after step 2 and finish with the same losses."""
+    import subprocess
+    import sys
+    import time
+    from planner.cli import main
+    plan = tmp_path / "dp.json"
+    assert main(["predict", "--model", "debug-tiny", "--cluster", "1x2xxeon-amx", "--dtype", "fp32", "--dp", "2",
+                 "--json", "--out", str(plan)]) == 0
+    capsys.readouterr()
+
+    def run(out, *extra):
+        return subprocess.run([sys.executable, "-m", "planner", "run", str(plan), "--warmup", "0", "--steps", "4",
+                               "--out", str(tmp_path / out), *extra], capture_output=True, text=True, timeout=180)
+    whole = run("whole")
+    assert whole.returncode == 0, whole.stderr
+    losses = json.loads((tmp_path / "whole" / "measured.json").read_text())["losses"]
+    start = time.perf_counter()
+    failed = run("failed", "--inject-fault", "1:2:kill")
+    assert failed.returncode == 2 and "rank 1" in failed.stderr and time.perf_counter() - start < 60
+    restarted = run("restarted", "--inject-fault", "1:2:kill", "--max-restarts", "1",
+                    "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "1")
+    assert restarted.returncode == 0, restarted.stderr
+    assert "recovered: a rank failed and all ranks were restarted 1 time(s)" in restarted.stderr
+    after = json.loads((tmp_path / "restarted" / "measured.json").read_text())["losses"]
+    assert after == losses[2:]
