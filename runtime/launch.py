@@ -37,6 +37,7 @@ class StepsConfig:
     checkpoint_every: int = 0
     keep: int = 2
     resume: bool = False
+    hang_timeout: float = 0.0   # runtime.watchdog: seconds without progress before a rank gives up; 0: off
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,7 +46,7 @@ class WorkerArgs(StepsConfig):
     here only."""
     plan: Path
     out: Path
-    fault: str | None = None   # RANK:STEP:raise|exit|kill, injected by the failure tests (first attempt only)
+    fault: str | None = None   # RANK:STEP:raise|exit|kill|hang, injected by the failure tests (first attempt only)
     max_restarts: int = 0      # torchrun restarts the ranks this often; they resume from the checkpoint
 
     def argv(self) -> list[str]:
@@ -56,6 +57,8 @@ class WorkerArgs(StepsConfig):
             args += ["--data", self.data, "--data-dtype", self.data_dtype]
         if self.fault:
             args += ["--fault", self.fault]
+        if self.hang_timeout:
+            args += ["--hang-timeout", repr(self.hang_timeout)]
         if self.checkpoint_dir:
             args += ["--checkpoint-dir", self.checkpoint_dir, "--checkpoint-every", str(self.checkpoint_every),
                      "--keep", str(self.keep)] + (["--resume"] if self.resume else [])
@@ -68,7 +71,8 @@ class WorkerArgs(StepsConfig):
         p.add_argument("--out", required=True, type=Path)
         for name, kind in (("--steps", int), ("--warmup", int), ("--seed", int), ("--lr", float),
                            ("--data", str), ("--data-dtype", str), ("--fault", str),
-                           ("--checkpoint-dir", str), ("--checkpoint-every", int), ("--keep", int)):
+                           ("--checkpoint-dir", str), ("--checkpoint-every", int), ("--keep", int),
+                           ("--hang-timeout", float)):
             p.add_argument(name, type=kind, default=getattr(cls, name[2:].replace("-", "_")))
         p.add_argument("--resume", action="store_true")
         return cls(**vars(p.parse_args(argv)))
@@ -199,7 +203,8 @@ PEER_LOST = re.compile(r"Connection (reset|closed)|Broken pipe|[Pp]eer|timed out
 def failure_message(out: Path, nproc: int) -> str:
     """Name the rank that caused the failure and why. A Python error that is not a lost-peer
     consequence comes first; then a rank that died without a Python error (signal, os._exit),
-    found in torchrun's failure summary; then the earliest error of any kind."""
+    found in torchrun's failure summary, even where torchrun saw a peer fail first; then the
+    earliest error of any kind."""
     errors = sorted((out / "errors").glob("rank*.txt")) if (out / "errors").exists() else []
     causes = sorted((p.stat().st_mtime, int(p.stem.removeprefix("rank")), p.read_text().splitlines()[0])
                     for p in errors)
@@ -211,7 +216,12 @@ def failure_message(out: Path, nproc: int) -> str:
     first_line = {rank: line for _, rank, line in causes}
     # torchrun lists the ranks it terminated first and its first observed failure last.
     before, found, root = log.rpartition("Root Cause")
-    for rank, code in EXITS.findall(root if found else log) + EXITS.findall(before if found else ""):
+    exits = EXITS.findall(root if found else log) + EXITS.findall(before if found else "")
+    for rank, code in exits:   # died without a Python error (not torchrun's SIGTERM to the survivors):
+        if int(rank) not in first_line and int(code) != -15:   # the cause of the others' lost peers
+            how = f"signal {-int(code)}" if int(code) < 0 else f"exit code {code}"
+            return f"rank {rank} died ({how}) without a Python error (log: {log_path})"
+    for rank, code in exits:
         if int(rank) in first_line:
             return f"rank {rank} failed: {first_line[int(rank)]} (log: {log_path})"
         how = f"signal {-int(code)}" if int(code) < 0 else f"exit code {code}"

@@ -25,7 +25,7 @@ from torch.distributed.fsdp import FSDPModule
 from costmodel.inputs import write_text_atomic
 from costmodel.plan import PlanFile
 from costmodel.specs import Optimizer
-from runtime import checkpoint
+from runtime import checkpoint, watchdog
 from runtime.data import TokenSource, local_slice
 from runtime.memtrack import TensorBytesTracker, state_tensors
 from runtime.job import Job, build_job, cross_entropy, sync_tied_embedding
@@ -108,12 +108,16 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
     losses, times, busy, sync, optim, memory = [], [], [], [], [], None
     total = cfg.warmup + cfg.steps
     start = _resume(job, optimizer, pf, cfg, total)
+    if cfg.hang_timeout and cfg.partial is not None:   # the launcher's errors file names the cause
+        watchdog.watch(job.modules.values(), cfg.partial.parent / "errors" / f"rank{dist.get_rank()}.txt",
+                       cfg.hang_timeout)
     for step in range(start, total):
         first, count = local_slice(step, pf.train.global_batch_size, pf.plan.dp, job.coords["dp"])
         tokens, labels = source.batch(first, count)
         track = step == cfg.warmup - 1 and device.type == "cpu"
         if step == cfg.warmup and device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
+        watchdog.beat()
         _maybe_fail(cfg.fault, step)
         dist.barrier()
         job.clock.reset()
@@ -137,7 +141,8 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
                   f"{step_s * 1e3:.1f} ms", file=sys.stderr, flush=True)
         if cfg.checkpoint_dir and (step + 1 == total or
                                    (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0)):
-            checkpoint.save(Path(cfg.checkpoint_dir), step + 1, job.modules, optimizer, pf, cfg.keep)
+            with watchdog.paused():
+                checkpoint.save(Path(cfg.checkpoint_dir), step + 1, job.modules, optimizer, pf, cfg.keep)
         if cfg.partial is not None and step >= cfg.warmup and step < cfg.warmup + cfg.steps - 1:
             raw = _figures(job, device, memory, losses, times, busy, sync, optim)
             if raw is not None:   # untimed, after the step: what an interrupted run keeps
@@ -204,6 +209,8 @@ def _maybe_fail(fault: tuple[int, int, str] | None, step: int) -> None:
     if fault[2] == "kill":
         import signal
         os.kill(os.getpid(), signal.SIGKILL)
+    if fault[2] == "hang":
+        time.sleep(24 * 3600)   # alive, silent, making no progress
     raise RuntimeError(f"injected fault at step {step}")
 
 

@@ -32,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = RunConfig(steps=args.steps, warmup=args.warmup, seed=args.seed, lr=args.lr,
                         data=args.data, data_dtype=args.data_dtype, fault=args.fault_spec(),
                         partial=out / PARTIAL, checkpoint_dir=args.checkpoint_dir,
-                        checkpoint_every=args.checkpoint_every, keep=args.keep, resume=args.resume)
+                        checkpoint_every=args.checkpoint_every, keep=args.keep, resume=args.resume,
+                        hang_timeout=args.hang_timeout)
         raw = run_rank(pf, cfg)
         if raw is not None:
             raw.pop("params", None)

@@ -55,6 +55,9 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                         "predicted step and Llama 3's failure rate, as `planner search` prints it)")
     p.add_argument("--keep", type=positive_int, default=2, metavar="K",
                    help="complete checkpoints kept, newest first (default 2)")
+    p.add_argument("--hang-timeout", type=positive_float, default=300.0, metavar="S",
+                   help="a rank that makes no progress (no layer forward) for S seconds ends the job, named "
+                        "with where it stopped (default 300; checkpoint writes do not count)")
     p.add_argument("--max-restarts", type=non_negative_int, default=0, metavar="R",
                    help="when a rank fails, restart all ranks up to R times (torchrun); each restart resumes "
                         "from the latest complete checkpoint (needs --checkpoint-dir)")
@@ -87,7 +90,7 @@ def _worker_args(args: argparse.Namespace, pf: PlanFile, out: Path):
                       data_dtype=args.data_dtype, fault=args.inject_fault,
                       checkpoint_dir=str(Path(args.checkpoint_dir).resolve()) if args.checkpoint_dir else None,
                       checkpoint_every=_checkpoint_every(args, pf), keep=args.keep, resume=args.resume,
-                      max_restarts=args.max_restarts)
+                      max_restarts=args.max_restarts, hang_timeout=args.hang_timeout)
 
 
 def _checkpoint_every(args: argparse.Namespace, pf: PlanFile) -> int:
@@ -137,7 +140,7 @@ def _check_machine(args: argparse.Namespace, pf: PlanFile) -> tuple[int, int]:
 
 # what a mode does not use, refused by name rather than silently dropped
 DRY_RUN_IGNORES = {"nproc", "steps", "warmup", "seed", "lr", "data", "data_dtype", "out", "overwrite", "inject_fault",
-                   "checkpoint_dir", "checkpoint_every", "keep", "resume", "max_restarts"}
+                   "checkpoint_dir", "checkpoint_every", "keep", "resume", "max_restarts", "hang_timeout"}
 CHECKPOINT_FLAGS = {"checkpoint_every", "keep", "resume", "max_restarts"}
 PRINT_LAUNCH_IGNORES = {"nproc", "json", "overwrite", "inject_fault"}
 

@@ -53,12 +53,15 @@ def test_run_measures_and_compares(tmp_path, capsys):
 @pytest.mark.parametrize("fault, expected", [
     ("1:1:raise", "rank 1 failed: RuntimeError: injected fault at step 1"),
     ("0:1:exit", "rank 0 died (exit code 3) without a Python error"),
+    ("1:1:kill", "rank 1 died (signal 9) without a Python error"),
+    # alive but silent: the watchdog names it, not the peer that waits for it
+    ("1:1:hang", "rank 1 failed: RankHung: no progress for"),
 ])
 def test_a_failing_rank_ends_the_job_and_is_named(tmp_path, fault, expected):
     plan = _plan(tmp_path)
     start = time.monotonic()
     proc = _run(str(plan), "--steps", "3", "--warmup", "1", "--out", str(tmp_path / "run"),
-                "--inject-fault", fault)
+                "--inject-fault", fault, "--hang-timeout", "10")
     assert time.monotonic() - start < 60   # the bound is 30 s of job time; launch adds a few
     assert proc.returncode == 2
     last = proc.stderr.strip().splitlines()[-1]

@@ -1,0 +1,68 @@
+"""A rank that stops making progress without dying: noticed, named, and the job ended.
+
+The training loop and every layer's forward mark progress (`beat`; a backward pass lies between
+two forwards, and a backward hook would wrap the inputs FSDP2, DTensor and pipelining see). A thread checks
+the mark once a second; after `timeout_s` without one it writes this rank's cause to the
+launcher's errors file and ends the process, which makes torchrun end the job. Every rank of a
+hung job stops progressing, the hung one and the peers waiting for it in a collective; the
+thread tells them apart by the main thread's stack: a rank stopped inside torch.distributed is
+waiting for a peer (a consequence, which `runtime.launch.failure_message` ranks after causes),
+any other rank is hung where its stack says. Paused while a checkpoint is written.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import traceback
+from contextlib import contextmanager
+from pathlib import Path
+
+_last = [time.monotonic()]
+_paused = [0]
+
+
+def beat(*_args, **_kwargs) -> None:
+    """Progress (usable as a module hook)."""
+    _last[0] = time.monotonic()
+
+
+@contextmanager
+def paused():
+    """Long work that marks no progress on purpose (a checkpoint write)."""
+    _paused[0] += 1
+    try:
+        yield
+    finally:
+        _paused[0] -= 1
+        beat()
+
+
+def watch(modules, errors_file: Path, timeout_s: float) -> None:
+    """Mark progress in every layer's forward and start the checking thread."""
+    for mod in modules:
+        for layer in getattr(mod, "layers", {}).values():
+            layer.register_forward_pre_hook(beat)
+    main = threading.main_thread().ident
+    beat()
+    threading.Thread(target=_check, args=(main, errors_file, timeout_s), daemon=True, name="planner-watchdog").start()
+
+
+def _check(main: int, errors_file: Path, timeout_s: float) -> None:
+    while True:
+        time.sleep(1.0)
+        idle = time.monotonic() - _last[0]
+        if _paused[0] or idle < timeout_s:
+            continue
+        frames = traceback.extract_stack(sys._current_frames()[main])
+        waiting = any("torch/distributed" in f.filename.replace(os.sep, "/") for f in frames)
+        where = next((f for f in reversed(frames) if "/runtime/" in f.filename.replace(os.sep, "/")), frames[-1])
+        if waiting:   # worded as a lost-peer consequence (runtime.launch.PEER_LOST)
+            cause = f"RankHung: waiting for a peer for {idle:.0f} s (Timeout) in torch.distributed"
+        else:
+            cause = (f"RankHung: no progress for {idle:.0f} s (--hang-timeout) at "
+                     f"{Path(where.filename).name}:{where.lineno} in {where.name}")
+        errors_file.parent.mkdir(parents=True, exist_ok=True)
+        errors_file.write_text(cause + "\n\n" + "".join(traceback.format_list(frames)))
+        os._exit(4)
