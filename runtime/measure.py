@@ -45,6 +45,7 @@ def measured_record(pf: PlanFile, raw: dict[str, Any], *, steps: int, warmup: in
         "mfu": mfu,
         "peak_memory_bytes": peak,
         "peak_reserved_bytes": raw.get("peak_reserved_bytes"),   # CUDA only: allocated + allocator cache
+        "rank_forward_s": raw.get("rank_forward_s"),
         "losses": raw["losses"],
         "step_times_s": raw["step_times_s"],
         "predicted": est.to_dict(),
@@ -98,6 +99,15 @@ def _stage_parts(pf: PlanFile, est: Estimate, raw: dict[str, Any], step_s: float
     return measured, predicted
 
 
+def straggler_row(rank_forward_s: list[float]) -> tuple[str, str, str, str]:
+    """The slowest rank's own layer forwards per step against the ranks' median (a straggler shows)."""
+    slowest = max(range(len(rank_forward_s)), key=rank_forward_s.__getitem__)
+    median = statistics.median(rank_forward_s)
+    spread = f"{100 * (rank_forward_s[slowest] / median - 1):+.1f}% vs median" if median > 0 else "-"
+    return (f"slowest rank's layer forwards (rank {slowest})", f"{median * 1e3:,.1f} ms (median)",
+            f"{rank_forward_s[slowest] * 1e3:,.1f} ms", spread)
+
+
 def comparison_rows(m: MeasuredRun) -> list[tuple[str, str, str, str]]:
     """(quantity, predicted, measured, error) for the end-of-run table."""
     est, err = m.predicted, m.error_pct
@@ -122,6 +132,8 @@ def comparison_rows(m: MeasuredRun) -> list[tuple[str, str, str, str]]:
         measured = "-" if peak is None else f"{peak[stage] / MIB:,.1f} MiB"
         rows.append((f"peak memory, stage {stage}", f"{predicted / MIB:,.1f} MiB", measured,
                      pct(None if peak is None else err["peak_memory_bytes"][stage])))
+    if m.rank_forward_s and len(m.rank_forward_s) > 1:
+        rows.append(straggler_row(m.rank_forward_s))
     losses = m.losses
     rows.append(("loss (first -> last step)", "-", f"{losses[0]:.4f} -> {losses[-1]:.4f}", "-"))
     return rows

@@ -106,6 +106,10 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
     optimizer = make_optimizer(job, pf, cfg.lr)
     source = TokenSource(pf.model.vocab_size, pf.train.seq_len, cfg.seed, cfg.data, cfg.data_dtype)
     losses, times, busy, sync, optim, memory = [], [], [], [], [], None
+    mine: list[float] = []   # this rank's own layer forwards per timed step (stragglers, runtime.measure)
+    if cfg.fault is not None and cfg.fault[2] == "slow" and cfg.fault[0] == dist.get_rank():
+        _slow_down(job)
+    forward = _ForwardTimer(job)
     total = cfg.warmup + cfg.steps
     start = _resume(job, optimizer, pf, cfg, total)
     if cfg.hang_timeout and cfg.partial is not None:   # the launcher's errors file names the cause
@@ -121,6 +125,7 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
         _maybe_fail(cfg.fault, step)
         dist.barrier()
         job.clock.reset()
+        forward.total_s = 0.0
         start = time.perf_counter()
         loss, tracked = _step(job, optimizer, tokens, labels, track)
         if device.type == "cuda":
@@ -132,6 +137,7 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
         if step >= cfg.warmup:
             times.append(step_s)
             busy.append(_per_stage_max(job, job.clock.busy_s))
+            mine.append(forward.total_s)
             sync.append(_per_stage_max(job, job.clock.dp_sync_s))
             optim.append(_per_stage_max(job, job.clock.optimizer_s))
         if dist.get_rank() == 0 and not cfg.quiet:
@@ -144,10 +150,10 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
             with watchdog.paused():
                 checkpoint.save(Path(cfg.checkpoint_dir), step + 1, job.modules, optimizer, pf, cfg.keep)
         if cfg.partial is not None and step >= cfg.warmup and step < cfg.warmup + cfg.steps - 1:
-            raw = _figures(job, device, memory, losses, times, busy, sync, optim)
+            raw = _figures(job, device, memory, losses, times, busy, sync, optim, mine)
             if raw is not None:   # untimed, after the step: what an interrupted run keeps
                 write_text_atomic(cfg.partial, json.dumps(raw))
-    raw = _figures(job, device, memory, losses, times, busy, sync, optim)
+    raw = _figures(job, device, memory, losses, times, busy, sync, optim, mine)
     params = _gather_params(job) if cfg.collect_params else None
     return None if raw is None else {**raw, "params": params}
 
@@ -171,14 +177,50 @@ def _resume(job: Job, optimizer, pf: PlanFile, cfg: RunConfig, total: int) -> in
     return step
 
 
+class _ForwardTimer:
+    """Seconds this rank spends inside its layers' forwards (after FSDP's gathers, which its
+    pre-hooks run first; TP collectives included): unlike a step's time, which every rank shares
+    by waiting for the slowest at the next collective, this is a rank's own."""
+
+    def __init__(self, job: Job) -> None:
+        self.total_s, self._start = 0.0, 0.0
+        for mod in job.modules.values():
+            for layer in mod.layers.values():
+                layer.register_forward_pre_hook(self._enter)
+                layer.register_forward_hook(self._leave)
+
+    def _enter(self, *_args) -> None:
+        self._start = time.perf_counter()
+
+    def _leave(self, *_args) -> None:
+        self.total_s += time.perf_counter() - self._start
+
+
+def _slow_down(job: Job) -> None:
+    """Failure tests: a straggler, 20 ms slower at the end of every layer's forward (inside what
+    _ForwardTimer times, as slow compute would be)."""
+    for mod in job.modules.values():
+        for layer in mod.layers.values():
+            layer.register_forward_hook(lambda *_: time.sleep(0.02), prepend=True)
+
+
+def _per_rank_median(values: list[float]) -> list[float]:
+    """Every rank's median of its own values, gathered in rank order."""
+    table = torch.zeros(dist.get_world_size(), dtype=torch.float64)
+    table[dist.get_rank()] = statistics.median(values) if values else 0.0
+    dist.all_reduce(table)
+    return table.tolist()
+
+
 def _figures(job: Job, device: torch.device, memory: float | None, losses, times, busy, sync,
-             optim) -> dict | None:
+             optim, mine) -> dict | None:
     """Rank 0's raw figures of the steps so far (every rank takes part: peaks are all-reduced)."""
     reserved = None
     if device.type == "cuda":
         memory = torch.cuda.max_memory_allocated()
         reserved = _peak_per_stage(job, torch.cuda.max_memory_reserved())   # the allocator's own share too
     peak = _peak_per_stage(job, memory)
+    rank_forward = _per_rank_median(mine)
     if dist.get_rank() != 0:
         return None
     return {"losses": losses, "step_times_s": times, "peak_memory_bytes": peak,
@@ -187,6 +229,7 @@ def _figures(job: Job, device: torch.device, memory: float | None, losses, times
             "stage_busy_s": [statistics.median(col) for col in zip(*busy)] if busy else None,
             "stage_dp_sync_s": [statistics.median(col) for col in zip(*sync)] if sync else None,
             "stage_optimizer_s": [statistics.median(col) for col in zip(*optim)] if optim else None,
+            "rank_forward_s": rank_forward,
             "memory_source": ("torch.cuda.max_memory_allocated" if device.type == "cuda" else
                               "live tensor bytes over the last warm-up step, tracked by "
                               "runtime.memtrack (CPU: tensors only, no allocator or interpreter "
@@ -202,8 +245,8 @@ def restart_count() -> int:
 
 def _maybe_fail(fault: tuple[int, int, str] | None, step: int) -> None:
     """Failure tests: a fault on the first attempt only, so that a restart can get past it."""
-    if fault is None or fault[0] != dist.get_rank() or fault[1] != step or restart_count():
-        return
+    if fault is None or fault[0] != dist.get_rank() or fault[1] != step or restart_count() or fault[2] == "slow":
+        return   # "slow" is a straggler, not a failure (_slow_down)
     if fault[2] == "exit":
         os._exit(3)   # dies without a Python error, as a killed process would
     if fault[2] == "kill":

@@ -187,3 +187,15 @@ def test_pipeline_schedules_hold_the_memory_the_model_says(tmp_path, capsys, sch
     m = json.loads((out / "measured.json").read_text())
     for stage, (measured, predicted) in enumerate(zip(m["peak_memory_bytes"], m["predicted_memory_compared_bytes"])):
         assert -0.10 <= predicted / measured - 1 <= 0.25, f"stage {stage}: {predicted:.3g} vs {measured:.3g}"
+
+
+def test_a_straggler_is_named_in_the_measured_results(tmp_path):
+    """Rank 1 computes 20 ms slower per layer: every rank's step time equalises at the slowest
+    (they wait for it), its own layer forwards do not; measured.json keeps it per rank."""
+    plan = _plan(tmp_path, "--dp", "2")
+    proc = _run(str(plan), "--steps", "2", "--warmup", "1", "--out", str(tmp_path / "run"),
+                "--inject-fault", "1:0:slow")
+    assert proc.returncode == 0, proc.stderr
+    fwd = json.loads((tmp_path / "run" / "measured.json").read_text())["rank_forward_s"]
+    assert len(fwd) == 2 and fwd[1] > fwd[0] + 0.05   # 4 layers x 20 ms
+    assert "slowest rank's layer forwards (rank 1)" in proc.stdout
