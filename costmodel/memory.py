@@ -24,7 +24,7 @@ from functools import lru_cache
 from costmodel.frameworks import RUNTIME, FrameworkTraits
 from costmodel.layout import Style, layer_blocks
 from costmodel.params import ceil_div, layer_params, rank_params, rank_params_at
-from costmodel.plan import Plan, Recompute
+from costmodel.plan import Plan, Recompute, stage_owner
 from costmodel.specs import AttentionKernel, FfnKind, ModelSpec, NormKind, Optimizer, TrainSpec
 
 ADAM_MOMENT_BYTES = 8  # fp32 momentum + variance
@@ -154,9 +154,9 @@ def held_send_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
 @lru_cache(maxsize=1024)
 def _crossing_edges(p: int, v: int, v_placement: bool) -> tuple[int, ...]:
     """Per pipeline rank, its stages' edges (forward and backward) to a stage on another rank
-    (Plan.stage_rank's placements; cached: the search asks for every candidate)."""
+    (cached: the search asks for every candidate)."""
     def owner(j: int) -> int:
-        return (j if j < p else 2 * p - 1 - j) if v_placement else j % p
+        return stage_owner(j, p, v_placement)
     n, out = p * v, [0] * p
     for j in range(n):
         out[owner(j)] += (j < n - 1 and owner(j + 1) != owner(j)) + (j > 0 and owner(j - 1) != owner(j))

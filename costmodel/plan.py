@@ -117,6 +117,14 @@ SCHEDULE_TRAITS: dict[Schedule, ScheduleTraits] = {
 }
 
 
+def stage_owner(virtual_stage: int, pp: int, v_placement: bool) -> int:
+    """The one placement rule (Plan.stage_rank): virtual stage j on rank j mod pp in a loop, or
+    down then up the ranks in a V (ZBV: rank r holds r and 2pp - 1 - r)."""
+    if v_placement:
+        return virtual_stage if virtual_stage < pp else 2 * pp - 1 - virtual_stage
+    return virtual_stage % pp
+
+
 def default_schedule(vpp: int) -> Schedule:
     """What a plan runs when it names no schedule: interleaved 1F1B with virtual stages, else 1F1B."""
     return Schedule.INTERLEAVED if vpp > 1 else Schedule.ONE_F_ONE_B
@@ -163,9 +171,7 @@ class Plan:
 
     def stage_rank(self, virtual_stage: int) -> int:
         """Pipeline rank of a virtual stage: loop placement, or V placement for ZBV."""
-        if self.schedule.traits.v_placement:
-            return virtual_stage if virtual_stage < self.pp else 2 * self.pp - 1 - virtual_stage
-        return virtual_stage % self.pp
+        return stage_owner(virtual_stage, self.pp, self.schedule.traits.v_placement)
 
     def layers_on_rank(self, rank: int) -> int:
         return _layers_by_rank(self)[rank]

@@ -76,6 +76,23 @@ def check_resumable(path: Path, pf: PlanFile) -> int:
     return step
 
 
+def resume_point(root: Path, pf: PlanFile, total_steps: int) -> tuple[Path | None, int]:
+    """(checkpoint, step it was taken after) to resume from, (None, 0) where there is none; a
+    CheckpointError where checkpoints exist but none can be resumed (never a silent fresh start)
+    or the latest already reaches `total_steps`. The launcher asks before starting the ranks, each
+    rank again before loading."""
+    path = latest(root)
+    if path is None:
+        if earlier := any_attempt(root):
+            raise CheckpointError(f"{root}: no complete checkpoint to resume from (only {', '.join(earlier)})")
+        return None, 0
+    step = check_resumable(path, pf)
+    if step >= total_steps:
+        raise CheckpointError(f"checkpoint {path} is after step {step}; --warmup + --steps = {total_steps} "
+                              "trains nothing more (raise --steps)")
+    return path, step
+
+
 class _Stages(nn.Module):
     """This rank's stage modules under one parent, so one optimizer's states map to names."""
 

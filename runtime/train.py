@@ -163,18 +163,8 @@ def _resume(job: Job, optimizer, pf: PlanFile, cfg: RunConfig, total: int) -> in
     (its weights, optimizer states and, under the plan it was saved with, this rank's RNG)."""
     if not cfg.checkpoint_dir or not (cfg.resume or restart_count()):   # a restart resumes by itself
         return 0
-    root = Path(cfg.checkpoint_dir)
-    path = checkpoint.latest(root)
-    if path is None:
-        if checkpoint.any_attempt(root):   # never a silent fresh start over unreadable checkpoints
-            raise checkpoint.CheckpointError(f"{root}: no complete checkpoint to resume from "
-                                             f"(only {', '.join(checkpoint.any_attempt(root))})")
-        return 0
-    step = checkpoint.load(path, job.modules, optimizer, pf)
-    if step >= total:
-        raise checkpoint.CheckpointError(f"checkpoint {path} is at step {step}; --warmup + --steps = {total} "
-                                         "trains nothing more (raise --steps)")
-    return step
+    path, _ = checkpoint.resume_point(Path(cfg.checkpoint_dir), pf, total)
+    return 0 if path is None else checkpoint.load(path, job.modules, optimizer, pf)
 
 
 class _ForwardTimer:

@@ -234,19 +234,10 @@ def _checkpoints(args: argparse.Namespace, pf: PlanFile) -> int:
         for name in earlier:
             shutil.rmtree(root / name)
         return 0
-    path = checkpoint.latest(root)
-    if path is None:
-        if earlier:   # never a silent fresh start over checkpoints that exist
-            raise RunRefused(f"--resume: {root} has no complete checkpoint (only {', '.join(earlier)})")
-        return 0
     try:
-        step = checkpoint.check_resumable(path, pf)
+        return checkpoint.resume_point(root, pf, args.warmup + args.steps)[1]
     except checkpoint.CheckpointError as exc:
         raise RunRefused(f"--resume: {exc}") from None
-    if step >= args.warmup + args.steps:
-        raise RunRefused(f"--resume: {path} is after step {step}; --warmup + --steps = "
-                         f"{args.warmup + args.steps} trains nothing more")
-    return step
 
 
 def _keep_partial(pf: PlanFile, args: argparse.Namespace, out: Path, wall_s: float, exc: BaseException) -> None:

@@ -173,9 +173,8 @@ def test_pipeline_schedules_hold_the_memory_the_model_says(tmp_path, capsys, sch
     zero-bubble schedules keep a deferred weight pass's whole graph and its output gradients
     (costmodel.frameworks.deferred_w_keeps_graph), its multi-stage runner keeps every send until
     the step ends (pipeline_sends_held), and the last stage keeps no logits beyond the micro-batch
-    in flight. Measured here (2026-11-25), predicted over measured per stage: 1F1B +12 % / +10 %,
-    interleaved +2 % / -2 %, ZB-H1 +14 % / +19 %, ZBV +12 % / -3 %. Before those terms ZB-H1's
-    last stage was predicted 52 % short and ZBV's second rank 13 %."""
+    in flight. `python benchmarks/pipeline_memory.py` prints the figures (2026-11-25: -3 % to
+    +19 %)."""
     plan = tmp_path / "plan.json"
     assert main(["predict", "--model", "debug-small", "--cluster", "1x2xxeon-amx", "--dtype", "fp32",
                  "--seq-len", "512", "--global-batch", "16", "--mbs", "2", "--pp", "2", "--dp", "1",
