@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from costmodel.plan import Schedule
+from costmodel.plan import Recompute, Schedule
 from costmodel.specs import Optimizer
 from parity import SEED, plan_file
 from planner.space import Choice
@@ -30,12 +30,20 @@ def _plan(choice: Choice, world: int = 2):
     return plan_file(choice, world=world, optimizer=Optimizer.ADAMW)
 
 
+# every parallelism the runtime executes (the issue's list): each ZeRO stage, TP with and without
+# SP, every pipeline schedule, and both recomputation kinds
 SAME_PLAN = {
     "ddp": Choice(zero_stage=0, micro_batch_size=2),
+    "zero1": Choice(zero_stage=1, micro_batch_size=2),
+    "zero2_recompute_full": Choice(zero_stage=2, micro_batch_size=2, recompute=Recompute.FULL),
     "zero3": Choice(zero_stage=3, micro_batch_size=2),
-    "tp_sp": Choice(tp=2),
-    "pp_1f1b": Choice(pp=2),
+    "tp": Choice(tp=2, sequence_parallel=False),
+    "tp_sp_recompute_selective": Choice(tp=2, recompute=Recompute.SELECTIVE),
+    "pp_gpipe": Choice(pp=2, schedule=Schedule.GPIPE),
+    "pp_1f1b_recompute_full": Choice(pp=2, recompute=Recompute.FULL),
     "pp_interleaved": Choice(pp=2, vpp=2),
+    "pp_zb_h1": Choice(pp=2, schedule=Schedule.ZB_H1),
+    "pp_zbv": Choice(pp=2, vpp=2, schedule=Schedule.ZBV),
 }
 
 
@@ -140,30 +148,42 @@ def test_a_tied_embedding_saved_on_one_stage_resumes_split_over_two(tmp_path):
     assert rest == pytest.approx(whole[2:], rel=1e-5)
 
 
-def test_a_killed_rank_restarts_and_the_run_ends_as_an_uninterrupted_one(tmp_path, capsys):
-    """rank 1 SIGKILLs itself before step 3 (of 4) on the first attempt; with --max-restarts 1
-    torchrun restarts the ranks, which resume after step 2 and finish with the same losses."""
+@pytest.fixture(scope="module")
+def dp_run(tmp_path_factory):
+    """A dp2 plan (torchrun, 2 gloo ranks) and the losses of its uninterrupted 4-step run."""
     import subprocess
     import sys
-    import time
     from planner.cli import main
-    plan = tmp_path / "dp.json"
+    tmp = tmp_path_factory.mktemp("dp_run")
+    plan = tmp / "dp.json"
     assert main(["predict", "--model", "debug-tiny", "--cluster", "1x2xxeon-amx", "--dtype", "fp32", "--dp", "2",
                  "--json", "--out", str(plan)]) == 0
-    capsys.readouterr()
 
     def run(out, *extra):
         return subprocess.run([sys.executable, "-m", "planner", "run", str(plan), "--warmup", "0", "--steps", "4",
-                               "--out", str(tmp_path / out), *extra], capture_output=True, text=True, timeout=180)
+                               "--out", str(tmp / out), *extra], capture_output=True, text=True, timeout=180)
     whole = run("whole")
     assert whole.returncode == 0, whole.stderr
-    losses = json.loads((tmp_path / "whole" / "measured.json").read_text())["losses"]
+    return run, json.loads((tmp / "whole" / "measured.json").read_text())["losses"], tmp
+
+
+@pytest.mark.parametrize("fault", ["kill", "hang"])
+def test_a_failed_rank_restarts_and_the_run_ends_as_an_uninterrupted_one(dp_run, fault):
+    """rank 1 SIGKILLs itself (or stops making progress) before step 3 of 4 on the first attempt;
+    it is named within 30 s, and with --max-restarts 1 torchrun restarts the ranks, which resume
+    after step 2 and finish with the uninterrupted run's losses."""
+    import time
+    run, losses, tmp = dp_run
+    inject = ["--inject-fault", f"1:2:{fault}", "--hang-timeout", "10"]
+    if fault == "kill":   # the hang's detection alone is test_run_cli's
+        start = time.perf_counter()
+        failed = run("failed", *inject)
+        assert failed.returncode == 2 and "rank 1" in failed.stderr and time.perf_counter() - start < 60
     start = time.perf_counter()
-    failed = run("failed", "--inject-fault", "1:2:kill")
-    assert failed.returncode == 2 and "rank 1" in failed.stderr and time.perf_counter() - start < 60
-    restarted = run("restarted", "--inject-fault", "1:2:kill", "--max-restarts", "1",
-                    "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "1")
+    restarted = run(f"restarted-{fault}", *inject, "--max-restarts", "1",
+                    "--checkpoint-dir", str(tmp / f"ckpt-{fault}"), "--checkpoint-every", "1")
     assert restarted.returncode == 0, restarted.stderr
     assert "recovered: a rank failed and all ranks were restarted 1 time(s)" in restarted.stderr
-    after = json.loads((tmp_path / "restarted" / "measured.json").read_text())["losses"]
+    after = json.loads((tmp / f"restarted-{fault}" / "measured.json").read_text())["losses"]
     assert after == losses[2:]
+    assert time.perf_counter() - start < 90   # detection (10 s of silence) + one restart, never a hang
