@@ -8,7 +8,8 @@ checkpoint is lost and the job restarts from it. Young (1974) and Daly (2006): c
 tau = sqrt(2 * delta * M) seconds of work, delta the write time and M the job's mean time between
 failures; the expected share of time lost is then about delta / tau + (tau / 2 + R) / M.
 
-The assumptions, printed with every estimate:
+The assumptions, printed with every estimate (`Failures`; LLAMA3 unless the user states others
+with `--device-mtbf-hours` / `--storage-mb-s-per-device`):
 - failure rate: Llama 3 (Dubey et al. 2024, arXiv 2407.21783, Sec. 3.3.4): 419 unexpected
   interruptions in a 54-day snapshot of pre-training on 16,384 H100 GPUs, 1.97e-5 per device-hour;
 - storage: the same section's Tectonic file system sustains 2 TB/s for those 16,384 GPUs, 122 MB/s
@@ -32,6 +33,42 @@ SOURCE = ("Llama 3 (arXiv 2407.21783) Sec. 3.3.4: 419 interruptions in 54 days o
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class Failures:
+    """How often a device fails and how fast storage takes a checkpoint, with where that came from."""
+    failures_per_device_hour: float
+    storage_bytes_per_s_per_device: float
+    source: str
+    rate_name: str   # how summary_line names the rate
+
+    def __post_init__(self) -> None:
+        if not (self.failures_per_device_hour > 0 and self.storage_bytes_per_s_per_device > 0):
+            raise ValueError("the failure rate and the storage bandwidth must be positive")
+
+
+LLAMA3 = Failures(failures_per_device_hour=FAILURES_PER_DEVICE_HOUR,
+                  storage_bytes_per_s_per_device=STORAGE_BYTES_PER_S_PER_DEVICE, source=SOURCE,
+                  rate_name="Llama 3's rate")
+
+
+def stated(device_mtbf_hours: float | None, storage_mb_s_per_device: float | None) -> Failures:
+    """LLAMA3 with what the user stated in its place (the flags of search, predict and run)."""
+    if device_mtbf_hours is None and storage_mb_s_per_device is None:
+        return LLAMA3
+    rate = LLAMA3.failures_per_device_hour if device_mtbf_hours is None else 1.0 / device_mtbf_hours
+    storage = (LLAMA3.storage_bytes_per_s_per_device if storage_mb_s_per_device is None
+               else storage_mb_s_per_device * 1e6)
+    said = [f"--device-mtbf-hours {device_mtbf_hours:g}"] if device_mtbf_hours is not None else []
+    said += [f"--storage-mb-s-per-device {storage_mb_s_per_device:g}"] if storage_mb_s_per_device is not None else []
+    kept = ([] if device_mtbf_hours is not None else ["failure rate"]) + \
+        ([] if storage_mb_s_per_device is not None else ["storage bandwidth"])
+    source = "stated: " + ", ".join(said) + (f"; {' and '.join(kept)} from {SOURCE}" if kept else "")
+    name = (f"one failure per {device_mtbf_hours:,.0f} device-hours" if device_mtbf_hours is not None
+            else LLAMA3.rate_name)
+    return Failures(failures_per_device_hour=rate, storage_bytes_per_s_per_device=storage, source=source,
+                    rate_name=name)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class CheckpointCost:
     state_bytes: float          # what one checkpoint writes, all ranks together
     write_s: float              # delta: the step waits this long per checkpoint
@@ -40,27 +77,29 @@ class CheckpointCost:
     interval_steps: int         # tau in whole steps (at least one)
     lost_fraction: float        # expected share of wall time lost to checkpoints and failures
     effective_tokens_per_s: float
+    failures: Failures = LLAMA3
 
     def to_dict(self) -> dict[str, float | int | str]:
         return {"state_bytes": self.state_bytes, "write_s": self.write_s, "mtbf_s": self.mtbf_s,
                 "interval_s": self.interval_s, "interval_steps": self.interval_steps,
                 "lost_fraction": self.lost_fraction, "effective_tokens_per_s": self.effective_tokens_per_s,
-                "failures_per_device_hour": FAILURES_PER_DEVICE_HOUR,
-                "storage_bytes_per_s_per_device": STORAGE_BYTES_PER_S_PER_DEVICE, "source": SOURCE}
+                "failures_per_device_hour": self.failures.failures_per_device_hour,
+                "storage_bytes_per_s_per_device": self.failures.storage_bytes_per_s_per_device,
+                "source": self.failures.source}
 
 
 def checkpoint_cost(model: ModelSpec, train: TrainSpec, world_size: int, step_time_s: float,
-                    tokens_per_s: float) -> CheckpointCost:
+                    tokens_per_s: float, failures: Failures = LLAMA3) -> CheckpointCost:
     state = total_params(model) * optimizer_bytes_per_param(train)   # fp32 master + AdamW moments
-    write_s = state / (world_size * STORAGE_BYTES_PER_S_PER_DEVICE)
-    mtbf_s = 3600.0 / (world_size * FAILURES_PER_DEVICE_HOUR)
+    write_s = state / (world_size * failures.storage_bytes_per_s_per_device)
+    mtbf_s = 3600.0 / (world_size * failures.failures_per_device_hour)
     tau = math.sqrt(2.0 * write_s * mtbf_s)
     steps = max(1, round(tau / step_time_s))
     tau = steps * step_time_s   # what a run can do: checkpoint after whole steps
     lost = write_s / (tau + write_s) + (tau / 2.0 + write_s) / mtbf_s
     return CheckpointCost(state_bytes=state, write_s=write_s, mtbf_s=mtbf_s, interval_s=tau,
                           interval_steps=steps, lost_fraction=min(lost, 1.0),
-                          effective_tokens_per_s=tokens_per_s * max(0.0, 1.0 - lost))
+                          effective_tokens_per_s=tokens_per_s * max(0.0, 1.0 - lost), failures=failures)
 
 
 def _duration(seconds: float) -> str:
@@ -69,6 +108,7 @@ def _duration(seconds: float) -> str:
 
 def summary_line(cost: CheckpointCost) -> str:
     return (f"checkpoint every {cost.interval_steps:,} steps ({_duration(cost.interval_s)}, Young/Daly), "
-            f"{cost.state_bytes / 1e9:,.0f} GB written in {cost.write_s:.0f} s; failures every "
-            f"{_duration(cost.mtbf_s)} at Llama 3's rate; effective {cost.effective_tokens_per_s:,.0f} tokens/s "
+            f"{cost.state_bytes / 1e9:,.0f} GB written in {cost.write_s:.0f} s "
+            f"({cost.failures.storage_bytes_per_s_per_device / 1e6:,.0f} MB/s per device); failures every "
+            f"{_duration(cost.mtbf_s)} at {cost.failures.rate_name}; effective {cost.effective_tokens_per_s:,.0f} tokens/s "
             f"(-{100 * cost.lost_fraction:.2f}%)")

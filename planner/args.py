@@ -104,3 +104,19 @@ def refuse_ignored(given: dict[str, list[str]], dests: set[str], because: str) -
     ignored = sorted({flag for dest in dests & set(given) for flag in given[dest]})
     if ignored:
         raise argparse.ArgumentError(None, f"{', '.join(ignored)} would be ignored: {because}")
+
+
+def add_failure_args(p: argparse.ArgumentParser) -> None:
+    """What checkpoints and failures cost (costmodel.resilience): Llama 3's figures unless stated."""
+    g = p.add_argument_group("failures and checkpoints (default: Llama 3's published figures)")
+    g.add_argument("--device-mtbf-hours", type=positive_float, metavar="H",
+                   help="mean time between failures of one device, in hours (default about 50,700: Llama 3's "
+                        "419 interruptions in 54 days on 16,384 GPUs); the job's is H / devices")
+    g.add_argument("--storage-mb-s-per-device", type=positive_float, metavar="B",
+                   help="checkpoint write bandwidth per device in MB/s (default 122: Llama 3's 2 TB/s "
+                        "storage for 16,384 GPUs)")
+
+
+def failures_from_args(args: argparse.Namespace):
+    from costmodel.resilience import stated
+    return stated(args.device_mtbf_hours, args.storage_mb_s_per_device)

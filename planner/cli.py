@@ -21,8 +21,8 @@ from costmodel.registry import MODELS, default_recipe, model_names, resolve_mode
 from costmodel.specs import AttentionKernel, DType, ModelSpec, TrainSpec
 from costmodel.units import GIB
 from planner import outputs
-from planner.args import (EXIT_USAGE, Parser, add_overwrite_arg, fraction, given_flags, non_negative_int,
-                          positive_float, positive_int, refuse_ignored, refuse_repeated)
+from planner.args import (EXIT_USAGE, Parser, add_failure_args, add_overwrite_arg, failures_from_args, fraction,
+                          given_flags, non_negative_int, positive_float, positive_int, refuse_ignored, refuse_repeated)
 from planner.signals import Terminated, held_while_loading, terminate_as_exception
 from planner.space import Choice, build_plan
 
@@ -127,10 +127,13 @@ def cmd_predict(args: argparse.Namespace) -> int:
         PlanFile(plan=plan, model=model, train=train, cluster=cluster).save(out)
         print(f"wrote {out}", file=sys.stderr)
     if args.json:
-        _emit_json({"plan": plan.to_dict(), "estimate": est.to_dict(), "error_band": MODEL_ERROR_BAND})
+        from costmodel.resilience import checkpoint_cost
+        _emit_json({"plan": plan.to_dict(), "estimate": est.to_dict(), "error_band": MODEL_ERROR_BAND,
+                    "checkpoint": checkpoint_cost(model, train, cluster.world_size, est.step_time_s,
+                                                  est.tokens_per_s, failures_from_args(args)).to_dict()})
     else:
         from reports.tables import ledger_table, memory_table, summary_lines
-        print(summary_lines(model, train, cluster, plan, est))
+        print(summary_lines(model, train, cluster, plan, est, failures_from_args(args)))
         print()
         print(ledger_table(est))
         print()
@@ -162,10 +165,10 @@ def cmd_search(args: argparse.Namespace) -> int:
                                {"plan": result.fastest.plan.to_dict(), "estimate": result.fastest.estimate.to_dict()}},
                     # the first plan's checkpoint interval and throughput with failures (costmodel.resilience)
                     "checkpoint": checkpoint_cost(model, train, cluster.world_size, best.estimate.step_time_s,
-                                                  best.estimate.tokens_per_s).to_dict()})
+                                                  best.estimate.tokens_per_s, failures_from_args(args)).to_dict()})
         return 0
     from reports.tables import search_table, summary_lines
-    print(summary_lines(model, train, cluster, best.plan, best.estimate))
+    print(summary_lines(model, train, cluster, best.plan, best.estimate, failures_from_args(args)))
     print()
     print(search_table(result.plans))
     print()
@@ -289,7 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plan", help="read the plan and its specs from plan.json instead")
     p.add_argument("--out", help="write the plan with its specs to this plan.json")
     add_overwrite_arg(p)
-    p.add_argument("--json", action="store_true", help='print {"plan", "estimate"} as JSON on stdout')
+    p.add_argument("--json", action="store_true",
+                   help='print {"plan", "estimate", "error_band", "checkpoint"} as JSON on stdout')
+    add_failure_args(p)
     p.set_defaults(parser=p, func=cmd_predict)
 
     p = sub.add_parser("search", help="the fastest plan that fits, exact under the cost model",
@@ -300,6 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_args(p)
     from planner.commands.search import add_search_args
     add_search_args(p)
+    add_failure_args(p)
     p.set_defaults(parser=p, func=cmd_search)
 
     p = sub.add_parser("validate", help="predicted vs published step time for measured runs (CSV)",

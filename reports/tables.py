@@ -44,7 +44,7 @@ def memory_table(est: Estimate) -> str:
 
 
 def summary_lines(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan,
-                  est: Estimate) -> str:
+                  est: Estimate, failures: resilience.Failures = resilience.LLAMA3) -> str:
     return "\n".join([
         f"model    {model.name}   train seq {train.seq_len} x global batch {train.global_batch_size} "
         f"({train.compute_dtype}, {train.optimizer}, {train.attention_kernel} attention)",
@@ -60,7 +60,7 @@ def summary_lines(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan
         f"allocator fragmentation; MFU counts 6N + 12·layers·hidden·seq FLOPs per token (full s² "
         f"attention, Megatron Eq. 7 / PaLM); expected error +-{100 * MODEL_ERROR_BAND:.1f}% (costmodel.fidelity)",
         "long run   " + resilience.summary_line(resilience.checkpoint_cost(
-            model, train, cluster.world_size, est.step_time_s, est.tokens_per_s)),
+            model, train, cluster.world_size, est.step_time_s, est.tokens_per_s, failures)),
     ])
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
 from pathlib import Path
 
 import torch
@@ -116,33 +117,70 @@ def _state(modules: dict[int, nn.Module], optimizer) -> tuple[_Stages, dict, dic
     return parent, msd, osd
 
 
-def save(root: Path, step: int, modules: dict[int, nn.Module], optimizer, pf: PlanFile, keep: int) -> Path:
-    """Every rank calls this after step `step`; returns the complete checkpoint's directory."""
-    final = step_dir(root, step)
-    partial = root / f".{final.name}.partial"
-    rank = dist.get_rank()
-    if rank == 0:
-        shutil.rmtree(partial, ignore_errors=True)   # a crashed earlier attempt at this step
-        partial.mkdir(parents=True)
-    dist.barrier()
-    _, msd, osd = _state(modules, optimizer)
-    dcp.save({"model": _model_names(msd), "optim": _model_names(osd)}, checkpoint_id=str(partial))
-    rng = partial / "rng"
-    if rank == 0:
-        rng.mkdir(exist_ok=True)
-    dist.barrier()
-    torch.save(torch.get_rng_state(), rng / f"rank-{rank:05d}.pt")
-    dist.barrier()
-    if rank == 0:
-        record = {"step": step, "model": pf.model.to_dict(), "plan": pf.to_dict()}
-        (partial / "plan.json").write_text(json.dumps(record, indent=1))
-        (partial / COMPLETE).write_text(f"step {step}\n")
-        shutil.rmtree(final, ignore_errors=True)
-        partial.rename(final)
-        for old in complete_steps(root)[:-keep]:
-            shutil.rmtree(step_dir(root, old), ignore_errors=True)
-    dist.barrier()
-    return final
+class Saver:
+    """Writes a run's checkpoints; every rank makes the same calls.
+
+    Synchronous (the default, and what costmodel.resilience prices): the step waits until every
+    rank's part is on storage. In the background (`planner run --checkpoint-async`): DCP's
+    `async_save` copies this rank's part to host memory (the step waits for that copy only) and a
+    thread writes it over a gloo group of its own while training goes on; the checkpoint is
+    committed (COMPLETE, renamed) by the next save or by `close`, after every rank's write ended.
+    Either way a checkpoint is committed only whole, so an interrupted write is never resumed from.
+    `wait_s` records, per save, the seconds this rank's training stood still for it."""
+
+    def __init__(self, root: Path, pf: PlanFile, keep: int, background: bool = False) -> None:
+        self.root, self.pf, self.keep = root, pf, keep
+        # a group of its own: the writer thread's collectives must not interleave with training's
+        self.group = dist.new_group(backend="gloo") if background else None
+        self.wait_s: list[float] = []
+        self._pending: tuple[object, Path, int] | None = None
+
+    def save(self, step: int, modules: dict[int, nn.Module], optimizer) -> None:
+        """Every rank calls this after step `step`."""
+        start = time.perf_counter()
+        self._commit_pending()   # one write at a time: the previous one ends first
+        final = step_dir(self.root, step)
+        partial = self.root / f".{final.name}.partial"
+        rank = dist.get_rank()
+        if rank == 0:
+            shutil.rmtree(partial, ignore_errors=True)   # a crashed earlier attempt at this step
+            (partial / "rng").mkdir(parents=True)
+        dist.barrier()
+        _, msd, osd = _state(modules, optimizer)
+        state = {"model": _model_names(msd), "optim": _model_names(osd)}
+        if self.group is None:
+            dcp.save(state, checkpoint_id=str(partial))
+            writing = None
+        else:
+            writing = dcp.async_save(state, checkpoint_id=str(partial), process_group=self.group)
+        torch.save(torch.get_rng_state(), partial / "rng" / f"rank-{rank:05d}.pt")
+        self._pending = (writing, partial, step)
+        if writing is None:
+            self._commit_pending()
+        self.wait_s.append(time.perf_counter() - start)
+
+    def close(self) -> None:
+        """Commit a write still in the background (every rank, before the run returns)."""
+        self._commit_pending()
+
+    def _commit_pending(self) -> None:
+        if self._pending is None:
+            return
+        writing, partial, step = self._pending
+        self._pending = None
+        if writing is not None:   # torch returns a Future, or a response holding one
+            getattr(writing, "upload_completion", writing).result()
+        dist.barrier()
+        if dist.get_rank() == 0:
+            record = {"step": step, "model": self.pf.model.to_dict(), "plan": self.pf.to_dict()}
+            (partial / "plan.json").write_text(json.dumps(record, indent=1))
+            (partial / COMPLETE).write_text(f"step {step}\n")
+            final = step_dir(self.root, step)
+            shutil.rmtree(final, ignore_errors=True)
+            partial.rename(final)
+            for old in complete_steps(self.root)[:-self.keep]:
+                shutil.rmtree(step_dir(self.root, old), ignore_errors=True)
+        dist.barrier()
 
 
 _TIED = ("output.weight", "embed.tok.weight")

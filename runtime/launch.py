@@ -37,6 +37,7 @@ class StepsConfig:
     checkpoint_every: int = 0
     keep: int = 2
     resume: bool = False
+    checkpoint_async: bool = False   # write in the background (runtime.checkpoint.Saver)
     hang_timeout: float = 0.0   # runtime.watchdog: seconds without progress before a rank gives up; 0: off
 
 
@@ -61,7 +62,8 @@ class WorkerArgs(StepsConfig):
             args += ["--hang-timeout", repr(self.hang_timeout)]
         if self.checkpoint_dir:
             args += ["--checkpoint-dir", self.checkpoint_dir, "--checkpoint-every", str(self.checkpoint_every),
-                     "--keep", str(self.keep)] + (["--resume"] if self.resume else [])
+                     "--keep", str(self.keep)] + (["--resume"] if self.resume else []) \
+                + (["--checkpoint-async"] if self.checkpoint_async else [])
         return args
 
     @classmethod
@@ -75,6 +77,7 @@ class WorkerArgs(StepsConfig):
                            ("--hang-timeout", float)):
             p.add_argument(name, type=kind, default=getattr(cls, name[2:].replace("-", "_")))
         p.add_argument("--resume", action="store_true")
+        p.add_argument("--checkpoint-async", action="store_true")
         return cls(**vars(p.parse_args(argv)))
 
     def fault_spec(self) -> tuple[int, int, str] | None:

@@ -46,6 +46,7 @@ def measured_record(pf: PlanFile, raw: dict[str, Any], *, steps: int, warmup: in
         "peak_memory_bytes": peak,
         "peak_reserved_bytes": raw.get("peak_reserved_bytes"),   # CUDA only: allocated + allocator cache
         "rank_forward_s": raw.get("rank_forward_s"),
+        "checkpoint_wait_s": raw.get("checkpoint_wait_s"),
         "losses": raw["losses"],
         "step_times_s": raw["step_times_s"],
         "predicted": est.to_dict(),

@@ -112,6 +112,8 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
     forward = _ForwardTimer(job)
     total = cfg.warmup + cfg.steps
     start = _resume(job, optimizer, pf, cfg, total)
+    saver = (checkpoint.Saver(Path(cfg.checkpoint_dir), pf, cfg.keep, background=cfg.checkpoint_async)
+             if cfg.checkpoint_dir else None)
     if cfg.hang_timeout and cfg.partial is not None:   # the launcher's errors file names the cause
         watchdog.watch(job.modules.values(), cfg.partial.parent / "errors" / f"rank{dist.get_rank()}.txt",
                        cfg.hang_timeout)
@@ -145,15 +147,17 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
                    else f"step {step - cfg.warmup + 1}/{cfg.steps}")
             print(f"[planner run] {tag}: loss {step_loss:.4f}, "
                   f"{step_s * 1e3:.1f} ms", file=sys.stderr, flush=True)
-        if cfg.checkpoint_dir and (step + 1 == total or
-                                   (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0)):
+        if saver and (step + 1 == total or (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0)):
             with watchdog.paused():
-                checkpoint.save(Path(cfg.checkpoint_dir), step + 1, job.modules, optimizer, pf, cfg.keep)
+                saver.save(step + 1, job.modules, optimizer)
         if cfg.partial is not None and step >= cfg.warmup and step < cfg.warmup + cfg.steps - 1:
-            raw = _figures(job, device, memory, losses, times, busy, sync, optim, mine)
+            raw = _figures(job, device, memory, losses, times, busy, sync, optim, mine, saver)
             if raw is not None:   # untimed, after the step: what an interrupted run keeps
                 write_text_atomic(cfg.partial, json.dumps(raw))
-    raw = _figures(job, device, memory, losses, times, busy, sync, optim, mine)
+    if saver:
+        with watchdog.paused():
+            saver.close()
+    raw = _figures(job, device, memory, losses, times, busy, sync, optim, mine, saver)
     params = _gather_params(job) if cfg.collect_params else None
     return None if raw is None else {**raw, "params": params}
 
@@ -203,7 +207,7 @@ def _per_rank_median(values: list[float]) -> list[float]:
 
 
 def _figures(job: Job, device: torch.device, memory: float | None, losses, times, busy, sync,
-             optim, mine) -> dict | None:
+             optim, mine, saver: checkpoint.Saver | None = None) -> dict | None:
     """Rank 0's raw figures of the steps so far (every rank takes part: peaks are all-reduced)."""
     reserved = None
     if device.type == "cuda":
@@ -211,6 +215,7 @@ def _figures(job: Job, device: torch.device, memory: float | None, losses, times
         reserved = _peak_per_stage(job, torch.cuda.max_memory_reserved())   # the allocator's own share too
     peak = _peak_per_stage(job, memory)
     rank_forward = _per_rank_median(mine)
+    saves = _slowest_rank(saver.wait_s) if saver and saver.wait_s else None
     if dist.get_rank() != 0:
         return None
     return {"losses": losses, "step_times_s": times, "peak_memory_bytes": peak,
@@ -220,12 +225,20 @@ def _figures(job: Job, device: torch.device, memory: float | None, losses, times
             "stage_dp_sync_s": [statistics.median(col) for col in zip(*sync)] if sync else None,
             "stage_optimizer_s": [statistics.median(col) for col in zip(*optim)] if optim else None,
             "rank_forward_s": rank_forward,
+            "checkpoint_wait_s": saves,
             "memory_source": ("torch.cuda.max_memory_allocated" if device.type == "cuda" else
                               "live tensor bytes over the last warm-up step, tracked by "
                               "runtime.memtrack (CPU: tensors only, no allocator or interpreter "
                               "overhead)" if memory is not None else
                               "not measured (CPU needs --warmup >= 1)"),
             "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu"}
+
+
+def _slowest_rank(values: list[float]) -> list[float]:
+    """Each entry's maximum over the ranks (every rank has as many)."""
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
 
 
 def restart_count() -> int:

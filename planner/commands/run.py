@@ -16,8 +16,8 @@ from costmodel.inputs import write_text_atomic
 from costmodel.units import GIB
 from costmodel.plan import PlanFile
 from planner import outputs
-from planner.args import (add_overwrite_arg, non_negative_int, positive_float, positive_int, refuse_ignored,
-                          seed_int)
+from planner.args import (add_failure_args, add_overwrite_arg, failures_from_args, non_negative_int,
+                          positive_float, positive_int, refuse_ignored, seed_int)
 from runtime.launch import PARTIAL
 
 EPILOG = """examples:
@@ -53,6 +53,11 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint-every", type=positive_int, metavar="N",
                    help="also save after every N-th step (default: Young/Daly's interval for the plan's "
                         "predicted step and Llama 3's failure rate, as `planner search` prints it)")
+    p.add_argument("--checkpoint-async", action="store_true",
+                   help="write checkpoints in the background (torch.distributed.checkpoint.async_save): the step "
+                        "waits only for a copy of the rank's state in host memory (which it then needs twice), "
+                        "and a checkpoint is committed when the next save or the run's end finds it written; "
+                        "`planner search` prices synchronous saves")
     p.add_argument("--keep", type=positive_int, default=2, metavar="K",
                    help="complete checkpoints kept, newest first (default 2)")
     p.add_argument("--hang-timeout", type=positive_float, default=300.0, metavar="S",
@@ -61,6 +66,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-restarts", type=non_negative_int, default=0, metavar="R",
                    help="when a rank fails, restart all ranks up to R times (torchrun); each restart resumes "
                         "from the latest complete checkpoint (needs --checkpoint-dir)")
+    add_failure_args(p)   # for the default --checkpoint-every
     p.add_argument("--resume", action="store_true",
                    help="continue from the latest complete checkpoint in --checkpoint-dir, under this plan "
                         "or another of the same model; --warmup + --steps is then the step the run reaches")
@@ -90,7 +96,7 @@ def _worker_args(args: argparse.Namespace, pf: PlanFile, out: Path):
                       data_dtype=args.data_dtype, fault=args.inject_fault,
                       checkpoint_dir=str(Path(args.checkpoint_dir).resolve()) if args.checkpoint_dir else None,
                       checkpoint_every=_checkpoint_every(args, pf), keep=args.keep, resume=args.resume,
-                      max_restarts=args.max_restarts, hang_timeout=args.hang_timeout)
+                      checkpoint_async=args.checkpoint_async, max_restarts=args.max_restarts, hang_timeout=args.hang_timeout)
 
 
 def _checkpoint_every(args: argparse.Namespace, pf: PlanFile) -> int:
@@ -103,7 +109,8 @@ def _checkpoint_every(args: argparse.Namespace, pf: PlanFile) -> int:
     from costmodel.estimate import estimate
     from costmodel.resilience import checkpoint_cost
     est = estimate(pf.model, pf.train, pf.cluster, pf.plan)
-    return checkpoint_cost(pf.model, pf.train, pf.cluster.world_size, est.step_time_s, est.tokens_per_s).interval_steps
+    return checkpoint_cost(pf.model, pf.train, pf.cluster.world_size, est.step_time_s, est.tokens_per_s,
+                           failures_from_args(args)).interval_steps
 
 
 def _check_machine(args: argparse.Namespace, pf: PlanFile) -> tuple[int, int]:
@@ -140,8 +147,10 @@ def _check_machine(args: argparse.Namespace, pf: PlanFile) -> tuple[int, int]:
 
 # what a mode does not use, refused by name rather than silently dropped
 DRY_RUN_IGNORES = {"nproc", "steps", "warmup", "seed", "lr", "data", "data_dtype", "out", "overwrite", "inject_fault",
-                   "checkpoint_dir", "checkpoint_every", "keep", "resume", "max_restarts", "hang_timeout"}
-CHECKPOINT_FLAGS = {"checkpoint_every", "keep", "resume", "max_restarts"}
+                   "checkpoint_dir", "checkpoint_every", "keep", "resume", "max_restarts", "hang_timeout",
+                   "checkpoint_async", "device_mtbf_hours", "storage_mb_s_per_device"}
+FAILURE_FLAGS = {"device_mtbf_hours", "storage_mb_s_per_device"}
+CHECKPOINT_FLAGS = {"checkpoint_every", "keep", "resume", "max_restarts", "checkpoint_async", *FAILURE_FLAGS}
 PRINT_LAUNCH_IGNORES = {"nproc", "json", "overwrite", "inject_fault"}
 
 
@@ -158,6 +167,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         refuse_ignored(args.given, {"data_dtype"}, "a .npy file records its own dtype")
     if not args.checkpoint_dir:
         refuse_ignored(args.given, CHECKPOINT_FLAGS, "they need --checkpoint-dir")
+    if args.checkpoint_every:
+        refuse_ignored(args.given, FAILURE_FLAGS, "--checkpoint-every sets the interval they would choose")
     pf = _load(args.plan)
     if args.dry_run:
         return _dry_run(args, pf)

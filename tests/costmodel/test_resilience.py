@@ -39,3 +39,20 @@ def test_search_prints_and_returns_the_checkpoint_plan(capsys):
     assert main([*args, "--json"]) == 0
     ckpt = json.loads(capsys.readouterr().out)["checkpoint"]
     assert ckpt["interval_steps"] >= 1 and 0 < ckpt["lost_fraction"] < 0.1 and "Llama 3" in ckpt["source"]
+
+
+def test_a_stated_failure_rate_and_storage_bandwidth_replace_llama3s(capsys):
+    args = ["search", "--model", "llama2-7b", "--cluster", "1x8xA100", "--seq-len", "2048", "--global-batch", "64"]
+    assert main([*args, "--json"]) == 0
+    llama3 = json.loads(capsys.readouterr().out)["checkpoint"]
+    assert main([*args, "--json", "--device-mtbf-hours", "1000"]) == 0
+    often = json.loads(capsys.readouterr().out)["checkpoint"]
+    # 50x the failures: M shrinks 50x, so tau = sqrt(2 delta M) shrinks about sqrt(50)x
+    assert often["mtbf_s"] == pytest.approx(1000 * 3600 / 8)
+    assert often["interval_s"] < llama3["interval_s"] / 5
+    assert often["source"].startswith("stated: --device-mtbf-hours 1000; storage bandwidth from Llama 3")
+    assert main([*args, "--storage-mb-s-per-device", "1220"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("long run"))
+    assert "(1,220 MB/s per device)" in line and "at Llama 3's rate" in line
+    assert main(["predict", "--model", "llama2-7b", "--cluster", "1x8xA100", "--device-mtbf-hours", "0"]) == 2
+    assert "--device-mtbf-hours: 0 is not positive" in capsys.readouterr().err

@@ -20,9 +20,11 @@ from runtime.train import RunConfig, run_rank
 LR = 1e-2
 
 
-def _losses(pf, root=None, *, steps: int, resume: bool = False, every: int = 0) -> list[float]:
+def _losses(pf, root=None, *, steps: int, resume: bool = False, every: int = 0,
+            background: bool = False) -> list[float]:
     cfg = RunConfig(steps=steps, warmup=0, seed=SEED, lr=LR, quiet=True, resume=resume,
-                    checkpoint_dir=str(root) if root else None, checkpoint_every=every)
+                    checkpoint_dir=str(root) if root else None, checkpoint_every=every,
+                    checkpoint_async=background)
     return run_forked(pf.plan.world_size, run_rank, pf, cfg)[0]["losses"]
 
 
@@ -55,6 +57,19 @@ def test_resume_continues_exactly(tmp_path, name):
     assert checkpoint.complete_steps(tmp_path) == [2, 3]
     rest = _losses(pf, tmp_path, steps=6, resume=True)
     assert first + rest == whole   # fp32, same plan: bit for bit
+
+
+@pytest.mark.parametrize("name", ["zero3", "pp_interleaved"])
+def test_a_checkpoint_written_in_the_background_resumes_exactly(tmp_path, name):
+    """--checkpoint-async: training goes on while DCP writes (the state was copied first), and
+    the checkpoint committed at the next save or the run's end resumes as a synchronous one."""
+    pf = _plan(SAME_PLAN[name])
+    whole = _losses(pf, steps=6)
+    first = _losses(pf, tmp_path, steps=3, every=1, background=True)   # the writes overlap steps 2 and 3
+    assert checkpoint.complete_steps(tmp_path) == [2, 3]                 # --keep 2 pruned step 1
+    assert not list(tmp_path.glob(".*.partial"))
+    rest = _losses(pf, tmp_path, steps=6, resume=True, background=True)
+    assert first + rest == whole
 
 
 @pytest.mark.parametrize("saved,resumed", [
@@ -125,14 +140,19 @@ def test_planner_run_saves_and_resumes(tmp_path, capsys):
     assert checkpoint.complete_steps(ckpt) == [3]
     again = run("dp.json", "b", "--steps", "5")
     assert again.returncode == 2 and "holds checkpoints (step-000003); pass --resume" in again.stderr
-    resumed = run("tp.json", "c", "--steps", "5", "--resume")
+    resumed = run("tp.json", "c", "--steps", "5", "--resume", "--checkpoint-async")
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming after step 3" in resumed.stderr
-    losses = json.loads((tmp_path / "c" / "measured.json").read_text())["losses"]
-    assert len(losses) == 2 and checkpoint.complete_steps(ckpt) == [3, 5]
+    measured = json.loads((tmp_path / "c" / "measured.json").read_text())
+    assert len(measured["losses"]) == 2 and checkpoint.complete_steps(ckpt) == [3, 5]
+    assert len(measured["checkpoint_wait_s"]) == 1   # one save, at the end: the time the step stood still
     done = run("tp.json", "d", "--steps", "5", "--resume")
     assert done.returncode == 2 and "trains nothing more" in done.stderr
-    for flags, text in ((["--keep", "3"], "need --checkpoint-dir"), (["--resume"], "need --checkpoint-dir")):
+    for flags, text in ((["--keep", "3"], "need --checkpoint-dir"), (["--resume"], "need --checkpoint-dir"),
+                        (["--checkpoint-async"], "need --checkpoint-dir"),
+                        (["--device-mtbf-hours", "100"], "need --checkpoint-dir"),
+                        (["--checkpoint-dir", str(ckpt), "--checkpoint-every", "2", "--storage-mb-s-per-device", "9"],
+                         "--checkpoint-every sets the interval")):
         assert main(["run", str(tmp_path / "dp.json"), *flags]) == 2
         assert text in capsys.readouterr().err
 
