@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from costmodel.check import runtime_executes
 from costmodel.plan import Plan, PlanFile
+from runtime.context_parallel import CpShard
 from runtime.model import Transformer
 from runtime.parallel import (apply_data_parallel, local_tensor, apply_recompute, apply_tensor_parallel,
                               build_mesh, recomputed_layers)
@@ -34,6 +34,7 @@ class Job:
     tied_params: list[nn.Parameter] = field(default_factory=list)
     tied_group: object | None = None       # ranks holding the two copies of a tied embedding
     clock: StepClock = field(default_factory=StepClock)   # this rank's split of the current step
+    cp: CpShard | None = None              # context parallelism: this rank's chunks of each sequence
 
     @property
     def num_stages(self) -> int:
@@ -41,8 +42,13 @@ class Job:
 
     @property
     def holds_loss(self) -> bool:
-        """One rank per data-parallel replica reports the loss: TP rank 0 of the last stage."""
-        return (self.num_stages - 1) in self.modules and self.coords["tp"] == 0 and self.coords["cp"] == 0
+        """The ranks of the last stage with TP rank 0 report the loss: one per replica and CP rank
+        (each CP rank's loss is the mean over as many tokens of the same sequences)."""
+        return (self.num_stages - 1) in self.modules and self.coords["tp"] == 0
+
+    def local_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(batch, seq) of whole sequences -> the part this rank trains on (its CP chunks)."""
+        return tokens if self.cp is None else self.cp.local(tokens, dim=1)
 
     def parameters(self) -> list[nn.Parameter]:
         seen, out = set(), []
@@ -64,13 +70,9 @@ def build_job(pf: PlanFile, device: torch.device, *, seed: int, materialize: boo
     """`before_data_parallel(stage, module)`, if given, sees each stage module after tensor
     parallelism and before FSDP2 (the dry run counts unsharded parameters there)."""
     plan, model = pf.plan, pf.model
-    if not runtime_executes(plan) and materialize:
-        # torch 2.13's context_parallel has no sharding rule for the CPU attention kernel
-        # (aten._scaled_dot_product_flash_attention_for_cpu), so it cannot be proven here.
-        raise ValueError("context parallelism (cp > 1) is not executed by the runtime; "
-                         "plan with --fix cp=1 to run, or check memory with --dry-run")
     mesh = build_mesh(plan, device.type)
     coords = {axis: mesh.get_local_rank(axis) for axis in plan.mesh_axis_order}
+    cp = CpShard(coords["cp"], plan.cp, mesh["cp"].get_group()) if plan.cp > 1 else None
     layer_ids = stage_layer_ids(plan)
     mine = local_stages(plan, coords["pp"])
     rc_layers = recomputed_layers(plan, coords["pp"], [i for j in mine for i in layer_ids[j]])
@@ -81,6 +83,8 @@ def build_job(pf: PlanFile, device: torch.device, *, seed: int, materialize: boo
         mod.keep_only(layer_ids[j], first=j == 0, last=j == plan.num_virtual_stages - 1)
         if materialize:
             mod.materialize(device, seed)
+        if cp is not None:
+            mod.set_context_parallel(cp, pf.train.seq_len)
         if plan.tp > 1:
             apply_tensor_parallel(mod, mesh["tp"], plan.sequence_parallel)
         apply_recompute(mod, plan, rc_layers)
@@ -88,7 +92,7 @@ def build_job(pf: PlanFile, device: torch.device, *, seed: int, materialize: boo
             before_data_parallel(j, mod)
         apply_data_parallel(mod, mesh, plan, pf.train)
         modules[j] = mod
-    job = Job(plan=plan, mesh=mesh, device=device, coords=coords, modules=modules)
+    job = Job(plan=plan, mesh=mesh, device=device, coords=coords, modules=modules, cp=cp)
     _tie_embeddings(job, pf)
     if plan.pp > 1 and materialize:
         job.schedule = build_schedule(plan, modules, mesh["pp"].get_group(), device, cross_entropy, job.clock)

@@ -21,10 +21,12 @@ import zlib
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.bias import causal_lower_right
 from torch.utils.checkpoint import checkpoint
 
 from costmodel.layout import layer_blocks
 from costmodel.specs import Arch, AttentionKernel, FfnKind, ModelSpec, NormKind, PositionKind
+from runtime.context_parallel import CpShard, cp_attention, gather_kv
 
 ROPE_THETA = 10_000.0   # ModelSpec carries no RoPE base; it changes numerics, not cost
 INIT_STD = 0.02         # GPT-2 / Megatron-LM default
@@ -43,11 +45,13 @@ def _linears(module: nn.Module, block_name: str, model: ModelSpec) -> None:
         module.add_module(lin.name, nn.Linear(lin.in_features, lin.out_features, bias=lin.bias))
 
 
-def rope(x: torch.Tensor, theta: float = ROPE_THETA) -> torch.Tensor:
-    """Rotary embedding (Su et al. 2021) on (batch, seq, heads, head_dim), rotate-half form."""
+def rope(x: torch.Tensor, positions: torch.Tensor | None = None, theta: float = ROPE_THETA) -> torch.Tensor:
+    """Rotary embedding (Su et al. 2021) on (batch, seq, heads, head_dim), rotate-half form, at
+    `positions` in the whole sequence (default 0, 1, ...; context parallelism holds others)."""
     seq, dim = x.shape[1], x.shape[-1]
     inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim)
-    angles = torch.outer(torch.arange(seq, device=x.device, dtype=torch.float32), inv_freq)
+    pos = torch.arange(seq, device=x.device) if positions is None else positions.to(x.device)
+    angles = torch.outer(pos.float(), inv_freq)
     cos = torch.cat((angles.cos(), angles.cos()), -1)[None, :, None, :].to(x.dtype)
     sin = torch.cat((angles.sin(), angles.sin()), -1)[None, :, None, :].to(x.dtype)
     half = dim // 2
@@ -57,14 +61,17 @@ def rope(x: torch.Tensor, theta: float = ROPE_THETA) -> torch.Tensor:
 
 def core_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: AttentionKernel,
                    dropout_p: float) -> torch.Tensor:
-    """Causal attention on (batch, heads, seq, head_dim); K/V may have fewer (GQA) heads."""
+    """Causal attention on (batch, heads, seq, head_dim); K/V may have fewer (GQA) heads. With
+    more keys than queries (context parallelism) the queries are the keys' last positions."""
+    s_q, s_k = q.shape[2], k.shape[2]
     if kernel is AttentionKernel.FLASH:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p,
-                                              enable_gqa=k.shape[1] != q.shape[1])
+        causal = dict(is_causal=True) if s_q == s_k else dict(attn_mask=causal_lower_right(s_q, s_k))
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, enable_gqa=k.shape[1] != q.shape[1],
+                                              **causal)
     group = q.shape[1] // k.shape[1]   # eager: the s x s scores are materialised
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).triu(1)
+    mask = torch.ones(s_q, s_k, dtype=torch.bool, device=q.device).triu(1 + s_k - s_q)
     probs = F.dropout(scores.masked_fill(mask, float("-inf")).softmax(-1), dropout_p)
     return probs @ v
 
@@ -78,6 +85,8 @@ class Attention(nn.Module):
         self.rope = model.position_kind is PositionKind.ROPE
         self.dropout_p = DROPOUT_P if model.dropout else 0.0
         self.selective_recompute = False   # set by the runtime from the plan
+        self.cp: CpShard | None = None       # context parallelism (Transformer.set_context_parallel)
+        self.positions: torch.Tensor | None = None
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b, s, d = x.shape[0], x.shape[1], self.head_dim
@@ -91,15 +100,22 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self._qkv(x)
         if self.rope:
-            q, k = rope(q), rope(k)
+            q, k = rope(q, self.positions), rope(k, self.positions)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        p = self.dropout_p if self.training else 0.0
+        if self.cp is not None:   # the whole sequence's K and V (kept for backward, as priced)
+            k, v = gather_kv(k, v, self.cp)
         if self.selective_recompute:   # Korthikanti et al. 2022: recompute the attention core only
-            out = checkpoint(core_attention, q, k, v, self.kernel, p, use_reentrant=False)
+            out = checkpoint(self._core, q, k, v, use_reentrant=False)
         else:
-            out = core_attention(q, k, v, self.kernel, p)
+            out = self._core(q, k, v)
         out = out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1)
         return self.wo(out) if self.arch is Arch.LLAMA else self.proj(out)
+
+    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        p = self.dropout_p if self.training else 0.0
+        if self.cp is None:
+            return core_attention(q, k, v, self.kernel, p)
+        return cp_attention(lambda *qkv: core_attention(*qkv, self.kernel, p), q, k, v, self.cp)
 
 
 class Mlp(nn.Module):
@@ -138,11 +154,13 @@ class Embedding(nn.Module):
         learned = model.position_kind is PositionKind.LEARNED
         self.pos = nn.Embedding(model.max_position_embeddings, model.hidden_size) if learned else None
         self.dropout = nn.Dropout(DROPOUT_P if model.dropout else 0.0)
+        self.positions: torch.Tensor | None = None   # context parallelism: the tokens' places
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.tok(tokens)
         if self.pos is not None:
-            h = h + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+            where = torch.arange(tokens.shape[1]) if self.positions is None else self.positions
+            h = h + self.pos(where.to(tokens.device))
         return self.dropout(h)
 
 
@@ -172,6 +190,14 @@ class Transformer(nn.Module):
             self.embed = None
         if not last:
             self.norm, self.output = None, None
+
+    def set_context_parallel(self, shard: CpShard, seq_len: int) -> None:
+        """This rank holds its CP chunks of every sequence (runtime.context_parallel)."""
+        positions = shard.positions(seq_len)
+        if self.embed is not None:
+            self.embed.positions = positions
+        for layer in self.layers.values():
+            layer.attention.cp, layer.attention.positions = shard, positions
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.embed(x) if self.embed is not None else x

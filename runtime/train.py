@@ -119,7 +119,7 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
                        cfg.hang_timeout)
     for step in range(start, total):
         first, count = local_slice(step, pf.train.global_batch_size, pf.plan.dp, job.coords["dp"])
-        tokens, labels = source.batch(first, count)
+        tokens, labels = map(job.local_tokens, source.batch(first, count))
         track = step == cfg.warmup - 1 and device.type == "cpu"
         if step == cfg.warmup and device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
@@ -276,9 +276,9 @@ def _step(job: Job, optimizer, tokens, labels, track: bool):
 
 
 def _reduce_step(job: Job, loss: torch.Tensor | None, elapsed_s: float) -> tuple[float, float]:
-    """Global loss (mean over data-parallel replicas) and the slowest rank's step time."""
+    """Global loss (mean over data-parallel replicas and CP ranks) and the slowest rank's step time."""
     contrib = loss.float().cpu() if (loss is not None and job.holds_loss) else torch.zeros(())
-    packed = (contrib / job.plan.dp).reshape(1)
+    packed = (contrib / (job.plan.dp * job.plan.cp)).reshape(1)
     slowest = torch.tensor([elapsed_s])
     dist.all_reduce(packed)   # CPU tensors: gloo, also under "cpu:gloo,cuda:nccl"
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)

@@ -41,6 +41,14 @@ CASES = {
     "gpt_pp_tied_split": (Choice(pp=2), 2, GPT),
     "gpt_zbv_tied_same_rank": (Choice(pp=2, vpp=2, schedule=Schedule.ZBV), 2, GPT),
     "eager_attention_tp": (Choice(tp=2), 2, {"attention_kernel": AttentionKernel.EAGER}),
+    # context parallelism (runtime.context_parallel): load-balanced chunks, K/V all-gathered
+    "cp2": (Choice(cp=2), 2, {}),
+    "cp4": (Choice(cp=4), 4, {}),
+    "cp2_dp2": (Choice(cp=2, zero_stage=1), 4, {}),
+    "cp2_tp2_selective": (Choice(cp=2, tp=2, recompute=Recompute.SELECTIVE), 4, {}),
+    "cp2_pp2_recompute_full": (Choice(cp=2, pp=2, recompute=Recompute.FULL), 4, {}),
+    "cp2_eager_attention": (Choice(cp=2), 2, {"attention_kernel": AttentionKernel.EAGER}),
+    "cp2_gpt_learned_positions": (Choice(cp=2), 2, GPT),
 }
 
 
