@@ -36,7 +36,7 @@ def check_structure(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
     if problem := world_problem(plan.dp, plan.tp, plan.pp, plan.cp, cluster.world_size):
         add(problem)
     problems += tp_problems(model, plan.tp)
-    problems += cp_problems(train, cluster, plan.cp)
+    problems += cp_problems(train, plan.cp)
     if plan.sequence_parallel:
         problems += sp_problems(train, plan.tp, plan.cp)
     batch = plan.dp * plan.micro_batch_size * plan.num_micro_batches
@@ -60,12 +60,10 @@ def tp_problems(model: ModelSpec, tp: int) -> list[str]:
                             ("ffn_hidden_size", model.ffn_hidden_size)) if n % tp]
 
 
-def cp_problems(train: TrainSpec, cluster: ClusterSpec, cp: int) -> list[str]:
-    out = [f"cp={cp} does not divide seq_len {train.seq_len}"] if train.seq_len % cp else []
-    if cp > 1 and cluster.device.kind == "cpu":   # a machine capability: what the runtime can run there
-        out.append("context parallelism does not run on CPU ranks (torch 2.13 has no context-parallel "
-                   "rule for the CPU attention kernel)")
-    return out
+def cp_problems(train: TrainSpec, cp: int) -> list[str]:
+    # runtime.context_parallel cuts each sequence into 2·cp chunks (causal load balance)
+    return [f"cp={cp} needs seq_len {train.seq_len} to split into 2*cp = {2 * cp} equal chunks"] \
+        if cp > 1 and train.seq_len % (2 * cp) else []
 
 
 def sp_problems(train: TrainSpec, tp: int, cp: int) -> list[str]:
@@ -125,8 +123,3 @@ def check_plan(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: P
     return problems
 
 
-def runtime_executes(plan: Plan) -> bool:
-    """What `planner run` executes: every plan the search emits but those with context
-    parallelism (torch 2.13's context_parallel has no sharding rule for the CPU attention
-    kernel, so the runtime cannot prove it equal to one process and does not run it)."""
-    return plan.cp == 1

@@ -120,8 +120,10 @@ def _linears_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: Devic
     return total
 
 
-def _attention_core_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile) -> tuple[float, float]:
-    """(forward, backward) of scores, softmax and weighted sum for local heads and queries."""
+def _attention_core_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile,
+                      cp_ring: bool) -> tuple[float, float]:
+    """(forward, backward) of scores, softmax and weighted sum for local heads and queries
+    (context parallelism: against the keys before them; a ring merges partial outputs)."""
     b, heads, d = plan.micro_batch_size, model.num_heads // plan.tp, model.head_dim
     s_q, s_k, a = train.seq_len // plan.cp, train.seq_len, train.compute_dtype.num_bytes
     flops = 4.0 * b * heads * s_q * s_k * d
@@ -130,7 +132,7 @@ def _attention_core_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev
                               dev.efficiency.attention)
         bwd = compute_bound_s(flops * CAUSAL_FRACTION * FLASH_BACKWARD_FACTOR, a * 8 * b * heads * s_q * d,
                               dev, train, dev.efficiency.attention)
-        merge = _ring_merge_s(plan, b * heads * s_q * d, dev)
+        merge = _ring_merge_s(plan, b * heads * s_q * d, dev) if cp_ring else 0.0
         return fwd + merge, bwd + 2 * merge
     scores = b * heads * s_q * s_k
     matmuls = compute_bound_s(flops, a * (2 * scores + 4 * b * heads * s_q * d), dev, train,
@@ -173,8 +175,8 @@ def _per_kernel_shape(fn):
     cached = lru_cache(maxsize=4096)(fn)
 
     @wraps(fn)
-    def by_plan(model: ModelSpec, train: TrainSpec, plan: Plan, dev: DeviceProfile) -> KernelTimes:
-        return cached(model, train, _KernelKey.of(plan), dev.for_dtype(train.compute_dtype))
+    def by_plan(model: ModelSpec, train: TrainSpec, plan: Plan, dev: DeviceProfile, *how) -> KernelTimes:
+        return cached(model, train, _KernelKey.of(plan), dev.for_dtype(train.compute_dtype), *how)
     return by_plan
 
 
@@ -193,10 +195,13 @@ class _KernelKey:
 
 
 @_per_kernel_shape
-def layer_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile) -> KernelTimes:
+def layer_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile,
+                       cp_ring: bool = True) -> KernelTimes:
+    """cp_ring: context parallelism as a ring of partial kernels (else all-gathered K/V,
+    costmodel.frameworks `cp_all_gather_kv`)."""
     tokens = plan.micro_batch_size * train.seq_len // plan.cp
     linears = _linears_s(model, train, plan, dev, tokens)
-    attn_fwd, attn_bwd = _attention_core_s(model, train, plan, dev)
+    attn_fwd, attn_bwd = _attention_core_s(model, train, plan, dev, cp_ring)
     elementwise = _elementwise_forward_s(model, train, plan, dev, tokens)
     return KernelTimes(forward_s=linears + attn_fwd + elementwise,
                        backward_input_s=linears + attn_bwd + 2 * elementwise,

@@ -60,6 +60,13 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   until the step ends ("send ops should be waited on before step() exits"); its single-stage
   schedules (GPipe, 1F1B) wait each send at once. Measured: a 2-stage ZBV run's ranks grew by one
   activation per send until the step's end (benchmarks and tests/runtime/test_run_cli.py).
+- `cp_all_gather_kv`: how context parallelism exchanges keys and values. Our runtime
+  (runtime.context_parallel) all-gathers the whole sequence's K/V before attention and
+  reduce-scatters their gradients, neither overlapped, and keeps the gathered K/V for backward
+  (Llama 3, Dubey et al. 2024 Sec. 3.3.2); each rank then runs one attention kernel per chunk it
+  holds. torch's `context_parallel` (torchtitan) all-gathers too. Megatron-Core with Transformer
+  Engine passes K/V around a ring (cp-1 hops overlapped with the partial kernels, each merged into
+  the output with its softmax statistics) and keeps only its own block.
 - `zero3_gathers_per_param`: DeepSpeed ZeRO-3 gathers parameter by parameter (many small
   collectives, each paying the ring latency) rather than one flat buffer per layer as FSDP does.
 """
@@ -89,6 +96,7 @@ class FrameworkTraits:
     cpu_kernels: bool = False
     deferred_w_keeps_graph: bool = False
     pipeline_sends_held: bool = False
+    cp_all_gather_kv: bool = False
 
 
 GENERIC = FrameworkTraits(name="generic", dp_grad_overlap=True, dp_param_overlap=True, tp_comm_hidden=0.0,
@@ -101,7 +109,7 @@ GENERIC = FrameworkTraits(name="generic", dp_grad_overlap=True, dp_param_overlap
 RUNTIME = FrameworkTraits(name="planner", dp_grad_overlap=True, dp_param_overlap=True, tp_comm_hidden=0.0,
                           sharded_grads_under_pp=False, zero3_gathers_per_param=False,
                           fsdp_master_params=True, tp_keeps_gathered_input=True, vocab_parallel_loss=False,
-                          deferred_w_keeps_graph=True, pipeline_sends_held=True)
+                          deferred_w_keeps_graph=True, pipeline_sends_held=True, cp_all_gather_kv=True)
 
 _MEGATRON = dict(sharded_grads_under_pp=True, zero3_gathers_per_param=False, loss_grad_in_place=True)
 _FSDP = dict(dp_grad_overlap=True, dp_param_overlap=True, tp_comm_hidden=0.0, zero3_gathers_per_param=False,
@@ -119,7 +127,8 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
     FrameworkTraits(name="megatron-deepspeed", **{**_DEEPSPEED, "loss_grad_in_place": True}),
     FrameworkTraits(name="deepspeed", **_DEEPSPEED),
     FrameworkTraits(name="composer-fsdp", sharded_grads_under_pp=True, **_FSDP),
-    FrameworkTraits(name="torchtitan", sharded_grads_under_pp=False, tp_keeps_gathered_input=True, **_FSDP),
+    FrameworkTraits(name="torchtitan", sharded_grads_under_pp=False, tp_keeps_gathered_input=True,
+                    cp_all_gather_kv=True, **_FSDP),
 )}
 
 

@@ -99,6 +99,18 @@ def state_bytes_from_counts(train: TrainSpec, plan: Plan, whole: float, shard: f
     return weights, grads, optim
 
 
+def _cp_cpu_mask_elements(train: TrainSpec, plan: Plan, traits: FrameworkTraits) -> float:
+    """torch's CPU flash kernel takes a chunk's bottom-right causal mask materialised (c x keys
+    before the chunk's end, in the compute dtype) and keeps it for backward; CUDA's kernels take
+    the causal offset instead. Per layer, for the CP rank with the most: chunks r and 2cp-1-r
+    of c = s/2cp tokens need c·(r+1)c + c·(2cp-r)c elements, c²(2cp+1) for any r > 0 (rank 0's
+    first chunk is plain causal). Not per sample or head: one mask broadcast over both."""
+    if plan.cp == 1 or not (traits.cp_all_gather_kv and traits.cpu_kernels):
+        return 0.0
+    c = train.seq_len / (2 * plan.cp)
+    return c * c * (2 * plan.cp + 1)
+
+
 def layer_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, mode: Recompute,
                            traits: FrameworkTraits = RUNTIME) -> float:
     """Bytes one layer keeps for backward, for one micro-batch, on one device."""
@@ -115,6 +127,8 @@ def layer_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, mode:
     norms = (2 if model.norm_kind is NormKind.RMSNORM and traits.cpu_kernels else 1) * 2 * a
     replicated = tokens * h * (norms + 2 * drop) / sp + 2 * a * tokens * h / _proj_input_split(plan, traits)
     qkv = a * tokens * (h + 2 * kv) / t
+    if plan.cp > 1 and traits.cp_all_gather_kv:   # attention keeps the whole sequence's K and V
+        qkv += a * b * (train.seq_len - s) * 2 * kv / t
     out_proj_input = a * tokens * h / t
     # SwiGLU in eager torch saves gate, up, silu(gate) and the product; a fused kernel keeps the
     # 2f-wide first projection and the product (costmodel.frameworks)
@@ -123,6 +137,10 @@ def layer_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, mode:
         core = 0.0
     elif train.attention_kernel is AttentionKernel.FLASH and not (drop and traits.cpu_kernels):
         core = 4.0 * b * (model.num_heads // t) * s  # fp32 log-sum-exp per query row
+        if plan.cp > 1 and traits.cp_all_gather_kv:
+            # one kernel per chunk, each keeping its output; the projection keeps their
+            # concatenation (without CP it keeps the kernel's output itself)
+            core += out_proj_input + a * _cp_cpu_mask_elements(train, plan, traits)
     else:  # softmax output (+ dropout mask and output), over local queries x all keys
         core = b * (model.num_heads / t) * s * train.seq_len * (a + (drop + a if drop else 0))
     return replicated + qkv + out_proj_input + mlp + core

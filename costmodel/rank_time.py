@@ -145,10 +145,18 @@ def _tp_layer_comm_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Cl
 
 def _cp_layer_comm_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
                      span: AxisSpan, kernels: KernelTimes) -> tuple[float, float]:
-    """Ring attention (Liu et al. 2023): cp-1 hops of the local K and V block, overlapped with the
-    attention core; backward also returns dK, dV. Returns the exposed (forward, backward) parts."""
+    """The exposed (forward, backward) K/V exchange of one layer. All-gathered (our runtime,
+    costmodel.frameworks `cp_all_gather_kv`): the whole sequence's K and V gathered before
+    attention, their gradients reduce-scattered after it, neither hidden. Ring attention (Liu et
+    al. 2023): cp-1 hops of the local K and V block, overlapped with the attention core;
+    backward also returns dK, dV."""
     if plan.cp == 1:
         return 0.0, 0.0
+    if cluster.framework.cp_all_gather_kv:
+        whole = (2 * train.compute_dtype.num_bytes * plan.micro_batch_size * train.seq_len
+                 * model.kv_hidden_size / plan.tp)
+        return (collective_time_s(Collective.ALL_GATHER, whole, span, cluster),
+                collective_time_s(Collective.REDUCE_SCATTER, whole, span, cluster))
     tier = cluster.device.tier_for(span.num_nodes)
     kv_bytes = (2 * train.compute_dtype.num_bytes * plan.micro_batch_size
                 * (train.seq_len // plan.cp) * model.kv_hidden_size / plan.tp)
@@ -169,7 +177,7 @@ def rank_time_model(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Clu
     """Depends on the plan's degrees, micro-batch, SP, recompute mode and placement only, not on
     its layer split or recompute counts."""
     dev = cluster.device
-    layer = layer_kernel_times(model, train, plan, dev)
+    layer = layer_kernel_times(model, train, plan, dev, not cluster.framework.cp_all_gather_kv)
     # the share of TP collectives the framework hides behind GEMMs (costmodel.frameworks)
     tp = _tp_layer_comm_s(model, train, plan, cluster, sp.tp) * (1.0 - cluster.framework.tp_comm_hidden)
     cp_fwd, cp_bwd = _cp_layer_comm_s(model, train, plan, cluster, sp.cp, layer)

@@ -107,7 +107,7 @@ def time_groups(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, option
     max_tp = options.max_tp or cluster.devices_per_node
     tp_all = [t for t in divisors(world) if t <= max(max_tp, options.fixed.get("tp", 0)) and not tp_problems(model, t)]
     for tp in allowed(options, "tp", tp_all):
-        cp_all = [c for c in divisors(world // tp) if c <= MAX_CP and not cp_problems(train, cluster, c)]
+        cp_all = [c for c in divisors(world // tp) if c <= MAX_CP and not cp_problems(train, c)]
         for cp in allowed(options, "cp", cp_all):
             for pp in allowed(options, "pp", [p for p in divisors(world // (tp * cp)) if p <= L]):
                 dp = world // (tp * cp * pp)

@@ -195,7 +195,7 @@ def cmd_search(args: argparse.Namespace) -> int:
           f"{stats.num_solved:,} solved exactly, {stats.num_feasible:,} feasible, {stats.wall_s:.2f} s")
     if result.equivalent > 1:
         print(f"{result.equivalent} plans within +-{100 * result.error_band:.1f}% of the fastest are equivalent "
-              f"under that error: the first is the most robust (runs in `planner run`, memory headroom, "
+              f"under that error: the first is the most robust (memory headroom, "
               f"fewer moving parts)")
     if runner_up_text:
         print(runner_up_text)

@@ -7,7 +7,6 @@ import heapq
 import math
 from dataclasses import replace
 
-from costmodel.check import runtime_executes
 from costmodel.estimate import estimate
 from costmodel.plan import Plan, Recompute
 from planner.candidates import SearchOptions
@@ -15,8 +14,7 @@ from planner.search_state import Found
 
 
 def robust_first(ranked: list[Found], band: float) -> tuple[list[Found], int]:
-    """The plans within `band` of the fastest, most robust first: one the runtime executes, then
-    more memory headroom (in steps of a tenth of the device), then fewer moving parts (context,
+    """The plans within `band` of the fastest, most robust first: more memory headroom (in steps of a tenth of the device), then fewer moving parts (context,
     pipeline and virtual stages, tensor ranks, a zero-bubble schedule), then time; the rest by
     time after them. Returns the order and how many are equivalent."""
     if not ranked or band <= 0:
@@ -27,7 +25,7 @@ def robust_first(ranked: list[Found], band: float) -> tuple[list[Found], int]:
     def robustness(f: Found) -> tuple:
         e, p = f.estimate, f.plan
         headroom_tenths = math.floor(10 * (1 - e.max_peak_memory_bytes / e.memory_capacity_bytes))
-        return (not runtime_executes(p), -headroom_tenths, p.cp, p.pp * p.vpp, p.tp,
+        return (-headroom_tenths, p.cp, p.pp * p.vpp, p.tp,
                 p.schedule.defers_weight_grad, e.step_time_s)
 
     near.sort(key=robustness)

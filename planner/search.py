@@ -24,7 +24,7 @@ from typing import Iterator
 
 import numpy as np
 
-from costmodel.check import check_structure, runtime_executes
+from costmodel.check import check_structure
 from costmodel.cluster import ClusterSpec
 from costmodel.estimate import estimate
 from costmodel.plan import Plan, Schedule
@@ -42,12 +42,10 @@ VARIANTS_OF = 5   # best simulated plans laid out for schedules without a closed
 
 
 def search(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
-           options: SearchOptions = SearchOptions(), *, _reuse: "SharedModels | None" = None) -> SearchResult:
+           options: SearchOptions = SearchOptions()) -> SearchResult:
     start = time.perf_counter()
     stats = SearchStats()
-    # a narrower search of the same question (the executable alternatives) reuses the wider
-    # one's rank time models and memory fits: they depend on the candidate, not the constraints
-    shared = _reuse or SharedModels(model, train, cluster, options)
+    shared = SharedModels(model, train, cluster, options)
     variants, bounds = [], []
     deadline = start + options.time_limit_s
     for base, group in time_groups(model, train, cluster, options, stats.prune):
@@ -72,7 +70,6 @@ def search(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
     result = _branch_and_bound(shared, options, stats, candidates, deadline)
     if not stats.enumerated:
         stats.lower_bound_s = 0.0   # what was never listed has no bound
-    result = _with_executable_alternatives(model, train, cluster, options, result, start, shared)
     stats.wall_s = time.perf_counter() - start
     return result
 
@@ -80,30 +77,6 @@ def search(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
 def _repriced(options: SearchOptions) -> int:
     """How many of the best plans are re-priced by simulation and kept for the ranking."""
     return max(options.repriced or REPRICED, options.top_k)
-
-
-def _with_executable_alternatives(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
-                                  options: SearchOptions, result: SearchResult, start: float,
-                                  shared: "SharedModels") -> SearchResult:
-    """When the fastest plan is one `planner run` cannot execute (context parallelism), the
-    fastest plans it can execute are searched too (cp fixed to 1: a smaller space), so that the
-    robustness tie-break can prefer one of them when it is within the error band."""
-    if (not result.plans or options.error_band <= 0 or options.objective != "time" or "cp" in options.fixed
-            or runtime_executes(result.plans[0].plan)):
-        return result
-    left = options.time_limit_s - (time.perf_counter() - start)
-    if left <= 0:
-        return result
-    alt = search(model, train, cluster, replace(options, fixed={**options.fixed, "cp": 1}, error_band=0.0,
-                                                time_limit_s=left, progress=None, repriced=options.top_k),
-                 _reuse=shared)
-    # the band is measured from the fastest plan of the whole search, which the shown list (cut to
-    # top_k in robustness order) may not hold
-    extra = [] if result.fastest is None or result.fastest in result.plans else [result.fastest]
-    pool = rank(extra + result.plans + alt.plans,
-                 replace(options, top_k=_repriced(options)))
-    plans, equivalent = robust_first(pool, options.error_band)
-    return replace(result, plans=plans[:options.top_k], equivalent=equivalent)
 
 
 def unsatisfiable_constraints(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,

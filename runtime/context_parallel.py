@@ -36,6 +36,11 @@ class CpShard:
         c = seq_len // (2 * self.size)
         return torch.cat([torch.arange(i * c, (i + 1) * c, device=device) for i in self.chunks(seq_len)])
 
+    def attention_shapes(self, seq_len: int) -> list[tuple[int, int]]:
+        """(queries, keys) of each chunk's attention: c queries against the keys up to its end."""
+        c = seq_len // (2 * self.size)
+        return [(c, (i + 1) * c) for i in self.chunks(seq_len)]
+
     def local(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
         """This rank's tokens of whole sequences along `dim`."""
         parts = x.chunk(2 * self.size, dim=dim)
@@ -60,7 +65,6 @@ def cp_attention(attend, q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tens
     `attend(q, k, v)` is causal attention whose queries are the last of the keys' positions."""
     c = q.shape[2] // 2
     outs = []
-    for j, chunk in enumerate(shard.chunks(2 * c * shard.size)):
-        end = (chunk + 1) * c   # keys up to this chunk's last position
+    for j, (_, end) in enumerate(shard.attention_shapes(2 * c * shard.size)):
         outs.append(attend(q[:, :, j * c:(j + 1) * c], k_all[:, :, :end], v_all[:, :, :end]))
     return torch.cat(outs, dim=2)

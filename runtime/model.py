@@ -15,6 +15,7 @@ some layers has the same parameter names as the whole model (stable checkpoints,
 """
 from __future__ import annotations
 
+import functools
 import math
 import zlib
 
@@ -59,13 +60,20 @@ def rope(x: torch.Tensor, positions: torch.Tensor | None = None, theta: float = 
     return x * cos + rotated * sin
 
 
+@functools.cache
+def lower_right_causal(s_q: int, s_k: int):
+    """torch's bottom-right causal bias (a Tensor subclass: built once per shape, before any step,
+    since creating it under runtime.memtrack's dispatch mode fails; Transformer.set_context_parallel)."""
+    return causal_lower_right(s_q, s_k)
+
+
 def core_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: AttentionKernel,
                    dropout_p: float) -> torch.Tensor:
     """Causal attention on (batch, heads, seq, head_dim); K/V may have fewer (GQA) heads. With
     more keys than queries (context parallelism) the queries are the keys' last positions."""
     s_q, s_k = q.shape[2], k.shape[2]
     if kernel is AttentionKernel.FLASH:
-        causal = dict(is_causal=True) if s_q == s_k else dict(attn_mask=causal_lower_right(s_q, s_k))
+        causal = dict(is_causal=True) if s_q == s_k else dict(attn_mask=lower_right_causal(s_q, s_k))
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, enable_gqa=k.shape[1] != q.shape[1],
                                               **causal)
     group = q.shape[1] // k.shape[1]   # eager: the s x s scores are materialised
@@ -194,6 +202,8 @@ class Transformer(nn.Module):
     def set_context_parallel(self, shard: CpShard, seq_len: int) -> None:
         """This rank holds its CP chunks of every sequence (runtime.context_parallel)."""
         positions = shard.positions(seq_len)
+        for s_q, s_k in shard.attention_shapes(seq_len):
+            lower_right_causal(s_q, s_k)
         if self.embed is not None:
             self.embed.positions = positions
         for layer in self.layers.values():

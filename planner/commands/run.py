@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from costmodel.check import check_memory, check_structure, runtime_executes
+from costmodel.check import check_memory, check_structure
 from costmodel.inputs import write_text_atomic
 from costmodel.units import GIB
 from costmodel.plan import PlanFile
@@ -184,10 +184,6 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"# node {i}\n{cmd}")
         print("\n# or submit with sbatch:\n" + sbatch_script(pf, worker))
         return 0
-    if not runtime_executes(pf.plan):
-        raise RunRefused("context parallelism (cp > 1) is not executed by the runtime (torch 2.13 has "
-                         "no context-parallel rule for the CPU attention kernel); plan with --fix cp=1, "
-                         "or check memory with --dry-run")
     nproc, threads = _check_machine(args, pf)
     if args.data:   # refuse a bad token file here, not once per rank
         from runtime.data import TokenSource

@@ -1,26 +1,22 @@
 """Honest ties: plans within the model's measured error of the fastest are equivalent, and the
-most robust of them (one the runtime executes, memory headroom, fewer moving parts) is first."""
+most robust of them (memory headroom, fewer moving parts) is first."""
 from costmodel.cluster import parse_cluster
 from costmodel.fidelity import MODEL_ERROR_BAND
 from costmodel.registry import resolve_model
 from costmodel.specs import TrainSpec
-from costmodel.check import runtime_executes
 from planner.search import SearchOptions, search
 
 TRAIN = TrainSpec(seq_len=4096, global_batch_size=1024)
 
 
-def test_the_first_plan_is_executable_and_within_the_band_of_the_fastest():
+def test_the_first_plan_is_within_the_band_of_the_fastest():
     model, cluster = resolve_model("llama-70b"), parse_cluster("8x8xA100")
     result = search(model, TRAIN, cluster, SearchOptions(top_k=5))
     fastest, first = result.fastest, result.plans[0]
     assert result.error_band == MODEL_ERROR_BAND and result.equivalent >= 2
     assert first.estimate.step_time_s <= fastest.estimate.step_time_s * (1 + MODEL_ERROR_BAND)
-    assert runtime_executes(first.plan)
-    # the fastest needs context parallelism, which `planner run` does not execute yet: it is
-    # still reported (the proof is about it), just not recommended first
+    # the fastest is still reported (the proof is about it), even where it is not first
     assert fastest.estimate.step_time_s <= min(f.estimate.step_time_s for f in result.plans)
-    assert fastest.plan.cp > 1 and not runtime_executes(fastest.plan)
     strict = search(model, TRAIN, cluster, SearchOptions(top_k=5, error_band=0.0))
     assert strict.plans[0].estimate.step_time_s == fastest.estimate.step_time_s
 

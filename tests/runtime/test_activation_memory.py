@@ -56,7 +56,7 @@ def _saved_bytes(pf) -> dict[str, int]:
     if module.norm is not None:
         module.norm.register_forward_pre_hook(lambda m, a: where.__setitem__(0, "head"))
     b, s = pf.plan.micro_batch_size, pf.train.seq_len
-    x = torch.randint(0, pf.model.vocab_size, (b, s), generator=torch.Generator().manual_seed(0))
+    x = job.local_tokens(torch.randint(0, pf.model.vocab_size, (b, s), generator=torch.Generator().manual_seed(0)))
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = module(x)
         where[0] = "loss"
@@ -77,6 +77,10 @@ CASES = {
     "tp2_sp": (Choice(tp=2, micro_batch_size=MBS), 2, LLAMA),
     "tp2_sp_selective": (Choice(tp=2, recompute=Recompute.SELECTIVE, micro_batch_size=MBS), 2, LLAMA),
     "gpt_tp2_sp_dropout": (Choice(tp=2, micro_batch_size=MBS), 2, GPT),
+    # context parallelism keeps the gathered K/V (and, on CPU, each chunk's causal mask)
+    "cp2": (Choice(cp=2, micro_batch_size=MBS), 2, LLAMA),
+    "cp4": (Choice(cp=4, micro_batch_size=MBS), 4, LLAMA),
+    "cp2_tp2_sp": (Choice(cp=2, tp=2, micro_batch_size=MBS), 4, LLAMA),
 }
 
 
@@ -84,8 +88,11 @@ CASES = {
 def test_saved_activations_match_the_model(name):
     choice, world, model = CASES[name]
     seq_len = min(256, resolve_model(model["model"]).max_position_embeddings)
-    pf = plan_file(choice, world=world, seq_len=seq_len, global_batch=MBS * world // choice.tp, **model)
-    measured = run_forked(world, _saved_bytes, pf)[0]
+    pf = plan_file(choice, world=world, seq_len=seq_len,
+                   global_batch=MBS * world // (choice.tp * choice.cp), **model)
+    ranks = run_forked(world, _saved_bytes, pf)
+    # the rank that keeps the most (CP ranks differ by their masks), as the model prices a stage
+    measured = {place: max(r[place] for r in ranks) for place in ranks[0]}
     traits = pf.cluster.framework
     per_layer = layer_activation_bytes(pf.model, pf.train, pf.plan, pf.plan.recompute, traits)
     for layer in range(pf.model.num_layers):

@@ -33,7 +33,7 @@ def _plan(choice: Choice, world: int = 2):
 
 
 # every parallelism the runtime executes (the list): each ZeRO stage, TP with and without
-# SP, every pipeline schedule, and both recomputation kinds
+# SP, every pipeline schedule, both recomputation kinds, and context parallelism
 SAME_PLAN = {
     "ddp": Choice(zero_stage=0, micro_batch_size=2),
     "zero1": Choice(zero_stage=1, micro_batch_size=2),
@@ -46,6 +46,7 @@ SAME_PLAN = {
     "pp_interleaved": Choice(pp=2, vpp=2),
     "pp_zb_h1": Choice(pp=2, schedule=Schedule.ZB_H1),
     "pp_zbv": Choice(pp=2, vpp=2, schedule=Schedule.ZBV),
+    "cp": Choice(cp=2),
 }
 
 
@@ -76,7 +77,8 @@ def test_a_checkpoint_written_in_the_background_resumes_exactly(tmp_path, name):
     (Choice(zero_stage=1, micro_batch_size=2), Choice(tp=2)),
     (Choice(pp=2), Choice(zero_stage=1, micro_batch_size=2)),
     (Choice(zero_stage=3, micro_batch_size=2), Choice(zero_stage=1, micro_batch_size=2)),
-], ids=["dp2-to-tp2", "pp2-to-dp2", "zero3-to-zero1"])
+    (Choice(cp=2), Choice(pp=2)),
+], ids=["dp2-to-tp2", "pp2-to-dp2", "zero3-to-zero1", "cp2-to-pp2"])
 def test_a_checkpoint_resumes_under_another_plan(tmp_path, saved, resumed):
     whole = _losses(_plan(saved), steps=5)
     _losses(_plan(saved), tmp_path, steps=3)

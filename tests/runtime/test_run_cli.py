@@ -139,7 +139,18 @@ def test_dry_run_shards_zero_over_dp_times_cp(tmp_path, capsys):
     assert main(["run", str(plan), "--dry-run", "--json"]) == 0
     for row in json.loads(capsys.readouterr().out)["rows"]:
         assert abs(row["optimizer_bytes"]["error_pct"]) < 0.01
-    assert "not executed" in _refused([str(plan)], capsys)
+
+
+def test_a_context_parallel_plan_runs(tmp_path, capsys):
+    """cp2 x dp... on two gloo ranks through torchrun: what the search emits for long sequences
+    runs (its equality with one process: tests/runtime/test_parity.py)."""
+    plan = _plan(tmp_path, "--cp", "2", "--zero", "1")
+    assert json.loads(capsys.readouterr().out)["estimate"]["time_breakdown_s"]["comm/cp_exposed"] > 0
+    out = tmp_path / "run"
+    proc = _run(str(plan), "--steps", "2", "--warmup", "1", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    m = json.loads((out / "measured.json").read_text())
+    assert m["plan"]["cp"] == 2 and len(m["losses"]) == 3 and m["peak_memory_bytes"][0] > 0
 
 
 def test_zero_under_a_pipeline_uses_the_memory_the_model_says(tmp_path, capsys):
