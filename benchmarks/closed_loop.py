@@ -6,8 +6,8 @@ Spearman) before any calibration; then after `planner calibrate`, in sample and 
 
 1. `planner profile --out OUT/profile.toml` (unless --skip-profile): microbenchmarks and probes.
 2. A Llama-style model with GQA that is in no registry and no probe (HIDDEN, written as a
-   Hugging Face config.json), in single-rank, full recompute, DP (ZeRO-1), PP (1F1B) and TP+SP
-   plans, fp32 and bf16: `planner predict ... --out plan.json`, then `planner run plan.json`.
+   Hugging Face config.json), in single-rank, full recompute, DP (ZeRO-1), PP (1F1B), TP+SP and
+   CP plans, fp32 and bf16: `planner predict ... --out plan.json`, then `planner run plan.json`.
 3. `planner calibrate` on those runs, the table again, and leave-one-out (each plan predicted by
    a calibration on the others).
 Targets (issue 12): before calibration MAPE <= 15 %, max <= 30 %; leave-one-out MAPE <= 7 %.
@@ -40,6 +40,7 @@ PLANS = [
     ("dp2", 2, ["--zero", "1", "--mbs", "2"]),
     ("pp2", 2, ["--pp", "2", "--mbs", "1", "--schedule", "1f1b"]),
     ("tp2", 2, ["--tp", "2", "--mbs", "4"]),
+    ("cp2", 2, ["--cp", "2", "--zero", "1", "--mbs", "2"]),
 ]
 MATRIX = [(f"{name}_{dtype}", ranks, [*flags, "--dtype", dtype]) for dtype in ("fp32", "bf16")
           for name, ranks, flags in PLANS]
