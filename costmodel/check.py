@@ -33,6 +33,10 @@ def check_structure(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
         add(f"device {cluster.device.name} has no {train.compute_dtype} support in its profile")
     if model.position_kind is PositionKind.LEARNED and train.seq_len > model.max_position_embeddings:
         add(f"seq_len {train.seq_len} is longer than the model's {model.max_position_embeddings} learned positions")
+    if model.sliding_window is not None and train.seq_len > model.sliding_window:
+        add(f"seq_len {train.seq_len} is longer than the model's attention window {model.sliding_window}: "
+            "sliding-window attention beyond the window is neither priced nor run; use --seq-len "
+            f"{model.sliding_window} or less")
     if problem := world_problem(plan.dp, plan.tp, plan.pp, plan.cp, cluster.world_size):
         add(problem)
     problems += tp_problems(model, plan.tp)

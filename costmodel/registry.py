@@ -1,23 +1,23 @@
-"""Named models, each citing its public config, and a reader for Hugging Face config.json files."""
+"""Named models, each citing its public config (Hugging Face config.json files: costmodel.hf_config)."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from costmodel import inputs
-from costmodel.inputs import InputError, read_json_object
 from costmodel.specs import Arch, FfnKind, ModelSpec, NormKind, PositionKind
 
 _HF = "Hugging Face config.json of"
 
 
 def llama_spec(name: str, *, layers: int, hidden: int, heads: int, kv_heads: int, ffn: int,
-           vocab: int, max_pos: int, source: str) -> ModelSpec:
+           vocab: int, max_pos: int, source: str, **numerics: Any) -> ModelSpec:
+    """`numerics`: rope_theta, norm_eps, rope_scaling_* and the like (ModelSpec)."""
     return ModelSpec(name=name, arch=Arch.LLAMA, num_layers=layers, hidden_size=hidden,
                      num_heads=heads, num_kv_heads=kv_heads, ffn_hidden_size=ffn,
                      ffn_kind=FfnKind.SWIGLU, vocab_size=vocab, tied_embeddings=False,
                      norm_kind=NormKind.RMSNORM, position_kind=PositionKind.ROPE,
-                     max_position_embeddings=max_pos, bias=False, dropout=False, source=source)
+                     max_position_embeddings=max_pos, bias=False, dropout=False, source=source,
+                     **numerics)
 
 
 def gpt_spec(name: str, *, layers: int, hidden: int, heads: int, vocab: int, max_pos: int,
@@ -29,6 +29,13 @@ def gpt_spec(name: str, *, layers: int, hidden: int, heads: int, vocab: int, max
                      norm_kind=NormKind.LAYERNORM, position_kind=PositionKind.LEARNED,
                      max_position_embeddings=max_pos, bias=True, dropout=True, source=source)
 
+
+# Llama 3: RoPE base 500,000 (Dubey et al. 2024 Sec. 3.1; rope_theta in the HF configs), RMSNorm
+# eps 1e-5; Llama 3.1 adds rope_type "llama3" scaling: factor 8, low/high-frequency factors 1 and
+# 4, original context 8192 (its HF config.json).
+_LLAMA3 = dict(rope_theta=500_000.0, norm_eps=1e-5)
+_LLAMA31 = dict(_LLAMA3, rope_scaling_factor=8.0, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
+                rope_original_max_positions=8192)
 
 _SC21 = "Narayanan et al. SC'21 (arXiv 2104.04473) Table 1 (vocab 51200, seq 2048)"
 
@@ -49,11 +56,11 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in [
     llama_spec("llama2-70b", layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672, vocab=32000,
            max_pos=4096, source=f"{_HF} meta-llama/Llama-2-70b-hf"),
     llama_spec("llama3-8b", layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256,
-           max_pos=8192, source=f"{_HF} meta-llama/Meta-Llama-3-8B"),
+           max_pos=8192, source=f"{_HF} meta-llama/Meta-Llama-3-8B", **_LLAMA3),
     llama_spec("llama3-70b", layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672, vocab=128256,
-           max_pos=8192, source=f"{_HF} meta-llama/Meta-Llama-3-70B"),
+           max_pos=8192, source=f"{_HF} meta-llama/Meta-Llama-3-70B", **_LLAMA3),
     llama_spec("llama3-405b", layers=126, hidden=16384, heads=128, kv_heads=8, ffn=53248,
-           vocab=128256, max_pos=131072, source=f"{_HF} meta-llama/Llama-3.1-405B"),
+           vocab=128256, max_pos=131072, source=f"{_HF} meta-llama/Llama-3.1-405B", **_LLAMA31),
     gpt_spec("gpt3-175b", layers=96, hidden=12288, heads=96, vocab=50257, max_pos=2048,
          source="Brown et al. 2020 (arXiv 2005.14165) Table 2.1; vocab 50257, n_ctx 2048"),
     *[gpt_spec(n, layers=lay, hidden=hid, heads=hds, vocab=51200, max_pos=2048, source=_SC21)
@@ -103,44 +110,7 @@ def resolve_model(name_or_path: str) -> ModelSpec:
     if path.is_dir() and (path / "config.json").is_file():   # a Hugging Face model directory
         path = path / "config.json"
     if path.suffix == ".json" or path.exists():
+        from costmodel.hf_config import model_from_hf_config
         return model_from_hf_config(path)
     known = ", ".join(model_names() + sorted(ALIASES))
     raise ValueError(f"unknown model {name_or_path!r}; known: {known} (or a path to config.json)")
-
-
-def model_from_hf_config(path: Path) -> ModelSpec:
-    cfg = read_json_object(path, "model config")
-    where = str(path)
-    kind = inputs.value(cfg, "model_type", str, where, "")
-    name = inputs.value(cfg, "_name_or_path", str, where, "") or path.parent.name or path.stem
-    readers = {"llama": _llama_from_hf, "mistral": _llama_from_hf, "gpt2": _gpt2_from_hf}
-    if kind in readers:
-        try:
-            return readers[kind](name, cfg, where)
-        except InputError:   # already names the file
-            raise
-        except ValueError as exc:   # the spec's own checks (head counts dividing, limits)
-            raise InputError(f"{where}: {exc}") from None
-    raise InputError(f"{where}: model_type {kind!r} is not supported (supported: llama, mistral, gpt2)")
-
-
-def _llama_from_hf(name: str, cfg: dict[str, Any], where: str) -> ModelSpec:
-    if (act := inputs.value(cfg, "hidden_act", str, where, "silu")) != "silu":
-        raise InputError(f"{where}: hidden_act {act!r} is not SwiGLU (silu)")
-    if inputs.value(cfg, "attention_bias", bool, where, False) or inputs.value(cfg, "mlp_bias", bool, where, False):
-        raise InputError(f"{where}: llama-style models with biases are not supported")
-    heads = inputs.positive_field(cfg, "num_attention_heads", where)
-    spec = llama_spec(name, layers=inputs.positive_field(cfg, "num_hidden_layers", where), hidden=inputs.positive_field(cfg, "hidden_size", where),
-                      heads=heads, kv_heads=inputs.positive_field(cfg, "num_key_value_heads", where, None) or heads,
-                      ffn=inputs.positive_field(cfg, "intermediate_size", where), vocab=inputs.positive_field(cfg, "vocab_size", where),
-                      max_pos=inputs.positive_field(cfg, "max_position_embeddings", where, 4096), source=where)
-    if inputs.value(cfg, "tie_word_embeddings", bool, where, False):
-        spec = ModelSpec.from_dict({**spec.to_dict(), "tied_embeddings": True})
-    return spec
-
-
-def _gpt2_from_hf(name: str, cfg: dict[str, Any], where: str) -> ModelSpec:
-    hidden = inputs.positive_field(cfg, "n_embd", where)
-    return gpt_spec(name, layers=inputs.positive_field(cfg, "n_layer", where), hidden=hidden, heads=inputs.positive_field(cfg, "n_head", where),
-                    vocab=inputs.positive_field(cfg, "vocab_size", where), max_pos=inputs.positive_field(cfg, "n_positions", where),
-                    ffn=inputs.positive_field(cfg, "n_inner", where, None) or 4 * hidden, source=where)

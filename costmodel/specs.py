@@ -77,6 +77,19 @@ class ModelSpec:
     bias: bool
     dropout: bool
     source: str = ""
+    # Numerics only (the runtime uses them; no cost changes with them): the RoPE base (Llama 2
+    # 1e4, Llama 3 5e5: Dubey et al. 2024 Sec. 3.1), the norms' epsilon, and Llama 3.1's RoPE
+    # frequency scaling (HF rope_type "llama3"; factor 1: none), with its low/high-frequency
+    # factors and the context length it was trained at before scaling.
+    rope_theta: float = 10_000.0
+    norm_eps: float = 1e-5
+    rope_scaling_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_positions: int = 8192
+    # Mistral-style sliding-window attention (None: full causal). The cost model and the runtime
+    # handle sequences up to the window, where it is full causal attention (costmodel.check).
+    sliding_window: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads",
@@ -93,6 +106,15 @@ class ModelSpec:
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"model {self.name!r}: num_heads {self.num_heads} is not a "
                              f"multiple of num_kv_heads {self.num_kv_heads}")
+        for name in ("rope_theta", "norm_eps", "rope_original_max_positions"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"model {self.name!r}: {name} must be positive")
+        if self.rope_scaling_factor < 1.0:
+            raise ValueError(f"model {self.name!r}: rope_scaling_factor must be at least 1 (1: no scaling)")
+        if self.rope_scaling_factor > 1.0 and not 0 < self.rope_low_freq_factor < self.rope_high_freq_factor:
+            raise ValueError(f"model {self.name!r}: RoPE scaling needs 0 < low_freq_factor < high_freq_factor")
+        if self.sliding_window is not None and self.sliding_window <= 0:
+            raise ValueError(f"model {self.name!r}: sliding_window must be positive (or absent)")
 
     @property
     def head_dim(self) -> int:

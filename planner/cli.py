@@ -282,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="planner", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Plan, predict, run, measure and calibrate parallel training of large language models.",
         epilog="start with: planner search --model llama-70b --cluster 8x8xA100 --report reports/llama-70b")
+    parser.add_argument("--version", action="version", version=f"planner {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     raw = argparse.RawDescriptionHelpFormatter
 
@@ -353,6 +354,14 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--json", action="store_true")
         p.set_defaults(parser=p, func=func)
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("planner")
+    except PackageNotFoundError:   # run from a source tree that was never installed
+        return "(not installed)"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,15 +29,14 @@ from costmodel.layout import layer_blocks
 from costmodel.specs import Arch, AttentionKernel, FfnKind, ModelSpec, NormKind, PositionKind
 from runtime.context_parallel import CpShard, cp_attention, gather_kv
 
-ROPE_THETA = 10_000.0   # ModelSpec carries no RoPE base; it changes numerics, not cost
 INIT_STD = 0.02         # GPT-2 / Megatron-LM default
 DROPOUT_P = 0.1         # Megatron-LM's hidden and attention dropout for GPT
 
 
 def _norm(model: ModelSpec) -> nn.Module:
     if model.norm_kind is NormKind.RMSNORM:
-        return nn.RMSNorm(model.hidden_size, eps=1e-5)
-    return nn.LayerNorm(model.hidden_size, eps=1e-5)
+        return nn.RMSNorm(model.hidden_size, eps=model.norm_eps)
+    return nn.LayerNorm(model.hidden_size, eps=model.norm_eps)
 
 
 def _linears(module: nn.Module, block_name: str, model: ModelSpec) -> None:
@@ -46,11 +45,29 @@ def _linears(module: nn.Module, block_name: str, model: ModelSpec) -> None:
         module.add_module(lin.name, nn.Linear(lin.in_features, lin.out_features, bias=lin.bias))
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor | None = None, theta: float = ROPE_THETA) -> torch.Tensor:
+def rope_frequencies(model: ModelSpec) -> torch.Tensor:
+    """RoPE's per-pair inverse frequencies, base `rope_theta`; with Llama 3.1's scaling the long
+    wavelengths (beyond original context / low_freq_factor) are divided by the factor, the short
+    ones (below original context / high_freq_factor) kept, and those between interpolated."""
+    dim = model.head_dim
+    # on the CPU explicitly: the model is built under `torch.device("meta")`
+    inv_freq = 1.0 / model.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device="cpu") / dim)
+    factor = model.rope_scaling_factor
+    if factor == 1.0:
+        return inv_freq
+    context, low, high = model.rope_original_max_positions, model.rope_low_freq_factor, model.rope_high_freq_factor
+    wavelength = 2 * math.pi / inv_freq
+    smooth = ((context / wavelength - low) / (high - low)).clamp(0.0, 1.0)
+    scaled = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    return torch.where(wavelength > context / low, inv_freq / factor,
+                       torch.where(wavelength < context / high, inv_freq, scaled))
+
+
+def rope(x: torch.Tensor, inv_freq: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
     """Rotary embedding (Su et al. 2021) on (batch, seq, heads, head_dim), rotate-half form, at
     `positions` in the whole sequence (default 0, 1, ...; context parallelism holds others)."""
     seq, dim = x.shape[1], x.shape[-1]
-    inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim)
+    inv_freq = inv_freq.to(x.device)
     pos = torch.arange(seq, device=x.device) if positions is None else positions.to(x.device)
     angles = torch.outer(pos.float(), inv_freq)
     cos = torch.cat((angles.cos(), angles.cos()), -1)[None, :, None, :].to(x.dtype)
@@ -91,6 +108,7 @@ class Attention(nn.Module):
         self.arch, self.head_dim, self.kernel = model.arch, model.head_dim, kernel
         self.group = model.num_heads // model.num_kv_heads
         self.rope = model.position_kind is PositionKind.ROPE
+        self.inv_freq = rope_frequencies(model) if self.rope else None   # not a parameter or buffer
         self.dropout_p = DROPOUT_P if model.dropout else 0.0
         self.selective_recompute = False   # set by the runtime from the plan
         self.cp: CpShard | None = None       # context parallelism (Transformer.set_context_parallel)
@@ -108,7 +126,7 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self._qkv(x)
         if self.rope:
-            q, k = rope(q, self.positions), rope(k, self.positions)
+            q, k = rope(q, self.inv_freq, self.positions), rope(k, self.inv_freq, self.positions)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         if self.cp is not None:   # the whole sequence's K and V (kept for backward, as priced)
             k, v = gather_kv(k, v, self.cp)

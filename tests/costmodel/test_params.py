@@ -1,3 +1,4 @@
+import json
 import pytest
 
 from costmodel.params import layer_params, total_params
@@ -65,3 +66,47 @@ def test_hf_config_errors(tmp_path):
     cfg.write_text('{"model_type": "t5"}')
     with pytest.raises(ValueError, match="not supported"):
         resolve_model(str(cfg))
+
+
+def _hf(tmp_path, **changes):
+    base = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "intermediate_size": 160, "vocab_size": 256, "max_position_embeddings": 4096}
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({k: v for k, v in {**base, **changes}.items() if v is not ...}))
+    return str(cfg)
+
+
+def test_hf_numerics_are_read(tmp_path):
+    """Llama 3.1's numerics, both as transformers 4 writes them and as transformers 5 does."""
+    scaling = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192, "rope_type": "llama3"}
+    for changes in ({"rope_theta": 5e5, "rope_scaling": scaling, "rms_norm_eps": 1e-5},
+                    {"rope_parameters": {"rope_theta": 5e5, **scaling}, "rms_norm_eps": 1e-5}):
+        spec = resolve_model(_hf(tmp_path, **changes))
+        assert (spec.rope_theta, spec.norm_eps, spec.rope_scaling_factor, spec.rope_original_max_positions) == \
+            (5e5, 1e-5, 8.0, 8192)
+    spec = resolve_model(_hf(tmp_path))
+    assert (spec.rope_theta, spec.norm_eps, spec.rope_scaling_factor) == (1e4, 1e-6, 1.0)   # transformers' defaults
+    assert resolve_model("llama3-8b").rope_theta == 5e5 and resolve_model("llama3-405b").rope_scaling_factor == 8.0
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type 'yarn' is not supported"),
+    ({"head_dim": 32}, "head_dim 32 differs from hidden_size / num_attention_heads = 16"),
+    ({"attention_bias": True}, "with biases are not supported"),
+    ({"moe_intermediate_size": 64, "num_experts": 8}, "keys this planner does not know, which may change the cost: "
+                                                      "moe_intermediate_size, num_experts"),
+])
+def test_hf_config_fields_the_planner_does_not_model_are_named(tmp_path, changes, message):
+    with pytest.raises(ValueError, match=message):
+        resolve_model(_hf(tmp_path, **changes))
+
+
+def test_a_sequence_beyond_the_sliding_window_is_refused(tmp_path, capsys):
+    from planner.cli import main
+    config = _hf(tmp_path, model_type="mistral", sliding_window=64)
+    assert main(["predict", "--model", config, "--cluster", "1x1xxeon-amx", "--seq-len", "128",
+                 "--global-batch", "2"]) == 2
+    assert "longer than the model's attention window 64" in capsys.readouterr().err
+    assert main(["predict", "--model", config, "--cluster", "1x1xxeon-amx", "--seq-len", "64",
+                 "--global-batch", "2"]) == 0

@@ -1,0 +1,140 @@
+"""Hugging Face `config.json` -> ModelSpec, strictly.
+
+Every key is either read (and checked), known to change nothing the planner prices or the
+runtime computes (token ids, dtype, cache flags, ...), or named in an error: a key this reader
+does not know may change the cost, so it is never skipped in silence. What the planner does not
+model (biases on some projections only, RoPE scalings other than Llama 3.1's, a head size other
+than hidden / heads, dropout in a Llama-style model) is refused by name.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from costmodel import inputs
+from costmodel.inputs import InputError, read_json_object
+from costmodel.registry import gpt_spec, llama_spec
+from costmodel.specs import ModelSpec
+
+# keys that change neither the cost nor the runtime's numerics (besides *_token_id(s))
+_INERT = {"_name_or_path", "architectures", "model_type", "transformers_version", "torch_dtype", "dtype",
+          "use_cache", "initializer_range", "pretraining_tp", "output_attentions", "output_hidden_states",
+          "return_dict", "_attn_implementation_autoset", "attn_implementation", "id2label", "label2id",
+          "tokenizer_class", "problem_type", "auto_map", "quantization_config"}
+
+
+def model_from_hf_config(path: Path) -> ModelSpec:
+    cfg = read_json_object(path, "model config")
+    where = str(path)
+    kind = inputs.value(cfg, "model_type", str, where, "")
+    name = inputs.value(cfg, "_name_or_path", str, where, "") or path.parent.name or path.stem
+    readers = {"llama": _llama, "mistral": _llama, "gpt2": _gpt2}
+    if kind not in readers:
+        raise InputError(f"{where}: model_type {kind!r} is not supported (supported: {', '.join(readers)})")
+    reader = _Reader(cfg, where)
+    try:
+        spec = readers[kind](name, reader)
+    except InputError:   # already names the file
+        raise
+    except ValueError as exc:   # the spec's own checks (head counts dividing, limits)
+        raise InputError(f"{where}: {exc}") from None
+    reader.refuse_unread()
+    return spec
+
+
+class _Reader:
+    """The config's keys, remembering which were read so that the rest can be named."""
+
+    def __init__(self, cfg: dict[str, Any], where: str) -> None:
+        self.cfg, self.where, self.read = cfg, where, set()
+
+    def value(self, key: str, kind: Any, default: Any = inputs.MISSING) -> Any:
+        self.read.add(key)
+        return inputs.value(self.cfg, key, kind, self.where, default)
+
+    def positive(self, key: str, default: Any = inputs.MISSING) -> int | None:
+        self.read.add(key)
+        return inputs.positive_field(self.cfg, key, self.where, default)
+
+    def refuse_unread(self) -> None:
+        unknown = sorted(k for k in self.cfg if k not in self.read and k not in _INERT
+                         and not k.endswith(("_token_id", "_token_ids")))
+        if unknown:
+            raise InputError(f"{self.where}: keys this planner does not know, which may change the cost: "
+                             f"{', '.join(unknown)} (remove those that change nothing)")
+
+
+def _llama(name: str, r: _Reader) -> ModelSpec:
+    where = r.where
+    if (act := r.value("hidden_act", str, "silu")) != "silu":
+        raise InputError(f"{where}: hidden_act {act!r} is not SwiGLU (silu)")
+    if r.value("attention_bias", bool, False) or r.value("mlp_bias", bool, False):
+        raise InputError(f"{where}: llama-style models with biases are not supported")
+    if r.value("attention_dropout", float, 0.0):
+        raise InputError(f"{where}: attention_dropout in a llama-style model is not supported")
+    heads, hidden = r.positive("num_attention_heads"), r.positive("hidden_size")
+    head_dim = r.positive("head_dim", None)
+    if head_dim is not None and head_dim * heads != hidden:
+        raise InputError(f"{where}: head_dim {head_dim} differs from hidden_size / num_attention_heads = "
+                         f"{hidden / heads:g}; attention wider or narrower than the model is not supported")
+    spec = llama_spec(name, layers=r.positive("num_hidden_layers"), hidden=hidden, heads=heads,
+                      kv_heads=r.positive("num_key_value_heads", None) or heads,
+                      ffn=r.positive("intermediate_size"), vocab=r.positive("vocab_size"),
+                      max_pos=r.positive("max_position_embeddings", 4096), source=where,
+                      # transformers' LlamaConfig / MistralConfig default
+                      norm_eps=r.value("rms_norm_eps", float, 1e-6), **_rope(r),
+                      sliding_window=_sliding_window(r))
+    if r.value("tie_word_embeddings", bool, False):
+        spec = replace(spec, tied_embeddings=True)
+    return spec
+
+
+def _rope(r: _Reader) -> dict[str, Any]:
+    """rope_theta and rope_scaling (transformers 4), or rope_parameters (transformers 5)."""
+    params = r.value("rope_parameters", dict[str, Any], None)
+    scaling = r.value("rope_scaling", dict[str, Any], None)
+    theta = r.value("rope_theta", float, None)
+    if params is not None:
+        theta = inputs.value(params, "rope_theta", float, f"{r.where}: rope_parameters", theta)
+        scaling = params
+    out: dict[str, Any] = {"rope_theta": theta if theta is not None else 10_000.0}
+    if scaling is None:
+        return out
+    at = f"{r.where}: {'rope_parameters' if params is not None else 'rope_scaling'}"
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return out
+    if kind != "llama3":
+        raise InputError(f"{at}: rope_type {kind!r} is not supported (default and llama3 are)")
+    return {**out, "rope_scaling_factor": inputs.value(scaling, "factor", float, at),
+            "rope_low_freq_factor": inputs.value(scaling, "low_freq_factor", float, at),
+            "rope_high_freq_factor": inputs.value(scaling, "high_freq_factor", float, at),
+            "rope_original_max_positions": inputs.positive_field(scaling, "original_max_position_embeddings", at)}
+
+
+def _sliding_window(r: _Reader) -> int | None:
+    window = r.positive("sliding_window", None)
+    if not r.value("use_sliding_window", bool, True):   # Qwen2 writes a window it does not use
+        return None
+    return window
+
+
+def _gpt2(name: str, r: _Reader) -> ModelSpec:
+    hidden = r.positive("n_embd")
+    if (act := r.value("activation_function", str, "gelu_new")) not in ("gelu_new", "gelu_pytorch_tanh"):
+        raise InputError(f"{r.where}: activation_function {act!r} is not the tanh GeLU the runtime uses")
+    for key in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
+        if r.value(key, bool, False):
+            raise InputError(f"{r.where}: {key} is not supported")
+    if not r.value("scale_attn_weights", bool, True):
+        raise InputError(f"{r.where}: attention without 1/sqrt(head size) scaling is not supported")
+    # dropout rates (the runtime uses Megatron's 0.1 for GPT), the classification summary head
+    # and n_ctx (n_positions is read) change neither the cost nor the language model
+    for key in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_type", "summary_use_proj",
+                "summary_activation", "summary_proj_to_labels", "summary_first_dropout", "n_ctx"):
+        r.read.add(key)
+    spec = gpt_spec(name, layers=r.positive("n_layer"), hidden=hidden, heads=r.positive("n_head"),
+                    vocab=r.positive("vocab_size"), max_pos=r.positive("n_positions"),
+                    ffn=r.positive("n_inner", None) or 4 * hidden, source=r.where)
+    return replace(spec, norm_eps=r.value("layer_norm_epsilon", float, 1e-5))

@@ -1,0 +1,101 @@
+"""The runtime's model is the real thing: with the same weights its logits equal `transformers'`
+(Llama 3.1 with its RoPE base, norm epsilon and llama3 RoPE scaling; Mistral with a sliding
+window; GPT-2), weights move both ways, and parameter counts agree. Configs are the published
+ones with their numerics kept and their widths cut so a CPU runs them in a second.
+(`transformers` is in the test extra; without it these tests are skipped.)"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from costmodel.registry import resolve_model
+from runtime.hf import from_hf, to_hf
+from runtime.model import Transformer, count_params
+
+transformers = pytest.importorskip("transformers")
+
+SMALL = {"hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "vocab_size": 256}
+# meta-llama/Llama-3.1-8B's config.json, widths cut (SMALL)
+LLAMA31 = {"architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+           "bos_token_id": 128000, "eos_token_id": 128001, "hidden_act": "silu", "initializer_range": 0.02,
+           "max_position_embeddings": 131072, "mlp_bias": False, "model_type": "llama",
+           "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+           "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                            "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+           "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+           "transformers_version": "4.43.0.dev0", "use_cache": True, **SMALL}
+# mistralai/Mistral-7B-v0.1's config.json, widths cut
+MISTRAL = {"architectures": ["MistralForCausalLM"], "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
+           "initializer_range": 0.02, "max_position_embeddings": 32768, "model_type": "mistral",
+           "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096, "tie_word_embeddings": False,
+           "torch_dtype": "bfloat16", "transformers_version": "4.34.0.dev0", "use_cache": True, **SMALL}
+# openai-community/gpt2's config.json, widths cut
+GPT2 = {"activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"], "attn_pdrop": 0.1,
+        "bos_token_id": 50256, "embd_pdrop": 0.1, "eos_token_id": 50256, "initializer_range": 0.02,
+        "layer_norm_epsilon": 1e-05, "model_type": "gpt2", "n_ctx": 1024, "n_embd": 64, "n_head": 4,
+        "n_layer": 2, "n_positions": 1024, "resid_pdrop": 0.1, "summary_activation": None,
+        "summary_first_dropout": 0.1, "summary_proj_to_labels": True, "summary_type": "cls_index",
+        "summary_use_proj": True, "vocab_size": 256}
+CASES = {"llama3.1": (LLAMA31, "LlamaForCausalLM"), "mistral": (MISTRAL, "MistralForCausalLM"),
+         "gpt2": (GPT2, "GPT2LMHeadModel")}
+
+
+def _config(tmp_path: Path, cfg: dict) -> Path:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+def _theirs(cfg: dict, cls_name: str):
+    config = transformers.AutoConfig.for_model(**{k: v for k, v in cfg.items() if k != "architectures"})
+    model = getattr(transformers, cls_name)(config).eval()
+    return model
+
+
+def _tokens(seq: int = 96) -> torch.Tensor:
+    return torch.randint(0, 256, (2, seq), generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_logits_equal_transformers_on_shared_weights(tmp_path, name):
+    cfg, cls_name = CASES[name]
+    torch.manual_seed(0)
+    theirs = _theirs(cfg, cls_name)
+    spec = resolve_model(str(_config(tmp_path, cfg)))
+    ours = Transformer(spec).eval()
+    from_hf(ours, theirs.state_dict())
+    x = _tokens()
+    with torch.no_grad():
+        expected = theirs(x).logits
+        got = ours(x)
+    assert (got - expected).abs().max().item() < 2e-5
+    assert count_params(ours) == theirs.num_parameters()
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_weights_go_back_to_transformers(tmp_path, name):
+    """A model the runtime trained, handed to transformers: its state dict loads strictly."""
+    cfg, cls_name = CASES[name]
+    spec = resolve_model(str(_config(tmp_path, cfg)))
+    ours = Transformer(spec).eval()
+    ours.init_weights(seed=3)
+    theirs = _theirs(cfg, cls_name)
+    theirs.load_state_dict(to_hf(ours), strict=True)
+    x = _tokens()
+    with torch.no_grad():
+        assert (ours(x) - theirs(x).logits).abs().max().item() < 2e-5
+
+
+def test_the_numerics_matter(tmp_path):
+    """Read and used, not decoration: without Llama 3.1's RoPE base and scaling the logits move."""
+    theirs = _theirs(LLAMA31, "LlamaForCausalLM")
+    plain = {**LLAMA31, "rope_theta": 10000.0, "rope_scaling": None, "rms_norm_eps": 1e-6}
+    ours = Transformer(resolve_model(str(_config(tmp_path, plain)))).eval()
+    from_hf(ours, theirs.state_dict())
+    x = _tokens(512)
+    with torch.no_grad():
+        assert (ours(x) - theirs(x).logits).abs().max().item() > 1e-3
