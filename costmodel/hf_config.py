@@ -18,7 +18,7 @@ from costmodel.registry import gpt_spec, llama_spec
 from costmodel.specs import ModelSpec
 
 # keys that change neither the cost nor the runtime's numerics (besides *_token_id(s))
-_INERT = {"_name_or_path", "architectures", "model_type", "transformers_version", "torch_dtype", "dtype",
+_INERT = {"_name_or_path", "output_router_logits", "architectures", "model_type", "transformers_version", "torch_dtype", "dtype",
           "use_cache", "initializer_range", "pretraining_tp", "output_attentions", "output_hidden_states",
           "return_dict", "_attn_implementation_autoset", "attn_implementation", "id2label", "label2id",
           "tokenizer_class", "problem_type", "auto_map", "quantization_config"}
@@ -29,7 +29,8 @@ def model_from_hf_config(path: Path) -> ModelSpec:
     where = str(path)
     kind = inputs.value(cfg, "model_type", str, where, "")
     name = inputs.value(cfg, "_name_or_path", str, where, "") or path.parent.name or path.stem
-    readers = {"llama": _llama, "mistral": _llama, "gpt2": _gpt2}
+    readers = {"llama": _llama, "mistral": _llama, "mixtral": _mixtral, "qwen2": _qwen2, "qwen2_moe": _qwen2_moe,
+               "gpt2": _gpt2}
     if kind not in readers:
         raise InputError(f"{where}: model_type {kind!r} is not supported (supported: {', '.join(readers)})")
     reader = _Reader(cfg, where)
@@ -65,7 +66,7 @@ class _Reader:
                              f"{', '.join(unknown)} (remove those that change nothing)")
 
 
-def _llama(name: str, r: _Reader) -> ModelSpec:
+def _llama(name: str, r: _Reader, *, window: bool = True) -> ModelSpec:
     where = r.where
     if (act := r.value("hidden_act", str, "silu")) != "silu":
         raise InputError(f"{where}: hidden_act {act!r} is not SwiGLU (silu)")
@@ -84,10 +85,53 @@ def _llama(name: str, r: _Reader) -> ModelSpec:
                       max_pos=r.positive("max_position_embeddings", 4096), source=where,
                       # transformers' LlamaConfig / MistralConfig default
                       norm_eps=r.value("rms_norm_eps", float, 1e-6), **_rope(r),
-                      sliding_window=_sliding_window(r))
+                      sliding_window=_sliding_window(r) if window else None)
     if r.value("tie_word_embeddings", bool, False):
         spec = replace(spec, tied_embeddings=True)
     return spec
+
+
+def _qwen2(name: str, r: _Reader) -> ModelSpec:
+    """Llama's layout with biases on the Q, K and V projections (transformers' Qwen2Attention);
+    its sliding window is off unless `use_sliding_window`."""
+    r.read.add("max_window_layers")   # which layers would use the window: only with use_sliding_window
+    if (kinds := r.value("layer_types", list[str], None)) and set(kinds) != {"full_attention"}:
+        raise InputError(f"{r.where}: layer_types other than full_attention are not supported")
+    if r.value("use_sliding_window", bool, False):
+        raise InputError(f"{r.where}: use_sliding_window (per-layer windows) is not supported")
+    r.read.add("sliding_window")
+    return replace(_llama(name, r, window=False), qkv_bias=True)
+
+
+def _mixtral(name: str, r: _Reader) -> ModelSpec:
+    """Mistral's layout with `num_local_experts` experts of `intermediate_size` in every layer."""
+    if r.value("router_jitter_noise", float, 0.0):
+        raise InputError(f"{r.where}: router_jitter_noise is not supported")
+    spec = _llama(name, r)
+    return replace(spec, num_experts=r.positive("num_local_experts"), experts_per_token=r.positive("num_experts_per_tok"),
+                   moe_ffn_hidden_size=spec.ffn_hidden_size,
+                   router_aux_loss_coef=r.value("router_aux_loss_coef", float, 0.001))
+
+
+def _qwen2_moe(name: str, r: _Reader) -> ModelSpec:
+    """Qwen2 with a mixture in every layer: routed experts of `moe_intermediate_size`, a shared
+    expert of `shared_expert_intermediate_size` behind a sigmoid gate, top-k weights kept as
+    probabilities unless `norm_topk_prob`. `intermediate_size` is the width of dense layers,
+    which a config with every layer sparse (decoder_sparse_step 1, no mlp_only_layers) has none of."""
+    if r.value("decoder_sparse_step", int, 1) != 1 or r.value("mlp_only_layers", list[int], []):
+        raise InputError(f"{r.where}: dense layers among the expert layers (decoder_sparse_step, "
+                         "mlp_only_layers) are not supported")
+    if not r.value("qkv_bias", bool, True):
+        raise InputError(f"{r.where}: qkv_bias false is not supported")
+    r.positive("intermediate_size")
+    moe = r.positive("moe_intermediate_size")
+    shared = r.positive("shared_expert_intermediate_size", None) or 0
+    spec = _qwen2(name, r)
+    return replace(spec, ffn_hidden_size=moe, num_experts=r.positive("num_experts"),
+                   experts_per_token=r.positive("num_experts_per_tok"), moe_ffn_hidden_size=moe,
+                   shared_expert_ffn_hidden_size=shared, shared_expert_gate=bool(shared),
+                   moe_norm_topk_prob=r.value("norm_topk_prob", bool, False),
+                   router_aux_loss_coef=r.value("router_aux_loss_coef", float, 0.001))
 
 
 def _rope(r: _Reader) -> dict[str, Any]:

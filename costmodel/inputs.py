@@ -28,6 +28,7 @@ MAX_WORLD_SIZE = 1 << 20
 MAX_LAYERS = 10_000
 MAX_WIDTH = 1 << 20          # hidden, FFN, heads
 MAX_VOCAB = 1 << 24
+MAX_EXPERTS = 1 << 14         # routed experts per layer; published models use up to a few hundred
 MAX_SEQ_LEN = 1 << 24
 MAX_GLOBAL_BATCH = 1 << 16    # sequences; published LLM runs use up to a few thousand
 

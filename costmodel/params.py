@@ -24,18 +24,41 @@ def norm_params(model: ModelSpec) -> int:
     return model.hidden_size * (1 if model.norm_kind is NormKind.RMSNORM else 2)
 
 
+def _dense_blocks(model: ModelSpec):
+    """The layout's blocks this model has: a mixture of experts replaces the dense MLP."""
+    return [b for b in layer_blocks(model) if not (model.is_moe and b.name == "mlp")]
+
+
 def layer_param_tensors(model: ModelSpec) -> int:
     """Parameter tensors of one layer (weights, biases, norm scales and shifts): how many
     collectives a framework that gathers parameter by parameter issues per layer."""
     norms = 2 * (1 if model.norm_kind is NormKind.RMSNORM else 2)
-    return norms + sum(1 + lin.bias for block in layer_blocks(model) for lin in block.linears)
+    moe = (1 + 3 * model.num_experts + 3 * bool(model.shared_expert_ffn_hidden_size)
+           + model.shared_expert_gate) if model.is_moe else 0
+    return norms + moe + sum(1 + lin.bias for block in _dense_blocks(model) for lin in block.linears)
+
+
+def expert_params(model: ModelSpec, tp: int = 1) -> int:
+    """One routed expert (a SwiGLU MLP) on one TP rank, split as a dense MLP is."""
+    return 3 * model.hidden_size * ceil_div(model.moe_ffn_hidden_size, tp)
+
+
+def moe_params(model: ModelSpec, tp: int = 1) -> int:
+    """One layer's mixture of experts on one TP rank: the router (replicated), every routed
+    expert, the shared expert and its gate (replicated)."""
+    if not model.is_moe:
+        return 0
+    h = model.hidden_size
+    shared = 3 * h * ceil_div(model.shared_expert_ffn_hidden_size, tp)
+    return h * model.num_experts + model.num_experts * expert_params(model, tp) + shared \
+        + (h if model.shared_expert_gate else 0)
 
 
 @lru_cache(maxsize=1024)
 def layer_params(model: ModelSpec, tp: int = 1) -> int:
     """One transformer layer on one TP rank (tp=1: the whole layer)."""
-    total = 2 * norm_params(model)  # replicated on every TP rank
-    for block in layer_blocks(model):
+    total = 2 * norm_params(model) + moe_params(model, tp)  # norms replicated on every TP rank
+    for block in _dense_blocks(model):
         for lin in block.linears:
             if lin.style is Style.COLWISE:
                 total += (lin.in_features + lin.bias) * ceil_div(lin.out_features, tp)
@@ -63,6 +86,13 @@ def head_params(model: ModelSpec, tp: int = 1, *, pipelined: bool = False) -> in
 def total_params(model: ModelSpec) -> int:
     return (embedding_params(model) + model.num_layers * layer_params(model)
             + head_params(model))
+
+
+def active_params(model: ModelSpec) -> int:
+    """Parameters one token passes through: a mixture of experts' routed experts count only
+    `experts_per_token` times (Mixtral 8x7B: 46.7B in all, 12.9B active)."""
+    idle = model.num_experts - model.experts_per_token if model.is_moe else 0
+    return total_params(model) - model.num_layers * idle * expert_params(model)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

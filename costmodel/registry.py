@@ -11,7 +11,7 @@ _HF = "Hugging Face config.json of"
 
 def llama_spec(name: str, *, layers: int, hidden: int, heads: int, kv_heads: int, ffn: int,
            vocab: int, max_pos: int, source: str, **numerics: Any) -> ModelSpec:
-    """`numerics`: rope_theta, norm_eps, rope_scaling_* and the like (ModelSpec)."""
+    """`numerics`: rope_theta, norm_eps, rope_scaling_*, expert fields and the like (ModelSpec)."""
     return ModelSpec(name=name, arch=Arch.LLAMA, num_layers=layers, hidden_size=hidden,
                      num_heads=heads, num_kv_heads=kv_heads, ffn_hidden_size=ffn,
                      ffn_kind=FfnKind.SWIGLU, vocab_size=vocab, tied_embeddings=False,
@@ -37,6 +37,16 @@ _LLAMA3 = dict(rope_theta=500_000.0, norm_eps=1e-5)
 _LLAMA31 = dict(_LLAMA3, rope_scaling_factor=8.0, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
                 rope_original_max_positions=8192)
 
+# Mixtral (Jiang et al. 2024, arXiv 2401.04088): 8 SwiGLU experts per layer, 2 per token, RoPE
+# base 1e6; 46.7B parameters, 12.9B active (8x7B); Mistral's 8x22B announcement: 141B, 39B active.
+_MIXTRAL = dict(rope_theta=1_000_000.0, norm_eps=1e-5, num_experts=8, experts_per_token=2)
+# Qwen1.5-MoE-A2.7B (Qwen blog, 2024-03): 60 fine-grained experts, 4 per token, a shared expert of
+# 4x their width behind a sigmoid gate, top-k weights not renormalised, biases on Q/K/V;
+# 14.3B parameters, 2.7B active.
+_QWEN_MOE = dict(rope_theta=1_000_000.0, norm_eps=1e-6, qkv_bias=True, num_experts=60, experts_per_token=4,
+                 moe_ffn_hidden_size=1408, shared_expert_ffn_hidden_size=5632, shared_expert_gate=True,
+                 moe_norm_topk_prob=False, router_aux_loss_coef=0.001)
+
 _SC21 = "Narayanan et al. SC'21 (arXiv 2104.04473) Table 1 (vocab 51200, seq 2048)"
 
 # (name, layers, hidden, heads) of Megatron-LM's weak-scaling table (SC'21 Table 1).
@@ -61,6 +71,14 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in [
            max_pos=8192, source=f"{_HF} meta-llama/Meta-Llama-3-70B", **_LLAMA3),
     llama_spec("llama3-405b", layers=126, hidden=16384, heads=128, kv_heads=8, ffn=53248,
            vocab=128256, max_pos=131072, source=f"{_HF} meta-llama/Llama-3.1-405B", **_LLAMA31),
+    llama_spec("mixtral-8x7b", layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=32000,
+               max_pos=32768, source=f"{_HF} mistralai/Mixtral-8x7B-v0.1", **_MIXTRAL,
+               moe_ffn_hidden_size=14336, router_aux_loss_coef=0.02),
+    llama_spec("mixtral-8x22b", layers=56, hidden=6144, heads=48, kv_heads=8, ffn=16384, vocab=32000,
+               max_pos=65536, source=f"{_HF} mistralai/Mixtral-8x22B-v0.1", **_MIXTRAL,
+               moe_ffn_hidden_size=16384, router_aux_loss_coef=0.001),
+    llama_spec("qwen1.5-moe-a2.7b", layers=24, hidden=2048, heads=16, kv_heads=16, ffn=1408, vocab=151936,
+               max_pos=8192, source=f"{_HF} Qwen/Qwen1.5-MoE-A2.7B", **_QWEN_MOE),
     gpt_spec("gpt3-175b", layers=96, hidden=12288, heads=96, vocab=50257, max_pos=2048,
          source="Brown et al. 2020 (arXiv 2005.14165) Table 2.1; vocab 50257, n_ctx 2048"),
     *[gpt_spec(n, layers=lay, hidden=hid, heads=hds, vocab=51200, max_pos=2048, source=_SC21)
@@ -69,6 +87,11 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in [
     llama_spec("debug-tiny", layers=4, hidden=64, heads=4, kv_heads=2, ffn=192, vocab=256,
            max_pos=128, source="project debug model (tests and local runs)"),
     # Big enough for compute to matter on a CPU, small enough to train there (closed-loop benchmark).
+    # The smallest mixture of experts with every path: 4 experts, 2 per token, a gated shared one.
+    llama_spec("debug-moe", layers=2, hidden=64, heads=4, kv_heads=2, ffn=96, vocab=256, max_pos=128,
+               source="project debug model (tests)", num_experts=4, experts_per_token=2,
+               moe_ffn_hidden_size=96, shared_expert_ffn_hidden_size=64, shared_expert_gate=True,
+               router_aux_loss_coef=0.01),
     llama_spec("debug-small", layers=4, hidden=256, heads=8, kv_heads=4, ffn=768, vocab=2048,
            max_pos=512, source="project debug model (closed-loop benchmark)"),
     # The GPT code paths (fused QKV, LayerNorm, learned positions, biases, tied output layer).

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
 
-from costmodel.inputs import (MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_SEQ_LEN, MAX_VOCAB, MAX_WIDTH,
+from costmodel.inputs import (MAX_EXPERTS, MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_SEQ_LEN, MAX_VOCAB, MAX_WIDTH,
                               check_limit, dataclass_from_json)
 
 
@@ -90,6 +90,22 @@ class ModelSpec:
     # Mistral-style sliding-window attention (None: full causal). The cost model and the runtime
     # handle sequences up to the window, where it is full causal attention (costmodel.check).
     sliding_window: int | None = None
+    qkv_bias: bool = False   # biases on the Q, K and V projections only (Qwen2), besides `bias`
+    # Mixture of experts (num_experts 0: dense). Every layer's MLP is then a router (a linear map
+    # to one logit per expert, softmax) sending each token to `experts_per_token` of `num_experts`
+    # SwiGLU experts of width `moe_ffn_hidden_size` (dropless: no capacity limit, as Mixtral and
+    # Qwen-MoE train), plus, where `shared_expert_ffn_hidden_size` > 0, an always-on shared SwiGLU
+    # MLP of that width (Qwen-MoE's shared expert; DeepSeek-MoE's several, concatenated), scaled by
+    # a sigmoid of one more projection where `shared_expert_gate` (Qwen2-MoE). The chosen experts'
+    # weights are renormalised to sum to one where `moe_norm_topk_prob` (Mixtral), else kept as
+    # softmax probabilities (Qwen2-MoE). `router_aux_loss_coef` scales the load-balancing loss.
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_ffn_hidden_size: int = 0
+    shared_expert_ffn_hidden_size: int = 0
+    shared_expert_gate: bool = False
+    moe_norm_topk_prob: bool = True
+    router_aux_loss_coef: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads",
@@ -115,6 +131,31 @@ class ModelSpec:
             raise ValueError(f"model {self.name!r}: RoPE scaling needs 0 < low_freq_factor < high_freq_factor")
         if self.sliding_window is not None and self.sliding_window <= 0:
             raise ValueError(f"model {self.name!r}: sliding_window must be positive (or absent)")
+        self._check_experts()
+
+    def _check_experts(self) -> None:
+        where = f"model {self.name!r}"
+        if self.num_experts < 0 or self.shared_expert_ffn_hidden_size < 0 or self.router_aux_loss_coef < 0:
+            raise ValueError(f"{where}: expert counts, widths and the aux-loss coefficient must not be negative")
+        if not self.num_experts:
+            if self.experts_per_token or self.moe_ffn_hidden_size or self.shared_expert_ffn_hidden_size:
+                raise ValueError(f"{where}: expert fields are set but num_experts is 0")
+            return
+        check_limit(where, "num_experts", self.num_experts, MAX_EXPERTS)
+        check_limit(where, "moe_ffn_hidden_size", self.moe_ffn_hidden_size, MAX_WIDTH)
+        if self.ffn_kind is not FfnKind.SWIGLU:
+            raise ValueError(f"{where}: experts are SwiGLU MLPs; a {self.ffn_kind} model cannot have them")
+        if not 1 <= self.experts_per_token <= self.num_experts:
+            raise ValueError(f"{where}: experts_per_token {self.experts_per_token} must be between 1 and "
+                             f"num_experts {self.num_experts}")
+        if self.moe_ffn_hidden_size <= 0:
+            raise ValueError(f"{where}: moe_ffn_hidden_size must be positive")
+        if self.shared_expert_gate and not self.shared_expert_ffn_hidden_size:
+            raise ValueError(f"{where}: shared_expert_gate without a shared expert")
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
     @property
     def head_dim(self) -> int:

@@ -9,13 +9,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from costmodel.check import check_memory, check_structure
+from costmodel.check import check_memory, check_structure, moe_problem
 from costmodel.cluster import DEFAULT_MEMORY_HEADROOM, ClusterSpec, known_profiles, parse_cluster
 from costmodel.machine import LocalProfileMissing
 from costmodel.measured import MeasuredRun
 from costmodel.estimate import estimate
 from costmodel.fidelity import MODEL_ERROR_BAND
-from costmodel.params import total_params
+from costmodel.params import active_params, total_params
 from costmodel.plan import DEFAULT_AXIS_ORDER, PlanFile, Recompute, Schedule
 from costmodel.registry import MODELS, default_recipe, model_names, resolve_model
 from costmodel.specs import AttentionKernel, DType, ModelSpec, TrainSpec
@@ -85,6 +85,8 @@ def _specs(args: argparse.Namespace) -> tuple[ModelSpec, TrainSpec, ClusterSpec]
         raise UserError("--model and --cluster are required"
                         + (" (or --plan plan.json)" if args.command == "predict" else ""))
     model, cluster = resolve_model(args.model), parse_cluster(args.cluster)
+    if problem := moe_problem(model):   # before a search that would find every plan invalid
+        raise UserError(problem)
     cluster = dataclasses.replace(cluster, memory_headroom=args.memory_headroom)
     seq, batch = default_recipe(model)
     train = TrainSpec(seq_len=seq if args.seq_len is None else args.seq_len,
@@ -242,7 +244,9 @@ def cmd_models(args: argparse.Namespace) -> int:
     rows = []
     for name in model_names():
         m = MODELS[name]
-        rows.append({"name": name, "params": total_params(m), "layers": m.num_layers,
+        rows.append({"name": name, "params": total_params(m), "active_params": active_params(m),
+                     "experts": f"{m.experts_per_token}/{m.num_experts}" if m.is_moe else "",
+                     "layers": m.num_layers,
                      "hidden": m.hidden_size, "heads": m.num_heads, "kv_heads": m.num_kv_heads,
                      "ffn": m.ffn_hidden_size, "vocab": m.vocab_size, "arch": str(m.arch),
                      "source": m.source})
@@ -250,9 +254,11 @@ def cmd_models(args: argparse.Namespace) -> int:
         _emit_json({"models": rows})
         return 0
     from reports.tables import table
-    print(table(("model", "params", "layers", "hidden", "heads/kv", "ffn", "vocab", "source"),
-                [(r["name"], f"{r['params'] / 1e9:,.2f}B", r["layers"], r["hidden"],
-                  f"{r['heads']}/{r['kv_heads']}", r["ffn"], r["vocab"], r["source"]) for r in rows]))
+    print(table(("model", "params", "active", "experts", "layers", "hidden", "heads/kv", "ffn", "vocab", "source"),
+                [(r["name"], f"{r['params'] / 1e9:,.2f}B", f"{r['active_params'] / 1e9:,.2f}B", r["experts"],
+                  r["layers"], r["hidden"], f"{r['heads']}/{r['kv_heads']}", r["ffn"], r["vocab"], r["source"])
+                 for r in rows]))
+    print("\nmixtures of experts (experts: per token / in all) are read and counted, not yet priced or run")
     print("\naliases: llama-70b -> llama2-70b, llama-7b, llama-13b, gpt3; or --model path/to/config.json")
     return 0
 

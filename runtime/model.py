@@ -197,6 +197,8 @@ class Transformer(nn.Module):
         super().__init__()
         if model.position_kind is PositionKind.ALIBI:
             raise ValueError(f"model {model.name}: ALiBi positions are not implemented by the runtime")
+        if model.is_moe:
+            raise ValueError(f"model {model.name}: a mixture of experts is not run by the runtime yet")
         self.spec = model
         self.embed: Embedding | None = Embedding(model)
         self.layers = nn.ModuleDict({str(i): Layer(model, kernel) for i in range(model.num_layers)})

@@ -110,3 +110,29 @@ def test_a_sequence_beyond_the_sliding_window_is_refused(tmp_path, capsys):
     assert "longer than the model's attention window 64" in capsys.readouterr().err
     assert main(["predict", "--model", config, "--cluster", "1x1xxeon-amx", "--seq-len", "64",
                  "--global-batch", "2"]) == 0
+
+
+def test_mixtures_of_experts_are_counted_exactly():
+    """Published totals and active parameters (Mixtral paper, Mistral's 8x22B announcement, the
+    Qwen1.5-MoE blog), from the registry's config fields."""
+    from costmodel.params import active_params
+    for name, total, active in (("mixtral-8x7b", 46.7e9, 12.9e9), ("mixtral-8x22b", 141e9, 39e9),
+                                ("qwen1.5-moe-a2.7b", 14.3e9, 2.7e9)):
+        spec = resolve_model(name)
+        assert total_params(spec) == pytest.approx(total, rel=0.005)
+        assert active_params(spec) == pytest.approx(active, rel=0.01)
+    assert total_params(resolve_model("mixtral-8x7b")) == 46_702_792_704   # transformers' count (test_hf)
+
+
+def test_bad_mixtures_of_experts_are_one_line(tmp_path, capsys):
+    from planner.cli import main
+    base = {"model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 256, "num_local_experts": 4}
+    for changes, message in (({"num_experts_per_tok": 5}, "experts_per_token 5 must be between 1 and num_experts 4"),
+                             ({"num_experts_per_tok": 2, "router_jitter_noise": 0.1}, "router_jitter_noise"),
+                             ({"num_experts_per_tok": 2}, "is a mixture of experts (4 experts, 2 per token")):
+        cfg = tmp_path / "config.json"
+        cfg.write_text(json.dumps({**base, **changes}))
+        assert main(["predict", "--model", str(cfg), "--cluster", "1x8xH100"]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1

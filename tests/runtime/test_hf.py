@@ -40,8 +40,14 @@ GPT2 = {"activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"],
         "n_layer": 2, "n_positions": 1024, "resid_pdrop": 0.1, "summary_activation": None,
         "summary_first_dropout": 0.1, "summary_proj_to_labels": True, "summary_type": "cls_index",
         "summary_use_proj": True, "vocab_size": 256}
+# Qwen/Qwen2-0.5B's config.json, widths cut: biases on Q, K and V, tied embeddings
+QWEN2 = {"architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+         "eos_token_id": 151643, "hidden_act": "silu", "initializer_range": 0.02, "max_position_embeddings": 131072,
+         "max_window_layers": 24, "model_type": "qwen2", "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+         "sliding_window": 131072, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+         "transformers_version": "4.40.1", "use_cache": True, "use_sliding_window": False, **SMALL}
 CASES = {"llama3.1": (LLAMA31, "LlamaForCausalLM"), "mistral": (MISTRAL, "MistralForCausalLM"),
-         "gpt2": (GPT2, "GPT2LMHeadModel")}
+         "qwen2": (QWEN2, "Qwen2ForCausalLM"), "gpt2": (GPT2, "GPT2LMHeadModel")}
 
 
 def _config(tmp_path: Path, cfg: dict) -> Path:
@@ -99,3 +105,37 @@ def test_the_numerics_matter(tmp_path):
     x = _tokens(512)
     with torch.no_grad():
         assert (ours(x) - theirs(x).logits).abs().max().item() > 1e-3
+
+
+# Published configs, whole (counted on the meta device): mistralai/Mixtral-8x7B-v0.1 and
+# Qwen/Qwen1.5-MoE-A2.7B
+MIXTRAL = {"architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2,
+           "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336,
+           "max_position_embeddings": 32768, "model_type": "mixtral", "num_attention_heads": 32,
+           "num_experts_per_tok": 2, "num_hidden_layers": 32, "num_key_value_heads": 8, "num_local_experts": 8,
+           "output_router_logits": False, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
+           "router_aux_loss_coef": 0.02, "sliding_window": None, "tie_word_embeddings": False,
+           "torch_dtype": "bfloat16", "transformers_version": "4.36.0.dev0", "use_cache": True, "vocab_size": 32000}
+QWEN_MOE = {"architectures": ["Qwen2MoeForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+            "decoder_sparse_step": 1, "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 2048,
+            "initializer_range": 0.02, "intermediate_size": 5632, "max_position_embeddings": 8192,
+            "max_window_layers": 21, "model_type": "qwen2_moe", "moe_intermediate_size": 1408,
+            "norm_topk_prob": False, "num_attention_heads": 16, "num_experts": 60, "num_experts_per_tok": 4,
+            "num_hidden_layers": 24, "num_key_value_heads": 16, "output_router_logits": False,
+            "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001,
+            "shared_expert_intermediate_size": 5632, "sliding_window": 32768, "tie_word_embeddings": False,
+            "torch_dtype": "bfloat16", "transformers_version": "4.39.0.dev0", "use_cache": True,
+            "use_sliding_window": False, "vocab_size": 151936}
+
+
+@pytest.mark.parametrize("cfg, cls_name, registry", [
+    (MIXTRAL, "MixtralForCausalLM", "mixtral-8x7b"), (QWEN_MOE, "Qwen2MoeForCausalLM", "qwen1.5-moe-a2.7b"),
+], ids=["mixtral", "qwen2_moe"])
+def test_moe_configs_count_exactly_as_transformers(tmp_path, cfg, cls_name, registry):
+    """Mixtures of experts are read and counted exactly (not yet priced or run: issue 14)."""
+    from costmodel.params import total_params
+    spec = resolve_model(str(_config(tmp_path, cfg)))
+    with torch.device("meta"):
+        theirs = _theirs(cfg, cls_name)
+    assert total_params(spec) == theirs.num_parameters()
+    assert total_params(resolve_model(registry)) == total_params(spec)
