@@ -67,15 +67,16 @@ def tp_problems(model: ModelSpec, tp: int) -> list[str]:
 
 
 def moe_problem(model: ModelSpec) -> str | None:
-    """Mixtures of experts are read and counted (total and active parameters), not yet priced
-    or run: until expert parallelism is in the cost model and the runtime, no plan for one is
-    offered rather than a plan that prices its experts as a dense MLP."""
+    """Mixtures of experts are read, counted (total and active parameters) and trained by the
+    runtime (runtime.moe: data and pipeline parallel), but not yet priced: until their experts,
+    routing and expert parallelism are in the cost model, no plan for one is offered or run
+    rather than one that prices its experts as a dense MLP."""
     if not model.is_moe:
         return None
     from costmodel.params import active_params, total_params
     return (f"model {model.name} is a mixture of experts ({model.num_experts} experts, "
             f"{model.experts_per_token} per token; {total_params(model) / 1e9:,.1f}B parameters, "
-            f"{active_params(model) / 1e9:,.1f}B active): read and counted, but not yet priced or run")
+            f"{active_params(model) / 1e9:,.1f}B active): not yet priced, so no plan is offered or run for it")
 
 
 def cp_problems(train: TrainSpec, cp: int) -> list[str]:

@@ -18,6 +18,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from costmodel.plan import Plan, PlanFile
 from runtime.context_parallel import CpShard
 from runtime.model import Transformer
+from runtime.moe import MoE
 from runtime.parallel import (apply_data_parallel, local_tensor, apply_recompute, apply_tensor_parallel,
                               build_mesh, recomputed_layers)
 from runtime.pipeline import StepClock, build_schedule, local_stages, stage_layer_ids
@@ -70,6 +71,9 @@ def build_job(pf: PlanFile, device: torch.device, *, seed: int, materialize: boo
     """`before_data_parallel(stage, module)`, if given, sees each stage module after tensor
     parallelism and before FSDP2 (the dry run counts unsharded parameters there)."""
     plan, model = pf.plan, pf.model
+    if model.is_moe and (plan.tp > 1 or plan.cp > 1):
+        raise ValueError(f"model {model.name}: a mixture of experts runs with data and pipeline parallelism, "
+                         "not yet with tensor or context parallelism")
     mesh = build_mesh(plan, device.type)
     coords = {axis: mesh.get_local_rank(axis) for axis in plan.mesh_axis_order}
     cp = CpShard(coords["cp"], plan.cp, mesh["cp"].get_group()) if plan.cp > 1 else None
@@ -85,6 +89,7 @@ def build_job(pf: PlanFile, device: torch.device, *, seed: int, materialize: boo
             mod.materialize(device, seed)
         if cp is not None:
             mod.set_context_parallel(cp, pf.train.seq_len)
+        _scale_aux_losses(mod, plan)
         if plan.tp > 1:
             apply_tensor_parallel(mod, mesh["tp"], plan.sequence_parallel)
         apply_recompute(mod, plan, rc_layers)
@@ -97,6 +102,16 @@ def build_job(pf: PlanFile, device: torch.device, *, seed: int, materialize: boo
     if plan.pp > 1 and materialize:
         job.schedule = build_schedule(plan, modules, mesh["pp"].get_group(), device, cross_entropy, job.clock)
     return job
+
+
+def _scale_aux_losses(module: nn.Module, plan: Plan) -> None:
+    """A mixture's load-balancing gradient gets the factor the step gives each micro-batch's
+    loss: 1/m where the step divides the loss itself; 1 under pipelining, whose schedule divides
+    every gradient by m at the end (torch's scale_grads)."""
+    scale = 1.0 if plan.pp > 1 else 1.0 / plan.num_micro_batches
+    for sub in module.modules():
+        if isinstance(sub, MoE):
+            sub.aux_grad_scale = scale
 
 
 def _tie_embeddings(job: Job, pf: PlanFile) -> None:

@@ -28,6 +28,7 @@ from torch.utils.checkpoint import checkpoint
 from costmodel.layout import layer_blocks
 from costmodel.specs import Arch, AttentionKernel, FfnKind, ModelSpec, NormKind, PositionKind
 from runtime.context_parallel import CpShard, cp_attention, gather_kv
+from runtime.moe import MoE
 
 INIT_STD = 0.02         # GPT-2 / Megatron-LM default
 DROPOUT_P = 0.1         # Megatron-LM's hidden and attention dropout for GPT
@@ -162,7 +163,7 @@ class Layer(nn.Module):
     def __init__(self, model: ModelSpec, kernel: AttentionKernel) -> None:
         super().__init__()
         self.attention_norm, self.attention = _norm(model), Attention(model, kernel)
-        self.mlp_norm, self.mlp = _norm(model), Mlp(model)
+        self.mlp_norm, self.mlp = _norm(model), (MoE(model) if model.is_moe else Mlp(model))
         self.dropout = nn.Dropout(DROPOUT_P if model.dropout else 0.0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -197,8 +198,7 @@ class Transformer(nn.Module):
         super().__init__()
         if model.position_kind is PositionKind.ALIBI:
             raise ValueError(f"model {model.name}: ALiBi positions are not implemented by the runtime")
-        if model.is_moe:
-            raise ValueError(f"model {model.name}: a mixture of experts is not run by the runtime yet")
+
         self.spec = model
         self.embed: Embedding | None = Embedding(model)
         self.layers = nn.ModuleDict({str(i): Layer(model, kernel) for i in range(model.num_layers)})

@@ -130,7 +130,7 @@ def test_bad_mixtures_of_experts_are_one_line(tmp_path, capsys):
             "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 256, "num_local_experts": 4}
     for changes, message in (({"num_experts_per_tok": 5}, "experts_per_token 5 must be between 1 and num_experts 4"),
                              ({"num_experts_per_tok": 2, "router_jitter_noise": 0.1}, "router_jitter_noise"),
-                             ({"num_experts_per_tok": 2}, "is a mixture of experts (4 experts, 2 per token")):
+                             ({"num_experts_per_tok": 2}, "is a mixture of experts (4 experts, 2 per token")):   # not priced yet
         cfg = tmp_path / "config.json"
         cfg.write_text(json.dumps({**base, **changes}))
         assert main(["predict", "--model", str(cfg), "--cluster", "1x8xH100"]) == 2

@@ -44,12 +44,31 @@ def reference(pf: PlanFile, steps: int = STEPS, lr: float = LR) -> tuple[list[fl
     losses = []
     for step in range(steps):
         x, y = source.batch(step * pf.train.global_batch_size, pf.train.global_batch_size)
-        loss = cross_entropy(model(x), y)
-        loss.backward()
+        if pf.model.is_moe:   # the load-balancing loss is per micro-batch: the same chunks, in one process
+            loss = _moe_step(model, pf, x, y)
+        else:
+            loss = cross_entropy(model(x), y)
+            loss.backward()
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
     return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _moe_step(model: Transformer, pf: PlanFile, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Gradients as the plan's ranks make them: each data-parallel shard's micro-batches, each
+    loss (and aux-loss gradient) weighted 1 / (micro-batches x replicas)."""
+    from runtime.moe import MoE
+    chunks = pf.plan.dp * pf.plan.num_micro_batches
+    for sub in model.modules():
+        if isinstance(sub, MoE):
+            sub.aux_grad_scale = 1.0 / chunks
+    total = torch.zeros(())
+    for xs, ys in zip(x.chunk(chunks), y.chunk(chunks)):
+        loss = cross_entropy(model(xs), ys)
+        (loss / chunks).backward()
+        total += loss.detach() / chunks
+    return total
 
 
 def distributed(pf: PlanFile, steps: int = STEPS, lr: float = LR) -> dict:

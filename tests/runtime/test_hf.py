@@ -46,8 +46,20 @@ QWEN2 = {"architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_t
          "max_window_layers": 24, "model_type": "qwen2", "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
          "sliding_window": 131072, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
          "transformers_version": "4.40.1", "use_cache": True, "use_sliding_window": False, **SMALL}
+# mistralai/Mixtral-8x7B-v0.1 and Qwen/Qwen1.5-MoE-A2.7B, widths and expert counts cut
+MIXTRAL_SMALL = {"architectures": ["MixtralForCausalLM"], "hidden_act": "silu", "model_type": "mixtral",
+                 "max_position_embeddings": 32768, "num_local_experts": 4, "num_experts_per_tok": 2,
+                 "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.02,
+                 "sliding_window": None, "tie_word_embeddings": False, **SMALL}
+QWEN_MOE_SMALL = {"architectures": ["Qwen2MoeForCausalLM"], "decoder_sparse_step": 1, "hidden_act": "silu",
+                  "model_type": "qwen2_moe", "max_position_embeddings": 8192, "max_window_layers": 21,
+                  "moe_intermediate_size": 48, "norm_topk_prob": False, "num_experts": 6, "num_experts_per_tok": 2,
+                  "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001,
+                  "shared_expert_intermediate_size": 96, "sliding_window": 32768, "tie_word_embeddings": False,
+                  "use_sliding_window": False, **SMALL}
 CASES = {"llama3.1": (LLAMA31, "LlamaForCausalLM"), "mistral": (MISTRAL, "MistralForCausalLM"),
-         "qwen2": (QWEN2, "Qwen2ForCausalLM"), "gpt2": (GPT2, "GPT2LMHeadModel")}
+         "qwen2": (QWEN2, "Qwen2ForCausalLM"), "gpt2": (GPT2, "GPT2LMHeadModel"),
+         "mixtral": (MIXTRAL_SMALL, "MixtralForCausalLM"), "qwen2_moe": (QWEN_MOE_SMALL, "Qwen2MoeForCausalLM")}
 
 
 def _config(tmp_path: Path, cfg: dict) -> Path:
