@@ -33,7 +33,7 @@ def check_structure(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
         add(f"device {cluster.device.name} has no {train.compute_dtype} support in its profile")
     if model.position_kind is PositionKind.LEARNED and train.seq_len > model.max_position_embeddings:
         add(f"seq_len {train.seq_len} is longer than the model's {model.max_position_embeddings} learned positions")
-    if problem := moe_problem(model):
+    if problem := moe_schedule_problem(model, plan):
         add(problem)
     if model.sliding_window is not None and train.seq_len > model.sliding_window:
         add(f"seq_len {train.seq_len} is longer than the model's attention window {model.sliding_window}: "
@@ -42,7 +42,7 @@ def check_structure(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
     if problem := world_problem(plan.dp, plan.tp, plan.pp, plan.cp, cluster.world_size):
         add(problem)
     problems += tp_problems(model, plan.tp)
-    problems += cp_problems(train, plan.cp)
+    problems += cp_problems(model, train, plan.cp)
     if plan.sequence_parallel:
         problems += sp_problems(train, plan.tp, plan.cp)
     batch = plan.dp * plan.micro_batch_size * plan.num_micro_batches
@@ -61,25 +61,25 @@ def check_structure(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
 # The rules the search enumerates from as well (planner.candidates asks these, not copies of them).
 
 def tp_problems(model: ModelSpec, tp: int) -> list[str]:
+    if model.is_moe and tp > 1:   # runtime.moe keeps each expert whole
+        return [f"tp={tp}: a mixture of experts runs without tensor parallelism (its experts are not split yet)"]
     return [f"tp={tp} does not divide the model's {what} ({n})"
             for what, n in (("num_heads", model.num_heads), ("num_kv_heads", model.num_kv_heads),
                             ("ffn_hidden_size", model.ffn_hidden_size)) if n % tp]
 
 
-def moe_problem(model: ModelSpec) -> str | None:
-    """Mixtures of experts are read, counted (total and active parameters) and trained by the
-    runtime (runtime.moe: data and pipeline parallel), but not yet priced: until their experts,
-    routing and expert parallelism are in the cost model, no plan for one is offered or run
-    rather than one that prices its experts as a dense MLP."""
-    if not model.is_moe:
-        return None
-    from costmodel.params import active_params, total_params
-    return (f"model {model.name} is a mixture of experts ({model.num_experts} experts, "
-            f"{model.experts_per_token} per token; {total_params(model) / 1e9:,.1f}B parameters, "
-            f"{active_params(model) / 1e9:,.1f}B active): not yet priced, so no plan is offered or run for it")
+def moe_schedule_problem(model: ModelSpec, plan: Plan) -> str | None:
+    """What a deferred weight pass holds with experts is not measured (costmodel.memory counts
+    the dense layout's projections there), so zero-bubble schedules are not offered for them."""
+    if model.is_moe and plan.schedule.defers_weight_grad:
+        return (f"schedule {plan.schedule} with experts: what its deferred weight passes hold is not "
+                "measured yet; use 1f1b, interleaved-1f1b or gpipe")
+    return None
 
 
-def cp_problems(train: TrainSpec, cp: int) -> list[str]:
+def cp_problems(model: ModelSpec, train: TrainSpec, cp: int) -> list[str]:
+    if model.is_moe and cp > 1:   # runtime.moe with CP is not proven equal to one process yet
+        return [f"cp={cp}: a mixture of experts runs without context parallelism for now"]
     # runtime.context_parallel cuts each sequence into 2·cp chunks (causal load balance)
     return [f"cp={cp} needs seq_len {train.seq_len} to split into 2*cp = {2 * cp} equal chunks"] \
         if cp > 1 and train.seq_len % (2 * cp) else []

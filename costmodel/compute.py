@@ -110,8 +110,10 @@ def gemm_s(m: int, k: int, n: int, dev: DeviceProfile, train: TrainSpec) -> floa
 
 
 def _linears_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile, tokens: int) -> float:
-    total = 0.0
+    total = _moe_gemms_s(model, train, dev, tokens)
     for block in layer_blocks(model):
+        if model.is_moe and block.name == "mlp":
+            continue
         for lin in block.linears:
             if lin.style is Style.COLWISE:
                 total += gemm_s(tokens, lin.in_features, ceil_div(lin.out_features, plan.tp), dev, train)
@@ -151,6 +153,35 @@ def _ring_merge_s(plan: KernelShape, output_elems: int, dev: DeviceProfile) -> f
     return hops * memory_bound_s(3 * 4 * output_elems, dev, 2) if hops else 0.0
 
 
+def _moe_gemms_s(model: ModelSpec, train: TrainSpec, dev: DeviceProfile, tokens: int) -> float:
+    """A mixture's GEMMs as runtime.moe runs them (one device holds every expert; no tensor
+    parallelism): the router, then expert after expert three GEMMs over the tokens routed to it,
+    tokens·k/E on average (on one device the balance of the load changes the GEMMs' sizes, not
+    their sum), and the shared expert with its gate."""
+    if not model.is_moe:
+        return 0.0
+    h, f, fs = model.hidden_size, model.moe_ffn_hidden_size, model.shared_expert_ffn_hidden_size
+    rows = max(1, round(tokens * model.experts_per_token / model.num_experts))
+    total = gemm_s(tokens, h, model.num_experts, dev, train)
+    total += model.num_experts * (2 * gemm_s(rows, h, f, dev, train) + gemm_s(rows, f, h, dev, train))
+    if fs:
+        total += 2 * gemm_s(tokens, h, fs, dev, train) + gemm_s(tokens, fs, h, dev, train)
+    if model.shared_expert_gate:
+        total += gemm_s(tokens, h, 1, dev, train)
+    return total
+
+
+def _moe_routing_bytes(model: ModelSpec, train: TrainSpec, tokens: int) -> tuple[float, int]:
+    """(bytes, kernels) of a mixture's memory-bound work: the fp32 softmax and top-k over the
+    router logits, and per expert the gather of its tokens, the weighting and the scatter-add of
+    its output (each a read and a write of k·tokens·h in all)."""
+    if not model.is_moe:
+        return 0.0, 0
+    a, routed = train.compute_dtype.num_bytes, tokens * model.experts_per_token
+    num_bytes = 3 * 4 * tokens * model.num_experts + 3 * 2 * a * routed * model.hidden_size
+    return num_bytes, 3 + 4 * model.num_experts
+
+
 def _elementwise_forward_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile,
                            tokens: int) -> float:
     """Norms, residual adds, dropout, activation function and RoPE: bytes read + written.
@@ -160,8 +191,13 @@ def _elementwise_forward_s(model: ModelSpec, train: TrainSpec, plan: KernelShape
     drop = 1 if model.dropout else 0
     num_bytes = rep * (2 * 2 * a + 2 * 3 * a + drop * 2 * (2 * a + 1))
     acts = 3 if model.ffn_kind is FfnKind.SWIGLU else 2
-    num_bytes += acts * a * tokens * model.ffn_hidden_size / t
-    kernels = 5 + 2 * drop
+    # the activation function over the MLP's width; a mixture's over each routed expert's and the shared one's
+    width = (model.experts_per_token * model.moe_ffn_hidden_size + model.shared_expert_ffn_hidden_size
+             if model.is_moe else model.ffn_hidden_size)
+    num_bytes += acts * a * tokens * width / t
+    routing_bytes, routing_kernels = _moe_routing_bytes(model, train, tokens)
+    num_bytes += routing_bytes
+    kernels = 5 + 2 * drop + routing_kernels
     if model.position_kind is PositionKind.ROPE:
         num_bytes += 2 * a * tokens * (model.hidden_size + model.kv_hidden_size) / t
         kernels += 1

@@ -18,9 +18,21 @@ BACKWARD_FACTOR = 2  # dX and dW each cost one forward's FLOPs (SC'21 Sec. 5.1)
 
 
 def layer_linear_forward_flops(model: ModelSpec, num_tokens: int) -> int:
-    """All projections of one layer (QKV, output, MLP) over num_tokens tokens."""
-    return sum(2 * num_tokens * lin.in_features * lin.out_features
-               for block in layer_blocks(model) for lin in block.linears)
+    """All projections of one layer (QKV, output, MLP) over num_tokens tokens. A mixture of
+    experts counts what a token passes through (active parameters): the router, its
+    `experts_per_token` experts, the shared expert and its gate."""
+    blocks = [b for b in layer_blocks(model) if not (model.is_moe and b.name == "mlp")]
+    dense = sum(2 * num_tokens * lin.in_features * lin.out_features for block in blocks for lin in block.linears)
+    return dense + moe_forward_flops(model, num_tokens)
+
+
+def moe_forward_flops(model: ModelSpec, num_tokens: int) -> int:
+    if not model.is_moe:
+        return 0
+    h = model.hidden_size
+    routed = model.experts_per_token * 3 * h * model.moe_ffn_hidden_size
+    shared = 3 * h * model.shared_expert_ffn_hidden_size + (h if model.shared_expert_gate else 0)
+    return 2 * num_tokens * (h * model.num_experts + routed + shared)
 
 
 def attention_core_forward_flops(model: ModelSpec, num_sequences: int, seq_len: int) -> int:

@@ -111,6 +111,22 @@ def _cp_cpu_mask_elements(train: TrainSpec, plan: Plan, traits: FrameworkTraits)
     return c * c * (2 * plan.cp + 1)
 
 
+def _moe_saved_bytes(model: ModelSpec, train: TrainSpec, tokens: int, traits: FrameworkTraits) -> float:
+    """What runtime.moe keeps for backward in one layer (measured per tensor by
+    tests/runtime/test_activation_memory.py): the router's fp32 probabilities, the chosen experts
+    (int64) and their fp32 weights (and their sum where renormalised); per routed token
+    (tokens·k rows, whatever the balance) its gathered input, the expert's SwiGLU tensors, its
+    output before and after weighting, its weight and its index; the shared expert's SwiGLU
+    tensors, and with a gate its output and the gate's value. (Its input is the MLP input
+    `layer_activation_bytes` counts already.)"""
+    a, h, k, e = train.compute_dtype.num_bytes, model.hidden_size, model.experts_per_token, model.num_experts
+    router = tokens * (4 * e + 8 * k + 4 * k + (4 if model.moe_norm_topk_prob else 0))
+    per_row = a * (3 * h + traits.swiglu_saved_tensors * model.moe_ffn_hidden_size + 1) + 8
+    fs = model.shared_expert_ffn_hidden_size
+    shared = a * tokens * (traits.swiglu_saved_tensors * fs + ((h + 1) if model.shared_expert_gate else 0))
+    return router + tokens * k * per_row + shared
+
+
 def layer_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, mode: Recompute,
                            traits: FrameworkTraits = RUNTIME) -> float:
     """Bytes one layer keeps for backward, for one micro-batch, on one device."""
@@ -132,7 +148,8 @@ def layer_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, mode:
     out_proj_input = a * tokens * h / t
     # SwiGLU in eager torch saves gate, up, silu(gate) and the product; a fused kernel keeps the
     # 2f-wide first projection and the product (costmodel.frameworks)
-    mlp = (traits.swiglu_saved_tensors if model.ffn_kind is FfnKind.SWIGLU else 2) * a * tokens * f / t
+    mlp = (_moe_saved_bytes(model, train, tokens, traits) if model.is_moe else
+           (traits.swiglu_saved_tensors if model.ffn_kind is FfnKind.SWIGLU else 2) * a * tokens * f / t)
     if mode is Recompute.SELECTIVE:
         core = 0.0
     elif train.attention_kernel is AttentionKernel.FLASH and not (drop and traits.cpu_kernels):
@@ -336,6 +353,8 @@ def backward_working_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, last:
     a, t = train.compute_dtype.num_bytes, plan.tp
     tokens = _local_tokens(train, plan)
     h, kv, f = model.hidden_size, model.kv_hidden_size, model.ffn_hidden_size
+    if model.is_moe:   # one expert's backward at a time; it may have got every token
+        f = max(model.moe_ffn_hidden_size, model.shared_expert_ffn_hidden_size)
     mlp = (traits.swiglu_saved_tensors - 1 if model.ffn_kind is FfnKind.SWIGLU else 2) * a * tokens * f / t
     attention = a * tokens * (h + 2 * kv) / t + 4 * tokens * h / t
     widest_weight = a * h * max(f, h + 2 * kv) / t

@@ -107,7 +107,7 @@ def time_groups(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, option
     max_tp = options.max_tp or cluster.devices_per_node
     tp_all = [t for t in divisors(world) if t <= max(max_tp, options.fixed.get("tp", 0)) and not tp_problems(model, t)]
     for tp in allowed(options, "tp", tp_all):
-        cp_all = [c for c in divisors(world // tp) if c <= MAX_CP and not cp_problems(train, c)]
+        cp_all = [c for c in divisors(world // tp) if c <= MAX_CP and not cp_problems(model, train, c)]
         for cp in allowed(options, "cp", cp_all):
             for pp in allowed(options, "pp", [p for p in divisors(world // (tp * cp)) if p <= L]):
                 dp = world // (tp * cp * pp)
@@ -131,6 +131,9 @@ def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp):
             variants = []
             for vpp in allowed(options, "vpp", vpps):
                 valid, best = _schedules(pp, vpp, mode, options.schedules)
+                if model.is_moe:   # costmodel.check.moe_schedule_problem
+                    valid = tuple(s for s in valid if not s.defers_weight_grad)
+                    best = tuple(s for s in best if not s.defers_weight_grad) or valid
                 if valid:
                     variants += [(vpp, sched) for sched in dominant(options, "schedule", valid, best)]
             if not variants:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from costmodel.check import check_memory, check_structure, moe_problem
+from costmodel.check import check_memory, check_structure
 from costmodel.cluster import DEFAULT_MEMORY_HEADROOM, ClusterSpec, known_profiles, parse_cluster
 from costmodel.machine import LocalProfileMissing
 from costmodel.measured import MeasuredRun
@@ -85,8 +85,6 @@ def _specs(args: argparse.Namespace) -> tuple[ModelSpec, TrainSpec, ClusterSpec]
         raise UserError("--model and --cluster are required"
                         + (" (or --plan plan.json)" if args.command == "predict" else ""))
     model, cluster = resolve_model(args.model), parse_cluster(args.cluster)
-    if problem := moe_problem(model):   # before a search that would find every plan invalid
-        raise UserError(problem)
     cluster = dataclasses.replace(cluster, memory_headroom=args.memory_headroom)
     seq, batch = default_recipe(model)
     train = TrainSpec(seq_len=seq if args.seq_len is None else args.seq_len,
@@ -258,8 +256,8 @@ def cmd_models(args: argparse.Namespace) -> int:
                 [(r["name"], f"{r['params'] / 1e9:,.2f}B", f"{r['active_params'] / 1e9:,.2f}B", r["experts"],
                   r["layers"], r["hidden"], f"{r['heads']}/{r['kv_heads']}", r["ffn"], r["vocab"], r["source"])
                  for r in rows]))
-    print("\nmixtures of experts (experts: per token / in all) are counted and trained by the runtime, "
-          "not yet priced or searched")
+    print("\nmixtures of experts (experts: per token / in all) are planned without expert, tensor or "
+          "context parallelism for now")
     print("\naliases: llama-70b -> llama2-70b, llama-7b, llama-13b, gpt3; or --model path/to/config.json")
     return 0
 

@@ -130,9 +130,29 @@ def test_bad_mixtures_of_experts_are_one_line(tmp_path, capsys):
             "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 256, "num_local_experts": 4}
     for changes, message in (({"num_experts_per_tok": 5}, "experts_per_token 5 must be between 1 and num_experts 4"),
                              ({"num_experts_per_tok": 2, "router_jitter_noise": 0.1}, "router_jitter_noise"),
-                             ({"num_experts_per_tok": 2}, "is a mixture of experts (4 experts, 2 per token")):   # not priced yet
+                             ({"num_experts_per_tok": 2}, "runs without tensor parallelism")):
         cfg = tmp_path / "config.json"
         cfg.write_text(json.dumps({**base, **changes}))
-        assert main(["predict", "--model", str(cfg), "--cluster", "1x8xH100"]) == 2
+        assert main(["predict", "--model", str(cfg), "--cluster", "1x8xH100", "--tp", "2"]) == 2
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_mixture_of_experts_is_planned_as_the_runtime_runs_it(capsys):
+    """Experts priced as runtime.moe runs them: FLOPs of the active parameters, every expert's
+    states, no tensor or context parallelism and no zero-bubble schedule (not proven or measured
+    with experts yet), so the search offers none of those."""
+    from costmodel.flops import layer_linear_forward_flops
+    from planner.cli import main
+    m = resolve_model("mixtral-8x7b")
+    h, kv, f, tokens = m.hidden_size, m.kv_hidden_size, m.moe_ffn_hidden_size, 1000
+    attention = 2 * h * h + 2 * h * kv
+    assert layer_linear_forward_flops(m, tokens) == 2 * tokens * (attention + h * 8 + 2 * 3 * h * f)
+    assert main(["search", "--model", "mixtral-8x7b", "--cluster", "8x8xH100", "--json", "--top", "10"]) == 0
+    import json as _json
+    plans = [p["plan"] for p in _json.loads(capsys.readouterr().out)["plans"]]
+    assert plans and all(p["tp"] == 1 and p["cp"] == 1 and p["schedule"] not in ("zb-h1", "zbv") for p in plans)
+    for flags, message in ((["--cp", "2"], "runs without context parallelism"),
+                           (["--pp", "2", "--schedule", "zb-h1"], "with experts: what its deferred weight passes hold")):
+        assert main(["predict", "--model", "mixtral-8x7b", "--cluster", "8x8xH100", *flags]) == 2
+        assert message in capsys.readouterr().err

@@ -46,9 +46,9 @@ def _saved_bytes(pf) -> dict[str, int]:
     where, seen = ["embed"], {}
 
     def pack(t):
-        key, nbytes = _storage_key(t)
+        key, _ = _storage_key(t)
         if key is not None:
-            seen.setdefault(key, (where[0], nbytes))
+            seen.setdefault(key, (where[0], _plain(t).untyped_storage()))
         return t
 
     for name, layer in module.layers.items():
@@ -61,12 +61,13 @@ def _saved_bytes(pf) -> dict[str, int]:
         out = module(x)
         where[0] = "loss"
         cross_entropy(local_tensor(out), x)
-    # weights are not activations: FSDP2's gathered copies are the module's parameters now
+    # weights are not activations: FSDP2's gathered copies are the module's parameters now, or
+    # (ZeRO-3) freed after the forward, their storages resized to zero until backward gathers again
     weights = {_storage_key(local_tensor(p))[0] for p in module.parameters()}
     totals: dict[str, int] = {}
-    for key, (place, nbytes) in seen.items():
+    for key, (place, storage) in seen.items():
         if key not in weights:
-            totals[place] = totals.get(place, 0) + nbytes
+            totals[place] = totals.get(place, 0) + storage.nbytes()
     return totals
 
 
@@ -81,6 +82,9 @@ CASES = {
     "cp2": (Choice(cp=2, micro_batch_size=MBS), 2, LLAMA),
     "cp4": (Choice(cp=4, micro_batch_size=MBS), 4, LLAMA),
     "cp2_tp2_sp": (Choice(cp=2, tp=2, micro_batch_size=MBS), 4, LLAMA),
+    # a mixture of experts (runtime.moe): routed rows, the shared expert and its gate
+    "moe": (Choice(micro_batch_size=MBS), 1, dict(model="debug-moe")),
+    "moe_dp2": (Choice(zero_stage=1, micro_batch_size=MBS), 2, dict(model="debug-moe")),
 }
 
 
