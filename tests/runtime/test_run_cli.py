@@ -209,3 +209,41 @@ def test_a_straggler_is_named_in_the_measured_results(tmp_path):
     fwd = json.loads((tmp_path / "run" / "measured.json").read_text())["rank_forward_s"]
     assert len(fwd) == 2 and fwd[1] > fwd[0] + 0.05   # 4 layers x 20 ms
     assert "slowest rank's layer forwards (rank 1)" in proc.stdout
+
+
+def test_print_launch_for_a_hostfile_runs_and_a_pytorchjob_parses(tmp_path, capsys):
+    """The hostfile variant's command, run here as printed (one host: localhost), trains; the
+    Kubernetes PyTorchJob for the 8-node llama-70b plan is valid YAML with a Master and 7 Workers
+    of 8 GPUs; a hostfile that does not fit the plan, or names an unknown host, is one line."""
+    import yaml
+    plan = _plan(tmp_path, "--dp", "2")
+    capsys.readouterr()
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("# the only node\nlocalhost slots=2\n")
+    out = tmp_path / "run"
+    assert main(["run", str(plan), "--print-launch", "hostfile", "--hostfile", str(hosts), "--steps", "2",
+                 "--warmup", "0", "--out", str(out)]) == 0
+    command = capsys.readouterr().out.strip().splitlines()[-1]
+    assert command.startswith("torchrun --nnodes=1 --node-rank=0 --nproc-per-node=2")
+    proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(json.loads((out / "raw.json").read_text())["losses"]) == 2
+    big = tmp_path / "70b.json"
+    assert main(["predict", "--model", "llama-70b", "--cluster", "8x8xA100", "--tp", "8", "--pp", "4",
+                 "--recompute", "full", "--out", str(big), "--json"]) == 0
+    capsys.readouterr()
+    assert main(["run", str(big), "--print-launch", "k8s", "--image", "registry.example/planner:0.1"]) == 0
+    job = yaml.safe_load(capsys.readouterr().out)
+    specs = job["spec"]["pytorchReplicaSpecs"]
+    assert job["kind"] == "PyTorchJob" and specs["Master"]["replicas"] == 1 and specs["Worker"]["replicas"] == 7
+    container = specs["Worker"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 8 and "--nnodes=8" in container["command"]
+    for text, message in (("localhost slots=4\n", "has slots=4, but the plan puts 2"),
+                          ("localhost\nlocalhost\n", "2 host(s), but the plan's cluster has 1 node(s)"),
+                          ("no-such-host.invalid\n", "cannot be resolved from here")):
+        hosts.write_text(text)
+        assert main(["run", str(plan), "--print-launch", "hostfile", "--hostfile", str(hosts)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1
+    assert main(["run", str(plan), "--print-launch", "k8s"]) == 2
+    assert "needs --image" in capsys.readouterr().err

@@ -1,0 +1,81 @@
+"""Launching a plan on machines this one does not manage: torchrun per host of a hostfile, and a
+Kubernetes PyTorchJob (Kubeflow training operator). Both start the same worker as `planner run`
+(runtime.worker, the plan's own flags), with torchrun's c10d rendezvous on the first node; paths
+in the worker's arguments (the plan, --out, --checkpoint-dir) must be on storage every node sees.
+SLURM's script and the per-node commands are runtime.launch's.
+"""
+from __future__ import annotations
+
+import shlex
+import socket
+from pathlib import Path
+
+import yaml
+
+from costmodel.inputs import InputError
+from costmodel.plan import PlanFile
+from runtime.launch import PORT, WorkerArgs
+
+
+def read_hostfile(path: Path, pf: PlanFile) -> list[str]:
+    """One host per line (`host` or MPI's `host slots=N`; `#` comments): as many hosts as the
+    plan's nodes, each with the plan's devices per node, each name resolvable here."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InputError(f"hostfile {path}: cannot be read ({exc.strerror})") from None
+    hosts = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].split()
+        if not line:
+            continue
+        host, *rest = line
+        for field in rest:
+            key, _, value = field.partition("=")
+            if key != "slots" or not value.isdigit():
+                raise InputError(f"hostfile {path}:{number}: {field!r} is not slots=N")
+            if int(value) != pf.cluster.devices_per_node:
+                raise InputError(f"hostfile {path}:{number}: {host} has slots={value}, but the plan puts "
+                                 f"{pf.cluster.devices_per_node} ranks on every node")
+        hosts.append(host)
+    if len(hosts) != pf.cluster.num_nodes:
+        raise InputError(f"hostfile {path}: {len(hosts)} host(s), but the plan's cluster has "
+                         f"{pf.cluster.num_nodes} node(s)")
+    for host in hosts:
+        try:
+            socket.getaddrinfo(host, PORT)
+        except OSError:
+            raise InputError(f"hostfile {path}: host {host!r} cannot be resolved from here") from None
+    return hosts
+
+
+def hostfile_commands(pf: PlanFile, worker: WorkerArgs, hosts: list[str]) -> list[str]:
+    """Per host, the command to run there (over ssh, or by hand): torchrun with its node rank and
+    the first host as the rendezvous endpoint."""
+    c = pf.cluster
+    return [" ".join(["torchrun", f"--nnodes={c.num_nodes}", f"--node-rank={i}",
+                      f"--nproc-per-node={c.devices_per_node}", f"--max-restarts={worker.max_restarts}",
+                      "--rdzv-backend=c10d", f"--rdzv-endpoint={hosts[0]}:{PORT}", "--rdzv-id=planner",
+                      *map(shlex.quote, worker.argv())])
+            for i in range(len(hosts))]
+
+
+def pytorchjob_yaml(pf: PlanFile, worker: WorkerArgs, image: str) -> str:
+    """A PyTorchJob: one Master and num_nodes - 1 Workers, each a pod with the node's GPUs
+    running torchrun (the operator sets MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK)."""
+    c = pf.cluster
+    command = ["torchrun", f"--nnodes={c.num_nodes}", "--node-rank=$(RANK)", f"--nproc-per-node={c.devices_per_node}",
+               f"--max-restarts={worker.max_restarts}", "--rdzv-backend=c10d",
+               "--rdzv-endpoint=$(MASTER_ADDR):$(MASTER_PORT)", "--rdzv-id=planner", *worker.argv()]
+
+    def replica(count: int) -> dict:
+        gpus = {"nvidia.com/gpu": c.devices_per_node} if c.device.kind != "cpu" else {}
+        container = {"name": "pytorch", "image": image, "command": command, "resources": {"limits": gpus}}
+        return {"replicas": count, "restartPolicy": "OnFailure", "template": {"spec": {"containers": [container]}}}
+    specs = {"Master": replica(1)}
+    if c.num_nodes > 1:
+        specs["Worker"] = replica(c.num_nodes - 1)
+    job = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+           "metadata": {"name": f"planner-{pf.model.name}".lower().replace(".", "-").replace("_", "-")[:63]},
+           "spec": {"pytorchReplicaSpecs": specs}}
+    return yaml.safe_dump(job, sort_keys=False)
