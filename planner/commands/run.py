@@ -25,8 +25,8 @@ EPILOG = """examples:
   planner run plan.json --steps 20 --warmup 3 --out runs/tiny
   planner run plan.json --dry-run          (plans too big for this machine: states per rank on meta)
   planner run plan.json --print-launch     (torchrun per node and an sbatch script)
-  planner run plan.json --print-launch hostfile --hostfile hosts.txt
-  planner run plan.json --print-launch k8s --image registry/planner:0.1   (a Kubeflow PyTorchJob)
+  planner run plan.json --print-launch --launcher hostfile --hostfile hosts.txt
+  planner run plan.json --print-launch --launcher k8s --image registry/planner:0.1   (a Kubeflow PyTorchJob)
 
 ranks start with torchrun; CPU runs use gloo and the threads per rank the profile was measured
 with (oversubscribing cores is fine for correctness, not for speed); GPU runs use NCCL, one GPU
@@ -76,15 +76,17 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true",
                    help="build each stage's first rank on the meta device under a fake process group "
                         "and compare its states with the estimate; runs nothing")
-    p.add_argument("--print-launch", nargs="?", const="slurm", choices=["slurm", "hostfile", "k8s"],
-                   help="print how to launch the plan on its cluster instead of running: slurm (default: a "
-                        "torchrun command per node and an sbatch script), hostfile (torchrun per host of "
-                        "--hostfile), k8s (a Kubeflow PyTorchJob YAML for --image); paths in them must be on "
-                        "storage every node sees")
+    p.add_argument("--print-launch", action="store_true",
+                   help="print how to launch the plan on its cluster instead of running it (--launcher); "
+                        "paths in the commands must be on storage every node sees")
+    p.add_argument("--launcher", choices=["slurm", "hostfile", "k8s"],
+                   help="with --print-launch: slurm (default: a torchrun command per node and an sbatch "
+                        "script), hostfile (torchrun per host of --hostfile), k8s (a Kubeflow PyTorchJob YAML "
+                        "for --image)")
     p.add_argument("--hostfile", metavar="F",
-                   help="with --print-launch hostfile: one host per line (host or 'host slots=N'), first = "
+                   help="with --launcher hostfile: one host per line (host or 'host slots=N'), first = "
                         "rendezvous")
-    p.add_argument("--image", help="with --print-launch k8s: a container image with this planner installed")
+    p.add_argument("--image", help="with --launcher k8s: a container image with this planner installed")
     p.add_argument("--json", action="store_true", help="print measured.json (or the dry-run rows) on stdout")
     p.add_argument("--inject-fault", default=None, help=argparse.SUPPRESS)   # RANK:STEP:raise|exit, failure tests
 
@@ -123,14 +125,14 @@ def _checkpoint_every(args: argparse.Namespace, pf: PlanFile) -> int:
 
 
 def _print_launch(args: argparse.Namespace, pf: PlanFile, worker) -> None:
-    if args.print_launch == "hostfile":
+    if args.launcher == "hostfile":
         from runtime.launch_scripts import hostfile_commands, read_hostfile
         hosts = read_hostfile(Path(args.hostfile), pf)
         print(f"# {pf.plan.short()} on {len(hosts)} host(s) of {args.hostfile}: run line i on host i")
         for host, cmd in zip(hosts, hostfile_commands(pf, worker, hosts)):
             print(f"# {host}\n{cmd}")
         return
-    if args.print_launch == "k8s":
+    if args.launcher == "k8s":
         from runtime.launch_scripts import pytorchjob_yaml
         print(f"# {pf.plan.short()}: kubectl apply -f this (Kubeflow training operator)")
         print(pytorchjob_yaml(pf, worker, args.image), end="")
@@ -177,7 +179,7 @@ def _check_machine(args: argparse.Namespace, pf: PlanFile) -> tuple[int, int]:
 # what a mode does not use, refused by name rather than silently dropped
 DRY_RUN_IGNORES = {"nproc", "steps", "warmup", "seed", "lr", "data", "data_dtype", "out", "overwrite", "inject_fault",
                    "checkpoint_dir", "checkpoint_every", "keep", "resume", "max_restarts", "hang_timeout",
-                   "checkpoint_async", "device_mtbf_hours", "storage_mb_s_per_device", "hostfile", "image"}
+                   "checkpoint_async", "device_mtbf_hours", "storage_mb_s_per_device", "hostfile", "image", "launcher"}
 FAILURE_FLAGS = {"device_mtbf_hours", "storage_mb_s_per_device"}
 CHECKPOINT_FLAGS = {"checkpoint_every", "keep", "resume", "max_restarts", "checkpoint_async", *FAILURE_FLAGS}
 PRINT_LAUNCH_IGNORES = {"nproc", "json", "overwrite", "inject_fault"}
@@ -190,11 +192,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         refuse_ignored(args.given, DRY_RUN_IGNORES, "--dry-run builds the states on the meta device and trains nothing")
     if args.print_launch:
         refuse_ignored(args.given, PRINT_LAUNCH_IGNORES, "--print-launch prints commands and runs nothing")
+    if not args.print_launch:
+        refuse_ignored(args.given, {"launcher"}, "it says how --print-launch prints")
     for flag, mode in (("hostfile", "hostfile"), ("image", "k8s")):
-        if args.print_launch != mode:
-            refuse_ignored(args.given, {flag}, f"it is for --print-launch {mode}")
+        if args.launcher != mode:
+            refuse_ignored(args.given, {flag}, f"it is for --launcher {mode}")
         elif getattr(args, flag) is None:
-            raise RunRefused(f"--print-launch {mode} needs --{flag}")
+            raise RunRefused(f"--launcher {mode} needs --{flag}")
     if not args.data:
         refuse_ignored(args.given, {"data_dtype"}, "it is the dtype of a raw --data file")
     elif args.data.endswith(".npy"):

@@ -221,7 +221,7 @@ def test_print_launch_for_a_hostfile_runs_and_a_pytorchjob_parses(tmp_path, caps
     hosts = tmp_path / "hosts.txt"
     hosts.write_text("# the only node\nlocalhost slots=2\n")
     out = tmp_path / "run"
-    assert main(["run", str(plan), "--print-launch", "hostfile", "--hostfile", str(hosts), "--steps", "2",
+    assert main(["run", str(plan), "--print-launch", "--launcher", "hostfile", "--hostfile", str(hosts), "--steps", "2",
                  "--warmup", "0", "--out", str(out)]) == 0
     command = capsys.readouterr().out.strip().splitlines()[-1]
     assert command.startswith("torchrun --nnodes=1 --node-rank=0 --nproc-per-node=2")
@@ -232,7 +232,7 @@ def test_print_launch_for_a_hostfile_runs_and_a_pytorchjob_parses(tmp_path, caps
     assert main(["predict", "--model", "llama-70b", "--cluster", "8x8xA100", "--tp", "8", "--pp", "4",
                  "--recompute", "full", "--out", str(big), "--json"]) == 0
     capsys.readouterr()
-    assert main(["run", str(big), "--print-launch", "k8s", "--image", "registry.example/planner:0.1"]) == 0
+    assert main(["run", str(big), "--print-launch", "--launcher", "k8s", "--image", "registry.example/planner:0.1"]) == 0
     job = yaml.safe_load(capsys.readouterr().out)
     specs = job["spec"]["pytorchReplicaSpecs"]
     assert job["kind"] == "PyTorchJob" and specs["Master"]["replicas"] == 1 and specs["Worker"]["replicas"] == 7
@@ -242,8 +242,10 @@ def test_print_launch_for_a_hostfile_runs_and_a_pytorchjob_parses(tmp_path, caps
                           ("localhost\nlocalhost\n", "2 host(s), but the plan's cluster has 1 node(s)"),
                           ("no-such-host.invalid\n", "cannot be resolved from here")):
         hosts.write_text(text)
-        assert main(["run", str(plan), "--print-launch", "hostfile", "--hostfile", str(hosts)]) == 2
+        assert main(["run", str(plan), "--print-launch", "--launcher", "hostfile", "--hostfile", str(hosts)]) == 2
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1
-    assert main(["run", str(plan), "--print-launch", "k8s"]) == 2
+    assert main(["run", str(plan), "--print-launch", "--launcher", "k8s"]) == 2
     assert "needs --image" in capsys.readouterr().err
+    assert main(["run", "--print-launch", str(plan)]) == 0   # the flag before the plan, as before
+    capsys.readouterr()
