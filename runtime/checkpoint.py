@@ -24,7 +24,9 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from costmodel.inputs import InputError
 from costmodel.plan import PlanFile
+from costmodel.specs import ModelSpec
 
 COMPLETE = "COMPLETE"
 _STEP_DIR = re.compile(r"^step-(\d{6})$")
@@ -71,9 +73,16 @@ def check_resumable(path: Path, pf: PlanFile) -> int:
         model = saved["model"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"checkpoint {path / 'plan.json'}: unreadable ({exc})") from None
-    if model != pf.model.to_dict():
-        raise CheckpointError(f"checkpoint {path}: saved for model {model.get('name', '?')}, "
-                              f"this plan trains {pf.model.name}")
+    try:   # read as a spec: fields added since it was saved take their defaults
+        spec = ModelSpec.from_dict(model, f"checkpoint {path / 'plan.json'}: model")
+    except (InputError, AttributeError) as exc:
+        raise CheckpointError(str(exc)) from None
+    if spec != pf.model:
+        theirs, ours = spec.to_dict(), pf.model.to_dict()
+        differ = [k for k in ours if k != "source" and theirs[k] != ours[k]]
+        if differ:
+            raise CheckpointError(f"checkpoint {path}: saved for model {spec.name}, this plan trains "
+                                  f"{pf.model.name} ({', '.join(differ)} differ)")
     return step
 
 

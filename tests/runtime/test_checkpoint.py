@@ -205,3 +205,16 @@ def test_a_failed_rank_restarts_and_the_run_ends_as_an_uninterrupted_one(dp_run,
     after = json.loads((tmp / f"restarted-{fault}" / "measured.json").read_text())["losses"]
     assert after == losses[2:]
     assert time.perf_counter() - start < 90   # detection (10 s of silence) + one restart, never a hang
+
+
+def test_a_checkpoint_saved_before_a_model_field_existed_still_resumes(tmp_path):
+    """plan.json written by an older planner lacks fields added since (RoPE base, experts...):
+    they take their defaults, so the same model resumes."""
+    pf = _plan(Choice(zero_stage=1, micro_batch_size=2))
+    _losses(pf, tmp_path, steps=1)
+    record = tmp_path / "step-000001" / "plan.json"
+    saved = json.loads(record.read_text())
+    for key in ("rope_theta", "norm_eps", "num_experts", "qkv_bias"):
+        del saved["model"][key]
+    record.write_text(json.dumps(saved))
+    assert checkpoint.check_resumable(tmp_path / "step-000001", pf) == 1
