@@ -30,7 +30,7 @@ def model_from_hf_config(path: Path) -> ModelSpec:
     kind = inputs.value(cfg, "model_type", str, where, "")
     name = inputs.value(cfg, "_name_or_path", str, where, "") or path.parent.name or path.stem
     readers = {"llama": _llama, "mistral": _llama, "mixtral": _mixtral, "qwen2": _qwen2, "qwen2_moe": _qwen2_moe,
-               "gpt2": _gpt2}
+               "phi3": _phi3, "gpt2": _gpt2}
     if kind not in readers:
         raise InputError(f"{where}: model_type {kind!r} is not supported (supported: {', '.join(readers)})")
     reader = _Reader(cfg, where)
@@ -103,6 +103,17 @@ def _qwen2(name: str, r: _Reader) -> ModelSpec:
     return replace(_llama(name, r, window=False), qkv_bias=True)
 
 
+def _phi3(name: str, r: _Reader) -> ModelSpec:
+    """Llama's computation with Q, K, V fused into one projection and gate and up into another
+    (runtime/hf.py splits them); its dropout rates must be zero (the runtime has none for it)."""
+    for key in ("resid_pdrop", "embd_pdrop"):
+        if r.value(key, float, 0.0):
+            raise InputError(f"{r.where}: {key} in a Phi-3 model is not supported")
+    # the context length before RoPE scaling: only a scaling reads it, and _rope refuses those
+    r.read.add("original_max_position_embeddings")
+    return _llama(name, r)
+
+
 def _mixtral(name: str, r: _Reader) -> ModelSpec:
     """Mistral's layout with `num_local_experts` experts of `intermediate_size` in every layer."""
     if r.value("router_jitter_noise", float, 0.0):
@@ -146,6 +157,13 @@ def _rope(r: _Reader) -> dict[str, Any]:
     if scaling is None:
         return out
     at = f"{r.where}: {'rope_parameters' if params is not None else 'rope_scaling'}"
+    known = {"rope_type", "type", "rope_theta", "factor", "low_freq_factor", "high_freq_factor",
+             "original_max_position_embeddings", "partial_rotary_factor"}
+    if unknown := sorted(set(scaling) - known):
+        raise InputError(f"{at}: keys this planner does not know: {', '.join(unknown)}")
+    if scaling.get("partial_rotary_factor", 1.0) != 1.0:
+        raise InputError(f"{at}: partial_rotary_factor {scaling['partial_rotary_factor']} (RoPE on part of "
+                         "each head) is not supported")
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "default":
         return out

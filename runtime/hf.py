@@ -23,17 +23,35 @@ _LLAMA_LAYER = {"attention.wq": "self_attn.q_proj", "attention.wk": "self_attn.k
                 "mlp.router": "mlp.gate", "mlp.shared.w1": "mlp.shared_expert.gate_proj",
                 "mlp.shared.w3": "mlp.shared_expert.up_proj", "mlp.shared.w2": "mlp.shared_expert.down_proj",
                 "mlp.shared_gate": "mlp.shared_expert_gate"}
-# stacked expert weights: transformers 5 keeps each expert's gate and up projections in one
-# (experts, 2f, h) tensor, gate first
-_EXPERTS = {"mlp.w1": ("mlp.experts.gate_up_proj", 0), "mlp.w3": ("mlp.experts.gate_up_proj", 1),
-            "mlp.w2": ("mlp.experts.down_proj", None)}
 _GPT_LAYER = {"attention.qkv": "attn.c_attn", "attention.proj": "attn.c_proj", "mlp.fc1": "mlp.c_fc",
               "mlp.fc2": "mlp.c_proj", "attention_norm": "ln_1", "mlp_norm": "ln_2"}
 _GPT_CONV1D = ("attention.qkv", "attention.proj", "mlp.fc1", "mlp.fc2")   # stored transposed
 
 
-def _names(model: Transformer) -> dict[str, str]:
-    """runtime name -> transformers name, for every parameter of the whole model."""
+def _fused(model: Transformer, fused_projections: bool) -> dict[str, tuple[str, int, int, tuple[int, ...]]]:
+    """Runtime tensors that are a part of one transformers tensor: module path -> (its name there,
+    the dimension the parts are stacked on, which part, every part's width). Transformers 5
+    stacks experts ((experts, 2f, h) with gate first, and (experts, h, f)); Phi-3 fuses Q, K and V
+    into qkv_proj and gate and up into gate_up_proj."""
+    spec, out = model.spec, {}
+    if spec.is_moe:
+        f = spec.moe_ffn_hidden_size
+        out.update({"mlp.w1": ("mlp.experts.gate_up_proj", 1, 0, (f, f)),
+                    "mlp.w3": ("mlp.experts.gate_up_proj", 1, 1, (f, f)),
+                    "mlp.w2": ("mlp.experts.down_proj", 0, 0, (spec.num_experts,))})
+    if fused_projections:
+        qkv, gate_up = (spec.hidden_size, spec.kv_hidden_size, spec.kv_hidden_size), (spec.ffn_hidden_size,) * 2
+        out.update({"attention.wq.weight": ("self_attn.qkv_proj.weight", 0, 0, qkv),
+                    "attention.wk.weight": ("self_attn.qkv_proj.weight", 0, 1, qkv),
+                    "attention.wv.weight": ("self_attn.qkv_proj.weight", 0, 2, qkv),
+                    "mlp.w1.weight": ("mlp.gate_up_proj.weight", 0, 0, gate_up),
+                    "mlp.w3.weight": ("mlp.gate_up_proj.weight", 0, 1, gate_up)})
+    return out
+
+
+def _names(model: Transformer, fused_projections: bool = False) -> dict[str, tuple[str, tuple | None]]:
+    """runtime name -> (transformers name, the part it is of a fused tensor or None), for every
+    parameter of the whole model."""
     llama = model.spec.arch is Arch.LLAMA
     top = ({"embed.tok.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
             "output.weight": "lm_head.weight"} if llama else
@@ -41,17 +59,18 @@ def _names(model: Transformer) -> dict[str, str]:
             "norm.weight": "transformer.ln_f.weight", "norm.bias": "transformer.ln_f.bias",
             "output.weight": "lm_head.weight"})
     layer_map, prefix = (_LLAMA_LAYER, "model.layers") if llama else (_GPT_LAYER, "transformer.h")
+    fused = _fused(model, fused_projections)
     out = {}
     for name, _ in model.named_parameters(remove_duplicate=False):
         if name in top:
-            out[name] = top[name]
+            out[name] = (top[name], None)
             continue
         _, index, rest = name.split(".", 2)          # layers.<i>.<module path>.<weight|bias>
-        if model.spec.is_moe and rest in _EXPERTS:
-            out[name] = f"{prefix}.{index}.{_EXPERTS[rest][0]}"
+        if rest in fused:
+            out[name] = (f"{prefix}.{index}.{fused[rest][0]}", fused[rest][1:])
             continue
         module, kind = rest.rsplit(".", 1)
-        out[name] = f"{prefix}.{index}.{layer_map[module]}.{kind}"
+        out[name] = (f"{prefix}.{index}.{layer_map[module]}.{kind}", None)
     return out
 
 
@@ -63,16 +82,17 @@ def _gpt_qkv_order(model: Transformer) -> torch.Tensor:
     return torch.cat(rows)
 
 
-def to_hf(model: Transformer) -> dict[str, torch.Tensor]:
-    """The whole model's weights under transformers' names and layouts."""
+def to_hf(model: Transformer, *, fused_projections: bool = False) -> dict[str, torch.Tensor]:
+    """The whole model's weights under transformers' names and layouts (`fused_projections`:
+    Phi-3's qkv_proj and gate_up_proj)."""
     own = dict(model.named_parameters(remove_duplicate=False))
     out: dict[str, torch.Tensor] = {}
-    halves: dict[str, list[torch.Tensor | None]] = {}
-    for name, hf_name in _names(model).items():
+    parts: dict[str, tuple[int, dict[int, torch.Tensor]]] = {}
+    for name, (hf_name, part) in _names(model, fused_projections).items():
         w = own[name].detach()
-        half = _expert_half(model, name)
-        if half is not None:   # gate and up of every expert, joined below
-            halves.setdefault(hf_name, [None, None])[half] = w
+        if part is not None:   # joined below
+            dim, which, _ = part
+            parts.setdefault(hf_name, (dim, {}))[1][which] = w
             continue
         if model.spec.arch is Arch.GPT:
             module = name.split(".", 2)[-1].rsplit(".", 1)[0] if name.startswith("layers.") else ""
@@ -81,32 +101,26 @@ def to_hf(model: Transformer) -> dict[str, torch.Tensor]:
             if module in _GPT_CONV1D and name.endswith("weight"):
                 w = w.t()
         out[hf_name] = w.contiguous()
-    out.update({hf_name: torch.cat(pair, dim=1) for hf_name, pair in halves.items()})
+    out.update({hf_name: torch.cat([pieces[i] for i in sorted(pieces)], dim=dim)
+                for hf_name, (dim, pieces) in parts.items()})
     return out
-
-
-def _expert_half(model: Transformer, name: str) -> int | None:
-    """0 or 1 for a stacked gate or up projection (one half of transformers' gate_up_proj)."""
-    if not model.spec.is_moe or not name.startswith("layers."):
-        return None
-    entry = _EXPERTS.get(name.split(".", 2)[2])
-    return None if entry is None else entry[1]
 
 
 @torch.no_grad()
 def from_hf(model: Transformer, state: dict[str, torch.Tensor]) -> None:
-    """Copy transformers' weights into the runtime's model (same spec); every parameter must be
-    found, with its shape, or this raises naming it."""
+    """Copy transformers' weights into the runtime's model (same spec; Phi-3's fused projections
+    are recognised by name); every parameter must be found, with its shape, or this raises naming it."""
     own = dict(model.named_parameters(remove_duplicate=False))
-    for name, hf_name in _names(model).items():
+    fused_projections = any(k.endswith("self_attn.qkv_proj.weight") for k in state)
+    for name, (hf_name, part) in _names(model, fused_projections).items():
         if hf_name not in state:
             if name == "output.weight" and model.spec.tied_embeddings:
                 continue   # tied: the embedding is the output layer
             raise KeyError(f"{hf_name} (for {name}) is not in the state dict")
         w = state[hf_name]
-        if (half := _expert_half(model, name)) is not None:
-            f = model.spec.moe_ffn_hidden_size
-            w = w[:, half * f:(half + 1) * f]
+        if part is not None:
+            dim, which, widths = part
+            w = w.split(list(widths), dim=dim)[which] if len(widths) > 1 else w
         if model.spec.arch is Arch.GPT and name.startswith("layers."):
             module = name.split(".", 2)[-1].rsplit(".", 1)[0]
             if module in _GPT_CONV1D and name.endswith("weight"):

@@ -93,6 +93,8 @@ def test_hf_numerics_are_read(tmp_path):
 @pytest.mark.parametrize("changes, message", [
     ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type 'yarn' is not supported"),
     ({"head_dim": 32}, "head_dim 32 differs from hidden_size / num_attention_heads = 16"),
+    ({"rope_parameters": {"rope_theta": 1e4, "partial_rotary_factor": 0.5}}, "partial_rotary_factor 0.5"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "beta_fast": 32}}, "keys this planner does not know: beta_fast"),
     ({"attention_bias": True}, "with biases are not supported"),
     ({"moe_intermediate_size": 64, "num_experts": 8}, "keys this planner does not know, which may change the cost: "
                                                       "moe_intermediate_size, num_experts"),
