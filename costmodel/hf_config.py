@@ -15,7 +15,7 @@ from typing import Any
 from costmodel import inputs
 from costmodel.inputs import InputError, read_json_object
 from costmodel.registry import gpt_spec, llama_spec
-from costmodel.specs import ModelSpec
+from costmodel.specs import FfnKind, ModelSpec
 
 # keys that change neither the cost nor the runtime's numerics (besides *_token_id(s))
 _INERT = {"_name_or_path", "output_router_logits", "architectures", "model_type", "transformers_version", "torch_dtype", "dtype",
@@ -30,7 +30,7 @@ def model_from_hf_config(path: Path) -> ModelSpec:
     kind = inputs.value(cfg, "model_type", str, where, "")
     name = inputs.value(cfg, "_name_or_path", str, where, "") or path.parent.name or path.stem
     readers = {"llama": _llama, "mistral": _llama, "mixtral": _mixtral, "qwen2": _qwen2, "qwen2_moe": _qwen2_moe,
-               "phi3": _phi3, "gpt2": _gpt2}
+               "phi3": _phi3, "gemma": _gemma, "gpt2": _gpt2}
     if kind not in readers:
         raise InputError(f"{where}: model_type {kind!r} is not supported (supported: {', '.join(readers)})")
     reader = _Reader(cfg, where)
@@ -101,6 +101,21 @@ def _qwen2(name: str, r: _Reader) -> ModelSpec:
         raise InputError(f"{r.where}: use_sliding_window (per-layer windows) is not supported")
     r.read.add("sliding_window")
     return replace(_llama(name, r, window=False), qkv_bias=True)
+
+
+def _gemma(name: str, r: _Reader) -> ModelSpec:
+    """Llama's layout with a tanh-GeLU gate (GeGLU), embeddings scaled by sqrt(hidden), RMSNorm
+    scales stored as w and applied as 1 + w, and tied embeddings (transformers' GemmaForCausalLM)."""
+    act = r.value("hidden_activation", str, None) or r.value("hidden_act", str, "gelu_pytorch_tanh")
+    r.read.update({"hidden_act", "hidden_activation"})
+    if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+        raise InputError(f"{r.where}: hidden_activation {act!r} is not the tanh GeLU Gemma uses")
+    cfg = {**r.cfg, "hidden_act": "silu"}   # _llama's SwiGLU check, then the kind is replaced
+    inner = _Reader(cfg, r.where)
+    inner.read = r.read
+    spec = _llama(name, inner)
+    return replace(spec, ffn_kind=FfnKind.GEGLU, scale_embeddings=True, norm_unit_offset=True,
+                   tied_embeddings=r.value("tie_word_embeddings", bool, True))
 
 
 def _phi3(name: str, r: _Reader) -> ModelSpec:

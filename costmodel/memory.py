@@ -139,8 +139,11 @@ def layer_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, mode:
     if mode is Recompute.FULL:
         return a * tokens * h / sp  # the layer input only
     # 2 norm inputs (and, CPU RMSNorm, their normalised copies) and 2 dropout masks on sequence
-    # shards; the attention and MLP inputs whole where TP keeps them gathered (frameworks)
-    norms = (2 if model.norm_kind is NormKind.RMSNORM and traits.cpu_kernels else 1) * 2 * a
+    # shards; the attention and MLP inputs whole where TP keeps them gathered (frameworks). CPU's
+    # composite RMSNorm computes in fp32 and keeps both tensors in fp32 whatever the compute
+    # dtype (measured: bf16 layers kept 20 % more than a count in bf16)
+    cpu_rms = model.norm_kind is NormKind.RMSNORM and traits.cpu_kernels
+    norms = 2 * 2 * 4 if cpu_rms else 2 * a
     replicated = tokens * h * (norms + 2 * drop) / sp + 2 * a * tokens * h / _proj_input_split(plan, traits)
     qkv = a * tokens * (h + 2 * kv) / t
     if plan.cp > 1 and traits.cp_all_gather_kv:   # attention keeps the whole sequence's K and V
@@ -149,7 +152,7 @@ def layer_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, mode:
     # SwiGLU in eager torch saves gate, up, silu(gate) and the product; a fused kernel keeps the
     # 2f-wide first projection and the product (costmodel.frameworks)
     mlp = (_moe_saved_bytes(model, train, tokens, traits) if model.is_moe else
-           (traits.swiglu_saved_tensors if model.ffn_kind is FfnKind.SWIGLU else 2) * a * tokens * f / t)
+           (traits.swiglu_saved_tensors if model.ffn_kind.gated else 2) * a * tokens * f / t)
     if mode is Recompute.SELECTIVE:
         core = 0.0
     elif train.attention_kernel is AttentionKernel.FLASH and not (drop and traits.cpu_kernels):
@@ -355,7 +358,7 @@ def backward_working_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, last:
     h, kv, f = model.hidden_size, model.kv_hidden_size, model.ffn_hidden_size
     if model.is_moe:   # one expert's backward at a time; it may have got every token
         f = max(model.moe_ffn_hidden_size, model.shared_expert_ffn_hidden_size)
-    mlp = (traits.swiglu_saved_tensors - 1 if model.ffn_kind is FfnKind.SWIGLU else 2) * a * tokens * f / t
+    mlp = (traits.swiglu_saved_tensors - 1 if model.ffn_kind.gated else 2) * a * tokens * f / t
     attention = a * tokens * (h + 2 * kv) / t + 4 * tokens * h / t
     widest_weight = a * h * max(f, h + 2 * kv) / t
     layer = max(mlp, attention) + widest_weight

@@ -22,7 +22,13 @@ class Arch(StrEnum):
 
 class FfnKind(StrEnum):
     SWIGLU = "swiglu"
+    GEGLU = "geglu"   # gated like SwiGLU, with tanh-approximated GeLU (Gemma)
     GELU = "gelu"
+
+    @property
+    def gated(self) -> bool:
+        """Three projections (gate, up, down) and a product, whatever the activation."""
+        return self is not FfnKind.GELU
 
 
 class NormKind(StrEnum):
@@ -91,6 +97,9 @@ class ModelSpec:
     # handle sequences up to the window, where it is full causal attention (costmodel.check).
     sliding_window: int | None = None
     qkv_bias: bool = False   # biases on the Q, K and V projections only (Qwen2), besides `bias`
+    # Gemma: embeddings multiplied by sqrt(hidden_size); RMSNorm's scale stored as w with 1 + w applied
+    scale_embeddings: bool = False
+    norm_unit_offset: bool = False
     # Mixture of experts (num_experts 0: dense). Every layer's MLP is then a router (a linear map
     # to one logit per expert, softmax) sending each token to `experts_per_token` of `num_experts`
     # SwiGLU experts of width `moe_ffn_hidden_size` (dropless: no capacity limit, as Mixtral and
@@ -145,6 +154,8 @@ class ModelSpec:
         check_limit(where, "moe_ffn_hidden_size", self.moe_ffn_hidden_size, MAX_WIDTH)
         if self.ffn_kind is not FfnKind.SWIGLU:
             raise ValueError(f"{where}: experts are SwiGLU MLPs; a {self.ffn_kind} model cannot have them")
+        if self.norm_unit_offset or self.scale_embeddings:
+            raise ValueError(f"{where}: Gemma-style norms and embeddings with experts are not supported")
         if not 1 <= self.experts_per_token <= self.num_experts:
             raise ValueError(f"{where}: experts_per_token {self.experts_per_token} must be between 1 and "
                              f"num_experts {self.num_experts}")

@@ -34,8 +34,22 @@ INIT_STD = 0.02         # GPT-2 / Megatron-LM default
 DROPOUT_P = 0.1         # Megatron-LM's hidden and attention dropout for GPT
 
 
+class UnitOffsetRMSNorm(nn.Module):
+    """Gemma's RMSNorm: normalised in fp32, scaled by 1 + w (w starts at zero), cast back."""
+
+    def __init__(self, hidden: int, eps: float) -> None:
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.zeros(hidden)), eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
+        return (normed * (1.0 + self.weight.float())).type_as(x)
+
+
 def _norm(model: ModelSpec) -> nn.Module:
     if model.norm_kind is NormKind.RMSNORM:
+        if model.norm_unit_offset:
+            return UnitOffsetRMSNorm(model.hidden_size, model.norm_eps)
         return nn.RMSNorm(model.hidden_size, eps=model.norm_eps)
     return nn.LayerNorm(model.hidden_size, eps=model.norm_eps)
 
@@ -149,11 +163,13 @@ class Mlp(nn.Module):
     def __init__(self, model: ModelSpec) -> None:
         super().__init__()
         _linears(self, "mlp", model)
-        self.swiglu = model.ffn_kind is FfnKind.SWIGLU
+        self.kind = model.ffn_kind
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.swiglu:
+        if self.kind is FfnKind.SWIGLU:
             return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        if self.kind is FfnKind.GEGLU:
+            return self.w2(F.gelu(self.w1(x), approximate="tanh") * self.w3(x))
         return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
 
 
@@ -182,9 +198,12 @@ class Embedding(nn.Module):
         self.pos = nn.Embedding(model.max_position_embeddings, model.hidden_size) if learned else None
         self.dropout = nn.Dropout(DROPOUT_P if model.dropout else 0.0)
         self.positions: torch.Tensor | None = None   # context parallelism: the tokens' places
+        self.scale = model.scale_embeddings
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.tok(tokens)
+        if self.scale:   # Gemma: by sqrt(hidden) in the compute dtype, as transformers does
+            h = h * torch.tensor(h.shape[-1] ** 0.5, dtype=h.dtype)
         if self.pos is not None:
             where = torch.arange(tokens.shape[1]) if self.positions is None else self.positions
             h = h + self.pos(where.to(tokens.device))
@@ -257,7 +276,7 @@ class Transformer(nn.Module):
             if name.endswith("bias"):
                 param.zero_()
             elif "norm" in name:
-                param.fill_(1.0)
+                param.fill_(0.0 if self.spec.norm_unit_offset else 1.0)
             else:
                 gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(key.encode()))
                 param.copy_(torch.randn(param.shape, generator=gen) * INIT_STD)

@@ -15,6 +15,7 @@ import torch
 from costmodel.memory import layer_activation_bytes, logits_held_bytes
 from costmodel.plan import Recompute
 from costmodel.registry import resolve_model
+from costmodel.specs import DType, FfnKind
 from parity import plan_file
 from planner.space import Choice
 from runtime.fork import run_forked
@@ -74,6 +75,7 @@ def _saved_bytes(pf) -> dict[str, int]:
 MBS = 4   # RoPE's tables (per layer, not per sample) stay under 1 % of a layer
 CASES = {
     "single": (Choice(micro_batch_size=MBS), 1, LLAMA),
+    "single_bf16": (Choice(micro_batch_size=MBS), 1, dict(LLAMA, compute_dtype=DType.BF16)),
     "tp2": (Choice(tp=2, sequence_parallel=False, micro_batch_size=MBS), 2, LLAMA),
     "tp2_sp": (Choice(tp=2, micro_batch_size=MBS), 2, LLAMA),
     "tp2_sp_selective": (Choice(tp=2, recompute=Recompute.SELECTIVE, micro_batch_size=MBS), 2, LLAMA),
@@ -85,6 +87,9 @@ CASES = {
     # a mixture of experts (runtime.moe): routed rows, the shared expert and its gate
     "moe": (Choice(micro_batch_size=MBS), 1, dict(model="debug-moe")),
     "moe_dp2": (Choice(zero_stage=1, micro_batch_size=MBS), 2, dict(model="debug-moe")),
+    # Gemma's mechanisms: GeGLU, the (1 + w) norm in fp32, scaled embeddings
+    "gemma_style": (Choice(micro_batch_size=MBS), 1, dict(model="debug-small", ffn_kind=FfnKind.GEGLU,
+                                                           scale_embeddings=True, norm_unit_offset=True)),
 }
 
 

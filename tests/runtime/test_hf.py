@@ -64,7 +64,15 @@ PHI3 = {"architectures": ["Phi3ForCausalLM"], "attention_bias": False, "attentio
         "pad_token_id": 255, "resid_pdrop": 0.0, "rms_norm_eps": 1e-05, "rope_scaling": None,
         "rope_theta": 10000.0, "sliding_window": 2047, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
         "transformers_version": "4.40.2", "use_cache": True, **SMALL}
-CASES = {"llama3.1": (LLAMA31, "LlamaForCausalLM"), "phi3": (PHI3, "Phi3ForCausalLM"), "mistral": (MISTRAL, "MistralForCausalLM"),
+# google/gemma-2b's config.json, widths cut (MQA, head_dim = hidden / heads as there), with the
+# activation transformers now names for it (the file says "gelu"; Gemma uses the tanh form)
+GEMMA = {"architectures": ["GemmaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 2,
+         "eos_token_id": 1, "head_dim": 16, "hidden_act": "gelu_pytorch_tanh", "hidden_size": 64,
+         "initializer_range": 0.02, "intermediate_size": 160, "max_position_embeddings": 8192, "model_type": "gemma",
+         "num_attention_heads": 4, "num_hidden_layers": 2, "num_key_value_heads": 1, "pad_token_id": 0,
+         "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 10000.0, "torch_dtype": "bfloat16",
+         "transformers_version": "4.38.0.dev0", "use_cache": True, "vocab_size": 256}
+CASES = {"llama3.1": (LLAMA31, "LlamaForCausalLM"), "phi3": (PHI3, "Phi3ForCausalLM"), "gemma": (GEMMA, "GemmaForCausalLM"), "mistral": (MISTRAL, "MistralForCausalLM"),
          "qwen2": (QWEN2, "Qwen2ForCausalLM"), "gpt2": (GPT2, "GPT2LMHeadModel"),
          "mixtral": (MIXTRAL_SMALL, "MixtralForCausalLM"), "qwen2_moe": (QWEN_MOE_SMALL, "Qwen2MoeForCausalLM")}
 
