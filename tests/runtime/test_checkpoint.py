@@ -28,8 +28,8 @@ def _losses(pf, root=None, *, steps: int, resume: bool = False, every: int = 0,
     return run_forked(pf.plan.world_size, run_rank, pf, cfg)[0]["losses"]
 
 
-def _plan(choice: Choice, world: int = 2):
-    return plan_file(choice, world=world, optimizer=Optimizer.ADAMW)
+def _plan(choice: Choice, world: int = 2, model: str = "debug-tiny"):
+    return plan_file(choice, world=world, optimizer=Optimizer.ADAMW, model=model)
 
 
 # every parallelism the runtime executes (the issue's list): each ZeRO stage, TP with SP (TP alone
@@ -58,6 +58,15 @@ def test_resume_continues_exactly(tmp_path, name):
     assert checkpoint.complete_steps(tmp_path) == [2, 3]
     rest = _losses(pf, tmp_path, steps=6, resume=True)
     assert first + rest == whole   # fp32, same plan: bit for bit
+
+
+@pytest.mark.parametrize("choice", [Choice(zero_stage=3), Choice(pp=2)], ids=["zero3", "pp"])
+def test_a_mixture_of_experts_resumes_exactly(tmp_path, choice):
+    """Stacked expert weights and their AdamW states (runtime.moe) through DCP, and the router."""
+    pf = _plan(choice, model="debug-moe")
+    whole = _losses(pf, steps=5)
+    first = _losses(pf, tmp_path, steps=2)
+    assert first + _losses(pf, tmp_path, steps=5, resume=True) == whole
 
 
 @pytest.mark.parametrize("name", ["zero3", "pp_interleaved"])
