@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from costmodel.cluster import ClusterSpec
 from costmodel.estimate import memory_per_rank
-from costmodel.plan import AXES, Plan, Recompute
+from costmodel.plan import AXES, Plan, Recompute, Schedule
 from costmodel.specs import ModelSpec, PositionKind, TrainSpec
 from costmodel.units import GIB
 
@@ -33,7 +33,7 @@ def check_structure(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
         add(f"device {cluster.device.name} has no {train.compute_dtype} support in its profile")
     if model.position_kind is PositionKind.LEARNED and train.seq_len > model.max_position_embeddings:
         add(f"seq_len {train.seq_len} is longer than the model's {model.max_position_embeddings} learned positions")
-    if problem := moe_schedule_problem(model, plan):
+    if problem := moe_schedule_problem(model, plan.schedule):
         add(problem)
     if model.sliding_window is not None and train.seq_len > model.sliding_window:
         add(f"seq_len {train.seq_len} is longer than the model's attention window {model.sliding_window}: "
@@ -68,11 +68,11 @@ def tp_problems(model: ModelSpec, tp: int) -> list[str]:
                             ("ffn_hidden_size", model.ffn_hidden_size)) if n % tp]
 
 
-def moe_schedule_problem(model: ModelSpec, plan: Plan) -> str | None:
+def moe_schedule_problem(model: ModelSpec, schedule: Schedule) -> str | None:
     """What a deferred weight pass holds with experts is not measured (costmodel.memory counts
     the dense layout's projections there), so zero-bubble schedules are not offered for them."""
-    if model.is_moe and plan.schedule.defers_weight_grad:
-        return (f"schedule {plan.schedule} with experts: what its deferred weight passes hold is not "
+    if model.is_moe and schedule.defers_weight_grad:
+        return (f"schedule {schedule} with experts: what its deferred weight passes hold is not "
                 "measured yet; use 1f1b, interleaved-1f1b or gpipe")
     return None
 

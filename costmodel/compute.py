@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from functools import lru_cache, wraps
 
 from costmodel.cluster import DeviceProfile
-from costmodel.layout import Style, layer_blocks
+from costmodel.layout import Style, dense_blocks
 from costmodel.params import ceil_div
 from costmodel.plan import Plan
 from typing import Protocol
-from costmodel.specs import AttentionKernel, FfnKind, ModelSpec, Optimizer, PositionKind, TrainSpec
+from costmodel.specs import AttentionKernel, ModelSpec, Optimizer, PositionKind, TrainSpec
 
 class KernelShape(Protocol):
     """What kernel times depend on (a Plan has these, and so does the search's cache key)."""
@@ -111,9 +111,7 @@ def gemm_s(m: int, k: int, n: int, dev: DeviceProfile, train: TrainSpec) -> floa
 
 def _linears_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile, tokens: int) -> float:
     total = _moe_gemms_s(model, train, dev, tokens)
-    for block in layer_blocks(model):
-        if model.is_moe and block.name == "mlp":
-            continue
+    for block in dense_blocks(model):
         for lin in block.linears:
             if lin.style is Style.COLWISE:
                 total += gemm_s(tokens, lin.in_features, ceil_div(lin.out_features, plan.tp), dev, train)
@@ -232,7 +230,7 @@ class _KernelKey:
 
 @_per_kernel_shape
 def layer_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile,
-                       cp_ring: bool = True) -> KernelTimes:
+                       cp_ring: bool) -> KernelTimes:
     """cp_ring: context parallelism as a ring of partial kernels (else all-gathered K/V,
     costmodel.frameworks `cp_all_gather_kv`)."""
     tokens = plan.micro_batch_size * train.seq_len // plan.cp

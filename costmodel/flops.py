@@ -10,7 +10,8 @@ this gives Megatron's 72·B·s·l·h²·(1 + s/6h + V/12lh) per step (tested).
 """
 from __future__ import annotations
 
-from costmodel.layout import layer_blocks
+from costmodel.layout import dense_blocks
+from costmodel.params import active_moe_params
 from costmodel.plan import Plan, Recompute
 from costmodel.specs import ModelSpec, TrainSpec
 
@@ -21,18 +22,9 @@ def layer_linear_forward_flops(model: ModelSpec, num_tokens: int) -> int:
     """All projections of one layer (QKV, output, MLP) over num_tokens tokens. A mixture of
     experts counts what a token passes through (active parameters): the router, its
     `experts_per_token` experts, the shared expert and its gate."""
-    blocks = [b for b in layer_blocks(model) if not (model.is_moe and b.name == "mlp")]
-    dense = sum(2 * num_tokens * lin.in_features * lin.out_features for block in blocks for lin in block.linears)
-    return dense + moe_forward_flops(model, num_tokens)
-
-
-def moe_forward_flops(model: ModelSpec, num_tokens: int) -> int:
-    if not model.is_moe:
-        return 0
-    h = model.hidden_size
-    routed = model.experts_per_token * 3 * h * model.moe_ffn_hidden_size
-    shared = 3 * h * model.shared_expert_ffn_hidden_size + (h if model.shared_expert_gate else 0)
-    return 2 * num_tokens * (h * model.num_experts + routed + shared)
+    dense = sum(2 * num_tokens * lin.in_features * lin.out_features
+                for block in dense_blocks(model) for lin in block.linears)
+    return dense + 2 * num_tokens * active_moe_params(model)
 
 
 def attention_core_forward_flops(model: ModelSpec, num_sequences: int, seq_len: int) -> int:

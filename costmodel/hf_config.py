@@ -3,7 +3,7 @@
 Every key is either read (and checked), known to change nothing the planner prices or the
 runtime computes (token ids, dtype, cache flags, ...), or named in an error: a key this reader
 does not know may change the cost, so it is never skipped in silence. What the planner does not
-model (biases on some projections only, RoPE scalings other than Llama 3.1's, a head size other
+model (biases on some projections but Qwen2's Q/K/V, RoPE scalings other than Llama 3.1's, a head size other
 than hidden / heads, dropout in a Llama-style model) is refused by name.
 """
 from __future__ import annotations
@@ -66,9 +66,10 @@ class _Reader:
                              f"{', '.join(unknown)} (remove those that change nothing)")
 
 
-def _llama(name: str, r: _Reader, *, window: bool = True) -> ModelSpec:
+def _llama(name: str, r: _Reader, *, window: bool = True, gated_act: str = "silu") -> ModelSpec:
+    """`gated_act`: the gate's activation the caller has read and checked itself (Gemma's)."""
     where = r.where
-    if (act := r.value("hidden_act", str, "silu")) != "silu":
+    if gated_act == "silu" and (act := r.value("hidden_act", str, "silu")) != "silu":
         raise InputError(f"{where}: hidden_act {act!r} is not SwiGLU (silu)")
     if r.value("attention_bias", bool, False) or r.value("mlp_bias", bool, False):
         raise InputError(f"{where}: llama-style models with biases are not supported")
@@ -110,10 +111,7 @@ def _gemma(name: str, r: _Reader) -> ModelSpec:
     r.read.update({"hidden_act", "hidden_activation"})
     if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
         raise InputError(f"{r.where}: hidden_activation {act!r} is not the tanh GeLU Gemma uses")
-    cfg = {**r.cfg, "hidden_act": "silu"}   # _llama's SwiGLU check, then the kind is replaced
-    inner = _Reader(cfg, r.where)
-    inner.read = r.read
-    spec = _llama(name, inner)
+    spec = _llama(name, r, gated_act=act)
     return replace(spec, ffn_kind=FfnKind.GEGLU, scale_embeddings=True, norm_unit_offset=True,
                    tied_embeddings=r.value("tie_word_embeddings", bool, True))
 
@@ -149,7 +147,6 @@ def _qwen2_moe(name: str, r: _Reader) -> ModelSpec:
                          "mlp_only_layers) are not supported")
     if not r.value("qkv_bias", bool, True):
         raise InputError(f"{r.where}: qkv_bias false is not supported")
-    r.positive("intermediate_size")
     moe = r.positive("moe_intermediate_size")
     shared = r.positive("shared_expert_intermediate_size", None) or 0
     spec = _qwen2(name, r)
@@ -191,10 +188,7 @@ def _rope(r: _Reader) -> dict[str, Any]:
 
 
 def _sliding_window(r: _Reader) -> int | None:
-    window = r.positive("sliding_window", None)
-    if not r.value("use_sliding_window", bool, True):   # Qwen2 writes a window it does not use
-        return None
-    return window
+    return r.positive("sliding_window", None)
 
 
 def _gpt2(name: str, r: _Reader) -> ModelSpec:

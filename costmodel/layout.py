@@ -55,3 +55,9 @@ def layer_blocks(model: ModelSpec) -> tuple[Block, ...]:
         mlp = (Linear(name="fc1", in_features=h, out_features=f, style=col, bias=b),
                Linear(name="fc2", in_features=f, out_features=h, style=row, bias=b))
     return (Block(name="attention", linears=attn), Block(name="mlp", linears=mlp))
+
+
+def dense_blocks(model: ModelSpec) -> tuple[Block, ...]:
+    """The blocks this model has as dense projections: a mixture of experts replaces the MLP
+    (its router, experts and shared expert: costmodel.params.moe_params)."""
+    return tuple(b for b in layer_blocks(model) if not (model.is_moe and b.name == "mlp"))

@@ -25,7 +25,7 @@ from costmodel.frameworks import RUNTIME, FrameworkTraits
 from costmodel.layout import Style, layer_blocks
 from costmodel.params import ceil_div, layer_params, rank_params, rank_params_at
 from costmodel.plan import Plan, Recompute, stage_owner
-from costmodel.specs import AttentionKernel, FfnKind, ModelSpec, NormKind, Optimizer, TrainSpec
+from costmodel.specs import AttentionKernel, ModelSpec, NormKind, Optimizer, TrainSpec
 
 ADAM_MOMENT_BYTES = 8  # fp32 momentum + variance
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from costmodel.layout import Style, layer_blocks
+from costmodel.layout import Style, dense_blocks
 from costmodel.plan import Plan
 from costmodel.specs import ModelSpec, NormKind, PositionKind
 
@@ -24,18 +24,13 @@ def norm_params(model: ModelSpec) -> int:
     return model.hidden_size * (1 if model.norm_kind is NormKind.RMSNORM else 2)
 
 
-def _dense_blocks(model: ModelSpec):
-    """The layout's blocks this model has: a mixture of experts replaces the dense MLP."""
-    return [b for b in layer_blocks(model) if not (model.is_moe and b.name == "mlp")]
-
-
 def layer_param_tensors(model: ModelSpec) -> int:
     """Parameter tensors of one layer (weights, biases, norm scales and shifts): how many
     collectives a framework that gathers parameter by parameter issues per layer."""
     norms = 2 * (1 if model.norm_kind is NormKind.RMSNORM else 2)
     moe = (1 + 3 * model.num_experts + 3 * bool(model.shared_expert_ffn_hidden_size)
            + model.shared_expert_gate) if model.is_moe else 0
-    return norms + moe + sum(1 + lin.bias for block in _dense_blocks(model) for lin in block.linears)
+    return norms + moe + sum(1 + lin.bias for block in dense_blocks(model) for lin in block.linears)
 
 
 def expert_params(model: ModelSpec, tp: int = 1) -> int:
@@ -58,7 +53,7 @@ def moe_params(model: ModelSpec, tp: int = 1) -> int:
 def layer_params(model: ModelSpec, tp: int = 1) -> int:
     """One transformer layer on one TP rank (tp=1: the whole layer)."""
     total = 2 * norm_params(model) + moe_params(model, tp)  # norms replicated on every TP rank
-    for block in _dense_blocks(model):
+    for block in dense_blocks(model):
         for lin in block.linears:
             if lin.style is Style.COLWISE:
                 total += (lin.in_features + lin.bias) * ceil_div(lin.out_features, tp)
@@ -88,11 +83,17 @@ def total_params(model: ModelSpec) -> int:
             + head_params(model))
 
 
+def active_moe_params(model: ModelSpec) -> int:
+    """One layer's mixture as a token passes through it: the router, `experts_per_token`
+    experts, the shared expert and its gate."""
+    idle = model.num_experts - model.experts_per_token if model.is_moe else 0
+    return moe_params(model) - idle * expert_params(model)
+
+
 def active_params(model: ModelSpec) -> int:
     """Parameters one token passes through: a mixture of experts' routed experts count only
     `experts_per_token` times (Mixtral 8x7B: 46.7B in all, 12.9B active)."""
-    idle = model.num_experts - model.experts_per_token if model.is_moe else 0
-    return total_params(model) - model.num_layers * idle * expert_params(model)
+    return total_params(model) - model.num_layers * (moe_params(model) - active_moe_params(model))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -6,7 +6,7 @@ writing over the ranks), and the step waits for it (the runtime saves synchronou
 arrive at a rate proportional to the number of devices; after one, the work since the last
 checkpoint is lost and the job restarts from it. Young (1974) and Daly (2006): checkpoint every
 tau = sqrt(2 * delta * M) seconds of work, delta the write time and M the job's mean time between
-failures; the expected share of time lost is then about delta / tau + (tau / 2 + R) / M.
+failures; the expected share of time lost is then about delta / (tau + delta) + (tau / 2 + R) / M.
 
 The assumptions, printed with every estimate (`Failures`; LLAMA3 unless the user states others
 with `--device-mtbf-hours` / `--storage-mb-s-per-device`):

@@ -108,13 +108,15 @@ def refuse_ignored(given: dict[str, list[str]], dests: set[str], because: str) -
 
 def add_failure_args(p: argparse.ArgumentParser) -> None:
     """What checkpoints and failures cost (costmodel.resilience): Llama 3's figures unless stated."""
+    from costmodel.resilience import LLAMA3
     g = p.add_argument_group("failures and checkpoints (default: Llama 3's published figures)")
     g.add_argument("--device-mtbf-hours", type=positive_float, metavar="H",
-                   help="mean time between failures of one device, in hours (default about 50,700: Llama 3's "
-                        "419 interruptions in 54 days on 16,384 GPUs); the job's is H / devices")
+                   help=f"mean time between failures of one device, in hours (default about "
+                        f"{1 / LLAMA3.failures_per_device_hour:,.0f}: Llama 3's 419 interruptions in 54 days on "
+                        "16,384 GPUs); the job's is H / devices")
     g.add_argument("--storage-mb-s-per-device", type=positive_float, metavar="B",
-                   help="checkpoint write bandwidth per device in MB/s (default 122: Llama 3's 2 TB/s "
-                        "storage for 16,384 GPUs)")
+                   help=f"checkpoint write bandwidth per device in MB/s (default "
+                        f"{LLAMA3.storage_bytes_per_s_per_device / 1e6:,.0f}: Llama 3's 2 TB/s storage for 16,384 GPUs)")
 
 
 def failures_from_args(args: argparse.Namespace):

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable, Iterator
 
-from costmodel.check import cp_problems, sp_problems, tp_problems
+from costmodel.check import cp_problems, moe_schedule_problem, sp_problems, tp_problems
 from costmodel.cluster import ClusterSpec
 from costmodel.fidelity import MODEL_ERROR_BAND
 from costmodel.plan import Recompute, Schedule, default_schedule
@@ -42,7 +42,6 @@ class SearchOptions:
     # plans within this fraction of the fastest are equivalent under the evidence (the model's
     # leave-one-source-out error, costmodel.fidelity); the most robust of them is shown first
     error_band: float = MODEL_ERROR_BAND
-    repriced: int | None = None   # best plans re-priced by simulation (None: REPRICED)
     progress: Callable[[str], None] | None = None
 
 
@@ -131,9 +130,9 @@ def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp):
             variants = []
             for vpp in allowed(options, "vpp", vpps):
                 valid, best = _schedules(pp, vpp, mode, options.schedules)
-                if model.is_moe:   # costmodel.check.moe_schedule_problem
-                    valid = tuple(s for s in valid if not s.defers_weight_grad)
-                    best = tuple(s for s in best if not s.defers_weight_grad) or valid
+                if model.is_moe:
+                    valid = tuple(s for s in valid if not moe_schedule_problem(model, s))
+                    best = tuple(s for s in best if not moe_schedule_problem(model, s)) or valid
                 if valid:
                     variants += [(vpp, sched) for sched in dominant(options, "schedule", valid, best)]
             if not variants:

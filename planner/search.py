@@ -76,7 +76,7 @@ def search(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
 
 def _repriced(options: SearchOptions) -> int:
     """How many of the best plans are re-priced by simulation and kept for the ranking."""
-    return max(options.repriced or REPRICED, options.top_k)
+    return max(REPRICED, options.top_k)
 
 
 def unsatisfiable_constraints(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
@@ -243,7 +243,7 @@ def _result(shared: SharedModels, options: SearchOptions, stats: SearchStats, fo
     variants = [f for f in _simulated_variants(shared, options, best) if f.estimate.fits]
     fitting += variants
     fastest = min(fitting, key=lambda f: f.estimate.step_time_s) if fitting else None
-    plans = rank(fitting, replace(options, top_k=max(REPRICED, options.top_k)))
+    plans = rank(fitting, replace(options, top_k=_repriced(options)))
     # `--objective memory` already picks the leanest plan near the fastest
     band = options.error_band if options.objective == "time" else 0.0
     plans, equivalent = robust_first(plans, band)

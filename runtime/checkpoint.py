@@ -197,8 +197,9 @@ _TIED = ("output.weight", "embed.tok.weight")
 
 def _tied_from_embedding(names: dict, path: Path, pf: PlanFile) -> dict:
     """A tied output layer split onto another stage than the embedding is its own parameter, kept
-    equal to the embedding (runtime.job); a checkpoint saved with both on one stage has only the
-    embedding. Its entries (weights and optimizer states, equal by construction) then fill both."""
+    equal to the embedding (runtime.job); a checkpoint saved with both on one stage has the
+    output weight's entries only under the embedding's name (its optimizer states certainly; the
+    shared parameter is one tensor). Those entries (equal by construction) then fill both."""
     if not pf.model.tied_embeddings:
         return names
     saved = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata

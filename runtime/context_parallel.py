@@ -28,23 +28,24 @@ class CpShard:
     size: int
     group: object   # the CP process group
 
-    def chunks(self, seq_len: int) -> tuple[int, int]:
+    @property
+    def chunks(self) -> tuple[int, int]:
         """The two chunk indices this rank holds (of 2·cp)."""
         return self.rank, 2 * self.size - 1 - self.rank
 
-    def positions(self, seq_len: int, device: torch.device | None = None) -> torch.Tensor:
+    def positions(self, seq_len: int) -> torch.Tensor:
         c = seq_len // (2 * self.size)
-        return torch.cat([torch.arange(i * c, (i + 1) * c, device=device) for i in self.chunks(seq_len)])
+        return torch.cat([torch.arange(i * c, (i + 1) * c) for i in self.chunks])
 
     def attention_shapes(self, seq_len: int) -> list[tuple[int, int]]:
         """(queries, keys) of each chunk's attention: c queries against the keys up to its end."""
         c = seq_len // (2 * self.size)
-        return [(c, (i + 1) * c) for i in self.chunks(seq_len)]
+        return [(c, (i + 1) * c) for i in self.chunks]
 
     def local(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
         """This rank's tokens of whole sequences along `dim`."""
         parts = x.chunk(2 * self.size, dim=dim)
-        return torch.cat([parts[i] for i in self.chunks(x.shape[dim])], dim=dim)
+        return torch.cat([parts[i] for i in self.chunks], dim=dim)
 
 
 def gather_kv(k: torch.Tensor, v: torch.Tensor, shard: CpShard) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,8 +64,8 @@ def cp_attention(attend, q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tens
                  shard: CpShard) -> torch.Tensor:
     """Causal attention of this rank's two query chunks against the keys before them;
     `attend(q, k, v)` is causal attention whose queries are the last of the keys' positions."""
-    c = q.shape[2] // 2
+    c = q.shape[2] // 2   # this rank's two chunks of c queries each
     outs = []
-    for j, (_, end) in enumerate(shard.attention_shapes(2 * c * shard.size)):
+    for j, (_, end) in enumerate(shard.attention_shapes(k_all.shape[2])):
         outs.append(attend(q[:, :, j * c:(j + 1) * c], k_all[:, :, :end], v_all[:, :, :end]))
     return torch.cat(outs, dim=2)

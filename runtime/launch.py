@@ -47,7 +47,9 @@ class WorkerArgs(StepsConfig):
     here only."""
     plan: Path
     out: Path
-    fault: str | None = None   # RANK:STEP:raise|exit|kill|hang, injected by the failure tests (first attempt only)
+    # RANK:STEP:raise|exit|kill|hang, injected by the failure tests (first attempt only); RANK:STEP:slow
+    # slows that rank's layers on every attempt (a straggler, runtime.train._slow_down)
+    fault: str | None = None
     max_restarts: int = 0      # torchrun restarts the ranks this often; they resume from the checkpoint
 
     def argv(self) -> list[str]:

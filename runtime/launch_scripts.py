@@ -6,7 +6,6 @@ SLURM's script and the per-node commands are runtime.launch's.
 """
 from __future__ import annotations
 
-import shlex
 import socket
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import yaml
 
 from costmodel.inputs import InputError
 from costmodel.plan import PlanFile
-from runtime.launch import PORT, WorkerArgs
+from runtime.launch import PORT, WorkerArgs, node_commands
 
 
 def read_hostfile(path: Path, pf: PlanFile) -> list[str]:
@@ -50,14 +49,9 @@ def read_hostfile(path: Path, pf: PlanFile) -> list[str]:
 
 
 def hostfile_commands(pf: PlanFile, worker: WorkerArgs, hosts: list[str]) -> list[str]:
-    """Per host, the command to run there (over ssh, or by hand): torchrun with its node rank and
-    the first host as the rendezvous endpoint."""
-    c = pf.cluster
-    return [" ".join(["torchrun", f"--nnodes={c.num_nodes}", f"--node-rank={i}",
-                      f"--nproc-per-node={c.devices_per_node}", f"--max-restarts={worker.max_restarts}",
-                      "--rdzv-backend=c10d", f"--rdzv-endpoint={hosts[0]}:{PORT}", "--rdzv-id=planner",
-                      *map(shlex.quote, worker.argv())])
-            for i in range(len(hosts))]
+    """Per host, the command to run there (over ssh, or by hand): runtime.launch's per-node
+    torchrun with the first host as the rendezvous endpoint."""
+    return node_commands(pf, worker, master=hosts[0])
 
 
 def pytorchjob_yaml(pf: PlanFile, worker: WorkerArgs, image: str) -> str:

@@ -4,8 +4,9 @@ Projection names, shapes and biases come from `costmodel.layout.layer_blocks`, t
 model counts FLOPs, parameters and collectives from, so the module tree and the analytical
 counts agree by construction (a test checks every registry model on the meta device).
 
-Two variants: Llama (RMSNorm, RoPE, GQA, SwiGLU, no biases) and GPT (LayerNorm, learned
-positions, GeLU, biases, tied embeddings). GPT's fused QKV projection stores, per KV group, the
+Two variants: Llama (RMSNorm, RoPE, GQA, SwiGLU, no biases; with the spec's options also Q/K/V
+biases, GeGLU with Gemma's scaled embeddings and (1 + w) norm, and a mixture of experts,
+runtime.moe) and GPT (LayerNorm, learned positions, GeLU, biases, tied embeddings). GPT's fused QKV projection stores, per KV group, the
 group's query heads then its key head and value head (Megatron-LM's layout): a contiguous split
 of its output features over TP ranks then hands each rank whole groups, as column parallelism
 needs.

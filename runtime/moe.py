@@ -61,7 +61,7 @@ class MoE(nn.Module):
         self.shared = nn.ModuleDict({"w1": nn.Linear(h, fs, bias=False), "w3": nn.Linear(h, fs, bias=False),
                                      "w2": nn.Linear(fs, h, bias=False)}) if fs else None
         self.shared_gate = nn.Linear(h, 1, bias=False) if model.shared_expert_gate else None
-        self.aux_grad_scale = 1.0   # the runtime sets 1/micro-batches (runtime.job)
+        self.aux_grad_scale = 1.0   # runtime.job: 1/micro-batches, or 1 under pipelining (which scales at the end)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tokens = x.reshape(-1, x.shape[-1])

@@ -54,7 +54,8 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                         "RNG; each rank its part), after the last step and every --checkpoint-every steps")
     p.add_argument("--checkpoint-every", type=positive_int, metavar="N",
                    help="also save after every N-th step (default: Young/Daly's interval for the plan's "
-                        "predicted step and Llama 3's failure rate, as `planner search` prints it)")
+                        "predicted step and the failure rate, Llama 3's unless --device-mtbf-hours, as "
+                        "`planner search` prints it)")
     p.add_argument("--checkpoint-async", action="store_true",
                    help="write checkpoints in the background (torch.distributed.checkpoint.async_save): the step "
                         "waits only for a copy of the rank's state in host memory (which it then needs twice), "
@@ -177,11 +178,11 @@ def _check_machine(args: argparse.Namespace, pf: PlanFile) -> tuple[int, int]:
 
 
 # what a mode does not use, refused by name rather than silently dropped
-DRY_RUN_IGNORES = {"nproc", "steps", "warmup", "seed", "lr", "data", "data_dtype", "out", "overwrite", "inject_fault",
-                   "checkpoint_dir", "checkpoint_every", "keep", "resume", "max_restarts", "hang_timeout",
-                   "checkpoint_async", "device_mtbf_hours", "storage_mb_s_per_device", "hostfile", "image", "launcher"}
 FAILURE_FLAGS = {"device_mtbf_hours", "storage_mb_s_per_device"}
 CHECKPOINT_FLAGS = {"checkpoint_every", "keep", "resume", "max_restarts", "checkpoint_async", *FAILURE_FLAGS}
+LAUNCH_FLAGS = {"hostfile", "image", "launcher"}
+DRY_RUN_IGNORES = {"nproc", "steps", "warmup", "seed", "lr", "data", "data_dtype", "out", "overwrite", "inject_fault",
+                   "checkpoint_dir", "hang_timeout", *CHECKPOINT_FLAGS, *LAUNCH_FLAGS}
 PRINT_LAUNCH_IGNORES = {"nproc", "json", "overwrite", "inject_fault"}
 
 

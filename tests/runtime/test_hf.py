@@ -159,7 +159,7 @@ QWEN_MOE = {"architectures": ["Qwen2MoeForCausalLM"], "attention_dropout": 0.0, 
     (MIXTRAL, "MixtralForCausalLM", "mixtral-8x7b"), (QWEN_MOE, "Qwen2MoeForCausalLM", "qwen1.5-moe-a2.7b"),
 ], ids=["mixtral", "qwen2_moe"])
 def test_moe_configs_count_exactly_as_transformers(tmp_path, cfg, cls_name, registry):
-    """Mixtures of experts are read and counted exactly (not yet priced or run: issue 14)."""
+    """Mixtures of experts are read and counted exactly, whole published configs on the meta device."""
     from costmodel.params import total_params
     spec = resolve_model(str(_config(tmp_path, cfg)))
     with torch.device("meta"):
