@@ -90,7 +90,10 @@ class CheckpointCost:
 
 def checkpoint_cost(model: ModelSpec, train: TrainSpec, world_size: int, step_time_s: float,
                     tokens_per_s: float, failures: Failures = LLAMA3) -> CheckpointCost:
-    state = total_params(model) * optimizer_bytes_per_param(train)   # fp32 master + AdamW moments
+    # the weights (fp32 masters where 16-bit compute keeps them, else the weights themselves) and
+    # the optimizer's states
+    weights = 0 if train.master_weights_fp32 else train.compute_dtype.num_bytes
+    state = total_params(model) * (optimizer_bytes_per_param(train) + weights)
     write_s = state / (world_size * failures.storage_bytes_per_s_per_device)
     mtbf_s = 3600.0 / (world_size * failures.failures_per_device_hour)
     tau = math.sqrt(2.0 * write_s * mtbf_s)

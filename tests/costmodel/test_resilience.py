@@ -56,3 +56,13 @@ def test_a_stated_failure_rate_and_storage_bandwidth_replace_llama3s(capsys):
     assert "(1,220 MB/s per device)" in line and "at Llama 3's rate" in line
     assert main(["predict", "--model", "llama2-7b", "--cluster", "1x8xA100", "--device-mtbf-hours", "0"]) == 2
     assert "--device-mtbf-hours: 0 is not positive" in capsys.readouterr().err
+
+
+def test_fp32_and_sgd_checkpoints_keep_the_weights():
+    """Without 16-bit compute the weights are the fp32 masters; SGD has no moments: still 4 bytes."""
+    from costmodel.specs import DType, Optimizer
+    model = resolve_model("llama-70b")
+    fp32 = TrainSpec(seq_len=4096, global_batch_size=1024, compute_dtype=DType.FP32)
+    assert checkpoint_cost(model, fp32, 64, 1.0, 1000.0).state_bytes == total_params(model) * 12
+    sgd = TrainSpec(seq_len=4096, global_batch_size=1024, compute_dtype=DType.FP32, optimizer=Optimizer.SGD)
+    assert checkpoint_cost(model, sgd, 64, 1.0, 1000.0).state_bytes == total_params(model) * 4
