@@ -24,7 +24,7 @@ def world_problem(dp: int, tp: int, pp: int, cp: int, world: int) -> str | None:
 def check_structure(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> list[str]:
     problems: list[str] = []
     add = problems.append
-    for name in ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "num_micro_batches"):
+    for name in ("dp", "tp", "pp", "cp", "ep", "vpp", "micro_batch_size", "num_micro_batches"):
         if getattr(plan, name) < 1:
             add(f"{name} must be at least 1 (got {getattr(plan, name)})")
     if problems:
@@ -43,6 +43,7 @@ def check_structure(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
         add(problem)
     problems += tp_problems(model, plan.tp)
     problems += cp_problems(model, train, plan.cp)
+    problems += ep_problems(model, plan.dp, plan.ep)
     if plan.sequence_parallel:
         problems += sp_problems(train, plan.tp, plan.cp)
     batch = plan.dp * plan.micro_batch_size * plan.num_micro_batches
@@ -83,6 +84,21 @@ def cp_problems(model: ModelSpec, train: TrainSpec, cp: int) -> list[str]:
     # runtime.context_parallel cuts each sequence into 2·cp chunks (causal load balance)
     return [f"cp={cp} needs seq_len {train.seq_len} to split into 2*cp = {2 * cp} equal chunks"] \
         if cp > 1 and train.seq_len % (2 * cp) else []
+
+
+def ep_problems(model: ModelSpec, dp: int, ep: int) -> list[str]:
+    """Experts are sharded over `ep` of the data-parallel ranks, each holding num_experts/ep."""
+    if ep == 1:
+        return []
+    if not model.is_moe:
+        return [f"ep={ep}: expert parallelism needs a mixture of experts ({model.name} is dense)"]
+    out = []
+    if model.num_experts % ep:
+        out.append(f"ep={ep} does not divide the model's {model.num_experts} experts")
+    if dp % ep:
+        out.append(f"ep={ep} does not divide dp={dp} (the expert-parallel group is carved from the "
+                   "data-parallel one)")
+    return out
 
 
 def sp_problems(train: TrainSpec, tp: int, cp: int) -> list[str]:

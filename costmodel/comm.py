@@ -6,6 +6,11 @@ rank in n-1 steps; an all-reduce is a reduce-scatter followed by an all-gather. 
 nodes runs hierarchically: the intra-node part on NVLink at full size and the inter-node part on
 the B/m shard each of the m local ranks owns, every rank using its own NIC (bandwidth per device
 per direction, as the profiles give it).
+
+An all-to-all (expert parallelism's token dispatch) of a B-byte send buffer, B/n to each rank,
+moves (n-1)/n·B bytes per rank, pairwise in n-1 steps; across nodes each rank sends the
+(k-1)/k·B bytes bound for other nodes through its own NIC and the rest over NVLink, both counted
+(not overlapped: the same copy engines and SMs serve both).
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ class Collective(StrEnum):
     ALL_REDUCE = "all_reduce"
     ALL_GATHER = "all_gather"
     REDUCE_SCATTER = "reduce_scatter"
+    ALL_TO_ALL = "all_to_all"
 
 
 def ring_time_s(kind: Collective, num_bytes: float, n: int, tier: NetworkTier) -> float:
@@ -38,6 +44,8 @@ def collective_time_s(kind: Collective, num_bytes: float, span: AxisSpan,
     if not span.crosses_nodes:
         return ring_time_s(kind, num_bytes, span.size, intra)
     m, k = span.members_per_node, span.num_nodes
+    if kind is Collective.ALL_TO_ALL:   # 1/k of the buffer stays in the node, (k-1)/k leaves it
+        return ring_time_s(kind, num_bytes / k, m, intra) + ring_time_s(kind, num_bytes, k, inter)
     inner = ring_time_s(kind, num_bytes, m, intra)
     # e.g. all-reduce = reduce-scatter in node + all-reduce of the 1/m shard across nodes +
     # all-gather in node; the in-node ring all-reduce accounts for the first and last parts.

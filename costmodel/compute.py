@@ -29,6 +29,7 @@ class KernelShape(Protocol):
 
     tp: int
     cp: int
+    ep: int
     sequence_parallel: bool
     micro_batch_size: int
 
@@ -110,7 +111,7 @@ def gemm_s(m: int, k: int, n: int, dev: DeviceProfile, train: TrainSpec) -> floa
 
 
 def _linears_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile, tokens: int) -> float:
-    total = _moe_gemms_s(model, train, dev, tokens)
+    total = _moe_gemms_s(model, train, dev, tokens, plan.ep)
     for block in dense_blocks(model):
         for lin in block.linears:
             if lin.style is Style.COLWISE:
@@ -151,17 +152,25 @@ def _ring_merge_s(plan: KernelShape, output_elems: int, dev: DeviceProfile) -> f
     return hops * memory_bound_s(3 * 4 * output_elems, dev, 2) if hops else 0.0
 
 
-def _moe_gemms_s(model: ModelSpec, train: TrainSpec, dev: DeviceProfile, tokens: int) -> float:
-    """A mixture's GEMMs as runtime.moe runs them (one device holds every expert; no tensor
-    parallelism): the router, then expert after expert three GEMMs over the tokens routed to it,
-    tokens·k/E on average (on one device the balance of the load changes the GEMMs' sizes, not
-    their sum), and the shared expert with its gate."""
+def expert_rows(model: ModelSpec, train: TrainSpec, tokens: int, ep: int) -> float:
+    """Routed rows the busiest device's experts take in one layer, from `tokens` tokens on each
+    device: tokens·k on average (each device sends its tokens·k rows over the EP group and gets
+    as many back), times the stated imbalance under expert parallelism (on one device the
+    balance changes the GEMMs' sizes, not their sum)."""
+    return tokens * model.experts_per_token * (train.expert_load_imbalance if ep > 1 else 1.0)
+
+
+def _moe_gemms_s(model: ModelSpec, train: TrainSpec, dev: DeviceProfile, tokens: int, ep: int) -> float:
+    """A mixture's GEMMs as runtime.moe runs them (no tensor parallelism): the router, then for
+    each of the device's num_experts/ep experts three GEMMs over the rows routed to it, and the
+    shared expert with its gate."""
     if not model.is_moe:
         return 0.0
     h, f, fs = model.hidden_size, model.moe_ffn_hidden_size, model.shared_expert_ffn_hidden_size
-    rows = max(1, round(tokens * model.experts_per_token / model.num_experts))
+    local = model.num_experts // ep
+    rows = max(1, round(expert_rows(model, train, tokens, ep) / local))
     total = gemm_s(tokens, h, model.num_experts, dev, train)
-    total += model.num_experts * (2 * gemm_s(rows, h, f, dev, train) + gemm_s(rows, f, h, dev, train))
+    total += local * (2 * gemm_s(rows, h, f, dev, train) + gemm_s(rows, f, h, dev, train))
     if fs:
         total += 2 * gemm_s(tokens, h, fs, dev, train) + gemm_s(tokens, fs, h, dev, train)
     if model.shared_expert_gate:
@@ -169,15 +178,21 @@ def _moe_gemms_s(model: ModelSpec, train: TrainSpec, dev: DeviceProfile, tokens:
     return total
 
 
-def _moe_routing_bytes(model: ModelSpec, train: TrainSpec, tokens: int) -> tuple[float, int]:
+def _moe_routing_bytes(model: ModelSpec, train: TrainSpec, tokens: int, ep: int) -> tuple[float, int]:
     """(bytes, kernels) of a mixture's memory-bound work: the fp32 softmax and top-k over the
-    router logits, and per expert the gather of its tokens, the weighting and the scatter-add of
-    its output (each a read and a write of k·tokens·h in all)."""
+    router logits; the gather of the routed rows in expert order, the weighting and the
+    scatter-add of their outputs (each a read and a write of k·tokens·h); under expert
+    parallelism also the received rows' reorder by local expert and back; per local expert
+    the gather and scatter of its rows."""
     if not model.is_moe:
         return 0.0, 0
     a, routed = train.compute_dtype.num_bytes, tokens * model.experts_per_token
     num_bytes = 3 * 4 * tokens * model.num_experts + 3 * 2 * a * routed * model.hidden_size
-    return num_bytes, 3 + 4 * model.num_experts
+    kernels = 3 + 4 * (model.num_experts // ep)
+    if ep > 1:
+        num_bytes += 2 * 2 * a * expert_rows(model, train, tokens, ep) * model.hidden_size
+        kernels += 2
+    return num_bytes, kernels
 
 
 def _elementwise_forward_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile,
@@ -193,7 +208,7 @@ def _elementwise_forward_s(model: ModelSpec, train: TrainSpec, plan: KernelShape
     width = (model.experts_per_token * model.moe_ffn_hidden_size + model.shared_expert_ffn_hidden_size
              if model.is_moe else model.ffn_hidden_size)
     num_bytes += acts * a * tokens * width / t
-    routing_bytes, routing_kernels = _moe_routing_bytes(model, train, tokens)
+    routing_bytes, routing_kernels = _moe_routing_bytes(model, train, tokens, plan.ep)
     num_bytes += routing_bytes
     kernels = 5 + 2 * drop + routing_kernels
     if model.position_kind is PositionKind.ROPE:
@@ -220,12 +235,13 @@ class _KernelKey:
 
     tp: int
     cp: int
+    ep: int
     sequence_parallel: bool
     micro_batch_size: int
 
     @classmethod
     def of(cls, plan: Plan) -> "_KernelKey":
-        return cls(plan.tp, plan.cp, plan.sequence_parallel, plan.micro_batch_size)
+        return cls(plan.tp, plan.cp, plan.ep, plan.sequence_parallel, plan.micro_batch_size)
 
 
 @_per_kernel_shape

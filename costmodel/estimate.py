@@ -21,7 +21,7 @@ from costmodel.comm import Collective, collective_time_s
 from costmodel.compute import optimizer_step_s
 from costmodel.flops import executed_flops_per_step, model_flops_per_step, utilization
 from costmodel.memory import StageMemory, backward_working_bytes, stage_memory
-from costmodel.params import ceil_div, rank_params
+from costmodel.params import ceil_div, optimized_params, rank_params
 from costmodel.pipeline_closed_form import pipeline_time_s
 from costmodel.placement import stage_pair_span
 from costmodel.plan import Plan
@@ -85,6 +85,7 @@ def _ledger(plan: Plan, critical: RankTimes, pp_s: float, bubble_s: float, dp_s:
         "compute/recompute": m * critical.recompute_s,
         "comm/tp_exposed": m * critical.tp_comm_s,
         "comm/cp_exposed": m * critical.cp_comm_s,
+        "comm/ep_exposed": m * critical.ep_comm_s,
         "comm/pp_exposed": pp_s,
         "pipeline/bubble": bubble_s,
         "comm/dp_exposed": dp_s,
@@ -122,8 +123,7 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
     sp = spans(plan, cluster)
     ranks = [rank_times(model, train, plan, cluster, sp, r) for r in range(plan.pp)]
     dp_s = max(dp_exposed_s(model, train, plan, cluster, sp, r, ranks[r]) for r in range(plan.pp))
-    shards = plan.dp * plan.cp if plan.zero_stage >= 1 else 1
-    optim_s = max(optimizer_step_s(rank_params(model, plan, r).total / shards, train, cluster.device)
+    optim_s = max(optimizer_step_s(optimized_params(rank_params(model, plan, r), plan), train, cluster.device)
                   for r in range(plan.pp))
     emb_s = _tied_embedding_sync_s(model, train, plan, cluster, sp)
     closed, critical = pipeline_time_s(plan, ranks) if plan.schedule.traits.closed_form else (None, None)

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from costmodel.compute import expert_rows
 from costmodel.frameworks import RUNTIME, FrameworkTraits
 from costmodel.layout import Style, layer_blocks
 from costmodel.params import ceil_div, layer_params, rank_params, rank_params_at
@@ -60,7 +61,8 @@ def optimizer_bytes_per_param(train: TrainSpec) -> int:
 def state_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
                 traits: FrameworkTraits = RUNTIME) -> tuple[float, float, float]:
     """(weights, gradients, optimizer states) on one device of pipeline rank `rank`."""
-    return state_bytes_for(train, plan, rank_params(model, plan, rank).total, traits)
+    held = rank_params(model, plan, rank)
+    return state_bytes_for(train, plan, held.total, traits, experts=held.experts)
 
 
 def unsharded_between_micro_batches(plan: Plan, traits: FrameworkTraits) -> bool:
@@ -69,10 +71,17 @@ def unsharded_between_micro_batches(plan: Plan, traits: FrameworkTraits) -> bool
     return plan.pp > 1 and plan.zero_stage >= 2 and not traits.sharded_grads_under_pp
 
 
-def state_bytes_for(train: TrainSpec, plan: Plan, n: float,
-                    traits: FrameworkTraits = RUNTIME) -> tuple[float, float, float]:
-    shards = plan.dp * plan.cp  # CP ranks hold the same weights, so ZeRO shards over dp x cp
-    return state_bytes_from_counts(train, plan, n, n / shards, traits)
+def state_bytes_for(train: TrainSpec, plan: Plan, n: float, traits: FrameworkTraits = RUNTIME,
+                    *, experts: float = 0.0) -> tuple[float, float, float]:
+    """States of `n` parameter elements on a device, `experts` of them routed experts: CP ranks
+    hold the same weights, so ZeRO shards the others over dp x cp, and the experts over the
+    edp x cp ranks that hold the same ones (Plan.ep)."""
+    replicated = n - experts
+    out = state_bytes_from_counts(train, plan, replicated, replicated / (plan.dp * plan.cp), traits)
+    if not experts:
+        return out
+    more = state_bytes_from_counts(train, plan, experts, experts / (plan.edp * plan.cp), traits)
+    return out[0] + more[0], out[1] + more[1], out[2] + more[2]
 
 
 def state_bytes_from_counts(train: TrainSpec, plan: Plan, whole: float, shard: float,
@@ -111,20 +120,23 @@ def _cp_cpu_mask_elements(train: TrainSpec, plan: Plan, traits: FrameworkTraits)
     return c * c * (2 * plan.cp + 1)
 
 
-def _moe_saved_bytes(model: ModelSpec, train: TrainSpec, tokens: int, traits: FrameworkTraits) -> float:
+def _moe_saved_bytes(model: ModelSpec, train: TrainSpec, tokens: int, ep: int, traits: FrameworkTraits) -> float:
     """What runtime.moe keeps for backward in one layer (measured per tensor by
     tests/runtime/test_activation_memory.py): the router's fp32 probabilities, the chosen experts
-    (int64) and their fp32 weights (and their sum where renormalised); per routed token
-    (tokens·k rows, whatever the balance) its gathered input, the expert's SwiGLU tensors, its
-    output before and after weighting, its weight and its index; the shared expert's SwiGLU
-    tensors, and with a gate its output and the gate's value. (Its input is the MLP input
+    (int64) and their fp32 weights (and their sum where renormalised); per routed slot (tokens·k)
+    the expert output before and after weighting, its weight, its token's index and its sort
+    index; per row the device's experts take (tokens·k, times the imbalance under expert
+    parallelism: costmodel.compute.expert_rows) its input and the expert's SwiGLU tensors, and
+    under expert parallelism its two reorder indices; the shared expert's SwiGLU tensors, and
+    with a gate its output and the gate's value. (Its input is the MLP input
     `layer_activation_bytes` counts already.)"""
     a, h, k, e = train.compute_dtype.num_bytes, model.hidden_size, model.experts_per_token, model.num_experts
     router = tokens * (4 * e + 8 * k + 4 * k + (4 if model.moe_norm_topk_prob else 0))
-    per_row = a * (3 * h + traits.swiglu_saved_tensors * model.moe_ffn_hidden_size + 1) + 8
+    per_slot = a * (2 * h + 1) + 16
+    per_row = a * (h + traits.swiglu_saved_tensors * model.moe_ffn_hidden_size) + (16 if ep > 1 else 0)
     fs = model.shared_expert_ffn_hidden_size
     shared = a * tokens * (traits.swiglu_saved_tensors * fs + ((h + 1) if model.shared_expert_gate else 0))
-    return router + tokens * k * per_row + shared
+    return router + tokens * k * per_slot + expert_rows(model, train, tokens, ep) * per_row + shared
 
 
 def layer_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, mode: Recompute,
@@ -151,7 +163,7 @@ def layer_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, mode:
     out_proj_input = a * tokens * h / t
     # SwiGLU in eager torch saves gate, up, silu(gate) and the product; a fused kernel keeps the
     # 2f-wide first projection and the product (costmodel.frameworks)
-    mlp = (_moe_saved_bytes(model, train, tokens, traits) if model.is_moe else
+    mlp = (_moe_saved_bytes(model, train, tokens, plan.ep, traits) if model.is_moe else
            (traits.swiglu_saved_tensors if model.ffn_kind.gated else 2) * a * tokens * f / t)
     if mode is Recompute.SELECTIVE:
         core = 0.0
@@ -425,7 +437,7 @@ def buffer_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, traits: Framewo
     if plan.pp > 1:
         total += 4 * a * _local_tokens(train, plan) * model.hidden_size / sp
     if plan.zero_stage >= 2 and not unsharded_between_micro_batches(plan, traits):
-        layer = layer_params(model, plan.tp)
+        layer = layer_params(model, plan.tp, plan.ep)
         gathered = 2 * layer * a if plan.zero_stage >= 3 else 0
         total += gathered + layer * train.grad_dtype.num_bytes
     return total
@@ -443,8 +455,8 @@ def stage_memory_at(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int, l
     """Memory of pipeline rank `rank` were it to hold `layers` layers, `recomputed` of them
     recomputed (the search reads the same quantity as `stage_memory_shapes`)."""
     first, last = plan.stage_rank(0), plan.stage_rank(plan.num_virtual_stages - 1)
-    n_params = rank_params_at(model, plan, layers, rank == first, rank == last).total
-    weights, grads, optim = state_bytes_for(train, plan, n_params, traits)
+    held = rank_params_at(model, plan, layers, rank == first, rank == last)
+    weights, grads, optim = state_bytes_for(train, plan, held.total, traits, experts=held.experts)
     return StageMemory(params_bytes=weights, grads_bytes=grads, optimizer_bytes=optim,
                        activations_bytes=activation_bytes(model, train, plan, rank, layers, recomputed, traits),
                        buffers_bytes=buffer_bytes(model, train, plan, traits),
@@ -467,20 +479,23 @@ def stage_memory_shapes_by_zero(model: ModelSpec, train: TrainSpec, plans: list[
     plan = plans[0]
     first, last = plan.stage_rank(0), plan.stage_rank(plan.num_virtual_stages - 1)
     mb = _micro_batch_shape(model, train, plan, traits)
-    params: dict[tuple[bool, bool], tuple[int, int]] = {}  # (edge, per layer): one per kind of rank
+    # (edge, replicated per layer, experts per layer): one per kind of rank
+    params: dict[tuple[bool, bool], tuple[int, int, int]] = {}
     ranks = []
     for rank in range(plan.pp):
         kind = (rank == first, rank == last)
         if kind not in params:
-            edge = rank_params_at(model, plan, 0, *kind).total
-            params[kind] = edge, rank_params_at(model, plan, 1, *kind).total - edge
+            edge, one = rank_params_at(model, plan, 0, *kind), rank_params_at(model, plan, 1, *kind)
+            params[kind] = edge.total, one.replicated - edge.total, one.experts
         ranks.append((params[kind], activation_shape(model, train, plan, rank, mb, traits)))
     out = []
     for sharded in plans:
+        # states are linear in each kind of parameter: bytes per replicated one and per expert one
         per_param = sum(state_bytes_for(train, sharded, 1.0, traits))
+        per_expert = sum(state_bytes_for(train, sharded, 1.0, traits, experts=1.0))
         fixed = buffer_bytes(model, train, sharded, traits) + reserved_bytes
         out.append([AffineBytes(base=fixed + per_param * edge + act.base,
-                                per_layer=per_param * per_layer + act.per_layer,
+                                per_layer=per_param * per_layer + per_expert * experts + act.per_layer,
                                 per_recomputed=act.per_recomputed, jump=act.jump)
-                    for (edge, per_layer), act in ranks])
+                    for (edge, per_layer, experts), act in ranks])
     return out

@@ -49,10 +49,17 @@ def moe_params(model: ModelSpec, tp: int = 1) -> int:
         + (h if model.shared_expert_gate else 0)
 
 
+def layer_expert_params(model: ModelSpec, tp: int = 1, ep: int = 1) -> int:
+    """The routed experts one device of a layer holds: num_experts/ep of them (Plan.ep)."""
+    return model.num_experts // ep * expert_params(model, tp) if model.is_moe else 0
+
+
 @lru_cache(maxsize=1024)
-def layer_params(model: ModelSpec, tp: int = 1) -> int:
-    """One transformer layer on one TP rank (tp=1: the whole layer)."""
+def layer_params(model: ModelSpec, tp: int = 1, ep: int = 1) -> int:
+    """One transformer layer on one device of a TP group (tp=1: the whole layer), its routed
+    experts sharded over `ep` devices."""
     total = 2 * norm_params(model) + moe_params(model, tp)  # norms replicated on every TP rank
+    total -= layer_expert_params(model, tp) - layer_expert_params(model, tp, ep)
     for block in dense_blocks(model):
         for lin in block.linears:
             if lin.style is Style.COLWISE:
@@ -98,21 +105,34 @@ def active_params(model: ModelSpec) -> int:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RankParams:
-    """Parameters held by one device of pipeline rank r before any ZeRO sharding."""
+    """Parameters held by one device of pipeline rank r before any ZeRO sharding: its layers'
+    (routed experts apart), embedding, head, and its share of the layers' routed experts."""
 
     layers: int
     embedding: int
     head: int
+    experts: int = 0
 
     @property
     def total(self) -> int:
-        return self.layers + self.embedding + self.head
+        return self.layers + self.embedding + self.head + self.experts
+
+    @property
+    def replicated(self) -> int:
+        """What every data-parallel rank holds alike (ZeRO shards it over dp x cp)."""
+        return self.total - self.experts
+
+    def zero_shard(self, plan: Plan) -> float:
+        """A ZeRO shard of these parameters: the replicated ones over dp x cp, the experts over
+        the edp x cp ranks that hold the same ones."""
+        return self.replicated / (plan.dp * plan.cp) + self.experts / (plan.edp * plan.cp)
 
 
 def rank_params_at(model: ModelSpec, plan: Plan, layers: int, first: bool, last: bool) -> RankParams:
     """Parameters of a pipeline rank holding `layers` layers (and the embedding / head)."""
     pipelined = plan.stage_rank(0) != plan.stage_rank(plan.num_virtual_stages - 1)
-    return RankParams(layers=layers * layer_params(model, plan.tp),
+    experts = layer_expert_params(model, plan.tp, plan.ep)
+    return RankParams(layers=layers * (layer_params(model, plan.tp, plan.ep) - experts), experts=layers * experts,
                       embedding=embedding_params(model, plan.tp) if first else 0,
                       head=head_params(model, plan.tp, pipelined=pipelined) if last else 0)
 
@@ -120,3 +140,8 @@ def rank_params_at(model: ModelSpec, plan: Plan, layers: int, first: bool, last:
 def rank_params(model: ModelSpec, plan: Plan, rank: int) -> RankParams:
     first, last = plan.stage_rank(0), plan.stage_rank(plan.num_virtual_stages - 1)
     return rank_params_at(model, plan, plan.layers_on_rank(rank), rank == first, rank == last)
+
+
+def optimized_params(held: RankParams, plan: Plan) -> float:
+    """What one device's optimizer steps: its ZeRO shard, or all it holds without ZeRO."""
+    return held.zero_shard(plan) if plan.zero_stage >= 1 else held.total

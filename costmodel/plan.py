@@ -144,6 +144,10 @@ class Plan:
     (pp x vpp entries); virtual stage j runs on pipeline rank `stage_rank(j)`.
     `recompute_num_layers[r]` says how many of pipeline rank r's layers run under `recompute`.
     `mesh_axis_order` names the mesh axes outermost first; the innermost axis gets adjacent ranks.
+    `ep` (expert parallelism, mixtures of experts only) shards each layer's routed experts over
+    groups of `ep` consecutive data-parallel ranks (Megatron-Core carves its EP group from the
+    data-parallel one the same way); an expert's gradients are then reduced over the dp/ep ranks
+    holding it (`edp`). Absent from a plan.json written before it existed: 1.
     """
 
     dp: int
@@ -160,6 +164,12 @@ class Plan:
     vpp: int
     layers_per_stage: tuple[int, ...]
     mesh_axis_order: tuple[str, ...]
+    ep: int = 1
+
+    @property
+    def edp(self) -> int:
+        """Data-parallel ranks holding the same experts (the expert gradients' group)."""
+        return self.dp // self.ep if self.ep > 0 else self.dp
 
     @property
     def world_size(self) -> int:
@@ -199,6 +209,8 @@ class Plan:
             text += f"x{self.vpp}v"
         if self.cp > 1:
             text += f" cp{self.cp}"
+        if self.ep > 1:
+            text += f" ep{self.ep}"
         rc = "" if self.recompute is Recompute.NONE else f" rc={self.recompute}"
         if self.recompute is not Recompute.NONE and len(set(self.recompute_num_layers)) > 1:
             rc += "[" + ",".join(map(str, self.recompute_num_layers)) + "]"

@@ -6,12 +6,13 @@ from dataclasses import dataclass, replace
 
 from costmodel.cluster import ClusterSpec
 from costmodel.comm import Collective, collective_time_s, p2p_time_s
-from costmodel.compute import (KernelTimes, cross_entropy_s, embedding_kernel_times, head_kernel_times,
+from costmodel.compute import (KernelTimes, cross_entropy_s, expert_rows, embedding_kernel_times, head_kernel_times,
                                layer_kernel_times)
 from costmodel.frameworks import FrameworkTraits
 from costmodel.layout import layer_blocks
 from costmodel.memory import unsharded_between_micro_batches
-from costmodel.params import ceil_div, layer_param_tensors, layer_params, rank_params
+from costmodel.params import (RankParams, ceil_div, layer_expert_params, layer_param_tensors, layer_params,
+                              rank_params, rank_params_at)
 from costmodel.placement import AxisSpan, group_span, stage_pair_span
 from costmodel.plan import Plan, Recompute
 from costmodel.specs import ModelSpec, TrainSpec
@@ -28,23 +29,26 @@ class RankTimes:
     tp_comm_s: float
     cp_comm_s: float
     pp_comm_s: float
+    ep_comm_s: float = 0.0   # expert parallelism's token all-to-alls
 
     @property
     def total_s(self) -> float:
         return (self.forward_s + self.backward_s + self.recompute_s + self.tp_comm_s
-                + self.cp_comm_s + self.pp_comm_s)
+                + self.cp_comm_s + self.pp_comm_s + self.ep_comm_s)
 
     # field by field rather than over __slots__: the search adds these a few hundred thousand times
     def __add__(self, other: "RankTimes") -> "RankTimes":
         return RankTimes(forward_s=self.forward_s + other.forward_s, backward_s=self.backward_s + other.backward_s,
                          backward_weight_s=self.backward_weight_s + other.backward_weight_s,
                          recompute_s=self.recompute_s + other.recompute_s, tp_comm_s=self.tp_comm_s + other.tp_comm_s,
-                         cp_comm_s=self.cp_comm_s + other.cp_comm_s, pp_comm_s=self.pp_comm_s + other.pp_comm_s)
+                         cp_comm_s=self.cp_comm_s + other.cp_comm_s, pp_comm_s=self.pp_comm_s + other.pp_comm_s,
+                         ep_comm_s=self.ep_comm_s + other.ep_comm_s)
 
     def scaled(self, k: float) -> "RankTimes":
         return RankTimes(forward_s=self.forward_s * k, backward_s=self.backward_s * k,
                          backward_weight_s=self.backward_weight_s * k, recompute_s=self.recompute_s * k,
-                         tp_comm_s=self.tp_comm_s * k, cp_comm_s=self.cp_comm_s * k, pp_comm_s=self.pp_comm_s * k)
+                         tp_comm_s=self.tp_comm_s * k, cp_comm_s=self.cp_comm_s * k, pp_comm_s=self.pp_comm_s * k,
+                         ep_comm_s=self.ep_comm_s * k)
 
 
 ZERO_TIMES = RankTimes(forward_s=0.0, backward_s=0.0, backward_weight_s=0.0, recompute_s=0.0,
@@ -85,7 +89,7 @@ class RankTimeModel:
         return RankTimes(forward_s=times.forward_s, backward_s=times.backward_s,
                          backward_weight_s=times.backward_weight_s, recompute_s=times.recompute_s,
                          tp_comm_s=times.tp_comm_s, cp_comm_s=times.cp_comm_s,
-                         pp_comm_s=times.pp_comm_s + self.pp_comm_s)
+                         pp_comm_s=times.pp_comm_s + self.pp_comm_s, ep_comm_s=times.ep_comm_s)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -94,14 +98,25 @@ class Spans:
     cp: AxisSpan
     pp: AxisSpan
     dp: AxisSpan  # the gradient group: dp x cp (context-parallel ranks share weights)
+    ep: AxisSpan  # the token all-to-all group: ep consecutive data-parallel ranks
+    edp: AxisSpan  # the experts' gradient group: edp x cp, the ranks holding the same experts
+
+
+def split_dp_axis(order: tuple[str, ...], degrees: tuple[int, ...], ep: int) -> tuple[tuple, tuple]:
+    """The mesh with its dp axis split into edp (outer) and ep (inner): EP groups are consecutive
+    data-parallel ranks, as runtime.parallel.build_mesh lays them out."""
+    i = order.index("dp")
+    return (order[:i] + ("edp", "ep") + order[i + 1:],
+            degrees[:i] + (degrees[i] // ep, ep) + degrees[i + 1:])
 
 
 def spans(plan: Plan, cluster: ClusterSpec) -> Spans:
-    order = plan.mesh_axis_order
-    degrees = tuple(plan.degree(a) for a in order)
+    order, degrees = split_dp_axis(plan.mesh_axis_order, tuple(plan.degree(a) for a in plan.mesh_axis_order),
+                                   plan.ep)
     dpn = cluster.devices_per_node
     return Spans(tp=group_span(order, degrees, ("tp",), dpn), cp=group_span(order, degrees, ("cp",), dpn),
-                 pp=group_span(order, degrees, ("pp",), dpn), dp=group_span(order, degrees, ("dp", "cp"), dpn))
+                 pp=group_span(order, degrees, ("pp",), dpn), dp=group_span(order, degrees, ("edp", "ep", "cp"), dpn),
+                 ep=group_span(order, degrees, ("ep",), dpn), edp=group_span(order, degrees, ("edp", "cp"), dpn))
 
 
 def link_costs(sp: Spans, cluster: ClusterSpec) -> tuple[float, ...]:
@@ -117,7 +132,7 @@ def link_costs(sp: Spans, cluster: ClusterSpec) -> tuple[float, ...]:
         one, two = time_of(1.0), time_of(2.0)
         out.extend((2 * one - two, two - one))
 
-    for span in (sp.tp, sp.cp, sp.pp, sp.dp):
+    for span in (sp.tp, sp.cp, sp.pp, sp.dp, sp.ep, sp.edp):
         for kind in Collective:
             affine(lambda b: collective_time_s(kind, b, span, cluster))  # noqa: B023
     for span in (sp.pp, sp.cp):
@@ -166,10 +181,23 @@ def _cp_layer_comm_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Cl
             max(0.0, 2 * fwd - kernels.attention_forward_s * 2.5))
 
 
+def _ep_layer_comm_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
+                     span: AxisSpan) -> float:
+    """One direction (forward or backward) of one layer under expert parallelism: the routed
+    rows' dispatch to their experts' ranks and the outputs' return, two all-to-alls of the
+    busiest rank's rows (computation waits on both: nothing to overlap them with)."""
+    if plan.ep == 1:
+        return 0.0
+    tokens = plan.micro_batch_size * train.seq_len // plan.cp
+    rows = expert_rows(model, train, tokens, plan.ep)
+    return 2 * collective_time_s(Collective.ALL_TO_ALL, train.compute_dtype.num_bytes * rows * model.hidden_size,
+                                 span, cluster)
+
+
 def _times(fwd: float = 0.0, bwd: float = 0.0, bwd_w: float = 0.0, rc: float = 0.0,
-           tp: float = 0.0, cp: float = 0.0) -> RankTimes:
+           tp: float = 0.0, cp: float = 0.0, ep: float = 0.0) -> RankTimes:
     return RankTimes(forward_s=fwd, backward_s=bwd, backward_weight_s=bwd_w, recompute_s=rc,
-                     tp_comm_s=tp, cp_comm_s=cp, pp_comm_s=0.0)
+                     tp_comm_s=tp, cp_comm_s=cp, pp_comm_s=0.0, ep_comm_s=ep)
 
 
 def rank_time_model(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
@@ -181,10 +209,11 @@ def rank_time_model(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Clu
     # the share of TP collectives the framework hides behind GEMMs (costmodel.frameworks)
     tp = _tp_layer_comm_s(model, train, plan, cluster, sp.tp) * (1.0 - cluster.framework.tp_comm_hidden)
     cp_fwd, cp_bwd = _cp_layer_comm_s(model, train, plan, cluster, sp.cp, layer)
+    ep = _ep_layer_comm_s(model, train, plan, cluster, sp.ep)
     per_layer = _times(layer.forward_s, layer.backward_s, layer.backward_weight_s, tp=2 * tp,
-                       cp=cp_fwd + cp_bwd)
+                       cp=cp_fwd + cp_bwd, ep=2 * ep)
     if plan.recompute is Recompute.FULL:
-        per_rc = _times(rc=layer.forward_s, tp=tp, cp=cp_fwd)
+        per_rc = _times(rc=layer.forward_s, tp=tp, cp=cp_fwd, ep=ep)
     elif plan.recompute is Recompute.SELECTIVE:
         per_rc = _times(rc=layer.attention_forward_s)
     else:
@@ -329,19 +358,30 @@ def dp_hidden_s(comm_s: float, window_s: float, bucket_s: float) -> float:
     return max(comm_s - window_s, bucket_s)
 
 
-def dp_bucket_s(model: ModelSpec, plan: Plan, term: DpTerm, cluster: ClusterSpec, span: AxisSpan) -> float:
-    unit = layer_params(model, plan.tp)
-    return dp_term_comm_s(term, unit, cluster, span, unit)
+def dp_groups(model: ModelSpec, plan: Plan, sp: Spans, held: RankParams) -> list[tuple[float, float, AxisSpan]]:
+    """(parameters, one layer's of them, span) per gradient group of a device holding `held`:
+    everything over dp x cp; under expert parallelism the routed experts over edp x cp apart."""
+    if plan.ep == 1:
+        return [(held.total, layer_params(model, plan.tp), sp.dp)]
+    experts = layer_expert_params(model, plan.tp, plan.ep)
+    return [(held.replicated, layer_params(model, plan.tp, plan.ep) - experts, sp.dp),
+            (held.experts, experts, sp.edp)]
+
+
+def dp_bucket_s(model: ModelSpec, plan: Plan, term: DpTerm, cluster: ClusterSpec, sp: Spans) -> float:
+    """One layer's collectives of a term (in each gradient group)."""
+    one = rank_params_at(model, plan, 1, False, False)
+    return sum(dp_term_comm_s(term, unit, cluster, span, unit) for _, unit, span in dp_groups(model, plan, sp, one))
 
 
 def dp_exposed_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
                  sp: Spans, rank: int, times: RankTimes) -> float:
-    """Gradient reduction and parameter gathers over the dp x cp group, minus what hides."""
+    """Gradient reduction and parameter gathers over the dp x cp group (and the experts' edp x cp
+    group), minus what hides."""
     if sp.dp.size == 1:
         return 0.0
-    n_params = rank_params(model, plan, rank).total
+    groups = dp_groups(model, plan, sp, rank_params(model, plan, rank))
     overlap = cluster.device.efficiency.overlap
-    unit = layer_params(model, plan.tp)
-    return sum(t.multiplier * dp_hidden_s(dp_term_comm_s(t, n_params, cluster, sp.dp, unit),
-                                          dp_window_s(t, times, overlap), dp_bucket_s(model, plan, t, cluster, sp.dp))
+    return sum(t.multiplier * dp_hidden_s(sum(dp_term_comm_s(t, n, cluster, span, unit) for n, unit, span in groups),
+                                          dp_window_s(t, times, overlap), dp_bucket_s(model, plan, t, cluster, sp))
                for t in dp_terms(model, train, plan, cluster))

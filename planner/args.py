@@ -67,6 +67,13 @@ def positive_float(text: str) -> float:
     return value
 
 
+def at_least_one(text: str) -> float:
+    value = _number(text, float)
+    if value < 1.0:
+        raise argparse.ArgumentTypeError(f"{text} is below 1")
+    return value
+
+
 def fraction(text: str) -> float:
     value = _number(text, float)
     if not 0.0 <= value < 1.0:

@@ -21,7 +21,7 @@ from costmodel.pipeline_closed_form import closed_form_s, fill_s
 from costmodel.placement import AxisSpan
 from costmodel.plan import Plan, Recompute, Schedule
 from costmodel.specs import ModelSpec, TrainSpec
-from costmodel.rank_time import RankTimeModel, dp_bucket_s, dp_terms, rank_time_model, spans
+from costmodel.rank_time import RankTimeModel, Spans, dp_bucket_s, dp_terms, rank_time_model, spans
 from planner.shapes import RankShape
 from planner.space import degrees_plan
 
@@ -32,7 +32,7 @@ def lower_bound_s(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan
     rtm = rank_time_model(model, train, plan, cluster, sp)
     return (time_floor_s(model, rtm, plan.pp, plan.num_micro_batches, plan.schedule, plan.vpp, plan.recompute)
             + zero_floor_s(model, train, cluster, plan.tp, plan.pp, plan.dp * plan.cp, plan.zero_stage,
-                           plan.num_micro_batches, sp.dp))
+                           plan.num_micro_batches, sp, plan.ep))
 
 
 def time_floor_s(model: ModelSpec, rtm: RankTimeModel, pp: int, num_micro_batches: int, schedule: Schedule,
@@ -56,25 +56,25 @@ def time_floor_s(model: ModelSpec, rtm: RankTimeModel, pp: int, num_micro_batche
 
 
 def zero_floor_s(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: int, pp: int, group: int,
-                 zero: int, num_micro_batches: int, dp_span: AxisSpan) -> float:
+                 zero: int, num_micro_batches: int, sp: Spans, ep: int = 1) -> float:
     """What a ZeRO stage adds at the least: the DP buckets that never hide (over the dp x cp
-    group of `group` ranks spanning `dp_span`), and the optimizer step on the average rank
-    (affine in parameters, so the slowest rank is at least that)."""
-    dp = _dp_floor_s(model, train, cluster, tp, pp, zero, num_micro_batches, dp_span)
-    shards = group if zero >= 1 else 1
-    layers_only = model.num_layers * layer_params(model, tp) / pp  # <= the average rank's
-    return dp + optimizer_step_s(layers_only / shards, train, cluster.device)
+    group of `group` ranks, and the experts' edp x cp group, as `sp` places them), and the
+    optimizer step on the average rank (affine in parameters, so the slowest rank is at least
+    that): a ZeRO shard holds every expert's 1/group share, a replica its ep-th of them."""
+    dp = _dp_floor_s(model, train, cluster, tp, pp, zero, num_micro_batches, sp, ep)
+    per_layer = layer_params(model, tp) / group if zero >= 1 else layer_params(model, tp, ep)
+    return dp + optimizer_step_s(model.num_layers * per_layer / pp, train, cluster.device)
 
 
 @functools.lru_cache(maxsize=16384)
 def _dp_floor_s(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: int, pp: int, zero: int,
-                num_micro_batches: int, span: AxisSpan) -> float:
-    if span.size == 1:
+                num_micro_batches: int, sp: Spans, ep: int) -> float:
+    if sp.dp.size == 1:
         return 0.0
     # pp decides only whether gradients stay whole between micro-batches (dp_terms)
-    probe = degrees_plan(dp=span.size, tp=tp, pp=min(pp, 2), cp=1, zero_stage=zero,
-                         num_micro_batches=num_micro_batches, num_layers=model.num_layers)
-    return sum(t.multiplier * dp_bucket_s(model, probe, t, cluster, span)
+    probe = degrees_plan(dp=sp.dp.size, tp=tp, pp=min(pp, 2), cp=1, zero_stage=zero,
+                         num_micro_batches=num_micro_batches, num_layers=model.num_layers, ep=ep)
+    return sum(t.multiplier * dp_bucket_s(model, probe, t, cluster, sp)
                for t in dp_terms(model, train, probe, cluster))
 
 

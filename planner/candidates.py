@@ -1,7 +1,7 @@
 """The search space: every outer choice the search considers (degrees, micro-batch, recompute
 mode, virtual stages, schedule, SP, placement), what the user fixed or narrowed, and the choices
 dropped because another dominates them under the model. The rules of a valid plan are asked of
-costmodel.check (tp_problems, cp_problems, sp_problems) and the schedule traits, not copied.
+costmodel.check (tp_problems, cp_problems, ep_problems, sp_problems) and the schedule traits, not copied.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable, Iterator
 
-from costmodel.check import cp_problems, moe_schedule_problem, sp_problems, tp_problems
+from costmodel.check import cp_problems, ep_problems, moe_schedule_problem, sp_problems, tp_problems
 from costmodel.cluster import ClusterSpec
 from costmodel.fidelity import MODEL_ERROR_BAND
 from costmodel.plan import Recompute, Schedule, default_schedule
@@ -113,15 +113,17 @@ def time_groups(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, option
                 if train.global_batch_size % dp:
                     prune("global batch not divisible by dp")
                 elif options.fixed.get("dp", dp) == dp:
-                    yield from _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp)
+                    eps = [e for e in divisors(dp) if not ep_problems(model, dp, e)] if model.is_moe else [1]
+                    for ep in allowed(options, "ep", eps):
+                        yield from _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep)
 
 
-def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp):
+def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep):
     L, per_replica = model.num_layers, train.global_batch_size // dp
     modes = [Recompute.NONE] if options.no_recompute else list(Recompute)
     # SP dominates no-SP: the same collective volume (AG + RS = AR), less memory, less elementwise work
     sps = dominant(options, "sequence_parallel", [True, False] if not sp_problems(train, tp, cp) else [False], True)
-    orders = _orders({"tp": tp, "cp": cp, "pp": pp, "dp": dp}, cluster)
+    orders = _orders({"tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep}, cluster)
     for mbs in allowed(options, "micro_batch_size", [b for b in divisors(per_replica) if b <= MAX_MICRO_BATCH]):
         m = per_replica // mbs
         # interleaving as Megatron-LM runs it: equal chunks (pp x vpp divides the layers)
@@ -138,5 +140,5 @@ def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp):
             if not variants:
                 continue
             for sp, order in itertools.product(sps, orders):
-                yield Choice(tp=tp, pp=pp, cp=cp, dp=dp, zero_stage=0, recompute=mode, sequence_parallel=sp,
+                yield Choice(tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, zero_stage=0, recompute=mode, sequence_parallel=sp,
                              micro_batch_size=mbs, vpp=1, schedule=None, mesh_axis_order=order), variants

@@ -10,7 +10,7 @@ from costmodel.memory import stage_memory_shapes_by_zero
 from costmodel.placement import AxisSpan
 from costmodel.plan import Plan, Schedule
 from costmodel.specs import ModelSpec, TrainSpec
-from costmodel.rank_time import RankTimeModel, rank_time_model, spans
+from costmodel.rank_time import RankTimeModel, Spans, rank_time_model, spans
 from planner.bounds import MemoryFit, pipeline_floor_s, zero_floor_s
 from planner.candidates import ZERO_STAGES, SearchOptions, allowed
 from planner.shapes import pipeline_rows
@@ -81,8 +81,8 @@ class SharedModels:
 
     def time_model(self, base: Choice) -> "TimedChoice":
         """`base`: a choice with one virtual stage and no schedule (time_groups)."""
-        key = (base.tp, base.cp, base.pp, base.dp, base.micro_batch_size, base.sequence_parallel, base.recompute,
-               base.mesh_axis_order)
+        key = (base.tp, base.cp, base.pp, base.dp, base.ep, base.micro_batch_size, base.sequence_parallel,
+               base.recompute, base.mesh_axis_order)
         if key not in self._times:
             placed = key[:-1]  # the same choice under another placement differs only in its order
             if placed in self._probes:
@@ -91,14 +91,14 @@ class SharedModels:
                 probe = self._probes[placed] = build_plan(self.model, self.train, self.cluster, base)
             sp = spans(probe, self.cluster)
             self._times[key] = TimedChoice(rank_time_model(self.model, self.train, probe, self.cluster, sp),
-                                           self._zero_floors_s(base, probe.num_micro_batches, sp.dp))
+                                           self._zero_floors_s(base, probe.num_micro_batches, sp))
         return self._times[key]
 
-    def _zero_floors_s(self, c: Choice, num_micro_batches: int, dp_span: AxisSpan) -> tuple[float, ...]:
-        key = (c.tp, c.pp, c.dp * c.cp, num_micro_batches, dp_span)
+    def _zero_floors_s(self, c: Choice, num_micro_batches: int, sp: Spans) -> tuple[float, ...]:
+        key = (c.tp, c.pp, c.dp * c.cp, num_micro_batches, sp.dp, sp.edp, c.ep)
         if key not in self._zero:
             self._zero[key] = tuple(zero_floor_s(self.model, self.train, self.cluster, c.tp, c.pp, c.dp * c.cp,
-                                                 zero, num_micro_batches, dp_span) for zero in ZERO_STAGES)
+                                                 zero, num_micro_batches, sp, c.ep) for zero in ZERO_STAGES)
         return self._zero[key]
 
     def memory(self, base: Choice, vpp: int, schedule: Schedule, zero: int) -> tuple[MemoryFit, Plan] | None:
@@ -122,7 +122,8 @@ class SharedModels:
 
     @staticmethod
     def _memory_key(c: Choice, vpp: int, schedule: Schedule, zero: int) -> tuple:
-        return (c.tp, c.cp, c.pp, c.dp, zero, c.recompute, c.sequence_parallel, c.micro_batch_size, vpp, schedule)
+        return (c.tp, c.cp, c.pp, c.dp, c.ep, zero, c.recompute, c.sequence_parallel, c.micro_batch_size, vpp,
+                schedule)
 
     def pipeline_floor_s(self, base: Choice, zero: int, plan: Plan, fit: MemoryFit) -> float:
         """planner.bounds.pipeline_floor_s + the ZeRO floor, for `plan` under base's placement."""

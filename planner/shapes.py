@@ -10,11 +10,11 @@ from typing import NamedTuple
 from costmodel.cluster import ClusterSpec
 from costmodel.compute import optimizer_step_s
 from costmodel.memory import AffineBytes, stage_memory_shapes
-from costmodel.params import layer_params, rank_params_at
+from costmodel.params import optimized_params, rank_params_at
 from costmodel.pipeline_closed_form import fill_s
 from costmodel.plan import Plan
 from costmodel.specs import ModelSpec, TrainSpec
-from costmodel.rank_time import (RankTimeModel, RankTimes, dp_bucket_s, dp_term_comm_s, dp_terms,
+from costmodel.rank_time import (RankTimeModel, RankTimes, dp_bucket_s, dp_groups, dp_term_comm_s, dp_terms,
                               dp_window_s, rank_time_model, spans)
 
 
@@ -84,32 +84,42 @@ def pipeline_rows(rtm: RankTimeModel, plan: Plan) -> tuple[list[tuple], list[tup
 def _time_shape(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan, rtm: RankTimeModel,
                 first: bool, last: bool, dp_shape: list) -> tuple:
     """(t, f, opt, dp) of a rank: the same on every rank in the middle of the pipeline."""
-    edge = rtm.at(0, 0, first, last)
-    t, f = _pipeline_rows(rtm, plan, edge)
-    edge_params = rank_params_at(model, plan, 0, first, last).total
-    per_layer_params = rank_params_at(model, plan, 1, first, last).total - edge_params
-    shards = plan.dp * plan.cp if plan.zero_stage >= 1 else 1
-    opt = Linear(*affine(lambda L: optimizer_step_s((edge_params + L * per_layer_params) / shards, train,
-                                                    cluster.device), 1, 2))
-    # DP collectives: comm(P) = alpha + beta·P in the rank's parameters P = edge + L·per_layer
+    edge_times = rtm.at(0, 0, first, last)
+    t, f = _pipeline_rows(rtm, plan, edge_times)
+    held = lambda L: rank_params_at(model, plan, L, first, last)  # noqa: E731
+    opt = Linear(*affine(lambda L: optimizer_step_s(optimized_params(held(L), plan), train, cluster.device), 1, 2))
+    # DP collectives per gradient group: comm = alpha + beta·P in the group's parameters P,
+    # each affine in L (P = edge + L·per layer), so their sum is too
+    sp = spans(plan, cluster)
     overlap = cluster.device.efficiency.overlap
-    dp = [DpTermShape(mult, Linear(alpha + beta * edge_params, beta * per_layer_params),
-                      Coefficients(dp_window_s(term, edge, overlap), dp_window_s(term, rtm.per_layer, overlap),
-                                   dp_window_s(term, rtm.per_recomputed_layer, overlap)), bucket)
-          for mult, term, alpha, beta, bucket in dp_shape]
+    edge, one = held(0), held(1)
+    groups = [(n0, n1 - n0) for (n0, _, _), (n1, _, _) in zip(dp_groups(model, plan, sp, edge),
+                                                              dp_groups(model, plan, sp, one))]
+    dp = []
+    for mult, term, coeffs, bucket in dp_shape:
+        intercept = sum(alpha + beta * n0 for (alpha, beta), (n0, _) in zip(coeffs, groups))
+        slope = sum(beta * per_layer for (_, beta), (_, per_layer) in zip(coeffs, groups))
+        dp.append(DpTermShape(mult, Linear(intercept, slope),
+                              Coefficients(dp_window_s(term, edge_times, overlap),
+                                           dp_window_s(term, rtm.per_layer, overlap),
+                                           dp_window_s(term, rtm.per_recomputed_layer, overlap)), bucket))
     return t, f, opt, dp
 
 
 def _dp_shape(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> list:
-    """Per DP term: (multiplier, term, alpha, beta, bucket) with comm(P params) = alpha + beta·P."""
+    """Per DP term: (multiplier, term, [(alpha, beta) per gradient group], bucket) with a group's
+    comm(P params) = alpha + beta·P."""
     sp = spans(plan, cluster)
     if sp.dp.size == 1:
         return []
-    unit = layer_params(model, plan.tp)
+    one = rank_params_at(model, plan, 1, False, False)
     out = []
     for term in dp_terms(model, train, plan, cluster):
-        alpha, beta = affine(lambda k: dp_term_comm_s(term, k * unit, cluster, sp.dp, unit), 1, 2)
-        out.append((term.multiplier, term, alpha, beta / unit, dp_bucket_s(model, plan, term, cluster, sp.dp)))
+        coeffs = []
+        for _, unit, span in dp_groups(model, plan, sp, one):
+            alpha, beta = affine(lambda k: dp_term_comm_s(term, k * unit, cluster, span, unit), 1, 2)  # noqa: B023
+            coeffs.append((alpha, beta / unit))
+        out.append((term.multiplier, term, coeffs, dp_bucket_s(model, plan, term, cluster, sp)))
     return out
 
 

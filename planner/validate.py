@@ -148,7 +148,8 @@ def row_specs(row: dict[str, str]) -> tuple[ModelSpec, TrainSpec, ClusterSpec]:
         if not _flag(row, "dropout", True):   # e.g. MPT trains without dropout
             model = replace(model, dropout=False)
     elif row["arch"] == Arch.LLAMA:
-        model = llama_spec(row["id"], kv_heads=_int(row, "kv_heads", heads), max_pos=seq, **common)
+        model = llama_spec(row["id"], kv_heads=_int(row, "kv_heads", heads), max_pos=seq, **common,
+                           **_experts(row, common["ffn"]))
     else:
         raise ValueError(f"row {row['id']!r}: arch {row['arch']!r} is neither gpt nor llama")
     precision = (row.get("precision") or "bf16").strip()
@@ -168,6 +169,16 @@ def row_specs(row: dict[str, str]) -> tuple[ModelSpec, TrainSpec, ClusterSpec]:
     device = device_as_run_by(cluster.device, traits)
     hard = replace(device, efficiency=replace(device.efficiency, allocator_fragmentation=0.0))
     return model, train, replace(cluster, device=hard, framework=traits, memory_headroom=0.0)
+
+
+def _experts(row: dict[str, str], ffn: int) -> dict[str, int]:
+    """A mixture of experts (optional columns num_experts, experts_per_token, moe_ffn_hidden):
+    every layer's MLP routed, expert width ffn_hidden unless stated."""
+    experts = _int(row, "num_experts", 0, low=0)
+    if not experts:
+        return {}
+    return {"num_experts": experts, "experts_per_token": _int(row, "experts_per_token", 2),
+            "moe_ffn_hidden_size": _int(row, "moe_ffn_hidden", ffn)}
 
 
 def attention_kernel(row: dict[str, str]) -> AttentionKernel:
@@ -213,20 +224,20 @@ def best_plan_for_row(row: dict[str, str], model: ModelSpec, train: TrainSpec, c
     schedules the framework offers); the plan is then laid out as the framework runs it: equal
     layers per stage, every layer of the chosen recompute mode recomputed, Megatron's rank order.
     When no plan fits, the enumeration below finds the one that overflows least (OOM rows)."""
-    tp, pp, cp = _int(row, "tp"), _int(row, "pp"), _int(row, "cp", 1)
+    tp, pp, cp, ep = _int(row, "tp"), _int(row, "pp"), _int(row, "cp", 1), _int(row, "ep", 1)
     dp = _int(row, "dp", cluster.world_size // (tp * pp * cp))
     if problem := world_problem(dp, tp, pp, cp, cluster.world_size):   # dp 0: tp*pp*cp above num_gpus
         raise ValueError(f"row {row['id']!r}: {problem}")
     deadline = time.perf_counter() + time_limit_s
     opts, fillable = _options(row, model, tp, pp, dp, train.global_batch_size)
     stated = {SEARCH_FIELDS[k]: v[0] for k, v in opts.items() if k not in fillable}
-    options = SearchOptions(top_k=1, fixed={"tp": tp, "pp": pp, "cp": cp, "dp": dp, **stated},
+    options = SearchOptions(top_k=1, fixed={"tp": tp, "pp": pp, "cp": cp, "dp": dp, "ep": ep, **stated},
                             max_tp=max(tp, cluster.devices_per_node), time_limit_s=time_limit_s,
                             schedules=PUBLISHED_SCHEDULES, error_band=0.0)
     found = search(model, train, cluster, options).plans
     if found:
         chosen = found[0].plan
-        choice = Choice(tp=tp, pp=pp, cp=cp, dp=dp, zero_stage=chosen.zero_stage, recompute=chosen.recompute,
+        choice = Choice(tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, zero_stage=chosen.zero_stage, recompute=chosen.recompute,
                         sequence_parallel=chosen.sequence_parallel, micro_batch_size=chosen.micro_batch_size,
                         vpp=chosen.vpp)
         plan = build_plan(model, train, cluster, choice)
@@ -234,23 +245,23 @@ def best_plan_for_row(row: dict[str, str], model: ModelSpec, train: TrainSpec, c
         if not est.fits:  # the framework's layout overflows where the search's split fits
             plan, est = chosen, found[0].estimate
     else:
-        plan, est = _least_overflow(row, model, train, cluster, opts, (tp, pp, cp, dp), deadline)
+        plan, est = _least_overflow(row, model, train, cluster, opts, (tp, pp, cp, dp, ep), deadline)
     filled = {"micro_batch": plan.micro_batch_size, "recompute": str(plan.recompute),
               "vpp": plan.vpp, "sp": plan.sequence_parallel, "zero_stage": plan.zero_stage}
     return plan, est, {k: v for k, v in filled.items() if k in fillable}
 
 
 def _least_overflow(row: dict[str, str], model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
-                    opts: dict[str, list[Any]], degrees: tuple[int, int, int, int],
+                    opts: dict[str, list[Any]], degrees: tuple[int, int, int, int, int],
                     deadline: float) -> tuple[Plan, Estimate]:
     """Nothing fits: the framework-laid-out plan of the stated fields that overflows least (of
     those priced before the deadline: a row's time is bounded like its search)."""
-    tp, pp, cp, dp = degrees
+    tp, pp, cp, dp, ep = degrees
     best: tuple[float, Plan, Estimate] | None = None
     for mb, rc, vpp, sp, zero in itertools.product(*opts.values()):
         if best is not None and time.perf_counter() > deadline:
             break
-        choice = Choice(tp=tp, pp=pp, cp=cp, dp=dp, zero_stage=zero, recompute=rc,
+        choice = Choice(tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, zero_stage=zero, recompute=rc,
                         sequence_parallel=sp, micro_batch_size=mb, vpp=vpp)
         try:
             plan = build_plan(model, train, cluster, choice)

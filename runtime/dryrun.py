@@ -20,6 +20,7 @@ from costmodel.memory import state_bytes_from_counts
 from costmodel.placement import axis_strides
 from costmodel.plan import PlanFile
 from runtime.job import build_job
+from runtime.moe import Experts
 from runtime.parallel import local_tensor
 
 
@@ -29,19 +30,32 @@ def first_rank_of_stage(pf: PlanFile, pp_rank: int) -> int:
     return pp_rank * axis_strides(order, tuple(pf.plan.degree(a) for a in order))["pp"]
 
 
-def _count_rank(pf: PlanFile, rank: int) -> dict[str, int]:
+def _count(module: torch.nn.Module) -> dict[str, int]:
+    """Elements this rank holds of the module's parameters: routed experts apart (their ZeRO
+    group is edp, not dp)."""
+    experts = {id(p) for m in module.modules() if isinstance(m, Experts) for p in m.parameters()}
+    out = {"replicated": 0, "experts": 0}
+    for p in module.parameters():
+        out["experts" if id(p) in experts else "replicated"] += local_tensor(p).numel()
+    return out
+
+
+def _count_rank(pf: PlanFile, rank: int) -> dict[str, dict[str, int]]:
     from torch.testing._internal.distributed.fake_pg import FakeStore  # registers "fake"
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=pf.plan.world_size)
     try:
-        unsharded: dict[int, int] = {}
+        unsharded: dict[int, dict[str, int]] = {}
 
         def count(stage: int, module: torch.nn.Module) -> None:
-            unsharded[stage] = sum(local_tensor(p).numel() for p in module.parameters())
+            unsharded[stage] = _count(module)
 
         job = build_job(pf, torch.device("cpu"), seed=0, materialize=False, before_data_parallel=count)
-        shard = sum(local_tensor(p).numel() for p in job.parameters())
+        shard = {"replicated": 0, "experts": 0}
+        for mod in job.modules.values():
+            for kind, n in _count(mod).items():
+                shard[kind] += n
         assert all(p.device.type == "meta" for p in job.parameters())
-        return {"unsharded": sum(unsharded.values()), "shard": shard}
+        return {"unsharded": {kind: sum(c[kind] for c in unsharded.values()) for kind in shard}, "shard": shard}
     finally:
         dist.destroy_process_group()
 
@@ -55,11 +69,13 @@ def dry_run(pf: PlanFile) -> list[dict[str, Any]]:
         rank = first_rank_of_stage(pf, pp_rank)
         n = _count_rank(pf, rank)
         # the counted elements through the one state formula, with our runtime's traits
-        params, grads, optim = state_bytes_from_counts(train, plan, n["unsharded"], n["shard"], RUNTIME)
+        states = [state_bytes_from_counts(train, plan, n["unsharded"][kind], n["shard"][kind], RUNTIME)
+                  for kind in ("replicated", "experts")]
+        params, grads, optim = (sum(parts) for parts in zip(*states))
         runtime = {"params": params, "grads": grads, "optimizer": optim}
         pred = predicted[pp_rank].to_dict()
-        rows.append({"stage": pp_rank, "rank": rank, "elements_unsharded": n["unsharded"],
-                     "elements_shard": n["shard"],
+        rows.append({"stage": pp_rank, "rank": rank, "elements_unsharded": sum(n["unsharded"].values()),
+                     "elements_shard": sum(n["shard"].values()),
                      **{f"{k}_bytes": {"runtime": v, "predicted": pred[k],
                                        "error_pct": 100 * (v - pred[k]) / pred[k] if pred[k] else 0.0}
                         for k, v in runtime.items()}})

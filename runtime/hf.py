@@ -36,9 +36,9 @@ def _fused(model: Transformer, fused_projections: bool) -> dict[str, tuple[str, 
     spec, out = model.spec, {}
     if spec.is_moe:
         f = spec.moe_ffn_hidden_size
-        out.update({"mlp.w1": ("mlp.experts.gate_up_proj", 1, 0, (f, f)),
-                    "mlp.w3": ("mlp.experts.gate_up_proj", 1, 1, (f, f)),
-                    "mlp.w2": ("mlp.experts.down_proj", 0, 0, (spec.num_experts,))})
+        out.update({"mlp.experts.w1": ("mlp.experts.gate_up_proj", 1, 0, (f, f)),
+                    "mlp.experts.w3": ("mlp.experts.gate_up_proj", 1, 1, (f, f)),
+                    "mlp.experts.w2": ("mlp.experts.down_proj", 0, 0, (spec.num_experts,))})
     if fused_projections:
         qkv, gate_up = (spec.hidden_size, spec.kv_hidden_size, spec.kv_hidden_size), (spec.ffn_hidden_size,) * 2
         out.update({"attention.wq.weight": ("self_attn.qkv_proj.weight", 0, 0, qkv),

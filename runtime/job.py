@@ -19,8 +19,8 @@ from costmodel.plan import Plan, PlanFile
 from runtime.context_parallel import CpShard
 from runtime.model import Transformer
 from runtime.moe import MoE
-from runtime.parallel import (apply_data_parallel, local_tensor, apply_recompute, apply_tensor_parallel,
-                              build_mesh, recomputed_layers)
+from runtime.parallel import (apply_data_parallel, apply_expert_parallel, apply_recompute, apply_tensor_parallel,
+                              build_mesh, local_tensor, mesh_coords, recomputed_layers)
 from runtime.pipeline import StepClock, build_schedule, local_stages, stage_layer_ids
 
 
@@ -75,7 +75,7 @@ def build_job(pf: PlanFile, device: torch.device, *, seed: int, materialize: boo
         raise ValueError(f"model {model.name}: a mixture of experts runs with data and pipeline parallelism, "
                          "not yet with tensor or context parallelism")
     mesh = build_mesh(plan, device.type)
-    coords = {axis: mesh.get_local_rank(axis) for axis in plan.mesh_axis_order}
+    coords = mesh_coords(mesh, plan)
     cp = CpShard(coords["cp"], plan.cp, mesh["cp"].get_group()) if plan.cp > 1 else None
     layer_ids = stage_layer_ids(plan)
     mine = local_stages(plan, coords["pp"])
@@ -90,6 +90,7 @@ def build_job(pf: PlanFile, device: torch.device, *, seed: int, materialize: boo
         if cp is not None:
             mod.set_context_parallel(cp, pf.train.seq_len)
         _scale_aux_losses(mod, plan)
+        apply_expert_parallel(mod, mesh, plan)
         if plan.tp > 1:
             apply_tensor_parallel(mod, mesh["tp"], plan.sequence_parallel)
         apply_recompute(mod, plan, rc_layers)

@@ -6,7 +6,16 @@ model says so (Mixtral) or kept (Qwen2-MoE); every routed expert is a SwiGLU MLP
 output is their weighted sum (dropless: an expert takes every token sent to it). A shared SwiGLU
 MLP, where the model has one, adds to every token, scaled by a sigmoid of one projection where
 the model gates it (Qwen2-MoE). Expert weights are stacked per layer ((experts, out, in), as
-transformers 5 stores them), so that expert parallelism can later shard their first dimension.
+transformers 5 stores them) in an `Experts` module of their own.
+
+Routing sorts the k·tokens routed rows by expert (stable: each expert's rows stay in token
+order), so each expert's rows are one slice. Under expert parallelism (Plan.ep) a device holds
+num_experts/ep consecutive experts (a DTensor sharded on dim 0 over the EP group, runtime.parallel)
+and the sorted rows go to their experts' devices in one all-to-all, preceded by one of the
+per-expert counts; the device reorders what it got by local expert, runs its experts, restores
+the order and sends the outputs back in a second all-to-all (the backward pass runs the same two
+in reverse). This is Megatron-Core's all-to-all token dispatcher,
+dropless.
 
 The load-balancing loss (Switch Transformer, Fedus et al. 2022: E * sum_e f_e * P_e over this
 micro-batch's tokens, f_e the share of routed slots expert e got and P_e its mean probability)
@@ -17,8 +26,10 @@ model's.
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from costmodel.specs import ModelSpec
 
@@ -47,21 +58,86 @@ def load_balancing_loss(probs: torch.Tensor, chosen: torch.Tensor, num_experts: 
     return num_experts * (share * probs.mean(0)).sum()
 
 
+class _AllToAll(torch.autograd.Function):
+    """Rows to the EP group's ranks, `send[j]` of them to rank j, `recv[j]` from it; backward the
+    same the other way (every EP rank must reach both: see Experts.forward's empty case)."""
+
+    @staticmethod
+    def forward(ctx, rows: torch.Tensor, recv: list[int], send: list[int], group) -> torch.Tensor:
+        ctx.recv, ctx.send, ctx.group = recv, send, group
+        out = rows.new_empty(sum(recv), *rows.shape[1:])
+        dist.all_to_all_single(out, rows.contiguous(), recv, send, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        out = grad.new_empty(sum(ctx.send), *grad.shape[1:])
+        dist.all_to_all_single(out, grad.contiguous(), ctx.send, ctx.recv, group=ctx.group)
+        return out, None, None, None
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; the gradient times `scale` backward."""
+
+    @staticmethod
+    def forward(ctx, t: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad * ctx.scale, None
+
+
+class Experts(nn.Module):
+    """A layer's routed experts, stacked: this device's num_experts/ep of them. Under expert
+    parallelism their gradient sums the contributions of all ep ranks' tokens, while data
+    parallelism averages over the edp ranks holding them: `grad_scale` 1/ep makes that the mean
+    over all dp replicas, as for every other weight (FSDP2's own divide factor would need
+    PREMUL_SUM, which gloo lacks)."""
+
+    def __init__(self, num_experts: int, ffn: int, hidden: int) -> None:
+        super().__init__()
+        self.grad_scale = 1.0
+        self.w1 = nn.Parameter(torch.empty(num_experts, ffn, hidden))   # gate projection of each expert
+        self.w3 = nn.Parameter(torch.empty(num_experts, ffn, hidden))   # up projection
+        self.w2 = nn.Parameter(torch.empty(num_experts, hidden, ffn))   # down projection
+
+    def forward(self, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """`rows` sorted by local expert, `counts[e]` of them for expert e."""
+        w1, w3, w2 = (w.to_local() if isinstance(w, DTensor) else w for w in (self.w1, self.w3, self.w2))
+        if self.grad_scale != 1.0:
+            w1, w3, w2 = (_ScaleGrad.apply(w, self.grad_scale) for w in (w1, w3, w2))
+        outs, start = [], 0
+        for e, n in enumerate(counts):
+            if n:
+                t = rows[start:start + n]
+                outs.append(F.linear(F.silu(F.linear(t, w1[e])) * F.linear(t, w3[e]), w2[e]))
+                start += n
+        if not outs:
+            # no rows here this time: the (empty) output still depends on the rows and weights, so
+            # the backward pass reaches the all-to-all that brought them (every EP rank must join
+            # it) and gives the weights a zero gradient, as on the ranks that got some
+            return rows * 0 + 0 * (w1.sum() + w2.sum() + w3.sum())
+        return torch.cat(outs)
+
+
 class MoE(nn.Module):
     def __init__(self, model: ModelSpec) -> None:
         super().__init__()
         h, f, e = model.hidden_size, model.moe_ffn_hidden_size, model.num_experts
         self.top_k, self.normalise, self.aux_coef = model.experts_per_token, model.moe_norm_topk_prob, \
             model.router_aux_loss_coef
+        self.num_experts = e
         self.router = nn.Linear(h, e, bias=False)
-        self.w1 = nn.Parameter(torch.empty(e, f, h))   # gate projection of each expert
-        self.w3 = nn.Parameter(torch.empty(e, f, h))   # up projection
-        self.w2 = nn.Parameter(torch.empty(e, h, f))   # down projection
+        self.experts = Experts(e, f, h)
         fs = model.shared_expert_ffn_hidden_size
         self.shared = nn.ModuleDict({"w1": nn.Linear(h, fs, bias=False), "w3": nn.Linear(h, fs, bias=False),
                                      "w2": nn.Linear(fs, h, bias=False)}) if fs else None
         self.shared_gate = nn.Linear(h, 1, bias=False) if model.shared_expert_gate else None
         self.aux_grad_scale = 1.0   # runtime.job: 1/micro-batches, or 1 under pipelining (which scales at the end)
+        self.ep_group: dist.ProcessGroup | None = None   # runtime.parallel.apply_expert_parallel
+        self.ep = 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tokens = x.reshape(-1, x.shape[-1])
@@ -69,21 +145,37 @@ class MoE(nn.Module):
         weights, chosen = probs.topk(self.top_k, dim=-1)
         if self.normalise:
             weights = weights / weights.sum(-1, keepdim=True)
-        weights = weights.to(x.dtype)
-        out = torch.zeros_like(tokens)
-        for e in range(self.w1.shape[0]):
-            rows, slot = (chosen == e).nonzero(as_tuple=True)
-            if rows.numel() == 0:
-                continue
-            t = tokens[rows]
-            y = F.linear(F.silu(F.linear(t, self.w1[e])) * F.linear(t, self.w3[e]), self.w2[e])
-            out = out.index_add(0, rows, y * weights[rows, slot, None])
+        order = chosen.flatten().argsort(stable=True)   # routed slots, expert by expert
+        rows = order // self.top_k                       # the token of each
+        counts = torch.bincount(chosen.flatten(), minlength=self.num_experts)
+        routed = tokens[rows]
+        y = (self.experts(routed, counts.tolist()) if self.ep_group is None
+             else self._exchange(routed, counts))
+        out = torch.zeros_like(tokens).index_add(0, rows, y * weights.to(x.dtype).flatten()[order, None])
         if self.shared is not None:
             s = self.shared["w2"](F.silu(self.shared["w1"](tokens)) * self.shared["w3"](tokens))
             if self.shared_gate is not None:
                 s = torch.sigmoid(self.shared_gate(tokens)) * s
             out = out + s
         if self.training and self.aux_coef > 0 and torch.is_grad_enabled():
-            aux = self.aux_coef * load_balancing_loss(probs, chosen, self.w1.shape[0])
+            aux = self.aux_coef * load_balancing_loss(probs, chosen, self.num_experts)
             out = _AddAuxLossGrad.apply(out, aux, self.aux_grad_scale)
         return out.view_as(x)
+
+    def _exchange(self, routed: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Rows sorted by expert -> their experts' devices -> outputs back in the same order."""
+        ep, local = self.ep, self.num_experts // self.ep
+        got = torch.empty_like(counts)
+        dist.all_to_all_single(got, counts, group=self.ep_group)   # (source, local expert) counts
+        got = got.view(ep, local)
+        send = counts.view(ep, local).sum(1).tolist()
+        recv = got.sum(1).tolist()
+        received = _AllToAll.apply(routed, recv, send, self.ep_group)
+        # source-major -> expert-major: segment (s, e) starts at starts[s, e] in `received`
+        sizes = got.t().flatten()
+        starts = (got.flatten().cumsum(0) - got.flatten()).view(ep, local).t().flatten()
+        perm = torch.arange(int(sizes.sum())) + torch.repeat_interleave(starts - (sizes.cumsum(0) - sizes), sizes)
+        y = self.experts(received[perm], got.sum(0).tolist())
+        back = torch.empty_like(perm)
+        back[perm] = torch.arange(perm.numel())
+        return _AllToAll.apply(y[back], send, recv, self.ep_group)

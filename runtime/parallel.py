@@ -14,6 +14,12 @@ and pipelining; all match a single process, see shared/reference/torch-on-cpu-no
           once per step (Megatron-LM's distributed optimizer).
   ZeRO-0: replicate everything, all-reduce gradients once per step (DDP): FSDP2 over a
           (dp, 1) mesh, i.e. HSDP whose shard group has one member.
+Expert parallelism (Plan.ep) splits the data-parallel mesh axis into edp (outer) x ep (inner,
+consecutive ranks, as costmodel.rank_time.split_dp_axis prices them); the flattened pair is the
+"dp" axis everything else uses. Each layer's experts are a DTensor sharded on dim 0 over "ep"
+(torchtitan's layout), and FSDP2 shards them further over "edp" in a unit of their own; every EP rank's tokens reach
+them through the all-to-all, so their gradients are scaled by 1/ep (runtime.moe.Experts) before
+FSDP2 averages them over edp.
 Mixed precision follows the TrainSpec: parameters gathered in compute_dtype, gradients reduced
 in grad_dtype, fp32 master weights and optimizer states (FSDP2 MixedPrecisionPolicy).
 """
@@ -34,8 +40,10 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
 from costmodel.layout import Style, layer_blocks
 from costmodel.plan import Plan, Recompute
 from costmodel.specs import DType, TrainSpec
+from runtime.moe import Experts, MoE
 
 UNIT_AXIS = "dp_unit"   # size-1 shard axis that turns FSDP2 into plain replication (ZeRO-0)
+EP_UNIT_AXIS = "ep_unit"   # the same for the experts' FSDP2 unit (kept before "ep": mesh slices keep root order)
 TORCH_DTYPES = {DType.FP32: torch.float32, DType.BF16: torch.bfloat16, DType.FP16: torch.float16}
 
 
@@ -44,11 +52,34 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
+def mesh_layout(plan: Plan) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """(axis names, sizes) of the world mesh, outermost first: the plan's axes, dp split into
+    edp x ep under expert parallelism, and the free unit axes."""
+    names: list[str] = []
+    shape: list[int] = []
+    for axis in plan.mesh_axis_order:
+        if axis == "dp" and plan.ep > 1:
+            names += ["edp", EP_UNIT_AXIS, "ep"]
+            shape += [plan.edp, 1, plan.ep]
+        else:
+            names.append(axis)
+            shape.append(plan.degree(axis))
+    return (*names, UNIT_AXIS), (*shape, 1)
+
+
 def build_mesh(plan: Plan, device_type: str) -> DeviceMesh:
     """The world mesh in the plan's axis order (outermost first), the same row-major rank layout
-    `costmodel.placement` prices; the trailing unit axis is free."""
-    shape = tuple(plan.degree(axis) for axis in plan.mesh_axis_order) + (1,)
-    return init_device_mesh(device_type, shape, mesh_dim_names=(*plan.mesh_axis_order, UNIT_AXIS))
+    `costmodel.placement` prices; under expert parallelism "dp" is edp x ep flattened."""
+    names, shape = mesh_layout(plan)
+    mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
+    if plan.ep > 1:
+        mesh["edp", EP_UNIT_AXIS, "ep"]._flatten("dp")
+    return mesh
+
+
+def mesh_coords(mesh: DeviceMesh, plan: Plan) -> dict[str, int]:
+    """This rank's coordinate on each of the plan's axes."""
+    return {axis: mesh[axis].get_local_rank() for axis in plan.mesh_axis_order}
 
 
 def _layer_tp_plan(module: nn.Module, sp: bool) -> dict:
@@ -113,16 +144,51 @@ def apply_recompute(stage: nn.Module, plan: Plan, layer_ids: list[int]) -> None:
             stage.layers[key].attention.selective_recompute = True
 
 
+def _sliced(mesh: DeviceMesh, *names: str) -> DeviceMesh:
+    with warnings.catch_warnings():   # slicing a flattened dim from the root: fine in 2.13
+        warnings.filterwarnings("ignore", message=".*flattened dim.*")
+        return mesh[names if len(names) > 1 else names[0]]
+
+
 def dp_mesh_for(mesh: DeviceMesh, plan: Plan) -> DeviceMesh:
     """ZeRO shards over dp x cp (CP ranks hold the same weights), as costmodel.memory counts."""
     if plan.cp == 1:
-        return mesh["dp", UNIT_AXIS] if plan.zero_stage == 0 else mesh["dp"]
+        return _sliced(mesh, "dp", UNIT_AXIS) if plan.zero_stage == 0 else mesh["dp"]
     flat = mesh["dp", "cp"]._flatten("dp_cp")
-    if plan.zero_stage > 0:
-        return flat
-    with warnings.catch_warnings():   # slicing a flattened dim from the root: fine in 2.13
-        warnings.filterwarnings("ignore", message=".*flattened dim.*")
-        return mesh["dp_cp", UNIT_AXIS]
+    return flat if plan.zero_stage > 0 else _sliced(mesh, "dp_cp", UNIT_AXIS)
+
+
+def expert_dp_mesh_for(mesh: DeviceMesh, plan: Plan) -> DeviceMesh:
+    """The experts' ZeRO group: the edp ranks holding the same experts (check.cp_problems keeps
+    cp = 1 with experts)."""
+    return mesh["edp"] if plan.zero_stage > 0 else mesh["edp", EP_UNIT_AXIS]
+
+
+def _expert_shard_dim(plan: Plan):
+    """FSDP2 shards dim 0 by default, padding it to a multiple of the group: with fewer local
+    experts than edp ranks (Mixtral's 8 experts over ep8: one each) every rank would keep a whole
+    padded expert. Then shard each expert's rows instead (torchtitan does the same), so that a
+    rank keeps 1/edp of its experts, as costmodel.memory counts."""
+    def placement(param: nn.Parameter) -> Shard:
+        return Shard(0) if local_tensor(param).shape[0] % plan.edp == 0 else Shard(1)
+    return placement
+
+
+def apply_expert_parallel(stage: nn.Module, mesh: DeviceMesh, plan: Plan) -> None:
+    """Keep this rank's num_experts/ep experts of every layer (the model was initialised whole,
+    so each rank's slice equals the single process's) as a DTensor over the EP group, and give
+    each mixture the group its all-to-alls run over."""
+    if plan.ep == 1:
+        return
+    ep_mesh = mesh["ep"]
+    index = ep_mesh.get_local_rank()
+    for moe in (m for m in stage.modules() if isinstance(m, MoE)):
+        local = moe.num_experts // plan.ep
+        for name, full in list(moe.experts.named_parameters(recurse=False)):
+            part = full.detach()[index * local:(index + 1) * local].clone()
+            setattr(moe.experts, name, nn.Parameter(DTensor.from_local(part, ep_mesh, [Shard(0)], run_check=False)))
+        moe.ep_group, moe.ep = ep_mesh.get_group(), plan.ep
+        moe.experts.grad_scale = 1.0 / plan.ep
 
 
 def apply_data_parallel(stage: nn.Module, mesh: DeviceMesh, plan: Plan, train: TrainSpec) -> None:
@@ -139,6 +205,10 @@ def apply_data_parallel(stage: nn.Module, mesh: DeviceMesh, plan: Plan, train: T
     dp_mesh = dp_mesh_for(mesh, plan)
     reshard = plan.zero_stage == 3
     for layer in stage.layers.values():
+        if plan.ep > 1:   # the experts first: a unit of their own over the edp ranks
+            for experts in (m for m in layer.modules() if isinstance(m, Experts)):
+                fully_shard(experts, mesh=expert_dp_mesh_for(mesh, plan), reshard_after_forward=reshard,
+                            mp_policy=mp, shard_placement_fn=_expert_shard_dim(plan))
         fully_shard(layer, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
     fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
 

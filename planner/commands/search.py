@@ -16,7 +16,7 @@ from planner.args import add_overwrite_arg, positive_float, positive_int, refuse
 from planner.search import Found, SearchOptions, SearchResult, search, unsatisfiable_constraints
 
 # --fix KEY=VALUE: the plan field it pins and how to read the value
-FIXABLE = {"dp": ("dp", int), "tp": ("tp", int), "pp": ("pp", int), "cp": ("cp", int),
+FIXABLE = {"dp": ("dp", int), "tp": ("tp", int), "pp": ("pp", int), "cp": ("cp", int), "ep": ("ep", int),
            "vpp": ("vpp", int), "mbs": ("micro_batch_size", int), "zero": ("zero_stage", int),
            "schedule": ("schedule", Schedule), "recompute": ("recompute", Recompute),
            "sp": ("sequence_parallel", lambda v: {"true": True, "1": True, "yes": True,

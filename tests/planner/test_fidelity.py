@@ -1,7 +1,8 @@
 """The cost model against published measurements (profiles/runs/published_runs.csv).
 
-These guard what `python benchmarks/fidelity.py` measured on 2026-11-23 (in sample: MAPE 6.0 %,
-max 26.3 %, Spearman 0.998, 72 of 73 measured runs predicted to fit) from getting worse; the
+These guard what `python benchmarks/fidelity.py` measured (2026-11-23: in sample MAPE 6.0 %,
+max 26.3 %, Spearman 0.998, 72 of 73 measured runs predicted to fit; 2026-11-25, with the
+Mixtral 8x7B row (+18.7 %): MAPE 6.2 %, 73 of 74 fit) from getting worse; the
 targets of the fidelity issue (MAPE <= 5 %, max <= 25 % out of sample) are not all met yet, and
 the README's fidelity section says which rows miss and why."""
 from pathlib import Path
@@ -14,11 +15,11 @@ RUNS = ROOT / "profiles" / "runs" / "published_runs.csv"
 
 def test_published_runs_stay_within_the_measured_fidelity():
     results, summary = validate(RUNS)
-    assert summary["n"] == sum(1 for r in results if r.error_pct is not None) == 73
+    assert summary["n"] == sum(1 for r in results if r.error_pct is not None) == 74
     assert summary["mape_pct"] <= 6.5
     assert summary["max_abs_error_pct"] <= 27.0
     assert summary["spearman"] >= 0.99
-    assert sum(r.fits for r in results if r.error_pct is not None) >= 72
+    assert sum(r.fits for r in results if r.error_pct is not None) >= 73
     assert summary["num_status_correct"] == summary["num_status_rows"]
 
 

@@ -60,13 +60,24 @@ def test_resume_continues_exactly(tmp_path, name):
     assert first + rest == whole   # fp32, same plan: bit for bit
 
 
-@pytest.mark.parametrize("choice", [Choice(zero_stage=3), Choice(pp=2)], ids=["zero3", "pp"])
+@pytest.mark.parametrize("choice", [Choice(zero_stage=3), Choice(pp=2), Choice(ep=2, zero_stage=1)],
+                         ids=["zero3", "pp", "ep2"])
 def test_a_mixture_of_experts_resumes_exactly(tmp_path, choice):
-    """Stacked expert weights and their AdamW states (runtime.moe) through DCP, and the router."""
+    """Stacked expert weights and their AdamW states (runtime.moe) through DCP, and the router;
+    under expert parallelism each rank's slice of the experts."""
     pf = _plan(choice, model="debug-moe")
     whole = _losses(pf, steps=5)
     first = _losses(pf, tmp_path, steps=2)
     assert first + _losses(pf, tmp_path, steps=5, resume=True) == whole
+
+
+def test_experts_saved_under_expert_parallelism_resume_without_it(tmp_path):
+    """The experts are one DTensor sharded over the EP ranks, so DCP reshards them like any
+    other weight: saved under ep2 x ZeRO-3, resumed on two replicas holding every expert."""
+    saved, resumed = _plan(Choice(ep=2, zero_stage=3), model="debug-moe"), _plan(Choice(zero_stage=1), model="debug-moe")
+    whole = _losses(saved, steps=5)
+    _losses(saved, tmp_path, steps=3)
+    assert _losses(resumed, tmp_path, steps=5, resume=True) == pytest.approx(whole[3:], rel=1e-5)
 
 
 @pytest.mark.parametrize("name", ["zero3", "pp_interleaved"])

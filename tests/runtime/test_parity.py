@@ -56,6 +56,15 @@ CASES = {
     "moe_zero3_micro_batches": (Choice(zero_stage=3), 2, MOE),
     "moe_pp2": (Choice(pp=2), 2, MOE),
     "moe_zero2_recompute_full": (Choice(zero_stage=2, recompute=Recompute.FULL), 2, MOE),
+    # expert parallelism: experts sharded over EP ranks, tokens exchanged by all-to-all, expert
+    # gradients reduced over the edp ranks (runtime.parallel)
+    "moe_ep2": (Choice(ep=2, zero_stage=1), 2, MOE),
+    "moe_ep4": (Choice(ep=4, zero_stage=2), 4, MOE),
+    "moe_ep2_dp2_zero3": (Choice(ep=2, zero_stage=3), 4, MOE),
+    "moe_ep2_dp2_ddp_recompute_full": (Choice(ep=2, zero_stage=0, recompute=Recompute.FULL), 4, MOE),
+    "moe_ep2_pp2": (Choice(ep=2, pp=2, zero_stage=1), 4, MOE),
+    # one expert per EP rank, two edp ranks: FSDP2 shards each expert's rows (runtime.parallel)
+    "moe_ep2_dp2_one_expert_each": (Choice(ep=2, zero_stage=3), 4, {**MOE, "num_experts": 2}),
 }
 
 
