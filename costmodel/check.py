@@ -43,7 +43,7 @@ def check_structure(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
         add(problem)
     problems += tp_problems(model, plan.tp)
     problems += cp_problems(model, train, plan.cp)
-    problems += ep_problems(model, plan.dp, plan.ep)
+    problems += ep_problems(model, plan.dp, plan.ep, plan.cp)
     if plan.sequence_parallel:
         problems += sp_problems(train, plan.tp, plan.cp)
     batch = plan.dp * plan.micro_batch_size * plan.num_micro_batches
@@ -79,17 +79,17 @@ def moe_schedule_problem(model: ModelSpec, schedule: Schedule) -> str | None:
 
 
 def cp_problems(model: ModelSpec, train: TrainSpec, cp: int) -> list[str]:
-    if model.is_moe and cp > 1:   # runtime.moe with CP is not proven equal to one process yet
-        return [f"cp={cp}: a mixture of experts runs without context parallelism for now"]
     # runtime.context_parallel cuts each sequence into 2·cp chunks (causal load balance)
     return [f"cp={cp} needs seq_len {train.seq_len} to split into 2*cp = {2 * cp} equal chunks"] \
         if cp > 1 and train.seq_len % (2 * cp) else []
 
 
-def ep_problems(model: ModelSpec, dp: int, ep: int) -> list[str]:
+def ep_problems(model: ModelSpec, dp: int, ep: int, cp: int = 1) -> list[str]:
     """Experts are sharded over `ep` of the data-parallel ranks, each holding num_experts/ep."""
     if ep == 1:
         return []
+    if cp > 1:   # their ZeRO group would be edp x cp, which runtime.parallel does not build
+        return [f"ep={ep} with cp={cp}: expert parallelism runs without context parallelism for now"]
     if not model.is_moe:
         return [f"ep={ep}: expert parallelism needs a mixture of experts ({model.name} is dense)"]
     out = []

@@ -71,9 +71,9 @@ def build_job(pf: PlanFile, device: torch.device, *, seed: int, materialize: boo
     """`before_data_parallel(stage, module)`, if given, sees each stage module after tensor
     parallelism and before FSDP2 (the dry run counts unsharded parameters there)."""
     plan, model = pf.plan, pf.model
-    if model.is_moe and (plan.tp > 1 or plan.cp > 1):
-        raise ValueError(f"model {model.name}: a mixture of experts runs with data and pipeline parallelism, "
-                         "not yet with tensor or context parallelism")
+    if model.is_moe and plan.tp > 1:
+        raise ValueError(f"model {model.name}: a mixture of experts runs with data, pipeline, context and "
+                         "expert parallelism, not yet with tensor parallelism")
     mesh = build_mesh(plan, device.type)
     coords = mesh_coords(mesh, plan)
     cp = CpShard(coords["cp"], plan.cp, mesh["cp"].get_group()) if plan.cp > 1 else None
@@ -89,7 +89,7 @@ def build_job(pf: PlanFile, device: torch.device, *, seed: int, materialize: boo
             mod.materialize(device, seed)
         if cp is not None:
             mod.set_context_parallel(cp, pf.train.seq_len)
-        _scale_aux_losses(mod, plan)
+        _scale_aux_losses(mod, plan, cp)
         apply_expert_parallel(mod, mesh, plan)
         if plan.tp > 1:
             apply_tensor_parallel(mod, mesh["tp"], plan.sequence_parallel)
@@ -105,14 +105,17 @@ def build_job(pf: PlanFile, device: torch.device, *, seed: int, materialize: boo
     return job
 
 
-def _scale_aux_losses(module: nn.Module, plan: Plan) -> None:
+def _scale_aux_losses(module: nn.Module, plan: Plan, cp: CpShard | None) -> None:
     """A mixture's load-balancing gradient gets the factor the step gives each micro-batch's
     loss: 1/m where the step divides the loss itself; 1 under pipelining, whose schedule divides
-    every gradient by m at the end (torch's scale_grads)."""
-    scale = 1.0 if plan.pp > 1 else 1.0 / plan.num_micro_batches
+    every gradient by m at the end (torch's scale_grads). Under context parallelism each rank's
+    share of the micro-batch's loss (runtime.moe.load_balancing_loss) is summed, not averaged,
+    over the CP ranks, while data parallelism averages gradients over dp x cp: times cp."""
+    scale = (1.0 if plan.pp > 1 else 1.0 / plan.num_micro_batches) * plan.cp
     for sub in module.modules():
         if isinstance(sub, MoE):
             sub.aux_grad_scale = scale
+            sub.token_group = cp.group if cp is not None else None
 
 
 def _tie_embeddings(job: Job, pf: PlanFile) -> None:

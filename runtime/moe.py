@@ -50,12 +50,21 @@ class _AddAuxLossGrad(torch.autograd.Function):
         return grad, torch.full_like(aux, ctx.scale), None
 
 
-def load_balancing_loss(probs: torch.Tensor, chosen: torch.Tensor, num_experts: int) -> torch.Tensor:
-    """E * sum_e f_e P_e for (tokens, experts) fp32 probabilities and (tokens, k) choices."""
+def load_balancing_loss(probs: torch.Tensor, chosen: torch.Tensor, num_experts: int,
+                        group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """E * sum_e f_e P_e for (tokens, experts) fp32 probabilities and (tokens, k) choices. With
+    `group` (context parallelism: the micro-batch's tokens split over its ranks, equally) f is the
+    whole micro-batch's (the routed counts summed over the group) and the result is this rank's
+    share of the whole micro-batch's loss: the shares sum to it, and each one's gradient is the
+    whole loss's gradient with respect to this rank's probabilities."""
     counts = torch.zeros(num_experts, device=probs.device, dtype=probs.dtype)
     counts.index_add_(0, chosen.flatten(), torch.ones(chosen.numel(), device=probs.device, dtype=probs.dtype))
-    share = counts / chosen.numel()
-    return num_experts * (share * probs.mean(0)).sum()
+    ranks = 1
+    if group is not None:
+        dist.all_reduce(counts, group=group)
+        ranks = dist.get_world_size(group)
+    share = counts / (chosen.numel() * ranks)
+    return num_experts * (share * probs.sum(0)).sum() / (probs.shape[0] * ranks)
 
 
 class _AllToAll(torch.autograd.Function):
@@ -138,6 +147,7 @@ class MoE(nn.Module):
         self.aux_grad_scale = 1.0   # runtime.job: 1/micro-batches, or 1 under pipelining (which scales at the end)
         self.ep_group: dist.ProcessGroup | None = None   # runtime.parallel.apply_expert_parallel
         self.ep = 1
+        self.token_group: dist.ProcessGroup | None = None   # the CP group: a micro-batch's tokens split over it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tokens = x.reshape(-1, x.shape[-1])
@@ -158,7 +168,7 @@ class MoE(nn.Module):
                 s = torch.sigmoid(self.shared_gate(tokens)) * s
             out = out + s
         if self.training and self.aux_coef > 0 and torch.is_grad_enabled():
-            aux = self.aux_coef * load_balancing_loss(probs, chosen, self.num_experts)
+            aux = self.aux_coef * load_balancing_loss(probs, chosen, self.num_experts, self.token_group)
             out = _AddAuxLossGrad.apply(out, aux, self.aux_grad_scale)
         return out.view_as(x)
 

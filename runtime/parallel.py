@@ -159,8 +159,8 @@ def dp_mesh_for(mesh: DeviceMesh, plan: Plan) -> DeviceMesh:
 
 
 def expert_dp_mesh_for(mesh: DeviceMesh, plan: Plan) -> DeviceMesh:
-    """The experts' ZeRO group: the edp ranks holding the same experts (check.cp_problems keeps
-    cp = 1 with experts)."""
+    """The experts' ZeRO group: the edp ranks holding the same experts (check.ep_problems keeps
+    cp = 1 under expert parallelism)."""
     return mesh["edp"] if plan.zero_stage > 0 else mesh["edp", EP_UNIT_AXIS]
 
 

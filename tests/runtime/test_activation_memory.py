@@ -91,6 +91,7 @@ CASES = {
     "moe": (Choice(micro_batch_size=MBS), 1, dict(model="debug-moe")),
     "moe_dp2": (Choice(zero_stage=1, micro_batch_size=MBS), 2, dict(model="debug-moe")),
     "moe_ep2": (Choice(ep=2, zero_stage=1, micro_batch_size=MBS), 2, dict(model="debug-moe")),
+    "moe_cp2": (Choice(cp=2, micro_batch_size=MBS), 2, dict(model="debug-moe")),
     # Gemma's mechanisms: GeGLU, the (1 + w) norm in fp32, scaled embeddings
     "gemma_style": (Choice(micro_batch_size=MBS), 1, dict(model="debug-small", ffn_kind=FfnKind.GEGLU,
                                                            scale_embeddings=True, norm_unit_offset=True)),
