@@ -46,6 +46,8 @@ def check_structure(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
     problems += ep_problems(model, plan.dp, plan.ep, plan.cp)
     if plan.sequence_parallel:
         problems += sp_problems(train, plan.tp, plan.cp)
+    if problem := moe_tp_problem(model, plan.tp, plan.sequence_parallel):
+        add(problem)
     batch = plan.dp * plan.micro_batch_size * plan.num_micro_batches
     if batch != train.global_batch_size:
         add(f"dp*micro_batch_size*num_micro_batches = {plan.dp}*{plan.micro_batch_size}*"
@@ -62,11 +64,17 @@ def check_structure(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
 # The rules the search enumerates from as well (planner.candidates asks these, not copies of them).
 
 def tp_problems(model: ModelSpec, tp: int) -> list[str]:
-    if model.is_moe and tp > 1:   # runtime.moe keeps each expert whole
-        return [f"tp={tp}: a mixture of experts runs without tensor parallelism (its experts are not split yet)"]
     return [f"tp={tp} does not divide the model's {what} ({n})"
             for what, n in (("num_heads", model.num_heads), ("num_kv_heads", model.num_kv_heads),
                             ("ffn_hidden_size", model.ffn_hidden_size)) if n % tp]
+
+
+def moe_tp_problem(model: ModelSpec, tp: int, sequence_parallel: bool) -> str | None:
+    """Experts are not split over TP (expert TP 1): each TP rank routes its own sequence shard,
+    which needs sequence parallelism (without it every TP rank would train on the same tokens)."""
+    if model.is_moe and tp > 1 and not sequence_parallel:
+        return f"tp={tp} with experts needs sequence parallelism (each TP rank routes its sequence shard)"
+    return None
 
 
 def moe_schedule_problem(model: ModelSpec, schedule: Schedule) -> str | None:

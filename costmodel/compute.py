@@ -111,7 +111,7 @@ def gemm_s(m: int, k: int, n: int, dev: DeviceProfile, train: TrainSpec) -> floa
 
 
 def _linears_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile, tokens: int) -> float:
-    total = _moe_gemms_s(model, train, dev, tokens, plan.ep)
+    total = _moe_gemms_s(model, train, dev, moe_tokens(tokens, plan.tp), plan.ep)
     for block in dense_blocks(model):
         for lin in block.linears:
             if lin.style is Style.COLWISE:
@@ -152,6 +152,13 @@ def _ring_merge_s(plan: KernelShape, output_elems: int, dev: DeviceProfile) -> f
     return hops * memory_bound_s(3 * 4 * output_elems, dev, 2) if hops else 0.0
 
 
+def moe_tokens(tokens: int, tp: int) -> int:
+    """Tokens a device's mixture of experts routes, of the `tokens` its layer sees: under tensor
+    parallelism (with sequence parallelism: check.moe_tp_problem) the mixture is whole on each
+    TP rank and routes that rank's sequence shard (runtime.parallel)."""
+    return tokens // tp
+
+
 def expert_rows(model: ModelSpec, train: TrainSpec, tokens: int, ep: int) -> float:
     """Routed rows the busiest device's experts take in one layer, from `tokens` tokens on each
     device: tokens·k on average (each device sends its tokens·k rows over the EP group and gets
@@ -161,7 +168,7 @@ def expert_rows(model: ModelSpec, train: TrainSpec, tokens: int, ep: int) -> flo
 
 
 def _moe_gemms_s(model: ModelSpec, train: TrainSpec, dev: DeviceProfile, tokens: int, ep: int) -> float:
-    """A mixture's GEMMs as runtime.moe runs them (no tensor parallelism): the router, then for
+    """A mixture's GEMMs as runtime.moe runs them (never split over TP): the router, then for
     each of the device's num_experts/ep experts three GEMMs over the rows routed to it, and the
     shared expert with its gate."""
     if not model.is_moe:
@@ -208,7 +215,7 @@ def _elementwise_forward_s(model: ModelSpec, train: TrainSpec, plan: KernelShape
     width = (model.experts_per_token * model.moe_ffn_hidden_size + model.shared_expert_ffn_hidden_size
              if model.is_moe else model.ffn_hidden_size)
     num_bytes += acts * a * tokens * width / t
-    routing_bytes, routing_kernels = _moe_routing_bytes(model, train, tokens, plan.ep)
+    routing_bytes, routing_kernels = _moe_routing_bytes(model, train, moe_tokens(tokens, t), plan.ep)
     num_bytes += routing_bytes
     kernels = 5 + 2 * drop + routing_kernels
     if model.position_kind is PositionKind.ROPE:

@@ -4,8 +4,8 @@ The pipeline phase is simulated event by event (costmodel.pipeline_simulation, i
 The step time is a sum of ledger items under hierarchical keys (a test checks the sum): the
 critical pipeline rank's (the busiest in the simulation) work over all micro-batches, split into
 compute and the communication on its path, then its idle time in the pipeline (the bubble), then
-what happens once per step (exposed data-parallel synchronisation, tied-embedding sync,
-optimizer). Peak activation memory per rank is the simulated peak.
+what happens once per step (exposed data-parallel synchronisation, tied-embedding sync, a
+TP-replicated mixture's gradient sync, optimizer). Peak activation memory per rank is the simulated peak.
 
 The closed forms of costmodel.pipeline_closed_form are kept beside it as `closed_form_step_time_s`: the
 search optimises layer splits against them (they are affine enough for CP-SAT) and the tests use
@@ -18,17 +18,16 @@ from typing import Any
 
 from costmodel.cluster import ClusterSpec
 from costmodel.comm import Collective, collective_time_s
-from costmodel.compute import optimizer_step_s
 from costmodel.flops import executed_flops_per_step, model_flops_per_step, utilization
 from costmodel.memory import StageMemory, backward_working_bytes, stage_memory
-from costmodel.params import ceil_div, optimized_params, rank_params
+from costmodel.params import ceil_div, rank_params
 from costmodel.pipeline_closed_form import pipeline_time_s
 from costmodel.placement import stage_pair_span
 from costmodel.plan import Plan
 from costmodel.pipeline_simulation import Simulation, simulate
 from costmodel.stage_costs import stage_costs
 from costmodel.specs import ModelSpec, TrainSpec
-from costmodel.rank_time import RankTimes, Spans, dp_exposed_s, rank_times, spans
+from costmodel.rank_time import RankTimes, Spans, after_pipeline_s, dp_exposed_s, rank_times, spans
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -77,7 +76,7 @@ def _tied_embedding_sync_s(model: ModelSpec, train: TrainSpec, plan: Plan, clust
 
 
 def _ledger(plan: Plan, critical: RankTimes, pp_s: float, bubble_s: float, dp_s: float,
-            emb_s: float, optim_s: float) -> dict[str, float]:
+            emb_s: float, moe_s: float, optim_s: float) -> dict[str, float]:
     m = plan.num_micro_batches
     return {
         "compute/forward": m * critical.forward_s,
@@ -90,6 +89,7 @@ def _ledger(plan: Plan, critical: RankTimes, pp_s: float, bubble_s: float, dp_s:
         "pipeline/bubble": bubble_s,
         "comm/dp_exposed": dp_s,
         "comm/embedding_sync": emb_s,
+        "comm/moe_tp_sync": moe_s,
         "optimizer/step": optim_s,
     }
 
@@ -123,8 +123,11 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
     sp = spans(plan, cluster)
     ranks = [rank_times(model, train, plan, cluster, sp, r) for r in range(plan.pp)]
     dp_s = max(dp_exposed_s(model, train, plan, cluster, sp, r, ranks[r]) for r in range(plan.pp))
-    optim_s = max(optimizer_step_s(optimized_params(rank_params(model, plan, r), plan), train, cluster.device)
-                  for r in range(plan.pp))
+    # after the pipeline, per rank: (the optimizer step, a TP-replicated mixture's gradient
+    # all-reduce before it); the rank that finishes last sets both
+    after = [after_pipeline_s(model, train, plan, cluster, sp, rank_params(model, plan, r), plan.layers_on_rank(r))
+             for r in range(plan.pp)]
+    optim_s, moe_s = max(after, key=sum)
     emb_s = _tied_embedding_sync_s(model, train, plan, cluster, sp)
     closed, critical = pipeline_time_s(plan, ranks) if plan.schedule.traits.closed_form else (None, None)
     if simulate:
@@ -132,14 +135,14 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
         critical = max(range(plan.pp), key=lambda r: sim.busy_s[r])
         # the busiest rank's sends, and its idle time in the simulated pipeline phase
         ledger = _ledger(plan, ranks[critical], sim.send_s[critical], sim.time_s - sim.busy_s[critical],
-                         dp_s, emb_s, optim_s)
+                         dp_s, emb_s, moe_s, optim_s)
         memory = memory_per_rank(model, train, cluster, plan, sim)
         bubbles = sim.bubble_fractions
     else:
         if closed is None:
             raise ValueError(f"schedule {plan.schedule} has no closed form: simulate it")
         crit, m = ranks[critical], plan.num_micro_batches
-        ledger = _ledger(plan, crit, m * crit.pp_comm_s, closed - m * crit.total_s, dp_s, emb_s, optim_s)
+        ledger = _ledger(plan, crit, m * crit.pp_comm_s, closed - m * crit.total_s, dp_s, emb_s, moe_s, optim_s)
         reserved = cluster.device.efficiency.reserved_memory_bytes
         memory = [stage_memory(model, train, plan, r, reserved, cluster.framework) for r in range(plan.pp)]
         bubbles = []
@@ -160,4 +163,4 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
         rank_time_per_micro_batch_s=[r.total_s for r in ranks],
         bubble_fraction_per_rank=bubbles,
         rank_work_s=[plan.num_micro_batches * (r.total_s - r.pp_comm_s) for r in ranks],
-        closed_form_step_time_s=None if closed is None else closed + dp_s + emb_s + optim_s)
+        closed_form_step_time_s=None if closed is None else closed + dp_s + emb_s + moe_s + optim_s)

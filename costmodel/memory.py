@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from costmodel.compute import expert_rows
+from costmodel.compute import expert_rows, moe_tokens
 from costmodel.frameworks import RUNTIME, FrameworkTraits
 from costmodel.layout import Style, layer_blocks
 from costmodel.params import ceil_div, layer_params, rank_params, rank_params_at
@@ -156,14 +156,17 @@ def layer_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, mode:
     # dtype (measured: bf16 layers kept 20 % more than a count in bf16)
     cpu_rms = model.norm_kind is NormKind.RMSNORM and traits.cpu_kernels
     norms = 2 * 2 * 4 if cpu_rms else 2 * a
-    replicated = tokens * h * (norms + 2 * drop) / sp + 2 * a * tokens * h / _proj_input_split(plan, traits)
+    # a mixture of experts takes this rank's sequence shard as it is (runtime.parallel)
+    mlp_input_split = t if model.is_moe else _proj_input_split(plan, traits)
+    replicated = (tokens * h * (norms + 2 * drop) / sp + a * tokens * h / _proj_input_split(plan, traits)
+                  + a * tokens * h / mlp_input_split)
     qkv = a * tokens * (h + 2 * kv) / t
     if plan.cp > 1 and traits.cp_all_gather_kv:   # attention keeps the whole sequence's K and V
         qkv += a * b * (train.seq_len - s) * 2 * kv / t
     out_proj_input = a * tokens * h / t
     # SwiGLU in eager torch saves gate, up, silu(gate) and the product; a fused kernel keeps the
     # 2f-wide first projection and the product (costmodel.frameworks)
-    mlp = (_moe_saved_bytes(model, train, tokens, plan.ep, traits) if model.is_moe else
+    mlp = (_moe_saved_bytes(model, train, moe_tokens(tokens, t), plan.ep, traits) if model.is_moe else
            (traits.swiglu_saved_tensors if model.ffn_kind.gated else 2) * a * tokens * f / t)
     if mode is Recompute.SELECTIVE:
         core = 0.0
@@ -368,11 +371,13 @@ def backward_working_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, last:
     a, t = train.compute_dtype.num_bytes, plan.tp
     tokens = _local_tokens(train, plan)
     h, kv, f = model.hidden_size, model.kv_hidden_size, model.ffn_hidden_size
-    if model.is_moe:   # one expert's backward at a time; it may have got every token
+    mlp_weight = a * h * f / t
+    if model.is_moe:   # one expert's backward at a time; it may have got every token of the shard
         f = max(model.moe_ffn_hidden_size, model.shared_expert_ffn_hidden_size)
+        mlp_weight = a * h * f   # whole on every TP rank
     mlp = (traits.swiglu_saved_tensors - 1 if model.ffn_kind.gated else 2) * a * tokens * f / t
     attention = a * tokens * (h + 2 * kv) / t + 4 * tokens * h / t
-    widest_weight = a * h * max(f, h + 2 * kv) / t
+    widest_weight = max(mlp_weight, a * h * (h + 2 * kv) / t)
     layer = max(mlp, attention) + widest_weight
     # a loss whose backward writes the gradient over its saved softmax needs only the cast
     head = _logits_elems(model, train, plan, traits) * (a if traits.loss_grad_in_place else 4 + a) if last else 0.0

@@ -33,33 +33,38 @@ def layer_param_tensors(model: ModelSpec) -> int:
     return norms + moe + sum(1 + lin.bias for block in dense_blocks(model) for lin in block.linears)
 
 
-def expert_params(model: ModelSpec, tp: int = 1) -> int:
-    """One routed expert (a SwiGLU MLP) on one TP rank, split as a dense MLP is."""
-    return 3 * model.hidden_size * ceil_div(model.moe_ffn_hidden_size, tp)
+def expert_params(model: ModelSpec) -> int:
+    """One routed expert (a SwiGLU MLP). Experts are never split over TP (expert TP 1): under
+    tensor parallelism every TP rank holds the whole mixture (runtime.parallel)."""
+    return 3 * model.hidden_size * model.moe_ffn_hidden_size
 
 
-def moe_params(model: ModelSpec, tp: int = 1) -> int:
-    """One layer's mixture of experts on one TP rank: the router (replicated), every routed
-    expert, the shared expert and its gate (replicated)."""
+def moe_params(model: ModelSpec) -> int:
+    """One layer's mixture of experts, whole on every TP rank: the router, every routed expert,
+    the shared expert and its gate."""
+    return moe_replicated_params(model) + model.num_experts * expert_params(model) if model.is_moe else 0
+
+
+def moe_replicated_params(model: ModelSpec) -> int:
+    """The part of a layer's mixture every expert-parallel rank holds: the router, the shared
+    expert and its gate."""
     if not model.is_moe:
         return 0
     h = model.hidden_size
-    shared = 3 * h * ceil_div(model.shared_expert_ffn_hidden_size, tp)
-    return h * model.num_experts + model.num_experts * expert_params(model, tp) + shared \
-        + (h if model.shared_expert_gate else 0)
+    return h * model.num_experts + 3 * h * model.shared_expert_ffn_hidden_size + (h if model.shared_expert_gate else 0)
 
 
-def layer_expert_params(model: ModelSpec, tp: int = 1, ep: int = 1) -> int:
+def layer_expert_params(model: ModelSpec, ep: int = 1) -> int:
     """The routed experts one device of a layer holds: num_experts/ep of them (Plan.ep)."""
-    return model.num_experts // ep * expert_params(model, tp) if model.is_moe else 0
+    return model.num_experts // ep * expert_params(model) if model.is_moe else 0
 
 
 @lru_cache(maxsize=1024)
 def layer_params(model: ModelSpec, tp: int = 1, ep: int = 1) -> int:
     """One transformer layer on one device of a TP group (tp=1: the whole layer), its routed
-    experts sharded over `ep` devices."""
-    total = 2 * norm_params(model) + moe_params(model, tp)  # norms replicated on every TP rank
-    total -= layer_expert_params(model, tp) - layer_expert_params(model, tp, ep)
+    experts sharded over `ep` devices (the mixture is not split over TP)."""
+    total = 2 * norm_params(model) + moe_params(model)  # norms replicated on every TP rank
+    total -= layer_expert_params(model) - layer_expert_params(model, ep)
     for block in dense_blocks(model):
         for lin in block.linears:
             if lin.style is Style.COLWISE:
@@ -131,7 +136,7 @@ class RankParams:
 def rank_params_at(model: ModelSpec, plan: Plan, layers: int, first: bool, last: bool) -> RankParams:
     """Parameters of a pipeline rank holding `layers` layers (and the embedding / head)."""
     pipelined = plan.stage_rank(0) != plan.stage_rank(plan.num_virtual_stages - 1)
-    experts = layer_expert_params(model, plan.tp, plan.ep)
+    experts = layer_expert_params(model, plan.ep)
     return RankParams(layers=layers * (layer_params(model, plan.tp, plan.ep) - experts), experts=layers * experts,
                       embedding=embedding_params(model, plan.tp) if first else 0,
                       head=head_params(model, plan.tp, pipelined=pipelined) if last else 0)

@@ -6,13 +6,13 @@ from dataclasses import dataclass, replace
 
 from costmodel.cluster import ClusterSpec
 from costmodel.comm import Collective, collective_time_s, p2p_time_s
-from costmodel.compute import (KernelTimes, cross_entropy_s, expert_rows, embedding_kernel_times, head_kernel_times,
+from costmodel.compute import (KernelTimes, cross_entropy_s, expert_rows, moe_tokens, optimizer_step_s, embedding_kernel_times, head_kernel_times,
                                layer_kernel_times)
 from costmodel.frameworks import FrameworkTraits
-from costmodel.layout import layer_blocks
+from costmodel.layout import dense_blocks
 from costmodel.memory import unsharded_between_micro_batches
 from costmodel.params import (RankParams, ceil_div, layer_expert_params, layer_param_tensors, layer_params,
-                              rank_params, rank_params_at)
+                              moe_replicated_params, optimized_params, rank_params, rank_params_at)
 from costmodel.placement import AxisSpan, group_span, stage_pair_span
 from costmodel.plan import Plan, Recompute
 from costmodel.specs import ModelSpec, TrainSpec
@@ -144,8 +144,9 @@ def link_costs(sp: Spans, cluster: ClusterSpec) -> tuple[float, ...]:
 
 def _tp_layer_comm_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
                      span: AxisSpan) -> float:
-    """One direction (forward or backward) of one layer: per block an all-reduce, or an
-    all-gather + reduce-scatter with sequence parallelism (same volume, Korthikanti Sec. 4.2.2)."""
+    """One direction (forward or backward) of one layer: per dense block an all-reduce, or an
+    all-gather + reduce-scatter with sequence parallelism (same volume, Korthikanti Sec. 4.2.2);
+    a mixture of experts routes its sequence shard without either."""
     if plan.tp == 1:
         return 0.0
     num_bytes = train.compute_dtype.num_bytes * plan.micro_batch_size * train.seq_len // plan.cp \
@@ -155,7 +156,7 @@ def _tp_layer_comm_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Cl
                      + collective_time_s(Collective.REDUCE_SCATTER, num_bytes, span, cluster))
     else:
         per_block = collective_time_s(Collective.ALL_REDUCE, num_bytes, span, cluster)
-    return len(layer_blocks(model)) * per_block
+    return len(dense_blocks(model)) * per_block
 
 
 def _cp_layer_comm_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
@@ -188,7 +189,7 @@ def _ep_layer_comm_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Cl
     busiest rank's rows (computation waits on both: nothing to overlap them with)."""
     if plan.ep == 1:
         return 0.0
-    tokens = plan.micro_batch_size * train.seq_len // plan.cp
+    tokens = moe_tokens(plan.micro_batch_size * train.seq_len // plan.cp, plan.tp)
     rows = expert_rows(model, train, tokens, plan.ep)
     return 2 * collective_time_s(Collective.ALL_TO_ALL, train.compute_dtype.num_bytes * rows * model.hidden_size,
                                  span, cluster)
@@ -363,9 +364,30 @@ def dp_groups(model: ModelSpec, plan: Plan, sp: Spans, held: RankParams) -> list
     everything over dp x cp; under expert parallelism the routed experts over edp x cp apart."""
     if plan.ep == 1:
         return [(held.total, layer_params(model, plan.tp), sp.dp)]
-    experts = layer_expert_params(model, plan.tp, plan.ep)
+    experts = layer_expert_params(model, plan.ep)
     return [(held.replicated, layer_params(model, plan.tp, plan.ep) - experts, sp.dp),
             (held.experts, experts, sp.edp)]
+
+
+def moe_tp_sync_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec, sp: Spans,
+                  layers: int) -> float:
+    """A mixture of experts is whole on every TP rank, each of which trained it on its sequence
+    shard: once the data-parallel reduction has left each rank its gradient shards (router and
+    shared expert over dp x cp, experts over edp x cp), they are all-reduced over TP before the
+    optimizer step, exposed (runtime.job.sync_replicated_over_tp). Affine in the rank's layers."""
+    if not model.is_moe or plan.tp == 1:
+        return 0.0
+    shard = (moe_replicated_params(model) / (plan.dp * plan.cp)
+             + layer_expert_params(model, plan.ep) / (plan.edp * plan.cp))
+    return collective_time_s(Collective.ALL_REDUCE, layers * shard * train.grad_dtype.num_bytes, sp.tp, cluster)
+
+
+def after_pipeline_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec, sp: Spans,
+                     held: RankParams, layers: int) -> tuple[float, float]:
+    """(optimizer step, TP-replicated mixture's gradient sync) of a rank holding `held` over
+    `layers` layers: what it does once its pipeline work and DP reduction are done."""
+    return (optimizer_step_s(optimized_params(held, plan), train, cluster.device),
+            moe_tp_sync_s(model, train, plan, cluster, sp, layers))
 
 
 def dp_bucket_s(model: ModelSpec, plan: Plan, term: DpTerm, cluster: ClusterSpec, sp: Spans) -> float:

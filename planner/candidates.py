@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable, Iterator
 
-from costmodel.check import cp_problems, ep_problems, moe_schedule_problem, sp_problems, tp_problems
+from costmodel.check import cp_problems, ep_problems, moe_schedule_problem, moe_tp_problem, sp_problems, tp_problems
 from costmodel.cluster import ClusterSpec
 from costmodel.fidelity import MODEL_ERROR_BAND
 from costmodel.plan import Recompute, Schedule, default_schedule
@@ -123,6 +123,7 @@ def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep):
     modes = [Recompute.NONE] if options.no_recompute else list(Recompute)
     # SP dominates no-SP: the same collective volume (AG + RS = AR), less memory, less elementwise work
     sps = dominant(options, "sequence_parallel", [True, False] if not sp_problems(train, tp, cp) else [False], True)
+    sps = [sp for sp in sps if not moe_tp_problem(model, tp, sp)]
     orders = _orders({"tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep}, cluster)
     for mbs in allowed(options, "micro_batch_size", [b for b in divisors(per_replica) if b <= MAX_MICRO_BATCH]):
         m = per_replica // mbs

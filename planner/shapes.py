@@ -8,14 +8,13 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from costmodel.cluster import ClusterSpec
-from costmodel.compute import optimizer_step_s
 from costmodel.memory import AffineBytes, stage_memory_shapes
-from costmodel.params import optimized_params, rank_params_at
+from costmodel.params import rank_params_at
 from costmodel.pipeline_closed_form import fill_s
 from costmodel.plan import Plan
 from costmodel.specs import ModelSpec, TrainSpec
 from costmodel.rank_time import (RankTimeModel, RankTimes, dp_bucket_s, dp_groups, dp_term_comm_s, dp_terms,
-                              dp_window_s, rank_time_model, spans)
+                              dp_window_s, after_pipeline_s, rank_time_model, spans)
 
 
 def affine(f, x0: int, x1: int) -> tuple[float, float]:
@@ -87,10 +86,11 @@ def _time_shape(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
     edge_times = rtm.at(0, 0, first, last)
     t, f = _pipeline_rows(rtm, plan, edge_times)
     held = lambda L: rank_params_at(model, plan, L, first, last)  # noqa: E731
-    opt = Linear(*affine(lambda L: optimizer_step_s(optimized_params(held(L), plan), train, cluster.device), 1, 2))
+    sp = spans(plan, cluster)
+    # what a rank does after the pipeline: a TP-replicated mixture's gradient sync, then the optimizer
+    opt = Linear(*affine(lambda L: sum(after_pipeline_s(model, train, plan, cluster, sp, held(L), L)), 1, 2))
     # DP collectives per gradient group: comm = alpha + beta·P in the group's parameters P,
     # each affine in L (P = edge + L·per layer), so their sum is too
-    sp = spans(plan, cluster)
     overlap = cluster.device.efficiency.overlap
     edge, one = held(0), held(1)
     groups = [(n0, n1 - n0) for (n0, _, _), (n1, _, _) in zip(dp_groups(model, plan, sp, edge),

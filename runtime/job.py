@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from costmodel.check import moe_tp_problem
 from costmodel.plan import Plan, PlanFile
 from runtime.context_parallel import CpShard
 from runtime.model import Transformer
@@ -36,6 +37,7 @@ class Job:
     tied_group: object | None = None       # ranks holding the two copies of a tied embedding
     clock: StepClock = field(default_factory=StepClock)   # this rank's split of the current step
     cp: CpShard | None = None              # context parallelism: this rank's chunks of each sequence
+    tp_replicated: list[nn.Parameter] = field(default_factory=list)   # mixtures under TP (sync_replicated_over_tp)
 
     @property
     def num_stages(self) -> int:
@@ -71,9 +73,8 @@ def build_job(pf: PlanFile, device: torch.device, *, seed: int, materialize: boo
     """`before_data_parallel(stage, module)`, if given, sees each stage module after tensor
     parallelism and before FSDP2 (the dry run counts unsharded parameters there)."""
     plan, model = pf.plan, pf.model
-    if model.is_moe and plan.tp > 1:
-        raise ValueError(f"model {model.name}: a mixture of experts runs with data, pipeline, context and "
-                         "expert parallelism, not yet with tensor parallelism")
+    if problem := moe_tp_problem(model, plan.tp, plan.sequence_parallel):   # even for an unchecked plan
+        raise ValueError(f"model {model.name}: {problem}")
     mesh = build_mesh(plan, device.type)
     coords = mesh_coords(mesh, plan)
     cp = CpShard(coords["cp"], plan.cp, mesh["cp"].get_group()) if plan.cp > 1 else None
@@ -89,7 +90,7 @@ def build_job(pf: PlanFile, device: torch.device, *, seed: int, materialize: boo
             mod.materialize(device, seed)
         if cp is not None:
             mod.set_context_parallel(cp, pf.train.seq_len)
-        _scale_aux_losses(mod, plan, cp)
+        _scale_aux_losses(mod, plan, _token_group(mesh, plan, cp))
         apply_expert_parallel(mod, mesh, plan)
         if plan.tp > 1:
             apply_tensor_parallel(mod, mesh["tp"], plan.sequence_parallel)
@@ -98,24 +99,37 @@ def build_job(pf: PlanFile, device: torch.device, *, seed: int, materialize: boo
             before_data_parallel(j, mod)
         apply_data_parallel(mod, mesh, plan, pf.train)
         modules[j] = mod
-    job = Job(plan=plan, mesh=mesh, device=device, coords=coords, modules=modules, cp=cp)
+    job = Job(plan=plan, mesh=mesh, device=device, coords=coords, modules=modules, cp=cp,
+              tp_replicated=[p for mod in modules.values() for sub in mod.modules() if isinstance(sub, MoE)
+                             for p in sub.parameters()] if plan.tp > 1 else [])
     _tie_embeddings(job, pf)
     if plan.pp > 1 and materialize:
         job.schedule = build_schedule(plan, modules, mesh["pp"].get_group(), device, cross_entropy, job.clock)
     return job
 
 
-def _scale_aux_losses(module: nn.Module, plan: Plan, cp: CpShard | None) -> None:
+def _token_group(mesh: DeviceMesh, plan: Plan, cp: CpShard | None):
+    """The ranks a micro-batch's tokens are split over at the experts: CP's chunks, and under
+    sequence parallelism the TP ranks' shards (None: this rank has them all)."""
+    if plan.tp > 1 and plan.cp > 1:
+        return mesh["cp", "tp"]._flatten("cp_tp").get_group()
+    if plan.tp > 1:
+        return mesh["tp"].get_group()
+    return cp.group if cp is not None else None
+
+
+def _scale_aux_losses(module: nn.Module, plan: Plan, token_group) -> None:
     """A mixture's load-balancing gradient gets the factor the step gives each micro-batch's
     loss: 1/m where the step divides the loss itself; 1 under pipelining, whose schedule divides
     every gradient by m at the end (torch's scale_grads). Under context parallelism each rank's
     share of the micro-batch's loss (runtime.moe.load_balancing_loss) is summed, not averaged,
-    over the CP ranks, while data parallelism averages gradients over dp x cp: times cp."""
+    over the CP ranks, while data parallelism averages gradients over dp x cp: times cp (over
+    TP ranks the mixture's gradients are summed: sync_replicated_over_tp)."""
     scale = (1.0 if plan.pp > 1 else 1.0 / plan.num_micro_batches) * plan.cp
     for sub in module.modules():
         if isinstance(sub, MoE):
             sub.aux_grad_scale = scale
-            sub.token_group = cp.group if cp is not None else None
+            sub.token_group = token_group
 
 
 def _tie_embeddings(job: Job, pf: PlanFile) -> None:
@@ -137,6 +151,18 @@ def _tie_embeddings(job: Job, pf: PlanFile) -> None:
         group = dist.new_group([row[first_rank], row[last_rank]])
         if dist.get_rank() in (row[first_rank], row[last_rank]):
             job.tied_group = group
+
+
+def sync_replicated_over_tp(job: Job) -> None:
+    """A mixture of experts under TP is whole on every TP rank, each of which trained it on its
+    sequence shard: sum their gradients (after FSDP2 has reduced them over dp, shard by shard,
+    the same shards on every TP rank)."""
+    if job.plan.tp == 1 or not job.tp_replicated:
+        return
+    group = job.mesh["tp"].get_group()
+    for p in job.tp_replicated:
+        if p.grad is not None:
+            dist.all_reduce(local_tensor(p.grad), group=group)
 
 
 def sync_tied_embedding(job: Job) -> None:

@@ -37,7 +37,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
                                                PrepareModuleOutput, RowwiseParallel,
                                                SequenceParallel, parallelize_module)
 
-from costmodel.layout import Style, layer_blocks
+from costmodel.layout import Style, dense_blocks
 from costmodel.plan import Plan, Recompute
 from costmodel.specs import DType, TrainSpec
 from runtime.moe import Experts, MoE
@@ -83,11 +83,18 @@ def mesh_coords(mesh: DeviceMesh, plan: Plan) -> dict[str, int]:
 
 
 def _layer_tp_plan(module: nn.Module, sp: bool) -> dict:
-    """Column-parallel projections first, the row-parallel one last, per costmodel.layout."""
+    """Column-parallel projections first, the row-parallel one last, per costmodel.layout. A
+    mixture of experts is not split (expert TP 1, Megatron-Core's default under EP): under SP it
+    takes this rank's sequence shard as a plain tensor and routes those tokens, its weights
+    whole on every TP rank (their gradients summed over TP: sync_replicated_over_tp)."""
     out = Shard(1) if sp else Replicate()
     spec = module.spec
     plan: dict = {}
-    for block in layer_blocks(spec):
+    if spec.is_moe:
+        plan["mlp_norm"] = SequenceParallel()
+        plan["mlp"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),),
+                                         use_local_output=True)
+    for block in dense_blocks(spec):
         prefix = "attention" if block.name == "attention" else "mlp"
         if sp:
             plan[f"{prefix}_norm"] = SequenceParallel()

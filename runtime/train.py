@@ -28,7 +28,7 @@ from costmodel.specs import Optimizer
 from runtime import checkpoint, watchdog
 from runtime.data import TokenSource, local_slice
 from runtime.memtrack import TensorBytesTracker, state_tensors
-from runtime.job import Job, build_job, cross_entropy, sync_tied_embedding
+from runtime.job import Job, build_job, cross_entropy, sync_replicated_over_tp, sync_tied_embedding
 from runtime.launch import StepsConfig
 from runtime.parallel import gradient_sync_every_micro_batch
 
@@ -264,6 +264,7 @@ def _step(job: Job, optimizer, tokens, labels, track: bool):
     if not track:
         loss = forward_backward(job, tokens, labels)
         sync_tied_embedding(job)
+        sync_replicated_over_tp(job)
         start = time.perf_counter()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

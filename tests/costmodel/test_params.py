@@ -132,19 +132,20 @@ def test_bad_mixtures_of_experts_are_one_line(tmp_path, capsys):
             "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 256, "num_local_experts": 4}
     for changes, message in (({"num_experts_per_tok": 5}, "experts_per_token 5 must be between 1 and num_experts 4"),
                              ({"num_experts_per_tok": 2, "router_jitter_noise": 0.1}, "router_jitter_noise"),
-                             ({"num_experts_per_tok": 2}, "runs without tensor parallelism")):
+                             ({"num_experts_per_tok": 2}, "with experts needs sequence parallelism")):
         cfg = tmp_path / "config.json"
         cfg.write_text(json.dumps({**base, **changes}))
-        assert main(["predict", "--model", str(cfg), "--cluster", "1x8xH100", "--tp", "2"]) == 2
+        assert main(["predict", "--model", str(cfg), "--cluster", "1x8xH100", "--tp", "2", "--no-sp"]) == 2
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1
 
 
 def test_a_mixture_of_experts_is_planned_as_the_runtime_runs_it(capsys):
     """Experts priced as runtime.moe runs them: FLOPs of the active parameters, every expert's
-    states, no tensor parallelism, expert parallelism without context parallelism, and no
-    zero-bubble schedule (not built or measured with experts yet), so the search offers none of
-    those; Mixtral's plans shard the experts (EP)."""
+    states, tensor parallelism only with sequence parallelism (the mixture routes each TP rank's
+    shard), expert parallelism without context parallelism, and no zero-bubble schedule (not
+    built or measured with experts yet), so the search offers none of those; Mixtral's plans
+    shard the experts (EP)."""
     from costmodel.flops import layer_linear_forward_flops
     from planner.cli import main
     m = resolve_model("mixtral-8x7b")
@@ -154,11 +155,11 @@ def test_a_mixture_of_experts_is_planned_as_the_runtime_runs_it(capsys):
     assert main(["search", "--model", "mixtral-8x7b", "--cluster", "8x8xH100", "--json", "--top", "10"]) == 0
     import json as _json
     plans = [p["plan"] for p in _json.loads(capsys.readouterr().out)["plans"]]
-    assert plans and all(p["tp"] == 1 and not (p["cp"] > 1 and p["ep"] > 1)
+    assert plans and all((p["tp"] == 1 or p["sequence_parallel"]) and not (p["cp"] > 1 and p["ep"] > 1)
                          and p["schedule"] not in ("zb-h1", "zbv") for p in plans)
     assert all(p["ep"] > 1 for p in plans)
     for flags, message in ((["--cp", "2", "--ep", "2"], "expert parallelism runs without context parallelism"),
-                           (["--tp", "2"], "runs without tensor parallelism"),
+                           (["--tp", "2", "--no-sp"], "with experts needs sequence parallelism"),
                            (["--pp", "2", "--schedule", "zb-h1"], "with experts: what its deferred weight passes hold")):
         assert main(["predict", "--model", "mixtral-8x7b", "--cluster", "8x8xH100", *flags]) == 2
         assert message in capsys.readouterr().err

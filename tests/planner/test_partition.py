@@ -11,7 +11,8 @@ from costmodel.memory import AffineBytes, stage_memory_at
 from costmodel.plan import Recompute, Schedule
 from costmodel.registry import resolve_model
 from costmodel.specs import TrainSpec
-from costmodel.rank_time import dp_exposed_s, rank_times, spans
+from costmodel.params import rank_params
+from costmodel.rank_time import after_pipeline_s, dp_exposed_s, rank_times, spans
 from planner import partition
 from planner.bounds import MemoryFit, min_max_time_s
 from planner.partition import solve_split
@@ -21,14 +22,16 @@ from planner.space import Choice, build_plan
 TRAIN = TrainSpec(seq_len=4096, global_batch_size=64)
 
 
-@pytest.mark.parametrize("choice", [
-    Choice(tp=8, pp=4, zero_stage=1, recompute=Recompute.FULL),
-    Choice(tp=4, pp=4, vpp=2, zero_stage=3, recompute=Recompute.SELECTIVE, micro_batch_size=2),
-    Choice(tp=2, pp=8, cp=2, zero_stage=2, recompute=Recompute.FULL, schedule=Schedule.ZB_H1),
-    Choice(tp=8, pp=2, zero_stage=0),
+@pytest.mark.parametrize("model_name,choice", [
+    ("llama2-13b", Choice(tp=8, pp=4, zero_stage=1, recompute=Recompute.FULL)),
+    ("llama2-13b", Choice(tp=4, pp=4, vpp=2, zero_stage=3, recompute=Recompute.SELECTIVE, micro_batch_size=2)),
+    ("llama2-13b", Choice(tp=2, pp=8, cp=2, zero_stage=2, recompute=Recompute.FULL, schedule=Schedule.ZB_H1)),
+    ("llama2-13b", Choice(tp=8, pp=2, zero_stage=0)),
+    # a mixture under TP: its gradient all-reduce over TP joins the optimizer's per-rank term
+    ("mixtral-8x7b", Choice(tp=2, pp=4, ep=4, zero_stage=1, recompute=Recompute.FULL)),
 ])
-def test_rank_shapes_match_the_cost_model(choice):
-    model, cluster = resolve_model("llama2-13b"), parse_cluster("4x8xH100")
+def test_rank_shapes_match_the_cost_model(model_name, choice):
+    model, cluster = resolve_model(model_name), parse_cluster("4x8xH100")
     base = build_plan(model, TRAIN, cluster, choice)
     shapes = rank_shapes(model, TRAIN, cluster, base)
     reserved = cluster.device.efficiency.reserved_memory_bytes
@@ -49,6 +52,9 @@ def test_rank_shapes_match_the_cost_model(choice):
             dp = sum(mult * max(c0 + c1 * layers - (w0 + w1 * layers + w2 * recomputed), bucket)
                      for mult, (c0, c1), (w0, w1, w2), bucket in shape.dp)
             assert dp == pytest.approx(dp_exposed_s(model, TRAIN, plan, cluster, sp, rank, times), abs=1e-12)
+            after = after_pipeline_s(model, TRAIN, plan, cluster, sp, rank_params(model, plan, rank), layers)
+            assert shape.opt.intercept + shape.opt.slope * layers == pytest.approx(sum(after))
+            assert after[1] > 0 if model.is_moe else after[1] == 0
 
 
 def _with_rank_layers(plan, counts, rank, recomputed):

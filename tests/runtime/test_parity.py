@@ -68,6 +68,12 @@ CASES = {
     "moe_cp2": (Choice(cp=2), 2, MOE),
     "moe_cp2_dp2_zero3": (Choice(cp=2, zero_stage=3), 4, MOE),
     "moe_cp2_pp2": (Choice(cp=2, pp=2), 4, MOE),
+    # tensor parallelism: attention split, experts whole on each TP rank routing its sequence
+    # shard (expert TP 1), their gradients summed over TP
+    "moe_tp2": (Choice(tp=2), 2, MOE),
+    "moe_ep2_tp2": (Choice(ep=2, tp=2, zero_stage=1), 4, MOE),
+    "moe_tp2_pp2_recompute_full": (Choice(tp=2, pp=2, recompute=Recompute.FULL), 4, MOE),
+    "moe_tp2_cp2_zero3": (Choice(tp=2, cp=2, zero_stage=3), 4, MOE),
     # one expert per EP rank, two edp ranks: FSDP2 shards each expert's rows (runtime.parallel)
     "moe_ep2_dp2_one_expert_each": (Choice(ep=2, zero_stage=3), 4, {**MOE, "num_experts": 2}),
 }
@@ -115,8 +121,9 @@ def _tp_after_wrapping():
         apply_tensor_parallel(model, init_device_mesh("cpu", (2,)), sp=True)
 
 
-def test_experts_refuse_tensor_parallelism_by_name():
-    """Not built, so not run (runtime.job), even by a plan that skipped check_plan."""
+def test_experts_under_tensor_parallelism_without_sequence_parallelism_are_refused():
+    """Every TP rank would train the experts on the same tokens (runtime.job), even for a plan
+    that skipped check_plan."""
     from runtime.fork import RankFailed
-    with pytest.raises(RankFailed, match="not yet with tensor parallelism"):
-        distributed(plan_file(Choice(tp=2), world=2, **MOE), steps=1)
+    with pytest.raises(RankFailed, match="needs sequence parallelism"):
+        distributed(plan_file(Choice(tp=2, sequence_parallel=False), world=2, **MOE), steps=1)

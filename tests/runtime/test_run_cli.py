@@ -118,6 +118,19 @@ def test_dry_run_checks_llama70b_states_per_rank(tmp_path, capsys):
             assert abs(row[key]["error_pct"]) < 0.01, (row["stage"], key, row[key])
 
 
+def test_dry_run_holds_a_mixture_whole_on_each_tp_rank(tmp_path, capsys):
+    """Experts are not split over TP (expert TP 1), sharded over EP and, by ZeRO, over edp: the
+    runtime's states per stage equal the cost model's."""
+    plan = tmp_path / "mixtral.json"
+    assert main(["predict", "--model", "mixtral-8x7b", "--cluster", "8x8xH100", "--tp", "2", "--pp", "4",
+                 "--ep", "4", "--zero", "1", "--recompute", "full", "--out", str(plan), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["estimate"]["time_breakdown_s"]["comm/moe_tp_sync"] > 0
+    assert main(["run", str(plan), "--dry-run", "--json"]) == 0
+    for row in json.loads(capsys.readouterr().out)["rows"]:
+        for key in ("params_bytes", "grads_bytes", "optimizer_bytes"):
+            assert abs(row[key]["error_pct"]) < 0.01, (row["stage"], key, row[key])
+
+
 def test_print_launch_gives_one_torchrun_per_node_and_sbatch(tmp_path, capsys):
     plan = tmp_path / "70b.json"
     assert main(["predict", "--model", "llama-70b", "--cluster", "8x8xA100", "--tp", "8", "--pp", "4",
