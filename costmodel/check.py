@@ -43,7 +43,7 @@ def check_structure(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
         add(problem)
     problems += tp_problems(model, plan.tp)
     problems += cp_problems(model, train, plan.cp)
-    problems += ep_problems(model, plan.dp, plan.ep, plan.cp)
+    problems += ep_problems(model, plan.dp, plan.ep)
     if plan.sequence_parallel:
         problems += sp_problems(train, plan.tp, plan.cp)
     if problem := moe_tp_problem(model, plan.tp, plan.sequence_parallel):
@@ -92,12 +92,11 @@ def cp_problems(model: ModelSpec, train: TrainSpec, cp: int) -> list[str]:
         if cp > 1 and train.seq_len % (2 * cp) else []
 
 
-def ep_problems(model: ModelSpec, dp: int, ep: int, cp: int = 1) -> list[str]:
-    """Experts are sharded over `ep` of the data-parallel ranks, each holding num_experts/ep."""
+def ep_problems(model: ModelSpec, dp: int, ep: int) -> list[str]:
+    """Experts are sharded over `ep` of the data-parallel ranks, each holding num_experts/ep
+    (their ZeRO group: the edp x cp ranks holding the same ones)."""
     if ep == 1:
         return []
-    if cp > 1:   # their ZeRO group would be edp x cp, which runtime.parallel does not build
-        return [f"ep={ep} with cp={cp}: expert parallelism runs without context parallelism for now"]
     if not model.is_moe:
         return [f"ep={ep}: expert parallelism needs a mixture of experts ({model.name} is dense)"]
     out = []

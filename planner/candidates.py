@@ -113,7 +113,7 @@ def time_groups(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, option
                 if train.global_batch_size % dp:
                     prune("global batch not divisible by dp")
                 elif options.fixed.get("dp", dp) == dp:
-                    eps = [e for e in divisors(dp) if not ep_problems(model, dp, e, cp)] if model.is_moe else [1]
+                    eps = [e for e in divisors(dp) if not ep_problems(model, dp, e)] if model.is_moe else [1]
                     for ep in allowed(options, "ep", eps):
                         yield from _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep)
 

@@ -161,23 +161,34 @@ def dp_mesh_for(mesh: DeviceMesh, plan: Plan) -> DeviceMesh:
     """ZeRO shards over dp x cp (CP ranks hold the same weights), as costmodel.memory counts."""
     if plan.cp == 1:
         return _sliced(mesh, "dp", UNIT_AXIS) if plan.zero_stage == 0 else mesh["dp"]
-    flat = mesh["dp", "cp"]._flatten("dp_cp")
+    dp_dims = ("edp", EP_UNIT_AXIS, "ep") if plan.ep > 1 else ("dp",)   # the world mesh's own dims
+    flat = mesh[_in_root_order(mesh, *dp_dims, "cp")]._flatten("dp_cp")
     return flat if plan.zero_stage > 0 else _sliced(mesh, "dp_cp", UNIT_AXIS)
 
 
 def expert_dp_mesh_for(mesh: DeviceMesh, plan: Plan) -> DeviceMesh:
-    """The experts' ZeRO group: the edp ranks holding the same experts (check.ep_problems keeps
-    cp = 1 under expert parallelism)."""
-    return mesh["edp"] if plan.zero_stage > 0 else mesh["edp", EP_UNIT_AXIS]
+    """The experts' ZeRO group: the ranks holding the same experts, edp x cp (CP ranks route
+    their own chunks through the same experts), as costmodel.memory counts."""
+    if plan.cp == 1:
+        return mesh["edp"] if plan.zero_stage > 0 else mesh["edp", EP_UNIT_AXIS]
+    flat = mesh[_in_root_order(mesh, "edp", "cp")]._flatten("edp_cp")
+    return flat if plan.zero_stage > 0 else _sliced(mesh, "edp_cp", UNIT_AXIS)
+
+
+def _in_root_order(mesh: DeviceMesh, *names: str) -> tuple[str, ...]:
+    """Mesh dims as a slice must name them: in the world mesh's order (the plan's mesh order)."""
+    return tuple(sorted(names, key=mesh.mesh_dim_names.index))
 
 
 def _expert_shard_dim(plan: Plan):
     """FSDP2 shards dim 0 by default, padding it to a multiple of the group: with fewer local
     experts than edp ranks (Mixtral's 8 experts over ep8: one each) every rank would keep a whole
     padded expert. Then shard each expert's rows instead (torchtitan does the same), so that a
-    rank keeps 1/edp of its experts, as costmodel.memory counts."""
+    rank keeps 1/(edp x cp) of its experts, as costmodel.memory counts."""
+    group = plan.edp * plan.cp   # expert_dp_mesh_for
+
     def placement(param: nn.Parameter) -> Shard:
-        return Shard(0) if local_tensor(param).shape[0] % plan.edp == 0 else Shard(1)
+        return Shard(0) if local_tensor(param).shape[0] % group == 0 else Shard(1)
     return placement
 
 

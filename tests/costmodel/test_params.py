@@ -143,9 +143,8 @@ def test_bad_mixtures_of_experts_are_one_line(tmp_path, capsys):
 def test_a_mixture_of_experts_is_planned_as_the_runtime_runs_it(capsys):
     """Experts priced as runtime.moe runs them: FLOPs of the active parameters, every expert's
     states, tensor parallelism only with sequence parallelism (the mixture routes each TP rank's
-    shard), expert parallelism without context parallelism, and no zero-bubble schedule (not
-    built or measured with experts yet), so the search offers none of those; Mixtral's plans
-    shard the experts (EP)."""
+    shard), and no zero-bubble schedule (not built or measured with experts yet), so the search
+    offers none of those; Mixtral's plans shard the experts (EP)."""
     from costmodel.flops import layer_linear_forward_flops
     from planner.cli import main
     m = resolve_model("mixtral-8x7b")
@@ -155,10 +154,10 @@ def test_a_mixture_of_experts_is_planned_as_the_runtime_runs_it(capsys):
     assert main(["search", "--model", "mixtral-8x7b", "--cluster", "8x8xH100", "--json", "--top", "10"]) == 0
     import json as _json
     plans = [p["plan"] for p in _json.loads(capsys.readouterr().out)["plans"]]
-    assert plans and all((p["tp"] == 1 or p["sequence_parallel"]) and not (p["cp"] > 1 and p["ep"] > 1)
+    assert plans and all((p["tp"] == 1 or p["sequence_parallel"])
                          and p["schedule"] not in ("zb-h1", "zbv") for p in plans)
     assert all(p["ep"] > 1 for p in plans)
-    for flags, message in ((["--cp", "2", "--ep", "2"], "expert parallelism runs without context parallelism"),
+    for flags, message in ((["--ep", "3"], "ep=3 does not divide the model's 8 experts"),
                            (["--tp", "2", "--no-sp"], "with experts needs sequence parallelism"),
                            (["--pp", "2", "--schedule", "zb-h1"], "with experts: what its deferred weight passes hold")):
         assert main(["predict", "--model", "mixtral-8x7b", "--cluster", "8x8xH100", *flags]) == 2

@@ -94,6 +94,7 @@ CASES = {
     "moe_cp2": (Choice(cp=2, micro_batch_size=MBS), 2, dict(model="debug-moe")),
     # under TP+SP the mixture is whole on each TP rank and routes that rank's sequence shard
     "moe_tp2_sp": (Choice(tp=2, micro_batch_size=MBS), 2, dict(model="debug-moe")),
+    "moe_ep2_cp2": (Choice(ep=2, cp=2, zero_stage=1, micro_batch_size=MBS), 4, dict(model="debug-moe")),
     "moe_ep2_tp2_sp": (Choice(ep=2, tp=2, zero_stage=1, micro_batch_size=MBS), 4, dict(model="debug-moe")),
     # Gemma's mechanisms: GeGLU, the (1 + w) norm in fp32, scaled embeddings
     "gemma_style": (Choice(micro_batch_size=MBS), 1, dict(model="debug-small", ffn_kind=FfnKind.GEGLU,

@@ -60,12 +60,14 @@ def test_resume_continues_exactly(tmp_path, name):
     assert first + rest == whole   # fp32, same plan: bit for bit
 
 
-@pytest.mark.parametrize("choice", [Choice(zero_stage=3), Choice(pp=2), Choice(ep=2, zero_stage=1)],
-                         ids=["zero3", "pp", "ep2"])
-def test_a_mixture_of_experts_resumes_exactly(tmp_path, choice):
+@pytest.mark.parametrize("choice,world", [(Choice(zero_stage=3), 2), (Choice(pp=2), 2), (Choice(ep=2, zero_stage=1), 2),
+                                          (Choice(tp=2), 2), (Choice(ep=2, cp=2, zero_stage=1), 4)],
+                         ids=["zero3", "pp", "ep2", "tp2", "ep2_cp2"])
+def test_a_mixture_of_experts_resumes_exactly(tmp_path, choice, world):
     """Stacked expert weights and their AdamW states (runtime.moe) through DCP, and the router;
-    under expert parallelism each rank's slice of the experts."""
-    pf = _plan(choice, model="debug-moe")
+    under expert parallelism each rank's slice of the experts (sharded over edp x cp under CP),
+    under TP the same mixture on each TP rank."""
+    pf = _plan(choice, world=world, model="debug-moe")
     whole = _losses(pf, steps=5)
     first = _losses(pf, tmp_path, steps=2)
     assert first + _losses(pf, tmp_path, steps=5, resume=True) == whole

@@ -68,6 +68,10 @@ CASES = {
     "moe_cp2": (Choice(cp=2), 2, MOE),
     "moe_cp2_dp2_zero3": (Choice(cp=2, zero_stage=3), 4, MOE),
     "moe_cp2_pp2": (Choice(cp=2, pp=2), 4, MOE),
+    # expert parallelism under CP: the experts' ZeRO group is edp x cp
+    "moe_ep2_cp2": (Choice(ep=2, cp=2, zero_stage=1), 4, MOE),
+    "moe_ep2_cp2_zero3": (Choice(ep=2, cp=2, zero_stage=3), 4, MOE),
+    "moe_ep2_cp2_zero0_cp_outer": (Choice(ep=2, cp=2, zero_stage=0, mesh_axis_order=("pp", "cp", "dp", "tp")), 4, MOE),
     # tensor parallelism: attention split, experts whole on each TP rank routing its sequence
     # shard (expert TP 1), their gradients summed over TP
     "moe_tp2": (Choice(tp=2), 2, MOE),

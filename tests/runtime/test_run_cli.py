@@ -118,13 +118,17 @@ def test_dry_run_checks_llama70b_states_per_rank(tmp_path, capsys):
             assert abs(row[key]["error_pct"]) < 0.01, (row["stage"], key, row[key])
 
 
-def test_dry_run_holds_a_mixture_whole_on_each_tp_rank(tmp_path, capsys):
-    """Experts are not split over TP (expert TP 1), sharded over EP and, by ZeRO, over edp: the
+@pytest.mark.parametrize("flags", [["--tp", "2"], ["--cp", "2", "--seq-len", "8192", "--global-batch", "128"]],
+                         ids=["tp2", "cp2"])
+def test_dry_run_holds_the_experts_the_model_says(tmp_path, capsys, flags):
+    """Experts are not split over TP (expert TP 1: whole on each TP rank), sharded over EP and, by
+    ZeRO, over edp x cp (two local experts over a group of four: rows, not padded experts): the
     runtime's states per stage equal the cost model's."""
     plan = tmp_path / "mixtral.json"
-    assert main(["predict", "--model", "mixtral-8x7b", "--cluster", "8x8xH100", "--tp", "2", "--pp", "4",
+    assert main(["predict", "--model", "mixtral-8x7b", "--cluster", "8x8xH100", *flags, "--pp", "4",
                  "--ep", "4", "--zero", "1", "--recompute", "full", "--out", str(plan), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["estimate"]["time_breakdown_s"]["comm/moe_tp_sync"] > 0
+    sync_s = json.loads(capsys.readouterr().out)["estimate"]["time_breakdown_s"]["comm/moe_tp_sync"]
+    assert sync_s > 0 if "--tp" in flags else sync_s == 0
     assert main(["run", str(plan), "--dry-run", "--json"]) == 0
     for row in json.loads(capsys.readouterr().out)["rows"]:
         for key in ("params_bytes", "grads_bytes", "optimizer_bytes"):
