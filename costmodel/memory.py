@@ -160,9 +160,7 @@ def layer_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, mode:
     mlp_input_split = t if model.is_moe else _proj_input_split(plan, traits)
     replicated = (tokens * h * (norms + 2 * drop) / sp + a * tokens * h / _proj_input_split(plan, traits)
                   + a * tokens * h / mlp_input_split)
-    qkv = a * tokens * (h + 2 * kv) / t
-    if plan.cp > 1 and traits.cp_all_gather_kv:   # attention keeps the whole sequence's K and V
-        qkv += a * b * (train.seq_len - s) * 2 * kv / t
+    qkv = a * tokens * (h + 2 * kv) / t + cp_gathered_kv_bytes(model, train, plan, traits)
     out_proj_input = a * tokens * h / t
     # SwiGLU in eager torch saves gate, up, silu(gate) and the product; a fused kernel keeps the
     # 2f-wide first projection and the product (costmodel.frameworks)
@@ -179,6 +177,23 @@ def layer_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, mode:
     else:  # softmax output (+ dropout mask and output), over local queries x all keys
         core = b * (model.num_heads / t) * s * train.seq_len * (a + (drop + a if drop else 0))
     return replicated + qkv + out_proj_input + mlp + core
+
+
+def cp_gathered_kv_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, traits: FrameworkTraits = RUNTIME) -> float:
+    """What one layer's attention keeps, per micro-batch, of the K and V gathered from the other
+    CP ranks (all-gathered CP, costmodel.frameworks `cp_all_gather_kv`; a ring keeps none)."""
+    if plan.cp == 1 or not traits.cp_all_gather_kv:
+        return 0.0
+    others = train.seq_len - train.seq_len // plan.cp
+    return train.compute_dtype.num_bytes * plan.micro_batch_size * others * 2 * model.kv_hidden_size / plan.tp
+
+
+def expert_state_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
+                       traits: FrameworkTraits = RUNTIME) -> float:
+    """The routed experts' share of a rank's weights, gradients and optimizer states (its
+    num_experts/ep experts per layer, ZeRO-sharded over edp x cp): a part of state_bytes."""
+    experts = rank_params(model, plan, rank).experts
+    return sum(state_bytes_from_counts(train, plan, experts, experts / (plan.edp * plan.cp), traits)) if experts else 0.0
 
 
 def _proj_input_split(plan: Plan, traits: FrameworkTraits) -> int:

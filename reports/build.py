@@ -7,6 +7,7 @@ from pathlib import Path
 
 from costmodel.cluster import ClusterSpec
 from costmodel.estimate import Estimate, simulate_plan
+from costmodel.memory import cp_gathered_kv_bytes, expert_state_bytes
 from costmodel.pipeline_closed_form import uniform_1f1b_bubble_fraction
 from costmodel.plan import Plan
 from costmodel.specs import ModelSpec, TrainSpec
@@ -113,9 +114,30 @@ def _memory(doc: Document, inp: ReportInput, variants, out_dir: Path) -> None:
              f"{e.memory_capacity_bytes / GIB:.0f} GiB, of which activations {parts['activations'] / GIB:.1f} GiB "
              f"(peak of the simulated in-flight micro-batches), optimizer states {parts['optimizer'] / GIB:.1f}, "
              f"weights {parts['params'] / GIB:.1f}, gradients {parts['grads'] / GIB:.1f} GiB.")
+    for line in _parallel_memory_notes(inp, tight):
+        doc.text(line)
     doc.table(*memory_table(plans[0]))
     for stem, caption in memory_figures(plans, out_dir):
         doc.image(stem, caption)
+
+
+def _parallel_memory_notes(inp: ReportInput, rank: int) -> list[str]:
+    """What expert and context parallelism put in a stage's memory parts."""
+    model, train, plan, traits = inp.model, inp.train, inp.plan, inp.cluster.framework
+    lines = []
+    if model.is_moe:
+        experts = expert_state_bytes(model, train, plan, rank, traits)
+        tp = f"; whole on each of the tp={plan.tp} ranks, which route their own sequence shards" if plan.tp > 1 else ""
+        lines.append(f"Routed experts: {experts / GIB:.1f} GiB of stage {rank}'s weights, gradients and optimizer "
+                     f"states ({model.num_experts // plan.ep} of {model.num_experts} experts per layer on each "
+                     f"device with ep={plan.ep}, ZeRO-{plan.zero_stage} over {plan.edp * plan.cp} devices holding "
+                     f"the same ones{tp}).")
+    kv = cp_gathered_kv_bytes(model, train, plan, traits)
+    if kv:
+        lines.append(f"Context parallelism (cp={plan.cp}): each layer that is not fully recomputed keeps the K "
+                     f"and V gathered from the other CP ranks for its backward, {kv / MIB:.1f} MiB per micro-batch, "
+                     f"part of the activations (a fully recomputed layer holds them during its backward only).")
+    return lines
 
 
 def _ranking(doc: Document, inp: ReportInput, out_dir: Path) -> None:

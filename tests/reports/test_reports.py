@@ -118,3 +118,28 @@ def test_memory_over_time_draws_every_plan_s_activations(tmp_path, monkeypatch):
     write_report(ReportInput(model=pf.model, train=pf.train, cluster=pf.cluster, plan=pf.plan, estimate=est,
                              variants=schedule_variants(pf.model, pf.train, pf.cluster, pf.plan)), tmp_path)
     assert seen and all(max(level for _, level in pm.sim.memory_curves[0]) > 0 for pm in seen)
+
+
+def test_experts_and_context_parallelism_show_in_the_ledger_and_memory_parts(tmp_path, capsys):
+    """A mixture under EP x TP and EP x CP: the all-to-alls, the TP gradient sync and the K/V
+    exchange are ledger items; the experts' states and the gathered K/V are named in the memory
+    report with the figures costmodel.memory gives."""
+    from costmodel.memory import cp_gathered_kv_bytes, expert_state_bytes
+    for name, flags, items in (("tp", ["--tp", "2"], ("comm/ep_exposed", "comm/moe_tp_sync")),
+                               ("cp", ["--cp", "2", "--seq-len", "4096", "--global-batch", "128"],
+                                ("comm/ep_exposed", "comm/cp_exposed"))):
+        plan_path, out = tmp_path / f"{name}.json", tmp_path / name
+        assert main(["predict", "--model", "mixtral-8x7b", "--cluster", "8x8xH100", *flags, "--pp", "4", "--ep", "4",
+                     "--zero", "1", "--recompute", "selective", "--out", str(plan_path)]) == 0
+        assert main(["report", str(plan_path), "--out", str(out)]) == 0
+        capsys.readouterr()
+        md = (out / "index.md").read_text()
+        assert all(f"| {item} |" in md for item in items)
+        pf = PlanFile.load(plan_path)
+        est = estimate(pf.model, pf.train, pf.cluster, pf.plan)
+        tight = max(range(pf.plan.pp), key=lambda r: est.peak_memory_bytes[r])
+        experts = expert_state_bytes(pf.model, pf.train, pf.plan, tight, pf.cluster.framework)
+        assert 0 < experts < sum(est.memory_breakdown_bytes[tight][k] for k in ("params", "grads", "optimizer"))
+        assert f"Routed experts: {experts / 2**30:.1f} GiB" in md
+        kv = cp_gathered_kv_bytes(pf.model, pf.train, pf.plan, pf.cluster.framework)
+        assert (f"{kv / 2**20:.1f} MiB per micro-batch" in md) == (name == "cp") and (kv > 0) == (name == "cp")
