@@ -22,7 +22,8 @@ from costmodel.estimate import Estimate, estimate
 from costmodel.inputs import InputError, read_text
 from costmodel.frameworks import device_as_run_by, framework_traits
 from costmodel.plan import Plan, Recompute, Schedule
-from costmodel.specs import Arch, AttentionKernel, DType, ModelSpec, TrainSpec
+from costmodel.specs import (DEFAULT_EXPERT_IMBALANCE, MAX_EXPERT_IMBALANCE, Arch, AttentionKernel, DType,
+                             ModelSpec, TrainSpec)
 from costmodel.registry import gpt_spec, llama_spec
 from planner.search import SearchOptions, search
 from planner.space import Choice, build_plan, divisors
@@ -154,7 +155,8 @@ def row_specs(row: dict[str, str]) -> tuple[ModelSpec, TrainSpec, ClusterSpec]:
         raise ValueError(f"row {row['id']!r}: arch {row['arch']!r} is neither gpt nor llama")
     precision = (row.get("precision") or "bf16").strip()
     train = TrainSpec(seq_len=seq, global_batch_size=_int(row, "global_batch"),
-                      compute_dtype=DType(precision), attention_kernel=attention_kernel(row))
+                      compute_dtype=DType(precision), attention_kernel=attention_kernel(row),
+                      expert_load_imbalance=_imbalance(row))
     num_gpus, per_node = _int(row, "num_gpus"), _int(row, "gpus_per_node")
     if num_gpus % per_node:
         raise ValueError(f"row {row['id']!r}: {num_gpus} GPUs is not a whole number of {per_node}-GPU nodes")
@@ -179,6 +181,22 @@ def _experts(row: dict[str, str], ffn: int) -> dict[str, int]:
         return {}
     return {"num_experts": experts, "experts_per_token": _int(row, "experts_per_token", 2),
             "moe_ffn_hidden_size": _int(row, "moe_ffn_hidden", ffn)}
+
+
+def _imbalance(row: dict[str, str]) -> float:
+    """Optional column expert_imbalance: the busiest expert-parallel rank's share of routed rows
+    over the mean (1 for runs with forced-balanced routing); empty: the planner's default."""
+    value = (row.get("expert_imbalance") or "").strip()
+    if not value:
+        return DEFAULT_EXPERT_IMBALANCE
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"row {row.get('id')!r}: expert_imbalance = {value!r} is not a number") from None
+    if not 1.0 <= number <= MAX_EXPERT_IMBALANCE:
+        raise ValueError(f"row {row.get('id')!r}: expert_imbalance = {number:g} is out of range "
+                         f"(1 to {MAX_EXPERT_IMBALANCE:g})")
+    return number
 
 
 def attention_kernel(row: dict[str, str]) -> AttentionKernel:

@@ -47,6 +47,8 @@ GOOD = "ok,x,gpt,24,2048,,16,16,51200,2048,A100-SXM4-80GB,8,8,1,1,8,,,1,1,,,64,b
     (HEADER + "\n" + GOOD.replace(",1.0\n", ",-5\n"), "must be a positive number"),
     (HEADER + "\n" + GOOD.replace(",1.0\n", ",fast\n"), "is not a number"),
     (HEADER + "\n" + GOOD + GOOD, "duplicate id 'ok'"),
+    (HEADER + ",expert_imbalance\n" + GOOD.replace("\n", ",even\n"), "expert_imbalance = 'even' is not a number"),
+    (HEADER + ",expert_imbalance\n" + GOOD.replace("\n", ",0.5\n"), "expert_imbalance = 0.5 is out of range"),
 ])
 def test_bad_tables_are_one_line_and_exit_2(tmp_path, capsys, text, message):
     from planner.cli import main
