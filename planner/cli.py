@@ -264,8 +264,8 @@ def cmd_models(args: argparse.Namespace) -> int:
                 [(r["name"], f"{r['params'] / 1e9:,.2f}B", f"{r['active_params'] / 1e9:,.2f}B", r["experts"],
                   r["layers"], r["hidden"], f"{r['heads']}/{r['kv_heads']}", r["ffn"], r["vocab"], r["source"])
                  for r in rows]))
-    print("\nmixtures of experts (experts: per token / in all) are planned without expert, tensor or "
-          "context parallelism for now")
+    print("\nmixtures of experts (experts: per token / in all): expert parallelism --ep N carved from dp; under "
+          "tensor parallelism (with SP) each TP rank keeps the whole mixture (expert TP 1)")
     print("\naliases: llama-70b -> llama2-70b, llama-7b, llama-13b, gpt3; or --model path/to/config.json")
     return 0
 
