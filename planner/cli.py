@@ -165,6 +165,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         _write_report(args.report, model, train, cluster, best.plan, best.estimate,
                       runners_up=[(f.plan, f.estimate) for f in result.plans[1:]],
                       candidates=[f.estimate for f in result.evaluated], runner_up_text=runner_up_text)
+    exported = _export_best(args, model, train, cluster, best.plan)
     if args.json:
         _emit_json({"plans": [{"plan": f.plan.to_dict(), "estimate": f.estimate.to_dict()} for f in result.plans],
                     "search": {**stats.to_dict(), "equivalent_plans": result.equivalent,
@@ -173,7 +174,8 @@ def cmd_search(args: argparse.Namespace) -> int:
                                {"plan": result.fastest.plan.to_dict(), "estimate": result.fastest.estimate.to_dict()}},
                     # the first plan's checkpoint interval and throughput with failures (costmodel.resilience)
                     "checkpoint": checkpoint_cost(model, train, cluster.world_size, best.estimate.step_time_s,
-                                                  best.estimate.tokens_per_s, failures_from_args(args)).to_dict()})
+                                                  best.estimate.tokens_per_s, failures_from_args(args)).to_dict(),
+                    **({} if exported is None else {"export": exported})})
         return 0
     from reports.tables import search_table, summary_lines
     print(summary_lines(model, train, cluster, best.plan, best.estimate, failures_from_args(args)))
@@ -207,7 +209,27 @@ def cmd_search(args: argparse.Namespace) -> int:
               f"fewer moving parts)")
     if runner_up_text:
         print(runner_up_text)
+    if exported is not None:
+        print()
+        if exported["file"] is None:
+            print(exported["text"], end="")
+        print("\n".join(exported["summary"]))
     return 0
+
+
+def _export_best(args: argparse.Namespace, model, train, cluster, plan) -> dict | None:
+    """search --export TARGET: the best plan in that framework's configuration (written to
+    --export-out when given); None without --export."""
+    if not args.export:
+        return None
+    from planner.commands.export import summary_lines, to_json
+    from planner.exports import export_plan
+    from costmodel.inputs import write_text_atomic
+    pf = PlanFile(plan=plan, model=model, train=train, cluster=cluster)
+    result = export_plan(pf, args.export)
+    if args.export_out is not None:
+        write_text_atomic(args.export_out, result.text)
+    return {**to_json(result, pf, args.export_out), "summary": summary_lines(result, pf, args.export_out)}
 
 
 def _write_report(out: str, model, train, cluster, plan, est, **extra) -> None:
@@ -354,6 +376,12 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=CAL_EPILOG, formatter_class=raw)
     add_calibrate_args(p)
     p.set_defaults(parser=p, func=cmd_calibrate)
+
+    from planner.commands.export import EPILOG as EXPORT_EPILOG, add_export_args, cmd_export
+    p = sub.add_parser("export", help="a plan as torchtitan, Megatron-LM or DeepSpeed take it (nearest plan where "
+                                      "they cannot say it)", epilog=EXPORT_EPILOG, formatter_class=raw)
+    add_export_args(p)
+    p.set_defaults(parser=p, func=cmd_export)
 
     from planner.commands.run import EPILOG as RUN_EPILOG, add_run_args, cmd_run
     p = sub.add_parser("run", help="execute a plan with torch.distributed, measure it, compare with the estimate",

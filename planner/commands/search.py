@@ -30,6 +30,9 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--csv", help="write every plan the solver evaluated to this CSV")
     p.add_argument("--report", metavar="DIR", help="write bubble, memory and ranking reports (PNG/SVG, "
                                                    "index.html/md) of the result to DIR")
+    p.add_argument("--export", metavar="TARGET", choices=["torchtitan", "megatron", "deepspeed"],
+                   help="also write the best plan for torchtitan, megatron or deepspeed (planner export)")
+    p.add_argument("--export-out", metavar="F", help="the --export file (default: printed after the table)")
     add_overwrite_arg(p)
     c = p.add_argument_group("constraints")
     c.add_argument("--max-tp", type=positive_int, help="largest TP degree (default: devices per node)")
@@ -134,13 +137,16 @@ def write_csv(path: str, result: SearchResult) -> None:
 
 def check_outputs(args: argparse.Namespace) -> None:
     """Before any work: a bad --out, --csv or --report must not cost a search."""
-    if not (args.out or args.csv or args.report):
-        refuse_ignored(args.given, {"overwrite"}, "without --out, --csv or --report nothing is written")
-    given = [Path(p).resolve() for p in (args.out, args.csv, args.report) if p]
+    if not (args.out or args.csv or args.report or args.export_out):
+        refuse_ignored(args.given, {"overwrite"}, "without --out, --csv, --report or --export-out nothing is written")
+    if not args.export:
+        refuse_ignored(args.given, {"export_out"}, "--export-out names the file of --export TARGET")
+    given = [Path(p).resolve() for p in (args.out, args.csv, args.report, args.export_out) if p]
     if len(set(given)) < len(given):
-        raise ValueError("--out, --csv and --report name the same path; give each its own")
+        raise ValueError("--out, --csv, --report and --export-out name the same path; give each its own")
     args.out = outputs.out_file(args.out, "--out", args.overwrite, ".json")
     args.csv = outputs.out_file(args.csv, "--csv", args.overwrite, ".csv")
+    args.export_out = outputs.out_file(args.export_out, "--export-out", args.overwrite)
     outputs.out_dir(args.report, "--report", args.overwrite, outputs.REPORT_FILES)
 
 

@@ -1,0 +1,40 @@
+"""`planner export`: a plan in the configuration another framework reads (torchtitan's job TOML,
+Megatron-LM's arguments, a DeepSpeed config), the nearest plan that framework can run when it
+cannot say ours, each difference in one line, and that plan priced as the framework runs it."""
+from __future__ import annotations
+
+from types import ModuleType
+
+from costmodel.plan import Plan, PlanFile, Recompute
+from planner.exports import deepspeed, megatron, torchtitan
+from planner.exports.common import CannotExport, Export, checked, priced, refuse_if_over, to_uniform_recompute
+
+TARGETS: dict[str, ModuleType] = {m.NAME: m for m in (torchtitan, megatron, deepspeed)}
+
+__all__ = ["TARGETS", "CannotExport", "Export", "export_plan"]
+
+
+def export_plan(pf: PlanFile, target: str) -> Export:
+    if target not in TARGETS:
+        raise CannotExport(f"unknown export target {target!r}; choose one of {', '.join(TARGETS)}")
+    module = TARGETS[target]
+    adjusted = module.nearest(pf)
+    checked(pf, adjusted.plan, target)
+    est = priced(pf, adjusted.plan, module.FRAMEWORK)
+    if not est.fits and not _recomputes_everything(adjusted.plan):
+        # the target's nearest plan keeps more than ours: its lever is recomputation
+        over = max(est.peak_memory_bytes) / 2**30
+        to_uniform_recompute(adjusted, Recompute.FULL, f"memory: that plan needs {over:.1f} GiB per device as "
+                                                       f"{target} runs it; with full recomputation of every layer")
+        checked(pf, adjusted.plan, target)
+        est = priced(pf, adjusted.plan, module.FRAMEWORK)
+    refuse_if_over(target, est, adjusted.plan)
+    text, launch = module.render(pf, adjusted.plan)
+    return Export(target=target, text=text, suffix=module.SUFFIX, launch=launch, plan=adjusted.plan,
+                  differences=tuple(adjusted.differences), estimate=est,
+                  planned=est if adjusted.plan == pf.plan else priced(pf, pf.plan, module.FRAMEWORK))
+
+
+def _recomputes_everything(plan: Plan) -> bool:
+    return plan.recompute is Recompute.FULL and all(
+        c == plan.layers_on_rank(r) for r, c in enumerate(plan.recompute_num_layers))

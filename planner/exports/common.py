@@ -1,0 +1,118 @@
+"""What every export shares: the nearest plan a target can run (each change said in one line),
+priced as that framework runs it, and refused when it does not fit or does not check.
+
+A target module gives `nearest(pf) -> Adjusted` (the plan it can express and the differences)
+and `render(pf, plan) -> (text, launch)`; `planner.exports.export_plan` drives them."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from costmodel.check import check_structure
+from costmodel.estimate import Estimate, estimate
+from costmodel.frameworks import device_as_run_by, framework_traits
+from costmodel.plan import Plan, PlanFile, Recompute, Schedule, even_layers
+from costmodel.units import GIB
+
+
+class CannotExport(ValueError):
+    """The target cannot run this plan at all (one line, exit 2)."""
+
+
+@dataclass
+class Adjusted:
+    """A plan being moved towards what a target can express, and what moved."""
+
+    plan: Plan
+    differences: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        # recomputation of no layer is none: said that way to every target
+        if self.plan.recompute is not Recompute.NONE and not any(self.plan.recompute_num_layers):
+            self.plan = replace(self.plan, recompute=Recompute.NONE)
+
+    def change(self, why: str, **fields) -> None:
+        self.plan = replace(self.plan, **fields)
+        self.differences.append(why)
+
+
+@dataclass(frozen=True)
+class Export:
+    target: str
+    text: str                      # the file the target reads
+    suffix: str                    # its usual extension
+    launch: str                    # how to start it
+    plan: Plan                     # what the exported configuration runs
+    differences: tuple[str, ...]   # what of the plan the target cannot say, and what it runs instead
+    estimate: Estimate             # the exported plan as the target's framework runs it (its traits)
+    planned: Estimate              # the original plan as priced for it (the same traits)
+
+
+def priced(pf: PlanFile, plan: Plan, framework: str) -> Estimate:
+    """`plan` as the framework runs it: its traits (costmodel.frameworks) on the plan's cluster."""
+    traits = framework_traits(framework)
+    cluster = replace(pf.cluster, device=device_as_run_by(pf.cluster.device, traits), framework=traits)
+    return estimate(pf.model, pf.train, cluster, plan)
+
+
+def checked(pf: PlanFile, plan: Plan, target: str) -> None:
+    """The adjusted plan must still be a plan of this model on this cluster (memory apart)."""
+    problems = check_structure(pf.model, pf.train, pf.cluster, plan)
+    if problems:
+        raise CannotExport(f"{target} cannot run this plan: the nearest plan it can express "
+                           f"({plan.short()}) is not valid: {'; '.join(problems)}")
+
+
+def refuse_if_over(target: str, est: Estimate, plan: Plan) -> None:
+    if not est.fits:
+        worst = max(est.peak_memory_bytes)
+        raise CannotExport(f"{target} cannot run this plan: the nearest plan it can express ({plan.short()}) "
+                           f"needs {worst / GIB:.1f} GiB per device of the {est.memory_capacity_bytes / GIB:.1f} "
+                           f"a plan may use")
+
+
+# --- moves shared by the targets -----------------------------------------------------------
+
+def to_schedule(adj: Adjusted, num_layers: int, schedule: Schedule, vpp: int, why: str) -> None:
+    """Another pipeline schedule; a different number of virtual stages splits layers evenly."""
+    plan = adj.plan
+    layers = plan.layers_per_stage if vpp == plan.vpp else even_layers(num_layers, plan.pp * vpp)
+    adj.change(why, schedule=schedule, vpp=vpp, layers_per_stage=layers)
+    clamp_recompute(adj)
+
+
+def to_even_layers(adj: Adjusted, num_layers: int, why: str) -> None:
+    adj.change(why, layers_per_stage=even_layers(num_layers, adj.plan.num_virtual_stages))
+    clamp_recompute(adj)
+
+
+def clamp_recompute(adj: Adjusted) -> None:
+    """Per-rank recomputed layers cannot exceed what a rank now holds."""
+    plan = adj.plan
+    counts = tuple(min(c, plan.layers_on_rank(r)) for r, c in enumerate(plan.recompute_num_layers))
+    if counts != plan.recompute_num_layers:
+        adj.plan = replace(plan, recompute_num_layers=counts)
+
+
+def to_uniform_recompute(adj: Adjusted, mode: Recompute, why: str) -> None:
+    """`mode` on every layer of every rank (or none)."""
+    plan = adj.plan
+    counts = tuple(plan.layers_on_rank(r) if mode is not Recompute.NONE else 0 for r in range(plan.pp))
+    adj.change(why, recompute=mode, recompute_num_layers=counts)
+
+
+def recompute_is_uniform(plan: Plan) -> bool:
+    """Every rank recomputes all its layers (or there is no recomputation)."""
+    return plan.recompute is Recompute.NONE or all(
+        c == plan.layers_on_rank(r) for r, c in enumerate(plan.recompute_num_layers))
+
+
+def fold_cp_into_dp(adj: Adjusted, global_batch: int, why: str) -> None:
+    """Context parallelism the target cannot run: its ranks become data-parallel replicas, each
+    with its share of the batch at the same micro-batch size."""
+    plan = adj.plan
+    dp = plan.dp * plan.cp
+    per_replica = global_batch // dp
+    if global_batch % dp or per_replica % plan.micro_batch_size:
+        raise CannotExport(f"{why.split(':')[0]}: and the global batch {global_batch} does not split into "
+                           f"dp={dp} replicas of micro-batches of {plan.micro_batch_size}")
+    adj.change(why, dp=dp, cp=1, num_micro_batches=per_replica // plan.micro_batch_size)

@@ -1,0 +1,106 @@
+"""DeepSpeed: a `ds_config.json` (and the launcher line) for a training script that builds the
+model as a `deepspeed.pipe.PipelineModule` when the plan has a pipeline.
+
+What DeepSpeed cannot say of our plans, and the nearest it runs (each a line of the export):
+- its pipeline engine runs one 1F1B-style schedule with one stage per rank: GPipe, interleaved
+  and zero-bubble schedules become 1F1B, one stage per rank; its partitioner balances layers
+  ("uniform"), so other splits become the even one;
+- with a pipeline, ZeRO-2/3 are not run (its pipeline engine takes ZeRO-0/1): ZeRO-1;
+- tensor parallelism is AutoTP (`tensor_parallel.autotp_size`), which has no sequence
+  parallelism and no ZeRO-3: without SP, and ZeRO-2 at most;
+- context parallelism is not ours (DeepSpeed-Ulysses exchanges heads, not K/V): its ranks become
+  data-parallel replicas;
+- recomputation is per layer block, all or nothing: all layers in full where the plan recomputes
+  any (our selective, core attention only, has no DeepSpeed equivalent);
+- rank order: pipe, data, model (outermost first: pp>dp>tp); other mesh orders become it;
+- experts: DeepSpeed-MoE takes its expert-parallel size in the model code, not in this file.
+"""
+from __future__ import annotations
+
+import json
+
+from costmodel.plan import Plan, PlanFile, Recompute, Schedule, even_layers
+from costmodel.specs import DType
+from planner.exports.common import (Adjusted, fold_cp_into_dp, recompute_is_uniform, to_even_layers, to_schedule,
+                                    to_uniform_recompute)
+
+NAME = "deepspeed"
+FRAMEWORK = "deepspeed"
+SUFFIX = ".json"
+ORDER = ("pp", "dp", "cp", "tp")   # DeepSpeed's PipeModelDataParallelTopology: pipe, data, model
+
+
+def nearest(pf: PlanFile) -> Adjusted:
+    adj = Adjusted(pf.plan)
+    layers = pf.model.num_layers
+    plan = adj.plan
+    if plan.pp > 1 and (plan.schedule is not Schedule.ONE_F_ONE_B or plan.vpp > 1):
+        to_schedule(adj, layers, Schedule.ONE_F_ONE_B, 1, f"schedule {plan.schedule}"
+                    f"{f' (v={plan.vpp})' if plan.vpp > 1 else ''}: DeepSpeed's pipeline engine runs 1F1B "
+                    "with one stage per rank")
+    if adj.plan.pp > 1 and adj.plan.layers_per_stage != even_layers(layers, adj.plan.pp):
+        to_even_layers(adj, layers, f"layers per stage {list(adj.plan.layers_per_stage)}: DeepSpeed's "
+                                    "partitioner splits layers evenly ('uniform')")
+    if adj.plan.cp > 1:
+        fold_cp_into_dp(adj, pf.train.global_batch_size,
+                        f"cp={adj.plan.cp}: DeepSpeed has no K/V-exchanging context parallelism (Ulysses "
+                        "exchanges heads); its ranks become data-parallel replicas")
+    plan = adj.plan
+    if plan.pp > 1 and plan.zero_stage >= 2:
+        adj.change(f"zero {plan.zero_stage} with a pipeline: DeepSpeed's pipeline engine runs ZeRO-0/1; ZeRO-1",
+                   zero_stage=1)
+    if adj.plan.tp > 1 and adj.plan.zero_stage == 3:
+        adj.change("zero 3 with tensor parallelism: DeepSpeed's AutoTP trains with ZeRO-0/1/2; ZeRO-2",
+                   zero_stage=2)
+    if adj.plan.tp > 1 and adj.plan.sequence_parallel:
+        adj.change("sequence parallelism: DeepSpeed's AutoTP has none; tensor parallelism without it",
+                   sequence_parallel=False)
+    plan = adj.plan
+    if plan.recompute is Recompute.SELECTIVE:
+        to_uniform_recompute(adj, Recompute.FULL, "selective recomputation (core attention): DeepSpeed "
+                                                  "checkpoints whole layers; full recomputation of every layer")
+    elif plan.recompute is Recompute.FULL and not recompute_is_uniform(plan):
+        to_uniform_recompute(adj, Recompute.FULL, f"full recomputation of {list(plan.recompute_num_layers)} "
+                                                  "layers per rank: DeepSpeed checkpoints every layer or none; "
+                                                  "every layer")
+    present = tuple(a for a in adj.plan.mesh_axis_order if adj.plan.degree(a) > 1)
+    if present != tuple(a for a in ORDER if adj.plan.degree(a) > 1):
+        adj.change(f"mesh order {'>'.join(adj.plan.mesh_axis_order)}: DeepSpeed lays ranks out as pipe, data, "
+                   "model (pp>dp>tp)", mesh_axis_order=ORDER)
+    if pf.model.is_moe:
+        adj.differences.append(f"experts: build the mixture with deepspeed.moe.layer.MoE(num_experts="
+                               f"{pf.model.num_experts}, ep_size={adj.plan.ep}, k={pf.model.experts_per_token}) "
+                               "in the model code; the config file has no place for it")
+    return adj
+
+
+def config(pf: PlanFile, plan: Plan) -> dict:
+    t = pf.train
+    cfg: dict = {
+        "train_batch_size": t.global_batch_size,
+        "train_micro_batch_size_per_gpu": plan.micro_batch_size,
+        "gradient_accumulation_steps": plan.num_micro_batches,
+        "zero_optimization": {"stage": plan.zero_stage, "overlap_comm": True, "contiguous_gradients": True},
+        "gradient_clipping": 1.0,
+    }
+    if t.compute_dtype is DType.BF16:
+        cfg["bf16"] = {"enabled": True}
+    elif t.compute_dtype is DType.FP16:
+        cfg["fp16"] = {"enabled": True}
+    if plan.tp > 1:
+        cfg["tensor_parallel"] = {"autotp_size": plan.tp}
+    if plan.pp > 1:
+        cfg["pipeline"] = {"stages": plan.pp, "partition": "uniform",
+                           "activation_checkpoint_interval": 1 if plan.recompute is Recompute.FULL else 0}
+    if plan.recompute is Recompute.FULL:
+        cfg["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False,
+                                           "number_checkpoints": pf.model.num_layers}
+    return cfg
+
+
+def render(pf: PlanFile, plan: Plan) -> tuple[str, str]:
+    c = pf.cluster
+    launch = (f"deepspeed --num_nodes {c.num_nodes} --num_gpus {c.devices_per_node} train.py --deepspeed "
+              f"--deepspeed_config FILE (train.py: your script; with pp={plan.pp} it builds a PipelineModule("
+              f"num_stages={plan.pp}, partition_method='uniform'))")
+    return json.dumps(config(pf, plan), indent=2) + "\n", launch

@@ -1,0 +1,182 @@
+"""Megatron-LM: `pretrain_gpt.py` command-line arguments (Megatron-Core underneath).
+
+What Megatron-LM cannot say of our plans, and the nearest it runs (each a line of the export):
+- GPipe is 1F1B there; zero-bubble schedules are not in Megatron-LM: ZB-H1 runs as 1F1B, ZBV
+  (two virtual stages in a V) as interleaved 1F1B over the same chunks.
+- ZeRO-2/3 are Megatron-FSDP (`--use-megatron-fsdp`), which does not run under pipeline
+  parallelism: with a pipeline they become ZeRO-1 (the distributed optimizer).
+- Layers: equal virtual stages, or (one chunk per rank) first and last stages of their own
+  size; any other split becomes the even one.
+- Recomputation is per (virtual) stage and the same on every rank (`--recompute-num-layers` with
+  the block method): per-rank counts become the largest of them on every rank.
+- Rank order: tp-cp-ep-dp-pp (the default) or tp-cp-ep-pp-dp (`--use-tp-pp-dp-mapping`); other
+  mesh orders become the default.
+"""
+from __future__ import annotations
+
+import shlex
+
+from costmodel.plan import Plan, PlanFile, Recompute, Schedule
+from costmodel.specs import Arch, DType, NormKind, PositionKind
+from planner.exports.common import (Adjusted, recompute_is_uniform, to_even_layers, to_schedule,
+                                    to_uniform_recompute)
+
+NAME = "megatron"
+FRAMEWORK = "megatron-core"   # costmodel.frameworks: how the exported plan is priced
+SUFFIX = ".sh"
+# our mesh orders (outermost first, axes of degree 1 left out) Megatron's rank orders give
+DEFAULT_ORDER = ("pp", "dp", "cp", "tp")   # Megatron's default tp-cp-ep-dp-pp
+TP_PP_DP_ORDER = ("dp", "pp", "cp", "tp")   # --use-tp-pp-dp-mapping
+
+
+def _effective(order: tuple[str, ...], plan: Plan) -> tuple[str, ...]:
+    return tuple(a for a in order if plan.degree(a) > 1)
+
+
+def nearest(pf: PlanFile) -> Adjusted:
+    adj = Adjusted(pf.plan)
+    layers = pf.model.num_layers
+    plan = adj.plan
+    if plan.schedule is Schedule.GPIPE:
+        to_schedule(adj, layers, Schedule.ONE_F_ONE_B, 1, "schedule gpipe: Megatron-LM runs 1f1b (same bubble, "
+                    "fewer micro-batches in flight)")
+    elif plan.schedule is Schedule.ZB_H1:
+        to_schedule(adj, layers, Schedule.ONE_F_ONE_B, 1, "schedule zb-h1: not in Megatron-LM; 1f1b instead")
+    elif plan.schedule is Schedule.ZBV:
+        to_schedule(adj, layers, Schedule.INTERLEAVED, plan.vpp,
+                    "schedule zbv: not in Megatron-LM; interleaved-1f1b over the same two chunks per rank")
+    plan = adj.plan
+    if plan.zero_stage >= 2 and plan.pp > 1:
+        adj.change(f"zero {plan.zero_stage} under pipeline parallelism: Megatron-FSDP does not run with a "
+                   "pipeline; ZeRO-1 (the distributed optimizer)", zero_stage=1)
+    if not _layers_expressible(adj.plan):
+        to_even_layers(adj, layers, f"layers per stage {list(adj.plan.layers_per_stage)}: Megatron-LM splits "
+                                    "evenly (or sizes the first and last stage apart); even split")
+    plan = adj.plan
+    if plan.recompute is Recompute.SELECTIVE and not recompute_is_uniform(plan):
+        to_uniform_recompute(adj, Recompute.SELECTIVE, "selective recomputation on some layers: Megatron-LM "
+                                                       "recomputes core attention in every layer; all layers")
+    elif plan.recompute is Recompute.FULL and _full_recompute_layers(plan) is None:
+        # the fewest per stage that recompute at least what the plan does on every rank
+        n = next(n for n in range(max(plan.layers_per_stage) + 1)
+                 if all(b >= c for b, c in zip(_block_counts(plan, n), plan.recompute_num_layers)))
+        adj.change(f"full recomputation of {list(plan.recompute_num_layers)} layers per rank: Megatron-LM "
+                   f"recomputes the same number in every (virtual) stage; the first {n} of each",
+                   recompute_num_layers=_block_counts(plan, n))
+    order = _effective(adj.plan.mesh_axis_order, adj.plan)
+    if order not in (_effective(DEFAULT_ORDER, adj.plan), _effective(TP_PP_DP_ORDER, adj.plan)):
+        adj.change(f"mesh order {'>'.join(adj.plan.mesh_axis_order)}: Megatron-LM orders ranks tp-cp-ep-dp-pp "
+                   "(or tp-cp-ep-pp-dp); the default", mesh_axis_order=DEFAULT_ORDER)
+    return adj
+
+
+def _layers_expressible(plan: Plan) -> bool:
+    split = plan.layers_per_stage
+    if len(set(split)) == 1:
+        return True
+    if plan.vpp > 1 or plan.pp < 2:
+        return False
+    return len(set(split[1:-1])) <= 1   # first and last stage sized apart, the rest equal
+
+
+def _block_counts(plan: Plan, n: int) -> tuple[int, ...]:
+    """Layers each rank recomputes when every (virtual) stage recomputes its first n."""
+    return tuple(sum(min(n, plan.layers_per_stage[v * plan.pp + r]) for v in range(plan.vpp)) for r in range(plan.pp))
+
+
+def _full_recompute_layers(plan: Plan) -> int | None:
+    """Megatron's --recompute-num-layers (block method: the first N layers of every virtual
+    stage) that recomputes what the plan does on every rank, or None."""
+    return next((n for n in range(max(plan.layers_per_stage) + 1)
+                 if _block_counts(plan, n) == plan.recompute_num_layers), None)
+
+
+def arguments(pf: PlanFile, plan: Plan) -> list[tuple[str, str | None]]:
+    """(flag, value or None for a switch), in Megatron-LM's spelling."""
+    m, t = pf.model, pf.train
+    args: list[tuple[str, str | None]] = [
+        ("--num-layers", str(m.num_layers)), ("--hidden-size", str(m.hidden_size)),
+        ("--ffn-hidden-size", str(m.ffn_hidden_size)), ("--num-attention-heads", str(m.num_heads)),
+    ]
+    if m.num_kv_heads != m.num_heads:
+        args += [("--group-query-attention", None), ("--num-query-groups", str(m.num_kv_heads))]
+    args += [("--seq-length", str(t.seq_len)),
+             ("--max-position-embeddings", str(max(t.seq_len, m.max_position_embeddings))),
+             ("--normalization", "RMSNorm" if m.norm_kind is NormKind.RMSNORM else "LayerNorm"),
+             ("--norm-epsilon", f"{m.norm_eps:g}")]
+    if m.position_kind is PositionKind.ROPE:
+        args += [("--position-embedding-type", "rope"), ("--rotary-base", f"{m.rope_theta:g}")]
+    else:
+        args += [("--position-embedding-type", "learned_absolute")]
+    if m.arch is Arch.LLAMA:
+        args += [("--swiglu", None)]
+    if not m.tied_embeddings:
+        args += [("--untie-embeddings-and-output-weights", None)]
+    if not m.bias:
+        args += [("--disable-bias-linear", None)]
+    if m.qkv_bias:
+        args += [("--add-qkv-bias", None)]
+    if not m.dropout:
+        args += [("--attention-dropout", "0.0"), ("--hidden-dropout", "0.0")]
+    if m.is_moe:
+        args += [("--num-experts", str(m.num_experts)), ("--moe-router-topk", str(m.experts_per_token)),
+                 ("--moe-ffn-hidden-size", str(m.moe_ffn_hidden_size)),
+                 ("--moe-token-dispatcher-type", "alltoall"), ("--moe-grouped-gemm", None),
+                 ("--moe-router-load-balancing-type", "aux_loss"),
+                 ("--moe-aux-loss-coeff", f"{m.router_aux_loss_coef:g}"),
+                 ("--expert-model-parallel-size", str(plan.ep)), ("--expert-tensor-parallel-size", "1")]
+        if m.shared_expert_ffn_hidden_size:
+            args += [("--moe-shared-expert-intermediate-size", str(m.shared_expert_ffn_hidden_size))]
+        if not m.moe_norm_topk_prob:
+            args += [("--moe-router-pre-softmax", None)]
+    args += [("--tensor-model-parallel-size", str(plan.tp)), ("--pipeline-model-parallel-size", str(plan.pp))]
+    if plan.vpp > 1:
+        args += [("--num-layers-per-virtual-pipeline-stage", str(plan.layers_per_stage[0]))]
+    elif plan.pp > 1 and len(set(plan.layers_per_stage)) > 1:
+        args += [("--decoder-first-pipeline-num-layers", str(plan.layers_per_stage[0])),
+                 ("--decoder-last-pipeline-num-layers", str(plan.layers_per_stage[-1]))]
+    if plan.cp > 1:
+        args += [("--context-parallel-size", str(plan.cp))]
+    if plan.sequence_parallel and plan.tp > 1:
+        args += [("--sequence-parallel", None)]
+    if _effective(plan.mesh_axis_order, plan) == _effective(TP_PP_DP_ORDER, plan) != \
+            _effective(DEFAULT_ORDER, plan):
+        args += [("--use-tp-pp-dp-mapping", None)]
+    if plan.zero_stage == 1:
+        args += [("--use-distributed-optimizer", None), ("--overlap-grad-reduce", None),
+                 ("--overlap-param-gather", None)]
+    elif plan.zero_stage >= 2:
+        strategy = "optim_grads" if plan.zero_stage == 2 else "optim_grads_params"
+        args += [("--use-megatron-fsdp", None), ("--data-parallel-sharding-strategy", strategy),
+                 ("--overlap-grad-reduce", None), ("--overlap-param-gather", None)]
+    else:
+        args += [("--overlap-grad-reduce", None)]
+    if plan.recompute is Recompute.SELECTIVE:
+        args += [("--recompute-granularity", "selective")]
+    elif plan.recompute is Recompute.FULL:
+        args += [("--recompute-granularity", "full"), ("--recompute-method", "block"),
+                 ("--recompute-num-layers", str(_full_recompute_layers(plan)))]
+    args += [("--micro-batch-size", str(plan.micro_batch_size)), ("--global-batch-size", str(t.global_batch_size))]
+    if t.compute_dtype is DType.BF16:
+        args += [("--bf16", None)]
+    elif t.compute_dtype is DType.FP16:
+        args += [("--fp16", None)]
+    args += [("--tokenizer-type", "NullTokenizer"), ("--vocab-size", str(m.vocab_size)), ("--mock-data", None)]
+    return args
+
+
+def render(pf: PlanFile, plan: Plan) -> tuple[str, str]:
+    c = pf.cluster
+    lines = ["#!/usr/bin/env bash",
+             f"# Megatron-LM run of {plan.short()} for {pf.model.name} on {c.num_nodes}x{c.devices_per_node} "
+             f"{c.device.name} (planner export). Run on every node from a Megatron-LM checkout, with",
+             "# NODE_RANK and MASTER_ADDR set; replace --mock-data and the NullTokenizer with your data.",
+             "set -euo pipefail",
+             f"torchrun --nnodes {c.num_nodes} --nproc-per-node {c.devices_per_node} --node-rank \"${{NODE_RANK:-0}}\" "
+             "--master-addr \"${MASTER_ADDR:-localhost}\" --master-port 29500 \\",
+             "    pretrain_gpt.py \\"]
+    args = arguments(pf, plan)
+    for i, (flag, value) in enumerate(args):
+        end = " \\" if i < len(args) - 1 else ""
+        lines.append(f"    {flag}{'' if value is None else ' ' + shlex.quote(value)}{end}")
+    return "\n".join(lines) + "\n", "bash FILE on every node (NODE_RANK, MASTER_ADDR set), from a Megatron-LM checkout"

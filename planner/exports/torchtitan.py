@@ -1,0 +1,183 @@
+"""torchtitan (0.2.x): a job TOML for `torchrun -m torchtitan.train --job.config_file F`.
+
+The layer split is written as module names per (virtual) stage
+(`parallelism.module_fqns_per_model_part`), so every split of ours is said exactly. What
+torchtitan cannot say, and the nearest it runs (each a line of the export):
+- ZeRO-1: torchtitan's FSDP2 without resharding after forward is ZeRO-2 (gradients reduce-
+  scattered every micro-batch); ZeRO-0 is replication (`data_parallel_replicate_degree`).
+- Tensor parallelism always comes with sequence parallelism there.
+- Recomputation: none, full, every n-th layer, or an op-level policy. Full recomputation of some
+  layers per rank is said as every n-th layer where the ranks' shares allow it, else all layers;
+  our selective (core attention) is none of torchtitan's, so full.
+- Rank order: pp, dp_replicate, dp_shard, cp, tp (outermost first); other mesh orders become it.
+- Models: the Llama 3 flavours are named; any other model needs a flavour (or a train spec) of
+  its own in torchtitan, whose dimensions the export lists.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from costmodel.plan import Plan, PlanFile, Recompute
+from costmodel.specs import Arch, DType, ModelSpec
+from planner.exports.common import Adjusted, CannotExport, recompute_is_uniform, to_uniform_recompute
+
+NAME = "torchtitan"
+FRAMEWORK = "torchtitan"
+SUFFIX = ".toml"
+ORDER = ("pp", "dp", "cp", "tp")   # torchtitan's world mesh: pp, dp_replicate, dp_shard, cp, tp
+
+
+@dataclass(frozen=True)
+class Flavour:
+    """A torchtitan model flavour as torchtitan.models.llama3.llama3_args defines it (checked
+    against torchtitan itself in tests/planner/test_export.py)."""
+
+    name: str
+    flavor: str
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    ffn_hidden: int
+    vocab_size: int
+    rope_theta: float
+
+    def matches(self, m: ModelSpec) -> bool:
+        return (m.arch is Arch.LLAMA and not m.is_moe and (m.hidden_size, m.num_layers, m.num_heads, m.num_kv_heads,
+                m.ffn_hidden_size, m.vocab_size, m.rope_theta) == (self.dim, self.n_layers, self.n_heads,
+                                                                    self.n_kv_heads, self.ffn_hidden, self.vocab_size,
+                                                                    self.rope_theta))
+
+
+FLAVOURS = (Flavour("llama3", "8B", 4096, 32, 32, 8, 14336, 128256, 500000.0),
+            Flavour("llama3", "70B", 8192, 80, 64, 8, 28672, 128256, 500000.0),
+            Flavour("llama3", "405B", 16384, 126, 128, 8, 53248, 128256, 500000.0))
+
+
+def nearest(pf: PlanFile) -> Adjusted:
+    if pf.model.arch is not Arch.LLAMA:
+        raise CannotExport(f"torchtitan cannot run this plan: it has no model of the {pf.model.arch} kind "
+                           "(LayerNorm, learned positions, GeLU MLP)")
+    adj = Adjusted(pf.plan)
+    plan = adj.plan
+    if plan.zero_stage == 1:
+        adj.change("zero 1: torchtitan's FSDP2 without resharding after forward is ZeRO-2 (gradients "
+                   "reduce-scattered every micro-batch)", zero_stage=2)
+    if plan.tp > 1 and not plan.sequence_parallel:
+        adj.change("tensor parallelism without sequence parallelism: torchtitan always shards the sequence "
+                   "between TP regions; with SP", sequence_parallel=True)
+    plan = adj.plan
+    if plan.recompute is Recompute.SELECTIVE:
+        to_uniform_recompute(adj, Recompute.FULL, "selective recomputation (core attention): torchtitan's "
+                                                  "selective modes are op-level or every n-th layer; full "
+                                                  "recomputation of every layer")
+    elif plan.recompute is Recompute.FULL and _every_nth(plan) is None:
+        to_uniform_recompute(adj, Recompute.FULL, f"full recomputation of {list(plan.recompute_num_layers)} "
+                                                  "layers per rank: torchtitan recomputes all layers or every "
+                                                  "n-th; all layers")
+    present = tuple(a for a in adj.plan.mesh_axis_order if adj.plan.degree(a) > 1)
+    if present != tuple(a for a in ORDER if adj.plan.degree(a) > 1):
+        adj.change(f"mesh order {'>'.join(adj.plan.mesh_axis_order)}: torchtitan lays ranks out as "
+                   "pp>dp>cp>tp", mesh_axis_order=ORDER)
+    if pf.model.is_moe or not any(f.matches(pf.model) for f in FLAVOURS):
+        adj.differences.append(_model_note(pf.model))
+    return adj
+
+
+def _every_nth(plan: Plan) -> int | None:
+    """n where every rank recomputes 1 in n of its layers (torchtitan's layer-level selective
+    checkpointing), 1 for all, or None."""
+    for n in range(1, max(plan.layers_on_rank(r) for r in range(plan.pp)) + 1):
+        if all(c == plan.layers_on_rank(r) // n for r, c in enumerate(plan.recompute_num_layers)):
+            return n
+    return None
+
+
+def _model_note(m: ModelSpec) -> str:
+    dims = (f"dim={m.hidden_size}, n_layers={m.num_layers}, n_heads={m.num_heads}, n_kv_heads={m.num_kv_heads}, "
+            f"ffn hidden {m.ffn_hidden_size}, vocab_size={m.vocab_size}, rope_theta={m.rope_theta:g}, "
+            f"norm_eps={m.norm_eps:g}")
+    if m.is_moe:
+        return (f"model {m.name}: torchtitan 0.2 has no model of this kind; register a train spec named "
+                f"'{m.name}' ({dims}; {m.num_experts} experts of width {m.moe_ffn_hidden_size}, top-"
+                f"{m.experts_per_token}) before running")
+    return (f"model {m.name}: no torchtitan llama3 flavour has its dimensions; add flavour '{m.name}' to "
+            f"torchtitan.models.llama3.llama3_args ({dims})")
+
+
+def _model_section(m: ModelSpec) -> tuple[str, str]:
+    for f in FLAVOURS:
+        if f.matches(m):
+            return f.name, f.flavor
+    return ("llama3", m.name) if not m.is_moe else (m.name, m.name)
+
+
+def _stage_modules(pf: PlanFile, plan: Plan) -> list[list[str]]:
+    """torchtitan's module names of each (virtual) stage, in stage order."""
+    out, layer = [], 0
+    for j, count in enumerate(plan.layers_per_stage):
+        names = ["tok_embeddings"] if j == 0 else []
+        names += [f"layers.{i}" for i in range(layer, layer + count)]
+        layer += count
+        if j == plan.num_virtual_stages - 1:
+            names += ["norm", "output"]
+        out.append(names)
+    return out
+
+
+def _value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return json.dumps(v)   # numbers, strings and lists of strings are TOML as JSON writes them
+
+
+def sections(pf: PlanFile, plan: Plan) -> dict[str, dict]:
+    m, t = pf.model, pf.train
+    name, flavor = _model_section(m)
+    local = plan.micro_batch_size * plan.num_micro_batches if plan.pp > 1 else plan.micro_batch_size
+    zero0 = plan.zero_stage == 0
+    parallelism = {
+        "data_parallel_replicate_degree": plan.dp if zero0 else 1,
+        "data_parallel_shard_degree": 1 if zero0 else plan.dp,
+        "fsdp_reshard_after_forward": "always" if plan.zero_stage == 3 else "never",
+        "tensor_parallel_degree": plan.tp,
+        "context_parallel_degree": plan.cp,
+        "context_parallel_rotate_method": "allgather",
+        "expert_parallel_degree": plan.ep,
+        "expert_tensor_parallel_degree": 1,
+        "pipeline_parallel_degree": plan.pp,
+    }
+    if plan.pp > 1:
+        parallelism.update({
+            "pipeline_parallel_schedule": plan.schedule.traits.torch_class.removeprefix("Schedule"),
+            "pipeline_parallel_microbatch_size": plan.micro_batch_size,
+            "module_fqns_per_model_part": _stage_modules(pf, plan),
+        })
+    if plan.recompute is Recompute.NONE:
+        checkpointing = {"mode": "none"}
+    else:
+        n = _every_nth(plan)
+        checkpointing = {"mode": "full"} if n == 1 else {"mode": "selective", "selective_ac_option": str(n)}
+    precision = "float32" if t.compute_dtype is DType.FP32 else "bfloat16"
+    return {
+        "job": {"description": f"{plan.short()} for {m.name} (planner export)", "dump_folder": "./outputs"},
+        "model": {"name": name, "flavor": flavor},
+        "training": {"local_batch_size": local, "global_batch_size": t.global_batch_size, "seq_len": t.seq_len,
+                     "mixed_precision_param": precision, "mixed_precision_reduce": "float32"},
+        "parallelism": parallelism,
+        "activation_checkpoint": checkpointing,
+        "compile": {"enable": False},
+    }
+
+
+def render(pf: PlanFile, plan: Plan) -> tuple[str, str]:
+    c = pf.cluster
+    lines = [f"# torchtitan job for {plan.short()}: {pf.model.name} on {c.num_nodes}x{c.devices_per_node} "
+             f"{c.device.name} (planner export)"]
+    for section, values in sections(pf, plan).items():
+        lines.append(f"\n[{section}]")
+        lines += [f"{key} = {_value(value)}" for key, value in values.items()]
+    launch = (f"torchrun --nnodes {c.num_nodes} --nproc-per-node {c.devices_per_node} -m torchtitan.train "
+              "--job.config_file FILE (on every node, with torchrun's rendezvous flags)")
+    return "\n".join(lines) + "\n", launch

@@ -1,0 +1,262 @@
+"""`planner export`: each target's file is read by the real tool's own parser or config classes
+(torchtitan's ConfigManager and ParallelDims, Megatron-Core's TransformerConfig and
+DistributedDataParallelConfig, DeepSpeed's DeepSpeedConfig; installed by the test extra, skipped
+with the reason where they are not), says the plan it claims to, and lists what it changed."""
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from costmodel.plan import PlanFile, Recompute
+from planner.cli import main
+
+# the main job's plan, a per-rank-recompute interleaved mixture with experts, and plans that
+# exercise what a target cannot say (uneven layers, zero-bubble, ZeRO-3 under a pipeline, GPipe)
+PLANS = {
+    "llama70b": ["--model", "llama-70b", "--cluster", "8x8xA100", "--tp", "2", "--pp", "8", "--cp", "2",
+                 "--zero", "1"],
+    "mixtral": ["--model", "mixtral-8x7b", "--cluster", "8x8xH100", "--pp", "2", "--vpp", "4", "--ep", "8",
+                "--zero", "1", "--recompute", "full", "--recompute-layers", "1"],
+    "llama8b_zb": ["--model", "llama3-8b", "--cluster", "1x8xH100", "--tp", "2", "--pp", "4", "--zero", "3",
+                   "--schedule", "zb-h1", "--seq-len", "4096", "--global-batch", "64"],
+    "llama8b_interleaved_selective": ["--model", "llama3-8b", "--cluster", "2x8xH100", "--tp", "4", "--pp", "2",
+                                      "--vpp", "2", "--recompute", "selective", "--seq-len", "4096",
+                                      "--global-batch", "64", "--mesh-order", "dp,pp,cp,tp"],
+    "llama13b_gpipe_zero0_uneven": ["--model", "llama2-13b", "--cluster", "2x8xA100", "--tp", "2", "--pp", "4",
+                                    "--zero", "0", "--schedule", "gpipe", "--recompute", "full",
+                                    "--global-batch", "64"],
+}
+UNEVEN = {"llama13b_gpipe_zero0_uneven": [9, 10, 10, 11]}   # a split only the search writes
+
+
+@pytest.fixture(scope="module")
+def plan_paths(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("plans")
+    paths = {}
+    for name, flags in PLANS.items():
+        paths[name] = root / f"{name}.json"
+        assert main(["predict", *flags, "--out", str(paths[name]), "--json"]) == 0, name
+        if name in UNEVEN:
+            doc = json.loads(paths[name].read_text())
+            doc["plan"]["layers_per_stage"] = UNEVEN[name]
+            doc["plan"]["recompute_num_layers"] = UNEVEN[name]
+            paths[name].write_text(json.dumps(doc))
+    return paths
+
+
+def _export(capsys, path: Path, target: str, out: Path) -> dict:
+    capsys.readouterr()   # what importing a tool printed (DeepSpeed logs on stdout)
+    assert main(["export", str(path), "--to", target, "--out", str(out), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+# --- torchtitan -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", list(PLANS))
+def test_torchtitan_reads_the_job_file(plan_paths, tmp_path, capsys, name):
+    config = pytest.importorskip("torchtitan.config", reason="torchtitan (test extra) is not installed")
+    from torch.distributed.pipelining.schedules import get_schedule_class
+    from torchtitan.distributed.parallel_dims import ParallelDims
+    pf = PlanFile.load(plan_paths[name])
+    if pf.model.arch != "llama":
+        pytest.skip("torchtitan has no gpt model")
+    out = tmp_path / "job.toml"
+    doc = _export(capsys, plan_paths[name], "torchtitan", out)
+    job = config.ConfigManager().parse_args(["--job.config_file", str(out)])   # unknown keys raise
+    plan, p = doc["plan"], job.parallelism
+    dims = ParallelDims(dp_replicate=p.data_parallel_replicate_degree, dp_shard=p.data_parallel_shard_degree,
+                        cp=p.context_parallel_degree, tp=p.tensor_parallel_degree, pp=p.pipeline_parallel_degree,
+                        ep=p.expert_parallel_degree, etp=p.expert_tensor_parallel_degree,
+                        world_size=pf.cluster.world_size)   # torchtitan's own rules on the degrees
+    assert (dims.tp, dims.pp, dims.cp, dims.ep) == (plan["tp"], plan["pp"], plan["cp"], plan["ep"])
+    assert dims.dp_replicate * dims.dp_shard == plan["dp"]
+    assert (dims.dp_replicate > 1) == (plan["zero_stage"] == 0)
+    assert job.training.seq_len == pf.train.seq_len and job.training.global_batch_size == pf.train.global_batch_size
+    if plan["pp"] > 1:
+        get_schedule_class(p.pipeline_parallel_schedule)   # a schedule torch has
+        stages = p.module_fqns_per_model_part
+        layers = [int(n.split(".")[1]) for s in stages for n in s if n.startswith("layers.")]
+        assert layers == list(range(pf.model.num_layers))
+        assert [sum(n.startswith("layers.") for n in s) for s in stages] == plan["layers_per_stage"]
+        assert job.training.local_batch_size == plan["micro_batch_size"] * plan["num_micro_batches"]
+    mode = job.activation_checkpoint.mode
+    assert mode == ("none" if plan["recompute"] == "none" else "full" if all(
+        c == n for c, n in zip(plan["recompute_num_layers"], _layers_by_rank(plan))) else "selective")
+    assert all(isinstance(d, str) and d for d in doc["differences"])
+
+
+def _layers_by_rank(plan: dict) -> list[int]:
+    return [sum(plan["layers_per_stage"][v * plan["pp"] + r] for v in range(plan["vpp"])) for r in range(plan["pp"])]
+
+
+def test_torchtitan_flavours_are_torchtitan_s():
+    pytest.importorskip("torchtitan.config", reason="torchtitan (test extra) is not installed")
+    from torchtitan.models.llama3 import llama3_args
+    from planner.exports.torchtitan import FLAVOURS
+    for f in FLAVOURS:
+        args = llama3_args[f.flavor]
+        hidden = int(args.ffn_dim_multiplier * int(2 * 4 * args.dim / 3))
+        hidden = args.multiple_of * -(-hidden // args.multiple_of)   # torchtitan's FeedForward sizing
+        assert (args.dim, args.n_layers, args.n_heads, args.n_kv_heads, hidden, args.vocab_size, args.rope_theta) == \
+            (f.dim, f.n_layers, f.n_heads, f.n_kv_heads, f.ffn_hidden, f.vocab_size, f.rope_theta)
+
+
+# --- Megatron-LM ----------------------------------------------------------------------------
+
+# Megatron-LM's flag -> Megatron-Core config field where the names differ (arguments.py does the same)
+RENAMED = {"--norm-epsilon": "layernorm_epsilon", "--num-experts": "num_moe_experts",
+           "--decoder-first-pipeline-num-layers": "num_layers_in_first_pipeline_stage",
+           "--decoder-last-pipeline-num-layers": "num_layers_in_last_pipeline_stage"}
+# flags that are not Megatron-Core config fields: checked here by what they say
+TRAINING = {"--seq-length", "--max-position-embeddings", "--position-embedding-type", "--rotary-base",
+            "--untie-embeddings-and-output-weights", "--micro-batch-size", "--global-batch-size",
+            "--tokenizer-type", "--vocab-size", "--mock-data", "--use-tp-pp-dp-mapping", "--group-query-attention"}
+
+
+def _megatron_args(text: str) -> dict[str, str | None]:
+    words = shlex.split(text.split("pretrain_gpt.py", 1)[1].replace("\\\n", " "))
+    args: dict[str, str | None] = {}
+    for word in words:
+        if word.startswith("--"):
+            args[word] = None
+            last = word
+        else:
+            args[last] = word
+    return args
+
+
+@pytest.mark.parametrize("name", list(PLANS))
+def test_megatron_core_accepts_the_arguments(plan_paths, tmp_path, capsys, name):
+    pytest.importorskip("megatron.core", reason="megatron-core (test extra) is not installed")
+    import dataclasses
+
+    import torch
+    import torch.nn.functional as F
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    out = tmp_path / "run.sh"
+    doc = _export(capsys, plan_paths[name], "megatron", out)
+    pf, plan = PlanFile.load(plan_paths[name]), doc["plan"]
+    args = _megatron_args(out.read_text())
+    tc_fields = {f.name for f in dataclasses.fields(TransformerConfig)}
+    ddp_fields = {f.name for f in dataclasses.fields(DistributedDataParallelConfig)}
+    tc, ddp = {}, {}
+    for flag, value in args.items():
+        if flag in TRAINING:
+            continue
+        if flag == "--swiglu":
+            tc.update(gated_linear_unit=True, activation_func=F.silu)
+        elif flag == "--disable-bias-linear":
+            tc["add_bias_linear"] = False
+        elif flag == "--bf16":
+            tc.update(bf16=True, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16)
+        elif flag == "--num-layers-per-virtual-pipeline-stage":
+            tc["virtual_pipeline_model_parallel_size"] = pf.model.num_layers // (plan["pp"] * int(value))
+        else:
+            field = RENAMED.get(flag, flag[2:].replace("-", "_"))
+            target = tc if field in tc_fields else ddp if field in ddp_fields else None
+            assert target is not None, f"{flag} is neither a Megatron-Core config field nor a known training flag"
+            target[field] = True if value is None else _typed(value)
+    if plan["pp"] > 1:
+        tc.setdefault("pipeline_dtype", torch.float32)
+    config = TransformerConfig(**tc)   # Megatron-Core's own checks (__post_init__)
+    DistributedDataParallelConfig(**ddp)
+    assert (config.tensor_model_parallel_size, config.pipeline_model_parallel_size, config.context_parallel_size,
+            config.expert_model_parallel_size) == (plan["tp"], plan["pp"], plan["cp"], plan["ep"])
+    assert config.sequence_parallel == (plan["sequence_parallel"] and plan["tp"] > 1)
+    assert (config.virtual_pipeline_model_parallel_size or 1) == plan["vpp"]
+    dp = pf.cluster.world_size // (plan["tp"] * plan["pp"] * plan["cp"])
+    assert int(args["--global-batch-size"]) == dp * int(args["--micro-batch-size"]) * plan["num_micro_batches"]
+    assert config.recompute_granularity == (None if plan["recompute"] == "none" else plan["recompute"])
+    if plan["recompute"] == "full":   # the block method's first N of every chunk: the plan's per-rank counts
+        n = config.recompute_num_layers
+        assert [sum(min(n, plan["layers_per_stage"][v * plan["pp"] + r]) for v in range(plan["vpp"]))
+                for r in range(plan["pp"])] == plan["recompute_num_layers"]
+    assert ("--use-distributed-optimizer" in args) == (plan["zero_stage"] == 1)
+
+
+def _typed(value: str):
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
+
+
+# --- DeepSpeed ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", list(PLANS))
+def test_deepspeed_reads_the_config(plan_paths, tmp_path, capsys, monkeypatch, name):
+    pytest.importorskip("deepspeed", reason="deepspeed (test extra) is not installed")
+    from types import SimpleNamespace
+
+    import deepspeed.runtime.config as ds_config
+    from deepspeed.runtime.config import DeepSpeedConfig
+    # no process group here: rank 0 of a job whose data-parallel size the mpu below gives
+    monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)
+    out = tmp_path / "ds_config.json"
+    doc = _export(capsys, plan_paths[name], "deepspeed", out)
+    plan = doc["plan"]
+    # DeepSpeed's batch arithmetic over its data-parallel ranks, its ZeRO, TP and precision models
+    config = DeepSpeedConfig(str(out), mpu=SimpleNamespace(get_data_parallel_world_size=lambda: plan["dp"]))
+    assert config.train_batch_size == plan["dp"] * plan["micro_batch_size"] * plan["num_micro_batches"]
+    assert config.zero_optimization_stage == plan["zero_stage"]
+    assert config.tensor_parallel_config.autotp_size == (plan["tp"] if plan["tp"] > 1 else 0)
+    assert config.pipeline["stages"] == (plan["pp"] if plan["pp"] > 1 else "auto")
+    assert plan["cp"] == 1 and plan["vpp"] == 1 and not (plan["tp"] > 1 and plan["sequence_parallel"])
+
+
+# --- what the export says, and bad input ----------------------------------------------------
+
+def test_differences_are_listed_and_the_nearest_plan_is_priced(plan_paths, tmp_path, capsys):
+    doc = _export(capsys, plan_paths["llama8b_zb"], "megatron", tmp_path / "a.sh")
+    assert doc["plan"]["schedule"] == "1f1b" and doc["plan"]["zero_stage"] == 1
+    assert any(d.startswith("schedule zb-h1") for d in doc["differences"])
+    assert any(d.startswith("zero 3 under pipeline parallelism") for d in doc["differences"])
+    assert doc["estimate"]["fits"] and doc["estimate"]["step_time_s"] != doc["planned"]["step_time_s"]
+    doc = _export(capsys, plan_paths["llama70b"], "deepspeed", tmp_path / "b.json")
+    assert doc["plan"]["cp"] == 1 and doc["plan"]["dp"] == 4 and doc["estimate"]["fits"]
+    doc = _export(capsys, plan_paths["mixtral"], "torchtitan", tmp_path / "c.toml")
+    assert any("register a train spec" in d for d in doc["differences"])
+    # as a person reads it: the file on stdout, the summary on stderr
+    assert main(["export", str(plan_paths["llama70b"]), "--to", "megatron"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("#!/usr/bin/env bash") and "megatron says the plan as it is" in err
+
+
+def test_search_exports_its_best_plan(tmp_path, capsys):
+    out = tmp_path / "job.toml"
+    assert main(["search", "--model", "llama3-8b", "--cluster", "1x8xH100", "--export", "torchtitan",
+                 "--export-out", str(out)]) == 0
+    assert "wrote" in capsys.readouterr().out and out.read_text().startswith("# torchtitan job")
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--to", "nccl"], "invalid choice: 'nccl'"),
+    (["--to", "torchtitan", "--gpt"], "torchtitan cannot run this plan: it has no model of the gpt kind"),
+])
+def test_bad_exports_are_one_line_and_exit_2(tmp_path, capsys, argv, message):
+    plan = tmp_path / "p.json"
+    gpt = "--gpt" in argv
+    assert main(["predict", "--model", "gpt3" if gpt else "llama3-8b", "--cluster", "16x8xA100" if gpt else "1x8xH100",
+                 "--tp", "8", "--pp", "8" if gpt else "1", "--out", str(plan), "--json"]) == 0
+    capsys.readouterr()
+    assert main(["export", str(plan), *[a for a in argv if a != "--gpt"]]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err
+
+
+def test_a_used_output_and_an_invalid_plan_are_refused(tmp_path, capsys):
+    out = tmp_path / "run.sh"
+    out.write_text("mine")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    assert main(["export", str(bad), "--to", "megatron"]) == 2
+    assert main(["export", str(bad), "--to", "megatron", "--out", str(out)]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 2 and "exists; pass --overwrite" in errors[1]
+    assert out.read_text() == "mine"
