@@ -111,13 +111,20 @@ def local_command(nproc: int, worker: WorkerArgs) -> list[str]:
             f"--monitor-interval={MONITOR_INTERVAL_S}", f"--max-restarts={worker.max_restarts}", *worker.argv()]
 
 
-def node_commands(pf: PlanFile, worker: WorkerArgs, master: str = "$MASTER_ADDR") -> list[str]:
-    """One torchrun command per node (c10d rendezvous on the first node)."""
+def node_commands(pf: PlanFile, worker: WorkerArgs, hosts: list[str] | None = None) -> list[str]:
+    """One torchrun command per node, c10d rendezvous on the first node, which is told it hosts
+    the store (torchrun's own guess compares the endpoint with the machine's hostname and misses
+    an address on a secondary interface). With the nodes' `hosts`, each node also says which
+    address is its own (--local-addr: else torchrun gives the ranks the machine's FQDN to meet
+    at, which may be another interface); without, the first is $MASTER_ADDR."""
     c = pf.cluster
+    master = hosts[0] if hosts else "$MASTER_ADDR"
     return [" ".join(["torchrun", f"--nnodes={c.num_nodes}", f"--node-rank={i}",
                       f"--nproc-per-node={c.devices_per_node}", f"--max-restarts={worker.max_restarts}",
                       "--rdzv-backend=c10d",
                       f"--rdzv-endpoint={master}:{PORT}", "--rdzv-id=planner",
+                      f"--rdzv-conf=is_host={'true' if i == 0 else 'false'}",
+                      *([f"--local-addr={hosts[i]}"] if hosts else []),
                       *map(shlex.quote, worker.argv())])
             for i in range(c.num_nodes)]
 

@@ -51,7 +51,7 @@ def read_hostfile(path: Path, pf: PlanFile) -> list[str]:
 def hostfile_commands(pf: PlanFile, worker: WorkerArgs, hosts: list[str]) -> list[str]:
     """Per host, the command to run there (over ssh, or by hand): runtime.launch's per-node
     torchrun with the first host as the rendezvous endpoint."""
-    return node_commands(pf, worker, master=hosts[0])
+    return node_commands(pf, worker, hosts)
 
 
 def pytorchjob_yaml(pf: PlanFile, worker: WorkerArgs, image: str) -> str:

@@ -2,7 +2,8 @@
 
 Rank 0 writes DIR/raw.json (losses, step times, memory); a rank that raises writes
 DIR/errors/rank<R>.txt (the cause on the first line, then the traceback) so the launcher can name
-it. `--fault RANK:STEP:raise|exit` injects a failure (the failure tests, through `planner run`'s
+it; a rank that loses its connection to another node names that node (runtime.nodes), on stderr
+too. `--fault RANK:STEP:raise|exit` injects a failure (the failure tests, through `planner run`'s
 hidden `--inject-fault`).
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch.distributed as dist
 
 from costmodel.plan import PlanFile
 from runtime.launch import PARTIAL, RESTARTED, WorkerArgs, die_with_parent
+from runtime.nodes import gather_places, lost_node
 from runtime.train import RunConfig, init_distributed, restart_count, run_rank
 
 
@@ -24,9 +26,11 @@ def main(argv: list[str] | None = None) -> int:
     args = WorkerArgs.parse(argv)
     out = args.out
     rank = int(os.environ.get("RANK", "0"))
+    places: list = []
     try:
         pf = PlanFile.load(args.plan)
         init_distributed()
+        places = gather_places()
         if restart_count() and rank == 0:   # the launcher says so once the run succeeds
             (out / RESTARTED).write_text(f"{restart_count()}\n")
         cfg = RunConfig(steps=args.steps, warmup=args.warmup, seed=args.seed, lr=args.lr,
@@ -45,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
         errors = out / "errors"
         errors.mkdir(parents=True, exist_ok=True)
         cause = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
+        if node := lost_node(str(exc), places, rank):   # across machines: say which one went
+            cause = f"lost {node}: {cause}"
+            print(f"planner worker: rank {rank} lost {node}", file=sys.stderr, flush=True)
         (errors / f"rank{rank}.txt").write_text(cause + "\n\n" + traceback.format_exc())
         raise
 
