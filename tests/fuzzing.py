@@ -145,6 +145,7 @@ FLAG_VALUES = {
                                           str(ws.inputs / "a-directory")]),
     "--plan": input_paths, "--measured": input_paths, "--profile": input_paths,
     "--data-dtype": lambda ws: st.sampled_from(["uint16", "uint32", "int8"]),
+    "--to": lambda ws: st.sampled_from(["torchtitan", "megatron", "deepspeed", "nccl", ""]),
 }
 SWITCHES = {"--json", "--sp", "--no-sp", "--overwrite", "--no-recompute", "--dry-run", "--print-launch"}
 
@@ -161,6 +162,7 @@ COMMANDS = {
     "validate": ["--json"],
     "report": ["--measured", "--out", "--overwrite"],
     "calibrate": ["--profile", "--out", "--overwrite"],
+    "export": ["--to", "--to", "--out", "--json", "--overwrite"],
     "models": ["--json"], "devices": ["--json"],
 }
 ANY_FLAG = sorted(SWITCHES | set(FLAG_VALUES))   # a flag of another command, now and then
@@ -171,7 +173,7 @@ OUT_SUFFIX = {"predict": ".json", "search": ".json", "calibrate": ".toml"}
 def command_lines(draw, ws: Workspace) -> list[str]:
     command = draw(st.sampled_from(sorted(COMMANDS)))
     argv = [command]
-    if command in ("run", "report"):
+    if command in ("run", "report", "export"):
         argv.append(draw(input_paths(ws)))
     elif command == "validate":
         argv.append(draw(st.sampled_from([str(ws.runs), str(ws.plan), str(ws.binary), str(ws.inputs / "a-directory"),

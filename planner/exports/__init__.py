@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from costmodel.plan import Plan, PlanFile, Recompute
+from costmodel.plan import PlanFile, Recompute
 from planner.exports import deepspeed, megatron, torchtitan
-from planner.exports.common import CannotExport, Export, checked, priced, refuse_if_over, to_uniform_recompute
+from planner.exports.common import (CannotExport, Export, checked, priced, recompute_is_uniform, refuse_if_over,
+                                    to_uniform_recompute)
 
 TARGETS: dict[str, ModuleType] = {m.NAME: m for m in (torchtitan, megatron, deepspeed)}
 
@@ -21,7 +22,7 @@ def export_plan(pf: PlanFile, target: str) -> Export:
     adjusted = module.nearest(pf)
     checked(pf, adjusted.plan, target)
     est = priced(pf, adjusted.plan, module.FRAMEWORK)
-    if not est.fits and not _recomputes_everything(adjusted.plan):
+    if not est.fits and not (adjusted.plan.recompute is Recompute.FULL and recompute_is_uniform(adjusted.plan)):
         # the target's nearest plan keeps more than ours: its lever is recomputation
         over = max(est.peak_memory_bytes) / 2**30
         to_uniform_recompute(adjusted, Recompute.FULL, f"memory: that plan needs {over:.1f} GiB per device as "
@@ -33,8 +34,3 @@ def export_plan(pf: PlanFile, target: str) -> Export:
     return Export(target=target, text=text, suffix=module.SUFFIX, launch=launch, plan=adjusted.plan,
                   differences=tuple(adjusted.differences), estimate=est,
                   planned=est if adjusted.plan == pf.plan else priced(pf, pf.plan, module.FRAMEWORK))
-
-
-def _recomputes_everything(plan: Plan) -> bool:
-    return plan.recompute is Recompute.FULL and all(
-        c == plan.layers_on_rank(r) for r, c in enumerate(plan.recompute_num_layers))

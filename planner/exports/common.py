@@ -113,6 +113,20 @@ def fold_cp_into_dp(adj: Adjusted, global_batch: int, why: str) -> None:
     dp = plan.dp * plan.cp
     per_replica = global_batch // dp
     if global_batch % dp or per_replica % plan.micro_batch_size:
-        raise CannotExport(f"{why.split(':')[0]}: and the global batch {global_batch} does not split into "
-                           f"dp={dp} replicas of micro-batches of {plan.micro_batch_size}")
+        raise CannotExport(f"{why}, but the global batch {global_batch} does not split into dp={dp} replicas "
+                           f"of micro-batches of {plan.micro_batch_size}")
     adj.change(why, dp=dp, cp=1, num_micro_batches=per_replica // plan.micro_batch_size)
+
+
+def layout(plan: Plan, order: tuple[str, ...]) -> tuple[str, ...]:
+    """The axes that have more than one rank, in `order`: two mesh orders with the same layout
+    place every rank alike."""
+    return tuple(a for a in order if plan.degree(a) > 1)
+
+
+def to_rank_order(adj: Adjusted, orders: tuple[tuple[str, ...], ...], what: str) -> None:
+    """The first of the target's rank `orders` (outermost first) where the plan's lays ranks out
+    otherwise; `what` says how the target orders them."""
+    plan = adj.plan
+    if layout(plan, plan.mesh_axis_order) not in {layout(plan, o) for o in orders}:
+        adj.change(f"mesh order {'>'.join(plan.mesh_axis_order)}: {what}", mesh_axis_order=orders[0])

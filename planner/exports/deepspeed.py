@@ -21,8 +21,8 @@ import json
 
 from costmodel.plan import Plan, PlanFile, Recompute, Schedule, even_layers
 from costmodel.specs import DType
-from planner.exports.common import (Adjusted, fold_cp_into_dp, recompute_is_uniform, to_even_layers, to_schedule,
-                                    to_uniform_recompute)
+from planner.exports.common import (Adjusted, fold_cp_into_dp, recompute_is_uniform, to_even_layers, to_rank_order,
+                                    to_schedule, to_uniform_recompute)
 
 NAME = "deepspeed"
 FRAMEWORK = "deepspeed"
@@ -63,10 +63,7 @@ def nearest(pf: PlanFile) -> Adjusted:
         to_uniform_recompute(adj, Recompute.FULL, f"full recomputation of {list(plan.recompute_num_layers)} "
                                                   "layers per rank: DeepSpeed checkpoints every layer or none; "
                                                   "every layer")
-    present = tuple(a for a in adj.plan.mesh_axis_order if adj.plan.degree(a) > 1)
-    if present != tuple(a for a in ORDER if adj.plan.degree(a) > 1):
-        adj.change(f"mesh order {'>'.join(adj.plan.mesh_axis_order)}: DeepSpeed lays ranks out as pipe, data, "
-                   "model (pp>dp>tp)", mesh_axis_order=ORDER)
+    to_rank_order(adj, (ORDER,), "DeepSpeed lays ranks out as pipe, data, model (pp>dp>tp)")
     if pf.model.is_moe:
         adj.differences.append(f"experts: build the mixture with deepspeed.moe.layer.MoE(num_experts="
                                f"{pf.model.num_experts}, ep_size={adj.plan.ep}, k={pf.model.experts_per_token}) "

@@ -18,8 +18,8 @@ import shlex
 
 from costmodel.plan import Plan, PlanFile, Recompute, Schedule
 from costmodel.specs import Arch, DType, NormKind, PositionKind
-from planner.exports.common import (Adjusted, recompute_is_uniform, to_even_layers, to_schedule,
-                                    to_uniform_recompute)
+from planner.exports.common import (Adjusted, layout, recompute_is_uniform, to_even_layers, to_rank_order,
+                                    to_schedule, to_uniform_recompute)
 
 NAME = "megatron"
 FRAMEWORK = "megatron-core"   # costmodel.frameworks: how the exported plan is priced
@@ -27,10 +27,6 @@ SUFFIX = ".sh"
 # our mesh orders (outermost first, axes of degree 1 left out) Megatron's rank orders give
 DEFAULT_ORDER = ("pp", "dp", "cp", "tp")   # Megatron's default tp-cp-ep-dp-pp
 TP_PP_DP_ORDER = ("dp", "pp", "cp", "tp")   # --use-tp-pp-dp-mapping
-
-
-def _effective(order: tuple[str, ...], plan: Plan) -> tuple[str, ...]:
-    return tuple(a for a in order if plan.degree(a) > 1)
 
 
 def nearest(pf: PlanFile) -> Adjusted:
@@ -63,10 +59,8 @@ def nearest(pf: PlanFile) -> Adjusted:
         adj.change(f"full recomputation of {list(plan.recompute_num_layers)} layers per rank: Megatron-LM "
                    f"recomputes the same number in every (virtual) stage; the first {n} of each",
                    recompute_num_layers=_block_counts(plan, n))
-    order = _effective(adj.plan.mesh_axis_order, adj.plan)
-    if order not in (_effective(DEFAULT_ORDER, adj.plan), _effective(TP_PP_DP_ORDER, adj.plan)):
-        adj.change(f"mesh order {'>'.join(adj.plan.mesh_axis_order)}: Megatron-LM orders ranks tp-cp-ep-dp-pp "
-                   "(or tp-cp-ep-pp-dp); the default", mesh_axis_order=DEFAULT_ORDER)
+    to_rank_order(adj, (DEFAULT_ORDER, TP_PP_DP_ORDER),
+                  "Megatron-LM orders ranks tp-cp-ep-dp-pp (or tp-cp-ep-pp-dp); the default")
     return adj
 
 
@@ -139,8 +133,7 @@ def arguments(pf: PlanFile, plan: Plan) -> list[tuple[str, str | None]]:
         args += [("--context-parallel-size", str(plan.cp))]
     if plan.sequence_parallel and plan.tp > 1:
         args += [("--sequence-parallel", None)]
-    if _effective(plan.mesh_axis_order, plan) == _effective(TP_PP_DP_ORDER, plan) != \
-            _effective(DEFAULT_ORDER, plan):
+    if layout(plan, plan.mesh_axis_order) == layout(plan, TP_PP_DP_ORDER) != layout(plan, DEFAULT_ORDER):
         args += [("--use-tp-pp-dp-mapping", None)]
     if plan.zero_stage == 1:
         args += [("--use-distributed-optimizer", None), ("--overlap-grad-reduce", None),

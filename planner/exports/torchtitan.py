@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from costmodel.plan import Plan, PlanFile, Recompute
 from costmodel.specs import Arch, DType, ModelSpec
-from planner.exports.common import Adjusted, CannotExport, recompute_is_uniform, to_uniform_recompute
+from planner.exports.common import Adjusted, CannotExport, to_rank_order, to_uniform_recompute
 
 NAME = "torchtitan"
 FRAMEWORK = "torchtitan"
@@ -76,10 +76,7 @@ def nearest(pf: PlanFile) -> Adjusted:
         to_uniform_recompute(adj, Recompute.FULL, f"full recomputation of {list(plan.recompute_num_layers)} "
                                                   "layers per rank: torchtitan recomputes all layers or every "
                                                   "n-th; all layers")
-    present = tuple(a for a in adj.plan.mesh_axis_order if adj.plan.degree(a) > 1)
-    if present != tuple(a for a in ORDER if adj.plan.degree(a) > 1):
-        adj.change(f"mesh order {'>'.join(adj.plan.mesh_axis_order)}: torchtitan lays ranks out as "
-                   "pp>dp>cp>tp", mesh_axis_order=ORDER)
+    to_rank_order(adj, (ORDER,), "torchtitan lays ranks out as pp>dp>cp>tp")
     if pf.model.is_moe or not any(f.matches(pf.model) for f in FLAVOURS):
         adj.differences.append(_model_note(pf.model))
     return adj

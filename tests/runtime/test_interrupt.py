@@ -17,6 +17,12 @@ import pytest
 from planner.cli import main
 
 
+def _default_sigint() -> None:
+    """In the child: Ctrl-C as a terminal delivers it. A shell's background job starts with SIGINT
+    ignored, which the command would inherit (Python then installs no KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _processes_mentioning(text: str) -> list[str]:
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -36,7 +42,8 @@ def test_a_signal_ends_the_run_cleanly_and_keeps_what_was_measured(tmp_path, cap
     assert main(["predict", "--model", "debug-tiny", "--cluster", "1x2xxeon-amx", "--dtype", "fp32",
                  "--out", str(plan), "--json"]) == 0
     proc = subprocess.Popen([sys.executable, "-m", "planner", "run", str(plan), "--steps", "100000",
-                             "--warmup", "1", "--out", str(out)], stderr=subprocess.PIPE, text=True)
+                             "--warmup", "1", "--out", str(out)], stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_sigint)
     watchdog = threading.Timer(120, proc.kill)   # reading stderr must not hang the suite
     watchdog.start()
     try:
@@ -74,7 +81,7 @@ def test_a_signal_ends_the_run_cleanly_and_keeps_what_was_measured(tmp_path, cap
 def test_ctrl_c_ends_long_commands_in_one_line(tmp_path, argv, after_s):
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     proc = subprocess.Popen([sys.executable, "-m", "planner", *argv], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
     time.sleep(after_s)
     sent = time.perf_counter()
     proc.send_signal(signal.SIGINT)
