@@ -218,8 +218,8 @@ def _elementwise_forward_s(model: ModelSpec, train: TrainSpec, plan: KernelShape
     routing_bytes, routing_kernels = _moe_routing_bytes(model, train, moe_tokens(tokens, t), plan.ep)
     num_bytes += routing_bytes
     kernels = 5 + 2 * drop + routing_kernels
-    if model.position_kind is PositionKind.ROPE:
-        num_bytes += 2 * a * tokens * (model.hidden_size + model.kv_hidden_size) / t
+    if model.position_kind is PositionKind.ROPE:   # on the rotated share of each head's dimensions
+        num_bytes += 2 * a * tokens * (model.hidden_size + model.kv_hidden_size) * model.rotary_fraction / t
         kernels += 1
     return memory_bound_s(num_bytes, dev, kernels)
 

@@ -15,7 +15,7 @@ from typing import Any
 from costmodel import inputs
 from costmodel.inputs import InputError, read_json_object
 from costmodel.registry import gpt_spec, llama_spec
-from costmodel.specs import FfnKind, ModelSpec
+from costmodel.specs import Arch, FfnKind, ModelSpec, NormKind, PositionKind
 
 # keys that change neither the cost nor the runtime's numerics (besides *_token_id(s))
 _INERT = {"_name_or_path", "output_router_logits", "architectures", "model_type", "transformers_version", "torch_dtype", "dtype",
@@ -30,7 +30,7 @@ def model_from_hf_config(path: Path) -> ModelSpec:
     kind = inputs.value(cfg, "model_type", str, where, "")
     name = inputs.value(cfg, "_name_or_path", str, where, "") or path.parent.name or path.stem
     readers = {"llama": _llama, "mistral": _llama, "mixtral": _mixtral, "qwen2": _qwen2, "qwen2_moe": _qwen2_moe,
-               "phi3": _phi3, "gemma": _gemma, "gpt2": _gpt2}
+               "phi3": _phi3, "gemma": _gemma, "gpt2": _gpt2, "gpt_neox": _gpt_neox}
     if kind not in readers:
         raise InputError(f"{where}: model_type {kind!r} is not supported (supported: {', '.join(readers)})")
     reader = _Reader(cfg, where)
@@ -209,3 +209,39 @@ def _gpt2(name: str, r: _Reader) -> ModelSpec:
                     vocab=r.positive("vocab_size"), max_pos=r.positive("n_positions"),
                     ffn=r.positive("n_inner", None) or 4 * hidden, source=r.where)
     return replace(spec, norm_eps=r.value("layer_norm_epsilon", float, 1e-5))
+
+
+def _gpt_neox(name: str, r: _Reader) -> ModelSpec:
+    """transformers' GPTNeoXForCausalLM (Pythia, GPT-NeoX-20B): LayerNorm, biases, fused QKV per
+    head, a GeLU MLP, untied embeddings, attention and MLP in parallel on the layer input, RoPE
+    on part of each head."""
+    act = r.value("hidden_act", str, "gelu")
+    kinds = {"gelu": FfnKind.GELU_ERF, "gelu_new": FfnKind.GELU, "gelu_pytorch_tanh": FfnKind.GELU}
+    if act not in kinds:
+        raise InputError(f"{r.where}: hidden_act {act!r} is not supported ({', '.join(kinds)} are)")
+    for key in ("attention_dropout", "hidden_dropout"):
+        if r.value(key, float, 0.0):
+            raise InputError(f"{r.where}: {key} in a GPT-NeoX model is not supported")
+    r.read.add("classifier_dropout")   # the sequence-classification head's
+    if not r.value("attention_bias", bool, True):
+        raise InputError(f"{r.where}: attention_bias false is not supported")
+    if r.value("rope_scaling", dict[str, Any], None):
+        raise InputError(f"{r.where}: rope_scaling in a GPT-NeoX model is not supported")
+    fraction, theta = r.value("rotary_pct", float, 0.25), r.value("rotary_emb_base", float, 10_000.0)
+    if (params := r.value("rope_parameters", dict[str, Any], None)) is not None:   # transformers 5
+        at = f"{r.where}: rope_parameters"
+        if unknown := sorted(set(params) - {"rope_type", "rope_theta", "partial_rotary_factor"}):
+            raise InputError(f"{at}: keys this planner does not know: {', '.join(unknown)}")
+        if params.get("rope_type", "default") != "default":
+            raise InputError(f"{at}: rope_type {params['rope_type']!r} is not supported (default is)")
+        fraction = inputs.value(params, "partial_rotary_factor", float, at, fraction)
+        theta = inputs.value(params, "rope_theta", float, at, theta)
+    heads = r.positive("num_attention_heads")
+    return ModelSpec(name=name, arch=Arch.GPT, num_layers=r.positive("num_hidden_layers"),
+                     hidden_size=r.positive("hidden_size"), num_heads=heads, num_kv_heads=heads,
+                     ffn_hidden_size=r.positive("intermediate_size"), ffn_kind=kinds[act],
+                     vocab_size=r.positive("vocab_size"), tied_embeddings=r.value("tie_word_embeddings", bool, False),
+                     norm_kind=NormKind.LAYERNORM, position_kind=PositionKind.ROPE,
+                     max_position_embeddings=r.positive("max_position_embeddings", 2048), bias=True, dropout=False,
+                     source=r.where, rope_theta=theta, norm_eps=r.value("layer_norm_eps", float, 1e-5),
+                     parallel_residual=r.value("use_parallel_residual", bool, True), rotary_fraction=fraction)

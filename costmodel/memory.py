@@ -26,7 +26,7 @@ from costmodel.frameworks import RUNTIME, FrameworkTraits
 from costmodel.layout import Style, layer_blocks
 from costmodel.params import ceil_div, layer_params, rank_params, rank_params_at
 from costmodel.plan import Plan, Recompute, stage_owner
-from costmodel.specs import AttentionKernel, ModelSpec, NormKind, Optimizer, TrainSpec
+from costmodel.specs import Arch, AttentionKernel, ModelSpec, NormKind, Optimizer, PositionKind, TrainSpec
 
 ADAM_MOMENT_BYTES = 8  # fp32 momentum + variance
 
@@ -155,12 +155,18 @@ def layer_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, mode:
     # composite RMSNorm computes in fp32 and keeps both tensors in fp32 whatever the compute
     # dtype (measured: bf16 layers kept 20 % more than a count in bf16)
     cpu_rms = model.norm_kind is NormKind.RMSNORM and traits.cpu_kernels
-    norms = 2 * 2 * 4 if cpu_rms else 2 * a
+    # a parallel residual's two norms read one tensor, the layer input (kept once)
+    norm_inputs = 1 if model.parallel_residual else 2
+    norms = norm_inputs * 4 + 2 * 4 if cpu_rms else norm_inputs * a
     # a mixture of experts takes this rank's sequence shard as it is (runtime.parallel)
     mlp_input_split = t if model.is_moe else _proj_input_split(plan, traits)
     replicated = (tokens * h * (norms + 2 * drop) / sp + a * tokens * h / _proj_input_split(plan, traits)
                   + a * tokens * h / mlp_input_split)
     qkv = a * tokens * (h + 2 * kv) / t + cp_gathered_kv_bytes(model, train, plan, traits)
+    if model.arch is Arch.GPT and model.position_kind is PositionKind.ROPE:
+        # a fused QKV (GPT-NeoX): attention keeps the rotated Q and K, and V, a view, keeps the
+        # whole fused output alive beside them (measured: test_activation_memory's neox cases)
+        qkv += a * tokens * (h + kv) / t
     out_proj_input = a * tokens * h / t
     # SwiGLU in eager torch saves gate, up, silu(gate) and the product; a fused kernel keeps the
     # 2f-wide first projection and the product (costmodel.frameworks)

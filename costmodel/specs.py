@@ -23,12 +23,13 @@ class Arch(StrEnum):
 class FfnKind(StrEnum):
     SWIGLU = "swiglu"
     GEGLU = "geglu"   # gated like SwiGLU, with tanh-approximated GeLU (Gemma)
-    GELU = "gelu"
+    GELU = "gelu"       # tanh-approximated GeLU MLP (GPT-2's gelu_new, Megatron's)
+    GELU_ERF = "gelu_erf"   # exact (erf) GeLU MLP (GPT-NeoX)
 
     @property
     def gated(self) -> bool:
         """Three projections (gate, up, down) and a product, whatever the activation."""
-        return self is not FfnKind.GELU
+        return self not in (FfnKind.GELU, FfnKind.GELU_ERF)
 
 
 class NormKind(StrEnum):
@@ -96,6 +97,11 @@ class ModelSpec:
     # Mistral-style sliding-window attention (None: full causal). The cost model and the runtime
     # handle sequences up to the window, where it is full causal attention (costmodel.check).
     sliding_window: int | None = None
+    # GPT-NeoX: attention and MLP side by side on the layer input, x + attn(norm1(x)) +
+    # mlp(norm2(x)) (numerics and what autograd keeps: the norms share their input), and RoPE on
+    # the first `rotary_fraction` of each head's dimensions (NeoX 0.25; the rest pass through)
+    parallel_residual: bool = False
+    rotary_fraction: float = 1.0
     qkv_bias: bool = False   # biases on the Q, K and V projections only (Qwen2), besides `bias`
     # Gemma: embeddings multiplied by sqrt(hidden_size); RMSNorm's scale stored as w with 1 + w applied
     scale_embeddings: bool = False
@@ -140,6 +146,12 @@ class ModelSpec:
             raise ValueError(f"model {self.name!r}: RoPE scaling needs 0 < low_freq_factor < high_freq_factor")
         if self.sliding_window is not None and self.sliding_window <= 0:
             raise ValueError(f"model {self.name!r}: sliding_window must be positive (or absent)")
+        if not 0 < self.rotary_fraction <= 1:
+            raise ValueError(f"model {self.name!r}: rotary_fraction must be in (0, 1]")
+        if self.rotary_fraction != 1 and (self.position_kind is not PositionKind.ROPE or self.rotary_dims % 2
+                                          or not self.rotary_dims):
+            raise ValueError(f"model {self.name!r}: rotary_fraction {self.rotary_fraction:g} needs RoPE and an even, "
+                             f"positive number of rotated dimensions (head_dim {self.head_dim})")
         self._check_experts()
 
     def _check_experts(self) -> None:
@@ -171,6 +183,11 @@ class ModelSpec:
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
+
+    @property
+    def rotary_dims(self) -> int:
+        """Dimensions of each head RoPE rotates (transformers: int(head_dim * partial_rotary_factor))."""
+        return int(self.head_dim * self.rotary_fraction)
 
     @property
     def kv_hidden_size(self) -> int:

@@ -2,7 +2,8 @@
 
 A model trained by `planner run` can be handed to the ecosystem, and a published checkpoint
 loaded into the runtime: `to_hf(model)` gives a state dict `LlamaForCausalLM` /
-`MistralForCausalLM` / `GPT2LMHeadModel` load, `from_hf(model, state)` the reverse. Llama's
+`MistralForCausalLM` / `GPT2LMHeadModel` / `GPTNeoXForCausalLM` (and the other types
+costmodel.hf_config reads) load, `from_hf(model, state)` the reverse. Llama's
 projections map one to one (transformers' q/k weights are already in the rotate-half order the
 runtime's RoPE uses). GPT-2 stores its projections as Conv1D (transposed) and its fused QKV as
 [all queries; all keys; all values], where the runtime keeps each head's query, key and value
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from costmodel.specs import Arch
+from costmodel.specs import Arch, PositionKind
 from runtime.model import Transformer
 
 _LLAMA_LAYER = {"attention.wq": "self_attn.q_proj", "attention.wk": "self_attn.k_proj",
@@ -26,6 +27,15 @@ _LLAMA_LAYER = {"attention.wq": "self_attn.q_proj", "attention.wk": "self_attn.k
 _GPT_LAYER = {"attention.qkv": "attn.c_attn", "attention.proj": "attn.c_proj", "mlp.fc1": "mlp.c_fc",
               "mlp.fc2": "mlp.c_proj", "attention_norm": "ln_1", "mlp_norm": "ln_2"}
 _GPT_CONV1D = ("attention.qkv", "attention.proj", "mlp.fc1", "mlp.fc2")   # stored transposed
+# GPT-NeoX: plain Linear layers, its fused QKV already [q, k, v] per head as the runtime keeps it
+_NEOX_LAYER = {"attention.qkv": "attention.query_key_value", "attention.proj": "attention.dense",
+               "mlp.fc1": "mlp.dense_h_to_4h", "mlp.fc2": "mlp.dense_4h_to_h", "attention_norm": "input_layernorm",
+               "mlp_norm": "post_attention_layernorm"}
+
+
+def _gpt2(model: Transformer) -> bool:
+    """GPT-2's names and Conv1D layouts (GPT-NeoX, the other gpt-arch type, uses rotary positions)."""
+    return model.spec.arch is Arch.GPT and model.spec.position_kind is not PositionKind.ROPE
 
 
 def _fused(model: Transformer, fused_projections: bool) -> dict[str, tuple[str, int, int, tuple[int, ...]]]:
@@ -52,13 +62,19 @@ def _fused(model: Transformer, fused_projections: bool) -> dict[str, tuple[str, 
 def _names(model: Transformer, fused_projections: bool = False) -> dict[str, tuple[str, tuple | None]]:
     """runtime name -> (transformers name, the part it is of a fused tensor or None), for every
     parameter of the whole model."""
-    llama = model.spec.arch is Arch.LLAMA
-    top = ({"embed.tok.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
-            "output.weight": "lm_head.weight"} if llama else
-           {"embed.tok.weight": "transformer.wte.weight", "embed.pos.weight": "transformer.wpe.weight",
-            "norm.weight": "transformer.ln_f.weight", "norm.bias": "transformer.ln_f.bias",
-            "output.weight": "lm_head.weight"})
-    layer_map, prefix = (_LLAMA_LAYER, "model.layers") if llama else (_GPT_LAYER, "transformer.h")
+    if model.spec.arch is Arch.LLAMA:
+        top = {"embed.tok.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
+               "output.weight": "lm_head.weight"}
+        layer_map, prefix = _LLAMA_LAYER, "model.layers"
+    elif _gpt2(model):
+        top = {"embed.tok.weight": "transformer.wte.weight", "embed.pos.weight": "transformer.wpe.weight",
+               "norm.weight": "transformer.ln_f.weight", "norm.bias": "transformer.ln_f.bias",
+               "output.weight": "lm_head.weight"}
+        layer_map, prefix = _GPT_LAYER, "transformer.h"
+    else:
+        top = {"embed.tok.weight": "gpt_neox.embed_in.weight", "norm.weight": "gpt_neox.final_layer_norm.weight",
+               "norm.bias": "gpt_neox.final_layer_norm.bias", "output.weight": "lm_head.weight"}
+        layer_map, prefix = _NEOX_LAYER, "gpt_neox.layers"
     fused = _fused(model, fused_projections)
     out = {}
     for name, _ in model.named_parameters(remove_duplicate=False):
@@ -94,7 +110,7 @@ def to_hf(model: Transformer, *, fused_projections: bool = False) -> dict[str, t
             dim, which, _ = part
             parts.setdefault(hf_name, (dim, {}))[1][which] = w
             continue
-        if model.spec.arch is Arch.GPT:
+        if _gpt2(model):
             module = name.split(".", 2)[-1].rsplit(".", 1)[0] if name.startswith("layers.") else ""
             if module == "attention.qkv":
                 w = w[torch.argsort(_gpt_qkv_order(model))]   # back to [queries; keys; values]
@@ -121,7 +137,7 @@ def from_hf(model: Transformer, state: dict[str, torch.Tensor]) -> None:
         if part is not None:
             dim, which, widths = part
             w = w.split(list(widths), dim=dim)[which] if len(widths) > 1 else w
-        if model.spec.arch is Arch.GPT and name.startswith("layers."):
+        if _gpt2(model) and name.startswith("layers."):
             module = name.split(".", 2)[-1].rsplit(".", 1)[0]
             if module in _GPT_CONV1D and name.endswith("weight"):
                 w = w.t()

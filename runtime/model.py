@@ -65,7 +65,7 @@ def rope_frequencies(model: ModelSpec) -> torch.Tensor:
     """RoPE's per-pair inverse frequencies, base `rope_theta`; with Llama 3.1's scaling the long
     wavelengths (beyond original context / low_freq_factor) are divided by the factor, the short
     ones (below original context / high_freq_factor) kept, and those between interpolated."""
-    dim = model.head_dim
+    dim = model.rotary_dims
     # on the CPU explicitly: the model is built under `torch.device("meta")`
     inv_freq = 1.0 / model.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device="cpu") / dim)
     factor = model.rope_scaling_factor
@@ -125,6 +125,7 @@ class Attention(nn.Module):
         self.group = model.num_heads // model.num_kv_heads
         self.rope = model.position_kind is PositionKind.ROPE
         self.inv_freq = rope_frequencies(model) if self.rope else None   # not a parameter or buffer
+        self.rotary_dims = model.rotary_dims
         self.dropout_p = DROPOUT_P if model.dropout else 0.0
         self.selective_recompute = False   # set by the runtime from the plan
         self.cp: CpShard | None = None       # context parallelism (Transformer.set_context_parallel)
@@ -142,7 +143,7 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self._qkv(x)
         if self.rope:
-            q, k = rope(q, self.inv_freq, self.positions), rope(k, self.inv_freq, self.positions)
+            q, k = self._rope(q), self._rope(k)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         if self.cp is not None:   # the whole sequence's K and V (kept for backward, as priced)
             k, v = gather_kv(k, v, self.cp)
@@ -152,6 +153,13 @@ class Attention(nn.Module):
             out = self._core(q, k, v)
         out = out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1)
         return self.wo(out) if self.arch is Arch.LLAMA else self.proj(out)
+
+    def _rope(self, x: torch.Tensor) -> torch.Tensor:
+        """RoPE on the first rotary_dims of each head (all of them but for GPT-NeoX)."""
+        if self.rotary_dims == x.shape[-1]:
+            return rope(x, self.inv_freq, self.positions)
+        turned, kept = x.split((self.rotary_dims, x.shape[-1] - self.rotary_dims), dim=-1)
+        return torch.cat((rope(turned, self.inv_freq, self.positions), kept), dim=-1)
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         p = self.dropout_p if self.training else 0.0
@@ -171,7 +179,7 @@ class Mlp(nn.Module):
             return self.w2(F.silu(self.w1(x)) * self.w3(x))
         if self.kind is FfnKind.GEGLU:
             return self.w2(F.gelu(self.w1(x), approximate="tanh") * self.w3(x))
-        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+        return self.fc2(F.gelu(self.fc1(x), approximate="none" if self.kind is FfnKind.GELU_ERF else "tanh"))
 
 
 class Layer(nn.Module):
@@ -182,8 +190,12 @@ class Layer(nn.Module):
         self.attention_norm, self.attention = _norm(model), Attention(model, kernel)
         self.mlp_norm, self.mlp = _norm(model), (MoE(model) if model.is_moe else Mlp(model))
         self.dropout = nn.Dropout(DROPOUT_P if model.dropout else 0.0)
+        self.parallel = model.parallel_residual
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.parallel:   # GPT-NeoX: both branches read the layer input
+            return (x + self.dropout(self.attention(self.attention_norm(x)))
+                    + self.dropout(self.mlp(self.mlp_norm(x))))
         x = x + self.dropout(self.attention(self.attention_norm(x)))
         return x + self.dropout(self.mlp(self.mlp_norm(x)))
 

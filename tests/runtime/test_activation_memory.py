@@ -18,7 +18,7 @@ import torch
 from costmodel.memory import layer_activation_bytes, logits_held_bytes
 from costmodel.plan import Recompute
 from costmodel.registry import resolve_model
-from costmodel.specs import DType, FfnKind
+from costmodel.specs import DType, FfnKind, PositionKind
 from parity import plan_file
 from planner.space import Choice
 from runtime.fork import run_forked
@@ -27,6 +27,9 @@ from runtime.parallel import local_tensor
 
 LLAMA = dict(model="debug-small")
 GPT = dict(model="debug-tiny-gpt", dropout=True)
+# GPT-NeoX's mechanisms: the norms read the same layer input (parallel residual), RoPE on a quarter
+NEOX = dict(model="debug-tiny-gpt", dropout=False, position_kind=PositionKind.ROPE, parallel_residual=True,
+            rotary_fraction=0.25, ffn_kind=FfnKind.GELU_ERF, tied_embeddings=False)
 
 
 def _plain(t: torch.Tensor) -> torch.Tensor:
@@ -96,6 +99,8 @@ CASES = {
     "moe_tp2_sp": (Choice(tp=2, micro_batch_size=MBS), 2, dict(model="debug-moe")),
     "moe_ep2_cp2": (Choice(ep=2, cp=2, zero_stage=1, micro_batch_size=MBS), 4, dict(model="debug-moe")),
     "moe_ep2_tp2_sp": (Choice(ep=2, tp=2, zero_stage=1, micro_batch_size=MBS), 4, dict(model="debug-moe")),
+    "neox": (Choice(micro_batch_size=MBS), 1, NEOX),
+    "neox_tp2_sp": (Choice(tp=2, micro_batch_size=MBS), 2, NEOX),
     # Gemma's mechanisms: GeGLU, the (1 + w) norm in fp32, scaled embeddings
     "gemma_style": (Choice(micro_batch_size=MBS), 1, dict(model="debug-small", ffn_kind=FfnKind.GEGLU,
                                                            scale_embeddings=True, norm_unit_offset=True)),

@@ -72,7 +72,13 @@ GEMMA = {"architectures": ["GemmaForCausalLM"], "attention_bias": False, "attent
          "num_attention_heads": 4, "num_hidden_layers": 2, "num_key_value_heads": 1, "pad_token_id": 0,
          "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 10000.0, "torch_dtype": "bfloat16",
          "transformers_version": "4.38.0.dev0", "use_cache": True, "vocab_size": 256}
-CASES = {"llama3.1": (LLAMA31, "LlamaForCausalLM"), "phi3": (PHI3, "Phi3ForCausalLM"), "gemma": (GEMMA, "GemmaForCausalLM"), "mistral": (MISTRAL, "MistralForCausalLM"),
+# EleutherAI/pythia-160m's config.json, widths cut: parallel residual, RoPE on a quarter of each head
+NEOX = {"architectures": ["GPTNeoXForCausalLM"], "bos_token_id": 0, "eos_token_id": 0, "hidden_act": "gelu",
+        "hidden_size": 64, "initializer_range": 0.02, "intermediate_size": 256, "layer_norm_eps": 1e-05,
+        "max_position_embeddings": 2048, "model_type": "gpt_neox", "num_attention_heads": 4, "num_hidden_layers": 2,
+        "rotary_emb_base": 10000, "rotary_pct": 0.25, "tie_word_embeddings": False, "torch_dtype": "float16",
+        "transformers_version": "4.24.0", "use_cache": True, "use_parallel_residual": True, "vocab_size": 256}
+CASES = {"gpt_neox": (NEOX, "GPTNeoXForCausalLM"), "llama3.1": (LLAMA31, "LlamaForCausalLM"), "phi3": (PHI3, "Phi3ForCausalLM"), "gemma": (GEMMA, "GemmaForCausalLM"), "mistral": (MISTRAL, "MistralForCausalLM"),
          "qwen2": (QWEN2, "Qwen2ForCausalLM"), "gpt2": (GPT2, "GPT2LMHeadModel"),
          "mixtral": (MIXTRAL_SMALL, "MixtralForCausalLM"), "qwen2_moe": (QWEN_MOE_SMALL, "Qwen2MoeForCausalLM")}
 
@@ -166,3 +172,30 @@ def test_moe_configs_count_exactly_as_transformers(tmp_path, cfg, cls_name, regi
         theirs = _theirs(cfg, cls_name)
     assert total_params(spec) == theirs.num_parameters()
     assert total_params(resolve_model(registry)) == total_params(spec)
+
+
+# EleutherAI/gpt-neox-20b's config.json (transformers 4 keys), whole
+NEOX_20B = {"architectures": ["GPTNeoXForCausalLM"], "bos_token_id": 0, "eos_token_id": 0, "hidden_act": "gelu",
+            "hidden_size": 6144, "initializer_range": 0.02, "intermediate_size": 24576, "layer_norm_eps": 1e-05,
+            "max_position_embeddings": 2048, "model_type": "gpt_neox", "num_attention_heads": 64,
+            "num_hidden_layers": 44, "rotary_emb_base": 10000, "rotary_pct": 0.25, "tie_word_embeddings": False,
+            "torch_dtype": "float16", "transformers_version": "4.24.0", "use_cache": True,
+            "use_parallel_residual": True, "vocab_size": 50432}
+
+
+def test_gpt_neox_counts_exactly_as_transformers_and_prices_its_mechanisms(tmp_path):
+    """GPT-NeoX-20B read whole and counted as transformers does (on the meta device); its parallel
+    residual and partial rotary reach the spec, and transformers 5's rope_parameters read alike."""
+    from costmodel.params import total_params
+    spec = resolve_model(str(_config(tmp_path, NEOX_20B)))
+    with torch.device("meta"):
+        theirs = _theirs(NEOX_20B, "GPTNeoXForCausalLM")
+    assert total_params(spec) == theirs.num_parameters()
+    assert spec.parallel_residual and spec.rotary_dims == 24 and not spec.tied_embeddings
+    v5 = {k: v for k, v in NEOX_20B.items() if k not in ("rotary_pct", "rotary_emb_base")}
+    v5["rope_parameters"] = {"rope_theta": 10000.0, "partial_rotary_factor": 0.25, "rope_type": "default"}
+    assert resolve_model(str(_config(tmp_path, v5))) == spec
+    bad = {**NEOX_20B, "hidden_dropout": 0.1}
+    from costmodel.inputs import InputError
+    with pytest.raises(InputError, match="hidden_dropout in a GPT-NeoX model is not supported"):
+        resolve_model(str(_config(tmp_path, bad)))

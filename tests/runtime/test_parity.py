@@ -6,13 +6,16 @@ from __future__ import annotations
 import pytest
 
 from costmodel.plan import Recompute, Schedule
-from costmodel.specs import AttentionKernel, DType, Optimizer
+from costmodel.specs import AttentionKernel, DType, FfnKind, Optimizer, PositionKind
 from parity import assert_parity, distributed, plan_file, reference
 from planner.space import Choice
 from runtime.fork import run_forked
 
 GPT = dict(model="debug-tiny-gpt", dropout=False)
 MOE = dict(model="debug-moe")
+# GPT-NeoX's mechanisms: parallel residual, RoPE on a quarter of each head, exact GeLU, untied
+NEOX = dict(GPT, position_kind=PositionKind.ROPE, parallel_residual=True, rotary_fraction=0.25,
+            ffn_kind=FfnKind.GELU_ERF, tied_embeddings=False)
 
 CASES = {
     # data parallel, each ZeRO stage; mbs 2 of a 4-sample replica batch -> 2 micro-batches accumulated
@@ -41,6 +44,8 @@ CASES = {
     "gpt_tp_sp": (Choice(tp=2), 2, GPT),
     "gpt_pp_tied_split": (Choice(pp=2), 2, GPT),
     "gpt_zbv_tied_same_rank": (Choice(pp=2, vpp=2, schedule=Schedule.ZBV), 2, GPT),
+    "neox_tp_sp": (Choice(tp=2), 2, NEOX),
+    "neox_cp2_pp2": (Choice(cp=2, pp=2), 4, NEOX),
     "eager_attention_tp": (Choice(tp=2), 2, {"attention_kernel": AttentionKernel.EAGER}),
     # context parallelism (runtime.context_parallel): load-balanced chunks, K/V all-gathered
     "cp2": (Choice(cp=2), 2, {}),
