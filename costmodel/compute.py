@@ -219,7 +219,7 @@ def _elementwise_forward_s(model: ModelSpec, train: TrainSpec, plan: KernelShape
     num_bytes += routing_bytes
     kernels = 5 + 2 * drop + routing_kernels
     if model.position_kind is PositionKind.ROPE:   # on the rotated share of each head's dimensions
-        num_bytes += 2 * a * tokens * (model.hidden_size + model.kv_hidden_size) * model.rotary_fraction / t
+        num_bytes += 2 * a * tokens * (model.q_hidden_size + model.kv_hidden_size) * model.rotary_fraction / t
         kernels += 1
     return memory_bound_s(num_bytes, dev, kernels)
 

@@ -28,9 +28,9 @@ def layer_linear_forward_flops(model: ModelSpec, num_tokens: int) -> int:
 
 
 def attention_core_forward_flops(model: ModelSpec, num_sequences: int, seq_len: int) -> int:
-    """Q·K^T and P·V over the full s x s square: 2 x 2·b·s²·h (independent of GQA: every
-    query head still attends over s keys of head_dim)."""
-    return 4 * num_sequences * seq_len * seq_len * model.hidden_size
+    """Q·K^T and P·V over the full s x s square: 2 x 2·b·s²·(heads·head_dim), h for most models
+    (independent of GQA: every query head still attends over s keys of head_dim)."""
+    return 4 * num_sequences * seq_len * seq_len * model.q_hidden_size
 
 
 def layer_forward_flops(model: ModelSpec, num_sequences: int, seq_len: int) -> int:

@@ -3,8 +3,8 @@
 Every key is either read (and checked), known to change nothing the planner prices or the
 runtime computes (token ids, dtype, cache flags, ...), or named in an error: a key this reader
 does not know may change the cost, so it is never skipped in silence. What the planner does not
-model (biases on some projections but Qwen2's Q/K/V, RoPE scalings other than Llama 3.1's, a head size other
-than hidden / heads, dropout in a Llama-style model) is refused by name.
+model (biases on some projections but Qwen2's Q/K/V, RoPE scalings other than Llama 3.1's, dropout in a
+Llama-style model) is refused by name.
 """
 from __future__ import annotations
 
@@ -77,16 +77,14 @@ def _llama(name: str, r: _Reader, *, window: bool = True, gated_act: str = "silu
         raise InputError(f"{where}: attention_dropout in a llama-style model is not supported")
     heads, hidden = r.positive("num_attention_heads"), r.positive("hidden_size")
     head_dim = r.positive("head_dim", None)
-    if head_dim is not None and head_dim * heads != hidden:
-        raise InputError(f"{where}: head_dim {head_dim} differs from hidden_size / num_attention_heads = "
-                         f"{hidden / heads:g}; attention wider or narrower than the model is not supported")
+    sized_apart = head_dim if head_dim is not None and head_dim * heads != hidden else None
     spec = llama_spec(name, layers=r.positive("num_hidden_layers"), hidden=hidden, heads=heads,
                       kv_heads=r.positive("num_key_value_heads", None) or heads,
                       ffn=r.positive("intermediate_size"), vocab=r.positive("vocab_size"),
                       max_pos=r.positive("max_position_embeddings", 4096), source=where,
                       # transformers' LlamaConfig / MistralConfig default
                       norm_eps=r.value("rms_norm_eps", float, 1e-6), **_rope(r),
-                      sliding_window=_sliding_window(r) if window else None)
+                      sliding_window=_sliding_window(r) if window else None, explicit_head_dim=sized_apart)
     if r.value("tie_word_embeddings", bool, False):
         spec = replace(spec, tied_embeddings=True)
     return spec

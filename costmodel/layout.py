@@ -38,20 +38,20 @@ class Block:
 
 @lru_cache(maxsize=256)
 def layer_blocks(model: ModelSpec) -> tuple[Block, ...]:
-    h, kv, f, b = model.hidden_size, model.kv_hidden_size, model.ffn_hidden_size, model.bias
+    h, q, kv, f, b = model.hidden_size, model.q_hidden_size, model.kv_hidden_size, model.ffn_hidden_size, model.bias
     qkv_b = b or model.qkv_bias   # Qwen2: biases on the query, key and value projections only
     col, row = Style.COLWISE, Style.ROWWISE
     if model.arch is Arch.LLAMA:
-        attn = (Linear(name="wq", in_features=h, out_features=h, style=col, bias=qkv_b),
+        attn = (Linear(name="wq", in_features=h, out_features=q, style=col, bias=qkv_b),
                 Linear(name="wk", in_features=h, out_features=kv, style=col, bias=qkv_b),
                 Linear(name="wv", in_features=h, out_features=kv, style=col, bias=qkv_b),
-                Linear(name="wo", in_features=h, out_features=h, style=row, bias=b))
+                Linear(name="wo", in_features=q, out_features=h, style=row, bias=b))
         mlp = (Linear(name="w1", in_features=h, out_features=f, style=col, bias=b),
                Linear(name="w3", in_features=h, out_features=f, style=col, bias=b),
                Linear(name="w2", in_features=f, out_features=h, style=row, bias=b))
     else:
-        attn = (Linear(name="qkv", in_features=h, out_features=h + 2 * kv, style=col, bias=b),
-                Linear(name="proj", in_features=h, out_features=h, style=row, bias=b))
+        attn = (Linear(name="qkv", in_features=h, out_features=q + 2 * kv, style=col, bias=b),
+                Linear(name="proj", in_features=q, out_features=h, style=row, bias=b))
         mlp = (Linear(name="fc1", in_features=h, out_features=f, style=col, bias=b),
                Linear(name="fc2", in_features=f, out_features=h, style=row, bias=b))
     return (Block(name="attention", linears=attn), Block(name="mlp", linears=mlp))

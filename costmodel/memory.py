@@ -146,6 +146,7 @@ def layer_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, mode:
     t, sp = plan.tp, plan.tp if plan.sequence_parallel else 1
     b, s = plan.micro_batch_size, train.seq_len // plan.cp
     tokens, h, kv, f = b * s, model.hidden_size, model.kv_hidden_size, model.ffn_hidden_size
+    q = model.q_hidden_size
     # dropout masks: 1 byte on CUDA, the compute dtype on CPU (costmodel.frameworks.cpu_kernels)
     drop = (a if traits.cpu_kernels else 1) if model.dropout else 0
     if mode is Recompute.FULL:
@@ -162,12 +163,12 @@ def layer_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, mode:
     mlp_input_split = t if model.is_moe else _proj_input_split(plan, traits)
     replicated = (tokens * h * (norms + 2 * drop) / sp + a * tokens * h / _proj_input_split(plan, traits)
                   + a * tokens * h / mlp_input_split)
-    qkv = a * tokens * (h + 2 * kv) / t + cp_gathered_kv_bytes(model, train, plan, traits)
+    qkv = a * tokens * (q + 2 * kv) / t + cp_gathered_kv_bytes(model, train, plan, traits)
     if model.arch is Arch.GPT and model.position_kind is PositionKind.ROPE:
         # a fused QKV (GPT-NeoX): attention keeps the rotated Q and K, and V, a view, keeps the
         # whole fused output alive beside them (measured: test_activation_memory's neox cases)
-        qkv += a * tokens * (h + kv) / t
-    out_proj_input = a * tokens * h / t
+        qkv += a * tokens * (q + kv) / t
+    out_proj_input = a * tokens * q / t
     # SwiGLU in eager torch saves gate, up, silu(gate) and the product; a fused kernel keeps the
     # 2f-wide first projection and the product (costmodel.frameworks)
     mlp = (_moe_saved_bytes(model, train, moe_tokens(tokens, t), plan.ep, traits) if model.is_moe else
@@ -397,8 +398,9 @@ def backward_working_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, last:
         f = max(model.moe_ffn_hidden_size, model.shared_expert_ffn_hidden_size)
         mlp_weight = a * h * f   # whole on every TP rank
     mlp = (traits.swiglu_saved_tensors - 1 if model.ffn_kind.gated else 2) * a * tokens * f / t
-    attention = a * tokens * (h + 2 * kv) / t + 4 * tokens * h / t
-    widest_weight = max(mlp_weight, a * h * (h + 2 * kv) / t)
+    q = model.q_hidden_size
+    attention = a * tokens * (q + 2 * kv) / t + 4 * tokens * q / t
+    widest_weight = max(mlp_weight, a * h * (q + 2 * kv) / t)
     layer = max(mlp, attention) + widest_weight
     # a loss whose backward writes the gradient over its saved softmax needs only the cast
     head = _logits_elems(model, train, plan, traits) * (a if traits.loss_grad_in_place else 4 + a) if last else 0.0
@@ -417,7 +419,7 @@ def weight_grad_input_bytes(model: ModelSpec, train: TrainSpec, plan: Plan,
     a, t = train.compute_dtype.num_bytes, plan.tp
     tokens = _local_tokens(train, plan)
     return a * tokens * (2 * model.hidden_size / _proj_input_split(plan, traits)
-                         + model.hidden_size / t + model.ffn_hidden_size / t)
+                         + model.q_hidden_size / t + model.ffn_hidden_size / t)
 
 
 def weight_grad_output_bytes(model: ModelSpec, train: TrainSpec, plan: Plan) -> float:

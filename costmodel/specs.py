@@ -102,6 +102,10 @@ class ModelSpec:
     # the first `rotary_fraction` of each head's dimensions (NeoX 0.25; the rest pass through)
     parallel_residual: bool = False
     rotary_fraction: float = 1.0
+    # Each head's size where it is not hidden_size / num_heads (Gemma 7B: 16 heads of 256 over a
+    # 3072-wide model; Mistral NeMo): the queries and the attention output are num_heads x head_dim
+    # wide, K and V num_kv_heads x head_dim. None: hidden_size / num_heads.
+    explicit_head_dim: int | None = None
     qkv_bias: bool = False   # biases on the Q, K and V projections only (Qwen2), besides `bias`
     # Gemma: embeddings multiplied by sqrt(hidden_size); RMSNorm's scale stored as w with 1 + w applied
     scale_embeddings: bool = False
@@ -131,9 +135,13 @@ class ModelSpec:
         check_limit(f"model {self.name!r}", "vocab_size", self.vocab_size, MAX_VOCAB)
         for name in ("hidden_size", "num_heads", "ffn_hidden_size"):
             check_limit(f"model {self.name!r}", name, getattr(self, name), MAX_WIDTH)
-        if self.hidden_size % self.num_heads:
+        if self.explicit_head_dim is None and self.hidden_size % self.num_heads:
             raise ValueError(f"model {self.name!r}: hidden_size {self.hidden_size} is not a "
                              f"multiple of num_heads {self.num_heads}")
+        if self.explicit_head_dim is not None:
+            if self.explicit_head_dim <= 0 or self.explicit_head_dim % 2:
+                raise ValueError(f"model {self.name!r}: head_dim must be a positive even number")
+            check_limit(f"model {self.name!r}", "head_dim", self.explicit_head_dim, MAX_WIDTH)
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"model {self.name!r}: num_heads {self.num_heads} is not a "
                              f"multiple of num_kv_heads {self.num_kv_heads}")
@@ -182,7 +190,13 @@ class ModelSpec:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.explicit_head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def q_hidden_size(self) -> int:
+        """Width of the queries and of the attention output: num_heads x head_dim (hidden_size
+        unless the heads are sized apart)."""
+        return self.num_heads * self.head_dim
 
     @property
     def rotary_dims(self) -> int:

@@ -50,7 +50,7 @@ def _fused(model: Transformer, fused_projections: bool) -> dict[str, tuple[str, 
                     "mlp.experts.w3": ("mlp.experts.gate_up_proj", 1, 1, (f, f)),
                     "mlp.experts.w2": ("mlp.experts.down_proj", 0, 0, (spec.num_experts,))})
     if fused_projections:
-        qkv, gate_up = (spec.hidden_size, spec.kv_hidden_size, spec.kv_hidden_size), (spec.ffn_hidden_size,) * 2
+        qkv, gate_up = (spec.q_hidden_size, spec.kv_hidden_size, spec.kv_hidden_size), (spec.ffn_hidden_size,) * 2
         out.update({"attention.wq.weight": ("self_attn.qkv_proj.weight", 0, 0, qkv),
                     "attention.wk.weight": ("self_attn.qkv_proj.weight", 0, 1, qkv),
                     "attention.wv.weight": ("self_attn.qkv_proj.weight", 0, 2, qkv),

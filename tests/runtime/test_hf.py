@@ -78,7 +78,11 @@ NEOX = {"architectures": ["GPTNeoXForCausalLM"], "bos_token_id": 0, "eos_token_i
         "max_position_embeddings": 2048, "model_type": "gpt_neox", "num_attention_heads": 4, "num_hidden_layers": 2,
         "rotary_emb_base": 10000, "rotary_pct": 0.25, "tie_word_embeddings": False, "torch_dtype": "float16",
         "transformers_version": "4.24.0", "use_cache": True, "use_parallel_residual": True, "vocab_size": 256}
-CASES = {"gpt_neox": (NEOX, "GPTNeoXForCausalLM"), "llama3.1": (LLAMA31, "LlamaForCausalLM"), "phi3": (PHI3, "Phi3ForCausalLM"), "gemma": (GEMMA, "GemmaForCausalLM"), "mistral": (MISTRAL, "MistralForCausalLM"),
+# google/gemma-7b's config.json, widths cut: 4 heads of 32 over a 96-wide model (16 of 256 over
+# 3072 there), so the queries are wider than the model
+GEMMA7B = {**GEMMA, "hidden_size": 96, "head_dim": 32, "num_attention_heads": 4, "num_key_value_heads": 4,
+           "intermediate_size": 192}
+CASES = {"gemma7b_head_dim": (GEMMA7B, "GemmaForCausalLM"), "gpt_neox": (NEOX, "GPTNeoXForCausalLM"), "llama3.1": (LLAMA31, "LlamaForCausalLM"), "phi3": (PHI3, "Phi3ForCausalLM"), "gemma": (GEMMA, "GemmaForCausalLM"), "mistral": (MISTRAL, "MistralForCausalLM"),
          "qwen2": (QWEN2, "Qwen2ForCausalLM"), "gpt2": (GPT2, "GPT2LMHeadModel"),
          "mixtral": (MIXTRAL_SMALL, "MixtralForCausalLM"), "qwen2_moe": (QWEN_MOE_SMALL, "Qwen2MoeForCausalLM")}
 
@@ -199,3 +203,15 @@ def test_gpt_neox_counts_exactly_as_transformers_and_prices_its_mechanisms(tmp_p
     from costmodel.inputs import InputError
     with pytest.raises(InputError, match="hidden_dropout in a GPT-NeoX model is not supported"):
         resolve_model(str(_config(tmp_path, bad)))
+
+
+def test_gemma_7b_heads_sized_apart_count_exactly_as_transformers(tmp_path):
+    """google/gemma-7b: 16 heads of 256 over a 3072-wide model (queries 4096 wide), whole, on
+    the meta device."""
+    from costmodel.params import total_params
+    cfg = {**GEMMA, "hidden_size": 3072, "head_dim": 256, "num_attention_heads": 16, "num_key_value_heads": 16,
+           "intermediate_size": 24576, "num_hidden_layers": 28, "vocab_size": 256000}
+    spec = resolve_model(str(_config(tmp_path, cfg)))
+    with torch.device("meta"):
+        theirs = _theirs(cfg, "GemmaForCausalLM")
+    assert spec.q_hidden_size == 4096 and total_params(spec) == theirs.num_parameters() == 8_537_680_896

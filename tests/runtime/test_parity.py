@@ -45,6 +45,7 @@ CASES = {
     "gpt_pp_tied_split": (Choice(pp=2), 2, GPT),
     "gpt_zbv_tied_same_rank": (Choice(pp=2, vpp=2, schedule=Schedule.ZBV), 2, GPT),
     "neox_tp_sp": (Choice(tp=2), 2, NEOX),
+    "head_dim_apart_tp_sp": (Choice(tp=2), 2, {"explicit_head_dim": 32}),   # debug-tiny: 4 heads of 32 over 64
     "neox_cp2_pp2": (Choice(cp=2, pp=2), 4, NEOX),
     "eager_attention_tp": (Choice(tp=2), 2, {"attention_kernel": AttentionKernel.EAGER}),
     # context parallelism (runtime.context_parallel): load-balanced chunks, K/V all-gathered
