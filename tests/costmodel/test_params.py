@@ -92,7 +92,7 @@ def test_hf_numerics_are_read(tmp_path):
 
 @pytest.mark.parametrize("changes, message", [
     ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type 'yarn' is not supported"),
-    ({"head_dim": 32}, "head_dim 32 differs from hidden_size / num_attention_heads = 16"),
+    ({"head_dim": 33}, "head_dim must be a positive even number"),   # 32 is read: explicit_head_dim
     ({"rope_parameters": {"rope_theta": 1e4, "partial_rotary_factor": 0.5}}, "partial_rotary_factor 0.5"),
     ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "beta_fast": 32}}, "keys this planner does not know: beta_fast"),
     ({"attention_bias": True}, "with biases are not supported"),
