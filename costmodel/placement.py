@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from math import prod
 
+import numpy as np
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class AxisSpan:
@@ -37,10 +39,16 @@ def group_span(order: tuple[str, ...], degrees: tuple[int, ...], axes: tuple[str
     spreads over nodes. All groups are alike when devices_per_node divides the strides, the usual
     case; otherwise this describes the first group."""
     strides = axis_strides(order, degrees)
+    members = [(strides[axis], degree) for axis, degree in zip(order, degrees) if axis in axes]
+    if prod(d for _, d in members) > 256:   # a data-parallel group at 16k devices: thousands of ranks
+        ranks = np.zeros(1, dtype=np.int64)
+        for stride, degree in members:
+            ranks = (ranks[:, None] + np.arange(degree, dtype=np.int64) * stride).ravel()
+        _, per_node = np.unique(ranks // devices_per_node, return_counts=True)
+        return AxisSpan(size=int(ranks.size), members_per_node=int(per_node.max()), num_nodes=int(per_node.size))
     ranks = [0]
-    for axis, degree in zip(order, degrees):
-        if axis in axes:
-            ranks = [r + j * strides[axis] for r in ranks for j in range(degree)]
+    for stride, degree in members:
+        ranks = [r + j * stride for r in ranks for j in range(degree)]
     nodes: dict[int, int] = {}
     for r in ranks:
         nodes[r // devices_per_node] = nodes.get(r // devices_per_node, 0) + 1

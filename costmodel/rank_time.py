@@ -3,6 +3,7 @@ path), and the data-parallel synchronisation left exposed after overlap."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from costmodel.cluster import ClusterSpec
 from costmodel.comm import Collective, collective_time_s, p2p_time_s
@@ -111,12 +112,22 @@ def split_dp_axis(order: tuple[str, ...], degrees: tuple[int, ...], ep: int) -> 
 
 
 def spans(plan: Plan, cluster: ClusterSpec) -> Spans:
-    order, degrees = split_dp_axis(plan.mesh_axis_order, tuple(plan.degree(a) for a in plan.mesh_axis_order),
-                                   plan.ep)
-    dpn = cluster.devices_per_node
+    return _spans(plan.mesh_axis_order, tuple(plan.degree(a) for a in plan.mesh_axis_order), plan.ep,
+                  cluster.devices_per_node)
+
+
+@lru_cache(maxsize=16384)
+def _spans(mesh_order: tuple[str, ...], mesh_degrees: tuple[int, ...], ep: int, dpn: int) -> Spans:
+    """Cached per layout (the search asks for the same few thousand many times; each group_span
+    walks its group's ranks, thousands of them at 16k devices)."""
+    order, degrees = split_dp_axis(mesh_order, mesh_degrees, ep)
+    dp = group_span(order, degrees, ("edp", "ep", "cp"), dpn)
+    # without expert parallelism the experts' group is the gradient group and EP is one rank
+    one = AxisSpan(size=1, members_per_node=1, num_nodes=1)
     return Spans(tp=group_span(order, degrees, ("tp",), dpn), cp=group_span(order, degrees, ("cp",), dpn),
-                 pp=group_span(order, degrees, ("pp",), dpn), dp=group_span(order, degrees, ("edp", "ep", "cp"), dpn),
-                 ep=group_span(order, degrees, ("ep",), dpn), edp=group_span(order, degrees, ("edp", "cp"), dpn))
+                 pp=group_span(order, degrees, ("pp",), dpn), dp=dp,
+                 ep=group_span(order, degrees, ("ep",), dpn) if ep > 1 else one,
+                 edp=group_span(order, degrees, ("edp", "cp"), dpn) if ep > 1 else dp)
 
 
 def link_costs(sp: Spans, cluster: ClusterSpec) -> tuple[float, ...]:
