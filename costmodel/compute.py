@@ -209,7 +209,7 @@ def _elementwise_forward_s(model: ModelSpec, train: TrainSpec, plan: KernelShape
     a, t = train.compute_dtype.num_bytes, plan.tp
     rep = tokens * model.hidden_size / (t if plan.sequence_parallel else 1)
     drop = 1 if model.dropout else 0
-    num_bytes = rep * (2 * 2 * a + 2 * 3 * a + drop * 2 * (2 * a + 1))
+    num_bytes = rep * (model.layer_norms * 2 * a + 2 * 3 * a + drop * 2 * (2 * a + 1))
     acts = 3 if model.ffn_kind.gated else 2
     # the activation function over the MLP's width; a mixture's over each routed expert's and the shared one's
     width = (model.experts_per_token * model.moe_ffn_hidden_size + model.shared_expert_ffn_hidden_size

@@ -30,7 +30,7 @@ def model_from_hf_config(path: Path) -> ModelSpec:
     kind = inputs.value(cfg, "model_type", str, where, "")
     name = inputs.value(cfg, "_name_or_path", str, where, "") or path.parent.name or path.stem
     readers = {"llama": _llama, "mistral": _llama, "mixtral": _mixtral, "qwen2": _qwen2, "qwen2_moe": _qwen2_moe,
-               "phi3": _phi3, "gemma": _gemma, "gpt2": _gpt2, "gpt_neox": _gpt_neox}
+               "phi3": _phi3, "gemma": _gemma, "gpt2": _gpt2, "gpt_neox": _gpt_neox, "falcon": _falcon}
     if kind not in readers:
         raise InputError(f"{where}: model_type {kind!r} is not supported (supported: {', '.join(readers)})")
     reader = _Reader(cfg, where)
@@ -243,3 +243,39 @@ def _gpt_neox(name: str, r: _Reader) -> ModelSpec:
                      max_position_embeddings=r.positive("max_position_embeddings", 2048), bias=True, dropout=False,
                      source=r.where, rope_theta=theta, norm_eps=r.value("layer_norm_eps", float, 1e-5),
                      parallel_residual=r.value("use_parallel_residual", bool, True), rotary_fraction=fraction)
+
+
+def _falcon(name: str, r: _Reader) -> ModelSpec:
+    """transformers' FalconForCausalLM: LayerNorm, no biases on the projections, a fused QKV
+    grouped per key/value head (multi-query: one), exact GeLU, tied embeddings, RoPE; attention
+    and MLP in parallel from one norm (Falcon-7B), from two (the new decoder architecture of
+    40B/180B), or in sequence (parallel_attn false)."""
+    where = r.where
+    if r.value("alibi", bool, False):
+        raise InputError(f"{where}: alibi positions are not supported (RoPE is)")
+    if (act := r.value("activation", str, "gelu")) != "gelu":
+        raise InputError(f"{where}: activation {act!r} is not supported (gelu is)")
+    for key in ("attention_dropout", "hidden_dropout"):
+        if r.value(key, float, 0.0):
+            raise InputError(f"{where}: {key} in a Falcon model is not supported")
+    if r.value("bias", bool, False):
+        raise InputError(f"{where}: bias true (biases on every projection) is not supported for Falcon")
+    if r.value("apply_residual_connection_post_layernorm", bool, False):
+        raise InputError(f"{where}: apply_residual_connection_post_layernorm is not supported")
+    theta = _rope(r)["rope_theta"]   # refuses scalings
+    heads, hidden = r.positive("num_attention_heads"), r.positive("hidden_size")
+    new_arch = r.value("new_decoder_architecture", bool, False)
+    multi_query = r.value("multi_query", bool, True)
+    kv = r.positive("num_kv_heads", None) if new_arch else (1 if multi_query else heads)
+    r.read.add("num_kv_heads")
+    parallel = r.value("parallel_attn", bool, True) or new_arch
+    norms = r.value("num_ln_in_parallel_attn", int, None)
+    shared = parallel and ((not new_arch) or norms == 1)
+    return ModelSpec(name=name, arch=Arch.GPT, num_layers=r.positive("num_hidden_layers"), hidden_size=hidden,
+                     num_heads=heads, num_kv_heads=kv or heads, ffn_hidden_size=r.positive("ffn_hidden_size", None) or 4 * hidden,
+                     ffn_kind=FfnKind.GELU_ERF, vocab_size=r.positive("vocab_size"),
+                     tied_embeddings=r.value("tie_word_embeddings", bool, True), norm_kind=NormKind.LAYERNORM,
+                     position_kind=PositionKind.ROPE, max_position_embeddings=r.positive("max_position_embeddings", 2048),
+                     bias=False, dropout=False, source=where, rope_theta=theta,
+                     norm_eps=r.value("layer_norm_epsilon", float, 1e-5), parallel_residual=parallel,
+                     shared_norm=shared)

@@ -158,16 +158,20 @@ def layer_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, mode:
     cpu_rms = model.norm_kind is NormKind.RMSNORM and traits.cpu_kernels
     # a parallel residual's two norms read one tensor, the layer input (kept once)
     norm_inputs = 1 if model.parallel_residual else 2
-    norms = norm_inputs * 4 + 2 * 4 if cpu_rms else norm_inputs * a
-    # a mixture of experts takes this rank's sequence shard as it is (runtime.parallel)
+    norms = norm_inputs * 4 + model.layer_norms * 4 if cpu_rms else norm_inputs * a
+    # a mixture of experts takes this rank's sequence shard as it is (runtime.parallel); one norm
+    # shared by both branches gives them one input, unless each block gathers its own (SP)
     mlp_input_split = t if model.is_moe else _proj_input_split(plan, traits)
+    mlp_input = 0.0 if model.shared_norm and not _gathers_per_block(plan, traits) else a * tokens * h / mlp_input_split
     replicated = (tokens * h * (norms + 2 * drop) / sp + a * tokens * h / _proj_input_split(plan, traits)
-                  + a * tokens * h / mlp_input_split)
+                  + mlp_input)
     qkv = a * tokens * (q + 2 * kv) / t + cp_gathered_kv_bytes(model, train, plan, traits)
     if model.arch is Arch.GPT and model.position_kind is PositionKind.ROPE:
         # a fused QKV (GPT-NeoX): attention keeps the rotated Q and K, and V, a view, keeps the
         # whole fused output alive beside them (measured: test_activation_memory's neox cases)
         qkv += a * tokens * (q + kv) / t
+    if model.position_kind is PositionKind.ROPE:   # RoPE's cos and sin, for Q and for K (any batch)
+        qkv += 4 * a * s * model.rotary_dims
     out_proj_input = a * tokens * q / t
     # SwiGLU in eager torch saves gate, up, silu(gate) and the product; a fused kernel keeps the
     # 2f-wide first projection and the product (costmodel.frameworks)
@@ -201,6 +205,12 @@ def expert_state_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int
     num_experts/ep experts per layer, ZeRO-sharded over edp x cp): a part of state_bytes."""
     experts = rank_params(model, plan, rank).experts
     return sum(state_bytes_from_counts(train, plan, experts, experts / (plan.edp * plan.cp), traits)) if experts else 0.0
+
+
+def _gathers_per_block(plan: Plan, traits: FrameworkTraits) -> bool:
+    """Under SP each block all-gathers its own input, and a framework that keeps the gathered
+    input keeps one per block."""
+    return plan.tp > 1 and plan.sequence_parallel and traits.tp_keeps_gathered_input
 
 
 def _proj_input_split(plan: Plan, traits: FrameworkTraits) -> int:
@@ -428,7 +438,7 @@ def weight_grad_output_bytes(model: ModelSpec, train: TrainSpec, plan: Plan) -> 
     parallel one's 1/t slice, a row-parallel one's whole partial output) and the two norm scales'.
     Measured on a 2-stage ZB-H1 run: 232 MiB held per micro-batch, 228 MiB by this count."""
     sp = plan.tp if plan.sequence_parallel else 1
-    width = 2 * model.hidden_size / sp
+    width = model.layer_norms * model.hidden_size / sp
     for block in layer_blocks(model):
         width += sum(lin.out_features / plan.tp if lin.style is Style.COLWISE else lin.out_features
                      for lin in block.linears)

@@ -27,7 +27,7 @@ def norm_params(model: ModelSpec) -> int:
 def layer_param_tensors(model: ModelSpec) -> int:
     """Parameter tensors of one layer (weights, biases, norm scales and shifts): how many
     collectives a framework that gathers parameter by parameter issues per layer."""
-    norms = 2 * (1 if model.norm_kind is NormKind.RMSNORM else 2)
+    norms = model.layer_norms * (1 if model.norm_kind is NormKind.RMSNORM else 2)
     moe = (1 + 3 * model.num_experts + 3 * bool(model.shared_expert_ffn_hidden_size)
            + model.shared_expert_gate) if model.is_moe else 0
     return norms + moe + sum(1 + lin.bias for block in dense_blocks(model) for lin in block.linears)
@@ -63,7 +63,7 @@ def layer_expert_params(model: ModelSpec, ep: int = 1) -> int:
 def layer_params(model: ModelSpec, tp: int = 1, ep: int = 1) -> int:
     """One transformer layer on one device of a TP group (tp=1: the whole layer), its routed
     experts sharded over `ep` devices (the mixture is not split over TP)."""
-    total = 2 * norm_params(model) + moe_params(model)  # norms replicated on every TP rank
+    total = model.layer_norms * norm_params(model) + moe_params(model)  # norms replicated on every TP rank
     total -= layer_expert_params(model) - layer_expert_params(model, ep)
     for block in dense_blocks(model):
         for lin in block.linears:

@@ -102,6 +102,8 @@ class ModelSpec:
     # the first `rotary_fraction` of each head's dimensions (NeoX 0.25; the rest pass through)
     parallel_residual: bool = False
     rotary_fraction: float = 1.0
+    # Falcon-7B: one norm per layer feeding both parallel branches, x + attn(n) + mlp(n)
+    shared_norm: bool = False
     # Each head's size where it is not hidden_size / num_heads (Gemma 7B: 16 heads of 256 over a
     # 3072-wide model; Mistral NeMo): the queries and the attention output are num_heads x head_dim
     # wide, K and V num_kv_heads x head_dim. None: hidden_size / num_heads.
@@ -154,6 +156,8 @@ class ModelSpec:
             raise ValueError(f"model {self.name!r}: RoPE scaling needs 0 < low_freq_factor < high_freq_factor")
         if self.sliding_window is not None and self.sliding_window <= 0:
             raise ValueError(f"model {self.name!r}: sliding_window must be positive (or absent)")
+        if self.shared_norm and not self.parallel_residual:
+            raise ValueError(f"model {self.name!r}: shared_norm (one norm for both branches) needs parallel_residual")
         if not 0 < self.rotary_fraction <= 1:
             raise ValueError(f"model {self.name!r}: rotary_fraction must be in (0, 1]")
         if self.rotary_fraction != 1 and (self.position_kind is not PositionKind.ROPE or self.rotary_dims % 2
@@ -197,6 +201,11 @@ class ModelSpec:
         """Width of the queries and of the attention output: num_heads x head_dim (hidden_size
         unless the heads are sized apart)."""
         return self.num_heads * self.head_dim
+
+    @property
+    def layer_norms(self) -> int:
+        """Norms in each layer: one before each branch, or one shared by both (Falcon-7B)."""
+        return 1 if self.shared_norm else 2
 
     @property
     def rotary_dims(self) -> int:

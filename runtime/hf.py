@@ -33,6 +33,21 @@ _NEOX_LAYER = {"attention.qkv": "attention.query_key_value", "attention.proj": "
                "mlp_norm": "post_attention_layernorm"}
 
 
+# Falcon: one norm for both branches (7B), two (ln_attn/ln_mlp, the new decoder architecture), or
+# two in sequence; its fused QKV is grouped per key/value head, as the runtime keeps it
+_FALCON_LAYER = {"attention.qkv": "self_attention.query_key_value", "attention.proj": "self_attention.dense",
+                 "mlp.fc1": "mlp.dense_h_to_4h", "mlp.fc2": "mlp.dense_4h_to_h"}
+
+
+def _falcon_norms(model: Transformer) -> dict[str, str]:
+    spec = model.spec
+    if spec.shared_norm:
+        return {"attention_norm": "input_layernorm"}
+    if spec.parallel_residual:
+        return {"attention_norm": "ln_attn", "mlp_norm": "ln_mlp"}
+    return {"attention_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"}
+
+
 def _gpt2(model: Transformer) -> bool:
     """GPT-2's names and Conv1D layouts (GPT-NeoX, the other gpt-arch type, uses rotary positions)."""
     return model.spec.arch is Arch.GPT and model.spec.position_kind is not PositionKind.ROPE
@@ -59,10 +74,15 @@ def _fused(model: Transformer, fused_projections: bool) -> dict[str, tuple[str, 
     return out
 
 
-def _names(model: Transformer, fused_projections: bool = False) -> dict[str, tuple[str, tuple | None]]:
+def _names(model: Transformer, fused_projections: bool = False,
+           model_type: str | None = None) -> dict[str, tuple[str, tuple | None]]:
     """runtime name -> (transformers name, the part it is of a fused tensor or None), for every
-    parameter of the whole model."""
-    if model.spec.arch is Arch.LLAMA:
+    parameter of the whole model (`model_type` "falcon": Falcon's names for a gpt-arch model)."""
+    if model_type == "falcon":
+        top = {"embed.tok.weight": "transformer.word_embeddings.weight", "norm.weight": "transformer.ln_f.weight",
+               "norm.bias": "transformer.ln_f.bias", "output.weight": "lm_head.weight"}
+        layer_map, prefix = {**_FALCON_LAYER, **_falcon_norms(model)}, "transformer.h"
+    elif model.spec.arch is Arch.LLAMA:
         top = {"embed.tok.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
                "output.weight": "lm_head.weight"}
         layer_map, prefix = _LLAMA_LAYER, "model.layers"
@@ -98,13 +118,13 @@ def _gpt_qkv_order(model: Transformer) -> torch.Tensor:
     return torch.cat(rows)
 
 
-def to_hf(model: Transformer, *, fused_projections: bool = False) -> dict[str, torch.Tensor]:
+def to_hf(model: Transformer, *, fused_projections: bool = False, model_type: str | None = None) -> dict[str, torch.Tensor]:
     """The whole model's weights under transformers' names and layouts (`fused_projections`:
-    Phi-3's qkv_proj and gate_up_proj)."""
+    Phi-3's qkv_proj and gate_up_proj; `model_type` "falcon": Falcon's names)."""
     own = dict(model.named_parameters(remove_duplicate=False))
     out: dict[str, torch.Tensor] = {}
     parts: dict[str, tuple[int, dict[int, torch.Tensor]]] = {}
-    for name, (hf_name, part) in _names(model, fused_projections).items():
+    for name, (hf_name, part) in _names(model, fused_projections, model_type).items():
         w = own[name].detach()
         if part is not None:   # joined below
             dim, which, _ = part
@@ -128,7 +148,8 @@ def from_hf(model: Transformer, state: dict[str, torch.Tensor]) -> None:
     are recognised by name); every parameter must be found, with its shape, or this raises naming it."""
     own = dict(model.named_parameters(remove_duplicate=False))
     fused_projections = any(k.endswith("self_attn.qkv_proj.weight") for k in state)
-    for name, (hf_name, part) in _names(model, fused_projections).items():
+    model_type = "falcon" if "transformer.word_embeddings.weight" in state else None
+    for name, (hf_name, part) in _names(model, fused_projections, model_type).items():
         if hf_name not in state:
             if name == "output.weight" and model.spec.tied_embeddings:
                 continue   # tied: the embedding is the output layer

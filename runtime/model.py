@@ -188,11 +188,16 @@ class Layer(nn.Module):
     def __init__(self, model: ModelSpec, kernel: AttentionKernel) -> None:
         super().__init__()
         self.attention_norm, self.attention = _norm(model), Attention(model, kernel)
-        self.mlp_norm, self.mlp = _norm(model), (MoE(model) if model.is_moe else Mlp(model))
+        if not model.shared_norm:   # Falcon-7B's one norm feeds both branches
+            self.mlp_norm = _norm(model)
+        self.mlp = MoE(model) if model.is_moe else Mlp(model)
         self.dropout = nn.Dropout(DROPOUT_P if model.dropout else 0.0)
-        self.parallel = model.parallel_residual
+        self.parallel, self.shared_norm = model.parallel_residual, model.shared_norm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.shared_norm:
+            n = self.attention_norm(x)
+            return x + self.dropout(self.attention(n)) + self.dropout(self.mlp(n))
         if self.parallel:   # GPT-NeoX: both branches read the layer input
             return (x + self.dropout(self.attention(self.attention_norm(x)))
                     + self.dropout(self.mlp(self.mlp_norm(x))))

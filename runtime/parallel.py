@@ -97,7 +97,8 @@ def _layer_tp_plan(module: nn.Module, sp: bool) -> dict:
     for block in dense_blocks(spec):
         prefix = "attention" if block.name == "attention" else "mlp"
         if sp:
-            plan[f"{prefix}_norm"] = SequenceParallel()
+            if not (prefix == "mlp" and spec.shared_norm):   # one norm for both blocks
+                plan[f"{prefix}_norm"] = SequenceParallel()
             plan[prefix] = PrepareModuleInput(input_layouts=(Shard(1),),
                                               desired_input_layouts=(Replicate(),))
         for lin in block.linears:

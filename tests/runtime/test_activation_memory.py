@@ -30,6 +30,8 @@ GPT = dict(model="debug-tiny-gpt", dropout=True)
 # GPT-NeoX's mechanisms: the norms read the same layer input (parallel residual), RoPE on a quarter
 NEOX = dict(model="debug-tiny-gpt", dropout=False, position_kind=PositionKind.ROPE, parallel_residual=True,
             rotary_fraction=0.25, ffn_kind=FfnKind.GELU_ERF, tied_embeddings=False)
+FALCON = dict(model="debug-tiny-gpt", dropout=False, position_kind=PositionKind.ROPE, parallel_residual=True,
+              shared_norm=True, bias=False, num_kv_heads=2, ffn_kind=FfnKind.GELU_ERF)
 
 
 def _plain(t: torch.Tensor) -> torch.Tensor:
@@ -103,6 +105,11 @@ CASES = {
     "head_dim": (Choice(micro_batch_size=MBS), 1, dict(LLAMA, explicit_head_dim=64)),
     "head_dim_tp2_sp": (Choice(tp=2, micro_batch_size=MBS), 2, dict(LLAMA, explicit_head_dim=64)),
     "neox": (Choice(micro_batch_size=MBS), 1, NEOX),
+    # Falcon's: one norm feeding both parallel branches (their inputs one tensor, but under SP
+    # each block gathers its own), no biases, grouped KV
+    "falcon": (Choice(micro_batch_size=MBS), 1, FALCON),
+    "falcon_tp2": (Choice(tp=2, sequence_parallel=False, micro_batch_size=MBS), 2, FALCON),
+    "falcon_tp2_sp": (Choice(tp=2, micro_batch_size=MBS), 2, FALCON),
     "neox_tp2_sp": (Choice(tp=2, micro_batch_size=MBS), 2, NEOX),
     # Gemma's mechanisms: GeGLU, the (1 + w) norm in fp32, scaled embeddings
     "gemma_style": (Choice(micro_batch_size=MBS), 1, dict(model="debug-small", ffn_kind=FfnKind.GEGLU,

@@ -82,7 +82,18 @@ NEOX = {"architectures": ["GPTNeoXForCausalLM"], "bos_token_id": 0, "eos_token_i
 # 3072 there), so the queries are wider than the model
 GEMMA7B = {**GEMMA, "hidden_size": 96, "head_dim": 32, "num_attention_heads": 4, "num_key_value_heads": 4,
            "intermediate_size": 192}
-CASES = {"gemma7b_head_dim": (GEMMA7B, "GemmaForCausalLM"), "gpt_neox": (NEOX, "GPTNeoXForCausalLM"), "llama3.1": (LLAMA31, "LlamaForCausalLM"), "phi3": (PHI3, "Phi3ForCausalLM"), "gemma": (GEMMA, "GemmaForCausalLM"), "mistral": (MISTRAL, "MistralForCausalLM"),
+# tiiuae/falcon-7b's config.json (transformers 4 keys), widths cut: multi-query attention, one
+# norm feeding attention and MLP in parallel; and the new decoder architecture (40B/180B): KV
+# groups and a norm per branch
+FALCON = {"alibi": False, "apply_residual_connection_post_layernorm": False, "architectures": ["FalconForCausalLM"],
+          "attention_dropout": 0.0, "bias": False, "bos_token_id": 11, "eos_token_id": 11, "hidden_dropout": 0.0,
+          "hidden_size": 64, "initializer_range": 0.02, "layer_norm_epsilon": 1e-05, "model_type": "falcon",
+          "multi_query": True, "new_decoder_architecture": False, "num_attention_heads": 4, "num_hidden_layers": 2,
+          "parallel_attn": True, "torch_dtype": "bfloat16", "transformers_version": "4.27.4", "use_cache": True,
+          "vocab_size": 256}
+FALCON_NEW = {**FALCON, "new_decoder_architecture": True, "num_kv_heads": 2, "multi_query": True}
+CASES = {"falcon7b": (FALCON, "FalconForCausalLM"), "falcon_new_arch": (FALCON_NEW, "FalconForCausalLM"),
+         "gemma7b_head_dim": (GEMMA7B, "GemmaForCausalLM"), "gpt_neox": (NEOX, "GPTNeoXForCausalLM"), "llama3.1": (LLAMA31, "LlamaForCausalLM"), "phi3": (PHI3, "Phi3ForCausalLM"), "gemma": (GEMMA, "GemmaForCausalLM"), "mistral": (MISTRAL, "MistralForCausalLM"),
          "qwen2": (QWEN2, "Qwen2ForCausalLM"), "gpt2": (GPT2, "GPT2LMHeadModel"),
          "mixtral": (MIXTRAL_SMALL, "MixtralForCausalLM"), "qwen2_moe": (QWEN_MOE_SMALL, "Qwen2MoeForCausalLM")}
 
@@ -127,7 +138,8 @@ def test_weights_go_back_to_transformers(tmp_path, name):
     ours = Transformer(spec).eval()
     ours.init_weights(seed=3)
     theirs = _theirs(cfg, cls_name)
-    theirs.load_state_dict(to_hf(ours, fused_projections=cfg["model_type"] == "phi3"), strict=True)
+    theirs.load_state_dict(to_hf(ours, fused_projections=cfg["model_type"] == "phi3",
+                                 model_type="falcon" if cfg["model_type"] == "falcon" else None), strict=True)
     x = _tokens()
     with torch.no_grad():
         assert (ours(x) - theirs(x).logits).abs().max().item() < 2e-5
@@ -215,3 +227,15 @@ def test_gemma_7b_heads_sized_apart_count_exactly_as_transformers(tmp_path):
     with torch.device("meta"):
         theirs = _theirs(cfg, "GemmaForCausalLM")
     assert spec.q_hidden_size == 4096 and total_params(spec) == theirs.num_parameters() == 8_537_680_896
+
+
+def test_falcon_7b_counts_exactly_as_transformers(tmp_path):
+    """tiiuae/falcon-7b whole on the meta device: 71 heads over one shared K/V head, one norm per
+    layer, tied embeddings."""
+    from costmodel.params import total_params
+    cfg = {**FALCON, "hidden_size": 4544, "num_attention_heads": 71, "num_hidden_layers": 32, "vocab_size": 65024}
+    spec = resolve_model(str(_config(tmp_path, cfg)))
+    with torch.device("meta"):
+        theirs = _theirs(cfg, "FalconForCausalLM")
+    assert spec.shared_norm and spec.num_kv_heads == 1 and spec.tied_embeddings
+    assert total_params(spec) == theirs.num_parameters() == 6_921_720_704

@@ -16,6 +16,9 @@ MOE = dict(model="debug-moe")
 # GPT-NeoX's mechanisms: parallel residual, RoPE on a quarter of each head, exact GeLU, untied
 NEOX = dict(GPT, position_kind=PositionKind.ROPE, parallel_residual=True, rotary_fraction=0.25,
             ffn_kind=FfnKind.GELU_ERF, tied_embeddings=False)
+# Falcon's: one norm for both parallel branches, no biases, grouped KV, tied embeddings
+FALCON = dict(GPT, position_kind=PositionKind.ROPE, parallel_residual=True, shared_norm=True, bias=False,
+              num_kv_heads=2, ffn_kind=FfnKind.GELU_ERF)
 
 CASES = {
     # data parallel, each ZeRO stage; mbs 2 of a 4-sample replica batch -> 2 micro-batches accumulated
@@ -47,6 +50,8 @@ CASES = {
     "neox_tp_sp": (Choice(tp=2), 2, NEOX),
     "head_dim_apart_tp_sp": (Choice(tp=2), 2, {"explicit_head_dim": 32}),   # debug-tiny: 4 heads of 32 over 64
     "neox_cp2_pp2": (Choice(cp=2, pp=2), 4, NEOX),
+    "falcon_tp_sp": (Choice(tp=2), 2, FALCON),
+    "falcon_pp2_zero3": (Choice(pp=2, zero_stage=3), 2, FALCON),
     "eager_attention_tp": (Choice(tp=2), 2, {"attention_kernel": AttentionKernel.EAGER}),
     # context parallelism (runtime.context_parallel): load-balanced chunks, K/V all-gathered
     "cp2": (Choice(cp=2), 2, {}),
