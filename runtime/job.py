@@ -160,9 +160,15 @@ def sync_replicated_over_tp(job: Job) -> None:
     if job.plan.tp == 1 or not job.tp_replicated:
         return
     group = job.mesh["tp"].get_group()
-    for p in job.tp_replicated:
-        if p.grad is not None:
-            dist.all_reduce(local_tensor(p.grad), group=group)
+    grads = [local_tensor(p.grad) for p in job.tp_replicated if p.grad is not None]
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for g in grads:
+        by_dtype.setdefault(g.dtype, []).append(g)
+    for same in by_dtype.values():   # one all-reduce per dtype, as costmodel prices it (not one per tensor)
+        flat = torch.cat([g.reshape(-1) for g in same])
+        dist.all_reduce(flat, group=group)
+        for g, part in zip(same, flat.split([g.numel() for g in same])):
+            g.copy_(part.view_as(g))
 
 
 def sync_tied_embedding(job: Job) -> None:
