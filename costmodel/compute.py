@@ -218,6 +218,9 @@ def _elementwise_forward_s(model: ModelSpec, train: TrainSpec, plan: KernelShape
     routing_bytes, routing_kernels = _moe_routing_bytes(model, train, moe_tokens(tokens, t), plan.ep)
     num_bytes += routing_bytes
     kernels = 5 + 2 * drop + routing_kernels
+    if model.qk_norm:   # Qwen3's RMSNorm over each head's queries and keys
+        num_bytes += 2 * a * tokens * (model.q_hidden_size + model.kv_hidden_size) / t
+        kernels += 2
     if model.position_kind is PositionKind.ROPE:   # on the rotated share of each head's dimensions
         num_bytes += 2 * a * tokens * (model.q_hidden_size + model.kv_hidden_size) * model.rotary_fraction / t
         kernels += 1

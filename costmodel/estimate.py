@@ -76,7 +76,7 @@ def _tied_embedding_sync_s(model: ModelSpec, train: TrainSpec, plan: Plan, clust
 
 
 def _ledger(plan: Plan, critical: RankTimes, pp_s: float, bubble_s: float, dp_s: float,
-            emb_s: float, moe_s: float, optim_s: float) -> dict[str, float]:
+            emb_s: float, replica_s: float, optim_s: float) -> dict[str, float]:
     m = plan.num_micro_batches
     return {
         "compute/forward": m * critical.forward_s,
@@ -89,7 +89,7 @@ def _ledger(plan: Plan, critical: RankTimes, pp_s: float, bubble_s: float, dp_s:
         "pipeline/bubble": bubble_s,
         "comm/dp_exposed": dp_s,
         "comm/embedding_sync": emb_s,
-        "comm/moe_tp_sync": moe_s,
+        "comm/tp_replica_sync": replica_s,
         "optimizer/step": optim_s,
     }
 
@@ -127,7 +127,7 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
     # all-reduce before it); the rank that finishes last sets both
     after = [after_pipeline_s(model, train, plan, cluster, sp, rank_params(model, plan, r), plan.layers_on_rank(r))
              for r in range(plan.pp)]
-    optim_s, moe_s = max(after, key=sum)
+    optim_s, replica_s = max(after, key=sum)
     emb_s = _tied_embedding_sync_s(model, train, plan, cluster, sp)
     closed, critical = pipeline_time_s(plan, ranks) if plan.schedule.traits.closed_form else (None, None)
     if simulate:
@@ -135,14 +135,14 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
         critical = max(range(plan.pp), key=lambda r: sim.busy_s[r])
         # the busiest rank's sends, and its idle time in the simulated pipeline phase
         ledger = _ledger(plan, ranks[critical], sim.send_s[critical], sim.time_s - sim.busy_s[critical],
-                         dp_s, emb_s, moe_s, optim_s)
+                         dp_s, emb_s, replica_s, optim_s)
         memory = memory_per_rank(model, train, cluster, plan, sim)
         bubbles = sim.bubble_fractions
     else:
         if closed is None:
             raise ValueError(f"schedule {plan.schedule} has no closed form: simulate it")
         crit, m = ranks[critical], plan.num_micro_batches
-        ledger = _ledger(plan, crit, m * crit.pp_comm_s, closed - m * crit.total_s, dp_s, emb_s, moe_s, optim_s)
+        ledger = _ledger(plan, crit, m * crit.pp_comm_s, closed - m * crit.total_s, dp_s, emb_s, replica_s, optim_s)
         reserved = cluster.device.efficiency.reserved_memory_bytes
         memory = [stage_memory(model, train, plan, r, reserved, cluster.framework) for r in range(plan.pp)]
         bubbles = []
@@ -163,4 +163,4 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
         rank_time_per_micro_batch_s=[r.total_s for r in ranks],
         bubble_fraction_per_rank=bubbles,
         rank_work_s=[plan.num_micro_batches * (r.total_s - r.pp_comm_s) for r in ranks],
-        closed_form_step_time_s=None if closed is None else closed + dp_s + emb_s + moe_s + optim_s)
+        closed_form_step_time_s=None if closed is None else closed + dp_s + emb_s + replica_s + optim_s)

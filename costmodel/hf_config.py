@@ -30,7 +30,8 @@ def model_from_hf_config(path: Path) -> ModelSpec:
     kind = inputs.value(cfg, "model_type", str, where, "")
     name = inputs.value(cfg, "_name_or_path", str, where, "") or path.parent.name or path.stem
     readers = {"llama": _llama, "mistral": _llama, "mixtral": _mixtral, "qwen2": _qwen2, "qwen2_moe": _qwen2_moe,
-               "phi3": _phi3, "gemma": _gemma, "gpt2": _gpt2, "gpt_neox": _gpt_neox, "falcon": _falcon}
+               "phi3": _phi3, "gemma": _gemma, "gpt2": _gpt2, "gpt_neox": _gpt_neox, "falcon": _falcon,
+               "qwen3": _qwen3, "qwen3_moe": _qwen3_moe}
     if kind not in readers:
         raise InputError(f"{where}: model_type {kind!r} is not supported (supported: {', '.join(readers)})")
     reader = _Reader(cfg, where)
@@ -279,3 +280,32 @@ def _falcon(name: str, r: _Reader) -> ModelSpec:
                      bias=False, dropout=False, source=where, rope_theta=theta,
                      norm_eps=r.value("layer_norm_epsilon", float, 1e-5), parallel_residual=parallel,
                      shared_norm=shared)
+
+
+def _qwen3(name: str, r: _Reader) -> ModelSpec:
+    """Qwen2's layout without Q/K/V biases, with an RMSNorm over each head's queries and keys
+    (transformers' Qwen3Attention q_norm / k_norm) and heads of `head_dim` (128 unless said)."""
+    r.read.add("max_window_layers")
+    if (kinds := r.value("layer_types", list[str], None)) and set(kinds) != {"full_attention"}:
+        raise InputError(f"{r.where}: layer_types other than full_attention are not supported")
+    if r.value("use_sliding_window", bool, False):
+        raise InputError(f"{r.where}: use_sliding_window (per-layer windows) is not supported")
+    r.read.add("sliding_window")
+    if "head_dim" not in r.cfg:   # Qwen3Config's default
+        r.cfg = {**r.cfg, "head_dim": 128}
+    return replace(_llama(name, r, window=False), qk_norm=True)
+
+
+def _qwen3_moe(name: str, r: _Reader) -> ModelSpec:
+    """Qwen3 with a mixture in every layer: routed experts of `moe_intermediate_size`, no shared
+    expert, top-k weights renormalised where `norm_topk_prob`."""
+    if r.value("decoder_sparse_step", int, 1) != 1 or r.value("mlp_only_layers", list[int], []):
+        raise InputError(f"{r.where}: dense layers among the expert layers (decoder_sparse_step, "
+                         "mlp_only_layers) are not supported")
+    moe = r.positive("moe_intermediate_size")
+    experts = r.positive("num_experts", None) or r.positive("num_local_experts")
+    r.read.update({"num_experts", "num_local_experts"})
+    spec = _qwen3(name, r)
+    return replace(spec, ffn_hidden_size=moe, num_experts=experts, experts_per_token=r.positive("num_experts_per_tok"),
+                   moe_ffn_hidden_size=moe, moe_norm_topk_prob=r.value("norm_topk_prob", bool, False),
+                   router_aux_loss_coef=r.value("router_aux_loss_coef", float, 0.001))

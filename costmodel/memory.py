@@ -170,6 +170,8 @@ def layer_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, mode:
         # a fused QKV (GPT-NeoX): attention keeps the rotated Q and K, and V, a view, keeps the
         # whole fused output alive beside them (measured: test_activation_memory's neox cases)
         qkv += a * tokens * (q + kv) / t
+    if model.qk_norm:   # Qwen3's per-head norms keep Q and K as projected (CPU's composite RMSNorm: both in fp32)
+        qkv += tokens * (q + kv) * (2 * 4 if cpu_rms else a) / t
     if model.position_kind is PositionKind.ROPE:   # RoPE's cos and sin, for Q and for K (any batch)
         qkv += 4 * a * s * model.rotary_dims
     out_proj_input = a * tokens * q / t

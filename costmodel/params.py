@@ -30,7 +30,12 @@ def layer_param_tensors(model: ModelSpec) -> int:
     norms = model.layer_norms * (1 if model.norm_kind is NormKind.RMSNORM else 2)
     moe = (1 + 3 * model.num_experts + 3 * bool(model.shared_expert_ffn_hidden_size)
            + model.shared_expert_gate) if model.is_moe else 0
-    return norms + moe + sum(1 + lin.bias for block in dense_blocks(model) for lin in block.linears)
+    return norms + 2 * model.qk_norm + moe + sum(1 + lin.bias for block in dense_blocks(model) for lin in block.linears)
+
+
+def qk_norm_params(model: ModelSpec) -> int:
+    """Qwen3's per-head Q and K norm scales in one layer (whole on every TP rank)."""
+    return 2 * model.head_dim if model.qk_norm else 0
 
 
 def expert_params(model: ModelSpec) -> int:
@@ -63,7 +68,8 @@ def layer_expert_params(model: ModelSpec, ep: int = 1) -> int:
 def layer_params(model: ModelSpec, tp: int = 1, ep: int = 1) -> int:
     """One transformer layer on one device of a TP group (tp=1: the whole layer), its routed
     experts sharded over `ep` devices (the mixture is not split over TP)."""
-    total = model.layer_norms * norm_params(model) + moe_params(model)  # norms replicated on every TP rank
+    # norms replicated on every TP rank
+    total = model.layer_norms * norm_params(model) + qk_norm_params(model) + moe_params(model)
     total -= layer_expert_params(model) - layer_expert_params(model, ep)
     for block in dense_blocks(model):
         for lin in block.linears:

@@ -13,7 +13,7 @@ from costmodel.frameworks import FrameworkTraits
 from costmodel.layout import dense_blocks
 from costmodel.memory import unsharded_between_micro_batches
 from costmodel.params import (RankParams, ceil_div, layer_expert_params, layer_param_tensors, layer_params,
-                              moe_replicated_params, optimized_params, rank_params, rank_params_at)
+                              moe_replicated_params, optimized_params, qk_norm_params, rank_params, rank_params_at)
 from costmodel.placement import AxisSpan, group_span, stage_pair_span
 from costmodel.plan import Plan, Recompute
 from costmodel.specs import ModelSpec, TrainSpec
@@ -380,15 +380,16 @@ def dp_groups(model: ModelSpec, plan: Plan, sp: Spans, held: RankParams) -> list
             (held.experts, experts, sp.edp)]
 
 
-def moe_tp_sync_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec, sp: Spans,
-                  layers: int) -> float:
-    """A mixture of experts is whole on every TP rank, each of which trained it on its sequence
-    shard: once the data-parallel reduction has left each rank its gradient shards (router and
-    shared expert over dp x cp, experts over edp x cp), they are all-reduced over TP before the
-    optimizer step, exposed (runtime.job.sync_replicated_over_tp). Affine in the rank's layers."""
-    if not model.is_moe or plan.tp == 1:
+def tp_replica_sync_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec, sp: Spans,
+                      layers: int) -> float:
+    """Parameters every TP rank holds whole but trains on its own share: a mixture of experts
+    (each TP rank routes its sequence shard) and per-head Q/K norms (each rank's heads). Once the
+    data-parallel reduction has left each rank its gradient shards (replicated ones over dp x cp,
+    experts over edp x cp), they are all-reduced over TP before the optimizer step in one
+    collective, exposed (runtime.job.sync_replicated_over_tp). Affine in the rank's layers."""
+    if plan.tp == 1 or not (model.is_moe or model.qk_norm):
         return 0.0
-    shard = (moe_replicated_params(model) / (plan.dp * plan.cp)
+    shard = ((moe_replicated_params(model) + qk_norm_params(model)) / (plan.dp * plan.cp)
              + layer_expert_params(model, plan.ep) / (plan.edp * plan.cp))
     return collective_time_s(Collective.ALL_REDUCE, layers * shard * train.grad_dtype.num_bytes, sp.tp, cluster)
 
@@ -398,7 +399,7 @@ def after_pipeline_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Cl
     """(optimizer step, TP-replicated mixture's gradient sync) of a rank holding `held` over
     `layers` layers: what it does once its pipeline work and DP reduction are done."""
     return (optimizer_step_s(optimized_params(held, plan), train, cluster.device),
-            moe_tp_sync_s(model, train, plan, cluster, sp, layers))
+            tp_replica_sync_s(model, train, plan, cluster, sp, layers))
 
 
 def dp_bucket_s(model: ModelSpec, plan: Plan, term: DpTerm, cluster: ClusterSpec, sp: Spans) -> float:

@@ -104,6 +104,8 @@ class ModelSpec:
     rotary_fraction: float = 1.0
     # Falcon-7B: one norm per layer feeding both parallel branches, x + attn(n) + mlp(n)
     shared_norm: bool = False
+    # Qwen3: an RMSNorm over each head's queries and keys (one head_dim-wide scale each) before RoPE
+    qk_norm: bool = False
     # Each head's size where it is not hidden_size / num_heads (Gemma 7B: 16 heads of 256 over a
     # 3072-wide model; Mistral NeMo): the queries and the attention output are num_heads x head_dim
     # wide, K and V num_kv_heads x head_dim. None: hidden_size / num_heads.
@@ -156,6 +158,8 @@ class ModelSpec:
             raise ValueError(f"model {self.name!r}: RoPE scaling needs 0 < low_freq_factor < high_freq_factor")
         if self.sliding_window is not None and self.sliding_window <= 0:
             raise ValueError(f"model {self.name!r}: sliding_window must be positive (or absent)")
+        if self.qk_norm and self.arch is not Arch.LLAMA:
+            raise ValueError(f"model {self.name!r}: qk_norm is built for the llama layout only")
         if self.shared_norm and not self.parallel_residual:
             raise ValueError(f"model {self.name!r}: shared_norm (one norm for both branches) needs parallel_residual")
         if not 0 < self.rotary_fraction <= 1:

@@ -20,6 +20,7 @@ _LLAMA_LAYER = {"attention.wq": "self_attn.q_proj", "attention.wk": "self_attn.k
                 "attention.wv": "self_attn.v_proj", "attention.wo": "self_attn.o_proj",
                 "mlp.w1": "mlp.gate_proj", "mlp.w3": "mlp.up_proj", "mlp.w2": "mlp.down_proj",
                 "attention_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm",
+                "attention.q_norm": "self_attn.q_norm", "attention.k_norm": "self_attn.k_norm",   # Qwen3
                 # mixtures of experts (transformers 5: Mixtral, Qwen2-MoE)
                 "mlp.router": "mlp.gate", "mlp.shared.w1": "mlp.shared_expert.gate_proj",
                 "mlp.shared.w3": "mlp.shared_expert.up_proj", "mlp.shared.w2": "mlp.shared_expert.down_proj",

@@ -100,12 +100,24 @@ def build_job(pf: PlanFile, device: torch.device, *, seed: int, materialize: boo
         apply_data_parallel(mod, mesh, plan, pf.train)
         modules[j] = mod
     job = Job(plan=plan, mesh=mesh, device=device, coords=coords, modules=modules, cp=cp,
-              tp_replicated=[p for mod in modules.values() for sub in mod.modules() if isinstance(sub, MoE)
-                             for p in sub.parameters()] if plan.tp > 1 else [])
+              tp_replicated=_tp_replicated(modules) if plan.tp > 1 else [])
     _tie_embeddings(job, pf)
     if plan.pp > 1 and materialize:
         job.schedule = build_schedule(plan, modules, mesh["pp"].get_group(), device, cross_entropy, job.clock)
     return job
+
+
+def _tp_replicated(modules: dict) -> list[nn.Parameter]:
+    """Parameters whole on every TP rank that each rank trains on its own share: a mixture of
+    experts (its sequence shard) and Qwen3's per-head Q/K norms (its heads)."""
+    out = []
+    for mod in modules.values():
+        for sub in mod.modules():
+            if isinstance(sub, MoE):
+                out += list(sub.parameters())
+            elif getattr(sub, "qk_norm", False):
+                out += [*sub.q_norm.parameters(), *sub.k_norm.parameters()]
+    return out
 
 
 def _token_group(mesh: DeviceMesh, plan: Plan, cp: CpShard | None):
@@ -154,9 +166,9 @@ def _tie_embeddings(job: Job, pf: PlanFile) -> None:
 
 
 def sync_replicated_over_tp(job: Job) -> None:
-    """A mixture of experts under TP is whole on every TP rank, each of which trained it on its
-    sequence shard: sum their gradients (after FSDP2 has reduced them over dp, shard by shard,
-    the same shards on every TP rank)."""
+    """Parameters whole on every TP rank, each of which trained them on its share (a mixture on
+    its sequence shard, Q/K norms on its heads): sum their gradients (after FSDP2 has reduced
+    them over dp, shard by shard, the same shards on every TP rank)."""
     if job.plan.tp == 1 or not job.tp_replicated:
         return
     group = job.mesh["tp"].get_group()

@@ -90,7 +90,7 @@ def _stage_parts(pf: PlanFile, est: Estimate, raw: dict[str, Any], step_s: float
     measured = {"work": work, "dp_sync": sync, "optimizer": optim,
                 "wait": [step_s - w - d - o for w, d, o in zip(work, sync, optim)]}
     ledger = est.time_breakdown_s
-    dp = ledger["comm/dp_exposed"] + ledger["comm/embedding_sync"] + ledger.get("comm/moe_tp_sync", 0.0)
+    dp = ledger["comm/dp_exposed"] + ledger["comm/embedding_sync"] + ledger.get("comm/tp_replica_sync", 0.0)
     inside = pf.plan.pp == 1
     pred_work = [w + (dp if inside else 0.0) for w in est.rank_work_s]
     pred_sync = [0.0 if inside else dp] * pf.plan.pp

@@ -126,6 +126,10 @@ class Attention(nn.Module):
         self.rope = model.position_kind is PositionKind.ROPE
         self.inv_freq = rope_frequencies(model) if self.rope else None   # not a parameter or buffer
         self.rotary_dims = model.rotary_dims
+        if model.qk_norm:   # Qwen3: per head, before RoPE (whole on every TP rank: runtime.job)
+            self.q_norm = nn.RMSNorm(model.head_dim, eps=model.norm_eps)
+            self.k_norm = nn.RMSNorm(model.head_dim, eps=model.norm_eps)
+        self.qk_norm = model.qk_norm
         self.dropout_p = DROPOUT_P if model.dropout else 0.0
         self.selective_recompute = False   # set by the runtime from the plan
         self.cp: CpShard | None = None       # context parallelism (Transformer.set_context_parallel)
@@ -134,8 +138,10 @@ class Attention(nn.Module):
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b, s, d = x.shape[0], x.shape[1], self.head_dim
         if self.arch is Arch.LLAMA:   # -1: local head counts under tensor parallelism
-            return (self.wq(x).view(b, s, -1, d), self.wk(x).view(b, s, -1, d),
-                    self.wv(x).view(b, s, -1, d))
+            q, k = self.wq(x).view(b, s, -1, d), self.wk(x).view(b, s, -1, d)
+            if self.qk_norm:
+                q, k = self.q_norm(q), self.k_norm(k)
+            return q, k, self.wv(x).view(b, s, -1, d)
         groups = self.qkv(x).view(b, s, -1, (self.group + 2) * d)
         q, k, v = groups.split((self.group * d, d, d), dim=-1)
         return q.reshape(b, s, -1, d), k, v

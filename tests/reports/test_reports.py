@@ -125,7 +125,7 @@ def test_experts_and_context_parallelism_show_in_the_ledger_and_memory_parts(tmp
     exchange are ledger items; the experts' states and the gathered K/V are named in the memory
     report with the figures costmodel.memory gives."""
     from costmodel.memory import cp_gathered_kv_bytes, expert_state_bytes
-    for name, flags, items in (("tp", ["--tp", "2"], ("comm/ep_exposed", "comm/moe_tp_sync")),
+    for name, flags, items in (("tp", ["--tp", "2"], ("comm/ep_exposed", "comm/tp_replica_sync")),
                                ("cp", ["--cp", "2", "--seq-len", "4096", "--global-batch", "128"],
                                 ("comm/ep_exposed", "comm/cp_exposed"))):
         plan_path, out = tmp_path / f"{name}.json", tmp_path / name

@@ -104,6 +104,9 @@ CASES = {
     # heads sized apart from the model's width (queries twice as wide as the model)
     "head_dim": (Choice(micro_batch_size=MBS), 1, dict(LLAMA, explicit_head_dim=64)),
     "head_dim_tp2_sp": (Choice(tp=2, micro_batch_size=MBS), 2, dict(LLAMA, explicit_head_dim=64)),
+    # Qwen3's per-head Q/K norms (and heads sized apart)
+    "qwen3": (Choice(micro_batch_size=MBS), 1, dict(LLAMA, qk_norm=True, explicit_head_dim=64)),
+    "qwen3_tp2_sp": (Choice(tp=2, micro_batch_size=MBS), 2, dict(LLAMA, qk_norm=True, explicit_head_dim=64)),
     "neox": (Choice(micro_batch_size=MBS), 1, NEOX),
     # Falcon's: one norm feeding both parallel branches (their inputs one tensor, but under SP
     # each block gathers its own), no biases, grouped KV

@@ -92,7 +92,19 @@ FALCON = {"alibi": False, "apply_residual_connection_post_layernorm": False, "ar
           "parallel_attn": True, "torch_dtype": "bfloat16", "transformers_version": "4.27.4", "use_cache": True,
           "vocab_size": 256}
 FALCON_NEW = {**FALCON, "new_decoder_architecture": True, "num_kv_heads": 2, "multi_query": True}
-CASES = {"falcon7b": (FALCON, "FalconForCausalLM"), "falcon_new_arch": (FALCON_NEW, "FalconForCausalLM"),
+# Qwen/Qwen3-8B's config.json, widths cut (head_dim 32 over a 64-wide model with 4 heads: queries
+# twice as wide, as 128 x 32 over 4096 there), and Qwen/Qwen3-30B-A3B's, widths and experts cut
+QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+         "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 32, "hidden_act": "silu",
+         "initializer_range": 0.02, "max_position_embeddings": 40960, "max_window_layers": 36, "model_type": "qwen3",
+         "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000, "sliding_window": None,
+         "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.51.0",
+         "use_cache": True, "use_sliding_window": False, **SMALL}
+QWEN3_MOE = {**QWEN3, "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "decoder_sparse_step": 1,
+             "mlp_only_layers": [], "moe_intermediate_size": 48, "norm_topk_prob": True, "num_experts": 8,
+             "num_experts_per_tok": 2, "output_router_logits": False, "router_aux_loss_coef": 0.001}
+CASES = {"qwen3": (QWEN3, "Qwen3ForCausalLM"), "qwen3_moe": (QWEN3_MOE, "Qwen3MoeForCausalLM"),
+         "falcon7b": (FALCON, "FalconForCausalLM"), "falcon_new_arch": (FALCON_NEW, "FalconForCausalLM"),
          "gemma7b_head_dim": (GEMMA7B, "GemmaForCausalLM"), "gpt_neox": (NEOX, "GPTNeoXForCausalLM"), "llama3.1": (LLAMA31, "LlamaForCausalLM"), "phi3": (PHI3, "Phi3ForCausalLM"), "gemma": (GEMMA, "GemmaForCausalLM"), "mistral": (MISTRAL, "MistralForCausalLM"),
          "qwen2": (QWEN2, "Qwen2ForCausalLM"), "gpt2": (GPT2, "GPT2LMHeadModel"),
          "mixtral": (MIXTRAL_SMALL, "MixtralForCausalLM"), "qwen2_moe": (QWEN_MOE_SMALL, "Qwen2MoeForCausalLM")}
@@ -239,3 +251,20 @@ def test_falcon_7b_counts_exactly_as_transformers(tmp_path):
         theirs = _theirs(cfg, "FalconForCausalLM")
     assert spec.shared_norm and spec.num_kv_heads == 1 and spec.tied_embeddings
     assert total_params(spec) == theirs.num_parameters() == 6_921_720_704
+
+
+@pytest.mark.parametrize("changes, cls_name", [
+    ({}, "Qwen3ForCausalLM"),   # Qwen3-8B
+    ({**QWEN3_MOE, "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4,
+      "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128,
+      "num_experts_per_tok": 8}, "Qwen3MoeForCausalLM"),   # Qwen3-30B-A3B
+], ids=["qwen3-8b", "qwen3-30b-a3b"])
+def test_qwen3_counts_exactly_as_transformers(tmp_path, changes, cls_name):
+    """Whole published Qwen3 configs on the meta device: per-head Q/K norms, heads of 128."""
+    from costmodel.params import total_params
+    cfg = {**QWEN3, "hidden_size": 4096, "head_dim": 128, "intermediate_size": 12288, "num_hidden_layers": 36,
+           "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 151936, **changes}
+    spec = resolve_model(str(_config(tmp_path, cfg)))
+    with torch.device("meta"):
+        theirs = _theirs(cfg, cls_name)
+    assert spec.qk_norm and total_params(spec) == theirs.num_parameters()

@@ -51,6 +51,9 @@ CASES = {
     "head_dim_apart_tp_sp": (Choice(tp=2), 2, {"explicit_head_dim": 32}),   # debug-tiny: 4 heads of 32 over 64
     "neox_cp2_pp2": (Choice(cp=2, pp=2), 4, NEOX),
     "falcon_tp_sp": (Choice(tp=2), 2, FALCON),
+    # Qwen3's per-head Q/K norms: whole on each TP rank, trained on its heads, summed over TP
+    "qk_norm_tp_sp_zero1": (Choice(tp=2, zero_stage=1), 2, {"qk_norm": True}),
+    "qk_norm_tp2_dp2_zero3": (Choice(tp=2, zero_stage=3), 4, {"qk_norm": True}),
     "falcon_pp2_zero3": (Choice(pp=2, zero_stage=3), 2, FALCON),
     "eager_attention_tp": (Choice(tp=2), 2, {"attention_kernel": AttentionKernel.EAGER}),
     # context parallelism (runtime.context_parallel): load-balanced chunks, K/V all-gathered

@@ -127,7 +127,7 @@ def test_dry_run_holds_the_experts_the_model_says(tmp_path, capsys, flags):
     plan = tmp_path / "mixtral.json"
     assert main(["predict", "--model", "mixtral-8x7b", "--cluster", "8x8xH100", *flags, "--pp", "4",
                  "--ep", "4", "--zero", "1", "--recompute", "full", "--out", str(plan), "--json"]) == 0
-    sync_s = json.loads(capsys.readouterr().out)["estimate"]["time_breakdown_s"]["comm/moe_tp_sync"]
+    sync_s = json.loads(capsys.readouterr().out)["estimate"]["time_breakdown_s"]["comm/tp_replica_sync"]
     assert sync_s > 0 if "--tp" in flags else sync_s == 0
     assert main(["run", str(plan), "--dry-run", "--json"]) == 0
     for row in json.loads(capsys.readouterr().out)["rows"]:
