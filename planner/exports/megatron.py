@@ -17,8 +17,8 @@ from __future__ import annotations
 import shlex
 
 from costmodel.plan import Plan, PlanFile, Recompute, Schedule
-from costmodel.specs import Arch, DType, NormKind, PositionKind
-from planner.exports.common import (Adjusted, layout, recompute_is_uniform, to_even_layers, to_rank_order,
+from costmodel.specs import Arch, DType, FfnKind, NormKind, PositionKind
+from planner.exports.common import (Adjusted, CannotExport, layout, recompute_is_uniform, to_even_layers, to_rank_order,
                                     to_schedule, to_uniform_recompute)
 
 NAME = "megatron"
@@ -30,6 +30,9 @@ TP_PP_DP_ORDER = ("dp", "pp", "cp", "tp")   # --use-tp-pp-dp-mapping
 
 
 def nearest(pf: PlanFile) -> Adjusted:
+    if pf.model.parallel_residual:
+        raise CannotExport("megatron cannot run this plan: Megatron-LM has no attention and MLP in parallel "
+                           "on the layer input (the model's parallel residual)")
     adj = Adjusted(pf.plan)
     layers = pf.model.num_layers
     plan = adj.plan
@@ -98,12 +101,22 @@ def arguments(pf: PlanFile, plan: Plan) -> list[tuple[str, str | None]]:
              ("--max-position-embeddings", str(max(t.seq_len, m.max_position_embeddings))),
              ("--normalization", "RMSNorm" if m.norm_kind is NormKind.RMSNORM else "LayerNorm"),
              ("--norm-epsilon", f"{m.norm_eps:g}")]
+    if m.explicit_head_dim is not None:
+        args += [("--kv-channels", str(m.head_dim))]
     if m.position_kind is PositionKind.ROPE:
         args += [("--position-embedding-type", "rope"), ("--rotary-base", f"{m.rope_theta:g}")]
+        if m.rotary_fraction != 1:
+            args += [("--rotary-percent", f"{m.rotary_fraction:g}")]
+        if m.rope_scaling_factor != 1:   # Llama 3.1's
+            args += [("--use-rope-scaling", None), ("--rope-scaling-factor", f"{m.rope_scaling_factor:g}")]
     else:
         args += [("--position-embedding-type", "learned_absolute")]
     if m.arch is Arch.LLAMA:
         args += [("--swiglu", None)]
+    elif m.ffn_kind is FfnKind.GELU:   # the tanh GeLU (Megatron's default is the exact one)
+        args += [("--openai-gelu", None)]
+    if m.qk_norm:
+        args += [("--qk-layernorm", None)]
     if not m.tied_embeddings:
         args += [("--untie-embeddings-and-output-weights", None)]
     if not m.bias:

@@ -95,6 +95,10 @@ def _model_note(m: ModelSpec) -> str:
     dims = (f"dim={m.hidden_size}, n_layers={m.num_layers}, n_heads={m.num_heads}, n_kv_heads={m.num_kv_heads}, "
             f"ffn hidden {m.ffn_hidden_size}, vocab_size={m.vocab_size}, rope_theta={m.rope_theta:g}, "
             f"norm_eps={m.norm_eps:g}")
+    if m.qk_norm or m.explicit_head_dim is not None:   # beyond what llama3's model builds
+        dims += f", head_dim {m.head_dim}{', Q/K norms per head' if m.qk_norm else ''}"
+        return (f"model {m.name}: torchtitan's llama3 model has no such heads; register a train spec named "
+                f"'{m.name}' ({dims}) before running")
     if m.is_moe:
         return (f"model {m.name}: torchtitan 0.2 has no model of this kind; register a train spec named "
                 f"'{m.name}' ({dims}; {m.num_experts} experts of width {m.moe_ffn_hidden_size}, top-"

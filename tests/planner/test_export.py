@@ -30,13 +30,23 @@ PLANS = {
                                     "--global-batch", "64"],
 }
 UNEVEN = {"llama13b_gpipe_zero0_uneven": [9, 10, 10, 11]}   # a split only the search writes
+# a Qwen3-shaped model (heads of 128 over a 1024-wide model, per-head Q/K norms), from its config.json
+QWEN3 = {"model_type": "qwen3", "hidden_size": 1024, "head_dim": 128, "num_attention_heads": 16,
+         "num_key_value_heads": 8, "intermediate_size": 3072, "num_hidden_layers": 8, "vocab_size": 151936,
+         "rms_norm_eps": 1e-6, "rope_theta": 1000000, "tie_word_embeddings": False, "max_position_embeddings": 40960}
+PLANS["qwen3_tp2_pp2"] = ["--model", "QWEN3", "--cluster", "1x8xH100", "--tp", "2", "--pp", "2",
+                          "--seq-len", "4096", "--global-batch", "64"]
 
 
 @pytest.fixture(scope="module")
 def plan_paths(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("plans")
     paths = {}
+    config = root / "qwen3" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps(QWEN3))
     for name, flags in PLANS.items():
+        flags = [str(config) if f == "QWEN3" else f for f in flags]
         paths[name] = root / f"{name}.json"
         assert main(["predict", *flags, "--out", str(paths[name]), "--json"]) == 0, name
         if name in UNEVEN:
@@ -112,6 +122,7 @@ RENAMED = {"--norm-epsilon": "layernorm_epsilon", "--num-experts": "num_moe_expe
            "--decoder-last-pipeline-num-layers": "num_layers_in_last_pipeline_stage"}
 # flags that are not Megatron-Core config fields: checked here by what they say
 TRAINING = {"--seq-length", "--max-position-embeddings", "--position-embedding-type", "--rotary-base",
+            "--rotary-percent", "--use-rope-scaling", "--rope-scaling-factor", "--openai-gelu",   # GPTModel's
             "--untie-embeddings-and-output-weights", "--micro-batch-size", "--global-batch-size",
             "--tokenizer-type", "--vocab-size", "--mock-data", "--use-tp-pp-dp-mapping", "--group-query-attention"}
 
@@ -153,6 +164,8 @@ def test_megatron_core_accepts_the_arguments(plan_paths, tmp_path, capsys, name)
             tc["add_bias_linear"] = False
         elif flag == "--bf16":
             tc.update(bf16=True, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16)
+        elif flag == "--qk-layernorm":
+            tc["qk_layernorm"] = True
         elif flag == "--num-layers-per-virtual-pipeline-stage":
             tc["virtual_pipeline_model_parallel_size"] = pf.model.num_layers // (plan["pp"] * int(value))
         else:
@@ -176,6 +189,8 @@ def test_megatron_core_accepts_the_arguments(plan_paths, tmp_path, capsys, name)
         assert [sum(min(n, plan["layers_per_stage"][v * plan["pp"] + r]) for v in range(plan["vpp"]))
                 for r in range(plan["pp"])] == plan["recompute_num_layers"]
     assert ("--use-distributed-optimizer" in args) == (plan["zero_stage"] == 1)
+    if pf.model.qk_norm:   # the heads as the model has them
+        assert config.kv_channels == pf.model.head_dim and config.qk_layernorm
 
 
 def _typed(value: str):
@@ -260,3 +275,21 @@ def test_a_used_output_and_an_invalid_plan_are_refused(tmp_path, capsys):
     errors = capsys.readouterr().err.strip().splitlines()
     assert len(errors) == 2 and "exists; pass --overwrite" in errors[1]
     assert out.read_text() == "mine"
+
+
+def test_a_model_the_target_cannot_build_is_refused(tmp_path, capsys):
+    """GPT-NeoX's parallel residual has no Megatron-LM equivalent: one line, exit 2, not a file
+    that would train another model."""
+    config = tmp_path / "neox" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps({"model_type": "gpt_neox", "hidden_size": 512, "num_attention_heads": 8,
+                                  "num_hidden_layers": 4, "intermediate_size": 2048, "vocab_size": 50304,
+                                  "rotary_pct": 0.25, "use_parallel_residual": True}))
+    plan = tmp_path / "p.json"
+    assert main(["predict", "--model", str(config), "--cluster", "1x8xH100", "--tp", "2", "--seq-len", "2048",
+                 "--global-batch", "32", "--out", str(plan), "--json"]) == 0
+    capsys.readouterr()
+    assert main(["export", str(plan), "--to", "megatron", "--out", str(tmp_path / "run.sh")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no attention and MLP in parallel" in err
+    assert not (tmp_path / "run.sh").exists()
