@@ -6,6 +6,7 @@ from __future__ import annotations
 from types import ModuleType
 
 from costmodel.plan import PlanFile, Recompute
+from costmodel.units import GIB
 from planner.exports import deepspeed, megatron, torchtitan
 from planner.exports.common import (CannotExport, Export, checked, priced, recompute_is_uniform, refuse_if_over,
                                     to_uniform_recompute)
@@ -24,7 +25,7 @@ def export_plan(pf: PlanFile, target: str) -> Export:
     est = priced(pf, adjusted.plan, module.FRAMEWORK)
     if not est.fits and not (adjusted.plan.recompute is Recompute.FULL and recompute_is_uniform(adjusted.plan)):
         # the target's nearest plan keeps more than ours: its lever is recomputation
-        over = max(est.peak_memory_bytes) / 2**30
+        over = max(est.peak_memory_bytes) / GIB
         to_uniform_recompute(adjusted, Recompute.FULL, f"memory: that plan needs {over:.1f} GiB per device as "
                                                        f"{target} runs it; with full recomputation of every layer")
         checked(pf, adjusted.plan, target)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from costmodel.plan import PlanFile, Recompute
+from costmodel.plan import PlanFile
 from planner.cli import main
 
 # the main job's plan, a per-rank-recompute interleaved mixture with experts, and plans that
