@@ -49,6 +49,11 @@ class ScheduleTraits:
     max_vpp: int | None = 1          # None: any
     needs_pp: bool = False           # meaningless on one pipeline rank
     micro_batches_multiple_of_pp: bool = False
+    # torch 2.13's own rules on the micro-batch count m: Schedule1F1B needs m >= pp stages; the
+    # round-based runtime schedules (InterleavedZeroBubble with one stage per rank) need m to be a
+    # whole number of rounds of max(1, m // pp) (an interleaved plan's m % pp == 0 implies it)
+    micro_batches_at_least_pp: bool = False
+    micro_batches_whole_rounds: bool = False
     v_placement: bool = False        # virtual stages placed down then up the ranks (V), else in a loop
     in_flight: str = "1f1b"          # activations held at the peak: "all" | "1f1b" | "interleaved" | "v"
     deferred_chunks_per_rank: int = 0   # weight passes put off at once: (this) · rank + 1 chunks; 0: none
@@ -85,6 +90,12 @@ class ScheduleTraits:
             out.append(f"schedule {name} needs {want} (virtual stages per rank; got {vpp})")
         if self.micro_batches_multiple_of_pp and pp > 1 and num_micro_batches % pp:
             out.append(f"schedule {name} needs num_micro_batches ({num_micro_batches}) divisible by pp ({pp})")
+        if self.micro_batches_at_least_pp and num_micro_batches < pp:
+            out.append(f"schedule {name} needs at least as many micro-batches as pipeline stages "
+                       f"({num_micro_batches} < pp {pp}; torch's Schedule1F1B refuses fewer)")
+        if self.micro_batches_whole_rounds and pp > 1 and num_micro_batches % max(1, num_micro_batches // pp):
+            out.append(f"schedule {name} needs num_micro_batches ({num_micro_batches}) in whole rounds of "
+                       f"{max(1, num_micro_batches // pp)} (torch's round-based schedules)")
         if recomputes and not self.recompute:
             out.append(f"schedule {name} cannot be combined with recomputation (torch's zero-bubble "
                        "split backward keeps the recomputed layers until the weight pass)")
@@ -97,7 +108,7 @@ SCHEDULE_TRAITS: dict[Schedule, ScheduleTraits] = {
         fill="stage", in_flight="all", dominated_by=Schedule.ONE_F_ONE_B, torch_class="ScheduleGPipe"),
     Schedule.ONE_F_ONE_B: ScheduleTraits(
         description="one forward, one backward (PipeDream-Flush, Narayanan et al. 2021)",
-        fill="stage", torch_class="Schedule1F1B"),
+        fill="stage", micro_batches_at_least_pp=True, torch_class="Schedule1F1B"),
     Schedule.INTERLEAVED: ScheduleTraits(
         description="1F1B over v virtual stages per rank in a loop (Narayanan et al. SC'21)",
         fill="stage", fill_divided_by_vpp=True, min_vpp=2, max_vpp=None, needs_pp=True,
@@ -106,7 +117,7 @@ SCHEDULE_TRAITS: dict[Schedule, ScheduleTraits] = {
     Schedule.ZB_H1: ScheduleTraits(
         description="zero bubble H1: backward split into input and weight passes, weights later "
                     "(Qi et al. 2024); 1F1B's peak activations plus the deferred passes' inputs",
-        fill="zero-bubble", needs_pp=True, deferred_chunks_per_rank=1,
+        fill="zero-bubble", needs_pp=True, deferred_chunks_per_rank=1, micro_batches_whole_rounds=True,
         recompute=False, torch_class="ScheduleInterleavedZeroBubble", multi_stage=True),
     Schedule.ZBV: ScheduleTraits(
         description="zero bubble V: two virtual stages per rank placed in a V (Qi et al. 2024); no "

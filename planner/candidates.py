@@ -133,6 +133,10 @@ def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep):
             variants = []
             for vpp in allowed(options, "vpp", vpps):
                 valid, best = _schedules(pp, vpp, mode, options.schedules)
+                runnable = tuple(s for s in valid if not s.traits.problems(str(s), pp, vpp, m, mode is not Recompute.NONE))
+                if runnable != valid:   # a rule on the micro-batch count (1F1B: m >= pp): dominance among the rest
+                    valid = runnable
+                    best = tuple(s for s in valid if s.traits.dominated_by not in valid) or valid
                 if model.is_moe:
                     valid = tuple(s for s in valid if not moe_schedule_problem(model, s))
                     best = tuple(s for s in best if not moe_schedule_problem(model, s)) or valid

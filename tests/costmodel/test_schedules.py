@@ -72,3 +72,31 @@ def test_every_schedule_is_described_once_and_runs_on_torch():
         assert traits.dominated_by is None or traits.dominated_by.traits.closed_form
     assert [s for s in Schedule if not s.traits.closed_form] == [Schedule.ZBV]
     assert {s for s in Schedule if s.traits.defers_weight_grad} == {Schedule.ZB_H1, Schedule.ZBV}
+
+
+def _torch_refuses(schedule: Schedule, p: int, m: int, v: int) -> bool:
+    n = p * v
+    try:
+        if schedule in MULTI:
+            stages = ([_stage(0, n, p, 0), _stage(n - 1, n, p, 0)] if schedule is Schedule.ZBV
+                      else [_stage(j, n, p, 0) for j in range(0, n, p)])
+            MULTI[schedule](stages, n_microbatches=m)
+        else:
+            getattr(tp, schedule.traits.torch_class)(_stage(0, p, p, 0), n_microbatches=m)
+    except ValueError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("schedule, v", [(Schedule.GPIPE, 1), (Schedule.ONE_F_ONE_B, 1), (Schedule.ZB_H1, 1),
+                                         (Schedule.INTERLEAVED, 2), (Schedule.ZBV, 2)])
+def test_micro_batch_rules_are_torch_s(schedule, v):
+    """What torch's schedule classes refuse for a micro-batch count (1F1B: fewer than the stages;
+    the round-based ones: not whole rounds), check_plan and the search refuse too, so that no
+    plan they emit fails at its first step (the README's small example once picked pp2 1F1B
+    with one micro-batch). Interleaving's m % pp rule is stricter than torch's, never looser."""
+    for p in (2, 4):
+        for m in range(1, 13):
+            ours = bool(schedule.traits.problems(str(schedule), p, v, m, False))
+            theirs = _torch_refuses(schedule, p, m, v)
+            assert ours if theirs else (not ours or schedule is Schedule.INTERLEAVED), (schedule, p, m, ours, theirs)
