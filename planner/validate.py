@@ -118,16 +118,23 @@ def _check_row(path: Path, line: int, row: dict[str, str]) -> None:
 def _int(row: dict[str, str], key: str, default: int | None = None, low: int = 1,
          high: int | None = None) -> int | None:
     """A size or degree in [low, high] (a positive integer unless said), or `default` when empty."""
+    return _number(row, key, int, default, low, high)
+
+
+def _number(row: dict[str, str], key: str, kind: type, default, low, high):
+    """An int or float cell in [low, high] (no upper limit: None), or `default` when empty."""
     value = (row.get(key) or "").strip()
     if not value:
         return default
     try:
-        number = int(value)
+        number = kind(value)
     except ValueError:
-        raise ValueError(f"row {row.get('id')!r}: {key} = {value!r} is not an integer") from None
+        raise ValueError(f"row {row.get('id')!r}: {key} = {value!r} is not "
+                         f"{'an integer' if kind is int else 'a number'}") from None
     if number < low or (high is not None and number > high):
-        raise ValueError(f"row {row.get('id')!r}: {key} = {number} is out of range "
-                         f"({f'{low} to {high}' if high is not None else f'at least {low}'})")
+        shown = lambda x: f"{x:g}" if isinstance(x, float) else str(x)  # noqa: E731
+        raise ValueError(f"row {row.get('id')!r}: {key} = {shown(number)} is out of range "
+                         f"({f'{shown(low)} to {shown(high)}' if high is not None else f'at least {shown(low)}'})")
     return number
 
 
@@ -186,17 +193,7 @@ def _experts(row: dict[str, str], ffn: int) -> dict[str, int]:
 def _imbalance(row: dict[str, str]) -> float:
     """Optional column expert_imbalance: the busiest expert-parallel rank's share of routed rows
     over the mean (1 for runs with forced-balanced routing); empty: the planner's default."""
-    value = (row.get("expert_imbalance") or "").strip()
-    if not value:
-        return DEFAULT_EXPERT_IMBALANCE
-    try:
-        number = float(value)
-    except ValueError:
-        raise ValueError(f"row {row.get('id')!r}: expert_imbalance = {value!r} is not a number") from None
-    if not 1.0 <= number <= MAX_EXPERT_IMBALANCE:
-        raise ValueError(f"row {row.get('id')!r}: expert_imbalance = {number:g} is out of range "
-                         f"(1 to {MAX_EXPERT_IMBALANCE:g})")
-    return number
+    return _number(row, "expert_imbalance", float, DEFAULT_EXPERT_IMBALANCE, 1.0, MAX_EXPERT_IMBALANCE)
 
 
 def attention_kernel(row: dict[str, str]) -> AttentionKernel:

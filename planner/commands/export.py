@@ -4,6 +4,7 @@ plan it runs instead), and that plan's predicted cost as the framework runs it."
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -47,18 +48,17 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def emit(result: Export, pf: PlanFile, out: Path | None, as_json: bool, *, quiet_text: bool = False) -> None:
+def emit(result: Export, pf: PlanFile, out: Path | None, as_json: bool) -> None:
     """Write the file (or print it), then the summary: on stdout with a file or --json, else on
     stderr so that stdout holds the configuration alone."""
     if out is not None:
         write_text_atomic(out, result.text)
     if as_json:
-        print(_json_text(to_json(result, pf, out)))
+        print(json.dumps(to_json(result, pf, out), indent=2))
         return
-    summary = sys.stdout if out is not None or quiet_text else sys.stderr
-    if out is None and not quiet_text:
+    if out is None:
         sys.stdout.write(result.text)
-    print("\n".join(summary_lines(result, pf, out)), file=summary)
+    print("\n".join(summary_lines(result, pf, out)), file=sys.stdout if out is not None else sys.stderr)
 
 
 def to_json(result: Export, pf: PlanFile, out: Path | None) -> dict[str, Any]:
@@ -68,11 +68,6 @@ def to_json(result: Export, pf: PlanFile, out: Path | None) -> dict[str, Any]:
     if out is None:
         doc["text"] = result.text
     return doc
-
-
-def _json_text(doc: dict[str, Any]) -> str:
-    import json
-    return json.dumps(doc, indent=2)
 
 
 def summary_lines(result: Export, pf: PlanFile, out: Path | None) -> list[str]:

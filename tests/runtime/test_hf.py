@@ -219,6 +219,7 @@ def test_gpt_neox_counts_exactly_as_transformers_and_prices_its_mechanisms(tmp_p
     with torch.device("meta"):
         theirs = _theirs(NEOX_20B, "GPTNeoXForCausalLM")
     assert total_params(spec) == theirs.num_parameters()
+    assert total_params(spec) == 20_554_567_680   # the README quotes it
     assert spec.parallel_residual and spec.rotary_dims == 24 and not spec.tied_embeddings
     v5 = {k: v for k, v in NEOX_20B.items() if k not in ("rotary_pct", "rotary_emb_base")}
     v5["rope_parameters"] = {"rope_theta": 10000.0, "partial_rotary_factor": 0.25, "rope_type": "default"}
