@@ -4,8 +4,8 @@ The pipeline phase is simulated event by event (costmodel.pipeline_simulation, i
 The step time is a sum of ledger items under hierarchical keys (a test checks the sum): the
 critical pipeline rank's (the busiest in the simulation) work over all micro-batches, split into
 compute and the communication on its path, then its idle time in the pipeline (the bubble), then
-what happens once per step (exposed data-parallel synchronisation, tied-embedding sync, a
-TP-replicated mixture's gradient sync, optimizer). Peak activation memory per rank is the simulated peak.
+what happens once per step (exposed data-parallel synchronisation, tied-embedding sync, the
+gradient sync of parameters whole on every TP rank (a mixture, Q/K norms), optimizer). Peak activation memory per rank is the simulated peak.
 
 The closed forms of costmodel.pipeline_closed_form are kept beside it as `closed_form_step_time_s`: the
 search optimises layer splits against them (they are affine enough for CP-SAT) and the tests use

@@ -389,14 +389,16 @@ def tp_replica_sync_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: C
     collective, exposed (runtime.job.sync_replicated_over_tp). Affine in the rank's layers."""
     if plan.tp == 1 or not (model.is_moe or model.qk_norm):
         return 0.0
-    shard = ((moe_replicated_params(model) + qk_norm_params(model)) / (plan.dp * plan.cp)
-             + layer_expert_params(model, plan.ep) / (plan.edp * plan.cp))
+    # ZeRO-0 keeps whole gradients (FSDP2 over a unit shard axis: runtime.parallel.dp_mesh_for)
+    sharded = plan.zero_stage > 0
+    shard = ((moe_replicated_params(model) + qk_norm_params(model)) / (plan.dp * plan.cp if sharded else 1)
+             + layer_expert_params(model, plan.ep) / (plan.edp * plan.cp if sharded else 1))
     return collective_time_s(Collective.ALL_REDUCE, layers * shard * train.grad_dtype.num_bytes, sp.tp, cluster)
 
 
 def after_pipeline_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec, sp: Spans,
                      held: RankParams, layers: int) -> tuple[float, float]:
-    """(optimizer step, TP-replicated mixture's gradient sync) of a rank holding `held` over
+    """(optimizer step, the TP-replicated parameters' gradient sync) of a rank holding `held` over
     `layers` layers: what it does once its pipeline work and DP reduction are done."""
     return (optimizer_step_s(optimized_params(held, plan), train, cluster.device),
             tp_replica_sync_s(model, train, plan, cluster, sp, layers))

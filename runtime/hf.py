@@ -50,7 +50,8 @@ def _falcon_norms(model: Transformer) -> dict[str, str]:
 
 
 def _gpt2(model: Transformer) -> bool:
-    """GPT-2's names and Conv1D layouts (GPT-NeoX, the other gpt-arch type, uses rotary positions)."""
+    """GPT-2's names and Conv1D layouts (the gpt-arch types with rotary positions are GPT-NeoX's
+    names by default, Falcon's with model_type="falcon")."""
     return model.spec.arch is Arch.GPT and model.spec.position_kind is not PositionKind.ROPE
 
 

@@ -21,7 +21,7 @@ from runtime.context_parallel import CpShard
 from runtime.model import Transformer
 from runtime.moe import MoE
 from runtime.parallel import (apply_data_parallel, apply_expert_parallel, apply_recompute, apply_tensor_parallel,
-                              build_mesh, local_tensor, mesh_coords, recomputed_layers)
+                              build_mesh, in_root_order, local_tensor, mesh_coords, recomputed_layers)
 from runtime.pipeline import StepClock, build_schedule, local_stages, stage_layer_ids
 
 
@@ -37,7 +37,7 @@ class Job:
     tied_group: object | None = None       # ranks holding the two copies of a tied embedding
     clock: StepClock = field(default_factory=StepClock)   # this rank's split of the current step
     cp: CpShard | None = None              # context parallelism: this rank's chunks of each sequence
-    tp_replicated: list[nn.Parameter] = field(default_factory=list)   # mixtures under TP (sync_replicated_over_tp)
+    tp_replicated: list[nn.Parameter] = field(default_factory=list)   # whole on each TP rank, trained on its share
 
     @property
     def num_stages(self) -> int:
@@ -124,7 +124,7 @@ def _token_group(mesh: DeviceMesh, plan: Plan, cp: CpShard | None):
     """The ranks a micro-batch's tokens are split over at the experts: CP's chunks, and under
     sequence parallelism the TP ranks' shards (None: this rank has them all)."""
     if plan.tp > 1 and plan.cp > 1:
-        return mesh["cp", "tp"]._flatten("cp_tp").get_group()
+        return mesh[in_root_order(mesh, "cp", "tp")]._flatten("cp_tp").get_group()   # any mesh order
     if plan.tp > 1:
         return mesh["tp"].get_group()
     return cp.group if cp is not None else None

@@ -163,7 +163,7 @@ def dp_mesh_for(mesh: DeviceMesh, plan: Plan) -> DeviceMesh:
     if plan.cp == 1:
         return _sliced(mesh, "dp", UNIT_AXIS) if plan.zero_stage == 0 else mesh["dp"]
     dp_dims = ("edp", EP_UNIT_AXIS, "ep") if plan.ep > 1 else ("dp",)   # the world mesh's own dims
-    flat = mesh[_in_root_order(mesh, *dp_dims, "cp")]._flatten("dp_cp")
+    flat = mesh[in_root_order(mesh, *dp_dims, "cp")]._flatten("dp_cp")
     return flat if plan.zero_stage > 0 else _sliced(mesh, "dp_cp", UNIT_AXIS)
 
 
@@ -172,11 +172,11 @@ def expert_dp_mesh_for(mesh: DeviceMesh, plan: Plan) -> DeviceMesh:
     their own chunks through the same experts), as costmodel.memory counts."""
     if plan.cp == 1:
         return mesh["edp"] if plan.zero_stage > 0 else mesh["edp", EP_UNIT_AXIS]
-    flat = mesh[_in_root_order(mesh, "edp", "cp")]._flatten("edp_cp")
+    flat = mesh[in_root_order(mesh, "edp", "cp")]._flatten("edp_cp")
     return flat if plan.zero_stage > 0 else _sliced(mesh, "edp_cp", UNIT_AXIS)
 
 
-def _in_root_order(mesh: DeviceMesh, *names: str) -> tuple[str, ...]:
+def in_root_order(mesh: DeviceMesh, *names: str) -> tuple[str, ...]:
     """Mesh dims as a slice must name them: in the world mesh's order (the plan's mesh order)."""
     return tuple(sorted(names, key=mesh.mesh_dim_names.index))
 

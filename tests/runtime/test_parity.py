@@ -92,6 +92,8 @@ CASES = {
     "moe_ep2_tp2": (Choice(ep=2, tp=2, zero_stage=1), 4, MOE),
     "moe_tp2_pp2_recompute_full": (Choice(tp=2, pp=2, recompute=Recompute.FULL), 4, MOE),
     "moe_tp2_cp2_zero3": (Choice(tp=2, cp=2, zero_stage=3), 4, MOE),
+    # the tokens' group cp x tp sliced in the world mesh's order, whichever it is
+    "moe_tp2_cp2_tp_outer": (Choice(tp=2, cp=2, mesh_axis_order=("pp", "tp", "dp", "cp")), 4, MOE),
     # one expert per EP rank, two edp ranks: FSDP2 shards each expert's rows (runtime.parallel)
     "moe_ep2_dp2_one_expert_each": (Choice(ep=2, zero_stage=3), 4, {**MOE, "num_experts": 2}),
 }
