@@ -285,6 +285,8 @@ def _checkpoints(args: argparse.Namespace, pf: PlanFile) -> int:
 def _keep_partial(pf: PlanFile, args: argparse.Namespace, out: Path, wall_s: float, exc: BaseException) -> None:
     """The timed steps rank 0 recorded before the signal, as measured.json marked incomplete."""
     from runtime.measure import measured_record
+    for left in out.glob(f".{PARTIAL}.tmp-*"):   # rank 0 stopped between writing and renaming it
+        left.unlink(missing_ok=True)
     try:
         raw = json.loads((out / PARTIAL).read_text())
     except (OSError, ValueError):
