@@ -6,7 +6,7 @@ can act on; an empty list means the plan is valid (and fits, when memory is chec
 from __future__ import annotations
 
 from costmodel.cluster import ClusterSpec
-from costmodel.estimate import memory_per_rank
+from costmodel.estimate import host_bytes_per_rank, memory_per_rank
 from costmodel.plan import AXES, Plan, Recompute, Schedule
 from costmodel.specs import ModelSpec, PositionKind, TrainSpec
 from costmodel.units import GIB
@@ -54,6 +54,7 @@ def check_structure(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
             f"{plan.num_micro_batches} = {batch} does not equal the global batch {train.global_batch_size}")
     if plan.zero_stage not in (0, 1, 2, 3):
         add(f"zero_stage must be 0, 1, 2 or 3 (got {plan.zero_stage})")
+    problems += offload_problems(cluster, plan.zero_stage, plan.offload_optimizer)
     if sorted(plan.mesh_axis_order) != sorted(AXES):
         add(f"mesh_axis_order must order exactly {', '.join(AXES)} (got {', '.join(plan.mesh_axis_order)})")
     problems += _check_pipeline(model, plan)
@@ -108,6 +109,19 @@ def ep_problems(model: ModelSpec, dp: int, ep: int) -> list[str]:
     return out
 
 
+def offload_problems(cluster: ClusterSpec, zero_stage: int, offload: bool) -> list[str]:
+    """Offloading moves ZeRO's sharded states to the node's host: it needs a shard and a host."""
+    if not offload:
+        return []
+    if cluster.device.host is None:
+        why = ("its ranks already run on the host" if cluster.device.kind == "cpu"
+               else "its profile has no [host] table")
+        return [f"offload_optimizer: device {cluster.device.name} cannot offload ({why})"]
+    if zero_stage < 1:
+        return ["offload_optimizer needs zero_stage >= 1 (the sharded optimizer states are what moves to the host)"]
+    return []
+
+
 def sp_problems(train: TrainSpec, tp: int, cp: int) -> list[str]:
     if tp == 1:
         return ["sequence parallelism needs tp > 1"]
@@ -154,6 +168,12 @@ def check_memory(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan:
                             f"{capacity / GIB:.1f} GiB a plan may use of {cluster.device.name} "
                             f"({cluster.device.usable_memory_bytes / GIB:.2f} GiB less "
                             f"{cluster.memory_headroom:.0%} headroom and the allocator's fragmentation)")
+    if plan.offload_optimizer and cluster.device.host is not None:
+        host = max(host_bytes_per_rank(model, train, plan))
+        if host > cluster.host_budget_bytes:
+            problems.append(f"offloaded states need {host / GIB:.1f} GiB of host memory per device, over the "
+                            f"{cluster.host_budget_bytes / GIB:.1f} GiB each device's share of the node's "
+                            f"{cluster.device.host.memory_bytes / GIB:,.0f} GiB may use")
     return problems
 
 

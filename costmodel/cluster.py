@@ -66,6 +66,24 @@ class Efficiency:
     vendor_attention_speedup: float = 1.0
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HostSpec:
+    """The host a node's devices hang off, for what is offloaded to it (optimizer states and
+    their step, ZeRO-Offload / FSDP2's CPUOffloadPolicy). Memory figures are per node; the link is
+    per device and per direction, as it is when every device of the node copies at once."""
+
+    memory_bytes: int                      # host DRAM per node (datasheet)
+    memory_bandwidth_bytes_per_s: float    # host DRAM bandwidth per node (channels x rate)
+    memory_efficiency: float               # achievable fraction of it for streaming kernels
+    link_bandwidth_bytes_per_s: float      # device <-> host, per device, per direction
+    link_efficiency: float                 # achievable fraction of it for pinned-memory copies
+    source: str
+
+    @property
+    def link_effective_bytes_per_s(self) -> float:
+        return self.link_bandwidth_bytes_per_s * self.link_efficiency
+
+
 # What a profile's [efficiency.<dtype>] table sets (the rest is the device's).
 DTYPE_FIELDS = ("gemm", "attention", "memory", "kernel_overhead_s")
 
@@ -101,6 +119,9 @@ class DeviceProfile:
     # ECC and the driver's own reservations); 0: unknown, the datasheet figure is used
     reported_memory_bytes: int = 0
     num_sms: int = 0   # streaming multiprocessors (GEMM wave quantisation); 0: not modelled
+    # the node's host, where offloaded states live; None: nothing can be offloaded (a CPU
+    # profile's ranks already run on the host)
+    host: HostSpec | None = None
 
     @property
     def usable_memory_bytes(self) -> int:
@@ -166,6 +187,13 @@ class ClusterSpec:
         return usable / (1.0 + eff.allocator_fragmentation) + fixed
 
     @property
+    def host_budget_bytes(self) -> float:
+        """Host memory one device's offloaded states may take: its share of the node's host
+        memory, less the same headroom (0 without a [host])."""
+        host = self.device.host
+        return 0.0 if host is None else host.memory_bytes * (1.0 - self.memory_headroom) / self.devices_per_node
+
+    @property
     def world_size(self) -> int:
         return self.num_nodes * self.devices_per_node
 
@@ -226,7 +254,9 @@ def _curve(points: list[list[float]]) -> tuple[tuple[float, float], ...]:
 # leave its default in force without a word).
 PROFILE_FORMAT_VERSION = 1   # written by `planner profile` / `calibrate`; files without one are read as it
 PROFILE_KEYS = {
-    "": {"format_version", "device", "network", "efficiency", "measured", "probes"},
+    "": {"format_version", "device", "network", "efficiency", "measured", "probes", "host"},
+    "host": {"memory_bytes", "memory_bandwidth_bytes_per_s", "memory_efficiency", "link_bandwidth_bytes_per_s",
+             "link_efficiency", "source"},
     "device": {"name", "kind", "aliases", "peak_flops_per_s", "memory_bytes", "reported_memory_bytes", "num_sms",
                "memory_bandwidth_bytes_per_s", "threads_per_rank"},
     "network": {"scope", "name", "bandwidth_bytes_per_s", "latency_s", "p2p_latency_s", "max_nodes", "efficiency"},
@@ -237,7 +267,8 @@ PROFILE_KEYS = {
 
 
 def _check_keys(path: Path, raw: dict[str, Any]) -> None:
-    tables = [("", raw), ("device", raw.get("device", {})), ("efficiency", raw.get("efficiency", {}))]
+    tables = [("", raw), ("device", raw.get("device", {})), ("efficiency", raw.get("efficiency", {})),
+              ("host", raw.get("host", {}))]
     tables += [("network", t) for t in raw.get("network", [])]
     for name, table in tables:
         extra = sorted(k for k, v in table.items() if k not in PROFILE_KEYS[name]
@@ -303,6 +334,13 @@ def profile_problems(dev: DeviceProfile) -> list[str]:  # noqa: C901 - one check
         for name in ("kernel_overhead_s", "reserved_memory_bytes", "allocator_fragmentation", "comm_contention"):
             need(f"{label}.{name}", getattr(eff, name), getattr(eff, name) >= 0)
         need(f"{label}.overlap", eff.overlap, 0 <= eff.overlap <= 1)
+    if (host := dev.host) is not None:
+        for name in ("memory_bytes", "memory_bandwidth_bytes_per_s", "link_bandwidth_bytes_per_s"):
+            need(f"host.{name}", getattr(host, name), getattr(host, name) > 0)
+        for name in ("memory_efficiency", "link_efficiency"):
+            need(f"host.{name}", getattr(host, name), 0 < getattr(host, name) <= 1)
+        if dev.kind == "cpu":
+            out.append("[host] on a cpu profile: its ranks already run on the host, nothing is offloaded")
     for name, curve in (*((f"measured.gemm_{d}", c) for d, c in dev.gemm_curves), ("measured.memory_bound", dev.memory_curve)):
         if any(not (math.isfinite(x) and math.isfinite(y) and x > 0 and y > 0) for x, y in curve):
             out.append(f"{name} has a point that is not a positive size and rate")
@@ -328,7 +366,7 @@ def _profile_from(path: Path, raw: dict[str, Any]) -> DeviceProfile:
         intra_node=_tier(net["node"], eff["intra_node_comm"]),
         inter_node=_tier(net["cluster"], eff["inter_node_comm"]),
         middle_tiers=_middle_tiers(path, raw["network"], eff["inter_node_comm"]),
-        efficiency=efficiency, path=str(path), kind=dev.get("kind", "gpu"),
+        efficiency=efficiency, path=str(path), kind=dev.get("kind", "gpu"), host=_host(raw.get("host")),
         threads_per_rank=int(raw.get("measured", {}).get("threads_per_rank", dev.get("threads_per_rank", 0))),
         gemm_curves=tuple((k.removeprefix("gemm_"), _curve(v)) for k, v in raw.get("measured", {}).items()
                           if k.startswith("gemm_")),
@@ -337,6 +375,16 @@ def _profile_from(path: Path, raw: dict[str, Any]) -> DeviceProfile:
         machine=str(raw.get("measured", {}).get("machine", "")),
         dtype_efficiency=tuple((k, replace(efficiency, **{f: float(v[f]) for f in DTYPE_FIELDS}))
                                for k, v in eff.items() if isinstance(v, dict)))
+
+
+def _host(raw: dict[str, Any] | None) -> HostSpec | None:
+    if raw is None:
+        return None
+    return HostSpec(memory_bytes=int(raw["memory_bytes"]),
+                    memory_bandwidth_bytes_per_s=float(raw["memory_bandwidth_bytes_per_s"]),
+                    memory_efficiency=float(raw["memory_efficiency"]),
+                    link_bandwidth_bytes_per_s=float(raw["link_bandwidth_bytes_per_s"]),
+                    link_efficiency=float(raw["link_efficiency"]), source=str(raw["source"]))
 
 
 def known_profiles() -> dict[str, DeviceProfile]:

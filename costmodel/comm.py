@@ -11,6 +11,13 @@ An all-to-all (expert parallelism's token dispatch) of a B-byte send buffer, B/n
 moves (n-1)/n·B bytes per rank, pairwise in n-1 steps; across nodes each rank sends the
 (k-1)/k·B bytes bound for other nodes through its own NIC and the rest over NVLink, both counted
 (not overlapped: the same copy engines and SMs serve both).
+
+Offloaded states (Plan.offload_optimizer) add two copies that are not collectives but travel
+with them: FSDP2 copies a rank's fp32 shard from the host before each all-gather and the reduced
+gradient shard back after each reduce-scatter, on the same stream, over the device's own PCIe
+link (the profile's [host], its bandwidth per device when every device of the node copies at
+once). Their time is the shard's bytes over that link; FSDP2 copies parameter by parameter, and
+that per-copy latency is not counted.
 """
 from __future__ import annotations
 
@@ -25,6 +32,11 @@ class Collective(StrEnum):
     ALL_GATHER = "all_gather"
     REDUCE_SCATTER = "reduce_scatter"
     ALL_TO_ALL = "all_to_all"
+    HOST_TO_DEVICE = "host_to_device"   # an offloaded shard copied in (see the module docstring)
+    DEVICE_TO_HOST = "device_to_host"   # a reduced gradient shard copied out
+
+
+HOST_COPIES = (Collective.HOST_TO_DEVICE, Collective.DEVICE_TO_HOST)
 
 
 def ring_time_s(kind: Collective, num_bytes: float, n: int, tier: NetworkTier) -> float:
@@ -39,7 +51,10 @@ def ring_time_s(kind: Collective, num_bytes: float, n: int, tier: NetworkTier) -
 
 def collective_time_s(kind: Collective, num_bytes: float, span: AxisSpan,
                       cluster: ClusterSpec) -> float:
-    """Time of one collective over a group laid out as `span` (see costmodel.placement)."""
+    """Time of one collective over a group laid out as `span` (see costmodel.placement); for a
+    host copy, of this rank's 1/size shard of the `num_bytes` buffer."""
+    if kind in HOST_COPIES:
+        return host_copy_s(num_bytes / span.size, cluster)
     intra, inter = cluster.device.intra_node, cluster.device.tier_for(span.num_nodes)
     if not span.crosses_nodes:
         return ring_time_s(kind, num_bytes, span.size, intra)
@@ -51,6 +66,13 @@ def collective_time_s(kind: Collective, num_bytes: float, span: AxisSpan,
     # all-gather in node; the in-node ring all-reduce accounts for the first and last parts.
     outer = ring_time_s(kind, num_bytes / m, k, inter)
     return inner + outer
+
+
+def host_copy_s(num_bytes: float, cluster: ClusterSpec) -> float:
+    host = cluster.device.host
+    if host is None:
+        raise ValueError(f"device {cluster.device.name} has no [host] to copy to (offload_optimizer)")
+    return num_bytes / host.link_effective_bytes_per_s
 
 
 def p2p_time_s(num_bytes: float, tier: NetworkTier) -> float:

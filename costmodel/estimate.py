@@ -19,7 +19,7 @@ from typing import Any
 from costmodel.cluster import ClusterSpec
 from costmodel.comm import Collective, collective_time_s
 from costmodel.flops import executed_flops_per_step, model_flops_per_step, utilization
-from costmodel.memory import StageMemory, backward_working_bytes, stage_memory
+from costmodel.memory import StageMemory, backward_working_bytes, host_state_bytes, stage_memory
 from costmodel.params import ceil_div, rank_params
 from costmodel.pipeline_closed_form import pipeline_time_s
 from costmodel.placement import stage_pair_span
@@ -51,6 +51,10 @@ class Estimate:
     # inside it (what the runtime times as a stage's busy time)
     rank_work_s: list[float] = field(default_factory=list)
     closed_form_step_time_s: float | None = None   # None: the schedule has no closed form (zbv)
+    # offloaded states (Plan.offload_optimizer): host memory per device of each pipeline rank,
+    # and what a device's share of its node's host may hold
+    host_memory_bytes: list[float] = field(default_factory=list)
+    host_capacity_bytes: float = 0.0
 
     @property
     def max_peak_memory_bytes(self) -> float:
@@ -97,6 +101,11 @@ def _ledger(plan: Plan, critical: RankTimes, pp_s: float, bubble_s: float, dp_s:
 def simulate_plan(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan,
                   *, keep_events: bool = False) -> Simulation:
     return simulate(plan, stage_costs(model, train, plan, cluster), keep_events=keep_events)
+
+
+def host_bytes_per_rank(model: ModelSpec, train: TrainSpec, plan: Plan) -> list[float]:
+    """Host memory of one device of each pipeline rank: its offloaded ZeRO shard's states."""
+    return [host_state_bytes(train, plan, rank_params(model, plan, r).zero_shard(plan)) for r in range(plan.pp)]
 
 
 def memory_per_rank(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan,
@@ -149,6 +158,7 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
     step_s = sum(ledger.values())
     peak = [m.total_bytes for m in memory]
     capacity = float(cluster.memory_budget_bytes)
+    host = host_bytes_per_rank(model, train, plan)
     model_flops = float(model_flops_per_step(model, train))
     executed = float(executed_flops_per_step(model, train, plan))
     device_peak = cluster.device.peak_for(train.compute_dtype)
@@ -157,10 +167,12 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
         mfu=utilization(model_flops, step_s, cluster.world_size, device_peak),
         hfu=utilization(executed, step_s, cluster.world_size, device_peak),
         model_flops=model_flops, executed_flops=executed, peak_memory_bytes=peak,
-        memory_capacity_bytes=capacity, fits=max(peak) <= capacity,
+        memory_capacity_bytes=capacity,
+        fits=max(peak) <= capacity and max(host) <= (cluster.host_budget_bytes if plan.offload_optimizer else 0.0),
         bubble_fraction=ledger["pipeline/bubble"] / step_s, time_breakdown_s=ledger,
         memory_breakdown_bytes=[m.to_dict() for m in memory], critical_rank=critical,
         rank_time_per_micro_batch_s=[r.total_s for r in ranks],
         bubble_fraction_per_rank=bubbles,
         rank_work_s=[plan.num_micro_batches * (r.total_s - r.pp_comm_s) for r in ranks],
-        closed_form_step_time_s=None if closed is None else closed + dp_s + emb_s + replica_s + optim_s)
+        closed_form_step_time_s=None if closed is None else closed + dp_s + emb_s + replica_s + optim_s,
+        host_memory_bytes=host, host_capacity_bytes=cluster.host_budget_bytes)

@@ -92,6 +92,8 @@ def state_bytes_from_counts(train: TrainSpec, plan: Plan, whole: float, shard: f
     held = unsharded_between_micro_batches(plan, traits)
     sharded = whole > shard
     a = train.compute_dtype.num_bytes
+    if plan.offload_optimizer:
+        return _offloaded_device_bytes(train, plan, whole, held)
     grads = train.grad_dtype.num_bytes * (shard if z >= 2 and not held else whole)
     if traits.fsdp_master_params and train.master_weights_fp32:
         # FSDP mixed precision: the (sharded) fp32 parameter is the master weight; 16-bit copies
@@ -106,6 +108,29 @@ def state_bytes_from_counts(train: TrainSpec, plan: Plan, whole: float, shard: f
         weights += a * whole
     optim = optimizer_bytes_per_param(train) * (shard if z >= 1 else whole)
     return weights, grads, optim
+
+
+def _offloaded_device_bytes(train: TrainSpec, plan: Plan, whole: float, held: bool) -> tuple[float, float, float]:
+    """What stays on the device when FSDP2's CPUOffloadPolicy keeps the shards on the host: the
+    gathered compute-dtype weights (all step below ZeRO-3, kept from forward to backward; under
+    ZeRO-3 only the prefetched units, in buffer_bytes, unless a pipeline keeps them) and the
+    unsharded gradients where they accumulate before their one reduce-scatter (ZeRO-1, or a
+    pipeline's micro-batches); the reduced shards, master weights and moments live on the host
+    (host_state_bytes)."""
+    z = plan.zero_stage
+    weights = train.compute_dtype.num_bytes * whole if z < 3 or held else 0.0
+    grads = train.grad_dtype.num_bytes * whole if z == 1 or held else 0.0
+    return weights, grads, 0.0
+
+
+def host_state_bytes(train: TrainSpec, plan: Plan, shard: float) -> float:
+    """Host memory one device's offloaded states take (`shard`: its ZeRO shard's parameters):
+    the fp32 sharded parameter (FSDP2 keeps it as the master weight), the optimizer's moments and
+    the reduced fp32 gradient shard. 0 without offload."""
+    if not plan.offload_optimizer:
+        return 0.0
+    moments = ADAM_MOMENT_BYTES if train.optimizer is Optimizer.ADAMW else 0
+    return shard * (4 + moments + 4)
 
 
 def _cp_cpu_mask_elements(train: TrainSpec, plan: Plan, traits: FrameworkTraits) -> float:

@@ -159,6 +159,11 @@ class Plan:
     groups of `ep` consecutive data-parallel ranks (Megatron-Core carves its EP group from the
     data-parallel one the same way); an expert's gradients are then reduced over the dp/ep ranks
     holding it (`edp`). Absent from a plan.json written before it existed: 1.
+    `offload_optimizer` (ZeRO-Offload, Ren et al. 2021, as FSDP2's CPUOffloadPolicy runs it) keeps
+    the sharded fp32 master weights, the optimizer moments and the reduced gradient shards in host
+    memory and runs the optimizer step on the host's cores; each parameter gather copies the shard
+    over PCIe, each gradient reduction copies it back. Needs ZeRO >= 1 (the sharded states are what
+    moves) and a device profile with a [host]. Absent from older plan.json files: False.
     """
 
     dp: int
@@ -176,6 +181,7 @@ class Plan:
     layers_per_stage: tuple[int, ...]
     mesh_axis_order: tuple[str, ...]
     ep: int = 1
+    offload_optimizer: bool = False
 
     @property
     def edp(self) -> int:
@@ -214,7 +220,8 @@ class Plan:
         return {"pp": self.pp, "dp": self.dp, "cp": self.cp, "tp": self.tp}[axis]
 
     def short(self) -> str:
-        """One-line human summary, e.g. `dp8 tp8 pp1 z1 sel mbs1x128 1f1b`."""
+        """One-line human summary, e.g. `dp8 tp8 pp1 z1 sel mbs1x128 1f1b` (`z3+offload`: optimizer
+        states on the host)."""
         text = f"dp{self.dp} tp{self.tp}{'+sp' if self.sequence_parallel else ''} pp{self.pp}"
         if self.vpp > 1:
             text += f"x{self.vpp}v"
@@ -226,7 +233,8 @@ class Plan:
         if self.recompute is not Recompute.NONE and len(set(self.recompute_num_layers)) > 1:
             rc += "[" + ",".join(map(str, self.recompute_num_layers)) + "]"
         mesh = "" if self.mesh_axis_order == DEFAULT_AXIS_ORDER else " mesh=" + ">".join(self.mesh_axis_order)
-        return (f"{text} z{self.zero_stage}{rc} mbs{self.micro_batch_size}x{self.num_micro_batches}"
+        off = "+offload" if self.offload_optimizer else ""
+        return (f"{text} z{self.zero_stage}{off}{rc} mbs{self.micro_batch_size}x{self.num_micro_batches}"
                 f" {self.schedule}{mesh}")
 
     def to_dict(self) -> dict[str, Any]:

@@ -6,9 +6,9 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from costmodel.cluster import ClusterSpec
-from costmodel.comm import Collective, collective_time_s, p2p_time_s
-from costmodel.compute import (KernelTimes, cross_entropy_s, expert_rows, moe_tokens, optimizer_step_s, embedding_kernel_times, head_kernel_times,
-                               layer_kernel_times)
+from costmodel.comm import HOST_COPIES, Collective, collective_time_s, p2p_time_s
+from costmodel.compute import (KernelTimes, cross_entropy_s, expert_rows, host_optimizer_step_s, moe_tokens,
+                               optimizer_step_s, embedding_kernel_times, head_kernel_times, layer_kernel_times)
 from costmodel.frameworks import FrameworkTraits
 from costmodel.layout import dense_blocks
 from costmodel.memory import unsharded_between_micro_batches
@@ -144,7 +144,9 @@ def link_costs(sp: Spans, cluster: ClusterSpec) -> tuple[float, ...]:
         out.extend((2 * one - two, two - one))
 
     for span in (sp.tp, sp.cp, sp.pp, sp.dp, sp.ep, sp.edp):
-        for kind in Collective:
+        # host copies depend on a group's size, not on where its ranks sit: the same for every
+        # placement of the same degrees
+        for kind in (k for k in Collective if k not in HOST_COPIES):
             affine(lambda b: collective_time_s(kind, b, span, cluster))  # noqa: B023
     for span in (sp.pp, sp.cp):
         tier = cluster.device.tier_for(span.num_nodes)
@@ -307,10 +309,24 @@ def dp_terms(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpe
     bandwidth from the GEMMs they run beside, so the compute slows by the device's
     `comm_contention` (fitted; 0 where unknown) x the collective's time. Counted as exposed."""
     terms = _dp_terms(model, train, plan, cluster.framework)
+    if plan.offload_optimizer:
+        terms = tuple(_with_host_copies(t) for t in terms)
     contention = cluster.device.efficiency.comm_contention
     if not contention:
         return terms
-    return terms + tuple(replace(t, window="none", scale=contention) for t in terms if t.window != "none")
+    # the host copies run on copy engines, not SMs: no contention for them
+    return terms + tuple(replace(t, window="none", scale=contention,
+                                 collectives=tuple(c for c in t.collectives if c[0] not in HOST_COPIES))
+                         for t in terms if t.window != "none")
+
+
+def _with_host_copies(term: DpTerm) -> DpTerm:
+    """Offloaded states (FSDP2's CPUOffloadPolicy): each gather first copies the fp32 shard in
+    from the host, each reduce-scatter copies the fp32 gradient shard out, on the collective's
+    own stream (costmodel.comm: HOST_COPIES)."""
+    copies = [(Collective.HOST_TO_DEVICE, 4) for kind, _ in term.collectives if kind is Collective.ALL_GATHER]
+    copies += [(Collective.DEVICE_TO_HOST, 4) for kind, _ in term.collectives if kind is Collective.REDUCE_SCATTER]
+    return replace(term, collectives=term.collectives + tuple(copies))
 
 
 def _dp_terms(model: ModelSpec, train: TrainSpec, plan: Plan, traits: FrameworkTraits) -> tuple[DpTerm, ...]:
@@ -399,8 +415,11 @@ def tp_replica_sync_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: C
 def after_pipeline_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec, sp: Spans,
                      held: RankParams, layers: int) -> tuple[float, float]:
     """(optimizer step, the TP-replicated parameters' gradient sync) of a rank holding `held` over
-    `layers` layers: what it does once its pipeline work and DP reduction are done."""
-    return (optimizer_step_s(optimized_params(held, plan), train, cluster.device),
+    `layers` layers: what it does once its pipeline work and DP reduction are done. Offloaded
+    states step on the host."""
+    step = (host_optimizer_step_s(held.zero_shard(plan), train, cluster) if plan.offload_optimizer
+            else optimizer_step_s(optimized_params(held, plan), train, cluster.device))
+    return (step,
             tp_replica_sync_s(model, train, plan, cluster, sp, layers))
 
 
@@ -414,7 +433,7 @@ def dp_exposed_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Cluste
                  sp: Spans, rank: int, times: RankTimes) -> float:
     """Gradient reduction and parameter gathers over the dp x cp group (and the experts' edp x cp
     group), minus what hides."""
-    if sp.dp.size == 1:
+    if sp.dp.size == 1 and not plan.offload_optimizer:
         return 0.0
     groups = dp_groups(model, plan, sp, rank_params(model, plan, rank))
     overlap = cluster.device.efficiency.overlap

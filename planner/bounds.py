@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from costmodel.cluster import ClusterSpec
-from costmodel.compute import optimizer_step_s
+from costmodel.compute import host_optimizer_step_s, optimizer_step_s
 from costmodel.memory import AffineBytes
 from costmodel.params import layer_params
 from costmodel.pipeline_closed_form import closed_form_s, fill_s
@@ -32,7 +32,7 @@ def lower_bound_s(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan
     rtm = rank_time_model(model, train, plan, cluster, sp)
     return (time_floor_s(model, rtm, plan.pp, plan.num_micro_batches, plan.schedule, plan.vpp, plan.recompute)
             + zero_floor_s(model, train, cluster, plan.tp, plan.pp, plan.dp * plan.cp, plan.zero_stage,
-                           plan.num_micro_batches, sp, plan.ep))
+                           plan.num_micro_batches, sp, plan.ep, plan.offload_optimizer))
 
 
 def time_floor_s(model: ModelSpec, rtm: RankTimeModel, pp: int, num_micro_batches: int, schedule: Schedule,
@@ -56,24 +56,27 @@ def time_floor_s(model: ModelSpec, rtm: RankTimeModel, pp: int, num_micro_batche
 
 
 def zero_floor_s(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: int, pp: int, group: int,
-                 zero: int, num_micro_batches: int, sp: Spans, ep: int = 1) -> float:
+                 zero: int, num_micro_batches: int, sp: Spans, ep: int = 1, offload: bool = False) -> float:
     """What a ZeRO stage adds at the least: the DP buckets that never hide (over the dp x cp
     group of `group` ranks, and the experts' edp x cp group, as `sp` places them), and the
     optimizer step on the average rank (affine in parameters, so the slowest rank is at least
     that): a ZeRO shard holds every expert's 1/group share, a replica its ep-th of them."""
-    dp = _dp_floor_s(model, train, cluster, tp, pp, zero, num_micro_batches, sp, ep)
+    dp = _dp_floor_s(model, train, cluster, tp, pp, zero, num_micro_batches, sp, ep, offload)
     per_layer = layer_params(model, tp) / group if zero >= 1 else layer_params(model, tp, ep)
+    if offload:   # offloaded states step on the host (costmodel.rank_time.after_pipeline_s)
+        return dp + host_optimizer_step_s(model.num_layers * per_layer / pp, train, cluster)
     return dp + optimizer_step_s(model.num_layers * per_layer / pp, train, cluster.device)
 
 
 @functools.lru_cache(maxsize=16384)
 def _dp_floor_s(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: int, pp: int, zero: int,
-                num_micro_batches: int, sp: Spans, ep: int) -> float:
-    if sp.dp.size == 1:
+                num_micro_batches: int, sp: Spans, ep: int, offload: bool) -> float:
+    if sp.dp.size == 1 and not offload:
         return 0.0
     # pp decides only whether gradients stay whole between micro-batches (dp_terms)
     probe = degrees_plan(dp=sp.dp.size, tp=tp, pp=min(pp, 2), cp=1, zero_stage=zero,
-                         num_micro_batches=num_micro_batches, num_layers=model.num_layers, ep=ep)
+                         num_micro_batches=num_micro_batches, num_layers=model.num_layers, ep=ep,
+                         offload_optimizer=offload)
     return sum(t.multiplier * dp_bucket_s(model, probe, t, cluster, sp)
                for t in dp_terms(model, train, probe, cluster))
 

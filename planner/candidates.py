@@ -8,9 +8,10 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NamedTuple
 
-from costmodel.check import cp_problems, ep_problems, moe_schedule_problem, moe_tp_problem, sp_problems, tp_problems
+from costmodel.check import (cp_problems, ep_problems, moe_schedule_problem, moe_tp_problem, offload_problems,
+                             sp_problems, tp_problems)
 from costmodel.cluster import ClusterSpec
 from costmodel.fidelity import MODEL_ERROR_BAND
 from costmodel.plan import Recompute, Schedule, default_schedule
@@ -25,7 +26,32 @@ MAX_MICRO_BATCH = 64
 MAX_CP = 8
 
 
-ZERO_STAGES = (0, 1, 2, 3)
+class States(NamedTuple):
+    """Where a plan keeps its training states: the ZeRO stage, and whether the sharded ones (and
+    their optimizer step) sit on the host (Plan.offload_optimizer)."""
+
+    zero_stage: int
+    offload_optimizer: bool = False
+
+
+# Every state placement the search weighs, in the order of its bound table's columns. Offloading
+# needs a shard to move (ZeRO >= 1) but not a data-parallel group: alone, a device still moves its
+# states to the host, which is what lets a model too large for the device's memory train at all.
+STATE_OPTIONS = (States(0), States(1), States(2), States(3), States(1, True), States(2, True), States(3, True))
+
+
+def states_allowed(options: "SearchOptions", cluster: ClusterSpec) -> tuple[bool, ...]:
+    """Per STATE_OPTIONS entry: whether the user's constraints and the device allow it."""
+    stages = allowed(options, "zero_stage", [0, 1, 2, 3])
+    offloads = allowed(options, "offload_optimizer", [False, True])
+    return tuple(o.zero_stage in stages and o.offload_optimizer in offloads
+                 and not offload_problems(cluster, o.zero_stage, o.offload_optimizer) for o in STATE_OPTIONS)
+
+
+def states_for_group(states: States, sharded: bool) -> bool:
+    """Whether a placement is its own plan for a choice with (`sharded`) or without a ZeRO group:
+    without one every ZeRO stage on the device is stage 0's plan, but offloading is not."""
+    return sharded or states.zero_stage == 0 or states.offload_optimizer
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -29,7 +29,7 @@ from planner.space import Choice, build_plan
 # predict --plan takes all of these from the file
 SPEC_AND_PLAN_FLAGS = {"model", "cluster", "seq_len", "global_batch", "dtype", "grad_dtype", "attention",
                        "memory_headroom", "dp", "tp", "pp", "cp", "zero", "recompute", "recompute_layers",
-                       "sp", "mbs", "vpp", "schedule", "mesh_order"}
+                       "sp", "mbs", "vpp", "schedule", "mesh_order", "offload_optimizer"}
 
 EPILOG_PREDICT = """examples:
   planner predict --model llama-70b --cluster 8x8xA100 --tp 8 --pp 4 --zero 1 --recompute selective --mbs 1
@@ -73,6 +73,10 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
                         "ep consecutive data-parallel ranks; divides dp and the number of experts")
     g.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=1,
                    help="0 replicated (DDP), 1 optimizer sharded, 2 +gradients, 3 +weights (FSDP)")
+    g.add_argument("--offload-optimizer", action="store_true",
+                   help="keep the sharded optimizer states (fp32 master weights, moments, reduced gradients) in "
+                        "host memory and step them on the host, ZeRO-Offload as FSDP2's CPUOffloadPolicy runs it; "
+                        "needs --zero >= 1 and a device profile with a [host] (GPUs)")
     g.add_argument("--recompute", choices=[r.value for r in Recompute], default="none")
     g.add_argument("--recompute-layers", type=non_negative_int,
                    help="layers recomputed per pipeline rank (default: all of them)")
@@ -104,6 +108,7 @@ def _specs(args: argparse.Namespace) -> tuple[ModelSpec, TrainSpec, ClusterSpec]
 
 def _choice(args: argparse.Namespace) -> Choice:
     return Choice(tp=args.tp, pp=args.pp, cp=args.cp, dp=args.dp, ep=args.ep, zero_stage=args.zero,
+                  offload_optimizer=args.offload_optimizer,
                   recompute=Recompute(args.recompute), recompute_layers=args.recompute_layers,
                   sequence_parallel=args.sp, micro_batch_size=args.mbs, vpp=args.vpp,
                   schedule=Schedule(args.schedule) if args.schedule else None,

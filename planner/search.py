@@ -32,7 +32,7 @@ from costmodel.specs import ModelSpec, TrainSpec
 from planner.bounds import MemoryFit, lower_bound_with_memory_s, time_floor_s
 from planner.partition import SolverTimeout, apply_split, solve_split
 from planner.shapes import rank_shapes
-from planner.candidates import ZERO_STAGES, SearchOptions, time_groups
+from planner.candidates import STATE_OPTIONS, SearchOptions, states_allowed, states_for_group, time_groups
 from planner.ranking import closer, kth_best_s, rank, robust_first
 from planner.search_state import Found, SearchResult, SearchStats, SharedModels
 from planner.space import Choice, build_plan, under_schedule
@@ -60,10 +60,12 @@ def search(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
             variants.append((base, vpp, schedule))
             bounds.append(time_floor_s(model, timed.rtm, base.pp, m, schedule, vpp, base.recompute))
             bounds.extend(timed.zero_floors_s)
-    table = np.array(bounds).reshape(-1, 1 + len(ZERO_STAGES))
+    table = np.array(bounds).reshape(-1, 1 + len(STATE_OPTIONS))
     # ZeRO needs a group to shard over: without one, every stage is the same plan as stage 0
+    # (offloading is not: a device alone still moves its states to the host)
     sharded = np.array([base.dp * base.cp > 1 for base, _, _ in variants], dtype=bool)[:, None]
-    valid = np.array(shared.zero_allowed)[None, :] & (sharded | (np.arange(len(ZERO_STAGES)) == 0)[None, :])
+    alone = np.array([states_for_group(o, False) for o in STATE_OPTIONS], dtype=bool)[None, :]
+    valid = np.array(shared.zero_allowed)[None, :] & (sharded | alone)
     candidates = _Candidates(variants, np.where(valid, table[:, :1] + table[:, 1:], np.inf))
     stats.num_candidates = len(candidates) + sum(stats.pruned_by_reason.values())
     _say(options, f"{len(candidates)} valid candidates; solving in order of their lower bound")
@@ -85,10 +87,14 @@ def unsatisfiable_constraints(model: ModelSpec, train: TrainSpec, cluster: Clust
     take, with the values it could take; or, when each is possible alone, that they are not
     together."""
     possible: dict[str, set] = {name: set() for name in options.fixed}
-    for base, group in time_groups(model, train, cluster, replace(options, fixed={}), lambda reason: None):
+    free = replace(options, fixed={})
+    placements = [o for o, ok in zip(STATE_OPTIONS, states_allowed(free, cluster)) if ok]
+    for base, group in time_groups(model, train, cluster, free, lambda reason: None):
         for vpp, schedule in group:
-            for zero in ZERO_STAGES if base.dp * base.cp > 1 else (0,):
-                choice = replace(base, vpp=vpp, schedule=schedule, zero_stage=zero)
+            for states in placements:
+                if not states_for_group(states, base.dp * base.cp > 1):
+                    continue
+                choice = replace(base, vpp=vpp, schedule=schedule, **states._asdict())
                 for name, seen in possible.items():
                     seen.add(getattr(choice, name))
     problems = []
@@ -111,11 +117,11 @@ def _say(options: SearchOptions, text: str) -> None:
 @dataclass(frozen=True, slots=True)
 class _Candidates:
     """Every outer choice, as (base choice, vpp, schedule) (see time_groups), with its lower
-    bound per ZeRO stage (inf where the stage is not a candidate), taken in order of the bound
-    (ties: generation order, then ZeRO stage)."""
+    bound per state placement (STATE_OPTIONS: ZeRO stage, offload; inf where it is not a
+    candidate), taken in order of the bound (ties: generation order, then placement)."""
 
     variants: list[tuple[Choice, int, Schedule]]
-    bounds: np.ndarray  # [variant, ZeRO stage]
+    bounds: np.ndarray  # [variant, state placement]
 
     def __len__(self) -> int:
         return int(np.isfinite(self.bounds).sum())
@@ -171,7 +177,7 @@ def _memory_entry(shared: SharedModels, stats: SearchStats, base: Choice, vpp: i
         return entry
     try:
         plan = build_plan(shared.model, shared.train, shared.cluster,
-                          replace(base, zero_stage=zero, vpp=vpp, schedule=schedule))
+                          replace(base, **STATE_OPTIONS[zero]._asdict(), vpp=vpp, schedule=schedule))
     except ValueError:
         stats.prune("does not divide")
         return None
@@ -227,7 +233,7 @@ def _result(shared: SharedModels, options: SearchOptions, stats: SearchStats, fo
     closest = None
     if not found:  # only then does anyone need to know how far the plans are from fitting
         for base, vpp, schedule, zero in too_big[:2000]:
-            choice = replace(base, zero_stage=zero, vpp=vpp, schedule=schedule)
+            choice = replace(base, **STATE_OPTIONS[zero]._asdict(), vpp=vpp, schedule=schedule)
             closest = closer(model, train, cluster, build_plan(model, train, cluster, choice), closest)
     ranked = rank(found, replace(options, top_k=_repriced(options)))
     if options.objective != "time":   # the fastest plans too: the leanest are judged against them

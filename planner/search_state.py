@@ -12,7 +12,7 @@ from costmodel.plan import Plan, Schedule
 from costmodel.specs import ModelSpec, TrainSpec
 from costmodel.rank_time import RankTimeModel, Spans, rank_time_model, spans
 from planner.bounds import MemoryFit, pipeline_floor_s, zero_floor_s
-from planner.candidates import ZERO_STAGES, SearchOptions, allowed
+from planner.candidates import STATE_OPTIONS, SearchOptions, States, states_allowed, states_for_group
 from planner.shapes import pipeline_rows
 from planner.space import Choice, build_plan
 
@@ -61,7 +61,7 @@ class SearchResult:
 @dataclass(frozen=True, slots=True)
 class TimedChoice:
     rtm: RankTimeModel  # priced with one virtual stage (RankTimeModel.with_vpp adds more)
-    zero_floors_s: tuple[float, ...]  # planner.bounds.zero_floor_s per ZeRO stage
+    zero_floors_s: tuple[float, ...]  # planner.bounds.zero_floor_s per state placement (STATE_OPTIONS)
 
 
 class SharedModels:
@@ -71,8 +71,7 @@ class SharedModels:
 
     def __init__(self, model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: SearchOptions) -> None:
         self.model, self.train, self.cluster = model, train, cluster
-        stages = allowed(options, "zero_stage", list(ZERO_STAGES))
-        self.zero_allowed = tuple(zero in stages for zero in ZERO_STAGES)
+        self.zero_allowed = states_allowed(options, cluster)   # per STATE_OPTIONS entry
         self._times: dict[tuple, TimedChoice] = {}
         self._zero: dict[tuple, float] = {}
         self._memory: dict[tuple, tuple[MemoryFit, Plan]] = {}
@@ -98,7 +97,8 @@ class SharedModels:
         key = (c.tp, c.pp, c.dp * c.cp, num_micro_batches, sp.dp, sp.edp, c.ep)
         if key not in self._zero:
             self._zero[key] = tuple(zero_floor_s(self.model, self.train, self.cluster, c.tp, c.pp, c.dp * c.cp,
-                                                 zero, num_micro_batches, sp, c.ep) for zero in ZERO_STAGES)
+                                                 o.zero_stage, num_micro_batches, sp, c.ep, o.offload_optimizer)
+                                    if allowed else 0.0 for o, allowed in zip(STATE_OPTIONS, self.zero_allowed))
         return self._zero[key]
 
     def memory(self, base: Choice, vpp: int, schedule: Schedule, zero: int) -> tuple[MemoryFit, Plan] | None:
@@ -107,18 +107,20 @@ class SharedModels:
         return self._memory.get(self._memory_key(base, vpp, schedule, zero))
 
     def add_memory(self, base: Choice, plan: Plan) -> tuple[MemoryFit, Plan]:
-        """Memory fit of `plan`, and of the same choice under the other ZeRO stages the search
-        will come to (they share the costly activation shapes)."""
+        """Memory fit of `plan`, and of the same choice under the other state placements (ZeRO
+        stages, offload) the search will come to (they share the costly activation shapes)."""
         reserved = self.cluster.device.efficiency.reserved_memory_bytes
-        key = lambda zero: self._memory_key(base, plan.vpp, plan.schedule, zero)  # noqa: E731
-        stages = tuple(z for z in ZERO_STAGES if key(z) not in self._memory
-                       and (z == plan.zero_stage or (self.zero_allowed[z] and base.dp * base.cp > 1)))
-        plans = [plan if zero == plan.zero_stage else replace(plan, zero_stage=zero) for zero in stages]
-        for sharded, memory in zip(plans, stage_memory_shapes_by_zero(self.model, self.train, plans, reserved,
-                                                                                  self.cluster.framework)):
-            fit = MemoryFit(memory, sharded, self.cluster.memory_budget_bytes, self.model.num_layers)
-            self._memory[key(sharded.zero_stage)] = fit, sharded
-        return self._memory[key(plan.zero_stage)]
+        key = lambda i: self._memory_key(base, plan.vpp, plan.schedule, i)  # noqa: E731
+        current = STATE_OPTIONS.index(States(plan.zero_stage, plan.offload_optimizer))
+        sharded = base.dp * base.cp > 1
+        indices = [i for i, o in enumerate(STATE_OPTIONS) if key(i) not in self._memory
+                   and (i == current or (self.zero_allowed[i] and states_for_group(o, sharded)))]
+        plans = [plan if i == current else replace(plan, **STATE_OPTIONS[i]._asdict()) for i in indices]
+        for i, placed, memory in zip(indices, plans, stage_memory_shapes_by_zero(self.model, self.train, plans,
+                                                                                reserved, self.cluster.framework)):
+            fit = MemoryFit(memory, placed, self.cluster.memory_budget_bytes, self.model.num_layers)
+            self._memory[key(i)] = fit, placed
+        return self._memory[key(current)]
 
     @staticmethod
     def _memory_key(c: Choice, vpp: int, schedule: Schedule, zero: int) -> tuple:

@@ -110,7 +110,7 @@ def _dp_shape(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pl
     """Per DP term: (multiplier, term, [(alpha, beta) per gradient group], bucket) with a group's
     comm(P params) = alpha + beta·P."""
     sp = spans(plan, cluster)
-    if sp.dp.size == 1:
+    if sp.dp.size == 1 and not plan.offload_optimizer:   # offloaded states copy even alone
         return []
     one = rank_params_at(model, plan, 1, False, False)
     out = []

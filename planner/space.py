@@ -27,6 +27,7 @@ class Choice:
     schedule: Schedule | None = None  # None: interleaved-1f1b when vpp > 1, else 1f1b
     mesh_axis_order: tuple[str, ...] = DEFAULT_AXIS_ORDER
     ep: int = 1   # expert-parallel degree, a divisor of dp (mixtures of experts)
+    offload_optimizer: bool = False   # ZeRO-Offload: sharded states and their step on the host
 
 
 def build_plan(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, choice: Choice) -> Plan:
@@ -60,7 +61,7 @@ def build_plan(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, choice:
                  sequence_parallel=False, micro_batch_size=choice.micro_batch_size,
                  num_micro_batches=per_replica // choice.micro_batch_size, schedule=schedule,
                  vpp=choice.vpp, layers_per_stage=layers, mesh_axis_order=tuple(choice.mesh_axis_order),
-                 ep=choice.ep)
+                 ep=choice.ep, offload_optimizer=choice.offload_optimizer)
     if choice.recompute is Recompute.NONE:
         counts = (0,) * choice.pp
     else:
@@ -72,14 +73,15 @@ def build_plan(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, choice:
 
 def degrees_plan(*, dp: int, tp: int, pp: int, cp: int, zero_stage: int = 0, num_micro_batches: int = 1,
                  mesh_axis_order: tuple[str, ...] = DEFAULT_AXIS_ORDER, num_layers: int | None = None,
-                 ep: int = 1) -> Plan:
+                 ep: int = 1, offload_optimizer: bool = False) -> Plan:
     """A concrete plan that fixes only degrees (and ZeRO stage / micro-batch count): for asking
     the cost model questions that depend on nothing else, such as placement or DP collectives."""
     layers = num_layers or pp
     return Plan(dp=dp, tp=tp, pp=pp, cp=cp, zero_stage=zero_stage, recompute=Recompute.NONE,
                 recompute_num_layers=(0,) * pp, sequence_parallel=False, micro_batch_size=1,
                 num_micro_batches=num_micro_batches, schedule=default_schedule(1), vpp=1,
-                layers_per_stage=even_layers(layers, pp), mesh_axis_order=mesh_axis_order, ep=ep)
+                layers_per_stage=even_layers(layers, pp), mesh_axis_order=mesh_axis_order, ep=ep,
+                offload_optimizer=offload_optimizer)
 
 
 def divisors(n: int) -> list[int]:

@@ -60,7 +60,9 @@ def _summary(doc: Document, inp: ReportInput) -> None:
     doc.text(f"Plan {p.short()} for {inp.model.name} ({t.seq_len} tokens x {t.global_batch_size} "
              f"sequences per step, {t.compute_dtype}) on {inp.cluster.world_size} x {inp.cluster.device.name}: "
              f"{e.step_time_s:.3f} s per step, {e.tokens_per_s:,.0f} tokens/s, MFU {100 * e.mfu:.1f}%, "
-             f"peak {e.max_peak_memory_bytes / GIB:.1f} of {e.memory_capacity_bytes / GIB:.0f} GiB per device. "
+             f"peak {e.max_peak_memory_bytes / GIB:.1f} of {e.memory_capacity_bytes / GIB:.0f} GiB per device"
+             + (f", optimizer states offloaded: {max(e.host_memory_bytes) / GIB:,.1f} GiB of host memory per device "
+                f"(of {e.host_capacity_bytes / GIB:,.0f}), stepped on the host" if p.offload_optimizer else "") + ". "
              f"Layers per virtual stage {list(p.layers_per_stage)}, recomputed layers per pipeline rank "
              f"{list(p.recompute_num_layers)} ({p.recompute}), mesh {' > '.join(p.mesh_axis_order)}.")
 

@@ -55,6 +55,10 @@ def summary_lines(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan
         f"MFU {100 * est.mfu:.1f}%   HFU {100 * est.hfu:.1f}%   bubble {100 * est.bubble_fraction:.1f}%   "
         f"peak {est.max_peak_memory_bytes / GIB:.1f} GiB of {est.memory_capacity_bytes / GIB:.1f}"
         f" ({'fits' if est.fits else 'DOES NOT FIT'})",
+        *([f"host     offloaded states {max(est.host_memory_bytes) / GIB:,.1f} GiB per device of the "
+           f"{est.host_capacity_bytes / GIB:,.1f} GiB its share of the node's host may hold; "
+           f"optimizer step on the host {est.time_breakdown_s['optimizer/step']:.3f} s"]
+          if plan.offload_optimizer else []),
         f"         memory: {cluster.device.usable_memory_bytes / GIB:.2f} GiB as CUDA reports it, less "
         f"{cluster.memory_headroom:.0%} headroom and {cluster.device.efficiency.allocator_fragmentation:.0%} "
         f"allocator fragmentation; MFU counts 6N{' (N: active parameters)' if model.is_moe else ''} "

@@ -5,7 +5,9 @@ and compare the states it holds with the cost model's memory ledger.
 What is counted is what torch actually allocated: TP-local parameter elements after
 `parallelize_module` and the FSDP2 shard each rank keeps, priced per element by
 `costmodel.memory.state_bytes_from_counts` with the runtime's traits (the fp32 shard is the
-master weight; 16-bit copies held below ZeRO-3; whole gradients under a pipeline).
+master weight; 16-bit copies held below ZeRO-3; whole gradients under a pipeline). Offloaded
+states are counted where FSDP2 put them: the shard elements of every parameter whose FSDP2
+parameter says it lives on the host, priced by `costmodel.memory.host_state_bytes`.
 """
 from __future__ import annotations
 
@@ -14,9 +16,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from costmodel.estimate import memory_per_rank
+from costmodel.estimate import host_bytes_per_rank, memory_per_rank
 from costmodel.frameworks import RUNTIME
-from costmodel.memory import state_bytes_from_counts
+from costmodel.memory import host_state_bytes, state_bytes_from_counts
 from costmodel.placement import axis_strides
 from costmodel.plan import PlanFile
 from runtime.job import build_job
@@ -40,6 +42,17 @@ def _count(module: torch.nn.Module) -> dict[str, int]:
     return out
 
 
+def _offloaded(module: torch.nn.Module) -> int:
+    """Shard elements FSDP2 keeps on the host (CPUOffloadPolicy) in the module's units."""
+    from torch.distributed.fsdp import FSDPModule
+    total = 0
+    for sub in module.modules():
+        group = sub._get_fsdp_state()._fsdp_param_group if isinstance(sub, FSDPModule) else None
+        if group is not None:
+            total += sum(local_tensor(fp.sharded_param).numel() for fp in group.fsdp_params if fp.offload_to_cpu)
+    return total
+
+
 def _count_rank(pf: PlanFile, rank: int) -> dict[str, dict[str, int]]:
     from torch.testing._internal.distributed.fake_pg import FakeStore  # registers "fake"
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=pf.plan.world_size)
@@ -55,7 +68,8 @@ def _count_rank(pf: PlanFile, rank: int) -> dict[str, dict[str, int]]:
             for kind, n in _count(mod).items():
                 shard[kind] += n
         assert all(p.device.type == "meta" for p in job.parameters())
-        return {"unsharded": {kind: sum(c[kind] for c in unsharded.values()) for kind in shard}, "shard": shard}
+        return {"unsharded": {kind: sum(c[kind] for c in unsharded.values()) for kind in shard}, "shard": shard,
+                "host": {"offloaded": sum(_offloaded(mod) for mod in job.modules.values())}}
     finally:
         dist.destroy_process_group()
 
@@ -64,6 +78,7 @@ def dry_run(pf: PlanFile) -> list[dict[str, Any]]:
     """Per pipeline stage: runtime-counted vs predicted parameter, gradient, optimizer bytes."""
     plan, train = pf.plan, pf.train
     predicted = memory_per_rank(pf.model, train, pf.cluster, plan)
+    predicted_host = host_bytes_per_rank(pf.model, train, plan)
     rows = []
     for pp_rank in range(plan.pp):
         rank = first_rank_of_stage(pf, pp_rank)
@@ -74,6 +89,9 @@ def dry_run(pf: PlanFile) -> list[dict[str, Any]]:
         params, grads, optim = (sum(parts) for parts in zip(*states))
         runtime = {"params": params, "grads": grads, "optimizer": optim}
         pred = predicted[pp_rank].to_dict()
+        if plan.offload_optimizer:
+            runtime["host"] = host_state_bytes(train, plan, n["host"]["offloaded"])
+            pred["host"] = predicted_host[pp_rank]
         rows.append({"stage": pp_rank, "rank": rank, "elements_unsharded": sum(n["unsharded"].values()),
                      "elements_shard": sum(n["shard"].values()),
                      **{f"{k}_bytes": {"runtime": v, "predicted": pred[k],

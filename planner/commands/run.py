@@ -321,7 +321,9 @@ def _dry_run(args: argparse.Namespace, pf: PlanFile) -> int:
     from reports.tables import table
     body = []
     for r in rows:
-        for key in ("params_bytes", "grads_bytes", "optimizer_bytes"):
+        for key in ("params_bytes", "grads_bytes", "optimizer_bytes", "host_bytes"):
+            if key not in r:   # host: offloaded states only
+                continue
             v = r[key]
             body.append((r["stage"], r["rank"], key.removesuffix("_bytes"),
                          f"{v['runtime'] / GIB:,.3f}", f"{v['predicted'] / GIB:,.3f}",

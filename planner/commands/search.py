@@ -15,12 +15,13 @@ from planner import outputs
 from planner.args import add_overwrite_arg, positive_float, positive_int, refuse_ignored
 from planner.search import Found, SearchOptions, SearchResult, search, unsatisfiable_constraints
 
+_YES_NO = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 # --fix KEY=VALUE: the plan field it pins and how to read the value
 FIXABLE = {"dp": ("dp", int), "tp": ("tp", int), "pp": ("pp", int), "cp": ("cp", int), "ep": ("ep", int),
            "vpp": ("vpp", int), "mbs": ("micro_batch_size", int), "zero": ("zero_stage", int),
            "schedule": ("schedule", Schedule), "recompute": ("recompute", Recompute),
-           "sp": ("sequence_parallel", lambda v: {"true": True, "1": True, "yes": True,
-                                                  "false": False, "0": False, "no": False}[v.lower()])}
+           "sp": ("sequence_parallel", lambda v: _YES_NO[v.lower()]),
+           "offload": ("offload_optimizer", lambda v: _YES_NO[v.lower()])}
 
 
 def add_search_args(p: argparse.ArgumentParser) -> None:

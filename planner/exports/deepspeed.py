@@ -77,7 +77,10 @@ def config(pf: PlanFile, plan: Plan) -> dict:
         "train_batch_size": t.global_batch_size,
         "train_micro_batch_size_per_gpu": plan.micro_batch_size,
         "gradient_accumulation_steps": plan.num_micro_batches,
-        "zero_optimization": {"stage": plan.zero_stage, "overlap_comm": True, "contiguous_gradients": True},
+        "zero_optimization": {"stage": plan.zero_stage, "overlap_comm": True, "contiguous_gradients": True,
+                              # ZeRO-Offload: states and their step (DeepSpeed's CPU Adam) on the host
+                              **({"offload_optimizer": {"device": "cpu", "pin_memory": True}}
+                                 if plan.offload_optimizer else {})},
         "gradient_clipping": 1.0,
     }
     if t.compute_dtype is DType.BF16:

@@ -11,6 +11,9 @@ What Megatron-LM cannot say of our plans, and the nearest it runs (each a line o
   the block method): per-rank counts become the largest of them on every rank.
 - Rank order: tp-cp-ep-dp-pp (the default) or tp-cp-ep-pp-dp (`--use-tp-pp-dp-mapping`); other
   mesh orders become the default.
+- Offloaded states: Megatron-Core offloads the distributed optimizer's states and step
+  (`--optimizer-cpu-offload`, all of them: `--optimizer-offload-fraction 1.0`); Megatron-FSDP
+  has no such option, so offloading ZeRO-2/3 become offloading ZeRO-1.
 """
 from __future__ import annotations
 
@@ -48,6 +51,9 @@ def nearest(pf: PlanFile) -> Adjusted:
     if plan.zero_stage >= 2 and plan.pp > 1:
         adj.change(f"zero {plan.zero_stage} under pipeline parallelism: Megatron-FSDP does not run with a "
                    "pipeline; ZeRO-1 (the distributed optimizer)", zero_stage=1)
+    elif plan.zero_stage >= 2 and plan.offload_optimizer:
+        adj.change(f"zero {plan.zero_stage} with offloaded states: Megatron-FSDP cannot offload; the "
+                   "distributed optimizer's states and step on the host (ZeRO-1)", zero_stage=1)
     if not _layers_expressible(adj.plan):
         to_even_layers(adj, layers, f"layers per stage {list(adj.plan.layers_per_stage)}: Megatron-LM splits "
                                     "evenly (or sizes the first and last stage apart); even split")
@@ -151,6 +157,8 @@ def arguments(pf: PlanFile, plan: Plan) -> list[tuple[str, str | None]]:
     if plan.zero_stage == 1:
         args += [("--use-distributed-optimizer", None), ("--overlap-grad-reduce", None),
                  ("--overlap-param-gather", None)]
+        if plan.offload_optimizer:
+            args += [("--optimizer-cpu-offload", None), ("--optimizer-offload-fraction", "1.0")]
     elif plan.zero_stage >= 2:
         strategy = "optim_grads" if plan.zero_stage == 2 else "optim_grads_params"
         args += [("--use-megatron-fsdp", None), ("--data-parallel-sharding-strategy", strategy),

@@ -165,7 +165,9 @@ def sections(pf: PlanFile, plan: Plan) -> dict[str, dict]:
         "job": {"description": f"{plan.short()} for {m.name} (planner export)", "dump_folder": "./outputs"},
         "model": {"name": name, "flavor": flavor},
         "training": {"local_batch_size": local, "global_batch_size": t.global_batch_size, "seq_len": t.seq_len,
-                     "mixed_precision_param": precision, "mixed_precision_reduce": "float32"},
+                     "mixed_precision_param": precision, "mixed_precision_reduce": "float32",
+                     # FSDP2's CPUOffloadPolicy on every unit, as our runtime runs offloaded states
+                     **({"enable_cpu_offload": True} if plan.offload_optimizer else {})},
         "parallelism": parallelism,
         "activation_checkpoint": checkpointing,
         "compile": {"enable": False},

@@ -29,6 +29,9 @@ PLANS = {
                                     "--zero", "0", "--schedule", "gpipe", "--recompute", "full",
                                     "--global-batch", "64"],
 }
+# offloaded states: each target's own offload switch (Megatron's only under its distributed optimizer)
+PLANS["llama8b_zero3_offload"] = ["--model", "llama3-8b", "--cluster", "1x8xH100", "--zero", "3", "--offload-optimizer",
+                                  "--seq-len", "4096", "--global-batch", "64"]
 UNEVEN = {"llama13b_gpipe_zero0_uneven": [9, 10, 10, 11]}   # a split only the search writes
 # a Qwen3-shaped model (heads of 128 over a 1024-wide model, per-head Q/K norms), from its config.json
 QWEN3 = {"model_type": "qwen3", "hidden_size": 1024, "head_dim": 128, "num_attention_heads": 16,
@@ -85,6 +88,7 @@ def test_torchtitan_reads_the_job_file(plan_paths, tmp_path, capsys, name):
     assert dims.dp_replicate * dims.dp_shard == plan["dp"]
     assert (dims.dp_replicate > 1) == (plan["zero_stage"] == 0)
     assert job.training.seq_len == pf.train.seq_len and job.training.global_batch_size == pf.train.global_batch_size
+    assert job.training.enable_cpu_offload == plan["offload_optimizer"]
     if plan["pp"] > 1:
         get_schedule_class(p.pipeline_parallel_schedule)   # a schedule torch has
         stages = p.module_fqns_per_model_part
@@ -147,6 +151,7 @@ def test_megatron_core_accepts_the_arguments(plan_paths, tmp_path, capsys, name)
     import torch
     import torch.nn.functional as F
     from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig
     from megatron.core.transformer.transformer_config import TransformerConfig
     out = tmp_path / "run.sh"
     doc = _export(capsys, plan_paths[name], "megatron", out)
@@ -154,7 +159,8 @@ def test_megatron_core_accepts_the_arguments(plan_paths, tmp_path, capsys, name)
     args = _megatron_args(out.read_text())
     tc_fields = {f.name for f in dataclasses.fields(TransformerConfig)}
     ddp_fields = {f.name for f in dataclasses.fields(DistributedDataParallelConfig)}
-    tc, ddp = {}, {}
+    opt_fields = {f.name for f in dataclasses.fields(OptimizerConfig)}
+    tc, ddp, opt = {}, {}, {}
     for flag, value in args.items():
         if flag in TRAINING:
             continue
@@ -170,13 +176,17 @@ def test_megatron_core_accepts_the_arguments(plan_paths, tmp_path, capsys, name)
             tc["virtual_pipeline_model_parallel_size"] = pf.model.num_layers // (plan["pp"] * int(value))
         else:
             field = RENAMED.get(flag, flag[2:].replace("-", "_"))
-            target = tc if field in tc_fields else ddp if field in ddp_fields else None
+            target = (tc if field in tc_fields else ddp if field in ddp_fields
+                      else opt if field in opt_fields else None)
             assert target is not None, f"{flag} is neither a Megatron-Core config field nor a known training flag"
             target[field] = True if value is None else _typed(value)
     if plan["pp"] > 1:
         tc.setdefault("pipeline_dtype", torch.float32)
     config = TransformerConfig(**tc)   # Megatron-Core's own checks (__post_init__)
     DistributedDataParallelConfig(**ddp)
+    OptimizerConfig(**opt)
+    assert opt.get("optimizer_cpu_offload", False) == plan["offload_optimizer"]
+    assert opt.get("optimizer_offload_fraction", 0.0) == (1.0 if plan["offload_optimizer"] else 0.0)
     assert (config.tensor_model_parallel_size, config.pipeline_model_parallel_size, config.context_parallel_size,
             config.expert_model_parallel_size) == (plan["tp"], plan["pp"], plan["cp"], plan["ep"])
     assert config.sequence_parallel == (plan["sequence_parallel"] and plan["tp"] > 1)
@@ -220,6 +230,7 @@ def test_deepspeed_reads_the_config(plan_paths, tmp_path, capsys, monkeypatch, n
     config = DeepSpeedConfig(str(out), mpu=SimpleNamespace(get_data_parallel_world_size=lambda: plan["dp"]))
     assert config.train_batch_size == plan["dp"] * plan["micro_batch_size"] * plan["num_micro_batches"]
     assert config.zero_optimization_stage == plan["zero_stage"]
+    assert (config.zero_config.offload_optimizer is not None) == plan["offload_optimizer"]
     assert config.tensor_parallel_config.autotp_size == (plan["tp"] if plan["tp"] > 1 else 0)
     assert config.pipeline["stages"] == (plan["pp"] if plan["pp"] > 1 else "auto")
     assert plan["cp"] == 1 and plan["vpp"] == 1 and not (plan["tp"] > 1 and plan["sequence_parallel"])

@@ -40,9 +40,20 @@ def test_constraints_are_honoured(capsys):
 
 
 def test_nothing_fits_explains_why(capsys):
-    assert main(["search", "--model", "llama2-70b", "--cluster", "1x2xA100"]) == 2
+    # 405B: even offloaded, each A100's share of the host (1 TB) cannot hold 16 bytes per parameter
+    assert main(["search", "--model", "llama3-405b", "--cluster", "1x2xA100"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "nothing fits: the closest plan" in err and "GiB over" in err and "more devices" in err
+
+
+def test_a_model_too_large_for_the_devices_trains_with_its_states_on_the_host(capsys):
+    """Llama 2 70B on two A100s: no plan keeps its states on the devices; offloaded, ZeRO-3 holds
+    a layer at a time there and 560 GB per device on the host."""
+    assert main(["search", "--model", "llama2-70b", "--cluster", "1x2xA100", "--fix", "offload=no"]) == 2
+    capsys.readouterr()
+    assert main(["search", "--model", "llama2-70b", "--cluster", "1x2xA100", "--json"]) == 0
+    plans = json.loads(capsys.readouterr().out)["plans"]
+    assert plans and all(p["plan"]["offload_optimizer"] for p in plans)
 
 
 @pytest.mark.parametrize("extra,message", [

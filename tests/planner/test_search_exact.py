@@ -1,6 +1,6 @@
 """The search is exact under the cost model (its closed-form pipeline): on spaces small enough to enumerate, brute force
 over every plan (all degrees, micro-batches, schedules including the ones the search prunes as
-dominated, ZeRO stages, SP on and off, every mesh order, every layer split, every per-rank
+dominated, ZeRO stages with and without offloaded states, SP on and off, every mesh order, every layer split, every per-rank
 recompute count) finds the same best step time."""
 import dataclasses
 import itertools
@@ -35,6 +35,9 @@ def _distinct_orders(degrees: dict[str, int]) -> list[tuple[str, ...]]:
     return list(seen.values())
 
 
+STATES = [(z, False) for z in range(4)] + [(z, True) for z in range(1, 4)]
+
+
 def brute_force_best(model, train, cluster):
     world, best = cluster.world_size, None
     for tp, cp, pp in itertools.product(divisors(world), repeat=3):
@@ -48,12 +51,13 @@ def brute_force_best(model, train, cluster):
             for vpp, sched in [(1, s) for s in (Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.ZB_H1)] + \
                               [(v, Schedule.INTERLEAVED) for v in (2, 4)]:
                 for order in _distinct_orders({"pp": pp, "dp": dp, "cp": cp, "tp": tp}):
-                    for zero, sp, mode in itertools.product(range(4), (False, True), list(Recompute)):
+                    for (zero, offload), sp, mode in itertools.product(STATES, (False, True), list(Recompute)):
                         for layers in compositions(model.num_layers, pp * vpp) if pp * vpp <= model.num_layers else []:
                             base = Plan(dp=dp, tp=tp, pp=pp, cp=cp, zero_stage=zero, recompute=mode,
                                         recompute_num_layers=(0,) * pp, sequence_parallel=sp,
                                         micro_batch_size=mbs, num_micro_batches=m, schedule=sched, vpp=vpp,
-                                        layers_per_stage=layers, mesh_axis_order=order, ep=ep)
+                                        layers_per_stage=layers, mesh_axis_order=order, ep=ep,
+                                        offload_optimizer=offload)
                             ranges = [range(base.layers_on_rank(r) + 1) if mode is not Recompute.NONE else [0]
                                       for r in range(pp)]
                             for counts in itertools.product(*ranges):
@@ -69,16 +73,19 @@ def brute_force_best(model, train, cluster):
     return best
 
 
-def _tight(cluster, memory_bytes):
-    """A device of exactly `memory_bytes` for plans: no headroom, no fragmentation margin."""
+def _tight(cluster, memory_bytes, host=True):
+    """A device of exactly `memory_bytes` for plans: no headroom, no fragmentation margin
+    (`host=False`: and nowhere to offload to)."""
     device = dataclasses.replace(cluster.device, memory_bytes=memory_bytes, reported_memory_bytes=memory_bytes,
-                                 efficiency=dataclasses.replace(cluster.device.efficiency, allocator_fragmentation=0.0))
+                                 efficiency=dataclasses.replace(cluster.device.efficiency, allocator_fragmentation=0.0),
+                                 host=cluster.device.host if host else None)
     return dataclasses.replace(cluster, device=device, memory_headroom=0.0)
 
 
 # (model, cluster, global batch, device memory). The caps sit below the unconstrained winner's
-# peak (2 GiB reserved + 2.07 MB / 3.05 MB), so memory binds: the optimum becomes tp=2 + SP
-# with full recomputation for the Llama case and ZeRO-3 with full recomputation for the GPT one.
+# peak (2 GiB reserved + 2.07 MB / 3.05 MB), so memory binds: before offloading was searched the
+# optimum became tp=2 + SP with full recomputation for the Llama case and ZeRO-3 with full
+# recomputation for the GPT one; at these sizes moving the states to the host costs less.
 CASES = [
     (llama_spec("tiny-llama", layers=4, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256, max_pos=64,
                 source="test"), "1x4xA100", 4, 2**31 + 1_347_008),
@@ -92,9 +99,10 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("model,cluster_name,batch,memory", CASES, ids=["llama-1x4", "gpt-2x2", "moe-1x4"])
-def test_search_matches_brute_force(model, cluster_name, batch, memory):
-    cluster = _tight(parse_cluster(cluster_name), memory)
+@pytest.mark.parametrize("model,cluster_name,batch,memory,host", [*((*c, True) for c in CASES), (*CASES[0], False)],
+                         ids=["llama-1x4", "gpt-2x2", "moe-1x4", "llama-1x4-no-host"])
+def test_search_matches_brute_force(model, cluster_name, batch, memory, host):
+    cluster = _tight(parse_cluster(cluster_name), memory, host)
     train = TrainSpec(seq_len=64, global_batch_size=batch)
     expected = brute_force_best(model, train, cluster)
     result = search(model, train, cluster, SearchOptions(top_k=1, max_tp=4))
@@ -107,7 +115,8 @@ def test_search_matches_brute_force(model, cluster_name, batch, memory):
     best = min(result.evaluated, key=lambda f: f.estimate.closed_form_step_time_s)
     got = best.estimate.closed_form_step_time_s
     assert got == pytest.approx(expected[0], rel=1e-6), (best.plan.short(), expected[1].short())
-    assert best.plan.recompute is not Recompute.NONE  # the cap really binds
+    # the cap really binds: the winner recomputes or keeps its states on the host
+    assert best.plan.recompute is not Recompute.NONE or best.plan.offload_optimizer, best.plan.short()
     assert best.plan.ep > 1 or not model.is_moe
 
 

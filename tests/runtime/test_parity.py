@@ -94,6 +94,13 @@ CASES = {
     "moe_tp2_cp2_zero3": (Choice(tp=2, cp=2, zero_stage=3), 4, MOE),
     # the tokens' group cp x tp sliced in the world mesh's order, whichever it is
     "moe_tp2_cp2_tp_outer": (Choice(tp=2, cp=2, mesh_axis_order=("pp", "tp", "dp", "cp")), 4, MOE),
+    # offloaded states (FSDP2's CPUOffloadPolicy): shards on the host, copied in and out around
+    # each collective; every ZeRO stage, a lone rank, the TP-replicated and tied-embedding syncs
+    "zero1_offload": (Choice(zero_stage=1, micro_batch_size=2, offload_optimizer=True), 2, {}),
+    "zero2_offload": (Choice(zero_stage=2, micro_batch_size=2, offload_optimizer=True), 2, {}),
+    "zero3_offload": (Choice(zero_stage=3, micro_batch_size=2, offload_optimizer=True), 2, {}),
+    "tp2_alone_zero3_offload": (Choice(tp=2, zero_stage=3, offload_optimizer=True), 2, {"qk_norm": True}),
+    "gpt_pp2_tied_zero2_offload": (Choice(pp=2, zero_stage=2, offload_optimizer=True), 2, GPT),
     # one expert per EP rank, two edp ranks: FSDP2 shards each expert's rows (runtime.parallel)
     "moe_ep2_dp2_one_expert_each": (Choice(ep=2, zero_stage=3), 4, {**MOE, "num_experts": 2}),
 }
@@ -105,8 +112,9 @@ def test_matches_single_process(name):
     assert_parity(plan_file(choice, world=world, **kwargs))
 
 
-@pytest.mark.parametrize("choice", [Choice(tp=2, sequence_parallel=False), Choice(pp=2), Choice(zero_stage=0)],
-                         ids=["tp", "pp", "ddp"])
+@pytest.mark.parametrize("choice", [Choice(tp=2, sequence_parallel=False), Choice(pp=2), Choice(zero_stage=0),
+                                    Choice(zero_stage=3, offload_optimizer=True)],
+                         ids=["tp", "pp", "ddp", "zero3_offload_fused_cpu_adamw"])
 def test_adamw_trains_alike(choice):
     """AdamW (the default optimizer): same losses; Adam's normalisation amplifies fp32 reduction
     noise in near-zero gradients, so parameters are not compared this tightly."""
