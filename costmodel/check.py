@@ -5,7 +5,7 @@ can act on; an empty list means the plan is valid (and fits, when memory is chec
 """
 from __future__ import annotations
 
-from costmodel.cluster import ClusterSpec
+from costmodel.cluster import ClusterSpec, DeviceProfile
 from costmodel.estimate import host_bytes_per_rank, memory_per_rank
 from costmodel.plan import AXES, Plan, Recompute, Schedule
 from costmodel.specs import ModelSpec, PositionKind, TrainSpec
@@ -55,6 +55,8 @@ def check_structure(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
     if plan.zero_stage not in (0, 1, 2, 3):
         add(f"zero_stage must be 0, 1, 2 or 3 (got {plan.zero_stage})")
     problems += offload_problems(cluster, plan.zero_stage, plan.offload_optimizer)
+    if plan.fp8_linears:
+        problems += fp8_problems(model, train, cluster, plan.tp)
     if sorted(plan.mesh_axis_order) != sorted(AXES):
         add(f"mesh_axis_order must order exactly {', '.join(AXES)} (got {', '.join(plan.mesh_axis_order)})")
     problems += _check_pipeline(model, plan)
@@ -120,6 +122,35 @@ def offload_problems(cluster: ClusterSpec, zero_stage: int, offload: bool) -> li
     if zero_stage < 1:
         return ["offload_optimizer needs zero_stage >= 1 (the sharded optimizer states are what moves to the host)"]
     return []
+
+
+def float8_device_problem(device: DeviceProfile) -> str | None:
+    if device.kind == "cpu":
+        return (f"device {device.name} is a CPU: the runtime cannot run float8 training on CPU (float8 tensor "
+                "cores: H100, H200, B200)")
+    if device.peak_flops_per_s.get("fp8", 0) <= 0:
+        return (f"device {device.name} has no float8 tensor cores (no fp8 peak in its profile; float8 training "
+                "needs an H100, H200 or B200)")
+    return None
+
+
+def fp8_problems(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: int) -> list[str]:
+    """What float8 linears need: a device with float8 tensor cores (an fp8 peak in its profile:
+    H100, H200, B200; not A100, V100 or a CPU, where the runtime cannot run them either), a
+    training spec that accepts float8 (bf16 beside it), a dense model (torchao's float8 linears
+    do not reach our mixtures' batched expert weights), and no tensor parallelism (the runtime
+    does not apply torchao's float8 tensor-parallel styles)."""
+    out = []
+    if problem := float8_device_problem(cluster.device):
+        out.append(f"fp8_linears: {problem}")
+    if not train.float8:
+        out.append("fp8_linears: the training spec does not accept float8 numerics (--dtype fp8)")
+    if model.is_moe:
+        out.append(f"fp8_linears: model {model.name} is a mixture of experts; float8 is priced and run for dense "
+                   "models only")
+    if tp > 1:
+        out.append("fp8_linears with tp > 1: the runtime runs float8 linears without tensor parallelism")
+    return out
 
 
 def sp_problems(train: TrainSpec, tp: int, cp: int) -> list[str]:

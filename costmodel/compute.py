@@ -32,6 +32,7 @@ class KernelShape(Protocol):
     ep: int
     sequence_parallel: bool
     micro_batch_size: int
+    fp8_linears: bool
 
 
 FLASH_BACKWARD_FACTOR = 2.5  # FlashAttention-2 (Dao 2023): 5 matmuls backward vs 2 forward
@@ -110,15 +111,56 @@ def gemm_s(m: int, k: int, n: int, dev: DeviceProfile, train: TrainSpec) -> floa
     return compute_bound_s(2.0 * m * k * n, a * (m * k + k * n + m * n), dev, train, eff)
 
 
-def _linears_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile, tokens: int) -> float:
-    total = _moe_gemms_s(model, train, dev, moe_tokens(tokens, plan.tp), plan.ep)
+# A float8 cast of a bf16 tensor (costmodel.frameworks `float8_casts_fused`): (bytes moved per
+# element, full-tensor kernels). torchao 0.18 eager: abs (2 + 2), max (2), to fp32 (2 + 4), times
+# the scale (4 + 4), clamp (4 + 4), to float8 (4 + 1); fused: the amax read and the scaled cast.
+FP8_CAST_EAGER = (33, 6)
+FP8_CAST_FUSED = (5, 2)
+FP8_MIN_DIM = 16   # torch._scaled_mm needs both GEMM dimensions of the weight divisible by 16
+
+
+def fp8_gemm_s(m: int, k: int, n: int, dev: DeviceProfile) -> float:
+    """A float8 GEMM (torch._scaled_mm): the fp8 peak at the device's GEMM efficiency and wave
+    quantisation (no float8 GEMM was measured; the bf16 fraction is assumed to carry over),
+    1-byte operands, a bf16 result."""
+    eff = dev.efficiency.gemm * wave_efficiency(m, n, dev.num_sms)
+    return roofline_s(2.0 * m * k * n, m * k + k * n + 2 * m * n, dev, dev.peak_for("fp8"), eff)
+
+
+def _cast_s(elements: int, dev: DeviceProfile, fused: bool) -> float:
+    per_element, kernels = FP8_CAST_FUSED if fused else FP8_CAST_EAGER
+    return memory_bound_s(per_element * elements, dev, kernels)
+
+
+def float8_linear(k: int, n: int) -> bool:
+    """torchao converts a linear only when its weight's dimensions allow a float8 GEMM."""
+    return k % FP8_MIN_DIM == 0 and n % FP8_MIN_DIM == 0
+
+
+def _linears_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile, tokens: int,
+               fused_casts: bool) -> tuple[float, float, float]:
+    """(forward, input-gradient, weight-gradient) seconds of the layer's GEMMs. Float8 linears
+    (plan.fp8_linears) run each GEMM at the fp8 rate and pay their operands' casts: input and
+    weight forward; output gradient and weight for the input gradient; output gradient and input
+    for the weight gradient, where eager torchao casts again (fused: the forward's are reused)."""
+    moe = _moe_gemms_s(model, train, dev, moe_tokens(tokens, plan.tp), plan.ep)
+    fwd = bwd_in = bwd_w = moe
     for block in dense_blocks(model):
         for lin in block.linears:
             if lin.style is Style.COLWISE:
-                total += gemm_s(tokens, lin.in_features, ceil_div(lin.out_features, plan.tp), dev, train)
+                k, n = lin.in_features, ceil_div(lin.out_features, plan.tp)
             else:
-                total += gemm_s(tokens, ceil_div(lin.in_features, plan.tp), lin.out_features, dev, train)
-    return total
+                k, n = ceil_div(lin.in_features, plan.tp), lin.out_features
+            if not (plan.fp8_linears and float8_linear(k, n)):
+                t = gemm_s(tokens, k, n, dev, train)
+                fwd, bwd_in, bwd_w = fwd + t, bwd_in + t, bwd_w + t
+                continue
+            g = fp8_gemm_s(tokens, k, n, dev)
+            x, w, dy = (_cast_s(e, dev, fused_casts) for e in (tokens * k, k * n, tokens * n))
+            fwd += g + x + w
+            bwd_in += g + dy + (0.0 if fused_casts else w)
+            bwd_w += g + (0.0 if fused_casts else dy + x)
+    return fwd, bwd_in, bwd_w
 
 
 def _attention_core_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile,
@@ -248,24 +290,26 @@ class _KernelKey:
     ep: int
     sequence_parallel: bool
     micro_batch_size: int
+    fp8_linears: bool
 
     @classmethod
     def of(cls, plan: Plan) -> "_KernelKey":
-        return cls(plan.tp, plan.cp, plan.ep, plan.sequence_parallel, plan.micro_batch_size)
+        return cls(plan.tp, plan.cp, plan.ep, plan.sequence_parallel, plan.micro_batch_size, plan.fp8_linears)
 
 
 @_per_kernel_shape
 def layer_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile,
-                       cp_ring: bool) -> KernelTimes:
+                       cp_ring: bool, fused_casts: bool = False) -> KernelTimes:
     """cp_ring: context parallelism as a ring of partial kernels (else all-gathered K/V,
-    costmodel.frameworks `cp_all_gather_kv`)."""
+    costmodel.frameworks `cp_all_gather_kv`); fused_casts: float8 casts as compiled or
+    Transformer Engine kernels run them (`float8_casts_fused`)."""
     tokens = plan.micro_batch_size * train.seq_len // plan.cp
-    linears = _linears_s(model, train, plan, dev, tokens)
+    fwd, bwd_in, bwd_w = _linears_s(model, train, plan, dev, tokens, fused_casts)
     attn_fwd, attn_bwd = _attention_core_s(model, train, plan, dev, cp_ring)
     elementwise = _elementwise_forward_s(model, train, plan, dev, tokens)
-    return KernelTimes(forward_s=linears + attn_fwd + elementwise,
-                       backward_input_s=linears + attn_bwd + 2 * elementwise,
-                       backward_weight_s=linears, attention_forward_s=attn_fwd)
+    return KernelTimes(forward_s=fwd + attn_fwd + elementwise,
+                       backward_input_s=bwd_in + attn_bwd + 2 * elementwise,
+                       backward_weight_s=bwd_w, attention_forward_s=attn_fwd)
 
 
 @_per_kernel_shape

@@ -69,6 +69,14 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   the output with its softmax statistics) and keeps only its own block.
 - `zero3_gathers_per_param`: DeepSpeed ZeRO-3 gathers parameter by parameter (many small
   collectives, each paying the ring latency) rather than one flat buffer per layer as FSDP does.
+- `float8_casts_fused`: how float8 linears (Plan.fp8_linears) scale and cast their operands.
+  torchao in eager mode runs each cast as six full-tensor kernels (abs, max, to
+  fp32, multiply by the scale, clamp, to float8: 33 bytes per element) and casts six times per
+  linear (input and weight forward, output gradient and weight for the input gradient, output
+  gradient and input again for the weight gradient); compiled (torchtitan's float8 runs use
+  torch.compile; our runtime compiles each float8 linear on CUDA) or Transformer Engine's fused
+  kernels: one amax read and one scaled cast (5
+  bytes per element), three casts per linear, the backward reusing the forward's.
 """
 from __future__ import annotations
 
@@ -97,6 +105,7 @@ class FrameworkTraits:
     deferred_w_keeps_graph: bool = False
     pipeline_sends_held: bool = False
     cp_all_gather_kv: bool = False
+    float8_casts_fused: bool = False
 
 
 GENERIC = FrameworkTraits(name="generic", dp_grad_overlap=True, dp_param_overlap=True, tp_comm_hidden=0.0,
@@ -104,12 +113,13 @@ GENERIC = FrameworkTraits(name="generic", dp_grad_overlap=True, dp_param_overlap
 
 # This project's executor: FSDP2 for every ZeRO stage (bucketed overlap of reduce-scatter and
 # prefetched all-gathers, fp32 sharded parameters), DTensor TP without overlap (keeping gathered
-# inputs, whole logits), eager SwiGLU, torch's cross entropy, torch pipelining (see the module
-# docstring).
+# inputs, whole logits), eager SwiGLU, torch's cross entropy, torch pipelining, float8 linears
+# compiled one by one on CUDA (runtime.float8; see the module docstring).
 RUNTIME = FrameworkTraits(name="planner", dp_grad_overlap=True, dp_param_overlap=True, tp_comm_hidden=0.0,
                           sharded_grads_under_pp=False, zero3_gathers_per_param=False,
                           fsdp_master_params=True, tp_keeps_gathered_input=True, vocab_parallel_loss=False,
-                          deferred_w_keeps_graph=True, pipeline_sends_held=True, cp_all_gather_kv=True)
+                          deferred_w_keeps_graph=True, pipeline_sends_held=True, cp_all_gather_kv=True,
+                          float8_casts_fused=True)
 
 _MEGATRON = dict(sharded_grads_under_pp=True, zero3_gathers_per_param=False, loss_grad_in_place=True)
 _FSDP = dict(dp_grad_overlap=True, dp_param_overlap=True, tp_comm_hidden=0.0, zero3_gathers_per_param=False,
@@ -123,12 +133,12 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
     FrameworkTraits(name="megatron-lm", dp_grad_overlap=False, dp_param_overlap=False, tp_comm_hidden=0.0,
                     **_MEGATRON),
     FrameworkTraits(name="megatron-core", dp_grad_overlap=True, dp_param_overlap=True, tp_comm_hidden=0.5,
-                    swiglu_saved_tensors=3, vendor_attention=True, **_MEGATRON),
+                    swiglu_saved_tensors=3, vendor_attention=True, float8_casts_fused=True, **_MEGATRON),
     FrameworkTraits(name="megatron-deepspeed", **{**_DEEPSPEED, "loss_grad_in_place": True}),
     FrameworkTraits(name="deepspeed", **_DEEPSPEED),
     FrameworkTraits(name="composer-fsdp", sharded_grads_under_pp=True, **_FSDP),
     FrameworkTraits(name="torchtitan", sharded_grads_under_pp=False, tp_keeps_gathered_input=True,
-                    cp_all_gather_kv=True, **_FSDP),
+                    cp_all_gather_kv=True, float8_casts_fused=True, **_FSDP),
 )}
 
 

@@ -164,6 +164,10 @@ class Plan:
     memory and runs the optimizer step on the host's cores; each parameter gather copies the shard
     over PCIe, each gradient reduction copies it back. Needs ZeRO >= 1 (the sharded states are what
     moves) and a device profile with a [host]. Absent from older plan.json files: False.
+    `fp8_linears`: the transformer layers' linear projections run their three GEMMs in float8 as
+    torchao's tensorwise recipe does (e4m3 forward, e5m2 output gradients, one dynamic scale per
+    tensor; the LM head, attention, norms and the states stay as they were); needs a device with
+    float8 tensor cores and a TrainSpec that accepts float8. Absent from older plan.json: False.
     """
 
     dp: int
@@ -182,6 +186,7 @@ class Plan:
     mesh_axis_order: tuple[str, ...]
     ep: int = 1
     offload_optimizer: bool = False
+    fp8_linears: bool = False
 
     @property
     def edp(self) -> int:
@@ -234,6 +239,7 @@ class Plan:
             rc += "[" + ",".join(map(str, self.recompute_num_layers)) + "]"
         mesh = "" if self.mesh_axis_order == DEFAULT_AXIS_ORDER else " mesh=" + ">".join(self.mesh_axis_order)
         off = "+offload" if self.offload_optimizer else ""
+        off += " fp8" if self.fp8_linears else ""
         return (f"{text} z{self.zero_stage}{off}{rc} mbs{self.micro_batch_size}x{self.num_micro_batches}"
                 f" {self.schedule}{mesh}")
 

@@ -258,10 +258,16 @@ class TrainSpec:
     # over the mean (1: perfectly balanced). It scales that rank's expert GEMMs and all-to-all
     # bytes; stated by the user (planner --expert-imbalance).
     expert_load_imbalance: float = DEFAULT_EXPERT_IMBALANCE
+    # The user accepts float8 numerics (`--dtype fp8`): plans may run their linear layers in
+    # float8 (Plan.fp8_linears, torchao's tensorwise recipe), everything else in compute_dtype,
+    # which must then be bf16. The search weighs float8 against bf16 linears per plan.
+    float8: bool = False
 
     def __post_init__(self) -> None:
         if self.seq_len <= 0 or self.global_batch_size <= 0:
             raise ValueError("seq_len and global_batch_size must be positive")
+        if self.float8 and self.compute_dtype is not DType.BF16:
+            raise ValueError(f"float8 linears train beside bf16 (got compute dtype {self.compute_dtype})")
         if not 1.0 <= self.expert_load_imbalance <= MAX_EXPERT_IMBALANCE:
             raise ValueError(f"expert_load_imbalance must be in [1, {MAX_EXPERT_IMBALANCE:g}] "
                              f"(got {self.expert_load_imbalance})")

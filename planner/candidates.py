@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable, Iterator, NamedTuple
 
-from costmodel.check import (cp_problems, ep_problems, moe_schedule_problem, moe_tp_problem, offload_problems,
-                             sp_problems, tp_problems)
+from costmodel.check import (cp_problems, ep_problems, fp8_problems, moe_schedule_problem, moe_tp_problem,
+                             offload_problems, sp_problems, tp_problems)
 from costmodel.cluster import ClusterSpec
 from costmodel.fidelity import MODEL_ERROR_BAND
 from costmodel.plan import Recompute, Schedule, default_schedule
@@ -141,10 +141,17 @@ def time_groups(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, option
                 elif options.fixed.get("dp", dp) == dp:
                     eps = [e for e in divisors(dp) if not ep_problems(model, dp, e)] if model.is_moe else [1]
                     for ep in allowed(options, "ep", eps):
-                        yield from _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep)
+                        for fp8 in allowed(options, "fp8_linears", _fp8_options(model, train, cluster, tp)):
+                            yield from _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8)
 
 
-def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep):
+def _fp8_options(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: int) -> list[bool]:
+    """Float8 linears where the user accepts them and check_plan would (costmodel.check.fp8_problems);
+    bf16 linears always: casts can cost more than a small GEMM saves."""
+    return [False, True] if train.float8 and not fp8_problems(model, train, cluster, tp) else [False]
+
+
+def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8):
     L, per_replica = model.num_layers, train.global_batch_size // dp
     modes = [Recompute.NONE] if options.no_recompute else list(Recompute)
     # SP dominates no-SP: the same collective volume (AG + RS = AR), less memory, less elementwise work
@@ -172,4 +179,5 @@ def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep):
                 continue
             for sp, order in itertools.product(sps, orders):
                 yield Choice(tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, zero_stage=0, recompute=mode, sequence_parallel=sp,
-                             micro_batch_size=mbs, vpp=1, schedule=None, mesh_axis_order=order), variants
+                             micro_batch_size=mbs, vpp=1, schedule=None, mesh_axis_order=order,
+                             fp8_linears=fp8), variants

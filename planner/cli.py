@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from costmodel.check import check_memory, check_structure
+from costmodel.check import check_memory, check_structure, float8_device_problem
 from costmodel.cluster import DEFAULT_MEMORY_HEADROOM, ClusterSpec, known_profiles, parse_cluster
 from costmodel.machine import LocalProfileMissing
 from costmodel.measured import MeasuredRun
@@ -25,6 +25,8 @@ from planner.args import (EXIT_USAGE, Parser, add_failure_args, at_least_one, ad
                           given_flags, non_negative_int, positive_float, positive_int, refuse_ignored, refuse_repeated)
 from planner.signals import Terminated, held_while_loading, terminate_as_exception
 from planner.space import Choice, build_plan
+
+FP8 = "fp8"   # --dtype fp8: bf16 beside float8 linears (TrainSpec.float8), not a DType of its own
 
 # predict --plan takes all of these from the file
 SPEC_AND_PLAN_FLAGS = {"model", "cluster", "seq_len", "global_batch", "dtype", "grad_dtype", "attention",
@@ -47,8 +49,11 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster", help="NODESxGPUS_PER_NODExDEVICE, e.g. 8x8xA100 (see `planner devices`)")
     p.add_argument("--seq-len", type=positive_int, help="tokens per sequence (default: the model's published recipe)")
     p.add_argument("--global-batch", type=positive_int, help="sequences per optimizer step (default: published recipe)")
-    p.add_argument("--dtype", choices=[d.value for d in DType], default="bf16",
-                   help="compute precision; 16-bit implies fp32 master weights (default bf16)")
+    p.add_argument("--dtype", choices=[d.value for d in DType] + [FP8], default="bf16",
+                   help="compute precision; 16-bit implies fp32 master weights (default bf16). fp8: bf16 "
+                        "training whose layers' linear projections may run in float8 (torchao's tensorwise "
+                        "recipe; devices with float8 tensor cores: H100, H200, B200): search weighs float8 "
+                        "against bf16 linears per plan, predict prices them in float8")
     p.add_argument("--grad-dtype", choices=[d.value for d in DType], default="fp32",
                    help="gradient accumulation/reduction precision (default fp32, as Megatron-LM)")
     p.add_argument("--attention", choices=[a.value for a in AttentionKernel], default="flash",
@@ -98,9 +103,13 @@ def _specs(args: argparse.Namespace) -> tuple[ModelSpec, TrainSpec, ClusterSpec]
     model, cluster = resolve_model(args.model), parse_cluster(args.cluster)
     cluster = dataclasses.replace(cluster, memory_headroom=args.memory_headroom)
     seq, batch = default_recipe(model)
+    float8 = args.dtype == FP8
+    if float8 and (problem := float8_device_problem(cluster.device)):
+        raise UserError(f"--dtype fp8: {problem}")
     train = TrainSpec(seq_len=seq if args.seq_len is None else args.seq_len,
                       global_batch_size=batch if args.global_batch is None else args.global_batch,
-                      compute_dtype=DType(args.dtype), grad_dtype=DType(args.grad_dtype),
+                      compute_dtype=DType.BF16 if float8 else DType(args.dtype), grad_dtype=DType(args.grad_dtype),
+                      float8=float8,
                       attention_kernel=AttentionKernel(args.attention),
                       expert_load_imbalance=args.expert_imbalance)
     return model, train, cluster
@@ -108,7 +117,7 @@ def _specs(args: argparse.Namespace) -> tuple[ModelSpec, TrainSpec, ClusterSpec]
 
 def _choice(args: argparse.Namespace) -> Choice:
     return Choice(tp=args.tp, pp=args.pp, cp=args.cp, dp=args.dp, ep=args.ep, zero_stage=args.zero,
-                  offload_optimizer=args.offload_optimizer,
+                  offload_optimizer=args.offload_optimizer, fp8_linears=args.dtype == FP8,
                   recompute=Recompute(args.recompute), recompute_layers=args.recompute_layers,
                   sequence_parallel=args.sp, micro_batch_size=args.mbs, vpp=args.vpp,
                   schedule=Schedule(args.schedule) if args.schedule else None,

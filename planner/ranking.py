@@ -14,8 +14,8 @@ from planner.search_state import Found
 
 
 def robust_first(ranked: list[Found], band: float) -> tuple[list[Found], int]:
-    """The plans within `band` of the fastest, most robust first: states on the device, then
-    more memory headroom (in steps of a tenth of the device), then fewer moving parts (context,
+    """The plans within `band` of the fastest, most robust first: states on the device, bf16
+    linears, then more memory headroom (in steps of a tenth of the device), then fewer moving parts (context,
     pipeline and virtual stages, tensor ranks, a zero-bubble schedule), then time; the rest by
     time after them. Returns the order and how many are equivalent."""
     if not ranked or band <= 0:
@@ -28,7 +28,8 @@ def robust_first(ranked: list[Found], band: float) -> tuple[list[Found], int]:
         headroom_tenths = math.floor(10 * (1 - e.max_peak_memory_bytes / e.memory_capacity_bytes))
         # states kept on the device before states on the host: offloading trades device memory
         # for a dependence on the host's link and cores, priced from datasheets no run has checked
-        return (p.offload_optimizer, -headroom_tenths, p.cp, p.pp * p.vpp, p.tp,
+        # likewise bf16 linears before float8 ones, whose speed no run of ours has measured
+        return (p.offload_optimizer, p.fp8_linears, -headroom_tenths, p.cp, p.pp * p.vpp, p.tp,
                 p.schedule.defers_weight_grad, e.step_time_s)
 
     near.sort(key=robustness)

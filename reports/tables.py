@@ -63,7 +63,8 @@ def summary_lines(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan
         f"{cluster.memory_headroom:.0%} headroom and {cluster.device.efficiency.allocator_fragmentation:.0%} "
         f"allocator fragmentation; MFU counts 6N{' (N: active parameters)' if model.is_moe else ''} "
         f"+ 12·layers·hidden·seq FLOPs per token (full s² "
-        f"attention, Megatron Eq. 7 / PaLM); expected error +-{100 * MODEL_ERROR_BAND:.1f}% (costmodel.fidelity)",
+        f"attention, Megatron Eq. 7 / PaLM){' against the bf16 peak, float8 linears included' if plan.fp8_linears else ''}"
+        f"; expected error +-{100 * MODEL_ERROR_BAND:.1f}% (costmodel.fidelity)",
         "long run   " + resilience.summary_line(resilience.checkpoint_cost(
             model, train, cluster.world_size, est.step_time_s, est.tokens_per_s, failures)),
     ])

@@ -21,7 +21,8 @@ FIXABLE = {"dp": ("dp", int), "tp": ("tp", int), "pp": ("pp", int), "cp": ("cp",
            "vpp": ("vpp", int), "mbs": ("micro_batch_size", int), "zero": ("zero_stage", int),
            "schedule": ("schedule", Schedule), "recompute": ("recompute", Recompute),
            "sp": ("sequence_parallel", lambda v: _YES_NO[v.lower()]),
-           "offload": ("offload_optimizer", lambda v: _YES_NO[v.lower()])}
+           "offload": ("offload_optimizer", lambda v: _YES_NO[v.lower()]),
+           "fp8": ("fp8_linears", lambda v: _YES_NO[v.lower()])}
 
 
 def add_search_args(p: argparse.ArgumentParser) -> None:

@@ -13,7 +13,8 @@ What DeepSpeed cannot say of our plans, and the nearest it runs (each a line of 
 - recomputation is per layer block, all or nothing: all layers in full where the plan recomputes
   any (our selective, core attention only, has no DeepSpeed equivalent);
 - rank order: pipe, data, model (outermost first: pp>dp>tp); other mesh orders become it;
-- experts: DeepSpeed-MoE takes its expert-parallel size in the model code, not in this file.
+- experts: DeepSpeed-MoE takes its expert-parallel size in the model code, not in this file;
+- float8 linears: DeepSpeed's config has none (Transformer Engine goes in the model code): bf16.
 """
 from __future__ import annotations
 
@@ -64,6 +65,9 @@ def nearest(pf: PlanFile) -> Adjusted:
                                                   "layers per rank: DeepSpeed checkpoints every layer or none; "
                                                   "every layer")
     to_rank_order(adj, (ORDER,), "DeepSpeed lays ranks out as pipe, data, model (pp>dp>tp)")
+    if adj.plan.fp8_linears:
+        adj.change("fp8 linears: DeepSpeed's config has no float8 (Transformer Engine layers go in the model "
+                   "code); bf16 linears", fp8_linears=False)
     if pf.model.is_moe:
         adj.differences.append(f"experts: build the mixture with deepspeed.moe.layer.MoE(num_experts="
                                f"{pf.model.num_experts}, ep_size={adj.plan.ep}, k={pf.model.experts_per_token}) "

@@ -173,6 +173,8 @@ def arguments(pf: PlanFile, plan: Plan) -> list[tuple[str, str | None]]:
     args += [("--micro-batch-size", str(plan.micro_batch_size)), ("--global-batch-size", str(t.global_batch_size))]
     if t.compute_dtype is DType.BF16:
         args += [("--bf16", None)]
+    if plan.fp8_linears:   # Transformer Engine: e4m3 forward, e5m2 gradients, a current scale per tensor
+        args += [("--fp8-format", "hybrid"), ("--fp8-recipe", "tensorwise")]
     elif t.compute_dtype is DType.FP16:
         args += [("--fp16", None)]
     args += [("--tokenizer-type", "NullTokenizer"), ("--vocab-size", str(m.vocab_size)), ("--mock-data", None)]

@@ -161,7 +161,7 @@ def sections(pf: PlanFile, plan: Plan) -> dict[str, dict]:
         n = _every_nth(plan)
         checkpointing = {"mode": "full"} if n == 1 else {"mode": "selective", "selective_ac_option": str(n)}
     precision = "float32" if t.compute_dtype is DType.FP32 else "bfloat16"
-    return {
+    doc = {
         "job": {"description": f"{plan.short()} for {m.name} (planner export)", "dump_folder": "./outputs"},
         "model": {"name": name, "flavor": flavor},
         "training": {"local_batch_size": local, "global_batch_size": t.global_batch_size, "seq_len": t.seq_len,
@@ -172,6 +172,11 @@ def sections(pf: PlanFile, plan: Plan) -> dict[str, dict]:
         "activation_checkpoint": checkpointing,
         "compile": {"enable": False},
     }
+    if plan.fp8_linears:   # torchao float8 linears, the LM head left out, compiled (its docs: required)
+        doc["model"]["converters"] = ["quantize.linear.float8"]
+        doc["quantize.linear.float8"] = {"recipe_name": "tensorwise", "filter_fqns": ["output"]}
+        doc["compile"] = {"enable": True, "components": ["model"]}
+    return doc
 
 
 def render(pf: PlanFile, plan: Plan) -> tuple[str, str]:

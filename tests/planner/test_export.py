@@ -32,6 +32,9 @@ PLANS = {
 # offloaded states: each target's own offload switch (Megatron's only under its distributed optimizer)
 PLANS["llama8b_zero3_offload"] = ["--model", "llama3-8b", "--cluster", "1x8xH100", "--zero", "3", "--offload-optimizer",
                                   "--seq-len", "4096", "--global-batch", "64"]
+# float8 linears: torchtitan's float8 converter (compiled), Megatron's Transformer Engine recipe
+PLANS["llama8b_fp8"] = ["--model", "llama3-8b", "--cluster", "1x8xH100", "--zero", "3", "--dtype", "fp8",
+                        "--recompute", "full", "--seq-len", "4096", "--global-batch", "64"]
 UNEVEN = {"llama13b_gpipe_zero0_uneven": [9, 10, 10, 11]}   # a split only the search writes
 # a Qwen3-shaped model (heads of 128 over a 1024-wide model, per-head Q/K norms), from its config.json
 QWEN3 = {"model_type": "qwen3", "hidden_size": 1024, "head_dim": 128, "num_attention_heads": 16,
@@ -89,6 +92,10 @@ def test_torchtitan_reads_the_job_file(plan_paths, tmp_path, capsys, name):
     assert (dims.dp_replicate > 1) == (plan["zero_stage"] == 0)
     assert job.training.seq_len == pf.train.seq_len and job.training.global_batch_size == pf.train.global_batch_size
     assert job.training.enable_cpu_offload == plan["offload_optimizer"]
+    fp8 = plan["fp8_linears"]
+    assert ("quantize.linear.float8" in job.model.converters) == fp8 and job.compile.enable == fp8
+    if fp8:
+        assert job.quantize.linear.float8.recipe_name == "tensorwise" and job.quantize.linear.float8.filter_fqns == ["output"]
     if plan["pp"] > 1:
         get_schedule_class(p.pipeline_parallel_schedule)   # a schedule torch has
         stages = p.module_fqns_per_model_part
@@ -121,7 +128,7 @@ def test_torchtitan_flavours_are_torchtitan_s():
 # --- Megatron-LM ----------------------------------------------------------------------------
 
 # Megatron-LM's flag -> Megatron-Core config field where the names differ (arguments.py does the same)
-RENAMED = {"--norm-epsilon": "layernorm_epsilon", "--num-experts": "num_moe_experts",
+RENAMED = {"--norm-epsilon": "layernorm_epsilon", "--num-experts": "num_moe_experts", "--fp8-format": "fp8",
            "--decoder-first-pipeline-num-layers": "num_layers_in_first_pipeline_stage",
            "--decoder-last-pipeline-num-layers": "num_layers_in_last_pipeline_stage"}
 # flags that are not Megatron-Core config fields: checked here by what they say
@@ -186,6 +193,7 @@ def test_megatron_core_accepts_the_arguments(plan_paths, tmp_path, capsys, name)
     DistributedDataParallelConfig(**ddp)
     OptimizerConfig(**opt)
     assert opt.get("optimizer_cpu_offload", False) == plan["offload_optimizer"]
+    assert (config.fp8, config.fp8_recipe) == (("hybrid", "tensorwise") if plan["fp8_linears"] else (None, "delayed"))
     assert opt.get("optimizer_offload_fraction", 0.0) == (1.0 if plan["offload_optimizer"] else 0.0)
     assert (config.tensor_model_parallel_size, config.pipeline_model_parallel_size, config.context_parallel_size,
             config.expert_model_parallel_size) == (plan["tp"], plan["pp"], plan["cp"], plan["ep"])
@@ -231,6 +239,7 @@ def test_deepspeed_reads_the_config(plan_paths, tmp_path, capsys, monkeypatch, n
     assert config.train_batch_size == plan["dp"] * plan["micro_batch_size"] * plan["num_micro_batches"]
     assert config.zero_optimization_stage == plan["zero_stage"]
     assert (config.zero_config.offload_optimizer is not None) == plan["offload_optimizer"]
+    assert not plan["fp8_linears"]   # no float8 in DeepSpeed's config: the export said so and priced bf16
     assert config.tensor_parallel_config.autotp_size == (plan["tp"] if plan["tp"] > 1 else 0)
     assert config.pipeline["stages"] == (plan["pp"] if plan["pp"] > 1 else "auto")
     assert plan["cp"] == 1 and plan["vpp"] == 1 and not (plan["tp"] > 1 and plan["sequence_parallel"])

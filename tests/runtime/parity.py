@@ -38,6 +38,9 @@ def reference(pf: PlanFile, steps: int = STEPS, lr: float = LR) -> tuple[list[fl
     """The whole global batch in one process, the plain model, the same optimizer."""
     model = Transformer(pf.model, pf.train.attention_kernel)
     model.init_weights(SEED)
+    if pf.plan.fp8_linears:   # the same float8 linears in one process
+        from runtime.float8 import apply_float8
+        apply_float8(model)
     opt = (torch.optim.SGD(model.parameters(), lr=lr) if pf.train.optimizer is Optimizer.SGD
            else torch.optim.AdamW(model.parameters(), lr=lr))
     source = TokenSource(pf.model.vocab_size, pf.train.seq_len, SEED)

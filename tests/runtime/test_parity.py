@@ -4,6 +4,7 @@ Ranks are forked from this process (gloo on CPU), 2-8 of them."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from costmodel.plan import Recompute, Schedule
 from costmodel.specs import AttentionKernel, DType, FfnKind, Optimizer, PositionKind
@@ -130,6 +131,53 @@ def test_bf16_mixed_precision_stays_close():
     ref_losses, _ = reference(pf)
     got = distributed(pf)["losses"]
     assert max(abs(a - b) for a, b in zip(got, ref_losses)) < 2e-3
+
+
+@pytest.mark.parametrize("choice", [Choice(zero_stage=3, micro_batch_size=2, fp8_linears=True),
+                                    Choice(pp=2, zero_stage=1, fp8_linears=True)], ids=["zero3", "pp2"])
+def test_float8_linears_train_as_one_process_does(choice):
+    """fp8_linears: torchao's Float8Linear (tensorwise) in the layers, bf16 beside them, sharded or
+    pipelined; the single process runs the same conversion. Losses within bf16 noise of it (torch's
+    CPU _scaled_mm: the numbers, not the speed, of float8 training)."""
+    pytest.importorskip("torchao", reason="torchao (test extra) is not installed")
+    pf = plan_file(choice, world=2, compute_dtype=DType.BF16)
+    ref_losses, _ = reference(pf)
+    got = distributed(pf)["losses"]
+    assert max(abs(a - b) for a, b in zip(got, ref_losses)) < 2e-3, (got, ref_losses)
+
+
+def test_float8_conversion_reaches_every_layer_linear():
+    pytest.importorskip("torchao", reason="torchao (test extra) is not installed")
+    from runtime.float8 import apply_float8
+    from runtime.model import Transformer
+    pf = plan_file(Choice(), world=1)
+    model = Transformer(pf.model, pf.train.attention_kernel)
+    linears = sum(isinstance(m, torch.nn.Linear) for m in model.layers.modules())
+    assert apply_float8(model) == linears == 7 * pf.model.num_layers   # q, k, v, o, gate, up, down
+    assert isinstance(model.output, torch.nn.Linear) and type(model.output).__name__ == "Linear"   # the head stays
+
+
+def test_the_runtime_builds_float8_linears_for_a_float8_plan():
+    """What build_job makes of an fp8 plan (each pipeline stage's share, under FSDP2): every layer
+    linear torchao's, none where the plan says bf16. (The losses above cannot tell float8 from
+    bf16 on a model this small: both are within 2e-3 of each other.)"""
+    pytest.importorskip("torchao", reason="torchao (test extra) is not installed")
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from runtime.job import build_job
+    for fp8 in (True, False):
+        pf = plan_file(Choice(pp=2, zero_stage=3, fp8_linears=fp8), world=2, compute_dtype=DType.BF16)
+        counts = []
+        for rank in range(2):
+            dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=2)
+            try:
+                job = build_job(pf, torch.device("cpu"), seed=0, materialize=False)
+                counts.append(sum(type(m).__name__ == "Float8Linear" for mod in job.modules.values()
+                                  for m in mod.modules()))
+            finally:
+                dist.destroy_process_group()
+        assert counts == ([7 * pf.model.num_layers // 2] * 2 if fp8 else [0, 0])
 
 
 def test_tensor_parallel_after_checkpoint_wrapping_is_an_error():

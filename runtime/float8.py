@@ -1,0 +1,45 @@
+"""Float8 linears (Plan.fp8_linears): torchao's float8 training, tensorwise recipe.
+
+Every linear projection of the transformer layers whose weight allows a float8 GEMM
+(costmodel.compute.float8_linear) becomes torchao's Float8Linear: its three GEMMs run in float8
+(e4m3 input and weight, e5m2 output gradient, one dynamic scale per tensor) and everything else
+stays as it was (the LM head, attention, norms, the FSDP2 states). On CUDA each converted linear
+is compiled (torch.compile), which fuses torchao's casts into an amax and a scaled cast per
+operand, as costmodel.frameworks prices our runtime (`float8_casts_fused`; eager, each cast is
+six kernels and float8 loses to bf16: torchao and torchtitan call compile required for
+competitive float8 performance). Applied before activation checkpointing and FSDP2, as
+torchtitan converts models before parallelising them; plans with tensor parallelism or experts
+never get here (costmodel.check.fp8_problems).
+
+Float8 GEMMs need tensor cores that have them (H100, H200, B200): `planner run` refuses other
+devices before anything starts. torch's CPU `_scaled_mm` lets the tests check the numbers on
+CPU; that is not a way to train.
+"""
+from __future__ import annotations
+
+from torch import nn
+
+from costmodel.compute import float8_linear
+
+
+def apply_float8(stage: nn.Module, compile: bool = False) -> int:
+    """Convert the stage's layers' linears in place (`compile`: and compile each, as on CUDA);
+    returns how many were converted."""
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError:
+        raise RuntimeError("this plan runs float8 linears (fp8_linears), which needs torchao: "
+                           "pip install 'planner[fp8]'") from None
+    before = sum(isinstance(m, nn.Linear) for m in stage.layers.modules())
+
+    def wanted(module: nn.Module, fqn: str) -> bool:
+        return isinstance(module, nn.Linear) and float8_linear(module.in_features, module.out_features)
+
+    convert_to_float8_training(stage.layers, config=Float8LinearConfig.from_recipe_name("tensorwise"),
+                               module_filter_fn=wanted)
+    converted = [m for m in stage.layers.modules() if isinstance(m, nn.Linear) and type(m) is not nn.Linear]
+    if compile:
+        for module in converted:
+            module.compile()
+    assert before - len(converted) == sum(type(m) is nn.Linear for m in stage.layers.modules())
+    return len(converted)
