@@ -183,7 +183,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     if args.json:
         _emit_json({"plans": [{"plan": f.plan.to_dict(), "estimate": f.estimate.to_dict()} for f in result.plans],
                     "search": {**stats.to_dict(), "equivalent_plans": result.equivalent,
-                               "error_band": result.error_band,
+                               "error_band": result.error_band, "offloaded_because": result.offloaded_because,
                                "fastest": None if result.fastest is None else
                                {"plan": result.fastest.plan.to_dict(), "estimate": result.fastest.estimate.to_dict()}},
                     # the first plan's checkpoint interval and throughput with failures (costmodel.resilience)
@@ -217,6 +217,9 @@ def cmd_search(args: argparse.Namespace) -> int:
           f"within the model's measured error of +-{100 * result.error_band:.1f}% "
           f"(leave-one-source-out on published runs): {stats.num_candidates:,} candidates, "
           f"{stats.num_solved:,} solved exactly, {stats.num_feasible:,} feasible, {stats.wall_s:.2f} s")
+    if result.offloaded_because:
+        print(f"optimizer states on the host: {result.offloaded_because} (on-device plans are searched first; "
+              "--fix offload=yes weighs both from the start)")
     if result.equivalent > 1:
         print(f"{result.equivalent} plans within +-{100 * result.error_band:.1f}% of the fastest are equivalent "
               f"under that error: the first is the most robust (memory headroom, "

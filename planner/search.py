@@ -43,6 +43,29 @@ VARIANTS_OF = 5   # best simulated plans laid out for schedules without a closed
 
 def search(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
            options: SearchOptions = SearchOptions()) -> SearchResult:
+    """The fastest plans under the cost model. Offloading the optimizer states to the host is a
+    memory lever whose price rests on datasheets no run of ours has checked (costmodel.comm,
+    costmodel.compute.host_optimizer_step_s): unless the user fixes it either way, the states
+    stay on the devices, and only when no plan fits that way is the search run again with them
+    offloaded (SearchResult.offloaded_because says so)."""
+    if "offload_optimizer" in options.fixed or cluster.device.host is None:
+        return _search(model, train, cluster, options)
+    start = time.perf_counter()
+    on_device = _search(model, train, cluster, replace(options, fixed={**options.fixed, "offload_optimizer": False}))
+    if on_device.plans or not on_device.stats.optimal:
+        return on_device
+    _say(options, "no plan fits with the optimizer states on the devices; searching again with them on the host")
+    left = max(1.0, options.time_limit_s - (time.perf_counter() - start))
+    offloaded = _search(model, train, cluster, replace(options, time_limit_s=left,
+                                                       fixed={**options.fixed, "offload_optimizer": True}))
+    offloaded.offloaded_because = "no plan fits with the optimizer states on the devices"
+    offloaded.stats.wall_s = time.perf_counter() - start
+    if not offloaded.plans:   # the closest plan to fitting is the on-device one
+        offloaded.closest = on_device.closest or offloaded.closest
+    return offloaded
+
+
+def _search(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: SearchOptions) -> SearchResult:
     start = time.perf_counter()
     stats = SearchStats()
     shared = SharedModels(model, train, cluster, options)

@@ -53,6 +53,8 @@ class SearchResult:
     equivalent: int = 1            # the first plans within the error band of the fastest
     error_band: float = 0.0
     fastest: Found | None = None   # the fastest plan found (plans[0] is the most robust)
+    # why the states were offloaded to the host ("": the user asked, or they were not)
+    offloaded_because: str = ""
     # the fastest closed-form plan, which the optimality proof is about (differs from `fastest`
     # when a schedule priced only by simulation, ZBV, beat it)
     proven_fastest: Found | None = None

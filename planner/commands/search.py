@@ -39,7 +39,9 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
     c = p.add_argument_group("constraints")
     c.add_argument("--max-tp", type=positive_int, help="largest TP degree (default: devices per node)")
     c.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE",
-                   help=f"pin a plan field; keys: {', '.join(FIXABLE)} (repeatable)")
+                   help=f"pin a plan field; keys: {', '.join(FIXABLE)} (repeatable). offload=yes|no: "
+                        "optimizer states on the host or on the devices (default: on the devices, on the host "
+                        "only when nothing fits); fp8=yes|no with --dtype fp8")
     c.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="only this ZeRO stage (= --fix zero=Z)")
     c.add_argument("--schedule", choices=[s.value for s in Schedule], help="only this pipeline schedule")
     c.add_argument("--no-recompute", action="store_true", help="never recompute activations")

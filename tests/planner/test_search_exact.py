@@ -35,10 +35,11 @@ def _distinct_orders(degrees: dict[str, int]) -> list[tuple[str, ...]]:
     return list(seen.values())
 
 
-STATES = [(z, False) for z in range(4)] + [(z, True) for z in range(1, 4)]
+ON_DEVICE = [(z, False) for z in range(4)]
+OFFLOADED = [(z, True) for z in range(1, 4)]
 
 
-def brute_force_best(model, train, cluster):
+def brute_force_best(model, train, cluster, states=ON_DEVICE):
     world, best = cluster.world_size, None
     for tp, cp, pp in itertools.product(divisors(world), repeat=3):
         if tp * cp * pp > world or world % (tp * cp * pp):
@@ -51,7 +52,7 @@ def brute_force_best(model, train, cluster):
             for vpp, sched in [(1, s) for s in (Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.ZB_H1)] + \
                               [(v, Schedule.INTERLEAVED) for v in (2, 4)]:
                 for order in _distinct_orders({"pp": pp, "dp": dp, "cp": cp, "tp": tp}):
-                    for (zero, offload), sp, mode in itertools.product(STATES, (False, True), list(Recompute)):
+                    for (zero, offload), sp, mode in itertools.product(states, (False, True), list(Recompute)):
                         for layers in compositions(model.num_layers, pp * vpp) if pp * vpp <= model.num_layers else []:
                             base = Plan(dp=dp, tp=tp, pp=pp, cp=cp, zero_stage=zero, recompute=mode,
                                         recompute_num_layers=(0,) * pp, sequence_parallel=sp,
@@ -99,12 +100,20 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("model,cluster_name,batch,memory,host", [*((*c, True) for c in CASES), (*CASES[0], False)],
-                         ids=["llama-1x4", "gpt-2x2", "moe-1x4", "llama-1x4-no-host"])
+# the least any plan of the Llama case needs with its states on the devices: below it, only
+# offloaded plans fit (the other cases' caps are above their on-device plans' needs)
+OFFLOAD_BELOW = 2**31 + 1_013_543
+
+
+@pytest.mark.parametrize("model,cluster_name,batch,memory,host",
+                         [*((*c, True) for c in CASES), (*CASES[0], False), (*CASES[0][:3], 2**31 + 1_010_000, True)],
+                         ids=["llama-1x4", "gpt-2x2", "moe-1x4", "llama-1x4-no-host", "llama-1x4-only-offloaded"])
 def test_search_matches_brute_force(model, cluster_name, batch, memory, host):
     cluster = _tight(parse_cluster(cluster_name), memory, host)
     train = TrainSpec(seq_len=64, global_batch_size=batch)
-    expected = brute_force_best(model, train, cluster)
+    # the search keeps the states on the devices, and offloads them only when nothing fits there
+    expected = brute_force_best(model, train, cluster) or (brute_force_best(model, train, cluster, OFFLOADED)
+                                                           if host else None)
     result = search(model, train, cluster, SearchOptions(top_k=1, max_tp=4))
     assert result.stats.optimal
     if expected is None:
@@ -115,8 +124,9 @@ def test_search_matches_brute_force(model, cluster_name, batch, memory, host):
     best = min(result.evaluated, key=lambda f: f.estimate.closed_form_step_time_s)
     got = best.estimate.closed_form_step_time_s
     assert got == pytest.approx(expected[0], rel=1e-6), (best.plan.short(), expected[1].short())
-    # the cap really binds: the winner recomputes or keeps its states on the host
+    # the cap really binds: the winner recomputes, or keeps its states on the host
     assert best.plan.recompute is not Recompute.NONE or best.plan.offload_optimizer, best.plan.short()
+    assert best.plan.offload_optimizer == (memory < OFFLOAD_BELOW)
     assert best.plan.ep > 1 or not model.is_moe
 
 
