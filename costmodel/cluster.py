@@ -432,6 +432,9 @@ _CLUSTER_RE = re.compile(r"^(\d+)x(\d+)x(.+)$")
 
 def parse_cluster(text: str) -> ClusterSpec:
     """`NODESxDEVICES_PER_NODExDEVICE`, e.g. `8x8xA100`, `1x2xlocal` or `1x2xprofiles/xeon-amx.toml`."""
+    if "+" in text and all(_CLUSTER_RE.match(part.strip()) for part in text.split("+")):
+        raise ValueError(f"cluster {text!r}: mixed clusters (groups joined by '+') are not supported: the cost "
+                         "model, search and runtime price one device kind per cluster; plan each group apart")
     match = _CLUSTER_RE.match(text.strip())
     if not match:
         raise ValueError(f"malformed cluster {text!r}: expected NODESxGPUS_PER_NODExDEVICE, "

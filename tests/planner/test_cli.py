@@ -42,6 +42,10 @@ def test_predict_writes_a_plan_that_predict_reads_back(tmp_path, capsys):
 @pytest.mark.parametrize("args,message", [
     (["predict", "--model", "gpt5", "--cluster", "8x8xA100"], "unknown model 'gpt5'; known:"),
     (["predict", "--model", "llama-70b", "--cluster", "8xA100"], "malformed cluster '8xA100'"),
+    (["search", "--model", "llama-70b", "--cluster", "4x8xA100+4x8xH100"], "mixed clusters (groups joined by '+') "
+                                                                           "are not supported"),
+    (["predict", "--model", "llama-70b", "--cluster", "1x8xA100", "--offload-optimizer", "--zero", "0"],
+     "offload_optimizer needs zero_stage >= 1"),
     (["predict", "--model", "llama-70b", "--cluster", "8x8xA100", "--tp", "16"], "tp=16 does not divide"),
     (["predict", "--model", "llama-70b", "--cluster", "8x8xA100", "--tp", "3"], "does not divide the cluster"),
     (["predict", "--model", "llama-70b", "--cluster", "1x8xA100", "--zero", "0"], "stage 0 needs"),
