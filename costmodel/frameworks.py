@@ -67,6 +67,12 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   holds. torch's `context_parallel` (torchtitan) all-gathers too. Megatron-Core with Transformer
   Engine passes K/V around a ring (cp-1 hops overlapped with the partial kernels, each merged into
   the output with its softmax statistics) and keeps only its own block.
+- `ep_folds_over_tp`: Megatron-Core's MoE parallel folding (Liu et al. 2025, arXiv 2504.14960;
+  Megatron-Core MoE README): with expert TP 1 the experts' ranks are the same tp x dp ranks
+  decomposed anew, ep x edp, so an EP group takes the TP ranks first (inside a node) and ep/tp
+  data-parallel ranks; each rank holds num_experts/ep experts whole (no TP replica), and an
+  expert's states are sharded over the dp x tp / ep ranks holding it. Our runtime carves EP from
+  data parallelism and keeps the mixture whole on every TP rank (runtime.parallel).
 - `zero3_gathers_per_param`: DeepSpeed ZeRO-3 gathers parameter by parameter (many small
   collectives, each paying the ring latency) rather than one flat buffer per layer as FSDP does.
 - `float8_casts_fused`: how float8 linears (Plan.fp8_linears) scale and cast their operands.
@@ -106,6 +112,7 @@ class FrameworkTraits:
     pipeline_sends_held: bool = False
     cp_all_gather_kv: bool = False
     float8_casts_fused: bool = False
+    ep_folds_over_tp: bool = False
 
 
 GENERIC = FrameworkTraits(name="generic", dp_grad_overlap=True, dp_param_overlap=True, tp_comm_hidden=0.0,
@@ -133,7 +140,8 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
     FrameworkTraits(name="megatron-lm", dp_grad_overlap=False, dp_param_overlap=False, tp_comm_hidden=0.0,
                     **_MEGATRON),
     FrameworkTraits(name="megatron-core", dp_grad_overlap=True, dp_param_overlap=True, tp_comm_hidden=0.5,
-                    swiglu_saved_tensors=3, vendor_attention=True, float8_casts_fused=True, **_MEGATRON),
+                    swiglu_saved_tensors=3, vendor_attention=True, float8_casts_fused=True, ep_folds_over_tp=True,
+                    **_MEGATRON),
     FrameworkTraits(name="megatron-deepspeed", **{**_DEEPSPEED, "loss_grad_in_place": True}),
     FrameworkTraits(name="deepspeed", **_DEEPSPEED),
     FrameworkTraits(name="composer-fsdp", sharded_grads_under_pp=True, **_FSDP),

@@ -24,7 +24,7 @@ from functools import lru_cache
 from costmodel.compute import expert_rows, moe_tokens
 from costmodel.frameworks import RUNTIME, FrameworkTraits
 from costmodel.layout import Style, layer_blocks
-from costmodel.params import ceil_div, layer_params, rank_params, rank_params_at
+from costmodel.params import ceil_div, expert_dp, layer_params, rank_params, rank_params_at
 from costmodel.plan import Plan, Recompute, stage_owner
 from costmodel.specs import Arch, AttentionKernel, ModelSpec, NormKind, Optimizer, PositionKind, TrainSpec
 
@@ -80,7 +80,7 @@ def state_bytes_for(train: TrainSpec, plan: Plan, n: float, traits: FrameworkTra
     out = state_bytes_from_counts(train, plan, replicated, replicated / (plan.dp * plan.cp), traits)
     if not experts:
         return out
-    more = state_bytes_from_counts(train, plan, experts, experts / (plan.edp * plan.cp), traits)
+    more = state_bytes_from_counts(train, plan, experts, experts / (expert_dp(plan, traits) * plan.cp), traits)
     return out[0] + more[0], out[1] + more[1], out[2] + more[2]
 
 
@@ -231,7 +231,8 @@ def expert_state_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int
     """The routed experts' share of a rank's weights, gradients and optimizer states (its
     num_experts/ep experts per layer, ZeRO-sharded over edp x cp): a part of state_bytes."""
     experts = rank_params(model, plan, rank).experts
-    return sum(state_bytes_from_counts(train, plan, experts, experts / (plan.edp * plan.cp), traits)) if experts else 0.0
+    return (sum(state_bytes_from_counts(train, plan, experts, experts / (expert_dp(plan, traits) * plan.cp), traits))
+            if experts else 0.0)
 
 
 def _gathers_per_block(plan: Plan, traits: FrameworkTraits) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from costmodel.frameworks import RUNTIME, FrameworkTraits
 from costmodel.layout import Style, dense_blocks
 from costmodel.plan import Plan
 from costmodel.specs import ModelSpec, NormKind, PositionKind
@@ -133,10 +134,23 @@ class RankParams:
         """What every data-parallel rank holds alike (ZeRO shards it over dp x cp)."""
         return self.total - self.experts
 
-    def zero_shard(self, plan: Plan) -> float:
+    def zero_shard(self, plan: Plan, traits: FrameworkTraits = RUNTIME) -> float:
         """A ZeRO shard of these parameters: the replicated ones over dp x cp, the experts over
-        the edp x cp ranks that hold the same ones."""
-        return self.replicated / (plan.dp * plan.cp) + self.experts / (plan.edp * plan.cp)
+        the edp x cp ranks that hold the same ones (expert_dp)."""
+        return self.replicated / (plan.dp * plan.cp) + self.experts / (expert_dp(plan, traits) * plan.cp)
+
+
+def folds_ep(plan: Plan, traits: FrameworkTraits) -> bool:
+    """Whether the framework folds the plan's EP group over its TP ranks (costmodel.frameworks
+    `ep_folds_over_tp`): it needs whole TP groups in each EP group and a dp that ep/tp divides."""
+    return (traits.ep_folds_over_tp and plan.tp > 1 and plan.ep > 1 and plan.ep % plan.tp == 0
+            and plan.dp % (plan.ep // plan.tp) == 0)
+
+
+def expert_dp(plan: Plan, traits: FrameworkTraits = RUNTIME) -> int:
+    """The ranks (per CP rank) holding the same experts, over which their states are sharded:
+    dp/ep where EP is carved from data parallelism (Plan.edp), dp x tp/ep where it folds over TP."""
+    return plan.dp * plan.tp // plan.ep if folds_ep(plan, traits) else plan.edp
 
 
 def rank_params_at(model: ModelSpec, plan: Plan, layers: int, first: bool, last: bool) -> RankParams:
@@ -153,6 +167,6 @@ def rank_params(model: ModelSpec, plan: Plan, rank: int) -> RankParams:
     return rank_params_at(model, plan, plan.layers_on_rank(rank), rank == first, rank == last)
 
 
-def optimized_params(held: RankParams, plan: Plan) -> float:
+def optimized_params(held: RankParams, plan: Plan, traits: FrameworkTraits = RUNTIME) -> float:
     """What one device's optimizer steps: its ZeRO shard, or all it holds without ZeRO."""
-    return held.zero_shard(plan) if plan.zero_stage >= 1 else held.total
+    return held.zero_shard(plan, traits) if plan.zero_stage >= 1 else held.total

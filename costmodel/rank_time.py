@@ -12,7 +12,7 @@ from costmodel.compute import (KernelTimes, cross_entropy_s, expert_rows, host_o
 from costmodel.frameworks import FrameworkTraits
 from costmodel.layout import dense_blocks
 from costmodel.memory import unsharded_between_micro_batches
-from costmodel.params import (RankParams, ceil_div, layer_expert_params, layer_param_tensors, layer_params,
+from costmodel.params import (RankParams, ceil_div, folds_ep, layer_expert_params, layer_param_tensors, layer_params,
                               moe_replicated_params, optimized_params, qk_norm_params, rank_params, rank_params_at)
 from costmodel.placement import AxisSpan, group_span, stage_pair_span
 from costmodel.plan import Plan, Recompute
@@ -113,20 +113,24 @@ def split_dp_axis(order: tuple[str, ...], degrees: tuple[int, ...], ep: int) -> 
 
 def spans(plan: Plan, cluster: ClusterSpec) -> Spans:
     return _spans(plan.mesh_axis_order, tuple(plan.degree(a) for a in plan.mesh_axis_order), plan.ep,
-                  cluster.devices_per_node)
+                  cluster.devices_per_node, folds_ep(plan, cluster.framework))
 
 
 @lru_cache(maxsize=16384)
-def _spans(mesh_order: tuple[str, ...], mesh_degrees: tuple[int, ...], ep: int, dpn: int) -> Spans:
+def _spans(mesh_order: tuple[str, ...], mesh_degrees: tuple[int, ...], ep: int, dpn: int,
+           fold: bool = False) -> Spans:
     """Cached per layout (the search asks for the same few thousand many times; each group_span
-    walks its group's ranks, thousands of them at 16k devices)."""
-    order, degrees = split_dp_axis(mesh_order, mesh_degrees, ep)
+    walks its group's ranks, thousands of them at 16k devices). `fold`: EP folded over TP
+    (params.folds_ep): an EP group is the TP ranks and ep/tp data-parallel ranks, an expert's
+    gradient group the rest of dp with cp."""
+    tp = mesh_degrees[mesh_order.index("tp")]
+    order, degrees = split_dp_axis(mesh_order, mesh_degrees, ep // tp if fold else ep)
     dp = group_span(order, degrees, ("edp", "ep", "cp"), dpn)
     # without expert parallelism the experts' group is the gradient group and EP is one rank
     one = AxisSpan(size=1, members_per_node=1, num_nodes=1)
     return Spans(tp=group_span(order, degrees, ("tp",), dpn), cp=group_span(order, degrees, ("cp",), dpn),
                  pp=group_span(order, degrees, ("pp",), dpn), dp=dp,
-                 ep=group_span(order, degrees, ("ep",), dpn) if ep > 1 else one,
+                 ep=group_span(order, degrees, ("ep", "tp") if fold else ("ep",), dpn) if ep > 1 else one,
                  edp=group_span(order, degrees, ("edp", "cp"), dpn) if ep > 1 else dp)
 
 
@@ -408,8 +412,10 @@ def tp_replica_sync_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: C
         return 0.0
     # ZeRO-0 keeps whole gradients (FSDP2 over a unit shard axis: runtime.parallel.dp_mesh_for)
     sharded = plan.zero_stage > 0
+    # experts folded over TP (params.folds_ep) are each on one TP rank: nothing to sum for them
+    experts = 0 if folds_ep(plan, cluster.framework) else layer_expert_params(model, plan.ep)
     shard = ((moe_replicated_params(model) + qk_norm_params(model)) / (plan.dp * plan.cp if sharded else 1)
-             + layer_expert_params(model, plan.ep) / (plan.edp * plan.cp if sharded else 1))
+             + experts / (plan.edp * plan.cp if sharded else 1))
     return collective_time_s(Collective.ALL_REDUCE, layers * shard * train.grad_dtype.num_bytes, sp.tp, cluster)
 
 
@@ -419,7 +425,7 @@ def after_pipeline_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Cl
     `layers` layers: what it does once its pipeline work and DP reduction are done. Offloaded
     states step on the host."""
     step = (host_optimizer_step_s(held.zero_shard(plan), train, cluster) if plan.offload_optimizer
-            else optimizer_step_s(optimized_params(held, plan), train, cluster.device))
+            else optimizer_step_s(optimized_params(held, plan, cluster.framework), train, cluster.device))
     return (step,
             tp_replica_sync_s(model, train, plan, cluster, sp, layers))
 
