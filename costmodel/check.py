@@ -200,7 +200,7 @@ def check_memory(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan:
                             f"({cluster.device.usable_memory_bytes / GIB:.2f} GiB less "
                             f"{cluster.memory_headroom:.0%} headroom and the allocator's fragmentation)")
     if plan.offload_optimizer and cluster.device.host is not None:
-        host = max(host_bytes_per_rank(model, train, plan))
+        host = max(host_bytes_per_rank(model, train, plan, cluster.framework))
         if host > cluster.host_budget_bytes:
             problems.append(f"offloaded states need {host / GIB:.1f} GiB of host memory per device, over the "
                             f"{cluster.host_budget_bytes / GIB:.1f} GiB each device's share of the node's "

@@ -17,7 +17,11 @@ with them: FSDP2 copies a rank's fp32 shard from the host before each all-gather
 gradient shard back after each reduce-scatter, on the same stream, over the device's own PCIe
 link (the profile's [host], its bandwidth per device when every device of the node copies at
 once). Their time is the shard's bytes over that link; FSDP2 copies parameter by parameter, and
-that per-copy latency is not counted.
+that per-copy latency is not counted. Under ZeRO-2/3 without a pipeline each micro-batch reduces
+its gradients, and FSDP2 (torch 2.13, `_fsdp_collectives.foreach_reduce`) copies a shard out
+without blocking only while the host holds none yet: every later micro-batch's copy blocks, and
+its shard is added to the host's on the host's cores (HOST_ADD: 12 bytes per parameter over the
+node's shared DRAM).
 """
 from __future__ import annotations
 
@@ -34,9 +38,11 @@ class Collective(StrEnum):
     ALL_TO_ALL = "all_to_all"
     HOST_TO_DEVICE = "host_to_device"   # an offloaded shard copied in (see the module docstring)
     DEVICE_TO_HOST = "device_to_host"   # a reduced gradient shard copied out
+    HOST_ADD = "host_add"               # a copied-out gradient shard added to the host's on its cores
 
 
-HOST_COPIES = (Collective.HOST_TO_DEVICE, Collective.DEVICE_TO_HOST)
+# what offloading adds beside the collectives: copies over PCIe and the host's own work
+HOST_COPIES = (Collective.HOST_TO_DEVICE, Collective.DEVICE_TO_HOST, Collective.HOST_ADD)
 
 
 def ring_time_s(kind: Collective, num_bytes: float, n: int, tier: NetworkTier) -> float:
@@ -53,6 +59,8 @@ def collective_time_s(kind: Collective, num_bytes: float, span: AxisSpan,
                       cluster: ClusterSpec) -> float:
     """Time of one collective over a group laid out as `span` (see costmodel.placement); for a
     host copy, of this rank's 1/size shard of the `num_bytes` buffer."""
+    if kind is Collective.HOST_ADD:
+        return host_stream_s(num_bytes / span.size, cluster)
     if kind in HOST_COPIES:
         return host_copy_s(num_bytes / span.size, cluster)
     intra, inter = cluster.device.intra_node, cluster.device.tier_for(span.num_nodes)
@@ -73,6 +81,15 @@ def host_copy_s(num_bytes: float, cluster: ClusterSpec) -> float:
     if host is None:
         raise ValueError(f"device {cluster.device.name} has no [host] to copy to (offload_optimizer)")
     return num_bytes / host.link_effective_bytes_per_s
+
+
+def host_stream_s(num_bytes: float, cluster: ClusterSpec) -> float:
+    """Bytes a device's host-side work streams through the node's DRAM, which all the node's
+    devices share (as costmodel.compute.host_optimizer_step_s)."""
+    host = cluster.device.host
+    if host is None:
+        raise ValueError(f"device {cluster.device.name} has no [host] to work on (offload_optimizer)")
+    return num_bytes / (host.memory_bandwidth_bytes_per_s * host.memory_efficiency / cluster.devices_per_node)
 
 
 def p2p_time_s(num_bytes: float, tier: NetworkTier) -> float:

@@ -18,6 +18,7 @@ from typing import Any
 
 from costmodel.cluster import ClusterSpec
 from costmodel.comm import Collective, collective_time_s
+from costmodel.frameworks import RUNTIME, FrameworkTraits
 from costmodel.flops import executed_flops_per_step, model_flops_per_step, utilization
 from costmodel.memory import StageMemory, backward_working_bytes, host_state_bytes, stage_memory
 from costmodel.params import ceil_div, rank_params
@@ -103,9 +104,11 @@ def simulate_plan(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan
     return simulate(plan, stage_costs(model, train, plan, cluster), keep_events=keep_events)
 
 
-def host_bytes_per_rank(model: ModelSpec, train: TrainSpec, plan: Plan) -> list[float]:
+def host_bytes_per_rank(model: ModelSpec, train: TrainSpec, plan: Plan,
+                        traits: FrameworkTraits = RUNTIME) -> list[float]:
     """Host memory of one device of each pipeline rank: its offloaded ZeRO shard's states."""
-    return [host_state_bytes(train, plan, rank_params(model, plan, r).zero_shard(plan)) for r in range(plan.pp)]
+    return [host_state_bytes(train, plan, rank_params(model, plan, r).zero_shard(plan, traits))
+            for r in range(plan.pp)]
 
 
 def memory_per_rank(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan,
@@ -158,7 +161,7 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
     step_s = sum(ledger.values())
     peak = [m.total_bytes for m in memory]
     capacity = float(cluster.memory_budget_bytes)
-    host = host_bytes_per_rank(model, train, plan)
+    host = host_bytes_per_rank(model, train, plan, cluster.framework)
     model_flops = float(model_flops_per_step(model, train))
     executed = float(executed_flops_per_step(model, train, plan))
     device_peak = cluster.device.peak_for(train.compute_dtype)

@@ -315,7 +315,7 @@ def dp_terms(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpe
     `comm_contention` (fitted; 0 where unknown) x the collective's time. Counted as exposed."""
     terms = _dp_terms(model, train, plan, cluster.framework)
     if plan.offload_optimizer:
-        terms = tuple(_with_host_copies(t) for t in terms)
+        terms = _with_host_copies(terms, plan, cluster.framework)
     contention = cluster.device.efficiency.comm_contention
     if not contention:
         return terms
@@ -325,13 +325,25 @@ def dp_terms(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpe
                          for t in terms if t.window != "none")
 
 
-def _with_host_copies(term: DpTerm) -> DpTerm:
+def _with_host_copies(terms: tuple[DpTerm, ...], plan: Plan, traits: FrameworkTraits) -> tuple[DpTerm, ...]:
     """Offloaded states (FSDP2's CPUOffloadPolicy): each gather first copies the fp32 shard in
     from the host, each reduce-scatter copies the fp32 gradient shard out, on the collective's
-    own stream (costmodel.comm: HOST_COPIES)."""
-    copies = [(Collective.HOST_TO_DEVICE, 4) for kind, _ in term.collectives if kind is Collective.ALL_GATHER]
-    copies += [(Collective.DEVICE_TO_HOST, 4) for kind, _ in term.collectives if kind is Collective.REDUCE_SCATTER]
-    return replace(term, collectives=term.collectives + tuple(copies))
+    own stream (costmodel.comm: HOST_COPIES). Where every micro-batch reduces (ZeRO-2/3, no
+    pipeline holding gradients whole), only the first copy out overlaps: each later one blocks
+    and is added to the host's shard on the host (FSDP2's accumulation, costmodel.comm)."""
+    m = plan.num_micro_batches
+    accumulates = m > 1 and plan.zero_stage >= 2 and not unsharded_between_micro_batches(plan, traits)
+    h2d, d2h = (Collective.HOST_TO_DEVICE, 4), (Collective.DEVICE_TO_HOST, 4)
+    out = []
+    for term in terms:
+        copies = [h2d for kind, _ in term.collectives if kind is Collective.ALL_GATHER]
+        if not accumulates:
+            copies += [d2h for kind, _ in term.collectives if kind is Collective.REDUCE_SCATTER]
+        out.append(replace(term, collectives=term.collectives + tuple(copies)))
+    if accumulates:
+        out += [DpTerm(multiplier=1, collectives=(d2h,), window="backward"),
+                DpTerm(multiplier=m - 1, collectives=(d2h, (Collective.HOST_ADD, 12)), window="none")]
+    return tuple(out)
 
 
 def _dp_terms(model: ModelSpec, train: TrainSpec, plan: Plan, traits: FrameworkTraits) -> tuple[DpTerm, ...]:
@@ -414,8 +426,9 @@ def tp_replica_sync_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: C
     sharded = plan.zero_stage > 0
     # experts folded over TP (params.folds_ep) are each on one TP rank: nothing to sum for them
     experts = 0 if folds_ep(plan, cluster.framework) else layer_expert_params(model, plan.ep)
-    shard = ((moe_replicated_params(model) + qk_norm_params(model)) / (plan.dp * plan.cp if sharded else 1)
-             + experts / (plan.edp * plan.cp if sharded else 1))
+    shard = (moe_replicated_params(model) + qk_norm_params(model)) / (plan.dp * plan.cp if sharded else 1)
+    if experts:
+        shard += experts / (plan.edp * plan.cp if sharded else 1)
     return collective_time_s(Collective.ALL_REDUCE, layers * shard * train.grad_dtype.num_bytes, sp.tp, cluster)
 
 
@@ -424,7 +437,7 @@ def after_pipeline_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Cl
     """(optimizer step, the TP-replicated parameters' gradient sync) of a rank holding `held` over
     `layers` layers: what it does once its pipeline work and DP reduction are done. Offloaded
     states step on the host."""
-    step = (host_optimizer_step_s(held.zero_shard(plan), train, cluster) if plan.offload_optimizer
+    step = (host_optimizer_step_s(held.zero_shard(plan, cluster.framework), train, cluster) if plan.offload_optimizer
             else optimizer_step_s(optimized_params(held, plan, cluster.framework), train, cluster.device))
     return (step,
             tp_replica_sync_s(model, train, plan, cluster, sp, layers))

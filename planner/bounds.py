@@ -16,7 +16,7 @@ import numpy as np
 from costmodel.cluster import ClusterSpec
 from costmodel.compute import host_optimizer_step_s, optimizer_step_s
 from costmodel.memory import AffineBytes
-from costmodel.params import layer_params
+from costmodel.params import layer_expert_params, layer_params
 from costmodel.pipeline_closed_form import closed_form_s, fill_s
 from costmodel.placement import AxisSpan
 from costmodel.plan import Plan, Recompute, Schedule
@@ -62,7 +62,14 @@ def zero_floor_s(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: i
     optimizer step on the average rank (affine in parameters, so the slowest rank is at least
     that): a ZeRO shard holds every expert's 1/group share, a replica its ep-th of them."""
     dp = _dp_floor_s(model, train, cluster, tp, pp, zero, num_micro_batches, sp, ep, offload)
-    per_layer = layer_params(model, tp) / group if zero >= 1 else layer_params(model, tp, ep)
+    if zero >= 1:
+        # a framework that folds EP over TP (costmodel.params.folds_ep) shards the experts over tp
+        # times more ranks: divided by tp here whenever it might, the floor stays below
+        experts = layer_expert_params(model)
+        folded = cluster.framework.ep_folds_over_tp and tp > 1 and ep > 1
+        per_layer = (layer_params(model, tp) - experts) / group + experts / (group * (tp if folded else 1))
+    else:
+        per_layer = layer_params(model, tp, ep)
     if offload:   # offloaded states step on the host (costmodel.rank_time.after_pipeline_s)
         return dp + host_optimizer_step_s(model.num_layers * per_layer / pp, train, cluster)
     return dp + optimizer_step_s(model.num_layers * per_layer / pp, train, cluster.device)

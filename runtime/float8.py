@@ -11,15 +11,35 @@ competitive float8 performance). Applied before activation checkpointing and FSD
 torchtitan converts models before parallelising them; plans with tensor parallelism or experts
 never get here (costmodel.check.fp8_problems).
 
-Float8 GEMMs need tensor cores that have them (H100, H200, B200): `planner run` refuses other
-devices before anything starts. torch's CPU `_scaled_mm` lets the tests check the numbers on
-CPU; that is not a way to train.
+Float8 GEMMs need tensor cores that have them (H100, H200, B200): check_plan refuses plans for
+other device profiles, and `planner run` refuses to start a float8 plan on a GPU without them or
+without torchao (float8_run_problem), whatever its plan.json says. torch's CPU `_scaled_mm` lets
+the tests check the numbers on CPU; that is not a way to train.
 """
 from __future__ import annotations
 
 from torch import nn
 
 from costmodel.compute import float8_linear
+
+
+FLOAT8_CAPABILITY = (8, 9)   # torch._scaled_mm: compute capability 8.9 (Ada) or 9.0 (Hopper) and up
+
+
+def float8_run_problem() -> str | None:
+    """Why this machine cannot run float8 linears (None: it can): torchao missing, or a CUDA
+    device whose tensor cores have no float8."""
+    import importlib.util
+
+    import torch
+    if importlib.util.find_spec("torchao") is None:
+        return "the plan runs float8 linears (fp8_linears), which needs torchao: pip install 'planner[fp8]'"
+    if torch.cuda.is_available():
+        capability = torch.cuda.get_device_capability()
+        if capability < FLOAT8_CAPABILITY:
+            return (f"the plan runs float8 linears, but this GPU ({torch.cuda.get_device_name()}, compute "
+                    f"capability {capability[0]}.{capability[1]}) has no float8 tensor cores (8.9 and up)")
+    return None
 
 
 def apply_float8(stage: nn.Module, compile: bool = False) -> int:

@@ -156,6 +156,10 @@ def _check_machine(args: argparse.Namespace, pf: PlanFile) -> tuple[int, int]:
                          "--dry-run to check its memory, or plan for this machine with --cluster 1xNxlocal")
     if not wants_gpu and cuda:
         raise RunRefused("the plan is for cpu ranks but this machine has a GPU; plan for its GPU")
+    if pf.plan.fp8_linears:
+        from runtime.float8 import float8_run_problem
+        if problem := float8_run_problem():
+            raise RunRefused(problem)
     from costmodel import machine
     measured_on = pf.cluster.device.machine_key
     if measured_on and measured_on != machine.machine_key():

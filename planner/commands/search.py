@@ -98,6 +98,13 @@ def infeasible_message(result: SearchResult, cluster_name: str) -> str:
         return ("no plan satisfies the constraints (see pruned_by_reason with --json); "
                 "relax --fix / --max-tp / --schedule")
     est, plan = result.closest.estimate, result.closest.plan
+    tried = "; with the optimizer states on the host nothing fits either" if result.offloaded_because else ""
+    if plan.offload_optimizer and est.host_memory_bytes and est.max_peak_memory_bytes <= est.memory_capacity_bytes:
+        host = max(est.host_memory_bytes)   # the device fits: the host is what overflows
+        return (f"nothing fits: the closest plan ({plan.short()}) offloads {host / GIB:,.1f} GiB of states per "
+                f"device, {(host - est.host_capacity_bytes) / GIB:,.1f} GiB over its {est.host_capacity_bytes / GIB:,.0f} "
+                f"GiB share of the node's host memory; would help: more devices (a larger cluster than "
+                f"{cluster_name})")
     rank = max(range(len(est.peak_memory_bytes)), key=est.peak_memory_bytes.__getitem__)
     parts = est.memory_breakdown_bytes[rank]
     over = (est.peak_memory_bytes[rank] - est.memory_capacity_bytes) / GIB
@@ -113,7 +120,7 @@ def infeasible_message(result: SearchResult, cluster_name: str) -> str:
         hints.append(f"a 1F1B schedule (GPipe holds all {plan.num_micro_batches} micro-batches' activations)")
     return (f"nothing fits: the closest plan ({plan.short()}) needs {est.peak_memory_bytes[rank] / GIB:.1f} GiB "
             f"on pipeline stage {rank}, {over:.1f} GiB over the {est.memory_capacity_bytes / GIB:.0f} GiB device "
-            f"({states:.1f} GiB of it model states, {parts['activations'] / GIB:.1f} GiB activations); "
+            f"({states:.1f} GiB of it model states, {parts['activations'] / GIB:.1f} GiB activations){tried}; "
             f"would help: {', '.join(hints)}")
 
 

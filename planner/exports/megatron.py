@@ -157,8 +157,9 @@ def arguments(pf: PlanFile, plan: Plan) -> list[tuple[str, str | None]]:
     if plan.zero_stage == 1:
         args += [("--use-distributed-optimizer", None), ("--overlap-grad-reduce", None),
                  ("--overlap-param-gather", None)]
-        if plan.offload_optimizer:
-            args += [("--optimizer-cpu-offload", None), ("--optimizer-offload-fraction", "1.0")]
+        if plan.offload_optimizer:   # Megatron's argument checks want the precision-aware optimizer with it
+            args += [("--optimizer-cpu-offload", None), ("--optimizer-offload-fraction", "1.0"),
+                     ("--use-precision-aware-optimizer", None)]
     elif plan.zero_stage >= 2:
         strategy = "optim_grads" if plan.zero_stage == 2 else "optim_grads_params"
         args += [("--use-megatron-fsdp", None), ("--data-parallel-sharding-strategy", strategy),
@@ -173,10 +174,10 @@ def arguments(pf: PlanFile, plan: Plan) -> list[tuple[str, str | None]]:
     args += [("--micro-batch-size", str(plan.micro_batch_size)), ("--global-batch-size", str(t.global_batch_size))]
     if t.compute_dtype is DType.BF16:
         args += [("--bf16", None)]
-    if plan.fp8_linears:   # Transformer Engine: e4m3 forward, e5m2 gradients, a current scale per tensor
-        args += [("--fp8-format", "hybrid"), ("--fp8-recipe", "tensorwise")]
     elif t.compute_dtype is DType.FP16:
         args += [("--fp16", None)]
+    if plan.fp8_linears:   # Transformer Engine: e4m3 forward, e5m2 gradients, a current scale per tensor
+        args += [("--fp8-format", "hybrid"), ("--fp8-recipe", "tensorwise")]
     args += [("--tokenizer-type", "NullTokenizer"), ("--vocab-size", str(m.vocab_size)), ("--mock-data", None)]
     return args
 

@@ -39,9 +39,10 @@ def test_states_leave_the_device_for_the_host(zero):
 
 
 def test_every_copy_the_runtime_makes_is_priced():
-    """With nothing to hide behind (overlap 0), a lone ZeRO-3 rank's exposed traffic is FSDP2's:
-    per micro-batch the shard copied in for forward and again for backward, the reduced
-    gradient shard copied out; then the step on the host."""
+    """With nothing to hide behind (overlap 0), a lone ZeRO-3 rank's exposed traffic is FSDP2's
+    (torch 2.13): per micro-batch the shard copied in for forward and again for backward, the
+    reduced gradient shard copied out, and from the second micro-batch on that shard added to the
+    host's (12 bytes per parameter through the host's DRAM); then the step on the host."""
     base = parse_cluster("1x1xH100")
     device = replace(base.device, efficiency=replace(base.device.efficiency, overlap=0.0, comm_contention=0.0))
     cluster = replace(base, device=device)
@@ -49,10 +50,30 @@ def test_every_copy_the_runtime_makes_is_priced():
     est = estimate(MODEL, TRAIN, cluster, plan)
     m, n, link = plan.num_micro_batches, rank_params(MODEL, plan, 0).total, device.host.link_effective_bytes_per_s
     assert m == 4
-    assert est.time_breakdown_s["comm/dp_exposed"] == pytest.approx(3 * m * 4 * n / link, rel=1e-9)
     host = device.host
+    dram = host.memory_bandwidth_bytes_per_s * host.memory_efficiency
+    assert est.time_breakdown_s["comm/dp_exposed"] == pytest.approx(3 * m * 4 * n / link + (m - 1) * 12 * n / dram,
+                                                                     rel=1e-9)
     step = n * 28 / (host.memory_bandwidth_bytes_per_s * host.memory_efficiency)   # fused AdamW, fp32
     assert est.time_breakdown_s["optimizer/step"] == pytest.approx(step, rel=1e-9)
+
+
+def test_accumulating_offloaded_gradients_is_paid_where_fsdp2_blocks():
+    """ZeRO-2 with micro-batches adds each copied-out shard to the host's, blocking; ZeRO-1 (one
+    reduction per step) and a single micro-batch never do (the review's 70B case on 8 H100s:
+    the model had preferred two micro-batches of two by 0.1 s)."""
+    cluster = parse_cluster("1x8xH100")
+    train = TrainSpec(seq_len=4096, global_batch_size=32)
+    model = resolve_model("llama-70b")
+
+    def exposed(**choice):
+        plan = build_plan(model, train, cluster, Choice(offload_optimizer=True, **choice))
+        return estimate(model, train, cluster, plan).time_breakdown_s["comm/dp_exposed"]
+    n = rank_params(model, build_plan(model, train, cluster, Choice(zero_stage=3)), 0).total / 8
+    host = cluster.device.host
+    add = 12 * n / (host.memory_bandwidth_bytes_per_s * host.memory_efficiency / 8)
+    assert exposed(zero_stage=3, micro_batch_size=2) - exposed(zero_stage=3, micro_batch_size=4) > add
+    assert exposed(zero_stage=1, micro_batch_size=2) < add
 
 
 def test_who_may_offload():

@@ -84,3 +84,25 @@ def test_memory_aware_bound_is_below_every_split_that_fits(choice):
             fitting += 1
             assert bound <= est.step_time_s * (1 + 1e-12)
     assert fitting >= 5
+
+
+@pytest.mark.parametrize("choice,framework", [
+    (Choice(tp=2, ep=4, zero_stage=1, micro_batch_size=2), "megatron-core"),   # EP folded over TP
+    (Choice(tp=2, pp=2, ep=2, zero_stage=3, recompute=Recompute.FULL), "megatron-core"),
+    (Choice(pp=2, zero_stage=3, micro_batch_size=2, offload_optimizer=True), "planner"),   # host copies
+    (Choice(pp=2, zero_stage=1, offload_optimizer=True, fp8_linears=True), "planner"),
+])
+def test_the_bound_holds_for_folded_offloaded_and_float8_plans(choice, framework):
+    """The levers added to the space keep the first bound valid: experts sharded over tp times
+    more ranks when a framework folds EP over TP (the floor once priced them over dp x cp only,
+    up to 2 % above the estimate), the host's copies and step, float8 linears."""
+    from costmodel.frameworks import framework_traits
+    model = resolve_model("qwen1.5-moe-a2.7b" if choice.ep > 1 else "llama3-8b")
+    cluster = dataclasses.replace(parse_cluster("1x8xH100"), framework=framework_traits(framework))
+    train = dataclasses.replace(TRAIN, float8=choice.fp8_linears)
+    plan = build_plan(model, train, cluster, choice)
+    bound = lower_bound_s(model, train, cluster, plan)
+    rng = random.Random(0)
+    for _ in range(20):
+        split = _random_split(plan, rng)
+        assert bound <= estimate(model, train, cluster, split, simulate=False).step_time_s * (1 + 1e-12)

@@ -151,7 +151,7 @@ def _megatron_args(text: str) -> dict[str, str | None]:
 
 
 @pytest.mark.parametrize("name", list(PLANS))
-def test_megatron_core_accepts_the_arguments(plan_paths, tmp_path, capsys, name):
+def test_megatron_core_accepts_the_arguments(plan_paths, tmp_path, capsys, monkeypatch, name):
     pytest.importorskip("megatron.core", reason="megatron-core (test extra) is not installed")
     import dataclasses
 
@@ -191,10 +191,16 @@ def test_megatron_core_accepts_the_arguments(plan_paths, tmp_path, capsys, name)
         tc.setdefault("pipeline_dtype", torch.float32)
     config = TransformerConfig(**tc)   # Megatron-Core's own checks (__post_init__)
     DistributedDataParallelConfig(**ddp)
-    OptimizerConfig(**opt)
+    # Megatron-LM's one --use-distributed-optimizer sets both configs' field; Transformer Engine is
+    # not installed here, and the precision-aware optimizer's check asks its version
+    import megatron.core.optimizer.optimizer_config as optimizer_config
+    monkeypatch.setattr(optimizer_config, "is_te_min_version", lambda *a, **k: True)
+    OptimizerConfig(**opt, use_distributed_optimizer=ddp.get("use_distributed_optimizer", False))
     assert opt.get("optimizer_cpu_offload", False) == plan["offload_optimizer"]
     assert (config.fp8, config.fp8_recipe) == (("hybrid", "tensorwise") if plan["fp8_linears"] else (None, "delayed"))
     assert opt.get("optimizer_offload_fraction", 0.0) == (1.0 if plan["offload_optimizer"] else 0.0)
+    # Megatron-LM's validate_args: CPU offload only with the precision-aware optimizer
+    assert opt.get("use_precision_aware_optimizer", False) == plan["offload_optimizer"]
     assert (config.tensor_model_parallel_size, config.pipeline_model_parallel_size, config.context_parallel_size,
             config.expert_model_parallel_size) == (plan["tp"], plan["pp"], plan["cp"], plan["ep"])
     assert config.sequence_parallel == (plan["sequence_parallel"] and plan["tp"] > 1)
