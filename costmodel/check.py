@@ -6,7 +6,7 @@ can act on; an empty list means the plan is valid (and fits, when memory is chec
 from __future__ import annotations
 
 from costmodel.cluster import ClusterSpec, DeviceProfile
-from costmodel.estimate import host_bytes_per_rank, memory_per_rank
+from costmodel.estimate import host_bytes_per_rank, memory_per_rank, offloads
 from costmodel.plan import AXES, Plan, Recompute, Schedule
 from costmodel.specs import ModelSpec, PositionKind, TrainSpec
 from costmodel.units import GIB
@@ -55,6 +55,8 @@ def check_structure(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
     if plan.zero_stage not in (0, 1, 2, 3):
         add(f"zero_stage must be 0, 1, 2 or 3 (got {plan.zero_stage})")
     problems += offload_problems(cluster, plan.zero_stage, plan.offload_optimizer)
+    problems += activation_offload_problems(cluster, plan.offload_activations, plan.recompute, plan.schedule,
+                                            plan.tp)
     if plan.fp8_linears:
         problems += fp8_problems(model, train, cluster, plan.tp)
     if sorted(plan.mesh_axis_order) != sorted(AXES):
@@ -122,6 +124,31 @@ def offload_problems(cluster: ClusterSpec, zero_stage: int, offload: bool) -> li
     if zero_stage < 1:
         return ["offload_optimizer needs zero_stage >= 1 (the sharded optimizer states are what moves to the host)"]
     return []
+
+
+def activation_offload_problems(cluster: ClusterSpec, offload: bool, recompute: Recompute,
+                                schedule: Schedule, tp: int = 1) -> list[str]:
+    """Activations copied to the host: a host to copy to; not with recomputation (torch's
+    checkpoint keeps its region's inputs itself, on the device), a schedule whose split backward
+    reads each saved tensor twice (zero bubble: two copies back), or tensor parallelism (its
+    activations are DTensors, which runtime.offload's hooks leave in place)."""
+    if not offload:
+        return []
+    if cluster.device.host is None:
+        why = ("its ranks already run on the host" if cluster.device.kind == "cpu"
+               else "its profile has no [host] table")
+        return [f"offload_activations: device {cluster.device.name} cannot offload ({why})"]
+    out = []
+    if recompute is not Recompute.NONE:
+        out.append("offload_activations with recomputation: they are alternatives (torch's checkpoint keeps "
+                   "the recomputed region's inputs on the device)")
+    if schedule.defers_weight_grad:
+        out.append(f"offload_activations with schedule {schedule}: its split backward reads every saved "
+                   "tensor twice (two copies back per pass)")
+    if tp > 1:
+        out.append("offload_activations with tp > 1: tensor-parallel activations are DTensors, which the "
+                   "runtime's hooks do not move")
+    return out
 
 
 def float8_device_problem(device: DeviceProfile) -> str | None:
@@ -199,10 +226,11 @@ def check_memory(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan:
                             f"{capacity / GIB:.1f} GiB a plan may use of {cluster.device.name} "
                             f"({cluster.device.usable_memory_bytes / GIB:.2f} GiB less "
                             f"{cluster.memory_headroom:.0%} headroom and the allocator's fragmentation)")
-    if plan.offload_optimizer and cluster.device.host is not None:
+    if offloads(plan) and cluster.device.host is not None:
         host = max(host_bytes_per_rank(model, train, plan, cluster.framework))
         if host > cluster.host_budget_bytes:
-            problems.append(f"offloaded states need {host / GIB:.1f} GiB of host memory per device, over the "
+            problems.append(f"offloaded {'states' if plan.offload_optimizer else 'activations'} need "
+                            f"{host / GIB:.1f} GiB of host memory per device, over the "
                             f"{cluster.host_budget_bytes / GIB:.1f} GiB each device's share of the node's "
                             f"{cluster.device.host.memory_bytes / GIB:,.0f} GiB may use")
     return problems

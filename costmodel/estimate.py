@@ -20,7 +20,8 @@ from costmodel.cluster import ClusterSpec
 from costmodel.comm import Collective, collective_time_s
 from costmodel.frameworks import RUNTIME, FrameworkTraits
 from costmodel.flops import executed_flops_per_step, model_flops_per_step, utilization
-from costmodel.memory import StageMemory, backward_working_bytes, host_state_bytes, stage_memory
+from costmodel.memory import (StageMemory, backward_working_bytes, host_activation_bytes, host_state_bytes,
+                              stage_memory)
 from costmodel.params import ceil_div, rank_params
 from costmodel.pipeline_closed_form import pipeline_time_s
 from costmodel.placement import stage_pair_span
@@ -90,6 +91,7 @@ def _ledger(plan: Plan, critical: RankTimes, pp_s: float, bubble_s: float, dp_s:
         "comm/tp_exposed": m * critical.tp_comm_s,
         "comm/cp_exposed": m * critical.cp_comm_s,
         "comm/ep_exposed": m * critical.ep_comm_s,
+        "comm/activation_offload": m * critical.offload_s,
         "comm/pp_exposed": pp_s,
         "pipeline/bubble": bubble_s,
         "comm/dp_exposed": dp_s,
@@ -104,11 +106,16 @@ def simulate_plan(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan
     return simulate(plan, stage_costs(model, train, plan, cluster), keep_events=keep_events)
 
 
+def offloads(plan: Plan) -> bool:
+    """Whether the plan keeps anything in host memory (states or activations)."""
+    return plan.offload_optimizer or plan.offload_activations
+
+
 def host_bytes_per_rank(model: ModelSpec, train: TrainSpec, plan: Plan,
                         traits: FrameworkTraits = RUNTIME) -> list[float]:
     """Host memory of one device of each pipeline rank: its offloaded ZeRO shard's states."""
     return [host_state_bytes(train, plan, rank_params(model, plan, r).zero_shard(plan, traits))
-            for r in range(plan.pp)]
+            + host_activation_bytes(model, train, plan, r, plan.layers_on_rank(r), traits) for r in range(plan.pp)]
 
 
 def memory_per_rank(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan,
@@ -171,7 +178,7 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
         hfu=utilization(executed, step_s, cluster.world_size, device_peak),
         model_flops=model_flops, executed_flops=executed, peak_memory_bytes=peak,
         memory_capacity_bytes=capacity,
-        fits=max(peak) <= capacity and max(host) <= (cluster.host_budget_bytes if plan.offload_optimizer else 0.0),
+        fits=max(peak) <= capacity and max(host) <= (cluster.host_budget_bytes if offloads(plan) else 0.0),
         bubble_fraction=ledger["pipeline/bubble"] / step_s, time_breakdown_s=ledger,
         memory_breakdown_bytes=[m.to_dict() for m in memory], critical_rank=critical,
         rank_time_per_micro_batch_s=[r.total_s for r in ranks],

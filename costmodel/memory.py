@@ -313,9 +313,21 @@ def _micro_batch_shape(model: ModelSpec, train: TrainSpec, plan: Plan,
                        traits: FrameworkTraits = RUNTIME) -> AffineBytes:
     """What one micro-batch keeps across a rank's layers: a full layer's activations, the
     recomputed layers only their checkpoint, plus the rebuilt layer's bytes during backward."""
+    if plan.offload_activations:   # on the host (host_activation_bytes)
+        return AffineBytes(base=0.0, per_layer=0.0, per_recomputed=0.0, jump=0.0)
     full = layer_activation_bytes(model, train, plan, Recompute.NONE, traits)
     kept = layer_activation_bytes(model, train, plan, plan.recompute, traits)
     return AffineBytes(base=0.0, per_layer=full, per_recomputed=kept - full, jump=full - kept)
+
+
+def host_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int, layers: int,
+                          traits: FrameworkTraits = RUNTIME) -> float:
+    """Host memory of one device's offloaded activations (Plan.offload_activations): every
+    in-flight micro-batch's layers, as the device would otherwise hold them."""
+    if not plan.offload_activations:
+        return 0.0
+    full = layer_activation_bytes(model, train, plan, Recompute.NONE, traits)
+    return in_flight_micro_batches(plan, rank) * layers * full
 
 
 def _layers_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, layers: int,
@@ -442,7 +454,9 @@ def backward_working_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, last:
     layer = max(mlp, attention) + widest_weight
     # a loss whose backward writes the gradient over its saved softmax needs only the cast
     head = _logits_elems(model, train, plan, traits) * (a if traits.loss_grad_in_place else 4 + a) if last else 0.0
-    return max(layer, head)
+    # offloaded activations: the layer whose saved tensors are back on the device for its backward
+    back = layer_activation_bytes(model, train, plan, Recompute.NONE, traits) if plan.offload_activations else 0.0
+    return max(layer, head) + back
 
 
 def weight_grad_input_bytes(model: ModelSpec, train: TrainSpec, plan: Plan,

@@ -168,6 +168,11 @@ class Plan:
     torchao's tensorwise recipe does (e4m3 forward, e5m2 output gradients, one dynamic scale per
     tensor; the LM head, attention, norms and the states stay as they were); needs a device with
     float8 tensor cores and a TrainSpec that accepts float8. Absent from older plan.json: False.
+    `offload_activations`: what the transformer layers save for backward (activations, not the
+    weights) is copied to host memory as it is saved and back when backward needs it
+    (saved-tensor hooks, pinned on CUDA): an alternative to recomputation, not combined with it,
+    nor with zero-bubble schedules (their split backward reads each saved tensor twice). Absent
+    from older plan.json: False.
     """
 
     dp: int
@@ -187,6 +192,7 @@ class Plan:
     ep: int = 1
     offload_optimizer: bool = False
     fp8_linears: bool = False
+    offload_activations: bool = False
 
     @property
     def edp(self) -> int:
@@ -240,6 +246,7 @@ class Plan:
         mesh = "" if self.mesh_axis_order == DEFAULT_AXIS_ORDER else " mesh=" + ">".join(self.mesh_axis_order)
         off = "+offload" if self.offload_optimizer else ""
         off += " fp8" if self.fp8_linears else ""
+        off += " act-offload" if self.offload_activations else ""
         return (f"{text} z{self.zero_stage}{off}{rc} mbs{self.micro_batch_size}x{self.num_micro_batches}"
                 f" {self.schedule}{mesh}")
 

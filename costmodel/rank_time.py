@@ -6,12 +6,12 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from costmodel.cluster import ClusterSpec
-from costmodel.comm import HOST_COPIES, Collective, collective_time_s, p2p_time_s
+from costmodel.comm import HOST_COPIES, Collective, collective_time_s, host_copy_s, p2p_time_s
 from costmodel.compute import (KernelTimes, cross_entropy_s, expert_rows, host_optimizer_step_s, moe_tokens,
                                optimizer_step_s, embedding_kernel_times, head_kernel_times, layer_kernel_times)
 from costmodel.frameworks import FrameworkTraits
 from costmodel.layout import dense_blocks
-from costmodel.memory import unsharded_between_micro_batches
+from costmodel.memory import layer_activation_bytes, unsharded_between_micro_batches
 from costmodel.params import (RankParams, ceil_div, folds_ep, layer_expert_params, layer_param_tensors, layer_params,
                               moe_replicated_params, optimized_params, qk_norm_params, rank_params, rank_params_at)
 from costmodel.placement import AxisSpan, group_span, stage_pair_span
@@ -31,11 +31,12 @@ class RankTimes:
     cp_comm_s: float
     pp_comm_s: float
     ep_comm_s: float = 0.0   # expert parallelism's token all-to-alls
+    offload_s: float = 0.0   # offloaded activations' copies to the host and back (Plan.offload_activations)
 
     @property
     def total_s(self) -> float:
         return (self.forward_s + self.backward_s + self.recompute_s + self.tp_comm_s
-                + self.cp_comm_s + self.pp_comm_s + self.ep_comm_s)
+                + self.cp_comm_s + self.pp_comm_s + self.ep_comm_s + self.offload_s)
 
     # field by field rather than over __slots__: the search adds these a few hundred thousand times
     def __add__(self, other: "RankTimes") -> "RankTimes":
@@ -43,13 +44,13 @@ class RankTimes:
                          backward_weight_s=self.backward_weight_s + other.backward_weight_s,
                          recompute_s=self.recompute_s + other.recompute_s, tp_comm_s=self.tp_comm_s + other.tp_comm_s,
                          cp_comm_s=self.cp_comm_s + other.cp_comm_s, pp_comm_s=self.pp_comm_s + other.pp_comm_s,
-                         ep_comm_s=self.ep_comm_s + other.ep_comm_s)
+                         ep_comm_s=self.ep_comm_s + other.ep_comm_s, offload_s=self.offload_s + other.offload_s)
 
     def scaled(self, k: float) -> "RankTimes":
         return RankTimes(forward_s=self.forward_s * k, backward_s=self.backward_s * k,
                          backward_weight_s=self.backward_weight_s * k, recompute_s=self.recompute_s * k,
                          tp_comm_s=self.tp_comm_s * k, cp_comm_s=self.cp_comm_s * k, pp_comm_s=self.pp_comm_s * k,
-                         ep_comm_s=self.ep_comm_s * k)
+                         ep_comm_s=self.ep_comm_s * k, offload_s=self.offload_s * k)
 
 
 ZERO_TIMES = RankTimes(forward_s=0.0, backward_s=0.0, backward_weight_s=0.0, recompute_s=0.0,
@@ -90,7 +91,8 @@ class RankTimeModel:
         return RankTimes(forward_s=times.forward_s, backward_s=times.backward_s,
                          backward_weight_s=times.backward_weight_s, recompute_s=times.recompute_s,
                          tp_comm_s=times.tp_comm_s, cp_comm_s=times.cp_comm_s,
-                         pp_comm_s=times.pp_comm_s + self.pp_comm_s, ep_comm_s=times.ep_comm_s)
+                         pp_comm_s=times.pp_comm_s + self.pp_comm_s, ep_comm_s=times.ep_comm_s,
+                         offload_s=times.offload_s)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -218,6 +220,14 @@ def _times(fwd: float = 0.0, bwd: float = 0.0, bwd_w: float = 0.0, rc: float = 0
                      tp_comm_s=tp, cp_comm_s=cp, pp_comm_s=0.0, ep_comm_s=ep)
 
 
+def _activation_offload_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec) -> float:
+    """A layer's saved activations copied to the host as forward saves them and back as backward
+    reads them (Plan.offload_activations). The saved-tensor hooks copy on the compute stream,
+    so neither copy overlaps the layer's kernels."""
+    saved = layer_activation_bytes(model, train, plan, Recompute.NONE, cluster.framework)
+    return 2 * host_copy_s(saved, cluster)
+
+
 def rank_time_model(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
                     sp: Spans) -> RankTimeModel:
     """Depends on the plan's degrees, micro-batch, SP, recompute mode and placement only, not on
@@ -231,6 +241,8 @@ def rank_time_model(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Clu
     ep = _ep_layer_comm_s(model, train, plan, cluster, sp.ep)
     per_layer = _times(layer.forward_s, layer.backward_s, layer.backward_weight_s, tp=2 * tp,
                        cp=cp_fwd + cp_bwd, ep=2 * ep)
+    if plan.offload_activations:
+        per_layer = replace(per_layer, offload_s=_activation_offload_s(model, train, plan, cluster))
     if plan.recompute is Recompute.FULL:
         per_rc = _times(rc=layer.forward_s, tp=tp, cp=cp_fwd, ep=ep)
     elif plan.recompute is Recompute.SELECTIVE:

@@ -44,7 +44,7 @@ def stage_costs(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Cluster
         first, last = j == 0, j == n - 1
         t = rtm.at(layers, rc, first, last)
         compute = t.forward_s + t.backward_s + t.recompute_s
-        comm = t.tp_comm_s + t.cp_comm_s + t.ep_comm_s
+        comm = t.tp_comm_s + t.cp_comm_s + t.ep_comm_s + t.offload_s
         share = comm / compute if compute else 0.0
         held, transient = micro_batch_activation_bytes(model, train, plan, layers, rc, first, last,
                                                          cluster.framework)

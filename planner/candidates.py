@@ -142,7 +142,11 @@ def time_groups(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, option
                     eps = [e for e in divisors(dp) if not ep_problems(model, dp, e)] if model.is_moe else [1]
                     for ep in allowed(options, "ep", eps):
                         for fp8 in allowed(options, "fp8_linears", _fp8_options(model, train, cluster, tp)):
-                            yield from _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8)
+                            for act in allowed(options, "offload_activations",
+                                               [False, True] if cluster.device.host is not None and tp == 1
+                                               else [False]):
+                                yield from _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep,
+                                                               fp8, act)
 
 
 def _fp8_options(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: int) -> list[bool]:
@@ -151,9 +155,10 @@ def _fp8_options(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: i
     return [False, True] if train.float8 and not fp8_problems(model, train, cluster, tp) else [False]
 
 
-def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8):
+def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8, act):
     L, per_replica = model.num_layers, train.global_batch_size // dp
-    modes = [Recompute.NONE] if options.no_recompute else list(Recompute)
+    # offloaded activations are an alternative to recomputation (costmodel.check)
+    modes = [Recompute.NONE] if options.no_recompute or act else list(Recompute)
     # SP dominates no-SP: the same collective volume (AG + RS = AR), less memory, less elementwise work
     sps = dominant(options, "sequence_parallel", [True, False] if not sp_problems(train, tp, cp) else [False], True)
     sps = [sp for sp in sps if not moe_tp_problem(model, tp, sp)]
@@ -173,6 +178,9 @@ def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8)
                 if model.is_moe:
                     valid = tuple(s for s in valid if not moe_schedule_problem(model, s))
                     best = tuple(s for s in best if not moe_schedule_problem(model, s)) or valid
+                if act:   # nor with a split backward (activation_offload_problems)
+                    valid = tuple(s for s in valid if not s.defers_weight_grad)
+                    best = tuple(s for s in best if not s.defers_weight_grad) or valid
                 if valid:
                     variants += [(vpp, sched) for sched in dominant(options, "schedule", valid, best)]
             if not variants:
@@ -180,4 +188,4 @@ def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8)
             for sp, order in itertools.product(sps, orders):
                 yield Choice(tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, zero_stage=0, recompute=mode, sequence_parallel=sp,
                              micro_batch_size=mbs, vpp=1, schedule=None, mesh_axis_order=order,
-                             fp8_linears=fp8), variants
+                             fp8_linears=fp8, offload_activations=act), variants

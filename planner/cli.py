@@ -31,7 +31,7 @@ FP8 = "fp8"   # --dtype fp8: bf16 beside float8 linears (TrainSpec.float8), not 
 # predict --plan takes all of these from the file
 SPEC_AND_PLAN_FLAGS = {"model", "cluster", "seq_len", "global_batch", "dtype", "grad_dtype", "attention",
                        "memory_headroom", "dp", "tp", "pp", "cp", "zero", "recompute", "recompute_layers",
-                       "sp", "mbs", "vpp", "schedule", "mesh_order", "offload_optimizer"}
+                       "sp", "mbs", "vpp", "schedule", "mesh_order", "offload_optimizer", "offload_activations"}
 
 EPILOG_PREDICT = """examples:
   planner predict --model llama-70b --cluster 8x8xA100 --tp 8 --pp 4 --zero 1 --recompute selective --mbs 1
@@ -82,6 +82,9 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
                    help="keep the sharded optimizer states (fp32 master weights, moments, reduced gradients) in "
                         "host memory and step them on the host, ZeRO-Offload as FSDP2's CPUOffloadPolicy runs it; "
                         "needs --zero >= 1 and a device profile with a [host] (GPUs)")
+    g.add_argument("--offload-activations", action="store_true",
+                   help="copy what the layers save for backward (not their weights) to host memory and back, an "
+                        "alternative to --recompute; needs a device profile with a [host] (GPUs)")
     g.add_argument("--recompute", choices=[r.value for r in Recompute], default="none")
     g.add_argument("--recompute-layers", type=non_negative_int,
                    help="layers recomputed per pipeline rank (default: all of them)")
@@ -118,6 +121,7 @@ def _specs(args: argparse.Namespace) -> tuple[ModelSpec, TrainSpec, ClusterSpec]
 def _choice(args: argparse.Namespace) -> Choice:
     return Choice(tp=args.tp, pp=args.pp, cp=args.cp, dp=args.dp, ep=args.ep, zero_stage=args.zero,
                   offload_optimizer=args.offload_optimizer, fp8_linears=args.dtype == FP8,
+                  offload_activations=args.offload_activations,
                   recompute=Recompute(args.recompute), recompute_layers=args.recompute_layers,
                   sequence_parallel=args.sp, micro_batch_size=args.mbs, vpp=args.vpp,
                   schedule=Schedule(args.schedule) if args.schedule else None,
@@ -218,8 +222,8 @@ def cmd_search(args: argparse.Namespace) -> int:
           f"(leave-one-source-out on published runs): {stats.num_candidates:,} candidates, "
           f"{stats.num_solved:,} solved exactly, {stats.num_feasible:,} feasible, {stats.wall_s:.2f} s")
     if result.offloaded_because:
-        print(f"optimizer states on the host: {result.offloaded_because} (on-device plans are searched first; "
-              "--fix offload=yes weighs both from the start)")
+        print(f"the host holds what the devices cannot: {result.offloaded_because} (on-device plans are "
+              "searched first; --fix offload=yes|no and --fix act_offload=yes|no decide from the start)")
     if result.equivalent > 1:
         print(f"{result.equivalent} plans within +-{100 * result.error_band:.1f}% of the fastest are equivalent "
               f"under that error: the first is the most robust (memory headroom, "

@@ -45,20 +45,21 @@ def search(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
            options: SearchOptions = SearchOptions()) -> SearchResult:
     """The fastest plans under the cost model. Offloading the optimizer states to the host is a
     memory lever whose price rests on datasheets no run of ours has checked (costmodel.comm,
-    costmodel.compute.host_optimizer_step_s): unless the user fixes it either way, the states
-    stay on the devices, and only when no plan fits that way is the search run again with them
-    offloaded (SearchResult.offloaded_because says so)."""
-    if "offload_optimizer" in options.fixed or cluster.device.host is None:
+    costmodel.compute.host_optimizer_step_s), and so is offloading activations: unless the user
+    fixes them, states and activations stay on the devices, and only when no plan fits that way
+    is the search run again with both levers free (SearchResult.offloaded_because says so)."""
+    levers = ("offload_optimizer", "offload_activations")
+    if cluster.device.host is None or all(lever in options.fixed for lever in levers):
         return _search(model, train, cluster, options)
     start = time.perf_counter()
-    on_device = _search(model, train, cluster, replace(options, fixed={**options.fixed, "offload_optimizer": False}))
+    on_device = _search(model, train, cluster, replace(options, fixed={
+        **{lever: False for lever in levers}, **options.fixed}))
     if on_device.plans or not on_device.stats.optimal:
         return on_device
-    _say(options, "no plan fits with the optimizer states on the devices; searching again with them on the host")
+    _say(options, "no plan fits with states and activations on the devices; searching again with the host")
     left = max(1.0, options.time_limit_s - (time.perf_counter() - start))
-    offloaded = _search(model, train, cluster, replace(options, time_limit_s=left,
-                                                       fixed={**options.fixed, "offload_optimizer": True}))
-    offloaded.offloaded_because = "no plan fits with the optimizer states on the devices"
+    offloaded = _search(model, train, cluster, replace(options, time_limit_s=left))
+    offloaded.offloaded_because = "no plan fits with the optimizer states and activations on the devices"
     offloaded.stats.wall_s = time.perf_counter() - start
     if not offloaded.plans:   # the closest plan to fitting is the on-device one
         offloaded.closest = on_device.closest or offloaded.closest

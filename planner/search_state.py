@@ -83,7 +83,7 @@ class SharedModels:
     def time_model(self, base: Choice) -> "TimedChoice":
         """`base`: a choice with one virtual stage and no schedule (time_groups)."""
         key = (base.tp, base.cp, base.pp, base.dp, base.ep, base.micro_batch_size, base.sequence_parallel,
-               base.recompute, base.fp8_linears, base.mesh_axis_order)
+               base.recompute, base.fp8_linears, base.offload_activations, base.mesh_axis_order)
         if key not in self._times:
             placed = key[:-1]  # the same choice under another placement differs only in its order
             if placed in self._probes:
@@ -127,7 +127,7 @@ class SharedModels:
     @staticmethod
     def _memory_key(c: Choice, vpp: int, schedule: Schedule, zero: int) -> tuple:
         return (c.tp, c.cp, c.pp, c.dp, c.ep, zero, c.recompute, c.sequence_parallel, c.micro_batch_size, vpp,
-                schedule, c.fp8_linears)
+                schedule, c.fp8_linears, c.offload_activations)
 
     def pipeline_floor_s(self, base: Choice, zero: int, plan: Plan, fit: MemoryFit) -> float:
         """planner.bounds.pipeline_floor_s + the ZeRO floor, for `plan` under base's placement."""

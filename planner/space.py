@@ -29,6 +29,7 @@ class Choice:
     ep: int = 1   # expert-parallel degree, a divisor of dp (mixtures of experts)
     offload_optimizer: bool = False   # ZeRO-Offload: sharded states and their step on the host
     fp8_linears: bool = False   # the layers' linears in float8 (torchao tensorwise)
+    offload_activations: bool = False   # the layers' saved activations on the host
 
 
 def build_plan(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, choice: Choice) -> Plan:
@@ -62,7 +63,8 @@ def build_plan(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, choice:
                  sequence_parallel=False, micro_batch_size=choice.micro_batch_size,
                  num_micro_batches=per_replica // choice.micro_batch_size, schedule=schedule,
                  vpp=choice.vpp, layers_per_stage=layers, mesh_axis_order=tuple(choice.mesh_axis_order),
-                 ep=choice.ep, offload_optimizer=choice.offload_optimizer, fp8_linears=choice.fp8_linears)
+                 ep=choice.ep, offload_optimizer=choice.offload_optimizer, fp8_linears=choice.fp8_linears,
+                 offload_activations=choice.offload_activations)
     if choice.recompute is Recompute.NONE:
         counts = (0,) * choice.pp
     else:

@@ -246,9 +246,9 @@ def best_plan_for_row(row: dict[str, str], model: ModelSpec, train: TrainSpec, c
     deadline = time.perf_counter() + time_limit_s
     opts, fillable = _options(row, model, tp, pp, dp, train.global_batch_size)
     stated = {SEARCH_FIELDS[k]: v[0] for k, v in opts.items() if k not in fillable}
-    # the table has no offload column: none of its runs kept states on the host
+    # the table has no offload column: none of its runs kept states or activations on the host
     options = SearchOptions(top_k=1, fixed={"tp": tp, "pp": pp, "cp": cp, "dp": dp, "ep": ep, **stated,
-                                            "offload_optimizer": False},
+                                            "offload_optimizer": False, "offload_activations": False},
                             max_tp=max(tp, cluster.devices_per_node), time_limit_s=time_limit_s,
                             schedules=PUBLISHED_SCHEDULES, error_band=0.0)
     found = search(model, train, cluster, options).plans

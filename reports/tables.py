@@ -59,6 +59,9 @@ def summary_lines(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan
            f"{est.host_capacity_bytes / GIB:,.1f} GiB its share of the node's host may hold; "
            f"optimizer step on the host {est.time_breakdown_s['optimizer/step']:.3f} s"]
           if plan.offload_optimizer else []),
+        *([f"host     offloaded activations: {max(est.host_memory_bytes) / GIB:,.1f} GiB per device on the host, "
+           f"{est.time_breakdown_s['comm/activation_offload']:.3f} s of copies per step"]
+          if plan.offload_activations and not plan.offload_optimizer else []),
         f"         memory: {cluster.device.usable_memory_bytes / GIB:.2f} GiB as CUDA reports it, less "
         f"{cluster.memory_headroom:.0%} headroom and {cluster.device.efficiency.allocator_fragmentation:.0%} "
         f"allocator fragmentation; MFU counts 6N{' (N: active parameters)' if model.is_moe else ''} "

@@ -20,6 +20,7 @@ from costmodel.plan import Plan, PlanFile
 from runtime.context_parallel import CpShard
 from runtime.model import Transformer
 from runtime.float8 import apply_float8
+from runtime.offload import apply_activation_offload
 from runtime.moe import MoE
 from runtime.parallel import (apply_data_parallel, apply_expert_parallel, apply_recompute, apply_tensor_parallel,
                               build_mesh, in_root_order, local_tensor, mesh_coords, recomputed_layers)
@@ -95,6 +96,8 @@ def build_job(pf: PlanFile, device: torch.device, *, seed: int, materialize: boo
         apply_expert_parallel(mod, mesh, plan)
         if plan.fp8_linears:   # torchao swaps the modules: before TP, checkpointing and FSDP2 see them
             apply_float8(mod, compile=device.type == "cuda" and materialize)
+        if plan.offload_activations:
+            apply_activation_offload(mod, pin=device.type == "cuda")
         if plan.tp > 1:
             apply_tensor_parallel(mod, mesh["tp"], plan.sequence_parallel)
         apply_recompute(mod, plan, rc_layers)

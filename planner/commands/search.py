@@ -22,7 +22,8 @@ FIXABLE = {"dp": ("dp", int), "tp": ("tp", int), "pp": ("pp", int), "cp": ("cp",
            "schedule": ("schedule", Schedule), "recompute": ("recompute", Recompute),
            "sp": ("sequence_parallel", lambda v: _YES_NO[v.lower()]),
            "offload": ("offload_optimizer", lambda v: _YES_NO[v.lower()]),
-           "fp8": ("fp8_linears", lambda v: _YES_NO[v.lower()])}
+           "fp8": ("fp8_linears", lambda v: _YES_NO[v.lower()]),
+           "act_offload": ("offload_activations", lambda v: _YES_NO[v.lower()])}
 
 
 def add_search_args(p: argparse.ArgumentParser) -> None:
@@ -41,7 +42,8 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
     c.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE",
                    help=f"pin a plan field; keys: {', '.join(FIXABLE)} (repeatable). offload=yes|no: "
                         "optimizer states on the host or on the devices (default: on the devices, on the host "
-                        "only when nothing fits); fp8=yes|no with --dtype fp8")
+                        "only when nothing fits; act_offload=yes|no likewise for the layers' saved "
+                        "activations); fp8=yes|no with --dtype fp8")
     c.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="only this ZeRO stage (= --fix zero=Z)")
     c.add_argument("--schedule", choices=[s.value for s in Schedule], help="only this pipeline schedule")
     c.add_argument("--no-recompute", action="store_true", help="never recompute activations")

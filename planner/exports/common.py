@@ -100,6 +100,15 @@ def to_uniform_recompute(adj: Adjusted, mode: Recompute, why: str) -> None:
     adj.change(why, recompute=mode, recompute_num_layers=counts)
 
 
+def activations_on_device(adj: Adjusted, target: str) -> None:
+    """Activations on the host (Plan.offload_activations) are our runtime's hooks: no target's
+    file says it, so the exported plan keeps them on the device (and is priced, and refused if
+    it does not fit, that way)."""
+    if adj.plan.offload_activations:
+        adj.change(f"activations on the host: not an option {target}'s file can say; kept on the device",
+                   offload_activations=False)
+
+
 def recompute_is_uniform(plan: Plan) -> bool:
     """Every rank recomputes all its layers (or there is no recomputation)."""
     return plan.recompute is Recompute.NONE or all(

@@ -22,7 +22,7 @@ import json
 
 from costmodel.plan import Plan, PlanFile, Recompute, Schedule, even_layers
 from costmodel.specs import DType
-from planner.exports.common import (Adjusted, fold_cp_into_dp, recompute_is_uniform, to_even_layers, to_rank_order,
+from planner.exports.common import (activations_on_device, Adjusted, fold_cp_into_dp, recompute_is_uniform, to_even_layers, to_rank_order,
                                     to_schedule, to_uniform_recompute)
 
 NAME = "deepspeed"
@@ -72,6 +72,7 @@ def nearest(pf: PlanFile) -> Adjusted:
         adj.differences.append(f"experts: build the mixture with deepspeed.moe.layer.MoE(num_experts="
                                f"{pf.model.num_experts}, ep_size={adj.plan.ep}, k={pf.model.experts_per_token}) "
                                "in the model code; the config file has no place for it")
+    activations_on_device(adj, NAME)
     return adj
 
 

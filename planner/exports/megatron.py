@@ -21,7 +21,7 @@ import shlex
 
 from costmodel.plan import Plan, PlanFile, Recompute, Schedule
 from costmodel.specs import Arch, DType, FfnKind, NormKind, PositionKind
-from planner.exports.common import (Adjusted, CannotExport, layout, recompute_is_uniform, to_even_layers, to_rank_order,
+from planner.exports.common import (activations_on_device, Adjusted, CannotExport, layout, recompute_is_uniform, to_even_layers, to_rank_order,
                                     to_schedule, to_uniform_recompute)
 
 NAME = "megatron"
@@ -70,6 +70,7 @@ def nearest(pf: PlanFile) -> Adjusted:
                    recompute_num_layers=_block_counts(plan, n))
     to_rank_order(adj, (DEFAULT_ORDER, TP_PP_DP_ORDER),
                   "Megatron-LM orders ranks tp-cp-ep-dp-pp (or tp-cp-ep-pp-dp); the default")
+    activations_on_device(adj, NAME)
     return adj
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from costmodel.plan import Plan, PlanFile, Recompute
 from costmodel.specs import Arch, DType, ModelSpec
-from planner.exports.common import Adjusted, CannotExport, to_rank_order, to_uniform_recompute
+from planner.exports.common import activations_on_device, Adjusted, CannotExport, to_rank_order, to_uniform_recompute
 
 NAME = "torchtitan"
 FRAMEWORK = "torchtitan"
@@ -79,6 +79,7 @@ def nearest(pf: PlanFile) -> Adjusted:
     to_rank_order(adj, (ORDER,), "torchtitan lays ranks out as pp>dp>cp>tp")
     if pf.model.is_moe or not any(f.matches(pf.model) for f in FLAVOURS):
         adj.differences.append(_model_note(pf.model))
+    activations_on_device(adj, NAME)
     return adj
 
 

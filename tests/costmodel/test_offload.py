@@ -93,3 +93,38 @@ def test_a_host_too_small_is_refused():
     assert not estimate(MODEL, TRAIN, small, plan).fits
     assert any(p.startswith("offloaded states need 15.0 GiB of host memory per device") for p in
                check_plan(MODEL, TRAIN, small, plan))
+
+
+def test_offloaded_activations_move_the_layers_saved_tensors_and_cost_two_copies():
+    """Plan.offload_activations: the layers' saved activations (every in-flight micro-batch's) on
+    the host, one layer's back on the device for its backward; per layer and micro-batch one copy
+    out and one back, on the compute stream (exposed)."""
+    from costmodel.memory import layer_activation_bytes
+    from costmodel.plan import Recompute
+    cluster = parse_cluster("1x8xH100")
+    base, moved = (_plan(cluster, zero_stage=3, offload_activations=off) for off in (False, True))
+    kept, gone = estimate(MODEL, TRAIN, cluster, base), estimate(MODEL, TRAIN, cluster, moved)
+    per_layer = layer_activation_bytes(MODEL, TRAIN, moved, Recompute.NONE)
+    layers, m = MODEL.num_layers, moved.num_micro_batches
+    saved = kept.memory_breakdown_bytes[0]["activations"] - gone.memory_breakdown_bytes[0]["activations"]
+    assert saved == pytest.approx((layers - 1) * per_layer, rel=0.02)   # one layer comes back for its backward
+    assert gone.host_memory_bytes[0] == pytest.approx(layers * per_layer)   # 1F1B on one stage: one micro-batch
+    copies = gone.time_breakdown_s["comm/activation_offload"]
+    assert copies == pytest.approx(2 * m * layers * per_layer / cluster.device.host.link_effective_bytes_per_s)
+    assert gone.step_time_s == pytest.approx(kept.step_time_s + copies, rel=1e-9)
+
+
+def test_offloaded_activations_are_an_alternative_to_recomputation():
+    from costmodel.plan import Recompute, Schedule
+    cluster = parse_cluster("1x8xH100")
+    plan = _plan(cluster, pp=2, recompute=Recompute.FULL, offload_activations=True)
+    assert check_plan(MODEL, TRAIN, cluster, plan, memory=False) == [
+        "offload_activations with recomputation: they are alternatives (torch's checkpoint keeps the recomputed "
+        "region's inputs on the device)"]
+    plan = _plan(cluster, pp=2, tp=2, schedule=Schedule.ZB_H1, offload_activations=True)
+    problems = check_plan(MODEL, TRAIN, cluster, plan, memory=False)
+    assert [p.split(":")[0] for p in problems] == ["offload_activations with schedule zb-h1",
+                                                  "offload_activations with tp > 1"]
+    cpu = parse_cluster("1x2xxeon-amx")
+    assert check_plan(MODEL, TRAIN, cpu, _plan(cpu, offload_activations=True), memory=False) == [
+        "offload_activations: device xeon-amx cannot offload (its ranks already run on the host)"]

@@ -35,6 +35,9 @@ PLANS["llama8b_zero3_offload"] = ["--model", "llama3-8b", "--cluster", "1x8xH100
 # float8 linears: torchtitan's float8 converter (compiled), Megatron's Transformer Engine recipe
 PLANS["llama8b_fp8"] = ["--model", "llama3-8b", "--cluster", "1x8xH100", "--zero", "3", "--dtype", "fp8",
                         "--recompute", "full", "--seq-len", "4096", "--global-batch", "64"]
+# activations on the host: no target's file says it; each export keeps them on the device
+PLANS["llama8b_act_offload"] = ["--model", "llama3-8b", "--cluster", "1x8xH100", "--zero", "3",
+                                "--offload-activations", "--seq-len", "4096", "--global-batch", "64"]
 UNEVEN = {"llama13b_gpipe_zero0_uneven": [9, 10, 10, 11]}   # a split only the search writes
 # a Qwen3-shaped model (heads of 128 over a 1024-wide model, per-head Q/K norms), from its config.json
 QWEN3 = {"model_type": "qwen3", "hidden_size": 1024, "head_dim": 128, "num_attention_heads": 16,
@@ -319,3 +322,10 @@ def test_a_model_the_target_cannot_build_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "no attention and MLP in parallel" in err
     assert not (tmp_path / "run.sh").exists()
+
+
+@pytest.mark.parametrize("target", ["torchtitan", "megatron", "deepspeed"])
+def test_activations_on_the_host_are_said_and_kept_on_the_device(plan_paths, tmp_path, capsys, target):
+    doc = _export(capsys, plan_paths["llama8b_act_offload"], target, tmp_path / "out")
+    assert not doc["plan"]["offload_activations"]
+    assert any(d.startswith("activations on the host: not an option") for d in doc["differences"])

@@ -39,7 +39,7 @@ ON_DEVICE = [(z, False) for z in range(4)]
 OFFLOADED = [(z, True) for z in range(1, 4)]
 
 
-def brute_force_best(model, train, cluster, states=ON_DEVICE):
+def brute_force_best(model, train, cluster, states=ON_DEVICE, acts=(False,)):
     world, best = cluster.world_size, None
     for tp, cp, pp in itertools.product(divisors(world), repeat=3):
         if tp * cp * pp > world or world % (tp * cp * pp):
@@ -52,13 +52,13 @@ def brute_force_best(model, train, cluster, states=ON_DEVICE):
             for vpp, sched in [(1, s) for s in (Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.ZB_H1)] + \
                               [(v, Schedule.INTERLEAVED) for v in (2, 4)]:
                 for order in _distinct_orders({"pp": pp, "dp": dp, "cp": cp, "tp": tp}):
-                    for (zero, offload), sp, mode in itertools.product(states, (False, True), list(Recompute)):
+                    for (zero, offload), act, sp, mode in itertools.product(states, acts, (False, True), list(Recompute)):
                         for layers in compositions(model.num_layers, pp * vpp) if pp * vpp <= model.num_layers else []:
                             base = Plan(dp=dp, tp=tp, pp=pp, cp=cp, zero_stage=zero, recompute=mode,
                                         recompute_num_layers=(0,) * pp, sequence_parallel=sp,
                                         micro_batch_size=mbs, num_micro_batches=m, schedule=sched, vpp=vpp,
                                         layers_per_stage=layers, mesh_axis_order=order, ep=ep,
-                                        offload_optimizer=offload)
+                                        offload_optimizer=offload, offload_activations=act)
                             ranges = [range(base.layers_on_rank(r) + 1) if mode is not Recompute.NONE else [0]
                                       for r in range(pp)]
                             for counts in itertools.product(*ranges):
@@ -112,8 +112,8 @@ def test_search_matches_brute_force(model, cluster_name, batch, memory, host):
     cluster = _tight(parse_cluster(cluster_name), memory, host)
     train = TrainSpec(seq_len=64, global_batch_size=batch)
     # the search keeps the states on the devices, and offloads them only when nothing fits there
-    expected = brute_force_best(model, train, cluster) or (brute_force_best(model, train, cluster, OFFLOADED)
-                                                           if host else None)
+    expected = brute_force_best(model, train, cluster) or (
+        brute_force_best(model, train, cluster, ON_DEVICE + OFFLOADED, (False, True)) if host else None)
     result = search(model, train, cluster, SearchOptions(top_k=1, max_tp=4))
     assert result.stats.optimal
     if expected is None:

@@ -102,6 +102,10 @@ CASES = {
     "zero3_offload": (Choice(zero_stage=3, micro_batch_size=2, offload_optimizer=True), 2, {}),
     "tp2_alone_zero3_offload": (Choice(tp=2, zero_stage=3, offload_optimizer=True), 2, {"qk_norm": True}),
     "gpt_pp2_tied_zero2_offload": (Choice(pp=2, zero_stage=2, offload_optimizer=True), 2, GPT),
+    # offloaded activations (runtime.offload): saved tensors through host copies, weights left alone
+    "zero3_act_offload": (Choice(zero_stage=3, micro_batch_size=2, offload_activations=True), 2, {}),
+    "pp2_act_offload_gpt_tied": (Choice(pp=2, offload_activations=True), 2, GPT),
+    "cp2_act_offload": (Choice(cp=2, offload_activations=True), 2, {}),
     # one expert per EP rank, two edp ranks: FSDP2 shards each expert's rows (runtime.parallel)
     "moe_ep2_dp2_one_expert_each": (Choice(ep=2, zero_stage=3), 4, {**MOE, "num_experts": 2}),
 }
@@ -203,3 +207,41 @@ def test_experts_under_tensor_parallelism_without_sequence_parallelism_are_refus
     from runtime.fork import RankFailed
     with pytest.raises(RankFailed, match="needs sequence parallelism"):
         distributed(plan_file(Choice(tp=2, sequence_parallel=False), world=2, **MOE), steps=1)
+
+
+
+def test_offloaded_activations_leave_the_device_and_weights_stay(monkeypatch):
+    """runtime.offload's hooks: a saved activation becomes a host copy (new storage), a weight is
+    saved as it is; every layer runs under them; the gradients equal a run without them."""
+    import runtime.offload as offload
+    from runtime.model import Transformer
+    pack, unpack = offload._pack(False), offload._unpack(False)
+    weight, activation = torch.nn.Parameter(torch.randn(4, 4)), torch.randn(4, 4)
+    assert pack(weight) is weight and unpack(weight) is weight
+    device, host = pack(activation)
+    assert host.data_ptr() != activation.data_ptr() and torch.equal(unpack((device, host)), activation)
+
+    kinds = []   # (saved a parameter, kept it as it is) for every tensor the layers save
+
+    def counting(pin):
+        inner = pack_of(pin)
+
+        def spy(t):
+            out = inner(t)
+            kinds.append((isinstance(t, torch.nn.Parameter), out is t))
+            return out
+        return spy
+    pack_of = offload._pack
+    monkeypatch.setattr(offload, "_pack", counting)
+    pf = plan_file(Choice(), world=1)
+    plain, moved = (Transformer(pf.model, pf.train.attention_kernel) for _ in range(2))
+    for model in (plain, moved):
+        model.init_weights(7)
+    offload.apply_activation_offload(moved, pin=False)
+    x = torch.randint(0, pf.model.vocab_size, (2, pf.train.seq_len))
+    for model in (plain, moved):
+        model(x).float().mean().backward()
+    assert kinds and all(is_param == kept for is_param, kept in kinds)
+    assert sum(not is_param for is_param, _ in kinds) >= pf.model.num_layers   # each layer's activations
+    for (name, a), b in zip(plain.named_parameters(), moved.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0, msg=name)
