@@ -113,14 +113,20 @@ def ep_problems(model: ModelSpec, dp: int, ep: int) -> list[str]:
     return out
 
 
+def _no_host(cluster: ClusterSpec, lever: str) -> str | None:
+    """Why nothing can be offloaded to this device's host (None: it has one)."""
+    if cluster.device.host is not None:
+        return None
+    why = "its ranks already run on the host" if cluster.device.kind == "cpu" else "its profile has no [host] table"
+    return f"{lever}: device {cluster.device.name} cannot offload ({why})"
+
+
 def offload_problems(cluster: ClusterSpec, zero_stage: int, offload: bool) -> list[str]:
     """Offloading moves ZeRO's sharded states to the node's host: it needs a shard and a host."""
     if not offload:
         return []
-    if cluster.device.host is None:
-        why = ("its ranks already run on the host" if cluster.device.kind == "cpu"
-               else "its profile has no [host] table")
-        return [f"offload_optimizer: device {cluster.device.name} cannot offload ({why})"]
+    if problem := _no_host(cluster, "offload_optimizer"):
+        return [problem]
     if zero_stage < 1:
         return ["offload_optimizer needs zero_stage >= 1 (the sharded optimizer states are what moves to the host)"]
     return []
@@ -134,10 +140,8 @@ def activation_offload_problems(cluster: ClusterSpec, offload: bool, recompute: 
     activations are DTensors, which runtime.offload's hooks leave in place)."""
     if not offload:
         return []
-    if cluster.device.host is None:
-        why = ("its ranks already run on the host" if cluster.device.kind == "cpu"
-               else "its profile has no [host] table")
-        return [f"offload_activations: device {cluster.device.name} cannot offload ({why})"]
+    if problem := _no_host(cluster, "offload_activations"):
+        return [problem]
     out = []
     if recompute is not Recompute.NONE:
         out.append("offload_activations with recomputation: they are alternatives (torch's checkpoint keeps "
