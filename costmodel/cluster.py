@@ -186,6 +186,18 @@ class ClusterSpec:
         usable = self.device.usable_memory_bytes * (1.0 - self.memory_headroom) - fixed
         return usable / (1.0 + eff.allocator_fragmentation) + fixed
 
+    def host_for(self, what: str) -> HostSpec:
+        """The node's host, which `what` (an offloaded thing) needs; ValueError without one."""
+        if self.device.host is None:
+            raise ValueError(f"device {self.device.name} has no [host] for {what}")
+        return self.device.host
+
+    def host_stream_bytes_per_s(self, what: str) -> float:
+        """One device's share of its host's DRAM bandwidth: every device of the node works on
+        the host at once (their optimizer steps, their gradient adds)."""
+        host = self.host_for(what)
+        return host.memory_bandwidth_bytes_per_s * host.memory_efficiency / self.devices_per_node
+
     @property
     def host_budget_bytes(self) -> float:
         """Host memory one device's offloaded states may take: its share of the node's host

@@ -77,19 +77,14 @@ def collective_time_s(kind: Collective, num_bytes: float, span: AxisSpan,
 
 
 def host_copy_s(num_bytes: float, cluster: ClusterSpec) -> float:
-    host = cluster.device.host
-    if host is None:
-        raise ValueError(f"device {cluster.device.name} has no [host] to copy to (offload_optimizer)")
-    return num_bytes / host.link_effective_bytes_per_s
+    """Bytes over a device's own link to its host (pinned-memory copies)."""
+    return num_bytes / cluster.host_for("host copies").link_effective_bytes_per_s
 
 
 def host_stream_s(num_bytes: float, cluster: ClusterSpec) -> float:
     """Bytes a device's host-side work streams through the node's DRAM, which all the node's
-    devices share (as costmodel.compute.host_optimizer_step_s)."""
-    host = cluster.device.host
-    if host is None:
-        raise ValueError(f"device {cluster.device.name} has no [host] to work on (offload_optimizer)")
-    return num_bytes / (host.memory_bandwidth_bytes_per_s * host.memory_efficiency / cluster.devices_per_node)
+    devices share (gradient adds here; the optimizer step in costmodel.compute)."""
+    return num_bytes / cluster.host_stream_bytes_per_s("host-side work")
 
 
 def p2p_time_s(num_bytes: float, tier: NetworkTier) -> float:

@@ -347,16 +347,12 @@ def host_optimizer_step_s(num_params: float, train: TrainSpec, cluster: ClusterS
     runtime runs it: torch's fused CPU AdamW over the fp32 shard reads master, moments and
     gradient and writes master and moments (no 16-bit copy: FSDP2 casts on the next gather, no
     clip). Memory-bound on the host's DRAM, which every device of the node shares: they step at
-    once. (Measured here, 2026-11-25: fused AdamW 0.25 ns per parameter on 2 threads of a 2-core
-    EPYC, 112 GB/s at this count; the foreach kernel took 2.6 ns, which is why offload uses the
-    fused one.)"""
-    host = cluster.device.host
-    if host is None:
-        raise ValueError(f"device {cluster.device.name} has no [host] to step offloaded states on")
+    once. (`python benchmarks/host_adamw.py`, 2026-11-25, 2 threads of a 2-core EPYC: fused
+    AdamW 0.25-0.41 ns per parameter, 69-112 GB/s at this count; foreach 2.3-7.0 ns, which is why
+    offload uses the fused one.)"""
     states = 3 * 4 if train.optimizer is Optimizer.ADAMW else 4
     per_param = 2 * states + 4
-    bandwidth = host.memory_bandwidth_bytes_per_s * host.memory_efficiency / cluster.devices_per_node
-    return num_params * per_param / bandwidth
+    return num_params * per_param / cluster.host_stream_bytes_per_s("an offloaded optimizer step")
 
 
 def optimizer_step_s(num_params: float, train: TrainSpec, dev: DeviceProfile) -> float:

@@ -111,11 +111,18 @@ def offloads(plan: Plan) -> bool:
     return plan.offload_optimizer or plan.offload_activations
 
 
+def host_state_bytes_per_rank(model: ModelSpec, train: TrainSpec, plan: Plan,
+                              traits: FrameworkTraits = RUNTIME) -> list[float]:
+    """Host memory of one device of each pipeline rank for its offloaded ZeRO shard's states."""
+    return [host_state_bytes(train, plan, rank_params(model, plan, r).zero_shard(plan, traits)) for r in range(plan.pp)]
+
+
 def host_bytes_per_rank(model: ModelSpec, train: TrainSpec, plan: Plan,
                         traits: FrameworkTraits = RUNTIME) -> list[float]:
-    """Host memory of one device of each pipeline rank: its offloaded ZeRO shard's states."""
-    return [host_state_bytes(train, plan, rank_params(model, plan, r).zero_shard(plan, traits))
-            + host_activation_bytes(model, train, plan, r, plan.layers_on_rank(r), traits) for r in range(plan.pp)]
+    """Host memory of one device of each pipeline rank: offloaded states and activations."""
+    states = host_state_bytes_per_rank(model, train, plan, traits)
+    return [states[r] + host_activation_bytes(model, train, plan, r, plan.layers_on_rank(r), traits)
+            for r in range(plan.pp)]
 
 
 def memory_per_rank(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan,

@@ -18,7 +18,6 @@ from costmodel.compute import host_optimizer_step_s, optimizer_step_s
 from costmodel.memory import AffineBytes
 from costmodel.params import layer_expert_params, layer_params
 from costmodel.pipeline_closed_form import closed_form_s, fill_s
-from costmodel.placement import AxisSpan
 from costmodel.plan import Plan, Recompute, Schedule
 from costmodel.specs import ModelSpec, TrainSpec
 from costmodel.rank_time import RankTimeModel, Spans, dp_bucket_s, dp_terms, rank_time_model, spans

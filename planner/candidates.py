@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable, Iterator, NamedTuple
 
-from costmodel.check import (cp_problems, ep_problems, fp8_problems, moe_schedule_problem, moe_tp_problem,
-                             offload_problems, sp_problems, tp_problems)
+from costmodel.check import (activation_offload_problems, cp_problems, ep_problems, fp8_problems, moe_schedule_problem,
+                             moe_tp_problem, offload_problems, sp_problems, tp_problems)
 from costmodel.cluster import ClusterSpec
 from costmodel.fidelity import MODEL_ERROR_BAND
 from costmodel.plan import Recompute, Schedule, default_schedule
@@ -142,9 +142,7 @@ def time_groups(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, option
                     eps = [e for e in divisors(dp) if not ep_problems(model, dp, e)] if model.is_moe else [1]
                     for ep in allowed(options, "ep", eps):
                         for fp8 in allowed(options, "fp8_linears", _fp8_options(model, train, cluster, tp)):
-                            for act in allowed(options, "offload_activations",
-                                               [False, True] if cluster.device.host is not None and tp == 1
-                                               else [False]):
+                            for act in allowed(options, "offload_activations", _act_offload_options(cluster, tp)):
                                 yield from _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep,
                                                                fp8, act)
 
@@ -155,10 +153,18 @@ def _fp8_options(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: i
     return [False, True] if train.float8 and not fp8_problems(model, train, cluster, tp) else [False]
 
 
+def _act_offload_options(cluster: ClusterSpec, tp: int) -> list[bool]:
+    """Activations on the host where check_plan would take them at all (a host, no TP); which
+    recompute modes and schedules go with them is asked per choice below."""
+    possible = not activation_offload_problems(cluster, True, Recompute.NONE, Schedule.ONE_F_ONE_B, tp)
+    return [False, True] if possible else [False]
+
+
 def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8, act):
     L, per_replica = model.num_layers, train.global_batch_size // dp
+    modes = [Recompute.NONE] if options.no_recompute else list(Recompute)
     # offloaded activations are an alternative to recomputation (costmodel.check)
-    modes = [Recompute.NONE] if options.no_recompute or act else list(Recompute)
+    modes = [mode for mode in modes if not activation_offload_problems(cluster, act, mode, Schedule.ONE_F_ONE_B, tp)]
     # SP dominates no-SP: the same collective volume (AG + RS = AR), less memory, less elementwise work
     sps = dominant(options, "sequence_parallel", [True, False] if not sp_problems(train, tp, cp) else [False], True)
     sps = [sp for sp in sps if not moe_tp_problem(model, tp, sp)]
@@ -178,9 +184,9 @@ def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8,
                 if model.is_moe:
                     valid = tuple(s for s in valid if not moe_schedule_problem(model, s))
                     best = tuple(s for s in best if not moe_schedule_problem(model, s)) or valid
-                if act:   # nor with a split backward (activation_offload_problems)
-                    valid = tuple(s for s in valid if not s.defers_weight_grad)
-                    best = tuple(s for s in best if not s.defers_weight_grad) or valid
+                if act:   # nor with every schedule (a split backward)
+                    valid = tuple(s for s in valid if not activation_offload_problems(cluster, act, mode, s, tp))
+                    best = tuple(s for s in best if s in valid) or valid
                 if valid:
                     variants += [(vpp, sched) for sched in dominant(options, "schedule", valid, best)]
             if not variants:

@@ -7,7 +7,6 @@ from dataclasses import dataclass, field, replace
 from costmodel.cluster import ClusterSpec
 from costmodel.estimate import Estimate
 from costmodel.memory import stage_memory_shapes_by_zero
-from costmodel.placement import AxisSpan
 from costmodel.plan import Plan, Schedule
 from costmodel.specs import ModelSpec, TrainSpec
 from costmodel.rank_time import RankTimeModel, Spans, rank_time_model, spans
@@ -53,7 +52,7 @@ class SearchResult:
     equivalent: int = 1            # the first plans within the error band of the fastest
     error_band: float = 0.0
     fastest: Found | None = None   # the fastest plan found (plans[0] is the most robust)
-    # why the states were offloaded to the host ("": the user asked, or they were not)
+    # why states or activations went to the host ("": the user decided, or nothing did)
     offloaded_because: str = ""
     # the fastest closed-form plan, which the optimality proof is about (differs from `fastest`
     # when a schedule priced only by simulation, ZBV, beat it)

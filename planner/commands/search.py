@@ -12,6 +12,7 @@ from costmodel.inputs import write_text_atomic
 from costmodel.units import GIB
 from costmodel.plan import PlanFile, Recompute, Schedule
 from planner import outputs
+from costmodel.estimate import offloads
 from planner.args import add_overwrite_arg, positive_float, positive_int, refuse_ignored
 from planner.search import Found, SearchOptions, SearchResult, search, unsatisfiable_constraints
 
@@ -100,10 +101,10 @@ def infeasible_message(result: SearchResult, cluster_name: str) -> str:
         return ("no plan satisfies the constraints (see pruned_by_reason with --json); "
                 "relax --fix / --max-tp / --schedule")
     est, plan = result.closest.estimate, result.closest.plan
-    tried = "; with the optimizer states on the host nothing fits either" if result.offloaded_because else ""
-    if plan.offload_optimizer and est.host_memory_bytes and est.max_peak_memory_bytes <= est.memory_capacity_bytes:
+    tried = "; with states or activations on the host nothing fits either" if result.offloaded_because else ""
+    if offloads(plan) and est.host_memory_bytes and est.max_peak_memory_bytes <= est.memory_capacity_bytes:
         host = max(est.host_memory_bytes)   # the device fits: the host is what overflows
-        return (f"nothing fits: the closest plan ({plan.short()}) offloads {host / GIB:,.1f} GiB of states per "
+        return (f"nothing fits: the closest plan ({plan.short()}) offloads {host / GIB:,.1f} GiB per "
                 f"device, {(host - est.host_capacity_bytes) / GIB:,.1f} GiB over its {est.host_capacity_bytes / GIB:,.0f} "
                 f"GiB share of the node's host memory; would help: more devices (a larger cluster than "
                 f"{cluster_name})")

@@ -196,7 +196,7 @@ def test_megatron_core_accepts_the_arguments(plan_paths, tmp_path, capsys, monke
     DistributedDataParallelConfig(**ddp)
     # Megatron-LM's one --use-distributed-optimizer sets both configs' field; Transformer Engine is
     # not installed here, and the precision-aware optimizer's check asks its version
-    import megatron.core.optimizer.optimizer_config as optimizer_config
+    from megatron.core.optimizer import optimizer_config
     monkeypatch.setattr(optimizer_config, "is_te_min_version", lambda *a, **k: True)
     OptimizerConfig(**opt, use_distributed_optimizer=ddp.get("use_distributed_optimizer", False))
     assert opt.get("optimizer_cpu_offload", False) == plan["offload_optimizer"]

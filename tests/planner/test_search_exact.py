@@ -100,8 +100,9 @@ CASES = [
 ]
 
 
-# the least any plan of the Llama case needs with its states on the devices: below it, only
-# offloaded plans fit (the other cases' caps are above their on-device plans' needs)
+# the least any plan of the Llama case needs with its states on the devices (found by bisecting
+# the cap of brute_force_best, and checked by the test at a cap on each side of it): below it,
+# only offloaded plans fit (the other cases' caps are above their on-device plans' needs)
 OFFLOAD_BELOW = 2**31 + 1_013_543
 
 

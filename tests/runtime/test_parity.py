@@ -213,7 +213,7 @@ def test_experts_under_tensor_parallelism_without_sequence_parallelism_are_refus
 def test_offloaded_activations_leave_the_device_and_weights_stay(monkeypatch):
     """runtime.offload's hooks: a saved activation becomes a host copy (new storage), a weight is
     saved as it is; every layer runs under them; the gradients equal a run without them."""
-    import runtime.offload as offload
+    from runtime import offload
     from runtime.model import Transformer
     pack, unpack = offload._pack(False), offload._unpack(False)
     weight, activation = torch.nn.Parameter(torch.randn(4, 4)), torch.randn(4, 4)
