@@ -13,6 +13,7 @@ from typing import Callable, Iterator, NamedTuple
 from costmodel.check import (activation_offload_problems, cp_problems, ep_problems, fp8_problems, moe_schedule_problem,
                              moe_tp_problem, offload_problems, sp_problems, tp_problems)
 from costmodel.cluster import ClusterSpec
+from costmodel.groups import group_orders, placement_problems, views
 from costmodel.fidelity import MODEL_ERROR_BAND
 from costmodel.plan import Recompute, Schedule, default_schedule
 from costmodel.specs import ModelSpec, TrainSpec
@@ -50,8 +51,10 @@ def states_allowed(options: "SearchOptions", cluster: ClusterSpec) -> tuple[bool
 
 def states_for_group(states: States, sharded: bool) -> bool:
     """Whether a placement is its own plan for a choice with (`sharded`) or without a ZeRO group:
-    without one every ZeRO stage on the device is stage 0's plan, but offloading is not."""
-    return sharded or states.zero_stage == 0 or states.offload_optimizer
+    without one ZeRO-1 and -2 on the device are stage 0's plan, but ZeRO-3 is not (FSDP2 still
+    reshards after forward, freeing the gathered 16-bit copies of the fp32 weights:
+    costmodel.memory.state_bytes_from_counts), nor is offloading."""
+    return sharded or states.zero_stage in (0, 3) or states.offload_optimizer
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -74,12 +77,16 @@ class SearchOptions:
 def _orders(degrees: dict[str, int], cluster: ClusterSpec) -> list[tuple[str, ...]]:
     """Mesh axis orders worth pricing: one per distinct placement of the groups, and none whose
     every link is at least as slow as another's (costmodel.rank_time.link_costs: such a placement
-    cannot give a faster plan, and memory does not depend on placement)."""
+    cannot give a faster plan, and memory does not depend on placement). On a mixed cluster the
+    pipeline axis stays outermost (each stage a run of whole nodes of one group,
+    costmodel.groups), and a link must be no slower on every group's profile."""
     placed: dict[Spans, tuple[tuple[str, ...], tuple[float, ...]]] = {}
     for order in itertools.permutations(("pp", "dp", "cp", "tp")):
+        if cluster.is_mixed and order[0] != "pp":
+            continue
         sp = spans(degrees_plan(**degrees, mesh_axis_order=order), cluster)
         if sp not in placed:
-            placed[sp] = order, link_costs(sp, cluster)
+            placed[sp] = order, tuple(c for view in views(cluster) for c in link_costs(sp, view))
     items = list(placed.values())
     out = []
     for i, (order, costs) in enumerate(items):
@@ -160,6 +167,17 @@ def _act_offload_options(cluster: ClusterSpec, tp: int) -> list[bool]:
     return [False, True] if possible else [False]
 
 
+def _group_orders(cluster: ClusterSpec, options: SearchOptions, tp: int, cp: int, pp: int,
+                  dp: int) -> list[tuple[int, ...]]:
+    """A mixed cluster's orders of its groups along the pipeline under which every stage lies in
+    one group (costmodel.groups.placement_problems); a uniform cluster's one empty order."""
+    if not cluster.is_mixed:
+        return [()]
+    orders = allowed(options, "group_order", group_orders(cluster))
+    return [g for g in orders if not placement_problems(degrees_plan(tp=tp, cp=cp, pp=pp, dp=dp, group_order=g),
+                                                        cluster)]
+
+
 def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8, act):
     L, per_replica = model.num_layers, train.global_batch_size // dp
     modes = [Recompute.NONE] if options.no_recompute else list(Recompute)
@@ -169,6 +187,9 @@ def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8,
     sps = dominant(options, "sequence_parallel", [True, False] if not sp_problems(train, tp, cp) else [False], True)
     sps = [sp for sp in sps if not moe_tp_problem(model, tp, sp)]
     orders = _orders({"tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep}, cluster)
+    group_orders = _group_orders(cluster, options, tp, cp, pp, dp)
+    if not group_orders:
+        return
     for mbs in allowed(options, "micro_batch_size", [b for b in divisors(per_replica) if b <= MAX_MICRO_BATCH]):
         m = per_replica // mbs
         # interleaving as Megatron-LM runs it: equal chunks (pp x vpp divides the layers)
@@ -191,7 +212,7 @@ def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8,
                     variants += [(vpp, sched) for sched in dominant(options, "schedule", valid, best)]
             if not variants:
                 continue
-            for sp, order in itertools.product(sps, orders):
+            for sp, order, groups in itertools.product(sps, orders, group_orders):
                 yield Choice(tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, zero_stage=0, recompute=mode, sequence_parallel=sp,
                              micro_batch_size=mbs, vpp=1, schedule=None, mesh_axis_order=order,
-                             fp8_linears=fp8, offload_activations=act), variants
+                             fp8_linears=fp8, offload_activations=act, group_order=groups), variants

@@ -24,7 +24,7 @@ from typing import Iterator
 
 import numpy as np
 
-from costmodel.check import check_structure
+from costmodel.check import check_structure, offload_problems
 from costmodel.cluster import ClusterSpec
 from costmodel.estimate import estimate
 from costmodel.plan import Plan, Schedule
@@ -49,7 +49,7 @@ def search(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
     fixes them, states and activations stay on the devices, and only when no plan fits that way
     is the search run again with both levers free (SearchResult.offloaded_because says so)."""
     levers = ("offload_optimizer", "offload_activations")
-    if cluster.device.host is None or all(lever in options.fixed for lever in levers):
+    if offload_problems(cluster, 1, True) or all(lever in options.fixed for lever in levers):
         return _search(model, train, cluster, options)
     start = time.perf_counter()
     on_device = _search(model, train, cluster, replace(options, fixed={
@@ -85,8 +85,8 @@ def _search(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: S
             bounds.append(time_floor_s(model, timed.rtm, base.pp, m, schedule, vpp, base.recompute))
             bounds.extend(timed.zero_floors_s)
     table = np.array(bounds).reshape(-1, 1 + len(STATE_OPTIONS))
-    # ZeRO needs a group to shard over: without one, every stage is the same plan as stage 0
-    # (offloading is not: a device alone still moves its states to the host)
+    # ZeRO needs a group to shard over: without one, stages 1 and 2 are stage 0's plan (ZeRO-3
+    # still frees the gathered copies after forward; offloading still moves states to the host)
     sharded = np.array([base.dp * base.cp > 1 for base, _, _ in variants], dtype=bool)[:, None]
     alone = np.array([states_for_group(o, False) for o in STATE_OPTIONS], dtype=bool)[None, :]
     valid = np.array(shared.zero_allowed)[None, :] & (sharded | alone)
