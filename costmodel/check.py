@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from costmodel.cluster import ClusterSpec, DeviceProfile
 from costmodel.estimate import host_bytes_per_rank, memory_per_rank, offloads
+from costmodel.groups import placement_problems, rank_views, views
 from costmodel.plan import AXES, Plan, Recompute, Schedule
 from costmodel.specs import ModelSpec, PositionKind, TrainSpec
 from costmodel.units import GIB
@@ -29,8 +30,9 @@ def check_structure(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
             add(f"{name} must be at least 1 (got {getattr(plan, name)})")
     if problems:
         return problems
-    if cluster.device.peak_flops_per_s.get(str(train.compute_dtype), 0) <= 0:
-        add(f"device {cluster.device.name} has no {train.compute_dtype} support in its profile")
+    for view in views(cluster):
+        if view.device.peak_flops_per_s.get(str(train.compute_dtype), 0) <= 0:
+            add(f"device {view.device.name} has no {train.compute_dtype} support in its profile")
     if model.position_kind is PositionKind.LEARNED and train.seq_len > model.max_position_embeddings:
         add(f"seq_len {train.seq_len} is longer than the model's {model.max_position_embeddings} learned positions")
     if problem := moe_schedule_problem(model, plan.schedule):
@@ -41,6 +43,8 @@ def check_structure(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
             f"{model.sliding_window} or less")
     if problem := world_problem(plan.dp, plan.tp, plan.pp, plan.cp, cluster.world_size):
         add(problem)
+    elif cluster.is_mixed or plan.group_order:
+        problems += placement_problems(plan, cluster)
     problems += tp_problems(model, plan.tp)
     problems += cp_problems(model, train, plan.cp)
     problems += ep_problems(model, plan.dp, plan.ep)
@@ -114,11 +118,13 @@ def ep_problems(model: ModelSpec, dp: int, ep: int) -> list[str]:
 
 
 def _no_host(cluster: ClusterSpec, lever: str) -> str | None:
-    """Why nothing can be offloaded to this device's host (None: it has one)."""
-    if cluster.device.host is not None:
-        return None
-    why = "its ranks already run on the host" if cluster.device.kind == "cpu" else "its profile has no [host] table"
-    return f"{lever}: device {cluster.device.name} cannot offload ({why})"
+    """Why nothing can be offloaded to this device's host (None: it has one; on a mixed cluster,
+    every group's device has one)."""
+    for device in (view.device for view in views(cluster)):
+        if device.host is None:
+            why = "its ranks already run on the host" if device.kind == "cpu" else "its profile has no [host] table"
+            return f"{lever}: device {device.name} cannot offload ({why})"
+    return None
 
 
 def offload_problems(cluster: ClusterSpec, zero_stage: int, offload: bool) -> list[str]:
@@ -172,7 +178,7 @@ def fp8_problems(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: i
     do not reach our mixtures' batched expert weights), and no tensor parallelism (the runtime
     does not apply torchao's float8 tensor-parallel styles)."""
     out = []
-    if problem := float8_device_problem(cluster.device):
+    if problem := next(filter(None, (float8_device_problem(view.device) for view in views(cluster))), None):
         out.append(f"fp8_linears: {problem}")
     if not train.float8:
         out.append("fp8_linears: the training spec does not accept float8 numerics (--dtype fp8)")
@@ -221,22 +227,25 @@ def _check_recompute(plan: Plan) -> list[str]:
 
 
 def check_memory(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> list[str]:
-    capacity = cluster.memory_budget_bytes
+    """Each pipeline rank against its device's budget (a mixed cluster's groups differ)."""
     problems = []
-    for rank, mem in enumerate(memory_per_rank(model, train, cluster, plan)):
+    ranks = rank_views(plan, cluster)
+    for rank, (mem, view) in enumerate(zip(memory_per_rank(model, train, cluster, plan), ranks)):
+        capacity = view.memory_budget_bytes
         if mem.total_bytes > capacity:
             problems.append(f"pipeline stage {rank} needs {mem.total_bytes / GIB:.1f} GiB per device, "
                             f"{(mem.total_bytes - capacity) / GIB:.1f} GiB over the "
-                            f"{capacity / GIB:.1f} GiB a plan may use of {cluster.device.name} "
-                            f"({cluster.device.usable_memory_bytes / GIB:.2f} GiB less "
-                            f"{cluster.memory_headroom:.0%} headroom and the allocator's fragmentation)")
-    if offloads(plan) and cluster.device.host is not None:
-        host = max(host_bytes_per_rank(model, train, plan, cluster.framework))
-        if host > cluster.host_budget_bytes:
-            problems.append(f"offloaded {'states' if plan.offload_optimizer else 'activations'} need "
-                            f"{host / GIB:.1f} GiB of host memory per device, over the "
-                            f"{cluster.host_budget_bytes / GIB:.1f} GiB each device's share of the node's "
-                            f"{cluster.device.host.memory_bytes / GIB:,.0f} GiB may use")
+                            f"{capacity / GIB:.1f} GiB a plan may use of {view.device.name} "
+                            f"({view.device.usable_memory_bytes / GIB:.2f} GiB less "
+                            f"{view.memory_headroom:.0%} headroom and the allocator's fragmentation)")
+    if offloads(plan) and _no_host(cluster, "offload") is None:
+        for rank, (host, view) in enumerate(zip(host_bytes_per_rank(model, train, plan, cluster.framework), ranks)):
+            if host > view.host_budget_bytes:
+                problems.append(f"offloaded {'states' if plan.offload_optimizer else 'activations'} of pipeline "
+                                f"stage {rank} need {host / GIB:.1f} GiB of host memory per device, over the "
+                                f"{view.host_budget_bytes / GIB:.1f} GiB each device's share of the node's "
+                                f"{view.device.host.memory_bytes / GIB:,.0f} GiB may use")
+                break
     return problems
 
 

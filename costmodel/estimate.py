@@ -17,19 +17,19 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from costmodel.cluster import ClusterSpec
-from costmodel.comm import Collective, collective_time_s
 from costmodel.frameworks import RUNTIME, FrameworkTraits
 from costmodel.flops import executed_flops_per_step, model_flops_per_step, utilization
 from costmodel.memory import (StageMemory, backward_working_bytes, host_activation_bytes, host_state_bytes,
                               stage_memory)
 from costmodel.params import ceil_div, rank_params
 from costmodel.pipeline_closed_form import pipeline_time_s
-from costmodel.placement import stage_pair_span
+from costmodel.groups import rank_budgets_bytes, rank_groups, rank_views, world_peak_flops_per_s
 from costmodel.plan import Plan
 from costmodel.pipeline_simulation import Simulation, simulate
 from costmodel.stage_costs import stage_costs
 from costmodel.specs import ModelSpec, TrainSpec
-from costmodel.rank_time import RankTimes, Spans, after_pipeline_s, dp_exposed_s, rank_times, spans
+from costmodel.rank_time import (RankTimes, Spans, after_pipeline_s, dp_exposed_s, rank_times, spans,
+                                 stage_pair_all_reduce_s)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -41,7 +41,7 @@ class Estimate:
     model_flops: float
     executed_flops: float
     peak_memory_bytes: list[float]
-    memory_capacity_bytes: float
+    memory_capacity_bytes: float   # the least of memory_capacity_per_rank_bytes
     fits: bool
     bubble_fraction: float
     time_breakdown_s: dict[str, float]
@@ -57,10 +57,33 @@ class Estimate:
     # and what a device's share of its node's host may hold
     host_memory_bytes: list[float] = field(default_factory=list)
     host_capacity_bytes: float = 0.0
+    # per pipeline rank: what its predicted total may reach (they differ on a mixed cluster, whose
+    # groups have their own memory), and the device group it runs on (costmodel.groups; a uniform
+    # cluster: all 0)
+    memory_capacity_per_rank_bytes: list[float] = field(default_factory=list)
+    rank_groups: list[int] = field(default_factory=list)
 
     @property
     def max_peak_memory_bytes(self) -> float:
         return max(self.peak_memory_bytes)
+
+    @property
+    def capacity_per_rank_bytes(self) -> list[float]:
+        """Each pipeline rank's budget (one value repeated on a uniform cluster)."""
+        return self.memory_capacity_per_rank_bytes or [self.memory_capacity_bytes] * len(self.peak_memory_bytes)
+
+    @property
+    def tightest_rank(self) -> int:
+        """The pipeline rank that leaves the least share of its own budget free (on a uniform
+        cluster the one with the highest peak)."""
+        caps = self.capacity_per_rank_bytes
+        return min(range(len(caps)), key=lambda r: (1 - self.peak_memory_bytes[r] / caps[r], r))
+
+    @property
+    def min_headroom_fraction(self) -> float:
+        """The least share of its own budget any pipeline rank leaves free (negative: over)."""
+        r = self.tightest_rank
+        return 1 - self.peak_memory_bytes[r] / self.capacity_per_rank_bytes[r]
 
     @property
     def exposed_comm_s(self) -> float:
@@ -78,7 +101,7 @@ def _tied_embedding_sync_s(model: ModelSpec, train: TrainSpec, plan: Plan, clust
     if not model.tied_embeddings or first == last:
         return 0.0
     num_bytes = ceil_div(model.vocab_size, plan.tp) * model.hidden_size * train.grad_dtype.num_bytes
-    return collective_time_s(Collective.ALL_REDUCE, num_bytes, stage_pair_span(sp.pp), cluster)
+    return stage_pair_all_reduce_s(num_bytes, sp, cluster)
 
 
 def _ledger(plan: Plan, critical: RankTimes, pp_s: float, bubble_s: float, dp_s: float,
@@ -117,6 +140,11 @@ def host_state_bytes_per_rank(model: ModelSpec, train: TrainSpec, plan: Plan,
     return [host_state_bytes(train, plan, rank_params(model, plan, r).zero_shard(plan, traits)) for r in range(plan.pp)]
 
 
+def host_budgets_bytes(plan: Plan, cluster: ClusterSpec) -> list[float]:
+    """Host memory a device of each pipeline rank may use (ClusterSpec.host_budget_bytes of its view)."""
+    return [view.host_budget_bytes for view in rank_views(plan, cluster)]
+
+
 def host_bytes_per_rank(model: ModelSpec, train: TrainSpec, plan: Plan,
                         traits: FrameworkTraits = RUNTIME) -> list[float]:
     """Host memory of one device of each pipeline rank: offloaded states and activations."""
@@ -129,9 +157,9 @@ def memory_per_rank(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
                     sim: Simulation | None = None) -> list[StageMemory]:
     """States, buffers and reserve per formula; activations at their simulated peak."""
     sim = sim or simulate_plan(model, train, cluster, plan)
-    reserved = cluster.device.efficiency.reserved_memory_bytes
+    reserved = [view.device.efficiency.reserved_memory_bytes for view in rank_views(plan, cluster)]
     last = plan.stage_rank(plan.num_virtual_stages - 1)
-    return [replace(stage_memory(model, train, plan, r, reserved, cluster.framework),
+    return [replace(stage_memory(model, train, plan, r, reserved[r], cluster.framework),
                     activations_bytes=sim.peak_activation_bytes[r]
                     + backward_working_bytes(model, train, plan, r == last, cluster.framework))
             for r in range(plan.pp)]
@@ -147,14 +175,15 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
     split: what the search's branch and bound and CP-SAT reason with); a schedule without one
     (ScheduleTraits.closed_form) is refused."""
     sp = spans(plan, cluster)
-    ranks = [rank_times(model, train, plan, cluster, sp, r) for r in range(plan.pp)]
-    dp_s = max(dp_exposed_s(model, train, plan, cluster, sp, r, ranks[r]) for r in range(plan.pp))
+    views = rank_views(plan, cluster)   # each rank priced by its device group's profile
+    ranks = [rank_times(model, train, plan, views[r], sp, r) for r in range(plan.pp)]
+    dp_s = max(dp_exposed_s(model, train, plan, views[r], sp, r, ranks[r]) for r in range(plan.pp))
     # after the pipeline, per rank: (the optimizer step, a TP-replicated mixture's gradient
     # all-reduce before it); the rank that finishes last sets both
-    after = [after_pipeline_s(model, train, plan, cluster, sp, rank_params(model, plan, r), plan.layers_on_rank(r))
+    after = [after_pipeline_s(model, train, plan, views[r], sp, rank_params(model, plan, r), plan.layers_on_rank(r))
              for r in range(plan.pp)]
     optim_s, replica_s = max(after, key=sum)
-    emb_s = _tied_embedding_sync_s(model, train, plan, cluster, sp)
+    emb_s = _tied_embedding_sync_s(model, train, plan, views[0], sp)
     closed, critical = pipeline_time_s(plan, ranks) if plan.schedule.traits.closed_form else (None, None)
     if simulate:
         sim = simulate_plan(model, train, cluster, plan)
@@ -169,27 +198,28 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
             raise ValueError(f"schedule {plan.schedule} has no closed form: simulate it")
         crit, m = ranks[critical], plan.num_micro_batches
         ledger = _ledger(plan, crit, m * crit.pp_comm_s, closed - m * crit.total_s, dp_s, emb_s, replica_s, optim_s)
-        reserved = cluster.device.efficiency.reserved_memory_bytes
-        memory = [stage_memory(model, train, plan, r, reserved, cluster.framework) for r in range(plan.pp)]
+        memory = [stage_memory(model, train, plan, r, views[r].device.efficiency.reserved_memory_bytes,
+                               cluster.framework) for r in range(plan.pp)]
         bubbles = []
     step_s = sum(ledger.values())
     peak = [m.total_bytes for m in memory]
-    capacity = float(cluster.memory_budget_bytes)
+    capacity = rank_budgets_bytes(plan, cluster)
     host = host_bytes_per_rank(model, train, plan, cluster.framework)
+    host_capacity = host_budgets_bytes(plan, cluster) if offloads(plan) else [0.0] * plan.pp
     model_flops = float(model_flops_per_step(model, train))
     executed = float(executed_flops_per_step(model, train, plan))
-    device_peak = cluster.device.peak_for(train.compute_dtype)
+    world_peak = world_peak_flops_per_s(cluster, train.compute_dtype)
     return Estimate(
         step_time_s=step_s, tokens_per_s=train.tokens_per_step / step_s,
-        mfu=utilization(model_flops, step_s, cluster.world_size, device_peak),
-        hfu=utilization(executed, step_s, cluster.world_size, device_peak),
+        mfu=utilization(model_flops, step_s, 1, world_peak), hfu=utilization(executed, step_s, 1, world_peak),
         model_flops=model_flops, executed_flops=executed, peak_memory_bytes=peak,
-        memory_capacity_bytes=capacity,
-        fits=max(peak) <= capacity and max(host) <= (cluster.host_budget_bytes if offloads(plan) else 0.0),
+        memory_capacity_bytes=min(capacity), memory_capacity_per_rank_bytes=capacity,
+        rank_groups=[int(g) for g in rank_groups(plan, cluster)],
+        fits=all(p <= c for p, c in zip(peak, capacity)) and all(h <= c for h, c in zip(host, host_capacity)),
         bubble_fraction=ledger["pipeline/bubble"] / step_s, time_breakdown_s=ledger,
         memory_breakdown_bytes=[m.to_dict() for m in memory], critical_rank=critical,
         rank_time_per_micro_batch_s=[r.total_s for r in ranks],
         bubble_fraction_per_rank=bubbles,
         rank_work_s=[plan.num_micro_batches * (r.total_s - r.pp_comm_s) for r in ranks],
         closed_form_step_time_s=None if closed is None else closed + dp_s + emb_s + replica_s + optim_s,
-        host_memory_bytes=host, host_capacity_bytes=cluster.host_budget_bytes)
+        host_memory_bytes=host, host_capacity_bytes=min(host_budgets_bytes(plan, cluster)))

@@ -173,6 +173,9 @@ class Plan:
     (saved-tensor hooks, pinned on CUDA): an alternative to recomputation, not combined with it,
     nor with zero-bubble schedules (their split backward reads each saved tensor twice). Absent
     from older plan.json: False.
+    `group_order`: on a mixed cluster, the order in which its device groups take the ranks (a
+    permutation of ClusterSpec.groups; costmodel.groups): the pipeline's stages run on the
+    groups in that order. Empty (and absent from plan.json): the groups as the cluster lists them.
     """
 
     dp: int
@@ -193,6 +196,7 @@ class Plan:
     offload_optimizer: bool = False
     fp8_linears: bool = False
     offload_activations: bool = False
+    group_order: tuple[int, ...] = ()
 
     @property
     def edp(self) -> int:
@@ -253,8 +257,10 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["recompute"], out["schedule"] = str(self.recompute), str(self.schedule)
-        for key in ("recompute_num_layers", "layers_per_stage", "mesh_axis_order"):
+        for key in ("recompute_num_layers", "layers_per_stage", "mesh_axis_order", "group_order"):
             out[key] = list(out[key])
+        if not self.group_order:   # a uniform cluster's plan.json stays as older readers know it
+            del out["group_order"]
         return out
 
     @classmethod

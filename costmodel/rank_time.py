@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from costmodel.cluster import ClusterSpec
-from costmodel.comm import HOST_COPIES, Collective, collective_time_s, host_copy_s, p2p_time_s
+from costmodel.comm import HOST_COPIES, Collective, collective_time_s, host_copy_s, p2p_time_s, ring_time_s
 from costmodel.compute import (KernelTimes, cross_entropy_s, expert_rows, host_optimizer_step_s, moe_tokens,
                                optimizer_step_s, embedding_kernel_times, head_kernel_times, layer_kernel_times)
 from costmodel.frameworks import FrameworkTraits
@@ -95,6 +95,19 @@ class RankTimeModel:
                          offload_s=times.offload_s)
 
 
+def fastest_of(models: list[RankTimeModel]) -> RankTimeModel:
+    """Every time the least the models give it (their common vpp): a rank of any of them is
+    never faster, so bounds read from this hold for a mixed cluster's every rank."""
+    if len(models) == 1:
+        return models[0]
+    def least(name: str) -> RankTimes:
+        parts = [getattr(m, name) for m in models]
+        return RankTimes(**{f: min(getattr(p, f) for p in parts) for f in RankTimes.__slots__})
+    return RankTimeModel(per_layer=least("per_layer"), per_recomputed_layer=least("per_recomputed_layer"),
+                         first_edge=least("first_edge"), last_edge=least("last_edge"),
+                         pp_send_s=min(m.pp_send_s for m in models), vpp=models[0].vpp)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Spans:
     tp: AxisSpan
@@ -154,11 +167,18 @@ def link_costs(sp: Spans, cluster: ClusterSpec) -> tuple[float, ...]:
         # placement of the same degrees
         for kind in (k for k in Collective if k not in HOST_COPIES):
             affine(lambda b: collective_time_s(kind, b, span, cluster))  # noqa: B023
-    for span in (sp.pp, sp.cp):
-        tier = cluster.device.tier_for(span.num_nodes)
+    for tier in (cluster.pipeline_tier(sp.pp.num_nodes), cluster.device.tier_for(sp.cp.num_nodes)):
         affine(lambda b: p2p_time_s(b, tier))  # noqa: B023
-    affine(lambda b: collective_time_s(Collective.ALL_REDUCE, b, stage_pair_span(sp.pp), cluster))
+    affine(lambda b: stage_pair_all_reduce_s(b, sp, cluster))
     return tuple(out)
+
+
+def stage_pair_all_reduce_s(num_bytes: float, sp: Spans, cluster: ClusterSpec) -> float:
+    """An all-reduce between the first and the last pipeline stage's ranks (tied embeddings);
+    on a mixed cluster's group view, over the link between the groups."""
+    if cluster.pipeline_link is not None:
+        return ring_time_s(Collective.ALL_REDUCE, num_bytes, 2, cluster.pipeline_tier(2))
+    return collective_time_s(Collective.ALL_REDUCE, num_bytes, stage_pair_span(sp.pp), cluster)
 
 
 def _tp_layer_comm_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
@@ -300,7 +320,7 @@ def _pp_send_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterS
     sends only its 1/t slice (SC'21 scatter/gather optimisation)."""
     if plan.pp == 1:
         return 0.0
-    tier = cluster.device.tier_for(span.num_nodes)
+    tier = cluster.pipeline_tier(span.num_nodes)
     num_bytes = (train.compute_dtype.num_bytes * plan.micro_batch_size * train.seq_len // plan.cp
                  * model.hidden_size / plan.tp)
     return p2p_time_s(num_bytes, tier)

@@ -10,6 +10,7 @@ backward-for-weights part needs none.
 from __future__ import annotations
 
 from costmodel.cluster import ClusterSpec
+from costmodel.groups import rank_views
 from costmodel.memory import (edge_weight_grad_output_bytes, micro_batch_activation_bytes, send_bytes,
                               weight_grad_input_bytes, weight_grad_output_bytes)
 from costmodel.plan import Plan
@@ -20,9 +21,16 @@ from costmodel.rank_time import RankTimeModel, rank_time_model, spans
 
 def stage_costs(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
                 rtm: RankTimeModel | None = None) -> list[StageCost]:
-    rtm = rtm or rank_time_model(model, train, plan, cluster, spans(plan, cluster))
+    """`rtm`: the plan's rank time model when the caller has it (a uniform cluster only: on a
+    mixed one each rank has its group's, costmodel.groups)."""
+    sp = spans(plan, cluster)
+    if cluster.is_mixed:
+        views = rank_views(plan, cluster)
+        models = {view: rank_time_model(model, train, plan, view, sp) for view in set(views)}
+        rtms = [models[view] for view in views]
+    else:
+        rtms = [rtm or rank_time_model(model, train, plan, cluster, sp)] * plan.pp
     n = plan.num_virtual_stages
-    send_s = rtm.pp_send_s
     defers = plan.schedule.defers_weight_grad
     # torch pipelining keeps a deferred weight pass's whole graph (costmodel.frameworks)
     keeps_graph = defers and cluster.framework.deferred_w_keeps_graph
@@ -42,6 +50,8 @@ def stage_costs(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Cluster
     out = []
     for j, (layers, rc) in enumerate(zip(plan.layers_per_stage, plan.recompute_per_stage())):
         first, last = j == 0, j == n - 1
+        rtm = rtms[plan.stage_rank(j)]
+        send_s = rtm.pp_send_s
         t = rtm.at(layers, rc, first, last)
         compute = t.forward_s + t.backward_s + t.recompute_s
         comm = t.tp_comm_s + t.cp_comm_s + t.ep_comm_s + t.offload_s

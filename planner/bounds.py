@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Sequence
 
 import numpy as np
 
@@ -101,21 +102,21 @@ def max_layers_that_fit(mem: AffineBytes, cap: float, can_recompute: bool, total
     return best
 
 
-def split_exists(memory: list[AffineBytes], plan: Plan, cap: float, total: int) -> bool:
+def split_exists(memory: list[AffineBytes], plan: Plan, caps: Sequence[float], total: int) -> bool:
     """Exact: some split of `total` layers (at least vpp per rank) fits every rank (`memory`:
-    costmodel.memory.stage_memory_shapes)."""
-    most = [max_layers_that_fit(m, cap, plan.recompute is not Recompute.NONE, total) for m in memory]
+    costmodel.memory.stage_memory_shapes; `caps`: each rank's budget)."""
+    most = [max_layers_that_fit(m, cap, plan.recompute is not Recompute.NONE, total) for m, cap in zip(memory, caps)]
     return min(most) >= plan.vpp and sum(most) >= total
 
 
-def min_total_recompute(memory: list[AffineBytes], plan: Plan, cap: float, total: int) -> float:
+def min_total_recompute(memory: list[AffineBytes], plan: Plan, caps: Sequence[float], total: int) -> float:
     """Lower bound on sum(n_r) over all splits (continuous relaxation). A rank's need for
     recomputed layers is convex in its layer count (zero until memory binds, then linear), so the
     cheapest way to place the layers beyond vpp per rank takes the smallest per-layer increments
     over all ranks: sum of needs at vpp layers + the (total - vpp·pp) smallest increments."""
     col = lambda name: np.array([getattr(mem, name) for mem in memory])[:, None]  # noqa: E731
     per_rc = col("per_recomputed")
-    over = col("base") + col("per_layer") * np.arange(plan.vpp, total + 1)[None, :] - cap
+    over = col("base") + col("per_layer") * np.arange(plan.vpp, total + 1)[None, :] - np.asarray(caps)[:, None]
     with np.errstate(divide="ignore", invalid="ignore"):
         need = np.where(over <= 0, 0.0, np.where(per_rc < 0, (over + col("jump")) / -per_rc, np.inf))
     extra = total - plan.vpp * plan.pp
@@ -129,13 +130,13 @@ def min_total_recompute(memory: list[AffineBytes], plan: Plan, cap: float, total
     return start + float(np.partition(steps, extra - 1)[:extra].sum())
 
 
-def least_recomputed(memory: list[AffineBytes], cap: float, recompute: bool, total: int) -> np.ndarray:
+def least_recomputed(memory: list[AffineBytes], caps: Sequence[float], recompute: bool, total: int) -> np.ndarray:
     """[rank, L] for L = 0..total layers on the rank: the fewest recomputed layers that make them
     fit (-1 where none does). Memory falls by per_rc per recomputed layer after a one-off jump."""
     col = lambda name: np.array([getattr(mem, name) for mem in memory])[:, None]  # noqa: E731
     per_rc, jump = col("per_recomputed"), col("jump")
     layers = np.arange(total + 1)[None, :]
-    over = col("base") + col("per_layer") * layers - cap
+    over = col("base") + col("per_layer") * layers - np.asarray(caps)[:, None]
     need = np.where(over <= 0, 0, -1)
     if recompute:
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -146,19 +147,22 @@ def least_recomputed(memory: list[AffineBytes], cap: float, recompute: bool, tot
 
 
 class MemoryFit:
-    """What memory alone says about an outer choice; rank placement does not change it, so the
-    search computes it once for all placements. The recompute figures are worked out when first
-    asked for (many choices that fit are never examined further)."""
+    """What memory alone says about an outer choice; rank placement (the mesh order) does not
+    change it, so the search computes it once for all placements. `caps`: one budget for every
+    rank, or one per rank (a mixed cluster's groups, costmodel.groups.rank_caps_bytes). The
+    recompute figures are worked out when first asked for (many choices that fit are never
+    examined further)."""
 
-    def __init__(self, memory: list[AffineBytes], plan: Plan, cap: float, total: int) -> None:
+    def __init__(self, memory: list[AffineBytes], plan: Plan, caps: float | Sequence[float], total: int) -> None:
         self.memory = memory  # costmodel.memory.stage_memory_shapes
-        self.fits = split_exists(memory, plan, cap, total)  # some split fits (exact)
-        self._plan, self._cap, self._total = plan, cap, total
+        self.caps = [float(caps)] * len(memory) if isinstance(caps, (int, float)) else [float(c) for c in caps]
+        self.fits = split_exists(memory, plan, self.caps, total)  # some split fits (exact)
+        self._plan, self._total = plan, total
 
     @functools.cached_property
     def least_recomputed(self) -> np.ndarray:
         """[rank, L]: see `least_recomputed` (meaningful when it fits)."""
-        return least_recomputed(self.memory, self._cap, self._plan.recompute is not Recompute.NONE, self._total)
+        return least_recomputed(self.memory, self.caps, self._plan.recompute is not Recompute.NONE, self._total)
 
     @functools.cached_property
     def min_recomputed(self) -> float:
@@ -166,7 +170,7 @@ class MemoryFit:
         if not self.fits:
             return math.inf
         floor = 0.0 if self._plan.recompute is Recompute.NONE else 1.0
-        return max(min_total_recompute(self.memory, self._plan, self._cap, self._total), floor)
+        return max(min_total_recompute(self.memory, self._plan, self.caps, self._total), floor)
 
 
 def min_max_time_s(ts: list[tuple], plan: Plan, fit: MemoryFit, total: int) -> float:
@@ -174,10 +178,10 @@ def min_max_time_s(ts: list[tuple], plan: Plan, fit: MemoryFit, total: int) -> f
     recompute counts, up to the relaxation that a rank may take any layer count whose time fits):
     a rank's fastest way to hold L layers recomputes as few as fit, so for a candidate T each rank
     holds at most max{L : t_min(L) <= T} layers, and T is feasible when those sum to `total`.
-    `ts`: per rank, (t0, t1, t2) of RankShape.t."""
+    `ts`: per rank, (t0, t1, t2) of RankShape.t (a mixed cluster's groups differ in all three)."""
     need = fit.least_recomputed
-    t0 = np.array([t.base for t in ts])[:, None]
-    t = t0 + ts[0].per_layer * np.arange(total + 1)[None, :] + ts[0].per_recomputed * need
+    col = lambda i: np.array([t[i] for t in ts])[:, None]  # noqa: E731
+    t = col(0) + col(1) * np.arange(total + 1)[None, :] + col(2) * need
     t = np.where(need >= 0, t, np.inf)
     t[:, :plan.vpp] = np.inf  # every virtual stage holds a layer
     # t[r, L]: fastest way for rank r to hold at least L layers, nondecreasing in L. Within T,
@@ -198,10 +202,11 @@ def pipeline_floor_s(ts: list[tuple], fs: list[tuple], plan: Plan, fit: MemoryFi
     if not fit.fits or math.isinf(rc) or (rc > 0 and plan.recompute is Recompute.NONE):
         return math.inf
     slowest = min_max_time_s(ts, plan, fit, total)
-    sum_t = sum(t.base for t in ts) + ts[0].per_layer * total + ts[0].per_recomputed * rc
+    # the least per-layer costs over ranks (equal but on a mixed cluster) keep the sums below the truth
+    sum_t = sum(t.base for t in ts) + min(t.per_layer for t in ts) * total + min(t.per_recomputed for t in ts) * rc
     slowest = max(slowest, sum_t / plan.pp)
     # the closed form with max(f) <= T (f = t for 1F1B, t - 2W for ZB-H1)
-    sum_f = sum(f.base for f in fs) + fs[0].per_layer * total + fs[0].per_recomputed * rc
+    sum_f = sum(f.base for f in fs) + min(f.per_layer for f in fs) * total + min(f.per_recomputed for f in fs) * rc
     return closed_form_s(plan.schedule.traits, plan.num_micro_batches, slowest, sum_f, slowest, plan.vpp)
 
 
@@ -211,15 +216,19 @@ def lower_bound_with_memory_s(shapes: list[RankShape], plan: Plan, fit: MemoryFi
     pipe = pipeline_floor_s([sh.t for sh in shapes], [sh.f for sh in shapes], plan, fit, total)
     if math.isinf(pipe):
         return pipe
-    opt = (sum(sh.opt.intercept for sh in shapes) + shapes[0].opt.slope * total) / plan.pp
+    opt = (sum(sh.opt.intercept for sh in shapes) + min(sh.opt.slope for sh in shapes) * total) / plan.pp
     return pipe + _dp_floor_of_shapes_s(shapes, plan, total) + opt
 
 
 def _dp_floor_of_shapes_s(shapes: list[RankShape], plan: Plan, total: int) -> float:
     """Exposed DP time of the slowest rank >= the rank average >= (by convexity of max) the same
     max at the average layer count; the window is taken with every layer recomputed (its widest),
-    so this never exceeds the true value."""
+    so this never exceeds the true value. Ranks whose terms differ in more than their intercepts
+    (a mixed cluster's groups): the slowest rank's exposure is at least any rank's buckets."""
     pp = len(shapes)
+    if any([(t.multiplier, t.comm.slope, t.window[1:], t.bucket) for t in sh.dp]
+           != [(t.multiplier, t.comm.slope, t.window[1:], t.bucket) for t in shapes[0].dp] for sh in shapes):
+        return max(sum(t.multiplier * t.bucket for t in sh.dp) for sh in shapes)
     layers = total / pp
     recomputed = layers if plan.recompute is not Recompute.NONE else 0.0
     out = 0.0

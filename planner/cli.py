@@ -11,6 +11,7 @@ from typing import Any
 
 from costmodel.check import check_memory, check_structure, float8_device_problem
 from costmodel.cluster import DEFAULT_MEMORY_HEADROOM, ClusterSpec, known_profiles, parse_cluster
+from costmodel.groups import views
 from costmodel.machine import LocalProfileMissing
 from costmodel.measured import MeasuredRun
 from costmodel.estimate import estimate
@@ -46,7 +47,13 @@ class UserError(Exception):
 
 def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="registry name (see `planner models`) or path to a HF config.json")
-    p.add_argument("--cluster", help="NODESxGPUS_PER_NODExDEVICE, e.g. 8x8xA100 (see `planner devices`)")
+    p.add_argument("--cluster", help="NODESxGPUS_PER_NODExDEVICE, e.g. 8x8xA100 (see `planner devices`); a mixed "
+                                     "cluster joins groups with '+', e.g. 4x8xA100+4x8xH100 (same devices per node: "
+                                     "each pipeline stage runs on one group, layers split by each group's speed and "
+                                     "memory)")
+    p.add_argument("--group-link", type=positive_float, metavar="GB_PER_S",
+                   help="mixed clusters: the link between the groups in GB/s per device and direction (default: "
+                        "the slowest group's own inter-node link); pipeline sends cross it")
     p.add_argument("--seq-len", type=positive_int, help="tokens per sequence (default: the model's published recipe)")
     p.add_argument("--global-batch", type=positive_int, help="sequences per optimizer step (default: published recipe)")
     p.add_argument("--dtype", choices=[d.value for d in DType] + [FP8], default="bf16",
@@ -97,17 +104,22 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
                         + "; ".join(f"{s}: {s.traits.description}" for s in Schedule))
     g.add_argument("--mesh-order", default=",".join(DEFAULT_AXIS_ORDER),
                    help="mesh axes outermost first (default pp,dp,cp,tp: TP inside a node)")
+    g.add_argument("--group-order", default=None, metavar="G,G,...",
+                   help="mixed clusters: the order in which the --cluster groups (numbered from 0 as written) take "
+                        "the pipeline's stages, e.g. 1,0 puts the second group's devices on stage 0 (default: as "
+                        "written)")
 
 
 def _specs(args: argparse.Namespace) -> tuple[ModelSpec, TrainSpec, ClusterSpec]:
     if not args.model or not args.cluster:
         raise UserError("--model and --cluster are required"
                         + (" (or --plan plan.json)" if args.command == "predict" else ""))
-    model, cluster = resolve_model(args.model), parse_cluster(args.cluster)
+    link = None if args.group_link is None else args.group_link * 1e9
+    model, cluster = resolve_model(args.model), parse_cluster(args.cluster, link)
     cluster = dataclasses.replace(cluster, memory_headroom=args.memory_headroom)
     seq, batch = default_recipe(model)
     float8 = args.dtype == FP8
-    if float8 and (problem := float8_device_problem(cluster.device)):
+    if float8 and (problem := next(filter(None, (float8_device_problem(v.device) for v in views(cluster))), None)):
         raise UserError(f"--dtype fp8: {problem}")
     train = TrainSpec(seq_len=seq if args.seq_len is None else args.seq_len,
                       global_batch_size=batch if args.global_batch is None else args.global_batch,
@@ -125,7 +137,17 @@ def _choice(args: argparse.Namespace) -> Choice:
                   recompute=Recompute(args.recompute), recompute_layers=args.recompute_layers,
                   sequence_parallel=args.sp, micro_batch_size=args.mbs, vpp=args.vpp,
                   schedule=Schedule(args.schedule) if args.schedule else None,
-                  mesh_axis_order=tuple(a.strip() for a in args.mesh_order.split(",")))
+                  mesh_axis_order=tuple(a.strip() for a in args.mesh_order.split(",")),
+                  group_order=_group_order(args.group_order))
+
+
+def _group_order(text: str | None) -> tuple[int, ...]:
+    if text is None:
+        return ()
+    try:
+        return tuple(int(g) for g in text.split(","))
+    except ValueError:
+        raise UserError(f"--group-order {text!r}: expected group numbers joined by commas, e.g. 1,0") from None
 
 
 def _emit_json(doc: Any) -> None:
@@ -198,7 +220,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     from reports.tables import search_table, summary_lines
     print(summary_lines(model, train, cluster, best.plan, best.estimate, failures_from_args(args)))
     print()
-    print(search_table(result.plans))
+    print(search_table(result.plans, cluster))
     print()
     fastest = result.fastest or best
     if stats.optimal:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from ortools.sat.python import cp_model
 
 from costmodel.cluster import ClusterSpec
+from costmodel.groups import rank_caps_bytes
 from costmodel.pipeline_closed_form import scaled_closed_form
 from costmodel.plan import Plan, Recompute, even_layers
 from costmodel.specs import ModelSpec, TrainSpec
@@ -86,11 +87,11 @@ def solve_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
     constant terms (>= 0), so None never hides a plan that would beat the cutoff."""
     ranks = ranks or rank_shapes(model, train, cluster, plan)
     total, v, m = model.num_layers, plan.vpp, plan.num_micro_batches
-    fit = fit or MemoryFit([r.memory for r in ranks], plan, cluster.memory_budget_bytes, total)
+    fit = fit or MemoryFit([r.memory for r in ranks], plan, rank_caps_bytes(plan, cluster), total)
     if not fit.fits:
         return None
     if plan.pp == 1:
-        return _scan_single_rank(ranks[0], plan, total, cluster.memory_budget_bytes, cutoff_s)
+        return _scan_single_rank(ranks[0], plan, total, fit.caps[0], cutoff_s)
     cm = cp_model.CpModel()
     L = [cm.NewIntVar(v, total, f"L{r}") for r in range(plan.pp)]
     n = [cm.NewIntVar(0, total, f"n{r}") for r in range(plan.pp)]
@@ -104,12 +105,11 @@ def solve_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
         cm.Add(sum(n) == 0)
     else:
         cm.Add(sum(n) >= 1)
-    cap = cluster.memory_budget_bytes
     t_vars, f_vars, dp_vars, opt_vars = [], [], [], []
     for r, rs in enumerate(ranks):
         mem = rs.memory
         cm.Add(round(mem.base) + round(mem.per_layer) * L[r] + round(mem.per_recomputed) * n[r]
-               + round(mem.jump) * z[r] <= int(cap))
+               + round(mem.jump) * z[r] <= int(fit.caps[r]))
         t_vars.append(_affine_var(cm, rs.t, L[r], n[r], v, total, f"t{r}"))
         f_vars.append(_affine_var(cm, rs.f, L[r], n[r], v, total, f"f{r}"))
         opt_vars.append(_affine_var(cm, (*rs.opt, 0.0), L[r], n[r], v, total, f"o{r}"))

@@ -25,7 +25,7 @@ def robust_first(ranked: list[Found], band: float) -> tuple[list[Found], int]:
 
     def robustness(f: Found) -> tuple:
         e, p = f.estimate, f.plan
-        headroom_tenths = math.floor(10 * (1 - e.max_peak_memory_bytes / e.memory_capacity_bytes))
+        headroom_tenths = math.floor(10 * e.min_headroom_fraction)
         # states kept on the device before states on the host: offloading trades device memory
         # for a dependence on the host's link and cores, priced from datasheets no run has checked
         # likewise bf16 linears before float8 ones, whose speed no run of ours has measured

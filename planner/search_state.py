@@ -9,7 +9,8 @@ from costmodel.estimate import Estimate
 from costmodel.memory import stage_memory_shapes_by_zero
 from costmodel.plan import Plan, Schedule
 from costmodel.specs import ModelSpec, TrainSpec
-from costmodel.rank_time import RankTimeModel, Spans, rank_time_model, spans
+from costmodel.groups import rank_caps_bytes, views
+from costmodel.rank_time import RankTimeModel, Spans, fastest_of, rank_time_model, spans
 from planner.bounds import MemoryFit, pipeline_floor_s, zero_floor_s
 from planner.candidates import STATE_OPTIONS, SearchOptions, States, states_allowed, states_for_group
 from planner.shapes import pipeline_rows
@@ -90,15 +91,17 @@ class SharedModels:
             else:
                 probe = self._probes[placed] = build_plan(self.model, self.train, self.cluster, base)
             sp = spans(probe, self.cluster)
-            self._times[key] = TimedChoice(rank_time_model(self.model, self.train, probe, self.cluster, sp),
-                                           self._zero_floors_s(base, probe.num_micro_batches, sp))
+            # a mixed cluster: the least of its groups' (planner.bounds reads only lower bounds from it)
+            rtm = fastest_of([rank_time_model(self.model, self.train, probe, view, sp) for view in views(self.cluster)])
+            self._times[key] = TimedChoice(rtm, self._zero_floors_s(base, probe.num_micro_batches, sp))
         return self._times[key]
 
     def _zero_floors_s(self, c: Choice, num_micro_batches: int, sp: Spans) -> tuple[float, ...]:
         key = (c.tp, c.pp, c.dp * c.cp, num_micro_batches, sp.dp, sp.edp, c.ep)
         if key not in self._zero:
-            self._zero[key] = tuple(zero_floor_s(self.model, self.train, self.cluster, c.tp, c.pp, c.dp * c.cp,
-                                                 o.zero_stage, num_micro_batches, sp, c.ep, o.offload_optimizer)
+            self._zero[key] = tuple(min(zero_floor_s(self.model, self.train, view, c.tp, c.pp, c.dp * c.cp,
+                                                     o.zero_stage, num_micro_batches, sp, c.ep, o.offload_optimizer)
+                                        for view in views(self.cluster))
                                     if allowed else 0.0 for o, allowed in zip(STATE_OPTIONS, self.zero_allowed))
         return self._zero[key]
 
@@ -119,14 +122,14 @@ class SharedModels:
         plans = [plan if i == current else replace(plan, **STATE_OPTIONS[i]._asdict()) for i in indices]
         for i, placed, memory in zip(indices, plans, stage_memory_shapes_by_zero(self.model, self.train, plans,
                                                                                 reserved, self.cluster.framework)):
-            fit = MemoryFit(memory, placed, self.cluster.memory_budget_bytes, self.model.num_layers)
+            fit = MemoryFit(memory, placed, rank_caps_bytes(placed, self.cluster), self.model.num_layers)
             self._memory[key(i)] = fit, placed
         return self._memory[key(current)]
 
     @staticmethod
     def _memory_key(c: Choice, vpp: int, schedule: Schedule, zero: int) -> tuple:
         return (c.tp, c.cp, c.pp, c.dp, c.ep, zero, c.recompute, c.sequence_parallel, c.micro_batch_size, vpp,
-                schedule, c.fp8_linears, c.offload_activations)
+                schedule, c.fp8_linears, c.offload_activations, c.group_order)
 
     def pipeline_floor_s(self, base: Choice, zero: int, plan: Plan, fit: MemoryFit) -> float:
         """planner.bounds.pipeline_floor_s + the ZeRO floor, for `plan` under base's placement."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from costmodel.cluster import ClusterSpec
+from costmodel.groups import rank_views
 from costmodel.memory import AffineBytes, stage_memory_shapes
 from costmodel.params import rank_params_at
 from costmodel.pipeline_closed_form import fill_s
@@ -126,7 +127,15 @@ def _dp_shape(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pl
 def rank_shapes(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan,
                 memory: list[AffineBytes] | None = None, rtm: RankTimeModel | None = None) -> list[RankShape]:
     """`memory` (the plan's `stage_memory_shapes`) and `rtm` (its rank time model): when the
-    caller already has them."""
+    caller already has them. On a mixed cluster each rank's shape is its group's (`rtm` is then
+    not taken: the groups' differ), and memory is priced with the first group's reserve, as
+    costmodel.groups.rank_caps_bytes budgets it."""
+    if cluster.is_mixed:
+        memory = memory or stage_memory_shapes(model, train, plan, cluster.device.efficiency.reserved_memory_bytes,
+                                               cluster.framework)
+        views = rank_views(plan, cluster)
+        by_view = {view: rank_shapes(model, train, view, plan, memory) for view in set(views)}
+        return [by_view[view][r] for r, view in enumerate(views)]
     rtm = rtm or rank_time_model(model, train, plan, cluster, spans(plan, cluster))
     dp_shape = _dp_shape(model, train, cluster, plan)
     memory = memory or stage_memory_shapes(model, train, plan, cluster.device.efficiency.reserved_memory_bytes,

@@ -30,6 +30,7 @@ class Choice:
     offload_optimizer: bool = False   # ZeRO-Offload: sharded states and their step on the host
     fp8_linears: bool = False   # the layers' linears in float8 (torchao tensorwise)
     offload_activations: bool = False   # the layers' saved activations on the host
+    group_order: tuple[int, ...] = ()   # a mixed cluster's groups along the ranks (Plan.group_order)
 
 
 def build_plan(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, choice: Choice) -> Plan:
@@ -64,7 +65,7 @@ def build_plan(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, choice:
                  num_micro_batches=per_replica // choice.micro_batch_size, schedule=schedule,
                  vpp=choice.vpp, layers_per_stage=layers, mesh_axis_order=tuple(choice.mesh_axis_order),
                  ep=choice.ep, offload_optimizer=choice.offload_optimizer, fp8_linears=choice.fp8_linears,
-                 offload_activations=choice.offload_activations)
+                 offload_activations=choice.offload_activations, group_order=tuple(choice.group_order))
     if choice.recompute is Recompute.NONE:
         counts = (0,) * choice.pp
     else:
@@ -76,7 +77,7 @@ def build_plan(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, choice:
 
 def degrees_plan(*, dp: int, tp: int, pp: int, cp: int, zero_stage: int = 0, num_micro_batches: int = 1,
                  mesh_axis_order: tuple[str, ...] = DEFAULT_AXIS_ORDER, num_layers: int | None = None,
-                 ep: int = 1, offload_optimizer: bool = False) -> Plan:
+                 ep: int = 1, offload_optimizer: bool = False, group_order: tuple[int, ...] = ()) -> Plan:
     """A concrete plan that fixes only degrees (and ZeRO stage / micro-batch count): for asking
     the cost model questions that depend on nothing else, such as placement or DP collectives."""
     layers = num_layers or pp
@@ -84,7 +85,7 @@ def degrees_plan(*, dp: int, tp: int, pp: int, cp: int, zero_stage: int = 0, num
                 recompute_num_layers=(0,) * pp, sequence_parallel=False, micro_batch_size=1,
                 num_micro_batches=num_micro_batches, schedule=default_schedule(1), vpp=1,
                 layers_per_stage=even_layers(layers, pp), mesh_axis_order=mesh_axis_order, ep=ep,
-                offload_optimizer=offload_optimizer)
+                offload_optimizer=offload_optimizer, group_order=group_order)
 
 
 def divisors(n: int) -> list[int]:

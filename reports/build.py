@@ -7,6 +7,7 @@ from pathlib import Path
 
 from costmodel.cluster import ClusterSpec
 from costmodel.estimate import Estimate, simulate_plan
+from costmodel.groups import placement_lines, short_device_name
 from costmodel.memory import cp_gathered_kv_bytes, expert_state_bytes
 from costmodel.pipeline_closed_form import uniform_1f1b_bubble_fraction
 from costmodel.plan import Plan
@@ -58,13 +59,39 @@ def write_report(inp: ReportInput, out_dir: Path) -> list[str]:
 def _summary(doc: Document, inp: ReportInput) -> None:
     e, p, t = inp.estimate, inp.plan, inp.train
     doc.text(f"Plan {p.short()} for {inp.model.name} ({t.seq_len} tokens x {t.global_batch_size} "
-             f"sequences per step, {t.compute_dtype}) on {inp.cluster.world_size} x {inp.cluster.device.name}: "
+             f"sequences per step, {t.compute_dtype}) on {_devices(inp.cluster)}: "
              f"{e.step_time_s:.3f} s per step, {e.tokens_per_s:,.0f} tokens/s, MFU {100 * e.mfu:.1f}%, "
-             f"peak {e.max_peak_memory_bytes / GIB:.1f} of {e.memory_capacity_bytes / GIB:.0f} GiB per device"
+             f"peak {e.peak_memory_bytes[e.tightest_rank] / GIB:.1f} of "
+             f"{e.capacity_per_rank_bytes[e.tightest_rank] / GIB:.0f} GiB per device"
              + (f", optimizer states offloaded: {max(e.host_memory_bytes) / GIB:,.1f} GiB of host memory per device "
                 f"(of {e.host_capacity_bytes / GIB:,.0f}), stepped on the host" if p.offload_optimizer else "") + ". "
              f"Layers per virtual stage {list(p.layers_per_stage)}, recomputed layers per pipeline rank "
              f"{list(p.recompute_num_layers)} ({p.recompute}), mesh {' > '.join(p.mesh_axis_order)}.")
+    lines = placement_lines(p, inp.cluster, t.global_batch_size)
+    if lines:
+        doc.text("Placement on the device groups (each pipeline stage runs on one group; the layer split follows "
+                 "each group's speed and memory, and the step is set by the slowest rank):")
+        for line in lines:
+            doc.text(line[0].upper() + line[1:] + ".")
+        doc.table(*_stage_table(inp))
+
+
+def _stage_table(inp: ReportInput) -> tuple[list[str], list[list[str]]]:
+    """Each pipeline rank's group, layers, time per micro-batch and memory: the slowest sets the step."""
+    e, p = inp.estimate, inp.plan
+    times = e.rank_time_per_micro_batch_s
+    slowest = max(range(len(times)), key=times.__getitem__)
+    rows = [[f"{r}" + (" (slowest)" if r == slowest else ""), short_device_name(inp.cluster, g),
+             str(p.layers_on_rank(r)), f"{1e3 * times[r]:.1f}",
+             f"{e.peak_memory_bytes[r] / GIB:.1f} of {e.capacity_per_rank_bytes[r] / GIB:.1f}"]
+            for r, g in enumerate(e.rank_groups)]
+    return ["pipeline rank", "device", "layers", "ms per micro-batch", "peak GiB"], rows
+
+
+def _devices(cluster: ClusterSpec) -> str:
+    if cluster.is_mixed:
+        return f"{cluster.world_size} devices in {len(cluster.groups)} groups ({cluster.name})"
+    return f"{cluster.world_size} x {cluster.device.name}"
 
 
 def _where_time_goes(doc: Document, inp: ReportInput, out_dir: Path) -> None:
@@ -110,10 +137,10 @@ def _memory(doc: Document, inp: ReportInput, variants, out_dir: Path) -> None:
              for label, (p, e) in zip(["#1 (chosen)", "#2", "#3"],
                                       [(inp.plan, inp.estimate)] + list(inp.runners_up[:2]))]
     e = inp.estimate
-    tight = max(range(len(e.peak_memory_bytes)), key=lambda r: e.peak_memory_bytes[r])
+    tight = e.tightest_rank
     parts = e.memory_breakdown_bytes[tight]
     doc.text(f"The fullest stage is {tight}: {e.peak_memory_bytes[tight] / GIB:.1f} of "
-             f"{e.memory_capacity_bytes / GIB:.0f} GiB, of which activations {parts['activations'] / GIB:.1f} GiB "
+             f"{e.capacity_per_rank_bytes[tight] / GIB:.0f} GiB, of which activations {parts['activations'] / GIB:.1f} GiB "
              f"(peak of the simulated in-flight micro-batches), optimizer states {parts['optimizer'] / GIB:.1f}, "
              f"weights {parts['params'] / GIB:.1f}, gradients {parts['grads'] / GIB:.1f} GiB.")
     for line in _parallel_memory_notes(inp, tight):
@@ -188,7 +215,7 @@ def _what_would_change_it(doc: Document, inp: ReportInput, variants) -> None:
         notes.append(f"The pipeline idles {100 * bubble:.1f}% of the step: more micro-batches per step "
                      f"(a smaller micro-batch or a larger global batch), more virtual stages, or a "
                      f"zero-bubble schedule shrink it{tip}.")
-    headroom = 1 - e.max_peak_memory_bytes / e.memory_capacity_bytes
+    headroom = e.min_headroom_fraction
     if headroom < 0.1:
         notes.append(f"Memory binds ({100 * headroom:.0f}% headroom): a larger micro-batch or less "
                      f"recomputation would not fit; more devices per model replica (TP or PP) or a higher "

@@ -25,16 +25,15 @@ class PlanMemory:
 
 def memory_table(pm: PlanMemory) -> tuple[list[str], list[list[str]]]:
     keys = list(pm.estimate.memory_breakdown_bytes[0])
-    cap = pm.estimate.memory_capacity_bytes
     rows = []
-    for r, (parts, peak) in enumerate(zip(pm.estimate.memory_breakdown_bytes, pm.estimate.peak_memory_bytes)):
+    for r, (parts, peak, cap) in enumerate(zip(pm.estimate.memory_breakdown_bytes, pm.estimate.peak_memory_bytes,
+                                               pm.estimate.capacity_per_rank_bytes)):
         rows.append([f"stage {r}"] + [f"{parts[k] / GIB:.2f}" for k in keys]
                     + [f"{peak / GIB:.2f}", f"{100 * (cap - peak) / cap:.0f}%"])
     return ["GiB per device"] + keys + ["peak", "headroom"], rows
 
 
 def memory_figures(plans: list[PlanMemory], out_dir: Path) -> list[tuple[str, str]]:
-    cap = plans[0].estimate.memory_capacity_bytes / GIB
     fig, axes = plt.subplots(1, len(plans), figsize=(4.2 * len(plans) + 1, 4), squeeze=False, sharey=True)
     for ax, pm in zip(axes[0], plans):
         parts = pm.estimate.memory_breakdown_bytes
@@ -44,8 +43,7 @@ def memory_figures(plans: list[PlanMemory], out_dir: Path) -> list[tuple[str, st
             values = [p[key] / GIB for p in parts]
             ax.bar(x, values, bottom=bottom, color=colour, label=key, width=0.7)
             bottom = [b + v for b, v in zip(bottom, values)]
-        ax.axhline(cap, color="black", linestyle="--", linewidth=1)
-        ax.text(len(parts) - 0.5, cap, f" capacity {cap:.0f} GiB", va="bottom", ha="right", fontsize=7)
+        _capacity_lines(ax, pm)
         ax.set_xticks(list(x), [str(r) for r in x], fontsize=7)
         ax.set_xlabel("pipeline stage")
         ax.set_title(f"{pm.label}\n{pm.plan.short()}", fontsize=8, loc="left")
@@ -56,7 +54,7 @@ def memory_figures(plans: list[PlanMemory], out_dir: Path) -> list[tuple[str, st
 
     fig, axes = plt.subplots(1, len(plans), figsize=(4.2 * len(plans) + 1, 4), squeeze=False, sharey=True)
     for ax, pm in zip(axes[0], plans):
-        _curves(ax, pm, cap)
+        _curves(ax, pm)
     axes[0, 0].set_ylabel("GiB per device")
     fig.tight_layout()
     save(fig, out_dir, "memory_over_time")
@@ -80,7 +78,20 @@ def _envelope(curve: tuple[tuple[float, float], ...], end_s: float, bins: int = 
     return [end_s * (b + 0.5) / bins for b in range(bins)], top
 
 
-def _curves(ax, pm: PlanMemory, cap: float) -> None:
+def _capacity_lines(ax, pm: PlanMemory) -> None:
+    """The capacity each stage's bar stands against: one line, or on a mixed cluster one per
+    stage at its own group's budget."""
+    caps = [c / GIB for c in pm.estimate.capacity_per_rank_bytes]
+    if len(set(caps)) == 1:
+        ax.axhline(caps[0], color="black", linestyle="--", linewidth=1)
+        ax.text(len(caps) - 0.5, caps[0], f" capacity {caps[0]:.0f} GiB", va="bottom", ha="right", fontsize=7)
+        return
+    ax.hlines(caps, [r - 0.45 for r in range(len(caps))], [r + 0.45 for r in range(len(caps))],
+              color="black", linestyle="--", linewidth=1)
+    ax.text(len(caps) - 0.5, max(caps), " capacity of each stage's group", va="bottom", ha="right", fontsize=7)
+
+
+def _curves(ax, pm: PlanMemory) -> None:
     p = len(pm.sim.memory_curves)
     shown = sorted({0, p // 2, p - 1}) if p > 8 else range(p)
     cmap = plt.get_cmap("cividis")
@@ -89,7 +100,8 @@ def _curves(ax, pm: PlanMemory, cap: float) -> None:
         ts, top = _envelope(pm.sim.memory_curves[r], pm.sim.time_s)
         ax.plot(ts, [(static + b) / GIB for b in top], color=cmap(r / max(p - 1, 1)),
                 label=f"stage {r}", linewidth=1.3)
-    ax.axhline(cap, color="black", linestyle="--", linewidth=1)
+    for cap in sorted({c / GIB for c in pm.estimate.capacity_per_rank_bytes}):
+        ax.axhline(cap, color="black", linestyle="--", linewidth=1)
     ax.set_xlabel("seconds into the step (upper envelope)")
     ax.set_title(f"{pm.label}\n{pm.plan.short()}", fontsize=8, loc="left")
     ax.legend(fontsize=6, loc="lower center", ncol=4)

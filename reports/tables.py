@@ -8,6 +8,7 @@ from typing import Any, Sequence
 from costmodel import resilience
 from costmodel.cluster import ClusterSpec
 from costmodel.estimate import Estimate
+from costmodel.groups import placement_lines, stages_on, views
 from costmodel.plan import Plan
 from costmodel.specs import ModelSpec, TrainSpec
 from costmodel.units import GIB
@@ -34,13 +35,23 @@ def ledger_table(est: Estimate) -> str:
 def memory_table(est: Estimate) -> str:
     keys = list(est.memory_breakdown_bytes[0])
     rows = []
-    for rank, (parts, peak) in enumerate(zip(est.memory_breakdown_bytes, est.peak_memory_bytes)):
-        over = peak - est.memory_capacity_bytes
+    caps = est.capacity_per_rank_bytes
+    uneven = len(set(caps)) > 1   # a mixed cluster's groups: each stage against its own device
+    for rank, (parts, peak, cap) in enumerate(zip(est.memory_breakdown_bytes, est.peak_memory_bytes, caps)):
+        over = peak - cap
         status = "ok" if over <= 0 else f"OVER by {over / GIB:.1f}"
         rows.append([f"stage {rank}"] + [f"{parts[k] / GIB:.2f}" for k in keys]
-                    + [f"{peak / GIB:.2f}", status])
-    headers = ["memory per device (GiB)"] + keys + ["peak", f"of {est.memory_capacity_bytes / GIB:.0f}"]
+                    + [f"{peak / GIB:.2f}"] + ([f"{cap / GIB:.1f}"] if uneven else []) + [status])
+    headers = (["memory per device (GiB)"] + keys + ["peak"] + (["capacity", "fits"] if uneven
+                                                                   else [f"of {est.memory_capacity_bytes / GIB:.0f}"]))
     return table(headers, rows)
+
+
+def _tightest(est: Estimate, between: str, cap_format: str) -> str:
+    """The peak of the stage closest to its budget, and that budget (on a uniform cluster the
+    highest peak and the one budget; a mixed cluster's groups differ)."""
+    r = est.tightest_rank
+    return f"{est.peak_memory_bytes[r] / GIB:.1f}{between}{format(est.capacity_per_rank_bytes[r] / GIB, cap_format)}"
 
 
 def summary_lines(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan,
@@ -51,9 +62,10 @@ def summary_lines(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan
         f"cluster  {cluster.name} ({cluster.world_size} devices)",
         f"plan     {plan.short()}   layers/stage {list(plan.layers_per_stage)}   "
         f"mesh {'>'.join(plan.mesh_axis_order)}",
+        *(f"groups   {line}" for line in placement_lines(plan, cluster, train.global_batch_size)),
         f"step     {est.step_time_s:.3f} s   {est.tokens_per_s:,.0f} tokens/s   "
         f"MFU {100 * est.mfu:.1f}%   HFU {100 * est.hfu:.1f}%   bubble {100 * est.bubble_fraction:.1f}%   "
-        f"peak {est.max_peak_memory_bytes / GIB:.1f} GiB of {est.memory_capacity_bytes / GIB:.1f}"
+        f"peak {_tightest(est, ' GiB of ', '.1f')}"
         f" ({'fits' if est.fits else 'DOES NOT FIT'})",
         *([f"host     offloaded states {max(est.host_memory_bytes) / GIB:,.1f} GiB per device of the "
            f"{est.host_capacity_bytes / GIB:,.1f} GiB its share of the node's host may hold; "
@@ -62,15 +74,21 @@ def summary_lines(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan
         *([f"host     offloaded activations: {max(est.host_memory_bytes) / GIB:,.1f} GiB per device on the host, "
            f"{est.time_breakdown_s['comm/activation_offload']:.3f} s of copies per step"]
           if plan.offload_activations and not plan.offload_optimizer else []),
-        f"         memory: {cluster.device.usable_memory_bytes / GIB:.2f} GiB as CUDA reports it, less "
-        f"{cluster.memory_headroom:.0%} headroom and {cluster.device.efficiency.allocator_fragmentation:.0%} "
-        f"allocator fragmentation; MFU counts 6N{' (N: active parameters)' if model.is_moe else ''} "
+        f"         memory: {_memory_basis(cluster)}; MFU counts 6N{' (N: active parameters)' if model.is_moe else ''} "
         f"+ 12·layers·hidden·seq FLOPs per token (full s² "
         f"attention, Megatron Eq. 7 / PaLM){' against the bf16 peak, float8 linears included' if plan.fp8_linears else ''}"
         f"; expected error +-{100 * MODEL_ERROR_BAND:.1f}% (costmodel.fidelity)",
         "long run   " + resilience.summary_line(resilience.checkpoint_cost(
             model, train, cluster.world_size, est.step_time_s, est.tokens_per_s, failures)),
     ])
+
+
+def _memory_basis(cluster: ClusterSpec) -> str:
+    """What a device's capacity is made of (each group's, on a mixed cluster)."""
+    return ", ".join(f"{view.device.name.split('-')[0] + ' ' if cluster.is_mixed else ''}"
+                     f"{view.device.usable_memory_bytes / GIB:.2f} GiB as CUDA reports it, less "
+                     f"{view.memory_headroom:.0%} headroom and {view.device.efficiency.allocator_fragmentation:.0%} "
+                     f"allocator fragmentation" for view in views(cluster))
 
 
 def validate_table(results: Sequence[Any], summary: dict[str, Any]) -> str:
@@ -91,11 +109,15 @@ def validate_table(results: Sequence[Any], summary: dict[str, Any]) -> str:
     return text
 
 
-def search_table(found: Sequence[Any]) -> str:
+def search_table(found: Sequence[Any], cluster: ClusterSpec | None = None) -> str:
+    """The ranked plans; on a mixed cluster with the pipeline ranks each group runs."""
+    mixed = cluster is not None and cluster.is_mixed
     rows = []
     for i, f in enumerate(found, 1):
         e = f.estimate
-        rows.append((i, f.plan.short(), f"{e.step_time_s:.3f}", f"{e.tokens_per_s:,.0f}", f"{100 * e.mfu:.1f}",
-                     f"{e.max_peak_memory_bytes / GIB:.1f}/{e.memory_capacity_bytes / GIB:.0f}",
+        rows.append((i, f.plan.short(), *([stages_on(f.plan, cluster)] if mixed else []), f"{e.step_time_s:.3f}",
+                     f"{e.tokens_per_s:,.0f}", f"{100 * e.mfu:.1f}",
+                     _tightest(e, "/", ".0f"),
                      f"{100 * e.bubble_fraction:.1f}", f"{e.exposed_comm_s:.3f}"))
-    return table(("#", "plan", "step s", "tokens/s", "MFU %", "peak GiB", "bubble %", "exposed comm s"), rows)
+    return table(("#", "plan", *(["stages on"] if mixed else []), "step s", "tokens/s", "MFU %", "peak GiB",
+                  "bubble %", "exposed comm s"), rows)

@@ -119,12 +119,17 @@ def node_commands(pf: PlanFile, worker: WorkerArgs, hosts: list[str] | None = No
     at, which may be another interface); without, the first is $MASTER_ADDR."""
     c = pf.cluster
     master = hosts[0] if hosts else "$MASTER_ADDR"
+
+    def meet(i: int) -> list[str]:
+        # c10d numbers nodes as they join; a mixed cluster's node ranks must follow its groups
+        # (costmodel.groups.node_groups), which only the static rendezvous keeps
+        if c.is_mixed:
+            return [f"--master-addr={master}", f"--master-port={PORT}"]
+        return ["--rdzv-backend=c10d", f"--rdzv-endpoint={master}:{PORT}", "--rdzv-id=planner",
+                f"--rdzv-conf=is_host={'true' if i == 0 else 'false'}"]
     return [" ".join(["torchrun", f"--nnodes={c.num_nodes}", f"--node-rank={i}",
                       f"--nproc-per-node={c.devices_per_node}", f"--max-restarts={worker.max_restarts}",
-                      "--rdzv-backend=c10d",
-                      f"--rdzv-endpoint={master}:{PORT}", "--rdzv-id=planner",
-                      f"--rdzv-conf=is_host={'true' if i == 0 else 'false'}",
-                      *([f"--local-addr={hosts[i]}"] if hosts else []),
+                      *meet(i), *([f"--local-addr={hosts[i]}"] if hosts else []),
                       *map(shlex.quote, worker.argv())])
             for i in range(c.num_nodes)]
 

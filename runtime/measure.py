@@ -11,6 +11,7 @@ from typing import Any
 
 from costmodel.estimate import Estimate, estimate
 from costmodel.flops import model_flops_per_step, utilization
+from costmodel.groups import world_peak_flops_per_s
 from costmodel.measured import MeasuredRun
 from costmodel.plan import PlanFile
 from costmodel.units import MIB
@@ -30,8 +31,9 @@ def measured_record(pf: PlanFile, raw: dict[str, Any], *, steps: int, warmup: in
                     wall_s: float, complete: bool = True) -> MeasuredRun:
     est: Estimate = estimate(pf.model, pf.train, pf.cluster, pf.plan)
     step_s = statistics.median(raw["step_times_s"])
+    # utilization over the devices' mean peak (a mixed cluster's groups differ)
     mfu = utilization(model_flops_per_step(pf.model, pf.train), step_s, pf.cluster.world_size,
-                      pf.cluster.device.peak_for(pf.train.compute_dtype))
+                      world_peak_flops_per_s(pf.cluster, pf.train.compute_dtype) / pf.cluster.world_size)
     peak = raw["peak_memory_bytes"]
     # CPU figures count tensors only; compare them with the prediction less its reserve.
     reserve = est.memory_breakdown_bytes[0]["reserved"] if raw["device"] == "cpu" else 0.0
@@ -69,7 +71,7 @@ def measured_record(pf: PlanFile, raw: dict[str, Any], *, steps: int, warmup: in
         "wall_s": wall_s,
         "plan": pf.plan.to_dict(),
         "model": pf.model.name,
-        "cluster": f"{pf.cluster.num_nodes}x{pf.cluster.devices_per_node}x{pf.cluster.device.name}",
+        "cluster": pf.cluster.name,
         "complete": complete,
     })
 

@@ -43,6 +43,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     pf = PlanFile.load(Path(args.plan))
     if problems := check_structure(pf.model, pf.train, pf.cluster, pf.plan):
         raise ValueError(f"{args.plan} is not a valid plan: " + "; ".join(problems))
+    if pf.cluster.is_mixed:   # their configurations know neither groups nor which node holds which stage
+        raise ValueError(f"{args.plan}: a plan for the mixed cluster {pf.cluster.name} has no {args.to} form "
+                         f"(its configurations assume one device kind and do not place stages on groups); "
+                         f"run it with `planner run {args.plan} --print-launch`")
     result = export_plan(pf, args.to)
     emit(result, pf, out, args.json)
     return 0

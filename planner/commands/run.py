@@ -125,13 +125,26 @@ def _checkpoint_every(args: argparse.Namespace, pf: PlanFile) -> int:
                            failures_from_args(args)).interval_steps
 
 
+def _node_names(pf: PlanFile) -> list[str]:
+    """What each node must be: on a mixed cluster, a node of its group's device."""
+    if not pf.cluster.is_mixed:
+        return [""] * pf.cluster.num_nodes
+    from costmodel.groups import node_groups
+    return [f" ({pf.cluster.groups[g].device.name} node)" for g in node_groups(pf.plan, pf.cluster)]
+
+
 def _print_launch(args: argparse.Namespace, pf: PlanFile, worker) -> None:
+    if pf.cluster.is_mixed and args.launcher in ("k8s", "slurm"):
+        raise RunRefused(f"--launcher {args.launcher}: a mixed cluster's nodes must take the node ranks of their "
+                         "groups, which the scheduler does not assign; use the per-node commands (no --launcher) "
+                         "or --launcher hostfile with the hosts in that order")
+    names = _node_names(pf)
     if args.launcher == "hostfile":
         from runtime.launch_scripts import hostfile_commands, read_hostfile
         hosts = read_hostfile(Path(args.hostfile), pf)
         print(f"# {pf.plan.short()} on {len(hosts)} host(s) of {args.hostfile}: run line i on host i")
-        for host, cmd in zip(hosts, hostfile_commands(pf, worker, hosts)):
-            print(f"# {host}\n{cmd}")
+        for host, name, cmd in zip(hosts, names, hostfile_commands(pf, worker, hosts)):
+            print(f"# {host}{name}\n{cmd}")
         return
     if args.launcher == "k8s":
         from runtime.launch_scripts import pytorchjob_yaml
@@ -141,13 +154,18 @@ def _print_launch(args: argparse.Namespace, pf: PlanFile, worker) -> None:
     from runtime.launch import node_commands, sbatch_script
     print(f"# {pf.plan.short()} on {pf.cluster.num_nodes} node(s): run on node i (MASTER_ADDR = node 0)")
     for i, cmd in enumerate(node_commands(pf, worker)):
-        print(f"# node {i}\n{cmd}")
-    print("\n# or submit with sbatch:\n" + sbatch_script(pf, worker))
+        print(f"# node {i}{names[i]}\n{cmd}")
+    if not pf.cluster.is_mixed:   # slurm orders the nodes itself
+        print("\n# or submit with sbatch:\n" + sbatch_script(pf, worker))
 
 
 def _check_machine(args: argparse.Namespace, pf: PlanFile) -> tuple[int, int]:
     """(processes, threads per rank), or refuse with the reason and what to do instead."""
     import torch
+    if pf.cluster.is_mixed:
+        raise RunRefused(f"the plan is for the mixed cluster {pf.cluster.name}, whose groups are nodes of different "
+                         "devices: launch it there with --print-launch (node ranks follow the groups), or check its "
+                         "memory here with --dry-run")
     world = pf.plan.world_size
     cuda = torch.cuda.is_available()
     wants_gpu = pf.cluster.device.kind != "cpu"

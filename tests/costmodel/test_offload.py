@@ -91,7 +91,7 @@ def test_a_host_too_small_is_refused():
     small = replace(cluster, device=replace(cluster.device, host=replace(cluster.device.host, memory_bytes=2**30)))
     plan = _plan(small, zero_stage=3, offload_optimizer=True)
     assert not estimate(MODEL, TRAIN, small, plan).fits
-    assert any(p.startswith("offloaded states need 15.0 GiB of host memory per device") for p in
+    assert any(p.startswith("offloaded states of pipeline stage 0 need 15.0 GiB of host memory per device") for p in
                check_plan(MODEL, TRAIN, small, plan))
 
 

@@ -42,8 +42,13 @@ def test_predict_writes_a_plan_that_predict_reads_back(tmp_path, capsys):
 @pytest.mark.parametrize("args,message", [
     (["predict", "--model", "gpt5", "--cluster", "8x8xA100"], "unknown model 'gpt5'; known:"),
     (["predict", "--model", "llama-70b", "--cluster", "8xA100"], "malformed cluster '8xA100'"),
-    (["search", "--model", "llama-70b", "--cluster", "4x8xA100+4x8xH100"], "mixed clusters (groups joined by '+') "
-                                                                           "are not supported"),
+    (["search", "--model", "llama-70b", "--cluster", "4x8xA100+4x8xB999"],
+     "cluster '4x8xA100+4x8xB999', group '4x8xB999': unknown device 'B999'"),
+    (["search", "--model", "llama-70b", "--cluster", "4x8xA100+0x8xH100"],
+     "node and device counts must be positive (group '0x8xH100')"),
+    (["search", "--model", "llama-70b", "--cluster", "4x8xA100+4x4xH100"], "every group needs the same devices per node"),
+    (["search", "--model", "llama-70b", "--cluster", "4x8xA100+4x8xH100", "--dtype", "fp8"],
+     "device A100-SXM4-80GB has no float8 tensor cores"),
     (["predict", "--model", "llama-70b", "--cluster", "1x8xA100", "--offload-optimizer", "--zero", "0"],
      "offload_optimizer needs zero_stage >= 1"),
     (["predict", "--model", "llama-70b", "--cluster", "8x8xA100", "--tp", "16"], "tp=16 does not divide"),

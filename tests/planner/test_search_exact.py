@@ -8,8 +8,9 @@ import itertools
 import pytest
 
 from costmodel.check import check_structure
-from costmodel.cluster import parse_cluster
+from costmodel.cluster import DeviceGroup, mixed_cluster, parse_cluster
 from costmodel.estimate import estimate
+from costmodel.groups import group_orders
 from costmodel.plan import Plan, Recompute, Schedule
 from costmodel.registry import gpt_spec, llama_spec
 from costmodel.specs import TrainSpec
@@ -39,7 +40,8 @@ ON_DEVICE = [(z, False) for z in range(4)]
 OFFLOADED = [(z, True) for z in range(1, 4)]
 
 
-def brute_force_best(model, train, cluster, states=ON_DEVICE, acts=(False,)):
+def brute_force_best(model, train, cluster, states=ON_DEVICE, acts=(False,), group_orders=((),)):
+    """`group_orders`: a mixed cluster's orders of its groups along the ranks (Plan.group_order)."""
     world, best = cluster.world_size, None
     for tp, cp, pp in itertools.product(divisors(world), repeat=3):
         if tp * cp * pp > world or world % (tp * cp * pp):
@@ -61,8 +63,8 @@ def brute_force_best(model, train, cluster, states=ON_DEVICE, acts=(False,)):
                                         offload_optimizer=offload, offload_activations=act)
                             ranges = [range(base.layers_on_rank(r) + 1) if mode is not Recompute.NONE else [0]
                                       for r in range(pp)]
-                            for counts in itertools.product(*ranges):
-                                plan = dataclasses.replace(base, recompute_num_layers=counts)
+                            for counts, groups in itertools.product(itertools.product(*ranges), group_orders):
+                                plan = dataclasses.replace(base, recompute_num_layers=counts, group_order=groups)
                                 if check_structure(model, train, cluster, plan):
                                     continue
                                 est = estimate(model, train, cluster, plan, simulate=False)
@@ -138,3 +140,29 @@ def test_search_is_deterministic():
     first = search(model, train, cluster, SearchOptions(top_k=3, max_tp=4))
     second = search(model, train, cluster, SearchOptions(top_k=3, max_tp=4))
     assert [f.plan for f in first.plans] == [f.plan for f in second.plans]
+
+
+def _mixed(memory_a: int, memory_b: int):
+    """One node of two A100s and one of two H100s, each device of exactly the given memory."""
+    return mixed_cluster([DeviceGroup(device=_tight(parse_cluster("1x2xA100"), memory_a).device, num_nodes=1),
+                          DeviceGroup(device=_tight(parse_cluster("1x2xH100"), memory_b).device, num_nodes=1)],
+                         2, memory_headroom=0.0)
+
+
+# (A100 memory, H100 memory): the faster H100s with more memory take three of the four layers;
+# with both caps tight every stage recomputes or shards, and ZeRO-3 without a group to shard over
+# (it still frees the gathered weights after forward) is the one plan that fits on the A100s
+@pytest.mark.parametrize("memory_a,memory_b", [(2**31 + 1_347_008, 2**31 + 10**7), (2**31 + 1_200_000, 2**31 + 1_600_000)],
+                         ids=["h100-roomy", "both-tight"])
+def test_search_matches_brute_force_on_a_mixed_cluster(memory_a, memory_b):
+    model, train = CASES[0][0], TrainSpec(seq_len=64, global_batch_size=4)
+    cluster = _mixed(memory_a, memory_b)
+    expected = brute_force_best(model, train, cluster, group_orders=group_orders(cluster))
+    result = search(model, train, cluster, SearchOptions(top_k=1, max_tp=4))
+    assert result.stats.optimal
+    best = min((f for f in result.evaluated if f.estimate.closed_form_step_time_s is not None),
+               key=lambda f: f.estimate.closed_form_step_time_s)
+    assert best.estimate.closed_form_step_time_s == pytest.approx(expected[0], rel=1e-6), \
+        (best.plan.short(), best.plan.group_order, expected[1].short(), expected[1].group_order)
+    # every stage lies in one group
+    assert None not in best.estimate.rank_groups and best.plan.pp >= 2

@@ -1,0 +1,185 @@
+"""Mixed clusters: which device group each pipeline rank runs on, and the uniform view of the
+cluster that prices it.
+
+A mixed cluster (ClusterSpec.groups) lays its groups out along the ranks in the order the plan
+gives (Plan.group_order: a permutation of the cluster's groups; empty: as written), each group a
+run of whole nodes. A plan runs on it when every pipeline stage lies in one group (the stages
+are then placed on groups: Metis, ATC '24, and Sailor plan the same way); the layer split then
+follows each group's speed and memory. Within a stage every collective (TP, CP, DP, EP) stays
+in the group and is priced by the group's own profile; pipeline sends cross the link between
+groups (ClusterSpec.pipeline_tier).
+
+A rank's view is a uniform ClusterSpec of its group's device over the whole cluster's nodes
+(spans are read from the plan's layout, which the view keeps) with the link between groups as
+its pipeline link: every formula of costmodel prices a rank through it unchanged.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+from functools import lru_cache
+
+import numpy as np
+
+from costmodel.cluster import ClusterSpec
+from costmodel.placement import axis_strides
+from costmodel.plan import Plan
+
+
+def group_order(plan: Plan, cluster: ClusterSpec) -> tuple[int, ...]:
+    """The cluster's groups in the order the plan lays them out along the ranks."""
+    return plan.group_order or tuple(range(len(cluster.groups)))
+
+
+def group_orders(cluster: ClusterSpec) -> list[tuple[int, ...]]:
+    """Every distinct order of the groups along the ranks (groups alike in device and size are
+    interchangeable: one order of them is enough)."""
+    if not cluster.is_mixed:
+        return [()]
+    seen, out = set(), []
+    for order in itertools.permutations(range(len(cluster.groups))):
+        key = tuple(cluster.groups[g] for g in order)
+        if key not in seen:
+            seen.add(key)
+            out.append(order)
+    return out
+
+
+def node_groups(plan: Plan, cluster: ClusterSpec) -> tuple[int, ...]:
+    """The group of each node, in node-rank order (what a launch must follow)."""
+    return tuple(g for g in group_order(plan, cluster) for _ in range(cluster.groups[g].num_nodes))
+
+
+def rank_groups(plan: Plan, cluster: ClusterSpec) -> tuple[int | None, ...]:
+    """The group (an index into cluster.groups) of each pipeline rank's devices; None where a
+    rank's stage straddles two groups. A uniform cluster: all 0."""
+    if not cluster.is_mixed:
+        return (0,) * plan.pp
+    node_group = node_groups(plan, cluster)
+    degrees = tuple(plan.degree(a) for a in plan.mesh_axis_order)
+    return _rank_groups(plan.mesh_axis_order, degrees, cluster.devices_per_node, node_group)
+
+
+@lru_cache(maxsize=4096)
+def _rank_groups(order: tuple[str, ...], degrees: tuple[int, ...], devices_per_node: int,
+                 node_group: tuple[int, ...]) -> tuple[int | None, ...]:
+    strides = axis_strides(order, degrees)
+    pp_axis = order.index("pp")
+    others = [(strides[a], d) for a, d in zip(order, degrees) if a != "pp"]
+    ranks = np.zeros(1, dtype=np.int64)
+    for stride, degree in others:
+        ranks = (ranks[:, None] + np.arange(degree, dtype=np.int64) * stride).ravel()
+    groups = np.array(node_group)
+    out = []
+    for r in range(degrees[pp_axis]):
+        seen = np.unique(groups[(ranks + r * strides["pp"]) // devices_per_node])
+        out.append(int(seen[0]) if seen.size == 1 else None)
+    return tuple(out)
+
+
+def placement_problems(plan: Plan, cluster: ClusterSpec) -> list[str]:
+    """Why a plan cannot be placed on a mixed cluster (check_plan's rule)."""
+    if not cluster.is_mixed:
+        return [f"group_order {list(plan.group_order)} needs a mixed cluster"] if plan.group_order else []
+    n = len(cluster.groups)
+    if plan.group_order and sorted(plan.group_order) != list(range(n)):
+        return [f"group_order {list(plan.group_order)} is not an order of the cluster's {n} groups"]
+    groups = rank_groups(plan, cluster)
+    if None in groups:
+        return [f"a pipeline stage spans two device groups of {cluster.name} (each stage must run on one "
+                f"group: pp must split the cluster at its group boundaries, with pp outermost in the mesh)"]
+    if len(set(groups)) < n:
+        return [f"a device group of {cluster.name} holds no pipeline stage"]   # cannot happen: kept as a guard
+    return []
+
+
+def group_view(cluster: ClusterSpec, group: int) -> ClusterSpec:
+    """The uniform cluster that prices a rank of `group` (see the module docstring)."""
+    if not cluster.is_mixed:
+        return cluster
+    return _view(cluster, group)
+
+
+@lru_cache(maxsize=256)
+def _view(cluster: ClusterSpec, group: int) -> ClusterSpec:
+    return replace(cluster, device=cluster.groups[group].device, groups=(), group_link=None,
+                   pipeline_link=cluster.group_link)
+
+
+def rank_views(plan: Plan, cluster: ClusterSpec) -> list[ClusterSpec]:
+    """Each pipeline rank's view; ValueError when a stage straddles groups (check_plan says why)."""
+    if not cluster.is_mixed:
+        return [cluster] * plan.pp
+    groups = rank_groups(plan, cluster)
+    if None in groups:
+        raise ValueError(placement_problems(plan, cluster)[0])
+    return [group_view(cluster, g) for g in groups]
+
+
+def rank_budgets_bytes(plan: Plan, cluster: ClusterSpec) -> list[float]:
+    """What each pipeline rank's predicted total may reach (ClusterSpec.memory_budget_bytes of its view)."""
+    return [view.memory_budget_bytes for view in rank_views(plan, cluster)]
+
+
+def rank_caps_bytes(plan: Plan, cluster: ClusterSpec) -> list[float]:
+    """Each rank's budget for memory priced with the first group's fixed reserve (what the
+    search's memory shapes hold, costmodel.memory.stage_memory_shapes): its own budget, less
+    the difference between its reserve and that one."""
+    reserve = cluster.device.efficiency.reserved_memory_bytes
+    return [view.memory_budget_bytes - view.device.efficiency.reserved_memory_bytes + reserve
+            for view in rank_views(plan, cluster)]
+
+
+def views(cluster: ClusterSpec) -> list[ClusterSpec]:
+    """One view per group (a uniform cluster: itself)."""
+    return [group_view(cluster, g) for g in range(len(cluster.groups))] if cluster.is_mixed else [cluster]
+
+
+def world_peak_flops_per_s(cluster: ClusterSpec, dtype) -> float:
+    """The dense peak of every device of the cluster together (MFU's denominator)."""
+    if not cluster.is_mixed:
+        return cluster.world_size * cluster.device.peak_for(dtype)
+    return sum(g.num_nodes * cluster.devices_per_node * g.device.peak_for(dtype) for g in cluster.groups)
+
+
+def short_device_name(cluster: ClusterSpec, group: int) -> str:
+    """A group's device as tables show it (`A100` for A100-SXM4-80GB)."""
+    return cluster.groups[group].device.name.split("-")[0]
+
+
+def _runs(groups: tuple[int, ...]) -> list[tuple[int, int, int]]:
+    """(group, first rank, last rank) for each run of pipeline ranks on one group."""
+    out: list[tuple[int, int, int]] = []
+    for r, g in enumerate(groups):
+        if out and out[-1][0] == g:
+            out[-1] = (g, out[-1][1], r)
+        else:
+            out.append((g, r, r))
+    return out
+
+
+def stages_on(plan: Plan, cluster: ClusterSpec) -> str:
+    """Which pipeline ranks run on which group, compactly (`A100:0-3 H100:4-7`); '' on a uniform cluster."""
+    if not cluster.is_mixed:
+        return ""
+    return " ".join(f"{short_device_name(cluster, g)}:{a}" + (f"-{b}" if b > a else "")
+                    for g, a, b in _runs(rank_groups(plan, cluster)))
+
+
+def placement_lines(plan: Plan, cluster: ClusterSpec, global_batch_size: int) -> list[str]:
+    """The stage placement and the batch each group works through, for a mixed cluster's summary."""
+    if not cluster.is_mixed:
+        return []
+    groups, out = rank_groups(plan, cluster), []
+    for g, a, b in _runs(groups):
+        layers = [plan.layers_on_rank(r) for r in range(a, b + 1)]
+        group = cluster.groups[g]
+        out.append(f"stages {a}-{b} on {group.num_nodes}x{cluster.devices_per_node}x{group.device.name}: "
+                   f"{sum(layers)} layers ({'/'.join(map(str, layers))})" if b > a else
+                   f"stage {a} on {group.num_nodes}x{cluster.devices_per_node}x{group.device.name}: {layers[0]} layers")
+    share = global_batch_size // plan.dp
+    out.append(f"batch shares: every group runs its stages for all {global_batch_size} sequences; each of the "
+               f"{plan.dp} data-parallel replicas takes {share} ({100 / plan.dp:.0f}%), on every group alike "
+               f"(a replica's stages span the groups); link between groups "
+               f"{cluster.group_link.bandwidth_bytes_per_s / 1e9:g} GB/s per device")
+    return out

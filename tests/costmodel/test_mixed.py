@@ -1,0 +1,110 @@
+"""Mixed clusters (costmodel.groups): parsed and written back alike, every pipeline stage on one
+device group, each rank priced by its group's profile (a cluster of two alike groups prices a
+plan exactly as the uniform cluster does), and each rank's memory against its own device."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from costmodel.check import check_structure
+from costmodel.cluster import DeviceGroup, cluster_from_dict, mixed_cluster, parse_cluster
+from costmodel.estimate import estimate
+from costmodel.groups import placement_lines, rank_groups, stages_on
+from costmodel.plan import Schedule
+from costmodel.registry import resolve_model
+from costmodel.specs import TrainSpec
+from planner.space import Choice, build_plan
+
+MODEL = resolve_model("llama-70b")
+TRAIN = TrainSpec(seq_len=4096, global_batch_size=1024)
+
+
+def test_a_mixed_cluster_parses_and_round_trips():
+    cluster = parse_cluster("4x8xA100+4x8xH100", group_link_bytes_per_s=12.5e9)
+    assert cluster.is_mixed and cluster.world_size == 64 and cluster.num_nodes == 8
+    assert [g.device.name for g in cluster.groups] == ["A100-SXM4-80GB", "H100-SXM5-80GB"]
+    assert cluster.name == "4x8xA100-SXM4-80GB+4x8xH100-SXM5-80GB"
+    assert cluster.group_link.bandwidth_bytes_per_s == 12.5e9
+    again = cluster_from_dict(cluster.to_dict())
+    assert again.groups == cluster.groups and again.group_link == cluster.group_link
+    # a uniform cluster writes no group fields
+    assert "groups" not in parse_cluster("8x8xA100").to_dict()
+
+
+@pytest.mark.parametrize("text,message", [
+    ("4x8xA100+4x8xB999", "group '4x8xB999': unknown device 'B999'"),
+    ("4x8xA100+0x8xH100", "node and device counts must be positive (group '0x8xH100')"),
+    ("4x8xA100+4x4xH100", "every group needs the same devices per node"),
+    ("1x8xA100+1x8xH100+1x8xA100+1x8xH100+1x8xA100", "at most 4 groups"),
+])
+def test_bad_mixed_clusters_say_which_group(text, message):
+    with pytest.raises(ValueError, match=None) as err:
+        parse_cluster(text)
+    assert message in str(err.value)
+
+
+def test_a_link_between_groups_needs_two_groups():
+    with pytest.raises(ValueError, match="needs a mixed cluster"):
+        parse_cluster("8x8xA100", group_link_bytes_per_s=25e9)
+
+
+def _plan(cluster, **fields):
+    choice = dict(tp=2, pp=8, zero_stage=1, sequence_parallel=True, schedule=Schedule.ONE_F_ONE_B)
+    choice.update(fields)
+    return build_plan(MODEL, TRAIN, cluster, Choice(**choice))
+
+
+def test_two_alike_groups_price_a_plan_as_the_uniform_cluster():
+    uniform = parse_cluster("8x8xA100")
+    a100 = uniform.device
+    mixed = mixed_cluster([DeviceGroup(device=a100, num_nodes=4), DeviceGroup(device=a100, num_nodes=4)], 8,
+                          a100.inter_node.bandwidth_bytes_per_s)
+    plan = _plan(uniform)
+    one, two = estimate(MODEL, TRAIN, uniform, plan), estimate(MODEL, TRAIN, mixed, plan)
+    assert two.step_time_s == pytest.approx(one.step_time_s, rel=1e-12)
+    assert two.peak_memory_bytes == pytest.approx(one.peak_memory_bytes, rel=1e-12)
+    assert two.rank_groups == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def test_each_rank_is_priced_by_its_group():
+    cluster = parse_cluster("4x8xA100+4x8xH100")
+    plan = _plan(cluster)
+    est = estimate(MODEL, TRAIN, cluster, plan)
+    times = est.rank_time_per_micro_batch_s
+    # even split: the A100 stages (first four) are the slow ones and set the step
+    assert min(times[:4]) > max(times[4:])
+    assert est.rank_groups == [0, 0, 0, 0, 1, 1, 1, 1]
+    caps = est.memory_capacity_per_rank_bytes
+    assert caps[0] == parse_cluster("8x8xA100").memory_budget_bytes
+    assert caps[7] == parse_cluster("8x8xH100").memory_budget_bytes
+    assert stages_on(plan, cluster) == "A100:0-3 H100:4-7"
+    flipped = dataclasses.replace(plan, group_order=(1, 0))
+    assert stages_on(flipped, cluster) == "H100:0-3 A100:4-7"
+    assert estimate(MODEL, TRAIN, cluster, flipped).rank_groups == [1, 1, 1, 1, 0, 0, 0, 0]
+    lines = placement_lines(plan, cluster, TRAIN.global_batch_size)
+    assert lines[0].startswith("stages 0-3 on 4x8xA100-SXM4-80GB: 40 layers")
+
+
+def test_a_stage_across_two_groups_is_refused():
+    cluster = parse_cluster("4x8xA100+4x8xH100")
+    # pp=1: one stage over both groups; dp outermost puts each pipeline across the groups
+    for plan in (_plan(cluster, pp=1, zero_stage=3), _plan(cluster, mesh_axis_order=("dp", "pp", "cp", "tp"))):
+        assert None in rank_groups(plan, cluster)
+        assert any("spans two device groups" in p for p in check_structure(MODEL, TRAIN, cluster, plan))
+    bad = dataclasses.replace(_plan(cluster), group_order=(0, 0))
+    assert any("is not an order of the cluster's 2 groups" in p for p in check_structure(MODEL, TRAIN, cluster, bad))
+    uniform = parse_cluster("8x8xA100")
+    stray = dataclasses.replace(_plan(uniform), group_order=(1, 0))
+    assert any("needs a mixed cluster" in p for p in check_structure(MODEL, TRAIN, uniform, stray))
+
+
+def test_a_slow_link_between_groups_slows_only_what_crosses_it():
+    fast, slow = parse_cluster("4x8xA100+4x8xH100"), parse_cluster("4x8xA100+4x8xH100", group_link_bytes_per_s=1e9)
+    plan = _plan(fast)
+    a, b = estimate(MODEL, TRAIN, fast, plan), estimate(MODEL, TRAIN, slow, plan)
+    assert b.step_time_s > a.step_time_s
+    assert b.time_breakdown_s["comm/pp_exposed"] > a.time_breakdown_s["comm/pp_exposed"]
+    # the collectives inside a group are the group's own
+    for key in ("comm/tp_exposed", "comm/dp_exposed"):
+        assert b.time_breakdown_s[key] == pytest.approx(a.time_breakdown_s[key])

@@ -1,0 +1,100 @@
+"""A mixed cluster from the command line (issue 17): the search places pipeline stages on the
+device groups, beats both uniform alternatives in prediction, shows the placement in its table,
+and the plan it writes is read back, reported, refused where it cannot go (exports, a local run)
+and launched with node ranks that follow the groups."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+
+import pytest
+
+from costmodel.cluster import parse_cluster
+from costmodel.registry import resolve_model
+from costmodel.specs import TrainSpec
+from planner.cli import main
+from planner.search import SearchOptions, search
+
+MIXED = ["--model", "llama-70b", "--cluster", "4x8xA100+4x8xH100"]
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory):
+    """The search's table and the plan file it wrote (one search for the whole module)."""
+    path, table = tmp_path_factory.mktemp("mixed") / "plan.json", io.StringIO()
+    with contextlib.redirect_stdout(table):
+        assert main(["search", *MIXED, "--top", "2", "--out", str(path)]) == 0
+    return path, table.getvalue()
+
+
+@pytest.fixture
+def mixed_plan(searched):
+    return searched[0]
+
+
+def test_the_mixed_search_beats_either_uniform_plan(mixed_plan, capsys):
+    doc = json.loads(mixed_plan.read_text())
+    assert main(["predict", "--plan", str(mixed_plan), "--json"]) == 0
+    mixed_s = json.loads(capsys.readouterr().out)["estimate"]["step_time_s"]
+    model, train = resolve_model("llama-70b"), TrainSpec(seq_len=4096, global_batch_size=1024)
+    # only the H100s, or every device priced as an A100
+    for cluster in ("4x8xH100", "8x8xA100"):
+        result = search(model, train, parse_cluster(cluster), SearchOptions(top_k=1))
+        assert mixed_s < result.fastest.estimate.step_time_s, cluster
+    # the stages are placed on groups (pp splits at the group boundary) and the split follows them
+    plan = doc["plan"]
+    assert sorted(doc["cluster"]["groups"], key=str) and plan["pp"] >= 2
+    assert sorted(plan.get("group_order", [0, 1])) == [0, 1]
+
+
+def test_the_table_shows_where_the_stages_run(searched):
+    out = searched[1]
+    assert "stages on" in out and "A100:" in out and "H100:" in out
+    assert "proven optimal under the cost model" in out
+    groups = [line for line in out.splitlines() if line.startswith("groups")]
+    assert any("on 4x8xH100-SXM5-80GB" in line for line in groups)
+    assert any("batch shares" in line for line in groups)
+
+
+def test_predict_takes_a_group_order(capsys):
+    base = ["predict", *MIXED, "--dp", "2", "--tp", "2", "--pp", "8", "--cp", "2", "--zero", "1"]
+    assert main(base + ["--group-order", "1,0", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["plan"]["group_order"] == [1, 0] and doc["estimate"]["rank_groups"] == [1] * 4 + [0] * 4
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--group-order", "0,0"], "is not an order of the cluster's 2 groups"),
+    (["--pp", "1", "--dp", "16"], "spans two device groups"),
+])
+def test_a_plan_that_cannot_be_placed_is_one_line(args, message, capsys):
+    base = {"--dp": "2", "--tp": "2", "--pp": "8", "--cp": "2", "--zero": "1"}
+    base.update(dict(zip(args[::2], args[1::2])))
+    assert main(["predict", *MIXED, *[x for kv in base.items() for x in kv]]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
+def test_report_shows_the_placement_and_the_slowest_rank(mixed_plan, tmp_path, capsys):
+    assert main(["report", str(mixed_plan), "--out", str(tmp_path / "rep")]) == 0
+    md = (tmp_path / "rep" / "index.md").read_text()
+    assert "in 2 groups (4x8xA100-SXM4-80GB+4x8xH100-SXM5-80GB)" in md
+    assert "Placement on the device groups" in md and "Batch shares:" in md
+    assert "(slowest)" in md and "| A100 |" in md and "| H100 |" in md
+
+
+def test_exports_and_local_runs_are_refused_in_one_line(mixed_plan, capsys):
+    for argv in (["export", str(mixed_plan), "--to", "megatron"], ["run", str(mixed_plan)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "mixed cluster" in err[0], argv
+
+
+def test_the_launch_keeps_node_ranks_in_group_order(mixed_plan, capsys):
+    assert main(["run", str(mixed_plan), "--print-launch"]) == 0
+    out = capsys.readouterr().out
+    assert "sbatch" not in out and "--rdzv-backend=c10d" not in out
+    order = json.loads(mixed_plan.read_text())["plan"].get("group_order", [0, 1])
+    first = ["A100-SXM4-80GB", "H100-SXM5-80GB"][order[0]]
+    assert f"# node 0 ({first} node)" in out and "--node-rank=7" in out and "--master-addr=" in out
