@@ -9,7 +9,7 @@ import math
 import re
 import statistics
 import tomllib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -181,6 +181,12 @@ class ClusterSpec:
     groups: tuple[DeviceGroup, ...] = ()      # a mixed cluster's groups in rank order; () uniform
     group_link: NetworkTier | None = None     # a mixed cluster's link between its groups
     pipeline_link: NetworkTier | None = None  # a group's view: the tier its pipeline sends take
+    # the search's caches key on clusters (a mixed one's views many times per candidate):
+    # hashing the nested profiles each time cost seconds, so the hash is taken once
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def __post_init__(self) -> None:
         if self.num_nodes <= 0 or self.devices_per_node <= 0:
@@ -193,6 +199,7 @@ class ClusterSpec:
             raise ValueError(f"memory headroom {self.memory_headroom} must be in [0, 1)")
         # torch's kernels differ by device kind (costmodel.frameworks.traits_on)
         object.__setattr__(self, "framework", traits_on(self.framework, self.device.kind))
+        object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self) if f.compare)))
 
     @property
     def is_mixed(self) -> bool:

@@ -36,7 +36,7 @@ def lower_bound_s(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan
 
 
 def time_floor_s(model: ModelSpec, rtm: RankTimeModel, pp: int, num_micro_batches: int, schedule: Schedule,
-                 vpp: int, recompute: Recompute) -> float:
+                 vpp: int, recompute: Recompute, slowest_floor_s: float = 0.0) -> float:
     """A valid lower bound on the pipeline's time over every layer split and recompute count
     (`rtm` may be priced for any number of virtual stages: `vpp` is what counts).
 
@@ -44,7 +44,8 @@ def time_floor_s(model: ModelSpec, rtm: RankTimeModel, pp: int, num_micro_batche
     m·T + (sum(t) - T)/v >= (m - 1/v)·sum(t)/pp + sum(t)/v (1F1B, GPipe: v = 1; interleaved: v),
     or m·T + sum(f) - max(f) >= (m - 1)·sum(t)/pp + sum(f) for ZB-H1 (f = t - 2W <= t <= T).
     sum(t) is fixed by the model up to recomputation, counted here at its minimum (one layer when
-    the mode recomputes)."""
+    the mode recomputes). `slowest_floor_s`: another lower bound on T (a mixed cluster's,
+    `slowest_rank_floor_s`); the bound grows with T (m >= 1 >= 1/v), so the larger one holds."""
     rc = 0 if recompute is Recompute.NONE else 1
     per_layer, first, last = rtm.per_layer, rtm.first_edge, rtm.last_edge
     total = (model.num_layers * per_layer.total_s + rc * rtm.per_recomputed_layer.total_s
@@ -52,7 +53,15 @@ def time_floor_s(model: ModelSpec, rtm: RankTimeModel, pp: int, num_micro_batche
     traits = schedule.traits
     fill = (model.num_layers * fill_s(traits, per_layer) + rc * fill_s(traits, rtm.per_recomputed_layer)
             + fill_s(traits, first) + fill_s(traits, last) + pp * rtm.pp_comm_with_s(vpp))
-    return closed_form_s(traits, num_micro_batches, total / pp, fill, total / pp, vpp)
+    slowest = max(total / pp, slowest_floor_s)
+    return closed_form_s(traits, num_micro_batches, slowest, fill, slowest, vpp)
+
+
+def slowest_rank_floor_s(model: ModelSpec, per_layer_s: Sequence[float]) -> float:
+    """A lower bound on the slowest rank's time per micro-batch when rank r takes per_layer_s[r]
+    per layer (a mixed cluster's groups): n_r·c_r <= T for every rank and sum(n_r) = L give
+    T >= L / sum(1/c_r) (every other cost of a rank only adds to it)."""
+    return model.num_layers / sum(1.0 / c for c in per_layer_s)
 
 
 def zero_floor_s(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: int, pp: int, group: int,

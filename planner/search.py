@@ -82,7 +82,8 @@ def _search(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: S
         m = train.global_batch_size // base.dp // base.micro_batch_size
         for vpp, schedule in group:
             variants.append((base, vpp, schedule))
-            bounds.append(time_floor_s(model, timed.rtm, base.pp, m, schedule, vpp, base.recompute))
+            bounds.append(time_floor_s(model, timed.rtm, base.pp, m, schedule, vpp, base.recompute,
+                                       timed.slowest_floor_s))
             bounds.extend(timed.zero_floors_s)
     table = np.array(bounds).reshape(-1, 1 + len(STATE_OPTIONS))
     # ZeRO needs a group to shard over: without one, stages 1 and 2 are stage 0's plan (ZeRO-3

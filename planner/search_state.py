@@ -9,9 +9,9 @@ from costmodel.estimate import Estimate
 from costmodel.memory import stage_memory_shapes_by_zero
 from costmodel.plan import Plan, Schedule
 from costmodel.specs import ModelSpec, TrainSpec
-from costmodel.groups import rank_caps_bytes, views
+from costmodel.groups import rank_caps_bytes, rank_groups, views
 from costmodel.rank_time import RankTimeModel, Spans, fastest_of, rank_time_model, spans
-from planner.bounds import MemoryFit, pipeline_floor_s, zero_floor_s
+from planner.bounds import MemoryFit, pipeline_floor_s, slowest_rank_floor_s, zero_floor_s
 from planner.candidates import STATE_OPTIONS, SearchOptions, States, states_allowed, states_for_group
 from planner.shapes import pipeline_rows
 from planner.space import Choice, build_plan
@@ -64,6 +64,7 @@ class SearchResult:
 class TimedChoice:
     rtm: RankTimeModel  # priced with one virtual stage (RankTimeModel.with_vpp adds more)
     zero_floors_s: tuple[float, ...]  # planner.bounds.zero_floor_s per state placement (STATE_OPTIONS)
+    slowest_floor_s: float = 0.0      # a mixed cluster's planner.bounds.slowest_rank_floor_s
 
 
 class SharedModels:
@@ -77,6 +78,7 @@ class SharedModels:
         self._times: dict[tuple, TimedChoice] = {}
         self._zero: dict[tuple, float] = {}
         self._memory: dict[tuple, tuple[MemoryFit, Plan]] = {}
+        self._shapes: dict[tuple, list] = {}   # memory shapes by _memory_key less the group order
         self._rows: dict[tuple, tuple[list, list]] = {}
         self._probes: dict[tuple, Plan] = {}
 
@@ -92,9 +94,17 @@ class SharedModels:
                 probe = self._probes[placed] = build_plan(self.model, self.train, self.cluster, base)
             sp = spans(probe, self.cluster)
             # a mixed cluster: the least of its groups' (planner.bounds reads only lower bounds from it)
-            rtm = fastest_of([rank_time_model(self.model, self.train, probe, view, sp) for view in views(self.cluster)])
-            self._times[key] = TimedChoice(rtm, self._zero_floors_s(base, probe.num_micro_batches, sp))
+            models = [rank_time_model(self.model, self.train, probe, view, sp) for view in views(self.cluster)]
+            self._times[key] = TimedChoice(fastest_of(models), self._zero_floors_s(base, probe.num_micro_batches, sp),
+                                           self._slowest_floor_s(probe, models))
         return self._times[key]
+
+    def _slowest_floor_s(self, probe: Plan, models: list[RankTimeModel]) -> float:
+        """On a mixed cluster, each rank takes its group's time per layer; which groups hold how
+        many ranks does not depend on their order (pp is outermost: a group's share of the nodes)."""
+        if not self.cluster.is_mixed:
+            return 0.0
+        return slowest_rank_floor_s(self.model, [models[g].per_layer.total_s for g in rank_groups(probe, self.cluster)])
 
     def _zero_floors_s(self, c: Choice, num_micro_batches: int, sp: Spans) -> tuple[float, ...]:
         key = (c.tp, c.pp, c.dp * c.cp, num_micro_batches, sp.dp, sp.edp, c.ep)
@@ -120,9 +130,15 @@ class SharedModels:
         indices = [i for i, o in enumerate(STATE_OPTIONS) if key(i) not in self._memory
                    and (i == current or (self.zero_allowed[i] and states_for_group(o, sharded)))]
         plans = [plan if i == current else replace(plan, **STATE_OPTIONS[i]._asdict()) for i in indices]
-        for i, placed, memory in zip(indices, plans, stage_memory_shapes_by_zero(self.model, self.train, plans,
-                                                                                reserved, self.cluster.framework)):
-            fit = MemoryFit(memory, placed, rank_caps_bytes(placed, self.cluster), self.model.num_layers)
+        # the shapes do not depend on the groups' order (a mixed cluster's), only the caps do
+        missing = [(i, p) for i, p in zip(indices, plans) if key(i)[:-1] not in self._shapes]
+        if missing:
+            for (i, _), memory in zip(missing, stage_memory_shapes_by_zero(self.model, self.train, [p for _, p in missing],
+                                                                            reserved, self.cluster.framework)):
+                self._shapes[key(i)[:-1]] = memory
+        for i, placed in zip(indices, plans):
+            fit = MemoryFit(self._shapes[key(i)[:-1]], placed, rank_caps_bytes(placed, self.cluster),
+                            self.model.num_layers)
             self._memory[key(i)] = fit, placed
         return self._memory[key(current)]
 

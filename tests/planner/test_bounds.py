@@ -3,6 +3,7 @@ layer split and recompute count of the candidate: otherwise the branch and bound
 optimum."""
 import dataclasses
 import random
+from functools import partial
 
 import pytest
 
@@ -11,7 +12,9 @@ from costmodel.estimate import estimate
 from costmodel.plan import Recompute, Schedule
 from costmodel.registry import resolve_model
 from costmodel.specs import TrainSpec
-from planner.bounds import lower_bound_s
+from planner.bounds import lower_bound_s, time_floor_s
+from planner.candidates import STATE_OPTIONS, SearchOptions, States
+from planner.search_state import SharedModels
 from planner.bounds import MemoryFit, lower_bound_with_memory_s
 from planner.shapes import rank_shapes
 from planner.space import Choice, build_plan
@@ -106,3 +109,27 @@ def test_the_bound_holds_for_folded_offloaded_and_float8_plans(choice, framework
     for _ in range(20):
         split = _random_split(plan, rng)
         assert bound <= estimate(model, train, cluster, split, simulate=False).step_time_s * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("choice", [
+    Choice(tp=2, pp=4, zero_stage=1, recompute=Recompute.FULL, schedule=Schedule.ONE_F_ONE_B),
+    Choice(tp=2, pp=4, vpp=2, zero_stage=1, schedule=Schedule.INTERLEAVED, micro_batch_size=2),
+    Choice(tp=4, pp=2, zero_stage=3, schedule=Schedule.ZB_H1),
+])
+def test_the_search_s_first_bound_holds_on_a_mixed_cluster(choice):
+    """The search's first bound on a mixed cluster: the fastest group's costs everywhere, and
+    the slowest rank at least L / sum(1/c_r) over the groups' times per layer."""
+    model, cluster = resolve_model("llama2-13b"), parse_cluster("2x8xA100+2x8xH100")
+    plan = build_plan(model, TRAIN, cluster, choice)
+    shared = SharedModels(model, TRAIN, cluster, SearchOptions())
+    timed = shared.time_model(dataclasses.replace(choice, dp=plan.dp, vpp=1, schedule=Schedule.ONE_F_ONE_B))
+    zero = timed.zero_floors_s[STATE_OPTIONS.index(States(choice.zero_stage, False))]
+    floor = partial(time_floor_s, model, timed.rtm, plan.pp, plan.num_micro_batches, plan.schedule, plan.vpp,
+                    plan.recompute)
+    bound = floor(timed.slowest_floor_s) + zero
+    assert bound > floor() + zero   # the groups' speeds raise it
+    rng = random.Random(0)
+    for _ in range(20):
+        split = _random_split(plan, rng)
+        est = estimate(model, TRAIN, cluster, split, simulate=False)
+        assert bound <= est.closed_form_step_time_s * (1 + 1e-12)
