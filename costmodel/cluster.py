@@ -597,8 +597,11 @@ def _mixed_from_dict(data: dict, where: str, per_node: int, headroom: float) -> 
         at = f"{where}: groups[{i}]"
         if not isinstance(entry, dict) or set(entry) != {"num_nodes", "device"}:
             raise InputError(f"{at}: expected an object with keys num_nodes, device")
-        groups.append(DeviceGroup(device=resolve_device(inputs.value(entry, "device", str, at)),
-                                  num_nodes=inputs.positive_field(entry, "num_nodes", at)))
+        try:
+            device = resolve_device(inputs.value(entry, "device", str, at))
+        except ValueError as exc:
+            raise InputError(f"{at}: {exc}") from None
+        groups.append(DeviceGroup(device=device, num_nodes=inputs.positive_field(entry, "num_nodes", at)))
     link = inputs.value(data, "group_link_bytes_per_s", float, where)
     cluster = mixed_cluster(groups, per_node, link, memory_headroom=headroom)
     if (cluster.num_nodes, _device_ref(cluster.device)) != (data["num_nodes"], data["device"]):

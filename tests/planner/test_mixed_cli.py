@@ -98,3 +98,21 @@ def test_the_launch_keeps_node_ranks_in_group_order(mixed_plan, capsys):
     order = json.loads(mixed_plan.read_text())["plan"].get("group_order", [0, 1])
     first = ["A100-SXM4-80GB", "H100-SXM5-80GB"][order[0]]
     assert f"# node 0 ({first} node)" in out and "--node-rank=7" in out and "--master-addr=" in out
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (lambda d: d["plan"].__setitem__("group_order", [0, 5]), "group_order [0, 5] is not an order"),
+    (lambda d: d["cluster"]["groups"][1].__setitem__("device", "Z9"), "cluster: groups[1]: unknown device 'Z9'"),
+    (lambda d: d["cluster"]["groups"][1].__setitem__("num_nodes", -4), "groups[1]: num_nodes must be a positive"),
+    (lambda d: d["cluster"].__setitem__("num_nodes", 9), "num_nodes and device must be the groups' total"),
+    (lambda d: d["cluster"].__setitem__("group_link_bytes_per_s", -1), "needs a positive bandwidth"),
+    (lambda d: d["cluster"].__setitem__("groups", d["cluster"]["groups"][:1]), "needs groups (a list of two or more)"),
+], ids=["order", "device", "nodes", "total", "link", "one-group"])
+def test_a_bad_mixed_plan_file_names_the_field(mixed_plan, tmp_path, capsys, mutate, message):
+    doc = json.loads(mixed_plan.read_text())
+    mutate(doc)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    assert main(["predict", "--plan", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
