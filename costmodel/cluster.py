@@ -122,6 +122,9 @@ class DeviceProfile:
     # the node's host, where offloaded states live; None: nothing can be offloaded (a CPU
     # profile's ranks already run on the host)
     host: HostSpec | None = None
+    # `planner profile`: an AdamW step as the runtime takes one, seconds per parameter (0: not
+    # measured; the step is then priced as memory-bound traffic)
+    optimizer_s_per_param: float = 0.0
 
     @property
     def usable_memory_bytes(self) -> int:
@@ -393,7 +396,7 @@ def profile_problems(dev: DeviceProfile) -> list[str]:  # noqa: C901 - one check
     need("memory_bytes", dev.memory_bytes, dev.memory_bytes > 0)
     need("memory_bandwidth_bytes_per_s", dev.memory_bandwidth_bytes_per_s, dev.memory_bandwidth_bytes_per_s > 0)
     need("threads_per_rank", dev.threads_per_rank, dev.threads_per_rank >= 0)
-    for name in ("reported_memory_bytes", "num_sms"):
+    for name in ("reported_memory_bytes", "num_sms", "optimizer_s_per_param"):
         need(name, getattr(dev, name), getattr(dev, name) >= 0)
     if not isinstance(dev.name, str) or not dev.name.strip() or not dev.name.isprintable():
         out.append(f"device.name {dev.name!r} is not a name")
@@ -450,6 +453,7 @@ def _profile_from(path: Path, raw: dict[str, Any]) -> DeviceProfile:
         memory_curve=_curve(raw.get("measured", {}).get("memory_bound", [])),
         machine_key=str(raw.get("measured", {}).get("machine_key", "")),
         machine=str(raw.get("measured", {}).get("machine", "")),
+        optimizer_s_per_param=float(raw.get("measured", {}).get("optimizer_s_per_param", 0.0)),
         dtype_efficiency=tuple((k, replace(efficiency, **{f: float(v[f]) for f in DTYPE_FIELDS}))
                                for k, v in eff.items() if isinstance(v, dict)))
 
@@ -481,6 +485,8 @@ def local_profile() -> DeviceProfile:
         raise machine.LocalProfileMissing(path, f"the cached profile is unreadable: {exc}") from None
     if dev.machine_key != machine.machine_key():
         raise machine.LocalProfileMissing(path, f"the cached profile was measured on {dev.machine or 'another machine'}")
+    if not dev.optimizer_s_per_param:
+        raise machine.LocalProfileMissing(path, "the cached profile predates the optimizer step's measurement")
     return dev
 
 

@@ -358,6 +358,10 @@ def host_optimizer_step_s(num_params: float, train: TrainSpec, cluster: ClusterS
 def optimizer_step_s(num_params: float, train: TrainSpec, dev: DeviceProfile) -> float:
     """AdamW over the local (ZeRO-sharded) parameters: read master, moments and gradient, write
     master, moments and the 16-bit copy, plus one gradient read for the global-norm clip."""
+    if dev.optimizer_s_per_param and train.optimizer is Optimizer.ADAMW:
+        # measured on this machine as the runtime steps it (runtime.profiler): the memory-bound
+        # curve's large kernels pay for fresh outputs (page faults on a CPU: 4-7x slower there)
+        return num_params * dev.optimizer_s_per_param
     dev = dev.for_dtype(train.compute_dtype)
     g = train.grad_dtype.num_bytes
     states = 3 * 4 if train.optimizer is Optimizer.ADAMW else 4

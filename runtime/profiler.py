@@ -172,6 +172,32 @@ def op_overhead_s(device: torch.device) -> float:
     return best_s(lambda: [x + x for _ in range(1000)], repeat=5, sync=_sync(device)) / 1000
 
 
+# AdamW timed over 4M fp32 parameters in 16 tensors (64 MiB of weights, gradients and moments:
+# beyond the caches, as a model's are)
+OPTIMIZER_PARAMS, OPTIMIZER_TENSORS, OPTIMIZER_ALLOCATIONS = 1 << 22, 16, 3
+
+
+def optimizer_s_per_param(device: torch.device) -> float:
+    """Seconds per parameter of an AdamW step as the runtime takes one on the device
+    (runtime.train.make_optimizer: foreach, fp32 weights; FSDP2 keeps the master weights in
+    fp32 for every compute dtype). Timed on tensors that persist from step to step: the
+    memory-bound curve's kernels write fresh outputs, whose first touch (page faults, on a CPU)
+    an in-place optimizer never pays. The mean over OPTIMIZER_ALLOCATIONS fresh sets of tensors:
+    on a CPU the same step takes 2 or 4 ns per parameter by where its pages land, stable within
+    one allocation (a training run's are as likely to land either way)."""
+    times = []
+    for _ in range(OPTIMIZER_ALLOCATIONS):
+        params = [torch.nn.Parameter(torch.randn(OPTIMIZER_PARAMS // OPTIMIZER_TENSORS, device=device))
+                  for _ in range(OPTIMIZER_TENSORS)]
+        for p in params:
+            p.grad = torch.randn_like(p)
+        optimizer = torch.optim.AdamW(params, lr=1e-4, foreach=True)
+        optimizer.step()   # the moments are allocated on the first step
+        times.append(best_s(optimizer.step, repeat=3, sync=_sync(device)))
+        del optimizer, params
+    return sum(times) / len(times) / OPTIMIZER_PARAMS
+
+
 ATTENTION_SHAPES = ((1, 4, 256, 64), (1, 8, 512, 64), (2, 8, 1024, 64))
 
 
@@ -284,6 +310,7 @@ def measure_rank(dtypes: list[str], device_type: str, threads: int, budget: Budg
         say("attention")(1.0, f"attention {name}")
     dist.barrier()
     out["overhead_s"] = op_overhead_s(device)
+    out["optimizer_s_per_param"] = optimizer_s_per_param(device)
     if dist.get_world_size() > 1:
         with warnings.catch_warnings():   # gloo's *_tensor collectives are "deprecated" in 2.13, still the API
             warnings.simplefilter("ignore", FutureWarning)

@@ -11,7 +11,7 @@ import pytest
 from costmodel import machine
 from runtime.measure import measured_record
 from costmodel.cluster import load_profile, parse_cluster
-from costmodel.compute import gemm_s, interpolate
+from costmodel.compute import gemm_s, interpolate, optimizer_step_s
 from costmodel.estimate import estimate
 from costmodel.plan import PlanFile
 from costmodel.registry import resolve_model
@@ -43,6 +43,10 @@ def test_profile_writes_a_usable_measured_profile(measured, capsys):
     train = TrainSpec(seq_len=128, global_batch_size=8, compute_dtype=DType.FP32)
     small, big = gemm_s(64, 64, 64, dev, train), gemm_s(1024, 1024, 1024, dev, train)
     assert big / small < 4096   # small GEMMs run at a lower measured rate than large ones
+    # the optimizer step is measured as the runtime takes it (AdamW, foreach) and prices the step
+    per_param = raw["measured"]["optimizer_s_per_param"]
+    assert 1e-11 < per_param < 1e-6 and dev.optimizer_s_per_param == per_param
+    assert optimizer_step_s(1e6, train, dev) == pytest.approx(1e6 * per_param)
     assert main(["predict", "--model", "debug-small", "--cluster", f"1x2x{measured}", "--dtype", "fp32",
                  "--json"]) == 0
 
