@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from costmodel.cluster import ClusterSpec, DeviceProfile
 from costmodel.estimate import host_bytes_per_rank, memory_per_rank, offloads
-from costmodel.groups import placement_problems, rank_views, views
+from costmodel.groups import (group_plan, group_train, places_replicas, placement_problems, rank_views,
+                              replica_samples, replica_view, views)
 from costmodel.plan import AXES, Plan, Recompute, Schedule
 from costmodel.specs import ModelSpec, PositionKind, TrainSpec
 from costmodel.units import GIB
@@ -43,8 +44,9 @@ def check_structure(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
             f"{model.sliding_window} or less")
     if problem := world_problem(plan.dp, plan.tp, plan.pp, plan.cp, cluster.world_size):
         add(problem)
-    elif cluster.is_mixed or plan.group_order:
+    elif cluster.is_mixed or plan.group_order or plan.micro_batch_sizes:
         problems += placement_problems(plan, cluster)
+    placed = not problems
     problems += tp_problems(model, plan.tp)
     problems += cp_problems(model, train, plan.cp)
     problems += ep_problems(model, plan.dp, plan.ep)
@@ -53,7 +55,17 @@ def check_structure(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
     if problem := moe_tp_problem(model, plan.tp, plan.sequence_parallel):
         add(problem)
     batch = plan.dp * plan.micro_batch_size * plan.num_micro_batches
-    if batch != train.global_batch_size:
+    if plan.micro_batch_sizes and model.is_moe:
+        add("micro_batch_sizes with experts: the router's balancing loss is not weighted by the replicas' shares")
+    if plan.micro_batch_sizes and placed:   # each replica its group's share
+        batch = sum(replica_samples(plan, cluster))
+        if batch != train.global_batch_size:
+            add(f"the replicas' samples {'+'.join(map(str, replica_samples(plan, cluster)))} = {batch} "
+                f"(micro_batch_sizes {list(plan.micro_batch_sizes)} x {plan.num_micro_batches} micro-batches) "
+                f"do not add up to the global batch {train.global_batch_size}")
+    elif plan.micro_batch_sizes:
+        pass   # placement_problems said why
+    elif batch != train.global_batch_size:
         add(f"dp*micro_batch_size*num_micro_batches = {plan.dp}*{plan.micro_batch_size}*"
             f"{plan.num_micro_batches} = {batch} does not equal the global batch {train.global_batch_size}")
     if plan.zero_stage not in (0, 1, 2, 3):
@@ -228,6 +240,12 @@ def _check_recompute(plan: Plan) -> list[str]:
 
 def check_memory(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> list[str]:
     """Each pipeline rank against its device's budget (a mixed cluster's groups differ)."""
+    if places_replicas(plan, cluster):   # each group's replicas against its device
+        return [f"the replicas on {cluster.groups[g].device.name} (micro-batch "
+                f"{group_plan(plan, cluster, g).micro_batch_size}): {problem}"
+                for g in range(len(cluster.groups))
+                for problem in check_memory(model, group_train(train, plan, cluster, g), replica_view(cluster, g),
+                                            group_plan(plan, cluster, g))]
     problems = []
     ranks = rank_views(plan, cluster)
     for rank, (mem, view) in enumerate(zip(memory_per_rank(model, train, cluster, plan), ranks)):

@@ -23,7 +23,8 @@ from costmodel.memory import (StageMemory, backward_working_bytes, host_activati
                               stage_memory)
 from costmodel.params import ceil_div, rank_params
 from costmodel.pipeline_closed_form import pipeline_time_s
-from costmodel.groups import rank_budgets_bytes, rank_groups, rank_views, world_peak_flops_per_s
+from costmodel.groups import (group_plan, group_replicas, group_train, places_replicas, rank_budgets_bytes, rank_groups,
+                              rank_views, replica_view, world_peak_flops_per_s)
 from costmodel.plan import Plan
 from costmodel.pipeline_simulation import Simulation, simulate
 from costmodel.stage_costs import stage_costs
@@ -62,6 +63,10 @@ class Estimate:
     # cluster: all 0)
     memory_capacity_per_rank_bytes: list[float] = field(default_factory=list)
     rank_groups: list[int] = field(default_factory=list)
+    # replicas placed on device groups (pp = 1 on a mixed cluster): per group, its replicas,
+    # micro-batch size, samples per step, step time, peak memory and budget (rank_groups then
+    # names the group whose memory the per-rank fields show)
+    group_shares: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def max_peak_memory_bytes(self) -> float:
@@ -91,6 +96,38 @@ class Estimate:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _replicas_on_groups(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan,
+                        simulate: bool) -> Estimate:
+    """Data-parallel replicas placed on device groups (costmodel.groups): each group's ranks are
+    priced as the uniform plan of their micro-batch size on the group's replica view; the
+    gradient collectives join every replica (under ZeRO-3 so do each micro-batch's gathers), so
+    the step is the slowest group's. Memory: the group closest to its own budget."""
+    groups = range(len(cluster.groups))
+    parts = [estimate(model, group_train(train, plan, cluster, g), replica_view(cluster, g),
+                      group_plan(plan, cluster, g), simulate=simulate) for g in groups]
+    slowest = max(groups, key=lambda g: parts[g].step_time_s)
+    tight = min(groups, key=lambda g: parts[g].min_headroom_fraction)
+    replicas, step_s = group_replicas(plan, cluster), parts[slowest].step_time_s
+    model_flops = float(model_flops_per_step(model, train))
+    executed = sum(parts[g].executed_flops * replicas[g] / plan.dp for g in groups)
+    world_peak = world_peak_flops_per_s(cluster, train.compute_dtype)
+    closed = [p.closed_form_step_time_s for p in parts]
+    return replace(
+        parts[slowest], step_time_s=step_s, tokens_per_s=train.tokens_per_step / step_s,
+        mfu=utilization(model_flops, step_s, 1, world_peak), hfu=utilization(executed, step_s, 1, world_peak),
+        model_flops=model_flops, executed_flops=executed,
+        peak_memory_bytes=parts[tight].peak_memory_bytes, memory_breakdown_bytes=parts[tight].memory_breakdown_bytes,
+        memory_capacity_bytes=parts[tight].memory_capacity_bytes,
+        memory_capacity_per_rank_bytes=parts[tight].memory_capacity_per_rank_bytes,
+        host_memory_bytes=parts[tight].host_memory_bytes, host_capacity_bytes=parts[tight].host_capacity_bytes,
+        fits=all(p.fits for p in parts), rank_groups=[tight],
+        closed_form_step_time_s=None if None in closed else max(closed),
+        group_shares=[{"group": g, "replicas": replicas[g], "micro_batch_size": group_plan(plan, cluster, g).micro_batch_size,
+                       "samples": replicas[g] * group_plan(plan, cluster, g).micro_batch_size * plan.num_micro_batches,
+                       "step_time_s": parts[g].step_time_s, "peak_memory_bytes": parts[g].max_peak_memory_bytes,
+                       "capacity_bytes": parts[g].memory_capacity_bytes, "fits": parts[g].fits} for g in groups])
 
 
 def _tied_embedding_sync_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
@@ -174,6 +211,8 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
     `simulate=False` prices the pipeline by its closed form instead (fast, affine in the layer
     split: what the search's branch and bound and CP-SAT reason with); a schedule without one
     (ScheduleTraits.closed_form) is refused."""
+    if places_replicas(plan, cluster):
+        return _replicas_on_groups(model, train, cluster, plan, simulate)
     sp = spans(plan, cluster)
     views = rank_views(plan, cluster)   # each rank priced by its device group's profile
     ranks = [rank_times(model, train, plan, views[r], sp, r) for r in range(plan.pp)]

@@ -24,6 +24,7 @@ import numpy as np
 from costmodel.cluster import ClusterSpec
 from costmodel.placement import axis_strides
 from costmodel.plan import Plan
+from costmodel.specs import TrainSpec
 
 
 def group_order(plan: Plan, cluster: ClusterSpec) -> tuple[int, ...]:
@@ -55,41 +56,151 @@ def rank_groups(plan: Plan, cluster: ClusterSpec) -> tuple[int | None, ...]:
     rank's stage straddles two groups. A uniform cluster: all 0."""
     if not cluster.is_mixed:
         return (0,) * plan.pp
+    return _axis_groups(plan, cluster, "pp")
+
+
+def replica_groups(plan: Plan, cluster: ClusterSpec) -> tuple[int | None, ...]:
+    """The group of each data-parallel replica's devices (all its ranks with that dp
+    coordinate); None where a replica straddles two groups. A uniform cluster: all 0."""
+    if not cluster.is_mixed:
+        return (0,) * plan.dp
+    return _axis_groups(plan, cluster, "dp")
+
+
+def _axis_groups(plan: Plan, cluster: ClusterSpec, axis: str) -> tuple[int | None, ...]:
     node_group = node_groups(plan, cluster)
     degrees = tuple(plan.degree(a) for a in plan.mesh_axis_order)
-    return _rank_groups(plan.mesh_axis_order, degrees, cluster.devices_per_node, node_group)
+    return _coordinate_groups(plan.mesh_axis_order, degrees, cluster.devices_per_node, node_group, axis)
 
 
 @lru_cache(maxsize=4096)
-def _rank_groups(order: tuple[str, ...], degrees: tuple[int, ...], devices_per_node: int,
-                 node_group: tuple[int, ...]) -> tuple[int | None, ...]:
+def _coordinate_groups(order: tuple[str, ...], degrees: tuple[int, ...], devices_per_node: int,
+                       node_group: tuple[int, ...], axis: str) -> tuple[int | None, ...]:
+    """For each coordinate along `axis`, the one group all its ranks lie in, or None."""
     strides = axis_strides(order, degrees)
-    pp_axis = order.index("pp")
-    others = [(strides[a], d) for a, d in zip(order, degrees) if a != "pp"]
+    others = [(strides[a], d) for a, d in zip(order, degrees) if a != axis]
     ranks = np.zeros(1, dtype=np.int64)
     for stride, degree in others:
         ranks = (ranks[:, None] + np.arange(degree, dtype=np.int64) * stride).ravel()
     groups = np.array(node_group)
     out = []
-    for r in range(degrees[pp_axis]):
-        seen = np.unique(groups[(ranks + r * strides["pp"]) // devices_per_node])
+    for r in range(degrees[order.index(axis)]):
+        seen = np.unique(groups[(ranks + r * strides[axis]) // devices_per_node])
         out.append(int(seen[0]) if seen.size == 1 else None)
     return tuple(out)
+
+
+def places_replicas(plan: Plan, cluster: ClusterSpec) -> bool:
+    """Whether a plan places data-parallel replicas on groups (a mixed cluster without a
+    pipeline) rather than pipeline stages."""
+    return cluster.is_mixed and plan.pp == 1
+
+
+def replica_micro_batch_sizes(plan: Plan, cluster: ClusterSpec) -> list[int]:
+    """The micro-batch size of each data-parallel replica (its group's, Plan.micro_batch_sizes)."""
+    if not plan.micro_batch_sizes:
+        return [plan.micro_batch_size] * plan.dp
+    return [plan.micro_batch_sizes[g] for g in replica_groups(plan, cluster)]
+
+
+def replica_samples(plan: Plan, cluster: ClusterSpec) -> list[int]:
+    """Sequences of the global batch each data-parallel replica trains on per step (the weight
+    of its loss: runtime.train and runtime.data read it from here)."""
+    return [mbs * plan.num_micro_batches for mbs in replica_micro_batch_sizes(plan, cluster)]
+
+
+def group_replicas(plan: Plan, cluster: ClusterSpec) -> list[int]:
+    """How many data-parallel replicas each group holds (cluster.groups order)."""
+    counts = [0] * len(cluster.groups)
+    for g in replica_groups(plan, cluster):
+        counts[g] += 1
+    return counts
+
+
+def group_plan(plan: Plan, cluster: ClusterSpec, group: int) -> Plan:
+    """What one group's ranks run: the plan with its replicas' micro-batch size (a uniform plan,
+    priced on `replica_view`)."""
+    mbs = plan.micro_batch_sizes[group] if plan.micro_batch_sizes else plan.micro_batch_size
+    return replace(plan, micro_batch_size=mbs, micro_batch_sizes=(), group_order=())
+
+
+def group_train(train: TrainSpec, plan: Plan, cluster: ClusterSpec, group: int) -> TrainSpec:
+    """The training spec `group_plan` is consistent with: every replica as this group's."""
+    return replace(train, global_batch_size=plan.dp * group_plan(plan, cluster, group).micro_batch_size
+                   * plan.num_micro_batches)
+
+
+def representative(train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> tuple[TrainSpec, ClusterSpec, Plan]:
+    """What per-rank pictures of a plan draw (the simulated timeline and memory curves, the dry
+    run's states): the plan itself, or with replicas on groups the uniform plan of the group
+    with the largest micro-batch (the most activations; the states are alike in every group),
+    the slower device among equals."""
+    if not places_replicas(plan, cluster):
+        return train, cluster, plan
+    groups = range(len(cluster.groups))
+    g = max(groups, key=lambda g: (group_plan(plan, cluster, g).micro_batch_size,
+                                   -cluster.groups[g].device.peak_for(train.compute_dtype)))
+    return group_train(train, plan, cluster, g), replica_view(cluster, g), group_plan(plan, cluster, g)
+
+
+def replica_view(cluster: ClusterSpec, group: int) -> ClusterSpec:
+    """The uniform cluster that prices a replica of `group` when replicas are placed on groups:
+    its group's device, with the data-parallel collectives (which join every group) over the
+    slower of its own network and the link between groups. Every tier beyond a node is the
+    slower one: a replica's TP or CP over nodes of its own group is priced at it too (a
+    pessimism; they rarely leave a node)."""
+    return _replica_view(cluster, group)
+
+
+@lru_cache(maxsize=256)
+def _replica_view(cluster: ClusterSpec, group: int) -> ClusterSpec:
+    device = cluster.groups[group].device
+    link = cluster.group_link
+    slower = link if link.effective_bandwidth_bytes_per_s < device.inter_node.effective_bandwidth_bytes_per_s \
+        else device.inter_node
+    slower = replace(slower, latency_s=max(slower.latency_s, device.inter_node.latency_s))
+    device = replace(device, inter_node=slower, middle_tiers=())
+    return replace(cluster, device=device, groups=(), group_link=None, pipeline_link=cluster.group_link)
 
 
 def placement_problems(plan: Plan, cluster: ClusterSpec) -> list[str]:
     """Why a plan cannot be placed on a mixed cluster (check_plan's rule)."""
     if not cluster.is_mixed:
-        return [f"group_order {list(plan.group_order)} needs a mixed cluster"] if plan.group_order else []
+        return ([f"group_order {list(plan.group_order)} needs a mixed cluster"] if plan.group_order else []) + \
+            ([f"micro_batch_sizes {list(plan.micro_batch_sizes)} needs a mixed cluster (one size per device "
+              "group)"] if plan.micro_batch_sizes else [])
     n = len(cluster.groups)
     if plan.group_order and sorted(plan.group_order) != list(range(n)):
         return [f"group_order {list(plan.group_order)} is not an order of the cluster's {n} groups"]
+    if places_replicas(plan, cluster):
+        return _replica_problems(plan, cluster)
+    if plan.micro_batch_sizes:
+        return [f"micro_batch_sizes {list(plan.micro_batch_sizes)}: uneven batch shares need pp = 1 (each "
+                "data-parallel replica on one group); a pipeline's stages span the groups"]
     groups = rank_groups(plan, cluster)
     if None in groups:
         return [f"a pipeline stage spans two device groups of {cluster.name} (each stage must run on one "
                 f"group: pp must split the cluster at its group boundaries, with pp outermost in the mesh)"]
     if len(set(groups)) < n:
         return [f"a device group of {cluster.name} holds no pipeline stage"]   # cannot happen: kept as a guard
+    return []
+
+
+def _replica_problems(plan: Plan, cluster: ClusterSpec) -> list[str]:
+    n, sizes = len(cluster.groups), plan.micro_batch_sizes
+    if None in replica_groups(plan, cluster):
+        return [f"a data-parallel replica spans two device groups of {cluster.name} (without a pipeline each "
+                "replica must run on one group: its tp x cp ranks inside a group, dp outermost)"]
+    if sizes and (len(sizes) != n or min(sizes) < 1):
+        return [f"micro_batch_sizes {list(sizes)} needs one positive size per group ({n})"]
+    if sizes and plan.micro_batch_size != max(sizes):
+        return [f"micro_batch_size {plan.micro_batch_size} must be the largest of micro_batch_sizes {list(sizes)}"]
+    if plan.ep > 1:
+        return [f"ep={plan.ep} with replicas on device groups: expert parallelism across groups is not priced"]
+    if plan.offload_optimizer or plan.offload_activations or plan.fp8_linears:
+        return ["offload and float8 with replicas on device groups are not priced yet"]
+    if 0 in group_replicas(plan, cluster):
+        return [f"a device group of {cluster.name} holds no data-parallel replica"]
     return []
 
 
@@ -147,6 +258,20 @@ def short_device_name(cluster: ClusterSpec, group: int) -> str:
     return cluster.groups[group].device.name.split("-")[0]
 
 
+def _share_lines(plan: Plan, cluster: ClusterSpec, global_batch_size: int) -> list[str]:
+    replicas, out = group_replicas(plan, cluster), []
+    for g in group_order(plan, cluster):
+        group, mbs = cluster.groups[g], group_plan(plan, cluster, g).micro_batch_size
+        samples = mbs * plan.num_micro_batches
+        out.append(f"{replicas[g]} replica(s) on {group.num_nodes}x{cluster.devices_per_node}x{group.device.name}: "
+                   f"micro-batch {mbs} x {plan.num_micro_batches} = {samples} sequences each, "
+                   f"{100 * replicas[g] * samples / global_batch_size:.0f}% of the batch (losses weighted by it)")
+    out.append(f"no pipeline: each replica runs on one group; link between groups "
+               f"{cluster.group_link.bandwidth_bytes_per_s / 1e9:g} GB/s per device (the gradient collectives "
+               "join every replica)")
+    return out
+
+
 def _runs(groups: tuple[int, ...]) -> list[tuple[int, int, int]]:
     """(group, first rank, last rank) for each run of pipeline ranks on one group."""
     out: list[tuple[int, int, int]] = []
@@ -162,6 +287,9 @@ def stages_on(plan: Plan, cluster: ClusterSpec) -> str:
     """Which pipeline ranks run on which group, compactly (`A100:0-3 H100:4-7`); '' on a uniform cluster."""
     if not cluster.is_mixed:
         return ""
+    if places_replicas(plan, cluster):   # replicas on groups: each group's micro-batch size
+        return " ".join(f"{short_device_name(cluster, g)}:mbs{group_plan(plan, cluster, g).micro_batch_size}"
+                        for g in group_order(plan, cluster))
     return " ".join(f"{short_device_name(cluster, g)}:{a}" + (f"-{b}" if b > a else "")
                     for g, a, b in _runs(rank_groups(plan, cluster)))
 
@@ -170,6 +298,8 @@ def placement_lines(plan: Plan, cluster: ClusterSpec, global_batch_size: int) ->
     """The stage placement and the batch each group works through, for a mixed cluster's summary."""
     if not cluster.is_mixed:
         return []
+    if places_replicas(plan, cluster):
+        return _share_lines(plan, cluster, global_batch_size)
     groups, out = rank_groups(plan, cluster), []
     for g, a, b in _runs(groups):
         layers = [plan.layers_on_rank(r) for r in range(a, b + 1)]

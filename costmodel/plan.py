@@ -176,6 +176,13 @@ class Plan:
     `group_order`: on a mixed cluster, the order in which its device groups take the ranks (a
     permutation of ClusterSpec.groups; costmodel.groups): the pipeline's stages run on the
     groups in that order. Empty (and absent from plan.json): the groups as the cluster lists them.
+    `micro_batch_sizes`: on a mixed cluster without a pipeline (pp = 1, each data-parallel
+    replica inside one group), the micro-batch size of the replicas of each group (in
+    ClusterSpec.groups order): every replica runs the same `num_micro_batches` (FSDP2's
+    collectives are per micro-batch, so the counts must agree) and takes its group's share of the
+    global batch; its loss is weighted by that share (costmodel.groups.replica_samples).
+    `micro_batch_size` is then the largest of them. Empty (and absent from plan.json): every
+    replica runs `micro_batch_size`.
     """
 
     dp: int
@@ -197,6 +204,7 @@ class Plan:
     fp8_linears: bool = False
     offload_activations: bool = False
     group_order: tuple[int, ...] = ()
+    micro_batch_sizes: tuple[int, ...] = ()
 
     @property
     def edp(self) -> int:
@@ -251,16 +259,19 @@ class Plan:
         off = "+offload" if self.offload_optimizer else ""
         off += " fp8" if self.fp8_linears else ""
         off += " act-offload" if self.offload_activations else ""
-        return (f"{text} z{self.zero_stage}{off}{rc} mbs{self.micro_batch_size}x{self.num_micro_batches}"
+        mbs = "/".join(map(str, self.micro_batch_sizes)) if self.micro_batch_sizes else str(self.micro_batch_size)
+        return (f"{text} z{self.zero_stage}{off}{rc} mbs{mbs}x{self.num_micro_batches}"
                 f" {self.schedule}{mesh}")
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["recompute"], out["schedule"] = str(self.recompute), str(self.schedule)
-        for key in ("recompute_num_layers", "layers_per_stage", "mesh_axis_order", "group_order"):
+        for key in ("recompute_num_layers", "layers_per_stage", "mesh_axis_order", "group_order",
+                    "micro_batch_sizes"):
             out[key] = list(out[key])
-        if not self.group_order:   # a uniform cluster's plan.json stays as older readers know it
-            del out["group_order"]
+        for key in ("group_order", "micro_batch_sizes"):   # a uniform cluster's plan.json stays as older readers know it
+            if not out[key]:
+                del out[key]
         return out
 
     @classmethod

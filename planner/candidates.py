@@ -74,20 +74,29 @@ class SearchOptions:
     progress: Callable[[str], None] | None = None
 
 
+def _placements(degrees: dict[str, int], cluster: ClusterSpec) -> list[tuple[tuple[str, ...], Spans]]:
+    """One mesh order per distinct placement of the groups (its spans); on a mixed cluster the
+    pipeline axis outermost."""
+    placed: dict[Spans, tuple[str, ...]] = {}
+    for order in itertools.permutations(("pp", "dp", "cp", "tp")):
+        if cluster.is_mixed and order[0] != "pp":
+            continue
+        placed.setdefault(spans(degrees_plan(**degrees, mesh_axis_order=order), cluster), order)
+    return [(order, sp) for sp, order in placed.items()]
+
+
+def _distinct_orders(degrees: dict[str, int], cluster: ClusterSpec) -> list[tuple[str, ...]]:
+    return [order for order, _ in _placements(degrees, cluster)]
+
+
 def _orders(degrees: dict[str, int], cluster: ClusterSpec) -> list[tuple[str, ...]]:
     """Mesh axis orders worth pricing: one per distinct placement of the groups, and none whose
     every link is at least as slow as another's (costmodel.rank_time.link_costs: such a placement
     cannot give a faster plan, and memory does not depend on placement). On a mixed cluster the
     pipeline axis stays outermost (each stage a run of whole nodes of one group,
     costmodel.groups), and a link must be no slower on every group's profile."""
-    placed: dict[Spans, tuple[tuple[str, ...], tuple[float, ...]]] = {}
-    for order in itertools.permutations(("pp", "dp", "cp", "tp")):
-        if cluster.is_mixed and order[0] != "pp":
-            continue
-        sp = spans(degrees_plan(**degrees, mesh_axis_order=order), cluster)
-        if sp not in placed:
-            placed[sp] = order, tuple(c for view in views(cluster) for c in link_costs(sp, view))
-    items = list(placed.values())
+    items = [(order, tuple(c for view in views(cluster) for c in link_costs(sp, view)))
+             for order, sp in _placements(degrees, cluster)]
     out = []
     for i, (order, costs) in enumerate(items):
         # dominated: another is no slower anywhere, and faster somewhere or listed first
@@ -136,22 +145,41 @@ def time_groups(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, option
     (a choice with one virtual stage and no schedule, its (vpp, schedule) variants): the
     variants share one rank time model."""
     world, L = cluster.world_size, model.num_layers
+    for tp, cp in _tp_cp(model, train, cluster, options):
+        for pp in allowed(options, "pp", [p for p in divisors(world // (tp * cp)) if p <= L]):
+            dp = world // (tp * cp * pp)
+            if train.global_batch_size % dp:
+                prune("global batch not divisible by dp")
+            elif options.fixed.get("dp", dp) == dp:
+                eps = [e for e in divisors(dp) if not ep_problems(model, dp, e)] if model.is_moe else [1]
+                for ep in allowed(options, "ep", eps):
+                    for fp8 in allowed(options, "fp8_linears", _fp8_options(model, train, cluster, tp)):
+                        for act in allowed(options, "offload_activations", _act_offload_options(cluster, tp)):
+                            yield from _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep,
+                                                           fp8, act)
+
+
+def _tp_cp(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: SearchOptions) -> Iterator[tuple[int, int]]:
+    """The tensor- and context-parallel degrees the space holds."""
+    world = cluster.world_size
     max_tp = options.max_tp or cluster.devices_per_node
     tp_all = [t for t in divisors(world) if t <= max(max_tp, options.fixed.get("tp", 0)) and not tp_problems(model, t)]
     for tp in allowed(options, "tp", tp_all):
         cp_all = [c for c in divisors(world // tp) if c <= MAX_CP and not cp_problems(model, train, c)]
         for cp in allowed(options, "cp", cp_all):
-            for pp in allowed(options, "pp", [p for p in divisors(world // (tp * cp)) if p <= L]):
-                dp = world // (tp * cp * pp)
-                if train.global_batch_size % dp:
-                    prune("global batch not divisible by dp")
-                elif options.fixed.get("dp", dp) == dp:
-                    eps = [e for e in divisors(dp) if not ep_problems(model, dp, e)] if model.is_moe else [1]
-                    for ep in allowed(options, "ep", eps):
-                        for fp8 in allowed(options, "fp8_linears", _fp8_options(model, train, cluster, tp)):
-                            for act in allowed(options, "offload_activations", _act_offload_options(cluster, tp)):
-                                yield from _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep,
-                                                               fp8, act)
+            yield tp, cp
+
+
+def replica_degrees(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
+                    options: SearchOptions) -> Iterator[tuple[int, int, int, list[tuple[str, ...]], list[bool]]]:
+    """Without a pipeline (planner.shares): (tp, cp, dp, every mesh order that lays the ranks out
+    differently, the SP options) per degree choice the user's constraints allow."""
+    for tp, cp in _tp_cp(model, train, cluster, options):
+        dp = cluster.world_size // (tp * cp)
+        if options.fixed.get("dp", dp) != dp:
+            continue
+        sps = dominant(options, "sequence_parallel", [True, False] if not sp_problems(train, tp, cp) else [False], True)
+        yield tp, cp, dp, _distinct_orders({"tp": tp, "cp": cp, "pp": 1, "dp": dp, "ep": 1}, cluster), sps
 
 
 def _fp8_options(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: int) -> list[bool]:
@@ -173,6 +201,8 @@ def _group_orders(cluster: ClusterSpec, options: SearchOptions, tp: int, cp: int
     one group (costmodel.groups.placement_problems); a uniform cluster's one empty order."""
     if not cluster.is_mixed:
         return [()]
+    if pp == 1:   # replicas on groups, with their own batch shares: planner.shares
+        return []
     orders = allowed(options, "group_order", group_orders(cluster))
     return [g for g in orders if not placement_problems(degrees_plan(tp=tp, cp=cp, pp=pp, dp=dp, group_order=g),
                                                         cluster)]

@@ -108,6 +108,10 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
                    help="mixed clusters: the order in which the --cluster groups (numbered from 0 as written) take "
                         "the pipeline's stages, e.g. 1,0 puts the second group's devices on stage 0 (default: as "
                         "written)")
+    g.add_argument("--group-mbs", default=None, metavar="B,B,...",
+                   help="mixed clusters without a pipeline (--pp 1): the micro-batch size of each group's data-parallel "
+                        "replicas, in --cluster order, e.g. 1,3: the faster group's replicas take the larger share of "
+                        "the global batch (their losses weighted by it); --mbs is then ignored")
 
 
 def _specs(args: argparse.Namespace) -> tuple[ModelSpec, TrainSpec, ClusterSpec]:
@@ -138,16 +142,24 @@ def _choice(args: argparse.Namespace) -> Choice:
                   sequence_parallel=args.sp, micro_batch_size=args.mbs, vpp=args.vpp,
                   schedule=Schedule(args.schedule) if args.schedule else None,
                   mesh_axis_order=tuple(a.strip() for a in args.mesh_order.split(",")),
-                  group_order=_group_order(args.group_order))
+                  group_order=_group_order(args.group_order),
+                  micro_batch_sizes=_ints(args.group_mbs, "--group-mbs", "1,3"))
 
 
 def _group_order(text: str | None) -> tuple[int, ...]:
+    return _ints(text, "--group-order", "1,0")
+
+
+def _ints(text: str | None, flag: str, example: str) -> tuple[int, ...]:
     if text is None:
         return ()
     try:
-        return tuple(int(g) for g in text.split(","))
+        values = tuple(int(g) for g in text.split(","))
     except ValueError:
-        raise UserError(f"--group-order {text!r}: expected group numbers joined by commas, e.g. 1,0") from None
+        raise UserError(f"{flag} {text!r}: expected whole numbers joined by commas, e.g. {example}") from None
+    if flag == "--group-mbs" and min(values) < 1:
+        raise UserError(f"{flag} {text!r}: every micro-batch size must be at least 1")
+    return values
 
 
 def _emit_json(doc: Any) -> None:

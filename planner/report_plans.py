@@ -7,6 +7,7 @@ from dataclasses import replace
 from costmodel.check import check_structure
 from costmodel.cluster import ClusterSpec
 from costmodel.estimate import estimate, simulate_plan
+from costmodel.groups import representative
 from costmodel.plan import Plan, Schedule
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.space import under_schedule
@@ -15,7 +16,9 @@ from reports.bubble import Variant
 
 def schedule_variants(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> list[Variant]:
     """The chosen plan first, then the same plan under each other schedule (planner.space.
-    under_schedule), or why that schedule cannot run it."""
+    under_schedule), or why that schedule cannot run it. Replicas on device groups: the group
+    the per-rank pictures draw (costmodel.groups.representative)."""
+    train, cluster, plan = representative(train, cluster, plan)
     out = [_priced("chosen: " + str(plan.schedule) + (f" (v={plan.vpp})" if plan.vpp > 1 else ""),
                    model, train, cluster, plan)]
     if plan.pp == 1:

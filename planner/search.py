@@ -35,6 +35,7 @@ from planner.shapes import rank_shapes
 from planner.candidates import STATE_OPTIONS, SearchOptions, states_allowed, states_for_group, time_groups
 from planner.ranking import closer, kth_best_s, rank, robust_first
 from planner.search_state import Found, SearchResult, SearchStats, SharedModels
+from planner.shares import search_shares
 from planner.space import Choice, build_plan, under_schedule
 
 REPRICED = 20   # closed-form best plans re-priced by simulation for the final ranking
@@ -188,9 +189,21 @@ def _branch_and_bound(shared: SharedModels, options, stats, candidates: _Candida
         elif isinstance(outcome, Found):
             found.append(outcome)
             cutoff = kth_best_s(found, options)
+    found += _replicas_on_groups(shared, options, stats, found, deadline)
     if stats.optimal:
         stats.lower_bound_s = min((f.estimate.step_time_s for f in found), default=math.inf)
     return _result(shared, options, stats, found, too_big)
+
+
+def _replicas_on_groups(shared: SharedModels, options: SearchOptions, stats: SearchStats, found: list[Found],
+                        deadline: float) -> list[Found]:
+    """A mixed cluster's plans without a pipeline, replicas on groups with their own batch
+    shares (planner.shares), under the cutoff the rest of the space left."""
+    if not shared.cluster.is_mixed or shared.model.is_moe:
+        return []
+    stages = sorted({o.zero_stage for o, ok in zip(STATE_OPTIONS, shared.zero_allowed) if ok and not o.offload_optimizer})
+    return search_shares(shared.model, shared.train, shared.cluster, options, stages, stats, kth_best_s(found, options),
+                         deadline, lambda more: kth_best_s(found + more, options))
 
 
 def _memory_entry(shared: SharedModels, stats: SearchStats, base: Choice, vpp: int, schedule: Schedule,

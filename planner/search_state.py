@@ -34,8 +34,8 @@ class SearchStats:
     lower_bound_s: float = 0.0  # no plan left unexamined can beat this (equals the best when optimal)
     enumerated: bool = True     # False: the time limit fell while the space was being listed (no bound)
 
-    def prune(self, reason: str) -> None:
-        self.pruned_by_reason[reason] = self.pruned_by_reason.get(reason, 0) + 1
+    def prune(self, reason: str, count: int = 1) -> None:
+        self.pruned_by_reason[reason] = self.pruned_by_reason.get(reason, 0) + count
 
     def to_dict(self) -> dict:
         return {"wall_s": self.wall_s, "num_candidates": self.num_candidates,

@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 
 from costmodel.check import world_problem
 from costmodel.cluster import ClusterSpec
+from costmodel.groups import placement_problems, replica_samples
 from costmodel.plan import DEFAULT_AXIS_ORDER, Plan, Recompute, Schedule, default_schedule, even_layers
 from costmodel.specs import ModelSpec, TrainSpec
 
@@ -31,6 +32,7 @@ class Choice:
     fp8_linears: bool = False   # the layers' linears in float8 (torchao tensorwise)
     offload_activations: bool = False   # the layers' saved activations on the host
     group_order: tuple[int, ...] = ()   # a mixed cluster's groups along the ranks (Plan.group_order)
+    micro_batch_sizes: tuple[int, ...] = ()   # per group, replicas on a mixed cluster (Plan.micro_batch_sizes)
 
 
 def build_plan(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, choice: Choice) -> Plan:
@@ -53,16 +55,21 @@ def build_plan(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, choice:
         if choice.recompute_layers > most:
             raise ValueError(f"--recompute-layers {choice.recompute_layers}: a pipeline rank holds at most "
                              f"{most} layers")
-    per_replica = train.global_batch_size // max(dp, 1)
-    if dp < 1 or train.global_batch_size % dp or per_replica % choice.micro_batch_size:
-        raise ValueError(f"global batch {train.global_batch_size} does not split into dp={dp} "
-                         f"replicas of micro-batches of {choice.micro_batch_size}")
+    if choice.micro_batch_sizes:
+        num_micro_batches = _shared_micro_batches(train, cluster, choice, dp)
+    else:
+        per_replica = train.global_batch_size // max(dp, 1)
+        if dp < 1 or train.global_batch_size % dp or per_replica % choice.micro_batch_size:
+            raise ValueError(f"global batch {train.global_batch_size} does not split into dp={dp} "
+                             f"replicas of micro-batches of {choice.micro_batch_size}")
+        num_micro_batches = per_replica // choice.micro_batch_size
     schedule = choice.schedule or default_schedule(choice.vpp)
     layers = even_layers(model.num_layers, choice.pp * choice.vpp)
     probe = Plan(dp=dp, tp=choice.tp, pp=choice.pp, cp=choice.cp, zero_stage=choice.zero_stage,
                  recompute=choice.recompute, recompute_num_layers=(0,) * choice.pp,
-                 sequence_parallel=False, micro_batch_size=choice.micro_batch_size,
-                 num_micro_batches=per_replica // choice.micro_batch_size, schedule=schedule,
+                 sequence_parallel=False,
+                 micro_batch_size=max(choice.micro_batch_sizes) if choice.micro_batch_sizes else choice.micro_batch_size,
+                 micro_batch_sizes=tuple(choice.micro_batch_sizes), num_micro_batches=num_micro_batches, schedule=schedule,
                  vpp=choice.vpp, layers_per_stage=layers, mesh_axis_order=tuple(choice.mesh_axis_order),
                  ep=choice.ep, offload_optimizer=choice.offload_optimizer, fp8_linears=choice.fp8_linears,
                  offload_activations=choice.offload_activations, group_order=tuple(choice.group_order))
@@ -73,6 +80,22 @@ def build_plan(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, choice:
                        else min(choice.recompute_layers, probe.layers_on_rank(r)) for r in range(choice.pp))
     sp = choice.sequence_parallel if choice.sequence_parallel is not None else choice.tp > 1
     return replace(probe, recompute_num_layers=counts, sequence_parallel=sp)
+
+
+def _shared_micro_batches(train: TrainSpec, cluster: ClusterSpec, choice: Choice, dp: int) -> int:
+    """The micro-batch count every replica runs when each group's run their own size: the global
+    batch over one micro-batch of every replica (costmodel.groups.replica_samples)."""
+    sizes = tuple(choice.micro_batch_sizes)
+    probe = degrees_plan(dp=dp, tp=choice.tp, pp=choice.pp, cp=choice.cp, mesh_axis_order=tuple(choice.mesh_axis_order),
+                         group_order=tuple(choice.group_order))
+    probe = replace(probe, micro_batch_size=max(sizes), micro_batch_sizes=sizes)
+    if problems := placement_problems(probe, cluster):
+        raise ValueError(problems[0])
+    per = sum(replica_samples(probe, cluster))
+    if train.global_batch_size % per:
+        raise ValueError(f"global batch {train.global_batch_size} is no whole number of micro-batches of "
+                         f"{per} sequences (micro-batch sizes {list(sizes)} over the groups' replicas)")
+    return train.global_batch_size // per
 
 
 def degrees_plan(*, dp: int, tp: int, pp: int, cp: int, zero_stage: int = 0, num_micro_batches: int = 1,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from costmodel.cluster import ClusterSpec
 from costmodel.estimate import Estimate, simulate_plan
-from costmodel.groups import placement_lines, short_device_name
+from costmodel.groups import placement_lines, representative, short_device_name
 from costmodel.memory import cp_gathered_kv_bytes, expert_state_bytes
 from costmodel.pipeline_closed_form import uniform_1f1b_bubble_fraction
 from costmodel.plan import Plan
@@ -68,12 +68,27 @@ def _summary(doc: Document, inp: ReportInput) -> None:
              f"Layers per virtual stage {list(p.layers_per_stage)}, recomputed layers per pipeline rank "
              f"{list(p.recompute_num_layers)} ({p.recompute}), mesh {' > '.join(p.mesh_axis_order)}.")
     lines = placement_lines(p, inp.cluster, t.global_batch_size)
-    if lines:
+    if lines and e.group_shares:
+        doc.text("Replicas on the device groups (no pipeline: each data-parallel replica runs on one group with "
+                 "its group's micro-batch size, the same number of micro-batches everywhere; the step is set by "
+                 "the slowest group):")
+    elif lines:
         doc.text("Placement on the device groups (each pipeline stage runs on one group; the layer split follows "
                  "each group's speed and memory, and the step is set by the slowest rank):")
-        for line in lines:
-            doc.text(line[0].upper() + line[1:] + ".")
-        doc.table(*_stage_table(inp))
+    for line in lines:
+        doc.text(line[0].upper() + line[1:] + ".")
+    if lines:
+        doc.table(*(_share_table(inp) if e.group_shares else _stage_table(inp)))
+
+
+def _share_table(inp: ReportInput) -> tuple[list[str], list[list[str]]]:
+    """Each group's replicas, share, step and memory: the slowest sets the step."""
+    shares = inp.estimate.group_shares
+    slowest = max(shares, key=lambda s: s["step_time_s"])
+    rows = [[short_device_name(inp.cluster, s["group"]) + (" (slowest)" if s is slowest else ""), str(s["replicas"]),
+             str(s["micro_batch_size"]), f"{s['samples']:,}", f"{s['step_time_s']:.3f}",
+             f"{s['peak_memory_bytes'] / GIB:.1f} of {s['capacity_bytes'] / GIB:.1f}"] for s in shares]
+    return ["group", "replicas", "micro-batch", "sequences per step", "step s", "peak GiB"], rows
 
 
 def _stage_table(inp: ReportInput) -> tuple[list[str], list[list[str]]]:
@@ -133,7 +148,7 @@ def _memory(doc: Document, inp: ReportInput, variants, out_dir: Path) -> None:
     doc.heading("Memory report")
     # the whole step with its memory curves (a variant's `sim` may be the lean one without them)
     plans = [PlanMemory(label=label, plan=p, estimate=e,
-                        sim=simulate_plan(inp.model, inp.train, inp.cluster, p, keep_events=True))
+                        sim=simulate_plan(inp.model, *representative(inp.train, inp.cluster, p), keep_events=True))
              for label, (p, e) in zip(["#1 (chosen)", "#2", "#3"],
                                       [(inp.plan, inp.estimate)] + list(inp.runners_up[:2]))]
     e = inp.estimate

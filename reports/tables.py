@@ -8,7 +8,7 @@ from typing import Any, Sequence
 from costmodel import resilience
 from costmodel.cluster import ClusterSpec
 from costmodel.estimate import Estimate
-from costmodel.groups import placement_lines, stages_on, views
+from costmodel.groups import placement_lines, short_device_name, stages_on, views
 from costmodel.plan import Plan
 from costmodel.specs import ModelSpec, TrainSpec
 from costmodel.units import GIB
@@ -54,6 +54,17 @@ def _tightest(est: Estimate, between: str, cap_format: str) -> str:
     return f"{est.peak_memory_bytes[r] / GIB:.1f}{between}{format(est.capacity_per_rank_bytes[r] / GIB, cap_format)}"
 
 
+def share_step_lines(cluster: ClusterSpec, est: Estimate) -> list[str]:
+    """Replicas on groups: each group's step and memory, the slowest marked (it sets the step)."""
+    if not est.group_shares:
+        return []
+    slowest = max(est.group_shares, key=lambda s: s["step_time_s"])
+    return ["step per group: " + ", ".join(
+        f"{short_device_name(cluster, s['group'])} {s['step_time_s']:.3f} s"
+        + (" (slowest)" if s is slowest else "")
+        + f", peak {s['peak_memory_bytes'] / GIB:.1f} of {s['capacity_bytes'] / GIB:.1f} GiB" for s in est.group_shares)]
+
+
 def summary_lines(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan,
                   est: Estimate, failures: resilience.Failures = resilience.LLAMA3) -> str:
     return "\n".join([
@@ -63,6 +74,7 @@ def summary_lines(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan
         f"plan     {plan.short()}   layers/stage {list(plan.layers_per_stage)}   "
         f"mesh {'>'.join(plan.mesh_axis_order)}",
         *(f"groups   {line}" for line in placement_lines(plan, cluster, train.global_batch_size)),
+        *(f"groups   {line}" for line in share_step_lines(cluster, est)),
         f"step     {est.step_time_s:.3f} s   {est.tokens_per_s:,.0f} tokens/s   "
         f"MFU {100 * est.mfu:.1f}%   HFU {100 * est.hfu:.1f}%   bubble {100 * est.bubble_fraction:.1f}%   "
         f"peak {_tightest(est, ' GiB of ', '.1f')}"

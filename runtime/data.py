@@ -52,8 +52,13 @@ class TokenSource:
         return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
 
 
-def local_slice(step: int, global_batch_size: int, dp: int, dp_rank: int) -> tuple[int, int]:
-    """(first global sample index, number of samples) of one data-parallel rank at a step."""
+def local_slice(step: int, global_batch_size: int, dp: int, dp_rank: int,
+                samples: tuple[int, ...] = ()) -> tuple[int, int]:
+    """(first global sample index, number of samples) of one data-parallel rank at a step;
+    `samples`: each replica's share when they differ (costmodel.groups.replica_samples), in
+    replica order, adding up to the global batch."""
+    if samples:
+        return step * global_batch_size + sum(samples[:dp_rank]), samples[dp_rank]
     per_rank = global_batch_size // dp
     return step * global_batch_size + dp_rank * per_rank, per_rank
 

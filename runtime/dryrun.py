@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from costmodel.estimate import host_state_bytes_per_rank, memory_per_rank
+from costmodel.groups import representative
 from costmodel.frameworks import RUNTIME
 from costmodel.memory import host_state_bytes, state_bytes_from_counts
 from costmodel.placement import axis_strides
@@ -77,7 +78,7 @@ def _count_rank(pf: PlanFile, rank: int) -> dict[str, dict[str, int]]:
 def dry_run(pf: PlanFile) -> list[dict[str, Any]]:
     """Per pipeline stage: runtime-counted vs predicted parameter, gradient, optimizer bytes."""
     plan, train = pf.plan, pf.train
-    predicted = memory_per_rank(pf.model, train, pf.cluster, plan)
+    predicted = memory_per_rank(pf.model, *representative(train, pf.cluster, plan))   # states: alike in every group
     predicted_host = host_state_bytes_per_rank(pf.model, train, plan)   # the states: what FSDP2 places
     rows = []
     for pp_rank in range(plan.pp):

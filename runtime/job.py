@@ -16,6 +16,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from costmodel.check import moe_tp_problem
+from costmodel.groups import replica_samples
 from costmodel.plan import Plan, PlanFile
 from runtime.context_parallel import CpShard
 from runtime.model import Transformer
@@ -40,6 +41,18 @@ class Job:
     clock: StepClock = field(default_factory=StepClock)   # this rank's split of the current step
     cp: CpShard | None = None              # context parallelism: this rank's chunks of each sequence
     tp_replicated: list[nn.Parameter] = field(default_factory=list)   # whole on each TP rank, trained on its share
+    # sequences each data-parallel replica trains on per step when they differ (replicas on
+    # device groups, costmodel.groups.replica_samples); () when every replica takes an equal share
+    samples: tuple[int, ...] = ()
+
+    @property
+    def loss_weight(self) -> float:
+        """This replica's loss weight: FSDP2 averages gradients over the replicas, so a replica
+        of s of the batch's S sequences scales its mean loss by dp·s/S (1 when shares are equal):
+        the average is then the mean over every sequence of the global batch."""
+        if not self.samples:
+            return 1.0
+        return self.plan.dp * self.samples[self.coords["dp"]] / sum(self.samples)
 
     @property
     def num_stages(self) -> int:
@@ -106,7 +119,8 @@ def build_job(pf: PlanFile, device: torch.device, *, seed: int, materialize: boo
         apply_data_parallel(mod, mesh, plan, pf.train)
         modules[j] = mod
     job = Job(plan=plan, mesh=mesh, device=device, coords=coords, modules=modules, cp=cp,
-              tp_replicated=_tp_replicated(modules) if plan.tp > 1 else [])
+              tp_replicated=_tp_replicated(modules) if plan.tp > 1 else [],
+              samples=tuple(replica_samples(plan, pf.cluster)) if plan.micro_batch_sizes else ())
     _tie_embeddings(job, pf)
     if plan.pp > 1 and materialize:
         job.schedule = build_schedule(plan, modules, mesh["pp"].get_group(), device, cross_entropy, job.clock)

@@ -92,7 +92,7 @@ def forward_backward(job: Job, tokens: torch.Tensor, labels: torch.Tensor) -> to
             model.set_requires_gradient_sync(final or gradient_sync_every_micro_batch(plan))
             model.set_reshard_after_backward(final or plan.zero_stage == 3)
         loss = cross_entropy(model(xs), ys)
-        (loss / m).backward()
+        (loss * (job.loss_weight / m)).backward()
         total += loss.detach()
     job.clock.busy_s += time.perf_counter() - start   # no pipeline: all of it is the stage's work
     return total / m
@@ -120,7 +120,7 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
         watchdog.watch(job.modules.values(), cfg.partial.parent / "errors" / f"rank{dist.get_rank()}.txt",
                        cfg.hang_timeout)
     for step in range(start, total):
-        first, count = local_slice(step, pf.train.global_batch_size, pf.plan.dp, job.coords["dp"])
+        first, count = local_slice(step, pf.train.global_batch_size, pf.plan.dp, job.coords["dp"], job.samples)
         tokens, labels = map(job.local_tokens, source.batch(first, count))
         track = step == cfg.warmup - 1 and device.type == "cpu"
         if step == cfg.warmup and device.type == "cuda":
@@ -281,7 +281,7 @@ def _step(job: Job, optimizer, tokens, labels, track: bool):
 def _reduce_step(job: Job, loss: torch.Tensor | None, elapsed_s: float) -> tuple[float, float]:
     """Global loss (mean over data-parallel replicas and CP ranks) and the slowest rank's step time."""
     contrib = loss.float().cpu() if (loss is not None and job.holds_loss) else torch.zeros(())
-    packed = (contrib / (job.plan.dp * job.plan.cp)).reshape(1)
+    packed = (contrib * job.loss_weight / (job.plan.dp * job.plan.cp)).reshape(1)
     slowest = torch.tensor([elapsed_s])
     dist.all_reduce(packed)   # CPU tensors: gloo, also under "cpu:gloo,cuda:nccl"
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)

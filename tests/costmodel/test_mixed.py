@@ -10,8 +10,8 @@ import pytest
 from costmodel.check import check_structure
 from costmodel.cluster import DeviceGroup, cluster_from_dict, mixed_cluster, parse_cluster
 from costmodel.estimate import estimate
-from costmodel.groups import placement_lines, rank_groups, stages_on
-from costmodel.plan import Schedule
+from costmodel.groups import placement_lines, rank_groups, replica_groups, replica_samples, stages_on
+from costmodel.plan import Recompute, Schedule
 from costmodel.registry import resolve_model
 from costmodel.specs import TrainSpec
 from planner.space import Choice, build_plan
@@ -88,10 +88,15 @@ def test_each_rank_is_priced_by_its_group():
 
 def test_a_stage_across_two_groups_is_refused():
     cluster = parse_cluster("4x8xA100+4x8xH100")
-    # pp=1: one stage over both groups; dp outermost puts each pipeline across the groups
-    for plan in (_plan(cluster, pp=1, zero_stage=3), _plan(cluster, mesh_axis_order=("dp", "pp", "cp", "tp"))):
-        assert None in rank_groups(plan, cluster)
-        assert any("spans two device groups" in p for p in check_structure(MODEL, TRAIN, cluster, plan))
+    # dp outermost puts each pipeline across the groups
+    plan = _plan(cluster, mesh_axis_order=("dp", "pp", "cp", "tp"))
+    assert None in rank_groups(plan, cluster)
+    assert any("a pipeline stage spans two device groups" in p for p in check_structure(MODEL, TRAIN, cluster, plan))
+    # without a pipeline each replica must lie in one group: one replica of tp8 x cp8 spans both
+    plan = _plan(cluster, pp=1, tp=8, cp=8, zero_stage=3)
+    assert replica_groups(plan, cluster) == (None,)
+    assert any("a data-parallel replica spans two device groups" in p
+               for p in check_structure(MODEL, TRAIN, cluster, plan))
     bad = dataclasses.replace(_plan(cluster), group_order=(0, 0))
     assert any("is not an order of the cluster's 2 groups" in p for p in check_structure(MODEL, TRAIN, cluster, bad))
     uniform = parse_cluster("8x8xA100")
@@ -108,3 +113,36 @@ def test_a_slow_link_between_groups_slows_only_what_crosses_it():
     # the collectives inside a group are the group's own
     for key in ("comm/tp_exposed", "comm/dp_exposed"):
         assert b.time_breakdown_s[key] == pytest.approx(a.time_breakdown_s[key])
+
+
+def test_replicas_on_two_alike_groups_price_as_the_uniform_cluster():
+    """Without a pipeline each group's replicas are priced on their own view: two alike groups
+    with equal shares give the uniform cluster's estimate."""
+    uniform = parse_cluster("8x8xA100")
+    a100 = uniform.device
+    mixed = mixed_cluster([DeviceGroup(device=a100, num_nodes=4), DeviceGroup(device=a100, num_nodes=4)], 8,
+                          a100.inter_node.bandwidth_bytes_per_s)
+    plan = _plan(uniform, pp=1, tp=8, zero_stage=3, micro_batch_size=2)
+    one = estimate(MODEL, TRAIN, uniform, plan)
+    two = estimate(MODEL, TRAIN, mixed, dataclasses.replace(plan, micro_batch_sizes=(2, 2)))
+    assert two.step_time_s == pytest.approx(one.step_time_s, rel=1e-12)
+    assert two.peak_memory_bytes == pytest.approx(one.peak_memory_bytes, rel=1e-12)
+    assert [s["replicas"] for s in two.group_shares] == [4, 4]
+
+
+def test_uneven_shares_move_work_to_the_faster_group():
+    cluster = parse_cluster("4x8xA100+4x8xH100")
+    base = _plan(cluster, pp=1, tp=8, zero_stage=3, recompute=Recompute.FULL, micro_batch_size=2)
+    even = estimate(MODEL, TRAIN, cluster, base)
+    times = {s["group"]: s["step_time_s"] for s in even.group_shares}
+    assert times[0] > times[1]   # the A100s set the step
+    # a quarter of the batch on the A100s: 4 replicas x 1 + 4 x 3, x 64 micro-batches = 1024
+    uneven = dataclasses.replace(base, micro_batch_size=3, micro_batch_sizes=(1, 3), num_micro_batches=64)
+    assert not check_structure(MODEL, TRAIN, cluster, uneven)
+    assert replica_samples(uneven, cluster) == [64] * 4 + [192] * 4
+    est = estimate(MODEL, TRAIN, cluster, uneven)
+    assert est.step_time_s < even.step_time_s
+    assert est.step_time_s == max(s["step_time_s"] for s in est.group_shares)
+    assert "A100:mbs1 H100:mbs3" == stages_on(uneven, cluster)
+    short = dataclasses.replace(uneven, num_micro_batches=32)
+    assert any("do not add up to the global batch 1024" in p for p in check_structure(MODEL, TRAIN, cluster, short))

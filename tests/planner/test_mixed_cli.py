@@ -66,7 +66,8 @@ def test_predict_takes_a_group_order(capsys):
 
 @pytest.mark.parametrize("args,message", [
     (["--group-order", "0,0"], "is not an order of the cluster's 2 groups"),
-    (["--pp", "1", "--dp", "16"], "spans two device groups"),
+    (["--pp", "1", "--dp", "1", "--tp", "8", "--cp", "8"], "a data-parallel replica spans two device groups"),
+    (["--pp", "8", "--group-mbs", "1,3"], "uneven batch shares need pp = 1"),
 ])
 def test_a_plan_that_cannot_be_placed_is_one_line(args, message, capsys):
     base = {"--dp": "2", "--tp": "2", "--pp": "8", "--cp": "2", "--zero": "1"}
@@ -116,3 +117,19 @@ def test_a_bad_mixed_plan_file_names_the_field(mixed_plan, tmp_path, capsys, mut
     assert main(["predict", "--plan", str(bad)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
+
+
+def test_predict_takes_each_group_s_micro_batch_size(tmp_path, capsys):
+    """Replicas on groups (--pp 1): each group's micro-batch size, shown with its share, the
+    step of each group, and a plan file that reads back the same."""
+    path = tmp_path / "shares.json"
+    args = ["predict", "--model", "llama3-8b", "--cluster", "2x8xA100+2x8xH100", "--pp", "1", "--tp", "2", "--cp", "4",
+            "--zero", "1", "--group-mbs", "1,3"]
+    assert main(args + ["--out", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "mbs1/3x64" in out and "micro-batch 3 x 64 = 192 sequences each, 75% of the batch" in out
+    assert "step per group: A100" in out and "(slowest)" in out
+    assert json.loads(path.read_text())["plan"]["micro_batch_sizes"] == [1, 3]
+    assert main(["predict", "--plan", str(path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [s["micro_batch_size"] for s in doc["estimate"]["group_shares"]] == [1, 3]

@@ -3,9 +3,14 @@ fp32, SGD; losses of every step and all parameters after the steps within 1e-5 r
 Ranks are forked from this process (gloo on CPU), 2-8 of them."""
 from __future__ import annotations
 
+from dataclasses import replace as dc_replace
+
 import pytest
 import torch
 
+from costmodel.check import check_structure
+from costmodel.cluster import DeviceGroup, mixed_cluster
+from costmodel.groups import replica_samples
 from costmodel.plan import Recompute, Schedule
 from costmodel.specs import AttentionKernel, DType, FfnKind, Optimizer, PositionKind
 from parity import assert_parity, distributed, plan_file, reference
@@ -245,3 +250,22 @@ def test_offloaded_activations_leave_the_device_and_weights_stay(monkeypatch):
     assert sum(not is_param for is_param, _ in kinds) >= pf.model.num_layers   # each layer's activations
     for (name, a), b in zip(plain.named_parameters(), moved.parameters()):
         torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.parametrize("choice,world,sizes", [
+    (Choice(zero_stage=1), 2, (1, 3)),
+    (Choice(zero_stage=3), 2, (3, 1)),
+    (Choice(tp=2, zero_stage=2), 4, (1, 3)),
+], ids=["zero1", "zero3", "tp2_zero2"])
+def test_uneven_batch_shares_train_as_one_process(choice, world, sizes):
+    """Replicas on device groups with their own micro-batch sizes (costmodel.groups): each takes
+    its share of the global batch and weights its loss by it, so the gradient average is the
+    whole batch's (two micro-batches each: under ZeRO-3 every one gathers weights)."""
+    pf = plan_file(choice, world=world)
+    group = DeviceGroup(device=pf.cluster.device, num_nodes=1)
+    cluster = mixed_cluster([group, group], world // 2)
+    plan = dc_replace(pf.plan, micro_batch_size=max(sizes), micro_batch_sizes=sizes, num_micro_batches=2)
+    pf = dc_replace(pf, plan=plan, cluster=cluster)
+    assert not check_structure(pf.model, pf.train, cluster, plan)
+    assert replica_samples(plan, cluster) == [2 * s for s in sizes]
+    assert_parity(pf)

@@ -1,0 +1,179 @@
+"""Replicas on device groups: the part of a mixed cluster's space without a pipeline.
+
+With pp = 1 each data-parallel replica runs on one group (costmodel.groups), and the replicas of
+a group run their own micro-batch size (Plan.micro_batch_sizes): a faster group takes a larger
+share of the global batch (Sailor, SOSP '24, and Whale, ATC '22, balance batches the same way).
+Every replica runs the same number of micro-batches m (FSDP2's collectives are per micro-batch),
+so a share vector is a micro-batch size per group with m·sum(replicas_g·mbs_g) = the global batch.
+
+There is no layer split: a candidate is its degrees, mesh order, share vector, SP, recompute mode
+and ZeRO stage, and the one free number is how many layers it recomputes, which the least count
+that fits every group's memory decides (time grows with it). The candidates are priced exactly in
+order of a valid lower bound (each group's closed-form pipeline floor and ZeRO floor on its own
+replica view; the step is the slowest group's), the branch and bound's cutoff stopping them.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import replace
+from typing import Iterator
+
+from costmodel.check import check_structure
+from costmodel.cluster import ClusterSpec
+from costmodel.estimate import estimate
+from costmodel.groups import group_plan, group_replicas, group_train, replica_groups, replica_view
+from costmodel.memory import stage_memory_shapes
+from costmodel.plan import Plan, Recompute, Schedule
+from costmodel.rank_time import rank_time_model, spans
+from costmodel.specs import ModelSpec, TrainSpec
+from planner.bounds import MemoryFit, time_floor_s, zero_floor_s
+from planner.candidates import MAX_MICRO_BATCH, SearchOptions, allowed, replica_degrees
+from planner.search_state import Found, SearchStats
+
+
+def share_vectors(replicas: list[int], global_batch: int, sizes: list[range]) -> Iterator[tuple[tuple[int, ...], int]]:
+    """(micro-batch size per group, micro-batches) with m·sum(replicas_g·mbs_g) = global_batch,
+    group g's size taken from sizes[g]."""
+    for vector in itertools.product(*sizes):
+        per_micro_batch = sum(r * s for r, s in zip(replicas, vector))
+        if global_batch % per_micro_batch == 0:
+            yield vector, global_batch // per_micro_batch
+
+
+def _skeletons(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: SearchOptions,
+               leanest_zero: int) -> Iterator[Plan]:
+    """Every pp = 1 layout whose replicas each lie in one group, with its share vectors, SP and
+    recompute mode (ZeRO stage 0 here; the stages are the candidates' last axis)."""
+    L = model.num_layers
+    modes = [Recompute.NONE] if options.no_recompute else allowed(options, "recompute", list(Recompute))
+    fixed = options.fixed.get("micro_batch_size")
+    for tp, cp, dp, orders, sps in replica_degrees(model, train, cluster, options):
+        for order in orders:
+            probe = Plan(dp=dp, tp=tp, pp=1, cp=cp, zero_stage=0, recompute=Recompute.NONE, recompute_num_layers=(0,),
+                         sequence_parallel=False, micro_batch_size=1, num_micro_batches=1,
+                         schedule=Schedule.ONE_F_ONE_B, vpp=1, layers_per_stage=(L,), mesh_axis_order=order)
+            if None in replica_groups(probe, cluster):
+                continue
+            replicas = group_replicas(probe, cluster)
+            if 0 in replicas:
+                continue
+            for sp in sps:
+                leanest = replace(probe, sequence_parallel=sp, zero_stage=leanest_zero, recompute=max(modes, key=_lean),
+                                  recompute_num_layers=(0 if max(modes, key=_lean) is Recompute.NONE else 1,))
+                sizes = [range(fixed, fixed + 1) if fixed else range(1, _most_that_fits(model, train, cluster, leanest, g) + 1)
+                         for g in range(len(replicas))]
+                for (vector, m), mode in itertools.product(share_vectors(replicas, train.global_batch_size, sizes), modes):
+                    yield replace(probe, micro_batch_size=max(vector), micro_batch_sizes=vector, num_micro_batches=m,
+                                  sequence_parallel=sp, recompute=mode,
+                                  recompute_num_layers=(0 if mode is Recompute.NONE else 1,))
+
+
+def _lean(mode: Recompute) -> int:
+    """How little a recompute mode keeps: full < selective < none."""
+    return {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}[mode]
+
+
+def _most_that_fits(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, leanest: Plan, group: int) -> int:
+    """The largest micro-batch size group `group`'s replicas can hold at all (the leanest ZeRO
+    stage and recompute mode allowed; memory grows with it): larger ones are never candidates."""
+    n = len(cluster.groups)
+    for mbs in range(1, MAX_MICRO_BATCH + 1):
+        probe = replace(leanest, micro_batch_size=mbs, micro_batch_sizes=(mbs,) * n)
+        if _group_least_recompute(model, train, cluster, probe, group) is None:
+            return mbs - 1
+    return MAX_MICRO_BATCH
+
+
+class _Floors:
+    """The slowest group's floor: its pipeline (one stage: m times a micro-batch, the least
+    recomputation) and what its ZeRO stage adds at the least, on its replica view. The rank
+    time model depends on neither m nor the ZeRO stage, the ZeRO floor not on the micro-batch
+    size: each is priced once per what it depends on (tens of thousands of candidates)."""
+
+    def __init__(self, model: ModelSpec, train: TrainSpec, cluster: ClusterSpec) -> None:
+        self.model, self.train, self.cluster = model, train, cluster
+        self._rtm: dict[tuple, object] = {}
+        self._zero: dict[tuple, float] = {}
+
+    def bound_s(self, plan: Plan, zero: int) -> float:
+        """For `plan` under ZeRO stage `zero` (the candidates are built only when examined)."""
+        return max(self._group_s(plan, g, zero) for g in range(len(self.cluster.groups)))
+
+    def _group_s(self, plan: Plan, g: int, zero: int) -> float:
+        shape = (g, plan.tp, plan.cp, plan.dp, plan.mesh_axis_order, plan.sequence_parallel)
+        key = (*shape, plan.recompute, plan.micro_batch_sizes[g])
+        zkey = (*shape, zero, plan.num_micro_batches)
+        if key not in self._rtm or zkey not in self._zero:
+            gplan, view = group_plan(plan, self.cluster, g), replica_view(self.cluster, g)
+            train = group_train(self.train, plan, self.cluster, g)
+            if key not in self._rtm:
+                self._rtm[key] = rank_time_model(self.model, train, gplan, view, spans(gplan, view))
+            if zkey not in self._zero:
+                self._zero[zkey] = zero_floor_s(self.model, train, view, plan.tp, 1, plan.dp * plan.cp,
+                                                zero, plan.num_micro_batches, spans(gplan, view))
+        return time_floor_s(self.model, self._rtm[key], 1, plan.num_micro_batches, plan.schedule, 1,
+                            plan.recompute) + self._zero[zkey]
+
+
+def _least_recompute(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> int | None:
+    """The fewest recomputed layers with which every group's replicas fit (None: none do)."""
+    counts = [_group_least_recompute(model, train, cluster, plan, g) for g in range(len(cluster.groups))]
+    if None in counts:
+        return None
+    return max(counts) if plan.recompute is Recompute.NONE else max(1, *counts)
+
+
+def _group_least_recompute(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan,
+                           group: int) -> int | None:
+    view, gplan = replica_view(cluster, group), group_plan(plan, cluster, group)
+    shapes = stage_memory_shapes(model, group_train(train, plan, cluster, group), gplan,
+                                 view.device.efficiency.reserved_memory_bytes, view.framework)
+    least = int(MemoryFit(shapes, gplan, [view.memory_budget_bytes], model.num_layers)
+                .least_recomputed[0, model.num_layers])
+    return None if least < 0 else least
+
+
+def search_shares(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: SearchOptions,
+                  zero_stages: list[int], stats: SearchStats, cutoff_s: float, deadline: float,
+                  kth_best) -> list[Found]:
+    """The best plans of this part of the space under the cutoff (`kth_best(found)` tightens it
+    as plans are found); the candidates are counted in `stats`."""
+    if not cluster.is_mixed or options.fixed.get("pp", 1) != 1 or options.fixed.get("ep", 1) != 1:
+        return []
+    if not zero_stages or any(options.fixed.get(k) for k in ("offload_optimizer", "offload_activations", "fp8_linears")):
+        return []
+    floors = _Floors(model, train, cluster)
+    # (bound, skeleton, ZeRO stage): a plan is built only for the candidates examined
+    candidates = [(floors.bound_s(skeleton, z), skeleton, z)
+                  for skeleton in _skeletons(model, train, cluster, options, max(zero_stages)) for z in zero_stages]
+    stats.num_candidates += len(candidates)
+    candidates.sort(key=lambda c: c[0])
+    found: list[Found] = []
+    for index, (bound_s, skeleton, zero) in enumerate(candidates):
+        cutoff = min(cutoff_s, kth_best(found))
+        if bound_s >= cutoff:
+            stats.prune("bound", len(candidates) - index)
+            break
+        if time.perf_counter() > deadline:
+            stats.optimal = False
+            stats.lower_bound_s = min(stats.lower_bound_s or math.inf, bound_s)
+            stats.prune("time limit", len(candidates) - index)
+            break
+        plan = replace(skeleton, zero_stage=zero)
+        count = _least_recompute(model, train, cluster, plan)
+        if count is None:
+            stats.prune("memory")
+            continue
+        plan = replace(plan, recompute_num_layers=(count,))
+        if check_structure(model, train, cluster, plan):
+            stats.prune("invalid")
+            continue
+        est = estimate(model, train, cluster, plan, simulate=False)
+        if not est.fits:
+            stats.prune("memory")
+            continue
+        stats.num_feasible += 1
+        found.append(Found(plan=plan, estimate=est))
+    return found
