@@ -32,7 +32,8 @@ from costmodel.specs import ModelSpec, TrainSpec
 from planner.bounds import MemoryFit, lower_bound_with_memory_s, time_floor_s
 from planner.partition import SolverTimeout, apply_split, solve_split
 from planner.shapes import rank_shapes
-from planner.candidates import STATE_OPTIONS, SearchOptions, states_allowed, states_for_group, time_groups
+from planner.candidates import (MAX_MICRO_BATCH, STATE_OPTIONS, SearchOptions, replica_degrees, states_allowed, states_for_group,
+                               time_groups)
 from planner.ranking import closer, kth_best_s, rank, robust_first
 from planner.search_state import Found, SearchResult, SearchStats, SharedModels
 from planner.shares import search_shares
@@ -123,6 +124,13 @@ def unsatisfiable_constraints(model: ModelSpec, train: TrainSpec, cluster: Clust
                 choice = replace(base, vpp=vpp, schedule=schedule, **states._asdict())
                 for name, seen in possible.items():
                     seen.add(getattr(choice, name))
+    if cluster.is_mixed and not model.is_moe:   # replicas on groups (planner.shares): no pipeline
+        for tp, cp, dp, _, sps in replica_degrees(model, train, cluster, free):
+            values = {"pp": {1}, "tp": {tp}, "cp": {cp}, "dp": {dp}, "sequence_parallel": set(sps), "vpp": {1},
+                      "ep": {1}, "schedule": {Schedule.ONE_F_ONE_B}, "micro_batch_size": set(range(1, MAX_MICRO_BATCH + 1)),
+                      "zero_stage": {o.zero_stage for o in placements if not o.offload_optimizer}}
+            for name, seen in possible.items():
+                seen |= values.get(name, set())
     problems = []
     for name, value in options.fixed.items():
         if value not in possible[name]:
@@ -189,18 +197,19 @@ def _branch_and_bound(shared: SharedModels, options, stats, candidates: _Candida
         elif isinstance(outcome, Found):
             found.append(outcome)
             cutoff = kth_best_s(found, options)
-    found += _replicas_on_groups(shared, options, stats, found, deadline)
+    shares, too_big_shares = _replicas_on_groups(shared, options, stats, found, deadline)
+    found += shares
     if stats.optimal:
         stats.lower_bound_s = min((f.estimate.step_time_s for f in found), default=math.inf)
-    return _result(shared, options, stats, found, too_big)
+    return _result(shared, options, stats, found, too_big, too_big_shares)
 
 
 def _replicas_on_groups(shared: SharedModels, options: SearchOptions, stats: SearchStats, found: list[Found],
-                        deadline: float) -> list[Found]:
+                        deadline: float) -> tuple[list[Found], list[Plan]]:
     """A mixed cluster's plans without a pipeline, replicas on groups with their own batch
     shares (planner.shares), under the cutoff the rest of the space left."""
     if not shared.cluster.is_mixed or shared.model.is_moe:
-        return []
+        return [], []
     stages = sorted({o.zero_stage for o, ok in zip(STATE_OPTIONS, shared.zero_allowed) if ok and not o.offload_optimizer})
     return search_shares(shared.model, shared.train, shared.cluster, options, stages, stats, kth_best_s(found, options),
                          deadline, lambda more: kth_best_s(found + more, options))
@@ -265,7 +274,7 @@ def _examine(shared: SharedModels, stats: SearchStats, base: Choice, zero: int, 
 
 
 def _result(shared: SharedModels, options: SearchOptions, stats: SearchStats, found: list[Found],
-            too_big: list[tuple[Choice, int, Schedule, int]]) -> SearchResult:
+            too_big: list[tuple[Choice, int, Schedule, int]], too_big_plans: list[Plan] = ()) -> SearchResult:
     """Re-price the best plans by simulation and rank them; when nothing fits, the closest plan."""
     model, train, cluster = shared.model, shared.train, shared.cluster
     closest = None
@@ -273,6 +282,8 @@ def _result(shared: SharedModels, options: SearchOptions, stats: SearchStats, fo
         for base, vpp, schedule, zero in too_big[:2000]:
             choice = replace(base, **STATE_OPTIONS[zero]._asdict(), vpp=vpp, schedule=schedule)
             closest = closer(model, train, cluster, build_plan(model, train, cluster, choice), closest)
+        for plan in too_big_plans:
+            closest = closer(model, train, cluster, plan, closest)
     ranked = rank(found, replace(options, top_k=_repriced(options)))
     if options.objective != "time":   # the fastest plans too: the leanest are judged against them
         chosen = {id(f) for f in ranked}

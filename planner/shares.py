@@ -43,9 +43,10 @@ def share_vectors(replicas: list[int], global_batch: int, sizes: list[range]) ->
 
 
 def _skeletons(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: SearchOptions,
-               leanest_zero: int) -> Iterator[Plan]:
+               leanest_zero: int, too_big: list[Plan]) -> Iterator[Plan]:
     """Every pp = 1 layout whose replicas each lie in one group, with its share vectors, SP and
-    recompute mode (ZeRO stage 0 here; the stages are the candidates' last axis)."""
+    recompute mode (ZeRO stage 0 here; the stages are the candidates' last axis). A layout no
+    group of which holds even one sequence per micro-batch goes to `too_big` instead."""
     L = model.num_layers
     modes = [Recompute.NONE] if options.no_recompute else allowed(options, "recompute", list(Recompute))
     fixed = options.fixed.get("micro_batch_size")
@@ -64,6 +65,9 @@ def _skeletons(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options
                                   recompute_num_layers=(0 if max(modes, key=_lean) is Recompute.NONE else 1,))
                 sizes = [range(fixed, fixed + 1) if fixed else range(1, _most_that_fits(model, train, cluster, leanest, g) + 1)
                          for g in range(len(replicas))]
+                if not all(sizes) and len(too_big) < TOO_BIG_KEPT and train.global_batch_size % sum(replicas) == 0:
+                    too_big.append(replace(leanest, micro_batch_sizes=(1,) * len(replicas),
+                                           num_micro_batches=train.global_batch_size // sum(replicas)))
                 for (vector, m), mode in itertools.product(share_vectors(replicas, train.global_batch_size, sizes), modes):
                     yield replace(probe, micro_batch_size=max(vector), micro_batch_sizes=vector, num_micro_batches=m,
                                   sequence_parallel=sp, recompute=mode,
@@ -135,19 +139,26 @@ def _group_least_recompute(model: ModelSpec, train: TrainSpec, cluster: ClusterS
     return None if least < 0 else least
 
 
+# what "nothing fits" looks at: the first candidates (in bound order) that fit no group's memory
+TOO_BIG_KEPT = 200
+
+
 def search_shares(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: SearchOptions,
                   zero_stages: list[int], stats: SearchStats, cutoff_s: float, deadline: float,
-                  kth_best) -> list[Found]:
+                  kth_best) -> tuple[list[Found], list[Plan]]:
     """The best plans of this part of the space under the cutoff (`kth_best(found)` tightens it
-    as plans are found); the candidates are counted in `stats`."""
+    as plans are found), and some that fit nowhere (for the closest when nothing fits at all);
+    the candidates are counted in `stats`."""
     if not cluster.is_mixed or options.fixed.get("pp", 1) != 1 or options.fixed.get("ep", 1) != 1:
-        return []
+        return [], []
     if not zero_stages or any(options.fixed.get(k) for k in ("offload_optimizer", "offload_activations", "fp8_linears")):
-        return []
+        return [], []
     floors = _Floors(model, train, cluster)
     # (bound, skeleton, ZeRO stage): a plan is built only for the candidates examined
+    too_big: list[Plan] = []
     candidates = [(floors.bound_s(skeleton, z), skeleton, z)
-                  for skeleton in _skeletons(model, train, cluster, options, max(zero_stages)) for z in zero_stages]
+                  for skeleton in _skeletons(model, train, cluster, options, max(zero_stages), too_big)
+                  for z in zero_stages]
     stats.num_candidates += len(candidates)
     candidates.sort(key=lambda c: c[0])
     found: list[Found] = []
@@ -165,6 +176,8 @@ def search_shares(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, opti
         count = _least_recompute(model, train, cluster, plan)
         if count is None:
             stats.prune("memory")
+            if len(too_big) < TOO_BIG_KEPT:
+                too_big.append(replace(plan, recompute_num_layers=(0 if plan.recompute is Recompute.NONE else 1,)))
             continue
         plan = replace(plan, recompute_num_layers=(count,))
         if check_structure(model, train, cluster, plan):
@@ -176,4 +189,4 @@ def search_shares(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, opti
             continue
         stats.num_feasible += 1
         found.append(Found(plan=plan, estimate=est))
-    return found
+    return found, too_big

@@ -133,3 +133,15 @@ def test_predict_takes_each_group_s_micro_batch_size(tmp_path, capsys):
     assert main(["predict", "--plan", str(path), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert [s["micro_batch_size"] for s in doc["estimate"]["group_shares"]] == [1, 3]
+
+
+def test_nothing_fits_without_a_pipeline_names_the_closest_plan(capsys):
+    """--fix pp=1 on a mixed cluster is the replicas-on-groups space: where nothing fits, the
+    message is the closest plan of it, not a claim that pp=1 is impossible."""
+    assert main(["search", "--model", "llama3-405b", "--cluster", "1x8xA100+1x8xH100", "--fix", "pp=1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nothing fits: the closest plan (" in err[0] and " pp1 " in err[0]
+    assert main(["search", "--model", "llama3-8b", "--cluster", "1x8xA100+1x8xH100", "--fix", "pp=1",
+                 "--fix", "tp=16"]) == 2
+    err = capsys.readouterr().err
+    assert "tp=16 is not possible" in err and "pp=1 is not possible" not in err
