@@ -146,7 +146,7 @@ def representative(train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> tuple[
 def replica_view(cluster: ClusterSpec, group: int) -> ClusterSpec:
     """The uniform cluster that prices a replica of `group` when replicas are placed on groups:
     its group's device, with the data-parallel collectives (which join every group) over the
-    slower of its own network and the link between groups. Every tier beyond a node is the
+    slowest of the groups' networks and the link between them. Every tier beyond a node is the
     slower one: a replica's TP or CP over nodes of its own group is priced at it too (a
     pessimism; they rarely leave a node)."""
     return _replica_view(cluster, group)
@@ -155,10 +155,10 @@ def replica_view(cluster: ClusterSpec, group: int) -> ClusterSpec:
 @lru_cache(maxsize=256)
 def _replica_view(cluster: ClusterSpec, group: int) -> ClusterSpec:
     device = cluster.groups[group].device
-    link = cluster.group_link
-    slower = link if link.effective_bandwidth_bytes_per_s < device.inter_node.effective_bandwidth_bytes_per_s \
-        else device.inter_node
-    slower = replace(slower, latency_s=max(slower.latency_s, device.inter_node.latency_s))
+    # the data-parallel ring crosses every group's nodes and the link between them
+    tiers = [cluster.group_link, *(g.device.inter_node for g in cluster.groups)]
+    slower = min(tiers, key=lambda t: t.effective_bandwidth_bytes_per_s)
+    slower = replace(slower, latency_s=max(t.latency_s for t in tiers))
     device = replace(device, inter_node=slower, middle_tiers=())
     return replace(cluster, device=device, groups=(), group_link=None, pipeline_link=cluster.group_link)
 

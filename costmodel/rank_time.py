@@ -97,12 +97,15 @@ class RankTimeModel:
 
 def fastest_of(models: list[RankTimeModel]) -> RankTimeModel:
     """Every time the least the models give it (their common vpp): a rank of any of them is
-    never faster, so bounds read from this hold for a mixed cluster's every rank."""
+    never faster, so bounds read from this hold for a mixed cluster's every rank. The deferrable
+    weight pass is the largest instead: a zero-bubble fill (total - 2W) is then below every
+    model's too."""
     if len(models) == 1:
         return models[0]
     def least(name: str) -> RankTimes:
         parts = [getattr(m, name) for m in models]
-        return RankTimes(**{f: min(getattr(p, f) for p in parts) for f in RankTimes.__slots__})
+        return RankTimes(**{f: (max if f == "backward_weight_s" else min)(getattr(p, f) for p in parts)
+                            for f in RankTimes.__slots__})
     return RankTimeModel(per_layer=least("per_layer"), per_recomputed_layer=least("per_recomputed_layer"),
                          first_edge=least("first_edge"), last_edge=least("last_edge"),
                          pp_send_s=min(m.pp_send_s for m in models), vpp=models[0].vpp)

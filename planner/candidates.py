@@ -179,6 +179,7 @@ def replica_degrees(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
         if options.fixed.get("dp", dp) != dp:
             continue
         sps = dominant(options, "sequence_parallel", [True, False] if not sp_problems(train, tp, cp) else [False], True)
+        sps = [sp for sp in sps if not moe_tp_problem(model, tp, sp)]
         yield tp, cp, dp, _distinct_orders({"tp": tp, "cp": cp, "pp": 1, "dp": dp, "ep": 1}, cluster), sps
 
 

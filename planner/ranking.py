@@ -75,6 +75,7 @@ def closer(model, train, cluster, plan, closest: Found | None) -> Found:
         else (0,) * plan.pp
     probe = replace(plan, recompute_num_layers=counts)
     est = estimate(model, train, cluster, probe, simulate=False)
-    if closest is None or est.max_peak_memory_bytes < closest.estimate.max_peak_memory_bytes:
+    # the least over its own budget (on a uniform cluster: the lowest peak)
+    if closest is None or est.min_headroom_fraction > closest.estimate.min_headroom_fraction:
         return Found(plan=probe, estimate=est)
     return closest

@@ -124,7 +124,7 @@ def unsatisfiable_constraints(model: ModelSpec, train: TrainSpec, cluster: Clust
                 choice = replace(base, vpp=vpp, schedule=schedule, **states._asdict())
                 for name, seen in possible.items():
                     seen.add(getattr(choice, name))
-    if cluster.is_mixed and not model.is_moe:   # replicas on groups (planner.shares): no pipeline
+    if cluster.is_mixed:   # replicas on groups (planner.shares): no pipeline
         for tp, cp, dp, _, sps in replica_degrees(model, train, cluster, free):
             values = {"pp": {1}, "tp": {tp}, "cp": {cp}, "dp": {dp}, "sequence_parallel": set(sps), "vpp": {1},
                       "ep": {1}, "schedule": {Schedule.ONE_F_ONE_B}, "micro_batch_size": set(range(1, MAX_MICRO_BATCH + 1)),
@@ -208,7 +208,7 @@ def _replicas_on_groups(shared: SharedModels, options: SearchOptions, stats: Sea
                         deadline: float) -> tuple[list[Found], list[Plan]]:
     """A mixed cluster's plans without a pipeline, replicas on groups with their own batch
     shares (planner.shares), under the cutoff the rest of the space left."""
-    if not shared.cluster.is_mixed or shared.model.is_moe:
+    if not shared.cluster.is_mixed:
         return [], []
     stages = sorted({o.zero_stage for o, ok in zip(STATE_OPTIONS, shared.zero_allowed) if ok and not o.offload_optimizer})
     return search_shares(shared.model, shared.train, shared.cluster, options, stages, stats, kth_best_s(found, options),

@@ -14,7 +14,6 @@ replica view; the step is the slowest group's), the branch and bound's cutoff st
 """
 from __future__ import annotations
 
-import itertools
 import math
 import time
 from dataclasses import replace
@@ -30,23 +29,47 @@ from costmodel.rank_time import rank_time_model, spans
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.bounds import MemoryFit, time_floor_s, zero_floor_s
 from planner.candidates import MAX_MICRO_BATCH, SearchOptions, allowed, replica_degrees
+from planner.space import divisors
 from planner.search_state import Found, SearchStats
 
 
 def share_vectors(replicas: list[int], global_batch: int, sizes: list[range]) -> Iterator[tuple[tuple[int, ...], int]]:
     """(micro-batch size per group, micro-batches) with m·sum(replicas_g·mbs_g) = global_batch,
-    group g's size taken from sizes[g]."""
-    for vector in itertools.product(*sizes):
-        per_micro_batch = sum(r * s for r, s in zip(replicas, vector))
-        if global_batch % per_micro_batch == 0:
-            yield vector, global_batch // per_micro_batch
+    group g's size taken from sizes[g]: per micro-batch count m, the vectors that add up to
+    global_batch / m (solved group by group, never the whole product of the ranges)."""
+    if not all(sizes):
+        return
+    for m in divisors(global_batch):
+        for vector in _vectors(tuple(replicas), tuple(sizes), global_batch // m):
+            yield vector, m
+
+
+def _vectors(replicas: tuple[int, ...], sizes: tuple[range, ...], target: int) -> Iterator[tuple[int, ...]]:
+    if not replicas:
+        if target == 0:
+            yield ()
+        return
+    low = sum(r * s.start for r, s in zip(replicas[1:], sizes[1:]))        # the least the others take
+    high = sum(r * (s.stop - 1) for r, s in zip(replicas[1:], sizes[1:]))  # the most
+    for size in sizes[0]:
+        left = target - replicas[0] * size
+        if left < low:
+            break
+        if left <= high:
+            for tail in _vectors(replicas[1:], sizes[1:], left):
+                yield (size, *tail)
+
+
+class _OutOfTime(Exception):
+    """The time limit passed while the candidates were being listed."""
 
 
 def _skeletons(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: SearchOptions,
-               leanest_zero: int, too_big: list[Plan]) -> Iterator[Plan]:
+               leanest_zero: int, too_big: list[Plan], deadline: float) -> Iterator[Plan]:
     """Every pp = 1 layout whose replicas each lie in one group, with its share vectors, SP and
     recompute mode (ZeRO stage 0 here; the stages are the candidates' last axis). A layout no
-    group of which holds even one sequence per micro-batch goes to `too_big` instead."""
+    group of which holds even one sequence per micro-batch goes to `too_big` instead. With
+    experts, equal shares only (their balancing loss is not weighted by shares: check_plan)."""
     L = model.num_layers
     modes = [Recompute.NONE] if options.no_recompute else allowed(options, "recompute", list(Recompute))
     fixed = options.fixed.get("micro_batch_size")
@@ -63,15 +86,21 @@ def _skeletons(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options
             for sp in sps:
                 leanest = replace(probe, sequence_parallel=sp, zero_stage=leanest_zero, recompute=max(modes, key=_lean),
                                   recompute_num_layers=(0 if max(modes, key=_lean) is Recompute.NONE else 1,))
-                sizes = [range(fixed, fixed + 1) if fixed else range(1, _most_that_fits(model, train, cluster, leanest, g) + 1)
-                         for g in range(len(replicas))]
+                most = [_most_that_fits(model, train, cluster, leanest, g) for g in range(len(replicas))]
+                sizes = [range(1, min(n, fixed or n) + 1) for n in most]
                 if not all(sizes) and len(too_big) < TOO_BIG_KEPT and train.global_batch_size % sum(replicas) == 0:
                     too_big.append(replace(leanest, micro_batch_sizes=(1,) * len(replicas),
                                            num_micro_batches=train.global_batch_size // sum(replicas)))
-                for (vector, m), mode in itertools.product(share_vectors(replicas, train.global_batch_size, sizes), modes):
-                    yield replace(probe, micro_batch_size=max(vector), micro_batch_sizes=vector, num_micro_batches=m,
-                                  sequence_parallel=sp, recompute=mode,
-                                  recompute_num_layers=(0 if mode is Recompute.NONE else 1,))
+                for vector, m in share_vectors(replicas, train.global_batch_size, sizes):
+                    if time.perf_counter() > deadline:
+                        raise _OutOfTime
+                    if (fixed and max(vector) != fixed) or (model.is_moe and len(set(vector)) > 1):
+                        continue
+                    for mode in modes:
+                        yield replace(probe, micro_batch_size=max(vector), num_micro_batches=m,
+                                      micro_batch_sizes=() if model.is_moe else vector,
+                                      sequence_parallel=sp, recompute=mode,
+                                      recompute_num_layers=(0 if mode is Recompute.NONE else 1,))
 
 
 def _lean(mode: Recompute) -> int:
@@ -107,7 +136,7 @@ class _Floors:
 
     def _group_s(self, plan: Plan, g: int, zero: int) -> float:
         shape = (g, plan.tp, plan.cp, plan.dp, plan.mesh_axis_order, plan.sequence_parallel)
-        key = (*shape, plan.recompute, plan.micro_batch_sizes[g])
+        key = (*shape, plan.recompute, plan.micro_batch_sizes[g] if plan.micro_batch_sizes else plan.micro_batch_size)
         zkey = (*shape, zero, plan.num_micro_batches)
         if key not in self._rtm or zkey not in self._zero:
             gplan, view = group_plan(plan, self.cluster, g), replica_view(self.cluster, g)
@@ -153,12 +182,18 @@ def search_shares(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, opti
         return [], []
     if not zero_stages or any(options.fixed.get(k) for k in ("offload_optimizer", "offload_activations", "fp8_linears")):
         return [], []
+    if options.fixed.get("vpp", 1) != 1 or options.fixed.get("schedule", Schedule.ONE_F_ONE_B) is not Schedule.ONE_F_ONE_B:
+        return [], []   # without a pipeline: one stage, 1F1B's (planner.candidates._schedules)
     floors = _Floors(model, train, cluster)
     # (bound, skeleton, ZeRO stage): a plan is built only for the candidates examined
     too_big: list[Plan] = []
-    candidates = [(floors.bound_s(skeleton, z), skeleton, z)
-                  for skeleton in _skeletons(model, train, cluster, options, max(zero_stages), too_big)
-                  for z in zero_stages]
+    candidates = []
+    try:
+        for skeleton in _skeletons(model, train, cluster, options, max(zero_stages), too_big, deadline):
+            candidates += [(floors.bound_s(skeleton, z), skeleton, z) for z in zero_stages]
+    except _OutOfTime:
+        stats.optimal = False
+        stats.prune("time limit")
     stats.num_candidates += len(candidates)
     candidates.sort(key=lambda c: c[0])
     found: list[Found] = []

@@ -102,15 +102,15 @@ def infeasible_message(result: SearchResult, cluster_name: str) -> str:
                 "relax --fix / --max-tp / --schedule")
     est, plan = result.closest.estimate, result.closest.plan
     tried = "; with states or activations on the host nothing fits either" if result.offloaded_because else ""
-    if offloads(plan) and est.host_memory_bytes and est.max_peak_memory_bytes <= est.memory_capacity_bytes:
+    if offloads(plan) and est.host_memory_bytes and est.min_headroom_fraction >= 0:
         host = max(est.host_memory_bytes)   # the device fits: the host is what overflows
         return (f"nothing fits: the closest plan ({plan.short()}) offloads {host / GIB:,.1f} GiB per "
                 f"device, {(host - est.host_capacity_bytes) / GIB:,.1f} GiB over its {est.host_capacity_bytes / GIB:,.0f} "
                 f"GiB share of the node's host memory; would help: more devices (a larger cluster than "
                 f"{cluster_name})")
-    rank = max(range(len(est.peak_memory_bytes)), key=est.peak_memory_bytes.__getitem__)
-    parts = est.memory_breakdown_bytes[rank]
-    over = (est.peak_memory_bytes[rank] - est.memory_capacity_bytes) / GIB
+    rank = est.tightest_rank   # against its own device (a mixed cluster's groups differ)
+    parts, capacity = est.memory_breakdown_bytes[rank], est.capacity_per_rank_bytes[rank]
+    over = (est.peak_memory_bytes[rank] - capacity) / GIB
     states = (parts["params"] + parts["grads"] + parts["optimizer"]) / GIB
     hints = ["more devices (a larger cluster than " + cluster_name + ")"]
     if plan.zero_stage < 3 and plan.dp * plan.cp > 1:
@@ -122,7 +122,7 @@ def infeasible_message(result: SearchResult, cluster_name: str) -> str:
     if plan.schedule.traits.in_flight == "all" and plan.pp > 1:
         hints.append(f"a 1F1B schedule (GPipe holds all {plan.num_micro_batches} micro-batches' activations)")
     return (f"nothing fits: the closest plan ({plan.short()}) needs {est.peak_memory_bytes[rank] / GIB:.1f} GiB "
-            f"on pipeline stage {rank}, {over:.1f} GiB over the {est.memory_capacity_bytes / GIB:.0f} GiB device "
+            f"on pipeline stage {rank}, {over:.1f} GiB over the {capacity / GIB:.0f} GiB device "
             f"({states:.1f} GiB of it model states, {parts['activations'] / GIB:.1f} GiB activations){tried}; "
             f"would help: {', '.join(hints)}")
 
