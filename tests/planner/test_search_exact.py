@@ -198,3 +198,13 @@ def test_search_matches_brute_force_on_a_mixed_cluster(memory_a, memory_b, sizes
     assert best.estimate.closed_form_step_time_s == pytest.approx(expected[0], rel=1e-6), \
         (best.plan.short(), best.plan.group_order, expected[1].short(), expected[1].group_order)
     assert best.plan.micro_batch_sizes == sizes, best.plan.short()
+
+
+def test_share_vectors_are_every_vector_that_adds_up():
+    """planner.shares solves the share vectors group by group: the same set as the whole product."""
+    from planner.shares import share_vectors
+    cases = [([2, 3], [range(1, 6), range(2, 5)], 24), ([1, 1, 2, 4], [range(1, 9)] * 4, 96), ([4, 4], [range(1, 1), range(1, 5)], 8)]
+    for replicas, sizes, batch in cases:
+        whole = sorted((v, batch // sum(r * s for r, s in zip(replicas, v))) for v in itertools.product(*sizes)
+                       if batch % sum(r * s for r, s in zip(replicas, v)) == 0)
+        assert sorted(share_vectors(replicas, batch, sizes)) == whole
