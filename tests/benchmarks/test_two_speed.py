@@ -1,0 +1,34 @@
+"""benchmarks/two_speed.py: the slow group's profile is the fast one at a share of the speed
+(the run itself needs root's cgroups and is a benchmark)."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from costmodel.cluster import DeviceGroup, load_profile, mixed_cluster
+from costmodel.compute import gemm_s, memory_bound_s, optimizer_step_s
+from costmodel.specs import DType, TrainSpec
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "two_speed.py"
+PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "xeon-amx.toml"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("two_speed", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_slow_group_runs_at_its_share():
+    fast = load_profile(PROFILE)
+    fast = fast.__class__(**{**{f: getattr(fast, f) for f in fast.__slots__}, "optimizer_s_per_param": 3e-9})
+    slow = _module().slowed(fast, 0.5)
+    train = TrainSpec(seq_len=256, global_batch_size=8, compute_dtype=DType.FP32, grad_dtype=DType.FP32)
+    assert gemm_s(512, 512, 512, slow, train) == pytest.approx(2 * gemm_s(512, 512, 512, fast, train))
+    assert memory_bound_s(1e8, slow, 4) == pytest.approx(2 * memory_bound_s(1e8, fast, 4))
+    assert optimizer_step_s(1e6, train, slow) == pytest.approx(2 * optimizer_step_s(1e6, train, fast))
+    assert slow.intra_node == fast.intra_node   # the ranks share the machine's own link
+    assert mixed_cluster([DeviceGroup(device=fast, num_nodes=1), DeviceGroup(device=slow, num_nodes=1)], 1).is_mixed
