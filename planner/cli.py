@@ -50,10 +50,12 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster", help="NODESxGPUS_PER_NODExDEVICE, e.g. 8x8xA100 (see `planner devices`); a mixed "
                                      "cluster joins groups with '+', e.g. 4x8xA100+4x8xH100 (same devices per node: "
                                      "each pipeline stage runs on one group, layers split by each group's speed and "
-                                     "memory)")
+                                     "memory; without a pipeline each data-parallel replica runs on one group, "
+                                     "its micro-batch size the group's)")
     p.add_argument("--group-link", type=positive_float, metavar="GB_PER_S",
                    help="mixed clusters: the link between the groups in GB/s per device and direction (default: "
-                        "the slowest group's own inter-node link); pipeline sends cross it")
+                        "the slowest group's own inter-node link); pipeline sends and the gradient collectives of "
+                        "replicas on different groups cross it")
     p.add_argument("--seq-len", type=positive_int, help="tokens per sequence (default: the model's published recipe)")
     p.add_argument("--global-batch", type=positive_int, help="sequences per optimizer step (default: published recipe)")
     p.add_argument("--dtype", choices=[d.value for d in DType] + [FP8], default="bf16",
@@ -392,7 +394,8 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=raw, epilog="""examples:
   planner search --model llama3-8b --cluster 1x8xH100
   planner search --model llama-70b --cluster 8x8xA100 --fix pp=4 --zero 1 --top 10 --out plan.json
-  planner search --model llama-70b --cluster 8x8xA100 --objective memory --json""")
+  planner search --model llama-70b --cluster 8x8xA100 --objective memory --json
+  planner search --model llama-70b --cluster 4x8xA100+4x8xH100 --report reports/mixed   (a mixed cluster)""")
     _add_train_args(p)
     from planner.commands.search import add_search_args
     add_search_args(p)
