@@ -19,6 +19,9 @@ CASES = [
     ("llama-70b", "8x8xA100", 1.0),
     ("llama3-405b", "256x8xH100", 5.0),
     ("llama3-405b", "2048x8xH100", 10.0),
+    # a mixed cluster (issue 17): no issue target; 5 s is ours (every order of the groups, and the
+    # replicas-on-groups space of planner.shares)
+    ("llama-70b", "4x8xA100+4x8xH100", 5.0),
 ]
 
 

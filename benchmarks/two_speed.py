@@ -55,7 +55,6 @@ def make_cgroup(share: float) -> Path | None:
 
 def slowed(dev, share: float):
     """`dev` with every rate scaled by `share` (see the module docstring)."""
-    from costmodel.cluster import DeviceProfile
     eff = dev.efficiency
     return replace(
         dev, name=f"{dev.name}-at-{share:g}", path=f"{dev.path} x {share:g}",
@@ -66,7 +65,7 @@ def slowed(dev, share: float):
         efficiency=replace(eff, kernel_overhead_s=eff.kernel_overhead_s / share),
         dtype_efficiency=tuple((k, replace(e, kernel_overhead_s=e.kernel_overhead_s / share))
                                for k, e in dev.dtype_efficiency),
-        optimizer_s_per_param=dev.optimizer_s_per_param / share) if isinstance(dev, DeviceProfile) else dev
+        optimizer_s_per_param=dev.optimizer_s_per_param / share)
 
 
 def _rank(pf, cfg, slow_group: int, cgroup: str | None):

@@ -55,16 +55,14 @@ def check_structure(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
     if problem := moe_tp_problem(model, plan.tp, plan.sequence_parallel):
         add(problem)
     batch = plan.dp * plan.micro_batch_size * plan.num_micro_batches
-    if plan.micro_batch_sizes and model.is_moe:
-        add("micro_batch_sizes with experts: the router's balancing loss is not weighted by the replicas' shares")
-    if plan.micro_batch_sizes and placed:   # each replica its group's share
-        batch = sum(replica_samples(plan, cluster))
-        if batch != train.global_batch_size:
-            add(f"the replicas' samples {'+'.join(map(str, replica_samples(plan, cluster)))} = {batch} "
+    if plan.micro_batch_sizes:   # each replica its group's share (unplaced: placement_problems said why)
+        if model.is_moe:
+            add("micro_batch_sizes with experts: the router's balancing loss is not weighted by the replicas' shares")
+        samples = replica_samples(plan, cluster) if placed else []
+        if samples and sum(samples) != train.global_batch_size:
+            add(f"the replicas' samples {'+'.join(map(str, samples))} = {sum(samples)} "
                 f"(micro_batch_sizes {list(plan.micro_batch_sizes)} x {plan.num_micro_batches} micro-batches) "
                 f"do not add up to the global batch {train.global_batch_size}")
-    elif plan.micro_batch_sizes:
-        pass   # placement_problems said why
     elif batch != train.global_batch_size:
         add(f"dp*micro_batch_size*num_micro_batches = {plan.dp}*{plan.micro_batch_size}*"
             f"{plan.num_micro_batches} = {batch} does not equal the global batch {train.global_batch_size}")

@@ -165,6 +165,10 @@ class DeviceGroup:
     device: DeviceProfile
     num_nodes: int
 
+    def label(self, devices_per_node: int) -> str:
+        """`4x8xA100-SXM4-80GB`: how clusters and tables name it."""
+        return f"{self.num_nodes}x{devices_per_node}x{self.device.name}"
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ClusterSpec:
@@ -257,7 +261,7 @@ class ClusterSpec:
     @property
     def name(self) -> str:
         if self.groups:
-            return "+".join(f"{g.num_nodes}x{self.devices_per_node}x{g.device.name}" for g in self.groups)
+            return "+".join(g.label(self.devices_per_node) for g in self.groups)
         return f"{self.num_nodes}x{self.devices_per_node}x{self.device.name}"
 
     def to_dict(self) -> dict[str, Any]:

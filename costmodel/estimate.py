@@ -23,8 +23,8 @@ from costmodel.memory import (StageMemory, backward_working_bytes, host_activati
                               stage_memory)
 from costmodel.params import ceil_div, rank_params
 from costmodel.pipeline_closed_form import pipeline_time_s
-from costmodel.groups import (group_plan, group_replicas, group_train, places_replicas, rank_budgets_bytes, rank_groups,
-                              rank_views, replica_view, world_peak_flops_per_s)
+from costmodel.groups import (group_plan, group_replicas, group_samples, group_train, places_replicas, rank_budgets_bytes,
+                              rank_groups, rank_views, replica_view, world_peak_flops_per_s)
 from costmodel.plan import Plan
 from costmodel.pipeline_simulation import Simulation, simulate
 from costmodel.stage_costs import stage_costs
@@ -109,7 +109,7 @@ def _replicas_on_groups(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec
                       group_plan(plan, cluster, g), simulate=simulate) for g in groups]
     slowest = max(groups, key=lambda g: parts[g].step_time_s)
     tight = min(groups, key=lambda g: parts[g].min_headroom_fraction)
-    replicas, step_s = group_replicas(plan, cluster), parts[slowest].step_time_s
+    replicas, samples, step_s = group_replicas(plan, cluster), group_samples(plan, cluster), parts[slowest].step_time_s
     model_flops = float(model_flops_per_step(model, train))
     executed = sum(parts[g].executed_flops * replicas[g] / plan.dp for g in groups)
     world_peak = world_peak_flops_per_s(cluster, train.compute_dtype)
@@ -125,8 +125,7 @@ def _replicas_on_groups(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec
         fits=all(p.fits for p in parts), rank_groups=[tight],
         closed_form_step_time_s=None if None in closed else max(closed),
         group_shares=[{"group": g, "replicas": replicas[g], "micro_batch_size": group_plan(plan, cluster, g).micro_batch_size,
-                       "samples": replicas[g] * group_plan(plan, cluster, g).micro_batch_size * plan.num_micro_batches,
-                       "step_time_s": parts[g].step_time_s, "peak_memory_bytes": parts[g].max_peak_memory_bytes,
+                       "samples": samples[g], "step_time_s": parts[g].step_time_s, "peak_memory_bytes": parts[g].max_peak_memory_bytes,
                        "capacity_bytes": parts[g].memory_capacity_bytes, "fits": parts[g].fits} for g in groups])
 
 

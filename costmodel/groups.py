@@ -110,11 +110,20 @@ def replica_samples(plan: Plan, cluster: ClusterSpec) -> list[int]:
 
 
 def group_replicas(plan: Plan, cluster: ClusterSpec) -> list[int]:
-    """How many data-parallel replicas each group holds (cluster.groups order)."""
+    """How many data-parallel replicas each group holds (cluster.groups order; every group
+    holds some: the replicas cover every node)."""
     counts = [0] * len(cluster.groups)
     for g in replica_groups(plan, cluster):
         counts[g] += 1
     return counts
+
+
+def group_samples(plan: Plan, cluster: ClusterSpec) -> list[int]:
+    """Sequences each group's replicas train on per step together (cluster.groups order)."""
+    totals = [0] * len(cluster.groups)
+    for g, samples in zip(replica_groups(plan, cluster), replica_samples(plan, cluster)):
+        totals[g] += samples
+    return totals
 
 
 def group_plan(plan: Plan, cluster: ClusterSpec, group: int) -> Plan:
@@ -154,13 +163,12 @@ def replica_view(cluster: ClusterSpec, group: int) -> ClusterSpec:
 
 @lru_cache(maxsize=256)
 def _replica_view(cluster: ClusterSpec, group: int) -> ClusterSpec:
-    device = cluster.groups[group].device
+    view = _view(cluster, group)
     # the data-parallel ring crosses every group's nodes and the link between them
     tiers = [cluster.group_link, *(g.device.inter_node for g in cluster.groups)]
-    slower = min(tiers, key=lambda t: t.effective_bandwidth_bytes_per_s)
-    slower = replace(slower, latency_s=max(t.latency_s for t in tiers))
-    device = replace(device, inter_node=slower, middle_tiers=())
-    return replace(cluster, device=device, groups=(), group_link=None, pipeline_link=cluster.group_link)
+    slowest = replace(min(tiers, key=lambda t: t.effective_bandwidth_bytes_per_s),
+                      latency_s=max(t.latency_s for t in tiers))
+    return replace(view, device=replace(view.device, inter_node=slowest, middle_tiers=()))
 
 
 def placement_problems(plan: Plan, cluster: ClusterSpec) -> list[str]:
@@ -181,8 +189,6 @@ def placement_problems(plan: Plan, cluster: ClusterSpec) -> list[str]:
     if None in groups:
         return [f"a pipeline stage spans two device groups of {cluster.name} (each stage must run on one "
                 f"group: pp must split the cluster at its group boundaries, with pp outermost in the mesh)"]
-    if len(set(groups)) < n:
-        return [f"a device group of {cluster.name} holds no pipeline stage"]   # cannot happen: kept as a guard
     return []
 
 
@@ -199,8 +205,6 @@ def _replica_problems(plan: Plan, cluster: ClusterSpec) -> list[str]:
         return [f"ep={plan.ep} with replicas on device groups: expert parallelism across groups is not priced"]
     if plan.offload_optimizer or plan.offload_activations or plan.fp8_linears:
         return ["offload and float8 with replicas on device groups are not priced yet"]
-    if 0 in group_replicas(plan, cluster):
-        return [f"a device group of {cluster.name} holds no data-parallel replica"]
     return []
 
 
@@ -259,13 +263,12 @@ def short_device_name(cluster: ClusterSpec, group: int) -> str:
 
 
 def _share_lines(plan: Plan, cluster: ClusterSpec, global_batch_size: int) -> list[str]:
-    replicas, out = group_replicas(plan, cluster), []
+    replicas, samples, out = group_replicas(plan, cluster), group_samples(plan, cluster), []
     for g in group_order(plan, cluster):
-        group, mbs = cluster.groups[g], group_plan(plan, cluster, g).micro_batch_size
-        samples = mbs * plan.num_micro_batches
-        out.append(f"{replicas[g]} replica(s) on {group.num_nodes}x{cluster.devices_per_node}x{group.device.name}: "
-                   f"micro-batch {mbs} x {plan.num_micro_batches} = {samples} sequences each, "
-                   f"{100 * replicas[g] * samples / global_batch_size:.0f}% of the batch (losses weighted by it)")
+        mbs = group_plan(plan, cluster, g).micro_batch_size
+        out.append(f"{replicas[g]} replica(s) on {cluster.groups[g].label(cluster.devices_per_node)}: "
+                   f"micro-batch {mbs} x {plan.num_micro_batches} = {samples[g] // replicas[g]} sequences each, "
+                   f"{100 * samples[g] / global_batch_size:.0f}% of the batch (losses weighted by it)")
     out.append(f"no pipeline: each replica runs on one group; link between groups "
                f"{cluster.group_link.bandwidth_bytes_per_s / 1e9:g} GB/s per device (the gradient collectives "
                "join every replica)")
@@ -303,10 +306,9 @@ def placement_lines(plan: Plan, cluster: ClusterSpec, global_batch_size: int) ->
     groups, out = rank_groups(plan, cluster), []
     for g, a, b in _runs(groups):
         layers = [plan.layers_on_rank(r) for r in range(a, b + 1)]
-        group = cluster.groups[g]
-        out.append(f"stages {a}-{b} on {group.num_nodes}x{cluster.devices_per_node}x{group.device.name}: "
-                   f"{sum(layers)} layers ({'/'.join(map(str, layers))})" if b > a else
-                   f"stage {a} on {group.num_nodes}x{cluster.devices_per_node}x{group.device.name}: {layers[0]} layers")
+        label = cluster.groups[g].label(cluster.devices_per_node)
+        out.append(f"stages {a}-{b} on {label}: {sum(layers)} layers ({'/'.join(map(str, layers))})" if b > a else
+                   f"stage {a} on {label}: {layers[0]} layers")
     share = global_batch_size // plan.dp
     out.append(f"batch shares: every group runs its stages for all {global_batch_size} sequences; each of the "
                f"{plan.dp} data-parallel replicas takes {share} ({100 / plan.dp:.0f}%), on every group alike "

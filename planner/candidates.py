@@ -13,7 +13,7 @@ from typing import Callable, Iterator, NamedTuple
 from costmodel.check import (activation_offload_problems, cp_problems, ep_problems, fp8_problems, moe_schedule_problem,
                              moe_tp_problem, offload_problems, sp_problems, tp_problems)
 from costmodel.cluster import ClusterSpec
-from costmodel.groups import group_orders, placement_problems, views
+from costmodel.groups import group_orders, placement_problems, places_replicas, views
 from costmodel.fidelity import MODEL_ERROR_BAND
 from costmodel.plan import Recompute, Schedule, default_schedule
 from costmodel.specs import ModelSpec, TrainSpec
@@ -202,7 +202,7 @@ def _group_orders(cluster: ClusterSpec, options: SearchOptions, tp: int, cp: int
     one group (costmodel.groups.placement_problems); a uniform cluster's one empty order."""
     if not cluster.is_mixed:
         return [()]
-    if pp == 1:   # replicas on groups, with their own batch shares: planner.shares
+    if places_replicas(degrees_plan(tp=tp, cp=cp, pp=pp, dp=dp), cluster):   # planner.shares' part
         return []
     orders = allowed(options, "group_order", group_orders(cluster))
     return [g for g in orders if not placement_problems(degrees_plan(tp=tp, cp=cp, pp=pp, dp=dp, group_order=g),

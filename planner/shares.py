@@ -22,14 +22,14 @@ from typing import Iterator
 from costmodel.check import check_structure
 from costmodel.cluster import ClusterSpec
 from costmodel.estimate import estimate
-from costmodel.groups import group_plan, group_replicas, group_train, replica_groups, replica_view
+from costmodel.groups import group_plan, group_replicas, group_train, placement_problems, replica_view
 from costmodel.memory import stage_memory_shapes
 from costmodel.plan import Plan, Recompute, Schedule
 from costmodel.rank_time import rank_time_model, spans
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.bounds import MemoryFit, time_floor_s, zero_floor_s
 from planner.candidates import MAX_MICRO_BATCH, SearchOptions, allowed, replica_degrees
-from planner.space import divisors
+from planner.space import degrees_plan, divisors
 from planner.search_state import Found, SearchStats
 
 
@@ -70,22 +70,18 @@ def _skeletons(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options
     recompute mode (ZeRO stage 0 here; the stages are the candidates' last axis). A layout no
     group of which holds even one sequence per micro-batch goes to `too_big` instead. With
     experts, equal shares only (their balancing loss is not weighted by shares: check_plan)."""
-    L = model.num_layers
     modes = [Recompute.NONE] if options.no_recompute else allowed(options, "recompute", list(Recompute))
+    lean_mode = max(modes, key=_lean)
     fixed = options.fixed.get("micro_batch_size")
     for tp, cp, dp, orders, sps in replica_degrees(model, train, cluster, options):
         for order in orders:
-            probe = Plan(dp=dp, tp=tp, pp=1, cp=cp, zero_stage=0, recompute=Recompute.NONE, recompute_num_layers=(0,),
-                         sequence_parallel=False, micro_batch_size=1, num_micro_batches=1,
-                         schedule=Schedule.ONE_F_ONE_B, vpp=1, layers_per_stage=(L,), mesh_axis_order=order)
-            if None in replica_groups(probe, cluster):
+            probe = degrees_plan(dp=dp, tp=tp, pp=1, cp=cp, mesh_axis_order=order, num_layers=model.num_layers)
+            if placement_problems(probe, cluster):   # a replica across two groups
                 continue
             replicas = group_replicas(probe, cluster)
-            if 0 in replicas:
-                continue
             for sp in sps:
-                leanest = replace(probe, sequence_parallel=sp, zero_stage=leanest_zero, recompute=max(modes, key=_lean),
-                                  recompute_num_layers=(0 if max(modes, key=_lean) is Recompute.NONE else 1,))
+                leanest = replace(probe, sequence_parallel=sp, zero_stage=leanest_zero, recompute=lean_mode,
+                                  recompute_num_layers=_least_count(lean_mode))
                 most = [_most_that_fits(model, train, cluster, leanest, g) for g in range(len(replicas))]
                 sizes = [range(1, min(n, fixed or n) + 1) for n in most]
                 if not all(sizes) and len(too_big) < TOO_BIG_KEPT and train.global_batch_size % sum(replicas) == 0:
@@ -99,8 +95,12 @@ def _skeletons(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options
                     for mode in modes:
                         yield replace(probe, micro_batch_size=max(vector), num_micro_batches=m,
                                       micro_batch_sizes=() if model.is_moe else vector,
-                                      sequence_parallel=sp, recompute=mode,
-                                      recompute_num_layers=(0 if mode is Recompute.NONE else 1,))
+                                      sequence_parallel=sp, recompute=mode, recompute_num_layers=_least_count(mode))
+
+
+def _least_count(mode: Recompute) -> tuple[int]:
+    """The fewest recomputed layers a one-stage plan of `mode` may name (check_plan's rule)."""
+    return (0 if mode is Recompute.NONE else 1,)
 
 
 def _lean(mode: Recompute) -> int:
@@ -212,7 +212,7 @@ def search_shares(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, opti
         if count is None:
             stats.prune("memory")
             if len(too_big) < TOO_BIG_KEPT:
-                too_big.append(replace(plan, recompute_num_layers=(0 if plan.recompute is Recompute.NONE else 1,)))
+                too_big.append(replace(plan, recompute_num_layers=_least_count(plan.recompute)))
             continue
         plan = replace(plan, recompute_num_layers=(count,))
         if check_structure(model, train, cluster, plan):

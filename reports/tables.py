@@ -97,10 +97,10 @@ def summary_lines(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan
 
 def _memory_basis(cluster: ClusterSpec) -> str:
     """What a device's capacity is made of (each group's, on a mixed cluster)."""
-    return ", ".join(f"{view.device.name.split('-')[0] + ' ' if cluster.is_mixed else ''}"
+    return ", ".join(f"{short_device_name(cluster, g) + ' ' if cluster.is_mixed else ''}"
                      f"{view.device.usable_memory_bytes / GIB:.2f} GiB as CUDA reports it, less "
                      f"{view.memory_headroom:.0%} headroom and {view.device.efficiency.allocator_fragmentation:.0%} "
-                     f"allocator fragmentation" for view in views(cluster))
+                     f"allocator fragmentation" for g, view in enumerate(views(cluster)))
 
 
 def validate_table(results: Sequence[Any], summary: dict[str, Any]) -> str:

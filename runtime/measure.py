@@ -31,9 +31,9 @@ def measured_record(pf: PlanFile, raw: dict[str, Any], *, steps: int, warmup: in
                     wall_s: float, complete: bool = True) -> MeasuredRun:
     est: Estimate = estimate(pf.model, pf.train, pf.cluster, pf.plan)
     step_s = statistics.median(raw["step_times_s"])
-    # utilization over the devices' mean peak (a mixed cluster's groups differ)
-    mfu = utilization(model_flops_per_step(pf.model, pf.train), step_s, pf.cluster.world_size,
-                      world_peak_flops_per_s(pf.cluster, pf.train.compute_dtype) / pf.cluster.world_size)
+    # over every device's peak together, as costmodel.estimate takes it (a mixed cluster's differ)
+    mfu = utilization(model_flops_per_step(pf.model, pf.train), step_s, 1,
+                      world_peak_flops_per_s(pf.cluster, pf.train.compute_dtype))
     peak = raw["peak_memory_bytes"]
     # CPU figures count tensors only; compare them with the prediction less its reserve.
     reserve = est.memory_breakdown_bytes[0]["reserved"] if raw["device"] == "cpu" else 0.0

@@ -1,7 +1,6 @@
 """benchmarks/gpu_check.py: its plan matrix everywhere; the check itself only with CUDA."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -9,19 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from benchmark_loader import BENCHMARKS, load_benchmark
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+SCRIPT = BENCHMARKS / "gpu_check.py"
 
 
 def test_matrix_and_model_fit_the_issue():
-    mod = _module()
+    mod = load_benchmark("gpu_check")
     full = mod.matrix(quick=False)
     assert {m for m, _, _ in full} == {1, 2, 4} and {r for _, r, _ in full} == {"none", "selective", "full"}
     assert {s for _, _, s in full} == {2048, 4096} and len(full) == 18

@@ -2,30 +2,22 @@
 (the run itself needs root's cgroups and is a benchmark)."""
 from __future__ import annotations
 
-import importlib.util
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from benchmark_loader import load_benchmark
 
 from costmodel.cluster import DeviceGroup, load_profile, mixed_cluster
 from costmodel.compute import gemm_s, memory_bound_s, optimizer_step_s
 from costmodel.specs import DType, TrainSpec
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "two_speed.py"
 PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "xeon-amx.toml"
 
 
-def _module():
-    spec = importlib.util.spec_from_file_location("two_speed", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_the_slow_group_runs_at_its_share():
-    fast = load_profile(PROFILE)
-    fast = fast.__class__(**{**{f: getattr(fast, f) for f in fast.__slots__}, "optimizer_s_per_param": 3e-9})
-    slow = _module().slowed(fast, 0.5)
+    fast = replace(load_profile(PROFILE), optimizer_s_per_param=3e-9)
+    slow = load_benchmark("two_speed").slowed(fast, 0.5)
     train = TrainSpec(seq_len=256, global_batch_size=8, compute_dtype=DType.FP32, grad_dtype=DType.FP32)
     assert gemm_s(512, 512, 512, slow, train) == pytest.approx(2 * gemm_s(512, 512, 512, fast, train))
     assert memory_bound_s(1e8, slow, 4) == pytest.approx(2 * memory_bound_s(1e8, fast, 4))
