@@ -42,14 +42,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--limit-s", type=float, default=600, help="time limit per case (default 600)")
     args = parser.parse_args()
-    print(f"{'model':12} {'cluster':12} {'target s':>8} {'search s':>9} {'command s':>9} "
+    print(f"{'model':12} {'cluster':18} {'target s':>8} {'search s':>9} {'command s':>9} "
           f"{'candidates':>10} {'solved':>6} {'cand/s':>8}  optimal")
     for model, cluster, target in CASES:
         r = run(model, cluster, args.limit_s)
         if not r["finished"]:
-            print(f"{model:12} {cluster:12} {target:8.1f}  did not finish within {args.limit_s:.0f} s")
+            print(f"{model:12} {cluster:18} {target:8.1f}  did not finish within {args.limit_s:.0f} s")
             continue
-        print(f"{model:12} {cluster:12} {target:8.1f} {r['wall_s']:9.2f} {r['command_s']:9.2f} "
+        print(f"{model:12} {cluster:18} {target:8.1f} {r['wall_s']:9.2f} {r['command_s']:9.2f} "
               f"{r['num_candidates']:10,} {r['num_solved']:6} {r['num_candidates'] / r['wall_s']:8,.0f}  {r['optimal']}")
 
 
