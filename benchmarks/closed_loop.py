@@ -3,6 +3,7 @@
 Spearman) before any calibration; then after `planner calibrate`, in sample and leave-one-out.
 
     python benchmarks/closed_loop.py [--out runs/closed-loop] [--steps 4] [--skip-profile] [--skip-runs]
+                                     [--refit]
 
 1. `planner profile --out OUT/profile.toml` (unless --skip-profile): microbenchmarks and probes.
 2. A Llama-style model with GQA that is in no registry and no probe (HIDDEN, written as a
@@ -10,6 +11,9 @@ Spearman) before any calibration; then after `planner calibrate`, in sample and 
    CP plans, fp32 and bf16: `planner predict ... --out plan.json`, then `planner run plan.json`.
 3. `planner calibrate` on those runs, the table again, and leave-one-out (each plan predicted by
    a calibration on the others).
+`--refit` (with --skip-profile --skip-runs): the profile's probes fitted again from their stored
+step times under the current cost model, then every table: a cost-model change judged on the
+same measurements, without the minutes-apart noise of a new profile and new runs.
 Targets (issue 12): before calibration MAPE <= 15 %, max <= 30 %; leave-one-out MAPE <= 7 %.
 """
 from __future__ import annotations
@@ -64,10 +68,44 @@ def run_matrix(out: Path, profile: Path, steps: int) -> None:
         planner("run", str(plan), "--steps", str(steps), "--warmup", "2", "--out", str(out / name), "--overwrite")
 
 
-def table(out: Path, profile: Path) -> list[tuple[str, float, float]]:
+def refit(profile: Path):
+    """The profile's probe fit redone under the current cost model: the microbenchmark-only base
+    (efficiencies 1, no per-kernel cost, the measured collective latencies and attention ratio,
+    as planner.profile_doc writes it before the probes) fitted to the step times under [probes]."""
+    from dataclasses import replace
+    import tomllib
+    from costmodel.cluster import load_profile
+    from planner import probes
+    doc = tomllib.loads(profile.read_text())
+    measured = doc["measured"]
+    stored = {s["plan"]: s["measured_s"] for s in doc["probes"]["steps"]}
+    device = load_profile(profile)
+    ratio = measured["attention_efficiency"]["fp32"]
+
+    def bare(e):
+        return replace(e, gemm=1.0, memory=1.0, kernel_overhead_s=0.0, attention=ratio)
+    tier = replace(device.intra_node, efficiency=1.0, latency_s=measured["collective_alpha_s"],
+                   p2p_latency_s=measured["collective_p2p_latency_s"])
+    base = replace(device, efficiency=replace(bare(device.efficiency), overlap=0.5), intra_node=tier,
+                   dtype_efficiency=tuple((d, bare(e)) for d, e in device.dtype_efficiency))
+    results = []
+    accelerated = {d: True for d, _ in device.dtype_efficiency}   # narrow-only dtypes match no stored name
+    for ranks in (1, 2):
+        for pf in probes.probe_plans(base, accelerated, ranks):
+            name = f"{pf.model.name} {pf.train.compute_dtype} {pf.plan.short()}"
+            if name in stored:
+                results.append(probes.ProbeResult(pf, stored[name]))
+    fitted, params, before, after = probes.fit_probes(results, base)
+    print(f"refit {len(results)} of {len(stored)} stored probes: MAPE {before['mape_pct']:.1f}% on the "
+          f"microbenchmarks alone -> {after['mape_pct']:.1f}% fitted (max {after['max_abs_error_pct']:.1f}%); "
+          + ", ".join(f"{k} {v:.3g}" for k, v in params.items()))
+    return fitted
+
+
+def table(out: Path, profile) -> list[tuple[str, float, float]]:
     from costmodel.cluster import load_profile
     from planner.calibrate import load_run, predict_with
-    device = load_profile(profile)
+    device = load_profile(profile) if isinstance(profile, Path) else profile
     rows = []
     for name, *_ in MATRIX:
         run = load_run(out / name)
@@ -91,7 +129,7 @@ def leave_one_out(out: Path, profile: Path, prior_weight: float) -> list[tuple[s
     calibration predicts a plan it has not seen (the in-sample table can flatter)."""
     from costmodel.cluster import load_profile
     from planner.calibrate import fit_by_dtype, load_run, predict_with
-    base = load_profile(profile)
+    base = load_profile(profile) if isinstance(profile, Path) else profile
     runs = [load_run(out / name) for name, *_ in MATRIX]
     rows = []
     for i, (name, *_) in enumerate(MATRIX):
@@ -106,9 +144,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--skip-profile", action="store_true")
     parser.add_argument("--skip-runs", action="store_true")
+    parser.add_argument("--refit", action="store_true",
+                        help="fit the profile's stored probes again under the current cost model (no new measurement)")
     parser.add_argument("--prior-weight", type=float, default=None,
                         help="leave-one-out with this prior weight (default planner.calibrate.PRIOR_WEIGHT)")
     args = parser.parse_args()
+    if args.refit and not (args.skip_profile and args.skip_runs):
+        parser.error("--refit judges the stored measurements: give --skip-profile --skip-runs too")
     profile, calibrated = args.out / "profile.toml", args.out / "profile-calibrated.toml"
     start = time.perf_counter()
     if not args.skip_profile:
@@ -116,12 +158,22 @@ def main() -> None:
         planner("profile", "--out", str(profile), "--overwrite", quiet=False)
     if not args.skip_runs:
         run_matrix(args.out, profile, args.steps)
-    summarise(f"fresh profile {profile}, no calibration", table(args.out, profile))
-    planner("calibrate", *[str(args.out / name) for name, *_ in MATRIX], "--profile", str(profile),
-            "--out", str(calibrated), "--overwrite", quiet=False)
-    summarise(f"calibrated on all {len(MATRIX)} runs (in sample)", table(args.out, calibrated))
-    summarise("leave-one-out: each plan predicted by a calibration on the other plans",
-              leave_one_out(args.out, profile, PRIOR_WEIGHT if args.prior_weight is None else args.prior_weight))
+    prior = PRIOR_WEIGHT if args.prior_weight is None else args.prior_weight
+    if args.refit:
+        from planner.calibrate import fit_by_dtype, load_run
+        device = refit(profile)
+        summarise(f"{profile} refitted, no calibration", table(args.out, device))
+        calibrated_device, _ = fit_by_dtype([load_run(args.out / name) for name, *_ in MATRIX], device)
+        summarise(f"calibrated on all {len(MATRIX)} runs (in sample)", table(args.out, calibrated_device))
+        summarise("leave-one-out: each plan predicted by a calibration on the other plans",
+                  leave_one_out(args.out, device, prior))
+    else:
+        summarise(f"fresh profile {profile}, no calibration", table(args.out, profile))
+        planner("calibrate", *[str(args.out / name) for name, *_ in MATRIX], "--profile", str(profile),
+                "--out", str(calibrated), "--overwrite", quiet=False)
+        summarise(f"calibrated on all {len(MATRIX)} runs (in sample)", table(args.out, calibrated))
+        summarise("leave-one-out: each plan predicted by a calibration on the other plans",
+                  leave_one_out(args.out, profile, prior))
     print(f"\n{time.perf_counter() - start:.0f} s; command: python benchmarks/closed_loop.py "
           + " ".join(sys.argv[1:]))
 

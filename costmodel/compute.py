@@ -22,7 +22,7 @@ from costmodel.layout import Style, dense_blocks
 from costmodel.params import ceil_div
 from costmodel.plan import Plan
 from typing import Protocol
-from costmodel.specs import AttentionKernel, ModelSpec, Optimizer, PositionKind, TrainSpec
+from costmodel.specs import AttentionKernel, DType, ModelSpec, NormKind, Optimizer, PositionKind, TrainSpec
 
 class KernelShape(Protocol):
     """What kernel times depend on (a Plan has these, and so does the search's cache key)."""
@@ -71,10 +71,15 @@ def interpolate(curve: tuple[tuple[float, float], ...], x: float) -> float:
     return y0 + w * (y1 - y0)
 
 
-def memory_bound_s(num_bytes: float, dev: DeviceProfile, num_kernels: int) -> float:
+def memory_bound_s(num_bytes: float, dev: DeviceProfile, num_kernels: int, native: bool = False) -> float:
+    """native: vectorised kernels of the kind a measured memory curve times (softmax, RMS norm,
+    add: runtime.profiler.memory_points), priced at the curve itself; the fitted memory factor
+    is what a training step's other memory-bound work adds to it. Without a curve every kernel
+    gets the profile's share of the bandwidth."""
     if dev.memory_curve and num_bytes > 0:
         per_kernel = num_bytes / num_kernels
-        return num_kernels * (per_kernel / (interpolate(dev.memory_curve, per_kernel) * dev.efficiency.memory)
+        factor = 1.0 if native else dev.efficiency.memory
+        return num_kernels * (per_kernel / (interpolate(dev.memory_curve, per_kernel) * factor)
                               + dev.efficiency.kernel_overhead_s)
     return roofline_s(0.0, num_bytes, dev, 1.0, 1.0, num_kernels)
 
@@ -246,17 +251,20 @@ def _moe_routing_bytes(model: ModelSpec, train: TrainSpec, tokens: int, ep: int)
 
 def _elementwise_forward_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile,
                            tokens: int) -> float:
-    """Norms, residual adds, dropout, activation function and RoPE: bytes read + written.
+    """Norms, residual adds, dropout, activation function and RoPE: bytes read + written, as
+    fused kernels run them (Megatron-Core, Transformer Engine, compiled code).
     Without sequence parallelism every TP rank repeats the norms/adds/dropout on all tokens."""
+    num_bytes, kernels = _fused_elementwise(model, train, plan, tokens)
+    return memory_bound_s(num_bytes, dev, kernels)
+
+
+def _fused_elementwise(model: ModelSpec, train: TrainSpec, plan: KernelShape, tokens: int) -> tuple[float, int]:
     a, t = train.compute_dtype.num_bytes, plan.tp
     rep = tokens * model.hidden_size / (t if plan.sequence_parallel else 1)
     drop = 1 if model.dropout else 0
     num_bytes = rep * (model.layer_norms * 2 * a + 2 * 3 * a + drop * 2 * (2 * a + 1))
     acts = 3 if model.ffn_kind.gated else 2
-    # the activation function over the MLP's width; a mixture's over each routed expert's and the shared one's
-    width = (model.experts_per_token * model.moe_ffn_hidden_size + model.shared_expert_ffn_hidden_size
-             if model.is_moe else model.ffn_hidden_size)
-    num_bytes += acts * a * tokens * width / t
+    num_bytes += acts * a * tokens * _mlp_width(model) / t
     routing_bytes, routing_kernels = _moe_routing_bytes(model, train, moe_tokens(tokens, t), plan.ep)
     num_bytes += routing_bytes
     kernels = 5 + 2 * drop + routing_kernels
@@ -264,9 +272,85 @@ def _elementwise_forward_s(model: ModelSpec, train: TrainSpec, plan: KernelShape
         num_bytes += 2 * a * tokens * (model.q_hidden_size + model.kv_hidden_size) / t
         kernels += 2
     if model.position_kind is PositionKind.ROPE:   # on the rotated share of each head's dimensions
-        num_bytes += 2 * a * tokens * (model.q_hidden_size + model.kv_hidden_size) * model.rotary_fraction / t
+        num_bytes += 2 * a * tokens * _rotated(model) / t
         kernels += 1
-    return memory_bound_s(num_bytes, dev, kernels)
+    return num_bytes, kernels
+
+
+def _mlp_width(model: ModelSpec) -> int:
+    """The activation function's width: the MLP's, or each routed expert's and the shared one's."""
+    return (model.experts_per_token * model.moe_ffn_hidden_size + model.shared_expert_ffn_hidden_size
+            if model.is_moe else model.ffn_hidden_size)
+
+
+def _rotated(model: ModelSpec) -> float:
+    """Elements of one token's queries and keys that RoPE rotates."""
+    return (model.q_hidden_size + model.kv_hidden_size) * model.rotary_fraction
+
+
+# Torch's CPU kernels as the runtime's eager layer calls them (costmodel.frameworks `cpu_kernels`),
+# counted op by op with a dispatch mode (tests/runtime/test_elementwise_traffic.py): (bytes per
+# element read + written, kernels), forward and backward; `casts` 1 for a 16-bit compute dtype.
+# RMSNorm is composite in fp32: cast up (a + 4), pow, mean, add eps, rsqrt, times 1/rms, times the
+# weight, cast back (a + 4); backward 14 fp32 kernels (two row sums, pow, div), both casts and
+# the weight gradient's.
+def _cpu_rms_norm(a: int, casts: int) -> tuple[tuple[float, int], tuple[float, int]]:
+    return (28 + casts * 2 * (a + 4), 6 + 2 * casts), (96 + casts * 2 * (a + 4), 14 + 3 * casts)
+
+
+# RoPE per rotated tensor (rotate-half form, runtime.model.rope): neg of a half, cat, two
+# products and their sum (10a); backward two products, two slice-backwards, neg, two adds (14a).
+# Its cos / sin tables are rebuilt per call: 8 tiny kernels, two casts more in 16 bits.
+CPU_ROPE_FWD, CPU_ROPE_BWD = (10, 5), (14, 7)
+CPU_ROPE_TABLE_KERNELS = 8
+# Torch's CPU kernels widen 16-bit elements to fp32 in registers: an element costs what an fp32
+# one does (a bf16 multiply over 98K-1.5M elements takes 0.7-1.15x the fp32 one's time on a
+# 2-core EPYC), so elements are counted at fp32's width on the fp32-measured memory curve.
+CPU_ELEMENT_BYTES = 4
+
+
+def cpu_elementwise_traffic(model: ModelSpec, train: TrainSpec, plan: KernelShape, tokens: int,
+                            a: int = CPU_ELEMENT_BYTES) -> tuple[float, int, float, int]:
+    """(forward bytes, kernels, backward bytes, kernels) of a layer's memory-bound work as torch's
+    CPU kernels run the runtime's eager layer: composite RMSNorm in fp32, RoPE and SwiGLU op by
+    op, and the gradient sums autograd adds where one input feeds several projections. Parts the
+    count does not cover (LayerNorm, dropout, GeLU, Q/K norms, routing) keep the fused count,
+    their backward twice their forward. `a`: bytes per compute-dtype element (pricing counts every
+    element at fp32's width, CPU_ELEMENT_BYTES; the test counts the real bytes)."""
+    t, c = plan.tp, 1 if train.compute_dtype.num_bytes < 4 else 0
+    rep = tokens * model.hidden_size / (t if plan.sequence_parallel else 1)
+    fwd_b = bwd_b = 0.0
+    fwd_k = bwd_k = 0
+    if model.norm_kind is NormKind.RMSNORM:
+        (nf, kf), (nb, kb) = _cpu_rms_norm(a, c)
+        fwd_b, fwd_k, bwd_b, bwd_k = model.layer_norms * nf * rep, model.layer_norms * kf, \
+            model.layer_norms * nb * rep, model.layer_norms * kb
+    else:
+        fwd_b, fwd_k = model.layer_norms * 2 * a * rep, model.layer_norms
+        bwd_b, bwd_k = 2 * fwd_b, 2 * fwd_k
+    # residual adds, and backward the sums over projections that share an input (q/k/v, gate/up)
+    shared = sum(sum(1 for lin in b.linears if lin.style is Style.COLWISE) - 1 for b in dense_blocks(model))
+    fwd_b, fwd_k = fwd_b + 2 * 3 * a * rep, fwd_k + 2
+    bwd_b, bwd_k = bwd_b + (2 + shared) * 3 * a * rep, bwd_k + 2 + shared
+    width = tokens * _mlp_width(model) / t
+    if model.ffn_kind.gated and not model.is_moe:   # silu, times up; backward two products, silu_backward
+        fwd_b, fwd_k, bwd_b, bwd_k = fwd_b + 5 * a * width, fwd_k + 2, bwd_b + 9 * a * width, bwd_k + 3
+    else:
+        acts = 3 if model.ffn_kind.gated else 2
+        fwd_b, fwd_k, bwd_b, bwd_k = fwd_b + acts * a * width, fwd_k + 1, bwd_b + 2 * acts * a * width, bwd_k + 2
+    if model.position_kind is PositionKind.ROPE:
+        rotated = tokens * _rotated(model) / t
+        fwd_b += CPU_ROPE_FWD[0] * a * rotated
+        fwd_k += 2 * (CPU_ROPE_FWD[1] + CPU_ROPE_TABLE_KERNELS + 2 * c)
+        bwd_b, bwd_k = bwd_b + CPU_ROPE_BWD[0] * a * rotated, bwd_k + 2 * CPU_ROPE_BWD[1]
+    drop = 1 if model.dropout else 0
+    rest = rep * drop * 2 * (2 * a + 1)
+    rest_k = 2 * drop
+    if model.qk_norm:
+        rest, rest_k = rest + 2 * a * tokens * (model.q_hidden_size + model.kv_hidden_size) / t, rest_k + 2
+    routing_bytes, routing_kernels = _moe_routing_bytes(model, train, moe_tokens(tokens, t), plan.ep)
+    rest, rest_k = rest + routing_bytes, rest_k + routing_kernels
+    return fwd_b + rest, fwd_k + rest_k, bwd_b + 2 * rest, bwd_k + 2 * rest_k
 
 
 def _per_kernel_shape(fn):
@@ -299,37 +383,59 @@ class _KernelKey:
 
 @_per_kernel_shape
 def layer_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile,
-                       cp_ring: bool, fused_casts: bool = False) -> KernelTimes:
+                       cp_ring: bool, fused_casts: bool = False, cpu_kernels: bool = False) -> KernelTimes:
     """cp_ring: context parallelism as a ring of partial kernels (else all-gathered K/V,
     costmodel.frameworks `cp_all_gather_kv`); fused_casts: float8 casts as compiled or
-    Transformer Engine kernels run them (`float8_casts_fused`)."""
+    Transformer Engine kernels run them (`float8_casts_fused`); cpu_kernels: the runtime's eager
+    layer on torch's CPU kernels (`cpu_kernels`), whose memory-bound work is counted op by op."""
     tokens = plan.micro_batch_size * train.seq_len // plan.cp
     fwd, bwd_in, bwd_w = _linears_s(model, train, plan, dev, tokens, fused_casts)
     attn_fwd, attn_bwd = _attention_core_s(model, train, plan, dev, cp_ring)
-    elementwise = _elementwise_forward_s(model, train, plan, dev, tokens)
+    if cpu_kernels:
+        fwd_b, fwd_k, bwd_b, bwd_k = cpu_elementwise_traffic(model, train, plan, tokens)
+        elementwise, elementwise_bwd = memory_bound_s(fwd_b, dev, fwd_k), memory_bound_s(bwd_b, dev, bwd_k)
+    else:
+        elementwise = _elementwise_forward_s(model, train, plan, dev, tokens)
+        elementwise_bwd = 2 * elementwise
     return KernelTimes(forward_s=fwd + attn_fwd + elementwise,
-                       backward_input_s=bwd_in + attn_bwd + 2 * elementwise,
+                       backward_input_s=bwd_in + attn_bwd + elementwise_bwd,
                        backward_weight_s=bwd_w, attention_forward_s=attn_fwd)
 
 
 @_per_kernel_shape
-def head_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile) -> KernelTimes:
-    """Final norm, output projection (vocab-parallel) and cross entropy (fp32 softmax)."""
+def head_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile,
+                      cpu_kernels: bool = False) -> KernelTimes:
+    """Final norm, output projection (vocab-parallel) and cross entropy (fp32 softmax);
+    cpu_kernels: the norm as torch's CPU composite runs it (layer_kernel_times)."""
     tokens = plan.micro_batch_size * train.seq_len // plan.cp
     vocab = ceil_div(model.vocab_size, plan.tp)
     proj = gemm_s(tokens, model.hidden_size, vocab, dev, train)
     a = train.compute_dtype.num_bytes
     loss = cross_entropy_s(tokens, vocab, train, dev)
-    norm = memory_bound_s(2 * a * tokens * model.hidden_size, dev, 1)
-    return KernelTimes(forward_s=proj + loss + norm, backward_input_s=proj + loss + 2 * norm,
+    elems = tokens * model.hidden_size
+    if cpu_kernels and model.norm_kind is NormKind.RMSNORM:
+        (nf, kf), (nb, kb) = _cpu_rms_norm(CPU_ELEMENT_BYTES, 1 if a < 4 else 0)
+        norm, norm_bwd = memory_bound_s(nf * elems, dev, kf), memory_bound_s(nb * elems, dev, kb)
+    else:
+        norm = memory_bound_s(2 * a * elems, dev, 1)
+        norm_bwd = 2 * norm
+    return KernelTimes(forward_s=proj + loss + norm, backward_input_s=proj + loss + norm_bwd,
                        backward_weight_s=proj, attention_forward_s=0.0)
 
 
 def cross_entropy_s(tokens: int, vocab: int, train: TrainSpec, dev: DeviceProfile) -> float:
-    """The loss over `vocab` logits per token, forward or backward: read the 16-bit logits, the
-    fp32 upcast and softmax (three memory-bound kernels)."""
+    """The loss over `vocab` logits per token, forward or backward (their mean): the cast from a
+    16-bit compute dtype to fp32 and back (read a, write 4 bytes; none in fp32, where `.float()`
+    is the tensor itself), then the fp32 log-softmax and its gradient (12 bytes, two kernels).
+    Those run fp32 kernels whatever the compute dtype, so they are priced at fp32's efficiency
+    where a profile has one per dtype: on a CPU, bf16's memory-bound factor (fitted to the probes'
+    bf16 kernels, 0.05-0.2 of the curve) priced a 16-bit run's 6,000-word loss at 1.4x its
+    measured time (benchmarks/closed_loop.py, 2026-11-26, pp2's last stage)."""
     a = train.compute_dtype.num_bytes
-    return memory_bound_s(tokens * vocab * (a + 3 * 4), dev.for_dtype(train.compute_dtype), 3)
+    softmax = memory_bound_s(tokens * vocab * 3 * 4, dev.for_dtype(DType.FP32), 2, native=True)
+    if a >= 4:
+        return softmax
+    return softmax + memory_bound_s(tokens * vocab * (a + 4), dev.for_dtype(train.compute_dtype), 1, native=True)
 
 
 @_per_kernel_shape

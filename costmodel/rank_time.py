@@ -257,7 +257,7 @@ def rank_time_model(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Clu
     its layer split or recompute counts."""
     dev = cluster.device
     layer = layer_kernel_times(model, train, plan, dev, not cluster.framework.cp_all_gather_kv,
-                               cluster.framework.float8_casts_fused)
+                               cluster.framework.float8_casts_fused, cluster.framework.cpu_kernels)
     # the share of TP collectives the framework hides behind GEMMs (costmodel.frameworks)
     tp = _tp_layer_comm_s(model, train, plan, cluster, sp.tp) * (1.0 - cluster.framework.tp_comm_hidden)
     cp_fwd, cp_bwd = _cp_layer_comm_s(model, train, plan, cluster, sp.cp, layer)
@@ -274,7 +274,7 @@ def rank_time_model(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Clu
         per_rc = ZERO_TIMES
     edge_tp = _edge_tp_comm_s(train, plan, cluster, model, sp.tp)
     emb = embedding_kernel_times(model, train, plan, dev)
-    head = head_kernel_times(model, train, plan, dev)
+    head = head_kernel_times(model, train, plan, dev, cluster.framework.cpu_kernels)
     loss_s, gather_s = _gathered_logits_s(model, train, plan, cluster, sp.tp)
     return RankTimeModel(
         per_layer=per_layer, per_recomputed_layer=per_rc,

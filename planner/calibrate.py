@@ -166,7 +166,8 @@ def fit_by_dtype(runs: list[Run], base: DeviceProfile, rounds: int = 2, max_iter
     if not runs:
         raise ValueError("no runs to calibrate on")
     device = base
-    dtypes = sorted({str(r.pf.train.compute_dtype) for r in runs})
+    # fp32 first: every dtype's loss runs fp32 kernels priced at fp32's factors (cross_entropy_s)
+    dtypes = sorted({str(r.pf.train.compute_dtype) for r in runs}, key=lambda d: (d != "fp32", d))
     multi = [r for r in runs if r.pf.plan.world_size > 1]
     for _ in range(rounds):
         for d in dtypes:
