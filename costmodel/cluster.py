@@ -125,6 +125,8 @@ class DeviceProfile:
     # `planner profile`: an AdamW step as the runtime takes one, seconds per parameter (0: not
     # measured; the step is then priced as memory-bound traffic)
     optimizer_s_per_param: float = 0.0
+    # the cost model the profile's probes were fitted under (PROBE_FIT_VERSION; 0: no probes)
+    probe_fit_version: int = 0
 
     @property
     def usable_memory_bytes(self) -> int:
@@ -337,6 +339,10 @@ def _curve(points: list[list[float]]) -> tuple[tuple[float, float], ...]:
 # What a profile may hold, per table; anything else is refused (a misspelt key would otherwise
 # leave its default in force without a word).
 PROFILE_FORMAT_VERSION = 1   # written by `planner profile` / `calibrate`; files without one are read as it
+# The cost model a profile's probe fit belongs to: raised when the model prices the probes'
+# kernels differently (2: CPU layers counted op by op, 2026-11-26), so a cached `local` profile
+# fitted under an older one is measured again instead of carrying factors fitted to other formulas.
+PROBE_FIT_VERSION = 2
 PROFILE_KEYS = {
     "": {"format_version", "device", "network", "efficiency", "measured", "probes", "host"},
     "host": {"memory_bytes", "memory_bandwidth_bytes_per_s", "memory_efficiency", "link_bandwidth_bytes_per_s",
@@ -458,6 +464,8 @@ def _profile_from(path: Path, raw: dict[str, Any]) -> DeviceProfile:
         machine_key=str(raw.get("measured", {}).get("machine_key", "")),
         machine=str(raw.get("measured", {}).get("machine", "")),
         optimizer_s_per_param=float(raw.get("measured", {}).get("optimizer_s_per_param", 0.0)),
+        probe_fit_version=(int(raw["probes"].get("fit_version", 1)) if isinstance(raw.get("probes"), dict)
+                           else 0),
         dtype_efficiency=tuple((k, replace(efficiency, **{f: float(v[f]) for f in DTYPE_FIELDS}))
                                for k, v in eff.items() if isinstance(v, dict)))
 
@@ -491,6 +499,8 @@ def local_profile() -> DeviceProfile:
         raise machine.LocalProfileMissing(path, f"the cached profile was measured on {dev.machine or 'another machine'}")
     if not dev.optimizer_s_per_param:
         raise machine.LocalProfileMissing(path, "the cached profile predates the optimizer step's measurement")
+    if dev.probe_fit_version < PROBE_FIT_VERSION:
+        raise machine.LocalProfileMissing(path, "the cached profile's probes were fitted under an older cost model")
     return dev
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from costmodel import machine
-from costmodel.cluster import PROFILE_FORMAT_VERSION
+from costmodel.cluster import PROBE_FIT_VERSION, PROFILE_FORMAT_VERSION
 from planner import profile_file as pf_io
 
 
@@ -176,7 +176,8 @@ def _probes(probed):
                     "measured_s": round(p.step_time_s, 6), "predicted_s": round(predicted.step_time_s, 6)})
         steps.append(row)
     steps.multiline(True)
-    out = pf_io.table([("fitted_factors", params, None)],
+    out = pf_io.table([("fit_version", PROBE_FIT_VERSION, "the cost model the fit belongs to (costmodel.cluster)"),
+                       ("fitted_factors", params, None)],
                       comment=f"step-time MAPE of the probes: {before['mape_pct']:.1f}% with the microbenchmarks "
                       f"alone, {after['mape_pct']:.1f}% fitted (max {after['max_abs_error_pct']:.1f}%)")
     out.add("steps", steps)

@@ -2,6 +2,8 @@
 `planner calibrate` fits a profile to runs, never overwriting the original."""
 from __future__ import annotations
 
+import re
+
 import tomllib
 from dataclasses import replace
 from pathlib import Path
@@ -79,6 +81,9 @@ def test_local_is_measured_once_then_cached(measured, tmp_path, monkeypatch, cap
     cached.write_text(cached.read_text().replace(machine.machine_key(), "0123456789ab"))
     assert main(args) == 0 and len(calls) == 3           # measured elsewhere (another torch, CPU, GPU)
     assert "measured on" in capsys.readouterr().err
+    cached.write_text(re.sub(r"(?m)^fit_version = \d+", "fit_version = 1", cached.read_text()))
+    assert main(args) == 0 and len(calls) == 4           # probes fitted under an older cost model
+    assert "fitted under an older cost model" in capsys.readouterr().err
 
 
 def test_run_refuses_a_profile_of_another_machine(measured, tmp_path, capsys):
