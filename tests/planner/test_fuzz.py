@@ -52,7 +52,7 @@ def test_mutated_model_configs(ws, data):
     fuzzing.check(ws, ["predict", "--model", str(path), "--cluster", f"1x2x{fuzzing.PROFILE}"])
 
 
-@settings(max_examples=40, **SETTINGS)
+@settings(max_examples=20, **SETTINGS)   # each report renders its figures: 0.4 s an example
 @given(data=st.data())
 def test_mutated_measured_runs(ws, data):
     doc = data.draw(fuzzing.json_mutations(json.loads(ws.measured.read_text())))
