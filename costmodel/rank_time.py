@@ -395,11 +395,13 @@ def _dp_terms(model: ModelSpec, train: TrainSpec, plan: Plan, traits: FrameworkT
     reduce_window = "backward" if traits.dp_grad_overlap else "none"
     gather_window = "forward" if traits.dp_param_overlap else "none"
     reduces = 1 if unsharded_between_micro_batches(plan, traits) else m
+    units = 1 if traits.dp_collectives_per_layer else 0   # FSDP units below ZeRO-3 too
     if z == 0:
-        return (DpTerm(multiplier=1, collectives=((ar, g),), window=reduce_window),)
+        return (DpTerm(multiplier=1, collectives=((ar, g),), window=reduce_window, pieces_per_layer=units),)
     if z in (1, 2):
-        return (DpTerm(multiplier=1 if z == 1 else reduces, collectives=((rs, g),), window=reduce_window),
-                DpTerm(multiplier=1, collectives=((ag, w),), window=gather_window))
+        return (DpTerm(multiplier=1 if z == 1 else reduces, collectives=((rs, g),), window=reduce_window,
+                       pieces_per_layer=units),
+                DpTerm(multiplier=1, collectives=((ag, w),), window=gather_window, pieces_per_layer=units))
     pieces = layer_param_tensors(model) if traits.zero3_gathers_per_param else 1
     # FSDP prefetches the next layer's gather behind the current one's compute in either pass
     forward = DpTerm(multiplier=m, collectives=((ag, w),), window="forward", pieces_per_layer=pieces)

@@ -43,6 +43,9 @@ PROBES = [
     (WIDE, 1, Choice(micro_batch_size=2, recompute=Recompute.FULL)),
     (BROAD, 1, Choice(micro_batch_size=4)),   # GEMM-heavy: tells the rate factor from the others
     (WIDE, 2, Choice(micro_batch_size=2, zero_stage=1)),
+    # latency-bound: the narrow model's FSDP units synchronise in far less time than they compute
+    # on the wide one, so the fit tells the collectives' latency from their overlap
+    (NARROW, 2, Choice(micro_batch_size=2, zero_stage=2)),
     (WIDE, 2, Choice(tp=2, micro_batch_size=4)),
     (WIDE, 2, Choice(pp=2, micro_batch_size=1)),
 ]
