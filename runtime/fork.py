@@ -12,6 +12,7 @@ import pickle
 import signal
 import socket
 import tempfile
+import threading
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
@@ -25,6 +26,9 @@ import torch.distributed.pipelining  # noqa: F401
 import torch.distributed.tensor.parallel  # noqa: F401
 
 from runtime.launch import die_with_parent
+
+
+HELD = {signal.SIGINT, signal.SIGTERM}
 
 
 class RankFailed(RuntimeError):
@@ -41,6 +45,7 @@ def _worker(rank: int, world: int, port: int, result_dir: str, fn: Callable, arg
             device_type: str = "cpu") -> None:
     # The parent handles Ctrl-C and ends the ranks (run_forked); a rank dies with the parent.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)   # held by the parent while it forked
     die_with_parent()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
@@ -61,10 +66,23 @@ def run_forked(world: int, fn: Callable, *args: Any, device_type: str = "cpu") -
     """`fn(*args)` on `world` forked ranks; returns each rank's result, rank order. CUDA ranks
     are spawned instead (CUDA cannot be used in a forked child), so `fn` and `args` must pickle."""
     with tempfile.TemporaryDirectory() as tmp:
-        context = mp.start_processes(_worker, args=(world, _free_port(), tmp, fn, args, device_type),
-                                     nprocs=world, join=False,
-                                     start_method="spawn" if device_type == "cuda" else "fork")
+        # Ctrl-C / SIGTERM held while the ranks are forked: a handler that raises inside fork's
+        # at-fork hooks has its exception printed and dropped, and the command went on as if
+        # nothing had been pressed (tests/runtime/test_interrupt.py, `planner profile`'s probes).
+        # Delivered right after, inside the `try` that ends the ranks.
+        main = threading.current_thread() is threading.main_thread()
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, HELD) if main else None
         try:
+            context = mp.start_processes(_worker, args=(world, _free_port(), tmp, fn, args, device_type),
+                                         nprocs=world, join=False,
+                                         start_method="spawn" if device_type == "cuda" else "fork")
+        except BaseException:
+            if main:
+                signal.pthread_sigmask(signal.SIG_SETMASK, before)
+            raise
+        try:
+            if main:
+                signal.pthread_sigmask(signal.SIG_SETMASK, before)
             while not context.join():
                 pass
         except mp.ProcessRaisedException as exc:

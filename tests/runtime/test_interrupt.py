@@ -105,3 +105,21 @@ def test_ctrl_c_ends_long_commands_in_one_line(tmp_path, argv, after_s):
     time.sleep(0.5)
     assert _processes_mentioning(str(tmp_path)) == []
     assert not (tmp_path / "p.toml").exists()   # an interrupted profile writes nothing
+
+
+def test_ctrl_c_while_the_ranks_fork_is_not_lost():
+    """A signal handled inside fork's at-fork hooks has its exception printed and dropped by
+    Python: `planner profile` once went on to the end after a Ctrl-C that arrived as its probe
+    ranks forked. runtime.fork holds Ctrl-C while forking and delivers it just after. Here a hook
+    sends the signal at that very moment."""
+    code = ("import os, signal\n"
+            "from runtime.fork import run_forked\n"
+            "os.register_at_fork(after_in_parent=lambda: os.kill(os.getpid(), signal.SIGINT))\n"
+            "try:\n"
+            "    run_forked(1, int)\n"
+            "    print('lost')\n"
+            "except KeyboardInterrupt:\n"
+            "    print('interrupted')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).parents[2], preexec_fn=_default_sigint)
+    assert proc.stdout.strip() == "interrupted", proc.stdout + proc.stderr
