@@ -69,32 +69,20 @@ def run_matrix(out: Path, profile: Path, steps: int) -> None:
 
 
 def refit(profile: Path):
-    """The profile's probe fit redone under the current cost model: the microbenchmark-only base
-    (efficiencies 1, no per-kernel cost, the measured collective latencies and attention ratio,
-    as planner.profile_doc writes it before the probes) fitted to the step times under [probes]."""
-    from dataclasses import replace
+    """The profile's probe fit redone under the current cost model: the base it started from
+    (planner.probes.unfitted) fitted to the step times under [probes]."""
     import tomllib
     from costmodel.cluster import load_profile
     from planner import probes
     doc = tomllib.loads(profile.read_text())
-    measured = doc["measured"]
     stored = {s["plan"]: s["measured_s"] for s in doc["probes"]["steps"]}
-    device = load_profile(profile)
-    ratio = measured["attention_efficiency"]["fp32"]
-
-    def bare(e):
-        return replace(e, gemm=1.0, memory=1.0, kernel_overhead_s=0.0, attention=ratio)
-    tier = replace(device.intra_node, efficiency=1.0, latency_s=measured["collective_alpha_s"],
-                   p2p_latency_s=measured["collective_p2p_latency_s"])
-    base = replace(device, efficiency=replace(bare(device.efficiency), overlap=0.5), intra_node=tier,
-                   dtype_efficiency=tuple((d, bare(e)) for d, e in device.dtype_efficiency))
+    base = probes.unfitted(load_profile(profile), doc["measured"])
     results = []
-    accelerated = {d: True for d, _ in device.dtype_efficiency}   # narrow-only dtypes match no stored name
+    accelerated = {d: True for d, _ in base.dtype_efficiency}   # narrow-only dtypes match no stored name
     for ranks in (1, 2):
         for pf in probes.probe_plans(base, accelerated, ranks):
-            name = f"{pf.model.name} {pf.train.compute_dtype} {pf.plan.short()}"
-            if name in stored:
-                results.append(probes.ProbeResult(pf, stored[name]))
+            if probes.probe_name(pf) in stored:
+                results.append(probes.ProbeResult(pf, stored[probes.probe_name(pf)]))
     fitted, params, before, after = probes.fit_probes(results, base)
     print(f"refit {len(results)} of {len(stored)} stored probes: MAPE {before['mape_pct']:.1f}% on the "
           f"microbenchmarks alone -> {after['mape_pct']:.1f}% fitted (max {after['max_abs_error_pct']:.1f}%); "

@@ -1,7 +1,7 @@
 """A two-speed "cluster" on one machine (issue 17, item 2): one rank at full speed, one held to
 a share of a core by a CFS quota, planned as a mixed cluster and run; predicted vs measured.
 
-    sudo python benchmarks/two_speed.py [--share 0.5] [--steps 4] [--out runs/two-speed]
+    sudo python benchmarks/two_speed.py [--share 0.5] [--steps 4]
 
 Needs a writable cgroup cpu controller (root; cgroup v1 `/sys/fs/cgroup/cpu` or v2 `cpu.max`):
 elsewhere it says so and stops. It is a benchmark, not a test: CI has no such rights.

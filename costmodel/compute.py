@@ -304,8 +304,9 @@ def _cpu_rms_norm(a: int, casts: int) -> tuple[tuple[float, int], tuple[float, i
 CPU_ROPE_FWD, CPU_ROPE_BWD = (10, 5), (14, 7)
 CPU_ROPE_TABLE_KERNELS = 8
 # Torch's CPU kernels widen 16-bit elements to fp32 in registers: an element costs what an fp32
-# one does (a bf16 multiply over 98K-1.5M elements takes 0.7-1.15x the fp32 one's time on a
-# 2-core EPYC), so elements are counted at fp32's width on the fp32-measured memory curve.
+# one does (bf16 multiplies and SiLUs over 98K-1.5M elements take 0.7-1.5x the fp32 ones' time on
+# a 2-core EPYC: `python benchmarks/cpu_kernels.py`), so elements are counted at fp32's width on
+# the fp32-measured memory curve.
 CPU_ELEMENT_BYTES = 4
 
 
@@ -427,10 +428,11 @@ def cross_entropy_s(tokens: int, vocab: int, train: TrainSpec, dev: DeviceProfil
     """The loss over `vocab` logits per token, forward or backward (their mean): the cast from a
     16-bit compute dtype to fp32 and back (read a, write 4 bytes; none in fp32, where `.float()`
     is the tensor itself), then the fp32 log-softmax and its gradient (12 bytes, two kernels).
-    Those run fp32 kernels whatever the compute dtype, so they are priced at fp32's efficiency
-    where a profile has one per dtype: on a CPU, bf16's memory-bound factor (fitted to the probes'
-    bf16 kernels, 0.05-0.2 of the curve) priced a 16-bit run's 6,000-word loss at 1.4x its
-    measured time (benchmarks/closed_loop.py, 2026-11-26, pp2's last stage)."""
+    The softmax runs fp32 kernels whatever the compute dtype (fp32's per-kernel cost), and both
+    are vectorised kernels of the kind a measured memory curve times, so they are priced at the
+    curve itself: the probes' fitted memory factor (0.05-0.2 of the curve on a CPU) had priced the
+    closed loop's 6,000-word loss at 11-18 ms a micro-batch against 3-4 ms measured
+    (`python benchmarks/cpu_kernels.py`)."""
     a = train.compute_dtype.num_bytes
     softmax = memory_bound_s(tokens * vocab * 3 * 4, dev.for_dtype(DType.FP32), 2, native=True)
     if a >= 4:

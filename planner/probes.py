@@ -55,6 +55,26 @@ PROBES = [
 # predicted a larger model 28 % too fast (a profile's [probes] fitted_factors shows where a fit
 # lands; benchmarks/closed_loop.py the unseen model).
 PROBE_BOUNDS = {"compute": (0.3, 1.15), "memory": (0.05, 1.5)}
+START_OVERLAP = 0.5   # where the fit starts the share of DP communication hidden (the base profile's)
+
+
+def probe_name(pf: PlanFile) -> str:
+    """How [probes] names a probe: model, dtype and plan."""
+    return f"{pf.model.name} {pf.train.compute_dtype} {pf.plan.short()}"
+
+
+def unfitted(device: DeviceProfile, measured: dict) -> DeviceProfile:
+    """A fitted profile back as the fit started from it (planner.profile_doc without probes):
+    efficiencies 1, no per-kernel cost, fp32's measured attention ratio for every dtype, the
+    microbenchmarks' collective latencies, START_OVERLAP. `measured`: the profile's [measured]."""
+    ratio = measured["attention_efficiency"]["fp32"]
+
+    def bare(e):
+        return replace(e, gemm=1.0, memory=1.0, kernel_overhead_s=0.0, attention=ratio)
+    tier = replace(device.intra_node, efficiency=1.0, latency_s=measured["collective_alpha_s"],
+                   p2p_latency_s=measured["collective_p2p_latency_s"])
+    return replace(device, efficiency=replace(bare(device.efficiency), overlap=START_OVERLAP), intra_node=tier,
+                   dtype_efficiency=tuple((d, bare(e)) for d, e in device.dtype_efficiency))
 
 @dataclass(frozen=True)
 class ProbeResult:

@@ -108,6 +108,7 @@ def _network_rows(setup: Setup, net: _Net, device) -> list[list[pf_io.Row]]:
 
 
 def _efficiency(micro: dict, device, how: str, probes: int):
+    from planner.probes import START_OVERLAP
     fitted = f"fitted to {probes} probe training steps (see [probes])"
     eff, tier = (device.efficiency, device.intra_node) if device else (None, None)
     first = next(iter(micro["attention"]))
@@ -125,7 +126,7 @@ def _efficiency(micro: dict, device, how: str, probes: int):
          f"{fitted}: collectives inside FSDP / DTensor / pipelining over the microbenchmark fit" if tier
          else "the fit above is the achieved rate"),
         ("inter_node_comm", 1.0, None),
-        ("overlap", eff.overlap if eff else 0.5, f"{fitted}: share of data-parallel communication hidden by compute"
+        ("overlap", eff.overlap if eff else START_OVERLAP, f"{fitted}: share of data-parallel communication hidden by compute"
          if eff else "a starting point for the probes' fit"),
         ("reserved_memory_bytes", 268435456, "assumed: interpreter + torch runtime, ~256 MiB"),
         ("source", how, None)]
@@ -167,12 +168,13 @@ def _measured_rows(setup: Setup, micro: dict, memory, net: _Net, date: str, iden
 
 def _probes(probed):
     from planner.calibrate import Run, predict_with
+    from planner.probes import probe_name
     measured, device, params, before, after = probed
     steps = pf_io.tomlkit.array()
     for p in measured:
         predicted = predict_with(Run(path=Path("probe"), pf=p.pf, measured_step_s=p.step_time_s), device)
         row = pf_io.tomlkit.inline_table()
-        row.update({"plan": f"{p.pf.model.name} {p.pf.train.compute_dtype} {p.pf.plan.short()}",
+        row.update({"plan": probe_name(p.pf),
                     "measured_s": round(p.step_time_s, 6), "predicted_s": round(predicted.step_time_s, 6)})
         steps.append(row)
     steps.multiline(True)

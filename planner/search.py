@@ -274,7 +274,7 @@ def _examine(shared: SharedModels, stats: SearchStats, base: Choice, zero: int, 
 
 
 def _result(shared: SharedModels, options: SearchOptions, stats: SearchStats, found: list[Found],
-            too_big: list[tuple[Choice, int, Schedule, int]], too_big_plans: list[Plan] = ()) -> SearchResult:
+            too_big: list[tuple[Choice, int, Schedule, int]], too_big_plans: list[Plan]) -> SearchResult:
     """Re-price the best plans by simulation and rank them; when nothing fits, the closest plan."""
     model, train, cluster = shared.model, shared.train, shared.cluster
     closest = None

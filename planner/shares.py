@@ -155,7 +155,7 @@ def _least_recompute(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, p
     counts = [_group_least_recompute(model, train, cluster, plan, g) for g in range(len(cluster.groups))]
     if None in counts:
         return None
-    return max(counts) if plan.recompute is Recompute.NONE else max(1, *counts)
+    return max(*_least_count(plan.recompute), *counts)
 
 
 def _group_least_recompute(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan,

@@ -7,6 +7,8 @@ import contextlib
 import signal
 import threading
 
+# runtime.launch.HELD_SIGNALS is the same set; not imported from there, since this module must load
+# before anything but the standard library (held_while_loading guards the imports after it)
 HELD = {signal.SIGINT, signal.SIGTERM}
 
 

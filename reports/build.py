@@ -17,6 +17,7 @@ from reports.document import Document
 from reports.measured import measured_figure
 from reports.memory_report import PlanMemory, memory_figures, memory_table
 from reports.ranking import ledger_figure, ranking_figure
+from reports.tables import slowest_share
 from costmodel.measured import MeasuredRun
 from costmodel.units import GIB, MIB
 
@@ -84,7 +85,7 @@ def _summary(doc: Document, inp: ReportInput) -> None:
 def _share_table(inp: ReportInput) -> tuple[list[str], list[list[str]]]:
     """Each group's replicas, share, step and memory: the slowest sets the step."""
     shares = inp.estimate.group_shares
-    slowest = max(shares, key=lambda s: s["step_time_s"])
+    slowest = slowest_share(inp.estimate)
     rows = [[short_device_name(inp.cluster, s["group"]) + (" (slowest)" if s is slowest else ""), str(s["replicas"]),
              str(s["micro_batch_size"]), f"{s['samples']:,}", f"{s['step_time_s']:.3f}",
              f"{s['peak_memory_bytes'] / GIB:.1f} of {s['capacity_bytes'] / GIB:.1f}"] for s in shares]

@@ -54,11 +54,16 @@ def _tightest(est: Estimate, between: str, cap_format: str) -> str:
     return f"{est.peak_memory_bytes[r] / GIB:.1f}{between}{format(est.capacity_per_rank_bytes[r] / GIB, cap_format)}"
 
 
+def slowest_share(est: Estimate) -> dict:
+    """The group whose replicas set the step (replicas on groups)."""
+    return max(est.group_shares, key=lambda s: s["step_time_s"])
+
+
 def share_step_lines(cluster: ClusterSpec, est: Estimate) -> list[str]:
     """Replicas on groups: each group's step and memory, the slowest marked (it sets the step)."""
     if not est.group_shares:
         return []
-    slowest = max(est.group_shares, key=lambda s: s["step_time_s"])
+    slowest = slowest_share(est)
     return ["step per group: " + ", ".join(
         f"{short_device_name(cluster, s['group'])} {s['step_time_s']:.3f} s"
         + (" (slowest)" if s is slowest else "")

@@ -25,10 +25,7 @@ import torch.distributed.fsdp  # noqa: F401
 import torch.distributed.pipelining  # noqa: F401
 import torch.distributed.tensor.parallel  # noqa: F401
 
-from runtime.launch import die_with_parent
-
-
-HELD = {signal.SIGINT, signal.SIGTERM}
+from runtime.launch import HELD_SIGNALS as HELD, die_with_parent
 
 
 class RankFailed(RuntimeError):

@@ -6,6 +6,7 @@ import argparse
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -19,6 +20,9 @@ PORT = 29500
 PARTIAL = "partial.json"   # rank 0's figures after every timed step: what an interrupted run keeps
 RESTARTED = "restarted.txt"   # rank 0 of a restarted attempt writes the restart count here
 STOP_GRACE_S = 3.0         # after Ctrl-C / SIGTERM, torchrun's time to stop its ranks before SIGKILL
+# Ctrl-C and SIGTERM: held where a handler must not run (forking ranks, stopping them, loading
+# modules: planner.signals, which keeps its own copy so it loads on the standard library alone)
+HELD_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,7 +99,6 @@ def die_with_parent() -> None:
     if not sys.platform.startswith("linux"):
         return
     import ctypes
-    import signal
     pr_set_pdeathsig = 1
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
     if os.getppid() == 1:   # the parent was already gone before the request took effect
@@ -193,10 +196,7 @@ def stop(proc: subprocess.Popen) -> None:
     """End torchrun and its ranks: SIGTERM (torchrun forwards it to the ranks), then after
     STOP_GRACE_S a SIGKILL of its process group; ranks die with torchrun in any case (each asks
     the kernel for it, runtime.worker), so nothing is left behind."""
-    import signal
-    held = {signal.SIGINT, signal.SIGTERM}   # a second Ctrl-C must not cut this short (runtime does
-    # not import planner, so not planner.signals' helper)
-    signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)   # a second Ctrl-C must not cut this short
     try:
         if proc.poll() is None:
             proc.terminate()
@@ -209,7 +209,7 @@ def stop(proc: subprocess.Popen) -> None:
                     pass
                 proc.wait()
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_SIGNALS)
 
 
 # What the surviving ranks report once a peer has gone: consequences, not causes.

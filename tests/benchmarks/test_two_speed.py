@@ -23,4 +23,6 @@ def test_the_slow_group_runs_at_its_share():
     assert memory_bound_s(1e8, slow, 4) == pytest.approx(2 * memory_bound_s(1e8, fast, 4))
     assert optimizer_step_s(1e6, train, slow) == pytest.approx(2 * optimizer_step_s(1e6, train, fast))
     assert slow.intra_node == fast.intra_node   # the ranks share the machine's own link
-    assert mixed_cluster([DeviceGroup(device=fast, num_nodes=1), DeviceGroup(device=slow, num_nodes=1)], 1).is_mixed
+    # the groups stay apart by name in the plan, its tables and its launch lines
+    both = mixed_cluster([DeviceGroup(device=fast, num_nodes=1), DeviceGroup(device=slow, num_nodes=1)], 1)
+    assert both.name == f"1x1x{fast.name}+1x1x{fast.name}-at-0.5"

@@ -1,0 +1,86 @@
+"""The CPU kernel figures the cost model's CPU pricing rests on (costmodel.compute
+`CPU_ELEMENT_BYTES`, `cross_entropy_s`; the README's closed-loop section), measured on this
+machine with one thread, as `planner run` gives each CPU rank:
+
+    python benchmarks/cpu_kernels.py
+
+1. An elementwise multiply and a SiLU in bf16 against fp32, per element, at 98K-1.5M elements:
+   a ratio near 1 means a 16-bit element costs what an fp32 one does (elements counted at fp32's
+   width).
+2. The loss as the runtime takes it (`F.cross_entropy(logits.float())`, forward and backward) over
+   256 tokens x 6,000 words, the closed loop's hidden model, fresh logits every call.
+3. bf16 and fp32 `linear` rates over 128-2,048 rows for the hidden model's MLP and head weights,
+   and a fresh bf16 weight every call (as FSDP's cast makes one each step) against the same one.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+
+def best_s(fn, repeat: int = 20) -> float:
+    fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def elementwise() -> None:
+    print("1. elementwise, bf16 time over fp32 time at equal elements")
+    for elems in (98_304, 262_144, 1_536_000):
+        ratios = {}
+        for name, op in (("mul", lambda x, y: x * y), ("silu", lambda x, y: F.silu(x))):
+            t = {}
+            for dt in (torch.float32, torch.bfloat16):
+                x, y = torch.randn(elems, dtype=dt), torch.randn(elems, dtype=dt)
+                t[dt] = best_s(lambda: op(x, y))
+            ratios[name] = t[torch.bfloat16] / t[torch.float32]
+        print(f"   {elems:>9,} elements: mul {ratios['mul']:.2f}x, silu {ratios['silu']:.2f}x")
+
+
+def loss() -> None:
+    print("2. cross entropy forward + backward, 256 tokens x 6,000 words (median of 30, fresh logits)")
+    labels = torch.randint(0, 6000, (256,))
+    for dt in (torch.float32, torch.bfloat16):
+        times = []
+        for _ in range(30):
+            logits = torch.randn(256, 6000, dtype=dt, requires_grad=True)
+            start = time.perf_counter()
+            F.cross_entropy(logits.float(), labels).backward()
+            times.append(time.perf_counter() - start)
+        print(f"   {str(dt)[6:]:>8}: {statistics.median(times) * 1e3:.2f} ms")
+
+
+def linears() -> None:
+    print("3. linear rates, GFLOP/s, by rows (k x n the weight)")
+    for k, n in ((384, 1024), (384, 6000), (1024, 384)):
+        for rows in (128, 256, 512, 1024, 2048):
+            a32, w32 = torch.randn(rows, k), torch.randn(n, k)
+            a16, w16 = a32.bfloat16(), w32.bfloat16()
+            flops = 2 * rows * k * n
+            fp32 = flops / best_s(lambda: F.linear(a32, w32), 5) / 1e9
+            bf16 = flops / best_s(lambda: F.linear(a16, w16), 5) / 1e9
+            fresh = [w32.bfloat16() for _ in range(6)]
+            fresh_s = min(best_s(lambda w=w: F.linear(a16, w), 1) for w in fresh)
+            same_s = best_s(lambda: F.linear(a16, w16), 5)
+            print(f"   {k}x{n} rows {rows:>5}: bf16 {bf16:6.1f}, fp32 {fp32:6.1f}; "
+                  f"a fresh bf16 weight {fresh_s / same_s:.2f}x the time")
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    elementwise()
+    loss()
+    linears()
+    print(f"\n{time.perf_counter() - start:.0f} s; command: python benchmarks/cpu_kernels.py")
+
+
+if __name__ == "__main__":
+    main()
