@@ -35,8 +35,10 @@ def measured_record(pf: PlanFile, raw: dict[str, Any], *, steps: int, warmup: in
     mfu = utilization(model_flops_per_step(pf.model, pf.train), step_s, 1,
                       world_peak_flops_per_s(pf.cluster, pf.train.compute_dtype))
     peak = raw["peak_memory_bytes"]
-    # CPU figures count tensors only; compare them with the prediction less its reserve.
-    reserve = est.memory_breakdown_bytes[0]["reserved"] if raw["device"] == "cpu" else 0.0
+    # Both figures count tensors only (CPU: runtime.memtrack; CUDA: max_memory_allocated, which
+    # leaves out the CUDA context and the allocator's cache): compare them with the prediction
+    # less its reserve, the part outside the tensors.
+    reserve = est.memory_breakdown_bytes[0]["reserved"]
     predicted_peak = [p - reserve for p in est.peak_memory_bytes]
     measured_parts, predicted_parts = _stage_parts(pf, est, raw, step_s)
     return MeasuredRun(**{

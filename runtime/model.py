@@ -162,6 +162,8 @@ class Attention(nn.Module):
 
     def _rope(self, x: torch.Tensor) -> torch.Tensor:
         """RoPE on the first rotary_dims of each head (all of them but for GPT-NeoX)."""
+        if self.inv_freq.device != x.device:   # once: a host-to-GPU copy in every call would make
+            self.inv_freq = self.inv_freq.to(x.device)   # the CPU wait for the GPU's queue to drain
         if self.rotary_dims == x.shape[-1]:
             return rope(x, self.inv_freq, self.positions)
         turned, kept = x.split((self.rotary_dims, x.shape[-1] - self.rotary_dims), dim=-1)

@@ -94,6 +94,7 @@ def forward_backward(job: Job, tokens: torch.Tensor, labels: torch.Tensor) -> to
         loss = cross_entropy(model(xs), ys)
         (loss * (job.loss_weight / m)).backward()
         total += loss.detach()
+    _drain(job.device)
     job.clock.busy_s += time.perf_counter() - start   # no pipeline: all of it is the stage's work
     return total / m
 
@@ -262,14 +263,23 @@ def _maybe_fail(fault: tuple[int, int, str] | None, step: int) -> None:
     raise RuntimeError(f"injected fault at step {step}")
 
 
+def _drain(device: torch.device) -> None:
+    """Wait for the GPU's queue: a host clock read without it times the launches, not the work
+    (the step ends with a synchronize anyway; this one costs it at most the optimizer's launches)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _step(job: Job, optimizer, tokens, labels, track: bool):
     if not track:
         loss = forward_backward(job, tokens, labels)
         sync_tied_embedding(job)
         sync_replicated_over_tp(job)
+        _drain(job.device)
         start = time.perf_counter()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        _drain(job.device)
         job.clock.optimizer_s = time.perf_counter() - start
         return loss, None
     tracker = TensorBytesTracker(state_tensors(job.modules.values(), optimizer))
