@@ -160,7 +160,8 @@ def _measured_rows(setup: Setup, micro: dict, memory, net: _Net, date: str, iden
         ("attention_efficiency", dict(micro["attention"]), "causal SDPA rate / GEMM rate at equal FLOPs"),
         ("op_overhead_s", micro["overhead_s"], "a one-element add, the bare dispatch cost"),
         ("optimizer_s_per_param", micro["optimizer_s_per_param"],
-         "AdamW (foreach, fp32) over 4M parameters: costmodel.compute.optimizer_step_s prices the step with it"),
+         f"AdamW (foreach, fp32) over {'128M' if setup.device_type == 'cuda' else '4M'} parameters: "
+         "costmodel.compute.optimizer_step_s prices the step with it"),
         ("collective_alpha_s", net.alpha_s, "the microbenchmark fit, before the probes"),
         ("collective_p2p_latency_s", net.p2p_s, None)]
     return rows + [(f"collective_{k}", v, "[bytes, seconds]") for k, v in (net.samples or {}).items()]

@@ -37,7 +37,17 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 LAYER_HIDDEN = (64, 128, 256, 512, 1024)
 LAYER_TOKENS = (128, 512, 2048)
 SQUARE = (16, 32, 64, 1536)
+GEMM_MAX_FLOPS = 2e10
 MEMORY_ELEMS = tuple(4**k for k in range(5, 13))          # 1 Ki .. 16 Mi elements
+# A GPU reaches its GEMM peak only from ~1e11-1e12 FLOPs per call (the layers of a 1-70B model:
+# 4-16K tokens x 2-8K hidden), and its memory-bound rate only well beyond its L2 (50 MB on an
+# H100): the curves go that far there, so the layers a plan prices are measured, not extrapolated.
+# The budget still stops a curve early on a slow device.
+GPU_LAYER_HIDDEN = LAYER_HIDDEN + (2048, 4096, 8192)
+GPU_LAYER_TOKENS = LAYER_TOKENS + (8192,)
+GPU_SQUARE = SQUARE + (4096, 8192)
+GPU_GEMM_MAX_FLOPS = 2.5e12
+GPU_MEMORY_ELEMS = MEMORY_ELEMS + (4**13, 4**14)          # .. 256 Mi elements (1 GiB in fp32)
 COLLECTIVE_BYTES = tuple(4**k for k in range(1, 12))      # 4 B .. 16 MiB
 CALLS_PER_POINT = 4                                       # best_s: one warm-up + three timed
 # Training-step probes: the median of PROBE_STEPS after PROBE_WARMUP (a shared 2-core machine
@@ -85,33 +95,59 @@ def _over(expected_s: float, phase_start: float, phase_s: float, point_s: float)
     return expected_s > point_s or time.perf_counter() - phase_start + expected_s > phase_s
 
 
-def best_s(fn: Callable[[], object], repeat: int = 3, sync: Callable[[], None] = lambda: None) -> float:
+def best_s(fn: Callable[[], object], repeat: int = 3, sync: Callable[[], None] = lambda: None,
+           batch_s: float = 0.0) -> float:
+    """The best of `repeat` timings of `fn` after one warm-up call. batch_s > 0: each timing is
+    of as many calls back to back as fill batch_s (at most MAX_BATCH), divided by their number."""
     fn()
     sync()
-    times = []
-    for _ in range(repeat):
+    calls = 1
+    if batch_s > 0:
         start = time.perf_counter()
         fn()
         sync()
-        times.append(time.perf_counter() - start)
+        calls = max(1, min(MAX_BATCH, int(batch_s / max(time.perf_counter() - start, 1e-9))))
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync()
+        times.append((time.perf_counter() - start) / calls)
     return min(times)
+
+
+# A GPU runs the kernels a training step queues back to back; one call between two
+# synchronisations times the launch and the synchronisation instead (~15 us on an H100 with
+# torch 2.11, more than a small kernel's own work), so its points are timed in batches.
+GPU_BATCH_S, MAX_BATCH = 2e-3, 64
 
 
 def _sync(device: torch.device) -> Callable[[], None]:
     return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
 
-def gemm_shapes() -> list[tuple[int, int, int]]:
-    shapes = {(t, h, n * h) for h in LAYER_HIDDEN for t in LAYER_TOKENS for n in (1, 3, 4)}
-    shapes |= {(s, s, s) for s in SQUARE}
-    return sorted((s for s in shapes if 2 * s[0] * s[1] * s[2] <= 2e10), key=lambda s: s[0] * s[1] * s[2])
+def _timed(device: torch.device) -> dict:
+    """best_s's keywords for kernels on `device`."""
+    return {"sync": _sync(device), "batch_s": GPU_BATCH_S if device.type == "cuda" else 0.0}
+
+
+def gemm_shapes(device_type: str = "cpu") -> list[tuple[int, int, int]]:
+    """(tokens, hidden, out) of the layers' GEMMs and a few squares, ascending FLOPs."""
+    gpu = device_type == "cuda"
+    hidden, tokens, square = (GPU_LAYER_HIDDEN, GPU_LAYER_TOKENS, GPU_SQUARE) if gpu else \
+        (LAYER_HIDDEN, LAYER_TOKENS, SQUARE)
+    shapes = {(t, h, n * h) for h in hidden for t in tokens for n in (1, 3, 4)}
+    shapes |= {(s, s, s) for s in square}
+    cap = GPU_GEMM_MAX_FLOPS if gpu else GEMM_MAX_FLOPS
+    return sorted((s for s in shapes if 2 * s[0] * s[1] * s[2] <= cap), key=lambda s: s[0] * s[1] * s[2])
 
 
 def gemm_point(m: int, k: int, n: int, dtype: torch.dtype, device: torch.device) -> tuple[float, float]:
     a = torch.randn(m, k, dtype=dtype, device=device)
     b = torch.randn(k, n, dtype=dtype, device=device)
     flops = 2.0 * m * k * n
-    return flops, flops / best_s(lambda: a @ b, sync=_sync(device))
+    return flops, flops / best_s(lambda: a @ b, **_timed(device))
 
 
 @dataclass(frozen=True)
@@ -148,22 +184,23 @@ def memory_points(elems: int, device: torch.device) -> list[tuple[float, float]]
     x = torch.randn(elems // 256, 256, device=device)
     y = torch.randn_like(x)
     w = torch.ones(256, device=device)
-    sync = _sync(device)
+    timed = _timed(device)
     b = x.numel() * 4
-    return [(3.0 * b, 3 * b / best_s(lambda: x + y, sync=sync)),
-            (2.0 * b, 2 * b / best_s(lambda: F.rms_norm(x, (256,), w), sync=sync)),
-            (2.0 * b, 2 * b / best_s(lambda: x.softmax(-1), sync=sync))]
+    return [(3.0 * b, 3 * b / best_s(lambda: x + y, **timed)),
+            (2.0 * b, 2 * b / best_s(lambda: F.rms_norm(x, (256,), w), **timed)),
+            (2.0 * b, 2 * b / best_s(lambda: x.softmax(-1), **timed))]
 
 
 def memory_curve(device: torch.device, phase_s: float, point_s: float, report) -> Curve:
     start, points = time.perf_counter(), []
-    for i, elems in enumerate(MEMORY_ELEMS):
+    sizes = GPU_MEMORY_ELEMS if device.type == "cuda" else MEMORY_ELEMS
+    for i, elems in enumerate(sizes):
         bytes_ = 7.0 * 4 * elems   # the three kernels' traffic together
         expected = CALLS_PER_POINT * bytes_ / min(r for _, r in points[-3:]) if points else 0.0
         if _agree(_over(expected, start, phase_s, point_s)):
             return Curve(tuple(points), 3.0 * 4 * elems)
         points += memory_points(elems, device)
-        report((i + 1) / len(MEMORY_ELEMS), f"memory-bound kernels, {elems:,} elements")
+        report((i + 1) / len(sizes), f"memory-bound kernels, {elems:,} elements")
     return Curve(tuple(points))
 
 
@@ -173,8 +210,11 @@ def op_overhead_s(device: torch.device) -> float:
 
 
 # AdamW timed over 4M fp32 parameters in 16 tensors (64 MiB of weights, gradients and moments:
-# beyond the caches, as a model's are)
+# beyond the caches, as a model's are); on a GPU over 128M in 32 (2 GiB): at 4M the step is
+# its launches (an H100 measured 107 ps per parameter there, against 35 over a 0.85B model's
+# 150 tensors in its runs)
 OPTIMIZER_PARAMS, OPTIMIZER_TENSORS, OPTIMIZER_ALLOCATIONS = 1 << 22, 16, 3
+GPU_OPTIMIZER_PARAMS, GPU_OPTIMIZER_TENSORS = 1 << 27, 32
 
 
 def optimizer_s_per_param(device: torch.device) -> float:
@@ -185,20 +225,25 @@ def optimizer_s_per_param(device: torch.device) -> float:
     an in-place optimizer never pays. The mean over OPTIMIZER_ALLOCATIONS fresh sets of tensors:
     on a CPU the same step takes 2 or 4 ns per parameter by where its pages land, stable within
     one allocation (a training run's are as likely to land either way)."""
+    count, tensors = (GPU_OPTIMIZER_PARAMS, GPU_OPTIMIZER_TENSORS) if device.type == "cuda" else \
+        (OPTIMIZER_PARAMS, OPTIMIZER_TENSORS)
     times = []
     for _ in range(OPTIMIZER_ALLOCATIONS):
-        params = [torch.nn.Parameter(torch.randn(OPTIMIZER_PARAMS // OPTIMIZER_TENSORS, device=device))
-                  for _ in range(OPTIMIZER_TENSORS)]
+        params = [torch.nn.Parameter(torch.randn(count // tensors, device=device)) for _ in range(tensors)]
         for p in params:
             p.grad = torch.randn_like(p)
         optimizer = torch.optim.AdamW(params, lr=1e-4, foreach=True)
         optimizer.step()   # the moments are allocated on the first step
         times.append(best_s(optimizer.step, repeat=3, sync=_sync(device)))
         del optimizer, params
-    return sum(times) / len(times) / OPTIMIZER_PARAMS
+    return sum(times) / len(times) / count
 
 
 ATTENTION_SHAPES = ((1, 4, 256, 64), (1, 8, 512, 64), (2, 8, 1024, 64))
+# (batch, heads, sequence, head dim) as GPU plans run them: FlashAttention's share of the GEMM
+# rate grows with the sequence and head dim (FA2 paper, fig. 4), so the small shapes alone
+# would misprice a 2-8K sequence
+GPU_ATTENTION_SHAPES = ((2, 16, 1024, 128), (1, 16, 2048, 128), (1, 16, 4096, 128), (1, 32, 8192, 128))
 
 
 def attention_efficiency(dtype: torch.dtype, device: torch.device, gemm: tuple[tuple[float, float], ...],
@@ -206,13 +251,13 @@ def attention_efficiency(dtype: torch.dtype, device: torch.device, gemm: tuple[t
     """Causal SDPA rate over the GEMM rate at the same FLOPs (counting the half a causal kernel
     computes), the median over the shapes the budget allows (the smallest always)."""
     start, ratios = time.perf_counter(), []
-    for b, h, s, d in ATTENTION_SHAPES:
+    for b, h, s, d in GPU_ATTENTION_SHAPES if device.type == "cuda" else ATTENTION_SHAPES:
         flops = 0.5 * 4.0 * b * h * s * s * d
         expected = CALLS_PER_POINT * flops / (interpolate(gemm, flops) * min(ratios)) if ratios else 0.0
         if _agree(_over(expected, start, phase_s, point_s)):
             break
         q, k, v = (torch.randn(b, h, s, d, dtype=dtype, device=device) for _ in range(3))
-        t = best_s(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), sync=_sync(device))
+        t = best_s(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), **_timed(device))
         ratios.append(flops / t / interpolate(gemm, flops))
     return float(np.median(ratios))
 
@@ -291,7 +336,7 @@ def measure_rank(dtypes: list[str], device_type: str, threads: int, budget: Budg
     say = (lambda phase: (lambda frac, what: report(phase, frac, what))) if lead else \
         (lambda phase: (lambda frac, what: None))
     out: dict = {"gemm": {}, "attention": {}}
-    shapes, fp32, spent_s = gemm_shapes(), (), 0.0
+    shapes, fp32, spent_s = gemm_shapes(device.type), (), 0.0
     for i, name in enumerate(dtypes):
         dist.barrier()
         # an even share of what is left of the GEMM phase for each dtype still to measure
