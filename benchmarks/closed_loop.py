@@ -69,22 +69,10 @@ def run_matrix(out: Path, profile: Path, steps: int) -> None:
 
 
 def refit(profile: Path):
-    """The profile's probe fit redone under the current cost model: the base it started from
-    (planner.probes.unfitted) fitted to the step times under [probes]."""
-    import tomllib
-    from costmodel.cluster import load_profile
+    """The profile's probe fit redone under the current cost model (planner.probes.refit_stored)."""
     from planner import probes
-    doc = tomllib.loads(profile.read_text())
-    stored = {s["plan"]: s["measured_s"] for s in doc["probes"]["steps"]}
-    base = probes.unfitted(load_profile(profile), doc["measured"])
-    results = []
-    accelerated = {d: True for d, _ in base.dtype_efficiency}   # narrow-only dtypes match no stored name
-    for ranks in (1, 2):
-        for pf in probes.probe_plans(base, accelerated, ranks):
-            if probes.probe_name(pf) in stored:
-                results.append(probes.ProbeResult(pf, stored[probes.probe_name(pf)]))
-    fitted, params, before, after = probes.fit_probes(results, base)
-    print(f"refit {len(results)} of {len(stored)} stored probes: MAPE {before['mape_pct']:.1f}% on the "
+    fitted, params, before, after, used, stored = probes.refit_stored(profile)
+    print(f"refit {used} of {stored} stored probes: MAPE {before['mape_pct']:.1f}% on the "
           f"microbenchmarks alone -> {after['mape_pct']:.1f}% fitted (max {after['max_abs_error_pct']:.1f}%); "
           + ", ".join(f"{k} {v:.3g}" for k, v in params.items()))
     return fitted

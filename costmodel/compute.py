@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache, wraps
 
 from costmodel.cluster import ClusterSpec, DeviceProfile
@@ -310,20 +310,28 @@ CPU_ROPE_TABLE_KERNELS = 8
 CPU_ELEMENT_BYTES = 4
 
 
-def cpu_elementwise_traffic(model: ModelSpec, train: TrainSpec, plan: KernelShape, tokens: int,
-                            a: int = CPU_ELEMENT_BYTES) -> tuple[float, int, float, int]:
+# RMSNorm on CUDA (torch's fused kernels, `_fused_rms_norm`): forward reads and writes the
+# activations once; backward reads input and output gradient and writes the input gradient, and
+# a second kernel reads both again for the weight's gradient (profiled on an H100, 2026-11-26).
+def _cuda_rms_norm(a: int) -> tuple[tuple[float, int], tuple[float, int]]:
+    return (2 * a, 1), (5 * a, 2)
+
+
+def eager_elementwise_traffic(model: ModelSpec, train: TrainSpec, plan: KernelShape, tokens: int,
+                              a: int = CPU_ELEMENT_BYTES, cpu: bool = True) -> tuple[float, int, float, int]:
     """(forward bytes, kernels, backward bytes, kernels) of a layer's memory-bound work as torch's
-    CPU kernels run the runtime's eager layer: composite RMSNorm in fp32, RoPE and SwiGLU op by
-    op, and the gradient sums autograd adds where one input feeds several projections. Parts the
-    count does not cover (LayerNorm, dropout, GeLU, Q/K norms, routing) keep the fused count,
-    their backward twice their forward. `a`: bytes per compute-dtype element (pricing counts every
-    element at fp32's width, CPU_ELEMENT_BYTES; the test counts the real bytes)."""
+    eager kernels run the runtime's layer (costmodel.frameworks `eager_layer`): RMSNorm (composite
+    in fp32 on a CPU, fused on a GPU), RoPE and SwiGLU op by op, and the gradient sums autograd
+    adds where one input feeds several projections. Parts the count does not cover (LayerNorm,
+    dropout, GeLU, Q/K norms, routing) keep the fused count, their backward twice their forward.
+    `a`: bytes per compute-dtype element (a CPU's pricing counts every element at fp32's width,
+    CPU_ELEMENT_BYTES; the test counts the real bytes)."""
     t, c = plan.tp, 1 if train.compute_dtype.num_bytes < 4 else 0
     rep = tokens * model.hidden_size / (t if plan.sequence_parallel else 1)
     fwd_b = bwd_b = 0.0
     fwd_k = bwd_k = 0
     if model.norm_kind is NormKind.RMSNORM:
-        (nf, kf), (nb, kb) = _cpu_rms_norm(a, c)
+        (nf, kf), (nb, kb) = _cpu_rms_norm(a, c) if cpu else _cuda_rms_norm(a)
         fwd_b, fwd_k, bwd_b, bwd_k = model.layer_norms * nf * rep, model.layer_norms * kf, \
             model.layer_norms * nb * rep, model.layer_norms * kb
     else:
@@ -362,8 +370,33 @@ def _per_kernel_shape(fn):
 
     @wraps(fn)
     def by_plan(model: ModelSpec, train: TrainSpec, plan: Plan, dev: DeviceProfile, *how) -> KernelTimes:
-        return cached(model, train, _KernelKey.of(plan), dev.for_dtype(train.compute_dtype), *how)
+        key, dev = _KernelKey.of(plan), dev.for_dtype(train.compute_dtype)
+        times = cached(model, train, key, dev, *how)
+        if dev.kind == "cpu" or dev.efficiency.kernel_overhead_s <= 0:
+            return times
+        return _host_or_device(times, cached(model, train, key, _without_kernel_overhead(dev), *how))
     return by_plan
+
+
+def _host_or_device(both: KernelTimes, device: KernelTimes) -> KernelTimes:
+    """A GPU runs its kernels while the host issues the next ones: each pass of a layer takes
+    the longer of the device's work and the host's (kernels x the per-kernel cost), not their
+    sum. On a CPU both are the same cores, and the sum stands. Measured on one H100
+    (`python benchmarks/gpu_check.py`, 2026-11-26): a 0.85B model's step took 266 ms at 8K
+    tokens and 276 ms at 16K, the host's floor, and 474 ms at 32K, the device's work; the sum
+    had predicted 599, 839 and 1,253 ms."""
+    def longer(name: str) -> float:
+        gpu = getattr(device, name)
+        return max(gpu, getattr(both, name) - gpu)
+    return KernelTimes(forward_s=longer("forward_s"), backward_input_s=longer("backward_input_s"),
+                       backward_weight_s=longer("backward_weight_s"),
+                       attention_forward_s=longer("attention_forward_s"))
+
+
+@lru_cache(maxsize=64)
+def _without_kernel_overhead(dev: DeviceProfile) -> DeviceProfile:
+    return replace(dev, efficiency=replace(dev.efficiency, kernel_overhead_s=0.0),
+                   dtype_efficiency=tuple((d, replace(e, kernel_overhead_s=0.0)) for d, e in dev.dtype_efficiency))
 
 
 @dataclass(frozen=True, slots=True)
@@ -384,16 +417,20 @@ class _KernelKey:
 
 @_per_kernel_shape
 def layer_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile,
-                       cp_ring: bool, fused_casts: bool = False, cpu_kernels: bool = False) -> KernelTimes:
+                       cp_ring: bool, fused_casts: bool = False, cpu_kernels: bool = False,
+                       eager: bool = False) -> KernelTimes:
     """cp_ring: context parallelism as a ring of partial kernels (else all-gathered K/V,
     costmodel.frameworks `cp_all_gather_kv`); fused_casts: float8 casts as compiled or
     Transformer Engine kernels run them (`float8_casts_fused`); cpu_kernels: the runtime's eager
-    layer on torch's CPU kernels (`cpu_kernels`), whose memory-bound work is counted op by op."""
+    layer on torch's CPU kernels (`cpu_kernels`), eager: on a GPU's (`eager_layer`); either way
+    its memory-bound work is counted op by op."""
     tokens = plan.micro_batch_size * train.seq_len // plan.cp
     fwd, bwd_in, bwd_w = _linears_s(model, train, plan, dev, tokens, fused_casts)
     attn_fwd, attn_bwd = _attention_core_s(model, train, plan, dev, cp_ring)
-    if cpu_kernels:
-        fwd_b, fwd_k, bwd_b, bwd_k = cpu_elementwise_traffic(model, train, plan, tokens)
+    if cpu_kernels or eager:
+        fwd_b, fwd_k, bwd_b, bwd_k = eager_elementwise_traffic(
+            model, train, plan, tokens, CPU_ELEMENT_BYTES if cpu_kernels else train.compute_dtype.num_bytes,
+            cpu=cpu_kernels)
         elementwise, elementwise_bwd = memory_bound_s(fwd_b, dev, fwd_k), memory_bound_s(bwd_b, dev, bwd_k)
     else:
         elementwise = _elementwise_forward_s(model, train, plan, dev, tokens)

@@ -50,6 +50,12 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   the math path (the s x s softmax, mask and dropped probabilities). Not a framework's choice but
   torch's on that device: `ClusterSpec` sets it for CPU profiles (`traits_on`). Measured by
   tests/runtime/test_activation_memory.py.
+- `eager_layer`: the layer's memory-bound work as separate eager kernels (RoPE and its cos/sin
+  tables, SwiGLU, residual adds and the gradient sums over shared inputs, each its own pass over
+  the activations), as our runtime's `runtime.model` runs it on every device, instead of the
+  fused kernels of Megatron-Core or Transformer Engine. Profiled on an H100 (2026-11-26, a 0.85B
+  Llama-style model in bf16, `benchmarks/gpu_check.py`): such kernels took about a third of the
+  step's device time, and the fused count had priced its GEMM-bound steps 17-24 % too fast.
 - `deferred_w_keeps_graph`: what a zero-bubble schedule's deferred weight pass holds. Qi et al.
   keep only the projections' inputs; torch pipelining's `stage_backward_input` runs
   `autograd.grad(..., retain_graph=True)` and starts the weight pass later from graph nodes that
@@ -117,6 +123,7 @@ class FrameworkTraits:
     tp_keeps_gathered_input: bool = False
     vocab_parallel_loss: bool = True
     cpu_kernels: bool = False
+    eager_layer: bool = False
     deferred_w_keeps_graph: bool = False
     pipeline_sends_held: bool = False
     cp_all_gather_kv: bool = False
@@ -135,7 +142,7 @@ RUNTIME = FrameworkTraits(name="planner", dp_grad_overlap=True, dp_param_overlap
                           sharded_grads_under_pp=False, zero3_gathers_per_param=False,
                           fsdp_master_params=True, tp_keeps_gathered_input=True, vocab_parallel_loss=False,
                           deferred_w_keeps_graph=True, pipeline_sends_held=True, cp_all_gather_kv=True,
-                          float8_casts_fused=True, dp_collectives_per_layer=True)
+                          float8_casts_fused=True, dp_collectives_per_layer=True, eager_layer=True)
 
 _MEGATRON = dict(sharded_grads_under_pp=True, zero3_gathers_per_param=False, loss_grad_in_place=True)
 _FSDP = dict(dp_grad_overlap=True, dp_param_overlap=True, tp_comm_hidden=0.0, zero3_gathers_per_param=False,

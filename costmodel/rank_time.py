@@ -257,7 +257,8 @@ def rank_time_model(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Clu
     its layer split or recompute counts."""
     dev = cluster.device
     layer = layer_kernel_times(model, train, plan, dev, not cluster.framework.cp_all_gather_kv,
-                               cluster.framework.float8_casts_fused, cluster.framework.cpu_kernels)
+                               cluster.framework.float8_casts_fused, cluster.framework.cpu_kernels,
+                               cluster.framework.eager_layer)
     # the share of TP collectives the framework hides behind GEMMs (costmodel.frameworks)
     tp = _tp_layer_comm_s(model, train, plan, cluster, sp.tp) * (1.0 - cluster.framework.tp_comm_hidden)
     cp_fwd, cp_bwd = _cp_layer_comm_s(model, train, plan, cluster, sp.cp, layer)

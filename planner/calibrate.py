@@ -127,6 +127,11 @@ def fit(runs: list[Run], base: DeviceProfile, names: tuple[str, ...] = PARAMS,
         prior = prior_weight * sum((a - b) ** 2 for a, b in zip(z, z0))
         return prior + sum(e * e for e in log_errors(runs, with_params(base, unpack(z), dtype)))
 
+    if len(names) == 1:   # one parameter: start from the best of a grid over its range, since
+        # its loss can be flat on a side (a GPU's per-kernel cost below what the device's own
+        # work hides changes nothing), where Nelder-Mead started there would never move
+        (lo, hi), = bounds
+        x0 = [min((lo + (hi - lo) * i / 24 for i in range(25)), key=lambda z: loss([z]))]
     best = None
     for _ in range(3):   # Nelder-Mead restarted from its own optimum escapes a collapsed simplex
         best = minimize(loss, x0 if best is None else best.x, method="Nelder-Mead", bounds=bounds,
@@ -156,12 +161,14 @@ PRIOR_WEIGHT = 0.3
 
 def fit_by_dtype(runs: list[Run], base: DeviceProfile, rounds: int = 2, max_iter: int = 800,
                  prior_weight: float = PRIOR_WEIGHT, bounds: dict[str, tuple[float, float]] | None = None,
-                 compute_on_one_rank: bool = False) -> tuple[DeviceProfile, dict[str, float]]:
+                 compute_on_one_rank: bool = False,
+                 compute_params: tuple[str, ...] = COMPUTE_PARAMS) -> tuple[DeviceProfile, dict[str, float]]:
     """Compute factors per compute dtype (on a CPU, bf16 runs other kernels with other per-kernel
     costs than fp32), alternating with the shared communication factors on the multi-rank runs:
     small, well-posed fits instead of one of 3 x dtypes + 3 parameters. A dtype with fewer runs
     than compute parameters gets its rate factor only. `compute_on_one_rank`: the compute factors
-    from the one-rank runs alone (the profiler's probes, where one rank runs alone on the node).
+    from the one-rank runs alone (the profiler's probes, where one rank runs alone on the node);
+    `compute_params`: which of them are fitted (the others stay as `base` has them).
     Returns the device and the overall factors against `base` (per dtype as NAME@DTYPE)."""
     if not runs:
         raise ValueError("no runs to calibrate on")
@@ -175,7 +182,7 @@ def fit_by_dtype(runs: list[Run], base: DeviceProfile, rounds: int = 2, max_iter
                     and not (compute_on_one_rank and r.pf.plan.world_size > 1)]
             if not mine:
                 continue
-            names = COMPUTE_PARAMS if len(mine) >= len(COMPUTE_PARAMS) else ("compute",)
+            names = compute_params if len(mine) >= len(compute_params) else compute_params[:1]
             device, _ = fit(mine, device, names, max_iter, dtype=d, prior_weight=prior_weight, bounds=bounds)
         if multi:
             device, _ = fit(multi, device, COMM_PARAMS, max_iter, prior_weight=prior_weight)

@@ -20,7 +20,7 @@ from costmodel.plan import PlanFile
 from costmodel.registry import llama_spec
 from costmodel.plan import Recompute
 from costmodel.specs import DType, TrainSpec
-from planner.calibrate import Run, fit_by_dtype, summary
+from planner.calibrate import COMPUTE_PARAMS, Run, fit_by_dtype, summary
 from planner.space import Choice, build_plan
 
 _WHY = "probe of `planner profile`: not a published model"
@@ -104,6 +104,16 @@ def results(plans: list[PlanFile], raws: list[dict | None]) -> list[ProbeResult]
             for pf, raw in zip(plans, raws) if raw is not None]
 
 
+def compute_params(base: DeviceProfile) -> tuple[str, ...]:
+    """What the one-rank probes can tell. On a GPU their small steps are the host's alone (each
+    kernel takes less than the host needs to issue it: costmodel.compute._host_or_device), so
+    they measure the per-kernel cost and nothing of the rates: there a fit of the GEMM and
+    memory factors went to its bounds (0.3 and 1.5) at no change in the probes' error, and
+    priced a 0.85B model's GEMM-bound steps 2-3x too slow (gpu_check, H100, 2026-11-26). The
+    measured curves stand for the rates there."""
+    return ("kernel_overhead_s",) if base.kind == "gpu" else COMPUTE_PARAMS
+
+
 def fit_probes(probes: list[ProbeResult], base: DeviceProfile) -> tuple[DeviceProfile, dict[str, float], dict, dict]:
     """planner.calibrate.fit_by_dtype on the probes: per dtype its compute factors on the one-rank
     probes (within PROBE_BOUNDS, no prior: the probes are the measurement), then the communication
@@ -112,7 +122,7 @@ def fit_probes(probes: list[ProbeResult], base: DeviceProfile) -> tuple[DevicePr
     probes' MAPE before and after."""
     runs = [Run(path=Path(f"probe:{p.pf.plan.short()}"), pf=p.pf, measured_step_s=p.step_time_s) for p in probes]
     device, params = fit_by_dtype(runs, base, rounds=1, max_iter=600, prior_weight=0.0, bounds=PROBE_BOUNDS,
-                                  compute_on_one_rank=True)
+                                  compute_on_one_rank=True, compute_params=compute_params(base))
     own = dict(device.dtype_efficiency)
     if own:
         first = own.get("fp32") or next(iter(own.values()))
@@ -120,3 +130,17 @@ def fit_probes(probes: list[ProbeResult], base: DeviceProfile) -> tuple[DevicePr
     return device, params, summary(runs, base), summary(runs, device)
 
 
+def refit_stored(profile: Path) -> tuple[DeviceProfile, dict[str, float], dict, dict, int, int]:
+    """A profile's probe fit redone under the current cost model: the base it started from
+    (`unfitted`) fitted to the step times stored under its [probes], with no new measurement.
+    Returns the fitted device, its factors, the probes' MAPE before and after, and how many of
+    the stored probes were matched (a probe the current PROBES no longer has is left out)."""
+    import tomllib
+    from costmodel.cluster import load_profile
+    doc = tomllib.loads(profile.read_text())
+    stored = {s["plan"]: s["measured_s"] for s in doc["probes"]["steps"]}
+    base = unfitted(load_profile(profile), doc["measured"])
+    accelerated = {d: True for d, _ in base.dtype_efficiency}   # narrow-only dtypes match no stored name
+    results = [ProbeResult(pf, stored[probe_name(pf)]) for ranks in (1, 2)
+               for pf in probe_plans(base, accelerated, ranks) if probe_name(pf) in stored]
+    return (*fit_probes(results, base), len(results), len(stored))

@@ -1,5 +1,5 @@
 """The runtime's eager layer on torch's CPU kernels, counted op by op, against the cost model's
-count of its memory-bound work (costmodel.compute.cpu_elementwise_traffic).
+count of its memory-bound work (costmodel.compute.eager_elementwise_traffic).
 
 A dispatch mode sees every aten op of one layer's forward and backward; the GEMM-like ones
 (matmuls, attention) are priced elsewhere, views and allocations move nothing. Of the rest it sums
@@ -17,7 +17,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from costmodel.compute import cpu_elementwise_traffic
+from costmodel.compute import eager_elementwise_traffic
 from costmodel.registry import llama_spec
 from costmodel.specs import DType
 from parity import plan_file
@@ -66,7 +66,7 @@ def test_the_layer_moves_what_the_model_counts(dtype):
     with _Count() as backward:
         y.backward(torch.ones_like(y))
     tokens = 2 * 64
-    fwd_b, fwd_k, bwd_b, bwd_k = cpu_elementwise_traffic(MODEL, pf.train, pf.plan, tokens, a=dtype.num_bytes)
+    fwd_b, fwd_k, bwd_b, bwd_k = eager_elementwise_traffic(MODEL, pf.train, pf.plan, tokens, a=dtype.num_bytes)
     assert (forward.kernels, backward.kernels) == (fwd_k, bwd_k)
     assert 1.0 <= forward.bytes / fwd_b <= 1.12, (forward.bytes, fwd_b)
     assert 0.95 <= backward.bytes / bwd_b <= 1.05, (backward.bytes, bwd_b)

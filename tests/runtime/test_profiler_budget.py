@@ -25,3 +25,22 @@ def test_a_dtype_far_below_fp32_is_marked_not_accelerated():
     curve = gemm_curve(shapes, torch.float32, torch.device("cpu"), phase_s=10.0, point_s=1.0,
                        reference=reference)
     assert not curve.accelerated
+
+
+def test_a_gpu_point_is_timed_over_calls_back_to_back():
+    """One call between two synchronisations times the launch and the sync on a GPU, not the
+    kernel (runtime.profiler.GPU_BATCH_S): batches of calls, capped, divided by their count."""
+    from runtime.profiler import MAX_BATCH, best_s
+    calls = []
+    per_call = best_s(lambda: calls.append(1), repeat=3, batch_s=10.0)
+    assert len(calls) == 2 + 3 * MAX_BATCH   # a warm-up, a call that sizes the batch, three batches
+    assert per_call < 1e-3
+    calls.clear()
+    best_s(lambda: calls.append(1), repeat=3)
+    assert len(calls) == 4   # on a CPU, as before: one warm-up and three timed calls
+
+
+def test_gpu_curves_reach_the_layers_of_real_models():
+    cpu, gpu = gemm_shapes(), gemm_shapes("cuda")
+    assert set(cpu) < set(gpu)
+    assert max(2 * m * k * n for m, k, n in cpu) <= 2e10 < max(2 * m * k * n for m, k, n in gpu)

@@ -1,0 +1,55 @@
+"""A GPU's kernels run while the host issues the next ones (costmodel.compute._host_or_device),
+and our runtime's eager layer is priced op by op on a GPU too (`eager_layer`)."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from costmodel.cluster import parse_cluster
+from costmodel.compute import eager_elementwise_traffic, layer_kernel_times
+from costmodel.registry import resolve_model
+from costmodel.specs import DType, TrainSpec
+from planner.space import Choice, build_plan
+
+MODEL = resolve_model("llama3-8b")
+TRAIN = TrainSpec(seq_len=4096, global_batch_size=8, compute_dtype=DType.BF16)
+CLUSTER = parse_cluster("1x8xH100")
+
+
+def _with_overhead(dev, seconds: float):
+    return replace(dev, efficiency=replace(dev.efficiency, kernel_overhead_s=seconds),
+                   dtype_efficiency=tuple((d, replace(e, kernel_overhead_s=seconds)) for d, e in dev.dtype_efficiency))
+
+
+@pytest.mark.parametrize("overhead_s", [1e-7, 2e-6, 5e-4])
+def test_a_gpu_layer_takes_the_longer_of_host_and_device(overhead_s):
+    plan = build_plan(MODEL, TRAIN, CLUSTER, Choice(tp=8, micro_batch_size=1))
+    dev = _with_overhead(CLUSTER.device, overhead_s)
+    summed = layer_kernel_times(MODEL, TRAIN, plan, replace(dev, kind="cpu"), False)   # same cores: the sum
+    device = layer_kernel_times(MODEL, TRAIN, plan, _with_overhead(dev, 0.0), False)
+    both = layer_kernel_times(MODEL, TRAIN, plan, dev, False)
+    for name in ("forward_s", "backward_input_s", "backward_weight_s"):
+        d, s = getattr(device, name), getattr(summed, name)
+        assert getattr(both, name) == pytest.approx(max(d, s - d))
+        assert d <= getattr(both, name) < s
+
+
+def test_the_host_decides_once_it_is_slower():
+    plan = build_plan(MODEL, TRAIN, CLUSTER, Choice(tp=8, micro_batch_size=1))
+    slow, slower = (layer_kernel_times(MODEL, TRAIN, plan, _with_overhead(CLUSTER.device, s), False).forward_s
+                    for s in (1e-3, 2e-3))
+    assert slower == pytest.approx(2 * slow)   # kernels x the per-kernel cost, nothing of the device's
+
+
+def test_our_eager_layer_moves_more_bytes_than_fused_kernels_on_a_gpu():
+    plan = build_plan(MODEL, TRAIN, CLUSTER, Choice(tp=1, micro_batch_size=1))
+    fused = layer_kernel_times(MODEL, TRAIN, plan, CLUSTER.device, False)
+    eager = layer_kernel_times(MODEL, TRAIN, plan, CLUSTER.device, False, False, False, True)
+    assert eager.forward_s > fused.forward_s and eager.backward_input_s > fused.backward_input_s
+    assert eager.backward_weight_s == fused.backward_weight_s   # the GEMMs are the same
+    # CUDA's RMSNorm is one fused kernel: fewer bytes and kernels than the CPU's fp32 composite
+    tokens = TRAIN.seq_len
+    gpu = eager_elementwise_traffic(MODEL, TRAIN, plan, tokens, 2, cpu=False)
+    cpu = eager_elementwise_traffic(MODEL, TRAIN, plan, tokens, 2, cpu=True)
+    assert gpu[0] < cpu[0] and gpu[1] < cpu[1] and gpu[2] < cpu[2] and gpu[3] < cpu[3]
