@@ -28,3 +28,25 @@ def test_gpu_check_runs_on_this_gpu(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = json.loads((tmp_path / "gpu_check.json").read_text())["rows"]
     assert any("measured_step_s" in r for r in rows)
+
+
+H100_RUNS = BENCHMARKS / "results" / "gpu-check-h100-2026-11-26"
+
+
+def test_the_h100_runs_stay_priced_as_the_readme_says():
+    """The 19 single-GPU runs measured on an H100 (2026-11-26), priced by the current cost model
+    with the measured profile's probes fitted again: the figures the README quotes (step time
+    MAPE 13.5 %, max 28.7 %; memory MAPE 1.4 %, max 4.8 %), with room for small changes."""
+    mod = load_benchmark("gpu_check")
+    rows = mod.replay(H100_RUNS, H100_RUNS / "run2" / "gpu.toml")
+    assert len(rows) == 19
+    step = [abs(r["predicted_step_s"] / r["measured_step_s"] - 1) for r in rows]
+    memory = [abs(r["predicted_peak_bytes"] / r["measured_allocated_bytes"] - 1) for r in rows]
+    assert sum(step) / len(step) <= 0.15 and max(step) <= 0.30
+    assert sum(memory) / len(memory) <= 0.03 and max(memory) <= 0.06
+
+
+def test_an_unknown_plan_name_is_one_line():
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--plans", "mbs3_none_s2048"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and "not in the matrix" in proc.stderr and "Traceback" not in proc.stderr
