@@ -365,16 +365,18 @@ def eager_elementwise_traffic(model: ModelSpec, train: TrainSpec, plan: KernelSh
 def _per_kernel_shape(fn):
     """Called with a Plan and any profile; cached on the plan fields kernel times depend on and
     on the profile as the plan's compute dtype sees it (the search asks for the same shapes
-    across many candidates)."""
-    cached = lru_cache(maxsize=4096)(fn)
+    across many candidates). On a GPU, the host's and the device's times combined
+    (_host_or_device) inside the cache: a hit costs one lookup, as on a CPU."""
+    @lru_cache(maxsize=4096)
+    def cached(model: ModelSpec, train: TrainSpec, key: "_KernelKey", dev: DeviceProfile, *how) -> KernelTimes:
+        times = fn(model, train, key, dev, *how)
+        if dev.kind == "cpu" or dev.efficiency.kernel_overhead_s <= 0:
+            return times
+        return _host_or_device(times, fn(model, train, key, _without_kernel_overhead(dev), *how))
 
     @wraps(fn)
     def by_plan(model: ModelSpec, train: TrainSpec, plan: Plan, dev: DeviceProfile, *how) -> KernelTimes:
-        key, dev = _KernelKey.of(plan), dev.for_dtype(train.compute_dtype)
-        times = cached(model, train, key, dev, *how)
-        if dev.kind == "cpu" or dev.efficiency.kernel_overhead_s <= 0:
-            return times
-        return _host_or_device(times, cached(model, train, key, _without_kernel_overhead(dev), *how))
+        return cached(model, train, _KernelKey.of(plan), dev.for_dtype(train.compute_dtype), *how)
     return by_plan
 
 
