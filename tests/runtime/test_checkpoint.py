@@ -162,16 +162,20 @@ def test_planner_run_saves_and_resumes(tmp_path, capsys):
     first = run("dp.json", "a", "--steps", "3")
     assert first.returncode == 0, first.stderr
     assert checkpoint.complete_steps(ckpt) == [3]
-    again = run("dp.json", "b", "--steps", "5")
-    assert again.returncode == 2 and "holds checkpoints (step-000003); pass --resume" in again.stderr
+    # refusals come before any rank starts: in this process (a new interpreter costs seconds)
+    capsys.readouterr()
+    assert main(["run", str(tmp_path / "dp.json"), "--warmup", "0", "--out", str(tmp_path / "b"),
+                 "--checkpoint-dir", str(ckpt), "--steps", "5"]) == 2
+    assert "holds checkpoints (step-000003); pass --resume" in capsys.readouterr().err
     resumed = run("tp.json", "c", "--steps", "5", "--resume", "--checkpoint-async")
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming after step 3" in resumed.stderr
     measured = json.loads((tmp_path / "c" / "measured.json").read_text())
     assert len(measured["losses"]) == 2 and checkpoint.complete_steps(ckpt) == [3, 5]
     assert len(measured["checkpoint_wait_s"]) == 1   # one save, at the end: the time the step stood still
-    done = run("tp.json", "d", "--steps", "5", "--resume")
-    assert done.returncode == 2 and "trains nothing more" in done.stderr
+    assert main(["run", str(tmp_path / "tp.json"), "--warmup", "0", "--out", str(tmp_path / "d"),
+                 "--checkpoint-dir", str(ckpt), "--steps", "5", "--resume"]) == 2
+    assert "trains nothing more" in capsys.readouterr().err
     for flags, text in ((["--keep", "3"], "need --checkpoint-dir"), (["--resume"], "need --checkpoint-dir"),
                         (["--checkpoint-async"], "need --checkpoint-dir"),
                         (["--device-mtbf-hours", "100"], "need --checkpoint-dir"),
@@ -211,9 +215,11 @@ def dp_run(tmp_path_factory):
     return run, json.loads((tmp / "whole" / "measured.json").read_text())["losses"], tmp
 
 
-@pytest.mark.parametrize("fault", ["kill", "hang"])
+# "hang" restarts the same way once the watchdog ends the hung rank; its detection and naming
+# are test_run_cli's (a second restart run here cost CI 21 s)
+@pytest.mark.parametrize("fault", ["kill"])
 def test_a_failed_rank_restarts_and_the_run_ends_as_an_uninterrupted_one(dp_run, fault):
-    """rank 1 SIGKILLs itself (or stops making progress) before step 3 of 4 on the first attempt;
+    """rank 1 SIGKILLs itself before step 3 of 4 on the first attempt;
     it is named within 30 s, and with --max-restarts 1 torchrun restarts the ranks, which resume
     after step 2 and finish with the uninterrupted run's losses."""
     import time
