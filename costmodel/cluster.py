@@ -64,6 +64,10 @@ class Efficiency:
     # how much faster the vendor's fused attention (cuDNN, FlashAttention-3) runs than the
     # FlashAttention-2 kernel `attention` describes, for frameworks that use it; 1: none
     vendor_attention_speedup: float = 1.0
+    # host work once per training step outside the layers' kernels and the optimizer's (the
+    # runtime's barrier, the loss's reduction, the batch, zero_grad): fitted by a GPU profile's
+    # probes, whose small steps show it (planner.probes.compute_params); 0 elsewhere
+    step_overhead_s: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -86,6 +90,7 @@ class HostSpec:
 
 # What a profile's [efficiency.<dtype>] table sets (the rest is the device's).
 DTYPE_FIELDS = ("gemm", "attention", "memory", "kernel_overhead_s")
+OPTIONAL_DTYPE_FIELDS = ("step_overhead_s",)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -340,9 +345,10 @@ def _curve(points: list[list[float]]) -> tuple[tuple[float, float], ...]:
 # leave its default in force without a word).
 PROFILE_FORMAT_VERSION = 1   # written by `planner profile` / `calibrate`; files without one are read as it
 # The cost model a profile's probe fit belongs to: raised when the model prices the probes'
-# kernels differently (2: CPU layers counted op by op, 2026-11-26), so a cached `local` profile
+# kernels differently (2: CPU layers counted op by op, 2026-11-26; 3: a GPU's kernels as the longer
+# of host and device, its probes fitting the per-kernel and per-step host costs, 2026-11-26), so a cached `local` profile
 # fitted under an older one is measured again instead of carrying factors fitted to other formulas.
-PROBE_FIT_VERSION = 2
+PROBE_FIT_VERSION = 3
 PROFILE_KEYS = {
     "": {"format_version", "device", "network", "efficiency", "measured", "probes", "host"},
     "host": {"memory_bytes", "memory_bandwidth_bytes_per_s", "memory_efficiency", "link_bandwidth_bytes_per_s",
@@ -352,7 +358,7 @@ PROFILE_KEYS = {
     "network": {"scope", "name", "bandwidth_bytes_per_s", "latency_s", "p2p_latency_s", "max_nodes", "efficiency"},
     "efficiency": {"gemm", "attention", "memory", "kernel_overhead_s", "intra_node_comm", "inter_node_comm",
                    "reserved_memory_bytes", "source", "overlap", "allocator_fragmentation", "comm_contention",
-                   "vendor_attention_speedup"},
+                   "vendor_attention_speedup", "step_overhead_s"},
 }
 
 
@@ -367,8 +373,9 @@ def _check_keys(path: Path, raw: dict[str, Any]) -> None:
             where = f"[{name}]" if name else "the top level"
             raise ValueError(f"{path}: unknown key(s) {', '.join(extra)} in {where}")
     for dtype, table in raw.get("efficiency", {}).items():
-        if isinstance(table, dict) and set(table) - set(DTYPE_FIELDS):
-            raise ValueError(f"{path}: unknown key(s) {', '.join(sorted(set(table) - set(DTYPE_FIELDS)))} "
+        allowed = set(DTYPE_FIELDS) | set(OPTIONAL_DTYPE_FIELDS)
+        if isinstance(table, dict) and set(table) - allowed:
+            raise ValueError(f"{path}: unknown key(s) {', '.join(sorted(set(table) - allowed))} "
                              f"in [efficiency.{dtype}]")
 
 
@@ -421,7 +428,8 @@ def profile_problems(dev: DeviceProfile) -> list[str]:  # noqa: C901 - one check
     for label, eff in (("efficiency", dev.efficiency), *((f"efficiency.{d}", e) for d, e in dev.dtype_efficiency)):
         for name in ("gemm", "attention", "memory", "vendor_attention_speedup"):
             need(f"{label}.{name}", getattr(eff, name), getattr(eff, name) > 0)
-        for name in ("kernel_overhead_s", "reserved_memory_bytes", "allocator_fragmentation", "comm_contention"):
+        for name in ("kernel_overhead_s", "reserved_memory_bytes", "allocator_fragmentation", "comm_contention",
+                     "step_overhead_s"):
             need(f"{label}.{name}", getattr(eff, name), getattr(eff, name) >= 0)
         need(f"{label}.overlap", eff.overlap, 0 <= eff.overlap <= 1)
     if (host := dev.host) is not None:
@@ -445,7 +453,8 @@ def _profile_from(path: Path, raw: dict[str, Any]) -> DeviceProfile:
                             source=eff["source"], overlap=float(eff.get("overlap", 1.0)),
                             allocator_fragmentation=float(eff.get("allocator_fragmentation", 0.0)),
                             comm_contention=float(eff.get("comm_contention", 0.0)),
-                            vendor_attention_speedup=float(eff.get("vendor_attention_speedup", 1.0)))
+                            vendor_attention_speedup=float(eff.get("vendor_attention_speedup", 1.0)),
+                            step_overhead_s=float(eff.get("step_overhead_s", 0.0)))
     return DeviceProfile(
         name=dev["name"], aliases=tuple(dev.get("aliases", ())),
         peak_flops=tuple((k, float(v)) for k, v in dev["peak_flops_per_s"].items()),
@@ -466,7 +475,8 @@ def _profile_from(path: Path, raw: dict[str, Any]) -> DeviceProfile:
         optimizer_s_per_param=float(raw.get("measured", {}).get("optimizer_s_per_param", 0.0)),
         probe_fit_version=(int(raw["probes"].get("fit_version", 1)) if isinstance(raw.get("probes"), dict)
                            else 0),
-        dtype_efficiency=tuple((k, replace(efficiency, **{f: float(v[f]) for f in DTYPE_FIELDS}))
+        dtype_efficiency=tuple((k, replace(efficiency, **{f: float(v[f]) for f in DTYPE_FIELDS},
+                                           **{f: float(v[f]) for f in OPTIONAL_DTYPE_FIELDS if f in v}))
                                for k, v in eff.items() if isinstance(v, dict)))
 
 

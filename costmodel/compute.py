@@ -502,6 +502,13 @@ def host_optimizer_step_s(num_params: float, train: TrainSpec, cluster: ClusterS
     return num_params * per_param / cluster.host_stream_bytes_per_s("an offloaded optimizer step")
 
 
+def step_host_s(train: TrainSpec, dev: DeviceProfile) -> float:
+    """The step's own host work, once per step (Efficiency.step_overhead_s): on an H100 the
+    probes put it at ~1 ms (benchmarks/gpu_check.py, 2026-11-26), folded until then into their
+    per-kernel cost, which priced a 0.85B model's host-bound steps 14-29 % too slow."""
+    return dev.for_dtype(train.compute_dtype).efficiency.step_overhead_s
+
+
 def optimizer_step_s(num_params: float, train: TrainSpec, dev: DeviceProfile) -> float:
     """AdamW over the local (ZeRO-sharded) parameters: read master, moments and gradient, write
     master, moments and the 16-bit copy, plus one gradient read for the global-norm clip."""

@@ -8,7 +8,7 @@ from functools import lru_cache
 from costmodel.cluster import ClusterSpec
 from costmodel.comm import HOST_COPIES, Collective, collective_time_s, host_copy_s, p2p_time_s, ring_time_s
 from costmodel.compute import (KernelTimes, cross_entropy_s, expert_rows, host_optimizer_step_s, moe_tokens,
-                               optimizer_step_s, embedding_kernel_times, head_kernel_times, layer_kernel_times)
+                               optimizer_step_s, step_host_s, embedding_kernel_times, head_kernel_times, layer_kernel_times)
 from costmodel.frameworks import FrameworkTraits
 from costmodel.layout import dense_blocks
 from costmodel.memory import layer_activation_bytes, unsharded_between_micro_batches
@@ -477,6 +477,7 @@ def after_pipeline_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Cl
     states step on the host."""
     step = (host_optimizer_step_s(held.zero_shard(plan, cluster.framework), train, cluster) if plan.offload_optimizer
             else optimizer_step_s(optimized_params(held, plan, cluster.framework), train, cluster.device))
+    step += step_host_s(train, cluster.device)   # with the optimizer: after the pipeline, once
     return (step,
             tp_replica_sync_s(model, train, plan, cluster, sp, layers))
 

@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from costmodel.cluster import ClusterSpec
-from costmodel.compute import host_optimizer_step_s, optimizer_step_s
+from costmodel.compute import host_optimizer_step_s, optimizer_step_s, step_host_s
 from costmodel.memory import AffineBytes
 from costmodel.params import layer_expert_params, layer_params
 from costmodel.pipeline_closed_form import closed_form_s, fill_s
@@ -79,6 +79,7 @@ def zero_floor_s(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: i
         per_layer = (layer_params(model, tp) - experts) / group + experts / (group * (tp if folded else 1))
     else:
         per_layer = layer_params(model, tp, ep)
+    dp += step_host_s(train, cluster.device)   # as costmodel.rank_time.after_pipeline_s adds it
     if offload:   # offloaded states step on the host (costmodel.rank_time.after_pipeline_s)
         return dp + host_optimizer_step_s(model.num_layers * per_layer / pp, train, cluster)
     return dp + optimizer_step_s(model.num_layers * per_layer / pp, train, cluster.device)

@@ -12,6 +12,7 @@ predicted tensor memory; CPU runs measure tensors only, so it is left alone.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 import time
@@ -62,7 +63,8 @@ IDENTITY = {"compute": 1.0, "memory": 1.0, "intra_node_comm": 1.0, "comm_latency
 def _scaled(eff, x: dict[str, float]):
     out = replace(eff, gemm=eff.gemm * x["compute"], attention=eff.attention * x["compute"],
                   memory=eff.memory * x["memory"])
-    return replace(out, kernel_overhead_s=x["kernel_overhead_s"]) if "kernel_overhead_s" in x else out
+    absolute = {k: x[k] for k in ("kernel_overhead_s", "step_overhead_s") if k in x}   # seconds, not factors
+    return replace(out, **absolute)
 
 
 def with_params(base: DeviceProfile, x: dict[str, float], dtype: str | None = None) -> DeviceProfile:
@@ -95,7 +97,11 @@ def summary(runs: list[Run], device: DeviceProfile) -> dict[str, float]:
 # Physical ranges (factors on the measured or datasheet values, except the overhead in seconds
 # and the overlap fraction): the fit stays where the parameters still mean what they say.
 BOUNDS = {"compute": (0.05, 2.0), "memory": (0.05, 2.0), "kernel_overhead_s": (1e-8, 1e-3),
+          "step_overhead_s": (1e-6, 0.05),
           "intra_node_comm": (0.01, 2.0), "comm_latency": (0.5, 100.0), "overlap": (0.0, 1.0)}
+
+
+GRID = 17   # points per parameter of a one- or two-parameter fit's starting grid
 
 
 def fit(runs: list[Run], base: DeviceProfile, names: tuple[str, ...] = PARAMS,
@@ -110,7 +116,8 @@ def fit(runs: list[Run], base: DeviceProfile, names: tuple[str, ...] = PARAMS,
     own = base.for_dtype(dtype).efficiency if dtype else base.efficiency
     start = {"compute": 1.0, "memory": 1.0, "intra_node_comm": 1.0, "comm_latency": 1.0,
              "overlap": min(max(base.efficiency.overlap, 0.05), 0.95),
-             "kernel_overhead_s": min(max(own.kernel_overhead_s, 1e-6), 1e-3)}
+             "kernel_overhead_s": min(max(own.kernel_overhead_s, 1e-6), 1e-3),
+             "step_overhead_s": min(max(own.step_overhead_s, 1e-4), 0.05)}
     to_z = lambda k, v: v if k in linear else math.log(v)  # noqa: E731
     limits = {**BOUNDS, **(bounds or {})}
     bounds = [(to_z(k, limits[k][0]), to_z(k, limits[k][1])) for k in names]
@@ -127,11 +134,13 @@ def fit(runs: list[Run], base: DeviceProfile, names: tuple[str, ...] = PARAMS,
         prior = prior_weight * sum((a - b) ** 2 for a, b in zip(z, z0))
         return prior + sum(e * e for e in log_errors(runs, with_params(base, unpack(z), dtype)))
 
-    if len(names) == 1:   # one parameter: start from the best of a grid over its range, since
-        # its loss can be flat on a side (a GPU's per-kernel cost below what the device's own
-        # work hides changes nothing), where Nelder-Mead started there would never move
-        (lo, hi), = bounds
-        x0 = [min((lo + (hi - lo) * i / 24 for i in range(25)), key=lambda z: loss([z]))]
+    if len(names) <= 2:   # one or two parameters: started from the best point of a grid over
+        # their ranges, since a loss can be flat on a side (a GPU's per-kernel cost below what
+        # the device's own work hides changes nothing; a per-step cost far below the kernels'
+        # neither), where Nelder-Mead started there would never move; jointly, since the per-kernel
+        # and per-step costs trade along a valley one coordinate at a time does not follow
+        axes = [[lo + (hi - lo) * j / (GRID - 1) for j in range(GRID)] for lo, hi in bounds]
+        x0 = list(min(itertools.product(*axes), key=lambda z: loss(list(z))))
     best = None
     for _ in range(3):   # Nelder-Mead restarted from its own optimum escapes a collapsed simplex
         best = minimize(loss, x0 if best is None else best.x, method="Nelder-Mead", bounds=bounds,
@@ -195,6 +204,8 @@ def _factors(base: DeviceProfile, device: DeviceProfile, dtypes: list[str]) -> d
         b, e = base.for_dtype(d).efficiency, device.for_dtype(d).efficiency
         out |= {f"compute@{d}": e.gemm / b.gemm, f"memory@{d}": e.memory / b.memory,
                 f"kernel_overhead_s@{d}": e.kernel_overhead_s}
+        if e.step_overhead_s:
+            out[f"step_overhead_s@{d}"] = e.step_overhead_s
     bt, t = base.intra_node, device.intra_node
     return out | {"intra_node_comm": t.efficiency / bt.efficiency, "comm_latency": t.latency_s / bt.latency_s,
                   "overlap": device.efficiency.overlap}

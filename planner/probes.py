@@ -70,7 +70,7 @@ def unfitted(device: DeviceProfile, measured: dict) -> DeviceProfile:
     ratio = measured["attention_efficiency"]["fp32"]
 
     def bare(e):
-        return replace(e, gemm=1.0, memory=1.0, kernel_overhead_s=0.0, attention=ratio)
+        return replace(e, gemm=1.0, memory=1.0, kernel_overhead_s=0.0, step_overhead_s=0.0, attention=ratio)
     tier = replace(device.intra_node, efficiency=1.0, latency_s=measured["collective_alpha_s"],
                    p2p_latency_s=measured["collective_p2p_latency_s"])
     return replace(device, efficiency=replace(bare(device.efficiency), overlap=START_OVERLAP), intra_node=tier,
@@ -107,11 +107,12 @@ def results(plans: list[PlanFile], raws: list[dict | None]) -> list[ProbeResult]
 def compute_params(base: DeviceProfile) -> tuple[str, ...]:
     """What the one-rank probes can tell. On a GPU their small steps are the host's alone (each
     kernel takes less than the host needs to issue it: costmodel.compute._host_or_device), so
-    they measure the per-kernel cost and nothing of the rates: there a fit of the GEMM and
-    memory factors went to its bounds (0.3 and 1.5) at no change in the probes' error, and
-    priced a 0.85B model's GEMM-bound steps 2-3x too slow (gpu_check, H100, 2026-11-26). The
-    measured curves stand for the rates there."""
-    return ("kernel_overhead_s",) if base.kind == "gpu" else COMPUTE_PARAMS
+    they measure the host's costs, per kernel and per step (one or four micro-batches of two
+    layers tell them apart), and nothing of the rates: there a fit of the GEMM and memory
+    factors went to its bounds (0.3 and 1.5) at no change in the probes' error, and priced a
+    0.85B model's GEMM-bound steps 2-3x too slow (gpu_check, H100, 2026-11-26). The measured
+    curves stand for the rates there."""
+    return ("kernel_overhead_s", "step_overhead_s") if base.kind == "gpu" else COMPUTE_PARAMS
 
 
 def fit_probes(probes: list[ProbeResult], base: DeviceProfile) -> tuple[DeviceProfile, dict[str, float], dict, dict]:

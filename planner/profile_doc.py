@@ -128,6 +128,8 @@ def _efficiency(micro: dict, device, how: str, probes: int):
         ("inter_node_comm", 1.0, None),
         ("overlap", eff.overlap if eff else START_OVERLAP, f"{fitted}: share of data-parallel communication hidden by compute"
          if eff else "a starting point for the probes' fit"),
+        *([("step_overhead_s", eff.step_overhead_s, f"{fitted}: the step's own host work, once per step")]
+          if eff and eff.step_overhead_s else []),
         ("reserved_memory_bytes", 268435456, "assumed: interpreter + torch runtime, ~256 MiB"),
         ("source", how, None)]
     out = pf_io.table(rows)
@@ -143,7 +145,8 @@ def _efficiency(micro: dict, device, how: str, probes: int):
             f" ({dtype}'s own: {measured:.3g})"
         out.add(dtype, pf_io.table([
             ("gemm", e.gemm if e else 1.0, None), ("attention", e.attention if e else ratio, note),
-            ("memory", e.memory if e else 1.0, None), ("kernel_overhead_s", e.kernel_overhead_s if e else 0.0, None)],
+            ("memory", e.memory if e else 1.0, None), ("kernel_overhead_s", e.kernel_overhead_s if e else 0.0, None),
+            *([("step_overhead_s", e.step_overhead_s, None)] if e and e.step_overhead_s else [])],
             comment=f"{fitted}, the one-rank probes in {dtype}" if e else "measured"))
     return out
 

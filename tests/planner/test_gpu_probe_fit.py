@@ -1,5 +1,5 @@
 """The profile's probes on a GPU (planner.probes.compute_params): their small steps are the host's
-alone, so the fit finds the per-kernel cost and leaves the measured rates alone. The profile is
+alone, so the fit finds the host's per-kernel and per-step costs and leaves the measured rates alone. The profile is
 the one `planner profile` wrote on an H100 (benchmarks/results/gpu-check-h100-2026-11-26)."""
 from __future__ import annotations
 
@@ -16,20 +16,23 @@ from planner.calibrate import COMPUTE_PARAMS, Run, predict_with, with_params
 H100 = Path(__file__).parents[2] / "benchmarks" / "results" / "gpu-check-h100-2026-11-26" / "run2" / "gpu.toml"
 
 
-def test_a_gpu_probe_fit_recovers_the_per_kernel_cost_and_keeps_the_rates():
+def test_a_gpu_probe_fit_recovers_the_host_costs_and_keeps_the_rates():
     base = probes.unfitted(load_profile(H100), tomllib.loads(H100.read_text())["measured"])
-    assert probes.compute_params(base) == ("kernel_overhead_s",)
+    assert probes.compute_params(base) == ("kernel_overhead_s", "step_overhead_s")
     assert probes.compute_params(replace(base, kind="cpu")) == COMPUTE_PARAMS
     truth = base
-    for dtype, seconds in (("fp32", 40e-6), ("bf16", 60e-6)):
-        truth = with_params(truth, {"compute": 1.0, "memory": 1.0, "kernel_overhead_s": seconds}, dtype)
+    for dtype, seconds, step_s in (("fp32", 40e-6, 1e-3), ("bf16", 60e-6, 4e-3)):
+        truth = with_params(truth, {"compute": 1.0, "memory": 1.0, "kernel_overhead_s": seconds,
+                                    "step_overhead_s": step_s}, dtype)
     plans = probes.probe_plans(base, {"fp32": True, "bf16": True}, 1)
     measured = [probes.ProbeResult(pf, predict_with(Run(path=Path("p"), pf=pf, measured_step_s=1.0), truth).step_time_s)
                 for pf in plans]
     # the fit starts at no per-kernel cost, where the loss is flat (the device's work hides a
-    # small one): it must still find it
+    # small one): it must still find it, and tell it from the per-step cost
     device, params, _, after = probes.fit_probes(measured, base)
     assert params["kernel_overhead_s@fp32"] == pytest.approx(40e-6, rel=0.05)
     assert params["kernel_overhead_s@bf16"] == pytest.approx(60e-6, rel=0.05)
+    assert params["step_overhead_s@fp32"] == pytest.approx(1e-3, rel=0.1)
+    assert params["step_overhead_s@bf16"] == pytest.approx(4e-3, rel=0.1)
     assert params["compute@bf16"] == 1.0 and params["memory@bf16"] == 1.0
     assert after["mape_pct"] < 1.0
