@@ -36,3 +36,18 @@ def test_a_gpu_probe_fit_recovers_the_host_costs_and_keeps_the_rates():
     assert params["step_overhead_s@bf16"] == pytest.approx(4e-3, rel=0.1)
     assert params["compute@bf16"] == 1.0 and params["memory@bf16"] == 1.0
     assert after["mape_pct"] < 1.0
+
+
+def test_a_fitted_per_step_cost_is_written_and_read_back(tmp_path):
+    import tomlkit
+    from planner import profile_doc, profile_file
+    device, *_ = probes.refit_stored(H100)
+    raw = tomllib.loads(H100.read_text())
+    micro = {"attention": raw["measured"]["attention_efficiency"], "overhead_s": raw["measured"]["op_overhead_s"]}
+    doc = profile_file.document(["test"])
+    doc.add("efficiency", profile_doc._efficiency(micro, device, "test", 12))
+    raw["efficiency"] = tomllib.loads(tomlkit.dumps(doc))["efficiency"]
+    (tmp_path / "p.toml").write_text(tomlkit.dumps(raw))
+    back = dict(load_profile(tmp_path / "p.toml").dtype_efficiency)["bf16"]
+    assert back.step_overhead_s == pytest.approx(dict(device.dtype_efficiency)["bf16"].step_overhead_s, rel=1e-5)
+    assert back.step_overhead_s > 1e-3   # the H100's bf16 probes: 4.4 ms
