@@ -111,8 +111,12 @@ def compute_params(base: DeviceProfile) -> tuple[str, ...]:
     layers tell them apart), and nothing of the rates: there a fit of the GEMM and memory
     factors went to its bounds (0.3 and 1.5) at no change in the probes' error, and priced a
     0.85B model's GEMM-bound steps 2-3x too slow (gpu_check, H100, 2026-11-26). The measured
-    curves stand for the rates there."""
-    return ("kernel_overhead_s", "step_overhead_s") if base.kind == "gpu" else COMPUTE_PARAMS
+    curves stand for the rates there. On a CPU the rates too, and the per-step cost beside them:
+    on the stored probes of three closed-loop runs (benchmarks/closed_loop.py --refit,
+    2026-11-26) it took the unseen model's uncalibrated MAPE / max from 15.2 / 40.9, 10.0 / 27.7
+    and 8.1 / 14.6 % to 13.2 / 30.6, 9.3 / 21.0 and 6.8 / 13.8 % (leave-one-out after calibration
+    8.1, 6.7, 7.0 % -> 6.6, 7.6, 7.6 %)."""
+    return ("kernel_overhead_s", "step_overhead_s") if base.kind == "gpu" else COMPUTE_PARAMS + ("step_overhead_s",)
 
 
 def fit_probes(probes: list[ProbeResult], base: DeviceProfile) -> tuple[DeviceProfile, dict[str, float], dict, dict]:
