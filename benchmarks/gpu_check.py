@@ -123,6 +123,7 @@ def replay(results: Path, profile: Path) -> list[dict]:
     no GPU needed, so a change of the model is checked against what a GPU measured."""
     from planner import probes
     from planner.calibrate import load_run, predict_with
+    from runtime.measure import predicted_tensor_peaks_bytes
     device, _, _, after, used, stored = probes.refit_stored(profile)
     print(f"{profile}: {used} of {stored} stored probes fitted again ({after['mape_pct']:.1f}% MAPE on them)",
           file=sys.stderr)
@@ -130,9 +131,9 @@ def replay(results: Path, profile: Path) -> list[dict]:
     for measured in sorted(results.rglob("measured.json")):
         run = load_run(measured.parent)
         est = predict_with(run, device)
-        reserve = est.memory_breakdown_bytes[0]["reserved"]   # as runtime.measure compares them
         rows.append({"plan": str(measured.parent.relative_to(results)), "predicted_step_s": est.step_time_s,
-                     "measured_step_s": run.measured_step_s, "predicted_peak_bytes": est.peak_memory_bytes[0] - reserve,
+                     "measured_step_s": run.measured_step_s,
+                     "predicted_peak_bytes": predicted_tensor_peaks_bytes(est)[0],
                      "measured_allocated_bytes": run.measured.peak_memory_bytes[0],
                      "measured_reserved_bytes": (run.measured.peak_reserved_bytes or [None])[0]})
     return rows

@@ -7,7 +7,8 @@ Writes DIR/kernel_shapes.json (per shape: best and median seconds, TFLOP/s) and 
 (per kernel and operator: device microseconds and calls over one warm-up and two timed steps,
 the model's build included), and prints the profiler's table sorted by device time. What it
 showed on an H100 (benchmarks/results/gpu-check-h100-2026-11-26/run1/torch_profile_*.txt) is
-behind costmodel.compute._host_or_device and the `eager_layer` trait. Needs CUDA.
+behind costmodel.compute._host_or_device and the `eager_layer` trait. Needs CUDA; this version
+(the first one's measurements, tidied into a command) has not run on a GPU yet.
 """
 from __future__ import annotations
 

@@ -65,8 +65,8 @@ class Efficiency:
     # FlashAttention-2 kernel `attention` describes, for frameworks that use it; 1: none
     vendor_attention_speedup: float = 1.0
     # host work once per training step outside the layers' kernels and the optimizer's (the
-    # runtime's barrier, the loss's reduction, the batch, zero_grad): fitted by a GPU profile's
-    # probes, whose small steps show it (planner.probes.compute_params); 0 elsewhere
+    # runtime's barrier, the loss's reduction, the batch, zero_grad): fitted by a measured
+    # profile's probes, whose small steps show it (planner.probes.compute_params); 0 in datasheets
     step_overhead_s: float = 0.0
 
 
@@ -345,9 +345,10 @@ def _curve(points: list[list[float]]) -> tuple[tuple[float, float], ...]:
 # leave its default in force without a word).
 PROFILE_FORMAT_VERSION = 1   # written by `planner profile` / `calibrate`; files without one are read as it
 # The cost model a profile's probe fit belongs to: raised when the model prices the probes'
-# kernels differently (2: CPU layers counted op by op, 2026-11-26; 3: a GPU's kernels as the longer
-# of host and device, its probes fitting the per-kernel and per-step host costs, 2026-11-26), so a cached `local` profile
-# fitted under an older one is measured again instead of carrying factors fitted to other formulas.
+# kernels differently (2: CPU layers counted op by op; 3: a GPU's kernels as the longer of host
+# and device, the probes fitting a per-step host cost too; both 2026-11-26), so a cached `local`
+# profile fitted under an older one is measured again instead of carrying factors fitted to other
+# formulas.
 PROBE_FIT_VERSION = 3
 PROFILE_KEYS = {
     "": {"format_version", "device", "network", "efficiency", "measured", "probes", "host"},

@@ -79,10 +79,10 @@ def zero_floor_s(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: i
         per_layer = (layer_params(model, tp) - experts) / group + experts / (group * (tp if folded else 1))
     else:
         per_layer = layer_params(model, tp, ep)
-    dp += step_host_s(train, cluster.device)   # as costmodel.rank_time.after_pipeline_s adds it
+    fixed = dp + step_host_s(train, cluster.device)   # as costmodel.rank_time.after_pipeline_s adds it
     if offload:   # offloaded states step on the host (costmodel.rank_time.after_pipeline_s)
-        return dp + host_optimizer_step_s(model.num_layers * per_layer / pp, train, cluster)
-    return dp + optimizer_step_s(model.num_layers * per_layer / pp, train, cluster.device)
+        return fixed + host_optimizer_step_s(model.num_layers * per_layer / pp, train, cluster)
+    return fixed + optimizer_step_s(model.num_layers * per_layer / pp, train, cluster.device)
 
 
 @functools.lru_cache(maxsize=16384)

@@ -27,6 +27,14 @@ def error_pct(measured: float | None, predicted: float) -> float | None:
     return 100.0 * (measured - predicted) / predicted
 
 
+def predicted_tensor_peaks_bytes(est: Estimate) -> list[float]:
+    """Each stage's predicted peak as a run measures it. Both measurements count tensors only
+    (CPU: runtime.memtrack; CUDA: max_memory_allocated, which leaves out the CUDA context and the
+    allocator's cache), so the prediction is compared less its reserve, the part outside them."""
+    reserve = est.memory_breakdown_bytes[0]["reserved"]
+    return [p - reserve for p in est.peak_memory_bytes]
+
+
 def measured_record(pf: PlanFile, raw: dict[str, Any], *, steps: int, warmup: int,
                     wall_s: float, complete: bool = True) -> MeasuredRun:
     est: Estimate = estimate(pf.model, pf.train, pf.cluster, pf.plan)
@@ -35,11 +43,7 @@ def measured_record(pf: PlanFile, raw: dict[str, Any], *, steps: int, warmup: in
     mfu = utilization(model_flops_per_step(pf.model, pf.train), step_s, 1,
                       world_peak_flops_per_s(pf.cluster, pf.train.compute_dtype))
     peak = raw["peak_memory_bytes"]
-    # Both figures count tensors only (CPU: runtime.memtrack; CUDA: max_memory_allocated, which
-    # leaves out the CUDA context and the allocator's cache): compare them with the prediction
-    # less its reserve, the part outside the tensors.
-    reserve = est.memory_breakdown_bytes[0]["reserved"]
-    predicted_peak = [p - reserve for p in est.peak_memory_bytes]
+    predicted_peak = predicted_tensor_peaks_bytes(est)
     measured_parts, predicted_parts = _stage_parts(pf, est, raw, step_s)
     return MeasuredRun(**{
         "stage_breakdown_s": measured_parts,
