@@ -381,8 +381,14 @@ def _check_keys(path: Path, raw: dict[str, Any]) -> None:
 
 
 def load_profile(path: Path) -> DeviceProfile:
+    return parse_profile(inputs.read_text(path, "profile"), path)
+
+
+def parse_profile(text: str, path: Path) -> DeviceProfile:
+    """A profile's text, checked as `load_profile` checks a file (`path` names it in errors);
+    the writer checks what it is about to write with it, so no profile is written unreadable."""
     try:
-        raw = tomllib.loads(inputs.read_text(path, "profile"))
+        raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"{path}: not a valid profile (truncated? {exc})") from None
     version = raw.get("format_version", PROFILE_FORMAT_VERSION)

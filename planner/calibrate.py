@@ -120,6 +120,12 @@ def fit(runs: list[Run], base: DeviceProfile, names: tuple[str, ...] = PARAMS,
              "step_overhead_s": min(max(own.step_overhead_s, 1e-4), 0.05)}
     to_z = lambda k, v: v if k in linear else math.log(v)  # noqa: E731
     limits = {**BOUNDS, **(bounds or {})}
+    # a link is never faster than its own microbenchmark (efficiency <= 1, as the profile reader
+    # checks): a probe fit under a loaded machine had pushed it to 2.0 and written a profile
+    # that could not be read back
+    lo, hi = limits["intra_node_comm"]
+    limits["intra_node_comm"] = (lo, min(hi, 1.0 / base.intra_node.efficiency))
+    start["intra_node_comm"] = min(1.0, limits["intra_node_comm"][1])
     bounds = [(to_z(k, limits[k][0]), to_z(k, limits[k][1])) for k in names]
     x0 = [to_z(k, start[k]) for k in names]
 

@@ -10,6 +10,7 @@ from typing import Any, Iterable
 
 import tomlkit
 
+from costmodel.cluster import parse_profile
 from costmodel.inputs import write_text_atomic
 from tomlkit.items import Table
 
@@ -53,8 +54,11 @@ def networks(tiers: Iterable[Iterable[Row]]) -> tomlkit.items.AoT:
 
 
 def write(path: Path, doc: tomlkit.TOMLDocument) -> None:
-    """Atomically (costmodel.inputs.write_text_atomic): never half a profile."""
-    write_text_atomic(path, tomlkit.dumps(doc))
+    """Atomically (costmodel.inputs.write_text_atomic): never half a profile, and never one
+    the reader would refuse (a fitted number out of its range is an error here, named)."""
+    text = tomlkit.dumps(doc)
+    parse_profile(text, path)
+    write_text_atomic(path, text)
 
 
 def parse(text: str) -> tomlkit.TOMLDocument:
