@@ -23,10 +23,12 @@ from planner.space import Choice, build_plan
 
 
 @pytest.fixture(scope="module")
-def measured(tmp_path_factory) -> Path:
-    """One quick profile of this machine for the module (the budget keeps it under ~25 s)."""
+def measured(tmp_path_factory, machine_lock) -> Path:
+    """One quick profile of this machine for the module (the budget keeps it under ~25 s), taken
+    with no other test running (tests/conftest.py)."""
     out = tmp_path_factory.mktemp("profile") / "box.toml"
-    assert main(["profile", "--out", str(out), "--quick"]) == 0
+    with machine_lock():
+        assert main(["profile", "--out", str(out), "--quick"]) == 0
     return out
 
 

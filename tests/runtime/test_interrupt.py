@@ -16,6 +16,9 @@ import pytest
 
 from planner.cli import main
 
+# every test here bounds how fast a signal is answered (within 5 s): none runs beside another
+pytestmark = pytest.mark.alone
+
 
 def _default_sigint() -> None:
     """In the child: Ctrl-C as a terminal delivers it. A shell's background job starts with SIGINT

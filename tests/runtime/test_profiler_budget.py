@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import torch
 
 from runtime.profiler import ACCELERATED_CHECK_FLOPS, gemm_curve, gemm_shapes
 
 
+@pytest.mark.alone   # a wall-clock bound
 def test_a_curve_stops_at_its_budget_and_says_where():
     start = time.perf_counter()
     curve = gemm_curve(gemm_shapes(), torch.float32, torch.device("cpu"), phase_s=0.3, point_s=0.02)

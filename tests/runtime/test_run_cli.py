@@ -56,7 +56,8 @@ def test_run_measures_and_compares(tmp_path, capsys):
     ("0:1:exit", "rank 0 died (exit code 3) without a Python error"),
     ("1:1:kill", "rank 1 died (signal 9) without a Python error"),
     # alive but silent: the watchdog names it, not the peer that waits for it
-    ("1:1:hang", "rank 1 failed: RankHung: no progress for"),
+    pytest.param("1:1:hang", "rank 1 failed: RankHung: no progress for",
+                 marks=pytest.mark.alone),   # two timeouts race: the watchdog's 5 s, the peer's 6 s
 ])
 def test_a_failing_rank_ends_the_job_and_is_named(tmp_path, fault, expected):
     plan = _plan(tmp_path)
@@ -229,6 +230,7 @@ def test_pipeline_schedules_hold_the_memory_the_model_says(tmp_path, capsys, sch
         assert -0.10 <= predicted / measured - 1 <= 0.25, f"stage {stage}: {predicted:.3g} vs {measured:.3g}"
 
 
+@pytest.mark.alone   # a per-rank timing difference of 80 ms
 def test_a_straggler_is_named_in_the_measured_results(tmp_path):
     """Rank 1 computes 20 ms slower per layer: every rank's step time equalises at the slowest
     (they wait for it), its own layer forwards do not; measured.json keeps it per rank."""
