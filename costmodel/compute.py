@@ -504,8 +504,10 @@ def host_optimizer_step_s(num_params: float, train: TrainSpec, cluster: ClusterS
 
 def step_host_s(train: TrainSpec, dev: DeviceProfile) -> float:
     """The step's own host work, once per step (Efficiency.step_overhead_s), fitted by the probes:
-    on an H100 0 in fp32 and 4.4 ms in bf16 (`python benchmarks/gpu_check.py --replay
-    benchmarks/results/gpu-check-h100-2026-11-26`), 3-25 ms on a 2-core CPU; folded until then
+    on an H100 at the fit's 1 us floor in fp32 and 4.4 ms in bf16 (`python benchmarks/gpu_check.py
+    --replay benchmarks/results/gpu-check-h100-2026-11-26 --profile
+    benchmarks/results/gpu-check-h100-2026-11-26/run2/gpu.toml`), 2.7-25 ms on a 2-core CPU (the
+    closed-loop runs N-Q in the README); folded until then
     into the per-kernel cost, which priced a 0.85B model's host-bound GPU steps 14-29 % too slow."""
     return dev.for_dtype(train.compute_dtype).efficiency.step_overhead_s
 

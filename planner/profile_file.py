@@ -10,7 +10,7 @@ from typing import Any, Iterable
 
 import tomlkit
 
-from costmodel.cluster import parse_profile
+from costmodel.cluster import DeviceProfile, parse_profile
 from costmodel.inputs import write_text_atomic
 from tomlkit.items import Table
 
@@ -53,12 +53,14 @@ def networks(tiers: Iterable[Iterable[Row]]) -> tomlkit.items.AoT:
     return out
 
 
-def write(path: Path, doc: tomlkit.TOMLDocument) -> None:
+def write(path: Path, doc: tomlkit.TOMLDocument) -> DeviceProfile:
     """Atomically (costmodel.inputs.write_text_atomic): never half a profile, and never one
-    the reader would refuse (a fitted number out of its range is an error here, named)."""
+    the reader would refuse (a fitted number out of its range is an error here, named).
+    Returns the profile as the reader reads it."""
     text = tomlkit.dumps(doc)
-    parse_profile(text, path)
+    device = parse_profile(text, path)
     write_text_atomic(path, text)
+    return device
 
 
 def parse(text: str) -> tomlkit.TOMLDocument:

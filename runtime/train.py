@@ -133,8 +133,7 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
         forward.total_s = 0.0
         start = time.perf_counter()
         loss, tracked = _step(job, optimizer, tokens, labels, track)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        _drain(device)
         elapsed = time.perf_counter() - start
         memory = tracked if track else memory
         step_loss, step_s = _reduce_step(job, loss, elapsed)

@@ -12,7 +12,6 @@ from functools import partial
 from pathlib import Path
 
 from costmodel import machine
-from costmodel.cluster import load_profile
 from planner import outputs, profile_file
 from planner.args import add_overwrite_arg, positive_int, refuse_ignored
 from planner.profile_doc import Setup, measured_profile
@@ -153,8 +152,7 @@ def profile_machine(setup: Setup) -> None:
                            progress.report, device_type=setup.device_type)[0]
         with tempfile.TemporaryDirectory() as tmp:
             base_path = Path(tmp) / "base.toml"
-            profile_file.write(base_path, measured_profile(setup, micro))
-            base = load_profile(base_path)
+            base = profile_file.write(base_path, measured_profile(setup, micro))
         for phase in weights:   # the ranks reported on their own copies of the bar
             if not phase.startswith(("probes", "fit")):
                 progress.report(phase, 1.0, "microbenchmarks done")

@@ -29,7 +29,7 @@ def test_a_gpu_probe_fit_recovers_the_host_costs_and_keeps_the_rates():
                 for pf in plans]
     # the fit starts at no per-kernel cost, where the loss is flat (the device's work hides a
     # small one): it must still find it, and tell it from the per-step cost
-    device, params, _, after = probes.fit_probes(measured, base)
+    _, params, _, after = probes.fit_probes(measured, base)
     assert params["kernel_overhead_s@fp32"] == pytest.approx(40e-6, rel=0.05)
     assert params["kernel_overhead_s@bf16"] == pytest.approx(60e-6, rel=0.05)
     assert params["step_overhead_s@fp32"] == pytest.approx(1e-3, rel=0.1)
