@@ -5,7 +5,13 @@ ranks an all-gather or reduce-scatter of a B-byte (unsharded) buffer moves (n-1)
 rank in n-1 steps; an all-reduce is a reduce-scatter followed by an all-gather. A group that spans
 nodes runs hierarchically: the intra-node part on NVLink at full size and the inter-node part on
 the B/m shard each of the m local ranks owns, every rank using its own NIC (bandwidth per device
-per direction, as the profiles give it).
+per direction, as the profiles give it). Its latency is NCCL's own model (src/graph/tuning.cc,
+`ncclTopoTuneModel`): the ring runs through every rank, so an all-gather or reduce-scatter over
+n = m·k ranks on k nodes pays n-1 steps, k-1 of them across nodes at the network's step latency
+and the rest at NVLink's (twice that for an all-reduce). Over thousands of ranks that is
+milliseconds per collective, which is why NCCL runs an all-reduce across nodes as a tree when that
+is faster: 2·((m-1) NVLink steps + log2(k) network steps); both are priced and the faster taken
+(the tree at the ring's bandwidth, slightly optimistic: NCCL caps a tree's bus bandwidth lower).
 
 An all-to-all (expert parallelism's token dispatch) of a B-byte send buffer, B/n to each rank,
 moves (n-1)/n·B bytes per rank, pairwise in n-1 steps; across nodes each rank sends the
@@ -25,6 +31,7 @@ node's shared DRAM).
 """
 from __future__ import annotations
 
+import math
 from enum import StrEnum
 
 from costmodel.cluster import ClusterSpec, NetworkTier
@@ -48,11 +55,30 @@ HOST_COPIES = (Collective.HOST_TO_DEVICE, Collective.DEVICE_TO_HOST, Collective.
 def ring_time_s(kind: Collective, num_bytes: float, n: int, tier: NetworkTier) -> float:
     if n <= 1 or num_bytes <= 0:
         return 0.0
-    steps = n - 1
-    volume = (n - 1) / n * num_bytes
-    if kind is Collective.ALL_REDUCE:
-        steps, volume = 2 * steps, 2 * volume
-    return steps * tier.latency_s + volume / tier.effective_bandwidth_bytes_per_s
+    return _passes(kind) * (n - 1) * tier.latency_s + _ring_transfer_s(kind, num_bytes, n, tier)
+
+
+def _passes(kind: Collective) -> int:
+    """An all-reduce is a reduce-scatter then an all-gather: two passes around the ring."""
+    return 2 if kind is Collective.ALL_REDUCE else 1
+
+
+def _ring_transfer_s(kind: Collective, num_bytes: float, n: int, tier: NetworkTier) -> float:
+    """The bandwidth part of a ring collective: (n-1)/n of the buffer per pass."""
+    if n <= 1 or num_bytes <= 0:
+        return 0.0
+    return _passes(kind) * (n - 1) / n * num_bytes / tier.effective_bandwidth_bytes_per_s
+
+
+def cross_node_latency_s(kind: Collective, m: int, k: int, intra: NetworkTier, inter: NetworkTier) -> float:
+    """Latency of a collective over m ranks on each of k nodes (see the module docstring): the
+    ring's n-1 steps, k-1 of them across nodes; for an all-reduce the tree instead when faster."""
+    passes = _passes(kind)
+    ring = passes * ((m * k - k) * intra.latency_s + (k - 1) * inter.latency_s)
+    if kind is not Collective.ALL_REDUCE:
+        return ring
+    tree = 2 * ((m - 1) * intra.latency_s + math.ceil(math.log2(k)) * inter.latency_s)
+    return min(ring, tree)
 
 
 def collective_time_s(kind: Collective, num_bytes: float, span: AxisSpan,
@@ -69,11 +95,13 @@ def collective_time_s(kind: Collective, num_bytes: float, span: AxisSpan,
     m, k = span.members_per_node, span.num_nodes
     if kind is Collective.ALL_TO_ALL:   # 1/k of the buffer stays in the node, (k-1)/k leaves it
         return ring_time_s(kind, num_bytes / k, m, intra) + ring_time_s(kind, num_bytes, k, inter)
-    inner = ring_time_s(kind, num_bytes, m, intra)
+    if num_bytes <= 0:
+        return 0.0
+    inner = _ring_transfer_s(kind, num_bytes, m, intra)
     # e.g. all-reduce = reduce-scatter in node + all-reduce of the 1/m shard across nodes +
     # all-gather in node; the in-node ring all-reduce accounts for the first and last parts.
-    outer = ring_time_s(kind, num_bytes / m, k, inter)
-    return inner + outer
+    outer = _ring_transfer_s(kind, num_bytes / m, k, inter)
+    return inner + outer + cross_node_latency_s(kind, m, k, intra, inter)
 
 
 def host_copy_s(num_bytes: float, cluster: ClusterSpec) -> float:
