@@ -37,6 +37,13 @@ class KernelShape(Protocol):
 
 FLASH_BACKWARD_FACTOR = 2.5  # FlashAttention-2 (Dao 2023): 5 matmuls backward vs 2 forward
 CAUSAL_FRACTION = 0.5        # a causal flash kernel skips the masked upper triangle
+# A flash kernel walks each 128-row query tile along the key tiles; each query tile also pays a
+# fixed cost (load Q, rescale, write O) worth FLASH_TILE_COST_TOKENS key columns. Fitted to the
+# forward TFLOP/s of FlashAttention-2 (c = 1.90 tiles) and FlashAttention-3 (1.83) over sequence
+# lengths 512-16k on an H100 at head dim 128 and batch x seq fixed (pytorch/benchmark ff65cb67,
+# D60117034): both curves within 1 %, e.g. FA2 329 TFLOP/s at 512, 458 at 4k, 477 at 16k.
+FLASH_TILE = 128
+FLASH_TILE_COST_TOKENS = 1.9 * FLASH_TILE
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -168,18 +175,29 @@ def _linears_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: Devic
     return fwd, bwd_in, bwd_w
 
 
+def flash_tile_efficiency(seq_len: int) -> float:
+    """A causal flash kernel's useful share of its tile work at this sequence length (n tiles of
+    FLASH_TILE): query tile i computes i + 1 key tiles, the diagonal one half masked, plus its
+    fixed cost c (FLASH_TILE_COST_TOKENS / FLASH_TILE), so n²/2 useful of n(n+1)/2 + n·c:
+    n / (n + 1 + 2c). 0.77 at 2k, 0.87 at 4k, 0.98 at 32k. Context parallelism keeps the ratio
+    (each rank's queries see as many keys on average as a whole-sequence kernel's)."""
+    return seq_len / (seq_len + FLASH_TILE + 2 * FLASH_TILE_COST_TOKENS)
+
+
 def _attention_core_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile,
                       cp_ring: bool) -> tuple[float, float]:
     """(forward, backward) of scores, softmax and weighted sum for local heads and queries
-    (context parallelism: against the keys before them; a ring merges partial outputs)."""
+    (context parallelism: against the keys before them; a ring merges partial outputs). On a GPU
+    the profile's attention efficiency is a long sequence's, times the tile efficiency at this
+    one (flash_tile_efficiency); a CPU's flash kernel is another algorithm, priced as fitted."""
     b, heads, d = plan.micro_batch_size, model.num_heads // plan.tp, model.head_dim
     s_q, s_k, a = train.seq_len // plan.cp, train.seq_len, train.compute_dtype.num_bytes
     flops = 4.0 * b * heads * s_q * s_k * d
     if train.attention_kernel is AttentionKernel.FLASH:
-        fwd = compute_bound_s(flops * CAUSAL_FRACTION, a * 4 * b * heads * s_q * d, dev, train,
-                              dev.efficiency.attention)
+        eff = dev.efficiency.attention * (flash_tile_efficiency(s_k) if dev.kind == "gpu" else 1.0)
+        fwd = compute_bound_s(flops * CAUSAL_FRACTION, a * 4 * b * heads * s_q * d, dev, train, eff)
         bwd = compute_bound_s(flops * CAUSAL_FRACTION * FLASH_BACKWARD_FACTOR, a * 8 * b * heads * s_q * d,
-                              dev, train, dev.efficiency.attention)
+                              dev, train, eff)
         merge = _ring_merge_s(plan, b * heads * s_q * d, dev) if cp_ring else 0.0
         return fwd + merge, bwd + 2 * merge
     scores = b * heads * s_q * s_k
