@@ -56,6 +56,10 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   fused kernels of Megatron-Core or Transformer Engine. Profiled on an H100 (2026-11-26, a 0.85B
   Llama-style model in bf16, `benchmarks/gpu_check.py`): such kernels took about a third of the
   step's device time, and the fused count had priced its GEMM-bound steps 17-24 % too fast.
+  IBM's fms-fsdp runs (`fms-fsdp`: FSDP1, `torch.compile` off) run the same kind of layer:
+  foundation-model-stack's Llama has its own RMSNorm module (`LayerNormParameterized`, op by op),
+  RoPE and the gated MLP as separate eager kernels; its RMSNorm costs more than the fused CUDA
+  kernel this count takes, so the trait undercounts it.
 - `deferred_w_keeps_graph`: what a zero-bubble schedule's deferred weight pass holds. Qi et al.
   keep only the projections' inputs; torch pipelining's `stage_backward_input` runs
   `autograd.grad(..., retain_graph=True)` and starts the weight pass later from graph nodes that
@@ -161,6 +165,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
     FrameworkTraits(name="megatron-deepspeed", **{**_DEEPSPEED, "loss_grad_in_place": True}),
     FrameworkTraits(name="deepspeed", **_DEEPSPEED),
     FrameworkTraits(name="composer-fsdp", sharded_grads_under_pp=True, **_FSDP),
+    FrameworkTraits(name="fms-fsdp", sharded_grads_under_pp=True, eager_layer=True, **_FSDP),
     FrameworkTraits(name="torchtitan", sharded_grads_under_pp=False, tp_keeps_gathered_input=True,
                     cp_all_gather_kv=True, float8_casts_fused=True, **_FSDP),
 )}

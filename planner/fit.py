@@ -31,14 +31,16 @@ from costmodel.specs import ModelSpec, TrainSpec
 # NDv5 results; sjeaugey in NVIDIA/nccl-tests#212), 0.96 across DGX A100 nodes (192 GB/s of
 # 8 x 25 GB/s, NVIDIA/nccl#812); a per-kernel cost between a bare launch (2 us) and an eager
 # PyTorch op with autograd (30 us); contention up to 0.3: NCCL runs up to 32 channels, one SM
-# each, 24 % of an H100's 132 SMs, 30 % of an A100's 108.
+# each, 24 % of an H100's 132 SMs, 30 % of an A100's 108. Vendor attention (cuDNN fused attention,
+# FlashAttention-3) on Hopper against FlashAttention-2: "1.5-2.0x faster" (Shah et al. 2024, arXiv
+# 2407.08608); Ampere has no such kernel beyond FlashAttention-2 (1.0, not fitted).
 BOUNDS: dict[str, dict[str, tuple[float, float]]] = {
     "A100": {"gemm": (0.45, 0.87), "attention": (0.2, 0.8), "memory": (0.4, 0.95),
              "kernel_overhead_s": (2e-6, 30e-6), "intra_node_comm": (0.4, 0.77), "inter_node_comm": (0.4, 0.96),
-             "comm_contention": (0.0, 0.3)},
+             "comm_contention": (0.0, 0.3), "vendor_attention_speedup": (1.0, 1.0)},
     "H100": {"gemm": (0.45, 0.80), "attention": (0.2, 0.8), "memory": (0.4, 0.95),
              "kernel_overhead_s": (2e-6, 30e-6), "intra_node_comm": (0.4, 0.82), "inter_node_comm": (0.4, 0.96),
-             "comm_contention": (0.0, 0.3)},
+             "comm_contention": (0.0, 0.3), "vendor_attention_speedup": (1.5, 2.0)},
 }
 PARAMS = tuple(BOUNDS["A100"])
 # chips without rows of their own are fitted with the bounds of the chip whose values they borrow
@@ -93,17 +95,18 @@ def current_values(cluster: ClusterSpec) -> dict[str, float]:
     dev = cluster.device
     eff = dev.efficiency
     return {"gemm": eff.gemm, "attention": eff.attention / _attention_factor(cluster), "memory": eff.memory,
-            "comm_contention": eff.comm_contention,
+            "comm_contention": eff.comm_contention, "vendor_attention_speedup": eff.vendor_attention_speedup,
             "kernel_overhead_s": eff.kernel_overhead_s, "intra_node_comm": dev.intra_node.efficiency,
             "inter_node_comm": dev.inter_node.efficiency}
 
 
 def with_values(cluster: ClusterSpec, values: dict[str, float]) -> ClusterSpec:
     dev = cluster.device
+    speedup = values["vendor_attention_speedup"]
     eff = dataclasses.replace(dev.efficiency, gemm=values["gemm"],
-                              attention=values["attention"] * _attention_factor(cluster),
+                              attention=values["attention"] * (speedup if cluster.framework.vendor_attention else 1.0),
                               memory=values["memory"], kernel_overhead_s=values["kernel_overhead_s"],
-                              comm_contention=values["comm_contention"])
+                              comm_contention=values["comm_contention"], vendor_attention_speedup=speedup)
     dev = dataclasses.replace(dev, efficiency=eff,
                               intra_node=dataclasses.replace(dev.intra_node, efficiency=values["intra_node_comm"]),
                               inter_node=dataclasses.replace(dev.inter_node, efficiency=values["inter_node_comm"]))
@@ -129,8 +132,13 @@ def fit(rows: list[FilledRow], *, max_evaluations: int = 400) -> dict[str, float
     from scipy.optimize import minimize
     bounds = BOUNDS[chip(rows[0].cluster)]
     start = current_values(rows[0].cluster)
-    # fused attention is identifiable only from rows that ran it
-    keys = [k for k in PARAMS if k != "attention" or any(r.train.attention_kernel == "flash" for r in rows)]
+    # fused attention is identifiable only from rows that ran it, a vendor kernel's speedup only
+    # from rows that called it, and only where the chip has such a kernel (bounds not one value)
+    flash = [r for r in rows if r.train.attention_kernel == "flash"]
+    identifiable = {"attention": bool(flash),
+                    "vendor_attention_speedup": bounds["vendor_attention_speedup"][0] < bounds["vendor_attention_speedup"][1]
+                    and any(r.cluster.framework.vendor_attention for r in flash)}
+    keys = [k for k in PARAMS if identifiable.get(k, True)]
     scale = {k: bounds[k][1] for k in keys}   # work in units of the upper bound
 
     def loss(x) -> float:

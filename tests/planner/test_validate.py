@@ -66,3 +66,17 @@ def test_unknown_framework_gets_generic_traits(tmp_path):
     path.write_text(HEADER + ",framework\n" + GOOD.rstrip("\n") + ",some-new-trainer\n")
     results, summary = validate(path)
     assert summary["n"] == 1 and results[0].error_pct is not None
+
+
+def test_fms_fsdp_runs_its_layer_op_by_op(tmp_path):
+    """IBM's fms-fsdp Llama (eager, no compile) is priced with the eager layer's memory-bound
+    kernels (costmodel.frameworks `eager_layer`): fewer tokens/s than the same run with generic
+    (fused) traits."""
+    from costmodel.frameworks import framework_traits
+    assert framework_traits("fms-fsdp").eager_layer and not framework_traits("other").eager_layer
+    row = "r,x,llama,32,4096,11008,32,32,32000,4096,A100-SXM4-80GB,8,8,1,1,8,,,1,3,none,2,16,bf16,tokens_per_sec_per_gpu,3700"
+    path = tmp_path / "runs.csv"
+    path.write_text(HEADER + ",framework\n" + row.replace("r,", "fms,", 1) + ",fms-fsdp\n"
+                    + row.replace("r,", "other,", 1) + ",other\n")
+    (fms, other), _ = validate(path)
+    assert fms.predicted < 0.98 * other.predicted
