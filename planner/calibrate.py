@@ -6,9 +6,11 @@ efficiency and latency factor (the software cost of a collective, e.g. DTensor's
 on CPU, scales its fixed part), and the overlap of data-parallel communication with compute.
 They are fitted by least squares on log(predicted / measured) step time over all runs
 (bounded Nelder-Mead, positive parameters on a log scale), predictions recomputed by
-`costmodel.estimate` with the candidate profile: no per-plan factors. With GPU runs
-(`torch.cuda.max_memory_allocated`), the reserved memory is set to the median of measured minus
-predicted tensor memory; CPU runs measure tensors only, so it is left alone.
+`costmodel.estimate` with the candidate profile: no per-plan factors. With GPU runs that record
+`torch.cuda.max_memory_reserved` beside `max_memory_allocated`, the allocator's fragmentation is
+set to the median of reserved over allocated minus one (what the caching allocator holds beyond
+its tensors). The fixed reserve (CUDA context, NCCL buffers) lies outside the allocator, no run
+record measures it, and it keeps the profile's sourced value; CPU runs measure tensors only.
 """
 from __future__ import annotations
 
@@ -153,13 +155,21 @@ def fit(runs: list[Run], base: DeviceProfile, names: tuple[str, ...] = PARAMS,
                         options={"xatol": 1e-3, "fatol": 1e-7, "maxiter": max_iter})
     params = unpack(best.x)
     device = with_params(base, params, dtype)
-    gpu = [r for r in runs if r.measured is not None and r.measured.memory_from_cuda]
-    if gpu:
-        gaps = [m - p for r in gpu for m, p in zip(r.measured.peak_memory_bytes,
-                                                   predict_with(r, device).peak_memory_bytes)]
-        reserved = max(0, int(device.efficiency.reserved_memory_bytes + statistics.median(gaps)))
-        device = replace(device, efficiency=replace(device.efficiency, reserved_memory_bytes=reserved))
+    if (fragmentation := measured_fragmentation(runs)) is not None:
+        device = replace(device, efficiency=replace(device.efficiency, allocator_fragmentation=fragmentation))
     return device, params
+
+
+def measured_fragmentation(runs: list[Run]) -> float | None:
+    """The caching allocator's reserved over allocated bytes, less one: the median over the GPU
+    runs' stages that record both peaks (None without any). Until 2026-11-26 calibrate set the
+    fixed reserve to measured allocated minus the prediction, which made it the tensors'
+    under-prediction (the context and NCCL's buffers dropped out of every budget)."""
+    ratios = [reserved / allocated - 1.0 for r in runs
+              if r.measured is not None and r.measured.memory_from_cuda and r.measured.peak_reserved_bytes
+              for allocated, reserved in zip(r.measured.peak_memory_bytes or [], r.measured.peak_reserved_bytes)
+              if allocated and reserved]
+    return max(0.0, statistics.median(ratios)) if ratios else None
 
 
 COMPUTE_PARAMS = ("compute", "memory", "kernel_overhead_s")
@@ -236,7 +246,7 @@ def calibrated_profile(base_path: Path, device: DeviceProfile, params: dict[str,
     table = doc["efficiency"]
     for key, value in (("gemm", eff.gemm), ("attention", eff.attention), ("memory", eff.memory),
                        ("kernel_overhead_s", eff.kernel_overhead_s), ("intra_node_comm", tier.efficiency),
-                       ("reserved_memory_bytes", eff.reserved_memory_bytes), ("overlap", eff.overlap)):
+                       ("allocator_fragmentation", eff.allocator_fragmentation), ("overlap", eff.overlap)):
         pf_io.set_value(table, key, value, mark)
     pf_io.set_value(table, "source", how, "")
     for dtype, e in device.dtype_efficiency:
