@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from enum import StrEnum
+from functools import lru_cache
 
 from costmodel.cluster import ClusterSpec, NetworkTier
 from costmodel.placement import AxisSpan
@@ -70,9 +71,11 @@ def _ring_transfer_s(kind: Collective, num_bytes: float, n: int, tier: NetworkTi
     return _passes(kind) * (n - 1) / n * num_bytes / tier.effective_bandwidth_bytes_per_s
 
 
+@lru_cache(maxsize=4096)
 def cross_node_latency_s(kind: Collective, m: int, k: int, intra: NetworkTier, inter: NetworkTier) -> float:
     """Latency of a collective over m ranks on each of k nodes (see the module docstring): the
-    ring's n-1 steps, k-1 of them across nodes; for an all-reduce the tree instead when faster."""
+    ring's n-1 steps, k-1 of them across nodes; for an all-reduce the tree instead when faster.
+    Cached: the search asks for the same few groups many times."""
     passes = _passes(kind)
     ring = passes * ((m * k - k) * intra.latency_s + (k - 1) * inter.latency_s)
     if kind is not Collective.ALL_REDUCE:
@@ -97,11 +100,11 @@ def collective_time_s(kind: Collective, num_bytes: float, span: AxisSpan,
         return ring_time_s(kind, num_bytes / k, m, intra) + ring_time_s(kind, num_bytes, k, inter)
     if num_bytes <= 0:
         return 0.0
-    inner = _ring_transfer_s(kind, num_bytes, m, intra)
     # e.g. all-reduce = reduce-scatter in node + all-reduce of the 1/m shard across nodes +
     # all-gather in node; the in-node ring all-reduce accounts for the first and last parts.
-    outer = _ring_transfer_s(kind, num_bytes / m, k, inter)
-    return inner + outer + cross_node_latency_s(kind, m, k, intra, inter)
+    per_byte = ((m - 1) / m / intra.effective_bandwidth_bytes_per_s
+                + (k - 1) / k / m / inter.effective_bandwidth_bytes_per_s)
+    return _passes(kind) * num_bytes * per_byte + cross_node_latency_s(kind, m, k, intra, inter)
 
 
 def host_copy_s(num_bytes: float, cluster: ClusterSpec) -> float:
