@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from costmodel.cluster import ClusterSpec, DeviceProfile
+from costmodel.compute import flash_tile_efficiency
 from costmodel.plan import PlanFile
 from costmodel.registry import llama_spec
 from costmodel.plan import Recompute
@@ -63,11 +64,26 @@ def probe_name(pf: PlanFile) -> str:
     return f"{pf.model.name} {pf.train.compute_dtype} {pf.plan.short()}"
 
 
+# GPU profiles written before 2026-11-26 23:45 hold the raw median ratio over the profiler's GPU
+# shapes (runtime.profiler.GPU_ATTENTION_SHAPES: 1k-8k tokens, the median between the 2k and 4k
+# ones), which already includes the flash kernel's tile efficiency the pricing now applies per
+# plan: divided by the tile efficiency at those two lengths, so it is not counted twice.
+LEGACY_GPU_ATTENTION_SEQ_LENS = (2048, 4096)
+
+
+def long_sequence_attention(ratio: float, device: DeviceProfile, measured: dict) -> float:
+    """A profile's measured causal SDPA / GEMM ratio as a long sequence's (see above)."""
+    if device.kind != "gpu" or measured.get("attention_long_sequence"):
+        return ratio
+    tiles = [flash_tile_efficiency(s) for s in LEGACY_GPU_ATTENTION_SEQ_LENS]
+    return ratio / (sum(tiles) / len(tiles))
+
+
 def unfitted(device: DeviceProfile, measured: dict) -> DeviceProfile:
     """A fitted profile back as the fit started from it (planner.profile_doc without probes):
     efficiencies 1, no per-kernel cost, fp32's measured attention ratio for every dtype, the
     microbenchmarks' collective latencies, START_OVERLAP. `measured`: the profile's [measured]."""
-    ratio = measured["attention_efficiency"]["fp32"]
+    ratio = long_sequence_attention(measured["attention_efficiency"]["fp32"], device, measured)
 
     def bare(e):
         return replace(e, gemm=1.0, memory=1.0, kernel_overhead_s=0.0, step_overhead_s=0.0, attention=ratio)

@@ -160,7 +160,11 @@ def _measured_rows(setup: Setup, micro: dict, memory, net: _Net, date: str, iden
         ("memory_bound", memory, "[bytes moved per call, bytes/s]" + (
             f"; the budget stopped before {micro['memory'].stopped_before:.3g} bytes per call, larger kernels "
             "are priced at the largest measured rate" if micro["memory"].stopped_before else "")),
-        ("attention_efficiency", dict(micro["attention"]), "causal SDPA rate / GEMM rate at equal FLOPs"),
+        ("attention_efficiency", dict(micro["attention"]), "causal SDPA rate / GEMM rate at equal FLOPs"
+         + (", each shape's over the flash tile efficiency at its length (a long sequence's)"
+            if micro.get("attention_long_sequence") else "")),
+        *([("attention_long_sequence", True, "GPU: see attention_efficiency (planner.probes.unfitted)")]
+          if micro.get("attention_long_sequence") else []),
         ("op_overhead_s", micro["overhead_s"], "a one-element add, the bare dispatch cost"),
         ("optimizer_s_per_param", micro["optimizer_s_per_param"],
          f"AdamW (foreach, fp32) over {'128M' if setup.device_type == 'cuda' else '4M'} parameters: "

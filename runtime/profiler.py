@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from costmodel.compute import interpolate
+from costmodel.compute import flash_tile_efficiency, interpolate
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 LAYER_HIDDEN = (64, 128, 256, 512, 1024)
@@ -249,16 +249,20 @@ GPU_ATTENTION_SHAPES = ((2, 16, 1024, 128), (1, 16, 2048, 128), (1, 16, 4096, 12
 def attention_efficiency(dtype: torch.dtype, device: torch.device, gemm: tuple[tuple[float, float], ...],
                          phase_s: float, point_s: float) -> float:
     """Causal SDPA rate over the GEMM rate at the same FLOPs (counting the half a causal kernel
-    computes), the median over the shapes the budget allows (the smallest always)."""
+    computes), the median over the shapes the budget allows (the smallest always). On a GPU each
+    shape's ratio is divided by the flash kernel's tile efficiency at its length
+    (costmodel.compute.flash_tile_efficiency), which the pricing applies per plan: the profile
+    holds a long sequence's ratio, as the datasheet profiles do."""
     start, ratios = time.perf_counter(), []
     for b, h, s, d in GPU_ATTENTION_SHAPES if device.type == "cuda" else ATTENTION_SHAPES:
+        tile = flash_tile_efficiency(s) if device.type == "cuda" else 1.0
         flops = 0.5 * 4.0 * b * h * s * s * d
-        expected = CALLS_PER_POINT * flops / (interpolate(gemm, flops) * min(ratios)) if ratios else 0.0
+        expected = CALLS_PER_POINT * flops / (interpolate(gemm, flops) * min(ratios) * tile) if ratios else 0.0
         if _agree(_over(expected, start, phase_s, point_s)):
             break
         q, k, v = (torch.randn(b, h, s, d, dtype=dtype, device=device) for _ in range(3))
         t = best_s(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), **_timed(device))
-        ratios.append(flops / t / interpolate(gemm, flops))
+        ratios.append(flops / t / interpolate(gemm, flops) / tile)
     return float(np.median(ratios))
 
 
@@ -335,7 +339,8 @@ def measure_rank(dtypes: list[str], device_type: str, threads: int, budget: Budg
     lead = dist.get_rank() == 0
     say = (lambda phase: (lambda frac, what: report(phase, frac, what))) if lead else \
         (lambda phase: (lambda frac, what: None))
-    out: dict = {"gemm": {}, "attention": {}}
+    # a GPU's attention ratios are a long sequence's (attention_efficiency)
+    out: dict = {"gemm": {}, "attention": {}, "attention_long_sequence": device.type == "cuda"}
     shapes, fp32, spent_s = gemm_shapes(device.type), (), 0.0
     for i, name in enumerate(dtypes):
         dist.barrier()

@@ -52,3 +52,19 @@ def test_a_fitted_per_step_cost_is_written_and_read_back(tmp_path):
     assert back.step_overhead_s == pytest.approx(dict(device.dtype_efficiency)["bf16"].step_overhead_s, rel=1e-5)
     assert back.step_overhead_s > 1e-3   # the H100's bf16 probes: 4.4 ms
 
+
+
+def test_a_gpu_profiles_attention_ratio_is_a_long_sequences_and_not_counted_twice():
+    """The profiler divides each GPU shape's SDPA / GEMM ratio by the flash tile efficiency at its
+    length and says so (`attention_long_sequence`); the H100 profile above predates that, so its
+    raw median (between the 2k and 4k shapes) is divided by their tile efficiency when read back.
+    CPU ratios are never divided (no tile model on a CPU)."""
+    from costmodel.compute import flash_tile_efficiency
+    device = load_profile(H100)
+    measured = tomllib.loads(H100.read_text())["measured"]
+    raw = measured["attention_efficiency"]["fp32"]
+    assert "attention_long_sequence" not in measured
+    legacy = (flash_tile_efficiency(2048) + flash_tile_efficiency(4096)) / 2
+    assert probes.unfitted(device, measured).efficiency.attention == pytest.approx(raw / legacy)
+    assert probes.long_sequence_attention(raw, device, {**measured, "attention_long_sequence": True}) == raw
+    assert probes.long_sequence_attention(raw, replace(device, kind="cpu"), measured) == raw
