@@ -7,11 +7,12 @@ nodes runs hierarchically: the intra-node part on NVLink at full size and the in
 the B/m shard each of the m local ranks owns, every rank using its own NIC (bandwidth per device
 per direction, as the profiles give it). Its latency is NCCL's own model (src/graph/tuning.cc,
 `ncclTopoTuneModel`): the ring runs through every rank, so an all-gather or reduce-scatter over
-n = m·k ranks on k nodes pays n-1 steps, k-1 of them across nodes at the network's step latency
-and the rest at NVLink's (twice that for an all-reduce). Over thousands of ranks that is
-milliseconds per collective, which is why NCCL runs an all-reduce across nodes as a tree when that
-is faster: 2·((m-1) NVLink steps + log2(k) network steps); both are priced and the faster taken
-(the tree at the ring's bandwidth, slightly optimistic: NCCL caps a tree's bus bandwidth lower).
+n ranks on k nodes pays n-1 steps, k-1 of them across nodes at the network's step latency and
+the rest at NVLink's (twice that for an all-reduce). Over thousands of ranks that is milliseconds
+per collective, which is why NCCL may run an all-reduce across nodes as a tree: 2·((m-1) NVLink
+steps + floor(log2 k) network steps) of latency, at 0.9 of the ring's bus bandwidth (NCCL's tree
+factor; its further cap of 80-110 GB/s per tree is not modelled). Both are priced and the faster
+taken, as NCCL's tuner does: the tree for small buffers, the ring for large ones.
 
 An all-to-all (expert parallelism's token dispatch) of a B-byte send buffer, B/n to each rank,
 moves (n-1)/n·B bytes per rank, pairwise in n-1 steps; across nodes each rank sends the
@@ -31,9 +32,7 @@ node's shared DRAM).
 """
 from __future__ import annotations
 
-import math
 from enum import StrEnum
-from functools import lru_cache
 
 from costmodel.cluster import ClusterSpec, NetworkTier
 from costmodel.placement import AxisSpan
@@ -71,17 +70,18 @@ def _ring_transfer_s(kind: Collective, num_bytes: float, n: int, tier: NetworkTi
     return _passes(kind) * (n - 1) / n * num_bytes / tier.effective_bandwidth_bytes_per_s
 
 
-@lru_cache(maxsize=4096)
-def cross_node_latency_s(kind: Collective, m: int, k: int, intra: NetworkTier, inter: NetworkTier) -> float:
-    """Latency of a collective over m ranks on each of k nodes (see the module docstring): the
-    ring's n-1 steps, k-1 of them across nodes; for an all-reduce the tree instead when faster.
-    Cached: the search asks for the same few groups many times."""
-    passes = _passes(kind)
-    ring = passes * ((m * k - k) * intra.latency_s + (k - 1) * inter.latency_s)
-    if kind is not Collective.ALL_REDUCE:
-        return ring
-    tree = 2 * ((m - 1) * intra.latency_s + math.ceil(math.log2(k)) * inter.latency_s)
-    return min(ring, tree)
+TREE_BANDWIDTH_FRACTION = 0.9   # NCCL tuning.cc: a tree's bus bandwidth is 0.9 of the ring's
+
+
+def cross_node_ring_latency_s(kind: Collective, n: int, k: int, intra: NetworkTier, inter: NetworkTier) -> float:
+    """A ring over n ranks on k nodes (see the module docstring): n-1 steps, k-1 across nodes."""
+    return _passes(kind) * ((n - k) * intra.latency_s + (k - 1) * inter.latency_s)
+
+
+def tree_latency_s(m: int, k: int, intra: NetworkTier, inter: NetworkTier) -> float:
+    """NCCL's tree all-reduce over m ranks on each of k nodes: up and down, each (m-1) NVLink
+    steps and floor(log2 k) network ones (NCCL's log2i)."""
+    return 2 * ((m - 1) * intra.latency_s + (k.bit_length() - 1) * inter.latency_s)
 
 
 def collective_time_s(kind: Collective, num_bytes: float, span: AxisSpan,
@@ -92,6 +92,8 @@ def collective_time_s(kind: Collective, num_bytes: float, span: AxisSpan,
         return host_stream_s(num_bytes / span.size, cluster)
     if kind in HOST_COPIES:
         return host_copy_s(num_bytes / span.size, cluster)
+    if kind is Collective.ALL_REDUCE:
+        return min(all_reduce_algorithms_s(num_bytes, span, cluster))
     intra, inter = cluster.device.intra_node, cluster.device.tier_for(span.num_nodes)
     if not span.crosses_nodes:
         return ring_time_s(kind, num_bytes, span.size, intra)
@@ -100,11 +102,33 @@ def collective_time_s(kind: Collective, num_bytes: float, span: AxisSpan,
         return ring_time_s(kind, num_bytes / k, m, intra) + ring_time_s(kind, num_bytes, k, inter)
     if num_bytes <= 0:
         return 0.0
-    # e.g. all-reduce = reduce-scatter in node + all-reduce of the 1/m shard across nodes +
-    # all-gather in node; the in-node ring all-reduce accounts for the first and last parts.
-    per_byte = ((m - 1) / m / intra.effective_bandwidth_bytes_per_s
-                + (k - 1) / k / m / inter.effective_bandwidth_bytes_per_s)
-    return _passes(kind) * num_bytes * per_byte + cross_node_latency_s(kind, m, k, intra, inter)
+    return _cross_node_transfer_s(kind, num_bytes, span, intra, inter) + \
+        cross_node_ring_latency_s(kind, span.size, k, intra, inter)
+
+
+def all_reduce_algorithms_s(num_bytes: float, span: AxisSpan, cluster: ClusterSpec) -> tuple[float, float]:
+    """(ring, tree) times of an all-reduce over `span`; NCCL runs the faster. Inside a node both
+    are the ring. Each is affine in the bytes, the pair is what placement dominance compares
+    (costmodel.rank_time.link_costs)."""
+    intra, inter = cluster.device.intra_node, cluster.device.tier_for(span.num_nodes)
+    if not span.crosses_nodes:
+        ring = ring_time_s(Collective.ALL_REDUCE, num_bytes, span.size, intra)
+        return ring, ring
+    if num_bytes <= 0:
+        return 0.0, 0.0
+    m, k = span.members_per_node, span.num_nodes
+    transfer = _cross_node_transfer_s(Collective.ALL_REDUCE, num_bytes, span, intra, inter)
+    return (transfer + cross_node_ring_latency_s(Collective.ALL_REDUCE, span.size, k, intra, inter),
+            transfer / TREE_BANDWIDTH_FRACTION + tree_latency_s(m, k, intra, inter))
+
+
+def _cross_node_transfer_s(kind: Collective, num_bytes: float, span: AxisSpan, intra: NetworkTier,
+                           inter: NetworkTier) -> float:
+    """The bandwidth part over nodes, hierarchically: e.g. all-reduce = reduce-scatter in node +
+    all-reduce of the 1/m shard across nodes + all-gather in node; the in-node ring all-reduce
+    accounts for the first and last parts."""
+    m, k = span.members_per_node, span.num_nodes
+    return _ring_transfer_s(kind, num_bytes, m, intra) + _ring_transfer_s(kind, num_bytes / m, k, inter)
 
 
 def host_copy_s(num_bytes: float, cluster: ClusterSpec) -> float:

@@ -6,7 +6,8 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from costmodel.cluster import ClusterSpec
-from costmodel.comm import HOST_COPIES, Collective, collective_time_s, host_copy_s, p2p_time_s, ring_time_s
+from costmodel.comm import (HOST_COPIES, Collective, all_reduce_algorithms_s, collective_time_s, host_copy_s,
+                            p2p_time_s, ring_time_s)
 from costmodel.compute import (KernelTimes, cross_entropy_s, expert_rows, host_optimizer_step_s, moe_tokens,
                                optimizer_step_s, step_host_s, embedding_kernel_times, head_kernel_times, layer_kernel_times)
 from costmodel.frameworks import FrameworkTraits
@@ -168,8 +169,10 @@ def link_costs(sp: Spans, cluster: ClusterSpec) -> tuple[float, ...]:
     for span in (sp.tp, sp.cp, sp.pp, sp.dp, sp.ep, sp.edp):
         # host copies depend on a group's size, not on where its ranks sit: the same for every
         # placement of the same degrees
-        for kind in (k for k in Collective if k not in HOST_COPIES):
+        for kind in (k for k in Collective if k not in HOST_COPIES and k is not Collective.ALL_REDUCE):
             affine(lambda b: collective_time_s(kind, b, span, cluster))  # noqa: B023
+        for algorithm in range(2):   # an all-reduce is the faster of ring and tree: both compared
+            affine(lambda b: all_reduce_algorithms_s(b, span, cluster)[algorithm])  # noqa: B023
     for tier in (cluster.pipeline_tier(sp.pp.num_nodes), cluster.device.tier_for(sp.cp.num_nodes)):
         affine(lambda b: p2p_time_s(b, tier))  # noqa: B023
     affine(lambda b: stage_pair_all_reduce_s(b, sp, cluster))
