@@ -179,8 +179,9 @@ def flash_tile_efficiency(seq_len: int) -> float:
     """A causal flash kernel's useful share of its tile work at this sequence length (n tiles of
     FLASH_TILE): query tile i computes i + 1 key tiles, the diagonal one half masked, plus its
     fixed cost c (FLASH_TILE_COST_TOKENS / FLASH_TILE), so n²/2 useful of n(n+1)/2 + n·c:
-    n / (n + 1 + 2c). 0.77 at 2k, 0.87 at 4k, 0.98 at 32k. Context parallelism keeps the ratio
-    (each rank's queries see as many keys on average as a whole-sequence kernel's)."""
+    n / (n + 1 + 2c). 0.77 at 2k, 0.87 at 4k, 0.98 at 32k. Context parallelism that gathers the
+    keys keeps the whole sequence's (each rank's queries see as many keys on average); a ring
+    runs one kernel per hop over s/cp keys, each paying the tile cost: s/cp's."""
     return seq_len / (seq_len + FLASH_TILE + 2 * FLASH_TILE_COST_TOKENS)
 
 
@@ -194,7 +195,8 @@ def _attention_core_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev
     s_q, s_k, a = train.seq_len // plan.cp, train.seq_len, train.compute_dtype.num_bytes
     flops = 4.0 * b * heads * s_q * s_k * d
     if train.attention_kernel is AttentionKernel.FLASH:
-        eff = dev.efficiency.attention * (flash_tile_efficiency(s_k) if dev.kind == "gpu" else 1.0)
+        tiled = s_k // plan.cp if cp_ring else s_k
+        eff = dev.efficiency.attention * (flash_tile_efficiency(tiled) if dev.kind == "gpu" else 1.0)
         fwd = compute_bound_s(flops * CAUSAL_FRACTION, a * 4 * b * heads * s_q * d, dev, train, eff)
         bwd = compute_bound_s(flops * CAUSAL_FRACTION * FLASH_BACKWARD_FACTOR, a * 8 * b * heads * s_q * d,
                               dev, train, eff)
