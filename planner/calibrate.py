@@ -154,10 +154,7 @@ def fit(runs: list[Run], base: DeviceProfile, names: tuple[str, ...] = PARAMS,
         best = minimize(loss, x0 if best is None else best.x, method="Nelder-Mead", bounds=bounds,
                         options={"xatol": 1e-3, "fatol": 1e-7, "maxiter": max_iter})
     params = unpack(best.x)
-    device = with_params(base, params, dtype)
-    if (fragmentation := measured_fragmentation(runs)) is not None:
-        device = replace(device, efficiency=replace(device.efficiency, allocator_fragmentation=fragmentation))
-    return device, params
+    return with_params(base, params, dtype), params
 
 
 def measured_fragmentation(runs: list[Run]) -> float | None:
@@ -211,6 +208,8 @@ def fit_by_dtype(runs: list[Run], base: DeviceProfile, rounds: int = 2, max_iter
             device, _ = fit(mine, device, names, max_iter, dtype=d, prior_weight=prior_weight, bounds=bounds)
         if multi:
             device, _ = fit(multi, device, COMM_PARAMS, max_iter, prior_weight=prior_weight)
+    if (fragmentation := measured_fragmentation(runs)) is not None:
+        device = replace(device, efficiency=replace(device.efficiency, allocator_fragmentation=fragmentation))
     return device, _factors(base, device, dtypes)
 
 
@@ -244,9 +243,11 @@ def calibrated_profile(base_path: Path, device: DeviceProfile, params: dict[str,
     pf_io.set_value(doc["device"], "name", device.name, "")
     pf_io.set_value(doc["device"], "aliases", [], "")
     table = doc["efficiency"]
+    measured_memory = measured_fragmentation(runs) is not None   # else the profile's sourced value stays
     for key, value in (("gemm", eff.gemm), ("attention", eff.attention), ("memory", eff.memory),
                        ("kernel_overhead_s", eff.kernel_overhead_s), ("intra_node_comm", tier.efficiency),
-                       ("allocator_fragmentation", eff.allocator_fragmentation), ("overlap", eff.overlap)):
+                       *([("allocator_fragmentation", eff.allocator_fragmentation)] if measured_memory else []),
+                       ("overlap", eff.overlap)):
         pf_io.set_value(table, key, value, mark)
     pf_io.set_value(table, "source", how, "")
     for dtype, e in device.dtype_efficiency:

@@ -164,7 +164,7 @@ def test_gpu_runs_fit_the_allocators_fragmentation_and_keep_the_fixed_reserve(tm
     the allocator's fragmentation from their ratio (1.15 -> 0.15) and leaves the context-and-NCCL
     reserve, which no allocator statistic sees, at the profile's value (it used to become the
     tensors' under-prediction, here about -2 GiB: nothing)."""
-    from planner.calibrate import fit, load_run
+    from planner.calibrate import fit_by_dtype, load_run
     model, cluster = resolve_model("debug-small"), parse_cluster("1x1xA100")
     train = TrainSpec(seq_len=128, global_batch_size=4)
     plan = build_plan(model, train, cluster, Choice())
@@ -176,6 +176,6 @@ def test_gpu_runs_fit_the_allocators_fragmentation_and_keep_the_fixed_reserve(tm
            "device": "NVIDIA A100-SXM4-80GB"}
     pf.save(tmp_path / "plan.json")
     measured_record(pf, raw, steps=1, warmup=0, wall_s=1.0).save(tmp_path / "measured.json")
-    device, _ = fit([load_run(tmp_path)], cluster.device, names=("compute",), max_iter=50)
+    device, _ = fit_by_dtype([load_run(tmp_path)], cluster.device, rounds=1, max_iter=50)
     assert device.efficiency.allocator_fragmentation == pytest.approx(0.15)
     assert device.efficiency.reserved_memory_bytes == cluster.device.efficiency.reserved_memory_bytes
