@@ -182,11 +182,17 @@ def traits_on(traits: FrameworkTraits, device_kind: str) -> FrameworkTraits:
     return traits if traits.cpu_kernels == cpu else replace(traits, cpu_kernels=cpu)
 
 
+def attention_speedup(traits: FrameworkTraits, vendor_speedup: float) -> float:
+    """What a framework's attention gains over FlashAttention-2: the device's vendor speedup
+    where it calls the vendor's kernel (`vendor_attention`), else nothing."""
+    return vendor_speedup if traits.vendor_attention else 1.0
+
+
 def device_as_run_by(device: "DeviceProfile", traits: FrameworkTraits) -> "DeviceProfile":
     """The device as a framework's kernels use it: its vendor attention where the framework
     calls it (the only device-side trait so far)."""
-    speedup = device.efficiency.vendor_attention_speedup
-    if not traits.vendor_attention or speedup == 1.0:
+    speedup = attention_speedup(traits, device.efficiency.vendor_attention_speedup)
+    if speedup == 1.0:
         return device
     eff = replace(device.efficiency, attention=device.efficiency.attention * speedup)
     return replace(device, efficiency=eff)

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from costmodel.cluster import ClusterSpec
 from costmodel.estimate import estimate
+from costmodel.frameworks import attention_speedup
 from costmodel.plan import Plan
 from costmodel.specs import ModelSpec, TrainSpec
 
@@ -87,8 +88,7 @@ def source_group(source: str) -> str:
 
 def _attention_factor(cluster: ClusterSpec) -> float:
     """The framework's attention kernels against the profile's FlashAttention-2 figure."""
-    eff = cluster.device.efficiency
-    return eff.vendor_attention_speedup if cluster.framework.vendor_attention else 1.0
+    return attention_speedup(cluster.framework, cluster.device.efficiency.vendor_attention_speedup)
 
 
 def current_values(cluster: ClusterSpec) -> dict[str, float]:
@@ -104,7 +104,7 @@ def with_values(cluster: ClusterSpec, values: dict[str, float]) -> ClusterSpec:
     dev = cluster.device
     speedup = values["vendor_attention_speedup"]
     eff = dataclasses.replace(dev.efficiency, gemm=values["gemm"],
-                              attention=values["attention"] * (speedup if cluster.framework.vendor_attention else 1.0),
+                              attention=values["attention"] * attention_speedup(cluster.framework, speedup),
                               memory=values["memory"], kernel_overhead_s=values["kernel_overhead_s"],
                               comm_contention=values["comm_contention"], vendor_attention_speedup=speedup)
     dev = dataclasses.replace(dev, efficiency=eff,
