@@ -100,10 +100,7 @@ def collective_time_s(kind: Collective, num_bytes: float, span: AxisSpan,
     m, k = span.members_per_node, span.num_nodes
     if kind is Collective.ALL_TO_ALL:   # 1/k of the buffer stays in the node, (k-1)/k leaves it
         return ring_time_s(kind, num_bytes / k, m, intra) + ring_time_s(kind, num_bytes, k, inter)
-    if num_bytes <= 0:
-        return 0.0
-    return _cross_node_transfer_s(kind, num_bytes, span, intra, inter) + \
-        cross_node_ring_latency_s(kind, span.size, k, intra, inter)
+    return _cross_node_ring_s(kind, num_bytes, span, intra, inter)
 
 
 def all_reduce_algorithms_s(num_bytes: float, span: AxisSpan, cluster: ClusterSpec) -> tuple[float, float]:
@@ -116,10 +113,18 @@ def all_reduce_algorithms_s(num_bytes: float, span: AxisSpan, cluster: ClusterSp
         return ring, ring
     if num_bytes <= 0:
         return 0.0, 0.0
-    m, k = span.members_per_node, span.num_nodes
     transfer = _cross_node_transfer_s(Collective.ALL_REDUCE, num_bytes, span, intra, inter)
-    return (transfer + cross_node_ring_latency_s(Collective.ALL_REDUCE, span.size, k, intra, inter),
-            transfer / TREE_BANDWIDTH_FRACTION + tree_latency_s(m, k, intra, inter))
+    return (_cross_node_ring_s(Collective.ALL_REDUCE, num_bytes, span, intra, inter),
+            transfer / TREE_BANDWIDTH_FRACTION + tree_latency_s(span.members_per_node, span.num_nodes, intra, inter))
+
+
+def _cross_node_ring_s(kind: Collective, num_bytes: float, span: AxisSpan, intra: NetworkTier,
+                       inter: NetworkTier) -> float:
+    """A ring collective over nodes: the hierarchical transfer and the flat ring's latency."""
+    if num_bytes <= 0:
+        return 0.0
+    return (_cross_node_transfer_s(kind, num_bytes, span, intra, inter)
+            + cross_node_ring_latency_s(kind, span.size, span.num_nodes, intra, inter))
 
 
 def _cross_node_transfer_s(kind: Collective, num_bytes: float, span: AxisSpan, intra: NetworkTier,

@@ -163,7 +163,7 @@ def _measured_rows(setup: Setup, micro: dict, memory, net: _Net, date: str, iden
         ("attention_efficiency", dict(micro["attention"]), "causal SDPA rate / GEMM rate at equal FLOPs"
          + (", each shape's over the flash tile efficiency at its length (a long sequence's)"
             if micro.get("attention_long_sequence") else "")),
-        *([("attention_long_sequence", True, "GPU: see attention_efficiency (planner.probes.unfitted)")]
+        *([("attention_long_sequence", True, "GPU: see attention_efficiency; older GPU profiles lack it (planner.probes.long_sequence_attention)")]
           if micro.get("attention_long_sequence") else []),
         ("op_overhead_s", micro["overhead_s"], "a one-element add, the bare dispatch cost"),
         ("optimizer_s_per_param", micro["optimizer_s_per_param"],
