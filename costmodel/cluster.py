@@ -68,6 +68,15 @@ class Efficiency:
     # runtime's barrier, the loss's reduction, the batch, zero_grad): fitted by a measured
     # profile's probes, whose small steps show it (planner.probes.compute_params); 0 in datasheets
     step_overhead_s: float = 0.0
+    # what recomputing a layer costs, as a share of its priced forward: 1 where a recomputed
+    # forward runs the forward's kernels again (a GPU; Korthikanti et al. 2022 price full
+    # recomputation as one more forward). On a CPU it costs less: a layer recomputed inside the
+    # backward pass leaves its activations in cache for the backward that reads them at once,
+    # where a training forward writes fresh pages the backward reads back from DRAM (0.6-0.75 in
+    # `planner run` on a 2-core EPYC, 2026-11-27). `calibrate` fits it from runs that recompute;
+    # `planner profile` does not measure it: within its budget the same measurement read 0.5 to
+    # 1.1 on that machine (README, "Recomputation's cost").
+    recompute_cost: float = 1.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -90,7 +99,7 @@ class HostSpec:
 
 # What a profile's [efficiency.<dtype>] table sets (the rest is the device's).
 DTYPE_FIELDS = ("gemm", "attention", "memory", "kernel_overhead_s")
-OPTIONAL_DTYPE_FIELDS = ("step_overhead_s",)
+OPTIONAL_DTYPE_FIELDS = ("step_overhead_s", "recompute_cost")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -359,7 +368,7 @@ PROFILE_KEYS = {
     "network": {"scope", "name", "bandwidth_bytes_per_s", "latency_s", "p2p_latency_s", "max_nodes", "efficiency"},
     "efficiency": {"gemm", "attention", "memory", "kernel_overhead_s", "intra_node_comm", "inter_node_comm",
                    "reserved_memory_bytes", "source", "overlap", "allocator_fragmentation", "comm_contention",
-                   "vendor_attention_speedup", "step_overhead_s"},
+                   "vendor_attention_speedup", "step_overhead_s", "recompute_cost"},
 }
 
 
@@ -433,7 +442,7 @@ def profile_problems(dev: DeviceProfile) -> list[str]:  # noqa: C901 - one check
         if tier.p2p_latency_s is not None:
             need(f"network {tier.name} p2p_latency_s", tier.p2p_latency_s, tier.p2p_latency_s >= 0)
     for label, eff in (("efficiency", dev.efficiency), *((f"efficiency.{d}", e) for d, e in dev.dtype_efficiency)):
-        for name in ("gemm", "attention", "memory", "vendor_attention_speedup"):
+        for name in ("gemm", "attention", "memory", "vendor_attention_speedup", "recompute_cost"):
             need(f"{label}.{name}", getattr(eff, name), getattr(eff, name) > 0)
         for name in ("kernel_overhead_s", "reserved_memory_bytes", "allocator_fragmentation", "comm_contention",
                      "step_overhead_s"):
@@ -461,7 +470,8 @@ def _profile_from(path: Path, raw: dict[str, Any]) -> DeviceProfile:
                             allocator_fragmentation=float(eff.get("allocator_fragmentation", 0.0)),
                             comm_contention=float(eff.get("comm_contention", 0.0)),
                             vendor_attention_speedup=float(eff.get("vendor_attention_speedup", 1.0)),
-                            step_overhead_s=float(eff.get("step_overhead_s", 0.0)))
+                            step_overhead_s=float(eff.get("step_overhead_s", 0.0)),
+                            recompute_cost=float(eff.get("recompute_cost", 1.0)))
     return DeviceProfile(
         name=dev["name"], aliases=tuple(dev.get("aliases", ())),
         peak_flops=tuple((k, float(v)) for k, v in dev["peak_flops_per_s"].items()),

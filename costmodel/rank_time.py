@@ -270,10 +270,12 @@ def rank_time_model(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Clu
                        cp=cp_fwd + cp_bwd, ep=2 * ep)
     if plan.offload_activations:
         per_layer = replace(per_layer, offload_s=_activation_offload_s(model, train, plan, cluster))
+    # the device's measured cost of a recomputed forward against a training one (Efficiency.recompute_cost)
+    again = dev.for_dtype(train.compute_dtype).efficiency.recompute_cost
     if plan.recompute is Recompute.FULL:
-        per_rc = _times(rc=layer.forward_s, tp=tp, cp=cp_fwd, ep=ep)
+        per_rc = _times(rc=again * layer.forward_s, tp=tp, cp=cp_fwd, ep=ep)
     elif plan.recompute is Recompute.SELECTIVE:
-        per_rc = _times(rc=layer.attention_forward_s)
+        per_rc = _times(rc=again * layer.attention_forward_s)
     else:
         per_rc = ZERO_TIMES
     edge_tp = _edge_tp_comm_s(train, plan, cluster, model, sp.tp)

@@ -26,7 +26,7 @@ from scipy.optimize import minimize
 from costmodel.cluster import DTYPE_FIELDS, DeviceProfile
 from costmodel.estimate import Estimate, estimate
 from costmodel.measured import MeasuredRun
-from costmodel.plan import PlanFile
+from costmodel.plan import PlanFile, Recompute
 
 PARAMS = ("compute", "memory", "kernel_overhead_s", "intra_node_comm", "comm_latency", "overlap")
 
@@ -65,7 +65,8 @@ IDENTITY = {"compute": 1.0, "memory": 1.0, "intra_node_comm": 1.0, "comm_latency
 def _scaled(eff, x: dict[str, float]):
     out = replace(eff, gemm=eff.gemm * x["compute"], attention=eff.attention * x["compute"],
                   memory=eff.memory * x["memory"])
-    absolute = {k: x[k] for k in ("kernel_overhead_s", "step_overhead_s") if k in x}   # seconds, not factors
+    # seconds, and recomputation's share of a forward: values, not factors
+    absolute = {k: x[k] for k in ("kernel_overhead_s", "step_overhead_s", "recompute_cost") if k in x}
     return replace(out, **absolute)
 
 
@@ -99,7 +100,7 @@ def summary(runs: list[Run], device: DeviceProfile) -> dict[str, float]:
 # Physical ranges (factors on the measured or datasheet values, except the overhead in seconds
 # and the overlap fraction): the fit stays where the parameters still mean what they say.
 BOUNDS = {"compute": (0.05, 2.0), "memory": (0.05, 2.0), "kernel_overhead_s": (1e-8, 1e-3),
-          "step_overhead_s": (1e-6, 0.05),
+          "step_overhead_s": (1e-6, 0.05), "recompute_cost": (0.3, 1.5),
           "intra_node_comm": (0.01, 2.0), "comm_latency": (0.5, 100.0), "overlap": (0.0, 1.0)}
 
 
@@ -119,7 +120,8 @@ def fit(runs: list[Run], base: DeviceProfile, names: tuple[str, ...] = PARAMS,
     start = {"compute": 1.0, "memory": 1.0, "intra_node_comm": 1.0, "comm_latency": 1.0,
              "overlap": min(max(base.efficiency.overlap, 0.05), 0.95),
              "kernel_overhead_s": min(max(own.kernel_overhead_s, 1e-6), 1e-3),
-             "step_overhead_s": min(max(own.step_overhead_s, 1e-4), 0.05)}
+             "step_overhead_s": min(max(own.step_overhead_s, 1e-4), 0.05),
+             "recompute_cost": min(max(own.recompute_cost, 0.3), 1.5)}
     to_z = lambda k, v: v if k in linear else math.log(v)  # noqa: E731
     limits = {**BOUNDS, **(bounds or {})}
     # a link is never faster than its own microbenchmark (efficiency <= 1, as the profile reader
@@ -170,6 +172,10 @@ def measured_fragmentation(runs: list[Run]) -> float | None:
 
 
 COMPUTE_PARAMS = ("compute", "memory", "kernel_overhead_s")
+# fitted on the runs that recompute, one for every dtype (Efficiency.recompute_cost): the cache
+# effect behind it is the memory system's, and a dtype's own runs rarely hold a recomputing one
+# beside the rest (without one they say nothing of it)
+RECOMPUTE_PARAM = "recompute_cost"
 COMM_PARAMS = ("intra_node_comm", "comm_latency", "overlap")
 
 
@@ -184,13 +190,15 @@ PRIOR_WEIGHT = 0.3
 def fit_by_dtype(runs: list[Run], base: DeviceProfile, rounds: int = 2, max_iter: int = 800,
                  prior_weight: float = PRIOR_WEIGHT, bounds: dict[str, tuple[float, float]] | None = None,
                  compute_on_one_rank: bool = False,
-                 compute_params: tuple[str, ...] = COMPUTE_PARAMS) -> tuple[DeviceProfile, dict[str, float]]:
+                 compute_params: tuple[str, ...] = COMPUTE_PARAMS,
+                 fit_recompute: bool = True) -> tuple[DeviceProfile, dict[str, float]]:
     """Compute factors per compute dtype (on a CPU, bf16 runs other kernels with other per-kernel
     costs than fp32), alternating with the shared communication factors on the multi-rank runs:
     small, well-posed fits instead of one of 3 x dtypes + 3 parameters. A dtype with fewer runs
     than compute parameters gets its rate factor only. `compute_on_one_rank`: the compute factors
     from the one-rank runs alone (the profiler's probes, where one rank runs alone on the node);
     `compute_params`: which of them are fitted (the others stay as `base` has them).
+    `fit_recompute`: the cost of recomputation too, one for all dtypes, on the runs that recompute.
     Returns the device and the overall factors against `base` (per dtype as NAME@DTYPE)."""
     if not runs:
         raise ValueError("no runs to calibrate on")
@@ -206,6 +214,8 @@ def fit_by_dtype(runs: list[Run], base: DeviceProfile, rounds: int = 2, max_iter
                 continue
             names = compute_params if len(mine) >= len(compute_params) else compute_params[:1]
             device, _ = fit(mine, device, names, max_iter, dtype=d, prior_weight=prior_weight, bounds=bounds)
+        if again := [r for r in runs if fit_recompute and r.pf.plan.recompute is not Recompute.NONE]:
+            device, _ = fit(again, device, (RECOMPUTE_PARAM,), max_iter, prior_weight=prior_weight)
         if multi:
             device, _ = fit(multi, device, COMM_PARAMS, max_iter, prior_weight=prior_weight)
     if (fragmentation := measured_fragmentation(runs)) is not None:
@@ -222,6 +232,8 @@ def _factors(base: DeviceProfile, device: DeviceProfile, dtypes: list[str]) -> d
         if e.step_overhead_s:
             out[f"step_overhead_s@{d}"] = e.step_overhead_s
     bt, t = base.intra_node, device.intra_node
+    if device.efficiency.recompute_cost != base.efficiency.recompute_cost:
+        out[RECOMPUTE_PARAM] = device.efficiency.recompute_cost
     return out | {"intra_node_comm": t.efficiency / bt.efficiency, "comm_latency": t.latency_s / bt.latency_s,
                   "overlap": device.efficiency.overlap}
 
@@ -247,6 +259,7 @@ def calibrated_profile(base_path: Path, device: DeviceProfile, params: dict[str,
     for key, value in (("gemm", eff.gemm), ("attention", eff.attention), ("memory", eff.memory),
                        ("kernel_overhead_s", eff.kernel_overhead_s), ("intra_node_comm", tier.efficiency),
                        *([("allocator_fragmentation", eff.allocator_fragmentation)] if measured_memory else []),
+                       *([(RECOMPUTE_PARAM, eff.recompute_cost)] if RECOMPUTE_PARAM in params else []),
                        ("overlap", eff.overlap)):
         pf_io.set_value(table, key, value, mark)
     pf_io.set_value(table, "source", how, "")
@@ -255,6 +268,8 @@ def calibrated_profile(base_path: Path, device: DeviceProfile, params: dict[str,
             table.add(dtype, pf_io.table([], comment=mark))
         for key in DTYPE_FIELDS:
             pf_io.set_value(table[dtype], key, getattr(e, key), mark)
+        if RECOMPUTE_PARAM in params and RECOMPUTE_PARAM in table[dtype]:   # a dtype's own overrides the device's
+            pf_io.set_value(table[dtype], RECOMPUTE_PARAM, e.recompute_cost, mark)
     node = next(t for t in doc["network"] if t["scope"] == "node")
     for key, value in (("latency_s", tier.latency_s), ("p2p_latency_s", tier.p2p_latency_s)):
         if value is not None and key in node:
