@@ -82,3 +82,26 @@ def test_a_profile_carries_the_cost_per_dtype_and_refuses_a_non_positive_one():
     assert dev.efficiency.recompute_cost == 1.0
     with pytest.raises(ValueError, match=r"p.toml.*efficiency.bf16.recompute_cost"):
         parse_profile(with_table.replace("recompute_cost = 0.7", "recompute_cost = 0.0"), Path("p.toml"))
+
+
+def test_the_calibrated_profile_keeps_the_fitted_cost(tmp_path, capsys):
+    """`planner calibrate` writes the fitted cost into the new profile, which prices with it."""
+    from costmodel.cluster import load_profile
+    from planner.cli import main
+    from runtime.measure import measured_record
+    base = parse_cluster("1x2xxeon-amx").device
+    truth = with_params(base, {"recompute_cost": 0.6})
+    dirs = []
+    for i, run in enumerate(_runs(truth, DType.FP32, recomputes=True)):
+        raw = {"losses": [1.0], "step_times_s": [run.measured_step_s], "peak_memory_bytes": None,
+               "memory_source": "tensors", "device": "cpu"}
+        run.pf.save(tmp_path / f"r{i}" / "plan.json")
+        measured_record(run.pf, raw, steps=1, warmup=0, wall_s=1.0).save(tmp_path / f"r{i}" / "measured.json")
+        dirs.append(str(tmp_path / f"r{i}"))
+    out = tmp_path / "cal.toml"
+    assert main(["calibrate", *dirs, "--profile", str(PROFILE), "--out", str(out)]) == 0
+    assert "recompute_cost" in capsys.readouterr().out
+    cost = load_profile(out).for_dtype(DType.FP32).efficiency.recompute_cost
+    # one recomputing run of six moves it part of the way: the prior (PRIOR_WEIGHT) holds it
+    # towards the profile's 1, as it holds every factor
+    assert 0.55 < cost < 0.95
