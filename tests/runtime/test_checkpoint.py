@@ -219,13 +219,13 @@ def dp_run(tmp_path_factory):
 
 # "hang" restarts the same way once the watchdog ends the hung rank; its detection and naming
 # are test_run_cli's (a second restart run here cost CI 21 s)
-@pytest.mark.parametrize("fault", ["kill"])
-def test_a_failed_rank_restarts_and_the_run_ends_as_an_uninterrupted_one(dp_run, fault):
+def test_a_failed_rank_restarts_and_the_run_ends_as_an_uninterrupted_one(dp_run):
     """rank 1 SIGKILLs itself before step 3 of 4 on the first attempt;
     it is named within 30 s, and with --max-restarts 1 torchrun restarts the ranks, which resume
     after step 2 and finish with the uninterrupted run's losses."""
     import time
     run, losses, tmp = dp_run
+    fault = "kill"
     inject = ["--inject-fault", f"1:2:{fault}", "--hang-timeout", "5"]   # detection alone: test_run_cli
     start = time.perf_counter()
     restarted = run(f"restarted-{fault}", *inject, "--max-restarts", "1",
