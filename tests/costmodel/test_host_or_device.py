@@ -10,6 +10,7 @@ from costmodel.cluster import parse_cluster
 from costmodel.compute import eager_elementwise_traffic, layer_kernel_times
 from costmodel.registry import resolve_model
 from costmodel.specs import DType, TrainSpec
+from planner.calibrate import with_params
 from planner.space import Choice, build_plan
 
 MODEL = resolve_model("llama3-8b")
@@ -18,8 +19,7 @@ CLUSTER = parse_cluster("1x8xH100")
 
 
 def _with_overhead(dev, seconds: float):
-    return replace(dev, efficiency=replace(dev.efficiency, kernel_overhead_s=seconds),
-                   dtype_efficiency=tuple((d, replace(e, kernel_overhead_s=seconds)) for d, e in dev.dtype_efficiency))
+    return with_params(dev, {"kernel_overhead_s": seconds})   # on every dtype's efficiency
 
 
 @pytest.mark.parametrize("overhead_s", [1e-7, 2e-6, 5e-4])
