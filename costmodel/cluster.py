@@ -382,8 +382,8 @@ def _check_keys(path: Path, raw: dict[str, Any]) -> None:
         if extra:
             where = f"[{name}]" if name else "the top level"
             raise ValueError(f"{path}: unknown key(s) {', '.join(extra)} in {where}")
+    allowed = set(DTYPE_FIELDS) | set(OPTIONAL_DTYPE_FIELDS)
     for dtype, table in raw.get("efficiency", {}).items():
-        allowed = set(DTYPE_FIELDS) | set(OPTIONAL_DTYPE_FIELDS)
         if isinstance(table, dict) and set(table) - allowed:
             raise ValueError(f"{path}: unknown key(s) {', '.join(sorted(set(table) - allowed))} "
                              f"in [efficiency.{dtype}]")

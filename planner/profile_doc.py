@@ -167,7 +167,7 @@ def _measured_rows(setup: Setup, micro: dict, memory, net: _Net, date: str, iden
           if micro.get("attention_long_sequence") else []),
         ("op_overhead_s", micro["overhead_s"], "a one-element add, the bare dispatch cost"),
         ("optimizer_s_per_param", micro["optimizer_s_per_param"],
-         f"AdamW (foreach, fp32) over {'128M' if setup.device_type == 'cuda' else '4M'} parameters: "
+         f"AdamW (foreach, fp32) over {_optimizer_params(setup.device_type) >> 20}M parameters: "
          "costmodel.compute.optimizer_step_s prices the step with it"),
         ("collective_alpha_s", net.alpha_s, "the microbenchmark fit, before the probes"),
         ("collective_p2p_latency_s", net.p2p_s, None)]
@@ -192,6 +192,12 @@ def _probes(probed):
                       f"alone, {after['mape_pct']:.1f}% fitted (max {after['max_abs_error_pct']:.1f}%)")
     out.add("steps", steps)
     return out
+
+
+def _optimizer_params(device_type: str) -> int:
+    """How many parameters the profiler's AdamW step is timed over (runtime.profiler)."""
+    from runtime import profiler as prof
+    return prof.GPU_OPTIMIZER_PARAMS if device_type == "cuda" else prof.OPTIMIZER_PARAMS
 
 
 def _monotone_by_size(points) -> list[tuple[float, float]]:
