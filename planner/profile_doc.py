@@ -22,6 +22,7 @@ class Setup:
     device_type: str
     threads: int
     command: str
+    budget_s: float | None = None   # --budget-s: the total, instead of the mode's
 
 
 def measured_profile(setup: Setup, micro: dict, probed=None, elapsed_s: float = 0.0):

@@ -4,6 +4,7 @@ under a time budget, shows progress with an ETA and writes the TOML)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import tempfile
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from costmodel import machine
 from planner import outputs, profile_file
-from planner.args import add_overwrite_arg, positive_int, refuse_ignored
+from planner.args import add_overwrite_arg, positive_float, positive_int, refuse_ignored
 from planner.profile_doc import Setup, measured_profile
 
 EPILOG = """examples:
@@ -41,6 +42,9 @@ def add_profile_args(p: argparse.ArgumentParser) -> None:
     speed = p.add_mutually_exclusive_group()
     speed.add_argument("--quick", action="store_true", help="a shorter budget (30 s on a CPU, 45 s on a GPU)")
     speed.add_argument("--thorough", action="store_true", help="a few minutes (240 s on a CPU): larger sizes")
+    p.add_argument("--budget-s", type=positive_float, default=None,
+                   help=f"the total time the profile may take, instead of the mode's (default 45 s on a CPU, "
+                        f"90 s on a GPU); at least {MIN_BUDGET_S:.0f} s: the fit alone keeps {FIT_RESERVE_S:.0f}")
     add_overwrite_arg(p)
 
 
@@ -94,11 +98,17 @@ def _setup(args: argparse.Namespace) -> Setup:
     if cached and (problem := outputs.writable_dir_problem(out.parent)):   # before a minute of measuring
         raise ValueError(f"the profile cache {out.parent}: {problem} (set PLANNER_CACHE_DIR, or pass --out)")
     mode = "quick" if args.quick else "thorough" if args.thorough else "default"
-    flags = " --quick" if args.quick else " --thorough" if args.thorough else ""
+    budget_s = getattr(args, "budget_s", None)
+    if budget_s is not None and budget_s < MIN_BUDGET_S:
+        raise ValueError(f"--budget-s {budget_s:g}: at least {MIN_BUDGET_S:.0f} s (the probes' fit alone keeps "
+                         f"{FIT_RESERVE_S:.0f} s)")
+    flags = (" --quick" if args.quick else " --thorough" if args.thorough else "") + \
+        (f" --budget-s {budget_s:g}" if budget_s is not None else "")
     command = f"planner profile{'' if cached else f' --out {out}'} --nproc {nproc}{flags}"
     return Setup(out=out, name=args.name or ("local" if cached else out.stem), mode=mode, nproc=nproc,
                  device_type="cuda" if cuda else "cpu",
-                 threads=1 if cuda else max(1, (os.cpu_count() or 1) // nproc), command=command)
+                 threads=1 if cuda else max(1, (os.cpu_count() or 1) // nproc), command=command,
+                 budget_s=budget_s)
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -112,6 +122,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 # What the fit of the probes needs at most, kept out of the probes' share of the total.
 FIT_RESERVE_S = 6.0
+MIN_BUDGET_S = 12.0   # --budget-s: below it the fit's reserve leaves the measurements next to nothing
 
 
 def _probe_budget_s(budget, start: float, ranks: int, nproc: int) -> float:
@@ -138,6 +149,8 @@ def profile_machine(setup: Setup) -> None:
     from runtime import profiler as prof
     from runtime.fork import run_forked
     budget = prof.BUDGETS[(setup.mode, setup.device_type)]
+    if setup.budget_s is not None:
+        budget = dataclasses.replace(budget, total_s=setup.budget_s)
     dtypes = list(prof.DTYPES)
     weights = {**{f"gemm {d}": prof.PHASE_SHARES["gemm"] / len(dtypes) for d in dtypes},
                **{k: v for k, v in prof.PHASE_SHARES.items() if k not in ("gemm", "probes")},

@@ -24,11 +24,11 @@ from planner.space import Choice, build_plan
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory, machine_lock) -> Path:
-    """One quick profile of this machine for the module (the budget keeps it under ~25 s), taken
-    with no other test running (tests/conftest.py)."""
+    """One short profile of this machine for the module (a 15 s budget: about 20 s with start-up
+    and the fit), taken with no other test running (tests/conftest.py)."""
     out = tmp_path_factory.mktemp("profile") / "box.toml"
     with machine_lock():
-        assert main(["profile", "--out", str(out), "--quick"]) == 0
+        assert main(["profile", "--out", str(out), "--budget-s", "15"]) == 0
     return out
 
 
@@ -53,6 +53,12 @@ def test_profile_writes_a_usable_measured_profile(measured, capsys):
     assert optimizer_step_s(1e6, train, dev) == pytest.approx(1e6 * per_param)
     assert main(["predict", "--model", "debug-small", "--cluster", f"1x2x{measured}", "--dtype", "fp32",
                  "--json"]) == 0
+
+
+def test_a_budget_too_short_for_the_fit_is_refused_before_measuring(tmp_path, capsys):
+    assert main(["profile", "--out", str(tmp_path / "p.toml"), "--budget-s", "5"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "at least 12 s" in err and not (tmp_path / "p.toml").exists()
 
 
 def test_an_existing_profile_is_not_overwritten(measured, capsys):
