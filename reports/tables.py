@@ -100,10 +100,17 @@ def summary_lines(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan
     ])
 
 
+def _capacity_source(device) -> str:
+    """Where a device's capacity figure comes from, in the words the memory line uses."""
+    if device.kind == "cpu":
+        return "per rank as the profile sets it"
+    return "as CUDA reports it" if device.reported_memory_bytes else "as the datasheet gives it"
+
+
 def _memory_basis(cluster: ClusterSpec) -> str:
     """What a device's capacity is made of (each group's, on a mixed cluster)."""
     return ", ".join(f"{short_device_name(cluster, g) + ' ' if cluster.is_mixed else ''}"
-                     f"{view.device.usable_memory_bytes / GIB:.2f} GiB as CUDA reports it, less "
+                     f"{view.device.usable_memory_bytes / GIB:.2f} GiB {_capacity_source(view.device)}, less "
                      f"{view.memory_headroom:.0%} headroom and {view.device.efficiency.allocator_fragmentation:.0%} "
                      f"allocator fragmentation" for g, view in enumerate(views(cluster)))
 

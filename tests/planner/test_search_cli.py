@@ -93,3 +93,14 @@ def test_memory_objective_trades_a_little_time_for_memory(capsys):
     # 0.88 of it since NCCL's ring latency and flash attention's tile efficiency (2026-11-26
     # evening; 0.82 with the eager layer priced on GPUs, 0.8 before)
     assert max(lean["peak_memory_bytes"]) < 0.9 * max(fastest["peak_memory_bytes"])
+
+
+@pytest.mark.parametrize("cluster,basis", [("1x2xxeon-amx", "per rank as the profile sets it"),
+                                           ("1x8xH100", "as CUDA reports it"),
+                                           ("1x8xB200", "as the datasheet gives it")])
+def test_the_memory_line_says_where_the_capacity_comes_from(capsys, cluster, basis):
+    """A CPU profile's capacity is a share of the machine's RAM, not anything CUDA reports; a GPU
+    profile without torch.cuda's figure states its datasheet's."""
+    assert main(["search", "--model", "debug-tiny", "--cluster", cluster, "--top", "1"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if "memory:" in ln)
+    assert basis in line
