@@ -70,9 +70,9 @@ class Efficiency:
     step_overhead_s: float = 0.0
     # what recomputing a layer costs, as a share of its priced forward: 1 where a recomputed
     # forward runs the forward's kernels again (a GPU; Korthikanti et al. 2022 price full
-    # recomputation as one more forward). On a CPU it costs less: a layer recomputed inside the
-    # backward pass leaves its activations in cache for the backward that reads them at once,
-    # where a training forward writes fresh pages the backward reads back from DRAM (0.6-0.75 in
+    # recomputation as one more forward). On a CPU it costs less, most likely because a layer
+    # recomputed inside the backward pass leaves its activations in cache for the backward that
+    # reads them at once, where a training forward writes fresh pages (0.6-0.75 in
     # `planner run` on a 2-core EPYC, 2026-11-27). `calibrate` fits it from runs that recompute;
     # `planner profile` does not measure it: within its budget the same measurement read 0.5 to
     # 1.1 on that machine (README, "Recomputation's cost").
