@@ -2,7 +2,7 @@
 global batch, and compare the chosen plan with the published configuration (empty cells filled as
 `planner validate` fills them), both priced by the cost model.
 
-    python benchmarks/plan_quality.py [RUNS.csv] [--time-limit-s 20]
+    python benchmarks/plan_quality.py [RUNS.csv] [--time-limit-s 20] [--ids ID ...] [--fix KEY=VALUE ...]
 
 Prints, per row: predicted tokens/s of the published configuration and of the fastest plan, both
 priced as our runtime would run them (its framework traits and memory margins: the gain is the
@@ -10,6 +10,11 @@ plan's, not another framework's kernels), the gain of the fastest and of the cho
 most robust within the model's error band), the published configuration's rank among the
 search's top plans (">K" when it is not among them), and whether the search was proven optimal.
 The fastest plan must never be predicted slower than the published one.
+
+`--fix` searches with a field fixed (`planner search --fix`'s fields; VALUE `published`: the row's
+own configuration's value), to tell which choice a gain rests on, e.g. `--fix cp=1` or
+`--fix tp=published`. `--ids`: only these rows. With either, each row also prints the fastest
+plan's step time against the published run's measured one where it publishes an iteration time.
 """
 from __future__ import annotations
 
@@ -28,18 +33,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="?", default="profiles/runs/published_runs.csv")
     parser.add_argument("--time-limit-s", type=float, default=20.0)
+    parser.add_argument("--ids", nargs="+", default=None, help="only these rows")
+    parser.add_argument("--fix", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="fields fixed in the search (VALUE `published`: the row's own)")
     args = parser.parse_args()
+    fixes = dict(f.split("=", 1) for f in args.fix)
     print(f"{'id':28} {'published tok/s':>15} {'fastest tok/s':>12} {'gain':>6} {'chosen':>7} {'rank':>5} "
           f"{'proven':>6}  chosen plan (the most robust within the error band)")
     worse = 0
     for row in read_runs(Path(args.runs)):
+        if args.ids is not None and row["id"] not in args.ids:
+            continue
         model, train, published_cluster = row_specs(row)
         plan, _, _ = best_plan_for_row(row, model, train, published_cluster)
         # both priced as our runtime would run them, with the same memory margins: the gain is
         # the planner's, not another framework's kernels or overlap
         cluster = parse_cluster(f"{published_cluster.num_nodes}x{published_cluster.devices_per_node}x{row['gpu']}")
         published = estimate(model, train, cluster, plan)
-        result = search(model, train, cluster, SearchOptions(top_k=TOP_K, time_limit_s=args.time_limit_s))
+        fixed = {k: getattr(plan, k) if v == "published" else int(v) for k, v in fixes.items()}
+        result = search(model, train, cluster, SearchOptions(top_k=TOP_K, time_limit_s=args.time_limit_s,
+                                                             fixed=fixed))
         if not result.plans:
             print(f"{row['id']:28} {published.tokens_per_s:15,.0f} {'-':>12}  search found nothing")
             continue
@@ -52,6 +65,10 @@ def main() -> None:
               f"{best.tokens_per_s:12,.0f} {best.tokens_per_s / published.tokens_per_s - 1:+6.1%} "
               f"{chosen.estimate.tokens_per_s / published.tokens_per_s - 1:+7.1%} {rank:>5} "
               f"{str(result.stats.optimal):>6}  {chosen.plan.short()}")
+        if (fixes or args.ids is not None) and row["metric_name"].strip() == "iteration_time_s":
+            measured_s = float(row["metric_value"])
+            print(f"{'':28} fixed {fixed}: fastest {result.fastest.plan.short()}, {best.step_time_s:.2f} s "
+                  f"against {measured_s:.2f} s measured ({measured_s / best.step_time_s - 1:+.1%})")
     print(f"\nfastest plan predicted slower than the published one: {worse} rows "
           "(* : the published configuration does not fit under our memory margins)")
 

@@ -270,7 +270,7 @@ def rank_time_model(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Clu
                        cp=cp_fwd + cp_bwd, ep=2 * ep)
     if plan.offload_activations:
         per_layer = replace(per_layer, offload_s=_activation_offload_s(model, train, plan, cluster))
-    # the device's measured cost of a recomputed forward against a training one (Efficiency.recompute_cost)
+    # a recomputed forward's cost against a training one (Efficiency.recompute_cost: 1, or calibrate's fit)
     again = dev.for_dtype(train.compute_dtype).efficiency.recompute_cost
     if plan.recompute is Recompute.FULL:
         per_rc = _times(rc=again * layer.forward_s, tp=tp, cp=cp_fwd, ep=ep)

@@ -6,7 +6,9 @@ efficiency and latency factor (the software cost of a collective, e.g. DTensor's
 on CPU, scales its fixed part), and the overlap of data-parallel communication with compute.
 They are fitted by least squares on log(predicted / measured) step time over all runs
 (bounded Nelder-Mead, positive parameters on a log scale), predictions recomputed by
-`costmodel.estimate` with the candidate profile: no per-plan factors. With GPU runs that record
+`costmodel.estimate` with the candidate profile: no per-plan factors. The runs that recompute
+also fit what recomputing a layer costs against its forward (one factor for all dtypes: on a
+CPU about 0.6-0.75, where a profile says 1). With GPU runs that record
 `torch.cuda.max_memory_reserved` beside `max_memory_allocated`, the allocator's fragmentation is
 set to the median of reserved over allocated minus one (what the caching allocator holds beyond
 its tensors). The fixed reserve (CUDA context, NCCL buffers) lies outside the allocator, no run
@@ -206,6 +208,7 @@ def fit_by_dtype(runs: list[Run], base: DeviceProfile, rounds: int = 2, max_iter
     # fp32 first: every dtype's loss runs fp32 kernels priced at fp32's factors (cross_entropy_s)
     dtypes = sorted({str(r.pf.train.compute_dtype) for r in runs}, key=lambda d: (d != "fp32", d))
     multi = [r for r in runs if r.pf.plan.world_size > 1]
+    recomputing = [r for r in runs if r.pf.plan.recompute is not Recompute.NONE]
     for _ in range(rounds):
         for d in dtypes:
             mine = [r for r in runs if str(r.pf.train.compute_dtype) == d
@@ -214,8 +217,8 @@ def fit_by_dtype(runs: list[Run], base: DeviceProfile, rounds: int = 2, max_iter
                 continue
             names = compute_params if len(mine) >= len(compute_params) else compute_params[:1]
             device, _ = fit(mine, device, names, max_iter, dtype=d, prior_weight=prior_weight, bounds=bounds)
-        if again := [r for r in runs if fit_recompute and r.pf.plan.recompute is not Recompute.NONE]:
-            device, _ = fit(again, device, (RECOMPUTE_PARAM,), max_iter, prior_weight=prior_weight)
+        if fit_recompute and recomputing:
+            device, _ = fit(recomputing, device, (RECOMPUTE_PARAM,), max_iter, prior_weight=prior_weight)
         if multi:
             device, _ = fit(multi, device, COMM_PARAMS, max_iter, prior_weight=prior_weight)
     if (fragmentation := measured_fragmentation(runs)) is not None:
