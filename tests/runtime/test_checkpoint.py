@@ -40,15 +40,16 @@ SAME_PLAN = {
     "zero1": Choice(zero_stage=1, micro_batch_size=2),
     "zero2_recompute_full": Choice(zero_stage=2, micro_batch_size=2, recompute=Recompute.FULL),
     "zero3": Choice(zero_stage=3, micro_batch_size=2),
-    # four sequences per micro-batch: DTensor's per-op dispatch on CPU makes each micro-batch of a
-    # TP plan cost about what a whole step of the others does, and two carry what eight would
-    "tp_sp_recompute_selective": Choice(tp=2, recompute=Recompute.SELECTIVE, micro_batch_size=4),
+    # TP and CP take the replica's whole batch in one micro-batch: DTensor's per-op dispatch on a
+    # CPU makes each micro-batch of a TP plan cost about a step of the others, and a checkpoint
+    # holds nothing per micro-batch (accumulation: the DP cases here, and test_parity)
+    "tp_sp_recompute_selective": Choice(tp=2, recompute=Recompute.SELECTIVE, micro_batch_size=8),
     "pp_gpipe": Choice(pp=2, schedule=Schedule.GPIPE),
     "pp_1f1b_recompute_full": Choice(pp=2, recompute=Recompute.FULL),
     "pp_interleaved": Choice(pp=2, vpp=2),
     "pp_zb_h1": Choice(pp=2, schedule=Schedule.ZB_H1),
     "pp_zbv": Choice(pp=2, vpp=2, schedule=Schedule.ZBV),
-    "cp": Choice(cp=2, micro_batch_size=4),
+    "cp": Choice(cp=2, micro_batch_size=8),
 }
 
 
@@ -65,8 +66,8 @@ def test_resume_continues_exactly(tmp_path, name):
 
 
 @pytest.mark.parametrize("choice,world", [(Choice(zero_stage=3), 2), (Choice(pp=2), 2), (Choice(ep=2, zero_stage=1), 2),
-                                          (Choice(tp=2, micro_batch_size=4), 2),
-                                          (Choice(ep=2, cp=2, zero_stage=1, micro_batch_size=2), 4)],
+                                          (Choice(tp=2, micro_batch_size=8), 2),
+                                          (Choice(ep=2, cp=2, zero_stage=1, micro_batch_size=4), 4)],
                          ids=["zero3", "pp", "ep2", "tp2", "ep2_cp2"])
 def test_a_mixture_of_experts_resumes_exactly(tmp_path, choice, world):
     """Stacked expert weights and their AdamW states (runtime.moe) through DCP, and the router;
@@ -101,10 +102,10 @@ def test_a_checkpoint_written_in_the_background_resumes_exactly(tmp_path, name):
 
 
 @pytest.mark.parametrize("saved,resumed", [
-    (Choice(zero_stage=1, micro_batch_size=2), Choice(tp=2, micro_batch_size=4)),
+    (Choice(zero_stage=1, micro_batch_size=2), Choice(tp=2, micro_batch_size=8)),
     (Choice(pp=2), Choice(zero_stage=1, micro_batch_size=2)),
     (Choice(zero_stage=3, micro_batch_size=2), Choice(zero_stage=1, micro_batch_size=2)),
-    (Choice(cp=2, micro_batch_size=4), Choice(pp=2)),
+    (Choice(cp=2, micro_batch_size=8), Choice(pp=2)),
 ], ids=["dp2-to-tp2", "pp2-to-dp2", "zero3-to-zero1", "cp2-to-pp2"])
 def test_a_checkpoint_resumes_under_another_plan(tmp_path, saved, resumed):
     whole = _losses(_plan(saved), steps=5)
@@ -156,7 +157,7 @@ def test_planner_run_saves_and_resumes(tmp_path, capsys):
     from planner.cli import main
     tiny = ["predict", "--model", "debug-tiny", "--cluster", "1x2xxeon-amx", "--dtype", "fp32", "--json"]
     assert main([*tiny, "--dp", "2", "--out", str(tmp_path / "dp.json")]) == 0
-    assert main([*tiny, "--dp", "1", "--tp", "2", "--mbs", "4", "--out", str(tmp_path / "tp.json")]) == 0
+    assert main([*tiny, "--dp", "1", "--tp", "2", "--mbs", "8", "--out", str(tmp_path / "tp.json")]) == 0
     capsys.readouterr()
     ckpt = tmp_path / "ckpt"
 
