@@ -14,7 +14,8 @@ The fastest plan must never be predicted slower than the published one.
 `--fix` searches with a field fixed (`planner search --fix`'s fields; VALUE `published`: the row's
 own configuration's value), to tell which choice a gain rests on, e.g. `--fix cp=1` or
 `--fix tp=published`. `--ids`: only these rows. With either, each row also prints the fastest
-plan's step time against the published run's measured one where it publishes an iteration time.
+plan's step time against the published run's measured one, and both runs' MFU and HFU (the
+recomputed forward counted) over the dtype's dense peak.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from costmodel.cluster import parse_cluster
 from costmodel.estimate import estimate
+from costmodel.flops import executed_flops_per_step, model_flops_per_step, utilization
 from planner.search import SearchOptions, search
 from planner.validate import best_plan_for_row, read_runs, row_specs
 
@@ -65,12 +67,34 @@ def main() -> None:
               f"{best.tokens_per_s:12,.0f} {best.tokens_per_s / published.tokens_per_s - 1:+6.1%} "
               f"{chosen.estimate.tokens_per_s / published.tokens_per_s - 1:+7.1%} {rank:>5} "
               f"{str(result.stats.optimal):>6}  {chosen.plan.short()}")
-        if (fixes or args.ids is not None) and row["metric_name"].strip() == "iteration_time_s":
-            measured_s = float(row["metric_value"])
+        measured_s = _measured_step_s(row, train, cluster)
+        if (fixes or args.ids is not None) and measured_s is not None:
             print(f"{'':28} fixed {fixed}: fastest {result.fastest.plan.short()}, {best.step_time_s:.2f} s "
-                  f"against {measured_s:.2f} s measured ({measured_s / best.step_time_s - 1:+.1%})")
+                  f"against {measured_s:.2f} s measured ({measured_s / best.step_time_s - 1:+.1%}); "
+                  f"{_utilizations(model, train, cluster, result.fastest.plan, best.step_time_s)} against the "
+                  f"measured run's {_utilizations(model, train, cluster, plan, measured_s)}")
     print(f"\nfastest plan predicted slower than the published one: {worse} rows "
           "(* : the published configuration does not fit under our memory margins)")
+
+
+def _measured_step_s(row: dict[str, str], train, cluster) -> float | None:
+    """The published run's step time: its iteration time, or its global batch over its tokens
+    per second; None for a row that publishes whether it fits only."""
+    metric, value = row["metric_name"].strip(), row["metric_value"].strip()
+    if metric == "iteration_time_s":
+        return float(value)
+    if metric == "tokens_per_sec_per_gpu":
+        return train.global_batch_size * train.seq_len / (float(value) * cluster.world_size)
+    return None
+
+
+def _utilizations(model, train, cluster, plan, step_s: float) -> str:
+    """MFU and HFU (the recomputed forward counted) of `plan` at `step_s`, over the dense peak
+    of the run's dtype: what a gain claims of the hardware, beside what published runs reached."""
+    peak = cluster.device.peak_for(train.compute_dtype)
+    mfu = utilization(model_flops_per_step(model, train), step_s, cluster.world_size, peak)
+    hfu = utilization(executed_flops_per_step(model, train, plan), step_s, cluster.world_size, peak)
+    return f"MFU {mfu:.3f} / HFU {hfu:.3f}"
 
 
 if __name__ == "__main__":
