@@ -22,9 +22,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from costmodel.cluster import parse_cluster
-from costmodel.estimate import estimate
-from costmodel.flops import executed_flops_per_step, model_flops_per_step, utilization
+from costmodel.cluster import ClusterSpec, parse_cluster
+from costmodel.estimate import Estimate, estimate
+from costmodel.specs import TrainSpec
 from planner.search import SearchOptions, search
 from planner.validate import best_plan_for_row, read_runs, row_specs
 
@@ -71,13 +71,13 @@ def main() -> None:
         if (fixes or args.ids is not None) and measured_s is not None:
             print(f"{'':28} fixed {fixed}: fastest {result.fastest.plan.short()}, {best.step_time_s:.2f} s "
                   f"against {measured_s:.2f} s measured ({measured_s / best.step_time_s - 1:+.1%}); "
-                  f"{_utilizations(model, train, cluster, result.fastest.plan, best.step_time_s)} against the "
-                  f"measured run's {_utilizations(model, train, cluster, plan, measured_s)}")
+                  f"{_utilizations(best, best.step_time_s)} against the measured run's "
+                  f"{_utilizations(published, measured_s)}")
     print(f"\nfastest plan predicted slower than the published one: {worse} rows "
           "(* : the published configuration does not fit under our memory margins)")
 
 
-def _measured_step_s(row: dict[str, str], train, cluster) -> float | None:
+def _measured_step_s(row: dict[str, str], train: TrainSpec, cluster: ClusterSpec) -> float | None:
     """The published run's step time: its iteration time, or its global batch over its tokens
     per second; None for a row that publishes whether it fits only."""
     metric, value = row["metric_name"].strip(), row["metric_value"].strip()
@@ -88,13 +88,11 @@ def _measured_step_s(row: dict[str, str], train, cluster) -> float | None:
     return None
 
 
-def _utilizations(model, train, cluster, plan, step_s: float) -> str:
-    """MFU and HFU (the recomputed forward counted) of `plan` at `step_s`, over the dense peak
-    of the run's dtype: what a gain claims of the hardware, beside what published runs reached."""
-    peak = cluster.device.peak_for(train.compute_dtype)
-    mfu = utilization(model_flops_per_step(model, train), step_s, cluster.world_size, peak)
-    hfu = utilization(executed_flops_per_step(model, train, plan), step_s, cluster.world_size, peak)
-    return f"MFU {mfu:.3f} / HFU {hfu:.3f}"
+def _utilizations(est: Estimate, step_s: float) -> str:
+    """MFU and HFU (the recomputed forward counted) of the estimated plan had it taken `step_s`:
+    what a gain claims of the hardware, beside what the published run reached."""
+    scale = est.step_time_s / step_s
+    return f"MFU {est.mfu * scale:.3f} / HFU {est.hfu * scale:.3f}"
 
 
 if __name__ == "__main__":

@@ -21,12 +21,13 @@ def test_a_fixed_field_holds_and_the_measured_run_is_compared():
     assert "{'tp': 8, 'cp': 1}" in fixed and " tp8" in fixed and " cp" not in fixed.split("fastest")[1].split(",")[0]
     step_s, measured_s = map(float, re.search(r", ([\d.]+) s against ([\d.]+) s measured", fixed).groups())
     assert measured_s == 1.1 and step_s > 0
-    # what the README quotes: Korthikanti et al.'s own MFU for this run (41.5 %, with their 4h
-    # FFN and Eq. 7) and the HFU that counts the recomputed attention core
+    # the measured run's utilization as the README quotes it: Eq. 7's model FLOPs over the
+    # measured 1.10 s (0.417; the paper prints 41.5 %), and with the recomputed attention core
+    # as the cost model counts it (0.424; the paper's HFU, 43.7 %, counts more of it)
     assert "the measured run's MFU 0.417 / HFU 0.424" in fixed
     # a run that publishes tokens/s per GPU: its step time is the batch's tokens over them
     # (MPT-7B: 384 x 2,048 tokens at 3,679 tokens/s on each of 8 GPUs, 26.72 s)
-    assert "{'tp': 1, 'cp': 1}" in tokens_row
+    assert " tp1 " in tokens_row.split("fastest")[1] and " cp" not in tokens_row.split("fastest")[1].split(",")[0]
     measured_s = float(re.search(r"against ([\d.]+) s measured", tokens_row).group(1))
     hfu = float(re.search(r"measured run's MFU [\d.]+ / HFU ([\d.]+)", tokens_row).group(1))
     assert measured_s == 26.72 and 0.6 < hfu < 0.75

@@ -116,18 +116,17 @@ CASES = {
 }
 
 
-# Cases that keep one sequence per micro-batch (8 micro-batches a step, 4 under dp2), and the
-# pipelines without TP or CP (their schedules over 8 micro-batches). Every other case takes two
-# micro-batches a step (two per stage under a pipeline): accumulation is still proven, and
-# DTensor's per-op dispatch on a CPU made each micro-batch of a TP case cost almost a step.
-ONE_SEQUENCE_MICRO_BATCHES = {"tp", "cp2", "moe_zero3_micro_batches"}
+# TP and CP cases take two micro-batches a step (2 x pp under a pipeline) instead of one
+# sequence each: accumulation is still proven, and DTensor's per-op dispatch on a CPU made each
+# micro-batch of a TP case cost almost a step. These keep one sequence per micro-batch, as every
+# case without TP or CP does.
+ONE_SEQUENCE_MICRO_BATCHES = {"tp", "cp2"}
 
 
 def _fewer_micro_batches(name: str, pf):
     plan = pf.plan
     wanted = 2 * plan.pp
-    if (name in ONE_SEQUENCE_MICRO_BATCHES or (plan.pp > 1 and plan.tp == plan.cp == 1)
-            or plan.num_micro_batches <= wanted):
+    if name in ONE_SEQUENCE_MICRO_BATCHES or plan.tp == plan.cp == 1 or plan.num_micro_batches <= wanted:
         return pf
     choice, world, kwargs = CASES[name]
     mbs = plan.micro_batch_size * plan.num_micro_batches // wanted
