@@ -22,11 +22,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from costmodel.cluster import ClusterSpec, parse_cluster
+from costmodel.cluster import parse_cluster
 from costmodel.estimate import Estimate, estimate
-from costmodel.specs import TrainSpec
 from planner.search import SearchOptions, search
-from planner.validate import best_plan_for_row, read_runs, row_specs
+from planner.validate import best_plan_for_row, metric_step_time_s, read_runs, row_specs
 
 TOP_K = 10
 
@@ -67,25 +66,14 @@ def main() -> None:
               f"{best.tokens_per_s:12,.0f} {best.tokens_per_s / published.tokens_per_s - 1:+6.1%} "
               f"{chosen.estimate.tokens_per_s / published.tokens_per_s - 1:+7.1%} {rank:>5} "
               f"{str(result.stats.optimal):>6}  {chosen.plan.short()}")
-        measured_s = _measured_step_s(row, train, cluster)
-        if (fixes or args.ids is not None) and measured_s is not None:
+        if (fixes or args.ids is not None) and row["metric_name"].strip() != "status":
+            measured_s = metric_step_time_s(row, float(row["metric_value"]))
             print(f"{'':28} fixed {fixed}: fastest {result.fastest.plan.short()}, {best.step_time_s:.2f} s "
                   f"against {measured_s:.2f} s measured ({measured_s / best.step_time_s - 1:+.1%}); "
                   f"{_utilizations(best, best.step_time_s)} against the measured run's "
                   f"{_utilizations(published, measured_s)}")
     print(f"\nfastest plan predicted slower than the published one: {worse} rows "
           "(* : the published configuration does not fit under our memory margins)")
-
-
-def _measured_step_s(row: dict[str, str], train: TrainSpec, cluster: ClusterSpec) -> float | None:
-    """The published run's step time: its iteration time, or its global batch over its tokens
-    per second; None for a row that publishes whether it fits only."""
-    metric, value = row["metric_name"].strip(), row["metric_value"].strip()
-    if metric == "iteration_time_s":
-        return float(value)
-    if metric == "tokens_per_sec_per_gpu":
-        return train.global_batch_size * train.seq_len / (float(value) * cluster.world_size)
-    return None
 
 
 def _utilizations(est: Estimate, step_s: float) -> str:

@@ -318,8 +318,13 @@ def validate_row(row: dict[str, str], time_limit_s: float = ROW_SEARCH_LIMIT_S) 
 
 
 def _step_time(result: RowResult, row: dict[str, str], which: str) -> float:
-    value = float(getattr(result, which))
-    if result.metric == "iteration_time_s":
+    return metric_step_time_s(row, float(getattr(result, which)))
+
+
+def metric_step_time_s(row: dict[str, str], value: float) -> float:
+    """A value of the row's metric (published or predicted) as a step time: an iteration time
+    as it is, tokens/s per GPU as the global batch's tokens over the whole run's rate."""
+    if row["metric_name"].strip() == "iteration_time_s":
         return value
     tokens = _int(row, "global_batch") * _int(row, "seq_len")
     return tokens / (value * _int(row, "num_gpus"))
