@@ -55,6 +55,9 @@ class KernelTimes:
     backward_input_s: float   # dX (and everything without weights, e.g. attention core)
     backward_weight_s: float  # dW of the projections
     attention_forward_s: float  # the part selective recomputation re-runs
+    # what a full recomputation re-runs: the forward, less what torch's early stop skips
+    # (`final_linear_forward_s`) where the framework stops early; the forward elsewhere
+    recompute_forward_s: float = 0.0
 
     @property
     def backward_s(self) -> float:
@@ -174,6 +177,28 @@ def _linears_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: Devic
             bwd_in += g + dy + (0.0 if fused_casts else w)
             bwd_w += g + (0.0 if fused_casts else dy + x)
     return fwd, bwd_in, bwd_w
+
+
+def stops_before_final_linear(model: ModelSpec, plan: KernelShape) -> bool:
+    """Whether a recomputation that stops early skips the layer's last projection (the MLP's
+    row-parallel w2 / fc2). torch's non-reentrant checkpoint stops recomputing once every tensor
+    the backward needs is saved again, and a linear saves its input and weight before its GEMM
+    runs: the GEMM, the collective after it under TP and the residual add are skipped (nothing in
+    backward needs their output). Not so where the layer ends in something that saves what the
+    GEMM makes: a dropout's mask, a float8 linear (a custom autograd function, saved after it
+    runs), a mixture of experts (its combine saves the routing). Listed by
+    tests/runtime/test_recompute_early_stop.py with a dispatch mode."""
+    return not (model.is_moe or model.dropout or plan.fp8_linears)
+
+
+def final_linear_forward_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile,
+                           tokens: int) -> float:
+    """The forward GEMM of the layer's last projection where an early stop skips it (above), else
+    0; the residual add it also skips (one memory-bound kernel) is left in the price."""
+    if not stops_before_final_linear(model, plan):
+        return 0.0
+    last = next(b for b in dense_blocks(model) if b.name == "mlp").linears[-1]
+    return gemm_s(tokens, ceil_div(last.in_features, plan.tp), last.out_features, dev, train)
 
 
 def flash_tile_efficiency(seq_len: int) -> float:
@@ -413,7 +438,8 @@ def _host_or_device(both: KernelTimes, device: KernelTimes) -> KernelTimes:
         return max(gpu, getattr(both, name) - gpu)
     return KernelTimes(forward_s=longer("forward_s"), backward_input_s=longer("backward_input_s"),
                        backward_weight_s=longer("backward_weight_s"),
-                       attention_forward_s=longer("attention_forward_s"))
+                       attention_forward_s=longer("attention_forward_s"),
+                       recompute_forward_s=longer("recompute_forward_s"))
 
 
 @lru_cache(maxsize=64)
@@ -441,12 +467,13 @@ class _KernelKey:
 @_per_kernel_shape
 def layer_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile,
                        cp_ring: bool, fused_casts: bool = False, cpu_kernels: bool = False,
-                       eager: bool = False) -> KernelTimes:
+                       eager: bool = False, early_stop: bool = False) -> KernelTimes:
     """cp_ring: context parallelism as a ring of partial kernels (else all-gathered K/V,
     costmodel.frameworks `cp_all_gather_kv`); fused_casts: float8 casts as compiled or
     Transformer Engine kernels run them (`float8_casts_fused`); cpu_kernels: the runtime's eager
     layer on torch's CPU kernels (`cpu_kernels`), eager: on a GPU's (`eager_layer`); either way
-    its memory-bound work is counted op by op."""
+    its memory-bound work is counted op by op. early_stop: a full recomputation stops before the
+    layer's last projection (`recompute_early_stop`, final_linear_forward_s)."""
     tokens = plan.micro_batch_size * train.seq_len // plan.cp
     fwd, bwd_in, bwd_w = _linears_s(model, train, plan, dev, tokens, fused_casts)
     attn_fwd, attn_bwd = _attention_core_s(model, train, plan, dev, cp_ring)
@@ -458,9 +485,11 @@ def layer_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, de
     else:
         elementwise = _elementwise_forward_s(model, train, plan, dev, tokens)
         elementwise_bwd = 2 * elementwise
-    return KernelTimes(forward_s=fwd + attn_fwd + elementwise,
-                       backward_input_s=bwd_in + attn_bwd + elementwise_bwd,
-                       backward_weight_s=bwd_w, attention_forward_s=attn_fwd)
+    forward = fwd + attn_fwd + elementwise
+    skipped = final_linear_forward_s(model, train, plan, dev, tokens) if early_stop else 0.0
+    return KernelTimes(forward_s=forward, backward_input_s=bwd_in + attn_bwd + elementwise_bwd,
+                       backward_weight_s=bwd_w, attention_forward_s=attn_fwd,
+                       recompute_forward_s=forward - skipped)
 
 
 @_per_kernel_shape

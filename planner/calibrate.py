@@ -7,8 +7,9 @@ on CPU, scales its fixed part), and the overlap of data-parallel communication w
 They are fitted by least squares on log(predicted / measured) step time over all runs
 (bounded Nelder-Mead, positive parameters on a log scale), predictions recomputed by
 `costmodel.estimate` with the candidate profile: no per-plan factors. The runs that recompute
-also fit what recomputing a layer costs against its forward (one factor for all dtypes: on a
-CPU about 0.6-0.75, where a profile says 1). With GPU runs that record
+also fit what recomputing a layer costs against the forward the model says it re-runs (one
+factor for all dtypes, 1 in a profile; on the closed loop's CPU runs 0.69-0.96 once the early
+stop is priced: costmodel.frameworks `recompute_early_stop`). With GPU runs that record
 `torch.cuda.max_memory_reserved` beside `max_memory_allocated`, the allocator's fragmentation is
 set to the median of reserved over allocated minus one (what the caching allocator holds beyond
 its tensors). The fixed reserve (CUDA context, NCCL buffers) lies outside the allocator, no run

@@ -60,10 +60,11 @@ def test_calibrate_finds_the_cost_from_the_runs_that_recompute_for_every_dtype()
     truth = with_params(base, {"recompute_cost": 0.6})
     runs = _runs(truth, DType.FP32, recomputes=True) + _runs(truth, DType.BF16, recomputes=False)
     device, factors = fit_by_dtype(runs, base, prior_weight=0.0)
-    # alternating with the compute factors, which take a little of it in the first round
+    # alternating with the compute factors, which take a little of it in the first round (more
+    # since the recomputed forward lacks the down projection: the same step is a smaller share)
     for dtype in (DType.FP32, DType.BF16):
-        assert device.for_dtype(dtype).efficiency.recompute_cost == pytest.approx(0.6, abs=0.06)
-    assert factors["recompute_cost"] == pytest.approx(0.6, abs=0.06)
+        assert device.for_dtype(dtype).efficiency.recompute_cost == pytest.approx(0.6, abs=0.08)
+    assert factors["recompute_cost"] == pytest.approx(0.6, abs=0.08)
     assert summary(runs, device)["max_abs_error_pct"] < 2.0 < summary(runs, base)["max_abs_error_pct"]
     fixed, factors = fit_by_dtype(runs, base, prior_weight=0.0, fit_recompute=False)
     assert fixed.for_dtype(DType.FP32).efficiency.recompute_cost == 1.0 and "recompute_cost" not in factors
