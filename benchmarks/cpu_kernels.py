@@ -11,6 +11,11 @@ machine with one thread, as `planner run` gives each CPU rank:
    256 tokens x 6,000 words, the closed loop's hidden model, fresh logits every call.
 3. bf16 and fp32 `linear` rates over 128-2,048 rows for the hidden model's MLP and head weights,
    and a fresh bf16 weight every call (as FSDP's cast makes one each step) against the same one.
+4. A full recomputation of the hidden model's four layers (1,024 tokens a micro-batch) as the
+   runtime checkpoints them (`runtime.parallel.apply_recompute`), with torch's early stop (its
+   default) and without: the step's extra time over the plain step against the layers' timed
+   forward, and the recomputed forward's own time without the early stop (costmodel.frameworks
+   `recompute_early_stop`). Plain and checkpointed steps alternate, medians of 6 after 2.
 """
 from __future__ import annotations
 
@@ -19,6 +24,12 @@ import time
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint as torch_checkpoint
+
+from costmodel.plan import Recompute
+from costmodel.registry import llama_spec
+from runtime.model import Transformer
+from runtime.parallel import apply_recompute
 
 
 def best_s(fn, repeat: int = 20) -> float:
@@ -73,12 +84,75 @@ def linears() -> None:
                   f"a fresh bf16 weight {fresh_s / same_s:.2f}x the time")
 
 
+HIDDEN = llama_spec("closed-loop-hidden", layers=4, hidden=384, heads=6, kv_heads=2, ffn=1024, vocab=6000,
+                    max_pos=512, source="benchmarks/closed_loop.py HIDDEN")
+
+
+class _FullRecompute:   # what apply_recompute reads of a plan
+    recompute = Recompute.FULL
+
+
+def _timed_layers(model: Transformer, seconds: dict[str, float], phase: dict[str, str]) -> None:
+    """Each layer's forward timed into seconds[phase["now"]] (its first run and its recomputation)."""
+    for layer in model.layers.values():
+        def timed(x, forward=layer.forward):
+            start = time.perf_counter()
+            out = forward(x)
+            seconds[phase["now"]] += time.perf_counter() - start
+            return out
+        layer.forward = timed
+
+
+def _recompute_steps(early_stop: bool, dtype: torch.dtype) -> tuple[float, float, float, float]:
+    """Medians of (plain step, checkpointed step, layers' forward, recomputed forward) seconds."""
+    models, clocks = {}, {}
+    for recompute in (False, True):
+        model = Transformer(HIDDEN)
+        model.init_weights(0)
+        model = model.to(dtype)
+        clocks[recompute] = ({"forward": 0.0, "again": 0.0}, {"now": "forward"})
+        _timed_layers(model, *clocks[recompute])
+        if recompute:
+            apply_recompute(model, _FullRecompute, list(range(HIDDEN.num_layers)))
+        models[recompute] = model
+    tokens = torch.randint(0, HIDDEN.vocab_size, (4, 256))
+    rows = {False: [], True: []}
+    for step in range(8):
+        for recompute, model in models.items():
+            seconds, phase = clocks[recompute]
+            seconds.update(forward=0.0, again=0.0)
+            phase["now"] = "forward"
+            start = time.perf_counter()
+            with torch_checkpoint.set_checkpoint_early_stop(early_stop):   # read as each checkpoint starts
+                logits = model(tokens)
+            loss = F.cross_entropy(logits.float().flatten(0, 1), tokens.flatten())
+            phase["now"] = "again"
+            loss.backward()
+            if step >= 2:
+                rows[recompute].append((time.perf_counter() - start, seconds["forward"], seconds["again"]))
+            model.zero_grad(set_to_none=True)
+    plain, checkpointed = ([statistics.median(col) for col in zip(*rows[r])] for r in (False, True))
+    return plain[0], checkpointed[0], plain[1], checkpointed[2]
+
+
+def recompute() -> None:
+    print("4. full recomputation of four layers, 1,024 tokens: extra step time over the layers' forward")
+    for dt in (torch.float32, torch.bfloat16):
+        for early_stop in (True, False):
+            plain, checkpointed, forward, again = _recompute_steps(early_stop, dt)
+            seen = f", the recomputed forward itself {again / forward:.2f}x" if not early_stop else ""
+            print(f"   {str(dt)[6:]:>8}, early stop {'on ' if early_stop else 'off'}: step {plain * 1e3:.0f} -> "
+                  f"{checkpointed * 1e3:.0f} ms, {(checkpointed - plain) / forward:.2f}x the layers' forward "
+                  f"({forward * 1e3:.0f} ms){seen}")
+
+
 def main() -> None:
     torch.set_num_threads(1)
     start = time.perf_counter()
     elementwise()
     loss()
     linears()
+    recompute()
     print(f"\n{time.perf_counter() - start:.0f} s; command: python benchmarks/cpu_kernels.py")
 
 
