@@ -13,9 +13,9 @@ machine with one thread, as `planner run` gives each CPU rank:
    and a fresh bf16 weight every call (as FSDP's cast makes one each step) against the same one.
 4. A full recomputation of the hidden model's four layers (1,024 tokens a micro-batch) as the
    runtime checkpoints them (`runtime.parallel.apply_recompute`), with torch's early stop (its
-   default) and without: the step's extra time over the plain step against the layers' timed
-   forward, and the recomputed forward's own time without the early stop (costmodel.frameworks
-   `recompute_early_stop`). Plain and checkpointed steps alternate, medians of 6 after 2.
+   default) and without: the recomputed forward's own time against the same step's first forward
+   (costmodel.frameworks `recompute_early_stop`), and, noisier, the step's extra time over a
+   plain step in units of that forward. The three alternate step by step, medians of 6 after 2.
 """
 from __future__ import annotations
 
@@ -93,57 +93,62 @@ class _FullRecompute:   # what apply_recompute reads of a plan
 
 
 def _timed_layers(model: Transformer, seconds: dict[str, float], phase: dict[str, str]) -> None:
-    """Each layer's forward timed into seconds[phase["now"]] (its first run and its recomputation)."""
+    """Each layer's forward timed into seconds[phase["now"]] (its first run and its recomputation,
+    which torch's early stop ends with an exception inside the layer)."""
     for layer in model.layers.values():
         def timed(x, forward=layer.forward):
             start = time.perf_counter()
-            out = forward(x)
-            seconds[phase["now"]] += time.perf_counter() - start
-            return out
+            try:   # an early-stopping recomputation leaves the layer by an exception
+                return forward(x)
+            finally:
+                seconds[phase["now"]] += time.perf_counter() - start
         layer.forward = timed
 
 
-def _recompute_steps(early_stop: bool, dtype: torch.dtype) -> tuple[float, float, float, float]:
-    """Medians of (plain step, checkpointed step, layers' forward, recomputed forward) seconds."""
+def _recompute_steps(dtype: torch.dtype) -> dict[str, tuple[float, float, float]]:
+    """Per variant (plain, early stop on, early stop off), the medians of (step, layers' forward,
+    recomputed forward) seconds; the variants alternate step by step, so the machine's drift
+    (10-30 % over minutes here) falls on all three alike."""
+    variants = {"plain": None, "on": True, "off": False}
     models, clocks = {}, {}
-    for recompute in (False, True):
+    for name, early_stop in variants.items():
         model = Transformer(HIDDEN)
         model.init_weights(0)
         model = model.to(dtype)
-        clocks[recompute] = ({"forward": 0.0, "again": 0.0}, {"now": "forward"})
-        _timed_layers(model, *clocks[recompute])
-        if recompute:
+        clocks[name] = ({"forward": 0.0, "again": 0.0}, {"now": "forward"})
+        _timed_layers(model, *clocks[name])
+        if early_stop is not None:
             apply_recompute(model, _FullRecompute, list(range(HIDDEN.num_layers)))
-        models[recompute] = model
+        models[name] = model
     tokens = torch.randint(0, HIDDEN.vocab_size, (4, 256))
-    rows = {False: [], True: []}
+    rows = {name: [] for name in variants}
     for step in range(8):
-        for recompute, model in models.items():
-            seconds, phase = clocks[recompute]
+        for name, model in models.items():
+            seconds, phase = clocks[name]
             seconds.update(forward=0.0, again=0.0)
             phase["now"] = "forward"
             start = time.perf_counter()
-            with torch_checkpoint.set_checkpoint_early_stop(early_stop):   # read as each checkpoint starts
+            with torch_checkpoint.set_checkpoint_early_stop(variants[name] is not False):   # read as each checkpoint starts
                 logits = model(tokens)
             loss = F.cross_entropy(logits.float().flatten(0, 1), tokens.flatten())
             phase["now"] = "again"
             loss.backward()
             if step >= 2:
-                rows[recompute].append((time.perf_counter() - start, seconds["forward"], seconds["again"]))
+                rows[name].append((time.perf_counter() - start, seconds["forward"], seconds["again"]))
             model.zero_grad(set_to_none=True)
-    plain, checkpointed = ([statistics.median(col) for col in zip(*rows[r])] for r in (False, True))
-    return plain[0], checkpointed[0], plain[1], checkpointed[2]
+    return {name: tuple(statistics.median(col) for col in zip(*r)) for name, r in rows.items()}
 
 
 def recompute() -> None:
-    print("4. full recomputation of four layers, 1,024 tokens: extra step time over the layers' forward")
+    print("4. full recomputation of four layers, 1,024 tokens: the recomputed forward against the first")
     for dt in (torch.float32, torch.bfloat16):
-        for early_stop in (True, False):
-            plain, checkpointed, forward, again = _recompute_steps(early_stop, dt)
-            seen = f", the recomputed forward itself {again / forward:.2f}x" if not early_stop else ""
-            print(f"   {str(dt)[6:]:>8}, early stop {'on ' if early_stop else 'off'}: step {plain * 1e3:.0f} -> "
-                  f"{checkpointed * 1e3:.0f} ms, {(checkpointed - plain) / forward:.2f}x the layers' forward "
-                  f"({forward * 1e3:.0f} ms){seen}")
+        med = _recompute_steps(dt)
+        plain = med["plain"][0]
+        again = {k: med[k][2] / med[k][1] for k in ("on", "off")}
+        extra = {k: (med[k][0] - plain) / med["plain"][1] for k in ("on", "off")}
+        print(f"   {str(dt)[6:]:>8}: recomputed {again['on']:.2f}x the layers' forward with torch's early stop, "
+              f"{again['off']:.2f}x without; the step's extra time over the plain step ({plain * 1e3:.0f} ms) "
+              f"{extra['on']:.2f}x and {extra['off']:.2f}x")
 
 
 def main() -> None:
