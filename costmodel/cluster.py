@@ -355,10 +355,11 @@ def _curve(points: list[list[float]]) -> tuple[tuple[float, float], ...]:
 PROFILE_FORMAT_VERSION = 1   # written by `planner profile` / `calibrate`; files without one are read as it
 # The cost model a profile's probe fit belongs to: raised when the model prices the probes'
 # kernels differently (2: CPU layers counted op by op; 3: a GPU's kernels as the longer of host
-# and device, the probes fitting a per-step host cost too; both 2026-11-26), so a cached `local`
+# and device, the probes fitting a per-step host cost too; both 2026-11-26; 4: recomputation
+# stopping early, and a second DP probe that tells the overlap, 2026-11-27), so a cached `local`
 # profile fitted under an older one is measured again instead of carrying factors fitted to other
 # formulas.
-PROBE_FIT_VERSION = 3
+PROBE_FIT_VERSION = 4
 PROFILE_KEYS = {
     "": {"format_version", "device", "network", "efficiency", "measured", "probes", "host"},
     "host": {"memory_bytes", "memory_bandwidth_bytes_per_s", "memory_efficiency", "link_bandwidth_bytes_per_s",

@@ -14,13 +14,14 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import NamedTuple
 
 from costmodel.cluster import ClusterSpec, DeviceProfile
 from costmodel.compute import flash_tile_efficiency
 from costmodel.plan import PlanFile
 from costmodel.registry import llama_spec
 from costmodel.plan import Recompute
-from costmodel.specs import DType, TrainSpec
+from costmodel.specs import DType, ModelSpec, TrainSpec
 from planner.calibrate import COMPUTE_PARAMS, Run, fit_by_dtype, summary
 from planner.space import Choice, build_plan
 
@@ -33,22 +34,32 @@ BROAD = llama_spec("probe-broad", layers=2, hidden=512, heads=8, kv_heads=2, ffn
                    max_pos=256, source=_WHY)
 SEQ_LEN, GLOBAL_BATCH = 128, 4
 
-# (model, ranks, choice). One rank at three widths and two micro-batch sizes (the fit tells a
-# per-kernel cost from a rate by them) and with recomputation; then DP, TP + SP and a 1F1B
-# pipeline on two ranks: each parallelism the runtime executes, once.
+class Probe(NamedTuple):
+    model: ModelSpec
+    ranks: int
+    choice: Choice
+    global_batch: int = GLOBAL_BATCH
+
+
+# One rank at three widths and two micro-batch sizes (the fit tells a per-kernel cost from a rate
+# by them) and with recomputation; then DP, TP + SP and a 1F1B pipeline on two ranks: each
+# parallelism the runtime executes, once.
 PROBES = [
-    (WIDE, 1, Choice(micro_batch_size=4)),
-    (WIDE, 1, Choice(micro_batch_size=1)),
-    (NARROW, 1, Choice(micro_batch_size=4)),
-    (NARROW, 1, Choice(micro_batch_size=1)),
-    (WIDE, 1, Choice(micro_batch_size=2, recompute=Recompute.FULL)),
-    (BROAD, 1, Choice(micro_batch_size=4)),   # GEMM-heavy: tells the rate factor from the others
-    (WIDE, 2, Choice(micro_batch_size=2, zero_stage=1)),
+    Probe(WIDE, 1, Choice(micro_batch_size=4)),
+    Probe(WIDE, 1, Choice(micro_batch_size=1)),
+    Probe(NARROW, 1, Choice(micro_batch_size=4)),
+    Probe(NARROW, 1, Choice(micro_batch_size=1)),
+    Probe(WIDE, 1, Choice(micro_batch_size=2, recompute=Recompute.FULL)),
+    Probe(BROAD, 1, Choice(micro_batch_size=4)),   # GEMM-heavy: tells the rate factor from the others
+    Probe(WIDE, 2, Choice(micro_batch_size=2, zero_stage=1)),
     # latency-bound: the narrow model's FSDP units synchronise in far less time than they compute
     # on the wide one, so the fit tells the collectives' latency from their overlap
-    (NARROW, 2, Choice(micro_batch_size=2, zero_stage=2)),
-    (WIDE, 2, Choice(tp=2, micro_batch_size=4)),
-    (WIDE, 2, Choice(pp=2, micro_batch_size=1)),
+    Probe(NARROW, 2, Choice(micro_batch_size=2, zero_stage=2)),
+    Probe(WIDE, 2, Choice(tp=2, micro_batch_size=4)),
+    Probe(WIDE, 2, Choice(pp=2, micro_batch_size=1)),
+    # the first DP probe's collectives (the same bytes: ZeRO-1 reduces once a step) behind a
+    # micro-batch four times as long: how much of them hides, apart from how long they take
+    Probe(WIDE, 2, Choice(micro_batch_size=8, zero_stage=1), global_batch=4 * GLOBAL_BATCH),
 ]
 # The measured curves are the best of several repetitions: a training step's GEMMs do not run
 # faster than them (beyond noise), nor its memory-bound kernels much faster; without these bounds
@@ -104,11 +115,11 @@ def probe_plans(device: DeviceProfile, dtypes: dict[str, bool], ranks: int) -> l
     out = []
     cluster = ClusterSpec(device=device, num_nodes=1, devices_per_node=ranks)
     # probe-major, dtype-minor: when the budget runs out, every dtype has its first probes
-    for model, world, choice in PROBES:
+    for model, world, choice, global_batch in PROBES:
         if world != ranks:
             continue
         for name, accelerated in dtypes.items():
-            train = TrainSpec(seq_len=SEQ_LEN, global_batch_size=GLOBAL_BATCH, compute_dtype=DType(name))
+            train = TrainSpec(seq_len=SEQ_LEN, global_batch_size=global_batch, compute_dtype=DType(name))
             mine = model if accelerated else NARROW
             out.append(PlanFile(plan=build_plan(mine, train, cluster, choice), model=mine, train=train,
                                 cluster=cluster))
