@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache, wraps
 
 from costmodel.cluster import ClusterSpec, DeviceProfile
+from costmodel.flops import final_linear
 from costmodel.layout import Style, dense_blocks
 from costmodel.params import ceil_div
 from costmodel.plan import Plan
@@ -57,7 +58,7 @@ class KernelTimes:
     attention_forward_s: float  # the part selective recomputation re-runs
     # what a full recomputation re-runs: the forward, less what torch's early stop skips
     # (`final_linear_forward_s`) where the framework stops early; the forward elsewhere
-    recompute_forward_s: float = 0.0
+    recompute_forward_s: float
 
     @property
     def backward_s(self) -> float:
@@ -179,25 +180,12 @@ def _linears_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: Devic
     return fwd, bwd_in, bwd_w
 
 
-def stops_before_final_linear(model: ModelSpec, plan: KernelShape) -> bool:
-    """Whether a recomputation that stops early skips the layer's last projection (the MLP's
-    row-parallel w2 / fc2). torch's non-reentrant checkpoint stops recomputing once every tensor
-    the backward needs is saved again, and a linear saves its input and weight before its GEMM
-    runs: the GEMM, the collective after it under TP and the residual add are skipped (nothing in
-    backward needs their output). Not so where the layer ends in something that saves what the
-    GEMM makes: a dropout's mask, a float8 linear (a custom autograd function, saved after it
-    runs), a mixture of experts (its combine saves the routing). Listed by
-    tests/runtime/test_recompute_early_stop.py with a dispatch mode."""
-    return not (model.is_moe or model.dropout or plan.fp8_linears)
-
-
 def final_linear_forward_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile,
                            tokens: int) -> float:
-    """The forward GEMM of the layer's last projection where an early stop skips it (above), else
-    0; the residual add it also skips (one memory-bound kernel) is left in the price."""
-    if not stops_before_final_linear(model, plan):
-        return 0.0
-    last = next(b for b in dense_blocks(model) if b.name == "mlp").linears[-1]
+    """The forward GEMM of the layer's last projection (row-parallel: its input split over TP),
+    which a recomputation that stops early skips (costmodel.flops.stops_before_final_linear);
+    the residual add it also skips (one memory-bound kernel) is left in the price."""
+    last = final_linear(model)
     return gemm_s(tokens, ceil_div(last.in_features, plan.tp), last.out_features, dev, train)
 
 
@@ -473,7 +461,8 @@ def layer_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, de
     Transformer Engine kernels run them (`float8_casts_fused`); cpu_kernels: the runtime's eager
     layer on torch's CPU kernels (`cpu_kernels`), eager: on a GPU's (`eager_layer`); either way
     its memory-bound work is counted op by op. early_stop: a full recomputation stops before the
-    layer's last projection (`recompute_early_stop`, final_linear_forward_s)."""
+    layer's last projection (the caller's decision: the framework's `recompute_early_stop` where
+    costmodel.flops.stops_before_final_linear lets it; final_linear_forward_s)."""
     tokens = plan.micro_batch_size * train.seq_len // plan.cp
     fwd, bwd_in, bwd_w = _linears_s(model, train, plan, dev, tokens, fused_casts)
     attn_fwd, attn_bwd = _attention_core_s(model, train, plan, dev, cp_ring)
@@ -510,7 +499,7 @@ def head_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev
         norm = memory_bound_s(2 * a * elems, dev, 1)
         norm_bwd = 2 * norm
     return KernelTimes(forward_s=proj + loss + norm, backward_input_s=proj + loss + norm_bwd,
-                       backward_weight_s=proj, attention_forward_s=0.0)
+                       backward_weight_s=proj, attention_forward_s=0.0, recompute_forward_s=0.0)
 
 
 def cross_entropy_s(tokens: int, vocab: int, train: TrainSpec, dev: DeviceProfile) -> float:
@@ -536,7 +525,7 @@ def embedding_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape
     num_bytes = 2 * train.compute_dtype.num_bytes * tokens * model.hidden_size
     fwd = memory_bound_s(num_bytes, dev, 1)
     return KernelTimes(forward_s=fwd, backward_input_s=0.0, backward_weight_s=2 * fwd,
-                       attention_forward_s=0.0)
+                       attention_forward_s=0.0, recompute_forward_s=0.0)
 
 
 def host_optimizer_step_s(num_params: float, train: TrainSpec, cluster: ClusterSpec) -> float:

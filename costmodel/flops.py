@@ -39,6 +39,34 @@ def layer_forward_flops(model: ModelSpec, num_sequences: int, seq_len: int) -> i
             + attention_core_forward_flops(model, num_sequences, seq_len))
 
 
+def stops_before_final_linear(model: ModelSpec, plan: Plan) -> bool:
+    """Whether a recomputation that stops early skips the layer's last projection (the MLP's
+    row-parallel w2 / fc2). torch's non-reentrant checkpoint stops recomputing once every tensor
+    the backward needs is saved again, and a linear saves its input and weight before its GEMM
+    runs: the GEMM, the collective after it under TP and the residual add are skipped (nothing in
+    backward needs their output). Not so where the layer ends in something that saves what the
+    GEMM makes: a dropout's mask, a float8 linear (a custom autograd function, saved after it
+    runs), a mixture of experts (its combine saves the routing). tests/runtime/
+    test_recompute_early_stop.py lists the GEMMs a recomputation runs with a dispatch mode for the
+    dense, dropout and MoE layers; float8 (torchao 0.18 on CPU: all seven recomputed) and TP with
+    and without SP (one collective fewer) were checked once by hand, 2026-11-27. A float8 plan
+    whose last projection is too small to be float8 still stops early; priced whole (cautious)."""
+    return not (model.is_moe or model.dropout or plan.fp8_linears)
+
+
+def final_linear(model: ModelSpec):
+    """The layer's last projection (costmodel.layout: the MLP block's row-parallel one)."""
+    return next(b for b in dense_blocks(model) if b.name == "mlp").linears[-1]
+
+
+def skipped_recompute_flops(model: ModelSpec, num_tokens: int, plan: Plan, early_stop: bool) -> int:
+    """Forward FLOPs an early-stopping full recomputation never runs (`recompute_early_stop`)."""
+    if not (early_stop and plan.recompute is Recompute.FULL and stops_before_final_linear(model, plan)):
+        return 0
+    last = final_linear(model)
+    return 2 * num_tokens * last.in_features * last.out_features
+
+
 def lm_head_forward_flops(model: ModelSpec, num_tokens: int) -> int:
     return 2 * num_tokens * model.hidden_size * model.vocab_size
 
@@ -50,21 +78,23 @@ def model_flops_per_step(model: ModelSpec, train: TrainSpec) -> int:
     return (1 + BACKWARD_FACTOR) * forward
 
 
-def recompute_flops_per_step(model: ModelSpec, train: TrainSpec, plan: Plan) -> int:
-    """Extra forward work re-done in backward: whole layers (full) or the attention core
-    (selective), for the layers the plan recomputes on each pipeline rank, over all DP replicas."""
+def recompute_flops_per_step(model: ModelSpec, train: TrainSpec, plan: Plan, early_stop: bool = False) -> int:
+    """Extra forward work re-done in backward: whole layers (full; less the last projection where
+    the recomputation stops early) or the attention core (selective), for the layers the plan
+    recomputes on each pipeline rank, over all DP replicas."""
     if plan.recompute is Recompute.NONE:
         return 0
     b, s = train.global_batch_size, train.seq_len
-    per_layer = (layer_forward_flops(model, b, s) if plan.recompute is Recompute.FULL
-                 else attention_core_forward_flops(model, b, s))
+    per_layer = (layer_forward_flops(model, b, s) - skipped_recompute_flops(model, b * s, plan, early_stop)
+                 if plan.recompute is Recompute.FULL else attention_core_forward_flops(model, b, s))
     # recompute_num_layers counts layers of one pipeline rank; every rank sees the whole batch.
     return per_layer * sum(plan.recompute_num_layers)
 
 
-def executed_flops_per_step(model: ModelSpec, train: TrainSpec, plan: Plan) -> int:
-    """Hardware FLOPs (HFU numerator): model FLOPs plus recomputation."""
-    return model_flops_per_step(model, train) + recompute_flops_per_step(model, train, plan)
+def executed_flops_per_step(model: ModelSpec, train: TrainSpec, plan: Plan, early_stop: bool = False) -> int:
+    """Hardware FLOPs (HFU numerator): model FLOPs plus recomputation, as the framework runs it
+    (`early_stop`: costmodel.frameworks `recompute_early_stop`)."""
+    return model_flops_per_step(model, train) + recompute_flops_per_step(model, train, plan, early_stop)
 
 
 def utilization(flops: float, step_s: float, world_size: int, peak_flops_per_s: float) -> float:

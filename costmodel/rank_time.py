@@ -9,8 +9,8 @@ from costmodel.cluster import ClusterSpec
 from costmodel.comm import (HOST_COPIES, Collective, all_reduce_algorithms_s, collective_time_s, host_copy_s,
                             p2p_time_s, ring_time_s)
 from costmodel.compute import (KernelTimes, cross_entropy_s, expert_rows, host_optimizer_step_s, moe_tokens,
-                               optimizer_step_s, step_host_s, embedding_kernel_times, head_kernel_times, layer_kernel_times,
-                               stops_before_final_linear)
+                               optimizer_step_s, step_host_s, embedding_kernel_times, head_kernel_times, layer_kernel_times)
+from costmodel.flops import stops_before_final_linear
 from costmodel.frameworks import FrameworkTraits
 from costmodel.layout import dense_blocks
 from costmodel.memory import layer_activation_bytes, unsharded_between_micro_batches
@@ -201,26 +201,28 @@ def _tp_layer_comm_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Cl
     a mixture of experts routes its sequence shard without either."""
     if plan.tp == 1:
         return 0.0
-    num_bytes = _tp_hidden_bytes(model, train, plan)
-    if plan.sequence_parallel:
-        per_block = (collective_time_s(Collective.ALL_GATHER, num_bytes, span, cluster)
-                     + collective_time_s(Collective.REDUCE_SCATTER, num_bytes, span, cluster))
-    else:
-        per_block = collective_time_s(Collective.ALL_REDUCE, num_bytes, span, cluster)
+    per_block = (_tp_block_collective_s(model, train, plan, cluster, span, output=False)
+                 + _tp_block_collective_s(model, train, plan, cluster, span, output=True))
     return len(dense_blocks(model)) * per_block
 
 
-def _tp_recomputed_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
-                     span: AxisSpan, forward_s: float) -> float:
-    """A fully recomputed layer's exposed TP collectives: the forward's (`forward_s`), less the
-    one after the MLP's row-parallel projection (a reduce-scatter with sequence parallelism,
-    else an all-reduce) where the recomputation stops before that projection
-    (costmodel.compute.stops_before_final_linear)."""
-    if plan.tp == 1 or not (cluster.framework.recompute_early_stop and stops_before_final_linear(model, plan)):
-        return forward_s
+def _tp_block_collective_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
+                           span: AxisSpan, output: bool) -> float:
+    """One dense block's collective on its input (all-gather with sequence parallelism, else
+    nothing forward) or its output (reduce-scatter with sequence parallelism, else all-reduce)."""
     num_bytes = _tp_hidden_bytes(model, train, plan)
-    kind = Collective.REDUCE_SCATTER if plan.sequence_parallel else Collective.ALL_REDUCE
-    return forward_s - collective_time_s(kind, num_bytes, span, cluster) * (1.0 - cluster.framework.tp_comm_hidden)
+    if not plan.sequence_parallel:
+        return collective_time_s(Collective.ALL_REDUCE, num_bytes, span, cluster) if output else 0.0
+    return collective_time_s(Collective.REDUCE_SCATTER if output else Collective.ALL_GATHER, num_bytes, span, cluster)
+
+
+def _tp_mlp_output_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
+                     span: AxisSpan) -> float:
+    """The exposed collective after the MLP's row-parallel projection, one of those
+    _tp_layer_comm_s counts: a recomputation that stops before that projection never runs it."""
+    if plan.tp == 1:
+        return 0.0
+    return _tp_block_collective_s(model, train, plan, cluster, span, output=True) * (1.0 - cluster.framework.tp_comm_hidden)
 
 
 def _cp_layer_comm_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
@@ -278,9 +280,11 @@ def rank_time_model(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Clu
     """Depends on the plan's degrees, micro-batch, SP, recompute mode and placement only, not on
     its layer split or recompute counts."""
     dev = cluster.device
+    # a full recomputation that stops before the layer's last projection (and its TP collective)
+    early = cluster.framework.recompute_early_stop and stops_before_final_linear(model, plan)
     layer = layer_kernel_times(model, train, plan, dev, not cluster.framework.cp_all_gather_kv,
                                cluster.framework.float8_casts_fused, cluster.framework.cpu_kernels,
-                               cluster.framework.eager_layer, cluster.framework.recompute_early_stop)
+                               cluster.framework.eager_layer, early)
     # the share of TP collectives the framework hides behind GEMMs (costmodel.frameworks)
     tp = _tp_layer_comm_s(model, train, plan, cluster, sp.tp) * (1.0 - cluster.framework.tp_comm_hidden)
     cp_fwd, cp_bwd = _cp_layer_comm_s(model, train, plan, cluster, sp.cp, layer)
@@ -292,8 +296,8 @@ def rank_time_model(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Clu
     # a recomputed forward's cost against a training one (Efficiency.recompute_cost: 1, or calibrate's fit)
     again = dev.for_dtype(train.compute_dtype).efficiency.recompute_cost
     if plan.recompute is Recompute.FULL:
-        per_rc = _times(rc=again * layer.recompute_forward_s, tp=_tp_recomputed_s(model, train, plan, cluster, sp.tp, tp),
-                        cp=cp_fwd, ep=ep)
+        tp_again = tp - (_tp_mlp_output_s(model, train, plan, cluster, sp.tp) if early else 0.0)
+        per_rc = _times(rc=again * layer.recompute_forward_s, tp=tp_again, cp=cp_fwd, ep=ep)
     elif plan.recompute is Recompute.SELECTIVE:
         per_rc = _times(rc=again * layer.attention_forward_s)
     else:
@@ -323,9 +327,7 @@ def _edge_tp_comm_s(train: TrainSpec, plan: Plan, cluster: ClusterSpec, model: M
     all-gather / gradient all-reduce: one collective each way."""
     if plan.tp == 1:
         return 0.0
-    num_bytes = _tp_hidden_bytes(model, train, plan)
-    kind = Collective.REDUCE_SCATTER if plan.sequence_parallel else Collective.ALL_REDUCE
-    return 2 * collective_time_s(kind, num_bytes, span, cluster)
+    return 2 * _tp_block_collective_s(model, train, plan, cluster, span, output=True)
 
 
 def _gathered_logits_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,

@@ -15,7 +15,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from costmodel.cluster import parse_cluster
-from costmodel.compute import final_linear_forward_s, layer_kernel_times
+from costmodel.compute import layer_kernel_times
+from costmodel.estimate import estimate
+from costmodel.flops import stops_before_final_linear
 from costmodel.frameworks import FRAMEWORKS
 from costmodel.plan import Recompute
 from costmodel.registry import resolve_model
@@ -63,11 +65,10 @@ def test_the_recomputation_skips_what_the_model_leaves_out(model_name):
     recomputed = checkpointed - plain
     assert 0 < recomputed <= forward
     pf = plan_file(Choice(micro_batch_size=2, recompute=Recompute.FULL), world=1, model=model_name)
-    skipped_s = final_linear_forward_s(pf.model, pf.train, pf.plan, pf.cluster.device, 64)
     # debug-tiny (Llama-style, no dropout): the MLP's down projection; debug-tiny-gpt ends its
     # MLP in a dropout, whose mask needs the GEMM's output; debug-moe's combine saves the routing
     assert forward - recomputed == (1 if model_name == "debug-tiny" else 0)
-    assert (skipped_s > 0) == (model_name == "debug-tiny")
+    assert stops_before_final_linear(pf.model, pf.plan) == (model_name == "debug-tiny")
 
 
 def test_only_a_framework_that_stops_early_prices_it():
@@ -80,3 +81,15 @@ def test_only_a_framework_that_stops_early_prices_it():
     assert whole.recompute_forward_s == whole.forward_s
     assert early.recompute_forward_s < early.forward_s
     assert FRAMEWORKS["planner"].recompute_early_stop and not FRAMEWORKS["megatron-lm"].recompute_early_stop
+
+
+def test_hardware_flops_count_what_the_recomputation_runs():
+    """HFU's numerator leaves out the projection an early stop skips: w2 is 1024 x 384 of the
+    layer's 4 x 384^2 + 3 x 384 x 1024 projection weights here (no attention term: it is the same)."""
+    pf = plan_file(Choice(micro_batch_size=2, recompute=Recompute.FULL), world=1, model="debug-tiny",
+                   hidden_size=384, num_heads=6, num_kv_heads=6, ffn_hidden_size=1024)
+    ours = estimate(pf.model, pf.train, pf.cluster, pf.plan)
+    megatron = estimate(pf.model, pf.train, replace(pf.cluster, framework=FRAMEWORKS["megatron-lm"]), pf.plan)
+    skipped = 2 * pf.train.global_batch_size * pf.train.seq_len * 1024 * 384 * pf.model.num_layers
+    assert ours.model_flops == megatron.model_flops
+    assert megatron.executed_flops - ours.executed_flops == skipped
