@@ -19,7 +19,7 @@ from functools import lru_cache, wraps
 
 from costmodel.cluster import ClusterSpec, DeviceProfile
 from costmodel.flops import final_linear
-from costmodel.layout import Style, dense_blocks
+from costmodel.layout import Linear, Style, dense_blocks
 from costmodel.params import ceil_div
 from costmodel.plan import Plan
 from typing import Protocol
@@ -154,6 +154,14 @@ def float8_linear(k: int, n: int) -> bool:
     return k % FP8_MIN_DIM == 0 and n % FP8_MIN_DIM == 0
 
 
+def _local_shape(lin: Linear, tp: int) -> tuple[int, int]:
+    """(k, n) of a projection's GEMM on one TP rank: a column-parallel one splits its outputs,
+    a row-parallel one its inputs (costmodel.layout)."""
+    if lin.style is Style.COLWISE:
+        return lin.in_features, ceil_div(lin.out_features, tp)
+    return ceil_div(lin.in_features, tp), lin.out_features
+
+
 def _linears_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile, tokens: int,
                fused_casts: bool) -> tuple[float, float, float]:
     """(forward, input-gradient, weight-gradient) seconds of the layer's GEMMs. Float8 linears
@@ -164,10 +172,7 @@ def _linears_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: Devic
     fwd = bwd_in = bwd_w = moe
     for block in dense_blocks(model):
         for lin in block.linears:
-            if lin.style is Style.COLWISE:
-                k, n = lin.in_features, ceil_div(lin.out_features, plan.tp)
-            else:
-                k, n = ceil_div(lin.in_features, plan.tp), lin.out_features
+            k, n = _local_shape(lin, plan.tp)
             if not (plan.fp8_linears and float8_linear(k, n)):
                 t = gemm_s(tokens, k, n, dev, train)
                 fwd, bwd_in, bwd_w = fwd + t, bwd_in + t, bwd_w + t
@@ -185,8 +190,7 @@ def final_linear_forward_s(model: ModelSpec, train: TrainSpec, plan: KernelShape
     """The forward GEMM of the layer's last projection (row-parallel: its input split over TP),
     which a recomputation that stops early skips (costmodel.flops.stops_before_final_linear);
     the residual add it also skips (one memory-bound kernel) is left in the price."""
-    last = final_linear(model)
-    return gemm_s(tokens, ceil_div(last.in_features, plan.tp), last.out_features, dev, train)
+    return gemm_s(tokens, *_local_shape(final_linear(model), plan.tp), dev, train)
 
 
 def flash_tile_efficiency(seq_len: int) -> float:

@@ -10,7 +10,7 @@ this gives Megatron's 72·B·s·l·h²·(1 + s/6h + V/12lh) per step (tested).
 """
 from __future__ import annotations
 
-from costmodel.layout import dense_blocks
+from costmodel.layout import Linear, dense_blocks
 from costmodel.params import active_moe_params
 from costmodel.plan import Plan, Recompute
 from costmodel.specs import ModelSpec, TrainSpec
@@ -54,7 +54,7 @@ def stops_before_final_linear(model: ModelSpec, plan: Plan) -> bool:
     return not (model.is_moe or model.dropout or plan.fp8_linears)
 
 
-def final_linear(model: ModelSpec):
+def final_linear(model: ModelSpec) -> Linear:
     """The layer's last projection (costmodel.layout: the MLP block's row-parallel one)."""
     return next(b for b in dense_blocks(model) if b.name == "mlp").linears[-1]
 

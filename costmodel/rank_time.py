@@ -216,15 +216,6 @@ def _tp_block_collective_s(model: ModelSpec, train: TrainSpec, plan: Plan, clust
     return collective_time_s(Collective.REDUCE_SCATTER if output else Collective.ALL_GATHER, num_bytes, span, cluster)
 
 
-def _tp_mlp_output_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
-                     span: AxisSpan) -> float:
-    """The exposed collective after the MLP's row-parallel projection, one of those
-    _tp_layer_comm_s counts: a recomputation that stops before that projection never runs it."""
-    if plan.tp == 1:
-        return 0.0
-    return _tp_block_collective_s(model, train, plan, cluster, span, output=True) * (1.0 - cluster.framework.tp_comm_hidden)
-
-
 def _cp_layer_comm_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
                      span: AxisSpan, kernels: KernelTimes) -> tuple[float, float]:
     """The exposed (forward, backward) K/V exchange of one layer. All-gathered (our runtime,
@@ -286,7 +277,8 @@ def rank_time_model(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Clu
                                cluster.framework.float8_casts_fused, cluster.framework.cpu_kernels,
                                cluster.framework.eager_layer, early)
     # the share of TP collectives the framework hides behind GEMMs (costmodel.frameworks)
-    tp = _tp_layer_comm_s(model, train, plan, cluster, sp.tp) * (1.0 - cluster.framework.tp_comm_hidden)
+    exposed = 1.0 - cluster.framework.tp_comm_hidden
+    tp = _tp_layer_comm_s(model, train, plan, cluster, sp.tp) * exposed
     cp_fwd, cp_bwd = _cp_layer_comm_s(model, train, plan, cluster, sp.cp, layer)
     ep = _ep_layer_comm_s(model, train, plan, cluster, sp.ep)
     per_layer = _times(layer.forward_s, layer.backward_s, layer.backward_weight_s, tp=2 * tp,
@@ -296,8 +288,10 @@ def rank_time_model(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Clu
     # a recomputed forward's cost against a training one (Efficiency.recompute_cost: 1, or calibrate's fit)
     again = dev.for_dtype(train.compute_dtype).efficiency.recompute_cost
     if plan.recompute is Recompute.FULL:
-        tp_again = tp - (_tp_mlp_output_s(model, train, plan, cluster, sp.tp) if early else 0.0)
-        per_rc = _times(rc=again * layer.recompute_forward_s, tp=tp_again, cp=cp_fwd, ep=ep)
+        # stopping early, it never runs the collective after the MLP's row-parallel projection
+        skipped_tp = (_tp_block_collective_s(model, train, plan, cluster, sp.tp, output=True) * exposed
+                      if early and plan.tp > 1 else 0.0)
+        per_rc = _times(rc=again * layer.recompute_forward_s, tp=tp - skipped_tp, cp=cp_fwd, ep=ep)
     elif plan.recompute is Recompute.SELECTIVE:
         per_rc = _times(rc=again * layer.attention_forward_s)
     else:
