@@ -2,15 +2,21 @@
 `planner run` in several plans and dtypes, predicted vs measured step time (MAPE, max error,
 Spearman) before any calibration; then after `planner calibrate`, in sample and leave-one-out.
 
-    python benchmarks/closed_loop.py [--out runs/closed-loop] [--steps 4] [--skip-profile] [--skip-runs]
-                                     [--refit]
+    python benchmarks/closed_loop.py [--out runs/closed-loop] [--steps 4] [--passes 2] [--skip-profile]
+                                     [--skip-runs] [--refit]
 
 1. `planner profile --out OUT/profile.toml` (unless --skip-profile): microbenchmarks and probes.
 2. A Llama-style model with GQA that is in no registry and no probe (HIDDEN, written as a
    Hugging Face config.json), in single-rank, full recompute, DP (ZeRO-1), PP (1F1B), TP+SP and
-   CP plans, fp32 and bf16: `planner predict ... --out plan.json`, then `planner run plan.json`.
+   CP plans, fp32 and bf16: `planner predict ... --out plan.json`, then `planner run plan.json`,
+   the whole matrix `--passes` times (OUT/<plan>, then OUT/pass2/<plan>, ..., every other pass in
+   reverse order): a plan's measured step is the geometric mean of its passes, each the median of
+   its steps. On a shared 2-core machine the same plan measured minutes apart moves by 5-8 % against
+   the others (its log step time's residual after each run's and each plan's mean, runs N-AA of
+   2026-11-27), more than its steps scatter within one run (the median of 4 steps: about 3 %);
+   passes minutes apart average that, steps seconds apart do not.
 3. `planner calibrate` on those runs, the table again, and leave-one-out (each plan predicted by
-   a calibration on the others).
+   a calibration on the others, all of its passes left out).
 `--refit` (with --skip-profile --skip-runs): the profile's probes fitted again from their stored
 step times under the current cost model, then every table: a cost-model change judged on the
 same measurements, without the minutes-apart noise of a new profile and new runs.
@@ -20,6 +26,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import shutil
 import statistics
 import subprocess
 import sys
@@ -55,17 +63,40 @@ def planner(*args: str, quiet: bool = True) -> None:
                    stdout=subprocess.DEVNULL if quiet else None)
 
 
-def run_matrix(out: Path, profile: Path, steps: int) -> None:
+def pass_dir(out: Path, k: int) -> Path:
+    """Where pass k (from 1) of the matrix runs: OUT/<plan> for the first, OUT/pass<k>/<plan> after."""
+    return out if k == 1 else out / f"pass{k}"
+
+
+def passes_of(out: Path, name: str) -> list[Path]:
+    """A plan's run directories, one per pass measured (a run from before passes has one)."""
+    dirs, k = [out / name], 2
+    while (pass_dir(out, k) / name / "measured.json").exists():
+        dirs.append(pass_dir(out, k) / name)
+        k += 1
+    return dirs
+
+
+def run_matrix(out: Path, profile: Path, steps: int, passes: int) -> None:
     config = out / "hidden-llama" / "config.json"
     config.parent.mkdir(parents=True, exist_ok=True)
     config.write_text(json.dumps(HIDDEN, indent=2))
-    for i, (name, ranks, flags) in enumerate(MATRIX, 1):
-        print(f"[{i}/{len(MATRIX)}] {name}", file=sys.stderr, flush=True)
+    for name, ranks, flags in MATRIX:
         plan = out / name / "plan.json"
         plan.unlink(missing_ok=True)
         planner("predict", "--model", str(config), "--cluster", f"1x{ranks}x{profile}", *TRAIN, *flags,
                 "--out", str(plan), "--overwrite", "--json")
-        planner("run", str(plan), "--steps", str(steps), "--warmup", "2", "--out", str(out / name), "--overwrite")
+    for k in range(1, passes + 1):
+        # every other pass backwards: a drift over the passes weighs on every plan alike
+        order = MATRIX if k % 2 else MATRIX[::-1]
+        for i, (name, *_) in enumerate(order, 1):
+            print(f"[pass {k}/{passes}, {i}/{len(MATRIX)}] {name}", file=sys.stderr, flush=True)
+            where = pass_dir(out, k) / name
+            if k > 1:
+                where.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(out / name / "plan.json", where / "plan.json")
+            planner("run", str(where / "plan.json"), "--steps", str(steps), "--warmup", "2", "--out", str(where),
+                    "--overwrite")
 
 
 def refit(profile: Path):
@@ -78,15 +109,32 @@ def refit(profile: Path):
     return fitted
 
 
+def measured_s(runs) -> float:
+    """A plan's measured step over its passes: their geometric mean (calibrate fits log errors)."""
+    return math.exp(statistics.fmean(math.log(r.measured_step_s) for r in runs))
+
+
+def load_passes(out: Path) -> dict[str, list]:
+    from planner.calibrate import load_run
+    return {name: [load_run(d) for d in passes_of(out, name)] for name, *_ in MATRIX}
+
+
 def table(out: Path, profile) -> list[tuple[str, float, float]]:
     from costmodel.cluster import load_profile
-    from planner.calibrate import load_run, predict_with
+    from planner.calibrate import predict_with
     device = load_profile(profile) if isinstance(profile, Path) else profile
-    rows = []
-    for name, *_ in MATRIX:
-        run = load_run(out / name)
-        rows.append((name, predict_with(run, device).step_time_s, run.measured_step_s))
-    return rows
+    return [(name, predict_with(runs[0], device).step_time_s, measured_s(runs))
+            for name, runs in load_passes(out).items()]
+
+
+def pass_spread(out: Path) -> None:
+    """How far a plan's passes lie apart: the measurement's own noise, beside the model's error."""
+    spreads = {name: 100 * (max(r.measured_step_s for r in runs) / min(r.measured_step_s for r in runs) - 1)
+               for name, runs in load_passes(out).items() if len(runs) > 1}
+    if spreads:
+        worst = max(spreads, key=spreads.get)
+        print(f"\nthe passes of a plan lie {statistics.median(spreads.values()):.1f} % apart (median; "
+              f"{worst} {spreads[worst]:.1f} % at most): the measurement's own noise")
 
 
 def summarise(label: str, rows: list[tuple[str, float, float]]) -> None:
@@ -104,20 +152,23 @@ def leave_one_out(out: Path, profile: Path, prior_weight: float) -> list[tuple[s
     """Each plan predicted by a profile calibrated on the other plans only: how well the
     calibration predicts a plan it has not seen (the in-sample table can flatter)."""
     from costmodel.cluster import load_profile
-    from planner.calibrate import fit_by_dtype, load_run, predict_with
+    from planner.calibrate import fit_by_dtype, predict_with
     base = load_profile(profile) if isinstance(profile, Path) else profile
-    runs = [load_run(out / name) for name, *_ in MATRIX]
+    passes = load_passes(out)
     rows = []
-    for i, (name, *_) in enumerate(MATRIX):
-        device, _ = fit_by_dtype(runs[:i] + runs[i + 1:], base, prior_weight=prior_weight)
-        rows.append((name, predict_with(runs[i], device).step_time_s, runs[i].measured_step_s))
+    for name, mine in passes.items():
+        others = [r for other, runs in passes.items() if other != name for r in runs]
+        device, _ = fit_by_dtype(others, base, prior_weight=prior_weight)
+        rows.append((name, predict_with(mine[0], device).step_time_s, measured_s(mine)))
     return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=Path("runs/closed-loop"))
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=4, help="timed steps per run (default 4)")
+    parser.add_argument("--passes", type=int, default=2,
+                        help="times the whole matrix runs, minutes apart (default 2; see the docstring)")
     parser.add_argument("--skip-profile", action="store_true")
     parser.add_argument("--skip-runs", action="store_true")
     parser.add_argument("--refit", action="store_true",
@@ -127,29 +178,32 @@ def main() -> None:
     args = parser.parse_args()
     if args.refit and not (args.skip_profile and args.skip_runs):
         parser.error("--refit judges the stored measurements: give --skip-profile --skip-runs too")
+    if args.passes < 1 or args.steps < 1:
+        parser.error("--passes and --steps must be at least 1")
     profile, calibrated = args.out / "profile.toml", args.out / "profile-calibrated.toml"
     start = time.perf_counter()
     if not args.skip_profile:
         args.out.mkdir(parents=True, exist_ok=True)
         planner("profile", "--out", str(profile), "--overwrite", quiet=False)
     if not args.skip_runs:
-        run_matrix(args.out, profile, args.steps)
+        run_matrix(args.out, profile, args.steps, args.passes)
     prior = PRIOR_WEIGHT if args.prior_weight is None else args.prior_weight
     if args.refit:
-        from planner.calibrate import fit_by_dtype, load_run
+        from planner.calibrate import fit_by_dtype
         device = refit(profile)
         summarise(f"{profile} refitted, no calibration", table(args.out, device))
-        calibrated_device, _ = fit_by_dtype([load_run(args.out / name) for name, *_ in MATRIX], device)
+        calibrated_device, _ = fit_by_dtype([r for runs in load_passes(args.out).values() for r in runs], device)
         summarise(f"calibrated on all {len(MATRIX)} runs (in sample)", table(args.out, calibrated_device))
         summarise("leave-one-out: each plan predicted by a calibration on the other plans",
                   leave_one_out(args.out, device, prior))
     else:
         summarise(f"fresh profile {profile}, no calibration", table(args.out, profile))
-        planner("calibrate", *[str(args.out / name) for name, *_ in MATRIX], "--profile", str(profile),
+        planner("calibrate", *[str(d) for name, *_ in MATRIX for d in passes_of(args.out, name)], "--profile", str(profile),
                 "--out", str(calibrated), "--overwrite", quiet=False)
         summarise(f"calibrated on all {len(MATRIX)} runs (in sample)", table(args.out, calibrated))
         summarise("leave-one-out: each plan predicted by a calibration on the other plans",
                   leave_one_out(args.out, profile, prior))
+    pass_spread(args.out)
     print(f"\n{time.perf_counter() - start:.0f} s; command: python benchmarks/closed_loop.py "
           + " ".join(sys.argv[1:]))
 
