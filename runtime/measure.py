@@ -117,6 +117,14 @@ def straggler_row(rank_forward_s: list[float]) -> tuple[str, str, str, str]:
             f"{rank_forward_s[slowest] * 1e3:,.1f} ms", spread)
 
 
+def steps_row(step_times_s: list[float]) -> tuple[str, str, str, str]:
+    """The timed steps' range beside the median: an error smaller than their scatter is the
+    machine's noise, not the model's (on a shared CPU the steps of one run scatter 5-30 %)."""
+    fastest, slowest = min(step_times_s), max(step_times_s)
+    return (f"  {len(step_times_s)} timed steps, fastest - slowest", "-",
+            f"{fastest * 1e3:,.1f} - {slowest * 1e3:,.1f} ms", f"{100 * (slowest / fastest - 1):.0f}% apart")
+
+
 def comparison_rows(m: MeasuredRun) -> list[tuple[str, str, str, str]]:
     """(quantity, predicted, measured, error) for the end-of-run table."""
     est, err = m.predicted, m.error_pct
@@ -126,6 +134,7 @@ def comparison_rows(m: MeasuredRun) -> list[tuple[str, str, str, str]]:
 
     rows = [("step time", f"{est['step_time_s'] * 1e3:,.1f} ms", f"{m.step_time_s * 1e3:,.1f} ms",
              pct(err["step_time_s"])),
+            *([steps_row(m.step_times_s)] if len(m.step_times_s) > 1 else []),
             ("tokens/s", f"{est['tokens_per_s']:,.0f}", f"{m.tokens_per_s:,.0f}", pct(err["tokens_per_s"])),
             ("MFU", f"{100 * est['mfu']:.1f}%", f"{100 * m.mfu:.1f}%", pct(err["mfu"]))]
     parts, predicted = m.stage_breakdown_s, m.predicted_stage_breakdown_s

@@ -51,3 +51,10 @@ def test_parts_predicted_near_zero_compare_in_milliseconds():
     rows = {r[0]: r[3] for r in comparison_rows(MeasuredRun(**m))}
     assert rows["stage 0 DP gradient sync"] == "+2.0 ms" and rows["stage 0 wait (bubble + PP transfer)"] == "+18.0 ms"
     assert rows["stage 0 work (compute + TP/CP)"].endswith("%")
+
+
+def test_the_timed_steps_scatter_is_shown_beside_the_median():
+    from runtime.measure import steps_row
+    label, predicted, measured, apart = steps_row([0.100, 0.125, 0.110])
+    assert "3 timed steps" in label and predicted == "-"
+    assert measured == "100.0 - 125.0 ms" and apart == "25% apart"
