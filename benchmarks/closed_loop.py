@@ -10,13 +10,16 @@ Spearman) before any calibration; then after `planner calibrate`, in sample and 
    Hugging Face config.json), in single-rank, full recompute, DP (ZeRO-1), PP (1F1B), TP+SP and
    CP plans, fp32 and bf16: `planner predict ... --out plan.json`, then `planner run plan.json`,
    the whole matrix `--passes` times (OUT/<plan>, then OUT/pass2/<plan>, ..., every other pass in
-   reverse order): a plan's measured step is the geometric mean of its passes, each the median of
-   its steps. On a shared 2-core machine the same plan measured minutes apart moves by 5-8 % against
-   the others (its log step time's residual after each run's and each plan's mean, runs N-AA of
-   2026-11-27), more than its steps scatter within one run (the median of 4 steps: about 3 %);
-   passes minutes apart average that, steps seconds apart do not.
-3. `planner calibrate` on those runs, the table again, and leave-one-out (each plan predicted by
-   a calibration on the others, all of its passes left out).
+   reverse order, so with an even number of passes a drift weighs on every plan alike): a plan's
+   measured step is the geometric mean of its passes (planner.calibrate.merge_repeats), each the
+   median of its steps. On a shared 2-core machine the same plan measured minutes apart moves
+   against the others by 6.6 % (4.3-8.1 % by plan: the standard deviation of its log step time's
+   residual after each run's and each plan's mean, runs N-AA of 2026-11-27), more than its steps
+   scatter within one run (the median of 4 steps: about 3 %); passes minutes apart average that,
+   steps seconds apart do not.
+3. `planner calibrate` on those runs (a plan's passes merged into one run, so the prior weighs as
+   on one pass), the table again, and leave-one-out (each plan predicted by a calibration on the
+   others, all of its passes left out).
 `--refit` (with --skip-profile --skip-runs): the profile's probes fitted again from their stored
 step times under the current cost model, then every table: a cost-model change judged on the
 same measurements, without the minutes-apart noise of a new profile and new runs.
@@ -26,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shutil
 import statistics
 import subprocess
@@ -77,17 +79,26 @@ def passes_of(out: Path, name: str) -> list[Path]:
     return dirs
 
 
+def clear_passes(out: Path) -> None:
+    """Remove the later passes of an earlier matrix in OUT, so none mixes into this one's."""
+    k = 2
+    while pass_dir(out, k).exists():
+        shutil.rmtree(pass_dir(out, k))
+        k += 1
+
+
 def run_matrix(out: Path, profile: Path, steps: int, passes: int) -> None:
     config = out / "hidden-llama" / "config.json"
     config.parent.mkdir(parents=True, exist_ok=True)
     config.write_text(json.dumps(HIDDEN, indent=2))
+    clear_passes(out)
     for name, ranks, flags in MATRIX:
         plan = out / name / "plan.json"
         plan.unlink(missing_ok=True)
         planner("predict", "--model", str(config), "--cluster", f"1x{ranks}x{profile}", *TRAIN, *flags,
                 "--out", str(plan), "--overwrite", "--json")
     for k in range(1, passes + 1):
-        # every other pass backwards: a drift over the passes weighs on every plan alike
+        # every other pass backwards: over an even number of passes, a drift weighs on every plan alike
         order = MATRIX if k % 2 else MATRIX[::-1]
         for i, (name, *_) in enumerate(order, 1):
             print(f"[pass {k}/{passes}, {i}/{len(MATRIX)}] {name}", file=sys.stderr, flush=True)
@@ -109,22 +120,33 @@ def refit(profile: Path):
     return fitted
 
 
-def measured_s(runs) -> float:
-    """A plan's measured step over its passes: their geometric mean (calibrate fits log errors)."""
-    return math.exp(statistics.fmean(math.log(r.measured_step_s) for r in runs))
-
-
 def load_passes(out: Path) -> dict[str, list]:
+    """Every plan's runs, one per pass; refused unless every plan has as many passes and each
+    pass ran the first pass's plan (a matrix that stopped part-way must be run again)."""
     from planner.calibrate import load_run
-    return {name: [load_run(d) for d in passes_of(out, name)] for name, *_ in MATRIX}
+    passes = {name: [load_run(d) for d in passes_of(out, name)] for name, *_ in MATRIX}
+    counts = {len(runs) for runs in passes.values()}
+    if len(counts) > 1:
+        raise SystemExit(f"{out}: plans measured in different numbers of passes "
+                         f"({', '.join(f'{n} {len(r)}' for n, r in passes.items())}): run the matrix again")
+    for name, runs in passes.items():
+        if any(r.pf != runs[0].pf for r in runs[1:]):
+            raise SystemExit(f"{out}: the passes of {name} ran different plans: run the matrix again")
+    return passes
+
+
+def plan_runs(out: Path) -> dict[str, object]:
+    """One run per plan, its passes merged (planner.calibrate.merge_repeats: the geometric mean)."""
+    from planner.calibrate import merge_repeats
+    return {name: merge_repeats(runs)[0] for name, runs in load_passes(out).items()}
 
 
 def table(out: Path, profile) -> list[tuple[str, float, float]]:
     from costmodel.cluster import load_profile
     from planner.calibrate import predict_with
     device = load_profile(profile) if isinstance(profile, Path) else profile
-    return [(name, predict_with(runs[0], device).step_time_s, measured_s(runs))
-            for name, runs in load_passes(out).items()]
+    return [(name, predict_with(run, device).step_time_s, run.measured_step_s)
+            for name, run in plan_runs(out).items()]
 
 
 def pass_spread(out: Path) -> None:
@@ -154,12 +176,11 @@ def leave_one_out(out: Path, profile: Path, prior_weight: float) -> list[tuple[s
     from costmodel.cluster import load_profile
     from planner.calibrate import fit_by_dtype, predict_with
     base = load_profile(profile) if isinstance(profile, Path) else profile
-    passes = load_passes(out)
+    runs = plan_runs(out)
     rows = []
-    for name, mine in passes.items():
-        others = [r for other, runs in passes.items() if other != name for r in runs]
-        device, _ = fit_by_dtype(others, base, prior_weight=prior_weight)
-        rows.append((name, predict_with(mine[0], device).step_time_s, measured_s(mine)))
+    for name, mine in runs.items():
+        device, _ = fit_by_dtype([r for other, r in runs.items() if other != name], base, prior_weight=prior_weight)
+        rows.append((name, predict_with(mine, device).step_time_s, mine.measured_step_s))
     return rows
 
 
@@ -167,7 +188,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=Path("runs/closed-loop"))
     parser.add_argument("--steps", type=int, default=4, help="timed steps per run (default 4)")
-    parser.add_argument("--passes", type=int, default=2,
+    parser.add_argument("--passes", type=int, default=None,
                         help="times the whole matrix runs, minutes apart (default 2; see the docstring)")
     parser.add_argument("--skip-profile", action="store_true")
     parser.add_argument("--skip-runs", action="store_true")
@@ -178,6 +199,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.refit and not (args.skip_profile and args.skip_runs):
         parser.error("--refit judges the stored measurements: give --skip-profile --skip-runs too")
+    if args.skip_runs and args.passes is not None:
+        parser.error("--passes sets how often the runs are measured: with --skip-runs the stored passes are used")
+    args.passes = 2 if args.passes is None else args.passes
     if args.passes < 1 or args.steps < 1:
         parser.error("--passes and --steps must be at least 1")
     profile, calibrated = args.out / "profile.toml", args.out / "profile-calibrated.toml"
@@ -192,15 +216,16 @@ def main() -> None:
         from planner.calibrate import fit_by_dtype
         device = refit(profile)
         summarise(f"{profile} refitted, no calibration", table(args.out, device))
-        calibrated_device, _ = fit_by_dtype([r for runs in load_passes(args.out).values() for r in runs], device)
-        summarise(f"calibrated on all {len(MATRIX)} runs (in sample)", table(args.out, calibrated_device))
+        calibrated_device, _ = fit_by_dtype(list(plan_runs(args.out).values()), device)
+        summarise(f"calibrated on all {len(MATRIX)} plans (in sample)", table(args.out, calibrated_device))
         summarise("leave-one-out: each plan predicted by a calibration on the other plans",
                   leave_one_out(args.out, device, prior))
     else:
         summarise(f"fresh profile {profile}, no calibration", table(args.out, profile))
-        planner("calibrate", *[str(d) for name, *_ in MATRIX for d in passes_of(args.out, name)], "--profile", str(profile),
-                "--out", str(calibrated), "--overwrite", quiet=False)
-        summarise(f"calibrated on all {len(MATRIX)} runs (in sample)", table(args.out, calibrated))
+        every_pass = [str(d) for name, *_ in MATRIX for d in passes_of(args.out, name)]
+        planner("calibrate", *every_pass, "--profile", str(profile), "--out", str(calibrated), "--overwrite",
+                quiet=False)
+        summarise(f"calibrated on all {len(MATRIX)} plans (in sample)", table(args.out, calibrated))
         summarise("leave-one-out: each plan predicted by a calibration on the other plans",
                   leave_one_out(args.out, profile, prior))
     pass_spread(args.out)

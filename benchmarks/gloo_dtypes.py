@@ -7,7 +7,7 @@ element or per call? (README, closed loop: "Two passes".)
 Reduce-scatter, all-gather and all-reduce over 256K-4M elements (the closed loop's hidden model
 moves 393K per TP collective: 1,024 tokens x 384), the dtypes and operations alternating call by
 call so a drift of the machine weighs on each alike; each call after a barrier; medians of all
-but the first three calls, and the best.
+but the first three calls, and the best of all calls. Two ranks (the shards are halves).
 """
 from __future__ import annotations
 

@@ -57,6 +57,21 @@ def load_run(path: Path) -> Run:
                measured=measured)
 
 
+def merge_repeats(runs: list[Run]) -> list[Run]:
+    """One run per plan: runs of the same plan file (model, training, plan and cluster alike)
+    become one whose step time is their geometric mean (the fit's errors are logarithms). The fit
+    weighs plans, not repetitions: unmerged, a plan run N times would count N times against the
+    others, and N runs of every plan would weaken the prior N-fold (PRIOR_WEIGHT was chosen on one
+    run per plan)."""
+    import json
+    groups: dict[str, list[Run]] = {}
+    for r in runs:
+        groups.setdefault(json.dumps(r.pf.to_dict(), sort_keys=True), []).append(r)
+    return [g[0] if len(g) == 1 else
+            replace(g[0], measured_step_s=math.exp(statistics.fmean(math.log(r.measured_step_s) for r in g)))
+            for g in groups.values()]
+
+
 def predict_with(run: Run, device: DeviceProfile) -> Estimate:
     pf = run.pf
     return estimate(pf.model, pf.train, replace(pf.cluster, device=device), pf.plan)

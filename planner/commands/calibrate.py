@@ -26,7 +26,7 @@ def add_calibrate_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from planner import profile_file
-    from planner.calibrate import calibrated_profile, fit_by_dtype, load_run, summary
+    from planner.calibrate import calibrated_profile, fit_by_dtype, load_run, merge_repeats, summary
     from reports.tables import table
     base = resolve_device(args.profile)
     base_path = Path(base.path)
@@ -35,9 +35,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         raise ValueError("--out must differ from the profile: calibration never overwrites it")
     outputs.out_file(out, "--out", args.overwrite, ".toml")
     runs = [load_run(Path(r)) for r in args.runs]
-    runs = [replace(r, pf=replace(r.pf, cluster=replace(r.pf.cluster, device=base))) for r in runs]
+    loaded = [replace(r, pf=replace(r.pf, cluster=replace(r.pf.cluster, device=base))) for r in runs]
+    runs = merge_repeats(loaded)
     before = summary(runs, base)
-    print(f"fitting {len(runs)} runs ...", file=sys.stderr)
+    repeats = f" of {len(runs)} plans (a plan's repeated runs by the geometric mean of their steps)" \
+        if len(runs) < len(loaded) else ""
+    print(f"fitting {len(loaded)} runs{repeats} ...", file=sys.stderr)
     device, params = fit_by_dtype(runs, base)
     device = replace(device, name=out.stem)
     after = summary(runs, device)

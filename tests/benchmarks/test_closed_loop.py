@@ -52,16 +52,36 @@ def test_a_run_from_before_passes_is_one_pass(tmp_path):
     assert [m for _, _, m in cl.table(tmp_path, CLUSTER.device)] == pytest.approx([t for t, in times.values()])
 
 
-def test_leave_one_out_calibrates_without_any_pass_of_the_plan(tmp_path, monkeypatch):
+def test_leave_one_out_calibrates_on_the_other_plans_passes_merged(tmp_path, monkeypatch):
+    """Without any pass of the left-out plan, and one run per other plan (its passes' geometric
+    mean), so the prior weighs as on one pass."""
     cl = load_benchmark("closed_loop")
-    _matrix(tmp_path, cl, passes=2)
+    times = _matrix(tmp_path, cl, passes=2)
     import planner.calibrate as calibrate
     seen = []
 
     def fit(runs, base, **_):
-        seen.append({r.path.name for r in runs})
-        assert len(runs) == 2 * (len(cl.MATRIX) - 1)
+        seen.append({r.path.name: r.measured_step_s for r in runs})
         return base, {}
     monkeypatch.setattr(calibrate, "fit_by_dtype", fit)
     rows = cl.leave_one_out(tmp_path, CLUSTER.device, 0.3)
-    assert [name not in names for (name, *_), names in zip(rows, seen)] == [True] * len(cl.MATRIX)
+    for (name, *_), fitted in zip(rows, seen):
+        assert set(fitted) == set(times) - {name}
+        assert all(t == pytest.approx(math.sqrt(math.prod(times[n]))) for n, t in fitted.items())
+
+
+def test_plans_measured_in_different_numbers_of_passes_are_refused(tmp_path):
+    cl = load_benchmark("closed_loop")
+    _matrix(tmp_path, cl, passes=2)
+    name = cl.MATRIX[-1][0]
+    (cl.pass_dir(tmp_path, 2) / name / "measured.json").unlink()   # a second pass stopped part-way
+    with pytest.raises(SystemExit, match="different numbers of passes"):
+        cl.table(tmp_path, CLUSTER.device)
+
+
+def test_a_new_matrix_clears_the_later_passes_of_an_earlier_one(tmp_path):
+    cl = load_benchmark("closed_loop")
+    _matrix(tmp_path, cl, passes=3)
+    cl.clear_passes(tmp_path)
+    assert not cl.pass_dir(tmp_path, 2).exists() and not cl.pass_dir(tmp_path, 3).exists()
+    assert all(len(cl.passes_of(tmp_path, name)) == 1 for name, *_ in cl.MATRIX)

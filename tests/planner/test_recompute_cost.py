@@ -106,3 +106,15 @@ def test_the_calibrated_profile_keeps_the_fitted_cost(tmp_path, capsys):
     # one recomputing run of six moves it part of the way: the prior (PRIOR_WEIGHT) holds it
     # towards the profile's 1, as it holds every factor
     assert 0.55 < cost < 0.95
+
+
+def test_calibrate_merges_repeated_runs_of_a_plan_into_their_geometric_mean():
+    """A plan run twice counts once (planner.calibrate.merge_repeats), at the geometric mean."""
+    from planner.calibrate import merge_repeats
+    base = parse_cluster("1x2xxeon-amx").device
+    runs = _runs(base, DType.FP32, recomputes=False)
+    again = [replace(runs[0], path=Path("again"), measured_step_s=4 * runs[0].measured_step_s)]
+    merged = merge_repeats(runs + again)
+    assert len(merged) == len(runs)
+    assert merged[0].measured_step_s == pytest.approx(2 * runs[0].measured_step_s)
+    assert [r.measured_step_s for r in merged[1:]] == [r.measured_step_s for r in runs[1:]]

@@ -51,6 +51,7 @@ def test_parts_predicted_near_zero_compare_in_milliseconds():
     rows = {r[0]: r[3] for r in comparison_rows(MeasuredRun(**m))}
     assert rows["stage 0 DP gradient sync"] == "+2.0 ms" and rows["stage 0 wait (bubble + PP transfer)"] == "+18.0 ms"
     assert rows["stage 0 work (compute + TP/CP)"].endswith("%")
+    assert not any("timed steps" in r for r in rows)   # one timed step: no range to show
 
 
 def test_the_timed_steps_scatter_is_shown_beside_the_median():
