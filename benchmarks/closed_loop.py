@@ -14,7 +14,8 @@ Spearman) before any calibration; then after `planner calibrate`, in sample and 
    measured step is the geometric mean of its passes (planner.calibrate.merge_repeats), each the
    median of its steps. On a shared 2-core machine the same plan measured minutes apart moves
    against the others by 6.6 % (4.3-8.1 % by plan: the standard deviation of its log step time's
-   residual after each run's and each plan's mean, runs N-AA of 2026-11-27), more than its steps
+   residual after each run's and each plan's mean, runs N-AA of 2026-11-27:
+   `python benchmarks/closed_loop_noise.py DIR...`), more than its steps
    scatter within one run (the median of 4 steps: about 3 %); passes minutes apart average that,
    steps seconds apart do not.
 3. `planner calibrate` on those runs (a plan's passes merged into one run, so the prior weighs as

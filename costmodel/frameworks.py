@@ -109,7 +109,8 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   tests/runtime/test_recompute_early_stop.py). Measured on a 2-core AMD EPYC (2026-11-27,
   `python benchmarks/cpu_kernels.py` item 4: the closed loop's hidden model, four layers at 1,024
   tokens, one thread): the recomputed forward took 0.80-0.89 of a training forward with the early
-  stop and 0.96-1.05 without, fp32 and bf16; priced at 0.78-0.80. Megatron-LM's own checkpoint recomputes the whole layer; for the other frameworks'
+  stop and 0.96-1.05 without, fp32 and bf16; priced at 0.78-0.80 under that
+  morning's closed-loop profiles (worked out by hand, README). Megatron-LM's own checkpoint recomputes the whole layer; for the other frameworks'
   published runs what their checkpoint wrapper did is not recorded, and they keep the whole forward.
 """
 from __future__ import annotations

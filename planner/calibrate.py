@@ -18,6 +18,7 @@ record measures it, and it keeps the profile's sourced value; CPU runs measure t
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import statistics
 import time
@@ -63,7 +64,6 @@ def merge_repeats(runs: list[Run]) -> list[Run]:
     weighs plans, not repetitions: unmerged, a plan run N times would count N times against the
     others, and N runs of every plan would weaken the prior N-fold (PRIOR_WEIGHT was chosen on one
     run per plan)."""
-    import json
     groups: dict[str, list[Run]] = {}
     for r in runs:
         groups.setdefault(json.dumps(r.pf.to_dict(), sort_keys=True), []).append(r)
