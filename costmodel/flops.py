@@ -18,12 +18,16 @@ from costmodel.specs import ModelSpec, TrainSpec
 BACKWARD_FACTOR = 2  # dX and dW each cost one forward's FLOPs (SC'21 Sec. 5.1)
 
 
+def linear_forward_flops(lin: Linear, num_tokens: int) -> int:
+    """One projection's forward GEMM over num_tokens tokens."""
+    return 2 * num_tokens * lin.in_features * lin.out_features
+
+
 def layer_linear_forward_flops(model: ModelSpec, num_tokens: int) -> int:
     """All projections of one layer (QKV, output, MLP) over num_tokens tokens. A mixture of
     experts counts what a token passes through (active parameters): the router, its
     `experts_per_token` experts, the shared expert and its gate."""
-    dense = sum(2 * num_tokens * lin.in_features * lin.out_features
-                for block in dense_blocks(model) for lin in block.linears)
+    dense = sum(linear_forward_flops(lin, num_tokens) for block in dense_blocks(model) for lin in block.linears)
     return dense + 2 * num_tokens * active_moe_params(model)
 
 
@@ -63,8 +67,7 @@ def skipped_recompute_flops(model: ModelSpec, num_tokens: int, plan: Plan, early
     """Forward FLOPs an early-stopping full recomputation never runs (`recompute_early_stop`)."""
     if not (early_stop and plan.recompute is Recompute.FULL and stops_before_final_linear(model, plan)):
         return 0
-    last = final_linear(model)
-    return 2 * num_tokens * last.in_features * last.out_features
+    return linear_forward_flops(final_linear(model), num_tokens)
 
 
 def lm_head_forward_flops(model: ModelSpec, num_tokens: int) -> int:
