@@ -2,12 +2,15 @@
 `planner run` in several plans and dtypes, predicted vs measured step time (MAPE, max error,
 Spearman) before any calibration; then after `planner calibrate`, in sample and leave-one-out.
 
-    python benchmarks/closed_loop.py [--out runs/closed-loop] [--steps 4] [--passes 2] [--skip-profile]
-                                     [--skip-runs] [--refit]
+    python benchmarks/closed_loop.py [--out runs/closed-loop] [--model hidden-llama] [--steps 4] [--passes 2]
+                                     [--skip-profile] [--skip-runs] [--refit]
 
 1. `planner profile --out OUT/profile.toml` (unless --skip-profile): microbenchmarks and probes.
-2. A Llama-style model with GQA that is in no registry and no probe (HIDDEN, written as a
-   Hugging Face config.json), in single-rank, full recompute, DP (ZeRO-1), PP (1F1B), TP+SP and
+2. A model that is in no registry and no probe (`--model`, written as a Hugging Face config.json):
+   `hidden-llama` (the default: Llama-style with GQA, the model of every run A-AG of 2026-11-24..27,
+   and so the one the cost model's changes were judged on) or `held-out-gpt` (GPT-2-style:
+   LayerNorm, GeLU, biases, learned positions, tied embeddings; added 2026-11-27 and judged on
+   nothing before its first run), in single-rank, full recompute, DP (ZeRO-1), PP (1F1B), TP+SP and
    CP plans, fp32 and bf16: `planner predict ... --out plan.json`, then `planner run plan.json`,
    the whole matrix `--passes` times (OUT/<plan>, then OUT/pass2/<plan>, ..., every other pass in
    reverse order, so with an even number of passes a drift weighs on every plan alike): a plan's
@@ -46,6 +49,11 @@ HIDDEN = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_
           "intermediate_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 6,
           "num_key_value_heads": 2, "vocab_size": 6000, "max_position_embeddings": 512,
           "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
+# Another family than the probes' and HIDDEN's: 4 heads of 80 (TP 2 splits them), a 4x GeLU MLP.
+HELD_OUT_GPT = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 320, "n_head": 4,
+                "n_layer": 6, "n_inner": 1280, "vocab_size": 5000, "n_positions": 512,
+                "layer_norm_epsilon": 1e-5}
+MODELS = {"hidden-llama": HIDDEN, "held-out-gpt": HELD_OUT_GPT}
 TRAIN = ["--seq-len", "256", "--global-batch", "8"]
 
 # (name, ranks, predict flags), each in fp32 and bf16
@@ -88,10 +96,10 @@ def clear_passes(out: Path) -> None:
         k += 1
 
 
-def run_matrix(out: Path, profile: Path, steps: int, passes: int) -> None:
-    config = out / "hidden-llama" / "config.json"
+def run_matrix(out: Path, profile: Path, steps: int, passes: int, model: str = "hidden-llama") -> None:
+    config = out / model / "config.json"
     config.parent.mkdir(parents=True, exist_ok=True)
-    config.write_text(json.dumps(HIDDEN, indent=2))
+    config.write_text(json.dumps(MODELS[model], indent=2))
     clear_passes(out)
     for name, ranks, flags in MATRIX:
         plan = out / name / "plan.json"
@@ -188,6 +196,8 @@ def leave_one_out(out: Path, profile: Path, prior_weight: float) -> list[tuple[s
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=Path("runs/closed-loop"))
+    parser.add_argument("--model", choices=sorted(MODELS), default=None,
+                        help="the unseen model the plans train (default hidden-llama; see the docstring)")
     parser.add_argument("--steps", type=int, default=4, help="timed steps per run (default 4)")
     parser.add_argument("--passes", type=int, default=None,
                         help="times the whole matrix runs, minutes apart (default 2; see the docstring)")
@@ -200,6 +210,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.refit and not (args.skip_profile and args.skip_runs):
         parser.error("--refit judges the stored measurements: give --skip-profile --skip-runs too")
+    if args.skip_runs and args.model is not None:
+        parser.error("--model chooses what the runs train: with --skip-runs the stored runs' model is used")
+    args.model = args.model or "hidden-llama"
     if args.skip_runs and args.passes is not None:
         parser.error("--passes sets how often the runs are measured: with --skip-runs the stored passes are used")
     args.passes = 2 if args.passes is None else args.passes
@@ -211,7 +224,7 @@ def main() -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         planner("profile", "--out", str(profile), "--overwrite", quiet=False)
     if not args.skip_runs:
-        run_matrix(args.out, profile, args.steps, args.passes)
+        run_matrix(args.out, profile, args.steps, args.passes, args.model)
     prior = PRIOR_WEIGHT if args.prior_weight is None else args.prior_weight
     if args.refit:
         from planner.calibrate import fit_by_dtype
