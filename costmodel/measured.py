@@ -20,6 +20,17 @@ from costmodel.inputs import InputError, dataclass_from_json, read_json_object, 
 
 MEASURED_FORMAT_VERSION = 4
 STAGE_PARTS = ("work", "dp_sync", "optimizer", "wait")   # runtime.measure's split of a stage's step
+# Parts of a step predicted below this share of it are compared in milliseconds, not percent.
+SMALL_PART_SHARE = 0.05
+
+
+def part_error(predicted_s: float, measured_s: float, error: float | None, step_s: float) -> str:
+    """A step part's error cell: a part predicted near 0 (under SMALL_PART_SHARE of the step) has
+    no meaningful relative error (a 2 ms wait predicted as 1 us is "+199900 %"), so its
+    difference in milliseconds; every table of predicted against measured parts shows it so."""
+    if abs(predicted_s) < SMALL_PART_SHARE * step_s:
+        return f"{(measured_s - predicted_s) * 1e3:+,.1f} ms"
+    return "-" if error is None else f"{error:+.1f}%"
 
 
 def _number(value: Any, none_ok: bool = False) -> bool:

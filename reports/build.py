@@ -18,7 +18,7 @@ from reports.measured import measured_figure
 from reports.memory_report import PlanMemory, memory_figures, memory_table
 from reports.ranking import ledger_figure, ranking_figure
 from reports.tables import slowest_share
-from costmodel.measured import MeasuredRun
+from costmodel.measured import MeasuredRun, part_error
 from costmodel.units import GIB, MIB
 
 
@@ -212,7 +212,8 @@ def _measured(doc: Document, m: MeasuredRun) -> None:
     for stage in range(len(parts["work"]) if parts else 0):
         for key in ("work", "dp_sync", "optimizer", "wait"):
             rows.append([f"stage {stage} {key} (s)", f"{predicted[key][stage]:.4f}", f"{parts[key][stage]:.4f}",
-                         pct(err["stage_breakdown_s"][key][stage])])
+                         part_error(predicted[key][stage], parts[key][stage], err["stage_breakdown_s"][key][stage],
+                                    est["step_time_s"])])
     doc.table(["quantity", "predicted", "measured", "error"], rows)
     doc.text(f"Measured on {m.device} over {m.steps} steps after {m.warmup_steps} warm-up; memory: "
              f"{m.memory_source}. Losses {m.losses[0]:.4f} -> {m.losses[-1]:.4f}. Per stage: its own "

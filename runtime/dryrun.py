@@ -95,7 +95,14 @@ def dry_run(pf: PlanFile) -> list[dict[str, Any]]:
             pred["host"] = predicted_host[pp_rank]
         rows.append({"stage": pp_rank, "rank": rank, "elements_unsharded": sum(n["unsharded"].values()),
                      "elements_shard": sum(n["shard"].values()),
-                     **{f"{k}_bytes": {"runtime": v, "predicted": pred[k],
-                                       "error_pct": 100 * (v - pred[k]) / pred[k] if pred[k] else 0.0}
+                     **{f"{k}_bytes": {"runtime": v, "predicted": pred[k], "error_pct": _error_pct(v, pred[k])}
                         for k, v in runtime.items()}})
     return rows
+
+
+def _error_pct(runtime: float, predicted: float) -> float | None:
+    """None where nothing was predicted but the runtime holds something: no relative error
+    says how wrong that is (the table shows the difference instead)."""
+    if predicted:
+        return 100 * (runtime - predicted) / predicted
+    return 0.0 if runtime == predicted else None

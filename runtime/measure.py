@@ -12,13 +12,9 @@ from typing import Any
 from costmodel.estimate import Estimate, estimate
 from costmodel.flops import model_flops_per_step, utilization
 from costmodel.groups import world_peak_flops_per_s
-from costmodel.measured import MeasuredRun
+from costmodel.measured import MeasuredRun, part_error
 from costmodel.plan import PlanFile
 from costmodel.units import MIB
-
-
-# Parts of a step predicted below this share of it are compared in milliseconds, not percent.
-SMALL_PART_SHARE = 0.05
 
 
 def error_pct(measured: float | None, predicted: float) -> float | None:
@@ -141,10 +137,8 @@ def comparison_rows(m: MeasuredRun) -> list[tuple[str, str, str, str]]:
     for stage in range(len(parts["work"]) if parts else 0):
         for key, label in PARTS.items():
             p, q = predicted[key][stage], parts[key][stage]
-            # a part predicted near 0 has no meaningful relative error: show the difference
-            small = abs(p) < SMALL_PART_SHARE * est["step_time_s"]
             rows.append((f"stage {stage} {label}", f"{p * 1e3:,.1f} ms", f"{q * 1e3:,.1f} ms",
-                         f"{(q - p) * 1e3:+,.1f} ms" if small else pct(err["stage_breakdown_s"][key][stage])))
+                         part_error(p, q, err["stage_breakdown_s"][key][stage], est["step_time_s"])))
     peak = m.peak_memory_bytes
     for stage, predicted in enumerate(m.predicted_memory_compared_bytes):
         measured = "-" if peak is None else f"{peak[stage] / MIB:,.1f} MiB"

@@ -349,7 +349,8 @@ def _dry_run(args: argparse.Namespace, pf: PlanFile) -> int:
             v = r[key]
             body.append((r["stage"], r["rank"], key.removesuffix("_bytes"),
                          f"{v['runtime'] / GIB:,.3f}", f"{v['predicted'] / GIB:,.3f}",
-                         f"{v['error_pct']:+.2f}%"))
+                         f"{(v['runtime'] - v['predicted']) / GIB:+,.3f} GiB" if v["error_pct"] is None
+                         else f"{v['error_pct']:+.2f}%"))
     print(f"dry run of {pf.plan.short()} ({pf.model.name}, world {pf.plan.world_size}): the first rank "
           "of each pipeline stage built on the meta device under a fake process group")
     print(table(("stage", "rank", "state", "runtime GiB", "predicted GiB", "error"), body))

@@ -2,6 +2,8 @@
 ranks it terminated before the first observed failure."""
 from __future__ import annotations
 
+import pytest
+
 from runtime.launch import failure_message
 
 SUMMARY = """
@@ -36,9 +38,8 @@ def test_no_summary_says_where_the_log_is(tmp_path):
     assert "see" in message and "run.log" in message
 
 
-def test_parts_predicted_near_zero_compare_in_milliseconds():
+def _near_zero_parts_run():
     from costmodel.measured import MeasuredRun
-    from runtime.measure import comparison_rows
     m = {"predicted": {"step_time_s": 0.1, "tokens_per_s": 10.0, "mfu": 0.1},
          "error_pct": {"step_time_s": 10.0, "tokens_per_s": -9.0, "mfu": -9.0, "peak_memory_bytes": None,
                        "stage_breakdown_s": {k: [1e18] for k in ("work", "dp_sync", "optimizer", "wait")}},
@@ -48,10 +49,32 @@ def test_parts_predicted_near_zero_compare_in_milliseconds():
          "predicted_stage_breakdown_s": {"work": [0.07], "dp_sync": [0.0], "optimizer": [0.01], "wait": [1e-19]}}
     m |= {"step_times_s": [0.11], "memory_source": "tensors", "device": "cpu", "world_size": 1, "steps": 1,
           "warmup_steps": 1, "wall_s": 1.0, "plan": {"pp": 1}, "model": "m", "cluster": "1x1xc"}
-    rows = {r[0]: r[3] for r in comparison_rows(MeasuredRun(**m))}
+    return MeasuredRun(**m)
+
+
+def test_parts_predicted_near_zero_compare_in_milliseconds():
+    from runtime.measure import comparison_rows
+    rows = {r[0]: r[3] for r in comparison_rows(_near_zero_parts_run())}
     assert rows["stage 0 DP gradient sync"] == "+2.0 ms" and rows["stage 0 wait (bubble + PP transfer)"] == "+18.0 ms"
     assert rows["stage 0 work (compute + TP/CP)"].endswith("%")
     assert not any("timed steps" in r for r in rows)   # one timed step: no range to show
+
+
+def test_the_report_compares_parts_predicted_near_zero_in_milliseconds_too():
+    from reports.build import _measured
+    from reports.document import Document
+    doc = Document("t")
+    _measured(doc, _near_zero_parts_run())
+    rows = {line.split("|")[1].strip(): line.split("|")[4].strip()
+            for line in doc.markdown().splitlines() if line.startswith("| stage 0")}
+    assert rows["stage 0 dp_sync (s)"] == "+2.0 ms" and rows["stage 0 wait (s)"] == "+18.0 ms"
+    assert rows["stage 0 work (s)"].endswith("%")
+
+
+def test_a_dry_run_state_predicted_as_nothing_has_no_relative_error():
+    from runtime.dryrun import _error_pct
+    assert _error_pct(0.0, 0.0) == 0.0 and _error_pct(1.5, 1.0) == pytest.approx(50.0)
+    assert _error_pct(2**20, 0.0) is None   # not "+0.00%": the table shows the difference in GiB
 
 
 def test_the_timed_steps_scatter_is_shown_beside_the_median():
