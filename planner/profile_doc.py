@@ -25,9 +25,10 @@ class Setup:
     budget_s: float | None = None   # --budget-s: the total, instead of the mode's
 
 
-def measured_profile(setup: Setup, micro: dict, probed=None, elapsed_s: float = 0.0):
+def measured_profile(setup: Setup, micro: dict, probed=None, elapsed_s: float = 0.0, skipped: list[str] = ()):
     """The profile document. Without `probed` (the probes' results and fit) it is the base the
-    probes are predicted with: the measured curves, efficiencies 1, no per-kernel cost."""
+    probes are predicted with: the measured curves, efficiencies 1, no per-kernel cost.
+    `skipped`: the probes the budget left no time for, named under [probes]."""
     from runtime import profiler as prof
     date, ident = time.strftime("%Y-%m-%d"), machine.identity()
     how = f"measured {date} by `{setup.command}` on {machine.describe(ident)}, {setup.threads} thread(s) per rank"
@@ -55,7 +56,7 @@ def measured_profile(setup: Setup, micro: dict, probed=None, elapsed_s: float = 
                 f"gemm_{key}: NOT ACCELERATED here (below {prof.ACCELERATED_RATIO} of fp32's rate at equal FLOPs); "
                 "measured at small sizes only"))
     if probed:
-        doc.add("probes", _probes(probed))
+        doc.add("probes", _probes(probed, skipped))
     return doc
 
 
@@ -175,7 +176,7 @@ def _measured_rows(setup: Setup, micro: dict, memory, net: _Net, date: str, iden
     return rows + [(f"collective_{k}", v, "[bytes, seconds]") for k, v in (net.samples or {}).items()]
 
 
-def _probes(probed):
+def _probes(probed, skipped: list[str]):
     from planner.calibrate import Run, predict_with
     from planner.probes import probe_name
     measured, device, params, before, after = probed
@@ -192,6 +193,12 @@ def _probes(probed):
                       comment=f"step-time MAPE of the probes: {before['mape_pct']:.1f}% with the microbenchmarks "
                       f"alone, {after['mape_pct']:.1f}% fitted (max {after['max_abs_error_pct']:.1f}%)")
     out.add("steps", steps)
+    if skipped:   # a fit without them is a different fit: say which, not only how many
+        names = pf_io.tomlkit.array()
+        names.extend(skipped)
+        names.multiline(True)
+        out.add(pf_io.tomlkit.comment("the budget left no time for these probes; the fit above is without them"))
+        out.add("skipped", names)
     return out
 
 

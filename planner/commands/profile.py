@@ -63,14 +63,14 @@ class Progress:
         total = sum(self.weights.values())
         frac = sum(self.weights.get(k, 0.0) * v for k, v in self.done.items()) / total
         elapsed = time.perf_counter() - self.start
-        eta = f"ETA {elapsed * (1 - frac) / frac:4.0f} s" if frac > 0.02 else "ETA    ? s"
+        eta = f"{elapsed * (1 - frac) / frac:4.0f}" if frac > 0.02 else "   ?"
         filled = int(30 * frac)
         if not sys.stderr.isatty():   # a log, not a terminal: one line per phase
             if phase != self._last:
                 self._last = phase
-                sys.stderr.write(f"[planner profile] {elapsed:5.1f} s  {phase}\n")
+                sys.stderr.write(f"[planner profile] {elapsed:5.1f} s, ETA {eta.strip()} s: {phase}\n")
             return
-        sys.stderr.write(f"\r[{'#' * filled}{' ' * (30 - filled)}] {elapsed:5.1f} s  {eta}  {what:<44.44}")
+        sys.stderr.write(f"\r[{'#' * filled}{' ' * (30 - filled)}] {elapsed:5.1f} s  ETA {eta} s  {what:<44.44}")
         sys.stderr.flush()
 
     def close(self) -> None:
@@ -170,7 +170,7 @@ def profile_machine(setup: Setup) -> None:
             if not phase.startswith(("probes", "fit")):
                 progress.report(phase, 1.0, "microbenchmarks done")
         accelerated = {d: micro["gemm"][d].accelerated for d in dtypes}
-        measured = []
+        measured, skipped = [], []
         for ranks in sorted({1, setup.nproc}):
             phase = f"probes {ranks}"
             plans = probes.probe_plans(base, accelerated, ranks)
@@ -179,23 +179,25 @@ def profile_machine(setup: Setup) -> None:
                               partial(progress.report, phase), device_type=setup.device_type)[0]
             progress.report(phase, 1.0, f"{len(plans)} probe plans on {ranks} rank(s)")
             measured += probes.results(plans, raws)
+            skipped += [probes.probe_name(pf) for pf, raw in zip(plans, raws) if raw is None]
         progress.report("fit", 0.0, f"fitting {len(measured)} probe steps")
         fitted = probes.fit_probes(measured, base)
         progress.report("fit", 1.0, f"done in {time.perf_counter() - start:.0f} s")
     finally:
         progress.close()
     profile_file.write(setup.out, measured_profile(setup, micro, (measured, *fitted),
-                                                   elapsed_s=time.perf_counter() - start))
-    _summary(setup, micro, measured, fitted)
+                                                   elapsed_s=time.perf_counter() - start, skipped=skipped))
+    _summary(setup, micro, measured, fitted, skipped)
 
 
-def _summary(setup: Setup, micro: dict, measured, fitted) -> None:
+def _summary(setup: Setup, micro: dict, measured, fitted, skipped: list[str]) -> None:
     device, _, before, after = fitted
     gemm = micro["gemm"]
     rates = ", ".join(f"{d} {max(r for _, r in c.points) / 1e9:,.1f}" + ("" if c.accelerated else " (not accelerated)")
                       for d, c in gemm.items())
     print(f"GEMM up to {rates} GFLOP/s; memory-bound up to "
-          f"{max(r for _, r in micro['memory'].points) / 1e9:.1f} GB/s; {len(measured)} probe steps: "
+          f"{max(r for _, r in micro['memory'].points) / 1e9:.1f} GB/s; {len(measured)} probe steps"
+          + (f" ({len(skipped)} more the budget left no time for)" if skipped else "") + ": "
           f"step-time error {before['mape_pct']:.0f}% on the microbenchmarks alone -> {after['mape_pct']:.1f}% "
           "fitted (per-kernel overhead " + ", ".join(f"{d} {e.kernel_overhead_s * 1e6:.0f} us"
                                                      for d, e in device.dtype_efficiency)

@@ -42,6 +42,13 @@ def test_profile_writes_a_usable_measured_profile(measured, capsys):
     # the probes ran and were fitted: per-dtype efficiencies, each probe's measured step
     assert {"fp32", "bf16"} <= set(raw["efficiency"]) and raw["probes"]["steps"]
     assert all(s["measured_s"] > 0 for s in raw["probes"]["steps"])
+    # every probe is accounted for: measured, or named as one the budget left no time for
+    from planner import probes
+    accelerated = {d: f"gemm_{d}: NOT ACCELERATED" not in measured.read_text() for d in ("fp32", "bf16")}
+    planned = [probes.probe_name(pf) for ranks in (1, 2)
+               for pf in probes.probe_plans(load_profile(measured), accelerated, ranks)]
+    named = [s["plan"] for s in raw["probes"]["steps"]] + raw["probes"].get("skipped", [])
+    assert sorted(named) == sorted(planned)
     dev = load_profile(measured)
     assert dev.for_dtype(DType.BF16).efficiency != dev.for_dtype(DType.FP32).efficiency
     train = TrainSpec(seq_len=128, global_batch_size=8, compute_dtype=DType.FP32)
@@ -185,3 +192,14 @@ def test_gpu_runs_fit_the_allocators_fragmentation_and_keep_the_fixed_reserve(tm
     device, _ = fit_by_dtype([load_run(tmp_path)], cluster.device, rounds=1, max_iter=50)
     assert device.efficiency.allocator_fragmentation == pytest.approx(0.15)
     assert device.efficiency.reserved_memory_bytes == cluster.device.efficiency.reserved_memory_bytes
+
+
+def test_progress_in_a_log_gives_each_phase_a_line_with_its_eta(capsys):
+    from planner.commands.profile import Progress
+    progress = Progress({"gemm fp32": 1.0, "memory": 1.0})
+    progress.report("gemm fp32", 0.0, "starting")
+    progress.report("gemm fp32", 1.0, "done")   # the same phase: no second line
+    progress.report("memory", 0.5, "half")
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and lines[0].endswith("ETA ? s: gemm fp32")
+    assert "ETA" in lines[1] and "?" not in lines[1] and lines[1].endswith(": memory")
