@@ -139,6 +139,9 @@ class DeviceProfile:
     # `planner profile`: an AdamW step as the runtime takes one, seconds per parameter (0: not
     # measured; the step is then priced as memory-bound traffic)
     optimizer_s_per_param: float = 0.0
+    # `planner profile`: drawing a dropout mask, seconds per element (0: not measured; dropout is
+    # then priced as its multiply's bytes alone)
+    dropout_draw_s_per_element: float = 0.0
     # the cost model the profile's probes were fitted under (PROBE_FIT_VERSION; 0: no probes)
     probe_fit_version: int = 0
 
@@ -431,7 +434,7 @@ def profile_problems(dev: DeviceProfile) -> list[str]:  # noqa: C901 - one check
     need("memory_bytes", dev.memory_bytes, dev.memory_bytes > 0)
     need("memory_bandwidth_bytes_per_s", dev.memory_bandwidth_bytes_per_s, dev.memory_bandwidth_bytes_per_s > 0)
     need("threads_per_rank", dev.threads_per_rank, dev.threads_per_rank >= 0)
-    for name in ("reported_memory_bytes", "num_sms", "optimizer_s_per_param"):
+    for name in ("reported_memory_bytes", "num_sms", "optimizer_s_per_param", "dropout_draw_s_per_element"):
         need(name, getattr(dev, name), getattr(dev, name) >= 0)
     if not isinstance(dev.name, str) or not dev.name.strip() or not dev.name.isprintable():
         out.append(f"device.name {dev.name!r} is not a name")
@@ -492,6 +495,7 @@ def _profile_from(path: Path, raw: dict[str, Any]) -> DeviceProfile:
         machine_key=str(raw.get("measured", {}).get("machine_key", "")),
         machine=str(raw.get("measured", {}).get("machine", "")),
         optimizer_s_per_param=float(raw.get("measured", {}).get("optimizer_s_per_param", 0.0)),
+        dropout_draw_s_per_element=float(raw.get("measured", {}).get("dropout_draw_s_per_element", 0.0)),
         probe_fit_version=(int(raw["probes"].get("fit_version", 1)) if isinstance(raw.get("probes"), dict)
                            else 0),
         dtype_efficiency=tuple((k, replace(efficiency, **{f: float(v[f]) for f in DTYPE_FIELDS},
@@ -528,6 +532,8 @@ def local_profile() -> DeviceProfile:
         raise machine.LocalProfileMissing(path, f"the cached profile was measured on {dev.machine or 'another machine'}")
     if not dev.optimizer_s_per_param:
         raise machine.LocalProfileMissing(path, "the cached profile predates the optimizer step's measurement")
+    if not dev.dropout_draw_s_per_element:
+        raise machine.LocalProfileMissing(path, "the cached profile predates the dropout draw's measurement")
     if dev.probe_fit_version < PROBE_FIT_VERSION:
         raise machine.LocalProfileMissing(path, "the cached profile's probes were fitted under an older cost model")
     return dev

@@ -219,14 +219,27 @@ def _attention_core_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev
         bwd = compute_bound_s(flops * CAUSAL_FRACTION * FLASH_BACKWARD_FACTOR, a * 8 * b * heads * s_q * d,
                               dev, train, eff)
         merge = _ring_merge_s(plan, b * heads * s_q * d, dev) if cp_ring else 0.0
-        return fwd + merge, bwd + 2 * merge
+        # a CPU's SDPA with dropout runs the math path, which draws a mask over the scores
+        # (costmodel.frameworks `cpu_kernels`); a GPU's flash kernel draws inside the kernel
+        drawn = b * heads * s_q * s_k if model.dropout and dev.kind == "cpu" else 0
+        return fwd + merge + dropout_draw_s(drawn, dev), bwd + 2 * merge
     scores = b * heads * s_q * s_k
     matmuls = compute_bound_s(flops, a * (2 * scores + 4 * b * heads * s_q * d), dev, train,
                               dev.efficiency.gemm, 2)
     drop = 1 if model.dropout else 0
     softmax_fwd = memory_bound_s(scores * (2 * a + drop * (2 * a + 1)), dev, 1 + drop)
     softmax_bwd = memory_bound_s(scores * (3 * a + drop * (2 * a + 1)), dev, 1 + drop)
-    return matmuls + softmax_fwd, 2 * matmuls + softmax_bwd
+    return matmuls + softmax_fwd + dropout_draw_s(drop * scores, dev), 2 * matmuls + softmax_bwd
+
+
+def dropout_draw_s(elements: float, dev: DeviceProfile) -> float:
+    """Drawing dropout masks for `elements` activations, at the profile's measured rate
+    (`dropout_draw_s_per_element`; 0 where a profile has none, as datasheets). Torch's dropout
+    draws the mask (`bernoulli_`), then multiplies: the multiply is the memory-bound count's, the
+    draw is this. On a CPU every random number is drawn in software, some 50x an add's time per
+    element; pricing the multiply alone put a GPT-style model's plans (dropout on both branches
+    of each layer, on the attention probabilities and the embeddings) 18-35 % too fast."""
+    return elements * dev.dropout_draw_s_per_element
 
 
 def _ring_merge_s(plan: KernelShape, output_elems: int, dev: DeviceProfile) -> float:
@@ -478,7 +491,9 @@ def layer_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, de
     else:
         elementwise = _elementwise_forward_s(model, train, plan, dev, tokens)
         elementwise_bwd = 2 * elementwise
-    forward = fwd + attn_fwd + elementwise
+    # the two branches' dropout (runtime.model: after attention and after the MLP)
+    masks = 2 * tokens * model.hidden_size / (plan.tp if plan.sequence_parallel else 1) if model.dropout else 0
+    forward = fwd + attn_fwd + elementwise + dropout_draw_s(masks, dev)
     skipped = final_linear_forward_s(model, train, plan, dev, tokens) if early_stop else 0.0
     return KernelTimes(forward_s=forward, backward_input_s=bwd_in + attn_bwd + elementwise_bwd,
                        backward_weight_s=bwd_w, attention_forward_s=attn_fwd,
@@ -528,7 +543,9 @@ def embedding_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape
     tokens = plan.micro_batch_size * train.seq_len // plan.cp
     num_bytes = 2 * train.compute_dtype.num_bytes * tokens * model.hidden_size
     fwd = memory_bound_s(num_bytes, dev, 1)
-    return KernelTimes(forward_s=fwd, backward_input_s=0.0, backward_weight_s=2 * fwd,
+    # the embeddings' dropout (runtime.model), its multiply in the lookup's count
+    drawn = dropout_draw_s(tokens * model.hidden_size if model.dropout else 0, dev)
+    return KernelTimes(forward_s=fwd + drawn, backward_input_s=0.0, backward_weight_s=2 * fwd,
                        attention_forward_s=0.0, recompute_forward_s=0.0)
 
 

@@ -239,6 +239,20 @@ def optimizer_s_per_param(device: torch.device) -> float:
     return sum(times) / len(times) / count
 
 
+DROPOUT_ELEMENTS, GPU_DROPOUT_ELEMENTS = 1 << 20, 1 << 26
+
+
+def dropout_draw_s_per_element(device: torch.device) -> float:
+    """Seconds per element to draw a dropout mask as torch's dropout does (`bernoulli_` into a
+    tensor of the activations' shape), best of three, fp32. On a CPU each random number is drawn
+    in software: 6-8 ns an element on a 2-core EPYC (2026-11-27), some 50x an elementwise add,
+    where the cost model had priced dropout as the multiply's bytes alone and a GPT-style
+    model's plans 18-35 % too fast (benchmarks/closed_loop.py --model held-out-gpt, run AH)."""
+    n = GPU_DROPOUT_ELEMENTS if device.type == "cuda" else DROPOUT_ELEMENTS
+    mask = torch.empty(n, device=device)
+    return best_s(lambda: mask.bernoulli_(0.9), repeat=3, sync=_sync(device)) / n
+
+
 ATTENTION_SHAPES = ((1, 4, 256, 64), (1, 8, 512, 64), (2, 8, 1024, 64))
 # (batch, heads, sequence, head dim) as GPU plans run them: FlashAttention's share of the GEMM
 # rate grows with the sequence and head dim (FA2 paper, fig. 4), so the small shapes alone
@@ -361,6 +375,7 @@ def measure_rank(dtypes: list[str], device_type: str, threads: int, budget: Budg
     dist.barrier()
     out["overhead_s"] = op_overhead_s(device)
     out["optimizer_s_per_param"] = optimizer_s_per_param(device)
+    out["dropout_draw_s_per_element"] = dropout_draw_s_per_element(device)
     if dist.get_world_size() > 1:
         with warnings.catch_warnings():   # gloo's *_tensor collectives are "deprecated" in 2.13, still the API
             warnings.simplefilter("ignore", FutureWarning)
