@@ -139,8 +139,9 @@ class DeviceProfile:
     # `planner profile`: an AdamW step as the runtime takes one, seconds per parameter (0: not
     # measured; the step is then priced as memory-bound traffic)
     optimizer_s_per_param: float = 0.0
-    # `planner profile`: drawing a dropout mask, seconds per element (0: not measured; dropout is
-    # then priced as its multiply's bytes alone)
+    # `planner profile`: drawing a dropout mask, seconds per element, on a CPU (0: not measured,
+    # or a GPU, whose dropout draws inside the multiply's kernel; dropout is then priced as the
+    # multiply's bytes alone)
     dropout_draw_s_per_element: float = 0.0
     # the cost model the profile's probes were fitted under (PROBE_FIT_VERSION; 0: no probes)
     probe_fit_version: int = 0
@@ -532,7 +533,7 @@ def local_profile() -> DeviceProfile:
         raise machine.LocalProfileMissing(path, f"the cached profile was measured on {dev.machine or 'another machine'}")
     if not dev.optimizer_s_per_param:
         raise machine.LocalProfileMissing(path, "the cached profile predates the optimizer step's measurement")
-    if not dev.dropout_draw_s_per_element:
+    if dev.kind == "cpu" and not dev.dropout_draw_s_per_element:   # a GPU's is 0 (runtime.profiler)
         raise machine.LocalProfileMissing(path, "the cached profile predates the dropout draw's measurement")
     if dev.probe_fit_version < PROBE_FIT_VERSION:
         raise machine.LocalProfileMissing(path, "the cached profile's probes were fitted under an older cost model")

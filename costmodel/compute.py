@@ -234,9 +234,9 @@ def _attention_core_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev
 
 def dropout_draw_s(elements: float, dev: DeviceProfile) -> float:
     """Drawing dropout masks for `elements` activations, at the profile's measured rate
-    (`dropout_draw_s_per_element`; 0 where a profile has none, as datasheets). Torch's dropout
-    draws the mask (`bernoulli_`), then multiplies: the multiply is the memory-bound count's, the
-    draw is this. On a CPU every random number is drawn in software, some 50x an add's time per
+    (`dropout_draw_s_per_element`; 0 where a profile has none, as datasheets, and on a GPU, whose
+    dropout draws inside the multiply's kernel). Torch's CPU dropout draws the mask
+    (`bernoulli_`), then multiplies: the multiply is the memory-bound count's, the draw is this. On a CPU every random number is drawn in software, some 50x an add's time per
     element; pricing the multiply alone put a GPT-style model's plans (dropout on both branches
     of each layer, on the attention probabilities and the embeddings) 18-35 % too fast."""
     return elements * dev.dropout_draw_s_per_element

@@ -172,7 +172,8 @@ def _measured_rows(setup: Setup, micro: dict, memory, net: _Net, date: str, iden
          f"AdamW (foreach, fp32) over {_optimizer_params(setup.device_type) >> 20}M parameters: "
          "costmodel.compute.optimizer_step_s prices the step with it"),
         ("dropout_draw_s_per_element", micro["dropout_draw_s_per_element"],
-         "a dropout mask's random draw (bernoulli_, fp32), per element: costmodel.compute.dropout_draw_s"),
+         "a dropout mask's random draw (bernoulli_, fp32), per element: costmodel.compute.dropout_draw_s"
+         + ("" if setup.device_type == "cpu" else "; 0 on a GPU, whose dropout draws inside the multiply's kernel")),
         ("collective_alpha_s", net.alpha_s, "the microbenchmark fit, before the probes"),
         ("collective_p2p_latency_s", net.p2p_s, None)]
     return rows + [(f"collective_{k}", v, "[bytes, seconds]") for k, v in (net.samples or {}).items()]

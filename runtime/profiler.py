@@ -7,6 +7,8 @@
 - Attention (torch's scaled_dot_product_attention, causal) at a few sizes, as the fraction of
   the GEMM rate it reaches.
 - Per-operator overhead: a one-element add, the floor under every small kernel.
+- An AdamW step as the runtime takes one, per parameter; a dropout mask's random draw, per
+  element (a CPU draws in software: ~50x an add).
 - Collectives among N local ranks (gloo on CPU, NCCL on GPU): all-reduce, all-gather,
   reduce-scatter and send/recv over message sizes, fitted to the alpha-beta ring model of
   costmodel.comm (latency per step, bandwidth per rank per direction).
@@ -239,7 +241,7 @@ def optimizer_s_per_param(device: torch.device) -> float:
     return sum(times) / len(times) / count
 
 
-DROPOUT_ELEMENTS, GPU_DROPOUT_ELEMENTS = 1 << 20, 1 << 26
+DROPOUT_ELEMENTS = 1 << 20
 
 
 def dropout_draw_s_per_element(device: torch.device) -> float:
@@ -247,10 +249,13 @@ def dropout_draw_s_per_element(device: torch.device) -> float:
     tensor of the activations' shape), best of three, fp32. On a CPU each random number is drawn
     in software: 6-8 ns an element on a 2-core EPYC (2026-11-27), some 50x an elementwise add,
     where the cost model had priced dropout as the multiply's bytes alone and a GPT-style
-    model's plans 18-35 % too fast (benchmarks/closed_loop.py --model held-out-gpt, run AH)."""
-    n = GPU_DROPOUT_ELEMENTS if device.type == "cuda" else DROPOUT_ELEMENTS
-    mask = torch.empty(n, device=device)
-    return best_s(lambda: mask.bernoulli_(0.9), repeat=3, sync=_sync(device)) / n
+    model's plans 18-35 % too fast (benchmarks/closed_loop.py --model held-out-gpt, run AH).
+    0 on a GPU: CUDA's dropout (`native_dropout`) draws inside the multiply's kernel, whose bytes
+    the memory-bound count already prices."""
+    if device.type == "cuda":
+        return 0.0
+    mask = torch.empty(DROPOUT_ELEMENTS, device=device)
+    return best_s(lambda: mask.bernoulli_(0.9), repeat=3, sync=_sync(device)) / DROPOUT_ELEMENTS
 
 
 ATTENTION_SHAPES = ((1, 4, 256, 64), (1, 8, 512, 64), (2, 8, 1024, 64))
