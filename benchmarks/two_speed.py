@@ -65,7 +65,8 @@ def slowed(dev, share: float):
         efficiency=replace(eff, kernel_overhead_s=eff.kernel_overhead_s / share),
         dtype_efficiency=tuple((k, replace(e, kernel_overhead_s=e.kernel_overhead_s / share))
                                for k, e in dev.dtype_efficiency),
-        optimizer_s_per_param=dev.optimizer_s_per_param / share)
+        optimizer_s_per_param=dev.optimizer_s_per_param / share,
+        dropout_s_per_element=dev.dropout_s_per_element / share)
 
 
 def _rank(pf, cfg, slow_group: int, cgroup: str | None):

@@ -139,10 +139,10 @@ class DeviceProfile:
     # `planner profile`: an AdamW step as the runtime takes one, seconds per parameter (0: not
     # measured; the step is then priced as memory-bound traffic)
     optimizer_s_per_param: float = 0.0
-    # `planner profile`: drawing a dropout mask, seconds per element, on a CPU (0: not measured,
-    # or a GPU, whose dropout draws inside the multiply's kernel; dropout is then priced as the
+    # `planner profile`: torch's dropout, seconds per element, on a CPU (0: not measured, or a
+    # GPU, whose dropout draws inside the multiply's kernel; dropout is then priced as the
     # multiply's bytes alone)
-    dropout_draw_s_per_element: float = 0.0
+    dropout_s_per_element: float = 0.0
     # the cost model the profile's probes were fitted under (PROBE_FIT_VERSION; 0: no probes)
     probe_fit_version: int = 0
 
@@ -435,7 +435,7 @@ def profile_problems(dev: DeviceProfile) -> list[str]:  # noqa: C901 - one check
     need("memory_bytes", dev.memory_bytes, dev.memory_bytes > 0)
     need("memory_bandwidth_bytes_per_s", dev.memory_bandwidth_bytes_per_s, dev.memory_bandwidth_bytes_per_s > 0)
     need("threads_per_rank", dev.threads_per_rank, dev.threads_per_rank >= 0)
-    for name in ("reported_memory_bytes", "num_sms", "optimizer_s_per_param", "dropout_draw_s_per_element"):
+    for name in ("reported_memory_bytes", "num_sms", "optimizer_s_per_param", "dropout_s_per_element"):
         need(name, getattr(dev, name), getattr(dev, name) >= 0)
     if not isinstance(dev.name, str) or not dev.name.strip() or not dev.name.isprintable():
         out.append(f"device.name {dev.name!r} is not a name")
@@ -496,7 +496,7 @@ def _profile_from(path: Path, raw: dict[str, Any]) -> DeviceProfile:
         machine_key=str(raw.get("measured", {}).get("machine_key", "")),
         machine=str(raw.get("measured", {}).get("machine", "")),
         optimizer_s_per_param=float(raw.get("measured", {}).get("optimizer_s_per_param", 0.0)),
-        dropout_draw_s_per_element=float(raw.get("measured", {}).get("dropout_draw_s_per_element", 0.0)),
+        dropout_s_per_element=float(raw.get("measured", {}).get("dropout_s_per_element", 0.0)),
         probe_fit_version=(int(raw["probes"].get("fit_version", 1)) if isinstance(raw.get("probes"), dict)
                            else 0),
         dtype_efficiency=tuple((k, replace(efficiency, **{f: float(v[f]) for f in DTYPE_FIELDS},
@@ -533,8 +533,8 @@ def local_profile() -> DeviceProfile:
         raise machine.LocalProfileMissing(path, f"the cached profile was measured on {dev.machine or 'another machine'}")
     if not dev.optimizer_s_per_param:
         raise machine.LocalProfileMissing(path, "the cached profile predates the optimizer step's measurement")
-    if dev.kind == "cpu" and not dev.dropout_draw_s_per_element:   # a GPU's is 0 (runtime.profiler)
-        raise machine.LocalProfileMissing(path, "the cached profile predates the dropout draw's measurement")
+    if dev.kind == "cpu" and not dev.dropout_s_per_element:   # a GPU's is 0 (runtime.profiler)
+        raise machine.LocalProfileMissing(path, "the cached profile predates the dropout's measurement")
     if dev.probe_fit_version < PROBE_FIT_VERSION:
         raise machine.LocalProfileMissing(path, "the cached profile's probes were fitted under an older cost model")
     return dev

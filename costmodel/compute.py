@@ -204,7 +204,7 @@ def flash_tile_efficiency(seq_len: int) -> float:
 
 
 def _attention_core_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile,
-                      cp_ring: bool) -> tuple[float, float]:
+                      cp_ring: bool, cpu_kernels: bool = False) -> tuple[float, float]:
     """(forward, backward) of scores, softmax and weighted sum for local heads and queries
     (context parallelism: against the keys before them; a ring merges partial outputs). On a GPU
     the profile's attention efficiency is a long sequence's, times the tile efficiency at this
@@ -212,34 +212,47 @@ def _attention_core_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev
     b, heads, d = plan.micro_batch_size, model.num_heads // plan.tp, model.head_dim
     s_q, s_k, a = train.seq_len // plan.cp, train.seq_len, train.compute_dtype.num_bytes
     flops = 4.0 * b * heads * s_q * s_k * d
-    if train.attention_kernel is AttentionKernel.FLASH:
+    # torch's CPU SDPA with dropout leaves the flash kernel for the math path (costmodel.frameworks
+    # `cpu_kernels`; costmodel.memory keeps its scores alike)
+    math_path = model.dropout and cpu_kernels
+    if train.attention_kernel is AttentionKernel.FLASH and not math_path:
         tiled = s_k // plan.cp if cp_ring else s_k
         eff = dev.efficiency.attention * (flash_tile_efficiency(tiled) if dev.kind == "gpu" else 1.0)
         fwd = compute_bound_s(flops * CAUSAL_FRACTION, a * 4 * b * heads * s_q * d, dev, train, eff)
         bwd = compute_bound_s(flops * CAUSAL_FRACTION * FLASH_BACKWARD_FACTOR, a * 8 * b * heads * s_q * d,
                               dev, train, eff)
         merge = _ring_merge_s(plan, b * heads * s_q * d, dev) if cp_ring else 0.0
-        # a CPU's SDPA with dropout runs the math path, which draws a mask over the scores
-        # (costmodel.frameworks `cpu_kernels`); a GPU's flash kernel draws inside the kernel
-        drawn = b * heads * s_q * s_k if model.dropout and dev.kind == "cpu" else 0
-        return fwd + merge + dropout_draw_s(drawn, dev), bwd + 2 * merge
+        return fwd + merge, bwd + 2 * merge   # a GPU's flash kernel draws any dropout inside it
     scores = b * heads * s_q * s_k
     matmuls = compute_bound_s(flops, a * (2 * scores + 4 * b * heads * s_q * d), dev, train,
                               dev.efficiency.gemm, 2)
     drop = 1 if model.dropout else 0
     softmax_fwd = memory_bound_s(scores * (2 * a + drop * (2 * a + 1)), dev, 1 + drop)
     softmax_bwd = memory_bound_s(scores * (3 * a + drop * (2 * a + 1)), dev, 1 + drop)
-    return matmuls + softmax_fwd + dropout_draw_s(drop * scores, dev), 2 * matmuls + softmax_bwd
+    # the mask over the scores the runtime computes: with CP, each chunk against the keys before it
+    dropped = b * heads * (s_q * s_k if cp_ring else cp_chunk_scores(train.seq_len, plan.cp))
+    return matmuls + softmax_fwd + dropout_s(drop * dropped, dev), 2 * matmuls + softmax_bwd
 
 
-def dropout_draw_s(elements: float, dev: DeviceProfile) -> float:
-    """Drawing dropout masks for `elements` activations, at the profile's measured rate
-    (`dropout_draw_s_per_element`; 0 where a profile has none, as datasheets, and on a GPU, whose
-    dropout draws inside the multiply's kernel). Torch's CPU dropout draws the mask
-    (`bernoulli_`), then multiplies: the multiply is the memory-bound count's, the draw is this. On a CPU every random number is drawn in software, some 50x an add's time per
-    element; pricing the multiply alone put a GPT-style model's plans (dropout on both branches
-    of each layer, on the attention probabilities and the embeddings) 18-35 % too fast."""
-    return elements * dev.dropout_draw_s_per_element
+def dropout_s(elements: float, dev: DeviceProfile) -> float:
+    """Torch's dropout over `elements` activations at the profile's measured rate
+    (`dropout_s_per_element`: F.dropout on a CPU, drawing each random number in software, then
+    scaling and multiplying; 0 where a profile has none, as datasheets, and on a GPU, whose
+    dropout draws inside the multiply's kernel). The memory-bound counts keep the multiply's
+    bytes as well, a few percent of this rate counted twice. Pricing those bytes alone put a
+    GPT-style model's plans (dropout on both branches of each layer, on the attention
+    probabilities and on the embeddings) 18-35 % too fast on a CPU."""
+    return elements * dev.dropout_s_per_element
+
+
+def cp_chunk_scores(seq_len: int, cp: int) -> float:
+    """Scores one head of one sample computes on the busiest rank of load-balanced context
+    parallelism (runtime.context_parallel): chunks r and 2cp-1-r of c = s/2cp queries, each against
+    the keys up to its end, c·(r+1)c + c·(2cp-r)c = c²(2cp+1) for any r > 0. s² without CP."""
+    if cp == 1:
+        return float(seq_len * seq_len)
+    c = seq_len / (2 * cp)
+    return c * c * (2 * cp + 1)
 
 
 def _ring_merge_s(plan: KernelShape, output_elems: int, dev: DeviceProfile) -> float:
@@ -482,7 +495,7 @@ def layer_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, de
     costmodel.flops.stops_before_final_linear lets it; final_linear_forward_s)."""
     tokens = plan.micro_batch_size * train.seq_len // plan.cp
     fwd, bwd_in, bwd_w = _linears_s(model, train, plan, dev, tokens, fused_casts)
-    attn_fwd, attn_bwd = _attention_core_s(model, train, plan, dev, cp_ring)
+    attn_fwd, attn_bwd = _attention_core_s(model, train, plan, dev, cp_ring, cpu_kernels)
     if cpu_kernels or eager:
         fwd_b, fwd_k, bwd_b, bwd_k = eager_elementwise_traffic(
             model, train, plan, tokens, CPU_ELEMENT_BYTES if cpu_kernels else train.compute_dtype.num_bytes,
@@ -492,8 +505,8 @@ def layer_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, de
         elementwise = _elementwise_forward_s(model, train, plan, dev, tokens)
         elementwise_bwd = 2 * elementwise
     # the two branches' dropout (runtime.model: after attention and after the MLP)
-    masks = 2 * tokens * model.hidden_size / (plan.tp if plan.sequence_parallel else 1) if model.dropout else 0
-    forward = fwd + attn_fwd + elementwise + dropout_draw_s(masks, dev)
+    dropped = 2 * tokens * model.hidden_size / (plan.tp if plan.sequence_parallel else 1) if model.dropout else 0
+    forward = fwd + attn_fwd + elementwise + dropout_s(dropped, dev)
     skipped = final_linear_forward_s(model, train, plan, dev, tokens) if early_stop else 0.0
     return KernelTimes(forward_s=forward, backward_input_s=bwd_in + attn_bwd + elementwise_bwd,
                        backward_weight_s=bwd_w, attention_forward_s=attn_fwd,
@@ -543,9 +556,11 @@ def embedding_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape
     tokens = plan.micro_batch_size * train.seq_len // plan.cp
     num_bytes = 2 * train.compute_dtype.num_bytes * tokens * model.hidden_size
     fwd = memory_bound_s(num_bytes, dev, 1)
-    # the embeddings' dropout (runtime.model), its multiply in the lookup's count
-    drawn = dropout_draw_s(tokens * model.hidden_size if model.dropout else 0, dev)
-    return KernelTimes(forward_s=fwd + drawn, backward_input_s=0.0, backward_weight_s=2 * fwd,
+    # the embeddings' dropout (runtime.model) on every token: GPT, the only family with dropout,
+    # adds learned positions first, and sequence parallelism shards the sum after its dropout
+    # (runtime.parallel); a family that sharded before it would drop 1/tp of these
+    dropout_fwd_s = dropout_s(tokens * model.hidden_size if model.dropout else 0, dev)
+    return KernelTimes(forward_s=fwd + dropout_fwd_s, backward_input_s=0.0, backward_weight_s=2 * fwd,
                        attention_forward_s=0.0, recompute_forward_s=0.0)
 
 

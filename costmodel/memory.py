@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from costmodel.compute import expert_rows, moe_tokens
+from costmodel.compute import cp_chunk_scores, expert_rows, moe_tokens
 from costmodel.frameworks import RUNTIME, FrameworkTraits
 from costmodel.layout import Style, layer_blocks
 from costmodel.params import ceil_div, expert_dp, layer_params, rank_params, rank_params_at
@@ -141,8 +141,7 @@ def _cp_cpu_mask_elements(train: TrainSpec, plan: Plan, traits: FrameworkTraits)
     first chunk is plain causal). Not per sample or head: one mask broadcast over both."""
     if plan.cp == 1 or not (traits.cp_all_gather_kv and traits.cpu_kernels):
         return 0.0
-    c = train.seq_len / (2 * plan.cp)
-    return c * c * (2 * plan.cp + 1)
+    return cp_chunk_scores(train.seq_len, plan.cp)
 
 
 def _moe_saved_bytes(model: ModelSpec, train: TrainSpec, tokens: int, ep: int, traits: FrameworkTraits) -> float:

@@ -25,7 +25,7 @@ class Setup:
     budget_s: float | None = None   # --budget-s: the total, instead of the mode's
 
 
-def measured_profile(setup: Setup, micro: dict, probed=None, elapsed_s: float = 0.0, skipped: list[str] = ()):
+def measured_profile(setup: Setup, micro: dict, probed=None, elapsed_s: float = 0.0, skipped: tuple[str, ...] | list[str] = ()):
     """The profile document. Without `probed` (the probes' results and fit) it is the base the
     probes are predicted with: the measured curves, efficiencies 1, no per-kernel cost.
     `skipped`: the probes the budget left no time for, named under [probes]."""
@@ -171,15 +171,15 @@ def _measured_rows(setup: Setup, micro: dict, memory, net: _Net, date: str, iden
         ("optimizer_s_per_param", micro["optimizer_s_per_param"],
          f"AdamW (foreach, fp32) over {_optimizer_params(setup.device_type) >> 20}M parameters: "
          "costmodel.compute.optimizer_step_s prices the step with it"),
-        ("dropout_draw_s_per_element", micro["dropout_draw_s_per_element"],
-         "a dropout mask's random draw (bernoulli_, fp32), per element: costmodel.compute.dropout_draw_s"
+        ("dropout_s_per_element", micro["dropout_s_per_element"],
+         "torch's dropout (F.dropout, fp32: draw, scale, multiply), per element: costmodel.compute.dropout_s"
          + ("" if setup.device_type == "cpu" else "; 0 on a GPU, whose dropout draws inside the multiply's kernel")),
         ("collective_alpha_s", net.alpha_s, "the microbenchmark fit, before the probes"),
         ("collective_p2p_latency_s", net.p2p_s, None)]
     return rows + [(f"collective_{k}", v, "[bytes, seconds]") for k, v in (net.samples or {}).items()]
 
 
-def _probes(probed, skipped: list[str]):
+def _probes(probed, skipped):
     from planner.calibrate import Run, predict_with
     from planner.probes import probe_name
     measured, device, params, before, after = probed

@@ -7,8 +7,8 @@
 - Attention (torch's scaled_dot_product_attention, causal) at a few sizes, as the fraction of
   the GEMM rate it reaches.
 - Per-operator overhead: a one-element add, the floor under every small kernel.
-- An AdamW step as the runtime takes one, per parameter; a dropout mask's random draw, per
-  element (a CPU draws in software: ~50x an add).
+- An AdamW step as the runtime takes one, per parameter; torch's dropout, per element (a CPU
+  draws its random numbers in software: ~30x an add).
 - Collectives among N local ranks (gloo on CPU, NCCL on GPU): all-reduce, all-gather,
   reduce-scatter and send/recv over message sizes, fitted to the alpha-beta ring model of
   costmodel.comm (latency per step, bandwidth per rank per direction).
@@ -244,18 +244,19 @@ def optimizer_s_per_param(device: torch.device) -> float:
 DROPOUT_ELEMENTS = 1 << 20
 
 
-def dropout_draw_s_per_element(device: torch.device) -> float:
-    """Seconds per element to draw a dropout mask as torch's dropout does (`bernoulli_` into a
-    tensor of the activations' shape), best of three, fp32. On a CPU each random number is drawn
-    in software: 6-8 ns an element on a 2-core EPYC (2026-11-27), some 50x an elementwise add,
-    where the cost model had priced dropout as the multiply's bytes alone and a GPT-style
-    model's plans 18-35 % too fast (benchmarks/closed_loop.py --model held-out-gpt, run AH).
+def dropout_s_per_element(device: torch.device) -> float:
+    """Seconds per element of torch's dropout as the runtime calls it (`F.dropout`, p 0.1, fp32,
+    best of three): on a CPU it draws a mask (`bernoulli_`, each random number in software), scales
+    it and multiplies, 8-9 ns an element on a 2-core EPYC (2026-11-27; its `bernoulli_` alone
+    6-8.5), some 30x an elementwise add, where the cost model had priced dropout as the multiply's
+    bytes alone and a GPT-style model's plans 18-35 % too fast (benchmarks/closed_loop.py --model
+    held-out-gpt, run AH).
     0 on a GPU: CUDA's dropout (`native_dropout`) draws inside the multiply's kernel, whose bytes
     the memory-bound count already prices."""
     if device.type == "cuda":
         return 0.0
-    mask = torch.empty(DROPOUT_ELEMENTS, device=device)
-    return best_s(lambda: mask.bernoulli_(0.9), repeat=3, sync=_sync(device)) / DROPOUT_ELEMENTS
+    x = torch.randn(DROPOUT_ELEMENTS, device=device)
+    return best_s(lambda: F.dropout(x, 0.1, training=True), repeat=3, sync=_sync(device)) / DROPOUT_ELEMENTS
 
 
 ATTENTION_SHAPES = ((1, 4, 256, 64), (1, 8, 512, 64), (2, 8, 1024, 64))
@@ -380,7 +381,7 @@ def measure_rank(dtypes: list[str], device_type: str, threads: int, budget: Budg
     dist.barrier()
     out["overhead_s"] = op_overhead_s(device)
     out["optimizer_s_per_param"] = optimizer_s_per_param(device)
-    out["dropout_draw_s_per_element"] = dropout_draw_s_per_element(device)
+    out["dropout_s_per_element"] = dropout_s_per_element(device)
     if dist.get_world_size() > 1:
         with warnings.catch_warnings():   # gloo's *_tensor collectives are "deprecated" in 2.13, still the API
             warnings.simplefilter("ignore", FutureWarning)

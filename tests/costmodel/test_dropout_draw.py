@@ -1,6 +1,7 @@
-"""A dropout mask's random draw, measured by the profile, is priced per element on every mask the
-runtime draws: both branches of each layer, the attention probabilities on a CPU (SDPA with
-dropout runs the math path there) and the embeddings; a model without dropout is unchanged."""
+"""Torch's dropout, measured by the profile per element, is priced on every mask the runtime
+draws: both branches of each layer, the attention probabilities on a CPU (SDPA with dropout runs
+the math path there; with context parallelism each chunk against the keys before it) and the
+embeddings; a model without dropout is unchanged."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -8,12 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from costmodel.compute import embedding_kernel_times, layer_kernel_times
-from costmodel.cluster import load_profile
+from costmodel.cluster import ClusterSpec, load_profile
+from costmodel.compute import cp_chunk_scores, embedding_kernel_times, layer_kernel_times
 from costmodel.registry import gpt_spec, llama_spec
 from costmodel.specs import DType, TrainSpec
 from planner.space import Choice, build_plan
-from costmodel.cluster import ClusterSpec
 
 PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "xeon-amx.toml"
 RATE = 8e-9
@@ -24,7 +24,7 @@ LLAMA = llama_spec("t-llama", layers=2, hidden=384, heads=6, kv_heads=2, ffn=102
 
 
 def _times(model, rate: float, tp: int = 1):
-    dev = replace(load_profile(PROFILE), dropout_draw_s_per_element=rate)
+    dev = replace(load_profile(PROFILE), dropout_s_per_element=rate)
     cluster = ClusterSpec(device=dev, num_nodes=1, devices_per_node=tp)
     plan = build_plan(model, TRAIN, cluster, Choice(tp=tp, micro_batch_size=2))
     return (layer_kernel_times(model, TRAIN, plan, dev, False, False, True),   # no ring, casts unfused, CPU kernels
@@ -48,3 +48,9 @@ def test_each_mask_the_runtime_draws_is_priced_at_the_measured_rate(tp):
 def test_a_model_without_dropout_is_priced_as_before():
     assert not LLAMA.dropout
     assert _times(LLAMA, 0.0) == _times(LLAMA, RATE)
+
+
+def test_context_parallel_chunks_draw_over_the_keys_before_them():
+    # cp 2: chunks of 64 tokens; rank 1 holds chunks 1 and 2, against 128 and 192 keys
+    assert cp_chunk_scores(256, 2) == 64 * 128 + 64 * 192 == 64 * 64 * 5
+    assert cp_chunk_scores(256, 1) == 256 * 256

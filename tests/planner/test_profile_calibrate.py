@@ -58,9 +58,9 @@ def test_profile_writes_a_usable_measured_profile(measured, capsys):
     per_param = raw["measured"]["optimizer_s_per_param"]
     assert 1e-11 < per_param < 1e-6 and dev.optimizer_s_per_param == per_param
     assert optimizer_step_s(1e6, train, dev) == pytest.approx(1e6 * per_param)
-    # a dropout mask's draw is measured too (software random numbers on a CPU: ns an element)
-    draw = raw["measured"]["dropout_draw_s_per_element"]
-    assert 1e-11 < draw < 1e-6 and dev.dropout_draw_s_per_element == draw
+    # torch's dropout is measured too (software random numbers on a CPU: ns an element)
+    draw = raw["measured"]["dropout_s_per_element"]
+    assert 1e-11 < draw < 1e-6 and dev.dropout_s_per_element == draw
     assert main(["predict", "--model", "debug-small", "--cluster", f"1x2x{measured}", "--dtype", "fp32",
                  "--json"]) == 0
 
@@ -102,9 +102,9 @@ def test_local_is_measured_once_then_cached(measured, tmp_path, monkeypatch, cap
     cached.write_text(re.sub(r"(?m)^fit_version = \d+", "fit_version = 1", cached.read_text()))
     assert main(args) == 0 and len(calls) == 4           # probes fitted under an older cost model
     assert "fitted under an older cost model" in capsys.readouterr().err
-    cached.write_text(re.sub(r"(?m)^dropout_draw_s_per_element = .*$", "", cached.read_text()))
-    assert main(args) == 0 and len(calls) == 5           # from before the dropout draw was measured
-    assert "predates the dropout draw's measurement" in capsys.readouterr().err
+    cached.write_text(re.sub(r"(?m)^dropout_s_per_element = .*$", "", cached.read_text()))
+    assert main(args) == 0 and len(calls) == 5           # from before dropout was measured
+    assert "predates the dropout's measurement" in capsys.readouterr().err
 
 
 def test_run_refuses_a_profile_of_another_machine(measured, tmp_path, capsys):
