@@ -8,7 +8,7 @@
   the GEMM rate it reaches.
 - Per-operator overhead: a one-element add, the floor under every small kernel.
 - An AdamW step as the runtime takes one, per parameter; torch's dropout, per element (a CPU
-  draws its random numbers in software: ~30x an add).
+  draws its random numbers in software: ~40x an add).
 - Collectives among N local ranks (gloo on CPU, NCCL on GPU): all-reduce, all-gather,
   reduce-scatter and send/recv over message sizes, fitted to the alpha-beta ring model of
   costmodel.comm (latency per step, bandwidth per rank per direction).
@@ -247,11 +247,10 @@ DROPOUT_ELEMENTS = 1 << 20
 def dropout_s_per_element(device: torch.device) -> float:
     """Seconds per element of torch's dropout as the runtime calls it (`F.dropout`, p 0.1, fp32,
     best of three): on a CPU it draws a mask (`bernoulli_`, each random number in software), scales
-    it and multiplies, 8-9 ns an element on a 2-core EPYC (2026-11-27; its `bernoulli_` alone
-    6-8.5), some 30x an elementwise add, where the cost model had priced dropout as the multiply's
-    bytes alone and a GPT-style model's plans 18-35 % too fast (benchmarks/closed_loop.py --model
-    held-out-gpt, run AH).
-    0 on a GPU: CUDA's dropout (`native_dropout`) draws inside the multiply's kernel, whose bytes
+    it and multiplies: 9.6-10.2 ns an element on a 2-core EPYC (2026-11-27, one thread; its
+    `bernoulli_` alone 5.9-8.5), some 40x an elementwise add, where the cost model had priced
+    dropout as the multiply's bytes alone and a GPT-style model's plans 18-35 % too fast
+    (benchmarks/closed_loop.py --model held-out-gpt, run AH). 0 on a GPU: CUDA's dropout (`native_dropout`) draws inside the multiply's kernel, whose bytes
     the memory-bound count already prices."""
     if device.type == "cuda":
         return 0.0
