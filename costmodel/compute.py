@@ -322,9 +322,16 @@ def _elementwise_forward_s(model: ModelSpec, train: TrainSpec, plan: KernelShape
     return memory_bound_s(num_bytes, dev, kernels)
 
 
+def rank_hidden_elements(model: ModelSpec, plan: KernelShape, tokens: int) -> float:
+    """A layer's hidden states on one TP rank, what its norms, residual adds and dropouts run
+    over: every token's without sequence parallelism (each TP rank repeats them), its 1/tp shard
+    with it."""
+    return tokens * model.hidden_size / (plan.tp if plan.sequence_parallel else 1)
+
+
 def _fused_elementwise(model: ModelSpec, train: TrainSpec, plan: KernelShape, tokens: int) -> tuple[float, int]:
     a, t = train.compute_dtype.num_bytes, plan.tp
-    rep = tokens * model.hidden_size / (t if plan.sequence_parallel else 1)
+    rep = rank_hidden_elements(model, plan, tokens)
     drop = 1 if model.dropout else 0
     num_bytes = rep * (model.layer_norms * 2 * a + 2 * 3 * a + drop * 2 * (2 * a + 1))
     acts = 3 if model.ffn_kind.gated else 2
@@ -391,7 +398,7 @@ def eager_elementwise_traffic(model: ModelSpec, train: TrainSpec, plan: KernelSh
     `a`: bytes per compute-dtype element (a CPU's pricing counts every element at fp32's width,
     CPU_ELEMENT_BYTES; the test counts the real bytes)."""
     t, c = plan.tp, 1 if train.compute_dtype.num_bytes < 4 else 0
-    rep = tokens * model.hidden_size / (t if plan.sequence_parallel else 1)
+    rep = rank_hidden_elements(model, plan, tokens)
     fwd_b = bwd_b = 0.0
     fwd_k = bwd_k = 0
     if model.norm_kind is NormKind.RMSNORM:
@@ -505,7 +512,7 @@ def layer_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, de
         elementwise = _elementwise_forward_s(model, train, plan, dev, tokens)
         elementwise_bwd = 2 * elementwise
     # the two branches' dropout (runtime.model: after attention and after the MLP)
-    dropped = 2 * tokens * model.hidden_size / (plan.tp if plan.sequence_parallel else 1) if model.dropout else 0
+    dropped = 2 * rank_hidden_elements(model, plan, tokens) if model.dropout else 0
     forward = fwd + attn_fwd + elementwise + dropout_s(dropped, dev)
     skipped = final_linear_forward_s(model, train, plan, dev, tokens) if early_stop else 0.0
     return KernelTimes(forward_s=forward, backward_input_s=bwd_in + attn_bwd + elementwise_bwd,
