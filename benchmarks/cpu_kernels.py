@@ -17,9 +17,18 @@ machine with one thread, as `planner run` gives each CPU rank:
    forward, which the cost model prices (costmodel.frameworks `recompute_early_stop`), and,
    noisier, the step's extra time over the plain step in units of that forward. The three
    alternate step by step, medians of 6 after 2.
+5. What the held-out GPT model (benchmarks/closed_loop.py --model held-out-gpt) runs beside its
+   GEMMs, per element against an add (median of 30): `F.dropout` (p 0.1) and its `bernoulli_`
+   draw over 512 x 320 (costmodel.compute.dropout_s), tanh GeLU over 512 x 1,280 and LayerNorm
+   over 512 x 320, forward and forward + backward (priced as bytes); then causal SDPA forward
+   and forward + backward at 2 x heads x 256 x head dim, with dropout 0.1 and without, for that
+   model's 4 heads of 80 and the hidden model's 6 of 64 (median of 10).
+
+    python benchmarks/cpu_kernels.py [--only 5]        # one or more sections
 """
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 
@@ -162,14 +171,61 @@ def recompute() -> None:
               f"extra time over the plain step ({plain * 1e3:.0f} ms) {extra['on']:.2f}x and {extra['off']:.2f}x")
 
 
+def median_s(fn, repeat: int = 30) -> float:
+    fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def gpt_kernels() -> None:
+    print("5. per element against an add (ns), the held-out GPT model's memory-bound work")
+    for dt in (torch.float32, torch.bfloat16):
+        x, y = torch.randn(512, 320, dtype=dt), torch.randn(512, 320, dtype=dt)
+        h = torch.randn(512, 1280, dtype=dt, requires_grad=True)
+        xg = torch.randn(512, 320, dtype=dt, requires_grad=True)
+        norm = torch.nn.LayerNorm(320).to(dt)
+        per = lambda t, n: f"{t / n * 1e9:.2f}"  # noqa: E731
+        add = median_s(lambda: x + y)
+        dropout = median_s(lambda: F.dropout(x, 0.1, training=True))
+        draw = median_s(lambda: torch.empty_like(x).bernoulli_(0.9))
+        gelu = median_s(lambda: F.gelu(h.detach(), approximate="tanh"))
+        gelu_both = median_s(lambda: F.gelu(h, approximate="tanh").backward(torch.ones_like(h)))
+        ln = median_s(lambda: norm(xg.detach()))
+        ln_both = median_s(lambda: norm(xg).backward(torch.ones_like(xg)))
+        print(f"   {str(dt)[6:]:>8}: add {per(add, x.numel())}, dropout {per(dropout, x.numel())} "
+              f"(its draw {per(draw, x.numel())}), GeLU {per(gelu, h.numel())} / {per(gelu_both, h.numel())} "
+              f"with backward, LayerNorm {per(ln, xg.numel())} / {per(ln_both, xg.numel())}")
+    print("   causal SDPA, 2 x heads x 256 x head dim (ms, median of 10): forward, forward + backward")
+    for heads, dim in ((4, 80), (6, 64)):
+        for dt in (torch.float32, torch.bfloat16):
+            q, k, v = (torch.randn(2, heads, 256, dim, dtype=dt, requires_grad=True) for _ in range(3))
+            cells = []
+            for p in (0.0, 0.1):
+                fwd = median_s(lambda: F.scaled_dot_product_attention(q.detach(), k.detach(), v.detach(),
+                                                                      dropout_p=p, is_causal=True), 10)
+                both = median_s(lambda: F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+                                .sum().backward(), 10)
+                cells.append(f"dropout {p}: {fwd * 1e3:.2f}, {both * 1e3:.2f}")
+            print(f"   {heads} heads of {dim}, {str(dt)[6:]:>8}: " + "; ".join(cells))
+
+
+SECTIONS = {1: elementwise, 2: loss, 3: linears, 4: recompute, 5: gpt_kernels}
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", type=int, nargs="+", choices=sorted(SECTIONS), help="sections to run (default all)")
+    args = parser.parse_args()
     torch.set_num_threads(1)
     start = time.perf_counter()
-    elementwise()
-    loss()
-    linears()
-    recompute()
-    print(f"\n{time.perf_counter() - start:.0f} s; command: python benchmarks/cpu_kernels.py")
+    for number in args.only or sorted(SECTIONS):
+        SECTIONS[number]()
+    print(f"\n{time.perf_counter() - start:.0f} s; command: python benchmarks/cpu_kernels.py"
+          + (f" --only {' '.join(map(str, args.only))}" if args.only else ""))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from costmodel.memory import host_state_bytes, state_bytes_from_counts
 from costmodel.placement import axis_strides
 from costmodel.plan import PlanFile
 from runtime.job import build_job
+from runtime.measure import error_pct
 from runtime.moe import Experts
 from runtime.parallel import local_tensor
 
@@ -101,8 +102,6 @@ def dry_run(pf: PlanFile) -> list[dict[str, Any]]:
 
 
 def _error_pct(runtime: float, predicted: float) -> float | None:
-    """None where nothing was predicted but the runtime holds something: no relative error
-    says how wrong that is (the table shows the difference instead)."""
-    if predicted:
-        return 100 * (runtime - predicted) / predicted
-    return 0.0 if runtime == predicted else None
+    """runtime.measure.error_pct, and 0 where both are nothing: None where nothing was predicted
+    but the runtime holds something, which no relative error says (the table shows the difference)."""
+    return 0.0 if runtime == predicted == 0 else error_pct(runtime, predicted)
