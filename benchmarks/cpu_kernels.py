@@ -41,14 +41,15 @@ from runtime.model import Transformer
 from runtime.parallel import apply_recompute
 
 
-def best_s(fn, repeat: int = 20) -> float:
+def best_s(fn, repeat: int = 20, pick=min) -> float:
+    """`pick` (the best, by default) of `repeat` timed calls after one untimed."""
     fn()
     times = []
     for _ in range(repeat):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return min(times)
+    return pick(times)
 
 
 def elementwise() -> None:
@@ -172,13 +173,7 @@ def recompute() -> None:
 
 
 def median_s(fn, repeat: int = 30) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return best_s(fn, repeat, pick=statistics.median)
 
 
 def gpt_kernels() -> None:
