@@ -24,6 +24,11 @@ machine with one thread, as `planner run` gives each CPU rank:
    and forward + backward at 2 x heads x 256 x head dim, with dropout 0.1 and without, for that
    model's 4 heads of 80 and the hidden model's 6 of 64 (median of 10).
 
+6. Context parallelism's attention as the runtime calls it on a rank of cp 2 (two chunk calls
+   under a lower-right causal mask) against one causal call over the whole sequence, with and
+   without dropout: the measured SDPA curves (causal calls) price the chunks by their query-key
+   pairs (costmodel.compute `_measured_sdpa_s`).
+
     python benchmarks/cpu_kernels.py [--only 5]        # one or more sections
 """
 from __future__ import annotations
@@ -208,7 +213,35 @@ def gpt_kernels() -> None:
             print(f"   {heads} heads of {dim}, {str(dt)[6:]:>8}: " + "; ".join(cells))
 
 
-SECTIONS = {1: elementwise, 2: loss, 3: linears, 4: recompute, 5: gpt_kernels}
+def cp_chunks() -> None:
+    print("6. context parallelism's two chunk calls (cp 2: 64 queries against 64 and 256 keys, the\n"
+          "   runtime's lower-right causal mask) against one causal call over 256, 2 x 4 heads of 80\n"
+          f"   (ms, median of 20; the chunks hold {(64 * 64 + 64 * 256) / 256**2:.3f} of the square's query-key pairs)")
+    for dt in (torch.float32, torch.bfloat16):
+        for p in (0.0, 0.1):
+            cells = []
+            for grad in (False, True):
+                square = _sdpa_s(256, 256, dt, p, grad)
+                chunks = _sdpa_s(64, 64, dt, p, grad) + _sdpa_s(64, 256, dt, p, grad)
+                cells.append(f"{'forward + backward' if grad else 'forward'} {square * 1e3:.2f} vs "
+                             f"{chunks * 1e3:.2f} ({chunks / square:.2f})")
+            print(f"   {str(dt)[6:]:>8}, dropout {p}: " + "; ".join(cells))
+
+
+def _sdpa_s(s_q: int, s_k: int, dt: torch.dtype, p: float, grad: bool) -> float:
+    from runtime.model import core_attention
+    from costmodel.specs import AttentionKernel
+    q = torch.randn(2, 4, s_q, 80, dtype=dt, requires_grad=grad)
+    k, v = (torch.randn(2, 4, s_k, 80, dtype=dt, requires_grad=grad) for _ in range(2))
+
+    def call():
+        out = core_attention(q, k, v, AttentionKernel.FLASH, p)
+        if grad:
+            out.sum().backward()
+    return median_s(call, 20)
+
+
+SECTIONS = {1: elementwise, 2: loss, 3: linears, 4: recompute, 5: gpt_kernels, 6: cp_chunks}
 
 
 def main() -> None:

@@ -143,6 +143,11 @@ class DeviceProfile:
     # GPU, whose dropout draws inside the multiply's kernel; dropout is then priced as the
     # multiply's bytes alone)
     dropout_s_per_element: float = 0.0
+    # `planner profile` on a CPU: torch's SDPA as the runtime calls it, per compute dtype, pass
+    # ("forward", "backward") and dropout ("dropout forward", ...): curves of (score-dims per
+    # call, score-dims/s), a score-dim being one query-key pair times the head dim
+    # (costmodel.compute.sdpa_work); empty: attention is priced from the GEMM curve
+    sdpa_curves: tuple[tuple[str, tuple[tuple[float, float], ...]], ...] = ()
     # the cost model the profile's probes were fitted under (PROBE_FIT_VERSION; 0: no probes)
     probe_fit_version: int = 0
 
@@ -166,6 +171,9 @@ class DeviceProfile:
 
     def gemm_curve(self, dtype: DType) -> tuple[tuple[float, float], ...]:
         return dict(self.gemm_curves).get(str(dtype), ())
+
+    def sdpa_curve(self, dtype: DType, dropout: bool, backward: bool) -> tuple[tuple[float, float], ...]:
+        return dict(self.sdpa_curves).get(sdpa_key(str(dtype), dropout, backward), ())
 
     @property
     def peak_flops_per_s(self) -> dict[str, float]:
@@ -344,6 +352,11 @@ def _tier(raw: dict[str, Any], efficiency: float) -> NetworkTier:
                        p2p_latency_s=None if p2p is None else float(p2p))
 
 
+def sdpa_key(dtype: str, dropout: bool, backward: bool) -> str:
+    """How [measured] names an SDPA curve: sdpa_<dtype>[_dropout]_<forward|backward>."""
+    return f"sdpa_{dtype}{'_dropout' if dropout else ''}_{'backward' if backward else 'forward'}"
+
+
 def _curve(points: list[list[float]]) -> tuple[tuple[float, float], ...]:
     """Sorted by size, one rate per size: several GEMM shapes share a FLOP count (tokens x hidden
     x n in different orders) and the cost model knows the count only, so their median stands for
@@ -361,10 +374,11 @@ PROFILE_FORMAT_VERSION = 1   # written by `planner profile` / `calibrate`; files
 # kernels differently (2: CPU layers counted op by op; 3: a GPU's kernels as the longer of host
 # and device, the probes fitting a per-step host cost too; both 2026-11-26; 4: recomputation
 # stopping early, and a second DP probe that tells the overlap, 2026-11-27; 5: the GEMM factor's
-# upper bound 1.15 -> 1.5, planner.probes.PROBE_BOUNDS, 2026-11-27), so a cached `local` profile
+# upper bound 1.15 -> 1.5, planner.probes.PROBE_BOUNDS, 2026-11-27; 6: a CPU's attention priced from
+# its measured SDPA curves, costmodel.compute.sdpa_work, 2026-11-27), so a cached `local` profile
 # fitted under an older one is measured again instead of carrying factors fitted to other
 # formulas or bounds.
-PROBE_FIT_VERSION = 5
+PROBE_FIT_VERSION = 6
 PROFILE_KEYS = {
     "": {"format_version", "device", "network", "efficiency", "measured", "probes", "host"},
     "host": {"memory_bytes", "memory_bandwidth_bytes_per_s", "memory_efficiency", "link_bandwidth_bytes_per_s",
@@ -461,7 +475,8 @@ def profile_problems(dev: DeviceProfile) -> list[str]:  # noqa: C901 - one check
             need(f"host.{name}", getattr(host, name), 0 < getattr(host, name) <= 1)
         if dev.kind == "cpu":
             out.append("[host] on a cpu profile: its ranks already run on the host, nothing is offloaded")
-    for name, curve in (*((f"measured.gemm_{d}", c) for d, c in dev.gemm_curves), ("measured.memory_bound", dev.memory_curve)):
+    for name, curve in (*((f"measured.gemm_{d}", c) for d, c in dev.gemm_curves), ("measured.memory_bound", dev.memory_curve),
+                        *((f"measured.{k}", c) for k, c in dev.sdpa_curves)):
         if any(not (math.isfinite(x) and math.isfinite(y) and x > 0 and y > 0) for x, y in curve):
             out.append(f"{name} has a point that is not a positive size and rate")
     return out
@@ -492,6 +507,7 @@ def _profile_from(path: Path, raw: dict[str, Any]) -> DeviceProfile:
         threads_per_rank=int(raw.get("measured", {}).get("threads_per_rank", dev.get("threads_per_rank", 0))),
         gemm_curves=tuple((k.removeprefix("gemm_"), _curve(v)) for k, v in raw.get("measured", {}).items()
                           if k.startswith("gemm_")),
+        sdpa_curves=tuple((k, _curve(v)) for k, v in raw.get("measured", {}).items() if k.startswith("sdpa_")),
         memory_curve=_curve(raw.get("measured", {}).get("memory_bound", [])),
         machine_key=str(raw.get("measured", {}).get("machine_key", "")),
         machine=str(raw.get("measured", {}).get("machine", "")),

@@ -208,14 +208,19 @@ def _attention_core_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev
     """(forward, backward) of scores, softmax and weighted sum for local heads and queries
     (context parallelism: against the keys before them; a ring merges partial outputs). On a GPU
     the profile's attention efficiency is a long sequence's, times the tile efficiency at this
-    one (flash_tile_efficiency); a CPU's flash kernel is another algorithm, priced as fitted."""
+    one (flash_tile_efficiency). On a CPU whose profile timed SDPA (planner profile), torch's
+    SDPA as the runtime calls it is priced at those times (_measured_sdpa_s); without them a CPU's
+    flash kernel is priced at the profile's attention ratio to its GEMM curve."""
     b, heads, d = plan.micro_batch_size, model.num_heads // plan.tp, model.head_dim
     s_q, s_k, a = train.seq_len // plan.cp, train.seq_len, train.compute_dtype.num_bytes
     flops = 4.0 * b * heads * s_q * s_k * d
+    flash = train.attention_kernel is AttentionKernel.FLASH
+    if flash and cpu_kernels and dev.sdpa_curve(train.compute_dtype, model.dropout, False):
+        return _measured_sdpa_s(model, train, plan, dev, cp_ring)
     # torch's CPU SDPA with dropout leaves the flash kernel for the math path (costmodel.frameworks
     # `cpu_kernels`; costmodel.memory keeps its scores alike)
     math_path = model.dropout and cpu_kernels
-    if train.attention_kernel is AttentionKernel.FLASH and not math_path:
+    if flash and not math_path:
         tiled = s_k // plan.cp if cp_ring else s_k
         eff = dev.efficiency.attention * (flash_tile_efficiency(tiled) if dev.kind == "gpu" else 1.0)
         fwd = compute_bound_s(flops * CAUSAL_FRACTION, a * 4 * b * heads * s_q * d, dev, train, eff)
@@ -232,6 +237,44 @@ def _attention_core_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev
     # the mask over the scores the runtime computes: with CP, each chunk against the keys before it
     dropped = b * heads * (s_q * s_k if cp_ring else cp_chunk_scores(train.seq_len, plan.cp))
     return matmuls + softmax_fwd + dropout_s(drop * dropped, dev), 2 * matmuls + softmax_bwd
+
+
+def sdpa_work(batch: int, heads: int, scores_per_head: float, head_dim: int) -> float:
+    """Score-dims of attention: the query-key pairs its SDPA calls are given (masked or not)
+    times the head dim, over batch and heads. The unit of a CPU profile's SDPA curves
+    (runtime.profiler.sdpa_curves), which time causal calls as the runtime makes them, so the
+    causal kernel's saving is in the measured rate."""
+    return float(batch * heads * scores_per_head * head_dim)
+
+
+# A CPU SDPA call with dropout runs torch's math path: scores, mask, softmax, dropout, weighted
+# sum, each an autograd node that training's per-kernel cost applies to; without, one flash call.
+SDPA_MATH_KERNELS = 6
+
+
+def _measured_sdpa_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile,
+                     cp_ring: bool) -> tuple[float, float]:
+    """(forward, backward) of the attention core on a CPU, at the profile's measured SDPA rate
+    for this dtype and dropout, interpolated at the size of each call (with dropout the math
+    path, whose draw over the scores is in the measurement). Context parallelism's calls are its
+    chunks' rectangles (cp_chunk_scores, two calls a rank), which a causal square's rate prices
+    within the measured spread: the two chunk calls of cp 2 at seq 256 took 0.35-0.54 of the
+    causal square's time without dropout and 0.26-0.43 with, against 0.31 of its query-key pairs
+    (one thread, fp32 and bf16, 2-core EPYC, 2026-11-27: `python benchmarks/cpu_kernels.py --only 6`)."""
+    b, heads, d = plan.micro_batch_size, model.num_heads // plan.tp, model.head_dim
+    if cp_ring:
+        calls, scores = plan.cp, (train.seq_len // plan.cp) ** 2 * plan.cp
+    else:
+        calls, scores = (1 if plan.cp == 1 else 2), cp_chunk_scores(train.seq_len, plan.cp)
+    per_call = sdpa_work(b, heads, scores, d) / calls
+    kernels = calls * (SDPA_MATH_KERNELS if model.dropout else 1)
+    overhead = kernels * dev.efficiency.kernel_overhead_s
+
+    def timed(backward: bool) -> float:
+        curve = dev.sdpa_curve(train.compute_dtype, model.dropout, backward)
+        return calls * per_call / interpolate(curve, per_call) + overhead
+    merge = _ring_merge_s(plan, b * heads * (train.seq_len // plan.cp) * d, dev) if cp_ring else 0.0
+    return timed(False) + merge, timed(True) + 2 * merge
 
 
 def dropout_s(elements: float, dev: DeviceProfile) -> float:

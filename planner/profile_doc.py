@@ -154,6 +154,7 @@ def _efficiency(micro: dict, device, how: str, probes: int):
 
 
 def _measured_rows(setup: Setup, micro: dict, memory, net: _Net, date: str, ident: dict) -> list[pf_io.Row]:
+    from runtime.profiler import CPU_SDPA_SHAPES
     rows: list[pf_io.Row] = [
         ("date", date, None), ("command", setup.command, None), ("machine", machine.describe(ident), None),
         ("machine_key", machine.machine_key(ident), "costmodel.machine: processor, cores, torch, GPU"),
@@ -162,7 +163,11 @@ def _measured_rows(setup: Setup, micro: dict, memory, net: _Net, date: str, iden
         ("memory_bound", memory, "[bytes moved per call, bytes/s]" + (
             f"; the budget stopped before {micro['memory'].stopped_before:.3g} bytes per call, larger kernels "
             "are priced at the largest measured rate" if micro["memory"].stopped_before else "")),
+        *[(k, [list(pt) for pt in c], "[score-dims per call, score-dims/s]: costmodel.compute.sdpa_work"
+           + (f"; {len(c)} of {len(CPU_SDPA_SHAPES)} shapes in the budget, larger calls priced at the largest's rate"
+              if len(c) < len(CPU_SDPA_SHAPES) else "")) for k, c in micro.get("sdpa", {}).items()],
         ("attention_efficiency", dict(micro["attention"]), "causal SDPA rate / GEMM rate at equal FLOPs"
+         + ("; from sdpa_<dtype>_forward, which the pricing reads" if micro.get("sdpa") else "")
          + (", each shape's over the flash tile efficiency at its length (a long sequence's)"
             if micro.get("attention_long_sequence") else "")),
         *([("attention_long_sequence", True, "GPU: see attention_efficiency; older GPU profiles lack it (planner.probes.long_sequence_attention)")]

@@ -4,8 +4,9 @@
   4 hidden}) and square ones, per dtype: a curve of achieved FLOP/s against FLOPs per call.
 - Memory-bound kernels (elementwise add, RMS norm, softmax) over sizes: achieved bytes/s
   (read + write) against bytes moved per call.
-- Attention (torch's scaled_dot_product_attention, causal) at a few sizes, as the fraction of
-  the GEMM rate it reaches.
+- Attention (torch's scaled_dot_product_attention, causal) at a few sizes: on a GPU as the
+  fraction of the GEMM rate it reaches; on a CPU timed outright, forward and backward, without
+  dropout and with it (torch's math path there).
 - Per-operator overhead: a one-element add, the floor under every small kernel.
 - An AdamW step as the runtime takes one, per parameter; torch's dropout, per element (a CPU
   draws its random numbers in software: ~40x an add).
@@ -33,7 +34,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from costmodel.compute import flash_tile_efficiency, interpolate
+from costmodel.cluster import sdpa_key
+from costmodel.compute import flash_tile_efficiency, interpolate, sdpa_work
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 LAYER_HIDDEN = (64, 128, 256, 512, 1024)
@@ -63,7 +65,7 @@ ACCELERATED_RATIO = 0.5
 ACCELERATED_CHECK_FLOPS = 3e7
 
 # Each phase's share of the total budget; what is left covers process start-up and the fit.
-PHASE_SHARES = {"gemm": 0.30, "memory": 0.06, "attention": 0.05, "collectives": 0.10, "probes": 0.37}
+PHASE_SHARES = {"gemm": 0.27, "memory": 0.06, "attention": 0.08, "collectives": 0.10, "probes": 0.37}
 
 
 @dataclass(frozen=True)
@@ -258,23 +260,68 @@ def dropout_s_per_element(device: torch.device) -> float:
     return best_s(lambda: F.dropout(x, 0.1, training=True), repeat=3, sync=_sync(device)) / DROPOUT_ELEMENTS
 
 
-ATTENTION_SHAPES = ((1, 4, 256, 64), (1, 8, 512, 64), (2, 8, 1024, 64))
 # (batch, heads, sequence, head dim) as GPU plans run them: FlashAttention's share of the GEMM
 # rate grows with the sequence and head dim (FA2 paper, fig. 4), so the small shapes alone
 # would misprice a 2-8K sequence
 GPU_ATTENTION_SHAPES = ((2, 16, 1024, 128), (1, 16, 2048, 128), (1, 16, 4096, 128), (1, 32, 8192, 128))
 
 
+# (batch, heads, sequence, head dim) of a CPU's SDPA curves: from a probe's call to a 1k sequence
+CPU_SDPA_SHAPES = ((1, 4, 128, 32), (1, 4, 256, 64), (1, 8, 512, 64), (2, 8, 1024, 64))
+DROPOUT_P = 0.1   # runtime.model's
+
+
+def sdpa_curves(name: str, device: torch.device, phase_s: float, point_s: float) -> dict[str, list]:
+    """On a CPU, causal SDPA as the runtime calls it, timed outright rather than priced from the
+    GEMM curve: its backward took 2.4-3.0x its forward here where FlashAttention's FLOP count
+    says 2.5x, bf16's ran at fp32's speed where its GEMMs run faster, and with dropout torch runs
+    its math path, 3-5x the flash kernel's forward (2-core EPYC, 2026-11-27:
+    `python benchmarks/cpu_kernels.py --only 5`). Per shape the budget allows (the smallest
+    always), without dropout and with the runtime's, the forward alone and the backward
+    (forward + backward less the forward): (score-dims per call, score-dims/s), keyed
+    costmodel.cluster.sdpa_key."""
+    keys = {(drop, back): sdpa_key(name, drop, back) for drop in (False, True) for back in (False, True)}
+    out: dict[str, list] = {k: [] for k in keys.values()}
+    start = time.perf_counter()
+    for b, h, s, d in CPU_SDPA_SHAPES:
+        work = sdpa_work(b, h, s * s, d)
+        # at the rates just measured: each pass's best_s calls the forward alone, then with the
+        # backward, CALLS_PER_POINT times each
+        per_call = {k: work / v[-1][1] for k, v in out.items() if v}
+        expected = CALLS_PER_POINT * sum(2 * t if "forward" in k else t for k, t in per_call.items())
+        if _agree(_over(expected, start, phase_s, point_s * len(out))):   # a shape gives each curve a point
+            break
+        q, k, v = (torch.randn(b, h, s, d, dtype=DTYPES[name], device=device, requires_grad=True) for _ in range(3))
+        grad = torch.randn(b, h, s, d, dtype=DTYPES[name], device=device)
+        for drop in (False, True):
+            p = DROPOUT_P if drop else 0.0
+            fwd = best_s(lambda: F.scaled_dot_product_attention(q.detach(), k.detach(), v.detach(), dropout_p=p,
+                                                                is_causal=True))
+            both = best_s(lambda: F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True).backward(grad))
+            out[keys[drop, False]].append((work, work / fwd))
+            # both - fwd, floored at a tenth of the forward: best-of timings of two calls can cross
+            out[keys[drop, True]].append((work, work / max(both - fwd, 0.1 * fwd)))
+    return out
+
+
+def sdpa_gemm_ratio(forward: list[tuple[float, float]], gemm: tuple[tuple[float, float], ...]) -> float:
+    """attention_efficiency's figure from a CPU's forward SDPA curve (the median over its
+    shapes): what [efficiency] attention still holds there, though the pricing reads the curves.
+    A causal call computes half its 4 x score-dims FLOPs."""
+    return float(np.median([2.0 * rate / interpolate(gemm, 2.0 * work) for work, rate in forward]))
+
+
 def attention_efficiency(dtype: torch.dtype, device: torch.device, gemm: tuple[tuple[float, float], ...],
                          phase_s: float, point_s: float) -> float:
-    """Causal SDPA rate over the GEMM rate at the same FLOPs (counting the half a causal kernel
-    computes), the median over the shapes the budget allows (the smallest always). On a GPU each
-    shape's ratio is divided by the flash kernel's tile efficiency at its length
+    """On a GPU: causal SDPA rate over the GEMM rate at the same FLOPs (counting the half a causal
+    kernel computes), the median over the shapes the budget allows (the smallest always), each
+    shape's ratio divided by the flash kernel's tile efficiency at its length
     (costmodel.compute.flash_tile_efficiency), which the pricing applies per plan: the profile
-    holds a long sequence's ratio, as the datasheet profiles do."""
+    holds a long sequence's ratio, as the datasheet profiles do. (A CPU's SDPA is timed outright:
+    sdpa_curves.)"""
     start, ratios = time.perf_counter(), []
-    for b, h, s, d in GPU_ATTENTION_SHAPES if device.type == "cuda" else ATTENTION_SHAPES:
-        tile = flash_tile_efficiency(s) if device.type == "cuda" else 1.0
+    for b, h, s, d in GPU_ATTENTION_SHAPES:
+        tile = flash_tile_efficiency(s)
         flops = 0.5 * 4.0 * b * h * s * s * d
         expected = CALLS_PER_POINT * flops / (interpolate(gemm, flops) * min(ratios) * tile) if ratios else 0.0
         if _agree(_over(expected, start, phase_s, point_s)):
@@ -372,10 +419,16 @@ def measure_rank(dtypes: list[str], device_type: str, threads: int, budget: Budg
         fp32 = curve.points if name == "fp32" else fp32
     dist.barrier()
     out["memory"] = memory_curve(device, budget.phase_s("memory"), budget.point_s, say("memory"))
+    out["sdpa"] = {}
     for name in dtypes:
         dist.barrier()
-        out["attention"][name] = attention_efficiency(DTYPES[name], device, out["gemm"][name].points,
-                                                      budget.phase_s("attention") / len(dtypes), budget.point_s)
+        share_s, gemm = budget.phase_s("attention") / len(dtypes), out["gemm"][name].points
+        if device.type == "cuda":
+            out["attention"][name] = attention_efficiency(DTYPES[name], device, gemm, share_s, budget.point_s)
+        else:
+            curves = sdpa_curves(name, device, share_s, budget.point_s)
+            out["sdpa"].update(curves)
+            out["attention"][name] = sdpa_gemm_ratio(curves[sdpa_key(name, False, False)], gemm)
         say("attention")(1.0, f"attention {name}")
     dist.barrier()
     out["overhead_s"] = op_overhead_s(device)

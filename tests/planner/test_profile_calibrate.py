@@ -12,7 +12,7 @@ import pytest
 
 from costmodel import machine
 from runtime.measure import measured_record
-from costmodel.cluster import load_profile, parse_cluster
+from costmodel.cluster import load_profile, parse_cluster, sdpa_key
 from costmodel.compute import gemm_s, interpolate, optimizer_step_s
 from costmodel.estimate import estimate
 from costmodel.plan import PlanFile
@@ -61,6 +61,12 @@ def test_profile_writes_a_usable_measured_profile(measured, capsys):
     # torch's dropout is measured too (software random numbers on a CPU: ns an element)
     draw = raw["measured"]["dropout_s_per_element"]
     assert 1e-11 < draw < 1e-6 and dev.dropout_s_per_element == draw
+    # a CPU's SDPA is timed outright, forward and backward, with dropout and without, per dtype
+    for dtype in (DType.FP32, DType.BF16):
+        for dropout in (False, True):
+            for backward in (False, True):
+                key = sdpa_key(str(dtype), dropout, backward)
+                assert raw["measured"][key] and len(dev.sdpa_curve(dtype, dropout, backward)) == len(raw["measured"][key])
     assert main(["predict", "--model", "debug-small", "--cluster", f"1x2x{measured}", "--dtype", "fp32",
                  "--json"]) == 0
 
