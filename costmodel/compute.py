@@ -258,9 +258,9 @@ def _measured_sdpa_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev:
     for this dtype and dropout, interpolated at the size of each call (with dropout the math
     path, whose draw over the scores is in the measurement). Context parallelism's calls are its
     chunks' rectangles (cp_chunk_scores, two calls a rank), which a causal square's rate prices
-    within the measured spread: the two chunk calls of cp 2 at seq 256 took 0.35-0.54 of the
-    causal square's time without dropout and 0.26-0.43 with, against 0.31 of its query-key pairs
-    (one thread, fp32 and bf16, 2-core EPYC, 2026-11-27: `python benchmarks/cpu_kernels.py --only 6`)."""
+    within the measured spread: a rank's two chunk calls at cp 2, seq 256, took 0.36-0.54 of the
+    causal square's time without dropout and 0.21-0.37 with, against 0.31 of its query-key pairs
+    (one thread, fp32 and bf16, 2-core EPYC, 2026-11-27 14:25: `python benchmarks/cpu_kernels.py --only 6`)."""
     b, heads, d = plan.micro_batch_size, model.num_heads // plan.tp, model.head_dim
     if cp_ring:
         calls, scores = plan.cp, (train.seq_len // plan.cp) ** 2 * plan.cp
