@@ -130,7 +130,7 @@ def replay(results: Path, profile: Path) -> list[dict]:
           file=sys.stderr)
     rows = []
     for measured in sorted(results.rglob("measured.json")):
-        run = load_run(measured.parent)
+        run = load_run(measured.parent, device=profile)   # the runs name the GPU machine's own path
         est = predict_with(run, device)
         rows.append({"plan": str(measured.parent.relative_to(results)), "predicted_step_s": est.step_time_s,
                      "measured_step_s": run.measured_step_s,

@@ -30,6 +30,7 @@ from scipy.optimize import minimize
 from costmodel.cluster import DTYPE_FIELDS, DeviceProfile
 from costmodel.estimate import Estimate, estimate
 from costmodel.measured import MeasuredRun
+from costmodel.inputs import read_json_object
 from costmodel.plan import PlanFile, Recompute
 
 PARAMS = ("compute", "memory", "kernel_overhead_s", "intra_node_comm", "comm_latency", "overlap")
@@ -45,7 +46,9 @@ class Run:
     measured: MeasuredRun | None = None
 
 
-def load_run(path: Path) -> Run:
+def load_run(path: Path, device: Path | None = None) -> Run:
+    """A `planner run` directory. `device`: the profile to read its plan under instead of the one
+    its plan.json names (runs measured on another machine name a path of that machine)."""
     path = Path(path)
     for name in ("plan.json", "measured.json"):
         if not (path / name).exists():
@@ -54,7 +57,10 @@ def load_run(path: Path) -> Run:
     if not measured.complete:
         raise ValueError(f"{path}: the run was interrupted after {measured.steps} step(s) (measured.json is "
                          "marked incomplete); calibrate on complete runs (run it again)")
-    return Run(path=path, pf=PlanFile.load(path / "plan.json"), measured_step_s=measured.step_time_s,
+    data = read_json_object(path / "plan.json", "plan file")
+    if device is not None and isinstance(data.get("cluster"), dict):
+        data["cluster"]["device"] = str(device)
+    return Run(path=path, pf=PlanFile.from_dict(data, str(path / "plan.json")), measured_step_s=measured.step_time_s,
                measured=measured)
 
 
