@@ -143,6 +143,10 @@ class DeviceProfile:
     # GPU, whose dropout draws inside the multiply's kernel; dropout is then priced as the
     # multiply's bytes alone)
     dropout_s_per_element: float = 0.0
+    # `planner profile` on a CPU: torch's GeLU, (approximation, forward, backward) seconds per
+    # element, "tanh" and "none" (erf) (empty: not measured, or a GPU, whose GeLU is memory-bound
+    # and priced as bytes)
+    gelu_s_per_element: tuple[tuple[str, float, float], ...] = ()
     # `planner profile` on a CPU: torch's SDPA as the runtime calls it, per compute dtype, pass
     # ("forward", "backward") and dropout ("dropout forward", ...): curves of (score-dims per
     # call, score-dims/s), a score-dim being one query-key pair times the head dim
@@ -451,6 +455,9 @@ def profile_problems(dev: DeviceProfile) -> list[str]:  # noqa: C901 - one check
     need("threads_per_rank", dev.threads_per_rank, dev.threads_per_rank >= 0)
     for name in ("reported_memory_bytes", "num_sms", "optimizer_s_per_param", "dropout_s_per_element"):
         need(name, getattr(dev, name), getattr(dev, name) >= 0)
+    for approximate, fwd, bwd in dev.gelu_s_per_element:
+        need(f"gelu_s_per_element.{approximate}", fwd, fwd >= 0)
+        need(f"gelu_s_per_element.{approximate}", bwd, bwd >= 0)
     if not isinstance(dev.name, str) or not dev.name.strip() or not dev.name.isprintable():
         out.append(f"device.name {dev.name!r} is not a name")
     if dev.kind not in ("gpu", "cpu"):
@@ -513,6 +520,8 @@ def _profile_from(path: Path, raw: dict[str, Any]) -> DeviceProfile:
         machine=str(raw.get("measured", {}).get("machine", "")),
         optimizer_s_per_param=float(raw.get("measured", {}).get("optimizer_s_per_param", 0.0)),
         dropout_s_per_element=float(raw.get("measured", {}).get("dropout_s_per_element", 0.0)),
+        gelu_s_per_element=tuple((str(k), float(v[0]), float(v[1]))
+                                 for k, v in raw.get("measured", {}).get("gelu_s_per_element", {}).items()),
         probe_fit_version=(int(raw["probes"].get("fit_version", 1)) if isinstance(raw.get("probes"), dict)
                            else 0),
         dtype_efficiency=tuple((k, replace(efficiency, **{f: float(v[f]) for f in DTYPE_FIELDS},
@@ -551,6 +560,8 @@ def local_profile() -> DeviceProfile:
         raise machine.LocalProfileMissing(path, "the cached profile predates the optimizer step's measurement")
     if dev.kind == "cpu" and not dev.dropout_s_per_element:   # a GPU's is 0 (runtime.profiler)
         raise machine.LocalProfileMissing(path, "the cached profile predates the dropout's measurement")
+    if dev.kind == "cpu" and not dev.gelu_s_per_element:
+        raise machine.LocalProfileMissing(path, "the cached profile predates GeLU's measurement")
     if dev.probe_fit_version < PROBE_FIT_VERSION:
         raise machine.LocalProfileMissing(path, "the cached profile's probes were fitted under an older cost model")
     return dev

@@ -23,7 +23,7 @@ from costmodel.layout import Linear, Style, dense_blocks
 from costmodel.params import ceil_div
 from costmodel.plan import Plan
 from typing import Protocol
-from costmodel.specs import AttentionKernel, DType, ModelSpec, NormKind, Optimizer, PositionKind, TrainSpec
+from costmodel.specs import AttentionKernel, DType, FfnKind, ModelSpec, NormKind, Optimizer, PositionKind, TrainSpec
 
 class KernelShape(Protocol):
     """What kernel times depend on (a Plan has these, and so does the search's cache key)."""
@@ -286,6 +286,25 @@ def dropout_s(elements: float, dev: DeviceProfile) -> float:
     GPT-style model's plans (dropout on both branches of each layer, on the attention
     probabilities and on the embeddings) 18-35 % too fast on a CPU."""
     return elements * dev.dropout_s_per_element
+
+
+# the GeLU each MLP kind runs (runtime.model), by torch's name for its approximation
+GELU_OF = {FfnKind.GELU: "tanh", FfnKind.GEGLU: "tanh", FfnKind.GELU_ERF: "none"}
+
+
+def gelu_s(model: ModelSpec, plan: KernelShape, tokens: int, dev: DeviceProfile) -> tuple[float, float]:
+    """(forward, backward) of the MLP's GeLU over a layer's `tokens` on one TP rank, at the
+    profile's measured rate (`gelu_s_per_element`: a CPU, whose GeLU is bound by its tanh or erf,
+    1.7-2.3 ns an element forward and 2.4-2.9 backward against an add's 0.2; 0 where a profile has
+    none, as datasheets and GPUs, whose GeLU is memory-bound). The memory-bound count keeps its
+    bytes too, about a tenth of this counted twice; priced as those bytes alone, a GeLU MLP's
+    activation was 5-10x too cheap on a CPU (`python benchmarks/cpu_kernels.py --only 5`)."""
+    rates = {k: (f, b) for k, f, b in dev.gelu_s_per_element}
+    if model.ffn_kind not in GELU_OF or GELU_OF[model.ffn_kind] not in rates:
+        return 0.0, 0.0
+    forward, backward = rates[GELU_OF[model.ffn_kind]]
+    elements = tokens * _mlp_width(model) / plan.tp
+    return elements * forward, elements * backward
 
 
 def cp_chunk_scores(seq_len: int, cp: int) -> float:
@@ -556,9 +575,10 @@ def layer_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, de
         elementwise_bwd = 2 * elementwise
     # the two branches' dropout (runtime.model: after attention and after the MLP)
     dropped = 2 * rank_hidden_elements(model, plan, tokens) if model.dropout else 0
-    forward = fwd + attn_fwd + elementwise + dropout_s(dropped, dev)
+    gelu_fwd, gelu_bwd = gelu_s(model, plan, tokens, dev)
+    forward = fwd + attn_fwd + elementwise + dropout_s(dropped, dev) + gelu_fwd
     skipped = final_linear_forward_s(model, train, plan, dev, tokens) if early_stop else 0.0
-    return KernelTimes(forward_s=forward, backward_input_s=bwd_in + attn_bwd + elementwise_bwd,
+    return KernelTimes(forward_s=forward, backward_input_s=bwd_in + attn_bwd + elementwise_bwd + gelu_bwd,
                        backward_weight_s=bwd_w, attention_forward_s=attn_fwd,
                        recompute_forward_s=forward - skipped)
 

@@ -179,6 +179,9 @@ def _measured_rows(setup: Setup, micro: dict, memory, net: _Net, date: str, iden
         ("dropout_s_per_element", micro["dropout_s_per_element"],
          "torch's dropout (F.dropout, fp32: draw, scale, multiply), per element: costmodel.compute.dropout_s"
          + ("" if setup.device_type == "cpu" else "; 0 on a GPU, whose dropout draws inside the multiply's kernel")),
+        *([("gelu_s_per_element", micro["gelu_s_per_element"],
+            "torch's GeLU (F.gelu, fp32) per element by approximation, [forward, backward]: costmodel.compute.gelu_s")]
+          if micro.get("gelu_s_per_element") else []),
         ("collective_alpha_s", net.alpha_s, "the microbenchmark fit, before the probes"),
         ("collective_p2p_latency_s", net.p2p_s, None)]
     return rows + [(f"collective_{k}", v, "[bytes, seconds]") for k, v in (net.samples or {}).items()]

@@ -9,7 +9,8 @@
   dropout and with it (torch's math path there).
 - Per-operator overhead: a one-element add, the floor under every small kernel.
 - An AdamW step as the runtime takes one, per parameter; torch's dropout, per element (a CPU
-  draws its random numbers in software: ~40x an add).
+  draws its random numbers in software: ~40x an add), and on a CPU its GeLU (transcendental
+  work, ~10x an add).
 - Collectives among N local ranks (gloo on CPU, NCCL on GPU): all-reduce, all-gather,
   reduce-scatter and send/recv over message sizes, fitted to the alpha-beta ring model of
   costmodel.comm (latency per step, bandwidth per rank per direction).
@@ -260,6 +261,28 @@ def dropout_s_per_element(device: torch.device) -> float:
     return best_s(lambda: F.dropout(x, 0.1, training=True), repeat=3, sync=_sync(device)) / DROPOUT_ELEMENTS
 
 
+GELU_APPROXIMATIONS = ("tanh", "none")   # FfnKind GELU / GEGLU, and GELU_ERF
+
+
+def gelu_s_per_element(device: torch.device) -> dict[str, list[float]]:
+    """On a CPU, torch's GeLU (`F.gelu`, fp32) per element, forward and backward (forward +
+    backward less the forward), per approximation: {"tanh": [fwd, bwd], "none": [...]}. Its
+    transcendental work, not its bytes, bounds it there: tanh's 2.0 ns an element forward and 5.1
+    with its backward against an add's 0.26 (2-core EPYC, one thread, 2026-11-27:
+    `python benchmarks/cpu_kernels.py --only 5`). Empty on a GPU, where it is memory-bound
+    like the other elementwise kernels."""
+    if device.type == "cuda":
+        return {}
+    x = torch.randn(DROPOUT_ELEMENTS, device=device)
+    xg, grad = x.clone().requires_grad_(True), torch.ones_like(x)
+    out = {}
+    for approximate in GELU_APPROXIMATIONS:
+        fwd = best_s(lambda: F.gelu(x, approximate=approximate))
+        both = best_s(lambda: F.gelu(xg, approximate=approximate).backward(grad))
+        out[approximate] = [fwd / DROPOUT_ELEMENTS, max(both - fwd, 0.1 * fwd) / DROPOUT_ELEMENTS]
+    return out
+
+
 # (batch, heads, sequence, head dim) as GPU plans run them: FlashAttention's share of the GEMM
 # rate grows with the sequence and head dim (FA2 paper, fig. 4), so the small shapes alone
 # would misprice a 2-8K sequence
@@ -273,9 +296,9 @@ DROPOUT_P = 0.1   # runtime.model's
 
 def sdpa_curves(name: str, device: torch.device, phase_s: float, point_s: float) -> dict[str, list]:
     """On a CPU, causal SDPA as the runtime calls it, timed outright rather than priced from the
-    GEMM curve: its backward took 2.4-3.0x its forward here where FlashAttention's FLOP count
+    GEMM curve: its backward took 2.4-3.3x its forward here where FlashAttention's FLOP count
     says 2.5x, bf16's ran at fp32's speed where its GEMMs run faster, and with dropout torch runs
-    its math path, 3-5x the flash kernel's forward (2-core EPYC, 2026-11-27:
+    its math path, 3-6x the flash kernel's forward (2-core EPYC, 2026-11-27:
     `python benchmarks/cpu_kernels.py --only 5`). Per shape the budget allows (the smallest
     always), without dropout and with the runtime's, the forward alone and the backward
     (forward + backward less the forward): (score-dims per call, score-dims/s), keyed
@@ -434,6 +457,7 @@ def measure_rank(dtypes: list[str], device_type: str, threads: int, budget: Budg
     out["overhead_s"] = op_overhead_s(device)
     out["optimizer_s_per_param"] = optimizer_s_per_param(device)
     out["dropout_s_per_element"] = dropout_s_per_element(device)
+    out["gelu_s_per_element"] = gelu_s_per_element(device)
     if dist.get_world_size() > 1:
         with warnings.catch_warnings():   # gloo's *_tensor collectives are "deprecated" in 2.13, still the API
             warnings.simplefilter("ignore", FutureWarning)

@@ -61,6 +61,10 @@ def test_profile_writes_a_usable_measured_profile(measured, capsys):
     # torch's dropout is measured too (software random numbers on a CPU: ns an element)
     draw = raw["measured"]["dropout_s_per_element"]
     assert 1e-11 < draw < 1e-6 and dev.dropout_s_per_element == draw
+    # and its GeLU, by approximation, forward and backward
+    gelu = raw["measured"]["gelu_s_per_element"]
+    assert set(gelu) == {"tanh", "none"} and all(1e-12 < t < 1e-6 for pair in gelu.values() for t in pair)
+    assert dev.gelu_s_per_element == tuple((k, *v) for k, v in gelu.items())
     # a CPU's SDPA is timed outright, forward and backward, with dropout and without, per dtype
     for dtype in (DType.FP32, DType.BF16):
         for dropout in (False, True):
@@ -111,6 +115,9 @@ def test_local_is_measured_once_then_cached(measured, tmp_path, monkeypatch, cap
     cached.write_text(re.sub(r"(?m)^dropout_s_per_element = .*$", "", cached.read_text()))
     assert main(args) == 0 and len(calls) == 5           # from before dropout was measured
     assert "predates the dropout's measurement" in capsys.readouterr().err
+    cached.write_text(re.sub(r"(?m)^gelu_s_per_element = .*$", "", cached.read_text()))
+    assert main(args) == 0 and len(calls) == 6           # from before GeLU was measured
+    assert "predates GeLU's measurement" in capsys.readouterr().err
 
 
 def test_run_refuses_a_profile_of_another_machine(measured, tmp_path, capsys):
