@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
-from benchmarks.closed_loop import HELD_OUT_GPT, HIDDEN
+from closed_loop import HELD_OUT_GPT, HIDDEN   # siblings: run as `python benchmarks/attention_price.py`
+from cpu_kernels import median_s
 from costmodel.cluster import ClusterSpec, load_profile
 from costmodel.compute import _attention_core_s
 from costmodel.hf_config import model_from_hf_config
@@ -30,16 +29,6 @@ from runtime.model import DROPOUT_P, core_attention
 
 SEQ_LEN = 256
 SHAPES = ((2, 1), (4, 1), (4, 2))   # (micro-batch, tp)
-
-
-def median_s(fn, repeat: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def measured_s(model, mbs: int, tp: int, dtype: torch.dtype, repeat: int) -> tuple[float, float]:
