@@ -193,9 +193,11 @@ def gpt_kernels() -> None:
         dropout = median_s(lambda: F.dropout(x, 0.1, training=True))
         draw = median_s(lambda: torch.empty_like(x).bernoulli_(0.9))
         gelu = median_s(lambda: F.gelu(h.detach(), approximate="tanh"))
-        gelu_both = median_s(lambda: F.gelu(h, approximate="tanh").backward(torch.ones_like(h)))
+        # autograd.grad: the gradients alone, as a layer's backward takes them (.backward() would
+        # add them into .grad, one more pass)
+        gelu_both = median_s(lambda: torch.autograd.grad(F.gelu(h, approximate="tanh"), h, torch.ones_like(h)))
         ln = median_s(lambda: norm(xg.detach()))
-        ln_both = median_s(lambda: norm(xg).backward(torch.ones_like(xg)))
+        ln_both = median_s(lambda: torch.autograd.grad(norm(xg), (xg, *norm.parameters()), torch.ones_like(xg)))
         print(f"   {str(dt)[6:]:>8}: add {per(add, x.numel())}, dropout {per(dropout, x.numel())} "
               f"(its draw {per(draw, x.numel())}), GeLU {per(gelu, h.numel())} / {per(gelu_both, h.numel())} "
               f"with backward, LayerNorm {per(ln, xg.numel())} / {per(ln_both, xg.numel())}")
@@ -214,17 +216,18 @@ def gpt_kernels() -> None:
 
 
 def cp_chunks() -> None:
-    print("6. context parallelism's two chunk calls (cp 2: 64 queries against 64 and 256 keys, the\n"
-          "   runtime's lower-right causal mask) against one causal call over 256, 2 x 4 heads of 80\n"
-          f"   (ms, median of 20; the chunks hold {(64 * 64 + 64 * 256) / 256**2:.3f} of the square's query-key pairs)")
+    print("6. context parallelism's two chunk calls on each rank of cp 2 (64 queries against the keys\n"
+          "   up to their chunk's end: rank 0 64 and 256 keys, rank 1 128 and 192, under the runtime's\n"
+          "   lower-right causal mask) against one causal call over 256, 2 x 4 heads of 80 (ms, median\n"
+          "   of 20; each rank's chunks hold 0.312 of the square's query-key pairs)")
     for dt in (torch.float32, torch.bfloat16):
         for p in (0.0, 0.1):
             cells = []
             for grad in (False, True):
                 square = _sdpa_s(256, 256, dt, p, grad)
-                chunks = _sdpa_s(64, 64, dt, p, grad) + _sdpa_s(64, 256, dt, p, grad)
+                ranks = [_sdpa_s(64, a, dt, p, grad) + _sdpa_s(64, b, dt, p, grad) for a, b in ((64, 256), (128, 192))]
                 cells.append(f"{'forward + backward' if grad else 'forward'} {square * 1e3:.2f} vs "
-                             f"{chunks * 1e3:.2f} ({chunks / square:.2f})")
+                             + " and ".join(f"{t * 1e3:.2f} ({t / square:.2f})" for t in ranks))
             print(f"   {str(dt)[6:]:>8}, dropout {p}: " + "; ".join(cells))
 
 

@@ -482,6 +482,12 @@ def profile_problems(dev: DeviceProfile) -> list[str]:  # noqa: C901 - one check
             need(f"host.{name}", getattr(host, name), 0 < getattr(host, name) <= 1)
         if dev.kind == "cpu":
             out.append("[host] on a cpu profile: its ranks already run on the host, nothing is offloaded")
+    sdpa = dict(dev.sdpa_curves)
+    for key in sdpa:   # the pricing reads a forward and its backward together (compute._measured_sdpa_s)
+        partner = key.removesuffix("_forward") + "_backward" if key.endswith("_forward") else \
+            key.removesuffix("_backward") + "_forward"
+        if not re.fullmatch(r"sdpa_\w+?(_dropout)?_(forward|backward)", key) or not sdpa[key] or not sdpa.get(partner):
+            out.append(f"measured.{key} is not one of a non-empty forward and backward pair of SDPA curves")
     for name, curve in (*((f"measured.gemm_{d}", c) for d, c in dev.gemm_curves), ("measured.memory_bound", dev.memory_curve),
                         *((f"measured.{k}", c) for k, c in dev.sdpa_curves)):
         if any(not (math.isfinite(x) and math.isfinite(y) and x > 0 and y > 0) for x, y in curve):
@@ -520,13 +526,28 @@ def _profile_from(path: Path, raw: dict[str, Any]) -> DeviceProfile:
         machine=str(raw.get("measured", {}).get("machine", "")),
         optimizer_s_per_param=float(raw.get("measured", {}).get("optimizer_s_per_param", 0.0)),
         dropout_s_per_element=float(raw.get("measured", {}).get("dropout_s_per_element", 0.0)),
-        gelu_s_per_element=tuple((str(k), float(v[0]), float(v[1]))
-                                 for k, v in raw.get("measured", {}).get("gelu_s_per_element", {}).items()),
+        gelu_s_per_element=_gelu_rates(raw.get("measured", {}).get("gelu_s_per_element", {})),
         probe_fit_version=(int(raw["probes"].get("fit_version", 1)) if isinstance(raw.get("probes"), dict)
                            else 0),
         dtype_efficiency=tuple((k, replace(efficiency, **{f: float(v[f]) for f in DTYPE_FIELDS},
                                            **{f: float(v[f]) for f in OPTIONAL_DTYPE_FIELDS if f in v}))
                                for k, v in eff.items() if isinstance(v, dict)))
+
+
+GELU_APPROXIMATIONS = ("tanh", "none")   # torch's names; costmodel.compute.GELU_OF maps MLP kinds to them
+
+
+def _gelu_rates(raw: Any) -> tuple[tuple[str, float, float], ...]:
+    """[measured] gelu_s_per_element: {approximation: [forward, backward]} seconds per element."""
+    if not isinstance(raw, dict):
+        raise ValueError("measured.gelu_s_per_element is not a table of approximations")
+    out = []
+    for name, pair in raw.items():
+        if name not in GELU_APPROXIMATIONS or not isinstance(pair, list) or len(pair) != 2:
+            raise ValueError(f"measured.gelu_s_per_element.{name} is not one of {', '.join(GELU_APPROXIMATIONS)} "
+                             "with [forward, backward]")
+        out.append((str(name), float(pair[0]), float(pair[1])))
+    return tuple(out)
 
 
 def _host(raw: dict[str, Any] | None) -> HostSpec | None:

@@ -247,8 +247,9 @@ def sdpa_work(batch: int, heads: int, scores_per_head: float, head_dim: int) -> 
     return float(batch * heads * scores_per_head * head_dim)
 
 
-# A CPU SDPA call with dropout runs torch's math path: scores, mask, softmax, dropout, weighted
-# sum, each an autograd node that training's per-kernel cost applies to; without, one flash call.
+# A CPU SDPA call with dropout runs torch's math path: the scale, the scores, the mask, the
+# softmax, the dropout and the weighted sum, each an autograd node that training's per-kernel cost
+# applies to; without, one flash call.
 SDPA_MATH_KERNELS = 6
 
 
@@ -256,11 +257,14 @@ def _measured_sdpa_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev:
                      cp_ring: bool) -> tuple[float, float]:
     """(forward, backward) of the attention core on a CPU, at the profile's measured SDPA rate
     for this dtype and dropout, interpolated at the size of each call (with dropout the math
-    path, whose draw over the scores is in the measurement). Context parallelism's calls are its
-    chunks' rectangles (cp_chunk_scores, two calls a rank), which a causal square's rate prices
-    within the measured spread: a rank's two chunk calls at cp 2, seq 256, took 0.36-0.54 of the
-    causal square's time without dropout and 0.21-0.37 with, against 0.31 of its query-key pairs
-    (one thread, fp32 and bf16, 2-core EPYC, 2026-11-27 14:25: `python benchmarks/cpu_kernels.py --only 6`)."""
+    path, whose draw over the scores is in the measurement), plus training's per-kernel cost (the
+    only fitted figure here; the compute factor does not move it). Context parallelism's calls
+    are its chunks' rectangles under a lower-right mask (cp_chunk_scores, two calls a rank),
+    priced at the causal squares' rate by their query-key pairs, though a masked call computes
+    every pair: measured, each rank's two calls at cp 2, seq 256, took 0.31-0.54 of the causal
+    square's time without dropout (bf16's backward the most) and 0.21-0.42 with, against 0.31 of
+    its pairs, where this prices 0.35-0.4 (the smaller calls' lower rate; one thread, fp32 and
+    bf16, 2-core EPYC, 2026-11-27 15:18: `python benchmarks/cpu_kernels.py --only 6`)."""
     b, heads, d = plan.micro_batch_size, model.num_heads // plan.tp, model.head_dim
     if cp_ring:
         calls, scores = plan.cp, (train.seq_len // plan.cp) ** 2 * plan.cp
@@ -295,7 +299,7 @@ GELU_OF = {FfnKind.GELU: "tanh", FfnKind.GEGLU: "tanh", FfnKind.GELU_ERF: "none"
 def gelu_s(model: ModelSpec, plan: KernelShape, tokens: int, dev: DeviceProfile) -> tuple[float, float]:
     """(forward, backward) of the MLP's GeLU over a layer's `tokens` on one TP rank, at the
     profile's measured rate (`gelu_s_per_element`: a CPU, whose GeLU is bound by its tanh or erf,
-    1.7-2.3 ns an element forward and 2.4-2.9 backward against an add's 0.2; 0 where a profile has
+    tanh's 1.7-2.0 ns an element forward and 2.1-2.3 backward against an add's 0.14-0.2; none where a profile has
     none, as datasheets and GPUs, whose GeLU is memory-bound). The memory-bound count keeps its
     bytes too, about a tenth of this counted twice; priced as those bytes alone, a GeLU MLP's
     activation was 5-10x too cheap on a CPU (`python benchmarks/cpu_kernels.py --only 5`)."""

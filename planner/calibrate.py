@@ -1,6 +1,7 @@
 """Fit a device profile's few physical parameters to measured runs (`planner calibrate`).
 
-Parameters: compute efficiency (a factor on the GEMM and attention rates), memory-bound
+Parameters: compute efficiency (a factor on the GEMM and attention rates; on a CPU whose profile
+timed SDPA, attention is priced at those times and no factor moves it), memory-bound
 efficiency, the per-kernel overhead training adds, and the node tier's communication bandwidth
 efficiency and latency factor (the software cost of a collective, e.g. DTensor's redistribution
 on CPU, scales its fixed part), and the overlap of data-parallel communication with compute.

@@ -118,7 +118,8 @@ def _efficiency(micro: dict, device, how: str, probes: int):
         ("gemm", eff.gemm if eff else 1.0, f"{fitted}: training's share of the measured GEMM curve" if eff
          else "the measured GEMM curve already is the achieved rate"),
         ("attention", eff.attention if eff else micro["attention"][first],
-         f"measured causal SDPA / GEMM ({first}) x the gemm factor"),
+         f"measured causal SDPA / GEMM ({first}) x the gemm factor"
+         + ("; a CPU's attention is priced at [measured] sdpa_* instead" if micro.get("sdpa") else "")),
         ("memory", eff.memory if eff else 1.0, f"{fitted}: share of the measured memory-bound curve" if eff
          else "the measured memory-bound curve already is the achieved rate"),
         ("kernel_overhead_s", eff.kernel_overhead_s if eff else 0.0,

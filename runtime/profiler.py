@@ -35,8 +35,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from costmodel.cluster import sdpa_key
+from costmodel.cluster import GELU_APPROXIMATIONS, sdpa_key
 from costmodel.compute import flash_tile_efficiency, interpolate, sdpa_work
+from runtime.model import DROPOUT_P
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 LAYER_HIDDEN = (64, 128, 256, 512, 1024)
@@ -258,17 +259,14 @@ def dropout_s_per_element(device: torch.device) -> float:
     if device.type == "cuda":
         return 0.0
     x = torch.randn(DROPOUT_ELEMENTS, device=device)
-    return best_s(lambda: F.dropout(x, 0.1, training=True), repeat=3, sync=_sync(device)) / DROPOUT_ELEMENTS
-
-
-GELU_APPROXIMATIONS = ("tanh", "none")   # FfnKind GELU / GEGLU, and GELU_ERF
+    return best_s(lambda: F.dropout(x, DROPOUT_P, training=True), repeat=3, sync=_sync(device)) / DROPOUT_ELEMENTS
 
 
 def gelu_s_per_element(device: torch.device) -> dict[str, list[float]]:
     """On a CPU, torch's GeLU (`F.gelu`, fp32) per element, forward and backward (forward +
     backward less the forward), per approximation: {"tanh": [fwd, bwd], "none": [...]}. Its
-    transcendental work, not its bytes, bounds it there: tanh's 2.0 ns an element forward and 5.1
-    with its backward against an add's 0.26 (2-core EPYC, one thread, 2026-11-27:
+    transcendental work, not its bytes, bounds it there: tanh's 1.7-2.0 ns an element forward and
+    4.0 with its backward against an add's 0.14-0.2 (2-core EPYC, one thread, 2026-11-27 15:21:
     `python benchmarks/cpu_kernels.py --only 5`). Empty on a GPU, where it is memory-bound
     like the other elementwise kernels."""
     if device.type == "cuda":
@@ -278,9 +276,17 @@ def gelu_s_per_element(device: torch.device) -> dict[str, list[float]]:
     out = {}
     for approximate in GELU_APPROXIMATIONS:
         fwd = best_s(lambda: F.gelu(x, approximate=approximate))
-        both = best_s(lambda: F.gelu(xg, approximate=approximate).backward(grad))
-        out[approximate] = [fwd / DROPOUT_ELEMENTS, max(both - fwd, 0.1 * fwd) / DROPOUT_ELEMENTS]
+        # autograd.grad: the gradient alone, as the MLP's backward takes it (.backward() would
+        # add it into xg.grad, one more pass over the elements)
+        both = best_s(lambda: torch.autograd.grad(F.gelu(xg, approximate=approximate), xg, grad))
+        out[approximate] = [fwd / DROPOUT_ELEMENTS, backward_s(both, fwd) / DROPOUT_ELEMENTS]
     return out
+
+
+def backward_s(forward_and_backward_s: float, forward_s: float) -> float:
+    """A backward's time from best-of timings of the forward with it and alone, floored at a
+    tenth of the forward (two best-of timings can cross)."""
+    return max(forward_and_backward_s - forward_s, 0.1 * forward_s)
 
 
 # (batch, heads, sequence, head dim) as GPU plans run them: FlashAttention's share of the GEMM
@@ -291,12 +297,11 @@ GPU_ATTENTION_SHAPES = ((2, 16, 1024, 128), (1, 16, 2048, 128), (1, 16, 4096, 12
 
 # (batch, heads, sequence, head dim) of a CPU's SDPA curves: from a probe's call to a 1k sequence
 CPU_SDPA_SHAPES = ((1, 4, 128, 32), (1, 4, 256, 64), (1, 8, 512, 64), (2, 8, 1024, 64))
-DROPOUT_P = 0.1   # runtime.model's
 
 
 def sdpa_curves(name: str, device: torch.device, phase_s: float, point_s: float) -> dict[str, list]:
     """On a CPU, causal SDPA as the runtime calls it, timed outright rather than priced from the
-    GEMM curve: its backward took 2.4-3.3x its forward here where FlashAttention's FLOP count
+    GEMM curve: its backward took 2.9-3.3x its forward here where FlashAttention's FLOP count
     says 2.5x, bf16's ran at fp32's speed where its GEMMs run faster, and with dropout torch runs
     its math path, 3-6x the flash kernel's forward (2-core EPYC, 2026-11-27:
     `python benchmarks/cpu_kernels.py --only 5`). Per shape the budget allows (the smallest
@@ -312,7 +317,8 @@ def sdpa_curves(name: str, device: torch.device, phase_s: float, point_s: float)
         # backward, CALLS_PER_POINT times each
         per_call = {k: work / v[-1][1] for k, v in out.items() if v}
         expected = CALLS_PER_POINT * sum(2 * t if "forward" in k else t for k, t in per_call.items())
-        if _agree(_over(expected, start, phase_s, point_s * len(out))):   # a shape gives each curve a point
+        # the smallest shape always (every rank agrees whether any point is measured yet)
+        if per_call and _agree(_over(expected, start, phase_s, point_s * len(out))):   # a point on each curve
             break
         q, k, v = (torch.randn(b, h, s, d, dtype=DTYPES[name], device=device, requires_grad=True) for _ in range(3))
         grad = torch.randn(b, h, s, d, dtype=DTYPES[name], device=device)
@@ -320,10 +326,10 @@ def sdpa_curves(name: str, device: torch.device, phase_s: float, point_s: float)
             p = DROPOUT_P if drop else 0.0
             fwd = best_s(lambda: F.scaled_dot_product_attention(q.detach(), k.detach(), v.detach(), dropout_p=p,
                                                                 is_causal=True))
-            both = best_s(lambda: F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True).backward(grad))
+            both = best_s(lambda: torch.autograd.grad(
+                F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True), (q, k, v), grad))
             out[keys[drop, False]].append((work, work / fwd))
-            # both - fwd, floored at a tenth of the forward: best-of timings of two calls can cross
-            out[keys[drop, True]].append((work, work / max(both - fwd, 0.1 * fwd)))
+            out[keys[drop, True]].append((work, work / backward_s(both, fwd)))
     return out
 
 

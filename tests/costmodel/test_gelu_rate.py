@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from costmodel.cluster import ClusterSpec, load_profile
+from costmodel.inputs import InputError
 from costmodel.compute import layer_kernel_times
 from costmodel.registry import gpt_spec, llama_spec
 from costmodel.specs import DType, FfnKind, TrainSpec
@@ -43,3 +44,18 @@ def test_the_activation_is_priced_at_its_approximation_s_rate(tp, kind, forward,
 
 def test_swiglu_is_unchanged():
     assert _times(LLAMA, RATES) == _times(LLAMA, ())
+
+
+def test_a_gated_gelu_mlp_is_priced_at_tanh_s_rate_over_its_width():
+    model = replace(LLAMA, ffn_kind=FfnKind.GEGLU)
+    bare, timed = _times(model, ()), _times(model, RATES)
+    assert timed.forward_s - bare.forward_s == pytest.approx(2 * 256 * 1024 * 2e-9)
+
+
+@pytest.mark.parametrize("entry", ["{tanh = [1e-9]}", "{sigmoid = [1e-9, 2e-9]}", "[1e-9, 2e-9]"])
+def test_a_malformed_gelu_entry_is_one_line_naming_it(tmp_path, entry):
+    text = PROFILE.read_text()
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text + ("" if "[measured]" in text else "\n[measured]\n") + f"gelu_s_per_element = {entry}\n")
+    with pytest.raises(InputError, match="gelu_s_per_element"):
+        load_profile(bad)
