@@ -29,6 +29,9 @@ machine with one thread, as `planner run` gives each CPU rank:
    without dropout: the measured SDPA curves (causal calls) price the chunks by their query-key
    pairs (costmodel.compute `_measured_sdpa_s`).
 
+7. The profile's GEMM curve times `a @ b`; training runs a linear's forward and its two backward
+   GEMMs in other layouts: their rates, fp32 and bf16, at the probes' and the models' shapes.
+
     python benchmarks/cpu_kernels.py [--only 5]        # one or more sections
 """
 from __future__ import annotations
@@ -244,7 +247,22 @@ def _sdpa_s(s_q: int, s_k: int, dt: torch.dtype, p: float, grad: bool) -> float:
     return median_s(call, 20)
 
 
-SECTIONS = {1: elementwise, 2: loss, 3: linears, 4: recompute, 5: gpt_kernels, 6: cp_chunks}
+def gemm_layouts() -> None:
+    print("7. GFLOP/s of the profile's GEMM (a @ b) against a linear's forward (x @ W.T) and its two\n"
+          "   backward GEMMs (dY @ W, dY.T @ X), at the probes' and the closed-loop models' shapes (best of 7)")
+    shapes = {"probe-narrow": (512, 64, 176), "probe-wide": (512, 256, 688), "probe-broad": (512, 512, 1376),
+              "gpt fc1": (512, 320, 1280), "gpt fc2": (512, 1280, 320), "llama w1": (512, 384, 1024)}
+    for name, (m, k, n) in shapes.items():
+        cells = []
+        for dt in (torch.float32, torch.bfloat16):
+            a, b, w, dy = (torch.randn(*shape, dtype=dt) for shape in ((m, k), (k, n), (n, k), (m, n)))
+            rates = [2.0 * m * k * n / best_s(f, 7) / 1e9 for f in
+                     (lambda: a @ b, lambda: F.linear(a, w), lambda: dy @ w, lambda: dy.t() @ a)]
+            cells.append(f"{str(dt)[6:]} " + " ".join(f"{r:4.0f}" for r in rates))
+        print(f"   {name:>12} {m}x{k}x{n}: " + " | ".join(cells))
+
+
+SECTIONS = {1: elementwise, 2: loss, 3: linears, 4: recompute, 5: gpt_kernels, 6: cp_chunks, 7: gemm_layouts}
 
 
 def main() -> None:
