@@ -379,10 +379,11 @@ PROFILE_FORMAT_VERSION = 1   # written by `planner profile` / `calibrate`; files
 # and device, the probes fitting a per-step host cost too; both 2026-11-26; 4: recomputation
 # stopping early, and a second DP probe that tells the overlap, 2026-11-27; 5: the GEMM factor's
 # upper bound 1.15 -> 1.5, planner.probes.PROBE_BOUNDS, 2026-11-27; 6: a CPU's attention priced from
-# its measured SDPA curves, costmodel.compute.sdpa_work, 2026-11-27), so a cached `local` profile
+# its measured SDPA curves, costmodel.compute.sdpa_work; 7: a CPU's GEMM factor no longer fitted,
+# planner.probes.compute_params; both 2026-11-27), so a cached `local` profile
 # fitted under an older one is measured again instead of carrying factors fitted to other
 # formulas or bounds.
-PROBE_FIT_VERSION = 6
+PROBE_FIT_VERSION = 7
 PROFILE_KEYS = {
     "": {"format_version", "device", "network", "efficiency", "measured", "probes", "host"},
     "host": {"memory_bytes", "memory_bandwidth_bytes_per_s", "memory_efficiency", "link_bandwidth_bytes_per_s",
