@@ -235,7 +235,7 @@ def _attention_core_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev
     softmax_fwd = memory_bound_s(scores * (2 * a + drop * (2 * a + 1)), dev, 1 + drop)
     softmax_bwd = memory_bound_s(scores * (3 * a + drop * (2 * a + 1)), dev, 1 + drop)
     # the mask over the scores the runtime computes: with CP, each chunk against the keys before it
-    dropped = b * heads * (s_q * s_k if cp_ring else cp_chunk_scores(train.seq_len, plan.cp))
+    dropped = b * heads * rank_scores(train, plan, cp_ring)
     return matmuls + softmax_fwd + dropout_s(drop * dropped, dev), 2 * matmuls + softmax_bwd
 
 
@@ -266,11 +266,8 @@ def _measured_sdpa_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev:
     its pairs, where this prices 0.35-0.4 (the smaller calls' lower rate; one thread, fp32 and
     bf16, 2-core EPYC, 2026-11-27 15:18: `python benchmarks/cpu_kernels.py --only 6`)."""
     b, heads, d = plan.micro_batch_size, model.num_heads // plan.tp, model.head_dim
-    if cp_ring:
-        calls, scores = plan.cp, (train.seq_len // plan.cp) ** 2 * plan.cp
-    else:
-        calls, scores = (1 if plan.cp == 1 else 2), cp_chunk_scores(train.seq_len, plan.cp)
-    per_call = sdpa_work(b, heads, scores, d) / calls
+    calls = plan.cp if cp_ring else (1 if plan.cp == 1 else 2)
+    per_call = sdpa_work(b, heads, rank_scores(train, plan, cp_ring), d) / calls
     kernels = calls * (SDPA_MATH_KERNELS if model.dropout else 1)
     overhead = kernels * dev.efficiency.kernel_overhead_s
 
@@ -298,9 +295,9 @@ GELU_OF = {FfnKind.GELU: "tanh", FfnKind.GEGLU: "tanh", FfnKind.GELU_ERF: "none"
 
 def gelu_s(model: ModelSpec, plan: KernelShape, tokens: int, dev: DeviceProfile) -> tuple[float, float]:
     """(forward, backward) of the MLP's GeLU over a layer's `tokens` on one TP rank, at the
-    profile's measured rate (`gelu_s_per_element`: a CPU, whose GeLU is bound by its tanh or erf,
-    tanh's 1.7-2.0 ns an element forward and 2.1-2.3 backward against an add's 0.14-0.2; none where a profile has
-    none, as datasheets and GPUs, whose GeLU is memory-bound). The memory-bound count keeps its
+    profile's measured rate (`gelu_s_per_element`: a CPU, whose GeLU is bound by its tanh or
+    erf, tanh's 1.7-2.0 ns an element forward and 2.1-2.3 backward against an add's 0.14-0.2;
+    none where a profile has none, as datasheets and GPUs, whose GeLU is memory-bound). The memory-bound count keeps its
     bytes too, about a tenth of this counted twice; priced as those bytes alone, a GeLU MLP's
     activation was 5-10x too cheap on a CPU (`python benchmarks/cpu_kernels.py --only 5`)."""
     rates = {k: (f, b) for k, f, b in dev.gelu_s_per_element}
@@ -309,6 +306,12 @@ def gelu_s(model: ModelSpec, plan: KernelShape, tokens: int, dev: DeviceProfile)
     forward, backward = rates[GELU_OF[model.ffn_kind]]
     elements = tokens * _mlp_width(model) / plan.tp
     return elements * forward, elements * backward
+
+
+def rank_scores(train: TrainSpec, plan: KernelShape, cp_ring: bool) -> float:
+    """Query-key pairs one head of one sample computes on the busiest rank: a ring's cp hops of
+    s/cp queries against s/cp keys, else the load-balanced chunks against the keys before them."""
+    return train.seq_len * train.seq_len / plan.cp if cp_ring else cp_chunk_scores(train.seq_len, plan.cp)
 
 
 def cp_chunk_scores(seq_len: int, cp: int) -> float:
