@@ -157,7 +157,10 @@ def profile_machine(setup: Setup) -> None:
                # one-rank probes are half of them (runtime: run_forked per world size)
                **({"probes 1": prof.PHASE_SHARES["probes"] * 0.5,
                    f"probes {setup.nproc}": prof.PHASE_SHARES["probes"] * 0.5} if setup.nproc > 1
-                  else {"probes 1": prof.PHASE_SHARES["probes"]}), "fit": 0.08}
+                  else {"probes 1": prof.PHASE_SHARES["probes"]}), "fit": 0.08,
+               # a CPU measures its curves twice (runtime.profiler.second_pass), the first time's length
+               **({"second pass": sum(prof.PHASE_SHARES[k] for k in ("gemm", "memory", "attention")) / 2}
+                  if setup.device_type == "cpu" else {})}
     progress = Progress(weights)
     start = time.perf_counter()
     try:
