@@ -55,6 +55,11 @@ class Efficiency:
     reserved_memory_bytes: int  # outside PyTorch's allocator: CUDA context, NCCL buffers, workspaces
     source: str
     overlap: float = 1.0      # fraction of compute that data-parallel communication can hide behind
+    # data-parallel collectives' (FSDP's bucketed reduce-scatters and gathers) speed over the
+    # links' fitted efficiency and latency, which TP's and CP's many activation-sized collectives
+    # share: 1 where one efficiency serves all. A CPU profile's probes fit it
+    # (planner.calibrate.CPU_COMM_PARAMS; costmodel.rank_time.dp_term_comm_s).
+    dp_comm: float = 1.0
     # the caching allocator's reserved bytes over the bytes it hands out, minus 1 (block rounding
     # and fragmentation): what allocated tensors really cost of the device
     allocator_fragmentation: float = 0.0
@@ -380,10 +385,11 @@ PROFILE_FORMAT_VERSION = 1   # written by `planner profile` / `calibrate`; files
 # stopping early, and a second DP probe that tells the overlap, 2026-11-27; 5: the GEMM factor's
 # upper bound 1.15 -> 1.5, planner.probes.PROBE_BOUNDS, 2026-11-27; 6: a CPU's attention priced from
 # its measured SDPA curves, costmodel.compute.sdpa_work; 7: a CPU's GEMM factor no longer fitted,
-# planner.probes.compute_params; both 2026-11-27), so a cached `local` profile
+# planner.probes.compute_params; both 2026-11-27; 8: a CPU's DP collectives exposed (overlap 0)
+# at a factor of their own, Efficiency.dp_comm, 2026-11-27), so a cached `local` profile
 # fitted under an older one is measured again instead of carrying factors fitted to other
 # formulas or bounds.
-PROBE_FIT_VERSION = 7
+PROBE_FIT_VERSION = 8
 PROFILE_KEYS = {
     "": {"format_version", "device", "network", "efficiency", "measured", "probes", "host"},
     "host": {"memory_bytes", "memory_bandwidth_bytes_per_s", "memory_efficiency", "link_bandwidth_bytes_per_s",
@@ -392,7 +398,7 @@ PROFILE_KEYS = {
                "memory_bandwidth_bytes_per_s", "threads_per_rank"},
     "network": {"scope", "name", "bandwidth_bytes_per_s", "latency_s", "p2p_latency_s", "max_nodes", "efficiency"},
     "efficiency": {"gemm", "attention", "memory", "kernel_overhead_s", "intra_node_comm", "inter_node_comm",
-                   "reserved_memory_bytes", "source", "overlap", "allocator_fragmentation", "comm_contention",
+                   "reserved_memory_bytes", "source", "overlap", "dp_comm", "allocator_fragmentation", "comm_contention",
                    "vendor_attention_speedup", "step_overhead_s", "recompute_cost"},
 }
 
@@ -470,7 +476,7 @@ def profile_problems(dev: DeviceProfile) -> list[str]:  # noqa: C901 - one check
         if tier.p2p_latency_s is not None:
             need(f"network {tier.name} p2p_latency_s", tier.p2p_latency_s, tier.p2p_latency_s >= 0)
     for label, eff in (("efficiency", dev.efficiency), *((f"efficiency.{d}", e) for d, e in dev.dtype_efficiency)):
-        for name in ("gemm", "attention", "memory", "vendor_attention_speedup", "recompute_cost"):
+        for name in ("gemm", "attention", "memory", "vendor_attention_speedup", "recompute_cost", "dp_comm"):
             need(f"{label}.{name}", getattr(eff, name), getattr(eff, name) > 0)
         for name in ("kernel_overhead_s", "reserved_memory_bytes", "allocator_fragmentation", "comm_contention",
                      "step_overhead_s"):
@@ -502,6 +508,7 @@ def _profile_from(path: Path, raw: dict[str, Any]) -> DeviceProfile:
                             memory=float(eff["memory"]), kernel_overhead_s=float(eff["kernel_overhead_s"]),
                             reserved_memory_bytes=int(eff["reserved_memory_bytes"]),
                             source=eff["source"], overlap=float(eff.get("overlap", 1.0)),
+                            dp_comm=float(eff.get("dp_comm", 1.0)),
                             allocator_fragmentation=float(eff.get("allocator_fragmentation", 0.0)),
                             comm_contention=float(eff.get("comm_contention", 0.0)),
                             vendor_attention_speedup=float(eff.get("vendor_attention_speedup", 1.0)),

@@ -435,14 +435,19 @@ def _dp_terms(model: ModelSpec, train: TrainSpec, plan: Plan, traits: FrameworkT
 
 def dp_term_comm_s(term: DpTerm, n_params: float, cluster: ClusterSpec, span: AxisSpan,
                    unit_params: float) -> float:
-    """Seconds of one synchronisation of `n_params` parameters; `unit_params`: one layer's."""
+    """Seconds of one synchronisation of `n_params` parameters; `unit_params`: one layer's. At
+    the device's `dp_comm` over the links' fitted efficiency and latency alike
+    (costmodel.cluster.Efficiency.dp_comm): scaling the bandwidth alone left TP's collectives to
+    tell the links' latency from their efficiency, which one message size cannot, and priced
+    the closed loops' TP plans 30-39 % too slow (BK, BL refitted, 2026-11-27)."""
+    scale = term.scale / cluster.device.efficiency.dp_comm
     if not term.pieces_per_layer:
-        return term.scale * sum(collective_time_s(kind, bpp * n_params, span, cluster)
-                                for kind, bpp in term.collectives)
+        return scale * sum(collective_time_s(kind, bpp * n_params, span, cluster)
+                           for kind, bpp in term.collectives)
     k = term.pieces_per_layer
     per_unit = sum(k * collective_time_s(kind, bpp * unit_params / k, span, cluster)
                    for kind, bpp in term.collectives)
-    return term.scale * n_params / unit_params * per_unit
+    return scale * n_params / unit_params * per_unit
 
 
 def dp_window_s(term: DpTerm, times: RankTimes, overlap: float) -> float:

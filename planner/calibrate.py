@@ -84,7 +84,7 @@ def predict_with(run: Run, device: DeviceProfile) -> Estimate:
     return estimate(pf.model, pf.train, replace(pf.cluster, device=device), pf.plan)
 
 
-IDENTITY = {"compute": 1.0, "memory": 1.0, "intra_node_comm": 1.0, "comm_latency": 1.0}
+IDENTITY = {"compute": 1.0, "memory": 1.0, "intra_node_comm": 1.0, "comm_latency": 1.0, "dp_comm": 1.0}
 
 
 def _scaled(eff, x: dict[str, float]):
@@ -104,7 +104,8 @@ def with_params(base: DeviceProfile, x: dict[str, float], dtype: str | None = No
         own = dict(base.dtype_efficiency).get(dtype, base.efficiency)
         rest = tuple((d, e) for d, e in base.dtype_efficiency if d != dtype)
         return replace(base, dtype_efficiency=rest + ((dtype, _scaled(own, x)),))
-    eff = replace(_scaled(base.efficiency, x), overlap=x.get("overlap", base.efficiency.overlap))
+    eff = replace(_scaled(base.efficiency, x), overlap=x.get("overlap", base.efficiency.overlap),
+                  dp_comm=base.efficiency.dp_comm * x["dp_comm"])
     per_dtype = tuple((d, _scaled(e, x)) for d, e in base.dtype_efficiency)
     tier = base.intra_node
     intra = replace(tier, efficiency=tier.efficiency * x["intra_node_comm"],
@@ -126,7 +127,8 @@ def summary(runs: list[Run], device: DeviceProfile) -> dict[str, float]:
 # and the overlap fraction): the fit stays where the parameters still mean what they say.
 BOUNDS = {"compute": (0.05, 2.0), "memory": (0.05, 2.0), "kernel_overhead_s": (1e-8, 1e-3),
           "step_overhead_s": (1e-6, 0.05), "recompute_cost": (0.3, 1.5),
-          "intra_node_comm": (0.01, 2.0), "comm_latency": (0.5, 100.0), "overlap": (0.0, 1.0)}
+          "intra_node_comm": (0.01, 2.0), "comm_latency": (0.5, 100.0), "overlap": (0.0, 1.0),
+          "dp_comm": (0.1, 20.0)}
 
 
 GRID = 17   # points per parameter of a one- or two-parameter fit's starting grid
@@ -142,7 +144,7 @@ def fit(runs: list[Run], base: DeviceProfile, names: tuple[str, ...] = PARAMS,
     # positive parameters are searched on a log scale, the overlap fraction directly
     linear = {"overlap"}
     own = base.for_dtype(dtype).efficiency if dtype else base.efficiency
-    start = {"compute": 1.0, "memory": 1.0, "intra_node_comm": 1.0, "comm_latency": 1.0,
+    start = {"compute": 1.0, "memory": 1.0, "intra_node_comm": 1.0, "comm_latency": 1.0, "dp_comm": 1.0,
              "overlap": min(max(base.efficiency.overlap, 0.05), 0.95),
              "kernel_overhead_s": min(max(own.kernel_overhead_s, 1e-6), 1e-3),
              "step_overhead_s": min(max(own.step_overhead_s, 1e-4), 0.05),
@@ -202,6 +204,19 @@ COMPUTE_PARAMS = ("compute", "memory", "kernel_overhead_s")
 # beside the rest (without one they say nothing of it)
 RECOMPUTE_PARAM = "recompute_cost"
 COMM_PARAMS = ("intra_node_comm", "comm_latency", "overlap")
+# On a CPU, data-parallel communication does not hide: FSDP's ranks wait on gloo in their own
+# thread (about 110 ms of a 1.2 s DP step, `python benchmarks/step_trace.py`, 2026-11-27), and
+# compute and communication share the cores. Its collectives are bucketed, megabytes each, where
+# TP's are many and activation-sized (132 waits of 2.7 ms a step in the same trace): one
+# efficiency for both had the fit hide DP's entirely (overlap 0.92-1.0 in every stored profile)
+# and price DP plans 6-25 % too fast. So a CPU's overlap stays 0 and DP's collectives get a
+# factor of their own (Efficiency.dp_comm).
+CPU_COMM_PARAMS = ("intra_node_comm", "comm_latency", "dp_comm")
+
+
+def comm_params(device: DeviceProfile) -> tuple[str, ...]:
+    """The communication factors a fit on `device`'s multi-rank runs finds."""
+    return CPU_COMM_PARAMS if device.kind == "cpu" else COMM_PARAMS
 
 
 # Weight of the prior (the profile's own values) against the runs' squared log errors, per
@@ -243,7 +258,7 @@ def fit_by_dtype(runs: list[Run], base: DeviceProfile, rounds: int = 2, max_iter
         if fit_recompute and recomputing:
             device, _ = fit(recomputing, device, (RECOMPUTE_PARAM,), max_iter, prior_weight=prior_weight)
         if multi:
-            device, _ = fit(multi, device, COMM_PARAMS, max_iter, prior_weight=prior_weight)
+            device, _ = fit(multi, device, comm_params(base), max_iter, prior_weight=prior_weight)
     if (fragmentation := measured_fragmentation(runs)) is not None:
         device = replace(device, efficiency=replace(device.efficiency, allocator_fragmentation=fragmentation))
     return device, _factors(base, device, dtypes)
@@ -261,7 +276,8 @@ def _factors(base: DeviceProfile, device: DeviceProfile, dtypes: list[str]) -> d
     if device.efficiency.recompute_cost != base.efficiency.recompute_cost:
         out[RECOMPUTE_PARAM] = device.efficiency.recompute_cost
     return out | {"intra_node_comm": t.efficiency / bt.efficiency, "comm_latency": t.latency_s / bt.latency_s,
-                  "overlap": device.efficiency.overlap}
+                  "overlap": device.efficiency.overlap,
+                  **({"dp_comm": device.efficiency.dp_comm} if device.kind == "cpu" else {})}
 
 
 def calibrated_profile(base_path: Path, device: DeviceProfile, params: dict[str, float], runs: list[Run],
@@ -286,7 +302,7 @@ def calibrated_profile(base_path: Path, device: DeviceProfile, params: dict[str,
                        ("kernel_overhead_s", eff.kernel_overhead_s), ("intra_node_comm", tier.efficiency),
                        *([("allocator_fragmentation", eff.allocator_fragmentation)] if measured_memory else []),
                        *([(RECOMPUTE_PARAM, eff.recompute_cost)] if RECOMPUTE_PARAM in params else []),
-                       ("overlap", eff.overlap)):
+                       ("overlap", eff.overlap), *([("dp_comm", eff.dp_comm)] if device.kind == "cpu" else [])):
         pf_io.set_value(table, key, value, mark)
     pf_io.set_value(table, "source", how, "")
     for dtype, e in device.dtype_efficiency:

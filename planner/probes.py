@@ -75,6 +75,11 @@ PROBE_BOUNDS = {"compute": (0.3, 1.5), "memory": (0.05, 1.5)}
 START_OVERLAP = 0.5   # where the fit starts the share of DP communication hidden (the base profile's)
 
 
+def start_overlap(kind: str) -> float:
+    """A base profile's overlap: on a CPU 0, and not fitted (planner.calibrate.CPU_COMM_PARAMS)."""
+    return START_OVERLAP if kind == "gpu" else 0.0
+
+
 def probe_name(pf: PlanFile) -> str:
     """How [probes] names a probe: model, dtype and plan."""
     return f"{pf.model.name} {pf.train.compute_dtype} {pf.plan.short()}"
@@ -98,14 +103,16 @@ def long_sequence_attention(ratio: float, device: DeviceProfile, measured: dict)
 def unfitted(device: DeviceProfile, measured: dict) -> DeviceProfile:
     """A fitted profile back as the fit started from it (planner.profile_doc without probes):
     efficiencies 1, no per-kernel cost, fp32's measured attention ratio for every dtype, the
-    microbenchmarks' collective latencies, START_OVERLAP. `measured`: the profile's [measured]."""
+    microbenchmarks' collective latencies, start_overlap, DP's collectives at the tier's
+    efficiency. `measured`: the profile's [measured]."""
     ratio = long_sequence_attention(measured["attention_efficiency"]["fp32"], device, measured)
 
     def bare(e):
         return replace(e, gemm=1.0, memory=1.0, kernel_overhead_s=0.0, step_overhead_s=0.0, attention=ratio)
     tier = replace(device.intra_node, efficiency=1.0, latency_s=measured["collective_alpha_s"],
                    p2p_latency_s=measured["collective_p2p_latency_s"])
-    return replace(device, efficiency=replace(bare(device.efficiency), overlap=START_OVERLAP), intra_node=tier,
+    return replace(device, efficiency=replace(bare(device.efficiency), overlap=start_overlap(device.kind), dp_comm=1.0),
+                   intra_node=tier,
                    dtype_efficiency=tuple((d, bare(e)) for d, e in device.dtype_efficiency))
 
 @dataclass(frozen=True)
@@ -182,7 +189,8 @@ def fit_probes(probes: list[ProbeResult], base: DeviceProfile) -> tuple[DevicePr
     own = dict(device.dtype_efficiency)
     if own:
         first = own.get("fp32") or next(iter(own.values()))
-        device = replace(device, efficiency=replace(first, overlap=device.efficiency.overlap))
+        device = replace(device, efficiency=replace(first, overlap=device.efficiency.overlap,
+                                                    dp_comm=device.efficiency.dp_comm))
     return device, params, summary(runs, base), summary(runs, device)
 
 

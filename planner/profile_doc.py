@@ -44,7 +44,7 @@ def measured_profile(setup: Setup, micro: dict, probed=None, elapsed_s: float = 
     doc.add("format_version", PROFILE_FORMAT_VERSION)
     doc.add("device", pf_io.table(_device_rows(setup, micro, memory)))
     doc.add("network", pf_io.networks(_network_rows(setup, net, device)))
-    doc.add("efficiency", _efficiency(micro, device, how, len(probed[0]) if probed else 0))
+    doc.add("efficiency", _efficiency(micro, device, how, len(probed[0]) if probed else 0, setup.device_type))
     doc.add("measured", pf_io.table(_measured_rows(setup, micro, memory, net, date, ident)))
     for key, c in micro["gemm"].items():
         if c.stopped_before:
@@ -109,8 +109,21 @@ def _network_rows(setup: Setup, net: _Net, device) -> list[list[pf_io.Row]]:
     return [node, cluster]
 
 
-def _efficiency(micro: dict, device, how: str, probes: int):
-    from planner.probes import START_OVERLAP
+def _dp_rows(device_type: str, eff, fitted: str) -> list:
+    """overlap (and on a CPU dp_comm): a GPU's probes fit the overlap, a CPU's keep it at 0 and
+    fit DP's collectives a factor of their own (planner.calibrate.CPU_COMM_PARAMS)."""
+    from planner.probes import start_overlap
+    if device_type == "cuda":
+        return [("overlap", eff.overlap if eff else start_overlap("gpu"),
+                 f"{fitted}: share of data-parallel communication hidden by compute" if eff
+                 else "a starting point for the probes' fit")]
+    return [("overlap", start_overlap("cpu"), "on a CPU DP's collectives do not hide: the ranks wait on gloo "
+             "on the cores compute uses (planner.calibrate.CPU_COMM_PARAMS)"),
+            ("dp_comm", eff.dp_comm if eff else 1.0, f"{fitted}: DP's collectives' speed over the tier's fitted rate"
+             if eff else "a starting point for the probes' fit")]
+
+
+def _efficiency(micro: dict, device, how: str, probes: int, device_type: str):
     fitted = f"fitted to {probes} probe training steps (see [probes])"
     eff, tier = (device.efficiency, device.intra_node) if device else (None, None)
     first = next(iter(micro["attention"]))
@@ -129,8 +142,7 @@ def _efficiency(micro: dict, device, how: str, probes: int):
          f"{fitted}: collectives inside FSDP / DTensor / pipelining over the microbenchmark fit" if tier
          else "the fit above is the achieved rate"),
         ("inter_node_comm", 1.0, None),
-        ("overlap", eff.overlap if eff else START_OVERLAP, f"{fitted}: share of data-parallel communication hidden by compute"
-         if eff else "a starting point for the probes' fit"),
+        *_dp_rows(device_type, eff, fitted),
         *([("step_overhead_s", eff.step_overhead_s, f"{fitted}: the step's own host work, once per step")]
           if eff and eff.step_overhead_s else []),
         ("reserved_memory_bytes", 268435456, "assumed: interpreter + torch runtime, ~256 MiB"),

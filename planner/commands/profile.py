@@ -205,4 +205,5 @@ def _summary(setup: Setup, micro: dict, measured, fitted, skipped: list[str]) ->
           "fitted (per-kernel overhead " + ", ".join(f"{d} {e.kernel_overhead_s * 1e6:.0f} us"
                                                      for d, e in device.dtype_efficiency)
           + f"; collectives at {device.intra_node.efficiency:.2f} of their microbenchmark bandwidth, "
-          f"overlap {device.efficiency.overlap:.2f})", file=sys.stderr)
+          + (f"overlap {device.efficiency.overlap:.2f})" if setup.device_type == "cuda" else
+             f"DP's at {device.efficiency.dp_comm:.2f}x that, not hidden)"), file=sys.stderr)

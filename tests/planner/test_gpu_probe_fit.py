@@ -45,7 +45,7 @@ def test_a_fitted_per_step_cost_is_written_and_read_back(tmp_path):
     raw = tomllib.loads(H100.read_text())
     micro = {"attention": raw["measured"]["attention_efficiency"], "overhead_s": raw["measured"]["op_overhead_s"]}
     doc = profile_file.document(["test"])
-    doc.add("efficiency", profile_doc._efficiency(micro, device, "test", 12))
+    doc.add("efficiency", profile_doc._efficiency(micro, device, "test", 12, "cuda"))
     raw["efficiency"] = tomllib.loads(tomlkit.dumps(doc))["efficiency"]
     (tmp_path / "p.toml").write_text(tomlkit.dumps(raw))
     back = dict(load_profile(tmp_path / "p.toml").dtype_efficiency)["bf16"]
