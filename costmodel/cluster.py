@@ -55,10 +55,10 @@ class Efficiency:
     reserved_memory_bytes: int  # outside PyTorch's allocator: CUDA context, NCCL buffers, workspaces
     source: str
     overlap: float = 1.0      # fraction of compute that data-parallel communication can hide behind
-    # data-parallel collectives' (FSDP's bucketed reduce-scatters and gathers) speed over the
-    # links' fitted efficiency and latency, which TP's and CP's many activation-sized collectives
-    # share: 1 where one efficiency serves all. A CPU profile's probes fit it
-    # (planner.calibrate.CPU_COMM_PARAMS; costmodel.rank_time.dp_term_comm_s).
+    # data-parallel terms' (FSDP's bucketed reduce-scatters and gathers, and what rides on them:
+    # contention, offload copies) speed over the links' fitted efficiency and latency, which TP's
+    # and CP's many activation-sized collectives share: 1 where one efficiency serves all. A CPU
+    # profile's probes fit it (planner.calibrate.CPU_COMM_PARAMS; costmodel.rank_time.dp_term_comm_s).
     dp_comm: float = 1.0
     # the caching allocator's reserved bytes over the bytes it hands out, minus 1 (block rounding
     # and fragmentation): what allocated tensors really cost of the device

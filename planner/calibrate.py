@@ -4,7 +4,8 @@ Parameters: compute efficiency (a factor on the GEMM and attention rates; on a C
 timed SDPA, attention is priced at those times and no factor moves it), memory-bound
 efficiency, the per-kernel overhead training adds, and the node tier's communication bandwidth
 efficiency and latency factor (the software cost of a collective, e.g. DTensor's redistribution
-on CPU, scales its fixed part), and the overlap of data-parallel communication with compute.
+on CPU, scales its fixed part), and the overlap of data-parallel communication with compute
+(on a CPU, where it does not hide, DP's collectives' own speed instead: CPU_COMM_PARAMS).
 They are fitted by least squares on log(predicted / measured) step time over all runs
 (bounded Nelder-Mead, positive parameters on a log scale), predictions recomputed by
 `costmodel.estimate` with the candidate profile: no per-plan factors. The runs that recompute
@@ -243,6 +244,8 @@ def fit_by_dtype(runs: list[Run], base: DeviceProfile, rounds: int = 2, max_iter
     if not runs:
         raise ValueError("no runs to calibrate on")
     device = base
+    if base.kind == "cpu":   # DP's collectives do not hide there (CPU_COMM_PARAMS), whatever an older profile says
+        device = replace(base, efficiency=replace(base.efficiency, overlap=0.0))
     # fp32 first: every dtype's loss runs fp32 kernels priced at fp32's factors (cross_entropy_s)
     dtypes = sorted({str(r.pf.train.compute_dtype) for r in runs}, key=lambda d: (d != "fp32", d))
     multi = [r for r in runs if r.pf.plan.world_size > 1]
@@ -275,9 +278,9 @@ def _factors(base: DeviceProfile, device: DeviceProfile, dtypes: list[str]) -> d
     bt, t = base.intra_node, device.intra_node
     if device.efficiency.recompute_cost != base.efficiency.recompute_cost:
         out[RECOMPUTE_PARAM] = device.efficiency.recompute_cost
-    return out | {"intra_node_comm": t.efficiency / bt.efficiency, "comm_latency": t.latency_s / bt.latency_s,
-                  "overlap": device.efficiency.overlap,
-                  **({"dp_comm": device.efficiency.dp_comm} if device.kind == "cpu" else {})}
+    dp = {"dp_comm": device.efficiency.dp_comm / base.efficiency.dp_comm} if device.kind == "cpu" else \
+        {"overlap": device.efficiency.overlap}
+    return out | {"intra_node_comm": t.efficiency / bt.efficiency, "comm_latency": t.latency_s / bt.latency_s, **dp}
 
 
 def calibrated_profile(base_path: Path, device: DeviceProfile, params: dict[str, float], runs: list[Run],

@@ -53,12 +53,14 @@ PROBES = [
     Probe(BROAD, 1, Choice(micro_batch_size=4)),   # GEMM-heavy: tells the rate factor from the others
     Probe(WIDE, 2, Choice(micro_batch_size=2, zero_stage=1)),
     # latency-bound: the narrow model's FSDP units synchronise in far less time than they compute
-    # on the wide one, so the fit tells the collectives' latency from their overlap
+    # on the wide one, so the fit tells the collectives' latency from their overlap (a GPU) or
+    # from their bytes (a CPU, whose DP collectives do not hide: dp_comm)
     Probe(NARROW, 2, Choice(micro_batch_size=2, zero_stage=2)),
     Probe(WIDE, 2, Choice(tp=2, micro_batch_size=4)),
     Probe(WIDE, 2, Choice(pp=2, micro_batch_size=1)),
     # the first DP probe's collectives (the same bytes: ZeRO-1 reduces once a step) behind a
-    # micro-batch four times as long: how much of them hides, apart from how long they take
+    # micro-batch four times as long: how much of them hides, apart from how long they take (on a
+    # CPU, nothing: it tells DP's collectives from the compute beside them)
     Probe(WIDE, 2, Choice(micro_batch_size=8, zero_stage=1), global_batch=4 * GLOBAL_BATCH),
 ]
 # The measured curves are the best of several repetitions: a training step's GEMMs do not run

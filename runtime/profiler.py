@@ -450,13 +450,13 @@ def measure_rank(dtypes: list[str], device_type: str, threads: int, budget: Budg
         curve = gemm_curve(shapes, DTYPES[name], device, share_s, budget.point_s, fp32, say(f"gemm {name}"))
         spent_s += time.perf_counter() - t0
         out["gemm"][name] = curve
-        fp32 = curve.points if name == "fp32" else fp32
+        fp32 = tuple(sorted(curve.points)) if name == "fp32" else fp32   # interpolate's order
     dist.barrier()
     out["memory"] = memory_curve(device, budget.phase_s("memory"), budget.point_s, say("memory"))
     out["sdpa"] = {}
     for name in dtypes:
         dist.barrier()
-        share_s, gemm = budget.phase_s("attention") / len(dtypes), out["gemm"][name].points
+        share_s, gemm = budget.phase_s("attention") / len(dtypes), tuple(sorted(out["gemm"][name].points))
         if device.type == "cuda":
             out["attention"][name] = attention_efficiency(DTYPES[name], device, gemm, share_s, budget.point_s)
         else:
@@ -478,6 +478,8 @@ def measure_rank(dtypes: list[str], device_type: str, threads: int, budget: Budg
                   sum(budget.phase_s(k) for k in ("gemm", "memory", "attention")) - first_pass_s)
     if device.type == "cpu" and not _agree(limit_s <= 0):
         second_pass(out, dtypes, shapes, device, budget.point_s, limit_s, say("second pass"))
+    # in the shapes' order until here (best_of pairs the passes' points by it), then as before
+    out["gemm"] = {k: replace(c, points=tuple(sorted(c.points))) for k, c in out["gemm"].items()}
     return out if lead else None
 
 
@@ -487,8 +489,8 @@ def measure_rank(dtypes: list[str], device_type: str, threads: int, budget: Budg
 # each core on its own; at 17:02, 90 s saw three slow seconds). A profile whose fp32 GEMMs fell in such a stretch priced
 # every fp32 plan of closed loop BJ 8-37 % slow (its largest GEMMs at 50-75 GFLOP/s); BH's curve
 # from the same machine in its place: MAPE 14.4 -> 6.3 %, max 36.8 -> 11.8 %. So on a CPU each
-# curve and per-unit cost is measured twice, seconds apart, and each point keeps the faster
-# pass: a stretch rarely spans both, and best-of is what each point already keeps (a whole
+# curve and the per-operator, dropout and GeLU costs are measured twice, seconds apart, and each
+# point keeps the faster pass: a stretch rarely spans both, and best-of is what each point already keeps (a whole
 # profile in a slow stretch is not caught: the runs then beat it). The second pass may take
 # this much of the first's time (it measures the same points, so it needs more only when slowed).
 SECOND_PASS_SLACK = 1.25
@@ -512,41 +514,59 @@ def best_of(first, second) -> tuple[tuple[float, float], ...]:
     return tuple(out)
 
 
+def best_pass(first: tuple[list, list], second: tuple[list, list]) -> tuple[list, list]:
+    """A forward curve and its backward curve (a difference of two timings, backward_s) from two
+    passes: per point, both from the pass whose forward and backward together were faster. The
+    faster of each alone could pair a pass whose forward alone fell in a slow stretch, its
+    backward too cheap, with the other pass's forward."""
+    fwd, bwd = list(first[0]), list(first[1])
+    for i, ((x, f2), (_, b2)) in enumerate(zip(*second)):
+        (x1, f1), (_, b1) = fwd[i], bwd[i]
+        if x != x1:
+            raise ValueError(f"second pass point {i} is at size {x}, the first's at {x1}")
+        if x / f2 + x / b2 < x / f1 + x / b1:
+            fwd[i], bwd[i] = (x, f2), (x, b2)
+    return fwd, bwd
+
+
 def second_pass(out: dict, dtypes: list[str], shapes, device: torch.device, point_s: float, limit_s: float,
                 report) -> None:
-    """Measure measure_rank's curves again, the points the first pass measured and no more,
-    within limit_s in all (the per-unit costs after them, a fraction of a second), and keep each
-    point's faster pass in `out` (SECOND_PASS_SLACK)."""
+    """Measure measure_rank's curves again, the points the first pass measured and no more, and
+    keep each point's faster pass in `out` (SECOND_PASS_SLACK): within limit_s, except that the
+    smallest SDPA shape is always measured, and the per-operator, dropout and GeLU costs after
+    them (a fraction of a second). The optimizer's cost is a mean over page placements by
+    design (optimizer_s_per_param): the faster of two would pick placements, so it is not
+    measured again."""
     start = time.perf_counter()
 
     def left_s() -> float:
         return max(limit_s - (time.perf_counter() - start), 0.0)
 
-    for name in dtypes:
+    for i, name in enumerate(dtypes):
         dist.barrier()
         first = out["gemm"][name]
         again = gemm_curve(shapes[:len(first.points)], DTYPES[name], device, left_s(),
                            point_s if first.accelerated else point_s / 4)
         out["gemm"][name] = replace(first, points=best_of(first.points, again.points))
-        report(0.3, f"GEMM {name} again")
+        report(0.5 * (i + 1) / len(dtypes), f"GEMM {name} again")
     dist.barrier()
     first = out["memory"]
     again = memory_curve(device, left_s(), point_s, lambda frac, what: None, count=len(first.points) // 3)
     out["memory"] = replace(first, points=best_of(first.points, again.points))
-    for name in dtypes:
+    for i, name in enumerate(dtypes):
         dist.barrier()
         key = sdpa_key(name, False, False)
         again = sdpa_curves(name, device, left_s(), point_s, CPU_SDPA_SHAPES[:len(out["sdpa"][key])])
-        for k, points in again.items():
-            out["sdpa"][k] = list(best_of(out["sdpa"][k], points))
-        out["attention"][name] = sdpa_gemm_ratio(out["sdpa"][key], out["gemm"][name].points)
-        report(0.9, f"attention {name} again")
+        for drop in (False, True):
+            f, b = sdpa_key(name, drop, False), sdpa_key(name, drop, True)
+            out["sdpa"][f], out["sdpa"][b] = best_pass((out["sdpa"][f], out["sdpa"][b]), (again[f], again[b]))
+        out["attention"][name] = sdpa_gemm_ratio(out["sdpa"][key], tuple(sorted(out["gemm"][name].points)))
+        report(0.5 + 0.45 * (i + 1) / len(dtypes), f"attention {name} again")
     dist.barrier()
-    again = per_unit_costs(device)
-    for key in ("overhead_s", "optimizer_s_per_param", "dropout_s_per_element"):
-        out[key] = min(out[key], again[key])
-    out["gelu_s_per_element"] = {k: [min(a, b) for a, b in zip(v, again["gelu_s_per_element"][k])]
-                                 for k, v in out["gelu_s_per_element"].items()}
+    out["overhead_s"] = min(out["overhead_s"], op_overhead_s(device))
+    out["dropout_s_per_element"] = min(out["dropout_s_per_element"], dropout_s_per_element(device))
+    gelu = gelu_s_per_element(device)
+    out["gelu_s_per_element"] = {k: min(v, gelu[k], key=sum) for k, v in out["gelu_s_per_element"].items()}
     report(1.0, "per-unit costs again")
 
 

@@ -29,7 +29,7 @@ beyond (holding the largest measured rate, said in the profile). A dtype the har
 accelerate (e.g. bf16 on a CPU without AMX) is measured at small sizes only and marked.
 After the microbenchmarks, small training steps (two-layer probe model; one rank, recompute,
 DP, TP, PP; per dtype) measure what a step adds (per-kernel overhead, collectives inside
-FSDP/DTensor, overlap); those factors are fitted and written under [efficiency], the raw
+FSDP/DTensor, on a GPU the overlap, on a CPU DP's collectives' own speed); those factors are fitted and written under [efficiency], the raw
 microbenchmark figures stay under [measured]."""
 
 
@@ -158,7 +158,8 @@ def profile_machine(setup: Setup) -> None:
                **({"probes 1": prof.PHASE_SHARES["probes"] * 0.5,
                    f"probes {setup.nproc}": prof.PHASE_SHARES["probes"] * 0.5} if setup.nproc > 1
                   else {"probes 1": prof.PHASE_SHARES["probes"]}), "fit": 0.08,
-               # a CPU measures its curves twice (runtime.profiler.second_pass), the first time's length
+               # a CPU measures its curves twice (runtime.profiler.second_pass): the second pass takes
+               # about the first's time, which is about half the curves' share
                **({"second pass": sum(prof.PHASE_SHARES[k] for k in ("gemm", "memory", "attention")) / 2}
                   if setup.device_type == "cpu" else {})}
     progress = Progress(weights)

@@ -59,3 +59,29 @@ def test_a_profile_holds_dp_comm_and_refuses_a_non_positive_one(tmp_path):
         else:
             with pytest.raises(InputError, match="dp_comm"):
                 load_profile(path)
+
+
+def test_calibrating_cpu_runs_keeps_dp_exposed_and_finds_its_factor():
+    """On a CPU `planner calibrate` fits dp_comm, not the overlap, and holds the overlap at 0 even
+    where an older profile says otherwise (xeon-amx: 1, every DP collective hidden)."""
+    from costmodel.plan import PlanFile
+    from planner.calibrate import Run, fit_by_dtype, summary
+    base = load_profile(PROFILE)
+    assert base.efficiency.overlap == 1.0
+    truth = replace(base, efficiency=replace(base.efficiency, overlap=0.0, dp_comm=2.0))
+    runs = []
+    for choice in ({"micro_batch_size": 2}, {"micro_batch_size": 1}, {"zero_stage": 1, "micro_batch_size": 2},
+                   {"zero_stage": 1, "micro_batch_size": 1}, {"tp": 2, "micro_batch_size": 2},
+                   {"tp": 2, "micro_batch_size": 1}):
+        ranks = choice.get("tp", 1) * (2 if "zero_stage" in choice else 1)
+        cluster = ClusterSpec(device=base, num_nodes=1, devices_per_node=ranks)
+        plan = build_plan(MODEL, TRAIN, cluster, Choice(**choice))
+        step = estimate(MODEL, TRAIN, replace(cluster, device=truth), plan).step_time_s
+        runs.append(Run(path=Path(f"run{len(runs)}"), pf=PlanFile(plan=plan, model=MODEL, train=TRAIN, cluster=cluster),
+                        measured_step_s=step))
+    device, params = fit_by_dtype(runs, base, rounds=2, prior_weight=0.0, compute_params=("compute",),
+                                  compute_on_one_rank=True)
+    assert device.efficiency.overlap == 0.0 and "overlap" not in params
+    assert summary(runs, base)["max_abs_error_pct"] > 5   # DP hidden, where it is exposed
+    # the links' factors and DP's trade against each other on six runs: the fit, not each factor
+    assert summary(runs, device)["max_abs_error_pct"] < 2 and params["dp_comm"] > 1.2

@@ -57,6 +57,8 @@ def test_calibrate_finds_the_cost_from_the_runs_that_recompute_for_every_dtype()
     """One recomputing run, in fp32, tells the cost for bf16 too (one factor for all dtypes:
     Efficiency.recompute_cost); the probes' fit leaves it alone."""
     base = parse_cluster("1x2xxeon-amx").device
+    # a CPU's DP collectives are exposed (planner.calibrate.CPU_COMM_PARAMS: the fit holds it so)
+    base = replace(base, efficiency=replace(base.efficiency, overlap=0.0))
     truth = with_params(base, {"recompute_cost": 0.6})
     runs = _runs(truth, DType.FP32, recomputes=True) + _runs(truth, DType.BF16, recomputes=False)
     device, factors = fit_by_dtype(runs, base, prior_weight=0.0)
