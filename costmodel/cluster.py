@@ -386,10 +386,11 @@ PROFILE_FORMAT_VERSION = 1   # written by `planner profile` / `calibrate`; files
 # upper bound 1.15 -> 1.5, planner.probes.PROBE_BOUNDS, 2026-11-27; 6: a CPU's attention priced from
 # its measured SDPA curves, costmodel.compute.sdpa_work; 7: a CPU's GEMM factor no longer fitted,
 # planner.probes.compute_params; both 2026-11-27; 8: a CPU's DP collectives exposed (overlap 0)
-# at a factor of their own, Efficiency.dp_comm, 2026-11-27), so a cached `local` profile
+# at a factor of their own, Efficiency.dp_comm; 9: a CPU's SDPA call below the smallest measured
+# one at that one's time, costmodel.compute._measured_sdpa_s; both 2026-11-27), so a cached `local` profile
 # fitted under an older one is measured again instead of carrying factors fitted to other
 # formulas or bounds.
-PROBE_FIT_VERSION = 8
+PROBE_FIT_VERSION = 9
 PROFILE_KEYS = {
     "": {"format_version", "device", "network", "efficiency", "measured", "probes", "host"},
     "host": {"memory_bytes", "memory_bandwidth_bytes_per_s", "memory_efficiency", "link_bandwidth_bytes_per_s",

@@ -264,7 +264,8 @@ def _measured_sdpa_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev:
     every pair: measured, each rank's two calls at cp 2, seq 256, took 0.31-0.54 of the causal
     square's time without dropout (bf16's backward the most) and 0.21-0.42 with, against 0.31 of
     its pairs, where this prices 0.35-0.4 (the smaller calls' lower rate; one thread, fp32 and
-    bf16, 2-core EPYC, 2026-11-27 15:18: `python benchmarks/cpu_kernels.py --only 6`)."""
+    bf16, 2-core EPYC, 2026-11-27 15:18: `python benchmarks/cpu_kernels.py --only 6`). A call
+    smaller than the smallest measured one takes that one's time."""
     b, heads, d = plan.micro_batch_size, model.num_heads // plan.tp, model.head_dim
     calls = plan.cp if cp_ring else (1 if plan.cp == 1 else 2)
     per_call = sdpa_work(b, heads, rank_scores(train, plan, cp_ring), d) / calls
@@ -273,7 +274,10 @@ def _measured_sdpa_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev:
 
     def timed(backward: bool) -> float:
         curve = dev.sdpa_curve(train.compute_dtype, model.dropout, backward)
-        return calls * per_call / interpolate(curve, per_call) + overhead
+        # below the smallest measured call, no faster than it: its time is mostly the call's own
+        # cost there (debug-tiny's backward at seq 32 took 1.7 ms a call, where the smallest
+        # shape's rate priced it at 0.15; `python benchmarks/step_trace.py`, 2026-11-27)
+        return calls * max(per_call / interpolate(curve, per_call), curve[0][0] / curve[0][1]) + overhead
     merge = _ring_merge_s(plan, b * heads * (train.seq_len // plan.cp) * d, dev) if cp_ring else 0.0
     return timed(False) + merge, timed(True) + 2 * merge
 

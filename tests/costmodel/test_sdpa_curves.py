@@ -74,6 +74,19 @@ def test_context_parallel_prices_its_two_chunk_calls_each_at_its_own_size():
     assert t.attention_forward_s == pytest.approx(2 * per_call / _rate(RATES[False, False], per_call))
 
 
+def test_a_call_below_the_smallest_measured_one_takes_that_one_s_time():
+    """Extrapolated at the smallest point's rate a tiny call was nearly free, where its fixed cost
+    dominates (debug-tiny's backward: 1.7 ms a call, priced 0.15 ms)."""
+    work = 2 * LLAMA.num_heads * 256 * 256 * LLAMA.head_dim   # one call: 5e7 score-dims
+    smallest = 4 * work
+    dev = _device()
+    above = replace(dev, sdpa_curves=tuple((k, ((smallest, 1e10), (1e3 * smallest, 2e10))) for k, _ in dev.sdpa_curves))
+    assert _times(LLAMA, above).attention_forward_s == pytest.approx(smallest / 1e10)   # not work / 1e10
+    # at or above the smallest point, the rate as before
+    at = replace(dev, sdpa_curves=tuple((k, ((work, 1e10), (1e3 * work, 2e10))) for k, _ in dev.sdpa_curves))
+    assert _times(LLAMA, at).attention_forward_s == pytest.approx(work / 1e10)
+
+
 @pytest.mark.parametrize("model", [LLAMA, GPT], ids=["flash", "dropout"])
 def test_without_curves_or_off_the_cpu_kernels_nothing_changes(model):
     bare = _device(curves=False)
