@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint as torch_checkpoint
 
+from costmodel.compute import cp_chunk_scores
 from costmodel.plan import Recompute
 from runtime.model import Transformer
 from runtime.parallel import apply_recompute
@@ -222,7 +223,7 @@ def cp_chunks() -> None:
     print("6. context parallelism's two chunk calls on each rank of cp 2 (64 queries against the keys\n"
           "   up to their chunk's end: rank 0 64 and 256 keys, rank 1 128 and 192, under the runtime's\n"
           "   lower-right causal mask) against one causal call over 256, 2 x 4 heads of 80 (ms, median\n"
-          "   of 20; each rank's chunks hold 0.312 of the square's query-key pairs)")
+          f"   of 20; each rank's chunks hold {cp_chunk_scores(256, 2) / 256**2:.3f} of the square's query-key pairs)")
     for dt in (torch.float32, torch.bfloat16):
         for p in (0.0, 0.1):
             cells = []

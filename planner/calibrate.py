@@ -213,6 +213,7 @@ COMM_PARAMS = ("intra_node_comm", "comm_latency", "overlap")
 # and price DP plans 6-25 % too fast. So a CPU's overlap stays 0 and DP's collectives get a
 # factor of their own (Efficiency.dp_comm).
 CPU_COMM_PARAMS = ("intra_node_comm", "comm_latency", "dp_comm")
+CPU_OVERLAP = 0.0
 
 
 def comm_params(device: DeviceProfile) -> tuple[str, ...]:
@@ -244,8 +245,8 @@ def fit_by_dtype(runs: list[Run], base: DeviceProfile, rounds: int = 2, max_iter
     if not runs:
         raise ValueError("no runs to calibrate on")
     device = base
-    if base.kind == "cpu":   # DP's collectives do not hide there (CPU_COMM_PARAMS), whatever an older profile says
-        device = replace(base, efficiency=replace(base.efficiency, overlap=0.0))
+    if "overlap" not in comm_params(base):   # a CPU's: whatever an older profile says (CPU_COMM_PARAMS)
+        device = replace(base, efficiency=replace(base.efficiency, overlap=CPU_OVERLAP))
     # fp32 first: every dtype's loss runs fp32 kernels priced at fp32's factors (cross_entropy_s)
     dtypes = sorted({str(r.pf.train.compute_dtype) for r in runs}, key=lambda d: (d != "fp32", d))
     multi = [r for r in runs if r.pf.plan.world_size > 1]
@@ -278,8 +279,8 @@ def _factors(base: DeviceProfile, device: DeviceProfile, dtypes: list[str]) -> d
     bt, t = base.intra_node, device.intra_node
     if device.efficiency.recompute_cost != base.efficiency.recompute_cost:
         out[RECOMPUTE_PARAM] = device.efficiency.recompute_cost
-    dp = {"dp_comm": device.efficiency.dp_comm / base.efficiency.dp_comm} if device.kind == "cpu" else \
-        {"overlap": device.efficiency.overlap}
+    dp = {"dp_comm": device.efficiency.dp_comm / base.efficiency.dp_comm} if "dp_comm" in comm_params(device) \
+        else {"overlap": device.efficiency.overlap}
     return out | {"intra_node_comm": t.efficiency / bt.efficiency, "comm_latency": t.latency_s / bt.latency_s, **dp}
 
 
@@ -305,7 +306,7 @@ def calibrated_profile(base_path: Path, device: DeviceProfile, params: dict[str,
                        ("kernel_overhead_s", eff.kernel_overhead_s), ("intra_node_comm", tier.efficiency),
                        *([("allocator_fragmentation", eff.allocator_fragmentation)] if measured_memory else []),
                        *([(RECOMPUTE_PARAM, eff.recompute_cost)] if RECOMPUTE_PARAM in params else []),
-                       ("overlap", eff.overlap), *([("dp_comm", eff.dp_comm)] if device.kind == "cpu" else [])):
+                       ("overlap", eff.overlap), *([("dp_comm", eff.dp_comm)] if "dp_comm" in comm_params(device) else [])):
         pf_io.set_value(table, key, value, mark)
     pf_io.set_value(table, "source", how, "")
     for dtype, e in device.dtype_efficiency:

@@ -69,6 +69,7 @@ ACCELERATED_CHECK_FLOPS = 3e7
 
 # Each phase's share of the total budget; what is left covers process start-up and the fit.
 PHASE_SHARES = {"gemm": 0.27, "memory": 0.06, "attention": 0.08, "collectives": 0.10, "probes": 0.37}
+CURVE_PHASES = ("gemm", "memory", "attention")   # what a CPU's second pass measures again
 
 
 @dataclass(frozen=True)
@@ -475,7 +476,7 @@ def measure_rank(dtypes: list[str], device_type: str, threads: int, budget: Budg
         say("collectives")(1.0, f"collectives on {dist.get_world_size()} ranks")
     # the second pass draws on what the first left of the curves' shares of the budget
     limit_s = min(SECOND_PASS_SLACK * first_pass_s,
-                  sum(budget.phase_s(k) for k in ("gemm", "memory", "attention")) - first_pass_s)
+                  sum(budget.phase_s(k) for k in CURVE_PHASES) - first_pass_s)
     if device.type == "cpu" and not _agree(limit_s <= 0):
         second_pass(out, dtypes, shapes, device, budget.point_s, limit_s, say("second pass"))
     # in the shapes' order until here (best_of pairs the passes' points by it), then as before

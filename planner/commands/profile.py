@@ -160,7 +160,7 @@ def profile_machine(setup: Setup) -> None:
                   else {"probes 1": prof.PHASE_SHARES["probes"]}), "fit": 0.08,
                # a CPU measures its curves twice (runtime.profiler.second_pass): the second pass takes
                # about the first's time, which is about half the curves' share
-               **({"second pass": sum(prof.PHASE_SHARES[k] for k in ("gemm", "memory", "attention")) / 2}
+               **({"second pass": sum(prof.PHASE_SHARES[k] for k in prof.CURVE_PHASES) / 2}
                   if setup.device_type == "cpu" else {})}
     progress = Progress(weights)
     start = time.perf_counter()
