@@ -361,6 +361,21 @@ def _tier(raw: dict[str, Any], efficiency: float) -> NetworkTier:
                        p2p_latency_s=None if p2p is None else float(p2p))
 
 
+def _v1_memory_mix(path: Path, points: list) -> list[list[float]]:
+    """A version-1 memory curve as the mix version 2 measures: per size e elements, the add's
+    point (12e bytes) and the faster other kernel's (8e, standing for both RMS norm and softmax)
+    give 28e bytes in 2 x 8e / rate + 12e / rate seconds."""
+    pairs = sorted((float(x), float(y)) for x, y in points)
+    if len(pairs) % 2 or any(abs(add / other - 1.5) > 1e-3 for (other, _), (add, _) in zip(pairs[::2], pairs[1::2])):
+        raise ValueError(f"{path}: [measured] memory_bound is not a version-1 curve (8 and 12 bytes per element "
+                         f"at each size); measure the machine again with `planner profile`")
+    out = []
+    for (other, other_rate), (add, add_rate) in zip(pairs[::2], pairs[1::2]):
+        elems = other / 8
+        out.append([28 * elems / 3, 28 * elems / (2 * other / other_rate + add / add_rate)])
+    return out
+
+
 def sdpa_key(dtype: str, dropout: bool, backward: bool) -> str:
     """How [measured] names an SDPA curve: sdpa_<dtype>[_dropout]_<forward|backward>."""
     return f"sdpa_{dtype}{'_dropout' if dropout else ''}_{'backward' if backward else 'forward'}"
@@ -378,7 +393,11 @@ def _curve(points: list[list[float]]) -> tuple[tuple[float, float], ...]:
 
 # What a profile may hold, per table; anything else is refused (a misspelt key would otherwise
 # leave its default in force without a word).
-PROFILE_FORMAT_VERSION = 1   # written by `planner profile` / `calibrate`; files without one are read as it
+PROFILE_FORMAT_VERSION = 2   # written by `planner profile` / `calibrate`; files without one are read as it
+# 2 (2026-11-27): [measured] memory_bound is one point per size, an add, an RMS norm and a softmax
+# as one mix (runtime.profiler.memory_points). Version 1 held two per size, the add's (12 bytes
+# per element) and the faster of the other two's (8): read as the mix they make (_v1_memory_mix).
+READABLE_FORMAT_VERSIONS = (1, PROFILE_FORMAT_VERSION)
 # The cost model a profile's probe fit belongs to: raised when the model prices the probes'
 # kernels differently (2: CPU layers counted op by op; 3: a GPU's kernels as the longer of host
 # and device, the probes fitting a per-step host cost too; both 2026-11-26; 4: recomputation
@@ -387,10 +406,11 @@ PROFILE_FORMAT_VERSION = 1   # written by `planner profile` / `calibrate`; files
 # its measured SDPA curves, costmodel.compute.sdpa_work; 7: a CPU's GEMM factor no longer fitted,
 # planner.probes.compute_params; both 2026-11-27; 8: a CPU's DP collectives exposed (overlap 0)
 # at a factor of their own, Efficiency.dp_comm; 9: a CPU's SDPA call below the smallest measured
-# one at that one's time, costmodel.compute._measured_sdpa_s; both 2026-11-27), so a cached `local` profile
+# one at that one's time, costmodel.compute._measured_sdpa_s; 10: the memory-bound curve one kernel
+# mix per size, PROFILE_FORMAT_VERSION 2; all 2026-11-27), so a cached `local` profile
 # fitted under an older one is measured again instead of carrying factors fitted to other
 # formulas or bounds.
-PROBE_FIT_VERSION = 9
+PROBE_FIT_VERSION = 10
 PROFILE_KEYS = {
     "": {"format_version", "device", "network", "efficiency", "measured", "probes", "host"},
     "host": {"memory_bytes", "memory_bandwidth_bytes_per_s", "memory_efficiency", "link_bandwidth_bytes_per_s",
@@ -433,10 +453,12 @@ def parse_profile(text: str, path: Path) -> DeviceProfile:
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"{path}: not a valid profile (truncated? {exc})") from None
     version = raw.get("format_version", PROFILE_FORMAT_VERSION)
-    if version != PROFILE_FORMAT_VERSION:
-        raise ValueError(f"{path}: profile format version {version!r}; this planner reads version "
-                         f"{PROFILE_FORMAT_VERSION} (written by a newer planner?)")
+    if version not in READABLE_FORMAT_VERSIONS:
+        raise ValueError(f"{path}: profile format version {version!r}; this planner reads versions "
+                         f"{', '.join(map(str, READABLE_FORMAT_VERSIONS))} (written by a newer planner?)")
     try:
+        if version == 1 and raw.get("measured", {}).get("memory_bound"):
+            raw["measured"]["memory_bound"] = _v1_memory_mix(path, raw["measured"]["memory_bound"])
         _check_keys(path, raw)
         profile = _profile_from(path, raw)
     except KeyError as exc:

@@ -32,7 +32,7 @@ def measured_profile(setup: Setup, micro: dict, probed=None, elapsed_s: float = 
     from runtime import profiler as prof
     date, ident = time.strftime("%Y-%m-%d"), machine.identity()
     how = f"measured {date} by `{setup.command}` on {machine.describe(ident)}, {setup.threads} thread(s) per rank"
-    memory = _monotone_by_size(micro["memory"].points)
+    memory = sorted(micro["memory"].points)
     net = _network(setup, micro.get("collectives"))
     device = probed[1] if probed else None
     doc = pf_io.document([
@@ -89,7 +89,7 @@ def _device_rows(setup: Setup, micro: dict, memory) -> list[pf_io.Row]:
             ("memory_bytes", int(ram // setup.nproc if cpu else _cuda_memory()),
              f"this machine's RAM / {setup.nproc} ranks (a choice)" if cpu
              else "device memory (torch.cuda.get_device_properties)"),
-            ("memory_bandwidth_bytes_per_s", max(r for _, r in memory), "measured: best memory-bound kernel rate")]
+            ("memory_bandwidth_bytes_per_s", max(r for _, r in memory), "measured: best rate of the memory-bound kernel mix below")]
 
 
 def _network_rows(setup: Setup, net: _Net, device) -> list[list[pf_io.Row]]:
@@ -173,8 +173,9 @@ def _measured_rows(setup: Setup, micro: dict, memory, net: _Net, date: str, iden
         ("machine_key", machine.machine_key(ident), "costmodel.machine: processor, cores, torch, GPU"),
         ("threads_per_rank", setup.threads, "`planner run` gives each CPU rank this many threads"),
         *[(f"gemm_{k}", c.points, "[FLOPs per call, FLOP/s]") for k, c in micro["gemm"].items()],
-        ("memory_bound", memory, "[bytes moved per call, bytes/s]" + (
-            f"; the budget stopped before {micro['memory'].stopped_before:.3g} bytes per call, larger kernels "
+        ("memory_bound", memory, "[bytes moved per kernel, bytes/s] of an add, an RMS norm and a softmax "
+         "together (runtime.profiler.memory_points)" + (
+            f"; the budget stopped before {micro['memory'].stopped_before:.3g} bytes per kernel, larger kernels "
             "are priced at the largest measured rate" if micro["memory"].stopped_before else "")),
         *[(k, [list(pt) for pt in c], "[score-dims per call, score-dims/s]: costmodel.compute.sdpa_work"
            + (f"; {len(c)} of {len(CPU_SDPA_SHAPES)} shapes in the budget, larger calls priced at the largest's rate"
@@ -230,14 +231,6 @@ def _optimizer_params(device_type: str) -> int:
     """How many parameters the profiler's AdamW step is timed over (runtime.profiler)."""
     from runtime import profiler as prof
     return prof.GPU_OPTIMIZER_PARAMS if device_type == "cuda" else prof.OPTIMIZER_PARAMS
-
-
-def _monotone_by_size(points) -> list[tuple[float, float]]:
-    """One rate per size (the best kernel kind there), sorted: what interpolation needs."""
-    best: dict[float, float] = {}
-    for size, rate in points:
-        best[size] = max(rate, best.get(size, 0.0))
-    return sorted(best.items())
 
 
 def _cuda_memory() -> int:

@@ -188,16 +188,23 @@ def gemm_curve(shapes, dtype: torch.dtype, device: torch.device, phase_s: float,
 
 
 def memory_points(elems: int, device: torch.device) -> list[tuple[float, float]]:
-    """(bytes moved, bytes/s) for an add (read 2, write 1), an RMS norm and a softmax (read 1,
-    write 1) over fp32 rows of 256."""
+    """One point of the memory-bound curve: an add (read 2, write 1), an RMS norm and a softmax
+    (read 1, write 1) over fp32 rows of 256, as one mix (bytes per kernel, bytes/s): their bytes
+    over their seconds. A training step's memory-bound kernels are of many kinds, and a softmax
+    or a norm moves bytes at a quarter of an add's rate (2026-11-27, AMD EPYC); a curve of the
+    kinds' points apart zigzags between them (the fastest at 12 bytes per element, the slowest
+    at 8): a held-out model's residual add was priced at 63 GB/s at micro-batch 1 and 25 at 2
+    (closed-loop run BN)."""
     x = torch.randn(elems // 256, 256, device=device)
     y = torch.randn_like(x)
     w = torch.ones(256, device=device)
     timed = _timed(device)
     b = x.numel() * 4
-    return [(3.0 * b, 3 * b / best_s(lambda: x + y, **timed)),
-            (2.0 * b, 2 * b / best_s(lambda: F.rms_norm(x, (256,), w), **timed)),
-            (2.0 * b, 2 * b / best_s(lambda: x.softmax(-1), **timed))]
+    kernels = [(3.0 * b, lambda: x + y), (2.0 * b, lambda: F.rms_norm(x, (256,), w)),
+               (2.0 * b, lambda: x.softmax(-1))]
+    moved = sum(n for n, _ in kernels)
+    seconds = sum(best_s(fn, **timed) for _, fn in kernels)
+    return [(moved / len(kernels), moved / seconds)]
 
 
 def memory_curve(device: torch.device, phase_s: float, point_s: float, report, count: int | None = None) -> Curve:
@@ -206,9 +213,9 @@ def memory_curve(device: torch.device, phase_s: float, point_s: float, report, c
     sizes = (GPU_MEMORY_ELEMS if device.type == "cuda" else MEMORY_ELEMS)[:count]
     for i, elems in enumerate(sizes):
         bytes_ = 7.0 * 4 * elems   # the three kernels' traffic together
-        expected = CALLS_PER_POINT * bytes_ / min(r for _, r in points[-3:]) if points else 0.0
+        expected = CALLS_PER_POINT * bytes_ / points[-1][1] if points else 0.0
         if _agree(_over(expected, start, phase_s, point_s)):
-            return Curve(tuple(points), 3.0 * 4 * elems)
+            return Curve(tuple(points), bytes_ / 3)
         points += memory_points(elems, device)
         report((i + 1) / len(sizes), f"memory-bound kernels, {elems:,} elements")
     return Curve(tuple(points))
@@ -552,7 +559,7 @@ def second_pass(out: dict, dtypes: list[str], shapes, device: torch.device, poin
         report(0.5 * (i + 1) / len(dtypes), f"GEMM {name} again")
     dist.barrier()
     first = out["memory"]
-    again = memory_curve(device, left_s(), point_s, lambda frac, what: None, count=len(first.points) // 3)
+    again = memory_curve(device, left_s(), point_s, lambda frac, what: None, count=len(first.points))
     out["memory"] = replace(first, points=best_of(first.points, again.points))
     for i, name in enumerate(dtypes):
         dist.barrier()
