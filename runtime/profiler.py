@@ -16,8 +16,8 @@
   costmodel.comm (latency per step, bandwidth per rank per direction).
 - Training steps of small probe plans (`probe_rank`): what a step adds to the kernels above.
 Each figure is the best of a few repetitions after a warm-up (the achievable rate, as a
-training step that repeats the same kernels sees it); on a CPU, the best of two passes seconds
-apart (second_pass: a shared machine slows for seconds at a time).
+training step that repeats the same kernels sees it); on a CPU, the best of two passes, the
+second after the probes (second_pass_rank: a shared machine slows for seconds at a time).
 
 Every curve obeys a `Budget`: sizes grow only while the next point's expected time (from the
 rate just measured) stays under the per-point budget and the phase's share of the total, so a
@@ -481,13 +481,33 @@ def measure_rank(dtypes: list[str], device_type: str, threads: int, budget: Budg
             out["collectives"] = collective_worker(COLLECTIVE_BYTES, device, budget.phase_s("collectives"),
                                                    budget.point_s)
         say("collectives")(1.0, f"collectives on {dist.get_world_size()} ranks")
-    # the second pass draws on what the first left of the curves' shares of the budget
-    limit_s = min(SECOND_PASS_SLACK * first_pass_s,
-                  sum(budget.phase_s(k) for k in CURVE_PHASES) - first_pass_s)
-    if device.type == "cpu" and not _agree(limit_s <= 0):
-        second_pass(out, dtypes, shapes, device, budget.point_s, limit_s, say("second pass"))
-    # in the shapes' order until here (best_of pairs the passes' points by it), then as before
-    out["gemm"] = {k: replace(c, points=tuple(sorted(c.points))) for k, c in out["gemm"].items()}
+    # a CPU's second pass (second_pass_rank, after the probes) draws on what the first left of
+    # the curves' shares of the budget; until then the GEMM points stay in the shapes' order, by
+    # which best_of pairs the passes' points
+    limit_s = min(SECOND_PASS_SLACK * first_pass_s, sum(budget.phase_s(k) for k in CURVE_PHASES) - first_pass_s)
+    if device.type == "cpu" and limit_s > 0:
+        out["second_pass_limit_s"] = limit_s
+    else:
+        out["gemm"] = sorted_gemm(out["gemm"])
+    return out if lead else None
+
+
+def sorted_gemm(gemm: dict[str, Curve]) -> dict[str, Curve]:
+    return {k: replace(c, points=tuple(sorted(c.points))) for k, c in gemm.items()}
+
+
+def second_pass_rank(micro: dict, threads: int, point_s: float, limit_s: float, report) -> dict | None:
+    """second_pass on every rank of an initialised group at once (as measure_rank measured the
+    first), on rank 0's first-pass figures `micro`; rank 0's result is returned, its GEMM points
+    sorted."""
+    torch.set_num_threads(threads)
+    device = _device("cpu")
+    out = {**micro, "gemm": dict(micro["gemm"]), "sdpa": dict(micro["sdpa"]),
+           "attention": dict(micro["attention"])}
+    lead = dist.get_rank() == 0
+    second_pass(out, list(out["gemm"]), gemm_shapes("cpu"), device, point_s, limit_s,
+                report if lead else (lambda frac, what: None))
+    out["gemm"] = sorted_gemm(out["gemm"])
     return out if lead else None
 
 
@@ -499,8 +519,10 @@ def measure_rank(dtypes: list[str], device_type: str, threads: int, budget: Budg
 # from the same machine in its place: MAPE 14.4 -> 6.3 %, max 36.8 -> 11.8 %. So on a CPU each
 # curve and the per-operator, dropout and GeLU costs are measured twice, seconds apart, and each
 # point keeps the faster pass: a stretch rarely spans both, and best-of is what each point already keeps (a whole
-# profile in a slow stretch is not caught: the runs then beat it). The second pass may take
-# this much of the first's time (it measures the same points, so it needs more only when slowed).
+# profile in a slow stretch is not caught: the runs then beat it). The second pass runs after the
+# probes, some 25 s after the first: 10 s apart, closed loop BO's fp32 GEMMs measured 55-65
+# GFLOP/s in both passes where the runs minutes later went at the usual 90-100 (2026-11-27 20:06).
+# It may take this much of the first's time (it measures the same points, so it needs more only when slowed).
 SECOND_PASS_SLACK = 1.25
 
 

@@ -13,6 +13,7 @@ from functools import partial
 from pathlib import Path
 
 from costmodel import machine
+from costmodel.cluster import DeviceProfile
 from planner import outputs, profile_file
 from planner.args import add_overwrite_arg, positive_float, positive_int, refuse_ignored
 from planner.profile_doc import Setup, measured_profile
@@ -125,10 +126,17 @@ FIT_RESERVE_S = 6.0
 MIN_BUDGET_S = 12.0   # --budget-s: below it the fit's reserve leaves the measurements next to nothing
 
 
-def _probe_budget_s(budget, start: float, ranks: int, nproc: int) -> float:
+def _base_profile(setup: Setup, micro: dict) -> DeviceProfile:
+    """The microbenchmarks' profile, as the probes' plans and fit start from it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        return profile_file.write(Path(tmp) / "base.toml", measured_profile(setup, micro))
+
+
+def _probe_budget_s(budget, start: float, ranks: int, nproc: int, second_pass_s: float = 0.0) -> float:
     """The probes' share, or more when the microbenchmarks finished early: what is left of the
-    total less the fit's reserve, split between the one-rank and the N-rank probes."""
-    left = budget.total_s - (time.perf_counter() - start) - FIT_RESERVE_S
+    total less the fit's reserve and half the CPU's second pass's limit (it measures the points
+    the first pass measured, in about half that), split between the one-rank and the N-rank probes."""
+    left = budget.total_s - (time.perf_counter() - start) - FIT_RESERVE_S - second_pass_s / 2
     share = 0.5 if ranks == 1 and nproc > 1 else 1.0
     from runtime.profiler import PHASE_SHARES
     return max(budget.total_s * PHASE_SHARES["probes"] * share, left * share)
@@ -167,11 +175,10 @@ def profile_machine(setup: Setup) -> None:
     try:
         micro = run_forked(setup.nproc, prof.measure_rank, dtypes, setup.device_type, setup.threads, budget,
                            progress.report, device_type=setup.device_type)[0]
-        with tempfile.TemporaryDirectory() as tmp:
-            base_path = Path(tmp) / "base.toml"
-            base = profile_file.write(base_path, measured_profile(setup, micro))
+        second_pass_s = micro.pop("second_pass_limit_s", 0.0)
+        base = _base_profile(setup, micro)
         for phase in weights:   # the ranks reported on their own copies of the bar
-            if not phase.startswith(("probes", "fit")):
+            if not phase.startswith(("probes", "fit", "second pass")):
                 progress.report(phase, 1.0, "microbenchmarks done")
         accelerated = {d: micro["gemm"][d].accelerated for d in dtypes}
         measured, skipped = [], []
@@ -179,11 +186,16 @@ def profile_machine(setup: Setup) -> None:
             phase = f"probes {ranks}"
             plans = probes.probe_plans(base, accelerated, ranks)
             raws = run_forked(ranks, prof.probe_rank, plans, setup.threads,
-                              _probe_budget_s(budget, start, ranks, setup.nproc),
+                              _probe_budget_s(budget, start, ranks, setup.nproc, second_pass_s),
                               partial(progress.report, phase), device_type=setup.device_type)[0]
             progress.report(phase, 1.0, f"{len(plans)} probe plans on {ranks} rank(s)")
             measured += probes.results(plans, raws)
             skipped += [probes.probe_name(pf) for pf, raw in zip(plans, raws) if raw is None]
+        if second_pass_s > 0:
+            micro = run_forked(setup.nproc, prof.second_pass_rank, micro, setup.threads, budget.point_s,
+                               second_pass_s, partial(progress.report, "second pass"))[0]
+            progress.report("second pass", 1.0, "curves measured again")
+            base = _base_profile(setup, micro)
         progress.report("fit", 0.0, f"fitting {len(measured)} probe steps")
         fitted = probes.fit_probes(measured, base)
         progress.report("fit", 1.0, f"done in {time.perf_counter() - start:.0f} s")

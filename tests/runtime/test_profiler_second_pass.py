@@ -81,3 +81,25 @@ def test_points_slowed_in_the_first_pass_are_measured_again(group):
     assert out["optimizer_s_per_param"] == first["optimizer_s_per_param"]
     for approximate, pair in out["gelu_s_per_element"].items():
         assert sum(pair) <= sum(first["gelu"][approximate])
+
+
+def test_the_second_pass_runs_on_forked_ranks_after_the_first_and_sorts_the_gemm_points():
+    """`planner profile` runs it after the probes, in a group of its own (second_pass_rank), on
+    rank 0's first-pass figures: a slowed point is measured again, the GEMM points end sorted."""
+    from runtime.fork import run_forked
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        shapes = prof.gemm_shapes()[:4]
+        gemm = prof.gemm_curve(shapes, torch.float32, CPU, phase_s=60.0, point_s=10.0)
+        micro = {"gemm": {"fp32": replace(gemm, points=_slowed(gemm.points, 2))},
+                 "memory": prof.memory_curve(CPU, 60.0, 10.0, lambda frac, what: None, count=1),
+                 "sdpa": prof.sdpa_curves("fp32", CPU, 60.0, 10.0, prof.CPU_SDPA_SHAPES[:1]),
+                 "attention": {}, **prof.per_unit_costs(CPU)}
+    finally:
+        dist.destroy_process_group()
+    out = run_forked(2, prof.second_pass_rank, micro, 1, 10.0, 60.0, lambda frac, what: None)[0]
+    got = out["gemm"]["fp32"].points
+    assert list(got) == sorted(got) and len(got) == len(shapes)
+    slowed_flops, slowed_rate = micro["gemm"]["fp32"].points[2]
+    assert max(r for x, r in got if x == slowed_flops) > 2 * slowed_rate
+    assert micro["gemm"]["fp32"].points[2][1] == slowed_rate   # the caller's figures untouched
