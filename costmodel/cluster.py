@@ -364,9 +364,12 @@ def _tier(raw: dict[str, Any], efficiency: float) -> NetworkTier:
 def _v1_memory_mix(path: Path, points: list) -> list[list[float]]:
     """A version-1 memory curve as the mix version 2 measures: per size e elements, the add's
     point (12e bytes) and the faster other kernel's (8e, standing for both RMS norm and softmax)
-    give 28e bytes in 2 x 8e / rate + 12e / rate seconds."""
+    give 28e bytes in 2 x 8e / rate + 12e / rate seconds (a little optimistic where the two
+    differed). [device] memory_bandwidth_bytes_per_s stays the best single kernel's: the cost
+    model reads it only where a profile has no curve."""
     pairs = sorted((float(x), float(y)) for x, y in points)
-    if len(pairs) % 2 or any(abs(add / other - 1.5) > 1e-3 for (other, _), (add, _) in zip(pairs[::2], pairs[1::2])):
+    if len(pairs) % 2 or not all(math.isfinite(v) and v > 0 for pair in pairs for v in pair) or \
+            any(abs(add / other - 1.5) > 1e-3 for (other, _), (add, _) in zip(pairs[::2], pairs[1::2])):
         raise ValueError(f"{path}: [measured] memory_bound is not a version-1 curve (8 and 12 bytes per element "
                          f"at each size); measure the machine again with `planner profile`")
     out = []
@@ -393,7 +396,7 @@ def _curve(points: list[list[float]]) -> tuple[tuple[float, float], ...]:
 
 # What a profile may hold, per table; anything else is refused (a misspelt key would otherwise
 # leave its default in force without a word).
-PROFILE_FORMAT_VERSION = 2   # written by `planner profile` / `calibrate`; files without one are read as it
+PROFILE_FORMAT_VERSION = 2   # written by `planner profile` / `calibrate`; files without one are read as version 1
 # 2 (2026-11-27): [measured] memory_bound is one point per size, an add, an RMS norm and a softmax
 # as one mix (runtime.profiler.memory_points). Version 1 held two per size, the add's (12 bytes
 # per element) and the faster of the other two's (8): read as the mix they make (_v1_memory_mix).
@@ -452,7 +455,7 @@ def parse_profile(text: str, path: Path) -> DeviceProfile:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"{path}: not a valid profile (truncated? {exc})") from None
-    version = raw.get("format_version", PROFILE_FORMAT_VERSION)
+    version = raw.get("format_version", 1)   # profiles of 2026-11-22..24 have none, and a version-1 curve
     if version not in READABLE_FORMAT_VERSIONS:
         raise ValueError(f"{path}: profile format version {version!r}; this planner reads versions "
                          f"{', '.join(map(str, READABLE_FORMAT_VERSIONS))} (written by a newer planner?)")

@@ -2,8 +2,8 @@
 
 - GEMM throughput over the shapes transformer layers use (tokens x hidden x {hidden, 3 hidden,
   4 hidden}) and square ones, per dtype: a curve of achieved FLOP/s against FLOPs per call.
-- Memory-bound kernels (elementwise add, RMS norm, softmax) over sizes: achieved bytes/s
-  (read + write) against bytes moved per call.
+- Memory-bound kernels (elementwise add, RMS norm, softmax) over sizes, as one mix per size:
+  achieved bytes/s (read + write) against bytes moved per kernel.
 - Attention (torch's scaled_dot_product_attention, causal) at a few sizes: on a GPU as the
   fraction of the GEMM rate it reaches; on a CPU timed outright, forward and backward, without
   dropout and with it (torch's math path there).
@@ -440,7 +440,9 @@ def measure_rank(dtypes: list[str], device_type: str, threads: int, budget: Budg
     """Every microbenchmark, on every rank of an initialised group at once: each rank is one
     "device" of the node and shares cores, caches and memory bandwidth with the others, as ranks
     of a run do. A barrier before each phase keeps the ranks measuring together; rank 0's figures
-    are returned (and its progress reported through `report(phase, fraction, what)`)."""
+    are returned (and its progress reported through `report(phase, fraction, what)`). On a CPU
+    they are a first pass: its GEMM points in the shapes' order and `second_pass_limit_s`, for the
+    caller to hand to second_pass_rank (or, where nothing is left for one, sorted and no limit)."""
     torch.set_num_threads(threads)
     device = _device(device_type)
     lead = dist.get_rank() == 0
@@ -517,7 +519,7 @@ def second_pass_rank(micro: dict, threads: int, point_s: float, limit_s: float, 
 # each core on its own; at 17:02, 90 s saw three slow seconds). A profile whose fp32 GEMMs fell in such a stretch priced
 # every fp32 plan of closed loop BJ 8-37 % slow (its largest GEMMs at 50-75 GFLOP/s); BH's curve
 # from the same machine in its place: MAPE 14.4 -> 6.3 %, max 36.8 -> 11.8 %. So on a CPU each
-# curve and the per-operator, dropout and GeLU costs are measured twice, seconds apart, and each
+# curve and the per-operator, dropout and GeLU costs are measured twice, and each
 # point keeps the faster pass: a stretch rarely spans both, and best-of is what each point already keeps (a whole
 # profile in a slow stretch is not caught: the runs then beat it). The second pass runs after the
 # probes, some 25 s after the first: 10 s apart, closed loop BO's fp32 GEMMs measured 55-65

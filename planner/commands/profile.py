@@ -135,7 +135,8 @@ def _base_profile(setup: Setup, micro: dict) -> DeviceProfile:
 def _probe_budget_s(budget, start: float, ranks: int, nproc: int, second_pass_s: float = 0.0) -> float:
     """The probes' share, or more when the microbenchmarks finished early: what is left of the
     total less the fit's reserve and half the CPU's second pass's limit (it measures the points
-    the first pass measured, in about half that), split between the one-rank and the N-rank probes."""
+    the first pass measured: 4.2-4.8 s of a 10 s limit, 2026-11-27 20:34), split between the
+    one-rank and the N-rank probes."""
     left = budget.total_s - (time.perf_counter() - start) - FIT_RESERVE_S - second_pass_s / 2
     share = 0.5 if ranks == 1 and nproc > 1 else 1.0
     from runtime.profiler import PHASE_SHARES
@@ -151,8 +152,9 @@ def measure_local() -> Path:
 
 
 def profile_machine(setup: Setup) -> None:
-    """Microbenchmarks, then probes and their fit, then the TOML (written to a temporary file
-    and renamed, so an interrupted profile never leaves a half-written one)."""
+    """Microbenchmarks, then probes, then (on a CPU) the curves' second pass, then the probes'
+    fit on the final curves, then the TOML (written to a temporary file and renamed, so an
+    interrupted profile never leaves a half-written one)."""
     from planner import probes
     from runtime import profiler as prof
     from runtime.fork import run_forked
@@ -166,9 +168,9 @@ def profile_machine(setup: Setup) -> None:
                **({"probes 1": prof.PHASE_SHARES["probes"] * 0.5,
                    f"probes {setup.nproc}": prof.PHASE_SHARES["probes"] * 0.5} if setup.nproc > 1
                   else {"probes 1": prof.PHASE_SHARES["probes"]}), "fit": 0.08,
-               # a CPU measures its curves twice (runtime.profiler.second_pass): the second pass takes
-               # about the first's time, which is about half the curves' share
-               **({"second pass": sum(prof.PHASE_SHARES[k] for k in prof.CURVE_PHASES) / 2}
+               # a CPU measures its curves twice (runtime.profiler.second_pass_rank, after the probes):
+               # the second pass takes about half the first's time, a quarter of the curves' share
+               **({"second pass": sum(prof.PHASE_SHARES[k] for k in prof.CURVE_PHASES) / 4}
                   if setup.device_type == "cpu" else {})}
     progress = Progress(weights)
     start = time.perf_counter()

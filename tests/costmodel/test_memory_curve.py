@@ -24,9 +24,10 @@ def test_a_size_is_one_point_its_kernels_bytes_over_their_seconds(monkeypatch):
     assert rate == pytest.approx(7 * b / 7.0)
 
 
-def _with_memory_curve(version: int, points: str) -> str:
+def _with_memory_curve(version: int | None, points: str) -> str:
     text = (PROFILES / "A100-SXM4-80GB.toml").read_text()
-    return f"format_version = {version}\n{text}\n[measured]\nmemory_bound = {points}\n"
+    head = "" if version is None else f"format_version = {version}\n"
+    return f"{head}{text}\n[measured]\nmemory_bound = {points}\n"
 
 
 def test_a_version_1_curve_is_read_as_the_mix_it_measured():
@@ -39,6 +40,9 @@ def test_a_version_1_curve_is_read_as_the_mix_it_measured():
     assert [v for point in dev.memory_curve for v in point] == pytest.approx(want)
     # a rate never between the kinds' points: the zigzag is gone
     assert [r for _, r in dev.memory_curve] == sorted(r for _, r in dev.memory_curve)
+    # profiles measured before the format had a version (2026-11-22..24) are version 1
+    unversioned = parse_profile(_with_memory_curve(None, v1), Path("older.toml"))
+    assert unversioned.memory_curve == dev.memory_curve
 
 
 def test_the_current_version_is_read_as_written():
@@ -47,6 +51,10 @@ def test_the_current_version_is_read_as_written():
     assert dev.memory_curve == ((9557.3, 5e9), (38229.3, 11e9))
 
 
-def test_a_version_1_curve_of_another_shape_is_refused_by_name():
+@pytest.mark.parametrize("points", ["[[8192.0, 4e9], [20000.0, 12e9]]",   # not 8 and 12 bytes
+                                    "[[8192.0, 4e9]]",                     # a size without its add
+                                    "[[0.0, 4e9], [0.0, 12e9]]",           # sizes of nothing
+                                    "[[8192.0, 0.0], [12288.0, 12e9]]"])   # a rate of nothing
+def test_a_version_1_curve_of_another_shape_is_refused_by_name(points):
     with pytest.raises(InputError, match=r"odd\.toml.*memory_bound.*planner profile"):
-        parse_profile(_with_memory_curve(1, "[[8192.0, 4e9], [20000.0, 12e9]]"), Path("odd.toml"))
+        parse_profile(_with_memory_curve(1, points), Path("odd.toml"))

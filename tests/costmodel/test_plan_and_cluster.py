@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from costmodel.check import check_plan
-from costmodel.cluster import known_profiles, parse_cluster
+from costmodel.cluster import PROFILE_FORMAT_VERSION, known_profiles, parse_cluster
 from costmodel.placement import axis_span
 from costmodel.plan import PlanFile, Schedule
 from planner.space import Choice, build_plan
@@ -101,7 +101,8 @@ def test_a_profile_with_a_misspelt_or_cut_key_is_one_line(tmp_path, capsys):
     text = (PROFILES / "A100-SXM4-80GB.toml").read_text()
     for name, body, why in (("typo.toml", text.replace("\ngemm =", "\ngemm_efficiency =", 1), "unknown key(s) gemm_efficiency"),
                             ("cut.toml", text[: len(text) // 3] + "\n[efficiency\n", "truncated"),
-                            ("new.toml", "format_version = 3\n" + text, "format version 3")):
+                            ("new.toml", f"format_version = {PROFILE_FORMAT_VERSION + 1}\n" + text,
+                             f"format version {PROFILE_FORMAT_VERSION + 1}")):
         (tmp_path / name).write_text(body)
         assert main(["predict", "--model", "llama2-7b", "--cluster", f"1x8x{tmp_path / name}"]) == 2
         err = capsys.readouterr().err.strip()

@@ -1,0 +1,56 @@
+"""`planner profile` on a CPU: the microbenchmarks, the probes, then the curves' second pass, and
+the probes' fit on the curves the second pass left (planner.commands.profile.profile_machine).
+The microbenchmarks run for real under a small budget; the probes and the second pass are faked,
+so what is checked is the order and what each step hands the next."""
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+
+import pytest
+
+from costmodel.cluster import load_profile
+from planner import probes
+from planner.commands import profile as cmd
+from runtime import fork
+from runtime import profiler as prof
+
+
+def test_the_second_pass_comes_after_the_probes_and_the_fit_reads_its_curves(tmp_path, monkeypatch):
+    real_run_forked, calls, fitted_on = fork.run_forked, [], []
+    faster: dict = {}
+
+    def run_forked(world, fn, *args, device_type="cpu"):
+        calls.append(fn.__name__)
+        if fn is prof.probe_rank:
+            return [[{"step_times_s": [0.05] * 5} for _ in args[0]]] + [None] * (world - 1)
+        if fn is prof.second_pass_rank:
+            micro = args[0]
+            assert "second_pass_limit_s" not in micro and args[3] > 0   # popped, handed as the limit
+            faster.update(micro, gemm={k: replace(c, points=tuple(sorted((x, 2 * r) for x, r in c.points)))
+                                       for k, c in micro["gemm"].items()})
+            return [faster] + [None] * (world - 1)
+        return real_run_forked(world, fn, *args, device_type=device_type)
+
+    def fit_probes(measured, base):
+        fitted_on.append(base)
+        return real_fit(measured, base)
+
+    real_fit = probes.fit_probes
+    monkeypatch.setattr(fork, "run_forked", run_forked)
+    monkeypatch.setattr(probes, "fit_probes", fit_probes)
+    args = argparse.Namespace(out=tmp_path / "box.toml", nproc=2, name=None, quick=False, thorough=False,
+                              overwrite=False, budget_s=cmd.MIN_BUDGET_S)
+    cmd.profile_machine(cmd._setup(args))
+
+    assert calls == ["measure_rank", "probe_rank", "probe_rank", "second_pass_rank"]
+    twice = dict(faster["gemm"])["fp32"].points
+    # the fit's base and the written profile (six digits) both carry the second pass's curves
+    for dev in (fitted_on[0], load_profile(tmp_path / "box.toml")):
+        assert [r for _, r in dev.gemm_curve("fp32")] == pytest.approx([r for _, r in _medians(twice)], rel=1e-5)
+
+
+def _medians(points):
+    """As the loader reads a curve: one rate per FLOP count (costmodel.cluster._curve)."""
+    from costmodel.cluster import _curve
+    return _curve([list(p) for p in points])
