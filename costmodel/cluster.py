@@ -60,6 +60,13 @@ class Efficiency:
     # and CP's many activation-sized collectives share: 1 where one efficiency serves all. A CPU
     # profile's probes fit it (planner.calibrate.CPU_COMM_PARAMS; costmodel.rank_time.dp_term_comm_s).
     dp_comm: float = 1.0
+    # a pipeline stage's work (its layers, embedding and head, with their TP/CP collectives) over
+    # its price when pp > 1: the stage work of every stored closed loop's pp2 plans ran a median
+    # 14 points further over its price than the same run's one-rank plan (28 of 32 run-dtype
+    # pairs; 2026-11-27). `planner calibrate` fits it on a CPU's runs with a pipeline
+    # (planner.calibrate.CPU_COMM_PARAMS; costmodel.rank_time.rank_time_model); 1 in datasheets
+    # and measured profiles (planner.probes.fit_probes).
+    pp_stage: float = 1.0
     # the caching allocator's reserved bytes over the bytes it hands out, minus 1 (block rounding
     # and fragmentation): what allocated tensors really cost of the device
     allocator_fragmentation: float = 0.0
@@ -422,7 +429,7 @@ PROFILE_KEYS = {
                "memory_bandwidth_bytes_per_s", "threads_per_rank"},
     "network": {"scope", "name", "bandwidth_bytes_per_s", "latency_s", "p2p_latency_s", "max_nodes", "efficiency"},
     "efficiency": {"gemm", "attention", "memory", "kernel_overhead_s", "intra_node_comm", "inter_node_comm",
-                   "reserved_memory_bytes", "source", "overlap", "dp_comm", "allocator_fragmentation", "comm_contention",
+                   "reserved_memory_bytes", "source", "overlap", "dp_comm", "pp_stage", "allocator_fragmentation", "comm_contention",
                    "vendor_attention_speedup", "step_overhead_s", "recompute_cost"},
 }
 
@@ -502,7 +509,8 @@ def profile_problems(dev: DeviceProfile) -> list[str]:  # noqa: C901 - one check
         if tier.p2p_latency_s is not None:
             need(f"network {tier.name} p2p_latency_s", tier.p2p_latency_s, tier.p2p_latency_s >= 0)
     for label, eff in (("efficiency", dev.efficiency), *((f"efficiency.{d}", e) for d, e in dev.dtype_efficiency)):
-        for name in ("gemm", "attention", "memory", "vendor_attention_speedup", "recompute_cost", "dp_comm"):
+        for name in ("gemm", "attention", "memory", "vendor_attention_speedup", "recompute_cost", "dp_comm",
+                     "pp_stage"):
             need(f"{label}.{name}", getattr(eff, name), getattr(eff, name) > 0)
         for name in ("kernel_overhead_s", "reserved_memory_bytes", "allocator_fragmentation", "comm_contention",
                      "step_overhead_s"):
@@ -534,7 +542,7 @@ def _profile_from(path: Path, raw: dict[str, Any]) -> DeviceProfile:
                             memory=float(eff["memory"]), kernel_overhead_s=float(eff["kernel_overhead_s"]),
                             reserved_memory_bytes=int(eff["reserved_memory_bytes"]),
                             source=eff["source"], overlap=float(eff.get("overlap", 1.0)),
-                            dp_comm=float(eff.get("dp_comm", 1.0)),
+                            dp_comm=float(eff.get("dp_comm", 1.0)), pp_stage=float(eff.get("pp_stage", 1.0)),
                             allocator_fragmentation=float(eff.get("allocator_fragmentation", 0.0)),
                             comm_contention=float(eff.get("comm_contention", 0.0)),
                             vendor_attention_speedup=float(eff.get("vendor_attention_speedup", 1.0)),

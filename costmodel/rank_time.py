@@ -300,11 +300,13 @@ def rank_time_model(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Clu
     emb = embedding_kernel_times(model, train, plan, dev)
     head = head_kernel_times(model, train, plan, dev, cluster.framework.cpu_kernels)
     loss_s, gather_s = _gathered_logits_s(model, train, plan, cluster, sp.tp)
+    # a pipeline stage's work at the device's factor for it (Efficiency.pp_stage)
+    stage = dev.efficiency.pp_stage if plan.pp > 1 else 1.0
     return RankTimeModel(
-        per_layer=per_layer, per_recomputed_layer=per_rc,
-        first_edge=_times(emb.forward_s, emb.backward_s, emb.backward_weight_s, tp=edge_tp),
+        per_layer=per_layer.scaled(stage), per_recomputed_layer=per_rc.scaled(stage),
+        first_edge=_times(emb.forward_s, emb.backward_s, emb.backward_weight_s, tp=edge_tp).scaled(stage),
         last_edge=_times(head.forward_s + loss_s, head.backward_s + loss_s, head.backward_weight_s,
-                         tp=edge_tp + gather_s),
+                         tp=edge_tp + gather_s).scaled(stage),
         pp_send_s=_pp_send_s(model, train, plan, cluster, sp.pp), vpp=plan.vpp)
 
 

@@ -85,7 +85,8 @@ def predict_with(run: Run, device: DeviceProfile) -> Estimate:
     return estimate(pf.model, pf.train, replace(pf.cluster, device=device), pf.plan)
 
 
-IDENTITY = {"compute": 1.0, "memory": 1.0, "intra_node_comm": 1.0, "comm_latency": 1.0, "dp_comm": 1.0}
+IDENTITY = {"compute": 1.0, "memory": 1.0, "intra_node_comm": 1.0, "comm_latency": 1.0, "dp_comm": 1.0,
+            "pp_stage": 1.0}
 
 
 def _scaled(eff, x: dict[str, float]):
@@ -106,7 +107,7 @@ def with_params(base: DeviceProfile, x: dict[str, float], dtype: str | None = No
         rest = tuple((d, e) for d, e in base.dtype_efficiency if d != dtype)
         return replace(base, dtype_efficiency=rest + ((dtype, _scaled(own, x)),))
     eff = replace(_scaled(base.efficiency, x), overlap=x.get("overlap", base.efficiency.overlap),
-                  dp_comm=base.efficiency.dp_comm * x["dp_comm"])
+                  dp_comm=base.efficiency.dp_comm * x["dp_comm"], pp_stage=base.efficiency.pp_stage * x["pp_stage"])
     per_dtype = tuple((d, _scaled(e, x)) for d, e in base.dtype_efficiency)
     tier = base.intra_node
     intra = replace(tier, efficiency=tier.efficiency * x["intra_node_comm"],
@@ -129,7 +130,7 @@ def summary(runs: list[Run], device: DeviceProfile) -> dict[str, float]:
 BOUNDS = {"compute": (0.05, 2.0), "memory": (0.05, 2.0), "kernel_overhead_s": (1e-8, 1e-3),
           "step_overhead_s": (1e-6, 0.05), "recompute_cost": (0.3, 1.5),
           "intra_node_comm": (0.01, 2.0), "comm_latency": (0.5, 100.0), "overlap": (0.0, 1.0),
-          "dp_comm": (0.1, 20.0)}
+          "dp_comm": (0.1, 20.0), "pp_stage": (0.8, 2.0)}
 
 
 GRID = 17   # points per parameter of a one- or two-parameter fit's starting grid
@@ -145,7 +146,7 @@ def fit(runs: list[Run], base: DeviceProfile, names: tuple[str, ...] = PARAMS,
     # positive parameters are searched on a log scale, the overlap fraction directly
     linear = {"overlap"}
     own = base.for_dtype(dtype).efficiency if dtype else base.efficiency
-    start = {"compute": 1.0, "memory": 1.0, "intra_node_comm": 1.0, "comm_latency": 1.0, "dp_comm": 1.0,
+    start = {"compute": 1.0, "memory": 1.0, "intra_node_comm": 1.0, "comm_latency": 1.0, "dp_comm": 1.0, "pp_stage": 1.0,
              "overlap": min(max(base.efficiency.overlap, 0.05), 0.95),
              "kernel_overhead_s": min(max(own.kernel_overhead_s, 1e-6), 1e-3),
              "step_overhead_s": min(max(own.step_overhead_s, 1e-4), 0.05),
@@ -211,8 +212,9 @@ COMM_PARAMS = ("intra_node_comm", "comm_latency", "overlap")
 # TP's are many and activation-sized (132 waits of 2.7 ms a step in the same trace): one
 # efficiency for both had the fit hide DP's entirely (overlap 0.92-1.0 in every stored profile)
 # and price DP plans 6-25 % too fast. So a CPU's overlap stays 0 and DP's collectives get a
-# factor of their own (Efficiency.dp_comm).
-CPU_COMM_PARAMS = ("intra_node_comm", "comm_latency", "dp_comm")
+# factor of their own (Efficiency.dp_comm). A pipeline stage's work, which runs over its price
+# on a CPU where a one-rank plan's does not, gets one too (Efficiency.pp_stage).
+CPU_COMM_PARAMS = ("intra_node_comm", "comm_latency", "dp_comm", "pp_stage")
 CPU_OVERLAP = 0.0
 
 
@@ -233,7 +235,7 @@ def fit_by_dtype(runs: list[Run], base: DeviceProfile, rounds: int = 2, max_iter
                  prior_weight: float = PRIOR_WEIGHT, bounds: dict[str, tuple[float, float]] | None = None,
                  compute_on_one_rank: bool = False,
                  compute_params: tuple[str, ...] = COMPUTE_PARAMS,
-                 fit_recompute: bool = True) -> tuple[DeviceProfile, dict[str, float]]:
+                 fit_recompute: bool = True, fit_pp_stage: bool = True) -> tuple[DeviceProfile, dict[str, float]]:
     """Compute factors per compute dtype (on a CPU, bf16 runs other kernels with other per-kernel
     costs than fp32), alternating with the shared communication factors on the multi-rank runs:
     small, well-posed fits instead of one of 3 x dtypes + 3 parameters. A dtype with fewer runs
@@ -241,6 +243,7 @@ def fit_by_dtype(runs: list[Run], base: DeviceProfile, rounds: int = 2, max_iter
     from the one-rank runs alone (the profiler's probes, where one rank runs alone on the node);
     `compute_params`: which of them are fitted (the others stay as `base` has them).
     `fit_recompute`: the cost of recomputation too, one for all dtypes, on the runs that recompute.
+    `fit_pp_stage`: a CPU's pipeline-stage factor among the communication factors (Efficiency.pp_stage).
     Returns the device and the overall factors against `base` (per dtype as NAME@DTYPE)."""
     if not runs:
         raise ValueError("no runs to calibrate on")
@@ -262,7 +265,8 @@ def fit_by_dtype(runs: list[Run], base: DeviceProfile, rounds: int = 2, max_iter
         if fit_recompute and recomputing:
             device, _ = fit(recomputing, device, (RECOMPUTE_PARAM,), max_iter, prior_weight=prior_weight)
         if multi:
-            device, _ = fit(multi, device, comm_params(base), max_iter, prior_weight=prior_weight)
+            names = tuple(n for n in comm_params(base) if fit_pp_stage or n != "pp_stage")
+            device, _ = fit(multi, device, names, max_iter, prior_weight=prior_weight)
     if (fragmentation := measured_fragmentation(runs)) is not None:
         device = replace(device, efficiency=replace(device.efficiency, allocator_fragmentation=fragmentation))
     return device, _factors(base, device, dtypes)
@@ -279,7 +283,8 @@ def _factors(base: DeviceProfile, device: DeviceProfile, dtypes: list[str]) -> d
     bt, t = base.intra_node, device.intra_node
     if device.efficiency.recompute_cost != base.efficiency.recompute_cost:
         out[RECOMPUTE_PARAM] = device.efficiency.recompute_cost
-    dp = {"dp_comm": device.efficiency.dp_comm / base.efficiency.dp_comm} if "dp_comm" in comm_params(device) \
+    dp = {"dp_comm": device.efficiency.dp_comm / base.efficiency.dp_comm,
+          "pp_stage": device.efficiency.pp_stage / base.efficiency.pp_stage} if "dp_comm" in comm_params(device) \
         else {"overlap": device.efficiency.overlap}
     return out | {"intra_node_comm": t.efficiency / bt.efficiency, "comm_latency": t.latency_s / bt.latency_s, **dp}
 
@@ -306,7 +311,9 @@ def calibrated_profile(base_path: Path, device: DeviceProfile, params: dict[str,
                        ("kernel_overhead_s", eff.kernel_overhead_s), ("intra_node_comm", tier.efficiency),
                        *([("allocator_fragmentation", eff.allocator_fragmentation)] if measured_memory else []),
                        *([(RECOMPUTE_PARAM, eff.recompute_cost)] if RECOMPUTE_PARAM in params else []),
-                       ("overlap", eff.overlap), *([("dp_comm", eff.dp_comm)] if "dp_comm" in comm_params(device) else [])):
+                       ("overlap", eff.overlap),
+                       *([("dp_comm", eff.dp_comm), ("pp_stage", eff.pp_stage)] if "dp_comm" in comm_params(device)
+                         else [])):
         pf_io.set_value(table, key, value, mark)
     pf_io.set_value(table, "source", how, "")
     for dtype, e in device.dtype_efficiency:

@@ -109,7 +109,8 @@ def unfitted(device: DeviceProfile, measured: dict) -> DeviceProfile:
         return replace(e, gemm=1.0, memory=1.0, kernel_overhead_s=0.0, step_overhead_s=0.0, attention=ratio)
     tier = replace(device.intra_node, efficiency=1.0, latency_s=measured["collective_alpha_s"],
                    p2p_latency_s=measured["collective_p2p_latency_s"])
-    return replace(device, efficiency=replace(bare(device.efficiency), overlap=start_overlap(device.kind), dp_comm=1.0),
+    return replace(device, efficiency=replace(bare(device.efficiency), overlap=start_overlap(device.kind), dp_comm=1.0,
+                                              pp_stage=1.0),
                    intra_node=tier,
                    dtype_efficiency=tuple((d, bare(e)) for d, e in device.dtype_efficiency))
 
@@ -183,12 +184,18 @@ def fit_probes(probes: list[ProbeResult], base: DeviceProfile) -> tuple[DevicePr
                                   # others' is a difference as noisy as it is small (a fit on the
                                   # broad model's gave 0.40 and 0.30, at its bound, where runs of a
                                   # larger model show 0.6-0.75; 2026-11-27)
-                                  fit_recompute=False)
+                                  fit_recompute=False,
+                                  # nor from its PP probe: one step a dtype, which ran 40 % over its
+                                  # price in BD's profile where BD's pipelined runs went 5-13 %
+                                  # over (a fit on it priced them +18 and +46 %); calibrate fits
+                                  # it on runs (planner.calibrate.fit_by_dtype)
+                                  fit_pp_stage=False)
     own = dict(device.dtype_efficiency)
     if own:
         first = own.get("fp32") or next(iter(own.values()))
         device = replace(device, efficiency=replace(first, overlap=device.efficiency.overlap,
-                                                    dp_comm=device.efficiency.dp_comm))
+                                                    dp_comm=device.efficiency.dp_comm,
+                                                    pp_stage=device.efficiency.pp_stage))
     return device, params, summary(runs, base), summary(runs, device)
 
 

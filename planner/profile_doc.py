@@ -110,8 +110,9 @@ def _network_rows(setup: Setup, net: _Net, device) -> list[list[pf_io.Row]]:
 
 
 def _dp_rows(device_type: str, eff, fitted: str) -> list:
-    """overlap (and on a CPU dp_comm): a GPU's probes fit the overlap, a CPU's keep it at 0 and
-    fit DP's collectives a factor of their own (planner.calibrate.CPU_COMM_PARAMS)."""
+    """overlap (and on a CPU dp_comm and pp_stage): a GPU's probes fit the overlap, a CPU's keep
+    it at 0 and fit DP's collectives a factor of their own; pipeline stages get one from
+    calibrate (planner.calibrate.CPU_COMM_PARAMS)."""
     from planner.probes import start_overlap
     if device_type == "cuda":
         return [("overlap", eff.overlap if eff else start_overlap("gpu"),
@@ -120,7 +121,9 @@ def _dp_rows(device_type: str, eff, fitted: str) -> list:
     return [("overlap", start_overlap("cpu"), "on a CPU DP's collectives do not hide: the ranks wait on gloo "
              "on the cores compute uses (planner.calibrate.CPU_COMM_PARAMS)"),
             ("dp_comm", eff.dp_comm if eff else 1.0, f"{fitted}: DP's collectives' speed over the tier's fitted rate"
-             if eff else "a starting point for the probes' fit")]
+             if eff else "a starting point for the probes' fit"),
+            ("pp_stage", 1.0, "a pipeline stage's work over its price: `planner calibrate` fits it on runs "
+             "with a pipeline (the probes' one PP step a dtype is too noisy for it)")]
 
 
 def _efficiency(micro: dict, device, how: str, probes: int, device_type: str):
