@@ -1,6 +1,9 @@
 """Efficiency.dp_comm: data-parallel collectives at a factor of their own over the node tier's
 efficiency (a CPU's probes fit it, DP's bucketed collectives being faster per byte than TP's
-activation-sized ones): it scales DP's exposed time and nothing else, and a profile holds it."""
+activation-sized ones): it scales DP's exposed time and nothing else, and a profile holds it.
+Efficiency.pp_stage: a pipeline stage's work at a factor of its own (`planner calibrate` fits it
+on a CPU's runs with a pipeline; the probes do not): it scales a pipelined plan's stage work, in
+the closed form and the simulation alike, and leaves every plan without a pipeline alone."""
 from __future__ import annotations
 
 import re
@@ -23,9 +26,9 @@ MODEL = llama_spec("t-llama", layers=4, hidden=384, heads=6, kv_heads=2, ffn=102
 TRAIN = TrainSpec(seq_len=256, global_batch_size=8)
 
 
-def _step(dp_comm: float, **choice):
+def _step(dp_comm: float, pp_stage: float = 1.0, **choice):
     dev = load_profile(PROFILE)
-    dev = replace(dev, efficiency=replace(dev.efficiency, overlap=0.0, dp_comm=dp_comm))
+    dev = replace(dev, efficiency=replace(dev.efficiency, overlap=0.0, dp_comm=dp_comm, pp_stage=pp_stage))
     cluster = ClusterSpec(device=dev, num_nodes=1, devices_per_node=2)
     plan = build_plan(MODEL, TRAIN, cluster, Choice(**choice))
     return estimate(MODEL, TRAIN, cluster, plan)
@@ -47,41 +50,96 @@ def test_a_cpu_fits_dp_comm_and_a_gpu_the_overlap():
     assert "overlap" in comm_params(replace(cpu, kind="gpu"))
 
 
-def test_a_profile_holds_dp_comm_and_refuses_a_non_positive_one(tmp_path):
+@pytest.mark.parametrize("key", ["dp_comm", "pp_stage"])
+def test_a_profile_holds_the_factor_and_refuses_a_non_positive_one(tmp_path, key):
     text = PROFILE.read_text()
-    assert "dp_comm" not in text   # a datasheet: 1, one efficiency for every collective
-    assert load_profile(PROFILE).efficiency.dp_comm == 1.0
+    assert key not in text   # a datasheet: 1 (one efficiency for every collective; stages as priced)
+    assert getattr(load_profile(PROFILE).efficiency, key) == 1.0
     for value, ok in (("2.5", True), ("0", False)):
         path = tmp_path / f"p{value}.toml"
-        path.write_text(re.sub(r"(?m)^(\[efficiency\].*)$", rf"\1\ndp_comm = {value}", text, count=1))
+        path.write_text(re.sub(r"(?m)^(\[efficiency\].*)$", rf"\1\n{key} = {value}", text, count=1))
         if ok:
-            assert load_profile(path).efficiency.dp_comm == 2.5
+            assert getattr(load_profile(path).efficiency, key) == 2.5
         else:
-            with pytest.raises(InputError, match="dp_comm"):
+            with pytest.raises(InputError, match=key):
                 load_profile(path)
 
 
 def test_calibrating_cpu_runs_keeps_dp_exposed_and_finds_its_factor():
     """On a CPU `planner calibrate` fits dp_comm, not the overlap, and holds the overlap at 0 even
     where an older profile says otherwise (xeon-amx: 1, every DP collective hidden)."""
-    from costmodel.plan import PlanFile
-    from planner.calibrate import Run, fit_by_dtype, summary
+    from planner.calibrate import fit_by_dtype, summary
     base = load_profile(PROFILE)
     assert base.efficiency.overlap == 1.0
     truth = replace(base, efficiency=replace(base.efficiency, overlap=0.0, dp_comm=2.0))
-    runs = []
-    for choice in ({"micro_batch_size": 2}, {"micro_batch_size": 1}, {"zero_stage": 1, "micro_batch_size": 2},
-                   {"zero_stage": 1, "micro_batch_size": 1}, {"tp": 2, "micro_batch_size": 2},
-                   {"tp": 2, "micro_batch_size": 1}):
-        ranks = choice.get("tp", 1) * (2 if "zero_stage" in choice else 1)
-        cluster = ClusterSpec(device=base, num_nodes=1, devices_per_node=ranks)
-        plan = build_plan(MODEL, TRAIN, cluster, Choice(**choice))
-        step = estimate(MODEL, TRAIN, replace(cluster, device=truth), plan).step_time_s
-        runs.append(Run(path=Path(f"run{len(runs)}"), pf=PlanFile(plan=plan, model=MODEL, train=TRAIN, cluster=cluster),
-                        measured_step_s=step))
+    runs = _runs(base, truth, ({"micro_batch_size": 2}, {"micro_batch_size": 1},
+                               {"zero_stage": 1, "micro_batch_size": 2}, {"zero_stage": 1, "micro_batch_size": 1},
+                               {"tp": 2, "micro_batch_size": 2}, {"tp": 2, "micro_batch_size": 1}))
     device, params = fit_by_dtype(runs, base, rounds=2, prior_weight=0.0, compute_params=("compute",),
                                   compute_on_one_rank=True)
     assert device.efficiency.overlap == 0.0 and "overlap" not in params
     assert summary(runs, base)["max_abs_error_pct"] > 5   # DP hidden, where it is exposed
     # the links' factors and DP's trade against each other on six runs: the fit, not each factor
     assert summary(runs, device)["max_abs_error_pct"] < 2 and params["dp_comm"] > 1.2
+
+
+def test_pp_stage_scales_a_pipelined_plans_stage_work():
+    pp = {"pp": 2, "micro_batch_size": 1}
+    base, slow = _step(1.0, 1.0, **pp), _step(1.0, 1.5, **pp)
+    for name in ("compute/forward", "compute/backward"):
+        assert slow.time_breakdown_s[name] == pytest.approx(1.5 * base.time_breakdown_s[name], rel=1e-6), name
+    # the bubble is the other stage's work, less the sends' share of it
+    assert slow.time_breakdown_s["pipeline/bubble"] == pytest.approx(1.5 * base.time_breakdown_s["pipeline/bubble"],
+                                                                     rel=0.02)
+    assert slow.rank_work_s == pytest.approx([1.5 * w for w in base.rank_work_s], rel=1e-6)
+    # the closed form the search ranks by moves with the simulation
+    assert slow.closed_form_step_time_s > 1.4 * base.closed_form_step_time_s
+    # the point-to-point sends and the optimizer are not a stage's work
+    assert slow.time_breakdown_s["optimizer/step"] == base.time_breakdown_s["optimizer/step"]
+
+
+def test_plans_without_a_pipeline_are_left_alone():
+    for choice in ({"micro_batch_size": 2, "zero_stage": 1}, {"tp": 2, "micro_batch_size": 2},
+                   {"cp": 2, "micro_batch_size": 2}):
+        assert _step(1.0, 1.5, **choice).step_time_s == _step(1.0, 1.0, **choice).step_time_s, choice
+
+
+def test_a_cpu_fits_pp_stage_and_a_gpu_does_not():
+    cpu = load_profile(PROFILE)   # a profile holds it: test_dp_comm.py's profile test
+    assert "pp_stage" in comm_params(cpu) and "pp_stage" not in comm_params(replace(cpu, kind="gpu"))
+
+
+def test_calibrating_cpu_runs_finds_the_stages_factor():
+    """Runs whose pipelined stages went 30 % over their price: `planner calibrate` finds it in
+    pp_stage, not in the compute the one-rank runs tell; the probes' fit leaves it at 1."""
+    from planner.calibrate import fit_by_dtype, summary
+    base = load_profile(PROFILE)
+    base = replace(base, efficiency=replace(base.efficiency, overlap=0.0))
+    truth = replace(base, efficiency=replace(base.efficiency, pp_stage=1.3))
+    runs = _runs(base, truth, ({"micro_batch_size": 2}, {"micro_batch_size": 1},
+                               {"zero_stage": 1, "micro_batch_size": 2}, {"pp": 2, "micro_batch_size": 1},
+                               {"pp": 2, "micro_batch_size": 2}))
+    device, params = fit_by_dtype(runs, base, rounds=2, prior_weight=0.0, compute_params=("compute",),
+                                  compute_on_one_rank=True)
+    assert summary(runs, base)["max_abs_error_pct"] > 10
+    assert summary(runs, device)["max_abs_error_pct"] < 2
+    assert params["pp_stage"] == pytest.approx(1.3, rel=0.05)
+    assert all(v == pytest.approx(1.0, rel=0.02) for k, v in params.items() if k.startswith("compute@"))
+    probes_fit, probe_params = fit_by_dtype(runs, base, rounds=2, prior_weight=0.0, compute_params=("compute",),
+                                            compute_on_one_rank=True, fit_pp_stage=False)
+    assert probes_fit.efficiency.pp_stage == 1.0 and probe_params["pp_stage"] == 1.0
+
+
+def _runs(base, truth, choices) -> list:
+    """Runs of `choices` on `base`'s device as `truth` prices them: measurements a fit should find."""
+    from costmodel.plan import PlanFile
+    from planner.calibrate import Run
+    runs = []
+    for choice in choices:
+        ranks = choice.get("tp", 1) * choice.get("pp", 1) * (2 if "zero_stage" in choice else 1)
+        cluster = ClusterSpec(device=base, num_nodes=1, devices_per_node=ranks)
+        plan = build_plan(MODEL, TRAIN, cluster, Choice(**choice))
+        step = estimate(MODEL, TRAIN, replace(cluster, device=truth), plan).step_time_s
+        runs.append(Run(path=Path(f"run{len(runs)}"), pf=PlanFile(plan=plan, model=MODEL, train=TRAIN, cluster=cluster),
+                        measured_step_s=step))
+    return runs
