@@ -60,10 +60,10 @@ class Efficiency:
     # and CP's many activation-sized collectives share: 1 where one efficiency serves all. A CPU
     # profile's probes fit it (planner.calibrate.CPU_COMM_PARAMS; costmodel.rank_time.dp_term_comm_s).
     dp_comm: float = 1.0
-    # a pipeline stage's work (its layers, embedding and head, with their TP/CP collectives) over
+    # a pipeline stage's work (its layers, embedding and head, with their collectives) over
     # its price when pp > 1: the stage work of every stored closed loop's pp2 plans ran a median
     # 14 points further over its price than the same run's one-rank plan (28 of 32 run-dtype
-    # pairs; 2026-11-27). `planner calibrate` fits it on a CPU's runs with a pipeline
+    # pairs; 2026-11-27). `planner calibrate` fits it on a CPU's runs when some have a pipeline
     # (planner.calibrate.CPU_COMM_PARAMS; costmodel.rank_time.rank_time_model); 1 in datasheets
     # and measured profiles (planner.probes.fit_probes).
     pp_stage: float = 1.0

@@ -219,7 +219,8 @@ CPU_OVERLAP = 0.0
 
 
 def comm_params(device: DeviceProfile) -> tuple[str, ...]:
-    """The communication factors a fit on `device`'s multi-rank runs finds."""
+    """The communication factors a fit on `device`'s multi-rank runs finds (on a CPU, with the
+    pipeline stages' factor where some runs have a pipeline: fit_by_dtype)."""
     return CPU_COMM_PARAMS if device.kind == "cpu" else COMM_PARAMS
 
 
@@ -265,7 +266,9 @@ def fit_by_dtype(runs: list[Run], base: DeviceProfile, rounds: int = 2, max_iter
         if fit_recompute and recomputing:
             device, _ = fit(recomputing, device, (RECOMPUTE_PARAM,), max_iter, prior_weight=prior_weight)
         if multi:
-            names = tuple(n for n in comm_params(base) if fit_pp_stage or n != "pp_stage")
+            # the stages' factor on runs with a pipeline only (the others say nothing of it)
+            staged = fit_pp_stage and any(r.pf.plan.pp > 1 for r in multi)
+            names = tuple(n for n in comm_params(base) if staged or n != "pp_stage")
             device, _ = fit(multi, device, names, max_iter, prior_weight=prior_weight)
     if (fragmentation := measured_fragmentation(runs)) is not None:
         device = replace(device, efficiency=replace(device.efficiency, allocator_fragmentation=fragmentation))
@@ -283,9 +286,10 @@ def _factors(base: DeviceProfile, device: DeviceProfile, dtypes: list[str]) -> d
     bt, t = base.intra_node, device.intra_node
     if device.efficiency.recompute_cost != base.efficiency.recompute_cost:
         out[RECOMPUTE_PARAM] = device.efficiency.recompute_cost
-    dp = {"dp_comm": device.efficiency.dp_comm / base.efficiency.dp_comm,
-          "pp_stage": device.efficiency.pp_stage / base.efficiency.pp_stage} if "dp_comm" in comm_params(device) \
+    dp = {"dp_comm": device.efficiency.dp_comm / base.efficiency.dp_comm} if "dp_comm" in comm_params(device) \
         else {"overlap": device.efficiency.overlap}
+    if device.efficiency.pp_stage != base.efficiency.pp_stage:   # fitted (runs with a pipeline)
+        dp["pp_stage"] = device.efficiency.pp_stage / base.efficiency.pp_stage
     return out | {"intra_node_comm": t.efficiency / bt.efficiency, "comm_latency": t.latency_s / bt.latency_s, **dp}
 
 
@@ -312,8 +316,8 @@ def calibrated_profile(base_path: Path, device: DeviceProfile, params: dict[str,
                        *([("allocator_fragmentation", eff.allocator_fragmentation)] if measured_memory else []),
                        *([(RECOMPUTE_PARAM, eff.recompute_cost)] if RECOMPUTE_PARAM in params else []),
                        ("overlap", eff.overlap),
-                       *([("dp_comm", eff.dp_comm), ("pp_stage", eff.pp_stage)] if "dp_comm" in comm_params(device)
-                         else [])):
+                       *([("dp_comm", eff.dp_comm)] if "dp_comm" in comm_params(device) else []),
+                       *([("pp_stage", eff.pp_stage)] if "pp_stage" in params else [])):
         pf_io.set_value(table, key, value, mark)
     pf_io.set_value(table, "source", how, "")
     for dtype, e in device.dtype_efficiency:
