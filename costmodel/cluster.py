@@ -429,8 +429,8 @@ PROFILE_KEYS = {
                "memory_bandwidth_bytes_per_s", "threads_per_rank"},
     "network": {"scope", "name", "bandwidth_bytes_per_s", "latency_s", "p2p_latency_s", "max_nodes", "efficiency"},
     "efficiency": {"gemm", "attention", "memory", "kernel_overhead_s", "intra_node_comm", "inter_node_comm",
-                   "reserved_memory_bytes", "source", "overlap", "dp_comm", "pp_stage", "allocator_fragmentation", "comm_contention",
-                   "vendor_attention_speedup", "step_overhead_s", "recompute_cost"},
+                   "reserved_memory_bytes", "source", "overlap", "dp_comm", "pp_stage", "allocator_fragmentation",
+                   "comm_contention", "vendor_attention_speedup", "step_overhead_s", "recompute_cost"},
 }
 
 
@@ -509,13 +509,15 @@ def profile_problems(dev: DeviceProfile) -> list[str]:  # noqa: C901 - one check
         if tier.p2p_latency_s is not None:
             need(f"network {tier.name} p2p_latency_s", tier.p2p_latency_s, tier.p2p_latency_s >= 0)
     for label, eff in (("efficiency", dev.efficiency), *((f"efficiency.{d}", e) for d, e in dev.dtype_efficiency)):
-        for name in ("gemm", "attention", "memory", "vendor_attention_speedup", "recompute_cost", "dp_comm",
-                     "pp_stage"):
+        for name in ("gemm", "attention", "memory", "vendor_attention_speedup", "recompute_cost"):
             need(f"{label}.{name}", getattr(eff, name), getattr(eff, name) > 0)
         for name in ("kernel_overhead_s", "reserved_memory_bytes", "allocator_fragmentation", "comm_contention",
                      "step_overhead_s"):
             need(f"{label}.{name}", getattr(eff, name), getattr(eff, name) >= 0)
         need(f"{label}.overlap", eff.overlap, 0 <= eff.overlap <= 1)
+    # device-wide factors (no per-dtype table holds them): checked once
+    for name in ("dp_comm", "pp_stage"):
+        need(f"efficiency.{name}", getattr(dev.efficiency, name), getattr(dev.efficiency, name) > 0)
     if (host := dev.host) is not None:
         for name in ("memory_bytes", "memory_bandwidth_bytes_per_s", "link_bandwidth_bytes_per_s"):
             need(f"host.{name}", getattr(host, name), getattr(host, name) > 0)

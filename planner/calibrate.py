@@ -146,7 +146,8 @@ def fit(runs: list[Run], base: DeviceProfile, names: tuple[str, ...] = PARAMS,
     # positive parameters are searched on a log scale, the overlap fraction directly
     linear = {"overlap"}
     own = base.for_dtype(dtype).efficiency if dtype else base.efficiency
-    start = {"compute": 1.0, "memory": 1.0, "intra_node_comm": 1.0, "comm_latency": 1.0, "dp_comm": 1.0, "pp_stage": 1.0,
+    start = {"compute": 1.0, "memory": 1.0, "intra_node_comm": 1.0, "comm_latency": 1.0, "dp_comm": 1.0,
+             "pp_stage": 1.0,
              "overlap": min(max(base.efficiency.overlap, 0.05), 0.95),
              "kernel_overhead_s": min(max(own.kernel_overhead_s, 1e-6), 1e-3),
              "step_overhead_s": min(max(own.step_overhead_s, 1e-4), 0.05),
