@@ -141,7 +141,7 @@ def _tied_embedding_sync_s(model: ModelSpec, train: TrainSpec, plan: Plan, clust
 
 
 def _ledger(plan: Plan, critical: RankTimes, pp_s: float, bubble_s: float, dp_s: float,
-            emb_s: float, replica_s: float, optim_s: float) -> dict[str, float]:
+            emb_s: float, replica_s: float, optim_s: float, host_s: float) -> dict[str, float]:
     m = plan.num_micro_batches
     return {
         "compute/forward": m * critical.forward_s,
@@ -157,6 +157,7 @@ def _ledger(plan: Plan, critical: RankTimes, pp_s: float, bubble_s: float, dp_s:
         "comm/embedding_sync": emb_s,
         "comm/tp_replica_sync": replica_s,
         "optimizer/step": optim_s,
+        "host/step": host_s,
     }
 
 
@@ -216,11 +217,11 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
     views = rank_views(plan, cluster)   # each rank priced by its device group's profile
     ranks = [rank_times(model, train, plan, views[r], sp, r) for r in range(plan.pp)]
     dp_s = max(dp_exposed_s(model, train, plan, views[r], sp, r, ranks[r]) for r in range(plan.pp))
-    # after the pipeline, per rank: (the optimizer step, a TP-replicated mixture's gradient
-    # all-reduce before it); the rank that finishes last sets both
+    # after the pipeline, per rank: (the optimizer step, the step's host work, a TP-replicated
+    # mixture's gradient all-reduce before them); the rank that finishes last sets all three
     after = [after_pipeline_s(model, train, plan, views[r], sp, rank_params(model, plan, r), plan.layers_on_rank(r))
              for r in range(plan.pp)]
-    optim_s, replica_s = max(after, key=sum)
+    optim_s, host_s, replica_s = max(after, key=sum)
     emb_s = _tied_embedding_sync_s(model, train, plan, views[0], sp)
     closed, critical = pipeline_time_s(plan, ranks) if plan.schedule.traits.closed_form else (None, None)
     if simulate:
@@ -228,14 +229,14 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
         critical = max(range(plan.pp), key=lambda r: sim.busy_s[r])
         # the busiest rank's sends, and its idle time in the simulated pipeline phase
         ledger = _ledger(plan, ranks[critical], sim.send_s[critical], sim.time_s - sim.busy_s[critical],
-                         dp_s, emb_s, replica_s, optim_s)
+                         dp_s, emb_s, replica_s, optim_s, host_s)
         memory = memory_per_rank(model, train, cluster, plan, sim)
         bubbles = sim.bubble_fractions
     else:
         if closed is None:
             raise ValueError(f"schedule {plan.schedule} has no closed form: simulate it")
         crit, m = ranks[critical], plan.num_micro_batches
-        ledger = _ledger(plan, crit, m * crit.pp_comm_s, closed - m * crit.total_s, dp_s, emb_s, replica_s, optim_s)
+        ledger = _ledger(plan, crit, m * crit.pp_comm_s, closed - m * crit.total_s, dp_s, emb_s, replica_s, optim_s, host_s)
         memory = [stage_memory(model, train, plan, r, views[r].device.efficiency.reserved_memory_bytes,
                                cluster.framework) for r in range(plan.pp)]
         bubbles = []
@@ -259,5 +260,5 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
         rank_time_per_micro_batch_s=[r.total_s for r in ranks],
         bubble_fraction_per_rank=bubbles,
         rank_work_s=[plan.num_micro_batches * (r.total_s - r.pp_comm_s) for r in ranks],
-        closed_form_step_time_s=None if closed is None else closed + dp_s + emb_s + replica_s + optim_s,
+        closed_form_step_time_s=None if closed is None else closed + dp_s + emb_s + replica_s + optim_s + host_s,
         host_memory_bytes=host, host_capacity_bytes=min(host_budgets_bytes(plan, cluster)))

@@ -498,14 +498,14 @@ def tp_replica_sync_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: C
 
 
 def after_pipeline_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec, sp: Spans,
-                     held: RankParams, layers: int) -> tuple[float, float]:
-    """(optimizer step, the TP-replicated parameters' gradient sync) of a rank holding `held` over
-    `layers` layers: what it does once its pipeline work and DP reduction are done. Offloaded
-    states step on the host."""
+                     held: RankParams, layers: int) -> tuple[float, float, float]:
+    """(optimizer step, the step's own host work, the TP-replicated parameters' gradient sync) of a
+    rank holding `held` over `layers` layers: what it does once its pipeline work and DP reduction
+    are done. Offloaded states step on the host. The host work is apart from the optimizer so that
+    a run's table compares the optimizer with the optimizer it times (runtime.measure)."""
     step = (host_optimizer_step_s(held.zero_shard(plan, cluster.framework), train, cluster) if plan.offload_optimizer
             else optimizer_step_s(optimized_params(held, plan, cluster.framework), train, cluster.device))
-    step += step_host_s(train, cluster.device)   # with the optimizer: after the pipeline, once
-    return (step,
+    return (step, step_host_s(train, cluster.device),   # once a step, after the pipeline
             tp_replica_sync_s(model, train, plan, cluster, sp, layers))
 
 

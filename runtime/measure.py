@@ -79,13 +79,14 @@ def measured_record(pf: PlanFile, raw: dict[str, Any], *, steps: int, warmup: in
 
 
 PARTS = {"work": "work (compute + TP/CP)", "dp_sync": "DP gradient sync", "optimizer": "optimizer",
-         "wait": "wait (bubble + PP transfer)"}
+         "wait": "wait (bubble, PP transfer, host)"}
 
 
 def _stage_parts(pf: PlanFile, est: Estimate, raw: dict[str, Any], step_s: float):
     """Per pipeline stage, the step split as the runtime times it, measured and predicted:
     the stage's own work, the data-parallel reduction after the pipeline, the optimizer step,
-    and the rest (waiting in the bubble, point-to-point transfers). Without a pipeline FSDP
+    and the rest (waiting in the bubble, point-to-point transfers, the step's own host work:
+    the ledger's host/step, which the runtime does not time apart). Without a pipeline FSDP
     reduces gradients inside the backward pass, so the prediction's DP time joins the work."""
     work = raw.get("stage_busy_s")
     if work is None:

@@ -89,3 +89,29 @@ def test_zbv_is_priced_by_the_simulator_alone(llama70b, a100_64, train_4k):
                      build_plan(llama70b, train_4k, a100_64, Choice(tp=8, pp=4, vpp=2)))
     assert zbv.closed_form_step_time_s is None and inter.closed_form_step_time_s is not None
     assert 0 < zbv.time_breakdown_s["pipeline/bubble"] < inter.time_breakdown_s["pipeline/bubble"]
+
+
+def test_the_steps_host_work_is_its_own_ledger_entry_and_not_the_optimizers():
+    """A run times its optimizer step alone (runtime.train); the step's own host work
+    (Efficiency.step_overhead_s) is priced apart, so the run's table compares like with like and
+    the host work falls in the stage's remainder, as the runtime's does."""
+    from dataclasses import replace
+    from costmodel.cluster import parse_cluster
+    from costmodel.plan import PlanFile
+    from costmodel.registry import MODELS
+    from costmodel.specs import TrainSpec
+    from runtime.measure import _stage_parts
+    base = parse_cluster("1x2xA100")
+    slow = replace(base, device=replace(base.device, efficiency=replace(base.device.efficiency, step_overhead_s=0.25),
+                                        dtype_efficiency=()))
+    model, train = MODELS["debug-tiny"], TrainSpec(seq_len=32, global_batch_size=8)
+    plan = build_plan(model, train, slow, Choice(pp=2, schedule=Schedule.ONE_F_ONE_B))
+    fast = estimate(model, train, replace(slow, device=replace(slow.device, efficiency=base.device.efficiency)), plan)
+    est = estimate(model, train, slow, plan)
+    assert est.time_breakdown_s["host/step"] == 0.25
+    assert est.time_breakdown_s["optimizer/step"] == fast.time_breakdown_s["optimizer/step"]
+    assert est.step_time_s == pytest.approx(fast.step_time_s + 0.25)
+    raw = {"stage_busy_s": [0.01, 0.01], "stage_dp_sync_s": [0.0, 0.0], "stage_optimizer_s": [0.001, 0.001]}
+    _, predicted = _stage_parts(PlanFile(plan=plan, model=model, train=train, cluster=slow), est, raw, 0.3)
+    assert predicted["optimizer"] == [est.time_breakdown_s["optimizer/step"]] * 2
+    assert all(w > 0.25 for w in predicted["wait"])
