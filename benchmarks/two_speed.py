@@ -68,7 +68,7 @@ def slowed(dev, share: float):
         optimizer_s_per_param=dev.optimizer_s_per_param / share,
         dropout_s_per_element=dev.dropout_s_per_element / share,
         gelu_s_per_element=tuple((k, f / share, b / share) for k, f, b in dev.gelu_s_per_element),
-        sdpa_curves=tuple((k, tuple((w, r * share) for w, r in c)) for k, c in dev.sdpa_curves))
+        sdpa_curves=tuple((k, tuple((s, d, t / share) for s, d, t in c)) for k, c in dev.sdpa_curves))
 
 
 def _rank(pf, cfg, slow_group: int, cgroup: str | None):

@@ -159,11 +159,10 @@ class DeviceProfile:
     # element, "tanh" and "none" (erf) (empty: not measured, or a GPU, whose GeLU is memory-bound
     # and priced as bytes)
     gelu_s_per_element: tuple[tuple[str, float, float], ...] = ()
-    # `planner profile` on a CPU: torch's SDPA as the runtime calls it, per compute dtype, pass
-    # ("forward", "backward") and dropout ("dropout forward", ...): curves of (score-dims per
-    # call, score-dims/s), a score-dim being one query-key pair times the head dim
-    # (costmodel.compute.sdpa_work); empty: attention is priced from the GEMM curve
-    sdpa_curves: tuple[tuple[str, tuple[tuple[float, float], ...]], ...] = ()
+    # `planner profile` on a CPU: torch's causal SDPA as the runtime calls it, per compute dtype,
+    # pass and dropout (sdpa_key): points of (sequence, head dim, seconds per head), sorted
+    # (costmodel.compute.sdpa_head_s); empty: attention is priced from the GEMM curve
+    sdpa_curves: tuple[tuple[str, tuple[tuple[float, float, float], ...]], ...] = ()
     # the cost model the profile's probes were fitted under (PROBE_FIT_VERSION; 0: no probes)
     probe_fit_version: int = 0
 
@@ -188,7 +187,7 @@ class DeviceProfile:
     def gemm_curve(self, dtype: DType) -> tuple[tuple[float, float], ...]:
         return dict(self.gemm_curves).get(str(dtype), ())
 
-    def sdpa_curve(self, dtype: DType, dropout: bool, backward: bool) -> tuple[tuple[float, float], ...]:
+    def sdpa_curve(self, dtype: DType, dropout: bool, backward: bool) -> tuple[tuple[float, float, float], ...]:
         return dict(self.sdpa_curves).get(sdpa_key(str(dtype), dropout, backward), ())
 
     @property
@@ -391,6 +390,35 @@ def sdpa_key(dtype: str, dropout: bool, backward: bool) -> str:
     return f"sdpa_{dtype}{'_dropout' if dropout else ''}_{'backward' if backward else 'forward'}"
 
 
+# (batch, heads, sequence, head dim) of the SDPA calls a version-1 or -2 profile timed, its
+# points (score-dims per call, score-dims/s) in this order (runtime.profiler.CPU_SDPA_SHAPES then)
+V2_SDPA_SHAPES = ((1, 4, 128, 32), (1, 4, 256, 64), (1, 8, 512, 64), (2, 8, 1024, 64))
+
+
+def _v2_sdpa_points(path: Path, key: str, points: list) -> list[list[float]]:
+    """A version-2 SDPA curve as version 3's points: each (score-dims b·h·s²·d per call,
+    score-dims/s) is one of V2_SDPA_SHAPES, found by its score-dims; its time over b·h heads.
+    One head dim a sequence: the pricing scales it in proportion to the head dim, as version 2's
+    score-dims did."""
+    shapes = {b * h * s * s * d: (b * h, s, d) for b, h, s, d in V2_SDPA_SHAPES}
+    out = []
+    for work, rate in points:
+        shape = next((v for w, v in shapes.items() if math.isclose(float(work), w, rel_tol=1e-3)), None)
+        if shape is None or not (math.isfinite(rate) and rate > 0):
+            raise ValueError(f"{path}: [measured] {key} has a point ({work}, {rate}) that no version-2 profile "
+                             "measured; measure the machine again with `planner profile`")
+        heads, seq, dim = shape
+        out.append([float(seq), float(dim), float(work) / float(rate) / heads])
+    return out
+
+
+def _sdpa_points(points: list[list[float]]) -> tuple[tuple[float, float, float], ...]:
+    """[measured] sdpa_*: (sequence, head dim, seconds per head), sorted."""
+    if any(not isinstance(p, list) or len(p) != 3 for p in points):
+        raise ValueError("an SDPA point is not [sequence, head dim, seconds per head]")
+    return tuple(sorted((float(s), float(d), float(t)) for s, d, t in points))
+
+
 def _curve(points: list[list[float]]) -> tuple[tuple[float, float], ...]:
     """Sorted by size, one rate per size: several GEMM shapes share a FLOP count (tokens x hidden
     x n in different orders) and the cost model knows the count only, so their median stands for
@@ -403,11 +431,14 @@ def _curve(points: list[list[float]]) -> tuple[tuple[float, float], ...]:
 
 # What a profile may hold, per table; anything else is refused (a misspelt key would otherwise
 # leave its default in force without a word).
-PROFILE_FORMAT_VERSION = 2   # written by `planner profile` / `calibrate`; files without one are read as version 1
+PROFILE_FORMAT_VERSION = 3   # written by `planner profile` / `calibrate`; files without one are read as version 1
 # 2 (2026-11-27): [measured] memory_bound is one point per size, an add, an RMS norm and a softmax
 # as one mix (runtime.profiler.memory_points). Version 1 held two per size, the add's (12 bytes
 # per element) and the faster of the other two's (8): read as the mix they make (_v1_memory_mix).
-READABLE_FORMAT_VERSIONS = (1, PROFILE_FORMAT_VERSION)
+# 3 (2026-11-28): [measured] sdpa_* are (sequence, head dim, seconds per head) at two head dims
+# a sequence (costmodel.compute.sdpa_head_s). Versions 1-2 held (score-dims per call,
+# score-dims/s) at one: read as the shapes they timed (_v2_sdpa_points).
+READABLE_FORMAT_VERSIONS = (1, 2, PROFILE_FORMAT_VERSION)
 # The cost model a profile's probe fit belongs to: raised when the model prices the probes'
 # kernels differently (2: CPU layers counted op by op; 3: a GPU's kernels as the longer of host
 # and device, the probes fitting a per-step host cost too; both 2026-11-26; 4: recomputation
@@ -417,10 +448,11 @@ READABLE_FORMAT_VERSIONS = (1, PROFILE_FORMAT_VERSION)
 # planner.probes.compute_params; both 2026-11-27; 8: a CPU's DP collectives exposed (overlap 0)
 # at a factor of their own, Efficiency.dp_comm; 9: a CPU's SDPA call below the smallest measured
 # one at that one's time, costmodel.compute._measured_sdpa_s; 10: the memory-bound curve one kernel
-# mix per size, PROFILE_FORMAT_VERSION 2; all 2026-11-27), so a cached `local` profile
+# mix per size, PROFILE_FORMAT_VERSION 2; all 2026-11-27; 11: a CPU's SDPA priced per head at
+# each call's sequence and head dim, PROFILE_FORMAT_VERSION 3, 2026-11-28), so a cached `local` profile
 # fitted under an older one is measured again instead of carrying factors fitted to other
 # formulas or bounds.
-PROBE_FIT_VERSION = 10
+PROBE_FIT_VERSION = 11
 PROFILE_KEYS = {
     "": {"format_version", "device", "network", "efficiency", "measured", "probes", "host"},
     "host": {"memory_bytes", "memory_bandwidth_bytes_per_s", "memory_efficiency", "link_bandwidth_bytes_per_s",
@@ -467,8 +499,12 @@ def parse_profile(text: str, path: Path) -> DeviceProfile:
         raise ValueError(f"{path}: profile format version {version!r}; this planner reads versions "
                          f"{', '.join(map(str, READABLE_FORMAT_VERSIONS))} (written by a newer planner?)")
     try:
-        if version == 1 and raw.get("measured", {}).get("memory_bound"):
-            raw["measured"]["memory_bound"] = _v1_memory_mix(path, raw["measured"]["memory_bound"])
+        measured = raw.get("measured", {})
+        if version == 1 and measured.get("memory_bound"):
+            measured["memory_bound"] = _v1_memory_mix(path, measured["memory_bound"])
+        if version < 3:
+            for key in [k for k in measured if k.startswith("sdpa_")]:
+                measured[key] = _v2_sdpa_points(path, key, measured[key])
         _check_keys(path, raw)
         profile = _profile_from(path, raw)
     except KeyError as exc:
@@ -531,10 +567,12 @@ def profile_problems(dev: DeviceProfile) -> list[str]:  # noqa: C901 - one check
             key.removesuffix("_backward") + "_forward"
         if not re.fullmatch(r"sdpa_\w+?(_dropout)?_(forward|backward)", key) or not sdpa[key] or not sdpa.get(partner):
             out.append(f"measured.{key} is not one of a non-empty forward and backward pair of SDPA curves")
-    for name, curve in (*((f"measured.gemm_{d}", c) for d, c in dev.gemm_curves), ("measured.memory_bound", dev.memory_curve),
-                        *((f"measured.{k}", c) for k, c in dev.sdpa_curves)):
+    for name, curve in (*((f"measured.gemm_{d}", c) for d, c in dev.gemm_curves), ("measured.memory_bound", dev.memory_curve)):
         if any(not (math.isfinite(x) and math.isfinite(y) and x > 0 and y > 0) for x, y in curve):
             out.append(f"{name} has a point that is not a positive size and rate")
+    for key, points in dev.sdpa_curves:
+        if any(not all(math.isfinite(v) and v > 0 for v in point) for point in points):
+            out.append(f"measured.{key} has a point that is not a positive sequence, head dim and time")
     return out
 
 
@@ -564,7 +602,7 @@ def _profile_from(path: Path, raw: dict[str, Any]) -> DeviceProfile:
         threads_per_rank=int(raw.get("measured", {}).get("threads_per_rank", dev.get("threads_per_rank", 0))),
         gemm_curves=tuple((k.removeprefix("gemm_"), _curve(v)) for k, v in raw.get("measured", {}).items()
                           if k.startswith("gemm_")),
-        sdpa_curves=tuple((k, _curve(v)) for k, v in raw.get("measured", {}).items() if k.startswith("sdpa_")),
+        sdpa_curves=tuple((k, _sdpa_points(v)) for k, v in raw.get("measured", {}).items() if k.startswith("sdpa_")),
         memory_curve=_curve(raw.get("measured", {}).get("memory_bound", [])),
         machine_key=str(raw.get("measured", {}).get("machine_key", "")),
         machine=str(raw.get("measured", {}).get("machine", "")),

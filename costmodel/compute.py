@@ -239,12 +239,35 @@ def _attention_core_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev
     return matmuls + softmax_fwd + dropout_s(drop * dropped, dev), 2 * matmuls + softmax_bwd
 
 
-def sdpa_work(batch: int, heads: int, scores_per_head: float, head_dim: int) -> float:
-    """Score-dims of attention: the query-key pairs its SDPA calls are given (masked or not)
-    times the head dim, over batch and heads. The unit of a CPU profile's SDPA curves
-    (runtime.profiler.sdpa_curves), which time causal calls as the runtime makes them, so the
-    causal kernel's saving is in the measured rate."""
-    return float(batch * heads * scores_per_head * head_dim)
+def sdpa_head_s(points: tuple[tuple[float, float, float], ...], seq_len: float, head_dim: int) -> float:
+    """Seconds of one head's causal SDPA call over `seq_len` queries and keys, from a CPU
+    profile's measured points (sequence, head dim, seconds per head: runtime.profiler.sdpa_curves).
+    A call's time is its heads' (batch x heads) times this: one thread runs them one by one.
+    Per query-key pair the time falls with the sequence (the kernel's per-block and per-row work
+    amortised) and rises with the head dim less than in proportion: bf16's backward at seq 128
+    took 18 ns a pair at head dim 16 and 23 at 64, fp32's 3.2 and 11.8, and at seq 512 bf16's 5.0
+    and 9.1 (one thread, 2-core EPYC, 2026-11-27). So a sequence's per-pair time is linear in the
+    head dim through the dims measured there (never below the smallest dim's in proportion; one
+    dim measured: in proportion), log-linear in the sequence between measured ones, the longest's
+    beyond it, and below the shortest that one's whole call (its time there is mostly the call's
+    own cost)."""
+    by_seq: dict[float, list[tuple[float, float]]] = {}
+    for s, d, t in points:
+        by_seq.setdefault(s, []).append((d, t / (s * s)))
+    per_pair = tuple((s, _per_pair_at(sorted(dims), head_dim)) for s, dims in sorted(by_seq.items()))
+    shortest = per_pair[0][0]
+    if seq_len < shortest:
+        return per_pair[0][1] * shortest * shortest
+    return interpolate(per_pair, seq_len) * seq_len * seq_len
+
+
+def _per_pair_at(dims: list[tuple[float, float]], head_dim: int) -> float:
+    """One sequence's per-pair time at `head_dim` from its measured (head dim, per pair) points."""
+    (d0, p0), (d1, p1) = dims[0], dims[-1]
+    proportional = p0 * head_dim / d0
+    if d1 == d0:
+        return proportional
+    return max(p0 + (head_dim - d0) * (p1 - p0) / (d1 - d0), min(proportional, p0))
 
 
 # A CPU SDPA call with dropout runs torch's math path: the scale, the scores, the mask, the
@@ -255,29 +278,25 @@ SDPA_MATH_KERNELS = 6
 
 def _measured_sdpa_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile,
                      cp_ring: bool) -> tuple[float, float]:
-    """(forward, backward) of the attention core on a CPU, at the profile's measured SDPA rate
-    for this dtype and dropout, interpolated at the size of each call (with dropout the math
-    path, whose draw over the scores is in the measurement), plus training's per-kernel cost (the
-    only fitted figure here; the compute factor does not move it). Context parallelism's calls
-    are its chunks' rectangles under a lower-right mask (cp_chunk_scores, two calls a rank),
-    priced at the causal squares' rate by their query-key pairs, though a masked call computes
-    every pair: measured, each rank's two calls at cp 2, seq 256, took 0.31-0.54 of the causal
-    square's time without dropout (bf16's backward the most) and 0.21-0.42 with, against 0.31 of
-    its pairs, where this prices 0.35-0.4 (the smaller calls' lower rate; one thread, fp32 and
-    bf16, 2-core EPYC, 2026-11-27 15:18: `python benchmarks/cpu_kernels.py --only 6`). A call
-    smaller than the smallest measured one takes that one's time."""
+    """(forward, backward) of the attention core on a CPU, at the profile's measured SDPA times
+    for this dtype and dropout (with dropout the math path, whose draw over the scores is in the
+    measurement), at each call's sequence and head dim (sdpa_head_s), plus training's per-kernel
+    cost (the only fitted figure here; the compute factor does not move it). Context
+    parallelism's calls are its chunks' rectangles under a lower-right mask (cp_chunk_scores, two
+    calls a rank), priced as the causal square of as many query-key pairs, though a masked call
+    computes every pair: measured, each rank's two calls at cp 2, seq 256, took 0.31-0.54 of the
+    causal square's time without dropout (bf16's backward the most) and 0.21-0.42 with, against
+    0.31 of its pairs (one thread, fp32 and bf16, 2-core EPYC, 2026-11-27 15:18: `python
+    benchmarks/cpu_kernels.py --only 6`)."""
     b, heads, d = plan.micro_batch_size, model.num_heads // plan.tp, model.head_dim
     calls = plan.cp if cp_ring else (1 if plan.cp == 1 else 2)
-    per_call = sdpa_work(b, heads, rank_scores(train, plan, cp_ring), d) / calls
+    square = math.sqrt(rank_scores(train, plan, cp_ring) / calls)   # the causal call of as many pairs
     kernels = calls * (SDPA_MATH_KERNELS if model.dropout else 1)
     overhead = kernels * dev.efficiency.kernel_overhead_s
 
     def timed(backward: bool) -> float:
-        curve = dev.sdpa_curve(train.compute_dtype, model.dropout, backward)
-        # below the smallest measured call, no faster than it: its time is mostly the call's own
-        # cost there (debug-tiny's backward at seq 32 took 1.7 ms a call, where the smallest
-        # shape's rate priced it at 0.15; `python benchmarks/step_trace.py`, 2026-11-27)
-        return calls * max(per_call / interpolate(curve, per_call), curve[0][0] / curve[0][1]) + overhead
+        points = dev.sdpa_curve(train.compute_dtype, model.dropout, backward)
+        return calls * b * heads * sdpa_head_s(points, square, d) + overhead
     merge = _ring_merge_s(plan, b * heads * (train.seq_len // plan.cp) * d, dev) if cp_ring else 0.0
     return timed(False) + merge, timed(True) + 2 * merge
 

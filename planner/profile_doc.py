@@ -180,9 +180,9 @@ def _measured_rows(setup: Setup, micro: dict, memory, net: _Net, date: str, iden
          "together (runtime.profiler.memory_points)" + (
             f"; the budget stopped before {micro['memory'].stopped_before:.3g} bytes per kernel, larger kernels "
             "are priced at the largest measured rate" if micro["memory"].stopped_before else "")),
-        *[(k, [list(pt) for pt in c], "[score-dims per call, score-dims/s]: costmodel.compute.sdpa_work"
-           + (f"; {len(c)} of {len(CPU_SDPA_SHAPES)} shapes in the budget, larger calls priced at the largest's rate"
-              if len(c) < len(CPU_SDPA_SHAPES) else "")) for k, c in micro.get("sdpa", {}).items()],
+        *[(k, [list(pt) for pt in c], "[sequence, head dim, seconds per head]: costmodel.compute.sdpa_head_s"
+           + (f"; {len(c)} of {len(CPU_SDPA_SHAPES)} shapes in the budget, longer calls priced at the longest's "
+              "time per query-key pair" if len(c) < len(CPU_SDPA_SHAPES) else "")) for k, c in micro.get("sdpa", {}).items()],
         ("attention_efficiency", dict(micro["attention"]), "causal SDPA rate / GEMM rate at equal FLOPs"
          + ("; from sdpa_<dtype>_forward, which the pricing reads" if micro.get("sdpa") else "")
          + (", each shape's over the flash tile efficiency at its length (a long sequence's)"

@@ -37,7 +37,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from costmodel.cluster import GELU_APPROXIMATIONS, sdpa_key
-from costmodel.compute import flash_tile_efficiency, interpolate, sdpa_work
+from costmodel.compute import flash_tile_efficiency, interpolate
 from runtime.model import DROPOUT_P
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -306,28 +306,31 @@ def backward_s(forward_and_backward_s: float, forward_s: float) -> float:
 GPU_ATTENTION_SHAPES = ((2, 16, 1024, 128), (1, 16, 2048, 128), (1, 16, 4096, 128), (1, 32, 8192, 128))
 
 
-# (batch, heads, sequence, head dim) of a CPU's SDPA curves: from a probe's call to a 1k sequence
-CPU_SDPA_SHAPES = ((1, 4, 128, 32), (1, 4, 256, 64), (1, 8, 512, 64), (2, 8, 1024, 64))
+# (batch, heads, sequence, head dim) of a CPU's SDPA points: each sequence at two head dims (the
+# time per pair is not proportional to the dim, costmodel.compute.sdpa_head_s), from debug-tiny's
+# 32 to a 1k sequence; batch x heads large enough that a call's own cost is a small part of it
+CPU_SDPA_SHAPES = tuple((b, h, s, d) for b, h, s in ((8, 4, 32), (2, 4, 128), (1, 4, 256), (1, 8, 512), (2, 8, 1024))
+                        for d in (16, 64))
 
 
 def sdpa_curves(name: str, device: torch.device, phase_s: float, point_s: float,
                 shapes: tuple[tuple[int, int, int, int], ...] | None = None) -> dict[str, list]:
     """On a CPU, causal SDPA as the runtime calls it, timed outright rather than priced from the
     GEMM curve: its backward took 2.9-3.3x its forward here where FlashAttention's FLOP count
-    says 2.5x, bf16's ran at fp32's speed where its GEMMs run faster, and with dropout torch runs
-    its math path, 3-6x the flash kernel's forward (2-core EPYC, 2026-11-27:
-    `python benchmarks/cpu_kernels.py --only 5`). Per shape the budget allows (the smallest
-    always), without dropout and with the runtime's, the forward alone and the backward
-    (forward + backward less the forward): (score-dims per call, score-dims/s), keyed
-    costmodel.cluster.sdpa_key."""
+    says 2.5x, bf16's ran at fp32's speed where its GEMMs run faster (and its backward at a 128
+    sequence 4-6x fp32's at head dim 16), and with dropout torch runs its math path, 3-6x the
+    flash kernel's forward (2-core EPYC, 2026-11-27: `python benchmarks/cpu_kernels.py --only 5`).
+    Per shape the budget allows (the smallest always), without dropout and with the runtime's,
+    the forward alone and the backward (forward + backward less the forward): (sequence, head
+    dim, seconds per head), keyed costmodel.cluster.sdpa_key."""
     keys = {(drop, back): sdpa_key(name, drop, back) for drop in (False, True) for back in (False, True)}
     out: dict[str, list] = {k: [] for k in keys.values()}
     start = time.perf_counter()
     for b, h, s, d in CPU_SDPA_SHAPES if shapes is None else shapes:
-        work = sdpa_work(b, h, s * s, d)
-        # at the rates just measured: each pass's best_s calls the forward alone, then with the
-        # backward, CALLS_PER_POINT times each
-        per_call = {k: work / v[-1][1] for k, v in out.items() if v}
+        # at the per-pair times just measured: each pass's best_s calls the forward alone, then
+        # with the backward, CALLS_PER_POINT times each
+        per_call = {k: b * h * s * s * last[2] / last[0] ** 2 for k, v in out.items() if v
+                    for last in [next((p for p in reversed(v) if p[1] == d), v[-1])]}
         expected = CALLS_PER_POINT * sum(2 * t if "forward" in k else t for k, t in per_call.items())
         # the smallest shape always (every rank agrees whether any point is measured yet)
         if per_call and _agree(_over(expected, start, phase_s, point_s * len(out))):   # a point on each curve
@@ -340,16 +343,16 @@ def sdpa_curves(name: str, device: torch.device, phase_s: float, point_s: float,
                                                                 is_causal=True))
             both = best_s(lambda: torch.autograd.grad(
                 F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True), (q, k, v), grad))
-            out[keys[drop, False]].append((work, work / fwd))
-            out[keys[drop, True]].append((work, work / backward_s(both, fwd)))
+            out[keys[drop, False]].append((s, d, fwd / (b * h)))
+            out[keys[drop, True]].append((s, d, backward_s(both, fwd) / (b * h)))
     return out
 
 
-def sdpa_gemm_ratio(forward: list[tuple[float, float]], gemm: tuple[tuple[float, float], ...]) -> float:
-    """attention_efficiency's figure from a CPU's forward SDPA curve (the median over its
-    shapes): what [efficiency] attention still holds there, though the pricing reads the curves.
-    A causal call computes half its 4 x score-dims FLOPs."""
-    return float(np.median([2.0 * rate / interpolate(gemm, 2.0 * work) for work, rate in forward]))
+def sdpa_gemm_ratio(forward: list[tuple[float, float, float]], gemm: tuple[tuple[float, float], ...]) -> float:
+    """attention_efficiency's figure from a CPU's forward SDPA points (the median over them):
+    what [efficiency] attention still holds there, though the pricing reads the points. A causal
+    head computes half its 4·s²·d FLOPs; the GEMM rate is read at those FLOPs."""
+    return float(np.median([2.0 * s * s * d / t / interpolate(gemm, 2.0 * s * s * d) for s, d, t in forward]))
 
 
 def attention_efficiency(dtype: torch.dtype, device: torch.device, gemm: tuple[tuple[float, float], ...],
@@ -548,17 +551,17 @@ def best_of(first, second) -> tuple[tuple[float, float], ...]:
 
 
 def best_pass(first: tuple[list, list], second: tuple[list, list]) -> tuple[list, list]:
-    """A forward curve and its backward curve (a difference of two timings, backward_s) from two
+    """A forward SDPA curve and its backward (a difference of two timings, backward_s) from two
     passes: per point, both from the pass whose forward and backward together were faster. The
     faster of each alone could pair a pass whose forward alone fell in a slow stretch, its
     backward too cheap, with the other pass's forward."""
     fwd, bwd = list(first[0]), list(first[1])
-    for i, ((x, f2), (_, b2)) in enumerate(zip(*second)):
-        (x1, f1), (_, b1) = fwd[i], bwd[i]
-        if x != x1:
-            raise ValueError(f"second pass point {i} is at size {x}, the first's at {x1}")
-        if x / f2 + x / b2 < x / f1 + x / b1:
-            fwd[i], bwd[i] = (x, f2), (x, b2)
+    for i, ((s, d, f2), (_, _, b2)) in enumerate(zip(*second)):
+        (s1, d1, f1), (_, _, b1) = fwd[i], bwd[i]
+        if (s, d) != (s1, d1):
+            raise ValueError(f"second pass point {i} is at sequence {s}, head dim {d}; the first's at {s1}, {d1}")
+        if f2 + b2 < f1 + b1:
+            fwd[i], bwd[i] = (s, d, f2), (s, d, b2)
     return fwd, bwd
 
 

@@ -36,14 +36,20 @@ def test_best_of_refuses_passes_over_different_sizes():
 def test_a_forward_and_its_backward_come_from_the_same_pass():
     # pass 2's forward alone fell in a slow stretch: its backward (both timings less the
     # forward) looks cheap, yet the pass as a whole was slower; pass 1 keeps both its points
-    first = ([(1.0, 10.0)], [(1.0, 5.0)])     # 0.1 + 0.2 s
-    second = ([(1.0, 4.0)], [(1.0, 8.0)])     # 0.25 + 0.125 s
+    first = ([(128, 16, 0.1)], [(128, 16, 0.2)])      # (sequence, head dim, seconds per head)
+    second = ([(128, 16, 0.25)], [(128, 16, 0.125)])
     assert prof.best_pass(first, second) == first
     assert prof.best_pass(second, first) == first
+    with pytest.raises(ValueError, match="point 0"):
+        prof.best_pass(first, ([(128, 64, 0.1)], [(128, 64, 0.1)]))
 
 
 def _slowed(points, i):
     return type(points)((x, r / 10 if j == i else r) for j, (x, r) in enumerate(points))
+
+
+def _slowed_sdpa(points, i):
+    return [(s, d, t * 10 if j == i else t) for j, (s, d, t) in enumerate(points)]
 
 
 def test_points_slowed_in_the_first_pass_are_measured_again(group):
@@ -58,22 +64,23 @@ def test_points_slowed_in_the_first_pass_are_measured_again(group):
     # as a stretch ten times slower would have measured them: a GEMM, a memory-bound size, an SDPA pass
     out = {"gemm": {"fp32": replace(gemm, points=_slowed(gemm.points, 3))},
            "memory": replace(memory, points=_slowed(memory.points, 1)),
-           "sdpa": {**sdpa, forward: _slowed(sdpa[forward], 0), backward: _slowed(sdpa[backward], 0)},
+           "sdpa": {**sdpa, forward: _slowed_sdpa(sdpa[forward], 0), backward: _slowed_sdpa(sdpa[backward], 0)},
            "attention": {}, **prof.per_unit_costs(CPU)}
     first = {"gemm": out["gemm"]["fp32"].points, "memory": out["memory"].points,
              "sdpa": dict(out["sdpa"]), "gelu": dict(out["gelu_s_per_element"]),
              **{k: out[k] for k in ("overhead_s", "optimizer_s_per_param", "dropout_s_per_element")}}
     prof.second_pass(out, ["fp32"], shapes, CPU, point_s=10.0, limit_s=60.0, report=lambda frac, what: None)
 
-    for got, was, i in ((out["gemm"]["fp32"].points, first["gemm"], 3), (out["memory"].points, first["memory"], 1),
-                        (out["sdpa"][forward], first["sdpa"][forward], 0),
-                        (out["sdpa"][backward], first["sdpa"][backward], 0)):
+    for got, was, i in ((out["gemm"]["fp32"].points, first["gemm"], 3), (out["memory"].points, first["memory"], 1)):
         assert [x for x, _ in got] == [x for x, _ in was]
         assert got[i][1] > 2 * was[i][1]   # measured again at its real rate, not ten times under it
+    for key in (forward, backward):        # and the SDPA pass at its real time, not ten times over it
+        assert out["sdpa"][key][0][:2] == first["sdpa"][key][0][:2]
+        assert out["sdpa"][key][0][2] < first["sdpa"][key][0][2] / 2
     assert all(r >= r0 for (_, r), (_, r0) in zip(out["gemm"]["fp32"].points, first["gemm"]))
     assert out["gemm"]["fp32"].stopped_before == gemm.stopped_before
     for key in sdpa:   # the dropout pair too, each pair from one pass
-        assert [x for x, _ in out["sdpa"][key]] == [x for x, _ in first["sdpa"][key]]
+        assert [p[:2] for p in out["sdpa"][key]] == [p[:2] for p in first["sdpa"][key]]
     assert out["attention"]["fp32"] > 0   # derived again from the faster curves
     for key in ("overhead_s", "dropout_s_per_element"):
         assert out[key] <= first[key]
