@@ -309,6 +309,7 @@ GPU_ATTENTION_SHAPES = ((2, 16, 1024, 128), (1, 16, 2048, 128), (1, 16, 4096, 12
 # (batch, heads, sequence, head dim) of a CPU's SDPA points: each sequence at two head dims (the
 # time per pair is not proportional to the dim, costmodel.compute.sdpa_head_s), from debug-tiny's
 # 32 to a 1k sequence; batch x heads large enough that a call's own cost is a small part of it
+SDPA_ALWAYS_SEQ = 128
 CPU_SDPA_SHAPES = tuple((b, h, s, d) for b, h, s in ((8, 4, 32), (2, 4, 128), (1, 4, 256), (1, 8, 512), (2, 8, 1024))
                         for d in (16, 64))
 
@@ -332,8 +333,9 @@ def sdpa_curves(name: str, device: torch.device, phase_s: float, point_s: float,
         per_call = {k: b * h * s * s * last[2] / last[0] ** 2 for k, v in out.items() if v
                     for last in [next((p for p in reversed(v) if p[1] == d), v[-1])]}
         expected = CALLS_PER_POINT * sum(2 * t if "forward" in k else t for k, t in per_call.items())
-        # the smallest shape always (every rank agrees whether any point is measured yet)
-        if per_call and _agree(_over(expected, start, phase_s, point_s * len(out))):   # a point on each curve
+        # the two shortest sequences always, both head dims (the pricing's least: two sequences
+        # and two dims; every rank agrees on the shapes), then as the budget allows
+        if s > SDPA_ALWAYS_SEQ and _agree(_over(expected, start, phase_s, point_s * len(out))):   # a point on each curve
             break
         q, k, v = (torch.randn(b, h, s, d, dtype=DTYPES[name], device=device, requires_grad=True) for _ in range(3))
         grad = torch.randn(b, h, s, d, dtype=DTYPES[name], device=device)
@@ -569,8 +571,8 @@ def second_pass(out: dict, dtypes: list[str], shapes, device: torch.device, poin
                 report) -> None:
     """Measure measure_rank's curves again, the points the first pass measured and no more, and
     keep each point's faster pass in `out` (SECOND_PASS_SLACK): within limit_s, except that the
-    smallest SDPA shape is always measured, and the per-operator, dropout and GeLU costs after
-    them (a fraction of a second). The optimizer's cost is a mean over page placements by
+    SDPA shapes of the two shortest sequences are always measured, and the per-operator, dropout
+    and GeLU costs after them (a fraction of a second). The optimizer's cost is a mean over page placements by
     design (optimizer_s_per_param): the faster of two would pick placements, so it is not
     measured again."""
     start = time.perf_counter()

@@ -109,3 +109,16 @@ def test_the_second_pass_runs_on_forked_ranks_after_the_first_and_sorts_the_gemm
     assert [x for x, _ in got] == [x for x, _ in micro["gemm"]["fp32"].points]
     slowed_flops, slowed_rate = micro["gemm"]["fp32"].points[2]
     assert max(r for x, r in got if x == slowed_flops) > 2 * slowed_rate
+
+
+def test_without_a_budget_sdpa_still_gets_two_sequences_at_two_head_dims():
+    """The pricing's least (costmodel.compute.sdpa_head_s): a per-pair time that moves with the
+    sequence and with the head dim, whatever the budget left."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        sdpa = prof.sdpa_curves("fp32", CPU, 0.0, 0.0)
+    finally:
+        dist.destroy_process_group()
+    for points in sdpa.values():
+        assert [(s, d) for s, d, _ in points] == [(32, 16), (32, 64), (128, 16), (128, 64)]
+        assert all(t > 0 for _, _, t in points)
