@@ -32,6 +32,10 @@ machine with one thread, as `planner run` gives each CPU rank:
 7. The profile's GEMM curve times `a @ b`; training runs a linear's forward and its two backward
    GEMMs in other layouts: their rates, fp32 and bf16, at the probes' and the models' shapes.
 
+8. Causal SDPA per query-key pair, forward and backward, by sequence (128-512) and head dim
+   (16-80), fp32 and bf16: the time per pair falls with the sequence and does not grow in
+   proportion to the head dim (costmodel.compute.sdpa_head_s).
+
     python benchmarks/cpu_kernels.py [--only 5]        # one or more sections
 """
 from __future__ import annotations
@@ -263,7 +267,25 @@ def gemm_layouts() -> None:
         print(f"   {name:>12} {m}x{k}x{n}: " + " | ".join(cells))
 
 
-SECTIONS = {1: elementwise, 2: loss, 3: linears, 4: recompute, 5: gpt_kernels, 6: cp_chunks, 7: gemm_layouts}
+def sdpa_per_pair() -> None:
+    print("8. causal SDPA's time per query-key pair (ns; the backward: forward + backward less the forward,\n"
+          "   best of 10 after 3) by sequence and head dim, batch x heads as given: what the profile's\n"
+          "   points (sequence, head dim, seconds per head) and costmodel.compute.sdpa_head_s assume")
+    for dt in (torch.float32, torch.bfloat16):
+        for b, h, s in ((4, 4, 128), (1, 4, 128), (1, 4, 256), (2, 6, 256), (1, 8, 512)):
+            cells = []
+            for d in (16, 32, 64, 80):
+                q, k, v = (torch.randn(b, h, s, d, dtype=dt, requires_grad=True) for _ in range(3))
+                fwd = best_s(lambda: F.scaled_dot_product_attention(q.detach(), k.detach(), v.detach(),
+                                                                    is_causal=True), 10)
+                both = best_s(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward(), 10)
+                pairs = b * h * s * s
+                cells.append(f"d{d} {fwd / pairs * 1e9:5.2f} / {(both - fwd) / pairs * 1e9:5.2f}")
+            print(f"   {str(dt)[6:]:>8} {b}x{h}x{s}: " + "  ".join(cells))
+
+
+SECTIONS = {1: elementwise, 2: loss, 3: linears, 4: recompute, 5: gpt_kernels, 6: cp_chunks, 7: gemm_layouts,
+            8: sdpa_per_pair}
 
 
 def main() -> None:

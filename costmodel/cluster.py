@@ -395,28 +395,41 @@ def sdpa_key(dtype: str, dropout: bool, backward: bool) -> str:
 V2_SDPA_SHAPES = ((1, 4, 128, 32), (1, 4, 256, 64), (1, 8, 512, 64), (2, 8, 1024, 64))
 
 
-def _v2_sdpa_points(path: Path, key: str, points: list) -> list[list[float]]:
+def _sdpa_numbers(path: Path, key: str, points: Any, width: int, what: str) -> list[list[float]]:
+    """[measured] `key` as a list of points of `width` positive finite numbers, else one error
+    naming the file, the key and the point."""
+    if not isinstance(points, list):
+        raise ValueError(f"{path}: [measured] {key} is not a list of [{what}] points")
+    for i, point in enumerate(points):
+        if not (isinstance(point, list) and len(point) == width
+                and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+                        for v in point)):
+            raise ValueError(f"{path}: [measured] {key} point {i} ({point!r}) is not [{what}] of positive "
+                             "numbers; measure the machine again with `planner profile`")
+    return [[float(v) for v in point] for point in points]
+
+
+def _v2_sdpa_points(path: Path, key: str, points: Any) -> list[list[float]]:
     """A version-2 SDPA curve as version 3's points: each (score-dims b·h·s²·d per call,
     score-dims/s) is one of V2_SDPA_SHAPES, found by its score-dims; its time over b·h heads.
     One head dim a sequence: the pricing scales it in proportion to the head dim, as version 2's
     score-dims did."""
     shapes = {b * h * s * s * d: (b * h, s, d) for b, h, s, d in V2_SDPA_SHAPES}
     out = []
-    for work, rate in points:
-        shape = next((v for w, v in shapes.items() if math.isclose(float(work), w, rel_tol=1e-3)), None)
-        if shape is None or not (math.isfinite(rate) and rate > 0):
-            raise ValueError(f"{path}: [measured] {key} has a point ({work}, {rate}) that no version-2 profile "
-                             "measured; measure the machine again with `planner profile`")
+    for i, (work, rate) in enumerate(_sdpa_numbers(path, key, points, 2, "score-dims per call, score-dims/s")):
+        shape = next((v for w, v in shapes.items() if math.isclose(work, w, rel_tol=1e-3)), None)
+        if shape is None:
+            raise ValueError(f"{path}: [measured] {key} point {i} is at {work:g} score-dims, a call no version-2 "
+                             "profile timed; measure the machine again with `planner profile`")
         heads, seq, dim = shape
-        out.append([float(seq), float(dim), float(work) / float(rate) / heads])
+        out.append([float(seq), float(dim), work / rate / heads])
     return out
 
 
-def _sdpa_points(points: list[list[float]]) -> tuple[tuple[float, float, float], ...]:
+def _sdpa_points(path: Path, key: str, points: Any) -> tuple[tuple[float, float, float], ...]:
     """[measured] sdpa_*: (sequence, head dim, seconds per head), sorted."""
-    if any(not isinstance(p, list) or len(p) != 3 for p in points):
-        raise ValueError("an SDPA point is not [sequence, head dim, seconds per head]")
-    return tuple(sorted((float(s), float(d), float(t)) for s, d, t in points))
+    checked = _sdpa_numbers(path, key, points, 3, "sequence, head dim, seconds per head")
+    return tuple(sorted((s, d, t) for s, d, t in checked))
 
 
 def _curve(points: list[list[float]]) -> tuple[tuple[float, float], ...]:
@@ -444,7 +457,7 @@ READABLE_FORMAT_VERSIONS = (1, 2, PROFILE_FORMAT_VERSION)
 # and device, the probes fitting a per-step host cost too; both 2026-11-26; 4: recomputation
 # stopping early, and a second DP probe that tells the overlap, 2026-11-27; 5: the GEMM factor's
 # upper bound 1.15 -> 1.5, planner.probes.PROBE_BOUNDS, 2026-11-27; 6: a CPU's attention priced from
-# its measured SDPA curves, costmodel.compute.sdpa_work; 7: a CPU's GEMM factor no longer fitted,
+# its measured SDPA curves (score-dims per call then); 7: a CPU's GEMM factor no longer fitted,
 # planner.probes.compute_params; both 2026-11-27; 8: a CPU's DP collectives exposed (overlap 0)
 # at a factor of their own, Efficiency.dp_comm; 9: a CPU's SDPA call below the smallest measured
 # one at that one's time, costmodel.compute._measured_sdpa_s; 10: the memory-bound curve one kernel
@@ -602,7 +615,8 @@ def _profile_from(path: Path, raw: dict[str, Any]) -> DeviceProfile:
         threads_per_rank=int(raw.get("measured", {}).get("threads_per_rank", dev.get("threads_per_rank", 0))),
         gemm_curves=tuple((k.removeprefix("gemm_"), _curve(v)) for k, v in raw.get("measured", {}).items()
                           if k.startswith("gemm_")),
-        sdpa_curves=tuple((k, _sdpa_points(v)) for k, v in raw.get("measured", {}).items() if k.startswith("sdpa_")),
+        sdpa_curves=tuple((k, _sdpa_points(path, k, v)) for k, v in raw.get("measured", {}).items()
+                          if k.startswith("sdpa_")),
         memory_curve=_curve(raw.get("measured", {}).get("memory_bound", [])),
         machine_key=str(raw.get("measured", {}).get("machine_key", "")),
         machine=str(raw.get("measured", {}).get("machine", "")),

@@ -246,28 +246,42 @@ def sdpa_head_s(points: tuple[tuple[float, float, float], ...], seq_len: float, 
     Per query-key pair the time falls with the sequence (the kernel's per-block and per-row work
     amortised) and rises with the head dim less than in proportion: bf16's backward at seq 128
     took 18 ns a pair at head dim 16 and 23 at 64, fp32's 3.2 and 11.8, and at seq 512 bf16's 5.0
-    and 9.1 (one thread, 2-core EPYC, 2026-11-27). So a sequence's per-pair time is linear in the
-    head dim through the dims measured there (never below the smallest dim's in proportion; one
-    dim measured: in proportion), log-linear in the sequence between measured ones, the longest's
-    beyond it, and below the shortest that one's whole call (its time there is mostly the call's
-    own cost)."""
-    by_seq: dict[float, list[tuple[float, float]]] = {}
-    for s, d, t in points:
-        by_seq.setdefault(s, []).append((d, t / (s * s)))
-    per_pair = tuple((s, _per_pair_at(sorted(dims), head_dim)) for s, dims in sorted(by_seq.items()))
+    and 9.1 (one thread, 2-core EPYC, 2026-11-27: `python benchmarks/cpu_kernels.py --only 8`).
+    So a sequence's per-pair time is read along its measured head dims (_per_pair_at), then
+    log-linear in the sequence between measured ones, the longest's beyond it, and below the
+    shortest that one's whole call (its time there is mostly the call's own cost)."""
+    per_pair = _per_pair_by_seq(points, head_dim)
     shortest = per_pair[0][0]
     if seq_len < shortest:
         return per_pair[0][1] * shortest * shortest
     return interpolate(per_pair, seq_len) * seq_len * seq_len
 
 
-def _per_pair_at(dims: list[tuple[float, float]], head_dim: int) -> float:
-    """One sequence's per-pair time at `head_dim` from its measured (head dim, per pair) points."""
-    (d0, p0), (d1, p1) = dims[0], dims[-1]
-    proportional = p0 * head_dim / d0
-    if d1 == d0:
-        return proportional
-    return max(p0 + (head_dim - d0) * (p1 - p0) / (d1 - d0), min(proportional, p0))
+@lru_cache(maxsize=256)
+def _per_pair_by_seq(points: tuple[tuple[float, float, float], ...], head_dim: int) -> tuple[tuple[float, float], ...]:
+    """(sequence, seconds per pair at `head_dim`), sorted: a search prices the same few shapes often."""
+    by_seq: dict[float, list[tuple[float, float]]] = {}
+    for s, d, t in points:
+        by_seq.setdefault(s, []).append((d, t / (s * s)))
+    return tuple((s, _per_pair_at(sorted(dims), head_dim)) for s, dims in sorted(by_seq.items()))
+
+
+def _per_pair_at(dims: list[tuple[float, float]], head_dim: float) -> float:
+    """One sequence's per-pair time at `head_dim` from its (head dim, per pair) points, sorted:
+    linear between measured dims; beyond the largest along the last two (no less than the
+    largest's); below the smallest along the first two, never under the smallest's time in
+    proportion to the dim. One dim measured (a version-2 profile): in proportion."""
+    d0, p0 = dims[0]
+    if len(dims) == 1 or head_dim <= d0:
+        proportional = p0 * head_dim / d0
+        if len(dims) == 1:
+            return proportional
+        (d1, p1) = dims[1]
+        return max(p0 + (head_dim - d0) * (p1 - p0) / (d1 - d0), proportional)
+    i = min(bisect_left([d for d, _ in dims], head_dim), len(dims) - 1)
+    (da, pa), (db, pb) = dims[i - 1], dims[i]
+    line = pa + (head_dim - da) * (pb - pa) / (db - da)
+    return line if head_dim <= db else max(line, pb)
 
 
 # A CPU SDPA call with dropout runs torch's math path: the scale, the scores, the mask, the

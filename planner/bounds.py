@@ -79,7 +79,7 @@ def zero_floor_s(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: i
         per_layer = (layer_params(model, tp) - experts) / group + experts / (group * (tp if folded else 1))
     else:
         per_layer = layer_params(model, tp, ep)
-    fixed = dp + step_host_s(train, cluster.device)   # as costmodel.rank_time.after_pipeline_s adds it
+    fixed = dp + step_host_s(train, cluster.device)   # after the pipeline, as costmodel.rank_time.after_pipeline_s
     if offload:   # offloaded states step on the host (costmodel.rank_time.after_pipeline_s)
         return fixed + host_optimizer_step_s(model.num_layers * per_layer / pp, train, cluster)
     return fixed + optimizer_step_s(model.num_layers * per_layer / pp, train, cluster.device)

@@ -9,7 +9,7 @@ coefficients from costmodel's own functions (tests/planner/test_partition.py che
 affine); the model here minimises exactly what `estimate` computes:
 
     m·max(t) + (sum(f) - max(f)) / v + max_r(sum_k mult_k·max(comm_kr - window_kr, one layer's bucket))
-    + max_r(optimizer_r + tp_replica_sync_r)       (+ a constant: tied-embedding sync)
+    + max_r(optimizer_r + host_r + tp_replica_sync_r)   (+ a constant: tied-embedding sync)
 
 in integer nanoseconds. Within a rank, interleaved virtual stages get an even split (the model
 prices a rank by its totals only).

@@ -88,7 +88,8 @@ def _time_shape(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
     t, f = _pipeline_rows(rtm, plan, edge_times)
     held = lambda L: rank_params_at(model, plan, L, first, last)  # noqa: E731
     sp = spans(plan, cluster)
-    # what a rank does after the pipeline: a TP-replicated mixture's gradient sync, then the optimizer
+    # what a rank does after the pipeline: a TP-replicated mixture's gradient sync, then the
+    # optimizer and the step's host work
     opt = Linear(*affine(lambda L: sum(after_pipeline_s(model, train, plan, cluster, sp, held(L), L)), 1, 2))
     # DP collectives per gradient group: comm = alpha + beta·P in the group's parameters P,
     # each affine in L (P = edge + L·per layer), so their sum is too

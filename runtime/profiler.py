@@ -37,7 +37,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from costmodel.cluster import GELU_APPROXIMATIONS, sdpa_key
-from costmodel.compute import flash_tile_efficiency, interpolate
+from costmodel.compute import flash_tile_efficiency, interpolate, sdpa_head_s
 from runtime.model import DROPOUT_P
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -309,9 +309,11 @@ GPU_ATTENTION_SHAPES = ((2, 16, 1024, 128), (1, 16, 2048, 128), (1, 16, 4096, 12
 # (batch, heads, sequence, head dim) of a CPU's SDPA points: each sequence at two head dims (the
 # time per pair is not proportional to the dim, costmodel.compute.sdpa_head_s), from debug-tiny's
 # 32 to a 1k sequence; batch x heads large enough that a call's own cost is a small part of it
-SDPA_ALWAYS_SEQ = 128
 CPU_SDPA_SHAPES = tuple((b, h, s, d) for b, h, s in ((8, 4, 32), (2, 4, 128), (1, 4, 256), (1, 8, 512), (2, 8, 1024))
                         for d in (16, 64))
+# the two shortest sequences are measured whatever the budget: the pricing's least, a per-pair time
+# that moves with the sequence and with the head dim
+SDPA_ALWAYS_SEQ = sorted({s for _, _, s, _ in CPU_SDPA_SHAPES})[1]
 
 
 def sdpa_curves(name: str, device: torch.device, phase_s: float, point_s: float,
@@ -321,40 +323,54 @@ def sdpa_curves(name: str, device: torch.device, phase_s: float, point_s: float,
     says 2.5x, bf16's ran at fp32's speed where its GEMMs run faster (and its backward at a 128
     sequence 4-6x fp32's at head dim 16), and with dropout torch runs its math path, 3-6x the
     flash kernel's forward (2-core EPYC, 2026-11-27: `python benchmarks/cpu_kernels.py --only 5`).
-    Per shape the budget allows (the smallest always), without dropout and with the runtime's,
-    the forward alone and the backward (forward + backward less the forward): (sequence, head
-    dim, seconds per head), keyed costmodel.cluster.sdpa_key."""
+    Per sequence the budget allows (the two shortest always), every head dim of it, without
+    dropout and with the runtime's, the forward alone and the backward (forward + backward less
+    the forward): (sequence, head dim, seconds per head), keyed costmodel.cluster.sdpa_key."""
     keys = {(drop, back): sdpa_key(name, drop, back) for drop in (False, True) for back in (False, True)}
     out: dict[str, list] = {k: [] for k in keys.values()}
     start = time.perf_counter()
-    for b, h, s, d in CPU_SDPA_SHAPES if shapes is None else shapes:
-        # at the per-pair times just measured: each pass's best_s calls the forward alone, then
-        # with the backward, CALLS_PER_POINT times each
-        per_call = {k: b * h * s * s * last[2] / last[0] ** 2 for k, v in out.items() if v
-                    for last in [next((p for p in reversed(v) if p[1] == d), v[-1])]}
-        expected = CALLS_PER_POINT * sum(2 * t if "forward" in k else t for k, t in per_call.items())
-        # the two shortest sequences always, both head dims (the pricing's least: two sequences
-        # and two dims; every rank agrees on the shapes), then as the budget allows
-        if s > SDPA_ALWAYS_SEQ and _agree(_over(expected, start, phase_s, point_s * len(out))):   # a point on each curve
-            break
-        q, k, v = (torch.randn(b, h, s, d, dtype=DTYPES[name], device=device, requires_grad=True) for _ in range(3))
-        grad = torch.randn(b, h, s, d, dtype=DTYPES[name], device=device)
-        for drop in (False, True):
-            p = DROPOUT_P if drop else 0.0
-            fwd = best_s(lambda: F.scaled_dot_product_attention(q.detach(), k.detach(), v.detach(), dropout_p=p,
-                                                                is_causal=True))
-            both = best_s(lambda: torch.autograd.grad(
-                F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True), (q, k, v), grad))
-            out[keys[drop, False]].append((s, d, fwd / (b * h)))
-            out[keys[drop, True]].append((s, d, backward_s(both, fwd) / (b * h)))
+    by_seq: dict[int, list[tuple[int, int, int, int]]] = {}
+    for shape in CPU_SDPA_SHAPES if shapes is None else shapes:
+        by_seq.setdefault(shape[2], []).append(shape)
+    for s, group in by_seq.items():
+        # a sequence whole or not at all (a lone head dim would price the other in proportion);
+        # at the times just measured: each pass's best_s calls the forward alone, then with the
+        # backward, CALLS_PER_POINT times each. Every rank agrees on the shapes and the verdict.
+        if s > SDPA_ALWAYS_SEQ:
+            expected = CALLS_PER_POINT * sum((2 if "forward" in k else 1) * b * h * sdpa_head_s(tuple(sorted(v)), s, d)
+                                             for k, v in out.items() for b, h, _, d in group)
+            if _agree(_over(expected, start, phase_s, point_s * len(out) * len(group))):
+                break
+        for b, h, _, d in group:
+            _sdpa_point(name, device, (b, h, s, d), out, keys)
     return out
 
 
+def _sdpa_point(name: str, device: torch.device, shape: tuple[int, int, int, int], out: dict, keys: dict) -> None:
+    """One shape's four points (forward, backward; without dropout and with) appended to `out`."""
+    b, h, s, d = shape
+    q, k, v = (torch.randn(b, h, s, d, dtype=DTYPES[name], device=device, requires_grad=True) for _ in range(3))
+    grad = torch.randn(b, h, s, d, dtype=DTYPES[name], device=device)
+    for drop in (False, True):
+        p = DROPOUT_P if drop else 0.0
+        fwd = best_s(lambda: F.scaled_dot_product_attention(q.detach(), k.detach(), v.detach(), dropout_p=p,
+                                                            is_causal=True))
+        both = best_s(lambda: torch.autograd.grad(
+            F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True), (q, k, v), grad))
+        out[keys[drop, False]].append((s, d, fwd / (b * h)))
+        out[keys[drop, True]].append((s, d, backward_s(both, fwd) / (b * h)))
+
+
 def sdpa_gemm_ratio(forward: list[tuple[float, float, float]], gemm: tuple[tuple[float, float], ...]) -> float:
-    """attention_efficiency's figure from a CPU's forward SDPA points (the median over them):
-    what [efficiency] attention still holds there, though the pricing reads the points. A causal
-    head computes half its 4·s²·d FLOPs; the GEMM rate is read at those FLOPs."""
-    return float(np.median([2.0 * s * s * d / t / interpolate(gemm, 2.0 * s * s * d) for s, d, t in forward]))
+    """attention_efficiency's figure from a CPU's forward SDPA points: what [efficiency] attention
+    still holds there, though the pricing reads the points. Per point past the always-measured
+    sequences' shortest (whose calls are mostly their own cost), a causal call's half of its
+    4·b·h·s²·d FLOPs over its time against the GEMM rate at those FLOPs (b·h of the shape the
+    point was timed at, CPU_SDPA_SHAPES); the median over them."""
+    heads = {(s, d): b * h for b, h, s, d in CPU_SDPA_SHAPES}
+    longer = [p for p in forward if p[0] >= SDPA_ALWAYS_SEQ] or forward
+    return float(np.median([2.0 * s * s * d / t / interpolate(gemm, 2.0 * heads[s, d] * s * s * d)
+                            for s, d, t in longer]))
 
 
 def attention_efficiency(dtype: torch.dtype, device: torch.device, gemm: tuple[tuple[float, float], ...],

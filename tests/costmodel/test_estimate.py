@@ -113,5 +113,8 @@ def test_the_steps_host_work_is_its_own_ledger_entry_and_not_the_optimizers():
     assert est.step_time_s == pytest.approx(fast.step_time_s + 0.25)
     raw = {"stage_busy_s": [0.01, 0.01], "stage_dp_sync_s": [0.0, 0.0], "stage_optimizer_s": [0.001, 0.001]}
     _, predicted = _stage_parts(PlanFile(plan=plan, model=model, train=train, cluster=slow), est, raw, 0.3)
-    assert predicted["optimizer"] == [est.time_breakdown_s["optimizer/step"]] * 2
-    assert all(w > 0.25 for w in predicted["wait"])
+    _, without = _stage_parts(PlanFile(plan=plan, model=model, train=train, cluster=slow), fast, raw, 0.3)
+    assert predicted["optimizer"] == without["optimizer"] == [est.time_breakdown_s["optimizer/step"]] * 2
+    assert predicted["work"] == without["work"]
+    # the host work is the remainder's, on every stage
+    assert [a - b for a, b in zip(predicted["wait"], without["wait"])] == pytest.approx([0.25, 0.25])

@@ -88,6 +88,16 @@ def test_the_head_dim_moves_a_pair_s_time_along_the_measured_dims_not_in_proport
     assert sdpa_head_s(((128.0, 32.0, 1e-5),), 128, 64) == pytest.approx(2e-5)
 
 
+def test_three_head_dims_are_read_piecewise_and_a_noisy_dip_is_kept_not_carried_on():
+    pair = {16: 4e-9, 32: 8e-9, 64: 6e-9}   # the 64 faster than the 32: the machine's noise
+    points = tuple((128.0, float(d), p * 128 ** 2) for d, p in pair.items())
+    for d, p in pair.items():            # every measured point as measured
+        assert sdpa_head_s(points, 128, d) == pytest.approx(p * 128 ** 2)
+    assert sdpa_head_s(points, 128, 24) == pytest.approx(6e-9 * 128 ** 2)
+    assert sdpa_head_s(points, 128, 48) == pytest.approx(7e-9 * 128 ** 2)
+    assert sdpa_head_s(points, 128, 80) == pytest.approx(6e-9 * 128 ** 2)   # no further down than the last
+
+
 def test_sequences_between_beyond_and_below_the_measured_ones():
     points = _points(PAIR_S[False, False])
     assert sdpa_head_s(points, 256, 64) == pytest.approx(_pair_s(PAIR_S[False, False], 256, 64) * 256 ** 2)
@@ -146,14 +156,30 @@ def test_a_version_2_profile_is_read_as_the_shapes_it_timed(tmp_path):
     points = dev.sdpa_curve(DType.FP32, False, False)
     assert points == tuple((float(s), float(d), b * h * s * s * d / r / (b * h))
                            for (b, h, s, d), r in zip(V2_SDPA_SHAPES, rates))
-    # at a shape it timed, the time version 2 priced: score-dims over the rate
-    b, h, s, d = V2_SDPA_SHAPES[1]
-    assert b * h * sdpa_head_s(points, s, d) == pytest.approx(b * h * s * s * d / rates[1])
+    # between the shapes: per pair log-linear in the sequence, in proportion to the head dim
+    per_pair = [d / r for (_, _, _, d), r in zip(V2_SDPA_SHAPES, rates)]   # at each shape's own dim
+    w = (math.log(362) - math.log(256)) / (math.log(512) - math.log(256))
+    assert sdpa_head_s(points, 362, 32) == pytest.approx(
+        (per_pair[1] + w * (per_pair[2] - per_pair[1])) * 32 / 64 * 362 ** 2)
+    # below the shortest shape: that shape's call per head (version 2 took the whole call's time)
+    assert sdpa_head_s(points, 64, 32) == pytest.approx(128 * 128 * 32 / rates[0])
 
 
 def test_a_version_2_point_no_version_2_profile_measured_is_refused_by_name(tmp_path):
     if "[measured]" in PROFILE.read_text():
         pytest.skip("the committed profile has a [measured] table of its own")
     path = _v2_file(tmp_path, [2e9], works=[12345.0])
-    with pytest.raises(InputError, match=r"v2.toml: \[measured\] sdpa_fp32_(forward|backward) has a point"):
+    with pytest.raises(InputError, match=r"v2.toml: \[measured\] sdpa_fp32_forward point 0 is at 12345 score-dims"):
         load_profile(path)
+
+
+@pytest.mark.parametrize("point,why", [("[256, 2e9]", "point 0"), ('[128, 64, "fast"]', "point 0"),
+                                       ("[128, 64, 0.0]", "point 0")])
+def test_a_version_3_point_that_is_not_three_positive_numbers_is_refused_by_key_and_point(tmp_path, point, why):
+    if "[measured]" in PROFILE.read_text():
+        pytest.skip("the committed profile has a [measured] table of its own")
+    text = "format_version = 3\n" + PROFILE.read_text().replace("format_version = 1\n", "")
+    text += f"\n[measured]\nsdpa_fp32_forward = [{point}]\nsdpa_fp32_backward = [[128, 64, 1e-4]]\n"
+    (tmp_path / "v3.toml").write_text(text)
+    with pytest.raises(InputError, match=rf"v3.toml: \[measured\] sdpa_fp32_forward {why} .* is not \[sequence"):
+        load_profile(tmp_path / "v3.toml")
