@@ -62,11 +62,6 @@ PROBES = [
     # micro-batch four times as long: how much of them hides, apart from how long they take (on a
     # CPU, nothing: it tells DP's collectives from the compute beside them)
     Probe(WIDE, 2, Choice(micro_batch_size=8, zero_stage=1), global_batch=4 * GLOBAL_BATCH),
-    # the TP probe's collectives (as many) at twice the bytes: what a collective inside training
-    # costs per byte apart from per call. With one TP probe the fit could not tell them apart, and
-    # a held-out model's larger collectives (2.6 MB against the probe's 0.5) took 11 ms a call
-    # priced where a trace measured 4.3 (benchmarks/step_trace.py on a tp2 plan, 2026-11-27)
-    Probe(WIDE, 2, Choice(tp=2, micro_batch_size=8), global_batch=2 * GLOBAL_BATCH),
 ]
 # The measured curves are the best of several repetitions: a training step's memory-bound kernels
 # do not run much faster than them. Unbounded, the fit traded factors against each other on the
