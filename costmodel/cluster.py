@@ -448,7 +448,7 @@ PROFILE_FORMAT_VERSION = 3   # written by `planner profile` / `calibrate`; files
 # 2 (2026-11-27): [measured] memory_bound is one point per size, an add, an RMS norm and a softmax
 # as one mix (runtime.profiler.memory_points). Version 1 held two per size, the add's (12 bytes
 # per element) and the faster of the other two's (8): read as the mix they make (_v1_memory_mix).
-# 3 (2026-11-28): [measured] sdpa_* are (sequence, head dim, seconds per head) at two head dims
+# 3 (2026-11-27): [measured] sdpa_* are (sequence, head dim, seconds per head) at two head dims
 # a sequence (costmodel.compute.sdpa_head_s). Versions 1-2 held (score-dims per call,
 # score-dims/s) at one: read as the shapes they timed (_v2_sdpa_points).
 READABLE_FORMAT_VERSIONS = (1, 2, PROFILE_FORMAT_VERSION)
@@ -462,7 +462,7 @@ READABLE_FORMAT_VERSIONS = (1, 2, PROFILE_FORMAT_VERSION)
 # at a factor of their own, Efficiency.dp_comm; 9: a CPU's SDPA call below the smallest measured
 # one at that one's time, costmodel.compute._measured_sdpa_s; 10: the memory-bound curve one kernel
 # mix per size, PROFILE_FORMAT_VERSION 2; all 2026-11-27; 11: a CPU's SDPA priced per head at
-# each call's sequence and head dim, PROFILE_FORMAT_VERSION 3, 2026-11-28), so a cached `local` profile
+# each call's sequence and head dim, PROFILE_FORMAT_VERSION 3, 2026-11-27), so a cached `local` profile
 # fitted under an older one is measured again instead of carrying factors fitted to other
 # formulas or bounds.
 PROBE_FIT_VERSION = 11
