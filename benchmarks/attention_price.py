@@ -7,7 +7,8 @@ flash path; held-out-gpt with dropout 0.1, torch's math path on a CPU), fp32 and
 2 and 4 and TP 2, one thread as `planner run` gives each CPU rank: the forward and backward of
 `costmodel.compute._attention_core_s` under PROFILE (a CPU profile: with its SDPA curves where it
 has them, `planner profile` since 2026-11-27) against the median of `repeat` calls of the
-runtime's own `runtime.model.core_attention` (the backward: forward + backward less the forward).
+runtime's own `runtime.model.core_attention` (the backward: forward + backward less the forward);
+then per model and dtype the share of the whole causal call a cp-2 rank's two chunk calls are priced at.
 """
 from __future__ import annotations
 
@@ -41,6 +42,16 @@ def measured_s(model, mbs: int, tp: int, dtype: torch.dtype, repeat: int) -> tup
     return fwd, both - fwd
 
 
+def cp_share(model, train: TrainSpec, dev) -> tuple[float, float]:
+    """(forward, backward) of a cp-2 rank's attention core over the cp-1 plan's, as priced."""
+    def core(cp: int):
+        cluster = ClusterSpec(device=dev, num_nodes=1, devices_per_node=cp)
+        plan = build_plan(model, train, cluster, Choice(micro_batch_size=2, cp=cp))
+        return _attention_core_s(model, train, plan, dev.for_dtype(train.compute_dtype), False, True)
+    (f2, b2), (f1, b1) = core(2), core(1)
+    return f2 / f1, b2 / b1
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("profile", type=Path)
@@ -64,6 +75,9 @@ def main() -> None:
                 print(f"  {name:>12} {dtype} mbs {mbs} tp {tp}: forward {fwd_p * 1e3:6.2f} / {fwd_m * 1e3:6.2f}"
                       f" ({100 * (fwd_p / fwd_m - 1):+4.0f} %), backward {bwd_p * 1e3:6.2f} / {bwd_m * 1e3:6.2f}"
                       f" ({100 * (bwd_p / bwd_m - 1):+4.0f} %)")
+            print(f"  {name:>12} {dtype} cp 2, mbs 2: a rank's two chunk calls priced at "
+                  + ", ".join(f"{k} {r:.2f}" for k, r in zip(("forward", "backward"), cp_share(model, train, dev)))
+                  + " of the causal call over the whole sequence (measured: cpu_kernels.py --only 6)")
 
 
 if __name__ == "__main__":

@@ -580,7 +580,8 @@ def profile_problems(dev: DeviceProfile) -> list[str]:  # noqa: C901 - one check
             key.removesuffix("_backward") + "_forward"
         if not re.fullmatch(r"sdpa_\w+?(_dropout)?_(forward|backward)", key) or not sdpa[key] or not sdpa.get(partner):
             out.append(f"measured.{key} is not one of a non-empty forward and backward pair of SDPA curves")
-    for name, curve in (*((f"measured.gemm_{d}", c) for d, c in dev.gemm_curves), ("measured.memory_bound", dev.memory_curve)):
+    for name, curve in (*((f"measured.gemm_{d}", c) for d, c in dev.gemm_curves),
+                        ("measured.memory_bound", dev.memory_curve)):
         if any(not (math.isfinite(x) and math.isfinite(y) and x > 0 and y > 0) for x, y in curve):
             out.append(f"{name} has a point that is not a positive size and rate")
     for key, points in dev.sdpa_curves:

@@ -245,8 +245,9 @@ def sdpa_head_s(points: tuple[tuple[float, float, float], ...], seq_len: float, 
     A call's time is its heads' (batch x heads) times this: one thread runs them one by one.
     Per query-key pair the time falls with the sequence (the kernel's per-block and per-row work
     amortised) and rises with the head dim less than in proportion: bf16's backward at seq 128
-    took 18 ns a pair at head dim 16 and 23 at 64, fp32's 3.2 and 11.8, and at seq 512 bf16's 5.0
-    and 9.1 (one thread, 2-core EPYC, 2026-11-27: `python benchmarks/cpu_kernels.py --only 8`).
+    took 26-29 ns a pair at head dim 16 and 30-32 at 64, fp32's 4.7-5.4 and 12.7-14.3, and at seq
+    512 bf16's 4.9 and 9.6 (one thread, 2-core EPYC, 2026-11-27 23:08: `python
+    benchmarks/cpu_kernels.py --only 8`).
     So a sequence's per-pair time is read along its measured head dims (_per_pair_at), then
     log-linear in the sequence between measured ones, the longest's beyond it, and below the
     shortest that one's whole call (its time there is mostly the call's own cost)."""

@@ -236,7 +236,8 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
         if closed is None:
             raise ValueError(f"schedule {plan.schedule} has no closed form: simulate it")
         crit, m = ranks[critical], plan.num_micro_batches
-        ledger = _ledger(plan, crit, m * crit.pp_comm_s, closed - m * crit.total_s, dp_s, emb_s, replica_s, optim_s, host_s)
+        ledger = _ledger(plan, crit, m * crit.pp_comm_s, closed - m * crit.total_s, dp_s, emb_s, replica_s,
+                         optim_s, host_s)
         memory = [stage_memory(model, train, plan, r, views[r].device.efficiency.reserved_memory_bytes,
                                cluster.framework) for r in range(plan.pp)]
         bubbles = []

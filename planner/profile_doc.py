@@ -182,7 +182,8 @@ def _measured_rows(setup: Setup, micro: dict, memory, net: _Net, date: str, iden
             "are priced at the largest measured rate" if micro["memory"].stopped_before else "")),
         *[(k, [list(pt) for pt in c], "[sequence, head dim, seconds per head]: costmodel.compute.sdpa_head_s"
            + (f"; {len(c)} of {len(CPU_SDPA_SHAPES)} shapes in the budget, longer calls priced at the longest's "
-              "time per query-key pair" if len(c) < len(CPU_SDPA_SHAPES) else "")) for k, c in micro.get("sdpa", {}).items()],
+              "time per query-key pair" if len(c) < len(CPU_SDPA_SHAPES) else ""))
+          for k, c in micro.get("sdpa", {}).items()],
         ("attention_efficiency", dict(micro["attention"]), "causal SDPA rate / GEMM rate at equal FLOPs"
          + ("; from sdpa_<dtype>_forward, which the pricing reads" if micro.get("sdpa") else "")
          + (", each shape's over the flash tile efficiency at its length (a long sequence's)"

@@ -85,8 +85,9 @@ PARTS = {"work": "work (compute + TP/CP)", "dp_sync": "DP gradient sync", "optim
 def _stage_parts(pf: PlanFile, est: Estimate, raw: dict[str, Any], step_s: float):
     """Per pipeline stage, the step split as the runtime times it, measured and predicted:
     the stage's own work, the data-parallel reduction after the pipeline, the optimizer step
-    (with its zero_grad, which sets the gradients to None: microseconds), and the rest (waiting in the bubble, point-to-point transfers, the step's own host work:
-    the ledger's host/step, which the runtime does not time apart). Without a pipeline FSDP
+    (with its zero_grad, which sets the gradients to None: microseconds), and the rest (waiting
+    in the bubble, point-to-point transfers, the step's own host work: the ledger's host/step,
+    which the runtime does not time apart). Without a pipeline FSDP
     reduces gradients inside the backward pass, so the prediction's DP time joins the work."""
     work = raw.get("stage_busy_s")
     if work is None:

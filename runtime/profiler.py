@@ -321,8 +321,9 @@ def sdpa_curves(name: str, device: torch.device, phase_s: float, point_s: float,
     """On a CPU, causal SDPA as the runtime calls it, timed outright rather than priced from the
     GEMM curve: its backward took 2.9-3.3x its forward here where FlashAttention's FLOP count
     says 2.5x, bf16's ran at fp32's speed where its GEMMs run faster (and its backward at a 128
-    sequence 4-6x fp32's at head dim 16), and with dropout torch runs its math path, 3-6x the
-    flash kernel's forward (2-core EPYC, 2026-11-27: `python benchmarks/cpu_kernels.py --only 5`).
+    sequence 5-6x fp32's at head dim 16: `--only 8`), and with dropout torch runs its math path,
+    3-6x the flash kernel's forward (2-core EPYC, 2026-11-27: `python benchmarks/cpu_kernels.py
+    --only 5`).
     Per sequence the budget allows (the two shortest always), every head dim of it, without
     dropout and with the runtime's, the forward alone and the backward (forward + backward less
     the forward): (sequence, head dim, seconds per head), keyed costmodel.cluster.sdpa_key."""
@@ -588,9 +589,9 @@ def second_pass(out: dict, dtypes: list[str], shapes, device: torch.device, poin
     """Measure measure_rank's curves again, the points the first pass measured and no more, and
     keep each point's faster pass in `out` (SECOND_PASS_SLACK): within limit_s, except that the
     SDPA shapes of the two shortest sequences are always measured, and the per-operator, dropout
-    and GeLU costs after them (a fraction of a second). The optimizer's cost is a mean over page placements by
-    design (optimizer_s_per_param): the faster of two would pick placements, so it is not
-    measured again."""
+    and GeLU costs after them (a fraction of a second). The optimizer's cost is a mean over page
+    placements by design (optimizer_s_per_param): the faster of two would pick placements, so it
+    is not measured again."""
     start = time.perf_counter()
 
     def left_s() -> float:
