@@ -122,7 +122,10 @@ def run_matrix(out: Path, profile: Path, steps: int, passes: int, model: str = "
 def refit(profile: Path):
     """The profile's probe fit redone under the current cost model (planner.probes.refit_stored)."""
     from planner import probes
-    fitted, params, before, after, used, stored = probes.refit_stored(profile)
+    try:
+        fitted, params, before, after, used, stored = probes.refit_stored(profile)
+    except ValueError as exc:   # a profile older than what the fit needs (e.g. no [measured] layer_ops)
+        raise SystemExit(f"closed_loop: {exc}") from None
     print(f"refit {used} of {stored} stored probes: MAPE {before['mape_pct']:.1f}% on the "
           f"microbenchmarks alone -> {after['mape_pct']:.1f}% fitted (max {after['max_abs_error_pct']:.1f}%); "
           + ", ".join(f"{k} {v:.3g}" for k, v in params.items()))

@@ -462,10 +462,12 @@ READABLE_FORMAT_VERSIONS = (1, 2, PROFILE_FORMAT_VERSION)
 # at a factor of their own, Efficiency.dp_comm; 9: a CPU's SDPA call below the smallest measured
 # one at that one's time, costmodel.compute._measured_sdpa_s; 10: the memory-bound curve one kernel
 # mix per size, PROFILE_FORMAT_VERSION 2; all 2026-11-27; 11: a CPU's SDPA priced per head at
-# each call's sequence and head dim, PROFILE_FORMAT_VERSION 3, 2026-11-27), so a cached `local` profile
+# each call's sequence and head dim, PROFILE_FORMAT_VERSION 3, 2026-11-27; 12: a CPU's GEMM and
+# memory-bound factors measured in a probe layer, not fitted, planner.probes.layer_factors,
+# 2026-11-28), so a cached `local` profile
 # fitted under an older one is measured again instead of carrying factors fitted to other
 # formulas or bounds.
-PROBE_FIT_VERSION = 11
+PROBE_FIT_VERSION = 12
 PROFILE_KEYS = {
     "": {"format_version", "device", "network", "efficiency", "measured", "probes", "host"},
     "host": {"memory_bytes", "memory_bandwidth_bytes_per_s", "memory_efficiency", "link_bandwidth_bytes_per_s",

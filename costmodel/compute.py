@@ -628,6 +628,24 @@ def layer_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, de
                        recompute_forward_s=forward - skipped)
 
 
+def layer_parts_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile) -> dict[str, float]:
+    """A layer's forward and backward on a CPU's eager kernels (layer_kernel_times with
+    cpu_kernels) priced at the profile's curves alone, by the kind of kernel runtime.layer_ops
+    times: its GEMMs at the GEMM curve ("gemm"), its SDPA calls at their measured points
+    ("sdpa"), its memory-bound kernels at the memory curve ("memory"); no efficiency factor, no
+    per-kernel cost. What the factors scale, so a measured layer's seconds per kind over these
+    are its kinds' in-training shares of their curves (planner.probes.layer_factors). A GeLU's
+    or dropout's measured per-element cost is in no kind: the probes' layer has neither."""
+    dev = dev.for_dtype(train.compute_dtype)
+    bare = replace(dev, efficiency=replace(dev.efficiency, gemm=1.0, memory=1.0, kernel_overhead_s=0.0))
+    tokens = plan.micro_batch_size * train.seq_len // plan.cp
+    fwd, bwd_in, bwd_w = _linears_s(model, train, plan, bare, tokens, False)
+    attn_fwd, attn_bwd = _attention_core_s(model, train, plan, bare, False, True)
+    fwd_b, fwd_k, bwd_b, bwd_k = eager_elementwise_traffic(model, train, plan, tokens)
+    return {"gemm": fwd + bwd_in + bwd_w, "sdpa": attn_fwd + attn_bwd,
+            "memory": memory_bound_s(fwd_b, bare, fwd_k) + memory_bound_s(bwd_b, bare, bwd_k)}
+
+
 @_per_kernel_shape
 def head_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile,
                       cpu_kernels: bool = False) -> KernelTimes:

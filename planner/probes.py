@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import NamedTuple
 
 from costmodel.cluster import ClusterSpec, DeviceProfile
-from costmodel.compute import flash_tile_efficiency
+from costmodel.compute import flash_tile_efficiency, layer_parts_s
 from costmodel.plan import PlanFile
 from costmodel.registry import llama_spec
 from costmodel.plan import Recompute
 from costmodel.specs import DType, ModelSpec, TrainSpec
 from planner.calibrate import CPU_OVERLAP, Run, fit_by_dtype, summary
 from planner.space import Choice, build_plan
+from runtime.layer_ops import LayerProbe
 
 _WHY = "probe of `planner profile`: not a published model"
 NARROW = llama_spec("probe-narrow", layers=2, hidden=64, heads=4, kv_heads=2, ffn=176, vocab=1024,
@@ -33,6 +34,9 @@ WIDE = llama_spec("probe-wide", layers=2, hidden=256, heads=4, kv_heads=2, ffn=6
 BROAD = llama_spec("probe-broad", layers=2, hidden=512, heads=8, kv_heads=2, ffn=1376, vocab=4096,
                    max_pos=256, source=_WHY)
 SEQ_LEN, GLOBAL_BATCH = 128, 4
+# the layer whose kernels `planner profile` times inside a training step (runtime.layer_ops), on
+# a CPU: the wide probe's, the narrow one's in a dtype the hardware does not accelerate
+LAYER_PROBE = LayerProbe(model=WIDE, small=NARROW, micro_batch_size=4, seq_len=SEQ_LEN)
 
 class Probe(NamedTuple):
     model: ModelSpec
@@ -63,13 +67,6 @@ PROBES = [
     # CPU, nothing: it tells DP's collectives from the compute beside them)
     Probe(WIDE, 2, Choice(micro_batch_size=8, zero_stage=1), global_batch=4 * GLOBAL_BATCH),
 ]
-# The measured curves are the best of several repetitions: a training step's memory-bound kernels
-# do not run much faster than them. Unbounded, the fit traded factors against each other on the
-# small probes (when it still fitted the GEMM factor, compute_params: 1.8 against a memory-bound
-# 0.2) and predicted a larger model 28 % too fast (a profile's [probes] fitted_factors shows where
-# a fit lands; benchmarks/closed_loop.py the unseen model). "Much": the curve is measured seconds
-# before the probes, and a shared machine's speed moves between the two.
-PROBE_BOUNDS = {"memory": (0.05, 1.5)}
 START_OVERLAP = 0.5   # where the fit starts the share of DP communication hidden (the base profile's)
 
 
@@ -143,42 +140,83 @@ def results(plans: list[PlanFile], raws: list[dict | None]) -> list[ProbeResult]
 
 
 # a CPU's probes fit these per dtype (compute_params)
-CPU_PROBE_PARAMS = ("memory", "kernel_overhead_s", "step_overhead_s")
+CPU_PROBE_PARAMS = ("kernel_overhead_s", "step_overhead_s")
 
 
 def compute_params(base: DeviceProfile) -> tuple[str, ...]:
-    """What the one-rank probes can tell. On a GPU their small steps are the host's alone (each
-    kernel takes less than the host needs to issue it: costmodel.compute._host_or_device), so
-    they measure the host's costs, per kernel and per step (one or four micro-batches of two
-    layers tell them apart), and nothing of the rates: there a fit of the GEMM and memory
-    factors went to its bounds (0.3 and 1.5) at no change in the probes' error, and priced a
-    0.85B model's GEMM-bound steps 2-3x too slow (gpu_check, H100, 2026-11-26). The measured
-    curves stand for the rates there. On a CPU the rates too, and the per-step cost beside them:
-    on the stored probes of three closed-loop runs (benchmarks/closed_loop.py --refit,
-    2026-11-26) it took the unseen model's uncalibrated MAPE / max from 15.2 / 40.9, 10.0 / 27.7
-    and 8.1 / 14.6 % to 13.2 / 30.6, 9.3 / 21.0 and 6.8 / 13.8 % (leave-one-out after calibration
-    8.1, 6.7, 7.0 % -> 6.6, 7.6, 7.6 %). On a CPU the GEMM factor is not fitted either (since
-    2026-11-27, PROBE_FIT_VERSION 7): the closed-loop models' layers run their GEMMs at the
-    measured curve, forward and backward (a layer priced at factor 1 within 10 % forward and 13 %
-    backward in the one-rank runs of six closed loops of both models, by hand from measured.json's
-    `rank_forward_s`; `python benchmarks/cpu_kernels.py --only 7`: a linear's layouts at the
-    curve), where the probes fitted 0.50-0.93 and priced the held-out model's one-rank bf16 plans
-    7-31 % too slow; what the probes pay
-    beyond it goes to the memory-bound factor and the per-kernel and per-step costs. On eight
-    stored closed-loop runs (`closed_loop.py --refit`) runs within the uncalibrated targets 5 -> 7
-    of 8; the one it loses (BG) measured its GEMM curve at half speed, which a fitted factor had
-    partly made up."""
+    """What the one-rank probes fit per dtype: the host's costs, per kernel and per step (one
+    or four micro-batches of two layers tell them apart); never a rate. On a GPU their small
+    steps are the host's alone (each kernel takes less than the host needs to issue it:
+    costmodel.compute._host_or_device): there a fit of the GEMM and memory factors went to its
+    bounds (0.3 and 1.5) at no change in the probes' error, and priced a 0.85B model's GEMM-bound
+    steps 2-3x too slow (gpu_check, H100, 2026-11-26); the measured curves stand for the rates.
+    On a CPU the rates' in-training shares are measured (layer_factors). Fitted there, the
+    memory-bound factor took what a step spends between kernels, which the probes' many small
+    kernels pay more of than a larger model's: 0.24 (bf16) and 0.40 (fp32) in closed loop CD's
+    profile, where the layers' memory-bound kernels ran at 0.8-1.2 of the curve
+    (runtime.layer_ops), and a larger Llama's bf16 plans priced 12-23 % too slow."""
     return ("kernel_overhead_s", "step_overhead_s") if base.kind == "gpu" else CPU_PROBE_PARAMS
 
 
-def fit_probes(probes: list[ProbeResult], base: DeviceProfile) -> tuple[DeviceProfile, dict[str, float], dict, dict]:
+# A kind's measured in-training share of its curve outside these is a broken measurement (a
+# stall inside one pass), not a rate: refused, naming the profile.
+LAYER_FACTOR_BOUNDS = (0.1, 3.0)
+PROBE_MODELS = {m.name: m for m in (NARROW, WIDE, BROAD)}
+
+
+def layer_priced_s(dtype: str, ops: dict, base: DeviceProfile) -> dict[str, float]:
+    """The probe layer `ops` names ([measured] layer_ops' model, micro_batch_size, seq_len) in
+    `dtype`, priced per kind at `base`'s curves (costmodel.compute.layer_parts_s)."""
+    model = PROBE_MODELS[ops["model"]]
+    train = TrainSpec(seq_len=int(ops["seq_len"]), global_batch_size=int(ops["micro_batch_size"]),
+                      compute_dtype=DType(dtype))
+    plan = build_plan(model, train, ClusterSpec(device=base, num_nodes=1, devices_per_node=1),
+                      Choice(micro_batch_size=train.global_batch_size))
+    return layer_parts_s(model, train, plan, base)
+
+
+def layer_factors(layer_ops: dict, base: DeviceProfile, where: str) -> dict[str, dict[str, float]]:
+    """Per dtype, the GEMM and memory factors a CPU's profile measured: the probe layer's
+    kernels priced at the curves (layer_priced_s) over their seconds timed in training
+    (runtime.layer_ops), per kind. `layer_ops`: [measured] layer_ops; `where` names it in errors."""
+    out = {}
+    for dtype, ops in layer_ops.items():
+        try:
+            priced = layer_priced_s(dtype, ops, base)
+            factors = {k: priced[k] / float(ops[f"{k}_s"]) for k in ("gemm", "memory")}
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
+            raise ValueError(f"{where}.{dtype}: not a probe layer's timing ({exc!r})") from None
+        low, high = LAYER_FACTOR_BOUNDS
+        if not all(low <= f <= high for f in factors.values()):
+            raise ValueError(f"{where}.{dtype}: the layer's kernels ran at "
+                             + ", ".join(f"{k} {f:.2f}" for k, f in factors.items())
+                             + f" of their curves, outside {low}-{high}: measure again")
+        out[dtype] = factors
+    return out
+
+
+def with_layer_factors(base: DeviceProfile, factors: dict[str, dict[str, float]]) -> DeviceProfile:
+    """`base` with each measured dtype's GEMM and memory factors (layer_factors)."""
+    own = dict(base.dtype_efficiency)
+    for dtype, f in factors.items():
+        own[dtype] = replace(own.get(dtype, base.efficiency), gemm=f["gemm"], memory=f["memory"])
+    return replace(base, dtype_efficiency=tuple(own.items()))
+
+
+def fit_probes(probes: list[ProbeResult], base: DeviceProfile, layer_ops: dict | None = None,
+               where: str = "[measured] layer_ops") -> tuple[DeviceProfile, dict[str, float], dict, dict]:
     """planner.calibrate.fit_by_dtype on the probes: per dtype its compute factors on the one-rank
-    probes (within PROBE_BOUNDS, no prior: the probes are the measurement), then the communication
-    factors on the others. The device's own efficiency becomes fp32's (dtypes without a table of
-    their own, e.g. fp16, are priced with it). Returns the fitted profile, its factors, and the
-    probes' MAPE before and after."""
+    probes (no prior: the probes are the measurement), then the communication
+    factors on the others. `layer_ops` (a CPU's: runtime.layer_ops): the GEMM and memory factors
+    measured, set before the fit (layer_factors). The device's own efficiency becomes fp32's
+    (dtypes without a table of their own, e.g. fp16, are priced with it). Returns the fitted
+    profile, its factors, and the probes' MAPE before and after."""
+    if base.kind == "cpu":
+        if not layer_ops:
+            raise ValueError(f"{where}: missing; a CPU's fit needs the probe layer's kernels timed in training")
+        base = with_layer_factors(base, layer_factors(layer_ops, base, where))
     runs = [Run(path=Path(f"probe:{p.pf.plan.short()}"), pf=p.pf, measured_step_s=p.step_time_s) for p in probes]
-    device, params = fit_by_dtype(runs, base, rounds=1, max_iter=600, prior_weight=0.0, bounds=PROBE_BOUNDS,
+    device, params = fit_by_dtype(runs, base, rounds=1, max_iter=600, prior_weight=0.0,
                                   compute_on_one_rank=True, compute_params=compute_params(base),
                                   # not from the probes: a recomputing probe's step against the
                                   # others' is a difference as noisy as it is small (a fit on the
@@ -209,7 +247,11 @@ def refit_stored(profile: Path) -> tuple[DeviceProfile, dict[str, float], dict, 
     doc = tomllib.loads(profile.read_text())
     stored = {s["plan"]: s["measured_s"] for s in doc["probes"]["steps"]}
     base = unfitted(load_profile(profile), doc["measured"])
+    layer_ops = doc["measured"].get("layer_ops")
+    if base.kind == "cpu" and not layer_ops:
+        raise ValueError(f"{profile}: no [measured] layer_ops (profiled before 2026-11-28, when the fit "
+                         "still fitted the memory-bound factor): profile again")
     accelerated = {d: True for d, _ in base.dtype_efficiency}   # narrow-only dtypes match no stored name
     results = [ProbeResult(pf, stored[probe_name(pf)]) for ranks in (1, 2)
                for pf in probe_plans(base, accelerated, ranks) if probe_name(pf) in stored]
-    return (*fit_probes(results, base), len(results), len(stored))
+    return (*fit_probes(results, base, layer_ops, f"{profile}: [measured] layer_ops"), len(results), len(stored))

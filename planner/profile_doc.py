@@ -126,17 +126,24 @@ def _dp_rows(device_type: str, eff, fitted: str) -> list:
              "with a pipeline (the probes' one PP step a dtype is too noisy for it)")]
 
 
+def measured_share(kind: str) -> str:
+    return f"measured (fp32's): a probe layer's {kind} kernels in training over the curve, [measured] layer_ops"
+
+
+
 def _efficiency(micro: dict, device, how: str, probes: int, device_type: str):
     fitted = f"fitted to {probes} probe training steps (see [probes])"
     eff, tier = (device.efficiency, device.intra_node) if device else (None, None)
     first = next(iter(micro["attention"]))
     rows: list[pf_io.Row] = [
-        ("gemm", eff.gemm if eff else 1.0, f"{fitted}: training's share of the measured GEMM curve" if eff
+        ("gemm", eff.gemm if eff else 1.0, (measured_share("GEMM") if micro.get("layer_ops") else
+                                            f"{fitted}: training's share of the measured GEMM curve") if eff
          else "the measured GEMM curve already is the achieved rate"),
         ("attention", eff.attention if eff else micro["attention"][first],
          f"measured causal SDPA / GEMM ({first}) x the gemm factor"
          + ("; a CPU's attention is priced at [measured] sdpa_* instead" if micro.get("sdpa") else "")),
-        ("memory", eff.memory if eff else 1.0, f"{fitted}: share of the measured memory-bound curve" if eff
+        ("memory", eff.memory if eff else 1.0, (measured_share("memory-bound") if micro.get("layer_ops") else
+                                                f"{fitted}: share of the measured memory-bound curve") if eff
          else "the measured memory-bound curve already is the achieved rate"),
         ("kernel_overhead_s", eff.kernel_overhead_s if eff else 0.0,
          f"{fitted}: eager work per kernel (autograd, modules, hooks; bare operator {micro['overhead_s']:.2g} s)"
@@ -165,7 +172,8 @@ def _efficiency(micro: dict, device, how: str, probes: int, device_type: str):
             ("gemm", e.gemm if e else 1.0, None), ("attention", e.attention if e else ratio, note),
             ("memory", e.memory if e else 1.0, None), ("kernel_overhead_s", e.kernel_overhead_s if e else 0.0, None),
             *([("step_overhead_s", e.step_overhead_s, None)] if e and e.step_overhead_s else [])],
-            comment=f"{fitted}, the one-rank probes in {dtype}" if e else "measured"))
+            comment=(("gemm and memory measured ([measured] layer_ops), the rest " if micro.get("layer_ops") else "")
+                     + f"{fitted}, the one-rank probes in {dtype}") if e else "measured"))
     return out
 
 
@@ -190,6 +198,10 @@ def _measured_rows(setup: Setup, micro: dict, memory, net: _Net, date: str, iden
             if micro.get("attention_long_sequence") else "")),
         *([("attention_long_sequence", True, "GPU: see attention_efficiency; older GPU profiles lack it (planner.probes.long_sequence_attention)")]
           if micro.get("attention_long_sequence") else []),
+        *([("layer_ops", micro["layer_ops"], "a probe layer's forward and backward, each kernel timed where it "
+            "runs, seconds by kind (runtime.layer_ops; the faster of two passes): the GEMM and memory factors "
+            "under [efficiency.<dtype>] are its kernels priced at the curves over these (planner.probes.layer_factors)")]
+          if micro.get("layer_ops") else []),
         ("op_overhead_s", micro["overhead_s"], "a one-element add, the bare dispatch cost"),
         ("optimizer_s_per_param", micro["optimizer_s_per_param"],
          f"AdamW (foreach, fp32) over {_optimizer_params(setup.device_type) >> 20}M parameters: "

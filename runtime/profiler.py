@@ -14,6 +14,8 @@
 - Collectives among N local ranks (gloo on CPU, NCCL on GPU): all-reduce, all-gather,
   reduce-scatter and send/recv over message sizes, fitted to the alpha-beta ring model of
   costmodel.comm (latency per step, bandwidth per rank per direction).
+- On a CPU, one probe layer's forward and backward with each kernel timed where it runs
+  (runtime.layer_ops): how fast each kind of kernel goes inside a training step.
 - Training steps of small probe plans (`probe_rank`): what a step adds to the kernels above.
 Each figure is the best of a few repetitions after a warm-up (the achievable rate, as a
 training step that repeats the same kernels sees it); on a CPU, the best of two passes, the
@@ -38,6 +40,7 @@ import torch.nn.functional as F
 
 from costmodel.cluster import GELU_APPROXIMATIONS, sdpa_key
 from costmodel.compute import flash_tile_efficiency, interpolate, sdpa_head_s
+from runtime.layer_ops import LayerProbe
 from runtime.model import DROPOUT_P
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -458,13 +461,15 @@ def _device(device_type: str) -> torch.device:
     return device
 
 
-def measure_rank(dtypes: list[str], device_type: str, threads: int, budget: Budget, report) -> dict | None:
+def measure_rank(dtypes: list[str], device_type: str, threads: int, budget: Budget, report,
+                 layer: LayerProbe | None = None) -> dict | None:
     """Every microbenchmark, on every rank of an initialised group at once: each rank is one
     "device" of the node and shares cores, caches and memory bandwidth with the others, as ranks
     of a run do. A barrier before each phase keeps the ranks measuring together; rank 0's figures
     are returned (and its progress reported through `report(phase, fraction, what)`). On a CPU
     they are a first pass: its GEMM points in the shapes' order and `second_pass_limit_s`, for the
-    caller to hand to second_pass_rank (or, where nothing is left for one, sorted and no limit)."""
+    caller to hand to second_pass_rank (or, where nothing is left for one, sorted and no limit).
+    `layer`: on a CPU, the layer whose kernels are timed in training (layer_ops)."""
     torch.set_num_threads(threads)
     device = _device(device_type)
     lead = dist.get_rank() == 0
@@ -496,6 +501,8 @@ def measure_rank(dtypes: list[str], device_type: str, threads: int, budget: Budg
             out["sdpa"].update(curves)
             out["attention"][name] = sdpa_gemm_ratio(curves[sdpa_key(name, False, False)], gemm)
         say("attention")(1.0, f"attention {name}")
+    if device.type == "cpu" and layer is not None:
+        out["layer_ops"] = layer_ops(layer, out["gemm"], say("attention"))
     first_pass_s = time.perf_counter() - curves_start   # the curves' time: what a second pass may take again
     dist.barrier()
     out.update(per_unit_costs(device))
@@ -516,11 +523,29 @@ def measure_rank(dtypes: list[str], device_type: str, threads: int, budget: Budg
     return out if lead else None
 
 
+def layer_ops(layer: LayerProbe, gemm: dict[str, Curve], report) -> dict[str, dict]:
+    """The probe layer's kernels timed by kind in each measured dtype, on every rank at once
+    (the curves are measured so; a fraction of a second a dtype)."""
+    out = {}
+    for name, curve in gemm.items():
+        dist.barrier()
+        out[name] = layer.measure(DTYPES[name], curve.accelerated)
+        report(1.0, f"layer kernels {name}")
+    return out
+
+
+def faster_layer_ops(first: dict[str, dict], second: dict[str, dict]) -> dict[str, dict]:
+    """Two passes' layer_ops, each kind at the faster pass (as best_of keeps each curve point)."""
+    return {name: {k: min(v, second[name][k]) if k.endswith("_s") else v for k, v in ops.items()}
+            for name, ops in first.items()}
+
+
 def sorted_gemm(gemm: dict[str, Curve]) -> dict[str, Curve]:
     return {k: replace(c, points=tuple(sorted(c.points))) for k, c in gemm.items()}
 
 
-def second_pass_rank(micro: dict, threads: int, point_s: float, limit_s: float, report) -> dict | None:
+def second_pass_rank(micro: dict, threads: int, point_s: float, limit_s: float, report,
+                     layer: LayerProbe | None = None) -> dict | None:
     """second_pass on every rank of an initialised group at once (as measure_rank measured the
     first), on rank 0's first-pass figures `micro`; rank 0's result is returned, its GEMM points
     sorted."""
@@ -529,8 +554,10 @@ def second_pass_rank(micro: dict, threads: int, point_s: float, limit_s: float, 
     out = {**micro, "gemm": dict(micro["gemm"]), "sdpa": dict(micro["sdpa"]),
            "attention": dict(micro["attention"])}
     lead = dist.get_rank() == 0
-    second_pass(out, list(out["gemm"]), gemm_shapes("cpu"), device, point_s, limit_s,
-                report if lead else (lambda frac, what: None))
+    say = report if lead else (lambda frac, what: None)
+    second_pass(out, list(out["gemm"]), gemm_shapes("cpu"), device, point_s, limit_s, say)
+    if layer is not None and "layer_ops" in out:
+        out["layer_ops"] = faster_layer_ops(out["layer_ops"], layer_ops(layer, out["gemm"], say))
     out["gemm"] = sorted_gemm(out["gemm"])
     return out if lead else None
 

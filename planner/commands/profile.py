@@ -176,7 +176,7 @@ def profile_machine(setup: Setup) -> None:
     start = time.perf_counter()
     try:
         micro = run_forked(setup.nproc, prof.measure_rank, dtypes, setup.device_type, setup.threads, budget,
-                           progress.report, device_type=setup.device_type)[0]
+                           progress.report, probes.LAYER_PROBE, device_type=setup.device_type)[0]
         second_pass_s = micro.pop("second_pass_limit_s", 0.0)
         base = _base_profile(setup, micro)
         for phase in weights:   # the ranks reported on their own copies of the bar
@@ -195,11 +195,11 @@ def profile_machine(setup: Setup) -> None:
             skipped += [probes.probe_name(pf) for pf, raw in zip(plans, raws) if raw is None]
         if second_pass_s > 0:
             micro = run_forked(setup.nproc, prof.second_pass_rank, micro, setup.threads, budget.point_s,
-                               second_pass_s, partial(progress.report, "second pass"))[0]
+                               second_pass_s, partial(progress.report, "second pass"), probes.LAYER_PROBE)[0]
             progress.report("second pass", 1.0, "curves measured again")
             base = _base_profile(setup, micro)
         progress.report("fit", 0.0, f"fitting {len(measured)} probe steps")
-        fitted = probes.fit_probes(measured, base)
+        fitted = probes.fit_probes(measured, base, micro.get("layer_ops"))
         progress.report("fit", 1.0, f"done in {time.perf_counter() - start:.0f} s")
     finally:
         progress.close()

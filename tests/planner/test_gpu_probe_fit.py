@@ -19,7 +19,7 @@ H100 = Path(__file__).parents[2] / "benchmarks" / "results" / "gpu-check-h100-20
 def test_a_gpu_probe_fit_recovers_the_host_costs_and_keeps_the_rates():
     base = probes.unfitted(load_profile(H100), tomllib.loads(H100.read_text())["measured"])
     assert probes.compute_params(base) == ("kernel_overhead_s", "step_overhead_s")
-    assert probes.compute_params(replace(base, kind="cpu")) == ("memory", "kernel_overhead_s", "step_overhead_s")
+    assert probes.compute_params(replace(base, kind="cpu")) == ("kernel_overhead_s", "step_overhead_s")
     truth = base
     for dtype, seconds, step_s in (("fp32", 40e-6, 1e-3), ("bf16", 60e-6, 4e-3)):
         truth = with_params(truth, {"compute": 1.0, "memory": 1.0, "kernel_overhead_s": seconds,

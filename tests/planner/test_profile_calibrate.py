@@ -74,6 +74,12 @@ def test_profile_writes_a_usable_measured_profile(measured, capsys):
             for backward in (False, True):
                 key = sdpa_key(str(dtype), dropout, backward)
                 assert raw["measured"][key] and len(dev.sdpa_curve(dtype, dropout, backward)) == len(raw["measured"][key])
+    # the probe layer's kernels were timed in training, and the GEMM and memory factors are theirs
+    from planner.probes import layer_factors
+    measured_factors = layer_factors(raw["measured"]["layer_ops"], probes.unfitted(dev, raw["measured"]), "test")
+    for dtype in (DType.FP32, DType.BF16):
+        eff = dev.for_dtype(dtype).efficiency
+        assert (eff.gemm, eff.memory) == pytest.approx(tuple(measured_factors[str(dtype)].values()), rel=1e-5)
     # a CPU's DP collectives do not hide: the overlap stays 0, the probes fit DP's own factor
     assert raw["efficiency"]["overlap"] == 0 and dev.efficiency.overlap == 0
     assert dev.efficiency.dp_comm == raw["efficiency"]["dp_comm"]

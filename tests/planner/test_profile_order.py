@@ -36,9 +36,9 @@ def test_the_second_pass_comes_after_the_probes_and_the_fit_reads_its_curves(tmp
         out[0].setdefault("second_pass_limit_s", 5.0)
         return out
 
-    def fit_probes(measured, base):
+    def fit_probes(measured, base, layer_ops=None):
         fitted_on.append(base)
-        return real_fit(measured, base)
+        return real_fit(measured, base, layer_ops)
 
     real_fit = probes.fit_probes
     monkeypatch.setattr(fork, "run_forked", run_forked)

@@ -22,14 +22,10 @@ from costmodel.registry import llama_spec
 from costmodel.specs import DType
 from parity import plan_file
 from planner.space import Choice
+from runtime.layer_ops import GEMM_OPS, MOVES_NOTHING, SDPA_OPS
 from runtime.model import Transformer
 
-PRICED_ELSEWHERE = {"mm", "addmm", "bmm", "_scaled_dot_product_flash_attention_for_cpu",
-                    "_scaled_dot_product_flash_attention_for_cpu_backward"}
-MOVES_NOTHING = {"view", "_unsafe_view", "t", "transpose", "expand", "slice", "select", "unsqueeze", "squeeze",
-                 "permute", "as_strided", "detach", "alias", "reshape", "split", "unbind", "split_with_sizes",
-                 "_reshape_alias", "lift_fresh", "empty", "empty_like", "zeros", "ones", "arange", "empty_strided",
-                 "new_empty_strided", "new_zeros", "new_empty", "fill_", "zero_", "ones_like", "zeros_like"}
+PRICED_ELSEWHERE = GEMM_OPS | SDPA_OPS
 
 
 class _Count(TorchDispatchMode):

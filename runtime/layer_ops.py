@@ -1,0 +1,104 @@
+"""A training layer's kernels timed one by one, by kind: what `planner profile` measures of how
+fast a layer's GEMMs, attention and memory-bound kernels run inside a training step, against
+the curves that time each kind alone.
+
+A curve times one kernel called again and again on the same operands; in a training step a
+kernel reads what other kernels wrote long before and writes fresh memory. A dispatch mode sees
+every aten op of one layer's forward and backward (the runtime's own layer, runtime.model) and
+times each one where it runs; the cost model prices the same layer at the curves
+(costmodel.compute.layer_parts_s), and the two give each kind's in-training share of its curve
+(planner.probes.layer_factors). Measured this way on a 2-core EPYC (2026-11-28, one thread,
+hidden 64-512, 128-256 tokens per sequence): the memory-bound kernels at 0.6-1.2 of the curve
+and the GEMMs at 0.9-1.0, where the probes' fit had put the memory-bound ones at 0.24 (bf16) and
+0.40 (fp32) by giving them what the step spends between kernels.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from costmodel.specs import ModelSpec
+
+GEMM_OPS = frozenset({"mm", "addmm", "bmm"})
+SDPA_OPS = frozenset({"_scaled_dot_product_flash_attention_for_cpu",
+                      "_scaled_dot_product_flash_attention_for_cpu_backward"})
+# ops that move no data (views, allocations, fills of fresh buffers): priced nowhere as a kernel
+MOVES_NOTHING = frozenset({
+    "view", "_unsafe_view", "t", "transpose", "expand", "slice", "select", "unsqueeze", "squeeze",
+    "permute", "as_strided", "detach", "alias", "reshape", "split", "unbind", "split_with_sizes",
+    "_reshape_alias", "lift_fresh", "empty", "empty_like", "zeros", "ones", "arange", "empty_strided",
+    "new_empty_strided", "new_zeros", "new_empty", "fill_", "zero_", "ones_like", "zeros_like"})
+KINDS = ("gemm", "sdpa", "memory")
+LAYER_OP_REPEATS = 5   # timed forward + backward passes after one warm-up; the median is kept
+
+
+@dataclass(frozen=True)
+class LayerProbe:
+    """The layer `planner profile` times (planner.probes.LAYER_PROBE): `model`'s, or `small`'s
+    for a dtype the hardware does not accelerate (its GEMMs at ~1 GFLOP/s would take seconds a
+    pass), `micro_batch_size` sequences of `seq_len` tokens."""
+
+    model: ModelSpec
+    small: ModelSpec
+    micro_batch_size: int
+    seq_len: int
+
+    def measure(self, dtype: torch.dtype, accelerated: bool) -> dict:
+        """The layer's seconds per kind (`<kind>_s`), with what it ran: [measured] layer_ops."""
+        model = self.model if accelerated else self.small
+        seconds = layer_op_seconds(model, dtype, self.micro_batch_size, self.seq_len)
+        return {"model": model.name, "micro_batch_size": self.micro_batch_size, "seq_len": self.seq_len,
+                **{f"{k}_s": v for k, v in seconds.items()}}
+
+
+def op_kind(name: str) -> str | None:
+    """An aten op's kind as the cost model prices it: "gemm", "sdpa", "memory" (every other op
+    that moves data), or None for one that moves none."""
+    if name in GEMM_OPS:
+        return "gemm"
+    if name in SDPA_OPS:
+        return "sdpa"
+    return None if name in MOVES_NOTHING else "memory"
+
+
+class OpTimer(TorchDispatchMode):
+    """Seconds per kind of the aten ops run under it (the mode's own cost is outside each op's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seconds = dict.fromkeys(KINDS, 0.0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        start = time.perf_counter()
+        out = func(*args, **(kwargs or {}))
+        elapsed = time.perf_counter() - start
+        kind = op_kind(func._schema.name.split("::")[-1])
+        if kind is not None:
+            self.seconds[kind] += elapsed
+        return out
+
+
+def layer_op_seconds(model: ModelSpec, dtype: torch.dtype, micro_batch_size: int, seq_len: int,
+                     repeats: int = LAYER_OP_REPEATS) -> dict[str, float]:
+    """Seconds per kind of one layer's forward and backward (the median of `repeats` passes),
+    the layer as the runtime builds it (runtime.model.Transformer's first), in `dtype`, on this
+    thread's CPU."""
+    from runtime.model import Transformer
+    net = Transformer(model)
+    net.init_weights(0)
+    layer = net.layers["0"].to(dtype)
+    x = torch.randn(micro_batch_size, seq_len, model.hidden_size, dtype=dtype)
+    passes = []
+    for i in range(repeats + 1):
+        # each pass from fresh gradients, as the cost model counts a layer's kernels (no accumulation)
+        layer.zero_grad(set_to_none=True)
+        h, dy = x.clone().requires_grad_(), torch.ones_like(x)
+        with OpTimer() as timer:
+            layer(h).backward(dy)
+        if i:   # the first pass allocates and warms: not a training step's steady state
+            passes.append(timer.seconds)
+    return {k: statistics.median(p[k] for p in passes) for k in KINDS}
