@@ -171,6 +171,22 @@ def pass_spread(out: Path) -> None:
               f"{worst} {spreads[worst]:.1f} % at most): the measurement's own noise")
 
 
+def machine_moment(out: Path) -> None:
+    """How fast the machine went in each pass against its profile: the profile's probe layer
+    timed after each run (measured.json `probe_layer_s`, planner.machine_speed). A whole profile
+    measured in a slow spell shows as every pass well under 0 %."""
+    by_pass: dict[int, list[float]] = {}
+    for name, *_ in MATRIX:
+        for k, where in enumerate(passes_of(out, name)):
+            probe = json.loads((where / "measured.json").read_text()).get("probe_layer_s")
+            if probe:
+                by_pass.setdefault(k, []).append(100 * (probe[0] / probe[1] - 1))
+    if by_pass:
+        print("\nthe profile's probe layer after each run against its time in the profile: "
+              + "; ".join(f"pass {k + 1} {statistics.median(v):+.0f} % (median of {len(v)} runs, "
+                          f"{min(v):+.0f} to {max(v):+.0f})" for k, v in sorted(by_pass.items())))
+
+
 def summarise(label: str, rows: list[tuple[str, float, float]]) -> None:
     errors = [100 * (p - m) / m for _, p, m in rows]
     print(f"\n{label}")
@@ -246,6 +262,7 @@ def main() -> None:
         summarise("leave-one-out: each plan predicted by a calibration on the other plans",
                   leave_one_out(args.out, profile, prior))
     pass_spread(args.out)
+    machine_moment(args.out)
     print(f"\n{time.perf_counter() - start:.0f} s; command: python benchmarks/closed_loop.py "
           + " ".join(sys.argv[1:]))
 

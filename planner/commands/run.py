@@ -5,6 +5,7 @@ torch and the runtime are imported inside the command (lazily), so the other com
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -269,6 +270,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     write_text_atomic(out / "plan.json", Path(args.plan).read_text())   # the run directory is self-contained
     timed = len(raw["step_times_s"])   # a resumed run measures the steps it ran
     record = measured_record(pf, raw, steps=timed, warmup=len(raw["losses"]) - timed, wall_s=wall_s)
+    from planner.machine_speed import probe_layer_s
+    if probe := probe_layer_s(pf, threads):   # after the steps, so it cannot slow them
+        record = dataclasses.replace(record, probe_layer_s=probe)
     record.save(out / "measured.json")
     (out / PARTIAL).unlink(missing_ok=True)
     if args.json:
@@ -329,6 +333,9 @@ def _print_comparison(record, out: Path) -> None:
     from reports.tables import table
     from runtime.measure import comparison_rows
     print(table(("", "predicted", "measured", "error"), comparison_rows(record)))
+    if record.probe_layer_s:
+        from planner.machine_speed import describe
+        print("\n" + describe(record.probe_layer_s))
     print(f"\nmemory measured as: {record.memory_source}")
     print(f"wrote {out / 'measured.json'}")
 
