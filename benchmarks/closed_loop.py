@@ -173,14 +173,16 @@ def pass_spread(out: Path) -> None:
 
 def machine_moment(out: Path) -> None:
     """How fast the machine went in each pass against its profile: the profile's probe layer
-    timed after each run (measured.json `probe_layer_s`, planner.machine_speed). A whole profile
+    timed after each run (measured.json `probe_layer_now_s`, planner.machine_speed). A whole profile
     measured in a slow spell shows as every pass well under 0 %."""
+    from planner.machine_speed import moment_pct
     by_pass: dict[int, list[float]] = {}
     for name, *_ in MATRIX:
         for k, where in enumerate(passes_of(out, name)):
-            probe = json.loads((where / "measured.json").read_text()).get("probe_layer_s")
-            if probe:
-                by_pass.setdefault(k, []).append(100 * (probe[0] / probe[1] - 1))
+            record = json.loads((where / "measured.json").read_text())
+            if record.get("probe_layer_now_s"):
+                by_pass.setdefault(k, []).append(moment_pct(record["probe_layer_now_s"],
+                                                            record["probe_layer_profiled_s"]))
     if by_pass:
         print("\nthe profile's probe layer after each run against its time in the profile: "
               + "; ".join(f"pass {k + 1} {statistics.median(v):+.0f} % (median of {len(v)} runs, "

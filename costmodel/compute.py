@@ -610,14 +610,7 @@ def layer_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, de
     tokens = plan.micro_batch_size * train.seq_len // plan.cp
     fwd, bwd_in, bwd_w = _linears_s(model, train, plan, dev, tokens, fused_casts)
     attn_fwd, attn_bwd = _attention_core_s(model, train, plan, dev, cp_ring, cpu_kernels)
-    if cpu_kernels or eager:
-        fwd_b, fwd_k, bwd_b, bwd_k = eager_elementwise_traffic(
-            model, train, plan, tokens, CPU_ELEMENT_BYTES if cpu_kernels else train.compute_dtype.num_bytes,
-            cpu=cpu_kernels)
-        elementwise, elementwise_bwd = memory_bound_s(fwd_b, dev, fwd_k), memory_bound_s(bwd_b, dev, bwd_k)
-    else:
-        elementwise = _elementwise_forward_s(model, train, plan, dev, tokens)
-        elementwise_bwd = 2 * elementwise
+    elementwise, elementwise_bwd = _elementwise_s(model, train, plan, dev, tokens, cpu_kernels, eager)
     # the two branches' dropout (runtime.model: after attention and after the MLP)
     dropped = 2 * rank_hidden_elements(model, plan, tokens) if model.dropout else 0
     gelu_fwd, gelu_bwd = gelu_s(model, plan, tokens, dev)
@@ -626,6 +619,22 @@ def layer_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, de
     return KernelTimes(forward_s=forward, backward_input_s=bwd_in + attn_bwd + elementwise_bwd + gelu_bwd,
                        backward_weight_s=bwd_w, attention_forward_s=attn_fwd,
                        recompute_forward_s=forward - skipped)
+
+
+def _elementwise_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile, tokens: int,
+                   cpu_kernels: bool, eager: bool) -> tuple[float, float]:
+    """(forward, backward) of a layer's memory-bound work: counted op by op where eager kernels
+    run it (torch's CPU kernels, cpu_kernels; a GPU's eager layer), else as fused kernels."""
+    if cpu_kernels or eager:
+        fwd_b, fwd_k, bwd_b, bwd_k = eager_elementwise_traffic(
+            model, train, plan, tokens, CPU_ELEMENT_BYTES if cpu_kernels else train.compute_dtype.num_bytes,
+            cpu=cpu_kernels)
+        return memory_bound_s(fwd_b, dev, fwd_k), memory_bound_s(bwd_b, dev, bwd_k)
+    forward = _elementwise_forward_s(model, train, plan, dev, tokens)
+    return forward, 2 * forward
+
+
+LAYER_KINDS = ("gemm", "sdpa", "memory")   # layer_parts_s's kinds, as runtime.layer_ops times them
 
 
 def layer_parts_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile) -> dict[str, float]:
@@ -641,9 +650,8 @@ def layer_parts_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: De
     tokens = plan.micro_batch_size * train.seq_len // plan.cp
     fwd, bwd_in, bwd_w = _linears_s(model, train, plan, bare, tokens, False)
     attn_fwd, attn_bwd = _attention_core_s(model, train, plan, bare, False, True)
-    fwd_b, fwd_k, bwd_b, bwd_k = eager_elementwise_traffic(model, train, plan, tokens)
-    return {"gemm": fwd + bwd_in + bwd_w, "sdpa": attn_fwd + attn_bwd,
-            "memory": memory_bound_s(fwd_b, bare, fwd_k) + memory_bound_s(bwd_b, bare, bwd_k)}
+    elementwise, elementwise_bwd = _elementwise_s(model, train, plan, bare, tokens, True, False)
+    return {"gemm": fwd + bwd_in + bwd_w, "sdpa": attn_fwd + attn_bwd, "memory": elementwise + elementwise_bwd}
 
 
 @_per_kernel_shape

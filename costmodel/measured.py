@@ -4,9 +4,9 @@ plan.json, strict on read; written and read here only).
 Version 1 added `version` and `peak_reserved_bytes`; version 2 `complete` (false when the run was
 interrupted and the file holds the steps measured before it); version 3 `rank_forward_s` (each rank's
 own layer-forward seconds per step, median: a straggler shows there); version 4 `checkpoint_wait_s` (per
-checkpoint saved, the seconds the slowest rank's training stood still for it); version 5 `probe_layer_s` (on
-a CPU, the profile's probe layer timed after the run and as the profile timed it: how fast the machine went
-against its profile). A file without `version` (written
+checkpoint saved, the seconds the slowest rank's training stood still for it); version 5
+`probe_layer_now_s` and `probe_layer_profiled_s` (on a CPU, the profile's probe layer timed after the run
+and as the profile timed it: how fast the machine went against its profile). A file without `version` (written
 before 2026-11-24) is read as version 0 and migrated. A newer version, a truncated file or one with
 missing or unknown fields is refused with one line that names the file and the field.
 """
@@ -67,8 +67,10 @@ class MeasuredRun:
     complete: bool = True              # False: interrupted, the steps measured before the signal
     rank_forward_s: list[float] | None = None   # per global rank: its own layer forwards per step (median)
     checkpoint_wait_s: list[float] | None = None   # per checkpoint saved: the step's wait, slowest rank
-    # [after the run, in the profile]: seconds of the profile's probe layer's kernels (planner.machine_speed)
-    probe_layer_s: list[float] | None = None
+    # on a CPU, the profile's probe layer's kernels timed after the run and as the profile timed
+    # them (planner.machine_speed): how fast the machine went against its profile
+    probe_layer_now_s: float | None = None
+    probe_layer_profiled_s: float | None = None
 
     def __post_init__(self) -> None:
         """Consistent as `planner run` writes it; what reports and calibrate index into."""
@@ -113,9 +115,9 @@ class MeasuredRun:
             out.append(f"rank_forward_s must hold one non-negative number per rank ({self.world_size})")
         if self.checkpoint_wait_s is not None and not all(_number(x) and x >= 0 for x in self.checkpoint_wait_s):
             out.append("checkpoint_wait_s must hold non-negative numbers")
-        if self.probe_layer_s is not None and (len(self.probe_layer_s) != 2
-                                            or not all(_number(x) and x > 0 for x in self.probe_layer_s)):
-            out.append("probe_layer_s must hold two positive numbers: after the run, in the profile")
+        probe = (self.probe_layer_now_s, self.probe_layer_profiled_s)
+        if probe != (None, None) and not all(_number(x) and x > 0 for x in probe):
+            out.append("probe_layer_now_s and probe_layer_profiled_s must both be positive numbers, or both null")
         if missing := [k for k in ("peak_memory_bytes", "stage_breakdown_s") if k not in self.error_pct]:
             out.append(f"error_pct lacks {', '.join(missing)}")
         return out
@@ -140,7 +142,7 @@ class MeasuredRun:
             raise InputError(f"{where}: measured.json version {version!r}; this planner reads versions 0 "
                              f"to {MEASURED_FORMAT_VERSION} (written by a newer planner?)")
         # Fields added later have defaults: peak_reserved_bytes (v1), complete (v2), rank_forward_s (v3),
-        # checkpoint_wait_s (v4), probe_layer_s (v5).
+        # checkpoint_wait_s (v4), probe_layer_now_s and probe_layer_profiled_s (v5).
         return dataclass_from_json(cls, data, where)
 
     @classmethod

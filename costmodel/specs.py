@@ -288,3 +288,16 @@ class TrainSpec:
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "train") -> "TrainSpec":
         return dataclass_from_json(cls, data, where)
+
+
+@dataclass(frozen=True)
+class LayerProbe:
+    """The layer a CPU profile times kernel by kind inside a training step (runtime.layer_ops;
+    planner.probes.LAYER_PROBE): `model`'s first layer, or `small`'s in a dtype the hardware does
+    not accelerate (its GEMMs at ~1 GFLOP/s would take seconds a pass), over `micro_batch_size`
+    sequences of `seq_len` tokens."""
+
+    model: ModelSpec
+    small: ModelSpec
+    micro_batch_size: int
+    seq_len: int

@@ -11,20 +11,20 @@ and fitted step time is written under the profile's [probes]).
 """
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
 
 from costmodel.cluster import ClusterSpec, DeviceProfile
-from costmodel.compute import flash_tile_efficiency, layer_parts_s
+from costmodel.compute import LAYER_KINDS, flash_tile_efficiency, layer_parts_s
 from costmodel.plan import PlanFile
 from costmodel.registry import llama_spec
 from costmodel.plan import Recompute
-from costmodel.specs import DType, ModelSpec, TrainSpec
+from costmodel.specs import DType, LayerProbe, ModelSpec, TrainSpec
 from planner.calibrate import CPU_OVERLAP, Run, fit_by_dtype, summary
 from planner.space import Choice, build_plan
-from runtime.layer_ops import LayerProbe
 
 _WHY = "probe of `planner profile`: not a published model"
 NARROW = llama_spec("probe-narrow", layers=2, hidden=64, heads=4, kv_heads=2, ffn=176, vocab=1024,
@@ -153,39 +153,85 @@ def compute_params(base: DeviceProfile) -> tuple[str, ...]:
     On a CPU the rates' in-training shares are measured (layer_factors). Fitted there, the
     memory-bound factor took what a step spends between kernels, which the probes' many small
     kernels pay more of than a larger model's: 0.24 (bf16) and 0.40 (fp32) in closed loop CD's
-    profile, where the layers' memory-bound kernels ran at 0.8-1.2 of the curve
+    profile, where training layers' memory-bound kernels run at 0.8-1.3 of the curve
     (runtime.layer_ops), and a larger Llama's bf16 plans priced 12-23 % too slow."""
     return ("kernel_overhead_s", "step_overhead_s") if base.kind == "gpu" else CPU_PROBE_PARAMS
 
 
-# A kind's measured in-training share of its curve outside these is a broken measurement (a
-# stall inside one pass), not a rate: refused, naming the profile.
+# A kind's measured in-training share of its curve outside these is no rate but a broken
+# measurement (the machine stalled through a pass, or the curve was measured in one): refused,
+# naming the profile. Training layers ran theirs at 0.8-1.3 here (runtime.layer_ops).
 LAYER_FACTOR_BOUNDS = (0.1, 3.0)
 PROBE_MODELS = {m.name: m for m in (NARROW, WIDE, BROAD)}
+MAX_LAYER_MICRO_BATCH = 64   # far above LAYER_PROBE's: a larger one is no probe layer's timing
 
 
-def layer_priced_s(dtype: str, ops: dict, base: DeviceProfile) -> dict[str, float]:
-    """The probe layer `ops` names ([measured] layer_ops' model, micro_batch_size, seq_len) in
-    `dtype`, priced per kind at `base`'s curves (costmodel.compute.layer_parts_s)."""
-    model = PROBE_MODELS[ops["model"]]
-    train = TrainSpec(seq_len=int(ops["seq_len"]), global_batch_size=int(ops["micro_batch_size"]),
-                      compute_dtype=DType(dtype))
-    plan = build_plan(model, train, ClusterSpec(device=base, num_nodes=1, devices_per_node=1),
-                      Choice(micro_batch_size=train.global_batch_size))
-    return layer_parts_s(model, train, plan, base)
+@dataclass(frozen=True)
+class LayerTiming:
+    """One dtype's [measured] layer_ops entry, checked: the probe layer it timed (runtime.layer_ops)
+    and its seconds by kind (costmodel.compute.LAYER_KINDS)."""
+
+    model: ModelSpec
+    micro_batch_size: int
+    seq_len: int
+    seconds: tuple[tuple[str, float], ...]
+
+    @property
+    def total_s(self) -> float:
+        return sum(s for _, s in self.seconds)
+
+    @classmethod
+    def parse(cls, entry: object, where: str) -> "LayerTiming":
+        """`entry` as a profile holds it; ValueError naming `where` and the field otherwise."""
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where}: not a table of the probe layer's timing")
+        name = entry.get("model")
+        model = PROBE_MODELS.get(name) if isinstance(name, str) else None
+        if model is None:
+            raise ValueError(f"{where}.model: {name!r} is not a probe model ({', '.join(PROBE_MODELS)})")
+        sizes = {}
+        for key, top in (("micro_batch_size", MAX_LAYER_MICRO_BATCH), ("seq_len", model.max_position_embeddings)):
+            value = entry.get(key)
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= top:
+                raise ValueError(f"{where}.{key}: {value!r} is not a whole number from 1 to {top}")
+            sizes[key] = value
+        seconds = []
+        for kind in LAYER_KINDS:
+            value = entry.get(f"{kind}_s")
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf:
+                raise ValueError(f"{where}.{kind}_s: {value!r} is not a positive number of seconds")
+            seconds.append((kind, float(value)))
+        return cls(model=model, seconds=tuple(seconds), **sizes)
 
 
-def layer_factors(layer_ops: dict, base: DeviceProfile, where: str) -> dict[str, dict[str, float]]:
+def layer_priced_s(dtype: str, timing: LayerTiming, base: DeviceProfile) -> dict[str, float]:
+    """The probe layer `timing` ran in `dtype`, priced per kind at `base`'s curves
+    (costmodel.compute.layer_parts_s)."""
+    train = TrainSpec(seq_len=timing.seq_len, global_batch_size=timing.micro_batch_size, compute_dtype=DType(dtype))
+    plan = build_plan(timing.model, train, ClusterSpec(device=base, num_nodes=1, devices_per_node=1),
+                      Choice(micro_batch_size=timing.micro_batch_size))
+    return layer_parts_s(timing.model, train, plan, base)
+
+
+def layer_factors(layer_ops: object, base: DeviceProfile, where: str, dtypes: set[str] | frozenset[str] = frozenset()
+                  ) -> dict[str, dict[str, float]]:
     """Per dtype, the GEMM and memory factors a CPU's profile measured: the probe layer's
     kernels priced at the curves (layer_priced_s) over their seconds timed in training
-    (runtime.layer_ops), per kind. `layer_ops`: [measured] layer_ops; `where` names it in errors."""
+    (runtime.layer_ops), per kind. `layer_ops`: [measured] layer_ops, which must time every one
+    of `dtypes`; `where` names it in errors."""
+    if not isinstance(layer_ops, dict):
+        raise ValueError(f"{where}: not a table of the probe layer's timings by dtype")
+    if missing := sorted(set(dtypes) - set(layer_ops)):
+        raise ValueError(f"{where}: no timing for {', '.join(missing)}, which the probes ran")
     out = {}
-    for dtype, ops in layer_ops.items():
+    for dtype, entry in layer_ops.items():
         try:
-            priced = layer_priced_s(dtype, ops, base)
-            factors = {k: priced[k] / float(ops[f"{k}_s"]) for k in ("gemm", "memory")}
-        except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
-            raise ValueError(f"{where}.{dtype}: not a probe layer's timing ({exc!r})") from None
+            DType(dtype)
+        except ValueError:
+            raise ValueError(f"{where}.{dtype}: not a dtype ({', '.join(d.value for d in DType)})") from None
+        timing = LayerTiming.parse(entry, f"{where}.{dtype}")
+        priced, seconds = layer_priced_s(dtype, timing, base), dict(timing.seconds)
+        factors = {k: priced[k] / seconds[k] for k in ("gemm", "memory")}
         low, high = LAYER_FACTOR_BOUNDS
         if not all(low <= f <= high for f in factors.values()):
             raise ValueError(f"{where}.{dtype}: the layer's kernels ran at "
@@ -214,7 +260,8 @@ def fit_probes(probes: list[ProbeResult], base: DeviceProfile, layer_ops: dict |
     if base.kind == "cpu":
         if not layer_ops:
             raise ValueError(f"{where}: missing; a CPU's fit needs the probe layer's kernels timed in training")
-        base = with_layer_factors(base, layer_factors(layer_ops, base, where))
+        dtypes = {str(p.pf.train.compute_dtype) for p in probes}
+        base = with_layer_factors(base, layer_factors(layer_ops, base, where, dtypes))
     runs = [Run(path=Path(f"probe:{p.pf.plan.short()}"), pf=p.pf, measured_step_s=p.step_time_s) for p in probes]
     device, params = fit_by_dtype(runs, base, rounds=1, max_iter=600, prior_weight=0.0,
                                   compute_on_one_rank=True, compute_params=compute_params(base),

@@ -127,6 +127,7 @@ def _dp_rows(device_type: str, eff, fitted: str) -> list:
 
 
 def measured_share(kind: str) -> str:
+    """[efficiency]'s note on a factor a CPU profile measured in its probe layer (planner.probes.layer_factors)."""
     return f"measured (fp32's): a probe layer's {kind} kernels in training over the curve, [measured] layer_ops"
 
 

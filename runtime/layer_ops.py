@@ -7,20 +7,23 @@ kernel reads what other kernels wrote long before and writes fresh memory. A dis
 every aten op of one layer's forward and backward (the runtime's own layer, runtime.model) and
 times each one where it runs; the cost model prices the same layer at the curves
 (costmodel.compute.layer_parts_s), and the two give each kind's in-training share of its curve
-(planner.probes.layer_factors). Measured this way on a 2-core EPYC (2026-11-28, one thread,
-hidden 64-512, 128-256 tokens per sequence): the memory-bound kernels at 0.6-1.2 of the curve
-and the GEMMs at 0.9-1.0, where the probes' fit had put the memory-bound ones at 0.24 (bf16) and
-0.40 (fp32) by giving them what the step spends between kernels.
+(planner.probes.layer_factors). On a 2-core EPYC (`python benchmarks/layer_kinds.py --profile
+/tmp/cl/DA/profile.toml`, one thread, 2026-11-28 02:18, an hour after that profile): the probe's
+layer (hidden 256, 4 x 128 tokens) ran its GEMMs at 1.09 (fp32) and 0.90 (bf16) of the curve and
+its memory-bound kernels at 1.07 and 1.19; the closed loop's hidden model's (hidden 384, 2 and 4
+x 256 tokens) at 1.15-1.18 and 0.93-0.98, and 0.81-1.02 and 1.19-1.28. The probes' fit had put
+the memory-bound factor at 0.24 (bf16) and 0.40 (fp32) in closed loop CD's profile, giving it
+what the step spends between kernels.
 """
 from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from costmodel.compute import LAYER_KINDS
 from costmodel.specs import ModelSpec
 
 GEMM_OPS = frozenset({"mm", "addmm", "bmm"})
@@ -32,27 +35,7 @@ MOVES_NOTHING = frozenset({
     "permute", "as_strided", "detach", "alias", "reshape", "split", "unbind", "split_with_sizes",
     "_reshape_alias", "lift_fresh", "empty", "empty_like", "zeros", "ones", "arange", "empty_strided",
     "new_empty_strided", "new_zeros", "new_empty", "fill_", "zero_", "ones_like", "zeros_like"})
-KINDS = ("gemm", "sdpa", "memory")
 LAYER_OP_REPEATS = 5   # timed forward + backward passes after one warm-up; the median is kept
-
-
-@dataclass(frozen=True)
-class LayerProbe:
-    """The layer `planner profile` times (planner.probes.LAYER_PROBE): `model`'s, or `small`'s
-    for a dtype the hardware does not accelerate (its GEMMs at ~1 GFLOP/s would take seconds a
-    pass), `micro_batch_size` sequences of `seq_len` tokens."""
-
-    model: ModelSpec
-    small: ModelSpec
-    micro_batch_size: int
-    seq_len: int
-
-    def measure(self, dtype: torch.dtype, accelerated: bool) -> dict:
-        """The layer's seconds per kind (`<kind>_s`), with what it ran: [measured] layer_ops."""
-        model = self.model if accelerated else self.small
-        seconds = layer_op_seconds(model, dtype, self.micro_batch_size, self.seq_len)
-        return {"model": model.name, "micro_batch_size": self.micro_batch_size, "seq_len": self.seq_len,
-                **{f"{k}_s": v for k, v in seconds.items()}}
 
 
 def op_kind(name: str) -> str | None:
@@ -66,11 +49,15 @@ def op_kind(name: str) -> str | None:
 
 
 class OpTimer(TorchDispatchMode):
-    """Seconds per kind of the aten ops run under it (the mode's own cost is outside each op's)."""
+    """Seconds per kind of the aten ops run under it. Each op's time is its call below the Python
+    mode: the kernel, its output's allocation and the C++ dispatch, as a memory curve's point
+    times a call (so a small kernel's dispatch is in the memory factor, as in the curve); the
+    autograd engine's and the modules' Python work between ops is outside, left to the probes'
+    fitted per-kernel cost."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.seconds = dict.fromkeys(KINDS, 0.0)
+        self.seconds = dict.fromkeys(LAYER_KINDS, 0.0)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         start = time.perf_counter()
@@ -101,4 +88,4 @@ def layer_op_seconds(model: ModelSpec, dtype: torch.dtype, micro_batch_size: int
             layer(h).backward(dy)
         if i:   # the first pass allocates and warms: not a training step's steady state
             passes.append(timer.seconds)
-    return {k: statistics.median(p[k] for p in passes) for k in KINDS}
+    return {k: statistics.median(p[k] for p in passes) for k in LAYER_KINDS}

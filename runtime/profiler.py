@@ -40,7 +40,8 @@ import torch.nn.functional as F
 
 from costmodel.cluster import GELU_APPROXIMATIONS, sdpa_key
 from costmodel.compute import flash_tile_efficiency, interpolate, sdpa_head_s
-from runtime.layer_ops import LayerProbe
+from costmodel.specs import LayerProbe
+from runtime.layer_ops import layer_op_seconds
 from runtime.model import DROPOUT_P
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -529,7 +530,10 @@ def layer_ops(layer: LayerProbe, gemm: dict[str, Curve], report) -> dict[str, di
     out = {}
     for name, curve in gemm.items():
         dist.barrier()
-        out[name] = layer.measure(DTYPES[name], curve.accelerated)
+        model = layer.model if curve.accelerated else layer.small
+        seconds = layer_op_seconds(model, DTYPES[name], layer.micro_batch_size, layer.seq_len)
+        out[name] = {"model": model.name, "micro_batch_size": layer.micro_batch_size, "seq_len": layer.seq_len,
+                     **{f"{k}_s": v for k, v in seconds.items()}}
         report(1.0, f"layer kernels {name}")
     return out
 

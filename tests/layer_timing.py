@@ -10,10 +10,11 @@ WIDE_AT_128 = {"model": probes.LAYER_PROBE.model.name, "micro_batch_size": probe
 
 
 def layer_ops_at(base, factors: dict[str, dict[str, float]]) -> dict:
-    """{dtype: {"gemm": f, "memory": f}} -> [measured] layer_ops."""
+    """{dtype: {"gemm": f, "memory": f}} -> [measured] layer_ops; SDPA at its price."""
     out = {}
     for dtype, f in factors.items():
-        priced = probes.layer_priced_s(dtype, WIDE_AT_128, base)
+        shape = probes.LayerTiming.parse({**WIDE_AT_128, "gemm_s": 1.0, "sdpa_s": 1.0, "memory_s": 1.0}, "test")
+        priced = probes.layer_priced_s(dtype, shape, base)
         out[dtype] = {**WIDE_AT_128, "gemm_s": priced["gemm"] / f["gemm"], "sdpa_s": priced["sdpa"],
                       "memory_s": priced["memory"] / f["memory"]}
     return out

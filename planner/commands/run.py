@@ -270,17 +270,32 @@ def cmd_run(args: argparse.Namespace) -> int:
     write_text_atomic(out / "plan.json", Path(args.plan).read_text())   # the run directory is self-contained
     timed = len(raw["step_times_s"])   # a resumed run measures the steps it ran
     record = measured_record(pf, raw, steps=timed, warmup=len(raw["losses"]) - timed, wall_s=wall_s)
-    from planner.machine_speed import probe_layer_s
-    if probe := probe_layer_s(pf, threads):   # after the steps, so it cannot slow them
-        record = dataclasses.replace(record, probe_layer_s=probe)
     record.save(out / "measured.json")
     (out / PARTIAL).unlink(missing_ok=True)
+    record = _with_machine_moment(record, pf, threads, out)
     if args.json:
         json.dump(record.to_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         _print_comparison(record, out)
     return 0
+
+
+def _with_machine_moment(record, pf: PlanFile, threads: int, out: Path):
+    """The run's record with the profile's probe layer timed again (planner.machine_speed),
+    saved again; after the steps, so it cannot slow them, and after the record is saved, so a
+    profile whose timing is malformed, or a Ctrl-C here, costs the run nothing (a warning)."""
+    from planner.machine_speed import probe_layer_s
+    try:
+        probe = probe_layer_s(pf, threads)
+    except ValueError as exc:
+        print(f"planner run: warning: the machine's moment is not measured: {exc}", file=sys.stderr)
+        return record
+    if probe is None:
+        return record
+    record = dataclasses.replace(record, probe_layer_now_s=probe[0], probe_layer_profiled_s=probe[1])
+    record.save(out / "measured.json")
+    return record
 
 
 def _checkpoints(args: argparse.Namespace, pf: PlanFile) -> int:
@@ -333,9 +348,9 @@ def _print_comparison(record, out: Path) -> None:
     from reports.tables import table
     from runtime.measure import comparison_rows
     print(table(("", "predicted", "measured", "error"), comparison_rows(record)))
-    if record.probe_layer_s:
+    if record.probe_layer_now_s:
         from planner.machine_speed import describe
-        print("\n" + describe(record.probe_layer_s))
+        print("\n" + describe(record.probe_layer_now_s, record.probe_layer_profiled_s))
     print(f"\nmemory measured as: {record.memory_source}")
     print(f"wrote {out / 'measured.json'}")
 

@@ -21,6 +21,9 @@ from costmodel.specs import TrainSpec
 from planner.calibrate import comm_params
 from planner.space import Choice, build_plan
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from layer_timing import layer_ops_at  # noqa: E402
+
 PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "xeon-amx.toml"
 MODEL = llama_spec("t-llama", layers=4, hidden=384, heads=6, kv_heads=2, ffn=1024, vocab=6000, max_pos=512,
                    source="test")
@@ -162,8 +165,6 @@ def test_the_probes_fit_leaves_pp_stage_at_1():
     truth = replace(base, efficiency=replace(base.efficiency, pp_stage=1.3))
     runs = _runs(base, truth, ({"micro_batch_size": 2}, {"micro_batch_size": 1},
                                {"zero_stage": 1, "micro_batch_size": 2}, {"pp": 2, "micro_batch_size": 1}))
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from layer_timing import layer_ops_at
-    ops = layer_ops_at(base, {"fp32": {"gemm": 1.0, "memory": 1.0}})
+    ops = layer_ops_at(base, {str(TRAIN.compute_dtype): {"gemm": 1.0, "memory": 1.0}})
     device, params, _, _ = fit_probes([ProbeResult(r.pf, r.measured_step_s) for r in runs], base, ops)
     assert device.efficiency.pp_stage == 1.0 and "pp_stage" not in params

@@ -98,7 +98,7 @@ def test_measured_json_is_strict_and_versioned(tmp_path, capsys):
     for name, text, why in (("new.json", json.dumps({**record, "version": MEASURED_FORMAT_VERSION + 1}), "version"),
                             ("cut.json", json.dumps(record)[:500], "truncated"),
                             ("odd.json", json.dumps({**record, "stepz": 1}), "unknown keys ['stepz']"),
-                            ("probe.json", json.dumps({**record, "probe_layer_s": [0.01]}), "probe_layer_s must hold")):
+                            ("probe.json", json.dumps({**record, "probe_layer_now_s": 0.01}), "both be positive numbers, or both null")):
         (tmp_path / name).write_text(text)
         assert main(["report", str(plan_path), "--measured", str(tmp_path / name), "--out", str(tmp_path / "r")]) == 2
         err = capsys.readouterr().err.strip()
