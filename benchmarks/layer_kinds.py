@@ -6,7 +6,7 @@ see whether the probe's factors carry to a larger layer.
     python benchmarks/layer_kinds.py --profile PROFILE.toml [--repeats 5]
 
 Per layer and dtype: its GEMM, SDPA and memory-bound kernels priced at the profile's curves
-(costmodel.compute.layer_parts_s), timed in the layer's forward and backward (the median of
+(costmodel.compute.layer_parts_s), timed in the layer's forward and backward (each kind's fastest of
 --repeats passes, with the profile's threads per rank), and the price over the time (the factor a profile takes from the
 probe layer). Llama-style layers only: a GPT layer's GeLU and dropout are priced per element
 outside these kinds. The curves were measured when the profile was, the layers now: on a
