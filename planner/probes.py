@@ -204,13 +204,14 @@ class LayerTiming:
         return cls(model=model, seconds=tuple(seconds), **sizes)
 
 
-def layer_priced_s(dtype: str, timing: LayerTiming, base: DeviceProfile) -> dict[str, float]:
-    """The probe layer `timing` ran in `dtype`, priced per kind at `base`'s curves
-    (costmodel.compute.layer_parts_s)."""
-    train = TrainSpec(seq_len=timing.seq_len, global_batch_size=timing.micro_batch_size, compute_dtype=DType(dtype))
-    plan = build_plan(timing.model, train, ClusterSpec(device=base, num_nodes=1, devices_per_node=1),
-                      Choice(micro_batch_size=timing.micro_batch_size))
-    return layer_parts_s(timing.model, train, plan, base)
+def layer_priced_s(model: ModelSpec, dtype: str, micro_batch_size: int, seq_len: int,
+                   base: DeviceProfile) -> dict[str, float]:
+    """One layer of `model` over `micro_batch_size` sequences of `seq_len` tokens in `dtype`, on
+    one rank, priced per kind at `base`'s curves (costmodel.compute.layer_parts_s)."""
+    train = TrainSpec(seq_len=seq_len, global_batch_size=micro_batch_size, compute_dtype=DType(dtype))
+    plan = build_plan(model, train, ClusterSpec(device=base, num_nodes=1, devices_per_node=1),
+                      Choice(micro_batch_size=micro_batch_size))
+    return layer_parts_s(model, train, plan, base)
 
 
 def layer_factors(layer_ops: object, base: DeviceProfile, where: str, dtypes: set[str] | frozenset[str] = frozenset()
@@ -230,7 +231,8 @@ def layer_factors(layer_ops: object, base: DeviceProfile, where: str, dtypes: se
         except ValueError:
             raise ValueError(f"{where}.{dtype}: not a dtype ({', '.join(d.value for d in DType)})") from None
         timing = LayerTiming.parse(entry, f"{where}.{dtype}")
-        priced, seconds = layer_priced_s(dtype, timing, base), dict(timing.seconds)
+        priced = layer_priced_s(timing.model, dtype, timing.micro_batch_size, timing.seq_len, base)
+        seconds = dict(timing.seconds)
         factors = {k: priced[k] / seconds[k] for k in ("gemm", "memory")}
         low, high = LAYER_FACTOR_BOUNDS
         if not all(low <= f <= high for f in factors.values()):
@@ -259,7 +261,9 @@ def fit_probes(probes: list[ProbeResult], base: DeviceProfile, layer_ops: dict |
     profile, its factors, and the probes' MAPE before and after."""
     if base.kind == "cpu":
         if not layer_ops:
-            raise ValueError(f"{where}: missing; a CPU's fit needs the probe layer's kernels timed in training")
+            raise ValueError(f"{where}: missing; a CPU's fit needs the probe layer's kernels timed in training "
+                             "(a profile from before 2026-11-28, when the fit still fitted the memory-bound factor: "
+                             "profile again)")
         dtypes = {str(p.pf.train.compute_dtype) for p in probes}
         base = with_layer_factors(base, layer_factors(layer_ops, base, where, dtypes))
     runs = [Run(path=Path(f"probe:{p.pf.plan.short()}"), pf=p.pf, measured_step_s=p.step_time_s) for p in probes]
@@ -295,9 +299,6 @@ def refit_stored(profile: Path) -> tuple[DeviceProfile, dict[str, float], dict, 
     stored = {s["plan"]: s["measured_s"] for s in doc["probes"]["steps"]}
     base = unfitted(load_profile(profile), doc["measured"])
     layer_ops = doc["measured"].get("layer_ops")
-    if base.kind == "cpu" and not layer_ops:
-        raise ValueError(f"{profile}: no [measured] layer_ops (profiled before 2026-11-28, when the fit "
-                         "still fitted the memory-bound factor): profile again")
     accelerated = {d: True for d, _ in base.dtype_efficiency}   # narrow-only dtypes match no stored name
     results = [ProbeResult(pf, stored[probe_name(pf)]) for ranks in (1, 2)
                for pf in probe_plans(base, accelerated, ranks) if probe_name(pf) in stored]

@@ -8,12 +8,13 @@ every aten op of one layer's forward and backward (the runtime's own layer, runt
 times each one where it runs; the cost model prices the same layer at the curves
 (costmodel.compute.layer_parts_s), and the two give each kind's in-training share of its curve
 (planner.probes.layer_factors). On a 2-core EPYC (`python benchmarks/layer_kinds.py --profile
-/tmp/cl/DA/profile.toml`, one thread, 2026-11-28 02:18, an hour after that profile): the probe's
-layer (hidden 256, 4 x 128 tokens) ran its GEMMs at 1.09 (fp32) and 0.90 (bf16) of the curve and
-its memory-bound kernels at 1.07 and 1.19; the closed loop's hidden model's (hidden 384, 2 and 4
-x 256 tokens) at 1.15-1.18 and 0.93-0.98, and 0.81-1.02 and 1.19-1.28. The probes' fit had put
-the memory-bound factor at 0.24 (bf16) and 0.40 (fp32) in closed loop CD's profile, giving it
-what the step spends between kernels.
+/tmp/cl/DA/profile.toml`, one thread, 2026-11-28 03:22, two hours after that profile): the probe's
+layer (hidden 256, 4 x 128 tokens) ran its GEMMs at 1.08 (fp32) and 0.89 (bf16) of the curve and
+its memory-bound kernels at 1.00 and 1.18; the closed loop's hidden model's (hidden 384, 2 and 4
+x 256 tokens) at 1.14-1.17 and 0.90-0.91, and 0.99-1.04 and 1.07-1.13 (a run a minute before,
+the machine's speed moving during it, read 0.70-1.25). The probes' fit had put the memory-bound
+factor at 0.24 (bf16) and 0.40 (fp32) in closed loop CD's profile, giving it what the step spends
+between kernels.
 """
 from __future__ import annotations
 

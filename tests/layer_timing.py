@@ -13,8 +13,8 @@ def layer_ops_at(base, factors: dict[str, dict[str, float]]) -> dict:
     """{dtype: {"gemm": f, "memory": f}} -> [measured] layer_ops; SDPA at its price."""
     out = {}
     for dtype, f in factors.items():
-        shape = probes.LayerTiming.parse({**WIDE_AT_128, "gemm_s": 1.0, "sdpa_s": 1.0, "memory_s": 1.0}, "test")
-        priced = probes.layer_priced_s(dtype, shape, base)
+        probe = probes.LAYER_PROBE
+        priced = probes.layer_priced_s(probe.model, dtype, probe.micro_batch_size, probe.seq_len, base)
         out[dtype] = {**WIDE_AT_128, "gemm_s": priced["gemm"] / f["gemm"], "sdpa_s": priced["sdpa"],
                       "memory_s": priced["memory"] / f["memory"]}
     return out
