@@ -26,6 +26,10 @@ from costmodel.specs import DType
 DEFAULT_MEMORY_HEADROOM = 0.05
 
 
+# the collectives a tier's kind_factors may name (costmodel.comm.RING_KINDS; comm imports this module)
+RING_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class NetworkTier:
     """One level of the network. Bandwidth is per device, per direction (what one GPU can push)."""
@@ -38,10 +42,28 @@ class NetworkTier:
     # a tier between the node and the whole cluster (a rack, a leaf switch) connects groups of at
     # most this many nodes; None for the node and cluster tiers
     max_nodes: int | None = None
+    # (collective kind, latency factor, bandwidth factor): a kind's own microbenchmark fit over
+    # the tier's joint one (costmodel.comm.kind_factors), where the backend runs the kinds
+    # differently (gloo's reduce-scatter); empty (every kind at the tier's) for a datasheet tier
+    kind_factors: tuple[tuple[str, float, float], ...] = ()
 
     @property
     def effective_bandwidth_bytes_per_s(self) -> float:
         return self.bandwidth_bytes_per_s * self.efficiency
+
+    def _factors(self, kind: str) -> tuple[float, float]:
+        for name, latency, bandwidth in self.kind_factors:
+            if name == kind:
+                return latency, bandwidth
+        return 1.0, 1.0
+
+    def latency_for(self, kind: str) -> float:
+        """One ring step's latency for a collective of this kind."""
+        return self.latency_s * self._factors(kind)[0]
+
+    def bandwidth_for(self, kind: str) -> float:
+        """The effective bandwidth a collective of this kind moves its bytes at."""
+        return self.effective_bandwidth_bytes_per_s * self._factors(kind)[1]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -362,9 +384,11 @@ def _middle_tiers(path: Path, tiers: list[dict[str, Any]], efficiency: float) ->
 
 def _tier(raw: dict[str, Any], efficiency: float) -> NetworkTier:
     p2p = raw.get("p2p_latency_s")
+    kinds = raw.get("kind_factors", {})
     return NetworkTier(name=raw["name"], bandwidth_bytes_per_s=float(raw["bandwidth_bytes_per_s"]),
                        latency_s=float(raw["latency_s"]), efficiency=efficiency,
-                       p2p_latency_s=None if p2p is None else float(p2p))
+                       p2p_latency_s=None if p2p is None else float(p2p),
+                       kind_factors=tuple((k, float(v["latency"]), float(v["bandwidth"])) for k, v in kinds.items()))
 
 
 def _v1_memory_mix(path: Path, points: list) -> list[list[float]]:
@@ -464,17 +488,19 @@ READABLE_FORMAT_VERSIONS = (1, 2, PROFILE_FORMAT_VERSION)
 # mix per size, PROFILE_FORMAT_VERSION 2; all 2026-11-27; 11: a CPU's SDPA priced per head at
 # each call's sequence and head dim, PROFILE_FORMAT_VERSION 3, 2026-11-27; 12: a CPU's GEMM and
 # memory-bound factors measured in a probe layer, not fitted, planner.probes.layer_factors,
-# 2026-11-28), so a cached `local` profile
+# 2026-11-28; 13: each collective kind priced at its own microbenchmark fit, NetworkTier.kind_factors, and
+# a second TP probe, 2026-11-28), so a cached `local` profile
 # fitted under an older one is measured again instead of carrying factors fitted to other
 # formulas or bounds.
-PROBE_FIT_VERSION = 12
+PROBE_FIT_VERSION = 13
 PROFILE_KEYS = {
     "": {"format_version", "device", "network", "efficiency", "measured", "probes", "host"},
     "host": {"memory_bytes", "memory_bandwidth_bytes_per_s", "memory_efficiency", "link_bandwidth_bytes_per_s",
              "link_efficiency", "source"},
     "device": {"name", "kind", "aliases", "peak_flops_per_s", "memory_bytes", "reported_memory_bytes", "num_sms",
                "memory_bandwidth_bytes_per_s", "threads_per_rank"},
-    "network": {"scope", "name", "bandwidth_bytes_per_s", "latency_s", "p2p_latency_s", "max_nodes", "efficiency"},
+    "network": {"scope", "name", "bandwidth_bytes_per_s", "latency_s", "p2p_latency_s", "max_nodes", "efficiency",
+                "kind_factors"},
     "efficiency": {"gemm", "attention", "memory", "kernel_overhead_s", "intra_node_comm", "inter_node_comm",
                    "reserved_memory_bytes", "source", "overlap", "dp_comm", "pp_stage", "allocator_fragmentation",
                    "comm_contention", "vendor_attention_speedup", "step_overhead_s", "recompute_cost"},
@@ -559,6 +585,11 @@ def profile_problems(dev: DeviceProfile) -> list[str]:  # noqa: C901 - one check
         need(f"network {tier.name} efficiency", tier.efficiency, 0 < tier.efficiency <= 1)
         if tier.p2p_latency_s is not None:
             need(f"network {tier.name} p2p_latency_s", tier.p2p_latency_s, tier.p2p_latency_s >= 0)
+        for kind, latency, bandwidth in tier.kind_factors:
+            if kind not in RING_COLLECTIVES:
+                out.append(f"network {tier.name} kind_factors: {kind!r} is none of {', '.join(RING_COLLECTIVES)}")
+            need(f"network {tier.name} kind_factors.{kind}.latency", latency, latency > 0)
+            need(f"network {tier.name} kind_factors.{kind}.bandwidth", bandwidth, bandwidth > 0)
     for label, eff in (("efficiency", dev.efficiency), *((f"efficiency.{d}", e) for d, e in dev.dtype_efficiency)):
         for name in ("gemm", "attention", "memory", "vendor_attention_speedup", "recompute_cost"):
             need(f"{label}.{name}", getattr(eff, name), getattr(eff, name) > 0)

@@ -34,7 +34,9 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from costmodel.cluster import ClusterSpec, NetworkTier
+import numpy as np
+
+from costmodel.cluster import RING_COLLECTIVES, ClusterSpec, NetworkTier
 from costmodel.placement import AxisSpan
 
 
@@ -55,7 +57,7 @@ HOST_COPIES = (Collective.HOST_TO_DEVICE, Collective.DEVICE_TO_HOST, Collective.
 def ring_time_s(kind: Collective, num_bytes: float, n: int, tier: NetworkTier) -> float:
     if n <= 1 or num_bytes <= 0:
         return 0.0
-    return _passes(kind) * (n - 1) * tier.latency_s + _ring_transfer_s(kind, num_bytes, n, tier)
+    return _passes(kind) * (n - 1) * tier.latency_for(kind) + _ring_transfer_s(kind, num_bytes, n, tier)
 
 
 def _passes(kind: Collective) -> int:
@@ -67,7 +69,61 @@ def _ring_transfer_s(kind: Collective, num_bytes: float, n: int, tier: NetworkTi
     """The bandwidth part of a ring collective: (n-1)/n of the buffer per pass."""
     if n <= 1 or num_bytes <= 0:
         return 0.0
-    return _passes(kind) * (n - 1) / n * num_bytes / tier.effective_bandwidth_bytes_per_s
+    return _passes(kind) * (n - 1) / n * num_bytes / tier.bandwidth_for(kind)
+
+
+def _ring_rows(kind: str, points: list[tuple[float, float]], world: int) -> list[tuple[float, float]]:
+    """A kind's (bytes, seconds) samples as rows of t = steps * alpha + volume / beta, each row
+    divided by its t (relative error), with the ring model's steps and per-rank volume."""
+    passes = 2 if kind == Collective.ALL_REDUCE else 1
+    return [(passes * (world - 1) / t, passes * (world - 1) / world * b / t) for b, t in points]
+
+
+def _least_squares(rows: list[tuple[float, float]]) -> tuple[float, float, float]:
+    a = np.array(rows)
+    (alpha, inv_beta), *_ = np.linalg.lstsq(a, np.ones(len(rows)), rcond=None)
+    alpha, inv_beta = max(alpha, 1e-7), max(inv_beta, 1e-12)
+    rms = float(np.sqrt(np.mean((a @ np.array([alpha, inv_beta]) - 1.0) ** 2)))
+    return float(alpha), float(1.0 / inv_beta), rms
+
+
+RING_KINDS = tuple(Collective(k) for k in RING_COLLECTIVES)
+
+
+def fit_alpha_beta(samples: dict[str, list[tuple[float, float]]], world: int) -> tuple[float, float, float, float]:
+    """Least squares of t = steps * alpha + volume / beta over the collectives' microbenchmark
+    samples (runtime.profiler.collective_worker), with the ring model's steps and per-rank volume,
+    relative error weighting. Returns (alpha_s, beta_bytes_per_s, relative rms error,
+    point-to-point latency_s): gloo's send/recv has a much smaller fixed cost than its
+    collectives, so it is kept apart (the smallest messages' median time)."""
+    rows = [r for kind in RING_KINDS for r in _ring_rows(kind, samples.get(kind, []), world)]
+    alpha, beta, rms = _least_squares(rows)
+    p2p = float(np.median([t for _, t in samples["p2p"][:4]]))
+    return alpha, beta, rms, p2p
+
+
+# a kind's own fit against the joint one outside these is a broken sample, not the backend
+KIND_FACTOR_BOUNDS = (0.05, 20.0)
+
+
+def kind_factors(samples: dict[str, list[tuple[float, float]]], world: int) -> tuple[tuple[str, float, float], ...]:
+    """Each ring collective's own alpha-beta fit over the joint one (fit_alpha_beta): (kind,
+    latency factor, bandwidth factor), for NetworkTier.kind_factors. One alpha-beta pair cannot
+    serve every kind where the backend runs them differently: gloo's reduce-scatter took about
+    twice its all-gather's latency at half its bandwidth in the microbenchmarks (closed loops
+    DA-DG's profiles, 2026-11-28), and three times its time inside a TP step (benchmarks
+    /step_trace.py, the hidden model's tp2 plan: 6.5 against 2.2 ms at 1.5 MB). A kind with
+    fewer than three samples keeps the joint fit."""
+    alpha, beta, _, _ = fit_alpha_beta(samples, world)
+    lo, hi = KIND_FACTOR_BOUNDS
+    out = []
+    for kind in RING_KINDS:
+        points = samples.get(kind, [])
+        if len(points) < 3:
+            continue
+        a_k, b_k, _ = _least_squares(_ring_rows(kind, points, world))
+        out.append((str(kind), min(max(a_k / alpha, lo), hi), min(max(b_k / beta, lo), hi)))
+    return tuple(out)
 
 
 TREE_BANDWIDTH_FRACTION = 0.9   # NCCL tuning.cc: a tree's bus bandwidth is 0.9 of the ring's
@@ -75,7 +131,7 @@ TREE_BANDWIDTH_FRACTION = 0.9   # NCCL tuning.cc: a tree's bus bandwidth is 0.9 
 
 def cross_node_ring_latency_s(kind: Collective, n: int, k: int, intra: NetworkTier, inter: NetworkTier) -> float:
     """A ring over n ranks on k nodes (see the module docstring): n-1 steps, k-1 across nodes."""
-    return _passes(kind) * ((n - k) * intra.latency_s + (k - 1) * inter.latency_s)
+    return _passes(kind) * ((n - k) * intra.latency_for(kind) + (k - 1) * inter.latency_for(kind))
 
 
 def tree_latency_s(m: int, k: int, intra: NetworkTier, inter: NetworkTier) -> float:

@@ -216,6 +216,8 @@ COMM_PARAMS = ("intra_node_comm", "comm_latency", "overlap")
 # factor of their own (Efficiency.dp_comm). A pipeline stage's work, which runs over its price
 # on a CPU where a one-rank plan's does not, gets one too (Efficiency.pp_stage).
 CPU_COMM_PARAMS = ("intra_node_comm", "comm_latency", "dp_comm", "pp_stage")
+# the links' own factors, as every collective pays them (DP's through dp_comm on top)
+LINK_PARAMS = ("intra_node_comm", "comm_latency")
 CPU_OVERLAP = 0.0
 
 
@@ -237,7 +239,8 @@ def fit_by_dtype(runs: list[Run], base: DeviceProfile, rounds: int = 2, max_iter
                  prior_weight: float = PRIOR_WEIGHT, bounds: dict[str, tuple[float, float]] | None = None,
                  compute_on_one_rank: bool = False,
                  compute_params: tuple[str, ...] = COMPUTE_PARAMS,
-                 fit_recompute: bool = True, fit_pp_stage: bool = True) -> tuple[DeviceProfile, dict[str, float]]:
+                 fit_recompute: bool = True, fit_pp_stage: bool = True,
+                 links_from_tp: bool = False) -> tuple[DeviceProfile, dict[str, float]]:
     """Compute factors per compute dtype (on a CPU, bf16 runs other kernels with other per-kernel
     costs than fp32), alternating with the shared communication factors on the multi-rank runs:
     small, well-posed fits instead of one of 3 x dtypes + 3 parameters. A dtype with fewer runs
@@ -246,6 +249,8 @@ def fit_by_dtype(runs: list[Run], base: DeviceProfile, rounds: int = 2, max_iter
     `compute_params`: which of them are fitted (the others stay as `base` has them).
     `fit_recompute`: the cost of recomputation too, one for all dtypes, on the runs that recompute.
     `fit_pp_stage`: a CPU's pipeline-stage factor among the communication factors (Efficiency.pp_stage).
+    `links_from_tp`: the links' factors (LINK_PARAMS) from the runs with tensor parallelism alone,
+    then the other communication factors on every multi-rank run with the links held.
     Returns the device and the overall factors against `base` (per dtype as NAME@DTYPE)."""
     if not runs:
         raise ValueError("no runs to calibrate on")
@@ -270,7 +275,12 @@ def fit_by_dtype(runs: list[Run], base: DeviceProfile, rounds: int = 2, max_iter
             # the stages' factor on runs with a pipeline only (the others say nothing of it)
             staged = fit_pp_stage and any(r.pf.plan.pp > 1 for r in multi)
             names = tuple(n for n in comm_params(base) if staged or n != "pp_stage")
-            device, _ = fit(multi, device, names, max_iter, prior_weight=prior_weight)
+            tp_runs = [r for r in multi if r.pf.plan.tp > 1] if links_from_tp else []
+            if tp_runs:
+                device, _ = fit(tp_runs, device, LINK_PARAMS, max_iter, prior_weight=prior_weight)
+                names = tuple(n for n in names if n not in LINK_PARAMS)
+            if names:
+                device, _ = fit(multi, device, names, max_iter, prior_weight=prior_weight)
     if (fragmentation := measured_fragmentation(runs)) is not None:
         device = replace(device, efficiency=replace(device.efficiency, allocator_fragmentation=fragmentation))
     return device, _factors(base, device, dtypes)

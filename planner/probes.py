@@ -61,6 +61,11 @@ PROBES = [
     # from their bytes (a CPU, whose DP collectives do not hide: dp_comm)
     Probe(NARROW, 2, Choice(micro_batch_size=2, zero_stage=2)),
     Probe(WIDE, 2, Choice(tp=2, micro_batch_size=4)),
+    # TP's collectives again, as many a step with a quarter of the elements: what a collective
+    # costs per call (gloo's wait, DTensor's redistribution around it) apart from per element.
+    # One TP probe could not tell them: its fit put the excess on the bytes and priced the
+    # closed loops' larger tp2 plans 17-35 % too slow in fp32 (DA-DF, 2026-11-28)
+    Probe(NARROW, 2, Choice(tp=2, micro_batch_size=4)),
     Probe(WIDE, 2, Choice(pp=2, micro_batch_size=1)),
     # the first DP probe's collectives (the same bytes: ZeRO-1 reduces once a step) behind a
     # micro-batch four times as long: how much of them hides, apart from how long they take (on a
@@ -278,7 +283,13 @@ def fit_probes(probes: list[ProbeResult], base: DeviceProfile, layer_ops: dict |
                                   # price in BD's profile where BD's pipelined runs went 5-13 %
                                   # over (a fit on it priced them +18 and +46 %); calibrate fits
                                   # it on runs (planner.calibrate.fit_by_dtype)
-                                  fit_pp_stage=False)
+                                  fit_pp_stage=False,
+                                  # the links from the TP probes alone (a CPU's): fitted on every
+                                  # multi-rank probe, the PP probe's per-micro-batch work (priced
+                                  # nowhere) and the DP probes pulled the links' latency and
+                                  # bandwidth apart, and closed loops DE and DF priced their tp2
+                                  # fp32 plans 33-35 % too slow with TP probes fitted within 5 %
+                                  links_from_tp=base.kind == "cpu")
     own = dict(device.dtype_efficiency)
     if own:
         first = own.get("fp32") or next(iter(own.values()))

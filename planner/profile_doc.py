@@ -10,6 +10,7 @@ from pathlib import Path
 
 from costmodel import machine
 from costmodel.cluster import PROBE_FIT_VERSION, PROFILE_FORMAT_VERSION
+from costmodel.comm import fit_alpha_beta, kind_factors
 from planner import profile_file as pf_io
 
 
@@ -67,17 +68,17 @@ class _Net:
     p2p_s: float
     how: str
     samples: dict | None
+    kinds: tuple[tuple[str, float, float], ...] = ()
 
 
 def _network(setup: Setup, samples: dict | None) -> _Net:
-    from runtime import profiler as prof
     if not samples:   # one GPU: no peer to measure; single-device plans never use the network
         return _Net(1e-5, 1e10, 1e-5, "not measured (one device, no peer): a placeholder that single-device "
                     "plans never use", None)
-    alpha, beta, rms, p2p = prof.fit_alpha_beta(samples, setup.nproc)
+    alpha, beta, rms, p2p = fit_alpha_beta(samples, setup.nproc)
     count = sum(len(v) for k, v in samples.items() if k != "p2p")
     return _Net(alpha, beta, p2p, f"alpha-beta ring fit over {count} collective samples on {setup.nproc} ranks "
-                f"(rms {100 * rms:.0f}%)", samples)
+                f"(rms {100 * rms:.0f}%)", samples, kind_factors(samples, setup.nproc))
 
 
 def _device_rows(setup: Setup, micro: dict, memory) -> list[pf_io.Row]:
@@ -103,6 +104,9 @@ def _network_rows(setup: Setup, net: _Net, device) -> list[list[pf_io.Row]]:
             ("p2p_latency_s", tier.p2p_latency_s if tier else net.p2p_s,
              f"probes: the measured {net.p2p_s:.3g} s x {factor:.3g}" if tier
              else "measured: send/recv of the smallest messages (median)")]
+    if net.kinds:
+        node.append(("kind_factors", {k: {"latency": lat, "bandwidth": bw} for k, lat, bw in net.kinds},
+                     "measured: each collective's own alpha-beta fit over the one above (costmodel.comm.kind_factors)"))
     stand_in = "no second machine measured: the node figure stands in"
     cluster = [("scope", "cluster", None), ("name", "unmeasured", None),
                ("bandwidth_bytes_per_s", net.beta_bytes_per_s, stand_in), ("latency_s", net.alpha_s, stand_in)]

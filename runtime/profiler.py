@@ -432,29 +432,6 @@ def collective_worker(sizes: tuple[int, ...], device: torch.device, phase_s: flo
     return out if rank == 0 else None
 
 
-def fit_alpha_beta(samples: dict[str, list[tuple[float, float]]], world: int) -> tuple[float, float, float, float]:
-    """Least squares of t = steps * alpha + volume / beta over the collectives' samples, with the
-    ring model's steps and per-rank volume (costmodel.comm), relative error weighting. Returns
-    (alpha_s, beta_bytes_per_s, relative rms error, point-to-point latency_s): gloo's
-    send/recv has a much smaller fixed cost than its collectives, so it is kept apart (the
-    smallest messages' median time)."""
-    rows = []
-    for kind, points in samples.items():
-        if kind == "p2p":
-            continue
-        for num_bytes, t in points:
-            steps, volume = world - 1, (world - 1) / world * num_bytes
-            if kind == "all_reduce":
-                steps, volume = 2 * steps, 2 * volume
-            rows.append((steps / t, volume / t))   # divided by t: relative, not absolute, error
-    a = np.array(rows)
-    (alpha, inv_beta), *_ = np.linalg.lstsq(a, np.ones(len(rows)), rcond=None)
-    alpha, inv_beta = max(alpha, 1e-7), max(inv_beta, 1e-12)
-    rms = float(np.sqrt(np.mean((a @ np.array([alpha, inv_beta]) - 1.0) ** 2)))
-    p2p = float(np.median([t for _, t in samples["p2p"][:4]]))
-    return float(alpha), float(1.0 / inv_beta), rms, p2p
-
-
 def _device(device_type: str) -> torch.device:
     device = torch.device(device_type, dist.get_rank() if device_type == "cuda" else 0)
     if device_type == "cuda":

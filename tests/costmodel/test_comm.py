@@ -1,5 +1,7 @@
 """Collective times across nodes: NCCL's ring latency over every rank, and its tree for
 small all-reduces (costmodel.comm; NCCL src/graph/tuning.cc)."""
+from dataclasses import replace
+
 import pytest
 
 from costmodel.cluster import parse_cluster
@@ -57,3 +59,60 @@ def test_the_bandwidth_part_stays_hierarchical():
     expected = 7 / 8 * 1e9 / INTRA.effective_bandwidth_bytes_per_s + 7 / 8 * 1e9 / 8 / INTER.effective_bandwidth_bytes_per_s
     assert extra == pytest.approx(expected, rel=1e-9)
     assert collective_time_s(Collective.ALL_GATHER, 0.0, span, CLUSTER) == 0.0
+
+
+def _ring_samples(alphas: dict[str, float], betas: dict[str, float], world: int = 2) -> dict:
+    """Microbenchmark samples as collective_worker writes them, each kind from its own alpha-beta."""
+    out = {"p2p": [(8.0, 5e-5)] * 4}
+    for kind, a in alphas.items():
+        passes = 2 if kind == "all_reduce" else 1
+        out[kind] = [(b, passes * (world - 1) * (a + b / world / betas[kind])) for b in (1e3, 1e4, 1e5, 1e6, 4e6)]
+    return out
+
+
+def test_each_collective_kind_keeps_its_own_measured_speed():
+    """gloo's reduce-scatter runs at about twice its all-gather's latency and half its bandwidth:
+    one alpha-beta pair over all kinds priced both at a mean. kind_factors gives each kind its own
+    fit over the joint one, and a tier holding them prices each kind as measured."""
+    from costmodel.comm import fit_alpha_beta, kind_factors, ring_time_s
+    alphas = {"all_reduce": 2e-4, "all_gather": 2e-4, "reduce_scatter": 4e-4}
+    betas = {"all_reduce": 2e9, "all_gather": 2e9, "reduce_scatter": 1e9}
+    samples = _ring_samples(alphas, betas)
+    alpha, beta, _, _ = fit_alpha_beta(samples, 2)
+    factors = {k: (lat, bw) for k, lat, bw in kind_factors(samples, 2)}
+    assert set(factors) == set(alphas)
+    tier = replace(INTRA, latency_s=alpha, bandwidth_bytes_per_s=beta, efficiency=1.0,
+                   kind_factors=tuple((k, lat, bw) for k, (lat, bw) in factors.items()))
+    for kind, a in alphas.items():
+        assert tier.latency_for(kind) == pytest.approx(a, rel=1e-3)
+        assert tier.bandwidth_for(kind) == pytest.approx(betas[kind], rel=1e-3)
+        measured = dict(samples[kind])[1e6]
+        assert ring_time_s(Collective(kind), 1e6, 2, tier) == pytest.approx(measured, rel=1e-3)
+    # a tier without factors (every datasheet profile) prices every kind at its own figures
+    assert INTRA.latency_for("reduce_scatter") == INTRA.latency_s
+    assert INTRA.bandwidth_for("all_gather") == INTRA.effective_bandwidth_bytes_per_s
+
+
+def test_a_profiles_kind_factors_are_read_and_checked(tmp_path):
+    """kind_factors in a [[network]] table: read onto the tier; an unknown kind or a factor that
+    is not positive is refused in one line naming the file and the field."""
+    from pathlib import Path
+
+    from costmodel.cluster import load_profile
+    from costmodel.inputs import InputError
+    text = (Path(__file__).parents[2] / "profiles" / "A100-SXM4-80GB.toml").read_text()
+    node = text.index("[[network]]")
+    cut = text.index("\nlatency_s", node)
+
+    def with_line(line: str) -> Path:
+        path = tmp_path / "k.toml"
+        path.write_text(text[:cut] + "\n" + line + text[cut:])
+        return path
+    dev = load_profile(with_line("kind_factors = {reduce_scatter = {latency = 2.0, bandwidth = 0.5}}"))
+    assert dev.intra_node.kind_factors == (("reduce_scatter", 2.0, 0.5),)
+    for line, why in (("kind_factors = {all_to_all = {latency = 1.0, bandwidth = 1.0}}", "all_to_all"),
+                      ("kind_factors = {all_gather = {latency = 1.0, bandwidth = 0.0}}", "kind_factors.all_gather.bandwidth"),
+                      ("kind_factors = {all_gather = {latency = 1.0}}", "bandwidth")):
+        with pytest.raises(InputError, match=why) as exc:
+            load_profile(with_line(line))
+        assert "k.toml" in str(exc.value) and "\n" not in str(exc.value)
