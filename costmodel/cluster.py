@@ -384,11 +384,27 @@ def _middle_tiers(path: Path, tiers: list[dict[str, Any]], efficiency: float) ->
 
 def _tier(raw: dict[str, Any], efficiency: float) -> NetworkTier:
     p2p = raw.get("p2p_latency_s")
-    kinds = raw.get("kind_factors", {})
     return NetworkTier(name=raw["name"], bandwidth_bytes_per_s=float(raw["bandwidth_bytes_per_s"]),
                        latency_s=float(raw["latency_s"]), efficiency=efficiency,
                        p2p_latency_s=None if p2p is None else float(p2p),
-                       kind_factors=tuple((k, float(v["latency"]), float(v["bandwidth"])) for k, v in kinds.items()))
+                       kind_factors=_kind_factors(raw))
+
+
+def _kind_factors(raw: dict[str, Any]) -> tuple[tuple[str, float, float], ...]:
+    """A [[network]] table's kind_factors: a table of {latency, bandwidth} tables, one per kind
+    (the kinds and the factors' signs are checked with the profile: profile_problems)."""
+    kinds = raw.get("kind_factors", {})
+    where = f"[[network]] {raw.get('name', '?')} kind_factors"
+    if not isinstance(kinds, dict):
+        raise ValueError(f"{where} is not a table of kinds")
+    out = []
+    for kind, pair in kinds.items():
+        if not isinstance(pair, dict) or set(pair) != {"latency", "bandwidth"}:
+            raise ValueError(f"{where}.{kind} needs exactly latency and bandwidth, got {pair!r}")
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in pair.values()):
+            raise ValueError(f"{where}.{kind}: latency and bandwidth are numbers, got {pair!r}")
+        out.append((kind, float(pair["latency"]), float(pair["bandwidth"])))
+    return tuple(out)
 
 
 def _v1_memory_mix(path: Path, points: list) -> list[list[float]]:

@@ -75,7 +75,7 @@ def _ring_transfer_s(kind: Collective, num_bytes: float, n: int, tier: NetworkTi
 def _ring_rows(kind: str, points: list[tuple[float, float]], world: int) -> list[tuple[float, float]]:
     """A kind's (bytes, seconds) samples as rows of t = steps * alpha + volume / beta, each row
     divided by its t (relative error), with the ring model's steps and per-rank volume."""
-    passes = 2 if kind == Collective.ALL_REDUCE else 1
+    passes = _passes(Collective(kind))
     return [(passes * (world - 1) / t, passes * (world - 1) / world * b / t) for b, t in points]
 
 
@@ -137,7 +137,8 @@ def cross_node_ring_latency_s(kind: Collective, n: int, k: int, intra: NetworkTi
 def tree_latency_s(m: int, k: int, intra: NetworkTier, inter: NetworkTier) -> float:
     """NCCL's tree all-reduce over m ranks on each of k nodes: up and down, each (m-1) NVLink
     steps and floor(log2 k) network ones (NCCL's log2i)."""
-    return 2 * ((m - 1) * intra.latency_s + (k.bit_length() - 1) * inter.latency_s)
+    ar = Collective.ALL_REDUCE
+    return 2 * ((m - 1) * intra.latency_for(ar) + (k.bit_length() - 1) * inter.latency_for(ar))
 
 
 def collective_time_s(kind: Collective, num_bytes: float, span: AxisSpan,

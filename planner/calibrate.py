@@ -250,7 +250,8 @@ def fit_by_dtype(runs: list[Run], base: DeviceProfile, rounds: int = 2, max_iter
     `fit_recompute`: the cost of recomputation too, one for all dtypes, on the runs that recompute.
     `fit_pp_stage`: a CPU's pipeline-stage factor among the communication factors (Efficiency.pp_stage).
     `links_from_tp`: the links' factors (LINK_PARAMS) from the runs with tensor parallelism alone,
-    then the other communication factors on every multi-rank run with the links held.
+    then the other communication factors on every multi-rank run with the links held (all of
+    them jointly where fewer than two different TP steps ran).
     Returns the device and the overall factors against `base` (per dtype as NAME@DTYPE)."""
     if not runs:
         raise ValueError("no runs to calibrate on")
@@ -276,7 +277,9 @@ def fit_by_dtype(runs: list[Run], base: DeviceProfile, rounds: int = 2, max_iter
             staged = fit_pp_stage and any(r.pf.plan.pp > 1 for r in multi)
             names = tuple(n for n in comm_params(base) if staged or n != "pp_stage")
             tp_runs = [r for r in multi if r.pf.plan.tp > 1] if links_from_tp else []
-            if tp_runs:
+            # two parameters need two different TP steps (a short budget may run fewer): else jointly
+            if len({(r.pf.model.name, str(r.pf.train.compute_dtype), r.pf.plan.micro_batch_size)
+                    for r in tp_runs}) >= len(LINK_PARAMS):
                 device, _ = fit(tp_runs, device, LINK_PARAMS, max_iter, prior_weight=prior_weight)
                 names = tuple(n for n in names if n not in LINK_PARAMS)
             if names:

@@ -17,7 +17,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
 
-from costmodel.cluster import ClusterSpec, DeviceProfile
+from costmodel.cluster import RING_COLLECTIVES, ClusterSpec, DeviceProfile
+from costmodel.comm import kind_factors
 from costmodel.compute import LAYER_KINDS, flash_tile_efficiency, layer_parts_s
 from costmodel.plan import PlanFile
 from costmodel.registry import llama_spec
@@ -47,7 +48,7 @@ class Probe(NamedTuple):
 
 # One rank at three widths and two micro-batch sizes (the fit tells a per-kernel cost from a rate
 # by them) and with recomputation; then DP, TP + SP and a 1F1B pipeline on two ranks: each
-# parallelism the runtime executes, once.
+# parallelism the runtime executes (TP at two widths, DP at two widths and two micro-batch sizes).
 PROBES = [
     Probe(WIDE, 1, Choice(micro_batch_size=4)),
     Probe(WIDE, 1, Choice(micro_batch_size=1)),
@@ -110,11 +111,27 @@ def unfitted(device: DeviceProfile, measured: dict) -> DeviceProfile:
     def bare(e):
         return replace(e, gemm=1.0, memory=1.0, kernel_overhead_s=0.0, step_overhead_s=0.0, attention=ratio)
     tier = replace(device.intra_node, efficiency=1.0, latency_s=measured["collective_alpha_s"],
-                   p2p_latency_s=measured["collective_p2p_latency_s"])
+                   p2p_latency_s=measured["collective_p2p_latency_s"],
+                   kind_factors=device.intra_node.kind_factors or _stored_kind_factors(measured))
     return replace(device, efficiency=replace(bare(device.efficiency), overlap=start_overlap(device.kind), dp_comm=1.0,
                                               pp_stage=1.0),
                    intra_node=tier,
                    dtype_efficiency=tuple((d, bare(e)) for d, e in device.dtype_efficiency))
+
+# the ranks a CPU profile's collectives were measured on (planner profile's --nproc default); the
+# kinds' factors against the joint fit hardly depend on it
+STORED_COLLECTIVE_RANKS = 2
+
+
+def _stored_kind_factors(measured: dict) -> tuple[tuple[str, float, float], ...]:
+    """The kinds' factors (costmodel.comm.kind_factors) from a profile's stored microbenchmark
+    samples, for a profile written before the profile kept them (PROBE_FIT_VERSION 12): a refit
+    prices its collectives as a new profile would. None stored (one GPU): none."""
+    samples = {k: measured[f"collective_{k}"] for k in (*RING_COLLECTIVES, "p2p") if f"collective_{k}" in measured}
+    if set(samples) != {*RING_COLLECTIVES, "p2p"}:
+        return ()
+    return kind_factors(samples, STORED_COLLECTIVE_RANKS)
+
 
 @dataclass(frozen=True)
 class ProbeResult:
@@ -260,7 +277,7 @@ def fit_probes(probes: list[ProbeResult], base: DeviceProfile, layer_ops: dict |
                where: str = "[measured] layer_ops") -> tuple[DeviceProfile, dict[str, float], dict, dict]:
     """planner.calibrate.fit_by_dtype on the probes: per dtype its compute factors on the one-rank
     probes (no prior: the probes are the measurement), then the communication
-    factors on the others. `layer_ops` (a CPU's: runtime.layer_ops): the GEMM and memory factors
+    factors on the others (on a CPU the links' from the TP probes alone: links_from_tp). `layer_ops` (a CPU's: runtime.layer_ops): the GEMM and memory factors
     measured, set before the fit (layer_factors). The device's own efficiency becomes fp32's
     (dtypes without a table of their own, e.g. fp16, are priced with it). Returns the fitted
     profile, its factors, and the probes' MAPE before and after."""

@@ -104,12 +104,14 @@ def _network_rows(setup: Setup, net: _Net, device) -> list[list[pf_io.Row]]:
             ("p2p_latency_s", tier.p2p_latency_s if tier else net.p2p_s,
              f"probes: the measured {net.p2p_s:.3g} s x {factor:.3g}" if tier
              else "measured: send/recv of the smallest messages (median)")]
-    if net.kinds:
-        node.append(("kind_factors", {k: {"latency": lat, "bandwidth": bw} for k, lat, bw in net.kinds},
-                     "measured: each collective's own alpha-beta fit over the one above (costmodel.comm.kind_factors)"))
     stand_in = "no second machine measured: the node figure stands in"
     cluster = [("scope", "cluster", None), ("name", "unmeasured", None),
                ("bandwidth_bytes_per_s", net.beta_bytes_per_s, stand_in), ("latency_s", net.alpha_s, stand_in)]
+    if net.kinds:
+        factors = {k: {"latency": lat, "bandwidth": bw} for k, lat, bw in net.kinds}
+        node.append(("kind_factors", factors,
+                     "measured: each collective's own alpha-beta fit over the one above (costmodel.comm.kind_factors)"))
+        cluster.append(("kind_factors", factors, stand_in))
     return [node, cluster]
 
 

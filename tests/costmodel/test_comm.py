@@ -112,7 +112,35 @@ def test_a_profiles_kind_factors_are_read_and_checked(tmp_path):
     assert dev.intra_node.kind_factors == (("reduce_scatter", 2.0, 0.5),)
     for line, why in (("kind_factors = {all_to_all = {latency = 1.0, bandwidth = 1.0}}", "all_to_all"),
                       ("kind_factors = {all_gather = {latency = 1.0, bandwidth = 0.0}}", "kind_factors.all_gather.bandwidth"),
-                      ("kind_factors = {all_gather = {latency = 1.0}}", "bandwidth")):
+                      ("kind_factors = {all_gather = {latency = 1.0}}", "kind_factors.all_gather needs exactly"),
+                      ("kind_factors = {all_gather = {latency = 1.0, latancy = 2.0, bandwidth = 1.0}}",
+                       "kind_factors.all_gather needs exactly"),
+                      ("kind_factors = {reduce_scatter = 2.0}", "kind_factors.reduce_scatter needs exactly"),
+                      ('kind_factors = {all_gather = {latency = "x", bandwidth = 1.0}}', "are numbers"),
+                      ("kind_factors = 1", "not a table of kinds")):
         with pytest.raises(InputError, match=why) as exc:
             load_profile(with_line(line))
         assert "k.toml" in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_a_profile_from_before_the_kinds_is_refitted_with_them():
+    """A profile written before kind_factors (PROBE_FIT_VERSION 12) holds the microbenchmark
+    samples: the probes' refit (planner.probes.unfitted) derives the kinds' factors from them, so
+    it prices collectives as a new profile would; a tier that has them keeps its own."""
+    import tomllib
+    from pathlib import Path
+
+    from costmodel.cluster import load_profile
+    from costmodel.comm import kind_factors
+    from planner.probes import STORED_COLLECTIVE_RANKS, unfitted
+    path = Path(__file__).parents[2] / "benchmarks" / "results" / "cpu-epyc-2026-11-28-DA.toml"
+    measured = tomllib.loads(path.read_text())["measured"]
+    dev = load_profile(path)
+    assert dev.intra_node.kind_factors == ()
+    samples = {k: measured[f"collective_{k}"] for k in ("all_reduce", "all_gather", "reduce_scatter", "p2p")}
+    derived = unfitted(dev, measured).intra_node.kind_factors
+    assert derived == kind_factors(samples, STORED_COLLECTIVE_RANKS)
+    rs = dict((k, (lat, bw)) for k, lat, bw in derived)["reduce_scatter"]
+    assert rs[0] > 1 and rs[1] < 1   # gloo's reduce-scatter: slower than the joint fit both ways
+    own = (("all_gather", 2.0, 0.5),)
+    assert unfitted(replace(dev, intra_node=replace(dev.intra_node, kind_factors=own)), measured).intra_node.kind_factors == own
