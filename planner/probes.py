@@ -276,9 +276,9 @@ def with_layer_factors(base: DeviceProfile, factors: dict[str, dict[str, float]]
 def fit_probes(probes: list[ProbeResult], base: DeviceProfile, layer_ops: dict | None = None,
                where: str = "[measured] layer_ops") -> tuple[DeviceProfile, dict[str, float], dict, dict]:
     """planner.calibrate.fit_by_dtype on the probes: per dtype its compute factors on the one-rank
-    probes (no prior: the probes are the measurement), then the communication
-    factors on the others (on a CPU the links' from the TP probes alone: links_from_tp). `layer_ops` (a CPU's: runtime.layer_ops): the GEMM and memory factors
-    measured, set before the fit (layer_factors). The device's own efficiency becomes fp32's
+    probes (no prior: the probes are the measurement), then the communication factors on the
+    others (on a CPU the links' from the TP probes alone: links_from_tp). `layer_ops` (a CPU's:
+    runtime.layer_ops): the GEMM and memory factors measured, set before the fit (layer_factors). The device's own efficiency becomes fp32's
     (dtypes without a table of their own, e.g. fp16, are priced with it). Returns the fitted
     profile, its factors, and the probes' MAPE before and after."""
     if base.kind == "cpu":
