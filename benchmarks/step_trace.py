@@ -6,10 +6,8 @@ FSDP::all_gather, their self time the rank's wait on gloo and its bucket copies)
     python benchmarks/step_trace.py PLAN.json [--steps 2] [--rows 30] [--shapes]
 
 --shapes: one row per op and input shape (torch.profiler's record_shapes), so each collective's
-wait shows per buffer: the hidden model's tp2 fp32 plan of closed loop DF (2026-11-28, --steps 3)
-waited 6.5 ms per 1.5 MB reduce-scatter ([4, 128, 384]), 2.2 ms per all-gather ([8, 128, 384])
-and 38.5 ms per logits all-gather ([8, 256, 3000]) on rank 0, the profiler slowing the step some
-1.45x (costmodel.comm.kind_factors).
+wait shows per buffer (what the README's "TP's collectives: each kind at its own speed" quotes;
+costmodel.comm.kind_factors).
 
 PLAN.json: a plan written by `planner search` / `planner predict` (its cluster's ranks are forked
 here, one thread each, as the profile's ranks run). The profiler's own cost slows the step a

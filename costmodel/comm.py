@@ -106,16 +106,17 @@ def fit_alpha_beta(samples: dict[str, list[tuple[float, float]]], world: int) ->
 KIND_FACTOR_BOUNDS = (0.05, 20.0)
 
 
-def kind_factors(samples: dict[str, list[tuple[float, float]]], world: int) -> tuple[tuple[str, float, float], ...]:
+def kind_factors(samples: dict[str, list[tuple[float, float]]]) -> tuple[tuple[str, float, float], ...]:
     """Each ring collective's own alpha-beta fit over the joint one (fit_alpha_beta): (kind,
     latency factor, bandwidth factor), for NetworkTier.kind_factors. One alpha-beta pair cannot
-    serve every kind where the backend runs them differently: gloo's reduce-scatter fitted alone
-    took 1.5-2.2x the joint latency at 0.33-0.82 of its bandwidth, the all-gather 1.0-1.3x and
-    0.60-1.01 (closed loops EA-EC's profiles, 2026-11-28), and three times its time inside a TP step (`python
-    benchmarks/step_trace.py PLAN --shapes`, the hidden model's tp2 plan: 6.5 against 2.2 ms at
-    1.5 MB). A kind with
-    fewer than three samples keeps the joint fit."""
-    alpha, beta, _, _ = fit_alpha_beta(samples, world)
+    serve every kind where the backend runs them differently: gloo's reduce-scatter is the slow one,
+    in the microbenchmarks and inside a TP step (`python benchmarks/step_trace.py PLAN --shapes`;
+    figures in the README, "TP's collectives: each kind at its own speed"). A kind with
+    fewer than three samples keeps the joint fit. The ring's steps and per-rank share scale every
+    row of both fits alike, so the factors do not depend on the ranks that measured them (two
+    stand in)."""
+    world = 2
+    alpha, beta, _ = _least_squares([r for kind in RING_KINDS for r in _ring_rows(kind, samples.get(kind, []), world)])
     lo, hi = KIND_FACTOR_BOUNDS
     out = []
     for kind in RING_KINDS:

@@ -262,6 +262,7 @@ def fit_by_dtype(runs: list[Run], base: DeviceProfile, rounds: int = 2, max_iter
     dtypes = sorted({str(r.pf.train.compute_dtype) for r in runs}, key=lambda d: (d != "fp32", d))
     multi = [r for r in runs if r.pf.plan.world_size > 1]
     recomputing = [r for r in runs if r.pf.plan.recompute is not Recompute.NONE]
+    comm_fits = _comm_fits(multi, base, fit_pp_stage, links_from_tp)
     for _ in range(rounds):
         for d in dtypes:
             mine = [r for r in runs if str(r.pf.train.compute_dtype) == d
@@ -272,21 +273,30 @@ def fit_by_dtype(runs: list[Run], base: DeviceProfile, rounds: int = 2, max_iter
             device, _ = fit(mine, device, names, max_iter, dtype=d, prior_weight=prior_weight, bounds=bounds)
         if fit_recompute and recomputing:
             device, _ = fit(recomputing, device, (RECOMPUTE_PARAM,), max_iter, prior_weight=prior_weight)
-        if multi:
-            # the stages' factor on runs with a pipeline only (the others say nothing of it)
-            staged = fit_pp_stage and any(r.pf.plan.pp > 1 for r in multi)
-            names = tuple(n for n in comm_params(base) if staged or n != "pp_stage")
-            tp_runs = [r for r in multi if r.pf.plan.tp > 1] if links_from_tp else []
-            # two parameters need two different TP steps (a short budget may run fewer): else jointly
-            if len({(r.pf.model.name, str(r.pf.train.compute_dtype), r.pf.plan.micro_batch_size)
-                    for r in tp_runs}) >= len(LINK_PARAMS):
-                device, _ = fit(tp_runs, device, LINK_PARAMS, max_iter, prior_weight=prior_weight)
-                names = tuple(n for n in names if n not in LINK_PARAMS)
-            if names:
-                device, _ = fit(multi, device, names, max_iter, prior_weight=prior_weight)
+        for some, names in comm_fits:
+            device, _ = fit(some, device, names, max_iter, prior_weight=prior_weight)
     if (fragmentation := measured_fragmentation(runs)) is not None:
         device = replace(device, efficiency=replace(device.efficiency, allocator_fragmentation=fragmentation))
     return device, _factors(base, device, dtypes)
+
+
+def _comm_fits(multi: list[Run], base: DeviceProfile, fit_pp_stage: bool,
+               links_from_tp: bool) -> list[tuple[list[Run], tuple[str, ...]]]:
+    """The communication fits of a round, in order, as (runs, factors): every factor on the
+    multi-rank runs, or with `links_from_tp` the links' on the TP runs first, then the rest on
+    all. The stages' factor only where some runs have a pipeline (the others say nothing of it);
+    the links from TP only where two different TP steps ran (two parameters; a short budget may
+    run fewer): else jointly."""
+    if not multi:
+        return []
+    staged = fit_pp_stage and any(r.pf.plan.pp > 1 for r in multi)
+    names = tuple(n for n in comm_params(base) if staged or n != "pp_stage")
+    tp_runs = [r for r in multi if r.pf.plan.tp > 1] if links_from_tp else []
+    steps = {(r.pf.model.name, str(r.pf.train.compute_dtype), r.pf.plan.micro_batch_size) for r in tp_runs}
+    if len(steps) < len(LINK_PARAMS):
+        return [(multi, names)]
+    rest = tuple(n for n in names if n not in LINK_PARAMS)
+    return [(tp_runs, LINK_PARAMS)] + ([(multi, rest)] if rest else [])
 
 
 def _factors(base: DeviceProfile, device: DeviceProfile, dtypes: list[str]) -> dict[str, float]:

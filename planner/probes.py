@@ -118,19 +118,12 @@ def unfitted(device: DeviceProfile, measured: dict) -> DeviceProfile:
                    intra_node=tier,
                    dtype_efficiency=tuple((d, bare(e)) for d, e in device.dtype_efficiency))
 
-# the ranks a CPU profile's collectives were measured on (planner profile's --nproc default); the
-# kinds' factors against the joint fit hardly depend on it
-STORED_COLLECTIVE_RANKS = 2
-
-
 def _stored_kind_factors(measured: dict) -> tuple[tuple[str, float, float], ...]:
     """The kinds' factors (costmodel.comm.kind_factors) from a profile's stored microbenchmark
     samples, for a profile written before the profile kept them (PROBE_FIT_VERSION 12): a refit
     prices its collectives as a new profile would. None stored (one GPU): none."""
-    samples = {k: measured[f"collective_{k}"] for k in (*RING_COLLECTIVES, "p2p") if f"collective_{k}" in measured}
-    if set(samples) != {*RING_COLLECTIVES, "p2p"}:
-        return ()
-    return kind_factors(samples, STORED_COLLECTIVE_RANKS)
+    samples = {k: measured[f"collective_{k}"] for k in RING_COLLECTIVES if f"collective_{k}" in measured}
+    return kind_factors(samples) if set(samples) == set(RING_COLLECTIVES) else ()
 
 
 @dataclass(frozen=True)

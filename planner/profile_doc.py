@@ -78,7 +78,7 @@ def _network(setup: Setup, samples: dict | None) -> _Net:
     alpha, beta, rms, p2p = fit_alpha_beta(samples, setup.nproc)
     count = sum(len(v) for k, v in samples.items() if k != "p2p")
     return _Net(alpha, beta, p2p, f"alpha-beta ring fit over {count} collective samples on {setup.nproc} ranks "
-                f"(rms {100 * rms:.0f}%)", samples, kind_factors(samples, setup.nproc))
+                f"(rms {100 * rms:.0f}%)", samples, kind_factors(samples))
 
 
 def _device_rows(setup: Setup, micro: dict, memory) -> list[pf_io.Row]:

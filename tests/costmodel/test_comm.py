@@ -79,7 +79,7 @@ def test_each_collective_kind_keeps_its_own_measured_speed():
     betas = {"all_reduce": 2e9, "all_gather": 2e9, "reduce_scatter": 1e9}
     samples = _ring_samples(alphas, betas)
     alpha, beta, _, _ = fit_alpha_beta(samples, 2)
-    factors = {k: (lat, bw) for k, lat, bw in kind_factors(samples, 2)}
+    factors = {k: (lat, bw) for k, lat, bw in kind_factors(samples)}
     assert set(factors) == set(alphas)
     tier = replace(INTRA, latency_s=alpha, bandwidth_bytes_per_s=beta, efficiency=1.0,
                    kind_factors=tuple((k, lat, bw) for k, (lat, bw) in factors.items()))
@@ -132,14 +132,14 @@ def test_a_profile_from_before_the_kinds_is_refitted_with_them():
 
     from costmodel.cluster import load_profile
     from costmodel.comm import kind_factors
-    from planner.probes import STORED_COLLECTIVE_RANKS, unfitted
+    from planner.probes import unfitted
     path = Path(__file__).parents[2] / "benchmarks" / "results" / "cpu-epyc-2026-11-28-DA.toml"
     measured = tomllib.loads(path.read_text())["measured"]
     dev = load_profile(path)
     assert dev.intra_node.kind_factors == ()
     samples = {k: measured[f"collective_{k}"] for k in ("all_reduce", "all_gather", "reduce_scatter", "p2p")}
     derived = unfitted(dev, measured).intra_node.kind_factors
-    assert derived == kind_factors(samples, STORED_COLLECTIVE_RANKS)
+    assert derived == kind_factors(samples)
     rs = dict((k, (lat, bw)) for k, lat, bw in derived)["reduce_scatter"]
     assert rs[0] > 1 and rs[1] < 1   # gloo's reduce-scatter: slower than the joint fit both ways
     own = (("all_gather", 2.0, 0.5),)

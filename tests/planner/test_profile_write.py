@@ -58,3 +58,20 @@ def test_the_links_come_from_the_tp_probes_not_the_pipelines_unpriced_work():
                                  fit_pp_stage=False, links_from_tp=links_from_tp)
         return max(abs(_step_s(r.pf, device) / _step_s(r.pf, truth) - 1) for r in runs if r.pf.plan.tp > 1)
     assert tp_error(True) < 0.02 < tp_error(False)
+
+
+def test_one_tp_step_cannot_set_the_links_alone():
+    """Two link factors need two different TP steps: with one (a short budget), every factor is
+    fitted on every multi-rank run as before links_from_tp."""
+    from planner.calibrate import _comm_fits
+    base = load_profile(XEON)
+    plans = probes.probe_plans(base, {"fp32": True, "bf16": True}, 2)
+    runs = [Run(path=Path("p"), pf=pf, measured_step_s=1.0) for pf in plans]
+    two = _comm_fits(runs, base, fit_pp_stage=False, links_from_tp=True)
+    assert [names for _, names in two] == [("intra_node_comm", "comm_latency"), ("dp_comm",)]
+    assert all(r.pf.plan.tp > 1 for r in two[0][0])
+    one_tp = [r for r in runs if r.pf.plan.tp == 1 or (str(r.pf.train.compute_dtype) == "fp32"
+                                                       and r.pf.model.name == "probe-wide")]
+    assert sum(r.pf.plan.tp > 1 for r in one_tp) == 1
+    assert _comm_fits(one_tp, base, fit_pp_stage=False, links_from_tp=True) == [
+        (one_tp, ("intra_node_comm", "comm_latency", "dp_comm"))]
