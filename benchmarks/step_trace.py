@@ -3,11 +3,16 @@
 table sorted by self time (FSDP's collectives show as FSDP::post_backward_reduce and
 FSDP::all_gather, their self time the rank's wait on gloo and its bucket copies).
 
-    python benchmarks/step_trace.py PLAN.json [--steps 2] [--rows 30] [--shapes]
+    python benchmarks/step_trace.py PLAN.json [--steps 2] [--rows 30] [--shapes] [--rank R]
 
 --shapes: one row per op and input shape (torch.profiler's record_shapes), so each collective's
 wait shows per buffer (what the README's "TP's collectives: each kind at its own speed" quotes;
 costmodel.comm.kind_factors).
+
+After the table, the traced rank's self time per part of the step (the optimizer's step, FSDP's
+hooks, collectives' waits, GEMMs, SDPA, the rest), its GEMMs beside their price at the profile's
+curve, and the plan's predicted ledger: where a prediction falls short, which part is unpriced.
+Only the timed steps are traced (the build and WARM_STEPS warm-up steps run first, untraced).
 
 PLAN.json: a plan written by `planner search` / `planner predict` (its cluster's ranks are forked
 here, one thread each, as the profile's ranks run). The profiler's own cost slows the step a
@@ -22,22 +27,101 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity, profile, schedule
 
+from costmodel.compute import gemm_s
+from costmodel.estimate import estimate
 from costmodel.plan import PlanFile
 from runtime.fork import run_forked
 from runtime.train import RunConfig, run_rank
 
 
-def traced_rank(pf: PlanFile, steps: int, rows: int, shapes: bool = False) -> None:
+WARM_STEPS = 2   # untraced steps first: allocations, first calls, the optimizer's lazy states
+
+
+def traced_rank(pf: PlanFile, steps: int, rows: int, shapes: bool = False, rank: int = 0) -> None:
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")   # FSDP's and pipelining's notices
-    run_rank(pf, RunConfig(steps=1, warmup=2, quiet=True))   # warm: allocations, first-call costs
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=shapes) as prof:
-        raw = run_rank(pf, RunConfig(steps=steps, warmup=0, quiet=True))
-    if dist.get_rank() == 0:
+    # the model's build and the warm-up steps run untraced (a trace around the whole run had put
+    # the first optimizer step's state allocation and the initialisation's draws in the table)
+    when = schedule(wait=WARM_STEPS - 1, warmup=1, active=steps, repeat=1)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, schedule=when) as prof:
+        raw = run_rank(pf, RunConfig(steps=steps, warmup=WARM_STEPS, quiet=True, after_step=lambda _: prof.step()))
+    if dist.get_rank() == rank:
+        print(f"rank {rank}, {steps} traced step(s):")
         print(prof.key_averages(group_by_input_shape=shapes).table(sort_by="self_cpu_time_total", row_limit=rows))
-        print("traced steps: " + ", ".join(f"{t * 1e3:.0f} ms" for t in raw["step_times_s"]))
+        print(parts_table(prof.events(), pf, steps))
+    dist.barrier()   # rank 0 holds the step times (runtime.train): printed after the tables
+    if dist.get_rank() == 0:
+        print("traced steps: " + ", ".join(f"{t * 1e3:.0f} ms" for t in raw["step_times_s"])
+              + f"; predicted {estimate(pf.model, pf.train, pf.cluster, pf.plan).step_time_s * 1e3:.0f} ms")
+
+
+GEMM_OPS = {"aten::mm": 0, "aten::addmm": 1}   # the op and where its [M, K], [K, N] inputs start
+SDPA_PREFIX = "aten::_scaled_dot_product"
+LOSS_PREFIXES = ("aten::_log_softmax", "aten::nll_loss")
+
+
+def part_of(event) -> str:
+    """The part of the step an op's self time belongs to: what it runs under (the optimizer's
+    step, an FSDP hook, a collective or send / receive), else its kind of kernel."""
+    chain, up = [event.name], event.cpu_parent
+    while up is not None:
+        chain.append(up.name)
+        up = up.cpu_parent
+    if any(n.startswith("Optimizer.step") for n in chain):
+        return "optimizer step"
+    if any(n.startswith("FSDP::") for n in chain):
+        return "FSDP hooks (casts, copies, collectives)"
+    if any(n.startswith("c10d::") for n in chain):
+        return "collectives and send/recv (waits)"
+    if event.name in GEMM_OPS:
+        return "GEMMs"
+    if event.name.startswith(SDPA_PREFIX):
+        return "SDPA"
+    if event.name.startswith(LOSS_PREFIXES):
+        return "loss (log-softmax, NLL)"
+    if event.name.startswith("aten::"):
+        return "other aten ops (memory-bound kernels)"
+    if event.name.startswith("ProfilerStep"):
+        # the step's time outside every recorded op: Python, and waits the profiler does not
+        # record (a pipeline's wait on its send / receive happens here)
+        return "outside ops (Python, unrecorded waits)"
+    return "autograd nodes, hooks (own time)"
+
+
+def gemm_priced_s(event, pf: PlanFile) -> float | None:
+    """A traced GEMM at the profile's curve and factor (costmodel.compute.gemm_s), None where its
+    shapes are not a plain [M, K] x [K, N]."""
+    first = GEMM_OPS.get(event.name)
+    dims = event.input_shapes[first:first + 2] if first is not None and event.input_shapes else []
+    if len(dims) != 2 or len(dims[0]) != 2 or len(dims[1]) != 2 or dims[0][1] != dims[1][0]:
+        return None
+    (m, k), (_, n) = dims
+    return gemm_s(m, k, n, pf.cluster.device, pf.train)
+
+
+def parts_table(events, pf: PlanFile, steps: int) -> str:
+    """Self time per part (part_of) per traced step, the GEMMs beside their price; then the
+    cost model's ledger of the plan's critical rank (costmodel.estimate) to set against it."""
+    measured, gemm_priced, gemm_traced = {}, 0.0, 0.0
+    for ev in events:
+        part = part_of(ev)
+        measured[part] = measured.get(part, 0.0) + ev.self_cpu_time_total * 1e-6
+        if part == "GEMMs" and (priced := gemm_priced_s(ev, pf)) is not None:
+            gemm_priced += priced
+            gemm_traced += ev.self_cpu_time_total * 1e-6
+    lines = ["part of the traced rank's step                 ms per step", "-" * 58]
+    for part, sec in sorted(measured.items(), key=lambda kv: -kv[1]):
+        lines.append(f"{part:45s} {sec / steps * 1e3:10.1f}")
+    lines.append(f"{'all ops (self time)':45s} {sum(measured.values()) / steps * 1e3:10.1f}")
+    if gemm_traced:
+        lines.append(f"GEMMs of plain shapes: {gemm_traced / steps * 1e3:.1f} ms traced, "
+                     f"{gemm_priced / steps * 1e3:.1f} priced ({100 * (gemm_traced / gemm_priced - 1):+.1f} %)")
+    ledger = estimate(pf.model, pf.train, pf.cluster, pf.plan).time_breakdown_s
+    lines.append("predicted ledger (critical rank): " + ", ".join(
+        f"{k} {v * 1e3:.1f}" for k, v in ledger.items() if v > 0) + " ms")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -46,6 +130,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2, help="traced steps (default 2)")
     parser.add_argument("--rows", type=int, default=30, help="rows of the table (default 30)")
     parser.add_argument("--shapes", action="store_true", help="a row per op and input shape (each collective's buffer)")
+    parser.add_argument("--rank", type=int, default=0, help="whose table to print (default 0; a pipeline's last stage is the last rank)")
     args = parser.parse_args()
     if args.steps < 1 or args.rows < 1:
         parser.error("--steps and --rows must be at least 1")
@@ -55,7 +140,9 @@ def main() -> None:
         sys.exit(f"step_trace: {err}")
     if pf.cluster.device.kind != "cpu":
         sys.exit(f"step_trace: {args.plan} is a plan for {pf.cluster.device.name}; this traces CPU ranks")
-    run_forked(pf.plan.world_size, traced_rank, pf, args.steps, args.rows, args.shapes)
+    if not 0 <= args.rank < pf.plan.world_size:
+        sys.exit(f"step_trace: --rank {args.rank}: {args.plan} runs ranks 0 to {pf.plan.world_size - 1}")
+    run_forked(pf.plan.world_size, traced_rank, pf, args.steps, args.rows, args.shapes, args.rank)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -39,6 +40,9 @@ class RunConfig(StepsConfig):
     quiet: bool = False
     fault: tuple[int, int, str] | None = None   # (rank, step, "raise" | "exit"): failure tests
     partial: Path | None = None     # rank 0 rewrites its figures here after every timed step
+    # called with the step's index after each step, warm-up ones too (benchmarks/step_trace.py
+    # steps its profiler's schedule with it, so that a trace holds the timed steps alone)
+    after_step: Callable[[int], None] | None = None
 
 
 def init_distributed(timeout_s: float = 120.0) -> None:
@@ -152,6 +156,8 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
         if saver and (step + 1 == total or (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0)):
             with watchdog.paused():
                 saver.save(step + 1, job.modules, optimizer)
+        if cfg.after_step is not None:
+            cfg.after_step(step)
         if cfg.partial is not None and step >= cfg.warmup and step < cfg.warmup + cfg.steps - 1:
             raw = _figures(job, device, memory, losses, times, busy, sync, optim, mine, saver)
             if raw is not None:   # untimed, after the step: what an interrupted run keeps

@@ -1,0 +1,79 @@
+"""benchmarks/step_trace.py's parts of a step: each op's self time goes to what it runs under or
+its kind, the GEMMs beside their price; the trace holds the timed steps alone (RunConfig.after_step)."""
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from costmodel.compute import gemm_s
+from costmodel.plan import PlanFile
+from planner.cli import main
+from tests.benchmarks.benchmark_loader import load_benchmark
+
+trace = load_benchmark("step_trace")
+
+
+def _event(name: str, parent=None, self_us: float = 0.0, shapes=None):
+    return SimpleNamespace(name=name, cpu_parent=parent, self_cpu_time_total=self_us, input_shapes=shapes or [])
+
+
+@pytest.fixture(scope="module")
+def plan_file(tmp_path_factory) -> PlanFile:
+    path = tmp_path_factory.mktemp("trace") / "plan.json"
+    assert main(["predict", "--model", "debug-tiny", "--cluster", "1x1xxeon-amx", "--dtype", "fp32",
+                 "--out", str(path), "--json"]) == 0
+    return PlanFile.load(path)
+
+
+def test_an_op_belongs_to_what_it_runs_under_else_to_its_kind():
+    step = _event("ProfilerStep#3")
+    optimizer = _event("Optimizer.step#AdamW.step", step)
+    fsdp = _event("FSDP::post_backward_reduce", step)
+    assert trace.part_of(_event("aten::mul", optimizer)) == "optimizer step"
+    assert trace.part_of(_event("aten::copy_", _event("aten::_to_copy", fsdp))) == "FSDP hooks (casts, copies, collectives)"
+    assert trace.part_of(_event("c10d::allreduce_", step)) == "collectives and send/recv (waits)"
+    assert trace.part_of(_event("aten::mm", _event("MmBackward0", step))) == "GEMMs"
+    assert trace.part_of(_event("aten::_scaled_dot_product_flash_attention_for_cpu", step)) == "SDPA"
+    assert trace.part_of(_event("aten::_log_softmax", step)) == "loss (log-softmax, NLL)"
+    assert trace.part_of(_event("aten::add_", step)) == "other aten ops (memory-bound kernels)"
+    assert trace.part_of(_event("MmBackward0", step)) == "autograd nodes, hooks (own time)"
+    assert trace.part_of(step) == "outside ops (Python, unrecorded waits)"
+
+
+def test_plain_gemms_are_priced_at_the_profile_and_others_not(plan_file):
+    dev, train = plan_file.cluster.device, plan_file.train
+    assert trace.gemm_priced_s(_event("aten::mm", shapes=[[64, 32], [32, 48]]), plan_file) == gemm_s(64, 32, 48, dev, train)
+    # addmm's bias comes first
+    assert trace.gemm_priced_s(_event("aten::addmm", shapes=[[48], [64, 32], [32, 48]]), plan_file) == \
+        gemm_s(64, 32, 48, dev, train)
+    assert trace.gemm_priced_s(_event("aten::mm", shapes=[[64, 32], [16, 48]]), plan_file) is None   # no product
+    assert trace.gemm_priced_s(_event("aten::mm", shapes=[]), plan_file) is None   # shapes not recorded
+
+
+def test_the_parts_add_up_per_step_and_the_gemms_sit_beside_their_price(plan_file):
+    step = _event("ProfilerStep#2", self_us=2000.0)
+    priced = trace.gemm_priced_s(_event("aten::mm", shapes=[[64, 32], [32, 48]]), plan_file)
+    events = [step, _event("aten::mm", step, 2 * priced * 1e6, [[64, 32], [32, 48]]),
+              _event("aten::add_", step, 1000.0)]
+    table = trace.parts_table(events, plan_file, steps=2)
+    total_ms = (2000.0 + 2 * priced * 1e6 + 1000.0) / 1e3 / 2
+    assert f"{'all ops (self time)':45s} {total_ms:10.1f}" in table
+    assert "(+100.0 %)" in table   # the GEMM took twice its price
+    assert "predicted ledger (critical rank): compute/forward" in table
+
+
+def test_after_step_sees_every_step_warm_up_included(plan_file):
+    from runtime.fork import run_forked
+    seen = run_forked(1, _steps_seen, plan_file)[0]
+    assert seen == [0, 1, 2]
+
+
+def _steps_seen(pf: PlanFile) -> list[int]:
+    from runtime.train import RunConfig, run_rank
+    torch.set_num_threads(1)
+    seen: list[int] = []
+    run_rank(pf, RunConfig(steps=2, warmup=1, quiet=True, after_step=seen.append))
+    return seen
