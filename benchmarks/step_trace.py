@@ -1,7 +1,8 @@
 """Where a plan's training step spends its time, op by op: torch.profiler over timed steps of
-`planner run`'s own step (runtime.train.run_rank) on the plan's ranks, on this CPU, rank 0's
-table sorted by self time (FSDP's collectives show as FSDP::post_backward_reduce and
-FSDP::all_gather, their self time the rank's wait on gloo and its bucket copies).
+`planner run`'s own step (runtime.train.run_rank) on the plan's ranks, on this CPU, one rank's
+table (--rank, default 0) sorted by self time (FSDP's collectives show as
+FSDP::post_backward_reduce and FSDP::all_gather, their self time the rank's wait on gloo and its
+bucket copies).
 
     python benchmarks/step_trace.py PLAN.json [--steps 2] [--rows 30] [--shapes] [--rank R]
 
@@ -130,7 +131,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2, help="traced steps (default 2)")
     parser.add_argument("--rows", type=int, default=30, help="rows of the table (default 30)")
     parser.add_argument("--shapes", action="store_true", help="a row per op and input shape (each collective's buffer)")
-    parser.add_argument("--rank", type=int, default=0, help="whose table to print (default 0; a pipeline's last stage is the last rank)")
+    parser.add_argument("--rank", type=int, default=0,
+                        help="whose table to print (default 0; a pipeline's last stage is the last rank)")
     args = parser.parse_args()
     if args.steps < 1 or args.rows < 1:
         parser.error("--steps and --rows must be at least 1")

@@ -33,7 +33,8 @@ def test_an_op_belongs_to_what_it_runs_under_else_to_its_kind():
     optimizer = _event("Optimizer.step#AdamW.step", step)
     fsdp = _event("FSDP::post_backward_reduce", step)
     assert trace.part_of(_event("aten::mul", optimizer)) == "optimizer step"
-    assert trace.part_of(_event("aten::copy_", _event("aten::_to_copy", fsdp))) == "FSDP hooks (casts, copies, collectives)"
+    assert trace.part_of(_event("aten::copy_", _event("aten::_to_copy", fsdp))) == \
+        "FSDP hooks (casts, copies, collectives)"
     assert trace.part_of(_event("c10d::allreduce_", step)) == "collectives and send/recv (waits)"
     assert trace.part_of(_event("aten::mm", _event("MmBackward0", step))) == "GEMMs"
     assert trace.part_of(_event("aten::_scaled_dot_product_flash_attention_for_cpu", step)) == "SDPA"
@@ -45,7 +46,8 @@ def test_an_op_belongs_to_what_it_runs_under_else_to_its_kind():
 
 def test_plain_gemms_are_priced_at_the_profile_and_others_not(plan_file):
     dev, train = plan_file.cluster.device, plan_file.train
-    assert trace.gemm_priced_s(_event("aten::mm", shapes=[[64, 32], [32, 48]]), plan_file) == gemm_s(64, 32, 48, dev, train)
+    assert trace.gemm_priced_s(_event("aten::mm", shapes=[[64, 32], [32, 48]]), plan_file) == \
+        gemm_s(64, 32, 48, dev, train)
     # addmm's bias comes first
     assert trace.gemm_priced_s(_event("aten::addmm", shapes=[[48], [64, 32], [32, 48]]), plan_file) == \
         gemm_s(64, 32, 48, dev, train)
