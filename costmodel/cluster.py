@@ -505,10 +505,11 @@ READABLE_FORMAT_VERSIONS = (1, 2, PROFILE_FORMAT_VERSION)
 # each call's sequence and head dim, PROFILE_FORMAT_VERSION 3, 2026-11-27; 12: a CPU's GEMM and
 # memory-bound factors measured in a probe layer, not fitted, planner.probes.layer_factors,
 # 2026-11-28; 13: each collective kind priced at its own microbenchmark fit, NetworkTier.kind_factors, and
-# a second TP probe, 2026-11-28), so a cached `local` profile
+# a second TP probe, 2026-11-28; 14: CPU ranks keep the memory they free, runtime.host_memory,
+# so the probes' steps run faster than before, 2026-11-28), so a cached `local` profile
 # fitted under an older one is measured again instead of carrying factors fitted to other
 # formulas or bounds.
-PROBE_FIT_VERSION = 13
+PROBE_FIT_VERSION = 14
 PROFILE_KEYS = {
     "": {"format_version", "device", "network", "efficiency", "measured", "probes", "host"},
     "host": {"memory_bytes", "memory_bandwidth_bytes_per_s", "memory_efficiency", "link_bandwidth_bytes_per_s",

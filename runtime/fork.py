@@ -25,6 +25,7 @@ import torch.distributed.fsdp  # noqa: F401
 import torch.distributed.pipelining  # noqa: F401
 import torch.distributed.tensor.parallel  # noqa: F401
 
+from runtime.host_memory import keep_freed_memory
 from runtime.launch import HELD_SIGNALS as HELD, die_with_parent
 
 
@@ -47,6 +48,8 @@ def _worker(rank: int, world: int, port: int, result_dir: str, fn: Callable, arg
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     torch.set_num_threads(1)
+    if device_type == "cpu":   # as runtime.worker: a CPU rank keeps the memory it frees
+        keep_freed_memory()
     if device_type == "cuda":   # as runtime.train.init_distributed: NCCL for CUDA tensors
         torch.cuda.set_device(rank)
         dist.init_process_group("cpu:gloo,cuda:nccl", timeout=timedelta(seconds=120))

@@ -13,9 +13,11 @@ import os
 import sys
 import traceback
 
+import torch
 import torch.distributed as dist
 
 from costmodel.plan import PlanFile
+from runtime.host_memory import keep_freed_memory
 from runtime.launch import PARTIAL, RESTARTED, WorkerArgs, die_with_parent
 from runtime.nodes import gather_places, lost_node
 from runtime.train import RunConfig, init_distributed, restart_count, run_rank
@@ -23,6 +25,8 @@ from runtime.train import RunConfig, init_distributed, restart_count, run_rank
 
 def main(argv: list[str] | None = None) -> int:
     die_with_parent()
+    if not torch.cuda.is_available():   # a CPU rank keeps the memory it frees (runtime.host_memory)
+        keep_freed_memory()
     args = WorkerArgs.parse(argv)
     out = args.out
     rank = int(os.environ.get("RANK", "0"))
