@@ -6,8 +6,9 @@ bucket copies).
 
     python benchmarks/step_trace.py PLAN.json [--steps 2] [--rows 30] [--shapes] [--rank R]
 
---shapes: one row per op and input shape (torch.profiler's record_shapes), so each collective's
-wait shows per buffer (what the README's "TP's collectives: each kind at its own speed" quotes;
+--shapes: the table's rows per op and input shape (the shapes are always recorded: the GEMMs'
+price needs them, at a little profiler overhead per op), so each collective's wait shows per
+buffer (what the README's "TP's collectives: each kind at its own speed" quotes;
 costmodel.comm.kind_factors).
 
 After the table, the traced rank's self time per part of the step (the optimizer's step, FSDP's
@@ -34,28 +35,34 @@ from costmodel.compute import gemm_s
 from costmodel.estimate import estimate
 from costmodel.plan import PlanFile
 from runtime.fork import run_forked
-from runtime.train import RunConfig, run_rank
+from runtime.train import TIMED_STEP, RunConfig, run_rank
 
 
 WARM_STEPS = 2   # untraced steps first: allocations, first calls, the optimizer's lazy states
 
 
-def traced_rank(pf: PlanFile, steps: int, rows: int, shapes: bool = False, rank: int = 0) -> None:
-    torch.set_num_threads(1)
-    warnings.simplefilter("ignore")   # FSDP's and pipelining's notices
-    # the model's build and the warm-up steps run untraced (a trace around the whole run had put
-    # the first optimizer step's state allocation and the initialisation's draws in the table)
+def traced_steps(pf: PlanFile, steps: int):
+    """(the profiler, rank 0's raw figures) of `steps` timed steps on this rank. The model's
+    build and the warm-up steps run untraced (a trace around the whole run had put the first
+    optimizer step's state allocation and the initialisation's draws in the table)."""
     when = schedule(wait=WARM_STEPS - 1, warmup=1, active=steps, repeat=1)
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True, schedule=when) as prof:
         raw = run_rank(pf, RunConfig(steps=steps, warmup=WARM_STEPS, quiet=True, after_step=lambda _: prof.step()))
+    return prof, raw
+
+
+def traced_rank(pf: PlanFile, steps: int, rows: int, shapes: bool = False, rank: int = 0) -> None:
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore")   # FSDP's and pipelining's notices
+    prof, raw = traced_steps(pf, steps)
     if dist.get_rank() == rank:
         print(f"rank {rank}, {steps} traced step(s):")
         print(prof.key_averages(group_by_input_shape=shapes).table(sort_by="self_cpu_time_total", row_limit=rows))
-        print(parts_table(prof.events(), pf, steps))
+        print(parts_table(prof.events(), pf, steps), flush=True)
     dist.barrier()   # rank 0 holds the step times (runtime.train): printed after the tables
     if dist.get_rank() == 0:
         print("traced steps: " + ", ".join(f"{t * 1e3:.0f} ms" for t in raw["step_times_s"])
-              + f"; predicted {estimate(pf.model, pf.train, pf.cluster, pf.plan).step_time_s * 1e3:.0f} ms")
+              + f"; predicted {estimate(pf.model, pf.train, pf.cluster, pf.plan).step_time_s * 1e3:.0f} ms", flush=True)
 
 
 GEMM_OPS = {"aten::mm": 0, "aten::addmm": 1}   # the op and where its [M, K], [K, N] inputs start
@@ -63,13 +70,17 @@ SDPA_PREFIX = "aten::_scaled_dot_product"
 LOSS_PREFIXES = ("aten::_log_softmax", "aten::nll_loss")
 
 
-def part_of(event) -> str:
+def part_of(event) -> str | None:
     """The part of the step an op's self time belongs to: what it runs under (the optimizer's
-    step, an FSDP hook, a collective or send / receive), else its kind of kernel."""
+    step, an FSDP hook, a collective or send / receive), else its kind of kernel; None outside
+    the step's timed work (runtime.train.TIMED_STEP: the batch's draw, the loop's barrier and
+    the all-reduces of its figures)."""
     chain, up = [event.name], event.cpu_parent
     while up is not None:
         chain.append(up.name)
         up = up.cpu_parent
+    if TIMED_STEP not in chain:
+        return None
     if any(n.startswith("Optimizer.step") for n in chain):
         return "optimizer step"
     if any(n.startswith("FSDP::") for n in chain):
@@ -84,7 +95,7 @@ def part_of(event) -> str:
         return "loss (log-softmax, NLL)"
     if event.name.startswith("aten::"):
         return "other aten ops (memory-bound kernels)"
-    if event.name.startswith("ProfilerStep"):
+    if event.name == TIMED_STEP:
         # the step's time outside every recorded op: Python, and waits the profiler does not
         # record (a pipeline's wait on its send / receive happens here)
         return "outside ops (Python, unrecorded waits)"
@@ -105,20 +116,22 @@ def gemm_priced_s(event, pf: PlanFile) -> float | None:
 def parts_table(events, pf: PlanFile, steps: int) -> str:
     """Self time per part (part_of) per traced step, the GEMMs beside their price; then the
     cost model's ledger of the plan's critical rank (costmodel.estimate) to set against it."""
-    measured, gemm_priced, gemm_traced = {}, 0.0, 0.0
+    traced_s, gemm_priced_total_s, gemm_traced_s = {}, 0.0, 0.0
     for ev in events:
-        part = part_of(ev)
-        measured[part] = measured.get(part, 0.0) + ev.self_cpu_time_total * 1e-6
+        if (part := part_of(ev)) is None:
+            continue
+        traced_s[part] = traced_s.get(part, 0.0) + ev.self_cpu_time_total * 1e-6
         if part == "GEMMs" and (priced := gemm_priced_s(ev, pf)) is not None:
-            gemm_priced += priced
-            gemm_traced += ev.self_cpu_time_total * 1e-6
+            gemm_priced_total_s += priced
+            gemm_traced_s += ev.self_cpu_time_total * 1e-6
     lines = ["part of the traced rank's step                 ms per step", "-" * 58]
-    for part, sec in sorted(measured.items(), key=lambda kv: -kv[1]):
-        lines.append(f"{part:45s} {sec / steps * 1e3:10.1f}")
-    lines.append(f"{'all ops (self time)':45s} {sum(measured.values()) / steps * 1e3:10.1f}")
-    if gemm_traced:
-        lines.append(f"GEMMs of plain shapes: {gemm_traced / steps * 1e3:.1f} ms traced, "
-                     f"{gemm_priced / steps * 1e3:.1f} priced ({100 * (gemm_traced / gemm_priced - 1):+.1f} %)")
+    for part, part_s in sorted(traced_s.items(), key=lambda kv: -kv[1]):
+        lines.append(f"{part:45s} {part_s / steps * 1e3:10.1f}")
+    lines.append(f"{'the timed step (self time of its ops)':45s} {sum(traced_s.values()) / steps * 1e3:10.1f}")
+    if gemm_traced_s:
+        lines.append(f"GEMMs of plain shapes: {gemm_traced_s / steps * 1e3:.1f} ms traced, "
+                     f"{gemm_priced_total_s / steps * 1e3:.1f} priced "
+                     f"({100 * (gemm_traced_s / gemm_priced_total_s - 1):+.1f} %)")
     ledger = estimate(pf.model, pf.train, pf.cluster, pf.plan).time_breakdown_s
     lines.append("predicted ledger (critical rank): " + ", ".join(
         f"{k} {v * 1e3:.1f}" for k, v in ledger.items() if v > 0) + " ms")

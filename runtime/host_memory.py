@@ -18,7 +18,7 @@ kernels on warm, reused memory: a step that keeps its pages runs the way they we
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import os
 
 # glibc's mallopt parameters (malloc.h)
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
@@ -28,15 +28,21 @@ TRIM_THRESHOLD_BYTES = (1 << 31) - 1  # a C int's largest: freed heap memory sta
 
 def keep_freed_memory() -> bool:
     """Fix glibc's mmap threshold at its ceiling and its trim threshold out of reach, for this
-    process (a forked child inherits them). False where the C library is not glibc (nothing to
-    set: other allocators keep their own policy) or refuses the values."""
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-        mallopt = libc.mallopt if libc is not None else None
-    except (OSError, AttributeError):
+    process (a forked child inherits them). False where the C library is not glibc (another
+    one's allocator keeps its own policy) or glibc refuses the values. Blocks above the ceiling
+    are still fresh mappings; the process's resident memory stays at its peak, as a training
+    step's does anyway."""
+    if not glibc_version():
         return False
-    if mallopt is None:
-        return False
+    mallopt = ctypes.CDLL(None).mallopt   # the process's own C library, glibc's here
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))
+    mapped = mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    return bool(mapped) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))
+
+
+def glibc_version() -> str:
+    """"glibc 2.36" where this process runs on glibc, else "" (musl, macOS: no such confstr)."""
+    try:
+        return os.confstr("CS_GNU_LIBC_VERSION") or ""
+    except (ValueError, OSError, AttributeError):
+        return ""

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
+from torch.profiler import record_function
 
 from costmodel.inputs import write_text_atomic
 from costmodel.plan import PlanFile
@@ -32,6 +33,9 @@ from runtime.memtrack import TensorBytesTracker, state_tensors
 from runtime.job import Job, build_job, cross_entropy, sync_replicated_over_tp, sync_tied_embedding
 from runtime.launch import StepsConfig
 from runtime.parallel import gradient_sync_every_micro_batch
+
+
+TIMED_STEP = "planner::timed_step"   # the profiler's range around a step's timed work
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,8 +140,9 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
         job.clock.reset()
         forward.total_s = 0.0
         start = time.perf_counter()
-        loss, tracked = _step(job, optimizer, tokens, labels, track)
-        _drain(device)
+        with record_function(TIMED_STEP):   # what a trace counts as the step (benchmarks/step_trace.py)
+            loss, tracked = _step(job, optimizer, tokens, labels, track)
+            _drain(device)
         elapsed = time.perf_counter() - start
         memory = tracked if track else memory
         step_loss, step_s = _reduce_step(job, loss, elapsed)

@@ -25,11 +25,13 @@ from runtime.train import RunConfig, init_distributed, restart_count, run_rank
 
 def main(argv: list[str] | None = None) -> int:
     die_with_parent()
-    if not torch.cuda.is_available():   # a CPU rank keeps the memory it frees (runtime.host_memory)
-        keep_freed_memory()
     args = WorkerArgs.parse(argv)
     out = args.out
     rank = int(os.environ.get("RANK", "0"))
+    # a CPU rank keeps the memory it frees (runtime.host_memory); where it cannot, the run says so
+    if not torch.cuda.is_available() and not keep_freed_memory() and rank == 0:
+        print("planner run: the C library is not glibc: freed host memory goes back to the kernel, and "
+              "large tensors fault fresh pages every micro-batch (runtime.host_memory)", file=sys.stderr)
     places: list = []
     try:
         pf = PlanFile.load(args.plan)

@@ -11,6 +11,7 @@ import torch
 from costmodel.compute import gemm_s
 from costmodel.plan import PlanFile
 from planner.cli import main
+from runtime.train import TIMED_STEP
 from tests.benchmarks.benchmark_loader import load_benchmark
 
 trace = load_benchmark("step_trace")
@@ -29,7 +30,7 @@ def plan_file(tmp_path_factory) -> PlanFile:
 
 
 def test_an_op_belongs_to_what_it_runs_under_else_to_its_kind():
-    step = _event("ProfilerStep#3")
+    step = _event(TIMED_STEP, _event("ProfilerStep#3"))
     optimizer = _event("Optimizer.step#AdamW.step", step)
     fsdp = _event("FSDP::post_backward_reduce", step)
     assert trace.part_of(_event("aten::mul", optimizer)) == "optimizer step"
@@ -42,6 +43,8 @@ def test_an_op_belongs_to_what_it_runs_under_else_to_its_kind():
     assert trace.part_of(_event("aten::add_", step)) == "other aten ops (memory-bound kernels)"
     assert trace.part_of(_event("MmBackward0", step)) == "autograd nodes, hooks (own time)"
     assert trace.part_of(step) == "outside ops (Python, unrecorded waits)"
+    # the loop's own work around the timed step is no part of it
+    assert trace.part_of(_event("c10d::allreduce_", _event("ProfilerStep#3"))) is None
 
 
 def test_plain_gemms_are_priced_at_the_profile_and_others_not(plan_file):
@@ -56,15 +59,26 @@ def test_plain_gemms_are_priced_at_the_profile_and_others_not(plan_file):
 
 
 def test_the_parts_add_up_per_step_and_the_gemms_sit_beside_their_price(plan_file):
-    step = _event("ProfilerStep#2", self_us=2000.0)
+    loop = _event("ProfilerStep#2", self_us=5000.0)
+    step = _event(TIMED_STEP, loop, self_us=2000.0)
     priced = trace.gemm_priced_s(_event("aten::mm", shapes=[[64, 32], [32, 48]]), plan_file)
-    events = [step, _event("aten::mm", step, 2 * priced * 1e6, [[64, 32], [32, 48]]),
-              _event("aten::add_", step, 1000.0)]
+    events = [loop, step, _event("aten::mm", step, 2 * priced * 1e6, [[64, 32], [32, 48]]),
+              _event("aten::add_", step, 1000.0), _event("aten::add_", loop, 700.0)]
     table = trace.parts_table(events, plan_file, steps=2)
-    total_ms = (2000.0 + 2 * priced * 1e6 + 1000.0) / 1e3 / 2
-    assert f"{'all ops (self time)':45s} {total_ms:10.1f}" in table
+    total_ms = (2000.0 + 2 * priced * 1e6 + 1000.0) / 1e3 / 2   # the loop's own work left out
+    assert f"{'the timed step (self time of its ops)':45s} {total_ms:10.1f}" in table
     assert "(+100.0 %)" in table   # the GEMM took twice its price
     assert "predicted ledger (critical rank): compute/forward" in table
+
+
+def test_the_trace_holds_the_timed_steps_alone(plan_file):
+    from runtime.fork import run_forked
+    assert run_forked(1, _timed_steps_traced, plan_file)[0] == 3
+
+
+def _timed_steps_traced(pf: PlanFile) -> int:
+    prof, _ = trace.traced_steps(pf, 3)   # after WARM_STEPS untraced ones
+    return sum(ev.name == TIMED_STEP for ev in prof.events())
 
 
 def test_after_step_sees_every_step_warm_up_included(plan_file):
