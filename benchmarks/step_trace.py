@@ -35,6 +35,7 @@ from costmodel.compute import gemm_s
 from costmodel.estimate import estimate
 from costmodel.plan import PlanFile
 from runtime.fork import run_forked
+from runtime.layer_ops import op_kind
 from runtime.train import TIMED_STEP, RunConfig, run_rank
 
 
@@ -65,9 +66,9 @@ def traced_rank(pf: PlanFile, steps: int, rows: int, shapes: bool = False, rank:
               + f"; predicted {estimate(pf.model, pf.train, pf.cluster, pf.plan).step_time_s * 1e3:.0f} ms", flush=True)
 
 
-GEMM_OPS = {"aten::mm": 0, "aten::addmm": 1}   # the op and where its [M, K], [K, N] inputs start
-SDPA_PREFIX = "aten::_scaled_dot_product"
+GEMM_INPUTS = {"aten::mm": 0, "aten::addmm": 1}   # a priced GEMM and where its [M, K], [K, N] inputs start
 LOSS_PREFIXES = ("aten::_log_softmax", "aten::nll_loss")
+KIND_PARTS = {"gemm": "GEMMs", "sdpa": "SDPA"}   # runtime.layer_ops.op_kind's kinds named here
 
 
 def part_of(event) -> str | None:
@@ -87,10 +88,8 @@ def part_of(event) -> str | None:
         return "FSDP hooks (casts, copies, collectives)"
     if any(n.startswith("c10d::") for n in chain):
         return "collectives and send/recv (waits)"
-    if event.name in GEMM_OPS:
-        return "GEMMs"
-    if event.name.startswith(SDPA_PREFIX):
-        return "SDPA"
+    if event.name.startswith("aten::") and (kind := op_kind(event.name.removeprefix("aten::"))) in KIND_PARTS:
+        return KIND_PARTS[kind]   # the kinds as the profile's layer timing counts them
     if event.name.startswith(LOSS_PREFIXES):
         return "loss (log-softmax, NLL)"
     if event.name.startswith("aten::"):
@@ -105,7 +104,7 @@ def part_of(event) -> str | None:
 def gemm_priced_s(event, pf: PlanFile) -> float | None:
     """A traced GEMM at the profile's curve and factor (costmodel.compute.gemm_s), None where its
     shapes are not a plain [M, K] x [K, N]."""
-    first = GEMM_OPS.get(event.name)
+    first = GEMM_INPUTS.get(event.name)
     dims = event.input_shapes[first:first + 2] if first is not None and event.input_shapes else []
     if len(dims) != 2 or len(dims[0]) != 2 or len(dims[1]) != 2 or dims[0][1] != dims[1][0]:
         return None

@@ -118,6 +118,7 @@ def unfitted(device: DeviceProfile, measured: dict) -> DeviceProfile:
                    intra_node=tier,
                    dtype_efficiency=tuple((d, bare(e)) for d, e in device.dtype_efficiency))
 
+
 def _stored_kind_factors(measured: dict) -> tuple[tuple[str, float, float], ...]:
     """The kinds' factors (costmodel.comm.kind_factors) from a profile's stored microbenchmark
     samples, for a profile written before the profile kept them (PROBE_FIT_VERSION 12): a refit

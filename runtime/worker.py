@@ -30,8 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     # a CPU rank keeps the memory it frees (runtime.host_memory); where it cannot, the run says so
     if not torch.cuda.is_available() and not keep_freed_memory() and rank == 0:
-        print("planner run: the C library is not glibc: freed host memory goes back to the kernel, and "
-              "large tensors fault fresh pages every micro-batch (runtime.host_memory)", file=sys.stderr)
+        print("planner run: freed host memory cannot be kept (the C library is not glibc, or refused the "
+              "setting): large tensors may fault fresh pages every micro-batch (runtime.host_memory)", file=sys.stderr)
     places: list = []
     try:
         pf = PlanFile.load(args.plan)
