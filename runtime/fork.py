@@ -39,8 +39,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _listener() -> socket.socket:
+    """A socket bound and listening before the ranks are forked; rank 0's store serves on it.
+    A port found free and closed again could be taken before rank 0 bound it: by another test's
+    gloo pair or store connection, whose ports come from the same ephemeral range (CI failed on
+    that once: EADDRINUSE in rank 0's init_process_group)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    return sock
+
+
+def _store(rank: int, world: int, port: int, listen_fd: int | None, timeout: timedelta) -> dist.Store:
+    if rank == 0 and listen_fd is not None:   # forked: serve on the parent's listening socket
+        return dist.TCPStore("127.0.0.1", port, world, True, timeout, master_listen_fd=listen_fd)
+    if listen_fd is not None:
+        os.close(listen_fd)   # the other ranks' copies of it
+    return dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout)
+
+
 def _worker(rank: int, world: int, port: int, result_dir: str, fn: Callable, args: tuple,
-            device_type: str = "cpu") -> None:
+            device_type: str = "cpu", listen_fd: int | None = None) -> None:
     # The parent handles Ctrl-C and ends the ranks (run_forked); a rank dies with the parent.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)   # held by the parent while it forked
@@ -50,11 +69,13 @@ def _worker(rank: int, world: int, port: int, result_dir: str, fn: Callable, arg
     torch.set_num_threads(1)
     if device_type == "cpu":   # as runtime.worker: a CPU rank keeps the memory it frees
         keep_freed_memory()
+    timeout = timedelta(seconds=120 if device_type == "cuda" else 60)
+    store = _store(rank, world, port, listen_fd, timeout)
     if device_type == "cuda":   # as runtime.train.init_distributed: NCCL for CUDA tensors
         torch.cuda.set_device(rank)
-        dist.init_process_group("cpu:gloo,cuda:nccl", timeout=timedelta(seconds=120))
+        dist.init_process_group("cpu:gloo,cuda:nccl", store=store, rank=rank, world_size=world, timeout=timeout)
     else:
-        dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
     try:
         out = fn(*args)
         Path(result_dir, f"rank{rank}.pkl").write_bytes(pickle.dumps(out))
@@ -66,6 +87,10 @@ def run_forked(world: int, fn: Callable, *args: Any, device_type: str = "cpu") -
     """`fn(*args)` on `world` forked ranks; returns each rank's result, rank order. CUDA ranks
     are spawned instead (CUDA cannot be used in a forked child), so `fn` and `args` must pickle."""
     with tempfile.TemporaryDirectory() as tmp:
+        # spawned (CUDA) ranks cannot inherit the socket: they take a port found free, racily
+        listener = None if device_type == "cuda" else _listener()
+        port = _free_port() if listener is None else listener.getsockname()[1]
+        listen_fd = None if listener is None else listener.fileno()
         # Ctrl-C / SIGTERM held while the ranks are forked: a handler that raises inside fork's
         # at-fork hooks has its exception printed and dropped, and the command went on as if
         # nothing had been pressed (tests/runtime/test_interrupt.py, `planner profile`'s probes).
@@ -73,13 +98,16 @@ def run_forked(world: int, fn: Callable, *args: Any, device_type: str = "cpu") -
         main = threading.current_thread() is threading.main_thread()
         before = signal.pthread_sigmask(signal.SIG_BLOCK, HELD) if main else None
         try:
-            context = mp.start_processes(_worker, args=(world, _free_port(), tmp, fn, args, device_type),
+            context = mp.start_processes(_worker, args=(world, port, tmp, fn, args, device_type, listen_fd),
                                          nprocs=world, join=False,
                                          start_method="spawn" if device_type == "cuda" else "fork")
         except BaseException:
             if main:
                 signal.pthread_sigmask(signal.SIG_SETMASK, before)
             raise
+        finally:
+            if listener is not None:   # rank 0 holds its own copy now
+                listener.close()
         try:
             if main:
                 signal.pthread_sigmask(signal.SIG_SETMASK, before)
