@@ -27,7 +27,10 @@ def test_the_second_pass_comes_after_the_probes_and_the_fit_reads_its_curves(tmp
         if fn is prof.second_pass_rank:
             micro = args[0]
             assert "second_pass_limit_s" not in micro and args[3] > 0   # popped, handed as the limit
-            faster.update(micro, gemm={k: replace(c, points=tuple(sorted((x, 2 * r) for x, r in c.points)))
+            # a quarter faster: told apart from the first pass, while the real probe layer's
+            # timing, which the fit prices at these curves, stays inside LAYER_FACTOR_BOUNDS even
+            # when the tests beside it slow that timing down (twice as fast once read 0.10 of them)
+            faster.update(micro, gemm={k: replace(c, points=tuple(sorted((x, 1.25 * r) for x, r in c.points)))
                                        for k, c in micro["gemm"].items()})
             return [faster] + [None] * (world - 1)
         out = real_run_forked(world, fn, *args, device_type=device_type)
@@ -48,10 +51,10 @@ def test_the_second_pass_comes_after_the_probes_and_the_fit_reads_its_curves(tmp
     cmd.profile_machine(cmd._setup(args))
 
     assert calls == ["measure_rank", "probe_rank", "probe_rank", "second_pass_rank"]
-    twice = dict(faster["gemm"])["fp32"].points
+    quicker = dict(faster["gemm"])["fp32"].points
     # the fit's base and the written profile (six digits) both carry the second pass's curves
     for dev in (fitted_on[0], load_profile(tmp_path / "box.toml")):
-        assert [r for _, r in dev.gemm_curve("fp32")] == pytest.approx([r for _, r in _medians(twice)], rel=1e-5)
+        assert [r for _, r in dev.gemm_curve("fp32")] == pytest.approx([r for _, r in _medians(quicker)], rel=1e-5)
 
 
 def _medians(points):
