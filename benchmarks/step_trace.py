@@ -13,7 +13,7 @@ costmodel.comm.kind_factors).
 
 After the table, the traced rank's self time per part of the step (the optimizer's step, FSDP's
 hooks, collectives' waits, GEMMs, SDPA, the rest), its GEMMs beside their price at the profile's
-curve, and the plan's predicted ledger: where a prediction falls short, which part is unpriced.
+curve (in all and per shape), and the plan's predicted ledger: where a prediction falls short, which part is unpriced.
 Only the timed steps are traced (the build and WARM_STEPS warm-up steps run first, untraced).
 
 PLAN.json: a plan written by `planner search` / `planner predict` (its cluster's ranks are forked
@@ -69,6 +69,7 @@ def traced_rank(pf: PlanFile, steps: int, rows: int, shapes: bool = False, rank:
 GEMM_INPUTS = {"aten::mm": 0, "aten::addmm": 1}   # a priced GEMM and where its [M, K], [K, N] inputs start
 LOSS_PREFIXES = ("aten::_log_softmax", "aten::nll_loss")
 KIND_PARTS = {"gemm": "GEMMs", "sdpa": "SDPA"}   # runtime.layer_ops.op_kind's kinds named here
+GEMM_SHAPE_ROWS = 12   # the parts table's GEMM shapes, most traced time first
 
 
 def part_of(event) -> str | None:
@@ -112,10 +113,22 @@ def gemm_priced_s(event, pf: PlanFile) -> float | None:
     return gemm_s(m, k, n, pf.cluster.device, pf.train)
 
 
+def gemm_shape_lines(by_shape: dict[str, list], steps: int, rows: int = GEMM_SHAPE_ROWS) -> list[str]:
+    """The plain GEMMs per shape, most traced time first: calls, traced and priced ms per step. The
+    same shape runs in several plans (a layer's projections at one micro-batch size), so a shape
+    that runs further over its price in one plan than in another is the plan's doing, not the curve's."""
+    out = [f"{'  GEMM shape':36s} {'calls':>6s} {'traced ms':>10s} {'priced ms':>10s}"]
+    for shape, (calls, t_s, p_s) in sorted(by_shape.items(), key=lambda kv: -kv[1][1])[:rows]:
+        out.append(f"  {shape:34s} {calls / steps:6.0f} {t_s / steps * 1e3:10.1f} {p_s / steps * 1e3:10.1f}"
+                   f" ({100 * (t_s / p_s - 1):+.1f} %)")
+    return out
+
+
 def parts_table(events, pf: PlanFile, steps: int) -> str:
     """Self time per part (part_of) per traced step, the GEMMs beside their price; then the
     cost model's ledger of the plan's critical rank (costmodel.estimate) to set against it."""
     traced_s, gemm_priced_total_s, gemm_traced_s = {}, 0.0, 0.0
+    by_shape: dict[str, list] = {}   # "[M, K] x [K, N]": [calls, traced s, priced s]
     for ev in events:
         if (part := part_of(ev)) is None:
             continue
@@ -123,6 +136,11 @@ def parts_table(events, pf: PlanFile, steps: int) -> str:
         if part == "GEMMs" and (priced := gemm_priced_s(ev, pf)) is not None:
             gemm_priced_total_s += priced
             gemm_traced_s += ev.self_cpu_time_total * 1e-6
+            first = GEMM_INPUTS[ev.name]
+            row = by_shape.setdefault(" x ".join(map(str, ev.input_shapes[first:first + 2])), [0, 0.0, 0.0])
+            row[0] += 1
+            row[1] += ev.self_cpu_time_total * 1e-6
+            row[2] += priced
     lines = ["part of the traced rank's step                 ms per step", "-" * 58]
     for part, part_s in sorted(traced_s.items(), key=lambda kv: -kv[1]):
         lines.append(f"{part:45s} {part_s / steps * 1e3:10.1f}")
@@ -131,6 +149,7 @@ def parts_table(events, pf: PlanFile, steps: int) -> str:
         lines.append(f"GEMMs of plain shapes: {gemm_traced_s / steps * 1e3:.1f} ms traced, "
                      f"{gemm_priced_total_s / steps * 1e3:.1f} priced "
                      f"({100 * (gemm_traced_s / gemm_priced_total_s - 1):+.1f} %)")
+        lines += gemm_shape_lines(by_shape, steps)
     ledger = estimate(pf.model, pf.train, pf.cluster, pf.plan).time_breakdown_s
     lines.append("predicted ledger (critical rank): " + ", ".join(
         f"{k} {v * 1e3:.1f}" for k, v in ledger.items() if v > 0) + " ms")

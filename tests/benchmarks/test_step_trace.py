@@ -62,12 +62,15 @@ def test_the_parts_add_up_per_step_and_the_gemms_sit_beside_their_price(plan_fil
     loop = _event("ProfilerStep#2", self_us=5000.0)
     step = _event(TIMED_STEP, loop, self_us=2000.0)
     priced = trace.gemm_priced_s(_event("aten::mm", shapes=[[64, 32], [32, 48]]), plan_file)
-    events = [loop, step, _event("aten::mm", step, 2 * priced * 1e6, [[64, 32], [32, 48]]),
-              _event("aten::add_", step, 1000.0), _event("aten::add_", loop, 700.0)]
+    mm = [_event("aten::mm", step, 2 * priced * 1e6, [[64, 32], [32, 48]]) for _ in range(2)]   # one a step
+    events = [loop, step, *mm, _event("aten::add_", step, 1000.0), _event("aten::add_", loop, 700.0)]
     table = trace.parts_table(events, plan_file, steps=2)
-    total_ms = (2000.0 + 2 * priced * 1e6 + 1000.0) / 1e3 / 2   # the loop's own work left out
+    total_ms = (2000.0 + 4 * priced * 1e6 + 1000.0) / 1e3 / 2   # the loop's own work left out
     assert f"{'the timed step (self time of its ops)':45s} {total_ms:10.1f}" in table
-    assert "(+100.0 %)" in table   # the GEMM took twice its price
+    assert "(+100.0 %)" in table   # the GEMMs took twice their price
+    # and per shape: one call a step, at twice its price
+    shape_row = next(line for line in table.splitlines() if line.startswith("  [64, 32] x [32, 48]"))
+    assert shape_row.split()[5:] == ["1", f"{2 * priced * 1e3:.1f}", f"{priced * 1e3:.1f}", "(+100.0", "%)"]
     assert "predicted ledger (critical rank): compute/forward" in table
 
 
