@@ -13,7 +13,8 @@ costmodel.comm.kind_factors).
 
 After the table, the traced rank's self time per part of the step (the optimizer's step, FSDP's
 hooks, collectives' waits, GEMMs, SDPA, the rest), its GEMMs beside their price at the profile's
-curve (in all and per shape), and the plan's predicted ledger: where a prediction falls short, which part is unpriced.
+curve (in all and per shape), and the plan's predicted ledger: where a prediction falls short,
+which part is unpriced.
 Only the timed steps are traced (the build and WARM_STEPS warm-up steps run first, untraced).
 
 PLAN.json: a plan written by `planner search` / `planner predict` (its cluster's ranks are forked
@@ -118,9 +119,12 @@ def gemm_shape_lines(by_shape: dict[str, list], steps: int, rows: int = GEMM_SHA
     same shape runs in several plans (a layer's projections at one micro-batch size), so a shape
     that runs further over its price in one plan than in another is the plan's doing, not the curve's."""
     out = [f"{'  GEMM shape':36s} {'calls':>6s} {'traced ms':>10s} {'priced ms':>10s}"]
-    for shape, (calls, t_s, p_s) in sorted(by_shape.items(), key=lambda kv: -kv[1][1])[:rows]:
+    ranked = sorted(by_shape.items(), key=lambda kv: -kv[1][1])
+    for shape, (calls, t_s, p_s) in ranked[:rows]:
         out.append(f"  {shape:34s} {calls / steps:6.0f} {t_s / steps * 1e3:10.1f} {p_s / steps * 1e3:10.1f}"
                    f" ({100 * (t_s / p_s - 1):+.1f} %)")
+    if rest := ranked[rows:]:
+        out.append(f"  ... {len(rest)} more shapes, {sum(r[1] for _, r in rest) / steps * 1e3:.1f} ms traced")
     return out
 
 

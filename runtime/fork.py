@@ -87,17 +87,18 @@ def run_forked(world: int, fn: Callable, *args: Any, device_type: str = "cpu") -
     """`fn(*args)` on `world` forked ranks; returns each rank's result, rank order. CUDA ranks
     are spawned instead (CUDA cannot be used in a forked child), so `fn` and `args` must pickle."""
     with tempfile.TemporaryDirectory() as tmp:
-        # spawned (CUDA) ranks cannot inherit the socket: they take a port found free, racily
-        listener = None if device_type == "cuda" else _listener()
-        port = _free_port() if listener is None else listener.getsockname()[1]
-        listen_fd = None if listener is None else listener.fileno()
         # Ctrl-C / SIGTERM held while the ranks are forked: a handler that raises inside fork's
         # at-fork hooks has its exception printed and dropped, and the command went on as if
         # nothing had been pressed (tests/runtime/test_interrupt.py, `planner profile`'s probes).
         # Delivered right after, inside the `try` that ends the ranks.
         main = threading.current_thread() is threading.main_thread()
         before = signal.pthread_sigmask(signal.SIG_BLOCK, HELD) if main else None
+        listener = None
         try:
+            # spawned (CUDA) ranks cannot inherit the socket: they take a port found free, racily
+            listener = None if device_type == "cuda" else _listener()
+            port = _free_port() if listener is None else listener.getsockname()[1]
+            listen_fd = None if listener is None else listener.fileno()
             context = mp.start_processes(_worker, args=(world, port, tmp, fn, args, device_type, listen_fd),
                                          nprocs=world, join=False,
                                          start_method="spawn" if device_type == "cuda" else "fork")

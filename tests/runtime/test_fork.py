@@ -4,6 +4,7 @@ init_process_group: the port had been found free, closed, and taken by another t
 from __future__ import annotations
 
 import errno
+import os
 import socket
 
 import torch
@@ -25,7 +26,7 @@ def test_the_port_cannot_be_taken_between_choosing_it_and_serving_on_it(monkeypa
 
     def steal_then_start(fn, args, **kwargs):
         try:
-            thief.bind(("127.0.0.1", args[1]))
+            thief.bind(("127.0.0.1", args[1]))   # _worker's args: (world, port, ...)
             thief.listen()   # held while the ranks start: rank 0 then fails, as in CI
         except OSError as exc:
             refused.append(exc.errno)
@@ -33,7 +34,9 @@ def test_the_port_cannot_be_taken_between_choosing_it_and_serving_on_it(monkeypa
 
     monkeypatch.setattr(runtime.fork.mp, "start_processes", steal_then_start)
     try:
+        open_fds = len(os.listdir("/proc/self/fd"))
         assert runtime.fork.run_forked(2, _sum_of_ranks) == [3.0, 3.0]
+        assert len(os.listdir("/proc/self/fd")) == open_fds   # the parent's copy of the socket closed
     finally:
         thief.close()
     assert refused == [errno.EADDRINUSE]
