@@ -103,12 +103,19 @@ def part_of(event) -> str | None:
     return "autograd nodes, hooks (own time)"
 
 
-def gemm_priced_s(event, pf: PlanFile) -> float | None:
-    """A traced GEMM at the profile's curve and factor (costmodel.compute.gemm_s), None where its
-    shapes are not a plain [M, K] x [K, N]."""
+def gemm_dims(event) -> list | None:
+    """A traced GEMM's [[M, K], [K, N]] inputs, None where they are not a plain product."""
     first = GEMM_INPUTS.get(event.name)
     dims = event.input_shapes[first:first + 2] if first is not None and event.input_shapes else []
     if len(dims) != 2 or len(dims[0]) != 2 or len(dims[1]) != 2 or dims[0][1] != dims[1][0]:
+        return None
+    return dims
+
+
+def gemm_priced_s(event, pf: PlanFile) -> float | None:
+    """A traced GEMM at the profile's curve and factor (costmodel.compute.gemm_s), None where its
+    shapes are not a plain [M, K] x [K, N]."""
+    if (dims := gemm_dims(event)) is None:
         return None
     (m, k), (_, n) = dims
     return gemm_s(m, k, n, pf.cluster.device, pf.train)
@@ -140,8 +147,7 @@ def parts_table(events, pf: PlanFile, steps: int) -> str:
         if part == "GEMMs" and (priced := gemm_priced_s(ev, pf)) is not None:
             gemm_priced_total_s += priced
             gemm_traced_s += ev.self_cpu_time_total * 1e-6
-            first = GEMM_INPUTS[ev.name]
-            row = by_shape.setdefault(" x ".join(map(str, ev.input_shapes[first:first + 2])), [0, 0.0, 0.0])
+            row = by_shape.setdefault(" x ".join(map(str, gemm_dims(ev))), [0, 0.0, 0.0])
             row[0] += 1
             row[1] += ev.self_cpu_time_total * 1e-6
             row[2] += priced

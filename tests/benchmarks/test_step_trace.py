@@ -2,7 +2,6 @@
 its kind, the GEMMs beside their price; the trace holds the timed steps alone (RunConfig.after_step)."""
 from __future__ import annotations
 
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.host_memory import glibc_version, keep_freed_memory
+from runtime.host_memory import glibc_version
 
 ROOT = Path(__file__).resolve().parents[2]
 BLOCK_BYTES = 16 << 20   # a 2,048 x 2,048 fp32 tensor: above glibc's first mmap threshold (128 KiB)
@@ -21,7 +21,7 @@ BLOCK_BYTES = 16 << 20   # a 2,048 x 2,048 fp32 tensor: above glibc's first mmap
 # (keepcost: the top chunk, which a trim would hand back)
 GLIBC_ACCOUNTS = """
 import ctypes, json, sys
-from runtime.host_memory import glibc_version, keep_freed_memory
+from runtime.host_memory import keep_freed_memory
 if sys.argv[1] == "keep":
     assert keep_freed_memory() and keep_freed_memory()   # set again: as harmless
 class Info(ctypes.Structure):
