@@ -173,6 +173,10 @@ class DeviceProfile:
     # `planner profile`: an AdamW step as the runtime takes one, seconds per parameter (0: not
     # measured; the step is then priced as memory-bound traffic)
     optimizer_s_per_param: float = 0.0
+    # `planner profile`: one micro-batch's gradients added in place into fp32 gradients, seconds
+    # per parameter, by the dtype the new ones come in (empty: not measured; the add is then
+    # priced as memory-bound traffic, costmodel.compute.gradient_add_s)
+    grad_accumulate_s_per_param: tuple[tuple[str, float], ...] = ()
     # `planner profile`: torch's dropout, seconds per element, on a CPU (0: not measured, or a
     # GPU, whose dropout draws inside the multiply's kernel; dropout is then priced as the
     # multiply's bytes alone)
@@ -506,10 +510,11 @@ READABLE_FORMAT_VERSIONS = (1, 2, PROFILE_FORMAT_VERSION)
 # memory-bound factors measured in a probe layer, not fitted, planner.probes.layer_factors,
 # 2026-11-28; 13: each collective kind priced at its own microbenchmark fit, NetworkTier.kind_factors, and
 # a second TP probe, 2026-11-28; 14: CPU ranks keep the memory they free, runtime.host_memory,
-# so the probes' steps run faster than before, 2026-11-28), so a cached `local` profile
-# fitted under an older one is measured again instead of carrying factors fitted to other
-# formulas or bounds.
-PROBE_FIT_VERSION = 14
+# so the probes' steps run faster than before, 2026-11-28; 15: gradient accumulation priced at
+# its own measurement, costmodel.rank_time.grad_accumulation_s, and the embedding's dense gradient
+# table, 2026-11-28), so a cached `local` profile fitted under an older one is measured again
+# instead of carrying factors fitted to other formulas or bounds.
+PROBE_FIT_VERSION = 15
 PROFILE_KEYS = {
     "": {"format_version", "device", "network", "efficiency", "measured", "probes", "host"},
     "host": {"memory_bytes", "memory_bandwidth_bytes_per_s", "memory_efficiency", "link_bandwidth_bytes_per_s",
@@ -589,6 +594,8 @@ def profile_problems(dev: DeviceProfile) -> list[str]:  # noqa: C901 - one check
     need("threads_per_rank", dev.threads_per_rank, dev.threads_per_rank >= 0)
     for name in ("reported_memory_bytes", "num_sms", "optimizer_s_per_param", "dropout_s_per_element"):
         need(name, getattr(dev, name), getattr(dev, name) >= 0)
+    for dtype, seconds in dev.grad_accumulate_s_per_param:
+        need(f"grad_accumulate_s_per_param.{dtype}", seconds, seconds > 0)
     for approximate, fwd, bwd in dev.gelu_s_per_element:
         need(f"gelu_s_per_element.{approximate}", fwd, fwd >= 0)
         need(f"gelu_s_per_element.{approximate}", bwd, bwd >= 0)
@@ -673,6 +680,7 @@ def _profile_from(path: Path, raw: dict[str, Any]) -> DeviceProfile:
         machine=str(raw.get("measured", {}).get("machine", "")),
         optimizer_s_per_param=float(raw.get("measured", {}).get("optimizer_s_per_param", 0.0)),
         dropout_s_per_element=float(raw.get("measured", {}).get("dropout_s_per_element", 0.0)),
+        grad_accumulate_s_per_param=_accumulate_rates(raw.get("measured", {}).get("grad_accumulate_s_per_param", {})),
         gelu_s_per_element=_gelu_rates(raw.get("measured", {}).get("gelu_s_per_element", {})),
         probe_fit_version=(int(raw["probes"].get("fit_version", 1)) if isinstance(raw.get("probes"), dict)
                            else 0),
@@ -682,6 +690,14 @@ def _profile_from(path: Path, raw: dict[str, Any]) -> DeviceProfile:
 
 
 GELU_APPROXIMATIONS = ("tanh", "none")   # torch's names; costmodel.compute.GELU_OF maps MLP kinds to them
+
+
+def _accumulate_rates(raw: Any) -> tuple[tuple[str, float], ...]:
+    """[measured] grad_accumulate_s_per_param: {dtype of the new gradients: seconds per parameter}."""
+    names = [str(d) for d in DType]
+    if not isinstance(raw, dict) or any(name not in names for name in raw):
+        raise ValueError(f"measured.grad_accumulate_s_per_param is not a table of dtypes ({', '.join(names)})")
+    return tuple((str(name), float(v)) for name, v in raw.items())
 
 
 def _gelu_rates(raw: Any) -> tuple[tuple[str, float, float], ...]:
@@ -726,6 +742,8 @@ def local_profile() -> DeviceProfile:
         raise machine.LocalProfileMissing(path, f"the cached profile was measured on {dev.machine or 'another machine'}")
     if not dev.optimizer_s_per_param:
         raise machine.LocalProfileMissing(path, "the cached profile predates the optimizer step's measurement")
+    if not dev.grad_accumulate_s_per_param:
+        raise machine.LocalProfileMissing(path, "the cached profile predates the gradient accumulation's measurement")
     if dev.kind == "cpu" and not dev.dropout_s_per_element:   # a GPU's is 0 (runtime.profiler)
         raise machine.LocalProfileMissing(path, "the cached profile predates the dropout's measurement")
     if dev.kind == "cpu" and not dev.gelu_s_per_element:

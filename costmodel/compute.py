@@ -693,15 +693,21 @@ def cross_entropy_s(tokens: int, vocab: int, train: TrainSpec, dev: DeviceProfil
 
 @_per_kernel_shape
 def embedding_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile) -> KernelTimes:
-    """Lookup (a gather) forward, scatter-add of the gradient backward: memory-bound."""
+    """Lookup (a gather) forward, scatter-add of the gradient backward: memory-bound. torch's
+    embedding backward (`embedding_dense_backward`, as nn.Embedding and the vocab-parallel one
+    run it) first zero-fills a dense gradient of the rank's whole vocabulary shard, every
+    micro-batch, however few tokens it saw: on a small model that table, not the tokens, is
+    the backward's traffic."""
     tokens = plan.micro_batch_size * train.seq_len // plan.cp
     num_bytes = 2 * train.compute_dtype.num_bytes * tokens * model.hidden_size
     fwd = memory_bound_s(num_bytes, dev, 1)
+    table_s = memory_bound_s(train.compute_dtype.num_bytes * ceil_div(model.vocab_size, plan.tp) * model.hidden_size,
+                             dev, 1)
     # the embeddings' dropout (runtime.model) on every token: GPT, the only family with dropout,
     # adds learned positions first, and sequence parallelism shards the sum after its dropout
     # (runtime.parallel); a family that sharded before it would drop 1/tp of these
     dropout_fwd_s = dropout_s(tokens * model.hidden_size if model.dropout else 0, dev)
-    return KernelTimes(forward_s=fwd + dropout_fwd_s, backward_input_s=0.0, backward_weight_s=2 * fwd,
+    return KernelTimes(forward_s=fwd + dropout_fwd_s, backward_input_s=0.0, backward_weight_s=2 * fwd + table_s,
                        attention_forward_s=0.0, recompute_forward_s=0.0)
 
 
@@ -726,6 +732,37 @@ def step_host_s(train: TrainSpec, dev: DeviceProfile) -> float:
     closed-loop runs N-Q in the README); folded until then
     into the per-kernel cost, which priced a 0.85B model's host-bound GPU steps 14-29 % too slow."""
     return dev.for_dtype(train.compute_dtype).efficiency.step_overhead_s
+
+
+def gradient_add_s(num_params: float, incoming: DType, accumulator: DType, num_tensors: float,
+                        dev: DeviceProfile) -> float:
+    """One micro-batch's gradients of `num_params` parameters in `num_tensors` tensors added in
+    place into the step's (one kernel per tensor): at the profile's measured rate where the
+    accumulator is fp32 and the new gradients' dtype was measured, else as traffic (read both,
+    write the sum) at the profile's bandwidth. Affine in both counts (the search's rank shapes
+    rely on it), hence the bandwidth rather than the memory-bound curve at a size per tensor."""
+    rate = dict(dev.grad_accumulate_s_per_param).get(str(incoming))
+    if rate and accumulator is DType.FP32:
+        return num_params * rate + _launches_s(num_tensors, dev)
+    return _traffic_s(num_params * (incoming.num_bytes + 2 * accumulator.num_bytes), num_tensors, dev)
+
+
+def gradient_cast_s(num_params: float, incoming: DType, accumulator: DType, num_tensors: float,
+                    dev: DeviceProfile) -> float:
+    """The first micro-batch's 16-bit gradients cast into a new fp32 accumulator (FSDP2's
+    `unsharded_accumulated_grad`): read one, write the other, at the profile's bandwidth."""
+    return _traffic_s(num_params * (incoming.num_bytes + accumulator.num_bytes), num_tensors, dev)
+
+
+def _traffic_s(num_bytes: float, num_tensors: float, dev: DeviceProfile) -> float:
+    return num_bytes / (dev.memory_bandwidth_bytes_per_s * dev.efficiency.memory) + _launches_s(num_tensors, dev)
+
+
+def _launches_s(num_tensors: float, dev: DeviceProfile) -> float:
+    """The per-kernel cost of one small kernel per tensor. On a GPU the host queues them during
+    the backward pass while the device still computes, so they hide (as _host_or_device's
+    longer of the two would have it); on a CPU the same cores run both."""
+    return num_tensors * dev.efficiency.kernel_overhead_s if dev.kind == "cpu" else 0.0
 
 
 def optimizer_step_s(num_params: float, train: TrainSpec, dev: DeviceProfile) -> float:

@@ -29,8 +29,8 @@ from costmodel.plan import Plan
 from costmodel.pipeline_simulation import Simulation, simulate
 from costmodel.stage_costs import stage_costs
 from costmodel.specs import ModelSpec, TrainSpec
-from costmodel.rank_time import (RankTimes, Spans, after_pipeline_s, dp_exposed_s, rank_times, spans,
-                                 stage_pair_all_reduce_s)
+from costmodel.rank_time import (RankTimes, Spans, after_pipeline_s, dp_exposed_s, grad_accumulation_s, rank_times,
+                                 spans, stage_pair_all_reduce_s)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -141,12 +141,14 @@ def _tied_embedding_sync_s(model: ModelSpec, train: TrainSpec, plan: Plan, clust
 
 
 def _ledger(plan: Plan, critical: RankTimes, pp_s: float, bubble_s: float, dp_s: float,
-            emb_s: float, replica_s: float, optim_s: float, host_s: float) -> dict[str, float]:
+            emb_s: float, after: tuple[float, float, float, float]) -> dict[str, float]:
     m = plan.num_micro_batches
+    optim_s, host_s, replica_s, accumulate_s = after
     return {
         "compute/forward": m * critical.forward_s,
         "compute/backward": m * critical.backward_s,
         "compute/recompute": m * critical.recompute_s,
+        "grads/accumulation": accumulate_s,
         "comm/tp_exposed": m * critical.tp_comm_s,
         "comm/cp_exposed": m * critical.cp_comm_s,
         "comm/ep_exposed": m * critical.ep_comm_s,
@@ -218,10 +220,13 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
     ranks = [rank_times(model, train, plan, views[r], sp, r) for r in range(plan.pp)]
     dp_s = max(dp_exposed_s(model, train, plan, views[r], sp, r, ranks[r]) for r in range(plan.pp))
     # after the pipeline, per rank: (the optimizer step, the step's host work, a TP-replicated
-    # mixture's gradient all-reduce before them); the rank that finishes last sets all three
-    after = [after_pipeline_s(model, train, plan, views[r], sp, rank_params(model, plan, r), plan.layers_on_rank(r))
-             for r in range(plan.pp)]
-    optim_s, host_s, replica_s = max(after, key=sum)
+    # mixture's gradient all-reduce before them), and its gradient accumulation, priced beside
+    # them once a step (rank_time.grad_accumulation_s); the rank that finishes last sets all four
+    held = [rank_params(model, plan, r) for r in range(plan.pp)]
+    accumulate = [grad_accumulation_s(model, train, plan, views[r], held[r], plan.layers_on_rank(r))
+                  for r in range(plan.pp)]
+    after = max(((*after_pipeline_s(model, train, plan, views[r], sp, held[r], plan.layers_on_rank(r)), accumulate[r])
+                 for r in range(plan.pp)), key=sum)
     emb_s = _tied_embedding_sync_s(model, train, plan, views[0], sp)
     closed, critical = pipeline_time_s(plan, ranks) if plan.schedule.traits.closed_form else (None, None)
     if simulate:
@@ -229,15 +234,14 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
         critical = max(range(plan.pp), key=lambda r: sim.busy_s[r])
         # the busiest rank's sends, and its idle time in the simulated pipeline phase
         ledger = _ledger(plan, ranks[critical], sim.send_s[critical], sim.time_s - sim.busy_s[critical],
-                         dp_s, emb_s, replica_s, optim_s, host_s)
+                         dp_s, emb_s, after)
         memory = memory_per_rank(model, train, cluster, plan, sim)
         bubbles = sim.bubble_fractions
     else:
         if closed is None:
             raise ValueError(f"schedule {plan.schedule} has no closed form: simulate it")
         crit, m = ranks[critical], plan.num_micro_batches
-        ledger = _ledger(plan, crit, m * crit.pp_comm_s, closed - m * crit.total_s, dp_s, emb_s, replica_s,
-                         optim_s, host_s)
+        ledger = _ledger(plan, crit, m * crit.pp_comm_s, closed - m * crit.total_s, dp_s, emb_s, after)
         memory = [stage_memory(model, train, plan, r, views[r].device.efficiency.reserved_memory_bytes,
                                cluster.framework) for r in range(plan.pp)]
         bubbles = []
@@ -260,6 +264,7 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
         memory_breakdown_bytes=[m.to_dict() for m in memory], critical_rank=critical,
         rank_time_per_micro_batch_s=[r.total_s for r in ranks],
         bubble_fraction_per_rank=bubbles,
-        rank_work_s=[plan.num_micro_batches * (r.total_s - r.pp_comm_s) for r in ranks],
-        closed_form_step_time_s=None if closed is None else closed + dp_s + emb_s + replica_s + optim_s + host_s,
+        # the accumulation runs inside the rank's backward passes, which the runtime times as its work
+        rank_work_s=[plan.num_micro_batches * (r.total_s - r.pp_comm_s) + a for r, a in zip(ranks, accumulate)],
+        closed_form_step_time_s=None if closed is None else closed + dp_s + emb_s + sum(after),
         host_memory_bytes=host, host_capacity_bytes=min(host_budgets_bytes(plan, cluster)))

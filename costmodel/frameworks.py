@@ -101,6 +101,16 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   torch.compile; our runtime compiles each float8 linear on CUDA) or Transformer Engine's fused
   kernels: one amax read and one scaled cast (5
   bytes per element), three casts per linear, the backward reusing the forward's.
+- `fused_grad_accumulation`: the weight-gradient GEMMs add into the fp32 gradient buffer
+  themselves (Megatron's `gradient_accumulation_fusion` with APEX's `fused_weight_gradient_mlp_cuda`,
+  on unless `--no-gradient-accumulation-fusion`; in Megatron-LM since commit 83b1e42 of
+  2022-02-13, before the sequence parallelism of Korthikanti et al.'s runs), so a micro-batch's
+  gradients cost no pass of their own. Narayanan et al.'s SC'21 runs predate it and added each
+  micro-batch's gradients into `main_grad` in a hook: their rows leave that pass unpriced.
+  Elsewhere every micro-batch after the first adds its gradients into the step's in place:
+  autograd's `grad += new` in fp32, FSDP2's fp32 `unsharded_accumulated_grad += bf16 grad` under
+  mixed precision, or, with ZeRO-2/3 reducing every micro-batch, the reduced shard into the
+  sharded gradient (costmodel.rank_time.grad_accumulation_s).
 - `recompute_early_stop`: a fully recomputed layer stops before its last projection. Our runtime
   wraps each layer in torch's non-reentrant checkpoint (`checkpoint_wrapper`), whose early stop
   (on by default) ends the recomputation once every tensor the backward needs is saved again; the
@@ -145,6 +155,7 @@ class FrameworkTraits:
     float8_casts_fused: bool = False
     ep_folds_over_tp: bool = False
     recompute_early_stop: bool = False
+    fused_grad_accumulation: bool = False
 
 
 GENERIC = FrameworkTraits(name="generic", dp_grad_overlap=True, dp_param_overlap=True, tp_comm_hidden=0.0,
@@ -161,7 +172,8 @@ RUNTIME = FrameworkTraits(name="planner", dp_grad_overlap=True, dp_param_overlap
                           float8_casts_fused=True, dp_collectives_per_layer=True, eager_layer=True,
                           recompute_early_stop=True)
 
-_MEGATRON = dict(sharded_grads_under_pp=True, zero3_gathers_per_param=False, loss_grad_in_place=True)
+_MEGATRON = dict(sharded_grads_under_pp=True, zero3_gathers_per_param=False, loss_grad_in_place=True,
+                 fused_grad_accumulation=True)
 _FSDP = dict(dp_grad_overlap=True, dp_param_overlap=True, tp_comm_hidden=0.0, zero3_gathers_per_param=False,
              fsdp_master_params=True)
 _DEEPSPEED = dict(dp_grad_overlap=True, dp_param_overlap=False, tp_comm_hidden=0.0, sharded_grads_under_pp=True,

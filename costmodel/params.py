@@ -25,13 +25,23 @@ def norm_params(model: ModelSpec) -> int:
     return model.hidden_size * (1 if model.norm_kind is NormKind.RMSNORM else 2)
 
 
-def layer_param_tensors(model: ModelSpec) -> int:
+def layer_param_tensors(model: ModelSpec, *, stacked_experts: bool = False) -> int:
     """Parameter tensors of one layer (weights, biases, norm scales and shifts): how many
-    collectives a framework that gathers parameter by parameter issues per layer."""
+    collectives a framework that gathers parameter by parameter issues per layer.
+    `stacked_experts`: the routed experts' weights as three tensors of all experts each, as
+    runtime.moe holds them, rather than three per expert."""
     norms = model.layer_norms * (1 if model.norm_kind is NormKind.RMSNORM else 2)
-    moe = (1 + 3 * model.num_experts + 3 * bool(model.shared_expert_ffn_hidden_size)
+    moe = (1 + 3 * (1 if stacked_experts else model.num_experts) + 3 * bool(model.shared_expert_ffn_hidden_size)
            + model.shared_expert_gate) if model.is_moe else 0
     return norms + 2 * model.qk_norm + moe + sum(1 + lin.bias for block in dense_blocks(model) for lin in block.linears)
+
+
+def edge_param_tensors(model: ModelSpec, embedding: int, head: int) -> int:
+    """Parameter tensors of a rank's embedding (words, learned positions) and head (the final
+    norm's, the output projection unless tied), given the parameters it holds of each."""
+    words = (1 + (model.position_kind is PositionKind.LEARNED)) if embedding else 0
+    norm = 1 if model.norm_kind is NormKind.RMSNORM else 2
+    return words + ((norm + (head > norm_params(model))) if head else 0)
 
 
 def qk_norm_params(model: ModelSpec) -> int:

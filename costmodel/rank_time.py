@@ -8,13 +8,15 @@ from functools import lru_cache
 from costmodel.cluster import ClusterSpec
 from costmodel.comm import (HOST_COPIES, Collective, all_reduce_algorithms_s, collective_time_s, host_copy_s,
                             p2p_time_s, ring_time_s)
-from costmodel.compute import (KernelTimes, cross_entropy_s, expert_rows, host_optimizer_step_s, moe_tokens,
-                               optimizer_step_s, step_host_s, embedding_kernel_times, head_kernel_times, layer_kernel_times)
+from costmodel.compute import (KernelTimes, cross_entropy_s, expert_rows, gradient_add_s, gradient_cast_s,
+                               host_optimizer_step_s, moe_tokens, optimizer_step_s, step_host_s, embedding_kernel_times,
+                               head_kernel_times, layer_kernel_times)
 from costmodel.flops import stops_before_final_linear
 from costmodel.frameworks import FrameworkTraits
 from costmodel.layout import dense_blocks
 from costmodel.memory import layer_activation_bytes, unsharded_between_micro_batches
-from costmodel.params import (RankParams, ceil_div, folds_ep, layer_expert_params, layer_param_tensors, layer_params,
+from costmodel.params import (RankParams, ceil_div, edge_param_tensors, folds_ep, layer_expert_params,
+                              layer_param_tensors, layer_params,
                               moe_replicated_params, optimized_params, qk_norm_params, rank_params, rank_params_at)
 from costmodel.placement import AxisSpan, group_span, stage_pair_span
 from costmodel.plan import Plan, Recompute
@@ -507,6 +509,37 @@ def after_pipeline_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Cl
             else optimizer_step_s(optimized_params(held, plan, cluster.framework), train, cluster.device))
     return (step, step_host_s(train, cluster.device),   # once a step, after the pipeline
             tp_replica_sync_s(model, train, plan, cluster, sp, layers))
+
+
+def grad_accumulation_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec, held: RankParams,
+                        layers: int) -> float:
+    """A step's gradient accumulation on a rank holding `held` over `layers` layers: every
+    micro-batch after the first adds its gradients into the step's, in place, one kernel per
+    parameter tensor (where the framework fuses it into the weight-gradient GEMMs, costmodel.
+    frameworks `fused_grad_accumulation`, only the embedding's, which is no GEMM, still adds).
+    Whole gradients (ZeRO-0/1, or a pipeline holding them whole) arrive in the compute dtype and
+    add into the grad dtype, FSDP2 casting the first micro-batch's into an fp32 accumulator
+    where the two differ; ZeRO-2/3 reducing every micro-batch add the reduced shard into the
+    sharded gradient, which offloaded states do on the host (_with_host_copies prices it). The
+    adds run inside each micro-batch's backward; priced once a step, beside the optimizer, as the
+    search's rank shapes take it: affine in the layers. On a 2-core EPYC it was 26.6 ms a step of
+    a 10.9M-parameter fp32 model's 8 micro-batches (`benchmarks/step_trace.py`, 2026-11-28)."""
+    m, traits = plan.num_micro_batches, cluster.framework
+    if m == 1:
+        return 0.0
+    if traits.fused_grad_accumulation:
+        held, layers = RankParams(layers=0, embedding=held.embedding, head=0), 0
+    tensors = layers * layer_param_tensors(model, stacked_experts=True) + edge_param_tensors(model, held.embedding,
+                                                                                          held.head)
+    dev = cluster.device.for_dtype(train.compute_dtype)
+    grad = train.grad_dtype
+    if plan.zero_stage >= 2 and not unsharded_between_micro_batches(plan, traits):
+        if plan.offload_optimizer:
+            return 0.0
+        return (m - 1) * gradient_add_s(held.zero_shard(plan, traits), grad, grad, tensors, dev)
+    new = train.compute_dtype
+    cast = gradient_cast_s(held.total, new, grad, tensors, dev) if new is not grad else 0.0
+    return cast + (m - 1) * gradient_add_s(held.total, new, grad, tensors, dev)
 
 
 def dp_bucket_s(model: ModelSpec, plan: Plan, term: DpTerm, cluster: ClusterSpec, sp: Spans) -> float:

@@ -213,6 +213,9 @@ def _measured_rows(setup: Setup, micro: dict, memory, net: _Net, date: str, iden
         ("optimizer_s_per_param", micro["optimizer_s_per_param"],
          f"AdamW (foreach, fp32) over {_optimizer_params(setup.device_type) >> 20}M parameters: "
          "costmodel.compute.optimizer_step_s prices the step with it"),
+        ("grad_accumulate_s_per_param", micro["grad_accumulate_s_per_param"],
+         f"one micro-batch's gradients added in place into fp32 ones, by the dtype they come in, over "
+         f"{_optimizer_params(setup.device_type) >> 20}M parameters: costmodel.compute.gradient_add_s"),
         ("dropout_s_per_element", micro["dropout_s_per_element"],
          "torch's dropout (F.dropout, fp32: draw, scale, multiply), per element: costmodel.compute.dropout_s"
          + ("" if setup.device_type == "cpu" else "; 0 on a GPU, whose dropout draws inside the multiply's kernel")),

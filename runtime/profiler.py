@@ -483,7 +483,7 @@ def measure_rank(dtypes: list[str], device_type: str, threads: int, budget: Budg
         out["layer_ops"] = layer_ops(layer, out["gemm"], say("attention"))
     first_pass_s = time.perf_counter() - curves_start   # the curves' time: what a second pass may take again
     dist.barrier()
-    out.update(per_unit_costs(device))
+    out.update(per_unit_costs(device, dtypes))
     if dist.get_world_size() > 1:
         with warnings.catch_warnings():   # gloo's *_tensor collectives are "deprecated" in 2.13, still the API
             warnings.simplefilter("ignore", FutureWarning)
@@ -552,6 +552,27 @@ def second_pass_rank(micro: dict, threads: int, point_s: float, limit_s: float, 
 # curve and the per-operator, dropout and GeLU costs are measured twice, and each point keeps
 # the faster pass: a stretch rarely spans both, and best-of is what each point already keeps (a
 # whole profile in a slow stretch is not caught: the runs then beat it). The second pass runs
+def grad_accumulate_s_per_param(device: torch.device, dtypes: list[str]) -> dict[str, float]:
+    """Seconds per parameter of adding one micro-batch's gradients into the step's fp32 ones, in
+    place, per dtype the new gradients come in ({"fp32": ..., "bf16": ...}): autograd's own
+    accumulation (`grad += new`) where the gradients are fp32, FSDP2's into its fp32
+    `unsharded_accumulated_grad` where they are 16-bit (mixed precision with an fp32
+    reduce_dtype). Timed as the optimizer's step is, on OPTIMIZER_PARAMS persisting parameters in
+    OPTIMIZER_TENSORS tensors, the mean over OPTIMIZER_ALLOCATIONS allocations (the memory-bound
+    curve's kernels write fresh outputs, which an in-place add never touches). On a 2-core EPYC
+    (2026-11-28, one thread) fp32 += fp32 ran at 43-47 GB/s, fp32 += bf16 at 25-27: the mixed add
+    is not the same kernel at fewer bytes."""
+    count, tensors = (GPU_OPTIMIZER_PARAMS, GPU_OPTIMIZER_TENSORS) if device.type == "cuda" else \
+        (OPTIMIZER_PARAMS, OPTIMIZER_TENSORS)
+    def once(dtype: torch.dtype) -> float:   # one allocation's tensors, freed on return
+        acc = [torch.randn(count // tensors, device=device) for _ in range(tensors)]
+        new = [torch.randn(count // tensors, device=device, dtype=dtype) for _ in range(tensors)]
+        return best_s(lambda: [a.add_(b) for a, b in zip(acc, new)], repeat=3, sync=_sync(device))
+
+    return {name: sum(once(DTYPES[name]) for _ in range(OPTIMIZER_ALLOCATIONS)) / OPTIMIZER_ALLOCATIONS / count
+            for name in dict.fromkeys(["fp32", *dtypes])}
+
+
 # after the probes, some 25 s after the first: 10 s apart, closed loop BO's fp32 GEMMs measured
 # 55-65 GFLOP/s in both passes where the runs minutes later went at the usual 90-100 (2026-11-27
 # 20:06). It may take this much of the first's time (it measures the same points, so it needs
@@ -559,9 +580,10 @@ def second_pass_rank(micro: dict, threads: int, point_s: float, limit_s: float, 
 SECOND_PASS_SLACK = 1.25
 
 
-def per_unit_costs(device: torch.device) -> dict:
+def per_unit_costs(device: torch.device, dtypes: list[str]) -> dict:
     """The profile's per-operator, per-parameter and per-element costs (seconds)."""
     return {"overhead_s": op_overhead_s(device), "optimizer_s_per_param": optimizer_s_per_param(device),
+            "grad_accumulate_s_per_param": grad_accumulate_s_per_param(device, dtypes),
             "dropout_s_per_element": dropout_s_per_element(device),
             "gelu_s_per_element": gelu_s_per_element(device)}
 
@@ -597,9 +619,9 @@ def second_pass(out: dict, dtypes: list[str], shapes, device: torch.device, poin
     """Measure measure_rank's curves again, the points the first pass measured and no more, and
     keep each point's faster pass in `out` (SECOND_PASS_SLACK): within limit_s, except that the
     SDPA shapes of the two shortest sequences are always measured, and the per-operator, dropout
-    and GeLU costs after them (a fraction of a second). The optimizer's cost is a mean over page
-    placements by design (optimizer_s_per_param): the faster of two would pick placements, so it
-    is not measured again."""
+    and GeLU costs after them (a fraction of a second). The optimizer's and the gradient
+    accumulation's costs are means over page placements by design (optimizer_s_per_param): the
+    faster of two would pick placements, so they are not measured again."""
     start = time.perf_counter()
 
     def left_s() -> float:

@@ -12,7 +12,7 @@ from costmodel.plan import Recompute, Schedule
 from costmodel.registry import resolve_model
 from costmodel.specs import TrainSpec
 from costmodel.params import rank_params
-from costmodel.rank_time import after_pipeline_s, dp_exposed_s, rank_times, spans
+from costmodel.rank_time import after_pipeline_s, dp_exposed_s, grad_accumulation_s, rank_times, spans
 from planner import partition
 from planner.bounds import MemoryFit, min_max_time_s
 from planner.partition import solve_split
@@ -52,8 +52,10 @@ def test_rank_shapes_match_the_cost_model(model_name, choice):
             dp = sum(mult * max(c0 + c1 * layers - (w0 + w1 * layers + w2 * recomputed), bucket)
                      for mult, (c0, c1), (w0, w1, w2), bucket in shape.dp)
             assert dp == pytest.approx(dp_exposed_s(model, TRAIN, plan, cluster, sp, rank, times), abs=1e-12)
-            after = after_pipeline_s(model, TRAIN, plan, cluster, sp, rank_params(model, plan, rank), layers)
-            assert shape.opt.intercept + shape.opt.slope * layers == pytest.approx(sum(after))
+            held = rank_params(model, plan, rank)
+            after = after_pipeline_s(model, TRAIN, plan, cluster, sp, held, layers)
+            accumulate = grad_accumulation_s(model, TRAIN, plan, cluster, held, layers)
+            assert shape.opt.intercept + shape.opt.slope * layers == pytest.approx(sum(after) + accumulate)
             assert after[2] > 0 if model.is_moe else after[2] == 0   # (optimizer, host work, TP replica sync)
 
 

@@ -13,7 +13,7 @@ import pytest
 from costmodel import machine
 from runtime.measure import measured_record
 from costmodel.cluster import load_profile, parse_cluster, sdpa_key
-from costmodel.compute import gemm_s, interpolate, optimizer_step_s
+from costmodel.compute import gemm_s, gradient_add_s, interpolate, optimizer_step_s
 from costmodel.estimate import estimate
 from costmodel.plan import PlanFile
 from costmodel.registry import resolve_model
@@ -65,6 +65,10 @@ def test_profile_writes_a_usable_measured_profile(measured, capsys):
     per_param = raw["measured"]["optimizer_s_per_param"]
     assert 1e-11 < per_param < 1e-6 and dev.optimizer_s_per_param == per_param
     assert optimizer_step_s(1e6, train, dev) == pytest.approx(1e6 * per_param)
+    # a micro-batch's gradients added into the step's, per dtype they come in, price the accumulation
+    accumulate = raw["measured"]["grad_accumulate_s_per_param"]
+    assert set(accumulate) == {"fp32", "bf16"} and all(1e-12 < t < 1e-6 for t in accumulate.values())
+    assert gradient_add_s(1e6, DType.BF16, DType.FP32, 0, dev) == pytest.approx(1e6 * accumulate["bf16"])
     # torch's dropout is measured too (software random numbers on a CPU: ns an element)
     draw = raw["measured"]["dropout_s_per_element"]
     assert 1e-11 < draw < 1e-6 and dev.dropout_s_per_element == draw
@@ -136,6 +140,9 @@ def test_local_is_measured_once_then_cached(measured, tmp_path, monkeypatch, cap
     cached.write_text(re.sub(r"(?m)^gelu_s_per_element = .*$", "", cached.read_text()))
     assert main(args) == 0 and len(calls) == 6           # from before GeLU was measured
     assert "predates GeLU's measurement" in capsys.readouterr().err
+    cached.write_text(re.sub(r"(?m)^grad_accumulate_s_per_param = .*$", "", cached.read_text()))
+    assert main(args) == 0 and len(calls) == 7           # from before the accumulation was measured
+    assert "predates the gradient accumulation's measurement" in capsys.readouterr().err
 
 
 def test_run_refuses_a_profile_of_another_machine(measured, tmp_path, capsys):

@@ -65,10 +65,11 @@ def test_points_slowed_in_the_first_pass_are_measured_again(group):
     out = {"gemm": {"fp32": replace(gemm, points=_slowed(gemm.points, 3))},
            "memory": replace(memory, points=_slowed(memory.points, 1)),
            "sdpa": {**sdpa, forward: _slowed_sdpa(sdpa[forward], 0), backward: _slowed_sdpa(sdpa[backward], 0)},
-           "attention": {}, **prof.per_unit_costs(CPU)}
+           "attention": {}, **prof.per_unit_costs(CPU, ["fp32"])}
     first = {"gemm": out["gemm"]["fp32"].points, "memory": out["memory"].points,
              "sdpa": dict(out["sdpa"]), "gelu": dict(out["gelu_s_per_element"]),
-             **{k: out[k] for k in ("overhead_s", "optimizer_s_per_param", "dropout_s_per_element")}}
+             **{k: out[k] for k in ("overhead_s", "optimizer_s_per_param", "dropout_s_per_element",
+                                    "grad_accumulate_s_per_param")}}
     prof.second_pass(out, ["fp32"], shapes, CPU, point_s=10.0, limit_s=60.0, report=lambda frac, what: None)
 
     for got, was, i in ((out["gemm"]["fp32"].points, first["gemm"], 3), (out["memory"].points, first["memory"], 1)):
@@ -84,8 +85,9 @@ def test_points_slowed_in_the_first_pass_are_measured_again(group):
     assert out["attention"]["fp32"] > 0   # derived again from the faster curves
     for key in ("overhead_s", "dropout_s_per_element"):
         assert out[key] <= first[key]
-    # a mean over page placements by design: not replaced by the faster of two
+    # means over page placements by design: not replaced by the faster of two
     assert out["optimizer_s_per_param"] == first["optimizer_s_per_param"]
+    assert out["grad_accumulate_s_per_param"] == first["grad_accumulate_s_per_param"]
     for approximate, pair in out["gelu_s_per_element"].items():
         assert sum(pair) <= sum(first["gelu"][approximate])
 
@@ -101,7 +103,7 @@ def test_the_second_pass_runs_on_forked_ranks_after_the_first_and_sorts_the_gemm
         micro = {"gemm": {"fp32": replace(gemm, points=_slowed(gemm.points, 2))},
                  "memory": prof.memory_curve(CPU, 60.0, 10.0, lambda frac, what: None, count=1),
                  "sdpa": prof.sdpa_curves("fp32", CPU, 60.0, 10.0, prof.CPU_SDPA_SHAPES[:1]),
-                 "attention": {}, **prof.per_unit_costs(CPU)}
+                 "attention": {}, **prof.per_unit_costs(CPU, ["fp32"])}
     finally:
         dist.destroy_process_group()
     out = run_forked(2, prof.second_pass_rank, micro, 1, 10.0, 60.0, lambda frac, what: None)[0]
