@@ -735,7 +735,7 @@ def step_host_s(train: TrainSpec, dev: DeviceProfile) -> float:
 
 
 def gradient_add_s(num_params: float, incoming: DType, accumulator: DType, num_tensors: float,
-                        dev: DeviceProfile) -> float:
+                   dev: DeviceProfile) -> float:
     """One micro-batch's gradients of `num_params` parameters in `num_tensors` tensors added in
     place into the step's (one kernel per tensor): at the profile's measured rate where the
     accumulator is fp32 and the new gradients' dtype was measured, else as traffic (read both,

@@ -5,7 +5,9 @@ The step time is a sum of ledger items under hierarchical keys (a test checks th
 critical pipeline rank's (the busiest in the simulation) work over all micro-batches, split into
 compute and the communication on its path, then its idle time in the pipeline (the bubble), then
 what happens once per step (exposed data-parallel synchronisation, tied-embedding sync, the
-gradient sync of parameters whole on every TP rank (a mixture, Q/K norms), optimizer). Peak activation memory per rank is the simulated peak.
+gradient sync of parameters whole on every TP rank (a mixture, Q/K norms), optimizer), and the
+gradient accumulation, which runs inside the backward passes but is booked once a step beside
+them (costmodel.rank_time.grad_accumulation_s). Peak activation memory per rank is the simulated peak.
 
 The closed forms of costmodel.pipeline_closed_form are kept beside it as `closed_form_step_time_s`: the
 search optimises layer splits against them (they are affine enough for CP-SAT) and the tests use
@@ -50,8 +52,8 @@ class Estimate:
     critical_rank: int
     rank_time_per_micro_batch_s: list[float] = field(default_factory=list)
     bubble_fraction_per_rank: list[float] = field(default_factory=list)
-    # per pipeline rank, seconds per step of its own work: compute and the TP/CP collectives
-    # inside it (what the runtime times as a stage's busy time)
+    # per pipeline rank, seconds per step of its own work: compute, the TP/CP collectives and
+    # the gradient accumulation inside it (what the runtime times as a stage's busy time)
     rank_work_s: list[float] = field(default_factory=list)
     closed_form_step_time_s: float | None = None   # None: the schedule has no closed form (zbv)
     # offloaded states (Plan.offload_optimizer): host memory per device of each pipeline rank,

@@ -105,7 +105,8 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   themselves (Megatron's `gradient_accumulation_fusion` with APEX's `fused_weight_gradient_mlp_cuda`,
   on unless `--no-gradient-accumulation-fusion`; in Megatron-LM since commit 83b1e42 of
   2022-02-13, before the sequence parallelism of Korthikanti et al.'s runs), so a micro-batch's
-  gradients cost no pass of their own. Narayanan et al.'s SC'21 runs predate it and added each
+  GEMM-made gradients cost no pass of their own; the embedding's is added into `main_grad` by a
+  hook every micro-batch. Narayanan et al.'s SC'21 runs predate it and added each
   micro-batch's gradients into `main_grad` in a hook: their rows leave that pass unpriced.
   Elsewhere every micro-batch after the first adds its gradients into the step's in place:
   autograd's `grad += new` in fp32, FSDP2's fp32 `unsharded_accumulated_grad += bf16 grad` under

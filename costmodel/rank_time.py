@@ -20,7 +20,7 @@ from costmodel.params import (RankParams, ceil_div, edge_param_tensors, folds_ep
                               moe_replicated_params, optimized_params, qk_norm_params, rank_params, rank_params_at)
 from costmodel.placement import AxisSpan, group_span, stage_pair_span
 from costmodel.plan import Plan, Recompute
-from costmodel.specs import ModelSpec, TrainSpec
+from costmodel.specs import DType, ModelSpec, TrainSpec
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -515,31 +515,39 @@ def grad_accumulation_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster:
                         layers: int) -> float:
     """A step's gradient accumulation on a rank holding `held` over `layers` layers: every
     micro-batch after the first adds its gradients into the step's, in place, one kernel per
-    parameter tensor (where the framework fuses it into the weight-gradient GEMMs, costmodel.
-    frameworks `fused_grad_accumulation`, only the embedding's, which is no GEMM, still adds).
-    Whole gradients (ZeRO-0/1, or a pipeline holding them whole) arrive in the compute dtype and
-    add into the grad dtype, FSDP2 casting the first micro-batch's into an fp32 accumulator
-    where the two differ; ZeRO-2/3 reducing every micro-batch add the reduced shard into the
-    sharded gradient, which offloaded states do on the host (_with_host_copies prices it). The
-    adds run inside each micro-batch's backward; priced once a step, beside the optimizer, as the
-    search's rank shapes take it: affine in the layers. On a 2-core EPYC it was 26.6 ms a step of
-    a 10.9M-parameter fp32 model's 8 micro-batches (`benchmarks/step_trace.py`, 2026-11-28)."""
+    parameter tensor. The adds run inside each micro-batch's backward; priced once a step, beside
+    the optimizer, as the search's rank shapes take it: affine in the layers. On a 2-core EPYC it
+    was 26.6 ms a step of a 10.9M-parameter fp32 model's 8 micro-batches (`benchmarks/
+    step_trace.py`, 2026-11-28).
+    - Whole gradients (ZeRO-0/1, or a pipeline holding them whole) arrive in the compute dtype:
+      fp32 ones add into fp32 (autograd; the runtime takes no reduce dtype in fp32), 16-bit ones
+      into the grad dtype, FSDP2 casting the first micro-batch's into that accumulator.
+    - ZeRO-2/3 reducing every micro-batch add the reduced shard into the sharded gradient, which
+      FSDP2 keeps in the sharded parameter's dtype: fp32 under fp32 master weights (the reduced
+      shard's cast to it is the reduction's, not priced here). Offloaded states add on the host
+      (_with_host_copies prices it).
+    - Where the framework fuses the adds into its weight-gradient GEMMs (costmodel.frameworks
+      `fused_grad_accumulation`), only the embedding's gradient, which no GEMM makes, adds into
+      the fp32 buffer in a hook, every micro-batch."""
     m, traits = plan.num_micro_batches, cluster.framework
+    dev = cluster.device.for_dtype(train.compute_dtype)
+    new, grad = train.compute_dtype, train.grad_dtype
+    if traits.fused_grad_accumulation:
+        words = edge_param_tensors(model, held.embedding, 0)
+        return m * gradient_add_s(held.embedding, new, grad, words, dev) if held.embedding else 0.0
     if m == 1:
         return 0.0
-    if traits.fused_grad_accumulation:
-        held, layers = RankParams(layers=0, embedding=held.embedding, head=0), 0
     tensors = layers * layer_param_tensors(model, stacked_experts=True) + edge_param_tensors(model, held.embedding,
                                                                                           held.head)
-    dev = cluster.device.for_dtype(train.compute_dtype)
-    grad = train.grad_dtype
     if plan.zero_stage >= 2 and not unsharded_between_micro_batches(plan, traits):
         if plan.offload_optimizer:
             return 0.0
-        return (m - 1) * gradient_add_s(held.zero_shard(plan, traits), grad, grad, tensors, dev)
-    new = train.compute_dtype
-    cast = gradient_cast_s(held.total, new, grad, tensors, dev) if new is not grad else 0.0
-    return cast + (m - 1) * gradient_add_s(held.total, new, grad, tensors, dev)
+        fp32_params = new is DType.FP32 or (traits.fsdp_master_params and train.master_weights_fp32)
+        shard = DType.FP32 if fp32_params else grad
+        return (m - 1) * gradient_add_s(held.zero_shard(plan, traits), shard, shard, tensors, dev)
+    accumulator = grad if new is not DType.FP32 else DType.FP32
+    cast = gradient_cast_s(held.total, new, accumulator, tensors, dev) if new is not accumulator else 0.0
+    return cast + (m - 1) * gradient_add_s(held.total, new, accumulator, tensors, dev)
 
 
 def dp_bucket_s(model: ModelSpec, plan: Plan, term: DpTerm, cluster: ClusterSpec, sp: Spans) -> float:

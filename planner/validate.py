@@ -236,8 +236,9 @@ SEARCH_FIELDS = {"micro_batch": "micro_batch_size", "recompute": "recompute", "v
 def best_plan_for_row(row: dict[str, str], model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
                       time_limit_s: float = 20.0) -> tuple[Plan, Estimate, dict[str, Any]]:
     """The planner's own search fills the unstated fields with every stated one fixed (and the
-    schedules the framework offers); the plan is then laid out as the framework runs it: equal
-    layers per stage, every layer of the chosen recompute mode recomputed, Megatron's rank order.
+    schedules the framework offers); its best plans (FRAMEWORK_LAYOUTS) are then laid out as the
+    framework runs them (equal layers per stage, every layer of the chosen recompute mode
+    recomputed, Megatron's rank order) and the fastest that fits is kept.
     When no plan fits, the enumeration below finds the one that overflows least (OOM rows)."""
     tp, pp, cp, ep = _int(row, "tp"), _int(row, "pp"), _int(row, "cp", 1), _int(row, "ep", 1)
     dp = _int(row, "dp", cluster.world_size // (tp * pp * cp))
@@ -253,7 +254,8 @@ def best_plan_for_row(row: dict[str, str], model: ModelSpec, train: TrainSpec, c
                             schedules=PUBLISHED_SCHEDULES, error_band=0.0)
     found = search(model, train, cluster, options).plans
     if found:
-        laid_out = [_as_framework_runs(model, train, cluster, f.plan) for f in found]
+        choices = {_choice_of(f.plan): f.plan for f in reversed(found)}   # the fastest plan of each choice
+        laid_out = [_as_framework_runs(model, train, cluster, choice) for choice in choices]
         fitting = [pair for pair in laid_out if pair[1].fits]
         if fitting:
             plan, est = min(fitting, key=lambda pair: pair[1].step_time_s)
@@ -273,12 +275,17 @@ def best_plan_for_row(row: dict[str, str], model: ModelSpec, train: TrainSpec, c
 FRAMEWORK_LAYOUTS = 8
 
 
-def _as_framework_runs(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, chosen: Plan) -> tuple[Plan, Estimate]:
-    """A search plan's choices laid out by build_plan (equal layers per stage, every layer of its
+def _choice_of(plan: Plan) -> Choice:
+    """What the framework's layout keeps of a search plan: its degrees and modes."""
+    return Choice(tp=plan.tp, pp=plan.pp, cp=plan.cp, dp=plan.dp, ep=plan.ep, zero_stage=plan.zero_stage,
+                  recompute=plan.recompute, sequence_parallel=plan.sequence_parallel,
+                  micro_batch_size=plan.micro_batch_size, vpp=plan.vpp)
+
+
+def _as_framework_runs(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
+                       choice: Choice) -> tuple[Plan, Estimate]:
+    """A search plan's choice laid out by build_plan (equal layers per stage, every layer of its
     recompute mode recomputed, Megatron's rank order) and priced."""
-    choice = Choice(tp=chosen.tp, pp=chosen.pp, cp=chosen.cp, dp=chosen.dp, ep=chosen.ep, zero_stage=chosen.zero_stage,
-                    recompute=chosen.recompute, sequence_parallel=chosen.sequence_parallel,
-                    micro_batch_size=chosen.micro_batch_size, vpp=chosen.vpp)
     plan = build_plan(model, train, cluster, choice)
     return plan, estimate(model, train, cluster, plan)
 

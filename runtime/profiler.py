@@ -260,6 +260,30 @@ def optimizer_s_per_param(device: torch.device) -> float:
     return sum(times) / len(times) / count
 
 
+def grad_accumulate_s_per_param(device: torch.device, dtypes: list[str]) -> dict[str, float]:
+    """Seconds per parameter of adding one micro-batch's gradients into the step's fp32 ones, in
+    place, per dtype the new gradients come in ({"fp32": ..., "bf16": ...}): autograd's own
+    accumulation (`grad += new`) where the gradients are fp32, FSDP2's into its fp32
+    `unsharded_accumulated_grad` where they are 16-bit (mixed precision with an fp32
+    reduce_dtype). Timed as the optimizer's step is, on OPTIMIZER_PARAMS persisting parameters in
+    OPTIMIZER_TENSORS tensors, the mean over OPTIMIZER_ALLOCATIONS allocations (the memory-bound
+    curve's kernels write fresh outputs, which an in-place add never touches). On a 2-core EPYC
+    (2026-11-28, one thread) fp32 += fp32 ran at 43-47 GB/s, fp32 += bf16 at 25-27: the mixed add
+    is not the same kernel at fewer bytes. The adds inside a training step (a step trace of an
+    fp32 model's 10.9M parameters) read 34 GB/s with their per-tensor dispatch: these 32 MB may
+    partly sit in a large last-level cache, which the cost model then prices slightly fast."""
+    count, tensors = (GPU_OPTIMIZER_PARAMS, GPU_OPTIMIZER_TENSORS) if device.type == "cuda" else \
+        (OPTIMIZER_PARAMS, OPTIMIZER_TENSORS)
+
+    def once(dtype: torch.dtype) -> float:   # one allocation's tensors, freed on return
+        acc = [torch.randn(count // tensors, device=device) for _ in range(tensors)]
+        new = [torch.randn(count // tensors, device=device, dtype=dtype) for _ in range(tensors)]
+        return best_s(lambda: [a.add_(b) for a, b in zip(acc, new)], repeat=3, sync=_sync(device))
+
+    return {name: sum(once(DTYPES[name]) for _ in range(OPTIMIZER_ALLOCATIONS)) / OPTIMIZER_ALLOCATIONS / count
+            for name in dict.fromkeys(["fp32", *dtypes])}
+
+
 DROPOUT_ELEMENTS = 1 << 20
 
 
@@ -552,27 +576,6 @@ def second_pass_rank(micro: dict, threads: int, point_s: float, limit_s: float, 
 # curve and the per-operator, dropout and GeLU costs are measured twice, and each point keeps
 # the faster pass: a stretch rarely spans both, and best-of is what each point already keeps (a
 # whole profile in a slow stretch is not caught: the runs then beat it). The second pass runs
-def grad_accumulate_s_per_param(device: torch.device, dtypes: list[str]) -> dict[str, float]:
-    """Seconds per parameter of adding one micro-batch's gradients into the step's fp32 ones, in
-    place, per dtype the new gradients come in ({"fp32": ..., "bf16": ...}): autograd's own
-    accumulation (`grad += new`) where the gradients are fp32, FSDP2's into its fp32
-    `unsharded_accumulated_grad` where they are 16-bit (mixed precision with an fp32
-    reduce_dtype). Timed as the optimizer's step is, on OPTIMIZER_PARAMS persisting parameters in
-    OPTIMIZER_TENSORS tensors, the mean over OPTIMIZER_ALLOCATIONS allocations (the memory-bound
-    curve's kernels write fresh outputs, which an in-place add never touches). On a 2-core EPYC
-    (2026-11-28, one thread) fp32 += fp32 ran at 43-47 GB/s, fp32 += bf16 at 25-27: the mixed add
-    is not the same kernel at fewer bytes."""
-    count, tensors = (GPU_OPTIMIZER_PARAMS, GPU_OPTIMIZER_TENSORS) if device.type == "cuda" else \
-        (OPTIMIZER_PARAMS, OPTIMIZER_TENSORS)
-    def once(dtype: torch.dtype) -> float:   # one allocation's tensors, freed on return
-        acc = [torch.randn(count // tensors, device=device) for _ in range(tensors)]
-        new = [torch.randn(count // tensors, device=device, dtype=dtype) for _ in range(tensors)]
-        return best_s(lambda: [a.add_(b) for a, b in zip(acc, new)], repeat=3, sync=_sync(device))
-
-    return {name: sum(once(DTYPES[name]) for _ in range(OPTIMIZER_ALLOCATIONS)) / OPTIMIZER_ALLOCATIONS / count
-            for name in dict.fromkeys(["fp32", *dtypes])}
-
-
 # after the probes, some 25 s after the first: 10 s apart, closed loop BO's fp32 GEMMs measured
 # 55-65 GFLOP/s in both passes where the runs minutes later went at the usual 90-100 (2026-11-27
 # 20:06). It may take this much of the first's time (it measures the same points, so it needs

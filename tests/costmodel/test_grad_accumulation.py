@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from costmodel.cluster import ClusterSpec, load_profile
+from costmodel.compute import embedding_kernel_times, memory_bound_s
 from costmodel.estimate import estimate
 from costmodel.frameworks import FRAMEWORKS
 from costmodel.params import edge_param_tensors, layer_param_tensors, rank_params
@@ -33,8 +34,9 @@ def _cluster(devices: int = 2, framework: str = "planner") -> ClusterSpec:
     return ClusterSpec(device=dev, num_nodes=1, devices_per_node=devices, framework=FRAMEWORKS[framework])
 
 
-def _priced(dtype: DType = DType.FP32, framework: str = "planner", **choice) -> tuple[list[float], object]:
-    train = TrainSpec(seq_len=256, global_batch_size=8, compute_dtype=dtype)
+def _priced(dtype: DType = DType.FP32, framework: str = "planner", grad: DType = DType.FP32,
+            **choice) -> tuple[list[float], object]:
+    train = TrainSpec(seq_len=256, global_batch_size=8, compute_dtype=dtype, grad_dtype=grad)
     cluster = _cluster(choice.get("dp", 1) * choice.get("pp", 1), framework)
     plan = build_plan(MODEL, train, cluster, Choice(**choice))
     return [grad_accumulation_s(MODEL, train, plan, cluster, rank_params(MODEL, plan, r), plan.layers_on_rank(r))
@@ -79,16 +81,41 @@ def test_zero_2_adds_the_reduced_shard_and_a_pipeline_holds_gradients_whole():
         assert got == pytest.approx(7 * (held.total * FP32_S + _tensors(held, 2) * overhead))
 
 
+def test_the_sharded_gradient_is_fp32_whatever_the_reduced_dtype():
+    """FSDP2 casts the reduced shard to the sharded parameter's dtype (fp32 master weights) and
+    adds there; and in fp32 the runtime takes no reduce dtype, so a bf16 grad dtype changes nothing."""
+    overhead = _cluster().device.for_dtype(DType.BF16).efficiency.kernel_overhead_s
+    (bf16_grads,), plan = _priced(DType.BF16, grad=DType.BF16, dp=2, zero_stage=2, micro_batch_size=1)
+    held = rank_params(MODEL, plan, 0)
+    assert bf16_grads == pytest.approx(3 * (held.total / 2 * FP32_S + _tensors(held, 4) * overhead))
+    assert _priced(DType.FP32, grad=DType.BF16, micro_batch_size=2)[0] == _priced(DType.FP32, micro_batch_size=2)[0]
+
+
 def test_offloaded_shards_add_on_the_host_which_the_host_copies_price():
     assert _priced(dp=2, zero_stage=2, micro_batch_size=1, offload_optimizer=True)[0] == [0.0]
 
 
-def test_fused_accumulation_leaves_only_the_embedding_add():
+def test_fused_accumulation_leaves_only_the_embedding_add_every_micro_batch():
     ours, _ = _priced(pp=2, micro_batch_size=1)
     fused, plan = _priced(framework="megatron-core", pp=2, micro_batch_size=1)
     assert fused[1] == 0.0 and 0 < fused[0] < ours[0] / 2   # the last rank's head is a GEMM
     embedding = rank_params(MODEL, plan, 0).embedding
-    assert fused[0] == pytest.approx(7 * (embedding * FP32_S + 1 * _cluster().device.efficiency.kernel_overhead_s))
+    one_add = embedding * FP32_S + 1 * _cluster().device.efficiency.kernel_overhead_s
+    assert fused[0] == pytest.approx(8 * one_add)   # Megatron's hook adds into main_grad, the first too
+    assert _priced(framework="megatron-core", micro_batch_size=8)[0] == [pytest.approx(one_add)]
+
+
+def test_the_embedding_backward_fills_its_vocabulary_shard():
+    """torch's dense embedding gradient: a zero-filled vocab/tp x hidden table per micro-batch,
+    however few tokens (the gather and scatter-add are the tokens' bytes)."""
+    train = TrainSpec(seq_len=256, global_batch_size=8, compute_dtype=DType.FP32)
+    dev = _cluster().device.for_dtype(DType.FP32)
+    for tp in (1, 2):
+        plan = build_plan(MODEL, train, _cluster(tp), Choice(tp=tp, micro_batch_size=1))
+        emb = embedding_kernel_times(MODEL, train, plan, dev)
+        table = memory_bound_s(4 * -(-MODEL.vocab_size // tp) * MODEL.hidden_size, dev, 1)
+        assert emb.backward_weight_s == pytest.approx(2 * emb.forward_s + table)
+        assert table > emb.forward_s   # 6,000 words against 256 tokens
 
 
 def test_the_estimate_books_the_slowest_ranks_accumulation_and_each_ranks_in_its_work():
@@ -127,3 +154,17 @@ def test_fsdp2_accumulates_bf16_gradients_in_fp32_between_reductions(group):
     layer(x).sum().backward()
     again = layer._get_fsdp_state()._fsdp_param_group.fsdp_params[0].unsharded_accumulated_grad
     assert again.dtype == torch.float32 and torch.allclose(again, 2 * first, rtol=1e-2)
+
+
+def test_fsdp2_adds_each_reduced_shard_into_an_fp32_sharded_gradient(group):
+    """ZeRO-2/3 reducing every micro-batch: the reduced shard, in bf16 here, lands in the fp32
+    sharded gradient (the master weight's dtype) and the next one is added there."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(16, 16)
+    fully_shard(layer, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16))
+    x = torch.randn(4, 16)
+    layer(x).sum().backward()
+    first = layer.weight.grad.to_local().clone()
+    layer(x).sum().backward()
+    assert layer.weight.grad.dtype == torch.float32
+    assert torch.allclose(layer.weight.grad.to_local(), 2 * first, rtol=1e-2)

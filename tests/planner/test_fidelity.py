@@ -4,7 +4,7 @@ These guard what `python benchmarks/fidelity.py` measured (2026-11-23: in sample
 max 26.3 %, Spearman 0.998, 72 of 73 measured runs predicted to fit; 2026-11-25, with the
 Mixtral 8x7B row (+18.7 %): MAPE 6.2 %, 73 of 74 fit; with three more MoE rows: MAPE 6.7 %,
 74 of 77 fit; 2026-11-26: MAPE 4.8 %, left out 5.6 % / max 20.1 %; 2026-11-28, gradient accumulation
-priced: 4.8 %, left out 5.9 % / 23.2 %) from getting worse; the README's
+priced: 4.8 %, left out 5.9 % / 23.5 %) from getting worse; the README's
 fidelity section says which rows miss and why."""
 from pathlib import Path
 
