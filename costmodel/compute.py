@@ -755,7 +755,8 @@ def gradient_cast_s(num_params: float, incoming: DType, accumulator: DType, num_
 
 
 def _traffic_s(num_bytes: float, num_tensors: float, dev: DeviceProfile) -> float:
-    return num_bytes / (dev.memory_bandwidth_bytes_per_s * dev.efficiency.memory) + _launches_s(num_tensors, dev)
+    """Bytes at the profile's bandwidth (roofline_s), the tensors' launches apart (_launches_s)."""
+    return roofline_s(0.0, num_bytes, dev, 1.0, 1.0, num_kernels=0) + _launches_s(num_tensors, dev)
 
 
 def _launches_s(num_tensors: float, dev: DeviceProfile) -> float:

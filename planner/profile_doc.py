@@ -254,9 +254,9 @@ def _probes(probed, skipped):
 
 
 def _optimizer_params(device_type: str) -> int:
-    """How many parameters the profiler's AdamW step is timed over (runtime.profiler)."""
+    """How many parameters the profiler's AdamW step and gradient adds are timed over."""
     from runtime import profiler as prof
-    return prof.GPU_OPTIMIZER_PARAMS if device_type == "cuda" else prof.OPTIMIZER_PARAMS
+    return prof.persisting_params(device_type)[0]
 
 
 def _cuda_memory() -> int:

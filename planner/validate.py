@@ -254,8 +254,9 @@ def best_plan_for_row(row: dict[str, str], model: ModelSpec, train: TrainSpec, c
                             schedules=PUBLISHED_SCHEDULES, error_band=0.0)
     found = search(model, train, cluster, options).plans
     if found:
-        choices = {_choice_of(f.plan): f.plan for f in reversed(found)}   # the fastest plan of each choice
-        laid_out = [_as_framework_runs(model, train, cluster, choice) for choice in choices]
+        # plans differing only in their split or rank order lay out alike: each choice once
+        laid_out = [_as_framework_runs(model, train, cluster, choice)
+                    for choice in dict.fromkeys(_choice_of(f.plan) for f in found)]
         fitting = [pair for pair in laid_out if pair[1].fits]
         if fitting:
             plan, est = min(fitting, key=lambda pair: pair[1].step_time_s)

@@ -238,6 +238,12 @@ OPTIMIZER_PARAMS, OPTIMIZER_TENSORS, OPTIMIZER_ALLOCATIONS = 1 << 22, 16, 3
 GPU_OPTIMIZER_PARAMS, GPU_OPTIMIZER_TENSORS = 1 << 27, 32
 
 
+def persisting_params(device_type: str) -> tuple[int, int]:
+    """(parameters, tensors) the per-parameter costs are timed over on this kind of device."""
+    return (GPU_OPTIMIZER_PARAMS, GPU_OPTIMIZER_TENSORS) if device_type == "cuda" else \
+        (OPTIMIZER_PARAMS, OPTIMIZER_TENSORS)
+
+
 def optimizer_s_per_param(device: torch.device) -> float:
     """Seconds per parameter of an AdamW step as the runtime takes one on the device
     (runtime.train.make_optimizer: foreach, fp32 weights; FSDP2 keeps the master weights in
@@ -246,8 +252,7 @@ def optimizer_s_per_param(device: torch.device) -> float:
     an in-place optimizer never pays. The mean over OPTIMIZER_ALLOCATIONS fresh sets of tensors:
     on a CPU the same step takes 2 or 4 ns per parameter by where its pages land, stable within
     one allocation (a training run's are as likely to land either way)."""
-    count, tensors = (GPU_OPTIMIZER_PARAMS, GPU_OPTIMIZER_TENSORS) if device.type == "cuda" else \
-        (OPTIMIZER_PARAMS, OPTIMIZER_TENSORS)
+    count, tensors = persisting_params(device.type)
     times = []
     for _ in range(OPTIMIZER_ALLOCATIONS):
         params = [torch.nn.Parameter(torch.randn(count // tensors, device=device)) for _ in range(tensors)]
@@ -268,12 +273,12 @@ def grad_accumulate_s_per_param(device: torch.device, dtypes: list[str]) -> dict
     reduce_dtype). Timed as the optimizer's step is, on OPTIMIZER_PARAMS persisting parameters in
     OPTIMIZER_TENSORS tensors, the mean over OPTIMIZER_ALLOCATIONS allocations (the memory-bound
     curve's kernels write fresh outputs, which an in-place add never touches). On a 2-core EPYC
-    (2026-11-28, one thread) fp32 += fp32 ran at 43-47 GB/s, fp32 += bf16 at 25-27: the mixed add
-    is not the same kernel at fewer bytes. The adds inside a training step (a step trace of an
-    fp32 model's 10.9M parameters) read 34 GB/s with their per-tensor dispatch: these 32 MB may
-    partly sit in a large last-level cache, which the cost model then prices slightly fast."""
-    count, tensors = (GPU_OPTIMIZER_PARAMS, GPU_OPTIMIZER_TENSORS) if device.type == "cuda" else \
-        (OPTIMIZER_PARAMS, OPTIMIZER_TENSORS)
+    (2026-11-28, closed loop GC's `planner profile`) fp32 += fp32 took 3.1e-10 s a parameter (39
+    GB/s), fp32 += bf16 3.4e-10 (29 GB/s): the mixed add is not the same kernel at fewer bytes.
+    The adds inside a training step (`benchmarks/step_trace.py ... --shapes` on an fp32 model's
+    10.9M parameters) read 34 GB/s with their per-tensor dispatch: these 32 MB may partly sit in
+    a large last-level cache, which the cost model then prices slightly fast."""
+    count, tensors = persisting_params(device.type)
 
     def once(dtype: torch.dtype) -> float:   # one allocation's tensors, freed on return
         acc = [torch.randn(count // tensors, device=device) for _ in range(tensors)]

@@ -47,6 +47,14 @@ def _tensors(rank_held, layers: int) -> int:
     return layers * layer_param_tensors(MODEL) + edge_param_tensors(MODEL, rank_held.embedding, rank_held.head)
 
 
+def test_the_adds_count_the_runtimes_tensors():
+    """One add per parameter tensor: a Llama layer's two norms and seven projections, the
+    embedding's one table, the head's norm and projection (the norm alone when tied)."""
+    assert layer_param_tensors(MODEL, stacked_experts=True) == 9
+    assert edge_param_tensors(MODEL, 1, 0) == 1
+    assert edge_param_tensors(MODEL, 0, 10**6) == 2 and edge_param_tensors(MODEL, 0, MODEL.hidden_size) == 1
+
+
 def test_one_micro_batch_accumulates_nothing():
     assert _priced(micro_batch_size=8)[0] == [0.0]
 
