@@ -10,7 +10,9 @@ FSDP2 as `runtime.parallel.apply_data_parallel` applies it to a plan with one da
 replica: a unit per layer and one at the root, parameters kept whole after the forward (ZeRO-1),
 parameters in the compute dtype and reductions in fp32; the layers are plain linear stacks of a
 GPT-style layer's shapes (QKV, output, FFN up, GeLU, down), not the runtime's model. On a one-rank
-gloo group (a HashStore: no port), one thread. The runtime wraps a one-replica plan in FSDP only
+gloo group (a HashStore: no port), one thread, freed memory kept as a run's ranks keep it
+(runtime.host_memory: without it the reduce's fresh buffers pay their pages again, which had read
+the bf16 reduce about twice as slow here). The runtime wraps a one-replica plan in FSDP only
 for a 16-bit compute dtype (or TP or offload): an fp32 one-rank plan runs plain.
 
 Each round runs four micro-batches as the runtime does (sync on the last only) and then reshards,
@@ -27,6 +29,8 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from runtime.host_memory import keep_freed_memory
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 MICRO_BATCHES = 4
@@ -95,6 +99,7 @@ def main() -> None:
     if args.rounds <= WARM_ROUNDS:
         parser.error(f"--rounds must be above the {WARM_ROUNDS} warm-up rounds")
     torch.set_num_threads(1)
+    keep_freed_memory()
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         params, med = measure(args.hidden, args.layers, args.vocab, args.dtype, args.rounds)

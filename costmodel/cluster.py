@@ -177,6 +177,10 @@ class DeviceProfile:
     # per parameter, by the dtype the new ones come in (empty: not measured; the add is then
     # priced as memory-bound traffic, costmodel.compute.gradient_add_s)
     grad_accumulate_s_per_param: tuple[tuple[str, float], ...] = ()
+    # `planner profile`: FSDP2's reduce and gather on a one-rank group, seconds per parameter, by
+    # "reduce.<compute dtype>" and "gather.<compute dtype>" (empty: not measured; then priced as
+    # their copies' traffic, costmodel.compute.fsdp_sync_s)
+    fsdp_sync_s_per_param: tuple[tuple[str, float], ...] = ()
     # `planner profile`: torch's dropout, seconds per element, on a CPU (0: not measured, or a
     # GPU, whose dropout draws inside the multiply's kernel; dropout is then priced as the
     # multiply's bytes alone)
@@ -512,9 +516,10 @@ READABLE_FORMAT_VERSIONS = (1, 2, PROFILE_FORMAT_VERSION)
 # a second TP probe, 2026-11-28; 14: CPU ranks keep the memory they free, runtime.host_memory,
 # so the probes' steps run faster than before, 2026-11-28; 15: gradient accumulation priced at
 # its own measurement, costmodel.rank_time.grad_accumulation_s, and the embedding's dense gradient
-# table, 2026-11-28), so a cached `local` profile fitted under an older one is measured again
+# table, 2026-11-28; 16: FSDP2's reduce and gather on a one-replica plan priced at their own
+# measurement, costmodel.rank_time.one_replica_fsdp_s, 2026-11-28), so a cached `local` profile fitted under an older one is measured again
 # instead of carrying factors fitted to other formulas or bounds.
-PROBE_FIT_VERSION = 15
+PROBE_FIT_VERSION = 16
 PROFILE_KEYS = {
     "": {"format_version", "device", "network", "efficiency", "measured", "probes", "host"},
     "host": {"memory_bytes", "memory_bandwidth_bytes_per_s", "memory_efficiency", "link_bandwidth_bytes_per_s",
@@ -596,6 +601,8 @@ def profile_problems(dev: DeviceProfile) -> list[str]:  # noqa: C901 - one check
         need(name, getattr(dev, name), getattr(dev, name) >= 0)
     for dtype, seconds in dev.grad_accumulate_s_per_param:
         need(f"grad_accumulate_s_per_param.{dtype}", seconds, seconds > 0)
+    for key, seconds in dev.fsdp_sync_s_per_param:   # a difference of two timings: 0 where noise ate it
+        need(f"fsdp_sync_s_per_param.{key}", seconds, seconds >= 0)
     for approximate, fwd, bwd in dev.gelu_s_per_element:
         need(f"gelu_s_per_element.{approximate}", fwd, fwd >= 0)
         need(f"gelu_s_per_element.{approximate}", bwd, bwd >= 0)
@@ -681,6 +688,7 @@ def _profile_from(path: Path, raw: dict[str, Any]) -> DeviceProfile:
         optimizer_s_per_param=float(raw.get("measured", {}).get("optimizer_s_per_param", 0.0)),
         dropout_s_per_element=float(raw.get("measured", {}).get("dropout_s_per_element", 0.0)),
         grad_accumulate_s_per_param=_accumulate_rates(raw.get("measured", {}).get("grad_accumulate_s_per_param", {})),
+        fsdp_sync_s_per_param=_fsdp_sync_rates(raw.get("measured", {}).get("fsdp_sync_s_per_param", {})),
         gelu_s_per_element=_gelu_rates(raw.get("measured", {}).get("gelu_s_per_element", {})),
         probe_fit_version=(int(raw["probes"].get("fit_version", 1)) if isinstance(raw.get("probes"), dict)
                            else 0),
@@ -697,6 +705,17 @@ def _accumulate_rates(raw: Any) -> tuple[tuple[str, float], ...]:
     names = [str(d) for d in DType]
     if not isinstance(raw, dict) or any(name not in names for name in raw):
         raise ValueError(f"measured.grad_accumulate_s_per_param is not a table of dtypes ({', '.join(names)})")
+    return tuple((str(name), float(v)) for name, v in raw.items())
+
+
+FSDP_SYNC_KINDS = ("reduce", "gather")
+
+
+def _fsdp_sync_rates(raw: Any) -> tuple[tuple[str, float], ...]:
+    """[measured] fsdp_sync_s_per_param: {"reduce.<dtype>" or "gather.<dtype>": seconds per parameter}."""
+    names = [f"{kind}.{d}" for kind in FSDP_SYNC_KINDS for d in DType]
+    if not isinstance(raw, dict) or any(name not in names for name in raw):
+        raise ValueError(f"measured.fsdp_sync_s_per_param is not a table of {', '.join(names)}")
     return tuple((str(name), float(v)) for name, v in raw.items())
 
 
@@ -744,6 +763,8 @@ def local_profile() -> DeviceProfile:
         raise machine.LocalProfileMissing(path, "the cached profile predates the optimizer step's measurement")
     if not dev.grad_accumulate_s_per_param:
         raise machine.LocalProfileMissing(path, "the cached profile predates the gradient accumulation's measurement")
+    if not dev.fsdp_sync_s_per_param:
+        raise machine.LocalProfileMissing(path, "the cached profile predates the measurement of FSDP's one-rank reduce and gather")
     if dev.kind == "cpu" and not dev.dropout_s_per_element:   # a GPU's is 0 (runtime.profiler)
         raise machine.LocalProfileMissing(path, "the cached profile predates the dropout's measurement")
     if dev.kind == "cpu" and not dev.gelu_s_per_element:

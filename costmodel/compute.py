@@ -754,6 +754,27 @@ def gradient_cast_s(num_params: float, incoming: DType, accumulator: DType, num_
     return _traffic_s(num_params * (incoming.num_bytes + accumulator.num_bytes), num_tensors, dev)
 
 
+# FSDP2's own passes over a unit's parameters where its group has one rank, bytes per parameter
+# by the compute dtype's width w: the reduce copies the gradients into its fp32 flat buffer and
+# out into the fp32 sharded gradients (read and write each: 16); the gather casts the fp32 shard
+# into the all-gather's input, gathers it into the output and copies that into the parameters
+# (4 + w, then 2w twice)
+FSDP_SYNC_BYTES = {"reduce": lambda w: 16, "gather": lambda w: 4 + 5 * w}
+
+
+def fsdp_sync_s(kind: str, num_params: float, compute: DType, num_tensors: float, dev: DeviceProfile) -> float:
+    """One FSDP2 reduce or gather ("reduce", "gather") of `num_params` parameters on a one-rank
+    group (costmodel.frameworks `one_replica_fsdp`): at the profile's measured rate
+    (`fsdp_sync_s_per_param`, runtime.profiler.fsdp_sync_s_per_param), else as its copies' traffic
+    (FSDP_SYNC_BYTES) at the profile's bandwidth. On a 2-core Zen 5 EPYC the measured bf16 reduce
+    ran 0.8-0.9 ns a parameter and the gather 0.5, where their traffic says 0.5 and 0.4 (`python
+    benchmarks/fsdp_sync_cost.py` and closed-loop profiles, 2026-11-28)."""
+    rate = dict(dev.fsdp_sync_s_per_param).get(f"{kind}.{compute}")
+    if rate is not None:
+        return num_params * rate
+    return _traffic_s(num_params * FSDP_SYNC_BYTES[kind](compute.num_bytes), num_tensors, dev)
+
+
 def _traffic_s(num_bytes: float, num_tensors: float, dev: DeviceProfile) -> float:
     """Bytes at the profile's bandwidth (roofline_s), the tensors' launches apart (_launches_s)."""
     return roofline_s(0.0, num_bytes, dev, 1.0, 1.0, num_kernels=0) + _launches_s(num_tensors, dev)

@@ -31,8 +31,8 @@ from costmodel.plan import Plan
 from costmodel.pipeline_simulation import Simulation, simulate
 from costmodel.stage_costs import stage_costs
 from costmodel.specs import ModelSpec, TrainSpec
-from costmodel.rank_time import (RankTimes, Spans, after_pipeline_s, dp_exposed_s, grad_accumulation_s, rank_times,
-                                 spans, stage_pair_all_reduce_s)
+from costmodel.rank_time import (RankTimes, Spans, after_pipeline_s, dp_exposed_s, grad_accumulation_s,
+                                 one_replica_fsdp_s, rank_times, spans, stage_pair_all_reduce_s)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -143,14 +143,15 @@ def _tied_embedding_sync_s(model: ModelSpec, train: TrainSpec, plan: Plan, clust
 
 
 def _ledger(plan: Plan, critical: RankTimes, pp_s: float, bubble_s: float, dp_s: float,
-            emb_s: float, after: tuple[float, float, float, float]) -> dict[str, float]:
+            emb_s: float, after: tuple[float, float, float, float, float]) -> dict[str, float]:
     m = plan.num_micro_batches
-    optim_s, host_s, replica_s, accumulate_s = after
+    optim_s, host_s, replica_s, accumulate_s, fsdp_s = after
     return {
         "compute/forward": m * critical.forward_s,
         "compute/backward": m * critical.backward_s,
         "compute/recompute": m * critical.recompute_s,
         "grads/accumulation": accumulate_s,
+        "grads/fsdp_one_rank": fsdp_s,
         "comm/tp_exposed": m * critical.tp_comm_s,
         "comm/cp_exposed": m * critical.cp_comm_s,
         "comm/ep_exposed": m * critical.ep_comm_s,
@@ -225,9 +226,12 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
     # mixture's gradient all-reduce before them), and its gradient accumulation, priced beside
     # them once a step (rank_time.grad_accumulation_s); the rank that finishes last sets all four
     held = [rank_params(model, plan, r) for r in range(plan.pp)]
+    # and FSDP's reduce and gathers where a one-replica plan is wrapped (rank_time.one_replica_fsdp_s)
     accumulate = [grad_accumulation_s(model, train, plan, views[r], held[r], plan.layers_on_rank(r))
                   for r in range(plan.pp)]
-    after = max(((*after_pipeline_s(model, train, plan, views[r], sp, held[r], plan.layers_on_rank(r)), accumulate[r])
+    fsdp = [one_replica_fsdp_s(model, train, plan, views[r], held[r], plan.layers_on_rank(r)) for r in range(plan.pp)]
+    after = max(((*after_pipeline_s(model, train, plan, views[r], sp, held[r], plan.layers_on_rank(r)), accumulate[r],
+                  fsdp[r])
                  for r in range(plan.pp)), key=sum)
     emb_s = _tied_embedding_sync_s(model, train, plan, views[0], sp)
     closed, critical = pipeline_time_s(plan, ranks) if plan.schedule.traits.closed_form else (None, None)
@@ -267,6 +271,7 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
         rank_time_per_micro_batch_s=[r.total_s for r in ranks],
         bubble_fraction_per_rank=bubbles,
         # the accumulation runs inside the rank's backward passes, which the runtime times as its work
-        rank_work_s=[plan.num_micro_batches * (r.total_s - r.pp_comm_s) + a for r, a in zip(ranks, accumulate)],
+        rank_work_s=[plan.num_micro_batches * (r.total_s - r.pp_comm_s) + a + f
+                     for r, a, f in zip(ranks, accumulate, fsdp)],
         closed_form_step_time_s=None if closed is None else closed + dp_s + emb_s + sum(after),
         host_memory_bytes=host, host_capacity_bytes=min(host_budgets_bytes(plan, cluster)))

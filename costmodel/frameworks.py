@@ -112,6 +112,14 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   autograd's `grad += new` in fp32, FSDP2's fp32 `unsharded_accumulated_grad += bf16 grad` under
   mixed precision, or, with ZeRO-2/3 reducing every micro-batch, the reduced shard into the
   sharded gradient (costmodel.rank_time.grad_accumulation_s).
+- `one_replica_fsdp`: FSDP2 wraps a plan with one data-parallel replica too, wherever it has
+  something to do (costmodel.memory.runtime_wraps_in_fsdp: 16-bit compute, TP, offload), so its
+  reduction and its gathers run on a one-rank group: no collective, but FSDP's copies and casts
+  into and out of its flat buffers, which a plan with more replicas pays inside its collectives'
+  fitted time. Measured on a 2-core Zen 5 EPYC (2026-11-28, `python benchmarks/fsdp_sync_cost.py`,
+  10.2M parameters in bf16, freed memory kept as the runtime keeps it): the last micro-batch's
+  reduce 8-9 ms, the step's first gather 5 ms, 2 % of a closed-loop step that priced both at nothing
+  (costmodel.rank_time.one_replica_fsdp_s). Our runtime's trait.
 - `recompute_early_stop`: a fully recomputed layer stops before its last projection. Our runtime
   wraps each layer in torch's non-reentrant checkpoint (`checkpoint_wrapper`), whose early stop
   (on by default) ends the recomputation once every tensor the backward needs is saved again; the
@@ -157,6 +165,7 @@ class FrameworkTraits:
     ep_folds_over_tp: bool = False
     recompute_early_stop: bool = False
     fused_grad_accumulation: bool = False
+    one_replica_fsdp: bool = False
 
 
 GENERIC = FrameworkTraits(name="generic", dp_grad_overlap=True, dp_param_overlap=True, tp_comm_hidden=0.0,
@@ -171,7 +180,7 @@ RUNTIME = FrameworkTraits(name="planner", dp_grad_overlap=True, dp_param_overlap
                           fsdp_master_params=True, tp_keeps_gathered_input=True, vocab_parallel_loss=False,
                           deferred_w_keeps_graph=True, pipeline_sends_held=True, cp_all_gather_kv=True,
                           float8_casts_fused=True, dp_collectives_per_layer=True, eager_layer=True,
-                          recompute_early_stop=True)
+                          recompute_early_stop=True, one_replica_fsdp=True)
 
 _MEGATRON = dict(sharded_grads_under_pp=True, zero3_gathers_per_param=False, loss_grad_in_place=True,
                  fused_grad_accumulation=True)

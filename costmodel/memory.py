@@ -26,7 +26,7 @@ from costmodel.frameworks import RUNTIME, FrameworkTraits
 from costmodel.layout import Style, layer_blocks
 from costmodel.params import ceil_div, expert_dp, layer_params, rank_params, rank_params_at
 from costmodel.plan import Plan, Recompute, stage_owner
-from costmodel.specs import Arch, AttentionKernel, ModelSpec, NormKind, Optimizer, PositionKind, TrainSpec
+from costmodel.specs import Arch, AttentionKernel, DType, ModelSpec, NormKind, Optimizer, PositionKind, TrainSpec
 
 ADAM_MOMENT_BYTES = 8  # fp32 momentum + variance
 
@@ -63,6 +63,14 @@ def state_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
     """(weights, gradients, optimizer states) on one device of pipeline rank `rank`."""
     held = rank_params(model, plan, rank)
     return state_bytes_for(train, plan, held.total, traits, experts=held.experts)
+
+
+def runtime_wraps_in_fsdp(plan: Plan, train: TrainSpec) -> bool:
+    """Whether our runtime puts the plan's stages under FSDP2 (runtime.parallel.apply_data_parallel):
+    always with more than one data-parallel replica; with one, only where FSDP has something to do
+    (16-bit compute for its mixed precision, TP's DTensors, offloaded states)."""
+    return not (plan.dp * plan.cp == 1 and plan.tp == 1 and train.compute_dtype is DType.FP32
+                and not plan.offload_optimizer)
 
 
 def unsharded_between_micro_batches(plan: Plan, traits: FrameworkTraits) -> bool:

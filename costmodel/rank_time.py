@@ -8,13 +8,13 @@ from functools import lru_cache
 from costmodel.cluster import ClusterSpec
 from costmodel.comm import (HOST_COPIES, Collective, all_reduce_algorithms_s, collective_time_s, host_copy_s,
                             p2p_time_s, ring_time_s)
-from costmodel.compute import (KernelTimes, cross_entropy_s, expert_rows, gradient_add_s, gradient_cast_s,
+from costmodel.compute import (KernelTimes, cross_entropy_s, expert_rows, fsdp_sync_s, gradient_add_s, gradient_cast_s,
                                host_optimizer_step_s, moe_tokens, optimizer_step_s, step_host_s, embedding_kernel_times,
                                head_kernel_times, layer_kernel_times)
 from costmodel.flops import stops_before_final_linear
 from costmodel.frameworks import FrameworkTraits
 from costmodel.layout import dense_blocks
-from costmodel.memory import layer_activation_bytes, unsharded_between_micro_batches
+from costmodel.memory import layer_activation_bytes, runtime_wraps_in_fsdp, unsharded_between_micro_batches
 from costmodel.params import (RankParams, ceil_div, edge_param_tensors, folds_ep, layer_expert_params,
                               layer_param_tensors, layer_params,
                               moe_replicated_params, optimized_params, qk_norm_params, rank_params, rank_params_at)
@@ -548,6 +548,33 @@ def grad_accumulation_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster:
     accumulator = grad if new is not DType.FP32 else DType.FP32
     cast = gradient_cast_s(held.total, new, accumulator, tensors, dev) if new is not accumulator else 0.0
     return cast + (m - 1) * gradient_add_s(held.total, new, accumulator, tensors, dev)
+
+
+def one_replica_fsdp_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec, held: RankParams,
+                       layers: int) -> float:
+    """A step's FSDP2 reductions and gathers on a rank holding `held` over `layers` layers, where
+    the framework wraps a plan of one data-parallel replica in FSDP (costmodel.frameworks
+    `one_replica_fsdp`): on a one-rank group they are FSDP's copies and casts alone, which
+    dp_exposed_s (no collective on one rank) prices at nothing. As FSDP2 runs them: the gradients
+    reduced once a step below ZeRO-2 (sync on the last micro-batch) and after every micro-batch
+    above it, unless a pipeline holds them whole; the parameters gathered by the step's first
+    forward after the last backward resharded them, and under ZeRO-3 for every micro-batch's
+    forward and backward, unless a pipeline holds them whole. Offloaded states are left to the
+    host copies' price. Priced once a step beside the optimizer (affine in the layers, as the
+    search's rank shapes take it); the runtime times them inside the passes."""
+    traits = cluster.framework
+    if (not traits.one_replica_fsdp or plan.dp * plan.cp > 1 or plan.offload_optimizer
+            or not runtime_wraps_in_fsdp(plan, train)):
+        return 0.0
+    m, z = plan.num_micro_batches, plan.zero_stage
+    held_whole = unsharded_between_micro_batches(plan, traits)
+    reduces = 1 if z < 2 or held_whole else m
+    gathers = 1 if z < 3 or held_whole else 2 * m
+    dev = cluster.device.for_dtype(train.compute_dtype)
+    tensors = layers * layer_param_tensors(model, stacked_experts=True) + edge_param_tensors(model, held.embedding,
+                                                                                          held.head)
+    return (reduces * fsdp_sync_s("reduce", held.total, train.compute_dtype, tensors, dev)
+            + gathers * fsdp_sync_s("gather", held.total, train.compute_dtype, tensors, dev))
 
 
 def dp_bucket_s(model: ModelSpec, plan: Plan, term: DpTerm, cluster: ClusterSpec, sp: Spans) -> float:

@@ -216,6 +216,9 @@ def _measured_rows(setup: Setup, micro: dict, memory, net: _Net, date: str, iden
         ("grad_accumulate_s_per_param", micro["grad_accumulate_s_per_param"],
          f"one micro-batch's gradients added in place into fp32 ones, by the dtype they come in, over "
          f"{_optimizer_params(setup.device_type) >> 20}M parameters: costmodel.compute.gradient_add_s"),
+        ("fsdp_sync_s_per_param", micro["fsdp_sync_s_per_param"],
+         "FSDP2's reduce and gather on a one-rank group, per parameter, by compute dtype (runtime.profiler."
+         "fsdp_sync_s_per_param): costmodel.compute.fsdp_sync_s prices a one-replica plan's with it"),
         ("dropout_s_per_element", micro["dropout_s_per_element"],
          "torch's dropout (F.dropout, fp32: draw, scale, multiply), per element: costmodel.compute.dropout_s"
          + ("" if setup.device_type == "cpu" else "; 0 on a GPU, whose dropout draws inside the multiply's kernel")),

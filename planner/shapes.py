@@ -15,7 +15,8 @@ from costmodel.pipeline_closed_form import fill_s
 from costmodel.plan import Plan
 from costmodel.specs import ModelSpec, TrainSpec
 from costmodel.rank_time import (RankTimeModel, RankTimes, dp_bucket_s, dp_groups, dp_term_comm_s, dp_terms,
-                              dp_window_s, after_pipeline_s, grad_accumulation_s, rank_time_model, spans)
+                              dp_window_s, after_pipeline_s, grad_accumulation_s, one_replica_fsdp_s,
+                              rank_time_model, spans)
 
 
 def affine(f, x0: int, x1: int) -> tuple[float, float]:
@@ -91,7 +92,8 @@ def _time_shape(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
     # what a rank does after the pipeline: a TP-replicated mixture's gradient sync, then the
     # optimizer and the step's host work; and its gradient accumulation, priced beside them
     opt = Linear(*affine(lambda L: sum(after_pipeline_s(model, train, plan, cluster, sp, held(L), L))
-                         + grad_accumulation_s(model, train, plan, cluster, held(L), L), 1, 2))
+                         + grad_accumulation_s(model, train, plan, cluster, held(L), L)
+                         + one_replica_fsdp_s(model, train, plan, cluster, held(L), L), 1, 2))
     # DP collectives per gradient group: comm = alpha + beta·P in the group's parameters P,
     # each affine in L (P = edge + L·per layer), so their sum is too
     overlap = cluster.device.efficiency.overlap

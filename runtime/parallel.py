@@ -42,6 +42,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
                                                SequenceParallel, parallelize_module)
 
 from costmodel.layout import Style, dense_blocks
+from costmodel.memory import runtime_wraps_in_fsdp
 from costmodel.plan import Plan, Recompute
 from costmodel.specs import DType, TrainSpec
 from runtime.moe import Experts, MoE
@@ -219,7 +220,7 @@ def apply_data_parallel(stage: nn.Module, mesh: DeviceMesh, plan: Plan, train: T
     one data-parallel replica, no tensor parallelism and fp32 there is nothing for FSDP to do,
     and its hooks and copies would only cost time: the stage stays plain. (Under TP, FSDP also
     makes every parameter a DTensor, which the optimizers' foreach kernels need.)"""
-    if plan.dp * plan.cp == 1 and plan.tp == 1 and train.compute_dtype is DType.FP32 and not plan.offload_optimizer:
+    if not runtime_wraps_in_fsdp(plan, train):   # the cost model prices the wrapping by the same rule
         return
     mp = MixedPrecisionPolicy()
     if train.compute_dtype is not DType.FP32:

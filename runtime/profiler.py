@@ -289,6 +289,72 @@ def grad_accumulate_s_per_param(device: torch.device, dtypes: list[str]) -> dict
             for name in dict.fromkeys(["fp32", *dtypes])}
 
 
+# FSDP2's one-rank reduce and gather: a stack of GPT-shaped layers (QKV, output, FFN up and down)
+# at a few tokens, so the passes' GEMMs are small beside FSDP's copies; 9.6M parameters in 32
+# tensors on a CPU (40 MB in fp32, past a 32 MB last-level cache, where the closed loops' models
+# are), 200M on a GPU; one warm-up round, then the median of four
+FSDP_HIDDEN, FSDP_LAYERS, FSDP_TOKENS, FSDP_ROUNDS = {"cpu": 448, "cuda": 2048}, 4, 8, 5
+
+
+def fsdp_sync_s_per_param(device: torch.device, dtypes: list[str]) -> dict[str, float]:
+    """Seconds per parameter of FSDP2's reduce and gather on a one-rank group, per compute dtype
+    ({"reduce.bf16": ..., "gather.bf16": ..., "reduce.fp32": ...}), wrapped as the runtime wraps
+    a one-replica plan (runtime.parallel.apply_data_parallel: a unit per layer and the root,
+    parameters in the compute dtype, reductions in fp32): the reduce is the last micro-batch's
+    backward with gradient sync on less one with it off, the gather the first forward after the
+    parameters were resharded less a forward on whole ones; the medians over FSDP_ROUNDS rounds of
+    three micro-batches after the first (0 where the difference drowns in noise; measured once,
+    not again in the second pass). Each rank times
+    its own one-rank group, all at once, as a run's ranks share the cores. On a 2-core Zen 5 EPYC
+    (`python benchmarks/fsdp_sync_cost.py`, 2026-11-28, 10.2M parameters) the bf16 reduce took
+    0.8-0.9 ns a parameter and the gather 0.5, and this measurement inside a profile 0.87 and 0.46;
+    the cost model had priced both at nothing (costmodel.rank_time.one_replica_fsdp_s)."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    groups = [dist.new_group([r]) for r in range(dist.get_world_size())]   # every rank creates every group
+    mesh = DeviceMesh.from_group(groups[dist.get_rank()], device.type)
+    hidden = FSDP_HIDDEN[device.type]
+    out = {}
+    for name in dict.fromkeys(["fp32", *dtypes]):
+        model = torch.nn.Sequential(*[torch.nn.Sequential(
+            torch.nn.Linear(hidden, 3 * hidden), torch.nn.Linear(3 * hidden, hidden),
+            torch.nn.Linear(hidden, 4 * hidden), torch.nn.Linear(4 * hidden, hidden)) for _ in range(FSDP_LAYERS)]).to(device)
+        mp = MixedPrecisionPolicy() if name == "fp32" else \
+            MixedPrecisionPolicy(param_dtype=DTYPES[name], reduce_dtype=torch.float32)
+        for unit in [*model, model]:
+            fully_shard(unit, mesh=mesh, reshard_after_forward=False, mp_policy=mp)
+        x = torch.randn(FSDP_TOKENS, hidden, device=device)
+        rounds = [_fsdp_round(model, x, device) for _ in range(FSDP_ROUNDS)][1:]
+        params = sum(p.numel() for p in model.parameters())
+        for kind, (a, b) in (("reduce", (3, 2)), ("gather", (0, 1))):
+            out[f"{kind}.{name}"] = max(0.0, float(np.median([r[a] - r[b] for r in rounds]))) / params
+        del model
+    for group in groups:
+        dist.destroy_process_group(group)
+    return out
+
+
+def _fsdp_round(model, x: torch.Tensor, device: torch.device) -> tuple[float, float, float, float]:
+    """(first forward, a later forward, an unsynced backward, the synced backward) seconds of
+    three micro-batches, the last with gradient sync on; then the parameters resharded and the
+    gradients dropped, as a step's end leaves them."""
+    sync = _sync(device)
+    times = []
+    for k in range(3):
+        model.set_requires_gradient_sync(k == 2)
+        model.set_reshard_after_backward(k == 2)
+        sync()
+        t0 = time.perf_counter()
+        y = model(x)
+        sync()
+        t1 = time.perf_counter()
+        y.float().square().mean().backward()
+        sync()
+        times.append((t1 - t0, time.perf_counter() - t1))
+    model.zero_grad(set_to_none=True)
+    return times[0][0], times[1][0], times[1][1], times[2][1]
+
+
 DROPOUT_ELEMENTS = 1 << 20
 
 
@@ -592,6 +658,7 @@ def per_unit_costs(device: torch.device, dtypes: list[str]) -> dict:
     """The profile's per-operator, per-parameter and per-element costs (seconds)."""
     return {"overhead_s": op_overhead_s(device), "optimizer_s_per_param": optimizer_s_per_param(device),
             "grad_accumulate_s_per_param": grad_accumulate_s_per_param(device, dtypes),
+            "fsdp_sync_s_per_param": fsdp_sync_s_per_param(device, dtypes),
             "dropout_s_per_element": dropout_s_per_element(device),
             "gelu_s_per_element": gelu_s_per_element(device)}
 
@@ -629,7 +696,8 @@ def second_pass(out: dict, dtypes: list[str], shapes, device: torch.device, poin
     SDPA shapes of the two shortest sequences are always measured, and the per-operator, dropout
     and GeLU costs after them (a fraction of a second). The optimizer's and the gradient
     accumulation's costs are means over page placements by design (optimizer_s_per_param): the
-    faster of two would pick placements, so they are not measured again."""
+    faster of two would pick placements, so they are not measured again; nor FSDP's one-rank costs,
+    medians of their own (fsdp_sync_s_per_param), a second of the profile's budget each time."""
     start = time.perf_counter()
 
     def left_s() -> float:

@@ -17,7 +17,7 @@ from costmodel.cluster import ClusterSpec, load_profile
 from costmodel.estimate import estimate
 from costmodel.inputs import InputError
 from costmodel.params import rank_params
-from costmodel.rank_time import grad_accumulation_s
+from costmodel.rank_time import grad_accumulation_s, one_replica_fsdp_s
 from costmodel.registry import llama_spec
 from costmodel.specs import TrainSpec
 from planner.calibrate import comm_params
@@ -97,18 +97,20 @@ def test_pp_stage_scales_a_pipelined_plans_stage_work():
     # the bubble is the other stage's work, less the sends' share of it
     assert slow.time_breakdown_s["pipeline/bubble"] == pytest.approx(1.5 * base.time_breakdown_s["pipeline/bubble"],
                                                                      rel=0.02)
-    # a rank's work is its stages' (scaled) and its gradient accumulation (not a stage's kernels)
+    # a rank's work is its stages' (scaled), its gradient accumulation and FSDP's one-rank reduce
+    # and gather (not a stage's kernels)
     cluster = ClusterSpec(device=load_profile(PROFILE), num_nodes=1, devices_per_node=2)
     plan = build_plan(MODEL, TRAIN, cluster, Choice(**pp))
-    accumulate = [grad_accumulation_s(MODEL, TRAIN, plan, cluster, rank_params(MODEL, plan, r), plan.layers_on_rank(r))
-                  for r in range(2)]
+    held = [rank_params(MODEL, plan, r) for r in range(2)]
+    accumulate = [grad_accumulation_s(MODEL, TRAIN, plan, cluster, held[r], plan.layers_on_rank(r)) for r in range(2)]
+    fsdp = [one_replica_fsdp_s(MODEL, TRAIN, plan, cluster, held[r], plan.layers_on_rank(r)) for r in range(2)]
     assert min(accumulate) > 0 and max(accumulate) == pytest.approx(base.time_breakdown_s["grads/accumulation"])
-    assert slow.rank_work_s == pytest.approx([1.5 * (w - a) + a for w, a in zip(base.rank_work_s, accumulate)],
-                                             rel=1e-6)
+    assert slow.rank_work_s == pytest.approx([1.5 * (w - a - f) + a + f
+                                              for w, a, f in zip(base.rank_work_s, accumulate, fsdp)], rel=1e-6)
     # the closed form the search ranks by moves with the simulation
-    assert slow.closed_form_step_time_s > 1.4 * base.closed_form_step_time_s
+    assert slow.closed_form_step_time_s > 1.35 * base.closed_form_step_time_s   # 1.0 if it did not
     # the point-to-point sends and the optimizer are not a stage's work
-    for name in ("comm/pp_exposed", "optimizer/step", "grads/accumulation"):
+    for name in ("comm/pp_exposed", "optimizer/step", "grads/accumulation", "grads/fsdp_one_rank"):
         assert slow.time_breakdown_s[name] == base.time_breakdown_s[name], name
 
 

@@ -12,7 +12,8 @@ from costmodel.plan import Recompute, Schedule
 from costmodel.registry import resolve_model
 from costmodel.specs import TrainSpec
 from costmodel.params import rank_params
-from costmodel.rank_time import after_pipeline_s, dp_exposed_s, grad_accumulation_s, rank_times, spans
+from costmodel.rank_time import (after_pipeline_s, dp_exposed_s, grad_accumulation_s, one_replica_fsdp_s, rank_times,
+                                 spans)
 from planner import partition
 from planner.bounds import MemoryFit, min_max_time_s
 from planner.partition import solve_split
@@ -55,7 +56,8 @@ def test_rank_shapes_match_the_cost_model(model_name, choice):
             held = rank_params(model, plan, rank)
             after = after_pipeline_s(model, TRAIN, plan, cluster, sp, held, layers)
             accumulate = grad_accumulation_s(model, TRAIN, plan, cluster, held, layers)
-            assert shape.opt.intercept + shape.opt.slope * layers == pytest.approx(sum(after) + accumulate)
+            fsdp = one_replica_fsdp_s(model, TRAIN, plan, cluster, held, layers)   # choice 0 has one replica
+            assert shape.opt.intercept + shape.opt.slope * layers == pytest.approx(sum(after) + accumulate + fsdp)
             assert after[2] > 0 if model.is_moe else after[2] == 0   # (optimizer, host work, TP replica sync)
 
 

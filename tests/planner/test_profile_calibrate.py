@@ -13,7 +13,7 @@ import pytest
 from costmodel import machine
 from runtime.measure import measured_record
 from costmodel.cluster import load_profile, parse_cluster, sdpa_key
-from costmodel.compute import gemm_s, gradient_add_s, interpolate, optimizer_step_s
+from costmodel.compute import fsdp_sync_s, gemm_s, gradient_add_s, interpolate, optimizer_step_s
 from costmodel.estimate import estimate
 from costmodel.plan import PlanFile
 from costmodel.registry import resolve_model
@@ -69,6 +69,11 @@ def test_profile_writes_a_usable_measured_profile(measured, capsys):
     accumulate = raw["measured"]["grad_accumulate_s_per_param"]
     assert set(accumulate) == {"fp32", "bf16"} and all(1e-12 < t < 1e-6 for t in accumulate.values())
     assert gradient_add_s(1e6, DType.BF16, DType.FP32, 0, dev) == pytest.approx(1e6 * accumulate["bf16"])
+    # FSDP2's reduce and gather on a one-rank group, per compute dtype, price a one-replica plan's
+    fsdp = raw["measured"]["fsdp_sync_s_per_param"]
+    assert set(fsdp) == {f"{k}.{d}" for k in ("reduce", "gather") for d in ("fp32", "bf16")}
+    assert all(0 <= t < 1e-6 for t in fsdp.values()) and fsdp["reduce.bf16"] > 0
+    assert fsdp_sync_s("reduce", 1e6, DType.BF16, 0, dev) == pytest.approx(1e6 * fsdp["reduce.bf16"])
     # torch's dropout is measured too (software random numbers on a CPU: ns an element)
     draw = raw["measured"]["dropout_s_per_element"]
     assert 1e-11 < draw < 1e-6 and dev.dropout_s_per_element == draw
@@ -143,6 +148,9 @@ def test_local_is_measured_once_then_cached(measured, tmp_path, monkeypatch, cap
     cached.write_text(re.sub(r"(?m)^grad_accumulate_s_per_param = .*$", "", cached.read_text()))
     assert main(args) == 0 and len(calls) == 7           # from before the accumulation was measured
     assert "predates the gradient accumulation's measurement" in capsys.readouterr().err
+    cached.write_text(re.sub(r"(?m)^fsdp_sync_s_per_param = .*$", "", cached.read_text()))
+    assert main(args) == 0 and len(calls) == 8           # from before FSDP's one-rank costs were measured
+    assert "predates the measurement of FSDP's one-rank reduce and gather" in capsys.readouterr().err
 
 
 def test_run_refuses_a_profile_of_another_machine(measured, tmp_path, capsys):

@@ -69,7 +69,7 @@ def test_points_slowed_in_the_first_pass_are_measured_again(group):
     first = {"gemm": out["gemm"]["fp32"].points, "memory": out["memory"].points,
              "sdpa": dict(out["sdpa"]), "gelu": dict(out["gelu_s_per_element"]),
              **{k: out[k] for k in ("overhead_s", "optimizer_s_per_param", "dropout_s_per_element",
-                                    "grad_accumulate_s_per_param")}}
+                                    "grad_accumulate_s_per_param", "fsdp_sync_s_per_param")}}
     prof.second_pass(out, ["fp32"], shapes, CPU, point_s=10.0, limit_s=60.0, report=lambda frac, what: None)
 
     for got, was, i in ((out["gemm"]["fp32"].points, first["gemm"], 3), (out["memory"].points, first["memory"], 1)):
@@ -88,6 +88,7 @@ def test_points_slowed_in_the_first_pass_are_measured_again(group):
     # means over page placements by design: not replaced by the faster of two
     assert out["optimizer_s_per_param"] == first["optimizer_s_per_param"]
     assert out["grad_accumulate_s_per_param"] == first["grad_accumulate_s_per_param"]
+    assert out["fsdp_sync_s_per_param"] == first["fsdp_sync_s_per_param"]   # medians of their own, once
     for approximate, pair in out["gelu_s_per_element"].items():
         assert sum(pair) <= sum(first["gelu"][approximate])
 
