@@ -1,8 +1,9 @@
-"""What FSDP2's once-a-step work costs on one rank, which the cost model does not price: the last
-micro-batch's backward with gradient sync on (FSDP2's reduce: copy-in to the reduce dtype's flat
-buffer, the reduce-scatter, copy-out into the fp32 sharded gradients) against one with it off, and
-the first forward after the parameters were resharded (copy-in and cast to the compute dtype, the
-all-gather, copy-out) against a forward on parameters already whole.
+"""What FSDP2's once-a-step work costs on one rank (costmodel.rank_time.one_replica_fsdp_s prices
+it; the profile measures it as runtime.profiler.fsdp_sync_s_per_param): the last micro-batch's
+backward with gradient sync on (FSDP2's reduce: copy-in to the reduce dtype's flat buffer,
+copy-out into the fp32 sharded gradients; no collective runs on one rank) against one with it
+off, and the first forward after the parameters were resharded (the cast to the compute dtype
+and its copy into the buffer the parameters view) against a forward on parameters already whole.
 
     python benchmarks/fsdp_sync_cost.py [--hidden 320] [--layers 6] [--vocab 5000] [--dtype bf16] [--rounds 8]
 

@@ -67,6 +67,7 @@ def slowed(dev, share: float):
                                for k, e in dev.dtype_efficiency),
         optimizer_s_per_param=dev.optimizer_s_per_param / share,
         grad_accumulate_s_per_param=tuple((k, s / share) for k, s in dev.grad_accumulate_s_per_param),
+        fsdp_sync_s_per_param=tuple((k, s / share) for k, s in dev.fsdp_sync_s_per_param),
         dropout_s_per_element=dev.dropout_s_per_element / share,
         gelu_s_per_element=tuple((k, f / share, b / share) for k, f, b in dev.gelu_s_per_element),
         sdpa_curves=tuple((k, tuple((s, d, t / share) for s, d, t in c)) for k, c in dev.sdpa_curves))

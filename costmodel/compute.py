@@ -757,9 +757,9 @@ def gradient_cast_s(num_params: float, incoming: DType, accumulator: DType, num_
 # FSDP2's own passes over a unit's parameters where its group has one rank, bytes per parameter
 # by the compute dtype's width w: the reduce copies the gradients into its fp32 flat buffer and
 # out into the fp32 sharded gradients (read and write each: 16); the gather casts the fp32 shard
-# into the all-gather's input, gathers it into the output and copies that into the parameters
-# (4 + w, then 2w twice)
-FSDP_SYNC_BYTES = {"reduce": lambda w: 16, "gather": lambda w: 4 + 5 * w}
+# into the all-gather's input (4 + w; no cast in fp32) and, with no all-gather on one rank, copies
+# it into the output the parameters view (2w) (torch 2.13's _fsdp_param_group)
+FSDP_SYNC_BYTES = {"reduce": lambda w: 16, "gather": lambda w: 2 * w + (4 + w if w < 4 else 0)}
 
 
 def fsdp_sync_s(kind: str, num_params: float, compute: DType, num_tensors: float, dev: DeviceProfile) -> float:

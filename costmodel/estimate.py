@@ -6,8 +6,9 @@ critical pipeline rank's (the busiest in the simulation) work over all micro-bat
 compute and the communication on its path, then its idle time in the pipeline (the bubble), then
 what happens once per step (exposed data-parallel synchronisation, tied-embedding sync, the
 gradient sync of parameters whole on every TP rank (a mixture, Q/K norms), optimizer), and the
-gradient accumulation, which runs inside the backward passes but is booked once a step beside
-them (costmodel.rank_time.grad_accumulation_s). Peak activation memory per rank is the simulated peak.
+gradient accumulation and, on a plan of one data-parallel replica, FSDP's one-rank reduce and
+gathers, which run inside the passes but are booked once a step beside them
+(costmodel.rank_time.grad_accumulation_s, one_replica_fsdp_s). Peak activation memory per rank is the simulated peak.
 
 The closed forms of costmodel.pipeline_closed_form are kept beside it as `closed_form_step_time_s`: the
 search optimises layer splits against them (they are affine enough for CP-SAT) and the tests use
@@ -32,7 +33,7 @@ from costmodel.pipeline_simulation import Simulation, simulate
 from costmodel.stage_costs import stage_costs
 from costmodel.specs import ModelSpec, TrainSpec
 from costmodel.rank_time import (RankTimes, Spans, after_pipeline_s, dp_exposed_s, grad_accumulation_s,
-                                 one_replica_fsdp_s, rank_times, spans, stage_pair_all_reduce_s)
+                                 one_replica_fsdp_parts_s, rank_times, spans, stage_pair_all_reduce_s)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -53,8 +54,12 @@ class Estimate:
     rank_time_per_micro_batch_s: list[float] = field(default_factory=list)
     bubble_fraction_per_rank: list[float] = field(default_factory=list)
     # per pipeline rank, seconds per step of its own work: compute, the TP/CP collectives and
-    # the gradient accumulation inside it (what the runtime times as a stage's busy time)
+    # the gradient accumulation inside it (what the runtime times as a stage's busy time), and
+    # FSDP's one-rank gathers and, without a pipeline, its one-rank reduce
     rank_work_s: list[float] = field(default_factory=list)
+    # per pipeline rank, a pipeline's once-a-step one-rank FSDP reduce, which the runtime times
+    # as the stage's DP sync (runtime.pipeline's perform_reduce_grad); 0 without a pipeline
+    rank_fsdp_reduce_s: list[float] = field(default_factory=list)
     closed_form_step_time_s: float | None = None   # None: the schedule has no closed form (zbv)
     # offloaded states (Plan.offload_optimizer): host memory per device of each pipeline rank,
     # and what a device's share of its node's host may hold
@@ -224,15 +229,19 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
     dp_s = max(dp_exposed_s(model, train, plan, views[r], sp, r, ranks[r]) for r in range(plan.pp))
     # after the pipeline, per rank: (the optimizer step, the step's host work, a TP-replicated
     # mixture's gradient all-reduce before them), and its gradient accumulation, priced beside
-    # them once a step (rank_time.grad_accumulation_s); the rank that finishes last sets all four
+    # them once a step (rank_time.grad_accumulation_s), and FSDP's reduce and gathers where a
+    # one-replica plan is wrapped (rank_time.one_replica_fsdp_parts_s); the rank that finishes
+    # last sets all five
     held = [rank_params(model, plan, r) for r in range(plan.pp)]
-    # and FSDP's reduce and gathers where a one-replica plan is wrapped (rank_time.one_replica_fsdp_s)
     accumulate = [grad_accumulation_s(model, train, plan, views[r], held[r], plan.layers_on_rank(r))
                   for r in range(plan.pp)]
-    fsdp = [one_replica_fsdp_s(model, train, plan, views[r], held[r], plan.layers_on_rank(r)) for r in range(plan.pp)]
+    fsdp = [one_replica_fsdp_parts_s(model, train, plan, views[r], held[r], plan.layers_on_rank(r))
+            for r in range(plan.pp)]
     after = max(((*after_pipeline_s(model, train, plan, views[r], sp, held[r], plan.layers_on_rank(r)), accumulate[r],
-                  fsdp[r])
+                  sum(fsdp[r]))
                  for r in range(plan.pp)), key=sum)
+    # what the runtime times as a stage's DP sync: a pipeline's once-a-step reduce
+    sync_reduce = [reduce if plan.pp > 1 else 0.0 for reduce, _ in fsdp]
     emb_s = _tied_embedding_sync_s(model, train, plan, views[0], sp)
     closed, critical = pipeline_time_s(plan, ranks) if plan.schedule.traits.closed_form else (None, None)
     if simulate:
@@ -271,7 +280,8 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
         rank_time_per_micro_batch_s=[r.total_s for r in ranks],
         bubble_fraction_per_rank=bubbles,
         # the accumulation runs inside the rank's backward passes, which the runtime times as its work
-        rank_work_s=[plan.num_micro_batches * (r.total_s - r.pp_comm_s) + a + f
-                     for r, a, f in zip(ranks, accumulate, fsdp)],
+        rank_work_s=[plan.num_micro_batches * (r.total_s - r.pp_comm_s) + a + sum(f) - s
+                     for r, a, f, s in zip(ranks, accumulate, fsdp, sync_reduce)],
+        rank_fsdp_reduce_s=sync_reduce,
         closed_form_step_time_s=None if closed is None else closed + dp_s + emb_s + sum(after),
         host_memory_bytes=host, host_capacity_bytes=min(host_budgets_bytes(plan, cluster)))

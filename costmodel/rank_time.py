@@ -550,31 +550,45 @@ def grad_accumulation_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster:
     return cast + (m - 1) * gradient_add_s(held.total, new, accumulator, tensors, dev)
 
 
-def one_replica_fsdp_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec, held: RankParams,
-                       layers: int) -> float:
-    """A step's FSDP2 reductions and gathers on a rank holding `held` over `layers` layers, where
-    the framework wraps a plan of one data-parallel replica in FSDP (costmodel.frameworks
-    `one_replica_fsdp`): on a one-rank group they are FSDP's copies and casts alone, which
-    dp_exposed_s (no collective on one rank) prices at nothing. As FSDP2 runs them: the gradients
-    reduced once a step below ZeRO-2 (sync on the last micro-batch) and after every micro-batch
-    above it, unless a pipeline holds them whole; the parameters gathered by the step's first
-    forward after the last backward resharded them, and under ZeRO-3 for every micro-batch's
-    forward and backward, unless a pipeline holds them whole. Offloaded states are left to the
-    host copies' price. Priced once a step beside the optimizer (affine in the layers, as the
-    search's rank shapes take it); the runtime times them inside the passes."""
+def one_replica_fsdp_parts_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec, held: RankParams,
+                             layers: int) -> tuple[float, float]:
+    """(reduces, gathers): a step's FSDP2 gradient reductions and parameter gathers on a rank
+    holding `held` over `layers` layers, where the framework wraps a plan of one data-parallel
+    replica in FSDP (costmodel.frameworks `one_replica_fsdp`): on a one-rank group they are FSDP's
+    copies and casts alone, which dp_exposed_s (no collective on one rank) prices at nothing. As
+    runtime.train and torch pipelining drive FSDP2:
+    - reduces: once a step (sync on the last micro-batch) below ZeRO-2 or where a pipeline holds the
+      gradients whole; after every micro-batch above it otherwise;
+    - gathers: once, by the step's first forward (the last backward resharded), below ZeRO-3;
+      under ZeRO-3 every forward reshards after itself (reshard_after_forward), so each forward
+      and each backward gathers again (2m), except that under a pipeline the backward leaves them
+      whole for what follows until the last micro-batch: m forwards and one backward (m + 1,
+      GPipe and 1F1B alike).
+    Offloaded states are left to the host copies' price. Not priced: the experts' own unit on a
+    one-rank expert group (ep = dp), and the re-gathers of an interleaved schedule that keeps at
+    most three virtual stages unsharded."""
     traits = cluster.framework
     if (not traits.one_replica_fsdp or plan.dp * plan.cp > 1 or plan.offload_optimizer
             or not runtime_wraps_in_fsdp(plan, train)):
-        return 0.0
+        return 0.0, 0.0
     m, z = plan.num_micro_batches, plan.zero_stage
     held_whole = unsharded_between_micro_batches(plan, traits)
     reduces = 1 if z < 2 or held_whole else m
-    gathers = 1 if z < 3 or held_whole else 2 * m
+    gathers = 1 if z < 3 else (m + 1 if held_whole else 2 * m)
     dev = cluster.device.for_dtype(train.compute_dtype)
     tensors = layers * layer_param_tensors(model, stacked_experts=True) + edge_param_tensors(model, held.embedding,
                                                                                           held.head)
-    return (reduces * fsdp_sync_s("reduce", held.total, train.compute_dtype, tensors, dev)
-            + gathers * fsdp_sync_s("gather", held.total, train.compute_dtype, tensors, dev))
+    return (reduces * fsdp_sync_s("reduce", held.total, train.compute_dtype, tensors, dev),
+            gathers * fsdp_sync_s("gather", held.total, train.compute_dtype, tensors, dev))
+
+
+def one_replica_fsdp_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec, held: RankParams,
+                       layers: int) -> float:
+    """one_replica_fsdp_parts_s in all: priced once a step beside the optimizer (affine in the
+    layers, as the search's rank shapes take it). The runtime times the gathers and, without a
+    pipeline, the reduce inside the passes; a pipeline's once-a-step reduce as its DP sync
+    (runtime.pipeline's perform_reduce_grad)."""
+    return sum(one_replica_fsdp_parts_s(model, train, plan, cluster, held, layers))
 
 
 def dp_bucket_s(model: ModelSpec, plan: Plan, term: DpTerm, cluster: ClusterSpec, sp: Spans) -> float:

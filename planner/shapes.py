@@ -90,7 +90,8 @@ def _time_shape(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
     held = lambda L: rank_params_at(model, plan, L, first, last)  # noqa: E731
     sp = spans(plan, cluster)
     # what a rank does after the pipeline: a TP-replicated mixture's gradient sync, then the
-    # optimizer and the step's host work; and its gradient accumulation, priced beside them
+    # optimizer and the step's host work; and its gradient accumulation and a one-replica plan's
+    # FSDP reduce and gathers, priced beside them
     opt = Linear(*affine(lambda L: sum(after_pipeline_s(model, train, plan, cluster, sp, held(L), L))
                          + grad_accumulation_s(model, train, plan, cluster, held(L), L)
                          + one_replica_fsdp_s(model, train, plan, cluster, held(L), L), 1, 2))

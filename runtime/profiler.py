@@ -289,46 +289,52 @@ def grad_accumulate_s_per_param(device: torch.device, dtypes: list[str]) -> dict
             for name in dict.fromkeys(["fp32", *dtypes])}
 
 
-# FSDP2's one-rank reduce and gather: a stack of GPT-shaped layers (QKV, output, FFN up and down)
-# at a few tokens, so the passes' GEMMs are small beside FSDP's copies; 9.6M parameters in 32
-# tensors on a CPU (40 MB in fp32, past a 32 MB last-level cache, where the closed loops' models
-# are), 200M on a GPU; one warm-up round, then the median of four
+# FSDP2's one-rank reduce and gather: a stack of GPT-shaped layers (QKV, output, FFN up and down;
+# 14 h^2 parameters each) at a few tokens, so the passes' GEMMs are small beside FSDP's copies:
+# 11.3M parameters in 32 tensors on a CPU (45 MB in fp32, past a 32 MB last-level cache, as the
+# closed loops' models are), 235M on a GPU; one warm-up round, then the median of four
 FSDP_HIDDEN, FSDP_LAYERS, FSDP_TOKENS, FSDP_ROUNDS = {"cpu": 448, "cuda": 2048}, 4, 8, 5
 
 
 def fsdp_sync_s_per_param(device: torch.device, dtypes: list[str]) -> dict[str, float]:
     """Seconds per parameter of FSDP2's reduce and gather on a one-rank group, per compute dtype
     ({"reduce.bf16": ..., "gather.bf16": ..., "reduce.fp32": ...}), wrapped as the runtime wraps
-    a one-replica plan (runtime.parallel.apply_data_parallel: a unit per layer and the root,
-    parameters in the compute dtype, reductions in fp32): the reduce is the last micro-batch's
-    backward with gradient sync on less one with it off, the gather the first forward after the
-    parameters were resharded less a forward on whole ones; the medians over FSDP_ROUNDS rounds of
-    three micro-batches after the first (0 where the difference drowns in noise; measured once,
-    not again in the second pass). Each rank times
-    its own one-rank group, all at once, as a run's ranks share the cores. On a 2-core Zen 5 EPYC
+    a one-replica plan below ZeRO-3 (runtime.parallel.apply_data_parallel: a unit per layer and the
+    root on a one-dimensional mesh, parameters in the compute dtype, reductions in fp32): the
+    reduce is the last micro-batch's backward with gradient sync on less one with it off (its fp32
+    accumulated gradients copied; a reduce every micro-batch copies 16-bit ones, a little less),
+    the gather the first forward after the parameters were resharded less a forward on whole ones;
+    the medians over FSDP_ROUNDS rounds of three micro-batches after the first (0 where the
+    difference drowns in noise; measured once, not again in the second pass). Each rank times its
+    own one-rank group, all at once, as a run's ranks share the cores. On a 2-core Zen 5 EPYC
     (`python benchmarks/fsdp_sync_cost.py`, 2026-11-28, 10.2M parameters) the bf16 reduce took
     0.8-0.9 ns a parameter and the gather 0.5, and this measurement inside a profile 0.87 and 0.46;
     the cost model had priced both at nothing (costmodel.rank_time.one_replica_fsdp_s)."""
+    import gc
+
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     groups = [dist.new_group([r]) for r in range(dist.get_world_size())]   # every rank creates every group
     mesh = DeviceMesh.from_group(groups[dist.get_rank()], device.type)
-    hidden = FSDP_HIDDEN[device.type]
+    h = FSDP_HIDDEN[device.type]
     out = {}
     for name in dict.fromkeys(["fp32", *dtypes]):
-        model = torch.nn.Sequential(*[torch.nn.Sequential(
-            torch.nn.Linear(hidden, 3 * hidden), torch.nn.Linear(3 * hidden, hidden),
-            torch.nn.Linear(hidden, 4 * hidden), torch.nn.Linear(4 * hidden, hidden)) for _ in range(FSDP_LAYERS)]).to(device)
+        model = torch.nn.Sequential(*[torch.nn.Sequential(*[
+            torch.nn.Linear(a, b, device=device) for a, b in ((h, 3 * h), (3 * h, h), (h, 4 * h), (4 * h, h))])
+            for _ in range(FSDP_LAYERS)])
         mp = MixedPrecisionPolicy() if name == "fp32" else \
             MixedPrecisionPolicy(param_dtype=DTYPES[name], reduce_dtype=torch.float32)
         for unit in [*model, model]:
             fully_shard(unit, mesh=mesh, reshard_after_forward=False, mp_policy=mp)
-        x = torch.randn(FSDP_TOKENS, hidden, device=device)
+        x = torch.randn(FSDP_TOKENS, h, device=device)
         rounds = [_fsdp_round(model, x, device) for _ in range(FSDP_ROUNDS)][1:]
         params = sum(p.numel() for p in model.parameters())
         for kind, (a, b) in (("reduce", (3, 2)), ("gather", (0, 1))):
             out[f"{kind}.{name}"] = max(0.0, float(np.median([r[a] - r[b] for r in rounds]))) / params
-        del model
+        del model, x
+        gc.collect()   # FSDP's hooks hold the model in reference cycles
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     for group in groups:
         dist.destroy_process_group(group)
     return out
