@@ -17,7 +17,7 @@ from costmodel.cluster import ClusterSpec, load_profile
 from costmodel.estimate import estimate
 from costmodel.inputs import InputError
 from costmodel.params import rank_params
-from costmodel.rank_time import grad_accumulation_s, one_replica_fsdp_s
+from costmodel.rank_time import grad_accumulation_s, one_replica_fsdp_parts_s
 from costmodel.registry import llama_spec
 from costmodel.specs import TrainSpec
 from planner.calibrate import comm_params
@@ -97,13 +97,13 @@ def test_pp_stage_scales_a_pipelined_plans_stage_work():
     # the bubble is the other stage's work, less the sends' share of it
     assert slow.time_breakdown_s["pipeline/bubble"] == pytest.approx(1.5 * base.time_breakdown_s["pipeline/bubble"],
                                                                      rel=0.02)
-    # a rank's work is its stages' (scaled), its gradient accumulation and FSDP's one-rank reduce
-    # and gather (not a stage's kernels)
+    # a rank's work is its stages' (scaled), its gradient accumulation and FSDP's one-rank gathers
+    # (not a stage's kernels; the pipeline's reduce is its DP sync)
     cluster = ClusterSpec(device=load_profile(PROFILE), num_nodes=1, devices_per_node=2)
     plan = build_plan(MODEL, TRAIN, cluster, Choice(**pp))
     held = [rank_params(MODEL, plan, r) for r in range(2)]
     accumulate = [grad_accumulation_s(MODEL, TRAIN, plan, cluster, held[r], plan.layers_on_rank(r)) for r in range(2)]
-    fsdp = [one_replica_fsdp_s(MODEL, TRAIN, plan, cluster, held[r], plan.layers_on_rank(r)) for r in range(2)]
+    fsdp = [one_replica_fsdp_parts_s(MODEL, TRAIN, plan, cluster, held[r], plan.layers_on_rank(r))[1] for r in range(2)]
     assert min(accumulate) > 0 and max(accumulate) == pytest.approx(base.time_breakdown_s["grads/accumulation"])
     assert slow.rank_work_s == pytest.approx([1.5 * (w - a - f) + a + f
                                               for w, a, f in zip(base.rank_work_s, accumulate, fsdp)], rel=1e-6)
