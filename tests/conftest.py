@@ -15,6 +15,16 @@ from costmodel.specs import TrainSpec
 
 
 @pytest.fixture
+def group():
+    """A one-rank gloo process group in this process (a HashStore: no port), for FSDP2 and the
+    profiler's collectives."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.fixture
 def llama70b():
     return resolve_model("llama-70b")
 

@@ -2,21 +2,12 @@
 part of a round timed."""
 from __future__ import annotations
 
-import pytest
 import torch
-import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
 from tests.benchmarks.benchmark_loader import load_benchmark
 
 bench = load_benchmark("fsdp_sync_cost")
-
-
-@pytest.fixture
-def group():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def test_a_unit_per_layer_and_one_at_the_root_in_the_compute_dtype(group):

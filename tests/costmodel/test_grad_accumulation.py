@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from costmodel.cluster import ClusterSpec, load_profile
@@ -137,13 +136,6 @@ def test_the_estimate_books_the_slowest_ranks_accumulation_and_each_ranks_in_its
     sp = spans(plan, cluster)
     stages = [8 * (t.total_s - t.pp_comm_s) for t in (rank_times(MODEL, train, plan, cluster, sp, r) for r in range(2))]
     assert est.rank_work_s == pytest.approx([w + a for w, a in zip(stages, accumulate)])
-
-
-@pytest.fixture
-def group():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def test_fsdp2_accumulates_bf16_gradients_in_fp32_between_reductions(group):

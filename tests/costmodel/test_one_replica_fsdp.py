@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from costmodel.cluster import ClusterSpec, load_profile
@@ -102,13 +101,6 @@ def test_the_estimate_books_it_and_counts_it_in_the_ranks_work():
     without = estimate(MODEL, train, replace(cluster, framework=replace(cluster.framework, one_replica_fsdp=False)), plan)
     assert est.step_time_s - without.step_time_s == pytest.approx(priced)
     assert est.rank_work_s[0] - without.rank_work_s[0] == pytest.approx(priced)
-
-
-@pytest.fixture
-def group():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def test_fsdp2_reduces_on_a_one_rank_group_only_when_sync_is_on(group):

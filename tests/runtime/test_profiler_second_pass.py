@@ -15,13 +15,6 @@ from runtime import profiler as prof
 CPU = torch.device("cpu")
 
 
-@pytest.fixture
-def group():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def test_best_of_keeps_the_faster_pass_point_by_point_and_the_first_beyond_the_second():
     first = ((1.0, 10.0), (2.0, 5.0), (2.0, 7.0), (4.0, 9.0))
     second = ((1.0, 8.0), (2.0, 6.0), (2.0, 6.0))   # a budget stopped it before the last size
