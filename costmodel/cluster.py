@@ -517,8 +517,9 @@ READABLE_FORMAT_VERSIONS = (1, 2, PROFILE_FORMAT_VERSION)
 # so the probes' steps run faster than before, 2026-11-28; 15: gradient accumulation priced at
 # its own measurement, costmodel.rank_time.grad_accumulation_s, and the embedding's dense gradient
 # table, 2026-11-28; 16: FSDP2's reduce and gather on a one-replica plan priced at their own
-# measurement, costmodel.rank_time.one_replica_fsdp_s, 2026-11-28), so a cached `local` profile fitted under an older one is measured again
-# instead of carrying factors fitted to other formulas or bounds.
+# measurement, costmodel.rank_time.one_replica_fsdp_s, 2026-11-28), so a cached `local` profile
+# fitted under an older one is measured again instead of carrying factors fitted to other formulas
+# or bounds.
 PROBE_FIT_VERSION = 16
 PROFILE_KEYS = {
     "": {"format_version", "device", "network", "efficiency", "measured", "probes", "host"},
@@ -764,7 +765,8 @@ def local_profile() -> DeviceProfile:
     if not dev.grad_accumulate_s_per_param:
         raise machine.LocalProfileMissing(path, "the cached profile predates the gradient accumulation's measurement")
     if not dev.fsdp_sync_s_per_param:
-        raise machine.LocalProfileMissing(path, "the cached profile predates the measurement of FSDP's one-rank reduce and gather")
+        raise machine.LocalProfileMissing(
+            path, "the cached profile predates the measurement of FSDP's one-rank reduce and gather")
     if dev.kind == "cpu" and not dev.dropout_s_per_element:   # a GPU's is 0 (runtime.profiler)
         raise machine.LocalProfileMissing(path, "the cached profile predates the dropout's measurement")
     if dev.kind == "cpu" and not dev.gelu_s_per_element:
