@@ -7,10 +7,10 @@ and its copy into the buffer the parameters view) against a forward on parameter
 
     python benchmarks/fsdp_sync_cost.py [--hidden 320] [--layers 6] [--vocab 5000] [--dtype bf16] [--rounds 8]
 
-FSDP2 as `runtime.parallel.apply_data_parallel` applies it to a plan with one data-parallel
-replica: a unit per layer and one at the root, parameters kept whole after the forward (ZeRO-1),
-parameters in the compute dtype and reductions in fp32; the layers are plain linear stacks of a
-GPT-style layer's shapes (QKV, output, FFN up, GeLU, down), not the runtime's model. On a one-rank
+The profile's own model and round (runtime.profiler.fsdp_stack, fsdp_round: FSDP2 as
+`runtime.parallel.apply_data_parallel` applies it to a plan with one data-parallel replica, the
+layers plain linear stacks of a GPT-style layer's shapes, not the runtime's model), here at a
+chosen size, with an output projection and a training micro-batch of tokens. On a one-rank
 gloo group (a HashStore: no port), one thread, freed memory kept as a run's ranks keep it
 (runtime.host_memory: without it the reduce's fresh buffers pay their pages again, which had read
 the bf16 reduce about twice as slow here). The runtime wraps a one-replica plan in FSDP only
@@ -23,68 +23,31 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from runtime.host_memory import keep_freed_memory
+from runtime.profiler import DTYPES, fsdp_round, fsdp_stack
 
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 MICRO_BATCHES = 4
 WARM_ROUNDS = 2
 TOKENS = 256
 
 
-def layer(hidden: int) -> nn.Module:
-    return nn.Sequential(nn.Linear(hidden, 3 * hidden), nn.Linear(3 * hidden, hidden),
-                         nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))
-
-
 def build(hidden: int, layers: int, vocab: int, dtype: torch.dtype) -> nn.Module:
-    model = nn.Sequential(*[layer(hidden) for _ in range(layers)], nn.Linear(hidden, vocab))
-    mesh = init_device_mesh("cpu", (1,))
-    mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
-    for block in model[:layers]:
-        fully_shard(block, mesh=mesh, reshard_after_forward=False, mp_policy=mp)
-    fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp)
-    return model
-
-
-def timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
-def one_round(model: nn.Module, x: torch.Tensor) -> dict[str, float]:
-    """Seconds of the first and a later forward, of an unsynced and the synced backward."""
-    out: dict[str, float] = {}
-    for k in range(MICRO_BATCHES):
-        final = k == MICRO_BATCHES - 1
-        model.set_requires_gradient_sync(final)
-        model.set_reshard_after_backward(final)
-        holder = {}
-        fwd = timed(lambda: holder.setdefault("y", model(x)))
-        bwd = timed(lambda: holder["y"].float().square().mean().backward())
-        if k == 0:
-            out["first forward"] = fwd
-        elif k == 1:
-            out["later forward"], out["unsynced backward"] = fwd, bwd
-        if final:
-            out["synced backward"] = bwd
-    model.zero_grad(set_to_none=True)
-    return out
+    """The profile's FSDP stack (runtime.profiler.fsdp_stack) with an output projection, on a
+    one-rank CPU mesh."""
+    return fsdp_stack(hidden, layers, dtype, init_device_mesh("cpu", (1,)), torch.device("cpu"), vocab=vocab)
 
 
 def measure(hidden: int, layers: int, vocab: int, dtype: str, rounds: int) -> tuple[int, dict[str, float]]:
     """(parameters, median seconds per part) on the process group already set up."""
     model = build(hidden, layers, vocab, DTYPES[dtype])
     x = torch.randn(TOKENS, hidden)
-    kept = [one_round(model, x) for _ in range(rounds)][WARM_ROUNDS:]
+    kept = [fsdp_round(model, x, torch.device("cpu"), MICRO_BATCHES) for _ in range(rounds)][WARM_ROUNDS:]
     return sum(p.numel() for p in model.parameters()), {key: statistics.median(r[key] for r in kept)
                                                         for key in kept[0]}
 

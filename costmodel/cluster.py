@@ -220,6 +220,14 @@ class DeviceProfile:
     def sdpa_curve(self, dtype: DType, dropout: bool, backward: bool) -> tuple[tuple[float, float, float], ...]:
         return dict(self.sdpa_curves).get(sdpa_key(str(dtype), dropout, backward), ())
 
+    def grad_accumulate_rate(self, incoming: DType) -> float | None:
+        """Seconds per parameter of an add of `incoming` gradients into fp32 ones; None: not measured."""
+        return dict(self.grad_accumulate_s_per_param).get(str(incoming))
+
+    def fsdp_sync_rate(self, kind: str, compute: DType) -> float | None:
+        """Seconds per parameter of FSDP2's one-rank `kind` ("reduce", "gather"); None: not measured."""
+        return dict(self.fsdp_sync_s_per_param).get(fsdp_sync_key(kind, str(compute)))
+
     @property
     def peak_flops_per_s(self) -> dict[str, float]:
         return dict(self.peak_flops)
@@ -431,6 +439,14 @@ def _v1_memory_mix(path: Path, points: list) -> list[list[float]]:
         elems = other / 8
         out.append([28 * elems / 3, 28 * elems / (2 * other / other_rate + add / add_rate)])
     return out
+
+
+FSDP_SYNC_KINDS = ("reduce", "gather")
+
+
+def fsdp_sync_key(kind: str, dtype: str) -> str:
+    """How [measured] fsdp_sync_s_per_param names a rate: <reduce|gather>.<compute dtype>."""
+    return f"{kind}.{dtype}"
 
 
 def sdpa_key(dtype: str, dropout: bool, backward: bool) -> str:
@@ -688,8 +704,9 @@ def _profile_from(path: Path, raw: dict[str, Any]) -> DeviceProfile:
         machine=str(raw.get("measured", {}).get("machine", "")),
         optimizer_s_per_param=float(raw.get("measured", {}).get("optimizer_s_per_param", 0.0)),
         dropout_s_per_element=float(raw.get("measured", {}).get("dropout_s_per_element", 0.0)),
-        grad_accumulate_s_per_param=_accumulate_rates(raw.get("measured", {}).get("grad_accumulate_s_per_param", {})),
-        fsdp_sync_s_per_param=_fsdp_sync_rates(raw.get("measured", {}).get("fsdp_sync_s_per_param", {})),
+        grad_accumulate_s_per_param=_rate_table(raw, "grad_accumulate_s_per_param", [str(d) for d in DType]),
+        fsdp_sync_s_per_param=_rate_table(raw, "fsdp_sync_s_per_param",
+                                          [fsdp_sync_key(k, str(d)) for k in FSDP_SYNC_KINDS for d in DType]),
         gelu_s_per_element=_gelu_rates(raw.get("measured", {}).get("gelu_s_per_element", {})),
         probe_fit_version=(int(raw["probes"].get("fit_version", 1)) if isinstance(raw.get("probes"), dict)
                            else 0),
@@ -701,23 +718,14 @@ def _profile_from(path: Path, raw: dict[str, Any]) -> DeviceProfile:
 GELU_APPROXIMATIONS = ("tanh", "none")   # torch's names; costmodel.compute.GELU_OF maps MLP kinds to them
 
 
-def _accumulate_rates(raw: Any) -> tuple[tuple[str, float], ...]:
-    """[measured] grad_accumulate_s_per_param: {dtype of the new gradients: seconds per parameter}."""
-    names = [str(d) for d in DType]
-    if not isinstance(raw, dict) or any(name not in names for name in raw):
-        raise ValueError(f"measured.grad_accumulate_s_per_param is not a table of dtypes ({', '.join(names)})")
-    return tuple((str(name), float(v)) for name, v in raw.items())
-
-
-FSDP_SYNC_KINDS = ("reduce", "gather")
-
-
-def _fsdp_sync_rates(raw: Any) -> tuple[tuple[str, float], ...]:
-    """[measured] fsdp_sync_s_per_param: {"reduce.<dtype>" or "gather.<dtype>": seconds per parameter}."""
-    names = [f"{kind}.{d}" for kind in FSDP_SYNC_KINDS for d in DType]
-    if not isinstance(raw, dict) or any(name not in names for name in raw):
-        raise ValueError(f"measured.fsdp_sync_s_per_param is not a table of {', '.join(names)}")
-    return tuple((str(name), float(v)) for name, v in raw.items())
+def _rate_table(raw: dict[str, Any], field: str, names: list[str]) -> tuple[tuple[str, float], ...]:
+    """[measured] `field`: {name: seconds per parameter}, each name one of `names`
+    (grad_accumulate_s_per_param by the new gradients' dtype, fsdp_sync_s_per_param by
+    fsdp_sync_key); absent: not measured."""
+    table = raw.get("measured", {}).get(field, {})
+    if not isinstance(table, dict) or any(name not in names for name in table):
+        raise ValueError(f"measured.{field} is not a table of {', '.join(names)}")
+    return tuple((str(name), float(v)) for name, v in table.items())
 
 
 def _gelu_rates(raw: Any) -> tuple[tuple[str, float, float], ...]:

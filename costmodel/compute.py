@@ -741,7 +741,7 @@ def gradient_add_s(num_params: float, incoming: DType, accumulator: DType, num_t
     accumulator is fp32 and the new gradients' dtype was measured, else as traffic (read both,
     write the sum) at the profile's bandwidth. Affine in both counts (the search's rank shapes
     rely on it), hence the bandwidth rather than the memory-bound curve at a size per tensor."""
-    rate = dict(dev.grad_accumulate_s_per_param).get(str(incoming))
+    rate = dev.grad_accumulate_rate(incoming)
     if rate and accumulator is DType.FP32:
         return num_params * rate + _launches_s(num_tensors, dev)
     return _traffic_s(num_params * (incoming.num_bytes + 2 * accumulator.num_bytes), num_tensors, dev)
@@ -767,9 +767,10 @@ def fsdp_sync_s(kind: str, num_params: float, compute: DType, num_tensors: float
     group (costmodel.frameworks `one_replica_fsdp`): at the profile's measured rate
     (`fsdp_sync_s_per_param`, runtime.profiler.fsdp_sync_s_per_param), else as its copies' traffic
     (FSDP_SYNC_BYTES) at the profile's bandwidth. On a 2-core Zen 5 EPYC the measured bf16 reduce
-    ran 0.8-0.9 ns a parameter and the gather 0.5, where their traffic says 0.5 and 0.4 (`python
-    benchmarks/fsdp_sync_cost.py` and closed-loop profiles, 2026-11-28)."""
-    rate = dict(dev.fsdp_sync_s_per_param).get(f"{kind}.{compute}")
+    ran 0.7-0.9 ns a parameter and the gather 0.35-0.5 (`python benchmarks/fsdp_sync_cost.py`,
+    2026-11-28), where their 16 and 10 bytes at the profile's 32 GB/s come to 0.5 and 0.3: the
+    traffic alone prices them fast."""
+    rate = dev.fsdp_sync_rate(kind, compute)
     if rate is not None:
         return num_params * rate
     return _traffic_s(num_params * FSDP_SYNC_BYTES[kind](compute.num_bytes), num_tensors, dev)

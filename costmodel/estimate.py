@@ -279,9 +279,10 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
         memory_breakdown_bytes=[m.to_dict() for m in memory], critical_rank=critical,
         rank_time_per_micro_batch_s=[r.total_s for r in ranks],
         bubble_fraction_per_rank=bubbles,
-        # the accumulation runs inside the rank's backward passes, which the runtime times as its work
-        rank_work_s=[plan.num_micro_batches * (r.total_s - r.pp_comm_s) + a + sum(f) - s
-                     for r, a, f, s in zip(ranks, accumulate, fsdp, sync_reduce)],
+        # the accumulation and the one-rank gathers (and reduce, without a pipeline) run inside the
+        # rank's passes, which the runtime times as its work
+        rank_work_s=[plan.num_micro_batches * (r.total_s - r.pp_comm_s) + a + gather + (reduce if plan.pp == 1 else 0.0)
+                     for r, a, (reduce, gather) in zip(ranks, accumulate, fsdp)],
         rank_fsdp_reduce_s=sync_reduce,
         closed_form_step_time_s=None if closed is None else closed + dp_s + emb_s + sum(after),
         host_memory_bytes=host, host_capacity_bytes=min(host_budgets_bytes(plan, cluster)))

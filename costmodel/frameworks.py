@@ -118,7 +118,8 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   into and out of its flat buffers, which a plan with more replicas pays inside its collectives'
   fitted time. Measured on a 2-core Zen 5 EPYC (2026-11-28, `python benchmarks/fsdp_sync_cost.py`,
   10.2M parameters in bf16, freed memory kept as the runtime keeps it): the last micro-batch's
-  reduce 8-9 ms, the step's first gather 5 ms, 2 % of a closed-loop step that priced both at nothing
+  reduce 7-9 ms, the step's first gather 4-5 ms: 2 % of closed loop GF's one-rank bf16 step (720
+  ms measured, README), which priced both at nothing
   (costmodel.rank_time.one_replica_fsdp_s). Our runtime's trait.
 - `recompute_early_stop`: a fully recomputed layer stops before its last projection. Our runtime
   wraps each layer in torch's non-reentrant checkpoint (`checkpoint_wrapper`), whose early stop

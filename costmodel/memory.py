@@ -79,6 +79,12 @@ def unsharded_between_micro_batches(plan: Plan, traits: FrameworkTraits) -> bool
     return plan.pp > 1 and plan.zero_stage >= 2 and not traits.sharded_grads_under_pp
 
 
+def reduces_every_micro_batch(plan: Plan, traits: FrameworkTraits) -> bool:
+    """ZeRO-2/3 with sharded gradients between micro-batches: each micro-batch's gradients are
+    reduced (and the shard accumulated) at once, not held whole until the step's last."""
+    return plan.zero_stage >= 2 and not unsharded_between_micro_batches(plan, traits)
+
+
 def state_bytes_for(train: TrainSpec, plan: Plan, n: float, traits: FrameworkTraits = RUNTIME,
                     *, experts: float = 0.0) -> tuple[float, float, float]:
     """States of `n` parameter elements on a device, `experts` of them routed experts: CP ranks
@@ -523,7 +529,7 @@ def buffer_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, traits: Framewo
     total = 0.0
     if plan.pp > 1:
         total += 4 * a * _local_tokens(train, plan) * model.hidden_size / sp
-    if plan.zero_stage >= 2 and not unsharded_between_micro_batches(plan, traits):
+    if reduces_every_micro_batch(plan, traits):
         layer = layer_params(model, plan.tp, plan.ep)
         gathered = 2 * layer * a if plan.zero_stage >= 3 else 0
         total += gathered + layer * train.grad_dtype.num_bytes

@@ -44,6 +44,13 @@ def edge_param_tensors(model: ModelSpec, embedding: int, head: int) -> int:
     return words + ((norm + (head > norm_params(model))) if head else 0)
 
 
+def rank_param_tensors(model: ModelSpec, held: RankParams, layers: int) -> int:
+    """Parameter tensors of a rank holding `held` over `layers` layers, as the runtime holds them
+    (routed experts stacked): one kernel each for a per-tensor pass (an add, a copy)."""
+    return layers * layer_param_tensors(model, stacked_experts=True) + edge_param_tensors(model, held.embedding,
+                                                                                          held.head)
+
+
 def qk_norm_params(model: ModelSpec) -> int:
     """Qwen3's per-head Q and K norm scales in one layer (whole on every TP rank)."""
     return 2 * model.head_dim if model.qk_norm else 0

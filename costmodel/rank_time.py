@@ -14,9 +14,10 @@ from costmodel.compute import (KernelTimes, cross_entropy_s, expert_rows, fsdp_s
 from costmodel.flops import stops_before_final_linear
 from costmodel.frameworks import FrameworkTraits
 from costmodel.layout import dense_blocks
-from costmodel.memory import layer_activation_bytes, runtime_wraps_in_fsdp, unsharded_between_micro_batches
+from costmodel.memory import (layer_activation_bytes, reduces_every_micro_batch, runtime_wraps_in_fsdp,
+                              unsharded_between_micro_batches)
 from costmodel.params import (RankParams, ceil_div, edge_param_tensors, folds_ep, layer_expert_params,
-                              layer_param_tensors, layer_params,
+                              layer_param_tensors, layer_params, rank_param_tensors,
                               moe_replicated_params, optimized_params, qk_norm_params, rank_params, rank_params_at)
 from costmodel.placement import AxisSpan, group_span, stage_pair_span
 from costmodel.plan import Plan, Recompute
@@ -392,7 +393,7 @@ def _with_host_copies(terms: tuple[DpTerm, ...], plan: Plan, traits: FrameworkTr
     pipeline holding gradients whole), only the first copy out overlaps: each later one blocks
     and is added to the host's shard on the host (FSDP2's accumulation, costmodel.comm)."""
     m = plan.num_micro_batches
-    accumulates = m > 1 and plan.zero_stage >= 2 and not unsharded_between_micro_batches(plan, traits)
+    accumulates = m > 1 and reduces_every_micro_batch(plan, traits)
     h2d, d2h = (Collective.HOST_TO_DEVICE, 4), (Collective.DEVICE_TO_HOST, 4)
     out = []
     for term in terms:
@@ -517,8 +518,9 @@ def grad_accumulation_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster:
     micro-batch after the first adds its gradients into the step's, in place, one kernel per
     parameter tensor. The adds run inside each micro-batch's backward; priced once a step, beside
     the optimizer, as the search's rank shapes take it: affine in the layers. On a 2-core EPYC it
-    was 26.6 ms a step of a 10.9M-parameter fp32 model's 8 micro-batches (`benchmarks/
-    step_trace.py`, 2026-11-28).
+    was 26.6 ms a step of a 10.9M-parameter fp32 model's 8 micro-batches (`python
+    benchmarks/step_trace.py PLAN --steps 2 --rows 400 --shapes` on a closed loop's one-rank
+    micro-batch-1 fp32 plan, 2026-11-28; README, "What a pipeline adds").
     - Whole gradients (ZeRO-0/1, or a pipeline holding them whole) arrive in the compute dtype:
       fp32 ones add into fp32 (autograd; the runtime takes no reduce dtype in fp32), 16-bit ones
       into the grad dtype, FSDP2 casting the first micro-batch's into that accumulator.
@@ -532,14 +534,12 @@ def grad_accumulation_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster:
     m, traits = plan.num_micro_batches, cluster.framework
     dev = cluster.device.for_dtype(train.compute_dtype)
     new, grad = train.compute_dtype, train.grad_dtype
-    if traits.fused_grad_accumulation:
-        words = edge_param_tensors(model, held.embedding, 0)
-        return m * gradient_add_s(held.embedding, new, grad, words, dev) if held.embedding else 0.0
+    if traits.fused_grad_accumulation:   # no embedding on the rank: nothing to add, no kernel
+        return m * gradient_add_s(held.embedding, new, grad, edge_param_tensors(model, held.embedding, 0), dev)
     if m == 1:
         return 0.0
-    tensors = layers * layer_param_tensors(model, stacked_experts=True) + edge_param_tensors(model, held.embedding,
-                                                                                          held.head)
-    if plan.zero_stage >= 2 and not unsharded_between_micro_batches(plan, traits):
+    tensors = rank_param_tensors(model, held, layers)
+    if reduces_every_micro_batch(plan, traits):
         if plan.offload_optimizer:
             return 0.0
         fp32_params = new is DType.FP32 or (traits.fsdp_master_params and train.master_weights_fp32)
@@ -572,12 +572,10 @@ def one_replica_fsdp_parts_s(model: ModelSpec, train: TrainSpec, plan: Plan, clu
             or not runtime_wraps_in_fsdp(plan, train)):
         return 0.0, 0.0
     m, z = plan.num_micro_batches, plan.zero_stage
-    held_whole = unsharded_between_micro_batches(plan, traits)
-    reduces = 1 if z < 2 or held_whole else m
-    gathers = 1 if z < 3 else (m + 1 if held_whole else 2 * m)
+    reduces = m if reduces_every_micro_batch(plan, traits) else 1
+    gathers = 1 if z < 3 else (m + 1 if unsharded_between_micro_batches(plan, traits) else 2 * m)
     dev = cluster.device.for_dtype(train.compute_dtype)
-    tensors = layers * layer_param_tensors(model, stacked_experts=True) + edge_param_tensors(model, held.embedding,
-                                                                                          held.head)
+    tensors = rank_param_tensors(model, held, layers)
     return (reduces * fsdp_sync_s("reduce", held.total, train.compute_dtype, tensors, dev),
             gathers * fsdp_sync_s("gather", held.total, train.compute_dtype, tensors, dev))
 

@@ -211,11 +211,11 @@ def _measured_rows(setup: Setup, micro: dict, memory, net: _Net, date: str, iden
           if micro.get("layer_ops") else []),
         ("op_overhead_s", micro["overhead_s"], "a one-element add, the bare dispatch cost"),
         ("optimizer_s_per_param", micro["optimizer_s_per_param"],
-         f"AdamW (foreach, fp32) over {_optimizer_params(setup.device_type) >> 20}M parameters: "
+         f"AdamW (foreach, fp32) over {_timed_params(setup.device_type) >> 20}M parameters: "
          "costmodel.compute.optimizer_step_s prices the step with it"),
         ("grad_accumulate_s_per_param", micro["grad_accumulate_s_per_param"],
          f"one micro-batch's gradients added in place into fp32 ones, by the dtype they come in, over "
-         f"{_optimizer_params(setup.device_type) >> 20}M parameters: costmodel.compute.gradient_add_s"),
+         f"{_timed_params(setup.device_type) >> 20}M parameters: costmodel.compute.gradient_add_s"),
         ("fsdp_sync_s_per_param", micro["fsdp_sync_s_per_param"],
          "FSDP2's reduce and gather on a one-rank group, per parameter, by compute dtype (runtime.profiler."
          "fsdp_sync_s_per_param): costmodel.compute.fsdp_sync_s prices a one-replica plan's with it"),
@@ -256,8 +256,8 @@ def _probes(probed, skipped):
     return out
 
 
-def _optimizer_params(device_type: str) -> int:
-    """How many parameters the profiler's AdamW step and gradient adds are timed over."""
+def _timed_params(device_type: str) -> int:
+    """How many parameters the profiler's per-parameter costs (AdamW, gradient adds) are timed over."""
     from runtime import profiler as prof
     return prof.persisting_params(device_type)[0]
 

@@ -100,8 +100,7 @@ def _stage_parts(pf: PlanFile, est: Estimate, raw: dict[str, Any], step_s: float
     inside = pf.plan.pp == 1
     pred_work = [w + (dp if inside else 0.0) for w in est.rank_work_s]
     # a pipeline's once-a-step reduce on a one-rank FSDP group is timed as its DP sync too
-    reduce = est.rank_fsdp_reduce_s or [0.0] * pf.plan.pp
-    pred_sync = [0.0 if inside else dp + r for r in reduce]
+    pred_sync = [0.0 if inside else dp + r for r in est.rank_fsdp_reduce_s]
     pred_optim = [ledger["optimizer/step"]] * pf.plan.pp
     predicted = {"work": pred_work, "dp_sync": pred_sync, "optimizer": pred_optim,
                  "wait": [est.step_time_s - w - d - o for w, d, o in zip(pred_work, pred_sync, pred_optim)]}

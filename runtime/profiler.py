@@ -28,6 +28,7 @@ sizes instead of taking minutes. All ranks stop together (`_agree`).
 """
 from __future__ import annotations
 
+import gc
 import time
 import warnings
 from dataclasses import dataclass, replace
@@ -38,7 +39,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from costmodel.cluster import GELU_APPROXIMATIONS, sdpa_key
+from costmodel.cluster import GELU_APPROXIMATIONS, fsdp_sync_key, sdpa_key
 from costmodel.compute import flash_tile_efficiency, interpolate, sdpa_head_s
 from costmodel.specs import LayerProbe
 from runtime.layer_ops import layer_op_seconds
@@ -253,16 +254,27 @@ def optimizer_s_per_param(device: torch.device) -> float:
     on a CPU the same step takes 2 or 4 ns per parameter by where its pages land, stable within
     one allocation (a training run's are as likely to land either way)."""
     count, tensors = persisting_params(device.type)
-    times = []
-    for _ in range(OPTIMIZER_ALLOCATIONS):
+
+    def once() -> float:   # one allocation's tensors, freed on return
         params = [torch.nn.Parameter(torch.randn(count // tensors, device=device)) for _ in range(tensors)]
         for p in params:
             p.grad = torch.randn_like(p)
         optimizer = torch.optim.AdamW(params, lr=1e-4, foreach=True)
         optimizer.step()   # the moments are allocated on the first step
-        times.append(best_s(optimizer.step, repeat=3, sync=_sync(device)))
-        del optimizer, params
-    return sum(times) / len(times) / count
+        return best_s(optimizer.step, repeat=3, sync=_sync(device))
+
+    return _mean_over_allocations(once) / count
+
+
+def _mean_over_allocations(once: Callable[[], float]) -> float:
+    """The mean of `once()` (seconds, timed on tensors it allocates and frees) over
+    OPTIMIZER_ALLOCATIONS allocations: where the pages land moves a CPU's per-parameter costs."""
+    return sum(once() for _ in range(OPTIMIZER_ALLOCATIONS)) / OPTIMIZER_ALLOCATIONS
+
+
+def _measured_dtypes(dtypes: list[str]) -> list[str]:
+    """fp32 and the profile's other dtypes, each once: the per-dtype per-parameter costs' keys."""
+    return list(dict.fromkeys(["fp32", *dtypes]))
 
 
 def grad_accumulate_s_per_param(device: torch.device, dtypes: list[str]) -> dict[str, float]:
@@ -275,8 +287,8 @@ def grad_accumulate_s_per_param(device: torch.device, dtypes: list[str]) -> dict
     curve's kernels write fresh outputs, which an in-place add never touches). On a 2-core EPYC
     (2026-11-28, closed loop GC's `planner profile`) fp32 += fp32 took 3.1e-10 s a parameter (39
     GB/s), fp32 += bf16 3.4e-10 (29 GB/s): the mixed add is not the same kernel at fewer bytes.
-    The adds inside a training step (`benchmarks/step_trace.py ... --shapes` on an fp32 model's
-    10.9M parameters) read 34 GB/s with their per-tensor dispatch: these 32 MB may partly sit in
+    The adds inside a training step (`python benchmarks/step_trace.py PLAN --steps 2 --rows 400
+    --shapes` on a closed loop's one-rank fp32 plan of 10.9M parameters) read 34 GB/s with their per-tensor dispatch: these 32 MB may partly sit in
     a large last-level cache, which the cost model then prices slightly fast."""
     count, tensors = persisting_params(device.type)
 
@@ -285,8 +297,7 @@ def grad_accumulate_s_per_param(device: torch.device, dtypes: list[str]) -> dict
         new = [torch.randn(count // tensors, device=device, dtype=dtype) for _ in range(tensors)]
         return best_s(lambda: [a.add_(b) for a, b in zip(acc, new)], repeat=3, sync=_sync(device))
 
-    return {name: sum(once(DTYPES[name]) for _ in range(OPTIMIZER_ALLOCATIONS)) / OPTIMIZER_ALLOCATIONS / count
-            for name in dict.fromkeys(["fp32", *dtypes])}
+    return {name: _mean_over_allocations(lambda: once(DTYPES[name])) / count for name in _measured_dtypes(dtypes)}
 
 
 # FSDP2's one-rank reduce and gather: a stack of GPT-shaped layers (QKV, output, FFN up and down;
@@ -308,29 +319,23 @@ def fsdp_sync_s_per_param(device: torch.device, dtypes: list[str]) -> dict[str, 
     difference drowns in noise; measured once, not again in the second pass). Each rank times its
     own one-rank group, all at once, as a run's ranks share the cores. On a 2-core Zen 5 EPYC
     (`python benchmarks/fsdp_sync_cost.py`, 2026-11-28, 10.2M parameters) the bf16 reduce took
-    0.8-0.9 ns a parameter and the gather 0.5, and this measurement inside a profile 0.87 and 0.46;
+    0.7-0.9 ns a parameter and the gather 0.35-0.5, and this measurement inside `planner profile`
+    0.65-0.87 and 0.32-0.46;
     the cost model had priced both at nothing (costmodel.rank_time.one_replica_fsdp_s)."""
-    import gc
-
     from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     groups = [dist.new_group([r]) for r in range(dist.get_world_size())]   # every rank creates every group
     mesh = DeviceMesh.from_group(groups[dist.get_rank()], device.type)
     h = FSDP_HIDDEN[device.type]
     out = {}
-    for name in dict.fromkeys(["fp32", *dtypes]):
-        model = torch.nn.Sequential(*[torch.nn.Sequential(*[
-            torch.nn.Linear(a, b, device=device) for a, b in ((h, 3 * h), (3 * h, h), (h, 4 * h), (4 * h, h))])
-            for _ in range(FSDP_LAYERS)])
-        mp = MixedPrecisionPolicy() if name == "fp32" else \
-            MixedPrecisionPolicy(param_dtype=DTYPES[name], reduce_dtype=torch.float32)
-        for unit in [*model, model]:
-            fully_shard(unit, mesh=mesh, reshard_after_forward=False, mp_policy=mp)
+    for name in _measured_dtypes(dtypes):
+        model = fsdp_stack(h, FSDP_LAYERS, DTYPES[name], mesh, device)
         x = torch.randn(FSDP_TOKENS, h, device=device)
-        rounds = [_fsdp_round(model, x, device) for _ in range(FSDP_ROUNDS)][1:]
+        rounds = [fsdp_round(model, x, device) for _ in range(FSDP_ROUNDS)][1:]
         params = sum(p.numel() for p in model.parameters())
-        for kind, (a, b) in (("reduce", (3, 2)), ("gather", (0, 1))):
-            out[f"{kind}.{name}"] = max(0.0, float(np.median([r[a] - r[b] for r in rounds]))) / params
+        for kind, (a, b) in (("reduce", ("synced backward", "unsynced backward")),
+                             ("gather", ("first forward", "later forward"))):
+            seconds = float(np.median([r[a] - r[b] for r in rounds]))
+            out[fsdp_sync_key(kind, name)] = max(0.0, seconds) / params
         del model, x
         gc.collect()   # FSDP's hooks hold the model in reference cycles
         if device.type == "cuda":
@@ -340,15 +345,36 @@ def fsdp_sync_s_per_param(device: torch.device, dtypes: list[str]) -> dict[str, 
     return out
 
 
-def _fsdp_round(model, x: torch.Tensor, device: torch.device) -> tuple[float, float, float, float]:
-    """(first forward, a later forward, an unsynced backward, the synced backward) seconds of
-    three micro-batches, the last with gradient sync on; then the parameters resharded and the
-    gradients dropped, as a step's end leaves them."""
+def fsdp_stack(hidden: int, layers: int, dtype: torch.dtype, mesh, device: torch.device,
+               vocab: int = 0) -> torch.nn.Module:
+    """`layers` GPT-shaped linear stacks (QKV, output, FFN up and down: 14 hidden^2 parameters
+    each), and an output projection to `vocab` words if any, under FSDP2 as
+    runtime.parallel.apply_data_parallel wraps a one-replica plan below ZeRO-3: a unit per layer
+    and the root on `mesh`, parameters kept whole after the forward, in `dtype`, reduced in fp32."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    h = hidden
+    stack = [torch.nn.Sequential(*[torch.nn.Linear(a, b, device=device)
+                                   for a, b in ((h, 3 * h), (3 * h, h), (h, 4 * h), (4 * h, h))])
+             for _ in range(layers)]
+    model = torch.nn.Sequential(*stack, *([torch.nn.Linear(h, vocab, device=device)] if vocab else []))
+    mp = MixedPrecisionPolicy() if dtype == torch.float32 else \
+        MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    for unit in [*stack, model]:
+        fully_shard(unit, mesh=mesh, reshard_after_forward=False, mp_policy=mp)
+    return model
+
+
+def fsdp_round(model, x: torch.Tensor, device: torch.device, micro_batches: int = 3) -> dict[str, float]:
+    """Seconds of the "first forward" (after the parameters were resharded), a "later forward",
+    an "unsynced backward" (the second micro-batch's) and the "synced backward" (the last's,
+    gradient sync on, as runtime.train sets it) of `micro_batches` micro-batches; then the
+    parameters resharded and the gradients dropped, as a step's end leaves them."""
     sync = _sync(device)
     times = []
-    for k in range(3):
-        model.set_requires_gradient_sync(k == 2)
-        model.set_reshard_after_backward(k == 2)
+    for k in range(micro_batches):
+        final = k == micro_batches - 1
+        model.set_requires_gradient_sync(final)
+        model.set_reshard_after_backward(final)
         sync()
         t0 = time.perf_counter()
         y = model(x)
@@ -358,7 +384,8 @@ def _fsdp_round(model, x: torch.Tensor, device: torch.device) -> tuple[float, fl
         sync()
         times.append((t1 - t0, time.perf_counter() - t1))
     model.zero_grad(set_to_none=True)
-    return times[0][0], times[1][0], times[1][1], times[2][1]
+    return {"first forward": times[0][0], "later forward": times[1][0], "unsynced backward": times[1][1],
+            "synced backward": times[-1][1]}
 
 
 DROPOUT_ELEMENTS = 1 << 20

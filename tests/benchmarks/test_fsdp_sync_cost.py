@@ -19,5 +19,6 @@ def test_a_unit_per_layer_and_one_at_the_root_in_the_compute_dtype(group):
 def test_every_part_of_a_round_is_timed(group):
     params, med = bench.measure(16, 2, 32, "bf16", bench.WARM_ROUNDS + 1)
     assert params == sum(p.numel() for p in bench.build(16, 2, 32, torch.bfloat16).parameters())
+    assert params == 2 * (14 * 16**2 + 9 * 16) + 16 * 32 + 32   # two layers' four linears, the head
     assert set(med) == {"first forward", "later forward", "unsynced backward", "synced backward"}
     assert all(s > 0 for s in med.values())

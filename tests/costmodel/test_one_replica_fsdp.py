@@ -81,6 +81,7 @@ def test_only_where_the_runtime_wraps_a_one_replica_plan():
     assert _priced(framework="megatron-core")[0] == [0.0]           # not that framework's trait
     _, plan, _ = _priced()
     assert runtime_wraps_in_fsdp(plan, TrainSpec(seq_len=256, global_batch_size=8, compute_dtype=DType.BF16))
+    assert not runtime_wraps_in_fsdp(plan, TrainSpec(seq_len=256, global_batch_size=8, compute_dtype=DType.FP32))
 
 
 def test_without_a_measurement_the_copies_are_priced_as_their_traffic():
