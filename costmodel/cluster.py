@@ -533,10 +533,11 @@ READABLE_FORMAT_VERSIONS = (1, 2, PROFILE_FORMAT_VERSION)
 # so the probes' steps run faster than before, 2026-11-28; 15: gradient accumulation priced at
 # its own measurement, costmodel.rank_time.grad_accumulation_s, and the embedding's dense gradient
 # table, 2026-11-28; 16: FSDP2's reduce and gather on a one-replica plan priced at their own
-# measurement, costmodel.rank_time.one_replica_fsdp_s, 2026-11-28), so a cached `local` profile
-# fitted under an older one is measured again instead of carrying factors fitted to other formulas
-# or bounds.
-PROBE_FIT_VERSION = 16
+# measurement, costmodel.rank_time.one_replica_fsdp_s, 2026-11-28; 17: FSDP units of a bucket's
+# layers below ZeRO-3, costmodel.params.fsdp_unit_layers: the probes' steps run fewer collectives,
+# 2026-11-28), so a cached `local` profile fitted under an older one is measured again instead of
+# carrying factors fitted to other formulas or bounds.
+PROBE_FIT_VERSION = 17
 PROFILE_KEYS = {
     "": {"format_version", "device", "network", "efficiency", "measured", "probes", "host"},
     "host": {"memory_bytes", "memory_bandwidth_bytes_per_s", "memory_efficiency", "link_bandwidth_bytes_per_s",

@@ -83,14 +83,16 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   data-parallel ranks; each rank holds num_experts/ep experts whole (no TP replica), and an
   expert's states are sharded over the dp x tp / ep ranks holding it. Our runtime carves EP from
   data parallelism and keeps the mixture whole on every TP rank (runtime.parallel).
-- `dp_collectives_per_layer`: every ZeRO stage synchronises one FSDP unit (a layer) at a time,
-  each unit's collectives paying their own latency. Our runtime runs ZeRO-0 to 2 with FSDP2 too
-  (runtime.parallel: each layer its own `fully_shard`), so a step issues a reduce-scatter (or an
-  all-reduce) and an all-gather per layer where Megatron's distributed optimizer sends a few large
-  buckets. Measured on gloo (2026-11-26, debug-tiny, 4 layers, fp32, mbs 4: `planner predict
-  --model debug-tiny --cluster 1x2xlocal --dtype fp32 --dp 2 --zero Z --mbs 4 --out p.json`, then
-  `planner run p.json`; one rank: `--cluster 1x1xlocal --dp 1`): ZeRO-0/1/2 steps of 27-38 ms
-  against 16.5 ms on one rank doing twice the work, where one collective per step predicted 15-24 ms.
+- `dp_collectives_per_layer`: every ZeRO stage synchronises one FSDP unit at a time, each unit's
+  collectives paying their own latency. Our runtime runs ZeRO-0 to 2 with FSDP2 too, a unit of a
+  layer under ZeRO-3 and of a bucket's layers below it (costmodel.params.fsdp_unit_layers, Megatron-Core's
+  40M-parameter bucket; a stage of smaller layers is one unit whole), so a step issues a
+  reduce-scatter (or an all-reduce) and an all-gather per unit. Units of a layer each were measured
+  on gloo (2026-11-26, debug-tiny, 4 layers, fp32, mbs 4: `planner predict --model debug-tiny
+  --cluster 1x2xlocal --dtype fp32 --dp 2 --zero Z --mbs 4 --out p.json`, then `planner run
+  p.json`; one rank: `--cluster 1x1xlocal --dp 1`): ZeRO-0/1/2 steps of 27-38 ms against 16.5 ms
+  on one rank doing twice the work, where one collective per step predicted 15-24 ms; the runtime
+  then took the bucket (2026-11-28).
 - `zero3_gathers_per_param`: DeepSpeed ZeRO-3 gathers parameter by parameter (many small
   collectives, each paying the ring latency) rather than one flat buffer per layer as FSDP does.
 - `float8_casts_fused`: how float8 linears (Plan.fp8_linears) scale and cast their operands.

@@ -16,7 +16,8 @@ from costmodel.frameworks import FrameworkTraits
 from costmodel.layout import dense_blocks
 from costmodel.memory import (layer_activation_bytes, reduces_every_micro_batch, runtime_wraps_in_fsdp,
                               unsharded_between_micro_batches)
-from costmodel.params import (RankParams, ceil_div, edge_param_tensors, folds_ep, layer_expert_params,
+from costmodel.params import (RankParams, ceil_div, edge_param_tensors, folds_ep, fsdp_unit_layers, layer_expert_params,
+                              whole_stage_units,
                               layer_param_tensors, layer_params, rank_param_tensors,
                               moe_replicated_params, optimized_params, qk_norm_params, rank_params, rank_params_at)
 from costmodel.placement import AxisSpan, group_span, stage_pair_span
@@ -359,13 +360,15 @@ def _pp_send_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterS
 class DpTerm:
     """One data-parallel synchronisation, `multiplier` times per step: collectives whose size is
     `bytes_per_param` x the rank's parameters, hidden behind the rank's forward or backward.
-    `pieces_per_layer` 0: large buckets, one collective's latency for the rank; n >= 1: one
-    layer at a time (FSDP units), each in n collectives, every one paying the ring's latency."""
+    `pieces_per_layer` 0: large buckets, `units` collectives' latency for the rank (one per stage
+    it runs where each stage is one FSDP unit: dp_unit_layers); n >= 1: one unit (dp_groups) at a
+    time, each in n collectives, every one paying the ring's latency."""
 
     multiplier: int
     collectives: tuple[tuple[Collective, float], ...]
     window: str  # "forward", "backward", or "none" (after the backward pass, exposed)
     pieces_per_layer: int = 0
+    units: int = 1
     scale: float = 1.0   # a fraction of the collectives' time (the contention terms below)
 
 
@@ -422,12 +425,18 @@ def _dp_terms(model: ModelSpec, train: TrainSpec, plan: Plan, traits: FrameworkT
     gather_window = "forward" if traits.dp_param_overlap else "none"
     reduces = 1 if unsharded_between_micro_batches(plan, traits) else m
     units = 1 if traits.dp_collectives_per_layer else 0   # FSDP units below ZeRO-3 too
+    stages = 1
+    if units and whole_stage_units(model, plan, traits):
+        # one unit a stage: its reduction follows the whole backward, its gather precedes the forward
+        units, stages, reduce_window, gather_window = 0, plan.vpp, "none", "none"
     if z == 0:
-        return (DpTerm(multiplier=1, collectives=((ar, g),), window=reduce_window, pieces_per_layer=units),)
+        return (DpTerm(multiplier=1, collectives=((ar, g),), window=reduce_window, pieces_per_layer=units,
+                       units=stages),)
     if z in (1, 2):
         return (DpTerm(multiplier=1 if z == 1 else reduces, collectives=((rs, g),), window=reduce_window,
-                       pieces_per_layer=units),
-                DpTerm(multiplier=1, collectives=((ag, w),), window=gather_window, pieces_per_layer=units))
+                       pieces_per_layer=units, units=stages),
+                DpTerm(multiplier=1, collectives=((ag, w),), window=gather_window, pieces_per_layer=units,
+                       units=stages))
     pieces = layer_param_tensors(model) if traits.zero3_gathers_per_param else 1
     # FSDP prefetches the next layer's gather behind the current one's compute in either pass
     forward = DpTerm(multiplier=m, collectives=((ag, w),), window="forward", pieces_per_layer=pieces)
@@ -447,8 +456,8 @@ def dp_term_comm_s(term: DpTerm, n_params: float, cluster: ClusterSpec, span: Ax
     the closed loops' TP plans 30-39 % too slow (BK, BL refitted, 2026-11-27)."""
     scale = term.scale / cluster.device.efficiency.dp_comm
     if not term.pieces_per_layer:
-        return scale * sum(collective_time_s(kind, bpp * n_params, span, cluster)
-                           for kind, bpp in term.collectives)
+        return scale * term.units * sum(collective_time_s(kind, bpp * n_params / term.units, span, cluster)
+                                        for kind, bpp in term.collectives)
     k = term.pieces_per_layer
     per_unit = sum(k * collective_time_s(kind, bpp * unit_params / k, span, cluster)
                    for kind, bpp in term.collectives)
@@ -471,11 +480,24 @@ def dp_hidden_s(comm_s: float, window_s: float, bucket_s: float) -> float:
     return max(comm_s - window_s, bucket_s)
 
 
-def dp_groups(model: ModelSpec, plan: Plan, sp: Spans, held: RankParams) -> list[tuple[float, float, AxisSpan]]:
-    """(parameters, one layer's of them, span) per gradient group of a device holding `held`:
-    everything over dp x cp; under expert parallelism the routed experts over edp x cp apart."""
+def dp_unit_layers(model: ModelSpec, plan: Plan, traits: FrameworkTraits) -> int:
+    """Layers a DP unit of dp_groups holds: the framework's FSDP unit (params.fsdp_unit_layers),
+    one layer where a stage is one unit whole (DpTerm.units prices those) or the framework
+    buckets otherwise (pieces_per_layer 0: the unit is then the last bucket's, dp_bucket_s)."""
+    if not traits.dp_collectives_per_layer or whole_stage_units(model, plan, traits):
+        return 1
+    return fsdp_unit_layers(model, plan)
+
+
+def dp_groups(model: ModelSpec, plan: Plan, sp: Spans, held: RankParams,
+              traits: FrameworkTraits) -> list[tuple[float, float, AxisSpan]]:
+    """(parameters, one DP unit's of them, span) per gradient group of a device holding `held`:
+    everything over dp x cp; under expert parallelism the routed experts over edp x cp apart. A
+    unit of several layers (dp_unit_layers) counts its collectives by the rank's parameters over
+    its own, the embedding and head among them: exact where every stage's layers fill whole units
+    beside a root of about one unit's size, within a unit's latency otherwise."""
     if plan.ep == 1:
-        return [(held.total, layer_params(model, plan.tp), sp.dp)]
+        return [(held.total, dp_unit_layers(model, plan, traits) * layer_params(model, plan.tp), sp.dp)]
     experts = layer_expert_params(model, plan.ep)
     return [(held.replicated, layer_params(model, plan.tp, plan.ep) - experts, sp.dp),
             (held.experts, experts, sp.edp)]
@@ -590,9 +612,10 @@ def one_replica_fsdp_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: 
 
 
 def dp_bucket_s(model: ModelSpec, plan: Plan, term: DpTerm, cluster: ClusterSpec, sp: Spans) -> float:
-    """One layer's collectives of a term (in each gradient group)."""
+    """One DP unit's collectives of a term (in each gradient group; dp_unit_layers)."""
     one = rank_params_at(model, plan, 1, False, False)
-    return sum(dp_term_comm_s(term, unit, cluster, span, unit) for _, unit, span in dp_groups(model, plan, sp, one))
+    return sum(dp_term_comm_s(term, unit, cluster, span, unit)
+               for _, unit, span in dp_groups(model, plan, sp, one, cluster.framework))
 
 
 def dp_exposed_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
@@ -601,7 +624,7 @@ def dp_exposed_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Cluste
     group), minus what hides."""
     if sp.dp.size == 1 and not plan.offload_optimizer:
         return 0.0
-    groups = dp_groups(model, plan, sp, rank_params(model, plan, rank))
+    groups = dp_groups(model, plan, sp, rank_params(model, plan, rank), cluster.framework)
     overlap = cluster.device.efficiency.overlap
     return sum(t.multiplier * dp_hidden_s(sum(dp_term_comm_s(t, n, cluster, span, unit) for n, unit, span in groups),
                                           dp_window_s(t, times, overlap), dp_bucket_s(model, plan, t, cluster, sp))

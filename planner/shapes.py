@@ -99,8 +99,9 @@ def _time_shape(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
     # each affine in L (P = edge + L·per layer), so their sum is too
     overlap = cluster.device.efficiency.overlap
     edge, one = held(0), held(1)
-    groups = [(n0, n1 - n0) for (n0, _, _), (n1, _, _) in zip(dp_groups(model, plan, sp, edge),
-                                                              dp_groups(model, plan, sp, one))]
+    traits = cluster.framework
+    groups = [(n0, n1 - n0) for (n0, _, _), (n1, _, _) in zip(dp_groups(model, plan, sp, edge, traits),
+                                                              dp_groups(model, plan, sp, one, traits))]
     dp = []
     for mult, term, coeffs, bucket in dp_shape:
         intercept = sum(alpha + beta * n0 for (alpha, beta), (n0, _) in zip(coeffs, groups))
@@ -122,7 +123,7 @@ def _dp_shape(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pl
     out = []
     for term in dp_terms(model, train, plan, cluster):
         coeffs = []
-        for _, unit, span in dp_groups(model, plan, sp, one):
+        for _, unit, span in dp_groups(model, plan, sp, one, cluster.framework):
             alpha, beta = affine(lambda k: dp_term_comm_s(term, k * unit, cluster, span, unit), 1, 2)  # noqa: B023
             coeffs.append((alpha, beta / unit))
         out.append((term.multiplier, term, coeffs, dp_bucket_s(model, plan, term, cluster, sp)))

@@ -47,12 +47,13 @@ def _count(module: torch.nn.Module) -> dict[str, int]:
 def _offloaded(module: torch.nn.Module) -> int:
     """Shard elements FSDP2 keeps on the host (CPUOffloadPolicy) in the module's units."""
     from torch.distributed.fsdp import FSDPModule
-    total = 0
+    groups = {}   # by identity: the layers of one unit (runtime.parallel.fsdp_units) share its group
     for sub in module.modules():
         group = sub._get_fsdp_state()._fsdp_param_group if isinstance(sub, FSDPModule) else None
         if group is not None:
-            total += sum(local_tensor(fp.sharded_param).numel() for fp in group.fsdp_params if fp.offload_to_cpu)
-    return total
+            groups[id(group)] = group
+    return sum(local_tensor(fp.sharded_param).numel() for group in groups.values()
+               for fp in group.fsdp_params if fp.offload_to_cpu)
 
 
 def _count_rank(pf: PlanFile, rank: int) -> dict[str, dict[str, int]]:

@@ -14,6 +14,11 @@ and pipelining; all match a single process, see shared/reference/torch-on-cpu-no
           once per step (Megatron-LM's distributed optimizer).
   ZeRO-0: replicate everything, all-reduce gradients once per step (DDP): FSDP2 over a
           (dp, 1) mesh, i.e. HSDP whose shard group has one member.
+An FSDP unit is a layer under ZeRO-3 and expert parallelism; below ZeRO-3 it groups consecutive
+layers up to a bucket's size (costmodel.params.fsdp_unit_layers, Megatron-Core's DDP bucket),
+from the last layer back, the first few (all of a stage's small layers) left to the stage's root
+unit with the embedding and head: each unit is a collective, and a collective's latency, not its
+bytes, decides the small models' steps.
 Expert parallelism (Plan.ep) splits the data-parallel mesh axis into edp (outer) x ep (inner,
 consecutive ranks, as costmodel.rank_time.split_dp_axis prices them); the flattened pair is the
 "dp" axis everything else uses. Each layer's experts are a DTensor sharded on dim 0 over "ep"
@@ -43,6 +48,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
 
 from costmodel.layout import Style, dense_blocks
 from costmodel.memory import runtime_wraps_in_fsdp
+from costmodel.params import fsdp_unit_layers
 from costmodel.plan import Plan, Recompute
 from costmodel.specs import DType, TrainSpec
 from runtime.moe import Experts, MoE
@@ -235,8 +241,23 @@ def apply_data_parallel(stage: nn.Module, mesh: DeviceMesh, plan: Plan, train: T
             for experts in (m for m in layer.modules() if isinstance(m, Experts)):
                 fully_shard(experts, mesh=expert_dp_mesh_for(mesh, plan), reshard_after_forward=reshard,
                             mp_policy=mp, offload_policy=offload, shard_placement_fn=_expert_shard_dim(plan))
-        fully_shard(layer, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp, offload_policy=offload)
+    for unit in fsdp_units(list(stage.layers.values()), fsdp_unit_layers(stage.spec, plan)):
+        fully_shard(unit[0] if len(unit) == 1 else unit, mesh=dp_mesh, reshard_after_forward=reshard,
+                    mp_policy=mp, offload_policy=offload)
     fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp, offload_policy=offload)
+
+
+def fsdp_units(layers: list[nn.Module], per_unit: int) -> list[list[nn.Module]]:
+    """A stage's layers as FSDP units: one each (per_unit 1, FSDP's per-block wrapping), or
+    units of `per_unit` consecutive layers from the last (backward reaches those first, so their
+    reductions start earliest), the first len % per_unit layers, or all of them when there are no
+    more than `per_unit`, left to the stage's root unit, whose reduction comes last anyway."""
+    if per_unit == 1:
+        return [[layer] for layer in layers]
+    if len(layers) <= per_unit:
+        return []
+    first = len(layers) % per_unit
+    return [layers[i:i + per_unit] for i in range(first, len(layers), per_unit)]
 
 
 def gradient_sync_every_micro_batch(plan: Plan) -> bool:

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 
 from costmodel.cluster import GELU_APPROXIMATIONS, fsdp_sync_key, sdpa_key
 from costmodel.compute import flash_tile_efficiency, interpolate, sdpa_head_s
+from costmodel.params import bucket_layers
 from costmodel.specs import LayerProbe
 from runtime.layer_ops import layer_op_seconds
 from runtime.model import DROPOUT_P
@@ -310,9 +311,9 @@ FSDP_HIDDEN, FSDP_LAYERS, FSDP_TOKENS, FSDP_ROUNDS = {"cpu": 448, "cuda": 2048},
 def fsdp_sync_s_per_param(device: torch.device, dtypes: list[str]) -> dict[str, float]:
     """Seconds per parameter of FSDP2's reduce and gather on a one-rank group, per compute dtype
     ({"reduce.bf16": ..., "gather.bf16": ..., "reduce.fp32": ...}), wrapped as the runtime wraps
-    a one-replica plan below ZeRO-3 (runtime.parallel.apply_data_parallel: a unit per layer and the
-    root on a one-dimensional mesh, parameters in the compute dtype, reductions in fp32): the
-    reduce is the last micro-batch's backward with gradient sync on less one with it off (its fp32
+    a one-replica plan below ZeRO-3 (runtime.parallel.apply_data_parallel: units of a bucket's
+    layers and the root on a one-dimensional mesh, parameters in the compute dtype, reductions in
+    fp32): the reduce is the last micro-batch's backward with gradient sync on less one with it off (its fp32
     accumulated gradients copied; a reduce every micro-batch copies 16-bit ones, a little less),
     the gather the first forward after the parameters were resharded less a forward on whole ones;
     the medians over FSDP_ROUNDS rounds of three micro-batches after the first (0 where the
@@ -349,8 +350,10 @@ def fsdp_stack(hidden: int, layers: int, dtype: torch.dtype, mesh, device: torch
                vocab: int = 0) -> torch.nn.Module:
     """`layers` GPT-shaped linear stacks (QKV, output, FFN up and down: 14 hidden^2 parameters
     each), and an output projection to `vocab` words if any, under FSDP2 as
-    runtime.parallel.apply_data_parallel wraps a one-replica plan below ZeRO-3: a unit per layer
-    and the root on `mesh`, parameters kept whole after the forward, in `dtype`, reduced in fp32."""
+    runtime.parallel.apply_data_parallel wraps a one-replica plan below ZeRO-3: units of a
+    bucket's layers (costmodel.params.bucket_layers: on a CPU's stack all in the root, on a GPU's
+    a layer each) and the root on `mesh`, parameters kept whole after the forward, in `dtype`,
+    reduced in fp32."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     h = hidden
     stack = [torch.nn.Sequential(*[torch.nn.Linear(a, b, device=device)
@@ -359,8 +362,10 @@ def fsdp_stack(hidden: int, layers: int, dtype: torch.dtype, mesh, device: torch
     model = torch.nn.Sequential(*stack, *([torch.nn.Linear(h, vocab, device=device)] if vocab else []))
     mp = MixedPrecisionPolicy() if dtype == torch.float32 else \
         MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
-    for unit in [*stack, model]:
-        fully_shard(unit, mesh=mesh, reshard_after_forward=False, mp_policy=mp)
+    from runtime.parallel import fsdp_units
+    for unit in fsdp_units(stack, bucket_layers(sum(p.numel() for p in stack[0].parameters()), 1)):
+        fully_shard(unit[0] if len(unit) == 1 else unit, mesh=mesh, reshard_after_forward=False, mp_policy=mp)
+    fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp)
     return model
 
 

@@ -190,10 +190,13 @@ def _measured_forked(plan: Path):
 
 def test_zero_under_a_pipeline_uses_the_memory_the_model_says(tmp_path, capsys):
     """pp2 x dp2 in bf16 (4 oversubscribed gloo ranks): torch pipelining keeps FSDP's gradients
-    and gathered weights whole until the last micro-batch, so ZeRO-3 measures what ZeRO-1 does,
-    per stage, and the cost model (our runtime's traits) predicts the same for both; the
-    prediction stays above the measurement (it also counts a reserve the CPU tracker cannot see,
-    the backward working set at its widest) by less than half."""
+    and gathered weights whole until the last micro-batch, so ZeRO-3 holds what ZeRO-1 does, per
+    stage, and the cost model (our runtime's traits) predicts the same for both. ZeRO-1's stage is
+    one FSDP unit (runtime.parallel.fsdp_units: debug-tiny's layers are far below a bucket), whose
+    reduction at the step's end copies the stage's gradients at once where ZeRO-3's copies a
+    layer's: the last stage measured 1.48 MB against 1.26 (2026-11-28), which the prediction, above
+    both (it also counts a reserve the CPU tracker cannot see, the backward working set at its
+    widest), covers by less than half."""
     peaks = {}
     for zero in ("1", "3"):
         plan = tmp_path / f"z{zero}.json"
@@ -205,9 +208,10 @@ def test_zero_under_a_pipeline_uses_the_memory_the_model_says(tmp_path, capsys):
     for stage in range(2):
         measured1, measured3 = peaks["1"][0][stage], peaks["3"][0][stage]
         predicted1, predicted3 = peaks["1"][1][stage], peaks["3"][1][stage]
-        assert measured3 == pytest.approx(measured1, rel=0.05)   # the tracker sees gloo's timing
+        assert measured3 <= 1.05 * measured1   # the tracker sees gloo's timing
         assert predicted3 == pytest.approx(predicted1, rel=0.03)
-        assert measured1 <= predicted1 <= 1.5 * measured1
+        for measured, predicted in ((measured1, predicted1), (measured3, predicted3)):
+            assert measured <= predicted <= 1.5 * measured
 
 
 @pytest.mark.parametrize("schedule,vpp", [("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zbv", 2)])
