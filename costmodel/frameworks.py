@@ -85,9 +85,9 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   data parallelism and keeps the mixture whole on every TP rank (runtime.parallel).
 - `dp_collectives_per_layer`: every ZeRO stage synchronises one FSDP unit at a time, each unit's
   collectives paying their own latency. Our runtime runs ZeRO-0 to 2 with FSDP2 too, a unit of a
-  layer under ZeRO-3 and of a bucket's layers below it (costmodel.params.fsdp_unit_layers, Megatron-Core's
-  40M-parameter bucket; a stage of smaller layers is one unit whole), so a step issues a
-  reduce-scatter (or an all-reduce) and an all-gather per unit. Units of a layer each were measured
+  layer under ZeRO-3 and of a bucket's layers below it (costmodel.params.fsdp_unit_layers:
+  Megatron-Core's 40M-parameter bucket; a stage of smaller layers is one unit whole), so a step
+  issues a reduce-scatter (or an all-reduce) and an all-gather per unit. Units of a layer each were measured
   on gloo (2026-11-26, debug-tiny, 4 layers, fp32, mbs 4: `planner predict --model debug-tiny
   --cluster 1x2xlocal --dtype fp32 --dp 2 --zero Z --mbs 4 --out p.json`, then `planner run
   p.json`; one rank: `--cluster 1x1xlocal --dp 1`): ZeRO-0/1/2 steps of 27-38 ms against 16.5 ms

@@ -528,18 +528,16 @@ def buffer_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, traits: Framewo
     weights and gradients whole (state_bytes_for). A once-a-step reduction's input is not counted:
     it comes after the backward has freed the activations, which the peak counts instead (the
     closed loops' two models in bf16, dp2, micro-batch 1, a stage one unit: ZeRO-1 measured 9 and
-    16 % below the prediction, ZeRO-0 within 2 % of it either way, as with a unit a layer;
-    README "FSDP units of a bucket's size")."""
+    16 % below the prediction, ZeRO-0 within 2 % of it, as with a unit a layer; `python
+    benchmarks/dp_memory.py`, README "FSDP units of a bucket's size")."""
     a = train.compute_dtype.num_bytes
     sp = plan.tp if plan.sequence_parallel else 1
     total = 0.0
     if plan.pp > 1:
         total += 4 * a * _local_tokens(train, plan) * model.hidden_size / sp
-    every = reduces_every_micro_batch(plan, traits)
-    if every and plan.zero_stage >= 3:
-        total += 2 * layer_params(model, plan.tp, plan.ep) * a
-    if every:
-        total += fsdp_unit_params(model, plan, traits) * train.grad_dtype.num_bytes
+    if reduces_every_micro_batch(plan, traits):
+        gathered = 2 * layer_params(model, plan.tp, plan.ep) * a if plan.zero_stage >= 3 else 0
+        total += gathered + fsdp_unit_params(model, plan, traits) * train.grad_dtype.num_bytes
     return total
 
 

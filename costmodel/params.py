@@ -101,9 +101,10 @@ def layer_params(model: ModelSpec, tp: int = 1, ep: int = 1) -> int:
 # An FSDP unit below ZeRO-3 reaches Megatron-Core's default DDP bucket, max(40M, 1M x dp·cp)
 # parameters (DistributedDataParallelConfig.bucket_size: "larger DP sizes need larger buckets to
 # ensure collectives do not become latency-bound"). One layer a unit, as before, paid a
-# collective's latency per layer: on gloo a rendezvous of the two ranks, 1.2-3 ms each whatever
-# its bytes; debug-tiny dp2's 5 units a step measured 24-29 ms, one unit 16-21 ms (2026-11-28,
-# README "FSDP units of a bucket's size").
+# collective's latency per layer: on gloo a rendezvous of the ranks, 1.7-2.1 ms at the median
+# whatever its bytes (`python benchmarks/gloo_rendezvous.py`); debug-tiny dp2's five units a step
+# measured a median 27.4 ms a step, one unit 17.7 ms (2026-11-28, README "FSDP units of a
+# bucket's size").
 FSDP_UNIT_MIN_PARAMS = 40_000_000
 FSDP_UNIT_MIN_PARAMS_PER_RANK = 1_000_000
 
@@ -129,8 +130,10 @@ def bucket_layers(layer_params: int, data_parallel: int) -> int:
 def whole_stage_units(model: ModelSpec, plan: Plan, traits: FrameworkTraits = RUNTIME) -> bool:
     """Whether the framework's FSDP units (costmodel.frameworks `dp_collectives_per_layer`) are
     each stage whole: units of more layers than the model has (fsdp_unit_layers)."""
+    if not traits.dp_collectives_per_layer:
+        return False
     k = fsdp_unit_layers(model, plan)
-    return traits.dp_collectives_per_layer and k > 1 and k >= model.num_layers
+    return k > 1 and k >= model.num_layers
 
 
 def fsdp_unit_params(model: ModelSpec, plan: Plan, traits: FrameworkTraits = RUNTIME) -> int:

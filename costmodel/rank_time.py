@@ -17,9 +17,8 @@ from costmodel.layout import dense_blocks
 from costmodel.memory import (layer_activation_bytes, reduces_every_micro_batch, runtime_wraps_in_fsdp,
                               unsharded_between_micro_batches)
 from costmodel.params import (RankParams, ceil_div, edge_param_tensors, folds_ep, fsdp_unit_layers, layer_expert_params,
-                              whole_stage_units,
-                              layer_param_tensors, layer_params, rank_param_tensors,
-                              moe_replicated_params, optimized_params, qk_norm_params, rank_params, rank_params_at)
+                              layer_param_tensors, layer_params, moe_replicated_params, optimized_params,
+                              qk_norm_params, rank_param_tensors, rank_params, rank_params_at, whole_stage_units)
 from costmodel.placement import AxisSpan, group_span, stage_pair_span
 from costmodel.plan import Plan, Recompute
 from costmodel.specs import DType, ModelSpec, TrainSpec

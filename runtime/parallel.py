@@ -241,9 +241,8 @@ def apply_data_parallel(stage: nn.Module, mesh: DeviceMesh, plan: Plan, train: T
             for experts in (m for m in layer.modules() if isinstance(m, Experts)):
                 fully_shard(experts, mesh=expert_dp_mesh_for(mesh, plan), reshard_after_forward=reshard,
                             mp_policy=mp, offload_policy=offload, shard_placement_fn=_expert_shard_dim(plan))
-    for unit in fsdp_units(list(stage.layers.values()), fsdp_unit_layers(stage.spec, plan)):
-        fully_shard(unit[0] if len(unit) == 1 else unit, mesh=dp_mesh, reshard_after_forward=reshard,
-                    mp_policy=mp, offload_policy=offload)
+    shard_layer_units(list(stage.layers.values()), fsdp_unit_layers(stage.spec, plan), mesh=dp_mesh,
+                      reshard_after_forward=reshard, mp_policy=mp, offload_policy=offload)
     fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp, offload_policy=offload)
 
 
@@ -258,6 +257,13 @@ def fsdp_units(layers: list[nn.Module], per_unit: int) -> list[list[nn.Module]]:
         return []
     first = len(layers) % per_unit
     return [layers[i:i + per_unit] for i in range(first, len(layers), per_unit)]
+
+
+def shard_layer_units(layers: list[nn.Module], per_unit: int, **fsdp) -> None:
+    """`fully_shard(**fsdp)` on each of fsdp_units(layers, per_unit): a unit of one layer is the
+    layer itself, one of several their list; the caller shards the root after."""
+    for unit in fsdp_units(layers, per_unit):
+        fully_shard(unit[0] if len(unit) == 1 else unit, **fsdp)
 
 
 def gradient_sync_every_micro_batch(plan: Plan) -> bool:

@@ -313,8 +313,8 @@ def fsdp_sync_s_per_param(device: torch.device, dtypes: list[str]) -> dict[str, 
     ({"reduce.bf16": ..., "gather.bf16": ..., "reduce.fp32": ...}), wrapped as the runtime wraps
     a one-replica plan below ZeRO-3 (runtime.parallel.apply_data_parallel: units of a bucket's
     layers and the root on a one-dimensional mesh, parameters in the compute dtype, reductions in
-    fp32): the reduce is the last micro-batch's backward with gradient sync on less one with it off (its fp32
-    accumulated gradients copied; a reduce every micro-batch copies 16-bit ones, a little less),
+    fp32): the reduce is the last micro-batch's backward with gradient sync on less one with it
+    off (its fp32 accumulated gradients copied; a reduce every micro-batch copies 16-bit ones, a little less),
     the gather the first forward after the parameters were resharded less a forward on whole ones;
     the medians over FSDP_ROUNDS rounds of three micro-batches after the first (0 where the
     difference drowns in noise; measured once, not again in the second pass). Each rank times its
@@ -362,9 +362,9 @@ def fsdp_stack(hidden: int, layers: int, dtype: torch.dtype, mesh, device: torch
     model = torch.nn.Sequential(*stack, *([torch.nn.Linear(h, vocab, device=device)] if vocab else []))
     mp = MixedPrecisionPolicy() if dtype == torch.float32 else \
         MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
-    from runtime.parallel import fsdp_units
-    for unit in fsdp_units(stack, bucket_layers(sum(p.numel() for p in stack[0].parameters()), 1)):
-        fully_shard(unit[0] if len(unit) == 1 else unit, mesh=mesh, reshard_after_forward=False, mp_policy=mp)
+    from runtime.parallel import shard_layer_units
+    shard_layer_units(stack, bucket_layers(sum(p.numel() for p in stack[0].parameters()), 1), mesh=mesh,
+                      reshard_after_forward=False, mp_policy=mp)
     fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp)
     return model
 
