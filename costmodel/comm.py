@@ -110,8 +110,8 @@ def kind_factors(samples: dict[str, list[tuple[float, float]]]) -> tuple[tuple[s
     """Each ring collective's own alpha-beta fit over the joint one (fit_alpha_beta): (kind,
     latency factor, bandwidth factor), for NetworkTier.kind_factors. One alpha-beta pair cannot
     serve every kind where the backend runs them differently: gloo's reduce-scatter is the slow one,
-    in the microbenchmarks and inside a TP step (`python benchmarks/step_trace.py PLAN --shapes`;
-    figures in the README, "TP's collectives: each kind at its own speed"). A kind with
+    in the microbenchmarks and inside a TP step (`python benchmarks/step_trace.py PLAN --shapes`
+    times each kind). A kind with
     fewer than three samples keeps the joint fit. The ring's steps and per-rank share scale every
     row of both fits alike, so the factors do not depend on the ranks that measured them (two
     stand in)."""

@@ -53,7 +53,7 @@ def stops_before_final_linear(model: ModelSpec, plan: Plan) -> bool:
     runs), a mixture of experts (its combine saves the routing). tests/runtime/
     test_recompute_early_stop.py lists the GEMMs a recomputation runs with a dispatch mode for the
     dense, dropout and MoE layers; float8 (torchao 0.18 on CPU: all seven recomputed) and TP with
-    and without SP (one collective fewer) were checked once by hand, 2026-11-27. A float8 plan
+    and without SP (one collective fewer) were checked by hand, not by a test. A float8 plan
     whose last projection is too small to be float8 still stops early; priced whole (cautious)."""
     return not (model.is_moe or model.dropout or plan.fp8_linears)
 

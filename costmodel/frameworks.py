@@ -53,9 +53,10 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
 - `eager_layer`: the layer's memory-bound work as separate eager kernels (RoPE and its cos/sin
   tables, SwiGLU, residual adds and the gradient sums over shared inputs, each its own pass over
   the activations), as our runtime's `runtime.model` runs it on every device, instead of the
-  fused kernels of Megatron-Core or Transformer Engine. Profiled on an H100 (2026-11-26, a 0.85B
-  Llama-style model in bf16, `benchmarks/gpu_check.py`): such kernels took about a third of the
-  step's device time, and the fused count had priced its GEMM-bound steps 17-24 % too fast.
+  fused kernels of Megatron-Core or Transformer Engine. On an H100, `python benchmarks/gpu_trace.py
+  PLAN.json` on benchmarks/gpu_check.py's model (a 0.85B Llama-style model in bf16) puts such
+  kernels at about a third of the step's device time, which a fused count would price at nothing
+  (its GEMM-bound steps then too fast).
   IBM's fms-fsdp runs (`fms-fsdp`: FSDP1, `torch.compile` off) run the same kind of layer:
   foundation-model-stack's Llama has its own RMSNorm module (`LayerNormParameterized`, op by op),
   RoPE and the gated MLP as separate eager kernels; its RMSNorm costs more than the fused CUDA
@@ -68,8 +69,9 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
 - `pipeline_sends_held`: torch's multi-stage schedule runner (`_PipelineScheduleRuntime`: our
   interleaved 1F1B, ZB-H1 and ZBV) keeps the Work of every send, and with it the tensor sent,
   until the step ends ("send ops should be waited on before step() exits"); its single-stage
-  schedules (GPipe, 1F1B) wait each send at once. Measured: a 2-stage ZBV run's ranks grew by one
-  activation per send until the step's end (benchmarks and tests/runtime/test_run_cli.py).
+  schedules (GPipe, 1F1B) wait each send at once. Measured: a 2-stage ZBV run's ranks grow by one
+  activation per send until the step's end (`python benchmarks/memory.py pipeline`,
+  tests/runtime/test_run_cli.py).
 - `cp_all_gather_kv`: how context parallelism exchanges keys and values. Our runtime
   (runtime.context_parallel) all-gathers the whole sequence's K/V before attention and
   reduce-scatters their gradients, neither overlapped, and keeps the gathered K/V for backward
@@ -87,12 +89,9 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   collectives paying their own latency. Our runtime runs ZeRO-0 to 2 with FSDP2 too, a unit of a
   layer under ZeRO-3 and of a bucket's layers below it (costmodel.params.fsdp_unit_layers:
   Megatron-Core's 40M-parameter bucket; a stage of smaller layers is one unit whole), so a step
-  issues a reduce-scatter (or an all-reduce) and an all-gather per unit. Units of a layer each were measured
-  on gloo (2026-11-26, debug-tiny, 4 layers, fp32, mbs 4: `planner predict --model debug-tiny
-  --cluster 1x2xlocal --dtype fp32 --dp 2 --zero Z --mbs 4 --out p.json`, then `planner run
-  p.json`; one rank: `--cluster 1x1xlocal --dp 1`): ZeRO-0/1/2 steps of 27-38 ms against 16.5 ms
-  on one rank doing twice the work, where one collective per step predicted 15-24 ms; the runtime
-  then took the bucket (2026-11-28).
+  issues a reduce-scatter (or an all-reduce) and an all-gather per unit. A unit per layer below
+  ZeRO-3 would pay each collective's latency once per layer, which on gloo (a rendezvous of the
+  ranks whatever the bytes) outweighs a small model's compute; the bucket bounds that count.
 - `zero3_gathers_per_param`: DeepSpeed ZeRO-3 gathers parameter by parameter (many small
   collectives, each paying the ring latency) rather than one flat buffer per layer as FSDP does.
 - `float8_casts_fused`: how float8 linears (Plan.fp8_linears) scale and cast their operands.
@@ -118,22 +117,17 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   something to do (costmodel.memory.runtime_wraps_in_fsdp: 16-bit compute, TP, offload), so its
   reduction and its gathers run on a one-rank group: no collective, but FSDP's copies and casts
   into and out of its flat buffers, which a plan with more replicas pays inside its collectives'
-  fitted time. Measured on a 2-core Zen 5 EPYC (2026-11-28, `python benchmarks/fsdp_sync_cost.py`,
-  10.2M parameters in bf16, freed memory kept as the runtime keeps it): the last micro-batch's
-  reduce 7-9 ms, the step's first gather 4-5 ms: 2 % of closed loop GF's one-rank bf16 step (720
-  ms measured, README), which priced both at nothing
+  fitted time; here they are priced alone, at the profile's FSDP rates
   (costmodel.rank_time.one_replica_fsdp_s). Our runtime's trait.
 - `recompute_early_stop`: a fully recomputed layer stops before its last projection. Our runtime
   wraps each layer in torch's non-reentrant checkpoint (`checkpoint_wrapper`), whose early stop
   (on by default) ends the recomputation once every tensor the backward needs is saved again; the
   MLP's down projection saves its input before its GEMM runs, so that GEMM and the residual add
   after it are never recomputed (costmodel.compute.final_linear_forward_s; listed by
-  tests/runtime/test_recompute_early_stop.py). Measured on a 2-core AMD EPYC (2026-11-27,
-  `python benchmarks/cpu_kernels.py` item 4: the closed loop's hidden model, four layers at 1,024
-  tokens, one thread): the recomputed forward took 0.80-0.89 of a training forward with the early
-  stop and 0.96-1.05 without, fp32 and bf16; priced at 0.78-0.80 under that
-  morning's closed-loop profiles (worked out by hand, README). Megatron-LM's own checkpoint recomputes the whole layer; for the other frameworks'
-  published runs what their checkpoint wrapper did is not recorded, and they keep the whole forward.
+  tests/runtime/test_recompute_early_stop.py), and the recomputed forward costs less than a
+  training forward. Megatron-LM's own checkpoint recomputes the whole layer; for the other
+  frameworks' published runs what their checkpoint wrapper did is not recorded, and they keep the
+  whole forward.
 """
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ interrupted and the file holds the steps measured before it); version 3 `rank_fo
 own layer-forward seconds per step, median: a straggler shows there); version 4 `checkpoint_wait_s` (per
 checkpoint saved, the seconds the slowest rank's training stood still for it); version 5
 `probe_layer_now_s` and `probe_layer_profiled_s` (on a CPU, the profile's probe layer timed after the run
-and as the profile timed it: how fast the machine went against its profile). A file without `version` (written
-before 2026-11-24) is read as version 0 and migrated. A newer version, a truncated file or one with
+and as the profile timed it: how fast the machine went against its profile). A file without `version` is read
+as version 0 and migrated. A newer version, a truncated file or one with
 missing or unknown fields is refused with one line that names the file and the field.
 """
 from __future__ import annotations

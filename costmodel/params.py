@@ -100,11 +100,8 @@ def layer_params(model: ModelSpec, tp: int = 1, ep: int = 1) -> int:
 
 # An FSDP unit below ZeRO-3 reaches Megatron-Core's default DDP bucket, max(40M, 1M x dp·cp)
 # parameters (DistributedDataParallelConfig.bucket_size: "larger DP sizes need larger buckets to
-# ensure collectives do not become latency-bound"). One layer a unit, as before, paid a
-# collective's latency per layer: on gloo a rendezvous of the ranks, 1.7-2.1 ms at the median
-# whatever its bytes (`python benchmarks/gloo_rendezvous.py`); debug-tiny dp2's five units a step
-# measured a median 27.4 ms a step, one unit 17.7 ms (2026-11-28, README "FSDP units of a
-# bucket's size").
+# ensure collectives do not become latency-bound"). One layer a unit would pay a collective's
+# latency per layer: on gloo a rendezvous of the ranks, whatever its bytes.
 FSDP_UNIT_MIN_PARAMS = 40_000_000
 FSDP_UNIT_MIN_PARAMS_PER_RANK = 1_000_000
 

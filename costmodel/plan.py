@@ -59,7 +59,7 @@ class ScheduleTraits:
     deferred_chunks_per_rank: int = 0   # weight passes put off at once: (this) · rank + 1 chunks; 0: none
     # torch 2.13's zero-bubble split backward: W passes re-enter selective regions and fail, and
     # under full recomputation the retained graph keeps the rebuilt layers until the weight pass
-    # (measured on a 2-stage ZB-H1 run: the last stage 6x the model's count)
+    # (a 2-stage ZB-H1 run's last stage holds several times the model's count)
     recompute: bool = True
     dominated_by: "Schedule | None" = None   # same time under the model and never less memory
     torch_class: str                 # torch.distributed.pipelining class the runtime runs

@@ -10,8 +10,8 @@ They are fitted by least squares on log(predicted / measured) step time over all
 (bounded Nelder-Mead, positive parameters on a log scale), predictions recomputed by
 `costmodel.estimate` with the candidate profile: no per-plan factors. The runs that recompute
 also fit what recomputing a layer costs against the forward the model says it re-runs (one
-factor for all dtypes, 1 in a profile; on the closed loop's CPU runs 0.69-0.96 once the early
-stop is priced: costmodel.frameworks `recompute_early_stop`). With GPU runs that record
+factor for all dtypes, 1 in a profile; the early stop is priced apart, not by this factor:
+costmodel.frameworks `recompute_early_stop`). With GPU runs that record
 `torch.cuda.max_memory_reserved` beside `max_memory_allocated`, the allocator's fragmentation is
 set to the median of reserved over allocated minus one (what the caching allocator holds beyond
 its tensors). The fixed reserve (CUDA context, NCCL buffers) lies outside the allocator, no run
@@ -155,8 +155,8 @@ def fit(runs: list[Run], base: DeviceProfile, names: tuple[str, ...] = PARAMS,
     to_z = lambda k, v: v if k in linear else math.log(v)  # noqa: E731
     limits = {**BOUNDS, **(bounds or {})}
     # a link is never faster than its own microbenchmark (efficiency <= 1, as the profile reader
-    # checks): a probe fit under a loaded machine had pushed it to 2.0 and written a profile
-    # that could not be read back
+    # checks): a probe fit under a loaded machine can push it past that and write a profile
+    # that cannot be read back
     lo, hi = limits["intra_node_comm"]
     limits["intra_node_comm"] = (lo, min(hi, 1.0 / base.intra_node.efficiency))
     start["intra_node_comm"] = min(1.0, limits["intra_node_comm"][1])
@@ -191,9 +191,9 @@ def fit(runs: list[Run], base: DeviceProfile, names: tuple[str, ...] = PARAMS,
 
 def measured_fragmentation(runs: list[Run]) -> float | None:
     """The caching allocator's reserved over allocated bytes, less one: the median over the GPU
-    runs' stages that record both peaks (None without any). Until 2026-11-26 calibrate set the
-    fixed reserve to measured allocated minus the prediction, which made it the tensors'
-    under-prediction (the context and NCCL's buffers dropped out of every budget)."""
+    runs' stages that record both peaks (None without any). The fixed reserve is left alone:
+    set to measured allocated minus the prediction, it would become the tensors'
+    under-prediction (the context and NCCL's buffers would drop out of every budget)."""
     ratios = [reserved / allocated - 1.0 for r in runs
               if r.measured is not None and r.measured.memory_from_cuda and r.measured.peak_reserved_bytes
               for allocated, reserved in zip(r.measured.peak_memory_bytes or [], r.measured.peak_reserved_bytes)
@@ -208,11 +208,10 @@ COMPUTE_PARAMS = ("compute", "memory", "kernel_overhead_s")
 RECOMPUTE_PARAM = "recompute_cost"
 COMM_PARAMS = ("intra_node_comm", "comm_latency", "overlap")
 # On a CPU, data-parallel communication does not hide: FSDP's ranks wait on gloo in their own
-# thread (about 110 ms of a 1.2 s DP step, `python benchmarks/step_trace.py`, 2026-11-27), and
+# thread (`python benchmarks/step_trace.py PLAN.json` on a DP plan shows the waits), and
 # compute and communication share the cores. Its collectives are bucketed, megabytes each, where
-# TP's are many and activation-sized (132 waits of 2.7 ms a step in the same trace): one
-# efficiency for both had the fit hide DP's entirely (overlap 0.92-1.0 in every stored profile)
-# and price DP plans 6-25 % too fast. So a CPU's overlap stays 0 and DP's collectives get a
+# TP's are many and activation-sized: one efficiency for both lets the fit hide DP's entirely
+# (overlap near 1) and price DP plans too fast. So a CPU's overlap stays 0 and DP's collectives get a
 # factor of their own (Efficiency.dp_comm). A pipeline stage's work, which runs over its price
 # on a CPU where a one-rank plan's does not, gets one too (Efficiency.pp_stage).
 CPU_COMM_PARAMS = ("intra_node_comm", "comm_latency", "dp_comm", "pp_stage")
@@ -228,10 +227,10 @@ def comm_params(device: DeviceProfile) -> tuple[str, ...]:
 
 
 # Weight of the prior (the profile's own values) against the runs' squared log errors, per
-# parameter in log space: chosen on benchmarks/closed_loop.py's ten runs of an unseen model
-# (`python benchmarks/closed_loop.py --out DIR --skip-profile --skip-runs --prior-weight W`):
-# on the runs of 2026-11-24 (the README's run E) leave-one-out MAPE / max went 14.0 / 23.5 % (0),
-# 8.1 / 17.4 % (0.1), 9.1 / 19.9 % (0.3); on run A's runs 13.8 % (0) -> 9.0 % (0.3). 0.3 kept.
+# parameter in log space: chosen on benchmarks/closed_loop.py's runs of an unseen model
+# (`python benchmarks/closed_loop.py --out DIR --skip-profile --skip-runs --prior-weight W` prints
+# the leave-one-out error for a weight). Without a prior (0) a few runs swing the factors they
+# barely inform and leave-one-out suffers most; 0.1 and 0.3 are close, and 0.3, the steadier, is kept.
 PRIOR_WEIGHT = 0.3
 
 

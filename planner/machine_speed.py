@@ -1,14 +1,13 @@
 """How fast this machine runs now against the moment its profile was measured.
 
-A shared machine's speed moves: on a 2-core EPYC a whole profile has come out 20-30 % slow (fp32
-GEMMs at 52-67 GFLOP/s where other profiles of the same machine measured 64-98), and every plan
-predicted from it then ran 10-45 % faster than predicted (closed loop CG, 2026-11-28). Nothing
-inside one profile tells such a moment from the machine's normal speed. A CPU profile keeps the
-seconds of its probe layer's kernels ([measured] layer_ops, runtime.layer_ops); `planner run`
-times the same layer again after its steps, so each run says how fast the machine went beside
-how far its step was from the prediction. The profile timed the layer on all its ranks at once,
-the run times it in one process: where ranks share memory bandwidth, the run's timing can come
-out a few percent faster for that alone.
+A shared machine's speed moves: a whole profile taken in a slow moment comes out slow (its GEMM
+curves below what other profiles of the same machine measure), and every plan predicted from it
+then runs faster than predicted. Nothing inside one profile tells such a moment from the
+machine's normal speed. A CPU profile keeps the seconds of its probe layer's kernels ([measured]
+layer_ops, runtime.layer_ops); `planner run` times the same layer again after its steps, so each
+run says how fast the machine went beside how far its step was from the prediction. The profile
+timed the layer on all its ranks at once, the run times it in one process: where ranks share
+memory bandwidth, the run's timing can come out a few percent faster for that alone.
 """
 from __future__ import annotations
 
@@ -23,8 +22,8 @@ NOTABLE_PCT = 10.0
 
 def profiled_timing(pf: PlanFile):
     """The profile's checked [measured] layer_ops timing for the plan's compute dtype
-    (planner.probes.LayerTiming): None for a datasheet or GPU profile, or one measured before the
-    layer was (2026-11-28); ValueError naming the file and field for a malformed one."""
+    (planner.probes.LayerTiming): None for a datasheet or GPU profile, or one without that
+    timing; ValueError naming the file and field for a malformed one."""
     from planner.probes import LayerTiming
     dev = pf.cluster.device
     if dev.kind != "cpu" or not dev.path or not Path(dev.path).is_file():

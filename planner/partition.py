@@ -32,14 +32,12 @@ from planner.shapes import RankShape, rank_shapes
 
 NS = 1e9
 # CP-SAT attempts on a split model, each stopped at a deterministic-time budget (the same on
-# every machine, so the answer is too) and the last at the deadline. Figures from
-# `python benchmarks/search_profile.py --row ID --top 10 [--only-attempt N]` (2026-11-22):
-# - without presolve almost every model settles in milliseconds; with CP-SAT's defaults alone
-#   megatron_h100_70B's search takes 36.8 s instead of 2.7 s;
+# every machine, so the answer is too) and the last at the deadline:
+# - without presolve almost every model settles in milliseconds; CP-SAT's defaults alone spend
+#   an order of magnitude longer in presolve on the large ones (megatron_h100_70B);
 # - a few models with deep pipelines and full recomputation need more: symmetry breaking without
-#   probing alone settles sc21_t1_530 in 6.5 s where the defaults alone do not in 120 s, but
-#   leaves sc21_t1_1T unproven at 60 s where the defaults alone take 19.0 s. Chained as below:
-#   21.3 s and 15.2 s, both proven.
+#   probing settles some that the defaults alone do not (sc21_t1_530) but leaves others unproven
+#   that the defaults prove (sc21_t1_1T); chained as below, both are proven.
 ATTEMPTS: list[tuple[dict, float | None]] = [
     ({"cp_model_presolve": False}, 0.05),
     ({"symmetry_level": 4, "cp_model_probing_level": 0}, 0.3),

@@ -64,8 +64,8 @@ PROBES = [
     Probe(WIDE, 2, Choice(tp=2, micro_batch_size=4)),
     # TP's collectives again, as many a step with a quarter of the elements: what a collective
     # costs per call (gloo's wait, DTensor's redistribution around it) apart from per element.
-    # One TP probe could not tell them: its fit put the excess on the bytes and priced the
-    # closed loops' larger tp2 plans 17-35 % too slow in fp32 (DA-DF, 2026-11-28)
+    # One TP probe cannot tell them apart: its fit puts the excess on the bytes and prices
+    # larger tp2 plans too slow
     Probe(NARROW, 2, Choice(tp=2, micro_batch_size=4)),
     Probe(WIDE, 2, Choice(pp=2, micro_batch_size=1)),
     # the first DP probe's collectives (the same bytes: ZeRO-1 reduces once a step) behind a
@@ -86,10 +86,10 @@ def probe_name(pf: PlanFile) -> str:
     return f"{pf.model.name} {pf.train.compute_dtype} {pf.plan.short()}"
 
 
-# GPU profiles written before 2026-11-26 23:45 hold the raw median ratio over the profiler's GPU
-# shapes (runtime.profiler.GPU_ATTENTION_SHAPES: 1k-8k tokens, the median between the 2k and 4k
-# ones), which already includes the flash kernel's tile efficiency the pricing now applies per
-# plan: divided by the tile efficiency at those two lengths, so it is not counted twice.
+# A GPU profile without [measured] attention_long_sequence holds the raw median ratio over the
+# profiler's GPU shapes (runtime.profiler.GPU_ATTENTION_SHAPES: 1k-8k tokens, the median between
+# the 2k and 4k ones), which already includes the flash kernel's tile efficiency the pricing
+# applies per plan: divided by the tile efficiency at those two lengths, so it is not counted twice.
 LEGACY_GPU_ATTENTION_SEQ_LENS = (2048, 4096)
 
 
@@ -163,20 +163,21 @@ def compute_params(base: DeviceProfile) -> tuple[str, ...]:
     """What the one-rank probes fit per dtype: the host's costs, per kernel and per step (one
     or four micro-batches of two layers tell them apart); never a rate. On a GPU their small
     steps are the host's alone (each kernel takes less than the host needs to issue it:
-    costmodel.compute._host_or_device): there a fit of the GEMM and memory factors went to its
-    bounds (0.3 and 1.5) at no change in the probes' error, and priced a 0.85B model's GEMM-bound
-    steps 2-3x too slow (gpu_check, H100, 2026-11-26); the measured curves stand for the rates.
+    costmodel.compute._host_or_device): there a fit of the GEMM and memory factors runs to its
+    bounds at no change in the probes' error and prices a larger model's GEMM-bound steps (such
+    as benchmarks/gpu_check.py's) far too slow; the measured curves stand for the rates.
     On a CPU the rates' in-training shares are measured (layer_factors). Fitted there, the
-    memory-bound factor took what a step spends between kernels, which the probes' many small
-    kernels pay more of than a larger model's: 0.24 (bf16) and 0.40 (fp32) in closed loop CD's
-    profile, where training layers' memory-bound kernels run at 0.8-1.3 of the curve
-    (runtime.layer_ops), and a larger Llama's bf16 plans priced 12-23 % too slow."""
+    memory-bound factor would take what a step spends between kernels, which the probes' many
+    small kernels pay more of than a larger model's: it lands far below the share that training
+    layers' memory-bound kernels reach (runtime.layer_ops) and prices a larger model's plans too
+    slow."""
     return ("kernel_overhead_s", "step_overhead_s") if base.kind == "gpu" else CPU_PROBE_PARAMS
 
 
 # A kind's measured in-training share of its curve outside these is no rate but a broken
 # measurement (the machine stalled through a pass, or the curve was measured in one): refused,
-# naming the profile. Training layers ran theirs at 0.8-1.3 here (runtime.layer_ops).
+# naming the profile. Training layers run theirs near 1 (runtime.layer_ops; `planner profile`
+# writes the shares as [efficiency.<dtype>] gemm and memory).
 LAYER_FACTOR_BOUNDS = (0.1, 3.0)
 PROBE_MODELS = {m.name: m for m in (NARROW, WIDE, BROAD)}
 MAX_LAYER_MICRO_BATCH = 64   # far above LAYER_PROBE's: a larger one is no probe layer's timing
@@ -286,20 +287,19 @@ def fit_probes(probes: list[ProbeResult], base: DeviceProfile, layer_ops: dict |
     device, params = fit_by_dtype(runs, base, rounds=1, max_iter=600, prior_weight=0.0,
                                   compute_on_one_rank=True, compute_params=compute_params(base),
                                   # not from the probes: a recomputing probe's step against the
-                                  # others' is a difference as noisy as it is small (a fit on the
-                                  # broad model's gave 0.40 and 0.30, at its bound, where runs of a
-                                  # larger model show 0.6-0.75; 2026-11-27)
+                                  # others' is a difference as noisy as it is small (a fit on it
+                                  # lands at its bound, far below what runs of a larger model show)
                                   fit_recompute=False,
-                                  # nor from its PP probe: one step a dtype, which ran 40 % over its
-                                  # price in BD's profile where BD's pipelined runs went 5-13 %
-                                  # over (a fit on it priced them +18 and +46 %); calibrate fits
-                                  # it on runs (planner.calibrate.fit_by_dtype)
+                                  # nor from its PP probe: one step a dtype, which can run far
+                                  # further over its price than real pipelined runs do (a fit on
+                                  # it prices them too slow); calibrate fits it on runs
+                                  # (planner.calibrate.fit_by_dtype)
                                   fit_pp_stage=False,
                                   # the links from the TP probes alone (a CPU's): fitted on every
                                   # multi-rank probe, the PP probe's per-micro-batch work (priced
                                   # nowhere) and the DP probes pulled the links' latency and
-                                  # bandwidth apart, and closed loops DE and DF priced their tp2
-                                  # fp32 plans 33-35 % too slow with TP probes fitted within 5 %
+                                  # bandwidth apart, pricing larger tp2 plans too slow while the
+                                  # TP probes themselves fitted well
                                   links_from_tp=base.kind == "cpu")
     own = dict(device.dtype_efficiency)
     if own:

@@ -167,9 +167,9 @@ def _efficiency(micro: dict, device, how: str, probes: int, device_type: str):
     out = pf_io.table(rows)
     own = dict(device.dtype_efficiency) if device else {}
     # Attention is priced at fp32's measured SDPA / GEMM ratio for every dtype: the probes (128
-    # tokens) barely see attention, and bf16's own ratio (0.14-0.18 on a 2-core EPYC) predicted
-    # bf16 plans of an unseen model 39-40 % too slow (benchmarks/closed_loop.py, 2026-11-24),
-    # fp32's within 20 %. Each dtype's own ratio stays in the comment and under [measured].
+    # tokens) barely see attention, and on a CPU bf16's own ratio, well below fp32's, prices bf16
+    # plans of a larger model far too slow where fp32's comes close. Each dtype's own ratio stays
+    # in the comment and under [measured].
     ratio = micro["attention"][first]
     for dtype, measured in micro["attention"].items():
         e = own.get(dtype)

@@ -271,9 +271,9 @@ def best_plan_for_row(row: dict[str, str], model: ModelSpec, train: TrainSpec, c
 
 # The search's best plans laid out as the framework runs them, the fastest kept: a search plan that
 # recomputes some layers may lead a no-recompute one by a hair and lose by a quarter once every
-# layer is recomputed (megatron_h100_119B once the gradient adds were priced: a plan recomputing
-# 2 layers led by 0.1 % and, every layer recomputed as Megatron runs it, lost by 23 %; README,
-# "Gradient accumulation, priced"). Eight reach past such near-ties at a search's cost each.
+# layer is recomputed (megatron_h100_119B: a plan recomputing 2 layers leads by a hair and,
+# every layer recomputed as Megatron runs it, loses by about a quarter). Eight reach past such
+# near-ties at a search's cost each.
 FRAMEWORK_LAYOUTS = 8
 
 

@@ -42,8 +42,8 @@ def _free_port() -> int:
 def _listener() -> socket.socket:
     """A socket bound and listening before the ranks are forked; rank 0's store serves on it.
     A port found free and closed again could be taken before rank 0 bound it: by another test's
-    gloo pair or store connection, whose ports come from the same ephemeral range (CI failed on
-    that once: EADDRINUSE in rank 0's init_process_group)."""
+    gloo pair or store connection, whose ports come from the same ephemeral range (EADDRINUSE in
+    rank 0's init_process_group)."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen()
@@ -88,7 +88,7 @@ def run_forked(world: int, fn: Callable, *args: Any, device_type: str = "cpu") -
     are spawned instead (CUDA cannot be used in a forked child), so `fn` and `args` must pickle."""
     with tempfile.TemporaryDirectory() as tmp:
         # Ctrl-C / SIGTERM held while the ranks are forked: a handler that raises inside fork's
-        # at-fork hooks has its exception printed and dropped, and the command went on as if
+        # at-fork hooks has its exception printed and dropped, and the command goes on as if
         # nothing had been pressed (tests/runtime/test_interrupt.py, `planner profile`'s probes).
         # Delivered right after, inside the `try` that ends the ranks.
         main = threading.current_thread() is threading.main_thread()

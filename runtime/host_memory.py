@@ -5,15 +5,11 @@ glibc's malloc serves a large request (above a threshold it raises as blocks are
 32 MiB) with a fresh mmap and hands it back to the kernel on free; a block freed at the heap's
 top goes back too past the trim threshold. A training step allocates and frees the same large
 tensors every micro-batch (a 512 x 6,000 fp32 loss's logits, their gradient, FSDP's gathered
-parameters), and each fresh mapping is paid page by page on first touch. Measured on a 2-core
-EPYC (2026-11-28 07:55, torch 2.13, one thread, `python benchmarks/host_memory.py
-/tmp/cl/EC/single_bf16/plan.json`, the closed loop's hidden Llama, 2 x 256 tokens, 6,000 words):
-the loss's kernels took 20.5-27.9 ms a pass with glibc as it comes and 4.7-5.3 with the freed
-memory kept (10.8 in the first), the pass's kernels in all 232-245 against 210-221 ms; in fp32
-5.0-18.5 against 5.0-11.5. Whole steps (`planner run`, three runs each, alternating): the one-rank
-bf16 plan 894-930 ms against 951-1,028, fp32 1,444-1,511 against 1,477-1,597; two-rank plans
-moved within their noise. The microbenchmarks the cost model prices from (runtime.profiler) time
-kernels on warm, reused memory: a step that keeps its pages runs the way they were measured.
+parameters), and each fresh mapping is paid page by page on first touch: with glibc as it
+comes a pass's loss kernels take several times what they take with the freed memory kept
+(`python benchmarks/memory.py host PLAN.json` times both, pass by pass, in fresh processes). The
+microbenchmarks the cost model prices from (runtime.profiler) time kernels on warm, reused
+memory: a step that keeps its pages runs the way they were measured.
 """
 from __future__ import annotations
 

@@ -7,14 +7,10 @@ kernel reads what other kernels wrote long before and writes fresh memory. A dis
 every aten op of one layer's forward and backward (the runtime's own layer, runtime.model) and
 times each one where it runs; the cost model prices the same layer at the curves
 (costmodel.compute.layer_parts_s), and the two give each kind's in-training share of its curve
-(planner.probes.layer_factors). On a 2-core EPYC (`python benchmarks/layer_kinds.py --profile
-/tmp/cl/DA/profile.toml`, one thread, 2026-11-28 03:22, two hours after that profile): the probe's
-layer (hidden 256, 4 x 128 tokens) ran its GEMMs at 1.08 (fp32) and 0.89 (bf16) of the curve and
-its memory-bound kernels at 1.00 and 1.18; the closed loop's hidden model's (hidden 384, 2 and 4
-x 256 tokens) at 1.14-1.17 and 0.90-0.91, and 0.99-1.04 and 1.07-1.13 (a run a minute before,
-the machine's speed moving during it, read 0.70-1.25). The probes' fit had put the memory-bound
-factor at 0.24 (bf16) and 0.40 (fp32) in closed loop CD's profile, giving it what the step spends
-between kernels.
+(planner.probes.layer_factors; `planner profile` writes them as [efficiency.<dtype>] gemm and
+memory). On a CPU a training layer's GEMMs and memory-bound kernels run near their curves, a
+small probe layer's and a larger model's alike; a memory-bound factor fitted to the probes'
+step times instead lands far below, taking what the step spends between kernels.
 """
 from __future__ import annotations
 
@@ -36,8 +32,8 @@ MOVES_NOTHING = frozenset({
     "_reshape_alias", "lift_fresh", "empty", "empty_like", "zeros", "ones", "arange", "empty_strided",
     "new_empty_strided", "new_zeros", "new_empty", "fill_", "zero_", "ones_like", "zeros_like"})
 # timed forward + backward passes after one warm-up; each kind keeps its fastest, as each curve
-# point is the best of its repetitions: a median set against the curves' best read the layer's
-# GEMMs at 0.18 of their curve in a profile taken beside the test suite (2026-11-28)
+# point is the best of its repetitions: a median set against the curves' best reads a busy
+# machine's moment (a profile taken beside the test suite) as the layer's speed
 LAYER_OP_REPEATS = 5
 
 

@@ -118,7 +118,7 @@ def straggler_row(rank_forward_s: list[float]) -> tuple[str, str, str, str]:
 
 def steps_row(step_times_s: list[float]) -> tuple[str, str, str, str]:
     """The timed steps' range beside the median: an error smaller than their scatter is the
-    machine's noise, not the model's (on a shared 2-core CPU the steps of one run lay 5-40 % apart)."""
+    machine's noise, not the model's (on a shared 2-core CPU the steps of one run can lie 5-40 % apart)."""
     fastest, slowest = min(step_times_s), max(step_times_s)
     return (f"  {len(step_times_s)} timed steps, fastest - slowest", "-",
             f"{fastest * 1e3:,.1f} - {slowest * 1e3:,.1f} ms", f"{100 * (slowest / fastest - 1):.0f}% apart")
