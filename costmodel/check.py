@@ -5,7 +5,7 @@ can act on; an empty list means the plan is valid (and fits, when memory is chec
 """
 from __future__ import annotations
 
-from costmodel.cluster import ClusterSpec, DeviceProfile
+from costmodel.hardware import ClusterSpec, DeviceProfile
 from costmodel.estimate import host_bytes_per_rank, memory_per_rank, offloads
 from costmodel.groups import (group_plan, group_train, places_replicas, placement_problems, rank_views,
                               replica_samples, replica_view, views)

@@ -36,7 +36,7 @@ from enum import StrEnum
 
 import numpy as np
 
-from costmodel.cluster import RING_COLLECTIVES, ClusterSpec, NetworkTier
+from costmodel.hardware import RING_COLLECTIVES, ClusterSpec, NetworkTier
 from costmodel.placement import AxisSpan
 
 
@@ -202,7 +202,7 @@ def host_copy_s(num_bytes: float, cluster: ClusterSpec) -> float:
 
 def host_stream_s(num_bytes: float, cluster: ClusterSpec) -> float:
     """Bytes a device's host-side work streams through the node's DRAM, which all the node's
-    devices share (gradient adds here; the optimizer step in costmodel.compute)."""
+    devices share (gradient adds here; the optimizer step in costmodel.kernels)."""
     return num_bytes / cluster.host_stream_bytes_per_s("host-side work")
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from costmodel.cluster import ClusterSpec
+from costmodel.hardware import ClusterSpec
 from costmodel.frameworks import RUNTIME, FrameworkTraits
 from costmodel.flops import executed_flops_per_step, model_flops_per_step, utilization
 from costmodel.memory import (StageMemory, backward_working_bytes, host_activation_bytes, host_state_bytes,

@@ -5,7 +5,7 @@ counting each projection of costmodel.layout: a linear of shape (in, out) over T
 2·T·in·out forward and twice that backward (input and weight gradients). Attention scores and
 their weighted sum cost 2·2·b·s²·h forward, counted over the full s x s square as Megatron's
 Eq. 7 does (model FLOPs convention); a causal flash kernel executes only half of it, which
-`costmodel.compute` accounts for in time, not in these counts. For a GPT layer with ffn = 4h
+`costmodel.kernels` accounts for in time, not in these counts. For a GPT layer with ffn = 4h
 this gives Megatron's 72·B·s·l·h²·(1 + s/6h + V/12lh) per step (tested).
 """
 from __future__ import annotations

@@ -123,7 +123,7 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   wraps each layer in torch's non-reentrant checkpoint (`checkpoint_wrapper`), whose early stop
   (on by default) ends the recomputation once every tensor the backward needs is saved again; the
   MLP's down projection saves its input before its GEMM runs, so that GEMM and the residual add
-  after it are never recomputed (costmodel.compute.final_linear_forward_s; listed by
+  after it are never recomputed (costmodel.kernels.final_linear_forward_s; listed by
   tests/runtime/test_recompute_early_stop.py), and the recomputed forward costs less than a
   training forward. Megatron-LM's own checkpoint recomputes the whole layer; for the other
   frameworks' published runs what their checkpoint wrapper did is not recorded, and they keep the
@@ -135,7 +135,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from costmodel.cluster import DeviceProfile
+    from costmodel.hardware import DeviceProfile
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -21,7 +21,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from costmodel.cluster import ClusterSpec
+from costmodel.hardware import ClusterSpec
 from costmodel.placement import axis_strides
 from costmodel.plan import Plan
 from costmodel.specs import TrainSpec

@@ -8,7 +8,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from costmodel.cluster import ClusterSpec, cluster_from_dict
+from costmodel.hardware import ClusterSpec, cluster_from_dict
 from costmodel.inputs import InputError, dataclass_from_json, read_json_object, write_text_atomic
 from costmodel.specs import ModelSpec, TrainSpec
 

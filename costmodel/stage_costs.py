@@ -9,7 +9,7 @@ backward-for-weights part needs none.
 """
 from __future__ import annotations
 
-from costmodel.cluster import ClusterSpec
+from costmodel.hardware import ClusterSpec
 from costmodel.groups import rank_views
 from costmodel.memory import (edge_weight_grad_output_bytes, micro_batch_activation_bytes, send_bytes,
                               weight_grad_input_bytes, weight_grad_output_bytes)

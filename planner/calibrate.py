@@ -29,7 +29,7 @@ from pathlib import Path
 
 from scipy.optimize import minimize
 
-from costmodel.cluster import DTYPE_FIELDS, DeviceProfile
+from costmodel.hardware import DTYPE_FIELDS, DeviceProfile
 from costmodel.estimate import Estimate, estimate
 from costmodel.measured import MeasuredRun
 from costmodel.inputs import read_json_object

@@ -12,7 +12,7 @@ from typing import Callable, Iterator, NamedTuple
 
 from costmodel.check import (activation_offload_problems, cp_problems, ep_problems, fp8_problems, moe_schedule_problem,
                              moe_tp_problem, offload_problems, sp_problems, tp_problems)
-from costmodel.cluster import ClusterSpec
+from costmodel.hardware import ClusterSpec
 from costmodel.groups import group_orders, placement_problems, places_replicas, views
 from costmodel.fidelity import MODEL_ERROR_BAND
 from costmodel.plan import Recompute, Schedule, default_schedule

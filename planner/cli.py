@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from costmodel.check import check_memory, check_structure, float8_device_problem
-from costmodel.cluster import DEFAULT_MEMORY_HEADROOM, ClusterSpec, known_profiles, parse_cluster
+from costmodel.hardware import DEFAULT_MEMORY_HEADROOM, ClusterSpec, known_profiles, parse_cluster
 from costmodel.groups import views
 from costmodel.machine import LocalProfileMissing
 from costmodel.measured import MeasuredRun

@@ -17,9 +17,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
 
-from costmodel.cluster import RING_COLLECTIVES, ClusterSpec, DeviceProfile
+from costmodel.hardware import RING_COLLECTIVES, ClusterSpec, DeviceProfile
 from costmodel.comm import kind_factors
-from costmodel.compute import LAYER_KINDS, flash_tile_efficiency, layer_parts_s
+from costmodel.kernels import LAYER_KINDS, flash_tile_efficiency, layer_parts_s
 from costmodel.plan import PlanFile
 from costmodel.registry import llama_spec
 from costmodel.plan import Recompute
@@ -163,7 +163,7 @@ def compute_params(base: DeviceProfile) -> tuple[str, ...]:
     """What the one-rank probes fit per dtype: the host's costs, per kernel and per step (one
     or four micro-batches of two layers tell them apart); never a rate. On a GPU their small
     steps are the host's alone (each kernel takes less than the host needs to issue it:
-    costmodel.compute._host_or_device): there a fit of the GEMM and memory factors runs to its
+    costmodel.kernels._host_or_device): there a fit of the GEMM and memory factors runs to its
     bounds at no change in the probes' error and prices a larger model's GEMM-bound steps (such
     as benchmarks/gpu_check.py's) far too slow; the measured curves stand for the rates.
     On a CPU the rates' in-training shares are measured (layer_factors). Fitted there, the
@@ -186,7 +186,7 @@ MAX_LAYER_MICRO_BATCH = 64   # far above LAYER_PROBE's: a larger one is no probe
 @dataclass(frozen=True)
 class LayerTiming:
     """One dtype's [measured] layer_ops entry, checked: the probe layer it timed (runtime.layer_ops)
-    and its seconds by kind (costmodel.compute.LAYER_KINDS)."""
+    and its seconds by kind (costmodel.kernels.LAYER_KINDS)."""
 
     model: ModelSpec
     micro_batch_size: int
@@ -224,7 +224,7 @@ class LayerTiming:
 def layer_priced_s(model: ModelSpec, dtype: str, micro_batch_size: int, seq_len: int,
                    base: DeviceProfile) -> dict[str, float]:
     """One layer of `model` over `micro_batch_size` sequences of `seq_len` tokens in `dtype`, on
-    one rank, priced per kind at `base`'s curves (costmodel.compute.layer_parts_s)."""
+    one rank, priced per kind at `base`'s curves (costmodel.kernels.layer_parts_s)."""
     train = TrainSpec(seq_len=seq_len, global_batch_size=micro_batch_size, compute_dtype=DType(dtype))
     plan = build_plan(model, train, ClusterSpec(device=base, num_nodes=1, devices_per_node=1),
                       Choice(micro_batch_size=micro_batch_size))
@@ -316,7 +316,7 @@ def refit_stored(profile: Path) -> tuple[DeviceProfile, dict[str, float], dict, 
     Returns the fitted device, its factors, the probes' MAPE before and after, and how many of
     the stored probes were matched (a probe the current PROBES no longer has is left out)."""
     import tomllib
-    from costmodel.cluster import load_profile
+    from costmodel.hardware import load_profile
     doc = tomllib.loads(profile.read_text())
     stored = {s["plan"]: s["measured_s"] for s in doc["probes"]["steps"]}
     base = unfitted(load_profile(profile), doc["measured"])

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from costmodel import machine
-from costmodel.cluster import PROBE_FIT_VERSION, PROFILE_FORMAT_VERSION
+from costmodel.hardware import PROBE_FIT_VERSION, PROFILE_FORMAT_VERSION
 from costmodel.comm import fit_alpha_beta, kind_factors
 from planner import profile_file as pf_io
 
@@ -195,7 +195,7 @@ def _measured_rows(setup: Setup, micro: dict, memory, net: _Net, date: str, iden
          "together (runtime.profiler.memory_points)" + (
             f"; the budget stopped before {micro['memory'].stopped_before:.3g} bytes per kernel, larger kernels "
             "are priced at the largest measured rate" if micro["memory"].stopped_before else "")),
-        *[(k, [list(pt) for pt in c], "[sequence, head dim, seconds per head]: costmodel.compute.sdpa_head_s"
+        *[(k, [list(pt) for pt in c], "[sequence, head dim, seconds per head]: costmodel.kernels.sdpa_head_s"
            + (f"; {len(c)} of {len(CPU_SDPA_SHAPES)} shapes in the budget, longer calls priced at the longest's "
               "time per query-key pair" if len(c) < len(CPU_SDPA_SHAPES) else ""))
           for k, c in micro.get("sdpa", {}).items()],
@@ -212,18 +212,18 @@ def _measured_rows(setup: Setup, micro: dict, memory, net: _Net, date: str, iden
         ("op_overhead_s", micro["overhead_s"], "a one-element add, the bare dispatch cost"),
         ("optimizer_s_per_param", micro["optimizer_s_per_param"],
          f"AdamW (foreach, fp32) over {_timed_params(setup.device_type) >> 20}M parameters: "
-         "costmodel.compute.optimizer_step_s prices the step with it"),
+         "costmodel.kernels.optimizer_step_s prices the step with it"),
         ("grad_accumulate_s_per_param", micro["grad_accumulate_s_per_param"],
          f"one micro-batch's gradients added in place into fp32 ones, by the dtype they come in, over "
-         f"{_timed_params(setup.device_type) >> 20}M parameters: costmodel.compute.gradient_add_s"),
+         f"{_timed_params(setup.device_type) >> 20}M parameters: costmodel.kernels.gradient_add_s"),
         ("fsdp_sync_s_per_param", micro["fsdp_sync_s_per_param"],
          "FSDP2's reduce and gather on a one-rank group, per parameter, by compute dtype (runtime.profiler."
-         "fsdp_sync_s_per_param): costmodel.compute.fsdp_sync_s prices a one-replica plan's with it"),
+         "fsdp_sync_s_per_param): costmodel.kernels.fsdp_sync_s prices a one-replica plan's with it"),
         ("dropout_s_per_element", micro["dropout_s_per_element"],
-         "torch's dropout (F.dropout, fp32: draw, scale, multiply), per element: costmodel.compute.dropout_s"
+         "torch's dropout (F.dropout, fp32: draw, scale, multiply), per element: costmodel.kernels.dropout_s"
          + ("" if setup.device_type == "cpu" else "; 0 on a GPU, whose dropout draws inside the multiply's kernel")),
         *([("gelu_s_per_element", micro["gelu_s_per_element"],
-            "torch's GeLU (F.gelu, fp32) per element by approximation, [forward, backward]: costmodel.compute.gelu_s")]
+            "torch's GeLU (F.gelu, fp32) per element by approximation, [forward, backward]: costmodel.kernels.gelu_s")]
           if micro.get("gelu_s_per_element") else []),
         ("collective_alpha_s", net.alpha_s, "the microbenchmark fit, before the probes"),
         ("collective_p2p_latency_s", net.p2p_s, None)]
@@ -242,7 +242,7 @@ def _probes(probed, skipped):
                     "measured_s": round(p.step_time_s, 6), "predicted_s": round(predicted.step_time_s, 6)})
         steps.append(row)
     steps.multiline(True)
-    out = pf_io.table([("fit_version", PROBE_FIT_VERSION, "the cost model the fit belongs to (costmodel.cluster)"),
+    out = pf_io.table([("fit_version", PROBE_FIT_VERSION, "the cost model the fit belongs to (costmodel.hardware)"),
                        ("fitted_factors", params, None)],
                       comment=f"step-time MAPE of the probes: {before['mape_pct']:.1f}% with the microbenchmarks "
                       f"alone, {after['mape_pct']:.1f}% fitted (max {after['max_abs_error_pct']:.1f}%)")

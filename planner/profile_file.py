@@ -1,7 +1,7 @@
 """Writing device profiles: the one writer, for `planner profile` (a new file) and `planner
 calibrate` (the base profile's text with fitted values set). Every number in a profile cites its
 source, so the writer keeps comments: tomlkit builds and edits the document, comments included.
-Reading is `costmodel.cluster.load_profile`.
+Reading is `costmodel.hardware.load_profile`.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any, Iterable
 
 import tomlkit
 
-from costmodel.cluster import DeviceProfile, parse_profile
+from costmodel.hardware import DeviceProfile, parse_profile
 from costmodel.inputs import write_text_atomic
 from tomlkit.items import Table
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from costmodel.check import check_structure
-from costmodel.cluster import ClusterSpec
+from costmodel.hardware import ClusterSpec
 from costmodel.estimate import estimate, simulate_plan
 from costmodel.groups import representative
 from costmodel.plan import Plan, Schedule

@@ -25,7 +25,7 @@ from typing import Iterator
 import numpy as np
 
 from costmodel.check import check_structure, offload_problems
-from costmodel.cluster import ClusterSpec
+from costmodel.hardware import ClusterSpec
 from costmodel.estimate import estimate
 from costmodel.plan import Plan, Schedule
 from costmodel.specs import ModelSpec, TrainSpec
@@ -47,7 +47,7 @@ def search(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
            options: SearchOptions = SearchOptions()) -> SearchResult:
     """The fastest plans under the cost model. Offloading the optimizer states to the host is a
     memory lever whose price rests on datasheets no run of ours has checked (costmodel.comm,
-    costmodel.compute.host_optimizer_step_s), and so is offloading activations: unless the user
+    costmodel.kernels.host_optimizer_step_s), and so is offloading activations: unless the user
     fixes them, states and activations stay on the devices, and only when no plan fits that way
     is the search run again with both levers free (SearchResult.offloaded_because says so)."""
     levers = ("offload_optimizer", "offload_activations")

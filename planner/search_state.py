@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from costmodel.cluster import ClusterSpec
+from costmodel.hardware import ClusterSpec
 from costmodel.estimate import Estimate
 from costmodel.memory import stage_memory_shapes_by_zero
 from costmodel.plan import Plan, Schedule

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from costmodel.cluster import ClusterSpec
+from costmodel.hardware import ClusterSpec
 from costmodel.groups import rank_views
 from costmodel.memory import AffineBytes, stage_memory_shapes
 from costmodel.params import rank_params_at

@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Iterator
 
 from costmodel.check import check_structure
-from costmodel.cluster import ClusterSpec
+from costmodel.hardware import ClusterSpec
 from costmodel.estimate import estimate
 from costmodel.groups import group_plan, group_replicas, group_train, placement_problems, replica_view
 from costmodel.memory import stage_memory_shapes

@@ -5,7 +5,7 @@ import math
 from dataclasses import dataclass, replace
 
 from costmodel.check import world_problem
-from costmodel.cluster import ClusterSpec
+from costmodel.hardware import ClusterSpec
 from costmodel.groups import placement_problems, replica_samples
 from costmodel.plan import DEFAULT_AXIS_ORDER, Plan, Recompute, Schedule, default_schedule, even_layers
 from costmodel.specs import ModelSpec, TrainSpec

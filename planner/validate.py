@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from costmodel.check import check_plan, world_problem
-from costmodel.cluster import ClusterSpec, parse_cluster, profile_dir
+from costmodel.hardware import ClusterSpec, parse_cluster, profile_dir
 from costmodel.estimate import Estimate, estimate
 from costmodel.inputs import InputError, read_text
 from costmodel.frameworks import device_as_run_by, framework_traits

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from costmodel.cluster import ClusterSpec
+from costmodel.hardware import ClusterSpec
 from costmodel.estimate import Estimate, simulate_plan
 from costmodel.groups import placement_lines, representative, short_device_name
 from costmodel.memory import cp_gathered_kv_bytes, expert_state_bytes

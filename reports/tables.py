@@ -6,7 +6,7 @@ from costmodel.fidelity import MODEL_ERROR_BAND
 from typing import Any, Sequence
 
 from costmodel import resilience
-from costmodel.cluster import ClusterSpec
+from costmodel.hardware import ClusterSpec
 from costmodel.estimate import Estimate
 from costmodel.groups import placement_lines, short_device_name, stages_on, views
 from costmodel.plan import Plan

@@ -1,7 +1,7 @@
 """Float8 linears (Plan.fp8_linears): torchao's float8 training, tensorwise recipe.
 
 Every linear projection of the transformer layers whose weight allows a float8 GEMM
-(costmodel.compute.float8_linear) becomes torchao's Float8Linear: its three GEMMs run in float8
+(costmodel.kernels.float8_linear) becomes torchao's Float8Linear: its three GEMMs run in float8
 (e4m3 input and weight, e5m2 output gradient, one dynamic scale per tensor) and everything else
 stays as it was (the LM head, attention, norms, the FSDP2 states). On CUDA each converted linear
 is compiled (torch.compile), which fuses torchao's casts into an amax and a scaled cast per
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from costmodel.compute import float8_linear
+from costmodel.kernels import float8_linear
 
 
 FLOAT8_CAPABILITY = (8, 9)   # torch._scaled_mm: compute capability 8.9 (Ada) or 9.0 (Hopper) and up

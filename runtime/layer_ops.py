@@ -6,7 +6,7 @@ A curve times one kernel called again and again on the same operands; in a train
 kernel reads what other kernels wrote long before and writes fresh memory. A dispatch mode sees
 every aten op of one layer's forward and backward (the runtime's own layer, runtime.model) and
 times each one where it runs; the cost model prices the same layer at the curves
-(costmodel.compute.layer_parts_s), and the two give each kind's in-training share of its curve
+(costmodel.kernels.layer_parts_s), and the two give each kind's in-training share of its curve
 (planner.probes.layer_factors; `planner profile` writes them as [efficiency.<dtype>] gemm and
 memory). On a CPU a training layer's GEMMs and memory-bound kernels run near their curves, a
 small probe layer's and a larger model's alike; a memory-bound factor fitted to the probes'
@@ -19,7 +19,7 @@ import time
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from costmodel.compute import LAYER_KINDS
+from costmodel.kernels import LAYER_KINDS
 from costmodel.specs import ModelSpec
 
 GEMM_OPS = frozenset({"mm", "addmm", "bmm"})

@@ -39,8 +39,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from costmodel.cluster import GELU_APPROXIMATIONS, fsdp_sync_key, sdpa_key
-from costmodel.compute import flash_tile_efficiency, interpolate, sdpa_head_s
+from costmodel.hardware import GELU_APPROXIMATIONS, fsdp_sync_key, sdpa_key
+from costmodel.kernels import flash_tile_efficiency, interpolate, sdpa_head_s
 from costmodel.params import bucket_layers
 from costmodel.specs import LayerProbe
 from runtime.layer_ops import layer_op_seconds
@@ -444,7 +444,7 @@ GPU_ATTENTION_SHAPES = ((2, 16, 1024, 128), (1, 16, 2048, 128), (1, 16, 4096, 12
 
 
 # (batch, heads, sequence, head dim) of a CPU's SDPA points: each sequence at two head dims (the
-# time per pair is not proportional to the dim, costmodel.compute.sdpa_head_s), from debug-tiny's
+# time per pair is not proportional to the dim, costmodel.kernels.sdpa_head_s), from debug-tiny's
 # 32 to a 1k sequence; batch x heads large enough that a call's own cost is a small part of it
 CPU_SDPA_SHAPES = tuple((b, h, s, d) for b, h, s in ((8, 4, 32), (2, 4, 128), (1, 4, 256), (1, 8, 512), (2, 8, 1024))
                         for d in (16, 64))
@@ -463,7 +463,7 @@ def sdpa_curves(name: str, device: torch.device, phase_s: float, point_s: float,
     --only 5`).
     Per sequence the budget allows (the two shortest always), every head dim of it, without
     dropout and with the runtime's, the forward alone and the backward (forward + backward less
-    the forward): (sequence, head dim, seconds per head), keyed costmodel.cluster.sdpa_key."""
+    the forward): (sequence, head dim, seconds per head), keyed costmodel.hardware.sdpa_key."""
     keys = {(drop, back): sdpa_key(name, drop, back) for drop in (False, True) for back in (False, True)}
     out: dict[str, list] = {k: [] for k in keys.values()}
     start = time.perf_counter()
@@ -516,7 +516,7 @@ def attention_efficiency(dtype: torch.dtype, device: torch.device, gemm: tuple[t
     """On a GPU: causal SDPA rate over the GEMM rate at the same FLOPs (counting the half a causal
     kernel computes), the median over the shapes the budget allows (the smallest always), each
     shape's ratio divided by the flash kernel's tile efficiency at its length
-    (costmodel.compute.flash_tile_efficiency), which the pricing applies per plan: the profile
+    (costmodel.kernels.flash_tile_efficiency), which the pricing applies per plan: the profile
     holds a long sequence's ratio, as the datasheet profiles do. (A CPU's SDPA is timed outright:
     sdpa_curves.)"""
     start, ratios = time.perf_counter(), []

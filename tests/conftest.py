@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from costmodel.cluster import parse_cluster
+from costmodel.hardware import parse_cluster
 from costmodel.registry import resolve_model
 from costmodel.specs import TrainSpec
 

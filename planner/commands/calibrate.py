@@ -6,7 +6,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from costmodel.cluster import resolve_device
+from costmodel.hardware import resolve_device
 from planner import outputs
 from planner.args import add_overwrite_arg
 

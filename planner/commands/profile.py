@@ -13,7 +13,7 @@ from functools import partial
 from pathlib import Path
 
 from costmodel import machine
-from costmodel.cluster import DeviceProfile
+from costmodel.hardware import DeviceProfile
 from planner import outputs, profile_file
 from planner.args import add_overwrite_arg, positive_float, positive_int, refuse_ignored
 from planner.profile_doc import Setup, measured_profile

@@ -1,12 +1,13 @@
-"""A flash kernel's efficiency rises with sequence length (costmodel.compute.flash_tile_efficiency),
+"""A flash kernel's efficiency rises with sequence length (costmodel.kernels.flash_tile_efficiency),
 and only a GPU's flash pricing uses it."""
 import dataclasses
 from types import SimpleNamespace
 
 import pytest
 
-from costmodel.cluster import parse_cluster
-from costmodel.compute import FLASH_TILE, FLASH_TILE_COST_TOKENS, _attention_core_s, flash_tile_efficiency
+from costmodel.hardware import parse_cluster
+from costmodel.kernels import FLASH_TILE, FLASH_TILE_COST_TOKENS, flash_tile_efficiency
+from costmodel.kernels.attention import _attention_core_s
 from costmodel.registry import resolve_model
 from costmodel.specs import TrainSpec
 

@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from costmodel.cluster import parse_cluster
+from costmodel.hardware import parse_cluster
 from costmodel.comm import Collective, all_reduce_algorithms_s, collective_time_s
 from costmodel.placement import AxisSpan
 
@@ -98,7 +98,7 @@ def test_a_profiles_kind_factors_are_read_and_checked(tmp_path):
     is not positive is refused in one line naming the file and the field."""
     from pathlib import Path
 
-    from costmodel.cluster import load_profile
+    from costmodel.hardware import load_profile
     from costmodel.inputs import InputError
     text = (Path(__file__).parents[2] / "profiles" / "A100-SXM4-80GB.toml").read_text()
     node = text.index("[[network]]")
@@ -130,7 +130,7 @@ def test_a_profile_from_before_the_kinds_is_refitted_with_them():
     import tomllib
     from pathlib import Path
 
-    from costmodel.cluster import load_profile
+    from costmodel.hardware import load_profile
     from costmodel.comm import kind_factors
     from planner.probes import unfitted
     path = Path(__file__).parents[2] / "benchmarks" / "results" / "cpu-epyc-2026-11-28-DA.toml"

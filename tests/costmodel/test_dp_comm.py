@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from costmodel.cluster import ClusterSpec, load_profile
+from costmodel.hardware import ClusterSpec, load_profile
 from costmodel.estimate import estimate
 from costmodel.inputs import InputError
 from costmodel.params import rank_params

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from costmodel.cluster import ClusterSpec, load_profile
-from costmodel.compute import cp_chunk_scores, embedding_kernel_times, layer_kernel_times
+from costmodel.hardware import ClusterSpec, load_profile
+from costmodel.kernels import cp_chunk_scores, embedding_kernel_times, layer_kernel_times
 from costmodel.registry import gpt_spec, llama_spec
 from costmodel.specs import DType, TrainSpec
 from planner.space import Choice, build_plan

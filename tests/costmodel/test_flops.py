@@ -6,7 +6,7 @@ from costmodel.plan import Recompute
 from costmodel.registry import MODELS
 from costmodel.specs import TrainSpec
 from planner.space import Choice, build_plan
-from costmodel.cluster import parse_cluster
+from costmodel.hardware import parse_cluster
 
 
 def test_gpt_model_flops_are_megatron_eq7():

@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 
 from costmodel.check import check_plan
-from costmodel.cluster import parse_cluster
+from costmodel.hardware import parse_cluster
 from costmodel.estimate import estimate
 from costmodel.frameworks import RUNTIME, framework_traits
 from costmodel.plan import Recompute

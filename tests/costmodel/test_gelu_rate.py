@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from costmodel.cluster import ClusterSpec, load_profile
+from costmodel.hardware import ClusterSpec, load_profile
 from costmodel.inputs import InputError
-from costmodel.compute import layer_kernel_times
+from costmodel.kernels import layer_kernel_times
 from costmodel.registry import gpt_spec, llama_spec
 from costmodel.specs import DType, FfnKind, TrainSpec
 from planner.space import Choice, build_plan

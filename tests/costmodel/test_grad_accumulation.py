@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from costmodel.cluster import ClusterSpec, load_profile
-from costmodel.compute import embedding_kernel_times, memory_bound_s
+from costmodel.hardware import ClusterSpec, load_profile
+from costmodel.kernels import embedding_kernel_times, memory_bound_s
 from costmodel.estimate import estimate
 from costmodel.frameworks import FRAMEWORKS
 from costmodel.params import edge_param_tensors, layer_param_tensors, rank_params

@@ -1,4 +1,4 @@
-"""A GPU's kernels run while the host issues the next ones (costmodel.compute._host_or_device),
+"""A GPU's kernels run while the host issues the next ones (costmodel.kernels._host_or_device),
 and our runtime's eager layer is priced op by op on a GPU too (`eager_layer`)."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from costmodel.cluster import parse_cluster
-from costmodel.compute import eager_elementwise_traffic, layer_kernel_times
+from costmodel.hardware import parse_cluster
+from costmodel.kernels import eager_elementwise_traffic, layer_kernel_times
 from costmodel.registry import resolve_model
 from costmodel.specs import DType, TrainSpec
 from planner.calibrate import with_params

@@ -1,7 +1,7 @@
 """Memory against the ZeRO paper and Korthikanti et al. 2022, term by term."""
 import pytest
 
-from costmodel.cluster import parse_cluster
+from costmodel.hardware import parse_cluster
 from costmodel.frameworks import GENERIC, RUNTIME, framework_traits
 from costmodel.memory import in_flight_micro_batches, layer_activation_bytes, state_bytes, state_bytes_for
 from costmodel.params import total_params

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from costmodel.check import check_structure
-from costmodel.cluster import DeviceGroup, cluster_from_dict, mixed_cluster, parse_cluster
+from costmodel.hardware import DeviceGroup, cluster_from_dict, mixed_cluster, parse_cluster
 from costmodel.estimate import estimate
 from costmodel.groups import placement_lines, rank_groups, replica_groups, replica_samples, stages_on
 from costmodel.plan import Recompute, Schedule

@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 
 from costmodel.check import check_plan
-from costmodel.cluster import parse_cluster
+from costmodel.hardware import parse_cluster
 from costmodel.estimate import estimate
 from costmodel.params import rank_params
 from costmodel.registry import resolve_model

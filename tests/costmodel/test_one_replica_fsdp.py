@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from costmodel.cluster import ClusterSpec, load_profile
-from costmodel.compute import FSDP_SYNC_BYTES, fsdp_sync_s
+from costmodel.hardware import ClusterSpec, load_profile
+from costmodel.kernels import FSDP_SYNC_BYTES, fsdp_sync_s
 from costmodel.estimate import estimate
 from costmodel.frameworks import FRAMEWORKS
 from costmodel.memory import runtime_wraps_in_fsdp

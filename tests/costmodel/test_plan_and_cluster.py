@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from costmodel.check import check_plan
-from costmodel.cluster import PROFILE_FORMAT_VERSION, known_profiles, parse_cluster
+from costmodel.hardware import PROFILE_FORMAT_VERSION, known_profiles, parse_cluster
 from costmodel.placement import axis_span
 from costmodel.plan import PlanFile, Schedule
 from planner.space import Choice, build_plan

@@ -1,7 +1,7 @@
 """A CPU profile's measured SDPA points price the runtime's attention core: forward and backward
 each at its own points, per head at each call's sequence and head dim, the dtype's own points,
 with dropout the dropout points (torch's math path), context parallelism as its two chunk calls;
-a version-2 profile's curves are read as the shapes they timed; without points (datasheets,
+without points (datasheets,
 GPUs) nothing changes."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from costmodel.cluster import V2_SDPA_SHAPES, ClusterSpec, load_profile, profile_problems, sdpa_key
-from costmodel.compute import cp_chunk_scores, layer_kernel_times, sdpa_head_s
+from costmodel.hardware import ClusterSpec, load_profile, profile_problems, sdpa_key
+from costmodel.kernels import cp_chunk_scores, layer_kernel_times, sdpa_head_s
 from costmodel.inputs import InputError
 from costmodel.registry import gpt_spec, llama_spec
 from costmodel.specs import DType, TrainSpec
@@ -84,7 +84,7 @@ def test_the_head_dim_moves_a_pair_s_time_along_the_measured_dims_not_in_proport
     # below the smallest dim the line, never under the smallest dim's time in proportion
     steep = ((128.0, 16.0, 1e-9 * 128 ** 2), (128.0, 64.0, 10e-9 * 128 ** 2))
     assert sdpa_head_s(steep, 128, 8) == pytest.approx(0.5e-9 * 128 ** 2)
-    # one dim measured at a sequence (a version-2 profile): in proportion
+    # one dim measured at a sequence: in proportion
     assert sdpa_head_s(((128.0, 32.0, 1e-5),), 128, 64) == pytest.approx(2e-5)
 
 
@@ -136,49 +136,12 @@ def test_a_forward_without_its_backward_or_a_bad_point_is_a_profile_problem():
     assert profile_problems(zero) == [f"measured.{key} has a point that is not a positive sequence, head dim and time"]
 
 
-def _v2_file(tmp_path: Path, rates: list[float], works: list[float] | None = None) -> Path:
-    """The committed profile as version 2 with one pair of SDPA curves, (score-dims, score-dims/s)."""
-    works = works or [b * h * s * s * d for b, h, s, d in V2_SDPA_SHAPES]
-    curve = ", ".join(f"[{w}, {r}]" for w, r in zip(works, rates))
-    text = PROFILE.read_text()
-    text = "format_version = 2\n" + text.replace("format_version = 1\n", "").replace("format_version = 2\n", "")
-    text += f"\n[measured]\nsdpa_fp32_forward = [{curve}]\nsdpa_fp32_backward = [{curve}]\n"
-    path = tmp_path / "v2.toml"
-    path.write_text(text)
-    return path
-
-
-def test_a_version_2_profile_is_read_as_the_shapes_it_timed(tmp_path):
-    if "[measured]" in PROFILE.read_text():
-        pytest.skip("the committed profile has a [measured] table of its own")
-    rates = [2e9, 6e9, 7e9, 7.5e9]
-    dev = load_profile(_v2_file(tmp_path, rates))
-    points = dev.sdpa_curve(DType.FP32, False, False)
-    assert points == tuple((float(s), float(d), b * h * s * s * d / r / (b * h))
-                           for (b, h, s, d), r in zip(V2_SDPA_SHAPES, rates))
-    # between the shapes: per pair log-linear in the sequence, in proportion to the head dim
-    per_pair = [d / r for (_, _, _, d), r in zip(V2_SDPA_SHAPES, rates)]   # at each shape's own dim
-    w = (math.log(362) - math.log(256)) / (math.log(512) - math.log(256))
-    assert sdpa_head_s(points, 362, 32) == pytest.approx(
-        (per_pair[1] + w * (per_pair[2] - per_pair[1])) * 32 / 64 * 362 ** 2)
-    # below the shortest shape: that shape's call per head (version 2 took the whole call's time)
-    assert sdpa_head_s(points, 64, 32) == pytest.approx(128 * 128 * 32 / rates[0])
-
-
-def test_a_version_2_point_no_version_2_profile_measured_is_refused_by_name(tmp_path):
-    if "[measured]" in PROFILE.read_text():
-        pytest.skip("the committed profile has a [measured] table of its own")
-    path = _v2_file(tmp_path, [2e9], works=[12345.0])
-    with pytest.raises(InputError, match=r"v2.toml: \[measured\] sdpa_fp32_forward point 0 is at 12345 score-dims"):
-        load_profile(path)
-
-
 @pytest.mark.parametrize("point,why", [("[256, 2e9]", "point 0"), ('[128, 64, "fast"]', "point 0"),
                                        ("[128, 64, 0.0]", "point 0")])
 def test_a_version_3_point_that_is_not_three_positive_numbers_is_refused_by_key_and_point(tmp_path, point, why):
     if "[measured]" in PROFILE.read_text():
         pytest.skip("the committed profile has a [measured] table of its own")
-    text = "format_version = 3\n" + PROFILE.read_text().replace("format_version = 1\n", "")
+    text = PROFILE.read_text()
     text += f"\n[measured]\nsdpa_fp32_forward = [{point}]\nsdpa_fp32_backward = [[128, 64, 1e-4]]\n"
     (tmp_path / "v3.toml").write_text(text)
     with pytest.raises(InputError, match=rf"v3.toml: \[measured\] sdpa_fp32_forward {why} .* is not \[sequence"):

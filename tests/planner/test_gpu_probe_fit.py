@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from costmodel.cluster import load_profile
+from costmodel.hardware import load_profile
 from planner import probes
 from planner.calibrate import Run, predict_with, with_params
 
@@ -59,7 +59,7 @@ def test_a_gpu_profiles_attention_ratio_is_a_long_sequences_and_not_counted_twic
     length and says so (`attention_long_sequence`); the H100 profile above predates that, so its
     raw median (between the 2k and 4k shapes) is divided by their tile efficiency when read back.
     CPU ratios are never divided (no tile model on a CPU)."""
-    from costmodel.compute import flash_tile_efficiency
+    from costmodel.kernels import flash_tile_efficiency
     device = load_profile(H100)
     measured = tomllib.loads(H100.read_text())["measured"]
     raw = measured["attention_efficiency"]["fp32"]

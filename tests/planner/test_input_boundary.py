@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from costmodel.cluster import profile_dir
+from costmodel.hardware import profile_dir
 from planner.cli import main
 
 CPU = "1x2xxeon-amx"

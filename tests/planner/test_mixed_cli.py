@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from costmodel.cluster import parse_cluster
+from costmodel.hardware import parse_cluster
 from costmodel.registry import resolve_model
 from costmodel.specs import TrainSpec
 from planner.cli import main

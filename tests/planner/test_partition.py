@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from costmodel.cluster import parse_cluster
+from costmodel.hardware import parse_cluster
 from costmodel.memory import AffineBytes, stage_memory_at
 from costmodel.plan import Recompute, Schedule
 from costmodel.registry import resolve_model

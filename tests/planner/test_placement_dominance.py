@@ -5,7 +5,7 @@ import itertools
 
 import pytest
 
-from costmodel.cluster import parse_cluster
+from costmodel.hardware import parse_cluster
 from costmodel.estimate import estimate
 from costmodel.plan import Recompute, Schedule
 from costmodel.registry import resolve_model

@@ -12,8 +12,8 @@ import pytest
 
 from costmodel import machine
 from runtime.measure import measured_record
-from costmodel.cluster import load_profile, parse_cluster, sdpa_key
-from costmodel.compute import fsdp_sync_s, gemm_s, gradient_add_s, interpolate, optimizer_step_s
+from costmodel.hardware import load_profile, parse_cluster, sdpa_key
+from costmodel.kernels import fsdp_sync_s, gemm_s, gradient_add_s, interpolate, optimizer_step_s
 from costmodel.estimate import estimate
 from costmodel.plan import PlanFile
 from costmodel.registry import resolve_model

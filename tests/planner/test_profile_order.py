@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from costmodel.cluster import load_profile
+from costmodel.hardware import load_profile
 from planner import probes
 from planner.commands import profile as cmd
 from runtime import fork
@@ -60,6 +60,6 @@ def test_the_second_pass_comes_after_the_probes_and_the_fit_reads_its_curves(tmp
 
 
 def _medians(points):
-    """As the loader reads a curve: one rate per FLOP count (costmodel.cluster._curve)."""
-    from costmodel.cluster import _curve
+    """As the loader reads a curve: one rate per FLOP count (costmodel.hardware.profile_io._curve)."""
+    from costmodel.hardware.profile_io import _curve
     return _curve([list(p) for p in points])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from costmodel.cluster import load_profile
+from costmodel.hardware import load_profile
 from costmodel.inputs import InputError
 from planner import probes, profile_file
 from planner.calibrate import Run, fit, predict_with

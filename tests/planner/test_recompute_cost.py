@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from costmodel.cluster import parse_cluster, parse_profile
+from costmodel.hardware import parse_cluster, parse_profile
 from costmodel.estimate import estimate
 from costmodel.plan import PlanFile, Recompute
 from costmodel.registry import resolve_model
@@ -89,7 +89,7 @@ def test_a_profile_carries_the_cost_per_dtype_and_refuses_a_non_positive_one():
 
 def test_the_calibrated_profile_keeps_the_fitted_cost(tmp_path, capsys):
     """`planner calibrate` writes the fitted cost into the new profile, which prices with it."""
-    from costmodel.cluster import load_profile
+    from costmodel.hardware import load_profile
     from planner.cli import main
     from runtime.measure import measured_record
     base = parse_cluster("1x2xxeon-amx").device

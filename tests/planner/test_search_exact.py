@@ -8,7 +8,7 @@ import itertools
 import pytest
 
 from costmodel.check import check_structure
-from costmodel.cluster import DeviceGroup, mixed_cluster, parse_cluster
+from costmodel.hardware import DeviceGroup, mixed_cluster, parse_cluster
 from costmodel.estimate import estimate
 from costmodel.groups import group_orders, group_replicas, replica_groups
 from costmodel.plan import Plan, Recompute, Schedule

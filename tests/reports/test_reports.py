@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from costmodel.cluster import parse_cluster
+from costmodel.hardware import parse_cluster
 from costmodel.estimate import estimate
 from costmodel.plan import PlanFile, Schedule
 from costmodel.registry import resolve_model

@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import torch
 
-from costmodel.cluster import parse_cluster
+from costmodel.hardware import parse_cluster
 from costmodel.plan import PlanFile
 from costmodel.registry import resolve_model
 from costmodel.specs import AttentionKernel, DType, Optimizer, TrainSpec

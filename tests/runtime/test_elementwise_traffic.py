@@ -1,5 +1,5 @@
 """The runtime's eager layer on torch's CPU kernels, counted op by op, against the cost model's
-count of its memory-bound work (costmodel.compute.eager_elementwise_traffic).
+count of its memory-bound work (costmodel.kernels.eager_elementwise_traffic).
 
 A dispatch mode sees every aten op of one layer's forward and backward; the GEMM-like ones
 (matmuls, attention) are priced elsewhere, views and allocations move nothing. Of the rest it sums
@@ -17,7 +17,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from costmodel.compute import eager_elementwise_traffic
+from costmodel.kernels import eager_elementwise_traffic
 from costmodel.registry import llama_spec
 from costmodel.specs import DType
 from parity import plan_file

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from costmodel.check import check_structure
-from costmodel.cluster import DeviceGroup, mixed_cluster
+from costmodel.hardware import DeviceGroup, mixed_cluster
 from costmodel.groups import replica_samples
 from costmodel.plan import Recompute, Schedule
 from costmodel.specs import AttentionKernel, DType, FfnKind, Optimizer, PositionKind

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from costmodel.cluster import sdpa_key
+from costmodel.hardware import sdpa_key
 from runtime import profiler as prof
 
 CPU = torch.device("cpu")
@@ -109,7 +109,7 @@ def test_the_second_pass_runs_on_forked_ranks_after_the_first_and_sorts_the_gemm
 
 
 def test_without_a_budget_sdpa_still_gets_two_sequences_at_two_head_dims():
-    """The pricing's least (costmodel.compute.sdpa_head_s): a per-pair time that moves with the
+    """The pricing's least (costmodel.kernels.sdpa_head_s): a per-pair time that moves with the
     sequence and with the head dim, whatever the budget left."""
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:

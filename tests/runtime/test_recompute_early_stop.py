@@ -1,5 +1,5 @@
 """What a full recomputation runs again, as the runtime checkpoints a layer, against what the cost
-model prices (costmodel.compute.final_linear_forward_s, the `recompute_early_stop` trait).
+model prices (costmodel.kernels.final_linear_forward_s, the `recompute_early_stop` trait).
 
 torch's non-reentrant checkpoint stops recomputing once every tensor the backward needs is saved
 again. A dispatch mode counts the GEMMs of a layer's forward and of its backward with and
@@ -14,8 +14,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from costmodel.cluster import parse_cluster
-from costmodel.compute import layer_kernel_times
+from costmodel.hardware import parse_cluster
+from costmodel.kernels import layer_kernel_times
 from costmodel.estimate import estimate
 from costmodel.flops import stops_before_final_linear
 from costmodel.frameworks import FRAMEWORKS

@@ -1,0 +1,76 @@
+"""The physical sanity of a profile's numbers, checked when it is read and before it is written."""
+from __future__ import annotations
+
+import math
+import re
+
+from costmodel.hardware.records import RING_COLLECTIVES, DeviceProfile
+
+
+def profile_problems(dev: DeviceProfile) -> list[str]:  # noqa: C901 - one check per number
+    """Every number the cost model divides by or adds: finite, and positive where it is a rate.
+    (A zero bandwidth was a ZeroDivisionError; a negative one made plans faster.)"""
+    out = []
+    def need(name: str, value: float, ok: bool) -> None:
+        if not (math.isfinite(value) and ok):
+            out.append(f"{name} = {value!r} is out of range")
+    for dtype, flops in dev.peak_flops:
+        need(f"peak_flops_per_s.{dtype}", flops, flops > 0)
+    need("memory_bytes", dev.memory_bytes, dev.memory_bytes > 0)
+    need("memory_bandwidth_bytes_per_s", dev.memory_bandwidth_bytes_per_s, dev.memory_bandwidth_bytes_per_s > 0)
+    need("threads_per_rank", dev.threads_per_rank, dev.threads_per_rank >= 0)
+    for name in ("reported_memory_bytes", "num_sms", "optimizer_s_per_param", "dropout_s_per_element"):
+        need(name, getattr(dev, name), getattr(dev, name) >= 0)
+    for dtype, seconds in dev.grad_accumulate_s_per_param:
+        need(f"grad_accumulate_s_per_param.{dtype}", seconds, seconds > 0)
+    for key, seconds in dev.fsdp_sync_s_per_param:   # a difference of two timings: 0 where noise ate it
+        need(f"fsdp_sync_s_per_param.{key}", seconds, seconds >= 0)
+    for approximate, fwd, bwd in dev.gelu_s_per_element:
+        need(f"gelu_s_per_element.{approximate}", fwd, fwd >= 0)
+        need(f"gelu_s_per_element.{approximate}", bwd, bwd >= 0)
+    if not isinstance(dev.name, str) or not dev.name.strip() or not dev.name.isprintable():
+        out.append(f"device.name {dev.name!r} is not a name")
+    if dev.kind not in ("gpu", "cpu"):
+        out.append(f"device.kind = {dev.kind!r} is neither gpu nor cpu")
+    for tier in (dev.intra_node, dev.inter_node, *dev.middle_tiers):
+        need(f"network {tier.name} bandwidth_bytes_per_s", tier.bandwidth_bytes_per_s, tier.bandwidth_bytes_per_s > 0)
+        need(f"network {tier.name} latency_s", tier.latency_s, tier.latency_s >= 0)
+        need(f"network {tier.name} efficiency", tier.efficiency, 0 < tier.efficiency <= 1)
+        if tier.p2p_latency_s is not None:
+            need(f"network {tier.name} p2p_latency_s", tier.p2p_latency_s, tier.p2p_latency_s >= 0)
+        for kind, latency, bandwidth in tier.kind_factors:
+            if kind not in RING_COLLECTIVES:
+                out.append(f"network {tier.name} kind_factors: {kind!r} is none of {', '.join(RING_COLLECTIVES)}")
+            need(f"network {tier.name} kind_factors.{kind}.latency", latency, latency > 0)
+            need(f"network {tier.name} kind_factors.{kind}.bandwidth", bandwidth, bandwidth > 0)
+    for label, eff in (("efficiency", dev.efficiency), *((f"efficiency.{d}", e) for d, e in dev.dtype_efficiency)):
+        for name in ("gemm", "attention", "memory", "vendor_attention_speedup", "recompute_cost"):
+            need(f"{label}.{name}", getattr(eff, name), getattr(eff, name) > 0)
+        for name in ("kernel_overhead_s", "reserved_memory_bytes", "allocator_fragmentation", "comm_contention",
+                     "step_overhead_s"):
+            need(f"{label}.{name}", getattr(eff, name), getattr(eff, name) >= 0)
+        need(f"{label}.overlap", eff.overlap, 0 <= eff.overlap <= 1)
+    # device-wide factors (no per-dtype table holds them): checked once
+    for name in ("dp_comm", "pp_stage"):
+        need(f"efficiency.{name}", getattr(dev.efficiency, name), getattr(dev.efficiency, name) > 0)
+    if (host := dev.host) is not None:
+        for name in ("memory_bytes", "memory_bandwidth_bytes_per_s", "link_bandwidth_bytes_per_s"):
+            need(f"host.{name}", getattr(host, name), getattr(host, name) > 0)
+        for name in ("memory_efficiency", "link_efficiency"):
+            need(f"host.{name}", getattr(host, name), 0 < getattr(host, name) <= 1)
+        if dev.kind == "cpu":
+            out.append("[host] on a cpu profile: its ranks already run on the host, nothing is offloaded")
+    sdpa = dict(dev.sdpa_curves)
+    for key in sdpa:   # the pricing reads a forward and its backward together (compute._measured_sdpa_s)
+        partner = key.removesuffix("_forward") + "_backward" if key.endswith("_forward") else \
+            key.removesuffix("_backward") + "_forward"
+        if not re.fullmatch(r"sdpa_\w+?(_dropout)?_(forward|backward)", key) or not sdpa[key] or not sdpa.get(partner):
+            out.append(f"measured.{key} is not one of a non-empty forward and backward pair of SDPA curves")
+    for name, curve in (*((f"measured.gemm_{d}", c) for d, c in dev.gemm_curves),
+                        ("measured.memory_bound", dev.memory_curve)):
+        if any(not (math.isfinite(x) and math.isfinite(y) and x > 0 and y > 0) for x, y in curve):
+            out.append(f"{name} has a point that is not a positive size and rate")
+    for key, points in dev.sdpa_curves:
+        if any(not all(math.isfinite(v) and v > 0 for v in point) for point in points):
+            out.append(f"measured.{key} has a point that is not a positive sequence, head dim and time")
+    return out

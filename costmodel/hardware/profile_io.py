@@ -1,0 +1,290 @@
+"""Reading profiles: the one strict reader of `profiles/*.toml` and of `planner profile`'s
+files, the shipped profiles by name, and this machine's cached one."""
+from __future__ import annotations
+
+import math
+import statistics
+import tomllib
+from dataclasses import replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from costmodel import inputs, machine
+from costmodel.hardware.profile_check import profile_problems
+from costmodel.hardware.records import (
+    DTYPE_FIELDS, FSDP_SYNC_KINDS, GELU_APPROXIMATIONS, OPTIONAL_DTYPE_FIELDS, DeviceProfile, Efficiency, HostSpec,
+    NetworkTier, fsdp_sync_key)
+from costmodel.inputs import InputError
+from costmodel.specs import DType
+
+
+def profile_dir() -> Path:
+    """Where the shipped profiles live (and where `planner profile` writes by default)."""
+    return Path(str(resources.files("profiles")))
+
+
+def _middle_tiers(path: Path, tiers: list[dict[str, Any]], efficiency: float) -> tuple[NetworkTier, ...]:
+    out = []
+    for raw in tiers:
+        if raw["scope"] in ("node", "cluster"):
+            continue
+        if not isinstance(raw.get("max_nodes"), int) or raw["max_nodes"] < 2:
+            raise ValueError(f"{path}: [[network]] scope {raw['scope']!r} needs max_nodes >= 2 (the nodes it connects)")
+        out.append(replace(_tier(raw, float(raw.get("efficiency", efficiency))), max_nodes=raw["max_nodes"]))
+    return tuple(sorted(out, key=lambda t: t.max_nodes))
+
+
+def _tier(raw: dict[str, Any], efficiency: float) -> NetworkTier:
+    p2p = raw.get("p2p_latency_s")
+    return NetworkTier(name=raw["name"], bandwidth_bytes_per_s=float(raw["bandwidth_bytes_per_s"]),
+                       latency_s=float(raw["latency_s"]), efficiency=efficiency,
+                       p2p_latency_s=None if p2p is None else float(p2p),
+                       kind_factors=_kind_factors(raw))
+
+
+def _kind_factors(raw: dict[str, Any]) -> tuple[tuple[str, float, float], ...]:
+    """A [[network]] table's kind_factors: a table of {latency, bandwidth} tables, one per kind
+    (the kinds and the factors' signs are checked with the profile: profile_problems)."""
+    kinds = raw.get("kind_factors", {})
+    where = f"[[network]] {raw.get('name', '?')} kind_factors"
+    if not isinstance(kinds, dict):
+        raise ValueError(f"{where} is not a table of kinds")
+    out = []
+    for kind, pair in kinds.items():
+        if not isinstance(pair, dict) or set(pair) != {"latency", "bandwidth"}:
+            raise ValueError(f"{where}.{kind} needs exactly latency and bandwidth, got {pair!r}")
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in pair.values()):
+            raise ValueError(f"{where}.{kind}: latency and bandwidth are numbers, got {pair!r}")
+        out.append((kind, float(pair["latency"]), float(pair["bandwidth"])))
+    return tuple(out)
+
+
+def _sdpa_numbers(path: Path, key: str, points: Any, width: int, what: str) -> list[list[float]]:
+    """[measured] `key` as a list of points of `width` positive finite numbers, else one error
+    naming the file, the key and the point."""
+    if not isinstance(points, list):
+        raise ValueError(f"{path}: [measured] {key} is not a list of [{what}] points")
+    for i, point in enumerate(points):
+        if not (isinstance(point, list) and len(point) == width
+                and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+                        for v in point)):
+            raise ValueError(f"{path}: [measured] {key} point {i} ({point!r}) is not [{what}] of positive "
+                             "numbers; measure the machine again with `planner profile`")
+    return [[float(v) for v in point] for point in points]
+
+
+def _sdpa_points(path: Path, key: str, points: Any) -> tuple[tuple[float, float, float], ...]:
+    """[measured] sdpa_*: (sequence, head dim, seconds per head), sorted."""
+    checked = _sdpa_numbers(path, key, points, 3, "sequence, head dim, seconds per head")
+    return tuple(sorted((s, d, t) for s, d, t in checked))
+
+
+def _curve(points: list[list[float]]) -> tuple[tuple[float, float], ...]:
+    """Sorted by size, one rate per size: several GEMM shapes share a FLOP count (tokens x hidden
+    x n in different orders) and the cost model knows the count only, so their median stands for
+    it (interpolation among duplicates would otherwise land on whichever sorted first)."""
+    by_size: dict[float, list[float]] = {}
+    for x, y in points:
+        by_size.setdefault(float(x), []).append(float(y))
+    return tuple((x, statistics.median(ys)) for x, ys in sorted(by_size.items()))
+
+
+# written by `planner profile` / `calibrate`, and the only one read; a hand-written datasheet
+# profile may leave it out
+PROFILE_FORMAT_VERSION = 3
+# The cost model a profile's probe fit belongs to, raised whenever the model prices the probes'
+# kernels differently: a cached `local` profile fitted under an older one is measured again
+# instead of carrying factors fitted to other formulas or bounds.
+PROBE_FIT_VERSION = 17
+
+
+# What a profile may hold, per table; anything else is refused (a misspelt key would otherwise
+# leave its default in force without a word).
+PROFILE_KEYS = {
+    "": {"format_version", "device", "network", "efficiency", "measured", "probes", "host"},
+    "host": {"memory_bytes", "memory_bandwidth_bytes_per_s", "memory_efficiency", "link_bandwidth_bytes_per_s",
+             "link_efficiency", "source"},
+    "device": {"name", "kind", "aliases", "peak_flops_per_s", "memory_bytes", "reported_memory_bytes", "num_sms",
+               "memory_bandwidth_bytes_per_s", "threads_per_rank"},
+    "network": {"scope", "name", "bandwidth_bytes_per_s", "latency_s", "p2p_latency_s", "max_nodes", "efficiency",
+                "kind_factors"},
+    "efficiency": {"gemm", "attention", "memory", "kernel_overhead_s", "intra_node_comm", "inter_node_comm",
+                   "reserved_memory_bytes", "source", "overlap", "dp_comm", "pp_stage", "allocator_fragmentation",
+                   "comm_contention", "vendor_attention_speedup", "step_overhead_s", "recompute_cost"},
+}
+
+
+def _check_keys(path: Path, raw: dict[str, Any]) -> None:
+    tables = [("", raw), ("device", raw.get("device", {})), ("efficiency", raw.get("efficiency", {})),
+              ("host", raw.get("host", {}))]
+    tables += [("network", t) for t in raw.get("network", [])]
+    for name, table in tables:
+        extra = sorted(k for k, v in table.items() if k not in PROFILE_KEYS[name]
+                       and not (name == "efficiency" and isinstance(v, dict)))
+        if extra:
+            where = f"[{name}]" if name else "the top level"
+            raise ValueError(f"{path}: unknown key(s) {', '.join(extra)} in {where}")
+    allowed = set(DTYPE_FIELDS) | set(OPTIONAL_DTYPE_FIELDS)
+    for dtype, table in raw.get("efficiency", {}).items():
+        if isinstance(table, dict) and set(table) - allowed:
+            raise ValueError(f"{path}: unknown key(s) {', '.join(sorted(set(table) - allowed))} "
+                             f"in [efficiency.{dtype}]")
+
+
+def load_profile(path: Path) -> DeviceProfile:
+    return parse_profile(inputs.read_text(path, "profile"), path)
+
+
+def parse_profile(text: str, path: Path) -> DeviceProfile:
+    """A profile's text, checked as `load_profile` checks a file (`path` names it in errors);
+    the writer checks what it is about to write with it, so no profile is written unreadable."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"{path}: not a valid profile (truncated? {exc})") from None
+    version = raw.get("format_version", PROFILE_FORMAT_VERSION)
+    if version != PROFILE_FORMAT_VERSION:
+        raise InputError(f"{path}: profile format version {version!r}; this planner reads version "
+                         f"{PROFILE_FORMAT_VERSION} (measure the machine again with `planner profile`)")
+    try:
+        _check_keys(path, raw)
+        profile = _profile_from(path, raw)
+    except KeyError as exc:
+        raise InputError(f"{path}: profile lacks {exc.args[0]!r}") from None
+    except (TypeError, ValueError, AttributeError) as exc:
+        text = str(exc)
+        raise InputError(text if text.startswith(str(path)) else f"{path}: not a valid profile ({text})") from None
+    if problems := profile_problems(profile):
+        raise InputError(f"{path}: " + "; ".join(problems))
+    return profile
+
+
+def _profile_from(path: Path, raw: dict[str, Any]) -> DeviceProfile:
+    dev, eff, net = raw["device"], raw["efficiency"], {t["scope"]: t for t in raw["network"]}
+    efficiency = Efficiency(gemm=float(eff["gemm"]), attention=float(eff["attention"]),
+                            memory=float(eff["memory"]), kernel_overhead_s=float(eff["kernel_overhead_s"]),
+                            reserved_memory_bytes=int(eff["reserved_memory_bytes"]),
+                            source=eff["source"], overlap=float(eff.get("overlap", 1.0)),
+                            dp_comm=float(eff.get("dp_comm", 1.0)), pp_stage=float(eff.get("pp_stage", 1.0)),
+                            allocator_fragmentation=float(eff.get("allocator_fragmentation", 0.0)),
+                            comm_contention=float(eff.get("comm_contention", 0.0)),
+                            vendor_attention_speedup=float(eff.get("vendor_attention_speedup", 1.0)),
+                            step_overhead_s=float(eff.get("step_overhead_s", 0.0)),
+                            recompute_cost=float(eff.get("recompute_cost", 1.0)))
+    return DeviceProfile(
+        name=dev["name"], aliases=tuple(dev.get("aliases", ())),
+        peak_flops=tuple((k, float(v)) for k, v in dev["peak_flops_per_s"].items()),
+        memory_bytes=int(dev["memory_bytes"]),
+        reported_memory_bytes=int(dev.get("reported_memory_bytes", 0)),
+        num_sms=int(dev.get("num_sms", 0)),
+        memory_bandwidth_bytes_per_s=float(dev["memory_bandwidth_bytes_per_s"]),
+        intra_node=_tier(net["node"], eff["intra_node_comm"]),
+        inter_node=_tier(net["cluster"], eff["inter_node_comm"]),
+        middle_tiers=_middle_tiers(path, raw["network"], eff["inter_node_comm"]),
+        efficiency=efficiency, path=str(path), kind=dev.get("kind", "gpu"), host=_host(raw.get("host")),
+        threads_per_rank=int(raw.get("measured", {}).get("threads_per_rank", dev.get("threads_per_rank", 0))),
+        gemm_curves=tuple((k.removeprefix("gemm_"), _curve(v)) for k, v in raw.get("measured", {}).items()
+                          if k.startswith("gemm_")),
+        sdpa_curves=tuple((k, _sdpa_points(path, k, v)) for k, v in raw.get("measured", {}).items()
+                          if k.startswith("sdpa_")),
+        memory_curve=_curve(raw.get("measured", {}).get("memory_bound", [])),
+        machine_key=str(raw.get("measured", {}).get("machine_key", "")),
+        machine=str(raw.get("measured", {}).get("machine", "")),
+        optimizer_s_per_param=float(raw.get("measured", {}).get("optimizer_s_per_param", 0.0)),
+        dropout_s_per_element=float(raw.get("measured", {}).get("dropout_s_per_element", 0.0)),
+        grad_accumulate_s_per_param=_rate_table(raw, "grad_accumulate_s_per_param", [str(d) for d in DType]),
+        fsdp_sync_s_per_param=_rate_table(raw, "fsdp_sync_s_per_param",
+                                          [fsdp_sync_key(k, str(d)) for k in FSDP_SYNC_KINDS for d in DType]),
+        gelu_s_per_element=_gelu_rates(raw.get("measured", {}).get("gelu_s_per_element", {})),
+        probe_fit_version=(int(raw["probes"].get("fit_version", 1)) if isinstance(raw.get("probes"), dict)
+                           else 0),
+        dtype_efficiency=tuple((k, replace(efficiency, **{f: float(v[f]) for f in DTYPE_FIELDS},
+                                           **{f: float(v[f]) for f in OPTIONAL_DTYPE_FIELDS if f in v}))
+                               for k, v in eff.items() if isinstance(v, dict)))
+
+
+def _rate_table(raw: dict[str, Any], field: str, names: list[str]) -> tuple[tuple[str, float], ...]:
+    """[measured] `field`: {name: seconds per parameter}, each name one of `names`
+    (grad_accumulate_s_per_param by the new gradients' dtype, fsdp_sync_s_per_param by
+    fsdp_sync_key); absent: not measured."""
+    table = raw.get("measured", {}).get(field, {})
+    if not isinstance(table, dict) or any(name not in names for name in table):
+        raise ValueError(f"measured.{field} is not a table of {', '.join(names)}")
+    return tuple((str(name), float(v)) for name, v in table.items())
+
+
+def _gelu_rates(raw: Any) -> tuple[tuple[str, float, float], ...]:
+    """[measured] gelu_s_per_element: {approximation: [forward, backward]} seconds per element."""
+    if not isinstance(raw, dict):
+        raise ValueError("measured.gelu_s_per_element is not a table of approximations")
+    out = []
+    for name, pair in raw.items():
+        if name not in GELU_APPROXIMATIONS or not isinstance(pair, list) or len(pair) != 2:
+            raise ValueError(f"measured.gelu_s_per_element.{name} is not one of {', '.join(GELU_APPROXIMATIONS)} "
+                             "with [forward, backward]")
+        out.append((str(name), float(pair[0]), float(pair[1])))
+    return tuple(out)
+
+
+def _host(raw: dict[str, Any] | None) -> HostSpec | None:
+    if raw is None:
+        return None
+    return HostSpec(memory_bytes=int(raw["memory_bytes"]),
+                    memory_bandwidth_bytes_per_s=float(raw["memory_bandwidth_bytes_per_s"]),
+                    memory_efficiency=float(raw["memory_efficiency"]),
+                    link_bandwidth_bytes_per_s=float(raw["link_bandwidth_bytes_per_s"]),
+                    link_efficiency=float(raw["link_efficiency"]), source=str(raw["source"]))
+
+
+def known_profiles() -> dict[str, DeviceProfile]:
+    """Every shipped profile by name, in file-name order."""
+    return {p.name: p for p in (load_profile(f) for f in sorted(profile_dir().glob("*.toml")))}
+
+
+def local_profile() -> DeviceProfile:
+    """This machine's measured profile from the cache; LocalProfileMissing (the command line
+    then measures it) when there is none, it is unreadable, or it was measured elsewhere."""
+    path = machine.local_profile_path()
+    if not path.is_file():
+        raise machine.LocalProfileMissing(path, "no profile of this machine yet")
+    try:
+        dev = load_profile(path)
+    except (ValueError, OSError) as exc:
+        raise machine.LocalProfileMissing(path, f"the cached profile is unreadable: {exc}") from None
+    if dev.machine_key != machine.machine_key():
+        raise machine.LocalProfileMissing(path, f"the cached profile was measured on {dev.machine or 'another machine'}")
+    if not dev.optimizer_s_per_param:
+        raise machine.LocalProfileMissing(path, "the cached profile predates the optimizer step's measurement")
+    if not dev.grad_accumulate_s_per_param:
+        raise machine.LocalProfileMissing(path, "the cached profile predates the gradient accumulation's measurement")
+    if not dev.fsdp_sync_s_per_param:
+        raise machine.LocalProfileMissing(
+            path, "the cached profile predates the measurement of FSDP's one-rank reduce and gather")
+    if dev.kind == "cpu" and not dev.dropout_s_per_element:   # a GPU's is 0 (runtime.profiler)
+        raise machine.LocalProfileMissing(path, "the cached profile predates the dropout's measurement")
+    if dev.kind == "cpu" and not dev.gelu_s_per_element:
+        raise machine.LocalProfileMissing(path, "the cached profile predates GeLU's measurement")
+    if dev.probe_fit_version < PROBE_FIT_VERSION:
+        raise machine.LocalProfileMissing(path, "the cached profile's probes were fitted under an older cost model")
+    return dev
+
+
+def resolve_device(name_or_path: str) -> DeviceProfile:
+    if not name_or_path.strip():
+        raise InputError("the device name is empty (a name such as A100, `local`, or a .toml path)")
+    if name_or_path.lower() == machine.LOCAL:
+        return local_profile()
+    path = Path(name_or_path)
+    if path.suffix == ".toml" or path.exists():
+        if path.suffix != ".toml":
+            raise InputError(f"device {name_or_path!r} is a path but not a .toml profile")
+        return load_profile(path)
+    profiles = known_profiles()
+    wanted = name_or_path.lower()
+    for profile in profiles.values():
+        if wanted == profile.name.lower() or wanted in (a.lower() for a in profile.aliases):
+            return profile
+    names = ", ".join(f"{p.name} ({'/'.join(p.aliases)})" if p.aliases else p.name
+                      for p in profiles.values())
+    raise ValueError(f"unknown device {name_or_path!r}; known: {names}, or a path to a .toml profile")

@@ -1,0 +1,254 @@
+"""Hardware records: a device profile, its network tiers, efficiencies and host.
+
+A profile keeps datasheet numbers (`[device]`, `[[network]]`) apart from the achievable
+efficiency parameters (`[efficiency]`), which are fitted or measured and say how.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+from costmodel.specs import DType
+
+
+# Fraction of the device memory CUDA reports that plans leave free by default: the spread of the
+# allocator's reserved-over-allocated ratio between runs of one job (a few %, see the profiles'
+# `allocator_fragmentation` notes) is what a plan at the edge would trip over.
+DEFAULT_MEMORY_HEADROOM = 0.05
+
+
+# the collectives a tier's kind_factors may name (costmodel.comm.RING_KINDS; comm imports this module)
+RING_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NetworkTier:
+    """One level of the network. Bandwidth is per device, per direction (what one GPU can push)."""
+
+    name: str
+    bandwidth_bytes_per_s: float
+    latency_s: float
+    efficiency: float  # achievable fraction of bandwidth_bytes_per_s for large collectives
+    p2p_latency_s: float | None = None  # measured point-to-point latency when it differs (gloo)
+    # a tier between the node and the whole cluster (a rack, a leaf switch) connects groups of at
+    # most this many nodes; None for the node and cluster tiers
+    max_nodes: int | None = None
+    # (collective kind, latency factor, bandwidth factor): a kind's own microbenchmark fit over
+    # the tier's joint one (costmodel.comm.kind_factors), where the backend runs the kinds
+    # differently (gloo's reduce-scatter); empty (every kind at the tier's) for a datasheet tier
+    kind_factors: tuple[tuple[str, float, float], ...] = ()
+
+    @property
+    def effective_bandwidth_bytes_per_s(self) -> float:
+        return self.bandwidth_bytes_per_s * self.efficiency
+
+    def _factors(self, kind: str) -> tuple[float, float]:
+        for name, latency, bandwidth in self.kind_factors:
+            if name == kind:
+                return latency, bandwidth
+        return 1.0, 1.0
+
+    def latency_for(self, kind: str) -> float:
+        """One ring step's latency for a collective of this kind."""
+        return self.latency_s * self._factors(kind)[0]
+
+    def bandwidth_for(self, kind: str) -> float:
+        """The effective bandwidth a collective of this kind moves its bytes at."""
+        return self.effective_bandwidth_bytes_per_s * self._factors(kind)[1]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Efficiency:
+    """Achievable fractions of the datasheet peaks, and fixed overheads (see each profile's notes)."""
+
+    gemm: float               # large-GEMM fraction of dense peak FLOP/s
+    attention: float          # fused (flash) attention fraction of dense peak FLOP/s
+    memory: float             # fraction of HBM bandwidth reached by memory-bound kernels
+    kernel_overhead_s: float  # fixed cost per kernel: launch, and on CPUs eager dispatch (wave tails: compute.wave_efficiency)
+    reserved_memory_bytes: int  # outside PyTorch's allocator: CUDA context, NCCL buffers, workspaces
+    source: str
+    overlap: float = 1.0      # fraction of compute that data-parallel communication can hide behind
+    # data-parallel terms' (FSDP's bucketed reduce-scatters and gathers, and what rides on them:
+    # contention, offload copies) speed over the links' fitted efficiency and latency, which TP's
+    # and CP's many activation-sized collectives share: 1 where one efficiency serves all. A CPU
+    # profile's probes fit it (planner.calibrate.CPU_COMM_PARAMS; costmodel.rank_time.dp_term_comm_s).
+    dp_comm: float = 1.0
+    # a pipeline stage's work (its layers, embedding and head, with their collectives) over
+    # its price when pp > 1: the stage work of every stored closed loop's pp2 plans ran a median
+    # 14 points further over its price than the same run's one-rank plan (28 of 32 run-dtype
+    # pairs; 2026-11-27). `planner calibrate` fits it on a CPU's runs when some have a pipeline
+    # (planner.calibrate.CPU_COMM_PARAMS; costmodel.rank_time.rank_time_model); 1 in datasheets
+    # and measured profiles (planner.probes.fit_probes).
+    pp_stage: float = 1.0
+    # the caching allocator's reserved bytes over the bytes it hands out, minus 1 (block rounding
+    # and fragmentation): what allocated tensors really cost of the device
+    allocator_fragmentation: float = 0.0
+    # compute slowdown per second of data-parallel communication hidden behind it (NCCL's
+    # kernels occupy SMs and HBM bandwidth beside the GEMMs); fitted, 0 where unknown
+    comm_contention: float = 0.0
+    # how much faster the vendor's fused attention (cuDNN, FlashAttention-3) runs than the
+    # FlashAttention-2 kernel `attention` describes, for frameworks that use it; 1: none
+    vendor_attention_speedup: float = 1.0
+    # host work once per training step outside the layers' kernels and the optimizer's (the
+    # runtime's barrier, the loss's reduction, the batch, zero_grad): fitted by a measured
+    # profile's probes, whose small steps show it (planner.probes.compute_params); 0 in datasheets
+    step_overhead_s: float = 0.0
+    # what recomputing a layer costs, as a share of its priced forward: 1 where a recomputed
+    # forward runs the forward's kernels again (a GPU; Korthikanti et al. 2022 price full
+    # recomputation as one more forward). On a CPU it costs less, most likely because a layer
+    # recomputed inside the backward pass leaves its activations in cache for the backward that
+    # reads them at once, where a training forward writes fresh pages (0.6-0.75 in
+    # `planner run` on a 2-core EPYC, 2026-11-27). `calibrate` fits it from runs that recompute;
+    # `planner profile` does not measure it: within its budget the same measurement read 0.5 to
+    # 1.1 on that machine (README, "Recomputation's cost").
+    recompute_cost: float = 1.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HostSpec:
+    """The host a node's devices hang off, for what is offloaded to it (optimizer states and
+    their step, ZeRO-Offload / FSDP2's CPUOffloadPolicy). Memory figures are per node; the link is
+    per device and per direction, as it is when every device of the node copies at once."""
+
+    memory_bytes: int                      # host DRAM per node (datasheet)
+    memory_bandwidth_bytes_per_s: float    # host DRAM bandwidth per node (channels x rate)
+    memory_efficiency: float               # achievable fraction of it for streaming kernels
+    link_bandwidth_bytes_per_s: float      # device <-> host, per device, per direction
+    link_efficiency: float                 # achievable fraction of it for pinned-memory copies
+    source: str
+
+    @property
+    def link_effective_bytes_per_s(self) -> float:
+        return self.link_bandwidth_bytes_per_s * self.link_efficiency
+
+
+# What a profile's [efficiency.<dtype>] table sets (the rest is the device's).
+DTYPE_FIELDS = ("gemm", "attention", "memory", "kernel_overhead_s")
+
+
+OPTIONAL_DTYPE_FIELDS = ("step_overhead_s", "recompute_cost")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DeviceProfile:
+    name: str
+    aliases: tuple[str, ...]
+    peak_flops: tuple[tuple[str, float], ...]  # (dtype, dense peak FLOP/s); a tuple keeps specs hashable
+    memory_bytes: int         # datasheet capacity
+    memory_bandwidth_bytes_per_s: float
+    intra_node: NetworkTier
+    inter_node: NetworkTier
+    # tiers between the node and the cluster, innermost first ([[network]] entries with another
+    # scope and `max_nodes`): a third tier is a profile change, not a code change
+    middle_tiers: tuple[NetworkTier, ...] = ()
+    efficiency: Efficiency
+    path: str
+    # Measured curves (`planner profile`): per dtype, (FLOPs per GEMM call, achieved FLOP/s);
+    # (bytes per memory-bound kernel, achieved bytes/s). Empty: datasheet peak x efficiency.
+    gemm_curves: tuple[tuple[str, tuple[tuple[float, float], ...]], ...] = ()
+    memory_curve: tuple[tuple[float, float], ...] = ()
+    kind: str = "gpu"   # "cpu": ranks are processes on CPU cores (gloo); runs need no GPU
+    threads_per_rank: int = 0   # CPU: threads per rank the figures were measured with (0: unknown)
+    # `planner profile`: the costmodel.machine key and description of the machine measured
+    # (empty for datasheet profiles, which describe a kind of device, not one machine)
+    machine_key: str = ""
+    machine: str = ""
+    # per compute dtype where training differs by dtype (a CPU's bf16 path: other kernels, other
+    # per-kernel costs): `planner profile`'s [efficiency.<dtype>] tables; empty: one for all
+    dtype_efficiency: tuple[tuple[str, Efficiency], ...] = ()
+    # what the runtime can allocate on: torch.cuda's total_memory (less than the datasheet:
+    # ECC and the driver's own reservations); 0: unknown, the datasheet figure is used
+    reported_memory_bytes: int = 0
+    num_sms: int = 0   # streaming multiprocessors (GEMM wave quantisation); 0: not modelled
+    # the node's host, where offloaded states live; None: nothing can be offloaded (a CPU
+    # profile's ranks already run on the host)
+    host: HostSpec | None = None
+    # `planner profile`: an AdamW step as the runtime takes one, seconds per parameter (0: not
+    # measured; the step is then priced as memory-bound traffic)
+    optimizer_s_per_param: float = 0.0
+    # `planner profile`: one micro-batch's gradients added in place into fp32 gradients, seconds
+    # per parameter, by the dtype the new ones come in (empty: not measured; the add is then
+    # priced as memory-bound traffic, costmodel.kernels.gradient_add_s)
+    grad_accumulate_s_per_param: tuple[tuple[str, float], ...] = ()
+    # `planner profile`: FSDP2's reduce and gather on a one-rank group, seconds per parameter, by
+    # "reduce.<compute dtype>" and "gather.<compute dtype>" (empty: not measured; then priced as
+    # their copies' traffic, costmodel.kernels.fsdp_sync_s)
+    fsdp_sync_s_per_param: tuple[tuple[str, float], ...] = ()
+    # `planner profile`: torch's dropout, seconds per element, on a CPU (0: not measured, or a
+    # GPU, whose dropout draws inside the multiply's kernel; dropout is then priced as the
+    # multiply's bytes alone)
+    dropout_s_per_element: float = 0.0
+    # `planner profile` on a CPU: torch's GeLU, (approximation, forward, backward) seconds per
+    # element, "tanh" and "none" (erf) (empty: not measured, or a GPU, whose GeLU is memory-bound
+    # and priced as bytes)
+    gelu_s_per_element: tuple[tuple[str, float, float], ...] = ()
+    # `planner profile` on a CPU: torch's causal SDPA as the runtime calls it, per compute dtype,
+    # pass and dropout (sdpa_key): points of (sequence, head dim, seconds per head), sorted
+    # (costmodel.kernels.sdpa_head_s); empty: attention is priced from the GEMM curve
+    sdpa_curves: tuple[tuple[str, tuple[tuple[float, float, float], ...]], ...] = ()
+    # the cost model the profile's probes were fitted under (PROBE_FIT_VERSION; 0: no probes)
+    probe_fit_version: int = 0
+
+    @property
+    def usable_memory_bytes(self) -> int:
+        return self.reported_memory_bytes or self.memory_bytes
+
+    def tier_for(self, num_nodes: int) -> NetworkTier:
+        """The slowest tier a group spread over `num_nodes` nodes crosses (its nodes taken as
+        consecutive, as the row-major placement lays them out): the node's own links for one node,
+        the innermost middle tier that spans them, else the cluster's."""
+        if num_nodes <= 1:
+            return self.intra_node
+        return next((t for t in self.middle_tiers if num_nodes <= (t.max_nodes or 0)), self.inter_node)
+
+    def for_dtype(self, dtype: DType) -> "DeviceProfile":
+        """This profile with the efficiency of `dtype` (itself when it has none of its own)."""
+        if not self.dtype_efficiency:
+            return self
+        return _for_dtype(self, str(dtype))
+
+    def gemm_curve(self, dtype: DType) -> tuple[tuple[float, float], ...]:
+        return dict(self.gemm_curves).get(str(dtype), ())
+
+    def sdpa_curve(self, dtype: DType, dropout: bool, backward: bool) -> tuple[tuple[float, float, float], ...]:
+        return dict(self.sdpa_curves).get(sdpa_key(str(dtype), dropout, backward), ())
+
+    def grad_accumulate_rate(self, incoming: DType) -> float | None:
+        """Seconds per parameter of an add of `incoming` gradients into fp32 ones; None: not measured."""
+        return dict(self.grad_accumulate_s_per_param).get(str(incoming))
+
+    def fsdp_sync_rate(self, kind: str, compute: DType) -> float | None:
+        """Seconds per parameter of FSDP2's one-rank `kind` ("reduce", "gather"); None: not measured."""
+        return dict(self.fsdp_sync_s_per_param).get(fsdp_sync_key(kind, str(compute)))
+
+    @property
+    def peak_flops_per_s(self) -> dict[str, float]:
+        return dict(self.peak_flops)
+
+    def peak_for(self, dtype: DType) -> float:
+        peak = self.peak_flops_per_s.get(str(dtype), 0.0)
+        if peak <= 0:
+            raise ValueError(f"device {self.name} has no {dtype} support in its profile")
+        return peak
+
+
+@lru_cache(maxsize=64)
+def _for_dtype(dev: DeviceProfile, dtype: str) -> DeviceProfile:
+    own = dict(dev.dtype_efficiency).get(dtype)
+    return dev if own is None else replace(dev, efficiency=own, dtype_efficiency=())
+
+
+FSDP_SYNC_KINDS = ("reduce", "gather")
+
+
+def fsdp_sync_key(kind: str, dtype: str) -> str:
+    """How [measured] fsdp_sync_s_per_param names a rate: <reduce|gather>.<compute dtype>."""
+    return f"{kind}.{dtype}"
+
+
+def sdpa_key(dtype: str, dropout: bool, backward: bool) -> str:
+    """How [measured] names an SDPA curve: sdpa_<dtype>[_dropout]_<forward|backward>."""
+    return f"sdpa_{dtype}{'_dropout' if dropout else ''}_{'backward' if backward else 'forward'}"
+
+
+GELU_APPROXIMATIONS = ("tanh", "none")   # torch's names; costmodel.kernels.GELU_OF maps MLP kinds to them

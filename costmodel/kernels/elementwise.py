@@ -1,0 +1,193 @@
+"""Memory-bound kernels: norms, activations, rotary embedding, dropout, residual adds and the
+loss, as fused (GPU frameworks) or eager (the runtime on a CPU) kernels."""
+from __future__ import annotations
+
+
+from costmodel.hardware import DeviceProfile
+from costmodel.layout import Style, dense_blocks
+from costmodel.specs import DType, FfnKind, ModelSpec, NormKind, PositionKind, TrainSpec
+from costmodel.kernels.gemm import _moe_routing_bytes, moe_tokens
+from costmodel.kernels.roofline import KernelShape, memory_bound_s
+
+
+def dropout_s(elements: float, dev: DeviceProfile) -> float:
+    """Torch's dropout over `elements` activations at the profile's measured rate
+    (`dropout_s_per_element`: F.dropout on a CPU, drawing each random number in software, then
+    scaling and multiplying; 0 where a profile has none, as datasheets, and on a GPU, whose
+    dropout draws inside the multiply's kernel). The memory-bound counts keep the multiply's
+    bytes as well, a few percent of this rate counted twice. Pricing those bytes alone put a
+    GPT-style model's plans (dropout on both branches of each layer, on the attention
+    probabilities and on the embeddings) 18-35 % too fast on a CPU."""
+    return elements * dev.dropout_s_per_element
+
+
+# the GeLU each MLP kind runs (runtime.model), by torch's name for its approximation
+GELU_OF = {FfnKind.GELU: "tanh", FfnKind.GEGLU: "tanh", FfnKind.GELU_ERF: "none"}
+
+
+def gelu_s(model: ModelSpec, plan: KernelShape, tokens: int, dev: DeviceProfile) -> tuple[float, float]:
+    """(forward, backward) of the MLP's GeLU over a layer's `tokens` on one TP rank, at the
+    profile's measured rate (`gelu_s_per_element`: a CPU, whose GeLU is bound by its tanh or
+    erf, tanh's 1.7-2.0 ns an element forward and 2.1-2.3 backward against an add's 0.14-0.2;
+    none where a profile has none, as datasheets and GPUs, whose GeLU is memory-bound). The memory-bound count keeps its
+    bytes too, about a tenth of this counted twice; priced as those bytes alone, a GeLU MLP's
+    activation was 5-10x too cheap on a CPU (`python benchmarks/cpu_kernels.py --only 5`)."""
+    rates = {k: (f, b) for k, f, b in dev.gelu_s_per_element}
+    if model.ffn_kind not in GELU_OF or GELU_OF[model.ffn_kind] not in rates:
+        return 0.0, 0.0
+    forward, backward = rates[GELU_OF[model.ffn_kind]]
+    elements = tokens * _mlp_width(model) / plan.tp
+    return elements * forward, elements * backward
+
+
+def _elementwise_forward_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile,
+                           tokens: int) -> float:
+    """Norms, residual adds, dropout, activation function and RoPE: bytes read + written, as
+    fused kernels run them (Megatron-Core, Transformer Engine, compiled code).
+    Without sequence parallelism every TP rank repeats the norms/adds/dropout on all tokens."""
+    num_bytes, kernels = _fused_elementwise(model, train, plan, tokens)
+    return memory_bound_s(num_bytes, dev, kernels)
+
+
+def rank_hidden_elements(model: ModelSpec, plan: KernelShape, tokens: int) -> float:
+    """A layer's hidden states on one TP rank, what its norms, residual adds and dropouts run
+    over: every token's without sequence parallelism (each TP rank repeats them), its 1/tp shard
+    with it."""
+    return tokens * model.hidden_size / (plan.tp if plan.sequence_parallel else 1)
+
+
+def _fused_elementwise(model: ModelSpec, train: TrainSpec, plan: KernelShape, tokens: int) -> tuple[float, int]:
+    a, t = train.compute_dtype.num_bytes, plan.tp
+    rep = rank_hidden_elements(model, plan, tokens)
+    drop = 1 if model.dropout else 0
+    num_bytes = rep * (model.layer_norms * 2 * a + 2 * 3 * a + drop * 2 * (2 * a + 1))
+    acts = 3 if model.ffn_kind.gated else 2
+    num_bytes += acts * a * tokens * _mlp_width(model) / t
+    routing_bytes, routing_kernels = _moe_routing_bytes(model, train, moe_tokens(tokens, t), plan.ep)
+    num_bytes += routing_bytes
+    kernels = 5 + 2 * drop + routing_kernels
+    if model.qk_norm:   # Qwen3's RMSNorm over each head's queries and keys
+        num_bytes += 2 * a * tokens * (model.q_hidden_size + model.kv_hidden_size) / t
+        kernels += 2
+    if model.position_kind is PositionKind.ROPE:   # on the rotated share of each head's dimensions
+        num_bytes += 2 * a * tokens * _rotated(model) / t
+        kernels += 1
+    return num_bytes, kernels
+
+
+def _mlp_width(model: ModelSpec) -> int:
+    """The activation function's width: the MLP's, or each routed expert's and the shared one's."""
+    return (model.experts_per_token * model.moe_ffn_hidden_size + model.shared_expert_ffn_hidden_size
+            if model.is_moe else model.ffn_hidden_size)
+
+
+def _rotated(model: ModelSpec) -> float:
+    """Elements of one token's queries and keys that RoPE rotates."""
+    return (model.q_hidden_size + model.kv_hidden_size) * model.rotary_fraction
+
+
+# Torch's CPU kernels as the runtime's eager layer calls them (costmodel.frameworks `cpu_kernels`),
+# counted op by op with a dispatch mode (tests/runtime/test_elementwise_traffic.py): (bytes per
+# element read + written, kernels), forward and backward; `casts` 1 for a 16-bit compute dtype.
+# RMSNorm is composite in fp32: cast up (a + 4), pow, mean, add eps, rsqrt, times 1/rms, times the
+# weight, cast back (a + 4); backward 14 fp32 kernels (two row sums, pow, div), both casts and
+# the weight gradient's.
+def _cpu_rms_norm(a: int, casts: int) -> tuple[tuple[float, int], tuple[float, int]]:
+    return (28 + casts * 2 * (a + 4), 6 + 2 * casts), (96 + casts * 2 * (a + 4), 14 + 3 * casts)
+
+
+# RoPE per rotated tensor (rotate-half form, runtime.model.rope): neg of a half, cat, two
+# products and their sum (10a); backward two products, two slice-backwards, neg, two adds (14a).
+# Its cos / sin tables are rebuilt per call: 8 tiny kernels, two casts more in 16 bits.
+CPU_ROPE_FWD, CPU_ROPE_BWD = (10, 5), (14, 7)
+
+
+CPU_ROPE_TABLE_KERNELS = 8
+
+
+# Torch's CPU kernels widen 16-bit elements to fp32 in registers: an element costs what an fp32
+# one does (bf16 multiplies and SiLUs over 98K-1.5M elements take 0.7-1.5x the fp32 ones' time on
+# a 2-core EPYC: `python benchmarks/cpu_kernels.py`), so elements are counted at fp32's width on
+# the fp32-measured memory curve.
+CPU_ELEMENT_BYTES = 4
+
+
+# RMSNorm on CUDA (torch's fused kernels, `_fused_rms_norm`): forward reads and writes the
+# activations once; backward reads input and output gradient and writes the input gradient, and
+# a second kernel reads both again for the weight's gradient (profiled on an H100, 2026-11-26).
+def _cuda_rms_norm(a: int) -> tuple[tuple[float, int], tuple[float, int]]:
+    return (2 * a, 1), (5 * a, 2)
+
+
+def eager_elementwise_traffic(model: ModelSpec, train: TrainSpec, plan: KernelShape, tokens: int,
+                              a: int = CPU_ELEMENT_BYTES, cpu: bool = True) -> tuple[float, int, float, int]:
+    """(forward bytes, kernels, backward bytes, kernels) of a layer's memory-bound work as torch's
+    eager kernels run the runtime's layer (costmodel.frameworks `eager_layer`): RMSNorm (composite
+    in fp32 on a CPU, fused on a GPU), RoPE and SwiGLU op by op, and the gradient sums autograd
+    adds where one input feeds several projections. Parts the count does not cover (LayerNorm,
+    dropout, GeLU, Q/K norms, routing) keep the fused count, their backward twice their forward.
+    `a`: bytes per compute-dtype element (a CPU's pricing counts every element at fp32's width,
+    CPU_ELEMENT_BYTES; the test counts the real bytes)."""
+    t, c = plan.tp, 1 if train.compute_dtype.num_bytes < 4 else 0
+    rep = rank_hidden_elements(model, plan, tokens)
+    fwd_b = bwd_b = 0.0
+    fwd_k = bwd_k = 0
+    if model.norm_kind is NormKind.RMSNORM:
+        (nf, kf), (nb, kb) = _cpu_rms_norm(a, c) if cpu else _cuda_rms_norm(a)
+        fwd_b, fwd_k, bwd_b, bwd_k = model.layer_norms * nf * rep, model.layer_norms * kf, \
+            model.layer_norms * nb * rep, model.layer_norms * kb
+    else:
+        fwd_b, fwd_k = model.layer_norms * 2 * a * rep, model.layer_norms
+        bwd_b, bwd_k = 2 * fwd_b, 2 * fwd_k
+    # residual adds, and backward the sums over projections that share an input (q/k/v, gate/up)
+    shared = sum(sum(1 for lin in b.linears if lin.style is Style.COLWISE) - 1 for b in dense_blocks(model))
+    fwd_b, fwd_k = fwd_b + 2 * 3 * a * rep, fwd_k + 2
+    bwd_b, bwd_k = bwd_b + (2 + shared) * 3 * a * rep, bwd_k + 2 + shared
+    width = tokens * _mlp_width(model) / t
+    if model.ffn_kind.gated and not model.is_moe:   # silu, times up; backward two products, silu_backward
+        fwd_b, fwd_k, bwd_b, bwd_k = fwd_b + 5 * a * width, fwd_k + 2, bwd_b + 9 * a * width, bwd_k + 3
+    else:
+        acts = 3 if model.ffn_kind.gated else 2
+        fwd_b, fwd_k, bwd_b, bwd_k = fwd_b + acts * a * width, fwd_k + 1, bwd_b + 2 * acts * a * width, bwd_k + 2
+    if model.position_kind is PositionKind.ROPE:
+        rotated = tokens * _rotated(model) / t
+        fwd_b += CPU_ROPE_FWD[0] * a * rotated
+        fwd_k += 2 * (CPU_ROPE_FWD[1] + CPU_ROPE_TABLE_KERNELS + 2 * c)
+        bwd_b, bwd_k = bwd_b + CPU_ROPE_BWD[0] * a * rotated, bwd_k + 2 * CPU_ROPE_BWD[1]
+    drop = 1 if model.dropout else 0
+    rest = rep * drop * 2 * (2 * a + 1)
+    rest_k = 2 * drop
+    if model.qk_norm:
+        rest, rest_k = rest + 2 * a * tokens * (model.q_hidden_size + model.kv_hidden_size) / t, rest_k + 2
+    routing_bytes, routing_kernels = _moe_routing_bytes(model, train, moe_tokens(tokens, t), plan.ep)
+    rest, rest_k = rest + routing_bytes, rest_k + routing_kernels
+    return fwd_b + rest, fwd_k + rest_k, bwd_b + 2 * rest, bwd_k + 2 * rest_k
+
+
+def _elementwise_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile, tokens: int,
+                   cpu_kernels: bool, eager: bool) -> tuple[float, float]:
+    """(forward, backward) of a layer's memory-bound work: counted op by op where eager kernels
+    run it (torch's CPU kernels, cpu_kernels; a GPU's eager layer), else as fused kernels."""
+    if cpu_kernels or eager:
+        fwd_b, fwd_k, bwd_b, bwd_k = eager_elementwise_traffic(
+            model, train, plan, tokens, CPU_ELEMENT_BYTES if cpu_kernels else train.compute_dtype.num_bytes,
+            cpu=cpu_kernels)
+        return memory_bound_s(fwd_b, dev, fwd_k), memory_bound_s(bwd_b, dev, bwd_k)
+    forward = _elementwise_forward_s(model, train, plan, dev, tokens)
+    return forward, 2 * forward
+
+
+def cross_entropy_s(tokens: int, vocab: int, train: TrainSpec, dev: DeviceProfile) -> float:
+    """The loss over `vocab` logits per token, forward or backward (their mean): the cast from a
+    16-bit compute dtype to fp32 and back (read a, write 4 bytes; none in fp32, where `.float()`
+    is the tensor itself), then the fp32 log-softmax and its gradient (12 bytes, two kernels).
+    The softmax runs fp32 kernels whatever the compute dtype (fp32's per-kernel cost), and both
+    are vectorised kernels of the kind a measured memory curve times, so they are priced at the
+    curve itself: the probes' fitted memory factor (0.05-0.2 of the curve on a CPU) had priced the
+    closed loop's 6,000-word loss at 11-18 ms a micro-batch against 3-4 ms measured
+    (`python benchmarks/cpu_kernels.py`)."""
+    a = train.compute_dtype.num_bytes
+    softmax = memory_bound_s(tokens * vocab * 3 * 4, dev.for_dtype(DType.FP32), 2, native=True)
+    if a >= 4:
+        return softmax
+    return softmax + memory_bound_s(tokens * vocab * (a + 4), dev.for_dtype(train.compute_dtype), 1, native=True)

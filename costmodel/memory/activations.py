@@ -1,0 +1,229 @@
+"""Activations one layer (and the embedding and head) keeps per micro-batch, tensor by tensor.
+
+Activations follow Korthikanti et al. 2022 (arXiv 2205.05198) Sec. 4: per layer, per micro-batch
+s·b·h·(34 + 5·a·s/h) bytes for a GPT layer with t = 1, s·b·h·(10 + 24/t + 5·a·s/(h·t)) with tensor
+parallelism, s·b·h·(34/t + 5·a·s/(h·t)) with sequence parallelism, the 5·a·s/h term gone under
+selective recomputation and 2·s·b·h (/t with SP) under full recomputation. `layer_activation_bytes`
+re-derives those terms tensor by tensor so they hold for GQA (smaller K, V), SwiGLU (four f-wide
+tensors instead of two), no dropout (Llama), fp32 activations, and flash attention (no s x s
+tensors; the softmax statistics instead); how many SwiGLU tensors are saved is a framework trait.
+Tests check the published coefficients.
+"""
+from __future__ import annotations
+
+
+from costmodel.frameworks import RUNTIME, FrameworkTraits
+from costmodel.kernels import cp_chunk_scores, expert_rows, moe_tokens
+from costmodel.layout import Style, layer_blocks
+from costmodel.params import ceil_div
+from costmodel.plan import Plan, Recompute
+from costmodel.specs import Arch, AttentionKernel, ModelSpec, NormKind, PositionKind, TrainSpec
+
+
+def _cp_cpu_mask_elements(train: TrainSpec, plan: Plan, traits: FrameworkTraits) -> float:
+    """torch's CPU flash kernel takes a chunk's bottom-right causal mask materialised (c x keys
+    before the chunk's end, in the compute dtype) and keeps it for backward; CUDA's kernels take
+    the causal offset instead. Per layer, for the CP rank with the most: chunks r and 2cp-1-r
+    of c = s/2cp tokens need c·(r+1)c + c·(2cp-r)c elements, c²(2cp+1) for any r > 0 (rank 0's
+    first chunk is plain causal). Not per sample or head: one mask broadcast over both."""
+    if plan.cp == 1 or not (traits.cp_all_gather_kv and traits.cpu_kernels):
+        return 0.0
+    return cp_chunk_scores(train.seq_len, plan.cp)
+
+
+def _moe_saved_bytes(model: ModelSpec, train: TrainSpec, tokens: int, ep: int, traits: FrameworkTraits) -> float:
+    """What runtime.moe keeps for backward in one layer (measured per tensor by
+    tests/runtime/test_activation_memory.py): the router's fp32 probabilities, the chosen experts
+    (int64) and their fp32 weights (and their sum where renormalised); per routed slot (tokens·k)
+    the expert output before and after weighting, its weight, its token's index and its sort
+    index; per row the device's experts take (tokens·k, times the imbalance under expert
+    parallelism: costmodel.kernels.expert_rows) its input and the expert's SwiGLU tensors, and
+    under expert parallelism its two reorder indices; the shared expert's SwiGLU tensors, and
+    with a gate its output and the gate's value. (Its input is the MLP input
+    `layer_activation_bytes` counts already.)"""
+    a, h, k, e = train.compute_dtype.num_bytes, model.hidden_size, model.experts_per_token, model.num_experts
+    router = tokens * (4 * e + 8 * k + 4 * k + (4 if model.moe_norm_topk_prob else 0))
+    per_slot = a * (2 * h + 1) + 16
+    per_row = a * (h + traits.swiglu_saved_tensors * model.moe_ffn_hidden_size) + (16 if ep > 1 else 0)
+    fs = model.shared_expert_ffn_hidden_size
+    shared = a * tokens * (traits.swiglu_saved_tensors * fs + ((h + 1) if model.shared_expert_gate else 0))
+    return router + tokens * k * per_slot + expert_rows(model, train, tokens, ep) * per_row + shared
+
+
+def layer_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, mode: Recompute,
+                           traits: FrameworkTraits = RUNTIME) -> float:
+    """Bytes one layer keeps for backward, for one micro-batch, on one device."""
+    a = train.compute_dtype.num_bytes
+    t, sp = plan.tp, plan.tp if plan.sequence_parallel else 1
+    b, s = plan.micro_batch_size, train.seq_len // plan.cp
+    tokens, h, kv, f = b * s, model.hidden_size, model.kv_hidden_size, model.ffn_hidden_size
+    q = model.q_hidden_size
+    # dropout masks: 1 byte on CUDA, the compute dtype on CPU (costmodel.frameworks.cpu_kernels)
+    drop = (a if traits.cpu_kernels else 1) if model.dropout else 0
+    if mode is Recompute.FULL:
+        return a * tokens * h / sp  # the layer input only
+    # 2 norm inputs (and, CPU RMSNorm, their normalised copies) and 2 dropout masks on sequence
+    # shards; the attention and MLP inputs whole where TP keeps them gathered (frameworks). CPU's
+    # composite RMSNorm computes in fp32 and keeps both tensors in fp32 whatever the compute
+    # dtype (measured: bf16 layers kept 20 % more than a count in bf16)
+    cpu_rms = model.norm_kind is NormKind.RMSNORM and traits.cpu_kernels
+    # a parallel residual's two norms read one tensor, the layer input (kept once)
+    norm_inputs = 1 if model.parallel_residual else 2
+    norms = norm_inputs * 4 + model.layer_norms * 4 if cpu_rms else norm_inputs * a
+    # a mixture of experts takes this rank's sequence shard as it is (runtime.parallel); one norm
+    # shared by both branches gives them one input, unless each block gathers its own (SP)
+    mlp_input_split = t if model.is_moe else _proj_input_split(plan, traits)
+    mlp_input = 0.0 if model.shared_norm and not _gathers_per_block(plan, traits) else a * tokens * h / mlp_input_split
+    replicated = (tokens * h * (norms + 2 * drop) / sp + a * tokens * h / _proj_input_split(plan, traits)
+                  + mlp_input)
+    qkv = a * tokens * (q + 2 * kv) / t + cp_gathered_kv_bytes(model, train, plan, traits)
+    if model.arch is Arch.GPT and model.position_kind is PositionKind.ROPE:
+        # a fused QKV (GPT-NeoX): attention keeps the rotated Q and K, and V, a view, keeps the
+        # whole fused output alive beside them (measured: test_activation_memory's neox cases)
+        qkv += a * tokens * (q + kv) / t
+    if model.qk_norm:   # Qwen3's per-head norms keep Q and K as projected (CPU's composite RMSNorm: both in fp32)
+        qkv += tokens * (q + kv) * (2 * 4 if cpu_rms else a) / t
+    if model.position_kind is PositionKind.ROPE:   # RoPE's cos and sin, for Q and for K (any batch)
+        qkv += 4 * a * s * model.rotary_dims
+    out_proj_input = a * tokens * q / t
+    # SwiGLU in eager torch saves gate, up, silu(gate) and the product; a fused kernel keeps the
+    # 2f-wide first projection and the product (costmodel.frameworks)
+    mlp = (_moe_saved_bytes(model, train, moe_tokens(tokens, t), plan.ep, traits) if model.is_moe else
+           (traits.swiglu_saved_tensors if model.ffn_kind.gated else 2) * a * tokens * f / t)
+    if mode is Recompute.SELECTIVE:
+        core = 0.0
+    elif train.attention_kernel is AttentionKernel.FLASH and not (drop and traits.cpu_kernels):
+        core = 4.0 * b * (model.num_heads // t) * s  # fp32 log-sum-exp per query row
+        if plan.cp > 1 and traits.cp_all_gather_kv:
+            # one kernel per chunk, each keeping its output; the projection keeps their
+            # concatenation (without CP it keeps the kernel's output itself)
+            core += out_proj_input + a * _cp_cpu_mask_elements(train, plan, traits)
+    else:  # softmax output (+ dropout mask and output), over local queries x all keys
+        core = b * (model.num_heads / t) * s * train.seq_len * (a + (drop + a if drop else 0))
+    return replicated + qkv + out_proj_input + mlp + core
+
+
+def cp_gathered_kv_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, traits: FrameworkTraits = RUNTIME) -> float:
+    """What one layer's attention keeps, per micro-batch, of the K and V gathered from the other
+    CP ranks (all-gathered CP, costmodel.frameworks `cp_all_gather_kv`; a ring keeps none)."""
+    if plan.cp == 1 or not traits.cp_all_gather_kv:
+        return 0.0
+    others = train.seq_len - train.seq_len // plan.cp
+    return train.compute_dtype.num_bytes * plan.micro_batch_size * others * 2 * model.kv_hidden_size / plan.tp
+
+
+def _gathers_per_block(plan: Plan, traits: FrameworkTraits) -> bool:
+    """Under SP each block all-gathers its own input, and a framework that keeps the gathered
+    input keeps one per block."""
+    return plan.tp > 1 and plan.sequence_parallel and traits.tp_keeps_gathered_input
+
+
+def _proj_input_split(plan: Plan, traits: FrameworkTraits) -> int:
+    """Over how many ranks the saved input of a column-parallel projection is split: the
+    sequence shards under SP, unless the framework keeps the gathered input (frameworks)."""
+    return plan.tp if plan.sequence_parallel and not traits.tp_keeps_gathered_input else 1
+
+
+def edge_bytes_per_micro_batch(model: ModelSpec, train: TrainSpec, plan: Plan, first: bool,
+                               last: bool, traits: FrameworkTraits = RUNTIME) -> float:
+    a, b, s = train.compute_dtype.num_bytes, plan.micro_batch_size, train.seq_len // plan.cp
+    sp = plan.tp if plan.sequence_parallel else 1
+    tokens = b * s
+    total = 0.0
+    if first:
+        total += tokens * model.hidden_size * (a + model.dropout) / sp
+    if last:
+        total += logits_held_bytes(model, train, plan, traits) + a * tokens * model.hidden_size * (1 + 1 / sp)
+    return total
+
+
+def _local_tokens(train: TrainSpec, plan: Plan) -> int:
+    """Tokens of one micro-batch on one device: its sequences, each cut into cp pieces."""
+    return plan.micro_batch_size * (train.seq_len // plan.cp)
+
+
+def _logits_elems(model: ModelSpec, train: TrainSpec, plan: Plan, traits: FrameworkTraits = RUNTIME) -> float:
+    """Logits of one micro-batch on one device: its vocabulary shard, or the whole vocabulary
+    where the framework gathers them before the loss (frameworks.vocab_parallel_loss)."""
+    return _local_tokens(train, plan) * loss_vocab(model, plan, traits)
+
+
+def loss_vocab(model: ModelSpec, plan: Plan, traits: FrameworkTraits = RUNTIME) -> int:
+    """The vocabulary one device's loss runs over."""
+    return ceil_div(model.vocab_size, plan.tp) if traits.vocab_parallel_loss else model.vocab_size
+
+
+def logits_held_bytes(model: ModelSpec, train: TrainSpec, plan: Plan,
+                      traits: FrameworkTraits = RUNTIME) -> float:
+    """What the loss keeps of one micro-batch's logits until its backward: the fp32 log-probs
+    cross entropy saves (4 bytes whatever the compute dtype: the loss runs in fp32), and, under
+    a pipeline, the last stage's output in the compute dtype, which torch pipelining (like
+    Megatron's schedules) keeps for the backward call. Without a pipeline the 16-bit logits die
+    once upcast."""
+    kept_output = train.compute_dtype.num_bytes if plan.pp > 1 else 0
+    return _logits_elems(model, train, plan, traits) * (4 + kept_output)
+
+
+def backward_working_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, last: bool,
+                           traits: FrameworkTraits = RUNTIME) -> float:
+    """Transient bytes of the backward pass beyond what the forward kept: a layer's input
+    gradients of its widest block (SwiGLU: gate, up and product gradients, f wide; attention:
+    dQ, dK, dV and FlashAttention-2's fp32 dQ accumulator) plus its largest weight gradient in
+    the compute dtype before it is added to the fp32 main gradient; on the last stage the
+    loss's gradient (fp32 then cast back) over the logits, if larger. One backward runs at a
+    time, so a rank adds this once."""
+    a, t = train.compute_dtype.num_bytes, plan.tp
+    tokens = _local_tokens(train, plan)
+    h, kv, f = model.hidden_size, model.kv_hidden_size, model.ffn_hidden_size
+    mlp_weight = a * h * f / t
+    if model.is_moe:   # one expert's backward at a time; it may have got every token of the shard
+        f = max(model.moe_ffn_hidden_size, model.shared_expert_ffn_hidden_size)
+        mlp_weight = a * h * f   # whole on every TP rank
+    mlp = (traits.swiglu_saved_tensors - 1 if model.ffn_kind.gated else 2) * a * tokens * f / t
+    q = model.q_hidden_size
+    attention = a * tokens * (q + 2 * kv) / t + 4 * tokens * q / t
+    widest_weight = max(mlp_weight, a * h * (q + 2 * kv) / t)
+    layer = max(mlp, attention) + widest_weight
+    # a loss whose backward writes the gradient over its saved softmax needs only the cast
+    head = _logits_elems(model, train, plan, traits) * (a if traits.loss_grad_in_place else 4 + a) if last else 0.0
+    # offloaded activations: the layer whose saved tensors are back on the device for its backward
+    back = layer_activation_bytes(model, train, plan, Recompute.NONE, traits) if plan.offload_activations else 0.0
+    return max(layer, head) + back
+
+
+def weight_grad_input_bytes(model: ModelSpec, train: TrainSpec, plan: Plan,
+                            traits: FrameworkTraits = RUNTIME) -> float:
+    """Per layer and micro-batch, what a deferred weight-gradient pass (ZB-H1, ZBV) still needs
+    once the input-gradient pass has freed the rest: the input of every projection (the two
+    norm outputs feeding QKV and the MLP, the attention output, the MLP's activated product);
+    the whole layer where the framework keeps the graph (frameworks.deferred_w_keeps_graph)."""
+    if traits.deferred_w_keeps_graph:
+        return (layer_activation_bytes(model, train, plan, plan.recompute, traits)
+                + weight_grad_output_bytes(model, train, plan))
+    a, t = train.compute_dtype.num_bytes, plan.tp
+    tokens = _local_tokens(train, plan)
+    return a * tokens * (2 * model.hidden_size / _proj_input_split(plan, traits)
+                         + model.q_hidden_size / t + model.ffn_hidden_size / t)
+
+
+def weight_grad_output_bytes(model: ModelSpec, train: TrainSpec, plan: Plan) -> float:
+    """Per layer and micro-batch, the output gradients torch pipelining's input pass captures
+    for a deferred weight pass (`stage_backward_input` hooks): every projection's (a column-
+    parallel one's 1/t slice, a row-parallel one's whole partial output) and the two norm scales'.
+    Measured on a 2-stage ZB-H1 run: 232 MiB held per micro-batch, 228 MiB by this count."""
+    sp = plan.tp if plan.sequence_parallel else 1
+    width = model.layer_norms * model.hidden_size / sp
+    for block in layer_blocks(model):
+        width += sum(lin.out_features / plan.tp if lin.style is Style.COLWISE else lin.out_features
+                     for lin in block.linears)
+    return train.compute_dtype.num_bytes * _local_tokens(train, plan) * width
+
+
+def edge_weight_grad_output_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, first: bool,
+                                   last: bool) -> float:
+    """The same for the embedding (its whole output) and the final norm and output projection
+    (its vocabulary slice)."""
+    sp = plan.tp if plan.sequence_parallel else 1
+    width = (model.hidden_size if first else 0) + \
+        (model.hidden_size / sp + ceil_div(model.vocab_size, plan.tp) if last else 0)
+    return train.compute_dtype.num_bytes * _local_tokens(train, plan) * width

@@ -1,0 +1,269 @@
+"""A pipeline rank's peak memory: its states, the activations its schedule holds in flight,
+pipeline buffers and working memory, as one ledger (StageMemory) and as affine shapes in the
+layers it holds (for the search's memory constraints)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from costmodel.frameworks import RUNTIME, FrameworkTraits
+from costmodel.params import fsdp_unit_params, layer_params, rank_params_at
+from costmodel.plan import Plan, Recompute, stage_owner
+from costmodel.specs import ModelSpec, TrainSpec
+from costmodel.memory.activations import _local_tokens, backward_working_bytes, edge_bytes_per_micro_batch, edge_weight_grad_output_bytes, layer_activation_bytes, weight_grad_input_bytes
+from costmodel.memory.states import reduces_every_micro_batch, state_bytes_for
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StageMemory:
+    params_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    buffers_bytes: float
+    reserved_bytes: float
+
+    @property
+    def total_bytes(self) -> float:
+        return (self.params_bytes + self.grads_bytes + self.optimizer_bytes
+                + self.activations_bytes + self.buffers_bytes + self.reserved_bytes)
+
+    def to_dict(self) -> dict[str, float]:
+        # field by field: dataclasses.asdict deep-copies, and the search calls this a lot
+        return {"params": self.params_bytes, "grads": self.grads_bytes, "optimizer": self.optimizer_bytes,
+                "activations": self.activations_bytes, "buffers": self.buffers_bytes,
+                "reserved": self.reserved_bytes}
+
+
+def send_bytes(model: ModelSpec, train: TrainSpec, plan: Plan) -> float:
+    """One activation (or its gradient) a pipeline stage sends: this rank's sequence shard under SP."""
+    sp = plan.tp if plan.sequence_parallel else 1
+    return train.compute_dtype.num_bytes * _local_tokens(train, plan) * model.hidden_size / sp
+
+
+def held_send_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
+                    traits: FrameworkTraits = RUNTIME) -> float:
+    """What a rank's sends keep alive by the step's end where the framework waits them only
+    then (frameworks.pipeline_sends_held): one tensor per micro-batch per stage edge that
+    crosses to another rank, forward and backward."""
+    if plan.pp == 1 or not (traits.pipeline_sends_held and plan.schedule.traits.multi_stage):
+        return 0.0
+    edges = _crossing_edges(plan.pp, plan.vpp, plan.schedule.traits.v_placement)[rank]
+    return edges * plan.num_micro_batches * send_bytes(model, train, plan)
+
+
+@lru_cache(maxsize=1024)
+def _crossing_edges(p: int, v: int, v_placement: bool) -> tuple[int, ...]:
+    """Per pipeline rank, its stages' edges (forward and backward) to a stage on another rank
+    (cached: the search asks for every candidate)."""
+    def owner(j: int) -> int:
+        return stage_owner(j, p, v_placement)
+    n, out = p * v, [0] * p
+    for j in range(n):
+        out[owner(j)] += (j < n - 1 and owner(j + 1) != owner(j)) + (j > 0 and owner(j - 1) != owner(j))
+    return tuple(out)
+
+
+def in_flight_micro_batches(plan: Plan, rank: int) -> float:
+    """Micro-batches whose activations a pipeline rank holds at its peak, in units of the
+    rank's whole layer set (Narayanan et al. SC'21 Sec. 2.2; Korthikanti et al. Sec. 4.2.3 for
+    the interleaved schedule: p·(1 + (p-1)/(p·v)) on the first rank)."""
+    m, p, v = plan.num_micro_batches, plan.pp, plan.vpp
+    kind = plan.schedule.traits.in_flight
+    if kind == "all" and p > 1:   # pp = 1 accumulates one micro-batch at a time
+        return m
+    # torch's interleaved zero-bubble order holds as many chunks as interleaved 1F1B, at most
+    # (with v > 1 the 1F1B count below would be short: tests/costmodel/test_memory.py)
+    if kind == "interleaved" or (kind == "1f1b" and v > 1):
+        chunks = min(m * v, 2 * (p - rank - 1) + (v - 1) * p + 1)
+        return chunks / v
+    if kind == "v":
+        return min(m, p)
+    return min(m, p - rank)  # 1F1B and ZB-H1 (which keeps 1F1B's peak by design)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AffineBytes:
+    """Bytes as a function of a rank's layer count L and recomputed-layer count n:
+    base + per_layer·L + per_recomputed·n (+ jump once n > 0: the layer being rebuilt)."""
+
+    base: float
+    per_layer: float
+    per_recomputed: float
+    jump: float
+
+    def at(self, layers: int, recomputed: int) -> float:
+        return (self.base + self.per_layer * layers + self.per_recomputed * recomputed
+                + (self.jump if recomputed else 0.0))
+
+
+def _micro_batch_shape(model: ModelSpec, train: TrainSpec, plan: Plan,
+                       traits: FrameworkTraits = RUNTIME) -> AffineBytes:
+    """What one micro-batch keeps across a rank's layers: a full layer's activations, the
+    recomputed layers only their checkpoint, plus the rebuilt layer's bytes during backward."""
+    if plan.offload_activations:   # on the host (host_activation_bytes)
+        return AffineBytes(base=0.0, per_layer=0.0, per_recomputed=0.0, jump=0.0)
+    full = layer_activation_bytes(model, train, plan, Recompute.NONE, traits)
+    kept = layer_activation_bytes(model, train, plan, plan.recompute, traits)
+    return AffineBytes(base=0.0, per_layer=full, per_recomputed=kept - full, jump=full - kept)
+
+
+def host_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int, layers: int,
+                          traits: FrameworkTraits = RUNTIME) -> float:
+    """Host memory of one device's offloaded activations (Plan.offload_activations): every
+    in-flight micro-batch's layers, as the device would otherwise hold them."""
+    if not plan.offload_activations:
+        return 0.0
+    full = layer_activation_bytes(model, train, plan, Recompute.NONE, traits)
+    return in_flight_micro_batches(plan, rank) * layers * full
+
+
+def _layers_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, layers: int,
+                  recomputed: int, traits: FrameworkTraits = RUNTIME) -> tuple[float, float]:
+    """(bytes one micro-batch keeps across `layers` layers, `recomputed` of them recomputed;
+    extra bytes while the backward pass rebuilds one recomputed layer)."""
+    shape = _micro_batch_shape(model, train, plan, traits)
+    rebuilt = shape.jump if recomputed else 0.0
+    return shape.at(layers, recomputed) - rebuilt, rebuilt
+
+
+def activation_shape(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
+                     micro_batch: AffineBytes | None = None,
+                     traits: FrameworkTraits = RUNTIME) -> AffineBytes:
+    """A rank's peak activations: every in-flight micro-batch's layers, one layer being rebuilt,
+    and the embedding / LM-head tensors of the first / last rank."""
+    mb = micro_batch or _micro_batch_shape(model, train, plan, traits)
+    held = in_flight_micro_batches(plan, rank)
+    deferred = edges = 0.0
+    if plan.schedule.defers_weight_grad:
+        passes = deferred_weight_passes(plan, rank)
+        deferred = passes * weight_grad_input_bytes(model, train, plan, traits)
+        if traits.deferred_w_keeps_graph:   # the embedding's and the loss's tensors too
+            first, last = rank == plan.stage_rank(0), rank == plan.stage_rank(plan.num_virtual_stages - 1)
+            edges = passes * (edge_bytes_per_micro_batch(model, train, plan, first, last, traits)
+                              + edge_weight_grad_output_bytes(model, train, plan, first, last))
+    base = (edges + held_send_bytes(model, train, plan, rank, traits)
+            + _edge_activation_bytes(model, train, plan, rank, traits)
+            + backward_working_bytes(model, train, plan, rank == plan.stage_rank(plan.num_virtual_stages - 1),
+                                     traits))
+    return AffineBytes(base=base, per_layer=held * mb.per_layer + deferred,
+                       per_recomputed=held * mb.per_recomputed, jump=mb.jump)
+
+
+def deferred_weight_passes(plan: Plan, rank: int) -> float:
+    """Weight-gradient passes a zero-bubble rank has put off at once, at most, in units of its
+    whole layer set: torch's ZB-H1 order defers rank + 1 stage chunks, ZBV 2·rank + 1 half-ranks
+    (counted by costmodel.pipeline_simulation with unit costs; tests/costmodel/test_memory.py). Added to the
+    in-flight activations this is an upper bound of the simulated peak, which frees and holds
+    them at their real times."""
+    chunks = plan.schedule.traits.deferred_chunks_per_rank * rank + 1
+    return min(plan.num_micro_batches * plan.vpp, chunks) / plan.vpp
+
+
+def activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
+                     layers: int, recomputed: int, traits: FrameworkTraits = RUNTIME) -> float:
+    return activation_shape(model, train, plan, rank, traits=traits).at(layers, recomputed)
+
+
+def _edge_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
+                           traits: FrameworkTraits = RUNTIME) -> float:
+    """Embedding output on the first stage (per in-flight micro-batch); final norm, logits and
+    fp32 softmax on the last (Megatron's vocab-parallel cross entropy works in fp32), held for
+    one micro-batch (all of them under GPipe)."""
+    total = 0.0
+    if rank == plan.stage_rank(0):
+        total += in_flight_micro_batches(plan, rank) * edge_bytes_per_micro_batch(model, train, plan, True, False,
+                                                                                   traits)
+    if rank == plan.stage_rank(plan.num_virtual_stages - 1):
+        held = plan.num_micro_batches if plan.schedule.traits.in_flight == "all" and plan.pp > 1 else 1
+        total += held * edge_bytes_per_micro_batch(model, train, plan, False, True, traits)
+    return total
+
+
+def micro_batch_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, layers: int,
+                                 recomputed: int, first: bool, last: bool,
+                                 traits: FrameworkTraits = RUNTIME) -> tuple[float, float]:
+    """(bytes one micro-batch holds on a stage of `layers` layers, `recomputed` of them
+    recomputed; extra bytes while its backward rebuilds a recomputed layer). The simulator
+    counts these per in-flight micro-batch; `activation_bytes` is its closed form."""
+    held, rebuilt = _layers_bytes(model, train, plan, layers, recomputed, traits)
+    return held + edge_bytes_per_micro_batch(model, train, plan, first, last, traits), rebuilt
+
+
+def buffer_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, traits: FrameworkTraits = RUNTIME) -> float:
+    """Communication buffers: pipeline send/receive, and where every micro-batch reduces,
+    ZeRO-3's gathered layers (the current one and the prefetched next one) and one FSDP unit's
+    gradient in the reduce dtype, the reduce-scatter's input (params.fsdp_unit_params: a layer
+    under ZeRO-3, a stage of small layers whole below it); none of these where a pipeline keeps
+    weights and gradients whole (state_bytes_for). A once-a-step reduction's input is not counted:
+    it comes after the backward has freed the activations, which the peak counts instead (the
+    closed loops' two models in bf16, dp2, micro-batch 1, a stage one unit: ZeRO-1 measured 9 and
+    16 % below the prediction, ZeRO-0 within 2 % of it, as with a unit a layer; `python
+    benchmarks/dp_memory.py`, README "FSDP units of a bucket's size")."""
+    a = train.compute_dtype.num_bytes
+    sp = plan.tp if plan.sequence_parallel else 1
+    total = 0.0
+    if plan.pp > 1:
+        total += 4 * a * _local_tokens(train, plan) * model.hidden_size / sp
+    if reduces_every_micro_batch(plan, traits):
+        gathered = 2 * layer_params(model, plan.tp, plan.ep) * a if plan.zero_stage >= 3 else 0
+        total += gathered + fsdp_unit_params(model, plan, traits) * train.grad_dtype.num_bytes
+    return total
+
+
+def stage_memory(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
+                 reserved_bytes: float, traits: FrameworkTraits = RUNTIME) -> StageMemory:
+    return stage_memory_at(model, train, plan, rank, plan.layers_on_rank(rank),
+                           plan.recompute_num_layers[rank], reserved_bytes, traits)
+
+
+def stage_memory_at(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int, layers: int,
+                    recomputed: int, reserved_bytes: float,
+                    traits: FrameworkTraits = RUNTIME) -> StageMemory:
+    """Memory of pipeline rank `rank` were it to hold `layers` layers, `recomputed` of them
+    recomputed (the search reads the same quantity as `stage_memory_shapes`)."""
+    first, last = plan.stage_rank(0), plan.stage_rank(plan.num_virtual_stages - 1)
+    held = rank_params_at(model, plan, layers, rank == first, rank == last)
+    weights, grads, optim = state_bytes_for(train, plan, held.total, traits, experts=held.experts)
+    return StageMemory(params_bytes=weights, grads_bytes=grads, optimizer_bytes=optim,
+                       activations_bytes=activation_bytes(model, train, plan, rank, layers, recomputed, traits),
+                       buffers_bytes=buffer_bytes(model, train, plan, traits),
+                       reserved_bytes=reserved_bytes)
+
+
+def stage_memory_shapes(model: ModelSpec, train: TrainSpec, plan: Plan,
+                        reserved_bytes: float, traits: FrameworkTraits = RUNTIME) -> list[AffineBytes]:
+    """Per pipeline rank, its total memory as an affine function of its layer and
+    recomputed-layer counts: `stage_memory_at(...).total_bytes` for every (L, n) at once. States
+    are linear in the rank's parameters, which are affine in L."""
+    return stage_memory_shapes_by_zero(model, train, [plan], reserved_bytes, traits)[0]
+
+
+def stage_memory_shapes_by_zero(model: ModelSpec, train: TrainSpec, plans: list[Plan],
+                                reserved_bytes: float,
+                                traits: FrameworkTraits = RUNTIME) -> list[list[AffineBytes]]:
+    """`stage_memory_shapes` of plans that differ only in their ZeRO stage (activations, the
+    costly part, do not depend on it and are computed once)."""
+    plan = plans[0]
+    first, last = plan.stage_rank(0), plan.stage_rank(plan.num_virtual_stages - 1)
+    mb = _micro_batch_shape(model, train, plan, traits)
+    # (edge, replicated per layer, experts per layer): one per kind of rank
+    params: dict[tuple[bool, bool], tuple[int, int, int]] = {}
+    ranks = []
+    for rank in range(plan.pp):
+        kind = (rank == first, rank == last)
+        if kind not in params:
+            edge, one = rank_params_at(model, plan, 0, *kind), rank_params_at(model, plan, 1, *kind)
+            params[kind] = edge.total, one.replicated - edge.total, one.experts
+        ranks.append((params[kind], activation_shape(model, train, plan, rank, mb, traits)))
+    out = []
+    for sharded in plans:
+        # states are linear in each kind of parameter: bytes per replicated one and per expert one
+        per_param = sum(state_bytes_for(train, sharded, 1.0, traits))
+        per_expert = sum(state_bytes_for(train, sharded, 1.0, traits, experts=1.0))
+        fixed = buffer_bytes(model, train, sharded, traits) + reserved_bytes
+        out.append([AffineBytes(base=fixed + per_param * edge + act.base,
+                                per_layer=per_param * per_layer + per_expert * experts + act.per_layer,
+                                per_recomputed=act.per_recomputed, jump=act.jump)
+                    for (edge, per_layer, experts), act in ranks])
+    return out

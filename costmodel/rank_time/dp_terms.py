@@ -1,0 +1,298 @@
+"""Data-parallel synchronisation: the collectives ZeRO / FSDP run per step, the part compute
+hides, and what runs once after the pipeline (optimizer step, gradient accumulation, FSDP2's
+one-rank copies)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from costmodel.comm import (HOST_COPIES, Collective, collective_time_s)
+from costmodel.frameworks import FrameworkTraits
+from costmodel.hardware import ClusterSpec
+from costmodel.kernels import (fsdp_sync_s,
+                               gradient_add_s, gradient_cast_s, host_optimizer_step_s,
+                               optimizer_step_s, step_host_s)
+from costmodel.memory import (reduces_every_micro_batch, runtime_wraps_in_fsdp,
+                              unsharded_between_micro_batches)
+from costmodel.params import (RankParams, edge_param_tensors, folds_ep, fsdp_unit_layers, layer_expert_params,
+                              layer_param_tensors, layer_params, moe_replicated_params, optimized_params,
+                              qk_norm_params, rank_param_tensors, rank_params, rank_params_at, whole_stage_units)
+from costmodel.placement import AxisSpan
+from costmodel.plan import Plan
+from costmodel.specs import DType, ModelSpec, TrainSpec
+from costmodel.rank_time.spans import Spans
+from costmodel.rank_time.times import RankTimes
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DpTerm:
+    """One data-parallel synchronisation, `multiplier` times per step: collectives whose size is
+    `bytes_per_param` x the rank's parameters, hidden behind the rank's forward or backward.
+    `pieces_per_layer` 0: large buckets, `units` collectives' latency for the rank (one per stage
+    it runs where each stage is one FSDP unit: dp_unit_layers); n >= 1: one unit (dp_groups) at a
+    time, each in n collectives, every one paying the ring's latency."""
+
+    multiplier: int
+    collectives: tuple[tuple[Collective, float], ...]
+    window: str  # "forward", "backward", or "none" (after the backward pass, exposed)
+    pieces_per_layer: int = 0
+    units: int = 1
+    scale: float = 1.0   # a fraction of the collectives' time (the contention terms below)
+
+
+def dp_terms(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec) -> tuple[DpTerm, ...]:
+    """The synchronisations of `_dp_terms` under the cluster's framework, and for each one that
+    hides behind compute a term for what hiding costs: NCCL's kernels take SMs and memory
+    bandwidth from the GEMMs they run beside, so the compute slows by the device's
+    `comm_contention` (fitted; 0 where unknown) x the collective's time. Counted as exposed."""
+    terms = _dp_terms(model, train, plan, cluster.framework)
+    if plan.offload_optimizer:
+        terms = _with_host_copies(terms, plan, cluster.framework)
+    contention = cluster.device.efficiency.comm_contention
+    if not contention:
+        return terms
+    # the host copies run on copy engines, not SMs: no contention for them
+    return terms + tuple(replace(t, window="none", scale=contention,
+                                 collectives=tuple(c for c in t.collectives if c[0] not in HOST_COPIES))
+                         for t in terms if t.window != "none")
+
+
+def _with_host_copies(terms: tuple[DpTerm, ...], plan: Plan, traits: FrameworkTraits) -> tuple[DpTerm, ...]:
+    """Offloaded states (FSDP2's CPUOffloadPolicy): each gather first copies the fp32 shard in
+    from the host, each reduce-scatter copies the fp32 gradient shard out, on the collective's
+    own stream (costmodel.comm: HOST_COPIES). Where every micro-batch reduces (ZeRO-2/3, no
+    pipeline holding gradients whole), only the first copy out overlaps: each later one blocks
+    and is added to the host's shard on the host (FSDP2's accumulation, costmodel.comm)."""
+    m = plan.num_micro_batches
+    accumulates = m > 1 and reduces_every_micro_batch(plan, traits)
+    h2d, d2h = (Collective.HOST_TO_DEVICE, 4), (Collective.DEVICE_TO_HOST, 4)
+    out = []
+    for term in terms:
+        copies = [h2d for kind, _ in term.collectives if kind is Collective.ALL_GATHER]
+        if not accumulates:
+            copies += [d2h for kind, _ in term.collectives if kind is Collective.REDUCE_SCATTER]
+        out.append(replace(term, collectives=term.collectives + tuple(copies)))
+    if accumulates:
+        out += [DpTerm(multiplier=1, collectives=(d2h,), window="backward"),
+                DpTerm(multiplier=m - 1, collectives=(d2h, (Collective.HOST_ADD, 12)), window="none")]
+    return tuple(out)
+
+
+def _dp_terms(model: ModelSpec, train: TrainSpec, plan: Plan, traits: FrameworkTraits) -> tuple[DpTerm, ...]:
+    """ZeRO-0: one gradient all-reduce per step. ZeRO-1: reduce-scatter gradients, all-gather
+    updated weights (Megatron's distributed optimizer). ZeRO-2: gradients sharded, so
+    reduce-scattered every micro-batch. ZeRO-3 (FSDP): weights gathered for forward and again for
+    backward, gradients reduce-scattered, every micro-batch, one layer (FSDP unit) at a time, or
+    one parameter at a time where the framework gathers so (DeepSpeed). A framework that keeps
+    gradients whole between a pipeline's micro-batches reduce-scatters once per step instead; one
+    that does not overlap a collective leaves it after the backward pass (window "none")."""
+    g, w, m = train.grad_dtype.num_bytes, train.compute_dtype.num_bytes, plan.num_micro_batches
+    ar, ag, rs = Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.REDUCE_SCATTER
+    z = plan.zero_stage
+    reduce_window = "backward" if traits.dp_grad_overlap else "none"
+    gather_window = "forward" if traits.dp_param_overlap else "none"
+    reduces = 1 if unsharded_between_micro_batches(plan, traits) else m
+    units = 1 if traits.dp_collectives_per_layer else 0   # FSDP units below ZeRO-3 too
+    stages = 1
+    if units and whole_stage_units(model, plan, traits):
+        # one unit a stage: its reduction follows the whole backward, its gather precedes the forward
+        units, stages, reduce_window, gather_window = 0, plan.vpp, "none", "none"
+    if z == 0:
+        return (DpTerm(multiplier=1, collectives=((ar, g),), window=reduce_window, pieces_per_layer=units,
+                       units=stages),)
+    if z in (1, 2):
+        return (DpTerm(multiplier=1 if z == 1 else reduces, collectives=((rs, g),), window=reduce_window,
+                       pieces_per_layer=units, units=stages),
+                DpTerm(multiplier=1, collectives=((ag, w),), window=gather_window, pieces_per_layer=units,
+                       units=stages))
+    pieces = layer_param_tensors(model) if traits.zero3_gathers_per_param else 1
+    # FSDP prefetches the next layer's gather behind the current one's compute in either pass
+    forward = DpTerm(multiplier=m, collectives=((ag, w),), window="forward", pieces_per_layer=pieces)
+    if reduces == m and reduce_window == "backward":   # backward's gathers and reductions share its window
+        return (forward, DpTerm(multiplier=m, collectives=((ag, w), (rs, g)), window="backward",
+                                pieces_per_layer=pieces))
+    return (forward, DpTerm(multiplier=m, collectives=((ag, w),), window="backward", pieces_per_layer=pieces),
+            DpTerm(multiplier=reduces, collectives=((rs, g),), window=reduce_window, pieces_per_layer=pieces))
+
+
+def dp_term_comm_s(term: DpTerm, n_params: float, cluster: ClusterSpec, span: AxisSpan,
+                   unit_params: float) -> float:
+    """Seconds of one synchronisation of `n_params` parameters; `unit_params`: one layer's. At
+    the device's `dp_comm` over the links' fitted efficiency and latency alike
+    (costmodel.hardware.Efficiency.dp_comm): scaling the bandwidth alone left TP's collectives to
+    tell the links' latency from their efficiency, which one message size cannot, and priced
+    the closed loops' TP plans 30-39 % too slow (BK, BL refitted, 2026-11-27)."""
+    scale = term.scale / cluster.device.efficiency.dp_comm
+    if not term.pieces_per_layer:
+        return scale * term.units * sum(collective_time_s(kind, bpp * n_params / term.units, span, cluster)
+                                        for kind, bpp in term.collectives)
+    k = term.pieces_per_layer
+    per_unit = sum(k * collective_time_s(kind, bpp * unit_params / k, span, cluster)
+                   for kind, bpp in term.collectives)
+    return scale * n_params / unit_params * per_unit
+
+
+def dp_window_s(term: DpTerm, times: RankTimes, overlap: float) -> float:
+    """Compute the collective can hide behind: the rank's forward or backward, times the
+    device's overlap (1 with a separate communication stream, as on GPUs; lower where compute
+    and communication share the cores, as gloo ranks on a CPU do)."""
+    if term.window == "none":
+        return 0.0
+    window = times.forward_s if term.window == "forward" else times.backward_s + times.recompute_s
+    return overlap * window
+
+
+def dp_hidden_s(comm_s: float, window_s: float, bucket_s: float) -> float:
+    """Bucketed overlap: the collective hides behind the window, except the last bucket (one
+    layer's parameters: the first to gather, the last to reduce) stays exposed."""
+    return max(comm_s - window_s, bucket_s)
+
+
+def dp_unit_layers(model: ModelSpec, plan: Plan, traits: FrameworkTraits) -> int:
+    """Layers a DP unit of dp_groups holds: the framework's FSDP unit (params.fsdp_unit_layers),
+    one layer where a stage is one unit whole (DpTerm.units prices those) or the framework
+    buckets otherwise (pieces_per_layer 0: the unit is then the last bucket's, dp_bucket_s)."""
+    if not traits.dp_collectives_per_layer or whole_stage_units(model, plan, traits):
+        return 1
+    return fsdp_unit_layers(model, plan)
+
+
+def dp_groups(model: ModelSpec, plan: Plan, sp: Spans, held: RankParams,
+              traits: FrameworkTraits) -> list[tuple[float, float, AxisSpan]]:
+    """(parameters, one DP unit's of them, span) per gradient group of a device holding `held`:
+    everything over dp x cp; under expert parallelism the routed experts over edp x cp apart. A
+    unit of several layers (dp_unit_layers) counts its collectives by the rank's parameters over
+    its own, the embedding and head among them: exact where every stage's layers fill whole units
+    beside a root of about one unit's size, within a unit's latency otherwise."""
+    if plan.ep == 1:
+        return [(held.total, dp_unit_layers(model, plan, traits) * layer_params(model, plan.tp), sp.dp)]
+    experts = layer_expert_params(model, plan.ep)
+    return [(held.replicated, layer_params(model, plan.tp, plan.ep) - experts, sp.dp),
+            (held.experts, experts, sp.edp)]
+
+
+def tp_replica_sync_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec, sp: Spans,
+                      layers: int) -> float:
+    """Parameters every TP rank holds whole but trains on its own share: a mixture of experts
+    (each TP rank routes its sequence shard) and per-head Q/K norms (each rank's heads). Once the
+    data-parallel reduction has left each rank its gradient shards (replicated ones over dp x cp,
+    experts over edp x cp), they are all-reduced over TP before the optimizer step in one
+    collective, exposed (runtime.job.sync_replicated_over_tp). Affine in the rank's layers."""
+    if plan.tp == 1 or not (model.is_moe or model.qk_norm):
+        return 0.0
+    # ZeRO-0 keeps whole gradients (FSDP2 over a unit shard axis: runtime.parallel.dp_mesh_for)
+    sharded = plan.zero_stage > 0
+    # experts folded over TP (params.folds_ep) are each on one TP rank: nothing to sum for them
+    experts = 0 if folds_ep(plan, cluster.framework) else layer_expert_params(model, plan.ep)
+    shard = (moe_replicated_params(model) + qk_norm_params(model)) / (plan.dp * plan.cp if sharded else 1)
+    if experts:
+        shard += experts / (plan.edp * plan.cp if sharded else 1)
+    return collective_time_s(Collective.ALL_REDUCE, layers * shard * train.grad_dtype.num_bytes, sp.tp, cluster)
+
+
+def after_pipeline_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec, sp: Spans,
+                     held: RankParams, layers: int) -> tuple[float, float, float]:
+    """(optimizer step, the step's own host work, the TP-replicated parameters' gradient sync) of a
+    rank holding `held` over `layers` layers: what it does once its pipeline work and DP reduction
+    are done. Offloaded states step on the host. The host work is apart from the optimizer so that
+    a run's table compares the optimizer with the optimizer it times (runtime.measure)."""
+    step = (host_optimizer_step_s(held.zero_shard(plan, cluster.framework), train, cluster) if plan.offload_optimizer
+            else optimizer_step_s(optimized_params(held, plan, cluster.framework), train, cluster.device))
+    return (step, step_host_s(train, cluster.device),   # once a step, after the pipeline
+            tp_replica_sync_s(model, train, plan, cluster, sp, layers))
+
+
+def grad_accumulation_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec, held: RankParams,
+                        layers: int) -> float:
+    """A step's gradient accumulation on a rank holding `held` over `layers` layers: every
+    micro-batch after the first adds its gradients into the step's, in place, one kernel per
+    parameter tensor. The adds run inside each micro-batch's backward; priced once a step, beside
+    the optimizer, as the search's rank shapes take it: affine in the layers. On a 2-core EPYC it
+    was 26.6 ms a step of a 10.9M-parameter fp32 model's 8 micro-batches (`python
+    benchmarks/step_trace.py PLAN --steps 2 --rows 400 --shapes` on a closed loop's one-rank
+    micro-batch-1 fp32 plan, 2026-11-28; README, "What a pipeline adds").
+    - Whole gradients (ZeRO-0/1, or a pipeline holding them whole) arrive in the compute dtype:
+      fp32 ones add into fp32 (autograd; the runtime takes no reduce dtype in fp32), 16-bit ones
+      into the grad dtype, FSDP2 casting the first micro-batch's into that accumulator.
+    - ZeRO-2/3 reducing every micro-batch add the reduced shard into the sharded gradient, which
+      FSDP2 keeps in the sharded parameter's dtype: fp32 under fp32 master weights (the reduced
+      shard's cast to it is the reduction's, not priced here). Offloaded states add on the host
+      (_with_host_copies prices it).
+    - Where the framework fuses the adds into its weight-gradient GEMMs (costmodel.frameworks
+      `fused_grad_accumulation`), only the embedding's gradient, which no GEMM makes, adds into
+      the fp32 buffer in a hook, every micro-batch."""
+    m, traits = plan.num_micro_batches, cluster.framework
+    dev = cluster.device.for_dtype(train.compute_dtype)
+    new, grad = train.compute_dtype, train.grad_dtype
+    if traits.fused_grad_accumulation:   # no embedding on the rank: nothing to add, no kernel
+        return m * gradient_add_s(held.embedding, new, grad, edge_param_tensors(model, held.embedding, 0), dev)
+    if m == 1:
+        return 0.0
+    tensors = rank_param_tensors(model, held, layers)
+    if reduces_every_micro_batch(plan, traits):
+        if plan.offload_optimizer:
+            return 0.0
+        fp32_params = new is DType.FP32 or (traits.fsdp_master_params and train.master_weights_fp32)
+        shard = DType.FP32 if fp32_params else grad
+        return (m - 1) * gradient_add_s(held.zero_shard(plan, traits), shard, shard, tensors, dev)
+    accumulator = grad if new is not DType.FP32 else DType.FP32
+    cast = gradient_cast_s(held.total, new, accumulator, tensors, dev) if new is not accumulator else 0.0
+    return cast + (m - 1) * gradient_add_s(held.total, new, accumulator, tensors, dev)
+
+
+def one_replica_fsdp_parts_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec, held: RankParams,
+                             layers: int) -> tuple[float, float]:
+    """(reduces, gathers): a step's FSDP2 gradient reductions and parameter gathers on a rank
+    holding `held` over `layers` layers, where the framework wraps a plan of one data-parallel
+    replica in FSDP (costmodel.frameworks `one_replica_fsdp`): on a one-rank group they are FSDP's
+    copies and casts alone, which dp_exposed_s (no collective on one rank) prices at nothing. As
+    runtime.train and torch pipelining drive FSDP2:
+    - reduces: once a step (sync on the last micro-batch) below ZeRO-2 or where a pipeline holds the
+      gradients whole; after every micro-batch above it otherwise;
+    - gathers: once, by the step's first forward (the last backward resharded), below ZeRO-3;
+      under ZeRO-3 every forward reshards after itself (reshard_after_forward), so each forward
+      and each backward gathers again (2m), except that under a pipeline the backward leaves them
+      whole for what follows until the last micro-batch: m forwards and one backward (m + 1,
+      GPipe and 1F1B alike).
+    Offloaded states are left to the host copies' price. Not priced: the experts' own unit on a
+    one-rank expert group (ep = dp), and the re-gathers of an interleaved schedule that keeps at
+    most three virtual stages unsharded."""
+    traits = cluster.framework
+    if (not traits.one_replica_fsdp or plan.dp * plan.cp > 1 or plan.offload_optimizer
+            or not runtime_wraps_in_fsdp(plan, train)):
+        return 0.0, 0.0
+    m, z = plan.num_micro_batches, plan.zero_stage
+    reduces = m if reduces_every_micro_batch(plan, traits) else 1
+    gathers = 1 if z < 3 else (m + 1 if unsharded_between_micro_batches(plan, traits) else 2 * m)
+    dev = cluster.device.for_dtype(train.compute_dtype)
+    tensors = rank_param_tensors(model, held, layers)
+    return (reduces * fsdp_sync_s("reduce", held.total, train.compute_dtype, tensors, dev),
+            gathers * fsdp_sync_s("gather", held.total, train.compute_dtype, tensors, dev))
+
+
+def one_replica_fsdp_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec, held: RankParams,
+                       layers: int) -> float:
+    """one_replica_fsdp_parts_s in all: priced once a step beside the optimizer (affine in the
+    layers, as the search's rank shapes take it). The runtime times the gathers and, without a
+    pipeline, the reduce inside the passes; a pipeline's once-a-step reduce as its DP sync
+    (runtime.pipeline's perform_reduce_grad)."""
+    return sum(one_replica_fsdp_parts_s(model, train, plan, cluster, held, layers))
+
+
+def dp_bucket_s(model: ModelSpec, plan: Plan, term: DpTerm, cluster: ClusterSpec, sp: Spans) -> float:
+    """One DP unit's collectives of a term (in each gradient group; dp_unit_layers)."""
+    one = rank_params_at(model, plan, 1, False, False)
+    return sum(dp_term_comm_s(term, unit, cluster, span, unit)
+               for _, unit, span in dp_groups(model, plan, sp, one, cluster.framework))
+
+
+def dp_exposed_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
+                 sp: Spans, rank: int, times: RankTimes) -> float:
+    """Gradient reduction and parameter gathers over the dp x cp group (and the experts' edp x cp
+    group), minus what hides."""
+    if sp.dp.size == 1 and not plan.offload_optimizer:
+        return 0.0
+    groups = dp_groups(model, plan, sp, rank_params(model, plan, rank), cluster.framework)
+    overlap = cluster.device.efficiency.overlap
+    return sum(t.multiplier * dp_hidden_s(sum(dp_term_comm_s(t, n, cluster, span, unit) for n, unit, span in groups),
+                                          dp_window_s(t, times, overlap), dp_bucket_s(model, plan, t, cluster, sp))
+               for t in dp_terms(model, train, plan, cluster))

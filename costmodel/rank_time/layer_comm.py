@@ -1,0 +1,123 @@
+"""A layer's communication per micro-batch: tensor-parallel collectives, context-parallel K/V
+exchange, expert all-to-alls, activation offload copies, the head's and embedding's collectives
+and pipeline sends."""
+from __future__ import annotations
+
+
+from costmodel.comm import (Collective, collective_time_s, host_copy_s,
+                            p2p_time_s)
+from costmodel.hardware import ClusterSpec
+from costmodel.kernels import (KernelTimes, cross_entropy_s, expert_rows, moe_tokens)
+from costmodel.layout import dense_blocks
+from costmodel.memory import (layer_activation_bytes)
+from costmodel.params import (ceil_div)
+from costmodel.placement import AxisSpan
+from costmodel.plan import Plan, Recompute
+from costmodel.specs import ModelSpec, TrainSpec
+
+
+def _tp_hidden_bytes(model: ModelSpec, train: TrainSpec, plan: Plan) -> int:
+    """What each TP collective of a layer or the model's edges moves: the micro-batch's hidden
+    states (all of them: an all-gather's output, a reduce-scatter's input)."""
+    return train.compute_dtype.num_bytes * plan.micro_batch_size * train.seq_len // plan.cp * model.hidden_size
+
+
+def _tp_layer_comm_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
+                     span: AxisSpan) -> float:
+    """One direction (forward or backward) of one layer: per dense block an all-reduce, or an
+    all-gather + reduce-scatter with sequence parallelism (same volume, Korthikanti Sec. 4.2.2);
+    a mixture of experts routes its sequence shard without either."""
+    if plan.tp == 1:
+        return 0.0
+    per_block = (_tp_block_collective_s(model, train, plan, cluster, span, output=False)
+                 + _tp_block_collective_s(model, train, plan, cluster, span, output=True))
+    return len(dense_blocks(model)) * per_block
+
+
+def _tp_block_collective_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
+                           span: AxisSpan, output: bool) -> float:
+    """One dense block's collective on its input (all-gather with sequence parallelism, else
+    nothing forward) or its output (reduce-scatter with sequence parallelism, else all-reduce)."""
+    num_bytes = _tp_hidden_bytes(model, train, plan)
+    if not plan.sequence_parallel:
+        return collective_time_s(Collective.ALL_REDUCE, num_bytes, span, cluster) if output else 0.0
+    return collective_time_s(Collective.REDUCE_SCATTER if output else Collective.ALL_GATHER, num_bytes, span, cluster)
+
+
+def _cp_layer_comm_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
+                     span: AxisSpan, kernels: KernelTimes) -> tuple[float, float]:
+    """The exposed (forward, backward) K/V exchange of one layer. All-gathered (our runtime,
+    costmodel.frameworks `cp_all_gather_kv`): the whole sequence's K and V gathered before
+    attention, their gradients reduce-scattered after it, neither hidden. Ring attention (Liu et
+    al. 2023): cp-1 hops of the local K and V block, overlapped with the attention core;
+    backward also returns dK, dV."""
+    if plan.cp == 1:
+        return 0.0, 0.0
+    if cluster.framework.cp_all_gather_kv:
+        whole = (2 * train.compute_dtype.num_bytes * plan.micro_batch_size * train.seq_len
+                 * model.kv_hidden_size / plan.tp)
+        return (collective_time_s(Collective.ALL_GATHER, whole, span, cluster),
+                collective_time_s(Collective.REDUCE_SCATTER, whole, span, cluster))
+    tier = cluster.device.tier_for(span.num_nodes)
+    kv_bytes = (2 * train.compute_dtype.num_bytes * plan.micro_batch_size
+                * (train.seq_len // plan.cp) * model.kv_hidden_size / plan.tp)
+    hops = plan.cp - 1
+    fwd = hops * p2p_time_s(kv_bytes, tier)
+    return (max(0.0, fwd - kernels.attention_forward_s),
+            max(0.0, 2 * fwd - kernels.attention_forward_s * 2.5))
+
+
+def _ep_layer_comm_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
+                     span: AxisSpan) -> float:
+    """One direction (forward or backward) of one layer under expert parallelism: the routed
+    rows' dispatch to their experts' ranks and the outputs' return, two all-to-alls of the
+    busiest rank's rows (computation waits on both: nothing to overlap them with)."""
+    if plan.ep == 1:
+        return 0.0
+    tokens = moe_tokens(plan.micro_batch_size * train.seq_len // plan.cp, plan.tp)
+    rows = expert_rows(model, train, tokens, plan.ep)
+    return 2 * collective_time_s(Collective.ALL_TO_ALL, train.compute_dtype.num_bytes * rows * model.hidden_size,
+                                 span, cluster)
+
+
+def _activation_offload_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec) -> float:
+    """A layer's saved activations copied to the host as forward saves them and back as backward
+    reads them (Plan.offload_activations). The saved-tensor hooks copy on the compute stream,
+    so neither copy overlaps the layer's kernels."""
+    saved = layer_activation_bytes(model, train, plan, Recompute.NONE, cluster.framework)
+    return 2 * host_copy_s(saved, cluster)
+
+
+def _edge_tp_comm_s(train: TrainSpec, plan: Plan, cluster: ClusterSpec, model: ModelSpec,
+                    span: AxisSpan) -> float:
+    """Vocab-parallel embedding output all-reduce (reduce-scatter with SP) and the LM-head input
+    all-gather / gradient all-reduce: one collective each way."""
+    if plan.tp == 1:
+        return 0.0
+    return 2 * _tp_block_collective_s(model, train, plan, cluster, span, output=True)
+
+
+def _gathered_logits_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
+                       span: AxisSpan) -> tuple[float, float]:
+    """Where the framework gathers the logits over TP before a whole-vocabulary loss
+    (frameworks.vocab_parallel_loss): (the loss over the other ranks' vocabulary, each way; the
+    all-gather of one micro-batch's logits)."""
+    if plan.tp == 1 or cluster.framework.vocab_parallel_loss:
+        return 0.0, 0.0
+    tokens = plan.micro_batch_size * train.seq_len // plan.cp
+    others = model.vocab_size - ceil_div(model.vocab_size, plan.tp)
+    gathered = train.compute_dtype.num_bytes * tokens * model.vocab_size
+    return (cross_entropy_s(tokens, others, train, cluster.device),
+            collective_time_s(Collective.ALL_GATHER, gathered, span, cluster))
+
+
+def _pp_send_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
+               span: AxisSpan) -> float:
+    """One micro-batch's activations (or their gradient) to the next stage; with TP each rank
+    sends only its 1/t slice (SC'21 scatter/gather optimisation)."""
+    if plan.pp == 1:
+        return 0.0
+    tier = cluster.pipeline_tier(span.num_nodes)
+    num_bytes = (train.compute_dtype.num_bytes * plan.micro_batch_size * train.seq_len // plan.cp
+                 * model.hidden_size / plan.tp)
+    return p2p_time_s(num_bytes, tier)

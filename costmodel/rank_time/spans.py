@@ -1,0 +1,87 @@
+"""Which ranks each parallel axis groups, the network tiers those groups cross, and what a byte
+costs on each."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from costmodel.comm import (HOST_COPIES, Collective, all_reduce_algorithms_s, collective_time_s, p2p_time_s, ring_time_s)
+from costmodel.hardware import ClusterSpec
+from costmodel.params import (folds_ep)
+from costmodel.placement import AxisSpan, group_span, stage_pair_span
+from costmodel.plan import Plan
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Spans:
+    tp: AxisSpan
+    cp: AxisSpan
+    pp: AxisSpan
+    dp: AxisSpan  # the gradient group: dp x cp (context-parallel ranks share weights)
+    ep: AxisSpan  # the token all-to-all group: ep consecutive data-parallel ranks
+    edp: AxisSpan  # the experts' gradient group: edp x cp, the ranks holding the same experts
+
+
+def split_dp_axis(order: tuple[str, ...], degrees: tuple[int, ...], ep: int) -> tuple[tuple, tuple]:
+    """The mesh with its dp axis split into edp (outer) and ep (inner): EP groups are consecutive
+    data-parallel ranks, as runtime.parallel.build_mesh lays them out."""
+    i = order.index("dp")
+    return (order[:i] + ("edp", "ep") + order[i + 1:],
+            degrees[:i] + (degrees[i] // ep, ep) + degrees[i + 1:])
+
+
+def spans(plan: Plan, cluster: ClusterSpec) -> Spans:
+    return _spans(plan.mesh_axis_order, tuple(plan.degree(a) for a in plan.mesh_axis_order), plan.ep,
+                  cluster.devices_per_node, folds_ep(plan, cluster.framework))
+
+
+@lru_cache(maxsize=16384)
+def _spans(mesh_order: tuple[str, ...], mesh_degrees: tuple[int, ...], ep: int, dpn: int,
+           fold: bool = False) -> Spans:
+    """Cached per layout (the search asks for the same few thousand many times; each group_span
+    walks its group's ranks, thousands of them at 16k devices). `fold`: EP folded over TP
+    (params.folds_ep): an EP group is the TP ranks and ep/tp data-parallel ranks, an expert's
+    gradient group the rest of dp with cp."""
+    tp = mesh_degrees[mesh_order.index("tp")]
+    order, degrees = split_dp_axis(mesh_order, mesh_degrees, ep // tp if fold else ep)
+    dp = group_span(order, degrees, ("edp", "ep", "cp"), dpn)
+    # without expert parallelism the experts' group is the gradient group and EP is one rank
+    one = AxisSpan(size=1, members_per_node=1, num_nodes=1)
+    return Spans(tp=group_span(order, degrees, ("tp",), dpn), cp=group_span(order, degrees, ("cp",), dpn),
+                 pp=group_span(order, degrees, ("pp",), dpn), dp=dp,
+                 ep=group_span(order, degrees, ("ep", "tp") if fold else ("ep",), dpn) if ep > 1 else one,
+                 edp=group_span(order, degrees, ("edp", "cp"), dpn) if ep > 1 else dp)
+
+
+def link_costs(sp: Spans, cluster: ClusterSpec) -> tuple[float, ...]:
+    """Every link time the cost model derives from a placement, each as its (latency, seconds
+    per byte) pair: each collective over each axis's group, a point-to-point send on the pipeline
+    and the context-parallel axis, and the tied-embedding all-reduce between the first and last
+    stage. Every time the cost model prices is nondecreasing in each of these, so a placement
+    whose every entry is at least another's is never faster (the search drops it). Keep this in
+    step with the functions below that take a span."""
+    out: list[float] = []
+
+    def affine(time_of) -> None:  # every link time here is affine in the bytes moved
+        one, two = time_of(1.0), time_of(2.0)
+        out.extend((2 * one - two, two - one))
+
+    for span in (sp.tp, sp.cp, sp.pp, sp.dp, sp.ep, sp.edp):
+        # host copies depend on a group's size, not on where its ranks sit: the same for every
+        # placement of the same degrees
+        for kind in (k for k in Collective if k not in HOST_COPIES and k is not Collective.ALL_REDUCE):
+            affine(lambda b: collective_time_s(kind, b, span, cluster))  # noqa: B023
+        for algorithm in range(2):   # an all-reduce is the faster of ring and tree: both compared
+            affine(lambda b: all_reduce_algorithms_s(b, span, cluster)[algorithm])  # noqa: B023
+    for tier in (cluster.pipeline_tier(sp.pp.num_nodes), cluster.device.tier_for(sp.cp.num_nodes)):
+        affine(lambda b: p2p_time_s(b, tier))  # noqa: B023
+    affine(lambda b: stage_pair_all_reduce_s(b, sp, cluster))
+    return tuple(out)
+
+
+def stage_pair_all_reduce_s(num_bytes: float, sp: Spans, cluster: ClusterSpec) -> float:
+    """An all-reduce between the first and the last pipeline stage's ranks (tied embeddings);
+    on a mixed cluster's group view, over the link between the groups."""
+    if cluster.pipeline_link is not None:
+        return ring_time_s(Collective.ALL_REDUCE, num_bytes, 2, cluster.pipeline_tier(2))
+    return collective_time_s(Collective.ALL_REDUCE, num_bytes, stage_pair_span(sp.pp), cluster)

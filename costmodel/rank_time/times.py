@@ -1,0 +1,162 @@
+"""Per pipeline rank: the time of one micro-batch, compute and the communication on its critical
+path, as a model affine in the layers and recomputed layers a rank holds."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from costmodel.flops import stops_before_final_linear
+from costmodel.hardware import ClusterSpec
+from costmodel.kernels import (embedding_kernel_times, head_kernel_times, layer_kernel_times)
+from costmodel.plan import Plan, Recompute
+from costmodel.specs import ModelSpec, TrainSpec
+from costmodel.rank_time.layer_comm import _activation_offload_s, _cp_layer_comm_s, _edge_tp_comm_s, _ep_layer_comm_s, _gathered_logits_s, _pp_send_s, _tp_block_collective_s, _tp_layer_comm_s
+from costmodel.rank_time.spans import Spans
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RankTimes:
+    """Seconds per micro-batch on one pipeline rank (all its virtual stages)."""
+
+    forward_s: float
+    backward_s: float
+    backward_weight_s: float  # the part of backward_s a zero-bubble schedule may defer
+    recompute_s: float
+    tp_comm_s: float
+    cp_comm_s: float
+    pp_comm_s: float
+    ep_comm_s: float = 0.0   # expert parallelism's token all-to-alls
+    offload_s: float = 0.0   # offloaded activations' copies to the host and back (Plan.offload_activations)
+
+    @property
+    def total_s(self) -> float:
+        return (self.forward_s + self.backward_s + self.recompute_s + self.tp_comm_s
+                + self.cp_comm_s + self.pp_comm_s + self.ep_comm_s + self.offload_s)
+
+    # field by field rather than over __slots__: the search adds these a few hundred thousand times
+    def __add__(self, other: "RankTimes") -> "RankTimes":
+        return RankTimes(forward_s=self.forward_s + other.forward_s, backward_s=self.backward_s + other.backward_s,
+                         backward_weight_s=self.backward_weight_s + other.backward_weight_s,
+                         recompute_s=self.recompute_s + other.recompute_s, tp_comm_s=self.tp_comm_s + other.tp_comm_s,
+                         cp_comm_s=self.cp_comm_s + other.cp_comm_s, pp_comm_s=self.pp_comm_s + other.pp_comm_s,
+                         ep_comm_s=self.ep_comm_s + other.ep_comm_s, offload_s=self.offload_s + other.offload_s)
+
+    def scaled(self, k: float) -> "RankTimes":
+        return RankTimes(forward_s=self.forward_s * k, backward_s=self.backward_s * k,
+                         backward_weight_s=self.backward_weight_s * k, recompute_s=self.recompute_s * k,
+                         tp_comm_s=self.tp_comm_s * k, cp_comm_s=self.cp_comm_s * k, pp_comm_s=self.pp_comm_s * k,
+                         ep_comm_s=self.ep_comm_s * k, offload_s=self.offload_s * k)
+
+
+ZERO_TIMES = RankTimes(forward_s=0.0, backward_s=0.0, backward_weight_s=0.0, recompute_s=0.0,
+                       tp_comm_s=0.0, cp_comm_s=0.0, pp_comm_s=0.0)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RankTimeModel:
+    """A rank's micro-batch time is affine in its layer count and recomputed-layer count, plus
+    the embedding / LM-head work of the first / last rank. The search reads this shape."""
+
+    per_layer: RankTimes
+    per_recomputed_layer: RankTimes
+    first_edge: RankTimes
+    last_edge: RankTimes
+    pp_send_s: float  # one activation (or its gradient) to the neighbouring stage
+    vpp: int
+
+    @property
+    def pp_comm_s(self) -> float:
+        return self.pp_comm_with_s(self.vpp)
+
+    def pp_comm_with_s(self, vpp: int) -> float:
+        """Forward and backward sends at every virtual-stage boundary of the rank, were it to
+        hold `vpp` virtual stages."""
+        return 2 * vpp * self.pp_send_s
+
+    def with_vpp(self, vpp: int) -> "RankTimeModel":
+        """The same rank with `vpp` virtual stages (only its pipeline sends change)."""
+        return replace(self, vpp=vpp)
+
+    def at(self, layers: int, recomputed: int, first: bool, last: bool) -> RankTimes:
+        times = self.per_layer.scaled(layers) + self.per_recomputed_layer.scaled(recomputed)
+        if first:
+            times = times + self.first_edge
+        if last:
+            times = times + self.last_edge
+        return RankTimes(forward_s=times.forward_s, backward_s=times.backward_s,
+                         backward_weight_s=times.backward_weight_s, recompute_s=times.recompute_s,
+                         tp_comm_s=times.tp_comm_s, cp_comm_s=times.cp_comm_s,
+                         pp_comm_s=times.pp_comm_s + self.pp_comm_s, ep_comm_s=times.ep_comm_s,
+                         offload_s=times.offload_s)
+
+
+def fastest_of(models: list[RankTimeModel]) -> RankTimeModel:
+    """Every time the least the models give it (their common vpp): a rank of any of them is
+    never faster, so bounds read from this hold for a mixed cluster's every rank. The deferrable
+    weight pass is the largest instead: a zero-bubble fill (total - 2W) is then below every
+    model's too."""
+    if len(models) == 1:
+        return models[0]
+    def least(name: str) -> RankTimes:
+        parts = [getattr(m, name) for m in models]
+        return RankTimes(**{f: (max if f == "backward_weight_s" else min)(getattr(p, f) for p in parts)
+                            for f in RankTimes.__slots__})
+    return RankTimeModel(per_layer=least("per_layer"), per_recomputed_layer=least("per_recomputed_layer"),
+                         first_edge=least("first_edge"), last_edge=least("last_edge"),
+                         pp_send_s=min(m.pp_send_s for m in models), vpp=models[0].vpp)
+
+
+def _times(fwd: float = 0.0, bwd: float = 0.0, bwd_w: float = 0.0, rc: float = 0.0,
+           tp: float = 0.0, cp: float = 0.0, ep: float = 0.0) -> RankTimes:
+    return RankTimes(forward_s=fwd, backward_s=bwd, backward_weight_s=bwd_w, recompute_s=rc,
+                     tp_comm_s=tp, cp_comm_s=cp, pp_comm_s=0.0, ep_comm_s=ep)
+
+
+def rank_time_model(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
+                    sp: Spans) -> RankTimeModel:
+    """Depends on the plan's degrees, micro-batch, SP, recompute mode and placement only, not on
+    its layer split or recompute counts."""
+    dev = cluster.device
+    # a full recomputation that stops before the layer's last projection (and its TP collective)
+    early = cluster.framework.recompute_early_stop and stops_before_final_linear(model, plan)
+    layer = layer_kernel_times(model, train, plan, dev, not cluster.framework.cp_all_gather_kv,
+                               cluster.framework.float8_casts_fused, cluster.framework.cpu_kernels,
+                               cluster.framework.eager_layer, early)
+    # the share of TP collectives the framework hides behind GEMMs (costmodel.frameworks)
+    exposed = 1.0 - cluster.framework.tp_comm_hidden
+    tp = _tp_layer_comm_s(model, train, plan, cluster, sp.tp) * exposed
+    cp_fwd, cp_bwd = _cp_layer_comm_s(model, train, plan, cluster, sp.cp, layer)
+    ep = _ep_layer_comm_s(model, train, plan, cluster, sp.ep)
+    per_layer = _times(layer.forward_s, layer.backward_s, layer.backward_weight_s, tp=2 * tp,
+                       cp=cp_fwd + cp_bwd, ep=2 * ep)
+    if plan.offload_activations:
+        per_layer = replace(per_layer, offload_s=_activation_offload_s(model, train, plan, cluster))
+    # a recomputed forward's cost against a training one (Efficiency.recompute_cost: 1, or calibrate's fit)
+    again = dev.for_dtype(train.compute_dtype).efficiency.recompute_cost
+    if plan.recompute is Recompute.FULL:
+        # stopping early, it never runs the collective after the MLP's row-parallel projection
+        skipped_tp = (_tp_block_collective_s(model, train, plan, cluster, sp.tp, output=True) * exposed
+                      if early and plan.tp > 1 else 0.0)
+        per_rc = _times(rc=again * layer.recompute_forward_s, tp=tp - skipped_tp, cp=cp_fwd, ep=ep)
+    elif plan.recompute is Recompute.SELECTIVE:
+        per_rc = _times(rc=again * layer.attention_forward_s)
+    else:
+        per_rc = ZERO_TIMES
+    edge_tp = _edge_tp_comm_s(train, plan, cluster, model, sp.tp)
+    emb = embedding_kernel_times(model, train, plan, dev)
+    head = head_kernel_times(model, train, plan, dev, cluster.framework.cpu_kernels)
+    loss_s, gather_s = _gathered_logits_s(model, train, plan, cluster, sp.tp)
+    # a pipeline stage's work at the device's factor for it (Efficiency.pp_stage)
+    stage = dev.efficiency.pp_stage if plan.pp > 1 else 1.0
+    return RankTimeModel(
+        per_layer=per_layer.scaled(stage), per_recomputed_layer=per_rc.scaled(stage),
+        first_edge=_times(emb.forward_s, emb.backward_s, emb.backward_weight_s, tp=edge_tp).scaled(stage),
+        last_edge=_times(head.forward_s + loss_s, head.backward_s + loss_s, head.backward_weight_s,
+                         tp=edge_tp + gather_s).scaled(stage),
+        pp_send_s=_pp_send_s(model, train, plan, cluster, sp.pp), vpp=plan.vpp)
+
+
+def rank_times(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
+               sp: Spans, rank: int) -> RankTimes:
+    first, last = plan.stage_rank(0), plan.stage_rank(plan.num_virtual_stages - 1)
+    return rank_time_model(model, train, plan, cluster, sp).at(
+        plan.layers_on_rank(rank), plan.recompute_num_layers[rank], rank == first, rank == last)
