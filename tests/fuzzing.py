@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from hypothesis import strategies as st
 
-from costmodel.cluster import parse_cluster, profile_dir
+from costmodel.hardware import parse_cluster, profile_dir
 from costmodel.plan import PlanFile
 from costmodel.registry import resolve_model
 from costmodel.specs import TrainSpec
