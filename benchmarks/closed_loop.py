@@ -7,20 +7,16 @@ Spearman) before any calibration; then after `planner calibrate`, in sample and 
 
 1. `planner profile --out OUT/profile.toml` (unless --skip-profile): microbenchmarks and probes.
 2. A model that is in no registry and no probe (`--model`, written as a Hugging Face config.json):
-   `hidden-llama` (the default: Llama-style with GQA, the model of every run A-AG of 2026-11-24..27,
-   and so the one the cost model's changes were judged on) or `held-out-gpt` (GPT-2-style:
-   LayerNorm, GeLU, biases, learned positions, tied embeddings; added 2026-11-27 and judged on
-   nothing before its first run), in single-rank, full recompute, DP (ZeRO-1), PP (1F1B), TP+SP and
+   `hidden-llama` (the default: Llama-style with GQA) or `held-out-gpt` (GPT-2-style: LayerNorm,
+   GeLU, biases, learned positions, tied embeddings), in single-rank, full recompute, DP (ZeRO-1), PP (1F1B), TP+SP and
    CP plans, fp32 and bf16: `planner predict ... --out plan.json`, then `planner run plan.json`,
    the whole matrix `--passes` times (OUT/<plan>, then OUT/pass2/<plan>, ..., every other pass in
    reverse order, so with an even number of passes a drift weighs on every plan alike): a plan's
    measured step is the geometric mean of its passes (planner.calibrate.merge_repeats), each the
    median of its steps. On a shared 2-core machine the same plan measured minutes apart moves
-   against the others by 6.6 % (4.3-8.1 % by plan: the standard deviation of its log step time's
-   residual after each run's and each plan's mean, runs N-AA of 2026-11-27:
-   `python benchmarks/closed_loop_noise.py DIR...`), more than its steps
-   scatter within one run (the median of 4 steps: about 3 %); passes minutes apart average that,
-   steps seconds apart do not.
+   against the others by about 7 % (the standard deviation of its log step time's residual after
+   each run's and each plan's mean), more than its steps scatter within one run (the median of 4
+   steps: about 3 %); passes minutes apart average that, steps seconds apart do not.
 3. `planner calibrate` on those runs (a plan's passes merged into one run, so the prior weighs as
    on one pass), the table again, and leave-one-out (each plan predicted by a calibration on the
    others, all of its passes left out).
@@ -80,7 +76,7 @@ def pass_dir(out: Path, k: int) -> Path:
 
 
 def passes_of(out: Path, name: str) -> list[Path]:
-    """A plan's run directories, one per pass measured (a run from before passes has one)."""
+    """A plan's run directories, one per pass measured (OUT/<plan> alone for a single pass)."""
     dirs, k = [out / name], 2
     while (pass_dir(out, k) / name / "measured.json").exists():
         dirs.append(pass_dir(out, k) / name)
@@ -154,7 +150,7 @@ def plan_runs(out: Path) -> dict[str, object]:
 
 
 def table(out: Path, profile) -> list[tuple[str, float, float]]:
-    from costmodel.cluster import load_profile
+    from costmodel.hardware import load_profile
     from planner.calibrate import predict_with
     device = load_profile(profile) if isinstance(profile, Path) else profile
     return [(name, predict_with(run, device).step_time_s, run.measured_step_s)
@@ -203,7 +199,7 @@ def summarise(label: str, rows: list[tuple[str, float, float]]) -> None:
 def leave_one_out(out: Path, profile: Path, prior_weight: float) -> list[tuple[str, float, float]]:
     """Each plan predicted by a profile calibrated on the other plans only: how well the
     calibration predicts a plan it has not seen (the in-sample table can flatter)."""
-    from costmodel.cluster import load_profile
+    from costmodel.hardware import load_profile
     from planner.calibrate import fit_by_dtype, predict_with
     base = load_profile(profile) if isinstance(profile, Path) else profile
     runs = plan_runs(out)

@@ -16,8 +16,8 @@ sized to it, and compare predicted with measured step time and peak memory.
    (`max_memory_reserved`) memory, measured against predicted.
 --replay RESULTS needs no GPU: it prices an earlier check's runs with the current cost model (the
 profile's stored probes fitted again), so a change of the model is judged on what a GPU measured;
-benchmarks/results/gpu-check-h100-2026-11-26 holds the first check's runs (its profiles are in
-run1/ and run2/: pass --profile RESULTS/run2/gpu.toml).
+benchmarks/results/gpu-check-h100-* holds an H100 check's runs (its profiles are in run1/ and
+run2/: pass --profile RESULTS/run2/gpu.toml).
 --profile prices the plans with a profile you have (a datasheet's, or an earlier measurement)
 instead of measuring one; --budget-s: no plan is started after that many seconds (the plans
 left are listed as skipped). Needs CUDA; without it, it says so and exits 2 (tests skip it).
@@ -37,7 +37,6 @@ from pathlib import Path
 
 from costmodel.measured import MeasuredRun
 from costmodel.units import GIB
-
 
 
 def model_config(memory_bytes: int) -> dict:

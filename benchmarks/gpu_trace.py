@@ -5,10 +5,9 @@ the exact GEMM, attention, loss and norm shapes of benchmarks/gpu_check.py's mod
 
 Writes DIR/kernel_shapes.json (per shape: best and median seconds, TFLOP/s) and DIR/kernels.json
 (per kernel and operator: device microseconds and calls over one warm-up and two timed steps,
-the model's build included), and prints the profiler's table sorted by device time. What it
-showed on an H100 (benchmarks/results/gpu-check-h100-2026-11-26/run1/torch_profile_*.txt) is
-behind costmodel.compute._host_or_device and the `eager_layer` trait. Needs CUDA; this version
-(the first one's measurements, tidied into a command) has not run on a GPU yet.
+the model's build included), and prints the profiler's table sorted by device time. An H100's
+tables (benchmarks/results/gpu-check-h100-*/run1/torch_profile_*.txt) are what
+costmodel.kernels._host_or_device and the `eager_layer` trait rest on. Needs CUDA.
 """
 from __future__ import annotations
 
@@ -101,6 +100,8 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "kernel_shapes.json").write_text(json.dumps(shapes(), indent=1))
     trace(args.plan, args.out)
+    print(f"wrote {args.out / 'kernel_shapes.json'} and {args.out / 'kernels.json'}; command: "
+          + " ".join(["python benchmarks/gpu_trace.py", *sys.argv[1:]]))
     return 0
 
 

@@ -20,9 +20,10 @@ recomputed forward counted) over the dtype's dense peak.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from costmodel.cluster import parse_cluster
+from costmodel.hardware import parse_cluster
 from costmodel.estimate import Estimate, estimate
 from planner.search import SearchOptions, search
 from planner.validate import best_plan_for_row, metric_step_time_s, read_runs, row_specs
@@ -75,6 +76,7 @@ def main() -> None:
                   f"{_utilizations(estimate(model, train, published_cluster, plan), measured_s)}")
     print(f"\nfastest plan predicted slower than the published one: {worse} rows "
           "(* : the published configuration does not fit under our memory margins)")
+    print("command: " + " ".join(["python benchmarks/plan_quality.py", *sys.argv[1:]]))
 
 
 def _utilizations(est: Estimate, step_s: float) -> str:

@@ -51,6 +51,7 @@ def main() -> None:
             continue
         print(f"{model:12} {cluster:18} {target:8.1f} {r['wall_s']:9.2f} {r['command_s']:9.2f} "
               f"{r['num_candidates']:10,} {r['num_solved']:6} {r['num_candidates'] / r['wall_s']:8,.0f}  {r['optimal']}")
+    print("command: " + " ".join(["python benchmarks/search_speed.py", *sys.argv[1:]]))
 
 
 if __name__ == "__main__":

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 
-from costmodel.cluster import parse_cluster
+from costmodel.hardware import parse_cluster
 from costmodel.estimate import estimate
 from costmodel.registry import resolve_model
 from costmodel.pipeline_simulation import _CACHE, _simulate, simulate
@@ -32,7 +33,7 @@ def median_ms(fn, repeat: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=20)
     args = parser.parse_args()
     model, cluster = resolve_model("llama3-405b"), parse_cluster("256x8xH100")
@@ -47,6 +48,7 @@ def main() -> None:
     print(f"simulate (totals)     {median_ms(lambda: _simulate(plan, costs, False), args.repeat):7.1f} ms")
     print(f"simulate (timeline)   {median_ms(lambda: _simulate(plan, costs, True), args.repeat):7.1f} ms")
     print(f"whole estimate        {median_ms(lambda: (_CACHE.clear(), estimate(model, train, cluster, plan)), args.repeat):7.1f} ms")
+    print("command: " + " ".join(["python benchmarks/simulate_speed.py", *sys.argv[1:]]))
 
 
 if __name__ == "__main__":

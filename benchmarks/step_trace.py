@@ -8,8 +8,7 @@ bucket copies).
 
 --shapes: the table's rows per op and input shape (the shapes are always recorded: the GEMMs'
 price needs them, at a little profiler overhead per op), so each collective's wait shows per
-buffer (what the README's "TP's collectives: each kind at its own speed" quotes;
-costmodel.comm.kind_factors).
+buffer (each kind of collective at its own speed: costmodel.comm.kind_factors).
 
 After the table, the traced rank's self time per part of the step (the optimizer's step, FSDP's
 hooks, collectives' waits, GEMMs, SDPA, the rest), its GEMMs beside their price at the profile's
@@ -32,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from costmodel.compute import gemm_s
+from costmodel.kernels import gemm_s
 from costmodel.estimate import estimate
 from costmodel.plan import PlanFile
 from runtime.fork import run_forked
@@ -45,7 +44,7 @@ WARM_STEPS = 2   # untraced steps first: allocations, first calls, the optimizer
 
 def traced_steps(pf: PlanFile, steps: int):
     """(the profiler, rank 0's raw figures) of `steps` timed steps on this rank. The model's
-    build and the warm-up steps run untraced (a trace around the whole run had put the first
+    build and the warm-up steps run untraced (a trace around the whole run would put the first
     optimizer step's state allocation and the initialisation's draws in the table)."""
     when = schedule(wait=WARM_STEPS - 1, warmup=1, active=steps, repeat=1)
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True, schedule=when) as prof:
@@ -113,7 +112,7 @@ def gemm_dims(event) -> list | None:
 
 
 def gemm_priced_s(event, pf: PlanFile) -> float | None:
-    """A traced GEMM at the profile's curve and factor (costmodel.compute.gemm_s), None where its
+    """A traced GEMM at the profile's curve and factor (costmodel.kernels.gemm_s), None where its
     shapes are not a plain [M, K] x [K, N]."""
     if (dims := gemm_dims(event)) is None:
         return None
@@ -186,6 +185,7 @@ def main() -> None:
     if not 0 <= args.rank < pf.plan.world_size:
         sys.exit(f"step_trace: --rank {args.rank}: {args.plan} runs ranks 0 to {pf.plan.world_size - 1}")
     run_forked(pf.plan.world_size, traced_rank, pf, args.steps, args.rows, args.shapes, args.rank)
+    print("command: " + " ".join(["python benchmarks/step_trace.py", *sys.argv[1:]]))
 
 
 if __name__ == "__main__":

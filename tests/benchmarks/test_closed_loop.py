@@ -7,7 +7,7 @@ import math
 import pytest
 from benchmark_loader import load_benchmark
 
-from costmodel.cluster import parse_cluster
+from costmodel.hardware import parse_cluster
 from costmodel.plan import PlanFile
 from costmodel.registry import resolve_model
 from costmodel.specs import TrainSpec
@@ -46,7 +46,7 @@ def test_a_plan_is_measured_by_the_geometric_mean_of_its_passes(tmp_path):
         assert math.isclose(measured, math.prod(times[name]) ** (1 / 3))
 
 
-def test_a_run_from_before_passes_is_one_pass(tmp_path):
+def test_a_single_pass_is_the_plan_s_measure(tmp_path):
     cl = load_benchmark("closed_loop")
     times = _matrix(tmp_path, cl, passes=1)
     assert [m for _, _, m in cl.table(tmp_path, CLUSTER.device)] == pytest.approx([t for t, in times.values()])

@@ -1,5 +1,5 @@
-"""benchmarks/plan_quality.py's --ids and --fix, which the README's decompositions of the gains
-quote: a fixed field holds in the search, `published` takes the row's own value."""
+"""benchmarks/plan_quality.py's --ids and --fix, which tell which choice a gain rests on: a fixed
+field holds in the search, `published` takes the row's own value."""
 from __future__ import annotations
 
 import re
@@ -21,9 +21,9 @@ def test_a_fixed_field_holds_and_the_measured_run_is_compared():
     assert "{'tp': 8, 'cp': 1}" in fixed and " tp8" in fixed and " cp" not in fixed.split("fastest")[1].split(",")[0]
     step_s, measured_s = map(float, re.search(r", ([\d.]+) s against ([\d.]+) s measured", fixed).groups())
     assert measured_s == 1.1 and step_s > 0
-    # the measured run's utilization as the README quotes it: Eq. 7's model FLOPs over the
-    # measured 1.10 s (0.417; the paper prints 41.5 %), and with the recomputed attention core
-    # as the cost model counts it (0.424; the paper's HFU, 43.7 %, counts more of it)
+    # the measured run's utilization: Eq. 7's model FLOPs over the measured 1.10 s (0.417; the
+    # paper prints 41.5 %), and with the recomputed attention core as the cost model counts it
+    # (0.424; the paper's HFU, 43.7 %, counts more of it)
     assert "the measured run's MFU 0.417 / HFU 0.424" in fixed
     # a run that publishes tokens/s per GPU: its step time is the batch's tokens over them
     # (MPT-7B: 384 x 2,048 tokens at 3,679 tokens/s on each of 8 GPUs, 26.72 s)

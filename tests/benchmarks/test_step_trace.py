@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from costmodel.compute import gemm_s
+from costmodel.kernels import gemm_s
 from costmodel.plan import PlanFile
 from planner.cli import main
 from runtime.train import TIMED_STEP
