@@ -25,6 +25,7 @@ from costmodel.hardware import ClusterSpec
 from costmodel.placement import axis_strides
 from costmodel.plan import Plan
 from costmodel.specs import TrainSpec
+from costmodel.inputs import UserError
 
 
 def group_order(plan: Plan, cluster: ClusterSpec) -> tuple[int, ...]:
@@ -227,7 +228,7 @@ def rank_views(plan: Plan, cluster: ClusterSpec) -> list[ClusterSpec]:
         return [cluster] * plan.pp
     groups = rank_groups(plan, cluster)
     if None in groups:
-        raise ValueError(placement_problems(plan, cluster)[0])
+        raise UserError(placement_problems(plan, cluster)[0])
     return [group_view(cluster, g) for g in groups]
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from costmodel import inputs
-from costmodel.inputs import InputError, read_json_object
+from costmodel.inputs import UserError, read_json_object
 from costmodel.registry import gpt_spec, llama_spec
 from costmodel.specs import Arch, FfnKind, ModelSpec, NormKind, PositionKind
 
@@ -33,14 +33,14 @@ def model_from_hf_config(path: Path) -> ModelSpec:
                "phi3": _phi3, "gemma": _gemma, "gpt2": _gpt2, "gpt_neox": _gpt_neox, "falcon": _falcon,
                "qwen3": _qwen3, "qwen3_moe": _qwen3_moe}
     if kind not in readers:
-        raise InputError(f"{where}: model_type {kind!r} is not supported (supported: {', '.join(readers)})")
+        raise UserError(f"{where}: model_type {kind!r} is not supported (supported: {', '.join(readers)})")
     reader = _Reader(cfg, where)
     try:
         spec = readers[kind](name, reader)
-    except InputError:   # already names the file
+    except UserError:   # already names the file
         raise
     except ValueError as exc:   # the spec's own checks (head counts dividing, limits)
-        raise InputError(f"{where}: {exc}") from None
+        raise UserError(f"{where}: {exc}") from None
     reader.refuse_unread()
     return spec
 
@@ -63,7 +63,7 @@ class _Reader:
         unknown = sorted(k for k in self.cfg if k not in self.read and k not in _INERT
                          and not k.endswith(("_token_id", "_token_ids")))
         if unknown:
-            raise InputError(f"{self.where}: keys this planner does not know, which may change the cost: "
+            raise UserError(f"{self.where}: keys this planner does not know, which may change the cost: "
                              f"{', '.join(unknown)} (remove those that change nothing)")
 
 
@@ -71,11 +71,11 @@ def _llama(name: str, r: _Reader, *, window: bool = True, gated_act: str = "silu
     """`gated_act`: the gate's activation the caller has read and checked itself (Gemma's)."""
     where = r.where
     if gated_act == "silu" and (act := r.value("hidden_act", str, "silu")) != "silu":
-        raise InputError(f"{where}: hidden_act {act!r} is not SwiGLU (silu)")
+        raise UserError(f"{where}: hidden_act {act!r} is not SwiGLU (silu)")
     if r.value("attention_bias", bool, False) or r.value("mlp_bias", bool, False):
-        raise InputError(f"{where}: llama-style models with biases are not supported")
+        raise UserError(f"{where}: llama-style models with biases are not supported")
     if r.value("attention_dropout", float, 0.0):
-        raise InputError(f"{where}: attention_dropout in a llama-style model is not supported")
+        raise UserError(f"{where}: attention_dropout in a llama-style model is not supported")
     heads, hidden = r.positive("num_attention_heads"), r.positive("hidden_size")
     head_dim = r.positive("head_dim", None)
     sized_apart = head_dim if head_dim is not None and head_dim * heads != hidden else None
@@ -96,9 +96,9 @@ def _qwen2(name: str, r: _Reader) -> ModelSpec:
     its sliding window is off unless `use_sliding_window`."""
     r.read.add("max_window_layers")   # which layers would use the window: only with use_sliding_window
     if (kinds := r.value("layer_types", list[str], None)) and set(kinds) != {"full_attention"}:
-        raise InputError(f"{r.where}: layer_types other than full_attention are not supported")
+        raise UserError(f"{r.where}: layer_types other than full_attention are not supported")
     if r.value("use_sliding_window", bool, False):
-        raise InputError(f"{r.where}: use_sliding_window (per-layer windows) is not supported")
+        raise UserError(f"{r.where}: use_sliding_window (per-layer windows) is not supported")
     r.read.add("sliding_window")
     return replace(_llama(name, r, window=False), qkv_bias=True)
 
@@ -109,7 +109,7 @@ def _gemma(name: str, r: _Reader) -> ModelSpec:
     act = r.value("hidden_activation", str, None) or r.value("hidden_act", str, "gelu_pytorch_tanh")
     r.read.update({"hidden_act", "hidden_activation"})
     if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
-        raise InputError(f"{r.where}: hidden_activation {act!r} is not the tanh GeLU Gemma uses")
+        raise UserError(f"{r.where}: hidden_activation {act!r} is not the tanh GeLU Gemma uses")
     spec = _llama(name, r, gated_act=act)
     return replace(spec, ffn_kind=FfnKind.GEGLU, scale_embeddings=True, norm_unit_offset=True,
                    tied_embeddings=r.value("tie_word_embeddings", bool, True))
@@ -120,7 +120,7 @@ def _phi3(name: str, r: _Reader) -> ModelSpec:
     (runtime/hf.py splits them); its dropout rates must be zero (the runtime has none for it)."""
     for key in ("resid_pdrop", "embd_pdrop"):
         if r.value(key, float, 0.0):
-            raise InputError(f"{r.where}: {key} in a Phi-3 model is not supported")
+            raise UserError(f"{r.where}: {key} in a Phi-3 model is not supported")
     # the context length before RoPE scaling: only a scaling reads it, and _rope refuses those
     r.read.add("original_max_position_embeddings")
     return _llama(name, r)
@@ -129,7 +129,7 @@ def _phi3(name: str, r: _Reader) -> ModelSpec:
 def _mixtral(name: str, r: _Reader) -> ModelSpec:
     """Mistral's layout with `num_local_experts` experts of `intermediate_size` in every layer."""
     if r.value("router_jitter_noise", float, 0.0):
-        raise InputError(f"{r.where}: router_jitter_noise is not supported")
+        raise UserError(f"{r.where}: router_jitter_noise is not supported")
     spec = _llama(name, r)
     return replace(spec, num_experts=r.positive("num_local_experts"), experts_per_token=r.positive("num_experts_per_tok"),
                    moe_ffn_hidden_size=spec.ffn_hidden_size,
@@ -142,10 +142,10 @@ def _qwen2_moe(name: str, r: _Reader) -> ModelSpec:
     probabilities unless `norm_topk_prob`. `intermediate_size` is the width of dense layers,
     which a config with every layer sparse (decoder_sparse_step 1, no mlp_only_layers) has none of."""
     if r.value("decoder_sparse_step", int, 1) != 1 or r.value("mlp_only_layers", list[int], []):
-        raise InputError(f"{r.where}: dense layers among the expert layers (decoder_sparse_step, "
+        raise UserError(f"{r.where}: dense layers among the expert layers (decoder_sparse_step, "
                          "mlp_only_layers) are not supported")
     if not r.value("qkv_bias", bool, True):
-        raise InputError(f"{r.where}: qkv_bias false is not supported")
+        raise UserError(f"{r.where}: qkv_bias false is not supported")
     moe = r.positive("moe_intermediate_size")
     shared = r.positive("shared_expert_intermediate_size", None) or 0
     spec = _qwen2(name, r)
@@ -171,15 +171,15 @@ def _rope(r: _Reader) -> dict[str, Any]:
     known = {"rope_type", "type", "rope_theta", "factor", "low_freq_factor", "high_freq_factor",
              "original_max_position_embeddings", "partial_rotary_factor"}
     if unknown := sorted(set(scaling) - known):
-        raise InputError(f"{at}: keys this planner does not know: {', '.join(unknown)}")
+        raise UserError(f"{at}: keys this planner does not know: {', '.join(unknown)}")
     if scaling.get("partial_rotary_factor", 1.0) != 1.0:
-        raise InputError(f"{at}: partial_rotary_factor {scaling['partial_rotary_factor']} (RoPE on part of "
+        raise UserError(f"{at}: partial_rotary_factor {scaling['partial_rotary_factor']} (RoPE on part of "
                          "each head) is not supported")
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "default":
         return out
     if kind != "llama3":
-        raise InputError(f"{at}: rope_type {kind!r} is not supported (default and llama3 are)")
+        raise UserError(f"{at}: rope_type {kind!r} is not supported (default and llama3 are)")
     return {**out, "rope_scaling_factor": inputs.value(scaling, "factor", float, at),
             "rope_low_freq_factor": inputs.value(scaling, "low_freq_factor", float, at),
             "rope_high_freq_factor": inputs.value(scaling, "high_freq_factor", float, at),
@@ -193,12 +193,12 @@ def _sliding_window(r: _Reader) -> int | None:
 def _gpt2(name: str, r: _Reader) -> ModelSpec:
     hidden = r.positive("n_embd")
     if (act := r.value("activation_function", str, "gelu_new")) not in ("gelu_new", "gelu_pytorch_tanh"):
-        raise InputError(f"{r.where}: activation_function {act!r} is not the tanh GeLU the runtime uses")
+        raise UserError(f"{r.where}: activation_function {act!r} is not the tanh GeLU the runtime uses")
     for key in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
         if r.value(key, bool, False):
-            raise InputError(f"{r.where}: {key} is not supported")
+            raise UserError(f"{r.where}: {key} is not supported")
     if not r.value("scale_attn_weights", bool, True):
-        raise InputError(f"{r.where}: attention without 1/sqrt(head size) scaling is not supported")
+        raise UserError(f"{r.where}: attention without 1/sqrt(head size) scaling is not supported")
     # dropout rates (the runtime uses Megatron's 0.1 for GPT), the classification summary head
     # and n_ctx (n_positions is read) change neither the cost nor the language model
     for key in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_type", "summary_use_proj",
@@ -217,22 +217,22 @@ def _gpt_neox(name: str, r: _Reader) -> ModelSpec:
     act = r.value("hidden_act", str, "gelu")
     kinds = {"gelu": FfnKind.GELU_ERF, "gelu_new": FfnKind.GELU, "gelu_pytorch_tanh": FfnKind.GELU}
     if act not in kinds:
-        raise InputError(f"{r.where}: hidden_act {act!r} is not supported ({', '.join(kinds)} are)")
+        raise UserError(f"{r.where}: hidden_act {act!r} is not supported ({', '.join(kinds)} are)")
     for key in ("attention_dropout", "hidden_dropout"):
         if r.value(key, float, 0.0):
-            raise InputError(f"{r.where}: {key} in a GPT-NeoX model is not supported")
+            raise UserError(f"{r.where}: {key} in a GPT-NeoX model is not supported")
     r.read.add("classifier_dropout")   # the sequence-classification head's
     if not r.value("attention_bias", bool, True):
-        raise InputError(f"{r.where}: attention_bias false is not supported")
+        raise UserError(f"{r.where}: attention_bias false is not supported")
     if r.value("rope_scaling", dict[str, Any], None):
-        raise InputError(f"{r.where}: rope_scaling in a GPT-NeoX model is not supported")
+        raise UserError(f"{r.where}: rope_scaling in a GPT-NeoX model is not supported")
     fraction, theta = r.value("rotary_pct", float, 0.25), r.value("rotary_emb_base", float, 10_000.0)
     if (params := r.value("rope_parameters", dict[str, Any], None)) is not None:   # transformers 5
         at = f"{r.where}: rope_parameters"
         if unknown := sorted(set(params) - {"rope_type", "rope_theta", "partial_rotary_factor"}):
-            raise InputError(f"{at}: keys this planner does not know: {', '.join(unknown)}")
+            raise UserError(f"{at}: keys this planner does not know: {', '.join(unknown)}")
         if params.get("rope_type", "default") != "default":
-            raise InputError(f"{at}: rope_type {params['rope_type']!r} is not supported (default is)")
+            raise UserError(f"{at}: rope_type {params['rope_type']!r} is not supported (default is)")
         fraction = inputs.value(params, "partial_rotary_factor", float, at, fraction)
         theta = inputs.value(params, "rope_theta", float, at, theta)
     heads = r.positive("num_attention_heads")
@@ -253,16 +253,16 @@ def _falcon(name: str, r: _Reader) -> ModelSpec:
     40B/180B), or in sequence (parallel_attn false)."""
     where = r.where
     if r.value("alibi", bool, False):
-        raise InputError(f"{where}: alibi positions are not supported (RoPE is)")
+        raise UserError(f"{where}: alibi positions are not supported (RoPE is)")
     if (act := r.value("activation", str, "gelu")) != "gelu":
-        raise InputError(f"{where}: activation {act!r} is not supported (gelu is)")
+        raise UserError(f"{where}: activation {act!r} is not supported (gelu is)")
     for key in ("attention_dropout", "hidden_dropout"):
         if r.value(key, float, 0.0):
-            raise InputError(f"{where}: {key} in a Falcon model is not supported")
+            raise UserError(f"{where}: {key} in a Falcon model is not supported")
     if r.value("bias", bool, False):
-        raise InputError(f"{where}: bias true (biases on every projection) is not supported for Falcon")
+        raise UserError(f"{where}: bias true (biases on every projection) is not supported for Falcon")
     if r.value("apply_residual_connection_post_layernorm", bool, False):
-        raise InputError(f"{where}: apply_residual_connection_post_layernorm is not supported")
+        raise UserError(f"{where}: apply_residual_connection_post_layernorm is not supported")
     theta = _rope(r)["rope_theta"]   # refuses scalings
     heads, hidden = r.positive("num_attention_heads"), r.positive("hidden_size")
     new_arch = r.value("new_decoder_architecture", bool, False)
@@ -287,9 +287,9 @@ def _qwen3(name: str, r: _Reader) -> ModelSpec:
     (transformers' Qwen3Attention q_norm / k_norm) and heads of `head_dim` (128 unless said)."""
     r.read.add("max_window_layers")
     if (kinds := r.value("layer_types", list[str], None)) and set(kinds) != {"full_attention"}:
-        raise InputError(f"{r.where}: layer_types other than full_attention are not supported")
+        raise UserError(f"{r.where}: layer_types other than full_attention are not supported")
     if r.value("use_sliding_window", bool, False):
-        raise InputError(f"{r.where}: use_sliding_window (per-layer windows) is not supported")
+        raise UserError(f"{r.where}: use_sliding_window (per-layer windows) is not supported")
     r.read.add("sliding_window")
     if "head_dim" not in r.cfg:   # Qwen3Config's default
         r.cfg = {**r.cfg, "head_dim": 128}
@@ -300,7 +300,7 @@ def _qwen3_moe(name: str, r: _Reader) -> ModelSpec:
     """Qwen3 with a mixture in every layer: routed experts of `moe_intermediate_size`, no shared
     expert, top-k weights renormalised where `norm_topk_prob`."""
     if r.value("decoder_sparse_step", int, 1) != 1 or r.value("mlp_only_layers", list[int], []):
-        raise InputError(f"{r.where}: dense layers among the expert layers (decoder_sparse_step, "
+        raise UserError(f"{r.where}: dense layers among the expert layers (decoder_sparse_step, "
                          "mlp_only_layers) are not supported")
     moe = r.positive("moe_intermediate_size")
     experts = r.positive("num_experts", None) or r.positive("num_local_experts")

@@ -36,14 +36,14 @@ MAX_GLOBAL_BATCH = 1 << 16    # sequences; published LLM runs use up to a few th
 MISSING = dataclasses.MISSING   # "no default": the key is required
 
 
-class InputError(ValueError):
+class UserError(ValueError):
     """A file or value a user handed us is not what it must be: one line naming file and field."""
 
 
 def check_limit(where: str, name: str, value: int, limit: int) -> None:
     # a plain ValueError: the reader that called the dataclass puts the file in front
     if value > limit:
-        raise ValueError(f"{where}: {name} {value:,} is beyond this planner's limit of {limit:,}")
+        raise UserError(f"{where}: {name} {value:,} is beyond this planner's limit of {limit:,}")
 
 
 def _os_reason(exc: OSError) -> str:
@@ -51,22 +51,22 @@ def _os_reason(exc: OSError) -> str:
 
 
 def read_bytes(path: Path | str, what: str) -> bytes:
-    """The whole file, or an InputError saying what is wrong with the path."""
+    """The whole file, or an UserError saying what is wrong with the path."""
     path = Path(path)
     try:
         if path.is_dir():
-            raise InputError(f"{what} {path} is a directory, not a file")
+            raise UserError(f"{what} {path} is a directory, not a file")
         if not stat.S_ISREG(path.stat().st_mode):   # /dev/zero, a FIFO: endless or blocking
-            raise InputError(f"{what} {path} is not a regular file")
+            raise UserError(f"{what} {path} is not a regular file")
         with open(path, "rb") as fh:
             raw = fh.read(MAX_INPUT_BYTES + 1)   # the size a file reports is not trusted
         if len(raw) > MAX_INPUT_BYTES:
-            raise InputError(f"{what} {path} is over {MAX_INPUT_BYTES // 2**20} MiB; a {what} is far smaller")
+            raise UserError(f"{what} {path} is over {MAX_INPUT_BYTES // 2**20} MiB; a {what} is far smaller")
         return raw
     except FileNotFoundError:
-        raise InputError(f"{what} {path} does not exist") from None
+        raise UserError(f"{what} {path} does not exist") from None
     except OSError as exc:   # permission, symlink loop, I/O error
-        raise InputError(f"{what} {path}: cannot read ({_os_reason(exc)})") from None
+        raise UserError(f"{what} {path}: cannot read ({_os_reason(exc)})") from None
 
 
 def read_text(path: Path | str, what: str) -> str:
@@ -74,7 +74,7 @@ def read_text(path: Path | str, what: str) -> str:
     try:
         return raw.decode("utf-8-sig")   # a byte-order mark is not part of the first column's name
     except UnicodeDecodeError:
-        raise InputError(f"{what} {path} is not a text file (not UTF-8)") from None
+        raise UserError(f"{what} {path} is not a text file (not UTF-8)") from None
 
 
 def read_json_object(path: Path | str, what: str) -> dict[str, Any]:
@@ -82,13 +82,13 @@ def read_json_object(path: Path | str, what: str) -> dict[str, Any]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise InputError(f"{what} {path}: not valid JSON (truncated? {exc.msg} at line {exc.lineno})") from None
+        raise UserError(f"{what} {path}: not valid JSON (truncated? {exc.msg} at line {exc.lineno})") from None
     except RecursionError:
-        raise InputError(f"{what} {path}: nested too deeply to be a {what}") from None
+        raise UserError(f"{what} {path}: nested too deeply to be a {what}") from None
     except ValueError as exc:   # e.g. an integer of over 4,300 digits
-        raise InputError(f"{what} {path}: not readable JSON ({str(exc)[:80]})") from None
+        raise UserError(f"{what} {path}: not readable JSON ({str(exc)[:80]})") from None
     if not isinstance(data, dict):
-        raise InputError(f"{what} {path}: a JSON object is expected, not {_kind(data)}")
+        raise UserError(f"{what} {path}: a JSON object is expected, not {_kind(data)}")
     return data
 
 
@@ -109,7 +109,7 @@ def value(data: dict[str, Any], key: str, kind: Any, where: str, default: Any = 
     A key with a default may be absent or null (Hugging Face configs write `"n_inner": null`)."""
     if key not in data or (data[key] is None and default is not MISSING):
         if default is MISSING:
-            raise InputError(f"{where}: {key} is missing")
+            raise UserError(f"{where}: {key} is missing")
         return default
     return _coerce(data[key], kind, f"{where}: {key}")
 
@@ -118,7 +118,7 @@ def positive_field(data: dict[str, Any], key: str, where: str, default: Any = MI
     """data[key] as a positive integer (or `default`, which may be None, when absent or null)."""
     number = value(data, key, int, where, default)
     if number is not None and number <= 0:
-        raise InputError(f"{where}: {key} must be a positive integer, not {number}")
+        raise UserError(f"{where}: {key} must be a positive integer, not {number}")
     return number
 
 
@@ -133,28 +133,28 @@ def _coerce(raw: Any, kind: Any, where: str) -> Any:
         return raw
     if origin is dict:
         if not isinstance(raw, dict):
-            raise InputError(f"{where} must be a JSON object, not {_kind(raw)}")
+            raise UserError(f"{where} must be a JSON object, not {_kind(raw)}")
         return {k: _coerce(v, args[1], f"{where}.{k}") for k, v in raw.items()}
     if origin is list:
         if not isinstance(raw, list):
-            raise InputError(f"{where} must be a list, not {_kind(raw)}")
+            raise UserError(f"{where} must be a list, not {_kind(raw)}")
         return [_coerce(item, args[0], f"{where}[{i}]") for i, item in enumerate(raw)]
     if origin is tuple:
         if not isinstance(raw, (list, tuple)):
-            raise InputError(f"{where} must be a list, not {_kind(raw)}")
+            raise UserError(f"{where} must be a list, not {_kind(raw)}")
         return tuple(_coerce(item, args[0], f"{where}[{i}]") for i, item in enumerate(raw))
     if isinstance(kind, type) and issubclass(kind, Enum):
         choices = [str(m.value) for m in kind]
         if not isinstance(raw, str) or raw not in choices:
-            raise InputError(f"{where} must be one of {', '.join(choices)}, not {raw!r}")
+            raise UserError(f"{where} must be one of {', '.join(choices)}, not {raw!r}")
         return kind(raw)
     if kind is bool:
         if not isinstance(raw, bool):
-            raise InputError(f"{where} must be true or false, not {_shown(raw)}")
+            raise UserError(f"{where} must be true or false, not {_shown(raw)}")
         return raw
     if kind is int:
         if isinstance(raw, bool) or not isinstance(raw, int):
-            raise InputError(f"{where} must be an integer, not {_shown(raw)}")
+            raise UserError(f"{where} must be an integer, not {_shown(raw)}")
         return raw
     if kind is float:
         try:
@@ -162,13 +162,13 @@ def _coerce(raw: Any, kind: Any, where: str) -> Any:
         except OverflowError:   # an integer of hundreds of digits
             number = None
         if number is None or not math.isfinite(number):
-            raise InputError(f"{where} must be a finite number, not {_shown(raw)}")
+            raise UserError(f"{where} must be a finite number, not {_shown(raw)}")
         return number
     if kind is str:
         if not isinstance(raw, str):
-            raise InputError(f"{where} must be a string, not {_kind(raw)}")
+            raise UserError(f"{where} must be a string, not {_kind(raw)}")
         if not raw.isprintable():   # a newline in a name would reach launch scripts and paths
-            raise InputError(f"{where} holds control characters (a newline?)")
+            raise UserError(f"{where} holds control characters (a newline?)")
         return raw
     raise TypeError(f"no input rule for {kind!r}")   # a programming error, not a user's
 
@@ -183,21 +183,21 @@ def dataclass_from_json(cls: type, data: Any, where: str):
     defaults may be left out), each of its annotated type; the dataclass's own checks
     (__post_init__) then speak with `where` in front."""
     if not isinstance(data, dict):
-        raise InputError(f"{where} must be a JSON object, not {_kind(data)}")
+        raise UserError(f"{where} must be a JSON object, not {_kind(data)}")
     fields = dataclasses.fields(cls)
     names = {f.name for f in fields}
     if unknown := sorted(set(data) - names):
-        raise InputError(f"{where}: unknown keys {unknown}")
+        raise UserError(f"{where}: unknown keys {unknown}")
     required = {f.name for f in fields if f.default is dataclasses.MISSING
                 and f.default_factory is dataclasses.MISSING}
     if missing := sorted(required - set(data)):
-        raise InputError(f"{where}: missing keys {missing}")
+        raise UserError(f"{where}: missing keys {missing}")
     hints = _hints(cls)
     kwargs = {name: _coerce(raw, hints[name], f"{where}: {name}") for name, raw in data.items()}
     try:
         return cls(**kwargs)
     except ValueError as exc:   # the dataclass's own checks, which do not know the file
-        raise InputError(f"{where}: {exc}") from None
+        raise UserError(f"{where}: {exc}") from None
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from costmodel.inputs import InputError, dataclass_from_json, read_json_object, write_text_atomic
+from costmodel.inputs import UserError, dataclass_from_json, read_json_object, write_text_atomic
 
 MEASURED_FORMAT_VERSION = 5
 STAGE_PARTS = ("work", "dp_sync", "optimizer", "wait")   # runtime.measure's split of a stage's step
@@ -75,7 +75,7 @@ class MeasuredRun:
     def __post_init__(self) -> None:
         """Consistent as `planner run` writes it; what reports and calibrate index into."""
         if problems := self._problems():
-            raise ValueError("; ".join(problems))
+            raise UserError("; ".join(problems))
 
     def _problems(self) -> list[str]:
         out = [f"{name} must be positive, not {getattr(self, name)}"
@@ -135,11 +135,11 @@ class MeasuredRun:
     @classmethod
     def from_dict(cls, data: Any, where: str = "measured.json") -> "MeasuredRun":
         if not isinstance(data, dict):
-            raise InputError(f"{where}: not a measured.json (a JSON object is expected)")
+            raise UserError(f"{where}: not a measured.json (a JSON object is expected)")
         data = dict(data)
         version = data.pop("version", 0)
         if version not in (0, 1, 2, 3, 4, MEASURED_FORMAT_VERSION):
-            raise InputError(f"{where}: measured.json version {version!r}; this planner reads versions 0 "
+            raise UserError(f"{where}: measured.json version {version!r}; this planner reads versions 0 "
                              f"to {MEASURED_FORMAT_VERSION} (written by a newer planner?)")
         # Fields added later have defaults: peak_reserved_bytes (v1), complete (v2), rank_forward_s (v3),
         # checkpoint_wait_s (v4), probe_layer_now_s and probe_layer_profiled_s (v5).

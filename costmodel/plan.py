@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from costmodel.hardware import ClusterSpec, cluster_from_dict
-from costmodel.inputs import InputError, dataclass_from_json, read_json_object, write_text_atomic
+from costmodel.inputs import UserError, dataclass_from_json, read_json_object, write_text_atomic
 from costmodel.specs import ModelSpec, TrainSpec
 
 PLAN_FORMAT_VERSION = 1
@@ -327,9 +327,9 @@ class PlanFile:
     def from_dict(cls, data: dict[str, Any], where: str = "plan file") -> "PlanFile":
         expected = {"version", "plan", "model", "train", "cluster"}
         if set(data) != expected:
-            raise InputError(f"{where}: expected keys {sorted(expected)}, got {sorted(data)}")
+            raise UserError(f"{where}: expected keys {sorted(expected)}, got {sorted(data)}")
         if data["version"] != PLAN_FORMAT_VERSION:
-            raise InputError(f"{where}: version {data['version']!r} is not supported "
+            raise UserError(f"{where}: version {data['version']!r} is not supported "
                              f"(this planner reads version {PLAN_FORMAT_VERSION})")
         return cls(plan=Plan.from_dict(data["plan"], f"{where}: plan"),
                    model=ModelSpec.from_dict(data["model"], f"{where}: model"),

@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Any
 
 from costmodel.specs import Arch, FfnKind, ModelSpec, NormKind, PositionKind
+from costmodel.inputs import UserError
 
 _HF = "Hugging Face config.json of"
 
@@ -136,4 +137,4 @@ def resolve_model(name_or_path: str) -> ModelSpec:
         from costmodel.hf_config import model_from_hf_config
         return model_from_hf_config(path)
     known = ", ".join(model_names() + sorted(ALIASES))
-    raise ValueError(f"unknown model {name_or_path!r}; known: {known} (or a path to config.json)")
+    raise UserError(f"unknown model {name_or_path!r}; known: {known} (or a path to config.json)")

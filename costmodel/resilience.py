@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from costmodel.memory import optimizer_bytes_per_param
 from costmodel.params import total_params
 from costmodel.specs import ModelSpec, TrainSpec
+from costmodel.inputs import UserError
 
 FAILURES_PER_DEVICE_HOUR = 419 / (54 * 24 * 16_384)   # Llama 3, Sec. 3.3.4
 STORAGE_BYTES_PER_S_PER_DEVICE = 2e12 / 16_384         # Llama 3: Tectonic, 2 TB/s sustained
@@ -42,7 +43,7 @@ class Failures:
 
     def __post_init__(self) -> None:
         if not (self.failures_per_device_hour > 0 and self.storage_bytes_per_s_per_device > 0):
-            raise ValueError("the failure rate and the storage bandwidth must be positive")
+            raise UserError("the failure rate and the storage bandwidth must be positive")
 
 
 LLAMA3 = Failures(failures_per_device_hour=FAILURES_PER_DEVICE_HOUR,

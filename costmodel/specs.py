@@ -11,6 +11,7 @@ from typing import Any
 
 from costmodel.inputs import (MAX_EXPERTS, MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_SEQ_LEN, MAX_VOCAB, MAX_WIDTH,
                               check_limit, dataclass_from_json)
+from costmodel.inputs import UserError
 
 
 class Arch(StrEnum):
@@ -134,63 +135,63 @@ class ModelSpec:
         for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads",
                      "ffn_hidden_size", "vocab_size", "max_position_embeddings"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"model {self.name!r}: {name} must be positive")
+                raise UserError(f"model {self.name!r}: {name} must be positive")
         check_limit(f"model {self.name!r}", "num_layers", self.num_layers, MAX_LAYERS)
         check_limit(f"model {self.name!r}", "vocab_size", self.vocab_size, MAX_VOCAB)
         for name in ("hidden_size", "num_heads", "ffn_hidden_size"):
             check_limit(f"model {self.name!r}", name, getattr(self, name), MAX_WIDTH)
         if self.explicit_head_dim is None and self.hidden_size % self.num_heads:
-            raise ValueError(f"model {self.name!r}: hidden_size {self.hidden_size} is not a "
+            raise UserError(f"model {self.name!r}: hidden_size {self.hidden_size} is not a "
                              f"multiple of num_heads {self.num_heads}")
         if self.explicit_head_dim is not None:
             if self.explicit_head_dim <= 0 or self.explicit_head_dim % 2:
-                raise ValueError(f"model {self.name!r}: head_dim must be a positive even number")
+                raise UserError(f"model {self.name!r}: head_dim must be a positive even number")
             check_limit(f"model {self.name!r}", "head_dim", self.explicit_head_dim, MAX_WIDTH)
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"model {self.name!r}: num_heads {self.num_heads} is not a "
+            raise UserError(f"model {self.name!r}: num_heads {self.num_heads} is not a "
                              f"multiple of num_kv_heads {self.num_kv_heads}")
         for name in ("rope_theta", "norm_eps", "rope_original_max_positions"):
             if not getattr(self, name) > 0:
-                raise ValueError(f"model {self.name!r}: {name} must be positive")
+                raise UserError(f"model {self.name!r}: {name} must be positive")
         if self.rope_scaling_factor < 1.0:
-            raise ValueError(f"model {self.name!r}: rope_scaling_factor must be at least 1 (1: no scaling)")
+            raise UserError(f"model {self.name!r}: rope_scaling_factor must be at least 1 (1: no scaling)")
         if self.rope_scaling_factor > 1.0 and not 0 < self.rope_low_freq_factor < self.rope_high_freq_factor:
-            raise ValueError(f"model {self.name!r}: RoPE scaling needs 0 < low_freq_factor < high_freq_factor")
+            raise UserError(f"model {self.name!r}: RoPE scaling needs 0 < low_freq_factor < high_freq_factor")
         if self.sliding_window is not None and self.sliding_window <= 0:
-            raise ValueError(f"model {self.name!r}: sliding_window must be positive (or absent)")
+            raise UserError(f"model {self.name!r}: sliding_window must be positive (or absent)")
         if self.qk_norm and self.arch is not Arch.LLAMA:
-            raise ValueError(f"model {self.name!r}: qk_norm is built for the llama layout only")
+            raise UserError(f"model {self.name!r}: qk_norm is built for the llama layout only")
         if self.shared_norm and not self.parallel_residual:
-            raise ValueError(f"model {self.name!r}: shared_norm (one norm for both branches) needs parallel_residual")
+            raise UserError(f"model {self.name!r}: shared_norm (one norm for both branches) needs parallel_residual")
         if not 0 < self.rotary_fraction <= 1:
-            raise ValueError(f"model {self.name!r}: rotary_fraction must be in (0, 1]")
+            raise UserError(f"model {self.name!r}: rotary_fraction must be in (0, 1]")
         if self.rotary_fraction != 1 and (self.position_kind is not PositionKind.ROPE or self.rotary_dims % 2
                                           or not self.rotary_dims):
-            raise ValueError(f"model {self.name!r}: rotary_fraction {self.rotary_fraction:g} needs RoPE and an even, "
+            raise UserError(f"model {self.name!r}: rotary_fraction {self.rotary_fraction:g} needs RoPE and an even, "
                              f"positive number of rotated dimensions (head_dim {self.head_dim})")
         self._check_experts()
 
     def _check_experts(self) -> None:
         where = f"model {self.name!r}"
         if self.num_experts < 0 or self.shared_expert_ffn_hidden_size < 0 or self.router_aux_loss_coef < 0:
-            raise ValueError(f"{where}: expert counts, widths and the aux-loss coefficient must not be negative")
+            raise UserError(f"{where}: expert counts, widths and the aux-loss coefficient must not be negative")
         if not self.num_experts:
             if self.experts_per_token or self.moe_ffn_hidden_size or self.shared_expert_ffn_hidden_size:
-                raise ValueError(f"{where}: expert fields are set but num_experts is 0")
+                raise UserError(f"{where}: expert fields are set but num_experts is 0")
             return
         check_limit(where, "num_experts", self.num_experts, MAX_EXPERTS)
         check_limit(where, "moe_ffn_hidden_size", self.moe_ffn_hidden_size, MAX_WIDTH)
         if self.ffn_kind is not FfnKind.SWIGLU:
-            raise ValueError(f"{where}: experts are SwiGLU MLPs; a {self.ffn_kind} model cannot have them")
+            raise UserError(f"{where}: experts are SwiGLU MLPs; a {self.ffn_kind} model cannot have them")
         if self.norm_unit_offset or self.scale_embeddings:
-            raise ValueError(f"{where}: Gemma-style norms and embeddings with experts are not supported")
+            raise UserError(f"{where}: Gemma-style norms and embeddings with experts are not supported")
         if not 1 <= self.experts_per_token <= self.num_experts:
-            raise ValueError(f"{where}: experts_per_token {self.experts_per_token} must be between 1 and "
+            raise UserError(f"{where}: experts_per_token {self.experts_per_token} must be between 1 and "
                              f"num_experts {self.num_experts}")
         if self.moe_ffn_hidden_size <= 0:
-            raise ValueError(f"{where}: moe_ffn_hidden_size must be positive")
+            raise UserError(f"{where}: moe_ffn_hidden_size must be positive")
         if self.shared_expert_gate and not self.shared_expert_ffn_hidden_size:
-            raise ValueError(f"{where}: shared_expert_gate without a shared expert")
+            raise UserError(f"{where}: shared_expert_gate without a shared expert")
 
     @property
     def is_moe(self) -> bool:
@@ -265,11 +266,11 @@ class TrainSpec:
 
     def __post_init__(self) -> None:
         if self.seq_len <= 0 or self.global_batch_size <= 0:
-            raise ValueError("seq_len and global_batch_size must be positive")
+            raise UserError("seq_len and global_batch_size must be positive")
         if self.float8 and self.compute_dtype is not DType.BF16:
-            raise ValueError(f"float8 linears train beside bf16 (got compute dtype {self.compute_dtype})")
+            raise UserError(f"float8 linears train beside bf16 (got compute dtype {self.compute_dtype})")
         if not 1.0 <= self.expert_load_imbalance <= MAX_EXPERT_IMBALANCE:
-            raise ValueError(f"expert_load_imbalance must be in [1, {MAX_EXPERT_IMBALANCE:g}] "
+            raise UserError(f"expert_load_imbalance must be in [1, {MAX_EXPERT_IMBALANCE:g}] "
                              f"(got {self.expert_load_imbalance})")
         check_limit("train", "seq_len", self.seq_len, MAX_SEQ_LEN)
         check_limit("train", "global_batch_size", self.global_batch_size, MAX_GLOBAL_BATCH)

@@ -32,7 +32,7 @@ from scipy.optimize import minimize
 from costmodel.hardware import DTYPE_FIELDS, DeviceProfile
 from costmodel.estimate import Estimate, estimate
 from costmodel.measured import MeasuredRun
-from costmodel.inputs import read_json_object
+from costmodel.inputs import UserError, read_json_object
 from costmodel.plan import PlanFile, Recompute
 
 PARAMS = ("compute", "memory", "kernel_overhead_s", "intra_node_comm", "comm_latency", "overlap")
@@ -54,10 +54,10 @@ def load_run(path: Path, device: Path | None = None) -> Run:
     path = Path(path)
     for name in ("plan.json", "measured.json"):
         if not (path / name).exists():
-            raise ValueError(f"{path} is not a run directory of `planner run` (no {name})")
+            raise UserError(f"{path} is not a run directory of `planner run` (no {name})")
     measured = MeasuredRun.load(path / "measured.json")
     if not measured.complete:
-        raise ValueError(f"{path}: the run was interrupted after {measured.steps} step(s) (measured.json is "
+        raise UserError(f"{path}: the run was interrupted after {measured.steps} step(s) (measured.json is "
                          "marked incomplete); calibrate on complete runs (run it again)")
     data = read_json_object(path / "plan.json", "plan file")
     if device is not None and isinstance(data.get("cluster"), dict):
@@ -142,7 +142,7 @@ def fit(runs: list[Run], base: DeviceProfile, names: tuple[str, ...] = PARAMS,
     """The parameters `names` fitted to `runs` (the others left as `base` has them); with
     `dtype`, compute factors of that dtype only (`with_params`)."""
     if not runs:
-        raise ValueError("no runs to calibrate on")
+        raise UserError("no runs to calibrate on")
     # positive parameters are searched on a log scale, the overlap fraction directly
     linear = {"overlap"}
     own = base.for_dtype(dtype).efficiency if dtype else base.efficiency
@@ -253,7 +253,7 @@ def fit_by_dtype(runs: list[Run], base: DeviceProfile, rounds: int = 2, max_iter
     them jointly where fewer than two different TP steps ran).
     Returns the device and the overall factors against `base` (per dtype as NAME@DTYPE)."""
     if not runs:
-        raise ValueError("no runs to calibrate on")
+        raise UserError("no runs to calibrate on")
     device = base
     if "overlap" not in comm_params(base):   # a CPU's: whatever an older profile says (CPU_COMM_PARAMS)
         device = replace(base, efficiency=replace(base.efficiency, overlap=CPU_OVERLAP))

@@ -15,6 +15,7 @@ import tomllib
 from pathlib import Path
 
 from costmodel.plan import PlanFile
+from costmodel.inputs import UserError
 
 # a moment this far from the profile's (either way) is named beside the run's error
 NOTABLE_PCT = 10.0
@@ -33,7 +34,7 @@ def profiled_timing(pf: PlanFile):
     if ops is None:
         return None
     if not isinstance(ops, dict):
-        raise ValueError(f"{where}: not a table of the probe layer's timings by dtype")
+        raise UserError(f"{where}: not a table of the probe layer's timings by dtype")
     dtype = str(pf.train.compute_dtype)
     return None if dtype not in ops else LayerTiming.parse(ops[dtype], f"{where}.{dtype}")
 

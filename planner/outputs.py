@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from costmodel.inputs import InputError
+from costmodel.inputs import UserError
 
 REPORT_FILES = ("index.html", "index.md")
 RUN_FILES = ("measured.json", "run.log")
@@ -32,21 +32,21 @@ def writable_dir_problem(directory: Path) -> str | None:
 
 
 def out_file(path: str | Path | None, flag: str, overwrite: bool, suffix: str | None = None) -> Path | None:
-    """`path` as a file this command may write, or an InputError saying why not."""
+    """`path` as a file this command may write, or an UserError saying why not."""
     if path is None:
         return None
     path = Path(path)
     if path.is_dir():
-        raise InputError(f"{flag} {path} is a directory; give a file name")
+        raise UserError(f"{flag} {path} is a directory; give a file name")
     if suffix and path.suffix != suffix:
-        raise InputError(f"{flag} {path}: expected a {suffix} file")
+        raise UserError(f"{flag} {path}: expected a {suffix} file")
     if path.exists() or path.is_symlink():
         if not overwrite:
-            raise InputError(f"{flag} {path} exists; pass --overwrite to replace it")
+            raise UserError(f"{flag} {path} exists; pass --overwrite to replace it")
         if not os.access(path, os.W_OK):
-            raise InputError(f"{flag} {path} exists and is not writable")
+            raise UserError(f"{flag} {path} exists and is not writable")
     if problem := writable_dir_problem(path.parent):
-        raise InputError(f"{flag} {path}: {problem}")
+        raise UserError(f"{flag} {path}: {problem}")
     return path
 
 
@@ -58,11 +58,11 @@ def out_dir(path: str | Path | None, flag: str, overwrite: bool, products: tuple
         return None
     path = Path(path)
     if path.exists() and not path.is_dir():
-        raise InputError(f"{flag} {path} is a file; give a directory")
+        raise UserError(f"{flag} {path} is a file; give a directory")
     used = [name for name in products if (path / name).exists()] if path.is_dir() else []
     if used and not overwrite:
-        raise InputError(f"{flag} {path} holds an earlier result ({', '.join(used)}); pass --overwrite to "
+        raise UserError(f"{flag} {path} holds an earlier result ({', '.join(used)}); pass --overwrite to "
                          "replace it, or choose another directory")
     if problem := writable_dir_problem(path):
-        raise InputError(f"{flag} {path}: {problem}")
+        raise UserError(f"{flag} {path}: {problem}")
     return path

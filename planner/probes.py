@@ -26,6 +26,7 @@ from costmodel.plan import Recompute
 from costmodel.specs import DType, LayerProbe, ModelSpec, TrainSpec
 from planner.calibrate import CPU_OVERLAP, Run, fit_by_dtype, summary
 from planner.space import Choice, build_plan
+from costmodel.inputs import UserError
 
 _WHY = "probe of `planner profile`: not a published model"
 NARROW = llama_spec("probe-narrow", layers=2, hidden=64, heads=4, kv_heads=2, ffn=176, vocab=1024,
@@ -201,22 +202,22 @@ class LayerTiming:
     def parse(cls, entry: object, where: str) -> "LayerTiming":
         """`entry` as a profile holds it; ValueError naming `where` and the field otherwise."""
         if not isinstance(entry, dict):
-            raise ValueError(f"{where}: not a table of the probe layer's timing")
+            raise UserError(f"{where}: not a table of the probe layer's timing")
         name = entry.get("model")
         model = PROBE_MODELS.get(name) if isinstance(name, str) else None
         if model is None:
-            raise ValueError(f"{where}.model: {name!r} is not a probe model ({', '.join(PROBE_MODELS)})")
+            raise UserError(f"{where}.model: {name!r} is not a probe model ({', '.join(PROBE_MODELS)})")
         sizes = {}
         for key, top in (("micro_batch_size", MAX_LAYER_MICRO_BATCH), ("seq_len", model.max_position_embeddings)):
             value = entry.get(key)
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= top:
-                raise ValueError(f"{where}.{key}: {value!r} is not a whole number from 1 to {top}")
+                raise UserError(f"{where}.{key}: {value!r} is not a whole number from 1 to {top}")
             sizes[key] = value
         seconds = []
         for kind in LAYER_KINDS:
             value = entry.get(f"{kind}_s")
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf:
-                raise ValueError(f"{where}.{kind}_s: {value!r} is not a positive number of seconds")
+                raise UserError(f"{where}.{kind}_s: {value!r} is not a positive number of seconds")
             seconds.append((kind, float(value)))
         return cls(model=model, seconds=tuple(seconds), **sizes)
 
@@ -238,22 +239,22 @@ def layer_factors(layer_ops: object, base: DeviceProfile, where: str, dtypes: se
     (runtime.layer_ops), per kind. `layer_ops`: [measured] layer_ops, which must time every one
     of `dtypes`; `where` names it in errors."""
     if not isinstance(layer_ops, dict):
-        raise ValueError(f"{where}: not a table of the probe layer's timings by dtype")
+        raise UserError(f"{where}: not a table of the probe layer's timings by dtype")
     if missing := sorted(set(dtypes) - set(layer_ops)):
-        raise ValueError(f"{where}: no timing for {', '.join(missing)}, which the probes ran")
+        raise UserError(f"{where}: no timing for {', '.join(missing)}, which the probes ran")
     out = {}
     for dtype, entry in layer_ops.items():
         try:
             DType(dtype)
         except ValueError:
-            raise ValueError(f"{where}.{dtype}: not a dtype ({', '.join(d.value for d in DType)})") from None
+            raise UserError(f"{where}.{dtype}: not a dtype ({', '.join(d.value for d in DType)})") from None
         timing = LayerTiming.parse(entry, f"{where}.{dtype}")
         priced = layer_priced_s(timing.model, dtype, timing.micro_batch_size, timing.seq_len, base)
         seconds = dict(timing.seconds)
         factors = {k: priced[k] / seconds[k] for k in ("gemm", "memory")}
         low, high = LAYER_FACTOR_BOUNDS
         if not all(low <= f <= high for f in factors.values()):
-            raise ValueError(f"{where}.{dtype}: the layer's kernels ran at "
+            raise UserError(f"{where}.{dtype}: the layer's kernels ran at "
                              + ", ".join(f"{k} {f:.2f}" for k, f in factors.items())
                              + f" of their curves, outside {low}-{high}: measure again")
         out[dtype] = factors
@@ -278,7 +279,7 @@ def fit_probes(probes: list[ProbeResult], base: DeviceProfile, layer_ops: dict |
     profile, its factors, and the probes' MAPE before and after."""
     if base.kind == "cpu":
         if not layer_ops:
-            raise ValueError(f"{where}: missing; a CPU's fit needs the probe layer's kernels timed in training "
+            raise UserError(f"{where}: missing; a CPU's fit needs the probe layer's kernels timed in training "
                              "(a profile from before 2026-11-28, when the fit still fitted the memory-bound factor: "
                              "profile again)")
         dtypes = {str(p.pf.train.compute_dtype) for p in probes}

@@ -9,6 +9,7 @@ from costmodel.hardware import ClusterSpec
 from costmodel.groups import placement_problems, replica_samples
 from costmodel.plan import DEFAULT_AXIS_ORDER, Plan, Recompute, Schedule, default_schedule, even_layers
 from costmodel.specs import ModelSpec, TrainSpec
+from costmodel.inputs import UserError
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -41,26 +42,26 @@ def build_plan(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, choice:
     inner = choice.tp * choice.pp * choice.cp
     dp = choice.dp if choice.dp is not None else cluster.world_size // inner
     if choice.dp is None and cluster.world_size % inner:
-        raise ValueError(f"tp*pp*cp = {inner} does not divide the cluster's {cluster.world_size} devices")
+        raise UserError(f"tp*pp*cp = {inner} does not divide the cluster's {cluster.world_size} devices")
     # before anything is sized by these degrees: a typo of 10^9 must not allocate 10^9 entries
     if problem := world_problem(dp, choice.tp, choice.pp, choice.cp, cluster.world_size):
-        raise ValueError(problem)
+        raise UserError(problem)
     if choice.pp * choice.vpp > model.num_layers:
-        raise ValueError(f"pp*vpp = {choice.pp * choice.vpp:,} pipeline stages, but the model has only "
+        raise UserError(f"pp*vpp = {choice.pp * choice.vpp:,} pipeline stages, but the model has only "
                          f"{model.num_layers} layers")
     if choice.recompute_layers is not None:
         if choice.recompute is Recompute.NONE:
-            raise ValueError("--recompute-layers needs --recompute selective or full")
+            raise UserError("--recompute-layers needs --recompute selective or full")
         most = -(-model.num_layers // choice.pp)
         if choice.recompute_layers > most:
-            raise ValueError(f"--recompute-layers {choice.recompute_layers}: a pipeline rank holds at most "
+            raise UserError(f"--recompute-layers {choice.recompute_layers}: a pipeline rank holds at most "
                              f"{most} layers")
     if choice.micro_batch_sizes:
         num_micro_batches = _shared_micro_batches(train, cluster, choice, dp)
     else:
         per_replica = train.global_batch_size // max(dp, 1)
         if dp < 1 or train.global_batch_size % dp or per_replica % choice.micro_batch_size:
-            raise ValueError(f"global batch {train.global_batch_size} does not split into dp={dp} "
+            raise UserError(f"global batch {train.global_batch_size} does not split into dp={dp} "
                              f"replicas of micro-batches of {choice.micro_batch_size}")
         num_micro_batches = per_replica // choice.micro_batch_size
     schedule = choice.schedule or default_schedule(choice.vpp)
@@ -90,10 +91,10 @@ def _shared_micro_batches(train: TrainSpec, cluster: ClusterSpec, choice: Choice
                          group_order=tuple(choice.group_order))
     probe = replace(probe, micro_batch_size=max(sizes), micro_batch_sizes=sizes)
     if problems := placement_problems(probe, cluster):
-        raise ValueError(problems[0])
+        raise UserError(problems[0])
     per = sum(replica_samples(probe, cluster))
     if train.global_batch_size % per:
-        raise ValueError(f"global batch {train.global_batch_size} is no whole number of micro-batches of "
+        raise UserError(f"global batch {train.global_batch_size} is no whole number of micro-batches of "
                          f"{per} sequences (micro-batch sizes {list(sizes)} over the groups' replicas)")
     return train.global_batch_size // per
 

@@ -19,7 +19,7 @@ from typing import Any
 from costmodel.check import check_plan, world_problem
 from costmodel.hardware import ClusterSpec, parse_cluster, profile_dir
 from costmodel.estimate import Estimate, estimate
-from costmodel.inputs import InputError, read_text
+from costmodel.inputs import UserError, read_text
 from costmodel.frameworks import device_as_run_by, framework_traits
 from costmodel.plan import Plan, Recompute, Schedule
 from costmodel.specs import (DEFAULT_EXPERT_IMBALANCE, MAX_EXPERT_IMBALANCE, Arch, AttentionKernel, DType,
@@ -78,17 +78,17 @@ def read_numbered_runs(path: Path) -> list[tuple[int, dict[str, str]]]:
             numbered.append((reader.line_num, row))   # blank lines and quoted newlines counted
         header = reader.fieldnames or []
     except csv.Error as exc:
-        raise InputError(f"runs table {path} is not a readable CSV file ({exc})") from None
+        raise UserError(f"runs table {path} is not a readable CSV file ({exc})") from None
     missing = [c for c in REQUIRED if c not in header]
     if missing:
-        raise ValueError(f"{path}: missing columns {', '.join(missing)}")
+        raise UserError(f"{path}: missing columns {', '.join(missing)}")
     if not numbered:
-        raise ValueError(f"{path}: no runs (only a header)")
+        raise UserError(f"{path}: no runs (only a header)")
     seen: set[str] = set()
     for line, row in numbered:
         _check_row(path, line, row)
         if row["id"] in seen:
-            raise ValueError(f"{path} line {line}: duplicate id {row['id']!r}")
+            raise UserError(f"{path} line {line}: duplicate id {row['id']!r}")
         seen.add(row["id"])
     return numbered
 
@@ -98,21 +98,21 @@ def _check_row(path: Path, line: int, row: dict[str, str]) -> None:
     where = f"{path} line {line} (row {row.get('id')!r})"
     empty = [c for c in REQUIRED if not (row.get(c) or "").strip()]
     if empty:
-        raise ValueError(f"{where}: empty {', '.join(empty)} (an OOM row still needs its plan: tp, pp, ...)")
+        raise UserError(f"{where}: empty {', '.join(empty)} (an OOM row still needs its plan: tp, pp, ...)")
     metric, value = row["metric_name"].strip(), row["metric_value"].strip()
     if metric == "status":
         if value not in ("OOM", "fits"):
-            raise ValueError(f"{where}: status must be OOM or fits, not {value!r}")
+            raise UserError(f"{where}: status must be OOM or fits, not {value!r}")
         return
     if metric not in ("iteration_time_s", "tokens_per_sec_per_gpu"):
-        raise ValueError(f"{where}: unknown metric_name {metric!r} "
+        raise UserError(f"{where}: unknown metric_name {metric!r} "
                          "(iteration_time_s, tokens_per_sec_per_gpu or status)")
     try:
         number = float(value)
     except ValueError:
-        raise ValueError(f"{where}: metric_value {value!r} is not a number") from None
+        raise UserError(f"{where}: metric_value {value!r} is not a number") from None
     if not number > 0 or number == float("inf"):
-        raise ValueError(f"{where}: metric_value {value!r} must be a positive number")
+        raise UserError(f"{where}: metric_value {value!r} must be a positive number")
 
 
 def _int(row: dict[str, str], key: str, default: int | None = None, low: int = 1,
@@ -129,11 +129,11 @@ def _number(row: dict[str, str], key: str, kind: type, default, low, high):
     try:
         number = kind(value)
     except ValueError:
-        raise ValueError(f"row {row.get('id')!r}: {key} = {value!r} is not "
+        raise UserError(f"row {row.get('id')!r}: {key} = {value!r} is not "
                          f"{'an integer' if kind is int else 'a number'}") from None
     if number < low or (high is not None and number > high):
         shown = lambda x: f"{x:g}" if isinstance(x, float) else str(x)  # noqa: E731
-        raise ValueError(f"row {row.get('id')!r}: {key} = {shown(number)} is out of range "
+        raise UserError(f"row {row.get('id')!r}: {key} = {shown(number)} is out of range "
                          f"({f'{shown(low)} to {shown(high)}' if high is not None else f'at least {shown(low)}'})")
     return number
 
@@ -143,7 +143,7 @@ def _flag(row: dict[str, str], key: str, default: bool) -> bool:
     if not value:
         return default
     if value not in ("yes", "no", "true", "false", "1", "0"):
-        raise ValueError(f"row {row.get('id')!r}: {key} = {value!r} is not yes or no")
+        raise UserError(f"row {row.get('id')!r}: {key} = {value!r} is not yes or no")
     return value in ("yes", "true", "1")
 
 
@@ -159,16 +159,16 @@ def row_specs(row: dict[str, str]) -> tuple[ModelSpec, TrainSpec, ClusterSpec]:
         model = llama_spec(row["id"], kv_heads=_int(row, "kv_heads", heads), max_pos=seq, **common,
                            **_experts(row, common["ffn"]))
     else:
-        raise ValueError(f"row {row['id']!r}: arch {row['arch']!r} is neither gpt nor llama")
+        raise UserError(f"row {row['id']!r}: arch {row['arch']!r} is neither gpt nor llama")
     precision = (row.get("precision") or "bf16").strip()
     train = TrainSpec(seq_len=seq, global_batch_size=_int(row, "global_batch"),
                       compute_dtype=DType(precision), attention_kernel=attention_kernel(row),
                       expert_load_imbalance=_imbalance(row))
     num_gpus, per_node = _int(row, "num_gpus"), _int(row, "gpus_per_node")
     if num_gpus % per_node:
-        raise ValueError(f"row {row['id']!r}: {num_gpus} GPUs is not a whole number of {per_node}-GPU nodes")
+        raise UserError(f"row {row['id']!r}: {num_gpus} GPUs is not a whole number of {per_node}-GPU nodes")
     if row["gpu"].strip().lower() == "local":   # a published run ran on a named device, not on this machine
-        raise ValueError(f"row {row['id']!r}: gpu 'local' is this machine; a published run names its device")
+        raise UserError(f"row {row['id']!r}: gpu 'local' is this machine; a published run names its device")
     cluster = parse_cluster(f"{num_gpus // per_node}x{per_node}x{row['gpu']}")
     # priced with the traits of the framework that ran it (unknown names: generic traits) and
     # judged against the hard limit (what CUDA reports, less the context and NCCL reserve): the
@@ -243,7 +243,7 @@ def best_plan_for_row(row: dict[str, str], model: ModelSpec, train: TrainSpec, c
     tp, pp, cp, ep = _int(row, "tp"), _int(row, "pp"), _int(row, "cp", 1), _int(row, "ep", 1)
     dp = _int(row, "dp", cluster.world_size // (tp * pp * cp))
     if problem := world_problem(dp, tp, pp, cp, cluster.world_size):   # dp 0: tp*pp*cp above num_gpus
-        raise ValueError(f"row {row['id']!r}: {problem}")
+        raise UserError(f"row {row['id']!r}: {problem}")
     deadline = time.perf_counter() + time_limit_s
     opts, fillable = _options(row, model, tp, pp, dp, train.global_batch_size)
     stated = {SEARCH_FIELDS[k]: v[0] for k, v in opts.items() if k not in fillable}
@@ -314,7 +314,7 @@ def _least_overflow(row: dict[str, str], model: ModelSpec, train: TrainSpec, clu
         if best is None or est.max_peak_memory_bytes < best[0]:
             best = (est.max_peak_memory_bytes, plan, est)
     if best is None:
-        raise ValueError(f"row {row['id']!r}: no valid plan for the stated fields")
+        raise UserError(f"row {row['id']!r}: no valid plan for the stated fields")
     return best[1], best[2]
 
 
@@ -334,7 +334,7 @@ def validate_row(row: dict[str, str], time_limit_s: float = ROW_SEARCH_LIMIT_S) 
     elif metric == "tokens_per_sec_per_gpu":
         predicted = est.tokens_per_s / cluster.world_size
     else:
-        raise ValueError(f"row {row['id']!r}: unknown metric_name {metric!r}")
+        raise UserError(f"row {row['id']!r}: unknown metric_name {metric!r}")
     published = float(raw)
     return RowResult(id=row["id"], metric=metric, published=published, predicted=predicted,
                      error_pct=100.0 * (predicted - published) / published, fits=est.fits,
@@ -385,17 +385,17 @@ def default_runs_path() -> Path:
 
 def validate(path: Path, time_limit_s: float = 600.0) -> tuple[list[RowResult], dict[str, Any]]:
     """Every row, within `time_limit_s` in all (each row's search gets what is left, at most
-    ROW_SEARCH_LIMIT_S), or an InputError saying where it stopped."""
+    ROW_SEARCH_LIMIT_S), or an UserError saying where it stopped."""
     numbered = read_numbered_runs(path)
     results = []
     deadline = time.perf_counter() + time_limit_s
     for line, row in numbered:
         left = deadline - time.perf_counter()
         if left <= 0:
-            raise InputError(f"{path}: stopped at --time-limit {time_limit_s:g} s after {len(results)} of "
+            raise UserError(f"{path}: stopped at --time-limit {time_limit_s:g} s after {len(results)} of "
                              f"{len(numbered)} rows (rows with unstated fields are searched); raise it")
         try:
             results.append(validate_row(row, min(ROW_SEARCH_LIMIT_S, left)))
         except ValueError as exc:
-            raise InputError(f"{path} line {line}: {exc}") from None
+            raise UserError(f"{path} line {line}: {exc}") from None
     return results, summarize(results, [row for _, row in numbered])

@@ -24,7 +24,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from costmodel.inputs import InputError
+from costmodel.inputs import UserError
 from costmodel.plan import PlanFile
 from costmodel.specs import ModelSpec
 
@@ -33,7 +33,7 @@ _STEP_DIR = re.compile(r"^step-(\d{6})$")
 _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError):
     """A checkpoint that cannot be resumed from: the message names the directory or file."""
 
 
@@ -75,7 +75,7 @@ def check_resumable(path: Path, pf: PlanFile) -> int:
         raise CheckpointError(f"checkpoint {path / 'plan.json'}: unreadable ({exc})") from None
     try:   # read as a spec: fields added since it was saved take their defaults
         spec = ModelSpec.from_dict(model, f"checkpoint {path / 'plan.json'}: model")
-    except (InputError, AttributeError) as exc:
+    except (UserError, AttributeError) as exc:
         raise CheckpointError(str(exc)) from None
     if spec != pf.model:
         theirs, ours = spec.to_dict(), pf.model.to_dict()

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from costmodel.inputs import InputError
+from costmodel.inputs import UserError
 
 TOKEN_DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 
@@ -28,13 +28,13 @@ class TokenSource:
         self.tokens = None if path is None else _open_tokens(Path(path), dtype)
         if self.tokens is not None:
             if len(self.tokens) < seq_len + 1:
-                raise InputError(f"token file {path}: {len(self.tokens)} tokens, fewer than seq_len + 1 = {seq_len + 1}")
+                raise UserError(f"token file {path}: {len(self.tokens)} tokens, fewer than seq_len + 1 = {seq_len + 1}")
             chunk = 1 << 24
             for start in range(0, min(len(self.tokens), checked_tokens), chunk):
                 part = self.tokens[start:min(start + chunk, checked_tokens)]
                 low, top = int(part.min()), int(part.max())
                 if low < 0 or top >= vocab_size:
-                    raise InputError(f"token file {path}: token id {low if low < 0 else top} is outside the "
+                    raise UserError(f"token file {path}: token id {low if low < 0 else top} is outside the "
                                      f"model's vocabulary [0, {vocab_size})")
 
     def sample(self, index: int) -> torch.Tensor:
@@ -65,18 +65,18 @@ def local_slice(step: int, global_batch_size: int, dp: int, dp_rank: int,
 
 def _open_tokens(path: Path, dtype: str) -> np.ndarray:
     if not path.exists():
-        raise InputError(f"token file {path} does not exist")
+        raise UserError(f"token file {path} does not exist")
     if not path.is_file():
-        raise InputError(f"token file {path} is not a file")
+        raise UserError(f"token file {path} is not a file")
     if dtype not in TOKEN_DTYPES:
-        raise InputError(f"token dtype must be one of {sorted(TOKEN_DTYPES)} (got {dtype!r})")
+        raise UserError(f"token dtype must be one of {sorted(TOKEN_DTYPES)} (got {dtype!r})")
     try:
         if path.suffix != ".npy":
             return np.memmap(path, dtype=TOKEN_DTYPES[dtype], mode="r")
         tokens = np.load(path, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError, EOFError) as exc:   # numpy's words for a file it cannot map
-        raise InputError(f"token file {path} is not a {'.npy array' if path.suffix == '.npy' else dtype + ' file'} "
+        raise UserError(f"token file {path} is not a {'.npy array' if path.suffix == '.npy' else dtype + ' file'} "
                          f"({str(exc).splitlines()[0][:120]})") from None
     if tokens.ndim != 1 or tokens.dtype not in (np.uint16, np.uint32, np.int32, np.int64):
-        raise InputError(f"token file {path}: expected a 1-D array of integer token ids, got {tokens.dtype} {tokens.shape}")
+        raise UserError(f"token file {path}: expected a 1-D array of integer token ids, got {tokens.dtype} {tokens.shape}")
     return tokens

@@ -15,6 +15,7 @@ import torch
 
 from costmodel.specs import Arch, PositionKind
 from runtime.model import Transformer
+from costmodel.inputs import UserError
 
 _LLAMA_LAYER = {"attention.wq": "self_attn.q_proj", "attention.wk": "self_attn.k_proj",
                 "attention.wv": "self_attn.v_proj", "attention.wo": "self_attn.o_proj",
@@ -167,5 +168,5 @@ def from_hf(model: Transformer, state: dict[str, torch.Tensor]) -> None:
             if module == "attention.qkv":
                 w = w[_gpt_qkv_order(model)]
         if w.shape != own[name].shape:
-            raise ValueError(f"{hf_name}: shape {tuple(w.shape)}, but {name} is {tuple(own[name].shape)}")
+            raise UserError(f"{hf_name}: shape {tuple(w.shape)}, but {name} is {tuple(own[name].shape)}")
         own[name].copy_(w)

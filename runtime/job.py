@@ -26,6 +26,7 @@ from runtime.moe import MoE
 from runtime.parallel import (apply_data_parallel, apply_expert_parallel, apply_recompute, apply_tensor_parallel,
                               build_mesh, in_root_order, local_tensor, mesh_coords, recomputed_layers)
 from runtime.pipeline import StepClock, build_schedule, local_stages, stage_layer_ids
+from costmodel.inputs import UserError
 
 
 @dataclass(kw_only=True)
@@ -89,7 +90,7 @@ def build_job(pf: PlanFile, device: torch.device, *, seed: int, materialize: boo
     parallelism and before FSDP2 (the dry run counts unsharded parameters there)."""
     plan, model = pf.plan, pf.model
     if problem := moe_tp_problem(model, plan.tp, plan.sequence_parallel):   # even for an unchecked plan
-        raise ValueError(f"model {model.name}: {problem}")
+        raise UserError(f"model {model.name}: {problem}")
     mesh = build_mesh(plan, device.type)
     coords = mesh_coords(mesh, plan)
     cp = CpShard(coords["cp"], plan.cp, mesh["cp"].get_group()) if plan.cp > 1 else None

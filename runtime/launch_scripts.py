@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from costmodel.inputs import InputError
+from costmodel.inputs import UserError
 from costmodel.plan import PlanFile
 from runtime.launch import PORT, WorkerArgs, node_commands
 
@@ -22,7 +22,7 @@ def read_hostfile(path: Path, pf: PlanFile) -> list[str]:
     try:
         text = path.read_text()
     except OSError as exc:
-        raise InputError(f"hostfile {path}: cannot be read ({exc.strerror})") from None
+        raise UserError(f"hostfile {path}: cannot be read ({exc.strerror})") from None
     hosts = []
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].split()
@@ -32,19 +32,19 @@ def read_hostfile(path: Path, pf: PlanFile) -> list[str]:
         for field in rest:
             key, _, value = field.partition("=")
             if key != "slots" or not value.isdigit():
-                raise InputError(f"hostfile {path}:{number}: {field!r} is not slots=N")
+                raise UserError(f"hostfile {path}:{number}: {field!r} is not slots=N")
             if int(value) != pf.cluster.devices_per_node:
-                raise InputError(f"hostfile {path}:{number}: {host} has slots={value}, but the plan puts "
+                raise UserError(f"hostfile {path}:{number}: {host} has slots={value}, but the plan puts "
                                  f"{pf.cluster.devices_per_node} ranks on every node")
         hosts.append(host)
     if len(hosts) != pf.cluster.num_nodes:
-        raise InputError(f"hostfile {path}: {len(hosts)} host(s), but the plan's cluster has "
+        raise UserError(f"hostfile {path}: {len(hosts)} host(s), but the plan's cluster has "
                          f"{pf.cluster.num_nodes} node(s)")
     for host in hosts:
         try:
             socket.getaddrinfo(host, PORT)
         except OSError:
-            raise InputError(f"hostfile {path}: host {host!r} cannot be resolved from here") from None
+            raise UserError(f"hostfile {path}: host {host!r} cannot be resolved from here") from None
     return hosts
 
 

@@ -30,6 +30,7 @@ from costmodel.layout import layer_blocks
 from costmodel.specs import Arch, AttentionKernel, FfnKind, ModelSpec, NormKind, PositionKind
 from runtime.context_parallel import CpShard, cp_attention, gather_kv
 from runtime.moe import MoE
+from costmodel.inputs import UserError
 
 INIT_STD = 0.02         # GPT-2 / Megatron-LM default
 DROPOUT_P = 0.1         # Megatron-LM's hidden and attention dropout for GPT
@@ -242,7 +243,7 @@ class Transformer(nn.Module):
     def __init__(self, model: ModelSpec, kernel: AttentionKernel = AttentionKernel.FLASH) -> None:
         super().__init__()
         if model.position_kind is PositionKind.ALIBI:
-            raise ValueError(f"model {model.name}: ALiBi positions are not implemented by the runtime")
+            raise UserError(f"model {model.name}: ALiBi positions are not implemented by the runtime")
 
         self.spec = model
         self.embed: Embedding | None = Embedding(model)

@@ -12,7 +12,7 @@ from costmodel import inputs
 from costmodel.frameworks import RUNTIME, FrameworkTraits, traits_on
 from costmodel.hardware.profile_io import profile_dir, resolve_device
 from costmodel.hardware.records import DEFAULT_MEMORY_HEADROOM, DeviceProfile, HostSpec, NetworkTier
-from costmodel.inputs import InputError
+from costmodel.inputs import UserError
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -54,13 +54,13 @@ class ClusterSpec:
 
     def __post_init__(self) -> None:
         if self.num_nodes <= 0 or self.devices_per_node <= 0:
-            raise ValueError("a cluster needs at least one node and one device per node")
+            raise UserError("a cluster needs at least one node and one device per node")
         if self.groups:
             _check_groups(self)
         inputs.check_limit("cluster", "world size", self.num_nodes * self.devices_per_node,
                            inputs.MAX_WORLD_SIZE)
         if not 0.0 <= self.memory_headroom < 1.0:
-            raise ValueError(f"memory headroom {self.memory_headroom} must be in [0, 1)")
+            raise UserError(f"memory headroom {self.memory_headroom} must be in [0, 1)")
         # torch's kernels differ by device kind (costmodel.frameworks.traits_on)
         object.__setattr__(self, "framework", traits_on(self.framework, self.device.kind))
         object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self) if f.compare)))
@@ -95,7 +95,7 @@ class ClusterSpec:
     def host_for(self, what: str) -> HostSpec:
         """The node's host, which `what` (an offloaded thing) needs; ValueError without one."""
         if self.device.host is None:
-            raise ValueError(f"device {self.device.name} has no [host] for {what}")
+            raise UserError(f"device {self.device.name} has no [host] for {what}")
         return self.device.host
 
     def host_stream_bytes_per_s(self, what: str) -> float:
@@ -141,15 +141,15 @@ def _device_ref(dev: DeviceProfile) -> str:
 def _check_groups(cluster: ClusterSpec) -> None:
     groups = cluster.groups
     if len(groups) < 2:
-        raise ValueError("a mixed cluster needs at least two groups")
+        raise UserError("a mixed cluster needs at least two groups")
     if any(g.num_nodes <= 0 for g in groups):
-        raise ValueError("every group of a mixed cluster needs at least one node")
+        raise UserError("every group of a mixed cluster needs at least one node")
     if sum(g.num_nodes for g in groups) != cluster.num_nodes or groups[0].device != cluster.device:
-        raise ValueError("a mixed cluster's nodes and first device are its groups'")
+        raise UserError("a mixed cluster's nodes and first device are its groups'")
     if len({g.device.kind for g in groups}) > 1:
-        raise ValueError("a mixed cluster cannot mix GPU and CPU profiles (their ranks run different backends)")
+        raise UserError("a mixed cluster cannot mix GPU and CPU profiles (their ranks run different backends)")
     if cluster.group_link is None:
-        raise ValueError("a mixed cluster needs the link between its groups")
+        raise UserError("a mixed cluster needs the link between its groups")
 
 
 _CLUSTER_RE = re.compile(r"^(\d+)x(\d+)x(.+)$")
@@ -164,7 +164,7 @@ def parse_cluster(text: str, group_link_bytes_per_s: float | None = None) -> Clu
     if len(parts) > 1:
         return _parse_mixed(text, parts, group_link_bytes_per_s)
     if group_link_bytes_per_s is not None:
-        raise ValueError(f"cluster {text!r} has one group: a link between groups needs a mixed cluster (A+B)")
+        raise UserError(f"cluster {text!r} has one group: a link between groups needs a mixed cluster (A+B)")
     nodes, per_node, device = _parse_group(text, text)
     return ClusterSpec(device=resolve_device(device), num_nodes=nodes, devices_per_node=per_node)
 
@@ -175,20 +175,20 @@ MAX_GROUPS = 4   # the search tries every order of the groups along the pipeline
 def _parse_group(text: str, part: str) -> tuple[int, int, str]:
     match = _CLUSTER_RE.match(part.strip())
     if not match:
-        raise ValueError(f"malformed cluster {text!r}: expected NODESxGPUS_PER_NODExDEVICE, "
+        raise UserError(f"malformed cluster {text!r}: expected NODESxGPUS_PER_NODExDEVICE, "
                          "e.g. 8x8xA100, 1x2xpath/to/profile.toml, or groups joined by '+' (4x8xA100+4x8xH100)")
     nodes, per_node = int(match[1]), int(match[2])
     if nodes <= 0 or per_node <= 0:
-        raise ValueError(f"malformed cluster {text!r}: node and device counts must be positive (group {part.strip()!r})")
+        raise UserError(f"malformed cluster {text!r}: node and device counts must be positive (group {part.strip()!r})")
     return nodes, per_node, match[3]
 
 
 def _parse_mixed(text: str, parts: list[str], link_bytes_per_s: float | None) -> ClusterSpec:
     if len(parts) > MAX_GROUPS:
-        raise ValueError(f"cluster {text!r}: at most {MAX_GROUPS} groups (got {len(parts)})")
+        raise UserError(f"cluster {text!r}: at most {MAX_GROUPS} groups (got {len(parts)})")
     parsed = [_parse_group(text, part) for part in parts]
     if len({per_node for _, per_node, _ in parsed}) > 1:
-        raise ValueError(f"cluster {text!r}: every group needs the same devices per node (got "
+        raise UserError(f"cluster {text!r}: every group needs the same devices per node (got "
                          f"{', '.join(str(p) for _, p, _ in parsed)}): a pipeline stage is a whole number of nodes")
     groups = []
     for part, (nodes, _, device) in zip(parts, parsed):
@@ -199,7 +199,7 @@ def _parse_mixed(text: str, parts: list[str], link_bytes_per_s: float | None) ->
     try:
         return mixed_cluster(groups, parsed[0][1], link_bytes_per_s)
     except ValueError as exc:
-        raise ValueError(f"cluster {text!r}: {exc}") from None
+        raise UserError(f"cluster {text!r}: {exc}") from None
 
 
 def mixed_cluster(groups: list[DeviceGroup], devices_per_node: int, link_bytes_per_s: float | None = None,
@@ -208,7 +208,7 @@ def mixed_cluster(groups: list[DeviceGroup], devices_per_node: int, link_bytes_p
     else the slowest group's inter-node tier; its latency and efficiency the slowest group's."""
     slowest = min((g.device.inter_node for g in groups), key=lambda t: t.effective_bandwidth_bytes_per_s)
     if link_bytes_per_s is not None and not (math.isfinite(link_bytes_per_s) and link_bytes_per_s > 0):
-        raise ValueError(f"the link between groups needs a positive bandwidth (got {link_bytes_per_s!r})")
+        raise UserError(f"the link between groups needs a positive bandwidth (got {link_bytes_per_s!r})")
     link = replace(slowest, name="between groups", max_nodes=None,
                    bandwidth_bytes_per_s=link_bytes_per_s or slowest.bandwidth_bytes_per_s,
                    latency_s=max(g.device.inter_node.latency_s for g in groups))
@@ -220,7 +220,7 @@ def cluster_from_dict(data: Any, where: str = "cluster") -> ClusterSpec:
     required, optional = {"num_nodes", "devices_per_node", "device"}, {"memory_headroom", "groups",
                                                                        "group_link_bytes_per_s"}
     if not isinstance(data, dict) or not required <= set(data) <= required | optional:
-        raise InputError(f"{where}: expected an object with keys num_nodes, devices_per_node, device "
+        raise UserError(f"{where}: expected an object with keys num_nodes, devices_per_node, device "
                          f"(and optionally memory_headroom; groups and group_link_bytes_per_s for a mixed "
                          f"cluster); got {sorted(data) if isinstance(data, dict) else data!r}")
     try:
@@ -233,25 +233,25 @@ def cluster_from_dict(data: Any, where: str = "cluster") -> ClusterSpec:
                            devices_per_node=per_node, memory_headroom=headroom)
     except ValueError as exc:   # a profile's own errors name their file; the device's are ours
         text = str(exc)
-        raise InputError(text if text.startswith(where) else f"{where}: {text}") from None
+        raise UserError(text if text.startswith(where) else f"{where}: {text}") from None
 
 
 def _mixed_from_dict(data: dict, where: str, per_node: int, headroom: float) -> ClusterSpec:
     raw = data.get("groups")
     if not isinstance(raw, list) or len(raw) < 2 or "group_link_bytes_per_s" not in data:
-        raise InputError(f"{where}: a mixed cluster needs groups (a list of two or more) and group_link_bytes_per_s")
+        raise UserError(f"{where}: a mixed cluster needs groups (a list of two or more) and group_link_bytes_per_s")
     groups = []
     for i, entry in enumerate(raw):
         at = f"{where}: groups[{i}]"
         if not isinstance(entry, dict) or set(entry) != {"num_nodes", "device"}:
-            raise InputError(f"{at}: expected an object with keys num_nodes, device")
+            raise UserError(f"{at}: expected an object with keys num_nodes, device")
         try:
             device = resolve_device(inputs.value(entry, "device", str, at))
         except ValueError as exc:
-            raise InputError(f"{at}: {exc}") from None
+            raise UserError(f"{at}: {exc}") from None
         groups.append(DeviceGroup(device=device, num_nodes=inputs.positive_field(entry, "num_nodes", at)))
     link = inputs.value(data, "group_link_bytes_per_s", float, where)
     cluster = mixed_cluster(groups, per_node, link, memory_headroom=headroom)
     if (cluster.num_nodes, _device_ref(cluster.device)) != (data["num_nodes"], data["device"]):
-        raise InputError(f"{where}: num_nodes and device must be the groups' total and first device")
+        raise UserError(f"{where}: num_nodes and device must be the groups' total and first device")
     return cluster

@@ -15,7 +15,7 @@ from costmodel.hardware.profile_check import profile_problems
 from costmodel.hardware.records import (
     DTYPE_FIELDS, FSDP_SYNC_KINDS, GELU_APPROXIMATIONS, OPTIONAL_DTYPE_FIELDS, DeviceProfile, Efficiency, HostSpec,
     NetworkTier, fsdp_sync_key)
-from costmodel.inputs import InputError
+from costmodel.inputs import UserError
 from costmodel.specs import DType
 
 
@@ -30,7 +30,7 @@ def _middle_tiers(path: Path, tiers: list[dict[str, Any]], efficiency: float) ->
         if raw["scope"] in ("node", "cluster"):
             continue
         if not isinstance(raw.get("max_nodes"), int) or raw["max_nodes"] < 2:
-            raise ValueError(f"{path}: [[network]] scope {raw['scope']!r} needs max_nodes >= 2 (the nodes it connects)")
+            raise UserError(f"{path}: [[network]] scope {raw['scope']!r} needs max_nodes >= 2 (the nodes it connects)")
         out.append(replace(_tier(raw, float(raw.get("efficiency", efficiency))), max_nodes=raw["max_nodes"]))
     return tuple(sorted(out, key=lambda t: t.max_nodes))
 
@@ -49,13 +49,13 @@ def _kind_factors(raw: dict[str, Any]) -> tuple[tuple[str, float, float], ...]:
     kinds = raw.get("kind_factors", {})
     where = f"[[network]] {raw.get('name', '?')} kind_factors"
     if not isinstance(kinds, dict):
-        raise ValueError(f"{where} is not a table of kinds")
+        raise UserError(f"{where} is not a table of kinds")
     out = []
     for kind, pair in kinds.items():
         if not isinstance(pair, dict) or set(pair) != {"latency", "bandwidth"}:
-            raise ValueError(f"{where}.{kind} needs exactly latency and bandwidth, got {pair!r}")
+            raise UserError(f"{where}.{kind} needs exactly latency and bandwidth, got {pair!r}")
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in pair.values()):
-            raise ValueError(f"{where}.{kind}: latency and bandwidth are numbers, got {pair!r}")
+            raise UserError(f"{where}.{kind}: latency and bandwidth are numbers, got {pair!r}")
         out.append((kind, float(pair["latency"]), float(pair["bandwidth"])))
     return tuple(out)
 
@@ -64,12 +64,12 @@ def _sdpa_numbers(path: Path, key: str, points: Any, width: int, what: str) -> l
     """[measured] `key` as a list of points of `width` positive finite numbers, else one error
     naming the file, the key and the point."""
     if not isinstance(points, list):
-        raise ValueError(f"{path}: [measured] {key} is not a list of [{what}] points")
+        raise UserError(f"{path}: [measured] {key} is not a list of [{what}] points")
     for i, point in enumerate(points):
         if not (isinstance(point, list) and len(point) == width
                 and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
                         for v in point)):
-            raise ValueError(f"{path}: [measured] {key} point {i} ({point!r}) is not [{what}] of positive "
+            raise UserError(f"{path}: [measured] {key} point {i} ({point!r}) is not [{what}] of positive "
                              "numbers; measure the machine again with `planner profile`")
     return [[float(v) for v in point] for point in points]
 
@@ -124,11 +124,11 @@ def _check_keys(path: Path, raw: dict[str, Any]) -> None:
                        and not (name == "efficiency" and isinstance(v, dict)))
         if extra:
             where = f"[{name}]" if name else "the top level"
-            raise ValueError(f"{path}: unknown key(s) {', '.join(extra)} in {where}")
+            raise UserError(f"{path}: unknown key(s) {', '.join(extra)} in {where}")
     allowed = set(DTYPE_FIELDS) | set(OPTIONAL_DTYPE_FIELDS)
     for dtype, table in raw.get("efficiency", {}).items():
         if isinstance(table, dict) and set(table) - allowed:
-            raise ValueError(f"{path}: unknown key(s) {', '.join(sorted(set(table) - allowed))} "
+            raise UserError(f"{path}: unknown key(s) {', '.join(sorted(set(table) - allowed))} "
                              f"in [efficiency.{dtype}]")
 
 
@@ -142,21 +142,21 @@ def parse_profile(text: str, path: Path) -> DeviceProfile:
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"{path}: not a valid profile (truncated? {exc})") from None
+        raise UserError(f"{path}: not a valid profile (truncated? {exc})") from None
     version = raw.get("format_version", PROFILE_FORMAT_VERSION)
     if version != PROFILE_FORMAT_VERSION:
-        raise InputError(f"{path}: profile format version {version!r}; this planner reads version "
+        raise UserError(f"{path}: profile format version {version!r}; this planner reads version "
                          f"{PROFILE_FORMAT_VERSION} (measure the machine again with `planner profile`)")
     try:
         _check_keys(path, raw)
         profile = _profile_from(path, raw)
     except KeyError as exc:
-        raise InputError(f"{path}: profile lacks {exc.args[0]!r}") from None
+        raise UserError(f"{path}: profile lacks {exc.args[0]!r}") from None
     except (TypeError, ValueError, AttributeError) as exc:
         text = str(exc)
-        raise InputError(text if text.startswith(str(path)) else f"{path}: not a valid profile ({text})") from None
+        raise UserError(text if text.startswith(str(path)) else f"{path}: not a valid profile ({text})") from None
     if problems := profile_problems(profile):
-        raise InputError(f"{path}: " + "; ".join(problems))
+        raise UserError(f"{path}: " + "; ".join(problems))
     return profile
 
 
@@ -210,18 +210,18 @@ def _rate_table(raw: dict[str, Any], field: str, names: list[str]) -> tuple[tupl
     fsdp_sync_key); absent: not measured."""
     table = raw.get("measured", {}).get(field, {})
     if not isinstance(table, dict) or any(name not in names for name in table):
-        raise ValueError(f"measured.{field} is not a table of {', '.join(names)}")
+        raise UserError(f"measured.{field} is not a table of {', '.join(names)}")
     return tuple((str(name), float(v)) for name, v in table.items())
 
 
 def _gelu_rates(raw: Any) -> tuple[tuple[str, float, float], ...]:
     """[measured] gelu_s_per_element: {approximation: [forward, backward]} seconds per element."""
     if not isinstance(raw, dict):
-        raise ValueError("measured.gelu_s_per_element is not a table of approximations")
+        raise UserError("measured.gelu_s_per_element is not a table of approximations")
     out = []
     for name, pair in raw.items():
         if name not in GELU_APPROXIMATIONS or not isinstance(pair, list) or len(pair) != 2:
-            raise ValueError(f"measured.gelu_s_per_element.{name} is not one of {', '.join(GELU_APPROXIMATIONS)} "
+            raise UserError(f"measured.gelu_s_per_element.{name} is not one of {', '.join(GELU_APPROXIMATIONS)} "
                              "with [forward, backward]")
         out.append((str(name), float(pair[0]), float(pair[1])))
     return tuple(out)
@@ -272,13 +272,13 @@ def local_profile() -> DeviceProfile:
 
 def resolve_device(name_or_path: str) -> DeviceProfile:
     if not name_or_path.strip():
-        raise InputError("the device name is empty (a name such as A100, `local`, or a .toml path)")
+        raise UserError("the device name is empty (a name such as A100, `local`, or a .toml path)")
     if name_or_path.lower() == machine.LOCAL:
         return local_profile()
     path = Path(name_or_path)
     if path.suffix == ".toml" or path.exists():
         if path.suffix != ".toml":
-            raise InputError(f"device {name_or_path!r} is a path but not a .toml profile")
+            raise UserError(f"device {name_or_path!r} is a path but not a .toml profile")
         return load_profile(path)
     profiles = known_profiles()
     wanted = name_or_path.lower()
@@ -287,4 +287,4 @@ def resolve_device(name_or_path: str) -> DeviceProfile:
             return profile
     names = ", ".join(f"{p.name} ({'/'.join(p.aliases)})" if p.aliases else p.name
                       for p in profiles.values())
-    raise ValueError(f"unknown device {name_or_path!r}; known: {names}, or a path to a .toml profile")
+    raise UserError(f"unknown device {name_or_path!r}; known: {names}, or a path to a .toml profile")

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from costmodel.specs import DType
+from costmodel.inputs import UserError
 
 
 # Fraction of the device memory CUDA reports that plans leave free by default: the spread of the
@@ -228,7 +229,7 @@ class DeviceProfile:
     def peak_for(self, dtype: DType) -> float:
         peak = self.peak_flops_per_s.get(str(dtype), 0.0)
         if peak <= 0:
-            raise ValueError(f"device {self.name} has no {dtype} support in its profile")
+            raise UserError(f"device {self.name} has no {dtype} support in its profile")
         return peak
 
 

@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from costmodel.hardware import resolve_device
+from costmodel.inputs import UserError
 from planner import outputs
 from planner.args import add_overwrite_arg
 
@@ -26,13 +27,19 @@ def add_calibrate_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from planner import profile_file
-    from planner.calibrate import calibrated_profile, fit_by_dtype, load_run, merge_repeats, summary
+    from planner.calibrate import (
+        calibrated_profile,
+        fit_by_dtype,
+        load_run,
+        merge_repeats,
+        summary,
+    )
     from reports.tables import table
     base = resolve_device(args.profile)
     base_path = Path(base.path)
     out = Path(args.out) if args.out else base_path.with_name(f"{base_path.stem}-calibrated.toml")
     if out.resolve() == base_path.resolve():
-        raise ValueError("--out must differ from the profile: calibration never overwrites it")
+        raise UserError("--out must differ from the profile: calibration never overwrites it")
     outputs.out_file(out, "--out", args.overwrite, ".toml")
     runs = [load_run(Path(r)) for r in args.runs]
     loaded = [replace(r, pf=replace(r.pf, cluster=replace(r.pf.cluster, device=base))) for r in runs]

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from costmodel.check import check_structure
-from costmodel.inputs import write_text_atomic
+from costmodel.inputs import UserError, write_text_atomic
 from costmodel.plan import PlanFile
 from costmodel.units import GIB
 from planner import outputs
@@ -42,9 +42,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     out = outputs.out_file(args.out, "--out", args.overwrite)
     pf = PlanFile.load(Path(args.plan))
     if problems := check_structure(pf.model, pf.train, pf.cluster, pf.plan):
-        raise ValueError(f"{args.plan} is not a valid plan: " + "; ".join(problems))
+        raise UserError(f"{args.plan} is not a valid plan: " + "; ".join(problems))
     if pf.cluster.is_mixed:   # their configurations know neither groups nor which node holds which stage
-        raise ValueError(f"{args.plan}: a plan for the mixed cluster {pf.cluster.name} has no {args.to} form "
+        raise UserError(f"{args.plan}: a plan for the mixed cluster {pf.cluster.name} has no {args.to} form "
                          f"(its configurations assume one device kind and do not place stages on groups); "
                          f"run it with `planner run {args.plan} --print-launch`")
     result = export_plan(pf, args.to)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from costmodel import machine
 from costmodel.hardware import DeviceProfile
+from costmodel.inputs import UserError
 from planner import outputs, profile_file
 from planner.args import add_overwrite_arg, positive_float, positive_int, refuse_ignored
 from planner.profile_doc import Setup, measured_profile
@@ -86,22 +87,22 @@ def _setup(args: argparse.Namespace) -> Setup:
     gpus = torch.cuda.device_count() if cuda else 0
     nproc = args.nproc if args.nproc is not None else (min(2, gpus) if cuda else 2)
     if nproc < 1:
-        raise ValueError("--nproc must be at least 1")
+        raise UserError("--nproc must be at least 1")
     if cuda and gpus < nproc:
-        raise ValueError(f"--nproc {nproc}: this machine has {gpus} GPU(s)")
+        raise UserError(f"--nproc {nproc}: this machine has {gpus} GPU(s)")
     if not cuda and nproc < 2:
-        raise ValueError("--nproc must be at least 2 on a CPU (collectives and two-rank probes need two ranks)")
+        raise UserError("--nproc must be at least 2 on a CPU (collectives and two-rank probes need two ranks)")
     cached = args.out is None
     if cached:
         refuse_ignored(getattr(args, "given", {}), {"overwrite"},
                        "the cached profile is replaced whenever it is measured; --overwrite is for --out")
     out = machine.local_profile_path() if cached else outputs.out_file(args.out, "--out", args.overwrite, ".toml")
     if cached and (problem := outputs.writable_dir_problem(out.parent)):   # before a minute of measuring
-        raise ValueError(f"the profile cache {out.parent}: {problem} (set PLANNER_CACHE_DIR, or pass --out)")
+        raise UserError(f"the profile cache {out.parent}: {problem} (set PLANNER_CACHE_DIR, or pass --out)")
     mode = "quick" if args.quick else "thorough" if args.thorough else "default"
     budget_s = getattr(args, "budget_s", None)
     if budget_s is not None and budget_s < MIN_BUDGET_S:
-        raise ValueError(f"--budget-s {budget_s:g}: at least {MIN_BUDGET_S:.0f} s (the probes' fit alone keeps "
+        raise UserError(f"--budget-s {budget_s:g}: at least {MIN_BUDGET_S:.0f} s (the probes' fit alone keeps "
                          f"{FIT_RESERVE_S:.0f} s)")
     flags = (" --quick" if args.quick else " --thorough" if args.thorough else "") + \
         (f" --budget-s {budget_s:g}" if budget_s is not None else "")

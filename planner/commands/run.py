@@ -13,12 +13,20 @@ import time
 from pathlib import Path
 
 from costmodel.check import check_memory, check_structure
-from costmodel.inputs import write_text_atomic
-from costmodel.units import GIB
+from costmodel.inputs import UserError, write_text_atomic
 from costmodel.plan import PlanFile
+from costmodel.units import GIB
 from planner import outputs
-from planner.args import (add_failure_args, add_overwrite_arg, failures_from_args, non_negative_int,
-                          positive_float, positive_int, refuse_ignored, seed_int)
+from planner.args import (
+    add_failure_args,
+    add_overwrite_arg,
+    failures_from_args,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    refuse_ignored,
+    seed_int,
+)
 from runtime.launch import PARTIAL
 
 EPILOG = """examples:
@@ -34,7 +42,7 @@ with (oversubscribing cores is fine for correctness, not for speed); GPU runs us
 per rank."""
 
 
-class RunRefused(ValueError):
+class RunRefused(UserError):
     """A plan or request the runtime cannot execute: one line, exit code 2."""
 
 
@@ -303,6 +311,7 @@ def _checkpoints(args: argparse.Namespace, pf: PlanFile) -> int:
     (--resume), replaced (--overwrite) or refused; the one a resume takes readable. Returns the
     step the run resumes after (0: from the start)."""
     import shutil
+
     from runtime import checkpoint
     root = Path(args.checkpoint_dir)
     if root.exists() and not root.is_dir():

@@ -8,13 +8,26 @@ import time
 from pathlib import Path
 from typing import Any
 
-from costmodel.inputs import write_text_atomic
-from costmodel.units import GIB
-from costmodel.plan import PlanFile, Recompute, Schedule
-from planner import outputs
 from costmodel.estimate import offloads
-from planner.args import add_overwrite_arg, positive_float, positive_int, refuse_ignored
-from planner.search import Found, SearchOptions, SearchResult, search, unsatisfiable_constraints
+from costmodel.inputs import UserError, write_text_atomic
+from costmodel.plan import PlanFile, Recompute, Schedule
+from costmodel.units import GIB
+from planner import outputs
+from planner.args import (
+    add_overwrite_arg,
+    failures_from_args,
+    positive_float,
+    positive_int,
+    refuse_ignored,
+)
+from planner.commands.common import emit_json, specs_from_args, write_report_dir
+from planner.search import (
+    Found,
+    SearchOptions,
+    SearchResult,
+    search,
+    unsatisfiable_constraints,
+)
 
 _YES_NO = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 # --fix KEY=VALUE: the plan field it pins and how to read the value
@@ -61,23 +74,23 @@ def parse_options(args: argparse.Namespace) -> SearchOptions:
     for item in args.fix:
         key, _, value = item.partition("=")
         if key not in FIXABLE or not value:
-            raise ValueError(f"--fix {item!r}: expected KEY=VALUE with KEY one of {', '.join(FIXABLE)}")
+            raise UserError(f"--fix {item!r}: expected KEY=VALUE with KEY one of {', '.join(FIXABLE)}")
         name, parse = FIXABLE[key]
         if name in fixed:
-            raise ValueError(f"--fix {key} given twice; say it once")
+            raise UserError(f"--fix {key} given twice; say it once")
         try:
             fixed[name] = parse(value)
         except (ValueError, KeyError):
-            raise ValueError(f"--fix {item!r}: {value!r} is not a valid {key}") from None
+            raise UserError(f"--fix {item!r}: {value!r} is not a valid {key}") from None
     for name, value in (("zero_stage", args.zero), ("schedule", args.schedule and Schedule(args.schedule))):
         if value is not None:
             if name in fixed and fixed[name] != value:
-                raise ValueError(f"contradictory constraints: --fix gives {name}={fixed[name]}, another flag {value}")
+                raise UserError(f"contradictory constraints: --fix gives {name}={fixed[name]}, another flag {value}")
             fixed[name] = value
     if args.no_recompute and fixed.get("recompute", Recompute.NONE) is not Recompute.NONE:
-        raise ValueError(f"contradictory constraints: --no-recompute and --fix recompute={fixed['recompute']}")
+        raise UserError(f"contradictory constraints: --no-recompute and --fix recompute={fixed['recompute']}")
     if args.max_tp and fixed.get("tp", 0) > args.max_tp:
-        raise ValueError(f"contradictory constraints: --fix tp={fixed['tp']} exceeds --max-tp {args.max_tp}")
+        raise UserError(f"contradictory constraints: --fix tp={fixed['tp']} exceeds --max-tp {args.max_tp}")
     return SearchOptions(top_k=args.top, max_tp=args.max_tp, fixed=fixed, no_recompute=args.no_recompute,
                          objective=args.objective, time_limit_s=args.time_limit, progress=_progress())
 
@@ -157,7 +170,7 @@ def check_outputs(args: argparse.Namespace) -> None:
         refuse_ignored(args.given, {"export_out"}, "--export-out names the file of --export TARGET")
     given = [Path(p).resolve() for p in (args.out, args.csv, args.report, args.export_out) if p]
     if len(set(given)) < len(given):
-        raise ValueError("--out, --csv, --report and --export-out name the same path; give each its own")
+        raise UserError("--out, --csv, --report and --export-out name the same path; give each its own")
     args.out = outputs.out_file(args.out, "--out", args.overwrite, ".json")
     args.csv = outputs.out_file(args.csv, "--csv", args.overwrite, ".csv")
     args.export_out = outputs.out_file(args.export_out, "--export-out", args.overwrite)
@@ -171,15 +184,99 @@ def run_search(args: argparse.Namespace, model, train, cluster) -> SearchResult:
         if not result.stats.optimal:
             left = (f"{result.stats.pruned_by_reason.get('time limit', 0):,} candidates left"
                     if result.stats.enumerated else "the space was still being listed")
-            raise ValueError(f"no plan found within the --time-limit of {args.time_limit:g} s ({left}); raise it")
+            raise UserError(f"no plan found within the --time-limit of {args.time_limit:g} s ({left}); raise it")
         if result.closest is None:
             problems = unsatisfiable_constraints(model, train, cluster, options)
             if problems:
-                raise ValueError("contradictory constraints: " + "; ".join(problems))
-        raise ValueError(infeasible_message(result, cluster.name))
+                raise UserError("contradictory constraints: " + "; ".join(problems))
+        raise UserError(infeasible_message(result, cluster.name))
     if args.out:
         PlanFile(plan=result.plans[0].plan, model=model, train=train, cluster=cluster).save(args.out)
         print(f"wrote {args.out}", file=sys.stderr)
     if args.csv:
         write_csv(args.csv, result)
     return result
+
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from costmodel.resilience import checkpoint_cost
+
+    check_outputs(args)
+    model, train, cluster = specs_from_args(args)
+    result = run_search(args, model, train, cluster)
+    stats = result.stats
+    best = result.plans[0]
+    runner_up_text = why_runner_up_lost(best, result.plans[1]) if len(result.plans) > 1 else ""
+    if args.report:   # with --json too: stdout holds the JSON, the report goes to its directory
+        write_report_dir(args.report, model, train, cluster, best.plan, best.estimate,
+                      runners_up=[(f.plan, f.estimate) for f in result.plans[1:]],
+                      candidates=[f.estimate for f in result.evaluated], runner_up_text=runner_up_text)
+    exported = _export_best(args, model, train, cluster, best.plan)
+    if args.json:
+        emit_json({"plans": [{"plan": f.plan.to_dict(), "estimate": f.estimate.to_dict()} for f in result.plans],
+                    "search": {**stats.to_dict(), "equivalent_plans": result.equivalent,
+                               "error_band": result.error_band, "offloaded_because": result.offloaded_because,
+                               "fastest": None if result.fastest is None else
+                               {"plan": result.fastest.plan.to_dict(), "estimate": result.fastest.estimate.to_dict()}},
+                    # the first plan's checkpoint interval and throughput with failures (costmodel.resilience)
+                    "checkpoint": checkpoint_cost(model, train, cluster.world_size, best.estimate.step_time_s,
+                                                  best.estimate.tokens_per_s, failures_from_args(args)).to_dict(),
+                    **({} if exported is None else {"export": exported})})
+        return 0
+    from reports.tables import search_table, summary_lines
+    print(summary_lines(model, train, cluster, best.plan, best.estimate, failures_from_args(args)))
+    print()
+    print(search_table(result.plans, cluster))
+    print()
+    fastest = result.fastest or best
+    if stats.optimal:
+        proof = "proven optimal under the cost model (closed-form pipeline; the top plans re-priced by simulation)"
+    elif not stats.enumerated:
+        proof = ("NOT proven optimal (stopped at --time-limit while the space was still being listed: "
+                 "no bound on the rest; raise --time-limit)")
+    else:
+        proof = (f"NOT proven optimal (stopped at --time-limit; no unexamined plan is faster than "
+                 f"{stats.lower_bound_s:.3f} s in closed form, gap "
+                 f"{100 * ((fastest.estimate.closed_form_step_time_s or fastest.estimate.step_time_s) / stats.lower_bound_s - 1):.1f}%)")
+    label = "fastest plan"
+    proven = result.proven_fastest
+    if proven is not None and proven.plan != fastest.plan:
+        print(f"fastest plan ({fastest.plan.short()}, {fastest.estimate.step_time_s:.3f} s): "
+              f"{fastest.plan.schedule} has no closed form, so it was priced by simulation as a variant "
+              f"of the best closed-form plans, outside the proof below")
+        label, fastest = "fastest closed-form plan", proven
+    print(f"{label} ({fastest.plan.short()}, {fastest.estimate.step_time_s:.3f} s) {proof}, "
+          f"within the model's measured error of +-{100 * result.error_band:.1f}% "
+          f"(leave-one-source-out on published runs): {stats.num_candidates:,} candidates, "
+          f"{stats.num_solved:,} solved exactly, {stats.num_feasible:,} feasible, {stats.wall_s:.2f} s")
+    if result.offloaded_because:
+        print(f"the host holds what the devices cannot: {result.offloaded_because} (on-device plans are "
+              "searched first; --fix offload=yes|no and --fix act_offload=yes|no decide from the start)")
+    if result.equivalent > 1:
+        print(f"{result.equivalent} plans within +-{100 * result.error_band:.1f}% of the fastest are equivalent "
+              f"under that error: the first is the most robust (memory headroom, "
+              f"fewer moving parts)")
+    if runner_up_text:
+        print(runner_up_text)
+    if exported is not None:
+        print()
+        if exported["file"] is None:
+            print(exported["text"], end="")
+        print("\n".join(exported["summary"]))
+    return 0
+
+
+def _export_best(args: argparse.Namespace, model, train, cluster, plan) -> dict | None:
+    """search --export TARGET: the best plan in that framework's configuration (written to
+    --export-out when given); None without --export."""
+    if not args.export:
+        return None
+    from costmodel.inputs import write_text_atomic
+    from planner.commands.export import summary_lines, to_json
+    from planner.exports import export_plan
+    pf = PlanFile(plan=plan, model=model, train=train, cluster=cluster)
+    result = export_plan(pf, args.export)
+    if args.export_out is not None:
+        write_text_atomic(args.export_out, result.text)
+    return {**to_json(result, pf, args.export_out), "summary": summary_lines(result, pf, args.export_out)}

@@ -12,9 +12,10 @@ from costmodel.estimate import Estimate, estimate
 from costmodel.frameworks import device_as_run_by, framework_traits
 from costmodel.plan import Plan, PlanFile, Recompute, Schedule, even_layers
 from costmodel.units import GIB
+from costmodel.inputs import UserError
 
 
-class CannotExport(ValueError):
+class CannotExport(UserError):
     """The target cannot run this plan at all (one line, exit 2)."""
 
 

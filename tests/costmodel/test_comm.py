@@ -99,7 +99,7 @@ def test_a_profiles_kind_factors_are_read_and_checked(tmp_path):
     from pathlib import Path
 
     from costmodel.hardware import load_profile
-    from costmodel.inputs import InputError
+    from costmodel.inputs import UserError
     text = (Path(__file__).parents[2] / "profiles" / "A100-SXM4-80GB.toml").read_text()
     node = text.index("[[network]]")
     cut = text.index("\nlatency_s", node)
@@ -118,7 +118,7 @@ def test_a_profiles_kind_factors_are_read_and_checked(tmp_path):
                       ("kind_factors = {reduce_scatter = 2.0}", "kind_factors.reduce_scatter needs exactly"),
                       ('kind_factors = {all_gather = {latency = "x", bandwidth = 1.0}}', "are numbers"),
                       ("kind_factors = 1", "not a table of kinds")):
-        with pytest.raises(InputError, match=why) as exc:
+        with pytest.raises(UserError, match=why) as exc:
             load_profile(with_line(line))
         assert "k.toml" in str(exc.value) and "\n" not in str(exc.value)
 

@@ -15,7 +15,7 @@ import pytest
 
 from costmodel.hardware import ClusterSpec, load_profile
 from costmodel.estimate import estimate
-from costmodel.inputs import InputError
+from costmodel.inputs import UserError
 from costmodel.params import rank_params
 from costmodel.rank_time import grad_accumulation_s, one_replica_fsdp_parts_s
 from costmodel.registry import llama_spec
@@ -67,7 +67,7 @@ def test_a_profile_holds_the_factor_and_refuses_a_non_positive_one(tmp_path, key
         if ok:
             assert getattr(load_profile(path).efficiency, key) == 2.5
         else:
-            with pytest.raises(InputError, match=key):
+            with pytest.raises(UserError, match=key):
                 load_profile(path)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from costmodel.hardware import ClusterSpec, load_profile
-from costmodel.inputs import InputError
+from costmodel.inputs import UserError
 from costmodel.kernels import layer_kernel_times
 from costmodel.registry import gpt_spec, llama_spec
 from costmodel.specs import DType, FfnKind, TrainSpec
@@ -57,5 +57,5 @@ def test_a_malformed_gelu_entry_is_one_line_naming_it(tmp_path, entry):
     text = PROFILE.read_text()
     bad = tmp_path / "bad.toml"
     bad.write_text(text + ("" if "[measured]" in text else "\n[measured]\n") + f"gelu_s_per_element = {entry}\n")
-    with pytest.raises(InputError, match="gelu_s_per_element"):
+    with pytest.raises(UserError, match="gelu_s_per_element"):
         load_profile(bad)

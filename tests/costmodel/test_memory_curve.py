@@ -8,15 +8,16 @@ import pytest
 import torch
 
 from costmodel.hardware import PROFILE_FORMAT_VERSION, parse_profile
-from costmodel.inputs import InputError
+from costmodel.inputs import UserError
 from runtime import profiler as prof
+from runtime.profiler import curves
 
 PROFILES = Path(__file__).resolve().parents[2] / "profiles"
 
 
 def test_a_size_is_one_point_its_kernels_bytes_over_their_seconds(monkeypatch):
     seconds = iter([1.0, 2.0, 4.0])   # add, RMS norm, softmax
-    monkeypatch.setattr(prof, "best_s", lambda fn, **kw: next(seconds))
+    monkeypatch.setattr(curves, "best_s", lambda fn, **kw: next(seconds))
     ((per_kernel, rate),) = prof.memory_points(1024, torch.device("cpu"))
     b = 1024 * 4
     assert per_kernel == pytest.approx(7 * b / 3)
@@ -37,5 +38,5 @@ def test_the_current_version_is_read_as_written():
 
 
 def test_another_format_version_is_refused_by_name():
-    with pytest.raises(InputError, match=r"old\.toml: profile format version 1; this planner reads version 3"):
+    with pytest.raises(UserError, match=r"old\.toml: profile format version 1; this planner reads version 3"):
         parse_profile(_with_memory_curve(1, "[[9557.3, 5e9]]"), Path("old.toml"))

@@ -13,7 +13,7 @@ import pytest
 
 from costmodel.hardware import ClusterSpec, load_profile, profile_problems, sdpa_key
 from costmodel.kernels import cp_chunk_scores, layer_kernel_times, sdpa_head_s
-from costmodel.inputs import InputError
+from costmodel.inputs import UserError
 from costmodel.registry import gpt_spec, llama_spec
 from costmodel.specs import DType, TrainSpec
 from planner.space import Choice, build_plan
@@ -144,5 +144,5 @@ def test_a_version_3_point_that_is_not_three_positive_numbers_is_refused_by_key_
     text = PROFILE.read_text()
     text += f"\n[measured]\nsdpa_fp32_forward = [{point}]\nsdpa_fp32_backward = [[128, 64, 1e-4]]\n"
     (tmp_path / "v3.toml").write_text(text)
-    with pytest.raises(InputError, match=rf"v3.toml: \[measured\] sdpa_fp32_forward {why} .* is not \[sequence"):
+    with pytest.raises(UserError, match=rf"v3.toml: \[measured\] sdpa_fp32_forward {why} .* is not \[sequence"):
         load_profile(tmp_path / "v3.toml")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from costmodel.hardware import load_profile
-from costmodel.inputs import InputError
+from costmodel.inputs import UserError
 from planner import probes, profile_file
 from planner.calibrate import Run, fit, predict_with
 
@@ -33,7 +33,7 @@ def test_collectives_faster_than_their_microbenchmark_stay_at_efficiency_one(tmp
     assert params["intra_node_comm"] <= 1.0 + 1e-9 and device.intra_node.efficiency <= 1.0 + 1e-9
     doc = profile_file.parse(XEON.read_text())
     doc["efficiency"]["intra_node_comm"] = 2.0
-    with pytest.raises(InputError, match="efficiency = 2.0 is out of range"):
+    with pytest.raises(UserError, match="efficiency = 2.0 is out of range"):
         profile_file.write(tmp_path / "bad.toml", doc)
     assert not (tmp_path / "bad.toml").exists()
 

@@ -225,8 +225,8 @@ def test_gpt_neox_counts_exactly_as_transformers_and_prices_its_mechanisms(tmp_p
     v5["rope_parameters"] = {"rope_theta": 10000.0, "partial_rotary_factor": 0.25, "rope_type": "default"}
     assert resolve_model(str(_config(tmp_path, v5))) == spec
     bad = {**NEOX_20B, "hidden_dropout": 0.1}
-    from costmodel.inputs import InputError
-    with pytest.raises(InputError, match="hidden_dropout in a GPT-NeoX model is not supported"):
+    from costmodel.inputs import UserError
+    with pytest.raises(UserError, match="hidden_dropout in a GPT-NeoX model is not supported"):
         resolve_model(str(_config(tmp_path, bad)))
 
 

@@ -1,0 +1,167 @@
+"""What several subcommands share: the flags that describe a model, its training and a cluster,
+and one plan; building the specs and the plan from them; JSON on stdout; writing a report."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from costmodel.check import float8_device_problem
+from costmodel.groups import views
+from costmodel.hardware import DEFAULT_MEMORY_HEADROOM, ClusterSpec, parse_cluster
+from costmodel.inputs import UserError
+from costmodel.plan import DEFAULT_AXIS_ORDER, Recompute, Schedule
+from costmodel.registry import default_recipe, resolve_model
+from costmodel.specs import (
+    DEFAULT_EXPERT_IMBALANCE,
+    AttentionKernel,
+    DType,
+    ModelSpec,
+    TrainSpec,
+)
+from planner.args import (
+    at_least_one,
+    fraction,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
+from planner.space import Choice
+
+FP8 = "fp8"   # --dtype fp8: bf16 beside float8 linears (TrainSpec.float8), not a DType of its own
+
+
+def add_train_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="registry name (see `planner models`) or path to a HF config.json")
+    p.add_argument("--cluster", help="NODESxGPUS_PER_NODExDEVICE, e.g. 8x8xA100 (see `planner devices`); a mixed "
+                                     "cluster joins groups with '+', e.g. 4x8xA100+4x8xH100 (same devices per node: "
+                                     "each pipeline stage runs on one group, layers split by each group's speed and "
+                                     "memory; without a pipeline each data-parallel replica runs on one group, "
+                                     "its micro-batch size the group's)")
+    p.add_argument("--group-link", type=positive_float, metavar="GB_PER_S",
+                   help="mixed clusters: the link between the groups in GB/s per device and direction (default: "
+                        "the slowest group's own inter-node link); pipeline sends and the gradient collectives of "
+                        "replicas on different groups cross it")
+    p.add_argument("--seq-len", type=positive_int, help="tokens per sequence (default: the model's published recipe)")
+    p.add_argument("--global-batch", type=positive_int, help="sequences per optimizer step (default: published recipe)")
+    p.add_argument("--dtype", choices=[d.value for d in DType] + [FP8], default="bf16",
+                   help="compute precision; 16-bit implies fp32 master weights (default bf16). fp8: bf16 "
+                        "training whose layers' linear projections may run in float8 (torchao's tensorwise "
+                        "recipe; devices with float8 tensor cores: H100, H200, B200): search weighs float8 "
+                        "against bf16 linears per plan, predict prices them in float8")
+    p.add_argument("--grad-dtype", choices=[d.value for d in DType], default="fp32",
+                   help="gradient accumulation/reduction precision (default fp32, as Megatron-LM)")
+    p.add_argument("--attention", choices=[a.value for a in AttentionKernel], default="flash",
+                   help="attention kernel (default flash)")
+    p.add_argument("--expert-imbalance", type=at_least_one, default=DEFAULT_EXPERT_IMBALANCE, metavar="F",
+                   help="mixtures of experts under expert parallelism: routed tokens of the busiest EP rank "
+                        f"over the mean, >= 1 (default {DEFAULT_EXPERT_IMBALANCE}: dropless Mixtral 8x22B on "
+                        "Megatron-Core runs 4.5%% slower than with forced balance)")
+    p.add_argument("--memory-headroom", type=fraction, default=DEFAULT_MEMORY_HEADROOM, metavar="F",
+                   help="share of the device memory CUDA reports that plans leave free, beyond the context, "
+                        f"NCCL and allocator fragmentation the profile counts (default {DEFAULT_MEMORY_HEADROOM})")
+
+
+def add_plan_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("plan (omitted degrees default to 1; --dp defaults to world/(tp*pp*cp))")
+    g.add_argument("--dp", type=positive_int)
+    g.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree")
+    g.add_argument("--pp", type=positive_int, default=1, help="pipeline-parallel degree")
+    g.add_argument("--cp", type=positive_int, default=1, help="context-parallel degree")
+    g.add_argument("--ep", type=positive_int, default=1,
+                   help="expert-parallel degree (mixtures of experts): each layer's experts sharded over "
+                        "ep consecutive data-parallel ranks; divides dp and the number of experts")
+    g.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=1,
+                   help="0 replicated (DDP), 1 optimizer sharded, 2 +gradients, 3 +weights (FSDP)")
+    g.add_argument("--offload-optimizer", action="store_true",
+                   help="keep the sharded optimizer states (fp32 master weights, moments, reduced gradients) in "
+                        "host memory and step them on the host, ZeRO-Offload as FSDP2's CPUOffloadPolicy runs it; "
+                        "needs --zero >= 1 and a device profile with a [host] (GPUs)")
+    g.add_argument("--offload-activations", action="store_true",
+                   help="copy what the layers save for backward (not their weights) to host memory and back, an "
+                        "alternative to --recompute; needs a device profile with a [host] (GPUs)")
+    g.add_argument("--recompute", choices=[r.value for r in Recompute], default="none")
+    g.add_argument("--recompute-layers", type=non_negative_int,
+                   help="layers recomputed per pipeline rank (default: all of them)")
+    g.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None,
+                   help="sequence parallelism (default: on when tp > 1)")
+    g.add_argument("--mbs", type=positive_int, default=1, help="micro-batch size in sequences")
+    g.add_argument("--vpp", type=positive_int, default=1, help="virtual stages per pipeline rank")
+    g.add_argument("--schedule", choices=[s.value for s in Schedule],
+                   help="pipeline schedule (default: interleaved-1f1b if vpp > 1, else 1f1b). "
+                        + "; ".join(f"{s}: {s.traits.description}" for s in Schedule))
+    g.add_argument("--mesh-order", default=",".join(DEFAULT_AXIS_ORDER),
+                   help="mesh axes outermost first (default pp,dp,cp,tp: TP inside a node)")
+    g.add_argument("--group-order", default=None, metavar="G,G,...",
+                   help="mixed clusters: the order in which the --cluster groups (numbered from 0 as written) take "
+                        "the pipeline's stages, e.g. 1,0 puts the second group's devices on stage 0 (default: as "
+                        "written)")
+    g.add_argument("--group-mbs", default=None, metavar="B,B,...",
+                   help="mixed clusters without a pipeline (--pp 1): the micro-batch size of each group's data-parallel "
+                        "replicas, in --cluster order, e.g. 1,3: the faster group's replicas take the larger share of "
+                        "the global batch (their losses weighted by it); --mbs is then ignored")
+
+
+def specs_from_args(args: argparse.Namespace) -> tuple[ModelSpec, TrainSpec, ClusterSpec]:
+    if not args.model or not args.cluster:
+        raise UserError("--model and --cluster are required"
+                        + (" (or --plan plan.json)" if args.command == "predict" else ""))
+    link = None if args.group_link is None else args.group_link * 1e9
+    model, cluster = resolve_model(args.model), parse_cluster(args.cluster, link)
+    cluster = dataclasses.replace(cluster, memory_headroom=args.memory_headroom)
+    seq, batch = default_recipe(model)
+    float8 = args.dtype == FP8
+    if float8 and (problem := next(filter(None, (float8_device_problem(v.device) for v in views(cluster))), None)):
+        raise UserError(f"--dtype fp8: {problem}")
+    train = TrainSpec(seq_len=seq if args.seq_len is None else args.seq_len,
+                      global_batch_size=batch if args.global_batch is None else args.global_batch,
+                      compute_dtype=DType.BF16 if float8 else DType(args.dtype), grad_dtype=DType(args.grad_dtype),
+                      float8=float8,
+                      attention_kernel=AttentionKernel(args.attention),
+                      expert_load_imbalance=args.expert_imbalance)
+    return model, train, cluster
+
+
+def choice_from_args(args: argparse.Namespace) -> Choice:
+    return Choice(tp=args.tp, pp=args.pp, cp=args.cp, dp=args.dp, ep=args.ep, zero_stage=args.zero,
+                  offload_optimizer=args.offload_optimizer, fp8_linears=args.dtype == FP8,
+                  offload_activations=args.offload_activations,
+                  recompute=Recompute(args.recompute), recompute_layers=args.recompute_layers,
+                  sequence_parallel=args.sp, micro_batch_size=args.mbs, vpp=args.vpp,
+                  schedule=Schedule(args.schedule) if args.schedule else None,
+                  mesh_axis_order=tuple(a.strip() for a in args.mesh_order.split(",")),
+                  group_order=parse_group_order(args.group_order),
+                  micro_batch_sizes=parse_ints(args.group_mbs, "--group-mbs", "1,3"))
+
+
+def parse_group_order(text: str | None) -> tuple[int, ...]:
+    return parse_ints(text, "--group-order", "1,0")
+
+
+def parse_ints(text: str | None, flag: str, example: str) -> tuple[int, ...]:
+    if text is None:
+        return ()
+    try:
+        values = tuple(int(g) for g in text.split(","))
+    except ValueError:
+        raise UserError(f"{flag} {text!r}: expected whole numbers joined by commas, e.g. {example}") from None
+    if flag == "--group-mbs" and min(values) < 1:
+        raise UserError(f"{flag} {text!r}: every micro-batch size must be at least 1")
+    return values
+
+
+def emit_json(doc: Any) -> None:
+    json.dump(doc, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+def write_report_dir(out: str, model, train, cluster, plan, est, **extra) -> None:
+    from planner.report_plans import schedule_variants
+    from reports.build import ReportInput, write_report
+    print(f"writing the report to {out}/ ...", file=sys.stderr)
+    files = write_report(ReportInput(model=model, train=train, cluster=cluster, plan=plan, estimate=est,
+                                     variants=schedule_variants(model, train, cluster, plan), **extra), Path(out))
+    print(f"wrote {len(files)} files to {out}/ (open {out}/index.html)", file=sys.stderr)

@@ -1,0 +1,54 @@
+"""`planner models` and `planner devices`: what is known."""
+from __future__ import annotations
+
+import argparse
+
+from costmodel.hardware import known_profiles
+from costmodel.params import active_params, total_params
+from costmodel.registry import MODELS, model_names
+from costmodel.units import GIB
+from planner.commands.common import emit_json
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    rows = []
+    for name in model_names():
+        m = MODELS[name]
+        rows.append({"name": name, "params": total_params(m), "active_params": active_params(m),
+                     "experts": f"{m.experts_per_token}/{m.num_experts}" if m.is_moe else "",
+                     "layers": m.num_layers,
+                     "hidden": m.hidden_size, "heads": m.num_heads, "kv_heads": m.num_kv_heads,
+                     "ffn": m.ffn_hidden_size, "vocab": m.vocab_size, "arch": str(m.arch),
+                     "source": m.source})
+    if args.json:
+        emit_json({"models": rows})
+        return 0
+    from reports.tables import table
+    print(table(("model", "params", "active", "experts", "layers", "hidden", "heads/kv", "ffn", "vocab", "source"),
+                [(r["name"], f"{r['params'] / 1e9:,.2f}B", f"{r['active_params'] / 1e9:,.2f}B", r["experts"],
+                  r["layers"], r["hidden"], f"{r['heads']}/{r['kv_heads']}", r["ffn"], r["vocab"], r["source"])
+                 for r in rows]))
+    print("\nmixtures of experts (experts: per token / in all): expert parallelism --ep N carved from dp; under "
+          "tensor parallelism (with SP) each TP rank keeps the whole mixture (expert TP 1)")
+    print("\naliases: llama-70b -> llama2-70b, llama-7b, llama-13b, gpt3; or --model path/to/config.json")
+    return 0
+
+
+def cmd_devices(args: argparse.Namespace) -> int:
+    profiles = known_profiles()
+    rows = [{"name": p.name, "aliases": list(p.aliases), "peak_flops_per_s": p.peak_flops_per_s,
+             "memory_bytes": p.memory_bytes, "memory_bandwidth_bytes_per_s": p.memory_bandwidth_bytes_per_s,
+             "intra_node_bytes_per_s": p.intra_node.bandwidth_bytes_per_s,
+             "inter_node_bytes_per_s": p.inter_node.bandwidth_bytes_per_s, "profile": p.path}
+            for p in profiles.values()]
+    if args.json:
+        emit_json({"devices": rows})
+        return 0
+    from reports.tables import table
+    print(table(("device", "aliases", "bf16 TFLOP/s", "memory GiB", "HBM GB/s", "node GB/s", "net GB/s"),
+                [(r["name"], ",".join(r["aliases"]), f"{r['peak_flops_per_s'].get('bf16', 0) / 1e12:,.1f}",
+                  f"{r['memory_bytes'] / GIB:.0f}", f"{r['memory_bandwidth_bytes_per_s'] / 1e9:,.0f}",
+                  f"{r['intra_node_bytes_per_s'] / 1e9:,.0f}", f"{r['inter_node_bytes_per_s'] / 1e9:,.1f}")
+                 for r in rows]))
+    print("\nbandwidths are per device, per direction; a path to a .toml profile works as a device")
+    return 0

@@ -1,0 +1,65 @@
+"""`planner predict`: one plan's step-time ledger and memory per stage."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from costmodel.check import check_memory, check_structure
+from costmodel.estimate import estimate
+from costmodel.fidelity import MODEL_ERROR_BAND
+from costmodel.inputs import UserError
+from costmodel.plan import PlanFile
+from planner import outputs
+from planner.args import failures_from_args, refuse_ignored
+from planner.commands.common import choice_from_args, emit_json, specs_from_args
+from planner.space import build_plan
+
+# predict --plan takes all of these from the file
+SPEC_AND_PLAN_FLAGS = {"model", "cluster", "seq_len", "global_batch", "dtype", "grad_dtype", "attention",
+                       "memory_headroom", "dp", "tp", "pp", "cp", "zero", "recompute", "recompute_layers",
+                       "sp", "mbs", "vpp", "schedule", "mesh_order", "offload_optimizer", "offload_activations"}
+
+
+EPILOG_PREDICT = """examples:
+  planner predict --model llama-70b --cluster 8x8xA100 --tp 8 --pp 4 --zero 1 --recompute selective --mbs 1
+  planner predict --model llama3-8b --cluster 1x8xH100 --tp 2 --json
+  planner predict --plan plan.json            (the specs recorded in the plan file)
+"""
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    if not args.out:
+        refuse_ignored(args.given, {"overwrite"}, "without --out nothing is written")
+    out = outputs.out_file(args.out, "--out", args.overwrite, ".json")
+    if args.plan:
+        refuse_ignored(args.given, SPEC_AND_PLAN_FLAGS, "--plan takes the model, cluster, training and plan "
+                       "from the file (leave out --plan to give them as flags)")
+        pf = PlanFile.load(Path(args.plan))
+        model, train, cluster, plan = pf.model, pf.train, pf.cluster, pf.plan
+    else:
+        model, train, cluster = specs_from_args(args)
+        plan = build_plan(model, train, cluster, choice_from_args(args))
+    problems = check_structure(model, train, cluster, plan)
+    if problems:
+        raise UserError("invalid plan: " + "; ".join(problems))
+    est = estimate(model, train, cluster, plan)
+    if out:
+        PlanFile(plan=plan, model=model, train=train, cluster=cluster).save(out)
+        print(f"wrote {out}", file=sys.stderr)
+    if args.json:
+        from costmodel.resilience import checkpoint_cost
+        emit_json({"plan": plan.to_dict(), "estimate": est.to_dict(), "error_band": MODEL_ERROR_BAND,
+                    "checkpoint": checkpoint_cost(model, train, cluster.world_size, est.step_time_s,
+                                                  est.tokens_per_s, failures_from_args(args)).to_dict()})
+    else:
+        from reports.tables import ledger_table, memory_table, summary_lines
+        print(summary_lines(model, train, cluster, plan, est, failures_from_args(args)))
+        print()
+        print(ledger_table(est))
+        print()
+        print(memory_table(est))
+    over = check_memory(model, train, cluster, plan)
+    if over:
+        raise UserError("plan does not fit: " + "; ".join(over))
+    return 0
