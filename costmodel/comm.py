@@ -153,7 +153,7 @@ def collective_time_s(kind: Collective, num_bytes: float, span: AxisSpan,
         return host_copy_s(num_bytes / span.size, cluster)
     if kind is Collective.ALL_REDUCE:
         return min(all_reduce_algorithms_s(num_bytes, span, cluster))
-    intra, inter = cluster.device.intra_node, cluster.device.tier_for(span.num_nodes)
+    intra, inter = cluster.device.intra_node, cluster.device.tier_for(span.num_nodes, span.same_rail)
     if not span.crosses_nodes:
         return ring_time_s(kind, num_bytes, span.size, intra)
     m, k = span.members_per_node, span.num_nodes
@@ -166,7 +166,7 @@ def all_reduce_algorithms_s(num_bytes: float, span: AxisSpan, cluster: ClusterSp
     """(ring, tree) times of an all-reduce over `span`; NCCL runs the faster. Inside a node both
     are the ring. Each is affine in the bytes, the pair is what placement dominance compares
     (costmodel.rank_time.link_costs)."""
-    intra, inter = cluster.device.intra_node, cluster.device.tier_for(span.num_nodes)
+    intra, inter = cluster.device.intra_node, cluster.device.tier_for(span.num_nodes, span.same_rail)
     if not span.crosses_nodes:
         ring = ring_time_s(Collective.ALL_REDUCE, num_bytes, span.size, intra)
         return ring, ring

@@ -16,11 +16,14 @@ import numpy as np
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class AxisSpan:
-    """One group of an axis: `members_per_node` ranks in each of `num_nodes` nodes."""
+    """One group of an axis: `members_per_node` ranks in each of `num_nodes` nodes; `same_rail`:
+    every node holds its members at the same local ranks, so the cross-node part of a
+    hierarchical collective runs between GPUs of one rail (costmodel.hardware.fabric)."""
 
     size: int
     members_per_node: int
     num_nodes: int
+    same_rail: bool = True
 
     @property
     def crosses_nodes(self) -> bool:
@@ -45,14 +48,20 @@ def group_span(order: tuple[str, ...], degrees: tuple[int, ...], axes: tuple[str
         for stride, degree in members:
             ranks = (ranks[:, None] + np.arange(degree, dtype=np.int64) * stride).ravel()
         _, per_node = np.unique(ranks // devices_per_node, return_counts=True)
-        return AxisSpan(size=int(ranks.size), members_per_node=int(per_node.max()), num_nodes=int(per_node.size))
+        local = np.sort(ranks) % devices_per_node   # node by node, each node's local ranks ascending
+        same = bool(per_node.min() == per_node.max()
+                    and (local.reshape(per_node.size, -1) == local[:per_node[0]]).all())
+        return AxisSpan(size=int(ranks.size), members_per_node=int(per_node.max()), num_nodes=int(per_node.size),
+                        same_rail=same)
     ranks = [0]
     for stride, degree in members:
         ranks = [r + j * stride for r in ranks for j in range(degree)]
-    nodes: dict[int, int] = {}
+    nodes: dict[int, set[int]] = {}
     for r in ranks:
-        nodes[r // devices_per_node] = nodes.get(r // devices_per_node, 0) + 1
-    return AxisSpan(size=len(ranks), members_per_node=max(nodes.values()), num_nodes=len(nodes))
+        nodes.setdefault(r // devices_per_node, set()).add(r % devices_per_node)
+    rails = list(nodes.values())
+    return AxisSpan(size=len(ranks), members_per_node=max(len(r) for r in rails), num_nodes=len(nodes),
+                    same_rail=all(r == rails[0] for r in rails))
 
 
 def axis_span(order: tuple[str, ...], degrees: tuple[int, ...], axis: str,
@@ -64,4 +73,4 @@ def stage_pair_span(pp_span: AxisSpan) -> AxisSpan:
     """The two ranks holding the first and last pipeline stage: in one node unless the pipeline
     axis crosses nodes."""
     return AxisSpan(size=2, members_per_node=1 if pp_span.crosses_nodes else 2,
-                    num_nodes=2 if pp_span.crosses_nodes else 1)
+                    num_nodes=2 if pp_span.crosses_nodes else 1, same_rail=pp_span.same_rail)

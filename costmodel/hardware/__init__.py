@@ -6,6 +6,7 @@ group of nodes crosses from the cluster's switch graph.
 """
 from costmodel.hardware.clusters import (
     MAX_GROUPS, ClusterSpec, DeviceGroup, cluster_from_dict, mixed_cluster, parse_cluster)
+from costmodel.hardware.fabric import Fabric, FabricSpec, fabric_graph
 from costmodel.hardware.profile_check import profile_problems
 from costmodel.hardware.profile_io import (
     PROBE_FIT_VERSION, PROFILE_FORMAT_VERSION, PROFILE_KEYS, known_profiles, load_profile, local_profile,
@@ -17,6 +18,6 @@ from costmodel.hardware.records import (
 __all__ = [
     "DEFAULT_MEMORY_HEADROOM", "DTYPE_FIELDS", "FSDP_SYNC_KINDS", "GELU_APPROXIMATIONS", "MAX_GROUPS",
     "OPTIONAL_DTYPE_FIELDS", "PROBE_FIT_VERSION", "PROFILE_FORMAT_VERSION", "PROFILE_KEYS", "RING_COLLECTIVES",
-    "ClusterSpec", "DeviceGroup", "DeviceProfile", "Efficiency", "HostSpec", "NetworkTier", "cluster_from_dict",
-    "fsdp_sync_key", "known_profiles", "load_profile", "local_profile", "mixed_cluster", "parse_cluster",
-    "parse_profile", "profile_dir", "profile_problems", "resolve_device", "sdpa_key"]
+    "ClusterSpec", "DeviceGroup", "DeviceProfile", "Efficiency", "Fabric", "FabricSpec", "HostSpec", "NetworkTier",
+    "cluster_from_dict", "fabric_graph", "fsdp_sync_key", "known_profiles", "load_profile", "local_profile",
+    "mixed_cluster", "parse_cluster", "parse_profile", "profile_dir", "profile_problems", "resolve_device", "sdpa_key"]

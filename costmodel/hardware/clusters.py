@@ -69,12 +69,12 @@ class ClusterSpec:
     def is_mixed(self) -> bool:
         return bool(self.groups)
 
-    def pipeline_tier(self, num_nodes: int) -> NetworkTier:
-        """The tier a pipeline send over `num_nodes` nodes takes: the device's, or in a mixed
-        cluster's group view the slower of it and the link between the groups (every pipeline
-        of a mixed plan crosses that link; inner sends are priced at it too, a small
-        pessimism: sends are one activation per micro-batch)."""
-        own = self.device.tier_for(num_nodes)
+    def pipeline_tier(self, num_nodes: int, same_rail: bool = True) -> NetworkTier:
+        """The tier a pipeline send over `num_nodes` nodes takes (`same_rail`: DeviceProfile.tier_for):
+        the device's, or in a mixed cluster's group view the slower of it and the link between
+        the groups (every pipeline of a mixed plan crosses that link; inner sends are priced at it
+        too, a small pessimism: sends are one activation per micro-batch)."""
+        own = self.device.tier_for(num_nodes, same_rail)
         link = self.pipeline_link
         if link is None or link.effective_bandwidth_bytes_per_s >= own.effective_bandwidth_bytes_per_s:
             return own
@@ -124,7 +124,7 @@ class ClusterSpec:
     def to_dict(self) -> dict[str, Any]:
         out = {"num_nodes": self.num_nodes, "devices_per_node": self.devices_per_node,
                "device": _device_ref(self.device)}
-        if self.memory_headroom != DEFAULT_MEMORY_HEADROOM:   # older readers never see the key
+        if self.memory_headroom != DEFAULT_MEMORY_HEADROOM:   # only off the default: readers without the key read it
             out["memory_headroom"] = self.memory_headroom
         if self.groups:   # nor these, for a uniform cluster
             out["groups"] = [{"num_nodes": g.num_nodes, "device": _device_ref(g.device)} for g in self.groups]

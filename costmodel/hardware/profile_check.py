@@ -9,7 +9,7 @@ from costmodel.hardware.records import RING_COLLECTIVES, DeviceProfile
 
 def profile_problems(dev: DeviceProfile) -> list[str]:  # noqa: C901 - one check per number
     """Every number the cost model divides by or adds: finite, and positive where it is a rate.
-    (A zero bandwidth was a ZeroDivisionError; a negative one made plans faster.)"""
+    (A zero bandwidth would divide by zero; a negative one would make plans faster.)"""
     out = []
     def need(name: str, value: float, ok: bool) -> None:
         if not (math.isfinite(value) and ok):
@@ -43,6 +43,9 @@ def profile_problems(dev: DeviceProfile) -> list[str]:  # noqa: C901 - one check
                 out.append(f"network {tier.name} kind_factors: {kind!r} is none of {', '.join(RING_COLLECTIVES)}")
             need(f"network {tier.name} kind_factors.{kind}.latency", latency, latency > 0)
             need(f"network {tier.name} kind_factors.{kind}.bandwidth", bandwidth, bandwidth > 0)
+    # a leaf connects at least one node; a spine gives a device at most its NIC's bandwidth
+    need("fabric.nodes_per_leaf", dev.fabric.nodes_per_leaf, dev.fabric.nodes_per_leaf >= 1)
+    need("fabric.spine_oversubscription", dev.fabric.spine_oversubscription, dev.fabric.spine_oversubscription >= 1)
     for label, eff in (("efficiency", dev.efficiency), *((f"efficiency.{d}", e) for d, e in dev.dtype_efficiency)):
         for name in ("gemm", "attention", "memory", "vendor_attention_speedup", "recompute_cost"):
             need(f"{label}.{name}", getattr(eff, name), getattr(eff, name) > 0)

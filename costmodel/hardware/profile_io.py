@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from costmodel import inputs, machine
+from costmodel.hardware.fabric import FabricSpec
 from costmodel.hardware.profile_check import profile_problems
 from costmodel.hardware.records import (
     DTYPE_FIELDS, FSDP_SYNC_KINDS, GELU_APPROXIMATIONS, OPTIONAL_DTYPE_FIELDS, DeviceProfile, Efficiency, HostSpec,
@@ -33,6 +34,29 @@ def _middle_tiers(path: Path, tiers: list[dict[str, Any]], efficiency: float) ->
             raise UserError(f"{path}: [[network]] scope {raw['scope']!r} needs max_nodes >= 2 (the nodes it connects)")
         out.append(replace(_tier(raw, float(raw.get("efficiency", efficiency))), max_nodes=raw["max_nodes"]))
     return tuple(sorted(out, key=lambda t: t.max_nodes))
+
+
+def _fabric(path: Path, raw: Any) -> FabricSpec:
+    """[fabric]: the cluster tier's switches (costmodel.hardware.fabric); absent, the DGX
+    SuperPOD's fabric (FabricSpec's defaults), which prices every tier as the [[network]]
+    entries give it. Keys left out keep their defaults; `source` is required, as every number
+    in a profile has one. The values' ranges are checked with the profile (profile_problems)."""
+    if raw is None:
+        return FabricSpec()
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: [fabric] is not a table")
+    default = FabricSpec()
+    rail, leaf = raw.get("rail_optimized", default.rail_optimized), raw.get("nodes_per_leaf", default.nodes_per_leaf)
+    ratio, source = raw.get("spine_oversubscription", default.spine_oversubscription), raw.get("source")
+    if not isinstance(rail, bool):
+        raise UserError(f"{path}: [fabric] rail_optimized is true or false, got {rail!r}")
+    if not isinstance(leaf, int) or isinstance(leaf, bool):
+        raise UserError(f"{path}: [fabric] nodes_per_leaf is a whole number of nodes, got {leaf!r}")
+    if not isinstance(ratio, (int, float)) or isinstance(ratio, bool):
+        raise UserError(f"{path}: [fabric] spine_oversubscription is a number (2.0 for 2:1), got {ratio!r}")
+    if not isinstance(source, str) or not source.strip():
+        raise UserError(f"{path}: [fabric] needs a source (where its figures come from)")
+    return FabricSpec(rail_optimized=rail, nodes_per_leaf=leaf, spine_oversubscription=float(ratio), source=source)
 
 
 def _tier(raw: dict[str, Any], efficiency: float) -> NetworkTier:
@@ -102,7 +126,8 @@ PROBE_FIT_VERSION = 17
 # What a profile may hold, per table; anything else is refused (a misspelt key would otherwise
 # leave its default in force without a word).
 PROFILE_KEYS = {
-    "": {"format_version", "device", "network", "efficiency", "measured", "probes", "host"},
+    "": {"format_version", "device", "network", "fabric", "efficiency", "measured", "probes", "host"},
+    "fabric": {"rail_optimized", "nodes_per_leaf", "spine_oversubscription", "source"},
     "host": {"memory_bytes", "memory_bandwidth_bytes_per_s", "memory_efficiency", "link_bandwidth_bytes_per_s",
              "link_efficiency", "source"},
     "device": {"name", "kind", "aliases", "peak_flops_per_s", "memory_bytes", "reported_memory_bytes", "num_sms",
@@ -118,6 +143,8 @@ PROFILE_KEYS = {
 def _check_keys(path: Path, raw: dict[str, Any]) -> None:
     tables = [("", raw), ("device", raw.get("device", {})), ("efficiency", raw.get("efficiency", {})),
               ("host", raw.get("host", {}))]
+    if isinstance(raw.get("fabric"), dict):   # anything else is refused by _fabric
+        tables.append(("fabric", raw["fabric"]))
     tables += [("network", t) for t in raw.get("network", [])]
     for name, table in tables:
         extra = sorted(k for k, v in table.items() if k not in PROFILE_KEYS[name]
@@ -182,6 +209,7 @@ def _profile_from(path: Path, raw: dict[str, Any]) -> DeviceProfile:
         intra_node=_tier(net["node"], eff["intra_node_comm"]),
         inter_node=_tier(net["cluster"], eff["inter_node_comm"]),
         middle_tiers=_middle_tiers(path, raw["network"], eff["inter_node_comm"]),
+        fabric=_fabric(path, raw.get("fabric")),
         efficiency=efficiency, path=str(path), kind=dev.get("kind", "gpu"), host=_host(raw.get("host")),
         threads_per_rank=int(raw.get("measured", {}).get("threads_per_rank", dev.get("threads_per_rank", 0))),
         gemm_curves=tuple((k.removeprefix("gemm_"), _curve(v)) for k, v in raw.get("measured", {}).items()

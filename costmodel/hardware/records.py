@@ -5,9 +5,10 @@ efficiency parameters (`[efficiency]`), which are fitted or measured and say how
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
+from costmodel.hardware.fabric import Fabric, FabricSpec
 from costmodel.specs import DType
 from costmodel.inputs import UserError
 
@@ -31,8 +32,8 @@ class NetworkTier:
     latency_s: float
     efficiency: float  # achievable fraction of bandwidth_bytes_per_s for large collectives
     p2p_latency_s: float | None = None  # measured point-to-point latency when it differs (gloo)
-    # a tier between the node and the whole cluster (a rack, a leaf switch) connects groups of at
-    # most this many nodes; None for the node and cluster tiers
+    # a tier between the node and the whole cluster (a rack's switch, a multi-node NVLink domain)
+    # connects blocks of this many consecutive nodes; None for the node and cluster tiers
     max_nodes: int | None = None
     # (collective kind, latency factor, bandwidth factor): a kind's own microbenchmark fit over
     # the tier's joint one (costmodel.comm.kind_factors), where the backend runs the kinds
@@ -75,9 +76,9 @@ class Efficiency:
     # profile's probes fit it (planner.calibrate.CPU_COMM_PARAMS; costmodel.rank_time.dp_term_comm_s).
     dp_comm: float = 1.0
     # a pipeline stage's work (its layers, embedding and head, with their collectives) over
-    # its price when pp > 1: the stage work of every stored closed loop's pp2 plans ran a median
-    # 14 points further over its price than the same run's one-rank plan (28 of 32 run-dtype
-    # pairs; 2026-11-27). `planner calibrate` fits it on a CPU's runs when some have a pipeline
+    # its price when pp > 1: on a CPU a pipelined plan's stages run their work further over its
+    # price than a one-rank plan of the same run does (benchmarks/closed_loop.py shows both).
+    # `planner calibrate` fits it on a CPU's runs when some have a pipeline
     # (planner.calibrate.CPU_COMM_PARAMS; costmodel.rank_time.rank_time_model); 1 in datasheets
     # and measured profiles (planner.probes.fit_probes).
     pp_stage: float = 1.0
@@ -98,10 +99,9 @@ class Efficiency:
     # forward runs the forward's kernels again (a GPU; Korthikanti et al. 2022 price full
     # recomputation as one more forward). On a CPU it costs less, most likely because a layer
     # recomputed inside the backward pass leaves its activations in cache for the backward that
-    # reads them at once, where a training forward writes fresh pages (0.6-0.75 in
-    # `planner run` on a 2-core EPYC, 2026-11-27). `calibrate` fits it from runs that recompute;
-    # `planner profile` does not measure it: within its budget the same measurement read 0.5 to
-    # 1.1 on that machine (README, "Recomputation's cost").
+    # reads them at once, where a training forward writes fresh pages. `calibrate` fits it
+    # from runs that recompute; `planner profile` does not measure it: within its time budget
+    # the measurement's spread is wider than the effect.
     recompute_cost: float = 1.0
 
 
@@ -142,6 +142,8 @@ class DeviceProfile:
     # tiers between the node and the cluster, innermost first ([[network]] entries with another
     # scope and `max_nodes`): a third tier is a profile change, not a code change
     middle_tiers: tuple[NetworkTier, ...] = ()
+    # how the cluster tier's switches connect the nodes ([fabric]; costmodel.hardware.fabric)
+    fabric: FabricSpec = FabricSpec()
     efficiency: Efficiency
     path: str
     # Measured curves (`planner profile`): per dtype, (FLOPs per GEMM call, achieved FLOP/s);
@@ -189,18 +191,27 @@ class DeviceProfile:
     sdpa_curves: tuple[tuple[str, tuple[tuple[float, float, float], ...]], ...] = ()
     # the cost model the profile's probes were fitted under (PROBE_FIT_VERSION; 0: no probes)
     probe_fit_version: int = 0
+    # the tiers and fabric as a switch graph, rebuilt with every copy (dataclasses.replace
+    # runs __post_init__) so that it always answers for this record's tiers
+    _fabric: Fabric | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_fabric", Fabric(node=self.intra_node, middle=self.middle_tiers,
+                                                   cluster=self.inter_node, spec=self.fabric))
 
     @property
     def usable_memory_bytes(self) -> int:
         return self.reported_memory_bytes or self.memory_bytes
 
-    def tier_for(self, num_nodes: int) -> NetworkTier:
+    def tier_for(self, num_nodes: int, same_rail: bool = True) -> NetworkTier:
         """The slowest tier a group spread over `num_nodes` nodes crosses (its nodes taken as
-        consecutive, as the row-major placement lays them out): the node's own links for one node,
-        the innermost middle tier that spans them, else the cluster's."""
-        if num_nodes <= 1:
-            return self.intra_node
-        return next((t for t in self.middle_tiers if num_nodes <= (t.max_nodes or 0)), self.inter_node)
+        consecutive, as the row-major placement lays them out), read off the fabric's graph
+        (costmodel.hardware.fabric): the node's own links for one node, the innermost middle tier
+        that spans them, else a leaf switch or the spine. `same_rail`: its members on different
+        nodes sit at the same local rank, as the placement puts a data-parallel or pipeline
+        group's when the inner axes fill the node (costmodel.placement.AxisSpan.same_rail)."""
+        assert self._fabric is not None
+        return self._fabric.tier(num_nodes, same_rail)
 
     def for_dtype(self, dtype: DType) -> "DeviceProfile":
         """This profile with the efficiency of `dtype` (itself when it has none of its own)."""
