@@ -85,7 +85,18 @@ class Fabric:
     def tier(self, num_nodes: int, same_rail: bool = True) -> NetworkTier:
         """The slowest tier a group over `num_nodes` consecutive nodes crosses (see the module
         docstring), with its bandwidth per device and latency; `same_rail`: its members on
-        different nodes sit at the same local rank."""
+        different nodes sit at the same local rank. A non-blocking spine carries the cluster tier
+        as its leaves do, so there the graph's answer is the tiers' own (tested against the graph,
+        graph_tier) and the search, which asks tens of thousands of times, never imports networkx."""
+        if self.spec.spine_oversubscription == 1.0:
+            if num_nodes <= 1:
+                return self.node
+            return next((t for t in self.middle if num_nodes <= (t.max_nodes or 0)), self.cluster)
+        return self.graph_tier(num_nodes, same_rail)
+
+    def graph_tier(self, num_nodes: int, same_rail: bool = True) -> NetworkTier:
+        """`tier` read off the switch graph: the outermost level on the route between the group's
+        farthest members."""
         hit = self._memo.get((num_nodes, same_rail))
         if hit is None:
             path = self.route(num_nodes, same_rail)

@@ -55,7 +55,9 @@ def test_the_default_fabric_reproduces_every_shipped_profiles_tiers(tmp_path):
     for dev in devices:
         for num_nodes in range(1, 65):
             for same_rail in (True, False):
-                assert dev.tier_for(num_nodes, same_rail) == _tiers_before_the_graph(dev, num_nodes), \
+                graph = Fabric(node=dev.intra_node, middle=dev.middle_tiers, cluster=dev.inter_node,
+                               spec=dev.fabric).graph_tier(num_nodes, same_rail)
+                assert dev.tier_for(num_nodes, same_rail) == graph == _tiers_before_the_graph(dev, num_nodes), \
                     (dev.name, num_nodes, same_rail)
     assert load_profile(racked).tier_for(4).name == "rack switch"
 
