@@ -279,9 +279,8 @@ def fit_probes(probes: list[ProbeResult], base: DeviceProfile, layer_ops: dict |
     profile, its factors, and the probes' MAPE before and after."""
     if base.kind == "cpu":
         if not layer_ops:
-            raise UserError(f"{where}: missing; a CPU's fit needs the probe layer's kernels timed in training "
-                             "(a profile from before 2026-11-28, when the fit still fitted the memory-bound factor: "
-                             "profile again)")
+            raise UserError(f"{where}: missing; a CPU's fit needs the probe layer's kernels timed in training, "
+                             "which this profile does not hold: run `planner profile` again")
         dtypes = {str(p.pf.train.compute_dtype) for p in probes}
         base = with_layer_factors(base, layer_factors(layer_ops, base, where, dtypes))
     runs = [Run(path=Path(f"probe:{p.pf.plan.short()}"), pf=p.pf, measured_step_s=p.step_time_s) for p in probes]

@@ -81,10 +81,8 @@ def sdpa_head_s(points: tuple[tuple[float, float, float], ...], seq_len: float, 
     profile's measured points (sequence, head dim, seconds per head: runtime.profiler.sdpa_curves).
     A call's time is its heads' (batch x heads) times this: one thread runs them one by one.
     Per query-key pair the time falls with the sequence (the kernel's per-block and per-row work
-    amortised) and rises with the head dim less than in proportion: bf16's backward at seq 128
-    took 26-29 ns a pair at head dim 16 and 30-32 at 64, fp32's 4.7-5.4 and 12.7-14.3, and at seq
-    512 bf16's 4.9 and 9.6 (one thread, 2-core EPYC, 2026-11-27 23:08: `python
-    benchmarks/cpu_kernels.py --only 8`).
+    amortised) and rises with the head dim less than in proportion (`planner profile` times each
+    sequence at several head dims: runtime.profiler.CPU_SDPA_SHAPES).
     So a sequence's per-pair time is read along its measured head dims (_per_pair_at), then
     log-linear in the sequence between measured ones, the longest's beyond it, and below the
     shortest that one's whole call (its time there is mostly the call's own cost)."""
@@ -136,10 +134,8 @@ def _measured_sdpa_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev:
     cost (the only fitted figure here; the compute factor does not move it). Context
     parallelism's calls are its chunks' rectangles under a lower-right mask (cp_chunk_scores, two
     calls a rank), priced as the causal square of as many query-key pairs, though a masked call
-    computes every pair: measured, each rank's two calls at cp 2, seq 256, took 0.31-0.54 of the
-    causal square's time without dropout (bf16's backward the most) and 0.21-0.42 with, against
-    0.31 of its pairs (one thread, fp32 and bf16, 2-core EPYC, 2026-11-27 15:18: `python
-    benchmarks/cpu_kernels.py --only 6`)."""
+    computes every pair: its time can exceed its pairs' share of the square's, which this prices
+    on the fast side."""
     b, heads, d = plan.micro_batch_size, model.num_heads // plan.tp, model.head_dim
     calls = plan.cp if cp_ring else (1 if plan.cp == 1 else 2)
     square = math.sqrt(rank_scores(train, plan, cp_ring) / calls)   # the causal call of as many pairs

@@ -28,10 +28,10 @@ GELU_OF = {FfnKind.GELU: "tanh", FfnKind.GEGLU: "tanh", FfnKind.GELU_ERF: "none"
 def gelu_s(model: ModelSpec, plan: KernelShape, tokens: int, dev: DeviceProfile) -> tuple[float, float]:
     """(forward, backward) of the MLP's GeLU over a layer's `tokens` on one TP rank, at the
     profile's measured rate (`gelu_s_per_element`: a CPU, whose GeLU is bound by its tanh or
-    erf, tanh's 1.7-2.0 ns an element forward and 2.1-2.3 backward against an add's 0.14-0.2;
-    none where a profile has none, as datasheets and GPUs, whose GeLU is memory-bound). The memory-bound count keeps its
-    bytes too, about a tenth of this counted twice; priced as those bytes alone, a GeLU MLP's
-    activation was 5-10x too cheap on a CPU (`python benchmarks/cpu_kernels.py --only 5`)."""
+    erf, about ten times an add's time an element; none where a profile has none, as datasheets
+    and GPUs, whose GeLU is memory-bound). The memory-bound count keeps its bytes too, about a
+    tenth of this counted twice; those bytes alone would price a CPU's GeLU several times too
+    cheap."""
     rates = {k: (f, b) for k, f, b in dev.gelu_s_per_element}
     if model.ffn_kind not in GELU_OF or GELU_OF[model.ffn_kind] not in rates:
         return 0.0, 0.0
@@ -105,16 +105,16 @@ CPU_ROPE_FWD, CPU_ROPE_BWD = (10, 5), (14, 7)
 CPU_ROPE_TABLE_KERNELS = 8
 
 
-# Torch's CPU kernels widen 16-bit elements to fp32 in registers: an element costs what an fp32
-# one does (bf16 multiplies and SiLUs over 98K-1.5M elements take 0.7-1.5x the fp32 ones' time on
-# a 2-core EPYC: `python benchmarks/cpu_kernels.py`), so elements are counted at fp32's width on
-# the fp32-measured memory curve.
+# Torch's CPU kernels widen 16-bit elements to fp32 in registers: an element costs about what an
+# fp32 one does, not half of it, so elements are counted at fp32's width on the fp32-measured
+# memory curve.
 CPU_ELEMENT_BYTES = 4
 
 
 # RMSNorm on CUDA (torch's fused kernels, `_fused_rms_norm`): forward reads and writes the
 # activations once; backward reads input and output gradient and writes the input gradient, and
-# a second kernel reads both again for the weight's gradient (profiled on an H100, 2026-11-26).
+# a second kernel reads both again for the weight's gradient (torch.profiler on an H100:
+# `python benchmarks/gpu_trace.py PLAN.json`).
 def _cuda_rms_norm(a: int) -> tuple[tuple[float, int], tuple[float, int]]:
     return (2 * a, 1), (5 * a, 2)
 
@@ -183,9 +183,9 @@ def cross_entropy_s(tokens: int, vocab: int, train: TrainSpec, dev: DeviceProfil
     is the tensor itself), then the fp32 log-softmax and its gradient (12 bytes, two kernels).
     The softmax runs fp32 kernels whatever the compute dtype (fp32's per-kernel cost), and both
     are vectorised kernels of the kind a measured memory curve times, so they are priced at the
-    curve itself: the probes' fitted memory factor (0.05-0.2 of the curve on a CPU) had priced the
-    closed loop's 6,000-word loss at 11-18 ms a micro-batch against 3-4 ms measured
-    (`python benchmarks/cpu_kernels.py`)."""
+    curve itself: the probes' fitted memory factor (a small fraction of the curve on a CPU) also
+    carries what a step spends between kernels, and would price a large vocabulary's loss
+    several times too slow."""
     a = train.compute_dtype.num_bytes
     softmax = memory_bound_s(tokens * vocab * 3 * 4, dev.for_dtype(DType.FP32), 2, native=True)
     if a >= 4:

@@ -46,7 +46,7 @@ FP8_MIN_DIM = 16   # torch._scaled_mm needs both GEMM dimensions of the weight d
 
 def fp8_gemm_s(m: int, k: int, n: int, dev: DeviceProfile) -> float:
     """A float8 GEMM (torch._scaled_mm): the fp8 peak at the device's GEMM efficiency and wave
-    quantisation (no float8 GEMM was measured; the bf16 fraction is assumed to carry over),
+    quantisation (no profile measures a float8 GEMM; the bf16 fraction is assumed to carry over),
     1-byte operands, a bf16 result."""
     eff = dev.efficiency.gemm * wave_efficiency(m, n, dev.num_sms)
     return roofline_s(2.0 * m * k * n, m * k + k * n + 2 * m * n, dev, dev.peak_for("fp8"), eff)

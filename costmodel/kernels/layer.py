@@ -36,10 +36,11 @@ def _per_kernel_shape(fn):
 def _host_or_device(both: KernelTimes, device: KernelTimes) -> KernelTimes:
     """A GPU runs its kernels while the host issues the next ones: each pass of a layer takes
     the longer of the device's work and the host's (kernels x the per-kernel cost), not their
-    sum. On a CPU both are the same cores, and the sum stands. Measured on one H100
-    (`python benchmarks/gpu_check.py`, 2026-11-26): a 0.85B model's step took 266 ms at 8K
-    tokens and 276 ms at 16K, the host's floor, and 474 ms at 32K, the device's work; the sum
-    had predicted 599, 839 and 1,253 ms."""
+    sum. On a CPU both are the same cores, and the sum stands. On one H100 a 0.85B model's step
+    took 266 ms at 8K tokens and 276 ms at 16K, the host's floor, and 474 ms at 32K, the device's
+    work, where a sum would grow with every token (`python benchmarks/gpu_check.py --replay
+    benchmarks/results/gpu-check-h100-* --profile benchmarks/results/gpu-check-h100-*/run2/gpu.toml`
+    prints these runs: mbs1_none_s2048, mbs1_none_s4096, mbs2_none_s4096 in run1/)."""
     def longer(name: str) -> float:
         gpu = getattr(device, name)
         return max(gpu, getattr(both, name) - gpu)

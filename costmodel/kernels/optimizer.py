@@ -13,21 +13,17 @@ def host_optimizer_step_s(num_params: float, train: TrainSpec, cluster: ClusterS
     runtime runs it: torch's fused CPU AdamW over the fp32 shard reads master, moments and
     gradient and writes master and moments (no 16-bit copy: FSDP2 casts on the next gather, no
     clip). Memory-bound on the host's DRAM, which every device of the node shares: they step at
-    once. (`python benchmarks/host_adamw.py`, 2026-11-25, 2 threads of a 2-core EPYC: fused
-    AdamW 0.25-0.41 ns per parameter, 69-112 GB/s at this count; foreach 2.3-7.0 ns, which is why
-    offload uses the fused one.)"""
+    once. (The foreach AdamW, a kernel per operation and tensor, runs several times slower per
+    parameter on a CPU, which is why offload uses the fused one.)"""
     states = 3 * 4 if train.optimizer is Optimizer.ADAMW else 4
     per_param = 2 * states + 4
     return num_params * per_param / cluster.host_stream_bytes_per_s("an offloaded optimizer step")
 
 
 def step_host_s(train: TrainSpec, dev: DeviceProfile) -> float:
-    """The step's own host work, once per step (Efficiency.step_overhead_s), fitted by the probes:
-    on an H100 at the fit's 1 us floor in fp32 and 4.4 ms in bf16 (`python benchmarks/gpu_check.py
-    --replay benchmarks/results/gpu-check-h100-2026-11-26 --profile
-    benchmarks/results/gpu-check-h100-2026-11-26/run2/gpu.toml`), 2.7-25 ms on a 2-core CPU (the
-    closed-loop runs N-Q in the README); folded until then
-    into the per-kernel cost, which priced a 0.85B model's host-bound GPU steps 14-29 % too slow."""
+    """The step's own host work, once per step (Efficiency.step_overhead_s), fitted by the probes
+    per compute dtype. A term of its own, not part of the per-kernel cost: spread over the kernels
+    it would grow with their count and price a model's host-bound GPU steps too slow."""
     return dev.for_dtype(train.compute_dtype).efficiency.step_overhead_s
 
 
@@ -63,10 +59,9 @@ def fsdp_sync_s(kind: str, num_params: float, compute: DType, num_tensors: float
     """One FSDP2 reduce or gather ("reduce", "gather") of `num_params` parameters on a one-rank
     group (costmodel.frameworks `one_replica_fsdp`): at the profile's measured rate
     (`fsdp_sync_s_per_param`, runtime.profiler.fsdp_sync_s_per_param), else as its copies' traffic
-    (FSDP_SYNC_BYTES) at the profile's bandwidth. On a 2-core Zen 5 EPYC the measured bf16 reduce
-    ran 0.7-0.9 ns a parameter and the gather 0.35-0.5 (`python benchmarks/fsdp_sync_cost.py`,
-    2026-11-28), where their 16 and 10 bytes at the profile's 32 GB/s come to 0.5 and 0.3: the
-    traffic alone prices them fast."""
+    (FSDP_SYNC_BYTES) at the profile's bandwidth. The measured rate comes first: on a CPU the
+    copies run slower than their bytes (16 and 10 a bf16 parameter) at the profile's bandwidth,
+    so the traffic alone prices them fast."""
     rate = dev.fsdp_sync_rate(kind, compute)
     if rate is not None:
         return num_params * rate

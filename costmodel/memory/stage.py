@@ -198,8 +198,8 @@ def buffer_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, traits: Framewo
     weights and gradients whole (state_bytes_for). A once-a-step reduction's input is not counted:
     it comes after the backward has freed the activations, which the peak counts instead (the
     closed loops' two models in bf16, dp2, micro-batch 1, a stage one unit: ZeRO-1 measured 9 and
-    16 % below the prediction, ZeRO-0 within 2 % of it, as with a unit a layer; `python
-    benchmarks/dp_memory.py`, README "FSDP units of a bucket's size")."""
+    16 % below the prediction, ZeRO-0 within 2 % of it, as with a unit a layer: `python
+    benchmarks/memory.py dp`)."""
     a = train.compute_dtype.num_bytes
     sp = plan.tp if plan.sequence_parallel else 1
     total = 0.0

@@ -120,7 +120,7 @@ def dp_term_comm_s(term: DpTerm, n_params: float, cluster: ClusterSpec, span: Ax
     the device's `dp_comm` over the links' fitted efficiency and latency alike
     (costmodel.hardware.Efficiency.dp_comm): scaling the bandwidth alone left TP's collectives to
     tell the links' latency from their efficiency, which one message size cannot, and priced
-    the closed loops' TP plans 30-39 % too slow (BK, BL refitted, 2026-11-27)."""
+    TP plans too slow."""
     scale = term.scale / cluster.device.efficiency.dp_comm
     if not term.pieces_per_layer:
         return scale * term.units * sum(collective_time_s(kind, bpp * n_params / term.units, span, cluster)
@@ -207,9 +207,9 @@ def grad_accumulation_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster:
     micro-batch after the first adds its gradients into the step's, in place, one kernel per
     parameter tensor. The adds run inside each micro-batch's backward; priced once a step, beside
     the optimizer, as the search's rank shapes take it: affine in the layers. On a 2-core EPYC it
-    was 26.6 ms a step of a 10.9M-parameter fp32 model's 8 micro-batches (`python
-    benchmarks/step_trace.py PLAN --steps 2 --rows 400 --shapes` on a closed loop's one-rank
-    micro-batch-1 fp32 plan, 2026-11-28; README, "What a pipeline adds").
+    takes 26.6 ms a step of a 10.9M-parameter fp32 model's 8 micro-batches (`python
+    benchmarks/step_trace.py PLAN --steps 2 --rows 400 --shapes` on benchmarks/closed_loop.py's
+    one-rank micro-batch-1 fp32 plan).
     - Whole gradients (ZeRO-0/1, or a pipeline holding them whole) arrive in the compute dtype:
       fp32 ones add into fp32 (autograd; the runtime takes no reduce dtype in fp32), 16-bit ones
       into the grad dtype, FSDP2 casting the first micro-batch's into that accumulator.

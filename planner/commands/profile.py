@@ -136,7 +136,7 @@ def _base_profile(setup: Setup, micro: dict) -> DeviceProfile:
 def _probe_budget_s(budget, start: float, ranks: int, nproc: int, second_pass_s: float = 0.0) -> float:
     """The probes' share, or more when the microbenchmarks finished early: what is left of the
     total less the fit's reserve and half the CPU's second pass's limit (it measures the points
-    the first pass measured: 4.2-4.8 s of a 10 s limit, 2026-11-27 20:34), split between the
+    the first pass measured, so it mostly takes about half its limit), split between the
     one-rank and the N-rank probes."""
     left = budget.total_s - (time.perf_counter() - start) - FIT_RESERVE_S - second_pass_s / 2
     share = 0.5 if ranks == 1 and nproc > 1 else 1.0

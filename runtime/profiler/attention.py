@@ -41,11 +41,10 @@ SDPA_ALWAYS_SEQ = sorted({s for _, _, s, _ in CPU_SDPA_SHAPES})[1]
 def sdpa_curves(name: str, device: torch.device, phase_s: float, point_s: float,
                 shapes: tuple[tuple[int, int, int, int], ...] | None = None) -> dict[str, list]:
     """On a CPU, causal SDPA as the runtime calls it, timed outright rather than priced from the
-    GEMM curve: its backward took 2.9-3.3x its forward here where FlashAttention's FLOP count
-    says 2.5x, bf16's ran at fp32's speed where its GEMMs run faster (and its backward at a 128
-    sequence 5-6x fp32's at head dim 16: `--only 8`), and with dropout torch runs its math path,
-    3-6x the flash kernel's forward (2-core EPYC, 2026-11-27: `python benchmarks/cpu_kernels.py
-    --only 5`).
+    GEMM curve: its backward takes more than the 2.5x its forward that FlashAttention's FLOP
+    count says, bf16's runs no faster than fp32's where its GEMMs do (at a short sequence and
+    head dim 16 its backward is several times slower), and with dropout torch runs its math path,
+    several times the flash kernel's forward.
     Per sequence the budget allows (the two shortest always), every head dim of it, without
     dropout and with the runtime's, the forward alone and the backward (forward + backward less
     the forward): (sequence, head dim, seconds per head), keyed costmodel.hardware.sdpa_key."""

@@ -97,11 +97,10 @@ def gemm_curve(shapes, dtype: torch.dtype, device: torch.device, phase_s: float,
 def memory_points(elems: int, device: torch.device) -> list[tuple[float, float]]:
     """One point of the memory-bound curve: an add (read 2, write 1), an RMS norm and a softmax
     (read 1, write 1) over fp32 rows of 256, as one mix (bytes per kernel, bytes/s): their bytes
-    over their seconds. A training step's memory-bound kernels are of many kinds, and a softmax
-    or a norm moves bytes at a quarter of an add's rate (2026-11-27, AMD EPYC); a curve of the
-    kinds' points apart zigzags between them (the fastest at 12 bytes per element, the slowest
-    at 8): a held-out model's residual add was priced at 63 GB/s at micro-batch 1 and 25 at 2
-    (closed-loop run BN)."""
+    over their seconds. A training step's memory-bound kernels are of many kinds, and on a CPU a
+    softmax or a norm moves bytes at a fraction of an add's rate; a curve of the kinds' points
+    apart zigzags between them (the fastest at 12 bytes per element, the slowest at 8), pricing
+    one kernel at rates far apart from one micro-batch size to the next."""
     x = torch.randn(elems // 256, 256, device=device)
     y = torch.randn_like(x)
     w = torch.ones(256, device=device)

@@ -74,12 +74,13 @@ def grad_accumulate_s_per_param(device: torch.device, dtypes: list[str]) -> dict
     `unsharded_accumulated_grad` where they are 16-bit (mixed precision with an fp32
     reduce_dtype). Timed as the optimizer's step is, on OPTIMIZER_PARAMS persisting parameters in
     OPTIMIZER_TENSORS tensors, the mean over OPTIMIZER_ALLOCATIONS allocations (the memory-bound
-    curve's kernels write fresh outputs, which an in-place add never touches). On a 2-core EPYC
-    (2026-11-28, closed loop GC's `planner profile`) fp32 += fp32 took 3.1e-10 s a parameter (39
-    GB/s), fp32 += bf16 3.4e-10 (29 GB/s): the mixed add is not the same kernel at fewer bytes.
-    The adds inside a training step (`python benchmarks/step_trace.py PLAN --steps 2 --rows 400
-    --shapes` on a closed loop's one-rank fp32 plan of 10.9M parameters) read 34 GB/s with their per-tensor dispatch: these 32 MB may partly sit in
-    a large last-level cache, which the cost model then prices slightly fast."""
+    curve's kernels write fresh outputs, which an in-place add never touches). The mixed add
+    (fp32 += bf16) is not the same kernel at fewer bytes: per byte it runs slower than fp32 +=
+    fp32, hence a rate per dtype. The adds inside a training step (`python
+    benchmarks/step_trace.py PLAN --steps 2 --rows 400 --shapes` on benchmarks/closed_loop.py's
+    one-rank fp32 plan) run a little slower with their per-tensor dispatch: this measurement's
+    32 MB may partly sit in a large last-level cache, which the cost model then prices slightly
+    fast."""
     count, tensors = persisting_params(device.type)
 
     def once(dtype: torch.dtype) -> float:   # one allocation's tensors, freed on return
@@ -107,11 +108,9 @@ def fsdp_sync_s_per_param(device: torch.device, dtypes: list[str]) -> dict[str, 
     the gather the first forward after the parameters were resharded less a forward on whole ones;
     the medians over FSDP_ROUNDS rounds of three micro-batches after the first (0 where the
     difference drowns in noise; measured once, not again in the second pass). Each rank times its
-    own one-rank group, all at once, as a run's ranks share the cores. On a 2-core Zen 5 EPYC
-    (`python benchmarks/fsdp_sync_cost.py`, 2026-11-28, 10.2M parameters) the bf16 reduce took
-    0.7-0.9 ns a parameter and the gather 0.35-0.5, and this measurement inside `planner profile`
-    0.65-0.87 and 0.32-0.46;
-    the cost model had priced both at nothing (costmodel.rank_time.one_replica_fsdp_s)."""
+    own one-rank group, all at once, as a run's ranks share the cores. With no collective on a
+    one-rank group these copies are what its sync costs (costmodel.rank_time.one_replica_fsdp_s
+    prices them from this)."""
     from torch.distributed.device_mesh import DeviceMesh
     groups = [dist.new_group([r]) for r in range(dist.get_world_size())]   # every rank creates every group
     mesh = DeviceMesh.from_group(groups[dist.get_rank()], device.type)
@@ -188,11 +187,11 @@ DROPOUT_ELEMENTS = 1 << 20
 def dropout_s_per_element(device: torch.device) -> float:
     """Seconds per element of torch's dropout as the runtime calls it (`F.dropout`, p 0.1, fp32,
     best of three): on a CPU it draws a mask (`bernoulli_`, each random number in software), scales
-    it and multiplies: 9.6-10.2 ns an element on a 2-core EPYC (2026-11-27, one thread; its
-    `bernoulli_` alone 5.9-8.5), some 40x an elementwise add, where the cost model had priced
-    dropout as the multiply's bytes alone and a GPT-style model's plans 18-35 % too fast
-    (benchmarks/closed_loop.py --model held-out-gpt, run AH). 0 on a GPU: CUDA's dropout (`native_dropout`) draws inside the multiply's kernel, whose bytes
-    the memory-bound count already prices."""
+    it and multiplies, most of its time in `bernoulli_` and some tens of times an elementwise
+    add's: priced as the multiply's bytes alone, dropout would price a GPT-style model's plans
+    (benchmarks/closed_loop.py --model held-out-gpt) too fast. 0 on a GPU: CUDA's dropout
+    (`native_dropout`) draws inside the multiply's kernel, whose bytes the memory-bound count
+    already prices."""
     if device.type == "cuda":
         return 0.0
     x = torch.randn(DROPOUT_ELEMENTS, device=device)
@@ -202,10 +201,8 @@ def dropout_s_per_element(device: torch.device) -> float:
 def gelu_s_per_element(device: torch.device) -> dict[str, list[float]]:
     """On a CPU, torch's GeLU (`F.gelu`, fp32) per element, forward and backward (forward +
     backward less the forward), per approximation: {"tanh": [fwd, bwd], "none": [...]}. Its
-    transcendental work, not its bytes, bounds it there: tanh's 1.7-2.0 ns an element forward and
-    4.0 with its backward against an add's 0.14-0.2 (2-core EPYC, one thread, 2026-11-27 15:21:
-    `python benchmarks/cpu_kernels.py --only 5`). Empty on a GPU, where it is memory-bound
-    like the other elementwise kernels."""
+    transcendental work, not its bytes, bounds it there: about ten times an add's time an
+    element. Empty on a GPU, where it is memory-bound like the other elementwise kernels."""
     if device.type == "cuda":
         return {}
     x = torch.randn(DROPOUT_ELEMENTS, device=device)

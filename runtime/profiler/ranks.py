@@ -159,19 +159,14 @@ def second_pass_rank(micro: dict, threads: int, point_s: float, limit_s: float, 
     return out if lead else None
 
 
-# A CPU shared with other tenants slows by 20-50 % for one to several seconds at a time
-# (`python benchmarks/cpu_steadiness.py --seconds 240`, 2-core EPYC, 2026-11-27 16:40: a
-# 512x1024x1024 GEMM per core held 88-95 GFLOP/s, with 1-7 s stretches at 65-75 and one at 48,
-# each core on its own; at 17:02, 90 s saw three slow seconds). A profile whose fp32 GEMMs fell in such a stretch priced
-# every fp32 plan of closed loop BJ 8-37 % slow (its largest GEMMs at 50-75 GFLOP/s); BH's curve
-# from the same machine in its place: MAPE 14.4 -> 6.3 %, max 36.8 -> 11.8 %. So on a CPU each
-# curve and the per-operator, dropout and GeLU costs are measured twice, and each point keeps
-# the faster pass: a stretch rarely spans both, and best-of is what each point already keeps (a
-# whole profile in a slow stretch is not caught: the runs then beat it). The second pass runs
-# after the probes, some 25 s after the first: 10 s apart, closed loop BO's fp32 GEMMs measured
-# 55-65 GFLOP/s in both passes where the runs minutes later went at the usual 90-100 (2026-11-27
-# 20:06). It may take this much of the first's time (it measures the same points, so it needs
-# more only when slowed).
+# A CPU shared with other tenants slows by tens of percent for one to several seconds at a time,
+# each core on its own. A profile whose fp32 GEMMs fell in such a stretch prices every fp32 plan
+# slow. So on a CPU each curve and the per-operator, dropout and GeLU costs are measured twice,
+# and each point keeps the faster pass: a stretch rarely spans both, and best-of is what each
+# point already keeps (a whole profile in a slow stretch is not caught: the runs then beat it).
+# The second pass runs after the probes, some 25 s after the first, since passes a few seconds
+# apart can fall in the same slow stretch. It may take this much of the first's time (it
+# measures the same points, so it needs more only when slowed).
 SECOND_PASS_SLACK = 1.25
 
 

@@ -21,7 +21,7 @@ def latency_s(kind: Collective, span: AxisSpan) -> float:
 @pytest.mark.parametrize("kind", [Collective.ALL_GATHER, Collective.REDUCE_SCATTER])
 def test_a_ring_across_nodes_pays_a_step_per_rank(kind):
     """512 ranks on 64 nodes: 511 steps, 63 of them across nodes; the in-node part of each node
-    is walked on every node, not once (which made latency grow with nodes only)."""
+    is walked on every node, not once (walked once, the latency would grow with the nodes only)."""
     span = AxisSpan(size=512, members_per_node=8, num_nodes=64)
     expected = (511 - 63) * INTRA.latency_s + 63 * INTER.latency_s
     assert latency_s(kind, span) == pytest.approx(expected, rel=1e-6)

@@ -28,9 +28,9 @@ def test_the_published_float8_gain_is_predicted_within_twelve_points():
     torchtitan): Llama 3 8B on 8 H100, FSDP2, sequence 8192, local batch 1, torch.compile,
     per-op selective checkpointing: bf16 6,150 tokens/s, tensorwise float8 (with float8
     all-gather, which we do not model) 7,689.5: x1.25. Priced with torchtitan's traits (compiled
-    casts), the model gives x1.14 (the float8 GEMMs at the bf16 GEMM efficiency; x1.16-1.17
-    until 2026-11-26, when the refit put H100's FlashAttention-2, which float8 does not speed up,
-    at its lower bound): the gain is under-, not over-promised."""
+    casts), the model gives x1.14 (the float8 GEMMs at the bf16 GEMM efficiency; H100's
+    FlashAttention-2, which float8 does not speed up, at its fitted efficiency): the gain is
+    under-, not over-promised."""
     cluster = replace(parse_cluster("1x8xH100"), framework=framework_traits("torchtitan"))
     train = TrainSpec(seq_len=8192, global_batch_size=8, float8=True)
     for mode in (Recompute.SELECTIVE, Recompute.FULL):

@@ -93,8 +93,8 @@ def _torch_refuses(schedule: Schedule, p: int, m: int, v: int) -> bool:
 def test_micro_batch_rules_are_torch_s(schedule, v):
     """What torch's schedule classes refuse for a micro-batch count (1F1B: fewer than the stages;
     the round-based ones: not whole rounds), check_plan and the search refuse too, so that no
-    plan they emit fails at its first step (the README's small example once picked pp2 1F1B
-    with one micro-batch). Interleaving's m % pp rule is stricter than torch's, never looser."""
+    plan they emit fails at its first step (as pp2 1F1B with one micro-batch would).
+    Interleaving's m % pp rule is stricter than torch's, never looser."""
     for p in (2, 4):
         for m in range(1, 13):
             ours = bool(schedule.traits.problems(str(schedule), p, v, m, False))

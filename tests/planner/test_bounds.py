@@ -97,8 +97,8 @@ def test_memory_aware_bound_is_below_every_split_that_fits(choice):
 ])
 def test_the_bound_holds_for_folded_offloaded_and_float8_plans(choice, framework):
     """The levers added to the space keep the first bound valid: experts sharded over tp times
-    more ranks when a framework folds EP over TP (the floor once priced them over dp x cp only,
-    up to 2 % above the estimate), the host's copies and step, float8 linears."""
+    more ranks when a framework folds EP over TP (priced over dp x cp only, the floor would sit
+    above the estimate), the host's copies and step, float8 linears."""
     from costmodel.frameworks import framework_traits
     model = resolve_model("qwen1.5-moe-a2.7b" if choice.ep > 1 else "llama3-8b")
     cluster = dataclasses.replace(parse_cluster("1x8xH100"), framework=framework_traits(framework))

@@ -1,11 +1,8 @@
 """The cost model against published measurements (profiles/runs/published_runs.csv).
 
-These guard what `python benchmarks/fidelity.py` measured (2026-11-23: in sample MAPE 6.0 %,
-max 26.3 %, Spearman 0.998, 72 of 73 measured runs predicted to fit; 2026-11-25, with the
-Mixtral 8x7B row (+18.7 %): MAPE 6.2 %, 73 of 74 fit; with three more MoE rows: MAPE 6.7 %,
-74 of 77 fit; 2026-11-26: MAPE 4.8 %, left out 5.6 % / max 20.1 %; 2026-11-28, gradient accumulation
-priced: 4.8 %, left out 5.9 % / 23.5 %) from getting worse; the README's
-fidelity section says which rows miss and why."""
+These guard what `python benchmarks/fidelity.py` prints (the in-sample MAPE, the worst row,
+Spearman, how many measured runs are predicted to fit) from getting worse; its per-row table
+says which rows miss."""
 from pathlib import Path
 
 from planner.validate import validate
@@ -17,8 +14,8 @@ RUNS = ROOT / "profiles" / "runs" / "published_runs.csv"
 def test_published_runs_stay_within_the_measured_fidelity():
     results, summary = validate(RUNS)
     assert summary["n"] == sum(1 for r in results if r.error_pct is not None) == 77
-    # 4.8 % on 2026-11-26; the worst row is MPT-30B at 8k tokens on 8 A100 (+27.9 % tokens/s), a
-    # run near its memory limit whose MFU drops from 51 % at 4k to 39 % (README, fidelity)
+    # the worst row is MPT-30B at 8k tokens on 8 A100 (+27.9 % tokens/s), a run near its memory
+    # limit whose MFU drops from 51 % at 4k to 39 %
     assert summary["mape_pct"] <= 5.0
     assert summary["max_abs_error_pct"] <= 28.0
     assert summary["spearman"] >= 0.99

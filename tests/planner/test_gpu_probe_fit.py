@@ -1,6 +1,6 @@
 """The profile's probes on a GPU (planner.probes.compute_params): their small steps are the host's
 alone, so the fit finds the host's per-kernel and per-step costs and leaves the measured rates alone. The profile is
-the one `planner profile` wrote on an H100 (benchmarks/results/gpu-check-h100-2026-11-26)."""
+the one `planner profile` wrote on an H100 (H100: benchmarks/results/gpu-check-h100-*/run2/gpu.toml)."""
 from __future__ import annotations
 
 import tomllib

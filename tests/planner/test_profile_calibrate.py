@@ -58,7 +58,7 @@ def test_profile_writes_a_usable_measured_profile(measured, capsys):
     train = TrainSpec(seq_len=128, global_batch_size=8, compute_dtype=DType.FP32)
     # small GEMMs run at a lower measured rate than large ones: at 16 cubed dispatch bounds it, some
     # 40x below a large one here, a margin no moment of a shared machine's speed closes (at 64 cubed
-    # the gap is 1.5x, and a slow second during the large sizes' points closed it twice, 2026-11-27)
+    # the gap is 1.5x, which a slow second during the large sizes' points can close)
     small, big = gemm_s(16, 16, 16, dev, train), gemm_s(1024, 1024, 1024, dev, train)
     assert big / small < (1024 // 16) ** 3 / 4
     # the optimizer step is measured as the runtime takes it (AdamW, foreach) and prices the step
@@ -140,16 +140,16 @@ def test_local_is_measured_once_then_cached(measured, tmp_path, monkeypatch, cap
     assert main(args) == 0 and len(calls) == 4           # probes fitted under an older cost model
     assert "fitted under an older cost model" in capsys.readouterr().err
     cached.write_text(re.sub(r"(?m)^dropout_s_per_element = .*$", "", cached.read_text()))
-    assert main(args) == 0 and len(calls) == 5           # from before dropout was measured
+    assert main(args) == 0 and len(calls) == 5           # a profile without the dropout's measurement
     assert "predates the dropout's measurement" in capsys.readouterr().err
     cached.write_text(re.sub(r"(?m)^gelu_s_per_element = .*$", "", cached.read_text()))
-    assert main(args) == 0 and len(calls) == 6           # from before GeLU was measured
+    assert main(args) == 0 and len(calls) == 6           # a profile without GeLU's measurement
     assert "predates GeLU's measurement" in capsys.readouterr().err
     cached.write_text(re.sub(r"(?m)^grad_accumulate_s_per_param = .*$", "", cached.read_text()))
-    assert main(args) == 0 and len(calls) == 7           # from before the accumulation was measured
+    assert main(args) == 0 and len(calls) == 7           # a profile without the accumulation's measurement
     assert "predates the gradient accumulation's measurement" in capsys.readouterr().err
     cached.write_text(re.sub(r"(?m)^fsdp_sync_s_per_param = .*$", "", cached.read_text()))
-    assert main(args) == 0 and len(calls) == 8           # from before FSDP's one-rank costs were measured
+    assert main(args) == 0 and len(calls) == 8           # a profile without FSDP's one-rank costs
     assert "predates the measurement of FSDP's one-rank reduce and gather" in capsys.readouterr().err
 
 
@@ -195,7 +195,7 @@ def test_calibrate_recovers_a_known_slowdown_and_keeps_the_original(measured, tm
     base = parse_cluster(f"1x2x{measured}").device
     # twice the profile's own per-kernel cost, as the compute factor halves: a fixed 20 us can
     # lie far from a short profile's fitted cost, and the fit's prior toward the profile's own
-    # values then held it back (MAPE 13.8 -> 5.3 % in one suite run, 2026-11-28)
+    # values would hold it back
     own = base.for_dtype(DType.FP32).efficiency.kernel_overhead_s
     truth = with_params(base, {"compute": 0.5, "kernel_overhead_s": 2 * own})
     runs = _fake_runs(tmp_path, truth)
@@ -231,8 +231,8 @@ def test_calibration_fits_each_dtype_apart(measured, tmp_path):
 def test_gpu_runs_fit_the_allocators_fragmentation_and_keep_the_fixed_reserve(tmp_path):
     """A CUDA run records max_memory_allocated and max_memory_reserved per stage: calibrate sets
     the allocator's fragmentation from their ratio (1.15 -> 0.15) and leaves the context-and-NCCL
-    reserve, which no allocator statistic sees, at the profile's value (it used to become the
-    tensors' under-prediction, here about -2 GiB: nothing)."""
+    reserve, which no allocator statistic sees, at the profile's value (fitted, it would take on
+    the tensors' under-prediction, here about -2 GiB, and come to nothing)."""
     from planner.calibrate import fit_by_dtype, load_run
     model, cluster = resolve_model("debug-small"), parse_cluster("1x1xA100")
     train = TrainSpec(seq_len=128, global_batch_size=4)

@@ -45,7 +45,7 @@ def test_the_second_pass_comes_after_the_probes_and_the_fit_reads_its_curves(tmp
     real_fit = probes.fit_probes
     monkeypatch.setattr(fork, "run_forked", run_forked)
     # the order is what this test checks, not the refusal of a broken layer timing: the tests
-    # beside it once slowed the real probe layer until it read 0.10 of the faked curves, refused
+    # beside it can slow the real probe layer until it reads far below the faked curves, refused
     monkeypatch.setattr(probes, "LAYER_FACTOR_BOUNDS", (0.0, float("inf")))
     monkeypatch.setattr(probes, "fit_probes", fit_probes)
     args = argparse.Namespace(out=tmp_path / "box.toml", nproc=2, name=None, quick=False, thorough=False,

@@ -39,9 +39,9 @@ def test_collectives_faster_than_their_microbenchmark_stay_at_efficiency_one(tmp
 
 
 def test_the_links_come_from_the_tp_probes_not_the_pipelines_unpriced_work():
-    """A pipeline stage's per-micro-batch work is priced nowhere (the PP probe ran 16-24 % over
-    its price in closed loops DA-DF's profiles): fitted on every multi-rank probe, the links'
-    latency and bandwidth took it on, and TP plans were priced for it. From the TP probes alone
+    """A pipeline stage's per-micro-batch work is priced nowhere (the PP probe runs over its
+    price on a CPU): fitted on every multi-rank probe, the links' latency and bandwidth would take
+    it on, and TP plans be priced for it. From the TP probes alone
     (links_from_tp, a CPU's probe fit) the links are the TP probes' own."""
     from planner.calibrate import fit_by_dtype
     base = load_profile(XEON)

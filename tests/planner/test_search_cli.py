@@ -90,8 +90,7 @@ def test_memory_objective_trades_a_little_time_for_memory(capsys):
     assert main(SEARCH + ["--json", "--objective", "memory"]) == 0
     lean = json.loads(capsys.readouterr().out)["plans"][0]["estimate"]
     assert lean["step_time_s"] <= 1.05 * fastest["step_time_s"] + 1e-9
-    # 0.88 of it since NCCL's ring latency and flash attention's tile efficiency (2026-11-26
-    # evening; 0.82 with the eager layer priced on GPUs, 0.8 before)
+    # the memory objective's plan holds under 0.9 of the fastest's peak
     assert max(lean["peak_memory_bytes"]) < 0.9 * max(fastest["peak_memory_bytes"])
 
 

@@ -125,8 +125,8 @@ def _tight(cluster, memory_bytes, host=True):
 
 
 # (model, cluster, global batch, device memory). The caps sit below the unconstrained winner's
-# peak (2 GiB reserved + 2.07 MB / 3.05 MB), so memory binds: before offloading was searched the
-# optimum became tp=2 + SP with full recomputation for the Llama case and ZeRO-3 with full
+# peak (2 GiB reserved + 2.07 MB / 3.05 MB), so memory binds: without offloading the optimum
+# would be tp=2 + SP with full recomputation for the Llama case and ZeRO-3 with full
 # recomputation for the GPT one; at these sizes moving the states to the host costs less.
 CASES = [
     (llama_spec("tiny-llama", layers=4, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256, max_pos=64,

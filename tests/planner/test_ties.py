@@ -29,7 +29,7 @@ def test_a_schedule_without_closed_form_competes_by_simulation():
     model, cluster = resolve_model("llama2-13b"), parse_cluster("4x8xA100")
     # states on the device: the fastest plans offloading theirs hold too much under ZBV to fit;
     # a two-stage pipeline without TP or recomputation, whose ZBV layout fits: the fastest plans
-    # no longer take a pipeline once their many micro-batches pay for accumulating whole
+    # take no pipeline, as their many micro-batches would pay for accumulating whole
     # gradients (ZeRO-2 data parallelism adds only shards)
     fixed = {"offload_optimizer": False, "pp": 2, "tp": 1, "recompute": "none"}
     result = search(model, TRAIN, cluster, SearchOptions(top_k=5, fixed=fixed))

@@ -107,7 +107,7 @@ def test_measured_json_is_strict_and_versioned(tmp_path, capsys):
 
 def test_memory_over_time_draws_every_plan_s_activations(tmp_path, monkeypatch):
     """The chosen plan's curve too: with more micro-batches than a timeline draws, its schedule
-    variant carries a lean simulation without memory curves (its figure was flat once)."""
+    variant carries a lean simulation without memory curves (drawn from that, its figure would be flat)."""
     import reports.build as build
     seen = []
     real = build.memory_figures

@@ -1,6 +1,6 @@
 """runtime.fork's rendezvous: rank 0's store serves on a socket the parent bound before forking,
-so no other process can take the port in between (CI once failed on EADDRINUSE in rank 0's
-init_process_group: the port had been found free, closed, and taken by another test's gloo)."""
+so no other process can take the port in between (a port found free and closed again can be
+taken by another test's gloo before rank 0's init_process_group binds it: EADDRINUSE)."""
 from __future__ import annotations
 
 import errno
@@ -22,12 +22,12 @@ def _sum_of_ranks() -> float:
 def test_the_port_cannot_be_taken_between_choosing_it_and_serving_on_it(monkeypatch):
     start = runtime.fork.mp.start_processes
     refused: list[int] = []
-    thief = socket.socket()   # another process binding the port in the window the old code left
+    thief = socket.socket()   # another process binding the port between its choice and its use
 
     def steal_then_start(fn, args, **kwargs):
         try:
             thief.bind(("127.0.0.1", args[1]))   # _worker's args: (world, port, ...)
-            thief.listen()   # held while the ranks start: rank 0 then fails, as in CI
+            thief.listen()   # held while the ranks start: rank 0 would then fail
         except OSError as exc:
             refused.append(exc.errno)
         return start(fn, args, **kwargs)

@@ -65,7 +65,7 @@ PHI3 = {"architectures": ["Phi3ForCausalLM"], "attention_bias": False, "attentio
         "rope_theta": 10000.0, "sliding_window": 2047, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
         "transformers_version": "4.40.2", "use_cache": True, **SMALL}
 # google/gemma-2b's config.json, widths cut (MQA, head_dim = hidden / heads as there), with the
-# activation transformers now names for it (the file says "gelu"; Gemma uses the tanh form)
+# activation as transformers names it (the hub file says "gelu"; Gemma uses the tanh form)
 GEMMA = {"architectures": ["GemmaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 2,
          "eos_token_id": 1, "head_dim": 16, "hidden_act": "gelu_pytorch_tanh", "hidden_size": 64,
          "initializer_range": 0.02, "intermediate_size": 160, "max_position_embeddings": 8192, "model_type": "gemma",
@@ -219,7 +219,7 @@ def test_gpt_neox_counts_exactly_as_transformers_and_prices_its_mechanisms(tmp_p
     with torch.device("meta"):
         theirs = _theirs(NEOX_20B, "GPTNeoXForCausalLM")
     assert total_params(spec) == theirs.num_parameters()
-    assert total_params(spec) == 20_554_567_680   # the README quotes it
+    assert total_params(spec) == 20_554_567_680   # GPT-NeoX-20B's published count (Black et al. 2022)
     assert spec.parallel_residual and spec.rotary_dims == 24 and not spec.tied_embeddings
     v5 = {k: v for k, v in NEOX_20B.items() if k not in ("rotary_pct", "rotary_emb_base")}
     v5["rope_parameters"] = {"rope_theta": 10000.0, "partial_rotary_factor": 0.25, "rope_type": "default"}

@@ -1,7 +1,8 @@
 """runtime.host_memory: with the freed memory kept, glibc serves a large block from its heap and
 keeps it when freed, where it would map fresh pages and hand them back; CPU ranks set it
-(runtime.fork, runtime.worker). What that saves a training pass: benchmarks/host_memory.py
-(11,970 pages first touched a pass -> 2, the README)."""
+(runtime.fork, runtime.worker). What that saves a training pass: `python benchmarks/memory.py
+host PLAN.json` prints the pages each pass first touches, glibc as it comes against with the
+freed memory kept."""
 from __future__ import annotations
 
 import json

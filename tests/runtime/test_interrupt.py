@@ -85,7 +85,7 @@ def _long_table(path: Path) -> None:
 
 
 @pytest.mark.parametrize("argv, after_s", [
-    (["validate", "{tmp}/runs.csv"], 2.5),   # CP-SAT solves under way: its own SIGINT handler once left Ctrl-C fatal
+    (["validate", "{tmp}/runs.csv"], 2.5),   # CP-SAT solves under way: its own SIGINT handler must not make Ctrl-C fatal
     (["profile", "--out", "{tmp}/p.toml", "--quick"], 6.0),   # forked measuring ranks
 ])
 def test_ctrl_c_ends_long_commands_in_one_line(tmp_path, argv, after_s):
@@ -112,8 +112,8 @@ def test_ctrl_c_ends_long_commands_in_one_line(tmp_path, argv, after_s):
 
 def test_ctrl_c_while_the_ranks_fork_is_not_lost():
     """A signal handled inside fork's at-fork hooks has its exception printed and dropped by
-    Python: `planner profile` once went on to the end after a Ctrl-C that arrived as its probe
-    ranks forked. runtime.fork holds Ctrl-C while forking and delivers it just after. Here a hook
+    Python: a Ctrl-C that arrives as `planner profile`'s probe ranks fork would be lost and the
+    profile go on to the end. runtime.fork holds Ctrl-C while forking and delivers it just after. Here a hook
     sends the signal at that very moment."""
     code = ("import os, signal\n"
             "from runtime.fork import run_forked\n"

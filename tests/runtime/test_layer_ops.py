@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from layer_timing import layer_ops_at  # noqa: E402
 
 PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "xeon-amx.toml"
-# a profile `planner profile` measured on a 2-core EPYC (closed loop DA, 2026-11-28): curves,
-# SDPA points, the probe layer's timing and the factors taken from it
+# a profile `planner profile` measured on a 2-core EPYC: curves, SDPA points, the probe layer's
+# timing and the factors taken from it
 MEASURED = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "cpu-epyc-2026-11-28-DA.toml"
 SMALL = llama_spec("ops", layers=1, hidden=64, heads=4, kv_heads=2, ffn=176, vocab=256, max_pos=64, source="test")
 

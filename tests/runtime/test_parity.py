@@ -117,7 +117,7 @@ CASES = {
 
 
 # TP and CP cases take two micro-batches a step (2 x pp under a pipeline) instead of one
-# sequence each: accumulation is still proven, and DTensor's per-op dispatch on a CPU made each
+# sequence each: accumulation is still proven, and DTensor's per-op dispatch on a CPU makes each
 # micro-batch of a TP case cost almost a step. These keep one sequence per micro-batch, as every
 # case without TP or CP does.
 ONE_SEQUENCE_MICRO_BATCHES = {"tp", "cp2"}

@@ -194,7 +194,7 @@ def test_zero_under_a_pipeline_uses_the_memory_the_model_says(tmp_path, capsys):
     stage, and the cost model (our runtime's traits) predicts the same for both. ZeRO-1's stage is
     one FSDP unit (runtime.parallel.fsdp_units: debug-tiny's layers are far below a bucket), whose
     reduction at the step's end copies the stage's gradients at once where ZeRO-3's copies a
-    layer's: the last stage measured 1.48 MB against 1.26 (2026-11-28), which the prediction, above
+    layer's: the last stage measures about 1.48 MB against 1.26, which the prediction, above
     both (it also counts a reserve the CPU tracker cannot see, the backward working set at its
     widest), covers by less than half."""
     peaks = {}
@@ -220,8 +220,8 @@ def test_pipeline_schedules_hold_the_memory_the_model_says(tmp_path, capsys, sch
     zero-bubble schedules keep a deferred weight pass's whole graph and its output gradients
     (costmodel.frameworks.deferred_w_keeps_graph), its multi-stage runner keeps every send until
     the step ends (pipeline_sends_held), and the last stage keeps no logits beyond the micro-batch
-    in flight. `python benchmarks/pipeline_memory.py` prints the figures (2026-11-25: -3 % to
-    +19 %)."""
+    in flight. `python benchmarks/memory.py pipeline` prints the figures (measured -3 % to +19 %
+    against predicted)."""
     plan = tmp_path / "plan.json"
     assert main(["predict", "--model", "debug-small", "--cluster", "1x2xxeon-amx", "--dtype", "fp32",
                  "--seq-len", "512", "--global-batch", "16", "--mbs", "2", "--pp", "2", "--dp", "1",
