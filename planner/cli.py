@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="planner", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Plan, predict, run, measure and calibrate parallel training of large language models.",
-        epilog="start with: planner search --model llama-70b --cluster 8x8xA100 --report reports/llama-70b")
+        epilog="start with: planner search --model llama-70b --cluster 8x8xA100 --report out/llama-70b")
     parser.add_argument("--version", action="version", version=f"planner {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     raw = argparse.RawDescriptionHelpFormatter
@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
   planner search --model llama3-8b --cluster 1x8xH100
   planner search --model llama-70b --cluster 8x8xA100 --fix pp=4 --zero 1 --top 10 --out plan.json
   planner search --model llama-70b --cluster 8x8xA100 --objective memory --json
-  planner search --model llama-70b --cluster 4x8xA100+4x8xH100 --report reports/mixed   (a mixed cluster)""")
+  planner search --model llama-70b --cluster 4x8xA100+4x8xH100 --report out/mixed   (a mixed cluster)""")
     add_train_args(p)
     from planner.commands.search import add_search_args
     add_search_args(p)
@@ -78,8 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("report", help="bubble and memory report of a plan (PNG/SVG, index.html/md)",
                        formatter_class=raw, epilog="""examples:
-  planner report plan.json --out reports/my-plan
-  planner report plan.json --measured runs/x/measured.json --out reports/my-plan   (predicted beside measured)""")
+  planner report plan.json --out out/my-plan
+  planner report plan.json --measured out/run/measured.json --out out/my-plan   (predicted beside measured)""")
     p.add_argument("plan", help="plan.json (from search --out or predict --out)")
     p.add_argument("--measured", help="measured.json from `planner run` of this plan")
     p.add_argument("--out", required=True, help="directory for the report")
