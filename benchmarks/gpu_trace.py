@@ -71,6 +71,7 @@ def shapes() -> list[dict]:
 
 def trace(plan: Path, out: Path) -> None:
     from torch.profiler import ProfilerActivity, profile
+
     from costmodel.plan import PlanFile
     from runtime.train import RunConfig, init_distributed, run_rank
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29533"), RANK="0",

@@ -75,7 +75,7 @@ def compared(predicted_bytes: float, measured_bytes: float) -> str:
 
 
 def dp(out: Path) -> None:
-    from closed_loop import MODELS   # this directory's own (on the path when run as a script)
+    from closed_loop import MODELS  # this directory's own (on the path when run as a script)
     print(f"{'model':<14}{'zero':>5}{'mbs':>5}{COMPARED}")
     for name, config in MODELS.items():
         model = out / f"{name}.json"

@@ -23,8 +23,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from costmodel.hardware import parse_cluster
 from costmodel.estimate import Estimate, estimate
+from costmodel.hardware import parse_cluster
 from planner.search import SearchOptions, search
 from planner.validate import best_plan_for_row, metric_step_time_s, read_runs, row_specs
 

@@ -13,10 +13,10 @@ import statistics
 import sys
 import time
 
-from costmodel.hardware import parse_cluster
 from costmodel.estimate import estimate
-from costmodel.registry import resolve_model
+from costmodel.hardware import parse_cluster
 from costmodel.pipeline_simulation import _CACHE, _simulate, simulate
+from costmodel.registry import resolve_model
 from costmodel.specs import TrainSpec
 from costmodel.stage_costs import stage_costs
 from planner.space import Choice, build_plan

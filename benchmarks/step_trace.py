@@ -31,13 +31,12 @@ import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from costmodel.kernels import gemm_s
 from costmodel.estimate import estimate
+from costmodel.kernels import gemm_s
 from costmodel.plan import PlanFile
 from runtime.fork import run_forked
 from runtime.layer_ops import op_kind
 from runtime.train import TIMED_STEP, RunConfig, run_rank
-
 
 WARM_STEPS = 2   # untraced steps first: allocations, first calls, the optimizer's lazy states
 

@@ -5,14 +5,21 @@ can act on; an empty list means the plan is valid (and fits, when memory is chec
 """
 from __future__ import annotations
 
-from costmodel.hardware import ClusterSpec, DeviceProfile
 from costmodel.estimate import host_bytes_per_rank, memory_per_rank, offloads
-from costmodel.groups import (group_plan, group_train, places_replicas, placement_problems, rank_views,
-                              replica_samples, replica_view, views)
+from costmodel.groups import (
+    group_plan,
+    group_train,
+    placement_problems,
+    places_replicas,
+    rank_views,
+    replica_samples,
+    replica_view,
+    views,
+)
+from costmodel.hardware import ClusterSpec, DeviceProfile
 from costmodel.plan import AXES, Plan, Recompute, Schedule
 from costmodel.specs import ModelSpec, PositionKind, TrainSpec
 from costmodel.units import GIB
-
 
 
 def world_problem(dp: int, tp: int, pp: int, cp: int, world: int) -> str | None:

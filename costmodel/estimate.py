@@ -19,21 +19,39 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from costmodel.hardware import ClusterSpec
-from costmodel.frameworks import RUNTIME, FrameworkTraits
 from costmodel.flops import executed_flops_per_step, model_flops_per_step, utilization
-from costmodel.memory import (StageMemory, backward_working_bytes, host_activation_bytes, host_state_bytes,
-                              stage_memory)
+from costmodel.frameworks import RUNTIME, FrameworkTraits
+from costmodel.groups import (
+    group_plan,
+    group_replicas,
+    group_samples,
+    group_train,
+    places_replicas,
+    rank_budgets_bytes,
+    rank_groups,
+    rank_views,
+    replica_view,
+    world_peak_flops_per_s,
+)
+from costmodel.hardware import ClusterSpec
+from costmodel.memory import StageMemory, backward_working_bytes, host_activation_bytes, host_state_bytes, stage_memory
 from costmodel.params import ceil_div, rank_params
 from costmodel.pipeline_closed_form import pipeline_time_s
-from costmodel.groups import (group_plan, group_replicas, group_samples, group_train, places_replicas, rank_budgets_bytes,
-                              rank_groups, rank_views, replica_view, world_peak_flops_per_s)
-from costmodel.plan import Plan
 from costmodel.pipeline_simulation import Simulation, simulate
-from costmodel.stage_costs import stage_costs
+from costmodel.plan import Plan
+from costmodel.rank_time import (
+    RankTimes,
+    Spans,
+    after_pipeline_s,
+    dp_exposed_s,
+    grad_accumulation_s,
+    one_replica_fsdp_parts_s,
+    rank_times,
+    spans,
+    stage_pair_all_reduce_s,
+)
 from costmodel.specs import ModelSpec, TrainSpec
-from costmodel.rank_time import (RankTimes, Spans, after_pipeline_s, dp_exposed_s, grad_accumulation_s,
-                                 one_replica_fsdp_parts_s, rank_times, spans, stage_pair_all_reduce_s)
+from costmodel.stage_costs import stage_costs
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

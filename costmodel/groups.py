@@ -22,10 +22,10 @@ from functools import lru_cache
 import numpy as np
 
 from costmodel.hardware import ClusterSpec
+from costmodel.inputs import UserError
 from costmodel.placement import axis_strides
 from costmodel.plan import Plan
 from costmodel.specs import TrainSpec
-from costmodel.inputs import UserError
 
 
 def group_order(plan: Plan, cluster: ClusterSpec) -> tuple[int, ...]:

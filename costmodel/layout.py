@@ -10,8 +10,8 @@ applies `ColwiseParallel` / `RowwiseParallel` from it, so both agree by construc
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from enum import StrEnum
+from functools import lru_cache
 
 from costmodel.specs import Arch, ModelSpec
 

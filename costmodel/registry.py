@@ -4,8 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from costmodel.specs import Arch, FfnKind, ModelSpec, NormKind, PositionKind
 from costmodel.inputs import UserError
+from costmodel.specs import Arch, FfnKind, ModelSpec, NormKind, PositionKind
 
 _HF = "Hugging Face config.json of"
 

@@ -22,10 +22,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from costmodel.inputs import UserError
 from costmodel.memory import optimizer_bytes_per_param
 from costmodel.params import total_params
 from costmodel.specs import ModelSpec, TrainSpec
-from costmodel.inputs import UserError
 
 FAILURES_PER_DEVICE_HOUR = 419 / (54 * 24 * 16_384)   # Llama 3, Sec. 3.3.4
 STORAGE_BYTES_PER_S_PER_DEVICE = 2e12 / 16_384         # Llama 3: Tectonic, 2 TB/s sustained

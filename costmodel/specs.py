@@ -9,9 +9,17 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
 
-from costmodel.inputs import (MAX_EXPERTS, MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_SEQ_LEN, MAX_VOCAB, MAX_WIDTH,
-                              check_limit, dataclass_from_json)
-from costmodel.inputs import UserError
+from costmodel.inputs import (
+    MAX_EXPERTS,
+    MAX_GLOBAL_BATCH,
+    MAX_LAYERS,
+    MAX_SEQ_LEN,
+    MAX_VOCAB,
+    MAX_WIDTH,
+    UserError,
+    check_limit,
+    dataclass_from_json,
+)
 
 
 class Arch(StrEnum):

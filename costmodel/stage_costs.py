@@ -9,14 +9,19 @@ backward-for-weights part needs none.
 """
 from __future__ import annotations
 
-from costmodel.hardware import ClusterSpec
 from costmodel.groups import rank_views
-from costmodel.memory import (edge_weight_grad_output_bytes, micro_batch_activation_bytes, send_bytes,
-                              weight_grad_input_bytes, weight_grad_output_bytes)
-from costmodel.plan import Plan
+from costmodel.hardware import ClusterSpec
+from costmodel.memory import (
+    edge_weight_grad_output_bytes,
+    micro_batch_activation_bytes,
+    send_bytes,
+    weight_grad_input_bytes,
+    weight_grad_output_bytes,
+)
 from costmodel.pipeline_simulation import StageCost
-from costmodel.specs import ModelSpec, TrainSpec
+from costmodel.plan import Plan
 from costmodel.rank_time import RankTimeModel, rank_time_model, spans
+from costmodel.specs import ModelSpec, TrainSpec
 
 
 def stage_costs(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,

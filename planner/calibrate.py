@@ -29,10 +29,10 @@ from pathlib import Path
 
 from scipy.optimize import minimize
 
-from costmodel.hardware import DTYPE_FIELDS, DeviceProfile
 from costmodel.estimate import Estimate, estimate
-from costmodel.measured import MeasuredRun
+from costmodel.hardware import DTYPE_FIELDS, DeviceProfile
 from costmodel.inputs import UserError, read_json_object
+from costmodel.measured import MeasuredRun
 from costmodel.plan import PlanFile, Recompute
 
 PARAMS = ("compute", "memory", "kernel_overhead_s", "intra_node_comm", "comm_latency", "overlap")

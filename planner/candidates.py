@@ -10,16 +10,24 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable, Iterator, NamedTuple
 
-from costmodel.check import (activation_offload_problems, cp_problems, ep_problems, fp8_problems, moe_schedule_problem,
-                             moe_tp_problem, offload_problems, sp_problems, tp_problems)
-from costmodel.hardware import ClusterSpec
-from costmodel.groups import group_orders, placement_problems, places_replicas, views
+from costmodel.check import (
+    activation_offload_problems,
+    cp_problems,
+    ep_problems,
+    fp8_problems,
+    moe_schedule_problem,
+    moe_tp_problem,
+    offload_problems,
+    sp_problems,
+    tp_problems,
+)
 from costmodel.fidelity import MODEL_ERROR_BAND
+from costmodel.groups import group_orders, placement_problems, places_replicas, views
+from costmodel.hardware import ClusterSpec
 from costmodel.plan import Recompute, Schedule, default_schedule
-from costmodel.specs import ModelSpec, TrainSpec
 from costmodel.rank_time import Spans, link_costs, spans
+from costmodel.specs import ModelSpec, TrainSpec
 from planner.space import Choice, degrees_plan, divisors
-
 
 MAX_MICRO_BATCH = 64
 

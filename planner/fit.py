@@ -19,9 +19,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from costmodel.hardware import ClusterSpec
 from costmodel.estimate import estimate
 from costmodel.frameworks import attention_speedup
+from costmodel.hardware import ClusterSpec
 from costmodel.plan import Plan
 from costmodel.specs import ModelSpec, TrainSpec
 

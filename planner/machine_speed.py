@@ -14,8 +14,8 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from costmodel.plan import PlanFile
 from costmodel.inputs import UserError
+from costmodel.plan import PlanFile
 
 # a moment this far from the profile's (either way) is named beside the run's error
 NOTABLE_PCT = 10.0

@@ -22,8 +22,8 @@ from dataclasses import dataclass, replace
 
 from ortools.sat.python import cp_model
 
-from costmodel.hardware import ClusterSpec
 from costmodel.groups import rank_caps_bytes
+from costmodel.hardware import ClusterSpec
 from costmodel.pipeline_closed_form import scaled_closed_form
 from costmodel.plan import Plan, Recompute, even_layers
 from costmodel.specs import ModelSpec, TrainSpec

@@ -17,16 +17,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
 
-from costmodel.hardware import RING_COLLECTIVES, ClusterSpec, DeviceProfile
 from costmodel.comm import kind_factors
+from costmodel.hardware import RING_COLLECTIVES, ClusterSpec, DeviceProfile
+from costmodel.inputs import UserError
 from costmodel.kernels import LAYER_KINDS, flash_tile_efficiency, layer_parts_s
-from costmodel.plan import PlanFile
+from costmodel.plan import PlanFile, Recompute
 from costmodel.registry import llama_spec
-from costmodel.plan import Recompute
 from costmodel.specs import DType, LayerProbe, ModelSpec, TrainSpec
 from planner.calibrate import CPU_OVERLAP, Run, fit_by_dtype, summary
 from planner.space import Choice, build_plan
-from costmodel.inputs import UserError
 
 _WHY = "probe of `planner profile`: not a published model"
 NARROW = llama_spec("probe-narrow", layers=2, hidden=64, heads=4, kv_heads=2, ffn=176, vocab=1024,
@@ -316,6 +315,7 @@ def refit_stored(profile: Path) -> tuple[DeviceProfile, dict[str, float], dict, 
     Returns the fitted device, its factors, the probes' MAPE before and after, and how many of
     the stored probes were matched (a probe the current PROBES no longer has is left out)."""
     import tomllib
+
     from costmodel.hardware import load_profile
     doc = tomllib.loads(profile.read_text())
     stored = {s["plan"]: s["measured_s"] for s in doc["probes"]["steps"]}

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from costmodel import machine
-from costmodel.hardware import PROBE_FIT_VERSION, PROFILE_FORMAT_VERSION
 from costmodel.comm import fit_alpha_beta, kind_factors
+from costmodel.hardware import PROBE_FIT_VERSION, PROFILE_FORMAT_VERSION
 from planner import profile_file as pf_io
 
 

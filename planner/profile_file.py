@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import tomlkit
+from tomlkit.items import Table
 
 from costmodel.hardware import DeviceProfile, parse_profile
 from costmodel.inputs import write_text_atomic
-from tomlkit.items import Table
 
 # (key, value, comment or None)
 Row = tuple[str, Any, str | None]

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from costmodel.check import check_structure
-from costmodel.hardware import ClusterSpec
 from costmodel.estimate import estimate, simulate_plan
 from costmodel.groups import representative
+from costmodel.hardware import ClusterSpec
 from costmodel.plan import Plan, Schedule
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.space import under_schedule

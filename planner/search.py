@@ -25,17 +25,24 @@ from typing import Iterator
 import numpy as np
 
 from costmodel.check import check_structure, offload_problems
-from costmodel.hardware import ClusterSpec
 from costmodel.estimate import estimate
+from costmodel.hardware import ClusterSpec
 from costmodel.plan import Plan, Schedule
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.bounds import MemoryFit, lower_bound_with_memory_s, time_floor_s
+from planner.candidates import (
+    MAX_MICRO_BATCH,
+    STATE_OPTIONS,
+    SearchOptions,
+    replica_degrees,
+    states_allowed,
+    states_for_group,
+    time_groups,
+)
 from planner.partition import SolverTimeout, apply_split, solve_split
-from planner.shapes import rank_shapes
-from planner.candidates import (MAX_MICRO_BATCH, STATE_OPTIONS, SearchOptions, replica_degrees, states_allowed, states_for_group,
-                               time_groups)
 from planner.ranking import closer, kth_best_s, rank, robust_first
 from planner.search_state import Found, SearchResult, SearchStats, SharedModels
+from planner.shapes import rank_shapes
 from planner.shares import search_shares
 from planner.space import Choice, build_plan, under_schedule
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from costmodel.hardware import ClusterSpec
 from costmodel.estimate import Estimate
+from costmodel.groups import rank_caps_bytes, rank_groups, views
+from costmodel.hardware import ClusterSpec
 from costmodel.memory import stage_memory_shapes_by_zero
 from costmodel.plan import Plan, Schedule
-from costmodel.specs import ModelSpec, TrainSpec
-from costmodel.groups import rank_caps_bytes, rank_groups, views
 from costmodel.rank_time import RankTimeModel, Spans, fastest_of, rank_time_model, spans
+from costmodel.specs import ModelSpec, TrainSpec
 from planner.bounds import MemoryFit, pipeline_floor_s, slowest_rank_floor_s, zero_floor_s
 from planner.candidates import STATE_OPTIONS, SearchOptions, States, states_allowed, states_for_group
 from planner.shapes import pipeline_rows

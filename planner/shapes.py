@@ -7,16 +7,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from costmodel.hardware import ClusterSpec
 from costmodel.groups import rank_views
+from costmodel.hardware import ClusterSpec
 from costmodel.memory import AffineBytes, stage_memory_shapes
 from costmodel.params import rank_params_at
 from costmodel.pipeline_closed_form import fill_s
 from costmodel.plan import Plan
+from costmodel.rank_time import (
+    RankTimeModel,
+    RankTimes,
+    after_pipeline_s,
+    dp_bucket_s,
+    dp_groups,
+    dp_term_comm_s,
+    dp_terms,
+    dp_window_s,
+    grad_accumulation_s,
+    one_replica_fsdp_s,
+    rank_time_model,
+    spans,
+)
 from costmodel.specs import ModelSpec, TrainSpec
-from costmodel.rank_time import (RankTimeModel, RankTimes, dp_bucket_s, dp_groups, dp_term_comm_s, dp_terms,
-                              dp_window_s, after_pipeline_s, grad_accumulation_s, one_replica_fsdp_s,
-                              rank_time_model, spans)
 
 
 def affine(f, x0: int, x1: int) -> tuple[float, float]:

@@ -20,17 +20,17 @@ from dataclasses import replace
 from typing import Iterator
 
 from costmodel.check import check_structure
-from costmodel.hardware import ClusterSpec
 from costmodel.estimate import estimate
 from costmodel.groups import group_plan, group_replicas, group_train, placement_problems, replica_view
+from costmodel.hardware import ClusterSpec
 from costmodel.memory import stage_memory_shapes
 from costmodel.plan import Plan, Recompute, Schedule
 from costmodel.rank_time import rank_time_model, spans
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.bounds import MemoryFit, time_floor_s, zero_floor_s
 from planner.candidates import MAX_MICRO_BATCH, SearchOptions, allowed, replica_degrees
-from planner.space import degrees_plan, divisors
 from planner.search_state import Found, SearchStats
+from planner.space import degrees_plan, divisors
 
 
 def share_vectors(replicas: list[int], global_batch: int, sizes: list[range]) -> Iterator[tuple[tuple[int, ...], int]]:

@@ -5,11 +5,11 @@ import math
 from dataclasses import dataclass, replace
 
 from costmodel.check import world_problem
-from costmodel.hardware import ClusterSpec
 from costmodel.groups import placement_problems, replica_samples
+from costmodel.hardware import ClusterSpec
+from costmodel.inputs import UserError
 from costmodel.plan import DEFAULT_AXIS_ORDER, Plan, Recompute, Schedule, default_schedule, even_layers
 from costmodel.specs import ModelSpec, TrainSpec
-from costmodel.inputs import UserError
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -9,22 +9,29 @@ from __future__ import annotations
 
 import csv
 import io
-import time
 import itertools
 import re
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from costmodel.check import check_plan, world_problem
-from costmodel.hardware import ClusterSpec, parse_cluster, profile_dir
 from costmodel.estimate import Estimate, estimate
-from costmodel.inputs import UserError, read_text
 from costmodel.frameworks import device_as_run_by, framework_traits
+from costmodel.hardware import ClusterSpec, parse_cluster, profile_dir
+from costmodel.inputs import UserError, read_text
 from costmodel.plan import Plan, Recompute, Schedule
-from costmodel.specs import (DEFAULT_EXPERT_IMBALANCE, MAX_EXPERT_IMBALANCE, Arch, AttentionKernel, DType,
-                             ModelSpec, TrainSpec)
 from costmodel.registry import gpt_spec, llama_spec
+from costmodel.specs import (
+    DEFAULT_EXPERT_IMBALANCE,
+    MAX_EXPERT_IMBALANCE,
+    Arch,
+    AttentionKernel,
+    DType,
+    ModelSpec,
+    TrainSpec,
+)
 from planner.search import SearchOptions, search
 from planner.space import Choice, build_plan, divisors
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from costmodel.estimate import Estimate
-from costmodel.plan import Plan
-from costmodel.pipeline_simulation import Simulation
 from matplotlib.patches import Patch
 
-from reports.style import KIND_COLOURS, LIGHT, plt, save
+from costmodel.estimate import Estimate
+from costmodel.pipeline_simulation import Simulation
+from costmodel.plan import Plan
 from costmodel.units import GIB
+from reports.style import KIND_COLOURS, LIGHT, plt, save
 
 MAX_LABELLED_BARS = 600   # beyond this, micro-batch numbers would be unreadable
 

@@ -5,22 +5,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from costmodel.hardware import ClusterSpec
 from costmodel.estimate import Estimate, simulate_plan
 from costmodel.groups import placement_lines, representative, short_device_name
+from costmodel.hardware import ClusterSpec
+from costmodel.measured import MeasuredRun, part_error
 from costmodel.memory import cp_gathered_kv_bytes, expert_state_bytes
 from costmodel.pipeline_closed_form import uniform_1f1b_bubble_fraction
 from costmodel.plan import Plan
 from costmodel.specs import ModelSpec, TrainSpec
+from costmodel.units import GIB, MIB
 from reports.bubble import Variant, bubble_figures, schedule_table
 from reports.document import Document
 from reports.measured import measured_figure
 from reports.memory_report import PlanMemory, memory_figures, memory_table
 from reports.ranking import ledger_figure, ranking_figure
 from reports.tables import slowest_share
-from costmodel.measured import MeasuredRun, part_error
-from costmodel.units import GIB, MIB
-
 
 
 @dataclass

@@ -5,7 +5,6 @@ from pathlib import Path
 
 from costmodel.measured import MeasuredRun
 from costmodel.units import MIB
-
 from reports.style import BLUE, VERMILLION, plt, save
 
 

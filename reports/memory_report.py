@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from costmodel.estimate import Estimate
-from costmodel.plan import Plan
 from costmodel.pipeline_simulation import Simulation
-from reports.style import MEMORY_COLOURS, plt, save
+from costmodel.plan import Plan
 from costmodel.units import GIB
+from reports.style import MEMORY_COLOURS, plt, save
 
 STATIC = ("params", "grads", "optimizer", "buffers", "reserved")
 

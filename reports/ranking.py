@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Sequence
 
 from costmodel.estimate import Estimate
-from reports.style import BLUE, GREY, VERMILLION, plt, save
 from costmodel.units import GIB
+from reports.style import BLUE, GREY, VERMILLION, plt, save
 
 ZOOM = 1.6   # the scatter shows plans up to 1.6x the best time: the choice is made there
 

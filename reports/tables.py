@@ -1,18 +1,16 @@
 """Plain-text tables for the terminal. Renders numbers the cost model computed; derives none."""
 from __future__ import annotations
 
-from costmodel.fidelity import MODEL_ERROR_BAND
-
 from typing import Any, Sequence
 
 from costmodel import resilience
-from costmodel.hardware import ClusterSpec
 from costmodel.estimate import Estimate
+from costmodel.fidelity import MODEL_ERROR_BAND
 from costmodel.groups import placement_lines, short_device_name, stages_on, views
+from costmodel.hardware import ClusterSpec
 from costmodel.plan import Plan
 from costmodel.specs import ModelSpec, TrainSpec
 from costmodel.units import GIB
-
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 
 from costmodel.estimate import host_state_bytes_per_rank, memory_per_rank
-from costmodel.groups import representative
 from costmodel.frameworks import RUNTIME
+from costmodel.groups import representative
 from costmodel.memory import host_state_bytes, state_bytes_from_counts
 from costmodel.placement import axis_strides
 from costmodel.plan import PlanFile

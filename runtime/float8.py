@@ -22,7 +22,6 @@ from torch import nn
 
 from costmodel.kernels import float8_linear
 
-
 FLOAT8_CAPABILITY = (8, 9)   # torch._scaled_mm: compute capability 8.9 (Ada) or 9.0 (Hopper) and up
 
 

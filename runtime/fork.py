@@ -19,14 +19,16 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
 # Imported here, once, so forked ranks do not each pay for them.
 import torch.distributed.fsdp  # noqa: F401
 import torch.distributed.pipelining  # noqa: F401
 import torch.distributed.tensor.parallel  # noqa: F401
+import torch.multiprocessing as mp
 
 from runtime.host_memory import keep_freed_memory
-from runtime.launch import HELD_SIGNALS as HELD, die_with_parent
+from runtime.launch import HELD_SIGNALS as HELD
+from runtime.launch import die_with_parent
 
 
 class RankFailed(RuntimeError):

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 
+from costmodel.inputs import UserError
 from costmodel.specs import Arch, PositionKind
 from runtime.model import Transformer
-from costmodel.inputs import UserError
 
 _LLAMA_LAYER = {"attention.wq": "self_attn.q_proj", "attention.wk": "self_attn.k_proj",
                 "attention.wv": "self_attn.v_proj", "attention.wo": "self_attn.o_proj",

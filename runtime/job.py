@@ -17,16 +17,25 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from costmodel.check import moe_tp_problem
 from costmodel.groups import replica_samples
+from costmodel.inputs import UserError
 from costmodel.plan import Plan, PlanFile
 from runtime.context_parallel import CpShard
-from runtime.model import Transformer
 from runtime.float8 import apply_float8
-from runtime.offload import apply_activation_offload
+from runtime.model import Transformer
 from runtime.moe import MoE
-from runtime.parallel import (apply_data_parallel, apply_expert_parallel, apply_recompute, apply_tensor_parallel,
-                              build_mesh, in_root_order, local_tensor, mesh_coords, recomputed_layers)
+from runtime.offload import apply_activation_offload
+from runtime.parallel import (
+    apply_data_parallel,
+    apply_expert_parallel,
+    apply_recompute,
+    apply_tensor_parallel,
+    build_mesh,
+    in_root_order,
+    local_tensor,
+    mesh_coords,
+    recomputed_layers,
+)
 from runtime.pipeline import StepClock, build_schedule, local_stages, stage_layer_ids
-from costmodel.inputs import UserError
 
 
 @dataclass(kw_only=True)

@@ -26,11 +26,11 @@ from torch import nn
 from torch.nn.attention.bias import causal_lower_right
 from torch.utils.checkpoint import checkpoint
 
+from costmodel.inputs import UserError
 from costmodel.layout import layer_blocks
 from costmodel.specs import Arch, AttentionKernel, FfnKind, ModelSpec, NormKind, PositionKind
 from runtime.context_parallel import CpShard, cp_attention, gather_kv
 from runtime.moe import MoE
-from costmodel.inputs import UserError
 
 INIT_STD = 0.02         # GPT-2 / Megatron-LM default
 DROPOUT_P = 0.1         # Megatron-LM's hidden and attention dropout for GPT

@@ -29,11 +29,10 @@ from costmodel.plan import PlanFile
 from costmodel.specs import Optimizer
 from runtime import checkpoint, watchdog
 from runtime.data import TokenSource, local_slice
-from runtime.memtrack import TensorBytesTracker, state_tensors
 from runtime.job import Job, build_job, cross_entropy, sync_replicated_over_tp, sync_tied_embedding
 from runtime.launch import StepsConfig
+from runtime.memtrack import TensorBytesTracker, state_tensors
 from runtime.parallel import gradient_sync_every_micro_batch
-
 
 TIMED_STEP = "planner::timed_step"   # the profiler's range around a step's timed work
 

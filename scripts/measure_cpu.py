@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from runtime.profiler import best_s   # best of N after a warm-up, as `planner profile` times
+from runtime.profiler import best_s  # best of N after a warm-up, as `planner profile` times
 
 
 def matmul_flops_per_s(dtype: torch.dtype, n: int = 1024) -> float:

@@ -5,15 +5,40 @@ numbers, `clusters` parses clusters and holds `ClusterSpec`, `fabric` derives th
 group of nodes crosses from the cluster's switch graph.
 """
 from costmodel.hardware.clusters import (
-    MAX_GROUPS, ClusterSpec, DeviceGroup, cluster_from_dict, mixed_cluster, parse_cluster)
+    MAX_GROUPS,
+    ClusterSpec,
+    DeviceGroup,
+    cluster_from_dict,
+    mixed_cluster,
+    parse_cluster,
+)
 from costmodel.hardware.fabric import Fabric, FabricSpec, fabric_graph
 from costmodel.hardware.profile_check import profile_problems
 from costmodel.hardware.profile_io import (
-    PROBE_FIT_VERSION, PROFILE_FORMAT_VERSION, PROFILE_KEYS, known_profiles, load_profile, local_profile,
-    parse_profile, profile_dir, resolve_device)
+    PROBE_FIT_VERSION,
+    PROFILE_FORMAT_VERSION,
+    PROFILE_KEYS,
+    known_profiles,
+    load_profile,
+    local_profile,
+    parse_profile,
+    profile_dir,
+    resolve_device,
+)
 from costmodel.hardware.records import (
-    DEFAULT_MEMORY_HEADROOM, DTYPE_FIELDS, FSDP_SYNC_KINDS, GELU_APPROXIMATIONS, OPTIONAL_DTYPE_FIELDS,
-    RING_COLLECTIVES, DeviceProfile, Efficiency, HostSpec, NetworkTier, fsdp_sync_key, sdpa_key)
+    DEFAULT_MEMORY_HEADROOM,
+    DTYPE_FIELDS,
+    FSDP_SYNC_KINDS,
+    GELU_APPROXIMATIONS,
+    OPTIONAL_DTYPE_FIELDS,
+    RING_COLLECTIVES,
+    DeviceProfile,
+    Efficiency,
+    HostSpec,
+    NetworkTier,
+    fsdp_sync_key,
+    sdpa_key,
+)
 
 __all__ = [
     "DEFAULT_MEMORY_HEADROOM", "DTYPE_FIELDS", "FSDP_SYNC_KINDS", "GELU_APPROXIMATIONS", "MAX_GROUPS",

@@ -108,7 +108,7 @@ class Fabric:
     def route(self, num_nodes: int, same_rail: bool = True) -> list[tuple]:
         """The vertices a byte passes between the group's farthest members: GPU 0 of its first
         node and GPU 0 (or, members on different rails, GPU 1) of its last."""
-        import networkx as nx   # see fabric_graph
+        import networkx as nx  # see fabric_graph
 
         graph = fabric_graph(self, _ends(num_nodes), 2)
         src, dst = ("gpu", 0, 0), ("gpu", max(num_nodes, 1) - 1, 0 if same_rail and num_nodes > 1 else 1)

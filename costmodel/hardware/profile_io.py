@@ -14,8 +14,16 @@ from costmodel import inputs, machine
 from costmodel.hardware.fabric import FabricSpec
 from costmodel.hardware.profile_check import profile_problems
 from costmodel.hardware.records import (
-    DTYPE_FIELDS, FSDP_SYNC_KINDS, GELU_APPROXIMATIONS, OPTIONAL_DTYPE_FIELDS, DeviceProfile, Efficiency, HostSpec,
-    NetworkTier, fsdp_sync_key)
+    DTYPE_FIELDS,
+    FSDP_SYNC_KINDS,
+    GELU_APPROXIMATIONS,
+    OPTIONAL_DTYPE_FIELDS,
+    DeviceProfile,
+    Efficiency,
+    HostSpec,
+    NetworkTier,
+    fsdp_sync_key,
+)
 from costmodel.inputs import UserError
 from costmodel.specs import DType
 

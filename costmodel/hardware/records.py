@@ -9,9 +9,8 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from costmodel.hardware.fabric import Fabric, FabricSpec
-from costmodel.specs import DType
 from costmodel.inputs import UserError
-
+from costmodel.specs import DType
 
 # Fraction of the device memory CUDA reports that plans leave free by default: the spread of the
 # allocator's reserved-over-allocated ratio between runs of one job (a few %, see the profiles'

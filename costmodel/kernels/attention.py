@@ -7,10 +7,9 @@ from bisect import bisect_left
 from functools import lru_cache
 
 from costmodel.hardware import DeviceProfile
-from costmodel.specs import AttentionKernel, ModelSpec, TrainSpec
 from costmodel.kernels.elementwise import dropout_s
 from costmodel.kernels.roofline import KernelShape, compute_bound_s, interpolate, memory_bound_s
-
+from costmodel.specs import AttentionKernel, ModelSpec, TrainSpec
 
 FLASH_BACKWARD_FACTOR = 2.5  # FlashAttention-2 (Dao 2023): 5 matmuls backward vs 2 forward
 

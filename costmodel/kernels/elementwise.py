@@ -2,12 +2,11 @@
 loss, as fused (GPU frameworks) or eager (the runtime on a CPU) kernels."""
 from __future__ import annotations
 
-
 from costmodel.hardware import DeviceProfile
-from costmodel.layout import Style, dense_blocks
-from costmodel.specs import DType, FfnKind, ModelSpec, NormKind, PositionKind, TrainSpec
 from costmodel.kernels.gemm import _moe_routing_bytes, moe_tokens
 from costmodel.kernels.roofline import KernelShape, memory_bound_s
+from costmodel.layout import Style, dense_blocks
+from costmodel.specs import DType, FfnKind, ModelSpec, NormKind, PositionKind, TrainSpec
 
 
 def dropout_s(elements: float, dev: DeviceProfile) -> float:

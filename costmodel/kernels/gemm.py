@@ -2,14 +2,12 @@
 bytes their routing moves) and the LM head, in bf16/fp32 and float8."""
 from __future__ import annotations
 
-
 from costmodel.flops import final_linear
 from costmodel.hardware import DeviceProfile
+from costmodel.kernels.roofline import KernelShape, compute_bound_s, memory_bound_s, roofline_s
 from costmodel.layout import Linear, Style, dense_blocks
 from costmodel.params import ceil_div
 from costmodel.specs import ModelSpec, TrainSpec
-from costmodel.kernels.roofline import KernelShape, compute_bound_s, memory_bound_s, roofline_s
-
 
 GEMM_TILE = 128  # output tile edge of the large cuBLAS/CUTLASS tensor-core kernels (128x128, 128x256)
 

@@ -6,13 +6,21 @@ from dataclasses import dataclass, replace
 from functools import lru_cache, wraps
 
 from costmodel.hardware import DeviceProfile
+from costmodel.kernels.attention import _attention_core_s
+from costmodel.kernels.elementwise import (
+    CPU_ELEMENT_BYTES,
+    _cpu_rms_norm,
+    _elementwise_s,
+    cross_entropy_s,
+    dropout_s,
+    gelu_s,
+    rank_hidden_elements,
+)
+from costmodel.kernels.gemm import _linears_s, final_linear_forward_s, gemm_s
+from costmodel.kernels.roofline import KernelShape, KernelTimes, memory_bound_s
 from costmodel.params import ceil_div
 from costmodel.plan import Plan
 from costmodel.specs import ModelSpec, NormKind, TrainSpec
-from costmodel.kernels.attention import _attention_core_s
-from costmodel.kernels.elementwise import CPU_ELEMENT_BYTES, _cpu_rms_norm, _elementwise_s, cross_entropy_s, dropout_s, gelu_s, rank_hidden_elements
-from costmodel.kernels.gemm import _linears_s, final_linear_forward_s, gemm_s
-from costmodel.kernels.roofline import KernelShape, KernelTimes, memory_bound_s
 
 
 def _per_kernel_shape(fn):

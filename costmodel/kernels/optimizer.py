@@ -2,10 +2,9 @@
 work once a step."""
 from __future__ import annotations
 
-
 from costmodel.hardware import ClusterSpec, DeviceProfile
-from costmodel.specs import DType, Optimizer, TrainSpec
 from costmodel.kernels.roofline import memory_bound_s, roofline_s
+from costmodel.specs import DType, Optimizer, TrainSpec
 
 
 def host_optimizer_step_s(num_params: float, train: TrainSpec, cluster: ClusterSpec) -> float:

@@ -11,7 +11,6 @@ Tests check the published coefficients.
 """
 from __future__ import annotations
 
-
 from costmodel.frameworks import RUNTIME, FrameworkTraits
 from costmodel.kernels import cp_chunk_scores, expert_rows, moe_tokens
 from costmodel.layout import Style, layer_blocks

@@ -7,11 +7,18 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from costmodel.frameworks import RUNTIME, FrameworkTraits
+from costmodel.memory.activations import (
+    _local_tokens,
+    backward_working_bytes,
+    edge_bytes_per_micro_batch,
+    edge_weight_grad_output_bytes,
+    layer_activation_bytes,
+    weight_grad_input_bytes,
+)
+from costmodel.memory.states import reduces_every_micro_batch, state_bytes_for
 from costmodel.params import fsdp_unit_params, layer_params, rank_params_at
 from costmodel.plan import Plan, Recompute, stage_owner
 from costmodel.specs import ModelSpec, TrainSpec
-from costmodel.memory.activations import _local_tokens, backward_working_bytes, edge_bytes_per_micro_batch, edge_weight_grad_output_bytes, layer_activation_bytes, weight_grad_input_bytes
-from costmodel.memory.states import reduces_every_micro_batch, state_bytes_for
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

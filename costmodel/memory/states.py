@@ -10,12 +10,10 @@ shard as the master weight and holds whole gradients under a pipeline until its 
 """
 from __future__ import annotations
 
-
 from costmodel.frameworks import RUNTIME, FrameworkTraits
 from costmodel.params import expert_dp, rank_params
 from costmodel.plan import Plan
 from costmodel.specs import DType, ModelSpec, Optimizer, TrainSpec
-
 
 ADAM_MOMENT_BYTES = 8  # fp32 momentum + variance
 

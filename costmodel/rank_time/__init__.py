@@ -3,11 +3,23 @@ path, `times`, `layer_comm`), the groups each axis spans (`spans`), and the data
 synchronisation left exposed after overlap (`dp_terms`).
 """
 from costmodel.rank_time.dp_terms import (
-    DpTerm, after_pipeline_s, dp_bucket_s, dp_exposed_s, dp_groups, dp_hidden_s, dp_term_comm_s, dp_terms,
-    dp_unit_layers, dp_window_s, grad_accumulation_s, one_replica_fsdp_parts_s, one_replica_fsdp_s,
-    tp_replica_sync_s)
+    DpTerm,
+    after_pipeline_s,
+    dp_bucket_s,
+    dp_exposed_s,
+    dp_groups,
+    dp_hidden_s,
+    dp_term_comm_s,
+    dp_terms,
+    dp_unit_layers,
+    dp_window_s,
+    grad_accumulation_s,
+    one_replica_fsdp_parts_s,
+    one_replica_fsdp_s,
+    tp_replica_sync_s,
+)
 from costmodel.rank_time.spans import Spans, link_costs, spans, split_dp_axis, stage_pair_all_reduce_s
-from costmodel.rank_time.times import RankTimeModel, RankTimes, ZERO_TIMES, fastest_of, rank_time_model, rank_times
+from costmodel.rank_time.times import ZERO_TIMES, RankTimeModel, RankTimes, fastest_of, rank_time_model, rank_times
 
 __all__ = [
     "DpTerm", "RankTimeModel", "RankTimes", "Spans", "ZERO_TIMES", "after_pipeline_s", "dp_bucket_s",

@@ -5,22 +5,39 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from costmodel.comm import (HOST_COPIES, Collective, collective_time_s)
+from costmodel.comm import HOST_COPIES, Collective, collective_time_s
 from costmodel.frameworks import FrameworkTraits
 from costmodel.hardware import ClusterSpec
-from costmodel.kernels import (fsdp_sync_s,
-                               gradient_add_s, gradient_cast_s, host_optimizer_step_s,
-                               optimizer_step_s, step_host_s)
-from costmodel.memory import (reduces_every_micro_batch, runtime_wraps_in_fsdp,
-                              unsharded_between_micro_batches)
-from costmodel.params import (RankParams, edge_param_tensors, folds_ep, fsdp_unit_layers, layer_expert_params,
-                              layer_param_tensors, layer_params, moe_replicated_params, optimized_params,
-                              qk_norm_params, rank_param_tensors, rank_params, rank_params_at, whole_stage_units)
+from costmodel.kernels import (
+    fsdp_sync_s,
+    gradient_add_s,
+    gradient_cast_s,
+    host_optimizer_step_s,
+    optimizer_step_s,
+    step_host_s,
+)
+from costmodel.memory import reduces_every_micro_batch, runtime_wraps_in_fsdp, unsharded_between_micro_batches
+from costmodel.params import (
+    RankParams,
+    edge_param_tensors,
+    folds_ep,
+    fsdp_unit_layers,
+    layer_expert_params,
+    layer_param_tensors,
+    layer_params,
+    moe_replicated_params,
+    optimized_params,
+    qk_norm_params,
+    rank_param_tensors,
+    rank_params,
+    rank_params_at,
+    whole_stage_units,
+)
 from costmodel.placement import AxisSpan
 from costmodel.plan import Plan
-from costmodel.specs import DType, ModelSpec, TrainSpec
 from costmodel.rank_time.spans import Spans
 from costmodel.rank_time.times import RankTimes
+from costmodel.specs import DType, ModelSpec, TrainSpec
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -3,14 +3,12 @@ exchange, expert all-to-alls, activation offload copies, the head's and embeddin
 and pipeline sends."""
 from __future__ import annotations
 
-
-from costmodel.comm import (Collective, collective_time_s, host_copy_s,
-                            p2p_time_s)
+from costmodel.comm import Collective, collective_time_s, host_copy_s, p2p_time_s
 from costmodel.hardware import ClusterSpec
-from costmodel.kernels import (KernelTimes, cross_entropy_s, expert_rows, moe_tokens)
+from costmodel.kernels import KernelTimes, cross_entropy_s, expert_rows, moe_tokens
 from costmodel.layout import dense_blocks
-from costmodel.memory import (layer_activation_bytes)
-from costmodel.params import (ceil_div)
+from costmodel.memory import layer_activation_bytes
+from costmodel.params import ceil_div
 from costmodel.placement import AxisSpan
 from costmodel.plan import Plan, Recompute
 from costmodel.specs import ModelSpec, TrainSpec

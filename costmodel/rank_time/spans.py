@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from costmodel.comm import (HOST_COPIES, Collective, all_reduce_algorithms_s, collective_time_s, p2p_time_s, ring_time_s)
+from costmodel.comm import HOST_COPIES, Collective, all_reduce_algorithms_s, collective_time_s, p2p_time_s, ring_time_s
 from costmodel.hardware import ClusterSpec
-from costmodel.params import (folds_ep)
+from costmodel.params import folds_ep
 from costmodel.placement import AxisSpan, group_span, stage_pair_span
 from costmodel.plan import Plan
 

@@ -6,11 +6,20 @@ from dataclasses import dataclass, replace
 
 from costmodel.flops import stops_before_final_linear
 from costmodel.hardware import ClusterSpec
-from costmodel.kernels import (embedding_kernel_times, head_kernel_times, layer_kernel_times)
+from costmodel.kernels import embedding_kernel_times, head_kernel_times, layer_kernel_times
 from costmodel.plan import Plan, Recompute
-from costmodel.specs import ModelSpec, TrainSpec
-from costmodel.rank_time.layer_comm import _activation_offload_s, _cp_layer_comm_s, _edge_tp_comm_s, _ep_layer_comm_s, _gathered_logits_s, _pp_send_s, _tp_block_collective_s, _tp_layer_comm_s
+from costmodel.rank_time.layer_comm import (
+    _activation_offload_s,
+    _cp_layer_comm_s,
+    _edge_tp_comm_s,
+    _ep_layer_comm_s,
+    _gathered_logits_s,
+    _pp_send_s,
+    _tp_block_collective_s,
+    _tp_layer_comm_s,
+)
 from costmodel.rank_time.spans import Spans
+from costmodel.specs import ModelSpec, TrainSpec
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

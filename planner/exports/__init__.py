@@ -8,8 +8,15 @@ from types import ModuleType
 from costmodel.plan import PlanFile, Recompute
 from costmodel.units import GIB
 from planner.exports import deepspeed, megatron, torchtitan
-from planner.exports.common import (CannotExport, Export, checked, priced, recompute_is_uniform, refuse_if_over,
-                                    to_uniform_recompute)
+from planner.exports.common import (
+    CannotExport,
+    Export,
+    checked,
+    priced,
+    recompute_is_uniform,
+    refuse_if_over,
+    to_uniform_recompute,
+)
 
 TARGETS: dict[str, ModuleType] = {m.NAME: m for m in (torchtitan, megatron, deepspeed)}
 

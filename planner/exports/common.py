@@ -10,9 +10,9 @@ from dataclasses import dataclass, field, replace
 from costmodel.check import check_structure
 from costmodel.estimate import Estimate, estimate
 from costmodel.frameworks import device_as_run_by, framework_traits
+from costmodel.inputs import UserError
 from costmodel.plan import Plan, PlanFile, Recompute, Schedule, even_layers
 from costmodel.units import GIB
-from costmodel.inputs import UserError
 
 
 class CannotExport(UserError):

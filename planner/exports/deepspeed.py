@@ -22,8 +22,16 @@ import json
 
 from costmodel.plan import Plan, PlanFile, Recompute, Schedule, even_layers
 from costmodel.specs import DType
-from planner.exports.common import (Adjusted, activations_on_device, fold_cp_into_dp, recompute_is_uniform,
-                                    to_even_layers, to_rank_order, to_schedule, to_uniform_recompute)
+from planner.exports.common import (
+    Adjusted,
+    activations_on_device,
+    fold_cp_into_dp,
+    recompute_is_uniform,
+    to_even_layers,
+    to_rank_order,
+    to_schedule,
+    to_uniform_recompute,
+)
 
 NAME = "deepspeed"
 FRAMEWORK = "deepspeed"

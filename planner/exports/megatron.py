@@ -21,8 +21,17 @@ import shlex
 
 from costmodel.plan import Plan, PlanFile, Recompute, Schedule
 from costmodel.specs import Arch, DType, FfnKind, NormKind, PositionKind
-from planner.exports.common import (Adjusted, CannotExport, activations_on_device, layout, recompute_is_uniform,
-                                    to_even_layers, to_rank_order, to_schedule, to_uniform_recompute)
+from planner.exports.common import (
+    Adjusted,
+    CannotExport,
+    activations_on_device,
+    layout,
+    recompute_is_uniform,
+    to_even_layers,
+    to_rank_order,
+    to_schedule,
+    to_uniform_recompute,
+)
 
 NAME = "megatron"
 FRAMEWORK = "megatron-core"   # costmodel.frameworks: how the exported plan is priced

@@ -20,8 +20,7 @@ from dataclasses import dataclass
 
 from costmodel.plan import Plan, PlanFile, Recompute
 from costmodel.specs import Arch, DType, ModelSpec
-from planner.exports.common import (Adjusted, CannotExport, activations_on_device, to_rank_order,
-                                    to_uniform_recompute)
+from planner.exports.common import Adjusted, CannotExport, activations_on_device, to_rank_order, to_uniform_recompute
 
 NAME = "torchtitan"
 FRAMEWORK = "torchtitan"

@@ -30,23 +30,83 @@ dtype the hardware does not accelerate (bf16 on a CPU without AMX: ~1 GFLOP/s) s
 sizes instead of taking minutes. All ranks stop together (`_agree`).
 """
 from runtime.profiler.attention import (
-    CPU_SDPA_SHAPES, GPU_ATTENTION_SHAPES, SDPA_ALWAYS_SEQ, attention_efficiency, backward_s, sdpa_curves,
-    sdpa_gemm_ratio)
+    CPU_SDPA_SHAPES,
+    GPU_ATTENTION_SHAPES,
+    SDPA_ALWAYS_SEQ,
+    attention_efficiency,
+    backward_s,
+    sdpa_curves,
+    sdpa_gemm_ratio,
+)
 from runtime.profiler.curves import (
-    Curve, GEMM_MAX_FLOPS, GPU_GEMM_MAX_FLOPS, GPU_LAYER_HIDDEN, GPU_LAYER_TOKENS, GPU_MEMORY_ELEMS, GPU_SQUARE,
-    LAYER_HIDDEN, LAYER_TOKENS, MEMORY_ELEMS, SQUARE, gemm_curve, gemm_point, gemm_shapes, memory_curve,
-    memory_points, op_overhead_s)
+    GEMM_MAX_FLOPS,
+    GPU_GEMM_MAX_FLOPS,
+    GPU_LAYER_HIDDEN,
+    GPU_LAYER_TOKENS,
+    GPU_MEMORY_ELEMS,
+    GPU_SQUARE,
+    LAYER_HIDDEN,
+    LAYER_TOKENS,
+    MEMORY_ELEMS,
+    SQUARE,
+    Curve,
+    gemm_curve,
+    gemm_point,
+    gemm_shapes,
+    memory_curve,
+    memory_points,
+    op_overhead_s,
+)
 from runtime.profiler.per_param import (
-    DROPOUT_ELEMENTS, FSDP_HIDDEN, FSDP_LAYERS, FSDP_ROUNDS, FSDP_TOKENS, GPU_OPTIMIZER_PARAMS,
-    GPU_OPTIMIZER_TENSORS, OPTIMIZER_ALLOCATIONS, OPTIMIZER_PARAMS, OPTIMIZER_TENSORS, dropout_s_per_element,
-    fsdp_round, fsdp_stack, fsdp_sync_s_per_param, gelu_s_per_element, grad_accumulate_s_per_param,
-    optimizer_s_per_param, per_unit_costs, persisting_params)
+    DROPOUT_ELEMENTS,
+    FSDP_HIDDEN,
+    FSDP_LAYERS,
+    FSDP_ROUNDS,
+    FSDP_TOKENS,
+    GPU_OPTIMIZER_PARAMS,
+    GPU_OPTIMIZER_TENSORS,
+    OPTIMIZER_ALLOCATIONS,
+    OPTIMIZER_PARAMS,
+    OPTIMIZER_TENSORS,
+    dropout_s_per_element,
+    fsdp_round,
+    fsdp_stack,
+    fsdp_sync_s_per_param,
+    gelu_s_per_element,
+    grad_accumulate_s_per_param,
+    optimizer_s_per_param,
+    per_unit_costs,
+    persisting_params,
+)
 from runtime.profiler.ranks import (
-    COLLECTIVE_BYTES, SECOND_PASS_SLACK, best_of, best_pass, collective_worker, faster_layer_ops, layer_ops,
-    measure_rank, probe_rank, second_pass, second_pass_rank, sorted_gemm)
+    COLLECTIVE_BYTES,
+    SECOND_PASS_SLACK,
+    best_of,
+    best_pass,
+    collective_worker,
+    faster_layer_ops,
+    layer_ops,
+    measure_rank,
+    probe_rank,
+    second_pass,
+    second_pass_rank,
+    sorted_gemm,
+)
 from runtime.profiler.timing import (
-    ACCELERATED_CHECK_FLOPS, ACCELERATED_RATIO, BUDGETS, Budget, CALLS_PER_POINT, CURVE_PHASES, DTYPES,
-    GPU_BATCH_S, MAX_BATCH, PHASE_SHARES, PROBE_STEPS, PROBE_WARMUP, best_s)
+    ACCELERATED_CHECK_FLOPS,
+    ACCELERATED_RATIO,
+    BUDGETS,
+    CALLS_PER_POINT,
+    CURVE_PHASES,
+    DTYPES,
+    GPU_BATCH_S,
+    MAX_BATCH,
+    PHASE_SHARES,
+    PROBE_STEPS,
+    PROBE_WARMUP,
+    Budget,
+    best_s,
+)
 
 __all__ = [
     "ACCELERATED_CHECK_FLOPS", "ACCELERATED_RATIO", "BUDGETS", "Budget", "CALLS_PER_POINT", "COLLECTIVE_BYTES",

@@ -10,8 +10,16 @@ import torch
 import torch.nn.functional as F
 
 from costmodel.kernels import interpolate
-from runtime.profiler.timing import ACCELERATED_CHECK_FLOPS, ACCELERATED_RATIO, CALLS_PER_POINT, _agree, _over, _sync, _timed, best_s
-
+from runtime.profiler.timing import (
+    ACCELERATED_CHECK_FLOPS,
+    ACCELERATED_RATIO,
+    CALLS_PER_POINT,
+    _agree,
+    _over,
+    _sync,
+    _timed,
+    best_s,
+)
 
 LAYER_HIDDEN = (64, 128, 256, 512, 1024)
 

@@ -18,7 +18,6 @@ from runtime.profiler.attention import backward_s
 from runtime.profiler.curves import op_overhead_s
 from runtime.profiler.timing import DTYPES, _sync, best_s
 
-
 # AdamW timed over 4M fp32 parameters in 16 tensors (64 MiB of weights, gradients and moments:
 # beyond the caches, as a model's are); on a GPU over 128M in 32 (2 GiB): at 4M the step is
 # its launches (an H100 measured 107 ps per parameter there, against 35 over a 0.85B model's

@@ -16,8 +16,18 @@ from runtime.layer_ops import layer_op_seconds
 from runtime.profiler.attention import CPU_SDPA_SHAPES, attention_efficiency, sdpa_curves, sdpa_gemm_ratio
 from runtime.profiler.curves import Curve, gemm_curve, gemm_shapes, memory_curve, op_overhead_s
 from runtime.profiler.per_param import dropout_s_per_element, gelu_s_per_element, per_unit_costs
-from runtime.profiler.timing import Budget, CURVE_PHASES, DTYPES, PROBE_STEPS, PROBE_WARMUP, _agree, _device, _over, _sync, best_s
-
+from runtime.profiler.timing import (
+    CURVE_PHASES,
+    DTYPES,
+    PROBE_STEPS,
+    PROBE_WARMUP,
+    Budget,
+    _agree,
+    _device,
+    _over,
+    _sync,
+    best_s,
+)
 
 COLLECTIVE_BYTES = tuple(4**k for k in range(1, 12))      # 4 B .. 16 MiB
 
@@ -244,7 +254,7 @@ def probe_rank(plans: list, threads: int, phase_s: float, report) -> list[dict |
     inside FSDP / DTensor / pipelining, how much communication hides. PROBE_WARMUP warm-up and
     PROBE_STEPS timed steps each, the median kept; plans the phase budget leaves no time for are skipped
     (None) on every rank."""
-    from runtime.train import RunConfig, run_rank   # the runtime's own step, as `planner run` runs it
+    from runtime.train import RunConfig, run_rank  # the runtime's own step, as `planner run` runs it
     torch.set_num_threads(threads)
     start, results = time.perf_counter(), []
     for i, pf in enumerate(plans):

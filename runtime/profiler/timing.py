@@ -13,8 +13,6 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-
-
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 

@@ -4,8 +4,8 @@ from dataclasses import replace
 
 import pytest
 
-from costmodel.hardware import parse_cluster
 from costmodel.comm import Collective, all_reduce_algorithms_s, collective_time_s
+from costmodel.hardware import parse_cluster
 from costmodel.placement import AxisSpan
 
 CLUSTER = parse_cluster("64x8xH100")
@@ -130,8 +130,8 @@ def test_a_profile_from_before_the_kinds_is_refitted_with_them():
     import tomllib
     from pathlib import Path
 
-    from costmodel.hardware import load_profile
     from costmodel.comm import kind_factors
+    from costmodel.hardware import load_profile
     from planner.probes import unfitted
     path = Path(__file__).parents[2] / "benchmarks" / "results" / "cpu-epyc-2026-11-28-DA.toml"
     measured = tomllib.loads(path.read_text())["measured"]

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from costmodel.hardware import ClusterSpec, load_profile
 from costmodel.estimate import estimate
+from costmodel.hardware import ClusterSpec, load_profile
 from costmodel.inputs import UserError
 from costmodel.params import rank_params
 from costmodel.rank_time import grad_accumulation_s, one_replica_fsdp_parts_s

@@ -5,9 +5,9 @@ over the two ranks holding it; carved from data parallelism (our runtime), EP cr
 each rank's expert states are whole."""
 from dataclasses import replace
 
-from costmodel.hardware import parse_cluster
 from costmodel.estimate import estimate
 from costmodel.frameworks import RUNTIME, framework_traits
+from costmodel.hardware import parse_cluster
 from costmodel.params import expert_dp, folds_ep
 from costmodel.rank_time import spans
 from costmodel.registry import resolve_model

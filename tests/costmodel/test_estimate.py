@@ -14,8 +14,8 @@ def _uniform(p, f=1.0, b=1.0, w=1.0):
 
 
 def _plan(pp, m, schedule, vpp=1):
-    from costmodel.registry import MODELS
     from costmodel.hardware import parse_cluster
+    from costmodel.registry import MODELS
     from costmodel.specs import TrainSpec
     train = TrainSpec(seq_len=32, global_batch_size=m)
     return build_plan(MODELS["megatron-145b"], train, parse_cluster(f"1x{pp}xA100"),
@@ -96,6 +96,7 @@ def test_the_steps_host_work_is_its_own_ledger_entry_and_not_the_optimizers():
     (Efficiency.step_overhead_s) is priced apart, so the run's table compares like with like and
     the host work falls in the stage's remainder, as the runtime's does."""
     from dataclasses import replace
+
     from costmodel.hardware import parse_cluster
     from costmodel.plan import PlanFile
     from costmodel.registry import MODELS

@@ -20,7 +20,15 @@ import pytest
 from costmodel.comm import Collective, collective_time_s
 from costmodel.estimate import estimate
 from costmodel.hardware import (
-    ClusterSpec, Fabric, FabricSpec, PROFILE_KEYS, fabric_graph, known_profiles, load_profile, parse_cluster)
+    PROFILE_KEYS,
+    ClusterSpec,
+    Fabric,
+    FabricSpec,
+    fabric_graph,
+    known_profiles,
+    load_profile,
+    parse_cluster,
+)
 from costmodel.inputs import UserError
 from costmodel.placement import AxisSpan, group_span
 from costmodel.registry import resolve_model

@@ -1,12 +1,11 @@
 import pytest
 
-from costmodel.flops import (executed_flops_per_step, model_flops_per_step,
-                             recompute_flops_per_step)
+from costmodel.flops import executed_flops_per_step, model_flops_per_step, recompute_flops_per_step
+from costmodel.hardware import parse_cluster
 from costmodel.plan import Recompute
 from costmodel.registry import MODELS
 from costmodel.specs import TrainSpec
 from planner.space import Choice, build_plan
-from costmodel.hardware import parse_cluster
 
 
 def test_gpt_model_flops_are_megatron_eq7():

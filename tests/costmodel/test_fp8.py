@@ -6,9 +6,9 @@ from dataclasses import replace
 import pytest
 
 from costmodel.check import check_plan
-from costmodel.hardware import parse_cluster
 from costmodel.estimate import estimate
 from costmodel.frameworks import RUNTIME, framework_traits
+from costmodel.hardware import parse_cluster
 from costmodel.plan import Recompute
 from costmodel.registry import resolve_model
 from costmodel.specs import DType, TrainSpec

@@ -12,10 +12,10 @@ import pytest
 import torch
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from costmodel.hardware import ClusterSpec, load_profile
-from costmodel.kernels import embedding_kernel_times, memory_bound_s
 from costmodel.estimate import estimate
 from costmodel.frameworks import FRAMEWORKS
+from costmodel.hardware import ClusterSpec, load_profile
+from costmodel.kernels import embedding_kernel_times, memory_bound_s
 from costmodel.params import edge_param_tensors, layer_param_tensors, rank_params
 from costmodel.rank_time import grad_accumulation_s, rank_times, spans
 from costmodel.registry import llama_spec

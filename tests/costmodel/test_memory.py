@@ -1,8 +1,8 @@
 """Memory against the ZeRO paper and Korthikanti et al. 2022, term by term."""
 import pytest
 
-from costmodel.hardware import parse_cluster
 from costmodel.frameworks import GENERIC, RUNTIME, framework_traits
+from costmodel.hardware import parse_cluster
 from costmodel.memory import in_flight_micro_batches, layer_activation_bytes, state_bytes, state_bytes_for
 from costmodel.params import total_params
 from costmodel.plan import Recompute, Schedule
@@ -147,8 +147,8 @@ def test_deferred_weight_passes_bound_the_simulated_ones(schedule, pp, m, vpp):
     """Unit costs, unit weight-pass inputs: the simulator's peak of deferred inputs on each rank
     is what the closed form counts, and with activations too the closed form bounds the peak."""
     from costmodel.memory import deferred_weight_passes
-    from costmodel.plan import Plan
     from costmodel.pipeline_simulation import StageCost, simulate
+    from costmodel.plan import Plan
     n = pp * vpp
     plan = Plan(dp=1, tp=1, pp=pp, cp=1, zero_stage=0, recompute=Recompute.NONE,
                 recompute_num_layers=(0,) * pp, sequence_parallel=False, micro_batch_size=1,

@@ -8,9 +8,9 @@ import dataclasses
 import pytest
 
 from costmodel.check import check_structure
-from costmodel.hardware import DeviceGroup, cluster_from_dict, mixed_cluster, parse_cluster
 from costmodel.estimate import estimate
 from costmodel.groups import placement_lines, rank_groups, replica_groups, replica_samples, stages_on
+from costmodel.hardware import DeviceGroup, cluster_from_dict, mixed_cluster, parse_cluster
 from costmodel.plan import Recompute, Schedule
 from costmodel.registry import resolve_model
 from costmodel.specs import TrainSpec

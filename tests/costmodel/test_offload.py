@@ -5,8 +5,8 @@ from dataclasses import replace
 import pytest
 
 from costmodel.check import check_plan
-from costmodel.hardware import parse_cluster
 from costmodel.estimate import estimate
+from costmodel.hardware import parse_cluster
 from costmodel.params import rank_params
 from costmodel.registry import resolve_model
 from costmodel.specs import TrainSpec

@@ -10,10 +10,10 @@ import pytest
 import torch
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from costmodel.hardware import ClusterSpec, load_profile
-from costmodel.kernels import FSDP_SYNC_BYTES, fsdp_sync_s
 from costmodel.estimate import estimate
 from costmodel.frameworks import FRAMEWORKS
+from costmodel.hardware import ClusterSpec, load_profile
+from costmodel.kernels import FSDP_SYNC_BYTES, fsdp_sync_s
 from costmodel.memory import runtime_wraps_in_fsdp
 from costmodel.params import rank_params
 from costmodel.rank_time import one_replica_fsdp_s

@@ -1,4 +1,5 @@
 import json
+
 import pytest
 
 from costmodel.params import layer_params, total_params

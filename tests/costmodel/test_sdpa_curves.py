@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from costmodel.hardware import ClusterSpec, load_profile, profile_problems, sdpa_key
-from costmodel.kernels import cp_chunk_scores, layer_kernel_times, sdpa_head_s
 from costmodel.inputs import UserError
+from costmodel.kernels import cp_chunk_scores, layer_kernel_times, sdpa_head_s
 from costmodel.registry import gpt_spec, llama_spec
 from costmodel.specs import DType, TrainSpec
 from planner.space import Choice, build_plan

@@ -7,15 +7,14 @@ from functools import partial
 
 import pytest
 
-from costmodel.hardware import parse_cluster
 from costmodel.estimate import estimate
+from costmodel.hardware import parse_cluster
 from costmodel.plan import Recompute, Schedule
 from costmodel.registry import resolve_model
 from costmodel.specs import TrainSpec
-from planner.bounds import lower_bound_s, time_floor_s
+from planner.bounds import MemoryFit, lower_bound_s, lower_bound_with_memory_s, time_floor_s
 from planner.candidates import STATE_OPTIONS, SearchOptions, States
 from planner.search_state import SharedModels
-from planner.bounds import MemoryFit, lower_bound_with_memory_s
 from planner.shapes import rank_shapes
 from planner.space import Choice, build_plan
 

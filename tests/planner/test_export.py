@@ -119,6 +119,7 @@ def _layers_by_rank(plan: dict) -> list[int]:
 def test_torchtitan_flavours_are_torchtitan_s():
     pytest.importorskip("torchtitan.config", reason="torchtitan (test extra) is not installed")
     from torchtitan.models.llama3 import llama3_args
+
     from planner.exports.torchtitan import FLAVOURS
     for f in FLAVOURS:
         args = llama3_args[f.flavor]

@@ -40,6 +40,7 @@ def test_a_gpu_probe_fit_recovers_the_host_costs_and_keeps_the_rates():
 
 def test_a_fitted_per_step_cost_is_written_and_read_back(tmp_path):
     import tomlkit
+
     from planner import profile_doc, profile_file
     device, *_ = probes.refit_stored(H100)
     raw = tomllib.loads(H100.read_text())

@@ -8,12 +8,18 @@ import pytest
 
 from costmodel.hardware import parse_cluster
 from costmodel.memory import AffineBytes, stage_memory_at
+from costmodel.params import rank_params
 from costmodel.plan import Recompute, Schedule
+from costmodel.rank_time import (
+    after_pipeline_s,
+    dp_exposed_s,
+    grad_accumulation_s,
+    one_replica_fsdp_s,
+    rank_times,
+    spans,
+)
 from costmodel.registry import resolve_model
 from costmodel.specs import TrainSpec
-from costmodel.params import rank_params
-from costmodel.rank_time import (after_pipeline_s, dp_exposed_s, grad_accumulation_s, one_replica_fsdp_s, rank_times,
-                                 spans)
 from planner import partition
 from planner.bounds import MemoryFit, min_max_time_s
 from planner.partition import solve_split

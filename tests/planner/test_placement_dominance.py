@@ -5,12 +5,12 @@ import itertools
 
 import pytest
 
-from costmodel.hardware import parse_cluster
 from costmodel.estimate import estimate
+from costmodel.hardware import parse_cluster
 from costmodel.plan import Recompute, Schedule
+from costmodel.rank_time import link_costs, spans
 from costmodel.registry import resolve_model
 from costmodel.specs import TrainSpec
-from costmodel.rank_time import link_costs, spans
 from planner.space import Choice, build_plan
 
 TRAIN = TrainSpec(seq_len=4096, global_batch_size=64)

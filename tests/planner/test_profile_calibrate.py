@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-
 import tomllib
 from dataclasses import replace
 from pathlib import Path
@@ -11,15 +10,15 @@ from pathlib import Path
 import pytest
 
 from costmodel import machine
-from runtime.measure import measured_record
+from costmodel.estimate import estimate
 from costmodel.hardware import load_profile, parse_cluster, sdpa_key
 from costmodel.kernels import fsdp_sync_s, gemm_s, gradient_add_s, interpolate, optimizer_step_s
-from costmodel.estimate import estimate
 from costmodel.plan import PlanFile
 from costmodel.registry import resolve_model
 from costmodel.specs import DType, TrainSpec
 from planner.cli import main
 from planner.space import Choice, build_plan
+from runtime.measure import measured_record
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from costmodel.hardware import parse_cluster, parse_profile
 from costmodel.estimate import estimate
+from costmodel.hardware import parse_cluster, parse_profile
 from costmodel.plan import PlanFile, Recompute
 from costmodel.registry import resolve_model
 from costmodel.specs import DType, TrainSpec

@@ -8,9 +8,9 @@ import itertools
 import pytest
 
 from costmodel.check import check_structure
-from costmodel.hardware import DeviceGroup, mixed_cluster, parse_cluster
 from costmodel.estimate import estimate
 from costmodel.groups import group_orders, group_replicas, replica_groups
+from costmodel.hardware import DeviceGroup, mixed_cluster, parse_cluster
 from costmodel.plan import Plan, Recompute, Schedule
 from costmodel.registry import gpt_spec, llama_spec
 from costmodel.specs import TrainSpec

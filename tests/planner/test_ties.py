@@ -1,7 +1,7 @@
 """Honest ties: plans within the model's measured error of the fastest are equivalent, and the
 most robust of them (memory headroom, fewer moving parts) is first."""
-from costmodel.hardware import parse_cluster
 from costmodel.fidelity import MODEL_ERROR_BAND
+from costmodel.hardware import parse_cluster
 from costmodel.registry import resolve_model
 from costmodel.specs import TrainSpec
 from planner.search import SearchOptions, search

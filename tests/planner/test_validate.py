@@ -73,9 +73,9 @@ def test_fms_fsdp_runs_its_layer_op_by_op():
     kernels (costmodel.frameworks `eager_layer`): slower than the same framework with fused ones."""
     from dataclasses import replace
 
-    from costmodel.hardware import parse_cluster
     from costmodel.estimate import estimate
     from costmodel.frameworks import framework_traits
+    from costmodel.hardware import parse_cluster
     from costmodel.registry import resolve_model
     from costmodel.specs import TrainSpec
     from planner.space import Choice, build_plan

@@ -6,8 +6,8 @@ import json
 import os
 from pathlib import Path
 
-from costmodel.hardware import parse_cluster
 from costmodel.estimate import estimate
+from costmodel.hardware import parse_cluster
 from costmodel.plan import PlanFile, Schedule
 from costmodel.registry import resolve_model
 from costmodel.specs import TrainSpec

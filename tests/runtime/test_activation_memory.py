@@ -14,12 +14,12 @@ import statistics
 
 import pytest
 import torch
+from parity import plan_file
 
 from costmodel.memory import layer_activation_bytes, logits_held_bytes
 from costmodel.plan import Recompute
 from costmodel.registry import resolve_model
 from costmodel.specs import DType, FfnKind, PositionKind
-from parity import plan_file
 from planner.space import Choice
 from runtime.fork import run_forked
 from runtime.job import build_job, cross_entropy

@@ -8,10 +8,10 @@ import json
 import shutil
 
 import pytest
+from parity import SEED, plan_file
 
 from costmodel.plan import Recompute, Schedule
 from costmodel.specs import Optimizer
-from parity import SEED, plan_file
 from planner.space import Choice
 from runtime import checkpoint
 from runtime.fork import RankFailed, run_forked
@@ -154,6 +154,7 @@ def test_planner_run_saves_and_resumes(tmp_path, capsys):
     under another plan; the flags' refusals are one line each."""
     import subprocess
     import sys
+
     from planner.cli import main
     tiny = ["predict", "--model", "debug-tiny", "--cluster", "1x2xxeon-amx", "--dtype", "fp32", "--json"]
     assert main([*tiny, "--dp", "2", "--out", str(tmp_path / "dp.json")]) == 0
@@ -207,6 +208,7 @@ def dp_run(tmp_path_factory):
     """A dp2 plan (torchrun, 2 gloo ranks) and the losses of its uninterrupted 4-step run."""
     import subprocess
     import sys
+
     from planner.cli import main
     tmp = tmp_path_factory.mktemp("dp_run")
     plan = tmp / "dp.json"

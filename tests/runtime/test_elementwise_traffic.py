@@ -14,13 +14,13 @@ from dataclasses import replace
 
 import pytest
 import torch
+from parity import plan_file
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from costmodel.kernels import eager_elementwise_traffic
 from costmodel.registry import llama_spec
 from costmodel.specs import DType
-from parity import plan_file
 from planner.space import Choice
 from runtime.layer_ops import GEMM_OPS, MOVES_NOTHING, SDPA_OPS
 from runtime.model import Transformer

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.distributed as dist
+from parity import assert_parity, plan_file
 from torch import nn
 
 import costmodel.params as params
@@ -16,7 +17,6 @@ from costmodel.params import fsdp_unit_layers, layer_params, rank_params, whole_
 from costmodel.rank_time import dp_exposed_s, dp_terms, rank_times, spans
 from costmodel.registry import resolve_model
 from costmodel.specs import DType
-from parity import assert_parity, plan_file
 from planner.space import Choice
 
 

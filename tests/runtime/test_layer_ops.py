@@ -11,12 +11,11 @@ import pytest
 import torch
 
 from costmodel.hardware import load_profile
-from costmodel.kernels import layer_kernel_times, layer_parts_s
+from costmodel.kernels import LAYER_KINDS, layer_kernel_times, layer_parts_s
 from costmodel.registry import llama_spec
 from costmodel.specs import DType, TrainSpec
 from planner import probes
 from planner.space import Choice
-from costmodel.kernels import LAYER_KINDS
 from runtime.layer_ops import OpTimer, layer_op_seconds, op_kind
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

@@ -7,13 +7,13 @@ from dataclasses import replace as dc_replace
 
 import pytest
 import torch
+from parity import assert_parity, distributed, plan_file, reference
 
 from costmodel.check import check_structure
-from costmodel.hardware import DeviceGroup, mixed_cluster
 from costmodel.groups import replica_samples
+from costmodel.hardware import DeviceGroup, mixed_cluster
 from costmodel.plan import Recompute, Schedule
 from costmodel.specs import AttentionKernel, DType, FfnKind, Optimizer, PositionKind
-from parity import assert_parity, distributed, plan_file, reference
 from planner.space import Choice
 from runtime.fork import run_forked
 
@@ -217,6 +217,7 @@ def test_tensor_parallel_after_checkpoint_wrapping_is_an_error():
 def _tp_after_wrapping():
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     from torch.distributed.device_mesh import init_device_mesh
+
     from runtime.model import Transformer
     from runtime.parallel import apply_tensor_parallel
     model = Transformer(plan_file(Choice(tp=2), world=2).model)

@@ -12,16 +12,16 @@ from dataclasses import replace
 
 import pytest
 import torch
+from parity import plan_file
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from costmodel.hardware import parse_cluster
-from costmodel.kernels import layer_kernel_times
 from costmodel.estimate import estimate
 from costmodel.flops import stops_before_final_linear
 from costmodel.frameworks import FRAMEWORKS
+from costmodel.hardware import parse_cluster
+from costmodel.kernels import layer_kernel_times
 from costmodel.plan import Recompute
 from costmodel.registry import resolve_model
-from parity import plan_file
 from planner.space import Choice
 from runtime.model import Transformer
 from runtime.parallel import apply_recompute
