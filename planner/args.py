@@ -8,6 +8,12 @@ import math
 import sys
 
 EXIT_USAGE = 2
+EXIT_STOPPED = 1
+
+
+class Stopped(Exception):
+    """Work that ran and broke for a reason outside the command line and the planner's code (a
+    training run whose loss stopped being finite): one line, its notes after it, exit 1."""
 
 
 class Parser(argparse.ArgumentParser):

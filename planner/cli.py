@@ -15,8 +15,10 @@ from pathlib import Path
 from costmodel.inputs import UserError
 from costmodel.machine import LocalProfileMissing
 from planner.args import (
+    EXIT_STOPPED,
     EXIT_USAGE,
     Parser,
+    Stopped,
     add_failure_args,
     add_overwrite_arg,
     given_flags,
@@ -175,6 +177,10 @@ def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
     except UserError as exc:
         print(f"planner {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except Stopped as exc:
+        notes = "".join(f"; {n}" for n in getattr(exc, "__notes__", []))
+        print(f"planner {args.command}: stopped: {exc}{notes}", file=sys.stderr)
+        return EXIT_STOPPED
     except BrokenPipeError:
         # the reader (e.g. `| head`) closed early: not an error; silence the flush at exit
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

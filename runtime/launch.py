@@ -105,6 +105,11 @@ def die_with_parent() -> None:
         os._exit(1)
 
 
+# how a rank's error begins when its training diverged (runtime.train.Diverged): the command line
+# tells it apart from a failure of the run's machinery
+DIVERGED = "training diverged"
+
+
 class RunFailed(RuntimeError):
     pass
 

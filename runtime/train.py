@@ -10,6 +10,7 @@ not the allocator's or the interpreter's overhead; said so in measured.json).
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import sys
@@ -30,11 +31,15 @@ from costmodel.specs import Optimizer
 from runtime import checkpoint, watchdog
 from runtime.data import TokenSource, local_slice
 from runtime.job import Job, build_job, cross_entropy, sync_replicated_over_tp, sync_tied_embedding
-from runtime.launch import StepsConfig
+from runtime.launch import DIVERGED, StepsConfig
 from runtime.memtrack import TensorBytesTracker, state_tensors
 from runtime.parallel import gradient_sync_every_micro_batch
 
 TIMED_STEP = "planner::timed_step"   # the profiler's range around a step's timed work
+
+
+class Diverged(RuntimeError):
+    """The loss stopped being finite: the run stops (planner run exits 1 naming the step)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,6 +151,9 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
         memory = tracked if track else memory
         step_loss, step_s = _reduce_step(job, loss, elapsed)
         losses.append(step_loss)
+        if not math.isfinite(step_loss):   # the global loss: every rank stops at this step, before saving it
+            raise Diverged(f"{DIVERGED} at step {step + 1}: the loss is {step_loss} (not finite); no checkpoint "
+                           "of this state was saved")
         if step >= cfg.warmup:
             times.append(step_s)
             busy.append(_per_stage_max(job, job.clock.busy_s))

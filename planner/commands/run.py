@@ -18,6 +18,7 @@ from costmodel.plan import PlanFile
 from costmodel.units import GIB
 from planner import outputs
 from planner.args import (
+    Stopped,
     add_failure_args,
     add_overwrite_arg,
     failures_from_args,
@@ -27,7 +28,7 @@ from planner.args import (
     refuse_ignored,
     seed_int,
 )
-from runtime.launch import PARTIAL
+from runtime.launch import DIVERGED, PARTIAL
 
 EPILOG = """examples:
   planner search --model debug-tiny --cluster 1x2xlocal --out plan.json && planner run plan.json
@@ -81,7 +82,10 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     add_failure_args(p)   # for the default --checkpoint-every
     p.add_argument("--resume", action="store_true",
                    help="continue from the latest complete checkpoint in --checkpoint-dir, under this plan "
-                        "or another of the same model; --warmup + --steps is then the step the run reaches")
+                        "or another of the same model; --warmup + --steps is then the step the run reaches. "
+                        "A directory without a complete checkpoint is an error")
+    p.add_argument("--resume-if-present", action="store_true",
+                   help="as --resume where --checkpoint-dir holds a complete checkpoint, else start from step 0")
     add_overwrite_arg(p)
     p.add_argument("--dry-run", action="store_true",
                    help="build each stage's first rank on the meta device under a fake process group "
@@ -210,7 +214,7 @@ def _check_machine(args: argparse.Namespace, pf: PlanFile) -> tuple[int, int]:
 
 # what a mode does not use, refused by name rather than silently dropped
 FAILURE_FLAGS = {"device_mtbf_hours", "storage_mb_s_per_device"}
-CHECKPOINT_FLAGS = {"checkpoint_every", "keep", "resume", "max_restarts", "checkpoint_async", *FAILURE_FLAGS}
+CHECKPOINT_FLAGS = {"checkpoint_every", "keep", "resume", "resume_if_present", "max_restarts", "checkpoint_async", *FAILURE_FLAGS}
 LAUNCH_FLAGS = {"hostfile", "image", "launcher"}
 DRY_RUN_IGNORES = {"nproc", "steps", "warmup", "seed", "lr", "data", "data_dtype", "out", "overwrite", "inject_fault",
                    "checkpoint_dir", "hang_timeout", *CHECKPOINT_FLAGS, *LAUNCH_FLAGS}
@@ -269,6 +273,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         wall_s = run_local(nproc, worker, threads)
     except RunFailed as exc:
+        if DIVERGED in str(exc):   # the run itself broke, not the user's command: exit 1, what was measured kept
+            stopped = Stopped(str(exc))
+            _keep_partial(pf, args, out, time.perf_counter() - start, stopped)
+            raise stopped from None
         raise RunRefused(str(exc)) from None
     except BaseException as exc:
         if not isinstance(exc, Exception):   # Ctrl-C or SIGTERM: keep what was measured so far
@@ -319,6 +327,13 @@ def _checkpoints(args: argparse.Namespace, pf: PlanFile) -> int:
     if problem := outputs.writable_dir_problem(root):
         raise RunRefused(f"--checkpoint-dir: {problem}")
     earlier = checkpoint.any_attempt(root)
+    if args.resume and args.resume_if_present:
+        raise RunRefused("--resume and --resume-if-present: choose one (the second starts afresh without a checkpoint)")
+    if args.resume and checkpoint.latest(root) is None and not earlier:
+        raise RunRefused(f"--resume: {root} holds no checkpoint ({'it does not exist' if not root.exists() else 'it is empty'}"
+                         "); check the path, or pass --resume-if-present to start from step 0 when there is none")
+    if args.resume_if_present:
+        args.resume = bool(earlier)
     if not args.resume:
         if earlier and not args.overwrite:
             raise RunRefused(f"--checkpoint-dir {root} holds checkpoints ({', '.join(earlier[-3:])}); pass "
