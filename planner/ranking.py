@@ -36,14 +36,28 @@ def robust_first(ranked: list[Found], band: float) -> tuple[list[Found], int]:
     return near + [f for f in ranked if f not in near], len(near)
 
 
+MEMORY_BAND = 0.05   # `--objective memory`: the leanest plan within this of the fastest
+# The first plan is chosen among this many best plans (those within the decision band of the
+# fastest), which the search finds whatever `--top` asks to show: a display flag never changes it.
+DECISION_K = 5
+
+
+def decision_band(options: SearchOptions) -> float:
+    """How far above the fastest a plan may be and still be chosen first: the model's error band
+    (robust-first) for time, MEMORY_BAND for memory."""
+    return options.error_band if options.objective == "time" else MEMORY_BAND
+
+
 def kth_best_s(found: list[Found], options: SearchOptions) -> float:
-    """No candidate whose bound reaches this can enter the answer."""
-    if len(found) < options.top_k:
+    """No candidate whose bound reaches this can enter the answer: neither the `top_k` rows nor
+    the DECISION_K plans the first is chosen from."""
+    k = max(options.top_k, DECISION_K)
+    if len(found) < k:
         return math.inf
-    times = heapq.nsmallest(options.top_k, (f.estimate.step_time_s for f in found))
+    times = heapq.nsmallest(k, (f.estimate.step_time_s for f in found))
     cutoff = times[-1]
     if options.objective == "memory":
-        cutoff = max(cutoff, 1.05 * times[0])
+        cutoff = max(cutoff, (1 + MEMORY_BAND) * times[0])
     return cutoff
 
 
@@ -62,7 +76,7 @@ def rank(found: list[Found], options: SearchOptions) -> list[Found]:
     by_time = sorted(found, key=lambda f: (round(f.estimate.step_time_s, 6), f.estimate.max_peak_memory_bytes,
                                            f.plan.cp, f.plan.pp, f.plan.tp, f.plan.vpp, f.plan.short()))
     if options.objective == "memory" and by_time:
-        limit = 1.05 * by_time[0].estimate.step_time_s
+        limit = (1 + MEMORY_BAND) * by_time[0].estimate.step_time_s
         near = [f for f in by_time if f.estimate.step_time_s <= limit]
         near.sort(key=lambda f: (f.estimate.max_peak_memory_bytes, f.estimate.step_time_s))
         by_time = near + [f for f in by_time if f not in near]

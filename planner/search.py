@@ -40,7 +40,7 @@ from planner.candidates import (
     time_groups,
 )
 from planner.partition import SolverTimeout, apply_split, solve_split
-from planner.ranking import closer, kth_best_s, rank, robust_first
+from planner.ranking import DECISION_K, closer, decision_band, kth_best_s, rank, robust_first
 from planner.search_state import Found, SearchResult, SearchStats, SharedModels
 from planner.shapes import rank_shapes
 from planner.shares import search_shares
@@ -291,27 +291,38 @@ def _result(shared: SharedModels, options: SearchOptions, stats: SearchStats, fo
             closest = closer(model, train, cluster, build_plan(model, train, cluster, choice), closest)
         for plan in too_big_plans:
             closest = closer(model, train, cluster, plan, closest)
-    ranked = rank(found, replace(options, top_k=_repriced(options)))
+    # the first plans are chosen among the DECISION_K best within the decision band of the
+    # fastest, which the cutoff keeps whatever --top asks to show; the rest follow by time
+    decision = rank(found, replace(options, top_k=DECISION_K))
+    limit = (1 + decision_band(options)) * min((f.estimate.step_time_s for f in decision), default=math.inf)
+    decision = [f for f in decision if f.estimate.step_time_s <= limit]
+    ranked = _union(decision, rank(found, replace(options, top_k=_repriced(options))))
     if options.objective != "time":   # the fastest plans too: the leanest are judged against them
-        chosen = {id(f) for f in ranked}
-        ranked += [f for f in rank(found, replace(options, top_k=_repriced(options), objective="time"))
-                   if id(f) not in chosen]
+        ranked = _union(ranked, rank(found, replace(options, top_k=_repriced(options), objective="time")))
     simulated = {id(f): Found(plan=f.plan, estimate=estimate(model, train, cluster, f.plan)) for f in ranked}
     evaluated = [simulated.get(id(f), f) for f in found]
     fitting = [f for f in simulated.values() if f.estimate.fits]
     proven = min(fitting, key=lambda f: f.estimate.step_time_s) if fitting else None
+    chosen = [simulated[id(f)] for f in decision if simulated[id(f)].estimate.fits]
     # variants of the few best simulated plans only: each simulation costs milliseconds to tens of them
-    best = sorted(fitting, key=lambda f: f.estimate.step_time_s)[:max(options.top_k, VARIANTS_OF)]
+    best = sorted(chosen, key=lambda f: f.estimate.step_time_s)[:VARIANTS_OF]
     variants = [f for f in _simulated_variants(shared, options, best) if f.estimate.fits]
-    fitting += variants
-    fastest = min(fitting, key=lambda f: f.estimate.step_time_s) if fitting else None
-    plans = rank(fitting, replace(options, top_k=_repriced(options)))
-    # `--objective memory` already picks the leanest plan near the fastest
-    band = options.error_band if options.objective == "time" else 0.0
-    plans, equivalent = robust_first(plans, band)
+    chosen += variants
+    fastest = min(chosen, key=lambda f: f.estimate.step_time_s) if chosen else None
+    ordered, equivalent = robust_first(rank(chosen, replace(options, top_k=len(chosen))),
+                                       options.error_band if options.objective == "time" else 0.0)
+    first = ordered[:equivalent]
+    rest = rank([f for f in fitting + variants if id(f) not in {id(c) for c in first}], options)
+    plans = _union(first, rest)
     return SearchResult(plans=plans[:options.top_k], stats=stats, evaluated=evaluated + variants, closest=closest,
                         equivalent=equivalent, error_band=options.error_band, fastest=fastest,
                         proven_fastest=proven)
+
+
+def _union(first: list[Found], more: list[Found]) -> list[Found]:
+    """`first`, then the plans of `more` not in it, each once, in their orders."""
+    seen = {id(f) for f in first}
+    return first + [f for f in more if id(f) not in seen]
 
 
 def _simulated_variants(shared: SharedModels, options: SearchOptions, ranked: list[Found]) -> list[Found]:
