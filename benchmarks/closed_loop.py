@@ -12,7 +12,7 @@ Spearman) before any calibration; then after `planner calibrate`, in sample and 
    CP plans, fp32 and bf16: `planner predict ... --out plan.json`, then `planner run plan.json`,
    the whole matrix `--passes` times (OUT/<plan>, then OUT/pass2/<plan>, ..., every other pass in
    reverse order, so with an even number of passes a drift weighs on every plan alike): a plan's
-   measured step is the geometric mean of its passes (planner.calibrate.merge_repeats), each the
+   measured step is the geometric mean of its passes (planner.measure.calibrate.merge_repeats), each the
    median of its steps. On a shared 2-core machine the same plan measured minutes apart moves
    against the others by about 7 % (the standard deviation of its log step time's residual after
    each run's and each plan's mean), more than its steps scatter within one run (the median of 4
@@ -38,7 +38,7 @@ from pathlib import Path
 
 from scipy.stats import spearmanr
 
-from planner.calibrate import PRIOR_WEIGHT
+from planner.measure.calibrate import PRIOR_WEIGHT
 
 # Not in costmodel.registry, not a probe: hidden 384, 6 heads over 2 KV heads, SwiGLU 1024.
 HIDDEN = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 384,
@@ -116,8 +116,8 @@ def run_matrix(out: Path, profile: Path, steps: int, passes: int, model: str = "
 
 
 def refit(profile: Path):
-    """The profile's probe fit redone under the current cost model (planner.probes.refit_stored)."""
-    from planner import probes
+    """The profile's probe fit redone under the current cost model (planner.measure.probes.refit_stored)."""
+    from planner.measure import probes
     try:
         fitted, params, before, after, used, stored = probes.refit_stored(profile)
     except ValueError as exc:   # a profile older than what the fit needs (e.g. no [measured] layer_ops)
@@ -131,7 +131,7 @@ def refit(profile: Path):
 def load_passes(out: Path) -> dict[str, list]:
     """Every plan's runs, one per pass; refused unless every plan has as many passes and each
     pass ran the first pass's plan (a matrix that stopped part-way must be run again)."""
-    from planner.calibrate import load_run
+    from planner.measure.calibrate import load_run
     passes = {name: [load_run(d) for d in passes_of(out, name)] for name, *_ in MATRIX}
     counts = {len(runs) for runs in passes.values()}
     if len(counts) > 1:
@@ -144,14 +144,14 @@ def load_passes(out: Path) -> dict[str, list]:
 
 
 def plan_runs(out: Path) -> dict[str, object]:
-    """One run per plan, its passes merged (planner.calibrate.merge_repeats: the geometric mean)."""
-    from planner.calibrate import merge_repeats
+    """One run per plan, its passes merged (planner.measure.calibrate.merge_repeats: the geometric mean)."""
+    from planner.measure.calibrate import merge_repeats
     return {name: merge_repeats(runs)[0] for name, runs in load_passes(out).items()}
 
 
 def table(out: Path, profile) -> list[tuple[str, float, float]]:
     from costmodel.hardware import load_profile
-    from planner.calibrate import predict_with
+    from planner.measure.calibrate import predict_with
     device = load_profile(profile) if isinstance(profile, Path) else profile
     return [(name, predict_with(run, device).step_time_s, run.measured_step_s)
             for name, run in plan_runs(out).items()]
@@ -169,9 +169,9 @@ def pass_spread(out: Path) -> None:
 
 def machine_moment(out: Path) -> None:
     """How fast the machine went in each pass against its profile: the profile's probe layer
-    timed after each run (measured.json `probe_layer_now_s`, planner.machine_speed). A whole profile
+    timed after each run (measured.json `probe_layer_now_s`, planner.measure.machine_speed). A whole profile
     measured in a slow spell shows as every pass well under 0 %."""
-    from planner.machine_speed import moment_pct
+    from planner.measure.machine_speed import moment_pct
     by_pass: dict[int, list[float]] = {}
     for name, *_ in MATRIX:
         for k, where in enumerate(passes_of(out, name)):
@@ -200,7 +200,7 @@ def leave_one_out(out: Path, profile: Path, prior_weight: float) -> list[tuple[s
     """Each plan predicted by a profile calibrated on the other plans only: how well the
     calibration predicts a plan it has not seen (the in-sample table can flatter)."""
     from costmodel.hardware import load_profile
-    from planner.calibrate import fit_by_dtype, predict_with
+    from planner.measure.calibrate import fit_by_dtype, predict_with
     base = load_profile(profile) if isinstance(profile, Path) else profile
     runs = plan_runs(out)
     rows = []
@@ -223,7 +223,7 @@ def main() -> None:
     parser.add_argument("--refit", action="store_true",
                         help="fit the profile's stored probes again under the current cost model (no new measurement)")
     parser.add_argument("--prior-weight", type=float, default=None,
-                        help="leave-one-out with this prior weight (default planner.calibrate.PRIOR_WEIGHT)")
+                        help="leave-one-out with this prior weight (default planner.measure.calibrate.PRIOR_WEIGHT)")
     args = parser.parse_args()
     if args.refit and not (args.skip_profile and args.skip_runs):
         parser.error("--refit judges the stored measurements: give --skip-profile --skip-runs too")
@@ -244,7 +244,7 @@ def main() -> None:
         run_matrix(args.out, profile, args.steps, args.passes, args.model)
     prior = PRIOR_WEIGHT if args.prior_weight is None else args.prior_weight
     if args.refit:
-        from planner.calibrate import fit_by_dtype
+        from planner.measure.calibrate import fit_by_dtype
         device = refit(profile)
         summarise(f"{profile} refitted, no calibration", table(args.out, device))
         calibrated_device, _ = fit_by_dtype(list(plan_runs(args.out).values()), device)

@@ -4,7 +4,7 @@
 
 Prints, per row, the error of `planner validate` with the profiles as shipped (in sample: the
 profiles were fitted on this table) and the error when the row's whole source is left out of
-the fit (`planner.fit.leave_one_source_out`), then both summaries. `--fit` also prints the
+the fit (`planner.measure.fit.leave_one_source_out`), then both summaries. `--fit` also prints the
 per-chip values a fit on the whole table gives (what profiles/*.toml hold, copied by hand).
 About two minutes on a 2-core machine.
 """
@@ -16,8 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from planner import fit
-from planner.validate import default_runs_path, read_runs, summarize, validate_row
+from planner.measure import fit
+from planner.measure.validate import default_runs_path, read_runs, summarize, validate_row
 
 
 def step_time_error_pct(row: dict[str, str], metric_error_pct: float) -> float:

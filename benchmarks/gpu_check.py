@@ -119,10 +119,10 @@ def check(out: Path, profile: Path, config: Path, steps: int, quick: bool,
 
 def replay(results: Path, profile: Path) -> list[dict]:
     """The runs under `results` (any depth: DIR/.../plan.json with its measured.json) priced by the
-    current cost model with `profile`'s stored probes fitted again (planner.probes.refit_stored):
+    current cost model with `profile`'s stored probes fitted again (planner.measure.probes.refit_stored):
     no GPU needed, so a change of the model is checked against what a GPU measured."""
-    from planner import probes
-    from planner.calibrate import load_run, predict_with
+    from planner.measure import probes
+    from planner.measure.calibrate import load_run, predict_with
     from runtime.measure import predicted_tensor_peaks_bytes
     device, _, _, after, used, stored = probes.refit_stored(profile)
     print(f"{profile}: {used} of {stored} stored probes fitted again ({after['mape_pct']:.1f}% MAPE on them)",

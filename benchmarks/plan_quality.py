@@ -25,8 +25,8 @@ from pathlib import Path
 
 from costmodel.estimate import Estimate, estimate
 from costmodel.hardware import parse_cluster
+from planner.measure.validate import best_plan_for_row, metric_step_time_s, read_runs, row_specs
 from planner.search import SearchOptions, search
-from planner.validate import best_plan_for_row, metric_step_time_s, read_runs, row_specs
 
 TOP_K = 10
 

@@ -68,7 +68,7 @@ class MeasuredRun:
     rank_forward_s: list[float] | None = None   # per global rank: its own layer forwards per step (median)
     checkpoint_wait_s: list[float] | None = None   # per checkpoint saved: the step's wait, slowest rank
     # on a CPU, the profile's probe layer's kernels timed after the run and as the profile timed
-    # them (planner.machine_speed): how fast the machine went against its profile
+    # them (planner.measure.machine_speed): how fast the machine went against its profile
     probe_layer_now_s: float | None = None
     probe_layer_profiled_s: float | None = None
 

@@ -302,7 +302,7 @@ class TrainSpec:
 @dataclass(frozen=True)
 class LayerProbe:
     """The layer a CPU profile times kernel by kind inside a training step (runtime.layer_ops;
-    planner.probes.LAYER_PROBE): `model`'s first layer, or `small`'s in a dtype the hardware does
+    planner.measure.probes.LAYER_PROBE): `model`'s first layer, or `small`'s in a dtype the hardware does
     not accelerate (its GEMMs at ~1 GFLOP/s would take seconds a pass), over `micro_batch_size`
     sequences of `seq_len` tokens."""
 

@@ -7,7 +7,7 @@ kernel reads what other kernels wrote long before and writes fresh memory. A dis
 every aten op of one layer's forward and backward (the runtime's own layer, runtime.model) and
 times each one where it runs; the cost model prices the same layer at the curves
 (costmodel.kernels.layer_parts_s), and the two give each kind's in-training share of its curve
-(planner.probes.layer_factors; `planner profile` writes them as [efficiency.<dtype>] gemm and
+(planner.measure.probes.layer_factors; `planner profile` writes them as [efficiency.<dtype>] gemm and
 memory). On a CPU a training layer's GEMMs and memory-bound kernels run near their curves, a
 small probe layer's and a larger model's alike; a memory-bound factor fitted to the probes'
 step times instead lands far below, taking what the step spends between kernels.

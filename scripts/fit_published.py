@@ -1,4 +1,4 @@
-"""Fit each GPU chip's efficiency parameters on the published runs table (planner.fit).
+"""Fit each GPU chip's efficiency parameters on the published runs table (planner.measure.fit).
 
     python scripts/fit_published.py [RUNS.csv]             fit, print values and per-row errors
     python scripts/fit_published.py [RUNS.csv] --evaluate  the profiles' current values, no fit
@@ -15,8 +15,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from planner import fit
-from planner.validate import default_runs_path, read_runs
+from planner.measure import fit
+from planner.measure.validate import default_runs_path, read_runs
 
 
 def main() -> None:

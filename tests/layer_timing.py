@@ -1,9 +1,9 @@
 """A probe layer's timing ([measured] layer_ops) as a profile would hold it, made so that
-planner.probes.layer_factors finds the given factors on `base`'s curves: for tests of the
+planner.measure.probes.layer_factors finds the given factors on `base`'s curves: for tests of the
 probes' fit that need a CPU profile's measured factors without measuring a layer."""
 from __future__ import annotations
 
-from planner import probes
+from planner.measure import probes
 
 WIDE_AT_128 = {"model": probes.LAYER_PROBE.model.name, "micro_batch_size": probes.LAYER_PROBE.micro_batch_size,
                "seq_len": probes.LAYER_PROBE.seq_len}

@@ -72,14 +72,14 @@ class Efficiency:
     # data-parallel terms' (FSDP's bucketed reduce-scatters and gathers, and what rides on them:
     # contention, offload copies) speed over the links' fitted efficiency and latency, which TP's
     # and CP's many activation-sized collectives share: 1 where one efficiency serves all. A CPU
-    # profile's probes fit it (planner.calibrate.CPU_COMM_PARAMS; costmodel.rank_time.dp_term_comm_s).
+    # profile's probes fit it (planner.measure.calibrate.CPU_COMM_PARAMS; costmodel.rank_time.dp_term_comm_s).
     dp_comm: float = 1.0
     # a pipeline stage's work (its layers, embedding and head, with their collectives) over
     # its price when pp > 1: on a CPU a pipelined plan's stages run their work further over its
     # price than a one-rank plan of the same run does (benchmarks/closed_loop.py shows both).
     # `planner calibrate` fits it on a CPU's runs when some have a pipeline
-    # (planner.calibrate.CPU_COMM_PARAMS; costmodel.rank_time.rank_time_model); 1 in datasheets
-    # and measured profiles (planner.probes.fit_probes).
+    # (planner.measure.calibrate.CPU_COMM_PARAMS; costmodel.rank_time.rank_time_model); 1 in datasheets
+    # and measured profiles (planner.measure.probes.fit_probes).
     pp_stage: float = 1.0
     # the caching allocator's reserved bytes over the bytes it hands out, minus 1 (block rounding
     # and fragmentation): what allocated tensors really cost of the device
@@ -92,7 +92,7 @@ class Efficiency:
     vendor_attention_speedup: float = 1.0
     # host work once per training step outside the layers' kernels and the optimizer's (the
     # runtime's barrier, the loss's reduction, the batch, zero_grad): fitted by a measured
-    # profile's probes, whose small steps show it (planner.probes.compute_params); 0 in datasheets
+    # profile's probes, whose small steps show it (planner.measure.probes.compute_params); 0 in datasheets
     step_overhead_s: float = 0.0
     # what recomputing a layer costs, as a share of its priced forward: 1 where a recomputed
     # forward runs the forward's kernels again (a GPU; Korthikanti et al. 2022 price full

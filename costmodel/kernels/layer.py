@@ -114,7 +114,7 @@ def layer_parts_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: De
     times: its GEMMs at the GEMM curve ("gemm"), its SDPA calls at their measured points
     ("sdpa"), its memory-bound kernels at the memory curve ("memory"); no efficiency factor, no
     per-kernel cost. What the factors scale, so a measured layer's seconds per kind over these
-    are its kinds' in-training shares of their curves (planner.probes.layer_factors). A GeLU's
+    are its kinds' in-training shares of their curves (planner.measure.probes.layer_factors). A GeLU's
     or dropout's measured per-element cost is in no kind: the probes' layer has neither."""
     dev = dev.for_dtype(train.compute_dtype)
     bare = replace(dev, efficiency=replace(dev.efficiency, gemm=1.0, memory=1.0, kernel_overhead_s=0.0))

@@ -26,8 +26,8 @@ def add_calibrate_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from planner import profile_file
-    from planner.calibrate import (
+    from planner.measure import profile_file
+    from planner.measure.calibrate import (
         calibrated_profile,
         fit_by_dtype,
         load_run,

@@ -1,5 +1,5 @@
 """`planner profile`: measure this machine and write a device profile (runtime.profiler does
-the measuring, planner.probes the training-step probes and their fit; this module drives them
+the measuring, planner.measure.probes the training-step probes and their fit; this module drives them
 under a time budget, shows progress with an ETA and writes the TOML)."""
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ from pathlib import Path
 from costmodel import machine
 from costmodel.hardware import DeviceProfile
 from costmodel.inputs import UserError
-from planner import outputs, profile_file
+from planner import outputs
 from planner.args import add_overwrite_arg, positive_float, positive_int, refuse_ignored
-from planner.profile_doc import Setup, measured_profile
+from planner.measure import profile_file
+from planner.measure.profile_doc import Setup, measured_profile
 
 EPILOG = """examples:
   planner profile                     measure this machine into the cache: --cluster 1x2xlocal uses it
@@ -156,7 +157,7 @@ def profile_machine(setup: Setup) -> None:
     """Microbenchmarks, then probes, then (on a CPU) the curves' second pass, then the probes'
     fit on the final curves, then the TOML (written to a temporary file and renamed, so an
     interrupted profile never leaves a half-written one)."""
-    from planner import probes
+    from planner.measure import probes
     from runtime import profiler as prof
     from runtime.fork import run_forked
     budget = prof.BUDGETS[(setup.mode, setup.device_type)]

@@ -298,10 +298,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _with_machine_moment(record, pf: PlanFile, threads: int, out: Path):
-    """The run's record with the profile's probe layer timed again (planner.machine_speed),
+    """The run's record with the profile's probe layer timed again (planner.measure.machine_speed),
     saved again; after the steps, so it cannot slow them, and after the record is saved, so a
     profile whose timing is malformed, or a Ctrl-C here, costs the run nothing (a warning)."""
-    from planner.machine_speed import probe_layer_s
+    from planner.measure.machine_speed import probe_layer_s
     try:
         probe = probe_layer_s(pf, threads)
     except ValueError as exc:
@@ -373,7 +373,7 @@ def _print_comparison(record, out: Path) -> None:
     from runtime.measure import comparison_rows
     print(table(("", "predicted", "measured", "error"), comparison_rows(record)))
     if record.probe_layer_now_s:
-        from planner.machine_speed import describe
+        from planner.measure.machine_speed import describe
         print("\n" + describe(record.probe_layer_now_s, record.probe_layer_profiled_s))
     print(f"\nmemory measured as: {record.memory_source}")
     print(f"wrote {out / 'measured.json'}")

@@ -57,7 +57,7 @@ def test_leave_one_out_calibrates_on_the_other_plans_passes_merged(tmp_path, mon
     mean), so the prior weighs as on one pass."""
     cl = load_benchmark("closed_loop")
     times = _matrix(tmp_path, cl, passes=2)
-    import planner.calibrate as calibrate
+    import planner.measure.calibrate as calibrate
     seen = []
 
     def fit(runs, base, **_):

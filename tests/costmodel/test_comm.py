@@ -125,14 +125,14 @@ def test_a_profiles_kind_factors_are_read_and_checked(tmp_path):
 
 def test_a_profile_from_before_the_kinds_is_refitted_with_them():
     """A profile written before kind_factors (PROBE_FIT_VERSION 12) holds the microbenchmark
-    samples: the probes' refit (planner.probes.unfitted) derives the kinds' factors from them, so
+    samples: the probes' refit (planner.measure.probes.unfitted) derives the kinds' factors from them, so
     it prices collectives as a new profile would; a tier that has them keeps its own."""
     import tomllib
     from pathlib import Path
 
     from costmodel.comm import kind_factors
     from costmodel.hardware import load_profile
-    from planner.probes import unfitted
+    from planner.measure.probes import unfitted
     path = Path(__file__).parents[2] / "benchmarks" / "results" / "cpu-epyc-2026-11-28-DA.toml"
     measured = tomllib.loads(path.read_text())["measured"]
     dev = load_profile(path)

@@ -20,7 +20,7 @@ from costmodel.params import rank_params
 from costmodel.rank_time import grad_accumulation_s, one_replica_fsdp_parts_s
 from costmodel.registry import llama_spec
 from costmodel.specs import TrainSpec
-from planner.calibrate import comm_params
+from planner.measure.calibrate import comm_params
 from planner.space import Choice, build_plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -74,7 +74,7 @@ def test_a_profile_holds_the_factor_and_refuses_a_non_positive_one(tmp_path, key
 def test_calibrating_cpu_runs_keeps_dp_exposed_and_finds_its_factor():
     """On a CPU `planner calibrate` fits dp_comm, not the overlap, and holds the overlap at 0 even
     where an older profile says otherwise (xeon-amx: 1, every DP collective hidden)."""
-    from planner.calibrate import fit_by_dtype, summary
+    from planner.measure.calibrate import fit_by_dtype, summary
     base = load_profile(PROFILE)
     assert base.efficiency.overlap == 1.0
     truth = replace(base, efficiency=replace(base.efficiency, overlap=0.0, dp_comm=2.0))
@@ -128,7 +128,7 @@ def test_a_cpu_fits_pp_stage_and_a_gpu_does_not():
 def test_calibrating_cpu_runs_finds_the_stages_factor():
     """Runs whose pipelined stages went 30 % over their price: `planner calibrate` finds it in
     pp_stage, not in the compute the one-rank runs tell; the probes' fit leaves it at 1."""
-    from planner.calibrate import fit_by_dtype, summary
+    from planner.measure.calibrate import fit_by_dtype, summary
     base = load_profile(PROFILE)
     base = replace(base, efficiency=replace(base.efficiency, overlap=0.0))
     truth = replace(base, efficiency=replace(base.efficiency, pp_stage=1.3))
@@ -155,7 +155,7 @@ def test_calibrating_cpu_runs_finds_the_stages_factor():
 def _runs(base, truth, choices) -> list:
     """Runs of `choices` on `base`'s device as `truth` prices them: measurements a fit should find."""
     from costmodel.plan import PlanFile
-    from planner.calibrate import Run
+    from planner.measure.calibrate import Run
     runs = []
     for choice in choices:
         ranks = choice.get("tp", 1) * choice.get("pp", 1) * (2 if "zero_stage" in choice else 1)
@@ -168,9 +168,9 @@ def _runs(base, truth, choices) -> list:
 
 
 def test_the_probes_fit_leaves_pp_stage_at_1():
-    """planner.probes.fit_probes passes fit_pp_stage=False: its one PP probe a dtype is too noisy
+    """planner.measure.probes.fit_probes passes fit_pp_stage=False: its one PP probe a dtype is too noisy
     for the stages' factor, even where that probe ran 30 % over its price."""
-    from planner.probes import ProbeResult, fit_probes
+    from planner.measure.probes import ProbeResult, fit_probes
     base = load_profile(PROFILE)
     base = replace(base, efficiency=replace(base.efficiency, overlap=0.0))
     truth = replace(base, efficiency=replace(base.efficiency, pp_stage=1.3))

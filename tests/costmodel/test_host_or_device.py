@@ -10,7 +10,7 @@ from costmodel.hardware import parse_cluster
 from costmodel.kernels import eager_elementwise_traffic, layer_kernel_times
 from costmodel.registry import resolve_model
 from costmodel.specs import DType, TrainSpec
-from planner.calibrate import with_params
+from planner.measure.calibrate import with_params
 from planner.space import Choice, build_plan
 
 MODEL = resolve_model("llama3-8b")

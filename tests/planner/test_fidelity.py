@@ -5,7 +5,7 @@ Spearman, how many measured runs are predicted to fit) from getting worse; its p
 says which rows miss."""
 from pathlib import Path
 
-from planner.validate import validate
+from planner.measure.validate import validate
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = ROOT / "profiles" / "runs" / "published_runs.csv"
@@ -33,12 +33,12 @@ def test_the_corrected_megatron_rows_are_zero_1_and_fit():
 
 
 def test_leaving_a_source_out_of_the_fit_predicts_it(tmp_path):
-    """planner.fit on a small table: the Megatron H100 rows predicted by a fit on the other H100
+    """planner.measure.fit on a small table: the Megatron H100 rows predicted by a fit on the other H100
     sources (llm-foundry) stay within 25 % (the full table's figures: benchmarks/fidelity.py)."""
     import math
 
-    from planner import fit
-    from planner.validate import read_runs
+    from planner.measure import fit
+    from planner.measure.validate import read_runs
     rows = [r for r in read_runs(RUNS) if r["gpu"] == "H100-SXM5-80GB"
             and r["id"].startswith(("megatron_h100_", "mosaic_"))]
     errors = fit.leave_one_source_out(fit.fill_rows(rows))
@@ -47,11 +47,11 @@ def test_leaving_a_source_out_of_the_fit_predicts_it(tmp_path):
 
 
 def test_the_vendor_attention_speedup_moves_only_the_runs_that_call_it():
-    """planner.fit fits the H100's cuDNN / FlashAttention-3 speedup within the published 1.5-2.0x:
+    """planner.measure.fit fits the H100's cuDNN / FlashAttention-3 speedup within the published 1.5-2.0x:
     a Megatron-Core run (Transformer Engine attention) gets faster with it, an llm-foundry one
     (FlashAttention-2) does not; A100 has no such kernel (bounds 1.0, not fitted)."""
-    from planner import fit
-    from planner.validate import read_runs
+    from planner.measure import fit
+    from planner.measure.validate import read_runs
     ids = ("megatron_h100_7.1B", "mosaic_mpt7b_h100_128gpu")
     rows = fit.fill_rows([r for r in read_runs(RUNS) if r["id"] in ids])
     assert fit.BOUNDS["H100"]["vendor_attention_speedup"] == (1.5, 2.0)

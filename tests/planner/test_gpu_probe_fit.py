@@ -1,4 +1,4 @@
-"""The profile's probes on a GPU (planner.probes.compute_params): their small steps are the host's
+"""The profile's probes on a GPU (planner.measure.probes.compute_params): their small steps are the host's
 alone, so the fit finds the host's per-kernel and per-step costs and leaves the measured rates alone. The profile is
 the one `planner profile` wrote on an H100 (H100: benchmarks/results/gpu-check-h100-*/run2/gpu.toml)."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from costmodel.hardware import load_profile
-from planner import probes
-from planner.calibrate import Run, predict_with, with_params
+from planner.measure import probes
+from planner.measure.calibrate import Run, predict_with, with_params
 
 H100 = Path(__file__).parents[2] / "benchmarks" / "results" / "gpu-check-h100-2026-11-26" / "run2" / "gpu.toml"
 
@@ -41,7 +41,7 @@ def test_a_gpu_probe_fit_recovers_the_host_costs_and_keeps_the_rates():
 def test_a_fitted_per_step_cost_is_written_and_read_back(tmp_path):
     import tomlkit
 
-    from planner import profile_doc, profile_file
+    from planner.measure import profile_doc, profile_file
     device, *_ = probes.refit_stored(H100)
     raw = tomllib.loads(H100.read_text())
     micro = {"attention": raw["measured"]["attention_efficiency"], "overhead_s": raw["measured"]["op_overhead_s"]}

@@ -1,4 +1,4 @@
-"""A run against its profile's moment (planner.machine_speed): the profile's probe layer timed
+"""A run against its profile's moment (planner.measure.machine_speed): the profile's probe layer timed
 again after the run, beside the seconds the profile holds for it."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import tomlkit
 
 from costmodel.plan import PlanFile
-from planner import machine_speed
 from planner.cli import main
+from planner.measure import machine_speed
 
 PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "xeon-amx.toml"
 ENTRY = {"model": "probe-narrow", "micro_batch_size": 2, "seq_len": 32, "gemm_s": 0.004, "sdpa_s": 0.001,

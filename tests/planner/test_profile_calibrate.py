@@ -46,7 +46,7 @@ def test_profile_writes_a_usable_measured_profile(measured, capsys):
     assert {"fp32", "bf16"} <= set(raw["efficiency"]) and raw["probes"]["steps"]
     assert all(s["measured_s"] > 0 for s in raw["probes"]["steps"])
     # every probe is accounted for: measured, or named as one the budget left no time for
-    from planner import probes
+    from planner.measure import probes
     accelerated = {d: f"gemm_{d}: NOT ACCELERATED" not in measured.read_text() for d in ("fp32", "bf16")}
     planned = [probes.probe_name(pf) for ranks in (1, 2)
                for pf in probes.probe_plans(load_profile(measured), accelerated, ranks)]
@@ -87,7 +87,7 @@ def test_profile_writes_a_usable_measured_profile(measured, capsys):
                 key = sdpa_key(str(dtype), dropout, backward)
                 assert raw["measured"][key] and len(dev.sdpa_curve(dtype, dropout, backward)) == len(raw["measured"][key])
     # the probe layer's kernels were timed in training, and the GEMM and memory factors are theirs
-    from planner.probes import layer_factors
+    from planner.measure.probes import layer_factors
     measured_factors = layer_factors(raw["measured"]["layer_ops"], probes.unfitted(dev, raw["measured"]), "test")
     for dtype in (DType.FP32, DType.BF16):
         eff = dev.for_dtype(dtype).efficiency
@@ -190,7 +190,7 @@ def _fake_runs(tmp_path: Path, truth, dtype: DType = DType.FP32) -> list[Path]:
 
 
 def test_calibrate_recovers_a_known_slowdown_and_keeps_the_original(measured, tmp_path, capsys):
-    from planner.calibrate import with_params
+    from planner.measure.calibrate import with_params
     base = parse_cluster(f"1x2x{measured}").device
     # twice the profile's own per-kernel cost, as the compute factor halves: a fixed 20 us can
     # lie far from a short profile's fitted cost, and the fit's prior toward the profile's own
@@ -215,7 +215,7 @@ def test_calibrate_recovers_a_known_slowdown_and_keeps_the_original(measured, tm
 
 def test_calibration_fits_each_dtype_apart(measured, tmp_path):
     """bf16 slower than the profile says and fp32 as it says: the per-dtype fit finds both."""
-    from planner.calibrate import fit_by_dtype, load_run, summary, with_params
+    from planner.measure.calibrate import fit_by_dtype, load_run, summary, with_params
     base = parse_cluster(f"1x2x{measured}").device
     truth = with_params(base, {"compute": 0.5}, dtype="bf16")
     dirs = _fake_runs(tmp_path, truth, DType.FP32) + _fake_runs(tmp_path, truth, DType.BF16)
@@ -232,7 +232,7 @@ def test_gpu_runs_fit_the_allocators_fragmentation_and_keep_the_fixed_reserve(tm
     the allocator's fragmentation from their ratio (1.15 -> 0.15) and leaves the context-and-NCCL
     reserve, which no allocator statistic sees, at the profile's value (fitted, it would take on
     the tensors' under-prediction, here about -2 GiB, and come to nothing)."""
-    from planner.calibrate import fit_by_dtype, load_run
+    from planner.measure.calibrate import fit_by_dtype, load_run
     model, cluster = resolve_model("debug-small"), parse_cluster("1x1xA100")
     train = TrainSpec(seq_len=128, global_batch_size=4)
     plan = build_plan(model, train, cluster, Choice())

@@ -10,8 +10,8 @@ from dataclasses import replace
 import pytest
 
 from costmodel.hardware import load_profile
-from planner import probes
 from planner.commands import profile as cmd
+from planner.measure import probes
 from runtime import fork
 from runtime import profiler as prof
 

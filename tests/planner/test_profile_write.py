@@ -1,5 +1,5 @@
 """A fitted profile stays one the reader accepts: the fit keeps a link at or below its own
-microbenchmark, and the one writer (planner.profile_file.write) refuses what the reader would."""
+microbenchmark, and the one writer (planner.measure.profile_file.write) refuses what the reader would."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -9,8 +9,8 @@ import pytest
 
 from costmodel.hardware import load_profile
 from costmodel.inputs import UserError
-from planner import probes, profile_file
-from planner.calibrate import Run, fit, predict_with
+from planner.measure import probes, profile_file
+from planner.measure.calibrate import Run, fit, predict_with
 
 XEON = Path(__file__).parents[2] / "profiles" / "xeon-amx.toml"
 
@@ -43,7 +43,7 @@ def test_the_links_come_from_the_tp_probes_not_the_pipelines_unpriced_work():
     price on a CPU): fitted on every multi-rank probe, the links' latency and bandwidth would take
     it on, and TP plans be priced for it. From the TP probes alone
     (links_from_tp, a CPU's probe fit) the links are the TP probes' own."""
-    from planner.calibrate import fit_by_dtype
+    from planner.measure.calibrate import fit_by_dtype
     base = load_profile(XEON)
     base = replace(base, intra_node=replace(base.intra_node, efficiency=1.0))
     truth = replace(base, intra_node=replace(base.intra_node, efficiency=0.2,
@@ -63,7 +63,7 @@ def test_the_links_come_from_the_tp_probes_not_the_pipelines_unpriced_work():
 def test_one_tp_step_cannot_set_the_links_alone():
     """Two link factors need two different TP steps: with one (a short budget), every factor is
     fitted on every multi-rank run as before links_from_tp."""
-    from planner.calibrate import _comm_fits
+    from planner.measure.calibrate import _comm_fits
     base = load_profile(XEON)
     plans = probes.probe_plans(base, {"fp32": True, "bf16": True}, 2)
     runs = [Run(path=Path("p"), pf=pf, measured_step_s=1.0) for pf in plans]

@@ -12,7 +12,7 @@ from costmodel.hardware import parse_cluster, parse_profile
 from costmodel.plan import PlanFile, Recompute
 from costmodel.registry import resolve_model
 from costmodel.specs import DType, TrainSpec
-from planner.calibrate import Run, fit_by_dtype, summary, with_params
+from planner.measure.calibrate import Run, fit_by_dtype, summary, with_params
 from planner.space import Choice, build_plan
 
 MODEL = resolve_model("debug-small")
@@ -57,7 +57,7 @@ def test_calibrate_finds_the_cost_from_the_runs_that_recompute_for_every_dtype()
     """One recomputing run, in fp32, tells the cost for bf16 too (one factor for all dtypes:
     Efficiency.recompute_cost); the probes' fit leaves it alone."""
     base = parse_cluster("1x2xxeon-amx").device
-    # a CPU's DP collectives are exposed (planner.calibrate.CPU_COMM_PARAMS: the fit holds it so)
+    # a CPU's DP collectives are exposed (planner.measure.calibrate.CPU_COMM_PARAMS: the fit holds it so)
     base = replace(base, efficiency=replace(base.efficiency, overlap=0.0))
     truth = with_params(base, {"recompute_cost": 0.6})
     runs = _runs(truth, DType.FP32, recomputes=True) + _runs(truth, DType.BF16, recomputes=False)
@@ -111,8 +111,8 @@ def test_the_calibrated_profile_keeps_the_fitted_cost(tmp_path, capsys):
 
 
 def test_calibrate_merges_repeated_runs_of_a_plan_into_their_geometric_mean():
-    """A plan run twice counts once (planner.calibrate.merge_repeats), at the geometric mean."""
-    from planner.calibrate import merge_repeats
+    """A plan run twice counts once (planner.measure.calibrate.merge_repeats), at the geometric mean."""
+    from planner.measure.calibrate import merge_repeats
     base = parse_cluster("1x2xxeon-amx").device
     runs = _runs(base, DType.FP32, recomputes=False)
     again = [replace(runs[0], path=Path("again"), measured_step_s=4 * runs[0].measured_step_s)]

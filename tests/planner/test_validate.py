@@ -1,6 +1,6 @@
 import pytest
 
-from planner.validate import attention_kernel, spearman, validate
+from planner.measure.validate import attention_kernel, spearman, validate
 
 HEADER = ("id,source,arch,layers,hidden,ffn_hidden,heads,kv_heads,vocab,seq_len,gpu,num_gpus,"
           "gpus_per_node,tp,pp,dp,vpp,sp,cp,zero_stage,recompute,micro_batch,global_batch,"

@@ -1,5 +1,5 @@
 """A probe layer's kernels timed by kind inside a training step (runtime.layer_ops), and the
-GEMM and memory factors a CPU profile takes from them (planner.probes.layer_factors)."""
+GEMM and memory factors a CPU profile takes from them (planner.measure.probes.layer_factors)."""
 from __future__ import annotations
 
 import sys
@@ -14,7 +14,7 @@ from costmodel.hardware import load_profile
 from costmodel.kernels import LAYER_KINDS, layer_kernel_times, layer_parts_s
 from costmodel.registry import llama_spec
 from costmodel.specs import DType, TrainSpec
-from planner import probes
+from planner.measure import probes
 from planner.space import Choice
 from runtime.layer_ops import OpTimer, layer_op_seconds, op_kind
 

@@ -23,9 +23,9 @@ NOTABLE_PCT = 10.0
 
 def profiled_timing(pf: PlanFile):
     """The profile's checked [measured] layer_ops timing for the plan's compute dtype
-    (planner.probes.LayerTiming): None for a datasheet or GPU profile, or one without that
+    (planner.measure.probes.LayerTiming): None for a datasheet or GPU profile, or one without that
     timing; ValueError naming the file and field for a malformed one."""
-    from planner.probes import LayerTiming
+    from planner.measure.probes import LayerTiming
     dev = pf.cluster.device
     if dev.kind != "cpu" or not dev.path or not Path(dev.path).is_file():
         return None

@@ -3,7 +3,7 @@
 One parameter set per chip (A100 40/80 GB share one, H100; the H200 and B200 profiles borrow
 H100's), never per row, source or model, each parameter bounded to what a measurement
 supports (`BOUNDS`). The objective is the mean squared log error of predicted step time. Rows'
-unstated fields are filled once by the search (`planner.validate.best_plan_for_row`) with the
+unstated fields are filled once by the search (`planner.measure.validate.best_plan_for_row`) with the
 profile's current values; the fit then re-prices those plans (closed-form pipeline: every
 published schedule has one, and it is what the search reasons with).
 
@@ -114,7 +114,7 @@ def with_values(cluster: ClusterSpec, values: dict[str, float]) -> ClusterSpec:
 
 
 def fill_rows(rows: list[dict[str, str]], progress: Callable[[str], None] | None = None) -> list[FilledRow]:
-    from planner.validate import best_plan_for_row, row_specs
+    from planner.measure.validate import best_plan_for_row, row_specs
     out = []
     for i, row in enumerate(rows):
         if row["metric_name"].strip() == "status":

@@ -24,7 +24,7 @@ from costmodel.kernels import LAYER_KINDS, flash_tile_efficiency, layer_parts_s
 from costmodel.plan import PlanFile, Recompute
 from costmodel.registry import llama_spec
 from costmodel.specs import DType, LayerProbe, ModelSpec, TrainSpec
-from planner.calibrate import CPU_OVERLAP, Run, fit_by_dtype, summary
+from planner.measure.calibrate import CPU_OVERLAP, Run, fit_by_dtype, summary
 from planner.space import Choice, build_plan
 
 _WHY = "probe of `planner profile`: not a published model"
@@ -77,7 +77,7 @@ START_OVERLAP = 0.5   # where the fit starts the share of DP communication hidde
 
 
 def start_overlap(kind: str) -> float:
-    """A base profile's overlap: on a CPU CPU_OVERLAP, and not fitted (planner.calibrate.CPU_COMM_PARAMS)."""
+    """A base profile's overlap: on a CPU CPU_OVERLAP, and not fitted (planner.measure.calibrate.CPU_COMM_PARAMS)."""
     return START_OVERLAP if kind == "gpu" else CPU_OVERLAP
 
 
@@ -102,7 +102,7 @@ def long_sequence_attention(ratio: float, device: DeviceProfile, measured: dict)
 
 
 def unfitted(device: DeviceProfile, measured: dict) -> DeviceProfile:
-    """A fitted profile back as the fit started from it (planner.profile_doc without probes):
+    """A fitted profile back as the fit started from it (planner.measure.profile_doc without probes):
     efficiencies 1, no per-kernel cost, fp32's measured attention ratio for every dtype, the
     microbenchmarks' collective latencies, start_overlap, DP's collectives at the tier's
     efficiency. `measured`: the profile's [measured]."""
@@ -270,7 +270,7 @@ def with_layer_factors(base: DeviceProfile, factors: dict[str, dict[str, float]]
 
 def fit_probes(probes: list[ProbeResult], base: DeviceProfile, layer_ops: dict | None = None,
                where: str = "[measured] layer_ops") -> tuple[DeviceProfile, dict[str, float], dict, dict]:
-    """planner.calibrate.fit_by_dtype on the probes: per dtype its compute factors on the one-rank
+    """planner.measure.calibrate.fit_by_dtype on the probes: per dtype its compute factors on the one-rank
     probes (no prior: the probes are the measurement), then the communication factors on the
     others (on a CPU the links' from the TP probes alone: links_from_tp). `layer_ops` (a CPU's:
     runtime.layer_ops): the GEMM and memory factors measured, set before the fit (layer_factors). The device's own efficiency becomes fp32's
@@ -292,7 +292,7 @@ def fit_probes(probes: list[ProbeResult], base: DeviceProfile, layer_ops: dict |
                                   # nor from its PP probe: one step a dtype, which can run far
                                   # further over its price than real pipelined runs do (a fit on
                                   # it prices them too slow); calibrate fits it on runs
-                                  # (planner.calibrate.fit_by_dtype)
+                                  # (planner.measure.calibrate.fit_by_dtype)
                                   fit_pp_stage=False,
                                   # the links from the TP probes alone (a CPU's): fitted on every
                                   # multi-rank probe, the PP probe's per-micro-batch work (priced

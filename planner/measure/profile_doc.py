@@ -1,6 +1,6 @@
 """The document `planner profile` writes: what was measured, under [measured]; the probes' fit
 under [efficiency] and [efficiency.<dtype>]; each probe under [probes]; every number with its
-source as a comment (planner.profile_file writes it)."""
+source as a comment (planner.measure.profile_file writes it)."""
 from __future__ import annotations
 
 import os
@@ -11,7 +11,7 @@ from pathlib import Path
 from costmodel import machine
 from costmodel.comm import fit_alpha_beta, kind_factors
 from costmodel.hardware import PROBE_FIT_VERSION, PROFILE_FORMAT_VERSION
-from planner import profile_file as pf_io
+from planner.measure import profile_file as pf_io
 
 
 @dataclass(frozen=True)
@@ -118,14 +118,14 @@ def _network_rows(setup: Setup, net: _Net, device) -> list[list[pf_io.Row]]:
 def _dp_rows(device_type: str, eff, fitted: str) -> list:
     """overlap (and on a CPU dp_comm and pp_stage): a GPU's probes fit the overlap, a CPU's keep
     it at 0 and fit DP's collectives a factor of their own; pipeline stages get one from
-    calibrate (planner.calibrate.CPU_COMM_PARAMS)."""
-    from planner.probes import start_overlap
+    calibrate (planner.measure.calibrate.CPU_COMM_PARAMS)."""
+    from planner.measure.probes import start_overlap
     if device_type == "cuda":
         return [("overlap", eff.overlap if eff else start_overlap("gpu"),
                  f"{fitted}: share of data-parallel communication hidden by compute" if eff
                  else "a starting point for the probes' fit")]
     return [("overlap", start_overlap("cpu"), "on a CPU DP's collectives do not hide: the ranks wait on gloo "
-             "on the cores compute uses (planner.calibrate.CPU_COMM_PARAMS)"),
+             "on the cores compute uses (planner.measure.calibrate.CPU_COMM_PARAMS)"),
             ("dp_comm", eff.dp_comm if eff else 1.0, f"{fitted}: DP's collectives' speed over the tier's fitted rate"
              if eff else "a starting point for the probes' fit"),
             ("pp_stage", 1.0, "a pipeline stage's work over its price: `planner calibrate` fits it on runs "
@@ -133,7 +133,7 @@ def _dp_rows(device_type: str, eff, fitted: str) -> list:
 
 
 def measured_share(kind: str) -> str:
-    """[efficiency]'s note on a factor a CPU profile measured in its probe layer (planner.probes.layer_factors)."""
+    """[efficiency]'s note on a factor a CPU profile measured in its probe layer (planner.measure.probes.layer_factors)."""
     return f"measured (fp32's): a probe layer's {kind} kernels in training over the curve, [measured] layer_ops"
 
 
@@ -203,11 +203,11 @@ def _measured_rows(setup: Setup, micro: dict, memory, net: _Net, date: str, iden
          + ("; from sdpa_<dtype>_forward, which the pricing reads" if micro.get("sdpa") else "")
          + (", each shape's over the flash tile efficiency at its length (a long sequence's)"
             if micro.get("attention_long_sequence") else "")),
-        *([("attention_long_sequence", True, "GPU: see attention_efficiency; older GPU profiles lack it (planner.probes.long_sequence_attention)")]
+        *([("attention_long_sequence", True, "GPU: see attention_efficiency; older GPU profiles lack it (planner.measure.probes.long_sequence_attention)")]
           if micro.get("attention_long_sequence") else []),
         *([("layer_ops", micro["layer_ops"], "a probe layer's forward and backward, each kernel timed where it "
             "runs, seconds by kind (runtime.layer_ops; the faster of two passes): the GEMM and memory factors "
-            "under [efficiency.<dtype>] are its kernels priced at the curves over these (planner.probes.layer_factors)")]
+            "under [efficiency.<dtype>] are its kernels priced at the curves over these (planner.measure.probes.layer_factors)")]
           if micro.get("layer_ops") else []),
         ("op_overhead_s", micro["overhead_s"], "a one-element add, the bare dispatch cost"),
         ("optimizer_s_per_param", micro["optimizer_s_per_param"],
@@ -231,8 +231,8 @@ def _measured_rows(setup: Setup, micro: dict, memory, net: _Net, date: str, iden
 
 
 def _probes(probed, skipped):
-    from planner.calibrate import Run, predict_with
-    from planner.probes import probe_name
+    from planner.measure.calibrate import Run, predict_with
+    from planner.measure.probes import probe_name
     measured, device, params, before, after = probed
     steps = pf_io.tomlkit.array()
     for p in measured:

@@ -321,7 +321,7 @@ def calibrated_profile(base_path: Path, device: DeviceProfile, params: dict[str,
     """The base profile's document with [device] name, the fitted efficiencies (per dtype too)
     and the node tier's latencies set, and the calibration's provenance on top: every other
     datasheet or measured value and its source comment stays as it was."""
-    from planner import profile_file as pf_io
+    from planner.measure import profile_file as pf_io
     eff, tier = device.efficiency, device.intra_node
     how = (f"calibrated {time.strftime('%Y-%m-%d')} by `{command}` on {len(runs)} runs: step-time MAPE "
            f"{before['mape_pct']:.1f}% -> {after['mape_pct']:.1f}%, max {before['max_abs_error_pct']:.1f}% -> "
