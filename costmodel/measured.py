@@ -6,9 +6,9 @@ interrupted and the file holds the steps measured before it); version 3 `rank_fo
 own layer-forward seconds per step, median: a straggler shows there); version 4 `checkpoint_wait_s` (per
 checkpoint saved, the seconds the slowest rank's training stood still for it); version 5
 `probe_layer_now_s` and `probe_layer_profiled_s` (on a CPU, the profile's probe layer timed after the run
-and as the profile timed it: how fast the machine went against its profile). A file without `version` is read
-as version 0 and migrated. A newer version, a truncated file or one with
-missing or unknown fields is refused with one line that names the file and the field.
+and as the profile timed it: how fast the machine went against its profile). A file without a `version`, of
+a newer version, truncated, or with missing or unknown fields is refused with one line that names the
+file and the field.
 """
 from __future__ import annotations
 
@@ -137,10 +137,10 @@ class MeasuredRun:
         if not isinstance(data, dict):
             raise UserError(f"{where}: not a measured.json (a JSON object is expected)")
         data = dict(data)
-        version = data.pop("version", 0)
-        if version not in (0, 1, 2, 3, 4, MEASURED_FORMAT_VERSION):
-            raise UserError(f"{where}: measured.json version {version!r}; this planner reads versions 0 "
-                             f"to {MEASURED_FORMAT_VERSION} (written by a newer planner?)")
+        version = data.pop("version", None)
+        if version not in (1, 2, 3, 4, MEASURED_FORMAT_VERSION):
+            raise UserError(f"{where}: measured.json version {version!r}; this planner reads versions 1 "
+                             f"to {MEASURED_FORMAT_VERSION} (written by `planner run`)")
         # Fields added later have defaults: peak_reserved_bytes (v1), complete (v2), rank_forward_s (v3),
         # checkpoint_wait_s (v4), probe_layer_now_s and probe_layer_profiled_s (v5).
         return dataclass_from_json(cls, data, where)

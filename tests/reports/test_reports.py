@@ -92,10 +92,12 @@ def test_measured_json_is_strict_and_versioned(tmp_path, capsys):
     raw = {"losses": [10.0], "step_times_s": [150.0], "peak_memory_bytes": [70 * 2**30] * 8,
            "memory_source": "torch.cuda.max_memory_allocated", "device": "A100"}
     record = measured_record(pf, raw, steps=1, warmup=1, wall_s=300.0).to_dict()
-    old = {k: v for k, v in record.items() if k not in ("version", "peak_reserved_bytes")}
-    (tmp_path / "old.json").write_text(json.dumps(old))
+    old = {k: v for k, v in record.items() if k != "peak_reserved_bytes"}   # a version-1 field left out
+    (tmp_path / "old.json").write_text(json.dumps({**old, "version": 1}))
     assert MeasuredRun.load(tmp_path / "old.json").peak_reserved_bytes is None
-    for name, text, why in (("new.json", json.dumps({**record, "version": MEASURED_FORMAT_VERSION + 1}), "version"),
+    unversioned = {k: v for k, v in record.items() if k != "version"}
+    for name, text, why in (("bare.json", json.dumps(unversioned), "version None"),
+                            ("new.json", json.dumps({**record, "version": MEASURED_FORMAT_VERSION + 1}), "version"),
                             ("cut.json", json.dumps(record)[:500], "truncated"),
                             ("odd.json", json.dumps({**record, "stepz": 1}), "unknown keys ['stepz']"),
                             ("probe.json", json.dumps({**record, "probe_layer_now_s": 0.01}), "both be positive numbers, or both null")):
