@@ -52,9 +52,10 @@ def kth_best_s(found: list[Found], options: SearchOptions) -> float:
     """No candidate whose bound reaches this can enter the answer: neither the `top_k` rows nor
     the DECISION_K plans the first is chosen from."""
     k = max(options.top_k, DECISION_K)
-    if len(found) < k:
+    distinct = {price(f) for f in found}   # identically priced plans are one row (rank)
+    if len(distinct) < k:
         return math.inf
-    times = heapq.nsmallest(k, (f.estimate.step_time_s for f in found))
+    times = heapq.nsmallest(k, (t for t, _ in distinct))
     cutoff = times[-1]
     if options.objective == "memory":
         cutoff = max(cutoff, (1 + MEMORY_BAND) * times[0])
@@ -65,22 +66,43 @@ def outer_key(plan: Plan) -> Plan:
     return replace(plan, layers_per_stage=(), recompute_num_layers=())
 
 
+def price(f: Found) -> tuple[float, float]:
+    """What the model tells plans apart by: step time (to the microsecond) and peak memory."""
+    return round(f.estimate.step_time_s, 6), f.estimate.max_peak_memory_bytes
+
+
 def rank(found: list[Found], options: SearchOptions) -> list[Found]:
     best: dict[Plan, Found] = {}
     for f in found:
         key = outer_key(f.plan)
         if key not in best or f.estimate.step_time_s < best[key].estimate.step_time_s:
             best[key] = f
-    found = list(best.values())
     # equal predicted times (to the microsecond): less memory, then the simpler plan first
-    by_time = sorted(found, key=lambda f: (round(f.estimate.step_time_s, 6), f.estimate.max_peak_memory_bytes,
-                                           f.plan.cp, f.plan.pp, f.plan.tp, f.plan.vpp, f.plan.short()))
+    by_time = one_row_per_price(sorted(best.values(), key=lambda f: (*price(f), f.plan.cp, f.plan.pp, f.plan.tp,
+                                                                      f.plan.vpp, f.plan.short())))
     if options.objective == "memory" and by_time:
         limit = (1 + MEMORY_BAND) * by_time[0].estimate.step_time_s
         near = [f for f in by_time if f.estimate.step_time_s <= limit]
         near.sort(key=lambda f: (f.estimate.max_peak_memory_bytes, f.estimate.step_time_s))
         by_time = near + [f for f in by_time if f not in near]
     return by_time[: options.top_k]
+
+
+def one_row_per_price(ordered: list[Found]) -> list[Found]:
+    """Plans the model prices identically are one answer: the first (simplest) stands for them,
+    the others named as its alternatives."""
+    out: list[Found] = []
+    index: dict[tuple[float, float], int] = {}
+    for f in ordered:
+        at = index.get(price(f))
+        if at is None:
+            index[price(f)] = len(out)
+            out.append(f)
+        else:
+            kept = out[at]
+            more = [p for p in (f.plan, *f.alternatives) if p != kept.plan and p not in kept.alternatives]
+            out[at] = replace(kept, alternatives=(*kept.alternatives, *dict.fromkeys(more)))
+    return out
 
 
 def closer(model, train, cluster, plan, closest: Found | None) -> Found:

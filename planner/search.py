@@ -40,7 +40,7 @@ from planner.candidates import (
     time_groups,
 )
 from planner.partition import SolverTimeout, apply_split, solve_split
-from planner.ranking import DECISION_K, closer, decision_band, kth_best_s, rank, robust_first
+from planner.ranking import DECISION_K, closer, decision_band, kth_best_s, one_row_per_price, rank, robust_first
 from planner.search_state import Found, SearchResult, SearchStats, SharedModels
 from planner.shapes import rank_shapes
 from planner.shares import search_shares
@@ -299,7 +299,8 @@ def _result(shared: SharedModels, options: SearchOptions, stats: SearchStats, fo
     ranked = _union(decision, rank(found, replace(options, top_k=_repriced(options))))
     if options.objective != "time":   # the fastest plans too: the leanest are judged against them
         ranked = _union(ranked, rank(found, replace(options, top_k=_repriced(options), objective="time")))
-    simulated = {id(f): Found(plan=f.plan, estimate=estimate(model, train, cluster, f.plan)) for f in ranked}
+    simulated = {id(f): Found(plan=f.plan, estimate=estimate(model, train, cluster, f.plan), alternatives=f.alternatives)
+                 for f in ranked}
     evaluated = [simulated.get(id(f), f) for f in found]
     fitting = [f for f in simulated.values() if f.estimate.fits]
     proven = min(fitting, key=lambda f: f.estimate.step_time_s) if fitting else None
@@ -313,7 +314,7 @@ def _result(shared: SharedModels, options: SearchOptions, stats: SearchStats, fo
                                        options.error_band if options.objective == "time" else 0.0)
     first = ordered[:equivalent]
     rest = rank([f for f in fitting + variants if id(f) not in {id(c) for c in first}], options)
-    plans = _union(first, rest)
+    plans = one_row_per_price(_union(first, rest))   # the decision's and the table's rows, each price once
     return SearchResult(plans=plans[:options.top_k], stats=stats, evaluated=evaluated + variants, closest=closest,
                         equivalent=equivalent, error_band=options.error_band, fastest=fastest,
                         proven_fastest=proven)

@@ -21,6 +21,8 @@ from planner.space import Choice, build_plan
 class Found:
     plan: Plan
     estimate: Estimate
+    # plans the model prices identically (same step time and peak memory), shown as this one row
+    alternatives: tuple[Plan, ...] = ()
 
 
 @dataclass(kw_only=True)

@@ -214,7 +214,8 @@ def cmd_search(args: argparse.Namespace) -> int:
                       candidates=[f.estimate for f in result.evaluated], runner_up_text=runner_up_text)
     exported = _export_best(args, model, train, cluster, best.plan)
     if args.json:
-        emit_json({"plans": [{"plan": f.plan.to_dict(), "estimate": f.estimate.to_dict()} for f in result.plans],
+        emit_json({"plans": [{"plan": f.plan.to_dict(), "estimate": f.estimate.to_dict(),
+                              "alternatives": [a.to_dict() for a in f.alternatives]} for f in result.plans],
                     "search": {**stats.to_dict(), "equivalent_plans": result.equivalent,
                                "error_band": result.error_band, "offloaded_because": result.offloaded_because,
                                "fastest": None if result.fastest is None else
@@ -228,6 +229,10 @@ def cmd_search(args: argparse.Namespace) -> int:
     print(summary_lines(model, train, cluster, best.plan, best.estimate, failures_from_args(args)))
     print()
     print(search_table(result.plans, cluster))
+    for i, f in enumerate(result.plans, 1):
+        if f.alternatives:
+            shown = ", ".join(a.short() for a in f.alternatives[:3]) + (" ..." if len(f.alternatives) > 3 else "")
+            print(f"row {i} stands for {len(f.alternatives)} more priced the same (time and memory): {shown}")
     print()
     fastest = result.fastest or best
     if stats.optimal:

@@ -20,3 +20,13 @@ def test_the_first_plan_is_the_same_for_every_top_and_for_json(capsys):
     table = capsys.readouterr().out
     short = next(line for line in table.splitlines() if line.startswith("plan "))
     assert f"dp{firsts[0]['dp']}" in short and f"z{firsts[0]['zero_stage']}" in short
+
+
+def test_no_two_rows_are_priced_the_same_and_the_twins_are_named(capsys):
+    assert main(["search", "--model", "llama-70b", "--cluster", "8x8xA100", "--top", "10", "--json"]) == 0
+    plans = json.loads(capsys.readouterr().out)["plans"]
+    prices = [(round(p["estimate"]["step_time_s"], 6), max(p["estimate"]["peak_memory_bytes"])) for p in plans]
+    assert len(set(prices)) == len(prices) == 10
+    # ZeRO-1 and ZeRO-2 under a pipeline are priced alike: one row, the other named as its alternative
+    first = plans[0]
+    assert any(a["zero_stage"] != first["plan"]["zero_stage"] for a in first["alternatives"])
