@@ -1,0 +1,90 @@
+"""The user documents: scripts/results.py's page writers on a tiny fake input (no check is run),
+and the README's shape (short, few dates, the two set-up commands CI and users rely on)."""
+from __future__ import annotations
+
+import re
+import runpy
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = runpy.run_path(str(ROOT / "scripts" / "results.py"))
+META = {"cpu": "Fake CPU", "cores": 2, "python": "3.11", "torch": "2.13", "date": "2000-01-01 00:00 UTC",
+        "load": 0.5}
+
+
+def _accuracy() -> dict:
+    row = {"id": "run_a", "source": "nvidia/megatron-lm", "framework": "megatron-core", "model": "gpt 1.7B, seq 4096",
+           "gpus": 48, "device": "H100-SXM5-80GB", "metric": "iteration_time_s", "published": 0.45,
+           "predicted": 0.44, "error_pct": -2.2, "fits": True, "filled": {"micro_batch": 4, "sp": False},
+           "step_error_pct": -2.2, "left_out_pct": -3.0}
+    oom = {**row, "id": "run|b", "metric": "status", "published": "OOM", "predicted": "OOM", "error_pct": None,
+           "filled": {}, "step_error_pct": None, "left_out_pct": None}
+    tokens = {**row, "id": "run_c", "source": "pytorch/torchtitan", "metric": "tokens_per_sec_per_gpu",
+              "published": 3000.0, "predicted": 3100.0, "error_pct": 3.3, "step_error_pct": -3.2, "left_out_pct": 4.0}
+    return {"rows": [row, oom, tokens], "num_sources": 2,
+            "summary": {"n": 2, "mape_pct": 2.75, "max_abs_error_pct": 3.3, "spearman": 1.0,
+                        "num_status_rows": 1, "num_status_correct": 1},
+            "left_out": {"n": 2, "mape_pct": 3.5, "max_abs_error_pct": 4.0}}
+
+
+def test_validation_page_has_a_row_per_run_and_escapes_cells():
+    text = RESULTS["validation_md"](_accuracy(), META)
+    table = [line for line in text.splitlines() if line.startswith("| ")]
+    assert table[0].startswith("| id | source | model | GPUs | device | framework | published | predicted | error %")
+    assert len(table) == 1 + 3
+    assert "| run_a | nvidia/megatron-lm | gpt 1.7B, seq 4096 | 48 | H100-SXM5-80GB | megatron-core | 0.450 s | " \
+           "0.440 s | -2.2 | -3.0 | micro_batch=4, sp=False |" in text
+    assert "run\\|b" in text and "| OOM | OOM | - | - | - |" in text
+    assert "3,000 tok/s/GPU" in text and "Fake CPU, 2 cores" in text and "2000-01-01" in text
+
+
+def test_results_page_keeps_unmeasured_optional_sections_and_replaces_the_rest():
+    gpu = {"n": 2, "step_mape_pct": 10.0, "step_max_pct": 20.0, "memory_mape_pct": 1.0, "memory_max_pct": 2.0,
+           "too_fast": 2}
+    accuracy = RESULTS["wrap"]("accuracy", RESULTS["accuracy_section"](_accuracy(), gpu, 0.035, META))
+    search = [{"model": "m", "cluster": "1x8xH100", "target_s": 1.0, "finished": True, "wall_s": 0.5,
+               "command_s": 1.2, "num_candidates": 1234, "num_solved": 3, "optimal": True},
+              {"model": "m", "cluster": "2x8xH100", "target_s": 1.0, "finished": False, "command_s": 9.0}]
+    sim = {"case": "llama3-405b dp16 tp8 pp16x4v: 64 virtual stages", "stage costs": 1.0, "simulate (totals)": 17.0,
+           "simulate (timeline)": 28.0, "whole estimate": 19.0}
+    speed = RESULTS["wrap"]("speed", RESULTS["speed_section"](search, sim, META))
+    loop = RESULTS["wrap"]("closed-loop", "## Closed loop\n\nkept 1.0 %")
+    old = RESULTS["results_md"]({"accuracy": "stale", "speed": "stale", "closed-loop": loop}, META, "x")
+    kept = RESULTS["kept_sections"](old)
+    text = RESULTS["results_md"]({**kept, "accuracy": accuracy, "speed": speed}, META, "python3 scripts/results.py")
+    assert "stale" not in text and "kept 1.0 %" in text
+    assert "Not measured yet: `python3 scripts/results.py --with-plan-quality`" in text
+    assert "| 1x8xH100 | 1.0 | 0.50 | 1.20 | 1,234 | 3 | True |" in text and "did not finish" in text
+    assert "| simulate (totals) | 17.0 |" in text
+    assert "the leave-one-source-out MAPE measured here is 3.5 % (the same)" in text
+    assert "| nvidia/megatron-lm | 1 | 2.2 / -2.2 | 3.0 / -3.0 |" in text
+    assert RESULTS["kept_sections"](text).keys() == {"accuracy", "speed", "closed-loop"}   # not the placeholder
+
+
+def test_benchmark_output_parsers_read_the_printed_lines():
+    quality = RESULTS["parse_plan_quality"](
+        "id  published tok/s ...\n"
+        "megatron_h100_1.7B                     9,999*       10,500   +5.0%   +4.0%     1   True  dp48 tp1 pp1 z1\n"
+        "megatron_h100_177B                   745,685            -  search found nothing\n"
+        "\nfastest plan predicted slower than the published one: 0 rows (* : ...)\n")
+    assert quality["worse"] == 0 and quality["rows"][0]["published_fits"] is False
+    assert len(quality["rows"]) == 1 and quality["nothing"] == ["megatron_h100_177B"]
+    assert "no plan found within the 10 s limit 1 rows (megatron_h100_177B)." in \
+        RESULTS["plan_quality_section"](quality, META)
+    assert quality["rows"][0]["plan"] == "dp48 tp1 pp1 z1" and quality["rows"][0]["gain_pct"] == 5.0
+    loop = RESULTS["parse_closed_loop"](
+        "\nfresh profile out/p.toml, no calibration\nplan   predicted ms   measured ms   error %\n"
+        "single_fp32  10.0  11.0  -9.1\nMAPE 9.1%   max |error| 9.1%   Spearman nan   (1 plans)\n"
+        "\nthe passes of a plan lie 2.5 % apart (median; single_fp32 2.5 % at most): noise\n\n300 s; command: x\n")
+    assert loop["tables"] == [{"label": "fresh profile out/p.toml, no calibration", "mape_pct": 9.1, "max_pct": 9.1,
+                               "spearman": "nan", "plans": 1}]
+    assert loop["pass_spread_pct"] == 2.5 and loop["wall_s"] == 300
+
+
+def test_readme_is_short_has_few_dates_and_the_two_set_up_commands():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 300
+    assert len(re.findall(r"\b20\d\d-\d\d-\d\d\b", text)) <= 5
+    assert "bash scripts/setup.sh && planner search --model llama-70b --cluster 8x8xA100" in text
+    assert "bash scripts/setup.sh && python3 -m pytest -q" in text
+    assert (ROOT / ".ci" / "run").read_text().strip().endswith("bash scripts/setup.sh && python3 -m pytest -q")
