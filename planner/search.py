@@ -309,11 +309,13 @@ def _result(shared: SharedModels, options: SearchOptions, stats: SearchStats, fo
     best = sorted(chosen, key=lambda f: f.estimate.step_time_s)[:VARIANTS_OF]
     variants = [f for f in _simulated_variants(shared, options, best) if f.estimate.fits]
     chosen += variants
-    fastest = min(chosen, key=lambda f: f.estimate.step_time_s) if chosen else None
+    # the proof line names the fastest of every simulated plan, not only of the decision's
+    fastest = min(fitting + variants, key=lambda f: f.estimate.step_time_s, default=None)
     ordered, equivalent = robust_first(rank(chosen, replace(options, top_k=len(chosen))),
                                        options.error_band if options.objective == "time" else 0.0)
     first = ordered[:equivalent]
-    rest = rank([f for f in fitting + variants if id(f) not in {id(c) for c in first}], options)
+    shown = {id(f) for f in first}
+    rest = rank([f for f in fitting + variants if id(f) not in shown], options)
     plans = one_row_per_price(_union(first, rest))   # the decision's and the table's rows, each price once
     return SearchResult(plans=plans[:options.top_k], stats=stats, evaluated=evaluated + variants, closest=closest,
                         equivalent=equivalent, error_band=options.error_band, fastest=fastest,
