@@ -2,8 +2,8 @@
 
 The same plan runs at different speeds under different software. A published run is priced with
 the traits of the framework that ran it (`planner validate`); `search` and `predict` price plans
-with `RUNTIME`, this project's own executor, because `planner run` is what runs the plans they
-emit. A framework name the table does not know gets `GENERIC` (never an error): the plain
+with `RUNTIME`, this project's own executor (`planner run`), unless `--framework` names the
+framework that will run them (planner.targets: its space and these traits). A framework name the table does not know gets `GENERIC` (never an error): the plain
 assumptions of the cost model with nothing hidden that a plain implementation would not hide.
 
 Each trait is a mechanism with its source, not a per-framework fudge factor:
@@ -32,7 +32,7 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   the fp32 shard plus a whole 16-bit copy held from forward to backward.
 - `vendor_attention`: attention through Transformer Engine (cuDNN fused attention, FlashAttention-3
   class on Hopper) rather than PyTorch's FlashAttention-2 SDPA: the device's
-  `vendor_attention_speedup` applies (`device_as_run_by`).
+  `vendor_attention_speedup` applies (costmodel.hardware.run_by).
 - `tp_keeps_gathered_input`: under sequence parallelism, whether the column-parallel projections
   keep their all-gathered (whole-sequence) input for the weight gradient. torch's DTensor TP
   (`PrepareModuleInput` from `Shard(1)` to `Replicate()`, then `nn.Linear`) does: autograd saves
@@ -132,10 +132,6 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from costmodel.hardware import DeviceProfile
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -218,13 +214,3 @@ def attention_speedup(traits: FrameworkTraits, vendor_speedup: float) -> float:
     """What a framework's attention gains over FlashAttention-2: the device's vendor speedup
     where it calls the vendor's kernel (`vendor_attention`), else nothing."""
     return vendor_speedup if traits.vendor_attention else 1.0
-
-
-def device_as_run_by(device: "DeviceProfile", traits: FrameworkTraits) -> "DeviceProfile":
-    """The device as a framework's kernels use it: its vendor attention where the framework
-    calls it (the only device-side trait so far)."""
-    speedup = attention_speedup(traits, device.efficiency.vendor_attention_speedup)
-    if speedup == 1.0:
-        return device
-    eff = replace(device.efficiency, attention=device.efficiency.attention * speedup)
-    return replace(device, efficiency=eff)

@@ -24,7 +24,7 @@ from costmodel.check import (
 from costmodel.fidelity import MODEL_ERROR_BAND
 from costmodel.groups import group_orders, placement_problems, places_replicas, views
 from costmodel.hardware import ClusterSpec
-from costmodel.plan import Recompute, Schedule, default_schedule
+from costmodel.plan import Plan, Recompute, Schedule, default_schedule
 from costmodel.rank_time import Spans, link_costs, spans
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.space import Choice, degrees_plan, divisors
@@ -66,6 +66,21 @@ def states_for_group(states: States, sharded: bool) -> bool:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class FrameworkSpace:
+    """What a framework other than our runtime can run (planner.targets builds it from the
+    export target's rules): the rank orders it lays out, how it splits layers over pipeline
+    stages and recomputes them, and its verdict on a whole plan (the changes its export would
+    have to make; none for a plan it runs as it is)."""
+
+    name: str
+    mesh_orders: tuple[tuple[str, ...], ...]   # outermost first; any order with the same layout
+    split: str = "free"   # free | even (even_layers) | even_inner (first and last stage apart, vpp 1)
+    recompute_counts: str = "free"   # free (any per rank) | block (the first k of every virtual stage) | all
+    sequence_parallel: bool = True   # whether it has SP (without, SP cannot dominate TP without it)
+    problems: Callable[[Plan], list[str]] = lambda plan: []
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class SearchOptions:
     top_k: int = 5
     max_tp: int | None = None  # None: devices per node (TP across nodes is never competitive)
@@ -80,31 +95,43 @@ class SearchOptions:
     # leave-one-source-out error, costmodel.fidelity); the most robust of them is shown first
     error_band: float = MODEL_ERROR_BAND
     progress: Callable[[str], None] | None = None
+    # the framework that will run the plan when not our runtime (planner.targets)
+    space: FrameworkSpace | None = None
 
 
-def _placements(degrees: dict[str, int], cluster: ClusterSpec) -> list[tuple[tuple[str, ...], Spans]]:
+def _placements(degrees: dict[str, int], cluster: ClusterSpec,
+                space: FrameworkSpace | None = None) -> list[tuple[tuple[str, ...], Spans]]:
     """One mesh order per distinct placement of the groups (its spans); on a mixed cluster the
-    pipeline axis outermost."""
+    pipeline axis outermost; under a framework, only the orders it lays ranks out by."""
     placed: dict[Spans, tuple[str, ...]] = {}
+    layouts = None if space is None else {_layout(o, degrees) for o in space.mesh_orders}
     for order in itertools.permutations(("pp", "dp", "cp", "tp")):
         if cluster.is_mixed and order[0] != "pp":
             continue
+        if layouts is not None and _layout(order, degrees) not in layouts:
+            continue
         placed.setdefault(spans(degrees_plan(**degrees, mesh_axis_order=order), cluster), order)
     return [(order, sp) for sp, order in placed.items()]
+
+
+def _layout(order: tuple[str, ...], degrees: dict[str, int]) -> tuple[str, ...]:
+    """The axes of more than one rank in `order`: orders with the same layout place ranks alike."""
+    return tuple(a for a in order if degrees[a] > 1)
 
 
 def _distinct_orders(degrees: dict[str, int], cluster: ClusterSpec) -> list[tuple[str, ...]]:
     return [order for order, _ in _placements(degrees, cluster)]
 
 
-def _orders(degrees: dict[str, int], cluster: ClusterSpec) -> list[tuple[str, ...]]:
+def _orders(degrees: dict[str, int], cluster: ClusterSpec,
+            space: FrameworkSpace | None = None) -> list[tuple[str, ...]]:
     """Mesh axis orders worth pricing: one per distinct placement of the groups, and none whose
     every link is at least as slow as another's (costmodel.rank_time.link_costs: such a placement
     cannot give a faster plan, and memory does not depend on placement). On a mixed cluster the
     pipeline axis stays outermost (each stage a run of whole nodes of one group,
     costmodel.groups), and a link must be no slower on every group's profile."""
     items = [(order, tuple(c for view in views(cluster) for c in link_costs(sp, view)))
-             for order, sp in _placements(degrees, cluster)]
+             for order, sp in _placements(degrees, cluster, space)]
     out = []
     for i, (order, costs) in enumerate(items):
         # dominated: another is no slower anywhere, and faster somewhere or listed first
@@ -223,9 +250,10 @@ def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8,
     # offloaded activations are an alternative to recomputation (costmodel.check)
     modes = [mode for mode in modes if not activation_offload_problems(cluster, act, mode, Schedule.ONE_F_ONE_B, tp)]
     # SP dominates no-SP: the same collective volume (AG + RS = AR), less memory, less elementwise work
-    sps = dominant(options, "sequence_parallel", [True, False] if not sp_problems(train, tp, cp) else [False], True)
+    sps = dominant(options, "sequence_parallel", [True, False] if not sp_problems(train, tp, cp) else [False],
+                   True if options.space is None or options.space.sequence_parallel else False)
     sps = [sp for sp in sps if not moe_tp_problem(model, tp, sp)]
-    orders = _orders({"tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep}, cluster)
+    orders = _orders({"tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep}, cluster, options.space)
     group_orders = _group_orders(cluster, options, tp, cp, pp, dp)
     if not group_orders:
         return

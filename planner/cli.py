@@ -25,7 +25,7 @@ from planner.args import (
     positive_float,
     refuse_repeated,
 )
-from planner.commands.common import add_plan_args, add_train_args
+from planner.commands.common import add_framework_arg, add_plan_args, add_train_args
 from planner.commands.listing import cmd_devices, cmd_models
 from planner.commands.predict import EPILOG_PREDICT, cmd_predict
 from planner.commands.report import cmd_report
@@ -46,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("predict", help="estimate one plan: step time ledger and memory per stage",
                        epilog=EPILOG_PREDICT, formatter_class=raw)
     add_train_args(p)
+    add_framework_arg(p)
     add_plan_args(p)
     p.add_argument("--plan", help="read the plan and its specs from plan.json instead")
     p.add_argument("--out", help="write the plan with its specs to this plan.json")
@@ -62,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
   planner search --model llama-70b --cluster 8x8xA100 --objective memory --json
   planner search --model llama-70b --cluster 4x8xA100+4x8xH100 --report out/mixed   (a mixed cluster)""")
     add_train_args(p)
+    add_framework_arg(p)
     from planner.commands.search import add_search_args
     add_search_args(p)
     add_failure_args(p)

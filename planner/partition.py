@@ -12,7 +12,9 @@ affine); the model here minimises exactly what `estimate` computes:
     + max_r(optimizer_r + host_r + tp_replica_sync_r)   (+ a constant: tied-embedding sync)
 
 in integer nanoseconds. Within a rank, interleaved virtual stages get an even split (the model
-prices a rank by its totals only).
+prices a rank by its totals only). A framework other than our runtime narrows the split
+(`SplitRules`: equal stages, the first k layers of every virtual stage recomputed, ...); the
+bounds of the free split stay valid lower bounds of the narrowed one.
 """
 from __future__ import annotations
 
@@ -52,13 +54,63 @@ class Split:
     optimal: bool
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SplitRules:
+    """How a framework splits layers and recomputes them (planner.candidates.FrameworkSpace):
+    split free | even (costmodel.plan.even_layers) | even_inner (stages between the first and
+    the last equal; one virtual stage per rank, else even); recompute_counts free | block (the
+    first k layers of every virtual stage, k the same everywhere: Megatron's block method) | all."""
+
+    split: str = "free"
+    recompute_counts: str = "free"
+
+
+FREE = SplitRules()
+
+
 class SolverTimeout(Exception):
     """CP-SAT ran out of time before finding any split (not a proof that none fits)."""
 
 
-def _scan_single_rank(shape: RankShape, plan: Plan, total: int, cap: float, cutoff_s: float) -> Split | None:
-    """pp = 1: the whole objective is a function of n alone; try every n (exact, no solver)."""
-    choices = [0] if plan.recompute is Recompute.NONE else range(1, total + 1)
+def _recomputes_all(plan: Plan, rules: SplitRules) -> bool:
+    """Whether every layer of the plan's recompute mode is recomputed: the framework's rule, or
+    selective recomputation under the block method (Megatron applies it to every layer)."""
+    if plan.recompute is Recompute.NONE:
+        return False
+    return rules.recompute_counts == "all" or (rules.recompute_counts == "block"
+                                               and plan.recompute is Recompute.SELECTIVE)
+
+
+def _narrow(cm: cp_model.CpModel, plan: Plan, rules: SplitRules, L, n, total: int) -> None:
+    """The framework's rules on the split (`SplitRules`) as constraints."""
+    pp, v = plan.pp, plan.vpp
+    if rules.split == "even" or (rules.split == "even_inner" and v > 1):
+        for r, layers in enumerate(even_layers(total, pp)):
+            cm.Add(L[r] == layers)
+    elif rules.split == "even_inner":
+        for r in range(2, pp - 1):
+            cm.Add(L[r] == L[1])
+    if _recomputes_all(plan, rules):
+        for r in range(pp):
+            cm.Add(n[r] == L[r])
+    elif rules.recompute_counts == "block" and plan.recompute is not Recompute.NONE:
+        k = cm.NewIntVar(1, total, "k")   # the first k layers of every virtual stage
+        for r in range(pp):
+            if v == 1:
+                cm.AddMinEquality(n[r], [k, L[r]])
+            else:   # equal virtual stages (the even split above)
+                cm.Add(n[r] == v * k)
+                cm.Add(k * v <= L[r])
+
+
+def _scan_single_rank(shape: RankShape, plan: Plan, total: int, cap: float, cutoff_s: float,
+                      all_layers: bool = False) -> Split | None:
+    """pp = 1: the whole objective is a function of n alone; try every n (exact, no solver);
+    `all_layers`: the framework recomputes every layer or none."""
+    if plan.recompute is Recompute.NONE:
+        choices = [0]
+    else:
+        choices = [total] if all_layers else range(1, total + 1)
     best = None
     for n in choices:
         if shape.memory.at(total, n) > cap:
@@ -78,7 +130,8 @@ def _ns(x: float) -> int:
 
 def solve_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan,
                 time_limit_s: float = 10.0, ranks: list[RankShape] | None = None,
-                cutoff_s: float = math.inf, fit: MemoryFit | None = None) -> Split | None:
+                cutoff_s: float = math.inf, fit: MemoryFit | None = None,
+                rules: SplitRules = FREE) -> Split | None:
     """The best (layers, recomputed) per rank for `plan`'s outer choices, or None if no split
     fits with a step time of at most `cutoff_s` (the branch and bound's K-th best so far: the
     solver then only has to show nothing beats it). The objective leaves out the plan's
@@ -89,7 +142,7 @@ def solve_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
     if not fit.fits:
         return None
     if plan.pp == 1:
-        return _scan_single_rank(ranks[0], plan, total, fit.caps[0], cutoff_s)
+        return _scan_single_rank(ranks[0], plan, total, fit.caps[0], cutoff_s, _recomputes_all(plan, rules))
     cm = cp_model.CpModel()
     L = [cm.NewIntVar(v, total, f"L{r}") for r in range(plan.pp)]
     n = [cm.NewIntVar(0, total, f"n{r}") for r in range(plan.pp)]
@@ -103,6 +156,7 @@ def solve_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
         cm.Add(sum(n) == 0)
     else:
         cm.Add(sum(n) >= 1)
+    _narrow(cm, plan, rules, L, n, total)
     t_vars, f_vars, dp_vars, opt_vars = [], [], [], []
     for r, rs in enumerate(ranks):
         mem = rs.memory

@@ -39,7 +39,7 @@ from planner.candidates import (
     states_for_group,
     time_groups,
 )
-from planner.partition import SolverTimeout, apply_split, solve_split
+from planner.partition import FREE, SolverTimeout, SplitRules, apply_split, solve_split
 from planner.ranking import DECISION_K, closer, decision_band, kth_best_s, one_row_per_price, rank, robust_first
 from planner.search_state import Found, SearchResult, SearchStats, SharedModels
 from planner.shapes import rank_shapes
@@ -227,19 +227,23 @@ def _memory_entry(shared: SharedModels, stats: SearchStats, base: Choice, vpp: i
     """The candidate's memory fit and a plan of it, built and checked on the first visit of its
     placement-free choice; None when the plan is structurally invalid."""
     entry = shared.memory(base, vpp, schedule, zero)
-    if entry is not None:
-        return entry
-    try:
-        plan = build_plan(shared.model, shared.train, shared.cluster,
-                          replace(base, **STATE_OPTIONS[zero]._asdict(), vpp=vpp, schedule=schedule))
-    except ValueError:
-        stats.prune("does not divide")
+    if entry is None:
+        try:
+            plan = build_plan(shared.model, shared.train, shared.cluster,
+                              replace(base, **STATE_OPTIONS[zero]._asdict(), vpp=vpp, schedule=schedule))
+        except ValueError:
+            stats.prune("does not divide")
+            return None
+        problems = check_structure(shared.model, shared.train, shared.cluster, plan)
+        if problems:
+            stats.prune(problems[0].split(" (")[0][:60])
+            return None
+        entry = shared.add_memory(base, plan)
+    space = shared.options.space
+    if space is not None and (changes := space.problems(replace(entry[1], mesh_axis_order=base.mesh_axis_order))):
+        stats.prune(f"{space.name} cannot run: {changes[0].split(':')[0][:50]}")
         return None
-    problems = check_structure(shared.model, shared.train, shared.cluster, plan)
-    if problems:
-        stats.prune(problems[0].split(" (")[0][:60])
-        return None
-    return shared.add_memory(base, plan)
+    return entry
 
 
 def _examine(shared: SharedModels, stats: SearchStats, base: Choice, zero: int, plan: Plan, fit: MemoryFit,
@@ -260,7 +264,7 @@ def _examine(shared: SharedModels, stats: SearchStats, base: Choice, zero: int, 
         return False
     try:
         split = solve_split(model, train, cluster, plan, ranks=shapes, cutoff_s=cutoff, fit=fit,
-                            time_limit_s=max(1.0, deadline - time.perf_counter()))
+                            time_limit_s=max(1.0, deadline - time.perf_counter()), rules=_rules(shared.options))
     except SolverTimeout:
         stats.optimal = False
         stats.prune("solver time limit")
@@ -273,11 +277,19 @@ def _examine(shared: SharedModels, stats: SearchStats, base: Choice, zero: int, 
         return False
     stats.optimal &= split.optimal
     concrete = apply_split(plan, split)
+    space = shared.options.space
+    if space is not None and (changes := space.problems(concrete)):   # the split rules and the export disagree
+        raise RuntimeError(f"the split solved for {space.name} is not one it runs ({concrete.short()}): {changes[0]}")
     est = estimate(model, train, cluster, concrete, simulate=False)
     if not est.fits:  # integer rounding at the very edge
         return None
     stats.num_feasible += 1
     return Found(plan=concrete, estimate=est)
+
+
+def _rules(options: SearchOptions) -> SplitRules:
+    space = options.space
+    return FREE if space is None else SplitRules(split=space.split, recompute_counts=space.recompute_counts)
 
 
 def _result(shared: SharedModels, options: SearchOptions, stats: SearchStats, found: list[Found],
@@ -345,6 +357,8 @@ def _simulated_variants(shared: SharedModels, options: SearchOptions, ranked: li
                 continue
             variant = under_schedule(model, f.plan, schedule)
             if variant in seen or check_structure(model, train, cluster, variant):
+                continue
+            if options.space is not None and options.space.problems(variant):
                 continue
             seen.add(variant)
             out.append(Found(plan=variant, estimate=estimate(model, train, cluster, variant)))

@@ -75,7 +75,7 @@ class SharedModels:
     pipeline sends), the ZeRO floor, and the memory shapes (they do not depend on placement)."""
 
     def __init__(self, model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: SearchOptions) -> None:
-        self.model, self.train, self.cluster = model, train, cluster
+        self.model, self.train, self.cluster, self.options = model, train, cluster, options
         self.zero_allowed = states_allowed(options, cluster)   # per STATE_OPTIONS entry
         self._times: dict[tuple, TimedChoice] = {}
         self._zero: dict[tuple, float] = {}

@@ -73,7 +73,7 @@ def summary_lines(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan
     return "\n".join([
         f"model    {model.name}   train seq {train.seq_len} x global batch {train.global_batch_size} "
         f"({train.compute_dtype}, {train.optimizer}, {train.attention_kernel} attention)",
-        f"cluster  {cluster.name} ({cluster.world_size} devices)",
+        f"cluster  {cluster.name} ({cluster.world_size} devices)   priced as {cluster.framework.name} runs plans",
         f"plan     {plan.short()}   layers/stage {list(plan.layers_per_stage)}   "
         f"mesh {'>'.join(plan.mesh_axis_order)}",
         *(f"groups   {line}" for line in placement_lines(plan, cluster, train.global_batch_size)),

@@ -11,6 +11,7 @@ from costmodel.hardware.clusters import (
     cluster_from_dict,
     mixed_cluster,
     parse_cluster,
+    run_by,
 )
 from costmodel.hardware.fabric import Fabric, FabricSpec, fabric_graph
 from costmodel.hardware.profile_check import profile_problems
@@ -45,4 +46,4 @@ __all__ = [
     "OPTIONAL_DTYPE_FIELDS", "PROBE_FIT_VERSION", "PROFILE_FORMAT_VERSION", "PROFILE_KEYS", "RING_COLLECTIVES",
     "ClusterSpec", "DeviceGroup", "DeviceProfile", "Efficiency", "Fabric", "FabricSpec", "HostSpec", "NetworkTier",
     "cluster_from_dict", "fabric_graph", "fsdp_sync_key", "known_profiles", "load_profile", "local_profile",
-    "mixed_cluster", "parse_cluster", "parse_profile", "profile_dir", "profile_problems", "resolve_device", "sdpa_key"]
+    "mixed_cluster", "parse_cluster", "parse_profile", "profile_dir", "profile_problems", "resolve_device", "run_by", "sdpa_key"]

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from costmodel import inputs
-from costmodel.frameworks import RUNTIME, FrameworkTraits, traits_on
+from costmodel.frameworks import FRAMEWORKS, RUNTIME, FrameworkTraits, attention_speedup, traits_on
 from costmodel.hardware.profile_io import profile_dir, resolve_device
 from costmodel.hardware.records import DEFAULT_MEMORY_HEADROOM, DeviceProfile, HostSpec, NetworkTier
 from costmodel.inputs import UserError
@@ -126,11 +126,27 @@ class ClusterSpec:
                "device": _device_ref(self.device)}
         if self.memory_headroom != DEFAULT_MEMORY_HEADROOM:   # only off the default: readers without the key read it
             out["memory_headroom"] = self.memory_headroom
+        if self.framework.name != RUNTIME.name:   # the software it is priced for, when not our runtime
+            out["framework"] = self.framework.name
         if self.groups:   # nor these, for a uniform cluster
             out["groups"] = [{"num_nodes": g.num_nodes, "device": _device_ref(g.device)} for g in self.groups]
             assert self.group_link is not None
             out["group_link_bytes_per_s"] = self.group_link.bandwidth_bytes_per_s
         return out
+
+
+def run_by(cluster: ClusterSpec, traits: FrameworkTraits) -> ClusterSpec:
+    """The cluster as a framework drives it: its traits, and the device as its kernels use it
+    (the vendor attention the framework calls, costmodel.frameworks.attention_speedup; the
+    speedup of the cluster's present framework is taken off first, so this composes)."""
+    if cluster.groups:
+        raise AssertionError("a mixed cluster is priced for the included runtime only")
+    dev = cluster.device
+    speedup = dev.efficiency.vendor_attention_speedup
+    factor = attention_speedup(traits, speedup) / attention_speedup(cluster.framework, speedup)
+    if factor != 1.0:
+        dev = replace(dev, efficiency=replace(dev.efficiency, attention=dev.efficiency.attention * factor))
+    return replace(cluster, device=dev, framework=traits)
 
 
 def _device_ref(dev: DeviceProfile) -> str:
@@ -217,20 +233,26 @@ def mixed_cluster(groups: list[DeviceGroup], devices_per_node: int, link_bytes_p
 
 
 def cluster_from_dict(data: Any, where: str = "cluster") -> ClusterSpec:
-    required, optional = {"num_nodes", "devices_per_node", "device"}, {"memory_headroom", "groups",
-                                                                       "group_link_bytes_per_s"}
+    required = {"num_nodes", "devices_per_node", "device"}
+    optional = {"memory_headroom", "groups", "group_link_bytes_per_s", "framework"}
     if not isinstance(data, dict) or not required <= set(data) <= required | optional:
         raise UserError(f"{where}: expected an object with keys num_nodes, devices_per_node, device "
-                         f"(and optionally memory_headroom; groups and group_link_bytes_per_s for a mixed "
-                         f"cluster); got {sorted(data) if isinstance(data, dict) else data!r}")
+                         f"(and optionally memory_headroom, framework; groups and group_link_bytes_per_s for "
+                         f"a mixed cluster); got {sorted(data) if isinstance(data, dict) else data!r}")
     try:
         headroom = inputs.value(data, "memory_headroom", float, where, DEFAULT_MEMORY_HEADROOM)
         per_node = inputs.positive_field(data, "devices_per_node", where)
         if "groups" in data or "group_link_bytes_per_s" in data:
+            if "framework" in data:
+                raise UserError(f"{where}: framework: a mixed cluster is priced for the included runtime only")
             return _mixed_from_dict(data, where, per_node, headroom)
-        return ClusterSpec(device=resolve_device(inputs.value(data, "device", str, where)),
-                           num_nodes=inputs.positive_field(data, "num_nodes", where),
-                           devices_per_node=per_node, memory_headroom=headroom)
+        cluster = ClusterSpec(device=resolve_device(inputs.value(data, "device", str, where)),
+                              num_nodes=inputs.positive_field(data, "num_nodes", where),
+                              devices_per_node=per_node, memory_headroom=headroom)
+        name = inputs.value(data, "framework", str, where, RUNTIME.name)
+        if name not in FRAMEWORKS:
+            raise UserError(f"{where}: framework {name!r} is not one of {', '.join(sorted(FRAMEWORKS))}")
+        return cluster if name == RUNTIME.name else run_by(cluster, FRAMEWORKS[name])
     except ValueError as exc:   # a profile's own errors name their file; the device's are ours
         text = str(exc)
         raise UserError(text if text.startswith(where) else f"{where}: {text}") from None

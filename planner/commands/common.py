@@ -65,6 +65,20 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                         f"NCCL and allocator fragmentation the profile counts (default {DEFAULT_MEMORY_HEADROOM})")
 
 
+def add_framework_arg(p: argparse.ArgumentParser) -> None:
+    from planner.targets import NAMES
+    p.add_argument("--framework", choices=NAMES, default=None,
+                   help="the framework that will run the plan: planner (the included runtime, `planner run`; "
+                        "the default), megatron (Megatron-LM on Megatron-Core), torchtitan or deepspeed. Plans "
+                        "are then only those it runs as they are (its schedules, layer splits, recomputation, "
+                        "ZeRO stages, rank orders), priced as it runs them (costmodel/frameworks.py)")
+
+
+def framework_of(args: argparse.Namespace) -> str:
+    from planner.targets import PLANNER
+    return getattr(args, "framework", None) or PLANNER
+
+
 def add_plan_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("plan (omitted degrees default to 1; --dp defaults to world/(tp*pp*cp))")
     g.add_argument("--dp", type=positive_int)
@@ -112,6 +126,8 @@ def specs_from_args(args: argparse.Namespace) -> tuple[ModelSpec, TrainSpec, Clu
     link = None if args.group_link is None else args.group_link * 1e9
     model, cluster = resolve_model(args.model), parse_cluster(args.cluster, link)
     cluster = dataclasses.replace(cluster, memory_headroom=args.memory_headroom)
+    from planner.targets import cluster_for
+    cluster = cluster_for(framework_of(args), cluster)
     seq, batch = default_recipe(model)
     float8 = args.dtype == FP8
     if float8 and (problem := next(filter(None, (float8_device_problem(v.device) for v in views(cluster))), None)):

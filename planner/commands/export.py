@@ -16,6 +16,7 @@ from costmodel.units import GIB
 from planner import outputs
 from planner.args import add_overwrite_arg
 from planner.exports import TARGETS, Export, export_plan
+from planner.targets import name_for
 
 EPILOG = """examples:
   planner export plan.json --to torchtitan --out job.toml
@@ -26,7 +27,9 @@ EPILOG = """examples:
 Each target gets the plan as it can say it: where it cannot (a schedule it lacks, per-rank
 recomputation, an uneven split, a ZeRO stage, context parallelism...), the export says so line by
 line and writes the nearest plan that target runs, priced as that framework runs it (its traits
-in costmodel/frameworks.py). A plan with no runnable nearest plan is refused in one line."""
+in costmodel/frameworks.py). A plan with no runnable nearest plan is refused in one line.
+A plan searched for the target (`planner search --framework T`, or `--export T`) is written as
+it is: the search held only plans T runs."""
 
 
 def add_export_args(p: argparse.ArgumentParser) -> None:
@@ -89,6 +92,10 @@ def summary_lines(result: Export, pf: PlanFile, out: Path | None) -> list[str]:
                  + ("" if result.plan == pf.plan else
                     f"; the plan itself there: {planned.step_time_s:.3f} s ({change:+.1f}% for the export)"))
     lines.append(f"launch: {result.launch}")
+    if result.plan != pf.plan:
+        lines.append(f"the plan was searched for {name_for(pf.cluster.framework)}, so this is the plan nearest to it, "
+                     f"not {result.target}'s own best: `planner search ... --framework {result.target}` "
+                     f"(or --export {result.target}) searches what {result.target} runs")
     if out is not None:
         lines.append(f"wrote {out}")
     return lines

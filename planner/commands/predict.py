@@ -14,10 +14,11 @@ from planner import outputs
 from planner.args import failures_from_args, refuse_ignored
 from planner.commands.common import choice_from_args, emit_json, specs_from_args
 from planner.space import build_plan
+from planner.targets import name_for, refuse_unless_runs
 
 # predict --plan takes all of these from the file
 SPEC_AND_PLAN_FLAGS = {"model", "cluster", "seq_len", "global_batch", "dtype", "grad_dtype", "attention",
-                       "memory_headroom", "dp", "tp", "pp", "cp", "zero", "recompute", "recompute_layers",
+                       "memory_headroom", "framework", "dp", "tp", "pp", "cp", "zero", "recompute", "recompute_layers",
                        "sp", "mbs", "vpp", "schedule", "mesh_order", "offload_optimizer", "offload_activations"}
 
 
@@ -43,13 +44,15 @@ def cmd_predict(args: argparse.Namespace) -> int:
     problems = check_structure(model, train, cluster, plan)
     if problems:
         raise UserError("invalid plan: " + "; ".join(problems))
+    refuse_unless_runs(name_for(cluster.framework), model, train, cluster, plan)
     est = estimate(model, train, cluster, plan)
     if out:
         PlanFile(plan=plan, model=model, train=train, cluster=cluster).save(out)
         print(f"wrote {out}", file=sys.stderr)
     if args.json:
         from costmodel.resilience import checkpoint_cost
-        emit_json({"plan": plan.to_dict(), "estimate": est.to_dict(), "error_band": MODEL_ERROR_BAND,
+        emit_json({"plan": plan.to_dict(), "framework": name_for(cluster.framework), "estimate": est.to_dict(),
+                   "error_band": MODEL_ERROR_BAND,
                     "checkpoint": checkpoint_cost(model, train, cluster.world_size, est.step_time_s,
                                                   est.tokens_per_s, failures_from_args(args)).to_dict()})
     else:

@@ -20,7 +20,7 @@ from planner.args import (
     positive_int,
     refuse_ignored,
 )
-from planner.commands.common import emit_json, specs_from_args, write_report_dir
+from planner.commands.common import emit_json, framework_of, specs_from_args, write_report_dir
 from planner.search import (
     Found,
     SearchOptions,
@@ -178,7 +178,8 @@ def check_outputs(args: argparse.Namespace) -> None:
 
 
 def run_search(args: argparse.Namespace, model, train, cluster) -> SearchResult:
-    options = parse_options(args)
+    from planner.targets import options_for
+    options = options_for(framework_of(args), model, train, cluster, parse_options(args))
     result = search(model, train, cluster, options)
     if not result.plans:
         if not result.stats.optimal:
@@ -203,6 +204,11 @@ def cmd_search(args: argparse.Namespace) -> int:
     from costmodel.resilience import checkpoint_cost
 
     check_outputs(args)
+    if args.export:   # the plan searched for the framework it is exported to
+        if args.framework not in (None, args.export):
+            raise UserError(f"contradictory flags: --export {args.export} writes a plan for {args.export}, "
+                            f"--framework {args.framework} searches for another; give one")
+        args.framework = args.export
     model, train, cluster = specs_from_args(args)
     result = run_search(args, model, train, cluster)
     stats = result.stats
@@ -216,7 +222,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"plans": [{"plan": f.plan.to_dict(), "estimate": f.estimate.to_dict(),
                               "alternatives": [a.to_dict() for a in f.alternatives]} for f in result.plans],
-                    "search": {**stats.to_dict(), "equivalent_plans": result.equivalent,
+                    "search": {**stats.to_dict(), "framework": framework_of(args), "equivalent_plans": result.equivalent,
                                "error_band": result.error_band, "offloaded_because": result.offloaded_because,
                                "fastest": None if result.fastest is None else
                                {"plan": result.fastest.plan.to_dict(), "estimate": result.fastest.estimate.to_dict()}},

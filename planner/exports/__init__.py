@@ -28,6 +28,9 @@ def export_plan(pf: PlanFile, target: str) -> Export:
         raise CannotExport(f"unknown export target {target!r}; choose one of {', '.join(TARGETS)}")
     module = TARGETS[target]
     adjusted = module.nearest(pf)
+    if pf.cluster.framework.name == module.FRAMEWORK and adjusted.plan != pf.plan:
+        # searched for this target: its space held only plans it runs (planner.targets)
+        raise RuntimeError(f"a plan searched for {target} is not one it runs: {'; '.join(adjusted.differences)}")
     checked(pf, adjusted.plan, target)
     est = priced(pf, adjusted.plan, module.FRAMEWORK)
     if not est.fits and not (adjusted.plan.recompute is Recompute.FULL and recompute_is_uniform(adjusted.plan)):

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field, replace
 
 from costmodel.check import check_structure
 from costmodel.estimate import Estimate, estimate
-from costmodel.frameworks import device_as_run_by, framework_traits
+from costmodel.frameworks import framework_traits
+from costmodel.hardware import run_by
 from costmodel.inputs import UserError
 from costmodel.plan import Plan, PlanFile, Recompute, Schedule, even_layers
 from costmodel.units import GIB
@@ -50,9 +51,7 @@ class Export:
 
 def priced(pf: PlanFile, plan: Plan, framework: str) -> Estimate:
     """`plan` as the framework runs it: its traits (costmodel.frameworks) on the plan's cluster."""
-    traits = framework_traits(framework)
-    cluster = replace(pf.cluster, device=device_as_run_by(pf.cluster.device, traits), framework=traits)
-    return estimate(pf.model, pf.train, cluster, plan)
+    return estimate(pf.model, pf.train, run_by(pf.cluster, framework_traits(framework)), plan)
 
 
 def checked(pf: PlanFile, plan: Plan, target: str) -> None:

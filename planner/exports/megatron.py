@@ -6,7 +6,7 @@ What Megatron-LM cannot say of our plans, and the nearest it runs (each a line o
 - ZeRO-2/3 are Megatron-FSDP (`--use-megatron-fsdp`), which does not run under pipeline
   parallelism: with a pipeline they become ZeRO-1 (the distributed optimizer).
 - Layers: equal virtual stages, or (one chunk per rank) first and last stages of their own
-  size; any other split becomes the even one.
+  size; any other split becomes the even one (refused with virtual stages that cannot be equal).
 - Recomputation is per (virtual) stage and the same on every rank (`--recompute-num-layers` with
   the block method): per-rank counts become the largest of them on every rank.
 - Rank order: tp-cp-ep-dp-pp (the default) or tp-cp-ep-pp-dp (`--use-tp-pp-dp-mapping`); other
@@ -64,6 +64,10 @@ def nearest(pf: PlanFile) -> Adjusted:
         adj.change(f"zero {plan.zero_stage} with offloaded states: Megatron-FSDP cannot offload; the "
                    "distributed optimizer's states and step on the host (ZeRO-1)", zero_stage=1)
     if not _layers_expressible(adj.plan):
+        if adj.plan.vpp > 1 and layers % adj.plan.num_virtual_stages:
+            raise CannotExport(f"megatron cannot run this plan: its {adj.plan.num_virtual_stages} virtual stages "
+                               f"(pp x vpp) do not split the {layers} layers equally, as Megatron-LM's "
+                               "--num-layers-per-virtual-pipeline-stage needs")
         to_even_layers(adj, layers, f"layers per stage {list(adj.plan.layers_per_stage)}: Megatron-LM splits "
                                     "evenly (or sizes the first and last stage apart); even split")
     plan = adj.plan

@@ -18,8 +18,8 @@ from typing import Any
 
 from costmodel.check import check_plan, world_problem
 from costmodel.estimate import Estimate, estimate
-from costmodel.frameworks import device_as_run_by, framework_traits
-from costmodel.hardware import ClusterSpec, parse_cluster, profile_dir
+from costmodel.frameworks import framework_traits
+from costmodel.hardware import ClusterSpec, parse_cluster, profile_dir, run_by
 from costmodel.inputs import UserError, read_text
 from costmodel.plan import Plan, Recompute, Schedule
 from costmodel.registry import gpt_spec, llama_spec
@@ -181,10 +181,10 @@ def row_specs(row: dict[str, str]) -> tuple[ModelSpec, TrainSpec, ClusterSpec]:
     # judged against the hard limit (what CUDA reports, less the context and NCCL reserve): the
     # question is whether the run as published fits, not whether we would plan that close to
     # the edge; the headroom and fragmentation margins are for the plans we emit
-    traits = framework_traits(row.get("framework"))
-    device = device_as_run_by(cluster.device, traits)
+    cluster = run_by(cluster, framework_traits(row.get("framework")))
+    device = cluster.device
     hard = replace(device, efficiency=replace(device.efficiency, allocator_fragmentation=0.0))
-    return model, train, replace(cluster, device=hard, framework=traits, memory_headroom=0.0)
+    return model, train, replace(cluster, device=hard, memory_headroom=0.0)
 
 
 def _experts(row: dict[str, str], ffn: int) -> dict[str, int]:

@@ -47,6 +47,17 @@ PLANS["qwen3_tp2_pp2"] = ["--model", "QWEN3", "--cluster", "1x8xH100", "--tp", "
                           "--seq-len", "4096", "--global-batch", "64"]
 
 
+# plans searched for each target (`search --framework T --out`): a pipeline, so that the target's
+# layer split and recomputation rules are what the search solved under; exported as they are
+SEARCHED = ["--model", "llama3-8b", "--cluster", "1x8xH100", "--seq-len", "4096", "--global-batch", "64",
+            "--fix", "pp=4", "--fix", "recompute=full"]
+NAMES = [*PLANS, "searched"]
+
+
+def _path(paths: dict[str, Path], name: str, target: str) -> Path:
+    return paths[f"searched-{target}"] if name == "searched" else paths[name]
+
+
 @pytest.fixture(scope="module")
 def plan_paths(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("plans")
@@ -63,7 +74,19 @@ def plan_paths(tmp_path_factory) -> dict[str, Path]:
             doc["plan"]["layers_per_stage"] = UNEVEN[name]
             doc["plan"]["recompute_num_layers"] = UNEVEN[name]
             paths[name].write_text(json.dumps(doc))
+    for target in ("torchtitan", "megatron", "deepspeed"):
+        paths[f"searched-{target}"] = root / f"searched-{target}.json"
+        assert main(["search", *SEARCHED, "--framework", target, "--out", str(paths[f"searched-{target}"]),
+                     "--json"]) == 0, target
     return paths
+
+
+def _exact_if_searched(doc: dict, pf: PlanFile, name: str) -> None:
+    """A plan searched for the target is exported as it is: no change, and priced as planned."""
+    if name == "searched":
+        assert doc["plan"] == pf.plan.to_dict()
+        assert doc["estimate"]["step_time_s"] == pytest.approx(doc["planned"]["step_time_s"])
+        assert pf.plan.pp == 4 and pf.plan.recompute.value == "full"
 
 
 def _export(capsys, path: Path, target: str, out: Path) -> dict:
@@ -74,16 +97,17 @@ def _export(capsys, path: Path, target: str, out: Path) -> dict:
 
 # --- torchtitan -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", list(PLANS))
+@pytest.mark.parametrize("name", NAMES)
 def test_torchtitan_reads_the_job_file(plan_paths, tmp_path, capsys, name):
     config = pytest.importorskip("torchtitan.config", reason="torchtitan (test extra) is not installed")
     from torch.distributed.pipelining.schedules import get_schedule_class
     from torchtitan.distributed.parallel_dims import ParallelDims
-    pf = PlanFile.load(plan_paths[name])
+    pf = PlanFile.load(_path(plan_paths, name, "torchtitan"))
     if pf.model.arch != "llama":
         pytest.skip("torchtitan has no gpt model")
     out = tmp_path / "job.toml"
-    doc = _export(capsys, plan_paths[name], "torchtitan", out)
+    doc = _export(capsys, _path(plan_paths, name, "torchtitan"), "torchtitan", out)
+    _exact_if_searched(doc, pf, name)
     job = config.ConfigManager().parse_args(["--job.config_file", str(out)])   # unknown keys raise
     plan, p = doc["plan"], job.parallelism
     dims = ParallelDims(dp_replicate=p.data_parallel_replicate_degree, dp_shard=p.data_parallel_shard_degree,
@@ -154,7 +178,7 @@ def _megatron_args(text: str) -> dict[str, str | None]:
     return args
 
 
-@pytest.mark.parametrize("name", list(PLANS))
+@pytest.mark.parametrize("name", NAMES)
 def test_megatron_core_accepts_the_arguments(plan_paths, tmp_path, capsys, monkeypatch, name):
     pytest.importorskip("megatron.core", reason="megatron-core (test extra) is not installed")
     import dataclasses
@@ -165,8 +189,9 @@ def test_megatron_core_accepts_the_arguments(plan_paths, tmp_path, capsys, monke
     from megatron.core.optimizer import OptimizerConfig
     from megatron.core.transformer.transformer_config import TransformerConfig
     out = tmp_path / "run.sh"
-    doc = _export(capsys, plan_paths[name], "megatron", out)
-    pf, plan = PlanFile.load(plan_paths[name]), doc["plan"]
+    doc = _export(capsys, _path(plan_paths, name, "megatron"), "megatron", out)
+    pf, plan = PlanFile.load(_path(plan_paths, name, "megatron")), doc["plan"]
+    _exact_if_searched(doc, pf, name)
     args = _megatron_args(out.read_text())
     tc_fields = {f.name for f in dataclasses.fields(TransformerConfig)}
     ddp_fields = {f.name for f in dataclasses.fields(DistributedDataParallelConfig)}
@@ -232,7 +257,7 @@ def _typed(value: str):
 
 # --- DeepSpeed ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", list(PLANS))
+@pytest.mark.parametrize("name", NAMES)
 def test_deepspeed_reads_the_config(plan_paths, tmp_path, capsys, monkeypatch, name):
     pytest.importorskip("deepspeed", reason="deepspeed (test extra) is not installed")
     from types import SimpleNamespace
@@ -242,8 +267,9 @@ def test_deepspeed_reads_the_config(plan_paths, tmp_path, capsys, monkeypatch, n
     # no process group here: rank 0 of a job whose data-parallel size the mpu below gives
     monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)
     out = tmp_path / "ds_config.json"
-    doc = _export(capsys, plan_paths[name], "deepspeed", out)
+    doc = _export(capsys, _path(plan_paths, name, "deepspeed"), "deepspeed", out)
     plan = doc["plan"]
+    _exact_if_searched(doc, PlanFile.load(_path(plan_paths, name, "deepspeed")), name)
     # DeepSpeed's batch arithmetic over its data-parallel ranks, its ZeRO, TP and precision models
     config = DeepSpeedConfig(str(out), mpu=SimpleNamespace(get_data_parallel_world_size=lambda: plan["dp"]))
     assert config.train_batch_size == plan["dp"] * plan["micro_batch_size"] * plan["num_micro_batches"]

@@ -40,8 +40,9 @@ ON_DEVICE = [(z, False) for z in range(4)]
 OFFLOADED = [(z, True) for z in range(1, 4)]
 
 
-def brute_force_best(model, train, cluster, states=ON_DEVICE, acts=(False,), group_orders=((),)):
-    """`group_orders`: a mixed cluster's orders of its groups along the ranks (Plan.group_order)."""
+def brute_force_best(model, train, cluster, states=ON_DEVICE, acts=(False,), group_orders=((),), keep=None):
+    """`group_orders`: a mixed cluster's orders of its groups along the ranks (Plan.group_order);
+    `keep`: only the plans it accepts (a framework's, planner.targets)."""
     world, best = cluster.world_size, None
     for tp, cp, pp in itertools.product(divisors(world), repeat=3):
         if tp * cp * pp > world or world % (tp * cp * pp):
@@ -65,7 +66,8 @@ def brute_force_best(model, train, cluster, states=ON_DEVICE, acts=(False,), gro
                                       for r in range(pp)]
                             for counts, groups in itertools.product(itertools.product(*ranges), group_orders):
                                 plan = dataclasses.replace(base, recompute_num_layers=counts, group_order=groups)
-                                best = _better(model, train, cluster, plan, best)
+                                if keep is None or keep(plan):
+                                    best = _better(model, train, cluster, plan, best)
     for plan in _share_plans(model, train, cluster, states, acts) if cluster.is_mixed else ():
         best = _better(model, train, cluster, plan, best)
     return best

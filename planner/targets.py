@@ -1,0 +1,112 @@
+"""`--framework`: plans for the framework that will run them.
+
+`planner` (the default) is the included runtime: every plan the search knows, priced with its
+traits. `megatron`, `torchtitan` and `deepspeed` are the export targets (planner.exports): the
+search holds only the plans the target runs as they are, and prices them with the target's
+traits (costmodel.frameworks, the vendor attention it calls included). What a target runs is
+read from one place, its export module's `nearest`: a plan it would have to change is not in
+its space. The search narrows the space before that verdict where the rules are simple (the
+target's schedules, rank orders, layer splits and recomputation counts), so that CP-SAT solves
+only splits the target can say; the verdict is asked of every plan the search builds.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from types import ModuleType
+
+from costmodel.frameworks import FRAMEWORKS, RUNTIME, FrameworkTraits
+from costmodel.hardware import ClusterSpec, run_by
+from costmodel.inputs import UserError
+from costmodel.plan import Plan, PlanFile, Schedule
+from costmodel.specs import ModelSpec, TrainSpec
+from planner.candidates import FrameworkSpace, SearchOptions
+from planner.exports import TARGETS, CannotExport, deepspeed, megatron, torchtitan
+from planner.space import degrees_plan
+
+PLANNER = "planner"
+NAMES = (PLANNER, *TARGETS)
+
+# The schedules each target's pipeline runs (its export module's docstring says why)
+_SCHEDULES = {
+    "megatron": frozenset({Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED}),
+    "torchtitan": None,   # torch.distributed.pipelining: every schedule of ours
+    "deepspeed": frozenset({Schedule.ONE_F_ONE_B}),
+}
+# how each splits layers and recomputes them (planner.partition.SplitRules)
+_SPLITS = {
+    "megatron": ("even_inner", "block"),   # --decoder-first/last-pipeline-num-layers; --recompute-num-layers
+    "torchtitan": ("free", "all"),   # module names per stage; full activation checkpointing of every layer
+    "deepspeed": ("even", "all"),   # partition_method 'uniform'; every layer checkpointed
+}
+_ORDERS = {"megatron": (megatron.DEFAULT_ORDER, megatron.TP_PP_DP_ORDER), "torchtitan": (torchtitan.ORDER,),
+           "deepspeed": (deepspeed.ORDER,)}
+
+
+def traits_for(name: str) -> FrameworkTraits:
+    """How a `--framework` runs plans (costmodel.frameworks)."""
+    return RUNTIME if name == PLANNER else FRAMEWORKS[TARGETS[name].FRAMEWORK]
+
+
+def name_for(traits: FrameworkTraits) -> str:
+    """The `--framework` whose traits these are (a plan file's cluster records the traits)."""
+    return next((n for n in NAMES if traits_for(n).name == traits.name), PLANNER)
+
+
+def _module(name: str) -> ModuleType:
+    return TARGETS[name]
+
+
+def changes(name: str, model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> list[str]:
+    """What the framework would have to change of `plan` to run it (its export's `nearest`);
+    empty for a plan it runs as it is, and always for our runtime."""
+    if name == PLANNER:
+        return []
+    try:
+        adjusted = _module(name).nearest(PlanFile(plan=plan, model=model, train=train, cluster=cluster))
+    except CannotExport as exc:
+        return [str(exc)]
+    return list(adjusted.differences) if adjusted.plan != plan else []
+
+
+def cluster_for(name: str, cluster: ClusterSpec) -> ClusterSpec:
+    """The cluster as the framework drives it; a mixed cluster only by our runtime."""
+    if name == PLANNER:
+        return cluster
+    if cluster.is_mixed:
+        raise UserError(f"--framework {name}: a mixed cluster ({cluster.name}) is planned for the included "
+                        "runtime only (the frameworks' configurations assume one device kind)")
+    return run_by(cluster, traits_for(name))
+
+
+def options_for(name: str, model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
+                options: SearchOptions) -> SearchOptions:
+    """The search's options narrowed to what the framework runs. Refuses a model the framework
+    cannot build at all, and a --schedule it does not run, in one line naming it."""
+    if name == PLANNER:
+        return options
+    probe = degrees_plan(dp=cluster.world_size, tp=1, pp=1, cp=1, num_layers=model.num_layers)
+    try:
+        _module(name).nearest(PlanFile(plan=probe, model=model, train=train, cluster=cluster))
+    except CannotExport as exc:
+        raise UserError(f"--framework {name}: {exc}") from None
+    schedules = _SCHEDULES[name]
+    fixed = options.fixed.get("schedule")
+    if schedules is not None and fixed is not None and fixed not in schedules:
+        runs = ", ".join(sorted(str(s) for s in schedules))
+        raise UserError(f"--framework {name}: schedule {fixed} is not one it runs ({runs})")
+    if options.schedules is not None:
+        schedules = options.schedules if schedules is None else schedules & options.schedules
+    split, recompute = _SPLITS[name]
+    # whether it has sequence parallelism: asked of its export on a TP plan with SP
+    sp_probe = replace(degrees_plan(dp=1, tp=2, pp=1, cp=1, num_layers=model.num_layers), sequence_parallel=True)
+    has_sp = _module(name).nearest(PlanFile(plan=sp_probe, model=model, train=train, cluster=cluster)
+                                   ).plan.sequence_parallel
+    space = FrameworkSpace(name=name, mesh_orders=_ORDERS[name], split=split, recompute_counts=recompute,
+                           sequence_parallel=has_sp, problems=lambda plan: changes(name, model, train, cluster, plan))
+    return replace(options, schedules=schedules, space=space)
+
+
+def refuse_unless_runs(name: str, model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> None:
+    """A fixed plan (predict) the framework would have to change: one line with its reasons."""
+    if found := changes(name, model, train, cluster, plan):
+        raise UserError(f"--framework {name} cannot run this plan as it is: {'; '.join(found)}")

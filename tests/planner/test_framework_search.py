@@ -1,0 +1,95 @@
+"""`--framework`: the search holds only the plans the framework runs as they are (its export's
+verdict, planner.targets), exactly, and prices them as it runs them; published layouts that the
+included runtime cannot fit fit under the framework that ran them; bad input is one line."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from costmodel.hardware import parse_cluster
+from costmodel.plan import PlanFile
+from costmodel.specs import TrainSpec
+from planner import targets
+from planner.cli import main
+from planner.search import SearchOptions, search
+from tests.planner.test_search_exact import CASES, _tight, brute_force_best
+
+FRAMEWORKS = ["megatron", "torchtitan", "deepspeed"]
+
+
+@pytest.mark.parametrize("name", FRAMEWORKS)
+def test_search_under_a_framework_matches_brute_force(name):
+    """Brute force over every plan the framework runs (every degree, schedule, split and
+    per-rank recompute count, kept when its export would change nothing) finds the search's
+    best step time: narrowing the space (schedules, orders, split rules in CP-SAT, SP without
+    its dominance where the framework has none) loses no plan."""
+    model, cluster_name, batch, memory = CASES[0]
+    train = TrainSpec(seq_len=64, global_batch_size=batch)
+    cluster = targets.cluster_for(name, _tight(parse_cluster(cluster_name), memory))
+    expected = brute_force_best(model, train, cluster,
+                                keep=lambda plan: not targets.changes(name, model, train, cluster, plan))
+    result = search(model, train, cluster,
+                    targets.options_for(name, model, train, cluster, SearchOptions(top_k=1, max_tp=4)))
+    assert result.stats.optimal and expected is not None
+    best = min(result.evaluated, key=lambda f: f.estimate.closed_form_step_time_s)
+    assert best.estimate.closed_form_step_time_s == pytest.approx(expected[0], rel=1e-6), \
+        (best.plan.short(), expected[1].short())
+    assert all(not targets.changes(name, model, train, cluster, f.plan) for f in result.evaluated)
+
+
+def test_the_framework_is_said_and_kept_in_the_plan_file(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert main(["search", "--model", "llama3-8b", "--cluster", "2x8xH100", "--seq-len", "4096", "--global-batch",
+                 "64", "--framework", "megatron", "--out", str(out), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["search"]["framework"] == "megatron"
+    pf = PlanFile.load(out)
+    assert pf.cluster.framework.name == "megatron-core" and json.loads(out.read_text())["cluster"]["framework"]
+    assert main(["predict", "--plan", str(out), "--json"]) == 0
+    predicted = json.loads(capsys.readouterr().out)
+    assert predicted["framework"] == "megatron"
+    assert predicted["estimate"]["step_time_s"] == pytest.approx(doc["plans"][0]["estimate"]["step_time_s"])
+    assert main(["predict", "--plan", str(out)]) == 0
+    assert "priced as megatron-core runs plans" in capsys.readouterr().out
+
+
+# NeMo's Llama 2 70B layout (TP4 + SP, PP4, VPP5, DP4, the distributed optimizer, 4,096 tokens,
+# micro-batch 1, no recomputation) and Megatron-Core's Mixtral 8x7B mapping (EP8 over DP16, PP4,
+# VPP8) on 64 H100-80GB: both ran in Megatron; our runtime keeps more (gathered SP inputs, held
+# pipeline sends, per-micro-batch gradient temporaries: costmodel.frameworks RUNTIME)
+PUBLISHED = {
+    "nemo-llama2-70b": ["--model", "llama2-70b", "--tp", "4", "--sp", "--pp", "4", "--vpp", "5", "--zero", "1",
+                        "--global-batch", "128"],
+    "mcore-mixtral-8x7b": ["--model", "mixtral-8x7b", "--pp", "4", "--vpp", "8", "--ep", "8", "--zero", "1",
+                           "--global-batch", "256"],
+}
+
+
+@pytest.mark.parametrize("name", list(PUBLISHED))
+def test_published_layouts_fit_as_megatron_runs_them(name, capsys):
+    flags = [*PUBLISHED[name], "--cluster", "8x8xH100", "--seq-len", "4096", "--mbs", "1", "--json"]
+    assert main(["predict", *flags, "--framework", "megatron"]) == 0
+    assert json.loads(capsys.readouterr().out)["estimate"]["fits"]
+    assert main(["predict", *flags]) == 2   # as the included runtime would run it
+    assert "plan does not fit" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["search", "--model", "llama3-8b", "--cluster", "1x8xH100", "--framework", "nemo"],
+     "argument --framework: invalid choice: 'nemo'"),
+    (["predict", "--model", "llama3-8b", "--cluster", "1x8xH100", "--pp", "2", "--schedule", "zb-h1",
+      "--framework", "deepspeed"], "--framework deepspeed cannot run this plan as it is: schedule zb-h1"),
+    (["search", "--model", "llama3-8b", "--cluster", "1x8xH100", "--schedule", "zb-h1", "--framework", "deepspeed"],
+     "--framework deepspeed: schedule zb-h1 is not one it runs (1f1b)"),
+    (["search", "--model", "llama3-8b", "--cluster", "1x8xA100+1x8xH100", "--framework", "megatron"],
+     "--framework megatron: a mixed cluster"),
+    (["search", "--model", "gpt3", "--cluster", "16x8xA100", "--framework", "torchtitan"],
+     "--framework torchtitan: torchtitan cannot run this plan: it has no model of the gpt kind"),
+    (["search", "--model", "llama3-8b", "--cluster", "1x8xH100", "--framework", "megatron", "--export", "deepspeed"],
+     "contradictory flags: --export deepspeed"),
+])
+def test_bad_framework_input_is_one_line_and_exit_2(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err, err
