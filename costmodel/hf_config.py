@@ -25,10 +25,16 @@ _INERT = {"_name_or_path", "output_router_logits", "architectures", "model_type"
 
 
 def model_from_hf_config(path: Path) -> ModelSpec:
-    cfg = read_json_object(path, "model config")
-    where = str(path)
+    return model_from_hf_dict(read_json_object(path, "model config"), str(path), path.parent.name or path.stem)
+
+
+def model_from_hf_dict(cfg: dict[str, Any], where: str = "model config", name: str = "") -> ModelSpec:
+    """A Hugging Face config (config.json's object); `where` names it in errors, `name` is the
+    model's name when the config has no `_name_or_path`."""
+    if not isinstance(cfg, dict):
+        raise UserError(f"{where}: expected a JSON object (a Hugging Face config), got {type(cfg).__name__}")
     kind = inputs.value(cfg, "model_type", str, where, "")
-    name = inputs.value(cfg, "_name_or_path", str, where, "") or path.parent.name or path.stem
+    name = inputs.value(cfg, "_name_or_path", str, where, "") or name or kind or "model"
     readers = {"llama": _llama, "mistral": _llama, "mixtral": _mixtral, "qwen2": _qwen2, "qwen2_moe": _qwen2_moe,
                "phi3": _phi3, "gemma": _gemma, "gpt2": _gpt2, "gpt_neox": _gpt_neox, "falcon": _falcon,
                "qwen3": _qwen3, "qwen3_moe": _qwen3_moe}

@@ -242,6 +242,9 @@ class Plan:
     def degree(self, axis: str) -> int:
         return {"pp": self.pp, "dp": self.dp, "cp": self.cp, "tp": self.tp}[axis]
 
+    def __str__(self) -> str:   # the label tables print; repr() keeps every field
+        return self.short()
+
     def short(self) -> str:
         """One-line human summary, e.g. `dp8 tp8 pp1 z1 sel mbs1x128 1f1b` (`z3+offload`: optimizer
         states on the host)."""

@@ -73,6 +73,23 @@ def positive_float(text: str) -> float:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    value = _number(text, float)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative")
+    return value
+
+
+def number_list(kind):
+    """A comma-separated list of numbers, each read by `kind` (e.g. positive_int)."""
+    def parse(text: str) -> list:
+        items = [t.strip() for t in text.split(",")]
+        if not items or any(not t for t in items):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list, e.g. 4,8,16")
+        return [kind(t) for t in items]
+    return parse
+
+
 def at_least_one(text: str) -> float:
     value = _number(text, float)
     if value < 1.0:

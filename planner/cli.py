@@ -52,8 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="write the plan with its specs to this plan.json")
     add_overwrite_arg(p)
     p.add_argument("--json", action="store_true",
-                   help='print {"plan", "estimate", "error_band", "checkpoint"} as JSON on stdout')
+                   help='print {"plan", "framework", "estimate", "error_band", "checkpoint"} (and "training" with '
+                        '--tokens) as JSON on stdout')
     add_failure_args(p)
+    from planner.commands.search import add_cost_args
+    add_cost_args(p)
     p.set_defaults(parser=p, func=cmd_predict)
 
     p = sub.add_parser("search", help="the fastest plan that fits, exact under the cost model",
@@ -68,6 +71,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_search_args(p)
     add_failure_args(p)
     p.set_defaults(parser=p, func=cmd_search)
+
+    from planner.commands.sweep import EPILOG as SWEEP_EPILOG
+    from planner.commands.sweep import add_sweep_args, cmd_sweep
+    p = sub.add_parser("sweep", help="the best plan per cluster size and device: days, GPU-hours and cost of a run",
+                       epilog=SWEEP_EPILOG, formatter_class=raw)
+    add_sweep_args(p)
+    add_failure_args(p)
+    p.set_defaults(parser=p, func=cmd_sweep)
 
     p = sub.add_parser("validate", help="predicted vs published step time for measured runs (CSV)",
                        description="Empty plan cells are filled with the planner's best choice; "

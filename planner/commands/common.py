@@ -3,18 +3,14 @@ and one plan; building the specs and the plan from them; JSON on stdout; writing
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from costmodel.check import float8_device_problem
-from costmodel.groups import views
-from costmodel.hardware import DEFAULT_MEMORY_HEADROOM, ClusterSpec, parse_cluster
+from costmodel.hardware import DEFAULT_MEMORY_HEADROOM, ClusterSpec
 from costmodel.inputs import UserError
 from costmodel.plan import DEFAULT_AXIS_ORDER, Recompute, Schedule
-from costmodel.registry import default_recipe, resolve_model
 from costmodel.specs import (
     DEFAULT_EXPERT_IMBALANCE,
     AttentionKernel,
@@ -30,8 +26,7 @@ from planner.args import (
     positive_int,
 )
 from planner.space import Choice
-
-FP8 = "fp8"   # --dtype fp8: bf16 beside float8 linears (TrainSpec.float8), not a DType of its own
+from planner.specs import FP8, build_specs
 
 
 def add_train_args(p: argparse.ArgumentParser) -> None:
@@ -123,22 +118,11 @@ def specs_from_args(args: argparse.Namespace) -> tuple[ModelSpec, TrainSpec, Clu
     if not args.model or not args.cluster:
         raise UserError("--model and --cluster are required"
                         + (" (or --plan plan.json)" if args.command == "predict" else ""))
-    link = None if args.group_link is None else args.group_link * 1e9
-    model, cluster = resolve_model(args.model), parse_cluster(args.cluster, link)
-    cluster = dataclasses.replace(cluster, memory_headroom=args.memory_headroom)
-    from planner.targets import cluster_for
-    cluster = cluster_for(framework_of(args), cluster)
-    seq, batch = default_recipe(model)
-    float8 = args.dtype == FP8
-    if float8 and (problem := next(filter(None, (float8_device_problem(v.device) for v in views(cluster))), None)):
-        raise UserError(f"--dtype fp8: {problem}")
-    train = TrainSpec(seq_len=seq if args.seq_len is None else args.seq_len,
-                      global_batch_size=batch if args.global_batch is None else args.global_batch,
-                      compute_dtype=DType.BF16 if float8 else DType(args.dtype), grad_dtype=DType(args.grad_dtype),
-                      float8=float8,
-                      attention_kernel=AttentionKernel(args.attention),
-                      expert_load_imbalance=args.expert_imbalance)
-    return model, train, cluster
+    return build_specs(args.model, args.cluster, seq_len=args.seq_len, global_batch=args.global_batch,
+                       dtype=args.dtype, grad_dtype=args.grad_dtype, attention=args.attention,
+                       expert_imbalance=args.expert_imbalance, memory_headroom=args.memory_headroom,
+                       group_link_bytes_per_s=None if args.group_link is None else args.group_link * 1e9,
+                       framework=framework_of(args))
 
 
 def choice_from_args(args: argparse.Namespace) -> Choice:

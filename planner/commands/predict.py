@@ -13,6 +13,7 @@ from costmodel.plan import PlanFile
 from planner import outputs
 from planner.args import failures_from_args, refuse_ignored
 from planner.commands.common import choice_from_args, emit_json, specs_from_args
+from planner.commands.search import training_cost_of
 from planner.space import build_plan
 from planner.targets import name_for, refuse_unless_runs
 
@@ -46,6 +47,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         raise UserError("invalid plan: " + "; ".join(problems))
     refuse_unless_runs(name_for(cluster.framework), model, train, cluster, plan)
     est = estimate(model, train, cluster, plan)
+    cost = training_cost_of(args, model, train, cluster, est)
     if out:
         PlanFile(plan=plan, model=model, train=train, cluster=cluster).save(out)
         print(f"wrote {out}", file=sys.stderr)
@@ -54,10 +56,14 @@ def cmd_predict(args: argparse.Namespace) -> int:
         emit_json({"plan": plan.to_dict(), "framework": name_for(cluster.framework), "estimate": est.to_dict(),
                    "error_band": MODEL_ERROR_BAND,
                     "checkpoint": checkpoint_cost(model, train, cluster.world_size, est.step_time_s,
-                                                  est.tokens_per_s, failures_from_args(args)).to_dict()})
+                                                  est.tokens_per_s, failures_from_args(args)).to_dict(),
+                   **({} if cost is None else {"training": cost.to_dict()})})
     else:
         from reports.tables import ledger_table, memory_table, summary_lines
         print(summary_lines(model, train, cluster, plan, est, failures_from_args(args)))
+        if cost is not None:
+            from costmodel.training_cost import summary_line
+            print(summary_line(cost))
         print()
         print(ledger_table(est))
         print()

@@ -16,6 +16,7 @@ from planner import outputs
 from planner.args import (
     add_overwrite_arg,
     failures_from_args,
+    non_negative_float,
     positive_float,
     positive_int,
     refuse_ignored,
@@ -51,6 +52,30 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
                    help="also write the best plan for torchtitan, megatron or deepspeed (planner export)")
     p.add_argument("--export-out", metavar="F", help="the --export file (default: printed after the table)")
     add_overwrite_arg(p)
+    add_constraint_args(p, default_time_limit_s=60.0)
+    add_cost_args(p)
+
+
+def add_cost_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("training cost")
+    g.add_argument("--tokens", type=positive_float, metavar="N",
+                   help="tokens to train (e.g. 2e12): adds days, GPU-hours (and cost with --gpu-hour-usd), with "
+                        "the checkpoint and failure overhead of the 'long run' line")
+    g.add_argument("--gpu-hour-usd", type=non_negative_float, metavar="P", help="price of one GPU-hour in USD")
+
+
+def training_cost_of(args: argparse.Namespace, model, train, cluster, est):
+    """--tokens [--gpu-hour-usd]: what training them takes with this plan (None without --tokens)."""
+    from costmodel.resilience import checkpoint_cost
+    from costmodel.training_cost import training_cost
+    if args.tokens is None:
+        refuse_ignored(args.given, {"gpu_hour_usd"}, "--gpu-hour-usd prices the --tokens to train")
+        return None
+    kept = checkpoint_cost(model, train, cluster.world_size, est.step_time_s, est.tokens_per_s, failures_from_args(args))
+    return training_cost(args.tokens, cluster.world_size, kept.effective_tokens_per_s, args.gpu_hour_usd)
+
+
+def add_constraint_args(p: argparse.ArgumentParser, default_time_limit_s: float) -> None:
     c = p.add_argument_group("constraints")
     c.add_argument("--max-tp", type=positive_int, help="largest TP degree (default: devices per node)")
     c.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE",
@@ -61,9 +86,9 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
     c.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="only this ZeRO stage (= --fix zero=Z)")
     c.add_argument("--schedule", choices=[s.value for s in Schedule], help="only this pipeline schedule")
     c.add_argument("--no-recompute", action="store_true", help="never recompute activations")
-    c.add_argument("--time-limit", type=positive_float, default=60.0, metavar="S",
+    c.add_argument("--time-limit", type=positive_float, default=default_time_limit_s, metavar="S",
                    help="stop after S seconds with the best plan found, reported as not proven optimal "
-                        "(default 60)")
+                        f"(default {default_time_limit_s:g})")
     c.add_argument("--objective", choices=["time", "memory"], default="time",
                    help="time: fastest plan; memory: least memory within 5%% of the fastest "
                         "(among each outer choice's fastest layer split)")
@@ -91,7 +116,7 @@ def parse_options(args: argparse.Namespace) -> SearchOptions:
         raise UserError(f"contradictory constraints: --no-recompute and --fix recompute={fixed['recompute']}")
     if args.max_tp and fixed.get("tp", 0) > args.max_tp:
         raise UserError(f"contradictory constraints: --fix tp={fixed['tp']} exceeds --max-tp {args.max_tp}")
-    return SearchOptions(top_k=args.top, max_tp=args.max_tp, fixed=fixed, no_recompute=args.no_recompute,
+    return SearchOptions(top_k=getattr(args, "top", 5), max_tp=args.max_tp, fixed=fixed, no_recompute=args.no_recompute,
                          objective=args.objective, time_limit_s=args.time_limit, progress=_progress())
 
 
@@ -219,6 +244,7 @@ def cmd_search(args: argparse.Namespace) -> int:
                       runners_up=[(f.plan, f.estimate) for f in result.plans[1:]],
                       candidates=[f.estimate for f in result.evaluated], runner_up_text=runner_up_text)
     exported = _export_best(args, model, train, cluster, best.plan)
+    cost = training_cost_of(args, model, train, cluster, best.estimate)
     if args.json:
         emit_json({"plans": [{"plan": f.plan.to_dict(), "estimate": f.estimate.to_dict(),
                               "alternatives": [a.to_dict() for a in f.alternatives]} for f in result.plans],
@@ -229,10 +255,14 @@ def cmd_search(args: argparse.Namespace) -> int:
                     # the first plan's checkpoint interval and throughput with failures (costmodel.resilience)
                     "checkpoint": checkpoint_cost(model, train, cluster.world_size, best.estimate.step_time_s,
                                                   best.estimate.tokens_per_s, failures_from_args(args)).to_dict(),
-                    **({} if exported is None else {"export": exported})})
+                    **({} if exported is None else {"export": exported}),
+                    **({} if cost is None else {"training": cost.to_dict()})})
         return 0
     from reports.tables import search_table, summary_lines
     print(summary_lines(model, train, cluster, best.plan, best.estimate, failures_from_args(args)))
+    if cost is not None:
+        from costmodel.training_cost import summary_line
+        print(summary_line(cost))
     print()
     print(search_table(result.plans, cluster))
     for i, f in enumerate(result.plans, 1):

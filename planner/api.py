@@ -1,0 +1,155 @@
+"""The planner from Python: the answers the command line prints, as typed results.
+
+    from planner import api
+    answer = api.search("llama-70b", "8x8xA100")
+    print(answer.best.plan.short(), answer.best.estimate.step_time_s)
+
+A model is a registry name (`planner models`), a path to a Hugging Face config.json, such a
+config as a dict, or a `costmodel.specs.ModelSpec`; a cluster is `NODESxGPUSxDEVICE` (or a
+`ClusterSpec`). Every result has `to_dict()`, JSON-serialisable, in the command line's --json
+shape. Bad input raises `costmodel.inputs.UserError` with the one line the CLI prints.
+Examples that run: docs/api.md (tests/planner/test_api.py runs them).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from costmodel.check import check_structure
+from costmodel.estimate import Estimate, estimate
+from costmodel.hardware import ClusterSpec
+from costmodel.inputs import UserError
+from costmodel.plan import Plan, Recompute, Schedule
+from costmodel.resilience import LLAMA3, Failures
+from costmodel.specs import ModelSpec, TrainSpec
+from planner.search import Found, SearchOptions, SearchResult
+from planner.space import Choice, build_plan
+from planner.specs import ModelLike, build_specs
+from planner.sweep import SweepResult, SweepSpec
+from planner.targets import PLANNER, options_for, refuse_unless_runs
+
+__all__ = ["SearchAnswer", "PredictAnswer", "search", "predict", "sweep", "validate"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SearchAnswer:
+    """`planner search`: the ranked plans (the first is the answer) and how the search went."""
+
+    model: ModelSpec
+    train: TrainSpec
+    cluster: ClusterSpec
+    framework: str
+    result: SearchResult
+
+    @property
+    def best(self) -> Found:
+        return self.result.plans[0]
+
+    @property
+    def plans(self) -> list[Found]:
+        return self.result.plans
+
+    @property
+    def proven_optimal(self) -> bool:
+        return self.result.stats.optimal
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"plans": [{"plan": f.plan.to_dict(), "estimate": f.estimate.to_dict(),
+                           "alternatives": [a.to_dict() for a in f.alternatives]} for f in self.plans],
+                "search": {**self.result.stats.to_dict(), "framework": self.framework}}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PredictAnswer:
+    """`planner predict`: one plan's estimate (step-time ledger, memory per stage)."""
+
+    model: ModelSpec
+    train: TrainSpec
+    cluster: ClusterSpec
+    framework: str
+    plan: Plan
+    estimate: Estimate
+
+    @property
+    def fits(self) -> bool:
+        return self.estimate.fits
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"plan": self.plan.to_dict(), "framework": self.framework, "estimate": self.estimate.to_dict()}
+
+
+def search(model: ModelLike, cluster: str | ClusterSpec, *, framework: str = PLANNER, top: int = 5,
+           fix: dict[str, Any] | None = None, time_limit_s: float = 60.0, max_tp: int | None = None,
+           no_recompute: bool = False, **train: Any) -> SearchAnswer:
+    """The fastest plans that fit (proven optimal under the cost model unless the time limit
+    stops the search). `fix`: plan fields pinned, e.g. {"pp": 4, "zero_stage": 1}; `train`:
+    seq_len, global_batch, dtype, memory_headroom... as the CLI's flags. Raises UserError when
+    nothing fits (with the closest plan) or the constraints contradict."""
+    from planner.search import search as run
+    spec, train_spec, parsed = build_specs(model, cluster, framework=framework, **train)
+    options = options_for(framework, spec, train_spec, parsed,
+                          SearchOptions(top_k=top, fixed=dict(fix or {}), time_limit_s=time_limit_s, max_tp=max_tp,
+                                        no_recompute=no_recompute))
+    result = run(spec, train_spec, parsed, options)
+    if not result.plans:
+        from planner.commands.search import infeasible_message
+        raise UserError(f"no plan found within the time limit of {time_limit_s:g} s" if not result.stats.optimal
+                        else infeasible_message(result, parsed.name))
+    return SearchAnswer(model=spec, train=train_spec, cluster=parsed, framework=framework, result=result)
+
+
+def predict(model: ModelLike, cluster: str | ClusterSpec, plan: Plan | dict[str, Any] | None = None, *,
+            framework: str = PLANNER, tp: int = 1, pp: int = 1, cp: int = 1, dp: int | None = None, ep: int = 1,
+            zero: int = 1, recompute: str = "none", sp: bool | None = None, mbs: int = 1, vpp: int = 1,
+            schedule: str | None = None, **train: Any) -> PredictAnswer:
+    """One plan's estimate: a `Plan` (or its dict, as plan.json holds it), else the degrees
+    given here (the CLI's defaults). Raises UserError for a plan that is not valid or that the
+    framework cannot run; a plan that does not fit is answered (`fits` False)."""
+    spec, train_spec, parsed = build_specs(model, cluster, framework=framework, **train)
+    if isinstance(plan, dict):
+        plan = Plan.from_dict(plan, "plan")
+    if plan is None:
+        plan = build_plan(spec, train_spec, parsed, Choice(
+            tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, zero_stage=zero, recompute=Recompute(recompute), sequence_parallel=sp,
+            micro_batch_size=mbs, vpp=vpp, schedule=None if schedule is None else Schedule(schedule)))
+    if problems := check_structure(spec, train_spec, parsed, plan):
+        raise UserError("invalid plan: " + "; ".join(problems))
+    refuse_unless_runs(framework, spec, train_spec, parsed, plan)
+    return PredictAnswer(model=spec, train=train_spec, cluster=parsed, framework=framework, plan=plan,
+                         estimate=estimate(spec, train_spec, parsed, plan))
+
+
+def sweep(model: ModelLike, devices: str | list[str], nodes: list[int], tokens: float, *, gpus_per_node: int = 8,
+          gpu_hour_usd: float | list[float] | None = None, deadline_days: float | None = None,
+          framework: str = PLANNER, failures: Failures = LLAMA3, time_limit_s: float = 120.0,
+          fix: dict[str, Any] | None = None, **train: Any) -> SweepResult:
+    """`planner sweep`: the best plan per size and device, days, GPU-hours and cost of training
+    `tokens`, the cheapest size within `deadline_days` (`best`; None with `why_none` when none)."""
+    from planner.sweep import sweep as run
+    names = [devices] if isinstance(devices, str) else list(devices)
+    prices = () if gpu_hour_usd is None else tuple(
+        [gpu_hour_usd] if isinstance(gpu_hour_usd, (int, float)) else gpu_hour_usd)
+    spec = SweepSpec(devices=tuple(names), nodes=tuple(nodes), gpus_per_node=gpus_per_node, tokens=tokens,
+                     gpu_hour_usd=prices, deadline_days=deadline_days, framework=framework, failures=failures,
+                     time_limit_s=time_limit_s)
+    return run(spec, lambda name: build_specs(model, name, framework=framework, **train),
+               SearchOptions(fixed=dict(fix or {})))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ValidateAnswer:
+    rows: list[Any]   # planner.measure.validate.RowResult
+    summary: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rows": [r.to_dict() for r in self.rows], "summary": self.summary}
+
+
+def validate(runs: str | Path | None = None, *, time_limit_s: float = 600.0) -> ValidateAnswer:
+    """`planner validate`: predicted against published step times of a runs table (default: the
+    shipped calibration table)."""
+    from planner.measure.validate import default_runs_path
+    from planner.measure.validate import validate as run
+    rows, summary = run(Path(runs) if runs is not None else default_runs_path(), time_limit_s)
+    return ValidateAnswer(rows=rows, summary=summary)

@@ -1,0 +1,148 @@
+"""`planner sweep`: the best plan per cluster size and device, days, GPU-hours and cost of
+training N tokens there, the cheapest size that meets a deadline, and the scaling curve."""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from costmodel.inputs import UserError, write_text_atomic
+from planner import outputs
+from planner.args import (
+    add_overwrite_arg,
+    failures_from_args,
+    non_negative_float,
+    number_list,
+    positive_float,
+    positive_int,
+    refuse_ignored,
+)
+from planner.commands.common import add_framework_arg, add_train_args, framework_of, specs_from_args
+from planner.commands.search import add_constraint_args, parse_options
+from planner.sweep import KNEE_EFFICIENCY, SweepResult, SweepSpec, sweep
+
+EPILOG = f"""examples:
+  planner sweep --model llama-70b --device A100 --nodes 4,8,16,32 --tokens 2e12 --gpu-hour-usd 2
+  planner sweep --model llama3-8b --device A100,H100 --nodes 1,2,4,8 --tokens 1e12 --gpu-hour-usd 1.5,2.5 \\
+      --deadline-days 30 --plot sweep.png --csv sweep.csv
+  planner sweep --model mixtral-8x7b --device H100 --nodes 8,16,32 --tokens 1e12 --framework megatron --json
+
+Each size is searched as `planner search` searches one cluster (proven optimal unless the sweep's
+--time-limit runs out: a size not reached is said so). Days include the checkpoint writes and the
+work lost to failures (the 'long run' line of search). The answer is the cheapest size that
+meets --deadline-days: by cost with --gpu-hour-usd, else by GPU-hours. The knee of a device's
+curve is its largest size that keeps {100 * KNEE_EFFICIENCY:.0f}% of the smallest size's tokens/s per GPU."""
+
+
+def add_sweep_args(p: argparse.ArgumentParser) -> None:
+    add_train_args(p)
+    add_framework_arg(p)
+    g = p.add_argument_group("sizes and cost")
+    g.add_argument("--device", required=True, metavar="D[,D2...]",
+                   help="device profiles to size, e.g. A100 or A100,H100 (see `planner devices`)")
+    g.add_argument("--nodes", required=True, type=number_list(positive_int), metavar="N[,N2...]",
+                   help="node counts to try, e.g. 4,8,16,32")
+    g.add_argument("--gpus-per-node", type=positive_int, default=8, help="devices per node (default 8)")
+    g.add_argument("--tokens", required=True, type=positive_float, metavar="N", help="tokens to train, e.g. 2e12")
+    g.add_argument("--gpu-hour-usd", type=number_list(non_negative_float), metavar="P[,P2...]",
+                   help="price of a GPU-hour in USD: one, or one per --device")
+    g.add_argument("--deadline-days", type=positive_float, metavar="X",
+                   help="the run must end within X days: the cheapest size that does")
+    p.add_argument("--json", action="store_true",
+                   help='print {"rows": [{"num_gpus", "device", "plan", "step_time_s", "tokens_per_s", "mfu", '
+                        '"days", "gpu_hours", "cost_usd", ...}], "best", "knee_gpus", ...} on stdout')
+    p.add_argument("--csv", metavar="F", help="write the rows to this CSV")
+    p.add_argument("--plot", metavar="F", help="draw the scaling curve (tokens/s per GPU and cost against GPUs, "
+                                               "knee marked) to F (.png or .svg)")
+    add_overwrite_arg(p)
+    add_constraint_args(p, default_time_limit_s=120.0)
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    if args.cluster:
+        raise UserError("sweep sizes clusters from --device, --nodes and --gpus-per-node; leave out --cluster")
+    if args.group_link is not None:
+        raise UserError("--group-link joins the groups of a mixed cluster; a sweep sizes uniform clusters")
+    if not (args.csv or args.plot):
+        refuse_ignored(args.given, {"overwrite"}, "without --csv or --plot nothing is written")
+    args.csv = outputs.out_file(args.csv, "--csv", args.overwrite, ".csv")
+    if args.plot and Path(args.plot).suffix.lower() not in (".png", ".svg"):
+        raise UserError(f"--plot {args.plot}: the picture is written as .png or .svg; name the file so")
+    args.plot = outputs.out_file(args.plot, "--plot", args.overwrite)
+    spec = SweepSpec(devices=tuple(d.strip() for d in args.device.split(",") if d.strip()),
+                     nodes=tuple(args.nodes), gpus_per_node=args.gpus_per_node, tokens=args.tokens,
+                     gpu_hour_usd=tuple(args.gpu_hour_usd or ()), deadline_days=args.deadline_days,
+                     framework=framework_of(args), failures=failures_from_args(args), time_limit_s=args.time_limit)
+
+    def specs(name: str):
+        args.cluster = name
+        try:
+            return specs_from_args(args)
+        finally:
+            args.cluster = None
+
+    options = replace(parse_options(args), progress=None)   # one line per size, not per search
+    start = time.perf_counter()
+    result = sweep(spec, specs, options, progress=lambda text: print(f"sweep {text}", file=sys.stderr, flush=True))
+    if args.csv:
+        write_text_atomic(args.csv, to_csv(result))
+    if args.plot:
+        from reports.scaling import draw_scaling
+        draw_scaling(result, args.plot)
+    if result.best is None and result.deadline_days is not None:
+        raise UserError(result.why_none)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print("\n".join(table_lines(result)))
+        print(f"{len(result.rows)} sizes in {time.perf_counter() - start:.1f} s"
+              + "".join(f"; wrote {p}" for p in (args.csv, args.plot) if p))
+    if result.best is None:
+        raise UserError(result.why_none)
+    return 0
+
+
+COLUMNS = ("device", "num_gpus", "plan_label", "step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu",
+           "scaling_efficiency", "days", "gpu_hours", "cost_usd", "proven_optimal", "reason")
+
+
+def to_csv(result: SweepResult) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in result.rows:
+        writer.writerow({k: ("" if v is None else v) for k, v in row.to_dict().items()})
+    return buffer.getvalue()
+
+
+def table_lines(result: SweepResult) -> list[str]:
+    from reports.tables import table as render
+    table = []
+    for row in result.rows:
+        d = row.to_dict()
+        mark = ("*" if row is result.best else "") + (" knee" if result.knees.get(row.device) == row.num_gpus else "")
+        if row.found is None:
+            table.append([mark, row.device, f"{row.num_gpus:,}", row.reason, "", "", "", "", "", "", ""])
+            continue
+        table.append([mark, row.device, f"{row.num_gpus:,}", d["plan_label"], f"{d['step_time_s']:.3f}",
+                      f"{d['tokens_per_s_per_gpu']:,.0f}", f"{100 * d['mfu']:.1f}",
+                      f"{100 * d['scaling_efficiency']:.0f}%", f"{d['days']:,.1f}", f"{d['gpu_hours']:,.0f}",
+                      "" if d["cost_usd"] is None else f"{d['cost_usd']:,.0f}"])
+    lines = [render(["", "device", "GPUs", "plan", "step s", "tokens/s/GPU", "MFU %", "scaling", "days",
+                     "GPU-hours", "cost $"], table)]
+    if result.best is not None:
+        b = result.best
+        assert b.cost is not None
+        lines.append(f"* cheapest{'' if result.deadline_days is None else f' within {result.deadline_days:g} days'}: "
+                     f"{b.num_gpus:,} {b.device}, {b.cost.days:,.1f} days, {b.cost.gpu_hours:,.0f} GPU-hours"
+                     + ("" if b.cost.cost_usd is None else f", ${b.cost.cost_usd:,.0f}"))
+    lines.append(f"knee: the largest size that keeps {100 * KNEE_EFFICIENCY:.0f}% of the smallest size's tokens/s "
+                 f"per GPU" + "".join(f"; {dev} {gpus:,} GPUs" for dev, gpus in result.knees.items()))
+    if any(not r.proven for r in result.rows if r.found is not None):
+        lines.append("some sizes were not proven optimal within the --time-limit (proven_optimal in --json)")
+    return lines

@@ -1,0 +1,53 @@
+"""The specs a question is asked about, built once for the command line and the Python API:
+the model (a registry name, a Hugging Face config path or dict, or a ModelSpec), the training
+(the model's published recipe where unstated) and the cluster as the framework drives it."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from costmodel.check import float8_device_problem
+from costmodel.groups import views
+from costmodel.hardware import DEFAULT_MEMORY_HEADROOM, ClusterSpec, parse_cluster
+from costmodel.inputs import UserError
+from costmodel.registry import default_recipe, resolve_model
+from costmodel.specs import DEFAULT_EXPERT_IMBALANCE, AttentionKernel, DType, ModelSpec, TrainSpec
+
+FP8 = "fp8"   # dtype fp8: bf16 beside float8 linears (TrainSpec.float8), not a DType of its own
+ModelLike = str | Path | dict | ModelSpec
+
+
+def model_of(model: ModelLike) -> ModelSpec:
+    if isinstance(model, ModelSpec):
+        return model
+    if isinstance(model, dict):
+        from costmodel.hf_config import model_from_hf_dict
+        return model_from_hf_dict(model, "model config (dict)")
+    if isinstance(model, (str, Path)):
+        return resolve_model(str(model))
+    raise UserError(f"model: expected a registry name, a config.json path, a Hugging Face config dict or a "
+                    f"ModelSpec, got {type(model).__name__}")
+
+
+def build_specs(model: ModelLike, cluster: str | ClusterSpec, *, seq_len: int | None = None,
+                global_batch: int | None = None, dtype: str = "bf16", grad_dtype: str = "fp32",
+                attention: str = "flash", expert_imbalance: float = DEFAULT_EXPERT_IMBALANCE,
+                memory_headroom: float = DEFAULT_MEMORY_HEADROOM, group_link_bytes_per_s: float | None = None,
+                framework: str = "planner") -> tuple[ModelSpec, TrainSpec, ClusterSpec]:
+    from planner.targets import NAMES, cluster_for
+    if framework not in NAMES:
+        raise UserError(f"framework {framework!r} is not one of {', '.join(NAMES)}")
+    spec = model_of(model)
+    parsed = cluster if isinstance(cluster, ClusterSpec) else parse_cluster(cluster, group_link_bytes_per_s)
+    parsed = cluster_for(framework, dataclasses.replace(parsed, memory_headroom=memory_headroom))
+    seq, batch = default_recipe(spec)
+    float8 = dtype == FP8
+    if float8 and (problem := next(filter(None, (float8_device_problem(v.device) for v in views(parsed))), None)):
+        raise UserError(f"--dtype fp8: {problem}")
+    train = TrainSpec(seq_len=seq if seq_len is None else seq_len,
+                      global_batch_size=batch if global_batch is None else global_batch,
+                      compute_dtype=DType.BF16 if float8 else DType(dtype), grad_dtype=DType(grad_dtype),
+                      float8=float8, attention_kernel=AttentionKernel(attention),
+                      expert_load_imbalance=expert_imbalance)
+    return spec, train, parsed
+

@@ -1,0 +1,76 @@
+"""`planner sweep`: one row per size with its proven plan, days, GPU-hours and cost; the cheapest
+size within the deadline; the curve as CSV and picture; bad input in one line, exit 2."""
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from planner.cli import main
+
+BASE = ["sweep", "--model", "llama3-8b", "--seq-len", "4096", "--global-batch", "64", "--tokens", "1e11"]
+
+
+def _sweep(capsys, *argv: str) -> dict:
+    assert main([*BASE, *argv, "--json"]) == 0
+    captured = capsys.readouterr()
+    return {"doc": json.loads(captured.out), "err": captured.err}
+
+
+def test_rows_days_and_cost(capsys):
+    got = _sweep(capsys, "--device", "H100", "--nodes", "1,2,4", "--gpu-hour-usd", "2")
+    doc = got["doc"]
+    rows = doc["rows"]
+    assert [r["num_gpus"] for r in rows] == [8, 16, 32] and all(r["proven_optimal"] for r in rows)
+    assert rows[0]["days"] > rows[1]["days"] > rows[2]["days"]   # days fall as the cluster grows
+    for r in rows:
+        assert r["gpu_hours"] == pytest.approx(r["num_gpus"] * r["days"] * 24)
+        assert r["cost_usd"] == pytest.approx(r["gpu_hours"] * 2)
+        assert r["days"] == pytest.approx(1e11 / r["effective_tokens_per_s"] / 86400)
+        assert r["effective_tokens_per_s"] < r["tokens_per_s"]   # checkpoints and failures paid
+    assert doc["best"]["cost_usd"] == min(r["cost_usd"] for r in rows)
+    assert got["err"].count("sweep [") == 3   # a progress line per size
+
+
+def test_deadline_devices_csv_and_plot(capsys, tmp_path):
+    table, picture = tmp_path / "s.csv", tmp_path / "s.png"
+    doc = _sweep(capsys, "--device", "A100,H100", "--nodes", "1,2", "--gpu-hour-usd", "1.5,2.5", "--deadline-days",
+                 "30", "--csv", str(table), "--plot", str(picture))["doc"]
+    assert {(r["device"], r["num_gpus"]) for r in doc["rows"]} == {
+        ("A100-SXM4-80GB", 8), ("A100-SXM4-80GB", 16), ("H100-SXM5-80GB", 8), ("H100-SXM5-80GB", 16)}
+    within = [r for r in doc["rows"] if r["days"] <= 30]
+    assert doc["best"]["cost_usd"] == min(r["cost_usd"] for r in within)
+    assert len(list(csv.DictReader(table.open()))) == 4
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_table_names_the_cheapest_and_the_knee(capsys):
+    assert main([*BASE, "--device", "H100", "--nodes", "1,2"]) == 0
+    out = capsys.readouterr().out
+    assert "* cheapest:" in out and "knee:" in out and "days" in out
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--device", "H100", "--nodes", ""], "--nodes"),
+    (["--device", "H100", "--nodes", "1", "--gpu-hour-usd", "-1"], "--gpu-hour-usd"),
+    (["--device", "H100", "--nodes", "1,2", "--deadline-days", "0.001"],
+     "no size meets the deadline of 0.001 days; the closest is 16 H100-SXM5-80GB"),
+    (["--device", "Z100", "--nodes", "1"], "Z100"),
+    (["--device", "H100", "--nodes", "1", "--cluster", "1x8xH100"], "leave out --cluster"),
+    (["--device", "A100,H100", "--nodes", "1", "--gpu-hour-usd", "1,2,3"], "3 prices for 2 devices"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
+    assert main([*BASE, *argv]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("sweep [")]
+    assert len(err) == 1 and message in err[0], err
+
+
+@pytest.mark.parametrize("command", [["predict", "--tp", "2"], ["search"]])
+def test_search_and_predict_say_what_training_takes(command, capsys):
+    flags = ["--model", "llama3-8b", "--cluster", "1x8xH100", "--seq-len", "4096", "--global-batch", "64"]
+    assert main([command[0], *flags, *command[1:], "--tokens", "1e11", "--gpu-hour-usd", "2", "--json"]) == 0
+    training = json.loads(capsys.readouterr().out)["training"]
+    assert training["num_gpus"] == 8 and training["cost_usd"] == pytest.approx(training["gpu_hours"] * 2)
+    assert main([command[0], *flags, *command[1:], "--gpu-hour-usd", "2"]) == 2
+    assert "--gpu-hour-usd prices the --tokens" in capsys.readouterr().err
