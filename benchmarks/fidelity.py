@@ -55,6 +55,9 @@ def main() -> None:
           f"measured rows predicted to fit {sum(r.fits for r in results if r.error_pct is not None)}/{in_sample['n']}")
     print(f"leave one source out ({len({r.source for r in filled})} sources): rows {held['n']}  "
           f"MAPE {held['mape_pct']:.1f}%  max |error| {held['max_abs_error_pct']:.1f}%")
+    problems = in_sample["profile_problems"]
+    print(f"fitted values outside their published ranges or at a bound: {len(problems)}"
+          + "".join(f"\n  {p}" for p in problems))
     if args.fit:
         for name, values in fit.fit_by_chip(filled).items():
             print(f"fit on the whole table, {name}: " + ", ".join(f"{k} = {v:.4g}" for k, v in values.items()))

@@ -32,7 +32,7 @@ def main() -> None:
         s = fit.summary(errors)
         print(f"\n== {name}: {s['n']} rows, MAPE {s['mape_pct']:.1f}%, max |error| {s['max_abs_error_pct']:.1f}%")
         for k, v in (values or fit.current_values(group[0].cluster)).items():
-            low, high = fit.BOUNDS[name][k]
+            low, high = fit.bounds_for(group[0].cluster)[k]
             edge = "  (at its bound)" if values and min(abs(v - low), abs(v - high)) <= 1e-3 * high else ""
             print(f"  {k} = {v:.4g}{edge}")
         for r, e in zip(group, errors):

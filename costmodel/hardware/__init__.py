@@ -14,7 +14,7 @@ from costmodel.hardware.clusters import (
     run_by,
 )
 from costmodel.hardware.fabric import Fabric, FabricSpec, fabric_graph
-from costmodel.hardware.profile_check import profile_problems
+from costmodel.hardware.profile_check import profile_problems, range_problems
 from costmodel.hardware.profile_io import (
     PROBE_FIT_VERSION,
     PROFILE_FORMAT_VERSION,
@@ -29,6 +29,7 @@ from costmodel.hardware.profile_io import (
 from costmodel.hardware.records import (
     DEFAULT_MEMORY_HEADROOM,
     DTYPE_FIELDS,
+    FITTED_PARAMS,
     FSDP_SYNC_KINDS,
     GELU_APPROXIMATIONS,
     OPTIONAL_DTYPE_FIELDS,
@@ -37,13 +38,14 @@ from costmodel.hardware.records import (
     Efficiency,
     HostSpec,
     NetworkTier,
+    ParameterRange,
     fsdp_sync_key,
     sdpa_key,
 )
 
 __all__ = [
-    "DEFAULT_MEMORY_HEADROOM", "DTYPE_FIELDS", "FSDP_SYNC_KINDS", "GELU_APPROXIMATIONS", "MAX_GROUPS",
+    "DEFAULT_MEMORY_HEADROOM", "DTYPE_FIELDS", "FITTED_PARAMS", "FSDP_SYNC_KINDS", "GELU_APPROXIMATIONS", "MAX_GROUPS",
     "OPTIONAL_DTYPE_FIELDS", "PROBE_FIT_VERSION", "PROFILE_FORMAT_VERSION", "PROFILE_KEYS", "RING_COLLECTIVES",
-    "ClusterSpec", "DeviceGroup", "DeviceProfile", "Efficiency", "Fabric", "FabricSpec", "HostSpec", "NetworkTier",
+    "ClusterSpec", "DeviceGroup", "DeviceProfile", "Efficiency", "Fabric", "FabricSpec", "HostSpec", "NetworkTier", "ParameterRange",
     "cluster_from_dict", "fabric_graph", "fsdp_sync_key", "known_profiles", "load_profile", "local_profile",
-    "mixed_cluster", "parse_cluster", "parse_profile", "profile_dir", "profile_problems", "resolve_device", "run_by", "sdpa_key"]
+    "mixed_cluster", "parse_cluster", "parse_profile", "profile_dir", "profile_problems", "range_problems", "resolve_device", "run_by", "sdpa_key"]

@@ -77,3 +77,18 @@ def profile_problems(dev: DeviceProfile) -> list[str]:  # noqa: C901 - one check
         if any(not all(math.isfinite(v) and v > 0 for v in point) for point in points):
             out.append(f"measured.{key} has a point that is not a positive sequence, head dim and time")
     return out
+
+
+def range_problems(dev: DeviceProfile) -> list[str]:
+    """Fitted efficiencies outside their published range ([ranges]), or at one of its bounds: a
+    fit pinned there wants what the measurements do not allow, so a mechanism is missing (a
+    range of one value, low == high, is a fixed value, not a bound)."""
+    out = []
+    for name, r in dev.ranges:
+        value = dev.fitted_value(name)
+        if value < r.low or value > r.high:
+            out.append(f"{dev.name} {name} = {value:.4g} is outside its published range {r.low:g}-{r.high:g}")
+        elif r.low < r.high and min(value - r.low, r.high - value) <= 1e-3 * (r.high - r.low):
+            out.append(f"{dev.name} {name} = {value:.4g} sits at a bound of its published range {r.low:g}-{r.high:g}")
+    return out
+

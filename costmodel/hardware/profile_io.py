@@ -15,6 +15,7 @@ from costmodel.hardware.fabric import FabricSpec
 from costmodel.hardware.profile_check import profile_problems
 from costmodel.hardware.records import (
     DTYPE_FIELDS,
+    FITTED_PARAMS,
     FSDP_SYNC_KINDS,
     GELU_APPROXIMATIONS,
     OPTIONAL_DTYPE_FIELDS,
@@ -22,6 +23,7 @@ from costmodel.hardware.records import (
     Efficiency,
     HostSpec,
     NetworkTier,
+    ParameterRange,
     fsdp_sync_key,
 )
 from costmodel.inputs import UserError
@@ -134,7 +136,7 @@ PROBE_FIT_VERSION = 17
 # What a profile may hold, per table; anything else is refused (a misspelt key would otherwise
 # leave its default in force without a word).
 PROFILE_KEYS = {
-    "": {"format_version", "device", "network", "fabric", "efficiency", "measured", "probes", "host"},
+    "": {"format_version", "device", "network", "fabric", "efficiency", "measured", "probes", "host", "ranges"},
     "fabric": {"rail_optimized", "nodes_per_leaf", "spine_oversubscription", "source"},
     "host": {"memory_bytes", "memory_bandwidth_bytes_per_s", "memory_efficiency", "link_bandwidth_bytes_per_s",
              "link_efficiency", "source"},
@@ -235,9 +237,29 @@ def _profile_from(path: Path, raw: dict[str, Any]) -> DeviceProfile:
         gelu_s_per_element=_gelu_rates(raw.get("measured", {}).get("gelu_s_per_element", {})),
         probe_fit_version=(int(raw["probes"].get("fit_version", 1)) if isinstance(raw.get("probes"), dict)
                            else 0),
+        ranges=_ranges(path, raw.get("ranges", {})),
         dtype_efficiency=tuple((k, replace(efficiency, **{f: float(v[f]) for f in DTYPE_FIELDS},
                                            **{f: float(v[f]) for f in OPTIONAL_DTYPE_FIELDS if f in v}))
                                for k, v in eff.items() if isinstance(v, dict)))
+
+
+def _ranges(path: Path, raw: Any) -> tuple[tuple[str, ParameterRange], ...]:
+    """[ranges]: name = { low, high, source } per fitted efficiency (FITTED_PARAMS)."""
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: [ranges] is not a table")
+    out = []
+    for name, entry in raw.items():
+        where = f"{path}: ranges.{name}"
+        if name not in FITTED_PARAMS:
+            raise UserError(f"{where}: not a fitted efficiency ({', '.join(FITTED_PARAMS)})")
+        if not isinstance(entry, dict) or set(entry) != {"low", "high", "source"}:
+            raise UserError(f"{where}: expected {{ low = L, high = H, source = \"...\" }}")
+        low, high = inputs.value(entry, "low", float, where), inputs.value(entry, "high", float, where)
+        source = inputs.value(entry, "source", str, where)
+        if not (math.isfinite(low) and math.isfinite(high) and 0 <= low <= high) or not source.strip():
+            raise UserError(f"{where}: needs 0 <= low <= high and a source, got {low!r}, {high!r}")
+        out.append((name, ParameterRange(low=low, high=high, source=source)))
+    return tuple(out)
 
 
 def _rate_table(raw: dict[str, Any], field: str, names: list[str]) -> tuple[tuple[str, float], ...]:

@@ -129,6 +129,21 @@ DTYPE_FIELDS = ("gemm", "attention", "memory", "kernel_overhead_s")
 OPTIONAL_DTYPE_FIELDS = ("step_overhead_s", "recompute_cost")
 
 
+# the efficiency parameters a published-runs fit sets (planner.measure.fit) and that a
+# profile's [ranges] bound with published measurements
+FITTED_PARAMS = ("gemm", "attention", "memory", "kernel_overhead_s", "intra_node_comm", "inter_node_comm",
+                 "comm_contention", "vendor_attention_speedup")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ParameterRange:
+    """What published measurements allow a fitted efficiency: [low, high], and where from."""
+
+    low: float
+    high: float
+    source: str
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DeviceProfile:
     name: str
@@ -190,9 +205,19 @@ class DeviceProfile:
     sdpa_curves: tuple[tuple[str, tuple[tuple[float, float, float], ...]], ...] = ()
     # the cost model the profile's probes were fitted under (PROBE_FIT_VERSION; 0: no probes)
     probe_fit_version: int = 0
+    # [ranges]: per FITTED_PARAMS name, the published range its fitted value must lie inside
+    ranges: tuple[tuple[str, ParameterRange], ...] = ()
     # the tiers and fabric as a switch graph, rebuilt with every copy (dataclasses.replace
     # runs __post_init__) so that it always answers for this record's tiers
     _fabric: Fabric | None = field(default=None, init=False, repr=False, compare=False)
+
+    def fitted_value(self, name: str) -> float:
+        """A FITTED_PARAMS value as the profile holds it (the links' efficiencies on their tiers)."""
+        if name == "intra_node_comm":
+            return self.intra_node.efficiency
+        if name == "inter_node_comm":
+            return self.inter_node.efficiency
+        return float(getattr(self.efficiency, name))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_fabric", Fabric(node=self.intra_node, middle=self.middle_tiers,

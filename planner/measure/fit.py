@@ -1,8 +1,8 @@
 """Fit device efficiencies on published runs, and judge the fit on runs it never saw.
 
 One parameter set per chip (A100 40/80 GB share one, H100; the H200 and B200 profiles borrow
-H100's), never per row, source or model, each parameter bounded to what a measurement
-supports (`BOUNDS`). The objective is the mean squared log error of predicted step time. Rows'
+H100's), never per row, source or model, each parameter inside the range published
+measurements give it (the profile's [ranges]). The objective is the mean squared log error of predicted step time. Rows'
 unstated fields are filled once by the search (`planner.measure.validate.best_plan_for_row`) with the
 profile's current values; the fit then re-prices those plans (closed-form pipeline: every
 published schedule has one, and it is what the search reasons with).
@@ -21,31 +21,26 @@ from typing import Any, Callable
 
 from costmodel.estimate import estimate
 from costmodel.frameworks import attention_speedup
-from costmodel.hardware import ClusterSpec
+from costmodel.hardware import FITTED_PARAMS, ClusterSpec
+from costmodel.inputs import UserError
 from costmodel.plan import Plan
 from costmodel.specs import ModelSpec, TrainSpec
 
-# Bounds from measurements, per chip (sources in each profile's comments):
-# GEMM: the best measured dense BF16 matmul, 86.9 % of peak on A100 and 80.3 % on H100
-# (stas00/ml-engineering mamf-finder); collectives: nccl-tests ring bus bandwidth over the
-# link's nominal rate, 0.77 on A100 NVLink 3 and 0.82 on H100 NVLink 4 (Azure ND A100 v4 /
-# NDv5 results; sjeaugey in NVIDIA/nccl-tests#212), 0.96 across DGX A100 nodes (192 GB/s of
-# 8 x 25 GB/s, NVIDIA/nccl#812); a per-kernel cost between a bare launch (2 us) and an eager
-# PyTorch op with autograd (30 us); contention up to 0.3: NCCL runs up to 32 channels, one SM
-# each, 24 % of an H100's 132 SMs, 30 % of an A100's 108. Vendor attention (cuDNN fused attention,
-# FlashAttention-3) on Hopper against FlashAttention-2: "1.5-2.0x faster" (Shah et al. 2024, arXiv
-# 2407.08608); Ampere has no such kernel beyond FlashAttention-2 (1.0, not fitted).
-BOUNDS: dict[str, dict[str, tuple[float, float]]] = {
-    "A100": {"gemm": (0.45, 0.87), "attention": (0.2, 0.8), "memory": (0.4, 0.95),
-             "kernel_overhead_s": (2e-6, 30e-6), "intra_node_comm": (0.4, 0.77), "inter_node_comm": (0.4, 0.96),
-             "comm_contention": (0.0, 0.3), "vendor_attention_speedup": (1.0, 1.0)},
-    "H100": {"gemm": (0.45, 0.80), "attention": (0.2, 0.8), "memory": (0.4, 0.95),
-             "kernel_overhead_s": (2e-6, 30e-6), "intra_node_comm": (0.4, 0.82), "inter_node_comm": (0.4, 0.96),
-             "comm_contention": (0.0, 0.3), "vendor_attention_speedup": (1.5, 2.0)},
-}
-PARAMS = tuple(BOUNDS["A100"])
+# Each fitted value stays inside the published range its profile gives it ([ranges] in
+# profiles/*.toml, every bound with its source; costmodel.hardware.range_problems names a value
+# outside or at a bound). Chips without rows of their own borrow another chip's fitted values.
+PARAMS = FITTED_PARAMS
 # chips without rows of their own are fitted with the bounds of the chip whose values they borrow
 BORROWS = {"H200": "H100", "B200": "H100", "V100": "A100"}
+
+
+def bounds_for(cluster: ClusterSpec) -> dict[str, tuple[float, float]]:
+    """The published ranges of the chip's profile, every fitted parameter's."""
+    ranges = dict(cluster.device.ranges)
+    if missing := [k for k in PARAMS if k not in ranges]:
+        raise UserError(f"{cluster.device.path}: [ranges] lacks {', '.join(missing)}: a fit needs a published range "
+                        "for every parameter it sets")
+    return {k: (ranges[k].low, ranges[k].high) for k in PARAMS}
 
 
 def chip(cluster: ClusterSpec) -> str:
@@ -130,7 +125,7 @@ def fill_rows(rows: list[dict[str, str]], progress: Callable[[str], None] | None
 def fit(rows: list[FilledRow], *, max_evaluations: int = 400) -> dict[str, float]:
     """Least squares in log step time over the rows of one chip, Powell within the bounds."""
     from scipy.optimize import minimize
-    bounds = BOUNDS[chip(rows[0].cluster)]
+    bounds = bounds_for(rows[0].cluster)
     start = current_values(rows[0].cluster)
     # fused attention is identifiable only from rows that ran it, a vendor kernel's speedup only
     # from rows that called it, and only where the chip has such a kernel (bounds not one value)

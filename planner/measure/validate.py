@@ -19,7 +19,7 @@ from typing import Any
 from costmodel.check import check_plan, world_problem
 from costmodel.estimate import Estimate, estimate
 from costmodel.frameworks import framework_traits
-from costmodel.hardware import ClusterSpec, parse_cluster, profile_dir, run_by
+from costmodel.hardware import ClusterSpec, parse_cluster, profile_dir, range_problems, resolve_device, run_by
 from costmodel.inputs import UserError, read_text
 from costmodel.plan import Plan, Recompute, Schedule
 from costmodel.registry import gpt_spec, llama_spec
@@ -382,7 +382,18 @@ def summarize(results: list[RowResult], rows: list[dict[str, str]]) -> dict[str,
                              [_step_time(r, row, "published") for r, row in timed]),
         "num_status_rows": len(status),
         "num_status_correct": sum(1 for r in status if (r.published == "OOM") == (not r.fits)),
+        "profile_problems": profile_range_problems(rows),
     }
+
+
+def profile_range_problems(rows: list[dict[str, str]]) -> list[str]:
+    """The fitted efficiencies of the rows' device profiles that lie outside their published
+    ranges or at a bound (costmodel.hardware.range_problems): where the fit hides a mechanism."""
+    devices = {}
+    for row in rows:
+        device = resolve_device(row["gpu"].strip())
+        devices.setdefault(device.name, device)
+    return [p for name in sorted(devices) for p in range_problems(devices[name])]
 
 
 def default_runs_path() -> Path:
