@@ -33,6 +33,11 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
 - `vendor_attention`: attention through Transformer Engine (cuDNN fused attention, FlashAttention-3
   class on Hopper) rather than PyTorch's FlashAttention-2 SDPA: the device's
   `vendor_attention_speedup` applies (costmodel.hardware.run_by).
+- `flash_attention_1`: the framework's flash kernel is of FlashAttention's first generation (the
+  CUDA kernel or its Triton port), as llm-foundry's MPT benchmarks ran it (`attn_impl: triton`
+  or `flash` over flash-attn 1.x, torch 1.13 with triton-pre-mlir, before FlashAttention-2):
+  FlashAttention-2 is "around 2x" faster than it (Dao 2023, arXiv 2307.08691, abstract; 1.3-2.5x
+  over the Triton port), so the device's FlashAttention-2 figure is divided by FLASH1_SLOWDOWN.
 - `tp_keeps_gathered_input`: under sequence parallelism, whether the column-parallel projections
   keep their all-gathered (whole-sequence) input for the weight gradient. torch's DTensor TP
   (`PrepareModuleInput` from `Shard(1)` to `Replicate()`, then `nn.Linear`) does: autograd saves
@@ -147,6 +152,7 @@ class FrameworkTraits:
     loss_grad_in_place: bool = False
     fsdp_master_params: bool = False
     vendor_attention: bool = False
+    flash_attention_1: bool = False
     tp_keeps_gathered_input: bool = False
     vocab_parallel_loss: bool = True
     cpu_kernels: bool = False
@@ -192,7 +198,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
                     **_MEGATRON),
     FrameworkTraits(name="megatron-deepspeed", **{**_DEEPSPEED, "loss_grad_in_place": True}),
     FrameworkTraits(name="deepspeed", **_DEEPSPEED),
-    FrameworkTraits(name="composer-fsdp", sharded_grads_under_pp=True, **_FSDP),
+    FrameworkTraits(name="composer-fsdp", sharded_grads_under_pp=True, flash_attention_1=True, **_FSDP),
     FrameworkTraits(name="fms-fsdp", sharded_grads_under_pp=True, eager_layer=True, **_FSDP),
     FrameworkTraits(name="torchtitan", sharded_grads_under_pp=False, tp_keeps_gathered_input=True,
                     cp_all_gather_kv=True, float8_casts_fused=True, **_FSDP),
@@ -210,7 +216,14 @@ def traits_on(traits: FrameworkTraits, device_kind: str) -> FrameworkTraits:
     return traits if traits.cpu_kernels == cpu else replace(traits, cpu_kernels=cpu)
 
 
+# FlashAttention-2 over the first generation, fwd + bwd (Dao 2023, arXiv 2307.08691: "around 2x")
+FLASH1_SLOWDOWN = 2.0
+
+
 def attention_speedup(traits: FrameworkTraits, vendor_speedup: float) -> float:
     """What a framework's attention gains over FlashAttention-2: the device's vendor speedup
-    where it calls the vendor's kernel (`vendor_attention`), else nothing."""
-    return vendor_speedup if traits.vendor_attention else 1.0
+    where it calls the vendor's kernel (`vendor_attention`), a loss where its kernel is of the
+    first generation (`flash_attention_1`), else nothing."""
+    if traits.vendor_attention:
+        return vendor_speedup
+    return 1.0 / FLASH1_SLOWDOWN if traits.flash_attention_1 else 1.0

@@ -51,10 +51,22 @@ LLAMA3 = Failures(failures_per_device_hour=FAILURES_PER_DEVICE_HOUR,
                   rate_name="Llama 3's rate")
 
 
+MTBF_HOURS_RANGE = (1e-3, 1e12)
+STORAGE_MB_S_RANGE = (1e-3, 1e9)
+
+
 def stated(device_mtbf_hours: float | None, storage_mb_s_per_device: float | None) -> Failures:
     """LLAMA3 with what the user stated in its place (the flags of search, predict and run)."""
     if device_mtbf_hours is None and storage_mb_s_per_device is None:
         return LLAMA3
+    # beyond these the arithmetic of a job's MTBF and a checkpoint's write leaves the floats
+    # (a device failing once in 10^12 hours, storage slower than a kilobyte a second)
+    if device_mtbf_hours is not None and not MTBF_HOURS_RANGE[0] <= device_mtbf_hours <= MTBF_HOURS_RANGE[1]:
+        raise UserError(f"--device-mtbf-hours {device_mtbf_hours:g}: give {MTBF_HOURS_RANGE[0]:g} to "
+                        f"{MTBF_HOURS_RANGE[1]:g} hours")
+    if storage_mb_s_per_device is not None and not STORAGE_MB_S_RANGE[0] <= storage_mb_s_per_device <= STORAGE_MB_S_RANGE[1]:
+        raise UserError(f"--storage-mb-s-per-device {storage_mb_s_per_device:g}: give {STORAGE_MB_S_RANGE[0]:g} to "
+                        f"{STORAGE_MB_S_RANGE[1]:g} MB/s")
     rate = LLAMA3.failures_per_device_hour if device_mtbf_hours is None else 1.0 / device_mtbf_hours
     storage = (LLAMA3.storage_bytes_per_s_per_device if storage_mb_s_per_device is None
                else storage_mb_s_per_device * 1e6)

@@ -42,6 +42,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         raise UserError("--out must differ from the profile: calibration never overwrites it")
     outputs.out_file(out, "--out", args.overwrite, ".toml")
     runs = [load_run(Path(r)) for r in args.runs]
+    for path, run in zip(args.runs, runs):   # timings of one kind of device say nothing of another's
+        ran_on = run.pf.cluster.device
+        if ran_on.kind != base.kind:
+            raise UserError(f"{path} ran on {ran_on.name} (a {ran_on.kind}); it cannot calibrate {base.name} "
+                            f"(a {base.kind}): calibrate a profile with runs measured on that device")
     loaded = [replace(r, pf=replace(r.pf, cluster=replace(r.pf.cluster, device=base))) for r in runs]
     runs = merge_repeats(loaded)
     before = summary(runs, base)

@@ -48,7 +48,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     refuse_unless_runs(name_for(cluster.framework), model, train, cluster, plan)
     est = estimate(model, train, cluster, plan)
     cost = training_cost_of(args, model, train, cluster, est)
-    if out:
+    over = check_memory(model, train, cluster, plan)
+    if out and not over:   # a plan that does not fit is an error: no plan file is written for it
         PlanFile(plan=plan, model=model, train=train, cluster=cluster).save(out)
         print(f"wrote {out}", file=sys.stderr)
     if args.json:
@@ -68,7 +69,6 @@ def cmd_predict(args: argparse.Namespace) -> int:
         print(ledger_table(est))
         print()
         print(memory_table(est))
-    over = check_memory(model, train, cluster, plan)
     if over:
-        raise UserError("plan does not fit: " + "; ".join(over))
+        raise UserError("plan does not fit: " + "; ".join(over) + (f" ({out} not written)" if out else ""))
     return 0
