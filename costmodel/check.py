@@ -192,8 +192,9 @@ def fp8_problems(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: i
     """What float8 linears need: a device with float8 tensor cores (an fp8 peak in its profile:
     H100, H200, B200; not A100, V100 or a CPU, where the runtime cannot run them either), a
     training spec that accepts float8 (bf16 beside it), a dense model (torchao's float8 linears
-    do not reach our mixtures' batched expert weights), and no tensor parallelism (the runtime
-    does not apply torchao's float8 tensor-parallel styles)."""
+    do not reach our mixtures' batched expert weights), and no tensor parallelism where the
+    framework has none for float8 (our runtime does not apply torchao's float8 tensor-parallel
+    styles; costmodel.frameworks `float8_with_tp`)."""
     out = []
     if problem := next(filter(None, (float8_device_problem(view.device) for view in views(cluster))), None):
         out.append(f"fp8_linears: {problem}")
@@ -202,7 +203,7 @@ def fp8_problems(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: i
     if model.is_moe:
         out.append(f"fp8_linears: model {model.name} is a mixture of experts; float8 is priced and run for dense "
                    "models only")
-    if tp > 1:
+    if tp > 1 and not cluster.framework.float8_with_tp:
         out.append("fp8_linears with tp > 1: the runtime runs float8 linears without tensor parallelism")
     return out
 

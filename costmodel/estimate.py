@@ -266,7 +266,8 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
         sim = simulate_plan(model, train, cluster, plan)
         critical = max(range(plan.pp), key=lambda r: sim.busy_s[r])
         # the busiest rank's sends, and its idle time in the simulated pipeline phase
-        ledger = _ledger(plan, ranks[critical], sim.send_s[critical], sim.time_s - sim.busy_s[critical],
+        # (a rank busy all along idles for no time: the difference's rounding is not a bubble)
+        ledger = _ledger(plan, ranks[critical], sim.send_s[critical], max(0.0, sim.time_s - sim.busy_s[critical]),
                          dp_s, emb_s, after)
         memory = memory_per_rank(model, train, cluster, plan, sim)
         bubbles = sim.bubble_fractions

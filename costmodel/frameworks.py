@@ -107,6 +107,9 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   torch.compile; our runtime compiles each float8 linear on CUDA) or Transformer Engine's fused
   kernels: one amax read and one scaled cast (5
   bytes per element), three casts per linear, the backward reusing the forward's.
+- `float8_with_tp`: float8 linears under tensor parallelism: Transformer Engine's fp8 GEMMs
+  inside Megatron-Core's column- and row-parallel layers, torchao's float8 tensor-parallel
+  styles in torchtitan; our runtime does not apply those styles (float8 without TP only).
 - `fused_grad_accumulation`: the weight-gradient GEMMs add into the fp32 gradient buffer
   themselves (Megatron's `gradient_accumulation_fusion` with APEX's `fused_weight_gradient_mlp_cuda`,
   on unless `--no-gradient-accumulation-fusion`; in Megatron-LM since commit 83b1e42 of
@@ -161,6 +164,7 @@ class FrameworkTraits:
     pipeline_sends_held: bool = False
     cp_all_gather_kv: bool = False
     float8_casts_fused: bool = False
+    float8_with_tp: bool = False
     ep_folds_over_tp: bool = False
     recompute_early_stop: bool = False
     fused_grad_accumulation: bool = False
@@ -194,14 +198,15 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
     FrameworkTraits(name="megatron-lm", dp_grad_overlap=False, dp_param_overlap=False, tp_comm_hidden=0.0,
                     **_MEGATRON),
     FrameworkTraits(name="megatron-core", dp_grad_overlap=True, dp_param_overlap=True, tp_comm_hidden=0.5,
-                    swiglu_saved_tensors=3, vendor_attention=True, float8_casts_fused=True, ep_folds_over_tp=True,
+                    swiglu_saved_tensors=3, vendor_attention=True, float8_casts_fused=True, float8_with_tp=True,
+                    ep_folds_over_tp=True,
                     **_MEGATRON),
     FrameworkTraits(name="megatron-deepspeed", **{**_DEEPSPEED, "loss_grad_in_place": True}),
     FrameworkTraits(name="deepspeed", **_DEEPSPEED),
     FrameworkTraits(name="composer-fsdp", sharded_grads_under_pp=True, flash_attention_1=True, **_FSDP),
     FrameworkTraits(name="fms-fsdp", sharded_grads_under_pp=True, eager_layer=True, **_FSDP),
     FrameworkTraits(name="torchtitan", sharded_grads_under_pp=False, tp_keeps_gathered_input=True,
-                    cp_all_gather_kv=True, float8_casts_fused=True, **_FSDP),
+                    cp_all_gather_kv=True, float8_casts_fused=True, float8_with_tp=True, **_FSDP),
 )}
 
 

@@ -256,8 +256,12 @@ class Plan:
         if self.ep > 1:
             text += f" ep{self.ep}"
         rc = "" if self.recompute is Recompute.NONE else f" rc={self.recompute}"
+        held = [self.layers_on_rank(r) for r in range(self.pp)]
         if self.recompute is not Recompute.NONE and len(set(self.recompute_num_layers)) > 1:
             rc += "[" + ",".join(map(str, self.recompute_num_layers)) + "]"
+        elif self.recompute is not Recompute.NONE and list(self.recompute_num_layers) != held:
+            # every rank recomputes the same part of its layers: said, so that `rc=full` means all
+            rc += f":{self.recompute_num_layers[0]}/{held[0] if len(set(held)) == 1 else '/'.join(map(str, held))}"
         mesh = "" if self.mesh_axis_order == DEFAULT_AXIS_ORDER else " mesh=" + ">".join(self.mesh_axis_order)
         off = "+offload" if self.offload_optimizer else ""
         off += " fp8" if self.fp8_linears else ""

@@ -8,6 +8,7 @@ import math
 from dataclasses import replace
 
 from costmodel.estimate import estimate
+from costmodel.fidelity import MEMORY_ERROR_BAND
 from costmodel.plan import Plan, Recompute
 from planner.candidates import SearchOptions
 from planner.search_state import Found
@@ -15,9 +16,11 @@ from planner.search_state import Found
 
 def robust_first(ranked: list[Found], band: float) -> tuple[list[Found], int]:
     """The plans within `band` of the fastest, most robust first: states on the device, bf16
-    linears, then more memory headroom (in steps of a tenth of the device), then fewer moving parts (context,
-    pipeline and virtual stages, tensor ranks, a zero-bubble schedule), then time; the rest by
-    time after them. Returns the order and how many are equivalent."""
+    linears, a memory margin larger than the memory model's error (MEMORY_ERROR_BAND of its peak),
+    a larger margin (in steps of that error's share of the device: closer margins are not told
+    apart), then fewer moving parts (context, pipeline and virtual stages, tensor ranks, a
+    zero-bubble schedule), then time; the rest by time after them. Returns the order and how
+    many are equivalent."""
     if not ranked or band <= 0:
         return ranked, min(len(ranked), 1)
     limit = ranked[0].estimate.step_time_s * (1 + band)
@@ -25,15 +28,23 @@ def robust_first(ranked: list[Found], band: float) -> tuple[list[Found], int]:
 
     def robustness(f: Found) -> tuple:
         e, p = f.estimate, f.plan
-        headroom_tenths = math.floor(10 * e.min_headroom_fraction)
+        margin, peak, capacity = memory_margin(e)
+        steps = math.floor(margin / (MEMORY_ERROR_BAND * capacity))
         # states kept on the device before states on the host: offloading trades device memory
         # for a dependence on the host's link and cores, priced from datasheets no run has checked
         # likewise bf16 linears before float8 ones, whose speed no run of ours has measured
-        return (p.offload_optimizer, p.fp8_linears, -headroom_tenths, p.cp, p.pp * p.vpp, p.tp,
-                p.schedule.defers_weight_grad, e.step_time_s)
+        return (p.offload_optimizer, p.fp8_linears, margin < MEMORY_ERROR_BAND * peak, -steps, p.cp, p.pp * p.vpp,
+                p.tp, p.schedule.defers_weight_grad, e.step_time_s)
 
     near.sort(key=robustness)
     return near + [f for f in ranked if f not in near], len(near)
+
+
+def memory_margin(est) -> tuple[float, float, float]:
+    """(bytes to spare, peak, capacity) on the tightest rank."""
+    r = est.tightest_rank
+    cap = est.capacity_per_rank_bytes[r]
+    return cap - est.peak_memory_bytes[r], est.peak_memory_bytes[r], cap
 
 
 MEMORY_BAND = 0.05   # `--objective memory`: the leanest plan within this of the fastest

@@ -82,13 +82,14 @@ def profile_problems(dev: DeviceProfile) -> list[str]:  # noqa: C901 - one check
 def range_problems(dev: DeviceProfile) -> list[str]:
     """Fitted efficiencies outside their published range ([ranges]), or at one of its bounds: a
     fit pinned there wants what the measurements do not allow, so a mechanism is missing (a
-    range of one value, low == high, is a fixed value, not a bound)."""
+    range of one value, low == high, is a fixed value, not a bound). Within 1 % of the range's
+    width of a bound counts as at it (a fit's tolerance, and the profile's rounding)."""
     out = []
     for name, r in dev.ranges:
         value = dev.fitted_value(name)
         if value < r.low or value > r.high:
             out.append(f"{dev.name} {name} = {value:.4g} is outside its published range {r.low:g}-{r.high:g}")
-        elif r.low < r.high and min(value - r.low, r.high - value) <= 1e-3 * (r.high - r.low):
+        elif r.low < r.high and min(value - r.low, r.high - value) <= 0.01 * (r.high - r.low):
             out.append(f"{dev.name} {name} = {value:.4g} sits at a bound of its published range {r.low:g}-{r.high:g}")
     return out
 

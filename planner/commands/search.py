@@ -295,9 +295,13 @@ def cmd_search(args: argparse.Namespace) -> int:
         print(f"the host holds what the devices cannot: {result.offloaded_because} (on-device plans are "
               "searched first; --fix offload=yes|no and --fix act_offload=yes|no decide from the start)")
     if result.equivalent > 1:
+        from costmodel.fidelity import MEMORY_ERROR_BAND
+        from planner.ranking import memory_margin
+        spare, _, capacity = memory_margin(best.estimate)
         print(f"{result.equivalent} plans within +-{100 * result.error_band:.1f}% of the fastest are equivalent "
-              f"under that error: the first is the most robust (memory headroom, "
-              f"fewer moving parts)")
+              f"under that error: the first is the most robust ({spare / GIB:.1f} GiB to spare; margins are told "
+              f"apart in steps of the memory model's error, +-{100 * MEMORY_ERROR_BAND:.1f}% = "
+              f"{MEMORY_ERROR_BAND * capacity / GIB:.1f} GiB here; then fewer moving parts)")
     if runner_up_text:
         print(runner_up_text)
     if exported is not None:

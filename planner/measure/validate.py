@@ -34,6 +34,7 @@ from costmodel.specs import (
 )
 from planner.search import SearchOptions, search
 from planner.space import Choice, build_plan, divisors
+from planner.specs import FP8
 
 REQUIRED = ("id", "arch", "layers", "hidden", "heads", "vocab", "seq_len", "gpu", "num_gpus",
             "gpus_per_node", "tp", "pp", "global_batch", "metric_name", "metric_value")
@@ -168,9 +169,11 @@ def row_specs(row: dict[str, str]) -> tuple[ModelSpec, TrainSpec, ClusterSpec]:
     else:
         raise UserError(f"row {row['id']!r}: arch {row['arch']!r} is neither gpt nor llama")
     precision = (row.get("precision") or "bf16").strip()
+    # fp8: bf16 training whose linears ran in float8 (Transformer Engine, torchao), as --dtype fp8
+    float8 = precision == FP8
     train = TrainSpec(seq_len=seq, global_batch_size=_int(row, "global_batch"),
-                      compute_dtype=DType(precision), attention_kernel=attention_kernel(row),
-                      expert_load_imbalance=_imbalance(row))
+                      compute_dtype=DType.BF16 if float8 else DType(precision), float8=float8,
+                      attention_kernel=attention_kernel(row), expert_load_imbalance=_imbalance(row))
     num_gpus, per_node = _int(row, "num_gpus"), _int(row, "gpus_per_node")
     if num_gpus % per_node:
         raise UserError(f"row {row['id']!r}: {num_gpus} GPUs is not a whole number of {per_node}-GPU nodes")
@@ -256,7 +259,8 @@ def best_plan_for_row(row: dict[str, str], model: ModelSpec, train: TrainSpec, c
     stated = {SEARCH_FIELDS[k]: v[0] for k, v in opts.items() if k not in fillable}
     # the table has no offload column: none of its runs kept states or activations on the host
     options = SearchOptions(top_k=FRAMEWORK_LAYOUTS, fixed={"tp": tp, "pp": pp, "cp": cp, "dp": dp, "ep": ep, **stated,
-                                                            "offload_optimizer": False, "offload_activations": False},
+                                                            "offload_optimizer": False, "offload_activations": False,
+                                                            "fp8_linears": train.float8},
                             max_tp=max(tp, cluster.devices_per_node), time_limit_s=time_limit_s,
                             schedules=PUBLISHED_SCHEDULES, error_band=0.0)
     found = search(model, train, cluster, options).plans
@@ -288,7 +292,7 @@ def _choice_of(plan: Plan) -> Choice:
     """What the framework's layout keeps of a search plan: its degrees and modes."""
     return Choice(tp=plan.tp, pp=plan.pp, cp=plan.cp, dp=plan.dp, ep=plan.ep, zero_stage=plan.zero_stage,
                   recompute=plan.recompute, sequence_parallel=plan.sequence_parallel,
-                  micro_batch_size=plan.micro_batch_size, vpp=plan.vpp)
+                  micro_batch_size=plan.micro_batch_size, vpp=plan.vpp, fp8_linears=plan.fp8_linears)
 
 
 def _as_framework_runs(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
@@ -310,7 +314,7 @@ def _least_overflow(row: dict[str, str], model: ModelSpec, train: TrainSpec, clu
         if best is not None and time.perf_counter() > deadline:
             break
         choice = Choice(tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, zero_stage=zero, recompute=rc,
-                        sequence_parallel=sp, micro_batch_size=mb, vpp=vpp)
+                        sequence_parallel=sp, micro_batch_size=mb, vpp=vpp, fp8_linears=train.float8)
         try:
             plan = build_plan(model, train, cluster, choice)
         except ValueError:

@@ -4,6 +4,7 @@ included runtime cannot fit fit under the framework that ran them; bad input is 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -93,3 +94,30 @@ def test_bad_framework_input_is_one_line_and_exit_2(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err, err
+
+
+def test_float8_with_tensor_parallelism_is_a_frameworks_not_the_runtimes(capsys):
+    """Transformer Engine runs fp8 GEMMs inside Megatron's TP layers; our runtime does not apply
+    torchao's float8 TP styles (costmodel.frameworks `float8_with_tp`)."""
+    flags = ["predict", "--model", "llama3-8b", "--cluster", "1x8xH100", "--tp", "2", "--dtype", "fp8",
+             "--seq-len", "4096", "--global-batch", "64", "--json"]
+    assert main([*flags, "--framework", "megatron"]) == 0
+    assert json.loads(capsys.readouterr().out)["plan"]["fp8_linears"]
+    assert main(flags) == 2
+    assert "the runtime runs float8 linears without tensor parallelism" in capsys.readouterr().err
+
+
+def test_published_fp8_runs_are_read_with_float8_linears(tmp_path):
+    import csv
+
+    from planner.measure.validate import validate
+    source = Path(__file__).resolve().parents[2] / "profiles" / "runs" / "frontier_runs_fp8.csv"
+    rows = [r for r in csv.DictReader(source.open()) if r["id"] == "dgxc_v24111_llama31_70b_h100_fp8_g256"]
+    table = tmp_path / "fp8.csv"
+    with table.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    results, summary = validate(table)
+    assert results[0].plan.fp8_linears and results[0].plan.tp > 1 and results[0].fits
+    assert summary["max_abs_error_pct"] <= 10.0
