@@ -141,7 +141,33 @@ def measure_accuracy(clock: Clock) -> dict:
     rows = [_row(res, row, loso.get(res.id), fidelity.step_time_error_pct, fit.source_group(row["source"]))
             for res, row in zip(results, csv_rows)]
     return {"rows": rows, "summary": summary, "left_out": fit.summary(list(loso.values())),
-            "num_sources": len({r.source for r in filled})}
+            "num_sources": len({r.source for r in filled}), "frontier": measure_frontier(clock)}
+
+
+FRONTIER = ("profiles/runs/frontier_runs.csv", "profiles/runs/frontier_runs_fp8.csv")
+
+
+def measure_frontier(clock: Clock) -> list[dict]:
+    """The published runs the fit never saw (profiles/runs/frontier_runs*.md): `planner validate`
+    row by row, a row the planner refuses (a model or plan it does not price) counted apart."""
+    from costmodel.inputs import UserError
+    from planner.measure.validate import read_runs, summarize, validate_row
+    out = []
+    for table in FRONTIER:
+        rows = read_runs(ROOT / table)
+        clock.tick(f"runs the fit never saw: {len(rows)} rows of {table} (python3 -m planner validate {table})")
+        results, kept, refused = [], [], []
+        for row in rows:
+            try:
+                results.append(validate_row(row))
+                kept.append(row)
+            except UserError as exc:
+                refused.append(f"{row['id']}: {str(exc).split(': ', 1)[-1]}")
+        s = summarize(results, kept)
+        out.append({"table": table, "n": s["n"], "mape_pct": s["mape_pct"], "max_abs_error_pct": s["max_abs_error_pct"],
+                    "spearman": s["spearman"], "fits": sum(r.fits for r in results if r.error_pct is not None),
+                    "refused": refused})
+    return out
 
 
 def _row(res, row: dict, left_out_log: float | None, step_error, source: str) -> dict:
@@ -310,7 +336,13 @@ def accuracy_section(acc: dict, gpu: dict, band: float, meta: dict) -> str:
         f"| one H100, stored runs priced by this code: step time | {gpu['n']} | {gpu['step_mape_pct']:.1f} | "
         f"{gpu['step_max_pct']:.1f} | | `{CMD_GPU}` |",
         f"| one H100, stored runs priced by this code: peak memory | {gpu['n']} | {gpu['memory_mape_pct']:.1f} | "
-        f"{gpu['memory_max_pct']:.1f} | | (the same) |", "",
+        f"{gpu['memory_max_pct']:.1f} | | (the same) |",
+        *(f"| runs the fit never saw: `{f['table']}` ({f['fits']} of {f['n']} predicted to fit"
+          + (f"; {len(f['refused'])} refused: {cell('; '.join(f['refused']))}" if f["refused"] else "")
+          + f") | {f['n']} | {f['mape_pct']:.1f} | {f['max_abs_error_pct']:.1f} | {f['spearman']:.3f} | "
+          f"`python3 -m planner validate {f['table']}` |" for f in acc.get("frontier", [])), "",
+        *([f"Fitted values at a bound of their published range (profiles' `[ranges]`; each a mechanism the fit "
+           f"hides): {cell('; '.join(s['profile_problems']))}.", ""] if s.get("profile_problems") else []),
         f"Published runs: `profiles/runs/published_runs.csv` ({s['n']} timed rows; every row in "
         "[validation.md](validation.md)); the profiles were fitted on this table, so the in-sample rows flatter "
         "and the left-out ones are the error to expect on a kind of run the table does not hold. "

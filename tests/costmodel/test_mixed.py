@@ -132,17 +132,17 @@ def test_replicas_on_two_alike_groups_price_as_the_uniform_cluster():
 
 def test_uneven_shares_move_work_to_the_faster_group():
     cluster = parse_cluster("4x8xA100+4x8xH100")
-    base = _plan(cluster, pp=1, tp=8, zero_stage=3, recompute=Recompute.FULL, micro_batch_size=2)
+    base = _plan(cluster, pp=1, tp=8, zero_stage=3, recompute=Recompute.FULL, micro_batch_size=4)
     even = estimate(MODEL, TRAIN, cluster, base)
     times = {s["group"]: s["step_time_s"] for s in even.group_shares}
     assert times[0] > times[1]   # the A100s set the step
-    # a quarter of the batch on the A100s: 4 replicas x 1 + 4 x 3, x 64 micro-batches = 1024
-    uneven = dataclasses.replace(base, micro_batch_size=3, micro_batch_sizes=(1, 3), num_micro_batches=64)
+    # a quarter of the batch on the A100s: 4 replicas x 2 + 4 x 6, x 32 micro-batches = 1024
+    uneven = dataclasses.replace(base, micro_batch_size=6, micro_batch_sizes=(2, 6), num_micro_batches=32)
     assert not check_structure(MODEL, TRAIN, cluster, uneven)
     assert replica_samples(uneven, cluster) == [64] * 4 + [192] * 4
     est = estimate(MODEL, TRAIN, cluster, uneven)
     assert est.step_time_s < even.step_time_s
     assert est.step_time_s == max(s["step_time_s"] for s in est.group_shares)
-    assert "A100:mbs1 H100:mbs3" == stages_on(uneven, cluster)
-    short = dataclasses.replace(uneven, num_micro_batches=32)
+    assert "A100:mbs2 H100:mbs6" == stages_on(uneven, cluster)
+    short = dataclasses.replace(uneven, num_micro_batches=16)
     assert any("do not add up to the global batch 1024" in p for p in check_structure(MODEL, TRAIN, cluster, short))
