@@ -23,6 +23,7 @@ from costmodel.inputs import UserError
 from costmodel.plan import Plan, Recompute, Schedule
 from costmodel.resilience import LLAMA3, Failures
 from costmodel.specs import ModelSpec, TrainSpec
+from planner.no_plan import infeasible_message
 from planner.search import Found, SearchOptions, SearchResult
 from planner.space import Choice, build_plan
 from planner.specs import ModelLike, build_specs
@@ -93,7 +94,6 @@ def search(model: ModelLike, cluster: str | ClusterSpec, *, framework: str = PLA
                                         no_recompute=no_recompute))
     result = run(spec, train_spec, parsed, options)
     if not result.plans:
-        from planner.commands.search import infeasible_message
         raise UserError(f"no plan found within the time limit of {time_limit_s:g} s" if not result.stats.optimal
                         else infeasible_message(result, parsed.name))
     return SearchAnswer(model=spec, train=train_spec, cluster=parsed, framework=framework, result=result)

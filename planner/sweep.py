@@ -19,6 +19,7 @@ from costmodel.inputs import UserError
 from costmodel.resilience import LLAMA3, Failures, checkpoint_cost
 from costmodel.specs import ModelSpec, TrainSpec
 from costmodel.training_cost import TrainingCost, training_cost
+from planner.no_plan import infeasible_message
 from planner.search import Found, SearchOptions, search
 from planner.targets import PLANNER, options_for
 
@@ -142,7 +143,6 @@ def _row(spec: SweepSpec, model: ModelSpec, train: TrainSpec, cluster: ClusterSp
     result = search(model, train, cluster, narrowed)
     common = dict(device=cluster.device.name, num_nodes=cluster.num_nodes, gpus_per_node=cluster.devices_per_node)
     if not result.plans:
-        from planner.commands.search import infeasible_message
         reason = ("no plan found within the sweep's time limit" if not result.stats.optimal
                   else infeasible_message(result, cluster.name))
         return SweepRow(**common, found=None, proven=result.stats.optimal, reason=reason, cost=None)

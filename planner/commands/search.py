@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from costmodel.estimate import offloads
 from costmodel.inputs import UserError, write_text_atomic
 from costmodel.plan import PlanFile, Recompute, Schedule
 from costmodel.units import GIB
@@ -22,6 +21,7 @@ from planner.args import (
     refuse_ignored,
 )
 from planner.commands.common import emit_json, framework_of, specs_from_args, write_report_dir
+from planner.no_plan import infeasible_message
 from planner.search import (
     Found,
     SearchOptions,
@@ -132,37 +132,6 @@ def _progress():
             last[0] = now
             print(f"search [{now - start:6.1f} s] {text}", file=sys.stderr, flush=True)
     return say
-
-
-def infeasible_message(result: SearchResult, cluster_name: str) -> str:
-    if result.closest is None:
-        return ("no plan satisfies the constraints (see pruned_by_reason with --json); "
-                "relax --fix / --max-tp / --schedule")
-    est, plan = result.closest.estimate, result.closest.plan
-    tried = "; with states or activations on the host nothing fits either" if result.offloaded_because else ""
-    if offloads(plan) and est.host_memory_bytes and est.min_headroom_fraction >= 0:
-        host = max(est.host_memory_bytes)   # the device fits: the host is what overflows
-        return (f"nothing fits: the closest plan ({plan.short()}) offloads {host / GIB:,.1f} GiB per "
-                f"device, {(host - est.host_capacity_bytes) / GIB:,.1f} GiB over its {est.host_capacity_bytes / GIB:,.0f} "
-                f"GiB share of the node's host memory; would help: more devices (a larger cluster than "
-                f"{cluster_name})")
-    rank = est.tightest_rank   # against its own device (a mixed cluster's groups differ)
-    parts, capacity = est.memory_breakdown_bytes[rank], est.capacity_per_rank_bytes[rank]
-    over = (est.peak_memory_bytes[rank] - capacity) / GIB
-    states = (parts["params"] + parts["grads"] + parts["optimizer"]) / GIB
-    hints = ["more devices (a larger cluster than " + cluster_name + ")"]
-    if plan.zero_stage < 3 and plan.dp * plan.cp > 1:
-        hints.append("ZeRO-3 (shards weights too)")
-    if plan.recompute is not Recompute.FULL:
-        hints.append("full recomputation")
-    if plan.micro_batch_size > 1:
-        hints.append("a smaller micro-batch")
-    if plan.schedule.traits.in_flight == "all" and plan.pp > 1:
-        hints.append(f"a 1F1B schedule (GPipe holds all {plan.num_micro_batches} micro-batches' activations)")
-    return (f"nothing fits: the closest plan ({plan.short()}) needs {est.peak_memory_bytes[rank] / GIB:.1f} GiB "
-            f"on pipeline stage {rank}, {over:.1f} GiB over the {capacity / GIB:.0f} GiB device "
-            f"({states:.1f} GiB of it model states, {parts['activations'] / GIB:.1f} GiB activations){tried}; "
-            f"would help: {', '.join(hints)}")
 
 
 def why_runner_up_lost(best: Found, second: Found) -> str:
