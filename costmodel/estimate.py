@@ -65,12 +65,15 @@ class Estimate:
     peak_memory_bytes: list[float]
     memory_capacity_bytes: float   # the least of memory_capacity_per_rank_bytes
     fits: bool
+    # The bubble: a pipeline rank's idle time in the pipeline phase, as a share of the step. The
+    # plan's is its critical rank's (the ledger's "pipeline/bubble" over the step time, so it adds
+    # up with the other items); every report shows this one figure.
     bubble_fraction: float
     time_breakdown_s: dict[str, float]
     memory_breakdown_bytes: list[dict[str, float]]
     critical_rank: int
     rank_time_per_micro_batch_s: list[float] = field(default_factory=list)
-    bubble_fraction_per_rank: list[float] = field(default_factory=list)
+    bubble_fraction_per_rank: list[float] = field(default_factory=list)   # the same, each rank's (simulated)
     # per pipeline rank, seconds per step of its own work: compute, the TP/CP collectives and
     # the gradient accumulation inside it (what the runtime times as a stage's busy time), and
     # FSDP's one-rank gathers and, without a pipeline, its one-rank reduce
@@ -267,10 +270,9 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
         critical = max(range(plan.pp), key=lambda r: sim.busy_s[r])
         # the busiest rank's sends, and its idle time in the simulated pipeline phase
         # (a rank busy all along idles for no time: the difference's rounding is not a bubble)
-        ledger = _ledger(plan, ranks[critical], sim.send_s[critical], max(0.0, sim.time_s - sim.busy_s[critical]),
-                         dp_s, emb_s, after)
+        idle = [max(0.0, sim.time_s - busy) for busy in sim.busy_s]
+        ledger = _ledger(plan, ranks[critical], sim.send_s[critical], idle[critical], dp_s, emb_s, after)
         memory = memory_per_rank(model, train, cluster, plan, sim)
-        bubbles = sim.bubble_fractions
     else:
         if closed is None:
             raise ValueError(f"schedule {plan.schedule} has no closed form: simulate it")
@@ -278,7 +280,7 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
         ledger = _ledger(plan, crit, m * crit.pp_comm_s, closed - m * crit.total_s, dp_s, emb_s, after)
         memory = [stage_memory(model, train, plan, r, views[r].device.efficiency.reserved_memory_bytes,
                                cluster.framework) for r in range(plan.pp)]
-        bubbles = []
+        idle = []
     step_s = sum(ledger.values())
     peak = [m.total_bytes for m in memory]
     capacity = rank_budgets_bytes(plan, cluster)
@@ -297,7 +299,7 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
         bubble_fraction=ledger["pipeline/bubble"] / step_s, time_breakdown_s=ledger,
         memory_breakdown_bytes=[m.to_dict() for m in memory], critical_rank=critical,
         rank_time_per_micro_batch_s=[r.total_s for r in ranks],
-        bubble_fraction_per_rank=bubbles,
+        bubble_fraction_per_rank=[s / step_s for s in idle],
         # the accumulation and the one-rank gathers (and reduce, without a pipeline) run inside the
         # rank's passes, which the runtime times as its work
         rank_work_s=[plan.num_micro_batches * (r.total_s - r.pp_comm_s) + a + gather + (reduce if plan.pp == 1 else 0.0)

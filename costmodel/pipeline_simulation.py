@@ -53,12 +53,16 @@ class Simulation:
     peak_activation_bytes: tuple[float, ...]
     memory_curves: tuple[tuple[tuple[float, float], ...], ...]  # per rank: (time, bytes) steps
 
+    # Idle shares of the pipeline phase (not of the step): the textbook (p-1)/(m+p-1) on uniform
+    # stages. The plan's bubble is a share of the step (costmodel.estimate.Estimate.bubble_fraction).
     @property
-    def bubble_fractions(self) -> list[float]:
+    def idle_fractions(self) -> list[float]:
+        """Per rank: its idle time as a share of the pipeline phase."""
         return [1.0 - b / self.time_s if self.time_s else 0.0 for b in self.busy_s]
 
     @property
-    def bubble_fraction(self) -> float:
+    def mean_idle_fraction(self) -> float:
+        """The ranks' idle time together, as a share of their pipeline phase."""
         return 1.0 - sum(self.busy_s) / (len(self.busy_s) * self.time_s) if self.time_s else 0.0
 
 

@@ -1,5 +1,8 @@
 """Bubble report: the simulated timeline of the chosen plan, and of the same plan under every
-other pipeline schedule, with the bubble per pipeline rank and the step time."""
+other pipeline schedule, with the bubble per pipeline rank and the step time.
+
+The bubble is one figure everywhere: a rank's idle time in the pipeline phase as a share of the
+step, the plan's being its critical rank's (costmodel.estimate.Estimate.bubble_fraction)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -38,7 +41,7 @@ class Variant:
 
 
 def schedule_table(variants: list[Variant]) -> tuple[list[str], list[list[str]]]:
-    headers = ["schedule", "step s", "pipeline s", "bubble % (all ranks)", "bubble % per rank",
+    headers = ["schedule", "step s", "pipeline s", "bubble % of step", "bubble % of step per rank",
                "peak GiB per rank", "fits"]
     rows = []
     for v in variants:
@@ -46,8 +49,8 @@ def schedule_table(variants: list[Variant]) -> tuple[list[str], list[list[str]]]
             rows.append([v.label, "-", "-", "-", "not runnable: " + v.reason, "-", "-"])
             continue
         e, s = v.estimate, v.sim
-        rows.append([v.label, f"{e.step_time_s:.3f}", f"{s.time_s:.3f}", f"{100 * s.bubble_fraction:.1f}",
-                     " ".join(f"{100 * b:.0f}" for b in s.bubble_fractions),
+        rows.append([v.label, f"{e.step_time_s:.3f}", f"{s.time_s:.3f}", f"{100 * e.bubble_fraction:.1f}",
+                     " ".join(f"{100 * b:.1f}" for b in e.bubble_fraction_per_rank),
                      " ".join(f"{p / GIB:.1f}" for p in e.peak_memory_bytes), "yes" if e.fits else "NO"])
     return headers, rows
 
@@ -74,6 +77,11 @@ def _draw(ax, sim: Simulation, title: str, t_max: float, labels: bool) -> None:
     ax.set_title(title, fontsize=9, loc="left")
 
 
+def _figures(v: Variant) -> str:
+    """The whole step's figures (those of the table), whatever part of it is drawn."""
+    return f"step {v.estimate.step_time_s:.3f} s, bubble {100 * v.estimate.bubble_fraction:.1f}% of the step"
+
+
 def _legend(fig) -> None:
     fig.legend(handles=[Patch(color=c, label=k) for k, c in KIND_COLOURS.items()], loc="lower center",
                ncol=len(KIND_COLOURS), fontsize=8, frameon=False)
@@ -86,8 +94,7 @@ def bubble_figures(variants: list[Variant], out_dir: Path) -> list[tuple[str, st
     fig, axes = plt.subplots(len(runnable), 1, figsize=(12, 0.9 + 0.32 * len(runnable[0].drawn.busy_s) * len(runnable)),
                              sharex=True, squeeze=False)
     for ax, v in zip(axes[:, 0], runnable):
-        _draw(ax, v.drawn, f"{v.drawn_label}: pipeline {v.drawn.time_s:.3f} s, bubble {100 * v.drawn.bubble_fraction:.1f}%",
-              t_max, labels=len(v.drawn.events) < 400)
+        _draw(ax, v.drawn, f"{v.drawn_label}: {_figures(v)}", t_max, labels=len(v.drawn.events) < 400)
     axes[-1, 0].set_xlabel("seconds into the step (pipeline phase)")
     _legend(fig)
     fig.tight_layout(rect=(0, 0.04, 1, 1))
@@ -96,7 +103,8 @@ def bubble_figures(variants: list[Variant], out_dir: Path) -> list[tuple[str, st
     first_backward = min(e[4] for e in chosen.drawn.events if e[0] == 0 and e[2] != "forward" and e[2] != "send")
     window = min(chosen.drawn.time_s, 1.25 * max(first_backward, 1e-12))
     fig, ax = plt.subplots(figsize=(12, 0.9 + 0.32 * len(chosen.drawn.busy_s)))
-    _draw(ax, chosen.drawn, f"{chosen.drawn_label}: warm-up, the first {window:.3f} s (numbers: micro-batch)",
+    _draw(ax, chosen.drawn, f"{chosen.drawn_label}: warm-up, the first {window:.3f} s (numbers: micro-batch); "
+          f"{_figures(chosen)}",
           window, labels=True)
     ax.set_xlabel("seconds into the step")
     _legend(fig)
@@ -104,6 +112,7 @@ def bubble_figures(variants: list[Variant], out_dir: Path) -> list[tuple[str, st
     save(fig, out_dir, "bubble_warmup")
     return [("bubble_schedules", "Simulated timeline of one step's pipeline phase per rank, the chosen "
              "schedule first and the same plan under the other schedules below it (same time axis; "
-             "grey is idle)."),
+             "grey is idle). Each panel draws every micro-batch unless its title names the ones it draws; "
+             "the step and bubble in its title are the whole step's, as in the table."),
             ("bubble_warmup", "The chosen plan's warm-up in detail, micro-batch numbers on the bars: "
              "the fill that the bubble is made of.")]

@@ -116,7 +116,7 @@ def _where_time_goes(doc: Document, inp: ReportInput, out_dir: Path) -> None:
     top = ", ".join(f"{k} {100 * v / e.step_time_s:.0f}%" for v, k in items[:3])
     doc.text(f"On the critical pipeline rank ({e.critical_rank}) the step is {top} of its "
              f"{e.step_time_s:.3f} s; compute is {100 * _share(e, 'compute/'):.0f}%, exposed communication "
-             f"{100 * _share(e, 'comm/'):.0f}%, pipeline idle {100 * _share(e, 'pipeline/'):.0f}%.")
+             f"{100 * _share(e, 'comm/'):.0f}%, the bubble {100 * e.bubble_fraction:.1f}%.")
     doc.table(["ledger item", "seconds", "% of step"],
               [[k, f"{v:.4f}", f"{100 * v / e.step_time_s:.1f}"] for k, v in e.time_breakdown_s.items() if v]
               + [["total", f"{e.step_time_s:.4f}", "100.0"]])
@@ -134,10 +134,14 @@ def _bubble(doc: Document, inp: ReportInput, variants, out_dir: Path) -> None:
         doc.text("No pipeline (pp = 1): micro-batches accumulate gradients one after another and no "
                  "rank waits for another, so there is no bubble.")
     else:
-        doc.text(f"{p} pipeline ranks, {m} micro-batches per step. 1F1B would idle (p-1)/(m+p-1) = "
-                 f"{100 * uniform_1f1b_bubble_fraction(p, m):.1f}% of the pipeline phase on uniform stages; the simulation, "
-                 f"with the real stage costs (embedding on the first stage, the LM head on the last) and "
-                 f"torch's operation order, gives the figures below.")
+        e = inp.estimate
+        doc.text(f"{p} pipeline ranks, {m} micro-batches per step. The bubble is a rank's idle time in the "
+                 f"pipeline phase as a share of the step; the plan's is its critical rank's "
+                 f"(rank {e.critical_rank}, the one the ledger adds up): {100 * e.bubble_fraction:.1f}%. "
+                 f"For scale, the textbook fill of 1F1B on uniform stages idles each rank (p-1)/(m+p-1) = "
+                 f"{100 * uniform_1f1b_bubble_fraction(p, m):.1f}% of the pipeline phase (not of the step); "
+                 f"the simulation, with the real stage costs (embedding on the first stage, the LM head on "
+                 f"the last) and torch's operation order, gives the figures below.")
     doc.table(*schedule_table(variants))
     if p > 1:
         for stem, caption in bubble_figures(variants, out_dir):
@@ -224,11 +228,11 @@ def _what_would_change_it(doc: Document, inp: ReportInput, variants) -> None:
     doc.heading("What limits it, and what would change it")
     e, p = inp.estimate, inp.plan
     notes = []
-    bubble = e.time_breakdown_s["pipeline/bubble"] / e.step_time_s
+    bubble = e.bubble_fraction
     if p.pp > 1 and bubble > 0.02:
         better = [v for v in variants[1:] if v.estimate is not None and v.estimate.step_time_s < e.step_time_s]
         tip = f"; {better[0].label} would take {better[0].estimate.step_time_s:.3f} s" if better else ""
-        notes.append(f"The pipeline idles {100 * bubble:.1f}% of the step: more micro-batches per step "
+        notes.append(f"The bubble is {100 * bubble:.1f}% of the step: more micro-batches per step "
                      f"(a smaller micro-batch or a larger global batch), more virtual stages, or a "
                      f"zero-bubble schedule shrink it{tip}.")
     headroom = e.min_headroom_fraction

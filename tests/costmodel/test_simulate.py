@@ -29,7 +29,7 @@ def test_1f1b_and_gpipe_bubble_is_p_minus_1_over_m_plus_p_minus_1(p, m):
     for schedule in (Schedule.ONE_F_ONE_B, Schedule.GPIPE):
         sim = simulate(_plan(schedule, p, m), _uniform(p, 1))
         assert sim.time_s == pytest.approx((m + p - 1) * 3.0)
-        assert sim.bubble_fraction == pytest.approx((p - 1) / (m + p - 1))
+        assert sim.mean_idle_fraction == pytest.approx((p - 1) / (m + p - 1))
 
 
 @pytest.mark.parametrize("p, m, v", [(2, 4, 2), (4, 8, 2), (4, 16, 4), (8, 16, 2)])

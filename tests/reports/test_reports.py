@@ -32,10 +32,11 @@ def _tables(markdown: str) -> str:
     return "\n".join(line for line in markdown.splitlines() if line.startswith("|")) + "\n"
 
 
-def test_plan_report_files_and_golden_tables(tmp_path):
+def test_plan_report_files_and_golden_tables(tmp_path, monkeypatch):
     pf = _llama70b_plan()
     est = estimate(pf.model, pf.train, pf.cluster, pf.plan)
     from planner.report_plans import schedule_variants
+    titles = _record_timeline_titles(monkeypatch)
     files = write_report(ReportInput(model=pf.model, train=pf.train, cluster=pf.cluster, plan=pf.plan, estimate=est,
                                      variants=schedule_variants(pf.model, pf.train, pf.cluster, pf.plan)), tmp_path)
     for stem in FIGURES:
@@ -49,6 +50,31 @@ def test_plan_report_files_and_golden_tables(tmp_path):
     if os.environ.get("UPDATE_GOLDEN"):
         GOLDEN.write_text(_tables(md))
     assert _tables(md) == GOLDEN.read_text(), "tables changed: rerun with UPDATE_GOLDEN=1 if intended"
+    _assert_one_bubble_figure(pf, est, md, titles)
+
+
+def _record_timeline_titles(monkeypatch) -> list[str]:
+    import reports.bubble as bubble
+    titles, real = [], bubble._draw
+    monkeypatch.setattr(bubble, "_draw", lambda ax, sim, title, *a, **k: titles.append(title) or real(ax, sim, title, *a, **k))
+    return titles
+
+
+def _assert_one_bubble_figure(pf, est, md: str, titles: list[str]) -> None:
+    """The headline, the ledger, the schedule table, the ranking and the timelines' titles show
+    one bubble: the critical rank's idle time in the pipeline phase as a share of the step, with
+    the timeline drawn from fewer micro-batches than the step has saying so."""
+    from reports.tables import summary_lines
+    bubble = f"{100 * est.bubble_fraction:.1f}"
+    assert est.bubble_fraction_per_rank[est.critical_rank] == est.bubble_fraction
+    assert est.bubble_fraction == est.time_breakdown_s["pipeline/bubble"] / est.step_time_s
+    assert f"bubble {bubble}%" in summary_lines(pf.model, pf.train, pf.cluster, pf.plan, est)
+    assert f"| pipeline/bubble | {est.time_breakdown_s['pipeline/bubble']:.4f} | {bubble} |" in md
+    chosen = next(line for line in md.splitlines() if line.startswith("| chosen:")).split(" | ")
+    assert chosen[3] == bubble and chosen[4].split()[est.critical_rank] == bubble
+    assert f"the bubble {bubble}%" in md and f"the one the ledger adds up): {bubble}%" in md
+    assert titles and all(f"bubble {bubble}% of the step" in t for t in titles if t.startswith("chosen"))
+    assert all(f"the first 64 of {pf.plan.num_micro_batches} micro-batches" in t for t in titles)
 
 
 def test_search_report_adds_the_ranking(tmp_path, capsys):
