@@ -326,9 +326,13 @@ class PlanFile:
                 "model": self.model.to_dict(), "train": self.train.to_dict(),
                 "cluster": self.cluster.to_dict()}
 
+    def to_text(self) -> str:
+        """plan.json as written (the command line publishes it with planner.outputs.write_file)."""
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, json.dumps(self.to_dict(), indent=2) + "\n")
+        write_text_atomic(path, self.to_text())
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "plan file") -> "PlanFile":

@@ -2,10 +2,12 @@
 
 A user's mistake (costmodel.inputs.UserError, argparse's errors) is one line on stderr, exit 2.
 Any other exception is a bug: one line naming it a bug and the file its traceback was written
-to, exit 1. Ctrl-C and SIGTERM end with 130 and 143."""
+to, exit 1. An output that could not be written (a full disk, a closed standard output) is one
+line naming it, exit 1. Ctrl-C and SIGTERM end with 130 and 143."""
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 import tempfile
@@ -14,6 +16,7 @@ from pathlib import Path
 
 from costmodel.inputs import UserError
 from costmodel.machine import LocalProfileMissing
+from planner import outputs
 from planner.args import (
     EXIT_STOPPED,
     EXIT_USAGE,
@@ -152,13 +155,16 @@ def main(argv: list[str] | None = None) -> int:
         with terminate_as_exception():
             with held_while_loading():
                 parser = build_parser()
-            try:
-                args, extra = parser.parse_known_args(argv)
-                if extra:   # said by the subcommand, whose --help lists what it takes
-                    args.parser.error(f"unrecognized arguments: {' '.join(extra)}")
-            except SystemExit as exc:   # --help (0) or a usage error, already printed (2)
-                return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-            return _dispatch(args, argv)
+            with outputs.guarded_stdout():
+                try:
+                    args, extra = parser.parse_known_args(argv)
+                    if extra:   # said by the subcommand, whose --help lists what it takes
+                        args.parser.error(f"unrecognized arguments: {' '.join(extra)}")
+                except SystemExit as exc:   # --help (0) or a usage error, already printed (2)
+                    return _flushed(who, exc.code if isinstance(exc.code, int) else EXIT_USAGE)
+                except outputs.WriteFailed as exc:   # --help into a closed or full standard output
+                    return write_failed(who, exc)
+                return _flushed(who, _dispatch(args, argv))
     except KeyboardInterrupt as exc:
         return _interrupted(who, exc, "interrupted", 130)
     except Terminated as exc:
@@ -194,12 +200,34 @@ def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
         notes = "".join(f"; {n}" for n in getattr(exc, "__notes__", []))
         print(f"planner {args.command}: stopped: {exc}{notes}", file=sys.stderr)
         return EXIT_STOPPED
-    except BrokenPipeError:
-        # the reader (e.g. `| head`) closed early: not an error; silence the flush at exit
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+    except outputs.WriteFailed as exc:
+        return write_failed(f"planner {args.command}", exc)
     except Exception as exc:   # anything else is ours to fix, never the user's mistake
         return report_bug(f"planner {args.command}", exc)
+
+
+EXIT_WRITE = 1
+
+
+def _flushed(who: str, code: int) -> int:
+    """`code`, once what the command printed has reached standard output (a pipe or a file holds
+    it in a buffer until here)."""
+    try:
+        sys.stdout.flush()
+    except outputs.WriteFailed as exc:
+        return write_failed(who, exc)
+    return code
+
+
+def write_failed(who: str, exc: outputs.WriteFailed) -> int:
+    """One line naming what could not be written and why, exit 1; a reader that stopped reading
+    standard output (`| head -1`) ends the command quietly, as other tools do."""
+    if exc.where == outputs.STDOUT:
+        outputs.silence_stdout()
+        if exc.errno == errno.EPIPE:
+            return 0
+    print(f"{who}: error: {exc}", file=sys.stderr)
+    return EXIT_WRITE
 
 
 EXIT_BUG = 1

@@ -1,8 +1,18 @@
 """Every path a command will write is checked before its work starts (so no work is lost to a bad
-`--out`), and a used one is refused unless --overwrite: nothing is replaced silently."""
+`--out`), and a used one is refused unless --overwrite: nothing is replaced silently. Every
+output is then written whole or not at all and published without replacing a file that appeared
+meanwhile (write_file, staged_dir); a run directory is held by one run at a time (run_dir_lock)."""
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import errno
 import os
+import secrets
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from costmodel.inputs import UserError
@@ -66,3 +76,209 @@ def out_dir(path: str | Path | None, flag: str, overwrite: bool, products: tuple
     if problem := writable_dir_problem(path):
         raise UserError(f"{flag} {path}: {problem}")
     return path
+
+
+class WriteFailed(Exception):
+    """An output could not be written (disk full, an I/O error, a read-only file system, its
+    directory removed meanwhile, standard output closed or full): neither the user's mistake nor a
+    bug, so the command line says it in one line of its own and exits 1."""
+
+    def __init__(self, where: str | Path, exc: OSError):
+        self.where, self.errno = str(where), exc.errno
+        super().__init__(f"cannot write {where}: {exc.strerror or exc}")
+
+
+class Clobbered(UserError):
+    """The output appeared after the command checked its path: another command wrote it."""
+
+
+def write_file(path: str | Path, data: str | bytes, overwrite: bool) -> None:
+    """`data` to `path` whole or not at all: written to a temporary name beside it, then published
+    without replacing a file that appeared there meanwhile (with --overwrite, replaced atomically)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)   # the umask's mode, as open() gives
+    except OSError as exc:
+        raise WriteFailed(path, exc) from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())   # a full disk says so here, not after the file is published
+        publish(tmp, path, overwrite)
+    except OSError as exc:
+        raise WriteFailed(path, exc) from None
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+
+
+def publish(tmp: Path, final: Path, overwrite: bool) -> None:
+    """Give the whole file `tmp` the name `final`: replacing it (overwrite), or only where nothing
+    is there, in one step a second writer cannot come between (Clobbered if one did)."""
+    if overwrite:
+        os.replace(tmp, final)
+        return
+    try:
+        try:
+            os.link(tmp, final)
+        except FileExistsError:
+            raise
+        except OSError as exc:   # a file system without hard links
+            if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS):
+                raise
+            _rename_no_replace(tmp, final, exc)
+    except FileExistsError:
+        raise Clobbered(f"{final} appeared while this command ran (written by another?); nothing replaced: "
+                        "pass --overwrite to replace it, or choose another name") from None
+
+
+def _rename_no_replace(tmp: Path, final: Path, cause: OSError) -> None:
+    """renameat2(RENAME_NOREPLACE) (Linux): atomic and refusing an existing target, like link."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if not hasattr(libc, "renameat2"):
+        raise cause
+    at_fdcwd, rename_noreplace = -100, 1
+    if libc.renameat2(at_fdcwd, os.fsencode(tmp), at_fdcwd, os.fsencode(final), rename_noreplace) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), str(final))
+
+
+@contextlib.contextmanager
+def staged_dir(final: str | Path, overwrite: bool, claims: tuple[str, ...] = ()) -> Iterator[Path]:
+    """A temporary sibling of `final` to write a directory's files into; when the block ends well
+    they are published into `final` (the `claims` first and not over anything, so of two commands
+    filling one directory one is refused; the rest replace what is there). A failed write leaves
+    no file, whole or truncated, under a final name."""
+    final = Path(final)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    except OSError as exc:
+        raise WriteFailed(final, exc) from None
+    try:
+        try:
+            yield tmp
+            _publish_dir(tmp, final, overwrite, claims)
+        except OSError as exc:
+            raise WriteFailed(final, exc) from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _publish_dir(tmp: Path, final: Path, overwrite: bool, claims: tuple[str, ...]) -> None:
+    final.mkdir(parents=True, exist_ok=True)
+    names = sorted(p.name for p in tmp.iterdir())
+    claimed: list[str] = []
+    try:
+        for name in (n for n in claims if n in names):
+            publish(tmp / name, final / name, overwrite)
+            claimed.append(name)
+    except Clobbered:
+        for name in claimed:   # ours, published a moment ago: the other command's directory stays whole
+            (final / name).unlink(missing_ok=True)
+        raise
+    for name in names:
+        if name not in claimed:
+            os.replace(tmp / name, final / name)
+
+
+LOCK_NAME = ".lock"
+
+
+@contextlib.contextmanager
+def run_dir_lock(directory: Path, flag: str = "--out") -> Iterator[None]:
+    """Hold `directory` for one run: a second run into it is refused while this one lasts. The
+    lock is flock(2) on DIRECTORY/.lock holding the pid: the kernel drops it when its process
+    ends, however it ends, so a stale lock file left by a killed run is simply taken."""
+    import fcntl
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise WriteFailed(directory, exc) from None
+    path = directory / LOCK_NAME
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise UserError(f"{flag} {directory} is in use by another run (pid {holder}); wait for it to end "
+                            "or choose another directory") from None
+        if _same_file(fd, path):   # not a lock file its last holder removed before we locked it
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            path.unlink()   # while still held: a waiting run then locks a removed file and tries again
+        os.close(fd)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    return os.path.samestat(os.fstat(fd), st)
+
+
+STDOUT = "standard output"
+
+
+class GuardedStdout:
+    """sys.stdout as a command writes it: an OSError writing or flushing it (a closed pipe, a full
+    device, a closed descriptor) is a WriteFailed naming standard output, never a traceback."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        return self._call("write", text)
+
+    def writelines(self, lines) -> None:
+        self._call("writelines", lines)
+
+    def flush(self) -> None:
+        if self.stream is not None:   # closed from the start: nothing was written, nothing to flush
+            self._call("flush")
+
+    def _call(self, name: str, *args):
+        if self.stream is None:   # the process was started with its standard output closed
+            raise WriteFailed(STDOUT, OSError(errno.EBADF, "it is closed"))
+        try:
+            return getattr(self.stream, name)(*args)
+        except OSError as exc:
+            raise WriteFailed(STDOUT, exc) from None
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def guarded_stdout() -> Iterator[None]:
+    stream = sys.stdout
+    sys.stdout = GuardedStdout(stream)
+    try:
+        yield
+    finally:
+        sys.stdout = stream
+
+
+def silence_stdout() -> None:
+    """Point descriptor 1 at /dev/null when it is this process's standard output whose writes
+    failed: what is left in its buffer is then flushed there at exit, not as a second error."""
+    try:
+        if sys.stdout is None or sys.stdout.fileno() != 1:
+            return
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):   # a stream without a descriptor (a test's capture)
+        return

@@ -2,15 +2,15 @@
 per device, each device's knee marked (planner.sweep)."""
 from __future__ import annotations
 
-from pathlib import Path
+import io
 
 from reports.style import BLUE, GREEN, ORANGE, PINK, SKY, VERMILLION, plt
 
 COLOURS = (BLUE, VERMILLION, GREEN, ORANGE, PINK, SKY)
 
 
-def draw_scaling(result, path: Path) -> None:
-    """Write the picture to `path` (.png or .svg)."""
+def draw_scaling(result, fmt: str) -> bytes:
+    """The picture as a `fmt` ("png" or "svg") file's bytes (planner.outputs.write_file writes it)."""
     fig, (speed, money) = plt.subplots(1, 2, figsize=(10, 4))
     priced = any(r.cost is not None and r.cost.cost_usd is not None for r in result.rows)
     devices = list(dict.fromkeys(r.device for r in result.rows))
@@ -43,5 +43,7 @@ def draw_scaling(result, path: Path) -> None:
     money.legend(fontsize=8)
     fig.suptitle("planner sweep: the best plan at each size")
     fig.tight_layout()
-    fig.savefig(path, dpi=130, bbox_inches="tight")
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=fmt, dpi=130, bbox_inches="tight")
     plt.close(fig)
+    return buffer.getvalue()

@@ -57,7 +57,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     device = replace(device, name=out.stem)
     after = summary(runs, device)
     command = "planner calibrate " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "planner calibrate"
-    profile_file.write(out, calibrated_profile(base_path, device, params, runs, before, after, command))
+    profile_file.write(out, calibrated_profile(base_path, device, params, runs, before, after, command),
+                       args.overwrite)
     print(table(("step time", "before", "after"),
                 [("MAPE", f"{before['mape_pct']:.1f}%", f"{after['mape_pct']:.1f}%"),
                  ("max |error|", f"{before['max_abs_error_pct']:.1f}%", f"{after['max_abs_error_pct']:.1f}%")]))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 from costmodel.hardware import DEFAULT_MEMORY_HEADROOM, ClusterSpec
@@ -158,10 +157,13 @@ def emit_json(doc: Any) -> None:
     sys.stdout.write("\n")
 
 
-def write_report_dir(out: str, model, train, cluster, plan, est, **extra) -> None:
+def write_report_dir(out: str, overwrite: bool, model, train, cluster, plan, est, **extra) -> None:
+    """The report rendered beside `out` and published into it whole (planner.outputs.staged_dir)."""
+    from planner import outputs
     from planner.report_plans import schedule_variants
     from reports.build import ReportInput, write_report
     print(f"writing the report to {out}/ ...", file=sys.stderr)
-    files = write_report(ReportInput(model=model, train=train, cluster=cluster, plan=plan, estimate=est,
-                                     variants=schedule_variants(model, train, cluster, plan), **extra), Path(out))
+    with outputs.staged_dir(out, overwrite, outputs.REPORT_FILES) as staging:
+        files = write_report(ReportInput(model=model, train=train, cluster=cluster, plan=plan, estimate=est,
+                                         variants=schedule_variants(model, train, cluster, plan), **extra), staging)
     print(f"wrote {len(files)} files to {out}/ (open {out}/index.html)", file=sys.stderr)

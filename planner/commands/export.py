@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from costmodel.check import check_structure
-from costmodel.inputs import UserError, write_text_atomic
+from costmodel.inputs import UserError
 from costmodel.plan import PlanFile
 from costmodel.units import GIB
 from planner import outputs
@@ -51,15 +51,15 @@ def cmd_export(args: argparse.Namespace) -> int:
                          f"(its configurations assume one device kind and do not place stages on groups); "
                          f"run it with `planner run {args.plan} --print-launch`")
     result = export_plan(pf, args.to)
-    emit(result, pf, out, args.json)
+    emit(result, pf, out, args.json, args.overwrite)
     return 0
 
 
-def emit(result: Export, pf: PlanFile, out: Path | None, as_json: bool) -> None:
+def emit(result: Export, pf: PlanFile, out: Path | None, as_json: bool, overwrite: bool) -> None:
     """Write the file (or print it), then the summary: on stdout with a file or --json, else on
     stderr so that stdout holds the configuration alone."""
     if out is not None:
-        write_text_atomic(out, result.text)
+        outputs.write_file(out, result.text, overwrite)
     if as_json:
         print(json.dumps(to_json(result, pf, out), indent=2))
         return

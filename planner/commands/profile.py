@@ -111,7 +111,7 @@ def _setup(args: argparse.Namespace) -> Setup:
     return Setup(out=out, name=args.name or ("local" if cached else out.stem), mode=mode, nproc=nproc,
                  device_type="cuda" if cuda else "cpu",
                  threads=1 if cuda else max(1, (os.cpu_count() or 1) // nproc), command=command,
-                 budget_s=budget_s)
+                 budget_s=budget_s, overwrite=cached or args.overwrite)
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -206,7 +206,8 @@ def profile_machine(setup: Setup) -> None:
     finally:
         progress.close()
     profile_file.write(setup.out, measured_profile(setup, micro, (measured, *fitted),
-                                                   elapsed_s=time.perf_counter() - start, skipped=skipped))
+                                                   elapsed_s=time.perf_counter() - start, skipped=skipped),
+                       setup.overwrite)
     _summary(setup, micro, measured, fitted, skipped)
 
 

@@ -25,5 +25,5 @@ def cmd_report(args: argparse.Namespace) -> int:
         if measured.plan != pf.plan.to_dict():
             raise UserError(f"{args.measured} was measured for another plan ({measured.plan})")
     est = estimate(pf.model, pf.train, pf.cluster, pf.plan)
-    write_report_dir(args.out, pf.model, pf.train, pf.cluster, pf.plan, est, measured=measured)
+    write_report_dir(args.out, args.overwrite, pf.model, pf.train, pf.cluster, pf.plan, est, measured=measured)
     return 0

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from costmodel.check import check_memory, check_structure
-from costmodel.inputs import UserError, write_text_atomic
+from costmodel.inputs import UserError
 from costmodel.plan import PlanFile
 from costmodel.units import GIB
 from planner import outputs
@@ -254,6 +254,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.print_launch:
         _print_launch(args, pf, worker)
         return 0
+    with outputs.run_dir_lock(out):   # one run at a time in a directory: a second is refused
+        outputs.out_dir(out, "--out", args.overwrite, outputs.RUN_FILES)   # again, held: a run may have ended
+        return _run_locked(args, pf, out, worker, resume_step)
+
+
+def _run_locked(args: argparse.Namespace, pf: PlanFile, out: Path, worker, resume_step: int) -> int:
+    """The run, measured into `out`, which this process holds."""
     nproc, threads = _check_machine(args, pf)
     if args.data:   # refuse a bad token file here, not once per rank
         from runtime.data import TokenSource
@@ -283,10 +290,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             _keep_partial(pf, args, out, time.perf_counter() - start, exc)
         raise
     raw = json.loads((out / "raw.json").read_text())
-    write_text_atomic(out / "plan.json", Path(args.plan).read_text())   # the run directory is self-contained
+    outputs.write_file(out / "plan.json", Path(args.plan).read_text(), True)   # the run directory is self-contained
     timed = len(raw["step_times_s"])   # a resumed run measures the steps it ran
     record = measured_record(pf, raw, steps=timed, warmup=len(raw["losses"]) - timed, wall_s=wall_s)
-    record.save(out / "measured.json")
+    outputs.write_file(out / "measured.json", record.to_text(), args.overwrite)
     (out / PARTIAL).unlink(missing_ok=True)
     record = _with_machine_moment(record, pf, threads, out)
     if args.json:
@@ -310,7 +317,7 @@ def _with_machine_moment(record, pf: PlanFile, threads: int, out: Path):
     if probe is None:
         return record
     record = dataclasses.replace(record, probe_layer_now_s=probe[0], probe_layer_profiled_s=probe[1])
-    record.save(out / "measured.json")
+    outputs.write_file(out / "measured.json", record.to_text(), True)   # this run's record, completed
     return record
 
 
@@ -360,9 +367,9 @@ def _keep_partial(pf: PlanFile, args: argparse.Namespace, out: Path, wall_s: flo
         exc.add_note(f"no step was measured (log: {out / 'run.log'})")
         return
     steps = len(raw["step_times_s"])
-    write_text_atomic(out / "plan.json", Path(args.plan).read_text())
-    measured_record(pf, raw, steps=steps, warmup=args.warmup, wall_s=wall_s,
-                    complete=False).save(out / "measured.json")
+    outputs.write_file(out / "plan.json", Path(args.plan).read_text(), True)
+    outputs.write_file(out / "measured.json", measured_record(pf, raw, steps=steps, warmup=args.warmup,
+                                                              wall_s=wall_s, complete=False).to_text(), args.overwrite)
     (out / PARTIAL).unlink(missing_ok=True)
     exc.add_note(f"kept the {steps} of {args.steps} steps measured so far in {out / 'measured.json'} "
                  "(marked incomplete)")

@@ -11,7 +11,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from costmodel.inputs import UserError, write_text_atomic
+from costmodel.inputs import UserError
 from planner import outputs
 from planner.args import (
     add_overwrite_arg,
@@ -90,10 +90,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     result = sweep(spec, specs, options, progress=lambda text: print(f"sweep {text}", file=sys.stderr, flush=True))
     if args.csv:
-        write_text_atomic(args.csv, to_csv(result))
+        outputs.write_file(args.csv, to_csv(result), args.overwrite)
     if args.plot:
         from reports.scaling import draw_scaling
-        draw_scaling(result, args.plot)
+        outputs.write_file(args.plot, draw_scaling(result, args.plot.suffix.lstrip(".").lower()), args.overwrite)
     if result.best is None and result.deadline_days is not None:
         raise UserError(result.why_none)
     if args.json:

@@ -24,6 +24,7 @@ class Setup:
     threads: int
     command: str
     budget_s: float | None = None   # --budget-s: the total, instead of the mode's
+    overwrite: bool = True          # the cached profile is replaced; an --out file only with --overwrite
 
 
 def measured_profile(setup: Setup, micro: dict, probed=None, elapsed_s: float = 0.0, skipped: tuple[str, ...] | list[str] = ()):

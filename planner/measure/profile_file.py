@@ -12,7 +12,6 @@ import tomlkit
 from tomlkit.items import Table
 
 from costmodel.hardware import DeviceProfile, parse_profile
-from costmodel.inputs import write_text_atomic
 
 # (key, value, comment or None)
 Row = tuple[str, Any, str | None]
@@ -53,13 +52,14 @@ def networks(tiers: Iterable[Iterable[Row]]) -> tomlkit.items.AoT:
     return out
 
 
-def write(path: Path, doc: tomlkit.TOMLDocument) -> DeviceProfile:
-    """Atomically (costmodel.inputs.write_text_atomic): never half a profile, and never one
-    the reader would refuse (a fitted number out of its range is an error here, named).
-    Returns the profile as the reader reads it."""
+def write(path: Path, doc: tomlkit.TOMLDocument, overwrite: bool = True) -> DeviceProfile:
+    """Whole or not at all (planner.outputs.write_file: not over a file that appeared meanwhile
+    unless `overwrite`): never half a profile, and never one the reader would refuse (a fitted
+    number out of its range is an error here, named). Returns the profile as the reader reads it."""
+    from planner import outputs
     text = tomlkit.dumps(doc)
     device = parse_profile(text, path)
-    write_text_atomic(path, text)
+    outputs.write_file(path, text, overwrite)
     return device
 
 
