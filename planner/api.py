@@ -23,6 +23,7 @@ from costmodel.inputs import UserError
 from costmodel.plan import Plan, Recompute, Schedule
 from costmodel.resilience import LLAMA3, Failures
 from costmodel.specs import ModelSpec, TrainSpec
+from planner.compare import Comparison, comparisons
 from planner.no_plan import infeasible_message
 from planner.search import Found, SearchOptions, SearchResult
 from planner.space import Choice, build_plan
@@ -42,6 +43,8 @@ class SearchAnswer:
     cluster: ClusterSpec
     framework: str
     result: SearchResult
+    # the first plan against the fastest of another layout and the model's published recipes
+    comparisons: tuple[Comparison, ...] = ()
 
     @property
     def best(self) -> Found:
@@ -58,6 +61,7 @@ class SearchAnswer:
     def to_dict(self) -> dict[str, Any]:
         return {"plans": [{"plan": f.plan.to_dict(), "estimate": f.estimate.to_dict(),
                            "alternatives": [a.to_dict() for a in f.alternatives]} for f in self.plans],
+                "comparisons": [c.to_dict() for c in self.comparisons],
                 "search": {**self.result.stats.to_dict(), "framework": self.framework}}
 
 
@@ -96,7 +100,8 @@ def search(model: ModelLike, cluster: str | ClusterSpec, *, framework: str = PLA
     if not result.plans:
         raise UserError(f"no plan found within the time limit of {time_limit_s:g} s" if not result.stats.optimal
                         else infeasible_message(result, parsed.name))
-    return SearchAnswer(model=spec, train=train_spec, cluster=parsed, framework=framework, result=result)
+    return SearchAnswer(model=spec, train=train_spec, cluster=parsed, framework=framework, result=result,
+                        comparisons=tuple(comparisons(spec, train_spec, parsed, result)))
 
 
 def predict(model: ModelLike, cluster: str | ClusterSpec, plan: Plan | dict[str, Any] | None = None, *,
@@ -122,16 +127,18 @@ def predict(model: ModelLike, cluster: str | ClusterSpec, plan: Plan | dict[str,
 
 def sweep(model: ModelLike, devices: str | list[str], nodes: list[int], tokens: float, *, gpus_per_node: int = 8,
           gpu_hour_usd: float | list[float] | None = None, deadline_days: float | None = None,
-          framework: str = PLANNER, failures: Failures = LLAMA3, time_limit_s: float = 120.0,
+          budget_usd: float | None = None, objective: str = "cost", framework: str = PLANNER, failures: Failures = LLAMA3, time_limit_s: float = 120.0,
           fix: dict[str, Any] | None = None, **train: Any) -> SweepResult:
     """`planner sweep`: the best plan per size and device, days, GPU-hours and cost of training
-    `tokens`, the cheapest size within `deadline_days` (`best`; None with `why_none` when none)."""
+    `tokens`; `best` is the cheapest size (objective "cost") or the one that ends soonest ("time")
+    within `deadline_days` and `budget_usd` (None with `why_none` when none)."""
     from planner.sweep import sweep as run
     names = [devices] if isinstance(devices, str) else list(devices)
     prices = () if gpu_hour_usd is None else tuple(
         [gpu_hour_usd] if isinstance(gpu_hour_usd, (int, float)) else gpu_hour_usd)
     spec = SweepSpec(devices=tuple(names), nodes=tuple(nodes), gpus_per_node=gpus_per_node, tokens=tokens,
-                     gpu_hour_usd=prices, deadline_days=deadline_days, framework=framework, failures=failures,
+                     gpu_hour_usd=prices, deadline_days=deadline_days, budget_usd=budget_usd, objective=objective,
+                     framework=framework, failures=failures,
                      time_limit_s=time_limit_s)
     return run(spec, lambda name: build_specs(model, name, framework=framework, **train),
                SearchOptions(fixed=dict(fix or {})))

@@ -3,9 +3,10 @@
 Each size is searched as `planner search` searches one cluster (proven optimal under the cost
 model unless the sweep's time runs out), then priced for the run: days to train the tokens
 with the checkpoint and failure overhead of costmodel.resilience, GPU-hours and cost
-(costmodel.training_cost). The answer is the cheapest size that meets the deadline (by cost
-with a price, else by GPU-hours; fewer GPUs on a tie); the scaling curve's knee is the largest
-size that keeps KNEE_EFFICIENCY of the smallest size's throughput per GPU, per device.
+(costmodel.training_cost). The answer is, among the sizes within the deadline and the budget,
+the cheapest (objective "cost": by cost with a price, else by GPU-hours) or the one that ends
+soonest (objective "time"), fewer GPUs on a tie; the scaling curve's knee is the largest size
+that keeps KNEE_EFFICIENCY of the smallest size's throughput per GPU, per device.
 """
 from __future__ import annotations
 
@@ -62,15 +63,18 @@ class SweepRow:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SweepResult:
     rows: tuple[SweepRow, ...]
-    best: SweepRow | None          # the cheapest that meets the deadline
+    best: SweepRow | None          # the objective's answer within the deadline and budget
     knees: dict[str, int]          # device -> GPUs at its knee
     deadline_days: float | None
     why_none: str                  # when best is None: why
     wall_s: float
+    objective: str = "cost"
+    budget_usd: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"rows": [r.to_dict() for r in self.rows], "best": None if self.best is None else self.best.to_dict(),
                 "knee_gpus": self.knees, "knee_efficiency": KNEE_EFFICIENCY, "deadline_days": self.deadline_days,
+                "objective": self.objective, "budget_usd": self.budget_usd,
                 "why_none": self.why_none or None, "wall_s": self.wall_s}
 
 
@@ -84,6 +88,8 @@ class SweepSpec:
     tokens: float
     gpu_hour_usd: tuple[float, ...] = ()
     deadline_days: float | None = None
+    budget_usd: float | None = None
+    objective: str = "cost"   # cost: the cheapest size within the limits; time: the one that ends soonest
     framework: str = PLANNER
     failures: Failures = LLAMA3
     time_limit_s: float = 120.0
@@ -100,6 +106,10 @@ class SweepSpec:
             raise UserError("--gpu-hour-usd: a price is a number of zero or more")
         if self.deadline_days is not None and not self.deadline_days > 0:
             raise UserError(f"--deadline-days {self.deadline_days}: must be positive")
+        if self.objective not in ("cost", "time"):
+            raise UserError(f"a sweep's objective is cost or time, not {self.objective!r}")
+        if self.budget_usd is not None and not (self.gpu_hour_usd and self.budget_usd > 0):
+            raise UserError("--budget-usd limits the cost of the run: give --gpu-hour-usd, and a positive budget")
 
     def price(self, device_index: int) -> float | None:
         if not self.gpu_hour_usd:
@@ -131,10 +141,10 @@ def sweep(spec: SweepSpec, specs: Specs, options: SearchOptions = SearchOptions(
             if progress:
                 progress(f"[{time.perf_counter() - start:6.1f} s] {_progress_text(row, name)}")
     rows = _with_scaling(rows)
-    best, why = _best(rows, spec.deadline_days)
+    best, why = _best(rows, spec)
     knees = _knees(rows)
     return SweepResult(rows=tuple(rows), best=best, knees=knees, deadline_days=spec.deadline_days, why_none=why,
-                       wall_s=time.perf_counter() - start)
+                       wall_s=time.perf_counter() - start, objective=spec.objective, budget_usd=spec.budget_usd)
 
 
 def _row(spec: SweepSpec, model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: SearchOptions,
@@ -181,20 +191,28 @@ def _knees(rows: list[SweepRow]) -> dict[str, int]:
     return knees
 
 
-def _best(rows: list[SweepRow], deadline_days: float | None) -> tuple[SweepRow | None, str]:
+def _best(rows: list[SweepRow], spec: SweepSpec) -> tuple[SweepRow | None, str]:
     priced = [r for r in rows if r.cost is not None and math.isfinite(r.cost.days)]
     if not priced:
         if any("time limit" in r.reason for r in rows):
             return None, "no size was solved within the sweep's time limit; raise --time-limit"
         largest = max(rows, key=lambda r: r.num_gpus)
         return None, f"no size has a plan that fits; at the largest, {largest.num_gpus:,} {largest.device}: {largest.reason}"
+    deadline_days, budget = spec.deadline_days, spec.budget_usd
     meets = [r for r in priced if deadline_days is None or r.cost.days <= deadline_days]
     if not meets:
         closest = min(priced, key=lambda r: r.cost.days)
         return None, (f"no size meets the deadline of {deadline_days:g} days; the closest is {closest.num_gpus:,} "
                       f"{closest.device} at {closest.cost.days:,.1f} days ({closest.found.plan.short()}); "
                       "more nodes, or a later deadline")
+    affordable = [r for r in meets if budget is None or r.cost.cost_usd <= budget]
+    if not affordable:
+        cheapest = min(meets, key=lambda r: r.cost.cost_usd)
+        return None, (f"no size{'' if deadline_days is None else f' within {deadline_days:g} days'} costs at most "
+                      f"${budget:,.0f}; the cheapest is {cheapest.num_gpus:,} {cheapest.device} at "
+                      f"${cheapest.cost.cost_usd:,.0f}; a larger budget or a later deadline")
 
     def key(r: SweepRow) -> tuple:
-        return (r.cost.cost_usd if r.cost.cost_usd is not None else r.cost.gpu_hours, r.num_gpus)
-    return min(meets, key=key), ""
+        money = r.cost.cost_usd if r.cost.cost_usd is not None else r.cost.gpu_hours
+        return (r.cost.days, money, r.num_gpus) if spec.objective == "time" else (money, r.num_gpus)
+    return min(affordable, key=key), ""

@@ -21,7 +21,9 @@ from planner.args import (
     refuse_ignored,
 )
 from planner.commands.common import emit_json, framework_of, specs_from_args, write_report_dir
+from planner.compare import comparisons
 from planner.no_plan import infeasible_message
+from planner.objective import RunGoal, keep_within, refuse_bad_combinations
 from planner.search import (
     Found,
     SearchOptions,
@@ -53,7 +55,8 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--export-out", metavar="F", help="the --export file (default: printed after the table)")
     add_overwrite_arg(p)
     add_constraint_args(p, default_time_limit_s=60.0)
-    add_cost_args(p)
+    g = add_cost_args(p)
+    add_limit_args(g)
 
 
 def add_cost_args(p: argparse.ArgumentParser) -> None:
@@ -62,6 +65,16 @@ def add_cost_args(p: argparse.ArgumentParser) -> None:
                    help="tokens to train (e.g. 2e12): adds days, GPU-hours (and cost with --gpu-hour-usd), with "
                         "the checkpoint and failure overhead of the 'long run' line")
     g.add_argument("--gpu-hour-usd", type=non_negative_float, metavar="P", help="price of one GPU-hour in USD")
+    return g
+
+
+def add_limit_args(g: argparse._ArgumentGroup) -> None:
+    """The limits of a training run, under any --objective (planner.objective)."""
+    g.add_argument("--deadline-days", type=positive_float, metavar="X",
+                   help="the run of --tokens must end within X days: plans (sweep: sizes) that miss it are left out")
+    g.add_argument("--budget-usd", type=positive_float, metavar="B",
+                   help="the run of --tokens at --gpu-hour-usd must cost at most B USD: plans (sweep: sizes) over "
+                        "it are left out")
 
 
 def training_cost_of(args: argparse.Namespace, model, train, cluster, est):
@@ -75,7 +88,7 @@ def training_cost_of(args: argparse.Namespace, model, train, cluster, est):
     return training_cost(args.tokens, cluster.world_size, kept.effective_tokens_per_s, args.gpu_hour_usd)
 
 
-def add_constraint_args(p: argparse.ArgumentParser, default_time_limit_s: float) -> None:
+def add_constraint_args(p: argparse.ArgumentParser, default_time_limit_s: float, objective: bool = True) -> None:
     c = p.add_argument_group("constraints")
     c.add_argument("--max-tp", type=positive_int, help="largest TP degree (default: devices per node)")
     c.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE",
@@ -89,9 +102,12 @@ def add_constraint_args(p: argparse.ArgumentParser, default_time_limit_s: float)
     c.add_argument("--time-limit", type=positive_float, default=default_time_limit_s, metavar="S",
                    help="stop after S seconds with the best plan found, reported as not proven optimal "
                         f"(default {default_time_limit_s:g})")
-    c.add_argument("--objective", choices=["time", "memory"], default="time",
-                   help="time: fastest plan; memory: least memory within 5%% of the fastest "
-                        "(among each outer choice's fastest layer split)")
+    if objective:   # sweep has its own (planner.objective)
+        c.add_argument("--objective", choices=["time", "memory", "cost"], default="time",
+                       help="time: fastest plan; memory: least memory within 5%% of the fastest (among each "
+                            "outer choice's fastest layer split); cost: the cheapest run of --tokens at "
+                            "--gpu-hour-usd (both needed), which on one cluster is the fastest plan (cost = "
+                            "GPUs x days x price), with --deadline-days and --budget-usd as its limits")
 
 
 def parse_options(args: argparse.Namespace) -> SearchOptions:
@@ -117,7 +133,8 @@ def parse_options(args: argparse.Namespace) -> SearchOptions:
     if args.max_tp and fixed.get("tp", 0) > args.max_tp:
         raise UserError(f"contradictory constraints: --fix tp={fixed['tp']} exceeds --max-tp {args.max_tp}")
     return SearchOptions(top_k=getattr(args, "top", 5), max_tp=args.max_tp, fixed=fixed, no_recompute=args.no_recompute,
-                         objective=args.objective, time_limit_s=args.time_limit, progress=_progress())
+                         objective="memory" if args.objective == "memory" else "time",   # cost: time's order
+                         time_limit_s=args.time_limit, progress=_progress())
 
 
 def _progress():
@@ -204,11 +221,19 @@ def cmd_search(args: argparse.Namespace) -> int:
             raise UserError(f"contradictory flags: --export {args.export} writes a plan for {args.export}, "
                             f"--framework {args.framework} searches for another; give one")
         args.framework = args.export
+    refuse_bad_combinations(args, "search")
     model, train, cluster = specs_from_args(args)
     result = run_search(args, model, train, cluster)
+    goal = None if args.tokens is None else RunGoal(tokens=args.tokens, gpu_hour_usd=args.gpu_hour_usd,
+                                                    deadline_days=args.deadline_days, budget_usd=args.budget_usd,
+                                                    failures=failures_from_args(args))
+    left_out = ""
+    if goal is not None:
+        result.plans, left_out = keep_within(goal, model, train, cluster, result.plans, result.fastest)
     stats = result.stats
     best = result.plans[0]
-    runner_up_text = why_runner_up_lost(best, result.plans[1]) if len(result.plans) > 1 else ""
+    compared = comparisons(model, train, cluster, result)
+    runner_up_text = "\n".join(c.text() for c in compared)
     if args.report:   # with --json too: stdout holds the JSON, the report goes to its directory
         write_report_dir(args.report, args.overwrite, model, train, cluster, best.plan, best.estimate,
                       runners_up=[(f.plan, f.estimate) for f in result.plans[1:]],
@@ -217,7 +242,11 @@ def cmd_search(args: argparse.Namespace) -> int:
     cost = training_cost_of(args, model, train, cluster, best.estimate)
     if args.json:
         emit_json({"plans": [{"plan": f.plan.to_dict(), "estimate": f.estimate.to_dict(),
-                              "alternatives": [a.to_dict() for a in f.alternatives]} for f in result.plans],
+                              "alternatives": [a.to_dict() for a in f.alternatives],
+                              **({} if goal is None else
+                                 {"training": goal.cost(model, train, cluster, f.estimate).to_dict()})}
+                             for f in result.plans],
+                    "comparisons": [c.to_dict() for c in compared],
                     "search": {**stats.to_dict(), "framework": framework_of(args), "equivalent_plans": result.equivalent,
                                "error_band": result.error_band, "offloaded_because": result.offloaded_because,
                                "fastest": None if result.fastest is None else
@@ -272,7 +301,12 @@ def cmd_search(args: argparse.Namespace) -> int:
               f"under that error: the first is the most robust ({spare / GIB:.1f} GiB to spare; margins are told "
               f"apart in steps of the memory model's error, +-{100 * MEMORY_ERROR_BAND:.1f}% = "
               f"{MEMORY_ERROR_BAND * capacity / GIB:.1f} GiB here; then fewer moving parts)")
-    if runner_up_text:
+    if left_out:
+        print(left_out)
+    if len(result.plans) > 1 and result.plans[1].estimate.step_time_s < best.estimate.step_time_s - 1e-6:
+        print(why_runner_up_lost(best, result.plans[1]))
+    if compared:
+        print("why the first plan: each line the other plan's figure vs the first's")
         print(runner_up_text)
     if exported is not None:
         print()

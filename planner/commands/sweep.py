@@ -24,6 +24,7 @@ from planner.args import (
 )
 from planner.commands.common import add_framework_arg, add_train_args, framework_of, specs_from_args
 from planner.commands.search import add_constraint_args, parse_options
+from planner.objective import refuse_bad_combinations
 from planner.sweep import KNEE_EFFICIENCY, SweepResult, SweepSpec, sweep
 
 EPILOG = f"""examples:
@@ -34,8 +35,11 @@ EPILOG = f"""examples:
 
 Each size is searched as `planner search` searches one cluster (proven optimal unless the sweep's
 --time-limit runs out: a size not reached is said so). Days include the checkpoint writes and the
-work lost to failures (the 'long run' line of search). The answer is the cheapest size that
-meets --deadline-days: by cost with --gpu-hour-usd, else by GPU-hours. The knee of a device's
+work lost to failures (the 'long run' line of search). The answer, among the sizes that meet
+--deadline-days and --budget-usd: --objective cost (the default), the cheapest size (by cost with
+--gpu-hour-usd, else by GPU-hours; an explicit --objective cost needs the price); --objective time,
+the size that ends soonest (e.g. the fastest within a budget). Each size's plan is its fastest
+(on one cluster the cheapest run is the fastest plan). The knee of a device's
 curve is its largest size that keeps {100 * KNEE_EFFICIENCY:.0f}% of the smallest size's tokens/s per GPU."""
 
 
@@ -52,7 +56,12 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gpu-hour-usd", type=number_list(non_negative_float), metavar="P[,P2...]",
                    help="price of a GPU-hour in USD: one, or one per --device")
     g.add_argument("--deadline-days", type=positive_float, metavar="X",
-                   help="the run must end within X days: the cheapest size that does")
+                   help="the run must end within X days: sizes that miss it are left out")
+    g.add_argument("--budget-usd", type=positive_float, metavar="B",
+                   help="the run must cost at most B USD at --gpu-hour-usd: sizes over it are left out")
+    g.add_argument("--objective", choices=["cost", "time"], default="cost",
+                   help="cost: the cheapest size within the limits (default); time: the size that ends soonest "
+                        "within them (with --budget-usd: the fastest run the budget buys)")
     p.add_argument("--json", action="store_true",
                    help='print {"rows": [{"num_gpus", "device", "plan", "step_time_s", "tokens_per_s", "mfu", '
                         '"days", "gpu_hours", "cost_usd", ...}], "best", "knee_gpus", ...} on stdout')
@@ -60,7 +69,7 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", metavar="F", help="draw the scaling curve (tokens/s per GPU and cost against GPUs, "
                                                "knee marked) to F (.png or .svg)")
     add_overwrite_arg(p)
-    add_constraint_args(p, default_time_limit_s=120.0)
+    add_constraint_args(p, default_time_limit_s=120.0, objective=False)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -74,9 +83,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.plot and Path(args.plot).suffix.lower() not in (".png", ".svg"):
         raise UserError(f"--plot {args.plot}: the picture is written as .png or .svg; name the file so")
     args.plot = outputs.out_file(args.plot, "--plot", args.overwrite)
+    refuse_bad_combinations(args, "sweep")
     spec = SweepSpec(devices=tuple(d.strip() for d in args.device.split(",") if d.strip()),
                      nodes=tuple(args.nodes), gpus_per_node=args.gpus_per_node, tokens=args.tokens,
                      gpu_hour_usd=tuple(args.gpu_hour_usd or ()), deadline_days=args.deadline_days,
+                     budget_usd=args.budget_usd, objective=args.objective,
                      framework=framework_of(args), failures=failures_from_args(args), time_limit_s=args.time_limit)
 
     def specs(name: str):
@@ -94,7 +105,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.plot:
         from reports.scaling import draw_scaling
         outputs.write_file(args.plot, draw_scaling(result, args.plot.suffix.lstrip(".").lower()), args.overwrite)
-    if result.best is None and result.deadline_days is not None:
+    if result.best is None and (result.deadline_days is not None or result.budget_usd is not None):
         raise UserError(result.why_none)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
@@ -138,7 +149,10 @@ def table_lines(result: SweepResult) -> list[str]:
     if result.best is not None:
         b = result.best
         assert b.cost is not None
-        lines.append(f"* cheapest{'' if result.deadline_days is None else f' within {result.deadline_days:g} days'}: "
+        within = " and ".join(([] if result.deadline_days is None else [f"{result.deadline_days:g} days"])
+                              + ([] if result.budget_usd is None else [f"${result.budget_usd:,.0f}"]))
+        lines.append(f"* {'fastest' if result.objective == 'time' else 'cheapest'}"
+                     f"{'' if not within else f' within {within}'}: "
                      f"{b.num_gpus:,} {b.device}, {b.cost.days:,.1f} days, {b.cost.gpu_hours:,.0f} GPU-hours"
                      + ("" if b.cost.cost_usd is None else f", ${b.cost.cost_usd:,.0f}"))
     lines.append(f"knee: the largest size that keeps {100 * KNEE_EFFICIENCY:.0f}% of the smallest size's tokens/s "
