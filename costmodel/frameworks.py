@@ -42,8 +42,13 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   keep their all-gathered (whole-sequence) input for the weight gradient. torch's DTensor TP
   (`PrepareModuleInput` from `Shard(1)` to `Replicate()`, then `nn.Linear`) does: autograd saves
   the gathered tensor. Megatron-LM keeps the sequence shard and gathers it again in backward
-  (Korthikanti et al. 2022 Sec. 4.2.2), so its inputs count 1/t. Measured for our runtime by
-  tests/runtime/test_activation_memory.py.
+  (Korthikanti et al. 2022 Sec. 4.2.2), so its inputs count 1/t; so does our runtime
+  (runtime.sequence_parallel, measured by tests/runtime/test_activation_memory.py).
+- `sp_regather_exposed`: where the saved sequence shard is all-gathered again in backward
+  (`tp_keeps_gathered_input` off, under SP), whether that all-gather waits alone. Megatron-LM
+  launches it asynchronously and computes the input gradient meanwhile
+  (`LinearWithGradAccumulationAndAsyncCommunication.backward`), so it is not priced; our runtime
+  (runtime.sequence_parallel) gathers, then computes: one more all-gather per block.
 - `vocab_parallel_loss`: whether the loss runs on the vocabulary shards of the logits (Megatron's
   vocab-parallel cross entropy, torchtitan's `loss_parallel`), or, as in our runtime (output
   projection `ColwiseParallel(output_layouts=Replicate())`, then `F.cross_entropy`), every TP rank
@@ -157,6 +162,7 @@ class FrameworkTraits:
     vendor_attention: bool = False
     flash_attention_1: bool = False
     tp_keeps_gathered_input: bool = False
+    sp_regather_exposed: bool = False
     vocab_parallel_loss: bool = True
     cpu_kernels: bool = False
     eager_layer: bool = False
@@ -175,12 +181,13 @@ GENERIC = FrameworkTraits(name="generic", dp_grad_overlap=True, dp_param_overlap
                           sharded_grads_under_pp=True, zero3_gathers_per_param=False)
 
 # This project's executor: FSDP2 for every ZeRO stage (bucketed overlap of reduce-scatter and
-# prefetched all-gathers, fp32 sharded parameters), DTensor TP without overlap (keeping gathered
-# inputs, whole logits), eager SwiGLU, torch's cross entropy, torch pipelining, float8 linears
-# compiled one by one on CUDA (runtime.float8; see the module docstring).
+# prefetched all-gathers, fp32 sharded parameters), DTensor TP without overlap (SP keeping the
+# sequence shard, runtime.sequence_parallel; whole logits), eager SwiGLU, torch's cross entropy,
+# torch pipelining, float8 linears compiled one by one on CUDA (runtime.float8; see the module
+# docstring).
 RUNTIME = FrameworkTraits(name="planner", dp_grad_overlap=True, dp_param_overlap=True, tp_comm_hidden=0.0,
                           sharded_grads_under_pp=False, zero3_gathers_per_param=False,
-                          fsdp_master_params=True, tp_keeps_gathered_input=True, vocab_parallel_loss=False,
+                          fsdp_master_params=True, sp_regather_exposed=True, vocab_parallel_loss=False,
                           deferred_w_keeps_graph=True, pipeline_sends_held=True, cp_all_gather_kv=True,
                           float8_casts_fused=True, dp_collectives_per_layer=True, eager_layer=True,
                           recompute_early_stop=True, one_replica_fsdp=True)

@@ -62,6 +62,13 @@ def _linears(module: nn.Module, block_name: str, model: ModelSpec) -> None:
         module.add_module(lin.name, nn.Linear(lin.in_features, lin.out_features, bias=lin.bias))
 
 
+def each_linear(block: nn.Module, x: torch.Tensor, names: tuple[str, ...]) -> tuple[torch.Tensor, ...]:
+    """A block's input projections, each applied to `x`. Under sequence parallelism the runtime
+    puts runtime.sequence_parallel's in its place (`project_in`): one all-gather of the sequence
+    shard for the block, the shard alone kept for backward."""
+    return tuple(getattr(block, name)(x) for name in names)
+
+
 def rope_frequencies(model: ModelSpec) -> torch.Tensor:
     """RoPE's per-pair inverse frequencies, base `rope_theta`; with Llama 3.1's scaling the long
     wavelengths (beyond original context / low_freq_factor) are divided by the factor, the short
@@ -135,15 +142,19 @@ class Attention(nn.Module):
         self.selective_recompute = False   # set by the runtime from the plan
         self.cp: CpShard | None = None       # context parallelism (Transformer.set_context_parallel)
         self.positions: torch.Tensor | None = None
+        self.project_in = each_linear
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        b, s, d = x.shape[0], x.shape[1], self.head_dim
+        # the projections' sequence length: the whole sequence where x is a sequence shard (SP)
+        d = self.head_dim
         if self.arch is Arch.LLAMA:   # -1: local head counts under tensor parallelism
-            q, k = self.wq(x).view(b, s, -1, d), self.wk(x).view(b, s, -1, d)
+            q, k, v = (t.view(t.shape[0], t.shape[1], -1, d) for t in self.project_in(self, x, ("wq", "wk", "wv")))
             if self.qk_norm:
                 q, k = self.q_norm(q), self.k_norm(k)
-            return q, k, self.wv(x).view(b, s, -1, d)
-        groups = self.qkv(x).view(b, s, -1, (self.group + 2) * d)
+            return q, k, v
+        (fused,) = self.project_in(self, x, ("qkv",))
+        b, s = fused.shape[0], fused.shape[1]
+        groups = fused.view(b, s, -1, (self.group + 2) * d)
         q, k, v = groups.split((self.group * d, d, d), dim=-1)
         return q.reshape(b, s, -1, d), k, v
 
@@ -158,7 +169,7 @@ class Attention(nn.Module):
             out = checkpoint(self._core, q, k, v, use_reentrant=False)
         else:
             out = self._core(q, k, v)
-        out = out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1)
+        out = out.transpose(1, 2).flatten(2)
         return self.wo(out) if self.arch is Arch.LLAMA else self.proj(out)
 
     def _rope(self, x: torch.Tensor) -> torch.Tensor:
@@ -182,13 +193,17 @@ class Mlp(nn.Module):
         super().__init__()
         _linears(self, "mlp", model)
         self.kind = model.ffn_kind
+        self.project_in = each_linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kind is FfnKind.SWIGLU:
-            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+            gate, up = self.project_in(self, x, ("w1", "w3"))
+            return self.w2(F.silu(gate) * up)
         if self.kind is FfnKind.GEGLU:
-            return self.w2(F.gelu(self.w1(x), approximate="tanh") * self.w3(x))
-        return self.fc2(F.gelu(self.fc1(x), approximate="none" if self.kind is FfnKind.GELU_ERF else "tanh"))
+            gate, up = self.project_in(self, x, ("w1", "w3"))
+            return self.w2(F.gelu(gate, approximate="tanh") * up)
+        (hidden,) = self.project_in(self, x, ("fc1",))
+        return self.fc2(F.gelu(hidden, approximate="none" if self.kind is FfnKind.GELU_ERF else "tanh"))
 
 
 class Layer(nn.Module):

@@ -57,6 +57,7 @@ from costmodel.params import fsdp_unit_layers
 from costmodel.plan import Plan, Recompute
 from costmodel.specs import DType, TrainSpec
 from runtime.moe import Experts, MoE
+from runtime.sequence_parallel import ColwiseWeights, GatheredColumns
 
 UNIT_AXIS = "dp_unit"   # size-1 shard axis that turns FSDP2 into plain replication (ZeRO-0)
 EP_UNIT_AXIS = "ep_unit"   # the same for the experts' FSDP2 unit (kept before "ep": mesh slices keep root order)
@@ -110,15 +111,18 @@ def _layer_tp_plan(module: nn.Module, sp: bool) -> dict:
         plan["mlp_norm"] = SequenceParallel()
         plan["mlp"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),),
                                          use_local_output=True)
+    # under SP a block takes its sequence shard as a plain tensor and gathers it itself
+    # (runtime.sequence_parallel: Megatron's saved shard, gathered again in backward)
+    colwise = ColwiseWeights if sp else ColwiseParallel
     for block in dense_blocks(spec):
         prefix = "attention" if block.name == "attention" else "mlp"
         if sp:
             if not (prefix == "mlp" and spec.shared_norm):   # one norm for both blocks
                 plan[f"{prefix}_norm"] = SequenceParallel()
-            plan[prefix] = PrepareModuleInput(input_layouts=(Shard(1),),
-                                              desired_input_layouts=(Replicate(),))
+            plan[prefix] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),),
+                                              use_local_output=True)
         for lin in block.linears:
-            plan[f"{prefix}.{lin.name}"] = (ColwiseParallel() if lin.style is Style.COLWISE
+            plan[f"{prefix}.{lin.name}"] = (colwise() if lin.style is Style.COLWISE
                                             else RowwiseParallel(output_layouts=out))
     return plan
 
@@ -145,8 +149,16 @@ def apply_tensor_parallel(stage: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> No
         parallelize_module(stage, tp_mesh, top)
         for layer in stage.layers.values():
             parallelize_module(layer, tp_mesh, _layer_tp_plan(stage, sp))
+            if sp:
+                for block in dense_block_modules(layer):
+                    block.project_in = GatheredColumns(tp_mesh.get_group())
     if tied:  # both sides shard the vocab dim alike; keep them one parameter
         stage.output.weight = stage.embed.tok.weight
+
+
+def dense_block_modules(layer: nn.Module) -> list[nn.Module]:
+    """A layer's tensor-parallel blocks: its attention, and its MLP unless it is a mixture."""
+    return [layer.attention] + ([] if isinstance(layer.mlp, MoE) else [layer.mlp])
 
 
 def recomputed_layers(plan: Plan, pp_rank: int, layer_ids: list[int]) -> list[int]:

@@ -32,6 +32,16 @@ def _tp_layer_comm_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Cl
     return len(dense_blocks(model)) * per_block
 
 
+def _sp_regather_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec, span: AxisSpan) -> float:
+    """A layer's backward all-gathers of the sequence shards its dense blocks kept instead of
+    their gathered inputs (Korthikanti et al. 2022 Sec. 4.2.2), where nothing hides them
+    (costmodel.frameworks `sp_regather_exposed`)."""
+    traits = cluster.framework
+    if plan.tp == 1 or not plan.sequence_parallel or traits.tp_keeps_gathered_input or not traits.sp_regather_exposed:
+        return 0.0
+    return len(dense_blocks(model)) * _tp_block_collective_s(model, train, plan, cluster, span, output=False)
+
+
 def _tp_block_collective_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
                            span: AxisSpan, output: bool) -> float:
     """One dense block's collective on its input (all-gather with sequence parallelism, else

@@ -15,6 +15,7 @@ from costmodel.rank_time.layer_comm import (
     _ep_layer_comm_s,
     _gathered_logits_s,
     _pp_send_s,
+    _sp_regather_s,
     _tp_block_collective_s,
     _tp_layer_comm_s,
 )
@@ -135,7 +136,8 @@ def rank_time_model(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Clu
     tp = _tp_layer_comm_s(model, train, plan, cluster, sp.tp) * exposed
     cp_fwd, cp_bwd = _cp_layer_comm_s(model, train, plan, cluster, sp.cp, layer)
     ep = _ep_layer_comm_s(model, train, plan, cluster, sp.ep)
-    per_layer = _times(layer.forward_s, layer.backward_s, layer.backward_weight_s, tp=2 * tp,
+    regather = _sp_regather_s(model, train, plan, cluster, sp.tp)   # backward only
+    per_layer = _times(layer.forward_s, layer.backward_s, layer.backward_weight_s, tp=2 * tp + regather,
                        cp=cp_fwd + cp_bwd, ep=2 * ep)
     if plan.offload_activations:
         per_layer = replace(per_layer, offload_s=_activation_offload_s(model, train, plan, cluster))
