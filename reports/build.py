@@ -16,8 +16,10 @@ from costmodel.specs import ModelSpec, TrainSpec
 from costmodel.units import GIB, MIB
 from reports.bubble import Variant, bubble_figures, schedule_table
 from reports.document import Document
+from reports.html import page
 from reports.measured import measured_figure
 from reports.memory_report import PlanMemory, memory_figures, memory_table
+from reports.page_data import plan_page_data
 from reports.ranking import ledger_figure, ranking_figure
 from reports.tables import slowest_share
 
@@ -52,7 +54,7 @@ def write_report(inp: ReportInput, out_dir: Path) -> list[str]:
         doc.image(*measured_figure(inp.measured, out_dir))
     _what_would_change_it(doc, inp, variants)
     (out_dir / "index.md").write_text(doc.markdown() + "\n")
-    (out_dir / "index.html").write_text(doc.html() + "\n")
+    (out_dir / "index.html").write_text(page(plan_page_data(inp, variants), doc.html()) + "\n")
     return sorted(p.name for p in out_dir.iterdir())
 
 

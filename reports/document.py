@@ -42,26 +42,22 @@ class Document:
         return "\n".join(out)
 
     def html(self) -> str:
+        """The blocks as HTML elements (reports.html puts them in its page)."""
         e = html.escape
-        out = ["<!doctype html>", "<html><head><meta charset='utf-8'>", f"<title>{e(self.title)}</title>",
-               "<style>body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;"
-               "line-height:1.45;color:#222}table{border-collapse:collapse;margin:1em 0;font-size:90%}"
-               "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
-               "td:first-child,th:first-child{text-align:left}img{max-width:100%}"
-               "figcaption{color:#555;font-size:90%}</style></head><body>", f"<h1>{e(self.title)}</h1>"]
+        out = []
         for kind, value in self.blocks:
             if kind == "h2":
                 out.append(f"<h2>{e(value)}</h2>")
             elif kind == "p":
                 out.append(f"<p>{e(value)}</p>")
-            elif kind == "table":
+            elif kind == "table":   # sortable on the page: a click on a header sorts by it
                 headers, rows = value
-                out.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in headers) + "</tr>")
+                out.append("<table class='sortable'><thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in headers)
+                           + "</tr></thead><tbody>")
                 out += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows]
-                out.append("</table>")
+                out.append("</tbody></table>")
             else:
                 stem, caption = value
                 out.append(f"<figure><a href='{stem}.svg'><img src='{stem}.png' alt='{e(caption)}'></a>"
                            f"<figcaption>{e(caption)}</figcaption></figure>")
-        out.append("</body></html>")
         return "\n".join(out)
