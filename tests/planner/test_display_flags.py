@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+from costmodel.plan import Plan
 from planner.cli import main
+
+
+def _short(plan: dict) -> str:
+    return Plan.from_dict(plan, "plan").short()
 
 
 def test_the_first_plan_is_the_same_for_every_top_and_for_json(capsys):
@@ -22,11 +29,16 @@ def test_the_first_plan_is_the_same_for_every_top_and_for_json(capsys):
     assert f"dp{firsts[0]['dp']}" in short and f"z{firsts[0]['zero_stage']}" in short
 
 
-def test_no_two_rows_are_priced_the_same_and_the_twins_are_named(capsys):
-    assert main(["search", "--model", "llama-70b", "--cluster", "8x8xA100", "--top", "10", "--json"]) == 0
+@pytest.mark.parametrize("model, cluster", [("llama-70b", "8x8xA100"), ("mixtral-8x7b", "8x8xH100")])
+def test_no_two_rows_are_priced_the_same_and_the_twins_are_named(model, cluster, capsys):
+    assert main(["search", "--model", model, "--cluster", cluster, "--top", "10", "--json"]) == 0
     plans = json.loads(capsys.readouterr().out)["plans"]
     prices = [(round(p["estimate"]["step_time_s"], 6), max(p["estimate"]["peak_memory_bytes"])) for p in plans]
     assert len(set(prices)) == len(prices) == 10
+    # the first plan is the one --top 1 shows, in the table as in --json
+    assert main(["search", "--model", model, "--cluster", cluster, "--top", "1"]) == 0
+    shown = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("1 "))
+    assert shown.split()[1:2] == [f"dp{plans[0]['plan']['dp']}"] and _short(plans[0]["plan"]) in shown
     # ZeRO-1 and ZeRO-2 under a pipeline are priced alike: one row, the other named as its alternative
     first = plans[0]
     assert any(a["zero_stage"] != first["plan"]["zero_stage"] for a in first["alternatives"])

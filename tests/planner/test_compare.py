@@ -1,0 +1,76 @@
+"""Why the first plan wins: line by line of the ledger against the fastest plan of another
+layout and against the model's published recipes placed on the cluster asked (or one line
+saying why a recipe cannot be placed there)."""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+
+import pytest
+
+from costmodel.estimate import estimate
+from costmodel.plan import Plan
+from planner.cli import main
+from planner.compare import OTHER_LAYOUT, ledger_lines, layout
+from planner.recipes import load_recipes, place, recipes_for
+from planner.specs import build_specs
+
+SEARCH = ["search", "--model", "llama3-8b", "--cluster", "1x8xH100", "--seq-len", "4096", "--global-batch", "64"]
+
+
+def test_every_recipe_names_its_source_and_its_model():
+    recipes = load_recipes()
+    assert {r.model for r in recipes} >= {"llama3-8b", "llama3-70b", "llama2-70b", "mixtral-8x7b"}
+    for r in recipes:
+        assert re.search(r"github\.com/\S+ \S+ @ (tag \S+|[0-9a-f]{40})", r.source), r.source
+        build_specs(r.model, f"{r.num_gpus // r.gpus_per_node}x{r.gpus_per_node}x{r.device}")   # a known model
+
+
+@pytest.mark.parametrize("model, cluster, expected", [
+    ("mixtral-8x7b", "8x8xH100", "dp16 tp1 pp4x8v ep8 z1 mbs1x"),   # the cluster it was written for
+    ("llama3-70b", "16x8xH100", "dp4 tp4+sp pp4x5v cp2 z1 mbs1x"),  # dp adapted to 128 devices
+    ("mixtral-8x7b", "2x8xH100", "ep8 is carved from data parallelism, and this cluster leaves dp4"),
+    ("llama3-70b", "3x8xH100", "tp*pp*cp = 32 does not divide this cluster's 24 devices"),
+])
+def test_a_recipe_is_placed_on_the_cluster_asked_or_says_why_not(model, cluster, expected):
+    m, t, c = build_specs(model, cluster)
+    [recipe] = [r for r in recipes_for(m) if r.framework == "megatron"]
+    plan, why = place(recipe, m, t, c)
+    assert (plan.short() if plan else why).startswith(expected)
+
+
+def test_the_ledger_lines_say_where_the_other_plan_spends_more_then_less():
+    m, t, c = build_specs("llama3-8b", "1x8xH100", seq_len=4096, global_batch=64)
+    [recipe] = recipes_for(m)
+    plan, _ = place(recipe, m, t, c)   # cp2 against tp2: context against tensor communication
+    mine, other = estimate(m, t, c, plan), estimate(m, t, c, replace(plan, cp=1, tp=2, sequence_parallel=True))
+    lines = ledger_lines(mine, other)
+    deltas = [float(x.replace(",", "")) for x in re.findall(r"\(([+-][\d,]+) ms\)", "\n".join(lines))]
+    more = [d for d in deltas if d > 0]
+    assert deltas[:len(more)] == sorted(more, reverse=True) and all(d < 0 for d in deltas[len(more):])
+    assert lines[-1].startswith("peak memory: ") and "GiB vs" in lines[-1]
+    key = lines[0].split(":")[0]
+    assert f"{other.time_breakdown_s[key]:.3f} s vs {mine.time_breakdown_s[key]:.3f} s" in lines[0]
+
+
+def test_search_compares_the_first_plan_with_another_layout_and_the_recipe(capsys):
+    assert main(SEARCH + ["--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    first = doc["plans"][0]["plan"]
+    by = {c["against"].split(":")[0]: c for c in doc["comparisons"]}
+    other = by[OTHER_LAYOUT]
+    assert layout(_plan(other["plan"])) != layout(_plan(first)) and other["lines"]
+    # robust-first may rank a plan up to the error band slower first; never more
+    step_s = doc["plans"][0]["estimate"]["step_time_s"]
+    assert other["delta_s"] >= -doc["search"]["error_band"] * step_s and other["fits"]
+    recipe = by["recipe"]
+    assert "NeMo llama3_8b" in recipe["against"] and (recipe["plan"]["tp"], recipe["plan"]["cp"]) == (1, 2)
+    assert "seq 4096 x global batch 64" in recipe["note"]
+    assert main(SEARCH) == 0
+    out = capsys.readouterr().out
+    assert f"vs {OTHER_LAYOUT} (" in out and "vs recipe: NeMo llama3_8b" in out
+
+
+def _plan(d: dict) -> Plan:
+    return Plan.from_dict(d, "plan")
