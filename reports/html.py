@@ -96,6 +96,5 @@ def _panels(data: dict[str, Any]) -> list[str]:
                 "<p class='note'>The best plan at each size; hover a point for its plan and run. Large points: "
                 "each device's knee; black: the cheapest size.</p>",
                 "<div class='controls'>plot <select id='sweep-metric' aria-label='metric'></select></div>",
-                "<svg id='sweep' class='chart' role='img' aria-label='scaling curve'></svg>",
-                "<table id='sweep-table' class='sortable'></table>"]
+                "<svg id='sweep' class='chart' role='img' aria-label='scaling curve'></svg>"]
     return out

@@ -68,6 +68,9 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--csv", metavar="F", help="write the rows to this CSV")
     p.add_argument("--plot", metavar="F", help="draw the scaling curve (tokens/s per GPU and cost against GPUs, "
                                                "knee marked) to F (.png or .svg)")
+    p.add_argument("--report", metavar="DIR", help="write the sweep as a report directory: index.html (one "
+                                                   "self-contained page: the scaling curve with hover, the sizes "
+                                                   "sortable), index.md and the curve as PNG and SVG")
     add_overwrite_arg(p)
     add_constraint_args(p, default_time_limit_s=120.0, objective=False)
 
@@ -77,12 +80,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise UserError("sweep sizes clusters from --device, --nodes and --gpus-per-node; leave out --cluster")
     if args.group_link is not None:
         raise UserError("--group-link joins the groups of a mixed cluster; a sweep sizes uniform clusters")
-    if not (args.csv or args.plot):
-        refuse_ignored(args.given, {"overwrite"}, "without --csv or --plot nothing is written")
+    if not (args.csv or args.plot or args.report):
+        refuse_ignored(args.given, {"overwrite"}, "without --csv, --plot or --report nothing is written")
     args.csv = outputs.out_file(args.csv, "--csv", args.overwrite, ".csv")
     if args.plot and Path(args.plot).suffix.lower() not in (".png", ".svg"):
         raise UserError(f"--plot {args.plot}: the picture is written as .png or .svg; name the file so")
     args.plot = outputs.out_file(args.plot, "--plot", args.overwrite)
+    args.report = outputs.out_dir(args.report, "--report", args.overwrite, outputs.REPORT_FILES)
     refuse_bad_combinations(args, "sweep")
     spec = SweepSpec(devices=tuple(d.strip() for d in args.device.split(",") if d.strip()),
                      nodes=tuple(args.nodes), gpus_per_node=args.gpus_per_node, tokens=args.tokens,
@@ -105,6 +109,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.plot:
         from reports.scaling import draw_scaling
         outputs.write_file(args.plot, draw_scaling(result, args.plot.suffix.lstrip(".").lower()), args.overwrite)
+    if args.report:
+        from reports.sweep_report import write_sweep_report
+        with outputs.staged_dir(args.report, args.overwrite, outputs.REPORT_FILES) as staging:
+            write_sweep_report(result, staging)
     if result.best is None and (result.deadline_days is not None or result.budget_usd is not None):
         raise UserError(result.why_none)
     if args.json:
@@ -112,7 +120,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     else:
         print("\n".join(table_lines(result)))
         print(f"{len(result.rows)} sizes in {time.perf_counter() - start:.1f} s"
-              + "".join(f"; wrote {p}" for p in (args.csv, args.plot) if p))
+              + "".join(f"; wrote {p}" for p in (args.csv, args.plot) if p)
+              + (f"; wrote {args.report}/index.html" if args.report else ""))
     if result.best is None:
         raise UserError(result.why_none)
     return 0

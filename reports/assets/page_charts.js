@@ -159,14 +159,6 @@
     });
     sel.addEventListener("change", function () { drawSweep(S, SWEEP_METRICS[sel.value]); });
     drawSweep(S, "tokens_per_s_per_gpu");
-    fillTable($("sweep-table"), ["device", "GPUs", "plan", "step s", "tokens/s/GPU", "MFU %", "days", "GPU-hours", "cost $"],
-      S.rows.map(function (r) {
-        return [[r.device], [num(r.num_gpus, 0), r.num_gpus], [r.plan_label || r.reason || "-"],
-                [r.step_time_s === null ? "-" : r.step_time_s.toFixed(3), r.step_time_s === null ? Infinity : r.step_time_s],
-                [num(r.tokens_per_s_per_gpu, 0), r.tokens_per_s_per_gpu || 0], [r.mfu === null ? "-" : (100 * r.mfu).toFixed(1), r.mfu || 0],
-                [num(r.days, 1), r.days === null ? Infinity : r.days], [num(r.gpu_hours, 0), r.gpu_hours === null ? Infinity : r.gpu_hours],
-                [num(r.cost_usd, 0), r.cost_usd === null ? Infinity : r.cost_usd]];
-      }));
   }
   function drawSweep(S, key) {
     var svg = $("sweep"), W = 1100, H = 340, left = 80, right = 20, top = 14, bottom = 36;
@@ -198,7 +190,7 @@
                          "class": "pt", "data-tip": dev + ", " + num(r.num_gpus, 0) + " GPUs" + (knee ? " (knee)" : "") +
                          (best ? " (cheapest)" : "") + "\n" + r.plan_label + "\n" + sweepLine(r)}, svg);
       });
-      text(svg, left + 8, top + 14 + 16 * k, dev).setAttribute("style", "fill:" + c);
+      text(svg, W - right - 8, top + 14 + 16 * k, dev, "end").setAttribute("style", "fill:" + c);
     });
     hoverable(svg, function (t) { return t.getAttribute("data-tip"); });
   }

@@ -53,13 +53,13 @@
   var selftest = window.location.hash === "#selftest", fails = [];
   try {
     Array.prototype.forEach.call(document.querySelectorAll("table.sortable"), function (t) {
-      if (t.id !== "ranking" && t.id !== "sweep-table") { makeSortable(t); }
+      if (t.id !== "ranking") { makeSortable(t); }
     });
     ranking();
     timelineSection();
     memory();
     sweep();
-    ["ranking", "sweep-table"].forEach(function (id) { if ($(id) && $(id).tHead) { makeSortable($(id)); } });
+    if ($("ranking") && $("ranking").tHead) { makeSortable($("ranking")); }
     fails = selftest ? selfTest() : [];
   } catch (err) {
     fails.push("exception: " + err + (err && err.stack ? "\n" + err.stack : ""));

@@ -82,15 +82,31 @@ def test_the_data_blob_cannot_close_its_script_element():
         data_blob({"step_time_s": float("nan")})
 
 
-def test_in_chromium_the_page_renders_without_error_and_passes_its_self_test(report, chromium, tmp_path):
-    browse = SCREENSHOT["browse"]
-    done = browse(chromium, report, tmp_path / "profile", "--enable-logging=stderr", "--v=0", "--dump-dom",
-                  fragment="#selftest")
+def _passes_its_self_test(chromium: str, page: Path, profile: Path) -> None:
+    """Loaded with #selftest: no error caught, no console error, every check of the page's own passed."""
+    done = SCREENSHOT["browse"](chromium, page, profile, "--enable-logging=stderr", "--v=0", "--dump-dom",
+                                fragment="#selftest")
     assert done.returncode == 0, done.stderr[-2000:]
     status = _status(done.stdout)
     errors = re.search(r"<pre id=\"report-errors\">(.*?)</pre>", done.stdout, re.S).group(1)
     assert status == {"status": "ok", "errors": "0", "selftest": "passed"}, errors
     assert not re.search(r"CONSOLE.*(Uncaught|Error)", done.stderr), done.stderr[-2000:]
+
+
+def test_in_chromium_the_page_renders_without_error_and_passes_its_self_test(report, chromium, tmp_path):
+    _passes_its_self_test(chromium, report, tmp_path / "profile")
     shot = tmp_path / "report.png"
-    browse(chromium, report, tmp_path / "profile", f"--screenshot={shot}", SCREENSHOT["WINDOW"])
+    SCREENSHOT["browse"](chromium, report, tmp_path / "profile", f"--screenshot={shot}", SCREENSHOT["WINDOW"])
     assert shot.exists() and shot.stat().st_size > 20_000   # a page, not a blank window
+
+
+def test_sweep_report_draws_the_curve_of_its_rows(chromium, tmp_path, capsys):
+    out = tmp_path / "sweep"
+    assert main(["sweep", "--model", "llama3-8b", "--seq-len", "4096", "--global-batch", "64", "--tokens", "1e11",
+                 "--device", "H100", "--nodes", "1,2", "--report", str(out), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert {"index.html", "index.md", "scaling.png", "scaling.svg"} <= {p.name for p in out.iterdir()}
+    blob = re.search(r"id='report-data'>(.*?)</script>", (out / "index.html").read_text(), re.S).group(1)
+    assert json.loads(blob)["sweep"]["rows"] == rows
+    assert "(scaling.png)" in (out / "index.md").read_text()
+    _passes_its_self_test(chromium, out / "index.html", tmp_path / "profile")
