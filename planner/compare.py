@@ -4,7 +4,7 @@ in recomputation or micro-batching and teach little) and against the model's pub
 recipes (planner/recipes.toml) placed on the same cluster."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from costmodel.check import check_memory
@@ -31,14 +31,17 @@ class Comparison:
     delta_s: float | None         # the other plan's step time less the first's
     lines: tuple[str, ...]        # the ledger items that differ, or why there is no plan
     note: str = ""                # what was adapted from the recipe as written
+    within_band: bool = False     # faster than the first by less than the model's error band
 
     def headline(self) -> str:
         if self.plan is None or self.estimate is None or self.delta_s is None:
             return f"vs {self.against}: not comparable here: {self.lines[0]}"
         fits = "" if self.estimate.fits else " (does not fit)"
         speed = "slower" if self.delta_s >= 0 else "faster"
+        band = " (within the model's error band, where the first is chosen as the more robust)" \
+            if self.within_band else ""
         return (f"vs {self.against} ({self.plan.short()}{fits}): {abs(self.delta_s) * 1e3:,.0f} ms {speed} per step"
-                + (f" [{self.note}]" if self.note else ""))
+                + band + (f" [{self.note}]" if self.note else ""))
 
     def text(self) -> str:
         if self.plan is None:
@@ -48,7 +51,7 @@ class Comparison:
     def to_dict(self) -> dict[str, Any]:
         return {"against": self.against, "plan": None if self.plan is None else self.plan.to_dict(),
                 "delta_s": self.delta_s, "fits": None if self.estimate is None else self.estimate.fits,
-                "note": self.note or None, "lines": list(self.lines)}
+                "within_error_band": self.within_band, "note": self.note or None, "lines": list(self.lines)}
 
 
 def comparisons(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, result: SearchResult) -> list[Comparison]:
@@ -59,7 +62,9 @@ def comparisons(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, result
         out.append(_priced(OTHER_LAYOUT, best, other.plan, other.estimate))
     for recipe in recipes_for(model):
         out.append(against_recipe(recipe, model, train, cluster, best))
-    return out
+    floor_s = best.estimate.step_time_s * (1 - result.error_band)
+    return [replace(c, within_band=c.delta_s is not None and c.delta_s < 0 and c.estimate.step_time_s >= floor_s)
+            for c in out]
 
 
 def layout(plan: Plan) -> tuple:

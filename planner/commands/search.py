@@ -151,18 +151,14 @@ def _progress():
     return say
 
 
-def why_runner_up_lost(best: Found, second: Found) -> str:
-    diffs = {k: second.estimate.time_breakdown_s.get(k, 0.0) - v for k, v in best.estimate.time_breakdown_s.items()}
-    worse = sorted(((d, k) for k, d in diffs.items() if d >= 5e-4), reverse=True)[:3]
-    gap = second.estimate.step_time_s - best.estimate.step_time_s
-    if gap <= -1e-6:
-        return (f"runner-up ({second.plan.short()}) is predicted {-gap * 1e3:,.0f} ms faster per step, within "
-                "the model's error band: ranked below the first for robustness")
-    if gap < 1e-6:
-        return (f"runner-up ({second.plan.short()}) ties with the best: same predicted step time; "
-                "ranked by peak memory, then the simpler plan (fewer cp, pp, tp ranks)")
-    items = ", ".join(f"{k} +{d * 1e3:,.0f} ms" for d, k in worse) or "no single item"
-    return f"runner-up ({second.plan.short()}) is {gap * 1e3:,.0f} ms slower per step: {items}"
+def ranked_for_robustness(plans: list[Found]) -> str:
+    """When row 2 is predicted faster than row 1, the line saying why it is second ("" otherwise);
+    what the first plan wins by is planner.compare's."""
+    if len(plans) < 2 or plans[1].estimate.step_time_s > plans[0].estimate.step_time_s - 1e-6:
+        return ""
+    gap = plans[0].estimate.step_time_s - plans[1].estimate.step_time_s
+    return (f"row 2 ({plans[1].plan.short()}) is predicted {gap * 1e3:,.0f} ms faster per step, within the "
+            "model's error band: ranked below the first for robustness")
 
 
 def write_csv(path: str, result: SearchResult, overwrite: bool) -> None:
@@ -303,8 +299,8 @@ def cmd_search(args: argparse.Namespace) -> int:
               f"{MEMORY_ERROR_BAND * capacity / GIB:.1f} GiB here; then fewer moving parts)")
     if left_out:
         print(left_out)
-    if len(result.plans) > 1 and result.plans[1].estimate.step_time_s < best.estimate.step_time_s - 1e-6:
-        print(why_runner_up_lost(best, result.plans[1]))
+    if robust := ranked_for_robustness(result.plans):
+        print(robust)
     if compared:
         print("why the first plan: each line the other plan's figure vs the first's")
         print(runner_up_text)
