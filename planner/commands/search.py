@@ -220,12 +220,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     refuse_bad_combinations(args, "search")
     model, train, cluster = specs_from_args(args)
     result = run_search(args, model, train, cluster)
-    goal = None if args.tokens is None else RunGoal(tokens=args.tokens, gpu_hour_usd=args.gpu_hour_usd,
-                                                    deadline_days=args.deadline_days, budget_usd=args.budget_usd,
-                                                    failures=failures_from_args(args))
-    left_out = ""
-    if goal is not None:
-        result.plans, left_out = keep_within(goal, model, train, cluster, result.plans, result.fastest)
+    goal, left_out = _within_limits(args, model, train, cluster, result)
     stats = result.stats
     best = result.plans[0]
     compared = comparisons(model, train, cluster, result)
@@ -310,6 +305,17 @@ def cmd_search(args: argparse.Namespace) -> int:
             print(exported["text"], end="")
         print("\n".join(exported["summary"]))
     return 0
+
+
+def _within_limits(args: argparse.Namespace, model, train, cluster, result: SearchResult) -> tuple[RunGoal | None, str]:
+    """--tokens: the run every row is priced for, and the rows cut to those within --deadline-days
+    and --budget-usd (planner.objective), with the line saying how many were left out."""
+    if args.tokens is None:
+        return None, ""
+    goal = RunGoal(tokens=args.tokens, gpu_hour_usd=args.gpu_hour_usd, deadline_days=args.deadline_days,
+                   budget_usd=args.budget_usd, failures=failures_from_args(args))
+    result.plans, left_out = keep_within(goal, model, train, cluster, result.plans, result.fastest)
+    return goal, left_out
 
 
 def _export_best(args: argparse.Namespace, model, train, cluster, plan) -> dict | None:
