@@ -12,7 +12,7 @@ import pytest
 from costmodel.estimate import estimate
 from costmodel.plan import Plan
 from planner.cli import main
-from planner.compare import OTHER_LAYOUT, ledger_lines, layout
+from planner.compare import OTHER_LAYOUT, layout, ledger_lines
 from planner.recipes import load_recipes, place, recipes_for
 from planner.specs import build_specs
 
