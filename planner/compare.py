@@ -75,6 +75,8 @@ def layout(plan: Plan) -> tuple:
 def other_layout(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, result: SearchResult) -> Found | None:
     """The fastest plan the search priced exactly whose layout differs from the first's and whose
     price differs too (plans priced alike are the first row's alternatives, not a runner-up).
+    The search prices exactly what its bound cannot rule out for the rows it shows, so a larger
+    --top may find a faster plan of another layout; the first plan itself never changes.
     The solver prices in closed form: its RESIMULATED fastest such plans are priced by simulation,
     as the first plan is, and the fastest of them is the answer."""
     best = result.plans[0]
