@@ -25,7 +25,7 @@ def plan_page_data(inp, variants) -> dict[str, Any]:
                     "capacity_bytes": e.capacity_per_rank_bytes[e.tightest_rank]},
         "bubble_definition": BUBBLE_DEFINITION,
         "ranking": _ranking(inp),
-        "kinds": {k: KIND_COLOURS[k] for k in KINDS},
+        "kinds": {k: KIND_COLOURS[k] for k in KINDS + ("idle",)},   # events' kinds index it; idle last
         "timelines": [_timeline(v) for v in variants if v.drawn is not None],
         "memory": _memory(e),
         "memory_colours": MEMORY_COLOURS,

@@ -1,7 +1,8 @@
 """Write docs/report.png, the README's picture of the interactive report page (reports/html.py):
 the page of `planner search --model llama-70b --cluster 8x8xA100 --report DIR` as headless
-Chromium (Debian's `chromium` package) shows it at 1400 x 1000, in at most 256 colours so the
-file stays small. tests/reports/test_html_page.py drives the browser with `browse` too.
+Chromium (Debian's `chromium` package) shows it at 1400 x 1000; a page of flat colours keeps the PNG
+well under the MAX_BYTES the README's picture may take. tests/reports/test_html_page.py drives the
+browser with `browse` too.
 
     python3 scripts/report_screenshot.py [--out docs/report.png]
 """
@@ -35,14 +36,14 @@ def browse(chromium: str, page: Path, profile: Path, *flags: str, fragment: str 
 
 
 def screenshot(chromium: str, page: Path, work: Path) -> bytes:
-    """The page's top, as a PNG of at most 256 colours."""
+    """The page's top, as an optimised PNG (its colours kept: the legend's must match the bars')."""
     from PIL import Image
     shot = work / "shot.png"
     done = browse(chromium, page, work / "profile", f"--screenshot={shot}", WINDOW)
     if not shot.exists():
         raise SystemExit(f"chromium wrote no screenshot (exit {done.returncode}): {done.stderr[-2000:]}")
     buffer = io.BytesIO()
-    Image.open(shot).convert("RGB").quantize(colors=256).save(buffer, format="PNG", optimize=True)
+    Image.open(shot).convert("RGB").save(buffer, format="PNG", optimize=True)
     return buffer.getvalue()
 
 
