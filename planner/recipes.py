@@ -15,6 +15,7 @@ from costmodel.inputs import UserError, dataclass_from_json
 from costmodel.plan import Plan, Recompute
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.space import Choice, build_plan
+from planner.targets import name_for
 
 RECIPES_PATH = Path(__file__).with_name("recipes.toml")
 
@@ -101,6 +102,8 @@ def adapted(recipe: Recipe, train: TrainSpec, cluster: ClusterSpec, plan: Plan) 
         changes.append(f"written for {recipe.num_gpus:,} GPUs")
     if plan.dp != recipe.dp:
         changes.append(f"dp{recipe.dp} -> dp{plan.dp}")
+    if (runs := name_for(cluster.framework)) != recipe.framework:   # the layout, not the framework, compared
+        changes.append(f"priced as {runs} runs it, as the first plan is (written for {recipe.framework})")
     if (train.seq_len, train.global_batch_size) != (recipe.seq_len, recipe.gbs):
         changes.append(f"priced at seq {train.seq_len} x global batch {train.global_batch_size} "
                        f"(the recipe's: {recipe.seq_len} x {recipe.gbs})")
