@@ -58,7 +58,7 @@
     var step = niceStep(t1 - t0, 8);
     for (var tick = Math.ceil(t0 / step) * step; tick <= t1; tick += step) {
       svgEl("line", {x1: x(tick), x2: x(tick), y1: TL.top - 4, y2: height - 22, "class": "grid"}, svg);
-      text(svg, x(tick), height - 8, ms(tick) + " ms", "middle");
+      if (x(tick) < TL.width - 30) { text(svg, x(tick), height - 8, ms(tick) + " ms", "middle"); }
     }
     for (var r = 0; r < d.num_ranks; r++) {
       var y = TL.top + r * TL.row;
