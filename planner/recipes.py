@@ -15,7 +15,7 @@ from costmodel.inputs import UserError, dataclass_from_json
 from costmodel.plan import Plan, Recompute
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.space import Choice, build_plan
-from planner.targets import name_for
+from planner.targets import changes, name_for
 
 RECIPES_PATH = Path(__file__).with_name("recipes.toml")
 
@@ -89,6 +89,8 @@ def place(recipe: Recipe, model: ModelSpec, train: TrainSpec, cluster: ClusterSp
         return None, str(exc)
     if problems := check_structure(model, train, cluster, plan):
         return None, problems[0]
+    if found := changes(name_for(cluster.framework), model, train, cluster, plan):
+        return None, f"{name_for(cluster.framework)} would have to change it: {found[0]}"
     return plan, ""
 
 
