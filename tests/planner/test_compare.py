@@ -27,14 +27,15 @@ def test_every_recipe_names_its_source_and_its_model():
         build_specs(r.model, f"{r.num_gpus // r.gpus_per_node}x{r.gpus_per_node}x{r.device}")   # a known model
 
 
-@pytest.mark.parametrize("model, cluster, expected", [
-    ("mixtral-8x7b", "8x8xH100", "dp16 tp1 pp4x8v ep8 z1 mbs1x"),   # the cluster it was written for
-    ("llama3-70b", "16x8xH100", "dp4 tp4+sp pp4x5v cp2 z1 mbs1x"),  # dp adapted to 128 devices
-    ("mixtral-8x7b", "2x8xH100", "ep8 is carved from data parallelism, and this cluster leaves dp4"),
-    ("llama3-70b", "3x8xH100", "tp*pp*cp = 32 does not divide this cluster's 24 devices"),
+@pytest.mark.parametrize("model, cluster, framework, expected", [
+    ("mixtral-8x7b", "8x8xH100", "planner", "dp16 tp1 pp4x8v ep8 z1 mbs1x"),   # the cluster it was written for
+    ("llama3-70b", "16x8xH100", "planner", "dp4 tp4+sp pp4x5v cp2 z1 mbs1x"),  # dp adapted to 128 devices
+    ("mixtral-8x7b", "2x8xH100", "planner", "ep8 is carved from data parallelism, and this cluster leaves dp4"),
+    ("llama3-70b", "3x8xH100", "planner", "tp*pp*cp = 32 does not divide this cluster's 24 devices"),
+    ("mixtral-8x7b", "8x8xH100", "deepspeed", "deepspeed would have to change it: schedule interleaved-1f1b"),
 ])
-def test_a_recipe_is_placed_on_the_cluster_asked_or_says_why_not(model, cluster, expected):
-    m, t, c = build_specs(model, cluster)
+def test_a_recipe_is_placed_on_the_cluster_asked_or_says_why_not(model, cluster, framework, expected):
+    m, t, c = build_specs(model, cluster, framework=framework)
     [recipe] = [r for r in recipes_for(m) if r.framework == "megatron"]
     plan, why = place(recipe, m, t, c)
     assert (plan.short() if plan else why).startswith(expected)
