@@ -9,6 +9,11 @@ from typing import Any
 from costmodel.inputs import UserError
 
 SECONDS_PER_DAY = 86_400.0
+# What a run's arithmetic stays finite and meaningful for: 10^18 tokens (four orders beyond the
+# largest published runs) at one token per second on 10^6 GPUs is 3e17 GPU-hours, 3e23 USD at a
+# million dollars a GPU-hour, far inside a float; at 1e308 a cost overflows to inf.
+TOKENS_RANGE = (1.0, 1e18)
+GPU_HOUR_USD_RANGE = (0.0, 1e6)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -34,10 +39,11 @@ class TrainingCost:
 def training_cost(tokens: float, num_gpus: int, effective_tokens_per_s: float,
                   gpu_hour_usd: float | None = None) -> TrainingCost:
     """Days = tokens / effective throughput; GPU-hours = GPUs x hours; cost = GPU-hours x price."""
-    if not (math.isfinite(tokens) and tokens > 0):
-        raise UserError(f"tokens to train must be a positive number, got {tokens!r}")
-    if gpu_hour_usd is not None and not (math.isfinite(gpu_hour_usd) and gpu_hour_usd >= 0):
-        raise UserError(f"the price per GPU-hour must be zero or more, got {gpu_hour_usd!r}")
+    if not TOKENS_RANGE[0] <= tokens <= TOKENS_RANGE[1]:   # also false for nan
+        raise UserError(f"tokens to train: give {TOKENS_RANGE[0]:g} to {TOKENS_RANGE[1]:g}, got {tokens!r}")
+    if gpu_hour_usd is not None and not GPU_HOUR_USD_RANGE[0] <= gpu_hour_usd <= GPU_HOUR_USD_RANGE[1]:
+        raise UserError(f"the price per GPU-hour: give {GPU_HOUR_USD_RANGE[0]:g} to {GPU_HOUR_USD_RANGE[1]:g} USD, "
+                        f"got {gpu_hour_usd!r}")
     if not effective_tokens_per_s > 0:   # failures faster than checkpoints: the run never ends
         wall = math.inf
     else:

@@ -80,6 +80,18 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def float_in(low: float, high: float, unit: str = ""):
+    """A number from `low` to `high`: the range the formulas it feeds are defined and finite
+    for (beyond it a time, a cost or a solver's coefficient overflows or means nothing)."""
+    def parse(text: str) -> float:
+        value = _number(text, float)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text}: give {low:g} to {high:g}{unit}")
+        return value
+    parse.__name__ = f"float_in({low:g}, {high:g})"
+    return parse
+
+
 def number_list(kind):
     """A comma-separated list of numbers, each read by `kind` (e.g. positive_int)."""
     def parse(text: str) -> list:

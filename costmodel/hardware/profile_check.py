@@ -6,6 +6,14 @@ import re
 
 from costmodel.hardware.records import RING_COLLECTIVES, DeviceProfile
 
+# The rates a step's times divide by, from far below any device to far above: a link's bandwidth
+# per device and direction from 1 MB/s to 100 TB/s (a hundred times NVLink 5), a memory's from
+# 1 MB/s to 1 PB/s, a peak from 1 MFLOP/s to 1 EFLOP/s. Beyond them a time reaches 1e300 s or
+# 1e-300 s, which the solver's integer coefficients and a printed table cannot hold.
+LINK_BYTES_PER_S_RANGE = (1e6, 1e14)
+MEMORY_BYTES_PER_S_RANGE = (1e6, 1e15)
+PEAK_FLOPS_PER_S_RANGE = (1e6, 1e18)
+
 
 def profile_problems(dev: DeviceProfile) -> list[str]:  # noqa: C901 - one check per number
     """Every number the cost model divides by or adds: finite, and positive where it is a rate.
@@ -15,9 +23,10 @@ def profile_problems(dev: DeviceProfile) -> list[str]:  # noqa: C901 - one check
         if not (math.isfinite(value) and ok):
             out.append(f"{name} = {value!r} is out of range")
     for dtype, flops in dev.peak_flops:
-        need(f"peak_flops_per_s.{dtype}", flops, flops > 0)
+        need(f"peak_flops_per_s.{dtype}", flops, _within(flops, PEAK_FLOPS_PER_S_RANGE))
     need("memory_bytes", dev.memory_bytes, dev.memory_bytes > 0)
-    need("memory_bandwidth_bytes_per_s", dev.memory_bandwidth_bytes_per_s, dev.memory_bandwidth_bytes_per_s > 0)
+    need("memory_bandwidth_bytes_per_s", dev.memory_bandwidth_bytes_per_s,
+         _within(dev.memory_bandwidth_bytes_per_s, MEMORY_BYTES_PER_S_RANGE))
     need("threads_per_rank", dev.threads_per_rank, dev.threads_per_rank >= 0)
     for name in ("reported_memory_bytes", "num_sms", "optimizer_s_per_param", "dropout_s_per_element"):
         need(name, getattr(dev, name), getattr(dev, name) >= 0)
@@ -33,7 +42,8 @@ def profile_problems(dev: DeviceProfile) -> list[str]:  # noqa: C901 - one check
     if dev.kind not in ("gpu", "cpu"):
         out.append(f"device.kind = {dev.kind!r} is neither gpu nor cpu")
     for tier in (dev.intra_node, dev.inter_node, *dev.middle_tiers):
-        need(f"network {tier.name} bandwidth_bytes_per_s", tier.bandwidth_bytes_per_s, tier.bandwidth_bytes_per_s > 0)
+        need(f"network {tier.name} bandwidth_bytes_per_s", tier.bandwidth_bytes_per_s,
+             _within(tier.bandwidth_bytes_per_s, LINK_BYTES_PER_S_RANGE))
         need(f"network {tier.name} latency_s", tier.latency_s, tier.latency_s >= 0)
         need(f"network {tier.name} efficiency", tier.efficiency, 0 < tier.efficiency <= 1)
         if tier.p2p_latency_s is not None:
@@ -57,8 +67,11 @@ def profile_problems(dev: DeviceProfile) -> list[str]:  # noqa: C901 - one check
     for name in ("dp_comm", "pp_stage"):
         need(f"efficiency.{name}", getattr(dev.efficiency, name), getattr(dev.efficiency, name) > 0)
     if (host := dev.host) is not None:
-        for name in ("memory_bytes", "memory_bandwidth_bytes_per_s", "link_bandwidth_bytes_per_s"):
-            need(f"host.{name}", getattr(host, name), getattr(host, name) > 0)
+        need("host.memory_bytes", host.memory_bytes, host.memory_bytes > 0)
+        need("host.memory_bandwidth_bytes_per_s", host.memory_bandwidth_bytes_per_s,
+             _within(host.memory_bandwidth_bytes_per_s, MEMORY_BYTES_PER_S_RANGE))
+        need("host.link_bandwidth_bytes_per_s", host.link_bandwidth_bytes_per_s,
+             _within(host.link_bandwidth_bytes_per_s, LINK_BYTES_PER_S_RANGE))
         for name in ("memory_efficiency", "link_efficiency"):
             need(f"host.{name}", getattr(host, name), 0 < getattr(host, name) <= 1)
         if dev.kind == "cpu":
@@ -77,6 +90,10 @@ def profile_problems(dev: DeviceProfile) -> list[str]:  # noqa: C901 - one check
         if any(not all(math.isfinite(v) and v > 0 for v in point) for point in points):
             out.append(f"measured.{key} has a point that is not a positive sequence, head dim and time")
     return out
+
+
+def _within(value: float, bounds: tuple[float, float]) -> bool:
+    return bounds[0] <= value <= bounds[1]
 
 
 def range_problems(dev: DeviceProfile) -> list[str]:

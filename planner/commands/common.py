@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from costmodel.hardware import DEFAULT_MEMORY_HEADROOM, ClusterSpec
+from costmodel.hardware.profile_check import LINK_BYTES_PER_S_RANGE
 from costmodel.inputs import UserError
 from costmodel.plan import DEFAULT_AXIS_ORDER, Recompute, Schedule
 from costmodel.specs import (
@@ -19,9 +20,9 @@ from costmodel.specs import (
 )
 from planner.args import (
     at_least_one,
+    float_in,
     fraction,
     non_negative_int,
-    positive_float,
     positive_int,
 )
 from planner.space import Choice
@@ -35,7 +36,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                                      "each pipeline stage runs on one group, layers split by each group's speed and "
                                      "memory; without a pipeline each data-parallel replica runs on one group, "
                                      "its micro-batch size the group's)")
-    p.add_argument("--group-link", type=positive_float, metavar="GB_PER_S",
+    low, high = (b / 1e9 for b in LINK_BYTES_PER_S_RANGE)
+    p.add_argument("--group-link", type=float_in(low, high, " GB/s"), metavar="GB_PER_S",
                    help="mixed clusters: the link between the groups in GB/s per device and direction (default: "
                         "the slowest group's own inter-node link); pipeline sends and the gradient collectives of "
                         "replicas on different groups cross it")

@@ -93,6 +93,8 @@ def _setup(args: argparse.Namespace) -> Setup:
         raise UserError(f"--nproc {nproc}: this machine has {gpus} GPU(s)")
     if not cuda and nproc < 2:
         raise UserError("--nproc must be at least 2 on a CPU (collectives and two-rank probes need two ranks)")
+    if not cuda and nproc > (cores := os.cpu_count() or 1):   # ranks sharing a core time each other, not the machine
+        raise UserError(f"--nproc {nproc}: this machine has {cores} CPU cores; measure with at most one rank per core")
     cached = args.out is None
     if cached:
         refuse_ignored(getattr(args, "given", {}), {"overwrite"},

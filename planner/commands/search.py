@@ -10,12 +10,13 @@ from typing import Any
 
 from costmodel.inputs import UserError
 from costmodel.plan import PlanFile, Recompute, Schedule
+from costmodel.training_cost import GPU_HOUR_USD_RANGE, TOKENS_RANGE
 from costmodel.units import GIB
 from planner import outputs
 from planner.args import (
     add_overwrite_arg,
     failures_from_args,
-    non_negative_float,
+    float_in,
     positive_float,
     positive_int,
     refuse_ignored,
@@ -61,10 +62,11 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
 
 def add_cost_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("training cost")
-    g.add_argument("--tokens", type=positive_float, metavar="N",
+    g.add_argument("--tokens", type=float_in(*TOKENS_RANGE), metavar="N",
                    help="tokens to train (e.g. 2e12): adds days, GPU-hours (and cost with --gpu-hour-usd), with "
                         "the checkpoint and failure overhead of the 'long run' line")
-    g.add_argument("--gpu-hour-usd", type=non_negative_float, metavar="P", help="price of one GPU-hour in USD")
+    g.add_argument("--gpu-hour-usd", type=float_in(*GPU_HOUR_USD_RANGE, " USD"), metavar="P",
+                   help="price of one GPU-hour in USD")
     return g
 
 

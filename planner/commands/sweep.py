@@ -12,11 +12,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from costmodel.inputs import UserError
+from costmodel.training_cost import GPU_HOUR_USD_RANGE, TOKENS_RANGE
 from planner import outputs
 from planner.args import (
     add_overwrite_arg,
     failures_from_args,
-    non_negative_float,
+    float_in,
     number_list,
     positive_float,
     positive_int,
@@ -52,8 +53,8 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--nodes", required=True, type=number_list(positive_int), metavar="N[,N2...]",
                    help="node counts to try, e.g. 4,8,16,32")
     g.add_argument("--gpus-per-node", type=positive_int, default=8, help="devices per node (default 8)")
-    g.add_argument("--tokens", required=True, type=positive_float, metavar="N", help="tokens to train, e.g. 2e12")
-    g.add_argument("--gpu-hour-usd", type=number_list(non_negative_float), metavar="P[,P2...]",
+    g.add_argument("--tokens", required=True, type=float_in(*TOKENS_RANGE), metavar="N", help="tokens to train, e.g. 2e12")
+    g.add_argument("--gpu-hour-usd", type=number_list(float_in(*GPU_HOUR_USD_RANGE, " USD")), metavar="P[,P2...]",
                    help="price of a GPU-hour in USD: one, or one per --device")
     g.add_argument("--deadline-days", type=positive_float, metavar="X",
                    help="the run must end within X days: sizes that miss it are left out")

@@ -1,0 +1,92 @@
+"""Numbers at their edges: every numeric flag of search, predict, sweep and run, collected from
+the parsers (so a new flag is covered), given 0, a tiny, a huge, an infinite and a NaN value:
+one line and exit 2, or exit 0 with finite numbers; never a traceback, a bug or an inf printed."""
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from costmodel.hardware import profile_dir
+from planner.cli import build_parser, main
+
+CPU = "1x2xxeon-amx"
+VALUES = ("0", "1e-300", "1e308", "inf", "-inf", "nan", "1" + "0" * 40)
+# flags that take effect only beside others: given those, so that the value itself is used
+NEEDS = {"--gpu-hour-usd": ["--tokens", "1e12"], "--deadline-days": ["--tokens", "1e12"],
+         "--budget-usd": ["--tokens", "1e12", "--gpu-hour-usd", "2"], "--tokens": ["--gpu-hour-usd", "1e6"],
+         "--group-link": ["--cluster", f"{CPU}+{CPU}"], "--recompute-layers": ["--recompute", "full"]}
+RUN_NEEDS = ("--max-restarts", "--device-mtbf-hours", "--storage-mb-s-per-device", "--keep", "--checkpoint-every")
+
+
+def numeric_flags(command: str) -> list[str]:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))   # noqa: SLF001
+    return [a.option_strings[0] for a in sub.choices[command]._actions   # noqa: SLF001
+            if a.option_strings and a.type is not None and a.type is not str]
+
+
+def _without(argv: list[str], flag: str) -> list[str]:
+    if flag not in argv:
+        return argv
+    i = argv.index(flag)
+    return argv[:i] + argv[i + 2:]
+
+
+@pytest.fixture(scope="module")
+def bases(tmp_path_factory) -> dict[str, list[str]]:
+    tmp = tmp_path_factory.mktemp("edges")
+    plan = tmp / "plan.json"
+    assert main(["predict", "--model", "debug-tiny", "--cluster", CPU, "--pp", "2", "--out", str(plan)]) == 0
+    return {"search": ["search", "--json", "--model", "debug-tiny", "--cluster", CPU, "--time-limit", "20"],
+            "predict": ["predict", "--json", "--model", "debug-tiny", "--cluster", CPU],
+            "sweep": ["sweep", "--json", "--model", "debug-tiny", "--device", "xeon-amx", "--gpus-per-node", "2",
+                      "--nodes", "1", "--tokens", "1e9"],
+            "run": ["run", str(plan), "--print-launch", "--checkpoint-dir", str(tmp / "ck")]}
+
+
+def _argv(base: list[str], command: str, flag: str, value: str) -> list[str]:
+    extra = NEEDS.get(flag, [])
+    if command == "run":
+        extra = [] if flag in RUN_NEEDS else extra
+        base = base if flag in RUN_NEEDS or flag == "--checkpoint-dir" else base[:3]
+    for name in [*extra[::2], flag]:
+        base = _without(base, name)
+    return [*base, *extra, flag, value]
+
+
+@pytest.mark.parametrize("command", ["search", "predict", "sweep", "run"])
+def test_every_numeric_flag_at_its_edges_is_one_line_or_finite(command, bases, capsys):
+    flags = numeric_flags(command)
+    assert len(flags) >= 8, flags   # the collection found the flags
+    for flag in flags:
+        for value in VALUES:
+            argv = _argv(bases[command], command, flag, value)
+            code = main(argv)
+            out, err = capsys.readouterr()
+            said = [line for line in err.splitlines() if not line.startswith(("search [", "sweep ", "wrote "))]
+            where = f"{' '.join(argv[:1] + argv[-2:])}: exit {code}, {err[-400:]!r}"
+            assert code in (0, 2) and "Traceback" not in err and "internal error" not in err, where
+            if code == 2:
+                assert len(said) == 1, where
+            elif "--json" in argv:
+                json.loads(out, parse_constant=lambda c: pytest.fail(f"{where}: {c} in the JSON"))
+            else:
+                assert " inf" not in out and " nan" not in out.lower(), where
+
+
+@pytest.mark.parametrize("old, new, name", [
+    ("\nbandwidth_bytes_per_s = ", "\nbandwidth_bytes_per_s = 1e-300 #", "bandwidth_bytes_per_s"),
+    ("\nbandwidth_bytes_per_s = ", "\nbandwidth_bytes_per_s = 1e308 #", "bandwidth_bytes_per_s"),
+    ("memory_bandwidth_bytes_per_s = ", "memory_bandwidth_bytes_per_s = 1e-300 #", "memory_bandwidth_bytes_per_s"),
+    ("bf16 = 989.4e12", "bf16 = 1e308", "peak_flops_per_s.bf16")])
+def test_a_profile_rate_beyond_its_range_is_refused(tmp_path, capsys, old, new, name):
+    """A step's times divide by these rates: the solver's coefficients and the tables hold them
+    only within the checked ranges (costmodel.hardware.profile_check)."""
+    text = (profile_dir() / "H100-SXM5-80GB.toml").read_text()
+    assert old in text
+    (tmp_path / "odd.toml").write_text(text.replace(old, new, 1))
+    assert main(["predict", "--model", "llama-7b", "--cluster", f"2x8x{tmp_path / 'odd.toml'}"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and name in err and "out of range" in err, err
