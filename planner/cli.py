@@ -100,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
   planner report plan.json --measured out/run/measured.json --out out/my-plan   (predicted beside measured)""")
     p.add_argument("plan", help="plan.json (from search --out or predict --out)")
     p.add_argument("--measured", help="measured.json from `planner run` of this plan")
-    p.add_argument("--out", required=True, help="directory for the report")
+    p.add_argument("--out", required=True, help="directory for the report: index.html (one self-contained "
+                                                "interactive page), index.md and PNG/SVG figures")
     add_overwrite_arg(p)
     p.set_defaults(parser=p, func=cmd_report)
 

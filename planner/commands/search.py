@@ -49,8 +49,9 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="write the best plan with its specs to this plan.json")
     p.add_argument("--json", action="store_true", help='print {"plans", "search"} as JSON on stdout')
     p.add_argument("--csv", help="write every plan the solver evaluated to this CSV")
-    p.add_argument("--report", metavar="DIR", help="write bubble, memory and ranking reports (PNG/SVG, "
-                                                   "index.html/md) of the result to DIR")
+    p.add_argument("--report", metavar="DIR", help="write bubble, memory and ranking reports of the result to DIR: "
+                                                   "index.html (one self-contained interactive page), index.md "
+                                                   "and PNG/SVG figures")
     p.add_argument("--export", metavar="TARGET", choices=["torchtitan", "megatron", "deepspeed"],
                    help="also write the best plan for torchtitan, megatron or deepspeed (planner export)")
     p.add_argument("--export-out", metavar="F", help="the --export file (default: printed after the table)")
