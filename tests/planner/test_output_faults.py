@@ -1,0 +1,216 @@
+"""Outputs under faults (planner.outputs): a full disk, an I/O error or a read-only file system is
+one line naming the path, exit 1, with no file (whole or truncated) under the final name; a file
+that appears after the check is refused, not clobbered; two writers race and one wins; a run
+directory in use is refused; a closed or full standard output is one line or a quiet end."""
+from __future__ import annotations
+
+import errno
+import io
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from planner import outputs
+from planner.cli import main
+
+CPU = "1x2xxeon-amx"
+TINY = ["--model", "debug-tiny", "--cluster", CPU]
+FAULTS = [errno.ENOSPC, errno.EIO, errno.EROFS]
+
+
+def _one_line(capsys, *phrases: str) -> str:
+    err = "\n".join(line for line in capsys.readouterr().err.strip().splitlines()
+                    if not line.startswith(("search [", "sweep ", "writing the report")))
+    assert len(err.splitlines()) == 1 and "Traceback" not in err and "internal error" not in err, err
+    for phrase in phrases:
+        assert phrase in err, err
+    return err
+
+
+def _failing_fsync(code: int):
+    def fsync(fd: int) -> None:
+        raise OSError(code, os.strerror(code))
+    return fsync
+
+
+@pytest.mark.parametrize("code", FAULTS)
+@pytest.mark.parametrize("argv, name", [
+    (["predict", *TINY, "--out", "{d}/plan.json"], "plan.json"),
+    (["search", *TINY, "--csv", "{d}/all.csv"], "all.csv"),
+    (["export", "{plan}", "--to", "deepspeed", "--out", "{d}/ds.json"], "ds.json"),
+])
+def test_a_failed_write_is_one_line_and_leaves_nothing(tmp_path, capsys, monkeypatch, plan_file, code, argv, name):
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    monkeypatch.setattr(outputs.os, "fsync", _failing_fsync(code))
+    argv = [a.format(d=out_dir, plan=plan_file) for a in argv]
+    assert main(argv) == 1
+    _one_line(capsys, f"cannot write {out_dir / name}", os.strerror(code))
+    assert list(out_dir.iterdir()) == []   # neither the file nor its temporary
+
+
+@pytest.fixture()
+def plan_file(tmp_path: Path, capsys) -> Path:
+    plan = tmp_path / "plan.json"
+    assert main(["predict", *TINY, "--pp", "2", "--out", str(plan)]) == 0
+    capsys.readouterr()
+    return plan
+
+
+def test_a_file_that_appears_after_the_check_is_not_clobbered(tmp_path, capsys, monkeypatch):
+    """search --out F checks F first and writes it after the search: a file another command wrote
+    there meanwhile is refused in one line and left whole."""
+    target = tmp_path / "plan.json"
+    write_file = outputs.write_file
+
+    def another_command_first(path, data, overwrite):
+        if Path(path) == target:
+            target.write_text("theirs\n")
+        write_file(path, data, overwrite)
+    monkeypatch.setattr(outputs, "write_file", another_command_first)
+    assert main(["search", *TINY, "--out", str(target)]) == 2
+    _one_line(capsys, f"{target} appeared while this command ran", "--overwrite")
+    assert target.read_text() == "theirs\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"]
+
+
+def test_two_writers_racing_on_one_name_one_wins(tmp_path):
+    """The publish step itself: two threads released together, neither with --overwrite."""
+    for attempt in range(5):
+        target = tmp_path / f"race-{attempt}.json"
+        barrier = threading.Barrier(2)
+        results: dict[str, str] = {}
+
+        def writer(tag: str) -> None:
+            barrier.wait()
+            try:
+                outputs.write_file(target, tag * 1000, overwrite=False)
+                results[tag] = "wrote"
+            except outputs.Clobbered:
+                results[tag] = "refused"
+        threads = [threading.Thread(target=writer, args=(tag,)) for tag in "ab"]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(results.values()) == ["refused", "wrote"], results
+        winner = next(tag for tag, r in results.items() if r == "wrote")
+        assert target.read_text() == winner * 1000
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"race-{i}.json" for i in range(5)]
+
+
+def test_overwrite_replaces_in_one_step(tmp_path):
+    target = tmp_path / "x.csv"
+    target.write_text("old")
+    outputs.write_file(target, "new", overwrite=True)
+    assert target.read_text() == "new" and [p.name for p in tmp_path.iterdir()] == ["x.csv"]
+
+
+def _failing_savefig(monkeypatch, after: int, exc: OSError) -> None:
+    """The `after`-th figure file is left half written, then the disk is full."""
+    from matplotlib.figure import Figure
+    savefig, calls = Figure.savefig, [0]
+
+    def failing(self, fname, *args, **kwargs):
+        calls[0] += 1
+        if calls[0] >= after:
+            Path(fname).write_bytes(b"<svg trunc")
+            raise exc
+        return savefig(self, fname, *args, **kwargs)
+    monkeypatch.setattr(Figure, "savefig", failing)
+
+
+def test_a_report_that_fails_midway_leaves_no_truncated_file(tmp_path, capsys, monkeypatch, plan_file):
+    report = tmp_path / "report"
+    _failing_savefig(monkeypatch, 3, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+    assert main(["report", str(plan_file), "--out", str(report)]) == 1
+    _one_line(capsys, f"cannot write {report}", "No space left on device")
+    assert not report.exists() or list(report.iterdir()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"] + (["report"] if report.exists() else [])
+
+
+def test_a_report_directory_removed_while_it_renders_is_one_line(tmp_path, capsys, monkeypatch, plan_file):
+    import shutil
+    report = tmp_path / "report"
+    from matplotlib.figure import Figure
+
+    def vanish(self, fname, *args, **kwargs):
+        shutil.rmtree(Path(fname).parent)
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(fname))
+    monkeypatch.setattr(Figure, "savefig", vanish)
+    assert main(["report", str(plan_file), "--out", str(report)]) == 1
+    _one_line(capsys, f"cannot write {report}", "No such file or directory")
+
+
+def test_a_report_another_command_published_first_is_left_whole(tmp_path, capsys, monkeypatch, plan_file):
+    import reports.build
+    report = tmp_path / "report"
+    publish_dir = outputs._publish_dir
+
+    def quick_report(inp, out_dir: Path) -> list[str]:   # the files of a report, without drawing them
+        for name in ("index.html", "index.md", "bubble.svg"):
+            (out_dir / name).write_text("ours")
+        return sorted(p.name for p in out_dir.iterdir())
+    monkeypatch.setattr(reports.build, "write_report", quick_report)
+
+    def another_report_first(tmp, final, overwrite, claims):
+        final.mkdir(parents=True, exist_ok=True)
+        (final / "index.html").write_text("theirs")
+        publish_dir(tmp, final, overwrite, claims)
+    monkeypatch.setattr(outputs, "_publish_dir", another_report_first)
+    assert main(["report", str(plan_file), "--out", str(report)]) == 2
+    _one_line(capsys, f"{report / 'index.html'} appeared while this command ran")
+    assert [p.name for p in report.iterdir()] == ["index.html"] and (report / "index.html").read_text() == "theirs"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json", "report"]   # no staging left
+
+
+def test_a_run_directory_in_use_is_refused(tmp_path, capsys, plan_file):
+    """The first run is simulated by holding the lock here (flock: another open file, refused)."""
+    run_dir = tmp_path / "run"
+    with outputs.run_dir_lock(run_dir):
+        assert main(["run", str(plan_file), "--nproc", "2", "--out", str(run_dir)]) == 2
+        _one_line(capsys, f"--out {run_dir} is in use by another run (pid {os.getpid()})")
+    assert list(run_dir.iterdir()) == []   # the lock file goes with the run that held it
+
+
+def test_a_stale_lock_file_is_taken(tmp_path):
+    """A run killed outright leaves its lock file; the kernel dropped its lock with the process."""
+    (tmp_path / outputs.LOCK_NAME).write_text("999999999\n")
+    with outputs.run_dir_lock(tmp_path):
+        assert (tmp_path / outputs.LOCK_NAME).read_text() == f"{os.getpid()}\n"
+
+
+class _Broken(io.StringIO):
+    def __init__(self, exc: OSError):
+        super().__init__()
+        self.exc = exc
+
+    def write(self, text: str) -> int:
+        raise self.exc
+
+
+def test_a_full_standard_output_is_one_line(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdout", _Broken(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))))
+    assert main(["models"]) == 1
+    _one_line(capsys, "planner models: error: cannot write standard output: No space left on device")
+
+
+def test_a_closed_pipe_ends_quietly(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdout", _Broken(BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))))
+    assert main(["devices", "--json"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_standard_output_on_a_full_device_or_closed(tmp_path):
+    """Through the interpreter's own shutdown flush: one line, exit 1, never a traceback."""
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full")
+    for redirect in ("> /dev/full", ">&-"):
+        done = subprocess.run(["bash", "-c", f"{sys.executable} -m planner models {redirect}"],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 1, (redirect, done.stderr)
+        assert len(done.stderr.splitlines()) == 1 and "cannot write standard output" in done.stderr, done.stderr
