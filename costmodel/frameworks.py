@@ -79,9 +79,10 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
 - `pipeline_sends_held`: torch's multi-stage schedule runner (`_PipelineScheduleRuntime`: our
   interleaved 1F1B, ZB-H1 and ZBV) keeps the Work of every send, and with it the tensor sent,
   until the step ends ("send ops should be waited on before step() exits"); its single-stage
-  schedules (GPipe, 1F1B) wait each send at once. Measured: a 2-stage ZBV run's ranks grow by one
-  activation per send until the step's end (`python benchmarks/memory.py pipeline`,
-  tests/runtime/test_run_cli.py).
+  schedules (GPipe, 1F1B) wait each send at once. Run as it is, a 2-stage ZBV run's ranks grow by
+  one activation per send until the step's end. Our runtime's stages issue their sends themselves
+  and let each go once delivered (runtime.pipeline), as Megatron's schedules do: not held
+  (`python benchmarks/memory.py pipeline`, tests/runtime/test_run_cli.py).
 - `cp_all_gather_kv`: how context parallelism exchanges keys and values. Our runtime
   (runtime.context_parallel) all-gathers the whole sequence's K/V before attention and
   reduce-scatters their gradients, neither overlapped, and keeps the gathered K/V for backward
@@ -188,7 +189,7 @@ GENERIC = FrameworkTraits(name="generic", dp_grad_overlap=True, dp_param_overlap
 RUNTIME = FrameworkTraits(name="planner", dp_grad_overlap=True, dp_param_overlap=True, tp_comm_hidden=0.0,
                           sharded_grads_under_pp=False, zero3_gathers_per_param=False,
                           fsdp_master_params=True, sp_regather_exposed=True, vocab_parallel_loss=False,
-                          deferred_w_keeps_graph=True, pipeline_sends_held=True, cp_all_gather_kv=True,
+                          deferred_w_keeps_graph=True, cp_all_gather_kv=True,
                           float8_casts_fused=True, dp_collectives_per_layer=True, eager_layer=True,
                           recompute_early_stop=True, one_replica_fsdp=True)
 

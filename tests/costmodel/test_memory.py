@@ -69,13 +69,15 @@ def test_korthikanti_activation_coefficients(tp, sp, recompute, coefficient):
 
 
 def test_torch_sequence_parallelism_keeps_the_gathered_projection_inputs():
-    """DTensor SP (our runtime, torchtitan) saves the all-gathered input of the QKV and first MLP
-    projections: 2 x 2sbh whole instead of 2 x 2sbh / t (measured: tests/runtime)."""
+    """torch's DTensor SP (torchtitan) saves the all-gathered input of the QKV and first MLP
+    projections: 2 x 2sbh whole instead of 2 x 2sbh / t; our runtime keeps the shard as
+    Megatron-LM does (runtime.sequence_parallel; measured: tests/runtime)."""
     m, train, plan = _gpt_plan(8, True)
     s, h = 2048, m.hidden_size
     megatron = layer_activation_bytes(m, train, plan, Recompute.NONE, framework_traits("megatron-lm"))
-    assert layer_activation_bytes(m, train, plan, Recompute.NONE, RUNTIME) == pytest.approx(
+    assert layer_activation_bytes(m, train, plan, Recompute.NONE, framework_traits("torchtitan")) == pytest.approx(
         megatron + 2 * 2 * s * h * (1 - 1 / 8))
+    assert layer_activation_bytes(m, train, plan, Recompute.NONE, RUNTIME) == pytest.approx(megatron)
 
 
 def test_flash_attention_drops_the_quadratic_term():
