@@ -301,6 +301,28 @@ def _layers_by_rank(plan: Plan) -> tuple[int, ...]:
 
 
 @lru_cache(maxsize=4096)
+def embedding_loss_split(num_layers: int, num_stages: int) -> tuple[int, ...] | None:
+    """Megatron-Core's split with the embedding and the loss each counted as a layer
+    (`account_for_embedding_in_pipeline_split`, `account_for_loss_in_pipeline_split`): num_layers + 2
+    units in equal (virtual) stages, the first and the last one layer short, as NeMo's Llama 3.1
+    405B recipes run 126 layers on pp 8 x vpp 8. None where the units do not divide equally or a
+    stage would hold no layer."""
+    units, rest = divmod(num_layers + 2, num_stages)
+    if rest or units < 2 or num_stages < 2:
+        return None
+    return (units - 1,) + (units,) * (num_stages - 2) + (units - 1,)
+
+
+def virtual_stage_options(num_layers: int, pp: int) -> list[int]:
+    """Virtual stages per pipeline rank (vpp > 1) as Megatron-Core interleaves them: pp x vpp
+    chunks of equal layers, or equal once the embedding and the loss count as a layer each
+    (embedding_loss_split)."""
+    if pp < 2:
+        return []
+    return [v for v in range(2, num_layers // pp + 1)
+            if num_layers % (pp * v) == 0 or embedding_loss_split(num_layers, pp * v)]
+
+
 def even_layers(num_layers: int, num_stages: int) -> tuple[int, ...]:
     """Split layers as evenly as possible; the remainder goes to the middle stages, which carry
     neither the embedding nor the LM head."""

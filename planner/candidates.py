@@ -24,7 +24,7 @@ from costmodel.check import (
 from costmodel.fidelity import MODEL_ERROR_BAND
 from costmodel.groups import group_orders, placement_problems, places_replicas, views
 from costmodel.hardware import ClusterSpec
-from costmodel.plan import Plan, Recompute, Schedule, default_schedule
+from costmodel.plan import Plan, Recompute, Schedule, default_schedule, virtual_stage_options
 from costmodel.rank_time import Spans, link_costs, spans
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.space import Choice, degrees_plan, divisors
@@ -259,8 +259,8 @@ def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8,
         return
     for mbs in allowed(options, "micro_batch_size", [b for b in divisors(per_replica) if b <= MAX_MICRO_BATCH]):
         m = per_replica // mbs
-        # interleaving as Megatron-LM runs it: equal chunks (pp x vpp divides the layers)
-        vpps = [1] + ([v for v in divisors(L // pp)[1:] if L % pp == 0 and m % pp == 0] if pp > 1 else [])
+        # interleaving as Megatron-LM runs it: equal chunks, the embedding and loss counted or not
+        vpps = [1] + (virtual_stage_options(L, pp) if m % pp == 0 else [])
         for mode in allowed(options, "recompute", modes):
             variants = []
             for vpp in allowed(options, "vpp", vpps):

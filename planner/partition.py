@@ -268,9 +268,12 @@ def _dp_rank(cm: cp_model.CpModel, rs: RankShape, L, n, total: int, v: int, r: i
 
 
 def apply_split(plan: Plan, split: Split) -> Plan:
-    """The concrete plan: rank r's layers spread evenly over its virtual stages (loop placement)."""
+    """The concrete plan: rank r's layers spread evenly over its virtual stages (loop placement),
+    a short chunk first on the first rank and last on the last, where the embedding and the LM
+    head sit (costmodel.plan.embedding_loss_split is this layout)."""
     per_stage = [0] * plan.num_virtual_stages
     for r, layers in enumerate(split.layers):
-        for chunk, count in enumerate(even_layers(layers, plan.vpp)):
+        counts = even_layers(layers, plan.vpp)
+        for chunk, count in enumerate(counts[::-1] if r == plan.pp - 1 else counts):
             per_stage[chunk * plan.pp + r] = count
     return replace(plan, layers_per_stage=tuple(per_stage), recompute_num_layers=split.recomputed)

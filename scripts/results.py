@@ -144,18 +144,19 @@ def measure_accuracy(clock: Clock) -> dict:
             "num_sources": len({r.source for r in filled}), "frontier": measure_frontier(clock)}
 
 
-FRONTIER = ("profiles/runs/frontier_runs.csv", "profiles/runs/frontier_runs_fp8.csv")
+FRONTIER = ("profiles/runs/unmodelled_runs.csv",)
 
 
 def measure_frontier(clock: Clock) -> list[dict]:
-    """The published runs the fit never saw (profiles/runs/frontier_runs*.md): `planner validate`
-    row by row, a row the planner refuses (a model or plan it does not price) counted apart."""
+    """The published runs kept out of the calibration (profiles/runs/unmodelled_runs.csv: software
+    the model has no traits for, or a plan it refuses): `planner validate` row by row, a refused
+    row counted apart."""
     from costmodel.inputs import UserError
     from planner.measure.validate import read_runs, summarize, validate_row
     out = []
     for table in FRONTIER:
         rows = read_runs(ROOT / table)
-        clock.tick(f"runs the fit never saw: {len(rows)} rows of {table} (python3 -m planner validate {table})")
+        clock.tick(f"runs kept out of the calibration: {len(rows)} rows of {table} (python3 -m planner validate {table})")
         results, kept, refused = [], [], []
         for row in rows:
             try:
@@ -337,7 +338,7 @@ def accuracy_section(acc: dict, gpu: dict, band: float, meta: dict) -> str:
         f"{gpu['step_max_pct']:.1f} | | `{CMD_GPU}` |",
         f"| one H100, stored runs priced by this code: peak memory | {gpu['n']} | {gpu['memory_mape_pct']:.1f} | "
         f"{gpu['memory_max_pct']:.1f} | | (the same) |",
-        *(f"| runs the fit never saw: `{f['table']}` ({f['fits']} of {f['n']} predicted to fit"
+        *(f"| runs kept out of the calibration: `{f['table']}` ({f['fits']} of {f['n']} predicted to fit"
           + (f"; {len(f['refused'])} refused: {cell('; '.join(f['refused']))}" if f["refused"] else "")
           + f") | {f['n']} | {f['mape_pct']:.1f} | {f['max_abs_error_pct']:.1f} | {f['spearman']:.3f} | "
           f"`python3 -m planner validate {f['table']}` |" for f in acc.get("frontier", [])), "",

@@ -5,8 +5,10 @@ What Megatron-LM cannot say of our plans, and the nearest it runs (each a line o
   (two virtual stages in a V) as interleaved 1F1B over the same chunks.
 - ZeRO-2/3 are Megatron-FSDP (`--use-megatron-fsdp`), which does not run under pipeline
   parallelism: with a pipeline they become ZeRO-1 (the distributed optimizer).
-- Layers: equal virtual stages, or (one chunk per rank) first and last stages of their own
-  size; any other split becomes the even one (refused with virtual stages that cannot be equal).
+- Layers: equal virtual stages, equal once the embedding and the loss count as a layer each
+  (`--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split`), or (one
+  chunk per rank) first and last stages of their own size; any other split becomes the even one
+  (refused with virtual stages that cannot be split either way).
 - Recomputation is per (virtual) stage and the same on every rank (`--recompute-num-layers` with
   the block method): per-rank counts become the largest of them on every rank.
 - Rank order: tp-cp-ep-dp-pp (the default) or tp-cp-ep-pp-dp (`--use-tp-pp-dp-mapping`); other
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import shlex
 
-from costmodel.plan import Plan, PlanFile, Recompute, Schedule
+from costmodel.plan import Plan, PlanFile, Recompute, Schedule, embedding_loss_split
 from costmodel.specs import Arch, DType, FfnKind, NormKind, PositionKind
 from planner.exports.common import (
     Adjusted,
@@ -64,10 +66,11 @@ def nearest(pf: PlanFile) -> Adjusted:
         adj.change(f"zero {plan.zero_stage} with offloaded states: Megatron-FSDP cannot offload; the "
                    "distributed optimizer's states and step on the host (ZeRO-1)", zero_stage=1)
     if not _layers_expressible(adj.plan):
-        if adj.plan.vpp > 1 and layers % adj.plan.num_virtual_stages:
-            raise CannotExport(f"megatron cannot run this plan: its {adj.plan.num_virtual_stages} virtual stages "
-                               f"(pp x vpp) do not split the {layers} layers equally, as Megatron-LM's "
-                               "--num-layers-per-virtual-pipeline-stage needs")
+        stages = adj.plan.num_virtual_stages
+        if adj.plan.vpp > 1 and layers % stages and not embedding_loss_split(layers, stages):
+            raise CannotExport(f"megatron cannot run this plan: its {stages} virtual stages (pp x vpp) split "
+                               f"neither the {layers} layers equally nor the {layers} layers with the "
+                               "embedding and the loss (--account-for-embedding/loss-in-pipeline-split)")
         to_even_layers(adj, layers, f"layers per stage {list(adj.plan.layers_per_stage)}: Megatron-LM splits "
                                     "evenly (or sizes the first and last stage apart); even split")
     plan = adj.plan
@@ -87,9 +90,16 @@ def nearest(pf: PlanFile) -> Adjusted:
     return adj
 
 
+def _counts_embedding_and_loss(plan: Plan) -> bool:
+    """Whether the split is Megatron-Core's with the embedding and the loss counted as layers
+    (--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split)."""
+    split = plan.layers_per_stage
+    return len(set(split)) > 1 and split == embedding_loss_split(sum(split), len(split))
+
+
 def _layers_expressible(plan: Plan) -> bool:
     split = plan.layers_per_stage
-    if len(set(split)) == 1:
+    if len(set(split)) == 1 or _counts_embedding_and_loss(plan):
         return True
     if plan.vpp > 1 or plan.pp < 2:
         return False
@@ -157,7 +167,11 @@ def arguments(pf: PlanFile, plan: Plan) -> list[tuple[str, str | None]]:
         if not m.moe_norm_topk_prob:
             args += [("--moe-router-pre-softmax", None)]
     args += [("--tensor-model-parallel-size", str(plan.tp)), ("--pipeline-model-parallel-size", str(plan.pp))]
-    if plan.vpp > 1:
+    if _counts_embedding_and_loss(plan):
+        args += [("--account-for-embedding-in-pipeline-split", None), ("--account-for-loss-in-pipeline-split", None)]
+        if plan.vpp > 1:
+            args += [("--num-virtual-stages-per-pipeline-rank", str(plan.vpp))]
+    elif plan.vpp > 1:
         args += [("--num-layers-per-virtual-pipeline-stage", str(plan.layers_per_stage[0]))]
     elif plan.pp > 1 and len(set(plan.layers_per_stage)) > 1:
         args += [("--decoder-first-pipeline-num-layers", str(plan.layers_per_stage[0])),

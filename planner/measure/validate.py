@@ -21,7 +21,7 @@ from costmodel.estimate import Estimate, estimate
 from costmodel.frameworks import framework_traits
 from costmodel.hardware import ClusterSpec, parse_cluster, profile_dir, range_problems, resolve_device, run_by
 from costmodel.inputs import UserError, read_text
-from costmodel.plan import Plan, Recompute, Schedule
+from costmodel.plan import Plan, Recompute, Schedule, virtual_stage_options
 from costmodel.registry import gpt_spec, llama_spec
 from costmodel.specs import (
     DEFAULT_EXPERT_IMBALANCE,
@@ -173,6 +173,7 @@ def row_specs(row: dict[str, str]) -> tuple[ModelSpec, TrainSpec, ClusterSpec]:
     float8 = precision == FP8
     train = TrainSpec(seq_len=seq, global_batch_size=_int(row, "global_batch"),
                       compute_dtype=DType.BF16 if float8 else DType(precision), float8=float8,
+                      grad_dtype=_grad_dtype(row),
                       attention_kernel=attention_kernel(row), expert_load_imbalance=_imbalance(row))
     num_gpus, per_node = _int(row, "num_gpus"), _int(row, "gpus_per_node")
     if num_gpus % per_node:
@@ -188,6 +189,18 @@ def row_specs(row: dict[str, str]) -> tuple[ModelSpec, TrainSpec, ClusterSpec]:
     device = cluster.device
     hard = replace(device, efficiency=replace(device.efficiency, allocator_fragmentation=0.0))
     return model, train, replace(cluster, device=hard, memory_headroom=0.0)
+
+
+def _grad_dtype(row: dict[str, str]) -> DType:
+    """The dtype gradients accumulate and reduce in (optional column grad_dtype): fp32 unless the
+    run's configuration says otherwise (Megatron-Core's grad_reduce_in_fp32=False, as NeMo's
+    performance recipes and MLPerf set it, keeps a bf16 gradient buffer)."""
+    value = (row.get("grad_dtype") or "").strip().lower()
+    if not value:
+        return DType.FP32
+    if value not in ("fp32", "bf16", "fp16"):
+        raise UserError(f"row {row.get('id')!r}: grad_dtype = {value!r} is not fp32, bf16 or fp16")
+    return DType(value)
 
 
 def _experts(row: dict[str, str], ffn: int) -> dict[str, int]:
@@ -224,7 +237,7 @@ def _options(row: dict[str, str], model: ModelSpec, tp: int, pp: int, dp: int,
     stated_sp = (row.get("sp") or "").strip().lower()
     rc = (row.get("recompute") or "").strip()
     per_replica = global_batch // dp
-    vpp_all = [1] + [v for v in divisors(model.num_layers // pp)[1:] if pp > 1 and model.num_layers % pp == 0]
+    vpp_all = [1] + virtual_stage_options(model.num_layers, pp)
     opts = {
         "micro_batch": [_int(row, "micro_batch")] if row.get("micro_batch", "").strip()
         else [d for d in divisors(per_replica) if d <= MAX_MICRO_BATCH],

@@ -38,6 +38,10 @@ PLANS["llama8b_fp8"] = ["--model", "llama3-8b", "--cluster", "1x8xH100", "--zero
 # activations on the host: no target's file says it; each export keeps them on the device
 PLANS["llama8b_act_offload"] = ["--model", "llama3-8b", "--cluster", "1x8xH100", "--zero", "3",
                                 "--offload-activations", "--seq-len", "4096", "--global-batch", "64"]
+# NeMo's Llama 3.1 405B layout: 126 layers on pp 8 x vpp 8, the embedding and the loss counted as layers
+PLANS["llama405b_embedding_loss_split"] = ["--model", "llama3-405b", "--cluster", "128x8xH100", "--tp", "8", "--pp", "8",
+                                           "--cp", "2", "--vpp", "8", "--zero", "1", "--seq-len", "8192",
+                                           "--global-batch", "512", "--grad-dtype", "bf16", "--framework", "megatron"]
 UNEVEN = {"llama13b_gpipe_zero0_uneven": [9, 10, 10, 11]}   # a split only the search writes
 # a Qwen3-shaped model (heads of 128 over a 1024-wide model, per-head Q/K norms), from its config.json
 QWEN3 = {"model_type": "qwen3", "hidden_size": 1024, "head_dim": 128, "num_attention_heads": 16,
@@ -158,7 +162,8 @@ def test_torchtitan_flavours_are_torchtitan_s():
 # Megatron-LM's flag -> Megatron-Core config field where the names differ (arguments.py does the same)
 RENAMED = {"--norm-epsilon": "layernorm_epsilon", "--num-experts": "num_moe_experts", "--fp8-format": "fp8",
            "--decoder-first-pipeline-num-layers": "num_layers_in_first_pipeline_stage",
-           "--decoder-last-pipeline-num-layers": "num_layers_in_last_pipeline_stage"}
+           "--decoder-last-pipeline-num-layers": "num_layers_in_last_pipeline_stage",
+           "--num-virtual-stages-per-pipeline-rank": "virtual_pipeline_model_parallel_size"}
 # flags that are not Megatron-Core config fields: checked here by what they say
 TRAINING = {"--seq-length", "--max-position-embeddings", "--position-embedding-type", "--rotary-base",
             "--rotary-percent", "--use-rope-scaling", "--rope-scaling-factor", "--openai-gelu",   # GPTModel's
@@ -219,6 +224,8 @@ def test_megatron_core_accepts_the_arguments(plan_paths, tmp_path, capsys, monke
     if plan["pp"] > 1:
         tc.setdefault("pipeline_dtype", torch.float32)
     config = TransformerConfig(**tc)   # Megatron-Core's own checks (__post_init__)
+    if name == "llama405b_embedding_loss_split":   # 126 layers + embedding + loss = 2 per chunk
+        assert config.account_for_embedding_in_pipeline_split and config.account_for_loss_in_pipeline_split
     DistributedDataParallelConfig(**ddp)
     # Megatron-LM's one --use-distributed-optimizer sets both configs' field; Transformer Engine is
     # not installed here, and the precision-aware optimizer's check asks its version

@@ -111,7 +111,7 @@ def test_published_fp8_runs_are_read_with_float8_linears(tmp_path):
     import csv
 
     from planner.measure.validate import validate
-    source = Path(__file__).resolve().parents[2] / "profiles" / "runs" / "frontier_runs_fp8.csv"
+    source = Path(__file__).resolve().parents[2] / "profiles" / "runs" / "published_runs.csv"
     rows = [r for r in csv.DictReader(source.open()) if r["id"] == "dgxc_v24111_llama31_70b_h100_fp8_g256"]
     table = tmp_path / "fp8.csv"
     with table.open("w", newline="") as f:
