@@ -3,8 +3,9 @@
 Each rank runs one forward of its stage under `saved_tensors_hooks` and sums the distinct storages
 autograd saves (parameters excluded), per layer and for the loss. Compared with
 `layer_activation_bytes` and `logits_held_bytes` under the cluster's traits (our runtime on CPU):
-SP keeps the gathered projection inputs whole, the loss runs over the whole vocabulary on every
-TP rank, and CPU RMSNorm keeps its normalised input. The extras the model leaves out are small
+SP keeps the projections' inputs as sequence shards (runtime.sequence_parallel, as Megatron-LM),
+the loss runs over the whole vocabulary on every TP rank, and CPU RMSNorm keeps its normalised
+input. The extras the model leaves out are small
 (RoPE tables, 1/rms and log-sum-exp rows): 3 % at most here.
 """
 from __future__ import annotations
