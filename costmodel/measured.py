@@ -6,7 +6,9 @@ interrupted and the file holds the steps measured before it); version 3 `rank_fo
 own layer-forward seconds per step, median: a straggler shows there); version 4 `checkpoint_wait_s` (per
 checkpoint saved, the seconds the slowest rank's training stood still for it); version 5
 `probe_layer_now_s` and `probe_layer_profiled_s` (on a CPU, the profile's probe layer timed after the run
-and as the profile timed it: how fast the machine went against its profile). A file without a `version`, of
+and as the profile timed it: how fast the machine went against its profile); version 6 `grad_norms` (every
+step's global gradient norm; a loss or norm that was not finite is null in both lists) and `diverged`
+(the step, ranks, loss and gradient norm of a run stopped because they were not finite; null otherwise). A file without a `version`, of
 a newer version, truncated, or with missing or unknown fields is refused with one line that names the
 file and the field.
 """
@@ -20,7 +22,7 @@ from typing import Any
 
 from costmodel.inputs import UserError, dataclass_from_json, read_json_object, write_text_atomic
 
-MEASURED_FORMAT_VERSION = 5
+MEASURED_FORMAT_VERSION = 6
 STAGE_PARTS = ("work", "dp_sync", "optimizer", "wait")   # runtime.measure's split of a stage's step
 # Parts of a step predicted below this share of it are compared in milliseconds, not percent.
 SMALL_PART_SHARE = 0.05
@@ -35,6 +37,15 @@ def part_error(predicted_s: float, measured_s: float, error: float | None, step_
     return "-" if error is None else f"{error:+.1f}%"
 
 
+def finite_or_none(value: float) -> float | None:
+    """A loss or gradient norm as measured.json holds it: JSON has no NaN or infinity."""
+    return value if math.isfinite(value) else None
+
+
+def shown_loss(value: float | None) -> str:
+    return "not finite" if value is None else f"{value:.4f}"
+
+
 def _number(value: Any, none_ok: bool = False) -> bool:
     if value is None:
         return none_ok
@@ -47,7 +58,7 @@ class MeasuredRun:
     tokens_per_s: float
     mfu: float                         # the cost model's FLOPs over the device peak
     peak_memory_bytes: list[float] | None    # per pipeline stage (CUDA: max_memory_allocated)
-    losses: list[float]                # every step, warm-up included
+    losses: list[float | None]         # every step, warm-up included; null where not finite
     step_times_s: list[float]
     predicted: dict[str, Any]          # Estimate.to_dict() of the plan on its profile
     error_pct: dict[str, Any]
@@ -71,6 +82,11 @@ class MeasuredRun:
     # them (planner.measure.machine_speed): how fast the machine went against its profile
     probe_layer_now_s: float | None = None
     probe_layer_profiled_s: float | None = None
+    # every step's global gradient norm, warm-up included, null where not finite (runtime.health)
+    grad_norms: list[float | None] | None = None
+    # a run stopped because its loss or gradient norm was not finite: the step, the ranks that saw
+    # it, the loss, the norm and how many such steps came in a row (runtime.health.nonfinite_step)
+    diverged: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         """Consistent as `planner run` writes it; what reports and calibrate index into."""
@@ -118,6 +134,10 @@ class MeasuredRun:
         probe = (self.probe_layer_now_s, self.probe_layer_profiled_s)
         if probe != (None, None) and not all(_number(x) and x > 0 for x in probe):
             out.append("probe_layer_now_s and probe_layer_profiled_s must both be positive numbers, or both null")
+        if self.grad_norms is not None and len(self.grad_norms) != len(self.losses):
+            out.append(f"grad_norms must have one entry per step, as losses ({len(self.losses)})")
+        if self.diverged is not None and (self.complete or not isinstance(self.diverged.get("step"), int)):
+            out.append("diverged must name its step (an int), and a diverged run is not complete")
         if missing := [k for k in ("peak_memory_bytes", "stage_breakdown_s") if k not in self.error_pct]:
             out.append(f"error_pct lacks {', '.join(missing)}")
         return out
@@ -142,11 +162,11 @@ class MeasuredRun:
             raise UserError(f"{where}: not a measured.json (a JSON object is expected)")
         data = dict(data)
         version = data.pop("version", None)
-        if version not in (1, 2, 3, 4, MEASURED_FORMAT_VERSION):
+        if version not in (1, 2, 3, 4, 5, MEASURED_FORMAT_VERSION):
             raise UserError(f"{where}: measured.json version {version!r}; this planner reads versions 1 "
                              f"to {MEASURED_FORMAT_VERSION} (written by `planner run`)")
         # Fields added later have defaults: peak_reserved_bytes (v1), complete (v2), rank_forward_s (v3),
-        # checkpoint_wait_s (v4), probe_layer_now_s and probe_layer_profiled_s (v5).
+        # checkpoint_wait_s (v4), probe_layer_now_s and probe_layer_profiled_s (v5), grad_norms and diverged (v6).
         return dataclass_from_json(cls, data, where)
 
     @classmethod

@@ -2,7 +2,9 @@
 
 A checkpoint writes the training state (runtime.checkpoint: master weights and optimizer states
 through torch.distributed.checkpoint, which writes a replicated tensor once and spreads the
-writing over the ranks), and the step waits for it (the runtime saves synchronously). Failures
+writing over the ranks), and the step waits for it (the runtime saves synchronously), then for
+each rank to read back and hash its share of the files for the checkpoint's manifest
+(runtime.manifest; a resume verifies them the same way before loading). Failures
 arrive at a rate proportional to the number of devices; after one, the work since the last
 checkpoint is lost and the job restarts from it. Young (1974) and Daly (2006): checkpoint every
 tau = sqrt(2 * delta * M) seconds of work, delta the write time and M the job's mean time between
@@ -14,8 +16,11 @@ with `--device-mtbf-hours` / `--storage-mb-s-per-device`):
   interruptions in a 54-day snapshot of pre-training on 16,384 H100 GPUs, 1.97e-5 per device-hour;
 - storage: the same section's Tectonic file system sustains 2 TB/s for those 16,384 GPUs, 122 MB/s
   per device, taken as provisioned with the cluster;
-- restart R: reading the checkpoint back at the same bandwidth; process start, rendezvous and
-  the lost step in flight are not counted (a lower bound).
+- hashing: SHA-256 at 1.4 GB/s on one core per rank (measured: `python3 -c "import hashlib, os;
+  hashlib.sha256(os.urandom(1 << 27))"` timed on an AMD EPYC with SHA-NI, 1.4 GB/s; OpenSSL's
+  `openssl speed -evp sha256` reports 1.5-2 GB/s on SHA-NI cores of Intel Ice Lake and AMD Zen);
+- restart R: reading the checkpoint back at the same bandwidth and verifying its checksums;
+  process start, rendezvous and the lost step in flight are not counted (a lower bound).
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ from costmodel.specs import ModelSpec, TrainSpec
 
 FAILURES_PER_DEVICE_HOUR = 419 / (54 * 24 * 16_384)   # Llama 3, Sec. 3.3.4
 STORAGE_BYTES_PER_S_PER_DEVICE = 2e12 / 16_384         # Llama 3: Tectonic, 2 TB/s sustained
+HASH_BYTES_PER_S_PER_DEVICE = 1.4e9                    # SHA-256 on one core per rank (see above)
 SOURCE = ("Llama 3 (arXiv 2407.21783) Sec. 3.3.4: 419 interruptions in 54 days on 16,384 GPUs; "
           "storage 2 TB/s sustained for them")
 
@@ -84,7 +90,7 @@ def stated(device_mtbf_hours: float | None, storage_mb_s_per_device: float | Non
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CheckpointCost:
     state_bytes: float          # what one checkpoint writes, all ranks together
-    write_s: float              # delta: the step waits this long per checkpoint
+    write_s: float              # delta: the step waits this long per checkpoint (write + checksum pass)
     mtbf_s: float               # M: the job's mean time between failures
     interval_s: float           # tau: Young/Daly's optimum, in seconds of training
     interval_steps: int         # tau in whole steps (at least one)
@@ -107,7 +113,8 @@ def checkpoint_cost(model: ModelSpec, train: TrainSpec, world_size: int, step_ti
     # the optimizer's states
     weights = 0 if train.master_weights_fp32 else train.compute_dtype.num_bytes
     state = total_params(model) * (optimizer_bytes_per_param(train) + weights)
-    write_s = state / (world_size * failures.storage_bytes_per_s_per_device)
+    # written, then read back and hashed (the manifest), each rank its share
+    write_s = state / world_size * (1.0 / failures.storage_bytes_per_s_per_device + 1.0 / HASH_BYTES_PER_S_PER_DEVICE)
     mtbf_s = 3600.0 / (world_size * failures.failures_per_device_hour)
     tau = math.sqrt(2.0 * write_s * mtbf_s)
     steps = max(1, round(tau / step_time_s))

@@ -8,7 +8,7 @@ from pathlib import Path
 from costmodel.estimate import Estimate, simulate_plan
 from costmodel.groups import placement_lines, representative, short_device_name
 from costmodel.hardware import ClusterSpec
-from costmodel.measured import MeasuredRun, part_error
+from costmodel.measured import MeasuredRun, part_error, shown_loss
 from costmodel.memory import cp_gathered_kv_bytes, expert_state_bytes
 from costmodel.pipeline_closed_form import uniform_1f1b_bubble_fraction
 from costmodel.plan import Plan
@@ -221,7 +221,7 @@ def _measured(doc: Document, m: MeasuredRun) -> None:
                                     est["step_time_s"])])
     doc.table(["quantity", "predicted", "measured", "error"], rows)
     doc.text(f"Measured on {m.device} over {m.steps} steps after {m.warmup_steps} warm-up; memory: "
-             f"{m.memory_source}. Losses {m.losses[0]:.4f} -> {m.losses[-1]:.4f}. Per stage: its own "
+             f"{m.memory_source}. Losses {shown_loss(m.losses[0])} -> {shown_loss(m.losses[-1])}. Per stage: its own "
              f"work (compute and TP/CP collectives), the DP gradient reduction after the pipeline (inside the "
              f"backward pass when there is no pipeline), the optimizer, and the wait (bubble and PP transfers).")
 

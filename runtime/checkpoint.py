@@ -1,9 +1,10 @@
 """Checkpoints of a run: sharded with `torch.distributed.checkpoint` (each rank writes its own
 part), resumable onto the same plan or onto another plan of the same model.
 
-Layout: DIR/step-000006/ holds DCP's files, `plan.json` (what was running), one RNG file per rank
-and `COMPLETE`. A checkpoint is written into DIR/.step-000006.partial/ and renamed by rank 0 once
-every rank has finished its part, so a half-written checkpoint is never the one a resume picks.
+Layout: DIR/step-000006/ holds DCP's files, `plan.json` (what was running), one RNG file per rank,
+`MANIFEST.json` (every file's size and SHA-256, runtime.manifest) and `COMPLETE`. A checkpoint is written into DIR/.step-000006.partial/ and renamed by rank 0 once
+every rank has finished its part, so a half-written checkpoint is never the one a resume picks;
+a complete one whose files no longer match its manifest is skipped for the newest that does.
 
 Names are the model's own (`layers.<global index>...`, `embed`, `norm`, `output`): a pipeline
 stage saves its layers under the names the whole model has, so a checkpoint saved under pp2 loads
@@ -12,10 +13,13 @@ Optimizer states are saved flattened (`state.<name>.<key>`) for the same reason.
 """
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
 import shutil
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -27,14 +31,21 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from costmodel.inputs import UserError
 from costmodel.plan import PlanFile
 from costmodel.specs import ModelSpec
+from runtime import manifest
+from runtime.launch import CHECKPOINT_WRITE_FAILED
 
-COMPLETE = "COMPLETE"
+COMPLETE = manifest.COMPLETE
 _STEP_DIR = re.compile(r"^step-(\d{6})$")
 _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 class CheckpointError(UserError):
     """A checkpoint that cannot be resumed from: the message names the directory or file."""
+
+
+class CheckpointWriteFailed(RuntimeError):
+    """Storage refused a checkpoint's write (a full disk, a lost mount): the run stops (planner run
+    exits 1 naming the file); the checkpoints already committed stay as they were."""
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -86,21 +97,36 @@ def check_resumable(path: Path, pf: PlanFile) -> int:
     return step
 
 
-def resume_point(root: Path, pf: PlanFile, total_steps: int) -> tuple[Path | None, int]:
-    """(checkpoint, step it was taken after) to resume from, (None, 0) where there is none; a
-    CheckpointError where checkpoints exist but none can be resumed (never a silent fresh start)
-    or the latest already reaches `total_steps`. The launcher asks before starting the ranks, each
-    rank again before loading."""
-    path = latest(root)
-    if path is None:
+def resume_point(root: Path, pf: PlanFile, total_steps: int, verify=manifest.problem
+                 ) -> tuple[Path | None, int, list[str]]:
+    """(checkpoint, step it was taken after, why each newer one was skipped) to resume from: the
+    newest complete checkpoint that `verify` (path -> problem or None) passes; (None, 0, []) where
+    there is none. A CheckpointError where checkpoints exist but none can be resumed (never a
+    silent fresh start) or the chosen one already reaches `total_steps`. The launcher asks before
+    starting the ranks (sizes), the ranks again before loading (sizes and checksums, shared)."""
+    steps = complete_steps(root)
+    if not steps:
         if earlier := any_attempt(root):
             raise CheckpointError(f"{root}: no complete checkpoint to resume from (only {', '.join(earlier)})")
-        return None, 0
+        return None, 0, []
+    skipped = []
+    for candidate in reversed(steps):
+        path = step_dir(root, candidate)
+        if (bad := verify(path)) is None:
+            break
+        skipped.append(f"checkpoint {path}: {bad}")
+    else:
+        raise CheckpointError(f"{root}: no checkpoint passes verification ({'; '.join(skipped)})")
     step = check_resumable(path, pf)
     if step >= total_steps:
         raise CheckpointError(f"checkpoint {path} is after step {step}; --warmup + --steps = {total_steps} "
                               "trains nothing more (raise --steps)")
-    return path, step
+    return path, step, skipped
+
+
+def skipped_line(skipped: list[str], path: Path) -> str:
+    """The one line saying which checkpoints failed verification and which one is resumed."""
+    return f"{'; '.join(skipped)}; skipped for {path.name}, the newest that passes verification"
 
 
 class _Stages(nn.Module):
@@ -157,12 +183,13 @@ class Saver:
         dist.barrier()
         _, msd, osd = _state(modules, optimizer)
         state = {"model": _model_names(msd), "optim": _model_names(osd)}
-        if self.group is None:
-            dcp.save(state, checkpoint_id=str(partial))
-            writing = None
-        else:
-            writing = dcp.async_save(state, checkpoint_id=str(partial), process_group=self.group)
-        torch.save(torch.get_rng_state(), partial / "rng" / f"rank-{rank:05d}.pt")
+        with _naming_failures(partial):
+            if self.group is None:
+                dcp.save(state, checkpoint_id=str(partial))
+                writing = None
+            else:
+                writing = dcp.async_save(state, checkpoint_id=str(partial), process_group=self.group)
+            torch.save(torch.get_rng_state(), partial / "rng" / f"rank-{rank:05d}.pt")
         self._pending = (writing, partial, step)
         if writing is None:
             self._commit_pending()
@@ -177,19 +204,65 @@ class Saver:
             return
         writing, partial, step = self._pending
         self._pending = None
-        if writing is not None:   # torch returns a Future, or a response holding one
-            getattr(writing, "upload_completion", writing).result()
+        with _naming_failures(partial):
+            if writing is not None:   # torch returns a Future, or a response holding one
+                getattr(writing, "upload_completion", writing).result()
+            dist.barrier()
+            if dist.get_rank() == 0:
+                record = {"step": step, "model": self.pf.model.to_dict(), "plan": self.pf.to_dict()}
+                (partial / "plan.json").write_text(json.dumps(record, indent=1))
+            dist.barrier()
+            files = _hashed_together(partial)
+            if dist.get_rank() == 0:
+                manifest.write(partial, files)
+                (partial / COMPLETE).write_text(f"step {step}\n")
+                final = step_dir(self.root, step)
+                shutil.rmtree(final, ignore_errors=True)
+                partial.rename(final)
+                self._prune(step)
         dist.barrier()
-        if dist.get_rank() == 0:
-            record = {"step": step, "model": self.pf.model.to_dict(), "plan": self.pf.to_dict()}
-            (partial / "plan.json").write_text(json.dumps(record, indent=1))
-            (partial / COMPLETE).write_text(f"step {step}\n")
-            final = step_dir(self.root, step)
-            shutil.rmtree(final, ignore_errors=True)
-            partial.rename(final)
-            for old in complete_steps(self.root)[:-self.keep]:
-                shutil.rmtree(step_dir(self.root, old), ignore_errors=True)
-        dist.barrier()
+
+    def _prune(self, step: int) -> None:
+        """Keep the `keep` newest checkpoints up to the one just committed (hashed from storage,
+        so verified as written): it is never pruned, and neither is a later one left by an earlier
+        run (a resume from an older checkpoint overwrites it when it reaches that step)."""
+        for old in [s for s in complete_steps(self.root) if s <= step][:-self.keep]:
+            shutil.rmtree(step_dir(self.root, old), ignore_errors=True)
+
+
+def _hashed_together(partial: Path) -> dict[str, dict]:
+    """Every file's size and digest, each rank hashing its share of them (read back from storage,
+    after every rank's write ended); the whole table on every rank."""
+    names = manifest.listed(partial)
+    share = manifest.entries(partial, manifest.mine(names, (dist.get_rank(), dist.get_world_size())))
+    tables: list = [None] * dist.get_world_size()
+    dist.all_gather_object(tables, share)
+    return {k: v for table in tables for k, v in table.items()}
+
+
+def verify_together(path: Path) -> str | None:
+    """runtime.manifest.problem with the digests shared over the ranks; the same answer on each."""
+    mine = manifest.problem(path, (dist.get_rank(), dist.get_world_size()))
+    found: list = [None] * dist.get_world_size()
+    dist.all_gather_object(found, mine)
+    return next((bad for bad in found if bad is not None), None)
+
+
+@contextmanager
+def _naming_failures(partial: Path):
+    """A storage error inside a checkpoint's write (DCP wraps each rank's in a CheckpointException,
+    a BaseException that names no file) as CheckpointWriteFailed naming the rank and the file."""
+    try:
+        yield
+    except (OSError, dcp.api.CheckpointException) as exc:
+        rank, cause = dist.get_rank(), exc
+        if isinstance(exc, dcp.api.CheckpointException) and exc.failures:
+            rank, (cause, _) = min(exc.failures.items(), key=lambda kv: kv[0])
+        code = getattr(cause, "errno", None)
+        what = os.strerror(code) if code else str(cause).splitlines()[0][:200]
+        full = " (the disk is full)" if code == errno.ENOSPC else ""
+        raise CheckpointWriteFailed(f"{CHECKPOINT_WRITE_FAILED} on rank {rank}: {getattr(cause, 'filename', None) or partial}: "
+                                    f"{what}{full}; the checkpoints committed before it are kept") from None
 
 
 _TIED = ("output.weight", "embed.tok.weight")

@@ -43,6 +43,7 @@ class StepsConfig:
     resume: bool = False
     checkpoint_async: bool = False   # write in the background (runtime.checkpoint.Saver)
     hang_timeout: float = 0.0   # runtime.watchdog: seconds without progress before a rank gives up; 0: off
+    max_nonfinite_steps: int = 1   # runtime.health: steps in a row with a non-finite loss or gradient norm that stop the run
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,7 +52,7 @@ class WorkerArgs(StepsConfig):
     here only."""
     plan: Path
     out: Path
-    # RANK:STEP:raise|exit|kill|hang, injected by the failure tests (first attempt only); RANK:STEP:slow
+    # RANK:STEP:raise|exit|kill|hang|nan, injected by the failure tests (first attempt only); RANK:STEP:slow
     # slows that rank's layers on every attempt (a straggler, runtime.train._slow_down)
     fault: str | None = None
     max_restarts: int = 0      # torchrun restarts the ranks this often; they resume from the checkpoint
@@ -66,6 +67,8 @@ class WorkerArgs(StepsConfig):
             args += ["--fault", self.fault]
         if self.hang_timeout:
             args += ["--hang-timeout", repr(self.hang_timeout)]
+        if self.max_nonfinite_steps != 1:
+            args += ["--max-nonfinite-steps", str(self.max_nonfinite_steps)]
         if self.checkpoint_dir:
             args += ["--checkpoint-dir", self.checkpoint_dir, "--checkpoint-every", str(self.checkpoint_every),
                      "--keep", str(self.keep)] + (["--resume"] if self.resume else []) \
@@ -80,7 +83,7 @@ class WorkerArgs(StepsConfig):
         for name, kind in (("--steps", int), ("--warmup", int), ("--seed", int), ("--lr", float),
                            ("--data", str), ("--data-dtype", str), ("--fault", str),
                            ("--checkpoint-dir", str), ("--checkpoint-every", int), ("--keep", int),
-                           ("--hang-timeout", float)):
+                           ("--hang-timeout", float), ("--max-nonfinite-steps", int)):
             p.add_argument(name, type=kind, default=getattr(cls, name[2:].replace("-", "_")))
         p.add_argument("--resume", action="store_true")
         p.add_argument("--checkpoint-async", action="store_true")
@@ -108,6 +111,10 @@ def die_with_parent() -> None:
 # how a rank's error begins when its training diverged (runtime.train.Diverged): the command line
 # tells it apart from a failure of the run's machinery
 DIVERGED = "training diverged"
+# how a rank's error begins when storage refused a checkpoint (runtime.checkpoint.CheckpointWriteFailed)
+CHECKPOINT_WRITE_FAILED = "checkpoint write failed"
+# failures of the run itself (not of the command line or the launch): planner run exits 1
+RUN_STOPPED = (DIVERGED, CHECKPOINT_WRITE_FAILED)
 
 
 class RunFailed(RuntimeError):
@@ -219,35 +226,67 @@ def stop(proc: subprocess.Popen) -> None:
 
 # What the surviving ranks report once a peer has gone: consequences, not causes.
 EXITS = re.compile(r"rank\s*:\s*(\d+).*?\n\s*exitcode\s*:\s*(-?\d+)")
+HUNG_WAITING = "RankHung: waiting for a peer"   # runtime.watchdog: a rank whose peer stopped progressing
 PEER_LOST = re.compile(r"Connection (reset|closed)|Broken pipe|[Pp]eer|timed out|Timeout|SIGTERM|Signals\.")
 
 
 def failure_message(out: Path, nproc: int) -> str:
-    """Name the rank that caused the failure and why. A Python error that is not a lost-peer
-    consequence comes first; then a rank that died without a Python error (signal, os._exit),
-    found in torchrun's failure summary, even where torchrun saw a peer fail first; then the
-    earliest error of any kind."""
+    """Name the rank that caused the failure, at which step and why. The run's own stop (a
+    diverged loss, a refused checkpoint write) comes first, as its ranks said it; then a Python
+    error that is not a lost-peer consequence; then a rank that died without a Python error
+    (signal, os._exit), found in torchrun's failure summary, even where torchrun saw a peer fail
+    first, with the diagnosis of a peer's watchdog that waited for it; then the earliest error of
+    any kind."""
     errors = sorted((out / "errors").glob("rank*.txt")) if (out / "errors").exists() else []
     causes = sorted((p.stat().st_mtime, int(p.stem.removeprefix("rank")), p.read_text().splitlines()[0])
                     for p in errors)
     log_path = out / "run.log"
     log = log_path.read_text() if log_path.exists() else ""
+    for _, _, line in causes:
+        _, cause = _step_and_cause(line)
+        if any(cause.split(": ", 1)[-1].startswith(why) for why in RUN_STOPPED):   # names its step and rank
+            return f"{cause.split(': ', 1)[-1]} (log: {log_path})"
     primary = [c for c in causes if not PEER_LOST.search(c[2])]
     if primary:
-        return f"rank {primary[0][1]} failed: {primary[0][2]} (log: {log_path})"
+        return f"{_failed(primary[0][1], primary[0][2])} (log: {log_path})"
     first_line = {rank: line for _, rank, line in causes}
     # torchrun lists the ranks it terminated first and its first observed failure last.
     before, found, root = log.rpartition("Root Cause")
     exits = EXITS.findall(root if found else log) + EXITS.findall(before if found else "")
     for rank, code in exits:   # died without a Python error (not torchrun's SIGTERM to the survivors):
         if int(rank) not in first_line and int(code) != -15:   # the cause of the others' lost peers
-            how = f"signal {-int(code)}" if int(code) < 0 else f"exit code {code}"
-            return f"rank {rank} died ({how}) without a Python error (log: {log_path})"
+            return f"{_died(int(rank), int(code), causes)} (log: {log_path})"
     for rank, code in exits:
         if int(rank) in first_line:
-            return f"rank {rank} failed: {first_line[int(rank)]} (log: {log_path})"
-        how = f"signal {-int(code)}" if int(code) < 0 else f"exit code {code}"
-        return f"rank {rank} died ({how}) without a Python error (log: {log_path})"
+            return f"{_failed(int(rank), first_line[int(rank)])} (log: {log_path})"
+        return f"{_died(int(rank), int(code), causes)} (log: {log_path})"
     if causes:
-        return f"rank {causes[0][1]} failed: {causes[0][2]} (log: {log_path})"
+        return f"{_failed(causes[0][1], causes[0][2])} (log: {log_path})"
     return f"the job of {nproc} ranks failed; see {log_path}"
+
+
+_STEP = re.compile(r"^step (\d+): (.*)$")
+
+
+def _step_and_cause(line: str) -> tuple[int | None, str]:
+    """A rank's first error line, `step N: Type: message` (runtime.worker, runtime.watchdog)."""
+    m = _STEP.match(line)
+    return (int(m.group(1)), m.group(2)) if m else (None, line)
+
+
+def _failed(rank: int, line: str) -> str:
+    step, cause = _step_and_cause(line)
+    return f"rank {rank} failed{f' at step {step}' if step else ''}: {cause}"
+
+
+def _died(rank: int, code: int, causes: list) -> str:
+    """A rank that ended without a Python error; where a peer's watchdog waited for it (a rank
+    stopped or stuck where its own watchdog cannot run), that diagnosis leads."""
+    how = f"signal {-code}" if code < 0 else f"exit code {code}"
+    waited = [(r, *_step_and_cause(line)) for _, r, line in causes if HUNG_WAITING in line]
+    if not waited:
+        return f"rank {rank} died ({how}) without a Python error"
+    peer, step, cause = waited[0]
+    at = f" at step {step}" if step else ""
+    return (f"rank {rank} made no progress{at} (hung or stopped: rank {peer} {cause.removeprefix('RankHung: ')}, "
+            f"--hang-timeout); torchrun then ended it ({how})")

@@ -12,7 +12,7 @@ from typing import Any
 from costmodel.estimate import Estimate, estimate
 from costmodel.flops import model_flops_per_step, utilization
 from costmodel.groups import world_peak_flops_per_s
-from costmodel.measured import MeasuredRun, part_error
+from costmodel.measured import MeasuredRun, finite_or_none, part_error, shown_loss
 from costmodel.plan import PlanFile
 from costmodel.units import MIB
 
@@ -29,6 +29,13 @@ def predicted_tensor_peaks_bytes(est: Estimate) -> list[float]:
     allocator's cache), so the prediction is compared less its reserve, the part outside them."""
     reserve = est.memory_breakdown_bytes[0]["reserved"]
     return [p - reserve for p in est.peak_memory_bytes]
+
+
+def _diverged(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    """runtime.health's record of a diverged run, its non-finite values as null."""
+    if record is None:
+        return None
+    return {k: finite_or_none(v) if isinstance(v, float) else v for k, v in record.items()}
 
 
 def measured_record(pf: PlanFile, raw: dict[str, Any], *, steps: int, warmup: int,
@@ -51,7 +58,9 @@ def measured_record(pf: PlanFile, raw: dict[str, Any], *, steps: int, warmup: in
         "peak_reserved_bytes": raw.get("peak_reserved_bytes"),   # CUDA only: allocated + allocator cache
         "rank_forward_s": raw.get("rank_forward_s"),
         "checkpoint_wait_s": raw.get("checkpoint_wait_s"),
-        "losses": raw["losses"],
+        "grad_norms": None if raw.get("grad_norms") is None else [finite_or_none(x) for x in raw["grad_norms"]],
+        "diverged": _diverged(raw.get("diverged")),
+        "losses": [finite_or_none(x) for x in raw["losses"]],
         "step_times_s": raw["step_times_s"],
         "predicted": est.to_dict(),
         "error_pct": {
@@ -150,5 +159,5 @@ def comparison_rows(m: MeasuredRun) -> list[tuple[str, str, str, str]]:
     if m.rank_forward_s and len(m.rank_forward_s) > 1:
         rows.append(straggler_row(m.rank_forward_s))
     losses = m.losses
-    rows.append(("loss (first -> last step)", "-", f"{losses[0]:.4f} -> {losses[-1]:.4f}", "-"))
+    rows.append(("loss (first -> last step)", "-", f"{shown_loss(losses[0])} -> {shown_loss(losses[-1])}", "-"))
     return rows

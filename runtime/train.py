@@ -30,16 +30,13 @@ from costmodel.plan import PlanFile
 from costmodel.specs import Optimizer
 from runtime import checkpoint, watchdog
 from runtime.data import TokenSource, local_slice
+from runtime.health import Diverged, nonfinite_step, step_health  # noqa: F401 - Diverged: the run's error
 from runtime.job import Job, build_job, cross_entropy, sync_replicated_over_tp, sync_tied_embedding
-from runtime.launch import DIVERGED, StepsConfig
+from runtime.launch import StepsConfig
 from runtime.memtrack import TensorBytesTracker, state_tensors
 from runtime.parallel import gradient_sync_every_micro_batch
 
 TIMED_STEP = "planner::timed_step"   # the profiler's range around a step's timed work
-
-
-class Diverged(RuntimeError):
-    """The loss stopped being finite: the run stops (planner run exits 1 naming the step)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,10 +117,11 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
     torch.manual_seed(cfg.seed * 1_000_003 + job.coords["dp"] * 1009 + job.coords["pp"])
     optimizer = make_optimizer(job, pf, cfg.lr)
     source = TokenSource(pf.model.vocab_size, pf.train.seq_len, cfg.seed, cfg.data, cfg.data_dtype)
-    losses, times, busy, sync, optim, memory = [], [], [], [], [], None
+    losses, grad_norms, times, busy, sync, optim, memory = [], [], [], [], [], [], None
+    nonfinite = 0   # consecutive steps with a non-finite loss or gradient norm
     mine: list[float] = []   # this rank's own layer forwards per timed step (stragglers, runtime.measure)
-    if cfg.fault is not None and cfg.fault[2] == "slow" and cfg.fault[0] == dist.get_rank():
-        _slow_down(job)
+    if cfg.fault is not None and cfg.fault[2] in ("slow", "nan") and cfg.fault[0] == dist.get_rank():
+        _slow_down(job) if cfg.fault[2] == "slow" else _poison(job, cfg.fault[1])
     forward = _ForwardTimer(job)
     total = cfg.warmup + cfg.steps
     start = _resume(job, optimizer, pf, cfg, total)
@@ -139,21 +137,20 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
         if step == cfg.warmup and device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         watchdog.beat()
+        watchdog.at_step(step + 1)
         _maybe_fail(cfg.fault, step)
         dist.barrier()
         job.clock.reset()
         forward.total_s = 0.0
         start = time.perf_counter()
         with record_function(TIMED_STEP):   # what a trace counts as the step (benchmarks/step_trace.py)
-            loss, tracked = _step(job, optimizer, tokens, labels, track)
+            health, tracked = _step(job, optimizer, tokens, labels, track)
             _drain(device)
         elapsed = time.perf_counter() - start
         memory = tracked if track else memory
-        step_loss, step_s = _reduce_step(job, loss, elapsed)
+        step_loss, step_s = health.loss, _slowest_s(elapsed)
         losses.append(step_loss)
-        if not math.isfinite(step_loss):   # the global loss: every rank stops at this step, before saving it
-            raise Diverged(f"{DIVERGED} at step {step + 1}: the loss is {step_loss} (not finite); no checkpoint "
-                           "of this state was saved")
+        grad_norms.append(health.grad_norm)
         if step >= cfg.warmup:
             times.append(step_s)
             busy.append(_per_stage_max(job, job.clock.busy_s))
@@ -163,31 +160,38 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
         if dist.get_rank() == 0 and not cfg.quiet:
             tag = (f"warm-up {step + 1}/{cfg.warmup}" if step < cfg.warmup
                    else f"step {step - cfg.warmup + 1}/{cfg.steps}")
-            print(f"[planner run] {tag}: loss {step_loss:.4f}, "
+            print(f"[planner run] {tag}: loss {step_loss:.4f}, grad norm {health.grad_norm:.4g}, "
                   f"{step_s * 1e3:.1f} ms", file=sys.stderr, flush=True)
+        nonfinite = 0 if health.finite else nonfinite + 1
+        if nonfinite:   # every rank decides alike (the values are global), before this state is saved
+            nonfinite_step(step, health, nonfinite, cfg.max_nonfinite_steps, cfg.partial, lambda: _figures(
+                job, device, memory, losses, times, busy, sync, optim, mine, saver, grad_norms))
         if saver and (step + 1 == total or (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0)):
             with watchdog.paused():
                 saver.save(step + 1, job.modules, optimizer)
         if cfg.after_step is not None:
             cfg.after_step(step)
         if cfg.partial is not None and step >= cfg.warmup and step < cfg.warmup + cfg.steps - 1:
-            raw = _figures(job, device, memory, losses, times, busy, sync, optim, mine, saver)
+            raw = _figures(job, device, memory, losses, times, busy, sync, optim, mine, saver, grad_norms)
             if raw is not None:   # untimed, after the step: what an interrupted run keeps
                 write_text_atomic(cfg.partial, json.dumps(raw))
     if saver:
         with watchdog.paused():
             saver.close()
-    raw = _figures(job, device, memory, losses, times, busy, sync, optim, mine, saver)
+    raw = _figures(job, device, memory, losses, times, busy, sync, optim, mine, saver, grad_norms)
     params = _gather_params(job) if cfg.collect_params else None
     return None if raw is None else {**raw, "params": params}
 
 
 def _resume(job: Job, optimizer, pf: PlanFile, cfg: RunConfig, total: int) -> int:
-    """The step to start from: 0, or the step of the latest complete checkpoint with --resume
+    """The step to start from: 0, or the step of the newest verified checkpoint with --resume
     (its weights, optimizer states and, under the plan it was saved with, this rank's RNG)."""
     if not cfg.checkpoint_dir or not (cfg.resume or restart_count()):   # a restart resumes by itself
         return 0
-    path, _ = checkpoint.resume_point(Path(cfg.checkpoint_dir), pf, total)
+    # every file's size, and each rank a share of the checksums: a damaged newer one is skipped
+    path, _, skipped = checkpoint.resume_point(Path(cfg.checkpoint_dir), pf, total, checkpoint.verify_together)
+    if skipped and dist.get_rank() == 0:
+        print(f"[planner run] {checkpoint.skipped_line(skipped, path)}", file=sys.stderr, flush=True)
     return 0 if path is None else checkpoint.load(path, job.modules, optimizer, pf)
 
 
@@ -210,6 +214,16 @@ class _ForwardTimer:
         self.total_s += time.perf_counter() - self._start
 
 
+def _poison(job: Job, step: int) -> None:
+    """Failure tests: this rank's layer outputs turn NaN in step `step` (0-based) of the first
+    attempt, as a diverging run's would."""
+    def hook(_mod, _args, out):
+        return out * math.nan if watchdog.current_step() == step + 1 and not restart_count() else None
+    for mod in job.modules.values():
+        for layer in mod.layers.values():
+            layer.register_forward_hook(hook)
+
+
 def _slow_down(job: Job) -> None:
     """Failure tests: a straggler, 20 ms slower at the end of every layer's forward (inside what
     _ForwardTimer times, as slow compute would be)."""
@@ -227,7 +241,7 @@ def _per_rank_median(values: list[float]) -> list[float]:
 
 
 def _figures(job: Job, device: torch.device, memory: float | None, losses, times, busy, sync,
-             optim, mine, saver: checkpoint.Saver | None = None) -> dict | None:
+             optim, mine, saver: checkpoint.Saver | None = None, grad_norms=None) -> dict | None:
     """Rank 0's raw figures of the steps so far (every rank takes part: peaks are all-reduced)."""
     reserved = None
     if device.type == "cuda":
@@ -238,7 +252,7 @@ def _figures(job: Job, device: torch.device, memory: float | None, losses, times
     saves = _slowest_rank(saver.wait_s) if saver and saver.wait_s else None
     if dist.get_rank() != 0:
         return None
-    return {"losses": losses, "step_times_s": times, "peak_memory_bytes": peak,
+    return {"losses": losses, "grad_norms": grad_norms, "step_times_s": times, "peak_memory_bytes": peak,
             "peak_reserved_bytes": reserved,
             # the median, as for the step time (runtime.measure), so that work <= step holds
             "stage_busy_s": [statistics.median(col) for col in zip(*busy)] if busy else None,
@@ -268,8 +282,8 @@ def restart_count() -> int:
 
 def _maybe_fail(fault: tuple[int, int, str] | None, step: int) -> None:
     """Failure tests: a fault on the first attempt only, so that a restart can get past it."""
-    if fault is None or fault[0] != dist.get_rank() or fault[1] != step or restart_count() or fault[2] == "slow":
-        return   # "slow" is a straggler, not a failure (_slow_down)
+    if fault is None or fault[0] != dist.get_rank() or fault[1] != step or restart_count() or fault[2] in ("slow", "nan"):
+        return   # "slow" is a straggler, not a failure (_slow_down); "nan" a diverging step (_poison)
     if fault[2] == "exit":
         os._exit(3)   # dies without a Python error, as a killed process would
     if fault[2] == "kill":
@@ -277,7 +291,7 @@ def _maybe_fail(fault: tuple[int, int, str] | None, step: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     if fault[2] == "hang":
         time.sleep(24 * 3600)   # alive, silent, making no progress
-    raise RuntimeError(f"injected fault at step {step}")
+    raise RuntimeError("injected fault")
 
 
 def _drain(device: torch.device) -> None:
@@ -292,27 +306,26 @@ def _step(job: Job, optimizer, tokens, labels, track: bool):
         loss = forward_backward(job, tokens, labels)
         sync_tied_embedding(job)
         sync_replicated_over_tp(job)
+        health = step_health(job, loss)   # global loss and gradient norm: one small all-reduce
         _drain(job.device)
         start = time.perf_counter()
-        optimizer.step()
+        if health.finite:   # a non-finite gradient never reaches the weights (runtime.health)
+            optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         _drain(job.device)
         job.clock.optimizer_s = time.perf_counter() - start
-        return loss, None
+        return health, None
     tracker = TensorBytesTracker(state_tensors(job.modules.values(), optimizer))
     with tracker:
-        loss, _ = _step(job, optimizer, tokens, labels, False)
-    return loss, float(tracker.peak_bytes)
+        health, _ = _step(job, optimizer, tokens, labels, False)
+    return health, float(tracker.peak_bytes)
 
 
-def _reduce_step(job: Job, loss: torch.Tensor | None, elapsed_s: float) -> tuple[float, float]:
-    """Global loss (mean over data-parallel replicas and CP ranks) and the slowest rank's step time."""
-    contrib = loss.float().cpu() if (loss is not None and job.holds_loss) else torch.zeros(())
-    packed = (contrib * job.loss_weight / (job.plan.dp * job.plan.cp)).reshape(1)
+def _slowest_s(elapsed_s: float) -> float:
+    """The slowest rank's step time."""
     slowest = torch.tensor([elapsed_s])
-    dist.all_reduce(packed)   # CPU tensors: gloo, also under "cpu:gloo,cuda:nccl"
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    return float(packed[0]), float(slowest[0])
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)   # CPU tensors: gloo, also under "cpu:gloo,cuda:nccl"
+    return float(slowest[0])
 
 
 def _per_stage_max(job: Job, value: float) -> list[float]:

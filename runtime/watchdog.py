@@ -21,6 +21,21 @@ from pathlib import Path
 
 _last = [time.monotonic()]
 _paused = [0]
+_step = [0]   # the step this rank is in (1-based; 0: before the first), for the causes it reports
+
+
+def at_step(step: int) -> None:
+    """The training loop entered `step` (1-based)."""
+    _step[0] = step
+
+
+def current_step() -> int:
+    return _step[0]
+
+
+def with_step(cause: str) -> str:
+    """A rank's cause line as the launcher reads it: `step N: cause` once training has begun."""
+    return f"step {_step[0]}: {cause}" if _step[0] else cause
 
 
 def beat(*_args, **_kwargs) -> None:
@@ -58,11 +73,11 @@ def _check(main: int, errors_file: Path, timeout_s: float) -> None:
         frames = traceback.extract_stack(sys._current_frames()[main])
         waiting = any("torch/distributed" in f.filename.replace(os.sep, "/") for f in frames)
         where = next((f for f in reversed(frames) if "/runtime/" in f.filename.replace(os.sep, "/")), frames[-1])
-        if waiting:   # worded as a lost-peer consequence (runtime.launch.PEER_LOST)
+        if waiting:   # worded as a lost-peer consequence (runtime.launch.PEER_LOST, HUNG_WAITING)
             cause = f"RankHung: waiting for a peer for {idle:.0f} s (Timeout) in torch.distributed"
         else:
             cause = (f"RankHung: no progress for {idle:.0f} s (--hang-timeout) at "
                      f"{Path(where.filename).name}:{where.lineno} in {where.name}")
         errors_file.parent.mkdir(parents=True, exist_ok=True)
-        errors_file.write_text(cause + "\n\n" + "".join(traceback.format_list(frames)))
+        errors_file.write_text(with_step(cause) + "\n\n" + "".join(traceback.format_list(frames)))
         os._exit(4)

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from costmodel.plan import PlanFile
+from runtime import watchdog
 from runtime.host_memory import keep_freed_memory
 from runtime.launch import PARTIAL, RESTARTED, WorkerArgs, die_with_parent
 from runtime.nodes import gather_places, lost_node
@@ -43,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
                         data=args.data, data_dtype=args.data_dtype, fault=args.fault_spec(),
                         partial=out / PARTIAL, checkpoint_dir=args.checkpoint_dir,
                         checkpoint_every=args.checkpoint_every, keep=args.keep, resume=args.resume,
-                        checkpoint_async=args.checkpoint_async, hang_timeout=args.hang_timeout)
+                        checkpoint_async=args.checkpoint_async, hang_timeout=args.hang_timeout,
+                        max_nonfinite_steps=args.max_nonfinite_steps)
         raw = run_rank(pf, cfg)
         if raw is not None:
             raw.pop("params", None)
@@ -58,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         if node := lost_node(str(exc), places, rank):   # across machines: say which one went
             cause = f"lost {node}: {cause}"
             print(f"planner worker: rank {rank} lost {node}", file=sys.stderr, flush=True)
-        (errors / f"rank{rank}.txt").write_text(cause + "\n\n" + traceback.format_exc())
+        (errors / f"rank{rank}.txt").write_text(watchdog.with_step(cause) + "\n\n" + traceback.format_exc())
         raise
 
 

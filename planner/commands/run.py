@@ -22,18 +22,13 @@ from planner.args import (
     add_failure_args,
     add_overwrite_arg,
     failures_from_args,
-    float_in,
     non_negative_int,
     positive_float,
     positive_int,
     refuse_ignored,
     seed_int,
 )
-from runtime.launch import DIVERGED, PARTIAL
-
-# AdamW moves each weight by about lr a step: above 10 every weight leaves its scale at once, below
-# 1e-12 no update survives rounding in fp32, and near 1e308 the first step is inf.
-LR_RANGE = (1e-12, 10.0)
+from runtime.launch import PARTIAL, RUN_STOPPED
 
 EPILOG = """examples:
   planner search --model debug-tiny --cluster 1x2xlocal --out plan.json && planner run plan.json
@@ -60,7 +55,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=non_negative_int, default=2,
                    help="untimed steps first (default 2; the last one measures memory on CPU)")
     p.add_argument("--seed", type=seed_int, default=0, help="initialisation and synthetic data seed")
-    p.add_argument("--lr", type=float_in(*LR_RANGE), default=3e-4, help="learning rate (default 3e-4)")
+    p.add_argument("--lr", type=positive_float, default=3e-4, help="learning rate (default 3e-4)")
     p.add_argument("--data", help="token file: .npy, or raw .bin of --data-dtype (default: synthetic tokens)")
     p.add_argument("--data-dtype", choices=["uint16", "uint32"], default="uint16")
     p.add_argument("--out", help="directory for measured.json and run.log (default runs/<model>-<time>)")
@@ -77,18 +72,24 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                         "and a checkpoint is committed when the next save or the run's end finds it written; "
                         "`planner search` prices synchronous saves")
     p.add_argument("--keep", type=positive_int, default=2, metavar="K",
-                   help="complete checkpoints kept, newest first (default 2)")
+                   help="complete checkpoints kept, newest first (default 2); older ones are pruned only once a new "
+                        "one is committed with its manifest (every file's size and SHA-256)")
     p.add_argument("--hang-timeout", type=positive_float, default=300.0, metavar="S",
                    help="a rank that makes no progress (no layer forward) for S seconds ends the job, named "
                         "with where it stopped (default 300; checkpoint writes do not count)")
+    p.add_argument("--max-nonfinite-steps", type=positive_int, default=1, metavar="N",
+                   help="stop the run (exit 1, naming the step and the rank; no checkpoint of that state) after N "
+                        "steps in a row whose loss or gradient norm is not finite; the update of each such step "
+                        "is skipped (default 1: at the first)")
     p.add_argument("--max-restarts", type=non_negative_int, default=0, metavar="R",
                    help="when a rank fails, restart all ranks up to R times (torchrun); each restart resumes "
                         "from the latest complete checkpoint (needs --checkpoint-dir)")
     add_failure_args(p)   # for the default --checkpoint-every
     p.add_argument("--resume", action="store_true",
-                   help="continue from the latest complete checkpoint in --checkpoint-dir, under this plan "
-                        "or another of the same model; --warmup + --steps is then the step the run reaches. "
-                        "A directory without a complete checkpoint is an error")
+                   help="continue from the newest complete checkpoint in --checkpoint-dir whose files match its "
+                        "manifest (a damaged one is named and skipped), under this plan or another of the same "
+                        "model; --warmup + --steps is then the step the run reaches. A directory without such a "
+                        "checkpoint is an error")
     p.add_argument("--resume-if-present", action="store_true",
                    help="as --resume where --checkpoint-dir holds a complete checkpoint, else start from step 0")
     add_overwrite_arg(p)
@@ -126,7 +127,8 @@ def _worker_args(args: argparse.Namespace, pf: PlanFile, out: Path):
                       data_dtype=args.data_dtype, fault=args.inject_fault,
                       checkpoint_dir=str(Path(args.checkpoint_dir).resolve()) if args.checkpoint_dir else None,
                       checkpoint_every=_checkpoint_every(args, pf), keep=args.keep, resume=args.resume,
-                      checkpoint_async=args.checkpoint_async, max_restarts=args.max_restarts, hang_timeout=args.hang_timeout)
+                      checkpoint_async=args.checkpoint_async, max_restarts=args.max_restarts, hang_timeout=args.hang_timeout,
+                      max_nonfinite_steps=args.max_nonfinite_steps)
 
 
 def _checkpoint_every(args: argparse.Namespace, pf: PlanFile) -> int:
@@ -222,7 +224,7 @@ FAILURE_FLAGS = {"device_mtbf_hours", "storage_mb_s_per_device"}
 CHECKPOINT_FLAGS = {"checkpoint_every", "keep", "resume", "resume_if_present", "max_restarts", "checkpoint_async", *FAILURE_FLAGS}
 LAUNCH_FLAGS = {"hostfile", "image", "launcher"}
 DRY_RUN_IGNORES = {"nproc", "steps", "warmup", "seed", "lr", "data", "data_dtype", "out", "overwrite", "inject_fault",
-                   "checkpoint_dir", "hang_timeout", *CHECKPOINT_FLAGS, *LAUNCH_FLAGS}
+                   "checkpoint_dir", "hang_timeout", "max_nonfinite_steps", *CHECKPOINT_FLAGS, *LAUNCH_FLAGS}
 PRINT_LAUNCH_IGNORES = {"nproc", "json", "overwrite", "inject_fault"}
 
 
@@ -244,6 +246,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         refuse_ignored(args.given, {"data_dtype"}, "it is the dtype of a raw --data file")
     elif args.data.endswith(".npy"):
         refuse_ignored(args.given, {"data_dtype"}, "a .npy file records its own dtype")
+    if args.checkpoint_dir is not None and not args.checkpoint_dir.strip():
+        raise RunRefused("--checkpoint-dir is empty; give a directory")
     if not args.checkpoint_dir:
         refuse_ignored(args.given, CHECKPOINT_FLAGS, "they need --checkpoint-dir")
     if args.checkpoint_every:
@@ -285,7 +289,7 @@ def _run_locked(args: argparse.Namespace, pf: PlanFile, out: Path, worker, resum
     try:
         wall_s = run_local(nproc, worker, threads)
     except RunFailed as exc:
-        if DIVERGED in str(exc):   # the run itself broke, not the user's command: exit 1, what was measured kept
+        if any(why in str(exc) for why in RUN_STOPPED):   # the run itself broke, not the user's command: exit 1
             stopped = Stopped(str(exc))
             _keep_partial(pf, args, out, time.perf_counter() - start, stopped)
             raise stopped from None
@@ -353,10 +357,13 @@ def _checkpoints(args: argparse.Namespace, pf: PlanFile) -> int:
         for name in earlier:
             shutil.rmtree(root / name)
         return 0
-    try:
-        return checkpoint.resume_point(root, pf, args.warmup + args.steps)[1]
+    try:   # sizes against the manifest here; the ranks compare the checksums before loading
+        path, step, skipped = checkpoint.resume_point(root, pf, args.warmup + args.steps)
     except checkpoint.CheckpointError as exc:
         raise RunRefused(f"--resume: {exc}") from None
+    if skipped:
+        print(f"planner run: {checkpoint.skipped_line(skipped, path)}", file=sys.stderr)
+    return step
 
 
 def _keep_partial(pf: PlanFile, args: argparse.Namespace, out: Path, wall_s: float, exc: BaseException) -> None:
@@ -377,7 +384,7 @@ def _keep_partial(pf: PlanFile, args: argparse.Namespace, out: Path, wall_s: flo
                                                               wall_s=wall_s, complete=False).to_text(), args.overwrite)
     (out / PARTIAL).unlink(missing_ok=True)
     exc.add_note(f"kept the {steps} of {args.steps} steps measured so far in {out / 'measured.json'} "
-                 "(marked incomplete)")
+                 f"(marked {'diverged' if raw.get('diverged') else 'incomplete'})")
 
 
 def _print_comparison(record, out: Path) -> None:

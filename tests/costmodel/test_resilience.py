@@ -6,7 +6,12 @@ import pytest
 
 from costmodel.params import total_params
 from costmodel.registry import resolve_model
-from costmodel.resilience import FAILURES_PER_DEVICE_HOUR, checkpoint_cost
+from costmodel.resilience import (
+    FAILURES_PER_DEVICE_HOUR,
+    HASH_BYTES_PER_S_PER_DEVICE,
+    STORAGE_BYTES_PER_S_PER_DEVICE,
+    checkpoint_cost,
+)
 from costmodel.specs import TrainSpec
 from planner.cli import main
 
@@ -30,6 +35,16 @@ def test_young_daly_interval_and_lost_share():
     assert cost.effective_tokens_per_s == pytest.approx(1000.0 * (1 - cost.lost_fraction))
     # more devices: failures come sooner, so checkpoints come more often
     assert checkpoint_cost(model, train, 4096, 1.0, 1000.0).interval_s < cost.interval_s
+
+
+def test_a_checkpoint_waits_for_its_write_and_its_checksum_pass():
+    """Each rank writes its share, then reads it back and hashes it for the manifest
+    (runtime.manifest): 70B x 12 bytes over 64 ranks, at 122 MB/s and 1.4 GB/s."""
+    model = resolve_model("llama-70b")
+    cost = checkpoint_cost(model, TrainSpec(seq_len=4096, global_batch_size=1024), 64, 1.0, 1000.0)
+    share = total_params(model) * 12 / 64
+    assert cost.write_s == pytest.approx(share / STORAGE_BYTES_PER_S_PER_DEVICE + share / HASH_BYTES_PER_S_PER_DEVICE)
+    assert share / HASH_BYTES_PER_S_PER_DEVICE == pytest.approx(0.080 * cost.write_s, rel=0.01)   # the hash: 8 %
 
 
 def test_search_prints_and_returns_the_checkpoint_plan(capsys):

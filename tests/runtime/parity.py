@@ -34,8 +34,10 @@ def plan_file(choice: Choice, *, world: int, model: str = "debug-tiny", seq_len:
                     cluster=cluster)
 
 
-def reference(pf: PlanFile, steps: int = STEPS, lr: float = LR) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """The whole global batch in one process, the plain model, the same optimizer."""
+def reference(pf: PlanFile, steps: int = STEPS, lr: float = LR,
+              grad_norms: list[float] | None = None) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """The whole global batch in one process, the plain model, the same optimizer; each step's
+    gradient norm appended to `grad_norms` where given."""
     model = Transformer(pf.model, pf.train.attention_kernel)
     model.init_weights(SEED)
     if pf.plan.fp8_linears:   # the same float8 linears in one process
@@ -52,6 +54,8 @@ def reference(pf: PlanFile, steps: int = STEPS, lr: float = LR) -> tuple[list[fl
         else:
             loss = cross_entropy(model(x), y)
             loss.backward()
+        if grad_norms is not None:
+            grad_norms.append(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]).item())
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())

@@ -83,3 +83,32 @@ def test_the_timed_steps_scatter_is_shown_beside_the_median():
     label, predicted, measured, apart = steps_row([0.100, 0.125, 0.110])
     assert "3 timed steps" in label and predicted == "-"
     assert measured == "100.0 - 125.0 ms" and apart == "25% apart"
+
+
+def test_a_stopped_rank_is_named_with_the_watchdog_diagnosis_and_the_step(tmp_path):
+    """A rank that cannot run its own watchdog (SIGSTOP, stuck in the kernel) is killed by torchrun
+    without a Python error; the peer's watchdog waited for it, and that is what the user reads."""
+    summary = SUMMARY.replace("-15 (pid: 4339)  (SIGTERM)", "-9 (pid: 4339)").replace(
+        "rank      : 0 (local_rank: 0)\n  exitcode  : -11", "rank      : 0 (local_rank: 0)\n  exitcode  : 4")
+    (tmp_path / "run.log").write_text(summary)
+    (tmp_path / "errors").mkdir()
+    (tmp_path / "errors" / "rank0.txt").write_text(
+        "step 3: RankHung: waiting for a peer for 5 s (Timeout) in torch.distributed\n\nstack\n")
+    message = failure_message(tmp_path, 2)
+    assert message.startswith("rank 1 made no progress at step 3 (hung or stopped: rank 0 waiting for a peer for 5 s")
+    assert "torchrun then ended it (signal 9)" in message and "died" not in message
+
+
+def test_a_diverged_run_is_its_own_line_whichever_rank_wrote_first(tmp_path):
+    (tmp_path / "errors").mkdir()
+    for rank in (1, 0):
+        (tmp_path / "errors" / f"rank{rank}.txt").write_text(
+            "step 2: Diverged: training diverged at step 2 on rank 0: loss nan, gradient norm nan (1 non-finite "
+            "step(s) in a row); no checkpoint of this state was saved\n\ntraceback\n")
+    assert failure_message(tmp_path, 2).startswith("training diverged at step 2 on rank 0: loss nan")
+
+
+def test_a_rank_error_names_its_step(tmp_path):
+    (tmp_path / "errors").mkdir()
+    (tmp_path / "errors" / "rank1.txt").write_text("step 7: ValueError: bad\n\ntraceback\n")
+    assert failure_message(tmp_path, 2).startswith("rank 1 failed at step 7: ValueError: bad")

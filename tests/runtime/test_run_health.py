@@ -3,10 +3,18 @@ exit 1 and one line naming it (no checkpoint of the broken state); `--resume` in
 without a checkpoint is an error, unless `--resume-if-present` asks to start afresh then."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
+import pytest
+from parity import SEED, distributed, plan_file, reference
+
+from costmodel.measured import MeasuredRun
 from planner.cli import main
+from planner.space import Choice
 from runtime import checkpoint
+from runtime.fork import run_forked
+from runtime.train import RunConfig, run_rank
 
 TINY = ["predict", "--model", "debug-tiny", "--cluster", "1x2xxeon-amx", "--dtype", "fp32"]
 
@@ -20,17 +28,44 @@ def test_a_diverged_run_stops_at_the_step_with_exit_1_and_keeps_no_broken_checkp
     plan = _plan(tmp_path)
     capsys.readouterr()
     ckpt = tmp_path / "ckpt"
-    code = main(["run", str(plan), "--steps", "4", "--warmup", "1", "--lr", "1e6", "--out", str(tmp_path / "run"),
-                 "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1"])
-    err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("[planner run]")]
+    code = main(["run", str(plan), "--steps", "4", "--warmup", "1", "--out", str(tmp_path / "run"),
+                 "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1", "--inject-fault", "1:2:nan"])
+    everything = capsys.readouterr().err.splitlines()
+    err = [line for line in everything if not line.startswith("[planner run]")]
     assert code == 1
     stopped = [line for line in err if "stopped:" in line]
-    assert len(stopped) == 1 and "training diverged at step" in stopped[0] and "rank" in stopped[0], err
-    step = int(stopped[0].split("training diverged at step ")[1].split(":")[0])
-    assert step <= 3   # within one step of the first non-finite loss (lr 1e6: the second step's)
-    assert all(s < step for s in checkpoint.complete_steps(ckpt))   # the broken state was never saved
-    assert not (tmp_path / "run" / "measured.json").exists() or \
-        '"complete": false' in (tmp_path / "run" / "measured.json").read_text()
+    assert len(stopped) == 1 and "training diverged at step 3 on rank 1: loss nan" in stopped[0], err
+    step = 3   # the first non-finite loss: rank 1's layers output NaN in the third step
+    assert checkpoint.complete_steps(ckpt) == [1, 2]   # every step before it, never the broken state
+    assert any("loss" in line and "grad norm" in line for line in everything if line.startswith("[planner run]"))
+    measured = MeasuredRun.load(tmp_path / "run" / "measured.json")   # the timed steps, marked
+    assert not measured.complete and measured.diverged["step"] == step
+    assert len(measured.grad_norms) == len(measured.losses) == step
+    assert None in (measured.losses[-1], measured.grad_norms[-1])   # null: not finite (JSON has no NaN)
+    assert None not in measured.grad_norms[:-1]
+
+
+def test_max_nonfinite_steps_skips_the_update_of_a_bad_step_and_stops_at_the_nth_in_a_row(monkeypatch):
+    """A non-finite gradient norm (injected at steps 2 and 3 of 5, one rank's) skips that step's
+    update: with --max-nonfinite-steps 3 the run ends, with 2 it stops at step 3 naming the rank."""
+    import runtime.health
+    from runtime.fork import RankFailed
+    from runtime.parallel import local_tensor
+    pf = plan_file(Choice(zero_stage=1, micro_batch_size=2), world=2)
+    real, calls = runtime.health.grad_sq_share, [0]
+
+    def poisoned(job):   # rank 1's shard of the first gradient, NaN after the backward of steps 2 and 3
+        calls[0] += 1
+        if calls[0] in (2, 3) and job.coords["dp"] == 1:
+            local_tensor(next(iter(job.modules[0].parameters())).grad).fill_(math.nan)
+        return real(job)
+    monkeypatch.setattr(runtime.health, "grad_sq_share", poisoned)
+    tolerant = RunConfig(steps=5, warmup=0, seed=SEED, lr=0.5, quiet=True, max_nonfinite_steps=3)
+    got = run_forked(2, run_rank, pf, tolerant)[0]
+    assert [math.isfinite(x) for x in got["grad_norms"]] == [True, False, False, True, True]
+    assert all(math.isfinite(x) for x in got["losses"])   # the NaN gradients never reached the weights
+    with pytest.raises(RankFailed, match=r"training diverged at step 3 on rank 1: .*gradient norm nan \(2 non-finite"):
+        run_forked(2, run_rank, pf, RunConfig(steps=5, warmup=0, seed=SEED, lr=0.5, quiet=True, max_nonfinite_steps=2))
 
 
 def test_resume_without_a_checkpoint_is_an_error_and_resume_if_present_starts_afresh(tmp_path, capsys):
@@ -41,6 +76,23 @@ def test_resume_without_a_checkpoint_is_an_error_and_resume_if_present_starts_af
                  "--out", str(tmp_path / "r1")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "holds no checkpoint (it does not exist)" in err[0] and "--resume-if-present" in err[0]
+    assert main(["run", str(plan), "--steps", "1", "--checkpoint-dir", "", "--resume", "--out", str(tmp_path / "r0")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--checkpoint-dir is empty" in err[0]
     assert main(["run", str(plan), "--steps", "1", "--warmup", "0", "--checkpoint-dir", str(missing),
                  "--resume-if-present", "--out", str(tmp_path / "r2")]) == 0
     assert checkpoint.complete_steps(missing) == [1]   # trained from step 0 and saved at the end
+
+
+@pytest.mark.parametrize("model,choice", [
+    ("debug-tiny", Choice(zero_stage=3, micro_batch_size=2)),
+    ("debug-tiny", Choice(tp=2, micro_batch_size=8)),
+    ("debug-tiny-gpt", Choice(pp=2)),   # the tied output layer split from the embedding: counted once
+], ids=["zero3", "tp2_sp", "pp2_tied"])
+def test_the_gradient_norm_is_the_whole_models_as_one_process_computes_it(model, choice):
+    """runtime.health's norm over FSDP2 shards, TP shards and copies, and pipeline stages equals torch.nn.utils.get_total_norm of the single-process reference's gradient."""
+    pf = plan_file(choice, world=2, model=model, **({"dropout": False} if model == "debug-tiny-gpt" else {}))
+    expected: list[float] = []
+    reference(pf, steps=2, grad_norms=expected)
+    got = distributed(pf, steps=2)["grad_norms"]
+    assert got == pytest.approx(expected, rel=1e-5)
