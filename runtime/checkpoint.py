@@ -248,6 +248,14 @@ def verify_together(path: Path) -> str | None:
     return next((bad for bad in found if bad is not None), None)
 
 
+def _first_failure(exc: BaseException) -> tuple[int, BaseException]:
+    """(rank, its exception): the lowest rank's inside DCP's CheckpointException, else this rank's."""
+    if isinstance(exc, dcp.api.CheckpointException) and exc.failures:
+        rank, (cause, _) = min(exc.failures.items(), key=lambda kv: kv[0])
+        return rank, cause
+    return dist.get_rank(), exc
+
+
 @contextmanager
 def _naming_failures(partial: Path):
     """A storage error inside a checkpoint's write (DCP wraps each rank's in a CheckpointException,
@@ -255,9 +263,7 @@ def _naming_failures(partial: Path):
     try:
         yield
     except (OSError, dcp.api.CheckpointException) as exc:
-        rank, cause = dist.get_rank(), exc
-        if isinstance(exc, dcp.api.CheckpointException) and exc.failures:
-            rank, (cause, _) = min(exc.failures.items(), key=lambda kv: kv[0])
+        rank, cause = _first_failure(exc)
         code = getattr(cause, "errno", None)
         what = os.strerror(code) if code else str(cause).splitlines()[0][:200]
         full = " (the disk is full)" if code == errno.ENOSPC else ""
@@ -291,16 +297,21 @@ def load(path: Path, modules: dict[int, nn.Module], optimizer, pf: PlanFile) -> 
     restore this rank's RNG where the plan is the one saved. Returns the step it was taken after."""
     step = check_resumable(path, pf)
     parent, msd, osd = _state(modules, optimizer)
-    request = _tied_from_embedding({"model": _model_names(msd), "optim": _model_names(osd)}, path, pf)
-    try:
+    try:   # DCP raises several kinds (CheckpointException is a BaseException); the user needs the file and why
+        request = _tied_from_embedding({"model": _model_names(msd), "optim": _model_names(osd)}, path, pf)
         dcp.load(request, checkpoint_id=str(path))   # in place; non-tensor values replaced in `request`
-    except Exception as exc:   # DCP raises several kinds; the user needs the file and the reason
-        raise CheckpointError(f"checkpoint {path}: cannot be loaded ({str(exc).splitlines()[0][:300]})") from None
+    except (Exception, dcp.api.CheckpointException) as exc:
+        rank, cause = _first_failure(exc)
+        raise CheckpointError(f"checkpoint {getattr(cause, 'filename', None) or path}: cannot be loaded (rank {rank}: "
+                              f"{type(cause).__name__}: {str(cause).splitlines()[0][:300] if str(cause) else ''})") from None
     back = dict(zip(msd, request["model"].values()))     # key order is kept through the renames
     back_o = dict(zip(osd, request["optim"].values()))
     set_state_dict(parent, optimizer, model_state_dict=back, optim_state_dict=back_o, options=_OPTIONS)
     saved_plan = json.loads((path / "plan.json").read_text())["plan"]
     rng = path / "rng" / f"rank-{dist.get_rank():05d}.pt"
     if saved_plan == pf.to_dict() and rng.is_file():
-        torch.set_rng_state(torch.load(rng))
+        try:
+            torch.set_rng_state(torch.load(rng))
+        except Exception as exc:   # noqa: BLE001 - torch.load raises many kinds on a damaged file
+            raise CheckpointError(f"checkpoint {rng}: unreadable ({type(exc).__name__}: {exc})") from None
     return step

@@ -170,3 +170,14 @@ def test_a_stopped_run_is_one_line_with_exit_1(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err.strip().splitlines()
     stopped = [e for e in err if "stopped:" in e]
     assert stopped == err[-1:] and "checkpoint write failed on rank 1" in stopped[0] and "Traceback" not in "".join(err)
+
+
+def test_a_load_failure_past_verification_names_the_checkpoint_and_the_rank(saved, tmp_path, monkeypatch):
+    """A shard damaged after it was verified (or never verified): DCP's CheckpointException, which
+    names no file, becomes the checkpoint, the rank and the cause."""
+    pf = saved[0]
+    ckpt = _copy(saved, tmp_path, drop_newest=True)
+    os.truncate(_largest_shard(ckpt / "step-000002"), 1000)
+    monkeypatch.setattr(manifest, "problem", lambda *_args: None)
+    with pytest.raises(RankFailed, match=r"CheckpointError: checkpoint \S+step-000002: cannot be loaded \(rank \d: \w+"):
+        _losses(pf, ckpt, steps=4, resume=True)
