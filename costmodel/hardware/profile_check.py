@@ -13,6 +13,12 @@ from costmodel.hardware.records import RING_COLLECTIVES, DeviceProfile
 LINK_BYTES_PER_S_RANGE = (1e6, 1e14)
 MEMORY_BYTES_PER_S_RANGE = (1e6, 1e15)
 PEAK_FLOPS_PER_S_RANGE = (1e6, 1e18)
+# Times added up into a step: one operation's (a latency, a kernel's or a step's overhead) up to
+# 10 s, one parameter's or element's work up to a millisecond, and a slowdown factor up to 10x;
+# beyond, a step's sum overflows to inf (a latency of 1e308 s did).
+OPERATION_S_MAX = 10.0
+PER_ITEM_S_MAX = 1e-3
+FACTOR_MAX = 10.0
 
 
 def profile_problems(dev: DeviceProfile) -> list[str]:  # noqa: C901 - one check per number
@@ -28,15 +34,17 @@ def profile_problems(dev: DeviceProfile) -> list[str]:  # noqa: C901 - one check
     need("memory_bandwidth_bytes_per_s", dev.memory_bandwidth_bytes_per_s,
          _within(dev.memory_bandwidth_bytes_per_s, MEMORY_BYTES_PER_S_RANGE))
     need("threads_per_rank", dev.threads_per_rank, dev.threads_per_rank >= 0)
-    for name in ("reported_memory_bytes", "num_sms", "optimizer_s_per_param", "dropout_s_per_element"):
+    for name in ("reported_memory_bytes", "num_sms"):
         need(name, getattr(dev, name), getattr(dev, name) >= 0)
+    for name in ("optimizer_s_per_param", "dropout_s_per_element"):
+        need(name, getattr(dev, name), 0 <= getattr(dev, name) <= PER_ITEM_S_MAX)
     for dtype, seconds in dev.grad_accumulate_s_per_param:
-        need(f"grad_accumulate_s_per_param.{dtype}", seconds, seconds > 0)
+        need(f"grad_accumulate_s_per_param.{dtype}", seconds, 0 < seconds <= PER_ITEM_S_MAX)
     for key, seconds in dev.fsdp_sync_s_per_param:   # a difference of two timings: 0 where noise ate it
-        need(f"fsdp_sync_s_per_param.{key}", seconds, seconds >= 0)
+        need(f"fsdp_sync_s_per_param.{key}", seconds, 0 <= seconds <= PER_ITEM_S_MAX)
     for approximate, fwd, bwd in dev.gelu_s_per_element:
-        need(f"gelu_s_per_element.{approximate}", fwd, fwd >= 0)
-        need(f"gelu_s_per_element.{approximate}", bwd, bwd >= 0)
+        need(f"gelu_s_per_element.{approximate}", fwd, 0 <= fwd <= PER_ITEM_S_MAX)
+        need(f"gelu_s_per_element.{approximate}", bwd, 0 <= bwd <= PER_ITEM_S_MAX)
     if not isinstance(dev.name, str) or not dev.name.strip() or not dev.name.isprintable():
         out.append(f"device.name {dev.name!r} is not a name")
     if dev.kind not in ("gpu", "cpu"):
@@ -44,10 +52,10 @@ def profile_problems(dev: DeviceProfile) -> list[str]:  # noqa: C901 - one check
     for tier in (dev.intra_node, dev.inter_node, *dev.middle_tiers):
         need(f"network {tier.name} bandwidth_bytes_per_s", tier.bandwidth_bytes_per_s,
              _within(tier.bandwidth_bytes_per_s, LINK_BYTES_PER_S_RANGE))
-        need(f"network {tier.name} latency_s", tier.latency_s, tier.latency_s >= 0)
+        need(f"network {tier.name} latency_s", tier.latency_s, 0 <= tier.latency_s <= OPERATION_S_MAX)
         need(f"network {tier.name} efficiency", tier.efficiency, 0 < tier.efficiency <= 1)
         if tier.p2p_latency_s is not None:
-            need(f"network {tier.name} p2p_latency_s", tier.p2p_latency_s, tier.p2p_latency_s >= 0)
+            need(f"network {tier.name} p2p_latency_s", tier.p2p_latency_s, 0 <= tier.p2p_latency_s <= OPERATION_S_MAX)
         for kind, latency, bandwidth in tier.kind_factors:
             if kind not in RING_COLLECTIVES:
                 out.append(f"network {tier.name} kind_factors: {kind!r} is none of {', '.join(RING_COLLECTIVES)}")
@@ -59,9 +67,11 @@ def profile_problems(dev: DeviceProfile) -> list[str]:  # noqa: C901 - one check
     for label, eff in (("efficiency", dev.efficiency), *((f"efficiency.{d}", e) for d, e in dev.dtype_efficiency)):
         for name in ("gemm", "attention", "memory", "vendor_attention_speedup", "recompute_cost"):
             need(f"{label}.{name}", getattr(eff, name), getattr(eff, name) > 0)
-        for name in ("kernel_overhead_s", "reserved_memory_bytes", "allocator_fragmentation", "comm_contention",
-                     "step_overhead_s"):
+        for name in ("reserved_memory_bytes", "allocator_fragmentation"):
             need(f"{label}.{name}", getattr(eff, name), getattr(eff, name) >= 0)
+        for name in ("kernel_overhead_s", "step_overhead_s"):
+            need(f"{label}.{name}", getattr(eff, name), 0 <= getattr(eff, name) <= OPERATION_S_MAX)
+        need(f"{label}.comm_contention", eff.comm_contention, 0 <= eff.comm_contention <= FACTOR_MAX)
         need(f"{label}.overlap", eff.overlap, 0 <= eff.overlap <= 1)
     # device-wide factors (no per-dtype table holds them): checked once
     for name in ("dp_comm", "pp_stage"):

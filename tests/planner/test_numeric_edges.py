@@ -80,7 +80,10 @@ def test_every_numeric_flag_at_its_edges_is_one_line_or_finite(command, bases, c
     ("\nbandwidth_bytes_per_s = ", "\nbandwidth_bytes_per_s = 1e-300 #", "bandwidth_bytes_per_s"),
     ("\nbandwidth_bytes_per_s = ", "\nbandwidth_bytes_per_s = 1e308 #", "bandwidth_bytes_per_s"),
     ("memory_bandwidth_bytes_per_s = ", "memory_bandwidth_bytes_per_s = 1e-300 #", "memory_bandwidth_bytes_per_s"),
-    ("bf16 = 989.4e12", "bf16 = 1e308", "peak_flops_per_s.bf16")])
+    ("bf16 = 989.4e12", "bf16 = 1e308", "peak_flops_per_s.bf16"),
+    ("latency_s = 8e-6", "latency_s = 1e308", "latency_s"),
+    ("kernel_overhead_s = 30e-06", "kernel_overhead_s = 1e308", "kernel_overhead_s"),
+    ("comm_contention = 0.300", "comm_contention = 1e308", "comm_contention")])
 def test_a_profile_rate_beyond_its_range_is_refused(tmp_path, capsys, old, new, name):
     """A step's times divide by these rates: the solver's coefficients and the tables hold them
     only within the checked ranges (costmodel.hardware.profile_check)."""
