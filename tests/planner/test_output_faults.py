@@ -42,6 +42,8 @@ def _failing_fsync(code: int):
     (["predict", *TINY, "--out", "{d}/plan.json"], "plan.json"),
     (["search", *TINY, "--csv", "{d}/all.csv"], "all.csv"),
     (["export", "{plan}", "--to", "deepspeed", "--out", "{d}/ds.json"], "ds.json"),
+    (["sweep", "--model", "debug-tiny", "--device", "xeon-amx", "--gpus-per-node", "2", "--nodes", "1", "--tokens",
+      "1e9", "--plot", "{d}/curve.svg"], "curve.svg"),
 ])
 def test_a_failed_write_is_one_line_and_leaves_nothing(tmp_path, capsys, monkeypatch, plan_file, code, argv, name):
     out_dir = tmp_path / "out"
@@ -101,6 +103,22 @@ def test_two_writers_racing_on_one_name_one_wins(tmp_path):
         winner = next(tag for tag, r in results.items() if r == "wrote")
         assert target.read_text() == winner * 1000
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"race-{i}.json" for i in range(5)]
+
+
+def test_a_profile_is_written_whole_or_refused(tmp_path, monkeypatch):
+    """planner profile --out and calibrate --out write through planner.measure.profile_file."""
+    from costmodel.hardware import profile_dir
+    from planner.measure import profile_file
+    doc = profile_file.parse((profile_dir() / "H100-SXM5-80GB.toml").read_text())
+    target = tmp_path / "mine.toml"
+    target.write_text("theirs")
+    with pytest.raises(outputs.Clobbered):
+        profile_file.write(target, doc, overwrite=False)
+    assert target.read_text() == "theirs"
+    monkeypatch.setattr(outputs.os, "fsync", _failing_fsync(errno.EIO))
+    with pytest.raises(outputs.WriteFailed, match="Input/output error"):
+        profile_file.write(target, doc, overwrite=True)
+    assert target.read_text() == "theirs" and [p.name for p in tmp_path.iterdir()] == ["mine.toml"]
 
 
 def test_overwrite_replaces_in_one_step(tmp_path):
