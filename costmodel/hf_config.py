@@ -9,10 +9,12 @@ Llama-style model) is refused by name.
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from costmodel import inputs
+from costmodel.hf_deepseek import deepseek
 from costmodel.inputs import UserError, read_json_object
 from costmodel.registry import gpt_spec, llama_spec
 from costmodel.specs import Arch, FfnKind, ModelSpec, NormKind, PositionKind
@@ -37,7 +39,8 @@ def model_from_hf_dict(cfg: dict[str, Any], where: str = "model config", name: s
     name = inputs.value(cfg, "_name_or_path", str, where, "") or name or kind or "model"
     readers = {"llama": _llama, "mistral": _llama, "mixtral": _mixtral, "qwen2": _qwen2, "qwen2_moe": _qwen2_moe,
                "phi3": _phi3, "gemma": _gemma, "gpt2": _gpt2, "gpt_neox": _gpt_neox, "falcon": _falcon,
-               "qwen3": _qwen3, "qwen3_moe": _qwen3_moe}
+               "qwen3": _qwen3, "qwen3_moe": _qwen3_moe,
+               "deepseek_v2": partial(deepseek, version=2), "deepseek_v3": partial(deepseek, version=3)}
     if kind not in readers:
         raise UserError(f"{where}: model_type {kind!r} is not supported (supported: {', '.join(readers)})")
     reader = _Reader(cfg, where)

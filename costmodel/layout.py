@@ -19,6 +19,9 @@ from costmodel.specs import Arch, ModelSpec
 class Style(StrEnum):
     COLWISE = "colwise"
     ROWWISE = "rowwise"
+    # whole on every TP rank over the rank's tokens: MLA's down-projections to its latents, as
+    # Megatron-Core's MLASelfAttention holds them (linear_q_down_proj / linear_kv_down_proj)
+    REPLICATED = "replicated"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -54,7 +57,31 @@ def layer_blocks(model: ModelSpec) -> tuple[Block, ...]:
                 Linear(name="proj", in_features=q, out_features=h, style=row, bias=b))
         mlp = (Linear(name="fc1", in_features=h, out_features=f, style=col, bias=b),
                Linear(name="fc2", in_features=f, out_features=h, style=row, bias=b))
+    if model.is_mla:
+        attn = mla_linears(model)
     return (Block(name="attention", linears=attn), Block(name="mlp", linears=mlp))
+
+
+def mla_linears(model: ModelSpec) -> tuple[Linear, ...]:
+    """Multi-head latent attention in its training (non-absorbed) form, DeepSeek-V2 Sec. 2.1.2
+    and transformers' DeepseekV3Attention: the input down to the query latent (q_lora_rank; none
+    without query compression) and up to each head's query (no-RoPE and RoPE parts); the input
+    down to the key/value latent plus the RoPE key shared by all heads; that latent up to each
+    head's no-RoPE key and value; the heads' values back to hidden. Heads split over TP (the
+    up-projections column-parallel, the output row-parallel), the down-projections whole on every
+    TP rank (Megatron-Core). The latents' RMSNorms: costmodel.params.mla_norm_params."""
+    h, heads, qk = model.hidden_size, model.num_heads, model.head_dim
+    col, row, rep = Style.COLWISE, Style.ROWWISE, Style.REPLICATED
+    if model.q_lora_rank:
+        q = (Linear(name="wq_a", in_features=h, out_features=model.q_lora_rank, style=rep, bias=False),
+             Linear(name="wq_b", in_features=model.q_lora_rank, out_features=heads * qk, style=col, bias=False))
+    else:
+        q = (Linear(name="wq", in_features=h, out_features=heads * qk, style=col, bias=False),)
+    kv_up = heads * (model.qk_nope_head_dim + model.v_head_dim)
+    return (*q, Linear(name="wkv_a", in_features=h, out_features=model.kv_lora_rank + model.qk_rope_head_dim,
+                       style=rep, bias=False),
+            Linear(name="wkv_b", in_features=model.kv_lora_rank, out_features=kv_up, style=col, bias=False),
+            Linear(name="wo", in_features=model.attention_output_size, out_features=h, style=row, bias=False))
 
 
 def dense_blocks(model: ModelSpec) -> tuple[Block, ...]:

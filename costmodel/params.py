@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from costmodel.deepseek import dense_layer_model
 from costmodel.frameworks import RUNTIME, FrameworkTraits
 from costmodel.layout import Style, dense_blocks
 from costmodel.plan import Plan
@@ -33,7 +34,8 @@ def layer_param_tensors(model: ModelSpec, *, stacked_experts: bool = False) -> i
     norms = model.layer_norms * (1 if model.norm_kind is NormKind.RMSNORM else 2)
     moe = (1 + 3 * (1 if stacked_experts else model.num_experts) + 3 * bool(model.shared_expert_ffn_hidden_size)
            + model.shared_expert_gate) if model.is_moe else 0
-    return norms + 2 * model.qk_norm + moe + sum(1 + lin.bias for block in dense_blocks(model) for lin in block.linears)
+    mla_norms = (1 + bool(model.q_lora_rank)) if model.is_mla else 0
+    return norms + 2 * model.qk_norm + mla_norms + moe + sum(1 + lin.bias for block in dense_blocks(model) for lin in block.linears)
 
 
 def edge_param_tensors(model: ModelSpec, embedding: int, head: int) -> int:
@@ -87,12 +89,15 @@ def layer_params(model: ModelSpec, tp: int = 1, ep: int = 1) -> int:
     """One transformer layer on one device of a TP group (tp=1: the whole layer), its routed
     experts sharded over `ep` devices (the mixture is not split over TP)."""
     # norms replicated on every TP rank
-    total = model.layer_norms * norm_params(model) + qk_norm_params(model) + moe_params(model)
+    total = (model.layer_norms * norm_params(model) + qk_norm_params(model) + mla_norm_params(model)
+             + moe_params(model))
     total -= layer_expert_params(model) - layer_expert_params(model, ep)
     for block in dense_blocks(model):
         for lin in block.linears:
             if lin.style is Style.COLWISE:
                 total += (lin.in_features + lin.bias) * ceil_div(lin.out_features, tp)
+            elif lin.style is Style.REPLICATED:
+                total += (lin.in_features + lin.bias) * lin.out_features
             else:  # row-parallel: weight split on input features, bias replicated
                 total += ceil_div(lin.in_features, tp) * lin.out_features + lin.bias * lin.out_features
     return total
@@ -161,9 +166,46 @@ def head_params(model: ModelSpec, tp: int = 1, *, pipelined: bool = False) -> in
     return norm_params(model) + (lm_head if owns_weight else 0)
 
 
+def mla_norm_params(model: ModelSpec) -> int:
+    """MLA's RMSNorms over its latents (the query's, where compressed, and the key/value's), whole
+    on every TP rank (Megatron-Core's q_layernorm / kv_layernorm)."""
+    return model.q_lora_rank + model.kv_lora_rank if model.is_mla else 0
+
+
+def dense_first_layers_params(model: ModelSpec, tp: int = 1) -> int:
+    """What the first `first_k_dense` layers (a dense MLP) hold beyond as many expert layers
+    (negative where a mixture is larger): on one device of a TP group, experts whole."""
+    if not model.first_k_dense:
+        return 0
+    return model.first_k_dense * (layer_params(dense_layer_model(model), tp) - layer_params(model, tp))
+
+
+def mtp_params(model: ModelSpec, tp: int = 1, ep: int = 1) -> int:
+    """The multi-token-prediction modules' own parameters (DeepSeek-V3 Sec. 2.2), per device of a
+    TP/EP group: per module two RMSNorms (the previous depth's hidden state, the next token's
+    embedding), the projection of their concatenation (2h -> h, column-parallel), one layer (an
+    expert layer like the model's last), and the norm before the shared output head. The
+    embedding and output head are the model's (shared): DeepSeek's 14B for V3 counts them again
+    (mtp_stored_params)."""
+    h = model.hidden_size
+    return model.mtp_depth * (3 * norm_params(model) + ceil_div(h, tp) * 2 * h + layer_params(model, tp, ep))
+
+
+def mtp_stored_params(model: ModelSpec) -> int:
+    """The MTP modules as DeepSeek's checkpoint stores and counts them (V3: "14B"): their own
+    parameters and a copy of the embedding and output head each."""
+    return mtp_params(model) + model.mtp_depth * (embedding_params(model) + model.vocab_size * model.hidden_size)
+
+
 def total_params(model: ModelSpec) -> int:
-    return (embedding_params(model) + model.num_layers * layer_params(model)
+    """The main model's parameters, as transformers builds it (MTP modules apart: mtp_params)."""
+    return (embedding_params(model) + model.num_layers * layer_params(model) + dense_first_layers_params(model)
             + head_params(model))
+
+
+def trained_params(model: ModelSpec) -> int:
+    """What training updates: the main model and its MTP modules' own parameters."""
+    return total_params(model) + mtp_params(model)
 
 
 def active_moe_params(model: ModelSpec) -> int:
@@ -176,7 +218,7 @@ def active_moe_params(model: ModelSpec) -> int:
 def active_params(model: ModelSpec) -> int:
     """Parameters one token passes through: a mixture of experts' routed experts count only
     `experts_per_token` times (Mixtral 8x7B: 46.7B in all, 12.9B active)."""
-    return total_params(model) - model.num_layers * (moe_params(model) - active_moe_params(model))
+    return total_params(model) - model.num_moe_layers * (moe_params(model) - active_moe_params(model))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

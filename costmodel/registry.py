@@ -5,7 +5,7 @@ from pathlib import Path
 from typing import Any
 
 from costmodel.inputs import UserError
-from costmodel.specs import Arch, FfnKind, ModelSpec, NormKind, PositionKind
+from costmodel.specs import Arch, FfnKind, ModelSpec, NormKind, PositionKind, RouterScoring
 
 _HF = "Hugging Face config.json of"
 
@@ -48,6 +48,21 @@ _QWEN_MOE = dict(rope_theta=1_000_000.0, norm_eps=1e-6, qkv_bias=True, num_exper
                  moe_ffn_hidden_size=1408, shared_expert_ffn_hidden_size=5632, shared_expert_gate=True,
                  moe_norm_topk_prob=False, router_aux_loss_coef=0.001)
 
+# DeepSeek-V3 (arXiv 2412.19437) and DeepSeek-V2-Lite (arXiv 2405.04434 App. B): latent
+# attention (costmodel.deepseek), dense first layers, fine-grained routed experts and shared ones
+# (n_shared_experts x moe_intermediate_size wide), RMSNorm eps 1e-6, RoPE base 1e4 (their YaRN
+# scaling changes no cost). V3: 671B parameters, 37B active, plus a 14B MTP module (11.5B of its
+# own beside the embedding and head it shares: the model card's README_WEIGHTS.md).
+_DEEPSEEK = dict(rope_theta=10_000.0, norm_eps=1e-6, kv_lora_rank=512, qk_nope_head_dim=128,
+                 qk_rope_head_dim=64, v_head_dim=128)
+_DEEPSEEK_V3 = dict(_DEEPSEEK, q_lora_rank=1536, num_experts=256, experts_per_token=8, moe_ffn_hidden_size=2048,
+                    shared_expert_ffn_hidden_size=2048, first_k_dense=3, router_scoring=RouterScoring.SIGMOID,
+                    num_expert_groups=8, topk_groups=4, routed_scaling_factor=2.5, mtp_depth=1,
+                    router_aux_loss_coef=0.001)
+_DEEPSEEK_V2_LITE = dict(_DEEPSEEK, num_experts=64, experts_per_token=6, moe_ffn_hidden_size=1408,
+                         shared_expert_ffn_hidden_size=2 * 1408, first_k_dense=1, moe_norm_topk_prob=False,
+                         router_aux_loss_coef=0.001)
+
 _SC21 = "Narayanan et al. SC'21 (arXiv 2104.04473) Table 1 (vocab 51200, seq 2048)"
 
 # (name, layers, hidden, heads) of Megatron-LM's weak-scaling table (SC'21 Table 1).
@@ -80,6 +95,10 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in [
                moe_ffn_hidden_size=16384, router_aux_loss_coef=0.001),
     llama_spec("qwen1.5-moe-a2.7b", layers=24, hidden=2048, heads=16, kv_heads=16, ffn=1408, vocab=151936,
                max_pos=8192, source=f"{_HF} Qwen/Qwen1.5-MoE-A2.7B", **_QWEN_MOE),
+    llama_spec("deepseek-v3", layers=61, hidden=7168, heads=128, kv_heads=128, ffn=18432, vocab=129280,
+               max_pos=163840, source=f"{_HF} deepseek-ai/DeepSeek-V3", **_DEEPSEEK_V3),
+    llama_spec("deepseek-v2-lite", layers=27, hidden=2048, heads=16, kv_heads=16, ffn=10944, vocab=102400,
+               max_pos=163840, source=f"{_HF} deepseek-ai/DeepSeek-V2-Lite", **_DEEPSEEK_V2_LITE),
     gpt_spec("gpt3-175b", layers=96, hidden=12288, heads=96, vocab=50257, max_pos=2048,
          source="Brown et al. 2020 (arXiv 2005.14165) Table 2.1; vocab 50257, n_ctx 2048"),
     *[gpt_spec(n, layers=lay, hidden=hid, heads=hds, vocab=51200, max_pos=2048, source=_SC21)
@@ -93,6 +112,13 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in [
                source="project debug model (tests)", num_experts=4, experts_per_token=2,
                moe_ffn_hidden_size=96, shared_expert_ffn_hidden_size=64, shared_expert_gate=True,
                router_aux_loss_coef=0.01),
+    # Every DeepSeek path: latent attention with a compressed query, a dense first layer, a shared
+    # expert, grouped sigmoid routing and an MTP module.
+    llama_spec("debug-mla", layers=3, hidden=64, heads=4, kv_heads=4, ffn=96, vocab=256, max_pos=128,
+               source="project debug model (tests)", q_lora_rank=32, kv_lora_rank=24, qk_nope_head_dim=16,
+               qk_rope_head_dim=8, v_head_dim=16, num_experts=8, experts_per_token=2, moe_ffn_hidden_size=32,
+               shared_expert_ffn_hidden_size=32, first_k_dense=1, router_scoring=RouterScoring.SIGMOID,
+               num_expert_groups=4, topk_groups=2, routed_scaling_factor=2.5, mtp_depth=1),
     llama_spec("debug-small", layers=4, hidden=256, heads=8, kv_heads=4, ffn=768, vocab=2048,
            max_pos=512, source="project debug model (closed-loop benchmark)"),
     # The GPT code paths (fused QKV, LayerNorm, learned positions, biases, tied output layer).
@@ -112,6 +138,9 @@ RECIPES: dict[str, tuple[int, int]] = {
     "llama3-8b": (8192, 512), "llama3-70b": (8192, 512),
     "llama3-405b": (8192, 2048),
     "gpt3-175b": (2048, 1536),  # GPT-3 paper Table 2.1: 3.2M-token batch = 1536 x 2048.
+    # DeepSeek-V3 paper Sec. 4.2: 4K sequences; the batch grows from 3072 to 15360 over the first
+    # 469B tokens and stays at 15360.
+    "deepseek-v3": (4096, 15360),
     "debug-tiny": (32, 8), "debug-tiny-gpt": (32, 8), "debug-small": (128, 16),
 }
 

@@ -20,6 +20,7 @@ from costmodel.inputs import (
     check_limit,
     dataclass_from_json,
 )
+from costmodel.deepseek import check_deepseek
 
 
 class Arch(StrEnum):
@@ -65,6 +66,14 @@ class DType(StrEnum):
 class Optimizer(StrEnum):
     ADAMW = "adamw"
     SGD = "sgd"
+
+
+class RouterScoring(StrEnum):
+    """How a router scores experts: softmax over them (Mixtral, DeepSeek-V2), or a sigmoid each
+    with a load-balancing bias added for the choice only (DeepSeek-V3, auxiliary-loss-free)."""
+
+    SOFTMAX = "softmax"
+    SIGMOID = "sigmoid"
 
 
 class AttentionKernel(StrEnum):
@@ -138,6 +147,27 @@ class ModelSpec:
     shared_expert_gate: bool = False
     moe_norm_topk_prob: bool = True
     router_aux_loss_coef: float = 0.0
+    # DeepSeek-V2/V3 (costmodel.deepseek checks them). Multi-head latent attention where
+    # kv_lora_rank > 0: K and V up-projected from a kv_lora_rank-wide latent, Q from a
+    # q_lora_rank-wide one (0: projected from the layer input, V2-Lite), each head's Q/K of
+    # qk_nope_head_dim + qk_rope_head_dim (RoPE on the second part, its key shared by the heads), V
+    # of v_head_dim. The first `first_k_dense` layers have a dense SwiGLU MLP of ffn_hidden_size.
+    # Routing scores by `router_scoring` (sigmoid: with a per-expert bias that balances the load and
+    # is no parameter), the top `topk_groups` of `num_expert_groups` groups first (node-limited),
+    # routed outputs times `routed_scaling_factor` (numerics). `mtp_depth` multi-token-prediction
+    # modules (DeepSeek-V3 Sec. 2.2) follow the last layer: each a projection of two normed
+    # h-wide inputs, one more layer, and a pass through the shared head and loss.
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    first_k_dense: int = 0
+    router_scoring: RouterScoring = RouterScoring.SOFTMAX
+    num_expert_groups: int = 1
+    topk_groups: int = 1
+    routed_scaling_factor: float = 1.0
+    mtp_depth: int = 0
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads",
@@ -148,7 +178,7 @@ class ModelSpec:
         check_limit(f"model {self.name!r}", "vocab_size", self.vocab_size, MAX_VOCAB)
         for name in ("hidden_size", "num_heads", "ffn_hidden_size"):
             check_limit(f"model {self.name!r}", name, getattr(self, name), MAX_WIDTH)
-        if self.explicit_head_dim is None and self.hidden_size % self.num_heads:
+        if self.explicit_head_dim is None and not self.is_mla and self.hidden_size % self.num_heads:
             raise UserError(f"model {self.name!r}: hidden_size {self.hidden_size} is not a "
                              f"multiple of num_heads {self.num_heads}")
         if self.explicit_head_dim is not None:
@@ -178,6 +208,7 @@ class ModelSpec:
             raise UserError(f"model {self.name!r}: rotary_fraction {self.rotary_fraction:g} needs RoPE and an even, "
                              f"positive number of rotated dimensions (head_dim {self.head_dim})")
         self._check_experts()
+        check_deepseek(self)
 
     def _check_experts(self) -> None:
         where = f"model {self.name!r}"
@@ -206,8 +237,31 @@ class ModelSpec:
         return self.num_experts > 0
 
     @property
+    def is_mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek-V2/V3)."""
+        return self.kv_lora_rank > 0
+
+    @property
     def head_dim(self) -> int:
+        """Each head's query/key size (MLA: its no-RoPE and RoPE parts together)."""
+        if self.is_mla:
+            return self.qk_nope_head_dim + self.qk_rope_head_dim
         return self.explicit_head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def value_head_dim(self) -> int:
+        """Each head's value size: head_dim except under MLA (v_head_dim)."""
+        return self.v_head_dim if self.is_mla else self.head_dim
+
+    @property
+    def attention_output_size(self) -> int:
+        """Width of the attention output, the output projection's input: num_heads x value_head_dim."""
+        return self.num_heads * self.value_head_dim
+
+    @property
+    def num_moe_layers(self) -> int:
+        """Layers whose MLP is the mixture (all but the first `first_k_dense`); 0 for a dense model."""
+        return self.num_layers - self.first_k_dense if self.is_moe else 0
 
     @property
     def q_hidden_size(self) -> int:
@@ -222,8 +276,9 @@ class ModelSpec:
 
     @property
     def rotary_dims(self) -> int:
-        """Dimensions of each head RoPE rotates (transformers: int(head_dim * partial_rotary_factor))."""
-        return int(self.head_dim * self.rotary_fraction)
+        """Dimensions of each head RoPE rotates (transformers: int(head_dim * partial_rotary_factor);
+        MLA: the RoPE part)."""
+        return self.qk_rope_head_dim if self.is_mla else int(self.head_dim * self.rotary_fraction)
 
     @property
     def kv_hidden_size(self) -> int:
