@@ -173,6 +173,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _interrupted(who: str, exc: BaseException, what: str, code: int) -> int:
+    try:   # what was printed before the signal; a failing standard output must not end it a second time
+        if sys.stdout is not None:
+            sys.stdout.flush()
+    except OSError:
+        outputs.silence_stdout()
     notes = "; ".join(getattr(exc, "__notes__", []))
     print(f"{who}: {what}" + (f"; {notes}" if notes else ""), file=sys.stderr)
     return code
