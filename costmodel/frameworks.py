@@ -113,6 +113,13 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   torch.compile; our runtime compiles each float8 linear on CUDA) or Transformer Engine's fused
   kernels: one amax read and one scaled cast (5
   bytes per element), three casts per linear, the backward reusing the forward's.
+- `float8_param_gather`: with float8 linears, the weights are kept and all-gathered in float8 (one
+  byte an element instead of two): Megatron-Core's `--fp8-param-gather` (Transformer Engine's
+  `fp8_model_init`), which NVIDIA's float8 recipes set (NeMo's `bf16_with_fp8_mixed` fp8_params,
+  Megatron-Bridge's float8 presets, MLPerf's FP8_PARAMS). Priced on the distributed optimizer's
+  weight all-gather, every gathered element at a byte (the embedding and norms that stay 16-bit
+  are under 1 % of a large model's weights); the weights' memory is left as it is, Transformer
+  Engine keeping a transposed float8 copy beside the float8 weight on Hopper.
 - `float8_with_tp`: float8 linears under tensor parallelism: Transformer Engine's fp8 GEMMs
   inside Megatron-Core's column- and row-parallel layers, torchao's float8 tensor-parallel
   styles in torchtitan; our runtime does not apply those styles (float8 without TP only).
@@ -172,6 +179,7 @@ class FrameworkTraits:
     cp_all_gather_kv: bool = False
     float8_casts_fused: bool = False
     float8_with_tp: bool = False
+    float8_param_gather: bool = False
     ep_folds_over_tp: bool = False
     recompute_early_stop: bool = False
     fused_grad_accumulation: bool = False
@@ -207,7 +215,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
                     **_MEGATRON),
     FrameworkTraits(name="megatron-core", dp_grad_overlap=True, dp_param_overlap=True, tp_comm_hidden=0.5,
                     swiglu_saved_tensors=3, vendor_attention=True, float8_casts_fused=True, float8_with_tp=True,
-                    ep_folds_over_tp=True,
+                    float8_param_gather=True, ep_folds_over_tp=True,
                     **_MEGATRON),
     FrameworkTraits(name="megatron-deepspeed", **{**_DEEPSPEED, "loss_grad_in_place": True}),
     FrameworkTraits(name="deepspeed", **_DEEPSPEED),

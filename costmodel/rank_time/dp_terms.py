@@ -103,6 +103,8 @@ def _dp_terms(model: ModelSpec, train: TrainSpec, plan: Plan, traits: FrameworkT
     gradients whole between a pipeline's micro-batches reduce-scatters once per step instead; one
     that does not overlap a collective leaves it after the backward pass (window "none")."""
     g, w, m = train.grad_dtype.num_bytes, train.compute_dtype.num_bytes, plan.num_micro_batches
+    if plan.fp8_linears and traits.float8_param_gather:
+        w = 1   # weights gathered in float8 (costmodel.frameworks)
     ar, ag, rs = Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.REDUCE_SCATTER
     z = plan.zero_stage
     reduce_window = "backward" if traits.dp_grad_overlap else "none"

@@ -206,6 +206,8 @@ def arguments(pf: PlanFile, plan: Plan) -> list[tuple[str, str | None]]:
         args += [("--fp16", None)]
     if plan.fp8_linears:   # Transformer Engine: e4m3 forward, e5m2 gradients, a current scale per tensor
         args += [("--fp8-format", "hybrid"), ("--fp8-recipe", "tensorwise")]
+        if plan.zero_stage >= 1:   # weights kept and gathered in float8, as NVIDIA's float8 recipes run
+            args += [("--fp8-param-gather", None)]
     args += [("--tokenizer-type", "NullTokenizer"), ("--vocab-size", str(m.vocab_size)), ("--mock-data", None)]
     return args
 

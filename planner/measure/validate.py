@@ -18,7 +18,7 @@ from typing import Any
 
 from costmodel.check import check_plan, world_problem
 from costmodel.estimate import Estimate, estimate
-from costmodel.frameworks import framework_traits
+from costmodel.frameworks import FrameworkTraits, framework_traits
 from costmodel.hardware import ClusterSpec, parse_cluster, profile_dir, range_problems, resolve_device, run_by
 from costmodel.inputs import UserError, read_text
 from costmodel.plan import Plan, Recompute, Schedule, virtual_stage_options
@@ -185,10 +185,20 @@ def row_specs(row: dict[str, str]) -> tuple[ModelSpec, TrainSpec, ClusterSpec]:
     # judged against the hard limit (what CUDA reports, less the context and NCCL reserve): the
     # question is whether the run as published fits, not whether we would plan that close to
     # the edge; the headroom and fragmentation margins are for the plans we emit
-    cluster = run_by(cluster, framework_traits(row.get("framework")))
+    cluster = run_by(cluster, _traits(row))
     device = cluster.device
     hard = replace(device, efficiency=replace(device.efficiency, allocator_fragmentation=0.0))
     return model, train, replace(cluster, device=hard, memory_headroom=0.0)
+
+
+def _traits(row: dict[str, str]) -> FrameworkTraits:
+    """The traits of the framework that ran the row, with the settings the row states that the
+    framework leaves to its user (optional column fp8_param_gather: float8 weights gathered in
+    float8, costmodel.frameworks)."""
+    traits = framework_traits(row.get("framework"))
+    if (row.get("fp8_param_gather") or "").strip():
+        traits = replace(traits, float8_param_gather=_flag(row, "fp8_param_gather", False))
+    return traits
 
 
 def _grad_dtype(row: dict[str, str]) -> DType:
