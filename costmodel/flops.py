@@ -10,6 +10,7 @@ this gives Megatron's 72·B·s·l·h²·(1 + s/6h + V/12lh) per step (tested).
 """
 from __future__ import annotations
 
+from costmodel.deepseek import dense_layer_model
 from costmodel.layout import Linear, dense_blocks
 from costmodel.params import active_moe_params
 from costmodel.plan import Plan, Recompute
@@ -32,9 +33,10 @@ def layer_linear_forward_flops(model: ModelSpec, num_tokens: int) -> int:
 
 
 def attention_core_forward_flops(model: ModelSpec, num_sequences: int, seq_len: int) -> int:
-    """Q·K^T and P·V over the full s x s square: 2 x 2·b·s²·(heads·head_dim), h for most models
-    (independent of GQA: every query head still attends over s keys of head_dim)."""
-    return 4 * num_sequences * seq_len * seq_len * model.q_hidden_size
+    """Q·K^T and P·V over the full s x s square: 2·b·s²·heads·(head_dim + value head dim), 4·b·s²·h
+    for most models (independent of GQA: every query head still attends over s keys of head_dim;
+    MLA in its non-absorbed training form: keys of no-RoPE + RoPE size, values of v_head_dim)."""
+    return 2 * num_sequences * seq_len * seq_len * model.num_heads * (model.head_dim + model.value_head_dim)
 
 
 def layer_forward_flops(model: ModelSpec, num_sequences: int, seq_len: int) -> int:
@@ -74,10 +76,27 @@ def lm_head_forward_flops(model: ModelSpec, num_tokens: int) -> int:
     return 2 * num_tokens * model.hidden_size * model.vocab_size
 
 
+def layers_forward_flops(model: ModelSpec, num_sequences: int, seq_len: int) -> int:
+    """Every layer's forward: the expert layers' and the dense first layers' (their own MLP)."""
+    dense = model.first_k_dense
+    return ((model.num_layers - dense) * layer_forward_flops(model, num_sequences, seq_len)
+            + (dense * layer_forward_flops(dense_layer_model(model), num_sequences, seq_len) if dense else 0))
+
+
+def mtp_forward_flops(model: ModelSpec, num_sequences: int, seq_len: int) -> int:
+    """The MTP modules' forward (DeepSeek-V3 Sec. 2.2; costmodel.params.mtp_params): per module the
+    2h -> h projection, one more expert layer, and a pass through the shared output head."""
+    tokens = num_sequences * seq_len
+    projection = 2 * tokens * 2 * model.hidden_size * model.hidden_size
+    return model.mtp_depth * (projection + layer_forward_flops(model, num_sequences, seq_len)
+                              + lm_head_forward_flops(model, tokens))
+
+
 def model_flops_per_step(model: ModelSpec, train: TrainSpec) -> int:
-    """Forward + backward of every layer and the LM head, no recomputation (MFU numerator)."""
+    """Forward + backward of every layer, the LM head and any MTP modules, no recomputation (MFU
+    numerator)."""
     b, s = train.global_batch_size, train.seq_len
-    forward = model.num_layers * layer_forward_flops(model, b, s) + lm_head_forward_flops(model, b * s)
+    forward = layers_forward_flops(model, b, s) + lm_head_forward_flops(model, b * s) + mtp_forward_flops(model, b, s)
     return (1 + BACKWARD_FACTOR) * forward
 
 

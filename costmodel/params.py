@@ -260,12 +260,21 @@ def expert_dp(plan: Plan, traits: FrameworkTraits = RUNTIME) -> int:
 
 
 def rank_params_at(model: ModelSpec, plan: Plan, layers: int, first: bool, last: bool) -> RankParams:
-    """Parameters of a pipeline rank holding `layers` layers (and the embedding / head)."""
+    """Parameters of a pipeline rank holding `layers` layers (and the embedding / head). The
+    first rank's first `first_k_dense` layers are dense (its first virtual stage holds them:
+    costmodel.rank_time prices them there too); the last rank holds the MTP modules (Megatron-Core
+    places them on the last stage), their routed experts with the layers' and the rest with the head."""
     pipelined = plan.stage_rank(0) != plan.stage_rank(plan.num_virtual_stages - 1)
     experts = layer_expert_params(model, plan.ep)
-    return RankParams(layers=layers * (layer_params(model, plan.tp, plan.ep) - experts), experts=layers * experts,
+    replicated = layer_params(model, plan.tp, plan.ep) - experts
+    dense = model.first_k_dense if first else 0
+    mtp = model.mtp_depth if last else 0
+    dense_layer = layer_params(dense_layer_model(model), plan.tp) if dense else 0
+    mtp_replicated = mtp_params(model, plan.tp, plan.ep) - model.mtp_depth * experts if mtp else 0
+    return RankParams(layers=layers * replicated + dense * (dense_layer - replicated),
+                      experts=(layers - dense + mtp) * experts,
                       embedding=embedding_params(model, plan.tp) if first else 0,
-                      head=head_params(model, plan.tp, pipelined=pipelined) if last else 0)
+                      head=(head_params(model, plan.tp, pipelined=pipelined) + mtp_replicated) if last else 0)
 
 
 def rank_params(model: ModelSpec, plan: Plan, rank: int) -> RankParams:

@@ -254,6 +254,12 @@ class ModelSpec:
         return self.v_head_dim if self.is_mla else self.head_dim
 
     @property
+    def attention_head_dim(self) -> float:
+        """The head size attention's two products see on average, (Q/K's + V's) / 2: head_dim
+        except under MLA (DeepSeek-V3: Q·K^T over 192, P·V over 128)."""
+        return (self.head_dim + self.value_head_dim) / 2
+
+    @property
     def attention_output_size(self) -> int:
         """Width of the attention output, the output projection's input: num_heads x value_head_dim."""
         return self.num_heads * self.value_head_dim

@@ -26,6 +26,7 @@ from torch import nn
 from torch.nn.attention.bias import causal_lower_right
 from torch.utils.checkpoint import checkpoint
 
+from costmodel.deepseek import unbuilt_mechanisms
 from costmodel.inputs import UserError
 from costmodel.layout import layer_blocks
 from costmodel.specs import Arch, AttentionKernel, FfnKind, ModelSpec, NormKind, PositionKind
@@ -259,6 +260,9 @@ class Transformer(nn.Module):
         super().__init__()
         if model.position_kind is PositionKind.ALIBI:
             raise UserError(f"model {model.name}: ALiBi positions are not implemented by the runtime")
+        if unbuilt := unbuilt_mechanisms(model):
+            raise UserError(f"model {model.name}: the runtime does not build {', '.join(unbuilt)} "
+                             "(planner search / predict price it)")
 
         self.spec = model
         self.embed: Embedding | None = Embedding(model)

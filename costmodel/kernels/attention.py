@@ -47,7 +47,7 @@ def _attention_core_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev
     one (flash_tile_efficiency). On a CPU whose profile timed SDPA (planner profile), torch's
     SDPA as the runtime calls it is priced at those times (_measured_sdpa_s); without them a CPU's
     flash kernel is priced at the profile's attention ratio to its GEMM curve."""
-    b, heads, d = plan.micro_batch_size, model.num_heads // plan.tp, model.head_dim
+    b, heads, d = plan.micro_batch_size, model.num_heads // plan.tp, model.attention_head_dim
     s_q, s_k, a = train.seq_len // plan.cp, train.seq_len, train.compute_dtype.num_bytes
     flops = 4.0 * b * heads * s_q * s_k * d
     flash = train.attention_kernel is AttentionKernel.FLASH
@@ -135,7 +135,7 @@ def _measured_sdpa_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev:
     calls a rank), priced as the causal square of as many query-key pairs, though a masked call
     computes every pair: its time can exceed its pairs' share of the square's, which this prices
     on the fast side."""
-    b, heads, d = plan.micro_batch_size, model.num_heads // plan.tp, model.head_dim
+    b, heads, d = plan.micro_batch_size, model.num_heads // plan.tp, model.attention_head_dim
     calls = plan.cp if cp_ring else (1 if plan.cp == 1 else 2)
     square = math.sqrt(rank_scores(train, plan, cp_ring) / calls)   # the causal call of as many pairs
     kernels = calls * (SDPA_MATH_KERNELS if model.dropout else 1)

@@ -81,7 +81,10 @@ def _mlp_width(model: ModelSpec) -> int:
 
 
 def _rotated(model: ModelSpec) -> float:
-    """Elements of one token's queries and keys that RoPE rotates."""
+    """Elements of one token's queries and keys that RoPE rotates (MLA: each head's query RoPE
+    part and the one RoPE key all heads share)."""
+    if model.is_mla:
+        return (model.num_heads + 1) * model.qk_rope_head_dim
     return (model.q_hidden_size + model.kv_hidden_size) * model.rotary_fraction
 
 
@@ -139,7 +142,8 @@ def eager_elementwise_traffic(model: ModelSpec, train: TrainSpec, plan: KernelSh
         fwd_b, fwd_k = model.layer_norms * 2 * a * rep, model.layer_norms
         bwd_b, bwd_k = 2 * fwd_b, 2 * fwd_k
     # residual adds, and backward the sums over projections that share an input (q/k/v, gate/up)
-    shared = sum(sum(1 for lin in b.linears if lin.style is Style.COLWISE) - 1 for b in dense_blocks(model))
+    shared = sum(sum(1 for lin in b.linears if lin.style is not Style.ROWWISE and lin.in_features == model.hidden_size)
+                 - 1 for b in dense_blocks(model))
     fwd_b, fwd_k = fwd_b + 2 * 3 * a * rep, fwd_k + 2
     bwd_b, bwd_k = bwd_b + (2 + shared) * 3 * a * rep, bwd_k + 2 + shared
     width = tokens * _mlp_width(model) / t

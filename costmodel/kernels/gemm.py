@@ -65,7 +65,16 @@ def _local_shape(lin: Linear, tp: int) -> tuple[int, int]:
     a row-parallel one its inputs (costmodel.layout)."""
     if lin.style is Style.COLWISE:
         return lin.in_features, ceil_div(lin.out_features, tp)
+    if lin.style is Style.REPLICATED:
+        return lin.in_features, lin.out_features
     return ceil_div(lin.in_features, tp), lin.out_features
+
+
+def linear_tokens(lin: Linear, tokens: int, tp: int, sequence_parallel: bool) -> int:
+    """Tokens a projection's GEMM runs over on one TP rank: a replicated one (MLA's
+    down-projections) runs over the rank's sequence shard under SP (its latent is gathered
+    after it, Megatron-Core), over every token otherwise (each TP rank repeats it)."""
+    return tokens // tp if lin.style is Style.REPLICATED and sequence_parallel else tokens
 
 
 def _linears_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile, tokens: int,
@@ -79,12 +88,13 @@ def _linears_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: Devic
     for block in dense_blocks(model):
         for lin in block.linears:
             k, n = _local_shape(lin, plan.tp)
+            m = linear_tokens(lin, tokens, plan.tp, plan.sequence_parallel)
             if not (plan.fp8_linears and float8_linear(k, n)):
-                t = gemm_s(tokens, k, n, dev, train)
+                t = gemm_s(m, k, n, dev, train)
                 fwd, bwd_in, bwd_w = fwd + t, bwd_in + t, bwd_w + t
                 continue
-            g = fp8_gemm_s(tokens, k, n, dev)
-            x, w, dy = (_cast_s(e, dev, fused_casts) for e in (tokens * k, k * n, tokens * n))
+            g = fp8_gemm_s(m, k, n, dev)
+            x, w, dy = (_cast_s(e, dev, fused_casts) for e in (m * k, k * n, m * n))
             fwd += g + x + w
             bwd_in += g + dy + (0.0 if fused_casts else w)
             bwd_w += g + (0.0 if fused_casts else dy + x)

@@ -11,6 +11,7 @@ Tests check the published coefficients.
 """
 from __future__ import annotations
 
+from costmodel.deepseek import dense_layer_model
 from costmodel.frameworks import RUNTIME, FrameworkTraits
 from costmodel.kernels import cp_chunk_scores, expert_rows, moe_tokens
 from costmodel.layout import Style, layer_blocks
@@ -75,7 +76,8 @@ def layer_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, mode:
     mlp_input = 0.0 if model.shared_norm and not _gathers_per_block(plan, traits) else a * tokens * h / mlp_input_split
     replicated = (tokens * h * (norms + 2 * drop) / sp + a * tokens * h / _proj_input_split(plan, traits)
                   + mlp_input)
-    qkv = a * tokens * (q + 2 * kv) / t + cp_gathered_kv_bytes(model, train, plan, traits)
+    qkv = ((mla_saved_bytes(model, train, tokens, t) if model.is_mla else a * tokens * (q + 2 * kv) / t)
+           + cp_gathered_kv_bytes(model, train, plan, traits))
     if model.arch is Arch.GPT and model.position_kind is PositionKind.ROPE:
         # a fused QKV (GPT-NeoX): attention keeps the rotated Q and K, and V, a view, keeps the
         # whole fused output alive beside them (measured: test_activation_memory's neox cases)
@@ -84,7 +86,7 @@ def layer_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, mode:
         qkv += tokens * (q + kv) * (2 * 4 if cpu_rms else a) / t
     if model.position_kind is PositionKind.ROPE:   # RoPE's cos and sin, for Q and for K (any batch)
         qkv += 4 * a * s * model.rotary_dims
-    out_proj_input = a * tokens * q / t
+    out_proj_input = a * tokens * model.attention_output_size / t
     # SwiGLU in eager torch saves gate, up, silu(gate) and the product; a fused kernel keeps the
     # 2f-wide first projection and the product (costmodel.frameworks)
     mlp = (_moe_saved_bytes(model, train, moe_tokens(tokens, t), plan.ep, traits) if model.is_moe else
@@ -100,6 +102,20 @@ def layer_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, mode:
     else:  # softmax output (+ dropout mask and output), over local queries x all keys
         core = b * (model.num_heads / t) * s * train.seq_len * (a + (drop + a if drop else 0))
     return replicated + qkv + out_proj_input + mlp + core
+
+
+def mla_saved_bytes(model: ModelSpec, train: TrainSpec, tokens: int, tp: int) -> float:
+    """What non-absorbed multi-head latent attention keeps for backward besides its input and the
+    output projection's input (DeepSeek-V2 Sec. 2.1.2; transformers' DeepseekV3Attention,
+    Megatron-Core's MLASelfAttention), tensor by tensor: the query latent as projected (its
+    RMSNorm's input) and normed (the up-projection's input), q_lora_rank wide each where the query
+    is compressed; the key/value latent likewise, kv_lora_rank wide each; and the attention's
+    inputs per TP rank's heads: Q and K of no-RoPE + RoPE size, V of v_head_dim. The latents are
+    whole on every TP rank (replicated down-projections, gathered under SP). The RoPE key before
+    rotation is not kept (RoPE's backward needs only its cos and sin, counted with the layer's)."""
+    latents = 2 * (model.q_lora_rank + model.kv_lora_rank)
+    heads = model.num_heads * (2 * model.head_dim + model.value_head_dim) / tp
+    return train.compute_dtype.num_bytes * tokens * (latents + heads)
 
 
 def cp_gathered_kv_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, traits: FrameworkTraits = RUNTIME) -> float:
@@ -133,6 +149,25 @@ def edge_bytes_per_micro_batch(model: ModelSpec, train: TrainSpec, plan: Plan, f
         total += tokens * model.hidden_size * (a + model.dropout) / sp
     if last:
         total += logits_held_bytes(model, train, plan, traits) + a * tokens * model.hidden_size * (1 + 1 / sp)
+    return total + deepseek_edge_bytes(model, train, plan, first, last, traits)
+
+
+def deepseek_edge_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, first: bool, last: bool,
+                        traits: FrameworkTraits = RUNTIME) -> float:
+    """Per micro-batch, the first rank's dense first layers against as many expert layers
+    (costmodel.params.rank_params_at places them there), in the plan's recompute mode (taken to
+    cover them where the plan recomputes); and on the last rank each MTP module's layer (an expert
+    layer), its own logits as the loss keeps them, the 2h-wide concatenation its projection keeps
+    (whole per TP rank) and its three norms' inputs (sequence shards under SP)."""
+    total = 0.0
+    if first and model.first_k_dense:
+        dense = layer_activation_bytes(dense_layer_model(model), train, plan, plan.recompute, traits)
+        total += model.first_k_dense * (dense - layer_activation_bytes(model, train, plan, plan.recompute, traits))
+    if last and model.mtp_depth:
+        sp = plan.tp if plan.sequence_parallel else 1
+        own = train.compute_dtype.num_bytes * _local_tokens(train, plan) * model.hidden_size * (2 + 3 / sp)
+        total += model.mtp_depth * (layer_activation_bytes(model, train, plan, plan.recompute, traits) + own
+                                    + logits_held_bytes(model, train, plan, traits))
     return total
 
 
@@ -202,7 +237,7 @@ def weight_grad_input_bytes(model: ModelSpec, train: TrainSpec, plan: Plan,
     a, t = train.compute_dtype.num_bytes, plan.tp
     tokens = _local_tokens(train, plan)
     return a * tokens * (2 * model.hidden_size / _proj_input_split(plan, traits)
-                         + model.q_hidden_size / t + model.ffn_hidden_size / t)
+                         + model.attention_output_size / t + model.ffn_hidden_size / t)
 
 
 def weight_grad_output_bytes(model: ModelSpec, train: TrainSpec, plan: Plan) -> float:

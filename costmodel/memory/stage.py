@@ -254,14 +254,15 @@ def stage_memory_shapes_by_zero(model: ModelSpec, train: TrainSpec, plans: list[
     plan = plans[0]
     first, last = plan.stage_rank(0), plan.stage_rank(plan.num_virtual_stages - 1)
     mb = _micro_batch_shape(model, train, plan, traits)
-    # (edge, replicated per layer, experts per layer): one per kind of rank
-    params: dict[tuple[bool, bool], tuple[int, int, int]] = {}
+    # (edge's replicated and expert parameters, replicated per layer, experts per layer): one per
+    # kind of rank (an edge holds experts where the first layers are dense or MTP modules follow)
+    params: dict[tuple[bool, bool], tuple[int, int, int, int]] = {}
     ranks = []
     for rank in range(plan.pp):
         kind = (rank == first, rank == last)
         if kind not in params:
             edge, one = rank_params_at(model, plan, 0, *kind), rank_params_at(model, plan, 1, *kind)
-            params[kind] = edge.total, one.replicated - edge.total, one.experts
+            params[kind] = edge.replicated, edge.experts, one.replicated - edge.replicated, one.experts - edge.experts
         ranks.append((params[kind], activation_shape(model, train, plan, rank, mb, traits)))
     out = []
     for sharded in plans:
@@ -269,8 +270,8 @@ def stage_memory_shapes_by_zero(model: ModelSpec, train: TrainSpec, plans: list[
         per_param = sum(state_bytes_for(train, sharded, 1.0, traits))
         per_expert = sum(state_bytes_for(train, sharded, 1.0, traits, experts=1.0))
         fixed = buffer_bytes(model, train, sharded, traits) + reserved_bytes
-        out.append([AffineBytes(base=fixed + per_param * edge + act.base,
+        out.append([AffineBytes(base=fixed + per_param * edge + per_expert * edge_experts + act.base,
                                 per_layer=per_param * per_layer + per_expert * experts + act.per_layer,
                                 per_recomputed=act.per_recomputed, jump=act.jump)
-                    for (edge, per_layer, experts), act in ranks])
+                    for (edge, edge_experts, per_layer, experts), act in ranks])
     return out

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from costmodel.deepseek import dense_layer_model
 from costmodel.flops import stops_before_final_linear
+from costmodel.frameworks import tp_comm_hidden_share
 from costmodel.hardware import ClusterSpec
 from costmodel.kernels import embedding_kernel_times, head_kernel_times, layer_kernel_times
+from costmodel.kernels.gemm import gemm_s
 from costmodel.plan import Plan, Recompute
 from costmodel.rank_time.layer_comm import (
     _activation_offload_s,
@@ -132,7 +135,7 @@ def rank_time_model(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Clu
                                cluster.framework.float8_casts_fused, cluster.framework.cpu_kernels,
                                cluster.framework.eager_layer, early)
     # the share of TP collectives the framework hides behind GEMMs (costmodel.frameworks)
-    exposed = 1.0 - cluster.framework.tp_comm_hidden
+    exposed = 1.0 - tp_comm_hidden_share(cluster.framework, plan.tp, plan.sequence_parallel)
     tp = _tp_layer_comm_s(model, train, plan, cluster, sp.tp) * exposed
     cp_fwd, cp_bwd = _cp_layer_comm_s(model, train, plan, cluster, sp.cp, layer)
     ep = _ep_layer_comm_s(model, train, plan, cluster, sp.ep)
@@ -158,12 +161,39 @@ def rank_time_model(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Clu
     loss_s, gather_s = _gathered_logits_s(model, train, plan, cluster, sp.tp)
     # a pipeline stage's work at the device's factor for it (Efficiency.pp_stage)
     stage = dev.efficiency.pp_stage if plan.pp > 1 else 1.0
+    head_pass = _times(head.forward_s + loss_s, head.backward_s + loss_s, head.backward_weight_s, tp=edge_tp + gather_s)
+    first_edge = _times(emb.forward_s, emb.backward_s, emb.backward_weight_s, tp=edge_tp)
+    if model.first_k_dense:
+        first_edge = first_edge + _dense_first_layers(model, train, plan, cluster, sp, per_layer)
+    last_edge = head_pass + _mtp_times(model, train, plan, cluster, per_layer, head_pass)
     return RankTimeModel(
         per_layer=per_layer.scaled(stage), per_recomputed_layer=per_rc.scaled(stage),
-        first_edge=_times(emb.forward_s, emb.backward_s, emb.backward_weight_s, tp=edge_tp).scaled(stage),
-        last_edge=_times(head.forward_s + loss_s, head.backward_s + loss_s, head.backward_weight_s,
-                         tp=edge_tp + gather_s).scaled(stage),
+        first_edge=first_edge.scaled(stage), last_edge=last_edge.scaled(stage),
         pp_send_s=_pp_send_s(model, train, plan, cluster, sp.pp), vpp=plan.vpp)
+
+
+def _dense_first_layers(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec, sp: Spans,
+                        expert_layer: RankTimes) -> RankTimes:
+    """The first rank's dense first layers (ModelSpec.first_k_dense) against as many expert
+    layers: priced as the first (virtual) stage's, a dense layer's time less an expert layer's
+    (kernels and communication) for each. Their recomputation is priced as an expert layer's."""
+    stage = cluster.device.efficiency.pp_stage if plan.pp > 1 else 1.0   # rank_time_model applies it once
+    dense = rank_time_model(dense_layer_model(model), train, plan, cluster, sp).per_layer.scaled(1 / stage)
+    return (dense + expert_layer.scaled(-1.0)).scaled(model.first_k_dense)
+
+
+def _mtp_times(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec, layer: RankTimes,
+               head_pass: RankTimes) -> RankTimes:
+    """The MTP modules on the last rank (as Megatron-Core places them; DeepSeek-V3 Sec. 2.2): per
+    module one more expert layer, its 2h -> h projection (column-parallel over TP) and a pass
+    through the shared output head and loss. Its two RMSNorms and the concatenation are left out
+    (memory-bound, 3 h-wide passes against the layer's dozens)."""
+    if not model.mtp_depth:
+        return ZERO_TIMES
+    tokens = plan.micro_batch_size * train.seq_len // plan.cp
+    h = model.hidden_size
+    proj = gemm_s(tokens, 2 * h, -(-h // plan.tp), cluster.device, train)
+    return (layer + head_pass + _times(proj, 2 * proj, proj)).scaled(model.mtp_depth)
 
 
 def rank_times(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
