@@ -55,6 +55,9 @@ def training_cost(tokens: float, num_gpus: int, effective_tokens_per_s: float,
 
 
 def summary_line(cost: TrainingCost) -> str:
+    if not math.isfinite(cost.wall_s):
+        return (f"training {cost.tokens:,.3g} tokens never ends on {cost.num_gpus:,} GPUs: a failure comes before "
+                "a checkpoint is written, so no work is kept (0 tokens/s with checkpoints and failures paid)")
     money = "" if cost.cost_usd is None else f", ${cost.cost_usd:,.0f} at ${cost.gpu_hour_usd:,.2f} per GPU-hour"
     return (f"training {cost.tokens:,.3g} tokens: {cost.days:,.1f} days on {cost.num_gpus:,} GPUs at "
             f"{cost.effective_tokens_per_s:,.0f} tokens/s (checkpoints and failures paid), "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import Any
 
@@ -155,8 +156,20 @@ def parse_ints(text: str | None, flag: str, example: str) -> tuple[int, ...]:
 
 
 def emit_json(doc: Any) -> None:
-    json.dump(doc, sys.stdout, indent=2)
+    """`doc` as strict JSON: a number with no finite value (the days of a run that never ends)
+    is null, not the Infinity or NaN that JSON parsers refuse."""
+    json.dump(_finite(doc), sys.stdout, indent=2, allow_nan=False)
     sys.stdout.write("\n")
+
+
+def _finite(doc: Any) -> Any:
+    if isinstance(doc, float):
+        return doc if math.isfinite(doc) else None
+    if isinstance(doc, dict):
+        return {k: _finite(v) for k, v in doc.items()}
+    if isinstance(doc, (list, tuple)):
+        return [_finite(v) for v in doc]
+    return doc
 
 
 def write_report_dir(out: str, overwrite: bool, model, train, cluster, plan, est, **extra) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import json
 import sys
 import time
 from dataclasses import replace
@@ -23,7 +22,7 @@ from planner.args import (
     positive_int,
     refuse_ignored,
 )
-from planner.commands.common import add_framework_arg, add_train_args, framework_of, specs_from_args
+from planner.commands.common import add_framework_arg, add_train_args, emit_json, framework_of, specs_from_args
 from planner.commands.search import add_constraint_args, parse_options
 from planner.objective import refuse_bad_combinations
 from planner.sweep import KNEE_EFFICIENCY, SweepResult, SweepSpec, sweep
@@ -117,7 +116,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if result.best is None and (result.deadline_days is not None or result.budget_usd is not None):
         raise UserError(result.why_none)
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
+        emit_json(result.to_dict())
     else:
         print("\n".join(table_lines(result)))
         print(f"{len(result.rows)} sizes in {time.perf_counter() - start:.1f} s"

@@ -93,3 +93,15 @@ def test_a_profile_rate_beyond_its_range_is_refused(tmp_path, capsys, old, new, 
     assert main(["predict", "--model", "llama-7b", "--cluster", f"2x8x{tmp_path / 'odd.toml'}"]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and name in err and "out of range" in err, err
+
+
+def test_a_run_that_never_ends_is_said_so_and_its_json_stays_strict(capsys):
+    """Failures faster than checkpoints keep no work: days without a finite value are null in
+    --json (JSON has no Infinity) and the text says the run never ends."""
+    argv = ["predict", "--model", "llama-70b", "--cluster", "64x8xA100", "--tp", "8", "--pp", "4", "--tokens", "1e12",
+            "--device-mtbf-hours", "0.001"]
+    assert main([*argv, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
+    assert doc["training"]["days"] is None and doc["training"]["gpu_hours"] is None
+    assert main(argv) == 0
+    assert "never ends" in capsys.readouterr().out
