@@ -37,7 +37,7 @@ def check_deepseek(m: "ModelSpec") -> None:
             raise UserError(f"{where}: first_k_dense {m.first_k_dense} leaves no expert layer of "
                              f"num_layers {m.num_layers}")
     _check_routing(m, where)
-    if m.mtp_depth and m.arch.value != "llama":
+    if m.mtp_depth and m.arch != "llama":
         raise UserError(f"{where}: mtp_depth is built for the llama layout only")
 
 
@@ -60,13 +60,13 @@ def _check_mla(m: "ModelSpec", where: str) -> None:
     if m.num_kv_heads != m.num_heads:
         raise UserError(f"{where}: num_kv_heads {m.num_kv_heads} must equal num_heads {m.num_heads} "
                          "under latent attention (every head has its own K and V)")
-    if m.arch.value != "llama" or m.qk_norm or m.explicit_head_dim is not None or m.rotary_fraction != 1:
+    if m.arch != "llama" or m.qk_norm or m.explicit_head_dim is not None or m.rotary_fraction != 1:
         raise UserError(f"{where}: latent attention is built for the llama layout without qk_norm, "
                          "head_dim or rotary_fraction")
 
 
 def _check_routing(m: "ModelSpec", where: str) -> None:
-    if m.router_scoring.value != "softmax" or m.num_expert_groups != 1 or m.topk_groups != 1:
+    if m.router_scoring != "softmax" or m.num_expert_groups != 1 or m.topk_groups != 1:
         if not m.is_moe:
             raise UserError(f"{where}: router_scoring / num_expert_groups / topk_groups without experts")
     if m.num_expert_groups < 1 or m.topk_groups < 1:
@@ -88,7 +88,7 @@ def unbuilt_mechanisms(m: "ModelSpec") -> list[str]:
     rather than train another one): the cost model prices them, the runtime's modules are to come."""
     out = ["latent attention (kv_lora_rank)"] if m.is_mla else []
     out += ["dense first layers (first_k_dense)"] if m.first_k_dense else []
-    out += ["sigmoid routing with a balancing bias (router_scoring)"] if m.router_scoring.value == "sigmoid" else []
+    out += ["sigmoid routing with a balancing bias (router_scoring)"] if m.router_scoring == "sigmoid" else []
     out += ["group-limited routing (num_expert_groups)"] if m.num_expert_groups > 1 else []
     out += ["scaled routed outputs (routed_scaling_factor)"] if m.routed_scaling_factor != 1.0 else []
     out += ["multi-token prediction (mtp_depth)"] if m.mtp_depth else []
