@@ -22,6 +22,7 @@ from planner.args import (
     add_failure_args,
     add_overwrite_arg,
     failures_from_args,
+    float_in,
     non_negative_int,
     positive_float,
     positive_int,
@@ -29,6 +30,10 @@ from planner.args import (
     seed_int,
 )
 from runtime.launch import PARTIAL, RUN_STOPPED
+
+# AdamW moves each weight by about lr a step: above 10 every weight leaves its scale at once, below
+# 1e-12 no update survives rounding in fp32, and near 1e308 the first step is inf.
+LR_RANGE = (1e-12, 10.0)
 
 EPILOG = """examples:
   planner search --model debug-tiny --cluster 1x2xlocal --out plan.json && planner run plan.json
@@ -55,7 +60,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=non_negative_int, default=2,
                    help="untimed steps first (default 2; the last one measures memory on CPU)")
     p.add_argument("--seed", type=seed_int, default=0, help="initialisation and synthetic data seed")
-    p.add_argument("--lr", type=positive_float, default=3e-4, help="learning rate (default 3e-4)")
+    p.add_argument("--lr", type=float_in(*LR_RANGE), default=3e-4, help="learning rate (default 3e-4)")
     p.add_argument("--data", help="token file: .npy, or raw .bin of --data-dtype (default: synthetic tokens)")
     p.add_argument("--data-dtype", choices=["uint16", "uint32"], default="uint16")
     p.add_argument("--out", help="directory for measured.json and run.log (default runs/<model>-<time>)")
