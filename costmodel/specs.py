@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
 
+from costmodel.deepseek import check_deepseek
 from costmodel.inputs import (
     MAX_EXPERTS,
     MAX_GLOBAL_BATCH,
@@ -20,7 +21,6 @@ from costmodel.inputs import (
     check_limit,
     dataclass_from_json,
 )
-from costmodel.deepseek import check_deepseek
 
 
 class Arch(StrEnum):

@@ -90,7 +90,7 @@ def summary_lines(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan
            f"{est.time_breakdown_s['comm/activation_offload']:.3f} s of copies per step"]
           if plan.offload_activations and not plan.offload_optimizer else []),
         f"         memory: {_memory_basis(cluster)}; MFU counts 6N{' (N: active parameters)' if model.is_moe else ''} "
-        f"+ 12·layers·hidden·seq FLOPs per token (full s² "
+        f"+ {_attention_flops_phrase(model)} FLOPs per token (full s² "
         f"attention, Megatron Eq. 7 / PaLM){' against the bf16 peak, float8 linears included' if plan.fp8_linears else ''}"
         f"; expected error +-{100 * MODEL_ERROR_BAND:.1f}% (costmodel.fidelity)",
         "long run   " + resilience.summary_line(resilience.checkpoint_cost(
@@ -103,6 +103,15 @@ def _capacity_source(device) -> str:
     if device.kind == "cpu":
         return "per rank as the profile sets it"
     return "as CUDA reports it" if device.reported_memory_bytes else "as the datasheet gives it"
+
+
+def _attention_flops_phrase(model) -> str:
+    """The attention term of the MFU numerator as costmodel.flops counts it (latent attention:
+    its query/key and value head sizes apart; MTP modules are one more layer and head pass each)."""
+    if not model.is_mla:
+        return "12·layers·hidden·seq"
+    mtp = f", MTP's {model.mtp_depth} more layer and head pass included" if model.mtp_depth else ""
+    return f"6·layers·heads·({model.head_dim}+{model.value_head_dim})·seq{mtp}"
 
 
 def _memory_basis(cluster: ClusterSpec) -> str:
