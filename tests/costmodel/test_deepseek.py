@@ -126,3 +126,15 @@ def test_deepseeks_published_layout_is_priced(capsys):
     estimate = json.loads(capsys.readouterr().out)["estimate"]
     assert estimate["fits"] and 0.08 < estimate["mfu"] < 0.43
     assert estimate["time_breakdown_s"]["comm/ep_exposed"] > 0
+
+
+def test_a_first_rank_without_room_for_the_dense_layers_is_refused():
+    from costmodel.check import check_structure
+    from planner.space import Choice, build_plan
+    from planner.specs import build_specs
+    model, train, cluster = build_specs("deepseek-v3", "256x8xH100")
+    plan = build_plan(model, train, cluster, Choice(pp=16, ep=64))
+    assert not check_structure(model, train, cluster, plan)
+    short = dataclasses.replace(plan, layers_per_stage=(2, 4) + plan.layers_per_stage[2:])
+    assert any("holds 2 layers, fewer than the model's 3 dense first layers" in p
+               for p in check_structure(model, train, cluster, short))
