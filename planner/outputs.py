@@ -192,15 +192,33 @@ LOCK_NAME = ".lock"
 def run_dir_lock(directory: Path, flag: str = "--out") -> Iterator[None]:
     """Hold `directory` for one run: a second run into it is refused while this one lasts. The
     lock is flock(2) on DIRECTORY/.lock holding the pid: the kernel drops it when its process
-    ends, however it ends, so a stale lock file left by a killed run is simply taken."""
-    import fcntl
+    ends, however it ends, so a stale lock file left by a killed run is simply taken. A directory
+    made here and left empty (a run refused before it started) is removed with the lock."""
+    created = not directory.exists()
+    fd = _take_lock(directory, flag)
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise WriteFailed(directory, exc) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            (directory / LOCK_NAME).unlink()   # while still held: a waiting run locks a removed file, tries again
+            if created:
+                directory.rmdir()   # only if empty: a run's files, or the next run's lock, keep it
+        os.close(fd)
+
+
+def _take_lock(directory: Path, flag: str) -> int:
+    import fcntl
     path = directory / LOCK_NAME
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    for attempt in range(100):   # each retry follows another run's ending; a hundred are not a race
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            if isinstance(exc, FileNotFoundError) and attempt < 99:   # removed by the run that just ended
+                continue
+            raise WriteFailed(directory, exc) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -209,16 +227,9 @@ def run_dir_lock(directory: Path, flag: str = "--out") -> Iterator[None]:
             raise UserError(f"{flag} {directory} is in use by another run (pid {holder}); wait for it to end "
                             "or choose another directory") from None
         if _same_file(fd, path):   # not a lock file its last holder removed before we locked it
-            break
+            return fd
         os.close(fd)
-    try:
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        yield
-    finally:
-        with contextlib.suppress(OSError):
-            path.unlink()   # while still held: a waiting run then locks a removed file and tries again
-        os.close(fd)
+    raise WriteFailed(directory, OSError(errno.EAGAIN, "its lock file keeps being replaced"))
 
 
 def _same_file(fd: int, path: Path) -> bool:

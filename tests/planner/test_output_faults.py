@@ -192,7 +192,7 @@ def test_a_run_directory_in_use_is_refused(tmp_path, capsys, plan_file):
     with outputs.run_dir_lock(run_dir):
         assert main(["run", str(plan_file), "--nproc", "2", "--out", str(run_dir)]) == 2
         _one_line(capsys, f"--out {run_dir} is in use by another run (pid {os.getpid()})")
-    assert list(run_dir.iterdir()) == []   # the lock file goes with the run that held it
+    assert not run_dir.exists()   # made for the lock, left empty: removed with it
 
 
 def test_a_stale_lock_file_is_taken(tmp_path):
@@ -232,3 +232,16 @@ def test_standard_output_on_a_full_device_or_closed(tmp_path):
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 1, (redirect, done.stderr)
         assert len(done.stderr.splitlines()) == 1 and "cannot write standard output" in done.stderr, done.stderr
+
+
+def test_a_run_refused_before_it_starts_leaves_no_directory(tmp_path, capsys, plan_file):
+    """`planner run` without --out makes runs/<model>-<time>: a run refused after it took the lock
+    leaves no empty directory behind; a directory holding a run's files stays."""
+    run_dir = tmp_path / "fresh"
+    with outputs.run_dir_lock(run_dir):
+        assert (run_dir / outputs.LOCK_NAME).exists()
+    assert not run_dir.exists()
+    kept = tmp_path / "kept"
+    with outputs.run_dir_lock(kept):
+        (kept / "run.log").write_text("a run's file")
+    assert [p.name for p in kept.iterdir()] == ["run.log"]
