@@ -12,10 +12,13 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   `--overlap-grad-reduce` arrived with Megatron-Core in 2023).
 - `dp_param_overlap`: ZeRO-1's all-gather of updated weights hides behind the next forward
   (Megatron-Core `--overlap-param-gather`), instead of running after the optimizer step.
-- `tp_comm_hidden`: fraction of tensor-parallel collectives hidden behind GEMMs (Megatron-Core
-  with Transformer Engine `--tp-comm-overlap` splits GEMMs into chunks around userbuffer
-  collectives; Wang et al. ASPLOS'23 report most of it hidden, we take half as a bound that the
-  fit may not raise).
+- `tp_comm_overlap`: Transformer Engine's userbuffer overlap of the sequence-parallel
+  collectives with their GEMMs (Megatron-Core `--tp-comm-overlap`, on in NVIDIA's NeMo, MLPerf and
+  Megatron-Bridge recipes): the all-gather and reduce-scatter are split into tp ring-exchange
+  steps, each transfer behind the GEMM of the chunk already there (Wang et al. ASPLOS'23,
+  "Overlap Communication with Dependent Computation via Decomposition"), so one step of tp stays
+  exposed: the hidden share is (tp - 1) / tp, and none without sequence parallelism, which
+  Megatron requires for it (tp_comm_hidden_share).
 - `sharded_grads_under_pp`: whether ZeRO-2/3 keep gradients sharded between the micro-batches of
   a pipeline. `torch.distributed.pipelining` turns FSDP's gradient sync off until the last
   micro-batch (`set_requires_gradient_sync(False)`, `set_reshard_after_backward(False)` in
@@ -160,7 +163,6 @@ class FrameworkTraits:
     name: str
     dp_grad_overlap: bool
     dp_param_overlap: bool
-    tp_comm_hidden: float
     sharded_grads_under_pp: bool
     zero3_gathers_per_param: bool
     dp_collectives_per_layer: bool = False
@@ -180,13 +182,14 @@ class FrameworkTraits:
     float8_casts_fused: bool = False
     float8_with_tp: bool = False
     float8_param_gather: bool = False
+    tp_comm_overlap: bool = False
     ep_folds_over_tp: bool = False
     recompute_early_stop: bool = False
     fused_grad_accumulation: bool = False
     one_replica_fsdp: bool = False
 
 
-GENERIC = FrameworkTraits(name="generic", dp_grad_overlap=True, dp_param_overlap=True, tp_comm_hidden=0.0,
+GENERIC = FrameworkTraits(name="generic", dp_grad_overlap=True, dp_param_overlap=True,
                           sharded_grads_under_pp=True, zero3_gathers_per_param=False)
 
 # This project's executor: FSDP2 for every ZeRO stage (bucketed overlap of reduce-scatter and
@@ -194,7 +197,7 @@ GENERIC = FrameworkTraits(name="generic", dp_grad_overlap=True, dp_param_overlap
 # sequence shard, runtime.sequence_parallel; whole logits), eager SwiGLU, torch's cross entropy,
 # torch pipelining, float8 linears compiled one by one on CUDA (runtime.float8; see the module
 # docstring).
-RUNTIME = FrameworkTraits(name="planner", dp_grad_overlap=True, dp_param_overlap=True, tp_comm_hidden=0.0,
+RUNTIME = FrameworkTraits(name="planner", dp_grad_overlap=True, dp_param_overlap=True,
                           sharded_grads_under_pp=False, zero3_gathers_per_param=False,
                           fsdp_master_params=True, sp_regather_exposed=True, vocab_parallel_loss=False,
                           deferred_w_keeps_graph=True, cp_all_gather_kv=True,
@@ -203,17 +206,17 @@ RUNTIME = FrameworkTraits(name="planner", dp_grad_overlap=True, dp_param_overlap
 
 _MEGATRON = dict(sharded_grads_under_pp=True, zero3_gathers_per_param=False, loss_grad_in_place=True,
                  fused_grad_accumulation=True)
-_FSDP = dict(dp_grad_overlap=True, dp_param_overlap=True, tp_comm_hidden=0.0, zero3_gathers_per_param=False,
+_FSDP = dict(dp_grad_overlap=True, dp_param_overlap=True, zero3_gathers_per_param=False,
              fsdp_master_params=True)
-_DEEPSPEED = dict(dp_grad_overlap=True, dp_param_overlap=False, tp_comm_hidden=0.0, sharded_grads_under_pp=True,
+_DEEPSPEED = dict(dp_grad_overlap=True, dp_param_overlap=False, sharded_grads_under_pp=True,
                   zero3_gathers_per_param=True)
 
 FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
     RUNTIME,
     GENERIC,
-    FrameworkTraits(name="megatron-lm", dp_grad_overlap=False, dp_param_overlap=False, tp_comm_hidden=0.0,
+    FrameworkTraits(name="megatron-lm", dp_grad_overlap=False, dp_param_overlap=False,
                     **_MEGATRON),
-    FrameworkTraits(name="megatron-core", dp_grad_overlap=True, dp_param_overlap=True, tp_comm_hidden=0.5,
+    FrameworkTraits(name="megatron-core", dp_grad_overlap=True, dp_param_overlap=True, tp_comm_overlap=True,
                     swiglu_saved_tensors=3, vendor_attention=True, float8_casts_fused=True, float8_with_tp=True,
                     float8_param_gather=True, ep_folds_over_tp=True,
                     **_MEGATRON),
@@ -224,6 +227,12 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
     FrameworkTraits(name="torchtitan", sharded_grads_under_pp=False, tp_keeps_gathered_input=True,
                     cp_all_gather_kv=True, float8_casts_fused=True, float8_with_tp=True, **_FSDP),
 )}
+
+
+def tp_comm_hidden_share(traits: FrameworkTraits, tp: int, sequence_parallel: bool) -> float:
+    """The share of a layer's tensor-parallel collectives the framework hides behind its GEMMs
+    (`tp_comm_overlap`: all but one ring-exchange step of tp)."""
+    return (tp - 1) / tp if traits.tp_comm_overlap and sequence_parallel and tp > 1 else 0.0
 
 
 def framework_traits(name: str | None) -> FrameworkTraits:

@@ -5,6 +5,8 @@ Spearman, how many measured runs are predicted to fit) from getting worse; its p
 says which rows miss."""
 from pathlib import Path
 
+import pytest
+
 from costmodel.hardware import parse_cluster
 from planner.measure.validate import validate
 
@@ -12,24 +14,31 @@ ROOT = Path(__file__).resolve().parents[2]
 RUNS = ROOT / "profiles" / "runs" / "published_runs.csv"
 
 
-def test_published_runs_stay_within_the_measured_fidelity():
-    results, summary = validate(RUNS)
-    assert summary["n"] == sum(1 for r in results if r.error_pct is not None) == 77
-    # the worst rows are fms-fsdp's Llama 2 7B on 96 H100 (+25.8 % tokens/s; its layer-level
-    # selective recomputation is unstated) and MPT-30B at 8k tokens on 8 A100 (+25.1 %), a run near
-    # its memory limit whose MFU drops from 51 % at 4k to 39 %; the fit stays inside the published
-    # ranges of its parameters (profiles' [ranges])
-    assert summary["mape_pct"] <= 5.5
-    assert summary["max_abs_error_pct"] <= 28.0
+@pytest.fixture(scope="module")
+def validated():
+    """The whole table validated once (about a minute on two cores) for the tests that read it."""
+    return validate(RUNS)
+
+
+def test_published_runs_stay_within_the_measured_fidelity(validated):
+    results, summary = validated
+    assert summary["n"] == sum(1 for r in results if r.error_pct is not None) == 174
+    # the worst rows are NeMo-Megatron 22.09's GPT-3 175B on 256-1024 A100 (+30-33 % tokens/s: an
+    # early NeMo whose configuration the launcher's README does not tie to its figures), fms-fsdp's
+    # Llama 2 7B on 96 H100 (+25.8 %; its layer-level selective recomputation is unstated) and
+    # MPT-30B at 8k tokens on 8 A100 (+24 %, a run near its memory limit); the fit stays inside the
+    # published ranges of its parameters (profiles' [ranges])
+    assert summary["mape_pct"] <= 6.0
+    assert summary["max_abs_error_pct"] <= 34.0
     assert summary["spearman"] >= 0.99
-    assert sum(r.fits for r in results if r.error_pct is not None) >= 74
+    assert sum(r.fits for r in results if r.error_pct is not None) >= 173
     assert summary["num_status_correct"] == summary["num_status_rows"]
 
 
-def test_the_corrected_megatron_rows_are_zero_1_and_fit():
+def test_the_corrected_megatron_rows_are_zero_1_and_fit(validated):
     """The megatron_h100 rows state ZeRO-1 (--overlap-param-gather needs the distributed
     optimizer): at ZeRO-1 each fits without full recomputation forced on it."""
-    results, _ = validate(RUNS)
+    results, _ = validated
     rows = [r for r in results if r.id.startswith("megatron_h100_")]
     assert len(rows) == 9
     assert all(r.plan.zero_stage == 1 and r.fits and abs(r.error_pct) <= 20 for r in rows)
