@@ -119,9 +119,16 @@ class TimedStage(PipelineStage):
                 and self.stage_index_to_group_rank.get(i.source) != self.group_rank]
 
     def _release(self, mb: int) -> None:
-        """Empty the micro-batch's receive buffers (storage resized to zero, as FSDP2 frees)."""
-        for buf in self._received(self.args_recv_info.get(mb, ())) + self._received(self.grad_recv_info.get(mb, ())):
-            buf.untyped_storage().resize_(0)
+        """Empty the micro-batch's receive buffers (storage resized to zero, as FSDP2 frees) and
+        let go of the tensors a stage on this rank handed over in their place (the next step
+        hands them again)."""
+        for infos in (self.args_recv_info.get(mb, ()), self.grad_recv_info.get(mb, ())):
+            received = self._received(infos)
+            for buf in received:
+                buf.untyped_storage().resize_(0)
+            for info in infos:
+                if not info.is_root_arg and info.buffer is not None and not any(info.buffer is r for r in received):
+                    info.buffer = None
 
     @staticmethod
     def _refill(buffers: list[torch.Tensor]) -> None:
@@ -147,12 +154,22 @@ class TimedStage(PipelineStage):
     def get_fwd_send_ops(self, fwd_chunk_id: int) -> list[dist.P2POp]:
         return self._own(super().get_fwd_send_ops(fwd_chunk_id))
 
-    def get_bwd_send_ops(self, bwd_chunk_id: int) -> list[dist.P2POp]:
-        ops = super().get_bwd_send_ops(bwd_chunk_id)
-        for info in self.args_recv_info.get(bwd_chunk_id, ()):   # the sent gradient lives in the op alone
+    def _drop_input_grads(self, mb: int) -> None:
+        """The input gradient handed back lives on in its receiver (a send, or the stage before
+        on this rank) alone."""
+        for info in self.args_recv_info.get(mb, ()):
             if not info.is_root_arg and info.buffer is not None:
                 info.buffer.grad = None
+
+    def get_bwd_send_ops(self, bwd_chunk_id: int) -> list[dist.P2POp]:
+        ops = super().get_bwd_send_ops(bwd_chunk_id)
+        self._drop_input_grads(bwd_chunk_id)
         return self._own(ops)
+
+    def get_local_bwd_output(self, mb_index: int):
+        out = super().get_local_bwd_output(mb_index)
+        self._drop_input_grads(mb_index)
+        return out
 
     def _timed(self, fn, *args, **kwargs):
         start = time.perf_counter()
