@@ -9,6 +9,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,10 @@ PORT = 29500
 PARTIAL = "partial.json"   # rank 0's figures after every timed step: what an interrupted run keeps
 RESTARTED = "restarted.txt"   # rank 0 of a restarted attempt writes the restart count here
 STOP_GRACE_S = 3.0         # after Ctrl-C / SIGTERM, torchrun's time to stop its ranks before SIGKILL
+# after torchrun sends a surviving rank SIGTERM (a peer failed), the rank's time to end before the
+# planner sends SIGKILL: torchrun's own wait is 30 s, which a stopped or stuck rank always takes
+RANK_STOP_GRACE_S = 5.0
+_CLOSING = re.compile(r"Sending process (\d+) closing signal SIGTERM")
 # Ctrl-C and SIGTERM: held where a handler must not run (forking ranks, stopping them, loading
 # modules: planner.signals, which keeps its own copy so it loads on the standard library alone)
 HELD_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
@@ -191,6 +196,8 @@ def run_local(nproc: int, worker: WorkerArgs, threads_per_rank: int) -> float:
                 log.write(line)
                 if line.startswith("[planner run]"):
                     print(line, end="", file=sys.stderr, flush=True)
+                elif closing := _CLOSING.search(line):
+                    _kill_later(int(closing.group(1)), proc.pid)
             code = proc.wait()
         except BaseException:
             stop(proc)
@@ -202,6 +209,20 @@ def run_local(nproc: int, worker: WorkerArgs, threads_per_rank: int) -> float:
               f"{(worker.out / RESTARTED).read_text().strip()} time(s) from the latest checkpoint "
               f"(what failed: {worker.out / 'run.log'})", file=sys.stderr)
     return time.perf_counter() - start
+
+
+def _kill_later(pid: int, parent: int) -> None:
+    """SIGKILL rank `pid` after RANK_STOP_GRACE_S if it is still torchrun's child then: a rank
+    that a SIGTERM cannot end (stopped, stuck) would otherwise hold the failure's report 30 s."""
+    def kill() -> None:
+        try:
+            if int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) == parent:
+                os.kill(pid, signal.SIGKILL)
+        except (OSError, ValueError, IndexError):   # ended already, or no /proc here
+            pass
+    timer = threading.Timer(RANK_STOP_GRACE_S, kill)
+    timer.daemon = True
+    timer.start()
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -289,4 +310,4 @@ def _died(rank: int, code: int, causes: list) -> str:
     peer, step, cause = waited[0]
     at = f" at step {step}" if step else ""
     return (f"rank {rank} made no progress{at} (hung or stopped: rank {peer} {cause.removeprefix('RankHung: ')}, "
-            f"--hang-timeout); torchrun then ended it ({how})")
+            f"--hang-timeout); it was then ended ({how})")

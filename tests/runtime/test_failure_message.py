@@ -96,7 +96,7 @@ def test_a_stopped_rank_is_named_with_the_watchdog_diagnosis_and_the_step(tmp_pa
         "step 3: RankHung: waiting for a peer for 5 s (Timeout) in torch.distributed\n\nstack\n")
     message = failure_message(tmp_path, 2)
     assert message.startswith("rank 1 made no progress at step 3 (hung or stopped: rank 0 waiting for a peer for 5 s")
-    assert "torchrun then ended it (signal 9)" in message and "died" not in message
+    assert "it was then ended (signal 9)" in message and "died" not in message
 
 
 def test_a_diverged_run_is_its_own_line_whichever_rank_wrote_first(tmp_path):
