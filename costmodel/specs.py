@@ -69,8 +69,7 @@ class Optimizer(StrEnum):
 
 
 class RouterScoring(StrEnum):
-    """How a router scores experts: softmax over them (Mixtral, DeepSeek-V2), or a sigmoid each
-    with a load-balancing bias added for the choice only (DeepSeek-V3, auxiliary-loss-free)."""
+    """Expert scores: a softmax (Mixtral, DeepSeek-V2), or sigmoids biased for balance in the choice (V3)."""
 
     SOFTMAX = "softmax"
     SIGMOID = "sigmoid"
@@ -147,16 +146,11 @@ class ModelSpec:
     shared_expert_gate: bool = False
     moe_norm_topk_prob: bool = True
     router_aux_loss_coef: float = 0.0
-    # DeepSeek-V2/V3 (costmodel.deepseek checks them). Multi-head latent attention where
-    # kv_lora_rank > 0: K and V up-projected from a kv_lora_rank-wide latent, Q from a
-    # q_lora_rank-wide one (0: projected from the layer input, V2-Lite), each head's Q/K of
-    # qk_nope_head_dim + qk_rope_head_dim (RoPE on the second part, its key shared by the heads), V
-    # of v_head_dim. The first `first_k_dense` layers have a dense SwiGLU MLP of ffn_hidden_size.
-    # Routing scores by `router_scoring` (sigmoid: with a per-expert bias that balances the load and
-    # is no parameter), the top `topk_groups` of `num_expert_groups` groups first (node-limited),
-    # routed outputs times `routed_scaling_factor` (numerics). `mtp_depth` multi-token-prediction
-    # modules (DeepSeek-V3 Sec. 2.2) follow the last layer: each a projection of two normed
-    # h-wide inputs, one more layer, and a pass through the shared head and loss.
+    # DeepSeek-V2/V3 (costmodel.deepseek): latent attention where kv_lora_rank > 0 (K, V from a
+    # kv_lora_rank-wide latent, Q from a q_lora_rank-wide one or, 0, the input; heads' Q/K of
+    # qk_nope + qk_rope dims, V of v_head_dim); `first_k_dense` dense first layers (ffn_hidden_size);
+    # routing by `router_scoring` within the best `topk_groups` of `num_expert_groups` groups, routed
+    # outputs scaled (numerics); `mtp_depth` MTP modules after the last layer (V3 Sec. 2.2).
     q_lora_rank: int = 0
     kv_lora_rank: int = 0
     qk_nope_head_dim: int = 0
@@ -255,8 +249,7 @@ class ModelSpec:
 
     @property
     def attention_head_dim(self) -> float:
-        """The head size attention's two products see on average, (Q/K's + V's) / 2: head_dim
-        except under MLA (DeepSeek-V3: Q·K^T over 192, P·V over 128)."""
+        """The head size attention's two products see on average: (Q/K's + V's) / 2."""
         return (self.head_dim + self.value_head_dim) / 2
 
     @property
@@ -282,8 +275,7 @@ class ModelSpec:
 
     @property
     def rotary_dims(self) -> int:
-        """Dimensions of each head RoPE rotates (transformers: int(head_dim * partial_rotary_factor);
-        MLA: the RoPE part)."""
+        """Dimensions of each head RoPE rotates (int(head_dim * partial_rotary_factor); MLA's RoPE part)."""
         return self.qk_rope_head_dim if self.is_mla else int(self.head_dim * self.rotary_fraction)
 
     @property
