@@ -55,7 +55,7 @@ def grad_sq_share(job: Job) -> torch.Tensor:
     """This rank's share of the squared global gradient norm (float64, on the CPU)."""
     holders = dist.get_world_size() // job.plan.pp
     skip = _tied_copy(job)
-    total = torch.zeros((), dtype=torch.float64, device=job.device)
+    grads, weights = [], []
     for mod in job.modules.values():
         for p in mod.parameters():
             if p.grad is None or p is skip:
@@ -64,9 +64,13 @@ def grad_sq_share(job: Job) -> torch.Tensor:
             if isinstance(grad, DTensor):
                 shards = math.prod(grad.device_mesh.size(i) for i, pl in enumerate(grad.placements) if pl.is_shard())
                 grad = grad.to_local()
-            norm = torch.linalg.vector_norm(grad, dtype=torch.float32).to(device=job.device, dtype=torch.float64)
-            total += norm * norm * (shards / holders)
-    return total.cpu()
+            grads.append(grad)
+            weights.append(shards / holders)
+    if not grads:
+        return torch.zeros((), dtype=torch.float64)
+    # one fused kernel per device and dtype (the parameters' norms in fp32, as clip_grad_norm_ does for bf16)
+    norms = torch.stack([n.to(job.device) for n in torch._foreach_norm(grads, 2, dtype=torch.float32)]).double()
+    return (norms * norms * torch.tensor(weights, dtype=torch.float64, device=job.device)).sum().cpu()
 
 
 def step_health(job: Job, loss: torch.Tensor | None) -> StepHealth:
