@@ -218,10 +218,10 @@ def test_zero_under_a_pipeline_uses_the_memory_the_model_says(tmp_path, capsys):
 def test_pipeline_schedules_hold_the_memory_the_model_says(tmp_path, capsys, schedule, vpp):
     """Per stage, measured peak against predicted on 2 stages x 8 micro-batches (fp32): torch's
     zero-bubble schedules keep a deferred weight pass's whole graph and its output gradients
-    (costmodel.frameworks.deferred_w_keeps_graph), its multi-stage runner keeps every send until
-    the step ends (pipeline_sends_held), and the last stage keeps no logits beyond the micro-batch
-    in flight. `python benchmarks/memory.py pipeline` prints the figures (measured -3 % to +19 %
-    against predicted)."""
+    (costmodel.frameworks.deferred_w_keeps_graph), pipeline buffers and sends live until their
+    consumer is done (runtime.pipeline; pipeline_sends_held off), and the last stage keeps no
+    logits beyond the micro-batch in flight. `python benchmarks/memory.py pipeline` prints the
+    figures (predicted -1 % to +20 % against measured)."""
     plan = tmp_path / "plan.json"
     assert main(["predict", "--model", "debug-small", "--cluster", "1x2xxeon-amx", "--dtype", "fp32",
                  "--seq-len", "512", "--global-batch", "16", "--mbs", "2", "--pp", "2", "--dp", "1",
