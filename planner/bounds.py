@@ -16,7 +16,8 @@ import numpy as np
 
 from costmodel.hardware import ClusterSpec
 from costmodel.kernels import host_optimizer_step_s, optimizer_step_s, step_host_s
-from costmodel.memory import AffineBytes
+from costmodel.frameworks import FrameworkTraits
+from costmodel.memory import AffineBytes, state_bytes_for
 from costmodel.params import layer_expert_params, layer_params
 from costmodel.pipeline_closed_form import closed_form_s, fill_s
 from costmodel.plan import Plan, Recompute, Schedule
@@ -119,6 +120,21 @@ def split_exists(memory: list[AffineBytes], plan: Plan, caps: Sequence[float], t
     return min(most) >= plan.vpp and sum(most) >= total
 
 
+def states_floor(model: ModelSpec, train: TrainSpec, plan: Plan, reserved_bytes: float,
+                 traits: FrameworkTraits) -> AffineBytes:
+    """Below every pipeline rank's memory shape (costmodel.memory.stage_memory_shapes) at every
+    layer and recompute count, without pricing activations: the reserve and the training states
+    of the rank's layers, at the same bytes per parameter the shapes take. What it leaves out
+    never subtracts: the embedding / head states, the buffers, and activations (a recomputed
+    layer keeps its checkpoint, >= 0). So when `split_exists` finds no split under this floor,
+    none fits the plan (the search skips pricing its activations)."""
+    experts = layer_expert_params(model, plan.ep)
+    per_param = sum(state_bytes_for(train, plan, 1.0, traits))
+    per_expert = sum(state_bytes_for(train, plan, 1.0, traits, experts=1.0))
+    per_layer = per_param * (layer_params(model, plan.tp, plan.ep) - experts) + per_expert * experts
+    return AffineBytes(base=reserved_bytes, per_layer=per_layer, per_recomputed=0.0, jump=0.0)
+
+
 def min_total_recompute(memory: list[AffineBytes], plan: Plan, caps: Sequence[float], total: int) -> float:
     """Lower bound on sum(n_r) over all splits (continuous relaxation). A rank's need for
     recomputed layers is convex in its layer count (zero until memory binds, then linear), so the
@@ -179,7 +195,9 @@ class MemoryFit:
         """No split that fits recomputes fewer layers in all."""
         if not self.fits:
             return math.inf
-        floor = 0.0 if self._plan.recompute is Recompute.NONE else 1.0
+        if self._plan.recompute is Recompute.NONE:   # a split fits (exact), each rank recomputing none
+            return 0.0
+        floor = 1.0
         return max(min_total_recompute(self.memory, self._plan, self.caps, self._total), floor)
 
 
@@ -203,21 +221,27 @@ def min_max_time_s(ts: list[tuple], plan: Plan, fit: MemoryFit, total: int) -> f
     return float(max(enough, t[:, plan.vpp].max()))
 
 
-def pipeline_floor_s(ts: list[tuple], fs: list[tuple], plan: Plan, fit: MemoryFit, total: int) -> float:
+def pipeline_floor_s(ts: list[tuple], fs: list[tuple], plan: Plan, fit: MemoryFit, total: int,
+                     enough_s: float = math.inf) -> float:
     """Lower bound on the pipeline part of the step time (see planner.bounds.time_floor_s) with
     the recomputation needed to fit, and the slowest rank at least as slow as the best
     memory-feasible min-max split allows. `ts`, `fs`: `pipeline_rows`. Placement-aware but
-    cheaper than the rank shapes: the search tries it first."""
+    cheaper than the rank shapes: the search tries it first. `enough_s`: a bound the caller
+    prunes at; once the average rank's time alone reaches it, that (smaller) bound is returned
+    without the min-max split (which only raises T, and the closed form grows with T)."""
     rc = fit.min_recomputed
     if not fit.fits or math.isinf(rc) or (rc > 0 and plan.recompute is Recompute.NONE):
         return math.inf
-    slowest = min_max_time_s(ts, plan, fit, total)
     # the least per-layer costs over ranks (equal but on a mixed cluster) keep the sums below the truth
     sum_t = sum(t.base for t in ts) + min(t.per_layer for t in ts) * total + min(t.per_recomputed for t in ts) * rc
-    slowest = max(slowest, sum_t / plan.pp)
     # the closed form with max(f) <= T (f = t for 1F1B, t - 2W for ZB-H1)
     sum_f = sum(f.base for f in fs) + min(f.per_layer for f in fs) * total + min(f.per_recomputed for f in fs) * rc
-    return closed_form_s(plan.schedule.traits, plan.num_micro_batches, slowest, sum_f, slowest, plan.vpp)
+    traits = plan.schedule.traits
+    average = closed_form_s(traits, plan.num_micro_batches, sum_t / plan.pp, sum_f, sum_t / plan.pp, plan.vpp)
+    if average >= enough_s:
+        return average
+    slowest = max(min_max_time_s(ts, plan, fit, total), sum_t / plan.pp)
+    return closed_form_s(traits, plan.num_micro_batches, slowest, sum_f, slowest, plan.vpp)
 
 
 def lower_bound_with_memory_s(shapes: list[RankShape], plan: Plan, fit: MemoryFit, total: int) -> float:

@@ -223,27 +223,25 @@ def _replicas_on_groups(shared: SharedModels, options: SearchOptions, stats: Sea
 
 
 def _memory_entry(shared: SharedModels, stats: SearchStats, base: Choice, vpp: int, schedule: Schedule,
-                  zero: int) -> tuple[MemoryFit, Plan] | None:
-    """The candidate's memory fit and a plan of it, built and checked on the first visit of its
-    placement-free choice; None when the plan is structurally invalid."""
+                  zero: int) -> tuple[MemoryFit, Plan | None] | None:
+    """The candidate's memory fit and a plan of it (None with a fit that fits nowhere); None when
+    the plan is structurally invalid or the framework cannot run it. Memory is priced on the
+    first visit of a placement-free choice the framework runs (a refused one is never priced)."""
     entry = shared.memory(base, vpp, schedule, zero)
-    if entry is None:
-        try:
-            plan = build_plan(shared.model, shared.train, shared.cluster,
-                              replace(base, **STATE_OPTIONS[zero]._asdict(), vpp=vpp, schedule=schedule))
-        except ValueError:
-            stats.prune("does not divide")
-            return None
-        problems = check_structure(shared.model, shared.train, shared.cluster, plan)
-        if problems:
-            stats.prune(problems[0].split(" (")[0][:60])
-            return None
-        entry = shared.add_memory(base, plan)
     space = shared.options.space
-    if space is not None and (changes := space.problems(replace(entry[1], mesh_axis_order=base.mesh_axis_order))):
-        stats.prune(f"{space.name} cannot run: {changes[0].split(':')[0][:50]}")
+    if entry is not None and space is None:
+        return entry
+    plan = entry[1] if entry is not None and entry[1] is not None else shared.built(base, vpp, schedule, zero)
+    if isinstance(plan, str):
+        stats.prune(plan)
         return None
-    return entry
+    if space is not None:
+        if plan.mesh_axis_order != base.mesh_axis_order:
+            plan = replace(plan, mesh_axis_order=base.mesh_axis_order)
+        if changes := space.problems(plan):
+            stats.prune(f"{space.name} cannot run: {changes[0].split(':')[0][:50]}")
+            return None
+    return entry if entry is not None else shared.add_memory(base, plan)
 
 
 def _examine(shared: SharedModels, stats: SearchStats, base: Choice, zero: int, plan: Plan, fit: MemoryFit,
@@ -252,7 +250,7 @@ def _examine(shared: SharedModels, stats: SearchStats, base: Choice, zero: int, 
     CP-SAT. The plan found, False when pruned (bound, solver time limit), None when no split fits
     after all."""
     model, train, cluster = shared.model, shared.train, shared.cluster
-    if shared.pipeline_floor_s(base, zero, plan, fit) >= cutoff:
+    if shared.pipeline_floor_s(base, zero, plan, fit, cutoff) >= cutoff:
         stats.prune("bound")
         return False
     if plan.mesh_axis_order != base.mesh_axis_order:

@@ -2,8 +2,10 @@
 share, computed once (SharedModels: rank time models, ZeRO floors, memory fits)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
+from costmodel.check import check_structure
 from costmodel.estimate import Estimate
 from costmodel.groups import rank_caps_bytes, rank_groups, views
 from costmodel.hardware import ClusterSpec
@@ -11,7 +13,7 @@ from costmodel.memory import stage_memory_shapes_by_zero
 from costmodel.plan import Plan, Schedule
 from costmodel.rank_time import RankTimeModel, Spans, fastest_of, rank_time_model, spans
 from costmodel.specs import ModelSpec, TrainSpec
-from planner.bounds import MemoryFit, pipeline_floor_s, slowest_rank_floor_s, zero_floor_s
+from planner.bounds import MemoryFit, pipeline_floor_s, slowest_rank_floor_s, states_floor, zero_floor_s
 from planner.candidates import STATE_OPTIONS, SearchOptions, States, states_allowed, states_for_group
 from planner.shapes import pipeline_rows
 from planner.space import Choice, build_plan
@@ -83,6 +85,8 @@ class SharedModels:
         self._shapes: dict[tuple, list] = {}   # memory shapes by _memory_key less the group order
         self._rows: dict[tuple, tuple[list, list]] = {}
         self._probes: dict[tuple, Plan] = {}
+        self._built: dict[tuple, Plan | str] = {}
+        self._floors: dict[tuple, MemoryFit] = {}
 
     def time_model(self, base: Choice) -> "TimedChoice":
         """`base`: a choice with one virtual stage and no schedule (time_groups)."""
@@ -117,43 +121,80 @@ class SharedModels:
                                     if allowed else 0.0 for o, allowed in zip(STATE_OPTIONS, self.zero_allowed))
         return self._zero[key]
 
-    def memory(self, base: Choice, vpp: int, schedule: Schedule, zero: int) -> tuple[MemoryFit, Plan] | None:
+    def memory(self, base: Choice, vpp: int, schedule: Schedule, zero: int) -> tuple[MemoryFit, Plan | None] | None:
         """What memory says about this candidate, and a plan of it under the placement first seen
         (memory and pipeline shape do not depend on placement); None until `add_memory`."""
         return self._memory.get(self._memory_key(base, vpp, schedule, zero))
 
-    def add_memory(self, base: Choice, plan: Plan) -> tuple[MemoryFit, Plan]:
+    def built(self, base: Choice, vpp: int, schedule: Schedule, zero: int) -> Plan | str:
+        """The candidate's plan (under the placement first seen: memory does not depend on it), or
+        why it is not a plan (the reason the search counts), built and checked once."""
+        key = self._memory_key(base, vpp, schedule, zero)
+        if key not in self._built:
+            try:
+                plan = build_plan(self.model, self.train, self.cluster,
+                                  replace(base, **STATE_OPTIONS[zero]._asdict(), vpp=vpp, schedule=schedule))
+            except ValueError:
+                self._built[key] = "does not divide"
+            else:
+                problems = check_structure(self.model, self.train, self.cluster, plan)
+                self._built[key] = problems[0].split(" (")[0][:60] if problems else plan
+        return self._built[key]
+
+    def add_memory(self, base: Choice, plan: Plan) -> tuple[MemoryFit, Plan | None]:
         """Memory fit of `plan`, and of the same choice under the other state placements (ZeRO
-        stages, offload) the search will come to (they share the costly activation shapes)."""
-        reserved = self.cluster.device.efficiency.reserved_memory_bytes
+        stages, offload) the search will come to (they share the costly activation shapes). A
+        placement whose states alone leave no split room (planner.bounds.states_floor) gets
+        that floor as its fit and no plan (none is needed: it fits nowhere); its activations
+        are never priced."""
         key = lambda i: self._memory_key(base, plan.vpp, plan.schedule, i)  # noqa: E731
         current = STATE_OPTIONS.index(States(plan.zero_stage, plan.offload_optimizer))
         sharded = base.dp * base.cp > 1
         indices = [i for i, o in enumerate(STATE_OPTIONS) if key(i) not in self._memory
                    and (i == current or (self.zero_allowed[i] and states_for_group(o, sharded)))]
-        plans = [plan if i == current else replace(plan, **STATE_OPTIONS[i]._asdict()) for i in indices]
+        # the placements differ only in where states live: one cap per rank for all of them
+        caps, L, traits = rank_caps_bytes(plan, self.cluster), self.model.num_layers, self.cluster.framework
+        floors = {i: self._states_fit(base, i, plan, caps) for i in indices}
+        plans = {i: plan if i == current else replace(plan, **STATE_OPTIONS[i]._asdict())
+                 for i in indices if floors[i].fits}
         # the shapes do not depend on the groups' order (a mixed cluster's), only the caps do
-        missing = [(i, p) for i, p in zip(indices, plans) if key(i)[:-1] not in self._shapes]
+        missing = [i for i in plans if key(i)[:-1] not in self._shapes]
         if missing:
-            for (i, _), memory in zip(missing, stage_memory_shapes_by_zero(self.model, self.train, [p for _, p in missing],
-                                                                            reserved, self.cluster.framework)):
-                self._shapes[key(i)[:-1]] = memory
-        for i, placed in zip(indices, plans):
-            fit = MemoryFit(self._shapes[key(i)[:-1]], placed, rank_caps_bytes(placed, self.cluster),
-                            self.model.num_layers)
-            self._memory[key(i)] = fit, placed
+            reserved = self.cluster.device.efficiency.reserved_memory_bytes
+            shapes = stage_memory_shapes_by_zero(self.model, self.train, [plans[i] for i in missing], reserved, traits)
+            self._shapes.update(zip([key(i)[:-1] for i in missing], shapes))
+        for i in indices:
+            if i in plans:
+                self._memory[key(i)] = MemoryFit(self._shapes[key(i)[:-1]], plans[i], caps, L), plans[i]
+            else:
+                self._memory[key(i)] = floors[i], plan if i == current else None
         return self._memory[key(current)]
+
+    def _states_fit(self, base: Choice, zero: int, plan: Plan, caps: list[float]) -> MemoryFit:
+        """planner.bounds.states_floor's fit under STATE_OPTIONS[zero] (`plan`: the choice under
+        any placement of states). It reads only the degrees, the placement of states and the
+        virtual stages (and the groups' order, for the caps), which many choices share."""
+        key = (base.tp, base.cp, base.pp, base.dp, base.ep, zero, plan.vpp, base.group_order)
+        if key not in self._floors:
+            placed = replace(plan, **STATE_OPTIONS[zero]._asdict())
+            floor = states_floor(self.model, self.train, placed, self.cluster.device.efficiency.reserved_memory_bytes,
+                                 self.cluster.framework)
+            self._floors[key] = MemoryFit([floor] * placed.pp, placed, caps, self.model.num_layers)
+        return self._floors[key]
 
     @staticmethod
     def _memory_key(c: Choice, vpp: int, schedule: Schedule, zero: int) -> tuple:
         return (c.tp, c.cp, c.pp, c.dp, c.ep, zero, c.recompute, c.sequence_parallel, c.micro_batch_size, vpp,
                 schedule, c.fp8_linears, c.offload_activations, c.group_order)
 
-    def pipeline_floor_s(self, base: Choice, zero: int, plan: Plan, fit: MemoryFit) -> float:
-        """planner.bounds.pipeline_floor_s + the ZeRO floor, for `plan` under base's placement."""
+    def pipeline_floor_s(self, base: Choice, zero: int, plan: Plan, fit: MemoryFit,
+                         enough_s: float = math.inf) -> float:
+        """planner.bounds.pipeline_floor_s + the ZeRO floor, for `plan` under base's placement
+        (once it reaches `enough_s`, possibly a smaller bound that still does)."""
         timed = self.time_model(base)
         key = (base, plan.vpp, plan.schedule)
         if key not in self._rows:
             self._rows[key] = pipeline_rows(timed.rtm.with_vpp(plan.vpp), plan)
         ts, fs = self._rows[key]
-        return pipeline_floor_s(ts, fs, plan, fit, self.model.num_layers) + timed.zero_floors_s[zero]
+        zero_s = timed.zero_floors_s[zero]
+        return pipeline_floor_s(ts, fs, plan, fit, self.model.num_layers, enough_s - zero_s) + zero_s

@@ -5,7 +5,7 @@ efficiency parameters (`[efficiency]`), which are fitted or measured and say how
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 
 from costmodel.hardware.fabric import Fabric, FabricSpec
@@ -210,6 +210,12 @@ class DeviceProfile:
     # the tiers and fabric as a switch graph, rebuilt with every copy (dataclasses.replace
     # runs __post_init__) so that it always answers for this record's tiers
     _fabric: Fabric | None = field(default=None, init=False, repr=False, compare=False)
+    # the kernel and collective caches key on the profile (tens of thousands of lookups per
+    # search): hashing its nested curves each time cost more than the lookup, so it is taken once
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def fitted_value(self, name: str) -> float:
         """A FITTED_PARAMS value as the profile holds it (the links' efficiencies on their tiers)."""
@@ -222,6 +228,7 @@ class DeviceProfile:
     def __post_init__(self) -> None:
         object.__setattr__(self, "_fabric", Fabric(node=self.intra_node, middle=self.middle_tiers,
                                                    cluster=self.inter_node, spec=self.fabric))
+        object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self) if f.compare)))
 
     @property
     def usable_memory_bytes(self) -> int:

@@ -61,21 +61,31 @@ def link_costs(sp: Spans, cluster: ClusterSpec) -> tuple[float, ...]:
     whose every entry is at least another's is never faster (the search drops it). Keep this in
     step with the functions below that take a span."""
     out: list[float] = []
-
-    def affine(time_of) -> None:  # every link time here is affine in the bytes moved
-        one, two = time_of(1.0), time_of(2.0)
-        out.extend((2 * one - two, two - one))
-
     for span in (sp.tp, sp.cp, sp.pp, sp.dp, sp.ep, sp.edp):
-        # host copies depend on a group's size, not on where its ranks sit: the same for every
-        # placement of the same degrees
-        for kind in (k for k in Collective if k not in HOST_COPIES and k is not Collective.ALL_REDUCE):
-            affine(lambda b: collective_time_s(kind, b, span, cluster))  # noqa: B023
-        for algorithm in range(2):   # an all-reduce is the faster of ring and tree: both compared
-            affine(lambda b: all_reduce_algorithms_s(b, span, cluster)[algorithm])  # noqa: B023
+        out.extend(_group_link_costs(span, cluster))
     for tier in (cluster.pipeline_tier(sp.pp.num_nodes), cluster.device.tier_for(sp.cp.num_nodes)):
-        affine(lambda b: p2p_time_s(b, tier))  # noqa: B023
-    affine(lambda b: stage_pair_all_reduce_s(b, sp, cluster))
+        out.extend(_affine(lambda b: p2p_time_s(b, tier)))  # noqa: B023
+    out.extend(_affine(lambda b: stage_pair_all_reduce_s(b, sp, cluster)))
+    return tuple(out)
+
+
+def _affine(time_of) -> tuple[float, float]:
+    """(latency, seconds per byte): every link time here is affine in the bytes moved."""
+    one, two = time_of(1.0), time_of(2.0)
+    return 2 * one - two, two - one
+
+
+@lru_cache(maxsize=16384)
+def _group_link_costs(span: AxisSpan, cluster: ClusterSpec) -> tuple[float, ...]:
+    """link_costs' entries of one axis's group: each collective over it (the search compares
+    thousands of placements, which share a few hundred groups)."""
+    out: list[float] = []
+    # host copies depend on a group's size, not on where its ranks sit: the same for every
+    # placement of the same degrees
+    for kind in (k for k in Collective if k not in HOST_COPIES and k is not Collective.ALL_REDUCE):
+        out.extend(_affine(lambda b: collective_time_s(kind, b, span, cluster)))  # noqa: B023
+    for algorithm in range(2):   # an all-reduce is the faster of ring and tree: both compared
+        out.extend(_affine(lambda b: all_reduce_algorithms_s(b, span, cluster)[algorithm]))  # noqa: B023
     return tuple(out)
 
 
