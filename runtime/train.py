@@ -119,6 +119,7 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
     source = TokenSource(pf.model.vocab_size, pf.train.seq_len, cfg.seed, cfg.data, cfg.data_dtype)
     losses, grad_norms, times, busy, sync, optim, memory = [], [], [], [], [], [], None
     nonfinite = 0   # consecutive steps with a non-finite loss or gradient norm
+    every_s: list[float] = []   # every step's time, warm-up too: what a run diverged before its timed steps keeps
     mine: list[float] = []   # this rank's own layer forwards per timed step (stragglers, runtime.measure)
     if cfg.fault is not None and cfg.fault[2] in ("slow", "nan") and cfg.fault[0] == dist.get_rank():
         _slow_down(job) if cfg.fault[2] == "slow" else _poison(job, cfg.fault[1])
@@ -151,6 +152,7 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
         step_loss, step_s = health.loss, _slowest_s(elapsed)
         losses.append(step_loss)
         grad_norms.append(health.grad_norm)
+        every_s.append(step_s)
         if step >= cfg.warmup:
             times.append(step_s)
             busy.append(_per_stage_max(job, job.clock.busy_s))
@@ -165,7 +167,7 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
         nonfinite = 0 if health.finite else nonfinite + 1
         if nonfinite:   # every rank decides alike (the values are global), before this state is saved
             nonfinite_step(step, health, nonfinite, cfg.max_nonfinite_steps, cfg.partial, lambda: _figures(
-                job, device, memory, losses, times, busy, sync, optim, mine, saver, grad_norms))
+                job, device, memory, losses, times or every_s, busy, sync, optim, mine, saver, grad_norms))
         if saver and (step + 1 == total or (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0)):
             with watchdog.paused():
                 saver.save(step + 1, job.modules, optimizer)

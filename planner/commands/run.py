@@ -383,10 +383,10 @@ def _keep_partial(pf: PlanFile, args: argparse.Namespace, out: Path, wall_s: flo
     if not raw or not raw.get("step_times_s"):
         exc.add_note(f"no step was measured (log: {out / 'run.log'})")
         return
-    steps = len(raw["step_times_s"])
+    steps = len(raw["step_times_s"])   # a run diverged in its warm-up keeps those steps' times
+    record = measured_record(pf, raw, steps=steps, warmup=len(raw["losses"]) - steps, wall_s=wall_s, complete=False)
     outputs.write_file(out / "plan.json", Path(args.plan).read_text(), True)
-    outputs.write_file(out / "measured.json", measured_record(pf, raw, steps=steps, warmup=args.warmup,
-                                                              wall_s=wall_s, complete=False).to_text(), args.overwrite)
+    outputs.write_file(out / "measured.json", record.to_text(), args.overwrite)
     (out / PARTIAL).unlink(missing_ok=True)
     exc.add_note(f"kept the {steps} of {args.steps} steps measured so far in {out / 'measured.json'} "
                  f"(marked {'diverged' if raw.get('diverged') else 'incomplete'})")

@@ -3,6 +3,7 @@ exit 1 and one line naming it (no checkpoint of the broken state); `--resume` in
 without a checkpoint is an error, unless `--resume-if-present` asks to start afresh then."""
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -96,3 +97,18 @@ def test_the_gradient_norm_is_the_whole_models_as_one_process_computes_it(model,
     reference(pf, steps=2, grad_norms=expected)
     got = distributed(pf, steps=2)["grad_norms"]
     assert got == pytest.approx(expected, rel=1e-5)
+
+
+def test_a_run_diverged_in_its_warm_up_keeps_those_steps_marked(tmp_path):
+    """No timed step yet: the warm-up steps' times stand in, so measured.json still says what broke."""
+    from runtime.fork import RankFailed
+    from runtime.measure import measured_record
+    pf = plan_file(Choice(zero_stage=1, micro_batch_size=2), world=2)
+    partial = tmp_path / "partial.json"
+    cfg = RunConfig(steps=2, warmup=3, seed=SEED, lr=0.5, quiet=True, fault=(1, 1, "nan"), partial=partial)
+    with pytest.raises(RankFailed, match="training diverged at step 2 on rank 1"):
+        run_forked(2, run_rank, pf, cfg)
+    raw = json.loads(partial.read_text())
+    assert raw["diverged"]["step"] == 2 and len(raw["step_times_s"]) == len(raw["losses"]) == 2
+    record = measured_record(pf, raw, steps=2, warmup=0, wall_s=1.0, complete=False)
+    assert record.diverged["loss"] is None and record.losses[0] is not None and record.losses[1] is None
