@@ -58,7 +58,8 @@ class Split:
 class SplitRules:
     """How a framework splits layers and recomputes them (planner.candidates.FrameworkSpace):
     split free | even (costmodel.plan.even_layers) | even_inner (stages between the first and
-    the last equal; one virtual stage per rank, else even); recompute_counts free | block (the
+    the last equal; one virtual stage per rank, else even); recompute_counts free | every_nth (every
+    k-th layer of each rank, k the same everywhere: torchtitan's layer-level checkpointing) | block (the
     first k layers of every virtual stage, k the same everywhere: Megatron's block method) | all."""
 
     split: str = "free"
@@ -93,6 +94,10 @@ def _narrow(cm: cp_model.CpModel, plan: Plan, rules: SplitRules, L, n, total: in
     if _recomputes_all(plan, rules):
         for r in range(pp):
             cm.Add(n[r] == L[r])
+    elif rules.recompute_counts == "every_nth" and plan.recompute is not Recompute.NONE:
+        k = cm.NewIntVar(1, total, "k")   # every k-th layer of each rank (torchtitan)
+        for r in range(pp):
+            cm.AddDivisionEquality(n[r], L[r], k)
     elif rules.recompute_counts == "block" and plan.recompute is not Recompute.NONE:
         k = cm.NewIntVar(1, total, "k")   # the first k layers of every virtual stage
         for r in range(pp):
@@ -103,14 +108,21 @@ def _narrow(cm: cp_model.CpModel, plan: Plan, rules: SplitRules, L, n, total: in
                 cm.Add(k * v <= L[r])
 
 
-def _scan_single_rank(shape: RankShape, plan: Plan, total: int, cap: float, cutoff_s: float,
-                      all_layers: bool = False) -> Split | None:
-    """pp = 1: the whole objective is a function of n alone; try every n (exact, no solver);
-    `all_layers`: the framework recomputes every layer or none."""
+def _single_rank_counts(plan: Plan, rules: SplitRules, total: int) -> list[int]:
+    """The recompute counts a single rank of `total` layers may take under the framework's rules."""
     if plan.recompute is Recompute.NONE:
-        choices = [0]
-    else:
-        choices = [total] if all_layers else range(1, total + 1)
+        return [0]
+    if _recomputes_all(plan, rules):
+        return [total]
+    if rules.recompute_counts == "every_nth":
+        return sorted({total // k for k in range(1, total + 1)} - {0})
+    return list(range(1, total + 1))
+
+
+def _scan_single_rank(shape: RankShape, plan: Plan, total: int, cap: float, cutoff_s: float,
+                      choices: list[int]) -> Split | None:
+    """pp = 1: the whole objective is a function of n alone; try every n the framework allows
+    (`choices`: _single_rank_counts; exact, no solver)."""
     best = None
     for n in choices:
         if shape.memory.at(total, n) > cap:
@@ -142,7 +154,7 @@ def solve_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
     if not fit.fits:
         return None
     if plan.pp == 1:
-        return _scan_single_rank(ranks[0], plan, total, fit.caps[0], cutoff_s, _recomputes_all(plan, rules))
+        return _scan_single_rank(ranks[0], plan, total, fit.caps[0], cutoff_s, _single_rank_counts(plan, rules, total))
     cm = cp_model.CpModel()
     L = [cm.NewIntVar(v, total, f"L{r}") for r in range(plan.pp)]
     n = [cm.NewIntVar(0, total, f"n{r}") for r in range(plan.pp)]

@@ -35,7 +35,7 @@ _SCHEDULES = {
 # how each splits layers and recomputes them (planner.partition.SplitRules)
 _SPLITS = {
     "megatron": ("even_inner", "block"),   # --decoder-first/last-pipeline-num-layers; --recompute-num-layers
-    "torchtitan": ("free", "all"),   # module names per stage; full activation checkpointing of every layer
+    "torchtitan": ("free", "every_nth"),   # module names per stage; checkpointing of every n-th layer
     "deepspeed": ("even", "all"),   # partition_method 'uniform'; every layer checkpointed
 }
 _ORDERS = {"megatron": (megatron.DEFAULT_ORDER, megatron.TP_PP_DP_ORDER), "torchtitan": (torchtitan.ORDER,),
