@@ -171,9 +171,17 @@ def _jacobian(space: _Space, x, r0):
 
 
 def _step(jac, r, x, space: _Space):
-    """The Gauss-Newton step inside the bounds: least squares of the linearised log errors."""
+    """The Gauss-Newton step inside the bounds: least squares of the linearised log errors. A
+    parameter no row's step time depends on (a zero column: the per-kernel host cost where every
+    run keeps its device busier than its host) is not identified by the rows and keeps its
+    value."""
+    import numpy as np
     from scipy.optimize import lsq_linear
-    return lsq_linear(jac, -r, bounds=(space.low - x, space.high - x)).x
+    active = np.abs(jac).max(axis=0) > 1e-9
+    dx = np.zeros(len(x))
+    if active.any():
+        dx[active] = lsq_linear(jac[:, active], -r, bounds=((space.low - x)[active], (space.high - x)[active])).x
+    return dx
 
 
 def fit(rows: list[FilledRow], *, iterations: int = 8) -> dict[str, float]:
