@@ -32,6 +32,8 @@ node's shared DRAM).
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 from enum import StrEnum
 
 import numpy as np
@@ -143,6 +145,7 @@ def tree_latency_s(m: int, k: int, intra: NetworkTier, inter: NetworkTier) -> fl
     return 2 * ((m - 1) * intra.latency_for(ar) + (k.bit_length() - 1) * inter.latency_for(ar))
 
 
+@lru_cache(maxsize=65536)   # the search prices the same collectives for thousands of candidates
 def collective_time_s(kind: Collective, num_bytes: float, span: AxisSpan,
                       cluster: ClusterSpec) -> float:
     """Time of one collective over a group laid out as `span` (see costmodel.placement); for a

@@ -116,7 +116,13 @@ def max_layers_that_fit(mem: AffineBytes, cap: float, can_recompute: bool, total
 def split_exists(memory: list[AffineBytes], plan: Plan, caps: Sequence[float], total: int) -> bool:
     """Exact: some split of `total` layers (at least vpp per rank) fits every rank (`memory`:
     costmodel.memory.stage_memory_shapes; `caps`: each rank's budget)."""
-    most = [max_layers_that_fit(m, cap, plan.recompute is not Recompute.NONE, total) for m, cap in zip(memory, caps)]
+    can_recompute, seen = plan.recompute is not Recompute.NONE, {}
+    most = []
+    for m, cap in zip(memory, caps):   # ranks alike share one answer (by identity: they are alive here)
+        key = (id(m), cap)
+        if key not in seen:
+            seen[key] = max_layers_that_fit(m, cap, can_recompute, total)
+        most.append(seen[key])
     return min(most) >= plan.vpp and sum(most) >= total
 
 
