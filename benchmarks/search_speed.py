@@ -26,24 +26,24 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-LLAMA = ["--model", "llama-70b", "--cluster", "8x8xA100"]
-CASES = [   # (arguments of planner search, target search seconds)
-    (LLAMA, 1.0),
-    (["--model", "mixtral-8x7b", "--cluster", "8x8xH100"], 1.5),
-    (["--model", "llama3-405b", "--cluster", "2048x8xH100"], 2.0),
-    *((LLAMA + ["--framework", name], 2.0) for name in ("megatron", "torchtitan", "deepspeed")),
+CASES = [   # (model, cluster, further arguments of planner search, target search seconds)
+    ("llama-70b", "8x8xA100", (), 1.0),
+    ("mixtral-8x7b", "8x8xH100", (), 1.5),
+    ("llama3-405b", "2048x8xH100", (), 2.0),
+    *(("llama-70b", "8x8xA100", ("--framework", name), 2.0) for name in ("megatron", "torchtitan", "deepspeed")),
 ]
 
 
-def run(tree: Path, args: list[str], limit_s: float) -> dict:
+def run(model: str, cluster: str, limit_s: float, extra: tuple[str, ...] = (), tree: Path = ROOT) -> dict:
     """One `planner search --json` from `tree` (its own packages first on the path)."""
-    cmd = [sys.executable, "-m", "planner", "search", *args, "--json", "--time-limit", str(limit_s)]
+    cmd = [sys.executable, "-m", "planner", "search", "--model", model, "--cluster", cluster, *extra, "--json",
+           "--time-limit", str(limit_s)]
     env = {**os.environ, "PYTHONPATH": str(tree)}
     start = time.perf_counter()
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=limit_s + 60, cwd=tree, env=env)
     except subprocess.TimeoutExpired:
-        return {"finished": False}
+        return {"finished": False, "error": f"not within {limit_s:.0f} s"}
     if out.returncode != 0:
         return {"finished": False, "error": (out.stderr.strip().splitlines() or ["?"])[-1]}
     doc = json.loads(out.stdout)
@@ -51,11 +51,12 @@ def run(tree: Path, args: list[str], limit_s: float) -> dict:
             "first": json.dumps(doc["plans"][0]["plan"], sort_keys=True)}
 
 
-def measure(tree: Path, args: list[str], repeat: int, limit_s: float) -> dict:
-    runs = [run(tree, args, limit_s) for _ in range(repeat)]
+def measure(tree: Path, case: tuple, repeat: int, limit_s: float) -> dict:
+    model, cluster, extra, _ = case
+    runs = [run(model, cluster, limit_s, extra, tree) for _ in range(repeat)]
     done = [r for r in runs if r["finished"]]
     if not done:
-        return {"finished": False, "error": runs[-1].get("error", f"not within {limit_s:.0f} s")}
+        return {"finished": False, "error": runs[-1]["error"]}
     walls = [r["wall_s"] for r in done]
     return {"finished": True, "min_s": min(walls), "median_s": statistics.median(walls),
             "command_s": min(r["command_s"] for r in done), "optimal": all(r["optimal"] for r in done),
@@ -86,9 +87,9 @@ def main() -> None:
         print(f"load average before: {os.getloadavg()[0]:.2f} (2-core targets assume an idle machine)")
         head = f"{'min s':>8} {'median s':>8} {'command s':>9} {'opt':>5}"
         print(f"{'case':52} {'target s':>8}  {head}" + (f"  | {args.against}: {head}  same first" if other else ""))
-        for case, target in CASES:
+        for case in CASES:
             ours = measure(ROOT, case, args.repeat, args.limit_s)
-            line = f"{' '.join(case):52} {target:8.1f}  {column(ours)}"
+            line = f"{' '.join((case[0], case[1], *case[2])):52} {case[3]:8.1f}  {column(ours)}"
             if other is not None:
                 theirs = measure(other, case, args.repeat, args.limit_s)
                 same = ours["finished"] and theirs["finished"] and ours["first"] == theirs["first"]

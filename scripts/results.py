@@ -201,11 +201,11 @@ def measure_gpu_replay(clock: Clock) -> dict:
 def measure_search_speed(clock: Clock) -> list[dict]:
     search_speed = load_benchmark("search_speed")
     out = []
-    for model, cluster, target in search_speed.CASES:
-        clock.tick(f"search speed: {model} on {cluster} ({CMD_SEARCH})")
-        r = search_speed.run(model, cluster, min(600.0, clock.left()))
+    for model, cluster, extra, target in search_speed.CASES:
+        clock.tick(f"search speed: {model} on {cluster} {' '.join(extra)} ({CMD_SEARCH})")
+        r = search_speed.run(model, cluster, min(600.0, clock.left()), extra)
         clock.left()
-        out.append({"model": model, "cluster": cluster, "target_s": target, **r})
+        out.append({"model": model, "cluster": " ".join((cluster, *extra)), "target_s": target, **r})
     return out
 
 
