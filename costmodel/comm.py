@@ -32,9 +32,8 @@ node's shared DRAM).
 """
 from __future__ import annotations
 
-from functools import lru_cache
-
 from enum import StrEnum
+from functools import lru_cache
 
 import numpy as np
 

@@ -14,9 +14,9 @@ from typing import Sequence
 
 import numpy as np
 
+from costmodel.frameworks import FrameworkTraits
 from costmodel.hardware import ClusterSpec
 from costmodel.kernels import host_optimizer_step_s, optimizer_step_s, step_host_s
-from costmodel.frameworks import FrameworkTraits
 from costmodel.memory import AffineBytes, state_bytes_for
 from costmodel.params import layer_expert_params, layer_params
 from costmodel.pipeline_closed_form import closed_form_s, fill_s
