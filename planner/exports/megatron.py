@@ -22,7 +22,7 @@ from __future__ import annotations
 import shlex
 
 from costmodel.plan import Plan, PlanFile, Recompute, Schedule, embedding_loss_split
-from costmodel.specs import Arch, DType, FfnKind, NormKind, PositionKind
+from costmodel.specs import Arch, DType, FfnKind, ModelSpec, NormKind, PositionKind
 from planner.exports.common import (
     Adjusted,
     CannotExport,
@@ -166,6 +166,7 @@ def arguments(pf: PlanFile, plan: Plan) -> list[tuple[str, str | None]]:
             args += [("--moe-shared-expert-intermediate-size", str(m.shared_expert_ffn_hidden_size))]
         if not m.moe_norm_topk_prob:
             args += [("--moe-router-pre-softmax", None)]
+    args += _deepseek_arguments(m)
     args += [("--tensor-model-parallel-size", str(plan.tp)), ("--pipeline-model-parallel-size", str(plan.pp))]
     if _counts_embedding_and_loss(plan):
         args += [("--account-for-embedding-in-pipeline-split", None), ("--account-for-loss-in-pipeline-split", None)]
@@ -209,6 +210,31 @@ def arguments(pf: PlanFile, plan: Plan) -> list[tuple[str, str | None]]:
         if plan.zero_stage >= 1:   # weights kept and gathered in float8, as NVIDIA's float8 recipes run
             args += [("--fp8-param-gather", None)]
     args += [("--tokenizer-type", "NullTokenizer"), ("--vocab-size", str(m.vocab_size)), ("--mock-data", None)]
+    return args
+
+
+def _deepseek_arguments(m: ModelSpec) -> list[tuple[str, str | None]]:
+    """DeepSeek-V2/V3's mechanisms in Megatron-Core's spelling (MLATransformerConfig and the MoE
+    router's fields): latent attention, dense first layers, sigmoid routing with a balancing
+    bias over expert groups, scaled routed outputs, multi-token prediction."""
+    args: list[tuple[str, str | None]] = []
+    if m.is_mla:
+        args += [("--multi-latent-attention", None), ("--kv-lora-rank", str(m.kv_lora_rank)),
+                 ("--qk-head-dim", str(m.qk_nope_head_dim)), ("--qk-pos-emb-head-dim", str(m.qk_rope_head_dim)),
+                 ("--v-head-dim", str(m.v_head_dim))]
+        if m.q_lora_rank:
+            args += [("--q-lora-rank", str(m.q_lora_rank))]
+    if m.first_k_dense:
+        args += [("--moe-layer-freq", f"([0]*{m.first_k_dense}+[1]*{m.num_layers - m.first_k_dense})")]
+    if m.router_scoring == "sigmoid":
+        args += [("--moe-router-score-function", "sigmoid"), ("--moe-router-enable-expert-bias", None)]
+    if m.num_expert_groups > 1:
+        args += [("--moe-router-num-groups", str(m.num_expert_groups)),
+                 ("--moe-router-group-topk", str(m.topk_groups))]
+    if m.routed_scaling_factor != 1.0:
+        args += [("--moe-router-topk-scaling-factor", f"{m.routed_scaling_factor:g}")]
+    if m.mtp_depth:
+        args += [("--mtp-num-layers", str(m.mtp_depth))]
     return args
 
 

@@ -363,3 +363,50 @@ def test_activations_on_the_host_are_said_and_kept_on_the_device(plan_paths, tmp
     doc = _export(capsys, plan_paths["llama8b_act_offload"], target, tmp_path / "out")
     assert not doc["plan"]["offload_activations"]
     assert any(d.startswith("activations on the host: not an option") for d in doc["differences"])
+
+
+# --- DeepSeek's mechanisms ------------------------------------------------------------------
+
+def test_a_deepseek_plan_exports_its_mechanisms_to_megatron(tmp_path, capsys):
+    """Latent attention, the dense first layer, sigmoid routing with a bias over expert groups
+    and the routed scaling reach Megatron-LM's command line, read by Megatron-Core's own
+    MLATransformerConfig; torchtitan's llama3 job would describe another model and is refused."""
+    pytest.importorskip("megatron.core", reason="megatron-core (test extra) is not installed")
+    from megatron.core.transformer.transformer_config import MLATransformerConfig
+    plan = tmp_path / "v2lite.json"
+    assert main(["predict", "--model", "deepseek-v2-lite", "--cluster", "2x8xH100", "--pp", "2", "--ep", "8",
+                 "--zero", "1", "--recompute", "full", "--seq-len", "4096", "--global-batch", "64",
+                 "--framework", "megatron", "--out", str(plan), "--json"]) == 0
+    out = tmp_path / "run.sh"
+    _export(capsys, plan, "megatron", out)
+    args = _megatron_args(out.read_text())
+    pf = PlanFile.load(plan)
+    m = pf.model
+    fields = {"multi_latent_attention": True, "kv_lora_rank": int(args["--kv-lora-rank"]),
+              "qk_head_dim": int(args["--qk-head-dim"]), "qk_pos_emb_head_dim": int(args["--qk-pos-emb-head-dim"]),
+              "v_head_dim": int(args["--v-head-dim"]),
+              "moe_layer_freq": eval(args["--moe-layer-freq"], {"__builtins__": {}}),   # Megatron-LM's moe_freq_type
+              "num_moe_experts": int(args["--num-experts"]), "moe_router_topk": int(args["--moe-router-topk"]),
+              "moe_ffn_hidden_size": int(args["--moe-ffn-hidden-size"]),
+              "moe_shared_expert_intermediate_size": int(args["--moe-shared-expert-intermediate-size"])}
+    assert "--q-lora-rank" not in args   # V2-Lite projects Q from the input
+    config = MLATransformerConfig(num_layers=int(args["--num-layers"]), hidden_size=int(args["--hidden-size"]),
+                                  num_attention_heads=int(args["--num-attention-heads"]),
+                                  ffn_hidden_size=int(args["--ffn-hidden-size"]), **fields)
+    assert (config.kv_lora_rank, config.qk_head_dim, config.qk_pos_emb_head_dim, config.v_head_dim) == \
+        (m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim)
+    assert config.moe_layer_freq == [0] * m.first_k_dense + [1] * (m.num_layers - m.first_k_dense)
+    assert config.num_moe_experts == m.num_experts and config.moe_ffn_hidden_size == m.moe_ffn_hidden_size
+    v3 = tmp_path / "v3.json"
+    assert main(["predict", "--model", "deepseek-v3", "--cluster", "256x8xH100", "--pp", "16", "--ep", "64",
+                 "--zero", "1", "--seq-len", "4096", "--global-batch", "15360", "--framework", "megatron",
+                 "--recompute", "full", "--out", str(v3), "--json"]) == 0
+    _export(capsys, v3, "megatron", tmp_path / "v3.sh")
+    v3_args = _megatron_args((tmp_path / "v3.sh").read_text())
+    assert (v3_args["--q-lora-rank"], v3_args["--moe-router-score-function"], v3_args["--moe-router-num-groups"],
+            v3_args["--moe-router-group-topk"], v3_args["--moe-router-topk-scaling-factor"],
+            v3_args["--mtp-num-layers"]) == ("1536", "sigmoid", "8", "4", "2.5", "1")
+    assert "--moe-router-enable-expert-bias" in v3_args
+    capsys.readouterr()
+    assert main(["export", str(plan), "--to", "torchtitan", "--out", str(tmp_path / "job.toml")]) == 2
+    assert "latent attention" in capsys.readouterr().err
