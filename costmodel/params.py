@@ -58,6 +58,17 @@ def qk_norm_params(model: ModelSpec) -> int:
     return 2 * model.head_dim if model.qk_norm else 0
 
 
+def mla_down_params(model: ModelSpec) -> int:
+    """Latent attention's down-projections and their latent norms in one layer, whole on every TP
+    rank (costmodel.layout's replicated style, as Megatron-Core lays them): the K/V latent with
+    the shared RoPE key, and the Q latent where Q is compressed."""
+    if not model.is_mla:
+        return 0
+    h = model.hidden_size
+    kv = h * (model.kv_lora_rank + model.qk_rope_head_dim) + model.kv_lora_rank
+    return kv + (h * model.q_lora_rank + model.q_lora_rank if model.q_lora_rank else 0)
+
+
 def expert_params(model: ModelSpec) -> int:
     """One routed expert (a SwiGLU MLP). Experts are never split over TP (expert TP 1): under
     tensor parallelism every TP rank holds the whole mixture (runtime.parallel)."""

@@ -25,6 +25,7 @@ from costmodel.params import (
     layer_expert_params,
     layer_param_tensors,
     layer_params,
+    mla_down_params,
     moe_replicated_params,
     optimized_params,
     qk_norm_params,
@@ -192,17 +193,20 @@ def dp_groups(model: ModelSpec, plan: Plan, sp: Spans, held: RankParams,
 def tp_replica_sync_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec, sp: Spans,
                       layers: int) -> float:
     """Parameters every TP rank holds whole but trains on its own share: a mixture of experts
-    (each TP rank routes its sequence shard) and per-head Q/K norms (each rank's heads). Once the
-    data-parallel reduction has left each rank its gradient shards (replicated ones over dp x cp,
-    experts over edp x cp), they are all-reduced over TP before the optimizer step in one
-    collective, exposed (runtime.job.sync_replicated_over_tp). Affine in the rank's layers."""
-    if plan.tp == 1 or not (model.is_moe or model.qk_norm):
+    (each TP rank routes its sequence shard), per-head Q/K norms (each rank's heads) and, under
+    sequence parallelism, latent attention's down-projections (each rank's sequence shard; Megatron
+    all-reduces their gradients over TP as it does the norms'). Once the data-parallel reduction
+    has left each rank its gradient shards (replicated ones over dp x cp, experts over edp x cp),
+    they are all-reduced over TP before the optimizer step in one collective, exposed
+    (runtime.job.sync_replicated_over_tp). Affine in the rank's layers."""
+    mla = mla_down_params(model) if plan.sequence_parallel else 0
+    if plan.tp == 1 or not (model.is_moe or model.qk_norm or mla):
         return 0.0
     # ZeRO-0 keeps whole gradients (FSDP2 over a unit shard axis: runtime.parallel.dp_mesh_for)
     sharded = plan.zero_stage > 0
     # experts folded over TP (params.folds_ep) are each on one TP rank: nothing to sum for them
     experts = 0 if folds_ep(plan, cluster.framework) else layer_expert_params(model, plan.ep)
-    shard = (moe_replicated_params(model) + qk_norm_params(model)) / (plan.dp * plan.cp if sharded else 1)
+    shard = (moe_replicated_params(model) + qk_norm_params(model) + mla) / (plan.dp * plan.cp if sharded else 1)
     if experts:
         shard += experts / (plan.edp * plan.cp if sharded else 1)
     return collective_time_s(Collective.ALL_REDUCE, layers * shard * train.grad_dtype.num_bytes, sp.tp, cluster)

@@ -138,3 +138,19 @@ def test_a_first_rank_without_room_for_the_dense_layers_is_refused():
     short = dataclasses.replace(plan, layers_per_stage=(2, 4) + plan.layers_per_stage[2:])
     assert any("holds 2 layers, fewer than the model's 3 dense first layers" in p
                for p in check_structure(model, train, cluster, short))
+
+
+def test_latent_down_projections_are_summed_over_tp_under_sequence_parallelism():
+    """Whole on every TP rank and trained on its sequence shard, MLA's down-projections and their
+    norms (15.1M a V3 layer) are all-reduced over TP once a step, as the norms are."""
+    from costmodel.params import mla_down_params
+    from costmodel.rank_time import spans, tp_replica_sync_s
+    from planner.space import Choice, build_plan
+    from planner.specs import build_specs
+    model, train, cluster = build_specs("deepseek-v3", "256x8xH100")
+    assert mla_down_params(model) == 7168 * (1536 + 512 + 64) + 1536 + 512
+    plan = build_plan(model, train, cluster, Choice(tp=2, pp=16, ep=8, zero_stage=1, sequence_parallel=True))
+    whole_seq = dataclasses.replace(plan, sequence_parallel=False)
+    with_sp = tp_replica_sync_s(model, train, plan, cluster, spans(plan, cluster), 4)
+    without = tp_replica_sync_s(model, train, whole_seq, cluster, spans(whole_seq, cluster), 4)
+    assert with_sp > without > 0   # the mixture's router is summed either way
