@@ -6,7 +6,7 @@ Prints, per row, the error of `planner validate` with the profiles as shipped (i
 profiles were fitted on this table) and the error when the row's whole source is left out of
 the fit (`planner.measure.fit.leave_one_source_out`), then both summaries. `--fit` also prints the
 per-chip values a fit on the whole table gives (what profiles/*.toml hold, copied by hand).
-About two minutes on a 2-core machine.
+About a minute on a 2-core machine.
 """
 from __future__ import annotations
 

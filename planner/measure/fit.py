@@ -131,9 +131,15 @@ class _Space:
     keys: list[str]
     low: Any    # numpy arrays, one entry per key
     high: Any
+    scale: Any  # each key's upper bound
 
     def values(self, x) -> dict[str, float]:
-        return {**self.start, **{k: float(v) * bounds_for(self.rows[0].cluster)[k][1] for k, v in zip(self.keys, x)}}
+        return {**self.start, **{k: float(v * u) for k, v, u in zip(self.keys, x, self.scale)}}
+
+    def point(self, values: dict[str, float]):
+        """`values` in the fit's units, clipped into the bounds."""
+        import numpy as np
+        return np.clip([values[k] / u for k, u in zip(self.keys, self.scale)], self.low, self.high)
 
 
 def _space(rows: list[FilledRow]) -> _Space:
@@ -147,7 +153,8 @@ def _space(rows: list[FilledRow]) -> _Space:
                     and any(r.cluster.framework.vendor_attention for r in flash)}
     keys = [k for k in PARAMS if identifiable.get(k, True)]
     return _Space(rows=rows, start=current_values(rows[0].cluster), keys=keys,
-                  low=np.array([bounds[k][0] / bounds[k][1] for k in keys]), high=np.ones(len(keys)))
+                  low=np.array([bounds[k][0] / bounds[k][1] for k in keys]), high=np.ones(len(keys)),
+                  scale=np.array([bounds[k][1] for k in keys]))
 
 
 def _residuals(space: _Space, x, rows: list[FilledRow] | None = None):
@@ -190,7 +197,7 @@ def fit(rows: list[FilledRow], *, iterations: int = 8) -> dict[str, float]:
     the mean squared error falls), about ten evaluations of the rows per step."""
     import numpy as np
     space = _space(rows)
-    x = np.clip([space.start[k] / bounds_for(rows[0].cluster)[k][1] for k in space.keys], space.low, space.high)
+    x = space.point(space.start)
     r = _residuals(space, x)
     for _ in range(iterations):
         dx = _step(_jacobian(space, x, r), r, x, space)
@@ -229,8 +236,7 @@ def leave_one_source_out(rows: list[FilledRow], progress: Callable[[str], None] 
         groups[chip(r.cluster)].append(r)
     for name, group in sorted(groups.items()):
         space = _space(group)
-        whole = fit(group)
-        x = np.array([whole[k] / bounds_for(group[0].cluster)[k][1] for k in space.keys])
+        x = space.point(fit(group))
         r = _residuals(space, x)
         jac = _jacobian(space, x, r)
         sources = sorted({g.source for g in group})
