@@ -141,20 +141,20 @@ def measure_accuracy(clock: Clock) -> dict:
     rows = [_row(res, row, loso.get(res.id), fidelity.step_time_error_pct, fit.source_group(row["source"]))
             for res, row in zip(results, csv_rows)]
     return {"rows": rows, "summary": summary, "left_out": fit.summary(list(loso.values())),
-            "num_sources": len({r.source for r in filled}), "frontier": measure_frontier(clock)}
+            "num_sources": len({r.source for r in filled}), "unmodelled": measure_unmodelled(clock)}
 
 
-FRONTIER = ("profiles/runs/unmodelled_runs.csv",)
+UNMODELLED = ("profiles/runs/unmodelled_runs.csv",)
 
 
-def measure_frontier(clock: Clock) -> list[dict]:
+def measure_unmodelled(clock: Clock) -> list[dict]:
     """The published runs kept out of the calibration (profiles/runs/unmodelled_runs.csv: software
     the model has no traits for, or a plan it refuses): `planner validate` row by row, a refused
     row counted apart."""
     from costmodel.inputs import UserError
     from planner.measure.validate import read_runs, summarize, validate_row
     out = []
-    for table in FRONTIER:
+    for table in UNMODELLED:
         rows = read_runs(ROOT / table)
         clock.tick(f"runs kept out of the calibration: {len(rows)} rows of {table} (python3 -m planner validate {table})")
         results, kept, refused = [], [], []
@@ -341,7 +341,7 @@ def accuracy_section(acc: dict, gpu: dict, band: float, meta: dict) -> str:
         *(f"| runs kept out of the calibration: `{f['table']}` ({f['fits']} of {f['n']} predicted to fit"
           + (f"; {len(f['refused'])} refused: {cell('; '.join(f['refused']))}" if f["refused"] else "")
           + f") | {f['n']} | {f['mape_pct']:.1f} | {f['max_abs_error_pct']:.1f} | {f['spearman']:.3f} | "
-          f"`python3 -m planner validate {f['table']}` |" for f in acc.get("frontier", [])), "",
+          f"`python3 -m planner validate {f['table']}` |" for f in acc.get("unmodelled", [])), "",
         *([f"Fitted values at a bound of their published range (profiles' `[ranges]`; each a mechanism the fit "
            f"hides): {cell('; '.join(s['profile_problems']))}.", ""] if s.get("profile_problems") else []),
         f"Published runs: `profiles/runs/published_runs.csv` ({s['n']} timed rows; every row in "

@@ -19,6 +19,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
+
 from costmodel.estimate import estimate
 from costmodel.frameworks import attention_speedup
 from costmodel.hardware import FITTED_PARAMS, ClusterSpec
@@ -129,21 +131,19 @@ class _Space:
     rows: list[FilledRow]
     start: dict[str, float]
     keys: list[str]
-    low: Any    # numpy arrays, one entry per key
-    high: Any
-    scale: Any  # each key's upper bound
+    low: np.ndarray    # one entry per key
+    high: np.ndarray
+    scale: np.ndarray  # each key's upper bound
 
     def values(self, x) -> dict[str, float]:
         return {**self.start, **{k: float(v * u) for k, v, u in zip(self.keys, x, self.scale)}}
 
     def point(self, values: dict[str, float]):
         """`values` in the fit's units, clipped into the bounds."""
-        import numpy as np
         return np.clip([values[k] / u for k, u in zip(self.keys, self.scale)], self.low, self.high)
 
 
 def _space(rows: list[FilledRow]) -> _Space:
-    import numpy as np
     bounds = bounds_for(rows[0].cluster)
     # fused attention is identifiable only from rows that ran it, a vendor kernel's speedup only
     # from rows that called it, and only where the chip has such a kernel (bounds not one value)
@@ -157,16 +157,14 @@ def _space(rows: list[FilledRow]) -> _Space:
                   scale=np.array([bounds[k][1] for k in keys]))
 
 
-def _residuals(space: _Space, x, rows: list[FilledRow] | None = None):
-    import numpy as np
+def _residuals(space: _Space, x):
     values = space.values(x)
-    return np.array([r.log_error(values) for r in (rows or space.rows)])
+    return np.array([r.log_error(values) for r in space.rows])
 
 
 def _jacobian(space: _Space, x, r0):
     """Forward differences of the log errors, a step of 1 % of each parameter's range, taken
     toward the inside of the range."""
-    import numpy as np
     columns = []
     for i in range(len(x)):
         h = 0.01 * (space.high[i] - space.low[i])
@@ -182,7 +180,6 @@ def _step(jac, r, x, space: _Space):
     parameter no row's step time depends on (a zero column: the per-kernel host cost where every
     run keeps its device busier than its host) is not identified by the rows and keeps its
     value."""
-    import numpy as np
     from scipy.optimize import lsq_linear
     active = np.abs(jac).max(axis=0) > 1e-9
     dx = np.zeros(len(x))
@@ -195,7 +192,6 @@ def fit(rows: list[FilledRow], *, iterations: int = 8) -> dict[str, float]:
     """Least squares in log step time over the rows of one chip inside the published ranges:
     bounded Gauss-Newton (each step the linearised problem's bounded least squares, halved until
     the mean squared error falls), about ten evaluations of the rows per step."""
-    import numpy as np
     space = _space(rows)
     x = space.point(space.start)
     r = _residuals(space, x)
@@ -229,7 +225,6 @@ def leave_one_source_out(rows: list[FilledRow], progress: Callable[[str], None] 
     whole table's fit, on the Jacobian computed there with the source's rows taken out: the
     exact refit's first step, second-order close to it where the fit moves little. A chip with
     no other source keeps its profile's values for those rows."""
-    import numpy as np
     out = []
     groups: dict[str, list[FilledRow]] = defaultdict(list)
     for r in rows:
