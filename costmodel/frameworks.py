@@ -12,6 +12,12 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   `--overlap-grad-reduce` arrived with Megatron-Core in 2023).
 - `dp_param_overlap`: ZeRO-1's all-gather of updated weights hides behind the next forward
   (Megatron-Core `--overlap-param-gather`), instead of running after the optimizer step.
+- `dp_sync_per_chunk`: interleaved, each model chunk's gradients are reduced when its last
+  micro-batch's backward ends and its weights gathered when its first forward starts
+  (Megatron-Core's `--overlap-grad-reduce` / `--overlap-param-gather` hook each chunk's buffers
+  into the interleaved schedule's grad_sync_func / param_sync_func), so those collectives hide
+  behind the other chunks' last (first) round, not one micro-batch (costmodel.rank_time.dp_terms:
+  chunk_window_micro_batches).
 - `tp_comm_overlap`: Transformer Engine's userbuffer overlap of the sequence-parallel
   collectives with their GEMMs (Megatron-Core `--tp-comm-overlap`, on in NVIDIA's NeMo, MLPerf and
   Megatron-Bridge recipes): the all-gather and reduce-scatter are split into tp ring-exchange
@@ -187,6 +193,7 @@ class FrameworkTraits:
     recompute_early_stop: bool = False
     fused_grad_accumulation: bool = False
     one_replica_fsdp: bool = False
+    dp_sync_per_chunk: bool = False
 
 
 GENERIC = FrameworkTraits(name="generic", dp_grad_overlap=True, dp_param_overlap=True,
@@ -218,7 +225,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
                     **_MEGATRON),
     FrameworkTraits(name="megatron-core", dp_grad_overlap=True, dp_param_overlap=True, tp_comm_overlap=True,
                     swiglu_saved_tensors=3, vendor_attention=True, float8_casts_fused=True, float8_with_tp=True,
-                    float8_param_gather=True, ep_folds_over_tp=True,
+                    float8_param_gather=True, ep_folds_over_tp=True, dp_sync_per_chunk=True,
                     **_MEGATRON),
     FrameworkTraits(name="megatron-deepspeed", **{**_DEEPSPEED, "loss_grad_in_place": True}),
     FrameworkTraits(name="deepspeed", **_DEEPSPEED),

@@ -55,6 +55,7 @@ class DpTerm:
     pieces_per_layer: int = 0
     units: int = 1
     scale: float = 1.0   # a fraction of the collectives' time (the contention terms below)
+    window_micro_batches: float = 1.0   # micro-batches of the pass the window spans (chunk_window_micro_batches)
 
 
 def dp_terms(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec) -> tuple[DpTerm, ...]:
@@ -113,17 +114,18 @@ def _dp_terms(model: ModelSpec, train: TrainSpec, plan: Plan, traits: FrameworkT
     reduces = 1 if unsharded_between_micro_batches(plan, traits) else m
     units = 1 if traits.dp_collectives_per_layer else 0   # FSDP units below ZeRO-3 too
     stages = 1
+    spread = chunk_window_micro_batches(plan, traits)
     if units and whole_stage_units(model, plan, traits):
         # one unit a stage: its reduction follows the whole backward, its gather precedes the forward
         units, stages, reduce_window, gather_window = 0, plan.vpp, "none", "none"
     if z == 0:
         return (DpTerm(multiplier=1, collectives=((ar, g),), window=reduce_window, pieces_per_layer=units,
-                       units=stages),)
+                       units=stages, window_micro_batches=spread),)
     if z in (1, 2):
         return (DpTerm(multiplier=1 if z == 1 else reduces, collectives=((rs, g),), window=reduce_window,
-                       pieces_per_layer=units, units=stages),
+                       pieces_per_layer=units, units=stages, window_micro_batches=spread if reduces == 1 or z == 1 else 1.0),
                 DpTerm(multiplier=1, collectives=((ag, w),), window=gather_window, pieces_per_layer=units,
-                       units=stages))
+                       units=stages, window_micro_batches=spread))
     pieces = layer_param_tensors(model) if traits.zero3_gathers_per_param else 1
     # FSDP prefetches the next layer's gather behind the current one's compute in either pass
     forward = DpTerm(multiplier=m, collectives=((ag, w),), window="forward", pieces_per_layer=pieces)
@@ -158,7 +160,21 @@ def dp_window_s(term: DpTerm, times: RankTimes, overlap: float) -> float:
     if term.window == "none":
         return 0.0
     window = times.forward_s if term.window == "forward" else times.backward_s + times.recompute_s
-    return overlap * window
+    return overlap * term.window_micro_batches * window
+
+
+def chunk_window_micro_batches(plan: Plan, traits: FrameworkTraits) -> float:
+    """Micro-batches of a pass a once-per-step DP collective hides behind. One stage a rank: the
+    last micro-batch's backward (the first micro-batch's forward for the gather), bucket by
+    bucket. Interleaved, a framework that syncs each model chunk on its own (`dp_sync_per_chunk`:
+    Megatron-Core launches a chunk's reduce-scatter when its last micro-batch's backward ends, its
+    gather when its first forward starts) runs the other chunks' collectives behind the last (first)
+    round of the schedule: min(m, pp) micro-batches of each of the vpp - 1 other chunks, each 1/vpp
+    of a micro-batch's pass, besides the chunk's own micro-batch."""
+    if not traits.dp_sync_per_chunk or plan.vpp == 1:
+        return 1.0
+    rounds = min(plan.num_micro_batches, plan.pp)
+    return (1 + rounds * (plan.vpp - 1)) / plan.vpp
 
 
 def dp_hidden_s(comm_s: float, window_s: float, bucket_s: float) -> float:
