@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import itertools
+import math
 import re
 import time
 from dataclasses import dataclass, replace
@@ -185,7 +186,7 @@ def row_specs(row: dict[str, str]) -> tuple[ModelSpec, TrainSpec, ClusterSpec]:
     # judged against the hard limit (what CUDA reports, less the context and NCCL reserve): the
     # question is whether the run as published fits, not whether we would plan that close to
     # the edge; the headroom and fragmentation margins are for the plans we emit
-    cluster = run_by(cluster, _traits(row))
+    cluster = run_by(_with_fabric(cluster, row), _traits(row))
     device = cluster.device
     hard = replace(device, efficiency=replace(device.efficiency, allocator_fragmentation=0.0))
     return model, train, replace(cluster, device=hard, memory_headroom=0.0)
@@ -199,6 +200,26 @@ def _traits(row: dict[str, str]) -> FrameworkTraits:
     if (row.get("fp8_param_gather") or "").strip():
         traits = replace(traits, float8_param_gather=_flag(row, "fp8_param_gather", False))
     return traits
+
+
+# a node's network as sources state it, in Gbit/s; a bound that keeps every later division finite
+MAX_NODE_NETWORK_GBPS = 1e6
+
+
+def _with_fabric(cluster: ClusterSpec, row: dict[str, str]) -> ClusterSpec:
+    """The row's inter-node network where the source states one other than the device profile's
+    (optional column node_network_gbps: the node's bandwidth to other nodes, Gbit/s per
+    direction, shared by its GPUs), e.g. IBM's FSDP runs over 400 and 800 Gbit/s per node
+    against a DGX's 8 NICs of 200 (A100) or 400 (H100)."""
+    gbps = _number(row, "node_network_gbps", float, None, 1.0, MAX_NODE_NETWORK_GBPS)
+    if gbps is None:
+        return cluster
+    if not math.isfinite(gbps):
+        raise UserError(f"row {row.get('id')!r}: node_network_gbps = {gbps!r} is not a finite number")
+    dev = cluster.device
+    per_device = gbps * 1e9 / 8 / cluster.devices_per_node
+    inter = replace(dev.inter_node, name=f"{gbps:g} Gbit/s a node", bandwidth_bytes_per_s=per_device)
+    return replace(cluster, device=replace(dev, inter_node=inter))
 
 
 def _grad_dtype(row: dict[str, str]) -> DType:

@@ -49,6 +49,9 @@ GOOD = "ok,x,gpt,24,2048,,16,16,51200,2048,A100-SXM4-80GB,8,8,1,1,8,,,1,1,,,64,b
     (HEADER + "\n" + GOOD + GOOD, "duplicate id 'ok'"),
     (HEADER + ",expert_imbalance\n" + GOOD.replace("\n", ",even\n"), "expert_imbalance = 'even' is not a number"),
     (HEADER + ",expert_imbalance\n" + GOOD.replace("\n", ",0.5\n"), "expert_imbalance = 0.5 is out of range"),
+    (HEADER + ",node_network_gbps\n" + GOOD.replace("\n", ",0\n"), "node_network_gbps = 0 is out of range"),
+    (HEADER + ",node_network_gbps\n" + GOOD.replace("\n", ",nan\n"), "node_network_gbps = nan is not a finite"),
+    (HEADER + ",node_network_gbps\n" + GOOD.replace("\n", ",fast\n"), "node_network_gbps = 'fast' is not a number"),
 ])
 def test_bad_tables_are_one_line_and_exit_2(tmp_path, capsys, text, message):
     from planner.cli import main
@@ -87,3 +90,16 @@ def test_fms_fsdp_runs_its_layer_op_by_op():
         cluster = replace(parse_cluster("1x8xA100"), framework=traits)
         step_s.append(estimate(model, train, cluster, build_plan(model, train, cluster, Choice(zero_stage=3))).step_time_s)
     assert step_s[0] > 1.02 * step_s[1]
+
+
+def test_a_stated_node_network_replaces_the_profiles_between_nodes():
+    """node_network_gbps: the node's bandwidth to other nodes as the source states it, shared by
+    its GPUs (IBM's 800 Gbit/s a node of 8 H100s: 12.5 GB/s each, not a DGX's 50)."""
+    from planner.measure.validate import row_specs
+    head = HEADER.split(",") + ["node_network_gbps"]
+    row = dict(zip(head, GOOD.strip().replace("A100-SXM4-80GB,8,8,1,1,8", "H100-SXM5-80GB,16,8,1,1,16").split(",") + [""]))
+    _, _, dgx = row_specs(row)
+    _, _, stated = row_specs({**row, "node_network_gbps": "800"})
+    assert dgx.device.tier_for(2).bandwidth_bytes_per_s == pytest.approx(50e9)
+    assert stated.device.tier_for(2).bandwidth_bytes_per_s == pytest.approx(12.5e9)
+    assert stated.device.intra_node == dgx.device.intra_node
