@@ -85,14 +85,9 @@ def _check_routing(m: "ModelSpec", where: str) -> None:
 
 def unbuilt_mechanisms(m: "ModelSpec") -> list[str]:
     """The mechanisms of `m` runtime.model does not build (it refuses the model, naming them,
-    rather than train another one): the cost model prices them, the runtime's modules are to come."""
-    out = ["latent attention (kv_lora_rank)"] if m.is_mla else []
-    out += ["dense first layers (first_k_dense)"] if m.first_k_dense else []
-    out += ["sigmoid routing with a balancing bias (router_scoring)"] if m.router_scoring == "sigmoid" else []
-    out += ["group-limited routing (num_expert_groups)"] if m.num_expert_groups > 1 else []
-    out += ["scaled routed outputs (routed_scaling_factor)"] if m.routed_scaling_factor != 1.0 else []
-    out += ["multi-token prediction (mtp_depth)"] if m.mtp_depth else []
-    return out
+    rather than train another one): the cost model prices them. The MTP modules' extra layer and
+    loss after the last stage are not in the runtime."""
+    return ["multi-token prediction (mtp_depth)"] if m.mtp_depth else []
 
 
 @lru_cache(maxsize=64)

@@ -81,6 +81,9 @@ def _names(model: Transformer, fused_projections: bool = False,
            model_type: str | None = None) -> dict[str, tuple[str, tuple | None]]:
     """runtime name -> (transformers name, the part it is of a fused tensor or None), for every
     parameter of the whole model (`model_type` "falcon": Falcon's names for a gpt-arch model)."""
+    if model.spec.is_mla or model.spec.first_k_dense or model.spec.router_scoring == "sigmoid":
+        # their names, the routers' balancing biases (buffers) and RoPE's interleaved pairs are not mapped
+        raise UserError(f"model {model.spec.name}: DeepSeek checkpoints are not converted to or from transformers' names")
     if model_type == "falcon":
         top = {"embed.tok.weight": "transformer.word_embeddings.weight", "norm.weight": "transformer.ln_f.weight",
                "norm.bias": "transformer.ln_f.bias", "output.weight": "lm_head.weight"}

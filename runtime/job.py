@@ -21,6 +21,7 @@ from costmodel.inputs import UserError
 from costmodel.plan import Plan, PlanFile
 from runtime.context_parallel import CpShard
 from runtime.float8 import apply_float8
+from runtime.latent_attention import LatentAttention
 from runtime.model import Transformer
 from runtime.moe import MoE
 from runtime.offload import apply_activation_offload
@@ -51,6 +52,7 @@ class Job:
     clock: StepClock = field(default_factory=StepClock)   # this rank's split of the current step
     cp: CpShard | None = None              # context parallelism: this rank's chunks of each sequence
     tp_replicated: list[nn.Parameter] = field(default_factory=list)   # whole on each TP rank, trained on its share
+    stage_group: object | None = None      # the ranks holding this rank's layers, where routers count (None: all)
     # sequences each data-parallel replica trains on per step when they differ (replicas on
     # device groups, costmodel.groups.replica_samples); () when every replica takes an equal share
     samples: tuple[int, ...] = ()
@@ -129,7 +131,8 @@ def build_job(pf: PlanFile, device: torch.device, *, seed: int, materialize: boo
         apply_data_parallel(mod, mesh, plan, pf.train)
         modules[j] = mod
     job = Job(plan=plan, mesh=mesh, device=device, coords=coords, modules=modules, cp=cp,
-              tp_replicated=_tp_replicated(modules) if plan.tp > 1 else [],
+              tp_replicated=_tp_replicated(modules, plan.sequence_parallel) if plan.tp > 1 else [],
+              stage_group=_stage_group(mesh, plan) if materialize and _balancing_biases(modules) else None,
               samples=tuple(replica_samples(plan, pf.cluster)) if plan.micro_batch_sizes else ())
     _tie_embeddings(job, pf)
     if plan.pp > 1 and materialize:
@@ -137,17 +140,53 @@ def build_job(pf: PlanFile, device: torch.device, *, seed: int, materialize: boo
     return job
 
 
-def _tp_replicated(modules: dict) -> list[nn.Parameter]:
+def _tp_replicated(modules: dict, sequence_parallel: bool) -> list[nn.Parameter]:
     """Parameters whole on every TP rank that each rank trains on its own share: a mixture of
-    experts (its sequence shard) and Qwen3's per-head Q/K norms (its heads)."""
+    experts (its sequence shard), Qwen3's per-head Q/K norms (its heads) and, under sequence
+    parallelism, latent attention's down-projections and latent norms (its sequence shard)."""
     out = []
     for mod in modules.values():
         for sub in mod.modules():
             if isinstance(sub, MoE):
                 out += list(sub.parameters())
+            elif isinstance(sub, LatentAttention):
+                out += sub.down_parameters() if sequence_parallel else []
             elif getattr(sub, "qk_norm", False):
                 out += [*sub.q_norm.parameters(), *sub.k_norm.parameters()]
     return out
+
+
+def _balancing_biases(modules: dict) -> list[MoE]:
+    """This rank's mixtures routed by sigmoid scores and a balancing bias, in model order."""
+    return [m for mod in modules.values() for m in mod.modules() if isinstance(m, MoE) and m.sigmoid]
+
+
+def _stage_group(mesh: DeviceMesh, plan: Plan):
+    """The ranks holding this rank's layers (all but other pipeline ranks; None: the world)."""
+    if plan.pp == 1:
+        return None
+    ranks = mesh.mesh.movedim(mesh.mesh_dim_names.index("pp"), 0).reshape(plan.pp, -1)
+    mine = None
+    for row in ranks.tolist():   # every rank creates every group, in the same order
+        group = dist.new_group(row)
+        mine = group if dist.get_rank() in row else mine
+    return mine
+
+
+def update_balancing_biases(job: Job, step_taken: bool) -> None:
+    """DeepSeek-V3's step-end bias update (runtime.moe.MoE.update_bias) from the step's routed
+    slots per expert over the whole batch: this rank's counts summed over the ranks holding the
+    same layers (data, expert, context and sequence-parallel shares), one all-reduce. A skipped
+    step (runtime.health) moves no bias."""
+    routers = _balancing_biases(job.modules)
+    if not routers:
+        return
+    counts = torch.cat([m.routed_counts for m in routers])
+    dist.all_reduce(counts, group=job.stage_group)
+    for moe, total in zip(routers, counts.split([moe.num_experts for moe in routers])):
+        if step_taken:
+            moe.update_bias(total)
+        moe.routed_counts.zero_()
 
 
 def _token_group(mesh: DeviceMesh, plan: Plan, cp: CpShard | None):

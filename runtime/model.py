@@ -5,8 +5,9 @@ model counts FLOPs, parameters and collectives from, so the module tree and the 
 counts agree by construction (a test checks every registry model on the meta device).
 
 Two variants: Llama (RMSNorm, RoPE, GQA, SwiGLU, no biases; with the spec's options also Q/K/V
-biases, GeGLU with Gemma's scaled embeddings and (1 + w) norm, and a mixture of experts,
-runtime.moe) and GPT (LayerNorm, learned positions, GeLU, biases, tied embeddings). GPT's fused QKV projection stores, per KV group, the
+biases, GeGLU with Gemma's scaled embeddings and (1 + w) norm, a mixture of experts,
+runtime.moe, after DeepSeek's dense first layers, and multi-head latent attention,
+runtime.latent_attention) and GPT (LayerNorm, learned positions, GeLU, biases, tied embeddings). GPT's fused QKV projection stores, per KV group, the
 group's query heads then its key head and value head (Megatron-LM's layout): a contiguous split
 of its output features over TP ranks then hands each rank whole groups, as column parallelism
 needs.
@@ -159,11 +160,15 @@ class Attention(nn.Module):
         q, k, v = groups.split((self.group * d, d, d), dim=-1)
         return q.reshape(b, s, -1, d), k, v
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(batch, seq, heads, head_dim) queries, keys and values, RoPE applied."""
         q, k, v = self._qkv(x)
         if self.rope:
             q, k = self._rope(q), self._rope(k)
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        return q, k, v
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = (t.transpose(1, 2) for t in self._heads(x))
         if self.cp is not None:   # the whole sequence's K and V (kept for backward, as priced)
             k, v = gather_kv(k, v, self.cp)
         if self.selective_recompute:   # Korthikanti et al. 2022: recompute the attention core only
@@ -207,15 +212,23 @@ class Mlp(nn.Module):
         return self.fc2(F.gelu(hidden, approximate="none" if self.kind is FfnKind.GELU_ERF else "tanh"))
 
 
+def _attention(model: ModelSpec, kernel: AttentionKernel) -> nn.Module:
+    if model.is_mla:   # imported here: runtime.latent_attention builds on this module's Attention
+        from runtime.latent_attention import LatentAttention
+        return LatentAttention(model, kernel)
+    return Attention(model, kernel)
+
+
 class Layer(nn.Module):
     """Pre-norm transformer layer; dropout on each branch's output when the model has it."""
 
-    def __init__(self, model: ModelSpec, kernel: AttentionKernel) -> None:
+    def __init__(self, model: ModelSpec, kernel: AttentionKernel, index: int) -> None:
         super().__init__()
-        self.attention_norm, self.attention = _norm(model), Attention(model, kernel)
+        self.attention_norm, self.attention = _norm(model), _attention(model, kernel)
         if not model.shared_norm:   # Falcon-7B's one norm feeds both branches
             self.mlp_norm = _norm(model)
-        self.mlp = MoE(model) if model.is_moe else Mlp(model)
+        # DeepSeek's first `first_k_dense` layers have a dense MLP (ffn_hidden_size) before the mixtures
+        self.mlp = MoE(model) if model.is_moe and index >= model.first_k_dense else Mlp(model)
         self.dropout = nn.Dropout(DROPOUT_P if model.dropout else 0.0)
         self.parallel, self.shared_norm = model.parallel_residual, model.shared_norm
 
@@ -266,7 +279,7 @@ class Transformer(nn.Module):
 
         self.spec = model
         self.embed: Embedding | None = Embedding(model)
-        self.layers = nn.ModuleDict({str(i): Layer(model, kernel) for i in range(model.num_layers)})
+        self.layers = nn.ModuleDict({str(i): Layer(model, kernel, i) for i in range(model.num_layers)})
         self.norm: nn.Module | None = _norm(model)
         self.output: nn.Linear | None = nn.Linear(model.hidden_size, model.vocab_size, bias=False)
         if model.tied_embeddings:
@@ -316,7 +329,10 @@ class Transformer(nn.Module):
     def init_weights(self, seed: int) -> None:
         """Deterministic per parameter name, so every rank and the single-process reference
         draw the same values whatever they hold. The separate copy of a tied output weight uses
-        the embedding's name, hence starts equal to it."""
+        the embedding's name, hence starts equal to it. Buffers (a sigmoid router's balancing
+        bias and its step's counts: runtime.moe) start at zero."""
+        for buf in self.buffers():
+            buf.zero_()
         for name, param in self.named_parameters():
             key = "embed.tok.weight" if name == "output.weight" else name
             if name.endswith("bias"):

@@ -1,9 +1,17 @@
-"""A mixture-of-experts MLP (Mixtral, Qwen-MoE): router, top-k, experts, shared expert.
+"""A mixture-of-experts MLP (Mixtral, Qwen-MoE, DeepSeek-V2/V3): router, top-k, experts, shared expert.
 
 Each token's router logits (a linear map, one per expert) go through a softmax in fp32; the
 `experts_per_token` largest probabilities pick its experts, renormalised to sum to one where the
 model says so (Mixtral) or kept (Qwen2-MoE); every routed expert is a SwiGLU MLP and the token's
-output is their weighted sum (dropless: an expert takes every token sent to it). A shared SwiGLU
+output is their weighted sum (dropless: an expert takes every token sent to it). DeepSeek-V3
+(arXiv 2412.19437 Sec. 2.1.2) scores experts by sigmoids instead and picks by score plus a
+per-expert bias that no gradient trains: after each step every bias moves by BIAS_UPDATE_RATE
+towards balance (up for an expert that got fewer than the mean of the step's routed slots, down
+for one that got more), the gating weights taken from the unbiased scores (aux-loss-free
+balancing). Where the model groups its experts (DeepSeek's node-limited routing) a token chooses
+only within its best `topk_groups` groups, a group scored by its best expert (V2's
+group_limited_greedy) or, under sigmoid scoring, its best two (V3's noaux_tc); the gating weights
+are then scaled by `routed_scaling_factor` (transformers' DeepseekV3TopkRouter). A shared SwiGLU
 MLP, where the model has one, adds to every token, scaled by a sigmoid of one projection where
 the model gates it (Qwen2-MoE). Expert weights are stacked per layer ((experts, out, in), as
 transformers 5 stores them) in an `Experts` module of their own.
@@ -18,12 +26,15 @@ in reverse). This is Megatron-Core's all-to-all token dispatcher,
 dropless.
 
 The load-balancing loss (Switch Transformer, Fedus et al. 2022: E * sum_e f_e * P_e over this
-micro-batch's tokens, f_e the share of routed slots expert e got and P_e its mean probability)
+micro-batch's tokens, f_e the share of routed slots expert e got and P_e its mean probability;
+under sigmoid scoring the scores normalised to sum to one, as DeepSeek-V3's complementary loss)
 enters training the way Megatron-Core adds it: its gradient, scaled by `router_aux_loss_coef`,
 joins the backward pass through the layer output, while the reported loss stays the language
 model's.
 """
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -31,7 +42,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from costmodel.specs import ModelSpec
+from costmodel.specs import ModelSpec, RouterScoring
+
+# DeepSeek-V3 Sec. 4.2: the bias update speed gamma, 0.001 for the first 14.3T tokens (Megatron-Core's
+# moe_router_bias_update_rate default)
+BIAS_UPDATE_RATE = 1e-3
 
 
 class _AddAuxLossGrad(torch.autograd.Function):
@@ -65,6 +80,21 @@ def load_balancing_loss(probs: torch.Tensor, chosen: torch.Tensor, num_experts: 
         ranks = dist.get_world_size(group)
     share = counts / (chosen.numel() * ranks)
     return num_experts * (share * probs.sum(0)).sum() / (probs.shape[0] * ranks)
+
+
+@contextmanager
+def counted_routes(module: nn.Module):
+    """Within: `module`'s sigmoid routers count their routes toward the step's bias update.
+    runtime.pipeline counts only in a micro-batch's forward: torch's pipeline stages run their
+    module once more, on the first step, to learn its outputs' shapes."""
+    routers = [m for m in module.modules() if isinstance(m, MoE)]
+    for m in routers:
+        m.count_routes = True
+    try:
+        yield
+    finally:
+        for m in routers:
+            m.count_routes = False
 
 
 class _AllToAll(torch.autograd.Function):
@@ -139,6 +169,13 @@ class MoE(nn.Module):
             model.router_aux_loss_coef
         self.num_experts = e
         self.router = nn.Linear(h, e, bias=False)
+        self.sigmoid = model.router_scoring is RouterScoring.SIGMOID
+        self.groups, self.topk_groups = model.num_expert_groups, model.topk_groups
+        self.scaling = model.routed_scaling_factor
+        self.count_routes = True   # off but within a micro-batch's forward under pipelining (counted_routes)
+        if self.sigmoid:   # the balancing bias (a buffer: checkpointed, never given a gradient)
+            self.register_buffer("expert_bias", torch.zeros(e))
+            self.register_buffer("routed_counts", torch.zeros(e), persistent=False)   # this step's, this rank's
         self.experts = Experts(e, f, h)
         fs = model.shared_expert_ffn_hidden_size
         self.shared = nn.ModuleDict({"w1": nn.Linear(h, fs, bias=False), "w3": nn.Linear(h, fs, bias=False),
@@ -151,10 +188,7 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tokens = x.reshape(-1, x.shape[-1])
-        probs = F.softmax(self.router(tokens), dim=-1, dtype=torch.float32)
-        weights, chosen = probs.topk(self.top_k, dim=-1)
-        if self.normalise:
-            weights = weights / weights.sum(-1, keepdim=True)
+        probs, weights, chosen = self._route(self.router(tokens))
         order = chosen.flatten().argsort(stable=True)   # routed slots, expert by expert
         rows = order // self.top_k                       # the token of each
         counts = torch.bincount(chosen.flatten(), minlength=self.num_experts)
@@ -171,6 +205,41 @@ class MoE(nn.Module):
             aux = self.aux_coef * load_balancing_loss(probs, chosen, self.num_experts, self.token_group)
             out = _AddAuxLossGrad.apply(out, aux, self.aux_grad_scale)
         return out.view_as(x)
+
+    def _route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(scores for the balancing loss, gating weights, chosen experts) of each token, in fp32."""
+        if not self.sigmoid:
+            probs = F.softmax(logits, dim=-1, dtype=torch.float32)
+            weights, chosen = self._within_groups(probs).topk(self.top_k, dim=-1)
+            if self.normalise:
+                weights = weights / weights.sum(-1, keepdim=True)
+            return probs, weights * self.scaling, chosen
+        scores = torch.sigmoid(logits.float())
+        chosen = self._within_groups(scores.detach() + self.expert_bias).topk(self.top_k, dim=-1).indices
+        weights = scores.gather(1, chosen)
+        if self.normalise:
+            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)   # transformers' guard
+        if self.count_routes and self.training and torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1:
+            # counted once per forward: not again where recomputation reruns it inside backward
+            self.routed_counts.index_add_(0, chosen.flatten(), torch.ones(chosen.numel(), device=chosen.device))
+        return scores / scores.sum(-1, keepdim=True), weights * self.scaling, chosen
+
+    def _within_groups(self, choice: torch.Tensor) -> torch.Tensor:
+        """`choice` with every expert outside the token's best `topk_groups` groups at -inf."""
+        if self.groups == 1:
+            return choice
+        grouped = choice.view(choice.shape[0], self.groups, -1)
+        best = 2 if self.sigmoid and grouped.shape[-1] > 1 else 1
+        group_scores = grouped.topk(best, dim=-1).values.sum(-1)
+        keep = torch.zeros_like(group_scores, dtype=torch.bool)
+        keep.scatter_(1, group_scores.topk(self.topk_groups, dim=-1).indices, True)
+        return grouped.masked_fill(~keep[..., None], float("-inf")).view_as(choice)
+
+    @torch.no_grad()
+    def update_bias(self, counts: torch.Tensor) -> None:
+        """DeepSeek-V3's step-end bias update from the step's routed slots per expert over every
+        token of the batch (`counts`: routed_counts summed over the ranks, runtime.job)."""
+        self.expert_bias += BIAS_UPDATE_RATE * torch.sign(counts.mean() - counts).to(self.expert_bias.dtype)
 
     def _exchange(self, routed: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Rows sorted by expert -> their experts' devices -> outputs back in the same order."""

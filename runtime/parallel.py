@@ -51,11 +51,13 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from costmodel.deepseek import dense_layer_model
 from costmodel.layout import Style, dense_blocks
 from costmodel.memory import runtime_wraps_in_fsdp
 from costmodel.params import fsdp_unit_layers
 from costmodel.plan import Plan, Recompute
-from costmodel.specs import DType, TrainSpec
+from costmodel.specs import DType, ModelSpec, TrainSpec
+from runtime.latent_attention import HeadsInput, LatentAttention
 from runtime.moe import Experts, MoE
 from runtime.sequence_parallel import ColwiseWeights, GatheredColumns
 
@@ -99,13 +101,14 @@ def mesh_coords(mesh: DeviceMesh, plan: Plan) -> dict[str, int]:
     return {axis: mesh[axis].get_local_rank() for axis in plan.mesh_axis_order}
 
 
-def _layer_tp_plan(module: nn.Module, sp: bool) -> dict:
+def _layer_tp_plan(spec: ModelSpec, sp: bool) -> dict:
     """Column-parallel projections first, the row-parallel one last, per costmodel.layout. A
     mixture of experts is not split (expert TP 1, Megatron-Core's default under EP): under SP it
     takes this rank's sequence shard as a plain tensor and routes those tokens, its weights
-    whole on every TP rank (their gradients summed over TP: sync_replicated_over_tp)."""
+    whole on every TP rank (their gradients summed over TP: sync_replicated_over_tp). Latent
+    attention's down-projections (replicated) stay whole; its column-parallel projections only
+    have their weights sharded, the block gathering their input itself (runtime.latent_attention)."""
     out = Shard(1) if sp else Replicate()
-    spec = module.spec
     plan: dict = {}
     if spec.is_moe:
         plan["mlp_norm"] = SequenceParallel()
@@ -122,9 +125,16 @@ def _layer_tp_plan(module: nn.Module, sp: bool) -> dict:
             plan[prefix] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),),
                                               use_local_output=True)
         for lin in block.linears:
-            plan[f"{prefix}.{lin.name}"] = (colwise() if lin.style is Style.COLWISE
-                                            else RowwiseParallel(output_layouts=out))
+            if lin.style is Style.COLWISE:
+                plan[f"{prefix}.{lin.name}"] = ColwiseWeights() if spec.is_mla and prefix == "attention" else colwise()
+            elif lin.style is Style.ROWWISE:
+                plan[f"{prefix}.{lin.name}"] = RowwiseParallel(output_layouts=out)
     return plan
+
+
+def _layer_spec(spec: ModelSpec, layer: nn.Module) -> ModelSpec:
+    """The model a layer is built as: DeepSeek's dense first layers are dense_layer_model's."""
+    return spec if isinstance(layer.mlp, MoE) or not spec.is_moe else dense_layer_model(spec)
 
 
 def apply_tensor_parallel(stage: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> None:
@@ -148,9 +158,11 @@ def apply_tensor_parallel(stage: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> No
         warnings.filterwarnings("error", message=".*Parallelize plan key.*")
         parallelize_module(stage, tp_mesh, top)
         for layer in stage.layers.values():
-            parallelize_module(layer, tp_mesh, _layer_tp_plan(stage, sp))
-            if sp:
-                for block in dense_block_modules(layer):
+            parallelize_module(layer, tp_mesh, _layer_tp_plan(_layer_spec(stage.spec, layer), sp))
+            for block in dense_block_modules(layer):
+                if isinstance(block, LatentAttention):
+                    block.heads_in = HeadsInput(tp_mesh.get_group(), sp)
+                elif sp:
                     block.project_in = GatheredColumns(tp_mesh.get_group())
     if tied:  # both sides shard the vocab dim alike; keep them one parameter
         stage.output.weight = stage.embed.tok.weight

@@ -26,6 +26,7 @@ from torch.distributed import pipelining
 from torch.distributed.pipelining import PipelineStage
 
 from costmodel.plan import Plan, ScheduleTraits
+from runtime.moe import MoE, counted_routes
 
 
 def schedule_class(traits: ScheduleTraits) -> type:
@@ -186,7 +187,8 @@ class TimedStage(PipelineStage):
             self.clock.dp_sync_s += time.perf_counter() - start
 
     def forward_one_chunk(self, *args, **kwargs):
-        return self._timed(super().forward_one_chunk, *args, **kwargs)
+        with counted_routes(self.submod):   # not torch's shape-inference forward
+            return self._timed(super().forward_one_chunk, *args, **kwargs)
 
     def backward_one_chunk(self, bwd_chunk_id: int, loss=None, full_backward: bool = True, last_backward=False):
         out = self._timed(super().backward_one_chunk, bwd_chunk_id, loss=loss, full_backward=full_backward,
@@ -205,6 +207,9 @@ def build_schedule(plan: Plan, modules: dict[int, torch.nn.Module], pp_group, de
                    loss_fn, clock: StepClock):
     """One PipelineStage per local virtual stage, driven by the plan's schedule class."""
     traits = plan.schedule.traits
+    for mod in modules.values():
+        for moe in (m for m in mod.modules() if isinstance(m, MoE)):
+            moe.count_routes = False   # but in forward_one_chunk
     sends = Sends(poll=device.type == "cuda") if traits.multi_stage else None
     stages = [TimedStage(mod, j, plan.num_virtual_stages, device, group=pp_group, clock=clock, sends=sends)
               for j, mod in sorted(modules.items())]

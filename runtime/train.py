@@ -31,7 +31,14 @@ from costmodel.specs import Optimizer
 from runtime import checkpoint, watchdog
 from runtime.data import TokenSource, local_slice
 from runtime.health import Diverged, nonfinite_step, step_health  # noqa: F401 - Diverged: the run's error
-from runtime.job import Job, build_job, cross_entropy, sync_replicated_over_tp, sync_tied_embedding
+from runtime.job import (
+    Job,
+    build_job,
+    cross_entropy,
+    sync_replicated_over_tp,
+    sync_tied_embedding,
+    update_balancing_biases,
+)
 from runtime.launch import StepsConfig
 from runtime.memtrack import TensorBytesTracker, state_tensors
 from runtime.parallel import gradient_sync_every_micro_batch
@@ -316,6 +323,7 @@ def _step(job: Job, optimizer, tokens, labels, track: bool):
         optimizer.zero_grad(set_to_none=True)
         _drain(job.device)
         job.clock.optimizer_s = time.perf_counter() - start
+        update_balancing_biases(job, health.finite)   # a few floats per layer, untimed: not the optimizer's
         return health, None
     tracker = TensorBytesTracker(state_tensors(job.modules.values(), optimizer))
     with tracker:

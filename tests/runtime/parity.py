@@ -58,8 +58,18 @@ def reference(pf: PlanFile, steps: int = STEPS, lr: float = LR,
             grad_norms.append(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]).item())
         opt.step()
         opt.zero_grad()
+        _update_balancing_biases(model)
         losses.append(loss.item())
     return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _update_balancing_biases(model: Transformer) -> None:
+    """DeepSeek-V3's step-end bias update from the whole batch's routed counts (runtime.moe)."""
+    from runtime.moe import MoE
+    for sub in model.modules():
+        if isinstance(sub, MoE) and sub.sigmoid:
+            sub.update_bias(sub.routed_counts.clone())
+            sub.routed_counts.zero_()
 
 
 def _moe_step(model: Transformer, pf: PlanFile, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,7 @@ import torch
 from costmodel.hf_config import model_from_hf_dict
 from costmodel.params import active_params, mtp_params, mtp_stored_params, total_params
 from costmodel.registry import resolve_model
+from runtime.model import Transformer
 
 transformers = pytest.importorskip("transformers")
 
@@ -100,3 +101,69 @@ def test_deepseek_totals_are_deepseeks():
     lite = resolve_model("deepseek-v2-lite")
     assert round(total_params(lite) / 1e9, 1) == 15.7
     assert abs((active_params(lite) - lite.vocab_size * lite.hidden_size) / 2.4e9 - 1) < 0.03
+
+
+def _mapped(ours: torch.nn.Module, spec) -> dict[str, torch.Tensor]:
+    """Our debug model's weights (and routing biases) under DeepseekV3ForCausalLM's names."""
+    layer = {"attention_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm",
+             "attention.wq_a": "self_attn.q_a_proj", "attention.q_latent_norm": "self_attn.q_a_layernorm",
+             "attention.wq_b": "self_attn.q_b_proj", "attention.wq": "self_attn.q_proj",
+             "attention.wkv_a": "self_attn.kv_a_proj_with_mqa", "attention.kv_latent_norm": "self_attn.kv_a_layernorm",
+             "attention.wkv_b": "self_attn.kv_b_proj", "attention.wo": "self_attn.o_proj",
+             "mlp.w1": "mlp.gate_proj", "mlp.w3": "mlp.up_proj", "mlp.w2": "mlp.down_proj",
+             "mlp.router": "mlp.gate", "mlp.shared.w1": "mlp.shared_experts.gate_proj",
+             "mlp.shared.w3": "mlp.shared_experts.up_proj", "mlp.shared.w2": "mlp.shared_experts.down_proj"}
+    top = {"embed.tok.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
+           "output.weight": "lm_head.weight"}
+    own = dict(ours.state_dict())
+    out = {}
+    for name, w in own.items():
+        if name in top:
+            out[top[name]] = w
+            continue
+        _, i, rest = name.split(".", 2)
+        prefix = f"model.layers.{i}"
+        if rest == "mlp.experts.w1":
+            out[f"{prefix}.mlp.experts.gate_up_proj"] = torch.cat((w, own[f"layers.{i}.mlp.experts.w3"]), 1)
+        elif rest == "mlp.experts.w2":
+            out[f"{prefix}.mlp.experts.down_proj"] = w
+        elif rest == "mlp.expert_bias":
+            out[f"{prefix}.mlp.gate.e_score_correction_bias"] = w
+        elif rest not in ("mlp.experts.w3", "mlp.routed_counts"):
+            module, kind = rest.rsplit(".", 1)
+            out[f"{prefix}.{layer[module]}.{kind}"] = w
+    return out
+
+
+@pytest.mark.parametrize("changes", [{}, {"q_lora_rank": 0}], ids=["q_compressed", "q_whole"])
+def test_latent_attention_and_sigmoid_routing_give_transformers_logits(changes):
+    """debug-mla (without the MTP module, which transformers does not build either): latent
+    attention, a dense first layer, grouped sigmoid routing with a balancing bias that changes
+    the choice, routed scaling and a shared expert; logits equal DeepseekV3ForCausalLM's (RoPE on
+    rotate-half pairs: rope_interleave off)."""
+    spec = dataclasses.replace(resolve_model("debug-mla"), mtp_depth=0, **changes)
+    ours = Transformer(spec)
+    ours.init_weights(5)
+    with torch.no_grad():
+        for name, buf in ours.named_buffers():
+            if name.endswith("expert_bias"):
+                buf.copy_(torch.linspace(-0.3, 0.3, spec.num_experts))   # enough to change choices
+    config = transformers.DeepseekV3Config(
+        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.ffn_hidden_size,
+        moe_intermediate_size=spec.moe_ffn_hidden_size, num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
+        n_shared_experts=spec.shared_expert_ffn_hidden_size // spec.moe_ffn_hidden_size,
+        n_routed_experts=spec.num_experts, routed_scaling_factor=spec.routed_scaling_factor,
+        kv_lora_rank=spec.kv_lora_rank, q_lora_rank=spec.q_lora_rank or None,
+        qk_rope_head_dim=spec.qk_rope_head_dim, v_head_dim=spec.v_head_dim, qk_nope_head_dim=spec.qk_nope_head_dim,
+        n_group=spec.num_expert_groups, topk_group=spec.topk_groups, num_experts_per_tok=spec.experts_per_token,
+        first_k_dense_replace=spec.first_k_dense, norm_topk_prob=spec.moe_norm_topk_prob,
+        max_position_embeddings=spec.max_position_embeddings, rms_norm_eps=spec.norm_eps,
+        rope_theta=spec.rope_theta, rope_interleave=False, tie_word_embeddings=False, attn_implementation="eager")
+    theirs = transformers.DeepseekV3ForCausalLM(config).eval()
+    theirs.load_state_dict(_mapped(ours, spec), strict=True)
+    tokens = torch.randint(0, spec.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = theirs(tokens).logits
+        got = ours.eval()(tokens)
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-4), (got - want).abs().max()

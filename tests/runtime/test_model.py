@@ -1,6 +1,8 @@
 """The runtime's module tree against the cost model's analytical counts (meta device: no memory)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -20,10 +22,22 @@ def test_parameter_count_equals_costmodel(name):
     assert count_params(model) == total_params(spec)
 
 
-@pytest.mark.parametrize("name", ["deepseek-v2-lite", "debug-mla"])
+@pytest.mark.parametrize("name", ["deepseek-v3", "debug-mla"])
 def test_mechanisms_the_runtime_does_not_build_are_refused_by_name(name):
-    with pytest.raises(UserError, match="does not build latent attention .*dense first layers"):
+    with pytest.raises(UserError, match=r"does not build multi-token prediction \(mtp_depth\)"):
         Transformer(MODELS[name])
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3", "debug-mla"])
+def test_deepseek_without_its_mtp_module_counts_as_costmodel(name):
+    """Latent attention, dense first layers, routed and shared experts: the runtime's modules
+    hold what costmodel counts (the sigmoid router's balancing bias is a buffer, not counted)."""
+    spec = replace(MODELS[name], mtp_depth=0)
+    with torch.device("meta"):
+        model = Transformer(spec)
+    assert count_params(model) == total_params(spec)
+    dense, moe = model.layers["0"].mlp, model.layers[str(spec.first_k_dense)].mlp
+    assert not hasattr(dense, "router") and hasattr(moe, "expert_bias")
 
 
 def test_stage_pieces_equal_costmodel_pieces():

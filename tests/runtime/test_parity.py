@@ -13,12 +13,19 @@ from costmodel.check import check_structure
 from costmodel.groups import replica_samples
 from costmodel.hardware import DeviceGroup, mixed_cluster
 from costmodel.plan import Recompute, Schedule
-from costmodel.specs import AttentionKernel, DType, FfnKind, Optimizer, PositionKind
+from costmodel.specs import AttentionKernel, DType, FfnKind, Optimizer, PositionKind, RouterScoring
 from planner.space import Choice
 from runtime.fork import run_forked
 
 GPT = dict(model="debug-tiny-gpt", dropout=False)
 MOE = dict(model="debug-moe")
+# DeepSeek's mechanisms but the MTP module: latent attention, a dense first layer, grouped sigmoid
+# routing with its balancing bias (updated after every step), routed scaling, a shared expert
+MLA = dict(model="debug-mla", mtp_depth=0)
+# latent attention in a dense model, the query not compressed (TP without sequence parallelism)
+MLA_DENSE = dict(MLA, q_lora_rank=0, num_experts=0, experts_per_token=0, moe_ffn_hidden_size=0,
+                 shared_expert_ffn_hidden_size=0, first_k_dense=0, router_scoring=RouterScoring.SOFTMAX,
+                 num_expert_groups=1, topk_groups=1, routed_scaling_factor=1.0)
 # GPT-NeoX's mechanisms: parallel residual, RoPE on a quarter of each head, exact GeLU, untied
 NEOX = dict(GPT, position_kind=PositionKind.ROPE, parallel_residual=True, rotary_fraction=0.25,
             ffn_kind=FfnKind.GELU_ERF, tied_embeddings=False)
@@ -100,6 +107,14 @@ CASES = {
     "moe_tp2_cp2_zero3": (Choice(tp=2, cp=2, zero_stage=3), 4, MOE),
     # the tokens' group cp x tp sliced in the world mesh's order, whichever it is
     "moe_tp2_cp2_tp_outer": (Choice(tp=2, cp=2, mesh_axis_order=("pp", "tp", "dp", "cp")), 4, MOE),
+    # latent attention under TP: heads split, the down-projections whole on each rank; under SP
+    # each trains them on its sequence shard, their gradients summed over TP (runtime.job)
+    "mla_tp2": (Choice(tp=2), 2, MLA),
+    "mla_dense_tp2_no_sp": (Choice(tp=2, sequence_parallel=False), 2, MLA_DENSE),
+    # the dense first layer on one pipeline stage, the mixtures on the other
+    "mla_pp2": (Choice(pp=2), 2, MLA),
+    # the routers' counts summed over the expert-parallel ranks before the bias update
+    "mla_ep2": (Choice(ep=2, zero_stage=1), 2, MLA),
     # offloaded states (FSDP2's CPUOffloadPolicy): shards on the host, copied in and out around
     # each collective; every ZeRO stage, a lone rank, the TP-replicated and tied-embedding syncs
     "zero1_offload": (Choice(zero_stage=1, micro_batch_size=2, offload_optimizer=True), 2, {}),
