@@ -20,8 +20,8 @@ from costmodel.specs import ModelSpec, RouterScoring
 # topk_method -> whether it limits routing to the best groups (DeepSeek's modeling_deepseek.py:
 # "greedy" over all experts; "group_limited_greedy" (V2) and "noaux_tc" (V3) within groups)
 _TOPK_METHODS = {"greedy": False, "group_limited_greedy": True, "noaux_tc": True}
-# YaRN's parameters (DeepSeek's long-context extension): numerics at positions beyond the
-# original context, no cost; the runtime refuses latent attention, so none are lost there
+# YaRN's parameters (DeepSeek's long-context extension): numerics, no cost; the runtime trains
+# with plain RoPE at 1/sqrt(head dim), as DeepSeek-V3 pre-trained at 4K before extending (Sec. 4.3)
 _ROPE_KEYS = {"rope_type", "type", "rope_theta", "factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
               "original_max_position_embeddings"}
 # keys that change neither the cost nor the numerics: the expert-parallel size of DeepSeek's
