@@ -48,13 +48,31 @@ def test_a_bad_config_is_one_line_exit_2(tmp_path, capsys):
                              ({"topk_method": "random"}, "topk_method 'random' is not supported"),
                              ({"moe_layer_freq": 2}, "moe_layer_freq other than 1"),
                              ({"index_topk": 2048}, "keys this planner does not know, which may change the cost: index_topk"),
-                             ({"qk_head_dim": 20}, "qk_head_dim 20 disagrees with the head sizes")):
+                             ({"qk_head_dim": 20}, "qk_head_dim 20 disagrees with the head sizes"),
+                             ({"head_dim": 12}, "head_dim 12 disagrees with the head sizes (expected 8)"),
+                             ({"kv_lora_rank": 0}, "kv_lora_rank must be a positive integer, not 0"),
+                             ({"kv_lora_rank": 64}, "kv_lora_rank 64 must be below hidden_size 64"),
+                             ({"q_lora_rank": 128}, "q_lora_rank 128 must be below hidden_size 64"),
+                             ({"q_lora_rank": -3}, "q_lora_rank must not be negative"),
+                             ({"v_head_dim": 0}, "v_head_dim must be a positive integer, not 0"),
+                             ({"num_key_value_heads": 2}, "num_kv_heads 2 must equal num_heads 4")):
         cfg = tmp_path / "config.json"
         cfg.write_text(json.dumps({**base, **changes}))
         assert main(["predict", "--model", str(cfg), "--cluster", "1x8xH100", "--seq-len", "64",
                      "--global-batch", "8"]) == 2
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("cluster, flags, message", [
+    ("32x8xH100", ["--pp", "16", "--ep", "3"], "ep=3 does not divide the model's 256 experts"),
+    ("2x8xH100", ["--ep", "512"], "ep=512 does not divide dp=16"),   # more EP ranks than the cluster has
+    ("4x8xH100", ["--tp", "8", "--ep", "8"], "ep=8 does not divide dp=4"),
+])
+def test_an_expert_layout_the_model_or_cluster_cannot_hold_is_one_line_exit_2(capsys, cluster, flags, message):
+    assert main(["predict", "--model", "deepseek-v3", "--cluster", cluster, *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
 
 
 def test_v3_flops_per_token_are_derived_term_by_term():
