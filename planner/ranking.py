@@ -116,6 +116,18 @@ def one_row_per_price(ordered: list[Found]) -> list[Found]:
     return out
 
 
+def undominated(rows: list[Found]) -> list[Found]:
+    """The rows of a table worth listing: the first (the decision, robust-first, kept whatever
+    beats it), then each row that no listed row beats in one of step time and peak memory while
+    matching it in the other (`price`): a plan slower and no leaner than another, such as one
+    recomputing a layer that fits without recomputation, answers no question the other does not."""
+    prices = [price(f) for f in rows]
+
+    def beaten(p: tuple[float, float]) -> bool:
+        return any(q != p and q[0] <= p[0] and q[1] <= p[1] for q in prices)
+    return rows[:1] + [f for f, p in zip(rows[1:], prices[1:]) if not beaten(p)]
+
+
 def closer(model, train, cluster, plan, closest: Found | None) -> Found:
     """The candidate with everything recomputed and layers even: how far from fitting is it?"""
     counts = tuple(plan.layers_on_rank(r) for r in range(plan.pp)) if plan.recompute is not Recompute.NONE \

@@ -42,7 +42,16 @@ from planner.candidates import (
     time_groups,
 )
 from planner.partition import FREE, SolverTimeout, SplitRules, apply_split, solve_split
-from planner.ranking import DECISION_K, closer, decision_band, kth_best_s, one_row_per_price, rank, robust_first
+from planner.ranking import (
+    DECISION_K,
+    closer,
+    decision_band,
+    kth_best_s,
+    one_row_per_price,
+    rank,
+    robust_first,
+    undominated,
+)
 from planner.search_state import Found, SearchResult, SearchStats, SharedModels
 from planner.shapes import rank_shapes
 from planner.shares import search_shares
@@ -350,9 +359,13 @@ def _result(shared: SharedModels, options: SearchOptions, stats: SearchStats, fo
                                        options.error_band if options.objective == "time" else 0.0)
     first = ordered[:equivalent]
     shown = {id(f) for f in first}
-    rest = rank([f for f in fitting + variants if id(f) not in shown], options)
-    plans = one_row_per_price(_union(first, rest))   # the decision's and the table's rows, each price once
-    return SearchResult(plans=plans[:options.top_k], stats=stats, evaluated=evaluated + variants, closest=closest,
+    others = [f for f in fitting + variants if id(f) not in shown]
+    rest = rank(others, replace(options, top_k=len(others)))
+    # the decision's and the table's rows, each price once, none beaten in both time and memory
+    plans = undominated(one_row_per_price(_union(first, rest)))[:options.top_k]
+    decided = {f.plan for f in first}
+    equivalent = next((i for i, f in enumerate(plans) if f.plan not in decided), len(plans))
+    return SearchResult(plans=plans, stats=stats, evaluated=evaluated + variants, closest=closest,
                         equivalent=equivalent, error_band=options.error_band, fastest=fastest,
                         proven_fastest=proven)
 

@@ -12,7 +12,7 @@ def test_search_json_contract(capsys):
     assert main(SEARCH + ["--json", "--top", "3"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert set(doc["search"]) >= {"wall_s", "num_candidates", "num_feasible", "pruned_by_reason", "optimal"}
-    assert doc["search"]["optimal"] is True and len(doc["plans"]) == 3
+    assert doc["search"]["optimal"] is True and 1 <= len(doc["plans"]) <= 3   # rows beaten in time and memory are not listed
     times = [p["estimate"]["step_time_s"] for p in doc["plans"]]
     assert all(p["estimate"]["fits"] for p in doc["plans"])
     # the plans within the model's error band of the fastest come first, most robust first
