@@ -118,8 +118,8 @@ def one_row_per_price(ordered: list[Found]) -> list[Found]:
 
 def undominated(rows: list[Found]) -> list[Found]:
     """The rows of a table worth listing: the first (the decision, robust-first, kept whatever
-    beats it), then each row that no listed row beats in one of step time and peak memory while
-    matching it in the other (`price`): a plan slower and no leaner than another, such as one
+    beats it), then each row no listed row matches or beats in both step time and peak memory
+    (`price`; beats in one at least): a plan slower and no leaner than another, such as one
     recomputing a layer that fits without recomputation, answers no question the other does not."""
     prices = [price(f) for f in rows]
 
