@@ -99,6 +99,11 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   holds. torch's `context_parallel` (torchtitan) all-gathers too. Megatron-Core with Transformer
   Engine passes K/V around a ring (cp-1 hops overlapped with the partial kernels, each merged into
   the output with its softmax statistics) and keeps only its own block.
+- `dispatch_per_node`: the expert all-to-all sends a token once to each node holding some of its
+  experts and forwards it inside the node (DeepSeek-V3, arXiv 2412.19437 Sec. 3.2.2; DeepEP,
+  which Megatron-Core runs as its flex token dispatcher), so node-limited routing bounds a token's
+  network copies (costmodel.moe_dispatch). Our runtime's all-to-all (runtime.moe) sends every
+  routed row alone.
 - `ep_folds_over_tp`: Megatron-Core's MoE parallel folding (Liu et al. 2025, arXiv 2504.14960;
   Megatron-Core MoE README): with expert TP 1 the experts' ranks are the same tp x dp ranks
   decomposed anew, ep x edp, so an EP group takes the TP ranks first (inside a node) and ep/tp
@@ -194,6 +199,7 @@ class FrameworkTraits:
     fused_grad_accumulation: bool = False
     one_replica_fsdp: bool = False
     dp_sync_per_chunk: bool = False
+    dispatch_per_node: bool = False
 
 
 GENERIC = FrameworkTraits(name="generic", dp_grad_overlap=True, dp_param_overlap=True,
@@ -226,7 +232,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
     FrameworkTraits(name="megatron-core", dp_grad_overlap=True, dp_param_overlap=True, tp_comm_overlap=True,
                     swiglu_saved_tensors=3, vendor_attention=True, float8_casts_fused=True, float8_with_tp=True,
                     float8_param_gather=True, ep_folds_over_tp=True, dp_sync_per_chunk=True,
-                    **_MEGATRON),
+                    dispatch_per_node=True, **_MEGATRON),
     FrameworkTraits(name="megatron-deepspeed", **{**_DEEPSPEED, "loss_grad_in_place": True}),
     FrameworkTraits(name="deepspeed", **_DEEPSPEED),
     FrameworkTraits(name="composer-fsdp", sharded_grads_under_pp=True, flash_attention_1=True, **_FSDP),

@@ -8,6 +8,7 @@ from costmodel.hardware import ClusterSpec
 from costmodel.kernels import KernelTimes, cross_entropy_s, expert_rows, moe_tokens
 from costmodel.layout import dense_blocks
 from costmodel.memory import layer_activation_bytes
+from costmodel.moe_dispatch import dispatch_combine_s
 from costmodel.params import ceil_div
 from costmodel.placement import AxisSpan
 from costmodel.plan import Plan, Recompute
@@ -79,13 +80,12 @@ def _ep_layer_comm_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Cl
                      span: AxisSpan) -> float:
     """One direction (forward or backward) of one layer under expert parallelism: the routed
     rows' dispatch to their experts' ranks and the outputs' return, two all-to-alls of the
-    busiest rank's rows (computation waits on both: nothing to overlap them with)."""
+    busiest rank's rows (computation waits on both: nothing to overlap them with), node-limited
+    routing's bound on a token's network copies included (costmodel.moe_dispatch)."""
     if plan.ep == 1:
         return 0.0
     tokens = moe_tokens(plan.micro_batch_size * train.seq_len // plan.cp, plan.tp)
-    rows = expert_rows(model, train, tokens, plan.ep)
-    return 2 * collective_time_s(Collective.ALL_TO_ALL, train.compute_dtype.num_bytes * rows * model.hidden_size,
-                                 span, cluster)
+    return dispatch_combine_s(model, train, expert_rows(model, train, tokens, plan.ep), span, cluster)
 
 
 def _activation_offload_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec) -> float:

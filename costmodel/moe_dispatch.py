@@ -1,0 +1,80 @@
+"""The expert all-to-alls of one layer: the routed rows dispatched to their experts' ranks and
+the outputs combined back, and what node-limited routing saves on the network.
+
+Each EP rank sends the rows it routes (tokens x top_k, the busiest rank's share:
+costmodel.kernels.expert_rows), h values each. costmodel.comm prices an all-to-all over an EP
+group of m ranks on each of k nodes as its in-node part (1/k of the buffer stays in the node) and
+its cross-node part (the whole buffer on a ring over the nodes, whose (k-1)/k leaves the node).
+
+Node-limited routing (DeepSeek-V3, arXiv 2412.19437 Sec. 2.1.2; ModelSpec.topk_groups of
+num_expert_groups): each token's experts are chosen within its best topk_groups groups. The
+experts lie consecutively on the EP group's ranks (runtime.parallel), so a group covers
+ceil(k / groups) of its k nodes and a token's experts lie on at most
+min(k, topk_groups x ceil(k / groups)) nodes. A dispatcher that sends a token once to each node
+holding some of its experts and forwards it there to their GPUs (Sec. 3.2.2: "each token will
+be dispatched to at most 4 nodes" over InfiniBand, then over NVLink; DeepEP, Megatron-Core's
+flex dispatcher: FrameworkTraits.dispatch_per_node) then puts min(top_k, nodes) copies of a
+token on the network instead of top_k, while every routed copy still crosses NVLink once to its
+expert's GPU. The combine returns the same rows the same way. That is a bound (a token may hit
+fewer nodes); without such a dispatcher, or without groups, every routed row is sent alone.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from costmodel.comm import Collective, collective_time_s
+from costmodel.hardware import ClusterSpec
+from costmodel.params import ceil_div
+from costmodel.placement import AxisSpan
+from costmodel.specs import ModelSpec, TrainSpec
+
+
+def routing_nodes(model: ModelSpec, num_nodes: int) -> int:
+    """The most nodes of an EP group over `num_nodes` nodes a token's experts can lie on."""
+    if model.num_expert_groups == 1 or model.topk_groups == model.num_expert_groups:
+        return num_nodes
+    return min(num_nodes, model.topk_groups * ceil_div(num_nodes, model.num_expert_groups))
+
+
+def node_limited(model: ModelSpec, cluster: ClusterSpec) -> bool:
+    """Whether the dispatch sends a token once per node: a per-node dispatcher and a model whose
+    router limits the groups (DeepSeek built the limit for that dispatcher)."""
+    return cluster.framework.dispatch_per_node and 1 < model.num_expert_groups and \
+        model.topk_groups < model.num_expert_groups
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DispatchBytes:
+    """One all-to-all (dispatch or combine) of one EP rank, as two parts."""
+
+    in_node_bytes: float      # the buffer the in-node all-to-all moves
+    cross_node_bytes: float   # the buffer the all-to-all over the nodes moves
+
+
+def dispatch_bytes(model: ModelSpec, train: TrainSpec, rows: float, span: AxisSpan,
+                   cluster: ClusterSpec) -> DispatchBytes:
+    """The bytes of one all-to-all of `rows` routed rows over the EP group laid out as `span`:
+    all of them on the in-node part (copies forwarded to their experts) and min(top_k, nodes) /
+    top_k of them across nodes under node-limited routing with a per-node dispatcher; otherwise
+    comm's plain split (1/k in the node, the whole buffer over the nodes)."""
+    whole = train.compute_dtype.num_bytes * rows * model.hidden_size
+    k = span.num_nodes
+    if k == 1 or not node_limited(model, cluster):
+        return DispatchBytes(in_node_bytes=whole / k, cross_node_bytes=whole if k > 1 else 0.0)
+    copies = min(model.experts_per_token, routing_nodes(model, k))
+    return DispatchBytes(in_node_bytes=whole, cross_node_bytes=whole * copies / model.experts_per_token)
+
+
+def dispatch_combine_s(model: ModelSpec, train: TrainSpec, rows: float, span: AxisSpan,
+                       cluster: ClusterSpec) -> float:
+    """One direction (forward or backward) of one layer: the dispatch and the combine, two
+    all-to-alls of `rows` rows each (computation waits on both)."""
+    if not span.crosses_nodes or not node_limited(model, cluster):
+        whole = train.compute_dtype.num_bytes * rows * model.hidden_size
+        return 2 * collective_time_s(Collective.ALL_TO_ALL, whole, span, cluster)
+    parts = dispatch_bytes(model, train, rows, span, cluster)
+    m, k = span.members_per_node, span.num_nodes
+    in_node = AxisSpan(size=m, members_per_node=m, num_nodes=1)
+    nodes = AxisSpan(size=k, members_per_node=1, num_nodes=k, same_rail=span.same_rail)
+    return 2 * (collective_time_s(Collective.ALL_TO_ALL, parts.in_node_bytes, in_node, cluster)
+                + collective_time_s(Collective.ALL_TO_ALL, parts.cross_node_bytes, nodes, cluster))
