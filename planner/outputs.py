@@ -1,12 +1,15 @@
 """Every path a command will write is checked before its work starts (so no work is lost to a bad
 `--out`), and a used one is refused unless --overwrite: nothing is replaced silently. Every
 output is then written whole or not at all and published without replacing a file that appeared
-meanwhile (write_file, staged_dir); a run directory is held by one run at a time (run_dir_lock)."""
+meanwhile (write_file, staged_dir, new_stream); a run directory is held by one run at a time
+(run_dir_lock); every JSON document is strict (json_text)."""
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import errno
+import json
+import math
 import os
 import secrets
 import shutil
@@ -14,6 +17,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from costmodel.inputs import UserError
 
@@ -113,6 +117,63 @@ def write_file(path: str | Path, data: str | bytes, overwrite: bool) -> None:
     finally:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def new_stream(path: str | Path, overwrite: bool) -> Iterator[GuardedStdout]:
+    """`path` opened for a log a command writes as it goes (run.log): published empty at once, not
+    over a file that appeared meanwhile (with --overwrite, replacing it in one step), then written
+    in place; a failed write of it is a WriteFailed naming it."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        stream = open(tmp, "x", encoding="utf-8")   # noqa: SIM115 - closed below, after its block
+    except OSError as exc:
+        raise WriteFailed(path, exc) from None
+    try:
+        publish(tmp, path, overwrite)
+    except BaseException as exc:
+        stream.close()
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise WriteFailed(path, exc) from None
+        raise
+    tmp.unlink(missing_ok=True)   # a hard link's first name: the file is `path` now
+    try:
+        yield GuardedStdout(stream, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            stream.close()
+        raise
+    try:
+        stream.close()
+    except OSError as exc:
+        raise WriteFailed(path, exc) from None
+
+
+class NotFinite(ValueError):
+    """A number without a finite value bound for JSON where none may be: a bug, shown as one."""
+
+
+def json_text(doc: Any) -> str:
+    """Every JSON document a command writes or prints (strict: `allow_nan=False`). An infinity is
+    null: the one unbounded value a document holds is a run that never ends (a training cost's
+    days, GPU-hours and price where failures outpace checkpoints). A NaN is a bug
+    (NotFinite, naming the field), never written as a number or a silent null."""
+    return json.dumps(_finite(doc, "$"), indent=2, allow_nan=False) + "\n"
+
+
+def _finite(doc: Any, where: str) -> Any:
+    if isinstance(doc, float) and not math.isfinite(doc):
+        if math.isnan(doc):
+            raise NotFinite(f"{where} is not a number (NaN) in a JSON output")
+        return None
+    if isinstance(doc, dict):
+        return {k: _finite(v, f"{where}.{k}") for k, v in doc.items()}
+    if isinstance(doc, (list, tuple)):
+        return [_finite(v, f"{where}[{i}]") for i, v in enumerate(doc)]
+    return doc
 
 
 def publish(tmp: Path, final: Path, overwrite: bool) -> None:
@@ -244,11 +305,12 @@ STDOUT = "standard output"
 
 
 class GuardedStdout:
-    """sys.stdout as a command writes it: an OSError writing or flushing it (a closed pipe, a full
-    device, a closed descriptor) is a WriteFailed naming standard output, never a traceback."""
+    """sys.stdout as a command writes it (or a log, new_stream): an OSError writing or flushing it
+    (a closed pipe, a full device, a closed descriptor) is a WriteFailed naming standard output (or
+    the file), never a traceback."""
 
-    def __init__(self, stream):
-        self.stream = stream
+    def __init__(self, stream, where: str | Path = STDOUT):
+        self.stream, self.where = stream, where
 
     def write(self, text: str) -> int:
         return self._call("write", text)
@@ -262,11 +324,11 @@ class GuardedStdout:
 
     def _call(self, name: str, *args):
         if self.stream is None:   # the process was started with its standard output closed
-            raise WriteFailed(STDOUT, OSError(errno.EBADF, "it is closed"))
+            raise WriteFailed(self.where, OSError(errno.EBADF, "it is closed"))
         try:
             return getattr(self.stream, name)(*args)
         except OSError as exc:
-            raise WriteFailed(STDOUT, exc) from None
+            raise WriteFailed(self.where, exc) from None
 
     def __getattr__(self, name: str):
         return getattr(self.stream, name)

@@ -13,6 +13,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from costmodel.plan import PlanFile
 
@@ -173,8 +174,9 @@ def sbatch_script(pf: PlanFile, worker: WorkerArgs) -> str:
         ""])
 
 
-def run_local(nproc: int, worker: WorkerArgs, threads_per_rank: int) -> float:
-    """Run torchrun, tee its output to OUT/run.log and stderr; returns the wall time."""
+def run_local(nproc: int, worker: WorkerArgs, threads_per_rank: int, log: TextIO) -> float:
+    """Run torchrun, tee its output to `log` (OUT/run.log, which the caller opened without
+    replacing another run's: planner.outputs.new_stream) and stderr; returns the wall time."""
     worker.out.mkdir(parents=True, exist_ok=True)
     for stale in [worker.out / "raw.json", worker.out / PARTIAL, worker.out / RESTARTED,
                   *worker.out.glob("errors/rank*.txt")]:
@@ -186,22 +188,22 @@ def run_local(nproc: int, worker: WorkerArgs, threads_per_rank: int) -> float:
            "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
                                                        os.environ.get("PYTHONPATH")]))}
     start = time.perf_counter()
-    with open(worker.out / "run.log", "w") as log:
-        # Its own session: a terminal's Ctrl-C reaches the planner only, which stops torchrun
-        # (and so its ranks) in order, rather than every process at once.
-        proc = subprocess.Popen(local_command(nproc, worker), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
-        try:
-            for line in proc.stdout:
-                log.write(line)
-                if line.startswith("[planner run]"):
-                    print(line, end="", file=sys.stderr, flush=True)
-                elif closing := _CLOSING.search(line):
-                    _kill_later(int(closing.group(1)), proc.pid)
-            code = proc.wait()
-        except BaseException:
-            stop(proc)
-            raise
+    # Its own session: a terminal's Ctrl-C reaches the planner only, which stops torchrun
+    # (and so its ranks) in order, rather than every process at once.
+    proc = subprocess.Popen(local_command(nproc, worker), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+    try:
+        for line in proc.stdout:
+            log.write(line)
+            if line.startswith("[planner run]"):
+                print(line, end="", file=sys.stderr, flush=True)
+            elif closing := _CLOSING.search(line):
+                _kill_later(int(closing.group(1)), proc.pid)
+        code = proc.wait()
+    except BaseException:
+        stop(proc)
+        raise
+    log.flush()   # failure_message reads torchrun's summary from it
     if code != 0:
         raise RunFailed(failure_message(worker.out, nproc))
     if (worker.out / RESTARTED).exists():

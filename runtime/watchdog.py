@@ -19,6 +19,8 @@ import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
+from costmodel.inputs import write_text_atomic
+
 _last = [time.monotonic()]
 _paused = [0]
 _step = [0]   # the step this rank is in (1-based; 0: before the first), for the causes it reports
@@ -78,6 +80,5 @@ def _check(main: int, errors_file: Path, timeout_s: float) -> None:
         else:
             cause = (f"RankHung: no progress for {idle:.0f} s (--hang-timeout) at "
                      f"{Path(where.filename).name}:{where.lineno} in {where.name}")
-        errors_file.parent.mkdir(parents=True, exist_ok=True)
-        errors_file.write_text(with_step(cause) + "\n\n" + "".join(traceback.format_list(frames)))
+        write_text_atomic(errors_file, with_step(cause) + "\n\n" + "".join(traceback.format_list(frames)))
         os._exit(4)

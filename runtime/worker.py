@@ -16,6 +16,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
+from costmodel.inputs import write_text_atomic
 from costmodel.plan import PlanFile
 from runtime import watchdog
 from runtime.host_memory import keep_freed_memory
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         init_distributed()
         places = gather_places()
         if restart_count() and rank == 0:   # the launcher says so once the run succeeds
-            (out / RESTARTED).write_text(f"{restart_count()}\n")
+            write_text_atomic(out / RESTARTED, f"{restart_count()}\n")
         cfg = RunConfig(steps=args.steps, warmup=args.warmup, seed=args.seed, lr=args.lr,
                         data=args.data, data_dtype=args.data_dtype, fault=args.fault_spec(),
                         partial=out / PARTIAL, checkpoint_dir=args.checkpoint_dir,
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         raw = run_rank(pf, cfg)
         if raw is not None:
             raw.pop("params", None)
-            (out / "raw.json").write_text(json.dumps(raw, indent=2))
+            write_text_atomic(out / "raw.json", json.dumps(raw, indent=2))
         dist.barrier()   # no rank tears gloo down while a peer still talks to it
         dist.destroy_process_group()
         return 0
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         if node := lost_node(str(exc), places, rank):   # across machines: say which one went
             cause = f"lost {node}: {cause}"
             print(f"planner worker: rank {rank} lost {node}", file=sys.stderr, flush=True)
-        (errors / f"rank{rank}.txt").write_text(watchdog.with_step(cause) + "\n\n" + traceback.format_exc())
+        write_text_atomic(errors / f"rank{rank}.txt", watchdog.with_step(cause) + "\n\n" + traceback.format_exc())
         raise
 
 

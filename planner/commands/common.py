@@ -3,8 +3,6 @@ and one plan; building the specs and the plan from them; JSON on stdout; writing
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import sys
 from typing import Any
 
@@ -19,6 +17,7 @@ from costmodel.specs import (
     ModelSpec,
     TrainSpec,
 )
+from planner import outputs
 from planner.args import (
     at_least_one,
     float_in,
@@ -156,20 +155,9 @@ def parse_ints(text: str | None, flag: str, example: str) -> tuple[int, ...]:
 
 
 def emit_json(doc: Any) -> None:
-    """`doc` as strict JSON: a number with no finite value (the days of a run that never ends)
-    is null, not the Infinity or NaN that JSON parsers refuse."""
-    json.dump(_finite(doc), sys.stdout, indent=2, allow_nan=False)
-    sys.stdout.write("\n")
-
-
-def _finite(doc: Any) -> Any:
-    if isinstance(doc, float):
-        return doc if math.isfinite(doc) else None
-    if isinstance(doc, dict):
-        return {k: _finite(v) for k, v in doc.items()}
-    if isinstance(doc, (list, tuple)):
-        return [_finite(v) for v in doc]
-    return doc
+    """`doc` on standard output as strict JSON (planner.outputs.json_text: a run that never ends
+    is null; a NaN is a bug)."""
+    sys.stdout.write(outputs.json_text(doc))
 
 
 def write_report_dir(out: str, overwrite: bool, model, train, cluster, plan, est, **extra) -> None:

@@ -4,7 +4,6 @@ plan it runs instead), and that plan's predicted cost as the framework runs it."
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -61,7 +60,7 @@ def emit(result: Export, pf: PlanFile, out: Path | None, as_json: bool, overwrit
     if out is not None:
         outputs.write_file(out, result.text, overwrite)
     if as_json:
-        print(json.dumps(to_json(result, pf, out), indent=2))
+        sys.stdout.write(outputs.json_text(to_json(result, pf, out)))
         return
     if out is None:
         sys.stdout.write(result.text)

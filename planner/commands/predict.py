@@ -50,7 +50,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     cost = training_cost_of(args, model, train, cluster, est)
     over = check_memory(model, train, cluster, plan)
     if out and not over:   # a plan that does not fit is an error: no plan file is written for it
-        outputs.write_file(out, PlanFile(plan=plan, model=model, train=train, cluster=cluster).to_text(), args.overwrite)
+        pf = PlanFile(plan=plan, model=model, train=train, cluster=cluster)
+        outputs.write_file(out, outputs.json_text(pf.to_dict()), args.overwrite)
         print(f"wrote {out}", file=sys.stderr)
     if args.json:
         from costmodel.resilience import checkpoint_cost

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 from costmodel.check import check_memory, check_structure
-from costmodel.inputs import UserError
 from costmodel.plan import PlanFile
 from costmodel.units import GIB
 from planner import outputs
@@ -29,6 +28,8 @@ from planner.args import (
     refuse_ignored,
     seed_int,
 )
+from planner.commands.common import emit_json
+from planner.commands.run_dirs import RunRefused, copy_plan, held_dirs
 from runtime.launch import PARTIAL, RUN_STOPPED
 
 # AdamW moves each weight by about lr a step: above 10 every weight leaves its scale at once, below
@@ -46,10 +47,6 @@ EPILOG = """examples:
 ranks start with torchrun; CPU runs use gloo and the threads per rank the profile was measured
 with (oversubscribing cores is fine for correctness, not for speed); GPU runs use NCCL, one GPU
 per rank."""
-
-
-class RunRefused(UserError):
-    """A plan or request the runtime cannot execute: one line, exit code 2."""
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
@@ -260,17 +257,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     pf = _load(args.plan)
     if args.dry_run:
         return _dry_run(args, pf)
-    resume_step = _checkpoints(args, pf) if args.checkpoint_dir and not args.print_launch else 0
     out = Path(args.out or f"runs/{pf.model.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    if not args.print_launch:
-        outputs.out_dir(out, "--out", args.overwrite, outputs.RUN_FILES)
-    worker = _worker_args(args, pf, out)
     if args.print_launch:
-        _print_launch(args, pf, worker)
+        _print_launch(args, pf, _worker_args(args, pf, out))
         return 0
-    with outputs.run_dir_lock(out):   # one run at a time in a directory: a second is refused
-        outputs.out_dir(out, "--out", args.overwrite, outputs.RUN_FILES)   # again, held: a run may have ended
-        return _run_locked(args, pf, out, worker, resume_step)
+    with held_dirs(args, pf, out) as resume_step:   # one run at a time in each directory: a second is refused
+        return _run_locked(args, pf, out, _worker_args(args, pf, out), resume_step)
 
 
 def _run_locked(args: argparse.Namespace, pf: PlanFile, out: Path, worker, resume_step: int) -> int:
@@ -292,7 +284,8 @@ def _run_locked(args: argparse.Namespace, pf: PlanFile, out: Path, worker, resum
           f"{args.steps} steps{resumed}; log in {out / 'run.log'}", file=sys.stderr)
     start = time.perf_counter()
     try:
-        wall_s = run_local(nproc, worker, threads)
+        with outputs.new_stream(out / "run.log", args.overwrite) as log:
+            wall_s = run_local(nproc, worker, threads, log)
     except RunFailed as exc:
         if any(why in str(exc) for why in RUN_STOPPED):   # the run itself broke, not the user's command: exit 1
             stopped = Stopped(str(exc))
@@ -304,15 +297,14 @@ def _run_locked(args: argparse.Namespace, pf: PlanFile, out: Path, worker, resum
             _keep_partial(pf, args, out, time.perf_counter() - start, exc)
         raise
     raw = json.loads((out / "raw.json").read_text())
-    outputs.write_file(out / "plan.json", Path(args.plan).read_text(), True)   # the run directory is self-contained
+    copy_plan(args, out)
     timed = len(raw["step_times_s"])   # a resumed run measures the steps it ran
     record = measured_record(pf, raw, steps=timed, warmup=len(raw["losses"]) - timed, wall_s=wall_s)
-    outputs.write_file(out / "measured.json", record.to_text(), args.overwrite)
+    outputs.write_file(out / "measured.json", outputs.json_text(record.to_dict()), args.overwrite)
     (out / PARTIAL).unlink(missing_ok=True)
     record = _with_machine_moment(record, pf, threads, out)
     if args.json:
-        json.dump(record.to_dict(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        emit_json(record.to_dict())
     else:
         _print_comparison(record, out)
     return 0
@@ -331,44 +323,8 @@ def _with_machine_moment(record, pf: PlanFile, threads: int, out: Path):
     if probe is None:
         return record
     record = dataclasses.replace(record, probe_layer_now_s=probe[0], probe_layer_profiled_s=probe[1])
-    outputs.write_file(out / "measured.json", record.to_text(), True)   # this run's record, completed
+    outputs.write_file(out / "measured.json", outputs.json_text(record.to_dict()), True)   # this run's record, completed
     return record
-
-
-def _checkpoints(args: argparse.Namespace, pf: PlanFile) -> int:
-    """Check --checkpoint-dir before any rank starts: writable; earlier checkpoints resumed
-    (--resume), replaced (--overwrite) or refused; the one a resume takes readable. Returns the
-    step the run resumes after (0: from the start)."""
-    import shutil
-
-    from runtime import checkpoint
-    root = Path(args.checkpoint_dir)
-    if root.exists() and not root.is_dir():
-        raise RunRefused(f"--checkpoint-dir {root} is a file; give a directory")
-    if problem := outputs.writable_dir_problem(root):
-        raise RunRefused(f"--checkpoint-dir: {problem}")
-    earlier = checkpoint.any_attempt(root)
-    if args.resume and args.resume_if_present:
-        raise RunRefused("--resume and --resume-if-present: choose one (the second starts afresh without a checkpoint)")
-    if args.resume and checkpoint.latest(root) is None and not earlier:
-        raise RunRefused(f"--resume: {root} holds no checkpoint ({'it does not exist' if not root.exists() else 'it is empty'}"
-                         "); check the path, or pass --resume-if-present to start from step 0 when there is none")
-    if args.resume_if_present:
-        args.resume = bool(earlier)
-    if not args.resume:
-        if earlier and not args.overwrite:
-            raise RunRefused(f"--checkpoint-dir {root} holds checkpoints ({', '.join(earlier[-3:])}); pass "
-                             "--resume to continue from them or --overwrite to replace them")
-        for name in earlier:
-            shutil.rmtree(root / name)
-        return 0
-    try:   # sizes against the manifest here; the ranks compare the checksums before loading
-        path, step, skipped = checkpoint.resume_point(root, pf, args.warmup + args.steps)
-    except checkpoint.CheckpointError as exc:
-        raise RunRefused(f"--resume: {exc}") from None
-    if skipped:
-        print(f"planner run: {checkpoint.skipped_line(skipped, path)}", file=sys.stderr)
-    return step
 
 
 def _keep_partial(pf: PlanFile, args: argparse.Namespace, out: Path, wall_s: float, exc: BaseException) -> None:
@@ -385,8 +341,8 @@ def _keep_partial(pf: PlanFile, args: argparse.Namespace, out: Path, wall_s: flo
         return
     steps = len(raw["step_times_s"])   # a run diverged in its warm-up keeps those steps' times
     record = measured_record(pf, raw, steps=steps, warmup=len(raw["losses"]) - steps, wall_s=wall_s, complete=False)
-    outputs.write_file(out / "plan.json", Path(args.plan).read_text(), True)
-    outputs.write_file(out / "measured.json", record.to_text(), args.overwrite)
+    copy_plan(args, out)
+    outputs.write_file(out / "measured.json", outputs.json_text(record.to_dict()), args.overwrite)
     (out / PARTIAL).unlink(missing_ok=True)
     exc.add_note(f"kept the {steps} of {args.steps} steps measured so far in {out / 'measured.json'} "
                  f"(marked {'diverged' if raw.get('diverged') else 'incomplete'})")
@@ -407,8 +363,7 @@ def _dry_run(args: argparse.Namespace, pf: PlanFile) -> int:
     from runtime.dryrun import dry_run
     rows = dry_run(pf)
     if args.json:
-        json.dump({"rows": rows}, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        emit_json({"rows": rows})
         return 0
     from reports.tables import table
     body = []

@@ -203,7 +203,7 @@ def run_search(args: argparse.Namespace, model, train, cluster) -> SearchResult:
         raise UserError(infeasible_message(result, cluster.name))
     if args.out:
         pf = PlanFile(plan=result.plans[0].plan, model=model, train=train, cluster=cluster)
-        outputs.write_file(args.out, pf.to_text(), args.overwrite)
+        outputs.write_file(args.out, outputs.json_text(pf.to_dict()), args.overwrite)
         print(f"wrote {args.out}", file=sys.stderr)
     if args.csv:
         write_csv(args.csv, result, args.overwrite)

@@ -18,10 +18,9 @@ What DeepSpeed cannot say of our plans, and the nearest it runs (each a line of 
 """
 from __future__ import annotations
 
-import json
-
 from costmodel.plan import Plan, PlanFile, Recompute, Schedule, even_layers
 from costmodel.specs import DType
+from planner import outputs
 from planner.exports.common import (
     Adjusted,
     activations_on_device,
@@ -116,4 +115,4 @@ def render(pf: PlanFile, plan: Plan) -> tuple[str, str]:
     launch = (f"deepspeed --num_nodes {c.num_nodes} --num_gpus {c.devices_per_node} train.py --deepspeed "
               f"--deepspeed_config FILE (train.py: your script; with pp={plan.pp} it builds a PipelineModule("
               f"num_stages={plan.pp}, partition_method='uniform'))")
-    return json.dumps(config(pf, plan), indent=2) + "\n", launch
+    return outputs.json_text(config(pf, plan)), launch

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import io
+import json
 import os
 import subprocess
 import sys
@@ -245,3 +246,18 @@ def test_a_run_refused_before_it_starts_leaves_no_directory(tmp_path, capsys, pl
     with outputs.run_dir_lock(kept):
         (kept / "run.log").write_text("a run's file")
     assert [p.name for p in kept.iterdir()] == ["run.log"]
+
+
+def test_json_outputs_are_strict_and_a_nan_is_a_bug(capsys, monkeypatch):
+    """Every JSON a command writes goes through outputs.json_text: an infinity (a run that never
+    ends) is null, a NaN is a bug naming its field, shown as a bug, and nothing reaches stdout."""
+    text = outputs.json_text({"days": float("inf"), "rows": [1.5, {"gpu_hours": float("-inf")}]})
+    assert json.loads(text) == {"days": None, "rows": [1.5, {"gpu_hours": None}]}
+    with pytest.raises(outputs.NotFinite, match=r"\$\.rows\[1\]\.mfu is not a number"):
+        outputs.json_text({"rows": [{}, {"mfu": float("nan")}]})
+    import planner.commands.listing
+    monkeypatch.setattr(planner.commands.listing, "total_params", lambda _m: float("nan"))
+    assert main(["models", "--json"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.strip().splitlines()) == 1
+    assert "internal error, a bug in the planner" in captured.err and "$.models[0].params is not a number" in captured.err

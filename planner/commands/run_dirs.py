@@ -1,0 +1,98 @@
+"""The directories `planner run` writes, each held by the run for its lifetime (a second run into
+either is refused in one line naming it): --checkpoint-dir, whose earlier checkpoints are resumed,
+replaced or refused under its lock, and --out, whose earlier results are refused unless
+--overwrite, as is another plan file where the run copies its own."""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from costmodel.inputs import UserError
+from costmodel.plan import PlanFile
+from planner import outputs
+
+PLAN_COPY = "plan.json"
+
+
+class RunRefused(UserError):
+    """A plan or request the runtime cannot execute: one line, exit code 2."""
+
+
+@contextlib.contextmanager
+def held_dirs(args: argparse.Namespace, pf: PlanFile, out: Path) -> Iterator[int]:
+    """--checkpoint-dir and --out held while the block lasts (one lock where they are one
+    directory); yields the step the run resumes after (0: from the start)."""
+    with contextlib.ExitStack() as held:
+        resume_step = checkpoints(args, pf, held) if args.checkpoint_dir else 0
+        outputs.out_dir(out, "--out", args.overwrite, outputs.RUN_FILES)
+        if not (args.checkpoint_dir and Path(args.checkpoint_dir).resolve() == out.resolve()):
+            held.enter_context(outputs.run_dir_lock(out))
+        outputs.out_dir(out, "--out", args.overwrite, outputs.RUN_FILES)   # again, held: a run may have ended
+        _refuse_another_plan(args, out)
+        yield resume_step
+
+
+def checkpoints(args: argparse.Namespace, pf: PlanFile, held: contextlib.ExitStack) -> int:
+    """Check --checkpoint-dir before any rank starts: writable; then, under its lock (`held`),
+    earlier checkpoints resumed (--resume), replaced (--overwrite) or refused; the one a resume
+    takes readable. Returns the step the run resumes after (0: from the start)."""
+    from runtime import checkpoint
+    root = Path(args.checkpoint_dir)
+    if root.exists() and not root.is_dir():
+        raise RunRefused(f"--checkpoint-dir {root} is a file; give a directory")
+    if problem := outputs.writable_dir_problem(root):
+        raise RunRefused(f"--checkpoint-dir: {problem}")
+    if args.resume and args.resume_if_present:
+        raise RunRefused("--resume and --resume-if-present: choose one (the second starts afresh without a checkpoint)")
+    existed = root.exists()
+    held.enter_context(outputs.run_dir_lock(root, "--checkpoint-dir"))   # before it is read or cleared
+    earlier = checkpoint.any_attempt(root)
+    if args.resume and checkpoint.latest(root) is None and not earlier:
+        raise RunRefused(f"--resume: {root} holds no checkpoint ({'it is empty' if existed else 'it does not exist'}"
+                         "); check the path, or pass --resume-if-present to start from step 0 when there is none")
+    if args.resume_if_present:
+        args.resume = bool(earlier)
+    if not args.resume:
+        if earlier and not args.overwrite:
+            raise RunRefused(f"--checkpoint-dir {root} holds checkpoints ({', '.join(earlier[-3:])}); pass "
+                             "--resume to continue from them or --overwrite to replace them")
+        for name in earlier:
+            shutil.rmtree(root / name)
+        return 0
+    try:   # sizes against the manifest here; the ranks compare the checksums before loading
+        path, step, skipped = checkpoint.resume_point(root, pf, args.warmup + args.steps)
+    except checkpoint.CheckpointError as exc:
+        raise RunRefused(f"--resume: {exc}") from None
+    if skipped:
+        print(f"planner run: {checkpoint.skipped_line(skipped, path)}", file=sys.stderr)
+    return step
+
+
+def copy_plan(args: argparse.Namespace, out: Path) -> None:
+    """The plan beside its measurements, so the run directory is self-contained; not written
+    where it is already (`planner run D/plan.json --out D`)."""
+    text = Path(args.plan).read_text()
+    if not _holds(out / PLAN_COPY, text):
+        outputs.write_file(out / PLAN_COPY, text, args.overwrite)
+
+
+def _refuse_another_plan(args: argparse.Namespace, out: Path) -> None:
+    """Another plan file where the run would copy its own is refused before the run, not replaced
+    after it (unless --overwrite)."""
+    target = out / PLAN_COPY
+    if args.overwrite or not (target.exists() or target.is_symlink()):
+        return
+    if not _holds(target, Path(args.plan).read_text()):
+        raise RunRefused(f"--out {out} holds another {PLAN_COPY}; pass --overwrite to replace it, or choose "
+                         "another directory")
+
+
+def _holds(path: Path, text: str) -> bool:
+    try:
+        return path.read_text() == text
+    except (OSError, UnicodeDecodeError):
+        return False

@@ -1,0 +1,100 @@
+"""What `planner run` writes goes through planner.outputs: run.log published without replacing a
+file that appeared (and a full disk writing it is one line naming it), the plan copied beside the
+measurements without replacing another plan file, and --checkpoint-dir held for the run's lifetime
+like --out. torchrun is replaced by a stand-in (runtime.launch.run_local): what is tested is the
+command's handling of its directories, not the ranks."""
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+from parity import plan_file
+
+import runtime.launch
+from planner import outputs
+from planner.cli import main
+from planner.space import Choice
+from runtime.launch import RunFailed
+
+
+@pytest.fixture()
+def plan(tmp_path):
+    path = tmp_path / "plan.json"
+    plan_file(Choice(), world=2).save(path)
+    return path
+
+
+def _one_line(capsys) -> str:
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith("planner run: ")
+           or "error" in line]
+    assert len(err) == 1 and "Traceback" not in err[0] and "internal error" not in err[0], err
+    return err[0]
+
+
+def _stand_in(monkeypatch, seen: list) -> None:
+    """torchrun's place: records the log it was handed and what it found, then fails the run."""
+    def run_local(nproc, worker, threads, log):
+        log.write("a line of the ranks\n")
+        seen.append((log, sorted(p.name for p in worker.out.iterdir())))
+        raise RunFailed("rank 0 failed: stand-in")
+    monkeypatch.setattr(runtime.launch, "run_local", run_local)
+
+
+def test_run_log_is_published_whole_and_its_write_failure_is_one_line(tmp_path, plan, capsys, monkeypatch):
+    seen: list = []
+    _stand_in(monkeypatch, seen)
+    out = tmp_path / "run"
+    assert main(["run", str(plan), "--steps", "1", "--warmup", "0", "--out", str(out)]) == 2
+    assert "rank 0 failed: stand-in" in _one_line(capsys)
+    assert (out / "run.log").read_text() == "a line of the ranks\n" and ".lock" in seen[0][1]
+    assert not list(out.glob(".run.log.*"))   # the temporary name is gone once published
+
+    def full(text):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(runtime.launch, "run_local", lambda n, w, t, log: (setattr(log.stream, "write", full),
+                                                                          log.write("x")))
+    assert main(["run", str(plan), "--steps", "1", "--warmup", "0", "--out", str(out), "--overwrite"]) == 1
+    assert _one_line(capsys).endswith(f"cannot write {out / 'run.log'}: No space left on device")
+
+
+def test_run_log_that_appeared_meanwhile_is_not_replaced(tmp_path):
+    log = tmp_path / "run.log"
+    log.write_text("theirs\n")
+    with pytest.raises(outputs.Clobbered, match="appeared while this command ran"):
+        with outputs.new_stream(log, overwrite=False):
+            pass
+    assert log.read_text() == "theirs\n" and [p.name for p in tmp_path.iterdir()] == ["run.log"]
+    with outputs.new_stream(log, overwrite=True) as stream:
+        stream.write("ours\n")
+    assert log.read_text() == "ours\n" and [p.name for p in tmp_path.iterdir()] == ["run.log"]
+
+
+def test_another_plan_file_in_the_run_directory_is_refused_before_the_run(tmp_path, plan, capsys, monkeypatch):
+    seen: list = []
+    _stand_in(monkeypatch, seen)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "plan.json").write_text("{}\n")
+    assert main(["run", str(plan), "--steps", "1", "--out", str(out)]) == 2
+    assert f"--out {out} holds another plan.json; pass --overwrite" in _one_line(capsys)
+    assert seen == [] and (out / "plan.json").read_text() == "{}\n"
+    (out / "plan.json").write_text(plan.read_text())   # the same plan, e.g. run from the directory itself
+    assert main(["run", str(out / "plan.json"), "--steps", "1", "--out", str(out)]) == 2
+    assert "stand-in" in _one_line(capsys) and len(seen) == 1
+
+
+def test_a_checkpoint_directory_in_use_is_refused_in_one_line(tmp_path, plan, capsys, monkeypatch):
+    """The first run is simulated by holding the directory's lock here (flock: another open file)."""
+    seen: list = []
+    _stand_in(monkeypatch, seen)
+    ckpt = tmp_path / "ckpt"
+    argv = ["run", str(plan), "--steps", "1", "--warmup", "0", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1"]
+    with outputs.run_dir_lock(ckpt, "--checkpoint-dir"):
+        assert main([*argv, "--out", str(tmp_path / "run")]) == 2
+        assert _one_line(capsys) == (f"planner run: error: --checkpoint-dir {ckpt} is in use by another run "
+                                     f"(pid {os.getpid()}); wait for it to end or choose another directory")
+    assert seen == [] and not ckpt.exists() and not (tmp_path / "run").exists()
+    assert main([*argv, "--out", str(ckpt)]) == 2   # one directory for both: one lock, held once
+    assert "stand-in" in _one_line(capsys) and ".lock" in seen[0][1]
+    assert not (ckpt / outputs.LOCK_NAME).exists()   # released with the run
