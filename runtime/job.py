@@ -19,6 +19,7 @@ from costmodel.check import moe_tp_problem
 from costmodel.groups import replica_samples
 from costmodel.inputs import UserError
 from costmodel.plan import Plan, PlanFile
+from runtime.compile import apply_compile, compile_problem
 from runtime.context_parallel import CpShard
 from runtime.float8 import apply_float8
 from runtime.latent_attention import LatentAttention
@@ -96,12 +97,15 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def build_job(pf: PlanFile, device: torch.device, *, seed: int, materialize: bool = True,
-              before_data_parallel=None) -> Job:
+              before_data_parallel=None, compile: bool = False) -> Job:
     """`before_data_parallel(stage, module)`, if given, sees each stage module after tensor
-    parallelism and before FSDP2 (the dry run counts unsharded parameters there)."""
+    parallelism and before FSDP2 (the dry run counts unsharded parameters there); `compile`:
+    each layer's forward through torch.compile (runtime.compile), after checkpointing."""
     plan, model = pf.plan, pf.model
     if problem := moe_tp_problem(model, plan.tp, plan.sequence_parallel):   # even for an unchecked plan
         raise UserError(f"model {model.name}: {problem}")
+    if compile and (problem := compile_problem(plan)):
+        raise UserError(problem)
     mesh = build_mesh(plan, device.type)
     coords = mesh_coords(mesh, plan)
     cp = CpShard(coords["cp"], plan.cp, mesh["cp"].get_group()) if plan.cp > 1 else None
@@ -126,6 +130,8 @@ def build_job(pf: PlanFile, device: torch.device, *, seed: int, materialize: boo
         if plan.tp > 1:
             apply_tensor_parallel(mod, mesh["tp"], plan.sequence_parallel)
         apply_recompute(mod, plan, rc_layers)
+        if compile:
+            apply_compile(mod)
         if before_data_parallel is not None:
             before_data_parallel(j, mod)
         apply_data_parallel(mod, mesh, plan, pf.train)

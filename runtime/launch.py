@@ -50,6 +50,7 @@ class StepsConfig:
     checkpoint_async: bool = False   # write in the background (runtime.checkpoint.Saver)
     hang_timeout: float = 0.0   # runtime.watchdog: seconds without progress before a rank gives up; 0: off
     max_nonfinite_steps: int = 1   # runtime.health: steps in a row with a non-finite loss or gradient norm that stop the run
+    compile: bool = False   # runtime.compile: each layer's forward through torch.compile
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,6 +76,8 @@ class WorkerArgs(StepsConfig):
             args += ["--hang-timeout", repr(self.hang_timeout)]
         if self.max_nonfinite_steps != 1:
             args += ["--max-nonfinite-steps", str(self.max_nonfinite_steps)]
+        if self.compile:
+            args.append("--compile")
         if self.checkpoint_dir:
             args += ["--checkpoint-dir", self.checkpoint_dir, "--checkpoint-every", str(self.checkpoint_every),
                      "--keep", str(self.keep)] + (["--resume"] if self.resume else []) \
@@ -93,6 +96,7 @@ class WorkerArgs(StepsConfig):
             p.add_argument(name, type=kind, default=getattr(cls, name[2:].replace("-", "_")))
         p.add_argument("--resume", action="store_true")
         p.add_argument("--checkpoint-async", action="store_true")
+        p.add_argument("--compile", action="store_true")
         return cls(**vars(p.parse_args(argv)))
 
     def fault_spec(self) -> tuple[int, int, str] | None:

@@ -118,7 +118,7 @@ def forward_backward(job: Job, tokens: torch.Tensor, labels: torch.Tensor) -> to
 def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
     """Train on this rank (process group already initialised); rank 0 returns the raw figures."""
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    job = build_job(pf, device, seed=cfg.seed)
+    job = build_job(pf, device, seed=cfg.seed, compile=cfg.compile)
     # Dropout: one RNG stream per (replica, stage); TP ranks of a replica share it, so masks on
     # replicated activations agree. Initialisation does not use this stream (runtime.model).
     torch.manual_seed(cfg.seed * 1_000_003 + job.coords["dp"] * 1009 + job.coords["pp"])
