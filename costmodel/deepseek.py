@@ -83,6 +83,18 @@ def _check_routing(m: "ModelSpec", where: str) -> None:
         raise UserError(f"{where}: routed_scaling_factor must be positive")
 
 
+def deepseek_mechanisms(m: "ModelSpec") -> list[str]:
+    """`m`'s DeepSeek mechanisms by name (what a llama-shaped job file, such as torchtitan's
+    export, would leave out)."""
+    out = ["latent attention (kv_lora_rank)"] if m.is_mla else []
+    out += ["dense first layers (first_k_dense)"] if m.first_k_dense else []
+    out += ["sigmoid routing with a balancing bias (router_scoring)"] if m.router_scoring == "sigmoid" else []
+    out += ["group-limited routing (num_expert_groups)"] if m.num_expert_groups > 1 else []
+    out += ["scaled routed outputs (routed_scaling_factor)"] if m.routed_scaling_factor != 1.0 else []
+    out += ["multi-token prediction (mtp_depth)"] if m.mtp_depth else []
+    return out
+
+
 def unbuilt_mechanisms(m: "ModelSpec") -> list[str]:
     """The mechanisms of `m` runtime.model does not build (it refuses the model, naming them,
     rather than train another one): the cost model prices them. The MTP modules' extra layer and

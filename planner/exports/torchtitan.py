@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from costmodel.deepseek import unbuilt_mechanisms
+from costmodel.deepseek import deepseek_mechanisms
 from costmodel.plan import Plan, PlanFile, Recompute
 from costmodel.specs import Arch, DType, ModelSpec
 from planner.exports.common import Adjusted, CannotExport, activations_on_device, to_rank_order, to_uniform_recompute
@@ -60,7 +60,7 @@ def nearest(pf: PlanFile) -> Adjusted:
     if pf.model.arch is not Arch.LLAMA:
         raise CannotExport(f"torchtitan cannot run this plan: it has no model of the {pf.model.arch} kind "
                            "(LayerNorm, learned positions, GeLU MLP)")
-    if deepseek := unbuilt_mechanisms(pf.model):   # its llama3 job file would describe another model
+    if deepseek := deepseek_mechanisms(pf.model):   # its llama3 job file would describe another model
         raise CannotExport(f"torchtitan cannot run this plan: this export writes a llama3 job, without "
                            f"{', '.join(deepseek)}")
     adj = Adjusted(pf.plan)
