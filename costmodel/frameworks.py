@@ -104,6 +104,11 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   which Megatron-Core runs as its flex token dispatcher), so node-limited routing bounds a token's
   network copies (costmodel.moe_dispatch). Our runtime's all-to-all (runtime.moe) sends every
   routed row alone.
+- `moe_probs_in_activation`: each routed row's gating weight multiplies inside the experts' fused
+  SwiGLU (Megatron-Core's TEGroupedMLP calls `weighted_bias_swiglu_impl` with the permuted
+  probabilities; the combine then only scatter-adds), so a routed slot keeps its probability and
+  its place in the row map, not its expert output before and after weighting as our runtime's
+  mixture does (runtime.moe: the weighted outputs are summed by index_add).
 - `ep_folds_over_tp`: Megatron-Core's MoE parallel folding (Liu et al. 2025, arXiv 2504.14960;
   Megatron-Core MoE README): with expert TP 1 the experts' ranks are the same tp x dp ranks
   decomposed anew, ep x edp, so an EP group takes the TP ranks first (inside a node) and ep/tp
@@ -200,6 +205,7 @@ class FrameworkTraits:
     one_replica_fsdp: bool = False
     dp_sync_per_chunk: bool = False
     dispatch_per_node: bool = False
+    moe_probs_in_activation: bool = False
 
 
 GENERIC = FrameworkTraits(name="generic", dp_grad_overlap=True, dp_param_overlap=True,
@@ -232,7 +238,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
     FrameworkTraits(name="megatron-core", dp_grad_overlap=True, dp_param_overlap=True, tp_comm_overlap=True,
                     swiglu_saved_tensors=3, vendor_attention=True, float8_casts_fused=True, float8_with_tp=True,
                     float8_param_gather=True, ep_folds_over_tp=True, dp_sync_per_chunk=True,
-                    dispatch_per_node=True, **_MEGATRON),
+                    dispatch_per_node=True, moe_probs_in_activation=True, **_MEGATRON),
     FrameworkTraits(name="megatron-deepspeed", **{**_DEEPSPEED, "loss_grad_in_place": True}),
     FrameworkTraits(name="deepspeed", **_DEEPSPEED),
     FrameworkTraits(name="composer-fsdp", sharded_grads_under_pp=True, flash_attention_1=True, **_FSDP),

@@ -36,14 +36,15 @@ def _moe_saved_bytes(model: ModelSpec, train: TrainSpec, tokens: int, ep: int, t
     tests/runtime/test_activation_memory.py): the router's fp32 probabilities, the chosen experts
     (int64) and their fp32 weights (and their sum where renormalised); per routed slot (tokens·k)
     the expert output before and after weighting, its weight, its token's index and its sort
-    index; per row the device's experts take (tokens·k, times the imbalance under expert
+    index (where the weight multiplies inside the experts' activation, costmodel.frameworks
+    `moe_probs_in_activation`: its fp32 weight and int32 row-map entry only); per row the device's experts take (tokens·k, times the imbalance under expert
     parallelism: costmodel.kernels.expert_rows) its input and the expert's SwiGLU tensors, and
     under expert parallelism its two reorder indices; the shared expert's SwiGLU tensors, and
     with a gate its output and the gate's value. (Its input is the MLP input
     `layer_activation_bytes` counts already.)"""
     a, h, k, e = train.compute_dtype.num_bytes, model.hidden_size, model.experts_per_token, model.num_experts
     router = tokens * (4 * e + 8 * k + 4 * k + (4 if model.moe_norm_topk_prob else 0))
-    per_slot = a * (2 * h + 1) + 16
+    per_slot = 4 + 4 if traits.moe_probs_in_activation else a * (2 * h + 1) + 16
     per_row = a * (h + traits.swiglu_saved_tensors * model.moe_ffn_hidden_size) + (16 if ep > 1 else 0)
     fs = model.shared_expert_ffn_hidden_size
     shared = a * tokens * (traits.swiglu_saved_tensors * fs + ((h + 1) if model.shared_expert_gate else 0))

@@ -76,6 +76,19 @@ def test_published_layouts_fit_as_megatron_and_the_runtime_run_them(name, framew
     assert json.loads(capsys.readouterr().out)["estimate"]["fits"]
 
 
+def test_megatron_cores_mixtral_8x22b_mapping_fits_as_megatron(capsys):
+    """The Megatron-Core MoE model zoo's Mixtral 8x22B (run_mixtral_8x22B.sh, runtime.conf: TP2 PP8
+    EP8 VPP7 MBS1 GBS256 on 16 H100 nodes, SP, distributed optimizer, no recomputation; the
+    validate table's modelzoo_h100_mixtral_8x22b rows) fits: its first stage holds 63 layer
+    micro-batches of interleaved 1F1B, each routed slot keeping only its weight (the weight
+    multiplies inside the experts' SwiGLU: frameworks.moe_probs_in_activation)."""
+    flags = ["--model", "mixtral-8x22b", "--cluster", "16x8xH100", "--tp", "2", "--sp", "--pp", "8", "--vpp", "7",
+             "--ep", "8", "--zero", "1", "--mbs", "1", "--global-batch", "256", "--seq-len", "4096", "--json"]
+    assert main(["predict", *flags, "--framework", "megatron"]) == 0
+    estimate = json.loads(capsys.readouterr().out)["estimate"]
+    assert estimate["fits"] and max(estimate["peak_memory_bytes"]) > 0.9 * 69.7 * 2**30   # near the edge, as run
+
+
 @pytest.mark.parametrize("argv,message", [
     (["search", "--model", "llama3-8b", "--cluster", "1x8xH100", "--framework", "nemo"],
      "argument --framework: invalid choice: 'nemo'"),
