@@ -80,6 +80,15 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   foundation-model-stack's Llama has its own RMSNorm module (`LayerNormParameterized`, op by op),
   RoPE and the gated MLP as separate eager kernels; its RMSNorm costs more than the fused CUDA
   kernel this count takes, so the trait undercounts it.
+- `compiled_layer`: each transformer layer runs as `torch.compile` made it (`planner run
+  --compile`, runtime.compile; torchtitan's regional compile): inductor fuses the layer's
+  memory-bound work (norms, RoPE, SwiGLU, residual adds and the backward's sums) into a few
+  kernels around the GEMMs and attention, so that work is priced at the fused count, fewer bytes
+  and fewer kernels (hence less host cost per layer on a GPU), as Megatron-Core's fused kernels
+  are, on a CPU too (inductor's C++ kernels), where `cpu_kernels` otherwise counts torch's eager
+  ops. The embedding, the final norm, the head and the loss stay eager. Activation memory is
+  priced as the eager layer's: inductor's partitioner chooses what the compiled backward saves,
+  not measured here.
 - `deferred_w_keeps_graph`: what a zero-bubble schedule's deferred weight pass holds. Qi et al.
   keep only the projections' inputs; torch pipelining's `stage_backward_input` runs
   `autograd.grad(..., retain_graph=True)` and starts the weight pass later from graph nodes that
@@ -203,6 +212,7 @@ class FrameworkTraits:
     recompute_early_stop: bool = False
     fused_grad_accumulation: bool = False
     one_replica_fsdp: bool = False
+    compiled_layer: bool = False
     dp_sync_per_chunk: bool = False
     dispatch_per_node: bool = False
     moe_probs_in_activation: bool = False
@@ -223,6 +233,9 @@ RUNTIME = FrameworkTraits(name="planner", dp_grad_overlap=True, dp_param_overlap
                           float8_casts_fused=True, dp_collectives_per_layer=True, eager_layer=True,
                           recompute_early_stop=True, one_replica_fsdp=True)
 
+# The same executor with its layers compiled (planner run --compile).
+COMPILED_RUNTIME = replace(RUNTIME, name="planner-compiled", eager_layer=False, compiled_layer=True)
+
 _MEGATRON = dict(sharded_grads_under_pp=True, zero3_gathers_per_param=False, loss_grad_in_place=True,
                  fused_grad_accumulation=True)
 _FSDP = dict(dp_grad_overlap=True, dp_param_overlap=True, zero3_gathers_per_param=False,
@@ -232,6 +245,7 @@ _DEEPSPEED = dict(dp_grad_overlap=True, dp_param_overlap=False, sharded_grads_un
 
 FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
     RUNTIME,
+    COMPILED_RUNTIME,
     GENERIC,
     FrameworkTraits(name="megatron-lm", dp_grad_overlap=False, dp_param_overlap=False,
                     **_MEGATRON),

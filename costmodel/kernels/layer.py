@@ -83,18 +83,20 @@ class _KernelKey:
 @_per_kernel_shape
 def layer_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile,
                        cp_ring: bool, fused_casts: bool = False, cpu_kernels: bool = False,
-                       eager: bool = False, early_stop: bool = False) -> KernelTimes:
+                       eager: bool = False, early_stop: bool = False, compiled: bool = False) -> KernelTimes:
     """cp_ring: context parallelism as a ring of partial kernels (else all-gathered K/V,
     costmodel.frameworks `cp_all_gather_kv`); fused_casts: float8 casts as compiled or
     Transformer Engine kernels run them (`float8_casts_fused`); cpu_kernels: the runtime's eager
     layer on torch's CPU kernels (`cpu_kernels`), eager: on a GPU's (`eager_layer`); either way
     its memory-bound work is counted op by op. early_stop: a full recomputation stops before the
     layer's last projection (the caller's decision: the framework's `recompute_early_stop` where
-    costmodel.flops.stops_before_final_linear lets it; final_linear_forward_s)."""
+    costmodel.flops.stops_before_final_linear lets it; final_linear_forward_s). compiled: the
+    layer as torch.compile runs it (`compiled_layer`): its memory-bound work fused, on any device."""
     tokens = plan.micro_batch_size * train.seq_len // plan.cp
     fwd, bwd_in, bwd_w = _linears_s(model, train, plan, dev, tokens, fused_casts)
     attn_fwd, attn_bwd = _attention_core_s(model, train, plan, dev, cp_ring, cpu_kernels)
-    elementwise, elementwise_bwd = _elementwise_s(model, train, plan, dev, tokens, cpu_kernels, eager)
+    elementwise, elementwise_bwd = _elementwise_s(model, train, plan, dev, tokens, cpu_kernels and not compiled,
+                                                  eager and not compiled)
     # the two branches' dropout (runtime.model: after attention and after the MLP)
     dropped = 2 * rank_hidden_elements(model, plan, tokens) if model.dropout else 0
     gelu_fwd, gelu_bwd = gelu_s(model, plan, tokens, dev)

@@ -94,6 +94,11 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                         "checkpoint is an error")
     p.add_argument("--resume-if-present", action="store_true",
                    help="as --resume where --checkpoint-dir holds a complete checkpoint, else start from step 0")
+    p.add_argument("--compile", action="store_true",
+                   help="compile each transformer layer with torch.compile (inductor; torchtitan's regional compile), "
+                        "the embedding, head, FSDP2 and pipeline around them eager; predicted with the layers' "
+                        "memory-bound work fused. A plan it cannot serve (activation offloading, a zero-bubble "
+                        "schedule) is refused")
     add_overwrite_arg(p)
     p.add_argument("--dry-run", action="store_true",
                    help="build each stage's first rank on the meta device under a fake process group "
@@ -130,7 +135,7 @@ def _worker_args(args: argparse.Namespace, pf: PlanFile, out: Path):
                       checkpoint_dir=str(Path(args.checkpoint_dir).resolve()) if args.checkpoint_dir else None,
                       checkpoint_every=_checkpoint_every(args, pf), keep=args.keep, resume=args.resume,
                       checkpoint_async=args.checkpoint_async, max_restarts=args.max_restarts, hang_timeout=args.hang_timeout,
-                      max_nonfinite_steps=args.max_nonfinite_steps)
+                      max_nonfinite_steps=args.max_nonfinite_steps, compile=args.compile)
 
 
 def _checkpoint_every(args: argparse.Namespace, pf: PlanFile) -> int:
@@ -226,7 +231,7 @@ FAILURE_FLAGS = {"device_mtbf_hours", "storage_mb_s_per_device"}
 CHECKPOINT_FLAGS = {"checkpoint_every", "keep", "resume", "resume_if_present", "max_restarts", "checkpoint_async", *FAILURE_FLAGS}
 LAUNCH_FLAGS = {"hostfile", "image", "launcher"}
 DRY_RUN_IGNORES = {"nproc", "steps", "warmup", "seed", "lr", "data", "data_dtype", "out", "overwrite", "inject_fault",
-                   "checkpoint_dir", "hang_timeout", "max_nonfinite_steps", *CHECKPOINT_FLAGS, *LAUNCH_FLAGS}
+                   "compile", "checkpoint_dir", "hang_timeout", "max_nonfinite_steps", *CHECKPOINT_FLAGS, *LAUNCH_FLAGS}
 PRINT_LAUNCH_IGNORES = {"nproc", "json", "overwrite", "inject_fault"}
 
 
@@ -255,6 +260,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.checkpoint_every:
         refuse_ignored(args.given, FAILURE_FLAGS, "--checkpoint-every sets the interval they would choose")
     pf = _load(args.plan)
+    if args.compile:
+        from runtime.compile import compile_problem
+        if problem := compile_problem(pf.plan):
+            raise RunRefused(problem)
     if args.dry_run:
         return _dry_run(args, pf)
     out = Path(args.out or f"runs/{pf.model.name}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -265,9 +274,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _run_locked(args, pf, out, _worker_args(args, pf, out), resume_step)
 
 
+def priced_as_run(pf: PlanFile, compiled: bool) -> PlanFile:
+    """The plan file whose estimate the run is compared with: under --compile its cluster as the
+    runtime with compiled layers drives it (costmodel.frameworks `compiled_layer`)."""
+    if not compiled:
+        return pf
+    from costmodel.frameworks import COMPILED_RUNTIME
+    from costmodel.hardware.clusters import run_by
+    return dataclasses.replace(pf, cluster=run_by(pf.cluster, COMPILED_RUNTIME))
+
+
 def _run_locked(args: argparse.Namespace, pf: PlanFile, out: Path, worker, resume_step: int) -> int:
     """The run, measured into `out`, which this process holds."""
     nproc, threads = _check_machine(args, pf)
+    pf = priced_as_run(pf, args.compile)
     if args.data:   # refuse a bad token file here, not once per rank
         from runtime.data import TokenSource
         every = (args.warmup + args.steps) * pf.train.global_batch_size * pf.train.seq_len + 1
