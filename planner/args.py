@@ -7,6 +7,8 @@ import argparse
 import math
 import sys
 
+from costmodel.inputs import MAX_WORLD_SIZE
+
 EXIT_USAGE = 2
 EXIT_STOPPED = 1
 
@@ -60,10 +62,34 @@ def non_negative_int(text: str) -> int:
 
 def seed_int(text: str) -> int:
     """A seed the ranks can derive theirs from without overflowing torch's 64-bit seed."""
-    value = non_negative_int(text)
-    if value >= 2**32:
-        raise argparse.ArgumentTypeError(f"{value} is not below 2^32")
+    value = _number(text, int)
+    if not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"{text}: give 0 to 2^32 - 1")
     return value
+
+
+def int_in(low: int, high: int):
+    """A whole number from `low` to `high`: what the step it feeds can take without overflowing a
+    size or running for ever (`--steps 10**30`); argparse names the flag before the range."""
+    def parse(text: str) -> int:
+        value = _number(text, int)
+        if value < low:
+            what = {0: "is negative", 1: "is not a positive integer"}.get(low, f"is below {low:,}")
+            raise argparse.ArgumentTypeError(f"{value} {what} (give {low:,} to {high:,})")
+        if value > high:
+            raise argparse.ArgumentTypeError(f"{text} is too large (give {low:,} to {high:,})")
+        return value
+    parse.__name__ = f"int_in({low}, {high})"
+    return parse
+
+
+# Runs: ten million steps is several times the longest published pre-training run (Llama 3
+# 405B: about 1.2 million), and bounds every count of steps (warm-up, checkpoint interval, kept
+# checkpoints); a thousand restarts are past any use.
+MAX_STEPS = 10_000_000
+MAX_RESTARTS = 1_000
+MAX_TOP = 10_000   # plans ranked in a table (--csv holds them all)
+DEGREE = int_in(1, MAX_WORLD_SIZE)   # a parallel degree, or a count of nodes, devices or ranks
 
 
 def positive_float(text: str) -> float:
@@ -99,6 +125,7 @@ def number_list(kind):
         if not items or any(not t for t in items):
             raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list, e.g. 4,8,16")
         return [kind(t) for t in items]
+    parse.__name__ = f"number_list({kind.__name__})"
     return parse
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from costmodel.hardware import DEFAULT_MEMORY_HEADROOM, ClusterSpec
 from costmodel.hardware.profile_check import LINK_BYTES_PER_S_RANGE
-from costmodel.inputs import UserError
+from costmodel.inputs import MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_SEQ_LEN, UserError
 from costmodel.plan import DEFAULT_AXIS_ORDER, Recompute, Schedule
 from costmodel.specs import (
     DEFAULT_EXPERT_IMBALANCE,
@@ -19,11 +19,11 @@ from costmodel.specs import (
 )
 from planner import outputs
 from planner.args import (
+    DEGREE,
     at_least_one,
     float_in,
     fraction,
-    non_negative_int,
-    positive_int,
+    int_in,
 )
 from planner.space import Choice
 from planner.specs import FP8, build_specs
@@ -41,8 +41,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                    help="mixed clusters: the link between the groups in GB/s per device and direction (default: "
                         "the slowest group's own inter-node link); pipeline sends and the gradient collectives of "
                         "replicas on different groups cross it")
-    p.add_argument("--seq-len", type=positive_int, help="tokens per sequence (default: the model's published recipe)")
-    p.add_argument("--global-batch", type=positive_int, help="sequences per optimizer step (default: published recipe)")
+    p.add_argument("--seq-len", type=int_in(1, MAX_SEQ_LEN), help="tokens per sequence (default: the model's published recipe)")
+    p.add_argument("--global-batch", type=int_in(1, MAX_GLOBAL_BATCH), help="sequences per optimizer step (default: published recipe)")
     p.add_argument("--dtype", choices=[d.value for d in DType] + [FP8], default="bf16",
                    help="compute precision; 16-bit implies fp32 master weights (default bf16). fp8: bf16 "
                         "training whose layers' linear projections may run in float8 (torchao's tensorwise "
@@ -77,11 +77,11 @@ def framework_of(args: argparse.Namespace) -> str:
 
 def add_plan_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("plan (omitted degrees default to 1; --dp defaults to world/(tp*pp*cp))")
-    g.add_argument("--dp", type=positive_int)
-    g.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree")
-    g.add_argument("--pp", type=positive_int, default=1, help="pipeline-parallel degree")
-    g.add_argument("--cp", type=positive_int, default=1, help="context-parallel degree")
-    g.add_argument("--ep", type=positive_int, default=1,
+    g.add_argument("--dp", type=DEGREE)
+    g.add_argument("--tp", type=DEGREE, default=1, help="tensor-parallel degree")
+    g.add_argument("--pp", type=DEGREE, default=1, help="pipeline-parallel degree")
+    g.add_argument("--cp", type=DEGREE, default=1, help="context-parallel degree")
+    g.add_argument("--ep", type=DEGREE, default=1,
                    help="expert-parallel degree (mixtures of experts): each layer's experts sharded over "
                         "ep consecutive data-parallel ranks; divides dp and the number of experts")
     g.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=1,
@@ -94,12 +94,12 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    help="copy what the layers save for backward (not their weights) to host memory and back, an "
                         "alternative to --recompute; needs a device profile with a [host] (GPUs)")
     g.add_argument("--recompute", choices=[r.value for r in Recompute], default="none")
-    g.add_argument("--recompute-layers", type=non_negative_int,
+    g.add_argument("--recompute-layers", type=int_in(0, MAX_LAYERS),
                    help="layers recomputed per pipeline rank (default: all of them)")
     g.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None,
                    help="sequence parallelism (default: on when tp > 1)")
-    g.add_argument("--mbs", type=positive_int, default=1, help="micro-batch size in sequences")
-    g.add_argument("--vpp", type=positive_int, default=1, help="virtual stages per pipeline rank")
+    g.add_argument("--mbs", type=int_in(1, MAX_GLOBAL_BATCH), default=1, help="micro-batch size in sequences")
+    g.add_argument("--vpp", type=DEGREE, default=1, help="virtual stages per pipeline rank")
     g.add_argument("--schedule", choices=[s.value for s in Schedule],
                    help="pipeline schedule (default: interleaved-1f1b if vpp > 1, else 1f1b). "
                         + "; ".join(f"{s}: {s.traits.description}" for s in Schedule))

@@ -16,7 +16,7 @@ from costmodel import machine
 from costmodel.hardware import DeviceProfile
 from costmodel.inputs import UserError
 from planner import outputs
-from planner.args import add_overwrite_arg, positive_float, positive_int, refuse_ignored
+from planner.args import DEGREE, add_overwrite_arg, positive_float, refuse_ignored
 from planner.measure import profile_file
 from planner.measure.profile_doc import Setup, measured_profile
 
@@ -39,7 +39,7 @@ microbenchmark figures stay under [measured]."""
 def add_profile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None,
                    help=f"profile to write (default: this machine's cached `local` profile, {machine.local_profile_path()})")
-    p.add_argument("--nproc", type=positive_int, default=None,
+    p.add_argument("--nproc", type=DEGREE, default=None,
                    help="local ranks measured together (default 2, or 1 on a machine with one GPU)")
     p.add_argument("--name", help="device name in the profile (default: the file name; `local` for the cache)")
     speed = p.add_mutually_exclusive_group()

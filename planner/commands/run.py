@@ -17,14 +17,16 @@ from costmodel.plan import PlanFile
 from costmodel.units import GIB
 from planner import outputs
 from planner.args import (
+    DEGREE,
+    MAX_RESTARTS,
+    MAX_STEPS,
     Stopped,
     add_failure_args,
     add_overwrite_arg,
     failures_from_args,
     float_in,
-    non_negative_int,
+    int_in,
     positive_float,
-    positive_int,
     refuse_ignored,
     seed_int,
 )
@@ -51,10 +53,10 @@ per rank."""
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("plan", help="plan.json from `planner search --out` or `planner predict --out`")
-    p.add_argument("--nproc", type=positive_int,
+    p.add_argument("--nproc", type=DEGREE,
                    help="local processes (default: the plan's world size); needed to oversubscribe CPU cores")
-    p.add_argument("--steps", type=positive_int, default=10, help="timed training steps (default 10)")
-    p.add_argument("--warmup", type=non_negative_int, default=2,
+    p.add_argument("--steps", type=int_in(1, MAX_STEPS), default=10, help="timed training steps (default 10)")
+    p.add_argument("--warmup", type=int_in(0, MAX_STEPS), default=2,
                    help="untimed steps first (default 2; the last one measures memory on CPU)")
     p.add_argument("--seed", type=seed_int, default=0, help="initialisation and synthetic data seed")
     p.add_argument("--lr", type=float_in(*LR_RANGE), default=3e-4, help="learning rate (default 3e-4)")
@@ -64,7 +66,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint-dir", metavar="DIR",
                    help="save sharded checkpoints here (torch.distributed.checkpoint: model, optimizer, "
                         "RNG; each rank its part), after the last step and every --checkpoint-every steps")
-    p.add_argument("--checkpoint-every", type=positive_int, metavar="N",
+    p.add_argument("--checkpoint-every", type=int_in(1, MAX_STEPS), metavar="N",
                    help="also save after every N-th step (default: Young/Daly's interval for the plan's "
                         "predicted step and the failure rate, Llama 3's unless --device-mtbf-hours, as "
                         "`planner search` prints it)")
@@ -73,17 +75,17 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                         "waits only for a copy of the rank's state in host memory (which it then needs twice), "
                         "and a checkpoint is committed when the next save or the run's end finds it written; "
                         "`planner search` prices synchronous saves")
-    p.add_argument("--keep", type=positive_int, default=2, metavar="K",
+    p.add_argument("--keep", type=int_in(1, MAX_STEPS), default=2, metavar="K",
                    help="complete checkpoints kept, newest first (default 2); older ones are pruned only once a new "
                         "one is committed with its manifest (every file's size and SHA-256)")
     p.add_argument("--hang-timeout", type=positive_float, default=300.0, metavar="S",
                    help="a rank that makes no progress (no layer forward) for S seconds ends the job, named "
                         "with where it stopped (default 300; checkpoint writes do not count)")
-    p.add_argument("--max-nonfinite-steps", type=positive_int, default=1, metavar="N",
+    p.add_argument("--max-nonfinite-steps", type=int_in(1, MAX_STEPS), default=1, metavar="N",
                    help="stop the run (exit 1, naming the step and the rank; no checkpoint of that state) after N "
                         "steps in a row whose loss or gradient norm is not finite; the update of each such step "
                         "is skipped (default 1: at the first)")
-    p.add_argument("--max-restarts", type=non_negative_int, default=0, metavar="R",
+    p.add_argument("--max-restarts", type=int_in(0, MAX_RESTARTS), default=0, metavar="R",
                    help="when a rank fails, restart all ranks up to R times (torchrun); each restart resumes "
                         "from the latest complete checkpoint (needs --checkpoint-dir)")
     add_failure_args(p)   # for the default --checkpoint-every

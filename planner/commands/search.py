@@ -14,11 +14,13 @@ from costmodel.training_cost import GPU_HOUR_USD_RANGE, TOKENS_RANGE
 from costmodel.units import GIB
 from planner import outputs
 from planner.args import (
+    DEGREE,
+    MAX_TOP,
     add_overwrite_arg,
     failures_from_args,
     float_in,
+    int_in,
     positive_float,
-    positive_int,
     refuse_ignored,
 )
 from planner.commands.common import emit_json, framework_of, specs_from_args, write_report_dir
@@ -45,7 +47,7 @@ FIXABLE = {"dp": ("dp", int), "tp": ("tp", int), "pp": ("pp", int), "cp": ("cp",
 
 
 def add_search_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--top", type=positive_int, default=5, help="how many plans to rank (default 5)")
+    p.add_argument("--top", type=int_in(1, MAX_TOP), default=5, help="how many plans to rank (default 5)")
     p.add_argument("--out", help="write the best plan with its specs to this plan.json")
     p.add_argument("--json", action="store_true", help='print {"plans", "search"} as JSON on stdout')
     p.add_argument("--csv", help="write every plan the solver evaluated to this CSV")
@@ -93,7 +95,7 @@ def training_cost_of(args: argparse.Namespace, model, train, cluster, est):
 
 def add_constraint_args(p: argparse.ArgumentParser, default_time_limit_s: float, objective: bool = True) -> None:
     c = p.add_argument_group("constraints")
-    c.add_argument("--max-tp", type=positive_int, help="largest TP degree (default: devices per node)")
+    c.add_argument("--max-tp", type=DEGREE, help="largest TP degree (default: devices per node)")
     c.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE",
                    help=f"pin a plan field; keys: {', '.join(FIXABLE)} (repeatable). offload=yes|no: "
                         "optimizer states on the host or on the devices (default: on the devices, on the host "

@@ -14,12 +14,12 @@ from costmodel.inputs import UserError
 from costmodel.training_cost import GPU_HOUR_USD_RANGE, TOKENS_RANGE
 from planner import outputs
 from planner.args import (
+    DEGREE,
     add_overwrite_arg,
     failures_from_args,
     float_in,
     number_list,
     positive_float,
-    positive_int,
     refuse_ignored,
 )
 from planner.commands.common import add_framework_arg, add_train_args, emit_json, framework_of, specs_from_args
@@ -49,9 +49,9 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sizes and cost")
     g.add_argument("--device", required=True, metavar="D[,D2...]",
                    help="device profiles to size, e.g. A100 or A100,H100 (see `planner devices`)")
-    g.add_argument("--nodes", required=True, type=number_list(positive_int), metavar="N[,N2...]",
+    g.add_argument("--nodes", required=True, type=number_list(DEGREE), metavar="N[,N2...]",
                    help="node counts to try, e.g. 4,8,16,32")
-    g.add_argument("--gpus-per-node", type=positive_int, default=8, help="devices per node (default 8)")
+    g.add_argument("--gpus-per-node", type=DEGREE, default=8, help="devices per node (default 8)")
     g.add_argument("--tokens", required=True, type=float_in(*TOKENS_RANGE), metavar="N", help="tokens to train, e.g. 2e12")
     g.add_argument("--gpu-hour-usd", type=number_list(float_in(*GPU_HOUR_USD_RANGE, " USD")), metavar="P[,P2...]",
                    help="price of a GPU-hour in USD: one, or one per --device")

@@ -1,6 +1,7 @@
 """Numbers at their edges: every numeric flag of search, predict, sweep and run, collected from
 the parsers (so a new flag is covered), given 0, a tiny, a huge, an infinite and a NaN value:
-one line and exit 2, or exit 0 with finite numbers; never a traceback, a bug or an inf printed."""
+one line and exit 2, or exit 0 with finite numbers; never a traceback, a bug or an inf printed.
+Every integer flag (profile's too) given 0, -1 and 10**30: refused by its parser, naming its range."""
 from __future__ import annotations
 
 import argparse
@@ -74,6 +75,38 @@ def test_every_numeric_flag_at_its_edges_is_one_line_or_finite(command, bases, c
                 json.loads(out, parse_constant=lambda c: pytest.fail(f"{where}: {c} in the JSON"))
             else:
                 assert " inf" not in out and " nan" not in out.lower(), where
+
+
+INTEGERS = ("0", "-1", str(10**30))
+# how each kind of integer flag names its range when refusing a value
+RANGE_WORDS = ("give ", "invalid choice")
+
+
+def integer_flags(command: str) -> list[str]:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))   # noqa: SLF001
+    return [a.option_strings[0] for a in sub.choices[command]._actions   # noqa: SLF001
+            if a.option_strings and (a.type is int or "int" in getattr(a.type, "__name__", ""))]
+
+
+@pytest.mark.parametrize("command", ["search", "predict", "sweep", "run", "profile"])
+def test_every_integer_flag_is_bounded_where_it_is_read(command, bases, capsys):
+    """A huge or negative count is refused by the parser in one line naming the flag and its
+    range (exit 2), before it can overflow a size or make a run that never ends (`--steps
+    10**30`); 0 is one line or taken."""
+    flags = integer_flags(command)
+    assert len(flags) >= (1 if command == "profile" else 3), flags   # the collection found the flags
+    for flag in flags:
+        for value in INTEGERS:
+            argv = _argv(bases.get(command, [command]), command, flag, value)
+            code = main(argv)
+            err = capsys.readouterr().err.strip().splitlines()
+            where = f"{' '.join(argv[:1] + argv[-2:])}: exit {code}, {err}"
+            if value == "0":   # refused by the parser, or by what checks the plan, or taken
+                assert code == 0 or (code == 2 and len(err) == 1), where
+                continue
+            assert code == 2 and len(err) == 1 and f"argument {flag}: " in err[0], where
+            assert any(word in err[0] for word in RANGE_WORDS), where
 
 
 @pytest.mark.parametrize("old, new, name", [
