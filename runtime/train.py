@@ -41,6 +41,7 @@ from runtime.job import (
 )
 from runtime.launch import StepsConfig
 from runtime.memtrack import TensorBytesTracker, state_tensors
+from runtime.optimizer import adamw
 from runtime.parallel import gradient_sync_every_micro_batch
 
 TIMED_STEP = "planner::timed_step"   # the profiler's range around a step's timed work
@@ -79,9 +80,10 @@ def make_optimizer(job: Job, pf: PlanFile, lr: float) -> torch.optim.Optimizer:
     params = job.parameters()
     if pf.train.optimizer is Optimizer.SGD:
         return torch.optim.SGD(params, lr=lr)
-    if pf.plan.offload_optimizer:   # the states live on the host: torch's fused CPU kernel, 10x foreach's speed there
-        return torch.optim.AdamW(params, lr=lr, fused=True)
-    return torch.optim.AdamW(params, lr=lr, foreach=True)
+    optimizer, note = adamw(params, lr)   # fused where torch runs it (runtime.optimizer)
+    if note and dist.get_rank() == 0:
+        print(f"[planner run] optimizer: {note}", file=sys.stderr, flush=True)
+    return optimizer
 
 
 def forward_backward(job: Job, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | None:

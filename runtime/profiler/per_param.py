@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from costmodel.hardware import GELU_APPROXIMATIONS, fsdp_sync_key
 from costmodel.params import bucket_layers
 from runtime.model import DROPOUT_P
+from runtime.optimizer import adamw
 from runtime.profiler.attention import backward_s
 from runtime.profiler.curves import op_overhead_s
 from runtime.profiler.timing import DTYPES, _sync, best_s
@@ -36,7 +37,7 @@ def persisting_params(device_type: str) -> tuple[int, int]:
 
 def optimizer_s_per_param(device: torch.device) -> float:
     """Seconds per parameter of an AdamW step as the runtime takes one on the device
-    (runtime.train.make_optimizer: foreach, fp32 weights; FSDP2 keeps the master weights in
+    (runtime.optimizer.adamw: fused where torch runs it, fp32 weights; FSDP2 keeps the master weights in
     fp32 for every compute dtype). Timed on tensors that persist from step to step: the
     memory-bound curve's kernels write fresh outputs, whose first touch (page faults, on a CPU)
     an in-place optimizer never pays. The mean over OPTIMIZER_ALLOCATIONS fresh sets of tensors:
@@ -48,7 +49,7 @@ def optimizer_s_per_param(device: torch.device) -> float:
         params = [torch.nn.Parameter(torch.randn(count // tensors, device=device)) for _ in range(tensors)]
         for p in params:
             p.grad = torch.randn_like(p)
-        optimizer = torch.optim.AdamW(params, lr=1e-4, foreach=True)
+        optimizer, _ = adamw(params, lr=1e-4)
         optimizer.step()   # the moments are allocated on the first step
         return best_s(optimizer.step, repeat=3, sync=_sync(device))
 
