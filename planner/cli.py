@@ -16,7 +16,7 @@ from pathlib import Path
 
 from costmodel.inputs import UserError
 from costmodel.machine import LocalProfileMissing
-from planner import outputs
+from planner import outputs, streams
 from planner.args import (
     EXIT_STOPPED,
     EXIT_USAGE,
@@ -150,13 +150,20 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """The command's exit code; 1 where it would be 0 but its standard error could not be written
+    (closed or full: what it had to say is lost, planner.streams.QuietStderr)."""
+    with streams.quiet_stderr() as stderr:
+        code = _main(list(sys.argv[1:] if argv is None else argv))
+    return 1 if code == 0 and stderr.failed else code
+
+
+def _main(argv: list[str]) -> int:
     who = f"planner {argv[0]}" if argv and not argv[0].startswith("-") else "planner"
     try:
         with terminate_as_exception():
             with held_while_loading():
                 parser = build_parser()
-            with outputs.guarded_stdout():
+            with streams.guarded_stdout():
                 try:
                     args, extra = parser.parse_known_args(argv)
                     if extra:   # said by the subcommand, whose --help lists what it takes
@@ -177,7 +184,7 @@ def _interrupted(who: str, exc: BaseException, what: str, code: int) -> int:
         if sys.stdout is not None:
             sys.stdout.flush()
     except OSError:
-        outputs.silence_stdout()
+        streams.silence_stdout()
     notes = "; ".join(getattr(exc, "__notes__", []))
     print(f"{who}: {what}" + (f"; {notes}" if notes else ""), file=sys.stderr)
     return code
@@ -228,8 +235,8 @@ def _flushed(who: str, code: int) -> int:
 def write_failed(who: str, exc: outputs.WriteFailed) -> int:
     """One line naming what could not be written and why, exit 1; a reader that stopped reading
     standard output (`| head -1`) ends the command quietly, as other tools do."""
-    if exc.where == outputs.STDOUT:
-        outputs.silence_stdout()
+    if exc.where == streams.STDOUT:
+        streams.silence_stdout()
         if exc.errno == errno.EPIPE:
             return 0
     print(f"{who}: error: {exc}", file=sys.stderr)

@@ -13,7 +13,6 @@ import math
 import os
 import secrets
 import shutil
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -120,7 +119,7 @@ def write_file(path: str | Path, data: str | bytes, overwrite: bool) -> None:
 
 
 @contextlib.contextmanager
-def new_stream(path: str | Path, overwrite: bool) -> Iterator[GuardedStdout]:
+def new_stream(path: str | Path, overwrite: bool) -> Iterator:
     """`path` opened for a log a command writes as it goes (run.log): published empty at once, not
     over a file that appeared meanwhile (with --overwrite, replacing it in one step), then written
     in place; a failed write of it is a WriteFailed naming it."""
@@ -140,8 +139,9 @@ def new_stream(path: str | Path, overwrite: bool) -> Iterator[GuardedStdout]:
             raise WriteFailed(path, exc) from None
         raise
     tmp.unlink(missing_ok=True)   # a hard link's first name: the file is `path` now
+    from planner.streams import Guarded  # which imports WriteFailed from here: imported here, not above
     try:
-        yield GuardedStdout(stream, path)
+        yield Guarded(stream, path)
     except BaseException:
         with contextlib.suppress(OSError):
             stream.close()
@@ -299,59 +299,3 @@ def _same_file(fd: int, path: Path) -> bool:
     except FileNotFoundError:
         return False
     return os.path.samestat(os.fstat(fd), st)
-
-
-STDOUT = "standard output"
-
-
-class GuardedStdout:
-    """sys.stdout as a command writes it (or a log, new_stream): an OSError writing or flushing it
-    (a closed pipe, a full device, a closed descriptor) is a WriteFailed naming standard output (or
-    the file), never a traceback."""
-
-    def __init__(self, stream, where: str | Path = STDOUT):
-        self.stream, self.where = stream, where
-
-    def write(self, text: str) -> int:
-        return self._call("write", text)
-
-    def writelines(self, lines) -> None:
-        self._call("writelines", lines)
-
-    def flush(self) -> None:
-        if self.stream is not None:   # closed from the start: nothing was written, nothing to flush
-            self._call("flush")
-
-    def _call(self, name: str, *args):
-        if self.stream is None:   # the process was started with its standard output closed
-            raise WriteFailed(self.where, OSError(errno.EBADF, "it is closed"))
-        try:
-            return getattr(self.stream, name)(*args)
-        except OSError as exc:
-            raise WriteFailed(self.where, exc) from None
-
-    def __getattr__(self, name: str):
-        return getattr(self.stream, name)
-
-
-@contextlib.contextmanager
-def guarded_stdout() -> Iterator[None]:
-    stream = sys.stdout
-    sys.stdout = GuardedStdout(stream)
-    try:
-        yield
-    finally:
-        sys.stdout = stream
-
-
-def silence_stdout() -> None:
-    """Point descriptor 1 at /dev/null when it is this process's standard output whose writes
-    failed: what is left in its buffer is then flushed there at exit, not as a second error."""
-    try:
-        if sys.stdout is None or sys.stdout.fileno() != 1:
-            return
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 1)
-        os.close(devnull)
-    except (OSError, ValueError, AttributeError):   # a stream without a descriptor (a test's capture)
-        return
