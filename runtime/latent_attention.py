@@ -31,7 +31,7 @@ from torch.distributed.tensor import DTensor
 
 from costmodel.specs import AttentionKernel, ModelSpec
 from runtime.model import Attention
-from runtime.sequence_parallel import gather_sequence, scatter_sequence
+from runtime.sequence_parallel import GatheredColumns, gather_sequence, scatter_sequence
 
 LATENT_NORM_EPS = 1e-6   # transformers' DeepseekV3RMSNorm default, which q_a_layernorm / kv_a_layernorm keep
 
@@ -73,12 +73,29 @@ class HeadsInput:
     def __call__(self, t: torch.Tensor) -> torch.Tensor:
         return (_GatherSequence if self.sequence_parallel else _SumGradient).apply(t, self.group)
 
+    def project(self, block: nn.Module, name: str, x: torch.Tensor) -> torch.Tensor:
+        """A column-parallel projection of the layer input itself (the query without its
+        latent): under SP the shard kept, gathered again in backward (runtime.sequence_parallel)."""
+        if self.sequence_parallel:
+            return GatheredColumns(self.group)(block, x, (name,))[0]
+        return _project(getattr(block, name), self(x))
+
 
 def _project(lin: nn.Linear, t: torch.Tensor) -> torch.Tensor:
     """`lin` on `t`; a TP-sharded weight (ColwiseWeights: no hooks) as this rank's rows."""
     if isinstance(lin.weight, DTensor):
         return F.linear(t, lin.weight.to_local())
     return lin(t)
+
+
+class _Whole:
+    """`heads_in` without tensor parallelism: every head is here."""
+
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    def project(self, block: nn.Module, name: str, x: torch.Tensor) -> torch.Tensor:
+        return getattr(block, name)(x)
 
 
 class LatentAttention(Attention):
@@ -92,7 +109,7 @@ class LatentAttention(Attention):
         if self.q_rank:
             self.q_latent_norm = nn.RMSNorm(self.q_rank, eps=LATENT_NORM_EPS)
         self.kv_latent_norm = nn.RMSNorm(self.kv_rank, eps=LATENT_NORM_EPS)
-        self.heads_in = _whole
+        self.heads_in: HeadsInput | _Whole = _Whole()
 
     def down_parameters(self) -> list[nn.Parameter]:
         """The down-projections and latent norms: whole on every TP rank, which under sequence
@@ -101,19 +118,28 @@ class LatentAttention(Attention):
         return [p for name in down if hasattr(self, name) for p in getattr(self, name).parameters()]
 
     def _heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        q_in = self.q_latent_norm(self.wq_a(x)) if self.q_rank else x
         latent, k_rope = self.wkv_a(x).split((self.kv_rank, self.rope_dims), dim=-1)
-        joined = self.heads_in(torch.cat((q_in, self.kv_latent_norm(latent), k_rope), dim=-1))
-        q_in, latent, k_rope = joined.split((q_in.shape[-1], self.kv_rank, self.rope_dims), dim=-1)
-        b, s = joined.shape[0], joined.shape[1]
-        q = _project(self.wq_b if self.q_rank else self.wq, q_in).view(b, s, -1, self.nope + self.rope_dims)
+        latent = self.kv_latent_norm(latent)
+        if self.q_rank:   # both latents in one collective; the up-projections keep views of it
+            joined = self.heads_in(torch.cat((self.q_latent_norm(self.wq_a(x)), latent), dim=-1))
+            q_latent, latent = joined.split((self.q_rank, self.kv_rank), dim=-1)
+            q = _project(self.wq_b, q_latent)
+        else:
+            q, latent = self.heads_in.project(self, "wq", x), self.heads_in(latent)
+        k_rope = self.heads_in(k_rope)   # apart: RoPE's backward keeps none of it
+        b, s = q.shape[0], q.shape[1]
+        q = q.view(b, s, -1, self.nope + self.rope_dims)
         kv = _project(self.wkv_b, latent).view(b, s, -1, self.nope + self.v_dim)
         k_nope, v = kv.split((self.nope, self.v_dim), dim=-1)
         q_nope, q_rope = q.split((self.nope, self.rope_dims), dim=-1)
         k_rope = self._rope(k_rope.view(b, s, 1, self.rope_dims)).expand(-1, -1, k_nope.shape[2], -1)
         return torch.cat((q_nope, self._rope(q_rope)), dim=-1), torch.cat((k_nope, k_rope), dim=-1), v
 
+    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Values zero-padded to the query/key head size for a fused kernel (FlashAttention and
+        torch's CPU flash kernel take one head size; a narrower V sends SDPA to its math path,
+        which keeps the s x s probabilities), the output cut back to v_head_dim."""
+        if self.kernel is not AttentionKernel.FLASH or v.shape[-1] == q.shape[-1]:
+            return super()._core(q, k, v)
+        return super()._core(q, k, F.pad(v, (0, q.shape[-1] - v.shape[-1])))[..., :self.v_dim]
 
-def _whole(t: torch.Tensor) -> torch.Tensor:
-    """`heads_in` without tensor parallelism: every head is here."""
-    return t

@@ -77,7 +77,7 @@ def layer_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, mode:
     mlp_input = 0.0 if model.shared_norm and not _gathers_per_block(plan, traits) else a * tokens * h / mlp_input_split
     replicated = (tokens * h * (norms + 2 * drop) / sp + a * tokens * h / _proj_input_split(plan, traits)
                   + mlp_input)
-    qkv = ((mla_saved_bytes(model, train, tokens, t) if model.is_mla else a * tokens * (q + 2 * kv) / t)
+    qkv = ((mla_saved_bytes(model, train, plan, traits) if model.is_mla else a * tokens * (q + 2 * kv) / t)
            + cp_gathered_kv_bytes(model, train, plan, traits))
     if model.arch is Arch.GPT and model.position_kind is PositionKind.ROPE:
         # a fused QKV (GPT-NeoX): attention keeps the rotated Q and K, and V, a view, keeps the
@@ -105,18 +105,36 @@ def layer_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, mode:
     return replicated + qkv + out_proj_input + mlp + core
 
 
-def mla_saved_bytes(model: ModelSpec, train: TrainSpec, tokens: int, tp: int) -> float:
-    """What non-absorbed multi-head latent attention keeps for backward besides its input and the
-    output projection's input (DeepSeek-V2 Sec. 2.1.2; transformers' DeepseekV3Attention,
-    Megatron-Core's MLASelfAttention), tensor by tensor: the query latent as projected (its
-    RMSNorm's input) and normed (the up-projection's input), q_lora_rank wide each where the query
-    is compressed; the key/value latent likewise, kv_lora_rank wide each; and the attention's
-    inputs per TP rank's heads: Q and K of no-RoPE + RoPE size, V of v_head_dim. The latents are
-    whole on every TP rank (replicated down-projections, gathered under SP). The RoPE key before
-    rotation is not kept (RoPE's backward needs only its cos and sin, counted with the layer's)."""
-    latents = 2 * (model.q_lora_rank + model.kv_lora_rank)
-    heads = model.num_heads * (2 * model.head_dim + model.value_head_dim) / tp
-    return train.compute_dtype.num_bytes * tokens * (latents + heads)
+def mla_saved_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, traits: FrameworkTraits) -> float:
+    """What non-absorbed multi-head latent attention keeps for backward in one micro-batch besides
+    its input, the output projection's input and RoPE's tables (DeepSeek-V2 Sec. 2.1.2;
+    runtime.latent_attention, measured per tensor by tests/runtime/test_activation_memory.py),
+    tensor by tensor:
+    - the down-projections' outputs, their RMSNorms' inputs: the query latent (q_lora_rank; none
+      without query compression) and the key/value latent with the RoPE key beside it, one tensor;
+      on this rank's sequence shard under SP. torch's CPU RMSNorm is composite (frameworks
+      `cpu_kernels`): it keeps its input upcast to fp32 (in fp32 the same tensor, RoPE key and
+      all) and the normalised latent in fp32;
+    - the normed latents, the up-projections' inputs, whole on every TP rank (gathered under SP);
+    - per TP rank's heads, attention's inputs: Q and K of no-RoPE + RoPE size and V of
+      v_head_dim. A kernel of one head size (torch's SDPA flash kernels; not the vendor's cuDNN
+      attention, frameworks `vendor_attention`) takes V zero-padded to the Q/K size and keeps its
+      padded output apart from the output projection's input (under CP the caller counts each
+      chunk's output at V's size: the padding's excess here).
+    The RoPE key before rotation is not kept (RoPE's backward needs only its cos and sin)."""
+    a, t = train.compute_dtype.num_bytes, plan.tp
+    tokens = plan.micro_batch_size * train.seq_len // plan.cp
+    shard = tokens / t if plan.sequence_parallel else tokens
+    q, kv, rope = model.q_lora_rank, model.kv_lora_rank, model.qk_rope_head_dim
+    if traits.cpu_kernels:
+        down = 4 * shard * (q + kv + (rope if a == 4 else 0)) + 4 * shard * (q + kv)
+    else:
+        down = a * shard * (q + kv + rope)
+    heads, qk, v = model.num_heads / t, model.head_dim, model.value_head_dim
+    flash = train.attention_kernel is AttentionKernel.FLASH
+    padded = flash and not traits.vendor_attention and v != qk
+    out = (qk if plan.cp == 1 else qk - v) if padded else 0
+    return down + a * tokens * ((q + kv) + heads * (2 * qk + (qk if padded else v) + out))
 
 
 def cp_gathered_kv_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, traits: FrameworkTraits = RUNTIME) -> float:

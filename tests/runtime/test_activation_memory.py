@@ -17,16 +17,22 @@ import pytest
 import torch
 from parity import plan_file
 
+from costmodel.deepseek import dense_layer_model
 from costmodel.memory import layer_activation_bytes, logits_held_bytes
 from costmodel.plan import Recompute
 from costmodel.registry import resolve_model
-from costmodel.specs import DType, FfnKind, PositionKind
+from costmodel.specs import DType, FfnKind, PositionKind, RouterScoring
 from planner.space import Choice
 from runtime.fork import run_forked
 from runtime.job import build_job, cross_entropy
 from runtime.parallel import local_tensor
 
 LLAMA = dict(model="debug-small")
+# DeepSeek's mechanisms but the MTP module: latent attention, a dense first layer, sigmoid routing
+MLA = dict(model="debug-mla", mtp_depth=0)
+MLA_DENSE = dict(MLA, num_experts=0, experts_per_token=0, moe_ffn_hidden_size=0, shared_expert_ffn_hidden_size=0,
+                 first_k_dense=0, router_scoring=RouterScoring.SOFTMAX, num_expert_groups=1, topk_groups=1,
+                 routed_scaling_factor=1.0)
 GPT = dict(model="debug-tiny-gpt", dropout=True)
 # GPT-NeoX's mechanisms: the norms read the same layer input (parallel residual), RoPE on a quarter
 NEOX = dict(model="debug-tiny-gpt", dropout=False, position_kind=PositionKind.ROPE, parallel_residual=True,
@@ -115,6 +121,12 @@ CASES = {
     "falcon_tp2": (Choice(tp=2, sequence_parallel=False, micro_batch_size=MBS), 2, FALCON),
     "falcon_tp2_sp": (Choice(tp=2, micro_batch_size=MBS), 2, FALCON),
     "neox_tp2_sp": (Choice(tp=2, micro_batch_size=MBS), 2, NEOX),
+    # latent attention (runtime.latent_attention): the latents, V padded to the Q/K head size for
+    # the flash kernel; under TP+SP the down-projections on the shard, the latents gathered; the
+    # query uncompressed under TP without SP (the dense first layer priced as dense_layer_model's)
+    "mla": (Choice(micro_batch_size=MBS), 1, MLA),
+    "mla_tp2_sp": (Choice(tp=2, micro_batch_size=MBS), 2, MLA),
+    "mla_q_whole_tp2": (Choice(tp=2, sequence_parallel=False, micro_batch_size=MBS), 2, dict(MLA_DENSE, q_lora_rank=0)),
     # Gemma's mechanisms: GeGLU, the (1 + w) norm in fp32, scaled embeddings
     "gemma_style": (Choice(micro_batch_size=MBS), 1, dict(model="debug-small", ffn_kind=FfnKind.GEGLU,
                                                            scale_embeddings=True, norm_unit_offset=True)),
@@ -136,8 +148,9 @@ def test_saved_activations_match_the_model(name):
     if pf.plan.ep > 1:
         pf = dataclasses.replace(pf, train=dataclasses.replace(pf.train, expert_load_imbalance=1.0))
     traits = pf.cluster.framework
-    per_layer = layer_activation_bytes(pf.model, pf.train, pf.plan, pf.plan.recompute, traits)
     for layer in range(pf.model.num_layers):
+        built = dense_layer_model(pf.model) if layer < pf.model.first_k_dense else pf.model
+        per_layer = layer_activation_bytes(built, pf.train, pf.plan, pf.plan.recompute, traits)
         assert measured[str(layer)] == pytest.approx(per_layer, rel=0.03), f"layer {layer}"
     assert measured["loss"] == pytest.approx(logits_held_bytes(pf.model, pf.train, pf.plan, traits), rel=0.03)
 

@@ -111,6 +111,7 @@ CASES = {
     # each trains them on its sequence shard, their gradients summed over TP (runtime.job)
     "mla_tp2": (Choice(tp=2), 2, MLA),
     "mla_dense_tp2_no_sp": (Choice(tp=2, sequence_parallel=False), 2, MLA_DENSE),
+    "mla_dense_tp2_sp": (Choice(tp=2), 2, MLA_DENSE),
     # the dense first layer on one pipeline stage, the mixtures on the other
     "mla_pp2": (Choice(pp=2), 2, MLA),
     # the routers' counts summed over the expert-parallel ranks before the bias update
