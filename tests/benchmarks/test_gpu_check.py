@@ -49,3 +49,21 @@ def test_an_unknown_plan_name_is_one_line():
     proc = subprocess.run([sys.executable, str(SCRIPT), "--plans", "mbs3_none_s2048"], capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 2 and "not in the matrix" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_without_cuda_the_check_runs_on_this_cpu_within_its_budget(tmp_path):
+    """The CPU mode end to end but for the runs themselves (a run and its compile take a minute:
+    `python benchmarks/gpu_check.py --plans mbs1_none_s128 --budget-s 300` by hand): every plan of
+    the CPU matrix predicted with the tiny model on the shipped CPU profile, each of its two runs
+    skipped once a zero budget is spent, all of it in gpu_check.json."""
+    if torch.cuda.is_available():
+        pytest.skip("a GPU here: the check would run the GPU's matrix")
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--budget-s", "0", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    doc = json.loads((tmp_path / "gpu_check.json").read_text())
+    mod = load_benchmark("gpu_check")
+    assert doc["device"] == "cpu" and doc["budget_s"] == 0
+    assert [(r["plan"], r["mode"]) for r in doc["rows"]] == [
+        (mod.plan_name(*p), mode) for p in mod.matrix(quick=False, cpu=True) for mode in mod.MODES]
+    assert all(r["predicted_fits"] and r["skipped"].startswith("--budget-s") for r in doc["rows"])
