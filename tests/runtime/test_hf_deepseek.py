@@ -167,3 +167,14 @@ def test_latent_attention_and_sigmoid_routing_give_transformers_logits(changes):
         want = theirs(tokens).logits
         got = ours.eval()(tokens)
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-4), (got - want).abs().max()
+
+
+def test_deepseek_checkpoints_are_refused_by_name():
+    """runtime.hf does not map DeepSeek's names, routing biases or interleaved RoPE pairs: one line."""
+    from costmodel.inputs import UserError
+    from runtime.hf import from_hf, to_hf
+    with torch.device("meta"):
+        model = Transformer(dataclasses.replace(resolve_model("debug-mla"), mtp_depth=0))
+    for convert in (lambda: to_hf(model), lambda: from_hf(model, {})):
+        with pytest.raises(UserError, match="DeepSeek checkpoints are not converted"):
+            convert()
