@@ -254,6 +254,7 @@ def stop(proc: subprocess.Popen) -> None:
 # What the surviving ranks report once a peer has gone: consequences, not causes.
 EXITS = re.compile(r"rank\s*:\s*(\d+).*?\n\s*exitcode\s*:\s*(-?\d+)")
 HUNG_WAITING = "RankHung: waiting for a peer"   # runtime.watchdog: a rank whose peer stopped progressing
+JOIN_WAITING = "waiting for a peer to join"   # runtime.watchdog.joining: ... or never joined
 PEER_LOST = re.compile(r"Connection (reset|closed)|Broken pipe|[Pp]eer|timed out|Timeout|SIGTERM|Signals\.")
 
 
@@ -314,6 +315,9 @@ def _died(rank: int, code: int, causes: list) -> str:
     if not waited:
         return f"rank {rank} died ({how}) without a Python error"
     peer, step, cause = waited[0]
+    if step is None and JOIN_WAITING in cause:
+        return (f"rank {rank} did not join the process group (stopped or stuck at start-up: rank {peer} "
+                f"{cause.removeprefix('RankHung: ')}, --hang-timeout); it was then ended ({how})")
     at = f" at step {step}" if step else ""
     return (f"rank {rank} made no progress{at} (hung or stopped: rank {peer} {cause.removeprefix('RankHung: ')}, "
             f"--hang-timeout); it was then ended ({how})")

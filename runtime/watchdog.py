@@ -7,7 +7,9 @@ launcher's errors file and ends the process, which makes torchrun end the job. E
 hung job stops progressing, the hung one and the peers waiting for it in a collective; the
 thread tells them apart by the main thread's stack: a rank stopped inside torch.distributed is
 waiting for a peer (a consequence, which `runtime.launch.failure_message` ranks after causes),
-any other rank is hung where its stack says. Paused while a checkpoint is written.
+any other rank is hung where its stack says. Paused while a checkpoint is written. Before the
+layers exist, `joining` limits the start-up the same way: peers that a rank stopped before it
+joined the process group would otherwise wait for torch's own rendezvous timeout.
 """
 from __future__ import annotations
 
@@ -64,6 +66,30 @@ def watch(modules, errors_file: Path, timeout_s: float) -> None:
     main = threading.main_thread().ident
     beat()
     threading.Thread(target=_check, args=(main, errors_file, timeout_s), daemon=True, name="planner-watchdog").start()
+
+
+@contextmanager
+def joining(errors_file: Path, timeout_s: float):
+    """Start-up, before any layer marks progress: a rank whose peers have not all joined the
+    process group within `timeout_s` (0: no limit) says so and ends the process. Worded as a
+    lost-peer consequence: the rank that never joined (stopped or stuck before it could, so it
+    writes nothing) is the cause, which runtime.launch names from torchrun's summary."""
+    joined = threading.Event()
+    if timeout_s > 0:
+        threading.Thread(target=_wait_to_join, args=(joined, errors_file, timeout_s), daemon=True,
+                         name="planner-join-watchdog").start()
+    try:
+        yield
+    finally:
+        joined.set()
+
+
+def _wait_to_join(joined: threading.Event, errors_file: Path, timeout_s: float) -> None:
+    if joined.wait(timeout_s):
+        return
+    write_text_atomic(errors_file, f"RankHung: waiting for a peer to join for {timeout_s:.0f} s (Timeout): the "
+                                   "process group did not form\n")
+    os._exit(4)
 
 
 def _check(main: int, errors_file: Path, timeout_s: float) -> None:

@@ -37,8 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     places: list = []
     try:
         pf = PlanFile.load(args.plan)
-        init_distributed()
-        places = gather_places()
+        with watchdog.joining(out / "errors" / f"rank{rank}.txt", args.hang_timeout):   # a peer stopped at start-up
+            init_distributed()
+            places = gather_places()
         if restart_count() and rank == 0:   # the launcher says so once the run succeeds
             write_text_atomic(out / RESTARTED, f"{restart_count()}\n")
         cfg = RunConfig(steps=args.steps, warmup=args.warmup, seed=args.seed, lr=args.lr,
