@@ -6,7 +6,7 @@ from __future__ import annotations
 from costmodel.comm import Collective, collective_time_s, host_copy_s, p2p_time_s
 from costmodel.hardware import ClusterSpec
 from costmodel.kernels import KernelTimes, cross_entropy_s, expert_rows, moe_tokens
-from costmodel.layout import dense_blocks
+from costmodel.layout import Block, dense_blocks
 from costmodel.memory import layer_activation_bytes
 from costmodel.moe_dispatch import dispatch_combine_s
 from costmodel.params import ceil_div
@@ -15,10 +15,22 @@ from costmodel.plan import Plan, Recompute
 from costmodel.specs import ModelSpec, TrainSpec
 
 
-def _tp_hidden_bytes(model: ModelSpec, train: TrainSpec, plan: Plan) -> int:
+def _tp_hidden_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, width: int | None = None) -> int:
     """What each TP collective of a layer or the model's edges moves: the micro-batch's hidden
-    states (all of them: an all-gather's output, a reduce-scatter's input)."""
-    return train.compute_dtype.num_bytes * plan.micro_batch_size * train.seq_len // plan.cp * model.hidden_size
+    states (all of them: an all-gather's output, a reduce-scatter's input), or `width` features
+    of each token."""
+    return (train.compute_dtype.num_bytes * plan.micro_batch_size * train.seq_len // plan.cp
+            * (model.hidden_size if width is None else width))
+
+
+def _tp_input_width(model: ModelSpec, block: Block) -> int:
+    """Features of each token a dense block's input collective moves: the hidden states, or, for
+    latent attention, what its column-parallel up-projections read (the query latent, or the
+    input itself without one, the key/value latent and the RoPE key), gathered in their place by
+    our runtime (runtime.latent_attention) as by Megatron-Core's MLASelfAttention."""
+    if block.name == "attention" and model.is_mla:
+        return (model.q_lora_rank or model.hidden_size) + model.kv_lora_rank + model.qk_rope_head_dim
+    return model.hidden_size
 
 
 def _tp_layer_comm_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
@@ -28,26 +40,31 @@ def _tp_layer_comm_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Cl
     a mixture of experts routes its sequence shard without either."""
     if plan.tp == 1:
         return 0.0
-    per_block = (_tp_block_collective_s(model, train, plan, cluster, span, output=False)
-                 + _tp_block_collective_s(model, train, plan, cluster, span, output=True))
-    return len(dense_blocks(model)) * per_block
+    out = _tp_block_collective_s(model, train, plan, cluster, span, output=True)
+    return sum(out + _tp_block_collective_s(model, train, plan, cluster, span, output=False,
+                                            width=_tp_input_width(model, block))
+               for block in dense_blocks(model))
 
 
 def _sp_regather_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec, span: AxisSpan) -> float:
     """A layer's backward all-gathers of the sequence shards its dense blocks kept instead of
     their gathered inputs (Korthikanti et al. 2022 Sec. 4.2.2), where nothing hides them
-    (costmodel.frameworks `sp_regather_exposed`)."""
+    (costmodel.frameworks `sp_regather_exposed`). Latent attention keeps its gathered latents
+    and gathers again only an uncompressed query's input."""
     traits = cluster.framework
     if plan.tp == 1 or not plan.sequence_parallel or traits.tp_keeps_gathered_input or not traits.sp_regather_exposed:
         return 0.0
-    return len(dense_blocks(model)) * _tp_block_collective_s(model, train, plan, cluster, span, output=False)
+    shards = sum(1 for block in dense_blocks(model)
+                 if not (model.is_mla and block.name == "attention" and model.q_lora_rank))
+    return shards * _tp_block_collective_s(model, train, plan, cluster, span, output=False)
 
 
 def _tp_block_collective_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
-                           span: AxisSpan, output: bool) -> float:
+                           span: AxisSpan, output: bool, width: int | None = None) -> float:
     """One dense block's collective on its input (all-gather with sequence parallelism, else
-    nothing forward) or its output (reduce-scatter with sequence parallelism, else all-reduce)."""
-    num_bytes = _tp_hidden_bytes(model, train, plan)
+    nothing forward) or its output (reduce-scatter with sequence parallelism, else all-reduce), of
+    the hidden states or `width` features a token."""
+    num_bytes = _tp_hidden_bytes(model, train, plan, width)
     if not plan.sequence_parallel:
         return collective_time_s(Collective.ALL_REDUCE, num_bytes, span, cluster) if output else 0.0
     return collective_time_s(Collective.REDUCE_SCATTER if output else Collective.ALL_GATHER, num_bytes, span, cluster)

@@ -172,3 +172,24 @@ def test_latent_down_projections_are_summed_over_tp_under_sequence_parallelism()
     with_sp = tp_replica_sync_s(model, train, plan, cluster, spans(plan, cluster), 4)
     without = tp_replica_sync_s(model, train, whole_seq, cluster, spans(whole_seq, cluster), 4)
     assert with_sp > without > 0   # the mixture's router is summed either way
+
+
+def test_latent_attention_under_sequence_parallelism_gathers_its_latents_not_the_hidden_states():
+    """V3's attention block under TP+SP: its up-projections' inputs (1536 + 512 + 64 features a
+    token) are all-gathered, its output (7168) reduce-scattered; the latents are kept gathered, so
+    backward gathers nothing again (a MoE layer has no other dense block)."""
+    from costmodel.comm import Collective, collective_time_s
+    from costmodel.rank_time import spans
+    from costmodel.rank_time.layer_comm import _sp_regather_s, _tp_layer_comm_s
+    from planner.space import Choice, build_plan
+    from planner.specs import build_specs
+    model, train, cluster = build_specs("deepseek-v3", "256x8xH100")
+    plan = build_plan(model, train, cluster, Choice(tp=4, pp=16, ep=32, zero_stage=1))
+    span = spans(plan, cluster).tp
+    token_bytes = train.compute_dtype.num_bytes * plan.micro_batch_size * train.seq_len
+    assert _tp_layer_comm_s(model, train, plan, cluster, span) == pytest.approx(
+        collective_time_s(Collective.ALL_GATHER, token_bytes * (1536 + 512 + 64), span, cluster)
+        + collective_time_s(Collective.REDUCE_SCATTER, token_bytes * 7168, span, cluster))
+    assert _sp_regather_s(model, train, plan, cluster, span) == 0.0
+    lite = resolve_model("deepseek-v2-lite")   # no query latent: the input is gathered again for wq
+    assert _sp_regather_s(lite, train, plan, cluster, span) > 0
