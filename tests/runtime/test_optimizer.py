@@ -4,6 +4,7 @@ DTensor shards as build_job makes them (the multi-rank layouts train through it 
 tests/runtime/test_parity.py's AdamW cases)."""
 from __future__ import annotations
 
+import pytest
 import torch
 from parity import plan_file
 
@@ -60,3 +61,12 @@ def test_fsdp2_shards_step_fused(group):
     cross_entropy(job.modules[0](tokens[:, :-1]), tokens[:, 1:]).backward()
     optimizer.step()
     assert all(not torch.equal(b, p.detach().full_tensor()) for b, p in zip(before, job.parameters()))
+
+
+def test_fused_adamw_over_experts_and_dense_layers_on_two_meshes():
+    """Expert parallelism under ZeRO-3: the experts live on the (edp, ep) meshes, the rest on the
+    dp mesh; one fused AdamW steps both, and the losses are the single process's."""
+    from parity import distributed, reference
+    pf = plan_file(Choice(ep=2, zero_stage=3), world=2, model="debug-moe", optimizer=Optimizer.ADAMW)
+    ref_losses, _ = reference(pf, lr=1e-2)
+    assert distributed(pf, lr=1e-2)["losses"] == pytest.approx(ref_losses, rel=1e-5)
