@@ -67,7 +67,8 @@ def add_cost_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("training cost")
     g.add_argument("--tokens", type=float_in(*TOKENS_RANGE), metavar="N",
                    help="tokens to train (e.g. 2e12): adds days, GPU-hours (and cost with --gpu-hour-usd), with "
-                        "the checkpoint and failure overhead of the 'long run' line")
+                        "the checkpoint and failure overhead of the 'long run' line (in --json, days, gpu_hours and "
+                        "cost_usd are null for a run that never ends: a failure before every checkpoint)")
     g.add_argument("--gpu-hour-usd", type=float_in(*GPU_HOUR_USD_RANGE, " USD"), metavar="P",
                    help="price of one GPU-hour in USD")
     return g

@@ -52,7 +52,9 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--nodes", required=True, type=number_list(DEGREE), metavar="N[,N2...]",
                    help="node counts to try, e.g. 4,8,16,32")
     g.add_argument("--gpus-per-node", type=DEGREE, default=8, help="devices per node (default 8)")
-    g.add_argument("--tokens", required=True, type=float_in(*TOKENS_RANGE), metavar="N", help="tokens to train, e.g. 2e12")
+    g.add_argument("--tokens", required=True, type=float_in(*TOKENS_RANGE), metavar="N",
+                   help="tokens to train, e.g. 2e12 (in --json, days, gpu_hours and cost_usd are null for a run that "
+                        "never ends: a failure before every checkpoint)")
     g.add_argument("--gpu-hour-usd", type=number_list(float_in(*GPU_HOUR_USD_RANGE, " USD")), metavar="P[,P2...]",
                    help="price of a GPU-hour in USD: one, or one per --device")
     g.add_argument("--deadline-days", type=positive_float, metavar="X",
