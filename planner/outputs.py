@@ -139,7 +139,7 @@ def new_stream(path: str | Path, overwrite: bool) -> Iterator:
             raise WriteFailed(path, exc) from None
         raise
     tmp.unlink(missing_ok=True)   # a hard link's first name: the file is `path` now
-    from planner.streams import Guarded  # which imports WriteFailed from here: imported here, not above
+    from planner.streams import Guarded  # here, not above: planner.streams imports this module
     try:
         yield Guarded(stream, path)
     except BaseException:
@@ -158,9 +158,9 @@ class NotFinite(ValueError):
 
 def json_text(doc: Any) -> str:
     """Every JSON document a command writes or prints (strict: `allow_nan=False`). An infinity is
-    null: the one unbounded value a document holds is a run that never ends (a training cost's
-    days, GPU-hours and price where failures outpace checkpoints). A NaN is a bug
-    (NotFinite, naming the field), never written as a number or a silent null."""
+    null: an unbounded value, documented where a field can hold one (a run that never ends: its
+    days, GPU-hours and cost, --tokens' help). A NaN is a bug (NotFinite, naming the field), never
+    written as a number or as a silent null."""
     return json.dumps(_finite(doc, "$"), indent=2, allow_nan=False) + "\n"
 
 
