@@ -40,19 +40,20 @@ def flash_tile_efficiency(seq_len: int) -> float:
 
 
 def _attention_core_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile,
-                      cp_ring: bool, cpu_kernels: bool = False) -> tuple[float, float]:
+                      cp_ring: bool, cpu_kernels: bool = False, padded_values: bool = False) -> tuple[float, float]:
     """(forward, backward) of scores, softmax and weighted sum for local heads and queries
     (context parallelism: against the keys before them; a ring merges partial outputs). On a GPU
     the profile's attention efficiency is a long sequence's, times the tile efficiency at this
     one (flash_tile_efficiency). On a CPU whose profile timed SDPA (planner profile), torch's
     SDPA as the runtime calls it is priced at those times (_measured_sdpa_s); without them a CPU's
-    flash kernel is priced at the profile's attention ratio to its GEMM curve."""
-    b, heads, d = plan.micro_batch_size, model.num_heads // plan.tp, model.attention_head_dim
+    flash kernel is priced at the profile's attention ratio to its GEMM curve. `padded_values`:
+    values as wide as queries and keys (latent attention's, padded: runtime.latent_attention)."""
+    b, heads, d = plan.micro_batch_size, model.num_heads // plan.tp, _head_dim(model, padded_values)
     s_q, s_k, a = train.seq_len // plan.cp, train.seq_len, train.compute_dtype.num_bytes
     flops = 4.0 * b * heads * s_q * s_k * d
     flash = train.attention_kernel is AttentionKernel.FLASH
     if flash and cpu_kernels and dev.sdpa_curve(train.compute_dtype, model.dropout, False):
-        return _measured_sdpa_s(model, train, plan, dev, cp_ring)
+        return _measured_sdpa_s(model, train, plan, dev, cp_ring, padded_values)
     # torch's CPU SDPA with dropout leaves the flash kernel for the math path (costmodel.frameworks
     # `cpu_kernels`; costmodel.memory keeps its scores alike)
     math_path = model.dropout and cpu_kernels
@@ -125,8 +126,14 @@ def _per_pair_at(dims: list[tuple[float, float]], head_dim: float) -> float:
 SDPA_MATH_KERNELS = 6
 
 
+def _head_dim(model: ModelSpec, padded_values: bool) -> float:
+    """The head size the attention core's two products see on average (ModelSpec.attention_head_dim),
+    or the query/key size where the values are padded to it."""
+    return model.head_dim if padded_values else model.attention_head_dim
+
+
 def _measured_sdpa_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile,
-                     cp_ring: bool) -> tuple[float, float]:
+                     cp_ring: bool, padded_values: bool = False) -> tuple[float, float]:
     """(forward, backward) of the attention core on a CPU, at the profile's measured SDPA times
     for this dtype and dropout (with dropout the math path, whose draw over the scores is in the
     measurement), at each call's sequence and head dim (sdpa_head_s), plus training's per-kernel
@@ -135,7 +142,7 @@ def _measured_sdpa_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev:
     calls a rank), priced as the causal square of as many query-key pairs, though a masked call
     computes every pair: its time can exceed its pairs' share of the square's, which this prices
     on the fast side."""
-    b, heads, d = plan.micro_batch_size, model.num_heads // plan.tp, model.attention_head_dim
+    b, heads, d = plan.micro_batch_size, model.num_heads // plan.tp, _head_dim(model, padded_values)
     calls = plan.cp if cp_ring else (1 if plan.cp == 1 else 2)
     square = math.sqrt(rank_scores(train, plan, cp_ring) / calls)   # the causal call of as many pairs
     kernels = calls * (SDPA_MATH_KERNELS if model.dropout else 1)

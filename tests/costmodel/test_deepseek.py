@@ -193,3 +193,18 @@ def test_latent_attention_under_sequence_parallelism_gathers_its_latents_not_the
     assert _sp_regather_s(model, train, plan, cluster, span) == 0.0
     lite = resolve_model("deepseek-v2-lite")   # no query latent: the input is gathered again for wq
     assert _sp_regather_s(lite, train, plan, cluster, span) > 0
+
+
+def test_padded_values_price_the_attention_core_at_the_query_key_head_size():
+    """Our runtime pads V3's 128-wide values to the 192 of queries and keys for torch's flash
+    kernel (runtime.latent_attention): its attention core costs (192 + 192) / (192 + 128) of the
+    vendor kernel's, which takes the two sizes as they are."""
+    from costmodel.kernels import layer_kernel_times
+    from planner.space import Choice, build_plan
+    from planner.specs import build_specs
+    model, train, cluster = build_specs("deepseek-v3", "256x8xH100")
+    plan = build_plan(model, train, cluster, Choice(pp=16, ep=64))
+    dev = cluster.device
+    apart, padded = (layer_kernel_times(model, train, plan, dev, False, False, False, False, False, False, pad)
+                     for pad in (False, True))
+    assert padded.attention_forward_s / apart.attention_forward_s == pytest.approx(384 / 320, rel=0.01)
