@@ -36,11 +36,17 @@ def routing_nodes(model: ModelSpec, num_nodes: int) -> int:
     return min(num_nodes, model.topk_groups * ceil_div(num_nodes, model.num_expert_groups))
 
 
+def limits_groups(model: ModelSpec) -> bool:
+    """Whether the router picks a token's experts within fewer groups than there are (node-limited
+    routing: DeepSeek built the limit for a per-node dispatcher, and Megatron-Core runs one for it,
+    planner.exports.megatron)."""
+    return 1 < model.num_expert_groups and model.topk_groups < model.num_expert_groups
+
+
 def node_limited(model: ModelSpec, cluster: ClusterSpec) -> bool:
     """Whether the dispatch sends a token once per node: a per-node dispatcher and a model whose
-    router limits the groups (DeepSeek built the limit for that dispatcher)."""
-    return cluster.framework.dispatch_per_node and 1 < model.num_expert_groups and \
-        model.topk_groups < model.num_expert_groups
+    router limits the groups."""
+    return cluster.framework.dispatch_per_node and limits_groups(model)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import shlex
 
+from costmodel.moe_dispatch import limits_groups
 from costmodel.plan import Plan, PlanFile, Recompute, Schedule, embedding_loss_split
 from costmodel.specs import Arch, DType, FfnKind, ModelSpec, NormKind, PositionKind
 from planner.exports.common import (
@@ -158,7 +159,7 @@ def arguments(pf: PlanFile, plan: Plan) -> list[tuple[str, str | None]]:
     if m.is_moe:
         args += [("--num-experts", str(m.num_experts)), ("--moe-router-topk", str(m.experts_per_token)),
                  ("--moe-ffn-hidden-size", str(m.moe_ffn_hidden_size)),
-                 ("--moe-token-dispatcher-type", "alltoall"), ("--moe-grouped-gemm", None),
+                 *_dispatcher(m), ("--moe-grouped-gemm", None),
                  ("--moe-router-load-balancing-type", "aux_loss"),
                  ("--moe-aux-loss-coeff", f"{m.router_aux_loss_coef:g}"),
                  ("--expert-model-parallel-size", str(plan.ep)), ("--expert-tensor-parallel-size", "1")]
@@ -211,6 +212,15 @@ def arguments(pf: PlanFile, plan: Plan) -> list[tuple[str, str | None]]:
             args += [("--fp8-param-gather", None)]
     args += [("--tokenizer-type", "NullTokenizer"), ("--vocab-size", str(m.vocab_size)), ("--mock-data", None)]
     return args
+
+
+def _dispatcher(m: ModelSpec) -> list[tuple[str, str | None]]:
+    """The token dispatcher the plan was priced with (costmodel.frameworks: Megatron-Core's
+    `dispatch_per_node`): DeepEP behind the flex dispatcher for node-limited routing, whose
+    network copies costmodel.moe_dispatch bounds; the all-to-all one otherwise."""
+    if limits_groups(m):
+        return [("--moe-token-dispatcher-type", "flex"), ("--moe-enable-deepep", None)]
+    return [("--moe-token-dispatcher-type", "alltoall")]
 
 
 def _deepseek_arguments(m: ModelSpec) -> list[tuple[str, str | None]]:
