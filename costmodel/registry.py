@@ -63,6 +63,13 @@ _DEEPSEEK_V2_LITE = dict(_DEEPSEEK, num_experts=64, experts_per_token=6, moe_ffn
                          shared_expert_ffn_hidden_size=2 * 1408, first_k_dense=1, moe_norm_topk_prob=False,
                          router_aux_loss_coef=0.001)
 
+# Qwen3 MoE (Qwen3 technical report, arXiv 2505.09388, Table 2): 128 routed experts, 8 per token
+# with renormalised top-k weights, no shared expert; 128-wide heads independent of the hidden size,
+# an RMSNorm over each head's queries and keys; RoPE base 1e6, RMSNorm eps 1e-6. 30.5B parameters,
+# 3.3B active (30B-A3B); 235B, 22B active (235B-A22B).
+_QWEN3_MOE = dict(rope_theta=1_000_000.0, norm_eps=1e-6, qk_norm=True, explicit_head_dim=128, num_experts=128,
+                  experts_per_token=8, moe_norm_topk_prob=True, router_aux_loss_coef=0.001)
+
 _SC21 = "Narayanan et al. SC'21 (arXiv 2104.04473) Table 1 (vocab 51200, seq 2048)"
 
 # (name, layers, hidden, heads) of Megatron-LM's weak-scaling table (SC'21 Table 1).
@@ -95,6 +102,10 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in [
                moe_ffn_hidden_size=16384, router_aux_loss_coef=0.001),
     llama_spec("qwen1.5-moe-a2.7b", layers=24, hidden=2048, heads=16, kv_heads=16, ffn=1408, vocab=151936,
                max_pos=8192, source=f"{_HF} Qwen/Qwen1.5-MoE-A2.7B", **_QWEN_MOE),
+    llama_spec("qwen3-30b-a3b", layers=48, hidden=2048, heads=32, kv_heads=4, ffn=768, vocab=151936,
+               max_pos=40960, source=f"{_HF} Qwen/Qwen3-30B-A3B", **_QWEN3_MOE, moe_ffn_hidden_size=768),
+    llama_spec("qwen3-235b-a22b", layers=94, hidden=4096, heads=64, kv_heads=4, ffn=1536, vocab=151936,
+               max_pos=40960, source=f"{_HF} Qwen/Qwen3-235B-A22B", **_QWEN3_MOE, moe_ffn_hidden_size=1536),
     llama_spec("deepseek-v3", layers=61, hidden=7168, heads=128, kv_heads=128, ffn=18432, vocab=129280,
                max_pos=163840, source=f"{_HF} deepseek-ai/DeepSeek-V3", **_DEEPSEEK_V3),
     llama_spec("deepseek-v2-lite", layers=27, hidden=2048, heads=16, kv_heads=16, ffn=10944, vocab=102400,

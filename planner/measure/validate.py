@@ -23,7 +23,7 @@ from costmodel.frameworks import FrameworkTraits, framework_traits
 from costmodel.hardware import ClusterSpec, parse_cluster, profile_dir, range_problems, resolve_device, run_by
 from costmodel.inputs import UserError, read_text
 from costmodel.plan import Plan, Recompute, Schedule, virtual_stage_options
-from costmodel.registry import gpt_spec, llama_spec
+from costmodel.registry import MODELS, gpt_spec, llama_spec
 from costmodel.specs import (
     DEFAULT_EXPERT_IMBALANCE,
     MAX_EXPERT_IMBALANCE,
@@ -160,7 +160,9 @@ def row_specs(row: dict[str, str]) -> tuple[ModelSpec, TrainSpec, ClusterSpec]:
     hidden, heads, seq = _int(row, "hidden"), _int(row, "heads"), _int(row, "seq_len")
     common = dict(layers=_int(row, "layers"), hidden=hidden, heads=heads, vocab=_int(row, "vocab"),
                   ffn=_int(row, "ffn_hidden", 4 * hidden), source=f"published run {row['id']}")
-    if row["arch"] == Arch.GPT:
+    if (row.get("model") or "").strip():
+        model = _named_model(row, seq)
+    elif row["arch"] == Arch.GPT:
         model = gpt_spec(row["id"], max_pos=seq, **common)
         if not _flag(row, "dropout", True):   # e.g. MPT trains without dropout
             model = replace(model, dropout=False)
@@ -232,6 +234,31 @@ def _grad_dtype(row: dict[str, str]) -> DType:
     if value not in ("fp32", "bf16", "fp16"):
         raise UserError(f"row {row.get('id')!r}: grad_dtype = {value!r} is not fp32, bf16 or fp16")
     return DType(value)
+
+
+# the registry model's field each architecture column states
+_STATED_FIELDS = (("arch", "arch"), ("layers", "num_layers"), ("hidden", "hidden_size"), ("heads", "num_heads"),
+                  ("kv_heads", "num_kv_heads"), ("ffn_hidden", "ffn_hidden_size"), ("vocab", "vocab_size"),
+                  ("num_experts", "num_experts"), ("experts_per_token", "experts_per_token"),
+                  ("moe_ffn_hidden", "moe_ffn_hidden_size"))
+
+
+def _named_model(row: dict[str, str], seq: int) -> ModelSpec:
+    """Optional column model: the registry model (costmodel.registry) a run trained, for layouts
+    the architecture columns cannot state (heads wider than hidden / heads, per-head query and key
+    norms, latent attention, shared experts). Every architecture column the row fills must agree
+    with it, so the row reads the same to a tool that knows only the columns."""
+    name = row["model"].strip()
+    if name not in MODELS:
+        raise UserError(f"row {row['id']!r}: model {name!r} is not a registry model (see `planner models`)")
+    model = MODELS[name]
+    for column, field in _STATED_FIELDS:
+        stated = (row.get(column) or "").strip()
+        value = getattr(model, field)
+        if stated and stated != str(value):
+            raise UserError(f"row {row['id']!r}: {column} = {stated} but model {name} has {value}")
+    return replace(model, name=row["id"], max_position_embeddings=max(seq, model.max_position_embeddings),
+                   source=f"published run {row['id']} ({name}: {model.source})")
 
 
 def _experts(row: dict[str, str], ffn: int) -> dict[str, int]:
