@@ -72,6 +72,18 @@ def zero_floor_s(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: i
     optimizer step on the average rank (affine in parameters, so the slowest rank is at least
     that): a ZeRO shard holds every expert's 1/group share, a replica its ep-th of them."""
     dp = _dp_floor_s(model, train, cluster, tp, pp, zero, num_micro_batches, sp, ep, offload)
+    return _after_pipeline_floor_s(model, train, cluster, tp, pp, group, zero, ep, offload, dp)
+
+
+def optimizer_floor_s(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: int, pp: int, group: int,
+                      zero: int, ep: int = 1, offload: bool = False) -> float:
+    """`zero_floor_s` less its DP buckets (>= 0), which alone depend on placement and on the
+    micro-batches: a bound for every placement of the degrees."""
+    return _after_pipeline_floor_s(model, train, cluster, tp, pp, group, zero, ep, offload, 0.0)
+
+
+def _after_pipeline_floor_s(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: int, pp: int, group: int,
+                            zero: int, ep: int, offload: bool, dp_s: float) -> float:
     if zero >= 1:
         # a framework that folds EP over TP (costmodel.params.folds_ep) shards the experts over tp
         # times more ranks: divided by tp here whenever it might, the floor stays below
@@ -80,7 +92,7 @@ def zero_floor_s(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: i
         per_layer = (layer_params(model, tp) - experts) / group + experts / (group * (tp if folded else 1))
     else:
         per_layer = layer_params(model, tp, ep)
-    fixed = dp + step_host_s(train, cluster.device)   # after the pipeline, as costmodel.rank_time.after_pipeline_s
+    fixed = dp_s + step_host_s(train, cluster.device)   # after the pipeline, as costmodel.rank_time.after_pipeline_s
     if offload:   # offloaded states step on the host (costmodel.rank_time.after_pipeline_s)
         return fixed + host_optimizer_step_s(model.num_layers * per_layer / pp, train, cluster)
     return fixed + optimizer_step_s(model.num_layers * per_layer / pp, train, cluster.device)

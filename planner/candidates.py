@@ -6,7 +6,7 @@ costmodel.check (tp_problems, cp_problems, ep_problems, sp_problems) and the sch
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Callable, Iterator, NamedTuple
 
@@ -53,7 +53,8 @@ def states_allowed(options: "SearchOptions", cluster: ClusterSpec) -> tuple[bool
     """Per STATE_OPTIONS entry: whether the user's constraints and the device allow it."""
     stages = allowed(options, "zero_stage", [0, 1, 2, 3])
     offloads = allowed(options, "offload_optimizer", [False, True])
-    return tuple(o.zero_stage in stages and o.offload_optimizer in offloads
+    runs = options.space.zero_stages if options.space is not None else None
+    return tuple(o.zero_stage in stages and o.offload_optimizer in offloads and (runs is None or o.zero_stage in runs)
                  and not offload_problems(cluster, o.zero_stage, o.offload_optimizer) for o in STATE_OPTIONS)
 
 
@@ -77,6 +78,10 @@ class FrameworkSpace:
     split: str = "free"   # free | even (even_layers) | even_inner (first and last stage apart, vpp 1)
     recompute_counts: str = "free"   # free (any per rank) | every_nth | block (the first k of every virtual stage) | all
     sequence_parallel: bool = True   # whether it has SP (without, SP cannot dominate TP without it)
+    # the ZeRO stages and recompute modes it runs whatever else a plan holds (None: any); the
+    # search lists no other, which its `problems` would refuse one by one
+    zero_stages: frozenset | None = None
+    recompute_modes: frozenset | None = None
     problems: Callable[[Plan], list[str]] = lambda plan: []
 
 
@@ -174,11 +179,29 @@ def _schedules(pp: int, vpp: int, mode: Recompute,
     return tuple(valid), tuple(dominant)   # cached: never handed out to be changed
 
 
+class Group(NamedTuple):
+    """Outer choices alike but for their rank placement, virtual stages, schedule and states:
+    `base` (one virtual stage, no schedule, placed by the first of `orders`), its (vpp, schedule)
+    `variants`, and the mesh `orders` it is priced under. Memory does not depend on the order."""
+
+    base: Choice
+    variants: list[tuple[int, Schedule]]
+    orders: list[tuple[str, ...]]
+
+
 def time_groups(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: SearchOptions,
                 prune: Callable[[str], None]) -> Iterator[tuple[Choice, list[tuple[int, Schedule]]]]:
     """Every outer choice except the ZeRO stage (which the time bound does not depend on), as
     (a choice with one virtual stage and no schedule, its (vpp, schedule) variants): the
     variants share one rank time model."""
+    for group in placement_groups(model, train, cluster, options, prune):
+        for order in group.orders:
+            yield replace(group.base, mesh_axis_order=order), group.variants
+
+
+def placement_groups(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: SearchOptions,
+                     prune: Callable[[str], None]) -> Iterator[Group]:
+    """time_groups' choices, those that differ only in their mesh order as one Group."""
     world, L = cluster.world_size, model.num_layers
     for tp, cp in _tp_cp(model, train, cluster, options):
         for pp in allowed(options, "pp", [p for p in divisors(world // (tp * cp)) if p <= L]):
@@ -247,6 +270,8 @@ def _group_orders(cluster: ClusterSpec, options: SearchOptions, tp: int, cp: int
 def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8, act):
     L, per_replica = model.num_layers, train.global_batch_size // dp
     modes = [Recompute.NONE] if options.no_recompute else list(Recompute)
+    if options.space is not None and options.space.recompute_modes is not None:
+        modes = [mode for mode in modes if mode in options.space.recompute_modes]
     # offloaded activations are an alternative to recomputation (costmodel.check)
     modes = [mode for mode in modes if not activation_offload_problems(cluster, act, mode, Schedule.ONE_F_ONE_B, tp)]
     # SP dominates no-SP: the same collective volume (AG + RS = AR), less memory, less elementwise work
@@ -255,7 +280,7 @@ def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8,
     sps = [sp for sp in sps if not moe_tp_problem(model, tp, sp)]
     orders = _orders({"tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep}, cluster, options.space)
     group_orders = _group_orders(cluster, options, tp, cp, pp, dp)
-    if not group_orders:
+    if not group_orders or not orders:
         return
     for mbs in allowed(options, "micro_batch_size", [b for b in divisors(per_replica) if b <= MAX_MICRO_BATCH]):
         m = per_replica // mbs
@@ -279,7 +304,7 @@ def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8,
                     variants += [(vpp, sched) for sched in dominant(options, "schedule", valid, best)]
             if not variants:
                 continue
-            for sp, order, groups in itertools.product(sps, orders, group_orders):
-                yield Choice(tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, zero_stage=0, recompute=mode, sequence_parallel=sp,
-                             micro_batch_size=mbs, vpp=1, schedule=None, mesh_axis_order=order,
-                             fp8_linears=fp8, offload_activations=act, group_order=groups), variants
+            for sp, groups in itertools.product(sps, group_orders):
+                yield Group(Choice(tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, zero_stage=0, recompute=mode, sequence_parallel=sp,
+                                   micro_batch_size=mbs, vpp=1, schedule=None, mesh_axis_order=orders[0],
+                                   fp8_linears=fp8, offload_activations=act, group_order=groups), variants, orders)

@@ -21,21 +21,20 @@ import gc
 import math
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Iterator
-
-import numpy as np
 
 from costmodel.check import check_structure, offload_problems
 from costmodel.estimate import estimate
 from costmodel.hardware import ClusterSpec
 from costmodel.plan import Plan, Schedule
 from costmodel.specs import ModelSpec, TrainSpec
-from planner.bounds import MemoryFit, lower_bound_with_memory_s, time_floor_s
+from planner.bounds import MemoryFit, lower_bound_with_memory_s
 from planner.candidates import (
     MAX_MICRO_BATCH,
     STATE_OPTIONS,
     SearchOptions,
+    placement_groups,
     replica_degrees,
     states_allowed,
     states_for_group,
@@ -52,6 +51,7 @@ from planner.ranking import (
     robust_first,
     undominated,
 )
+from planner.search_order import Queue
 from planner.search_state import Found, SearchResult, SearchStats, SharedModels
 from planner.shapes import rank_shapes
 from planner.shares import search_shares
@@ -113,31 +113,18 @@ def _search(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: S
     start = time.perf_counter()
     stats = SearchStats()
     shared = SharedModels(model, train, cluster, options)
-    variants, bounds = [], []
     deadline = start + options.time_limit_s
-    for base, group in time_groups(model, train, cluster, options, stats.prune):
-        if time.perf_counter() > deadline:   # a space too large to list within the limit: no bound
-            stats.optimal, stats.enumerated = False, False
-            _say(options, f"time limit reached while listing the space ({len(variants):,} variants so far)")
-            break
-        # a Plan is built only for the candidates the branch and bound examines
-        timed = shared.time_model(base)
-        m = train.global_batch_size // base.dp // base.micro_batch_size
-        for vpp, schedule in group:
-            variants.append((base, vpp, schedule))
-            bounds.append(time_floor_s(model, timed.rtm, base.pp, m, schedule, vpp, base.recompute,
-                                       timed.slowest_floor_s))
-            bounds.extend(timed.zero_floors_s)
-    table = np.array(bounds).reshape(-1, 1 + len(STATE_OPTIONS))
-    # ZeRO needs a group to shard over: without one, stages 1 and 2 are stage 0's plan (ZeRO-3
-    # still frees the gathered copies after forward; offloading still moves states to the host)
-    sharded = np.array([base.dp * base.cp > 1 for base, _, _ in variants], dtype=bool)[:, None]
-    alone = np.array([states_for_group(o, False) for o in STATE_OPTIONS], dtype=bool)[None, :]
-    valid = np.array(shared.zero_allowed)[None, :] & (sharded | alone)
-    candidates = _Candidates(variants, np.where(valid, table[:, :1] + table[:, 1:], np.inf))
-    stats.num_candidates = len(candidates) + sum(stats.pruned_by_reason.values())
-    _say(options, f"{len(candidates)} valid candidates; solving in order of their lower bound")
-    result = _branch_and_bound(shared, options, stats, candidates, deadline)
+    refused = []   # choices the listing itself refuses (a batch dp does not divide)
+
+    def prune(reason: str) -> None:
+        stats.prune(reason)
+        refused.append(reason)
+    queue = Queue(shared, placement_groups(model, train, cluster, options, prune), stats, deadline)
+    if not stats.enumerated:
+        _say(options, f"time limit reached while listing the space ({queue.num_candidates:,} candidates so far)")
+    stats.num_candidates = queue.num_candidates + len(refused)
+    _say(options, f"{queue.num_candidates} valid candidates; solving in order of their lower bound")
+    result = _branch_and_bound(shared, options, stats, queue, deadline)
     if not stats.enumerated:
         stats.lower_bound_s = 0.0   # what was never listed has no bound
     stats.wall_s = time.perf_counter() - start
@@ -189,60 +176,40 @@ def _say(options: SearchOptions, text: str) -> None:
         options.progress(text)
 
 
-@dataclass(frozen=True, slots=True)
-class _Candidates:
-    """Every outer choice, as (base choice, vpp, schedule) (see time_groups), with its lower
-    bound per state placement (STATE_OPTIONS: ZeRO stage, offload; inf where it is not a
-    candidate), taken in order of the bound (ties: generation order, then placement)."""
-
-    variants: list[tuple[Choice, int, Schedule]]
-    bounds: np.ndarray  # [variant, state placement]
-
-    def __len__(self) -> int:
-        return int(np.isfinite(self.bounds).sum())
-
-    def in_order(self) -> Iterator[tuple[float, Choice, int, Schedule, int]]:
-        flat = self.bounds.ravel()
-        order = np.argsort(flat, kind="stable")[: len(self)]
-        width = self.bounds.shape[1]
-        for index, bound in zip(order.tolist(), flat[order].tolist()):
-            yield bound, *self.variants[index // width], index % width
-
-
-def _branch_and_bound(shared: SharedModels, options, stats, candidates: _Candidates, deadline: float) -> SearchResult:
+def _branch_and_bound(shared: SharedModels, options, stats, queue: Queue, deadline: float) -> SearchResult:
     found: list[Found] = []
-    too_big: list[tuple[Choice, int, Schedule, int]] = []  # candidates that cannot fit
     cutoff = kth_best_s(found, options)
-    count = len(candidates)
-    for index, (bound, base, vpp, schedule, zero) in enumerate(candidates.in_order()):
-        if bound >= cutoff:
-            stats.pruned_by_reason["bound"] = stats.pruned_by_reason.get("bound", 0) + count - index
+    examined = 0
+    for candidate in queue.in_order():
+        if candidate.bound_s >= cutoff:
+            queue.taken -= 1   # not examined: pruned by the bound with the rest
             break
         if time.perf_counter() > deadline:
+            queue.taken -= 1
             stats.optimal = False
-            stats.lower_bound_s = bound
-            stats.pruned_by_reason["time limit"] = count - index
-            _say(options, f"time limit reached after {index:,} of {count:,} candidates")
+            stats.lower_bound_s = candidate.bound_s
+            stats.prune("time limit", queue.num_candidates - queue.taken)
+            _say(options, f"time limit reached after {examined:,} of {queue.num_candidates:,} candidates")
             break
-        if index and index % 500 == 0:
-            _say(options, f"examined {index:,}, solved {stats.num_solved}, best so far "
+        examined += 1
+        if examined % 500 == 0:
+            _say(options, f"examined {examined:,}, solved {stats.num_solved}, best so far "
                           f"{min((f.estimate.step_time_s for f in found), default=math.inf):.3f} s")
-        entry = _memory_entry(shared, stats, base, vpp, schedule, zero)
-        if entry is None:
-            continue
-        fit, plan = entry
-        outcome = _examine(shared, stats, base, zero, plan, fit, cutoff, deadline) if fit.fits else None
+        c = candidate
+        outcome = _examine(shared, stats, c.base, c.zero, c.plan, c.fit, cutoff, deadline)
         if outcome is None:
             stats.prune("memory")
-            too_big.append((base, vpp, schedule, zero))
+            queue.too_big.append((c.base, c.vpp, c.schedule, c.zero))
         elif isinstance(outcome, Found):
             found.append(outcome)
             cutoff = kth_best_s(found, options)
+    if queue.taken < queue.num_candidates and "time limit" not in stats.pruned_by_reason:
+        stats.prune("bound", queue.num_candidates - queue.taken)
     shares, too_big_shares = _replicas_on_groups(shared, options, stats, found, deadline)
     found += shares
     if stats.optimal:
         stats.lower_bound_s = min((f.estimate.step_time_s for f in found), default=math.inf)
-    return _result(shared, options, stats, found, too_big, too_big_shares)
+    return _result(shared, options, stats, found, queue.too_big, too_big_shares)
 
 
 def _replicas_on_groups(shared: SharedModels, options: SearchOptions, stats: SearchStats, found: list[Found],
@@ -254,28 +221,6 @@ def _replicas_on_groups(shared: SharedModels, options: SearchOptions, stats: Sea
     stages = sorted({o.zero_stage for o, ok in zip(STATE_OPTIONS, shared.zero_allowed) if ok and not o.offload_optimizer})
     return search_shares(shared.model, shared.train, shared.cluster, options, stages, stats, kth_best_s(found, options),
                          deadline, lambda more: kth_best_s(found + more, options))
-
-
-def _memory_entry(shared: SharedModels, stats: SearchStats, base: Choice, vpp: int, schedule: Schedule,
-                  zero: int) -> tuple[MemoryFit, Plan | None] | None:
-    """The candidate's memory fit and a plan of it (None with a fit that fits nowhere); None when
-    the plan is structurally invalid or the framework cannot run it. Memory is priced on the
-    first visit of a placement-free choice the framework runs (a refused one is never priced)."""
-    entry = shared.memory(base, vpp, schedule, zero)
-    space = shared.options.space
-    if entry is not None and space is None:
-        return entry
-    plan = entry[1] if entry is not None and entry[1] is not None else shared.built(base, vpp, schedule, zero)
-    if isinstance(plan, str):
-        stats.prune(plan)
-        return None
-    if space is not None:
-        if plan.mesh_axis_order != base.mesh_axis_order:
-            plan = replace(plan, mesh_axis_order=base.mesh_axis_order)
-        if changes := space.problems(plan):
-            stats.prune(f"{space.name} cannot run: {changes[0].split(':')[0][:50]}")
-            return None
-    return entry if entry is not None else shared.add_memory(base, plan)
 
 
 def _examine(shared: SharedModels, stats: SearchStats, base: Choice, zero: int, plan: Plan, fit: MemoryFit,

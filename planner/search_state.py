@@ -13,10 +13,18 @@ from costmodel.memory import stage_memory_shapes_by_zero
 from costmodel.plan import Plan, Schedule
 from costmodel.rank_time import RankTimeModel, Spans, fastest_of, rank_time_model, spans
 from costmodel.specs import ModelSpec, TrainSpec
-from planner.bounds import MemoryFit, pipeline_floor_s, slowest_rank_floor_s, states_floor, zero_floor_s
-from planner.candidates import STATE_OPTIONS, SearchOptions, States, states_allowed, states_for_group
+from planner.bounds import (
+    MemoryFit,
+    optimizer_floor_s,
+    pipeline_floor_s,
+    slowest_rank_floor_s,
+    states_floor,
+    time_floor_s,
+    zero_floor_s,
+)
+from planner.candidates import STATE_OPTIONS, Group, SearchOptions, States, states_allowed, states_for_group
 from planner.shapes import pipeline_rows
-from planner.space import Choice, build_plan
+from planner.space import Choice, build_plan, degrees_plan
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -87,23 +95,52 @@ class SharedModels:
         self._probes: dict[tuple, Plan] = {}
         self._built: dict[tuple, Plan | str] = {}
         self._floors: dict[tuple, MemoryFit] = {}
+        self._order_spans: dict[tuple, Spans] = {}
+        self._rtms: dict[tuple, RankTimeModel] = {}
+        self._optimizer: dict[tuple, tuple[float, ...]] = {}
 
     def time_model(self, base: Choice) -> "TimedChoice":
         """`base`: a choice with one virtual stage and no schedule (time_groups)."""
         key = (base.tp, base.cp, base.pp, base.dp, base.ep, base.micro_batch_size, base.sequence_parallel,
                base.recompute, base.fp8_linears, base.offload_activations, base.mesh_axis_order)
         if key not in self._times:
-            placed = key[:-1]  # the same choice under another placement differs only in its order
-            if placed in self._probes:
-                probe = replace(self._probes[placed], mesh_axis_order=base.mesh_axis_order)
+            if self.cluster.is_mixed:
+                probe = replace(self._probe(base), mesh_axis_order=base.mesh_axis_order)
+                sp = spans(probe, self.cluster)
+                # the least of its groups' (planner.bounds reads only lower bounds from it)
+                models = [rank_time_model(self.model, self.train, probe, view, sp) for view in views(self.cluster)]
+                self._times[key] = TimedChoice(fastest_of(models), self._zero_floors_s(base, probe.num_micro_batches, sp),
+                                               self._slowest_floor_s(probe, models))
             else:
-                probe = self._probes[placed] = build_plan(self.model, self.train, self.cluster, base)
-            sp = spans(probe, self.cluster)
-            # a mixed cluster: the least of its groups' (planner.bounds reads only lower bounds from it)
-            models = [rank_time_model(self.model, self.train, probe, view, sp) for view in views(self.cluster)]
-            self._times[key] = TimedChoice(fastest_of(models), self._zero_floors_s(base, probe.num_micro_batches, sp),
-                                           self._slowest_floor_s(probe, models))
+                sp = self._spans(base, base.mesh_axis_order)
+                m = self.train.global_batch_size // base.dp // base.micro_batch_size
+                self._times[key] = TimedChoice(self._rtm(base, sp), self._zero_floors_s(base, m, sp))
         return self._times[key]
+
+    def _probe(self, base: Choice) -> Plan:
+        """A plan of the choice under some placement (the same choice under another differs only in its order)."""
+        key = (base.tp, base.cp, base.pp, base.dp, base.ep, base.micro_batch_size, base.sequence_parallel,
+               base.recompute, base.fp8_linears, base.offload_activations)
+        if key not in self._probes:
+            self._probes[key] = build_plan(self.model, self.train, self.cluster, base)
+        return self._probes[key]
+
+    def _spans(self, base: Choice, order: tuple[str, ...]) -> Spans:
+        key = (base.tp, base.cp, base.pp, base.dp, base.ep, order)
+        if key not in self._order_spans:
+            self._order_spans[key] = spans(degrees_plan(dp=base.dp, tp=base.tp, pp=base.pp, cp=base.cp, ep=base.ep,
+                                                        mesh_axis_order=order), self.cluster)
+        return self._order_spans[key]
+
+    def _rtm(self, base: Choice, sp: Spans) -> RankTimeModel:
+        """The rank time model of a uniform cluster, shared by the choices it prices alike:
+        rank_time_model reads the plan's pp only as pp > 1, never its dp, and of the spans those
+        of TP, CP, EP and the pipeline (tests/planner/test_bounds.py)."""
+        key = (base.tp, base.cp, base.ep, base.micro_batch_size, base.sequence_parallel, base.recompute,
+               base.fp8_linears, base.offload_activations, base.pp > 1, sp.tp, sp.cp, sp.ep, sp.pp)
+        if key not in self._rtms:
+            self._rtms[key] = rank_time_model(self.model, self.train, self._probe(base), self.cluster, sp)
+        return self._rtms[key]
 
     def _slowest_floor_s(self, probe: Plan, models: list[RankTimeModel]) -> float:
         """On a mixed cluster, each rank takes its group's time per layer; which groups hold how
@@ -198,3 +235,32 @@ class SharedModels:
         ts, fs = self._rows[key]
         zero_s = timed.zero_floors_s[zero]
         return pipeline_floor_s(ts, fs, plan, fit, self.model.num_layers, enough_s - zero_s) + zero_s
+
+    def group_floors_s(self, group: Group) -> tuple[list[float], tuple[float, ...]]:
+        """Lower bounds on the candidates of `group`: per variant, the least pipeline floor over
+        its mesh orders (planner.bounds.time_floor_s), and per state placement (STATE_OPTIONS)
+        one that reads no placement (planner.bounds.optimizer_floor_s: the ZeRO floor less its
+        DP buckets). Their sum bounds each candidate; the ZeRO floors, which cost more to price,
+        wait until a choice of the group is found to fit."""
+        base = group.base
+        m = self.train.global_batch_size // base.dp // base.micro_batch_size
+        if self.cluster.is_mixed:
+            timed = [self.time_model(replace(base, mesh_axis_order=order)) for order in group.orders]
+            pipeline = [min(time_floor_s(self.model, t.rtm, base.pp, m, schedule, vpp, base.recompute,
+                                         t.slowest_floor_s) for t in timed) for vpp, schedule in group.variants]
+            return pipeline, tuple(min(t.zero_floors_s[z] for t in timed) for z in range(len(STATE_OPTIONS)))
+        rtms = {id(r): r for r in (self._rtm(base, self._spans(base, order)) for order in group.orders)}.values()
+        pipeline = [min(time_floor_s(self.model, rtm, base.pp, m, schedule, vpp, base.recompute) for rtm in rtms)
+                    for vpp, schedule in group.variants]
+        return pipeline, self._optimizer_floors_s(base)
+
+    def _optimizer_floors_s(self, c: Choice) -> tuple[float, ...]:
+        """planner.bounds.optimizer_floor_s per state placement (STATE_OPTIONS); 0 where the
+        search does not allow it."""
+        key = (c.tp, c.pp, c.dp * c.cp, c.ep)
+        if key not in self._optimizer:
+            self._optimizer[key] = tuple(
+                optimizer_floor_s(self.model, self.train, self.cluster, c.tp, c.pp, c.dp * c.cp, o.zero_stage, c.ep,
+                                  o.offload_optimizer) if allowed else 0.0
+                for o, allowed in zip(STATE_OPTIONS, self.zero_allowed))
+        return self._optimizer[key]

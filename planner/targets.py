@@ -101,8 +101,11 @@ def options_for(name: str, model: ModelSpec, train: TrainSpec, cluster: ClusterS
     sp_probe = replace(degrees_plan(dp=1, tp=2, pp=1, cp=1, num_layers=model.num_layers), sequence_parallel=True)
     has_sp = _module(name).nearest(PlanFile(plan=sp_probe, model=model, train=train, cluster=cluster)
                                    ).plan.sequence_parallel
+    module = _module(name)
     space = FrameworkSpace(name=name, mesh_orders=_ORDERS[name], split=split, recompute_counts=recompute,
-                           sequence_parallel=has_sp, problems=lambda plan: changes(name, model, train, cluster, plan))
+                           sequence_parallel=has_sp, zero_stages=getattr(module, "ZERO_STAGES", None),
+                           recompute_modes=getattr(module, "RECOMPUTE_MODES", None),
+                           problems=lambda plan: changes(name, model, train, cluster, plan))
     return replace(options, schedules=schedules, space=space)
 
 

@@ -27,6 +27,10 @@ NAME = "torchtitan"
 FRAMEWORK = "torchtitan"
 SUFFIX = ".toml"
 ORDER = ("pp", "dp", "cp", "tp")   # torchtitan's world mesh: pp, dp_replicate, dp_shard, cp, tp
+# the ZeRO stages and recompute modes it runs, whatever else a plan holds (`nearest` moves the
+# others; planner.targets keeps the search from listing them)
+ZERO_STAGES = frozenset({0, 2, 3})
+RECOMPUTE_MODES = frozenset({Recompute.NONE, Recompute.FULL})
 
 
 @dataclass(frozen=True)
@@ -65,14 +69,14 @@ def nearest(pf: PlanFile) -> Adjusted:
                            f"{', '.join(deepseek)}")
     adj = Adjusted(pf.plan)
     plan = adj.plan
-    if plan.zero_stage == 1:
+    if plan.zero_stage not in ZERO_STAGES:   # ZeRO-1
         adj.change("zero 1: torchtitan's FSDP2 without resharding after forward is ZeRO-2 (gradients "
                    "reduce-scattered every micro-batch)", zero_stage=2)
     if plan.tp > 1 and not plan.sequence_parallel:
         adj.change("tensor parallelism without sequence parallelism: torchtitan always shards the sequence "
                    "between TP regions; with SP", sequence_parallel=True)
     plan = adj.plan
-    if plan.recompute is Recompute.SELECTIVE:
+    if plan.recompute not in RECOMPUTE_MODES:   # selective
         to_uniform_recompute(adj, Recompute.FULL, "selective recomputation (core attention): torchtitan's "
                                                   "selective modes are op-level or every n-th layer; full "
                                                   "recomputation of every layer")

@@ -132,3 +132,47 @@ def test_the_search_s_first_bound_holds_on_a_mixed_cluster(choice):
         split = _random_split(plan, rng)
         est = estimate(model, TRAIN, cluster, split, simulate=False)
         assert bound <= est.closed_form_step_time_s * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("name", ["llama2-13b", "mixtral-8x7b", "deepseek-v2-lite"])
+def test_a_rank_time_model_reads_pp_only_as_a_pipeline_and_never_dp(name):
+    """planner.search_state.SharedModels shares one rank time model between choices that differ
+    only in dp and in pp (beyond having a pipeline) under the same spans."""
+    from costmodel.rank_time import rank_time_model, spans
+    model, cluster = resolve_model(name), parse_cluster("8x8xH100")
+    train = TrainSpec(seq_len=4096, global_batch_size=256)
+    for recompute in Recompute:
+        choices = [Choice(tp=2, pp=pp, ep=2 if model.is_moe else 1, recompute=recompute, micro_batch_size=2)
+                   for pp in (2, 4, 8)]
+        plans = [build_plan(model, train, cluster, c) for c in choices]
+        sp = spans(plans[0], cluster)
+        models = [rank_time_model(model, train, plan, cluster, sp) for plan in plans]
+        assert len({plan.dp for plan in plans}) == 3 and models[1] == models[0] == models[2]
+
+
+@pytest.mark.parametrize("model_name, cluster_name, framework", [
+    ("llama2-13b", "4x8xH100", "planner"), ("mixtral-8x7b", "2x8xH100", "planner"),
+    ("deepseek-v2-lite", "4x8xA100", "planner"), ("llama2-13b", "4x8xH100", "megatron")])
+def test_a_group_s_floors_are_below_each_of_its_candidates_bounds(model_name, cluster_name, framework):
+    """The branch and bound takes a Group by floors that price none of its mesh orders
+    (SharedModels.group_floors_s); each candidate's own bound (its order's rank time model and
+    ZeRO floor, planner.search_order) is at or above the floor of its variant and placement."""
+    from planner.candidates import placement_groups, states_for_group
+    from planner.specs import build_specs
+    from planner.targets import options_for
+    model, train, cluster = build_specs(model_name, cluster_name, framework=framework)
+    options = options_for(framework, model, train, cluster, SearchOptions())
+    shared = SharedModels(model, train, cluster, options)
+    checked = 0
+    for group in list(placement_groups(model, train, cluster, options, lambda reason: None))[::7]:
+        pipeline, after = shared.group_floors_s(group)
+        base, m = group.base, train.global_batch_size // group.base.dp // group.base.micro_batch_size
+        for order in group.orders:
+            timed = shared.time_model(dataclasses.replace(base, mesh_axis_order=order))
+            for v, (vpp, schedule) in enumerate(group.variants):
+                pipe = time_floor_s(model, timed.rtm, base.pp, m, schedule, vpp, base.recompute, timed.slowest_floor_s)
+                for z, (o, ok) in enumerate(zip(STATE_OPTIONS, shared.zero_allowed)):
+                    if ok and states_for_group(o, base.dp * base.cp > 1):
+                        assert pipeline[v] + after[z] <= pipe + timed.zero_floors_s[z]
+                        checked += 1
+    assert checked > 100

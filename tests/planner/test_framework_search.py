@@ -134,3 +134,25 @@ def test_published_fp8_runs_are_read_with_float8_linears(tmp_path):
     results, summary = validate(table)
     assert results[0].plan.fp8_linears and results[0].plan.tp > 1 and results[0].fits
     assert summary["max_abs_error_pct"] <= 10.0
+
+
+def test_the_stages_and_modes_a_framework_declares_are_those_its_export_keeps():
+    """A target's ZERO_STAGES and RECOMPUTE_MODES (planner.exports.torchtitan) leave the search's
+    listing (planner.targets): they must be exactly what its `nearest` keeps, or the search would
+    lose plans the framework runs."""
+    from costmodel.plan import Recompute
+    from planner.exports import torchtitan
+    from planner.space import Choice, build_plan
+    from planner.specs import build_specs
+    model, train, cluster = build_specs("llama3-8b", "2x8xH100", framework="torchtitan")
+    for pp in (1, 2):
+        for zero in range(4):
+            for mode in Recompute:
+                plan = build_plan(model, train, cluster, Choice(tp=2, pp=pp, zero_stage=zero, recompute=mode,
+                                                                mesh_axis_order=torchtitan.ORDER))
+                kept = torchtitan.nearest(PlanFile(plan=plan, model=model, train=train, cluster=cluster)).plan
+                assert (kept.zero_stage == zero) == (zero in torchtitan.ZERO_STAGES)
+                assert (kept.recompute is mode) == (mode in torchtitan.RECOMPUTE_MODES)
+    options = targets.options_for("torchtitan", model, train, cluster, SearchOptions())
+    assert options.space.zero_stages == torchtitan.ZERO_STAGES
+    assert options.space.recompute_modes == torchtitan.RECOMPUTE_MODES

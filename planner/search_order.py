@@ -1,0 +1,137 @@
+"""The order the branch and bound takes candidates in: by their lower bounds, built lazily.
+
+Each Group (outer choices alike but for mesh order, virtual stages, schedule and state
+placement) enters the queue with floors below every candidate of it (SharedModels.group_floors_s:
+per variant the least pipeline floor over its orders, per state placement one that reads no
+placement). Taken, a group puts each of its variants under each state placement in the queue;
+such a choice, taken, is checked for memory once (memory does not depend on the order), and only
+if some split fits does it put its candidates in, one per mesh order the framework runs, each
+with its own order's bound (planner.bounds). Coarser entries leave the queue before finer ones
+of the same bound, so candidates leave it in the order of their bounds (ties: generation order,
+then placement), as if every bound had been computed first, and a group whose floor reaches the
+cutoff is never priced under any order.
+"""
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass, replace
+from typing import Iterable, Iterator
+
+from costmodel.plan import Plan, Schedule
+from planner.bounds import MemoryFit, time_floor_s
+from planner.candidates import STATE_OPTIONS, Group, states_for_group
+from planner.search_state import SearchStats, SharedModels
+from planner.space import Choice
+
+_GROUP, _CHOICE, _CANDIDATE = 0, 1, 2   # at equal bounds the coarser item opens first
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    bound_s: float
+    base: Choice   # placed: its own mesh order
+    vpp: int
+    schedule: Schedule
+    zero: int   # index into STATE_OPTIONS
+    fit: MemoryFit
+    plan: Plan
+
+
+class Queue:
+    """Candidates in order of their bounds. Three kinds of entries: a Group (its floor: its least
+    variant's and state placement's), one variant and state placement of a group (both floors
+    summed; checked for memory when taken), and a candidate (its own order's bound).
+    `num_candidates` counts every candidate of every group, `taken` those that left the queue or
+    were pruned before entering it."""
+
+    def __init__(self, shared: SharedModels, groups: Iterable[Group], stats: SearchStats, deadline: float) -> None:
+        self.shared, self.stats, self.too_big = shared, stats, []   # too_big: (base, vpp, schedule, zero)
+        self.heap: list[tuple] = []
+        self.num_candidates = self.taken = 0
+        for index, group in enumerate(groups):
+            if time.perf_counter() > deadline:   # a space too large to list within the limit: no bound
+                stats.optimal, stats.enumerated = False, False
+                break
+            zeros = self._zeros(group.base)
+            self.num_candidates += len(group.orders) * len(group.variants) * len(zeros)
+            pipeline, after = shared.group_floors_s(group)
+            floor = min(pipeline) + min(after[z] for z in zeros)
+            self.heap.append((floor, _GROUP, (index,), (group, pipeline, after, zeros)))
+        heapq.heapify(self.heap)
+
+    def _zeros(self, base: Choice) -> list[int]:
+        """The state placements (STATE_OPTIONS indices) the choice takes: ZeRO needs a group to
+        shard over (without one stages 1 and 2 are stage 0's plan; ZeRO-3 still frees the
+        gathered copies after forward, offloading still moves states to the host)."""
+        sharded = base.dp * base.cp > 1
+        return [i for i, (o, ok) in enumerate(zip(STATE_OPTIONS, self.shared.zero_allowed))
+                if ok and states_for_group(o, sharded)]
+
+    def in_order(self) -> Iterator[Candidate]:
+        """Candidates by bound; the caller stops once one reaches its cutoff."""
+        while self.heap:
+            floor, kind, seq, item = heapq.heappop(self.heap)
+            if kind == _CANDIDATE:
+                self.taken += 1
+                yield item
+            elif kind == _CHOICE:
+                self._place(seq, *item, floor)
+            else:
+                group, pipeline, after, zeros = item
+                for v in range(len(group.variants)):
+                    for z in zeros:
+                        heapq.heappush(self.heap, (pipeline[v] + after[z], _CHOICE, (*seq, v, z), (group, v, z)))
+
+    def _place(self, seq: tuple, group: Group, v: int, z: int, floor: float) -> None:
+        """One variant and state placement of a group: its memory once, then, if some split fits,
+        a candidate per mesh order that runs it, with that order's bound."""
+        runs, fit, plan = self._fitting(group, v, z)
+        if not runs:
+            return
+        shared, base = self.shared, group.base
+        vpp, schedule = group.variants[v]
+        m = shared.train.global_batch_size // base.dp // base.micro_batch_size
+        for o, order in enumerate(group.orders):
+            if order not in runs:
+                continue
+            placed = base if order == base.mesh_axis_order else replace(base, mesh_axis_order=order)
+            timed = shared.time_model(placed)
+            bound = (time_floor_s(shared.model, timed.rtm, base.pp, m, schedule, vpp, base.recompute,
+                                  timed.slowest_floor_s) + timed.zero_floors_s[z])
+            assert bound >= floor - 1e-9 * abs(floor), "a placement-free floor above a candidate's bound"
+            heapq.heappush(self.heap, (bound, _CANDIDATE, (seq[0], o, v, z),
+                                       Candidate(bound, placed, vpp, schedule, z, fit, plan)))
+
+    def _fitting(self, group: Group, v: int, z: int) -> tuple[list, MemoryFit | None, Plan | None]:
+        """(the orders that run the group's variant v under state placement z, its memory fit, its
+        plan) when some split of it fits; else no orders, each of its candidates counted pruned:
+        by why it is no plan, by the framework's refusal (which may depend on the order), or by
+        memory."""
+        shared, stats, base, space = self.shared, self.stats, group.base, self.shared.options.space
+        vpp, schedule = group.variants[v]
+        runs, entry = group.orders, shared.memory(base, vpp, schedule, z)   # priced with another placement of states
+        if entry is None or space is not None:
+            plan = entry[1] if entry is not None and entry[1] is not None else shared.built(base, vpp, schedule, z)
+            if isinstance(plan, str):
+                stats.prune(plan, len(group.orders))
+                self.taken += len(group.orders)
+                return [], None, None
+        if space is not None:
+            runs = []
+            for order in group.orders:
+                placed = plan if order == plan.mesh_axis_order else replace(plan, mesh_axis_order=order)
+                if changes := space.problems(placed):
+                    stats.prune(f"{space.name} cannot run: {changes[0].split(':')[0][:50]}")
+                    self.taken += 1
+                else:
+                    runs.append(order)
+            if not runs:
+                return [], None, None
+        fit, fitted = entry or shared.add_memory(base, plan)
+        if not fit.fits:
+            stats.prune("memory", len(runs))
+            self.taken += len(runs)
+            self.too_big.append((base, vpp, schedule, z))
+            return [], None, None
+        return runs, fit, fitted
