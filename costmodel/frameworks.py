@@ -109,6 +109,11 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   holds. torch's `context_parallel` (torchtitan) all-gathers too. Megatron-Core with Transformer
   Engine passes K/V around a ring (cp-1 hops overlapped with the partial kernels, each merged into
   the output with its softmax statistics) and keeps only its own block.
+- `grouped_expert_gemm`: a device's experts run each projection as one grouped GEMM
+  (Megatron-Core's `--moe-grouped-gemm`, Transformer Engine's GroupedLinear), their output tiles
+  sharing the SMs' waves, instead of one GEMM per expert as our runtime (runtime.moe) runs them:
+  many small experts (Qwen3-235B: 16 a device, a few hundred rows each) otherwise leave most of a
+  wave idle per expert (costmodel.kernels.gemm.grouped_gemm_s).
 - `dispatch_per_node`: the expert all-to-all sends a token once to each node holding some of its
   experts and forwards it inside the node (DeepSeek-V3, arXiv 2412.19437 Sec. 3.2.2; DeepEP,
   which Megatron-Core runs as its flex token dispatcher), so node-limited routing bounds a token's
@@ -216,6 +221,7 @@ class FrameworkTraits:
     compiled_layer: bool = False
     dp_sync_per_chunk: bool = False
     dispatch_per_node: bool = False
+    grouped_expert_gemm: bool = False
     moe_probs_in_activation: bool = False
 
 
@@ -253,7 +259,8 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
     FrameworkTraits(name="megatron-core", dp_grad_overlap=True, dp_param_overlap=True, tp_comm_overlap=True,
                     swiglu_saved_tensors=3, vendor_attention=True, float8_casts_fused=True, float8_with_tp=True,
                     float8_param_gather=True, ep_folds_over_tp=True, dp_sync_per_chunk=True,
-                    dispatch_per_node=True, moe_probs_in_activation=True, **_MEGATRON),
+                    dispatch_per_node=True, moe_probs_in_activation=True,
+                    grouped_expert_gemm=True, **_MEGATRON),
     FrameworkTraits(name="megatron-deepspeed", **{**_DEEPSPEED, "loss_grad_in_place": True}),
     FrameworkTraits(name="deepspeed", **_DEEPSPEED),
     FrameworkTraits(name="composer-fsdp", sharded_grads_under_pp=True, flash_attention_1=True, **_FSDP),

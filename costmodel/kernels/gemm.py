@@ -78,12 +78,12 @@ def linear_tokens(lin: Linear, tokens: int, tp: int, sequence_parallel: bool) ->
 
 
 def _linears_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile, tokens: int,
-               fused_casts: bool) -> tuple[float, float, float]:
+               fused_casts: bool, grouped_experts: bool = False) -> tuple[float, float, float]:
     """(forward, input-gradient, weight-gradient) seconds of the layer's GEMMs. Float8 linears
     (plan.fp8_linears) run each GEMM at the fp8 rate and pay their operands' casts: input and
     weight forward; output gradient and weight for the input gradient; output gradient and input
     for the weight gradient, where eager torchao casts again (fused: the forward's are reused)."""
-    moe = _moe_gemms_s(model, train, dev, moe_tokens(tokens, plan.tp), plan.ep)
+    moe = _moe_gemms_s(model, train, dev, moe_tokens(tokens, plan.tp), plan.ep, grouped_experts)
     fwd = bwd_in = bwd_w = moe
     for block in dense_blocks(model):
         for lin in block.linears:
@@ -124,17 +124,36 @@ def expert_rows(model: ModelSpec, train: TrainSpec, tokens: int, ep: int) -> flo
     return tokens * model.experts_per_token * (train.expert_load_imbalance if ep > 1 else 1.0)
 
 
-def _moe_gemms_s(model: ModelSpec, train: TrainSpec, dev: DeviceProfile, tokens: int, ep: int) -> float:
-    """A mixture's GEMMs as runtime.moe runs them (never split over TP): the router, then for
-    each of the device's num_experts/ep experts three GEMMs over the rows routed to it, and the
-    shared expert with its gate."""
+def grouped_gemm_s(groups: int, m: int, k: int, n: int, dev: DeviceProfile, train: TrainSpec) -> float:
+    """`groups` GEMMs of one shape in one grouped kernel (cuBLASLt / CUTLASS grouped GEMM, as
+    Transformer Engine's GroupedLinear runs a device's experts): every group's output tiles share
+    the SMs' waves, so only the last wave of all of them is partial (wave_efficiency over the
+    tiles of all groups), where one GEMM per group leaves a partial wave each."""
+    dev = dev.for_dtype(train.compute_dtype)
+    a = train.compute_dtype.num_bytes
+    if dev.gemm_curve(train.compute_dtype) or dev.num_sms <= 0:
+        return groups * gemm_s(m, k, n, dev, train)
+    tiles = groups * -(-m // GEMM_TILE) * -(-n // GEMM_TILE)
+    eff = dev.efficiency.gemm * tiles / (-(-tiles // dev.num_sms) * dev.num_sms)
+    return compute_bound_s(2.0 * groups * m * k * n, groups * a * (m * k + k * n + m * n), dev, train, eff)
+
+
+def _moe_gemms_s(model: ModelSpec, train: TrainSpec, dev: DeviceProfile, tokens: int, ep: int,
+                 grouped: bool = False) -> float:
+    """A mixture's GEMMs (never split over TP): the router, then for each of the device's
+    num_experts/ep experts three GEMMs over the rows routed to it, one GEMM each as runtime.moe
+    runs them or, `grouped` (costmodel.frameworks `grouped_expert_gemm`), each projection of all
+    local experts in one grouped kernel; and the shared expert with its gate."""
     if not model.is_moe:
         return 0.0
     h, f, fs = model.hidden_size, model.moe_ffn_hidden_size, model.shared_expert_ffn_hidden_size
     local = model.num_experts // ep
     rows = max(1, round(expert_rows(model, train, tokens, ep) / local))
     total = gemm_s(tokens, h, model.num_experts, dev, train)
-    total += local * (2 * gemm_s(rows, h, f, dev, train) + gemm_s(rows, f, h, dev, train))
+    if grouped:
+        total += 2 * grouped_gemm_s(local, rows, h, f, dev, train) + grouped_gemm_s(local, rows, f, h, dev, train)
+    else:
+        total += local * (2 * gemm_s(rows, h, f, dev, train) + gemm_s(rows, f, h, dev, train))
     if fs:
         total += 2 * gemm_s(tokens, h, fs, dev, train) + gemm_s(tokens, fs, h, dev, train)
     if model.shared_expert_gate:

@@ -134,7 +134,8 @@ def rank_time_model(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Clu
     layer = layer_kernel_times(model, train, plan, dev, not cluster.framework.cp_all_gather_kv,
                                cluster.framework.float8_casts_fused, cluster.framework.cpu_kernels,
                                cluster.framework.eager_layer, early, cluster.framework.compiled_layer,
-                               not cluster.framework.vendor_attention)   # torch's SDPA: one head size
+                               not cluster.framework.vendor_attention,   # torch's SDPA: one head size
+                               cluster.framework.grouped_expert_gemm)
     # the share of TP collectives the framework hides behind GEMMs (costmodel.frameworks)
     exposed = 1.0 - tp_comm_hidden_share(cluster.framework, plan.tp, plan.sequence_parallel)
     tp = _tp_layer_comm_s(model, train, plan, cluster, sp.tp) * exposed

@@ -23,15 +23,13 @@ def validated():
 def test_published_runs_stay_within_the_measured_fidelity(validated):
     results, summary = validated
     assert summary["n"] == sum(1 for r in results if r.error_pct is not None) == 175
-    # the worst row is the model zoo's Qwen3-235B-A22B at TP4 EP8 on 256 H100 (+38.6 %: each of a
-    # rank's 16 experts priced as its own GEMM of ~560 rows, where Megatron-Core's grouped GEMM runs
-    # them in one kernel); then NeMo-Megatron 22.09's GPT-3 175B on 256-1024 A100 (+30-33 % tokens/s: an
-    # early NeMo whose configuration the launcher's README does not tie to its figures), fms-fsdp's
-    # Llama 2 7B on 96 H100 (+25.8 %; its layer-level selective recomputation is unstated) and
-    # MPT-30B at 8k tokens on 8 A100 (+24 %, a run near its memory limit); the fit stays inside the
-    # published ranges of its parameters (profiles' [ranges])
+    # the worst rows are NeMo-Megatron 22.09's GPT-3 175B on 256-1024 A100 (+30-32 % tokens/s: an
+    # early NeMo whose configuration the launcher's README does not tie to its figures), then MPT-30B
+    # at 8k tokens on 8 A100 (+25 %, a run near its memory limit) and Megatron-LM's 1.7B on 48 H100
+    # (-18 %: micro-batch and recomputation unstated, filled by the search); the fit stays inside
+    # the published ranges of its parameters (profiles' [ranges])
     assert summary["mape_pct"] <= 6.0
-    assert summary["max_abs_error_pct"] <= 39.0
+    assert summary["max_abs_error_pct"] <= 34.0
     assert summary["spearman"] >= 0.99
     assert sum(r.fits for r in results if r.error_pct is not None) >= 173
     assert summary["num_status_correct"] == summary["num_status_rows"]
