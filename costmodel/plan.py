@@ -24,6 +24,7 @@ class Schedule(StrEnum):
     INTERLEAVED = "interleaved-1f1b"
     ZB_H1 = "zb-h1"
     ZBV = "zbv"
+    DUALPIPEV = "dualpipev"
 
     @property
     def traits(self) -> "ScheduleTraits":
@@ -54,8 +55,9 @@ class ScheduleTraits:
     # whole number of rounds of max(1, m // pp) (an interleaved plan's m % pp == 0 implies it)
     micro_batches_at_least_pp: bool = False
     micro_batches_whole_rounds: bool = False
+    micro_batches_at_least_stages: bool = False   # m >= pp·vpp (torch's ScheduleDualPipeV)
     v_placement: bool = False        # virtual stages placed down then up the ranks (V), else in a loop
-    in_flight: str = "1f1b"          # activations held at the peak: "all" | "1f1b" | "interleaved" | "v"
+    in_flight: str = "1f1b"          # activations held at the peak: "all" | "1f1b" | "interleaved" | "v" | "dualpipev"
     deferred_chunks_per_rank: int = 0   # weight passes put off at once: (this) · rank + 1 chunks; 0: none
     # torch 2.13's zero-bubble split backward: W passes re-enter selective regions and fail, and
     # under full recomputation the retained graph keeps the rebuilt layers until the weight pass
@@ -93,6 +95,9 @@ class ScheduleTraits:
         if self.micro_batches_at_least_pp and num_micro_batches < pp:
             out.append(f"schedule {name} needs at least as many micro-batches as pipeline stages "
                        f"({num_micro_batches} < pp {pp}; torch's Schedule1F1B refuses fewer)")
+        if self.micro_batches_at_least_stages and num_micro_batches < pp * vpp:
+            out.append(f"schedule {name} needs at least as many micro-batches as virtual stages "
+                       f"({num_micro_batches} < pp x vpp = {pp * vpp}; torch's {self.torch_class} refuses fewer)")
         if self.micro_batches_whole_rounds and pp > 1 and num_micro_batches % max(1, num_micro_batches // pp):
             out.append(f"schedule {name} needs num_micro_batches ({num_micro_batches}) in whole rounds of "
                        f"{max(1, num_micro_batches // pp)} (torch's round-based schedules)")
@@ -125,12 +130,20 @@ SCHEDULE_TRAITS: dict[Schedule, ScheduleTraits] = {
         fill=None, min_vpp=2, max_vpp=2, needs_pp=True, v_placement=True, in_flight="v",
         deferred_chunks_per_rank=2, recompute=False,
         torch_class="ScheduleZBVZeroBubble", multi_stage=True),
+    Schedule.DUALPIPEV: ScheduleTraits(
+        description="DualPipeV (DeepSeek-V3's DualPipe folded into a V, DeepSeek-AI 2024): two virtual "
+                    "stages per rank in a V, m >= 2p, one micro-batch's forward paired with another's "
+                    "backward; torch runs each pair one after the other (no compute or all-to-all "
+                    "overlap), and so it is priced, by the event simulator (no closed form)",
+        fill=None, min_vpp=2, max_vpp=2, needs_pp=True, v_placement=True, in_flight="dualpipev",
+        micro_batches_at_least_stages=True, deferred_chunks_per_rank=1, recompute=False,
+        torch_class="ScheduleDualPipeV", multi_stage=True),
 }
 
 
 def stage_owner(virtual_stage: int, pp: int, v_placement: bool) -> int:
     """The one placement rule (Plan.stage_rank): virtual stage j on rank j mod pp in a loop, or
-    down then up the ranks in a V (ZBV: rank r holds r and 2pp - 1 - r)."""
+    down then up the ranks in a V (ZBV, DualPipeV: rank r holds r and 2pp - 1 - r)."""
     if v_placement:
         return virtual_stage if virtual_stage < pp else 2 * pp - 1 - virtual_stage
     return virtual_stage % pp
@@ -220,7 +233,7 @@ class Plan:
         return self.pp * self.vpp
 
     def stage_rank(self, virtual_stage: int) -> int:
-        """Pipeline rank of a virtual stage: loop placement, or V placement for ZBV."""
+        """Pipeline rank of a virtual stage: loop placement, or V placement (ZBV, DualPipeV)."""
         return stage_owner(virtual_stage, self.pp, self.schedule.traits.v_placement)
 
     def layers_on_rank(self, rank: int) -> int:

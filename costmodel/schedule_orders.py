@@ -17,6 +17,14 @@ W (backward for weights); zero-bubble schedules split B into I then a deferred W
   it starts pairing each I with the W of the oldest pending one.
 - ZBV (Qi et al. 2023 Sec. 6): two stages per rank in V placement (r and 2p - 1 - r); fixed
   warm-up / steady / cool-down counts over max(2p - 1, m) slots, slots past m left empty.
+- DualPipeV (DeepSeek-V3, arXiv 2412.19437 Sec. 3.2.1, folded into a V; torch's
+  ScheduleDualPipeV, ported step for step): stages r and 2p - 1 - r, m >= 2p. Eight phases:
+  2(p - 1 - r) forwards of the first stage; r + 1 pairs of forwards on both; p - 1 - r rounds
+  of I, W, F on the second; m - 2p + r + 1 rounds of two overlapped pairs (a forward on one
+  stage, a whole backward on the other); p - 1 - r of B then a pair; r + 1 pairs of backwards,
+  whole until half-way, then split (I only); p - 1 - r of a pending W then a backward; the
+  remaining W's. An overlapped pair runs as its forward then its backward (torch's runner
+  executes the two sub-actions one after the other), which is how the order lists it.
 """
 from __future__ import annotations
 
@@ -43,6 +51,8 @@ def _order_lists(s: Schedule, p: int, m: int, v: int) -> list[list[Action]]:
         return [_one_f_one_b(r, p, m) for r in range(p)]
     if s is Schedule.ZBV:
         return [_zbv(r, p, m) for r in range(p)]
+    if s is Schedule.DUALPIPEV:
+        return [_DualPipeV(r, p).order(m) for r in range(p)]
     zero_bubble = s is Schedule.ZB_H1
     return [_interleaved(r, p, m, v, zero_bubble) for r in range(p)]
 
@@ -126,3 +136,53 @@ def _zbv_main(r: int, p: int, slots: int, c0: int, c1: int) -> list[Action]:
     ops += [(c1, "W", i) for i in range(w1, b1)]
     ops += [(c0, "W", i) for i in range(w0, b0)]
     return ops
+
+
+class _DualPipeV:
+    """One rank's DualPipeV order (torch's ScheduleDualPipeV._calculate_single_rank_operations):
+    a micro-batch counter per (stage, kind), whole backwards counted as I and W both, and a
+    queue of the weight passes the split backwards left."""
+
+    def __init__(self, r: int, p: int) -> None:
+        self.r, self.p, self.s0, self.s1 = r, p, r, 2 * p - 1 - r
+        self.ops: list[Action] = []
+        self.count: dict[tuple[int, str], int] = {}
+        self.pending: list[tuple[int, int]] = []
+
+    def add(self, stage: int, kind: str) -> None:
+        key = (stage, "I" if kind == "B" else kind)
+        i = self.count.get(key, 0)
+        self.ops.append((stage, kind, i))
+        self.count[key] = i + 1
+        if kind == "I":
+            self.pending.append((stage, i))
+
+    def weight(self) -> None:
+        if self.pending:
+            stage, i = self.pending.pop(0)
+            self.ops.append((stage, "W", i))
+
+    def order(self, m: int) -> list[Action]:
+        r, p, s0, s1 = self.r, self.p, self.s0, self.s1
+        for _ in range(2 * (p - r - 1)):
+            self.add(s0, "F")
+        for _ in range(r + 1):
+            self.add(s0, "F"); self.add(s1, "F")
+        for _ in range(p - r - 1):
+            self.add(s1, "I"); self.weight(); self.add(s1, "F")
+        for _ in range(m - 2 * p + r + 1):   # overlapped pairs: forward, then whole backward
+            self.add(s0, "F"); self.add(s1, "B")
+            self.add(s1, "F"); self.add(s0, "B")
+        for _ in range(p - r - 1):
+            self.add(s1, "B"); self.add(s1, "F"); self.add(s0, "B")
+        split = False
+        for i in range(r + 1):   # the drain's second half splits its backwards
+            split = split or (i == (r + 1) // 2 and r % 2 == 1)
+            self.add(s1, "I" if split else "B")
+            split = split or (i == (r + 1) // 2 and r % 2 == 0)
+            self.add(s0, "I" if split else "B")
+        for _ in range(p - r - 1):
+            self.weight(); self.add(s0, "I" if split else "B")
+        for _ in range(r + 1):
+            self.weight()
+        return self.ops

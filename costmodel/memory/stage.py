@@ -86,6 +86,8 @@ def in_flight_micro_batches(plan: Plan, rank: int) -> float:
         return chunks / v
     if kind == "v":
         return min(m, p)
+    if kind == "dualpipev":   # 2p + 1 of its two stages' chunks on every rank (m >= 2p; simulated)
+        return min(2 * m, 2 * p + 1) / 2
     return min(m, p - rank)  # 1F1B and ZB-H1 (which keeps 1F1B's peak by design)
 
 
@@ -159,8 +161,8 @@ def activation_shape(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
 
 def deferred_weight_passes(plan: Plan, rank: int) -> float:
     """Weight-gradient passes a zero-bubble rank has put off at once, at most, in units of its
-    whole layer set: torch's ZB-H1 order defers rank + 1 stage chunks, ZBV 2·rank + 1 half-ranks
-    (counted by costmodel.pipeline_simulation with unit costs; tests/costmodel/test_memory.py). Added to the
+    whole layer set: torch's ZB-H1 order defers rank + 1 stage chunks, ZBV 2·rank + 1 half-ranks,
+    DualPipeV rank + 1 (counted by costmodel.pipeline_simulation with unit costs; tests/costmodel/test_memory.py). Added to the
     in-flight activations this is an upper bound of the simulated peak, which frees and holds
     them at their real times."""
     chunks = plan.schedule.traits.deferred_chunks_per_rank * rank + 1

@@ -144,7 +144,8 @@ def test_the_loss_runs_on_vocabulary_shards_only_where_the_framework_does():
 
 
 @pytest.mark.parametrize("schedule,pp,m,vpp", [(Schedule.ZB_H1, 4, 8, 1), (Schedule.ZB_H1, 4, 16, 2),
-                                               (Schedule.ZBV, 4, 8, 2), (Schedule.ZB_H1, 8, 64, 1)])
+                                               (Schedule.ZBV, 4, 8, 2), (Schedule.ZB_H1, 8, 64, 1),
+                                               (Schedule.DUALPIPEV, 4, 8, 2), (Schedule.DUALPIPEV, 3, 13, 2)])
 def test_deferred_weight_passes_bound_the_simulated_ones(schedule, pp, m, vpp):
     """Unit costs, unit weight-pass inputs: the simulator's peak of deferred inputs on each rank
     is what the closed form counts, and with activations too the closed form bounds the peak."""

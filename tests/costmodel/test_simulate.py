@@ -54,7 +54,7 @@ def test_zbv_beats_interleaved_at_equal_cost():
 
 
 @pytest.mark.parametrize("schedule, v", [(Schedule.ONE_F_ONE_B, 1), (Schedule.GPIPE, 1),
-                                         (Schedule.INTERLEAVED, 2), (Schedule.ZB_H1, 1)])
+                                         (Schedule.INTERLEAVED, 2), (Schedule.ZB_H1, 1), (Schedule.DUALPIPEV, 2)])
 def test_peak_in_flight_micro_batches_match_the_closed_form(schedule, v):
     p, m = 4, 16
     plan = _plan(schedule, p, m, v)
@@ -64,25 +64,26 @@ def test_peak_in_flight_micro_batches_match_the_closed_form(schedule, v):
         pytest.approx([in_flight_micro_batches(plan, r) for r in range(p)])
 
 
-@pytest.mark.parametrize("schedule, v", [(Schedule.INTERLEAVED, 2), (Schedule.ZBV, 2), (Schedule.ZB_H1, 1)])
+@pytest.mark.parametrize("schedule, v", [(Schedule.INTERLEAVED, 2), (Schedule.ZBV, 2), (Schedule.ZB_H1, 1),
+                                         (Schedule.DUALPIPEV, 2)])
 def test_timeline_respects_dependencies_and_one_op_at_a_time(schedule, v):
     p, m = 4, 8
     plan = _plan(schedule, p, m, v)
     costs = [replace(c, forward_s=c.forward_s * (1 + j % 3)) for j, c in enumerate(_uniform(p, v, send=0.1))]
     sim = simulate(plan, costs)
-    ends = {}
+    ends = {}   # a whole backward and a backward-for-inputs both hand the gradient on (DualPipeV mixes them)
     for r, stage, kind, mb, start, end in sim.events:
-        ends[(stage, kind, mb)] = end
+        ends[(stage, BACKWARD if kind == BACKWARD_INPUT else kind, mb)] = end
     for r, stage, kind, mb, start, end in sim.events:
         if kind == FORWARD and stage > 0:
             assert start >= ends[(stage - 1, FORWARD, mb)] - 1e-12
         if kind in (BACKWARD, BACKWARD_INPUT) and stage < p * v - 1:
-            assert start >= ends[(stage + 1, kind, mb)] - 1e-12
+            assert start >= ends[(stage + 1, BACKWARD, mb)] - 1e-12
     for r in range(p):
         spans = sorted((s, e) for rr, _, _, _, s, e in sim.events if rr == r)
         assert all(a[1] <= b[0] + 1e-12 for a, b in zip(spans, spans[1:]))
     sends = [sum(1 for e in sim.events if e[2] == SEND and e[0] == r) for r in range(p)]
-    if schedule is Schedule.ZBV:
+    if schedule in (Schedule.ZBV, Schedule.DUALPIPEV):
         # rank p-1 holds stages p-1 and p: the V's turn needs no transfer, so it sends half as
         # often as the middle ranks; rank 0 holds both ends of the pipeline
         assert sends == [2 * m] + [4 * m] * (p - 2) + [2 * m]
