@@ -48,6 +48,7 @@ class Queue:
     def __init__(self, shared: SharedModels, groups: Iterable[Group], stats: SearchStats, deadline: float) -> None:
         self.shared, self.stats, self.too_big = shared, stats, []   # too_big: (base, vpp, schedule, zero)
         self.heap: list[tuple] = []
+        self._placed: dict[int, list[Choice]] = {}
         self.num_candidates = self.taken = 0
         for index, group in enumerate(groups):
             if time.perf_counter() > deadline:   # a space too large to list within the limit: no bound
@@ -92,10 +93,12 @@ class Queue:
         shared, base = self.shared, group.base
         vpp, schedule = group.variants[v]
         m = shared.train.global_batch_size // base.dp // base.micro_batch_size
-        for o, order in enumerate(group.orders):
+        if seq[0] not in self._placed:   # the group's choice under each of its orders, made once
+            self._placed[seq[0]] = [base if order == base.mesh_axis_order else replace(base, mesh_axis_order=order)
+                                    for order in group.orders]
+        for o, (order, placed) in enumerate(zip(group.orders, self._placed[seq[0]])):
             if order not in runs:
                 continue
-            placed = base if order == base.mesh_axis_order else replace(base, mesh_axis_order=order)
             timed = shared.time_model(placed)
             bound = (time_floor_s(shared.model, timed.rtm, base.pp, m, schedule, vpp, base.recompute,
                                   timed.slowest_floor_s) + timed.zero_floors_s[z])

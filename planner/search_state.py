@@ -12,6 +12,7 @@ from costmodel.hardware import ClusterSpec
 from costmodel.memory import stage_memory_shapes_by_zero
 from costmodel.plan import Plan, Schedule
 from costmodel.rank_time import RankTimeModel, Spans, fastest_of, rank_time_model, spans
+from costmodel.rank_time.layer_comm import _pp_send_s
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.bounds import (
     MemoryFit,
@@ -135,12 +136,18 @@ class SharedModels:
     def _rtm(self, base: Choice, sp: Spans) -> RankTimeModel:
         """The rank time model of a uniform cluster, shared by the choices it prices alike:
         rank_time_model reads the plan's pp only as pp > 1, never its dp, and of the spans those
-        of TP, CP, EP and the pipeline (tests/planner/test_bounds.py)."""
+        of TP, CP and EP, and the pipeline's for its sends alone (tests/planner/test_bounds.py)."""
         key = (base.tp, base.cp, base.ep, base.micro_batch_size, base.sequence_parallel, base.recompute,
-               base.fp8_linears, base.offload_activations, base.pp > 1, sp.tp, sp.cp, sp.ep, sp.pp)
-        if key not in self._rtms:
-            self._rtms[key] = rank_time_model(self.model, self.train, self._probe(base), self.cluster, sp)
-        return self._rtms[key]
+               base.fp8_linears, base.offload_activations, base.pp > 1, sp.tp, sp.cp, sp.ep)
+        placed = (*key, sp.pp)
+        if placed not in self._rtms:
+            probe = self._probe(base)
+            if key not in self._rtms:
+                self._rtms[key] = rank_time_model(self.model, self.train, probe, self.cluster, sp)
+            rtm = self._rtms[key]
+            send_s = _pp_send_s(self.model, self.train, probe, self.cluster, sp.pp)
+            self._rtms[placed] = rtm if rtm.pp_send_s == send_s else replace(rtm, pp_send_s=send_s)
+        return self._rtms[placed]
 
     def _slowest_floor_s(self, probe: Plan, models: list[RankTimeModel]) -> float:
         """On a mixed cluster, each rank takes its group's time per layer; which groups hold how

@@ -137,8 +137,10 @@ def test_the_search_s_first_bound_holds_on_a_mixed_cluster(choice):
 @pytest.mark.parametrize("name", ["llama2-13b", "mixtral-8x7b", "deepseek-v2-lite"])
 def test_a_rank_time_model_reads_pp_only_as_a_pipeline_and_never_dp(name):
     """planner.search_state.SharedModels shares one rank time model between choices that differ
-    only in dp and in pp (beyond having a pipeline) under the same spans."""
+    only in dp and in pp (beyond having a pipeline) under the same spans, and between pipeline
+    spans up to its sends."""
     from costmodel.rank_time import rank_time_model, spans
+    from costmodel.rank_time.layer_comm import _pp_send_s
     model, cluster = resolve_model(name), parse_cluster("8x8xH100")
     train = TrainSpec(seq_len=4096, global_batch_size=256)
     for recompute in Recompute:
@@ -148,6 +150,11 @@ def test_a_rank_time_model_reads_pp_only_as_a_pipeline_and_never_dp(name):
         sp = spans(plans[0], cluster)
         models = [rank_time_model(model, train, plan, cluster, sp) for plan in plans]
         assert len({plan.dp for plan in plans}) == 3 and models[1] == models[0] == models[2]
+        # the pipeline's span only for its sends (costmodel.rank_time.layer_comm._pp_send_s)
+        across = dataclasses.replace(sp, pp=spans(dataclasses.replace(plans[2], mesh_axis_order=("tp", "cp", "dp", "pp")),
+                                                  cluster).pp)
+        assert across.pp != sp.pp and rank_time_model(model, train, plans[0], cluster, across) == dataclasses.replace(
+            models[0], pp_send_s=_pp_send_s(model, train, plans[0], cluster, across.pp))
 
 
 @pytest.mark.parametrize("model_name, cluster_name, framework", [
