@@ -15,7 +15,6 @@ from costmodel.check import (
     cp_problems,
     ep_problems,
     fp8_problems,
-    moe_schedule_problem,
     moe_tp_problem,
     offload_problems,
     sp_problems,
@@ -294,9 +293,6 @@ def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8,
                 if runnable != valid:   # a rule on the micro-batch count (1F1B: m >= pp): dominance among the rest
                     valid = runnable
                     best = tuple(s for s in valid if s.traits.dominated_by not in valid) or valid
-                if model.is_moe:
-                    valid = tuple(s for s in valid if not moe_schedule_problem(model, s))
-                    best = tuple(s for s in best if not moe_schedule_problem(model, s)) or valid
                 if act:   # nor with every schedule (a split backward)
                     valid = tuple(s for s in valid if not activation_offload_problems(cluster, act, mode, s, tp))
                     best = tuple(s for s in best if s in valid) or valid

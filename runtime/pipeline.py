@@ -1,6 +1,8 @@
 """Pipeline split and schedules: the plan's explicit layers per (virtual) stage, placed on
-pipeline ranks by `Plan.stage_rank` (loop placement, or V placement for ZBV), executed by the
-`torch.distributed.pipelining` schedule class of the plan's schedule.
+pipeline ranks by `Plan.stage_rank` (loop placement, or V placement for ZBV and DualPipeV),
+executed by the `torch.distributed.pipelining` schedule class of the plan's schedule. DualPipeV's
+overlapped pairs (OVERLAP_F_B) run as torch's runner runs them without a registered custom
+function: the forward, then the other micro-batch's backward, on one stream.
 
 Pipeline buffers live as long as their consumer needs them, as in Megatron-LM's schedules, not
 until the step ends as torch keeps them: a stage's receive buffers (one per micro-batch, made

@@ -249,14 +249,22 @@ def weight_grad_input_bytes(model: ModelSpec, train: TrainSpec, plan: Plan,
     """Per layer and micro-batch, what a deferred weight-gradient pass (ZB-H1, ZBV) still needs
     once the input-gradient pass has freed the rest: the input of every projection (the two
     norm outputs feeding QKV and the MLP, the attention output, the MLP's activated product);
-    the whole layer where the framework keeps the graph (frameworks.deferred_w_keeps_graph)."""
+    the whole layer where the framework keeps the graph (frameworks.deferred_w_keeps_graph).
+    A mixture's projections are its experts': each routed row's input and activated product
+    (costmodel.kernels.expert_rows), and the shared expert's product."""
     if traits.deferred_w_keeps_graph:
         return (layer_activation_bytes(model, train, plan, plan.recompute, traits)
                 + weight_grad_output_bytes(model, train, plan))
     a, t = train.compute_dtype.num_bytes, plan.tp
     tokens = _local_tokens(train, plan)
-    return a * tokens * (2 * model.hidden_size / _proj_input_split(plan, traits)
-                         + model.attention_output_size / t + model.ffn_hidden_size / t)
+    if model.is_moe:
+        routed = moe_tokens(tokens, t)
+        mlp = (expert_rows(model, train, routed, plan.ep) * (model.hidden_size + model.moe_ffn_hidden_size)
+               + routed * model.shared_expert_ffn_hidden_size)
+    else:
+        mlp = tokens * model.ffn_hidden_size / t
+    return a * (tokens * (2 * model.hidden_size / _proj_input_split(plan, traits) + model.attention_output_size / t)
+                + mlp)
 
 
 def weight_grad_output_bytes(model: ModelSpec, train: TrainSpec, plan: Plan) -> float:

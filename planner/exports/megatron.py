@@ -1,8 +1,8 @@
 """Megatron-LM: `pretrain_gpt.py` command-line arguments (Megatron-Core underneath).
 
 What Megatron-LM cannot say of our plans, and the nearest it runs (each a line of the export):
-- GPipe is 1F1B there; zero-bubble schedules are not in Megatron-LM: ZB-H1 runs as 1F1B, ZBV
-  (two virtual stages in a V) as interleaved 1F1B over the same chunks.
+- GPipe is 1F1B there; zero-bubble schedules and DualPipeV are not in Megatron-LM: ZB-H1 runs as
+  1F1B, ZBV and DualPipeV (two virtual stages in a V) as interleaved 1F1B over the same chunks.
 - ZeRO-2/3 are Megatron-FSDP (`--use-megatron-fsdp`), which does not run under pipeline
   parallelism: with a pipeline they become ZeRO-1 (the distributed optimizer).
 - Layers: equal virtual stages, equal once the embedding and the loss count as a layer each
@@ -56,9 +56,9 @@ def nearest(pf: PlanFile) -> Adjusted:
                     "fewer micro-batches in flight)")
     elif plan.schedule is Schedule.ZB_H1:
         to_schedule(adj, layers, Schedule.ONE_F_ONE_B, 1, "schedule zb-h1: not in Megatron-LM; 1f1b instead")
-    elif plan.schedule is Schedule.ZBV:
-        to_schedule(adj, layers, Schedule.INTERLEAVED, plan.vpp,
-                    "schedule zbv: not in Megatron-LM; interleaved-1f1b over the same two chunks per rank")
+    elif plan.schedule in (Schedule.ZBV, Schedule.DUALPIPEV):
+        to_schedule(adj, layers, Schedule.INTERLEAVED, plan.vpp, f"schedule {plan.schedule}: not in Megatron-LM; "
+                    "interleaved-1f1b over the same two chunks per rank")
     plan = adj.plan
     if plan.zero_stage >= 2 and plan.pp > 1:
         adj.change(f"zero {plan.zero_stage} under pipeline parallelism: Megatron-FSDP does not run with a "

@@ -144,8 +144,8 @@ def test_bad_mixtures_of_experts_are_one_line(tmp_path, capsys):
 def test_a_mixture_of_experts_is_planned_as_the_runtime_runs_it(capsys):
     """Experts priced as runtime.moe runs them: FLOPs of the active parameters, every expert's
     states, tensor parallelism only with sequence parallelism (the mixture routes each TP rank's
-    shard), and no zero-bubble schedule (not built or measured with experts yet), so the search
-    offers none of those; Mixtral's plans shard the experts (EP)."""
+    shard), so the search offers no TP without it; Mixtral's plans shard the experts (EP); the
+    zero-bubble schedules and DualPipeV run with experts (tests/runtime/test_parity.py)."""
     from costmodel.flops import layer_linear_forward_flops
     from planner.cli import main
     m = resolve_model("mixtral-8x7b")
@@ -155,11 +155,13 @@ def test_a_mixture_of_experts_is_planned_as_the_runtime_runs_it(capsys):
     assert main(["search", "--model", "mixtral-8x7b", "--cluster", "8x8xH100", "--json", "--top", "10"]) == 0
     import json as _json
     plans = [p["plan"] for p in _json.loads(capsys.readouterr().out)["plans"]]
-    assert plans and all((p["tp"] == 1 or p["sequence_parallel"])
-                         and p["schedule"] not in ("zb-h1", "zbv") for p in plans)
+    assert plans and all(p["tp"] == 1 or p["sequence_parallel"] for p in plans)
     assert all(p["ep"] > 1 for p in plans)
     for flags, message in ((["--ep", "3"], "ep=3 does not divide the model's 8 experts"),
-                           (["--tp", "2", "--no-sp"], "with experts needs sequence parallelism"),
-                           (["--pp", "2", "--schedule", "zb-h1"], "with experts: what its deferred weight passes hold")):
+                           (["--tp", "2", "--no-sp"], "with experts needs sequence parallelism")):
         assert main(["predict", "--model", "mixtral-8x7b", "--cluster", "8x8xH100", *flags]) == 2
         assert message in capsys.readouterr().err
+    for flags in (["--schedule", "zb-h1"], ["--vpp", "2", "--schedule", "dualpipev"]):
+        flags += ["--pp", "2", "--ep", "8", "--zero", "1"]
+        assert main(["predict", "--model", "mixtral-8x7b", "--cluster", "8x8xH100", *flags]) == 0, flags
+        capsys.readouterr()

@@ -49,6 +49,7 @@ CASES = {
     "pp_interleaved": (Choice(pp=2, vpp=2), 2, {}),
     "pp_zb_h1": (Choice(pp=2, schedule=Schedule.ZB_H1), 2, {}),
     "pp_zbv": (Choice(pp=2, vpp=2, schedule=Schedule.ZBV), 2, {}),
+    "pp_dualpipev": (Choice(pp=2, vpp=2, schedule=Schedule.DUALPIPEV), 2, {}),
     # recomputation, full (some layers) and selective (under TP, where it is used)
     "recompute_full": (Choice(zero_stage=3, recompute=Recompute.FULL, recompute_layers=2), 2, {}),
     "recompute_selective": (Choice(tp=2, recompute=Recompute.SELECTIVE), 2, {}),
@@ -90,6 +91,11 @@ CASES = {
     "moe_ep2_dp2_zero3": (Choice(ep=2, zero_stage=3), 4, MOE),
     "moe_ep2_dp2_ddp_recompute_full": (Choice(ep=2, zero_stage=0, recompute=Recompute.FULL), 4, MOE),
     "moe_ep2_pp2": (Choice(ep=2, pp=2, zero_stage=1), 4, MOE),
+    # split backward with experts: their weight passes deferred, the all-to-alls in the input pass;
+    # DualPipeV's V over 4 layers (its pairs of one micro-batch's forward and another's backward)
+    "moe_pp2_zb_h1": (Choice(pp=2, schedule=Schedule.ZB_H1), 2, MOE),
+    "moe_ep2_pp2_zb_h1": (Choice(ep=2, pp=2, zero_stage=1, schedule=Schedule.ZB_H1), 4, MOE),
+    "moe_pp2_dualpipev": (Choice(pp=2, vpp=2, schedule=Schedule.DUALPIPEV), 2, {**MOE, "num_layers": 4}),
     # context parallelism: each CP rank routes its chunks' tokens; the load-balancing loss is the
     # micro-batch's (routed counts summed over the CP group)
     "moe_cp2": (Choice(cp=2), 2, MOE),
