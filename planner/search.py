@@ -2,8 +2,10 @@
 
 Outer choices (tp, cp, pp, dp, micro-batch, virtual stages, schedule, ZeRO stage, sequence
 parallelism, recompute mode, rank placement) are enumerated, each with a valid lower bound on its
-step time read from the rank time model (planner.bounds). Candidates are taken in order of that
-bound; each is checked for memory once per placement-free choice, bounded again with the slowest
+step time read from the rank time model (planner.bounds), computed lazily (planner.search_order:
+a group of choices is priced under its mesh orders only once its floor is below the cutoff and
+some split of it fits). Candidates are taken in order of that bound; each is checked for memory
+once per placement-free choice, bounded again with the slowest
 rank's least time over every split that fits (planner.bounds.pipeline_floor_s) and the full
 per-rank shapes, and only then solved exactly by CP-SAT (layer split and per-rank recompute under
 the memory cap, told the K-th best so far as a cutoff). The search stops once the bound of the
