@@ -131,7 +131,7 @@ FLAG_VALUES = {
     "--recompute-layers": lambda ws: NUMBERS, "--memory-headroom": lambda ws: NUMBERS,
     "--dtype": lambda ws: st.sampled_from(["bf16", "fp32", "fp8", ""]),
     "--recompute": lambda ws: st.sampled_from(["none", "selective", "full", "half"]),
-    "--schedule": lambda ws: st.sampled_from(["1f1b", "gpipe", "zbv", "zb-h1", "interleaved-1f1b", "x"]),
+    "--schedule": lambda ws: st.sampled_from(["1f1b", "gpipe", "zbv", "zb-h1", "interleaved-1f1b", "dualpipev", "x"]),
     "--mesh-order": lambda ws: st.sampled_from(["pp,dp,cp,tp", "tp,dp", "pp,dp,cp,tp,tp", ""]),
     "--model": models, "--cluster": clusters,
     "--fix": lambda ws: st.sampled_from(["tp=1", "tp=2", "pp=2", "zero=3", "sp=true", "sp=maybe", "nope=1",
@@ -209,7 +209,7 @@ def plan_command_lines(draw, ws: Workspace) -> list[str]:
     for flag in ("tp", "pp", "cp", "mbs", "vpp"):
         if draw(st.booleans()):
             argv += [f"--{flag}", draw(DEGREES)] if command == "predict" else ["--fix", f"{flag}={draw(DEGREES)}"]
-    choices = {"--zero": ["0", "1", "2", "3"], "--schedule": ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zbv"],
+    choices = {"--zero": ["0", "1", "2", "3"], "--schedule": ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zbv", "dualpipev"],
                "--dtype": ["fp32", "bf16", "fp16"], "--seq-len": ["128", "256", "2048", "4096"],
                "--global-batch": ["8", "16", "64", "512"], "--attention": ["flash", "eager"]}
     if command == "predict":
