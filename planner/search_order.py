@@ -55,6 +55,8 @@ class Queue:
                 stats.optimal, stats.enumerated = False, False
                 break
             zeros = self._zeros(group.base)
+            if not zeros:   # the constraints leave it no state placement
+                continue
             self.num_candidates += len(group.orders) * len(group.variants) * len(zeros)
             pipeline, after = shared.group_floors_s(group)
             floor = min(pipeline) + min(after[z] for z in zeros)
