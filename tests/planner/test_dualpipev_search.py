@@ -1,0 +1,25 @@
+"""DualPipeV in the search: a schedule without a closed form competes as a simulated variant of
+the best closed-form plans (planner.search._simulated_variants), priced as `estimate` prices it."""
+from __future__ import annotations
+
+from costmodel.estimate import estimate
+from costmodel.hardware import parse_cluster
+from costmodel.plan import Schedule
+from costmodel.registry import resolve_model
+from costmodel.specs import TrainSpec
+from planner.search import SearchOptions, search
+
+
+def test_the_search_emits_dualpipev_priced_by_simulation():
+    """llama-70b on 64 A100s (seq 4096, 512 sequences): the pipeline's plans gain a DualPipeV
+    variant (two stages per rank in a V, at least 2p micro-batches), which the ranking sees with
+    the estimate of that plan."""
+    model, cluster = resolve_model("llama-70b"), parse_cluster("8x8xA100")
+    train = TrainSpec(seq_len=4096, global_batch_size=512)
+    found = [f for f in search(model, train, cluster, SearchOptions(top_k=10)).evaluated if f.plan.schedule is Schedule.DUALPIPEV]
+    assert found
+    for f in found:
+        plan = f.plan
+        assert plan.vpp == 2 and plan.num_micro_batches >= 2 * plan.pp
+        assert plan.stage_rank(plan.num_virtual_stages - 1) == 0   # the V ends where it starts
+        assert f.estimate.step_time_s == estimate(model, train, cluster, plan).step_time_s
