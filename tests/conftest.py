@@ -80,3 +80,49 @@ def _share_the_machine(request):
 def machine_lock():
     """machine_alone, for a module-scoped fixture that measures the machine."""
     return machine_alone
+
+
+# --- How the workers share the suite ---------------------------------------------------------
+# `--dist loadfile` hands a module to one worker, so its module-scoped fixtures are set up once.
+# These modules are long rows of independent forked-rank runs (their own tmp_path, ports and
+# ranks, nothing shared between tests), and one of them on one worker was the suite's tail while
+# the other worker sat idle: their tests are handed out one by one instead. xdist orders the
+# work by size (most tests first), so the whole modules start first and these single tests fill
+# both workers to the end.
+ONE_BY_ONE = frozenset({"tests/runtime/test_parity.py", "tests/runtime/test_checkpoint.py",
+                        "tests/runtime/test_run_cli.py"})
+
+
+def _scope(nodeid: str) -> str:
+    module = nodeid.split("::", 1)[0]
+    return nodeid if module in ONE_BY_ONE else module
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class OneByOneScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _scope(nodeid)
+    return OneByOneScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    """A module-scoped fixture in a module of ONE_BY_ONE would be set up on every worker that
+    runs one of its tests: refused, so the module is taken out of ONE_BY_ONE instead."""
+    users: dict[tuple[str, str], int] = {}
+    for item in items:
+        if item.nodeid.split("::", 1)[0] not in ONE_BY_ONE:
+            continue
+        for name, defs in item._fixtureinfo.name2fixturedefs.items():
+            if defs[-1].scope in ("module", "class"):
+                key = (item.nodeid.split("::", 1)[0], name)
+                users[key] = users.get(key, 0) + 1
+    shared = [f"{module}: {name}" for (module, name), count in users.items() if count > 1]
+    if shared:
+        raise pytest.UsageError("tests/conftest.py ONE_BY_ONE hands these modules' tests to workers one by one, "
+                                f"but tests share a module-scoped fixture ({', '.join(shared)}): take the module "
+                                "out of ONE_BY_ONE")
