@@ -109,11 +109,14 @@ def _placements(degrees: dict[str, int], cluster: ClusterSpec,
     pipeline axis outermost; under a framework, only the orders it lays ranks out by."""
     placed: dict[Spans, tuple[str, ...]] = {}
     layouts = None if space is None else {_layout(o, degrees) for o in space.mesh_orders}
+    seen = set()   # orders of one layout place ranks alike: the first of them stands for it
     for order in itertools.permutations(("pp", "dp", "cp", "tp")):
         if cluster.is_mixed and order[0] != "pp":
             continue
-        if layouts is not None and _layout(order, degrees) not in layouts:
+        layout = _layout(order, degrees)
+        if (layouts is not None and layout not in layouts) or layout in seen:
             continue
+        seen.add(layout)
         placed.setdefault(spans(degrees_plan(**degrees, mesh_axis_order=order), cluster), order)
     return [(order, sp) for sp, order in placed.items()]
 
