@@ -43,7 +43,7 @@ COMPARED = f"{'predicted MiB':>15}{'measured MiB':>14}{'pred/meas':>11}"
 
 DP_ZEROS, DP_MICRO_BATCHES, DP_SEQ_LEN = ("0", "1", "2"), (1, 4), 128
 
-PIPELINE_SCHEDULES = (("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zbv", 2))
+PIPELINE_SCHEDULES = (("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zbv", 2), ("dualpipev", 2))
 PIPELINE_PLAN = ["--model", "debug-small", "--cluster", "1x2xxeon-amx", "--dtype", "fp32", "--seq-len", "512",
                  "--global-batch", "16", "--mbs", "2", "--pp", "2", "--dp", "1", "--zero", "0"]
 
