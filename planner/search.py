@@ -211,7 +211,7 @@ def _branch_and_bound(shared: SharedModels, options, stats, queue: Queue, deadli
     found += shares
     if stats.optimal:
         stats.lower_bound_s = min((f.estimate.step_time_s for f in found), default=math.inf)
-    return _result(shared, options, stats, found, queue.too_big, too_big_shares)
+    return _result(shared, options, stats, found, queue.too_big + queue.roomless, too_big_shares)
 
 
 def _replicas_on_groups(shared: SharedModels, options: SearchOptions, stats: SearchStats, found: list[Found],

@@ -46,7 +46,9 @@ class Queue:
     were pruned before entering it."""
 
     def __init__(self, shared: SharedModels, groups: Iterable[Group], stats: SearchStats, deadline: float) -> None:
-        self.shared, self.stats, self.too_big = shared, stats, []   # too_big: (base, vpp, schedule, zero)
+        # choices that cannot fit, (base, vpp, schedule, zero): taken from the queue, and listed
+        # without room for their states
+        self.shared, self.stats, self.too_big, self.roomless = shared, stats, [], []
         self.heap: list[tuple] = []
         self._placed: dict[int, list[Choice]] = {}
         self.num_candidates = self.taken = 0
@@ -57,7 +59,13 @@ class Queue:
             zeros = self._zeros(group.base)
             if not zeros:   # the constraints leave it no state placement
                 continue
-            self.num_candidates += len(group.orders) * len(group.variants) * len(zeros)
+            count = len(group.orders) * len(group.variants) * len(zeros)
+            self.num_candidates += count
+            if not shared.states_room(group, zeros):   # its states alone overflow: no bound needed
+                stats.prune("memory", count)
+                self.taken += count
+                self.roomless += [(group.base, vpp, schedule, z) for vpp, schedule in group.variants for z in zeros]
+                continue
             pipeline, after = shared.group_floors_s(group)
             floor = min(pipeline) + min(after[z] for z in zeros)
             self.heap.append((floor, _GROUP, (index,), (group, pipeline, after, zeros)))

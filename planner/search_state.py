@@ -97,6 +97,7 @@ class SharedModels:
         self._built: dict[tuple, Plan | str] = {}
         self._floors: dict[tuple, MemoryFit] = {}
         self._order_spans: dict[tuple, Spans] = {}
+        self._vpp_probes: dict[tuple, Plan] = {}
         self._rtms: dict[tuple, RankTimeModel] = {}
         self._optimizer: dict[tuple, tuple[float, ...]] = {}
 
@@ -213,6 +214,26 @@ class SharedModels:
             else:
                 self._memory[key(i)] = floors[i], plan if i == current else None
         return self._memory[key(current)]
+
+    def states_room(self, group: Group, zeros: list[int]) -> bool:
+        """Whether the training states alone leave some variant of the group, under one of the
+        state placements `zeros`, room for a layer split (`_states_fit`, which add_memory asks
+        first; memory depends on no mesh order). A group without is priced nowhere."""
+        if self.cluster.is_mixed:   # each group order its own caps: add_memory asks
+            return True
+        base = group.base
+        for vpp in dict.fromkeys(v for v, _ in group.variants):
+            for z in zeros:
+                key = (base.tp, base.cp, base.pp, base.dp, base.ep, z, vpp, base.group_order)
+                if key not in self._floors:
+                    probe = self._vpp_probes.get(key[:5] + (vpp,))
+                    if probe is None:
+                        probe = self._vpp_probes[key[:5] + (vpp,)] = build_plan(
+                            self.model, self.train, self.cluster, replace(base, vpp=vpp))
+                    self._states_fit(base, z, probe, rank_caps_bytes(probe, self.cluster))
+                if self._floors[key].fits:
+                    return True
+        return False
 
     def _states_fit(self, base: Choice, zero: int, plan: Plan, caps: list[float]) -> MemoryFit:
         """planner.bounds.states_floor's fit under STATE_OPTIONS[zero] (`plan`: the choice under
