@@ -95,13 +95,6 @@ def deepseek_mechanisms(m: "ModelSpec") -> list[str]:
     return out
 
 
-def unbuilt_mechanisms(m: "ModelSpec") -> list[str]:
-    """The mechanisms of `m` runtime.model does not build (it refuses the model, naming them,
-    rather than train another one): the cost model prices them. The MTP modules' extra layer and
-    loss after the last stage are not in the runtime."""
-    return ["multi-token prediction (mtp_depth)"] if m.mtp_depth else []
-
-
 @lru_cache(maxsize=64)
 def dense_layer_model(m: "ModelSpec") -> "ModelSpec":
     """The model whose every layer is one of `m`'s dense first layers (its attention, a dense

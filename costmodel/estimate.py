@@ -159,10 +159,10 @@ def _replicas_on_groups(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec
 
 def _tied_embedding_sync_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
                            sp: Spans) -> float:
-    """Tied input/output embeddings on different pipeline ranks: all-reduce their gradient
-    between the first and last stage once per step (Megatron-LM)."""
+    """Tied input/output embeddings, or the embedding MTP modules read, on different pipeline
+    ranks: all-reduce their gradient between the first and last stage once per step (Megatron-LM)."""
     first, last = plan.stage_rank(0), plan.stage_rank(plan.num_virtual_stages - 1)
-    if not model.tied_embeddings or first == last:
+    if not (model.tied_embeddings or model.mtp_depth) or first == last:
         return 0.0
     num_bytes = ceil_div(model.vocab_size, plan.tp) * model.hidden_size * train.grad_dtype.num_bytes
     return stage_pair_all_reduce_s(num_bytes, sp, cluster)

@@ -274,7 +274,9 @@ def rank_params_at(model: ModelSpec, plan: Plan, layers: int, first: bool, last:
     """Parameters of a pipeline rank holding `layers` layers (and the embedding / head). The
     first rank's first `first_k_dense` layers are dense (its first virtual stage holds them:
     costmodel.rank_time prices them there too); the last rank holds the MTP modules (Megatron-Core
-    places them on the last stage), their routed experts with the layers' and the rest with the head."""
+    places them on the last stage), their routed experts with the layers' and the rest with the head,
+    and, on a separate last stage, its own copy of the embedding they read (Megatron-Core's, as a
+    tied head's; one weight where the head is tied)."""
     pipelined = plan.stage_rank(0) != plan.stage_rank(plan.num_virtual_stages - 1)
     experts = layer_expert_params(model, plan.ep)
     replicated = layer_params(model, plan.tp, plan.ep) - experts
@@ -282,6 +284,8 @@ def rank_params_at(model: ModelSpec, plan: Plan, layers: int, first: bool, last:
     mtp = model.mtp_depth if last else 0
     dense_layer = layer_params(dense_layer_model(model), plan.tp) if dense else 0
     mtp_replicated = mtp_params(model, plan.tp, plan.ep) - model.mtp_depth * experts if mtp else 0
+    if mtp and pipelined and not model.tied_embeddings:
+        mtp_replicated += embedding_params(model, plan.tp)
     return RankParams(layers=layers * replicated + dense * (dense_layer - replicated),
                       experts=(layers - dense + mtp) * experts,
                       embedding=embedding_params(model, plan.tp) if first else 0,

@@ -8,8 +8,9 @@ shards' squared norms, each divided by how many ranks hold the same shard. A par
 the world / pp ranks of its pipeline stage (every virtual stage of a pipeline rank has as many),
 split into as many distinct shards as its DTensor's sharded mesh dimensions hold (FSDP2, TP,
 experts); the other mesh dimensions, and ranks outside its mesh, hold copies (DDP replicas, TP
-ranks of a norm's weight after their sum). A tied output layer split from the embedding holds the
-embedding's gradient after runtime.job.sync_tied_embedding, so it is counted once, as the embedding.
+ranks of a norm's weight after their sum). The last stage's copy of an embedding split over stages
+(a tied output layer, the MTP modules' input) holds the embedding's gradient after
+runtime.job.sync_tied_embedding, so it is counted once, as the embedding.
 """
 from __future__ import annotations
 
@@ -46,9 +47,9 @@ class StepHealth:
 
 
 def _tied_copy(job: Job):
-    """The output layer's own copy of a tied embedding split over stages, where this rank holds it."""
-    last = job.num_stages - 1
-    return job.modules[last].output.weight if job.tied_params and last in job.modules else None
+    """The last stage's own copy of an embedding split over stages (a tied output layer's, the
+    MTP modules'), where this rank holds it."""
+    return job.embedding_copy
 
 
 def grad_sq_share(job: Job) -> torch.Tensor:

@@ -19,12 +19,14 @@ from costmodel.check import moe_tp_problem
 from costmodel.groups import replica_samples
 from costmodel.inputs import UserError
 from costmodel.plan import Plan, PlanFile
+from costmodel.specs import ModelSpec, RouterScoring
 from runtime.compile import apply_compile, compile_problem
 from runtime.context_parallel import CpShard
 from runtime.float8 import apply_float8
 from runtime.latent_attention import LatentAttention
 from runtime.model import Transformer
 from runtime.moe import MoE
+from runtime.mtp import MtpHead, mtp_tensor_parallel
 from runtime.offload import apply_activation_offload
 from runtime.parallel import (
     apply_data_parallel,
@@ -50,6 +52,8 @@ class Job:
     schedule: object | None = None         # torch pipelining schedule when pp > 1
     tied_params: list[nn.Parameter] = field(default_factory=list)
     tied_group: object | None = None       # ranks holding the two copies of a tied embedding
+    # the last stage's copy of the embedding (a tied output layer's, or the one MTP reads) on this rank
+    embedding_copy: nn.Parameter | None = None
     clock: StepClock = field(default_factory=StepClock)   # this rank's split of the current step
     cp: CpShard | None = None              # context parallelism: this rank's chunks of each sequence
     tp_replicated: list[nn.Parameter] = field(default_factory=list)   # whole on each TP rank, trained on its share
@@ -129,6 +133,7 @@ def build_job(pf: PlanFile, device: torch.device, *, seed: int, materialize: boo
             apply_activation_offload(mod, pin=device.type == "cuda")
         if plan.tp > 1:
             apply_tensor_parallel(mod, mesh["tp"], plan.sequence_parallel)
+            mtp_tensor_parallel(mod, mesh["tp"], plan.sequence_parallel)
         apply_recompute(mod, plan, rc_layers)
         if compile:
             apply_compile(mod)
@@ -138,9 +143,12 @@ def build_job(pf: PlanFile, device: torch.device, *, seed: int, materialize: boo
         modules[j] = mod
     job = Job(plan=plan, mesh=mesh, device=device, coords=coords, modules=modules, cp=cp,
               tp_replicated=_tp_replicated(modules, plan.sequence_parallel) if plan.tp > 1 else [],
-              stage_group=_stage_group(mesh, plan) if materialize and _balancing_biases(modules) else None,
+              # every rank makes the groups (new_group is collective), whether its layers route or not
+              stage_group=_stage_group(mesh, plan) if materialize and _balancing_biases_in(model) else None,
               samples=tuple(replica_samples(plan, pf.cluster)) if plan.micro_batch_sizes else ())
     _tie_embeddings(job, pf)
+    for mod in modules.values():   # the MTP loss's gradient weighs as the main loss of a micro-batch does
+        mod.mtp_grad_scale = 1.0 if plan.pp > 1 else job.loss_weight / plan.num_micro_batches
     if plan.pp > 1 and materialize:
         job.schedule = build_schedule(plan, modules, mesh["pp"].get_group(), device, cross_entropy, job.clock)
     return job
@@ -149,7 +157,8 @@ def build_job(pf: PlanFile, device: torch.device, *, seed: int, materialize: boo
 def _tp_replicated(modules: dict, sequence_parallel: bool) -> list[nn.Parameter]:
     """Parameters whole on every TP rank that each rank trains on its own share: a mixture of
     experts (its sequence shard), Qwen3's per-head Q/K norms (its heads) and, under sequence
-    parallelism, latent attention's down-projections and latent norms (its sequence shard)."""
+    parallelism, latent attention's down-projections and latent norms and the MTP modules'
+    norms (its sequence shard)."""
     out = []
     for mod in modules.values():
         for sub in mod.modules():
@@ -157,9 +166,16 @@ def _tp_replicated(modules: dict, sequence_parallel: bool) -> list[nn.Parameter]
                 out += list(sub.parameters())
             elif isinstance(sub, LatentAttention):
                 out += sub.down_parameters() if sequence_parallel else []
+            elif isinstance(sub, MtpHead):
+                out += sub.norm_parameters() if sequence_parallel else []
             elif getattr(sub, "qk_norm", False):
                 out += [*sub.q_norm.parameters(), *sub.k_norm.parameters()]
     return out
+
+
+def _balancing_biases_in(model: ModelSpec) -> bool:
+    """Whether the model's mixtures route by sigmoid scores and a balancing bias (runtime.moe)."""
+    return model.is_moe and model.router_scoring is RouterScoring.SIGMOID
 
 
 def _balancing_biases(modules: dict) -> list[MoE]:
@@ -220,15 +236,18 @@ def _scale_aux_losses(module: nn.Module, plan: Plan, token_group) -> None:
 
 
 def _tie_embeddings(job: Job, pf: PlanFile) -> None:
-    """A tied embedding split over stages has two copies, kept equal by summing their gradients
-    over the ranks that hold them (Megatron-LM's embedding group), once per step."""
+    """An embedding the last stage reads too (a tied output layer, the MTP modules' input) has two
+    copies once split over stages, kept equal by summing their gradients over the ranks that
+    hold them (Megatron-LM's embedding group), once per step."""
     last = job.num_stages - 1
-    if not pf.model.tied_embeddings or last == 0:
+    if not (pf.model.tied_embeddings or pf.model.mtp_depth) or last == 0:
         return
     if 0 in job.modules:
         job.tied_params.append(job.modules[0].embed.tok.weight)
     if last in job.modules:
-        job.tied_params.append(job.modules[last].output.weight)
+        stage = job.modules[last]
+        job.embedding_copy = stage.output.weight if pf.model.tied_embeddings else stage.embed.tok.weight
+        job.tied_params.append(job.embedding_copy)
     first_rank, last_rank = job.plan.stage_rank(0), job.plan.stage_rank(last)
     if first_rank == last_rank:
         return

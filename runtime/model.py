@@ -6,8 +6,8 @@ counts agree by construction (a test checks every registry model on the meta dev
 
 Two variants: Llama (RMSNorm, RoPE, GQA, SwiGLU, no biases; with the spec's options also Q/K/V
 biases, GeGLU with Gemma's scaled embeddings and (1 + w) norm, a mixture of experts,
-runtime.moe, after DeepSeek's dense first layers, and multi-head latent attention,
-runtime.latent_attention) and GPT (LayerNorm, learned positions, GeLU, biases, tied embeddings). GPT's fused QKV projection stores, per KV group, the
+runtime.moe, after DeepSeek's dense first layers, multi-head latent attention,
+runtime.latent_attention, and multi-token prediction, runtime.mtp) and GPT (LayerNorm, learned positions, GeLU, biases, tied embeddings). GPT's fused QKV projection stores, per KV group, the
 group's query heads then its key head and value head (Megatron-LM's layout): a contiguous split
 of its output features over TP ranks then hands each rank whole groups, as column parallelism
 needs.
@@ -27,7 +27,6 @@ from torch import nn
 from torch.nn.attention.bias import causal_lower_right
 from torch.utils.checkpoint import checkpoint
 
-from costmodel.deepseek import unbuilt_mechanisms
 from costmodel.inputs import UserError
 from costmodel.layout import layer_blocks
 from costmodel.specs import Arch, AttentionKernel, FfnKind, ModelSpec, NormKind, PositionKind
@@ -273,32 +272,48 @@ class Transformer(nn.Module):
         super().__init__()
         if model.position_kind is PositionKind.ALIBI:
             raise UserError(f"model {model.name}: ALiBi positions are not implemented by the runtime")
-        if unbuilt := unbuilt_mechanisms(model):
-            raise UserError(f"model {model.name}: the runtime does not build {', '.join(unbuilt)} "
-                             "(planner search / predict price it)")
-
         self.spec = model
         self.embed: Embedding | None = Embedding(model)
-        self.layers = nn.ModuleDict({str(i): Layer(model, kernel, i) for i in range(model.num_layers)})
+        self.embeds_tokens = True   # the first stage: its input is tokens, not hidden states
+        # the MTP modules' layers follow the model's (runtime.mtp), as DeepSeek's checkpoint numbers them
+        self.layers = nn.ModuleDict({str(i): Layer(model, kernel, i)
+                                     for i in range(model.num_layers + model.mtp_depth)})
         self.norm: nn.Module | None = _norm(model)
         self.output: nn.Linear | None = nn.Linear(model.hidden_size, model.vocab_size, bias=False)
         if model.tied_embeddings:
             self.output.weight = self.embed.tok.weight
+        self.mtp: nn.ModuleList | None = None
+        if model.mtp_depth:   # imported here: runtime.mtp builds on this module
+            from runtime.mtp import MtpHead
+            self.mtp = nn.ModuleList(MtpHead(model) for _ in range(model.mtp_depth))
+        self.mtp_grad_scale = 1.0   # runtime.job: the weight the step gives a micro-batch's loss
 
     def keep_only(self, layer_ids: list[int], *, first: bool, last: bool) -> None:
-        """Prune to one pipeline stage. A tied output layer on a later stage than the embedding
-        gets its own weight, synchronised by the runtime (Megatron-LM's embedding group)."""
-        for i in [i for i in map(int, self.layers) if i not in set(layer_ids)]:
+        """Prune to one pipeline stage (the last keeps the MTP modules). A tied output layer on a
+        later stage than the embedding gets its own weight, and so does the embedding the MTP
+        modules read there (one weight where both are), synchronised by the runtime
+        (Megatron-LM's embedding group)."""
+        num_main, mtp = self.spec.num_layers, self.mtp is not None
+        kept = set(layer_ids) | (set(range(num_main, num_main + self.spec.mtp_depth)) if last else set())
+        for i in [i for i in map(int, self.layers) if i not in kept]:
             del self.layers[str(i)]
         if last and not first and self.spec.tied_embeddings:
             self.output.weight = nn.Parameter(torch.empty_like(self.output.weight))
-        if not first:
+        if last and not first and mtp:
+            self.embed.tok.weight = (self.output.weight if self.spec.tied_embeddings
+                                     else nn.Parameter(torch.empty_like(self.embed.tok.weight)))
+        self.embeds_tokens = first
+        if not first and not (last and mtp):
             self.embed = None
         if not last:
-            self.norm, self.output = None, None
+            self.norm, self.output, self.mtp = None, None, None
 
     def set_context_parallel(self, shard: CpShard, seq_len: int) -> None:
         """This rank holds its CP chunks of every sequence (runtime.context_parallel)."""
+        if self.spec.mtp_depth:
+            raise UserError(f"model {self.spec.name}: the runtime does not build multi-token prediction "
+                             "(mtp_depth) under context parallelism (its labels' shift crosses the CP "
+                             "ranks' chunks); use cp 1 (planner search / predict price it)")
         positions = shard.positions(seq_len)
         for s_q, s_k in shard.attention_shapes(seq_len):
             lower_right_causal(s_q, s_k)
@@ -307,13 +322,20 @@ class Transformer(nn.Module):
         for layer in self.layers.values():
             layer.attention.cp, layer.attention.positions = shard, positions
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.embed(x) if self.embed is not None else x
-        for layer in self.layers.values():
-            h = layer(h)
-        if self.norm is not None:
-            h = self.output(self.norm(h))
-        return h
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits on the last stage (hidden states before); `labels` (the targets) feed the MTP
+        modules there, whose loss joins the main loss's in backward (runtime.mtp)."""
+        h = self.embed(x) if self.embeds_tokens else x
+        for key, layer in self.layers.items():
+            if int(key) < self.spec.num_layers:
+                h = layer(h)
+        if self.norm is None:
+            return h
+        h = self.norm(h)
+        if self.mtp is not None:
+            from runtime.mtp import with_mtp_loss
+            h = with_mtp_loss(self, h, labels)
+        return self.output(h)
 
     def materialize(self, device: torch.device, seed: int) -> None:
         """Allocate on `device` (the model is built on meta) and initialise. `to_empty` makes

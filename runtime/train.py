@@ -95,7 +95,7 @@ def forward_backward(job: Job, tokens: torch.Tensor, labels: torch.Tensor) -> to
         losses: list[torch.Tensor] = []
         first, last = 0 in job.modules, job.num_stages - 1 in job.modules
         args = (x,) if first else ()
-        kwargs = {"target": y, "losses": losses} if last else {}
+        kwargs = {"target": y, "losses": losses, "labels": y} if last else {}   # labels: MTP (runtime.mtp)
         # return_outputs=False: otherwise the last stage keeps every micro-batch's logits until
         # the step ends (torch's output_chunks), which the cost model does not count
         job.schedule.step(*args, return_outputs=False, **kwargs)
@@ -109,7 +109,7 @@ def forward_backward(job: Job, tokens: torch.Tensor, labels: torch.Tensor) -> to
         if isinstance(model, FSDPModule):
             model.set_requires_gradient_sync(final or gradient_sync_every_micro_batch(plan))
             model.set_reshard_after_backward(final or plan.zero_stage == 3)
-        loss = cross_entropy(model(xs), ys)
+        loss = cross_entropy(model(xs, ys), ys)   # the labels feed MTP modules (runtime.mtp)
         (loss * (job.loss_weight / m)).backward()
         total += loss.detach()
     _drain(job.device)

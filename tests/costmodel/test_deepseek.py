@@ -131,7 +131,8 @@ def test_dense_first_layers_and_mtp_sit_on_the_first_and_last_ranks():
     assert first.experts == experts and middle.experts == 4 * experts
     assert first.layers + first.experts == 3 * dense + layer_params(V3, 1, 64)
     assert last.experts == 4 * experts   # three layers' and the MTP layer's
-    assert last.head - (h + 129280 * h) == mtp_params(V3, 1, 64) - experts
+    # the head (norm, output), the MTP module's own parameters and its copy of the embedding
+    assert last.head - (h + 129280 * h) - 129280 * h == mtp_params(V3, 1, 64) - experts
 
 
 def test_deepseeks_published_layout_is_priced(capsys):

@@ -52,7 +52,7 @@ def reference(pf: PlanFile, steps: int = STEPS, lr: float = LR,
         if pf.model.is_moe:   # the load-balancing loss is per micro-batch: the same chunks, in one process
             loss = _moe_step(model, pf, x, y)
         else:
-            loss = cross_entropy(model(x), y)
+            loss = cross_entropy(model(x, y), y)
             loss.backward()
         if grad_norms is not None:
             grad_norms.append(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]).item())
@@ -80,9 +80,10 @@ def _moe_step(model: Transformer, pf: PlanFile, x: torch.Tensor, y: torch.Tensor
     for sub in model.modules():
         if isinstance(sub, MoE):
             sub.aux_grad_scale = 1.0 / chunks
+    model.mtp_grad_scale = 1.0 / chunks   # an MTP loss weighs as its micro-batch's loss (runtime.mtp)
     total = torch.zeros(())
     for xs, ys in zip(x.chunk(chunks), y.chunk(chunks)):
-        loss = cross_entropy(model(xs), ys)
+        loss = cross_entropy(model(xs, ys), ys)
         (loss / chunks).backward()
         total += loss.detach() / chunks
     return total

@@ -22,6 +22,8 @@ MOE = dict(model="debug-moe")
 # DeepSeek's mechanisms but the MTP module: latent attention, a dense first layer, grouped sigmoid
 # routing with its balancing bias (updated after every step), routed scaling, a shared expert
 MLA = dict(model="debug-mla", mtp_depth=0)
+# all of DeepSeek-V3's mechanisms: the above and a multi-token-prediction module
+MTP = dict(model="debug-mla")
 # latent attention in a dense model, the query not compressed (TP without sequence parallelism)
 MLA_DENSE = dict(MLA, q_lora_rank=0, num_experts=0, experts_per_token=0, moe_ffn_hidden_size=0,
                  shared_expert_ffn_hidden_size=0, first_k_dense=0, router_scoring=RouterScoring.SOFTMAX,
@@ -122,6 +124,12 @@ CASES = {
     "mla_pp2": (Choice(pp=2), 2, MLA),
     # the routers' counts summed over the expert-parallel ranks before the bias update
     "mla_ep2": (Choice(ep=2, zero_stage=1), 2, MLA),
+    # multi-token prediction (runtime.mtp): its projection column-parallel, its norms on sequence
+    # shards; under pp2 the last stage's own copy of the embedding, its gradient summed with the
+    # first stage's; a dense MLA model's MTP under TP without SP
+    "mtp_tp2_sp": (Choice(tp=2), 2, MTP),
+    "mtp_pp2": (Choice(pp=2, micro_batch_size=4), 2, MTP),
+    "mtp_dense_tp2_no_sp": (Choice(tp=2, sequence_parallel=False), 2, dict(MLA_DENSE, mtp_depth=1)),
     # offloaded states (FSDP2's CPUOffloadPolicy): shards on the host, copied in and out around
     # each collective; every ZeRO stage, a lone rank, the TP-replicated and tied-embedding syncs
     "zero1_offload": (Choice(zero_stage=1, micro_batch_size=2, offload_optimizer=True), 2, {}),
