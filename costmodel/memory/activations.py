@@ -271,13 +271,29 @@ def weight_grad_output_bytes(model: ModelSpec, train: TrainSpec, plan: Plan) -> 
     """Per layer and micro-batch, the output gradients torch pipelining's input pass captures
     for a deferred weight pass (`stage_backward_input` hooks): every projection's (a column-
     parallel one's 1/t slice, a row-parallel one's whole partial output) and the two norm scales'.
-    Measured on a 2-stage ZB-H1 run: 232 MiB held per micro-batch, 228 MiB by this count."""
+    A mixture's in place of the MLP's (runtime.moe, whole on each TP rank over its shard): the
+    router's logits, each routed row's three expert projections (costmodel.kernels.expert_rows),
+    the shared expert's three and its gate's. Measured on a 2-stage ZB-H1 run: 232 MiB held per
+    micro-batch, 228 MiB by this count; per tensor, what `stage_backward_input` captures of one
+    layer equals this count for debug-small, debug-moe and a Mixtral-style layer
+    (tests/runtime/test_schedule_memory.py)."""
     sp = plan.tp if plan.sequence_parallel else 1
     width = model.layer_norms * model.hidden_size / sp
     for block in layer_blocks(model):
-        width += sum(lin.out_features / plan.tp if lin.style is Style.COLWISE else lin.out_features
-                     for lin in block.linears)
-    return train.compute_dtype.num_bytes * _local_tokens(train, plan) * width
+        if not (model.is_moe and block.name == "mlp"):
+            width += sum(lin.out_features / plan.tp if lin.style is Style.COLWISE else lin.out_features
+                         for lin in block.linears)
+    tokens = _local_tokens(train, plan)
+    return train.compute_dtype.num_bytes * (tokens * width + _moe_output_grad_elements(model, train, plan, tokens))
+
+
+def _moe_output_grad_elements(model: ModelSpec, train: TrainSpec, plan: Plan, tokens: int) -> float:
+    """The elements of a mixture's projection outputs per micro-batch (weight_grad_output_bytes)."""
+    if not model.is_moe:
+        return 0.0
+    h, fs, routed = model.hidden_size, model.shared_expert_ffn_hidden_size, moe_tokens(tokens, plan.tp)
+    return (routed * (model.num_experts + (2 * fs + h if fs else 0) + (1 if model.shared_expert_gate else 0))
+            + expert_rows(model, train, routed, plan.ep) * (2 * model.moe_ffn_hidden_size + h))
 
 
 def edge_weight_grad_output_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, first: bool,
