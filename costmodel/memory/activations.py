@@ -176,18 +176,33 @@ def deepseek_edge_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, first: b
     """Per micro-batch, the first rank's dense first layers against as many expert layers
     (costmodel.params.rank_params_at places them there), in the plan's recompute mode (taken to
     cover them where the plan recomputes); and on the last rank each MTP module's layer (an expert
-    layer), its own logits as the loss keeps them, the 2h-wide concatenation its projection keeps
-    (whole per TP rank) and its three norms' inputs (sequence shards under SP)."""
+    layer), its own logits as the loss keeps them and the rest of the module (_mtp_own_bytes)."""
     total = 0.0
     if first and model.first_k_dense:
         dense = layer_activation_bytes(dense_layer_model(model), train, plan, plan.recompute, traits)
         total += model.first_k_dense * (dense - layer_activation_bytes(model, train, plan, plan.recompute, traits))
     if last and model.mtp_depth:
-        sp = plan.tp if plan.sequence_parallel else 1
-        own = train.compute_dtype.num_bytes * _local_tokens(train, plan) * model.hidden_size * (2 + 3 / sp)
-        total += model.mtp_depth * (layer_activation_bytes(model, train, plan, plan.recompute, traits) + own
+        total += model.mtp_depth * (layer_activation_bytes(model, train, plan, plan.recompute, traits)
+                                    + _mtp_own_bytes(model, train, plan, traits)
                                     + logits_held_bytes(model, train, plan, traits))
     return total
+
+
+def _mtp_own_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, traits: FrameworkTraits) -> float:
+    """Per micro-batch, what one MTP module keeps besides its layer and logits (runtime.mtp, as
+    Megatron-Core's): the 2h-wide concatenation its column-parallel projection keeps (whole per TP
+    rank), the shared head's input (whole: gathered under SP, else the module's last norm's output)
+    and its three norms' inputs on sequence shards. The previous depth's hidden state, which one of
+    them reads, is without SP the tensor the head before keeps already. CPU's composite RMSNorm
+    keeps its input upcast to fp32 and its normalised copy (frameworks.cpu_kernels): an upcast
+    bf16 input is a tensor of its own. Measured per tensor by tests/runtime/test_mtp.py."""
+    a = train.compute_dtype.num_bytes
+    sp = plan.tp if plan.sequence_parallel else 1
+    cpu_rms = model.norm_kind is NormKind.RMSNORM and traits.cpu_kernels
+    norm_input, norm_copy = (4, 4) if cpu_rms else (a, 0)
+    shared_hidden = sp == 1 and norm_input == a
+    norms = 2 * (norm_input + norm_copy) + norm_copy + (0 if shared_hidden else norm_input)
+    return _local_tokens(train, plan) * model.hidden_size * (norms / sp + 3 * a)
 
 
 def _local_tokens(train: TrainSpec, plan: Plan) -> int:

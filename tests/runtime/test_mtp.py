@@ -11,7 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from costmodel.memory.activations import deepseek_edge_bytes
 from costmodel.registry import MODELS
+from planner.space import Choice
 from runtime.job import cross_entropy
 from runtime.model import Transformer
 from runtime.mtp import MTP_LOSS_SCALE
@@ -76,3 +78,33 @@ def test_training_without_labels_is_a_bug_not_a_silent_skip(pair):
         model(torch.zeros(1, 4, dtype=torch.long))
     with torch.no_grad():   # inference: the main logits alone
         assert model(torch.zeros(1, 4, dtype=torch.long)).shape == (1, 4, SPEC.vocab_size)
+
+
+def _saved_bytes(spec, train, batch: int) -> int:
+    """Distinct storages autograd keeps for one forward and loss (parameters excluded)."""
+    from test_activation_memory import _plain, _storage_key
+    model = Transformer(spec, train.attention_kernel)
+    model.init_weights(0)
+    seen = {}
+
+    def pack(t):
+        key, _ = _storage_key(t)
+        if key is not None:
+            seen.setdefault(key, _plain(t).untyped_storage())
+        return t
+
+    x = torch.randint(0, spec.vocab_size, (batch, train.seq_len), generator=torch.Generator().manual_seed(0))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        cross_entropy(model(x, x), x)
+    weights = {_storage_key(p)[0] for p in model.parameters()}
+    return sum(st.nbytes() for key, st in seen.items() if key not in weights)
+
+
+def test_what_an_mtp_module_keeps_is_what_costmodel_counts():
+    """The model with its MTP modules less the model without: within 3 % of the last rank's MTP
+    bytes (costmodel.memory.activations.deepseek_edge_bytes) on this CPU's kernels, in fp32."""
+    from parity import plan_file
+    pf = plan_file(Choice(micro_batch_size=4), world=1, seq_len=256, global_batch=4, model="debug-mla", mtp_depth=2)
+    measured = _saved_bytes(pf.model, pf.train, 4) - _saved_bytes(replace(pf.model, mtp_depth=0), pf.train, 4)
+    counted = deepseek_edge_bytes(pf.model, pf.train, pf.plan, False, True, pf.cluster.framework)
+    assert measured == pytest.approx(counted, rel=0.03)
