@@ -94,7 +94,8 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   keep only the projections' inputs; torch pipelining's `stage_backward_input` runs
   `autograd.grad(..., retain_graph=True)` and starts the weight pass later from graph nodes that
   reach the whole stage, so every saved tensor of the micro-batch (logits included) lives until
-  its weight pass (measured: tests/runtime/test_run_cli.py).
+  its weight pass (measured: tests/runtime/test_run_cli.py); torchtitan runs torch's schedules
+  as they are, and keeps it too.
 - `pipeline_sends_held`: torch's multi-stage schedule runner (`_PipelineScheduleRuntime`: our
   interleaved 1F1B, ZB-H1 and ZBV) keeps the Work of every send, and with it the tensor sent,
   until the step ends ("send ops should be waited on before step() exits"); its single-stage
@@ -266,7 +267,8 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
     FrameworkTraits(name="composer-fsdp", sharded_grads_under_pp=True, flash_attention_1=True, **_FSDP),
     FrameworkTraits(name="fms-fsdp", sharded_grads_under_pp=True, eager_layer=True, **_FSDP),
     FrameworkTraits(name="torchtitan", sharded_grads_under_pp=False, tp_keeps_gathered_input=True,
-                    cp_all_gather_kv=True, float8_casts_fused=True, float8_with_tp=True, **_FSDP),
+                    cp_all_gather_kv=True, float8_casts_fused=True, float8_with_tp=True,
+                    deferred_w_keeps_graph=True, **_FSDP),
 )}
 
 
