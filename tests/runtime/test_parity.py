@@ -130,6 +130,10 @@ CASES = {
     "mtp_tp2_sp": (Choice(tp=2), 2, MTP),
     "mtp_pp2": (Choice(pp=2, micro_batch_size=4), 2, MTP),
     "mtp_dense_tp2_no_sp": (Choice(tp=2, sequence_parallel=False), 2, dict(MLA_DENSE, mtp_depth=1)),
+    # V placement: the last stage on the first one's rank, its embedding copy summed there; and
+    # DualPipeV's split backward through the MTP loss
+    "mtp_zbv_same_rank": (Choice(pp=2, vpp=2, schedule=Schedule.ZBV, micro_batch_size=4), 2, dict(MTP, num_layers=4)),
+    "mtp_dualpipev": (Choice(pp=2, vpp=2, schedule=Schedule.DUALPIPEV, micro_batch_size=2), 2, dict(MTP, num_layers=4)),
     # offloaded states (FSDP2's CPUOffloadPolicy): shards on the host, copied in and out around
     # each collective; every ZeRO stage, a lone rank, the TP-replicated and tied-embedding syncs
     "zero1_offload": (Choice(zero_stage=1, micro_batch_size=2, offload_optimizer=True), 2, {}),
