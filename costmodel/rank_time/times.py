@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from costmodel.comm import Collective, collective_time_s
 from costmodel.deepseek import dense_layer_model
 from costmodel.flops import stops_before_final_linear
 from costmodel.frameworks import tp_comm_hidden_share
@@ -20,6 +21,7 @@ from costmodel.rank_time.layer_comm import (
     _pp_send_s,
     _sp_regather_s,
     _tp_block_collective_s,
+    _tp_hidden_bytes,
     _tp_layer_comm_s,
 )
 from costmodel.rank_time.spans import Spans
@@ -164,10 +166,11 @@ def rank_time_model(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Clu
     # a pipeline stage's work at the device's factor for it (Efficiency.pp_stage)
     stage = dev.efficiency.pp_stage if plan.pp > 1 else 1.0
     head_pass = _times(head.forward_s + loss_s, head.backward_s + loss_s, head.backward_weight_s, tp=edge_tp + gather_s)
-    first_edge = _times(emb.forward_s, emb.backward_s, emb.backward_weight_s, tp=edge_tp)
+    embed_pass = _times(emb.forward_s, emb.backward_s, emb.backward_weight_s, tp=edge_tp)
+    first_edge = embed_pass
     if model.first_k_dense:
         first_edge = first_edge + _dense_first_layers(model, train, plan, cluster, sp, per_layer)
-    last_edge = head_pass + _mtp_times(model, train, plan, cluster, per_layer, head_pass)
+    last_edge = head_pass + _mtp_times(model, train, plan, cluster, sp, per_layer, embed_pass + head_pass)
     return RankTimeModel(
         per_layer=per_layer.scaled(stage), per_recomputed_layer=per_rc.scaled(stage),
         first_edge=first_edge.scaled(stage), last_edge=last_edge.scaled(stage),
@@ -184,18 +187,29 @@ def _dense_first_layers(model: ModelSpec, train: TrainSpec, plan: Plan, cluster:
     return (dense + expert_layer.scaled(-1.0)).scaled(model.first_k_dense)
 
 
-def _mtp_times(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec, layer: RankTimes,
-               head_pass: RankTimes) -> RankTimes:
+def _mtp_times(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec, sp: Spans,
+               layer: RankTimes, edges: RankTimes) -> RankTimes:
     """The MTP modules on the last rank (as Megatron-Core places them; DeepSeek-V3 Sec. 2.2): per
-    module one more expert layer, its 2h -> h projection (column-parallel over TP) and a pass
-    through the shared output head and loss. Its two RMSNorms and the concatenation are left out
-    (memory-bound, 3 h-wide passes against the layer's dozens)."""
+    module one more expert layer, a pass through the shared embedding and the shared output head
+    and loss (`edges`, their TP collectives included), and its 2h -> h projection, column-parallel
+    over TP with its output gathered (runtime.mtp, Megatron-Core's eh_proj): its 2h-wide input
+    all-gathered under SP (its gradient reduce-scattered; without SP that gradient all-reduced) and
+    its output all-gathered over the features (under SP again in backward, where the sequence
+    shard's gradient is gathered). Its three RMSNorms and the concatenation are left out
+    (memory-bound, 4 h-wide passes against the layer's dozens)."""
     if not model.mtp_depth:
         return ZERO_TIMES
     tokens = plan.micro_batch_size * train.seq_len // plan.cp
     h = model.hidden_size
     proj = gemm_s(tokens, 2 * h, -(-h // plan.tp), cluster.device, train)
-    return (layer + head_pass + _times(proj, 2 * proj, proj)).scaled(model.mtp_depth)
+    proj_tp = 0.0
+    if plan.tp > 1:
+        gathers = 2 if plan.sequence_parallel else 1
+        proj_tp = (_tp_block_collective_s(model, train, plan, cluster, sp.tp, output=False, width=2 * h)
+                   + _tp_block_collective_s(model, train, plan, cluster, sp.tp, output=True, width=2 * h)
+                   + gathers * collective_time_s(Collective.ALL_GATHER, _tp_hidden_bytes(model, train, plan),
+                                                 sp.tp, cluster))
+    return (layer + edges + _times(proj, 2 * proj, proj, tp=proj_tp)).scaled(model.mtp_depth)
 
 
 def rank_times(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
