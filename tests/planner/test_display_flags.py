@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from costmodel.plan import Plan
+from costmodel.plan import Plan, Schedule
 from planner.cli import main
 
 
@@ -34,7 +34,7 @@ def test_no_two_rows_are_priced_the_same_and_the_twins_are_named(model, cluster,
     assert main(["search", "--model", model, "--cluster", cluster, "--top", "10", "--json"]) == 0
     plans = json.loads(capsys.readouterr().out)["plans"]
     prices = [(round(p["estimate"]["step_time_s"], 6), max(p["estimate"]["peak_memory_bytes"])) for p in plans]
-    assert 2 <= len(set(prices)) == len(prices) <= 10
+    assert 1 <= len(set(prices)) == len(prices) <= 10
     # no row is beaten in one of time and memory and matched in the other by another row (the
     # first, the decision, excepted): a plan recomputing a layer that fits without is not listed
     for i, (t, m) in enumerate(prices[1:], start=1):
@@ -44,5 +44,7 @@ def test_no_two_rows_are_priced_the_same_and_the_twins_are_named(model, cluster,
     shown = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("1 "))
     assert shown.split()[1:2] == [f"dp{plans[0]['plan']['dp']}"] and _short(plans[0]["plan"]) in shown
     # ZeRO-1 and ZeRO-2 under a pipeline are priced alike: one row, the other named as its alternative
+    # (a schedule priced by simulation alone, such as ZBV, is laid out from one searched plan: no twin)
     first = plans[0]
-    assert any(a["zero_stage"] != first["plan"]["zero_stage"] for a in first["alternatives"])
+    assert not Schedule(first["plan"]["schedule"]).traits.closed_form or any(
+        a["zero_stage"] != first["plan"]["zero_stage"] for a in first["alternatives"])
