@@ -54,6 +54,9 @@ def check_structure(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
     placed = not problems
     problems += tp_problems(model, plan.tp)
     problems += cp_problems(model, train, plan.cp)
+    if model.mtp_depth and plan.cp > 1 and not cluster.framework.mtp_with_cp:
+        add(f"cp={plan.cp} with multi-token prediction: {cluster.framework.name} does not shift its labels "
+            "across the context-parallel chunks (Megatron-Core does: --framework megatron)")
     problems += ep_problems(model, plan.dp, plan.ep)
     if plan.sequence_parallel:
         problems += sp_problems(train, plan.tp, plan.cp)

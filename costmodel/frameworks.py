@@ -110,6 +110,9 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   holds. torch's `context_parallel` (torchtitan) all-gathers too. Megatron-Core with Transformer
   Engine passes K/V around a ring (cp-1 hops overlapped with the partial kernels, each merged into
   the output with its softmax statistics) and keeps only its own block.
+- `mtp_with_cp`: multi-token prediction under context parallelism: its labels and embeddings
+  shifted by k positions cross the CP ranks' chunks, which Megatron-Core's `roll_tensor` exchanges
+  (multi_token_prediction.py, its cp_group); our runtime (runtime.mtp) does not, and refuses it.
 - `grouped_expert_gemm`: a device's experts run each projection as one grouped GEMM
   (Megatron-Core's `--moe-grouped-gemm`, Transformer Engine's GroupedLinear), their output tiles
   sharing the SMs' waves, instead of one GEMM per expert as our runtime (runtime.moe) runs them:
@@ -223,6 +226,7 @@ class FrameworkTraits:
     dp_sync_per_chunk: bool = False
     dispatch_per_node: bool = False
     grouped_expert_gemm: bool = False
+    mtp_with_cp: bool = False
     moe_probs_in_activation: bool = False
 
 
@@ -261,7 +265,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
                     swiglu_saved_tensors=3, vendor_attention=True, float8_casts_fused=True, float8_with_tp=True,
                     float8_param_gather=True, ep_folds_over_tp=True, dp_sync_per_chunk=True,
                     dispatch_per_node=True, moe_probs_in_activation=True,
-                    grouped_expert_gemm=True, **_MEGATRON),
+                    grouped_expert_gemm=True, mtp_with_cp=True, **_MEGATRON),
     FrameworkTraits(name="megatron-deepspeed", **{**_DEEPSPEED, "loss_grad_in_place": True}),
     FrameworkTraits(name="deepspeed", **_DEEPSPEED),
     FrameworkTraits(name="composer-fsdp", sharded_grads_under_pp=True, flash_attention_1=True, **_FSDP),

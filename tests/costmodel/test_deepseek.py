@@ -209,3 +209,20 @@ def test_padded_values_price_the_attention_core_at_the_query_key_head_size():
     apart, padded = (layer_kernel_times(model, train, plan, dev, False, False, False, False, False, False, pad)
                      for pad in (False, True))
     assert padded.attention_forward_s / apart.attention_forward_s == pytest.approx(384 / 320, rel=0.01)
+
+
+def test_multi_token_prediction_under_cp_is_refused_where_the_labels_do_not_cross_chunks():
+    """runtime.mtp shifts labels inside a rank's chunk only; Megatron-Core's roll_tensor exchanges
+    the CP chunks' boundaries (trait mtp_with_cp), so only the runtime refuses cp > 1 with MTP."""
+    from costmodel.check import check_structure
+    from costmodel.frameworks import FRAMEWORKS
+    from costmodel.hardware import parse_cluster, run_by
+    from costmodel.registry import resolve_model
+    from costmodel.specs import TrainSpec
+    from planner.space import Choice, build_plan
+    model, train = resolve_model("debug-mla"), TrainSpec(seq_len=64, global_batch_size=8)
+    for framework, refused in (("planner", True), ("megatron-core", False)):
+        cluster = run_by(parse_cluster("1x4xH100"), FRAMEWORKS[framework])
+        plan = build_plan(model, train, cluster, Choice(cp=2, dp=2))
+        found = [p for p in check_structure(model, train, cluster, plan) if "multi-token prediction" in p]
+        assert bool(found) is refused, (framework, found)
