@@ -163,7 +163,12 @@ def unsatisfiable_constraints(model: ModelSpec, train: TrainSpec, cluster: Clust
                 seen |= values.get(name, set())
     problems = []
     for name, value in options.fixed.items():
-        if value not in possible[name]:
+        if name == "schedule" and not Schedule(value).traits.closed_form:
+            problems.append(f"schedule={value} has no closed-form pipeline time, so the search cannot pin it: "
+                            f"unpinned, it lays its best plans out under {value} and prices them by simulation "
+                            f"(the table's rows say their schedule); to price one plan under it: planner predict "
+                            f"--schedule {value}")
+        elif value not in possible[name]:
             shown = ", ".join(str(v) for v in sorted(possible[name]))
             problems.append(f"{name}={value} is not possible for {model.name} on {cluster.name} "
                             f"(the search considers: {shown})")

@@ -70,6 +70,8 @@ def test_a_model_too_large_for_the_devices_trains_with_its_states_on_the_host(ca
     # values no plan can take (pp must divide the 8 devices), and values possible only apart
     (["--fix", "pp=3"], "pp=3 is not possible for llama3-8b on 1x8xH100"),
     (["--fix", "tp=8", "--fix", "pp=2"], "each of tp=8, pp=2 is possible, but not all together"),
+    # a schedule priced only by simulation competes as a variant; pinned, the user is told how to use it
+    (["--schedule", "dualpipev"], "schedule=dualpipev has no closed-form pipeline time, so the search cannot pin it"),
 ])
 def test_contradictions_are_named(capsys, extra, message):
     assert main(SEARCH + extra) == 2
