@@ -216,7 +216,7 @@ def _branch_and_bound(shared: SharedModels, options, stats, queue: Queue, deadli
     found += shares
     if stats.optimal:
         stats.lower_bound_s = min((f.estimate.step_time_s for f in found), default=math.inf)
-    return _result(shared, options, stats, found, queue.too_big + queue.roomless, too_big_shares)
+    return _result(shared, options, stats, found, queue.too_big + queue.roomless, too_big_shares, deadline)
 
 
 def _replicas_on_groups(shared: SharedModels, options: SearchOptions, stats: SearchStats, found: list[Found],
@@ -277,12 +277,16 @@ def _rules(options: SearchOptions) -> SplitRules:
 
 
 def _result(shared: SharedModels, options: SearchOptions, stats: SearchStats, found: list[Found],
-            too_big: list[tuple[Choice, int, Schedule, int]], too_big_plans: list[Plan]) -> SearchResult:
-    """Re-price the best plans by simulation and rank them; when nothing fits, the closest plan."""
+            too_big: list[tuple[Choice, int, Schedule, int]], too_big_plans: list[Plan],
+            deadline: float = math.inf) -> SearchResult:
+    """Re-price the best plans by simulation and rank them; when nothing fits, the closest plan
+    (of those priced before the time limit, at least one)."""
     model, train, cluster = shared.model, shared.train, shared.cluster
     closest = None
     if not found:  # only then does anyone need to know how far the plans are from fitting
         for base, vpp, schedule, zero in too_big[:2000]:
+            if closest is not None and time.perf_counter() > deadline:
+                break
             choice = replace(base, **STATE_OPTIONS[zero]._asdict(), vpp=vpp, schedule=schedule)
             closest = closer(model, train, cluster, build_plan(model, train, cluster, choice), closest)
         for plan in too_big_plans:
