@@ -171,6 +171,15 @@ def measure_unmodelled(clock: Clock) -> list[dict]:
     return out
 
 
+def _reasons(refused: list[str]) -> str:
+    """Refused rows ('id: reason') as each reason with its count, the first row named."""
+    by: dict[str, list[str]] = {}
+    for entry in refused:
+        rid, _, reason = entry.partition(": ")
+        by.setdefault(reason, []).append(rid)
+    return "; ".join(f"{reason} ({len(ids)}, e.g. {ids[0]})" for reason, ids in by.items())
+
+
 def _row(res, row: dict, left_out_log: float | None, step_error, source: str) -> dict:
     """One published run as the pages show it: validate's result, its model, the left-out error."""
     from costmodel.params import active_params, total_params
@@ -339,7 +348,7 @@ def accuracy_section(acc: dict, gpu: dict, band: float, meta: dict) -> str:
         f"| one H100, stored runs priced by this code: peak memory | {gpu['n']} | {gpu['memory_mape_pct']:.1f} | "
         f"{gpu['memory_max_pct']:.1f} | | (the same) |",
         *(f"| runs kept out of the calibration: `{f['table']}` ({f['fits']} of {f['n']} predicted to fit"
-          + (f"; {len(f['refused'])} refused: {cell('; '.join(f['refused']))}" if f["refused"] else "")
+          + (f"; {len(f['refused'])} refused: {cell(_reasons(f['refused']))}" if f["refused"] else "")
           + f") | {f['n']} | {f['mape_pct']:.1f} | {f['max_abs_error_pct']:.1f} | {f['spearman']:.3f} | "
           f"`python3 -m planner validate {f['table']}` |" for f in acc.get("unmodelled", [])), "",
         *([f"Fitted values at a bound of their published range (profiles' `[ranges]`; each a mechanism the fit "
