@@ -278,7 +278,7 @@ def _rules(options: SearchOptions) -> SplitRules:
 
 def _result(shared: SharedModels, options: SearchOptions, stats: SearchStats, found: list[Found],
             too_big: list[tuple[Choice, int, Schedule, int]], too_big_plans: list[Plan],
-            deadline: float = math.inf) -> SearchResult:
+            deadline: float) -> SearchResult:
     """Re-price the best plans by simulation and rank them; when nothing fits, the closest plan
     (of those priced before the time limit, at least one)."""
     model, train, cluster = shared.model, shared.train, shared.cluster

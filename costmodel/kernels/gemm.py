@@ -18,9 +18,12 @@ def wave_efficiency(m: int, n: int, num_sms: int) -> float:
     device with no SM count (measured curves already include it)."""
     if num_sms <= 0:
         return 1.0
-    tiles = -(-m // GEMM_TILE) * -(-n // GEMM_TILE)
-    waves = -(-tiles // num_sms)
-    return tiles / (waves * num_sms)
+    return _wave_fill(-(-m // GEMM_TILE) * -(-n // GEMM_TILE), num_sms)
+
+
+def _wave_fill(tiles: int, num_sms: int) -> float:
+    """The share of the SMs' waves `tiles` output tiles keep busy."""
+    return tiles / (-(-tiles // num_sms) * num_sms)
 
 
 def gemm_s(m: int, k: int, n: int, dev: DeviceProfile, train: TrainSpec) -> float:
@@ -134,7 +137,7 @@ def grouped_gemm_s(groups: int, m: int, k: int, n: int, dev: DeviceProfile, trai
     if dev.gemm_curve(train.compute_dtype) or dev.num_sms <= 0:
         return groups * gemm_s(m, k, n, dev, train)
     tiles = groups * -(-m // GEMM_TILE) * -(-n // GEMM_TILE)
-    eff = dev.efficiency.gemm * tiles / (-(-tiles // dev.num_sms) * dev.num_sms)
+    eff = dev.efficiency.gemm * _wave_fill(tiles, dev.num_sms)
     return compute_bound_s(2.0 * groups * m * k * n, groups * a * (m * k + k * n + m * n), dev, train, eff)
 
 
