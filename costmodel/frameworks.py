@@ -24,7 +24,11 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   steps, each transfer behind the GEMM of the chunk already there (Wang et al. ASPLOS'23,
   "Overlap Communication with Dependent Computation via Decomposition"), so one step of tp stays
   exposed: the hidden share is (tp - 1) / tp, and none without sequence parallelism, which
-  Megatron requires for it (tp_comm_hidden_share).
+  Megatron requires for it (tp_comm_hidden_share). Only on devices whose profile says
+  `tp_comm_gemm_overlap` (Hopper and Blackwell): NVIDIA ships userbuffer configurations for H100,
+  B200 and GB200 only (Megatron-Bridge `training/comm_overlap.py` presets, NeMo's
+  `tp_overlap_configs/userbuffers.py`), and no published Megatron run on A100 used it, so an
+  A100 plan is priced, and exported, without it.
 - `sharded_grads_under_pp`: whether ZeRO-2/3 keep gradients sharded between the micro-batches of
   a pipeline. `torch.distributed.pipelining` turns FSDP's gradient sync off until the last
   micro-batch (`set_requires_gradient_sync(False)`, `set_reshard_after_backward(False)` in
@@ -276,10 +280,16 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
 )}
 
 
-def tp_comm_hidden_share(traits: FrameworkTraits, tp: int, sequence_parallel: bool) -> float:
+def tp_comm_overlaps(traits: FrameworkTraits, device_overlaps: bool, tp: int, sequence_parallel: bool) -> bool:
+    """Whether the framework overlaps a plan's tensor-parallel collectives with its GEMMs on this
+    device (`tp_comm_overlap`, and the device profile's `tp_comm_gemm_overlap`)."""
+    return traits.tp_comm_overlap and device_overlaps and sequence_parallel and tp > 1
+
+
+def tp_comm_hidden_share(traits: FrameworkTraits, device_overlaps: bool, tp: int, sequence_parallel: bool) -> float:
     """The share of a layer's tensor-parallel collectives the framework hides behind its GEMMs
     (`tp_comm_overlap`: all but one ring-exchange step of tp)."""
-    return (tp - 1) / tp if traits.tp_comm_overlap and sequence_parallel and tp > 1 else 0.0
+    return (tp - 1) / tp if tp_comm_overlaps(traits, device_overlaps, tp, sequence_parallel) else 0.0
 
 
 def framework_traits(name: str | None) -> FrameworkTraits:

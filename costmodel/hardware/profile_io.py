@@ -69,6 +69,14 @@ def _fabric(path: Path, raw: Any) -> FabricSpec:
     return FabricSpec(rail_optimized=rail, nodes_per_leaf=leaf, spine_oversubscription=float(ratio), source=source)
 
 
+def _flag(path: Path, table: str, raw: dict[str, Any], key: str) -> bool:
+    """An optional true/false key of a profile table (absent: false)."""
+    value = raw.get(key, False)
+    if not isinstance(value, bool):
+        raise UserError(f"{path}: [{table}] {key} is true or false, got {value!r}")
+    return value
+
+
 def _tier(raw: dict[str, Any], efficiency: float) -> NetworkTier:
     p2p = raw.get("p2p_latency_s")
     return NetworkTier(name=raw["name"], bandwidth_bytes_per_s=float(raw["bandwidth_bytes_per_s"]),
@@ -141,7 +149,7 @@ PROFILE_KEYS = {
     "host": {"memory_bytes", "memory_bandwidth_bytes_per_s", "memory_efficiency", "link_bandwidth_bytes_per_s",
              "link_efficiency", "source"},
     "device": {"name", "kind", "aliases", "peak_flops_per_s", "memory_bytes", "reported_memory_bytes", "num_sms",
-               "memory_bandwidth_bytes_per_s", "threads_per_rank"},
+               "memory_bandwidth_bytes_per_s", "threads_per_rank", "tp_comm_gemm_overlap"},
     "network": {"scope", "name", "bandwidth_bytes_per_s", "latency_s", "p2p_latency_s", "max_nodes", "efficiency",
                 "kind_factors"},
     "efficiency": {"gemm", "attention", "memory", "kernel_overhead_s", "intra_node_comm", "inter_node_comm",
@@ -215,6 +223,7 @@ def _profile_from(path: Path, raw: dict[str, Any]) -> DeviceProfile:
         memory_bytes=int(dev["memory_bytes"]),
         reported_memory_bytes=int(dev.get("reported_memory_bytes", 0)),
         num_sms=int(dev.get("num_sms", 0)),
+        tp_comm_gemm_overlap=_flag(path, "device", dev, "tp_comm_gemm_overlap"),
         memory_bandwidth_bytes_per_s=float(dev["memory_bandwidth_bytes_per_s"]),
         intra_node=_tier(net["node"], eff["intra_node_comm"]),
         inter_node=_tier(net["cluster"], eff["inter_node_comm"]),

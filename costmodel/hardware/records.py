@@ -177,6 +177,9 @@ class DeviceProfile:
     # ECC and the driver's own reservations); 0: unknown, the datasheet figure is used
     reported_memory_bytes: int = 0
     num_sms: int = 0   # streaming multiprocessors (GEMM wave quantisation); 0: not modelled
+    # Transformer Engine's userbuffer overlap of tensor-parallel collectives with their GEMMs
+    # runs on this device as its vendor ships it (costmodel.frameworks `tp_comm_overlap`)
+    tp_comm_gemm_overlap: bool = False
     # the node's host, where offloaded states live; None: nothing can be offloaded (a CPU
     # profile's ranks already run on the host)
     host: HostSpec | None = None

@@ -139,7 +139,7 @@ def rank_time_model(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Clu
                                not cluster.framework.vendor_attention,   # torch's SDPA: one head size
                                cluster.framework.grouped_expert_gemm)
     # the share of TP collectives the framework hides behind GEMMs (costmodel.frameworks)
-    exposed = 1.0 - tp_comm_hidden_share(cluster.framework, plan.tp, plan.sequence_parallel)
+    exposed = 1.0 - tp_comm_hidden_share(cluster.framework, dev.tp_comm_gemm_overlap, plan.tp, plan.sequence_parallel)
     tp = _tp_layer_comm_s(model, train, plan, cluster, sp.tp) * exposed
     cp_fwd, cp_bwd = _cp_layer_comm_s(model, train, plan, cluster, sp.cp, layer)
     ep = _ep_layer_comm_s(model, train, plan, cluster, sp.ep)

@@ -180,8 +180,10 @@ def arguments(pf: PlanFile, plan: Plan) -> list[tuple[str, str | None]]:
                  ("--decoder-last-pipeline-num-layers", str(plan.layers_per_stage[-1]))]
     if plan.cp > 1:
         args += [("--context-parallel-size", str(plan.cp))]
-    if plan.sequence_parallel and plan.tp > 1:   # with Transformer Engine's overlap of its collectives
-        args += [("--sequence-parallel", None), ("--tp-comm-overlap", None)]
+    if plan.sequence_parallel and plan.tp > 1:
+        args += [("--sequence-parallel", None)]
+        if pf.cluster.device.tp_comm_gemm_overlap:   # Transformer Engine's overlap, as priced (costmodel.frameworks)
+            args += [("--tp-comm-overlap", None)]
     if layout(plan, plan.mesh_axis_order) == layout(plan, TP_PP_DP_ORDER) != layout(plan, DEFAULT_ORDER):
         args += [("--use-tp-pp-dp-mapping", None)]
     if plan.zero_stage == 1:

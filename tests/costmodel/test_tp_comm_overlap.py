@@ -1,0 +1,57 @@
+"""Megatron-Core's overlap of the tensor-parallel collectives with their GEMMs (Transformer
+Engine's userbuffers, costmodel.frameworks `tp_comm_overlap`) is priced, and exported, only on a
+device whose profile says it runs there (`tp_comm_gemm_overlap`: H100, H200, B200): on an A100 a
+Megatron-Core plan pays its TP collectives as Megatron-LM does, and its script has no
+--tp-comm-overlap."""
+from dataclasses import replace
+
+import pytest
+
+from costmodel.estimate import estimate
+from costmodel.frameworks import framework_traits
+from costmodel.hardware import parse_cluster, parse_profile, profile_dir
+from costmodel.inputs import UserError
+from costmodel.plan import PlanFile
+from costmodel.registry import resolve_model
+from costmodel.specs import TrainSpec
+from planner.exports import megatron
+from planner.space import Choice, build_plan
+
+MODEL = resolve_model("llama-70b")
+TRAIN = TrainSpec(seq_len=4096, global_batch_size=1024)
+CHOICE = Choice(tp=8, pp=2, zero_stage=1, micro_batch_size=1, sequence_parallel=True)
+
+
+def _tp_exposed_s(cluster_text: str, framework: str) -> float:
+    cluster = replace(parse_cluster(cluster_text), framework=framework_traits(framework))
+    plan = build_plan(MODEL, TRAIN, cluster, CHOICE)
+    return estimate(MODEL, TRAIN, cluster, plan).time_breakdown_s["comm/tp_exposed"]
+
+
+def test_the_overlap_hides_tp_collectives_where_the_device_runs_it():
+    # H100: all but one ring step of tp=8 hidden; A100: exposed as without the overlap
+    assert _tp_exposed_s("8x8xH100", "megatron-core") < 0.25 * _tp_exposed_s("8x8xH100", "megatron-lm")
+    assert _tp_exposed_s("8x8xA100", "megatron-core") == pytest.approx(_tp_exposed_s("8x8xA100", "megatron-lm"))
+
+
+@pytest.mark.parametrize("device,overlaps", [("A100-SXM4-80GB", False), ("H100-SXM5-80GB", True),
+                                             ("H200-SXM-141GB", True), ("B200", True)])
+def test_the_shipped_profiles_say_where_it_runs(device, overlaps):
+    assert parse_cluster(f"1x8x{device}").device.tp_comm_gemm_overlap is overlaps
+
+
+def test_the_export_asks_for_the_overlap_only_where_it_was_priced():
+    def flags(cluster_text):
+        cluster = replace(parse_cluster(cluster_text), framework=framework_traits("megatron-core"))
+        plan = build_plan(MODEL, TRAIN, cluster, CHOICE)
+        pf = PlanFile(model=MODEL, train=TRAIN, cluster=cluster, plan=plan)
+        return [name for name, _ in megatron.arguments(pf, plan)]
+    assert "--tp-comm-overlap" in flags("8x8xH100") and "--sequence-parallel" in flags("8x8xH100")
+    assert "--tp-comm-overlap" not in flags("8x8xA100") and "--sequence-parallel" in flags("8x8xA100")
+
+
+def test_a_profile_flag_that_is_not_true_or_false_is_named(tmp_path):
+    text = (profile_dir() / "H100-SXM5-80GB.toml").read_text().replace(
+        "tp_comm_gemm_overlap = true", 'tp_comm_gemm_overlap = "yes"')
+    with pytest.raises(UserError, match=r"\[device\] tp_comm_gemm_overlap is true or false"):
+        parse_profile(text, tmp_path / "mine.toml")
