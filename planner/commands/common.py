@@ -83,7 +83,8 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cp", type=DEGREE, default=1, help="context-parallel degree")
     g.add_argument("--ep", type=DEGREE, default=1,
                    help="expert-parallel degree (mixtures of experts): each layer's experts sharded over "
-                        "ep consecutive data-parallel ranks; divides dp and the number of experts")
+                        "ep consecutive data-parallel ranks (divides dp), or under --framework megatron the ep "
+                        "innermost of the tp x cp x dp ranks (MoE parallel folding); divides the number of experts")
     g.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=1,
                    help="0 replicated (DDP), 1 optimizer sharded, 2 +gradients, 3 +weights (FSDP)")
     g.add_argument("--offload-optimizer", action="store_true",
@@ -99,7 +100,8 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None,
                    help="sequence parallelism (default: on when tp > 1)")
     g.add_argument("--mbs", type=int_in(1, MAX_GLOBAL_BATCH), default=1, help="micro-batch size in sequences")
-    g.add_argument("--vpp", type=DEGREE, default=1, help="virtual stages per pipeline rank")
+    g.add_argument("--vpp", type=DEGREE, default=None,
+                   help="virtual stages per pipeline rank (default: the one a V-shaped --schedule has, 2; else 1)")
     g.add_argument("--schedule", choices=[s.value for s in Schedule],
                    help="pipeline schedule (default: interleaved-1f1b if vpp > 1, else 1f1b). "
                         + "; ".join(f"{s}: {s.traits.description}" for s in Schedule))
@@ -131,11 +133,19 @@ def choice_from_args(args: argparse.Namespace) -> Choice:
                   offload_optimizer=args.offload_optimizer, fp8_linears=args.dtype == FP8,
                   offload_activations=args.offload_activations,
                   recompute=Recompute(args.recompute), recompute_layers=args.recompute_layers,
-                  sequence_parallel=args.sp, micro_batch_size=args.mbs, vpp=args.vpp,
+                  sequence_parallel=args.sp, micro_batch_size=args.mbs, vpp=_vpp(args),
                   schedule=Schedule(args.schedule) if args.schedule else None,
                   mesh_axis_order=tuple(a.strip() for a in args.mesh_order.split(",")),
                   group_order=parse_group_order(args.group_order),
                   micro_batch_sizes=parse_ints(args.group_mbs, "--group-mbs", "1,3"))
+
+
+def _vpp(args: argparse.Namespace) -> int:
+    """--vpp, or the one count a schedule allows (zbv and dualpipev: 2) when it is not given."""
+    if args.vpp is not None:
+        return args.vpp
+    traits = Schedule(args.schedule).traits if args.schedule else None
+    return traits.min_vpp if traits is not None and traits.min_vpp == traits.max_vpp else 1
 
 
 def parse_group_order(text: str | None) -> tuple[int, ...]:

@@ -23,3 +23,17 @@ def test_the_search_emits_dualpipev_priced_by_simulation():
         assert plan.vpp == 2 and plan.num_micro_batches >= 2 * plan.pp
         assert plan.stage_rank(plan.num_virtual_stages - 1) == 0   # the V ends where it starts
         assert f.estimate.step_time_s == estimate(model, train, cluster, plan).step_time_s
+
+
+def test_predict_takes_the_v_schedules_two_stages_per_rank_without_vpp(capsys):
+    """`--schedule dualpipev` (or zbv) says how many virtual stages a rank holds: two; --vpp
+    given otherwise is still checked against it."""
+    import json
+
+    from planner.cli import main
+    argv = ["predict", "--model", "llama3-8b", "--cluster", "1x8xH100", "--pp", "2", "--tp", "4", "--schedule", "dualpipev",
+            "--seq-len", "4096", "--global-batch", "64", "--json"]
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["plan"]["vpp"] == 2
+    assert main([*argv, "--vpp", "3"]) == 2
+    assert "needs vpp = 2" in capsys.readouterr().err
