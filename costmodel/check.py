@@ -6,6 +6,7 @@ can act on; an empty list means the plan is valid (and fits, when memory is chec
 from __future__ import annotations
 
 from costmodel.estimate import host_bytes_per_rank, memory_per_rank, offloads
+from costmodel.frameworks import RUNTIME, FrameworkTraits
 from costmodel.groups import (
     group_plan,
     group_train,
@@ -17,7 +18,8 @@ from costmodel.groups import (
     views,
 )
 from costmodel.hardware import ClusterSpec, DeviceProfile
-from costmodel.plan import AXES, Plan, Recompute, Schedule
+from costmodel.placement import expert_layout
+from costmodel.plan import AXES, DEFAULT_AXIS_ORDER, Plan, Recompute, Schedule
 from costmodel.specs import ModelSpec, PositionKind, TrainSpec
 from costmodel.units import GIB
 
@@ -57,7 +59,8 @@ def check_structure(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
     if model.mtp_depth and plan.cp > 1 and not cluster.framework.mtp_with_cp:
         add(f"cp={plan.cp} with multi-token prediction: {cluster.framework.name} does not shift its labels "
             "across the context-parallel chunks (Megatron-Core does: --framework megatron)")
-    problems += ep_problems(model, plan.dp, plan.ep)
+    problems += ep_problems(model, plan.ep, dp=plan.dp, tp=plan.tp, cp=plan.cp, pp=plan.pp,
+                            order=plan.mesh_axis_order, traits=cluster.framework)
     if plan.sequence_parallel:
         problems += sp_problems(train, plan.tp, plan.cp)
     if problem := moe_tp_problem(model, plan.tp, plan.sequence_parallel):
@@ -110,9 +113,11 @@ def cp_problems(model: ModelSpec, train: TrainSpec, cp: int) -> list[str]:
         if cp > 1 and train.seq_len % (2 * cp) else []
 
 
-def ep_problems(model: ModelSpec, dp: int, ep: int) -> list[str]:
-    """Experts are sharded over `ep` of the data-parallel ranks, each holding num_experts/ep
-    (their ZeRO group: the edp x cp ranks holding the same ones)."""
+def ep_problems(model: ModelSpec, ep: int, *, dp: int, tp: int = 1, cp: int = 1, pp: int = 1,
+                order: tuple[str, ...] = DEFAULT_AXIS_ORDER, traits: FrameworkTraits = RUNTIME) -> list[str]:
+    """Experts are sharded over `ep` ranks, each holding num_experts/ep (their ZeRO group: the
+    ranks holding the same ones, params.expert_dp). The ranks as the framework lays them out
+    (placement.expert_layout): carved from data parallelism, or folded over TP, CP and DP."""
     if ep == 1:
         return []
     if not model.is_moe:
@@ -120,9 +125,20 @@ def ep_problems(model: ModelSpec, dp: int, ep: int) -> list[str]:
     out = []
     if model.num_experts % ep:
         out.append(f"ep={ep} does not divide the model's {model.num_experts} experts")
-    if dp % ep:
-        out.append(f"ep={ep} does not divide dp={dp} (the expert-parallel group is carved from the "
-                   "data-parallel one)")
+    order = order if sorted(order) == sorted(AXES) else DEFAULT_AXIS_ORDER   # a bad order: said apart
+    degrees = tuple({"pp": pp, "dp": dp, "cp": cp, "tp": tp}[a] for a in order)
+    if expert_layout(order, degrees, ep, traits.ep_folds_over_tp) is not None:
+        return out
+    if not traits.ep_folds_over_tp:
+        out.append(f"ep={ep} does not divide dp={dp}: {traits.name} carves the expert-parallel group from the "
+                   "data-parallel one (Megatron-Core folds it over TP x CP x DP: --framework megatron)")
+    elif ep > tp * cp * dp:
+        out.append(f"ep={ep} is more than the tp x cp x dp = {tp * cp * dp} ranks of a pipeline stage")
+    else:
+        inner = " x ".join(f"{a}{d}" for a, d in reversed(list(zip(order, degrees))) if d > 1)
+        out.append(f"ep={ep} does not fold over {inner} ({traits.name} takes the ep innermost ranks: whole "
+                   "axes, then a divisor of the next, never part of the pipeline, and all of the ranks inside it "
+                   "where ranks lie outside it)")
     return out
 
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from math import prod
 
 from costmodel.deepseek import dense_layer_model
 from costmodel.frameworks import RUNTIME, FrameworkTraits
 from costmodel.layout import Style, dense_blocks
+from costmodel.placement import ExpertLayout, expert_layout
 from costmodel.plan import Plan
 from costmodel.specs import ModelSpec, NormKind, PositionKind
 
@@ -253,21 +255,36 @@ class RankParams:
 
     def zero_shard(self, plan: Plan, traits: FrameworkTraits = RUNTIME) -> float:
         """A ZeRO shard of these parameters: the replicated ones over dp x cp, the experts over
-        the edp x cp ranks that hold the same ones (expert_dp)."""
-        return self.replicated / (plan.dp * plan.cp) + self.experts / (expert_dp(plan, traits) * plan.cp)
+        the ranks that hold the same ones (expert_dp)."""
+        return self.replicated / (plan.dp * plan.cp) + self.experts / expert_dp(plan, traits)
 
 
 def folds_ep(plan: Plan, traits: FrameworkTraits) -> bool:
-    """Whether the framework folds the plan's EP group over its TP ranks (costmodel.frameworks
-    `ep_folds_over_tp`): it needs whole TP groups in each EP group and a dp that ep/tp divides."""
-    return (traits.ep_folds_over_tp and plan.tp > 1 and plan.ep > 1 and plan.ep % plan.tp == 0
-            and plan.dp % (plan.ep // plan.tp) == 0)
+    """Whether the framework folds the plan's EP group over its TP, CP and DP ranks (costmodel.frameworks
+    `ep_folds_over_tp`, placement.expert_layout) and the layout lets it."""
+    return traits.ep_folds_over_tp and plan.ep > 1 and _layout(plan, True) is not None
+
+
+def expert_layout_of(plan: Plan, traits: FrameworkTraits = RUNTIME) -> ExpertLayout | None:
+    """The plan's expert-parallel layout as its framework lays it out (placement.expert_layout):
+    folded where the framework folds, carved from dp otherwise; None where neither holds it."""
+    return _layout(plan, traits.ep_folds_over_tp and plan.ep > 1)
+
+
+def _layout(plan: Plan, fold: bool) -> ExpertLayout | None:
+    order = plan.mesh_axis_order
+    return expert_layout(order, tuple(plan.degree(a) for a in order), plan.ep, fold)
 
 
 def expert_dp(plan: Plan, traits: FrameworkTraits = RUNTIME) -> int:
-    """The ranks (per CP rank) holding the same experts, over which their states are sharded:
-    dp/ep where EP is carved from data parallelism (Plan.edp), dp x tp/ep where it folds over TP."""
-    return plan.dp * plan.tp // plan.ep if folds_ep(plan, traits) else plan.edp
+    """The ranks holding the same experts, over which their gradients are reduced and their
+    states sharded (CP ranks included): edp x cp = dp/ep x cp where EP is carved from data
+    parallelism, tp x cp x dp / ep = world / (ep x pp) where it folds (Megatron-Core's expert
+    data-parallel size with expert TP 1)."""
+    layout = expert_layout_of(plan, traits) if plan.ep > 1 else None
+    if layout is None:
+        return plan.edp * plan.cp
+    return prod(d for a, d in zip(layout.order, layout.degrees) if a in layout.edp_axes)
 
 
 def rank_params_at(model: ModelSpec, plan: Plan, layers: int, first: bool, last: bool) -> RankParams:

@@ -74,3 +74,69 @@ def stage_pair_span(pp_span: AxisSpan) -> AxisSpan:
     axis crosses nodes."""
     return AxisSpan(size=2, members_per_node=1 if pp_span.crosses_nodes else 2,
                     num_nodes=2 if pp_span.crosses_nodes else 1, same_rail=pp_span.same_rail)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ExpertLayout:
+    """The mesh with the axes the expert-parallel groups cut split apart: `order` and `degrees`
+    as the mesh's, a cut axis as two (`axis.out` outer, `axis.in` inner); `ep_axes` group one
+    all-to-all, `edp_axes` the ranks holding the same experts (their gradients' group)."""
+
+    order: tuple[str, ...]
+    degrees: tuple[int, ...]
+    ep_axes: tuple[str, ...]
+    edp_axes: tuple[str, ...]
+
+
+def _cut(order: tuple[str, ...], degrees: tuple[int, ...], i: int, inner: int) -> tuple[tuple, tuple]:
+    """Axis i as two axes, its `inner` consecutive coordinates the inner one."""
+    axis = order[i]
+    return (order[:i] + (f"{axis}.out", f"{axis}.in") + order[i + 1:],
+            degrees[:i] + (degrees[i] // inner, inner) + degrees[i + 1:])
+
+
+@lru_cache(maxsize=4096)
+def expert_layout(order: tuple[str, ...], degrees: tuple[int, ...], ep: int, fold: bool) -> ExpertLayout | None:
+    """Where the ep ranks of an expert-parallel group lie; None where `fold` cannot lay them out.
+
+    Carved from data parallelism (fold False; our runtime): ep consecutive data-parallel
+    coordinates, the experts' gradient group the rest of dp with cp (TP ranks hold the experts
+    whole and sync them apart). Folded (Megatron-Core with expert TP 1, MoE parallel folding: Liu
+    et al. 2025, arXiv 2504.14960; parallel_state.py builds the expert ranks as tp-ep-dp-pp over
+    the same ranks as the dense tp-cp-dp-pp, etp = 1): the group is the ep innermost ranks, so it
+    takes whole inner axes (tp, then cp, then dp in Megatron's order) and the inner ep/(their
+    product) coordinates of the next; every other non-pipeline rank holding the same experts is
+    their gradient group (world / (ep x pp) ranks). The group cannot take part of a pipeline or
+    a coordinate count that does not divide evenly, and where ranks lie outside the pipeline axis
+    (Megatron's tp-cp-ep-pp-dp) it must be the ranks inside it whole (Megatron asserts the expert
+    data-parallel size equals dp there)."""
+    if not fold:
+        i = order.index("dp")
+        if degrees[i] % ep:
+            return None
+        split = order[:i] + ("edp", "ep") + order[i + 1:]
+        sizes = degrees[:i] + (degrees[i] // ep, ep) + degrees[i + 1:]
+        return ExpertLayout(order=split, degrees=sizes, ep_axes=("ep",), edp_axes=("edp", "cp"))
+    left, taken = ep, []
+    for i in reversed(range(len(order))):
+        axis, degree = order[i], degrees[i]
+        if left == 1:
+            break
+        if degree == 1:
+            continue
+        if axis == "pp" or (left % degree and degree % left):
+            return None
+        if left % degree == 0:
+            taken.append(axis)
+            left //= degree
+        else:
+            order, degrees = _cut(order, degrees, i, left)
+            taken.append(f"{axis}.in")
+            left = 1
+    if left != 1:
+        return None
+    i = order.index("pp")
+    if degrees[i] > 1 and prod(degrees[:i]) > 1 and ep != prod(degrees[i + 1:]):
+        return None   # ranks outside the pipeline too: EP must be the ranks inside it (edp = dp, as Megatron asserts)
+    rest = tuple(a for a in order if a not in taken and not a.startswith("pp"))
+    return ExpertLayout(order=order, degrees=degrees, ep_axes=tuple(taken), edp_axes=rest)

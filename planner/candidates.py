@@ -23,7 +23,8 @@ from costmodel.check import (
 from costmodel.fidelity import MODEL_ERROR_BAND
 from costmodel.groups import group_orders, placement_problems, places_replicas, views
 from costmodel.hardware import ClusterSpec
-from costmodel.plan import Plan, Recompute, Schedule, default_schedule, virtual_stage_options
+from costmodel.placement import expert_layout
+from costmodel.plan import AXES, Plan, Recompute, Schedule, default_schedule, virtual_stage_options
 from costmodel.rank_time import Spans, link_costs, spans
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.space import Choice, degrees_plan, divisors
@@ -114,11 +115,18 @@ def _placements(degrees: dict[str, int], cluster: ClusterSpec,
         if cluster.is_mixed and order[0] != "pp":
             continue
         layout = _layout(order, degrees)
-        if (layouts is not None and layout not in layouts) or layout in seen:
+        if (layouts is not None and layout not in layouts) or layout in seen or not _lays_out_ep(order, degrees, cluster):
             continue
         seen.add(layout)
         placed.setdefault(spans(degrees_plan(**degrees, mesh_axis_order=order), cluster), order)
     return [(order, sp) for sp, order in placed.items()]
+
+
+def _lays_out_ep(order: tuple[str, ...], degrees: dict[str, int], cluster: ClusterSpec) -> bool:
+    """Whether the framework lays the expert-parallel groups out under this order (a framework
+    that folds them takes the innermost ranks: costmodel.placement.expert_layout)."""
+    ep = degrees.get("ep", 1)
+    return ep == 1 or expert_layout(order, tuple(degrees[a] for a in order), ep, cluster.framework.ep_folds_over_tp) is not None
 
 
 def _layout(order: tuple[str, ...], degrees: dict[str, int]) -> tuple[str, ...]:
@@ -211,12 +219,27 @@ def placement_groups(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, o
             if train.global_batch_size % dp:
                 prune("global batch not divisible by dp")
             elif options.fixed.get("dp", dp) == dp:
-                eps = [e for e in divisors(dp) if not ep_problems(model, dp, e)] if model.is_moe else [1]
-                for ep in allowed(options, "ep", eps):
+                for ep in allowed(options, "ep", _eps(model, cluster, options, tp, cp, pp, dp)):
                     for fp8 in allowed(options, "fp8_linears", _fp8_options(model, train, cluster, tp)):
                         for act in allowed(options, "offload_activations", _act_offload_options(cluster, tp)):
                             yield from _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep,
                                                            fp8, act)
+
+
+def _eps(model: ModelSpec, cluster: ClusterSpec, options: SearchOptions, tp: int, cp: int, pp: int,
+         dp: int) -> list[int]:
+    """The expert-parallel degrees check_plan takes under some mesh order the search lays out
+    (_placements keeps the orders each one folds over): divisors of dp where EP is carved from
+    data parallelism, of tp x cp x dp where the framework folds it (costmodel.params.folds_ep)."""
+    if not model.is_moe:
+        return [1]
+    traits = cluster.framework
+    if not traits.ep_folds_over_tp:
+        return [e for e in divisors(dp) if not ep_problems(model, e, dp=dp)]
+    orders = options.space.mesh_orders if options.space is not None else itertools.permutations(AXES)
+    orders = tuple(orders)
+    return [e for e in divisors(tp * cp * dp)
+            if any(not ep_problems(model, e, dp=dp, tp=tp, cp=cp, pp=pp, order=o, traits=traits) for o in orders)]
 
 
 def _tp_cp(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: SearchOptions) -> Iterator[tuple[int, int]]:

@@ -78,7 +78,7 @@ def place(recipe: Recipe, model: ModelSpec, train: TrainSpec, cluster: ClusterSp
     if cluster.world_size % inner:
         return None, f"tp*pp*cp = {inner} does not divide this cluster's {cluster.world_size:,} devices"
     dp = cluster.world_size // inner
-    if dp % recipe.ep:
+    if dp % recipe.ep and not cluster.framework.ep_folds_over_tp:   # a folding framework: check_structure says
         return None, f"ep{recipe.ep} is carved from data parallelism, and this cluster leaves dp{dp}"
     choice = Choice(tp=recipe.tp, pp=recipe.pp, cp=recipe.cp, dp=dp, ep=recipe.ep, zero_stage=recipe.zero,
                     recompute=Recompute(recipe.recompute), sequence_parallel=recipe.sp and recipe.tp > 1,

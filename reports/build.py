@@ -10,6 +10,7 @@ from costmodel.groups import placement_lines, representative, short_device_name
 from costmodel.hardware import ClusterSpec
 from costmodel.measured import MeasuredRun, part_error, shown_loss
 from costmodel.memory import cp_gathered_kv_bytes, expert_state_bytes
+from costmodel.params import expert_dp, folds_ep
 from costmodel.pipeline_closed_form import uniform_1f1b_bubble_fraction
 from costmodel.plan import Plan
 from costmodel.specs import ModelSpec, TrainSpec
@@ -177,10 +178,13 @@ def _parallel_memory_notes(inp: ReportInput, rank: int) -> list[str]:
     lines = []
     if model.is_moe:
         experts = expert_state_bytes(model, train, plan, rank, traits)
-        tp = f"; whole on each of the tp={plan.tp} ranks, which route their own sequence shards" if plan.tp > 1 else ""
+        folded = folds_ep(plan, traits)
+        tp = (f"; whole on each of the tp={plan.tp} ranks, which route their own sequence shards"
+              if plan.tp > 1 and not folded else "")
+        tp += "; the expert-parallel group folded over the TP, CP and DP ranks" if folded and plan.tp * plan.cp > 1 else ""
         lines.append(f"Routed experts: {experts / GIB:.1f} GiB of stage {rank}'s weights, gradients and optimizer "
                      f"states ({model.num_experts // plan.ep} of {model.num_experts} experts per layer on each "
-                     f"device with ep={plan.ep}, ZeRO-{plan.zero_stage} over {plan.edp * plan.cp} devices holding "
+                     f"device with ep={plan.ep}, ZeRO-{plan.zero_stage} over {expert_dp(plan, traits)} devices holding "
                      f"the same ones{tp}).")
     kv = cp_gathered_kv_bytes(model, train, plan, traits)
     if kv:

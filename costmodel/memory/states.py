@@ -60,7 +60,7 @@ def state_bytes_for(train: TrainSpec, plan: Plan, n: float, traits: FrameworkTra
     out = state_bytes_from_counts(train, plan, replicated, replicated / (plan.dp * plan.cp), traits)
     if not experts:
         return out
-    more = state_bytes_from_counts(train, plan, experts, experts / (expert_dp(plan, traits) * plan.cp), traits)
+    more = state_bytes_from_counts(train, plan, experts, experts / expert_dp(plan, traits), traits)
     return out[0] + more[0], out[1] + more[1], out[2] + more[2]
 
 
@@ -118,5 +118,5 @@ def expert_state_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int
     """The routed experts' share of a rank's weights, gradients and optimizer states (its
     num_experts/ep experts per layer, ZeRO-sharded over edp x cp): a part of state_bytes."""
     experts = rank_params(model, plan, rank).experts
-    return (sum(state_bytes_from_counts(train, plan, experts, experts / (expert_dp(plan, traits) * plan.cp), traits))
+    return (sum(state_bytes_from_counts(train, plan, experts, experts / expert_dp(plan, traits), traits))
             if experts else 0.0)

@@ -20,6 +20,7 @@ from costmodel.memory import reduces_every_micro_batch, runtime_wraps_in_fsdp, u
 from costmodel.params import (
     RankParams,
     edge_param_tensors,
+    expert_dp,
     folds_ep,
     fsdp_unit_layers,
     layer_expert_params,
@@ -220,11 +221,12 @@ def tp_replica_sync_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: C
         return 0.0
     # ZeRO-0 keeps whole gradients (FSDP2 over a unit shard axis: runtime.parallel.dp_mesh_for)
     sharded = plan.zero_stage > 0
-    # experts folded over TP (params.folds_ep) are each on one TP rank: nothing to sum for them
+    # experts folded over TP (params.folds_ep) are each on one TP rank: their gradient group
+    # (expert_dp) holds every rank with the same experts, nothing left to sum over TP
     experts = 0 if folds_ep(plan, cluster.framework) else layer_expert_params(model, plan.ep)
     shard = (moe_replicated_params(model) + qk_norm_params(model) + mla) / (plan.dp * plan.cp if sharded else 1)
     if experts:
-        shard += experts / (plan.edp * plan.cp if sharded else 1)
+        shard += experts / (expert_dp(plan, cluster.framework) if sharded else 1)
     return collective_time_s(Collective.ALL_REDUCE, layers * shard * train.grad_dtype.num_bytes, sp.tp, cluster)
 
 

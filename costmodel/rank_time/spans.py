@@ -8,7 +8,7 @@ from functools import lru_cache
 from costmodel.comm import HOST_COPIES, Collective, all_reduce_algorithms_s, collective_time_s, p2p_time_s, ring_time_s
 from costmodel.hardware import ClusterSpec
 from costmodel.params import folds_ep
-from costmodel.placement import AxisSpan, group_span, stage_pair_span
+from costmodel.placement import AxisSpan, expert_layout, group_span, stage_pair_span
 from costmodel.plan import Plan
 
 
@@ -18,16 +18,15 @@ class Spans:
     cp: AxisSpan
     pp: AxisSpan
     dp: AxisSpan  # the gradient group: dp x cp (context-parallel ranks share weights)
-    ep: AxisSpan  # the token all-to-all group: ep consecutive data-parallel ranks
-    edp: AxisSpan  # the experts' gradient group: edp x cp, the ranks holding the same experts
+    ep: AxisSpan  # the token all-to-all group (placement.expert_layout)
+    edp: AxisSpan  # the experts' gradient group: the ranks holding the same experts
 
 
 def split_dp_axis(order: tuple[str, ...], degrees: tuple[int, ...], ep: int) -> tuple[tuple, tuple]:
     """The mesh with its dp axis split into edp (outer) and ep (inner): EP groups are consecutive
     data-parallel ranks, as runtime.parallel.build_mesh lays them out."""
-    i = order.index("dp")
-    return (order[:i] + ("edp", "ep") + order[i + 1:],
-            degrees[:i] + (degrees[i] // ep, ep) + degrees[i + 1:])
+    layout = expert_layout(order, degrees, ep, False)
+    return layout.order, layout.degrees
 
 
 def spans(plan: Plan, cluster: ClusterSpec) -> Spans:
@@ -39,18 +38,16 @@ def spans(plan: Plan, cluster: ClusterSpec) -> Spans:
 def _spans(mesh_order: tuple[str, ...], mesh_degrees: tuple[int, ...], ep: int, dpn: int,
            fold: bool = False) -> Spans:
     """Cached per layout (the search asks for the same few thousand many times; each group_span
-    walks its group's ranks, thousands of them at 16k devices). `fold`: EP folded over TP
-    (params.folds_ep): an EP group is the TP ranks and ep/tp data-parallel ranks, an expert's
-    gradient group the rest of dp with cp."""
-    tp = mesh_degrees[mesh_order.index("tp")]
-    order, degrees = split_dp_axis(mesh_order, mesh_degrees, ep // tp if fold else ep)
-    dp = group_span(order, degrees, ("edp", "ep", "cp"), dpn)
-    # without expert parallelism the experts' group is the gradient group and EP is one rank
-    one = AxisSpan(size=1, members_per_node=1, num_nodes=1)
-    return Spans(tp=group_span(order, degrees, ("tp",), dpn), cp=group_span(order, degrees, ("cp",), dpn),
-                 pp=group_span(order, degrees, ("pp",), dpn), dp=dp,
-                 ep=group_span(order, degrees, ("ep", "tp") if fold else ("ep",), dpn) if ep > 1 else one,
-                 edp=group_span(order, degrees, ("edp", "cp"), dpn) if ep > 1 else dp)
+    walks its group's ranks, thousands of them at 16k devices). The expert groups as
+    placement.expert_layout lays them out: carved from dp, or folded over TP, CP and DP
+    (params.folds_ep)."""
+    dp = group_span(mesh_order, mesh_degrees, ("dp", "cp"), dpn)
+    tp, cp, pp = (group_span(mesh_order, mesh_degrees, (a,), dpn) for a in ("tp", "cp", "pp"))
+    if ep == 1:   # the experts' group is the gradient group and EP is one rank
+        return Spans(tp=tp, cp=cp, pp=pp, dp=dp, ep=AxisSpan(size=1, members_per_node=1, num_nodes=1), edp=dp)
+    layout = expert_layout(mesh_order, mesh_degrees, ep, fold)
+    return Spans(tp=tp, cp=cp, pp=pp, dp=dp, ep=group_span(layout.order, layout.degrees, layout.ep_axes, dpn),
+                 edp=group_span(layout.order, layout.degrees, layout.edp_axes, dpn))
 
 
 def link_costs(sp: Spans, cluster: ClusterSpec) -> tuple[float, ...]:

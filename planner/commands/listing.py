@@ -29,7 +29,8 @@ def cmd_models(args: argparse.Namespace) -> int:
                   r["layers"], r["hidden"], f"{r['heads']}/{r['kv_heads']}", r["ffn"], r["vocab"], r["source"])
                  for r in rows]))
     print("\nmixtures of experts (experts: per token / in all): expert parallelism --ep N carved from dp; under "
-          "tensor parallelism (with SP) each TP rank keeps the whole mixture (expert TP 1)")
+          "tensor parallelism (with SP) each TP rank keeps the whole mixture (expert TP 1); --framework megatron "
+          "folds EP over the tp x cp x dp ranks (up to all of a pipeline stage's)")
     print("\naliases: llama-70b -> llama2-70b, llama-7b, llama-13b, gpt3; or --model path/to/config.json")
     return 0
 
