@@ -169,9 +169,11 @@ class Plan:
     `recompute_num_layers[r]` says how many of pipeline rank r's layers run under `recompute`.
     `mesh_axis_order` names the mesh axes outermost first; the innermost axis gets adjacent ranks.
     `ep` (expert parallelism, mixtures of experts only) shards each layer's routed experts over
-    groups of `ep` consecutive data-parallel ranks (Megatron-Core carves its EP group from the
-    data-parallel one the same way); an expert's gradients are then reduced over the dp/ep ranks
-    holding it (`edp`). Absent from a plan.json written before it existed: 1.
+    groups of `ep` ranks: consecutive data-parallel ranks as our runtime carves them (an expert's
+    gradients then reduced over the dp/ep ranks holding it, `edp`, with cp), or under a framework
+    that folds EP (Megatron-Core) the ep innermost of the tp x cp x dp ranks
+    (costmodel.placement.expert_layout, costmodel.params.expert_dp). Absent from a plan.json
+    written before it existed: 1.
     `offload_optimizer` (ZeRO-Offload, Ren et al. 2021, as FSDP2's CPUOffloadPolicy runs it) keeps
     the sharded fp32 master weights, the optimizer moments and the reduced gradient shards in host
     memory and runs the optimizer step on the host's cores; each parameter gather copies the shard

@@ -85,8 +85,9 @@ def optimizer_floor_s(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, 
 def _after_pipeline_floor_s(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: int, pp: int, group: int,
                             zero: int, ep: int, offload: bool, dp_s: float) -> float:
     if zero >= 1:
-        # a framework that folds EP over TP (costmodel.params.folds_ep) shards the experts over tp
-        # times more ranks: divided by tp here whenever it might, the floor stays below
+        # a framework that folds EP (costmodel.params.folds_ep) shards a rank's experts over the
+        # tp x cp x dp / ep ranks holding them, tp times the carved edp x cp: divided by tp whenever
+        # it might, the floor stays below
         experts = layer_expert_params(model)
         folded = cluster.framework.ep_folds_over_tp and tp > 1 and ep > 1
         per_layer = (layer_params(model, tp) - experts) / group + experts / (group * (tp if folded else 1))

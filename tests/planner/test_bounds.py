@@ -159,7 +159,8 @@ def test_a_rank_time_model_reads_pp_only_as_a_pipeline_and_never_dp(name):
 
 @pytest.mark.parametrize("model_name, cluster_name, framework", [
     ("llama2-13b", "4x8xH100", "planner"), ("mixtral-8x7b", "2x8xH100", "planner"),
-    ("deepseek-v2-lite", "4x8xA100", "planner"), ("llama2-13b", "4x8xH100", "megatron")])
+    ("deepseek-v2-lite", "4x8xA100", "planner"), ("llama2-13b", "4x8xH100", "megatron"),
+    ("mixtral-8x7b", "2x8xH100", "megatron")])   # EP folded over TP, beyond dp
 def test_a_group_s_floors_are_below_each_of_its_candidates_bounds(model_name, cluster_name, framework):
     """The branch and bound takes a Group by floors that price none of its mesh orders
     (SharedModels.group_floors_s); each candidate's own bound (its order's rank time model and
