@@ -1,26 +1,32 @@
 """The expert all-to-alls of one layer: the routed rows dispatched to their experts' ranks and
-the outputs combined back, and what node-limited routing saves on the network.
+the outputs combined back, and what a per-node dispatcher saves on the network.
 
 Each EP rank sends the rows it routes (tokens x top_k, the busiest rank's share:
 costmodel.kernels.expert_rows), h values each. costmodel.comm prices an all-to-all over an EP
 group of m ranks on each of k nodes as its in-node part (1/k of the buffer stays in the node) and
 its cross-node part (the whole buffer on a ring over the nodes, whose (k-1)/k leaves the node).
 
-Node-limited routing (DeepSeek-V3, arXiv 2412.19437 Sec. 2.1.2; ModelSpec.topk_groups of
-num_expert_groups): each token's experts are chosen within its best topk_groups groups. The
-experts lie consecutively on the EP group's ranks (runtime.parallel), so a group covers
-ceil(k / groups) of its k nodes and a token's experts lie on at most
-min(k, topk_groups x ceil(k / groups)) nodes. A dispatcher that sends a token once to each node
-holding some of its experts and forwards it there to their GPUs (Sec. 3.2.2: "each token will
-be dispatched to at most 4 nodes" over InfiniBand, then over NVLink; DeepEP, Megatron-Core's
-flex dispatcher: FrameworkTraits.dispatch_per_node) then puts min(top_k, nodes) copies of a
-token on the network instead of top_k, while every routed copy still crosses NVLink once to its
-expert's GPU. The combine returns the same rows the same way. That is a bound (a token may hit
-fewer nodes); without such a dispatcher, or without groups, every routed row is sent alone.
+A dispatcher that sends a token once to each node holding some of its experts and forwards it
+there to their GPUs (DeepSeek-V3, arXiv 2412.19437 Sec. 3.2.2: "each token will be dispatched to
+at most 4 nodes" over InfiniBand, then over NVLink; DeepEP's internode kernels, Megatron-Core's
+flex dispatcher: FrameworkTraits.dispatch_per_node) puts one copy of a token on the network per
+node its experts lie on, instead of top_k, while every routed copy still crosses NVLink once to
+its expert's GPU. The combine returns the same rows the same way. The experts lie consecutively
+on the EP group's ranks (runtime.parallel, placement.expert_layout), num_experts/k a node:
+- node-limited routing (DeepSeek-V3 Sec. 2.1.2; ModelSpec.topk_groups of num_expert_groups):
+  each token's experts are chosen within its best topk_groups groups, a group covers
+  ceil(k / groups) of the k nodes, so a token's experts lie on at most
+  min(k, topk_groups x ceil(k / groups)) nodes, and min(top_k, that) bounds its copies (a token
+  may hit fewer nodes);
+- otherwise, routing spread evenly over the experts (the balancing loss's aim), a node holds none
+  of a token's top_k distinct experts with probability C(E - E/k, top_k) / C(E, top_k), so a
+  token reaches k (1 - that) nodes on average.
+Without such a dispatcher every routed row is sent alone.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import prod
 
 from costmodel.comm import Collective, collective_time_s
 from costmodel.hardware import ClusterSpec
@@ -43,10 +49,20 @@ def limits_groups(model: ModelSpec) -> bool:
     return 1 < model.num_expert_groups and model.topk_groups < model.num_expert_groups
 
 
-def node_limited(model: ModelSpec, cluster: ClusterSpec) -> bool:
-    """Whether the dispatch sends a token once per node: a per-node dispatcher and a model whose
-    router limits the groups."""
-    return cluster.framework.dispatch_per_node and limits_groups(model)
+def per_node(model: ModelSpec, cluster: ClusterSpec) -> bool:
+    """Whether the dispatch sends a token once per node: a per-node dispatcher, and experts to
+    route to (a dense layer of a mixture, DeepSeek's first ones, routes nothing)."""
+    return cluster.framework.dispatch_per_node and model.is_moe
+
+
+def token_nodes(model: ModelSpec, num_nodes: int) -> float:
+    """A token's copies on the network under a per-node dispatcher over an EP group on `num_nodes`
+    nodes: the nodes its experts lie on (the module's docstring derives both cases)."""
+    if limits_groups(model):
+        return min(model.experts_per_token, routing_nodes(model, num_nodes))
+    total, per_node = model.num_experts, model.num_experts / num_nodes
+    missed = prod((total - per_node - i) / (total - i) for i in range(model.experts_per_token))
+    return num_nodes * (1 - max(missed, 0.0))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -60,22 +76,21 @@ class DispatchBytes:
 def dispatch_bytes(model: ModelSpec, train: TrainSpec, rows: float, span: AxisSpan,
                    cluster: ClusterSpec) -> DispatchBytes:
     """The bytes of one all-to-all of `rows` routed rows over the EP group laid out as `span`:
-    all of them on the in-node part (copies forwarded to their experts) and min(top_k, nodes) /
-    top_k of them across nodes under node-limited routing with a per-node dispatcher; otherwise
-    comm's plain split (1/k in the node, the whole buffer over the nodes)."""
+    all of them on the in-node part (copies forwarded to their experts) and token_nodes / top_k
+    of them across nodes with a per-node dispatcher; otherwise comm's plain split (1/k in the
+    node, the whole buffer over the nodes)."""
     whole = train.compute_dtype.num_bytes * rows * model.hidden_size
     k = span.num_nodes
-    if k == 1 or not node_limited(model, cluster):
+    if k == 1 or not per_node(model, cluster):
         return DispatchBytes(in_node_bytes=whole / k, cross_node_bytes=whole if k > 1 else 0.0)
-    copies = min(model.experts_per_token, routing_nodes(model, k))
-    return DispatchBytes(in_node_bytes=whole, cross_node_bytes=whole * copies / model.experts_per_token)
+    return DispatchBytes(in_node_bytes=whole, cross_node_bytes=whole * token_nodes(model, k) / model.experts_per_token)
 
 
 def dispatch_combine_s(model: ModelSpec, train: TrainSpec, rows: float, span: AxisSpan,
                        cluster: ClusterSpec) -> float:
     """One direction (forward or backward) of one layer: the dispatch and the combine, two
     all-to-alls of `rows` rows each (computation waits on both)."""
-    if not span.crosses_nodes or not node_limited(model, cluster):
+    if not span.crosses_nodes or not per_node(model, cluster):
         whole = train.compute_dtype.num_bytes * rows * model.hidden_size
         return 2 * collective_time_s(Collective.ALL_TO_ALL, whole, span, cluster)
     parts = dispatch_bytes(model, train, rows, span, cluster)

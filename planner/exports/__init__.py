@@ -31,14 +31,14 @@ def export_plan(pf: PlanFile, target: str) -> Export:
     if pf.cluster.framework.name == module.FRAMEWORK and adjusted.plan != pf.plan:
         # searched for this target: its space held only plans it runs (planner.targets)
         raise RuntimeError(f"a plan searched for {target} is not one it runs: {'; '.join(adjusted.differences)}")
-    checked(pf, adjusted.plan, target)
+    checked(pf, adjusted.plan, target, module.FRAMEWORK)
     est = priced(pf, adjusted.plan, module.FRAMEWORK)
     if not est.fits and not (adjusted.plan.recompute is Recompute.FULL and recompute_is_uniform(adjusted.plan)):
         # the target's nearest plan keeps more than ours: its lever is recomputation
         over = max(est.peak_memory_bytes) / GIB
         to_uniform_recompute(adjusted, Recompute.FULL, f"memory: that plan needs {over:.1f} GiB per device as "
                                                        f"{target} runs it; with full recomputation of every layer")
-        checked(pf, adjusted.plan, target)
+        checked(pf, adjusted.plan, target, module.FRAMEWORK)
         est = priced(pf, adjusted.plan, module.FRAMEWORK)
     refuse_if_over(target, est, adjusted.plan)
     text, launch = module.render(pf, adjusted.plan)

@@ -54,9 +54,10 @@ def priced(pf: PlanFile, plan: Plan, framework: str) -> Estimate:
     return estimate(pf.model, pf.train, run_by(pf.cluster, framework_traits(framework)), plan)
 
 
-def checked(pf: PlanFile, plan: Plan, target: str) -> None:
-    """The adjusted plan must still be a plan of this model on this cluster (memory apart)."""
-    problems = check_structure(pf.model, pf.train, pf.cluster, plan)
+def checked(pf: PlanFile, plan: Plan, target: str, framework: str) -> None:
+    """The adjusted plan must still be a plan of this model on this cluster (memory apart), as
+    the target's framework lays it out (its traits: e.g. whether it folds expert parallelism)."""
+    problems = check_structure(pf.model, pf.train, run_by(pf.cluster, framework_traits(framework)), plan)
     if problems:
         raise CannotExport(f"{target} cannot run this plan: the nearest plan it can express "
                            f"({plan.short()}) is not valid: {'; '.join(problems)}")

@@ -21,8 +21,11 @@ from __future__ import annotations
 
 import shlex
 
+from costmodel.frameworks import framework_traits
+from costmodel.hardware import ClusterSpec, run_by
 from costmodel.moe_dispatch import limits_groups
 from costmodel.plan import Plan, PlanFile, Recompute, Schedule, embedding_loss_split
+from costmodel.rank_time import spans
 from costmodel.specs import Arch, DType, FfnKind, ModelSpec, NormKind, PositionKind
 from planner.exports.common import (
     Adjusted,
@@ -159,7 +162,7 @@ def arguments(pf: PlanFile, plan: Plan) -> list[tuple[str, str | None]]:
     if m.is_moe:
         args += [("--num-experts", str(m.num_experts)), ("--moe-router-topk", str(m.experts_per_token)),
                  ("--moe-ffn-hidden-size", str(m.moe_ffn_hidden_size)),
-                 *_dispatcher(m), ("--moe-grouped-gemm", None),
+                 *_dispatcher(m, plan, pf.cluster), ("--moe-grouped-gemm", None),
                  ("--moe-router-load-balancing-type", "aux_loss"),
                  ("--moe-aux-loss-coeff", f"{m.router_aux_loss_coef:g}"),
                  ("--expert-model-parallel-size", str(plan.ep)), ("--expert-tensor-parallel-size", "1")]
@@ -216,11 +219,13 @@ def arguments(pf: PlanFile, plan: Plan) -> list[tuple[str, str | None]]:
     return args
 
 
-def _dispatcher(m: ModelSpec) -> list[tuple[str, str | None]]:
+def _dispatcher(m: ModelSpec, plan: Plan, cluster: ClusterSpec) -> list[tuple[str, str | None]]:
     """The token dispatcher the plan was priced with (costmodel.frameworks: Megatron-Core's
-    `dispatch_per_node`): DeepEP behind the flex dispatcher for node-limited routing, whose
-    network copies costmodel.moe_dispatch bounds; the all-to-all one otherwise."""
-    if limits_groups(m):
+    `dispatch_per_node`): DeepEP behind the flex dispatcher where the expert-parallel group
+    crosses nodes or the routing is node-limited, a token sent once to each node holding its
+    experts (costmodel.moe_dispatch); the all-to-all one otherwise (inside a node both move the
+    same bytes)."""
+    if limits_groups(m) or spans(plan, run_by(cluster, framework_traits("megatron-core"))).ep.crosses_nodes:
         return [("--moe-token-dispatcher-type", "flex"), ("--moe-enable-deepep", None)]
     return [("--moe-token-dispatcher-type", "alltoall")]
 

@@ -1,5 +1,6 @@
-"""Node-limited routing's all-to-all (costmodel.moe_dispatch): the bytes a token puts on the
-network are bounded by the nodes its experts can lie on, under a per-node dispatcher."""
+"""The expert all-to-all under a per-node dispatcher (costmodel.moe_dispatch): the bytes a token
+puts on the network are those of the nodes its experts lie on, bounded under node-limited routing
+and on average otherwise."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -9,7 +10,7 @@ import pytest
 from costmodel.comm import Collective, collective_time_s
 from costmodel.frameworks import FRAMEWORKS, RUNTIME
 from costmodel.hardware import parse_cluster
-from costmodel.moe_dispatch import dispatch_bytes, dispatch_combine_s, routing_nodes
+from costmodel.moe_dispatch import dispatch_bytes, dispatch_combine_s, routing_nodes, token_nodes
 from costmodel.placement import AxisSpan
 from costmodel.registry import resolve_model
 from costmodel.specs import TrainSpec
@@ -37,11 +38,25 @@ def test_cross_node_bytes_are_min_top_k_nodes_copies_per_token():
     assert (eight.in_node_bytes, eight.cross_node_bytes) == (whole, whole * 4 / 8)
     sixteen = dispatch_bytes(V3, TRAIN, ROWS, _span(16), CORE)   # 8 nodes reachable: no saving
     assert sixteen.cross_node_bytes == whole
-    # every routed row alone: without a per-node dispatcher, or without groups (comm's plain split)
-    for model, cluster in ((V3, replace(CORE, framework=RUNTIME)),
-                           (replace(V3, num_expert_groups=1, topk_groups=1), CORE)):
-        plain = dispatch_bytes(model, TRAIN, ROWS, _span(8), cluster)
-        assert (plain.in_node_bytes, plain.cross_node_bytes) == (whole / 8, whole)
+    # every routed row alone without a per-node dispatcher (comm's plain split)
+    plain = dispatch_bytes(V3, TRAIN, ROWS, _span(8), replace(CORE, framework=RUNTIME))
+    assert (plain.in_node_bytes, plain.cross_node_bytes) == (whole / 8, whole)
+
+
+def test_without_groups_a_token_reaches_the_nodes_its_experts_lie_on_on_average():
+    """Unlimited routing over 256 experts on 8 nodes (32 a node), top-8: a node holds none of a
+    token's experts with probability C(224, 8) / C(256, 8) = 0.338, so a per-node dispatcher
+    (DeepEP) sends 8 x 0.662 = 5.29 copies, not 8; Qwen3-235B's EP 32 over 4 nodes (128 experts,
+    32 a node): 3.63 of 8."""
+    from math import comb
+    whole = 2 * ROWS * V3.hidden_size
+    free = replace(V3, num_expert_groups=1, topk_groups=1)
+    nodes = 8 * (1 - comb(224, 8) / comb(256, 8))
+    assert token_nodes(free, 8) == pytest.approx(nodes, rel=1e-12) and nodes == pytest.approx(5.295, abs=1e-3)
+    spread = dispatch_bytes(free, TRAIN, ROWS, _span(8), CORE)
+    assert (spread.in_node_bytes, spread.cross_node_bytes) == (whole, pytest.approx(whole * nodes / 8))
+    assert token_nodes(resolve_model("qwen3-235b-a22b"), 4) == pytest.approx(4 * (1 - comb(96, 8) / comb(128, 8)))
+    assert token_nodes(free, 1) == pytest.approx(1.0) and token_nodes(V3, 8) == 4   # limited: the bound
 
 
 def test_the_time_is_comms_all_to_all_where_nothing_is_saved_and_less_where_it_is():

@@ -42,6 +42,11 @@ PLANS["llama8b_act_offload"] = ["--model", "llama3-8b", "--cluster", "1x8xH100",
 PLANS["llama405b_embedding_loss_split"] = ["--model", "llama3-405b", "--cluster", "128x8xH100", "--tp", "8", "--pp", "8",
                                            "--cp", "2", "--vpp", "8", "--zero", "1", "--seq-len", "8192",
                                            "--global-batch", "512", "--grad-dtype", "bf16", "--framework", "megatron"]
+# Megatron-Core's MoE parallel folding: EP 8 over TP 2 x 4 data-parallel ranks (ep > dp), which
+# only Megatron runs (the other targets refuse it: test_a_folded_expert_layout_is_megatron_s_only)
+FOLDED = {"mixtral_ep_folded": ["--model", "mixtral-8x7b", "--cluster", "2x8xH100", "--tp", "2", "--pp", "2",
+                                "--ep", "8", "--zero", "1", "--seq-len", "4096", "--global-batch", "64",
+                                "--framework", "megatron"]}
 UNEVEN = {"llama13b_gpipe_zero0_uneven": [9, 10, 10, 11]}   # a split only the search writes
 # a Qwen3-shaped model (heads of 128 over a 1024-wide model, per-head Q/K norms), from its config.json
 QWEN3 = {"model_type": "qwen3", "hidden_size": 1024, "head_dim": 128, "num_attention_heads": 16,
@@ -69,7 +74,7 @@ def plan_paths(tmp_path_factory) -> dict[str, Path]:
     config = root / "qwen3" / "config.json"
     config.parent.mkdir()
     config.write_text(json.dumps(QWEN3))
-    for name, flags in PLANS.items():
+    for name, flags in {**PLANS, **FOLDED}.items():
         flags = [str(config) if f == "QWEN3" else f for f in flags]
         paths[name] = root / f"{name}.json"
         assert main(["predict", *flags, "--out", str(paths[name]), "--json"]) == 0, name
@@ -183,7 +188,7 @@ def _megatron_args(text: str) -> dict[str, str | None]:
     return args
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", [*NAMES, *FOLDED])
 def test_megatron_core_accepts_the_arguments(plan_paths, tmp_path, capsys, monkeypatch, name):
     pytest.importorskip("megatron.core", reason="megatron-core (test extra) is not installed")
     import dataclasses
@@ -242,6 +247,8 @@ def test_megatron_core_accepts_the_arguments(plan_paths, tmp_path, capsys, monke
     assert config.sequence_parallel == (plan["sequence_parallel"] and plan["tp"] > 1)
     assert (config.virtual_pipeline_model_parallel_size or 1) == plan["vpp"]
     dp = pf.cluster.world_size // (plan["tp"] * plan["pp"] * plan["cp"])
+    if pf.model.is_moe:
+        _megatron_lays_out_the_experts(args, plan, pf.cluster.world_size, dp)
     assert int(args["--global-batch-size"]) == dp * int(args["--micro-batch-size"]) * plan["num_micro_batches"]
     assert config.recompute_granularity == (None if plan["recompute"] == "none" else plan["recompute"])
     if plan["recompute"] == "full":   # the block method's first N of every chunk: the plan's per-rank counts
@@ -251,6 +258,30 @@ def test_megatron_core_accepts_the_arguments(plan_paths, tmp_path, capsys, monke
     assert ("--use-distributed-optimizer" in args) == (plan["zero_stage"] == 1)
     if pf.model.qk_norm:   # the heads as the model has them
         assert config.kv_channels == pf.model.head_dim and config.qk_layernorm
+
+
+@pytest.mark.parametrize("target", ["torchtitan", "deepspeed"])
+def test_a_folded_expert_layout_is_megatron_s_only(plan_paths, tmp_path, capsys, target):
+    """EP beyond dp, folded over the TP ranks, is a layout only Megatron-Core runs: another
+    target's export says so in one line, exit 2."""
+    capsys.readouterr()
+    assert main(["export", str(plan_paths["mixtral_ep_folded"]), "--to", target, "--out", str(tmp_path / "f")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{target} cannot run this plan" in err and "ep=8" in err
+
+
+def _megatron_lays_out_the_experts(args: dict, plan: dict, world: int, dp: int) -> None:
+    """Megatron-Core's parallel_state builds the expert grid the export asks for: expert TP 1,
+    its expert data-parallel size world / (etp x ep x pp) whole, and its pipeline groups the dense
+    grid's (the assertion initialize_model_parallel makes); the plan's folded EP (ep > dp here)
+    is what it runs."""
+    from megatron.core.parallel_state import RankGenerator
+    etp, ep = int(args["--expert-tensor-parallel-size"]), int(args["--expert-model-parallel-size"])
+    assert etp == 1 and ep == plan["ep"] and world % (etp * ep * plan["pp"]) == 0
+    order = "tp-cp-ep-pp-dp" if "--use-tp-pp-dp-mapping" in args else "tp-cp-ep-dp-pp"
+    dense = RankGenerator(tp=plan["tp"], ep=1, dp=dp, pp=plan["pp"], cp=plan["cp"], order=order)
+    experts = RankGenerator(tp=etp, ep=ep, dp=world // (etp * ep * plan["pp"]), pp=plan["pp"], cp=1, order=order)
+    assert dense.get_ranks("pp") == experts.get_ranks("pp")
 
 
 def _typed(value: str):
