@@ -199,18 +199,19 @@ def float8_device_problem(device: DeviceProfile) -> str | None:
 def fp8_problems(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: int) -> list[str]:
     """What float8 linears need: a device with float8 tensor cores (an fp8 peak in its profile:
     H100, H200, B200; not A100, V100 or a CPU, where the runtime cannot run them either), a
-    training spec that accepts float8 (bf16 beside it), a dense model (torchao's float8 linears
-    do not reach our mixtures' batched expert weights), and no tensor parallelism where the
-    framework has none for float8 (our runtime does not apply torchao's float8 tensor-parallel
-    styles; costmodel.frameworks `float8_with_tp`)."""
+    training spec that accepts float8 (bf16 beside it), a dense model where the framework does
+    not run its experts in float8 (Megatron-Core does; torchao's float8 linears do not reach our
+    runtime's batched expert weights: costmodel.frameworks `float8_experts`), and no tensor
+    parallelism where the framework has none for float8 (our runtime does not apply torchao's
+    float8 tensor-parallel styles; costmodel.frameworks `float8_with_tp`)."""
     out = []
     if problem := next(filter(None, (float8_device_problem(view.device) for view in views(cluster))), None):
         out.append(f"fp8_linears: {problem}")
     if not train.float8:
         out.append("fp8_linears: the training spec does not accept float8 numerics (--dtype fp8)")
-    if model.is_moe:
-        out.append(f"fp8_linears: model {model.name} is a mixture of experts; float8 is priced and run for dense "
-                   "models only")
+    if model.is_moe and not cluster.framework.float8_experts:
+        out.append(f"fp8_linears: model {model.name} is a mixture of experts; {cluster.framework.name} runs float8 "
+                   "for dense models only (Megatron-Core runs experts in float8: --framework megatron)")
     if tp > 1 and not cluster.framework.float8_with_tp:
         out.append("fp8_linears with tp > 1: the runtime runs float8 linears without tensor parallelism")
     return out

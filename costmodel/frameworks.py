@@ -165,6 +165,16 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
 - `float8_with_tp`: float8 linears under tensor parallelism: Transformer Engine's fp8 GEMMs
   inside Megatron-Core's column- and row-parallel layers, torchao's float8 tensor-parallel
   styles in torchtitan; our runtime does not apply those styles (float8 without TP only).
+- `float8_experts`: float8 linears reach a mixture's experts: Megatron-Core's TEGroupedMLP runs
+  each projection of a device's experts as Transformer Engine's GroupedLinear, which takes the
+  fp8 recipe as every TE linear does (its inputs split-quantized per expert, one multi-tensor
+  cast), and the shared experts are TE linears; the router and the token dispatch stay bf16
+  (Megatron-Bridge's float8 recipes, `bf16_with_fp8_current_scaling_mixed` on H100 and
+  `bf16_with_mxfp8_mixed` on B200, set no float8 dispatch). Priced in
+  costmodel.kernels.gemm._moe_gemms_s. Our runtime's experts are batched weights
+  (runtime.moe) that torchao's float8 linears do not reach, and torchao's float8 grouped GEMM
+  (`torchao.prototype.moe_training`, torch `_scaled_grouped_mm`) has no CPU kernel, so it
+  refuses float8 with experts (costmodel.check.fp8_problems).
 - `fused_grad_accumulation`: the weight-gradient GEMMs add into the fp32 gradient buffer
   themselves (Megatron's `gradient_accumulation_fusion` with APEX's `fused_weight_gradient_mlp_cuda`,
   on unless `--no-gradient-accumulation-fusion`; in Megatron-LM since commit 83b1e42 of
@@ -221,6 +231,7 @@ class FrameworkTraits:
     float8_casts_fused: bool = False
     float8_with_tp: bool = False
     float8_param_gather: bool = False
+    float8_experts: bool = False
     tp_comm_overlap: bool = False
     ep_folds_over_tp: bool = False
     recompute_early_stop: bool = False
@@ -267,7 +278,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
                     **_MEGATRON),
     FrameworkTraits(name="megatron-core", dp_grad_overlap=True, dp_param_overlap=True, tp_comm_overlap=True,
                     swiglu_saved_tensors=3, vendor_attention=True, float8_casts_fused=True, float8_with_tp=True,
-                    float8_param_gather=True, ep_folds_over_tp=True, dp_sync_per_chunk=True,
+                    float8_param_gather=True, float8_experts=True, ep_folds_over_tp=True, dp_sync_per_chunk=True,
                     dispatch_per_node=True, moe_probs_in_activation=True,
                     grouped_expert_gemm=True, mtp_with_cp=True, **_MEGATRON),
     FrameworkTraits(name="megatron-deepspeed", **{**_DEEPSPEED, "loss_grad_in_place": True}),

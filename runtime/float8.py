@@ -9,7 +9,8 @@ operand, as costmodel.frameworks prices our runtime (`float8_casts_fused`; eager
 six kernels and float8 loses to bf16: torchao and torchtitan call compile required for
 competitive float8 performance). Applied before activation checkpointing and FSDP2, as
 torchtitan converts models before parallelising them; plans with tensor parallelism or experts
-never get here (costmodel.check.fp8_problems).
+never get here (costmodel.check.fp8_problems; costmodel.frameworks `float8_with_tp`,
+`float8_experts`: torchao's float8 grouped GEMM for batched expert weights has no CPU kernel).
 
 Float8 GEMMs need tensor cores that have them (H100, H200, B200): check_plan refuses plans for
 other device profiles, and `planner run` refuses to start a float8 plan on a GPU without them or

@@ -45,17 +45,33 @@ FP8_CAST_FUSED = (5, 2)
 FP8_MIN_DIM = 16   # torch._scaled_mm needs both GEMM dimensions of the weight divisible by 16
 
 
-def fp8_gemm_s(m: int, k: int, n: int, dev: DeviceProfile) -> float:
-    """A float8 GEMM (torch._scaled_mm): the fp8 peak at the device's GEMM efficiency and wave
-    quantisation (no profile measures a float8 GEMM; the bf16 fraction is assumed to carry over),
-    1-byte operands, a bf16 result."""
-    eff = dev.efficiency.gemm * wave_efficiency(m, n, dev.num_sms)
-    return roofline_s(2.0 * m * k * n, m * k + k * n + 2 * m * n, dev, dev.peak_for("fp8"), eff)
+def fp8_gemm_s(m: int, k: int, n: int, dev: DeviceProfile, groups: int = 1) -> float:
+    """A float8 GEMM (torch._scaled_mm, Transformer Engine's fp8 GEMM): the fp8 peak at the
+    device's GEMM efficiency and wave quantisation (no profile measures a float8 GEMM; the bf16
+    fraction is assumed to carry over), 1-byte operands, a bf16 result. `groups` GEMMs of one
+    shape in one grouped kernel (Transformer Engine's GroupedLinear in float8) share the SMs'
+    waves as grouped_gemm_s's do."""
+    tiles = groups * -(-m // GEMM_TILE) * -(-n // GEMM_TILE)
+    eff = dev.efficiency.gemm * (_wave_fill(tiles, dev.num_sms) if dev.num_sms > 0 else 1.0)
+    return roofline_s(2.0 * groups * m * k * n, groups * (m * k + k * n + 2 * m * n), dev, dev.peak_for("fp8"), eff)
 
 
 def _cast_s(elements: int, dev: DeviceProfile, fused: bool) -> float:
     per_element, kernels = FP8_CAST_FUSED if fused else FP8_CAST_EAGER
     return memory_bound_s(per_element * elements, dev, kernels)
+
+
+def fp8_passes_s(m: int, k: int, n: int, dev: DeviceProfile, fused_casts: bool,
+                 groups: int = 1) -> tuple[float, float, float]:
+    """(forward, input-gradient, weight-gradient) seconds of a float8 projection (of `groups`
+    experts in one grouped kernel): each of its three GEMMs at the fp8 rate (fp8_gemm_s), and its
+    operands' casts: input and weight forward; output gradient and weight for the input gradient;
+    output gradient and input for the weight gradient, where eager torchao casts again (fused,
+    `float8_casts_fused`: the forward's are reused). A grouped projection casts all its groups'
+    rows (and weights) in one multi-tensor cast (Transformer Engine's split_quantize)."""
+    g = fp8_gemm_s(m, k, n, dev, groups)
+    x, w, dy = (_cast_s(groups * e, dev, fused_casts) for e in (m * k, k * n, m * n))
+    return g + x + w, g + dy + (0.0 if fused_casts else w), g + (0.0 if fused_casts else dy + x)
 
 
 def float8_linear(k: int, n: int) -> bool:
@@ -83,25 +99,32 @@ def linear_tokens(lin: Linear, tokens: int, tp: int, sequence_parallel: bool) ->
 def _linears_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile, tokens: int,
                fused_casts: bool, grouped_experts: bool = False) -> tuple[float, float, float]:
     """(forward, input-gradient, weight-gradient) seconds of the layer's GEMMs. Float8 linears
-    (plan.fp8_linears) run each GEMM at the fp8 rate and pay their operands' casts: input and
-    weight forward; output gradient and weight for the input gradient; output gradient and input
-    for the weight gradient, where eager torchao casts again (fused: the forward's are reused)."""
-    moe = _moe_gemms_s(model, train, dev, moe_tokens(tokens, plan.tp), plan.ep, grouped_experts)
-    fwd = bwd_in = bwd_w = moe
+    (plan.fp8_linears) run each GEMM at the fp8 rate with their operands' casts (fp8_passes_s);
+    a mixture's experts too (_moe_gemms_s), where check.fp8_problems lets the framework
+    (`float8_experts`)."""
+    fwd, bwd_in, bwd_w = _moe_gemms_s(model, train, dev, moe_tokens(tokens, plan.tp), plan.ep, grouped_experts,
+                                      plan.fp8_linears, fused_casts)
     for block in dense_blocks(model):
         for lin in block.linears:
             k, n = _local_shape(lin, plan.tp)
-            m = linear_tokens(lin, tokens, plan.tp, plan.sequence_parallel)
-            if not (plan.fp8_linears and float8_linear(k, n)):
-                t = gemm_s(m, k, n, dev, train)
-                fwd, bwd_in, bwd_w = fwd + t, bwd_in + t, bwd_w + t
-                continue
-            g = fp8_gemm_s(m, k, n, dev)
-            x, w, dy = (_cast_s(e, dev, fused_casts) for e in (m * k, k * n, m * n))
-            fwd += g + x + w
-            bwd_in += g + dy + (0.0 if fused_casts else w)
-            bwd_w += g + (0.0 if fused_casts else dy + x)
+            f, b, w = _projection_s(linear_tokens(lin, tokens, plan.tp, plan.sequence_parallel), k, n, dev, train,
+                                    plan.fp8_linears, fused_casts)
+            fwd, bwd_in, bwd_w = fwd + f, bwd_in + b, bwd_w + w
     return fwd, bwd_in, bwd_w
+
+
+def _projection_s(m: int, k: int, n: int, dev: DeviceProfile, train: TrainSpec, fp8: bool, fused_casts: bool,
+                  groups: int = 1, grouped: bool = True) -> tuple[float, float, float]:
+    """(forward, input-gradient, weight-gradient) seconds of one projection over m rows (of
+    `groups` experts: in one grouped kernel, or one GEMM each where not `grouped`): in float8
+    where asked and its weight's shape allows (float8_linear), else three GEMMs in the compute
+    dtype."""
+    if fp8 and float8_linear(k, n):
+        if grouped:
+            return fp8_passes_s(m, k, n, dev, fused_casts, groups)
+        return tuple(groups * t for t in fp8_passes_s(m, k, n, dev, fused_casts))
+    t = grouped_gemm_s(groups, m, k, n, dev, train) if grouped and groups > 1 else groups * gemm_s(m, k, n, dev, train)
+    return t, t, t
 
 
 def final_linear_forward_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile,
@@ -142,26 +165,33 @@ def grouped_gemm_s(groups: int, m: int, k: int, n: int, dev: DeviceProfile, trai
 
 
 def _moe_gemms_s(model: ModelSpec, train: TrainSpec, dev: DeviceProfile, tokens: int, ep: int,
-                 grouped: bool = False) -> float:
-    """A mixture's GEMMs (never split over TP): the router, then for each of the device's
-    num_experts/ep experts three GEMMs over the rows routed to it, one GEMM each as runtime.moe
-    runs them or, `grouped` (costmodel.frameworks `grouped_expert_gemm`), each projection of all
-    local experts in one grouped kernel; and the shared expert with its gate."""
+                 grouped: bool = False, fp8: bool = False, fused_casts: bool = False) -> tuple[float, float, float]:
+    """(forward, input-gradient, weight-gradient) seconds of a mixture's GEMMs (never split over
+    TP): the router, then for each of the device's num_experts/ep experts three projections over
+    the rows routed to it, one GEMM each as runtime.moe runs them or, `grouped`
+    (costmodel.frameworks `grouped_expert_gemm`), each projection of all local experts in one
+    grouped kernel; and the shared expert with its gate. `fp8` (plan.fp8_linears, where the
+    framework runs experts in float8: `float8_experts`): the experts' and the shared expert's
+    projections in float8 with their casts (_projection_s), as Transformer Engine's
+    GroupedLinear and Linear run them inside Megatron-Core's TEGroupedMLP and shared-expert MLP;
+    the router (a plain torch linear in Megatron-Core) and the one-output gate stay in the
+    compute dtype."""
     if not model.is_moe:
-        return 0.0
+        return 0.0, 0.0, 0.0
     h, f, fs = model.hidden_size, model.moe_ffn_hidden_size, model.shared_expert_ffn_hidden_size
     local = model.num_experts // ep
     rows = max(1, round(expert_rows(model, train, tokens, ep) / local))
-    total = gemm_s(tokens, h, model.num_experts, dev, train)
-    if grouped:
-        total += 2 * grouped_gemm_s(local, rows, h, f, dev, train) + grouped_gemm_s(local, rows, f, h, dev, train)
-    else:
-        total += local * (2 * gemm_s(rows, h, f, dev, train) + gemm_s(rows, f, h, dev, train))
-    if fs:
-        total += 2 * gemm_s(tokens, h, fs, dev, train) + gemm_s(tokens, fs, h, dev, train)
+    plain = gemm_s(tokens, h, model.num_experts, dev, train)
     if model.shared_expert_gate:
-        total += gemm_s(tokens, h, 1, dev, train)
-    return total
+        plain += gemm_s(tokens, h, 1, dev, train)
+    # (rows, k, n, experts) of each projection: gate, up, down of the routed and the shared experts
+    shapes = [(rows, h, f, local), (rows, h, f, local), (rows, f, h, local)]
+    if fs:
+        shapes += [(tokens, h, fs, 1), (tokens, h, fs, 1), (tokens, fs, h, 1)]
+    parts = [(plain, plain, plain)] + [_projection_s(m, k, n, dev, train, fp8, fused_casts, g, grouped)
+                                       for m, k, n, g in shapes]
+    fwd, bwd_in, bwd_w = (sum(p) for p in zip(*parts))
+    return fwd, bwd_in, bwd_w
 
 
 def _moe_routing_bytes(model: ModelSpec, train: TrainSpec, tokens: int, ep: int) -> tuple[float, int]:
