@@ -124,20 +124,22 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   wave idle per expert (costmodel.kernels.gemm.grouped_gemm_s).
 - `dispatch_per_node`: the expert all-to-all sends a token once to each node holding some of its
   experts and forwards it inside the node (DeepSeek-V3, arXiv 2412.19437 Sec. 3.2.2; DeepEP,
-  which Megatron-Core runs as its flex token dispatcher), so node-limited routing bounds a token's
-  network copies (costmodel.moe_dispatch). Our runtime's all-to-all (runtime.moe) sends every
-  routed row alone.
+  which Megatron-Core runs as its flex token dispatcher), so a token's network copies are the
+  nodes its experts lie on, bounded under node-limited routing (costmodel.moe_dispatch). Our
+  runtime's all-to-all (runtime.moe) sends every routed row alone.
 - `moe_probs_in_activation`: each routed row's gating weight multiplies inside the experts' fused
   SwiGLU (Megatron-Core's TEGroupedMLP calls `weighted_bias_swiglu_impl` with the permuted
   probabilities; the combine then only scatter-adds), so a routed slot keeps its probability and
   its place in the row map, not its expert output before and after weighting as our runtime's
   mixture does (runtime.moe: the weighted outputs are summed by index_add).
 - `ep_folds_over_tp`: Megatron-Core's MoE parallel folding (Liu et al. 2025, arXiv 2504.14960;
-  Megatron-Core MoE README): with expert TP 1 the experts' ranks are the same tp x dp ranks
-  decomposed anew, ep x edp, so an EP group takes the TP ranks first (inside a node) and ep/tp
-  data-parallel ranks; each rank holds num_experts/ep experts whole (no TP replica), and an
-  expert's states are sharded over the dp x tp / ep ranks holding it. Our runtime carves EP from
-  data parallelism and keeps the mixture whole on every TP rank (runtime.parallel).
+  Megatron-Core MoE README): with expert TP 1 the experts' ranks are the same tp x cp x dp ranks
+  decomposed anew, ep x edp (parallel_state's expert grid), so an EP group is the ep innermost
+  ranks, TP first (inside a node), then CP, then DP, up to all tp x cp x dp ranks of a pipeline
+  stage (costmodel.placement.expert_layout); each rank holds num_experts/ep experts whole (no TP
+  replica), and an expert's states are sharded over the tp x cp x dp / ep ranks holding it
+  (costmodel.params.expert_dp). Our runtime carves EP from data parallelism (ep divides dp) and
+  keeps the mixture whole on every TP rank (runtime.parallel).
 - `dp_collectives_per_layer`: every ZeRO stage synchronises one FSDP unit at a time, each unit's
   collectives paying their own latency. Our runtime runs ZeRO-0 to 2 with FSDP2 too, a unit of a
   layer under ZeRO-3 and of a bucket's layers below it (costmodel.params.fsdp_unit_layers:
