@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.distributed._functional_collectives import AsyncCollectiveTensor
 
-from costmodel.plan import Plan
+from costmodel.plan import Plan, Recompute
 
 # A mixture's routing gives its experts a different number of tokens each micro-batch: Dynamo
 # marks those sizes dynamic after the first recompile, and this bounds the recompiles of one
@@ -33,6 +33,12 @@ def compile_problem(plan: Plan) -> str | None:
         # strides of every tensor it saved (inductor's assert_size_stride fails on a transposed one)
         return ("--compile: activation offloading (runtime.offload) cannot run under a compiled layer, whose "
                 "backward needs its saved tensors' strides, which the host copies do not keep; run it without --compile")
+    if plan.recompute is Recompute.SELECTIVE and plan.tp > 1:
+        # the attention core's checkpoint inside a compiled layer under TP: torch 2.13's AOTAutograd
+        # lists the TP mesh among the region's saved tensors and asserts (measured, with or without SP)
+        return ("--compile: selective recomputation under tensor parallelism fails in torch's compiled autograd "
+                "(the TP mesh among the attention core's saved tensors); use --recompute full or none, or run it "
+                "without --compile")
     if plan.schedule.traits.defers_weight_grad:
         # a compiled layer's backward is one autograd node (input and weight gradients together,
         # its saved buffers donated to it), which the split backward cannot run twice

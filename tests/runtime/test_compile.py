@@ -35,6 +35,7 @@ DEFAULT = {
 }
 MORE = {
     "recompute_full": (Choice(zero_stage=1, recompute=Recompute.FULL, recompute_layers=4), {}),
+    "recompute_selective": (Choice(zero_stage=1, recompute=Recompute.SELECTIVE), {}),
     "cp2": (Choice(cp=2), {}),
     "ep2": (Choice(ep=2, zero_stage=1), {"model": "debug-moe"}),
 }
@@ -89,11 +90,13 @@ def test_every_strategy_compiled():
     (Choice(zero_stage=3, offload_activations=True), "activation offloading"),
     (Choice(pp=2, schedule=Schedule.ZB_H1), "zb-h1 schedule"),
     (Choice(pp=2, vpp=2, schedule=Schedule.ZBV), "zbv schedule"),
-], ids=["activation_offload", "zb_h1", "zbv"])
+    (Choice(tp=2, recompute=Recompute.SELECTIVE), "selective recomputation under tensor parallelism"),
+], ids=["activation_offload", "zb_h1", "zbv", "selective_tp2"])
 def test_what_compile_cannot_serve_is_refused_by_name(choice, why):
     """Measured: offloaded activations come back contiguous and the compiled backward asserts
     their strides; a zero-bubble schedule's input pass keeps the graph for its weight pass,
-    which a compiled backward (its buffers donated) refuses. Both before any rank starts."""
+    which a compiled backward (its buffers donated) refuses; the attention core's checkpoint
+    under TP has AOTAutograd save the TP mesh and assert. All before any rank starts."""
     from costmodel.inputs import UserError
     from runtime.compile import compile_problem
     from runtime.job import build_job
