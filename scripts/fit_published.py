@@ -3,9 +3,10 @@
     python scripts/fit_published.py [RUNS.csv]             fit, print values and per-row errors
     python scripts/fit_published.py [RUNS.csv] --evaluate  the profiles' current values, no fit
 
-One bounded parameter set per chip (A100 40/80 GB together, H100), never per row, source or
-model; rows' unstated fields are filled once by the search. Copying the values into
-profiles/*.toml is a deliberate, reviewed step. `benchmarks/fidelity.py` judges the result on
+One bounded parameter set per chip (A100 40/80 GB together, H100 SXM5 and HBM2e together: each
+profile it lists under a chip takes that chip's values), never per row, source or model; rows'
+unstated fields are filled once by the search. Copying the values into profiles/*.toml is a
+deliberate, reviewed step. `benchmarks/fidelity.py` judges the result on
 sources left out of the fit.
 """
 from __future__ import annotations
@@ -31,6 +32,7 @@ def main() -> None:
         errors = [r.log_error(values, simulate=True) for r in group]
         s = fit.summary(errors)
         print(f"\n== {name}: {s['n']} rows, MAPE {s['mape_pct']:.1f}%, max |error| {s['max_abs_error_pct']:.1f}%")
+        print(f"  profiles: {', '.join(sorted({r.cluster.device.name for r in group}))}")
         for k, v in (values or fit.current_values(group[0].cluster)).items():
             low, high = fit.bounds_for(group[0].cluster)[k]
             edge = "  (at its bound)" if values and min(abs(v - low), abs(v - high)) <= 1e-3 * high else ""

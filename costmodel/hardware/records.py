@@ -177,8 +177,10 @@ class DeviceProfile:
     # ECC and the driver's own reservations); 0: unknown, the datasheet figure is used
     reported_memory_bytes: int = 0
     num_sms: int = 0   # streaming multiprocessors (GEMM wave quantisation); 0: not modelled
-    # Transformer Engine's userbuffer overlap of tensor-parallel collectives with their GEMMs
-    # runs on this device as its vendor ships it (costmodel.frameworks `tp_comm_overlap`)
+    # tensor-parallel collectives overlapped with their GEMMs run on this device: Transformer
+    # Engine's userbuffers as its vendor ships them, torch's async TP on symmetric memory (SM90
+    # and later); a framework overlaps them where its traits say so (costmodel.frameworks
+    # `tp_comm_overlap`), and the Megatron export asks for --tp-comm-overlap where this is set
     tp_comm_gemm_overlap: bool = False
     # the node's host, where offloaded states live; None: nothing can be offloaded (a CPU
     # profile's ranks already run on the host)

@@ -1,7 +1,7 @@
 """Fit device efficiencies on published runs, and judge the fit on runs it never saw.
 
-One parameter set per chip (A100 40/80 GB share one, H100; the H200 and B200 profiles borrow
-H100's), never per row, source or model, each parameter inside the range published
+One parameter set per chip (A100 40/80 GB share one, H100 SXM5 and the 96 GB HBM2e part at
+500 W share one; the H200 and B200 profiles borrow H100's), never per row, source or model, each parameter inside the range published
 measurements give it (the profile's [ranges]). The objective is the mean squared log error of predicted step time. Rows'
 unstated fields are filled once by the search (`planner.measure.validate.best_plan_for_row`) with the
 profile's current values; the fit then re-prices those plans (closed-form pipeline: every
@@ -46,6 +46,9 @@ def bounds_for(cluster: ClusterSpec) -> dict[str, tuple[float, float]]:
 
 
 def chip(cluster: ClusterSpec) -> str:
+    """The chip a profile's rows are fitted with: the die its name starts with (H100-SXM5-80GB and
+    H100-HBM2e-96GB are one GH100, whose memory, clock under its power limit and network their
+    profiles state apart), or the chip whose values it borrows."""
     name = cluster.device.name.split("-")[0]
     return BORROWS.get(name, name)
 

@@ -63,7 +63,7 @@ def test_every_profile_number_cites_its_source():
             number = re.match(r"^\s*\w+\s*=\s*[\d{]", line)
             if number and section in ("[device]", "[[network]]"):
                 assert "#" in line, f"{path.name}: no source for: {line}"
-    assert {"A100-SXM4-40GB", "A100-SXM4-80GB", "H100-SXM5-80GB", "H200-SXM-141GB", "B200",
+    assert {"A100-SXM4-40GB", "A100-SXM4-80GB", "H100-SXM5-80GB", "H100-HBM2e-96GB", "H200-SXM-141GB", "B200",
             "V100-SXM2-32GB", "xeon-amx"} <= set(known_profiles())
 
 

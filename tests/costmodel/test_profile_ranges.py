@@ -12,14 +12,15 @@ import pytest
 from costmodel.hardware import FITTED_PARAMS, known_profiles, load_profile, range_problems
 from costmodel.inputs import UserError
 
-FITTED = ("A100-SXM4-40GB", "A100-SXM4-80GB", "H100-SXM5-80GB", "H200-SXM-141GB", "B200")
+FITTED = ("A100-SXM4-40GB", "A100-SXM4-80GB", "H100-SXM5-80GB", "H100-HBM2e-96GB", "H200-SXM-141GB", "B200")
 # (profile, parameter) whose shipped value sits at a bound of its published range: the fit of
 # profiles/runs/published_runs.csv (scripts/fit_published.py) pins them there; the A100-40GB and
-# V100 borrow the A100-80GB's values, H200 and B200 the H100's (B200's attention is published)
+# V100 borrow the A100-80GB's values, H200 and B200 the H100's (B200's attention is published); the
+# H100 HBM2e part is the H100 chip, fitted with it
 HIDING = {
     *((chip, p) for chip in ("A100-SXM4-40GB", "A100-SXM4-80GB")
       for p in ("memory", "intra_node_comm", "inter_node_comm")),
-    *((chip, p) for chip in ("H100-SXM5-80GB", "H200-SXM-141GB")
+    *((chip, p) for chip in ("H100-SXM5-80GB", "H100-HBM2e-96GB", "H200-SXM-141GB")
       for p in ("memory", "comm_contention", "intra_node_comm", "inter_node_comm", "vendor_attention_speedup")),
     *(("B200", p) for p in ("memory", "comm_contention", "intra_node_comm", "inter_node_comm")),
 }
@@ -36,6 +37,20 @@ def test_every_fitted_value_has_a_published_range(name):
 
 def test_the_a100s_share_their_ranges():
     assert PROFILES["A100-SXM4-40GB"].ranges == PROFILES["A100-SXM4-80GB"].ranges
+
+
+def test_the_h100_parts_are_one_chip_to_the_fit():
+    """The 96 GB HBM2e H100 at 500 W is the H100 SXM5's die: the fit groups their rows as one chip
+    (planner.measure.fit.chip) and both profiles hold that chip's ranges and fitted values; what
+    differs is stated apart: the clock it sustains at 500 W (its peak), its memory, its network."""
+    from costmodel.hardware import parse_cluster
+    from planner.measure.fit import chip, current_values
+    sxm, hbm2e = (parse_cluster(f"1x8x{name}") for name in ("H100-SXM5-80GB", "H100-HBM2e-96GB"))
+    assert chip(sxm) == chip(hbm2e) == "H100"
+    assert hbm2e.device.ranges == sxm.device.ranges
+    assert current_values(hbm2e) == current_values(sxm)
+    assert hbm2e.device.peak_flops_per_s["bf16"] < 0.9 * sxm.device.peak_flops_per_s["bf16"]
+    assert hbm2e.device.num_sms == sxm.device.num_sms and hbm2e.device.tp_comm_gemm_overlap
 
 
 @pytest.mark.parametrize("name,param", [
