@@ -188,20 +188,49 @@ def row_specs(row: dict[str, str]) -> tuple[ModelSpec, TrainSpec, ClusterSpec]:
     # judged against the hard limit (what CUDA reports, less the context and NCCL reserve): the
     # question is whether the run as published fits, not whether we would plan that close to
     # the edge; the headroom and fragmentation margins are for the plans we emit
-    cluster = run_by(_with_fabric(cluster, row), _traits(row))
+    cluster = run_by(_with_fabric(cluster, row), _traits(row, cluster))
     device = cluster.device
     hard = replace(device, efficiency=replace(device.efficiency, allocator_fragmentation=0.0))
     return model, train, replace(cluster, device=hard, memory_headroom=0.0)
 
 
-def _traits(row: dict[str, str]) -> FrameworkTraits:
+def _traits(row: dict[str, str], cluster: ClusterSpec) -> FrameworkTraits:
     """The traits of the framework that ran the row, with the settings the row states that the
-    framework leaves to its user (optional column fp8_param_gather: float8 weights gathered in
-    float8, costmodel.frameworks)."""
+    framework leaves to its user (costmodel.frameworks): optional columns fp8_param_gather (float8
+    weights gathered in float8), compiled (_compiled) and async_tp (_async_tp)."""
     traits = framework_traits(row.get("framework"))
     if (row.get("fp8_param_gather") or "").strip():
         traits = replace(traits, float8_param_gather=_flag(row, "fp8_param_gather", False))
+    if (row.get("compiled") or "").strip():
+        traits = _compiled(traits, _flag(row, "compiled", False))
+    if (row.get("async_tp") or "").strip():
+        traits = _async_tp(row, traits, cluster)
     return traits
+
+
+def _compiled(traits: FrameworkTraits, compiled: bool) -> FrameworkTraits:
+    """Optional column compiled: whether the run's transformer layers ran under torch.compile
+    (torchtitan's --training.compile). yes: inductor fuses each layer's memory-bound work and the
+    float8 casts (`compiled_layer`, `float8_casts_fused`); no: torch's eager layer, its norms, RoPE,
+    SwiGLU and casts each their own kernels (`eager_layer`, as fms-fsdp's runs)."""
+    return replace(traits, compiled_layer=compiled, eager_layer=not compiled, float8_casts_fused=compiled)
+
+
+def _async_tp(row: dict[str, str], traits: FrameworkTraits, cluster: ClusterSpec) -> FrameworkTraits:
+    """Optional column async_tp: whether the run overlapped its sequence-parallel collectives with
+    their GEMMs (`tp_comm_overlap`). torch's async TP (torchtitan's
+    --parallelism.enable_async_tensor_parallel) decomposes each all-gather and reduce-scatter
+    into tp steps over symmetric memory, each behind the matmul of a chunk already there, as
+    Transformer Engine's userbuffers do; it is an inductor pass (torchtitan refuses it without
+    --training.compile) and runs on SM90 and later, so a row stating it says compiled, and its
+    device's profile has `tp_comm_gemm_overlap`."""
+    overlap = _flag(row, "async_tp", False)
+    if overlap and not cluster.device.tp_comm_gemm_overlap:
+        raise UserError(f"row {row['id']!r}: async_tp = yes on {cluster.device.name}, whose profile "
+                         "runs no TP collective-GEMM overlap (tp_comm_gemm_overlap)")
+    if overlap and (row.get("compiled") or "").strip() and not _flag(row, "compiled", False):
+        raise UserError(f"row {row['id']!r}: async_tp = yes needs compiled = yes (torch's async TP is an inductor pass)")
+    return replace(traits, tp_comm_overlap=overlap)
 
 
 # a node's network as sources state it, in Gbit/s; a bound that keeps every later division finite

@@ -52,6 +52,10 @@ GOOD = "ok,x,gpt,24,2048,,16,16,51200,2048,A100-SXM4-80GB,8,8,1,1,8,,,1,1,,,64,b
     (HEADER + ",node_network_gbps\n" + GOOD.replace("\n", ",0\n"), "node_network_gbps = 0 is out of range"),
     (HEADER + ",node_network_gbps\n" + GOOD.replace("\n", ",nan\n"), "node_network_gbps = nan is not a finite"),
     (HEADER + ",node_network_gbps\n" + GOOD.replace("\n", ",fast\n"), "node_network_gbps = 'fast' is not a number"),
+    (HEADER + ",compiled\n" + GOOD.replace("\n", ",maybe\n"), "compiled = 'maybe' is not yes or no"),
+    (HEADER + ",async_tp\n" + GOOD.replace("\n", ",yes\n"), "async_tp = yes on A100-SXM4-80GB, whose profile runs no TP"),
+    (HEADER + ",compiled,async_tp\n" + GOOD.replace("A100-SXM4-80GB", "H100").replace("\n", ",no,yes\n"),
+     "async_tp = yes needs compiled = yes"),
 ])
 def test_bad_tables_are_one_line_and_exit_2(tmp_path, capsys, text, message):
     from planner.cli import main
@@ -103,3 +107,41 @@ def test_a_stated_node_network_replaces_the_profiles_between_nodes():
     assert dgx.device.tier_for(2).bandwidth_bytes_per_s == pytest.approx(50e9)
     assert stated.device.tier_for(2).bandwidth_bytes_per_s == pytest.approx(12.5e9)
     assert stated.device.intra_node == dgx.device.intra_node
+
+
+def _tt_row(**cells: str) -> dict[str, str]:
+    """Llama 3.1 70B as torchtitan's async-TP benchmark ran it on 32 Grand Teton nodes (FSDP 32,
+    TP 8 with sequence parallelism, full recomputation, local batch 16), one GPU node of it."""
+    head = HEADER.split(",") + ["framework", "compiled", "async_tp"]
+    row = dict.fromkeys(head, "")
+    row.update(id="tt", source="x", arch="llama", layers="80", hidden="8192", ffn_hidden="28672", heads="64",
+               kv_heads="8", vocab="128256", seq_len="8192", gpu="H100-HBM2e-96GB", num_gpus="256",
+               gpus_per_node="8", tp="8", pp="1", dp="32", sp="yes", cp="1", zero_stage="3", recompute="full",
+               micro_batch="16", global_batch="512", precision="bf16", metric_name="tokens_per_sec_per_gpu",
+               metric_value="600", framework="torchtitan", **cells)
+    return row
+
+
+def test_compiled_and_async_tp_are_the_rows_traits():
+    """compiled: torch.compile's fused layer and float8 casts, or torch's eager layer; async_tp:
+    the sequence-parallel collectives overlapped with their GEMMs (torch's async TP, on an SM90
+    profile), each a trait of the row's framework (costmodel.frameworks)."""
+    from planner.measure.validate import row_specs
+    stated = lambda **cells: row_specs(_tt_row(**cells))[2].framework  # noqa: E731
+    default, compiled, eager, overlapped = stated(), stated(compiled="yes"), stated(compiled="no"), stated(async_tp="yes")
+    assert compiled.compiled_layer and not compiled.eager_layer and compiled.float8_casts_fused
+    assert eager.eager_layer and not eager.compiled_layer and not eager.float8_casts_fused
+    assert overlapped.tp_comm_overlap and not default.tp_comm_overlap
+    assert stated(async_tp="no") == default
+
+
+def test_async_tp_hides_most_of_the_tp_collectives():
+    """The same run with and without async TP: the overlap hides all but one of the tp ring steps
+    of each sequence-parallel collective, so the exposed TP time falls to about 1/tp of it."""
+    from planner.measure.validate import validate_row
+    vanilla = validate_row(_tt_row(compiled="yes", async_tp="no"))
+    overlapped = validate_row(_tt_row(compiled="yes", async_tp="yes"))
+    exposed = lambda r: r.estimate.time_breakdown_s["comm/tp_exposed"]  # noqa: E731
+    assert exposed(vanilla) > 1.0   # seconds: 70B's activations over NVLink, 16 x 8k tokens a rank
+    assert exposed(overlapped) == pytest.approx(exposed(vanilla) / 8, rel=0.05)
+    assert overlapped.estimate.step_time_s < vanilla.estimate.step_time_s - 0.8 * exposed(vanilla)
