@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from costmodel.check import check_memory, check_structure
+from costmodel.check import check_memory, check_structure, ep_problems
 from costmodel.plan import PlanFile
 from costmodel.units import GIB
 from planner import outputs
@@ -125,6 +125,11 @@ def _load(path: str) -> PlanFile:
     problems = check_structure(pf.model, pf.train, pf.cluster, pf.plan)
     if problems:
         raise RunRefused(f"{path} is not a valid plan: " + "; ".join(problems))
+    plan = pf.plan
+    # planned for a framework that folds EP over TP x CP x DP (Megatron-Core): the runtime carves it from dp
+    if carved := ep_problems(pf.model, plan.ep, dp=plan.dp, tp=plan.tp, cp=plan.cp, pp=plan.pp):
+        raise RunRefused(f"{path} was planned for {pf.cluster.framework.name}, whose expert-parallel layout this "
+                         f"runtime does not run: {carved[-1]}")
     return pf
 
 
