@@ -39,6 +39,11 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   Megatron-Core's bias_swiglu keep the 2f-wide first projection and the product).
 - `loss_grad_in_place`: Megatron's vocab-parallel cross entropy writes the logits' gradient over
   the softmax it saved; `torch.nn.functional.cross_entropy` allocates a new fp32 gradient.
+- `fused_cross_entropy`: the loss is one fused kernel over the logits in the compute dtype:
+  flash-attn's `CrossEntropyLoss`, the default `loss_fn: fused_crossentropy` of llm-foundry's MPT
+  models (`ComposerMPTCausalLM`, the MPT benchmark tables' runs). It keeps the 16-bit logits and
+  one log-sum-exp per row for backward, not fp32 log-probabilities, and writes the gradient in
+  the compute dtype; forward reads the logits once, backward reads them and writes the gradient.
 - `fsdp_master_params`: FSDP's mixed precision keeps the sharded parameter in fp32 (it is the
   master weight) and casts a 16-bit copy on each gather: 16 bytes per parameter over the shards
   under ZeRO-3 (not the ZeRO paper's 2 + 2 + 12 with a separate 16-bit shard), and below ZeRO-3
@@ -219,6 +224,7 @@ class FrameworkTraits:
     dp_collectives_per_layer: bool = False
     swiglu_saved_tensors: int = 4
     loss_grad_in_place: bool = False
+    fused_cross_entropy: bool = False
     fsdp_master_params: bool = False
     vendor_attention: bool = False
     flash_attention_1: bool = False
@@ -285,7 +291,8 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
                     grouped_expert_gemm=True, mtp_with_cp=True, **_MEGATRON),
     FrameworkTraits(name="megatron-deepspeed", **{**_DEEPSPEED, "loss_grad_in_place": True}),
     FrameworkTraits(name="deepspeed", **_DEEPSPEED),
-    FrameworkTraits(name="composer-fsdp", sharded_grads_under_pp=True, flash_attention_1=True, **_FSDP),
+    FrameworkTraits(name="composer-fsdp", sharded_grads_under_pp=True, flash_attention_1=True,
+                    fused_cross_entropy=True, **_FSDP),
     FrameworkTraits(name="fms-fsdp", sharded_grads_under_pp=True, eager_layer=True, **_FSDP),
     FrameworkTraits(name="torchtitan", sharded_grads_under_pp=False, tp_keeps_gathered_input=True,
                     cp_all_gather_kv=True, float8_casts_fused=True, float8_with_tp=True,

@@ -227,8 +227,12 @@ def logits_held_bytes(model: ModelSpec, train: TrainSpec, plan: Plan,
     cross entropy saves (4 bytes whatever the compute dtype: the loss runs in fp32), and, under
     a pipeline, the last stage's output in the compute dtype, which torch pipelining (like
     Megatron's schedules) keeps for the backward call. Without a pipeline the 16-bit logits die
-    once upcast."""
-    kept_output = train.compute_dtype.num_bytes if plan.pp > 1 else 0
+    once upcast. A fused loss (frameworks `fused_cross_entropy`) keeps the logits themselves,
+    that same output, and a log-sum-exp per row."""
+    a = train.compute_dtype.num_bytes
+    if traits.fused_cross_entropy:
+        return _logits_elems(model, train, plan, traits) * a + 4 * _local_tokens(train, plan)
+    kept_output = a if plan.pp > 1 else 0
     return _logits_elems(model, train, plan, traits) * (4 + kept_output)
 
 
@@ -252,8 +256,10 @@ def backward_working_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, last:
     attention = a * tokens * (q + 2 * kv) / t + 4 * tokens * q / t
     widest_weight = max(mlp_weight, a * h * (q + 2 * kv) / t)
     layer = max(mlp, attention) + widest_weight
-    # a loss whose backward writes the gradient over its saved softmax needs only the cast
-    head = _logits_elems(model, train, plan, traits) * (a if traits.loss_grad_in_place else 4 + a) if last else 0.0
+    # a loss whose backward writes the gradient over its saved softmax needs only the cast; a
+    # fused one writes it in the compute dtype
+    in_compute_dtype = traits.loss_grad_in_place or traits.fused_cross_entropy
+    head = _logits_elems(model, train, plan, traits) * (a if in_compute_dtype else 4 + a) if last else 0.0
     # offloaded activations: the layer whose saved tensors are back on the device for its backward
     back = layer_activation_bytes(model, train, plan, Recompute.NONE, traits) if plan.offload_activations else 0.0
     return max(layer, head) + back
