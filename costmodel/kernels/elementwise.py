@@ -180,7 +180,7 @@ def _elementwise_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: D
     return forward, 2 * forward
 
 
-def cross_entropy_s(tokens: int, vocab: int, train: TrainSpec, dev: DeviceProfile) -> float:
+def cross_entropy_s(tokens: int, vocab: int, train: TrainSpec, dev: DeviceProfile, fused: bool = False) -> float:
     """The loss over `vocab` logits per token, forward or backward (their mean): the cast from a
     16-bit compute dtype to fp32 and back (read a, write 4 bytes; none in fp32, where `.float()`
     is the tensor itself), then the fp32 log-softmax and its gradient (12 bytes, two kernels).
@@ -188,8 +188,11 @@ def cross_entropy_s(tokens: int, vocab: int, train: TrainSpec, dev: DeviceProfil
     are vectorised kernels of the kind a measured memory curve times, so they are priced at the
     curve itself: the probes' fitted memory factor (a small fraction of the curve on a CPU) also
     carries what a step spends between kernels, and would price a large vocabulary's loss
-    several times too slow."""
+    several times too slow. fused (frameworks `fused_cross_entropy`): one kernel over the logits
+    in the compute dtype, forward reading them, backward reading them and writing the gradient."""
     a = train.compute_dtype.num_bytes
+    if fused:
+        return memory_bound_s(tokens * vocab * 1.5 * a, dev.for_dtype(train.compute_dtype), 1, native=True)
     softmax = memory_bound_s(tokens * vocab * 3 * 4, dev.for_dtype(DType.FP32), 2, native=True)
     if a >= 4:
         return softmax

@@ -133,14 +133,15 @@ def layer_parts_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: De
 
 @_per_kernel_shape
 def head_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile,
-                      cpu_kernels: bool = False) -> KernelTimes:
-    """Final norm, output projection (vocab-parallel) and cross entropy (fp32 softmax);
-    cpu_kernels: the norm as torch's CPU composite runs it (layer_kernel_times)."""
+                      cpu_kernels: bool = False, fused_loss: bool = False) -> KernelTimes:
+    """Final norm, output projection (vocab-parallel) and cross entropy (fp32 softmax, or one
+    fused kernel: frameworks `fused_cross_entropy`); cpu_kernels: the norm as torch's CPU
+    composite runs it (layer_kernel_times)."""
     tokens = plan.micro_batch_size * train.seq_len // plan.cp
     vocab = ceil_div(model.vocab_size, plan.tp)
     proj = gemm_s(tokens, model.hidden_size, vocab, dev, train)
     a = train.compute_dtype.num_bytes
-    loss = cross_entropy_s(tokens, vocab, train, dev)
+    loss = cross_entropy_s(tokens, vocab, train, dev, fused_loss)
     elems = tokens * model.hidden_size
     if cpu_kernels and model.norm_kind is NormKind.RMSNORM:
         (nf, kf), (nb, kb) = _cpu_rms_norm(CPU_ELEMENT_BYTES, 1 if a < 4 else 0)
