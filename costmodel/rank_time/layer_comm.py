@@ -122,18 +122,24 @@ def _edge_tp_comm_s(train: TrainSpec, plan: Plan, cluster: ClusterSpec, model: M
     return 2 * _tp_block_collective_s(model, train, plan, cluster, span, output=True)
 
 
-def _gathered_logits_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
-                       span: AxisSpan) -> tuple[float, float]:
+def _gathered_logits_loss_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec) -> float:
     """Where the framework gathers the logits over TP before a whole-vocabulary loss
-    (frameworks.vocab_parallel_loss): (the loss over the other ranks' vocabulary, each way; the
-    all-gather of one micro-batch's logits)."""
+    (frameworks.vocab_parallel_loss): the loss over the other ranks' vocabulary, each way."""
     if plan.tp == 1 or cluster.framework.vocab_parallel_loss:
-        return 0.0, 0.0
+        return 0.0
     tokens = plan.micro_batch_size * train.seq_len // plan.cp
-    others = model.vocab_size - ceil_div(model.vocab_size, plan.tp)
+    return cross_entropy_s(tokens, model.vocab_size - ceil_div(model.vocab_size, plan.tp), train, cluster.device)
+
+
+def _gathered_logits_gather_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
+                              span: AxisSpan) -> float:
+    """Where the framework gathers the logits over TP before a whole-vocabulary loss: the
+    all-gather of one micro-batch's logits."""
+    if plan.tp == 1 or cluster.framework.vocab_parallel_loss:
+        return 0.0
+    tokens = plan.micro_batch_size * train.seq_len // plan.cp
     gathered = train.compute_dtype.num_bytes * tokens * model.vocab_size
-    return (cross_entropy_s(tokens, others, train, cluster.device),
-            collective_time_s(Collective.ALL_GATHER, gathered, span, cluster))
+    return collective_time_s(Collective.ALL_GATHER, gathered, span, cluster)
 
 
 def _pp_send_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,

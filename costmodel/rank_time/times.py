@@ -4,26 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from costmodel.comm import Collective, collective_time_s
-from costmodel.deepseek import dense_layer_model
-from costmodel.flops import stops_before_final_linear
-from costmodel.frameworks import tp_comm_hidden_share
 from costmodel.hardware import ClusterSpec
-from costmodel.kernels import embedding_kernel_times, head_kernel_times, layer_kernel_times
-from costmodel.kernels.gemm import gemm_s
 from costmodel.plan import Plan, Recompute
-from costmodel.rank_time.layer_comm import (
-    _activation_offload_s,
-    _cp_layer_comm_s,
-    _edge_tp_comm_s,
-    _ep_layer_comm_s,
-    _gathered_logits_s,
-    _pp_send_s,
-    _sp_regather_s,
-    _tp_block_collective_s,
-    _tp_hidden_bytes,
-    _tp_layer_comm_s,
-)
+from costmodel.rank_time.parts import ComputeParts, RankTimeParts, TimeShape, rank_time_parts
 from costmodel.rank_time.spans import Spans
 from costmodel.specs import ModelSpec, TrainSpec
 
@@ -56,6 +39,8 @@ class RankTimes:
                          ep_comm_s=self.ep_comm_s + other.ep_comm_s, offload_s=self.offload_s + other.offload_s)
 
     def scaled(self, k: float) -> "RankTimes":
+        if k == 1.0:   # x * 1.0 is x: no new record (most ranks' stage factor, most models' MTP depth)
+            return self
         return RankTimes(forward_s=self.forward_s * k, backward_s=self.backward_s * k,
                          backward_weight_s=self.backward_weight_s * k, recompute_s=self.recompute_s * k,
                          tp_comm_s=self.tp_comm_s * k, cp_comm_s=self.cp_comm_s * k, pp_comm_s=self.pp_comm_s * k,
@@ -129,86 +114,71 @@ def _times(fwd: float = 0.0, bwd: float = 0.0, bwd_w: float = 0.0, rc: float = 0
 def rank_time_model(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
                     sp: Spans) -> RankTimeModel:
     """Depends on the plan's degrees, micro-batch, SP, recompute mode and placement only, not on
-    its layer split or recompute counts."""
-    dev = cluster.device
-    # a full recomputation that stops before the layer's last projection (and its TP collective)
-    early = cluster.framework.recompute_early_stop and stops_before_final_linear(model, plan)
-    layer = layer_kernel_times(model, train, plan, dev, not cluster.framework.cp_all_gather_kv,
-                               cluster.framework.float8_casts_fused, cluster.framework.cpu_kernels,
-                               cluster.framework.eager_layer, early, cluster.framework.compiled_layer,
-                               not cluster.framework.vendor_attention,   # torch's SDPA: one head size
-                               cluster.framework.grouped_expert_gemm)
-    # the share of TP collectives the framework hides behind GEMMs (costmodel.frameworks)
-    exposed = 1.0 - tp_comm_hidden_share(cluster.framework, dev.tp_comm_gemm_overlap, plan.tp, plan.sequence_parallel)
-    tp = _tp_layer_comm_s(model, train, plan, cluster, sp.tp) * exposed
-    cp_fwd, cp_bwd = _cp_layer_comm_s(model, train, plan, cluster, sp.cp, layer)
-    ep = _ep_layer_comm_s(model, train, plan, cluster, sp.ep)
-    regather = _sp_regather_s(model, train, plan, cluster, sp.tp)   # backward only
-    per_layer = _times(layer.forward_s, layer.backward_s, layer.backward_weight_s, tp=2 * tp + regather,
-                       cp=cp_fwd + cp_bwd, ep=2 * ep)
-    if plan.offload_activations:
-        per_layer = replace(per_layer, offload_s=_activation_offload_s(model, train, plan, cluster))
-    # a recomputed forward's cost against a training one (Efficiency.recompute_cost: 1, or calibrate's fit)
-    again = dev.for_dtype(train.compute_dtype).efficiency.recompute_cost
-    if plan.recompute is Recompute.FULL:
-        # stopping early, it never runs the collective after the MLP's row-parallel projection
-        skipped_tp = (_tp_block_collective_s(model, train, plan, cluster, sp.tp, output=True) * exposed
-                      if early and plan.tp > 1 else 0.0)
-        per_rc = _times(rc=again * layer.recompute_forward_s, tp=tp - skipped_tp, cp=cp_fwd, ep=ep)
-    elif plan.recompute is Recompute.SELECTIVE:
-        per_rc = _times(rc=again * layer.attention_forward_s)
-    else:
-        per_rc = ZERO_TIMES
-    edge_tp = _edge_tp_comm_s(train, plan, cluster, model, sp.tp)
-    emb = embedding_kernel_times(model, train, plan, dev)
-    head = head_kernel_times(model, train, plan, dev, cluster.framework.cpu_kernels)
-    loss_s, gather_s = _gathered_logits_s(model, train, plan, cluster, sp.tp)
-    # a pipeline stage's work at the device's factor for it (Efficiency.pp_stage)
-    stage = dev.efficiency.pp_stage if plan.pp > 1 else 1.0
-    head_pass = _times(head.forward_s + loss_s, head.backward_s + loss_s, head.backward_weight_s, tp=edge_tp + gather_s)
-    embed_pass = _times(emb.forward_s, emb.backward_s, emb.backward_weight_s, tp=edge_tp)
+    its layer split or recompute counts (TimeShape; of the spans those of TP, CP, EP and PP).
+    Its parts come from rank_time_parts, each computed once for what it reads."""
+    parts = rank_time_parts(model, train, cluster)
+    c = parts.compute(TimeShape.of(plan))
+    per_layer, per_rc, tp_edges = _layer_times(parts, c, sp)
+    embed_pass = _times(c.embedding.forward_s, c.embedding.backward_s, c.embedding.backward_weight_s, tp=tp_edges[0])
+    head_pass = _times(c.head.forward_s + c.loss_s, c.head.backward_s + c.loss_s, c.head.backward_weight_s,
+                       tp=tp_edges[0] + tp_edges[1])
     first_edge = embed_pass
     if model.first_k_dense:
-        first_edge = first_edge + _dense_first_layers(model, train, plan, cluster, sp, per_layer)
-    last_edge = head_pass + _mtp_times(model, train, plan, cluster, sp, per_layer, embed_pass + head_pass)
+        first_edge = first_edge + _dense_first_layers(model, parts.dense(), c.shape, sp, per_layer)
+    last_edge = head_pass + _mtp_times(model, c, tp_edges[2], per_layer, embed_pass + head_pass)
+    stage = c.stage
     return RankTimeModel(
         per_layer=per_layer.scaled(stage), per_recomputed_layer=per_rc.scaled(stage),
         first_edge=first_edge.scaled(stage), last_edge=last_edge.scaled(stage),
-        pp_send_s=_pp_send_s(model, train, plan, cluster, sp.pp), vpp=plan.vpp)
+        pp_send_s=parts.pp_send_s(c, sp.pp), vpp=plan.vpp)
 
 
-def _dense_first_layers(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec, sp: Spans,
+def _layer_times(parts: RankTimeParts, c: ComputeParts, sp: Spans) -> tuple[RankTimes, RankTimes, tuple[float, ...]]:
+    """A layer's and a recomputed layer's times (before the stage factor), and the edges' TP
+    collectives: (the embedding's and the head's each, the logits' gather, the MTP projection's)."""
+    layer = c.layer
+    tp_layer_s, regather_s, tp_output_s, edge_tp_s, gather_s, mtp_tp_s = parts.tp_terms(c, sp.tp)
+    tp = tp_layer_s * c.exposed
+    cp_fwd, cp_bwd = parts.cp_terms(c, sp.cp)
+    ep = parts.ep_s(c, sp.ep)
+    per_layer = _times(layer.forward_s, layer.backward_s, layer.backward_weight_s, tp=2 * tp + regather_s,
+                       cp=cp_fwd + cp_bwd, ep=2 * ep)
+    if c.shape.offload_activations:
+        per_layer = replace(per_layer, offload_s=c.offload_s)
+    if c.shape.recompute is Recompute.FULL:
+        # stopping early, it never runs the collective after the MLP's row-parallel projection
+        skipped_tp = tp_output_s * c.exposed if c.early and c.shape.tp > 1 else 0.0
+        per_rc = _times(rc=c.again * layer.recompute_forward_s, tp=tp - skipped_tp, cp=cp_fwd, ep=ep)
+    elif c.shape.recompute is Recompute.SELECTIVE:
+        per_rc = _times(rc=c.again * layer.attention_forward_s)
+    else:
+        per_rc = ZERO_TIMES
+    return per_layer, per_rc, (edge_tp_s, gather_s, mtp_tp_s)
+
+
+def _dense_first_layers(model: ModelSpec, dense: RankTimeParts, shape: TimeShape, sp: Spans,
                         expert_layer: RankTimes) -> RankTimes:
     """The first rank's dense first layers (ModelSpec.first_k_dense) against as many expert
     layers: priced as the first (virtual) stage's, a dense layer's time less an expert layer's
-    (kernels and communication) for each. Their recomputation is priced as an expert layer's."""
-    stage = cluster.device.efficiency.pp_stage if plan.pp > 1 else 1.0   # rank_time_model applies it once
-    dense = rank_time_model(dense_layer_model(model), train, plan, cluster, sp).per_layer.scaled(1 / stage)
-    return (dense + expert_layer.scaled(-1.0)).scaled(model.first_k_dense)
+    (kernels and communication) for each. Their recomputation is priced as an expert layer's.
+    `dense`: the parts of costmodel.deepseek.dense_layer_model(model)."""
+    c = dense.compute(shape)
+    # a dense layer's time as its own rank time model gives it (at the stage factor), the factor
+    # taken back off: rank_time_model applies it once, to the first edge
+    layer = _layer_times(dense, c, sp)[0].scaled(c.stage).scaled(1 / c.stage)
+    return (layer + expert_layer.scaled(-1.0)).scaled(model.first_k_dense)
 
 
-def _mtp_times(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec, sp: Spans,
-               layer: RankTimes, edges: RankTimes) -> RankTimes:
+def _mtp_times(model: ModelSpec, c: ComputeParts, proj_tp: float, layer: RankTimes, edges: RankTimes) -> RankTimes:
     """The MTP modules on the last rank (as Megatron-Core places them; DeepSeek-V3 Sec. 2.2): per
     module one more expert layer, a pass through the shared embedding and the shared output head
     and loss (`edges`, their TP collectives included), and its 2h -> h projection, column-parallel
-    over TP with its output gathered (runtime.mtp, Megatron-Core's eh_proj): its 2h-wide input
-    all-gathered under SP (its gradient reduce-scattered; without SP that gradient all-reduced) and
-    its output all-gathered over the features (under SP again in backward, where the sequence
-    shard's gradient is gathered). Its three RMSNorms and the concatenation are left out
+    over TP with its output gathered (runtime.mtp, Megatron-Core's eh_proj; its collectives:
+    costmodel.rank_time.parts.mtp_tp_s). Its three RMSNorms and the concatenation are left out
     (memory-bound, 4 h-wide passes against the layer's dozens)."""
     if not model.mtp_depth:
         return ZERO_TIMES
-    tokens = plan.micro_batch_size * train.seq_len // plan.cp
-    h = model.hidden_size
-    proj = gemm_s(tokens, 2 * h, -(-h // plan.tp), cluster.device, train)
-    proj_tp = 0.0
-    if plan.tp > 1:
-        gathers = 2 if plan.sequence_parallel else 1
-        proj_tp = (_tp_block_collective_s(model, train, plan, cluster, sp.tp, output=False, width=2 * h)
-                   + _tp_block_collective_s(model, train, plan, cluster, sp.tp, output=True, width=2 * h)
-                   + gathers * collective_time_s(Collective.ALL_GATHER, _tp_hidden_bytes(model, train, plan),
-                                                 sp.tp, cluster))
+    proj = c.mtp_proj_s
     return (layer + edges + _times(proj, 2 * proj, proj, tp=proj_tp)).scaled(model.mtp_depth)
 
 

@@ -1,0 +1,239 @@
+"""The parts a rank's time model (costmodel.rank_time.times) is assembled from, each computed
+once per what it reads: the compute (kernel times and the factors on them) per TimeShape, the
+plan fields the model reads, and each axis's collectives per the span of its group and the
+few plan fields their bytes depend on. A search prices tens of thousands of placements of a few
+thousand shapes; the parts of one are shared by all of them."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Callable
+
+from costmodel.comm import Collective, collective_time_s
+from costmodel.deepseek import dense_layer_model
+from costmodel.flops import stops_before_final_linear
+from costmodel.frameworks import tp_comm_hidden_share
+from costmodel.hardware import ClusterSpec
+from costmodel.kernels import KernelTimes, embedding_kernel_times, head_kernel_times, layer_kernel_times
+from costmodel.kernels.gemm import gemm_s
+from costmodel.placement import AxisSpan
+from costmodel.plan import Plan, Recompute
+from costmodel.rank_time.layer_comm import (
+    _activation_offload_s,
+    _cp_layer_comm_s,
+    _edge_tp_comm_s,
+    _ep_layer_comm_s,
+    _gathered_logits_gather_s,
+    _gathered_logits_loss_s,
+    _pp_send_s,
+    _sp_regather_s,
+    _tp_block_collective_s,
+    _tp_hidden_bytes,
+    _tp_layer_comm_s,
+)
+from costmodel.specs import ModelSpec, TrainSpec
+
+MAX_SHAPES = 1 << 14   # per model, recipe and cluster; a full cache starts over
+
+
+@dataclass(frozen=True, slots=True)
+class TimeShape:
+    """The plan fields a rank's time model reads, standing in for the Plan its helpers take: a
+    helper reading any other field fails here rather than reading a value the cache did not key
+    on. `pp` is 1 or 2: only whether there is a pipeline counts (the stage factor, the sends)."""
+
+    tp: int
+    cp: int
+    ep: int
+    sequence_parallel: bool
+    micro_batch_size: int
+    fp8_linears: bool
+    recompute: Recompute
+    offload_activations: bool
+    pp: int
+
+    @classmethod
+    def of(cls, plan: Plan) -> "TimeShape":
+        return cls(plan.tp, plan.cp, plan.ep, plan.sequence_parallel, plan.micro_batch_size, plan.fp8_linears,
+                   plan.recompute, plan.offload_activations, min(plan.pp, 2))
+
+
+# What each axis's collectives read of a plan (the bytes a rank moves: its micro-batch's tokens
+# and their sharding), standing in for the Plan as TimeShape does.
+@dataclass(frozen=True, slots=True)
+class _TpShape:
+    tp: int
+    cp: int
+    sequence_parallel: bool
+    micro_batch_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class _CpShape:
+    tp: int
+    cp: int
+    micro_batch_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class _EpShape:
+    tp: int
+    cp: int
+    ep: int
+    micro_batch_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class _PpShape:
+    tp: int
+    cp: int
+    pp: int
+    micro_batch_size: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ComputeParts:
+    """What a rank's time model reads that depends on no placement, and each axis's collectives
+    by span, shared with every shape whose collectives move the same bytes."""
+
+    shape: TimeShape
+    layer: KernelTimes
+    exposed: float   # the share of TP collectives the framework leaves exposed
+    early: bool      # a full recomputation stops before the layer's last projection
+    again: float     # a recomputed forward's cost against a training one
+    offload_s: float
+    embedding: KernelTimes
+    head: KernelTimes
+    loss_s: float    # the loss over the other ranks' vocabulary, where the logits are gathered
+    stage: float     # a pipeline stage's work at the device's factor for it
+    mtp_proj_s: float
+    tp: "_ByAxis"
+    cp: "_ByAxis"
+    ep: "_ByAxis"
+    pp: "_ByAxis"
+
+
+@dataclass(frozen=True, slots=True)
+class _ByAxis:
+    """One axis's collectives of shapes that move the same bytes (`key`), by the span of the group."""
+
+    key: object
+    by_span: dict = field(default_factory=dict, compare=False)
+
+
+class RankTimeParts:
+    """The parts of one model's rank time models under one recipe on one cluster."""
+
+    def __init__(self, model: ModelSpec, train: TrainSpec, cluster: ClusterSpec) -> None:
+        self.model, self.train, self.cluster = model, train, cluster
+        self._compute: dict[TimeShape, ComputeParts] = {}
+        self._axes: dict[object, _ByAxis] = {}
+        self._dense: RankTimeParts | None = None
+
+    def dense(self) -> "RankTimeParts":
+        """The parts of the model whose layers are this one's dense first layers."""
+        if self._dense is None:
+            self._dense = RankTimeParts(dense_layer_model(self.model), self.train, self.cluster)
+        return self._dense
+
+    def compute(self, shape: TimeShape) -> ComputeParts:
+        got = self._compute.get(shape)
+        if got is None:
+            if len(self._compute) >= MAX_SHAPES:
+                self._compute.clear()
+                self._axes.clear()
+            got = self._compute[shape] = _compute_parts(self.model, self.train, shape, self.cluster, self._axis)
+        return got
+
+    def _axis(self, key: object) -> _ByAxis:
+        got = self._axes.get(key)
+        if got is None:
+            got = self._axes[key] = _ByAxis(key)
+        return got
+
+    def tp_terms(self, c: ComputeParts, span: AxisSpan) -> tuple[float, ...]:
+        """Over the TP group `span`: a layer's collectives one way, its SP regathers, its output
+        collective, the embedding's and the head's collectives (each), the logits' gather, the
+        MTP projection's collectives."""
+        got = c.tp.by_span.get(span)
+        if got is None:
+            m, t, cl, s = self.model, self.train, self.cluster, c.tp.key
+            got = c.tp.by_span[span] = (
+                _tp_layer_comm_s(m, t, s, cl, span), _sp_regather_s(m, t, s, cl, span),
+                _tp_block_collective_s(m, t, s, cl, span, output=True) if s.tp > 1 else 0.0,
+                _edge_tp_comm_s(t, s, cl, m, span), _gathered_logits_gather_s(m, t, s, cl, span),
+                mtp_tp_s(m, t, s, cl, span))
+        return got
+
+    def cp_terms(self, c: ComputeParts, span: AxisSpan) -> tuple[float, float]:
+        """The exposed (forward, backward) K/V exchange of a layer over the CP group `span`."""
+        got = c.cp.by_span.get(span)
+        if got is None:
+            shape, layer = c.cp.key
+            got = c.cp.by_span[span] = _cp_layer_comm_s(self.model, self.train, shape, self.cluster, span, layer)
+        return got
+
+    def ep_s(self, c: ComputeParts, span: AxisSpan) -> float:
+        """A layer's expert all-to-alls one way over the EP group `span`."""
+        got = c.ep.by_span.get(span)
+        if got is None:
+            got = c.ep.by_span[span] = _ep_layer_comm_s(self.model, self.train, c.ep.key, self.cluster, span)
+        return got
+
+    def pp_send_s(self, c: ComputeParts, span: AxisSpan) -> float:
+        """One activation to the next stage, the pipeline's group being `span`."""
+        got = c.pp.by_span.get(span)
+        if got is None:
+            got = c.pp.by_span[span] = _pp_send_s(self.model, self.train, c.pp.key, self.cluster, span)
+        return got
+
+
+@lru_cache(maxsize=4)
+def rank_time_parts(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec) -> RankTimeParts:
+    """The parts of the few models, recipes and clusters priced last (a search, a sweep's step)."""
+    return RankTimeParts(model, train, cluster)
+
+
+def _compute_parts(model: ModelSpec, train: TrainSpec, shape: TimeShape, cluster: ClusterSpec,
+                   axis: Callable[[object], _ByAxis]) -> ComputeParts:
+    dev, fw = cluster.device, cluster.framework
+    # a full recomputation that stops before the layer's last projection (and its TP collective)
+    early = fw.recompute_early_stop and stops_before_final_linear(model, shape)
+    layer = layer_kernel_times(model, train, shape, dev, not fw.cp_all_gather_kv, fw.float8_casts_fused,
+                               fw.cpu_kernels, fw.eager_layer, early, fw.compiled_layer,
+                               not fw.vendor_attention,   # torch's SDPA: one head size
+                               fw.grouped_expert_gemm)
+    # the share of TP collectives the framework hides behind GEMMs (costmodel.frameworks)
+    exposed = 1.0 - tp_comm_hidden_share(fw, dev.tp_comm_gemm_overlap, shape.tp, shape.sequence_parallel)
+    mtp_proj_s = 0.0
+    if model.mtp_depth:   # the MTP modules' 2h -> h projection, column-parallel over TP
+        h = model.hidden_size
+        mtp_proj_s = gemm_s(shape.micro_batch_size * train.seq_len // shape.cp, 2 * h, -(-h // shape.tp), dev, train)
+    tp, cp, mbs = shape.tp, shape.cp, shape.micro_batch_size
+    return ComputeParts(
+        shape=shape, layer=layer, exposed=exposed, early=early,
+        # Efficiency.recompute_cost: 1, or calibrate's fit
+        again=dev.for_dtype(train.compute_dtype).efficiency.recompute_cost,
+        offload_s=_activation_offload_s(model, train, shape, cluster) if shape.offload_activations else 0.0,
+        embedding=embedding_kernel_times(model, train, shape, dev),
+        head=head_kernel_times(model, train, shape, dev, fw.cpu_kernels),
+        loss_s=_gathered_logits_loss_s(model, train, shape, cluster),
+        # Efficiency.pp_stage
+        stage=dev.efficiency.pp_stage if shape.pp > 1 else 1.0, mtp_proj_s=mtp_proj_s,
+        tp=axis(_TpShape(tp, cp, shape.sequence_parallel, mbs)),
+        # ring attention hides its hops behind the layer's attention
+        cp=axis((_CpShape(tp, cp, mbs), layer)),
+        ep=axis(_EpShape(tp, cp, shape.ep, mbs)), pp=axis(_PpShape(tp, cp, shape.pp, mbs)))
+
+
+def mtp_tp_s(model: ModelSpec, train: TrainSpec, plan: _TpShape, cluster: ClusterSpec, span: AxisSpan) -> float:
+    """An MTP projection's TP collectives: its 2h-wide input all-gathered under SP (its gradient
+    reduce-scattered; without SP that gradient all-reduced) and its output all-gathered over the
+    features (under SP again in backward, where the sequence shard's gradient is gathered)."""
+    if not model.mtp_depth or plan.tp == 1:
+        return 0.0
+    h = model.hidden_size
+    gathers = 2 if plan.sequence_parallel else 1
+    return (_tp_block_collective_s(model, train, plan, cluster, span, output=False, width=2 * h)
+            + _tp_block_collective_s(model, train, plan, cluster, span, output=True, width=2 * h)
+            + gathers * collective_time_s(Collective.ALL_GATHER, _tp_hidden_bytes(model, train, plan), span, cluster))

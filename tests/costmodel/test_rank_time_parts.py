@@ -1,0 +1,45 @@
+"""rank_time_model is assembled from parts cached on what each reads (costmodel.rank_time.parts):
+a plan priced after others that share its parts gets what it gets priced alone."""
+import itertools
+from dataclasses import replace
+
+import pytest
+
+from costmodel.frameworks import framework_traits
+
+from costmodel.hardware.clusters import parse_cluster
+from costmodel.plan import Recompute
+from costmodel.rank_time import rank_time_model, spans
+from costmodel.rank_time.parts import rank_time_parts
+from costmodel.registry import default_recipe, resolve_model
+from costmodel.specs import TrainSpec
+from planner.space import degrees_plan
+
+
+def _plans(model):
+    for tp, cp, ep, pp, order, rc, mbs, sp in itertools.product(
+            (1, 2, 8), (1, 2), (1, 8), (1, 4), (("pp", "dp", "cp", "tp"), ("dp", "pp", "tp", "cp")),
+            tuple(Recompute), (1, 2), (False, True)):
+        dp = 512 // (tp * cp * pp)
+        if dp % ep or (sp and tp == 1):
+            continue
+        plan = degrees_plan(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, num_layers=model.num_layers, mesh_axis_order=order)
+        yield replace(plan, recompute=rc, micro_batch_size=mbs, sequence_parallel=sp)
+
+
+@pytest.mark.parametrize("framework", ["planner", "megatron-core"])   # all-gathered K/V; ring attention
+def test_a_plan_priced_after_others_that_share_its_parts_is_priced_as_alone(framework):
+    cluster = replace(parse_cluster("64x8xH100"), framework=framework_traits(framework))
+    for name in ("deepseek-v3", "llama-70b"):
+        model = resolve_model(name)
+        seq, batch = default_recipe(model)
+        train = TrainSpec(seq_len=seq, global_batch_size=batch)
+        plans = list(_plans(model))
+        rank_time_parts.cache_clear()
+        shared = [rank_time_model(model, train, p, cluster, spans(p, cluster)) for p in plans]
+        alone = []
+        for p in plans:
+            rank_time_parts.cache_clear()
+            alone.append(rank_time_model(model, train, p, cluster, spans(p, cluster)))
+        assert shared == alone
+        assert len(set(shared)) > len(plans) // 4   # placements and shapes that price differently
