@@ -12,7 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from costmodel.check import check_memory, check_structure, ep_problems
+from costmodel.check import check_memory, check_structure, ep_problems, fp8_problems
+from costmodel.frameworks import RUNTIME
 from costmodel.plan import PlanFile
 from costmodel.units import GIB
 from planner import outputs
@@ -130,6 +131,11 @@ def _load(path: str) -> PlanFile:
     if carved := ep_problems(pf.model, plan.ep, dp=plan.dp, tp=plan.tp, cp=plan.cp, pp=plan.pp):
         raise RunRefused(f"{path} was planned for {pf.cluster.framework.name}, whose expert-parallel layout this "
                          f"runtime does not run: {carved[-1]}")
+    # planned for a framework that runs float8 where the runtime does not (experts, TP: costmodel.frameworks)
+    runtime = dataclasses.replace(pf.cluster, framework=RUNTIME)
+    if plan.fp8_linears and (ours := fp8_problems(pf.model, pf.train, runtime, plan.tp)):
+        raise RunRefused(f"{path} was planned for {pf.cluster.framework.name}, whose float8 this runtime does not "
+                         f"run: {'; '.join(ours)}")
     return pf
 
 

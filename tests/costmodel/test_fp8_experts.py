@@ -126,3 +126,18 @@ def test_float8_with_experts_in_our_runtime_is_one_line_and_exit_2(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["planner predict: error: invalid plan: fp8_linears: model qwen3-30b-a3b is a mixture of experts; "
                    "planner runs float8 for dense models only (Megatron-Core runs experts in float8: --framework megatron)"]
+
+
+def test_a_megatron_plan_with_float8_experts_is_refused_by_planner_run(tmp_path, capsys):
+    """A plan.json made for Megatron-Core (--framework megatron) may run float8 experts; `planner
+    run` refuses it before anything starts, in one line naming the framework it was made for."""
+    from costmodel.plan import PlanFile
+    core = run_by(parse_cluster("2x8xH100"), FRAMEWORKS["megatron-core"])
+    plan = build_plan(QWEN3_30B, TRAIN, core, Choice(ep=8, fp8_linears=True))
+    path = tmp_path / "plan.json"
+    PlanFile(plan=plan, model=QWEN3_30B, train=TRAIN, cluster=core).save(path)
+    assert main(["run", str(path), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"planner run: error: {path} was planned for megatron-core, whose float8 this runtime does not run: "
+                   "fp8_linears: model qwen3-30b-a3b is a mixture of experts; planner runs float8 for dense models only "
+                   "(Megatron-Core runs experts in float8: --framework megatron)"]
