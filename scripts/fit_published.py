@@ -3,8 +3,8 @@
     python scripts/fit_published.py [RUNS.csv]             fit, print values and per-row errors
     python scripts/fit_published.py [RUNS.csv] --evaluate  the profiles' current values, no fit
 
-One bounded parameter set per chip (A100 40/80 GB together, H100 SXM5 and HBM2e together: each
-profile it lists under a chip takes that chip's values), never per row, source or model; rows'
+One bounded parameter set per chip (A100 40/80 GB together, H100 SXM5 and HBM2e together; each
+chip's block lists the profiles whose rows it fitted), never per row, source or model; rows'
 unstated fields are filled once by the search. Copying the values into profiles/*.toml is a
 deliberate, reviewed step. `benchmarks/fidelity.py` judges the result on
 sources left out of the fit.
