@@ -12,7 +12,8 @@ from costmodel.hardware import ClusterSpec
 from costmodel.memory import stage_memory_shapes_by_zero
 from costmodel.plan import Plan, Schedule
 from costmodel.rank_time import RankTimeModel, Spans, fastest_of, rank_time_model, spans
-from costmodel.rank_time.layer_comm import _pp_send_s
+from costmodel.rank_time.parts import TimeShape
+from costmodel.rank_time.times import pp_send_s, shape_time_model
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.bounds import (
     MemoryFit,
@@ -135,20 +136,20 @@ class SharedModels:
         return self._order_spans[key]
 
     def _rtm(self, base: Choice, sp: Spans) -> RankTimeModel:
-        """The rank time model of a uniform cluster, shared by the choices it prices alike:
-        rank_time_model reads the plan's pp only as pp > 1, never its dp, and of the spans those
-        of TP, CP and EP, and the pipeline's for its sends alone (tests/planner/test_bounds.py)."""
-        key = (base.tp, base.cp, base.ep, base.micro_batch_size, base.sequence_parallel, base.recompute,
-               base.fp8_linears, base.offload_activations, base.pp > 1, sp.tp, sp.cp, sp.ep)
-        placed = (*key, sp.pp)
-        if placed not in self._rtms:
-            probe = self._probe(base)
-            if key not in self._rtms:
-                self._rtms[key] = rank_time_model(self.model, self.train, probe, self.cluster, sp)
-            rtm = self._rtms[key]
-            send_s = _pp_send_s(self.model, self.train, probe, self.cluster, sp.pp)
-            self._rtms[placed] = rtm if rtm.pp_send_s == send_s else replace(rtm, pp_send_s=send_s)
-        return self._rtms[placed]
+        """The rank time model of a uniform cluster, shared by the choices it prices alike: those
+        of one TimeShape (the choice's fields rank_time_model reads) whose TP, CP and EP groups
+        span alike; the pipeline's span changes only the sends."""
+        shape = TimeShape.of(base)
+        key = (shape, sp.tp, sp.cp, sp.ep)
+        placed = (key, sp.pp)
+        got = self._rtms.get(placed)
+        if got is None:
+            rtm = self._rtms.get(key)
+            if rtm is None:
+                rtm = self._rtms[key] = shape_time_model(self.model, self.train, shape, self.cluster, sp, base.vpp)
+            got = self._rtms[placed] = rtm.with_pp_send_s(pp_send_s(self.model, self.train, shape, self.cluster,
+                                                                    sp.pp))
+        return got
 
     def _slowest_floor_s(self, probe: Plan, models: list[RankTimeModel]) -> float:
         """On a mixed cluster, each rank takes its group's time per layer; which groups hold how

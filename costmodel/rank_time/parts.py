@@ -58,6 +58,18 @@ class TimeShape:
                    plan.recompute, plan.offload_activations, min(plan.pp, 2))
 
 
+@dataclass(frozen=True, slots=True)
+class _KernelShape:
+    """What kernel times read of a plan (costmodel.kernels.KernelShape)."""
+
+    tp: int
+    cp: int
+    ep: int
+    sequence_parallel: bool
+    micro_batch_size: int
+    fp8_linears: bool
+
+
 # What each axis's collectives read of a plan (the bytes a rank moves: its micro-batch's tokens
 # and their sharding), standing in for the Plan as TimeShape does.
 @dataclass(frozen=True, slots=True)
@@ -121,12 +133,28 @@ class _ByAxis:
     by_span: dict = field(default_factory=dict, compare=False)
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _KernelParts:
+    """ComputeParts' fields that read no more of the plan than its kernels do (_KernelShape)."""
+
+    layer: KernelTimes
+    early: bool
+    exposed: float
+    embedding: KernelTimes
+    head: KernelTimes
+    loss_s: float
+    mtp_proj_s: float
+    tp: _ByAxis
+    cp: _ByAxis
+
+
 class RankTimeParts:
     """The parts of one model's rank time models under one recipe on one cluster."""
 
     def __init__(self, model: ModelSpec, train: TrainSpec, cluster: ClusterSpec) -> None:
         self.model, self.train, self.cluster = model, train, cluster
         self._compute: dict[TimeShape, ComputeParts] = {}
+        self._kernels: dict[_KernelShape, _KernelParts] = {}
         self._axes: dict[object, _ByAxis] = {}
         self._dense: RankTimeParts | None = None
 
@@ -141,8 +169,17 @@ class RankTimeParts:
         if got is None:
             if len(self._compute) >= MAX_SHAPES:
                 self._compute.clear()
+                self._kernels.clear()
                 self._axes.clear()
-            got = self._compute[shape] = _compute_parts(self.model, self.train, shape, self.cluster, self._axis)
+            # a model without experts has no expert GEMMs or routing: its kernels read no ep
+            # (tests/costmodel/test_rank_time_parts.py), so its shapes share them across ep
+            key = _KernelShape(shape.tp, shape.cp, shape.ep if self.model.is_moe else 1, shape.sequence_parallel,
+                               shape.micro_batch_size, shape.fp8_linears)
+            kernels = self._kernels.get(key)
+            if kernels is None:
+                kernels = self._kernels[key] = _kernel_parts(self.model, self.train, key, self.cluster, self._axis)
+            got = self._compute[shape] = _compute_parts(self.model, self.train, shape, self.cluster, kernels,
+                                                        self._axis)
         return got
 
     def _axis(self, key: object) -> _ByAxis:
@@ -195,7 +232,23 @@ def rank_time_parts(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec) ->
 
 
 def _compute_parts(model: ModelSpec, train: TrainSpec, shape: TimeShape, cluster: ClusterSpec,
-                   axis: Callable[[object], _ByAxis]) -> ComputeParts:
+                   kernels: _KernelParts, axis: Callable[[object], _ByAxis]) -> ComputeParts:
+    dev = cluster.device
+    k = kernels
+    return ComputeParts(
+        shape=shape, layer=k.layer, exposed=k.exposed, early=k.early,
+        # Efficiency.recompute_cost: 1, or calibrate's fit
+        again=dev.for_dtype(train.compute_dtype).efficiency.recompute_cost,
+        offload_s=_activation_offload_s(model, train, shape, cluster) if shape.offload_activations else 0.0,
+        embedding=k.embedding, head=k.head, loss_s=k.loss_s,
+        # Efficiency.pp_stage
+        stage=dev.efficiency.pp_stage if shape.pp > 1 else 1.0, mtp_proj_s=k.mtp_proj_s, tp=k.tp, cp=k.cp,
+        ep=axis(_EpShape(shape.tp, shape.cp, shape.ep, shape.micro_batch_size)),
+        pp=axis(_PpShape(shape.tp, shape.cp, shape.pp, shape.micro_batch_size)))
+
+
+def _kernel_parts(model: ModelSpec, train: TrainSpec, shape: _KernelShape, cluster: ClusterSpec,
+                  axis: Callable[[object], _ByAxis]) -> _KernelParts:
     dev, fw = cluster.device, cluster.framework
     # a full recomputation that stops before the layer's last projection (and its TP collective)
     early = fw.recompute_early_stop and stops_before_final_linear(model, shape)
@@ -203,27 +256,21 @@ def _compute_parts(model: ModelSpec, train: TrainSpec, shape: TimeShape, cluster
                                fw.cpu_kernels, fw.eager_layer, early, fw.compiled_layer,
                                not fw.vendor_attention,   # torch's SDPA: one head size
                                fw.grouped_expert_gemm)
-    # the share of TP collectives the framework hides behind GEMMs (costmodel.frameworks)
-    exposed = 1.0 - tp_comm_hidden_share(fw, dev.tp_comm_gemm_overlap, shape.tp, shape.sequence_parallel)
     mtp_proj_s = 0.0
     if model.mtp_depth:   # the MTP modules' 2h -> h projection, column-parallel over TP
         h = model.hidden_size
         mtp_proj_s = gemm_s(shape.micro_batch_size * train.seq_len // shape.cp, 2 * h, -(-h // shape.tp), dev, train)
     tp, cp, mbs = shape.tp, shape.cp, shape.micro_batch_size
-    return ComputeParts(
-        shape=shape, layer=layer, exposed=exposed, early=early,
-        # Efficiency.recompute_cost: 1, or calibrate's fit
-        again=dev.for_dtype(train.compute_dtype).efficiency.recompute_cost,
-        offload_s=_activation_offload_s(model, train, shape, cluster) if shape.offload_activations else 0.0,
+    return _KernelParts(
+        layer=layer, early=early,
+        # the share of TP collectives the framework hides behind GEMMs (costmodel.frameworks)
+        exposed=1.0 - tp_comm_hidden_share(fw, dev.tp_comm_gemm_overlap, tp, shape.sequence_parallel),
         embedding=embedding_kernel_times(model, train, shape, dev),
         head=head_kernel_times(model, train, shape, dev, fw.cpu_kernels),
-        loss_s=_gathered_logits_loss_s(model, train, shape, cluster),
-        # Efficiency.pp_stage
-        stage=dev.efficiency.pp_stage if shape.pp > 1 else 1.0, mtp_proj_s=mtp_proj_s,
+        loss_s=_gathered_logits_loss_s(model, train, shape, cluster), mtp_proj_s=mtp_proj_s,
         tp=axis(_TpShape(tp, cp, shape.sequence_parallel, mbs)),
         # ring attention hides its hops behind the layer's attention
-        cp=axis((_CpShape(tp, cp, mbs), layer)),
-        ep=axis(_EpShape(tp, cp, shape.ep, mbs)), pp=axis(_PpShape(tp, cp, shape.pp, mbs)))
+        cp=axis((_CpShape(tp, cp, mbs), layer)))
 
 
 def mtp_tp_s(model: ModelSpec, train: TrainSpec, plan: _TpShape, cluster: ClusterSpec, span: AxisSpan) -> float:

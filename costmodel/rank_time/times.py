@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from costmodel.hardware import ClusterSpec
+from costmodel.placement import AxisSpan
 from costmodel.plan import Plan, Recompute
 from costmodel.rank_time.parts import ComputeParts, RankTimeParts, TimeShape, rank_time_parts
 from costmodel.rank_time.spans import Spans
@@ -76,6 +77,13 @@ class RankTimeModel:
         """The same rank with `vpp` virtual stages (only its pipeline sends change)."""
         return replace(self, vpp=vpp)
 
+    def with_pp_send_s(self, pp_send_s: float) -> "RankTimeModel":
+        """The same rank under another placement of the pipeline axis (only its sends change)."""
+        if pp_send_s == self.pp_send_s:
+            return self
+        return RankTimeModel(per_layer=self.per_layer, per_recomputed_layer=self.per_recomputed_layer,
+                             first_edge=self.first_edge, last_edge=self.last_edge, pp_send_s=pp_send_s, vpp=self.vpp)
+
     def at(self, layers: int, recomputed: int, first: bool, last: bool) -> RankTimes:
         times = self.per_layer.scaled(layers) + self.per_recomputed_layer.scaled(recomputed)
         if first:
@@ -114,10 +122,16 @@ def _times(fwd: float = 0.0, bwd: float = 0.0, bwd_w: float = 0.0, rc: float = 0
 def rank_time_model(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
                     sp: Spans) -> RankTimeModel:
     """Depends on the plan's degrees, micro-batch, SP, recompute mode and placement only, not on
-    its layer split or recompute counts (TimeShape; of the spans those of TP, CP, EP and PP).
-    Its parts come from rank_time_parts, each computed once for what it reads."""
+    its layer split or recompute counts (TimeShape; of the spans those of TP, CP, EP and PP)."""
+    return shape_time_model(model, train, TimeShape.of(plan), cluster, sp, plan.vpp)
+
+
+def shape_time_model(model: ModelSpec, train: TrainSpec, shape: TimeShape, cluster: ClusterSpec, sp: Spans,
+                     vpp: int = 1) -> RankTimeModel:
+    """rank_time_model of every plan of this TimeShape, placed as `sp` says, with `vpp` virtual
+    stages. Its parts come from rank_time_parts, each computed once for what it reads."""
     parts = rank_time_parts(model, train, cluster)
-    c = parts.compute(TimeShape.of(plan))
+    c = parts.compute(shape)
     per_layer, per_rc, tp_edges = _layer_times(parts, c, sp)
     embed_pass = _times(c.embedding.forward_s, c.embedding.backward_s, c.embedding.backward_weight_s, tp=tp_edges[0])
     head_pass = _times(c.head.forward_s + c.loss_s, c.head.backward_s + c.loss_s, c.head.backward_weight_s,
@@ -130,7 +144,13 @@ def rank_time_model(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Clu
     return RankTimeModel(
         per_layer=per_layer.scaled(stage), per_recomputed_layer=per_rc.scaled(stage),
         first_edge=first_edge.scaled(stage), last_edge=last_edge.scaled(stage),
-        pp_send_s=parts.pp_send_s(c, sp.pp), vpp=plan.vpp)
+        pp_send_s=parts.pp_send_s(c, sp.pp), vpp=vpp)
+
+
+def pp_send_s(model: ModelSpec, train: TrainSpec, shape: TimeShape, cluster: ClusterSpec, span: AxisSpan) -> float:
+    """RankTimeModel.pp_send_s of a plan of this shape were its pipeline group `span`."""
+    parts = rank_time_parts(model, train, cluster)
+    return parts.pp_send_s(parts.compute(shape), span)
 
 
 def _layer_times(parts: RankTimeParts, c: ComputeParts, sp: Spans) -> tuple[RankTimes, RankTimes, tuple[float, ...]]:

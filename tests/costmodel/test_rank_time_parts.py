@@ -5,7 +5,9 @@ from dataclasses import replace
 
 import pytest
 
+from costmodel.deepseek import dense_layer_model
 from costmodel.frameworks import framework_traits
+from costmodel.kernels import embedding_kernel_times, head_kernel_times, layer_kernel_times
 
 from costmodel.hardware.clusters import parse_cluster
 from costmodel.plan import Recompute
@@ -43,3 +45,19 @@ def test_a_plan_priced_after_others_that_share_its_parts_is_priced_as_alone(fram
             alone.append(rank_time_model(model, train, p, cluster, spans(p, cluster)))
         assert shared == alone
         assert len(set(shared)) > len(plans) // 4   # placements and shapes that price differently
+
+
+def test_the_kernels_of_a_model_without_experts_read_no_ep():
+    """RankTimeParts shares such a model's kernel parts across ep (deepseek-v3's dense first
+    layers are one: costmodel.deepseek.dense_layer_model)."""
+    cluster = parse_cluster("64x8xH100")
+    for model in (resolve_model("llama-70b"), dense_layer_model(resolve_model("deepseek-v3"))):
+        assert not model.is_moe
+        train = TrainSpec(seq_len=4096, global_batch_size=512)
+        for tp, cp, sp, mbs in itertools.product((1, 4), (1, 2), (False, True), (1, 2)):
+            plans = [replace(degrees_plan(dp=512 // (tp * cp), tp=tp, pp=1, cp=cp, ep=ep), sequence_parallel=sp,
+                             micro_batch_size=mbs) for ep in (1, 8)]
+            for kernels, how in ((layer_kernel_times, (True,)), (layer_kernel_times, (False,)),
+                                 (embedding_kernel_times, ()), (head_kernel_times, ())):
+                one, eight = (kernels(model, train, p, cluster.device, *how) for p in plans)
+                assert one == eight
