@@ -3,6 +3,7 @@ prices Megatron-Core's Mixtral 8x22B mapping on 128 H100 (tp2 pp8 dp8 ep8): its 
 two TP ranks and four data-parallel ones, inside a node, and each expert's states are sharded
 over the two ranks holding it; carved from data parallelism (our runtime), EP crosses nodes and
 each rank's expert states are whole."""
+import itertools
 from dataclasses import replace
 
 import pytest
@@ -16,7 +17,7 @@ from costmodel.placement import expert_layout
 from costmodel.rank_time import spans
 from costmodel.registry import resolve_model
 from costmodel.specs import TrainSpec
-from planner.space import Choice, build_plan
+from planner.space import Choice, build_plan, divisors
 
 MODEL = resolve_model("mixtral-8x22b")
 TRAIN = TrainSpec(seq_len=4096, global_batch_size=256)
@@ -45,7 +46,6 @@ def test_megatron_folds_expert_parallelism_over_tensor_parallelism():
 def _groups(layout, axes):
     """Every group of ranks that differ only along `axes` of the layout (ranks row-major over
     layout.order, as placement lays them out)."""
-    import itertools
     ranges = [range(d) for d in layout.degrees]
     by_key = {}
     for rank, coords in enumerate(itertools.product(*ranges)):
@@ -82,6 +82,44 @@ def test_folded_groups_are_megatron_cores_own(tp, cp, dp, pp, ep, megatron_order
     assert _groups(replace(layout, order=order, degrees=degrees), ("tp",)) == sorted(dense.get_ranks("tp"))
     assert _groups(layout, layout.ep_axes) == sorted(experts.get_ranks("ep"))
     assert _groups(layout, layout.edp_axes) == sorted(experts.get_ranks("dp"))
+
+
+def _is_box(ranks, order, degrees) -> bool:
+    """Whether a set of ranks is whole coordinate ranges of the mesh's axes: a product of one
+    set of coordinates per axis, as a group over mesh axes (or their cut parts) is."""
+    coords = set()
+    for rank in ranks:
+        c = []
+        for d in reversed(degrees):
+            c.append(rank % d)
+            rank //= d
+        coords.add(tuple(reversed(c)))
+    axes = [sorted({c[i] for c in coords}) for i in range(len(order))]
+    return coords == set(itertools.product(*axes))
+
+
+def test_the_fold_takes_every_megatron_layout_a_mesh_group_can_be():
+    """Every layout up to 32 ranks of Megatron's default order: where Megatron-Core's EP groups
+    (etp 1) are whole ranges of the dense grid's axes, expert_layout lays the same groups out;
+    where they straddle an axis unevenly (tp 4 with ep 6: a TP group and half another), it
+    refuses (check_plan says so in one line), as a mesh group cannot be cut that way."""
+    pytest.importorskip("megatron.core", reason="megatron-core (test extra) is not installed")
+    from megatron.core.parallel_state import RankGenerator
+    order, checked, refused = ("pp", "dp", "cp", "tp"), 0, 0
+    for tp, cp, dp, pp in itertools.product((1, 2, 4), (1, 2), (1, 2, 3, 4, 8), (1, 2)):
+        degrees = (pp, dp, cp, tp)
+        for ep in divisors(tp * cp * dp)[1:]:
+            experts = RankGenerator(tp=1, ep=ep, dp=tp * cp * dp // ep, pp=pp, cp=1, order="tp-cp-ep-dp-pp")
+            boxes = all(_is_box(g, order, degrees) for g in experts.get_ranks("ep"))
+            layout = expert_layout(order, degrees, ep, True)
+            assert (layout is not None) == boxes, (tp, cp, dp, pp, ep)
+            if layout is None:
+                refused += 1
+                continue
+            assert _groups(layout, layout.ep_axes) == sorted(experts.get_ranks("ep"))
+            assert _groups(layout, layout.edp_axes) == sorted(experts.get_ranks("dp"))
+            checked += 1
+    assert checked > 150 and refused > 5
 
 
 def _qwen3_plan(framework, **degrees):
