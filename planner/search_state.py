@@ -12,8 +12,8 @@ from costmodel.hardware import ClusterSpec
 from costmodel.memory import stage_memory_shapes_by_zero
 from costmodel.plan import Plan, Schedule
 from costmodel.rank_time import RankTimeModel, Spans, fastest_of, rank_time_model, spans
-from costmodel.rank_time.parts import TimeShape
-from costmodel.rank_time.times import pp_send_s, shape_time_model
+from costmodel.rank_time.parts import TimeShape, rank_time_parts
+from costmodel.rank_time.times import parts_time_model
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.bounds import (
     MemoryFit,
@@ -101,6 +101,7 @@ class SharedModels:
         self._vpp_probes: dict[tuple, Plan] = {}
         self._rtms: dict[tuple, RankTimeModel] = {}
         self._optimizer: dict[tuple, tuple[float, ...]] = {}
+        self._parts = rank_time_parts(model, train, cluster)
 
     def time_model(self, base: Choice) -> "TimedChoice":
         """`base`: a choice with one virtual stage and no schedule (time_groups)."""
@@ -135,20 +136,20 @@ class SharedModels:
                                                         mesh_axis_order=order), self.cluster)
         return self._order_spans[key]
 
-    def _rtm(self, base: Choice, sp: Spans) -> RankTimeModel:
+    def _rtm(self, base: Choice, sp: Spans, shape: TimeShape | None = None) -> RankTimeModel:
         """The rank time model of a uniform cluster, shared by the choices it prices alike: those
-        of one TimeShape (the choice's fields rank_time_model reads) whose TP, CP and EP groups
-        span alike; the pipeline's span changes only the sends."""
-        shape = TimeShape.of(base)
+        of one TimeShape (the choice's fields rank_time_model reads; `shape`, when the caller has
+        it) whose TP, CP and EP groups span alike; the pipeline's span changes only the sends."""
+        shape = shape or TimeShape.of(base)
         key = (shape, sp.tp, sp.cp, sp.ep)
         placed = (key, sp.pp)
         got = self._rtms.get(placed)
         if got is None:
+            c = self._parts.compute(shape)
             rtm = self._rtms.get(key)
             if rtm is None:
-                rtm = self._rtms[key] = shape_time_model(self.model, self.train, shape, self.cluster, sp, base.vpp)
-            got = self._rtms[placed] = rtm.with_pp_send_s(pp_send_s(self.model, self.train, shape, self.cluster,
-                                                                    sp.pp))
+                rtm = self._rtms[key] = parts_time_model(self._parts, c, sp, base.vpp)
+            got = self._rtms[placed] = rtm.with_pp_send_s(self._parts.pp_send_s(c, sp.pp))
         return got
 
     def _slowest_floor_s(self, probe: Plan, models: list[RankTimeModel]) -> float:
@@ -278,7 +279,8 @@ class SharedModels:
             pipeline = [min(time_floor_s(self.model, t.rtm, base.pp, m, schedule, vpp, base.recompute,
                                          t.slowest_floor_s) for t in timed) for vpp, schedule in group.variants]
             return pipeline, tuple(min(t.zero_floors_s[z] for t in timed) for z in range(len(STATE_OPTIONS)))
-        rtms = {id(r): r for r in (self._rtm(base, self._spans(base, order)) for order in group.orders)}.values()
+        shape = TimeShape.of(base)   # the orders' alike
+        rtms = {id(r): r for r in (self._rtm(base, self._spans(base, order), shape) for order in group.orders)}.values()
         pipeline = [min(time_floor_s(self.model, rtm, base.pp, m, schedule, vpp, base.recompute) for rtm in rtms)
                     for vpp, schedule in group.variants]
         return pipeline, self._optimizer_floors_s(base)

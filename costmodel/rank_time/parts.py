@@ -123,6 +123,7 @@ class ComputeParts:
     cp: "_ByAxis"
     ep: "_ByAxis"
     pp: "_ByAxis"
+    dense: "ComputeParts | None"   # its dense first layers' (RankTimeParts.dense), where it has some
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,8 +179,9 @@ class RankTimeParts:
             kernels = self._kernels.get(key)
             if kernels is None:
                 kernels = self._kernels[key] = _kernel_parts(self.model, self.train, key, self.cluster, self._axis)
+            dense = self.dense().compute(shape) if self.model.first_k_dense else None
             got = self._compute[shape] = _compute_parts(self.model, self.train, shape, self.cluster, kernels,
-                                                        self._axis)
+                                                        self._axis, dense)
         return got
 
     def _axis(self, key: object) -> _ByAxis:
@@ -232,7 +234,7 @@ def rank_time_parts(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec) ->
 
 
 def _compute_parts(model: ModelSpec, train: TrainSpec, shape: TimeShape, cluster: ClusterSpec,
-                   kernels: _KernelParts, axis: Callable[[object], _ByAxis]) -> ComputeParts:
+                   kernels: _KernelParts, axis: Callable[[object], _ByAxis], dense: ComputeParts | None) -> ComputeParts:
     dev = cluster.device
     k = kernels
     return ComputeParts(
@@ -244,7 +246,7 @@ def _compute_parts(model: ModelSpec, train: TrainSpec, shape: TimeShape, cluster
         # Efficiency.pp_stage
         stage=dev.efficiency.pp_stage if shape.pp > 1 else 1.0, mtp_proj_s=k.mtp_proj_s, tp=k.tp, cp=k.cp,
         ep=axis(_EpShape(shape.tp, shape.cp, shape.ep, shape.micro_batch_size)),
-        pp=axis(_PpShape(shape.tp, shape.cp, shape.pp, shape.micro_batch_size)))
+        pp=axis(_PpShape(shape.tp, shape.cp, shape.pp, shape.micro_batch_size)), dense=dense)
 
 
 def _kernel_parts(model: ModelSpec, train: TrainSpec, shape: _KernelShape, cluster: ClusterSpec,

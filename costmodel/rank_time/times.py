@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from costmodel.hardware import ClusterSpec
-from costmodel.placement import AxisSpan
 from costmodel.plan import Plan, Recompute
 from costmodel.rank_time.parts import ComputeParts, RankTimeParts, TimeShape, rank_time_parts
 from costmodel.rank_time.spans import Spans
@@ -33,19 +32,45 @@ class RankTimes:
 
     # field by field rather than over __slots__: the search adds these a few hundred thousand times
     def __add__(self, other: "RankTimes") -> "RankTimes":
-        return RankTimes(forward_s=self.forward_s + other.forward_s, backward_s=self.backward_s + other.backward_s,
-                         backward_weight_s=self.backward_weight_s + other.backward_weight_s,
-                         recompute_s=self.recompute_s + other.recompute_s, tp_comm_s=self.tp_comm_s + other.tp_comm_s,
-                         cp_comm_s=self.cp_comm_s + other.cp_comm_s, pp_comm_s=self.pp_comm_s + other.pp_comm_s,
-                         ep_comm_s=self.ep_comm_s + other.ep_comm_s, offload_s=self.offload_s + other.offload_s)
+        return _rank_times(self.forward_s + other.forward_s, self.backward_s + other.backward_s,
+                           self.backward_weight_s + other.backward_weight_s, self.recompute_s + other.recompute_s,
+                           self.tp_comm_s + other.tp_comm_s, self.cp_comm_s + other.cp_comm_s,
+                           self.pp_comm_s + other.pp_comm_s, self.ep_comm_s + other.ep_comm_s,
+                           self.offload_s + other.offload_s)
 
     def scaled(self, k: float) -> "RankTimes":
         if k == 1.0:   # x * 1.0 is x: no new record (most ranks' stage factor, most models' MTP depth)
             return self
-        return RankTimes(forward_s=self.forward_s * k, backward_s=self.backward_s * k,
-                         backward_weight_s=self.backward_weight_s * k, recompute_s=self.recompute_s * k,
-                         tp_comm_s=self.tp_comm_s * k, cp_comm_s=self.cp_comm_s * k, pp_comm_s=self.pp_comm_s * k,
-                         ep_comm_s=self.ep_comm_s * k, offload_s=self.offload_s * k)
+        return _rank_times(self.forward_s * k, self.backward_s * k, self.backward_weight_s * k, self.recompute_s * k,
+                           self.tp_comm_s * k, self.cp_comm_s * k, self.pp_comm_s * k, self.ep_comm_s * k,
+                           self.offload_s * k)
+
+
+_new = object.__new__
+_set_forward, _set_backward, _set_backward_weight, _set_recompute = (
+    RankTimes.forward_s.__set__, RankTimes.backward_s.__set__, RankTimes.backward_weight_s.__set__,
+    RankTimes.recompute_s.__set__)
+_set_tp, _set_cp, _set_pp, _set_ep, _set_offload = (
+    RankTimes.tp_comm_s.__set__, RankTimes.cp_comm_s.__set__, RankTimes.pp_comm_s.__set__, RankTimes.ep_comm_s.__set__,
+    RankTimes.offload_s.__set__)
+
+
+def _rank_times(forward_s: float, backward_s: float, backward_weight_s: float, recompute_s: float, tp_comm_s: float,
+                cp_comm_s: float, pp_comm_s: float, ep_comm_s: float, offload_s: float) -> RankTimes:
+    """RankTimes(...) with every field given, a quarter of its cost: the frozen dataclass's
+    __init__ sets each field through object.__setattr__, and the search (rank time models,
+    pipeline rows) makes a few hundred thousand of these; its slots are set directly instead."""
+    times = _new(RankTimes)
+    _set_forward(times, forward_s)
+    _set_backward(times, backward_s)
+    _set_backward_weight(times, backward_weight_s)
+    _set_recompute(times, recompute_s)
+    _set_tp(times, tp_comm_s)
+    _set_cp(times, cp_comm_s)
+    _set_pp(times, pp_comm_s)
+    _set_ep(times, ep_comm_s)
+    _set_offload(times, offload_s)
+    return times
 
 
 ZERO_TIMES = RankTimes(forward_s=0.0, backward_s=0.0, backward_weight_s=0.0, recompute_s=0.0,
@@ -90,11 +115,9 @@ class RankTimeModel:
             times = times + self.first_edge
         if last:
             times = times + self.last_edge
-        return RankTimes(forward_s=times.forward_s, backward_s=times.backward_s,
-                         backward_weight_s=times.backward_weight_s, recompute_s=times.recompute_s,
-                         tp_comm_s=times.tp_comm_s, cp_comm_s=times.cp_comm_s,
-                         pp_comm_s=times.pp_comm_s + self.pp_comm_s, ep_comm_s=times.ep_comm_s,
-                         offload_s=times.offload_s)
+        return _rank_times(times.forward_s, times.backward_s, times.backward_weight_s, times.recompute_s,
+                           times.tp_comm_s, times.cp_comm_s, times.pp_comm_s + self.pp_comm_s, times.ep_comm_s,
+                           times.offload_s)
 
 
 def fastest_of(models: list[RankTimeModel]) -> RankTimeModel:
@@ -115,8 +138,7 @@ def fastest_of(models: list[RankTimeModel]) -> RankTimeModel:
 
 def _times(fwd: float = 0.0, bwd: float = 0.0, bwd_w: float = 0.0, rc: float = 0.0,
            tp: float = 0.0, cp: float = 0.0, ep: float = 0.0) -> RankTimes:
-    return RankTimes(forward_s=fwd, backward_s=bwd, backward_weight_s=bwd_w, recompute_s=rc,
-                     tp_comm_s=tp, cp_comm_s=cp, pp_comm_s=0.0, ep_comm_s=ep)
+    return _rank_times(fwd, bwd, bwd_w, rc, tp, cp, 0.0, ep, 0.0)
 
 
 def rank_time_model(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
@@ -129,28 +151,27 @@ def rank_time_model(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Clu
 def shape_time_model(model: ModelSpec, train: TrainSpec, shape: TimeShape, cluster: ClusterSpec, sp: Spans,
                      vpp: int = 1) -> RankTimeModel:
     """rank_time_model of every plan of this TimeShape, placed as `sp` says, with `vpp` virtual
-    stages. Its parts come from rank_time_parts, each computed once for what it reads."""
+    stages."""
     parts = rank_time_parts(model, train, cluster)
-    c = parts.compute(shape)
+    return parts_time_model(parts, parts.compute(shape), sp, vpp)
+
+
+def parts_time_model(parts: RankTimeParts, c: ComputeParts, sp: Spans, vpp: int = 1) -> RankTimeModel:
+    """The rank time model from its parts (`c`: parts.compute of its TimeShape)."""
+    model = parts.model
     per_layer, per_rc, tp_edges = _layer_times(parts, c, sp)
     embed_pass = _times(c.embedding.forward_s, c.embedding.backward_s, c.embedding.backward_weight_s, tp=tp_edges[0])
     head_pass = _times(c.head.forward_s + c.loss_s, c.head.backward_s + c.loss_s, c.head.backward_weight_s,
                        tp=tp_edges[0] + tp_edges[1])
     first_edge = embed_pass
     if model.first_k_dense:
-        first_edge = first_edge + _dense_first_layers(model, parts.dense(), c.shape, sp, per_layer)
+        first_edge = first_edge + _dense_first_layers(model, parts.dense(), c.dense, sp, per_layer)
     last_edge = head_pass + _mtp_times(model, c, tp_edges[2], per_layer, embed_pass + head_pass)
     stage = c.stage
     return RankTimeModel(
         per_layer=per_layer.scaled(stage), per_recomputed_layer=per_rc.scaled(stage),
         first_edge=first_edge.scaled(stage), last_edge=last_edge.scaled(stage),
         pp_send_s=parts.pp_send_s(c, sp.pp), vpp=vpp)
-
-
-def pp_send_s(model: ModelSpec, train: TrainSpec, shape: TimeShape, cluster: ClusterSpec, span: AxisSpan) -> float:
-    """RankTimeModel.pp_send_s of a plan of this shape were its pipeline group `span`."""
-    parts = rank_time_parts(model, train, cluster)
-    return parts.pp_send_s(parts.compute(shape), span)
 
 
 def _layer_times(parts: RankTimeParts, c: ComputeParts, sp: Spans) -> tuple[RankTimes, RankTimes, tuple[float, ...]]:
@@ -176,13 +197,12 @@ def _layer_times(parts: RankTimeParts, c: ComputeParts, sp: Spans) -> tuple[Rank
     return per_layer, per_rc, (edge_tp_s, gather_s, mtp_tp_s)
 
 
-def _dense_first_layers(model: ModelSpec, dense: RankTimeParts, shape: TimeShape, sp: Spans,
+def _dense_first_layers(model: ModelSpec, dense: RankTimeParts, c: ComputeParts, sp: Spans,
                         expert_layer: RankTimes) -> RankTimes:
     """The first rank's dense first layers (ModelSpec.first_k_dense) against as many expert
     layers: priced as the first (virtual) stage's, a dense layer's time less an expert layer's
     (kernels and communication) for each. Their recomputation is priced as an expert layer's.
-    `dense`: the parts of costmodel.deepseek.dense_layer_model(model)."""
-    c = dense.compute(shape)
+    `dense`, `c`: the parts of costmodel.deepseek.dense_layer_model(model) and its compute."""
     # a dense layer's time as its own rank time model gives it (at the stage factor), the factor
     # taken back off: rank_time_model applies it once, to the first edge
     layer = _layer_times(dense, c, sp)[0].scaled(c.stage).scaled(1 / c.stage)
