@@ -233,10 +233,11 @@ def _check_pipeline(model: ModelSpec, plan: Plan) -> list[str]:
         add(f"layers_per_stage sums to {sum(plan.layers_per_stage)}, the model has {model.num_layers} layers")
     elif min(plan.layers_per_stage) < 1:
         add("every pipeline stage needs at least one layer")
-    elif (first := plan.layers_on_rank(plan.stage_rank(0))) < model.first_k_dense:
-        # the dense first layers are priced on the first rank (costmodel.params.rank_params_at)
-        add(f"the first pipeline rank holds {first} layers, fewer than the model's {model.first_k_dense} "
-            "dense first layers (first_k_dense)")
+    elif plan.layers_per_stage[0] < model.first_k_dense:
+        # the dense first layers are priced on the first stage, on the first rank
+        # (costmodel.params.rank_params_at, costmodel.rank_time's first edge)
+        add(f"the first pipeline stage holds {plan.layers_per_stage[0]} layers, fewer than the model's "
+            f"{model.first_k_dense} dense first layers (first_k_dense)")
     problems += plan.schedule.traits.problems(str(plan.schedule), plan.pp, plan.vpp, plan.num_micro_batches,
                                               plan.recompute is not Recompute.NONE and any(plan.recompute_num_layers))
     return problems

@@ -160,7 +160,9 @@ def solve_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
     n = [cm.NewIntVar(0, total, f"n{r}") for r in range(plan.pp)]
     z = [cm.NewBoolVar(f"z{r}") for r in range(plan.pp)]
     cm.Add(sum(L) == total)
-    cm.Add(L[plan.stage_rank(0)] >= model.first_k_dense)   # check_plan: the dense first layers on the first rank
+    # check_plan: the dense first layers on the first stage; apply_split gives the first rank's
+    # shortest chunk, floor(L / vpp), to it
+    cm.Add(L[plan.stage_rank(0)] >= model.first_k_dense * plan.vpp)
     for r in range(plan.pp):
         cm.Add(n[r] <= L[r])
         cm.Add(n[r] <= total * z[r])

@@ -65,7 +65,7 @@ def build_plan(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, choice:
                              f"replicas of micro-batches of {choice.micro_batch_size}")
         num_micro_batches = per_replica // choice.micro_batch_size
     schedule = choice.schedule or default_schedule(choice.vpp)
-    layers = even_layers(model.num_layers, choice.pp * choice.vpp)
+    layers = dense_layers_first(even_layers(model.num_layers, choice.pp * choice.vpp), model.first_k_dense)
     probe = Plan(dp=dp, tp=choice.tp, pp=choice.pp, cp=choice.cp, zero_stage=choice.zero_stage,
                  recompute=choice.recompute, recompute_num_layers=(0,) * choice.pp,
                  sequence_parallel=False,
@@ -81,6 +81,16 @@ def build_plan(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, choice:
                        else min(choice.recompute_layers, probe.layers_on_rank(r)) for r in range(choice.pp))
     sp = choice.sequence_parallel if choice.sequence_parallel is not None else choice.tp > 1
     return replace(probe, recompute_num_layers=counts, sequence_parallel=sp)
+
+
+def dense_layers_first(layers: tuple[int, ...], dense: int) -> tuple[int, ...]:
+    """An even split whose first stage holds the model's dense first layers (check_structure:
+    they are priced there): those on the first stage and the rest spread evenly over the others;
+    unchanged where the first stage already holds them or the others would be left empty."""
+    total, stages = sum(layers), len(layers)
+    if layers[0] >= dense or stages == 1 or total - dense < stages - 1:
+        return layers
+    return (dense, *even_layers(total - dense, stages - 1))
 
 
 def _shared_micro_batches(train: TrainSpec, cluster: ClusterSpec, choice: Choice, dp: int) -> int:

@@ -149,6 +149,7 @@ def test_deepseeks_published_layout_is_priced(capsys):
 
 def test_a_first_rank_without_room_for_the_dense_layers_is_refused():
     from costmodel.check import check_structure
+    from costmodel.plan import even_layers
     from planner.space import Choice, build_plan
     from planner.specs import build_specs
     model, train, cluster = build_specs("deepseek-v3", "256x8xH100")
@@ -157,6 +158,14 @@ def test_a_first_rank_without_room_for_the_dense_layers_is_refused():
     short = dataclasses.replace(plan, layers_per_stage=(2, 4) + plan.layers_per_stage[2:])
     assert any("holds 2 layers, fewer than the model's 3 dense first layers" in p
                for p in check_structure(model, train, cluster, short))
+    # interleaved: the first rank holds 7 or more layers, its first virtual stage 1 (whose time the dense
+    # layers' correction would have driven below zero: the simulation then deadlocked)
+    interleaved = build_plan(model, train, cluster, Choice(pp=8, vpp=7, ep=64))
+    assert interleaved.layers_per_stage[0] == 3   # build_plan's split puts them there
+    interleaved = dataclasses.replace(interleaved, layers_per_stage=even_layers(61, 56))
+    assert interleaved.layers_per_stage[0] == 1 and interleaved.layers_on_rank(0) >= 3
+    assert any("first pipeline stage holds 1 layers, fewer than the model's 3" in p
+               for p in check_structure(model, train, cluster, interleaved))
 
 
 def test_latent_down_projections_are_summed_over_tp_under_sequence_parallelism():
