@@ -112,22 +112,30 @@ def _simulate(plan: Plan, costs: list[StageCost], keep_events: bool) -> Simulati
             while i < len(ops):
                 stage, kind, mb = ops[i]
                 c = costs[stage]
+                # each span inline (events only when kept): this loop runs tens of thousands of times
                 if kind == "F":
                     ready = 0.0 if stage == 0 else fwd_ready[stage - 1][mb]
                     if ready < 0:
                         break
                     t = max(t, ready)
                     log.append((t, c.activation_bytes))
-                    t = _span(events, r, stage, FORWARD, mb, t, c.forward_s)
-                    if fwd_send[stage]:
-                        sends[r] += fwd_send[stage]
-                        t = _span(events, r, stage, SEND, mb, t, fwd_send[stage])
+                    if events is not None:
+                        events.append((r, stage, FORWARD, mb, t, t + c.forward_s))
+                    t = t + c.forward_s
+                    send = fwd_send[stage]
+                    if send:
+                        sends[r] += send
+                        if events is not None:
+                            events.append((r, stage, SEND, mb, t, t + send))
+                        t = t + send
                     if fwd_hold[stage]:
                         log.append((t, fwd_hold[stage]))
                     fwd_ready[stage][mb] = t
-                    busy[r] += c.forward_s + fwd_send[stage]
+                    busy[r] += c.forward_s + send
                 elif kind == "W":
-                    t = _span(events, r, stage, BACKWARD_WEIGHT, mb, t, c.backward_weight_s)
+                    if events is not None:
+                        events.append((r, stage, BACKWARD_WEIGHT, mb, t, t + c.backward_weight_s))
+                    t = t + c.backward_weight_s
                     log.append((t, -c.weight_input_bytes))
                     busy[r] += c.backward_weight_s
                 else:
@@ -137,19 +145,26 @@ def _simulate(plan: Plan, costs: list[StageCost], keep_events: bool) -> Simulati
                     t = max(t, ready)
                     log.append((t, c.transient_bytes))
                     if c.recompute_s:
-                        t = _span(events, r, stage, RECOMPUTE, mb, t, c.recompute_s)
+                        if events is not None:
+                            events.append((r, stage, RECOMPUTE, mb, t, t + c.recompute_s))
+                        t = t + c.recompute_s
                     work = c.backward_s if kind == "B" else c.backward_s - c.backward_weight_s
-                    t = _span(events, r, stage, BACKWARD if kind == "B" else BACKWARD_INPUT, mb, t, work)
+                    if events is not None:
+                        events.append((r, stage, BACKWARD if kind == "B" else BACKWARD_INPUT, mb, t, t + work))
+                    t = t + work
                     # a deferred weight pass keeps its projections' inputs until it runs
                     kept = c.weight_input_bytes if kind != "B" else 0.0
                     log.append((t, kept - c.activation_bytes - c.transient_bytes))
-                    if bwd_send[stage]:
-                        sends[r] += bwd_send[stage]
-                        t = _span(events, r, stage, SEND, mb, t, bwd_send[stage])
+                    send = bwd_send[stage]
+                    if send:
+                        sends[r] += send
+                        if events is not None:
+                            events.append((r, stage, SEND, mb, t, t + send))
+                        t = t + send
                     if bwd_hold[stage]:
                         log.append((t, bwd_hold[stage]))
                     bwd_ready[stage][mb] = t
-                    busy[r] += c.recompute_s + work + bwd_send[stage]
+                    busy[r] += c.recompute_s + work + send
                 i += 1
             progressed += i - pos[r]
             pos[r], clock[r] = i, t
@@ -159,13 +174,6 @@ def _simulate(plan: Plan, costs: list[StageCost], keep_events: bool) -> Simulati
     peaks, curves = zip(*(_memory_curve(d, keep_events) for d in deltas))
     return Simulation(time_s=max(clock), events=tuple(events or ()), busy_s=tuple(busy),
                       send_s=tuple(sends), peak_activation_bytes=peaks, memory_curves=curves)
-
-
-def _span(events: list[Event] | None, r: int, stage: int, kind: str, mb: int, start: float,
-          duration: float) -> float:
-    if events is not None:
-        events.append((r, stage, kind, mb, start, start + duration))
-    return start + duration
 
 
 def _memory_curve(deltas: list[tuple[float, float]], keep: bool) -> tuple[float, tuple]:
