@@ -19,6 +19,16 @@ PEAK_FLOPS_PER_S_RANGE = (1e6, 1e18)
 OPERATION_S_MAX = 10.0
 PER_ITEM_S_MAX = 1e-3
 FACTOR_MAX = 10.0
+# A dimensionless factor a time or a rate is multiplied or divided by (an efficiency, a
+# collective's factor over its tier, a spine's oversubscription): a thousandth to a thousand
+# (measured CPU efficiencies reach 1.2, collectives' kind factors 0.3-1.7); beyond, a time leaves
+# the floats.
+RATIO_RANGE = (1e-3, 1e3)
+# Capacities and counts: up to an exbibyte of memory, a million SMs or threads (a TOML integer
+# of 2^63 would otherwise reach the memory ledger and the solver's coefficients).
+MEMORY_BYTES_MAX = 2**60
+COUNT_MAX = 1_000_000
+SDPA_SIZE_MAX = 2**24   # a measured attention point's sequence or head dim (--seq-len's own limit)
 
 
 def profile_problems(dev: DeviceProfile) -> list[str]:  # noqa: C901 - one check per number
@@ -30,12 +40,12 @@ def profile_problems(dev: DeviceProfile) -> list[str]:  # noqa: C901 - one check
             out.append(f"{name} = {value!r} is out of range")
     for dtype, flops in dev.peak_flops:
         need(f"peak_flops_per_s.{dtype}", flops, _within(flops, PEAK_FLOPS_PER_S_RANGE))
-    need("memory_bytes", dev.memory_bytes, dev.memory_bytes > 0)
+    need("memory_bytes", dev.memory_bytes, 0 < dev.memory_bytes <= MEMORY_BYTES_MAX)
     need("memory_bandwidth_bytes_per_s", dev.memory_bandwidth_bytes_per_s,
          _within(dev.memory_bandwidth_bytes_per_s, MEMORY_BYTES_PER_S_RANGE))
-    need("threads_per_rank", dev.threads_per_rank, dev.threads_per_rank >= 0)
-    for name in ("reported_memory_bytes", "num_sms"):
-        need(name, getattr(dev, name), getattr(dev, name) >= 0)
+    need("threads_per_rank", dev.threads_per_rank, 0 <= dev.threads_per_rank <= COUNT_MAX)
+    need("num_sms", dev.num_sms, 0 <= dev.num_sms <= COUNT_MAX)
+    need("reported_memory_bytes", dev.reported_memory_bytes, 0 <= dev.reported_memory_bytes <= MEMORY_BYTES_MAX)
     for name in ("optimizer_s_per_param", "dropout_s_per_element"):
         need(name, getattr(dev, name), 0 <= getattr(dev, name) <= PER_ITEM_S_MAX)
     for dtype, seconds in dev.grad_accumulate_s_per_param:
@@ -53,37 +63,40 @@ def profile_problems(dev: DeviceProfile) -> list[str]:  # noqa: C901 - one check
         need(f"network {tier.name} bandwidth_bytes_per_s", tier.bandwidth_bytes_per_s,
              _within(tier.bandwidth_bytes_per_s, LINK_BYTES_PER_S_RANGE))
         need(f"network {tier.name} latency_s", tier.latency_s, 0 <= tier.latency_s <= OPERATION_S_MAX)
-        need(f"network {tier.name} efficiency", tier.efficiency, 0 < tier.efficiency <= 1)
+        need(f"network {tier.name} efficiency", tier.efficiency, RATIO_RANGE[0] <= tier.efficiency <= 1)
         if tier.p2p_latency_s is not None:
             need(f"network {tier.name} p2p_latency_s", tier.p2p_latency_s, 0 <= tier.p2p_latency_s <= OPERATION_S_MAX)
         for kind, latency, bandwidth in tier.kind_factors:
             if kind not in RING_COLLECTIVES:
                 out.append(f"network {tier.name} kind_factors: {kind!r} is none of {', '.join(RING_COLLECTIVES)}")
-            need(f"network {tier.name} kind_factors.{kind}.latency", latency, latency > 0)
-            need(f"network {tier.name} kind_factors.{kind}.bandwidth", bandwidth, bandwidth > 0)
+            need(f"network {tier.name} kind_factors.{kind}.latency", latency, _within(latency, RATIO_RANGE))
+            need(f"network {tier.name} kind_factors.{kind}.bandwidth", bandwidth, _within(bandwidth, RATIO_RANGE))
     # a leaf connects at least one node; a spine gives a device at most its NIC's bandwidth
     need("fabric.nodes_per_leaf", dev.fabric.nodes_per_leaf, dev.fabric.nodes_per_leaf >= 1)
-    need("fabric.spine_oversubscription", dev.fabric.spine_oversubscription, dev.fabric.spine_oversubscription >= 1)
+    need("fabric.spine_oversubscription", dev.fabric.spine_oversubscription,
+         1 <= dev.fabric.spine_oversubscription <= RATIO_RANGE[1])
     for label, eff in (("efficiency", dev.efficiency), *((f"efficiency.{d}", e) for d, e in dev.dtype_efficiency)):
         for name in ("gemm", "attention", "memory", "vendor_attention_speedup", "recompute_cost"):
-            need(f"{label}.{name}", getattr(eff, name), getattr(eff, name) > 0)
-        for name in ("reserved_memory_bytes", "allocator_fragmentation"):
-            need(f"{label}.{name}", getattr(eff, name), getattr(eff, name) >= 0)
+            need(f"{label}.{name}", getattr(eff, name), _within(getattr(eff, name), RATIO_RANGE))
+        need(f"{label}.reserved_memory_bytes", eff.reserved_memory_bytes,
+             0 <= eff.reserved_memory_bytes <= MEMORY_BYTES_MAX)
+        need(f"{label}.allocator_fragmentation", eff.allocator_fragmentation,
+             0 <= eff.allocator_fragmentation <= FACTOR_MAX)
         for name in ("kernel_overhead_s", "step_overhead_s"):
             need(f"{label}.{name}", getattr(eff, name), 0 <= getattr(eff, name) <= OPERATION_S_MAX)
         need(f"{label}.comm_contention", eff.comm_contention, 0 <= eff.comm_contention <= FACTOR_MAX)
         need(f"{label}.overlap", eff.overlap, 0 <= eff.overlap <= 1)
     # device-wide factors (no per-dtype table holds them): checked once
     for name in ("dp_comm", "pp_stage"):
-        need(f"efficiency.{name}", getattr(dev.efficiency, name), getattr(dev.efficiency, name) > 0)
+        need(f"efficiency.{name}", getattr(dev.efficiency, name), _within(getattr(dev.efficiency, name), RATIO_RANGE))
     if (host := dev.host) is not None:
-        need("host.memory_bytes", host.memory_bytes, host.memory_bytes > 0)
+        need("host.memory_bytes", host.memory_bytes, 0 < host.memory_bytes <= MEMORY_BYTES_MAX)
         need("host.memory_bandwidth_bytes_per_s", host.memory_bandwidth_bytes_per_s,
              _within(host.memory_bandwidth_bytes_per_s, MEMORY_BYTES_PER_S_RANGE))
         need("host.link_bandwidth_bytes_per_s", host.link_bandwidth_bytes_per_s,
              _within(host.link_bandwidth_bytes_per_s, LINK_BYTES_PER_S_RANGE))
         for name in ("memory_efficiency", "link_efficiency"):
-            need(f"host.{name}", getattr(host, name), 0 < getattr(host, name) <= 1)
+            need(f"host.{name}", getattr(host, name), RATIO_RANGE[0] <= getattr(host, name) <= 1)
         if dev.kind == "cpu":
             out.append("[host] on a cpu profile: its ranks already run on the host, nothing is offloaded")
     sdpa = dict(dev.sdpa_curves)
@@ -92,13 +105,15 @@ def profile_problems(dev: DeviceProfile) -> list[str]:  # noqa: C901 - one check
             key.removesuffix("_backward") + "_forward"
         if not re.fullmatch(r"sdpa_\w+?(_dropout)?_(forward|backward)", key) or not sdpa[key] or not sdpa.get(partner):
             out.append(f"measured.{key} is not one of a non-empty forward and backward pair of SDPA curves")
-    for name, curve in (*((f"measured.gemm_{d}", c) for d, c in dev.gemm_curves),
-                        ("measured.memory_bound", dev.memory_curve)):
-        if any(not (math.isfinite(x) and math.isfinite(y) and x > 0 and y > 0) for x, y in curve):
-            out.append(f"{name} has a point that is not a positive size and rate")
-    for key, points in dev.sdpa_curves:
-        if any(not all(math.isfinite(v) and v > 0 for v in point) for point in points):
-            out.append(f"measured.{key} has a point that is not a positive sequence, head dim and time")
+    for name, curve, rates in (*((f"measured.gemm_{d}", c, PEAK_FLOPS_PER_S_RANGE) for d, c in dev.gemm_curves),
+                               ("measured.memory_bound", dev.memory_curve, MEMORY_BYTES_PER_S_RANGE)):
+        if any(not (math.isfinite(x) and x > 0 and _within(y, rates)) for x, y in curve):
+            out.append(f"{name} has a point that is not a positive size and a rate from {rates[0]:g} to {rates[1]:g}")
+    for key, points in dev.sdpa_curves:   # a time per query-key pair divides by the sequence squared
+        if any(not (1 <= s <= SDPA_SIZE_MAX and 1 <= d <= SDPA_SIZE_MAX and 0 < t <= OPERATION_S_MAX)
+               for s, d, t in points):
+            out.append(f"measured.{key} has a point that is not a sequence and a head dim from 1 to "
+                       f"{SDPA_SIZE_MAX:,} and a time up to {OPERATION_S_MAX:g} s")
     return out
 
 

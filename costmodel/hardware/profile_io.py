@@ -69,6 +69,17 @@ def _fabric(path: Path, raw: Any) -> FabricSpec:
     return FabricSpec(rail_optimized=rail, nodes_per_leaf=leaf, spine_oversubscription=float(ratio), source=source)
 
 
+def _whole(path: Path, table: str, raw: dict[str, Any], key: str, default: int | None = None) -> int:
+    """A count or a size in bytes: an integer, or a float with a whole value (a profile written by
+    hand may say 2.0e9); not an infinity or a NaN, which int() cannot take. Its range is the
+    profile check's (profile_problems). Absent: `default`, or the KeyError a missing key is."""
+    value = raw[key] if default is None else raw.get(key, default)
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or (isinstance(value, float) and not (math.isfinite(value) and value.is_integer()))):
+        raise UserError(f"{path}: [{table}] {key} is a whole number, got {value!r}")
+    return int(value)
+
+
 def _flag(path: Path, table: str, raw: dict[str, Any], key: str) -> bool:
     """An optional true/false key of a profile table (absent: false)."""
     value = raw.get(key, False)
@@ -209,7 +220,7 @@ def _profile_from(path: Path, raw: dict[str, Any]) -> DeviceProfile:
     dev, eff, net = raw["device"], raw["efficiency"], {t["scope"]: t for t in raw["network"]}
     efficiency = Efficiency(gemm=float(eff["gemm"]), attention=float(eff["attention"]),
                             memory=float(eff["memory"]), kernel_overhead_s=float(eff["kernel_overhead_s"]),
-                            reserved_memory_bytes=int(eff["reserved_memory_bytes"]),
+                            reserved_memory_bytes=_whole(path, "efficiency", eff, "reserved_memory_bytes"),
                             source=eff["source"], overlap=float(eff.get("overlap", 1.0)),
                             dp_comm=float(eff.get("dp_comm", 1.0)), pp_stage=float(eff.get("pp_stage", 1.0)),
                             allocator_fragmentation=float(eff.get("allocator_fragmentation", 0.0)),
@@ -220,17 +231,18 @@ def _profile_from(path: Path, raw: dict[str, Any]) -> DeviceProfile:
     return DeviceProfile(
         name=dev["name"], aliases=tuple(dev.get("aliases", ())),
         peak_flops=tuple((k, float(v)) for k, v in dev["peak_flops_per_s"].items()),
-        memory_bytes=int(dev["memory_bytes"]),
-        reported_memory_bytes=int(dev.get("reported_memory_bytes", 0)),
-        num_sms=int(dev.get("num_sms", 0)),
+        memory_bytes=_whole(path, "device", dev, "memory_bytes"),
+        reported_memory_bytes=_whole(path, "device", dev, "reported_memory_bytes", 0),
+        num_sms=_whole(path, "device", dev, "num_sms", 0),
         tp_comm_gemm_overlap=_flag(path, "device", dev, "tp_comm_gemm_overlap"),
         memory_bandwidth_bytes_per_s=float(dev["memory_bandwidth_bytes_per_s"]),
         intra_node=_tier(net["node"], eff["intra_node_comm"]),
         inter_node=_tier(net["cluster"], eff["inter_node_comm"]),
         middle_tiers=_middle_tiers(path, raw["network"], eff["inter_node_comm"]),
         fabric=_fabric(path, raw.get("fabric")),
-        efficiency=efficiency, path=str(path), kind=dev.get("kind", "gpu"), host=_host(raw.get("host")),
-        threads_per_rank=int(raw.get("measured", {}).get("threads_per_rank", dev.get("threads_per_rank", 0))),
+        efficiency=efficiency, path=str(path), kind=dev.get("kind", "gpu"), host=_host(path, raw.get("host")),
+        threads_per_rank=_whole(path, "measured", raw.get("measured", {}), "threads_per_rank",
+                                _whole(path, "device", dev, "threads_per_rank", 0)),
         gemm_curves=tuple((k.removeprefix("gemm_"), _curve(v)) for k, v in raw.get("measured", {}).items()
                           if k.startswith("gemm_")),
         sdpa_curves=tuple((k, _sdpa_points(path, k, v)) for k, v in raw.get("measured", {}).items()
@@ -244,8 +256,8 @@ def _profile_from(path: Path, raw: dict[str, Any]) -> DeviceProfile:
         fsdp_sync_s_per_param=_rate_table(raw, "fsdp_sync_s_per_param",
                                           [fsdp_sync_key(k, str(d)) for k in FSDP_SYNC_KINDS for d in DType]),
         gelu_s_per_element=_gelu_rates(raw.get("measured", {}).get("gelu_s_per_element", {})),
-        probe_fit_version=(int(raw["probes"].get("fit_version", 1)) if isinstance(raw.get("probes"), dict)
-                           else 0),
+        probe_fit_version=(_whole(path, "probes", raw["probes"], "fit_version", 1)
+                           if isinstance(raw.get("probes"), dict) else 0),
         ranges=_ranges(path, raw.get("ranges", {})),
         dtype_efficiency=tuple((k, replace(efficiency, **{f: float(v[f]) for f in DTYPE_FIELDS},
                                            **{f: float(v[f]) for f in OPTIONAL_DTYPE_FIELDS if f in v}))
@@ -294,10 +306,10 @@ def _gelu_rates(raw: Any) -> tuple[tuple[str, float, float], ...]:
     return tuple(out)
 
 
-def _host(raw: dict[str, Any] | None) -> HostSpec | None:
+def _host(path: Path, raw: dict[str, Any] | None) -> HostSpec | None:
     if raw is None:
         return None
-    return HostSpec(memory_bytes=int(raw["memory_bytes"]),
+    return HostSpec(memory_bytes=_whole(path, "host", raw, "memory_bytes"),
                     memory_bandwidth_bytes_per_s=float(raw["memory_bandwidth_bytes_per_s"]),
                     memory_efficiency=float(raw["memory_efficiency"]),
                     link_bandwidth_bytes_per_s=float(raw["link_bandwidth_bytes_per_s"]),

@@ -133,7 +133,8 @@ def test_a_forward_without_its_backward_or_a_bad_point_is_a_profile_problem():
                                       "forward and backward pair of SDPA curves"]
     key, points = dev.sdpa_curves[0]
     zero = replace(dev, sdpa_curves=((key, ((128.0, 0.0, 1e-5),) + points[1:]),) + dev.sdpa_curves[1:])
-    assert profile_problems(zero) == [f"measured.{key} has a point that is not a positive sequence, head dim and time"]
+    assert profile_problems(zero) == [f"measured.{key} has a point that is not a sequence and a head dim from 1 to "
+                                      "16,777,216 and a time up to 10 s"]
 
 
 @pytest.mark.parametrize("point,why", [("[256, 2e9]", "point 0"), ('[128, 64, "fast"]', "point 0"),

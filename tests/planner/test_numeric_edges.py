@@ -116,7 +116,13 @@ def test_every_integer_flag_is_bounded_where_it_is_read(command, bases, capsys):
     ("bf16 = 989.4e12", "bf16 = 1e308", "peak_flops_per_s.bf16"),
     ("latency_s = 8e-6", "latency_s = 1e308", "latency_s"),
     ("kernel_overhead_s = 30e-06", "kernel_overhead_s = 1e308", "kernel_overhead_s"),
-    ("comm_contention = 0.300", "comm_contention = 1e308", "comm_contention")])
+    ("comm_contention = 0.300", "comm_contention = 1e308", "comm_contention"),
+    ("gemm = 0.636 ", "gemm = 1e308 #", "efficiency.gemm"),
+    ("memory = 0.800 ", "memory = 1e-300 #", "efficiency.memory"),
+    ("intra_node_comm = 0.840", "intra_node_comm = 1e-300", "nvlink4 efficiency"),
+    ("num_sms = 132", "num_sms = 1e308", "num_sms"),
+    ("memory_bytes = 85_899_345_920", "memory_bytes = 1e308", "memory_bytes"),
+    ("allocator_fragmentation = 0.08", "allocator_fragmentation = 1e308", "allocator_fragmentation")])
 def test_a_profile_rate_beyond_its_range_is_refused(tmp_path, capsys, old, new, name):
     """A step's times divide by these rates: the solver's coefficients and the tables hold them
     only within the checked ranges (costmodel.hardware.profile_check)."""
@@ -126,6 +132,38 @@ def test_a_profile_rate_beyond_its_range_is_refused(tmp_path, capsys, old, new, 
     assert main(["predict", "--model", "llama-7b", "--cluster", f"2x8x{tmp_path / 'odd.toml'}"]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and name in err and "out of range" in err, err
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "2.5"])
+@pytest.mark.parametrize("key", ["memory_bytes = 85_899_345_920", "num_sms = 132",
+                                 "reserved_memory_bytes = 2_147_483_648", "memory_bytes = 2_199_023_255_552"])
+def test_a_profile_count_that_is_not_whole_is_refused(tmp_path, capsys, key, value):
+    """Sizes and counts are whole numbers: int() of an infinity raised OverflowError (a bug's
+    line) and of a NaN a message naming no key."""
+    text = (profile_dir() / "H100-SXM5-80GB.toml").read_text()
+    name = key.split(" = ")[0]
+    (tmp_path / "odd.toml").write_text(text.replace(key, f"{name} = {value}", 1))
+    assert main(["predict", "--model", "llama-7b", "--cluster", f"2x8x{tmp_path / 'odd.toml'}"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and f"{name} is a whole number" in err, err
+
+
+def test_a_measured_attention_point_at_a_tiny_sequence_is_refused(tmp_path, capsys):
+    """A CPU profile's SDPA time per query-key pair divides by the point's sequence squared, which
+    for 1e-300 is zero (a ZeroDivisionError wherever the pricing reads that point)."""
+    fake = _cpu_profile_with_sdpa(tmp_path, "[[1e-300, 16, 2e-06], [128, 16, 2e-05]]")
+    assert main(["predict", "--model", "debug-tiny", "--cluster", f"1x2x{fake}", "--pp", "1"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "measured.sdpa_fp32_forward" in err, err
+
+
+def _cpu_profile_with_sdpa(tmp_path, forward: str):
+    text = (profile_dir() / "xeon-amx.toml").read_text()
+    measured = "\n[measured]\n" if "[measured]" not in text else None
+    pair = f"sdpa_fp32_forward = {forward}\nsdpa_fp32_backward = [[32, 16, 5e-06], [128, 16, 4e-05]]\n"
+    text = text + measured + pair if measured else text.replace("[measured]\n", "[measured]\n" + pair, 1)
+    (tmp_path / "cpu.toml").write_text(text)
+    return tmp_path / "cpu.toml"
 
 
 def test_a_run_that_never_ends_is_said_so_and_its_json_stays_strict(capsys):
