@@ -27,7 +27,6 @@ from planner.args import (
     failures_from_args,
     float_in,
     int_in,
-    positive_float,
     refuse_ignored,
     seed_int,
 )
@@ -38,6 +37,9 @@ from runtime.launch import PARTIAL, RUN_STOPPED
 # AdamW moves each weight by about lr a step: above 10 every weight leaves its scale at once, below
 # 1e-12 no update survives rounding in fp32, and near 1e308 the first step is inf.
 LR_RANGE = (1e-12, 10.0)
+# The watchdog checks once a second, and its start-up wait is a thread's timed wait, which takes
+# at most threading.TIMEOUT_MAX (1e308 was an OverflowError in that thread, the watchdog gone).
+HANG_TIMEOUT_RANGE_S = (1.0, 1e6)
 
 EPILOG = """examples:
   planner search --model debug-tiny --cluster 1x2xlocal --out plan.json && planner run plan.json
@@ -79,9 +81,9 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep", type=int_in(1, MAX_STEPS), default=2, metavar="K",
                    help="complete checkpoints kept, newest first (default 2); older ones are pruned only once a new "
                         "one is committed with its manifest (every file's size and SHA-256)")
-    p.add_argument("--hang-timeout", type=positive_float, default=300.0, metavar="S",
+    p.add_argument("--hang-timeout", type=float_in(*HANG_TIMEOUT_RANGE_S, " s"), default=300.0, metavar="S",
                    help="a rank that makes no progress (no layer forward) for S seconds ends the job, named "
-                        "with where it stopped (default 300; checkpoint writes do not count)")
+                        "with where it stopped (default 300, 1 to 1,000,000; checkpoint writes do not count)")
     p.add_argument("--max-nonfinite-steps", type=int_in(1, MAX_STEPS), default=1, metavar="N",
                    help="stop the run (exit 1, naming the step and the rank; no checkpoint of that state) after N "
                         "steps in a row whose loss or gradient norm is not finite; the update of each such step "

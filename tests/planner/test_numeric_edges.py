@@ -77,6 +77,15 @@ def test_every_numeric_flag_at_its_edges_is_one_line_or_finite(command, bases, c
                 assert " inf" not in out and " nan" not in out.lower(), where
 
 
+@pytest.mark.parametrize("value", ["1e308", "1e-300", "0.5"])
+def test_a_hang_timeout_the_watchdog_cannot_wait_is_refused(bases, capsys, value):
+    """The start-up watchdog waits on a thread's timer (1e308 s was an OverflowError in that
+    thread, which left the run unwatched), and the progress check looks once a second."""
+    assert main([*bases["run"][:3], "--hang-timeout", value]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "argument --hang-timeout: " in err and "give 1 to 1e+06 s" in err, err
+
+
 INTEGERS = ("0", "-1", str(10**30))
 # how each kind of integer flag names its range when refusing a value
 RANGE_WORDS = ("give ", "invalid choice")
