@@ -149,12 +149,10 @@ class MeasuredRun:
     def to_dict(self) -> dict[str, Any]:
         return {"version": MEASURED_FORMAT_VERSION, **asdict(self)}
 
-    def to_text(self) -> str:
-        """measured.json as written (`planner run` publishes it with planner.outputs.write_file)."""
-        return json.dumps(self.to_dict(), indent=2) + "\n"
-
     def save(self, path: Path) -> None:
-        write_text_atomic(Path(path), self.to_text())
+        """measured.json for tests and scripts, replacing `path`. `planner run` publishes its
+        record through planner.outputs instead (strict JSON, never over another run's)."""
+        write_text_atomic(Path(path), json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n")
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "measured.json") -> "MeasuredRun":

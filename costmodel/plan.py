@@ -174,6 +174,12 @@ class Plan:
     that folds EP (Megatron-Core) the ep innermost of the tp x cp x dp ranks
     (costmodel.placement.expert_layout, costmodel.params.expert_dp). Absent from a plan.json
     written before it existed: 1.
+    `etp` (expert tensor parallelism, Megatron-Core's `--expert-tensor-parallel-size`) splits each
+    routed expert's projections over `etp` ranks, column- then row-parallel as the dense MLP: the
+    etp innermost ranks of the expert grid etp x ep x edp that re-decomposes tp x cp x dp
+    (costmodel.placement.expert_layout); the routed rows are all-gathered over them before the
+    experts and reduce-scattered after. Only where the framework has it (costmodel.frameworks
+    `expert_tensor_parallel`). Absent from a plan.json (it is left out at 1): 1.
     `offload_optimizer` (ZeRO-Offload, Ren et al. 2021, as FSDP2's CPUOffloadPolicy runs it) keeps
     the sharded fp32 master weights, the optimizer moments and the reduced gradient shards in host
     memory and runs the optimizer step on the host's cores; each parameter gather copies the shard
@@ -215,6 +221,7 @@ class Plan:
     layers_per_stage: tuple[int, ...]
     mesh_axis_order: tuple[str, ...]
     ep: int = 1
+    etp: int = 1
     offload_optimizer: bool = False
     fp8_linears: bool = False
     offload_activations: bool = False
@@ -270,6 +277,8 @@ class Plan:
             text += f" cp{self.cp}"
         if self.ep > 1:
             text += f" ep{self.ep}"
+        if self.etp > 1:
+            text += f" etp{self.etp}"
         rc = "" if self.recompute is Recompute.NONE else f" rc={self.recompute}"
         held = [self.layers_on_rank(r) for r in range(self.pp)]
         if self.recompute is not Recompute.NONE and len(set(self.recompute_num_layers)) > 1:
@@ -294,6 +303,8 @@ class Plan:
         for key in ("group_order", "micro_batch_sizes"):   # a uniform cluster's plan.json stays as older readers know it
             if not out[key]:
                 del out[key]
+        if out["etp"] == 1:   # so does a plan without expert tensor parallelism
+            del out["etp"]
         return out
 
     @classmethod
@@ -363,13 +374,11 @@ class PlanFile:
                 "model": self.model.to_dict(), "train": self.train.to_dict(),
                 "cluster": self.cluster.to_dict()}
 
-    def to_text(self) -> str:
-        """plan.json as written (the command line publishes it with planner.outputs.write_file)."""
-        return json.dumps(self.to_dict(), indent=2) + "\n"
-
     def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, self.to_text())
+        """plan.json for tests and scripts, replacing `path`. No command writes through it: the
+        command line publishes every output through planner.outputs (strict JSON, never over a
+        file that appeared meanwhile), which this package cannot import."""
+        write_text_atomic(path, json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "plan file") -> "PlanFile":

@@ -278,3 +278,39 @@ def test_json_outputs_are_strict_and_a_nan_is_a_bug(capsys, monkeypatch):
     captured = capsys.readouterr()
     assert captured.out == "" and len(captured.err.strip().splitlines()) == 1
     assert "internal error, a bug in the planner" in captured.err and "$.models[0].params is not a number" in captured.err
+
+
+# Every file our code writes other than through planner.outputs, and why it is not a command's
+# output: a new writer fails test_every_writer_is_the_boundary_or_internal until it is one of these
+# or goes through planner.outputs.
+INTERNAL_WRITERS = {
+    "costmodel/inputs.py": "write_text_atomic itself",
+    "costmodel/plan.py": "PlanFile.save: tests' and scripts' plan.json (no command calls it)",
+    "costmodel/measured.py": "MeasuredRun.save: tests' and scripts' measured.json (no command calls it)",
+    "planner/cli.py": "a bug's traceback, into a new temporary file of its own (mkstemp)",
+    "reports/build.py": "into the staging directory planner.outputs.staged_dir publishes",
+    "reports/sweep_report.py": "into the staging directory planner.outputs.staged_dir publishes",
+    "reports/style.py": "figures into the staging directory planner.outputs.staged_dir publishes",
+    "reports/scaling.py": "a figure into memory (savefig to a buffer), published by planner.outputs.write_file",
+    "runtime/worker.py": "raw.json, the restart marker and errors/rankN.txt: a rank's hand-off to the launcher "
+                         "inside the run directory the run holds (planner.outputs.run_dir_lock)",
+    "runtime/watchdog.py": "errors/rankN.txt: a hung rank's diagnosis for the launcher, in the held run directory",
+    "runtime/health.py": "partial.json of a diverged run, for the launcher, in the held run directory",
+    "runtime/train.py": "partial.json after each step, for the launcher, in the held run directory",
+    "runtime/checkpoint.py": "a checkpoint's files, in its partial directory, committed by one rename after its manifest",
+    "runtime/manifest.py": "a checkpoint's manifest, in its partial directory before the commit",
+    "runtime/fork.py": "a forked test harness's per-rank results, in its own temporary directory",
+}
+WRITES = (r"\.write_text\(|\.write_bytes\(|write_text_atomic\(|\.save\(|json\.dump\(|savefig\(|"
+          r"open\([^)]*[\"'][wax]b?[\"']|os\.fdopen\([^)]*[\"'][wax]b?[\"']|os\.replace\(|shutil\.(copy|move)")
+
+
+def test_every_writer_is_the_boundary_or_internal():
+    """User-visible outputs are written by planner.outputs alone (strict JSON, whole or not at all,
+    never over a file that appeared meanwhile); what writes files elsewhere is listed above with
+    the reason it is internal."""
+    import re
+    root = Path(__file__).resolve().parents[2]
+    writers = {str(path.relative_to(root)) for package in ("costmodel", "planner", "reports", "runtime")
+               for path in (root / package).rglob("*.py") if re.search(WRITES, path.read_text())}
+    assert writers - {"planner/outputs.py"} == set(INTERNAL_WRITERS)
