@@ -29,6 +29,14 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   B200 and GB200 only (Megatron-Bridge `training/comm_overlap.py` presets, NeMo's
   `tp_overlap_configs/userbuffers.py`), and no published Megatron run on A100 used it, so an
   A100 plan is priced, and exported, without it.
+- `tp_backward_reduce_scatter_exposed`: where the TP collectives are overlapped, whether the
+  backward's reduce-scatters still run alone. torch's async TP (inductor's micro-pipeline pass,
+  torchtitan's `enable_async_tensor_parallel`) fuses a reduce-scatter with the matmul that feeds
+  it only where one matmul does: in backward the column-parallel projections' input gradient is
+  a sum of matmuls (Q, K and V; gate and up), which the pass leaves unfused (pytorch/pytorch#149946,
+  its review: the scaled_mm-reduce-scatter pattern is found in the forward graph only), so those
+  reduce-scatters, half the backward's collectives, stay exposed. Transformer Engine's userbuffers
+  overlap both directions.
 - `sharded_grads_under_pp`: whether ZeRO-2/3 keep gradients sharded between the micro-batches of
   a pipeline. `torch.distributed.pipelining` turns FSDP's gradient sync off until the last
   micro-batch (`set_requires_gradient_sync(False)`, `set_reshard_after_backward(False)` in
@@ -241,6 +249,7 @@ class FrameworkTraits:
     float8_param_gather: bool = False
     float8_experts: bool = False
     tp_comm_overlap: bool = False
+    tp_backward_reduce_scatter_exposed: bool = False
     ep_folds_over_tp: bool = False
     recompute_early_stop: bool = False
     fused_grad_accumulation: bool = False
@@ -295,6 +304,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
                     fused_cross_entropy=True, **_FSDP),
     FrameworkTraits(name="fms-fsdp", sharded_grads_under_pp=True, eager_layer=True, **_FSDP),
     FrameworkTraits(name="torchtitan", sharded_grads_under_pp=False, tp_keeps_gathered_input=True,
+                    tp_backward_reduce_scatter_exposed=True,
                     cp_all_gather_kv=True, float8_casts_fused=True, float8_with_tp=True,
                     deferred_w_keeps_graph=True, **_FSDP),
 )}
@@ -304,6 +314,17 @@ def tp_comm_overlaps(traits: FrameworkTraits, device_overlaps: bool, tp: int, se
     """Whether the framework overlaps a plan's tensor-parallel collectives with its GEMMs on this
     device (`tp_comm_overlap`, and the device profile's `tp_comm_gemm_overlap`)."""
     return traits.tp_comm_overlap and device_overlaps and sequence_parallel and tp > 1
+
+
+def tp_comm_exposed_shares(traits: FrameworkTraits, device_overlaps: bool, tp: int,
+                           sequence_parallel: bool) -> tuple[float, float]:
+    """The (forward, backward) shares of a layer's tensor-parallel collectives left exposed:
+    one ring step of tp where the framework overlaps them (tp_comm_hidden_share), and in
+    backward half of them whole where its reduce-scatters run alone
+    (`tp_backward_reduce_scatter_exposed`: the all-gathers and reduce-scatters move equal bytes)."""
+    forward = 1.0 - tp_comm_hidden_share(traits, device_overlaps, tp, sequence_parallel)
+    backward = (forward + 1.0) / 2 if traits.tp_backward_reduce_scatter_exposed else forward
+    return forward, backward
 
 
 def tp_comm_hidden_share(traits: FrameworkTraits, device_overlaps: bool, tp: int, sequence_parallel: bool) -> float:

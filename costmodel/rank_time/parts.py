@@ -12,7 +12,7 @@ from typing import Callable
 from costmodel.comm import Collective, collective_time_s
 from costmodel.deepseek import dense_layer_model
 from costmodel.flops import stops_before_final_linear
-from costmodel.frameworks import tp_comm_hidden_share
+from costmodel.frameworks import tp_comm_exposed_shares
 from costmodel.hardware import ClusterSpec
 from costmodel.kernels import KernelTimes, embedding_kernel_times, head_kernel_times, layer_kernel_times
 from costmodel.kernels.gemm import gemm_s
@@ -110,7 +110,8 @@ class ComputeParts:
 
     shape: TimeShape
     layer: KernelTimes
-    exposed: float   # the share of TP collectives the framework leaves exposed
+    exposed: float   # the share of forward TP collectives the framework leaves exposed
+    exposed_backward: float   # and of backward ones
     early: bool      # a full recomputation stops before the layer's last projection
     again: float     # a recomputed forward's cost against a training one
     offload_s: float
@@ -141,6 +142,7 @@ class _KernelParts:
     layer: KernelTimes
     early: bool
     exposed: float
+    exposed_backward: float
     embedding: KernelTimes
     head: KernelTimes
     loss_s: float
@@ -238,7 +240,7 @@ def _compute_parts(model: ModelSpec, train: TrainSpec, shape: TimeShape, cluster
     dev = cluster.device
     k = kernels
     return ComputeParts(
-        shape=shape, layer=k.layer, exposed=k.exposed, early=k.early,
+        shape=shape, layer=k.layer, exposed=k.exposed, exposed_backward=k.exposed_backward, early=k.early,
         # Efficiency.recompute_cost: 1, or calibrate's fit
         again=dev.for_dtype(train.compute_dtype).efficiency.recompute_cost,
         offload_s=_activation_offload_s(model, train, shape, cluster) if shape.offload_activations else 0.0,
@@ -263,12 +265,12 @@ def _kernel_parts(model: ModelSpec, train: TrainSpec, shape: _KernelShape, clust
         h = model.hidden_size
         mtp_proj_s = gemm_s(shape.micro_batch_size * train.seq_len // shape.cp, 2 * h, -(-h // shape.tp), dev, train)
     tp, cp, mbs = shape.tp, shape.cp, shape.micro_batch_size
+    # the shares of TP collectives the framework leaves beside its GEMMs (costmodel.frameworks)
+    exposed, exposed_backward = tp_comm_exposed_shares(fw, dev.tp_comm_gemm_overlap, tp, shape.sequence_parallel)
     return _KernelParts(
-        layer=layer, early=early,
-        # the share of TP collectives the framework hides behind GEMMs (costmodel.frameworks)
-        exposed=1.0 - tp_comm_hidden_share(fw, dev.tp_comm_gemm_overlap, tp, shape.sequence_parallel),
+        layer=layer, early=early, exposed=exposed, exposed_backward=exposed_backward,
         embedding=embedding_kernel_times(model, train, shape, dev),
-        head=head_kernel_times(model, train, shape, dev, fw.cpu_kernels),
+        head=head_kernel_times(model, train, shape, dev, fw.cpu_kernels, fw.fused_cross_entropy),
         loss_s=_gathered_logits_loss_s(model, train, shape, cluster), mtp_proj_s=mtp_proj_s,
         tp=axis(_TpShape(tp, cp, shape.sequence_parallel, mbs)),
         # ring attention hides its hops behind the layer's attention

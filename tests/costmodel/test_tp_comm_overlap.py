@@ -55,3 +55,20 @@ def test_a_profile_flag_that_is_not_true_or_false_is_named(tmp_path):
         "tp_comm_gemm_overlap = true", 'tp_comm_gemm_overlap = "yes"')
     with pytest.raises(UserError, match=r"\[device\] tp_comm_gemm_overlap is true or false"):
         parse_profile(text, tmp_path / "mine.toml")
+
+
+def test_torch_async_tp_leaves_the_backward_reduce_scatters_exposed():
+    """Transformer Engine overlaps every ring step but one, both ways; torch's async TP
+    (torchtitan) fuses no backward reduce-scatter, half the backward's collectives."""
+    from costmodel.frameworks import tp_comm_exposed_shares
+    te = framework_traits("megatron-core")
+    titan = replace(framework_traits("torchtitan"), tp_comm_overlap=True)
+    assert tp_comm_exposed_shares(te, True, 8, True) == (1 / 8, 1 / 8)
+    assert tp_comm_exposed_shares(titan, True, 8, True) == (1 / 8, (1 + 1 / 8) / 2)
+    assert tp_comm_exposed_shares(titan, False, 8, True) == (1.0, 1.0)   # no overlap on this device
+
+
+def test_a_fused_loss_is_one_pass_over_16_bit_logits():
+    from costmodel.kernels import cross_entropy_s
+    dev = parse_cluster("1x8xA100").device
+    assert cross_entropy_s(8192, 50368, TRAIN, dev, fused=True) < 0.2 * cross_entropy_s(8192, 50368, TRAIN, dev)

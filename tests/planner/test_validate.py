@@ -137,11 +137,15 @@ def test_compiled_and_async_tp_are_the_rows_traits():
 
 def test_async_tp_hides_most_of_the_tp_collectives():
     """The same run with and without async TP: the overlap hides all but one of the tp ring steps
-    of each sequence-parallel collective, so the exposed TP time falls to about 1/tp of it."""
+    of each sequence-parallel collective, except the backward's reduce-scatters, which torch's
+    pass leaves unfused (frameworks `tp_backward_reduce_scatter_exposed`): of the forward's, the
+    backward's and the full recomputation's collectives (equal bytes each) 1/8, (1 + 1/8)/2 and
+    1/8 stay exposed."""
     from planner.measure.validate import validate_row
     vanilla = validate_row(_tt_row(compiled="yes", async_tp="no"))
     overlapped = validate_row(_tt_row(compiled="yes", async_tp="yes"))
     exposed = lambda r: r.estimate.time_breakdown_s["comm/tp_exposed"]  # noqa: E731
     assert exposed(vanilla) > 1.0   # seconds: 70B's activations over NVLink, 16 x 8k tokens a rank
-    assert exposed(overlapped) == pytest.approx(exposed(vanilla) / 8, rel=0.05)
-    assert overlapped.estimate.step_time_s < vanilla.estimate.step_time_s - 0.8 * exposed(vanilla)
+    assert exposed(overlapped) == pytest.approx(exposed(vanilla) * (1 / 8 + 9 / 16 + 1 / 8) / 3, rel=0.05)
+    saved_s = vanilla.estimate.step_time_s - overlapped.estimate.step_time_s
+    assert saved_s == pytest.approx(exposed(vanilla) - exposed(overlapped), rel=0.1)
