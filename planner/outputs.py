@@ -258,8 +258,11 @@ def run_dir_lock(directory: Path, flag: str = "--out") -> Iterator[None]:
     created = not directory.exists()
     fd = _take_lock(directory, flag)
     try:
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except OSError as exc:   # a full disk: said before the run, not as a bug
+            raise WriteFailed(directory / LOCK_NAME, exc) from None
         yield
     finally:
         with contextlib.suppress(OSError):

@@ -196,6 +196,23 @@ def test_a_run_directory_in_use_is_refused(tmp_path, capsys, plan_file):
     assert not run_dir.exists()   # made for the lock, left empty: removed with it
 
 
+def test_a_full_disk_under_the_lock_is_one_line_before_the_run(tmp_path, monkeypatch):
+    """The run directory's lock file holds the pid: on a full disk writing it is a WriteFailed
+    naming the lock (it was an OSError shown as a bug), and the directory made for it is gone."""
+    class FullDisk:
+        def __getattr__(self, name):
+            return getattr(os, name)
+
+        @staticmethod
+        def write(fd, data):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(outputs, "os", FullDisk())
+    with pytest.raises(outputs.WriteFailed, match=r"cannot write .*fresh/\.lock: No space left"):
+        with outputs.run_dir_lock(tmp_path / "fresh"):
+            pytest.fail("the run started")
+    assert not (tmp_path / "fresh").exists()
+
+
 def test_a_stale_lock_file_is_taken(tmp_path):
     """A run killed outright leaves its lock file; the kernel dropped its lock with the process."""
     (tmp_path / outputs.LOCK_NAME).write_text("999999999\n")
