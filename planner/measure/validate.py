@@ -40,6 +40,10 @@ from planner.specs import FP8
 REQUIRED = ("id", "arch", "layers", "hidden", "heads", "vocab", "seq_len", "gpu", "num_gpus",
             "gpus_per_node", "tp", "pp", "global_batch", "metric_name", "metric_value")
 MAX_MICRO_BATCH = 16
+# What a published step can measure: a microsecond to 11 days a step, a thousandth of a token to
+# a billion tokens a second per GPU. Beyond them an error in percent overflows (a step of 1e308 s
+# read as -inf %) or means nothing (1e-300 s: +3.7e301 %).
+METRIC_RANGES = {"iteration_time_s": (1e-6, 1e6), "tokens_per_sec_per_gpu": (1e-3, 1e9)}
 _ARXIV_ID = re.compile(r"\b(\d{4})\.(\d{4,5})\b")
 FLASH_ATTENTION_ARXIV_ID = (2205, 14135)  # FlashAttention, Dao et al., arXiv 2205.14135
 
@@ -113,15 +117,16 @@ def _check_row(path: Path, line: int, row: dict[str, str]) -> None:
         if value not in ("OOM", "fits"):
             raise UserError(f"{where}: status must be OOM or fits, not {value!r}")
         return
-    if metric not in ("iteration_time_s", "tokens_per_sec_per_gpu"):
+    if metric not in METRIC_RANGES:
         raise UserError(f"{where}: unknown metric_name {metric!r} "
                          "(iteration_time_s, tokens_per_sec_per_gpu or status)")
     try:
         number = float(value)
     except ValueError:
         raise UserError(f"{where}: metric_value {value!r} is not a number") from None
-    if not number > 0 or number == float("inf"):
-        raise UserError(f"{where}: metric_value {value!r} must be a positive number")
+    low, high = METRIC_RANGES[metric]
+    if not low <= number <= high:
+        raise UserError(f"{where}: metric_value {value!r} is out of range for {metric} (give {low:g} to {high:g})")
 
 
 def _int(row: dict[str, str], key: str, default: int | None = None, low: int = 1,

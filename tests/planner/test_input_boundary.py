@@ -151,7 +151,7 @@ def _runs_table(tmp_path: Path, name: str, edit) -> Path:
 
 @pytest.mark.parametrize("name, edit, phrases", [
     ("header.csv", lambda rows: [], ["no runs (only a header)"]),
-    ("negative.csv", lambda rows: [{**rows[0], "metric_value": "-3"}], ["line 2", "must be a positive number"]),
+    ("negative.csv", lambda rows: [{**rows[0], "metric_value": "-3"}], ["line 2", "is out of range for iteration_time_s"]),
     ("dupes.csv", lambda rows: [rows[0], rows[0]], ["line 3", "duplicate id"]),
     ("huge.csv", lambda rows: [{**rows[0], "layers": "1000000000"}], ["line 2", "num_layers", "limit"]),
 ])

@@ -44,7 +44,9 @@ GOOD = "ok,x,gpt,24,2048,,16,16,51200,2048,A100-SXM4-80GB,8,8,1,1,8,,,1,1,,,64,b
     (HEADER + "\n" + GOOD.replace(",8,8,1,1,8,", ",8,8,x,1,8,"), "tp = 'x' is not an integer"),
     (HEADER + "\n" + GOOD.replace("iteration_time_s,1.0", "status,OOM").replace(",8,8,1,1,8,", ",8,8,,,8,"),
      "empty tp, pp"),
-    (HEADER + "\n" + GOOD.replace(",1.0\n", ",-5\n"), "must be a positive number"),
+    (HEADER + "\n" + GOOD.replace(",1.0\n", ",-5\n"), "'-5' is out of range for iteration_time_s"),
+    (HEADER + "\n" + GOOD.replace(",1.0\n", ",1e308\n"), "'1e308' is out of range for iteration_time_s"),   # -inf %
+    (HEADER + "\n" + GOOD.replace(",1.0\n", ",1e-300\n"), "'1e-300' is out of range"),   # +3.7e301 %
     (HEADER + "\n" + GOOD.replace(",1.0\n", ",fast\n"), "is not a number"),
     (HEADER + "\n" + GOOD + GOOD, "duplicate id 'ok'"),
     (HEADER + ",expert_imbalance\n" + GOOD.replace("\n", ",even\n"), "expert_imbalance = 'even' is not a number"),
