@@ -81,7 +81,7 @@ def dry_run(pf: PlanFile) -> list[dict[str, Any]]:
     """Per pipeline stage: runtime-counted vs predicted parameter, gradient, optimizer bytes."""
     plan, train = pf.plan, pf.train
     predicted = memory_per_rank(pf.model, *representative(train, pf.cluster, plan))   # states: alike in every group
-    predicted_host = host_state_bytes_per_rank(pf.model, train, plan)   # the states: what FSDP2 places
+    predicted_host = host_state_bytes_per_rank(pf.model, train, plan, pf.cluster.framework)   # what FSDP2 places
     rows = []
     for pp_rank in range(plan.pp):
         rank = first_rank_of_stage(pf, pp_rank)

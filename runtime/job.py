@@ -110,7 +110,8 @@ def build_job(pf: PlanFile, device: torch.device, *, seed: int, materialize: boo
         raise UserError(f"model {model.name}: {problem}")
     if compile and (problem := compile_problem(plan)):
         raise UserError(problem)
-    mesh = build_mesh(plan, device.type)
+    fold = pf.cluster.framework.ep_folds_over_tp   # EP laid out as the plan's framework does
+    mesh = build_mesh(plan, device.type, fold)
     coords = mesh_coords(mesh, plan)
     cp = CpShard(coords["cp"], plan.cp, mesh["cp"].get_group()) if plan.cp > 1 else None
     layer_ids = stage_layer_ids(plan)
@@ -142,7 +143,8 @@ def build_job(pf: PlanFile, device: torch.device, *, seed: int, materialize: boo
         apply_data_parallel(mod, mesh, plan, pf.train)
         modules[j] = mod
     job = Job(plan=plan, mesh=mesh, device=device, coords=coords, modules=modules, cp=cp,
-              tp_replicated=_tp_replicated(modules, plan.sequence_parallel) if plan.tp > 1 else [],
+              tp_replicated=_tp_replicated(modules, plan.sequence_parallel, experts_over_tp=not (fold and plan.ep > 1))
+              if plan.tp > 1 else [],
               # every rank makes the groups (new_group is collective), whether its layers route or not
               stage_group=_stage_group(mesh, plan) if materialize and _balancing_biases_in(model) else None,
               samples=tuple(replica_samples(plan, pf.cluster)) if plan.micro_batch_sizes else ())
@@ -154,16 +156,18 @@ def build_job(pf: PlanFile, device: torch.device, *, seed: int, materialize: boo
     return job
 
 
-def _tp_replicated(modules: dict, sequence_parallel: bool) -> list[nn.Parameter]:
+def _tp_replicated(modules: dict, sequence_parallel: bool, experts_over_tp: bool = True) -> list[nn.Parameter]:
     """Parameters whole on every TP rank that each rank trains on its own share: a mixture of
-    experts (its sequence shard), Qwen3's per-head Q/K norms (its heads) and, under sequence
-    parallelism, latent attention's down-projections and latent norms and the MTP modules'
-    norms (its sequence shard)."""
+    experts (its sequence shard; its routed experts only where `experts_over_tp`, not where EP
+    folds over TP and their own gradient group sums them: runtime.parallel.apply_expert_parallel),
+    Qwen3's per-head Q/K norms (its heads) and, under sequence parallelism, latent attention's
+    down-projections and latent norms and the MTP modules' norms (its sequence shard)."""
     out = []
     for mod in modules.values():
         for sub in mod.modules():
             if isinstance(sub, MoE):
-                out += list(sub.parameters())
+                routed = set(map(id, sub.experts.parameters()))
+                out += [p for p in sub.parameters() if experts_over_tp or id(p) not in routed]
             elif isinstance(sub, LatentAttention):
                 out += sub.down_parameters() if sequence_parallel else []
             elif isinstance(sub, MtpHead):
@@ -251,7 +255,7 @@ def _tie_embeddings(job: Job, pf: PlanFile) -> None:
     first_rank, last_rank = job.plan.stage_rank(0), job.plan.stage_rank(last)
     if first_rank == last_rank:
         return
-    pp_dim = job.plan.mesh_axis_order.index("pp")
+    pp_dim = job.mesh.mesh_dim_names.index("pp")   # the world mesh's dim (EP may cut others in two)
     ranks = job.mesh.mesh.movedim(pp_dim, -1).reshape(-1, job.plan.pp)
     for row in ranks.tolist():   # every rank creates every group, in the same order
         group = dist.new_group([row[first_rank], row[last_rank]])

@@ -131,9 +131,9 @@ class _ScaleGrad(torch.autograd.Function):
 class Experts(nn.Module):
     """A layer's routed experts, stacked: this device's num_experts/ep of them. Under expert
     parallelism their gradient sums the contributions of all ep ranks' tokens, while data
-    parallelism averages over the edp ranks holding them: `grad_scale` 1/ep makes that the mean
-    over all dp replicas, as for every other weight (FSDP2's own divide factor would need
-    PREMUL_SUM, which gloo lacks)."""
+    parallelism averages over the edp ranks holding them: `grad_scale` (edp/(dp x cp),
+    runtime.parallel.apply_expert_parallel) makes that the mean over all dp x cp replicas, as for
+    every other weight (FSDP2's own divide factor would need PREMUL_SUM, which gloo lacks)."""
 
     def __init__(self, num_experts: int, ffn: int, hidden: int) -> None:
         super().__init__()

@@ -19,11 +19,15 @@ layers up to a bucket's size (costmodel.params.fsdp_unit_layers, Megatron-Core's
 from the last layer back, the first few (all of a stage's small layers) left to the stage's root
 unit with the embedding and head: each unit is a collective, and a collective's latency, not its
 bytes, decides the small models' steps.
-Expert parallelism (Plan.ep) splits the data-parallel mesh axis into edp (outer) x ep (inner,
-consecutive ranks, as costmodel.rank_time.split_dp_axis prices them); the flattened pair is the
-"dp" axis everything else uses. Each layer's experts are a DTensor sharded on dim 0 over "ep"
-(torchtitan's layout), and FSDP2 shards them further over "edp" in a unit of their own; every EP rank's tokens reach
-them through the all-to-all, so their gradients are scaled by 1/ep (runtime.moe.Experts) before
+Expert parallelism (Plan.ep) lays its groups out as costmodel.placement.expert_layout prices
+them for the plan's framework: carved from data parallelism (ep consecutive dp ranks; the TP
+ranks hold the mixture whole and sum its gradients over TP) or, where the framework folds EP
+(Megatron-Core's MoE parallel folding, expert TP 1), the ep innermost of the tp x cp x dp ranks,
+TP first. A plan axis a group cuts is two world-mesh dims, flattened back under its own name;
+"ep" and "edp" (the ranks holding the same experts) are flattened from their dims. Each layer's
+experts are a DTensor sharded on dim 0 over "ep" (torchtitan's layout), and FSDP2 shards them
+further over "edp" in a unit of their own; every EP rank's tokens reach them through the
+all-to-all, so their gradients are scaled (runtime.moe.Experts, apply_expert_parallel) before
 FSDP2 averages them over edp.
 Mixed precision follows the TrainSpec: parameters gathered in compute_dtype, gradients reduced
 in grad_dtype, fp32 master weights and optimizer states (FSDP2 MixedPrecisionPolicy).
@@ -55,6 +59,7 @@ from costmodel.deepseek import dense_layer_model
 from costmodel.layout import Style, dense_blocks
 from costmodel.memory import runtime_wraps_in_fsdp
 from costmodel.params import fsdp_unit_layers
+from costmodel.placement import ExpertLayout, expert_layout
 from costmodel.plan import Plan, Recompute
 from costmodel.specs import DType, ModelSpec, TrainSpec
 from runtime.latent_attention import HeadsInput, LatentAttention
@@ -62,7 +67,7 @@ from runtime.moe import Experts, MoE
 from runtime.sequence_parallel import ColwiseWeights, GatheredColumns
 
 UNIT_AXIS = "dp_unit"   # size-1 shard axis that turns FSDP2 into plain replication (ZeRO-0)
-EP_UNIT_AXIS = "ep_unit"   # the same for the experts' FSDP2 unit (kept before "ep": mesh slices keep root order)
+EP_UNIT_AXIS = "ep_unit"   # size-1 dim in every "edp" group, so that one is never empty
 TORCH_DTYPES = {DType.FP32: torch.float32, DType.BF16: torch.bfloat16, DType.FP16: torch.float16}
 
 
@@ -71,34 +76,59 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def mesh_layout(plan: Plan) -> tuple[tuple[str, ...], tuple[int, ...]]:
-    """(axis names, sizes) of the world mesh, outermost first: the plan's axes, dp split into
-    edp x ep under expert parallelism, and the free unit axes."""
-    names: list[str] = []
-    shape: list[int] = []
-    for axis in plan.mesh_axis_order:
-        if axis == "dp" and plan.ep > 1:
-            names += ["edp", EP_UNIT_AXIS, "ep"]
-            shape += [plan.edp, 1, plan.ep]
-        else:
-            names.append(axis)
-            shape.append(plan.degree(axis))
-    return (*names, UNIT_AXIS), (*shape, 1)
+def expert_layout_for(plan: Plan, fold: bool) -> ExpertLayout | None:
+    """The plan's expert-parallel groups (costmodel.placement.expert_layout, the layout the cost
+    model prices): carved from dp, or folded over tp x cp x dp where `fold` (the framework's
+    `ep_folds_over_tp`); None without expert parallelism."""
+    if plan.ep == 1:
+        return None
+    order = plan.mesh_axis_order
+    layout = expert_layout(order, tuple(plan.degree(a) for a in order), plan.ep, fold)
+    assert layout is not None, f"ep={plan.ep} has no layout over {order} (check_structure refuses it)"
+    return layout
 
 
-def build_mesh(plan: Plan, device_type: str) -> DeviceMesh:
+def _root_name(axis: str) -> str:
+    """A world-mesh dim of an expert layout's axis: a cut plan axis as `<axis>_out`, `<axis>_in`
+    (the carved layout's edp and ep are dp's outer and inner parts)."""
+    return {"edp": "dp_out", "ep": "dp_in"}.get(axis, axis.replace(".", "_"))
+
+
+def mesh_layout(plan: Plan, fold: bool = False) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """(axis names, sizes) of the world mesh, outermost first: the plan's axes, each one an
+    expert-parallel group cuts as two (expert_layout_for), and the free unit axes."""
+    layout = expert_layout_for(plan, fold)
+    if layout is None:
+        order = plan.mesh_axis_order
+        return (*order, UNIT_AXIS), (*(plan.degree(a) for a in order), 1)
+    return (*map(_root_name, layout.order), EP_UNIT_AXIS, UNIT_AXIS), (*layout.degrees, 1, 1)
+
+
+def build_mesh(plan: Plan, device_type: str, fold: bool = False) -> DeviceMesh:
     """The world mesh in the plan's axis order (outermost first), the same row-major rank layout
-    `costmodel.placement` prices; under expert parallelism "dp" is edp x ep flattened."""
-    names, shape = mesh_layout(plan)
+    `costmodel.placement` prices. Under expert parallelism a cut plan axis is its two parts
+    flattened, "ep" the expert-parallel group's dims flattened and "edp" those of the ranks
+    holding the same experts (with a unit dim, so never empty)."""
+    names, shape = mesh_layout(plan, fold)
     mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
-    if plan.ep > 1:
-        mesh["edp", EP_UNIT_AXIS, "ep"]._flatten("dp")
+    layout = expert_layout_for(plan, fold)
+    if layout is not None:
+        for axis in plan.mesh_axis_order:
+            if axis not in names:
+                mesh[root_dims(mesh, axis)]._flatten(axis)
+        mesh[in_root_order(mesh, *map(_root_name, layout.ep_axes))]._flatten("ep")
+        mesh[in_root_order(mesh, *map(_root_name, layout.edp_axes), EP_UNIT_AXIS)]._flatten("edp")
     return mesh
+
+
+def root_dims(mesh: DeviceMesh, axis: str) -> tuple[str, ...]:
+    """The world mesh's dims of a plan axis: itself, or its two parts where EP cut it."""
+    return (axis,) if axis in mesh.mesh_dim_names else (f"{axis}_out", f"{axis}_in")
 
 
 def mesh_coords(mesh: DeviceMesh, plan: Plan) -> dict[str, int]:
     """This rank's coordinate on each of the plan's axes."""
-    return {axis: mesh[axis].get_local_rank() for axis in plan.mesh_axis_order}
+    return {axis: _sliced(mesh, axis).get_local_rank() for axis in plan.mesh_axis_order}
 
 
 def _layer_tp_plan(spec: ModelSpec, sp: bool) -> dict:
@@ -201,32 +231,30 @@ def _sliced(mesh: DeviceMesh, *names: str) -> DeviceMesh:
 def dp_mesh_for(mesh: DeviceMesh, plan: Plan) -> DeviceMesh:
     """ZeRO shards over dp x cp (CP ranks hold the same weights), as costmodel.memory counts."""
     if plan.cp == 1:
-        return _sliced(mesh, "dp", UNIT_AXIS) if plan.zero_stage == 0 else mesh["dp"]
-    dp_dims = ("edp", EP_UNIT_AXIS, "ep") if plan.ep > 1 else ("dp",)   # the world mesh's own dims
-    flat = mesh[in_root_order(mesh, *dp_dims, "cp")]._flatten("dp_cp")
+        return _sliced(mesh, "dp", UNIT_AXIS) if plan.zero_stage == 0 else _sliced(mesh, "dp")
+    flat = mesh[in_root_order(mesh, "dp", "cp")]._flatten("dp_cp")
     return flat if plan.zero_stage > 0 else _sliced(mesh, "dp_cp", UNIT_AXIS)
 
 
 def expert_dp_mesh_for(mesh: DeviceMesh, plan: Plan) -> DeviceMesh:
-    """The experts' ZeRO group: the ranks holding the same experts, edp x cp (CP ranks route
-    their own chunks through the same experts), as costmodel.memory counts."""
-    if plan.cp == 1:
-        return mesh["edp"] if plan.zero_stage > 0 else mesh["edp", EP_UNIT_AXIS]
-    flat = mesh[in_root_order(mesh, "edp", "cp")]._flatten("edp_cp")
-    return flat if plan.zero_stage > 0 else _sliced(mesh, "edp_cp", UNIT_AXIS)
+    """The experts' ZeRO group: the ranks holding the same experts (build_mesh's "edp": edp x cp
+    where EP is carved from dp, the rest of tp x cp x dp where it folds), as costmodel.memory
+    counts (params.expert_dp)."""
+    return _sliced(mesh, "edp") if plan.zero_stage > 0 else _sliced(mesh, "edp", UNIT_AXIS)
 
 
 def in_root_order(mesh: DeviceMesh, *names: str) -> tuple[str, ...]:
-    """Mesh dims as a slice must name them: in the world mesh's order (the plan's mesh order)."""
-    return tuple(sorted(names, key=mesh.mesh_dim_names.index))
+    """Mesh dims as a slice must name them: the world mesh's own dims (a plan axis EP cut as its
+    two parts, root_dims), in its order (the plan's mesh order)."""
+    dims = [d for name in names for d in root_dims(mesh, name)]
+    return tuple(sorted(dims, key=mesh.mesh_dim_names.index))
 
 
-def _expert_shard_dim(plan: Plan):
+def _expert_shard_dim(group: int):
     """FSDP2 shards dim 0 by default, padding it to a multiple of the group: with fewer local
-    experts than edp ranks (Mixtral's 8 experts over ep8: one each) every rank would keep a whole
-    padded expert. Then shard each expert's rows instead (torchtitan does the same), so that a
-    rank keeps 1/(edp x cp) of its experts, as costmodel.memory counts."""
-    group = plan.edp * plan.cp   # expert_dp_mesh_for
+    experts than ranks holding them (Mixtral's 8 experts over ep8: one each) every rank would
+    keep a whole padded expert. Then shard each expert's rows instead (torchtitan does the same),
+    so that a rank keeps 1/group of its experts, as costmodel.memory counts."""
 
     def placement(param: nn.Parameter) -> Shard:
         return Shard(0) if local_tensor(param).shape[0] % group == 0 else Shard(1)
@@ -236,10 +264,17 @@ def _expert_shard_dim(plan: Plan):
 def apply_expert_parallel(stage: nn.Module, mesh: DeviceMesh, plan: Plan) -> None:
     """Keep this rank's num_experts/ep experts of every layer (the model was initialised whole,
     so each rank's slice equals the single process's) as a DTensor over the EP group, and give
-    each mixture the group its all-to-alls run over."""
+    each mixture the group its all-to-alls run over.
+
+    Every EP rank's tokens reach an expert through the all-to-all, so its gradient sums theirs,
+    and FSDP2 averages it over the edp ranks holding the same experts. The mean over the dp x cp
+    replicas, as for every other weight, is that times edp/(dp x cp): 1/ep where EP is carved
+    from dp (each TP rank's sum then added by runtime.job.sync_replicated_over_tp), tp/ep where
+    it folds over tp x cp x dp (the experts are left out of that TP sum: the edp group holds every
+    rank with the same experts)."""
     if plan.ep == 1:
         return
-    ep_mesh = mesh["ep"]
+    ep_mesh = _sliced(mesh, "ep")
     index = ep_mesh.get_local_rank()
     for moe in (m for m in stage.modules() if isinstance(m, MoE)):
         local = moe.num_experts // plan.ep
@@ -247,7 +282,7 @@ def apply_expert_parallel(stage: nn.Module, mesh: DeviceMesh, plan: Plan) -> Non
             part = full.detach()[index * local:(index + 1) * local].clone()
             setattr(moe.experts, name, nn.Parameter(DTensor.from_local(part, ep_mesh, [Shard(0)], run_check=False)))
         moe.ep_group, moe.ep = ep_mesh.get_group(), plan.ep
-        moe.experts.grad_scale = 1.0 / plan.ep
+        moe.experts.grad_scale = _sliced(mesh, "edp").size() / (plan.dp * plan.cp)
 
 
 def apply_data_parallel(stage: nn.Module, mesh: DeviceMesh, plan: Plan, train: TrainSpec) -> None:
@@ -269,7 +304,8 @@ def apply_data_parallel(stage: nn.Module, mesh: DeviceMesh, plan: Plan, train: T
         if plan.ep > 1:   # the experts first: a unit of their own over the edp ranks
             for experts in (m for m in layer.modules() if isinstance(m, Experts)):
                 fully_shard(experts, mesh=expert_dp_mesh_for(mesh, plan), reshard_after_forward=reshard,
-                            mp_policy=mp, offload_policy=offload, shard_placement_fn=_expert_shard_dim(plan))
+                            mp_policy=mp, offload_policy=offload,
+                            shard_placement_fn=_expert_shard_dim(_sliced(mesh, "edp").size()))
     shard_layer_units(list(stage.layers.values()), fsdp_unit_layers(stage.spec, plan), mesh=dp_mesh,
                       reshard_after_forward=reshard, mp_policy=mp, offload_policy=offload)
     fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp, offload_policy=offload)

@@ -198,18 +198,3 @@ def test_the_search_holds_ep_beyond_dp_only_where_the_framework_folds():
                                    order=order, traits=cluster.framework) for g in groups for order in g.orders)
     assert beyond == {"megatron": {32}, "planner": set()}
 
-
-def test_the_runtime_refuses_a_folded_plan_in_one_line(tmp_path, capsys):
-    """A plan searched for Megatron-Core with EP beyond dp is not one our runtime lays out (it
-    carves EP from dp: costmodel.frameworks `ep_folds_over_tp` is off for it): `planner run`
-    refuses it before anything starts."""
-    from planner.cli import main
-    plan = tmp_path / "plan.json"
-    assert main(["predict", "--model", "mixtral-8x7b", "--cluster", "2x8xH100", "--tp", "2", "--pp", "2", "--ep", "8",
-                 "--seq-len", "4096", "--global-batch", "64", "--framework", "megatron", "--out", str(plan),
-                 "--json"]) == 0
-    capsys.readouterr()
-    assert main(["run", str(plan), "--steps", "1", "--out", str(tmp_path / "run")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "planned for megatron-core" in err and "ep=8 does not divide dp=4" in err
-    assert not (tmp_path / "run").exists()

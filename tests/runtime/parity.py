@@ -5,6 +5,7 @@ from dataclasses import replace
 
 import torch
 
+from costmodel.frameworks import framework_traits
 from costmodel.hardware import parse_cluster
 from costmodel.plan import PlanFile
 from costmodel.registry import resolve_model
@@ -22,7 +23,9 @@ STEPS, LR, SEED = 3, 0.5, 7   # SGD: a wrong gradient scale shows (Adam would hi
 def plan_file(choice: Choice, *, world: int, model: str = "debug-tiny", seq_len: int = 32,
               global_batch: int = 8, compute_dtype: DType = DType.FP32,
               attention_kernel: AttentionKernel = AttentionKernel.FLASH,
-              optimizer: Optimizer = Optimizer.SGD, **model_changes) -> PlanFile:
+              optimizer: Optimizer = Optimizer.SGD, framework: str | None = None, **model_changes) -> PlanFile:
+    """`framework`: the plan made for that framework's traits (e.g. its expert-parallel layout,
+    which the runtime follows); our runtime's by default."""
     spec = resolve_model(model)
     if model_changes:
         spec = replace(spec, **model_changes)
@@ -30,6 +33,8 @@ def plan_file(choice: Choice, *, world: int, model: str = "debug-tiny", seq_len:
                       grad_dtype=DType.FP32, optimizer=optimizer,
                       attention_kernel=attention_kernel)
     cluster = parse_cluster(f"1x{world}xxeon-amx")
+    if framework is not None:
+        cluster = replace(cluster, framework=framework_traits(framework))
     return PlanFile(plan=build_plan(spec, train, cluster, choice), model=spec, train=train,
                     cluster=cluster)
 

@@ -28,8 +28,8 @@ def _losses(pf, root=None, *, steps: int, resume: bool = False, every: int = 0,
     return run_forked(pf.plan.world_size, run_rank, pf, cfg)[0]["losses"]
 
 
-def _plan(choice: Choice, world: int = 2, model: str = "debug-tiny"):
-    return plan_file(choice, world=world, optimizer=Optimizer.ADAMW, model=model)
+def _plan(choice: Choice, world: int = 2, model: str = "debug-tiny", framework: str | None = None):
+    return plan_file(choice, world=world, optimizer=Optimizer.ADAMW, model=model, framework=framework)
 
 
 # every parallelism the runtime executes (the issue's list): each ZeRO stage, TP with SP (TP alone
@@ -87,6 +87,19 @@ def test_experts_saved_under_expert_parallelism_resume_without_it(tmp_path):
     _losses(saved, tmp_path, steps=3)
     assert _losses(resumed, tmp_path, steps=5, resume=True) == pytest.approx(whole[3:], rel=1e-5)
 
+
+def test_experts_folded_over_tp_resume_carved_from_dp(tmp_path):
+    """Experts folded over TP x DP (Megatron-Core's layout, costmodel.placement.expert_layout: tp2
+    dp2 ep4, one expert a rank, its states whole) are one DTensor over the EP group as carved ones
+    are, so DCP reshards them: saved folded, resumed with EP carved from dp (ep2 over the two
+    replicas, each TP rank holding two experts whole), the same micro-batches."""
+    folded = _plan(Choice(tp=2, ep=4, zero_stage=1, micro_batch_size=4), world=4, model="debug-moe",
+                   framework="megatron-core")
+    carved = _plan(Choice(tp=2, ep=2, zero_stage=1, micro_batch_size=4), world=4, model="debug-moe",
+                   framework="torchtitan")
+    whole = _losses(folded, steps=5)
+    _losses(folded, tmp_path, steps=3)
+    assert _losses(carved, tmp_path, steps=5, resume=True) == pytest.approx(whole[3:], rel=1e-5)
 
 @pytest.mark.parametrize("name", ["zero3", "pp_interleaved"])
 def test_a_checkpoint_written_in_the_background_resumes_exactly(tmp_path, name):

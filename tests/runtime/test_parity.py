@@ -115,6 +115,11 @@ CASES = {
     "moe_tp2_cp2_zero3": (Choice(tp=2, cp=2, zero_stage=3), 4, MOE),
     # the tokens' group cp x tp sliced in the world mesh's order, whichever it is
     "moe_tp2_cp2_tp_outer": (Choice(tp=2, cp=2, mesh_axis_order=("pp", "tp", "dp", "cp")), 4, MOE),
+    # EP folded over TP x DP as Megatron-Core lays it (costmodel.placement.expert_layout, expert
+    # TP 1): the EP group the TP ranks (dp 1), then the TP ranks of both replicas; each rank's
+    # experts whole, their gradients reduced over the ranks holding them, not summed over TP
+    "moe_tp2_ep2_folded": (Choice(tp=2, ep=2, zero_stage=1), 2, {**MOE, "framework": "megatron-core"}),
+    "moe_tp2_dp2_ep4_folded": (Choice(tp=2, ep=4, zero_stage=1), 4, {**MOE, "framework": "megatron-core"}),
     # latent attention under TP: heads split, the down-projections whole on each rank; under SP
     # each trains them on its sequence shard, their gradients summed over TP (runtime.job)
     "mla_tp2": (Choice(tp=2), 2, MLA),

@@ -137,6 +137,26 @@ def test_dry_run_holds_the_experts_the_model_says(tmp_path, capsys, flags):
             assert abs(row[key]["error_pct"]) < 0.01, (row["stage"], key, row[key])
 
 
+def test_dry_run_lays_out_a_megatron_plans_folded_experts(tmp_path, capsys):
+    """A plan searched for Megatron-Core with EP beyond dp (ep8 over tp2 x dp4: the EP group every
+    rank of a stage, costmodel.placement.expert_layout) runs as its framework lays it out: each
+    rank's parameter elements, whole and ZeRO-sharded, equal the cost model's count under
+    Megatron-Core's traits (each rank's experts sharded over no other rank)."""
+    from costmodel.params import rank_params
+    from costmodel.plan import PlanFile
+    plan = tmp_path / "plan.json"
+    assert main(["predict", "--model", "mixtral-8x7b", "--cluster", "2x8xH100", "--tp", "2", "--pp", "2", "--ep", "8",
+                 "--seq-len", "4096", "--global-batch", "64", "--framework", "megatron", "--out", str(plan),
+                 "--json"]) == 0
+    capsys.readouterr()
+    assert main(["run", str(plan), "--dry-run", "--json"]) == 0
+    pf = PlanFile.load(plan)
+    assert pf.plan.dp == 4 and pf.cluster.framework.ep_folds_over_tp
+    for row in json.loads(capsys.readouterr().out)["rows"]:
+        counted = rank_params(pf.model, pf.plan, row["stage"])
+        assert row["elements_unsharded"] == counted.replicated + counted.experts
+        assert row["elements_shard"] == counted.zero_shard(pf.plan, pf.cluster.framework)
+
 def test_print_launch_gives_one_torchrun_per_node_and_sbatch(tmp_path, capsys):
     plan = tmp_path / "70b.json"
     assert main(["predict", "--model", "llama-70b", "--cluster", "8x8xA100", "--tp", "8", "--pp", "4",
