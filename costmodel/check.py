@@ -35,7 +35,7 @@ def world_problem(dp: int, tp: int, pp: int, cp: int, world: int) -> str | None:
 def check_structure(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> list[str]:
     problems: list[str] = []
     add = problems.append
-    for name in ("dp", "tp", "pp", "cp", "ep", "vpp", "micro_batch_size", "num_micro_batches"):
+    for name in ("dp", "tp", "pp", "cp", "ep", "etp", "vpp", "micro_batch_size", "num_micro_batches"):
         if getattr(plan, name) < 1:
             add(f"{name} must be at least 1 (got {getattr(plan, name)})")
     if problems:
@@ -60,7 +60,7 @@ def check_structure(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
         add(f"cp={plan.cp} with multi-token prediction: {cluster.framework.name} does not shift its labels "
             "across the context-parallel chunks (Megatron-Core does: --framework megatron)")
     problems += ep_problems(model, plan.ep, dp=plan.dp, tp=plan.tp, cp=plan.cp, pp=plan.pp,
-                            order=plan.mesh_axis_order, traits=cluster.framework)
+                            order=plan.mesh_axis_order, traits=cluster.framework, etp=plan.etp)
     if plan.sequence_parallel:
         problems += sp_problems(train, plan.tp, plan.cp)
     if problem := moe_tp_problem(model, plan.tp, plan.sequence_parallel):
@@ -113,30 +113,53 @@ def cp_problems(model: ModelSpec, train: TrainSpec, cp: int) -> list[str]:
         if cp > 1 and train.seq_len % (2 * cp) else []
 
 
-def ep_problems(model: ModelSpec, ep: int, *, dp: int, tp: int = 1, cp: int = 1, pp: int = 1,
-                order: tuple[str, ...] = DEFAULT_AXIS_ORDER, traits: FrameworkTraits = RUNTIME) -> list[str]:
-    """Experts are sharded over `ep` ranks, each holding num_experts/ep (their ZeRO group: the
-    ranks holding the same ones, params.expert_dp). The ranks as the framework lays them out
-    (placement.expert_layout): carved from data parallelism, or folded over TP, CP and DP."""
-    if ep == 1:
+def etp_problems(model: ModelSpec, etp: int, traits: FrameworkTraits) -> list[str]:
+    """Expert tensor parallelism (Plan.etp) splits each routed expert's width over etp ranks,
+    where the framework has it (costmodel.frameworks `expert_tensor_parallel`). The shared
+    expert is not split by it: Megatron-Core splits it over the dense TP group (SharedExpertMLP
+    takes pg_collection.tp)."""
+    if etp == 1:
         return []
+    if not traits.expert_tensor_parallel:
+        return [f"etp={etp}: {traits.name} does not split experts over tensor-parallel ranks "
+                "(Megatron-Core does: --framework megatron)"]
+    if not model.is_moe:
+        return [f"etp={etp}: expert tensor parallelism needs a mixture of experts ({model.name} is dense)"]
+    if model.moe_ffn_hidden_size % etp:
+        return [f"etp={etp} does not divide the experts' width moe_ffn_hidden_size={model.moe_ffn_hidden_size}"]
+    return []
+
+
+def ep_problems(model: ModelSpec, ep: int, *, dp: int, tp: int = 1, cp: int = 1, pp: int = 1,
+                order: tuple[str, ...] = DEFAULT_AXIS_ORDER, traits: FrameworkTraits = RUNTIME,
+                etp: int = 1) -> list[str]:
+    """Experts are sharded over `ep` ranks, each holding num_experts/ep (their ZeRO group: the
+    ranks holding the same ones, params.expert_dp), each split over `etp` ranks (etp_problems).
+    The ranks as the framework lays them out (placement.expert_layout): carved from data
+    parallelism, or folded over TP, CP and DP."""
+    out = etp_problems(model, etp, traits)
+    if ep == 1 and (etp == 1 or out):
+        return out
     if not model.is_moe:
         return [f"ep={ep}: expert parallelism needs a mixture of experts ({model.name} is dense)"]
-    out = []
     if model.num_experts % ep:
         out.append(f"ep={ep} does not divide the model's {model.num_experts} experts")
+    if etp > 1 and out:
+        return out
     order = order if sorted(order) == sorted(AXES) else DEFAULT_AXIS_ORDER   # a bad order: said apart
     degrees = tuple({"pp": pp, "dp": dp, "cp": cp, "tp": tp}[a] for a in order)
-    if expert_layout(order, degrees, ep, traits.ep_folds_over_tp) is not None:
+    if expert_layout(order, degrees, ep, traits.ep_folds_over_tp, etp) is not None:
         return out
+    grid = f"etp x ep = {etp} x {ep}" if etp > 1 else f"ep={ep}"
     if not traits.ep_folds_over_tp:
         out.append(f"ep={ep} does not divide dp={dp}: {traits.name} carves the expert-parallel group from the "
                    "data-parallel one (Megatron-Core folds it over TP x CP x DP: --framework megatron)")
-    elif ep > tp * cp * dp:
-        out.append(f"ep={ep} is more than the tp x cp x dp = {tp * cp * dp} ranks of a pipeline stage")
+    elif etp * ep > tp * cp * dp:
+        out.append(f"{grid} is more than the tp x cp x dp = {tp * cp * dp} ranks of a pipeline stage")
     else:
         inner = " x ".join(f"{a}{d}" for a, d in reversed(list(zip(order, degrees))) if d > 1)
-        out.append(f"ep={ep} does not fold over {inner} ({traits.name} takes the ep innermost ranks: whole "
+        what = "the etp innermost ranks, then the next ep" if etp > 1 else "the ep innermost ranks"
+        out.append(f"{grid} does not fold over {inner} ({traits.name} takes {what}: whole "
                    "axes, then a divisor of the next, never part of the pipeline, and all of the ranks inside it "
                    "where ranks lie outside it)")
     return out

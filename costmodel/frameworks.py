@@ -151,8 +151,16 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   ranks, TP first (inside a node), then CP, then DP, up to all tp x cp x dp ranks of a pipeline
   stage (costmodel.placement.expert_layout); each rank holds num_experts/ep experts whole (no TP
   replica), and an expert's states are sharded over the tp x cp x dp / ep ranks holding it
-  (costmodel.params.expert_dp). Our runtime carves EP from data parallelism (ep divides dp) and
-  keeps the mixture whole on every TP rank (runtime.parallel).
+  (costmodel.params.expert_dp). Our runtime folds it the same way (runtime.parallel lays out the
+  groups expert_layout gives) and runs a plan made for a framework that carves EP from data
+  parallelism (ep consecutive dp ranks, the mixture whole on every TP rank) carved.
+- `expert_tensor_parallel`: each routed expert can be split over etp ranks (Plan.etp; Megatron-Core's
+  `--expert-tensor-parallel-size`: TEGroupedMLP's projections column- then row-parallel over the
+  expert TP group, the routed rows all-gathered over it after the all-to-all and reduce-scattered
+  before the return, token_dispatcher.py), the etp innermost ranks of its expert grid
+  (costmodel.placement.expert_layout). Our runtime does not split experts. torchtitan 0.2 allows
+  only etp 1 or etp = tp, the latter with EP carved from dp x cp beside the TP group, and its main
+  branch removed expert TP (pytorch/torchtitan#3167); neither is offered for it here.
 - `dp_collectives_per_layer`: every ZeRO stage synchronises one FSDP unit at a time, each unit's
   collectives paying their own latency. Our runtime runs ZeRO-0 to 2 with FSDP2 too, a unit of a
   layer under ZeRO-3 and of a bucket's layers below it (costmodel.params.fsdp_unit_layers:
@@ -251,6 +259,7 @@ class FrameworkTraits:
     tp_comm_overlap: bool = False
     tp_backward_reduce_scatter_exposed: bool = False
     ep_folds_over_tp: bool = False
+    expert_tensor_parallel: bool = False
     recompute_early_stop: bool = False
     fused_grad_accumulation: bool = False
     one_replica_fsdp: bool = False
@@ -275,7 +284,7 @@ RUNTIME = FrameworkTraits(name="planner", dp_grad_overlap=True, dp_param_overlap
                           fsdp_master_params=True, sp_regather_exposed=True, vocab_parallel_loss=False,
                           deferred_w_keeps_graph=True, cp_all_gather_kv=True,
                           float8_casts_fused=True, dp_collectives_per_layer=True, eager_layer=True,
-                          recompute_early_stop=True, one_replica_fsdp=True)
+                          recompute_early_stop=True, one_replica_fsdp=True, ep_folds_over_tp=True)
 
 # The same executor with its layers compiled (planner run --compile).
 COMPILED_RUNTIME = replace(RUNTIME, name="planner-compiled", eager_layer=False, compiled_layer=True)
@@ -295,7 +304,8 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
                     **_MEGATRON),
     FrameworkTraits(name="megatron-core", dp_grad_overlap=True, dp_param_overlap=True, tp_comm_overlap=True,
                     swiglu_saved_tensors=3, vendor_attention=True, float8_casts_fused=True, float8_with_tp=True,
-                    float8_param_gather=True, float8_experts=True, ep_folds_over_tp=True, dp_sync_per_chunk=True,
+                    float8_param_gather=True, float8_experts=True, ep_folds_over_tp=True, expert_tensor_parallel=True,
+                    dp_sync_per_chunk=True,
                     dispatch_per_node=True, moe_probs_in_activation=True,
                     grouped_expert_gemm=True, mtp_with_cp=True, **_MEGATRON),
     FrameworkTraits(name="megatron-deepspeed", **{**_DEEPSPEED, "loss_grad_in_place": True}),

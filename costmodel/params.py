@@ -71,10 +71,12 @@ def mla_down_params(model: ModelSpec) -> int:
     return kv + (h * model.q_lora_rank + model.q_lora_rank if model.q_lora_rank else 0)
 
 
-def expert_params(model: ModelSpec) -> int:
-    """One routed expert (a SwiGLU MLP). Experts are never split over TP (expert TP 1): under
-    tensor parallelism every TP rank holds the whole mixture (runtime.parallel)."""
-    return 3 * model.hidden_size * model.moe_ffn_hidden_size
+def expert_params(model: ModelSpec, etp: int = 1) -> int:
+    """One routed expert (a SwiGLU MLP) on one rank of its expert-TP group: its gate and up
+    projections column-parallel, its down projection row-parallel over `etp` ranks (Plan.etp;
+    check.etp_problems: etp divides the width). Experts are not split over the dense TP group:
+    at etp 1 every TP rank holds its experts whole (runtime.parallel)."""
+    return 3 * model.hidden_size * (model.moe_ffn_hidden_size // etp)
 
 
 def moe_params(model: ModelSpec) -> int:
@@ -92,19 +94,21 @@ def moe_replicated_params(model: ModelSpec) -> int:
     return h * model.num_experts + 3 * h * model.shared_expert_ffn_hidden_size + (h if model.shared_expert_gate else 0)
 
 
-def layer_expert_params(model: ModelSpec, ep: int = 1) -> int:
-    """The routed experts one device of a layer holds: num_experts/ep of them (Plan.ep)."""
-    return model.num_experts // ep * expert_params(model) if model.is_moe else 0
+def layer_expert_params(model: ModelSpec, ep: int = 1, etp: int = 1) -> int:
+    """The routed experts one device of a layer holds: num_experts/ep of them (Plan.ep), each
+    its 1/etp share (Plan.etp)."""
+    return model.num_experts // ep * expert_params(model, etp) if model.is_moe else 0
 
 
 @lru_cache(maxsize=1024)
-def layer_params(model: ModelSpec, tp: int = 1, ep: int = 1) -> int:
+def layer_params(model: ModelSpec, tp: int = 1, ep: int = 1, etp: int = 1) -> int:
     """One transformer layer on one device of a TP group (tp=1: the whole layer), its routed
-    experts sharded over `ep` devices (the mixture is not split over TP)."""
+    experts sharded over `ep` devices and split over `etp` (the mixture is not split over the
+    dense TP group)."""
     # norms replicated on every TP rank
     total = (model.layer_norms * norm_params(model) + qk_norm_params(model) + mla_norm_params(model)
              + moe_params(model))
-    total -= layer_expert_params(model) - layer_expert_params(model, ep)
+    total -= layer_expert_params(model) - layer_expert_params(model, ep, etp)
     for block in dense_blocks(model):
         for lin in block.linears:
             if lin.style is Style.COLWISE:
@@ -160,7 +164,7 @@ def fsdp_unit_params(model: ModelSpec, plan: Plan, traits: FrameworkTraits = RUN
         return max(rank_params_at(model, plan, layers, j == 0, j == last).total
                    for j, layers in enumerate(plan.layers_per_stage))
     k = fsdp_unit_layers(model, plan) if traits.dp_collectives_per_layer else 1
-    return k * layer_params(model, plan.tp, plan.ep)
+    return k * layer_params(model, plan.tp, plan.ep, plan.etp)
 
 
 def embedding_params(model: ModelSpec, tp: int = 1) -> int:
@@ -193,7 +197,7 @@ def dense_first_layers_params(model: ModelSpec, tp: int = 1) -> int:
     return model.first_k_dense * (layer_params(dense_layer_model(model), tp) - layer_params(model, tp))
 
 
-def mtp_params(model: ModelSpec, tp: int = 1, ep: int = 1) -> int:
+def mtp_params(model: ModelSpec, tp: int = 1, ep: int = 1, etp: int = 1) -> int:
     """The multi-token-prediction modules' own parameters (DeepSeek-V3 Sec. 2.2), per device of a
     TP/EP group: per module two RMSNorms (the previous depth's hidden state, the next token's
     embedding), the projection of their concatenation (2h -> h, column-parallel), one layer (an
@@ -201,7 +205,7 @@ def mtp_params(model: ModelSpec, tp: int = 1, ep: int = 1) -> int:
     embedding and output head are the model's (shared): DeepSeek's 14B for V3 counts them again
     (mtp_stored_params)."""
     h = model.hidden_size
-    return model.mtp_depth * (3 * norm_params(model) + ceil_div(h, tp) * 2 * h + layer_params(model, tp, ep))
+    return model.mtp_depth * (3 * norm_params(model) + ceil_div(h, tp) * 2 * h + layer_params(model, tp, ep, etp))
 
 
 def mtp_stored_params(model: ModelSpec) -> int:
@@ -260,28 +264,29 @@ class RankParams:
 
 
 def folds_ep(plan: Plan, traits: FrameworkTraits) -> bool:
-    """Whether the framework folds the plan's EP group over its TP, CP and DP ranks (costmodel.frameworks
-    `ep_folds_over_tp`, placement.expert_layout) and the layout lets it."""
-    return traits.ep_folds_over_tp and plan.ep > 1 and _layout(plan, True) is not None
+    """Whether the framework folds the plan's expert grid (EP, and expert TP) over its TP, CP
+    and DP ranks (costmodel.frameworks `ep_folds_over_tp`, placement.expert_layout) and the
+    layout lets it."""
+    return traits.ep_folds_over_tp and plan.ep * plan.etp > 1 and _layout(plan, True) is not None
 
 
 def expert_layout_of(plan: Plan, traits: FrameworkTraits = RUNTIME) -> ExpertLayout | None:
     """The plan's expert-parallel layout as its framework lays it out (placement.expert_layout):
     folded where the framework folds, carved from dp otherwise; None where neither holds it."""
-    return _layout(plan, traits.ep_folds_over_tp and plan.ep > 1)
+    return _layout(plan, traits.ep_folds_over_tp and plan.ep * plan.etp > 1)
 
 
 def _layout(plan: Plan, fold: bool) -> ExpertLayout | None:
     order = plan.mesh_axis_order
-    return expert_layout(order, tuple(plan.degree(a) for a in order), plan.ep, fold)
+    return expert_layout(order, tuple(plan.degree(a) for a in order), plan.ep, fold, plan.etp)
 
 
 def expert_dp(plan: Plan, traits: FrameworkTraits = RUNTIME) -> int:
     """The ranks holding the same experts, over which their gradients are reduced and their
     states sharded (CP ranks included): edp x cp = dp/ep x cp where EP is carved from data
-    parallelism, tp x cp x dp / ep = world / (ep x pp) where it folds (Megatron-Core's expert
-    data-parallel size with expert TP 1)."""
-    layout = expert_layout_of(plan, traits) if plan.ep > 1 else None
+    parallelism, tp x cp x dp / (etp x ep) = world / (etp x ep x pp) where it folds (Megatron-Core's
+    expert data-parallel size)."""
+    layout = expert_layout_of(plan, traits) if plan.ep * plan.etp > 1 else None
     if layout is None:
         return plan.edp * plan.cp
     return prod(d for a, d in zip(layout.order, layout.degrees) if a in layout.edp_axes)
@@ -295,12 +300,12 @@ def rank_params_at(model: ModelSpec, plan: Plan, layers: int, first: bool, last:
     and, on a separate last stage, its own copy of the embedding they read (Megatron-Core's, as a
     tied head's; one weight where the head is tied)."""
     pipelined = plan.stage_rank(0) != plan.stage_rank(plan.num_virtual_stages - 1)
-    experts = layer_expert_params(model, plan.ep)
-    replicated = layer_params(model, plan.tp, plan.ep) - experts
+    experts = layer_expert_params(model, plan.ep, plan.etp)
+    replicated = layer_params(model, plan.tp, plan.ep, plan.etp) - experts
     dense = model.first_k_dense if first else 0
     mtp = model.mtp_depth if last else 0
     dense_layer = layer_params(dense_layer_model(model), plan.tp) if dense else 0
-    mtp_replicated = mtp_params(model, plan.tp, plan.ep) - model.mtp_depth * experts if mtp else 0
+    mtp_replicated = mtp_params(model, plan.tp, plan.ep, plan.etp) - model.mtp_depth * experts if mtp else 0
     if mtp and pipelined and not model.tied_embeddings:
         mtp_replicated += embedding_params(model, plan.tp)
     return RankParams(layers=layers * replicated + dense * (dense_layer - replicated),

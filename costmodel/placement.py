@@ -78,14 +78,16 @@ def stage_pair_span(pp_span: AxisSpan) -> AxisSpan:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ExpertLayout:
-    """The mesh with the axes the expert-parallel groups cut split apart: `order` and `degrees`
-    as the mesh's, a cut axis as two (`axis.out` outer, `axis.in` inner); `ep_axes` group one
-    all-to-all, `edp_axes` the ranks holding the same experts (their gradients' group)."""
+    """The mesh with the axes the expert groups cut split apart: `order` and `degrees` as the
+    mesh's, a cut axis as two (`axis.out` outer, `axis.in` inner); `etp_axes` group the ranks
+    that split each expert (expert tensor parallelism; none at etp 1), `ep_axes` one all-to-all,
+    `edp_axes` the ranks holding the same expert shards (their gradients' group)."""
 
     order: tuple[str, ...]
     degrees: tuple[int, ...]
     ep_axes: tuple[str, ...]
     edp_axes: tuple[str, ...]
+    etp_axes: tuple[str, ...] = ()
 
 
 def _cut(order: tuple[str, ...], degrees: tuple[int, ...], i: int, inner: int) -> tuple[tuple, tuple]:
@@ -95,48 +97,65 @@ def _cut(order: tuple[str, ...], degrees: tuple[int, ...], i: int, inner: int) -
             degrees[:i] + (degrees[i] // inner, inner) + degrees[i + 1:])
 
 
-@lru_cache(maxsize=4096)
-def expert_layout(order: tuple[str, ...], degrees: tuple[int, ...], ep: int, fold: bool) -> ExpertLayout | None:
-    """Where the ep ranks of an expert-parallel group lie; None where `fold` cannot lay them out.
-
-    Carved from data parallelism (fold False; our runtime): ep consecutive data-parallel
-    coordinates, the experts' gradient group the rest of dp with cp (TP ranks hold the experts
-    whole and sync them apart). Folded (Megatron-Core with expert TP 1, MoE parallel folding: Liu
-    et al. 2025, arXiv 2504.14960; parallel_state.py builds the expert ranks as tp-ep-dp-pp over
-    the same ranks as the dense tp-cp-dp-pp, etp = 1): the group is the ep innermost ranks, so it
-    takes whole inner axes (tp, then cp, then dp in Megatron's order) and the inner ep/(their
-    product) coordinates of the next; every other non-pipeline rank holding the same experts is
-    their gradient group (world / (ep x pp) ranks). The group cannot take part of a pipeline or
-    a coordinate count that does not divide evenly, and where ranks lie outside the pipeline axis
-    (Megatron's tp-cp-ep-pp-dp) it must be the ranks inside it whole (Megatron asserts the expert
-    data-parallel size equals dp there)."""
-    if not fold:
-        i = order.index("dp")
-        if degrees[i] % ep:
-            return None
-        split = order[:i] + ("edp", "ep") + order[i + 1:]
-        sizes = degrees[:i] + (degrees[i] // ep, ep) + degrees[i + 1:]
-        return ExpertLayout(order=split, degrees=sizes, ep_axes=("ep",), edp_axes=("edp", "cp"))
-    left, taken = ep, []
+def _take_inner(order: tuple[str, ...], degrees: tuple[int, ...], count: int,
+                taken: tuple[str, ...]) -> tuple[tuple, tuple, tuple] | None:
+    """The `count` innermost ranks outside the axes already `taken`: whole inner axes, then the
+    inner count/(their product) coordinates of the next (cut apart); None where that needs part
+    of the pipeline or a coordinate count that does not divide evenly. Returns the (possibly cut)
+    mesh and the axes taken."""
+    left, mine = count, []
     for i in reversed(range(len(order))):
         axis, degree = order[i], degrees[i]
         if left == 1:
             break
-        if degree == 1:
+        if degree == 1 or axis in taken:
             continue
         if axis == "pp" or (left % degree and degree % left):
             return None
         if left % degree == 0:
-            taken.append(axis)
+            mine.append(axis)
             left //= degree
         else:
             order, degrees = _cut(order, degrees, i, left)
-            taken.append(f"{axis}.in")
+            mine.append(f"{axis}.in")
             left = 1
-    if left != 1:
+    return (order, degrees, tuple(mine)) if left == 1 else None
+
+
+@lru_cache(maxsize=4096)
+def expert_layout(order: tuple[str, ...], degrees: tuple[int, ...], ep: int, fold: bool,
+                  etp: int = 1) -> ExpertLayout | None:
+    """Where the ranks of an expert-parallel group lie; None where `fold` cannot lay them out.
+
+    Carved from data parallelism (fold False; our runtime, which has no expert TP: etp must be 1):
+    ep consecutive data-parallel coordinates, the experts' gradient group the rest of dp with cp
+    (TP ranks hold the experts whole and sync them apart). Folded (Megatron-Core, MoE parallel
+    folding: Liu et al. 2025, arXiv 2504.14960; parallel_state.py builds the expert ranks as
+    tp-ep-dp-pp over the same ranks as the dense tp-cp-dp-pp, its tp there being the expert TP
+    size): the etp innermost ranks split each expert, the next ep innermost ranks are the EP
+    group, each taking whole inner axes (tp, then cp, then dp in Megatron's order) and the inner
+    coordinates of the next; every other non-pipeline rank holding the same expert shards is
+    their gradient group (world / (etp x ep x pp) ranks). A group cannot take part of a pipeline
+    or a coordinate count that does not divide evenly, and where ranks lie outside the pipeline
+    axis (Megatron's tp-cp-ep-pp-dp) the expert groups must be the ranks inside it whole
+    (Megatron asserts the expert data-parallel size equals dp there)."""
+    if not fold:
+        i = order.index("dp")
+        if degrees[i] % ep or etp != 1:
+            return None
+        split = order[:i] + ("edp", "ep") + order[i + 1:]
+        sizes = degrees[:i] + (degrees[i] // ep, ep) + degrees[i + 1:]
+        return ExpertLayout(order=split, degrees=sizes, ep_axes=("ep",), edp_axes=("edp", "cp"))
+    inner = _take_inner(order, degrees, etp, ())
+    if inner is None:
         return None
+    order, degrees, etp_axes = inner
+    outer = _take_inner(order, degrees, ep, etp_axes)
+    if outer is None:
+        return None
+    order, degrees, ep_axes = outer
     i = order.index("pp")
-    if degrees[i] > 1 and prod(degrees[:i]) > 1 and ep != prod(degrees[i + 1:]):
-        return None   # ranks outside the pipeline too: EP must be the ranks inside it (edp = dp, as Megatron asserts)
-    rest = tuple(a for a in order if a not in taken and not a.startswith("pp"))
-    return ExpertLayout(order=order, degrees=degrees, ep_axes=tuple(taken), edp_axes=rest)
+    if degrees[i] > 1 and prod(degrees[:i]) > 1 and etp * ep != prod(degrees[i + 1:]):
+        return None   # ranks outside the pipeline too: the expert groups must be the ranks inside it (edp = dp)
+    rest = tuple(a for a in order if a not in etp_axes + ep_axes and not a.startswith("pp"))
+    return ExpertLayout(order=order, degrees=degrees, ep_axes=ep_axes, edp_axes=rest, etp_axes=etp_axes)

@@ -33,7 +33,7 @@ def lower_bound_s(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan
     rtm = rank_time_model(model, train, plan, cluster, sp)
     return (time_floor_s(model, rtm, plan.pp, plan.num_micro_batches, plan.schedule, plan.vpp, plan.recompute)
             + zero_floor_s(model, train, cluster, plan.tp, plan.pp, plan.dp * plan.cp, plan.zero_stage,
-                           plan.num_micro_batches, sp, plan.ep, plan.offload_optimizer))
+                           plan.num_micro_batches, sp, plan.ep, plan.offload_optimizer, plan.etp))
 
 
 def time_floor_s(model: ModelSpec, rtm: RankTimeModel, pp: int, num_micro_batches: int, schedule: Schedule,
@@ -66,33 +66,34 @@ def slowest_rank_floor_s(model: ModelSpec, per_layer_s: Sequence[float]) -> floa
 
 
 def zero_floor_s(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: int, pp: int, group: int,
-                 zero: int, num_micro_batches: int, sp: Spans, ep: int = 1, offload: bool = False) -> float:
+                 zero: int, num_micro_batches: int, sp: Spans, ep: int = 1, offload: bool = False,
+                 etp: int = 1) -> float:
     """What a ZeRO stage adds at the least: the DP buckets that never hide (over the dp x cp
     group of `group` ranks, and the experts' edp x cp group, as `sp` places them), and the
     optimizer step on the average rank (affine in parameters, so the slowest rank is at least
     that): a ZeRO shard holds every expert's 1/group share, a replica its ep-th of them."""
-    dp = _dp_floor_s(model, train, cluster, tp, pp, zero, num_micro_batches, sp, ep, offload)
-    return _after_pipeline_floor_s(model, train, cluster, tp, pp, group, zero, ep, offload, dp)
+    dp = _dp_floor_s(model, train, cluster, tp, pp, zero, num_micro_batches, sp, ep, offload, etp)
+    return _after_pipeline_floor_s(model, train, cluster, tp, pp, group, zero, ep, offload, dp, etp)
 
 
 def optimizer_floor_s(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: int, pp: int, group: int,
-                      zero: int, ep: int = 1, offload: bool = False) -> float:
+                      zero: int, ep: int = 1, offload: bool = False, etp: int = 1) -> float:
     """`zero_floor_s` less its DP buckets (>= 0), which alone depend on placement and on the
     micro-batches: a bound for every placement of the degrees."""
-    return _after_pipeline_floor_s(model, train, cluster, tp, pp, group, zero, ep, offload, 0.0)
+    return _after_pipeline_floor_s(model, train, cluster, tp, pp, group, zero, ep, offload, 0.0, etp)
 
 
 def _after_pipeline_floor_s(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: int, pp: int, group: int,
-                            zero: int, ep: int, offload: bool, dp_s: float) -> float:
+                            zero: int, ep: int, offload: bool, dp_s: float, etp: int = 1) -> float:
     if zero >= 1:
         # a framework that folds EP (costmodel.params.folds_ep) shards a rank's experts over the
         # tp x cp x dp / ep ranks holding them, tp times the carved edp x cp: divided by tp whenever
         # it might, the floor stays below
         experts = layer_expert_params(model)
-        folded = cluster.framework.ep_folds_over_tp and tp > 1 and ep > 1
+        folded = cluster.framework.ep_folds_over_tp and tp > 1 and ep * etp > 1
         per_layer = (layer_params(model, tp) - experts) / group + experts / (group * (tp if folded else 1))
     else:
-        per_layer = layer_params(model, tp, ep)
+        per_layer = layer_params(model, tp, ep, etp)
     fixed = dp_s + step_host_s(train, cluster.device)   # after the pipeline, as costmodel.rank_time.after_pipeline_s
     if offload:   # offloaded states step on the host (costmodel.rank_time.after_pipeline_s)
         return fixed + host_optimizer_step_s(model.num_layers * per_layer / pp, train, cluster)
@@ -101,13 +102,13 @@ def _after_pipeline_floor_s(model: ModelSpec, train: TrainSpec, cluster: Cluster
 
 @functools.lru_cache(maxsize=16384)
 def _dp_floor_s(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: int, pp: int, zero: int,
-                num_micro_batches: int, sp: Spans, ep: int, offload: bool) -> float:
+                num_micro_batches: int, sp: Spans, ep: int, offload: bool, etp: int = 1) -> float:
     if sp.dp.size == 1 and not offload:
         return 0.0
     # pp decides only whether gradients stay whole between micro-batches (dp_terms)
     probe = degrees_plan(dp=sp.dp.size, tp=tp, pp=min(pp, 2), cp=1, zero_stage=zero,
                          num_micro_batches=num_micro_batches, num_layers=model.num_layers, ep=ep,
-                         offload_optimizer=offload)
+                         offload_optimizer=offload, etp=etp)
     return sum(t.multiplier * dp_bucket_s(model, probe, t, cluster, sp)
                for t in dp_terms(model, train, probe, cluster))
 
@@ -147,10 +148,10 @@ def states_floor(model: ModelSpec, train: TrainSpec, plan: Plan, reserved_bytes:
     never subtracts: the embedding / head states, the buffers, and activations (a recomputed
     layer keeps its checkpoint, >= 0). So when `split_exists` finds no split under this floor,
     none fits the plan (the search skips pricing its activations)."""
-    experts = layer_expert_params(model, plan.ep)
+    experts = layer_expert_params(model, plan.ep, plan.etp)
     per_param = sum(state_bytes_for(train, plan, 1.0, traits))
     per_expert = sum(state_bytes_for(train, plan, 1.0, traits, experts=1.0))
-    per_layer = per_param * (layer_params(model, plan.tp, plan.ep) - experts) + per_expert * experts
+    per_layer = per_param * (layer_params(model, plan.tp, plan.ep, plan.etp) - experts) + per_expert * experts
     return AffineBytes(base=reserved_bytes, per_layer=per_layer, per_recomputed=0.0, jump=0.0)
 
 

@@ -125,8 +125,9 @@ def _placements(degrees: dict[str, int], cluster: ClusterSpec,
 def _lays_out_ep(order: tuple[str, ...], degrees: dict[str, int], cluster: ClusterSpec) -> bool:
     """Whether the framework lays the expert-parallel groups out under this order (a framework
     that folds them takes the innermost ranks: costmodel.placement.expert_layout)."""
-    ep = degrees.get("ep", 1)
-    return ep == 1 or expert_layout(order, tuple(degrees[a] for a in order), ep, cluster.framework.ep_folds_over_tp) is not None
+    ep, etp = degrees.get("ep", 1), degrees.get("etp", 1)
+    return ep * etp == 1 or expert_layout(order, tuple(degrees[a] for a in order), ep, cluster.framework.ep_folds_over_tp,
+                                          etp) is not None
 
 
 def _layout(order: tuple[str, ...], degrees: dict[str, int]) -> tuple[str, ...]:
@@ -219,11 +220,29 @@ def placement_groups(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, o
             if train.global_batch_size % dp:
                 prune("global batch not divisible by dp")
             elif options.fixed.get("dp", dp) == dp:
-                for ep in allowed(options, "ep", _eps(model, cluster, options, tp, cp, pp, dp)):
+                for ep, etp in _expert_grids(model, cluster, options, tp, cp, pp, dp):
                     for fp8 in allowed(options, "fp8_linears", _fp8_options(model, train, cluster, tp)):
                         for act in allowed(options, "offload_activations", _act_offload_options(cluster, tp)):
                             yield from _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep,
-                                                           fp8, act)
+                                                           fp8, act, etp)
+
+
+def _expert_grids(model: ModelSpec, cluster: ClusterSpec, options: SearchOptions, tp: int, cp: int, pp: int,
+                  dp: int) -> list[tuple[int, int]]:
+    """The (ep, etp) pairs the space holds: _eps at etp 1, and where the framework splits experts
+    (costmodel.frameworks `expert_tensor_parallel`) each etp > 1 dividing tp (the expert-TP group
+    inside the dense TP ranks, in a node; predict takes any etp x ep that tiles tp x cp x dp) with
+    the ep check_plan takes beside it under some mesh order the search lays out."""
+    pairs = [(ep, 1) for ep in allowed(options, "ep", _eps(model, cluster, options, tp, cp, pp, dp))]
+    traits = cluster.framework
+    if not (model.is_moe and traits.expert_tensor_parallel):
+        return [p for p in pairs if p[1] in allowed(options, "etp", [1])]
+    orders = tuple(options.space.mesh_orders if options.space is not None else itertools.permutations(AXES))
+    for etp in (e for e in divisors(tp)[1:] if not model.moe_ffn_hidden_size % e):
+        pairs += [(ep, etp) for ep in allowed(options, "ep", divisors(tp * cp * dp // etp))
+                  if any(not ep_problems(model, ep, dp=dp, tp=tp, cp=cp, pp=pp, order=o, traits=traits, etp=etp)
+                         for o in orders)]
+    return [p for p in pairs if p[1] in allowed(options, "etp", [p[1]])]
 
 
 def _eps(model: ModelSpec, cluster: ClusterSpec, options: SearchOptions, tp: int, cp: int, pp: int,
@@ -292,7 +311,7 @@ def _group_orders(cluster: ClusterSpec, options: SearchOptions, tp: int, cp: int
                                                         cluster)]
 
 
-def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8, act):
+def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8, act, etp=1):
     L, per_replica = model.num_layers, train.global_batch_size // dp
     modes = [Recompute.NONE] if options.no_recompute else list(Recompute)
     if options.space is not None and options.space.recompute_modes is not None:
@@ -303,7 +322,7 @@ def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8,
     sps = dominant(options, "sequence_parallel", [True, False] if not sp_problems(train, tp, cp) else [False],
                    True if options.space is None or options.space.sequence_parallel else False)
     sps = [sp for sp in sps if not moe_tp_problem(model, tp, sp)]
-    orders = _orders({"tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep}, cluster, options.space)
+    orders = _orders({"tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep, "etp": etp}, cluster, options.space)
     group_orders = _group_orders(cluster, options, tp, cp, pp, dp)
     if not group_orders or not orders:
         return
@@ -327,6 +346,7 @@ def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8,
             if not variants:
                 continue
             for sp, groups in itertools.product(sps, group_orders):
-                yield Group(Choice(tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, zero_stage=0, recompute=mode, sequence_parallel=sp,
+                yield Group(Choice(tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, etp=etp, zero_stage=0, recompute=mode,
+                                   sequence_parallel=sp,
                                    micro_batch_size=mbs, vpp=1, schedule=None, mesh_axis_order=orders[0],
                                    fp8_linears=fp8, offload_activations=act, group_order=groups), variants, orders)

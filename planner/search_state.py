@@ -105,7 +105,7 @@ class SharedModels:
 
     def time_model(self, base: Choice) -> "TimedChoice":
         """`base`: a choice with one virtual stage and no schedule (time_groups)."""
-        key = (base.tp, base.cp, base.pp, base.dp, base.ep, base.micro_batch_size, base.sequence_parallel,
+        key = (base.tp, base.cp, base.pp, base.dp, (base.ep, base.etp), base.micro_batch_size, base.sequence_parallel,
                base.recompute, base.fp8_linears, base.offload_activations, base.mesh_axis_order)
         if key not in self._times:
             if self.cluster.is_mixed:
@@ -123,17 +123,17 @@ class SharedModels:
 
     def _probe(self, base: Choice) -> Plan:
         """A plan of the choice under some placement (the same choice under another differs only in its order)."""
-        key = (base.tp, base.cp, base.pp, base.dp, base.ep, base.micro_batch_size, base.sequence_parallel,
+        key = (base.tp, base.cp, base.pp, base.dp, (base.ep, base.etp), base.micro_batch_size, base.sequence_parallel,
                base.recompute, base.fp8_linears, base.offload_activations)
         if key not in self._probes:
             self._probes[key] = build_plan(self.model, self.train, self.cluster, base)
         return self._probes[key]
 
     def _spans(self, base: Choice, order: tuple[str, ...]) -> Spans:
-        key = (base.tp, base.cp, base.pp, base.dp, base.ep, order)
+        key = (base.tp, base.cp, base.pp, base.dp, (base.ep, base.etp), order)
         if key not in self._order_spans:
             self._order_spans[key] = spans(degrees_plan(dp=base.dp, tp=base.tp, pp=base.pp, cp=base.cp, ep=base.ep,
-                                                        mesh_axis_order=order), self.cluster)
+                                                        etp=base.etp, mesh_axis_order=order), self.cluster)
         return self._order_spans[key]
 
     def _rtm(self, base: Choice, sp: Spans, shape: TimeShape | None = None) -> RankTimeModel:
@@ -141,7 +141,7 @@ class SharedModels:
         of one TimeShape (the choice's fields rank_time_model reads; `shape`, when the caller has
         it) whose TP, CP and EP groups span alike; the pipeline's span changes only the sends."""
         shape = shape or TimeShape.of(base)
-        key = (shape, sp.tp, sp.cp, sp.ep)
+        key = (shape, sp.tp, sp.cp, sp.ep, sp.etp)
         placed = (key, sp.pp)
         got = self._rtms.get(placed)
         if got is None:
@@ -160,10 +160,11 @@ class SharedModels:
         return slowest_rank_floor_s(self.model, [models[g].per_layer.total_s for g in rank_groups(probe, self.cluster)])
 
     def _zero_floors_s(self, c: Choice, num_micro_batches: int, sp: Spans) -> tuple[float, ...]:
-        key = (c.tp, c.pp, c.dp * c.cp, num_micro_batches, sp.dp, sp.edp, c.ep)
+        key = (c.tp, c.pp, c.dp * c.cp, num_micro_batches, sp.dp, sp.edp, c.ep, c.etp)
         if key not in self._zero:
             self._zero[key] = tuple(min(zero_floor_s(self.model, self.train, view, c.tp, c.pp, c.dp * c.cp,
-                                                     o.zero_stage, num_micro_batches, sp, c.ep, o.offload_optimizer)
+                                                     o.zero_stage, num_micro_batches, sp, c.ep, o.offload_optimizer,
+                                                     c.etp)
                                         for view in views(self.cluster))
                                     if allowed else 0.0 for o, allowed in zip(STATE_OPTIONS, self.zero_allowed))
         return self._zero[key]
@@ -226,7 +227,7 @@ class SharedModels:
         base = group.base
         for vpp in dict.fromkeys(v for v, _ in group.variants):
             for z in zeros:
-                key = (base.tp, base.cp, base.pp, base.dp, base.ep, z, vpp, base.group_order)
+                key = (base.tp, base.cp, base.pp, base.dp, (base.ep, base.etp), z, vpp, base.group_order)
                 if key not in self._floors:
                     probe = self._vpp_probes.get(key[:5] + (vpp,))
                     if probe is None:
@@ -241,7 +242,7 @@ class SharedModels:
         """planner.bounds.states_floor's fit under STATE_OPTIONS[zero] (`plan`: the choice under
         any placement of states). It reads only the degrees, the placement of states and the
         virtual stages (and the groups' order, for the caps), which many choices share."""
-        key = (base.tp, base.cp, base.pp, base.dp, base.ep, zero, plan.vpp, base.group_order)
+        key = (base.tp, base.cp, base.pp, base.dp, (base.ep, base.etp), zero, plan.vpp, base.group_order)
         if key not in self._floors:
             placed = replace(plan, **STATE_OPTIONS[zero]._asdict())
             floor = states_floor(self.model, self.train, placed, self.cluster.device.efficiency.reserved_memory_bytes,
@@ -251,7 +252,7 @@ class SharedModels:
 
     @staticmethod
     def _memory_key(c: Choice, vpp: int, schedule: Schedule, zero: int) -> tuple:
-        return (c.tp, c.cp, c.pp, c.dp, c.ep, zero, c.recompute, c.sequence_parallel, c.micro_batch_size, vpp,
+        return (c.tp, c.cp, c.pp, c.dp, (c.ep, c.etp), zero, c.recompute, c.sequence_parallel, c.micro_batch_size, vpp,
                 schedule, c.fp8_linears, c.offload_activations, c.group_order)
 
     def pipeline_floor_s(self, base: Choice, zero: int, plan: Plan, fit: MemoryFit,
@@ -288,10 +289,10 @@ class SharedModels:
     def _optimizer_floors_s(self, c: Choice) -> tuple[float, ...]:
         """planner.bounds.optimizer_floor_s per state placement (STATE_OPTIONS); 0 where the
         search does not allow it."""
-        key = (c.tp, c.pp, c.dp * c.cp, c.ep)
+        key = (c.tp, c.pp, c.dp * c.cp, c.ep, c.etp)
         if key not in self._optimizer:
             self._optimizer[key] = tuple(
                 optimizer_floor_s(self.model, self.train, self.cluster, c.tp, c.pp, c.dp * c.cp, o.zero_stage, c.ep,
-                                  o.offload_optimizer) if allowed else 0.0
+                                  o.offload_optimizer, c.etp) if allowed else 0.0
                 for o, allowed in zip(STATE_OPTIONS, self.zero_allowed))
         return self._optimizer[key]

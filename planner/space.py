@@ -29,6 +29,7 @@ class Choice:
     schedule: Schedule | None = None  # None: interleaved-1f1b when vpp > 1, else 1f1b
     mesh_axis_order: tuple[str, ...] = DEFAULT_AXIS_ORDER
     ep: int = 1   # expert-parallel degree (mixtures of experts; costmodel.check.ep_problems)
+    etp: int = 1   # expert tensor-parallel degree (costmodel.check.etp_problems)
     offload_optimizer: bool = False   # ZeRO-Offload: sharded states and their step on the host
     fp8_linears: bool = False   # the layers' linears in float8 (torchao tensorwise)
     offload_activations: bool = False   # the layers' saved activations on the host
@@ -72,7 +73,8 @@ def build_plan(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, choice:
                  micro_batch_size=max(choice.micro_batch_sizes) if choice.micro_batch_sizes else choice.micro_batch_size,
                  micro_batch_sizes=tuple(choice.micro_batch_sizes), num_micro_batches=num_micro_batches, schedule=schedule,
                  vpp=choice.vpp, layers_per_stage=layers, mesh_axis_order=tuple(choice.mesh_axis_order),
-                 ep=choice.ep, offload_optimizer=choice.offload_optimizer, fp8_linears=choice.fp8_linears,
+                 ep=choice.ep, etp=choice.etp, offload_optimizer=choice.offload_optimizer,
+                 fp8_linears=choice.fp8_linears,
                  offload_activations=choice.offload_activations, group_order=tuple(choice.group_order))
     if choice.recompute is Recompute.NONE:
         counts = (0,) * choice.pp
@@ -111,14 +113,15 @@ def _shared_micro_batches(train: TrainSpec, cluster: ClusterSpec, choice: Choice
 
 def degrees_plan(*, dp: int, tp: int, pp: int, cp: int, zero_stage: int = 0, num_micro_batches: int = 1,
                  mesh_axis_order: tuple[str, ...] = DEFAULT_AXIS_ORDER, num_layers: int | None = None,
-                 ep: int = 1, offload_optimizer: bool = False, group_order: tuple[int, ...] = ()) -> Plan:
+                 ep: int = 1, offload_optimizer: bool = False, group_order: tuple[int, ...] = (),
+                 etp: int = 1) -> Plan:
     """A concrete plan that fixes only degrees (and ZeRO stage / micro-batch count): for asking
     the cost model questions that depend on nothing else, such as placement or DP collectives."""
     layers = num_layers or pp
     return Plan(dp=dp, tp=tp, pp=pp, cp=cp, zero_stage=zero_stage, recompute=Recompute.NONE,
                 recompute_num_layers=(0,) * pp, sequence_parallel=False, micro_batch_size=1,
                 num_micro_batches=num_micro_batches, schedule=default_schedule(1), vpp=1,
-                layers_per_stage=even_layers(layers, pp), mesh_axis_order=mesh_axis_order, ep=ep,
+                layers_per_stage=even_layers(layers, pp), mesh_axis_order=mesh_axis_order, ep=ep, etp=etp,
                 offload_optimizer=offload_optimizer, group_order=group_order)
 
 

@@ -62,7 +62,7 @@ def _fused_elementwise(model: ModelSpec, train: TrainSpec, plan: KernelShape, to
     num_bytes = rep * (model.layer_norms * 2 * a + 2 * 3 * a + drop * 2 * (2 * a + 1))
     acts = 3 if model.ffn_kind.gated else 2
     num_bytes += acts * a * tokens * _mlp_width(model) / t
-    routing_bytes, routing_kernels = _moe_routing_bytes(model, train, moe_tokens(tokens, t), plan.ep)
+    routing_bytes, routing_kernels = _moe_routing_bytes(model, train, moe_tokens(tokens, t), plan.ep, plan.etp)
     num_bytes += routing_bytes
     kernels = 5 + 2 * drop + routing_kernels
     if model.qk_norm:   # Qwen3's RMSNorm over each head's queries and keys
@@ -162,7 +162,7 @@ def eager_elementwise_traffic(model: ModelSpec, train: TrainSpec, plan: KernelSh
     rest_k = 2 * drop
     if model.qk_norm:
         rest, rest_k = rest + 2 * a * tokens * (model.q_hidden_size + model.kv_hidden_size) / t, rest_k + 2
-    routing_bytes, routing_kernels = _moe_routing_bytes(model, train, moe_tokens(tokens, t), plan.ep)
+    routing_bytes, routing_kernels = _moe_routing_bytes(model, train, moe_tokens(tokens, t), plan.ep, plan.etp)
     rest, rest_k = rest + routing_bytes, rest_k + routing_kernels
     return fwd_b + rest, fwd_k + rest_k, bwd_b + 2 * rest, bwd_k + 2 * rest_k
 

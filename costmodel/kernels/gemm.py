@@ -103,7 +103,7 @@ def _linears_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: Devic
     a mixture's experts too (_moe_gemms_s), where check.fp8_problems lets the framework
     (`float8_experts`)."""
     fwd, bwd_in, bwd_w = _moe_gemms_s(model, train, dev, moe_tokens(tokens, plan.tp), plan.ep, grouped_experts,
-                                      plan.fp8_linears, fused_casts)
+                                      plan.fp8_linears, fused_casts, plan.etp)
     for block in dense_blocks(model):
         for lin in block.linears:
             k, n = _local_shape(lin, plan.tp)
@@ -165,7 +165,8 @@ def grouped_gemm_s(groups: int, m: int, k: int, n: int, dev: DeviceProfile, trai
 
 
 def _moe_gemms_s(model: ModelSpec, train: TrainSpec, dev: DeviceProfile, tokens: int, ep: int,
-                 grouped: bool = False, fp8: bool = False, fused_casts: bool = False) -> tuple[float, float, float]:
+                 grouped: bool = False, fp8: bool = False, fused_casts: bool = False,
+                 etp: int = 1) -> tuple[float, float, float]:
     """(forward, input-gradient, weight-gradient) seconds of a mixture's GEMMs (never split over
     TP): the router, then for each of the device's num_experts/ep experts three projections over
     the rows routed to it, one GEMM each as runtime.moe runs them or, `grouped`
@@ -175,12 +176,14 @@ def _moe_gemms_s(model: ModelSpec, train: TrainSpec, dev: DeviceProfile, tokens:
     projections in float8 with their casts (_projection_s), as Transformer Engine's
     GroupedLinear and Linear run them inside Megatron-Core's TEGroupedMLP and shared-expert MLP;
     the router (a plain torch linear in Megatron-Core) and the one-output gate stay in the
-    compute dtype."""
+    compute dtype. Under expert tensor parallelism (Plan.etp) each expert's projections run on
+    the rows all-gathered over its etp ranks, etp times as many, at 1/etp of the width (gate and
+    up column-parallel, down row-parallel): the same FLOPs in narrower GEMMs."""
     if not model.is_moe:
         return 0.0, 0.0, 0.0
-    h, f, fs = model.hidden_size, model.moe_ffn_hidden_size, model.shared_expert_ffn_hidden_size
+    h, f, fs = model.hidden_size, model.moe_ffn_hidden_size // etp, model.shared_expert_ffn_hidden_size
     local = model.num_experts // ep
-    rows = max(1, round(expert_rows(model, train, tokens, ep) / local))
+    rows = max(1, round(etp * expert_rows(model, train, tokens, ep) / local))
     plain = gemm_s(tokens, h, model.num_experts, dev, train)
     if model.shared_expert_gate:
         plain += gemm_s(tokens, h, 1, dev, train)
@@ -194,18 +197,18 @@ def _moe_gemms_s(model: ModelSpec, train: TrainSpec, dev: DeviceProfile, tokens:
     return fwd, bwd_in, bwd_w
 
 
-def _moe_routing_bytes(model: ModelSpec, train: TrainSpec, tokens: int, ep: int) -> tuple[float, int]:
+def _moe_routing_bytes(model: ModelSpec, train: TrainSpec, tokens: int, ep: int, etp: int = 1) -> tuple[float, int]:
     """(bytes, kernels) of a mixture's memory-bound work: the fp32 softmax and top-k over the
     router logits; the gather of the routed rows in expert order, the weighting and the
     scatter-add of their outputs (each a read and a write of k·tokens·h); under expert
-    parallelism also the received rows' reorder by local expert and back; per local expert
-    the gather and scatter of its rows."""
+    parallelism (or expert TP) also the received rows' reorder by local expert and back, of the
+    rows gathered over the etp ranks; per local expert the gather and scatter of its rows."""
     if not model.is_moe:
         return 0.0, 0
     a, routed = train.compute_dtype.num_bytes, tokens * model.experts_per_token
     num_bytes = 3 * 4 * tokens * model.num_experts + 3 * 2 * a * routed * model.hidden_size
     kernels = 3 + 4 * (model.num_experts // ep)
-    if ep > 1:
-        num_bytes += 2 * 2 * a * expert_rows(model, train, tokens, ep) * model.hidden_size
+    if ep * etp > 1:
+        num_bytes += 2 * 2 * a * etp * expert_rows(model, train, tokens, ep) * model.hidden_size
         kernels += 2
     return num_bytes, kernels

@@ -71,13 +71,15 @@ class _KernelKey:
     tp: int
     cp: int
     ep: int
+    etp: int
     sequence_parallel: bool
     micro_batch_size: int
     fp8_linears: bool
 
     @classmethod
     def of(cls, plan: Plan) -> "_KernelKey":
-        return cls(plan.tp, plan.cp, plan.ep, plan.sequence_parallel, plan.micro_batch_size, plan.fp8_linears)
+        return cls(plan.tp, plan.cp, plan.ep, plan.etp, plan.sequence_parallel, plan.micro_batch_size,
+                   plan.fp8_linears)
 
 
 @_per_kernel_shape

@@ -27,6 +27,7 @@ class KernelShape(Protocol):
     tp: int
     cp: int
     ep: int
+    etp: int
     sequence_parallel: bool
     micro_batch_size: int
     fp8_linears: bool

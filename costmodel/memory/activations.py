@@ -31,7 +31,8 @@ def _cp_cpu_mask_elements(train: TrainSpec, plan: Plan, traits: FrameworkTraits)
     return cp_chunk_scores(train.seq_len, plan.cp)
 
 
-def _moe_saved_bytes(model: ModelSpec, train: TrainSpec, tokens: int, ep: int, traits: FrameworkTraits) -> float:
+def _moe_saved_bytes(model: ModelSpec, train: TrainSpec, tokens: int, ep: int, traits: FrameworkTraits,
+                     etp: int = 1) -> float:
     """What runtime.moe keeps for backward in one layer (measured per tensor by
     tests/runtime/test_activation_memory.py): the router's fp32 probabilities, the chosen experts
     (int64) and their fp32 weights (and their sum where renormalised); per routed slot (tokens·k)
@@ -41,11 +42,13 @@ def _moe_saved_bytes(model: ModelSpec, train: TrainSpec, tokens: int, ep: int, t
     parallelism: costmodel.kernels.expert_rows) its input and the expert's SwiGLU tensors, and
     under expert parallelism its two reorder indices; the shared expert's SwiGLU tensors, and
     with a gate its output and the gate's value. (Its input is the MLP input
-    `layer_activation_bytes` counts already.)"""
+    `layer_activation_bytes` counts already.) Under expert TP (Plan.etp) the rows are those
+    gathered over the etp ranks, each with 1/etp of the expert's width."""
     a, h, k, e = train.compute_dtype.num_bytes, model.hidden_size, model.experts_per_token, model.num_experts
     router = tokens * (4 * e + 8 * k + 4 * k + (4 if model.moe_norm_topk_prob else 0))
     per_slot = 4 + 4 if traits.moe_probs_in_activation else a * (2 * h + 1) + 16
-    per_row = a * (h + traits.swiglu_saved_tensors * model.moe_ffn_hidden_size) + (16 if ep > 1 else 0)
+    per_row = etp * (a * (h + traits.swiglu_saved_tensors * model.moe_ffn_hidden_size // etp)
+                     + (16 if ep * etp > 1 else 0))
     fs = model.shared_expert_ffn_hidden_size
     shared = a * tokens * (traits.swiglu_saved_tensors * fs + ((h + 1) if model.shared_expert_gate else 0))
     return router + tokens * k * per_slot + expert_rows(model, train, tokens, ep) * per_row + shared
@@ -90,7 +93,7 @@ def layer_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, mode:
     out_proj_input = a * tokens * model.attention_output_size / t
     # SwiGLU in eager torch saves gate, up, silu(gate) and the product; a fused kernel keeps the
     # 2f-wide first projection and the product (costmodel.frameworks)
-    mlp = (_moe_saved_bytes(model, train, moe_tokens(tokens, t), plan.ep, traits) if model.is_moe else
+    mlp = (_moe_saved_bytes(model, train, moe_tokens(tokens, t), plan.ep, traits, plan.etp) if model.is_moe else
            (traits.swiglu_saved_tensors if model.ffn_kind.gated else 2) * a * tokens * f / t)
     if mode is Recompute.SELECTIVE:
         core = 0.0
@@ -280,7 +283,8 @@ def weight_grad_input_bytes(model: ModelSpec, train: TrainSpec, plan: Plan,
     tokens = _local_tokens(train, plan)
     if model.is_moe:
         routed = moe_tokens(tokens, t)
-        mlp = (expert_rows(model, train, routed, plan.ep) * (model.hidden_size + model.moe_ffn_hidden_size)
+        mlp = (plan.etp * expert_rows(model, train, routed, plan.ep)
+               * (model.hidden_size + model.moe_ffn_hidden_size // plan.etp)
                + routed * model.shared_expert_ffn_hidden_size)
     else:
         mlp = tokens * model.ffn_hidden_size / t
@@ -314,7 +318,7 @@ def _moe_output_grad_elements(model: ModelSpec, train: TrainSpec, plan: Plan, to
         return 0.0
     h, fs, routed = model.hidden_size, model.shared_expert_ffn_hidden_size, moe_tokens(tokens, plan.tp)
     return (routed * (model.num_experts + (2 * fs + h if fs else 0) + (1 if model.shared_expert_gate else 0))
-            + expert_rows(model, train, routed, plan.ep) * (2 * model.moe_ffn_hidden_size + h))
+            + plan.etp * expert_rows(model, train, routed, plan.ep) * (2 * model.moe_ffn_hidden_size // plan.etp + h))
 
 
 def edge_weight_grad_output_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, first: bool,

@@ -200,10 +200,10 @@ def dp_groups(model: ModelSpec, plan: Plan, sp: Spans, held: RankParams,
     unit of several layers (dp_unit_layers) counts its collectives by the rank's parameters over
     its own, the embedding and head among them: exact where every stage's layers fill whole units
     beside a root of about one unit's size, within a unit's latency otherwise."""
-    if plan.ep == 1:
+    if plan.ep * plan.etp == 1:
         return [(held.total, dp_unit_layers(model, plan, traits) * layer_params(model, plan.tp), sp.dp)]
-    experts = layer_expert_params(model, plan.ep)
-    return [(held.replicated, layer_params(model, plan.tp, plan.ep) - experts, sp.dp),
+    experts = layer_expert_params(model, plan.ep, plan.etp)
+    return [(held.replicated, layer_params(model, plan.tp, plan.ep, plan.etp) - experts, sp.dp),
             (held.experts, experts, sp.edp)]
 
 
@@ -223,7 +223,7 @@ def tp_replica_sync_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: C
     sharded = plan.zero_stage > 0
     # experts folded over TP (params.folds_ep) are each on one TP rank: their gradient group
     # (expert_dp) holds every rank with the same experts, nothing left to sum over TP
-    experts = 0 if folds_ep(plan, cluster.framework) else layer_expert_params(model, plan.ep)
+    experts = 0 if folds_ep(plan, cluster.framework) else layer_expert_params(model, plan.ep, plan.etp)
     shard = (moe_replicated_params(model) + qk_norm_params(model) + mla) / (plan.dp * plan.cp if sharded else 1)
     if experts:
         shard += experts / (expert_dp(plan, cluster.framework) if sharded else 1)

@@ -94,15 +94,24 @@ def _cp_layer_comm_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Cl
 
 
 def _ep_layer_comm_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
-                     span: AxisSpan) -> float:
+                     span: AxisSpan, etp_span: AxisSpan | None = None) -> float:
     """One direction (forward or backward) of one layer under expert parallelism: the routed
     rows' dispatch to their experts' ranks and the outputs' return, two all-to-alls of the
     busiest rank's rows (computation waits on both: nothing to overlap them with), node-limited
-    routing's bound on a token's network copies included (costmodel.moe_dispatch)."""
-    if plan.ep == 1:
+    routing's bound on a token's network copies included (costmodel.moe_dispatch). Under expert
+    TP (Plan.etp) the rows each rank received are all-gathered over its etp ranks before the
+    experts and their outputs reduce-scattered after (backward: the reverse, the same bytes),
+    as Megatron-Core's all-to-all dispatcher does (dispatch_postprocess, combine_preprocess)."""
+    if plan.ep * plan.etp == 1:
         return 0.0
     tokens = moe_tokens(plan.micro_batch_size * train.seq_len // plan.cp, plan.tp)
-    return dispatch_combine_s(model, train, expert_rows(model, train, tokens, plan.ep), span, cluster)
+    rows = expert_rows(model, train, tokens, plan.ep)
+    out = dispatch_combine_s(model, train, rows, span, cluster) if plan.ep > 1 else 0.0
+    if plan.etp > 1:
+        gathered = train.compute_dtype.num_bytes * plan.etp * rows * model.hidden_size
+        out += (collective_time_s(Collective.ALL_GATHER, gathered, etp_span, cluster)
+                + collective_time_s(Collective.REDUCE_SCATTER, gathered, etp_span, cluster))
+    return out
 
 
 def _activation_offload_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec) -> float:

@@ -51,11 +51,12 @@ class TimeShape:
     recompute: Recompute
     offload_activations: bool
     pp: int
+    etp: int = 1
 
     @classmethod
     def of(cls, plan: Plan) -> "TimeShape":
         return cls(plan.tp, plan.cp, plan.ep, plan.sequence_parallel, plan.micro_batch_size, plan.fp8_linears,
-                   plan.recompute, plan.offload_activations, min(plan.pp, 2))
+                   plan.recompute, plan.offload_activations, min(plan.pp, 2), plan.etp)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +66,7 @@ class _KernelShape:
     tp: int
     cp: int
     ep: int
+    etp: int
     sequence_parallel: bool
     micro_batch_size: int
     fp8_linears: bool
@@ -93,6 +95,7 @@ class _EpShape:
     cp: int
     ep: int
     micro_batch_size: int
+    etp: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,8 +179,9 @@ class RankTimeParts:
                 self._axes.clear()
             # a model without experts has no expert GEMMs or routing: its kernels read no ep
             # (tests/costmodel/test_rank_time_parts.py), so its shapes share them across ep
-            key = _KernelShape(shape.tp, shape.cp, shape.ep if self.model.is_moe else 1, shape.sequence_parallel,
-                               shape.micro_batch_size, shape.fp8_linears)
+            moe = self.model.is_moe
+            key = _KernelShape(shape.tp, shape.cp, shape.ep if moe else 1, shape.etp if moe else 1,
+                               shape.sequence_parallel, shape.micro_batch_size, shape.fp8_linears)
             kernels = self._kernels.get(key)
             if kernels is None:
                 kernels = self._kernels[key] = _kernel_parts(self.model, self.train, key, self.cluster, self._axis)
@@ -214,11 +218,13 @@ class RankTimeParts:
             got = c.cp.by_span[span] = _cp_layer_comm_s(self.model, self.train, shape, self.cluster, span, layer)
         return got
 
-    def ep_s(self, c: ComputeParts, span: AxisSpan) -> float:
-        """A layer's expert all-to-alls one way over the EP group `span`."""
-        got = c.ep.by_span.get(span)
+    def ep_s(self, c: ComputeParts, span: AxisSpan, etp_span: AxisSpan) -> float:
+        """A layer's expert all-to-alls one way over the EP group `span`, and the expert-TP
+        gathers over `etp_span`."""
+        got = c.ep.by_span.get((span, etp_span))
         if got is None:
-            got = c.ep.by_span[span] = _ep_layer_comm_s(self.model, self.train, c.ep.key, self.cluster, span)
+            got = c.ep.by_span[span, etp_span] = _ep_layer_comm_s(self.model, self.train, c.ep.key, self.cluster,
+                                                                  span, etp_span)
         return got
 
     def pp_send_s(self, c: ComputeParts, span: AxisSpan) -> float:
@@ -247,7 +253,7 @@ def _compute_parts(model: ModelSpec, train: TrainSpec, shape: TimeShape, cluster
         embedding=k.embedding, head=k.head, loss_s=k.loss_s,
         # Efficiency.pp_stage
         stage=dev.efficiency.pp_stage if shape.pp > 1 else 1.0, mtp_proj_s=k.mtp_proj_s, tp=k.tp, cp=k.cp,
-        ep=axis(_EpShape(shape.tp, shape.cp, shape.ep, shape.micro_batch_size)),
+        ep=axis(_EpShape(shape.tp, shape.cp, shape.ep, shape.micro_batch_size, shape.etp)),
         pp=axis(_PpShape(shape.tp, shape.cp, shape.pp, shape.micro_batch_size)), dense=dense)
 
 

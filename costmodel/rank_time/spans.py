@@ -19,6 +19,7 @@ class Spans:
     pp: AxisSpan
     dp: AxisSpan  # the gradient group: dp x cp (context-parallel ranks share weights)
     ep: AxisSpan  # the token all-to-all group (placement.expert_layout)
+    etp: AxisSpan  # the ranks splitting each expert (expert TP), which gather the routed rows
     edp: AxisSpan  # the experts' gradient group: the ranks holding the same experts
 
 
@@ -31,22 +32,26 @@ def split_dp_axis(order: tuple[str, ...], degrees: tuple[int, ...], ep: int) -> 
 
 def spans(plan: Plan, cluster: ClusterSpec) -> Spans:
     return _spans(plan.mesh_axis_order, tuple(plan.degree(a) for a in plan.mesh_axis_order), plan.ep,
-                  cluster.devices_per_node, folds_ep(plan, cluster.framework))
+                  cluster.devices_per_node, folds_ep(plan, cluster.framework), plan.etp)
+
+
+_ONE = AxisSpan(size=1, members_per_node=1, num_nodes=1)
 
 
 @lru_cache(maxsize=16384)
 def _spans(mesh_order: tuple[str, ...], mesh_degrees: tuple[int, ...], ep: int, dpn: int,
-           fold: bool = False) -> Spans:
+           fold: bool = False, etp: int = 1) -> Spans:
     """Cached per layout (the search asks for the same few thousand many times; each group_span
     walks its group's ranks, thousands of them at 16k devices). The expert groups as
     placement.expert_layout lays them out: carved from dp, or folded over TP, CP and DP
     (params.folds_ep)."""
     dp = group_span(mesh_order, mesh_degrees, ("dp", "cp"), dpn)
     tp, cp, pp = (group_span(mesh_order, mesh_degrees, (a,), dpn) for a in ("tp", "cp", "pp"))
-    if ep == 1:   # the experts' group is the gradient group and EP is one rank
-        return Spans(tp=tp, cp=cp, pp=pp, dp=dp, ep=AxisSpan(size=1, members_per_node=1, num_nodes=1), edp=dp)
-    layout = expert_layout(mesh_order, mesh_degrees, ep, fold)
+    if ep * etp == 1:   # the experts' group is the gradient group and EP is one rank
+        return Spans(tp=tp, cp=cp, pp=pp, dp=dp, ep=_ONE, etp=_ONE, edp=dp)
+    layout = expert_layout(mesh_order, mesh_degrees, ep, fold, etp)
     return Spans(tp=tp, cp=cp, pp=pp, dp=dp, ep=group_span(layout.order, layout.degrees, layout.ep_axes, dpn),
+                 etp=group_span(layout.order, layout.degrees, layout.etp_axes, dpn) if etp > 1 else _ONE,
                  edp=group_span(layout.order, layout.degrees, layout.edp_axes, dpn))
 
 
@@ -58,7 +63,7 @@ def link_costs(sp: Spans, cluster: ClusterSpec) -> tuple[float, ...]:
     whose every entry is at least another's is never faster (the search drops it). Keep this in
     step with the functions below that take a span."""
     out: list[float] = []
-    for span in (sp.tp, sp.cp, sp.pp, sp.dp, sp.ep, sp.edp):
+    for span in (sp.tp, sp.cp, sp.pp, sp.dp, sp.ep, sp.etp, sp.edp):
         out.extend(_group_link_costs(span, cluster))
     for tier in (cluster.pipeline_tier(sp.pp.num_nodes), cluster.device.tier_for(sp.cp.num_nodes)):
         out.extend(_affine(lambda b: p2p_time_s(b, tier)))  # noqa: B023

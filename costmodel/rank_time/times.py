@@ -181,7 +181,7 @@ def _layer_times(parts: RankTimeParts, c: ComputeParts, sp: Spans) -> tuple[Rank
     tp_layer_s, regather_s, tp_output_s, edge_tp_s, gather_s, mtp_tp_s = parts.tp_terms(c, sp.tp)
     tp = tp_layer_s * c.exposed   # one direction's, as the forward (and a recomputation) runs them
     cp_fwd, cp_bwd = parts.cp_terms(c, sp.cp)
-    ep = parts.ep_s(c, sp.ep)
+    ep = parts.ep_s(c, sp.ep, sp.etp)
     per_layer = _times(layer.forward_s, layer.backward_s, layer.backward_weight_s,
                        tp=tp + tp_layer_s * c.exposed_backward + regather_s,
                        cp=cp_fwd + cp_bwd, ep=2 * ep)

@@ -85,6 +85,10 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    help="expert-parallel degree (mixtures of experts): each layer's experts sharded over "
                         "ep consecutive data-parallel ranks (divides dp), or under --framework megatron the ep "
                         "innermost of the tp x cp x dp ranks (MoE parallel folding); divides the number of experts")
+    g.add_argument("--etp", type=DEGREE, default=1,
+                   help="expert tensor-parallel degree (mixtures of experts, --framework megatron): each routed "
+                        "expert's projections split over the etp innermost ranks, the ep group the next ones; "
+                        "divides the experts' width")
     g.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=1,
                    help="0 replicated (DDP), 1 optimizer sharded, 2 +gradients, 3 +weights (FSDP)")
     g.add_argument("--offload-optimizer", action="store_true",
@@ -129,7 +133,7 @@ def specs_from_args(args: argparse.Namespace) -> tuple[ModelSpec, TrainSpec, Clu
 
 
 def choice_from_args(args: argparse.Namespace) -> Choice:
-    return Choice(tp=args.tp, pp=args.pp, cp=args.cp, dp=args.dp, ep=args.ep, zero_stage=args.zero,
+    return Choice(tp=args.tp, pp=args.pp, cp=args.cp, dp=args.dp, ep=args.ep, etp=args.etp, zero_stage=args.zero,
                   offload_optimizer=args.offload_optimizer, fp8_linears=args.dtype == FP8,
                   offload_activations=args.offload_activations,
                   recompute=Recompute(args.recompute), recompute_layers=args.recompute_layers,

@@ -165,7 +165,7 @@ def arguments(pf: PlanFile, plan: Plan) -> list[tuple[str, str | None]]:
                  *_dispatcher(m, plan, pf.cluster), ("--moe-grouped-gemm", None),
                  ("--moe-router-load-balancing-type", "aux_loss"),
                  ("--moe-aux-loss-coeff", f"{m.router_aux_loss_coef:g}"),
-                 ("--expert-model-parallel-size", str(plan.ep)), ("--expert-tensor-parallel-size", "1")]
+                 ("--expert-model-parallel-size", str(plan.ep)), ("--expert-tensor-parallel-size", str(plan.etp))]
         if m.shared_expert_ffn_hidden_size:
             args += [("--moe-shared-expert-intermediate-size", str(m.shared_expert_ffn_hidden_size))]
         if not m.moe_norm_topk_prob:

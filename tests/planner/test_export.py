@@ -46,7 +46,11 @@ PLANS["llama405b_embedding_loss_split"] = ["--model", "llama3-405b", "--cluster"
 # only Megatron runs (the other targets refuse it: test_a_folded_expert_layout_is_megatron_s_only)
 FOLDED = {"mixtral_ep_folded": ["--model", "mixtral-8x7b", "--cluster", "2x8xH100", "--tp", "2", "--pp", "2",
                                 "--ep", "8", "--zero", "1", "--seq-len", "4096", "--global-batch", "64",
-                                "--framework", "megatron"]}
+                                "--framework", "megatron"],
+          # expert tensor parallelism: each expert split over 2 of the TP ranks, EP 4 over the next ranks
+          "mixtral_etp": ["--model", "mixtral-8x7b", "--cluster", "2x8xH100", "--tp", "4", "--pp", "2", "--ep", "4",
+                          "--etp", "2", "--zero", "1", "--seq-len", "4096", "--global-batch", "64",
+                          "--framework", "megatron"]}
 UNEVEN = {"llama13b_gpipe_zero0_uneven": [9, 10, 10, 11]}   # a split only the search writes
 # a Qwen3-shaped model (heads of 128 over a 1024-wide model, per-head Q/K norms), from its config.json
 QWEN3 = {"model_type": "qwen3", "hidden_size": 1024, "head_dim": 128, "num_attention_heads": 16,
@@ -244,6 +248,8 @@ def test_megatron_core_accepts_the_arguments(plan_paths, tmp_path, capsys, monke
     assert opt.get("use_precision_aware_optimizer", False) == plan["offload_optimizer"]
     assert (config.tensor_model_parallel_size, config.pipeline_model_parallel_size, config.context_parallel_size,
             config.expert_model_parallel_size) == (plan["tp"], plan["pp"], plan["cp"], plan["ep"])
+    if pf.model.is_moe:   # Megatron's default is the dense TP size: the export always says it
+        assert config.expert_tensor_parallel_size == plan.get("etp", 1)
     assert config.sequence_parallel == (plan["sequence_parallel"] and plan["tp"] > 1)
     assert (config.virtual_pipeline_model_parallel_size or 1) == plan["vpp"]
     dp = pf.cluster.world_size // (plan["tp"] * plan["pp"] * plan["cp"])
@@ -271,13 +277,13 @@ def test_a_folded_expert_layout_is_megatron_s_only(plan_paths, tmp_path, capsys,
 
 
 def _megatron_lays_out_the_experts(args: dict, plan: dict, world: int, dp: int) -> None:
-    """Megatron-Core's parallel_state builds the expert grid the export asks for: expert TP 1,
-    its expert data-parallel size world / (etp x ep x pp) whole, and its pipeline groups the dense
-    grid's (the assertion initialize_model_parallel makes); the plan's folded EP (ep > dp here)
-    is what it runs."""
+    """Megatron-Core's parallel_state builds the expert grid the export asks for: the plan's expert
+    TP, its expert data-parallel size world / (etp x ep x pp) whole, and its pipeline groups the
+    dense grid's (the assertion initialize_model_parallel makes); the plan's folded EP (ep > dp
+    here) is what it runs."""
     from megatron.core.parallel_state import RankGenerator
     etp, ep = int(args["--expert-tensor-parallel-size"]), int(args["--expert-model-parallel-size"])
-    assert etp == 1 and ep == plan["ep"] and world % (etp * ep * plan["pp"]) == 0
+    assert etp == plan.get("etp", 1) and ep == plan["ep"] and world % (etp * ep * plan["pp"]) == 0
     order = "tp-cp-ep-pp-dp" if "--use-tp-pp-dp-mapping" in args else "tp-cp-ep-dp-pp"
     dense = RankGenerator(tp=plan["tp"], ep=1, dp=dp, pp=plan["pp"], cp=plan["cp"], order=order)
     experts = RankGenerator(tp=etp, ep=ep, dp=world // (etp * ep * plan["pp"]), pp=plan["pp"], cp=1, order=order)
