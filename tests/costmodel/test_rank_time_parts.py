@@ -7,9 +7,8 @@ import pytest
 
 from costmodel.deepseek import dense_layer_model
 from costmodel.frameworks import framework_traits
-from costmodel.kernels import embedding_kernel_times, head_kernel_times, layer_kernel_times
-
 from costmodel.hardware.clusters import parse_cluster
+from costmodel.kernels import embedding_kernel_times, head_kernel_times, layer_kernel_times
 from costmodel.plan import Recompute
 from costmodel.rank_time import rank_time_model, spans
 from costmodel.rank_time.parts import rank_time_parts
