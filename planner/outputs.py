@@ -257,19 +257,34 @@ def run_dir_lock(directory: Path, flag: str = "--out") -> Iterator[None]:
     made here and left empty (a run refused before it started) is removed with the lock."""
     created = not directory.exists()
     fd = _take_lock(directory, flag)
+    key = Path(os.path.abspath(directory))
     try:
         try:
             os.ftruncate(fd, 0)
             os.write(fd, f"{os.getpid()}\n".encode())
         except OSError as exc:   # a full disk: said before the run, not as a bug
             raise WriteFailed(directory / LOCK_NAME, exc) from None
+        _HELD[key] = fd
         yield
     finally:
+        _HELD.pop(key, None)
         with contextlib.suppress(OSError):
             (directory / LOCK_NAME).unlink()   # while still held: a waiting run locks a removed file, tries again
             if created:
                 directory.rmdir()   # only if empty: a run's files, or the next run's lock, keep it
         os.close(fd)
+
+
+_HELD: dict[Path, int] = {}   # the directories this process holds, by absolute path: their lock's descriptor
+
+
+def check_held(directory: Path) -> None:
+    """WriteFailed unless `directory` is still the one this process locked: removed or moved while
+    the run held it, a result written there now would land in a new directory, apart from its log."""
+    fd = _HELD.get(Path(os.path.abspath(directory)))
+    if fd is not None and not _same_file(fd, directory / LOCK_NAME):
+        raise WriteFailed(directory, OSError(errno.ENOENT, "it was removed or moved while the run held it "
+                                                          "(its lock file is gone); its results are not written"))
 
 
 def _take_lock(directory: Path, flag: str) -> int:

@@ -331,6 +331,7 @@ def _run_locked(args: argparse.Namespace, pf: PlanFile, out: Path, worker, resum
         if not isinstance(exc, Exception):   # Ctrl-C or SIGTERM: keep what was measured so far
             _keep_partial(pf, args, out, time.perf_counter() - start, exc)
         raise
+    outputs.check_held(out)
     raw = json.loads((out / "raw.json").read_text())
     copy_plan(args, out)
     timed = len(raw["step_times_s"])   # a resumed run measures the steps it ran
@@ -365,6 +366,11 @@ def _with_machine_moment(record, pf: PlanFile, threads: int, out: Path):
 def _keep_partial(pf: PlanFile, args: argparse.Namespace, out: Path, wall_s: float, exc: BaseException) -> None:
     """The timed steps rank 0 recorded before the signal, as measured.json marked incomplete."""
     from runtime.measure import measured_record
+    try:
+        outputs.check_held(out)
+    except outputs.WriteFailed as gone:
+        exc.add_note(str(gone))
+        return
     for left in out.glob(f".{PARTIAL}.tmp-*"):   # rank 0 stopped between writing and renaming it
         left.unlink(missing_ok=True)
     try:

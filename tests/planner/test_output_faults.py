@@ -8,6 +8,7 @@ import errno
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -211,6 +212,23 @@ def test_a_full_disk_under_the_lock_is_one_line_before_the_run(tmp_path, monkeyp
         with outputs.run_dir_lock(tmp_path / "fresh"):
             pytest.fail("the run started")
     assert not (tmp_path / "fresh").exists()
+
+
+@pytest.mark.parametrize("how", ["removed", "moved"])
+def test_a_run_directory_removed_or_moved_while_held_is_said_not_recreated(tmp_path, how):
+    """`planner run` asks check_held before it publishes measured.json: a directory removed or
+    moved while the run held it was recreated with the record in it, apart from its run.log."""
+    held = tmp_path / "run"
+    with outputs.run_dir_lock(held):
+        outputs.check_held(held)   # still the directory it locked
+        if how == "removed":
+            shutil.rmtree(held)
+        else:
+            held.rename(tmp_path / "elsewhere")
+        held.mkdir()   # what a rank's write_text_atomic does next
+        with pytest.raises(outputs.WriteFailed, match=r"cannot write .*run: it was removed or moved while the run held"):
+            outputs.check_held(held)
+    outputs.check_held(held)   # held by no run of this process: nothing to say
 
 
 def test_a_stale_lock_file_is_taken(tmp_path):
