@@ -81,6 +81,19 @@ def out_dir(path: str | Path | None, flag: str, overwrite: bool, products: tuple
     return path
 
 
+def make_dir(directory: Path) -> None:
+    """`directory` and its parents; a file where one of them should be (put there after the
+    command checked its path) is named, not said as mkdir's "File exists" or "Not a directory"."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise NotADirectoryError(errno.ENOTDIR, f"{_first_file(directory)} is not a directory") from None
+
+
+def _first_file(directory: Path) -> Path:
+    return next((p for p in (directory, *directory.parents) if p.exists() and not p.is_dir()), directory)
+
+
 class WriteFailed(Exception):
     """An output could not be written (disk full, an I/O error, a read-only file system, its
     directory removed meanwhile, standard output closed or full): neither the user's mistake nor a
@@ -101,7 +114,7 @@ def write_file(path: str | Path, data: str | bytes, overwrite: bool) -> None:
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_dir(path.parent)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)   # the umask's mode, as open() gives
     except OSError as exc:
         raise WriteFailed(path, exc) from None
@@ -126,7 +139,7 @@ def new_stream(path: str | Path, overwrite: bool) -> Iterator:
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_dir(path.parent)
         stream = open(tmp, "x", encoding="utf-8")   # noqa: SIM115 - closed below, after its block
     except OSError as exc:
         raise WriteFailed(path, exc) from None
@@ -215,7 +228,7 @@ def staged_dir(final: str | Path, overwrite: bool, claims: tuple[str, ...] = ())
     no file, whole or truncated, under a final name."""
     final = Path(final)
     try:
-        final.parent.mkdir(parents=True, exist_ok=True)
+        make_dir(final.parent)
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
     except OSError as exc:
         raise WriteFailed(final, exc) from None
@@ -230,7 +243,7 @@ def staged_dir(final: str | Path, overwrite: bool, claims: tuple[str, ...] = ())
 
 
 def _publish_dir(tmp: Path, final: Path, overwrite: bool, claims: tuple[str, ...]) -> None:
-    final.mkdir(parents=True, exist_ok=True)
+    make_dir(final)
     names = sorted(p.name for p in tmp.iterdir())
     claimed: list[str] = []
     try:
@@ -292,7 +305,7 @@ def _take_lock(directory: Path, flag: str) -> int:
     path = directory / LOCK_NAME
     for attempt in range(100):   # each retry follows another run's ending; a hundred are not a race
         try:
-            directory.mkdir(parents=True, exist_ok=True)
+            make_dir(directory)
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
             if isinstance(exc, FileNotFoundError) and attempt < 99:   # removed by the run that just ended

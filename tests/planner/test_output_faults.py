@@ -231,6 +231,17 @@ def test_a_run_directory_removed_or_moved_while_held_is_said_not_recreated(tmp_p
     outputs.check_held(held)   # held by no run of this process: nothing to say
 
 
+def test_a_directory_replaced_by_a_file_is_said_so(tmp_path):
+    """The --out directory removed and a file put in its place while the command ran: one line
+    naming that file, not mkdir's "File exists"."""
+    (tmp_path / "out").write_text("not a directory")
+    with pytest.raises(outputs.WriteFailed, match=r"p\.json: .*out is not a directory"):
+        outputs.write_file(tmp_path / "out" / "deeper" / "p.json", "{}", overwrite=False)
+    with pytest.raises(outputs.WriteFailed, match=r"out is not a directory"):
+        with outputs.staged_dir(tmp_path / "out" / "report", overwrite=False):
+            pass
+
+
 def test_a_stale_lock_file_is_taken(tmp_path):
     """A run killed outright leaves its lock file; the kernel dropped its lock with the process."""
     (tmp_path / outputs.LOCK_NAME).write_text("999999999\n")
