@@ -5,7 +5,7 @@ few plan fields their bytes depend on. A search prices tens of thousands of plac
 thousand shapes; the parts of one are shared by all of them."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Callable
 
@@ -128,6 +128,9 @@ class ComputeParts:
     ep: "_ByAxis"
     pp: "_ByAxis"
     dense: "ComputeParts | None"   # its dense first layers' (RankTimeParts.dense), where it has some
+    # what the rank time model reads of no recomputation, by the TP, CP, EP and ETP groups' spans:
+    # shared with the shapes that differ from this one only in their recompute mode
+    unrecomputed: dict = field(compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +164,7 @@ class RankTimeParts:
         self.model, self.train, self.cluster = model, train, cluster
         self._compute: dict[TimeShape, ComputeParts] = {}
         self._kernels: dict[_KernelShape, _KernelParts] = {}
+        self._unrecomputed: dict[TimeShape, dict] = {}
         self._axes: dict[object, _ByAxis] = {}
         self._dense: RankTimeParts | None = None
 
@@ -177,6 +181,7 @@ class RankTimeParts:
                 self._compute.clear()
                 self._kernels.clear()
                 self._axes.clear()
+                self._unrecomputed.clear()
             # a model without experts has no expert GEMMs or routing: its kernels read no ep
             # (tests/costmodel/test_rank_time_parts.py), so its shapes share them across ep
             moe = self.model.is_moe
@@ -186,8 +191,9 @@ class RankTimeParts:
             if kernels is None:
                 kernels = self._kernels[key] = _kernel_parts(self.model, self.train, key, self.cluster, self._axis)
             dense = self.dense().compute(shape) if self.model.first_k_dense else None
+            unrecomputed = self._unrecomputed.setdefault(replace(shape, recompute=Recompute.NONE), {})
             got = self._compute[shape] = _compute_parts(self.model, self.train, shape, self.cluster, kernels,
-                                                        self._axis, dense)
+                                                        self._axis, dense, unrecomputed)
         return got
 
     def _axis(self, key: object) -> _ByAxis:
@@ -242,7 +248,8 @@ def rank_time_parts(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec) ->
 
 
 def _compute_parts(model: ModelSpec, train: TrainSpec, shape: TimeShape, cluster: ClusterSpec,
-                   kernels: _KernelParts, axis: Callable[[object], _ByAxis], dense: ComputeParts | None) -> ComputeParts:
+                   kernels: _KernelParts, axis: Callable[[object], _ByAxis], dense: ComputeParts | None,
+                   unrecomputed: dict) -> ComputeParts:
     dev = cluster.device
     k = kernels
     return ComputeParts(
@@ -254,7 +261,8 @@ def _compute_parts(model: ModelSpec, train: TrainSpec, shape: TimeShape, cluster
         # Efficiency.pp_stage
         stage=dev.efficiency.pp_stage if shape.pp > 1 else 1.0, mtp_proj_s=k.mtp_proj_s, tp=k.tp, cp=k.cp,
         ep=axis(_EpShape(shape.tp, shape.cp, shape.ep, shape.micro_batch_size, shape.etp)),
-        pp=axis(_PpShape(shape.tp, shape.cp, shape.pp, shape.micro_batch_size)), dense=dense)
+        pp=axis(_PpShape(shape.tp, shape.cp, shape.pp, shape.micro_batch_size)), dense=dense,
+        unrecomputed=unrecomputed)
 
 
 def _kernel_parts(model: ModelSpec, train: TrainSpec, shape: _KernelShape, cluster: ClusterSpec,

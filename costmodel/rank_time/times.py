@@ -157,9 +157,22 @@ def shape_time_model(model: ModelSpec, train: TrainSpec, shape: TimeShape, clust
 
 
 def parts_time_model(parts: RankTimeParts, c: ComputeParts, sp: Spans, vpp: int = 1) -> RankTimeModel:
-    """The rank time model from its parts (`c`: parts.compute of its TimeShape)."""
+    """The rank time model from its parts (`c`: parts.compute of its TimeShape). All but its
+    recomputed layer read no recompute mode: shapes that differ only in it share that part."""
+    key = (sp.tp, sp.cp, sp.ep, sp.etp)
+    unrecomputed = c.unrecomputed.get(key)
+    if unrecomputed is None:
+        unrecomputed = c.unrecomputed[key] = _unrecomputed(parts, c, sp)
+    per_layer, first_edge, last_edge, comm = unrecomputed
+    return RankTimeModel(per_layer=per_layer, per_recomputed_layer=_recomputed_layer(c, *comm).scaled(c.stage),
+                         first_edge=first_edge, last_edge=last_edge, pp_send_s=parts.pp_send_s(c, sp.pp), vpp=vpp)
+
+
+def _unrecomputed(parts: RankTimeParts, c: ComputeParts, sp: Spans) -> tuple:
+    """(a layer's time, the first and the last rank's edges, at the stage factor; the layer's
+    collectives a recomputed layer reads: _layer_times)."""
     model = parts.model
-    per_layer, per_rc, tp_edges = _layer_times(parts, c, sp)
+    per_layer, comm, tp_edges = _layer_times(parts, c, sp)
     embed_pass = _times(c.embedding.forward_s, c.embedding.backward_s, c.embedding.backward_weight_s, tp=tp_edges[0])
     head_pass = _times(c.head.forward_s + c.loss_s, c.head.backward_s + c.loss_s, c.head.backward_weight_s,
                        tp=tp_edges[0] + tp_edges[1])
@@ -168,15 +181,14 @@ def parts_time_model(parts: RankTimeParts, c: ComputeParts, sp: Spans, vpp: int 
         first_edge = first_edge + _dense_first_layers(model, parts.dense(), c.dense, sp, per_layer)
     last_edge = head_pass + _mtp_times(model, c, tp_edges[2], per_layer, embed_pass + head_pass)
     stage = c.stage
-    return RankTimeModel(
-        per_layer=per_layer.scaled(stage), per_recomputed_layer=per_rc.scaled(stage),
-        first_edge=first_edge.scaled(stage), last_edge=last_edge.scaled(stage),
-        pp_send_s=parts.pp_send_s(c, sp.pp), vpp=vpp)
+    return per_layer.scaled(stage), first_edge.scaled(stage), last_edge.scaled(stage), comm
 
 
-def _layer_times(parts: RankTimeParts, c: ComputeParts, sp: Spans) -> tuple[RankTimes, RankTimes, tuple[float, ...]]:
-    """A layer's and a recomputed layer's times (before the stage factor), and the edges' TP
-    collectives: (the embedding's and the head's each, the logits' gather, the MTP projection's)."""
+def _layer_times(parts: RankTimeParts, c: ComputeParts,
+                 sp: Spans) -> tuple[RankTimes, tuple[float, ...], tuple[float, ...]]:
+    """A layer's times (before the stage factor); its collectives one way a recomputed layer
+    reads (TP, TP output, CP forward, EP: _recomputed_layer); and the edges' TP collectives (the
+    embedding's and the head's each, the logits' gather, the MTP projection's)."""
     layer = c.layer
     tp_layer_s, regather_s, tp_output_s, edge_tp_s, gather_s, mtp_tp_s = parts.tp_terms(c, sp.tp)
     tp = tp_layer_s * c.exposed   # one direction's, as the forward (and a recomputation) runs them
@@ -187,15 +199,19 @@ def _layer_times(parts: RankTimeParts, c: ComputeParts, sp: Spans) -> tuple[Rank
                        cp=cp_fwd + cp_bwd, ep=2 * ep)
     if c.shape.offload_activations:
         per_layer = replace(per_layer, offload_s=c.offload_s)
+    return per_layer, (tp, tp_output_s, cp_fwd, ep), (edge_tp_s, gather_s, mtp_tp_s)
+
+
+def _recomputed_layer(c: ComputeParts, tp: float, tp_output_s: float, cp_fwd: float, ep: float) -> RankTimes:
+    """A recomputed layer's extra time (before the stage factor), under the shape's recompute mode."""
+    layer = c.layer
     if c.shape.recompute is Recompute.FULL:
         # stopping early, it never runs the collective after the MLP's row-parallel projection
         skipped_tp = tp_output_s * c.exposed if c.early and c.shape.tp > 1 else 0.0
-        per_rc = _times(rc=c.again * layer.recompute_forward_s, tp=tp - skipped_tp, cp=cp_fwd, ep=ep)
-    elif c.shape.recompute is Recompute.SELECTIVE:
-        per_rc = _times(rc=c.again * layer.attention_forward_s)
-    else:
-        per_rc = ZERO_TIMES
-    return per_layer, per_rc, (edge_tp_s, gather_s, mtp_tp_s)
+        return _times(rc=c.again * layer.recompute_forward_s, tp=tp - skipped_tp, cp=cp_fwd, ep=ep)
+    if c.shape.recompute is Recompute.SELECTIVE:
+        return _times(rc=c.again * layer.attention_forward_s)
+    return ZERO_TIMES
 
 
 def _dense_first_layers(model: ModelSpec, dense: RankTimeParts, c: ComputeParts, sp: Spans,
