@@ -176,3 +176,33 @@ def test_the_search_holds_etp_only_where_the_framework_has_it():
                                         framework="megatron")
     options = options_for("megatron", model, train, cluster, SearchOptions(fixed={"tp": 4, "pp": 2, "etp": 2}))
     assert {g.base.etp for g in placement_groups(model, train, cluster, options, lambda reason: None)} == {2}
+
+
+def test_the_search_with_expert_tensor_parallelism_matches_brute_force():
+    """The small mixture of test_search_exact under Megatron-Core, its memory tight: brute force
+    over every plan Megatron runs, each under every etp x ep its layout takes (etp dividing tp),
+    finds the search's best step time (the search's bounds hold with etp)."""
+    from costmodel.check import check_structure as valid
+    from planner import targets
+    from planner.search import SearchOptions, search
+    from tests.planner.test_search_exact import CASES, _better, _tight, brute_force_best
+    model, cluster_name, batch, memory = CASES[2]
+    train = TrainSpec(seq_len=64, global_batch_size=batch)
+    cluster = targets.cluster_for("megatron", _tight(parse_cluster(cluster_name), memory))
+    found = [None]
+
+    def keep(plan):   # every expert grid of the plan's degrees, priced beside it
+        if plan.ep == 1 and not targets.changes("megatron", model, train, cluster, plan):
+            for etp in divisors(plan.tp):
+                for ep in divisors(plan.tp * plan.cp * plan.dp // etp):
+                    grid = replace(plan, ep=ep, etp=etp)
+                    if not valid(model, train, cluster, grid):
+                        found[0] = _better(model, train, cluster, grid, found[0])
+        return False
+    brute_force_best(model, train, cluster, keep=keep)
+    result = search(model, train, cluster, targets.options_for("megatron", model, train, cluster,
+                                                               SearchOptions(top_k=1, max_tp=4)))
+    best = min(result.evaluated, key=lambda f: f.estimate.closed_form_step_time_s)
+    assert result.stats.optimal and found[0] is not None
+    assert best.estimate.closed_form_step_time_s == pytest.approx(found[0][0], rel=1e-6), \
+        (best.plan.short(), found[0][1].short())
