@@ -66,8 +66,8 @@ def test_a_bad_config_is_one_line_exit_2(tmp_path, capsys):
 
 @pytest.mark.parametrize("cluster, flags, message", [
     ("32x8xH100", ["--pp", "16", "--ep", "3"], "ep=3 does not divide the model's 256 experts"),
-    ("2x8xH100", ["--ep", "512"], "ep=512 does not divide dp=16"),   # more EP ranks than the cluster has
-    ("4x8xH100", ["--tp", "8", "--ep", "8"], "ep=8 does not divide dp=4"),
+    ("2x8xH100", ["--ep", "512"], "ep=512 is more than the tp x cp x dp = 16 ranks"),   # more than the cluster has
+    ("4x8xH100", ["--tp", "8", "--pp", "2", "--ep", "16", "--mesh-order", "dp,pp,cp,tp"], "ep=16 does not fold over"),
 ])
 def test_an_expert_layout_the_model_or_cluster_cannot_hold_is_one_line_exit_2(capsys, cluster, flags, message):
     assert main(["predict", "--model", "deepseek-v3", "--cluster", cluster, *flags]) == 2

@@ -1,8 +1,8 @@
 """Megatron-Core's MoE parallel folding (costmodel.frameworks `ep_folds_over_tp`), as `validate`
 prices Megatron-Core's Mixtral 8x22B mapping on 128 H100 (tp2 pp8 dp8 ep8): its EP groups are
 two TP ranks and four data-parallel ones, inside a node, and each expert's states are sharded
-over the two ranks holding it; carved from data parallelism (our runtime), EP crosses nodes and
-each rank's expert states are whole."""
+over the two ranks holding it; carved from data parallelism (DeepSpeed's layout), EP crosses
+nodes and each rank's expert states are whole. Our runtime folds as Megatron-Core does."""
 import itertools
 from dataclasses import replace
 
@@ -20,6 +20,7 @@ from costmodel.specs import TrainSpec
 from planner.space import Choice, build_plan, divisors
 
 MODEL = resolve_model("mixtral-8x22b")
+CARVED = framework_traits("deepspeed")   # EP carved from data parallelism
 TRAIN = TrainSpec(seq_len=4096, global_batch_size=256)
 
 
@@ -32,11 +33,11 @@ def _priced(traits):
 def test_megatron_folds_expert_parallelism_over_tensor_parallelism():
     megatron = framework_traits("megatron-core")
     cluster, plan, folded = _priced(megatron)
-    assert folds_ep(plan, megatron) and not folds_ep(plan, RUNTIME)
-    assert (expert_dp(plan, megatron), expert_dp(plan, RUNTIME)) == (2, 1)
+    assert folds_ep(plan, megatron) and folds_ep(plan, RUNTIME) and not folds_ep(plan, CARVED)
+    assert (expert_dp(plan, megatron), expert_dp(plan, RUNTIME), expert_dp(plan, CARVED)) == (2, 2, 1)
     sp = spans(plan, cluster)
     assert (sp.ep.size, sp.ep.num_nodes, sp.edp.size) == (8, 1, 2)
-    _, _, carved = _priced(RUNTIME)
+    _, _, carved = _priced(CARVED)
     # half the experts' optimizer states, and an all-to-all on NVLink rather than InfiniBand
     assert folded.max_peak_memory_bytes < carved.max_peak_memory_bytes - 5 * 2**30
     assert folded.time_breakdown_s["comm/ep_exposed"] < carved.time_breakdown_s["comm/ep_exposed"] / 2
@@ -163,12 +164,12 @@ def test_a_fold_inside_the_tp_ranks_and_over_cp():
                       Choice(tp=2, cp=2, pp=1, ep=8, zero_stage=1, micro_batch_size=1, sequence_parallel=True))
     sp = spans(plan, cluster)
     assert plan.dp == 4 and (sp.ep.size, sp.ep.num_nodes, sp.edp.size, sp.edp.num_nodes) == (8, 1, 2, 2)
-    assert expert_dp(plan, megatron) == 2 and expert_dp(plan, RUNTIME) == plan.edp * plan.cp
+    assert expert_dp(plan, megatron) == 2 and expert_dp(plan, CARVED) == plan.edp * plan.cp
 
 
 @pytest.mark.parametrize("framework, flags, message", [
-    ("planner", ["--tp", "2", "--pp", "8", "--ep", "32"],
-     "ep=32 does not divide dp=16: planner carves the expert-parallel group from the data-parallel one"),
+    ("deepspeed", ["--tp", "2", "--pp", "8", "--ep", "32"],
+     "ep=32 does not divide dp=16: deepspeed carves the expert-parallel group from the data-parallel one"),
     ("megatron", ["--tp", "2", "--pp", "16", "--ep", "32"], "ep=32 is more than the tp x cp x dp = 16 ranks"),
     ("megatron", ["--tp", "2", "--pp", "8", "--ep", "32", "--mesh-order", "dp,pp,cp,tp"],
      "ep=32 does not fold over tp2 x pp8 x dp16 (megatron-core takes the ep innermost ranks"),
@@ -183,18 +184,18 @@ def test_an_expert_layout_the_framework_cannot_lay_out_is_one_line_exit_2(capsys
 
 def test_the_search_holds_ep_beyond_dp_only_where_the_framework_folds():
     """`planner search --model qwen3-235b-a22b --cluster 32x8xH100 --framework megatron` holds
-    EP up to a pipeline stage's tp x cp x dp ranks; our runtime's, up to dp."""
+    EP up to a pipeline stage's tp x cp x dp ranks, as our runtime's does; DeepSpeed's, up to dp."""
     from planner.candidates import placement_groups
     from planner.search import SearchOptions
     from planner.specs import build_specs
     from planner.targets import options_for
     beyond = {}
-    for framework in ("megatron", "planner"):
+    for framework in ("megatron", "planner", "deepspeed"):
         model, train, cluster = build_specs("qwen3-235b-a22b", "32x8xH100", framework=framework)
         options = options_for(framework, model, train, cluster, SearchOptions(fixed={"tp": 2, "pp": 8, "cp": 1}))
         groups = list(placement_groups(model, train, cluster, options, lambda reason: None))
         beyond[framework] = {g.base.ep for g in groups if g.base.ep > g.base.dp}
         assert all(not ep_problems(model, g.base.ep, dp=g.base.dp, tp=g.base.tp, cp=g.base.cp, pp=g.base.pp,
                                    order=order, traits=cluster.framework) for g in groups for order in g.orders)
-    assert beyond == {"megatron": {32}, "planner": set()}
+    assert beyond == {"megatron": {32}, "planner": {32}, "deepspeed": set()}
 

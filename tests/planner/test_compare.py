@@ -30,7 +30,8 @@ def test_every_recipe_names_its_source_and_its_model():
 @pytest.mark.parametrize("model, cluster, framework, expected", [
     ("mixtral-8x7b", "8x8xH100", "planner", "dp16 tp1 pp4x8v ep8 z1 mbs1x"),   # the cluster it was written for
     ("llama3-70b", "16x8xH100", "planner", "dp4 tp4+sp pp4x5v cp2 z1 mbs1x"),  # dp adapted to 128 devices
-    ("mixtral-8x7b", "2x8xH100", "planner", "ep8 is carved from data parallelism, and this cluster leaves dp4"),
+    ("mixtral-8x7b", "2x8xH100", "planner", "ep=8 is more than the tp x cp x dp = 4 ranks of a pipeline stage"),
+    ("mixtral-8x7b", "2x8xH100", "deepspeed", "ep8 is carved from data parallelism, and this cluster leaves dp4"),
     ("llama3-70b", "3x8xH100", "planner", "tp*pp*cp = 32 does not divide this cluster's 24 devices"),
     ("mixtral-8x7b", "8x8xH100", "deepspeed", "deepspeed would have to change it: schedule interleaved-1f1b"),
 ])

@@ -108,6 +108,8 @@ CASES = {
     "moe_tp2_sp": (Choice(tp=2, micro_batch_size=MBS), 2, dict(model="debug-moe")),
     "moe_ep2_cp2": (Choice(ep=2, cp=2, zero_stage=1, micro_batch_size=MBS), 4, dict(model="debug-moe")),
     "moe_ep2_tp2_sp": (Choice(ep=2, tp=2, zero_stage=1, micro_batch_size=MBS), 4, dict(model="debug-moe")),
+    # EP folded over the TP ranks (dp 1): each TP rank routes its sequence shard to the other's experts
+    "moe_tp2_ep2_sp_folded": (Choice(ep=2, tp=2, zero_stage=1, micro_batch_size=MBS), 2, dict(model="debug-moe")),
     # heads sized apart from the model's width (queries twice as wide as the model)
     "head_dim": (Choice(micro_batch_size=MBS), 1, dict(LLAMA, explicit_head_dim=64)),
     "head_dim_tp2_sp": (Choice(tp=2, micro_batch_size=MBS), 2, dict(LLAMA, explicit_head_dim=64)),

@@ -89,14 +89,14 @@ def test_experts_saved_under_expert_parallelism_resume_without_it(tmp_path):
 
 
 def test_experts_folded_over_tp_resume_carved_from_dp(tmp_path):
-    """Experts folded over TP x DP (Megatron-Core's layout, costmodel.placement.expert_layout: tp2
-    dp2 ep4, one expert a rank, its states whole) are one DTensor over the EP group as carved ones
-    are, so DCP reshards them: saved folded, resumed with EP carved from dp (ep2 over the two
-    replicas, each TP rank holding two experts whole), the same micro-batches."""
-    folded = _plan(Choice(tp=2, ep=4, zero_stage=1, micro_batch_size=4), world=4, model="debug-moe",
-                   framework="megatron-core")
+    """Experts folded over TP x DP (our runtime's layout, Megatron-Core's, costmodel.placement.
+    expert_layout: tp2 dp2 ep4, one expert a rank, its states whole) are one DTensor over the EP
+    group as carved ones are, so DCP reshards them: saved folded, resumed with EP carved from dp
+    (a plan for DeepSpeed: ep2 over the two replicas, each TP rank holding two experts whole),
+    the same micro-batches."""
+    folded = _plan(Choice(tp=2, ep=4, zero_stage=1, micro_batch_size=4), world=4, model="debug-moe")
     carved = _plan(Choice(tp=2, ep=2, zero_stage=1, micro_batch_size=4), world=4, model="debug-moe",
-                   framework="torchtitan")
+                   framework="deepspeed")
     whole = _losses(folded, steps=5)
     _losses(folded, tmp_path, steps=3)
     assert _losses(carved, tmp_path, steps=5, resume=True) == pytest.approx(whole[3:], rel=1e-5)

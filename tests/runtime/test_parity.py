@@ -87,7 +87,7 @@ CASES = {
     "moe_pp2": (Choice(pp=2), 2, MOE),
     "moe_zero2_recompute_full": (Choice(zero_stage=2, recompute=Recompute.FULL), 2, MOE),
     # expert parallelism: experts sharded over EP ranks, tokens exchanged by all-to-all, expert
-    # gradients reduced over the edp ranks (runtime.parallel)
+    # gradients reduced over the edp ranks holding the same ones (runtime.parallel)
     "moe_ep2": (Choice(ep=2, zero_stage=1), 2, MOE),
     "moe_ep4": (Choice(ep=4, zero_stage=2), 4, MOE),
     "moe_ep2_dp2_zero3": (Choice(ep=2, zero_stage=3), 4, MOE),
@@ -103,23 +103,27 @@ CASES = {
     "moe_cp2": (Choice(cp=2), 2, MOE),
     "moe_cp2_dp2_zero3": (Choice(cp=2, zero_stage=3), 4, MOE),
     "moe_cp2_pp2": (Choice(cp=2, pp=2), 4, MOE),
-    # expert parallelism under CP: the experts' ZeRO group is edp x cp
+    # expert parallelism under CP: folded, the EP group the CP ranks and the experts' ZeRO group
+    # dp; carved from dp (DeepSpeed's layout), the ZeRO group edp x cp
     "moe_ep2_cp2": (Choice(ep=2, cp=2, zero_stage=1), 4, MOE),
+    "moe_ep2_cp2_carved": (Choice(ep=2, cp=2, zero_stage=1), 4, {**MOE, "framework": "deepspeed"}),
     "moe_ep2_cp2_zero3": (Choice(ep=2, cp=2, zero_stage=3), 4, MOE),
     "moe_ep2_cp2_zero0_cp_outer": (Choice(ep=2, cp=2, zero_stage=0, mesh_axis_order=("pp", "cp", "dp", "tp")), 4, MOE),
     # tensor parallelism: attention split, experts whole on each TP rank routing its sequence
     # shard (expert TP 1), their gradients summed over TP
     "moe_tp2": (Choice(tp=2), 2, MOE),
-    "moe_ep2_tp2": (Choice(ep=2, tp=2, zero_stage=1), 4, MOE),
     "moe_tp2_pp2_recompute_full": (Choice(tp=2, pp=2, recompute=Recompute.FULL), 4, MOE),
     "moe_tp2_cp2_zero3": (Choice(tp=2, cp=2, zero_stage=3), 4, MOE),
     # the tokens' group cp x tp sliced in the world mesh's order, whichever it is
     "moe_tp2_cp2_tp_outer": (Choice(tp=2, cp=2, mesh_axis_order=("pp", "tp", "dp", "cp")), 4, MOE),
     # EP folded over TP x DP as Megatron-Core lays it (costmodel.placement.expert_layout, expert
-    # TP 1): the EP group the TP ranks (dp 1), then the TP ranks of both replicas; each rank's
-    # experts whole, their gradients reduced over the ranks holding them, not summed over TP
-    "moe_tp2_ep2_folded": (Choice(tp=2, ep=2, zero_stage=1), 2, {**MOE, "framework": "megatron-core"}),
-    "moe_tp2_dp2_ep4_folded": (Choice(tp=2, ep=4, zero_stage=1), 4, {**MOE, "framework": "megatron-core"}),
+    # TP 1): the EP group the TP ranks (dp 1, or the experts' ZeRO group dp), then the TP ranks
+    # of both replicas; each rank's experts whole, their gradients reduced over the ranks holding
+    # them, not summed over TP (carved from dp, DeepSpeed's layout: whole on each TP rank, summed)
+    "moe_tp2_ep2": (Choice(tp=2, ep=2, zero_stage=1), 2, MOE),
+    "moe_ep2_tp2": (Choice(ep=2, tp=2, zero_stage=1), 4, MOE),
+    "moe_tp2_dp2_ep4": (Choice(tp=2, ep=4, zero_stage=1), 4, MOE),
+    "moe_ep2_tp2_carved": (Choice(ep=2, tp=2, zero_stage=1), 4, {**MOE, "framework": "deepspeed"}),
     # latent attention under TP: heads split, the down-projections whole on each rank; under SP
     # each trains them on its sequence shard, their gradients summed over TP (runtime.job)
     "mla_tp2": (Choice(tp=2), 2, MLA),

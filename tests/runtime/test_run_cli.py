@@ -123,9 +123,10 @@ def test_dry_run_checks_llama70b_states_per_rank(tmp_path, capsys):
 @pytest.mark.parametrize("flags", [["--tp", "2"], ["--cp", "2", "--seq-len", "8192", "--global-batch", "128"]],
                          ids=["tp2", "cp2"])
 def test_dry_run_holds_the_experts_the_model_says(tmp_path, capsys, flags):
-    """Experts are not split over TP (expert TP 1: whole on each TP rank), sharded over EP and, by
-    ZeRO, over edp x cp (two local experts over a group of four: rows, not padded experts): the
-    runtime's states per stage equal the cost model's."""
+    """Experts are not split over TP (expert TP 1), sharded over EP (folded: under tp2 both TP
+    ranks and two replicas, under cp2 both CP ranks and two replicas) and, by ZeRO, over the
+    ranks holding the same ones (two local experts over a group of four: rows, not padded
+    experts): the runtime's states per stage equal the cost model's."""
     plan = tmp_path / "mixtral.json"
     assert main(["predict", "--model", "mixtral-8x7b", "--cluster", "8x8xH100", *flags, "--pp", "4",
                  "--ep", "4", "--zero", "1", "--recompute", "full", "--out", str(plan), "--json"]) == 0
