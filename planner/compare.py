@@ -69,7 +69,7 @@ def comparisons(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, result
 
 def layout(plan: Plan) -> tuple:
     """What makes a layout another: the parallel degrees and where the training states live."""
-    return plan.tp, plan.pp, plan.cp, plan.ep, plan.zero_stage, plan.offload_optimizer
+    return plan.tp, plan.pp, plan.cp, plan.ep, plan.etp, plan.zero_stage, plan.offload_optimizer
 
 
 def other_layout(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, result: SearchResult) -> Found | None:

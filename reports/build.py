@@ -184,7 +184,8 @@ def _parallel_memory_notes(inp: ReportInput, rank: int) -> list[str]:
         tp += "; the expert-parallel group folded over the TP, CP and DP ranks" if folded and plan.tp * plan.cp > 1 else ""
         lines.append(f"Routed experts: {experts / GIB:.1f} GiB of stage {rank}'s weights, gradients and optimizer "
                      f"states ({model.num_experts // plan.ep} of {model.num_experts} experts per layer on each "
-                     f"device with ep={plan.ep}, ZeRO-{plan.zero_stage} over {expert_dp(plan, traits)} devices holding "
+                     f"device with ep={plan.ep}{f', each split over etp={plan.etp} ranks' if plan.etp > 1 else ''}, "
+                     f"ZeRO-{plan.zero_stage} over {expert_dp(plan, traits)} devices holding "
                      f"the same ones{tp}).")
     kv = cp_gathered_kv_bytes(model, train, plan, traits)
     if kv:
