@@ -134,10 +134,13 @@ def mesh_coords(mesh: DeviceMesh, plan: Plan) -> dict[str, int]:
 def _layer_tp_plan(spec: ModelSpec, sp: bool) -> dict:
     """Column-parallel projections first, the row-parallel one last, per costmodel.layout. A
     mixture of experts is not split (expert TP 1, Megatron-Core's default under EP): under SP it
-    takes this rank's sequence shard as a plain tensor and routes those tokens, its weights
-    whole on every TP rank (their gradients summed over TP: sync_replicated_over_tp). Latent
-    attention's down-projections (replicated) stay whole; its column-parallel projections only
-    have their weights sharded, the block gathering their input itself (runtime.latent_attention)."""
+    takes this rank's sequence shard as a plain tensor and routes those tokens (Megatron-Core's
+    MoELayer refuses TP without SP in training, as costmodel.check.moe_tp_problem does), its
+    router and shared expert whole on every TP rank (their gradients summed over TP:
+    sync_replicated_over_tp), its routed experts too unless EP folds over TP
+    (apply_expert_parallel). Latent attention's down-projections (replicated) stay whole; its
+    column-parallel projections only have their weights sharded, the block gathering their input
+    itself (runtime.latent_attention)."""
     out = Shard(1) if sp else Replicate()
     plan: dict = {}
     if spec.is_moe:
