@@ -163,8 +163,11 @@ class Saver:
     Either way a checkpoint is committed only whole, so an interrupted write is never resumed from.
     `wait_s` records, per save, the seconds this rank's training stood still for it."""
 
-    def __init__(self, root: Path, pf: PlanFile, keep: int, background: bool = False) -> None:
+    def __init__(self, root: Path, pf: PlanFile, keep: int, background: bool = False, resumed_step: int = 0) -> None:
         self.root, self.pf, self.keep = root, pf, keep
+        # a resume takes the newest checkpoint that passes verification, so every complete one after
+        # it failed (its line names them): none counts toward --keep until this run writes its step
+        self.failed = {s for s in complete_steps(root) if s > resumed_step} if resumed_step else set()
         # a group of its own: the writer thread's collectives must not interleave with training's
         self.group = dist.new_group(backend="gloo") if background else None
         self.wait_s: list[float] = []
@@ -220,13 +223,18 @@ class Saver:
                 shutil.rmtree(final, ignore_errors=True)
                 partial.rename(final)
                 self._prune(step)
+            self.failed.discard(step)
         dist.barrier()
 
     def _prune(self, step: int) -> None:
-        """Keep the `keep` newest checkpoints up to the one just committed (hashed from storage,
-        so verified as written): it is never pruned, and neither is a later one left by an earlier
-        run (a resume from an older checkpoint overwrites it when it reaches that step)."""
-        for old in [s for s in complete_steps(self.root) if s <= step][:-self.keep]:
+        """Keep the `keep` newest verified checkpoints up to the one just committed (hashed from
+        storage, so verified as written): it is never pruned, and neither is a later one left by an
+        earlier run (a resume from an older checkpoint overwrites it when it reaches that step). One
+        that failed verification at the resume is left as it is, for the user to inspect, and not
+        counted: with it counted, --keep 2 after a resume past a corrupted checkpoint deleted the
+        older verified one and kept the corrupted one."""
+        verified = [s for s in complete_steps(self.root) if s <= step and s not in self.failed]
+        for old in verified[:-self.keep]:
             shutil.rmtree(step_dir(self.root, old), ignore_errors=True)
 
 

@@ -78,6 +78,18 @@ def test_a_corrupted_shard_is_named_and_the_older_verified_checkpoint_resumed(sa
     assert manifest.problem(ckpt / "step-000004", (0, 1)) is None
 
 
+def test_keep_counts_verified_checkpoints_only(saved, tmp_path):
+    """Resumed from step 2 past a corrupted step 4 and saved at step 6 with --keep 2: the verified
+    step 2 stays beside step 6 (counting the corrupted one pruned it), and step 4 is left as found."""
+    pf = saved[0]
+    ckpt = _copy(saved, tmp_path)
+    _flip(_largest_shard(ckpt / "step-000004"))
+    _losses(pf, ckpt, steps=6, resume=True)
+    assert checkpoint.complete_steps(ckpt) == [2, 4, 6]
+    assert manifest.problem(ckpt / "step-000002", (0, 1)) is None and manifest.problem(ckpt / "step-000006", (0, 1)) is None
+    assert "does not match its sha256" in manifest.problem(ckpt / "step-000004", (0, 1))
+
+
 @pytest.mark.parametrize("damage", ["truncated shard", "truncated rng", "corrupted rng"])
 def test_a_damaged_file_is_named_and_the_checkpoint_skipped(saved, tmp_path, damage):
     pf = saved[0]
