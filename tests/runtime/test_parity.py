@@ -123,6 +123,8 @@ CASES = {
     "moe_tp2_ep2": (Choice(tp=2, ep=2, zero_stage=1), 2, MOE),
     "moe_ep2_tp2": (Choice(ep=2, tp=2, zero_stage=1), 4, MOE),
     "moe_tp2_dp2_ep4": (Choice(tp=2, ep=4, zero_stage=1), 4, MOE),
+    # EP inside the TP ranks: the mesh's tp axis cut in two, the other TP pair holding the same experts
+    "moe_tp4_ep2": (Choice(tp=4, ep=2, zero_stage=1), 4, {**MOE, "num_kv_heads": 4}),
     "moe_ep2_tp2_carved": (Choice(ep=2, tp=2, zero_stage=1), 4, {**MOE, "framework": "deepspeed"}),
     # latent attention under TP: heads split, the down-projections whole on each rank; under SP
     # each trains them on its sequence shard, their gradients summed over TP (runtime.job)
