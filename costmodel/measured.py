@@ -52,6 +52,13 @@ def _number(value: Any, none_ok: bool = False) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+# A measured step takes at most 11 days, and a run reads at most a quadrillion tokens a second:
+# beyond, no run measured it, and calibrate's fit and the report's figures leave the floats (a
+# step of 1e308 s pushed a fitted profile out of range, and overflowed matplotlib's transforms).
+STEP_S_MAX = 1e6
+TOKENS_PER_S_MAX = 1e15
+
+
 @dataclass(frozen=True, kw_only=True)
 class MeasuredRun:
     step_time_s: float                 # median of the timed steps, slowest rank
@@ -99,6 +106,9 @@ class MeasuredRun:
         out += [f"{name} must not be negative" for name in ("mfu", "warmup_steps", "wall_s") if getattr(self, name) < 0]
         if not self.losses or not self.step_times_s or min(self.step_times_s) <= 0:
             out.append("losses and step_times_s must be non-empty, step times positive")
+        elif max(self.step_time_s, *self.step_times_s) > STEP_S_MAX or self.tokens_per_s > TOKENS_PER_S_MAX:
+            out.append(f"step times must be at most {STEP_S_MAX:g} s and tokens_per_s at most {TOKENS_PER_S_MAX:g} "
+                       "(not a measurement: a fit or a figure of them overflows)")
         pp = self.plan.get("pp")
         if not isinstance(pp, int) or isinstance(pp, bool) or pp < 1:
             return out + ["plan.pp must be a positive integer"]

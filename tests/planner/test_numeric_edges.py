@@ -185,3 +185,23 @@ def test_a_run_that_never_ends_is_said_so_and_its_json_stays_strict(capsys):
     assert doc["training"]["days"] is None and doc["training"]["gpu_hours"] is None
     assert main(argv) == 0
     assert "never ends" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("field, value", [("step_time_s", 1e308), ("tokens_per_s", 1e308), ("step_times_s", [1e7])])
+@pytest.mark.parametrize("command", ["calibrate", "report"])
+def test_a_measured_run_beyond_any_measurement_is_refused(tmp_path, capsys, field, value, command):
+    """measured.json read back (calibrate, report --measured): a step of 1e308 s pushed the fitted
+    profile out of its ranges and overflowed the report's figures; one line naming the file."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import fuzzing
+    ws = fuzzing.make_workspace(tmp_path / "ws")
+    doc = json.loads((ws.run_dir / "measured.json").read_text())
+    (ws.run_dir / "measured.json").write_text(json.dumps({**doc, field: value}))
+    argv = (["calibrate", str(ws.run_dir), "--profile", str(ws.profile), "--out", str(tmp_path / "c.toml")]
+            if command == "calibrate" else
+            ["report", str(ws.plan), "--measured", str(ws.run_dir / "measured.json"), "--out", str(tmp_path / "r")])
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "measured.json: step times must be at most 1e+06 s" in err, err
