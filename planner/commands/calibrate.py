@@ -41,6 +41,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if out.resolve() == base_path.resolve():
         raise UserError("--out must differ from the profile: calibration never overwrites it")
     outputs.out_file(out, "--out", args.overwrite, ".toml")
+    if twice := [r for i, r in enumerate(args.runs) if Path(r).resolve() in {Path(q).resolve() for q in args.runs[:i]}]:
+        raise UserError(f"{twice[0]} is given twice: one run counted as two repeats of its plan")
     runs = [load_run(Path(r)) for r in args.runs]
     for path, run in zip(args.runs, runs):   # timings of one kind of device say nothing of another's
         ran_on = run.pf.cluster.device

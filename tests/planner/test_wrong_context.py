@@ -40,3 +40,14 @@ def test_cpu_runs_cannot_calibrate_a_gpu_profile(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "ran on xeon-amx (a cpu); it cannot calibrate H100-SXM5-80GB (a gpu)" in err
     assert not out.exists()
+
+
+def test_one_run_directory_given_twice_is_not_two_repeats(tmp_path, capsys):
+    """calibrate averages a plan's repeated runs: the same directory twice (run/ and run) was
+    counted as two runs of its plan."""
+    from costmodel.hardware import parse_cluster
+    runs = _fake_runs(tmp_path, parse_cluster("1x2xxeon-amx").device)
+    out = tmp_path / "calibrated.toml"
+    assert main(["calibrate", str(runs[0]), f"{runs[0]}/", "--profile", "xeon-amx", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is given twice" in err and not out.exists(), err
