@@ -80,7 +80,9 @@ def read_text(path: Path | str, what: str) -> str:
 def read_json_object(path: Path | str, what: str) -> dict[str, Any]:
     text = read_text(path, what)
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_unique_keys)
+    except DuplicateKey as exc:
+        raise UserError(f"{what} {path}: key {exc.args[0]!r} is given twice in one object (which one was meant?)") from None
     except json.JSONDecodeError as exc:
         raise UserError(f"{what} {path}: not valid JSON (truncated? {exc.msg} at line {exc.lineno})") from None
     except RecursionError:
@@ -90,6 +92,19 @@ def read_json_object(path: Path | str, what: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UserError(f"{what} {path}: a JSON object is expected, not {_kind(data)}")
     return data
+
+
+class DuplicateKey(ValueError):
+    """A JSON object with one key twice: json.loads would keep the last one without a word."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, item in pairs:
+        if key in out:
+            raise DuplicateKey(key)
+        out[key] = item
+    return out
 
 
 def _shown(raw: Any) -> str:

@@ -37,6 +37,8 @@ def files(tmp_path: Path, capsys) -> dict[str, Path]:
     }.items():
         out[name] = tmp_path / name
         out[name].write_text(json.dumps(content))
+    out["twice.json"] = tmp_path / "twice.json"   # json.loads keeps the last "tp" without a word
+    out["twice.json"].write_text(plan.read_text().replace('"tp": 1,', '"tp": 1, "tp": 2,', 1))
     (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
     (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
     out["loop"] = tmp_path / "loop1"
@@ -63,6 +65,7 @@ CASES = [  # (argv with {names} for fixture files, phrases the line must hold)
     (["predict", "--model", "{null_ffn.json}", "--cluster", CPU], ["null_ffn.json", "intermediate_size"]),
     (["predict", "--plan", "{plan_str_dp.json}"], ["plan_str_dp.json", "plan: dp", "integer"]),
     (["predict", "--plan", "{plan_null.json}"], ["plan_null.json", "plan must be a JSON object"]),
+    (["predict", "--plan", "{twice.json}"], ["twice.json", "key 'tp' is given twice"]),
     (["report", "{plan}", "--measured", "{measured_list.json}", "--out", "{dir}/r"],
      ["measured_list.json", "a JSON object is expected, not a list"]),
     (["predict", "--plan", "{dir}"], ["a-dir", "is a directory"]),
