@@ -112,6 +112,8 @@ def _check_row(path: Path, line: int, row: dict[str, str]) -> None:
     empty = [c for c in REQUIRED if not (row.get(c) or "").strip()]
     if empty:
         raise UserError(f"{where}: empty {', '.join(empty)} (an OOM row still needs its plan: tp, pp, ...)")
+    if not row["id"].isprintable():   # a table row, a JSON key and a line of the report each
+        raise UserError(f"{where}: id holds a control character (a newline?); give it on one line")
     metric, value = row["metric_name"].strip(), row["metric_value"].strip()
     if metric == "status":
         if value not in ("OOM", "fits"):

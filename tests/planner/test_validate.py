@@ -49,6 +49,7 @@ GOOD = "ok,x,gpt,24,2048,,16,16,51200,2048,A100-SXM4-80GB,8,8,1,1,8,,,1,1,,,64,b
     (HEADER + "\n" + GOOD.replace(",1.0\n", ",1e-300\n"), "'1e-300' is out of range"),   # +3.7e301 %
     (HEADER + "\n" + GOOD.replace(",1.0\n", ",fast\n"), "is not a number"),
     (HEADER + "\n" + GOOD + GOOD, "duplicate id 'ok'"),
+    (HEADER + "\n" + GOOD.replace("ok,", '"o\nk",', 1), "id holds a control character"),   # split the table's row
     (HEADER + ",expert_imbalance\n" + GOOD.replace("\n", ",even\n"), "expert_imbalance = 'even' is not a number"),
     (HEADER + ",expert_imbalance\n" + GOOD.replace("\n", ",0.5\n"), "expert_imbalance = 0.5 is out of range"),
     (HEADER + ",node_network_gbps\n" + GOOD.replace("\n", ",0\n"), "node_network_gbps = 0 is out of range"),
