@@ -89,9 +89,6 @@ def machine_lock():
 # the other worker sat idle: their tests are handed out one by one instead. xdist orders the
 # work by size (most tests first), so the whole modules start first and these single tests fill
 # both workers to the end.
-# (tests/runtime/test_checkpoint.py stays whole: after tests/runtime/test_fsdp_units.py's in-process
-# build_job on a fake process group, a DCP save in ranks forked from the same worker fails
-# "invalid fill"; as a whole module it runs before it, as xdist orders by size.)
 ONE_BY_ONE = frozenset({"tests/runtime/test_parity.py", "tests/runtime/test_run_cli.py"})
 
 

@@ -40,7 +40,17 @@ def test_a_unit_reaches_megatron_cores_bucket_below_zero3():
 
 
 def _units_per_stage(pf) -> list[int]:
-    """Distinct FSDP parameter groups of each stage module on rank 0, as build_job wraps them."""
+    """Distinct FSDP parameter groups of each stage module on rank 0, as build_job wraps them:
+    in a forked child (the parent's monkeypatches inherited), since a fake process group built
+    in the test's own process leaves torch's state such that a later DCP save in ranks forked
+    from it fails ("invalid fill")."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as pool:
+        return pool.submit(_units_in_this_process, pf).result()
+
+
+def _units_in_this_process(pf) -> list[int]:
     from torch.distributed.fsdp import FSDPModule
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
