@@ -18,11 +18,9 @@ FITTED = ("A100-SXM4-40GB", "A100-SXM4-80GB", "H100-SXM5-80GB", "H100-HBM2e-96GB
 # V100 borrow the A100-80GB's values, H200 and B200 the H100's (B200's attention is published); the
 # H100 HBM2e part is the H100 chip, fitted with it
 HIDING = {
-    *((chip, p) for chip in ("A100-SXM4-40GB", "A100-SXM4-80GB")
-      for p in ("memory", "intra_node_comm", "inter_node_comm")),
-    *((chip, p) for chip in ("H100-SXM5-80GB", "H100-HBM2e-96GB", "H200-SXM-141GB")
-      for p in ("memory", "comm_contention", "intra_node_comm", "inter_node_comm", "vendor_attention_speedup")),
-    *(("B200", p) for p in ("memory", "comm_contention", "intra_node_comm", "inter_node_comm")),
+    *((chip, p) for chip in ("A100-SXM4-40GB", "A100-SXM4-80GB") for p in ("memory", "inter_node_comm")),
+    *((chip, p) for chip in ("H100-SXM5-80GB", "H100-HBM2e-96GB", "H200-SXM-141GB", "B200")
+      for p in ("comm_contention", "intra_node_comm")),
 }
 PROFILES = known_profiles()
 
