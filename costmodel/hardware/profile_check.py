@@ -7,10 +7,11 @@ import re
 from costmodel.hardware.records import RING_COLLECTIVES, DeviceProfile
 
 # The rates a step's times divide by, from far below any device to far above: a link's bandwidth
-# per device and direction from 1 MB/s to 100 TB/s (a hundred times NVLink 5), a memory's from
+# per device and direction from 1 kB/s (gloo between processes on a loaded CPU has measured 30 kB/s)
+# to 100 TB/s (a hundred times NVLink 5), a memory's from
 # 1 MB/s to 1 PB/s, a peak from 1 MFLOP/s to 1 EFLOP/s. Beyond them a time reaches 1e300 s or
 # 1e-300 s, which the solver's integer coefficients and a printed table cannot hold.
-LINK_BYTES_PER_S_RANGE = (1e6, 1e14)
+LINK_BYTES_PER_S_RANGE = (1e3, 1e14)
 MEMORY_BYTES_PER_S_RANGE = (1e6, 1e15)
 PEAK_FLOPS_PER_S_RANGE = (1e6, 1e18)
 # Times added up into a step: one operation's (a latency, a kernel's or a step's overhead) up to

@@ -126,8 +126,8 @@ def test_every_integer_flag_is_bounded_where_it_is_read(command, bases, capsys):
     ("latency_s = 8e-6", "latency_s = 1e308", "latency_s"),
     ("kernel_overhead_s = 30e-06", "kernel_overhead_s = 1e308", "kernel_overhead_s"),
     ("comm_contention = 0.300", "comm_contention = 1e308", "comm_contention"),
-    ("gemm = 0.636 ", "gemm = 1e308 #", "efficiency.gemm"),
-    ("memory = 0.800 ", "memory = 1e-300 #", "efficiency.memory"),
+    ("\ngemm = ", "\ngemm = 1e308 #", "efficiency.gemm"),         # the [efficiency] value, before [ranges]
+    ("\nmemory = ", "\nmemory = 1e-300 #", "efficiency.memory"),
     ("intra_node_comm = 0.840", "intra_node_comm = 1e-300", "nvlink4 efficiency"),
     ("num_sms = 132", "num_sms = 1e308", "num_sms"),
     ("memory_bytes = 85_899_345_920", "memory_bytes = 1e308", "memory_bytes"),
