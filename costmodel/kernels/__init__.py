@@ -27,6 +27,7 @@ from costmodel.kernels.elementwise import (
 from costmodel.kernels.gemm import expert_rows, final_linear_forward_s, float8_linear, fp8_gemm_s, gemm_s, moe_tokens
 from costmodel.kernels.layer import (
     LAYER_KINDS,
+    KernelKey,
     embedding_kernel_times,
     head_kernel_times,
     layer_kernel_times,
@@ -52,7 +53,7 @@ from costmodel.kernels.roofline import (
 
 __all__ = [
     "CAUSAL_FRACTION", "CPU_ELEMENT_BYTES", "FLASH_BACKWARD_FACTOR", "FLASH_TILE", "FLASH_TILE_COST_TOKENS",
-    "FSDP_SYNC_BYTES", "GELU_OF", "LAYER_KINDS", "KernelShape", "KernelTimes", "compute_bound_s", "cp_chunk_scores",
+    "FSDP_SYNC_BYTES", "GELU_OF", "LAYER_KINDS", "KernelKey", "KernelShape", "KernelTimes", "compute_bound_s", "cp_chunk_scores",
     "cross_entropy_s", "dropout_s", "eager_elementwise_traffic", "embedding_kernel_times", "expert_rows",
     "final_linear_forward_s", "flash_tile_efficiency", "float8_linear", "fp8_gemm_s", "fsdp_sync_s", "gelu_s",
     "gemm_s", "gradient_add_s", "gradient_cast_s", "head_kernel_times", "host_optimizer_step_s", "interpolate",

@@ -29,7 +29,7 @@ def _per_kernel_shape(fn):
     across many candidates). On a GPU, the host's and the device's times combined
     (_host_or_device) inside the cache: a hit costs one lookup, as on a CPU."""
     @lru_cache(maxsize=4096)
-    def cached(model: ModelSpec, train: TrainSpec, key: "_KernelKey", dev: DeviceProfile, *how) -> KernelTimes:
+    def cached(model: ModelSpec, train: TrainSpec, key: "KernelKey", dev: DeviceProfile, *how) -> KernelTimes:
         times = fn(model, train, key, dev, *how)
         if dev.kind == "cpu" or dev.efficiency.kernel_overhead_s <= 0:
             return times
@@ -37,7 +37,7 @@ def _per_kernel_shape(fn):
 
     @wraps(fn)
     def by_plan(model: ModelSpec, train: TrainSpec, plan: Plan, dev: DeviceProfile, *how) -> KernelTimes:
-        return cached(model, train, _KernelKey.of(plan), dev.for_dtype(train.compute_dtype), *how)
+        return cached(model, train, KernelKey.of(plan), dev.for_dtype(train.compute_dtype), *how)
     return by_plan
 
 
@@ -65,8 +65,9 @@ def _without_kernel_overhead(dev: DeviceProfile) -> DeviceProfile:
 
 
 @dataclass(frozen=True, slots=True)
-class _KernelKey:
-    """The plan fields kernel times depend on: the search shares them across many candidates."""
+class KernelKey:
+    """The plan fields kernel times depend on: the search shares them across many candidates
+    (and costmodel.rank_time.parts keys its kernel parts by them)."""
 
     tp: int
     cp: int
@@ -77,7 +78,7 @@ class _KernelKey:
     fp8_linears: bool
 
     @classmethod
-    def of(cls, plan: Plan) -> "_KernelKey":
+    def of(cls, plan: Plan) -> "KernelKey":
         return cls(plan.tp, plan.cp, plan.ep, plan.etp, plan.sequence_parallel, plan.micro_batch_size,
                    plan.fp8_linears)
 

@@ -14,7 +14,7 @@ from costmodel.deepseek import dense_layer_model
 from costmodel.flops import stops_before_final_linear
 from costmodel.frameworks import tp_comm_exposed_shares
 from costmodel.hardware import ClusterSpec
-from costmodel.kernels import KernelTimes, embedding_kernel_times, head_kernel_times, layer_kernel_times
+from costmodel.kernels import KernelKey, KernelTimes, embedding_kernel_times, head_kernel_times, layer_kernel_times
 from costmodel.kernels.gemm import gemm_s
 from costmodel.placement import AxisSpan
 from costmodel.plan import Plan, Recompute
@@ -57,19 +57,6 @@ class TimeShape:
     def of(cls, plan: Plan) -> "TimeShape":
         return cls(plan.tp, plan.cp, plan.ep, plan.sequence_parallel, plan.micro_batch_size, plan.fp8_linears,
                    plan.recompute, plan.offload_activations, min(plan.pp, 2), plan.etp)
-
-
-@dataclass(frozen=True, slots=True)
-class _KernelShape:
-    """What kernel times read of a plan (costmodel.kernels.KernelShape)."""
-
-    tp: int
-    cp: int
-    ep: int
-    etp: int
-    sequence_parallel: bool
-    micro_batch_size: int
-    fp8_linears: bool
 
 
 # What each axis's collectives read of a plan (the bytes a rank moves: its micro-batch's tokens
@@ -143,7 +130,7 @@ class _ByAxis:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class _KernelParts:
-    """ComputeParts' fields that read no more of the plan than its kernels do (_KernelShape)."""
+    """ComputeParts' fields that read no more of the plan than its kernels do (KernelKey)."""
 
     layer: KernelTimes
     early: bool
@@ -163,7 +150,7 @@ class RankTimeParts:
     def __init__(self, model: ModelSpec, train: TrainSpec, cluster: ClusterSpec) -> None:
         self.model, self.train, self.cluster = model, train, cluster
         self._compute: dict[TimeShape, ComputeParts] = {}
-        self._kernels: dict[_KernelShape, _KernelParts] = {}
+        self._kernels: dict[KernelKey, _KernelParts] = {}
         self._unrecomputed: dict[TimeShape, dict] = {}
         self._axes: dict[object, _ByAxis] = {}
         self._dense: RankTimeParts | None = None
@@ -185,7 +172,7 @@ class RankTimeParts:
             # a model without experts has no expert GEMMs or routing: its kernels read no ep
             # (tests/costmodel/test_rank_time_parts.py), so its shapes share them across ep
             moe = self.model.is_moe
-            key = _KernelShape(shape.tp, shape.cp, shape.ep if moe else 1, shape.etp if moe else 1,
+            key = KernelKey(shape.tp, shape.cp, shape.ep if moe else 1, shape.etp if moe else 1,
                                shape.sequence_parallel, shape.micro_batch_size, shape.fp8_linears)
             kernels = self._kernels.get(key)
             if kernels is None:
@@ -265,7 +252,7 @@ def _compute_parts(model: ModelSpec, train: TrainSpec, shape: TimeShape, cluster
         unrecomputed=unrecomputed)
 
 
-def _kernel_parts(model: ModelSpec, train: TrainSpec, shape: _KernelShape, cluster: ClusterSpec,
+def _kernel_parts(model: ModelSpec, train: TrainSpec, shape: KernelKey, cluster: ClusterSpec,
                   axis: Callable[[object], _ByAxis]) -> _KernelParts:
     dev, fw = cluster.device, cluster.framework
     # a full recomputation that stops before the layer's last projection (and its TP collective)
