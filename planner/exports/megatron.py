@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import shlex
 
-from costmodel.frameworks import framework_traits
+from costmodel.frameworks import framework_traits, tp_comm_overlaps
 from costmodel.hardware import ClusterSpec, run_by
 from costmodel.moe_dispatch import limits_groups
 from costmodel.plan import Plan, PlanFile, Recompute, Schedule, embedding_loss_split
@@ -185,8 +185,9 @@ def arguments(pf: PlanFile, plan: Plan) -> list[tuple[str, str | None]]:
         args += [("--context-parallel-size", str(plan.cp))]
     if plan.sequence_parallel and plan.tp > 1:
         args += [("--sequence-parallel", None)]
-        if pf.cluster.device.tp_comm_gemm_overlap:   # Transformer Engine's overlap, as priced (costmodel.frameworks)
-            args += [("--tp-comm-overlap", None)]
+    if tp_comm_overlaps(framework_traits(FRAMEWORK), pf.cluster.device.tp_comm_gemm_overlap, plan.tp,
+                        plan.sequence_parallel):   # Transformer Engine's overlap where it was priced
+        args += [("--tp-comm-overlap", None)]
     if layout(plan, plan.mesh_axis_order) == layout(plan, TP_PP_DP_ORDER) != layout(plan, DEFAULT_ORDER):
         args += [("--use-tp-pp-dp-mapping", None)]
     if plan.zero_stage == 1:
@@ -225,7 +226,7 @@ def _dispatcher(m: ModelSpec, plan: Plan, cluster: ClusterSpec) -> list[tuple[st
     crosses nodes or the routing is node-limited, a token sent once to each node holding its
     experts (costmodel.moe_dispatch); the all-to-all one otherwise (inside a node both move the
     same bytes)."""
-    if limits_groups(m) or spans(plan, run_by(cluster, framework_traits("megatron-core"))).ep.crosses_nodes:
+    if limits_groups(m) or spans(plan, run_by(cluster, framework_traits(FRAMEWORK))).ep.crosses_nodes:
         return [("--moe-token-dispatcher-type", "flex"), ("--moe-enable-deepep", None)]
     return [("--moe-token-dispatcher-type", "alltoall")]
 
