@@ -300,18 +300,30 @@ def rank_params_at(model: ModelSpec, plan: Plan, layers: int, first: bool, last:
     and, on a separate last stage, its own copy of the embedding they read (Megatron-Core's, as a
     tied head's; one weight where the head is tied)."""
     pipelined = plan.stage_rank(0) != plan.stage_rank(plan.num_virtual_stages - 1)
-    experts = layer_expert_params(model, plan.ep, plan.etp)
-    replicated = layer_params(model, plan.tp, plan.ep, plan.etp) - experts
+    replicated, experts, dense_extra, extra_expert_layers, embedding, head = _rank_param_parts(
+        model, plan.tp, plan.ep, plan.etp, pipelined, first, last)
+    return RankParams(layers=layers * replicated + dense_extra, experts=(layers + extra_expert_layers) * experts,
+                      embedding=embedding, head=head)
+
+
+@lru_cache(maxsize=4096)
+def _rank_param_parts(model: ModelSpec, tp: int, ep: int, etp: int, pipelined: bool, first: bool,
+                      last: bool) -> tuple[int, int, int, int, int, int]:
+    """rank_params_at's terms that do not depend on the layer count (the search asks for tens of
+    thousands of ranks of a few kinds): per layer, the replicated and the expert parameters;
+    what the dense first layers add; the expert layers beyond the rank's layers (MTP's less the
+    dense ones); the embedding and the head with the MTP modules' replicated parameters."""
+    experts = layer_expert_params(model, ep, etp)
+    replicated = layer_params(model, tp, ep, etp) - experts
     dense = model.first_k_dense if first else 0
     mtp = model.mtp_depth if last else 0
-    dense_layer = layer_params(dense_layer_model(model), plan.tp) if dense else 0
-    mtp_replicated = mtp_params(model, plan.tp, plan.ep, plan.etp) - model.mtp_depth * experts if mtp else 0
+    dense_layer = layer_params(dense_layer_model(model), tp) if dense else 0
+    mtp_replicated = mtp_params(model, tp, ep, etp) - model.mtp_depth * experts if mtp else 0
     if mtp and pipelined and not model.tied_embeddings:
-        mtp_replicated += embedding_params(model, plan.tp)
-    return RankParams(layers=layers * replicated + dense * (dense_layer - replicated),
-                      experts=(layers - dense + mtp) * experts,
-                      embedding=embedding_params(model, plan.tp) if first else 0,
-                      head=(head_params(model, plan.tp, pipelined=pipelined) + mtp_replicated) if last else 0)
+        mtp_replicated += embedding_params(model, tp)
+    return (replicated, experts, dense * (dense_layer - replicated), mtp - dense,
+            embedding_params(model, tp) if first else 0,
+            (head_params(model, tp, pipelined=pipelined) + mtp_replicated) if last else 0)
 
 
 def rank_params(model: ModelSpec, plan: Plan, rank: int) -> RankParams:

@@ -73,17 +73,18 @@ def search(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
 @contextmanager
 def _few_collections() -> Iterator[None]:
     """The search allocates millions of short-lived records, nearly none in reference cycles
-    (reference counting frees them), and the collector's passes over everything alive (the
-    imported packages, the search's caches) took a fifth of its time. What is alive before
-    the search is frozen out of those passes and the youngest generation is collected after
-    50,000 allocations instead of 700; both are restored afterwards."""
-    thresholds = gc.get_threshold()
+    (reference counting frees them), and the cyclic collector's passes over everything alive
+    (the imported packages, the search's growing caches) took a fifth of its time, a tenth even
+    at a threshold of 50,000 allocations: it is off for the few seconds of a search, and what
+    was alive before is frozen out of its later passes until the search ends."""
+    enabled = gc.isenabled()
     gc.freeze()
-    gc.set_threshold(max(thresholds[0], 50_000), *thresholds[1:])
+    gc.disable()
     try:
         yield
     finally:
-        gc.set_threshold(*thresholds)
+        if enabled:
+            gc.enable()
         gc.unfreeze()
 
 
@@ -248,7 +249,8 @@ def _examine(shared: SharedModels, stats: SearchStats, base: Choice, zero: int, 
         return False
     try:
         split = solve_split(model, train, cluster, plan, ranks=shapes, cutoff_s=cutoff, fit=fit,
-                            time_limit_s=max(1.0, deadline - time.perf_counter()), rules=_rules(shared.options))
+                            time_limit_s=max(1.0, deadline - time.perf_counter()), rules=_rules(shared.options),
+                            memo=shared.splits)
     except SolverTimeout:
         stats.optimal = False
         stats.prune("solver time limit")

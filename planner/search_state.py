@@ -102,6 +102,7 @@ class SharedModels:
         self._rtms: dict[tuple, RankTimeModel] = {}
         self._optimizer: dict[tuple, tuple[float, ...]] = {}
         self._parts = rank_time_parts(model, train, cluster)
+        self.splits: dict = {}   # planner.partition.solve_split's answers, by the split model
 
     def time_model(self, base: Choice) -> "TimedChoice":
         """`base`: a choice with one virtual stage and no schedule (time_groups)."""
