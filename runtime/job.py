@@ -142,8 +142,9 @@ def build_job(pf: PlanFile, device: torch.device, *, seed: int, materialize: boo
             before_data_parallel(j, mod)
         apply_data_parallel(mod, mesh, plan, pf.train)
         modules[j] = mod
+    experts_over_tp = not (fold and plan.ep * plan.etp > 1)   # folded: the experts' own group sums them
     job = Job(plan=plan, mesh=mesh, device=device, coords=coords, modules=modules, cp=cp,
-              tp_replicated=_tp_replicated(modules, plan.sequence_parallel, experts_over_tp=not (fold and plan.ep > 1))
+              tp_replicated=_tp_replicated(modules, plan.sequence_parallel, experts_over_tp)
               if plan.tp > 1 else [],
               # every rank makes the groups (new_group is collective), whether its layers route or not
               stage_group=_stage_group(mesh, plan) if materialize and _balancing_biases_in(model) else None,

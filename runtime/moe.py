@@ -23,7 +23,13 @@ and the sorted rows go to their experts' devices in one all-to-all, preceded by 
 per-expert counts; the device reorders what it got by local expert, runs its experts, restores
 the order and sends the outputs back in a second all-to-all (the backward pass runs the same two
 in reverse). This is Megatron-Core's all-to-all token dispatcher,
-dropless.
+dropless. Under expert tensor parallelism (Plan.etp) each expert is split over etp ranks (its
+gate and up projections by rows, its down projection by columns: column- then row-parallel),
+each of which routes its own tokens (its sequence shard under SP, its replica's micro-batch over
+dp): after the all-to-all the rows every etp rank received are gathered on each of them, each
+computes its share of their outputs, and the shares are summed back to the rank that received
+the rows (a reduce-scatter) before the return all-to-all, as Megatron-Core's dispatcher does
+around TEGroupedMLP over its expert-TP group (dispatch_postprocess, combine_preprocess).
 
 The load-balancing loss (Switch Transformer, Fedus et al. 2022: E * sum_e f_e * P_e over this
 micro-batch's tokens, f_e the share of routed slots expert e got and P_e its mean probability;
@@ -129,11 +135,15 @@ class _ScaleGrad(torch.autograd.Function):
 
 
 class Experts(nn.Module):
-    """A layer's routed experts, stacked: this device's num_experts/ep of them. Under expert
-    parallelism their gradient sums the contributions of all ep ranks' tokens, while data
-    parallelism averages over the edp ranks holding them: `grad_scale` (edp/(dp x cp),
+    """A layer's routed experts, stacked: this device's num_experts/ep of them, each its 1/etp of
+    the width under expert TP. Under expert parallelism their gradient sums the contributions of
+    all ep (and etp) ranks' tokens, while data parallelism averages over the edp ranks holding
+    them: `grad_scale` (edp/(dp x cp),
     runtime.parallel.apply_expert_parallel) makes that the mean over all dp x cp replicas, as for
     every other weight (FSDP2's own divide factor would need PREMUL_SUM, which gloo lacks)."""
+
+    # the dim of each weight that holds the expert's width (its ffn dim), split over expert TP
+    WIDTH_DIM = {"w1": 1, "w3": 1, "w2": 2}
 
     def __init__(self, num_experts: int, ffn: int, hidden: int) -> None:
         super().__init__()
@@ -184,6 +194,8 @@ class MoE(nn.Module):
         self.aux_grad_scale = 1.0   # runtime.job: 1/micro-batches, or 1 under pipelining (which scales at the end)
         self.ep_group: dist.ProcessGroup | None = None   # runtime.parallel.apply_expert_parallel
         self.ep = 1
+        self.etp_group: dist.ProcessGroup | None = None   # the expert-TP group (Plan.etp), likewise
+        self.etp = 1
         self.token_group: dist.ProcessGroup | None = None   # the CP group: a micro-batch's tokens split over it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -193,7 +205,7 @@ class MoE(nn.Module):
         rows = order // self.top_k                       # the token of each
         counts = torch.bincount(chosen.flatten(), minlength=self.num_experts)
         routed = tokens[rows]
-        y = (self.experts(routed, counts.tolist()) if self.ep_group is None
+        y = (self.experts(routed, counts.tolist()) if self.ep_group is None and self.etp_group is None
              else self._exchange(routed, counts))
         out = torch.zeros_like(tokens).index_add(0, rows, y * weights.to(x.dtype).flatten()[order, None])
         if self.shared is not None:
@@ -242,19 +254,53 @@ class MoE(nn.Module):
         self.expert_bias += BIAS_UPDATE_RATE * torch.sign(counts.mean() - counts).to(self.expert_bias.dtype)
 
     def _exchange(self, routed: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """Rows sorted by expert -> their experts' devices -> outputs back in the same order."""
+        """Rows sorted by expert -> their experts' devices (and under expert TP every rank of their
+        etp group) -> outputs back in the same order."""
         ep, local = self.ep, self.num_experts // self.ep
-        got = torch.empty_like(counts)
-        dist.all_to_all_single(got, counts, group=self.ep_group)   # (source, local expert) counts
-        got = got.view(ep, local)
-        send = counts.view(ep, local).sum(1).tolist()
-        recv = got.sum(1).tolist()
-        received = _AllToAll.apply(routed, recv, send, self.ep_group)
+        if self.ep_group is None:
+            got, received = counts.view(1, local), routed
+        else:
+            got = torch.empty_like(counts)
+            dist.all_to_all_single(got, counts, group=self.ep_group)   # (source, local expert) counts
+            got = got.view(ep, local)
+            send = counts.view(ep, local).sum(1).tolist()
+            recv = got.sum(1).tolist()
+            received = _AllToAll.apply(routed, recv, send, self.ep_group)
+        if self.etp_group is not None:
+            got, received, gathered = self._gather_over_etp(got, received)
         # source-major -> expert-major: segment (s, e) starts at starts[s, e] in `received`
+        sources = got.shape[0]
         sizes = got.t().flatten()
-        starts = (got.flatten().cumsum(0) - got.flatten()).view(ep, local).t().flatten()
+        starts = (got.flatten().cumsum(0) - got.flatten()).view(sources, local).t().flatten()
         perm = torch.arange(int(sizes.sum())) + torch.repeat_interleave(starts - (sizes.cumsum(0) - sizes), sizes)
         y = self.experts(received[perm], got.sum(0).tolist())
         back = torch.empty_like(perm)
         back[perm] = torch.arange(perm.numel())
-        return _AllToAll.apply(y[back], send, recv, self.ep_group)
+        y = y[back]
+        if self.etp_group is not None:
+            y = self._reduce_scatter_over_etp(y, gathered)
+        if self.ep_group is None:
+            return y
+        return _AllToAll.apply(y, send, recv, self.ep_group)
+
+    def _gather_over_etp(self, got: torch.Tensor,
+                         received: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """Every etp rank's received rows on each of them (Megatron-Core's all-gather over the
+        expert-TP group after the dispatch; each rank routed its own tokens): their (etp x
+        sources, local expert) counts, the rows rank by rank, and each rank's row count. An
+        all-to-all of this rank's rows to every member: backward, each member's gradient of them
+        comes back and the copies' sum is the reduce-scatter."""
+        parts = [torch.empty_like(got) for _ in range(self.etp)]
+        dist.all_gather(parts, got.contiguous(), group=self.etp_group)
+        gathered = [int(p.sum()) for p in parts]
+        mine = received.shape[0]
+        rows = _AllToAll.apply(received.repeat(self.etp, 1), gathered, [mine] * self.etp, self.etp_group)
+        return torch.cat(parts), rows, gathered
+
+    def _reduce_scatter_over_etp(self, y: torch.Tensor, gathered: list[int]) -> torch.Tensor:
+        """Each etp rank's partial outputs (its 1/etp of every expert's width) summed for the rows
+        of the rank that received them (the reduce-scatter before the return): `gathered[j]` rows
+        to rank j, this rank's from every member, summed in rank order (the same on every rank)."""
+        mine = gathered[dist.get_rank(self.etp_group)]
+        parts = _AllToAll.apply(y, [mine] * self.etp, gathered, self.etp_group)
+        return parts.view(self.etp, mine, *y.shape[1:]).sum(0)

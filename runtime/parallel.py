@@ -22,13 +22,15 @@ bytes, decides the small models' steps.
 Expert parallelism (Plan.ep) lays its groups out as costmodel.placement.expert_layout prices
 them for the plan's framework: carved from data parallelism (ep consecutive dp ranks; the TP
 ranks hold the mixture whole and sum its gradients over TP) or, where the framework folds EP
-(Megatron-Core's MoE parallel folding, expert TP 1), the ep innermost of the tp x cp x dp ranks,
-TP first. A plan axis a group cuts is two world-mesh dims, flattened back under its own name;
-"ep" and "edp" (the ranks holding the same experts) are flattened from their dims. Each layer's
-experts are a DTensor sharded on dim 0 over "ep" (torchtitan's layout), and FSDP2 shards them
-further over "edp" in a unit of their own; every EP rank's tokens reach them through the
-all-to-all, so their gradients are scaled (runtime.moe.Experts, apply_expert_parallel) before
-FSDP2 averages them over edp.
+(Megatron-Core's MoE parallel folding), the ep innermost of the tp x cp x dp ranks, TP first;
+under expert tensor parallelism (Plan.etp, folded only) the etp innermost ranks split each
+expert's width and the EP group is the next ep. A plan axis a group cuts is two world-mesh
+dims, flattened back under its own name; "ep", "etp" and "edp" (the ranks holding the same
+expert shards) are flattened from their dims. Each layer's experts are a DTensor sharded on dim
+0 over "ep" (torchtitan's layout) and on their width over "etp", and FSDP2 shards them further
+over "edp" in a unit of their own; every EP and etp rank's tokens reach them through the
+all-to-all and the gather, so their gradients are scaled (runtime.moe.Experts,
+apply_expert_parallel) before FSDP2 averages them over edp.
 Mixed precision follows the TrainSpec: parameters gathered in compute_dtype, gradients reduced
 in grad_dtype, fp32 master weights and optimizer states (FSDP2 MixedPrecisionPolicy).
 Offloaded states (Plan.offload_optimizer) are FSDP2's CPUOffloadPolicy on every unit: the fp32
@@ -77,14 +79,15 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
 
 
 def expert_layout_for(plan: Plan, fold: bool) -> ExpertLayout | None:
-    """The plan's expert-parallel groups (costmodel.placement.expert_layout, the layout the cost
-    model prices): carved from dp, or folded over tp x cp x dp where `fold` (the framework's
-    `ep_folds_over_tp`); None without expert parallelism."""
-    if plan.ep == 1:
+    """The plan's expert-parallel and expert-TP groups (costmodel.placement.expert_layout, the
+    layout the cost model prices): carved from dp, or folded over tp x cp x dp where `fold` (the
+    framework's `ep_folds_over_tp`; expert TP needs it); None without either."""
+    if plan.ep * plan.etp == 1:
         return None
     order = plan.mesh_axis_order
-    layout = expert_layout(order, tuple(plan.degree(a) for a in order), plan.ep, fold)
-    assert layout is not None, f"ep={plan.ep} has no layout over {order} (check_structure refuses it)"
+    layout = expert_layout(order, tuple(plan.degree(a) for a in order), plan.ep, fold, plan.etp)
+    assert layout is not None, \
+        f"etp x ep = {plan.etp} x {plan.ep} has no layout over {order} (check_structure refuses it)"
     return layout
 
 
@@ -107,8 +110,9 @@ def mesh_layout(plan: Plan, fold: bool = False) -> tuple[tuple[str, ...], tuple[
 def build_mesh(plan: Plan, device_type: str, fold: bool = False) -> DeviceMesh:
     """The world mesh in the plan's axis order (outermost first), the same row-major rank layout
     `costmodel.placement` prices. Under expert parallelism a cut plan axis is its two parts
-    flattened, "ep" the expert-parallel group's dims flattened and "edp" those of the ranks
-    holding the same experts (with a unit dim, so never empty)."""
+    flattened, "ep" the expert-parallel group's dims flattened (where ep > 1), "etp" the expert-TP
+    group's (where etp > 1) and "edp" those of the ranks holding the same expert shards (with a
+    unit dim, so never empty)."""
     names, shape = mesh_layout(plan, fold)
     mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
     layout = expert_layout_for(plan, fold)
@@ -116,7 +120,9 @@ def build_mesh(plan: Plan, device_type: str, fold: bool = False) -> DeviceMesh:
         for axis in plan.mesh_axis_order:
             if axis not in names:
                 mesh[root_dims(mesh, axis)]._flatten(axis)
-        mesh[in_root_order(mesh, *map(_root_name, layout.ep_axes))]._flatten("ep")
+        for group, axes in (("ep", layout.ep_axes), ("etp", layout.etp_axes)):
+            if axes:
+                mesh[in_root_order(mesh, *map(_root_name, axes))]._flatten(group)
         mesh[in_root_order(mesh, *map(_root_name, layout.edp_axes), EP_UNIT_AXIS)]._flatten("edp")
     return mesh
 
@@ -133,12 +139,11 @@ def mesh_coords(mesh: DeviceMesh, plan: Plan) -> dict[str, int]:
 
 def _layer_tp_plan(spec: ModelSpec, sp: bool) -> dict:
     """Column-parallel projections first, the row-parallel one last, per costmodel.layout. A
-    mixture of experts is not split (expert TP 1, Megatron-Core's default under EP): under SP it
-    takes this rank's sequence shard as a plain tensor and routes those tokens (Megatron-Core's
-    MoELayer refuses TP without SP in training, as costmodel.check.moe_tp_problem does), its
-    router and shared expert whole on every TP rank (their gradients summed over TP:
-    sync_replicated_over_tp), its routed experts too unless EP folds over TP
-    (apply_expert_parallel). Latent attention's down-projections (replicated) stay whole; its
+    mixture of experts is not split by the dense TP plan: under SP it takes this rank's sequence
+    shard as a plain tensor and routes those tokens (Megatron-Core's MoELayer refuses TP without
+    SP in training, as costmodel.check.moe_tp_problem does), its router and shared expert whole
+    on every TP rank (their gradients summed over TP: sync_replicated_over_tp), its routed
+    experts too unless EP or expert TP folds over TP (apply_expert_parallel splits them). Latent attention's down-projections (replicated) stay whole; its
     column-parallel projections only have their weights sharded, the block gathering their input
     itself (runtime.latent_attention)."""
     out = Shard(1) if sp else Replicate()
@@ -266,25 +271,42 @@ def _expert_shard_dim(group: int):
 
 def apply_expert_parallel(stage: nn.Module, mesh: DeviceMesh, plan: Plan) -> None:
     """Keep this rank's num_experts/ep experts of every layer (the model was initialised whole,
-    so each rank's slice equals the single process's) as a DTensor over the EP group, and give
-    each mixture the group its all-to-alls run over.
+    so each rank's slice equals the single process's), each split over the etp ranks under expert
+    tensor parallelism (Plan.etp): the gate and up projections' rows and the down projection's
+    columns, this rank's 1/etp of the expert's width (column- then row-parallel, as
+    Megatron-Core's TEGroupedMLP over its expert-TP group). They are a DTensor sharded on dim 0
+    over "ep" and on the width over "etp" (build_mesh), so DCP reshards them between layouts.
+    Each mixture gets the groups its all-to-alls and its row gather run over (runtime.moe).
 
-    Every EP rank's tokens reach an expert through the all-to-all, so its gradient sums theirs,
-    and FSDP2 averages it over the edp ranks holding the same experts. The mean over the dp x cp
-    replicas, as for every other weight, is that times edp/(dp x cp): 1/ep where EP is carved
-    from dp (each TP rank's sum then added by runtime.job.sync_replicated_over_tp), tp/ep where
-    it folds over tp x cp x dp (the experts are left out of that TP sum: the edp group holds every
-    rank with the same experts)."""
-    if plan.ep == 1:
+    Every EP rank's tokens reach an expert through the all-to-all (and every etp rank's through
+    the gather), so its gradient sums theirs, and FSDP2 averages it over the edp ranks holding the
+    same expert shards. The mean over the dp x cp replicas, as for every other weight, is that
+    times edp/(dp x cp): 1/ep where EP is carved from dp (each TP rank's sum then added by
+    runtime.job.sync_replicated_over_tp), tp/(etp x ep) where it folds over tp x cp x dp (the
+    experts are left out of that TP sum: the edp group holds every rank with the same shards)."""
+    ep, etp = plan.ep, getattr(plan, "etp", 1)   # a plan without expert TP may leave it out
+    if ep * etp == 1:
         return
-    ep_mesh = _sliced(mesh, "ep")
-    index = ep_mesh.get_local_rank()
+    dims = (["ep"] if ep > 1 else []) + (["etp"] if etp > 1 else [])
+    experts_mesh = _sliced(mesh, *dims)
+    ep_index = _sliced(mesh, "ep").get_local_rank() if ep > 1 else 0
+    etp_index = _sliced(mesh, "etp").get_local_rank() if etp > 1 else 0
     for moe in (m for m in stage.modules() if isinstance(m, MoE)):
-        local = moe.num_experts // plan.ep
+        local = moe.num_experts // ep
         for name, full in list(moe.experts.named_parameters(recurse=False)):
-            part = full.detach()[index * local:(index + 1) * local].clone()
-            setattr(moe.experts, name, nn.Parameter(DTensor.from_local(part, ep_mesh, [Shard(0)], run_check=False)))
-        moe.ep_group, moe.ep = ep_mesh.get_group(), plan.ep
+            width = Experts.WIDTH_DIM[name]
+            part = full.detach()[ep_index * local:(ep_index + 1) * local]
+            step = part.shape[width] // etp
+            part = part.narrow(width, etp_index * step, step).clone()
+            placements = ([Shard(0)] if ep > 1 else []) + ([Shard(width)] if etp > 1 else [])
+            # the whole tensor's shape and strides given: inferred from the shard, a second
+            # sharded dim would scale the expert dim's stride twice (not contiguous for FSDP2)
+            setattr(moe.experts, name, nn.Parameter(DTensor.from_local(
+                part, experts_mesh, placements, run_check=False, shape=full.shape, stride=full.stride())))
+        if ep > 1:
+            moe.ep_group, moe.ep = _sliced(mesh, "ep").get_group(), ep
+        if etp > 1:
+            moe.etp_group, moe.etp = _sliced(mesh, "etp").get_group(), etp
         moe.experts.grad_scale = _sliced(mesh, "edp").size() / (plan.dp * plan.cp)
 
 
@@ -304,7 +326,7 @@ def apply_data_parallel(stage: nn.Module, mesh: DeviceMesh, plan: Plan, train: T
     offload = (CPUOffloadPolicy(pin_memory=mesh.device_type == "cuda") if plan.offload_optimizer
                else OffloadPolicy())
     for layer in stage.layers.values():
-        if plan.ep > 1:   # the experts first: a unit of their own over the edp ranks
+        if plan.ep * plan.etp > 1:   # the experts first: a unit of their own over the edp ranks
             for experts in (m for m in layer.modules() if isinstance(m, Experts)):
                 fully_shard(experts, mesh=expert_dp_mesh_for(mesh, plan), reshard_after_forward=reshard,
                             mp_policy=mp, offload_policy=offload,
