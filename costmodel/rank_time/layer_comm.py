@@ -15,12 +15,34 @@ from costmodel.plan import Plan, Recompute
 from costmodel.specs import ModelSpec, TrainSpec
 
 
-def _tp_hidden_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, width: int | None = None) -> int:
+def _tp_hidden_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, width: int | None = None,
+                     element_bytes: int | None = None) -> int:
     """What each TP collective of a layer or the model's edges moves: the micro-batch's hidden
     states (all of them: an all-gather's output, a reduce-scatter's input), or `width` features
-    of each token."""
-    return (train.compute_dtype.num_bytes * plan.micro_batch_size * train.seq_len // plan.cp
-            * (model.hidden_size if width is None else width))
+    of each token, at `element_bytes` an element (default: the compute dtype's)."""
+    size = train.compute_dtype.num_bytes if element_bytes is None else element_bytes
+    return size * plan.micro_batch_size * train.seq_len // plan.cp * (model.hidden_size if width is None else width)
+
+
+# A float8 element: what a float8 linear's sequence-parallel all-gather moves (_float8_gathers)
+FLOAT8_BYTES = 1
+
+
+def _float8_gathers(plan: Plan, cluster: ClusterSpec) -> bool:
+    """Whether a layer's sequence-parallel all-gathers move float8 rather than compute-dtype
+    elements: with float8 linears under TP (costmodel.frameworks `float8_with_tp`) each input is
+    cast before it is gathered, and in backward each output gradient is cast before its gather,
+    so both all-gathers of a dense block move a byte an element; the reduce-scatters (the row-
+    parallel output, the column-parallel input gradient) sum partial results in the compute
+    dtype. torchao's float8 TP styles, which torchtitan applies with its tensorwise recipe
+    (Float8ColwiseParallel / PrepareFloat8ModuleInput cast, then redistribute;
+    Float8RowwiseParallel's _NoopFwToFloat8BwDynamic casts the gradient before the redistribute's
+    backward gathers it: torchao/float8/float8_tensor_parallel.py; torchtitan parallelize.py
+    `enable_float8_tensorwise_tp`: "float8 all-gather with TP"); Transformer Engine under
+    Megatron-Core gathers its FP8-cast LayerNorm output and, in `grad_output_preprocess`, the
+    FP8-cast output gradient ("cast, transpose for efficient gather",
+    transformer_engine/pytorch/module/base.py)."""
+    return plan.fp8_linears and plan.sequence_parallel and cluster.framework.float8_with_tp
 
 
 def _tp_input_width(model: ModelSpec, block: Block) -> int:
@@ -41,8 +63,9 @@ def _tp_layer_comm_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Cl
     if plan.tp == 1:
         return 0.0
     out = _tp_block_collective_s(model, train, plan, cluster, span, output=True)
+    gathered_bytes = FLOAT8_BYTES if _float8_gathers(plan, cluster) else None
     return sum(out + _tp_block_collective_s(model, train, plan, cluster, span, output=False,
-                                            width=_tp_input_width(model, block))
+                                            width=_tp_input_width(model, block), element_bytes=gathered_bytes)
                for block in dense_blocks(model))
 
 
@@ -60,11 +83,12 @@ def _sp_regather_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Clus
 
 
 def _tp_block_collective_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
-                           span: AxisSpan, output: bool, width: int | None = None) -> float:
+                           span: AxisSpan, output: bool, width: int | None = None,
+                           element_bytes: int | None = None) -> float:
     """One dense block's collective on its input (all-gather with sequence parallelism, else
     nothing forward) or its output (reduce-scatter with sequence parallelism, else all-reduce), of
-    the hidden states or `width` features a token."""
-    num_bytes = _tp_hidden_bytes(model, train, plan, width)
+    the hidden states or `width` features a token, at `element_bytes` an element."""
+    num_bytes = _tp_hidden_bytes(model, train, plan, width, element_bytes)
     if not plan.sequence_parallel:
         return collective_time_s(Collective.ALL_REDUCE, num_bytes, span, cluster) if output else 0.0
     return collective_time_s(Collective.REDUCE_SCATTER if output else Collective.ALL_GATHER, num_bytes, span, cluster)

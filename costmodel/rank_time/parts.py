@@ -67,6 +67,7 @@ class _TpShape:
     cp: int
     sequence_parallel: bool
     micro_batch_size: int
+    fp8_linears: bool = False   # float8 linears gather float8 inputs (layer_comm._float8_gathers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,7 +274,7 @@ def _kernel_parts(model: ModelSpec, train: TrainSpec, shape: KernelKey, cluster:
         embedding=embedding_kernel_times(model, train, shape, dev),
         head=head_kernel_times(model, train, shape, dev, fw.cpu_kernels, fw.fused_cross_entropy),
         loss_s=_gathered_logits_loss_s(model, train, shape, cluster), mtp_proj_s=mtp_proj_s,
-        tp=axis(_TpShape(tp, cp, shape.sequence_parallel, mbs)),
+        tp=axis(_TpShape(tp, cp, shape.sequence_parallel, mbs, shape.fp8_linears)),
         # ring attention hides its hops behind the layer's attention
         cp=axis((_CpShape(tp, cp, mbs), layer)))
 
