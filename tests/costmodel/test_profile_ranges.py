@@ -19,8 +19,7 @@ FITTED = ("A100-SXM4-40GB", "A100-SXM4-80GB", "H100-SXM5-80GB", "H100-HBM2e-96GB
 # H100 HBM2e part is the H100 chip, fitted with it
 HIDING = {
     *((chip, p) for chip in ("A100-SXM4-40GB", "A100-SXM4-80GB") for p in ("memory", "inter_node_comm")),
-    *((chip, p) for chip in ("H100-SXM5-80GB", "H100-HBM2e-96GB", "H200-SXM-141GB", "B200")
-      for p in ("comm_contention", "intra_node_comm")),
+    *((chip, "intra_node_comm") for chip in ("H100-SXM5-80GB", "H100-HBM2e-96GB", "H200-SXM-141GB", "B200")),
 }
 PROFILES = known_profiles()
 
