@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.placement_types import _StridedShard
 
 from costmodel.inputs import write_text_atomic
 from runtime.job import Job
@@ -63,7 +64,9 @@ def grad_sq_share(job: Job) -> torch.Tensor:
                 continue
             grad, shards = p.grad, 1
             if isinstance(grad, DTensor):
-                shards = math.prod(grad.device_mesh.size(i) for i, pl in enumerate(grad.placements) if pl.is_shard())
+                # FSDP2 over TP shards places the dp dim as a _StridedShard, which is_shard() denies
+                shards = math.prod(grad.device_mesh.size(i) for i, pl in enumerate(grad.placements)
+                                   if pl.is_shard() or isinstance(pl, _StridedShard))
                 grad = grad.to_local()
             grads.append(grad)
             weights.append(shards / holders)

@@ -85,14 +85,16 @@ def test_resume_without_a_checkpoint_is_an_error_and_resume_if_present_starts_af
     assert checkpoint.complete_steps(missing) == [1]   # trained from step 0 and saved at the end
 
 
-@pytest.mark.parametrize("model,choice", [
-    ("debug-tiny", Choice(zero_stage=3, micro_batch_size=2)),
-    ("debug-tiny", Choice(tp=2, micro_batch_size=8)),
-    ("debug-tiny-gpt", Choice(pp=2)),   # the tied output layer split from the embedding: counted once
-], ids=["zero3", "tp2_sp", "pp2_tied"])
-def test_the_gradient_norm_is_the_whole_models_as_one_process_computes_it(model, choice):
+@pytest.mark.parametrize("model,choice,world", [
+    ("debug-tiny", Choice(zero_stage=3, micro_batch_size=2), 2),
+    ("debug-tiny", Choice(tp=2, micro_batch_size=8), 2),
+    ("debug-tiny-gpt", Choice(pp=2), 2),   # the tied output layer split from the embedding: counted once
+    # FSDP2 over TP shards: the weights' placement on the dp dim is a _StridedShard
+    ("debug-tiny", Choice(tp=2, zero_stage=1, micro_batch_size=4), 4),
+], ids=["zero3", "tp2_sp", "pp2_tied", "tp2_dp2_zero1"])
+def test_the_gradient_norm_is_the_whole_models_as_one_process_computes_it(model, choice, world):
     """runtime.health's norm over FSDP2 shards, TP shards and copies, and pipeline stages equals torch.nn.utils.get_total_norm of the single-process reference's gradient."""
-    pf = plan_file(choice, world=2, model=model, **({"dropout": False} if model == "debug-tiny-gpt" else {}))
+    pf = plan_file(choice, world=world, model=model, **({"dropout": False} if model == "debug-tiny-gpt" else {}))
     expected: list[float] = []
     reference(pf, steps=2, grad_norms=expected)
     got = distributed(pf, steps=2)["grad_norms"]
