@@ -23,7 +23,7 @@ import gc
 import math
 import time
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Iterator
 
 from costmodel.check import check_structure, offload_problems
@@ -35,6 +35,7 @@ from planner.bounds import MemoryFit, lower_bound_with_memory_s
 from planner.candidates import (
     MAX_MICRO_BATCH,
     STATE_OPTIONS,
+    Group,
     SearchOptions,
     placement_groups,
     replica_degrees,
@@ -42,6 +43,7 @@ from planner.candidates import (
     states_for_group,
     time_groups,
 )
+from planner.halves import HALVES, in_halves
 from planner.partition import FREE, SolverTimeout, SplitRules, apply_split, solve_split
 from planner.ranking import (
     DECISION_K,
@@ -114,24 +116,74 @@ def _search_levers(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, opt
 
 def _search(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: SearchOptions) -> SearchResult:
     start = time.perf_counter()
-    stats = SearchStats()
     shared = SharedModels(model, train, cluster, options)
     deadline = start + options.time_limit_s
-    refused = []   # choices the listing itself refuses (a batch dp does not divide)
-
-    def prune(reason: str) -> None:
-        stats.prune(reason)
-        refused.append(reason)
-    queue = Queue(shared, placement_groups(model, train, cluster, options, prune), stats, deadline)
-    if not stats.enumerated:
-        _say(options, f"time limit reached while listing the space ({queue.num_candidates:,} candidates so far)")
-    stats.num_candidates = queue.num_candidates + len(refused)
-    _say(options, f"{queue.num_candidates} valid candidates; solving in order of their lower bound")
-    result = _branch_and_bound(shared, options, stats, queue, deadline)
+    listing = SearchStats()
+    groups = _listed(shared, options, listing, deadline)
+    shared.warm(groups, deadline)   # what both halves read, computed once before they part
+    halves = in_halves(lambda i: _half(shared, options if i == 0 else replace(options, progress=None),
+                                       groups[i::HALVES], deadline))
+    stats = _merged(listing, halves)
+    found = [f for h in halves for f in h.found]
+    result = _after_branch_and_bound(shared, options, stats, found, [c for h in halves for c in h.too_big],
+                                     deadline)
     if not stats.enumerated:
         stats.lower_bound_s = 0.0   # what was never listed has no bound
     stats.wall_s = time.perf_counter() - start
     return result
+
+
+def _listed(shared: SharedModels, options: SearchOptions, stats: SearchStats, deadline: float) -> list[Group]:
+    """The space's groups (planner.candidates.placement_groups; its refusals, a batch dp does
+    not divide, counted in `stats`), as many as the time limit lets be listed."""
+    groups = []
+    for group in placement_groups(shared.model, shared.train, shared.cluster, options, stats.prune):
+        if time.perf_counter() > deadline:   # a space too large to list within the limit: no bound
+            stats.optimal, stats.enumerated = False, False
+            _say(options, f"time limit reached while listing the space ({len(groups):,} groups so far)")
+            break
+        groups.append(group)
+    stats.num_candidates = sum(stats.pruned_by_reason.values())
+    return groups
+
+
+@dataclass(frozen=True, slots=True)
+class _Half:
+    """One half's branch and bound (planner.halves): its plans, the choices found too big (for
+    the closest plan when nothing fits), and its statistics."""
+    found: list[Found]
+    too_big: list[tuple[Choice, int, Schedule, int]]
+    stats: SearchStats
+
+
+def _half(shared: SharedModels, options: SearchOptions, groups: list[Group], deadline: float) -> _Half:
+    """The branch and bound over every other group of the listing (planner.halves)."""
+    stats = SearchStats()
+    queue = Queue(shared, groups, stats, deadline)
+    stats.num_candidates = queue.num_candidates
+    _say(options, f"{queue.num_candidates:,} valid candidates in this half of the space (the other half "
+                  "in a second process); solving in order of their lower bound")
+    found = _branch_and_bound(shared, options, stats, queue, deadline)
+    return _Half(found, queue.too_big + queue.roomless, stats)
+
+
+def _merged(listing: SearchStats, halves: list[_Half]) -> SearchStats:
+    """The listing's and the halves' statistics as one search's. Not proven optimal, a half's
+    bound is where it stopped; a finished one's unexamined candidates are bounded below by its
+    best plan."""
+    stats = SearchStats(optimal=listing.optimal and all(h.stats.optimal for h in halves),
+                        enumerated=listing.enumerated and all(h.stats.enumerated for h in halves))
+    for part in [listing, *(h.stats for h in halves)]:
+        stats.num_candidates += part.num_candidates
+        stats.num_feasible += part.num_feasible
+        stats.num_solved += part.num_solved
+        for reason, count in part.pruned_by_reason.items():
+            stats.prune(reason, count)
+    if not stats.optimal:
+        stats.lower_bound_s = min(h.stats.lower_bound_s if not h.stats.optimal
+                                  else min((f.estimate.step_time_s for f in h.found), default=math.inf)
+                                  for h in halves)
+    return stats
 
 
 def _repriced(options: SearchOptions) -> int:
@@ -184,7 +236,7 @@ def _say(options: SearchOptions, text: str) -> None:
         options.progress(text)
 
 
-def _branch_and_bound(shared: SharedModels, options, stats, queue: Queue, deadline: float) -> SearchResult:
+def _branch_and_bound(shared: SharedModels, options, stats, queue: Queue, deadline: float) -> list[Found]:
     found: list[Found] = []
     cutoff = kth_best_s(found, options)
     examined = 0
@@ -213,11 +265,17 @@ def _branch_and_bound(shared: SharedModels, options, stats, queue: Queue, deadli
             cutoff = kth_best_s(found, options)
     if queue.taken < queue.num_candidates and "time limit" not in stats.pruned_by_reason:
         stats.prune("bound", queue.num_candidates - queue.taken)
+    return found
+
+
+def _after_branch_and_bound(shared: SharedModels, options: SearchOptions, stats: SearchStats, found: list[Found],
+                            too_big: list[tuple[Choice, int, Schedule, int]], deadline: float) -> SearchResult:
+    """A mixed cluster's replicas on groups, then the ranking of every plan found."""
     shares, too_big_shares = _replicas_on_groups(shared, options, stats, found, deadline)
     found += shares
     if stats.optimal:
         stats.lower_bound_s = min((f.estimate.step_time_s for f in found), default=math.inf)
-    return _result(shared, options, stats, found, queue.too_big + queue.roomless, too_big_shares, deadline)
+    return _result(shared, options, stats, found, too_big, too_big_shares, deadline)
 
 
 def _replicas_on_groups(shared: SharedModels, options: SearchOptions, stats: SearchStats, found: list[Found],

@@ -1,0 +1,67 @@
+"""The search's two halves (planner.halves): the second runs in a forked process where the
+platform forks, with the same answer as one after the other; its failure is raised as a bug, and
+an error in the parent ends it."""
+import os
+import time
+
+import pytest
+
+from costmodel.hardware import parse_cluster
+from costmodel.registry import resolve_model
+from costmodel.specs import TrainSpec
+from planner import halves
+from planner.candidates import SearchOptions
+from planner.search import search
+
+forks = pytest.mark.skipif(not halves._forks(), reason="no fork or a single core: the halves run one after the other")
+
+
+@forks
+def test_the_second_half_runs_in_another_process():
+    got = halves.in_halves(lambda i: (i, os.getpid()))
+    assert [i for i, _ in got] == [0, 1]
+    assert got[0][1] == os.getpid() != got[1][1]
+
+
+@forks
+def test_a_failure_in_the_second_half_is_raised_with_its_traceback():
+    def run(i):
+        if i == 1:
+            raise ZeroDivisionError("in the child")
+        return i
+    with pytest.raises(RuntimeError, match="second half failed:(.|\n)*ZeroDivisionError: in the child"):
+        halves.in_halves(run)
+
+
+@forks
+def test_an_error_in_the_first_half_ends_the_second(tmp_path):
+    marker = tmp_path / "child"
+
+    def run(i):
+        if i == 1:
+            marker.write_text(str(os.getpid()))
+            time.sleep(60)
+            return i
+        while not marker.exists():
+            time.sleep(0.01)
+        raise KeyboardInterrupt
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        halves.in_halves(run)
+    assert time.monotonic() - start < 30
+    with pytest.raises(ProcessLookupError):   # killed and reaped
+        os.kill(int(marker.read_text()), 0)
+
+
+@pytest.mark.parametrize("model_name,cluster", [("llama2-13b", "4x8xH100"), ("mixtral-8x7b", "4x8xH100")])
+def test_forked_halves_give_the_answer_of_one_process(monkeypatch, model_name, cluster):
+    model, parsed = resolve_model(model_name), parse_cluster(cluster)
+    train = TrainSpec(seq_len=4096, global_batch_size=256)
+    forked = search(model, train, parsed, SearchOptions())
+    monkeypatch.setattr(halves, "_forks", lambda: False)
+    alone = search(model, train, parsed, SearchOptions())
+    assert [(f.plan, f.estimate.step_time_s) for f in forked.plans] == [(f.plan, f.estimate.step_time_s)
+                                                                         for f in alone.plans]
+    assert [f.plan for f in forked.evaluated] == [f.plan for f in alone.evaluated]
+    assert forked.stats.to_dict() | {"wall_s": 0} == alone.stats.to_dict() | {"wall_s": 0}
+    assert forked.stats.optimal
