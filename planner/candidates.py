@@ -211,9 +211,12 @@ def time_groups(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, option
 
 
 def placement_groups(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: SearchOptions,
-                     prune: Callable[[str], None]) -> Iterator[Group]:
-    """time_groups' choices, those that differ only in their mesh order as one Group."""
+                     prune: Callable[[str], None], share: tuple[int, int] = (0, 1)) -> Iterator[Group]:
+    """time_groups' choices, those that differ only in their mesh order as one Group. `share`
+    (i, n): the groups of every n-th set of degrees, from the i-th in listing order (planner.halves)."""
     world, L = cluster.world_size, model.num_layers
+    index, count = share
+    degrees = -1
     for tp, cp in _tp_cp(model, train, cluster, options):
         for pp in allowed(options, "pp", [p for p in divisors(world // (tp * cp)) if p <= L]):
             dp = world // (tp * cp * pp)
@@ -223,6 +226,9 @@ def placement_groups(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, o
                 for ep, etp in _expert_grids(model, cluster, options, tp, cp, pp, dp):
                     for fp8 in allowed(options, "fp8_linears", _fp8_options(model, train, cluster, tp)):
                         for act in allowed(options, "offload_activations", _act_offload_options(cluster, tp)):
+                            degrees += 1
+                            if degrees % count != index:
+                                continue
                             yield from _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep,
                                                            fp8, act, etp)
 

@@ -35,7 +35,6 @@ from planner.bounds import MemoryFit, lower_bound_with_memory_s
 from planner.candidates import (
     MAX_MICRO_BATCH,
     STATE_OPTIONS,
-    Group,
     SearchOptions,
     placement_groups,
     replica_degrees,
@@ -118,12 +117,8 @@ def _search(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: S
     start = time.perf_counter()
     shared = SharedModels(model, train, cluster, options)
     deadline = start + options.time_limit_s
-    listing = SearchStats()
-    groups = _listed(shared, options, listing, deadline)
-    shared.warm(groups, deadline)   # what both halves read, computed once before they part
-    halves = in_halves(lambda i: _half(shared, options if i == 0 else replace(options, progress=None),
-                                       groups[i::HALVES], deadline))
-    stats = _merged(listing, halves)
+    halves = in_halves(lambda i: _half(shared, options if i == 0 else replace(options, progress=None), i, deadline))
+    stats = _merged(halves)
     found = [f for h in halves for f in h.found]
     result = _after_branch_and_bound(shared, options, stats, found, [c for h in halves for c in h.too_big],
                                      deadline)
@@ -131,20 +126,6 @@ def _search(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: S
         stats.lower_bound_s = 0.0   # what was never listed has no bound
     stats.wall_s = time.perf_counter() - start
     return result
-
-
-def _listed(shared: SharedModels, options: SearchOptions, stats: SearchStats, deadline: float) -> list[Group]:
-    """The space's groups (planner.candidates.placement_groups; its refusals, a batch dp does
-    not divide, counted in `stats`), as many as the time limit lets be listed."""
-    groups = []
-    for group in placement_groups(shared.model, shared.train, shared.cluster, options, stats.prune):
-        if time.perf_counter() > deadline:   # a space too large to list within the limit: no bound
-            stats.optimal, stats.enumerated = False, False
-            _say(options, f"time limit reached while listing the space ({len(groups):,} groups so far)")
-            break
-        groups.append(group)
-    stats.num_candidates = sum(stats.pruned_by_reason.values())
-    return groups
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,28 +137,38 @@ class _Half:
     stats: SearchStats
 
 
-def _half(shared: SharedModels, options: SearchOptions, groups: list[Group], deadline: float) -> _Half:
-    """The branch and bound over every other group of the listing (planner.halves)."""
+def _half(shared: SharedModels, options: SearchOptions, index: int, deadline: float) -> _Half:
+    """The branch and bound over every other set of degrees of the listing (planner.halves,
+    planner.candidates.placement_groups' `share`); the listing's own refusals (a batch dp does
+    not divide) are counted by the first half only."""
     stats = SearchStats()
+    refused = []
+
+    def prune(reason: str) -> None:
+        if index == 0:
+            stats.prune(reason)
+            refused.append(reason)
+    groups = placement_groups(shared.model, shared.train, shared.cluster, options, prune, (index, HALVES))
     queue = Queue(shared, groups, stats, deadline)
-    stats.num_candidates = queue.num_candidates
+    if not stats.enumerated:
+        _say(options, f"time limit reached while listing the space ({queue.num_candidates:,} candidates so far)")
+    stats.num_candidates = queue.num_candidates + len(refused)
     _say(options, f"{queue.num_candidates:,} valid candidates in this half of the space (the other half "
                   "in a second process); solving in order of their lower bound")
     found = _branch_and_bound(shared, options, stats, queue, deadline)
     return _Half(found, queue.too_big + queue.roomless, stats)
 
 
-def _merged(listing: SearchStats, halves: list[_Half]) -> SearchStats:
-    """The listing's and the halves' statistics as one search's. Not proven optimal, a half's
-    bound is where it stopped; a finished one's unexamined candidates are bounded below by its
-    best plan."""
-    stats = SearchStats(optimal=listing.optimal and all(h.stats.optimal for h in halves),
-                        enumerated=listing.enumerated and all(h.stats.enumerated for h in halves))
-    for part in [listing, *(h.stats for h in halves)]:
-        stats.num_candidates += part.num_candidates
-        stats.num_feasible += part.num_feasible
-        stats.num_solved += part.num_solved
-        for reason, count in part.pruned_by_reason.items():
+def _merged(halves: list[_Half]) -> SearchStats:
+    """The halves' statistics as one search's. Not proven optimal, a half's bound is where it
+    stopped; a finished one's unexamined candidates are bounded below by its best plan."""
+    stats = SearchStats(optimal=all(h.stats.optimal for h in halves),
+                        enumerated=all(h.stats.enumerated for h in halves))
+    for h in halves:
+        stats.num_candidates += h.stats.num_candidates
+        stats.num_feasible += h.stats.num_feasible
+        stats.num_solved += h.stats.num_solved
+        for reason, count in h.stats.pruned_by_reason.items():
             stats.prune(reason, count)
     if not stats.optimal:
         stats.lower_bound_s = min(h.stats.lower_bound_s if not h.stats.optimal

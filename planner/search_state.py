@@ -3,7 +3,6 @@ share, computed once (SharedModels: rank time models, ZeRO floors, memory fits).
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field, replace
 
 from costmodel.check import check_structure
@@ -104,17 +103,6 @@ class SharedModels:
         self._optimizer: dict[tuple, tuple[float, ...]] = {}
         self._parts = rank_time_parts(model, train, cluster)
         self.splits: dict = {}   # planner.partition.solve_split's answers, by the split model
-
-    def warm(self, groups: list[Group], deadline: float) -> None:
-        """Price the compute parts of every group's rank time shape (costmodel.rank_time.parts),
-        which the groups' floors read, before the search's halves part (planner.halves): each
-        would otherwise price nearly all of them again."""
-        if self.cluster.is_mixed:   # priced per group of devices (time_model)
-            return
-        for group in groups:
-            if time.perf_counter() > deadline:
-                return
-            self._parts.compute(TimeShape.of(group.base))
 
     def time_model(self, base: Choice) -> "TimedChoice":
         """`base`: a choice with one virtual stage and no schedule (time_groups)."""

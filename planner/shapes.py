@@ -98,18 +98,18 @@ def _time_shape(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
     """(t, f, opt, dp) of a rank: the same on every rank in the middle of the pipeline."""
     edge_times = rtm.at(0, 0, first, last)
     t, f = _pipeline_rows(rtm, plan, edge_times)
-    held = lambda L: rank_params_at(model, plan, L, first, last)  # noqa: E731
+    held = {L: rank_params_at(model, plan, L, first, last) for L in (0, 1, 2)}
     sp = spans(plan, cluster)
     # what a rank does after the pipeline: a TP-replicated mixture's gradient sync, then the
     # optimizer and the step's host work; and its gradient accumulation and a one-replica plan's
     # FSDP reduce and gathers, priced beside them
-    opt = Linear(*affine(lambda L: sum(after_pipeline_s(model, train, plan, cluster, sp, held(L), L))
-                         + grad_accumulation_s(model, train, plan, cluster, held(L), L)
-                         + one_replica_fsdp_s(model, train, plan, cluster, held(L), L), 1, 2))
+    opt = Linear(*affine(lambda L: sum(after_pipeline_s(model, train, plan, cluster, sp, held[L], L))
+                         + grad_accumulation_s(model, train, plan, cluster, held[L], L)
+                         + one_replica_fsdp_s(model, train, plan, cluster, held[L], L), 1, 2))
     # DP collectives per gradient group: comm = alpha + beta·P in the group's parameters P,
     # each affine in L (P = edge + L·per layer), so their sum is too
     overlap = cluster.device.efficiency.overlap
-    edge, one = held(0), held(1)
+    edge, one = held[0], held[1]
     traits = cluster.framework
     groups = [(n0, n1 - n0) for (n0, _, _), (n1, _, _) in zip(dp_groups(model, plan, sp, edge, traits),
                                                               dp_groups(model, plan, sp, one, traits))]
@@ -130,14 +130,14 @@ def _dp_shape(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pl
     sp = spans(plan, cluster)
     if sp.dp.size == 1 and not plan.offload_optimizer:   # offloaded states copy even alone
         return []
-    one = rank_params_at(model, plan, 1, False, False)
+    groups = dp_groups(model, plan, sp, rank_params_at(model, plan, 1, False, False), cluster.framework)
     out = []
     for term in dp_terms(model, train, plan, cluster):
         coeffs = []
-        for _, unit, span in dp_groups(model, plan, sp, one, cluster.framework):
+        for _, unit, span in groups:
             alpha, beta = affine(lambda k: dp_term_comm_s(term, k * unit, cluster, span, unit), 1, 2)  # noqa: B023
             coeffs.append((alpha, beta / unit))
-        out.append((term.multiplier, term, coeffs, dp_bucket_s(model, plan, term, cluster, sp)))
+        out.append((term.multiplier, term, coeffs, dp_bucket_s(model, plan, term, cluster, sp, groups)))
     return out
 
 

@@ -319,11 +319,13 @@ def one_replica_fsdp_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: 
     return sum(one_replica_fsdp_parts_s(model, train, plan, cluster, held, layers))
 
 
-def dp_bucket_s(model: ModelSpec, plan: Plan, term: DpTerm, cluster: ClusterSpec, sp: Spans) -> float:
-    """One DP unit's collectives of a term (in each gradient group; dp_unit_layers)."""
-    one = rank_params_at(model, plan, 1, False, False)
-    return sum(dp_term_comm_s(term, unit, cluster, span, unit)
-               for _, unit, span in dp_groups(model, plan, sp, one, cluster.framework))
+def dp_bucket_s(model: ModelSpec, plan: Plan, term: DpTerm, cluster: ClusterSpec, sp: Spans,
+                groups: list | None = None) -> float:
+    """One DP unit's collectives of a term (in each gradient group; dp_unit_layers). `groups`:
+    dp_groups of a middle rank holding one layer, where the caller has them."""
+    if groups is None:
+        groups = dp_groups(model, plan, sp, rank_params_at(model, plan, 1, False, False), cluster.framework)
+    return sum(dp_term_comm_s(term, unit, cluster, span, unit) for _, unit, span in groups)
 
 
 def dp_exposed_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
