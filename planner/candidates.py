@@ -213,10 +213,12 @@ def time_groups(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, option
 def placement_groups(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: SearchOptions,
                      prune: Callable[[str], None], share: tuple[int, int] = (0, 1)) -> Iterator[Group]:
     """time_groups' choices, those that differ only in their mesh order as one Group. `share`
-    (i, n): the groups of every n-th set of degrees, from the i-th in listing order (planner.halves)."""
+    (i, n): the groups of every n-th set of degrees and micro-batch size, from the i-th in listing
+    order (planner.halves)."""
     world, L = cluster.world_size, model.num_layers
     index, count = share
-    degrees = -1
+    listed = itertools.count()
+    mine = lambda: next(listed) % count == index  # noqa: E731
     for tp, cp in _tp_cp(model, train, cluster, options):
         for pp in allowed(options, "pp", [p for p in divisors(world // (tp * cp)) if p <= L]):
             dp = world // (tp * cp * pp)
@@ -226,11 +228,8 @@ def placement_groups(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, o
                 for ep, etp in _expert_grids(model, cluster, options, tp, cp, pp, dp):
                     for fp8 in allowed(options, "fp8_linears", _fp8_options(model, train, cluster, tp)):
                         for act in allowed(options, "offload_activations", _act_offload_options(cluster, tp)):
-                            degrees += 1
-                            if degrees % count != index:
-                                continue
                             yield from _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep,
-                                                           fp8, act, etp)
+                                                           fp8, act, etp, mine)
 
 
 def _expert_grids(model: ModelSpec, cluster: ClusterSpec, options: SearchOptions, tp: int, cp: int, pp: int,
@@ -317,7 +316,7 @@ def _group_orders(cluster: ClusterSpec, options: SearchOptions, tp: int, cp: int
                                                         cluster)]
 
 
-def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8, act, etp=1):
+def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8, act, etp=1, mine=lambda: True):
     L, per_replica = model.num_layers, train.global_batch_size // dp
     modes = [Recompute.NONE] if options.no_recompute else list(Recompute)
     if options.space is not None and options.space.recompute_modes is not None:
@@ -333,6 +332,8 @@ def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8,
     if not group_orders or not orders:
         return
     for mbs in allowed(options, "micro_batch_size", [b for b in divisors(per_replica) if b <= MAX_MICRO_BATCH]):
+        if not mine():   # another process's share (placement_groups)
+            continue
         m = per_replica // mbs
         # interleaving as Megatron-LM runs it: equal chunks, the embedding and loss counted or not
         vpps = [1] + (virtual_stage_options(L, pp) if m % pp == 0 else [])
