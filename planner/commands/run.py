@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from costmodel.check import check_memory, check_structure, etp_problems, fp8_problems
+from costmodel.check import check_memory, check_structure, fp8_problems
 from costmodel.frameworks import RUNTIME
 from costmodel.plan import PlanFile
 from costmodel.units import GIB
@@ -129,10 +129,6 @@ def _load(path: str) -> PlanFile:
     if problems:
         raise RunRefused(f"{path} is not a valid plan: " + "; ".join(problems))
     plan = pf.plan
-    # planned for a framework that splits experts over tensor-parallel ranks (Megatron-Core's expert TP)
-    if ours := etp_problems(pf.model, plan.etp, RUNTIME):
-        raise RunRefused(f"{path} was planned for {pf.cluster.framework.name}, whose expert tensor parallelism this "
-                         f"runtime does not run: {ours[0]}")
     # planned for a framework that runs float8 where the runtime does not (experts, TP: costmodel.frameworks)
     runtime = dataclasses.replace(pf.cluster, framework=RUNTIME)
     if plan.fp8_linears and (ours := fp8_problems(pf.model, pf.train, runtime, plan.tp)):

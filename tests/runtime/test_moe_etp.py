@@ -11,6 +11,7 @@ search (costmodel.frameworks RUNTIME)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 
 import pytest
@@ -127,3 +128,23 @@ def test_saved_activations_under_expert_tp_match_the_model():
     priced = layer_activation_bytes(pf.model, pf.train, pf.plan, pf.plan.recompute, pf.cluster.framework)
     for layer in range(pf.model.num_layers):
         assert statistics.fmean(r[str(layer)] for r in ranks) == pytest.approx(priced, rel=0.03), f"layer {layer}"
+
+
+def test_planner_run_trains_a_megatron_plan_with_expert_tp(tmp_path):
+    """`planner run` takes a plan made for Megatron-Core with expert TP (etp2 x ep2 over tp2 dp2)
+    and trains it on four gloo ranks, its prediction priced for that framework."""
+    import json
+    import os
+    import subprocess
+    import sys
+    choice, world, kwargs = CASES["etp2_ep2_tp2_dp2"]
+    path = tmp_path / "plan.json"
+    plan_file(choice, world=world, **kwargs).save(path)
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "planner", "run", str(path), "--steps", "2", "--warmup", "0",
+                           "--nproc", "4", "--out", str(out)], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    measured = json.loads((out / "measured.json").read_text())
+    assert len(measured["losses"]) == 2 and all(math.isfinite(x) for x in measured["losses"])
+    assert measured["predicted"]["step_time_s"] > 0
