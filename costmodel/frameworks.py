@@ -164,6 +164,21 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   2.1 s for no better plan. torchtitan 0.2 allows
   only etp 1 or etp = tp, the latter with EP carved from dp x cp beside the TP group, and its main
   branch removed expert TP (pytorch/torchtitan#3167); neither is offered for it here.
+- `shared_expert_tp`: a mixture's shared expert (ModelSpec.shared_expert_ffn_hidden_size) is split
+  over the dense TP group as a dense MLP is: Megatron-Core's SharedExpertMLP is an MLP built on
+  the TP process group (`tp_group=pg_collection.tp`, moe/shared_experts.py: its fc1 column- and
+  fc2 row-parallel, not over the expert TP group), so each rank holds, trains and steps 1/tp of
+  its projections, runs them over the whole micro-batch's tokens at 1/tp of the width, and pays
+  a dense MLP's TP collectives for it (with sequence parallelism, which Megatron requires for
+  MoE under TP, its own all-gather of the sequence shard before fc1 and reduce-scatter after
+  fc2, the duals in backward; overlapped by Transformer Engine's userbuffers as the dense
+  blocks' are, its fc1/fc2 buffers; `--moe-shared-expert-overlap`, which moves them beside the
+  token dispatcher, is not set by our export and not priced). Its sigmoid gate (1 x h) stays
+  whole on every rank. torchtitan does the same (`moe.shared_experts.w1/w3` ColwiseParallel,
+  `w2` RowwiseParallel in 0.2's llama4 `apply_moe_ep_tp`, the dense-family plan of
+  models/common/moe_sharding.py since), inside the mixture's one all-gather of its input and one
+  reduce-scatter of its output: the same bytes. Our runtime (runtime.moe) keeps the shared
+  expert whole on every TP rank over the rank's sequence shard, with no collective of its own.
 - `dp_collectives_per_layer`: every ZeRO stage synchronises one FSDP unit at a time, each unit's
   collectives paying their own latency. Our runtime runs ZeRO-0 to 2 with FSDP2 too, a unit of a
   layer under ZeRO-3 and of a bucket's layers below it (costmodel.params.fsdp_unit_layers:
@@ -272,6 +287,7 @@ class FrameworkTraits:
     grouped_expert_gemm: bool = False
     mtp_with_cp: bool = False
     moe_probs_in_activation: bool = False
+    shared_expert_tp: bool = False
 
 
 GENERIC = FrameworkTraits(name="generic", dp_grad_overlap=True, dp_param_overlap=True,
@@ -310,7 +326,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
                     float8_param_gather=True, float8_experts=True, ep_folds_over_tp=True, expert_tensor_parallel=True,
                     dp_sync_per_chunk=True,
                     dispatch_per_node=True, moe_probs_in_activation=True,
-                    grouped_expert_gemm=True, mtp_with_cp=True, **_MEGATRON),
+                    grouped_expert_gemm=True, mtp_with_cp=True, shared_expert_tp=True, **_MEGATRON),
     FrameworkTraits(name="megatron-deepspeed", **{**_DEEPSPEED, "loss_grad_in_place": True}),
     FrameworkTraits(name="deepspeed", **_DEEPSPEED),
     FrameworkTraits(name="composer-fsdp", sharded_grads_under_pp=True, flash_attention_1=True,
@@ -319,7 +335,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
     FrameworkTraits(name="torchtitan", sharded_grads_under_pp=False, tp_keeps_gathered_input=True,
                     tp_backward_reduce_scatter_exposed=True,
                     cp_all_gather_kv=True, float8_casts_fused=True, float8_with_tp=True,
-                    deferred_w_keeps_graph=True, **_FSDP),
+                    deferred_w_keeps_graph=True, shared_expert_tp=True, **_FSDP),
 )}
 
 
@@ -344,6 +360,12 @@ def tp_comm_hidden_share(traits: FrameworkTraits, device_overlaps: bool, tp: int
     """The share of a layer's tensor-parallel collectives the framework hides behind its GEMMs
     (`tp_comm_overlap`: all but one ring-exchange step of tp)."""
     return (tp - 1) / tp if tp_comm_overlaps(traits, device_overlaps, tp, sequence_parallel) else 0.0
+
+
+def shared_expert_split(tp: int, shared_expert_tp: bool) -> int:
+    """Over how many ranks a mixture's shared expert is split: the dense TP group where the
+    framework splits it (`shared_expert_tp`), none where each TP rank holds it whole."""
+    return tp if shared_expert_tp else 1
 
 
 def framework_traits(name: str | None) -> FrameworkTraits:

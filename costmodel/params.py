@@ -12,7 +12,7 @@ from functools import lru_cache
 from math import prod
 
 from costmodel.deepseek import dense_layer_model
-from costmodel.frameworks import RUNTIME, FrameworkTraits
+from costmodel.frameworks import RUNTIME, FrameworkTraits, shared_expert_split
 from costmodel.layout import Style, dense_blocks
 from costmodel.placement import ExpertLayout, expert_layout
 from costmodel.plan import Plan
@@ -80,18 +80,34 @@ def expert_params(model: ModelSpec, etp: int = 1) -> int:
 
 
 def moe_params(model: ModelSpec) -> int:
-    """One layer's mixture of experts, whole on every TP rank: the router, every routed expert,
-    the shared expert and its gate."""
+    """One layer's mixture of experts, whole: the router, every routed expert, the shared expert
+    and its gate."""
     return moe_replicated_params(model) + model.num_experts * expert_params(model) if model.is_moe else 0
 
 
+def shared_expert_params(model: ModelSpec, split: int = 1) -> int:
+    """A layer's shared expert's three projections (its gate's vector apart) on one rank of the
+    `split` ranks it is split over: 1 where the framework keeps it whole on every TP rank, the
+    dense TP degree where it splits it as a dense MLP (frameworks.shared_expert_split: gate and
+    up column-parallel, down row-parallel)."""
+    return 3 * model.hidden_size * ceil_div(model.shared_expert_ffn_hidden_size, split)
+
+
 def moe_replicated_params(model: ModelSpec) -> int:
-    """The part of a layer's mixture every expert-parallel rank holds: the router, the shared
-    expert and its gate."""
+    """The part of a layer's mixture every expert-parallel rank holds (whole, before any TP
+    split of the shared expert): the router, the shared expert and its gate."""
     if not model.is_moe:
         return 0
     h = model.hidden_size
-    return h * model.num_experts + 3 * h * model.shared_expert_ffn_hidden_size + (h if model.shared_expert_gate else 0)
+    return h * model.num_experts + shared_expert_params(model) + (h if model.shared_expert_gate else 0)
+
+
+def moe_tp_replicated_params(model: ModelSpec, shared_expert_tp: bool = False) -> int:
+    """What of a layer's mixture every TP rank holds whole while training on its own sequence
+    shard (its gradients summed over TP: rank_time.dp_terms.tp_replica_sync_s): the router and
+    the shared expert's gate, and the shared expert itself unless the framework splits it over
+    TP (frameworks `shared_expert_tp`)."""
+    return moe_replicated_params(model) - (shared_expert_params(model) if shared_expert_tp and model.is_moe else 0)
 
 
 def layer_expert_params(model: ModelSpec, ep: int = 1, etp: int = 1) -> int:
@@ -101,14 +117,17 @@ def layer_expert_params(model: ModelSpec, ep: int = 1, etp: int = 1) -> int:
 
 
 @lru_cache(maxsize=1024)
-def layer_params(model: ModelSpec, tp: int = 1, ep: int = 1, etp: int = 1) -> int:
+def layer_params(model: ModelSpec, tp: int = 1, ep: int = 1, etp: int = 1, shared_expert_tp: bool = False) -> int:
     """One transformer layer on one device of a TP group (tp=1: the whole layer), its routed
-    experts sharded over `ep` devices and split over `etp` (the mixture is not split over the
-    dense TP group)."""
+    experts sharded over `ep` devices and split over `etp` (the routed experts are not split over
+    the dense TP group); its shared expert split over the TP group where `shared_expert_tp` (the
+    framework's trait, frameworks.shared_expert_split), whole on every TP rank otherwise."""
     # norms replicated on every TP rank
     total = (model.layer_norms * norm_params(model) + qk_norm_params(model) + mla_norm_params(model)
              + moe_params(model))
     total -= layer_expert_params(model) - layer_expert_params(model, ep, etp)
+    if model.is_moe:
+        total -= shared_expert_params(model) - shared_expert_params(model, shared_expert_split(tp, shared_expert_tp))
     for block in dense_blocks(model):
         for lin in block.linears:
             if lin.style is Style.COLWISE:
@@ -161,10 +180,10 @@ def fsdp_unit_params(model: ModelSpec, plan: Plan, traits: FrameworkTraits = RUN
     framework without such units (costmodel.frameworks `dp_collectives_per_layer`): a layer."""
     if whole_stage_units(model, plan, traits):
         last = plan.num_virtual_stages - 1
-        return max(rank_params_at(model, plan, layers, j == 0, j == last).total
+        return max(rank_params_at(model, plan, layers, j == 0, j == last, traits).total
                    for j, layers in enumerate(plan.layers_per_stage))
     k = fsdp_unit_layers(model, plan) if traits.dp_collectives_per_layer else 1
-    return k * layer_params(model, plan.tp, plan.ep, plan.etp)
+    return k * layer_params(model, plan.tp, plan.ep, plan.etp, traits.shared_expert_tp)
 
 
 def embedding_params(model: ModelSpec, tp: int = 1) -> int:
@@ -189,23 +208,26 @@ def mla_norm_params(model: ModelSpec) -> int:
     return model.q_lora_rank + model.kv_lora_rank if model.is_mla else 0
 
 
-def dense_first_layers_params(model: ModelSpec, tp: int = 1) -> int:
+def dense_first_layers_params(model: ModelSpec, tp: int = 1, shared_expert_tp: bool = False) -> int:
     """What the first `first_k_dense` layers (a dense MLP) hold beyond as many expert layers
-    (negative where a mixture is larger): on one device of a TP group, experts whole."""
+    (negative where a mixture is larger): on one device of a TP group, routed experts whole, the
+    shared expert split over TP where `shared_expert_tp` (layer_params)."""
     if not model.first_k_dense:
         return 0
-    return model.first_k_dense * (layer_params(dense_layer_model(model), tp) - layer_params(model, tp))
+    return model.first_k_dense * (layer_params(dense_layer_model(model), tp)
+                                  - layer_params(model, tp, shared_expert_tp=shared_expert_tp))
 
 
-def mtp_params(model: ModelSpec, tp: int = 1, ep: int = 1, etp: int = 1) -> int:
+def mtp_params(model: ModelSpec, tp: int = 1, ep: int = 1, etp: int = 1, shared_expert_tp: bool = False) -> int:
     """The multi-token-prediction modules' own parameters (DeepSeek-V3 Sec. 2.2), per device of a
     TP/EP group: per module two RMSNorms (the previous depth's hidden state, the next token's
     embedding), the projection of their concatenation (2h -> h, column-parallel), one layer (an
-    expert layer like the model's last), and the norm before the shared output head. The
-    embedding and output head are the model's (shared): DeepSeek's 14B for V3 counts them again
-    (mtp_stored_params)."""
+    expert layer like the model's last, its shared expert as layer_params splits it), and the
+    norm before the shared output head. The embedding and output head are the model's (shared):
+    DeepSeek's 14B for V3 counts them again (mtp_stored_params)."""
     h = model.hidden_size
-    return model.mtp_depth * (3 * norm_params(model) + ceil_div(h, tp) * 2 * h + layer_params(model, tp, ep, etp))
+    return model.mtp_depth * (3 * norm_params(model) + ceil_div(h, tp) * 2 * h
+                              + layer_params(model, tp, ep, etp, shared_expert_tp))
 
 
 def mtp_stored_params(model: ModelSpec) -> int:
@@ -292,33 +314,35 @@ def expert_dp(plan: Plan, traits: FrameworkTraits = RUNTIME) -> int:
     return prod(d for a, d in zip(layout.order, layout.degrees) if a in layout.edp_axes)
 
 
-def rank_params_at(model: ModelSpec, plan: Plan, layers: int, first: bool, last: bool) -> RankParams:
+def rank_params_at(model: ModelSpec, plan: Plan, layers: int, first: bool, last: bool,
+                   traits: FrameworkTraits = RUNTIME) -> RankParams:
     """Parameters of a pipeline rank holding `layers` layers (and the embedding / head). The
     first rank's first `first_k_dense` layers are dense (its first virtual stage holds them:
     costmodel.rank_time prices them there too); the last rank holds the MTP modules (Megatron-Core
     places them on the last stage), their routed experts with the layers' and the rest with the head,
     and, on a separate last stage, its own copy of the embedding they read (Megatron-Core's, as a
-    tied head's; one weight where the head is tied)."""
+    tied head's; one weight where the head is tied). The shared expert as the framework `traits`
+    holds it (layer_params)."""
     pipelined = plan.stage_rank(0) != plan.stage_rank(plan.num_virtual_stages - 1)
     replicated, experts, dense_extra, extra_expert_layers, embedding, head = _rank_param_parts(
-        model, plan.tp, plan.ep, plan.etp, pipelined, first, last)
+        model, plan.tp, plan.ep, plan.etp, pipelined, first, last, traits.shared_expert_tp)
     return RankParams(layers=layers * replicated + dense_extra, experts=(layers + extra_expert_layers) * experts,
                       embedding=embedding, head=head)
 
 
 @lru_cache(maxsize=4096)
 def _rank_param_parts(model: ModelSpec, tp: int, ep: int, etp: int, pipelined: bool, first: bool,
-                      last: bool) -> tuple[int, int, int, int, int, int]:
+                      last: bool, shared_expert_tp: bool) -> tuple[int, int, int, int, int, int]:
     """rank_params_at's terms that do not depend on the layer count (the search asks for tens of
     thousands of ranks of a few kinds): per layer, the replicated and the expert parameters;
     what the dense first layers add; the expert layers beyond the rank's layers (MTP's less the
     dense ones); the embedding and the head with the MTP modules' replicated parameters."""
     experts = layer_expert_params(model, ep, etp)
-    replicated = layer_params(model, tp, ep, etp) - experts
+    replicated = layer_params(model, tp, ep, etp, shared_expert_tp) - experts
     dense = model.first_k_dense if first else 0
     mtp = model.mtp_depth if last else 0
     dense_layer = layer_params(dense_layer_model(model), tp) if dense else 0
-    mtp_replicated = mtp_params(model, tp, ep, etp) - model.mtp_depth * experts if mtp else 0
+    mtp_replicated = mtp_params(model, tp, ep, etp, shared_expert_tp) - model.mtp_depth * experts if mtp else 0
     if mtp and pipelined and not model.tied_embeddings:
         mtp_replicated += embedding_params(model, tp)
     return (replicated, experts, dense * (dense_layer - replicated), mtp - dense,
@@ -326,9 +350,9 @@ def _rank_param_parts(model: ModelSpec, tp: int, ep: int, etp: int, pipelined: b
             (head_params(model, tp, pipelined=pipelined) + mtp_replicated) if last else 0)
 
 
-def rank_params(model: ModelSpec, plan: Plan, rank: int) -> RankParams:
+def rank_params(model: ModelSpec, plan: Plan, rank: int, traits: FrameworkTraits = RUNTIME) -> RankParams:
     first, last = plan.stage_rank(0), plan.stage_rank(plan.num_virtual_stages - 1)
-    return rank_params_at(model, plan, plan.layers_on_rank(rank), rank == first, rank == last)
+    return rank_params_at(model, plan, plan.layers_on_rank(rank), rank == first, rank == last, traits)
 
 
 def optimized_params(held: RankParams, plan: Plan, traits: FrameworkTraits = RUNTIME) -> float:

@@ -3,6 +3,7 @@ bytes their routing moves) and the LM head, in bf16/fp32 and float8."""
 from __future__ import annotations
 
 from costmodel.flops import final_linear
+from costmodel.frameworks import shared_expert_split
 from costmodel.hardware import DeviceProfile
 from costmodel.kernels.roofline import KernelShape, compute_bound_s, memory_bound_s, roofline_s
 from costmodel.layout import Linear, Style, dense_blocks
@@ -97,13 +98,15 @@ def linear_tokens(lin: Linear, tokens: int, tp: int, sequence_parallel: bool) ->
 
 
 def _linears_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile, tokens: int,
-               fused_casts: bool, grouped_experts: bool = False) -> tuple[float, float, float]:
+               fused_casts: bool, grouped_experts: bool = False,
+               shared_expert_tp: bool = False) -> tuple[float, float, float]:
     """(forward, input-gradient, weight-gradient) seconds of the layer's GEMMs. Float8 linears
     (plan.fp8_linears) run each GEMM at the fp8 rate with their operands' casts (fp8_passes_s);
     a mixture's experts too (_moe_gemms_s), where check.fp8_problems lets the framework
-    (`float8_experts`)."""
+    (`float8_experts`). `shared_expert_tp`: the framework splits a shared expert over TP."""
     fwd, bwd_in, bwd_w = _moe_gemms_s(model, train, dev, moe_tokens(tokens, plan.tp), plan.ep, grouped_experts,
-                                      plan.fp8_linears, fused_casts, plan.etp)
+                                      plan.fp8_linears, fused_casts, plan.etp,
+                                      shared_expert_split(plan.tp, shared_expert_tp))
     for block in dense_blocks(model):
         for lin in block.linears:
             k, n = _local_shape(lin, plan.tp)
@@ -166,9 +169,9 @@ def grouped_gemm_s(groups: int, m: int, k: int, n: int, dev: DeviceProfile, trai
 
 def _moe_gemms_s(model: ModelSpec, train: TrainSpec, dev: DeviceProfile, tokens: int, ep: int,
                  grouped: bool = False, fp8: bool = False, fused_casts: bool = False,
-                 etp: int = 1) -> tuple[float, float, float]:
-    """(forward, input-gradient, weight-gradient) seconds of a mixture's GEMMs (never split over
-    TP): the router, then for each of the device's num_experts/ep experts three projections over
+                 etp: int = 1, shared_split: int = 1) -> tuple[float, float, float]:
+    """(forward, input-gradient, weight-gradient) seconds of a mixture's GEMMs, `tokens` being the
+    device's sequence shard (moe_tokens; the routed experts are never split over TP): the router, then for each of the device's num_experts/ep experts three projections over
     the rows routed to it, one GEMM each as runtime.moe runs them or, `grouped`
     (costmodel.frameworks `grouped_expert_gemm`), each projection of all local experts in one
     grouped kernel; and the shared expert with its gate. `fp8` (plan.fp8_linears, where the
@@ -178,7 +181,10 @@ def _moe_gemms_s(model: ModelSpec, train: TrainSpec, dev: DeviceProfile, tokens:
     the router (a plain torch linear in Megatron-Core) and the one-output gate stay in the
     compute dtype. Under expert tensor parallelism (Plan.etp) each expert's projections run on
     the rows all-gathered over its etp ranks, etp times as many, at 1/etp of the width (gate and
-    up column-parallel, down row-parallel): the same FLOPs in narrower GEMMs."""
+    up column-parallel, down row-parallel): the same FLOPs in narrower GEMMs. A shared expert the
+    framework splits over the `shared_split` ranks of the dense TP group (frameworks
+    `shared_expert_tp`) runs over their shards gathered, shared_split times the rows, at
+    1/shared_split of its width: the same FLOPs as whole over the shard, in other shapes."""
     if not model.is_moe:
         return 0.0, 0.0, 0.0
     h, f, fs = model.hidden_size, model.moe_ffn_hidden_size // etp, model.shared_expert_ffn_hidden_size
@@ -190,7 +196,8 @@ def _moe_gemms_s(model: ModelSpec, train: TrainSpec, dev: DeviceProfile, tokens:
     # (rows, k, n, experts) of each projection: gate, up, down of the routed and the shared experts
     shapes = [(rows, h, f, local), (rows, h, f, local), (rows, f, h, local)]
     if fs:
-        shapes += [(tokens, h, fs, 1), (tokens, h, fs, 1), (tokens, fs, h, 1)]
+        m, fs = tokens * shared_split, ceil_div(fs, shared_split)
+        shapes += [(m, h, fs, 1), (m, h, fs, 1), (m, fs, h, 1)]
     parts = [(plain, plain, plain)] + [_projection_s(m, k, n, dev, train, fp8, fused_casts, g, grouped)
                                        for m, k, n, g in shapes]
     fwd, bwd_in, bwd_w = (sum(p) for p in zip(*parts))

@@ -87,7 +87,8 @@ class KernelKey:
 def layer_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile,
                        cp_ring: bool, fused_casts: bool = False, cpu_kernels: bool = False,
                        eager: bool = False, early_stop: bool = False, compiled: bool = False,
-                       padded_values: bool = False, grouped_experts: bool = False) -> KernelTimes:
+                       padded_values: bool = False, grouped_experts: bool = False,
+                       shared_expert_tp: bool = False) -> KernelTimes:
     """cp_ring: context parallelism as a ring of partial kernels (else all-gathered K/V,
     costmodel.frameworks `cp_all_gather_kv`); fused_casts: float8 casts as compiled or
     Transformer Engine kernels run them (`float8_casts_fused`); cpu_kernels: the runtime's eager
@@ -98,9 +99,10 @@ def layer_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, de
     layer as torch.compile runs it (`compiled_layer`): its memory-bound work fused, on any device.
     padded_values: latent attention's values zero-padded to the query/key head size for a kernel
     of one head size (not the vendor's attention: runtime.latent_attention). grouped_experts: a
-    device's experts in grouped GEMMs (`grouped_expert_gemm`)."""
+    device's experts in grouped GEMMs (`grouped_expert_gemm`). shared_expert_tp: a shared expert
+    split over the TP group (`shared_expert_tp`)."""
     tokens = plan.micro_batch_size * train.seq_len // plan.cp
-    fwd, bwd_in, bwd_w = _linears_s(model, train, plan, dev, tokens, fused_casts, grouped_experts)
+    fwd, bwd_in, bwd_w = _linears_s(model, train, plan, dev, tokens, fused_casts, grouped_experts, shared_expert_tp)
     attn_fwd, attn_bwd = _attention_core_s(model, train, plan, dev, cp_ring, cpu_kernels, padded_values)
     elementwise, elementwise_bwd = _elementwise_s(model, train, plan, dev, tokens, cpu_kernels and not compiled,
                                                   eager and not compiled)

@@ -12,7 +12,7 @@ Tests check the published coefficients.
 from __future__ import annotations
 
 from costmodel.deepseek import dense_layer_model
-from costmodel.frameworks import RUNTIME, FrameworkTraits
+from costmodel.frameworks import RUNTIME, FrameworkTraits, shared_expert_split
 from costmodel.kernels import cp_chunk_scores, expert_rows, moe_tokens
 from costmodel.layout import Style, layer_blocks
 from costmodel.params import ceil_div
@@ -32,7 +32,7 @@ def _cp_cpu_mask_elements(train: TrainSpec, plan: Plan, traits: FrameworkTraits)
 
 
 def _moe_saved_bytes(model: ModelSpec, train: TrainSpec, tokens: int, ep: int, traits: FrameworkTraits,
-                     etp: int = 1) -> float:
+                     etp: int = 1, shared_split: int = 1) -> float:
     """What runtime.moe keeps for backward in one layer (measured per tensor by
     tests/runtime/test_activation_memory.py): the router's fp32 probabilities, the chosen experts
     (int64) and their fp32 weights (and their sum where renormalised); per routed slot (tokens·k)
@@ -43,14 +43,18 @@ def _moe_saved_bytes(model: ModelSpec, train: TrainSpec, tokens: int, ep: int, t
     under expert parallelism its two reorder indices; the shared expert's SwiGLU tensors, and
     with a gate its output and the gate's value. (Its input is the MLP input
     `layer_activation_bytes` counts already.) Under expert TP (Plan.etp) the rows are those
-    gathered over the etp ranks, each with 1/etp of the expert's width."""
+    gathered over the etp ranks, each with 1/etp of the expert's width. A shared expert split over
+    the `shared_split` ranks of the TP group (frameworks `shared_expert_tp`) keeps its SwiGLU
+    tensors over their shards gathered at 1/shared_split of its width (as much where it divides),
+    its gate on the rank's shard."""
     a, h, k, e = train.compute_dtype.num_bytes, model.hidden_size, model.experts_per_token, model.num_experts
     router = tokens * (4 * e + 8 * k + 4 * k + (4 if model.moe_norm_topk_prob else 0))
     per_slot = 4 + 4 if traits.moe_probs_in_activation else a * (2 * h + 1) + 16
     per_row = etp * (a * (h + traits.swiglu_saved_tensors * model.moe_ffn_hidden_size // etp)
                      + (16 if ep * etp > 1 else 0))
     fs = model.shared_expert_ffn_hidden_size
-    shared = a * tokens * (traits.swiglu_saved_tensors * fs + ((h + 1) if model.shared_expert_gate else 0))
+    shared = a * tokens * (shared_split * traits.swiglu_saved_tensors * ceil_div(fs, shared_split)
+                           + ((h + 1) if model.shared_expert_gate else 0))
     return router + tokens * k * per_slot + expert_rows(model, train, tokens, ep) * per_row + shared
 
 
@@ -74,9 +78,11 @@ def layer_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, mode:
     # a parallel residual's two norms read one tensor, the layer input (kept once)
     norm_inputs = 1 if model.parallel_residual else 2
     norms = norm_inputs * 4 + model.layer_norms * 4 if cpu_rms else norm_inputs * a
-    # a mixture of experts takes this rank's sequence shard as it is (runtime.parallel); one norm
+    # a mixture of experts takes this rank's sequence shard as it is (runtime.parallel), unless
+    # its shared expert is split over TP, which gathers its input as a dense MLP does; one norm
     # shared by both branches gives them one input, unless each block gathers its own (SP)
-    mlp_input_split = t if model.is_moe else _proj_input_split(plan, traits)
+    split_shared = traits.shared_expert_tp and model.shared_expert_ffn_hidden_size > 0
+    mlp_input_split = t if model.is_moe and not split_shared else _proj_input_split(plan, traits)
     mlp_input = 0.0 if model.shared_norm and not _gathers_per_block(plan, traits) else a * tokens * h / mlp_input_split
     replicated = (tokens * h * (norms + 2 * drop) / sp + a * tokens * h / _proj_input_split(plan, traits)
                   + mlp_input)
@@ -93,7 +99,8 @@ def layer_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, mode:
     out_proj_input = a * tokens * model.attention_output_size / t
     # SwiGLU in eager torch saves gate, up, silu(gate) and the product; a fused kernel keeps the
     # 2f-wide first projection and the product (costmodel.frameworks)
-    mlp = (_moe_saved_bytes(model, train, moe_tokens(tokens, t), plan.ep, traits, plan.etp) if model.is_moe else
+    mlp = (_moe_saved_bytes(model, train, moe_tokens(tokens, t), plan.ep, traits, plan.etp,
+                            shared_expert_split(t, traits.shared_expert_tp)) if model.is_moe else
            (traits.swiglu_saved_tensors if model.ffn_kind.gated else 2) * a * tokens * f / t)
     if mode is Recompute.SELECTIVE:
         core = 0.0
@@ -253,7 +260,9 @@ def backward_working_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, last:
     mlp_weight = a * h * f / t
     if model.is_moe:   # one expert's backward at a time; it may have got every token of the shard
         f = max(model.moe_ffn_hidden_size, model.shared_expert_ffn_hidden_size)
-        mlp_weight = a * h * f   # whole on every TP rank
+        # routed experts whole on every TP rank, the shared one split where the framework splits it
+        shared = ceil_div(model.shared_expert_ffn_hidden_size, shared_expert_split(t, traits.shared_expert_tp))
+        mlp_weight = a * h * max(model.moe_ffn_hidden_size, shared)
     mlp = (traits.swiglu_saved_tensors - 1 if model.ffn_kind.gated else 2) * a * tokens * f / t
     q = model.q_hidden_size
     attention = a * tokens * (q + 2 * kv) / t + 4 * tokens * q / t
@@ -278,7 +287,7 @@ def weight_grad_input_bytes(model: ModelSpec, train: TrainSpec, plan: Plan,
     (costmodel.kernels.expert_rows), and the shared expert's product."""
     if traits.deferred_w_keeps_graph:
         return (layer_activation_bytes(model, train, plan, plan.recompute, traits)
-                + weight_grad_output_bytes(model, train, plan))
+                + weight_grad_output_bytes(model, train, plan, traits))
     a, t = train.compute_dtype.num_bytes, plan.tp
     tokens = _local_tokens(train, plan)
     if model.is_moe:
@@ -292,13 +301,15 @@ def weight_grad_input_bytes(model: ModelSpec, train: TrainSpec, plan: Plan,
                 + mlp)
 
 
-def weight_grad_output_bytes(model: ModelSpec, train: TrainSpec, plan: Plan) -> float:
+def weight_grad_output_bytes(model: ModelSpec, train: TrainSpec, plan: Plan,
+                             traits: FrameworkTraits = RUNTIME) -> float:
     """Per layer and micro-batch, the output gradients torch pipelining's input pass captures
     for a deferred weight pass (`stage_backward_input` hooks): every projection's (a column-
     parallel one's 1/t slice, a row-parallel one's whole partial output) and the two norm scales'.
     A mixture's in place of the MLP's (runtime.moe, whole on each TP rank over its shard): the
     router's logits, each routed row's three expert projections (costmodel.kernels.expert_rows),
-    the shared expert's three and its gate's. Measured on a 2-stage ZB-H1 run: 232 MiB held per
+    the shared expert's three (split over TP where the framework splits it: _moe_output_grad_elements)
+    and its gate's. Measured on a 2-stage ZB-H1 run: 232 MiB held per
     micro-batch, 228 MiB by this count; per tensor, what `stage_backward_input` captures of one
     layer equals this count for debug-small, debug-moe and a Mixtral-style layer
     (tests/runtime/test_schedule_memory.py)."""
@@ -309,15 +320,21 @@ def weight_grad_output_bytes(model: ModelSpec, train: TrainSpec, plan: Plan) -> 
             width += sum(lin.out_features / plan.tp if lin.style is Style.COLWISE else lin.out_features
                          for lin in block.linears)
     tokens = _local_tokens(train, plan)
-    return train.compute_dtype.num_bytes * (tokens * width + _moe_output_grad_elements(model, train, plan, tokens))
+    return train.compute_dtype.num_bytes * (tokens * width
+                                            + _moe_output_grad_elements(model, train, plan, tokens, traits))
 
 
-def _moe_output_grad_elements(model: ModelSpec, train: TrainSpec, plan: Plan, tokens: int) -> float:
-    """The elements of a mixture's projection outputs per micro-batch (weight_grad_output_bytes)."""
+def _moe_output_grad_elements(model: ModelSpec, train: TrainSpec, plan: Plan, tokens: int,
+                              traits: FrameworkTraits = RUNTIME) -> float:
+    """The elements of a mixture's projection outputs per micro-batch (weight_grad_output_bytes).
+    A shared expert split over TP (frameworks `shared_expert_tp`) runs over the shards gathered:
+    its column-parallel outputs at 1/split of its width, its row-parallel one a whole partial sum."""
     if not model.is_moe:
         return 0.0
     h, fs, routed = model.hidden_size, model.shared_expert_ffn_hidden_size, moe_tokens(tokens, plan.tp)
-    return (routed * (model.num_experts + (2 * fs + h if fs else 0) + (1 if model.shared_expert_gate else 0))
+    split = shared_expert_split(plan.tp, traits.shared_expert_tp)
+    shared = routed * split * (2 * ceil_div(fs, split) + h) if fs else 0
+    return (shared + routed * (model.num_experts + (1 if model.shared_expert_gate else 0))
             + plan.etp * expert_rows(model, train, routed, plan.ep) * (2 * model.moe_ffn_hidden_size // plan.etp + h))
 
 

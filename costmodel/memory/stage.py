@@ -215,7 +215,7 @@ def buffer_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, traits: Framewo
     if plan.pp > 1:
         total += 4 * a * _local_tokens(train, plan) * model.hidden_size / sp
     if reduces_every_micro_batch(plan, traits):
-        gathered = 2 * layer_params(model, plan.tp, plan.ep, plan.etp) * a if plan.zero_stage >= 3 else 0
+        gathered = 2 * layer_params(model, plan.tp, plan.ep, plan.etp, traits.shared_expert_tp) * a if plan.zero_stage >= 3 else 0
         total += gathered + fsdp_unit_params(model, plan, traits) * train.grad_dtype.num_bytes
     return total
 
@@ -232,7 +232,7 @@ def stage_memory_at(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int, l
     """Memory of pipeline rank `rank` were it to hold `layers` layers, `recomputed` of them
     recomputed (the search reads the same quantity as `stage_memory_shapes`)."""
     first, last = plan.stage_rank(0), plan.stage_rank(plan.num_virtual_stages - 1)
-    held = rank_params_at(model, plan, layers, rank == first, rank == last)
+    held = rank_params_at(model, plan, layers, rank == first, rank == last, traits)
     weights, grads, optim = state_bytes_for(train, plan, held.total, traits, experts=held.experts)
     return StageMemory(params_bytes=weights, grads_bytes=grads, optimizer_bytes=optim,
                        activations_bytes=activation_bytes(model, train, plan, rank, layers, recomputed, traits),
@@ -263,7 +263,7 @@ def stage_memory_shapes_by_zero(model: ModelSpec, train: TrainSpec, plans: list[
     for rank in range(plan.pp):
         kind = (rank == first, rank == last)
         if kind not in params:
-            edge, one = rank_params_at(model, plan, 0, *kind), rank_params_at(model, plan, 1, *kind)
+            edge, one = rank_params_at(model, plan, 0, *kind, traits), rank_params_at(model, plan, 1, *kind, traits)
             params[kind] = edge.replicated, edge.experts, one.replicated - edge.replicated, one.experts - edge.experts
         ranks.append((params[kind], activation_shape(model, train, plan, rank, mb, traits)))
     out = []

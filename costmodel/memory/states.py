@@ -27,7 +27,7 @@ def optimizer_bytes_per_param(train: TrainSpec) -> int:
 def state_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
                 traits: FrameworkTraits = RUNTIME) -> tuple[float, float, float]:
     """(weights, gradients, optimizer states) on one device of pipeline rank `rank`."""
-    held = rank_params(model, plan, rank)
+    held = rank_params(model, plan, rank, traits)
     return state_bytes_for(train, plan, held.total, traits, experts=held.experts)
 
 
@@ -117,6 +117,6 @@ def expert_state_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int
                        traits: FrameworkTraits = RUNTIME) -> float:
     """The routed experts' share of a rank's weights, gradients and optimizer states (its
     num_experts/ep experts per layer, ZeRO-sharded over edp x cp): a part of state_bytes."""
-    experts = rank_params(model, plan, rank).experts
+    experts = rank_params(model, plan, rank, traits).experts
     return (sum(state_bytes_from_counts(train, plan, experts, experts / expert_dp(plan, traits), traits))
             if experts else 0.0)

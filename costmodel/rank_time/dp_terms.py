@@ -27,7 +27,7 @@ from costmodel.params import (
     layer_param_tensors,
     layer_params,
     mla_down_params,
-    moe_replicated_params,
+    moe_tp_replicated_params,
     optimized_params,
     qk_norm_params,
     rank_param_tensors,
@@ -201,16 +201,18 @@ def dp_groups(model: ModelSpec, plan: Plan, sp: Spans, held: RankParams,
     its own, the embedding and head among them: exact where every stage's layers fill whole units
     beside a root of about one unit's size, within a unit's latency otherwise."""
     if plan.ep * plan.etp == 1:
-        return [(held.total, dp_unit_layers(model, plan, traits) * layer_params(model, plan.tp), sp.dp)]
+        return [(held.total, dp_unit_layers(model, plan, traits) * layer_params(model, plan.tp, shared_expert_tp=traits.shared_expert_tp),
+                 sp.dp)]
     experts = layer_expert_params(model, plan.ep, plan.etp)
-    return [(held.replicated, layer_params(model, plan.tp, plan.ep, plan.etp) - experts, sp.dp),
+    return [(held.replicated, layer_params(model, plan.tp, plan.ep, plan.etp, traits.shared_expert_tp) - experts, sp.dp),
             (held.experts, experts, sp.edp)]
 
 
 def tp_replica_sync_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec, sp: Spans,
                       layers: int) -> float:
     """Parameters every TP rank holds whole but trains on its own share: a mixture of experts
-    (each TP rank routes its sequence shard), per-head Q/K norms (each rank's heads) and, under
+    (each TP rank routes its sequence shard; a shared expert the framework splits over TP is not
+    among them, params.moe_tp_replicated_params), per-head Q/K norms (each rank's heads) and, under
     sequence parallelism, latent attention's down-projections (each rank's sequence shard; Megatron
     all-reduces their gradients over TP as it does the norms'). Once the data-parallel reduction
     has left each rank its gradient shards (replicated ones over dp x cp, experts over edp x cp),
@@ -224,7 +226,8 @@ def tp_replica_sync_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: C
     # experts folded over TP (params.folds_ep) are each on one TP rank: their gradient group
     # (expert_dp) holds every rank with the same experts, nothing left to sum over TP
     experts = 0 if folds_ep(plan, cluster.framework) else layer_expert_params(model, plan.ep, plan.etp)
-    shard = (moe_replicated_params(model) + qk_norm_params(model) + mla) / (plan.dp * plan.cp if sharded else 1)
+    whole = moe_tp_replicated_params(model, cluster.framework.shared_expert_tp)
+    shard = (whole + qk_norm_params(model) + mla) / (plan.dp * plan.cp if sharded else 1)
     if experts:
         shard += experts / (expert_dp(plan, cluster.framework) if sharded else 1)
     return collective_time_s(Collective.ALL_REDUCE, layers * shard * train.grad_dtype.num_bytes, sp.tp, cluster)
@@ -324,7 +327,8 @@ def dp_bucket_s(model: ModelSpec, plan: Plan, term: DpTerm, cluster: ClusterSpec
     """One DP unit's collectives of a term (in each gradient group; dp_unit_layers). `groups`:
     dp_groups of a middle rank holding one layer, where the caller has them."""
     if groups is None:
-        groups = dp_groups(model, plan, sp, rank_params_at(model, plan, 1, False, False), cluster.framework)
+        groups = dp_groups(model, plan, sp, rank_params_at(model, plan, 1, False, False, cluster.framework),
+                           cluster.framework)
     return sum(dp_term_comm_s(term, unit, cluster, span, unit) for _, unit, span in groups)
 
 
@@ -334,7 +338,7 @@ def dp_exposed_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Cluste
     group), minus what hides."""
     if sp.dp.size == 1 and not plan.offload_optimizer:
         return 0.0
-    groups = dp_groups(model, plan, sp, rank_params(model, plan, rank), cluster.framework)
+    groups = dp_groups(model, plan, sp, rank_params(model, plan, rank, cluster.framework), cluster.framework)
     overlap = cluster.device.efficiency.overlap
     return sum(t.multiplier * dp_hidden_s(sum(dp_term_comm_s(t, n, cluster, span, unit) for n, unit, span in groups),
                                           dp_window_s(t, times, overlap), dp_bucket_s(model, plan, t, cluster, sp))

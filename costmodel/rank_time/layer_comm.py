@@ -59,14 +59,27 @@ def _tp_layer_comm_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Cl
                      span: AxisSpan) -> float:
     """One direction (forward or backward) of one layer: per dense block an all-reduce, or an
     all-gather + reduce-scatter with sequence parallelism (same volume, Korthikanti Sec. 4.2.2);
-    a mixture of experts routes its sequence shard without either."""
+    a mixture of experts routes its sequence shard without either, but a shared expert the
+    framework splits over TP pays a dense MLP's (_split_shared_experts)."""
     if plan.tp == 1:
         return 0.0
     out = _tp_block_collective_s(model, train, plan, cluster, span, output=True)
     gathered_bytes = FLOAT8_BYTES if _float8_gathers(plan, cluster) else None
+    widths = [_tp_input_width(model, block) for block in dense_blocks(model)]
+    widths += [model.hidden_size] * _split_shared_experts(model, plan, cluster)
     return sum(out + _tp_block_collective_s(model, train, plan, cluster, span, output=False,
-                                            width=_tp_input_width(model, block), element_bytes=gathered_bytes)
-               for block in dense_blocks(model))
+                                            width=width, element_bytes=gathered_bytes)
+               for width in widths)
+
+
+def _split_shared_experts(model: ModelSpec, plan: Plan, cluster: ClusterSpec) -> int:
+    """1 where the layer's shared expert is split over the TP group as a dense MLP
+    (costmodel.frameworks `shared_expert_tp`): Megatron-Core's SharedExpertMLP gathers its
+    sequence shard before fc1 and reduce-scatters after fc2 itself (all-reduces without SP), as
+    the dense blocks do; torchtitan's mixture does so once around router and shared expert. 0 where
+    the shared expert is whole on every TP rank over its shard, or there is none."""
+    split = plan.tp > 1 and cluster.framework.shared_expert_tp
+    return 1 if split and model.is_moe and model.shared_expert_ffn_hidden_size else 0
 
 
 def _sp_regather_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec, span: AxisSpan) -> float:
@@ -79,6 +92,7 @@ def _sp_regather_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Clus
         return 0.0
     shards = sum(1 for block in dense_blocks(model)
                  if not (model.is_mla and block.name == "attention" and model.q_lora_rank))
+    shards += _split_shared_experts(model, plan, cluster)
     return shards * _tp_block_collective_s(model, train, plan, cluster, span, output=False)
 
 

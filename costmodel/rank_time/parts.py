@@ -261,7 +261,7 @@ def _kernel_parts(model: ModelSpec, train: TrainSpec, shape: KernelKey, cluster:
     layer = layer_kernel_times(model, train, shape, dev, not fw.cp_all_gather_kv, fw.float8_casts_fused,
                                fw.cpu_kernels, fw.eager_layer, early, fw.compiled_layer,
                                not fw.vendor_attention,   # torch's SDPA: one head size
-                               fw.grouped_expert_gemm)
+                               fw.grouped_expert_gemm, fw.shared_expert_tp)
     mtp_proj_s = 0.0
     if model.mtp_depth:   # the MTP modules' 2h -> h projection, column-parallel over TP
         h = model.hidden_size
