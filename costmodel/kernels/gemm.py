@@ -171,7 +171,8 @@ def _moe_gemms_s(model: ModelSpec, train: TrainSpec, dev: DeviceProfile, tokens:
                  grouped: bool = False, fp8: bool = False, fused_casts: bool = False,
                  etp: int = 1, shared_split: int = 1) -> tuple[float, float, float]:
     """(forward, input-gradient, weight-gradient) seconds of a mixture's GEMMs, `tokens` being the
-    device's sequence shard (moe_tokens; the routed experts are never split over TP): the router, then for each of the device's num_experts/ep experts three projections over
+    device's sequence shard (moe_tokens; the routed experts are never split over TP): the
+    router, then for each of the device's num_experts/ep experts three projections over
     the rows routed to it, one GEMM each as runtime.moe runs them or, `grouped`
     (costmodel.frameworks `grouped_expert_gemm`), each projection of all local experts in one
     grouped kernel; and the shared expert with its gate. `fp8` (plan.fp8_linears, where the

@@ -215,7 +215,8 @@ def buffer_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, traits: Framewo
     if plan.pp > 1:
         total += 4 * a * _local_tokens(train, plan) * model.hidden_size / sp
     if reduces_every_micro_batch(plan, traits):
-        gathered = 2 * layer_params(model, plan.tp, plan.ep, plan.etp, traits.shared_expert_tp) * a if plan.zero_stage >= 3 else 0
+        layer = layer_params(model, plan.tp, plan.ep, plan.etp, traits.shared_expert_tp)
+        gathered = 2 * layer * a if plan.zero_stage >= 3 else 0
         total += gathered + fsdp_unit_params(model, plan, traits) * train.grad_dtype.num_bytes
     return total
 

@@ -200,11 +200,11 @@ def dp_groups(model: ModelSpec, plan: Plan, sp: Spans, held: RankParams,
     unit of several layers (dp_unit_layers) counts its collectives by the rank's parameters over
     its own, the embedding and head among them: exact where every stage's layers fill whole units
     beside a root of about one unit's size, within a unit's latency otherwise."""
+    layer = layer_params(model, plan.tp, plan.ep, plan.etp, traits.shared_expert_tp)
     if plan.ep * plan.etp == 1:
-        return [(held.total, dp_unit_layers(model, plan, traits) * layer_params(model, plan.tp, shared_expert_tp=traits.shared_expert_tp),
-                 sp.dp)]
+        return [(held.total, dp_unit_layers(model, plan, traits) * layer, sp.dp)]
     experts = layer_expert_params(model, plan.ep, plan.etp)
-    return [(held.replicated, layer_params(model, plan.tp, plan.ep, plan.etp, traits.shared_expert_tp) - experts, sp.dp),
+    return [(held.replicated, layer - experts, sp.dp),
             (held.experts, experts, sp.edp)]
 
 
