@@ -205,7 +205,7 @@ def offloads(plan: Plan) -> bool:
 def host_state_bytes_per_rank(model: ModelSpec, train: TrainSpec, plan: Plan,
                               traits: FrameworkTraits = RUNTIME) -> list[float]:
     """Host memory of one device of each pipeline rank for its offloaded ZeRO shard's states."""
-    return [host_state_bytes(train, plan, rank_params(model, plan, r).zero_shard(plan, traits)) for r in range(plan.pp)]
+    return [host_state_bytes(train, plan, rank_params(model, plan, r, traits).zero_shard(plan, traits)) for r in range(plan.pp)]
 
 
 def host_budgets_bytes(plan: Plan, cluster: ClusterSpec) -> list[float]:
@@ -253,7 +253,7 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
     # them once a step (rank_time.grad_accumulation_s), and FSDP's reduce and gathers where a
     # one-replica plan is wrapped (rank_time.one_replica_fsdp_parts_s); the rank that finishes
     # last sets all five
-    held = [rank_params(model, plan, r) for r in range(plan.pp)]
+    held = [rank_params(model, plan, r, cluster.framework) for r in range(plan.pp)]
     accumulate = [grad_accumulation_s(model, train, plan, views[r], held[r], plan.layers_on_rank(r))
                   for r in range(plan.pp)]
     fsdp = [one_replica_fsdp_parts_s(model, train, plan, views[r], held[r], plan.layers_on_rank(r))

@@ -46,7 +46,7 @@ def stage_costs(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Cluster
         # backward in the weight slot: the graph waits, no output gradients are captured
         if first:
             return 0.0
-        return (weight_grad_output_bytes(model, train, plan) * layers
+        return (weight_grad_output_bytes(model, train, plan, cluster.framework) * layers
                 + edge_weight_grad_output_bytes(model, train, plan, first, last))
 
     # torch's multi-stage runner keeps every send until the step ends (costmodel.frameworks)

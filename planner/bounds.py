@@ -91,9 +91,11 @@ def _after_pipeline_floor_s(model: ModelSpec, train: TrainSpec, cluster: Cluster
         # it might, the floor stays below
         experts = layer_expert_params(model)
         folded = cluster.framework.ep_folds_over_tp and tp > 1 and ep * etp > 1
-        per_layer = (layer_params(model, tp) - experts) / group + experts / (group * (tp if folded else 1))
+        shared_tp = cluster.framework.shared_expert_tp
+        per_layer = (layer_params(model, tp, shared_expert_tp=shared_tp) - experts) / group \
+            + experts / (group * (tp if folded else 1))
     else:
-        per_layer = layer_params(model, tp, ep, etp)
+        per_layer = layer_params(model, tp, ep, etp, cluster.framework.shared_expert_tp)
     fixed = dp_s + step_host_s(train, cluster.device)   # after the pipeline, as costmodel.rank_time.after_pipeline_s
     if offload:   # offloaded states step on the host (costmodel.rank_time.after_pipeline_s)
         return fixed + host_optimizer_step_s(model.num_layers * per_layer / pp, train, cluster)
@@ -151,7 +153,8 @@ def states_floor(model: ModelSpec, train: TrainSpec, plan: Plan, reserved_bytes:
     experts = layer_expert_params(model, plan.ep, plan.etp)
     per_param = sum(state_bytes_for(train, plan, 1.0, traits))
     per_expert = sum(state_bytes_for(train, plan, 1.0, traits, experts=1.0))
-    per_layer = per_param * (layer_params(model, plan.tp, plan.ep, plan.etp) - experts) + per_expert * experts
+    per_layer = (per_param * (layer_params(model, plan.tp, plan.ep, plan.etp, traits.shared_expert_tp) - experts)
+                 + per_expert * experts)
     return AffineBytes(base=reserved_bytes, per_layer=per_layer, per_recomputed=0.0, jump=0.0)
 
 

@@ -98,7 +98,7 @@ def _time_shape(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
     """(t, f, opt, dp) of a rank: the same on every rank in the middle of the pipeline."""
     edge_times = rtm.at(0, 0, first, last)
     t, f = _pipeline_rows(rtm, plan, edge_times)
-    held = {L: rank_params_at(model, plan, L, first, last) for L in (0, 1, 2)}
+    held = {L: rank_params_at(model, plan, L, first, last, cluster.framework) for L in (0, 1, 2)}
     sp = spans(plan, cluster)
     # what a rank does after the pipeline: a TP-replicated mixture's gradient sync, then the
     # optimizer and the step's host work; and its gradient accumulation and a one-replica plan's
@@ -130,7 +130,8 @@ def _dp_shape(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pl
     sp = spans(plan, cluster)
     if sp.dp.size == 1 and not plan.offload_optimizer:   # offloaded states copy even alone
         return []
-    groups = dp_groups(model, plan, sp, rank_params_at(model, plan, 1, False, False), cluster.framework)
+    groups = dp_groups(model, plan, sp, rank_params_at(model, plan, 1, False, False, cluster.framework),
+                       cluster.framework)
     out = []
     for term in dp_terms(model, train, plan, cluster):
         coeffs = []

@@ -184,3 +184,28 @@ def test_a_group_s_floors_are_below_each_of_its_candidates_bounds(model_name, cl
                         assert pipeline[v] + after[z] <= pipe + timed.zero_floors_s[z]
                         checked += 1
     assert checked > 100
+
+
+@pytest.mark.parametrize("framework", ["planner", "megatron-core", "torchtitan"])
+@pytest.mark.parametrize("zero", [0, 1, 3])
+def test_the_states_floor_is_below_every_rank_s_memory_with_a_shared_expert(framework, zero):
+    """planner.bounds.states_floor (which prunes a choice before its activations are priced) and
+    the optimizer floor read the shared expert as the framework holds it: split over TP under
+    Megatron-Core and torchtitan (costmodel.frameworks shared_expert_tp), whole under our runtime."""
+    from costmodel.frameworks import framework_traits
+    from costmodel.memory import stage_memory_shapes
+    from costmodel.rank_time import after_pipeline_s, spans
+    from costmodel.params import rank_params
+    from planner.bounds import optimizer_floor_s, states_floor
+    traits = framework_traits(framework)
+    model = resolve_model("deepseek-v2-lite")
+    cluster = dataclasses.replace(parse_cluster("2x8xH100"), framework=traits)
+    plan = build_plan(model, TRAIN, cluster, Choice(tp=4, pp=2, ep=2, zero_stage=zero, recompute=Recompute.FULL))
+    floor = states_floor(model, TRAIN, plan, 0.0, traits)
+    for shape in stage_memory_shapes(model, TRAIN, plan, 0.0, traits):
+        assert floor.per_layer <= shape.per_layer + shape.per_recomputed
+    sp = spans(plan, cluster)
+    steps = [sum(after_pipeline_s(model, TRAIN, plan, cluster, sp, rank_params(model, plan, r, traits),
+                                  plan.layers_on_rank(r))) for r in range(plan.pp)]
+    assert optimizer_floor_s(model, TRAIN, cluster, plan.tp, plan.pp, plan.dp * plan.cp, zero, plan.ep) \
+        <= max(steps) * (1 + 1e-12)
