@@ -194,8 +194,8 @@ def test_the_states_floor_is_below_every_rank_s_memory_with_a_shared_expert(fram
     Megatron-Core and torchtitan (costmodel.frameworks shared_expert_tp), whole under our runtime."""
     from costmodel.frameworks import framework_traits
     from costmodel.memory import stage_memory_shapes
-    from costmodel.rank_time import after_pipeline_s, spans
     from costmodel.params import rank_params
+    from costmodel.rank_time import after_pipeline_s, spans
     from planner.bounds import optimizer_floor_s, states_floor
     traits = framework_traits(framework)
     model = resolve_model("deepseek-v2-lite")
