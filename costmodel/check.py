@@ -56,9 +56,7 @@ def check_structure(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
     placed = not problems
     problems += tp_problems(model, plan.tp)
     problems += cp_problems(model, train, plan.cp)
-    if model.mtp_depth and plan.cp > 1 and not cluster.framework.mtp_with_cp:
-        add(f"cp={plan.cp} with multi-token prediction: {cluster.framework.name} does not shift its labels "
-            "across the context-parallel chunks (Megatron-Core does: --framework megatron)")
+    problems += mtp_cp_problems(model, plan.cp, cluster.framework)
     problems += ep_problems(model, plan.ep, dp=plan.dp, tp=plan.tp, cp=plan.cp, pp=plan.pp,
                             order=plan.mesh_axis_order, traits=cluster.framework, etp=plan.etp)
     if plan.sequence_parallel:
@@ -111,6 +109,15 @@ def cp_problems(model: ModelSpec, train: TrainSpec, cp: int) -> list[str]:
     # runtime.context_parallel cuts each sequence into 2·cp chunks (causal load balance)
     return [f"cp={cp} needs seq_len {train.seq_len} to split into 2*cp = {2 * cp} equal chunks"] \
         if cp > 1 and train.seq_len % (2 * cp) else []
+
+
+def mtp_cp_problems(model: ModelSpec, cp: int, traits: FrameworkTraits) -> list[str]:
+    """Multi-token prediction shifts its labels by one token per depth; under context parallelism
+    the shift crosses the CP chunks, which only a framework that exchanges them runs."""
+    if model.mtp_depth and cp > 1 and not traits.mtp_with_cp:
+        return [f"cp={cp} with multi-token prediction: {traits.name} does not shift its labels "
+                "across the context-parallel chunks (Megatron-Core does: --framework megatron)"]
+    return []
 
 
 def etp_problems(model: ModelSpec, etp: int, traits: FrameworkTraits) -> list[str]:

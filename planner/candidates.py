@@ -16,6 +16,7 @@ from costmodel.check import (
     ep_problems,
     fp8_problems,
     moe_tp_problem,
+    mtp_cp_problems,
     offload_problems,
     sp_problems,
     tp_problems,
@@ -220,6 +221,9 @@ def placement_groups(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, o
     listed = itertools.count()
     mine = lambda: next(listed) % count == index  # noqa: E731
     for tp, cp in _tp_cp(model, train, cluster, options):
+        if refused := mtp_cp_problems(model, cp, cluster.framework):   # none of its choices is a plan
+            prune(refused[0].split(" (")[0][:60])
+            continue
         for pp in allowed(options, "pp", [p for p in divisors(world // (tp * cp)) if p <= L]):
             dp = world // (tp * cp * pp)
             if train.global_batch_size % dp:

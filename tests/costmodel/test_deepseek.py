@@ -235,3 +235,11 @@ def test_multi_token_prediction_under_cp_is_refused_where_the_labels_do_not_cros
         plan = build_plan(model, train, cluster, Choice(cp=2, dp=2))
         found = [p for p in check_structure(model, train, cluster, plan) if "multi-token prediction" in p]
         assert bool(found) is refused, (framework, found)
+    # the search lists no such choice (it would only be refused later), and says why once per cp
+    from planner.candidates import SearchOptions, placement_groups
+    for framework, refused in (("planner", True), ("megatron-core", False)):
+        cluster = run_by(parse_cluster("1x4xH100"), FRAMEWORKS[framework])
+        reasons: list[str] = []
+        cps = {g.base.cp for g in placement_groups(model, train, cluster, SearchOptions(), reasons.append)}
+        assert (cps == {1}) is refused and (max(cps) > 1) is not refused, (framework, cps)
+        assert bool([r for r in reasons if "multi-token prediction" in r]) is refused
