@@ -158,40 +158,54 @@ def states_floor(model: ModelSpec, train: TrainSpec, plan: Plan, reserved_bytes:
     return AffineBytes(base=reserved_bytes, per_layer=per_layer, per_recomputed=0.0, jump=0.0)
 
 
-def min_total_recompute(memory: list[AffineBytes], plan: Plan, caps: Sequence[float], total: int) -> float:
+def _columns(memory: list[AffineBytes], caps: Sequence[float]) -> np.ndarray:
+    """[rank, 5]: each rank's base, per layer, per recomputed layer, jump and budget."""
+    return np.array([(m.base, m.per_layer, m.per_recomputed, m.jump, cap) for m, cap in zip(memory, caps)])
+
+
+def min_total_recompute(memory: list[AffineBytes], plan: Plan, caps: Sequence[float], total: int,
+                        columns: np.ndarray | None = None) -> float:
     """Lower bound on sum(n_r) over all splits (continuous relaxation). A rank's need for
     recomputed layers is convex in its layer count (zero until memory binds, then linear), so the
     cheapest way to place the layers beyond vpp per rank takes the smallest per-layer increments
-    over all ranks: sum of needs at vpp layers + the (total - vpp·pp) smallest increments."""
-    col = lambda name: np.array([getattr(mem, name) for mem in memory])[:, None]  # noqa: E731
-    per_rc = col("per_recomputed")
-    over = col("base") + col("per_layer") * np.arange(plan.vpp, total + 1)[None, :] - np.asarray(caps)[:, None]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        need = np.where(over <= 0, 0.0, np.where(per_rc < 0, (over + col("jump")) / -per_rc, np.inf))
+    over all ranks: sum of needs at vpp layers + the (total - vpp·pp) smallest increments.
+    `columns`: `_columns(memory, caps)`, where the caller has them."""
     extra = total - plan.vpp * plan.pp
     if extra < 0:
         return math.inf
+    c = _columns(memory, caps) if columns is None else columns
+    base, per_layer, per_rc, jump, cap = (c[:, i:i + 1] for i in range(5))
+    over = base + per_layer * np.arange(plan.vpp, total + 1)[None, :] - cap
+    # a rank that must recompute needs (over + jump) / -per_rc layers of it; none can help where
+    # recomputing frees nothing (per_rc >= 0)
+    frees = per_rc < 0
+    need = np.where(over <= 0, 0.0, np.where(frees, (over + jump) / np.where(frees, -per_rc, 1.0), np.inf))
     start = float(need[:, 0].sum())
     if extra == 0 or math.isinf(start):
         return start
-    with np.errstate(invalid="ignore"):  # inf - inf where a rank can never hold that many
-        steps = np.where(np.isfinite(need[:, 1:]), np.diff(need, axis=1), np.inf).ravel()
+    # each rank's increments; inf where a rank can never hold that many (-inf where it could
+    # hold more but not fewer, which no memory shape does)
+    finite = np.isfinite(need)
+    held = np.where(finite, need, 0.0)
+    steps = np.where(finite[:, 1:], np.where(finite[:, :-1], held[:, 1:] - held[:, :-1], -np.inf), np.inf).ravel()
     return start + float(np.partition(steps, extra - 1)[:extra].sum())
 
 
-def least_recomputed(memory: list[AffineBytes], caps: Sequence[float], recompute: bool, total: int) -> np.ndarray:
+def least_recomputed(memory: list[AffineBytes], caps: Sequence[float], recompute: bool, total: int,
+                     columns: np.ndarray | None = None) -> np.ndarray:
     """[rank, L] for L = 0..total layers on the rank: the fewest recomputed layers that make them
-    fit (-1 where none does). Memory falls by per_rc per recomputed layer after a one-off jump."""
-    col = lambda name: np.array([getattr(mem, name) for mem in memory])[:, None]  # noqa: E731
-    per_rc, jump = col("per_recomputed"), col("jump")
+    fit (-1 where none does). Memory falls by per_rc per recomputed layer after a one-off jump.
+    `columns`: `_columns(memory, caps)`, where the caller has them."""
+    c = _columns(memory, caps) if columns is None else columns
+    base, per_layer, per_rc, jump, cap = (c[:, i:i + 1] for i in range(5))
     layers = np.arange(total + 1)[None, :]
-    over = col("base") + col("per_layer") * layers - np.asarray(caps)[:, None]
+    over = base + per_layer * layers - cap
     need = np.where(over <= 0, 0, -1)
     if recompute:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            # 1e-9: the CP-SAT model and estimate() round differently at the very edge
-            n = np.maximum(1, np.ceil((over + jump) / -per_rc - 1e-9))
-        need = np.where((over > 0) & (per_rc < 0) & (n <= layers), n, need)
+        frees = per_rc < 0
+        # 1e-9: the CP-SAT model and estimate() round differently at the very edge
+        n = np.maximum(1, np.ceil((over + jump) / np.where(frees, -per_rc, 1.0) - 1e-9))
+        need = np.where((over > 0) & frees & (n <= layers), n, need)
     return need
 
 
@@ -209,9 +223,14 @@ class MemoryFit:
         self._plan, self._total = plan, total
 
     @functools.cached_property
+    def _columns(self) -> np.ndarray:
+        return _columns(self.memory, self.caps)
+
+    @functools.cached_property
     def least_recomputed(self) -> np.ndarray:
         """[rank, L]: see `least_recomputed` (meaningful when it fits)."""
-        return least_recomputed(self.memory, self.caps, self._plan.recompute is not Recompute.NONE, self._total)
+        return least_recomputed(self.memory, self.caps, self._plan.recompute is not Recompute.NONE, self._total,
+                                self._columns)
 
     @functools.cached_property
     def min_recomputed(self) -> float:
@@ -221,7 +240,7 @@ class MemoryFit:
         if self._plan.recompute is Recompute.NONE:   # a split fits (exact), each rank recomputing none
             return 0.0
         floor = 1.0
-        return max(min_total_recompute(self.memory, self._plan, self.caps, self._total), floor)
+        return max(min_total_recompute(self.memory, self._plan, self.caps, self._total, self._columns), floor)
 
 
 def min_max_time_s(ts: list[tuple], plan: Plan, fit: MemoryFit, total: int) -> float:
@@ -231,8 +250,8 @@ def min_max_time_s(ts: list[tuple], plan: Plan, fit: MemoryFit, total: int) -> f
     holds at most max{L : t_min(L) <= T} layers, and T is feasible when those sum to `total`.
     `ts`: per rank, (t0, t1, t2) of RankShape.t (a mixed cluster's groups differ in all three)."""
     need = fit.least_recomputed
-    col = lambda i: np.array([t[i] for t in ts])[:, None]  # noqa: E731
-    t = col(0) + col(1) * np.arange(total + 1)[None, :] + col(2) * need
+    c = np.array(ts)
+    t = c[:, 0:1] + c[:, 1:2] * np.arange(total + 1)[None, :] + c[:, 2:3] * need
     t = np.where(need >= 0, t, np.inf)
     t[:, :plan.vpp] = np.inf  # every virtual stage holds a layer
     # t[r, L]: fastest way for rank r to hold at least L layers, nondecreasing in L. Within T,
