@@ -319,7 +319,7 @@ def _examine(shared: SharedModels, stats: SearchStats, base: Choice, zero: int, 
     if not est.fits:  # integer rounding at the very edge
         return None
     stats.num_feasible += 1
-    return Found(plan=concrete, estimate=est)
+    return Found(plan=concrete, estimate=est, alternatives=shared.zero1_twin(concrete))
 
 
 def _rules(options: SearchOptions) -> SplitRules:

@@ -20,7 +20,7 @@ from typing import Iterable, Iterator
 
 from costmodel.plan import Plan, Schedule
 from planner.bounds import MemoryFit, time_floor_s
-from planner.candidates import STATE_OPTIONS, Group, states_for_group
+from planner.candidates import Group
 from planner.search_state import SearchStats, SharedModels
 from planner.space import Choice
 
@@ -72,12 +72,8 @@ class Queue:
         heapq.heapify(self.heap)
 
     def _zeros(self, base: Choice) -> list[int]:
-        """The state placements (STATE_OPTIONS indices) the choice takes: ZeRO needs a group to
-        shard over (without one stages 1 and 2 are stage 0's plan; ZeRO-3 still frees the
-        gathered copies after forward, offloading still moves states to the host)."""
-        sharded = base.dp * base.cp > 1
-        return [i for i, (o, ok) in enumerate(zip(STATE_OPTIONS, self.shared.zero_allowed))
-                if ok and states_for_group(o, sharded)]
+        """The state placements (STATE_OPTIONS indices) the choice takes (SharedModels.placements)."""
+        return self.shared.placements(base)
 
     def in_order(self) -> Iterator[Candidate]:
         """Candidates by bound; the caller stops once one reaches its cutoff."""

@@ -9,7 +9,7 @@ from costmodel.check import check_structure
 from costmodel.estimate import Estimate
 from costmodel.groups import rank_caps_bytes, rank_groups, views
 from costmodel.hardware import ClusterSpec
-from costmodel.memory import stage_memory_shapes_by_zero
+from costmodel.memory import keeps_whole_grads_under_pp, stage_memory_shapes_by_zero
 from costmodel.plan import Plan, Schedule
 from costmodel.rank_time import RankTimeModel, Spans, fastest_of, rank_time_model, spans
 from costmodel.rank_time.parts import TimeShape, rank_time_parts
@@ -89,6 +89,11 @@ class SharedModels:
     def __init__(self, model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: SearchOptions) -> None:
         self.model, self.train, self.cluster, self.options = model, train, cluster, options
         self.zero_allowed = states_allowed(options, cluster)   # per STATE_OPTIONS entry
+        # ZeRO-2 under a pipeline whose framework keeps whole gradients prices as ZeRO-1
+        # (costmodel.memory.keeps_whole_grads_under_pp): where the search takes ZeRO-1 too, ZeRO-2
+        # is named as its alternative (`zero1_twin`), not searched again
+        one, two = STATE_OPTIONS.index(States(1, False)), STATE_OPTIONS.index(States(2, False))
+        self._twin = (one, two) if self.zero_allowed[one] and self.zero_allowed[two] else None
         self._times: dict[tuple, TimedChoice] = {}
         self._zero: dict[tuple, float] = {}
         self._memory: dict[tuple, tuple[MemoryFit, Plan]] = {}
@@ -103,6 +108,22 @@ class SharedModels:
         self._optimizer: dict[tuple, tuple[float, ...]] = {}
         self._parts = rank_time_parts(model, train, cluster)
         self.splits: dict = {}   # planner.partition.solve_split's answers, by the split model
+
+    def placements(self, base: Choice) -> list[int]:
+        """The state placements (STATE_OPTIONS indices) the search takes for the choice: ZeRO
+        needs a group to shard over (states_for_group), and ZeRO-2 is ZeRO-1's alternative where
+        it prices alike."""
+        sharded = base.dp * base.cp > 1
+        skip = self._twin[1] if self._twin and keeps_whole_grads_under_pp(base.pp, self.cluster.framework) else None
+        return [i for i, (o, ok) in enumerate(zip(STATE_OPTIONS, self.zero_allowed))
+                if ok and i != skip and states_for_group(o, sharded)]
+
+    def zero1_twin(self, plan: Plan) -> tuple[Plan, ...]:
+        """(the plan under ZeRO-2,) where it was left out for pricing as this ZeRO-1 plan."""
+        if (self._twin and plan.zero_stage == 1 and not plan.offload_optimizer
+                and keeps_whole_grads_under_pp(plan.pp, self.cluster.framework)):
+            return (replace(plan, zero_stage=2),)
+        return ()
 
     def time_model(self, base: Choice) -> "TimedChoice":
         """`base`: a choice with one virtual stage and no schedule (time_groups)."""
@@ -198,9 +219,8 @@ class SharedModels:
         are never priced."""
         key = lambda i: self._memory_key(base, plan.vpp, plan.schedule, i)  # noqa: E731
         current = STATE_OPTIONS.index(States(plan.zero_stage, plan.offload_optimizer))
-        sharded = base.dp * base.cp > 1
-        indices = [i for i, o in enumerate(STATE_OPTIONS) if key(i) not in self._memory
-                   and (i == current or (self.zero_allowed[i] and states_for_group(o, sharded)))]
+        taken = self.placements(base)
+        indices = [i for i in range(len(STATE_OPTIONS)) if key(i) not in self._memory and (i == current or i in taken)]
         # the placements differ only in where states live: one cap per rank for all of them
         caps, L, traits = rank_caps_bytes(plan, self.cluster), self.model.num_layers, self.cluster.framework
         floors = {i: self._states_fit(base, i, plan, caps) for i in indices}

@@ -33,6 +33,7 @@ from costmodel.memory.states import (
     ADAM_MOMENT_BYTES,
     expert_state_bytes,
     host_state_bytes,
+    keeps_whole_grads_under_pp,
     optimizer_bytes_per_param,
     reduces_every_micro_batch,
     runtime_wraps_in_fsdp,
@@ -50,5 +51,5 @@ __all__ = [
     "logits_held_bytes", "loss_vocab", "micro_batch_activation_bytes", "optimizer_bytes_per_param",
     "reduces_every_micro_batch", "runtime_wraps_in_fsdp", "send_bytes", "stage_memory", "stage_memory_at",
     "stage_memory_shapes", "stage_memory_shapes_by_zero", "state_bytes", "state_bytes_for",
-    "state_bytes_from_counts", "unsharded_between_micro_batches", "weight_grad_input_bytes",
+    "state_bytes_from_counts", "unsharded_between_micro_batches", "keeps_whole_grads_under_pp", "weight_grad_input_bytes",
     "weight_grad_output_bytes"]

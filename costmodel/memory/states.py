@@ -39,10 +39,19 @@ def runtime_wraps_in_fsdp(plan: Plan, train: TrainSpec) -> bool:
                 and not plan.offload_optimizer)
 
 
+def keeps_whole_grads_under_pp(pp: int, traits: FrameworkTraits) -> bool:
+    """Whether the framework keeps a pipeline's full gradients until its last micro-batch
+    whatever the ZeRO stage (costmodel.frameworks `sharded_grads_under_pp`: torch pipelining over
+    FSDP2). ZeRO-2 then holds and moves exactly what ZeRO-1 does: every difference between the two
+    in this package goes through `unsharded_between_micro_batches` (tests/costmodel/test_memory.py
+    checks whole estimates alike), and the search names one as the other's alternative."""
+    return pp > 1 and not traits.sharded_grads_under_pp
+
+
 def unsharded_between_micro_batches(plan: Plan, traits: FrameworkTraits) -> bool:
     """ZeRO-2/3 under a pipeline whose framework keeps full gradients (and ZeRO-3's gathered
     weights) until the last micro-batch (costmodel.frameworks: torch pipelining over FSDP2)."""
-    return plan.pp > 1 and plan.zero_stage >= 2 and not traits.sharded_grads_under_pp
+    return plan.zero_stage >= 2 and keeps_whole_grads_under_pp(plan.pp, traits)
 
 
 def reduces_every_micro_batch(plan: Plan, traits: FrameworkTraits) -> bool:

@@ -167,3 +167,32 @@ def test_deferred_weight_passes_bound_the_simulated_ones(schedule, pp, m, vpp):
         assert deferred == pytest.approx(deferred_weight_passes(plan, r) * vpp)
         closed = (in_flight_micro_batches(plan, r) + 0.5 * deferred_weight_passes(plan, r)) * vpp
         assert both <= closed + 1e-9
+
+
+@pytest.mark.parametrize("framework", ["planner", "torchtitan", "megatron-core"])
+@pytest.mark.parametrize("model_name,choice", [
+    ("llama2-13b", Choice(tp=2, pp=4, recompute=Recompute.SELECTIVE, micro_batch_size=2)),
+    ("llama2-13b", Choice(tp=1, pp=2, vpp=2, schedule=Schedule.INTERLEAVED, recompute=Recompute.FULL)),
+    ("llama2-13b", Choice(tp=2, pp=2, schedule=Schedule.ZB_H1)),
+    ("mixtral-8x7b", Choice(tp=2, pp=2, ep=2, recompute=Recompute.FULL)),
+    ("deepseek-v2-lite", Choice(tp=2, pp=2, ep=2, recompute=Recompute.FULL)),
+])
+def test_zero2_prices_as_zero1_where_a_pipeline_keeps_whole_gradients(framework, model_name, choice):
+    """costmodel.memory.keeps_whole_grads_under_pp: there the whole estimate of a ZeRO-2 plan
+    (time and memory, part by part, every rank) is its ZeRO-1 twin's, which the search relies on
+    (it names ZeRO-2 as ZeRO-1's alternative); a framework that shards gradients between
+    micro-batches (Megatron-Core) prices them apart."""
+    import dataclasses
+
+    from costmodel.estimate import estimate
+    from costmodel.memory import keeps_whole_grads_under_pp
+    from costmodel.registry import resolve_model
+    traits = framework_traits(framework)
+    cluster = dataclasses.replace(parse_cluster("2x8xH100"), framework=traits)
+    model, train = resolve_model(model_name), TrainSpec(seq_len=4096, global_batch_size=64)
+    z1, z2 = (estimate(model, train, cluster, build_plan(model, train, cluster,
+                                                           dataclasses.replace(choice, zero_stage=z)))
+              for z in (1, 2))
+    alike = (z1.step_time_s, z1.peak_memory_bytes, z1.time_breakdown_s, z1.memory_breakdown_bytes) == \
+        (z2.step_time_s, z2.peak_memory_bytes, z2.time_breakdown_s, z2.memory_breakdown_bytes)
+    assert alike is keeps_whole_grads_under_pp(choice.pp, traits), framework
