@@ -4,8 +4,9 @@ Each half (every other group of planner.search_order, in listing order) is its o
 and bound with its own cutoff, the K-th best of its own plans: a cutoff no tighter than the
 whole search's would be, so each half examines every plan of its share that one search over
 the whole space would, and the best plans of the two together are the best of the space. The
-halves are the same on every machine: where there is no fork (or no second core) they run one
-after the other, with the same answer.
+halves are the same on every machine: where there is no fork (or no second core), or where
+PLANNER_SEARCH_PROCESSES=1 asks for one process (the test suite's workers, which keep every core
+busy already), they run one after the other, with the same answer.
 """
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import signal
 import sys
 import traceback
 from typing import Callable, TypeVar
+
+from costmodel.inputs import UserError
 
 T = TypeVar("T")
 HALVES = 2
@@ -47,7 +50,10 @@ def in_halves(run_half: Callable[[int], T]) -> list[T]:
 
 
 def _forks() -> bool:
-    return sys.platform == "linux" and (os.cpu_count() or 1) >= 2
+    processes = os.environ.get("PLANNER_SEARCH_PROCESSES", "2").strip()
+    if processes not in ("1", "2"):
+        raise UserError(f"PLANNER_SEARCH_PROCESSES={processes!r}: the search runs in 1 or 2 processes")
+    return sys.platform == "linux" and (os.cpu_count() or 1) >= 2 and processes == "2"
 
 
 def _child(run_half: Callable[[int], object], write_fd: int) -> None:

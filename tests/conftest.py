@@ -45,6 +45,8 @@ def train_4k():
 # it runs with no other test at once. The others share. A turnstile lock keeps a waiting `alone`
 # test from being starved by the other worker's stream of shared ones.
 _RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+if _RUN is not None:   # the workers keep every core busy: each search in one process (planner.halves)
+    os.environ.setdefault("PLANNER_SEARCH_PROCESSES", "1")
 
 
 @contextmanager

@@ -2,6 +2,7 @@
 platform forks, with the same answer as one after the other; its failure is raised as a bug, and
 an error in the parent ends it."""
 import os
+import sys
 import time
 
 import pytest
@@ -13,7 +14,14 @@ from planner import halves
 from planner.candidates import SearchOptions
 from planner.search import search
 
-forks = pytest.mark.skipif(not halves._forks(), reason="no fork or a single core: the halves run one after the other")
+forks = pytest.mark.skipif(not (sys.platform == "linux" and (os.cpu_count() or 1) >= 2),
+                           reason="no fork or a single core: the halves run one after the other")
+
+
+@pytest.fixture(autouse=True)
+def two_processes(monkeypatch):
+    """The suite's workers run each search in one process (tests/conftest.py); these ask for two."""
+    monkeypatch.setenv("PLANNER_SEARCH_PROCESSES", "2")
 
 
 @forks
@@ -65,3 +73,13 @@ def test_forked_halves_give_the_answer_of_one_process(monkeypatch, model_name, c
     assert [f.plan for f in forked.evaluated] == [f.plan for f in alone.evaluated]
     assert forked.stats.to_dict() | {"wall_s": 0} == alone.stats.to_dict() | {"wall_s": 0}
     assert forked.stats.optimal
+
+
+def test_the_process_count_is_one_or_two(monkeypatch):
+    from costmodel.inputs import UserError
+    monkeypatch.setenv("PLANNER_SEARCH_PROCESSES", "1")
+    assert not halves._forks()
+    assert halves.in_halves(lambda i: (i, os.getpid())) == [(0, os.getpid()), (1, os.getpid())]
+    monkeypatch.setenv("PLANNER_SEARCH_PROCESSES", "4")
+    with pytest.raises(UserError, match="PLANNER_SEARCH_PROCESSES='4': the search runs in 1 or 2 processes"):
+        halves.in_halves(lambda i: i)

@@ -51,14 +51,22 @@ CASES = {
 }
 
 
+# the gradient scale of each kind of expert group (edp of one rank, of two, of the TP replicas):
+# a scale off by 0.1 % passes the parameter check and fails this one
+GRADIENT_CASES = {"etp2_ep2_tp2_dp2", "etp2_ep2_tp2_dp4_zero3", "etp2_ep1_tp2_dp2", "etp2_ep1_dp2"}
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_expert_tensor_parallel_matches_single_process(name):
-    """Every step's loss and every parameter after three SGD steps within 1e-5 relative; and every
-    parameter's gradient of the first step within 1e-4 of its largest element."""
+    """Every step's loss and every parameter after three SGD steps within 1e-5 relative; and, for
+    each kind of expert gradient group, every parameter's gradient of the first step within 1e-4
+    of its largest element."""
     choice, world, kwargs = CASES[name]
     pf = plan_file(choice, world=world, **kwargs)
     assert pf.plan.etp == 2 and pf.plan.num_micro_batches >= 2   # gradients accumulate
     assert_parity(pf)
+    if name not in GRADIENT_CASES:
+        return
     start = _initial_params(pf)
     want = _gradients(start, reference(pf, steps=1, lr=GRAD_LR)[1])
     got = _gradients(start, distributed(pf, steps=1, lr=GRAD_LR)["params"])
