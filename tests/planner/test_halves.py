@@ -47,7 +47,8 @@ def test_an_error_in_the_first_half_ends_the_second(tmp_path):
 
     def run(i):
         if i == 1:
-            marker.write_text(str(os.getpid()))
+            (tmp_path / "writing").write_text(str(os.getpid()))
+            os.replace(tmp_path / "writing", marker)   # whole when the parent sees it
             time.sleep(60)
             return i
         while not marker.exists():
