@@ -56,7 +56,7 @@ class Queue:
             if time.perf_counter() > deadline:   # a space too large to list within the limit: no bound
                 stats.optimal, stats.enumerated = False, False
                 break
-            zeros = self._zeros(group.base)
+            zeros = shared.placements(group.base)
             if not zeros:   # the constraints leave it no state placement
                 continue
             count = len(group.orders) * len(group.variants) * len(zeros)
@@ -70,10 +70,6 @@ class Queue:
             floor = min(pipeline) + min(after[z] for z in zeros)
             self.heap.append((floor, _GROUP, (index,), (group, pipeline, after, zeros)))
         heapq.heapify(self.heap)
-
-    def _zeros(self, base: Choice) -> list[int]:
-        """The state placements (STATE_OPTIONS indices) the choice takes (SharedModels.placements)."""
-        return self.shared.placements(base)
 
     def in_order(self) -> Iterator[Candidate]:
         """Candidates by bound; the caller stops once one reaches its cutoff."""
