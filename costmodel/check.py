@@ -57,6 +57,7 @@ def check_structure(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
     problems += tp_problems(model, plan.tp)
     problems += cp_problems(model, train, plan.cp)
     problems += mtp_cp_problems(model, plan.cp, cluster.framework)
+    problems += shared_expert_tp_problems(model, plan.tp, cluster.framework)
     problems += ep_problems(model, plan.ep, dp=plan.dp, tp=plan.tp, cp=plan.cp, pp=plan.pp,
                             order=plan.mesh_axis_order, traits=cluster.framework, etp=plan.etp)
     if plan.sequence_parallel:
@@ -109,6 +110,16 @@ def cp_problems(model: ModelSpec, train: TrainSpec, cp: int) -> list[str]:
     # runtime.context_parallel cuts each sequence into 2·cp chunks (causal load balance)
     return [f"cp={cp} needs seq_len {train.seq_len} to split into 2*cp = {2 * cp} equal chunks"] \
         if cp > 1 and train.seq_len % (2 * cp) else []
+
+
+def shared_expert_tp_problems(model: ModelSpec, tp: int, traits: FrameworkTraits) -> list[str]:
+    """A framework that splits the shared expert over the TP group (`shared_expert_tp`:
+    Megatron-Core's column-parallel fc1 divides its width by tp, as torchtitan's colwise split)."""
+    width = model.shared_expert_ffn_hidden_size
+    if traits.shared_expert_tp and width and width % tp:
+        return [f"tp={tp} does not divide the shared expert's width {width}, which {traits.name} splits over "
+                "tensor-parallel ranks"]
+    return []
 
 
 def mtp_cp_problems(model: ModelSpec, cp: int, traits: FrameworkTraits) -> list[str]:

@@ -18,6 +18,7 @@ from costmodel.check import (
     moe_tp_problem,
     mtp_cp_problems,
     offload_problems,
+    shared_expert_tp_problems,
     sp_problems,
     tp_problems,
 )
@@ -274,7 +275,8 @@ def _tp_cp(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: Se
     """The tensor- and context-parallel degrees the space holds."""
     world = cluster.world_size
     max_tp = options.max_tp or cluster.devices_per_node
-    tp_all = [t for t in divisors(world) if t <= max(max_tp, options.fixed.get("tp", 0)) and not tp_problems(model, t)]
+    tp_all = [t for t in divisors(world) if t <= max(max_tp, options.fixed.get("tp", 0)) and not tp_problems(model, t)
+              and not shared_expert_tp_problems(model, t, cluster.framework)]
     for tp in allowed(options, "tp", tp_all):
         cp_all = [c for c in divisors(world // tp) if c <= MAX_CP and not cp_problems(model, train, c)]
         for cp in allowed(options, "cp", cp_all):

@@ -155,3 +155,19 @@ def test_saved_tensors_under_sp_are_the_same_count_and_torchtitan_keeps_the_gath
             - layer_activation_bytes(DEEPSEEK, TRAIN, plan, plan.recompute, replace(titan, shared_expert_tp=False)))
     tokens = plan.micro_batch_size * TRAIN.seq_len
     assert more == pytest.approx(TRAIN.compute_dtype.num_bytes * tokens * DEEPSEEK.hidden_size * (1 - 1 / plan.tp))
+
+
+def test_a_tp_that_does_not_divide_the_shared_expert_is_refused_where_it_is_split():
+    """Megatron-Core's column-parallel fc1 divides the shared expert's width by tp: such a plan
+    is one line, and the search lists no such tp; our runtime keeps it whole and takes it."""
+    from costmodel.check import check_structure
+    from planner.candidates import SearchOptions, placement_groups
+    model = replace(resolve_model("deepseek-v2-lite"), shared_expert_ffn_hidden_size=2820)   # 4 | 2820, 8 does not
+    train = TrainSpec(seq_len=4096, global_batch_size=64)
+    for framework, refused in (("megatron-core", True), ("planner", False)):
+        cluster = run_by(parse_cluster("2x8xH100"), FRAMEWORKS[framework])
+        plan = build_plan(model, train, cluster, Choice(tp=8, ep=2, zero_stage=1))
+        found = [p for p in check_structure(model, train, cluster, plan) if "shared expert's width" in p]
+        assert bool(found) is refused, (framework, found)
+        tps = {g.base.tp for g in placement_groups(model, train, cluster, SearchOptions(), lambda reason: None)}
+        assert (8 in tps) is not refused and 4 in tps
