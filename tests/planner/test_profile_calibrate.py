@@ -214,14 +214,17 @@ def test_calibrate_recovers_a_known_slowdown_and_keeps_the_original(measured, tm
 
 
 def test_calibration_fits_each_dtype_apart(measured, tmp_path):
-    """bf16 slower than the profile says and fp32 as it says: the per-dtype fit finds both."""
+    """bf16 slower than the profile says and fp32 as it says: the per-dtype fit finds both. The
+    compute factor alone is fitted: these runs' times (a short profile measured here, beside other
+    work) do not tell compute, memory and per-kernel cost apart, and with all three free the fit
+    traded them (bf16's compute factor once came out 1.7 for a truth of 0.5, its MAPE still down)."""
     from planner.measure.calibrate import fit_by_dtype, load_run, summary, with_params
     base = parse_cluster(f"1x2x{measured}").device
     truth = with_params(base, {"compute": 0.5}, dtype="bf16")
     dirs = _fake_runs(tmp_path, truth, DType.FP32) + _fake_runs(tmp_path, truth, DType.BF16)
     runs = [load_run(d) for d in dirs]
     runs = [replace(r, pf=replace(r.pf, cluster=replace(r.pf.cluster, device=base))) for r in runs]
-    device, factors = fit_by_dtype(runs, base, prior_weight=0.0)
+    device, factors = fit_by_dtype(runs, base, prior_weight=0.0, compute_params=("compute",))
     bf16 = [r for r in runs if r.pf.train.compute_dtype is DType.BF16]
     assert summary(bf16, device)["mape_pct"] < summary(bf16, base)["mape_pct"] / 3
     assert factors["compute@bf16"] < factors["compute@fp32"] and abs(factors["compute@fp32"] - 1.0) < 0.1
