@@ -83,6 +83,7 @@ class FrameworkSpace:
     # the ZeRO stages and recompute modes it runs whatever else a plan holds (None: any); the
     # search lists no other, which its `problems` would refuse one by one
     zero_stages: frozenset | None = None
+    zero_stages_with_pp: frozenset | None = None   # those it runs with a pipeline (None: zero_stages)
     recompute_modes: frozenset | None = None
     problems: Callable[[Plan], list[str]] = lambda plan: []
 

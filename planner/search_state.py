@@ -111,12 +111,14 @@ class SharedModels:
 
     def placements(self, base: Choice) -> list[int]:
         """The state placements (STATE_OPTIONS indices) the search takes for the choice: ZeRO
-        needs a group to shard over (states_for_group), and ZeRO-2 is ZeRO-1's alternative where
-        it prices alike."""
+        needs a group to shard over (states_for_group), ZeRO-2 is ZeRO-1's alternative where it
+        prices alike, and a framework's pipeline runs only some stages (FrameworkSpace)."""
         sharded = base.dp * base.cp > 1
         skip = self._twin[1] if self._twin and keeps_whole_grads_under_pp(base.pp, self.cluster.framework) else None
+        space = self.options.space
+        with_pp = space.zero_stages_with_pp if space is not None and base.pp > 1 else None
         return [i for i, (o, ok) in enumerate(zip(STATE_OPTIONS, self.zero_allowed))
-                if ok and i != skip and states_for_group(o, sharded)]
+                if ok and i != skip and states_for_group(o, sharded) and (with_pp is None or o.zero_stage in with_pp)]
 
     def zero1_twin(self, plan: Plan) -> tuple[Plan, ...]:
         """(the plan under ZeRO-2,) where it was left out for pricing as this ZeRO-1 plan."""

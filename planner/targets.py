@@ -104,6 +104,7 @@ def options_for(name: str, model: ModelSpec, train: TrainSpec, cluster: ClusterS
     module = _module(name)
     space = FrameworkSpace(name=name, mesh_orders=_ORDERS[name], split=split, recompute_counts=recompute,
                            sequence_parallel=has_sp, zero_stages=getattr(module, "ZERO_STAGES", None),
+                           zero_stages_with_pp=getattr(module, "ZERO_STAGES_WITH_PP", None),
                            recompute_modes=getattr(module, "RECOMPUTE_MODES", None),
                            problems=lambda plan: changes(name, model, train, cluster, plan))
     return replace(options, schedules=schedules, space=space)

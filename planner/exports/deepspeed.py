@@ -35,6 +35,8 @@ from planner.exports.common import (
 NAME = "deepspeed"
 FRAMEWORK = "deepspeed"
 SUFFIX = ".json"
+# the ZeRO stages its pipeline engine runs
+ZERO_STAGES_WITH_PP = frozenset({0, 1})
 ORDER = ("pp", "dp", "cp", "tp")   # DeepSpeed's PipeModelDataParallelTopology: pipe, data, model
 
 
@@ -54,7 +56,7 @@ def nearest(pf: PlanFile) -> Adjusted:
                         f"cp={adj.plan.cp}: DeepSpeed has no K/V-exchanging context parallelism (Ulysses "
                         "exchanges heads); its ranks become data-parallel replicas")
     plan = adj.plan
-    if plan.pp > 1 and plan.zero_stage >= 2:
+    if plan.pp > 1 and plan.zero_stage not in ZERO_STAGES_WITH_PP:
         adj.change(f"zero {plan.zero_stage} with a pipeline: DeepSpeed's pipeline engine runs ZeRO-0/1; ZeRO-1",
                    zero_stage=1)
     if adj.plan.tp > 1 and adj.plan.zero_stage == 3:

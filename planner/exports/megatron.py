@@ -42,6 +42,8 @@ from planner.exports.common import (
 NAME = "megatron"
 FRAMEWORK = "megatron-core"   # costmodel.frameworks: how the exported plan is priced
 SUFFIX = ".sh"
+# the ZeRO stages it runs with a pipeline: Megatron-FSDP (ZeRO-2/3) does not run with one
+ZERO_STAGES_WITH_PP = frozenset({0, 1})
 # our mesh orders (outermost first, axes of degree 1 left out) Megatron's rank orders give
 DEFAULT_ORDER = ("pp", "dp", "cp", "tp")   # Megatron's default tp-cp-ep-dp-pp
 TP_PP_DP_ORDER = ("dp", "pp", "cp", "tp")   # --use-tp-pp-dp-mapping
@@ -63,7 +65,7 @@ def nearest(pf: PlanFile) -> Adjusted:
         to_schedule(adj, layers, Schedule.INTERLEAVED, plan.vpp, f"schedule {plan.schedule}: not in Megatron-LM; "
                     "interleaved-1f1b over the same two chunks per rank")
     plan = adj.plan
-    if plan.zero_stage >= 2 and plan.pp > 1:
+    if plan.zero_stage not in ZERO_STAGES_WITH_PP and plan.pp > 1:
         adj.change(f"zero {plan.zero_stage} under pipeline parallelism: Megatron-FSDP does not run with a "
                    "pipeline; ZeRO-1 (the distributed optimizer)", zero_stage=1)
     elif plan.zero_stage >= 2 and plan.offload_optimizer:

@@ -156,3 +156,27 @@ def test_the_stages_and_modes_a_framework_declares_are_those_its_export_keeps():
     options = targets.options_for("torchtitan", model, train, cluster, SearchOptions())
     assert options.space.zero_stages == torchtitan.ZERO_STAGES
     assert options.space.recompute_modes == torchtitan.RECOMPUTE_MODES
+
+
+@pytest.mark.parametrize("name", ["megatron", "deepspeed"])
+def test_the_stages_a_frameworks_pipeline_runs_are_those_its_export_keeps(name):
+    """A target's ZERO_STAGES_WITH_PP leave the listing of its pipelined choices (SharedModels.
+    placements): exactly the ZeRO stages its `nearest` keeps under a pipeline, and every stage
+    without one."""
+    from planner.candidates import STATE_OPTIONS
+    from planner.search_state import SharedModels
+    from planner.space import Choice, build_plan
+    from planner.specs import build_specs
+    module = targets._module(name)
+    model, train, cluster = build_specs("llama3-8b", "2x8xH100", framework=name)
+    options = targets.options_for(name, model, train, cluster, SearchOptions())
+    shared = SharedModels(model, train, cluster, options)
+    for pp in (1, 2):
+        choice = Choice(tp=2, pp=pp, dp=8 // pp)
+        taken = {STATE_OPTIONS[i].zero_stage for i in shared.placements(choice)}
+        for zero in range(4):
+            plan = build_plan(model, train, cluster, Choice(tp=2, pp=pp, dp=8 // pp, zero_stage=zero))
+            kept = module.nearest(PlanFile(plan=plan, model=model, train=train, cluster=cluster)).plan
+            if pp > 1:
+                assert (kept.zero_stage == zero) == (zero in module.ZERO_STAGES_WITH_PP), (pp, zero)
+            assert (zero in taken) == (pp == 1 or zero in module.ZERO_STAGES_WITH_PP), (pp, zero)
