@@ -223,14 +223,15 @@ class MemoryFit:
         self._plan, self._total = plan, total
 
     @functools.cached_property
-    def _columns(self) -> np.ndarray:
+    def columns(self) -> np.ndarray:
+        """`_columns` of its memory and caps, which both recompute bounds read."""
         return _columns(self.memory, self.caps)
 
     @functools.cached_property
     def least_recomputed(self) -> np.ndarray:
         """[rank, L]: see `least_recomputed` (meaningful when it fits)."""
         return least_recomputed(self.memory, self.caps, self._plan.recompute is not Recompute.NONE, self._total,
-                                self._columns)
+                                self.columns)
 
     @functools.cached_property
     def min_recomputed(self) -> float:
@@ -240,7 +241,7 @@ class MemoryFit:
         if self._plan.recompute is Recompute.NONE:   # a split fits (exact), each rank recomputing none
             return 0.0
         floor = 1.0
-        return max(min_total_recompute(self.memory, self._plan, self.caps, self._total, self._columns), floor)
+        return max(min_total_recompute(self.memory, self._plan, self.caps, self._total, self.columns), floor)
 
 
 def min_max_time_s(ts: list[tuple], plan: Plan, fit: MemoryFit, total: int) -> float:

@@ -69,31 +69,6 @@ class SplitRules:
 FREE = SplitRules()
 
 
-@dataclass(frozen=True, slots=True)
-class _Solved:
-    """A split model's answer under `cutoff_s` (solve_split's `memo`): its split (None: none
-    under the cutoff) and, for a split, its step objective in integer ns, which the cutoff
-    constraint bounds by `floor(scale·cutoff·NS) + slack`."""
-    split: "Split | None"
-    step_ns: int
-    scale: int
-    slack: int
-    cutoff_s: float
-
-    def under(self, cutoff_s: float) -> "Split | None | bool":
-        """The answer under a cutoff no larger (the optimum of a model stays the optimum of the
-        same model with a tighter bound on its objective, if it meets it); False: solve again."""
-        if cutoff_s > self.cutoff_s:
-            return False
-        if self.split is None:
-            return None
-        return self.split if self.step_ns <= _cutoff_ns(self.scale, cutoff_s) + self.slack else None
-
-
-def _cutoff_ns(scale: int, cutoff_s: float) -> float:
-    return math.floor(scale * cutoff_s * NS) if math.isfinite(cutoff_s) else math.inf
-
-
 class SolverTimeout(Exception):
     """CP-SAT ran out of time before finding any split (not a proof that none fits)."""
 
@@ -168,15 +143,11 @@ def _ns(x: float) -> int:
 def solve_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan,
                 time_limit_s: float = 10.0, ranks: list[RankShape] | None = None,
                 cutoff_s: float = math.inf, fit: MemoryFit | None = None,
-                rules: SplitRules = FREE, memo: dict | None = None) -> Split | None:
+                rules: SplitRules = FREE) -> Split | None:
     """The best (layers, recomputed) per rank for `plan`'s outer choices, or None if no split
     fits with a step time of at most `cutoff_s` (the branch and bound's K-th best so far: the
     solver then only has to show nothing beats it). The objective leaves out the plan's
-    constant terms (>= 0), so None never hides a plan that would beat the cutoff.
-
-    `memo` (the search's, across calls whose cutoffs never grow) keeps each model's answer by
-    everything the model reads: choices that differ only where the split model does not look
-    (ZeRO-1 and -2 under a pipeline, which keeps gradients whole either way) are solved once."""
+    constant terms (>= 0), so None never hides a plan that would beat the cutoff."""
     ranks = ranks or rank_shapes(model, train, cluster, plan)
     total, v, m = model.num_layers, plan.vpp, plan.num_micro_batches
     fit = fit or MemoryFit([r.memory for r in ranks], plan, rank_caps_bytes(plan, cluster), total)
@@ -184,11 +155,6 @@ def solve_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
         return None
     if plan.pp == 1:
         return _scan_single_rank(ranks[0], plan, total, fit.caps[0], cutoff_s, _single_rank_counts(plan, rules, total))
-    key = None
-    if memo is not None:
-        key = _model_key(model, plan, ranks, fit, rules)
-        if (solved := memo.get(key)) is not None and (answer := solved.under(cutoff_s)) is not False:
-            return answer
     cm = cp_model.CpModel()
     L = [cm.NewIntVar(v, total, f"L{r}") for r in range(plan.pp)]
     n = [cm.NewIntVar(0, total, f"n{r}") for r in range(plan.pp)]
@@ -230,7 +196,7 @@ def solve_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
     slowest = min_max_time_s([r.t for r in ranks], plan, fit, total)
     cm.Add(T.var >= math.floor(slowest * NS) - slack)  # the exact min-max of the slowest rank
     if math.isfinite(cutoff_s):
-        cm.Add(step <= _cutoff_ns(scale, cutoff_s) + slack)
+        cm.Add(step <= math.floor(scale * cutoff_s * NS) + slack)
     # ties (equal predicted time) go to the split that recomputes fewer layers
     cm.Minimize((total + 1) * step + sum(n))
     # With the bounds above the model is small and tight, and presolve usually costs more than it
@@ -244,21 +210,9 @@ def solve_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
     if status == cp_model.UNKNOWN:
         raise SolverTimeout(plan.short())
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        if key is not None:
-            memo[key] = _Solved(None, 0, scale, slack, cutoff_s)
         return None
-    split = Split(layers=tuple(solver.Value(x) for x in L), recomputed=tuple(solver.Value(x) for x in n),
-                  optimal=status == cp_model.OPTIMAL)
-    if key is not None and split.optimal:   # a merely feasible split is no answer for a tighter cutoff
-        memo[key] = _Solved(split, solver.Value(step), scale, slack, cutoff_s)
-    return split
-
-
-def _model_key(model: ModelSpec, plan: Plan, ranks: list[RankShape], fit: MemoryFit, rules: SplitRules) -> tuple:
-    """Everything solve_split's model reads, but the cutoff."""
-    shapes = tuple((r.t, r.f, r.opt, tuple(r.dp), r.memory) for r in ranks)
-    return (shapes, tuple(fit.caps), model.num_layers, model.first_k_dense, plan.pp, plan.vpp,
-            plan.num_micro_batches, plan.schedule, plan.recompute, plan.stage_rank(0), rules)
+    return Split(layers=tuple(solver.Value(x) for x in L), recomputed=tuple(solver.Value(x) for x in n),
+                 optimal=status == cp_model.OPTIMAL)
 
 
 def _solve(cm: cp_model.CpModel, *, time_limit_s: float, deterministic_limit: float | None = None,

@@ -138,9 +138,9 @@ class _Half:
 
 
 def _half(shared: SharedModels, options: SearchOptions, index: int, deadline: float) -> _Half:
-    """The branch and bound over every other set of degrees of the listing (planner.halves,
-    planner.candidates.placement_groups' `share`); the listing's own refusals (a batch dp does
-    not divide) are counted by the first half only."""
+    """The branch and bound over the `index`-th half of the listing (planner.halves: every other
+    set of degrees and micro-batch size, planner.candidates.placement_groups' `share`); the
+    listing's own refusals (a batch dp does not divide) are counted by the first half only."""
     stats = SearchStats()
     refused = []
 
@@ -153,8 +153,8 @@ def _half(shared: SharedModels, options: SearchOptions, index: int, deadline: fl
     if not stats.enumerated:
         _say(options, f"time limit reached while listing the space ({queue.num_candidates:,} candidates so far)")
     stats.num_candidates = queue.num_candidates + len(refused)
-    _say(options, f"{queue.num_candidates:,} valid candidates in this half of the space (the other half "
-                  "in a second process); solving in order of their lower bound")
+    _say(options, f"{queue.num_candidates:,} valid candidates in this half of the space; "
+                  "solving in order of their lower bound")
     found = _branch_and_bound(shared, options, stats, queue, deadline)
     return _Half(found, queue.too_big + queue.roomless, stats)
 
@@ -298,8 +298,7 @@ def _examine(shared: SharedModels, stats: SearchStats, base: Choice, zero: int, 
         return False
     try:
         split = solve_split(model, train, cluster, plan, ranks=shapes, cutoff_s=cutoff, fit=fit,
-                            time_limit_s=max(1.0, deadline - time.perf_counter()), rules=_rules(shared.options),
-                            memo=shared.splits)
+                            time_limit_s=max(1.0, deadline - time.perf_counter()), rules=_rules(shared.options))
     except SolverTimeout:
         stats.optimal = False
         stats.prune("solver time limit")

@@ -107,7 +107,6 @@ class SharedModels:
         self._rtms: dict[tuple, RankTimeModel] = {}
         self._optimizer: dict[tuple, tuple[float, ...]] = {}
         self._parts = rank_time_parts(model, train, cluster)
-        self.splits: dict = {}   # planner.partition.solve_split's answers, by the split model
 
     def placements(self, base: Choice) -> list[int]:
         """The state placements (STATE_OPTIONS indices) the search takes for the choice: ZeRO

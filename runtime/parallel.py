@@ -143,9 +143,9 @@ def _layer_tp_plan(spec: ModelSpec, sp: bool) -> dict:
     shard as a plain tensor and routes those tokens (Megatron-Core's MoELayer refuses TP without
     SP in training, as costmodel.check.moe_tp_problem does), its router and shared expert whole
     on every TP rank (their gradients summed over TP: sync_replicated_over_tp), its routed
-    experts too unless EP or expert TP folds over TP (apply_expert_parallel splits them). Latent attention's down-projections (replicated) stay whole; its
-    column-parallel projections only have their weights sharded, the block gathering their input
-    itself (runtime.latent_attention)."""
+    experts too unless EP or expert TP folds over TP (apply_expert_parallel splits them). Latent
+    attention's down-projections (replicated) stay whole; its column-parallel projections only
+    have their weights sharded, the block gathering their input itself (runtime.latent_attention)."""
     out = Shard(1) if sp else Replicate()
     plan: dict = {}
     if spec.is_moe:
@@ -284,7 +284,7 @@ def apply_expert_parallel(stage: nn.Module, mesh: DeviceMesh, plan: Plan) -> Non
     times edp/(dp x cp): 1/ep where EP is carved from dp (each TP rank's sum then added by
     runtime.job.sync_replicated_over_tp), tp/(etp x ep) where it folds over tp x cp x dp (the
     experts are left out of that TP sum: the edp group holds every rank with the same shards)."""
-    ep, etp = plan.ep, getattr(plan, "etp", 1)   # a plan without expert TP may leave it out
+    ep, etp = plan.ep, plan.etp
     if ep * etp == 1:
         return
     dims = (["ep"] if ep > 1 else []) + (["etp"] if etp > 1 else [])

@@ -123,31 +123,3 @@ def test_split_solver_falls_back_to_presolve_with_the_same_answer(monkeypatch):
     assert (first.layers, first.recomputed) == (second.layers, second.recomputed)
     assert any(first.recomputed)  # the cap binds
 
-
-def test_a_remembered_split_is_the_answer_solving_again_gives(monkeypatch):
-    """ZeRO-1 and ZeRO-2 under a pipeline give the solver one model: the second is answered from
-    the memo, as solving gives it, and so is a tighter cutoff: the split if it still meets it,
-    none if not; a looser cutoff than the remembered one is solved again."""
-    model, cluster = resolve_model("llama2-13b"), parse_cluster("4x8xH100")
-    tight = dataclasses.replace(cluster, device=dataclasses.replace(cluster.device, memory_bytes=40 * 2**30))
-    z1, z2 = (build_plan(model, TRAIN, tight, Choice(tp=2, pp=4, zero_stage=z, recompute=Recompute.FULL))
-              for z in (1, 2))
-    solves = []
-    real = partition._solve
-    monkeypatch.setattr(partition, "_solve", lambda cm, **kw: solves.append(1) or real(cm, **kw))
-    memo: dict = {}
-    first = solve_split(model, TRAIN, tight, z1, memo=memo)
-    assert first is not None and first.optimal and any(first.recomputed)
-    called = len(solves)
-    assert solve_split(model, TRAIN, tight, z2, memo=memo) == first
-    assert len(solves) == called   # from the memo
-    (solved,) = memo.values()
-    step_s = solved.step_ns / partition.NS / solved.scale
-    for cutoff_s in (step_s * 1.001, step_s * 0.999):
-        fresh = solve_split(model, TRAIN, tight, z2, cutoff_s=cutoff_s)
-        assert solve_split(model, TRAIN, tight, z2, cutoff_s=cutoff_s, memo=memo) == fresh
-    assert fresh is None and len(solves) == called + 2   # the fresh solves only
-    looser = dict(memo)
-    (key,) = looser
-    looser[key] = dataclasses.replace(solved, split=None, cutoff_s=step_s * 0.5)
-    assert solve_split(model, TRAIN, tight, z2, cutoff_s=step_s * 2, memo=looser) == first

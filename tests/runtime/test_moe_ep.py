@@ -39,7 +39,7 @@ def _rank_part(ep: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """This rank's output, input gradient and its experts' gradients."""
     moe, x = _layer()
     mesh = init_device_mesh("cpu", (1, ep), mesh_dim_names=("edp", "ep"))   # ep ranks of dp, one replica each
-    apply_expert_parallel(moe, mesh, SimpleNamespace(ep=ep, dp=ep, cp=1))
+    apply_expert_parallel(moe, mesh, SimpleNamespace(ep=ep, etp=1, dp=ep, cp=1))
     x = x.clone().requires_grad_(True)
     out = moe(x)
     out.sum().backward()
