@@ -6,9 +6,10 @@ rank in n-1 steps; an all-reduce is a reduce-scatter followed by an all-gather. 
 nodes runs hierarchically: the intra-node part on NVLink at full size and the inter-node part on
 the B/m shard each of the m local ranks owns, every rank using its own NIC (bandwidth per device
 per direction, as the profiles give it). Its latency is NCCL's own model (src/graph/tuning.cc,
-`ncclTopoTuneModel`): the ring runs through every rank, so an all-gather or reduce-scatter over
-n ranks on k nodes pays n-1 steps, k-1 of them across nodes at the network's step latency and
-the rest at NVLink's (twice that for an all-reduce). Over thousands of ranks that is milliseconds
+`ncclTopoTuneModel`): a base latency once per collective, and the ring runs through every rank,
+so an all-gather or reduce-scatter over n ranks on k nodes pays n-1 steps, k-1 of them across
+nodes at the network's step latency and the rest at NVLink's (twice that for an all-reduce); the
+profiles hold NCCL's figures for its Simple protocol, which carries training's large buffers. Over thousands of ranks that is milliseconds
 per collective, which is why NCCL may run an all-reduce across nodes as a tree: 2·((m-1) NVLink
 steps + floor(log2 k) network steps) of latency, at 0.9 of the ring's bus bandwidth (NCCL's tree
 factor; its further cap of 80-110 GB/s per tree is not modelled). Both are priced and the faster
@@ -58,7 +59,8 @@ HOST_COPIES = (Collective.HOST_TO_DEVICE, Collective.DEVICE_TO_HOST, Collective.
 def ring_time_s(kind: Collective, num_bytes: float, n: int, tier: NetworkTier) -> float:
     if n <= 1 or num_bytes <= 0:
         return 0.0
-    return _passes(kind) * (n - 1) * tier.latency_for(kind) + _ring_transfer_s(kind, num_bytes, n, tier)
+    return (tier.base_latency_s + _passes(kind) * (n - 1) * tier.latency_for(kind)
+            + _ring_transfer_s(kind, num_bytes, n, tier))
 
 
 def _passes(kind: Collective) -> int:
@@ -133,15 +135,18 @@ TREE_BANDWIDTH_FRACTION = 0.9   # NCCL tuning.cc: a tree's bus bandwidth is 0.9 
 
 
 def cross_node_ring_latency_s(kind: Collective, n: int, k: int, intra: NetworkTier, inter: NetworkTier) -> float:
-    """A ring over n ranks on k nodes (see the module docstring): n-1 steps, k-1 across nodes."""
-    return _passes(kind) * ((n - k) * intra.latency_for(kind) + (k - 1) * inter.latency_for(kind))
+    """A ring over n ranks on k nodes (see the module docstring): its base latency once, n-1
+    steps, k-1 of them across nodes."""
+    return (max(intra.base_latency_s, inter.base_latency_s)
+            + _passes(kind) * ((n - k) * intra.latency_for(kind) + (k - 1) * inter.latency_for(kind)))
 
 
 def tree_latency_s(m: int, k: int, intra: NetworkTier, inter: NetworkTier) -> float:
     """NCCL's tree all-reduce over m ranks on each of k nodes: up and down, each (m-1) NVLink
     steps and floor(log2 k) network ones (NCCL's log2i)."""
     ar = Collective.ALL_REDUCE
-    return 2 * ((m - 1) * intra.latency_for(ar) + (k.bit_length() - 1) * inter.latency_for(ar))
+    return (max(intra.base_latency_s, inter.base_latency_s)
+            + 2 * ((m - 1) * intra.latency_for(ar) + (k.bit_length() - 1) * inter.latency_for(ar)))
 
 
 @lru_cache(maxsize=65536)   # the search prices the same collectives for thousands of candidates

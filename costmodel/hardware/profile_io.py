@@ -92,6 +92,7 @@ def _tier(raw: dict[str, Any], efficiency: float) -> NetworkTier:
     p2p = raw.get("p2p_latency_s")
     return NetworkTier(name=raw["name"], bandwidth_bytes_per_s=float(raw["bandwidth_bytes_per_s"]),
                        latency_s=float(raw["latency_s"]), efficiency=efficiency,
+                       base_latency_s=float(raw.get("base_latency_s", 0.0)),
                        p2p_latency_s=None if p2p is None else float(p2p),
                        kind_factors=_kind_factors(raw))
 
@@ -161,7 +162,7 @@ PROFILE_KEYS = {
              "link_efficiency", "source"},
     "device": {"name", "kind", "aliases", "peak_flops_per_s", "memory_bytes", "reported_memory_bytes", "num_sms",
                "memory_bandwidth_bytes_per_s", "threads_per_rank", "tp_comm_gemm_overlap"},
-    "network": {"scope", "name", "bandwidth_bytes_per_s", "latency_s", "p2p_latency_s", "max_nodes", "efficiency",
+    "network": {"scope", "name", "bandwidth_bytes_per_s", "latency_s", "base_latency_s", "p2p_latency_s", "max_nodes", "efficiency",
                 "kind_factors"},
     "efficiency": {"gemm", "attention", "memory", "kernel_overhead_s", "intra_node_comm", "inter_node_comm",
                    "reserved_memory_bytes", "source", "overlap", "dp_comm", "pp_stage", "allocator_fragmentation",

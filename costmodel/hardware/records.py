@@ -28,8 +28,9 @@ class NetworkTier:
 
     name: str
     bandwidth_bytes_per_s: float
-    latency_s: float
+    latency_s: float   # one ring step's latency (costmodel.comm)
     efficiency: float  # achievable fraction of bandwidth_bytes_per_s for large collectives
+    base_latency_s: float = 0.0  # a collective's fixed cost, once per call (NCCL's base latency)
     p2p_latency_s: float | None = None  # measured point-to-point latency when it differs (gloo)
     # a tier between the node and the whole cluster (a rack's switch, a multi-node NVLink domain)
     # connects blocks of this many consecutive nodes; None for the node and cluster tiers

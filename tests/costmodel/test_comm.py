@@ -10,6 +10,7 @@ from costmodel.placement import AxisSpan
 
 CLUSTER = parse_cluster("64x8xH100")
 INTRA, INTER = CLUSTER.device.intra_node, CLUSTER.device.inter_node
+BASE = max(INTRA.base_latency_s, INTER.base_latency_s)   # once per collective (NCCL's base latency)
 
 
 def latency_s(kind: Collective, span: AxisSpan) -> float:
@@ -20,35 +21,38 @@ def latency_s(kind: Collective, span: AxisSpan) -> float:
 
 @pytest.mark.parametrize("kind", [Collective.ALL_GATHER, Collective.REDUCE_SCATTER])
 def test_a_ring_across_nodes_pays_a_step_per_rank(kind):
-    """512 ranks on 64 nodes: 511 steps, 63 of them across nodes; the in-node part of each node
-    is walked on every node, not once (walked once, the latency would grow with the nodes only)."""
+    """512 ranks on 64 nodes: the base latency and 511 steps, 63 of them across nodes; the in-node
+    part of each node is walked on every node, not once (walked once, the latency would grow with
+    the nodes only)."""
+    assert BASE > 0
     span = AxisSpan(size=512, members_per_node=8, num_nodes=64)
-    expected = (511 - 63) * INTRA.latency_s + 63 * INTER.latency_s
+    expected = BASE + (511 - 63) * INTRA.latency_s + 63 * INTER.latency_s
     assert latency_s(kind, span) == pytest.approx(expected, rel=1e-6)
     small = AxisSpan(size=128, members_per_node=8, num_nodes=16)
-    assert latency_s(kind, small) == pytest.approx((127 - 15) * INTRA.latency_s + 15 * INTER.latency_s, rel=1e-6)
+    assert latency_s(kind, small) == pytest.approx(BASE + (127 - 15) * INTRA.latency_s + 15 * INTER.latency_s,
+                                                   rel=1e-6)
 
 
 def test_an_all_reduce_across_nodes_takes_the_tree_for_small_buffers_and_the_ring_for_large():
     """NCCL's tuner: the tree's 2 (in-node steps + floor(log2 nodes)) steps against the ring's
     twice n-1, at 0.9 of the ring's bandwidth. A small buffer takes the tree, 10 GB the ring."""
     span = AxisSpan(size=512, members_per_node=8, num_nodes=64)
-    tree = 2 * (7 * INTRA.latency_s + 6 * INTER.latency_s)
-    ring = 2 * ((511 - 63) * INTRA.latency_s + 63 * INTER.latency_s)
+    tree = BASE + 2 * (7 * INTRA.latency_s + 6 * INTER.latency_s)
+    ring = BASE + 2 * ((511 - 63) * INTRA.latency_s + 63 * INTER.latency_s)
     assert tree < ring and latency_s(Collective.ALL_REDUCE, span) == pytest.approx(tree, rel=1e-6)
     ring_s, tree_s = all_reduce_algorithms_s(10e9, span, CLUSTER)
     assert ring_s < tree_s and collective_time_s(Collective.ALL_REDUCE, 10e9, span, CLUSTER) == ring_s
     # 48 nodes: NCCL's log2i rounds down (5 network steps, not 6)
     odd = AxisSpan(size=384, members_per_node=8, num_nodes=48)
-    assert latency_s(Collective.ALL_REDUCE, odd) == pytest.approx(2 * (7 * INTRA.latency_s + 5 * INTER.latency_s))
+    assert latency_s(Collective.ALL_REDUCE, odd) == pytest.approx(BASE + 2 * (7 * INTRA.latency_s + 5 * INTER.latency_s))
     one_per_node = AxisSpan(size=2, members_per_node=1, num_nodes=2)
-    assert latency_s(Collective.ALL_REDUCE, one_per_node) == pytest.approx(2 * INTER.latency_s, rel=1e-6)
+    assert latency_s(Collective.ALL_REDUCE, one_per_node) == pytest.approx(BASE + 2 * INTER.latency_s, rel=1e-6)
 
 
 def test_a_group_uneven_over_its_nodes_pays_a_step_per_rank_it_has():
     """12 ranks as 8 + 4 on two nodes (members_per_node is the largest count): 11 steps, 1 across."""
     span = AxisSpan(size=12, members_per_node=8, num_nodes=2)
-    assert latency_s(Collective.ALL_GATHER, span) == pytest.approx(10 * INTRA.latency_s + INTER.latency_s)
+    assert latency_s(Collective.ALL_GATHER, span) == pytest.approx(BASE + 10 * INTRA.latency_s + INTER.latency_s)
 
 
 def test_the_bandwidth_part_stays_hierarchical():
@@ -81,7 +85,7 @@ def test_each_collective_kind_keeps_its_own_measured_speed():
     alpha, beta, _, _ = fit_alpha_beta(samples, 2)
     factors = {k: (lat, bw) for k, lat, bw in kind_factors(samples)}
     assert set(factors) == set(alphas)
-    tier = replace(INTRA, latency_s=alpha, bandwidth_bytes_per_s=beta, efficiency=1.0,
+    tier = replace(INTRA, latency_s=alpha, base_latency_s=0.0, bandwidth_bytes_per_s=beta, efficiency=1.0,
                    kind_factors=tuple((k, lat, bw) for k, (lat, bw) in factors.items()))
     for kind, a in alphas.items():
         assert tier.latency_for(kind) == pytest.approx(a, rel=1e-3)

@@ -123,7 +123,8 @@ def test_every_integer_flag_is_bounded_where_it_is_read(command, bases, capsys):
     ("\nbandwidth_bytes_per_s = ", "\nbandwidth_bytes_per_s = 1e308 #", "bandwidth_bytes_per_s"),
     ("memory_bandwidth_bytes_per_s = ", "memory_bandwidth_bytes_per_s = 1e-300 #", "memory_bandwidth_bytes_per_s"),
     ("bf16 = 989.4e12", "bf16 = 1e308", "peak_flops_per_s.bf16"),
-    ("latency_s = 8e-6", "latency_s = 1e308", "latency_s"),
+    ("\nlatency_s = 3.4e-6", "\nlatency_s = 1e308 #", "latency_s"),
+    ("\nbase_latency_s = 8.4e-6", "\nbase_latency_s = 1e308 #", "base_latency_s"),
     ("kernel_overhead_s = 30e-06", "kernel_overhead_s = 1e308", "kernel_overhead_s"),
     ("comm_contention = 0.300", "comm_contention = 1e308", "comm_contention"),
     ("\ngemm = ", "\ngemm = 1e308 #", "efficiency.gemm"),         # the [efficiency] value, before [ranges]
