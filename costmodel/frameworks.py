@@ -95,8 +95,18 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   (its GEMM-bound steps then too fast).
   IBM's fms-fsdp runs (`fms-fsdp`: FSDP1, `torch.compile` off) run the same kind of layer:
   foundation-model-stack's Llama has its own RMSNorm module (`LayerNormParameterized`, op by op),
-  RoPE and the gated MLP as separate eager kernels; its RMSNorm costs more than the fused CUDA
-  kernel this count takes, so the trait undercounts it.
+  RoPE and the gated MLP as separate eager kernels.
+- `eager_rms_norm_composite`: an eager layer's RMSNorm is a module of torch ops computed in fp32
+  (cast up, pow, mean, add eps, rsqrt, multiply, cast back, times the weight: each its own kernel
+  and pass over the activations, and its backward as autograd runs them; it keeps the upcast input
+  and the normalised copy for backward), not torch's fused CUDA kernel: fms-fsdp's
+  `LayerNormParameterized` (use_high_precision_pow), torchtitan's own `RMSNorm` class (2024,
+  `torchtitan/models/norms.py`, `norm_type = "rmsnorm"`, before it moved to `nn.RMSNorm`). Its time
+  is counted as torch's CPU composite is (costmodel.kernels.elementwise), at the compute dtype's
+  width; a compiled layer fuses it. What its autograd keeps is priced as the fused kernel's: the
+  CPU's measured count (fp32 input and normalised copy) would put torchtitan's Llama 2 13B run
+  without recomputation on 64 A100-80GB (profiles/runs, tt24a-l2-13b-noac) 9 GB over the device,
+  and that run was measured.
 - `compiled_layer`: each transformer layer runs as `torch.compile` made it (`planner run
   --compile`, runtime.compile; torchtitan's regional compile): inductor fuses the layer's
   memory-bound work (norms, RoPE, SwiGLU, residual adds and the backward's sums) into a few
@@ -267,6 +277,7 @@ class FrameworkTraits:
     vocab_parallel_loss: bool = True
     cpu_kernels: bool = False
     eager_layer: bool = False
+    eager_rms_norm_composite: bool = False
     deferred_w_keeps_graph: bool = False
     pipeline_sends_held: bool = False
     cp_all_gather_kv: bool = False
@@ -331,12 +342,20 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
     FrameworkTraits(name="deepspeed", **_DEEPSPEED),
     FrameworkTraits(name="composer-fsdp", sharded_grads_under_pp=True, flash_attention_1=True,
                     fused_cross_entropy=True, **_FSDP),
-    FrameworkTraits(name="fms-fsdp", sharded_grads_under_pp=True, eager_layer=True, **_FSDP),
+    FrameworkTraits(name="fms-fsdp", sharded_grads_under_pp=True, eager_layer=True, eager_rms_norm_composite=True,
+                    **_FSDP),
     FrameworkTraits(name="torchtitan", sharded_grads_under_pp=False, tp_keeps_gathered_input=True,
                     tp_backward_reduce_scatter_exposed=True,
                     cp_all_gather_kv=True, float8_casts_fused=True, float8_with_tp=True,
-                    deferred_w_keeps_graph=True, shared_expert_tp=True, **_FSDP),
+                    deferred_w_keeps_graph=True, shared_expert_tp=True, eager_rms_norm_composite=True, **_FSDP),
 )}
+
+
+def composite_rms_norm(traits: FrameworkTraits) -> bool:
+    """Whether RMSNorm's time is torch's ops in fp32 rather than one fused kernel's: torch's CPU
+    kernels (`cpu_kernels`), or an eager GPU layer whose framework writes RMSNorm op by op
+    (`eager_rms_norm_composite`); a compiled layer's is fused."""
+    return traits.cpu_kernels or (traits.eager_rms_norm_composite and traits.eager_layer and not traits.compiled_layer)
 
 
 def tp_comm_overlaps(traits: FrameworkTraits, device_overlaps: bool, tp: int, sequence_parallel: bool) -> bool:

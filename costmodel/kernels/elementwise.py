@@ -122,20 +122,22 @@ def _cuda_rms_norm(a: int) -> tuple[tuple[float, int], tuple[float, int]]:
 
 
 def eager_elementwise_traffic(model: ModelSpec, train: TrainSpec, plan: KernelShape, tokens: int,
-                              a: int = CPU_ELEMENT_BYTES, cpu: bool = True) -> tuple[float, int, float, int]:
+                              a: int = CPU_ELEMENT_BYTES, cpu: bool = True,
+                              composite_norm: bool = False) -> tuple[float, int, float, int]:
     """(forward bytes, kernels, backward bytes, kernels) of a layer's memory-bound work as torch's
     eager kernels run the runtime's layer (costmodel.frameworks `eager_layer`): RMSNorm (composite
     in fp32 on a CPU, fused on a GPU), RoPE and SwiGLU op by op, and the gradient sums autograd
     adds where one input feeds several projections. Parts the count does not cover (LayerNorm,
     dropout, GeLU, Q/K norms, routing) keep the fused count, their backward twice their forward.
     `a`: bytes per compute-dtype element (a CPU's pricing counts every element at fp32's width,
-    CPU_ELEMENT_BYTES; the test counts the real bytes)."""
+    CPU_ELEMENT_BYTES; the test counts the real bytes). composite_norm: a GPU layer's RMSNorm op
+    by op as the CPU's (frameworks.composite_rms_norm)."""
     t, c = plan.tp, 1 if train.compute_dtype.num_bytes < 4 else 0
     rep = rank_hidden_elements(model, plan, tokens)
     fwd_b = bwd_b = 0.0
     fwd_k = bwd_k = 0
     if model.norm_kind is NormKind.RMSNORM:
-        (nf, kf), (nb, kb) = _cpu_rms_norm(a, c) if cpu else _cuda_rms_norm(a)
+        (nf, kf), (nb, kb) = _cpu_rms_norm(a, c) if cpu or composite_norm else _cuda_rms_norm(a)
         fwd_b, fwd_k, bwd_b, bwd_k = model.layer_norms * nf * rep, model.layer_norms * kf, \
             model.layer_norms * nb * rep, model.layer_norms * kb
     else:
@@ -168,13 +170,14 @@ def eager_elementwise_traffic(model: ModelSpec, train: TrainSpec, plan: KernelSh
 
 
 def _elementwise_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile, tokens: int,
-                   cpu_kernels: bool, eager: bool) -> tuple[float, float]:
+                   cpu_kernels: bool, eager: bool, composite_norm: bool = False) -> tuple[float, float]:
     """(forward, backward) of a layer's memory-bound work: counted op by op where eager kernels
-    run it (torch's CPU kernels, cpu_kernels; a GPU's eager layer), else as fused kernels."""
+    run it (torch's CPU kernels, cpu_kernels; a GPU's eager layer, its RMSNorm fused or, with
+    composite_norm, op by op), else as fused kernels."""
     if cpu_kernels or eager:
         fwd_b, fwd_k, bwd_b, bwd_k = eager_elementwise_traffic(
             model, train, plan, tokens, CPU_ELEMENT_BYTES if cpu_kernels else train.compute_dtype.num_bytes,
-            cpu=cpu_kernels)
+            cpu=cpu_kernels, composite_norm=composite_norm)
         return memory_bound_s(fwd_b, dev, fwd_k), memory_bound_s(bwd_b, dev, bwd_k)
     forward = _elementwise_forward_s(model, train, plan, dev, tokens)
     return forward, 2 * forward

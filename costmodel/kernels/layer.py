@@ -88,7 +88,7 @@ def layer_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, de
                        cp_ring: bool, fused_casts: bool = False, cpu_kernels: bool = False,
                        eager: bool = False, early_stop: bool = False, compiled: bool = False,
                        padded_values: bool = False, grouped_experts: bool = False,
-                       shared_expert_tp: bool = False) -> KernelTimes:
+                       shared_expert_tp: bool = False, composite_norm: bool = False) -> KernelTimes:
     """cp_ring: context parallelism as a ring of partial kernels (else all-gathered K/V,
     costmodel.frameworks `cp_all_gather_kv`); fused_casts: float8 casts as compiled or
     Transformer Engine kernels run them (`float8_casts_fused`); cpu_kernels: the runtime's eager
@@ -100,12 +100,13 @@ def layer_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, de
     padded_values: latent attention's values zero-padded to the query/key head size for a kernel
     of one head size (not the vendor's attention: runtime.latent_attention). grouped_experts: a
     device's experts in grouped GEMMs (`grouped_expert_gemm`). shared_expert_tp: a shared expert
-    split over the TP group (`shared_expert_tp`)."""
+    split over the TP group (`shared_expert_tp`). composite_norm: an eager GPU layer's RMSNorm op
+    by op (frameworks.composite_rms_norm)."""
     tokens = plan.micro_batch_size * train.seq_len // plan.cp
     fwd, bwd_in, bwd_w = _linears_s(model, train, plan, dev, tokens, fused_casts, grouped_experts, shared_expert_tp)
     attn_fwd, attn_bwd = _attention_core_s(model, train, plan, dev, cp_ring, cpu_kernels, padded_values)
     elementwise, elementwise_bwd = _elementwise_s(model, train, plan, dev, tokens, cpu_kernels and not compiled,
-                                                  eager and not compiled)
+                                                  eager and not compiled, composite_norm and not compiled)
     # the two branches' dropout (runtime.model: after attention and after the MLP)
     dropped = 2 * rank_hidden_elements(model, plan, tokens) if model.dropout else 0
     gelu_fwd, gelu_bwd = gelu_s(model, plan, tokens, dev)
@@ -138,18 +139,19 @@ def layer_parts_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: De
 
 @_per_kernel_shape
 def head_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile,
-                      cpu_kernels: bool = False, fused_loss: bool = False) -> KernelTimes:
+                      cpu_kernels: bool = False, fused_loss: bool = False, composite_norm: bool = False) -> KernelTimes:
     """Final norm, output projection (vocab-parallel) and cross entropy (fp32 softmax, or one
     fused kernel: frameworks `fused_cross_entropy`); cpu_kernels: the norm as torch's CPU
-    composite runs it (layer_kernel_times)."""
+    composite runs it (layer_kernel_times); composite_norm: a GPU's RMSNorm op by op
+    (frameworks.composite_rms_norm), at the compute dtype's width."""
     tokens = plan.micro_batch_size * train.seq_len // plan.cp
     vocab = ceil_div(model.vocab_size, plan.tp)
     proj = gemm_s(tokens, model.hidden_size, vocab, dev, train)
     a = train.compute_dtype.num_bytes
     loss = cross_entropy_s(tokens, vocab, train, dev, fused_loss)
     elems = tokens * model.hidden_size
-    if cpu_kernels and model.norm_kind is NormKind.RMSNORM:
-        (nf, kf), (nb, kb) = _cpu_rms_norm(CPU_ELEMENT_BYTES, 1 if a < 4 else 0)
+    if (cpu_kernels or composite_norm) and model.norm_kind is NormKind.RMSNORM:
+        (nf, kf), (nb, kb) = _cpu_rms_norm(CPU_ELEMENT_BYTES if cpu_kernels else a, 1 if a < 4 else 0)
         norm, norm_bwd = memory_bound_s(nf * elems, dev, kf), memory_bound_s(nb * elems, dev, kb)
     else:
         norm = memory_bound_s(2 * a * elems, dev, 1)

@@ -12,7 +12,7 @@ from typing import Callable
 from costmodel.comm import Collective, collective_time_s
 from costmodel.deepseek import dense_layer_model
 from costmodel.flops import stops_before_final_linear
-from costmodel.frameworks import tp_comm_exposed_shares
+from costmodel.frameworks import composite_rms_norm, tp_comm_exposed_shares
 from costmodel.hardware import ClusterSpec
 from costmodel.kernels import KernelKey, KernelTimes, embedding_kernel_times, head_kernel_times, layer_kernel_times
 from costmodel.kernels.gemm import gemm_s
@@ -261,7 +261,8 @@ def _kernel_parts(model: ModelSpec, train: TrainSpec, shape: KernelKey, cluster:
     layer = layer_kernel_times(model, train, shape, dev, not fw.cp_all_gather_kv, fw.float8_casts_fused,
                                fw.cpu_kernels, fw.eager_layer, early, fw.compiled_layer,
                                not fw.vendor_attention,   # torch's SDPA: one head size
-                               fw.grouped_expert_gemm, fw.shared_expert_tp)
+                               fw.grouped_expert_gemm, fw.shared_expert_tp,
+                               composite_rms_norm(fw) and not fw.cpu_kernels)
     mtp_proj_s = 0.0
     if model.mtp_depth:   # the MTP modules' 2h -> h projection, column-parallel over TP
         h = model.hidden_size
@@ -272,7 +273,8 @@ def _kernel_parts(model: ModelSpec, train: TrainSpec, shape: KernelKey, cluster:
     return _KernelParts(
         layer=layer, early=early, exposed=exposed, exposed_backward=exposed_backward,
         embedding=embedding_kernel_times(model, train, shape, dev),
-        head=head_kernel_times(model, train, shape, dev, fw.cpu_kernels, fw.fused_cross_entropy),
+        head=head_kernel_times(model, train, shape, dev, fw.cpu_kernels, fw.fused_cross_entropy,
+                               composite_rms_norm(fw) and not fw.cpu_kernels),
         loss_s=_gathered_logits_loss_s(model, train, shape, cluster), mtp_proj_s=mtp_proj_s,
         tp=axis(_TpShape(tp, cp, shape.sequence_parallel, mbs, shape.fp8_linears)),
         # ring attention hides its hops behind the layer's attention

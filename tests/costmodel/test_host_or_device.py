@@ -58,3 +58,29 @@ def test_our_eager_layer_moves_more_bytes_than_fused_kernels_on_a_gpu():
     gpu = eager_elementwise_traffic(MODEL, TRAIN, plan, tokens, 2, cpu=False)
     cpu = eager_elementwise_traffic(MODEL, TRAIN, plan, tokens, 2, cpu=True)
     assert gpu[0] < cpu[0] and gpu[1] < cpu[1] and gpu[2] < cpu[2] and gpu[3] < cpu[3]
+
+
+def test_a_framework_that_writes_rms_norm_op_by_op_pays_for_each_op():
+    """fms-fsdp's LayerNormParameterized and torchtitan's 2024 RMSNorm class run RMSNorm as torch
+    ops in fp32 (frameworks `eager_rms_norm_composite`): an eager layer moves the bytes torch's
+    composite counts, more than the fused CUDA kernel our runtime calls; compiled, it is fused."""
+    from costmodel.frameworks import RUNTIME, composite_rms_norm, framework_traits
+    plan = build_plan(MODEL, TRAIN, CLUSTER, Choice(tp=1, micro_batch_size=1))
+    fused = eager_elementwise_traffic(MODEL, TRAIN, plan, 4096, 2, cpu=False)
+    composite = eager_elementwise_traffic(MODEL, TRAIN, plan, 4096, 2, cpu=False, composite_norm=True)
+    # two norms a layer: 40 bytes an element forward (fp32 ops, casts) against the fused 4, 108 against 10 backward
+    elements = 2 * 4096 * MODEL.hidden_size
+    assert composite[0] - fused[0] == pytest.approx(elements * (40 - 4))
+    assert composite[2] - fused[2] == pytest.approx(elements * (108 - 10))
+    dev = _with_overhead(CLUSTER.device, 0.0)
+    eager = layer_kernel_times(MODEL, TRAIN, plan, dev, False, False, False, True)
+    ops = layer_kernel_times(MODEL, TRAIN, plan, dev, False, False, False, True,   # cp_ring .. eager
+                             False, False, False, False, False, True)           # .. composite_norm
+    assert ops.forward_s > eager.forward_s and ops.backward_input_s > eager.backward_input_s
+    assert composite_rms_norm(framework_traits("fms-fsdp"))                    # eager, always
+    assert not composite_rms_norm(framework_traits("torchtitan"))              # fused count unless eager
+    for name in ("fms-fsdp", "torchtitan"):
+        traits = framework_traits(name)
+        assert composite_rms_norm(replace(traits, eager_layer=True))
+        assert not composite_rms_norm(replace(traits, eager_layer=True, compiled_layer=True))
+    assert RUNTIME.eager_layer and not composite_rms_norm(RUNTIME)              # torch's fused rms_norm

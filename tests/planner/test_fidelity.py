@@ -22,17 +22,15 @@ def validated():
 
 def test_published_runs_stay_within_the_measured_fidelity(validated):
     results, summary = validated
-    assert summary["n"] == sum(1 for r in results if r.error_pct is not None) == 202
-    # the worst rows are NeMo 25.02's Mixtral 8x22B at 64k tokens on 256 B200 (+33 % tokens/s: its
-    # batch cells read as swapped, confidence low), NeMo-Megatron 22.09's GPT-3 175B on 256-1024 A100 (+30-32 %: an
-    # early NeMo whose configuration the launcher's README does not tie to its figures), then MPT-30B
-    # at 8k tokens on 8 A100 (+25 %, a run near its memory limit) and Megatron-LM's 1.7B on 48 H100
-    # (-18 %: micro-batch and recomputation unstated, filled by the search); the fit stays inside
-    # the published ranges of its parameters (profiles' [ranges])
-    assert summary["mape_pct"] <= 6.0
-    assert summary["max_abs_error_pct"] <= 34.0
+    assert summary["n"] == sum(1 for r in results if r.error_pct is not None) == 199
+    # the worst rows are MPT-30B at 8k tokens on 8 A100 (+24 % tokens/s, a run near its memory
+    # limit), the model zoo's Qwen3-235B-A22B at TP2 PP8 EP32 with DeepEP on 256 H100 (+22 %), then
+    # Megatron-LM's 1.7B on 48 H100 (-17 %: micro-batch and recomputation unstated, filled by the
+    # search); the fit stays inside the published ranges of its parameters (profiles' [ranges])
+    assert summary["mape_pct"] <= 5.5
+    assert summary["max_abs_error_pct"] <= 26.0
     assert summary["spearman"] >= 0.99
-    assert sum(r.fits for r in results if r.error_pct is not None) >= 183
+    assert sum(r.fits for r in results if r.error_pct is not None) == 199
     assert summary["num_status_correct"] == summary["num_status_rows"]
 
 
