@@ -9,11 +9,12 @@ per direction, as the profiles give it). Its latency is NCCL's own model (src/gr
 `ncclTopoTuneModel`): a base latency once per collective, and the ring runs through every rank,
 so an all-gather or reduce-scatter over n ranks on k nodes pays n-1 steps, k-1 of them across
 nodes at the network's step latency and the rest at NVLink's (twice that for an all-reduce); the
-profiles hold NCCL's figures for its Simple protocol, which carries training's large buffers. Over thousands of ranks that is milliseconds
-per collective, which is why NCCL may run an all-reduce across nodes as a tree: 2·((m-1) NVLink
-steps + floor(log2 k) network steps) of latency, at 0.9 of the ring's bus bandwidth (NCCL's tree
-factor; its further cap of 80-110 GB/s per tree is not modelled). Both are priced and the faster
-taken, as NCCL's tuner does: the tree for small buffers, the ring for large ones.
+profiles hold NCCL's figures for its Simple protocol, which carries training's large buffers.
+Over thousands of ranks that is milliseconds per collective, which is why NCCL may run an
+all-reduce across nodes as a tree: 2·((m-1) NVLink steps + floor(log2 k) network steps) of
+latency, at 0.9 of the ring's bus bandwidth (NCCL's tree factor; its further cap of 80-110 GB/s
+per tree is not modelled). Both are priced and the faster taken, as NCCL's tuner does: the tree
+for small buffers, the ring for large ones.
 
 An all-to-all (expert parallelism's token dispatch) of a B-byte send buffer, B/n to each rank,
 moves (n-1)/n·B bytes per rank, pairwise in n-1 steps; across nodes each rank sends the

@@ -98,15 +98,14 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   RoPE and the gated MLP as separate eager kernels.
 - `eager_rms_norm_composite`: an eager layer's RMSNorm is a module of torch ops computed in fp32
   (cast up, pow, mean, add eps, rsqrt, multiply, cast back, times the weight: each its own kernel
-  and pass over the activations, and its backward as autograd runs them; it keeps the upcast input
-  and the normalised copy for backward), not torch's fused CUDA kernel: fms-fsdp's
-  `LayerNormParameterized` (use_high_precision_pow), torchtitan's own `RMSNorm` class (2024,
-  `torchtitan/models/norms.py`, `norm_type = "rmsnorm"`, before it moved to `nn.RMSNorm`). Its time
-  is counted as torch's CPU composite is (costmodel.kernels.elementwise), at the compute dtype's
-  width; a compiled layer fuses it. What its autograd keeps is priced as the fused kernel's: the
-  CPU's measured count (fp32 input and normalised copy) would put torchtitan's Llama 2 13B run
-  without recomputation on 64 A100-80GB (profiles/runs, tt24a-l2-13b-noac) 9 GB over the device,
-  and that run was measured.
+  and pass over the activations, and its backward as autograd runs them), not torch's fused CUDA
+  kernel: fms-fsdp's `LayerNormParameterized` (use_high_precision_pow), torchtitan's own `RMSNorm`
+  class (2024, `torchtitan/models/norms.py`, `norm_type = "rmsnorm"`, before it moved to
+  `nn.RMSNorm`). Its time is counted as torch's CPU composite is (costmodel.kernels.elementwise),
+  at the compute dtype's width; a compiled layer fuses it. Its memory is priced as the fused
+  kernel's: the CPU's measured count of what autograd keeps (the input in fp32 and a normalised
+  copy) would put torchtitan's Llama 2 13B run without recomputation on 64 A100-80GB
+  (profiles/runs, tt24a-l2-13b-noac) 9 GB over the device, and that run was measured.
 - `compiled_layer`: each transformer layer runs as `torch.compile` made it (`planner run
   --compile`, runtime.compile; torchtitan's regional compile): inductor fuses the layer's
   memory-bound work (norms, RoPE, SwiGLU, residual adds and the backward's sums) into a few
