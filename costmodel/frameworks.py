@@ -105,7 +105,8 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   at the compute dtype's width; a compiled layer fuses it. Its memory is priced as the fused
   kernel's: the CPU's measured count of what autograd keeps (the input in fp32 and a normalised
   copy) would put torchtitan's Llama 2 13B run without recomputation on 64 A100-80GB
-  (profiles/runs, tt24a-l2-13b-noac) 9 GB over the device, and that run was measured.
+  (profiles/runs, tt24a-l2-13b-noac) over the device, and that run was measured (every measured
+  run fits: tests/planner/test_fidelity.py).
 - `compiled_layer`: each transformer layer runs as `torch.compile` made it (`planner run
   --compile`, runtime.compile; torchtitan's regional compile): inductor fuses the layer's
   memory-bound work (norms, RoPE, SwiGLU, residual adds and the backward's sums) into a few

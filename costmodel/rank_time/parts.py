@@ -262,7 +262,7 @@ def _kernel_parts(model: ModelSpec, train: TrainSpec, shape: KernelKey, cluster:
                                fw.cpu_kernels, fw.eager_layer, early, fw.compiled_layer,
                                not fw.vendor_attention,   # torch's SDPA: one head size
                                fw.grouped_expert_gemm, fw.shared_expert_tp,
-                               composite_rms_norm(fw) and not fw.cpu_kernels)
+                               composite_rms_norm(fw))
     mtp_proj_s = 0.0
     if model.mtp_depth:   # the MTP modules' 2h -> h projection, column-parallel over TP
         h = model.hidden_size
@@ -274,7 +274,7 @@ def _kernel_parts(model: ModelSpec, train: TrainSpec, shape: KernelKey, cluster:
         layer=layer, early=early, exposed=exposed, exposed_backward=exposed_backward,
         embedding=embedding_kernel_times(model, train, shape, dev),
         head=head_kernel_times(model, train, shape, dev, fw.cpu_kernels, fw.fused_cross_entropy,
-                               composite_rms_norm(fw) and not fw.cpu_kernels),
+                               composite_rms_norm(fw)),
         loss_s=_gathered_logits_loss_s(model, train, shape, cluster), mtp_proj_s=mtp_proj_s,
         tp=axis(_TpShape(tp, cp, shape.sequence_parallel, mbs, shape.fp8_linears)),
         # ring attention hides its hops behind the layer's attention
