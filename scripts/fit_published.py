@@ -11,24 +11,39 @@ sources left out of the fit.
 """
 from __future__ import annotations
 
+import argparse
 import math
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 from planner.measure import fit
+from costmodel.inputs import UserError
 from planner.measure.validate import default_runs_path, read_runs
 
 
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="?", type=Path, default=None,
+                    help="runs table (default: profiles/runs/published_runs.csv)")
+    ap.add_argument("--evaluate", action="store_true",
+                    help="price every row with the profiles' current values; fit nothing")
+    return ap.parse_args()
+
+
 def main() -> None:
-    args = [a for a in sys.argv[1:] if a != "--evaluate"]
-    path = Path(args[0]) if args else default_runs_path()
-    rows = fit.fill_rows(read_runs(path))
+    args = parse_args()
+    try:
+        rows = fit.fill_rows(read_runs(args.runs or default_runs_path()))
+    except UserError as e:
+        print(f"fit_published: {e}", file=sys.stderr)
+        sys.exit(2)
     by_chip = defaultdict(list)
     for r in rows:
         by_chip[fit.chip(r.cluster)].append(r)
     for name, group in sorted(by_chip.items()):
-        values = None if "--evaluate" in sys.argv else fit.fit(group)
+        values = None if args.evaluate else fit.fit(group)
         errors = [r.log_error(values, simulate=True) for r in group]
         s = fit.summary(errors)
         print(f"\n== {name}: {s['n']} rows, MAPE {s['mape_pct']:.1f}%, max |error| {s['max_abs_error_pct']:.1f}%")
