@@ -39,15 +39,6 @@ def gelu_s(model: ModelSpec, plan: KernelShape, tokens: int, dev: DeviceProfile)
     return elements * forward, elements * backward
 
 
-def _elementwise_forward_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile,
-                           tokens: int) -> float:
-    """Norms, residual adds, dropout, activation function and RoPE: bytes read + written, as
-    fused kernels run them (Megatron-Core, Transformer Engine, compiled code).
-    Without sequence parallelism every TP rank repeats the norms/adds/dropout on all tokens."""
-    num_bytes, kernels = _fused_elementwise(model, train, plan, tokens)
-    return memory_bound_s(num_bytes, dev, kernels)
-
-
 def rank_hidden_elements(model: ModelSpec, plan: KernelShape, tokens: int) -> float:
     """A layer's hidden states on one TP rank, what its norms, residual adds and dropouts run
     over: every token's without sequence parallelism (each TP rank repeats them), its 1/tp shard
@@ -55,23 +46,45 @@ def rank_hidden_elements(model: ModelSpec, plan: KernelShape, tokens: int) -> fl
     return tokens * model.hidden_size / (plan.tp if plan.sequence_parallel else 1)
 
 
-def _fused_elementwise(model: ModelSpec, train: TrainSpec, plan: KernelShape, tokens: int) -> tuple[float, int]:
+def _fused_elementwise(model: ModelSpec, train: TrainSpec, plan: KernelShape,
+                       tokens: int) -> tuple[float, int, float, int]:
+    """(forward bytes, kernels, backward bytes, kernels) of a layer's memory-bound work as fused
+    kernels run it (Megatron-Core and Transformer Engine, compiled code), each kernel's bytes
+    read + written, its backward counted as its own kernel reads and writes:
+    - a norm reads and writes the hidden states (2a); backward reads the input and the output
+      gradient and writes the input gradient (3a), a second kernel finishing the weight's
+      partial sums;
+    - each branch's end adds the residual (read two, write one: 3a), with dropout fused into it
+      (Megatron's bias-dropout-add: one kernel writing a byte mask); backward the residual stream
+      carries the gradient through, the branch's input gradient is summed into it (3a), and
+      under dropout the branch's gradient is masked (read gradient and mask, write: 2a + 1);
+    - the activation function reads its inputs and writes one output (SwiGLU 3a per element
+      of the MLP's width, GeLU 2a); backward reads the output gradient and the inputs and
+      writes their gradients (5a, 3a);
+    - RoPE and the Q/K norms as a rotation (2a each way) and a norm;
+    - a mixture's routing (costmodel.kernels.gemm._moe_routing_bytes) backward as forward: the
+      permutations' gradients move the rows they moved.
+    Without sequence parallelism every TP rank repeats the norms, adds and dropouts on all
+    tokens."""
     a, t = train.compute_dtype.num_bytes, plan.tp
     rep = rank_hidden_elements(model, plan, tokens)
     drop = 1 if model.dropout else 0
-    num_bytes = rep * (model.layer_norms * 2 * a + 2 * 3 * a + drop * 2 * (2 * a + 1))
-    acts = 3 if model.ffn_kind.gated else 2
-    num_bytes += acts * a * tokens * _mlp_width(model) / t
+    norms = model.layer_norms
+    fwd = rep * (norms * 2 * a + 2 * (3 * a + drop))
+    bwd = rep * (norms * 3 * a + 2 * 3 * a + drop * 2 * (2 * a + 1))
+    fwd_k, bwd_k = norms + 2, 2 * norms + 2 + 2 * drop
+    width = tokens * _mlp_width(model) / t
+    fwd_act, bwd_act = (3, 5) if model.ffn_kind.gated else (2, 3)
+    fwd, bwd, fwd_k, bwd_k = fwd + fwd_act * a * width, bwd + bwd_act * a * width, fwd_k + 1, bwd_k + 1
     routing_bytes, routing_kernels = _moe_routing_bytes(model, train, moe_tokens(tokens, t), plan.ep, plan.etp)
-    num_bytes += routing_bytes
-    kernels = 5 + 2 * drop + routing_kernels
+    fwd, bwd, fwd_k, bwd_k = fwd + routing_bytes, bwd + 2 * routing_bytes, fwd_k + routing_kernels, bwd_k + 2 * routing_kernels
     if model.qk_norm:   # Qwen3's RMSNorm over each head's queries and keys
-        num_bytes += 2 * a * tokens * (model.q_hidden_size + model.kv_hidden_size) / t
-        kernels += 2
+        qk = tokens * (model.q_hidden_size + model.kv_hidden_size) / t
+        fwd, bwd, fwd_k, bwd_k = fwd + 2 * a * qk, bwd + 3 * a * qk, fwd_k + 2, bwd_k + 4
     if model.position_kind is PositionKind.ROPE:   # on the rotated share of each head's dimensions
-        num_bytes += 2 * a * tokens * _rotated(model) / t
-        kernels += 1
-    return num_bytes, kernels
+        rotated = 2 * a * tokens * _rotated(model) / t
+        fwd, bwd, fwd_k, bwd_k = fwd + rotated, bwd + rotated, fwd_k + 1, bwd_k + 1
+    return fwd, fwd_k, bwd, bwd_k
 
 
 def _mlp_width(model: ModelSpec) -> int:
@@ -179,8 +192,8 @@ def _elementwise_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: D
             model, train, plan, tokens, CPU_ELEMENT_BYTES if cpu_kernels else train.compute_dtype.num_bytes,
             cpu=cpu_kernels, composite_norm=composite_norm)
         return memory_bound_s(fwd_b, dev, fwd_k), memory_bound_s(bwd_b, dev, bwd_k)
-    forward = _elementwise_forward_s(model, train, plan, dev, tokens)
-    return forward, 2 * forward
+    fwd_b, fwd_k, bwd_b, bwd_k = _fused_elementwise(model, train, plan, tokens)
+    return memory_bound_s(fwd_b, dev, fwd_k), memory_bound_s(bwd_b, dev, bwd_k)
 
 
 def cross_entropy_s(tokens: int, vocab: int, train: TrainSpec, dev: DeviceProfile, fused: bool = False) -> float:
