@@ -226,6 +226,15 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   (runtime.moe) that torchao's float8 linears do not reach, and torchao's float8 grouped GEMM
   (`torchao.prototype.moe_training`, torch `_scaled_grouped_mm`) has no CPU kernel, so it
   refuses float8 with experts (costmodel.check.fp8_problems).
+- `float8_saved_inputs`: a float8 linear keeps its input for the weight gradient in float8 (one
+  byte an element, the column-wise copy the weight-gradient GEMM reads): Transformer Engine's
+  Linear, LayerNormLinear and GroupedLinear keep the quantized input and drop its row-wise data
+  after the forward GEMM (transformer_engine/pytorch/module/linear.py, grouped_linear.py:
+  `inputmat.update_usage(rowwise_usage=False, columnwise_usage=True)`; TE's docs: "With FP8, TE
+  saves quantized tensors"). The attention's output, which the attention keeps in 16 bits for
+  its own backward, gains a float8 copy beside it; a mixture's router keeps its 16-bit input
+  (costmodel.memory.activations). torchao's float8 linears (torchtitan, our runtime) keep the
+  16-bit input and cast it again in backward.
 - `fused_grad_accumulation`: the weight-gradient GEMMs add into the fp32 gradient buffer
   themselves (Megatron's `gradient_accumulation_fusion` with APEX's `fused_weight_gradient_mlp_cuda`,
   on unless `--no-gradient-accumulation-fusion`; in Megatron-LM since commit 83b1e42 of
@@ -285,6 +294,7 @@ class FrameworkTraits:
     float8_with_tp: bool = False
     float8_param_gather: bool = False
     float8_experts: bool = False
+    float8_saved_inputs: bool = False
     tp_comm_overlap: bool = False
     tp_backward_reduce_scatter_exposed: bool = False
     ep_folds_over_tp: bool = False
@@ -334,7 +344,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
                     **_MEGATRON),
     FrameworkTraits(name="megatron-core", dp_grad_overlap=True, dp_param_overlap=True, tp_comm_overlap=True,
                     swiglu_saved_tensors=3, vendor_attention=True, float8_casts_fused=True, float8_with_tp=True,
-                    float8_param_gather=True, float8_experts=True, ep_folds_over_tp=True, expert_tensor_parallel=True,
+                    float8_param_gather=True, float8_experts=True, float8_saved_inputs=True, ep_folds_over_tp=True, expert_tensor_parallel=True,
                     dp_sync_per_chunk=True,
                     dispatch_per_node=True, moe_probs_in_activation=True,
                     grouped_expert_gemm=True, mtp_with_cp=True, shared_expert_tp=True, **_MEGATRON),

@@ -32,7 +32,7 @@ def _cp_cpu_mask_elements(train: TrainSpec, plan: Plan, traits: FrameworkTraits)
 
 
 def _moe_saved_bytes(model: ModelSpec, train: TrainSpec, tokens: int, ep: int, traits: FrameworkTraits,
-                     etp: int = 1, shared_split: int = 1) -> float:
+                     etp: int = 1, shared_split: int = 1, input_bytes: int | None = None) -> float:
     """What runtime.moe keeps for backward in one layer (measured per tensor by
     tests/runtime/test_activation_memory.py): the router's fp32 probabilities, the chosen experts
     (int64) and their fp32 weights (and their sum where renormalised); per routed slot (tokens·k)
@@ -46,22 +46,34 @@ def _moe_saved_bytes(model: ModelSpec, train: TrainSpec, tokens: int, ep: int, t
     gathered over the etp ranks, each with 1/etp of the expert's width. A shared expert split over
     the `shared_split` ranks of the TP group (frameworks `shared_expert_tp`) keeps its SwiGLU
     tensors over their shards gathered at 1/shared_split of its width (as much where it divides),
-    its gate on the rank's shard."""
+    its gate on the rank's shard. input_bytes: bytes per element of what the experts' projections
+    keep of their inputs (the rows and the SwiGLU product): the compute dtype's, or float8's where
+    the framework keeps float8 inputs (_linear_input_bytes); the shared expert then keeps its own
+    float8 copy of the MLP input as well."""
     a, h, k, e = train.compute_dtype.num_bytes, model.hidden_size, model.experts_per_token, model.num_experts
+    x = a if input_bytes is None else input_bytes
     router = tokens * (4 * e + 8 * k + 4 * k + (4 if model.moe_norm_topk_prob else 0))
     per_slot = 4 + 4 if traits.moe_probs_in_activation else a * (2 * h + 1) + 16
-    per_row = etp * (a * (h + traits.swiglu_saved_tensors * model.moe_ffn_hidden_size // etp)
-                     + (16 if ep * etp > 1 else 0))
+    swiglu = (traits.swiglu_saved_tensors - 1) * a + x   # the product is the down projection's input
+    per_row = etp * (x * h + swiglu * model.moe_ffn_hidden_size // etp + (16 if ep * etp > 1 else 0))
     fs = model.shared_expert_ffn_hidden_size
-    shared = a * tokens * (shared_split * traits.swiglu_saved_tensors * ceil_div(fs, shared_split)
-                           + ((h + 1) if model.shared_expert_gate else 0))
+    shared = tokens * (shared_split * swiglu * ceil_div(fs, shared_split)
+                       + (a * (h + 1) if model.shared_expert_gate else 0) + (x * h if fs and x != a else 0))
     return router + tokens * k * per_slot + expert_rows(model, train, tokens, ep) * per_row + shared
+
+
+def _linear_input_bytes(train: TrainSpec, plan: Plan, traits: FrameworkTraits) -> int:
+    """Bytes per element of what a linear projection keeps of its input for its weight gradient:
+    the compute dtype's, or one where float8 linears keep their float8 input (frameworks
+    `float8_saved_inputs`)."""
+    return 1 if plan.fp8_linears and traits.float8_saved_inputs else train.compute_dtype.num_bytes
 
 
 def layer_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, mode: Recompute,
                            traits: FrameworkTraits = RUNTIME) -> float:
     """Bytes one layer keeps for backward, for one micro-batch, on one device."""
     a = train.compute_dtype.num_bytes
+    lin = _linear_input_bytes(train, plan, traits)
     t, sp = plan.tp, plan.tp if plan.sequence_parallel else 1
     b, s = plan.micro_batch_size, train.seq_len // plan.cp
     tokens, h, kv, f = b * s, model.hidden_size, model.kv_hidden_size, model.ffn_hidden_size
@@ -83,8 +95,11 @@ def layer_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, mode:
     # shared by both branches gives them one input, unless each block gathers its own (SP)
     split_shared = traits.shared_expert_tp and model.shared_expert_ffn_hidden_size > 0
     mlp_input_split = t if model.is_moe and not split_shared else _proj_input_split(plan, traits)
-    mlp_input = 0.0 if model.shared_norm and not _gathers_per_block(plan, traits) else a * tokens * h / mlp_input_split
-    replicated = (tokens * h * (norms + 2 * drop) / sp + a * tokens * h / _proj_input_split(plan, traits)
+    # the projections' inputs: float8 where the framework keeps float8 (not a mixture's, whose
+    # router takes the 16-bit input)
+    mlp_lin = a if model.is_moe else lin
+    mlp_input = 0.0 if model.shared_norm and not _gathers_per_block(plan, traits) else mlp_lin * tokens * h / mlp_input_split
+    replicated = (tokens * h * (norms + 2 * drop) / sp + lin * tokens * h / _proj_input_split(plan, traits)
                   + mlp_input)
     qkv = ((mla_saved_bytes(model, train, plan, traits) if model.is_mla else a * tokens * (q + 2 * kv) / t)
            + cp_gathered_kv_bytes(model, train, plan, traits))
@@ -96,12 +111,16 @@ def layer_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, mode:
         qkv += tokens * (q + kv) * (2 * 4 if cpu_rms else a) / t
     if model.position_kind is PositionKind.ROPE:   # RoPE's cos and sin, for Q and for K (any batch)
         qkv += 4 * a * s * model.rotary_dims
-    out_proj_input = a * tokens * model.attention_output_size / t
+    # the attention's output, kept by the attention for its backward and by the output projection
+    # as its input: one tensor, and a float8 copy beside it where the projection keeps float8
+    out_proj_input = (a + (lin if lin != a else 0)) * tokens * model.attention_output_size / t
     # SwiGLU in eager torch saves gate, up, silu(gate) and the product; a fused kernel keeps the
-    # 2f-wide first projection and the product (costmodel.frameworks)
+    # 2f-wide first projection and the product (costmodel.frameworks); the product (GeLU: its
+    # output) is the down projection's input
+    expert_lin = lin if traits.float8_experts else a
     mlp = (_moe_saved_bytes(model, train, moe_tokens(tokens, t), plan.ep, traits, plan.etp,
-                            shared_expert_split(t, traits.shared_expert_tp)) if model.is_moe else
-           (traits.swiglu_saved_tensors if model.ffn_kind.gated else 2) * a * tokens * f / t)
+                            shared_expert_split(t, traits.shared_expert_tp), expert_lin) if model.is_moe else
+           ((traits.swiglu_saved_tensors if model.ffn_kind.gated else 2) - 1 + lin / a) * a * tokens * f / t)
     if mode is Recompute.SELECTIVE:
         core = 0.0
     elif train.attention_kernel is AttentionKernel.FLASH and not (drop and traits.cpu_kernels):
