@@ -17,8 +17,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from planner.measure import fit
 from costmodel.inputs import UserError
+from planner.measure import fit
 from planner.measure.validate import default_runs_path, read_runs
 
 
@@ -48,9 +48,11 @@ def main() -> None:
         s = fit.summary(errors)
         print(f"\n== {name}: {s['n']} rows, MAPE {s['mape_pct']:.1f}%, max |error| {s['max_abs_error_pct']:.1f}%")
         print(f"  profiles: {', '.join(sorted({r.cluster.device.name for r in group}))}")
+        fitted = fit.fitted_keys(group)
         for k, v in (values or fit.current_values(group[0].cluster)).items():
             low, high = fit.bounds_for(group[0].cluster)[k]
-            edge = "  (at its bound)" if values and min(abs(v - low), abs(v - high)) <= 1e-3 * high else ""
+            edge = ("  (not fitted)" if k not in fitted else
+                    "  (at its bound)" if min(abs(v - low), abs(v - high)) <= 1e-3 * high else "")
             print(f"  {k} = {v:.4g}{edge}")
         for r, e in zip(group, errors):
             print(f"    {r.row['id']:42s} {100 * (math.exp(e) - 1):+6.1f}% step time")

@@ -126,10 +126,10 @@ def test_every_integer_flag_is_bounded_where_it_is_read(command, bases, capsys):
     ("\nlatency_s = 3.4e-6", "\nlatency_s = 1e308 #", "latency_s"),
     ("\nbase_latency_s = 8.4e-6", "\nbase_latency_s = 1e308 #", "base_latency_s"),
     ("kernel_overhead_s = 30e-06", "kernel_overhead_s = 1e308", "kernel_overhead_s"),
-    ("comm_contention = 0.300", "comm_contention = 1e308", "comm_contention"),
+    ("\ncomm_contention = ", "\ncomm_contention = 1e308 #", "comm_contention"),
     ("\ngemm = ", "\ngemm = 1e308 #", "efficiency.gemm"),         # the [efficiency] value, before [ranges]
     ("\nmemory = ", "\nmemory = 1e-300 #", "efficiency.memory"),
-    ("intra_node_comm = 0.840", "intra_node_comm = 1e-300", "nvlink4 efficiency"),
+    ("\nintra_node_comm = ", "\nintra_node_comm = 1e-300 #", "nvlink4 efficiency"),
     ("num_sms = 132", "num_sms = 1e308", "num_sms"),
     ("memory_bytes = 85_899_345_920", "memory_bytes = 1e308", "memory_bytes"),
     ("allocator_fragmentation = 0.08", "allocator_fragmentation = 1e308", "allocator_fragmentation")])
