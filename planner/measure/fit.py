@@ -204,10 +204,10 @@ def _jacobian(space: _Space, x, r0):
 
 
 def _step(jac, r, x, space: _Space):
-    """The Gauss-Newton step inside the bounds: least squares of the linearised log errors. A
-    parameter no row's step time depends on (a zero column: the per-kernel host cost where every
-    run keeps its device busier than its host) is not identified by the rows and keeps its
-    value."""
+    """The Gauss-Newton step inside the bounds: least squares of the linearised log errors and
+    the prior's terms. A parameter no row's step time depends on is moved by its prior alone,
+    toward its range's centre; one with a zero column throughout (none while every fitted key has
+    a prior term) keeps its value."""
     from scipy.optimize import lsq_linear
     active = np.abs(jac).max(axis=0) > 1e-9
     dx = np.zeros(len(x))
