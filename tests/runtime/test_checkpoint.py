@@ -162,46 +162,46 @@ def test_a_checkpoint_of_another_model_is_refused(tmp_path):
     assert saved["step"] == 1 and saved["model"]["name"] == "debug-tiny"
 
 
-def test_planner_run_saves_and_resumes(tmp_path, capsys):
-    """The command as a user types it (torchrun, 2 gloo ranks): 3 steps saved, then resumed to 5
-    under another plan; the flags' refusals are one line each."""
+def test_planner_run_saves_and_resumes(dp_run, tmp_path, capsys):
+    """The command as a user types it (torchrun, 2 gloo ranks): 4 steps saved (dp_run's
+    uninterrupted run, its checkpoint copied here), then resumed to 6 under another plan; the
+    flags' refusals are one line each."""
     import subprocess
     import sys
 
     from planner.cli import main
-    tiny = ["predict", "--model", "debug-tiny", "--cluster", "1x2xxeon-amx", "--dtype", "fp32", "--json"]
-    assert main([*tiny, "--dp", "2", "--out", str(tmp_path / "dp.json")]) == 0
-    assert main([*tiny, "--dp", "1", "--tp", "2", "--mbs", "8", "--out", str(tmp_path / "tp.json")]) == 0
-    capsys.readouterr()
+    _, _, saved = dp_run
+    dp = saved / "dp.json"
+    assert main(["predict", "--model", "debug-tiny", "--cluster", "1x2xxeon-amx", "--dtype", "fp32", "--json",
+                 "--dp", "1", "--tp", "2", "--mbs", "8", "--out", str(tmp_path / "tp.json")]) == 0
     ckpt = tmp_path / "ckpt"
+    shutil.copytree(saved / "ckpt-whole", ckpt)
+    assert checkpoint.complete_steps(ckpt) == [4]   # the run's end, no --checkpoint-every
 
     def run(plan, out, *extra):
         return subprocess.run([sys.executable, "-m", "planner", "run", str(tmp_path / plan), "--warmup", "0",
                                "--out", str(tmp_path / out), "--checkpoint-dir", str(ckpt), *extra],
                               capture_output=True, text=True, timeout=120)
-    first = run("dp.json", "a", "--steps", "3")
-    assert first.returncode == 0, first.stderr
-    assert checkpoint.complete_steps(ckpt) == [3]
     # refusals come before any rank starts: in this process (a new interpreter costs seconds)
     capsys.readouterr()
-    assert main(["run", str(tmp_path / "dp.json"), "--warmup", "0", "--out", str(tmp_path / "b"),
-                 "--checkpoint-dir", str(ckpt), "--steps", "5"]) == 2
-    assert "holds checkpoints (step-000003); pass --resume" in capsys.readouterr().err
-    resumed = run("tp.json", "c", "--steps", "5", "--resume", "--checkpoint-async")
+    assert main(["run", str(dp), "--warmup", "0", "--out", str(tmp_path / "b"),
+                 "--checkpoint-dir", str(ckpt), "--steps", "6"]) == 2
+    assert "holds checkpoints (step-000004); pass --resume" in capsys.readouterr().err
+    resumed = run("tp.json", "c", "--steps", "6", "--resume", "--checkpoint-async")
     assert resumed.returncode == 0, resumed.stderr
-    assert "resuming after step 3" in resumed.stderr
+    assert "resuming after step 4" in resumed.stderr
     measured = json.loads((tmp_path / "c" / "measured.json").read_text())
-    assert len(measured["losses"]) == 2 and checkpoint.complete_steps(ckpt) == [3, 5]
+    assert len(measured["losses"]) == 2 and checkpoint.complete_steps(ckpt) == [4, 6]
     assert len(measured["checkpoint_wait_s"]) == 1   # one save, at the end: the time the step stood still
     assert main(["run", str(tmp_path / "tp.json"), "--warmup", "0", "--out", str(tmp_path / "d"),
-                 "--checkpoint-dir", str(ckpt), "--steps", "5", "--resume"]) == 2
+                 "--checkpoint-dir", str(ckpt), "--steps", "6", "--resume"]) == 2
     assert "trains nothing more" in capsys.readouterr().err
     for flags, text in ((["--keep", "3"], "need --checkpoint-dir"), (["--resume"], "need --checkpoint-dir"),
                         (["--checkpoint-async"], "need --checkpoint-dir"),
                         (["--device-mtbf-hours", "100"], "need --checkpoint-dir"),
                         (["--checkpoint-dir", str(ckpt), "--checkpoint-every", "2", "--storage-mb-s-per-device", "9"],
                          "--checkpoint-every sets the interval")):
-        assert main(["run", str(tmp_path / "dp.json"), *flags]) == 2
+        assert main(["run", str(dp), *flags]) == 2
         assert text in capsys.readouterr().err
 
 
@@ -218,7 +218,9 @@ def test_a_tied_embedding_saved_on_one_stage_resumes_split_over_two(tmp_path):
 
 @pytest.fixture(scope="module")
 def dp_run(tmp_path_factory):
-    """A dp2 plan (torchrun, 2 gloo ranks) and the losses of its uninterrupted 4-step run."""
+    """A dp2 plan (torchrun, 2 gloo ranks) and the losses of its uninterrupted 4-step run, which
+    saves its checkpoint at the end (ckpt-whole: test_planner_run_saves_and_resumes resumes a copy;
+    a save after the last step changes none of its losses)."""
     import subprocess
     import sys
 
@@ -231,7 +233,7 @@ def dp_run(tmp_path_factory):
     def run(out, *extra):
         return subprocess.run([sys.executable, "-m", "planner", "run", str(plan), "--warmup", "0", "--steps", "4",
                                "--out", str(tmp / out), *extra], capture_output=True, text=True, timeout=180)
-    whole = run("whole")
+    whole = run("whole", "--checkpoint-dir", str(tmp / "ckpt-whole"))
     assert whole.returncode == 0, whole.stderr
     return run, json.loads((tmp / "whole" / "measured.json").read_text())["losses"], tmp
 

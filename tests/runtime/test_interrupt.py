@@ -16,8 +16,8 @@ import pytest
 
 from planner.cli import main
 
-# every test here bounds how fast a signal is answered (within 5 s): none runs beside another
-pytestmark = pytest.mark.alone
+# the tests that bound how fast a signal is answered (within 5 s) run with no other beside them
+# (`alone`); the one that sends its signal from inside fork bounds no time and shares the machine
 
 
 def _default_sigint() -> None:
@@ -38,6 +38,7 @@ def _processes_mentioning(text: str) -> list[str]:
     return found
 
 
+@pytest.mark.alone
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 @pytest.mark.parametrize("sig, code, word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
 def test_a_signal_ends_the_run_cleanly_and_keeps_what_was_measured(tmp_path, capsys, sig, code, word):
@@ -83,6 +84,7 @@ def _long_table(path: Path) -> None:
     path.write_text("\n".join([lines[0]] + [f"r{k}_{row}" for k in range(10) for row in lines[1:]]) + "\n")
 
 
+@pytest.mark.alone
 @pytest.mark.parametrize("argv, after_s", [
     (["validate", "{tmp}/runs.csv"], 2.5),   # CP-SAT solves under way: its own SIGINT handler must not make Ctrl-C fatal
     (["profile", "--out", "{tmp}/p.toml", "--quick"], 6.0),   # forked measuring ranks

@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from costmodel.plan import PlanFile
 from planner.cli import main
 from runtime import netns
+from runtime.fork import run_forked
+from runtime.launch import WorkerArgs
+from runtime.train import RunConfig, run_rank
 
 
 @pytest.fixture
@@ -50,14 +53,14 @@ def test_a_pipeline_across_two_nodes_trains_as_on_one(tmp_path, capsys, two_node
     results = [p.communicate(timeout=180) for p in procs]
     assert all(p.returncode == 0 for p in procs), [r[1][-2000:] for r in results]
     across = json.loads((out / "raw.json").read_text())["losses"]
-    # the same plan on one node (four local ranks), loopback only
-    alone = tmp_path / "alone"
-    alone.mkdir()
-    worker = commands[0].split(" -m ", 1)[1].replace(str(out), str(alone))
-    one = subprocess.run(f"{sys.executable} -m torch.distributed.run --standalone --nproc-per-node=4 -m {worker}",
-                         shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=180)
-    assert one.returncode == 0, one.stderr[-2000:]
-    assert across == pytest.approx(json.loads((alone / "raw.json").read_text())["losses"], rel=1e-6)
+    # the same plan and worker arguments on one node: four local ranks (forked from this process,
+    # loopback only) running the worker's training loop as runtime.worker configures it; the
+    # launch itself, torchrun and runtime.worker on one node, is test_run_cli's
+    args = WorkerArgs.parse(shlex.split(commands[0].split(" -m runtime.worker ", 1)[1]))
+    cfg = RunConfig(steps=args.steps, warmup=args.warmup, seed=args.seed, lr=args.lr, data=args.data,
+                    data_dtype=args.data_dtype, quiet=True)
+    one = run_forked(4, run_rank, PlanFile.load(args.plan), cfg)[0]["losses"]
+    assert across == pytest.approx(one, rel=1e-6)
     assert len(across) == 3
 
 

@@ -3,6 +3,7 @@ fp32, SGD; losses of every step and all parameters after the steps within 1e-5 r
 Ranks are forked from this process (gloo on CPU), 2-8 of them."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import replace as dc_replace
 
 import pytest
@@ -214,9 +215,25 @@ def test_float8_linears_train_as_one_process_does(choice):
     CPU _scaled_mm: the numbers, not the speed, of float8 training)."""
     pytest.importorskip("torchao", reason="torchao (test extra) is not installed")
     pf = plan_file(choice, world=2, compute_dtype=DType.BF16)
-    ref_losses, _ = reference(pf)
-    got = distributed(pf)["losses"]
+    with _emulated_float8_gemms():   # the forked ranks inherit it
+        ref_losses, _ = reference(pf)
+        got = distributed(pf)["losses"]
     assert max(abs(a - b) for a, b in zip(got, ref_losses)) < 2e-3, (got, ref_losses)
+
+
+@contextmanager
+def _emulated_float8_gemms():
+    """torch's CPU _scaled_mm as it runs on a CPU without AMX (the float8 operands scaled up to
+    fp32, one fp32 GEMM, the result cast to bf16), for the single process and the ranks alike.
+    On a CPU with AMX-INT8 torch hands it to oneDNN's float8 GEMM instead, ~250x slower on these
+    shapes (each case above took ~30 s on 2 cores, nearly all of it in _scaled_mm). oneDNN is
+    off for the bf16 ops beside them too, on both sides: the same torchao linears, float8 casts
+    and scales either way."""
+    enabled = torch.backends.mkldnn.set_flags(False, _fp32_precision=None)[0]
+    try:
+        yield
+    finally:
+        torch.backends.mkldnn.set_flags(enabled, _fp32_precision=None)
 
 
 def test_float8_conversion_reaches_every_layer_linear():
