@@ -62,8 +62,10 @@ def _fused_elementwise(model: ModelSpec, train: TrainSpec, plan: KernelShape,
       of the MLP's width, GeLU 2a); backward reads the output gradient and the inputs and
       writes their gradients (5a, 3a);
     - RoPE and the Q/K norms as a rotation (2a each way) and a norm;
-    - a mixture's routing (costmodel.kernels.gemm._moe_routing_bytes) backward as forward: the
-      permutations' gradients move the rows they moved.
+    - a mixture's routing (costmodel.kernels.gemm._moe_routing_bytes) backward at twice its
+      forward: the permutations' gradients, the probabilities' gradient re-reading the routed
+      outputs and the router's backward (counted at once its forward, the published Qwen3 MoE
+      runs are priced 12-25 % too fast).
     Without sequence parallelism every TP rank repeats the norms, adds and dropouts on all
     tokens."""
     a, t = train.compute_dtype.num_bytes, plan.tp
