@@ -17,8 +17,21 @@ WIDTH = "100"
 
 
 def render() -> str:
-    """The whole page: the top-level help, then each subcommand's in the parser's order."""
+    """The whole page: the top-level help, then each subcommand's in the parser's order, with the
+    cache directory shown as its default (~/.cache/planner) whatever this machine's home is."""
     os.environ["COLUMNS"] = WIDTH   # argparse wraps at the terminal's width
+    cache = os.environ.get("PLANNER_CACHE_DIR")
+    os.environ["PLANNER_CACHE_DIR"] = "~/.cache/planner"
+    try:
+        return _render()
+    finally:
+        if cache is None:
+            del os.environ["PLANNER_CACHE_DIR"]
+        else:
+            os.environ["PLANNER_CACHE_DIR"] = cache
+
+
+def _render() -> str:
     sys.path.insert(0, str(ROOT))
     from planner.cli import build_parser
     parser = build_parser()
