@@ -3,7 +3,7 @@
 `MODEL_ERROR_BAND` is the leave-one-source-out MAPE of step time over the published runs
 (profiles/runs/published_runs.csv): each source's runs predicted by a fit on the other sources.
 `python benchmarks/fidelity.py` prints it (its "leave one source out" line): 5.4 % over the
-table's 199 runs from 13 sources, each fitted efficiency inside its published range and none at a
+table's 200 runs from 13 sources, each fitted efficiency inside its published range and none at a
 bound (`planner validate` names any that is). Plans whose predicted step times differ by less than this are not
 told apart by the evidence, so the search treats them as equivalent and prefers the more robust
 one (planner.search).
