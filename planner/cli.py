@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(parser=p, func=cmd_sweep)
 
     p = sub.add_parser("validate", help="predicted vs published step time for measured runs (CSV)",
-                       description="Empty plan cells are filled with the planner's best choice; "
+                       description="Empty plan cells are filled with the planner's best choice (vpp = "
+                                   "interleaved: the schedule stated, V not; V >= 2 is searched); "
                                    "status=OOM rows are right when the plan is predicted not to fit.")
     p.add_argument("runs", nargs="?", default=None,
                    help="table in the format of profiles/runs/published_runs.csv (default: that table)")

@@ -331,21 +331,50 @@ def _options(row: dict[str, str], model: ModelSpec, tp: int, pp: int, dp: int,
     stated_sp = (row.get("sp") or "").strip().lower()
     rc = (row.get("recompute") or "").strip()
     per_replica = global_batch // dp
-    vpp_all = [1] + virtual_stage_options(model.num_layers, pp)
     opts = {
         "micro_batch": [_int(row, "micro_batch")] if row.get("micro_batch", "").strip()
         else [d for d in divisors(per_replica) if d <= MAX_MICRO_BATCH],
         "recompute": [Recompute(rc)] if rc else list(Recompute),
-        "vpp": [_int(row, "vpp")] if row.get("vpp", "").strip() else vpp_all,
+        "vpp": _vpp_options(row, model, pp),
         "sp": [stated_sp in ("yes", "true", "1")] if stated_sp else ([False, True] if tp > 1 else [False]),
         "zero_stage": [_int(row, "zero_stage", low=0, high=3)] if row.get("zero_stage", "").strip() else [0, 1, 2, 3],
     }
-    return opts, {k for k in opts if not (row.get(k) or "").strip()}
+    fillable = {k for k in opts if not (row.get(k) or "").strip()}
+    return opts, fillable | ({"vpp"} if _says_interleaved(row) else set())
+
+
+# A vpp cell for a source that names the interleaved schedule without its number of virtual stages
+INTERLEAVED_VPP = "interleaved"
+
+
+def _says_interleaved(row: dict[str, str]) -> bool:
+    return (row.get("vpp") or "").strip().lower() == INTERLEAVED_VPP
+
+
+def _vpp_options(row: dict[str, str], model: ModelSpec, pp: int) -> list[int]:
+    """The stated V; `interleaved` (V unstated): every V >= 2 Megatron can split the layers
+    into; empty (the schedule unstated too): those and 1."""
+    interleavings = virtual_stage_options(model.num_layers, pp)
+    if _says_interleaved(row):
+        if not interleavings:
+            raise UserError(f"row {row['id']!r}: vpp = {INTERLEAVED_VPP} but {model.num_layers} layers "
+                            f"over pp = {pp} leave no interleaving (pp >= 2 and pp x V chunks of equal layers)")
+        return interleavings
+    if (row.get("vpp") or "").strip():
+        return [_int(row, "vpp")]
+    return [1] + interleavings
 
 
 # What the published frameworks' pipelines run: 1F1B, or interleaved 1F1B with virtual stages
 # (none of them ran a zero-bubble schedule); our own runtime runs them all.
 PUBLISHED_SCHEDULES = frozenset({Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED})
+
+
+def _schedules(row: dict[str, str]) -> frozenset[Schedule]:
+    """The schedules the row's pipeline may have run: interleaved 1F1B alone where it says so."""
+    return frozenset({Schedule.INTERLEAVED}) if _says_interleaved(row) else PUBLISHED_SCHEDULES
+
+
 SEARCH_FIELDS = {"micro_batch": "micro_batch_size", "recompute": "recompute", "vpp": "vpp",
                  "sp": "sequence_parallel", "zero_stage": "zero_stage"}
 
@@ -369,7 +398,7 @@ def best_plan_for_row(row: dict[str, str], model: ModelSpec, train: TrainSpec, c
                                                             "offload_optimizer": False, "offload_activations": False,
                                                             "fp8_linears": train.float8},
                             max_tp=max(tp, cluster.devices_per_node), time_limit_s=time_limit_s,
-                            schedules=PUBLISHED_SCHEDULES, error_band=0.0)
+                            schedules=_schedules(row), error_band=0.0)
     found = search(model, train, cluster, options).plans
     if found:
         # plans differing only in their split or rank order lay out alike: each choice once

@@ -35,6 +35,18 @@ def test_oom_rows_and_filled_cells(tmp_path):
     assert summary["n"] == 1
 
 
+def test_a_row_saying_interleaved_without_v_searches_v(tmp_path):
+    """vpp = interleaved: the source ran interleaved 1F1B and did not say V; validate fills V >= 2
+    (never the plain 1F1B an empty cell may fill) and reports it as filled."""
+    path = tmp_path / "runs.csv"
+    row = "il,x,gpt,24,2048,,16,16,51200,2048,A100-SXM4-80GB,8,8,1,2,4,VPP,,1,1,none,1,64,bf16,iteration_time_s,1.0\n"
+    path.write_text(HEADER + "\n" + row.replace("VPP", "interleaved") + row.replace("il,", "one,").replace("VPP", "1"))
+    (interleaved, plain), _ = validate(path)
+    assert interleaved.filled["vpp"] >= 2 and interleaved.plan.vpp == interleaved.filled["vpp"]
+    assert str(interleaved.plan.schedule) == "interleaved-1f1b"
+    assert "vpp" not in plain.filled and plain.plan.vpp == 1
+
+
 GOOD = "ok,x,gpt,24,2048,,16,16,51200,2048,A100-SXM4-80GB,8,8,1,1,8,,,1,1,,,64,bf16,iteration_time_s,1.0\n"
 
 
@@ -55,6 +67,8 @@ GOOD = "ok,x,gpt,24,2048,,16,16,51200,2048,A100-SXM4-80GB,8,8,1,1,8,,,1,1,,,64,b
     (HEADER + ",node_network_gbps\n" + GOOD.replace("\n", ",0\n"), "node_network_gbps = 0 is out of range"),
     (HEADER + ",node_network_gbps\n" + GOOD.replace("\n", ",nan\n"), "node_network_gbps = nan is not a finite"),
     (HEADER + ",node_network_gbps\n" + GOOD.replace("\n", ",fast\n"), "node_network_gbps = 'fast' is not a number"),
+    (HEADER + "\n" + GOOD.replace(",8,,,1,1,", ",8,interleaved,,1,1,"), "vpp = interleaved but 24 layers over pp = 1"),
+    (HEADER + "\n" + GOOD.replace(",8,,,1,1,", ",8,2v,,1,1,"), "vpp = '2v' is not an integer"),
     (HEADER + ",compiled\n" + GOOD.replace("\n", ",maybe\n"), "compiled = 'maybe' is not yes or no"),
     (HEADER + ",async_tp\n" + GOOD.replace("\n", ",yes\n"), "async_tp = yes on A100-SXM4-80GB, whose profile runs no TP"),
     (HEADER + ",compiled,async_tp\n" + GOOD.replace("A100-SXM4-80GB", "H100").replace("\n", ",no,yes\n"),
