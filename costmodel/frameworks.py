@@ -198,6 +198,17 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   ranks whatever the bytes) outweighs a small model's compute; the bucket bounds that count.
 - `zero3_gathers_per_param`: DeepSpeed ZeRO-3 gathers parameter by parameter (many small
   collectives, each paying the ring latency) rather than one flat buffer per layer as FSDP does.
+- `grads_reduced_after_pipeline`: DeepSpeed's PipelineEngine (Megatron-DeepSpeed's pipeline)
+  reduces the data-parallel gradients as an instruction of its own after the last micro-batch's
+  backward (deepspeed/runtime/pipe/schedule.py TrainSchedule: ReduceTiedGrads, ReduceGrads,
+  OptimizerStep at the final step), so under a pipeline nothing hides them whatever
+  `dp_grad_overlap` says.
+- `grad_overlap_zero3_only`: the reduction overlaps the backward only under ZeRO-3. DeepSpeed's
+  `zero_optimization.overlap_comm`, unset, is true for stage 3 and false below it
+  (deepspeed/runtime/zero/config.py, overlap_comm_valid), and Megatron-DeepSpeed's ZeRO-0/1
+  configurations leave it unset (examples_deepspeed/rebase/ds_config_*_zero1.json), so below
+  ZeRO-3 its buckets reduce on the compute stream. Our DeepSpeed export sets it (exports.deepspeed),
+  so `deepspeed` plans keep `dp_grad_overlap` at every stage.
 - `float8_casts_fused`: how float8 linears (Plan.fp8_linears) scale and cast their operands.
   torchao in eager mode runs each cast as six full-tensor kernels (abs, max, to
   fp32, multiply by the scale, clamp, to float8: 33 bytes per element) and casts six times per
@@ -309,6 +320,8 @@ class FrameworkTraits:
     mtp_with_cp: bool = False
     moe_probs_in_activation: bool = False
     shared_expert_tp: bool = False
+    grads_reduced_after_pipeline: bool = False
+    grad_overlap_zero3_only: bool = False
 
 
 GENERIC = FrameworkTraits(name="generic", dp_grad_overlap=True, dp_param_overlap=True,
@@ -334,7 +347,7 @@ _MEGATRON = dict(sharded_grads_under_pp=True, zero3_gathers_per_param=False, los
 _FSDP = dict(dp_grad_overlap=True, dp_param_overlap=True, zero3_gathers_per_param=False,
              fsdp_master_params=True)
 _DEEPSPEED = dict(dp_grad_overlap=True, dp_param_overlap=False, sharded_grads_under_pp=True,
-                  zero3_gathers_per_param=True)
+                  zero3_gathers_per_param=True, grads_reduced_after_pipeline=True)
 
 FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
     RUNTIME,
@@ -348,7 +361,8 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
                     dp_sync_per_chunk=True,
                     dispatch_per_node=True, moe_probs_in_activation=True,
                     grouped_expert_gemm=True, mtp_with_cp=True, shared_expert_tp=True, **_MEGATRON),
-    FrameworkTraits(name="megatron-deepspeed", **{**_DEEPSPEED, "loss_grad_in_place": True}),
+    FrameworkTraits(name="megatron-deepspeed", **{**_DEEPSPEED, "loss_grad_in_place": True,
+                                                   "grad_overlap_zero3_only": True}),
     FrameworkTraits(name="deepspeed", **_DEEPSPEED),
     FrameworkTraits(name="composer-fsdp", sharded_grads_under_pp=True, flash_attention_1=True,
                     fused_cross_entropy=True, **_FSDP),

@@ -110,7 +110,7 @@ def _dp_terms(model: ModelSpec, train: TrainSpec, plan: Plan, traits: FrameworkT
         w = 1   # weights gathered in float8 (costmodel.frameworks)
     ar, ag, rs = Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.REDUCE_SCATTER
     z = plan.zero_stage
-    reduce_window = "backward" if traits.dp_grad_overlap else "none"
+    reduce_window = "backward" if grads_overlap_backward(plan, traits) else "none"
     gather_window = "forward" if traits.dp_param_overlap else "none"
     reduces = 1 if unsharded_between_micro_batches(plan, traits) else m
     units = 1 if traits.dp_collectives_per_layer else 0   # FSDP units below ZeRO-3 too
@@ -135,6 +135,16 @@ def _dp_terms(model: ModelSpec, train: TrainSpec, plan: Plan, traits: FrameworkT
                                 pieces_per_layer=pieces))
     return (forward, DpTerm(multiplier=m, collectives=((ag, w),), window="backward", pieces_per_layer=pieces),
             DpTerm(multiplier=reduces, collectives=((rs, g),), window=reduce_window, pieces_per_layer=pieces))
+
+
+def grads_overlap_backward(plan: Plan, traits: FrameworkTraits) -> bool:
+    """Whether the framework reduces gradients during the backward for this plan (costmodel.
+    frameworks: dp_grad_overlap, less DeepSpeed's pipeline and its overlap_comm default)."""
+    if traits.grads_reduced_after_pipeline and plan.pp > 1:
+        return False
+    if traits.grad_overlap_zero3_only and plan.zero_stage < 3:
+        return False
+    return traits.dp_grad_overlap
 
 
 def dp_term_comm_s(term: DpTerm, n_params: float, cluster: ClusterSpec, span: AxisSpan,
