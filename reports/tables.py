@@ -129,7 +129,9 @@ def validate_table(results: Sequence[Any], summary: dict[str, Any]) -> str:
         pub = r.published if isinstance(r.published, str) else f"{r.published:.4g}"
         pred = r.predicted if isinstance(r.predicted, str) else f"{r.predicted:.4g}"
         filled = " ".join(f"{k}={v}" for k, v in r.filled.items())
-        rows.append((r.id, r.metric, pub, pred, err, "yes" if r.fits else "no", filled))
+        # a run priced as not fitting: by how much (its tightest stage's peak over what CUDA leaves)
+        fits = "yes" if r.fits else f"no: {_tightest(r.estimate, ' of ', '.1f')} GiB"
+        rows.append((r.id, r.metric, pub, pred, err, fits, filled))
     text = table(("id", "metric", "published", "predicted", "error %", "fits", "filled (planner's choice)"), rows)
     s = summary
     def shown(value, fmt: str) -> str:

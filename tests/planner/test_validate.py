@@ -47,6 +47,18 @@ def test_a_row_saying_interleaved_without_v_searches_v(tmp_path):
     assert "vpp" not in plain.filled and plain.plan.vpp == 1
 
 
+def test_the_table_says_by_how_much_a_run_does_not_fit(tmp_path):
+    """A run priced as not fitting shows its tightest stage's peak against what the device leaves."""
+    from reports.tables import validate_table
+    path = tmp_path / "runs.csv"
+    path.write_text(HEADER + "\n"
+                    "oom,x,gpt,80,8192,,64,64,51200,2048,A100-SXM4-80GB,8,8,1,1,8,,,1,0,none,1,8,bf16,status,OOM\n")
+    results, summary = validate(path)
+    peak, cap = (results[0].estimate.peak_memory_bytes[0] / 2**30, results[0].estimate.capacity_per_rank_bytes[0] / 2**30)
+    assert peak > cap
+    assert f"no: {peak:.1f} of {cap:.1f} GiB" in validate_table(results, summary)
+
+
 GOOD = "ok,x,gpt,24,2048,,16,16,51200,2048,A100-SXM4-80GB,8,8,1,1,8,,,1,1,,,64,bf16,iteration_time_s,1.0\n"
 
 
