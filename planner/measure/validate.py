@@ -33,6 +33,7 @@ from costmodel.specs import (
     ModelSpec,
     TrainSpec,
 )
+from planner.exports import deepspeed, megatron, torchtitan
 from planner.search import SearchOptions, search
 from planner.space import Choice, build_plan, divisors
 from planner.specs import FP8
@@ -337,10 +338,30 @@ def _options(row: dict[str, str], model: ModelSpec, tp: int, pp: int, dp: int,
         "recompute": [Recompute(rc)] if rc else list(Recompute),
         "vpp": _vpp_options(row, model, pp),
         "sp": [stated_sp in ("yes", "true", "1")] if stated_sp else ([False, True] if tp > 1 else [False]),
-        "zero_stage": [_int(row, "zero_stage", low=0, high=3)] if row.get("zero_stage", "").strip() else [0, 1, 2, 3],
+        "zero_stage": [_int(row, "zero_stage", low=0, high=3)] if row.get("zero_stage", "").strip()
+        else sorted(_framework_zero_stages(row, pp)),
     }
     fillable = {k for k in opts if not (row.get(k) or "").strip()}
     return opts, fillable | ({"vpp"} if _says_interleaved(row) else set())
+
+
+# The ZeRO stages each framework runs, with a pipeline and without (its export's rules, where it is
+# one: planner.exports). Megatron-LM before Megatron-Core had only its distributed optimizer;
+# Megatron-DeepSpeed pipelines with DeepSpeed's PipelineEngine, which runs ZeRO-0/1 alone.
+_ZERO_STAGES = {
+    "megatron-lm": (frozenset({0, 1}), frozenset({0, 1})),
+    "megatron-core": (frozenset({0, 1, 2, 3}), megatron.ZERO_STAGES_WITH_PP),
+    "deepspeed": (frozenset({0, 1, 2, 3}), deepspeed.ZERO_STAGES_WITH_PP),
+    "megatron-deepspeed": (frozenset({0, 1, 2, 3}), deepspeed.ZERO_STAGES_WITH_PP),
+    "torchtitan": (torchtitan.ZERO_STAGES, torchtitan.ZERO_STAGES),
+}
+
+
+def _framework_zero_stages(row: dict[str, str], pp: int) -> frozenset[int]:
+    """What an unstated zero_stage may be filled with: the stages the row's framework runs under
+    its pipeline (every stage for a framework the table does not know)."""
+    alone, with_pp = _ZERO_STAGES.get((row.get("framework") or "").strip().lower(), (frozenset({0, 1, 2, 3}),) * 2)
+    return with_pp if pp > 1 else alone
 
 
 # A vpp cell for a source that names the interleaved schedule without its number of virtual stages
@@ -393,13 +414,19 @@ def best_plan_for_row(row: dict[str, str], model: ModelSpec, train: TrainSpec, c
     deadline = time.perf_counter() + time_limit_s
     opts, fillable = _options(row, model, tp, pp, dp, train.global_batch_size)
     stated = {SEARCH_FIELDS[k]: v[0] for k, v in opts.items() if k not in fillable}
-    # the table has no offload column: none of its runs kept states or activations on the host
-    options = SearchOptions(top_k=FRAMEWORK_LAYOUTS, fixed={"tp": tp, "pp": pp, "cp": cp, "dp": dp, "ep": ep, **stated,
-                                                            "offload_optimizer": False, "offload_activations": False,
-                                                            "fp8_linears": train.float8},
-                            max_tp=max(tp, cluster.devices_per_node), time_limit_s=time_limit_s,
-                            schedules=_schedules(row), error_band=0.0)
-    found = search(model, train, cluster, options).plans
+    # a ZeRO stage left unstated is searched among those the framework runs: one search each
+    # where that is not every stage (the search's own ZeRO choice knows no framework)
+    zeros = [{}] if len(opts["zero_stage"]) == 4 or "zero_stage" not in fillable else \
+        [{"zero_stage": z} for z in opts["zero_stage"]]
+    found = []
+    for zero in zeros:
+        # the table has no offload column: none of its runs kept states or activations on the host
+        fixed = {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "ep": ep, **stated, **zero,
+                 "offload_optimizer": False, "offload_activations": False, "fp8_linears": train.float8}
+        options = SearchOptions(top_k=FRAMEWORK_LAYOUTS, fixed=fixed, max_tp=max(tp, cluster.devices_per_node),
+                                time_limit_s=time_limit_s / len(zeros), schedules=_schedules(row), error_band=0.0)
+        found += search(model, train, cluster, options).plans
+    found.sort(key=lambda f: f.estimate.step_time_s)
     if found:
         # plans differing only in their split or rank order lay out alike: each choice once
         laid_out = [_as_framework_runs(model, train, cluster, choice)

@@ -59,6 +59,22 @@ def test_the_table_says_by_how_much_a_run_does_not_fit(tmp_path):
     assert f"no: {peak:.1f} of {cap:.1f} GiB" in validate_table(results, summary)
 
 
+def test_an_unstated_zero_stage_is_filled_with_one_the_framework_runs(tmp_path):
+    """A 76-layer GPT on 32 A100-40GB at TP 8, PP 2 fits only with gradients sharded (ZeRO-2/3).
+    A framework the table does not know may have run that; Megatron-Core pipelines run ZeRO-0/1
+    alone (its distributed optimizer: planner.exports.megatron), so its row keeps ZeRO-1 and is
+    priced as not fitting rather than filled with a stage Megatron cannot run."""
+    row = "z,x,gpt,76,8192,,64,64,51200,2048,A100-SXM4-40GB,32,8,8,2,2,1,yes,1,,full,1,64,bf16,iteration_time_s,1.0,FW\n"
+    filled = {}
+    for framework in ("other", "megatron-core", "megatron-deepspeed"):
+        path = tmp_path / f"{framework}.csv"
+        path.write_text(HEADER + ",framework\n" + row.replace("FW", framework))
+        (result,), _ = validate(path)
+        filled[framework] = (result.filled["zero_stage"], result.fits)
+    assert filled["other"][0] >= 2 and filled["other"][1]
+    assert filled["megatron-core"] == filled["megatron-deepspeed"] == (1, False)
+
+
 GOOD = "ok,x,gpt,24,2048,,16,16,51200,2048,A100-SXM4-80GB,8,8,1,1,8,,,1,1,,,64,bf16,iteration_time_s,1.0\n"
 
 
