@@ -345,22 +345,24 @@ def _options(row: dict[str, str], model: ModelSpec, tp: int, pp: int, dp: int,
     return opts, fillable | ({"vpp"} if _says_interleaved(row) else set())
 
 
-# The ZeRO stages each framework runs, with a pipeline and without (its export's rules, where it is
-# one: planner.exports). Megatron-LM before Megatron-Core had only its distributed optimizer;
-# Megatron-DeepSpeed pipelines with DeepSpeed's PipelineEngine, which runs ZeRO-0/1 alone.
-_ZERO_STAGES = {
-    "megatron-lm": (frozenset({0, 1}), frozenset({0, 1})),
-    "megatron-core": (frozenset({0, 1, 2, 3}), megatron.ZERO_STAGES_WITH_PP),
-    "deepspeed": (frozenset({0, 1, 2, 3}), deepspeed.ZERO_STAGES_WITH_PP),
-    "megatron-deepspeed": (frozenset({0, 1, 2, 3}), deepspeed.ZERO_STAGES_WITH_PP),
-    "torchtitan": (torchtitan.ZERO_STAGES, torchtitan.ZERO_STAGES),
-}
+ZERO_STAGES = frozenset({0, 1, 2, 3})
+# The export target whose ZeRO rules a row's framework follows (planner.exports: ZERO_STAGES,
+# ZERO_STAGES_WITH_PP); Megatron-DeepSpeed pipelines with DeepSpeed's PipelineEngine.
+_RULES_OF = {"megatron-core": megatron, "deepspeed": deepspeed, "megatron-deepspeed": deepspeed,
+             "torchtitan": torchtitan}
+# Megatron-LM before Megatron-Core: its distributed optimizer (ZeRO-1) alone, no FSDP
+_MEGATRON_LM_ZERO_STAGES = frozenset({0, 1})
 
 
 def _framework_zero_stages(row: dict[str, str], pp: int) -> frozenset[int]:
     """What an unstated zero_stage may be filled with: the stages the row's framework runs under
     its pipeline (every stage for a framework the table does not know)."""
-    alone, with_pp = _ZERO_STAGES.get((row.get("framework") or "").strip().lower(), (frozenset({0, 1, 2, 3}),) * 2)
+    name = (row.get("framework") or "").strip().lower()
+    if name == "megatron-lm":
+        return _MEGATRON_LM_ZERO_STAGES
+    rules = _RULES_OF.get(name)
+    alone = getattr(rules, "ZERO_STAGES", None) or ZERO_STAGES
+    with_pp = getattr(rules, "ZERO_STAGES_WITH_PP", None) or alone
     return with_pp if pp > 1 else alone
 
 
@@ -416,7 +418,7 @@ def best_plan_for_row(row: dict[str, str], model: ModelSpec, train: TrainSpec, c
     stated = {SEARCH_FIELDS[k]: v[0] for k, v in opts.items() if k not in fillable}
     # a ZeRO stage left unstated is searched among those the framework runs: one search each
     # where that is not every stage (the search's own ZeRO choice knows no framework)
-    zeros = [{}] if len(opts["zero_stage"]) == 4 or "zero_stage" not in fillable else \
+    zeros = [{}] if set(opts["zero_stage"]) == ZERO_STAGES or "zero_stage" not in fillable else \
         [{"zero_stage": z} for z in opts["zero_stage"]]
     found = []
     for zero in zeros:
