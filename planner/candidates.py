@@ -77,7 +77,7 @@ class FrameworkSpace:
 
     name: str
     mesh_orders: tuple[tuple[str, ...], ...]   # outermost first; any order with the same layout
-    split: str = "free"   # free | even (even_layers) | even_inner (first and last stage apart, vpp 1)
+    split: str = "free"   # free | even (even_layers)
     recompute_counts: str = "free"   # free (any per rank) | every_nth | block (the first k of every virtual stage) | all
     sequence_parallel: bool = True   # whether it has SP (without, SP cannot dominate TP without it)
     # the ZeRO stages and recompute modes it runs whatever else a plan holds (None: any); the

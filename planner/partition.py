@@ -57,8 +57,7 @@ class Split:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SplitRules:
     """How a framework splits layers and recomputes them (planner.candidates.FrameworkSpace):
-    split free | even (costmodel.plan.even_layers) | even_inner (stages between the first and
-    the last equal; one virtual stage per rank, else even); recompute_counts free | every_nth (every
+    split free | even (costmodel.plan.even_layers); recompute_counts free | every_nth (every
     k-th layer of each rank, k the same everywhere: torchtitan's layer-level checkpointing) | block (the
     first k layers of every virtual stage, k the same everywhere: Megatron's block method) | all."""
 
@@ -85,12 +84,9 @@ def _recomputes_all(plan: Plan, rules: SplitRules) -> bool:
 def _narrow(cm: cp_model.CpModel, plan: Plan, rules: SplitRules, L, n, total: int) -> None:
     """The framework's rules on the split (`SplitRules`) as constraints."""
     pp, v = plan.pp, plan.vpp
-    if rules.split == "even" or (rules.split == "even_inner" and v > 1):
+    if rules.split == "even":
         for r, layers in enumerate(even_layers(total, pp)):
             cm.Add(L[r] == layers)
-    elif rules.split == "even_inner":
-        for r in range(2, pp - 1):
-            cm.Add(L[r] == L[1])
     if _recomputes_all(plan, rules):
         for r in range(pp):
             cm.Add(n[r] == L[r])
@@ -103,7 +99,7 @@ def _narrow(cm: cp_model.CpModel, plan: Plan, rules: SplitRules, L, n, total: in
         for r in range(pp):
             if v == 1:
                 cm.AddMinEquality(n[r], [k, L[r]])
-            else:   # equal virtual stages (the even split above)
+            else:   # a rank's virtual stages split its layers evenly (apply_split): k <= the shortest
                 cm.Add(n[r] == v * k)
                 cm.Add(k * v <= L[r])
 

@@ -34,7 +34,7 @@ _SCHEDULES = {
 }
 # how each splits layers and recomputes them (planner.partition.SplitRules)
 _SPLITS = {
-    "megatron": ("even_inner", "block"),   # --decoder-first/last-pipeline-num-layers; --recompute-num-layers
+    "megatron": ("free", "block"),   # --pipeline-model-parallel-layout; --recompute-num-layers
     "torchtitan": ("free", "every_nth"),   # module names per stage; checkpointing of every n-th layer
     "deepspeed": ("even", "all"),   # partition_method 'uniform'; every layer checkpointed
 }

@@ -5,10 +5,12 @@ What Megatron-LM cannot say of our plans, and the nearest it runs (each a line o
   1F1B, ZBV and DualPipeV (two virtual stages in a V) as interleaved 1F1B over the same chunks.
 - ZeRO-2/3 are Megatron-FSDP (`--use-megatron-fsdp`), which does not run under pipeline
   parallelism: with a pipeline they become ZeRO-1 (the distributed optimizer).
-- Layers: equal virtual stages, equal once the embedding and the loss count as a layer each
-  (`--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split`), or (one
-  chunk per rank) first and last stages of their own size; any other split becomes the even one
-  (refused with virtual stages that cannot be split either way).
+- Layers: any split, with or without virtual stages. Equal (virtual) stages, equal once the
+  embedding and the loss count as a layer each (`--account-for-embedding-in-pipeline-split
+  --account-for-loss-in-pipeline-split`) and (one chunk per rank) first and last stages of their
+  own size (`--decoder-first/last-pipeline-num-layers`) keep their familiar flags; every other
+  split is Megatron-Core's explicit layout (`--pipeline-model-parallel-layout`: each virtual
+  stage's layers, the embedding in the first, the loss in the last).
 - Recomputation is per (virtual) stage and the same on every rank (`--recompute-num-layers` with
   the block method): per-rank counts become the largest of them on every rank.
 - Rank order: tp-cp-ep-dp-pp (the default) or tp-cp-ep-pp-dp (`--use-tp-pp-dp-mapping`); other
@@ -33,7 +35,6 @@ from planner.exports.common import (
     activations_on_device,
     layout,
     recompute_is_uniform,
-    to_even_layers,
     to_rank_order,
     to_schedule,
     to_uniform_recompute,
@@ -71,14 +72,6 @@ def nearest(pf: PlanFile) -> Adjusted:
     elif plan.zero_stage >= 2 and plan.offload_optimizer:
         adj.change(f"zero {plan.zero_stage} with offloaded states: Megatron-FSDP cannot offload; the "
                    "distributed optimizer's states and step on the host (ZeRO-1)", zero_stage=1)
-    if not _layers_expressible(adj.plan):
-        stages = adj.plan.num_virtual_stages
-        if adj.plan.vpp > 1 and layers % stages and not embedding_loss_split(layers, stages):
-            raise CannotExport(f"megatron cannot run this plan: its {stages} virtual stages (pp x vpp) split "
-                               f"neither the {layers} layers equally nor the {layers} layers with the "
-                               "embedding and the loss (--account-for-embedding/loss-in-pipeline-split)")
-        to_even_layers(adj, layers, f"layers per stage {list(adj.plan.layers_per_stage)}: Megatron-LM splits "
-                                    "evenly (or sizes the first and last stage apart); even split")
     plan = adj.plan
     if plan.recompute is Recompute.SELECTIVE and not recompute_is_uniform(plan):
         to_uniform_recompute(adj, Recompute.SELECTIVE, "selective recomputation on some layers: Megatron-LM "
@@ -103,13 +96,19 @@ def _counts_embedding_and_loss(plan: Plan) -> bool:
     return len(set(split)) > 1 and split == embedding_loss_split(sum(split), len(split))
 
 
-def _layers_expressible(plan: Plan) -> bool:
-    split = plan.layers_per_stage
-    if len(set(split)) == 1 or _counts_embedding_and_loss(plan):
-        return True
-    if plan.vpp > 1 or plan.pp < 2:
-        return False
-    return len(set(split[1:-1])) <= 1   # first and last stage sized apart, the rest equal
+def _first_and_last_apart(plan: Plan) -> bool:
+    """One chunk per rank, the stages between the first and the last equal
+    (--decoder-first/last-pipeline-num-layers)."""
+    return plan.vpp == 1 and plan.pp > 1 and len(set(plan.layers_per_stage[1:-1])) <= 1
+
+
+def pipeline_layout(plan: Plan) -> str:
+    """Megatron-Core's --pipeline-model-parallel-layout of the plan's split: its virtual stages in
+    Megatron's order (virtual stage v of rank r is entry v*pp + r, as Plan.layers_per_stage), `t`
+    a decoder layer, `E` the embedding in the first and `L` the loss in the last."""
+    stages = [f"t*{n}" if n > 1 else "t" * n for n in plan.layers_per_stage]
+    stages[0], stages[-1] = "E" + stages[0], stages[-1] + "L"
+    return "|".join(stages)
 
 
 def _block_counts(plan: Plan, n: int) -> tuple[int, ...]:
@@ -178,11 +177,14 @@ def arguments(pf: PlanFile, plan: Plan) -> list[tuple[str, str | None]]:
         args += [("--account-for-embedding-in-pipeline-split", None), ("--account-for-loss-in-pipeline-split", None)]
         if plan.vpp > 1:
             args += [("--num-virtual-stages-per-pipeline-rank", str(plan.vpp))]
-    elif plan.vpp > 1:
-        args += [("--num-layers-per-virtual-pipeline-stage", str(plan.layers_per_stage[0]))]
-    elif plan.pp > 1 and len(set(plan.layers_per_stage)) > 1:
+    elif plan.pp > 1 and len(set(plan.layers_per_stage)) == 1:
+        if plan.vpp > 1:
+            args += [("--num-layers-per-virtual-pipeline-stage", str(plan.layers_per_stage[0]))]
+    elif _first_and_last_apart(plan):
         args += [("--decoder-first-pipeline-num-layers", str(plan.layers_per_stage[0])),
                  ("--decoder-last-pipeline-num-layers", str(plan.layers_per_stage[-1]))]
+    elif plan.pp > 1:
+        args += [("--pipeline-model-parallel-layout", pipeline_layout(plan))]
     if plan.cp > 1:
         args += [("--context-parallel-size", str(plan.cp))]
     if plan.sequence_parallel and plan.tp > 1:

@@ -51,7 +51,12 @@ FOLDED = {"mixtral_ep_folded": ["--model", "mixtral-8x7b", "--cluster", "2x8xH10
           "mixtral_etp": ["--model", "mixtral-8x7b", "--cluster", "2x8xH100", "--tp", "4", "--pp", "2", "--ep", "4",
                           "--etp", "2", "--zero", "1", "--seq-len", "4096", "--global-batch", "64",
                           "--framework", "megatron"]}
-UNEVEN = {"llama13b_gpipe_zero0_uneven": [9, 10, 10, 11]}   # a split only the search writes
+# interleaved virtual stages of unequal layers (4 ranks x 2 chunks): Megatron's explicit layout
+PLANS["llama8b_interleaved_uneven"] = ["--model", "llama3-8b", "--cluster", "1x8xH100", "--tp", "2", "--pp", "4",
+                                       "--vpp", "2", "--zero", "1", "--seq-len", "4096", "--global-batch", "64"]
+# splits only the search writes: the plan's fields replaced
+UNEVEN = {"llama13b_gpipe_zero0_uneven": {"layers_per_stage": [9, 10, 10, 11], "recompute_num_layers": [9, 10, 10, 11]},
+          "llama8b_interleaved_uneven": {"layers_per_stage": [3, 4, 5, 4, 4, 4, 5, 3]}}
 # a Qwen3-shaped model (heads of 128 over a 1024-wide model, per-head Q/K norms), from its config.json
 QWEN3 = {"model_type": "qwen3", "hidden_size": 1024, "head_dim": 128, "num_attention_heads": 16,
          "num_key_value_heads": 8, "intermediate_size": 3072, "num_hidden_layers": 8, "vocab_size": 151936,
@@ -84,8 +89,7 @@ def plan_paths(tmp_path_factory) -> dict[str, Path]:
         assert main(["predict", *flags, "--out", str(paths[name]), "--json"]) == 0, name
         if name in UNEVEN:
             doc = json.loads(paths[name].read_text())
-            doc["plan"]["layers_per_stage"] = UNEVEN[name]
-            doc["plan"]["recompute_num_layers"] = UNEVEN[name]
+            doc["plan"].update(UNEVEN[name])
             paths[name].write_text(json.dumps(doc))
     for target in ("torchtitan", "megatron", "deepspeed"):
         paths[f"searched-{target}"] = root / f"searched-{target}.json"
@@ -235,6 +239,11 @@ def test_megatron_core_accepts_the_arguments(plan_paths, tmp_path, capsys, monke
     config = TransformerConfig(**tc)   # Megatron-Core's own checks (__post_init__)
     if name == "llama405b_embedding_loss_split":   # 126 layers + embedding + loss = 2 per chunk
         assert config.account_for_embedding_in_pipeline_split and config.account_for_loss_in_pipeline_split
+    if name == "llama8b_interleaved_uneven":   # the layout Megatron-Core parsed is the plan's split
+        layout = config.pipeline_model_parallel_layout.layout   # [pp rank][virtual stage]: layer types
+        assert [len([t for t in layout[r][v] if t.name == "decoder"]) for v in range(plan["vpp"])
+                for r in range(plan["pp"])] == plan["layers_per_stage"] == UNEVEN[name]["layers_per_stage"]
+        assert doc["differences"] == []
     DistributedDataParallelConfig(**ddp)
     # Megatron-LM's one --use-distributed-optimizer sets both configs' field; Transformer Engine is
     # not installed here, and the precision-aware optimizer's check asks its version
