@@ -86,7 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="predicted vs published step time for measured runs (CSV)",
                        description="Empty plan cells are filled with the planner's best choice (vpp = "
                                    "interleaved: the schedule stated, V not; V >= 2 is searched); "
-                                   "status=OOM rows are right when the plan is predicted not to fit.")
+                                   "status=OOM rows are right when the plan is predicted not to fit. Each "
+                                   "row is priced as its framework runs plans; a framework the model does "
+                                   "not know gets generic traits, and the summary names it.")
     p.add_argument("runs", nargs="?", default=None,
                    help="table in the format of profiles/runs/published_runs.csv (default: that table)")
     p.add_argument("--json", action="store_true", help='print {"rows", "summary"} as JSON')

@@ -139,6 +139,12 @@ def validate_table(results: Sequence[Any], summary: dict[str, Any]) -> str:
     text += (f"\n\nrows {s['n']}   MAPE {shown(s['mape_pct'], '.1f')}%   max |error| "
              f"{shown(s['max_abs_error_pct'], '.1f')}%   Spearman {shown(s['spearman'], '.3f')}   "
              f"status rows {s['num_status_correct']}/{s['num_status_rows']} correct")
+    if s.get("generic_frameworks"):
+        from costmodel.frameworks import FRAMEWORKS
+        named = ", ".join(f"{name or '(unstated)'} ({n} row{'s' if n > 1 else ''})"
+                          for name, n in s["generic_frameworks"].items())
+        text += (f"\npriced with generic traits (a framework the model does not know): {named}; known: "
+                 + ", ".join(sorted(FRAMEWORKS)))
     if s.get("profile_problems"):
         text += ("\nfitted values against their published ranges (profiles' [ranges]; each a mechanism the fit "
                  "hides):\n" + "\n".join(f"  {p}" for p in s["profile_problems"]))

@@ -19,7 +19,7 @@ from typing import Any
 
 from costmodel.check import check_plan, world_problem
 from costmodel.estimate import Estimate, estimate
-from costmodel.frameworks import FrameworkTraits, framework_traits
+from costmodel.frameworks import FRAMEWORKS, FrameworkTraits, framework_traits
 from costmodel.hardware import ClusterSpec, parse_cluster, profile_dir, range_problems, resolve_device, run_by
 from costmodel.inputs import UserError, read_text
 from costmodel.plan import Plan, Recompute, Schedule, virtual_stage_options
@@ -552,7 +552,20 @@ def summarize(results: list[RowResult], rows: list[dict[str, str]]) -> dict[str,
         "num_status_rows": len(status),
         "num_status_correct": sum(1 for r in status if (r.published == "OOM") == (not r.fits)),
         "profile_problems": profile_range_problems(rows),
+        "generic_frameworks": generic_frameworks(rows),
     }
+
+
+def generic_frameworks(rows: list[dict[str, str]]) -> dict[str, int]:
+    """Rows per framework name the model does not know (empty: unstated), which are priced with
+    the generic traits (costmodel.frameworks.GENERIC): said, so that nobody reads their errors as
+    the framework's."""
+    found: dict[str, int] = {}
+    for row in rows:
+        name = (row.get("framework") or "").strip()
+        if name.lower() not in FRAMEWORKS:
+            found[name] = found.get(name, 0) + 1
+    return found
 
 
 def profile_range_problems(rows: list[dict[str, str]]) -> list[str]:

@@ -120,6 +120,22 @@ def test_unknown_framework_gets_generic_traits(tmp_path):
     assert summary["n"] == 1 and results[0].error_pct is not None
 
 
+def test_the_rows_priced_with_generic_traits_are_said(tmp_path):
+    """A framework the model does not know (or none stated) is priced with generic traits; the
+    summary and the table name it with its row count, so its errors are not read as the
+    framework's. Known names are not listed."""
+    from reports.tables import validate_table
+    path = tmp_path / "runs.csv"
+    names = ("some-new-trainer", "some-new-trainer", "", "Megatron-LM")
+    rows = [GOOD.replace("ok,", f"r{i},", 1).rstrip("\n") + f",{name}\n" for i, name in enumerate(names)]
+    path.write_text(HEADER + ",framework\n" + "".join(rows))
+    results, summary = validate(path)
+    assert summary["generic_frameworks"] == {"some-new-trainer": 2, "": 1}
+    text = validate_table(results, summary)
+    assert "priced with generic traits (a framework the model does not know): some-new-trainer (2 rows), " \
+           "(unstated) (1 row); known: " in text and "megatron-lm" in text.rsplit("known:", 1)[1]
+
+
 def test_fms_fsdp_runs_its_layer_op_by_op():
     """IBM's fms-fsdp Llama (eager, no compile) is priced with the eager layer's memory-bound
     kernels (costmodel.frameworks `eager_layer`): slower than the same framework with fused ones."""
