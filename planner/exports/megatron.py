@@ -102,12 +102,13 @@ def _first_and_last_apart(plan: Plan) -> bool:
     return plan.vpp == 1 and plan.pp > 1 and len(set(plan.layers_per_stage[1:-1])) <= 1
 
 
-def pipeline_layout(plan: Plan) -> str:
+def pipeline_layout(plan: Plan, mtp_depth: int = 0) -> str:
     """Megatron-Core's --pipeline-model-parallel-layout of the plan's split: its virtual stages in
     Megatron's order (virtual stage v of rank r is entry v*pp + r, as Plan.layers_per_stage), `t`
-    a decoder layer, `E` the embedding in the first and `L` the loss in the last."""
+    a decoder layer, `E` the embedding in the first, the multi-token-prediction modules `m` and
+    the loss `L` after the decoder layers of the last (where the cost model prices them)."""
     stages = [f"t*{n}" if n > 1 else "t" * n for n in plan.layers_per_stage]
-    stages[0], stages[-1] = "E" + stages[0], stages[-1] + "L"
+    stages[0], stages[-1] = "E" + stages[0], stages[-1] + "m" * mtp_depth + "L"
     return "|".join(stages)
 
 
@@ -184,7 +185,7 @@ def arguments(pf: PlanFile, plan: Plan) -> list[tuple[str, str | None]]:
         args += [("--decoder-first-pipeline-num-layers", str(plan.layers_per_stage[0])),
                  ("--decoder-last-pipeline-num-layers", str(plan.layers_per_stage[-1]))]
     elif plan.pp > 1:
-        args += [("--pipeline-model-parallel-layout", pipeline_layout(plan))]
+        args += [("--pipeline-model-parallel-layout", pipeline_layout(plan, m.mtp_depth))]
     if plan.cp > 1:
         args += [("--context-parallel-size", str(plan.cp))]
     if plan.sequence_parallel and plan.tp > 1:

@@ -453,6 +453,13 @@ def test_a_deepseek_plan_exports_its_mechanisms_to_megatron(tmp_path, capsys):
             v3_args["--moe-router-group-topk"], v3_args["--moe-router-topk-scaling-factor"],
             v3_args["--mtp-num-layers"]) == ("1536", "sigmoid", "8", "4", "2.5", "1")
     assert "--moe-router-enable-expert-bias" in v3_args
+    # 61 layers over 16 stages, the dense first three on the first: Megatron-Core's explicit layout,
+    # the multi-token-prediction module after the last stage's layers
+    from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+    layout = PipelineParallelLayerLayout(v3_args["--pipeline-model-parallel-layout"], 16)
+    layout.validate_layer_layout(num_layers=61, mtp_num_layers=1)
+    assert tuple(len([t for t in stage if t.name == "decoder"]) for (stage,) in layout.layout) == \
+        PlanFile.load(v3).plan.layers_per_stage
     # node-limited routing was priced with a dispatcher that sends a token once per node
     # (costmodel.moe_dispatch): Megatron-Core's flex dispatcher over DeepEP; V2-Lite routes over
     # all its experts and keeps the all-to-all one
