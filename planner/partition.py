@@ -81,8 +81,10 @@ def _recomputes_all(plan: Plan, rules: SplitRules) -> bool:
                                                and plan.recompute is Recompute.SELECTIVE)
 
 
-def _narrow(cm: cp_model.CpModel, plan: Plan, rules: SplitRules, L, n, total: int) -> None:
-    """The framework's rules on the split (`SplitRules`) as constraints."""
+def _narrow(cm: cp_model.CpModel, plan: Plan, rules: SplitRules, L, n, total: int,
+            block_k: int | None = None) -> None:
+    """The framework's rules on the split (`SplitRules`) as constraints; `block_k` fixes the
+    block method's shared count (_solve_per_block_count)."""
     pp, v = plan.pp, plan.vpp
     if rules.split == "even":
         for r, layers in enumerate(even_layers(total, pp)):
@@ -95,7 +97,7 @@ def _narrow(cm: cp_model.CpModel, plan: Plan, rules: SplitRules, L, n, total: in
         for r in range(pp):
             cm.AddDivisionEquality(n[r], L[r], k)
     elif rules.recompute_counts == "block" and plan.recompute is not Recompute.NONE:
-        k = cm.NewIntVar(1, total, "k")   # the first k layers of every virtual stage
+        k = cm.NewIntVar(1, total, "k") if block_k is None else cm.NewConstant(block_k)   # the first k of every virtual stage
         for r in range(pp):
             if v == 1:
                 cm.AddMinEquality(n[r], [k, L[r]])
@@ -145,70 +147,159 @@ def solve_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
     solver then only has to show nothing beats it). The objective leaves out the plan's
     constant terms (>= 0), so None never hides a plan that would beat the cutoff."""
     ranks = ranks or rank_shapes(model, train, cluster, plan)
-    total, v, m = model.num_layers, plan.vpp, plan.num_micro_batches
+    total = model.num_layers
     fit = fit or MemoryFit([r.memory for r in ranks], plan, rank_caps_bytes(plan, cluster), total)
     if not fit.fits:
         return None
     if plan.pp == 1:
         return _scan_single_rank(ranks[0], plan, total, fit.caps[0], cutoff_s, _single_rank_counts(plan, rules, total))
-    cm = cp_model.CpModel()
-    L = [cm.NewIntVar(v, total, f"L{r}") for r in range(plan.pp)]
-    n = [cm.NewIntVar(0, total, f"n{r}") for r in range(plan.pp)]
-    z = [cm.NewBoolVar(f"z{r}") for r in range(plan.pp)]
-    cm.Add(sum(L) == total)
-    # check_plan: the dense first layers on the first stage; apply_split gives the first rank's
-    # shortest chunk, floor(L / vpp), to it
-    cm.Add(L[plan.stage_rank(0)] >= model.first_k_dense * plan.vpp)
-    for r in range(plan.pp):
-        cm.Add(n[r] <= L[r])
-        cm.Add(n[r] <= total * z[r])
-        cm.Add(n[r] >= z[r])
-    if plan.recompute is Recompute.NONE:
-        cm.Add(sum(n) == 0)
-    else:
-        cm.Add(sum(n) >= 1)
-    _narrow(cm, plan, rules, L, n, total)
-    t_vars, f_vars, dp_vars, opt_vars = [], [], [], []
-    for r, rs in enumerate(ranks):
-        mem = rs.memory
-        cm.Add(round(mem.base) + round(mem.per_layer) * L[r] + round(mem.per_recomputed) * n[r]
-               + round(mem.jump) * z[r] <= int(fit.caps[r]))
-        t_vars.append(_affine_var(cm, rs.t, L[r], n[r], v, total, f"t{r}"))
-        f_vars.append(_affine_var(cm, rs.f, L[r], n[r], v, total, f"f{r}"))
-        opt_vars.append(_affine_var(cm, (*rs.opt, 0.0), L[r], n[r], v, total, f"o{r}"))
-        dp_vars.append(_dp_rank(cm, rs, L[r], n[r], total, v, r))
-    T = _max_var(cm, t_vars, "T")
-    F = _max_var(cm, f_vars, "F")
-    DP = _max_var(cm, dp_vars, "DP")
-    OPT = _max_var(cm, opt_vars, "OPT")
-    even = even_layers(total, plan.pp)
-    for r in range(plan.pp):
-        cm.AddHint(L[r], max(v, even[r]))
-    traits = plan.schedule.traits
-    scale = v if traits.fill_divided_by_vpp else 1
-    step = scaled_closed_form(traits, m, T.var, sum(f.var for f in f_vars), F.var, v) + scale * (DP.var + OPT.var)
-    # integer nanoseconds round each coefficient: allow that much slack in both bounds below
-    slack = (scale * m + 3 * plan.pp + 3) * (2 * total + 2)
-    slowest = min_max_time_s([r.t for r in ranks], plan, fit, total)
-    cm.Add(T.var >= math.floor(slowest * NS) - slack)  # the exact min-max of the slowest rank
-    if math.isfinite(cutoff_s):
-        cm.Add(step <= math.floor(scale * cutoff_s * NS) + slack)
-    # ties (equal predicted time) go to the split that recomputes fewer layers
-    cm.Minimize((total + 1) * step + sum(n))
-    # With the bounds above the model is small and tight, and presolve usually costs more than it
-    # saves; see ATTEMPTS.
     deadline = time.perf_counter() + time_limit_s
-    for attempt, budget in ATTEMPTS:
-        solver, status = _solve(cm, time_limit_s=max(0.1, deadline - time.perf_counter()), deterministic_limit=budget,
-                                **attempt)
-        if status in (cp_model.OPTIMAL, cp_model.INFEASIBLE):
-            break
+    split = _SplitModel(model, plan, ranks, fit, cutoff_s, rules)
+    shared_count = _shared_block_count(plan, rules)
+    solver, status = split.solve(deadline, ATTEMPTS[:2] if shared_count else ATTEMPTS)
+    if shared_count and status not in (cp_model.OPTIMAL, cp_model.INFEASIBLE):
+        return _solve_per_block_count(model, plan, ranks, fit, cutoff_s, rules, deadline)
     if status == cp_model.UNKNOWN:
         raise SolverTimeout(plan.short())
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
-    return Split(layers=tuple(solver.Value(x) for x in L), recomputed=tuple(solver.Value(x) for x in n),
-                 optimal=status == cp_model.OPTIMAL)
+    return split.split(solver, optimal=status == cp_model.OPTIMAL)
+
+
+def _shared_block_count(plan: Plan, rules: SplitRules) -> bool:
+    """Whether the split holds the block method's count shared by every rank as min(k, L_r)
+    (one virtual stage per rank, some layers recomputed): CP-SAT propagates that min of two
+    variables poorly, and deep pipelines can take it tens of seconds to prove."""
+    return (rules.recompute_counts == "block" and plan.vpp == 1 and plan.recompute is not Recompute.NONE
+            and not _recomputes_all(plan, rules))
+
+
+def _solve_per_block_count(model: ModelSpec, plan: Plan, ranks: list[RankShape], fit: MemoryFit, cutoff_s: float,
+                           rules: SplitRules, deadline: float) -> Split | None:
+    """The block method's split solved once per shared count k (each model then settles in a
+    fraction of a second), over the counts some split fits (_block_counts), each solve held
+    below the best so far; the best of them."""
+    best: Split | None = None
+    ceiling, optimal = None, True
+    for k in _block_counts(model, plan, ranks, fit):
+        split = _SplitModel(model, plan, ranks, fit, cutoff_s, rules, block_k=k, ceiling=ceiling)
+        solver, status = split.solve(deadline, ATTEMPTS)
+        if status == cp_model.UNKNOWN:
+            optimal = False
+            continue
+        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            continue
+        best = split.split(solver, optimal=True)
+        ceiling = round(solver.ObjectiveValue()) - 1
+        optimal &= status == cp_model.OPTIMAL
+    if best is None and not optimal:
+        raise SolverTimeout(plan.short())
+    return None if best is None else replace(best, optimal=optimal)
+
+
+def _block_counts(model: ModelSpec, plan: Plan, ranks: list[RankShape], fit: MemoryFit) -> list[int]:
+    """The shared counts k worth solving (one virtual stage per rank): those under which every
+    rank can hold enough layers for their sum to reach the model's (a rank of L layers keeps
+    min(k, L) recomputed: its memory is affine on either side of L = k), from the least up to
+    the first under which no rank can hold more than k layers (every larger k is that split,
+    every layer recomputed)."""
+    total, pp = model.num_layers, plan.pp
+    first = plan.stage_rank(0)
+    counts = []
+    for k in range(1, total + 1):
+        most = [_most_layers(rs.memory, cap, k, total) for rs, cap in zip(ranks, fit.caps)]
+        if all(m >= 1 for m in most) and sum(most) >= total and most[first] >= model.first_k_dense:
+            counts.append(k)
+        if max(most) <= k:
+            break
+    return counts
+
+
+def _most_layers(mem, cap: float, k: int, total: int) -> int:
+    """The most layers (at most `total`) a rank fits with min(k, L) of them recomputed; 0 if
+    not even one. Memory as the CP-SAT model rounds it (_SplitModel)."""
+    base, per_layer, per_rec, jump = round(mem.base), round(mem.per_layer), round(mem.per_recomputed), round(mem.jump)
+    def fits(layers: int) -> bool:
+        return base + per_layer * layers + per_rec * min(k, layers) + jump <= int(cap)
+    lo, hi = 0, total   # fits() is monotone in L: each layer, recomputed or not, keeps something
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class _SplitModel:
+    """The CP-SAT model of one outer choice's split under `rules` (the block method's shared
+    count fixed to `block_k` where given), its objective at most `ceiling` where given."""
+
+    def __init__(self, model: ModelSpec, plan: Plan, ranks: list[RankShape], fit: MemoryFit, cutoff_s: float,
+                 rules: SplitRules, block_k: int | None = None, ceiling: int | None = None):
+        total, v, m = model.num_layers, plan.vpp, plan.num_micro_batches
+        self.cm = cm = cp_model.CpModel()
+        self.L = L = [cm.NewIntVar(v, total, f"L{r}") for r in range(plan.pp)]
+        self.n = n = [cm.NewIntVar(0, total, f"n{r}") for r in range(plan.pp)]
+        z = [cm.NewBoolVar(f"z{r}") for r in range(plan.pp)]
+        cm.Add(sum(L) == total)
+        # check_plan: the dense first layers on the first stage; apply_split gives the first rank's
+        # shortest chunk, floor(L / vpp), to it
+        cm.Add(L[plan.stage_rank(0)] >= model.first_k_dense * plan.vpp)
+        for r in range(plan.pp):
+            cm.Add(n[r] <= L[r])
+            cm.Add(n[r] <= total * z[r])
+            cm.Add(n[r] >= z[r])
+        if plan.recompute is Recompute.NONE:
+            cm.Add(sum(n) == 0)
+        else:
+            cm.Add(sum(n) >= 1)
+        _narrow(cm, plan, rules, L, n, total, block_k)
+        t_vars, f_vars, dp_vars, opt_vars = [], [], [], []
+        for r, rs in enumerate(ranks):
+            mem = rs.memory
+            cm.Add(round(mem.base) + round(mem.per_layer) * L[r] + round(mem.per_recomputed) * n[r]
+                   + round(mem.jump) * z[r] <= int(fit.caps[r]))
+            t_vars.append(_affine_var(cm, rs.t, L[r], n[r], v, total, f"t{r}"))
+            f_vars.append(_affine_var(cm, rs.f, L[r], n[r], v, total, f"f{r}"))
+            opt_vars.append(_affine_var(cm, (*rs.opt, 0.0), L[r], n[r], v, total, f"o{r}"))
+            dp_vars.append(_dp_rank(cm, rs, L[r], n[r], total, v, r))
+        T = _max_var(cm, t_vars, "T")
+        F = _max_var(cm, f_vars, "F")
+        DP = _max_var(cm, dp_vars, "DP")
+        OPT = _max_var(cm, opt_vars, "OPT")
+        even = even_layers(total, plan.pp)
+        for r in range(plan.pp):
+            cm.AddHint(L[r], max(v, even[r]))
+        traits = plan.schedule.traits
+        scale = v if traits.fill_divided_by_vpp else 1
+        step = scaled_closed_form(traits, m, T.var, sum(f.var for f in f_vars), F.var, v) + scale * (DP.var + OPT.var)
+        # integer nanoseconds round each coefficient: allow that much slack in both bounds below
+        slack = (scale * m + 3 * plan.pp + 3) * (2 * total + 2)
+        slowest = min_max_time_s([r.t for r in ranks], plan, fit, total)
+        cm.Add(T.var >= math.floor(slowest * NS) - slack)  # the exact min-max of the slowest rank
+        if math.isfinite(cutoff_s):
+            cm.Add(step <= math.floor(scale * cutoff_s * NS) + slack)
+        # ties (equal predicted time) go to the split that recomputes fewer layers
+        objective = (total + 1) * step + sum(n)
+        if ceiling is not None:
+            cm.Add(objective <= ceiling)
+        cm.Minimize(objective)
+
+    def solve(self, deadline: float, attempts: list[tuple[dict, float | None]]) -> tuple[cp_model.CpSolver, int]:
+        """The attempts (ATTEMPTS) in turn until one proves optimality or infeasibility, one
+        without a budget up to the deadline. With the bounds above the model is small and tight,
+        and presolve usually costs more than it saves."""
+        for attempt, budget in attempts:
+            solver, status = _solve(self.cm, time_limit_s=max(0.1, deadline - time.perf_counter()),
+                                    deterministic_limit=budget, **attempt)
+            if status in (cp_model.OPTIMAL, cp_model.INFEASIBLE):
+                break
+        return solver, status
+
+    def split(self, solver: cp_model.CpSolver, optimal: bool) -> Split:
+        return Split(layers=tuple(solver.Value(x) for x in self.L), recomputed=tuple(solver.Value(x) for x in self.n),
+                     optimal=optimal)
 
 
 def _solve(cm: cp_model.CpModel, *, time_limit_s: float, deterministic_limit: float | None = None,

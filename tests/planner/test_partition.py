@@ -123,3 +123,28 @@ def test_split_solver_falls_back_to_presolve_with_the_same_answer(monkeypatch):
     assert (first.layers, first.recomputed) == (second.layers, second.recomputed)
     assert any(first.recomputed)  # the cap binds
 
+
+
+def test_the_block_methods_shared_count_is_solved_per_count_alike():
+    """Megatron's block method recomputes min(k, L_r) layers on every rank, k shared. Solved with
+    k a variable, or once per k (what deep pipelines fall back to: CP-SAT proves the min of two
+    variables slowly), the optimum is the same and obeys the rule."""
+    from costmodel.estimate import estimate
+    from planner.partition import SplitRules, _solve_per_block_count, apply_split
+    model, cluster = resolve_model("llama2-13b"), parse_cluster("4x8xH100")
+    plan = build_plan(model, TRAIN, cluster, Choice(tp=2, pp=8, zero_stage=1, recompute=Recompute.FULL,
+                                                    micro_batch_size=2))
+    tight = dataclasses.replace(cluster, device=dataclasses.replace(cluster.device, memory_bytes=24 * 2**30))
+    rules = SplitRules(split="free", recompute_counts="block")
+    ranks = rank_shapes(model, TRAIN, tight, plan)
+    fit = MemoryFit([r.memory for r in ranks], plan, partition.rank_caps_bytes(plan, tight), model.num_layers)
+    shared = solve_split(model, TRAIN, tight, plan, rules=rules)
+    per_count = _solve_per_block_count(model, plan, ranks, fit, math.inf, rules, deadline=math.inf)
+    for split in (shared, per_count):
+        assert split is not None and split.optimal
+        k = max(split.recomputed)
+        assert split.recomputed == tuple(min(k, layers) for layers in split.layers)
+    assert 0 < sum(per_count.recomputed) < model.num_layers   # the cap binds, not every layer
+    steps = [estimate(model, TRAIN, tight, apply_split(plan, s)).closed_form_step_time_s for s in (shared, per_count)]
+    assert steps[0] == pytest.approx(steps[1], rel=1e-9)
+    assert sum(shared.recomputed) == sum(per_count.recomputed)
