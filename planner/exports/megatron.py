@@ -261,6 +261,14 @@ def _deepseek_arguments(m: ModelSpec) -> list[tuple[str, str | None]]:
     return args
 
 
+def _one_connection(plan: Plan) -> bool:
+    """Whether the run needs CUDA_DEVICE_MAX_CONNECTIONS=1: validate_args asserts it under tensor
+    or context parallelism unless Megatron-FSDP (our ZeRO-2/3) runs, which wants more queues
+    (megatron/training/arguments.py; the kernels of a TP collective and of its GEMM then keep
+    their launch order)."""
+    return (plan.tp > 1 or plan.cp > 1) and plan.zero_stage < 2
+
+
 def render(pf: PlanFile, plan: Plan) -> tuple[str, str]:
     c = pf.cluster
     lines = ["#!/usr/bin/env bash",
@@ -268,6 +276,8 @@ def render(pf: PlanFile, plan: Plan) -> tuple[str, str]:
              f"{c.device.name} (planner export). Run on every node from a Megatron-LM checkout, with",
              "# NODE_RANK and MASTER_ADDR set; replace --mock-data and the NullTokenizer with your data.",
              "set -euo pipefail",
+             *(["# Megatron-LM's argument checks require it with TP or CP (before Blackwell) and without Megatron-FSDP",
+                "export CUDA_DEVICE_MAX_CONNECTIONS=1"] if _one_connection(plan) else []),
              f"torchrun --nnodes {c.num_nodes} --nproc-per-node {c.devices_per_node} --node-rank \"${{NODE_RANK:-0}}\" "
              "--master-addr \"${MASTER_ADDR:-localhost}\" --master-port 29500 \\",
              "    pretrain_gpt.py \\"]

@@ -271,6 +271,10 @@ def test_megatron_core_accepts_the_arguments(plan_paths, tmp_path, capsys, monke
         assert [sum(min(n, plan["layers_per_stage"][v * plan["pp"] + r]) for v in range(plan["vpp"]))
                 for r in range(plan["pp"])] == plan["recompute_num_layers"]
     assert ("--use-distributed-optimizer" in args) == (plan["zero_stage"] == 1)
+    # Megatron-LM's validate_args asserts CUDA_DEVICE_MAX_CONNECTIONS=1 under TP or CP (before
+    # Blackwell) unless Megatron-FSDP runs
+    needs_one = (plan["tp"] > 1 or plan["cp"] > 1) and plan["zero_stage"] < 2
+    assert ("\nexport CUDA_DEVICE_MAX_CONNECTIONS=1\n" in out.read_text()) == needs_one
     if pf.model.qk_norm:   # the heads as the model has them
         assert config.kv_channels == pf.model.head_dim and config.qk_layernorm
 
