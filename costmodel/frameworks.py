@@ -198,6 +198,13 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   ranks whatever the bytes) outweighs a small model's compute; the bucket bounds that count.
 - `zero3_gathers_per_param`: DeepSpeed ZeRO-3 gathers parameter by parameter (many small
   collectives, each paying the ring latency) rather than one flat buffer per layer as FSDP does.
+- `recompute_each_chunk`: under interleaving, where a rank's recomputed layers sit. Megatron's
+  block method recomputes the first `--recompute-num-layers` of every model chunk (each virtual
+  stage builds its own TransformerBlock, whose checkpointing counts its own layers:
+  megatron/core/recompute.py, the block branch over `num_layers_per_pipeline_rank`), so a rank's count is
+  spread over its chunks; our runtime recomputes the rank's first layers in model order, its first
+  chunk first (runtime.parallel.recomputed_layers), where more micro-batches are in flight at the
+  peak (Plan.recompute_per_stage).
 - `grads_reduced_after_pipeline`: DeepSpeed's PipelineEngine (Megatron-DeepSpeed's pipeline)
   reduces the data-parallel gradients as an instruction of its own after the last micro-batch's
   backward (deepspeed/runtime/pipe/schedule.py TrainSchedule: ReduceTiedGrads, ReduceGrads,
@@ -285,6 +292,7 @@ class FrameworkTraits:
     dp_param_overlap: bool
     sharded_grads_under_pp: bool
     zero3_gathers_per_param: bool
+    recompute_each_chunk: bool = False
     dp_collectives_per_layer: bool = False
     swiglu_saved_tensors: int = 4
     loss_grad_in_place: bool = False
@@ -343,7 +351,7 @@ RUNTIME = FrameworkTraits(name="planner", dp_grad_overlap=True, dp_param_overlap
 COMPILED_RUNTIME = replace(RUNTIME, name="planner-compiled", eager_layer=False, compiled_layer=True)
 
 _MEGATRON = dict(sharded_grads_under_pp=True, zero3_gathers_per_param=False, loss_grad_in_place=True,
-                 fused_grad_accumulation=True)
+                 fused_grad_accumulation=True, recompute_each_chunk=True)
 _FSDP = dict(dp_grad_overlap=True, dp_param_overlap=True, zero3_gathers_per_param=False,
              fsdp_master_params=True)
 _DEEPSPEED = dict(dp_grad_overlap=True, dp_param_overlap=False, sharded_grads_under_pp=True,

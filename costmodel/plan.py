@@ -248,17 +248,27 @@ class Plan:
     def layers_on_rank(self, rank: int) -> int:
         return _layers_by_rank(self)[rank]
 
-    def recompute_per_stage(self) -> tuple[int, ...]:
+    def recompute_per_stage(self, each_chunk: bool = False) -> tuple[int, ...]:
         """Recomputed layers of each virtual stage: pipeline rank r recomputes the first
-        `recompute_num_layers[r]` of its layers in model order (its stages in increasing order).
-        The runtime applies the same rule."""
+        `recompute_num_layers[r]` of its layers in model order (its stages in increasing order),
+        as the runtime applies it; `each_chunk` (costmodel.frameworks `recompute_each_chunk`):
+        the same number at the start of each of its virtual stages instead (one layer of each in
+        turn, a short stage's share going to the others), Megatron's block method."""
         left = list(self.recompute_num_layers)
-        out = []
-        for j, n in enumerate(self.layers_per_stage):
-            r = self.stage_rank(j)
-            k = min(n, left[r])
-            left[r] -= k
-            out.append(k)
+        out = [0] * self.num_virtual_stages
+        if not each_chunk:
+            for j, n in enumerate(self.layers_per_stage):
+                r = self.stage_rank(j)
+                out[j] = min(n, left[r])
+                left[r] -= out[j]
+            return tuple(out)
+        for r in range(self.pp):
+            stages = [j for j in range(self.num_virtual_stages) if self.stage_rank(j) == r]
+            while left[r] > 0:
+                for j in stages:
+                    if left[r] > 0 and out[j] < self.layers_per_stage[j]:
+                        out[j] += 1
+                        left[r] -= 1
         return tuple(out)
 
     def degree(self, axis: str) -> int:
