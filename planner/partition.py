@@ -6,7 +6,7 @@ model is, per pipeline rank r, affine in its layer count L_r and recomputed-laye
 micro-batch time t_r, the schedule's fill f_r, optimizer time, memory (plus one step when n_r > 0);
 the exposed data-parallel time is a max of affine pieces and a constant. planner.shapes reads those
 coefficients from costmodel's own functions (tests/planner/test_partition.py checks they are
-affine); the model here minimises exactly what `estimate` computes:
+affine); the model (planner.split_model) minimises exactly what `estimate` computes:
 
     m·max(t) + (sum(f) - max(f)) / v + max_r(sum_k mult_k·max(comm_kr - window_kr, one layer's bucket))
     + max_r(optimizer_r + host_r + tp_replica_sync_r)   (+ a constant: tied-embedding sync)
@@ -26,13 +26,12 @@ from ortools.sat.python import cp_model
 
 from costmodel.groups import rank_caps_bytes
 from costmodel.hardware import ClusterSpec
-from costmodel.pipeline_closed_form import scaled_closed_form
 from costmodel.plan import Plan, Recompute, even_layers
 from costmodel.specs import ModelSpec, TrainSpec
-from planner.bounds import MemoryFit, min_max_time_s
+from planner.bounds import MemoryFit
 from planner.shapes import RankShape, rank_shapes
+from planner.split_model import FREE, SplitModel, SplitRules, recomputes_all
 
-NS = 1e9
 # CP-SAT attempts on a split model, each stopped at a deterministic-time budget (the same on
 # every machine, so the answer is too) and the last at the deadline:
 # - without presolve almost every model settles in milliseconds; CP-SAT's defaults alone spend
@@ -54,63 +53,15 @@ class Split:
     optimal: bool
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class SplitRules:
-    """How a framework splits layers and recomputes them (planner.candidates.FrameworkSpace):
-    split free | even (costmodel.plan.even_layers); recompute_counts free | every_nth (every
-    k-th layer of each rank, k the same everywhere: torchtitan's layer-level checkpointing) | block (the
-    first k layers of every virtual stage, k the same everywhere: Megatron's block method) | all."""
-
-    split: str = "free"
-    recompute_counts: str = "free"
-
-
-FREE = SplitRules()
-
-
 class SolverTimeout(Exception):
     """CP-SAT ran out of time before finding any split (not a proof that none fits)."""
-
-
-def _recomputes_all(plan: Plan, rules: SplitRules) -> bool:
-    """Whether every layer of the plan's recompute mode is recomputed: the framework's rule, or
-    selective recomputation under the block method (Megatron applies it to every layer)."""
-    if plan.recompute is Recompute.NONE:
-        return False
-    return rules.recompute_counts == "all" or (rules.recompute_counts == "block"
-                                               and plan.recompute is Recompute.SELECTIVE)
-
-
-def _narrow(cm: cp_model.CpModel, plan: Plan, rules: SplitRules, L, n, total: int,
-            block_k: int | None = None) -> None:
-    """The framework's rules on the split (`SplitRules`) as constraints; `block_k` fixes the
-    block method's shared count (_solve_per_block_count)."""
-    pp, v = plan.pp, plan.vpp
-    if rules.split == "even":
-        for r, layers in enumerate(even_layers(total, pp)):
-            cm.Add(L[r] == layers)
-    if _recomputes_all(plan, rules):
-        for r in range(pp):
-            cm.Add(n[r] == L[r])
-    elif rules.recompute_counts == "every_nth" and plan.recompute is not Recompute.NONE:
-        k = cm.NewIntVar(1, total, "k")   # every k-th layer of each rank (torchtitan)
-        for r in range(pp):
-            cm.AddDivisionEquality(n[r], L[r], k)
-    elif rules.recompute_counts == "block" and plan.recompute is not Recompute.NONE:
-        k = cm.NewIntVar(1, total, "k") if block_k is None else cm.NewConstant(block_k)   # the first k of every virtual stage
-        for r in range(pp):
-            if v == 1:
-                cm.AddMinEquality(n[r], [k, L[r]])
-            else:   # a rank's virtual stages split its layers evenly (apply_split): k <= the shortest
-                cm.Add(n[r] == v * k)
-                cm.Add(k * v <= L[r])
 
 
 def _single_rank_counts(plan: Plan, rules: SplitRules, total: int) -> list[int]:
     """The recompute counts a single rank of `total` layers may take under the framework's rules."""
     if plan.recompute is Recompute.NONE:
         return [0]
-    if _recomputes_all(plan, rules):
+    if recomputes_all(plan, rules):
         return [total]
     if rules.recompute_counts == "every_nth":
         return sorted({total // k for k in range(1, total + 1)} - {0})
@@ -134,10 +85,6 @@ def _scan_single_rank(shape: RankShape, plan: Plan, total: int, cap: float, cuto
     return None if best is None else Split(layers=(total,), recomputed=(best[1],), optimal=True)
 
 
-def _ns(x: float) -> int:
-    return round(x * NS)
-
-
 def solve_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan,
                 time_limit_s: float = 10.0, ranks: list[RankShape] | None = None,
                 cutoff_s: float = math.inf, fit: MemoryFit | None = None,
@@ -154,7 +101,7 @@ def solve_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
     if plan.pp == 1:
         return _scan_single_rank(ranks[0], plan, total, fit.caps[0], cutoff_s, _single_rank_counts(plan, rules, total))
     deadline = time.perf_counter() + time_limit_s
-    split = _SplitModel(model, plan, ranks, fit, cutoff_s, rules)
+    split = SplitModel(model, plan, ranks, fit, cutoff_s, rules)
     shared_count = _shared_block_count(plan, rules)
     solver, status = split.solve(deadline, ATTEMPTS[:2] if shared_count else ATTEMPTS)
     if shared_count and status not in (cp_model.OPTIMAL, cp_model.INFEASIBLE):
@@ -163,7 +110,8 @@ def solve_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
         raise SolverTimeout(plan.short())
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
-    return split.split(solver, optimal=status == cp_model.OPTIMAL)
+    layers, recomputed = split.solution(solver)
+    return Split(layers=layers, recomputed=recomputed, optimal=status == cp_model.OPTIMAL)
 
 
 def _shared_block_count(plan: Plan, rules: SplitRules) -> bool:
@@ -171,7 +119,7 @@ def _shared_block_count(plan: Plan, rules: SplitRules) -> bool:
     (one virtual stage per rank, some layers recomputed): CP-SAT propagates that min of two
     variables poorly, and deep pipelines can take it tens of seconds to prove."""
     return (rules.recompute_counts == "block" and plan.vpp == 1 and plan.recompute is not Recompute.NONE
-            and not _recomputes_all(plan, rules))
+            and not recomputes_all(plan, rules))
 
 
 def _solve_per_block_count(model: ModelSpec, plan: Plan, ranks: list[RankShape], fit: MemoryFit, cutoff_s: float,
@@ -182,14 +130,15 @@ def _solve_per_block_count(model: ModelSpec, plan: Plan, ranks: list[RankShape],
     best: Split | None = None
     ceiling, optimal = None, True
     for k in _block_counts(model, plan, ranks, fit):
-        split = _SplitModel(model, plan, ranks, fit, cutoff_s, rules, block_k=k, ceiling=ceiling)
+        split = SplitModel(model, plan, ranks, fit, cutoff_s, rules, block_k=k, ceiling=ceiling)
         solver, status = split.solve(deadline, ATTEMPTS)
         if status == cp_model.UNKNOWN:
             optimal = False
             continue
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             continue
-        best = split.split(solver, optimal=True)
+        layers, recomputed = split.solution(solver)
+        best = Split(layers=layers, recomputed=recomputed, optimal=True)
         ceiling = round(solver.ObjectiveValue()) - 1
         optimal &= status == cp_model.OPTIMAL
     if best is None and not optimal:
@@ -203,7 +152,7 @@ def _block_counts(model: ModelSpec, plan: Plan, ranks: list[RankShape], fit: Mem
     min(k, L) recomputed: its memory is affine on either side of L = k), from the least up to
     the first under which no rank can hold more than k layers (every larger k is that split,
     every layer recomputed)."""
-    total, pp = model.num_layers, plan.pp
+    total = model.num_layers
     first = plan.stage_rank(0)
     counts = []
     for k in range(1, total + 1):
@@ -231,142 +180,20 @@ def _most_layers(mem, cap: float, k: int, total: int) -> int:
     return lo
 
 
-class _SplitModel:
-    """The CP-SAT model of one outer choice's split under `rules` (the block method's shared
-    count fixed to `block_k` where given), its objective at most `ceiling` where given."""
-
-    def __init__(self, model: ModelSpec, plan: Plan, ranks: list[RankShape], fit: MemoryFit, cutoff_s: float,
-                 rules: SplitRules, block_k: int | None = None, ceiling: int | None = None):
-        total, v, m = model.num_layers, plan.vpp, plan.num_micro_batches
-        self.cm = cm = cp_model.CpModel()
-        self.L = L = [cm.NewIntVar(v, total, f"L{r}") for r in range(plan.pp)]
-        self.n = n = [cm.NewIntVar(0, total, f"n{r}") for r in range(plan.pp)]
-        z = [cm.NewBoolVar(f"z{r}") for r in range(plan.pp)]
-        cm.Add(sum(L) == total)
-        # check_plan: the dense first layers on the first stage; apply_split gives the first rank's
-        # shortest chunk, floor(L / vpp), to it
-        cm.Add(L[plan.stage_rank(0)] >= model.first_k_dense * plan.vpp)
-        for r in range(plan.pp):
-            cm.Add(n[r] <= L[r])
-            cm.Add(n[r] <= total * z[r])
-            cm.Add(n[r] >= z[r])
-        if plan.recompute is Recompute.NONE:
-            cm.Add(sum(n) == 0)
-        else:
-            cm.Add(sum(n) >= 1)
-        _narrow(cm, plan, rules, L, n, total, block_k)
-        t_vars, f_vars, dp_vars, opt_vars = [], [], [], []
-        for r, rs in enumerate(ranks):
-            mem = rs.memory
-            cm.Add(round(mem.base) + round(mem.per_layer) * L[r] + round(mem.per_recomputed) * n[r]
-                   + round(mem.jump) * z[r] <= int(fit.caps[r]))
-            t_vars.append(_affine_var(cm, rs.t, L[r], n[r], v, total, f"t{r}"))
-            f_vars.append(_affine_var(cm, rs.f, L[r], n[r], v, total, f"f{r}"))
-            opt_vars.append(_affine_var(cm, (*rs.opt, 0.0), L[r], n[r], v, total, f"o{r}"))
-            dp_vars.append(_dp_rank(cm, rs, L[r], n[r], total, v, r))
-        T = _max_var(cm, t_vars, "T")
-        F = _max_var(cm, f_vars, "F")
-        DP = _max_var(cm, dp_vars, "DP")
-        OPT = _max_var(cm, opt_vars, "OPT")
-        even = even_layers(total, plan.pp)
-        for r in range(plan.pp):
-            cm.AddHint(L[r], max(v, even[r]))
-        traits = plan.schedule.traits
-        scale = v if traits.fill_divided_by_vpp else 1
-        step = scaled_closed_form(traits, m, T.var, sum(f.var for f in f_vars), F.var, v) + scale * (DP.var + OPT.var)
-        # integer nanoseconds round each coefficient: allow that much slack in both bounds below
-        slack = (scale * m + 3 * plan.pp + 3) * (2 * total + 2)
-        slowest = min_max_time_s([r.t for r in ranks], plan, fit, total)
-        cm.Add(T.var >= math.floor(slowest * NS) - slack)  # the exact min-max of the slowest rank
-        if math.isfinite(cutoff_s):
-            cm.Add(step <= math.floor(scale * cutoff_s * NS) + slack)
-        # ties (equal predicted time) go to the split that recomputes fewer layers
-        objective = (total + 1) * step + sum(n)
-        if ceiling is not None:
-            cm.Add(objective <= ceiling)
-        cm.Minimize(objective)
-
-    def solve(self, deadline: float, attempts: list[tuple[dict, float | None]]) -> tuple[cp_model.CpSolver, int]:
-        """The attempts (ATTEMPTS) in turn until one proves optimality or infeasibility, one
-        without a budget up to the deadline. With the bounds above the model is small and tight,
-        and presolve usually costs more than it saves."""
-        for attempt, budget in attempts:
-            solver, status = _solve(self.cm, time_limit_s=max(0.1, deadline - time.perf_counter()),
-                                    deterministic_limit=budget, **attempt)
-            if status in (cp_model.OPTIMAL, cp_model.INFEASIBLE):
-                break
-        return solver, status
-
-    def split(self, solver: cp_model.CpSolver, optimal: bool) -> Split:
-        return Split(layers=tuple(solver.Value(x) for x in self.L), recomputed=tuple(solver.Value(x) for x in self.n),
-                     optimal=optimal)
-
-
-def _solve(cm: cp_model.CpModel, *, time_limit_s: float, deterministic_limit: float | None = None,
-           **parameters) -> tuple[cp_model.CpSolver, int]:
-    solver = cp_model.CpSolver()
-    solver.parameters.num_workers = 1  # deterministic
-    # CP-SAT's own Ctrl-C handler leaves SIGINT at its default (kill, no clean-up) once a solve
-    # ends; each solve is short, so Python's handler serves between solves.
-    solver.parameters.catch_sigint_signal = False
-    for name, value in parameters.items():
-        setattr(solver.parameters, name, value)
-    solver.parameters.max_time_in_seconds = time_limit_s
-    if deterministic_limit is not None:
-        solver.parameters.max_deterministic_time = deterministic_limit
-    return solver, solver.Solve(cm)
-
-
-def _affine_var(cm: cp_model.CpModel, coef: tuple[float, float, float], L, n, lo_layers: int,
-                total: int, name: str):
-    """An IntVar equal to a + b·L + c·n (ns), with its exact range as domain (tight domains make
-    CP-SAT's propagation and optimality proof fast)."""
-    a, b, c = (_ns(x) for x in coef)
-    corners = [a + b * x + c * y for x in (lo_layers, total) for y in (0, total)]
-    var = _Bounded(cm.NewIntVar(min(corners), max(corners), name), min(corners), max(corners))
-    cm.Add(var.var == a + b * L + c * n)
-    return var
-
-
-@dataclass(frozen=True, slots=True)
-class _Bounded:
-    var: cp_model.IntVar
-    lo: int
-    hi: int
-
-
-def _max_var(cm: cp_model.CpModel, xs: list[_Bounded], name: str) -> _Bounded:
-    lo, hi = max(x.lo for x in xs), max(x.hi for x in xs)
-    var = cm.NewIntVar(lo, hi, name)
-    cm.AddMaxEquality(var, [x.var for x in xs])
-    return _Bounded(var, lo, hi)
-
-
-def _dp_rank(cm: cp_model.CpModel, rs: RankShape, L, n, total: int, v: int, r: int):
-    """sum_k mult_k · max(comm_k - window_k, bucket_k) for one rank."""
-    if not rs.dp:
-        return _Bounded(cm.NewConstant(0), 0, 0)
-    parts, lo, hi = [], 0, 0
-    # terms that hide behind nothing (window "none": exposed syncs, the contention terms) are
-    # affine in L once one layer's worth already exceeds the bucket: one variable for all of them
-    exposed = [(mult, c0, c1) for mult, (c0, c1), w, bucket in rs.dp if w == (0.0, 0.0, 0.0)
-               and c1 >= 0 and c0 + c1 * max(v, 1) >= bucket]
-    if exposed:
-        var = _affine_var(cm, (sum(m * c0 for m, c0, _ in exposed), sum(m * c1 for m, _, c1 in exposed), 0.0),
-                          L, n, v, total, f"e{r}")
-        parts.append(var.var)
-        lo, hi = lo + var.lo, hi + var.hi
-    for k, (mult, (c0, c1), (w0, w1, w2), bucket) in enumerate(rs.dp):
-        if (mult, c0, c1) in exposed and (w0, w1, w2) == (0.0, 0.0, 0.0):
-            continue
-        diff = _affine_var(cm, (c0 - w0, c1 - w1, -w2), L, n, v, total, f"d{r}_{k}")
-        b = _ns(bucket)
-        hidden = _max_var(cm, [diff, _Bounded(cm.NewConstant(b), b, b)], f"h{r}_{k}")
-        parts.append(mult * hidden.var)
-        lo, hi = lo + mult * hidden.lo, hi + mult * hidden.hi
-    out = cm.NewIntVar(lo, hi, f"dp{r}")
-    cm.Add(out == sum(parts))
-    return _Bounded(out, lo, hi)
+def short_chunks_first(plan: Plan) -> Plan:
+    """The plan with the last rank's virtual stages reordered shortest first, as apply_split lays
+    out every other rank. The closed form prices a rank's activations as its in-flight chunks
+    times its mean chunk; the first chunks are the ones most often in flight, so with the short
+    ones first that is an upper bound of what the simulation finds, and a split the search found
+    to fit fits so laid out. apply_split's short chunk last under the LM head is the faster
+    layout, tried first (search: _simulated)."""
+    last = plan.pp - 1
+    stages = [chunk * plan.pp + last for chunk in range(plan.vpp)]
+    ordered = sorted(plan.layers_per_stage[j] for j in stages)
+    per_stage = list(plan.layers_per_stage)
+    for j, count in zip(stages, ordered):
+        per_stage[j] = count
+    return replace(plan, layers_per_stage=tuple(per_stage))
 
 
 def apply_split(plan: Plan, split: Split) -> Plan:

@@ -148,3 +148,45 @@ def test_the_block_methods_shared_count_is_solved_per_count_alike():
     steps = [estimate(model, TRAIN, tight, apply_split(plan, s)).closed_form_step_time_s for s in (shared, per_count)]
     assert steps[0] == pytest.approx(steps[1], rel=1e-9)
     assert sum(shared.recomputed) == sum(per_count.recomputed)
+
+
+def test_short_chunks_first_keeps_the_last_rank_within_the_closed_form():
+    """The closed form prices a rank's activations as its in-flight chunks times its mean chunk.
+    The last rank's short chunk last (under the LM head, apply_split) is the faster layout, but the
+    simulation then finds more than that on it (the first chunk is the one most often in flight);
+    laid out shortest first it finds no more, so a split the search found to fit still fits
+    (search._simulated falls back to it)."""
+    from costmodel.estimate import estimate
+    from planner.partition import Split, apply_split, short_chunks_first
+    model, cluster = resolve_model("llama3-8b"), parse_cluster("1x8xH100")
+    plan = build_plan(model, TRAIN, cluster, Choice(tp=2, pp=4, vpp=2, zero_stage=1, recompute=Recompute.NONE))
+    long_first = apply_split(plan, Split(layers=(7, 7, 7, 11), recomputed=(0,) * 4, optimal=True))
+    short_first = short_chunks_first(long_first)
+    assert (long_first.layers_per_stage[3], long_first.layers_per_stage[7]) == (6, 5)
+    assert (short_first.layers_per_stage[3], short_first.layers_per_stage[7]) == (5, 6)
+    assert short_first.layers_per_stage[:3] == long_first.layers_per_stage[:3]
+    closed = estimate(model, TRAIN, cluster, long_first, simulate=False).peak_memory_bytes[3]
+    assert estimate(model, TRAIN, cluster, short_first, simulate=False).peak_memory_bytes[3] == pytest.approx(closed)
+    assert estimate(model, TRAIN, cluster, long_first).peak_memory_bytes[3] > closed
+    assert estimate(model, TRAIN, cluster, short_first).peak_memory_bytes[3] <= closed
+
+
+def test_the_search_keeps_a_split_whose_short_last_chunk_overflows():
+    """On a device whose budget lies between the two layouts' simulated peaks, the re-pricing
+    keeps the plan laid out shortest first instead of dropping it."""
+    from costmodel.estimate import estimate
+    from planner.candidates import SearchOptions
+    from planner.partition import Split, apply_split, short_chunks_first
+    from planner.repricing import _simulated
+    from planner.search_state import Found, SharedModels
+    model, cluster = resolve_model("llama3-8b"), parse_cluster("1x8xH100")
+    plan = build_plan(model, TRAIN, cluster, Choice(tp=2, pp=4, vpp=2, zero_stage=1, recompute=Recompute.NONE))
+    long_first = apply_split(plan, Split(layers=(7, 7, 7, 11), recomputed=(0,) * 4, optimal=True))
+    peaks = [max(estimate(model, TRAIN, cluster, p).peak_memory_bytes) for p in (long_first, short_chunks_first(long_first))]
+    assert peaks[1] < peaks[0]
+    device = dataclasses.replace(cluster.device, reported_memory_bytes=int(sum(peaks) / 2), memory_bytes=int(sum(peaks) / 2),
+                                 efficiency=dataclasses.replace(cluster.device.efficiency, allocator_fragmentation=0.0))
+    tight = dataclasses.replace(cluster, device=device, memory_headroom=0.0)
+    shared = SharedModels(model, TRAIN, tight, SearchOptions())
+    kept = _simulated(shared, Found(plan=long_first, estimate=estimate(model, TRAIN, tight, long_first, simulate=False)))
+    assert kept.plan == short_chunks_first(long_first) and kept.estimate.fits

@@ -1,0 +1,122 @@
+"""The search's last stage: its best closed-form plans priced by the event simulation and
+ranked (planner.search). A plan whose simulated memory overflows is laid out again with the last
+rank's short chunks first, which the closed form bounds, and dropped only if that overflows too;
+schedules without a closed form (ZBV, DualPipeV) compete as simulated variants of the best."""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import replace
+
+from costmodel.check import check_structure
+from costmodel.estimate import estimate
+from costmodel.plan import Plan, Schedule
+from planner.candidates import STATE_OPTIONS, SearchOptions
+from planner.partition import short_chunks_first
+from planner.ranking import DECISION_K, closer, decision_band, one_row_per_price, rank, robust_first, undominated
+from planner.search_state import Found, SearchResult, SearchStats, SharedModels
+from planner.space import Choice, build_plan, under_schedule
+
+REPRICED = 20   # closed-form best plans re-priced by simulation for the final ranking
+VARIANTS_OF = 5   # best simulated plans laid out for schedules without a closed form (ZBV)
+
+
+def _repriced(options: SearchOptions) -> int:
+    """How many of the best plans are re-priced by simulation and kept for the ranking."""
+    return max(REPRICED, options.top_k)
+
+
+
+def result(shared: SharedModels, options: SearchOptions, stats: SearchStats, found: list[Found],
+            too_big: list[tuple[Choice, int, Schedule, int]], too_big_plans: list[Plan],
+            deadline: float) -> SearchResult:
+    """Re-price the best plans by simulation and rank them; when nothing fits, the closest plan
+    (of those priced before the time limit, at least one)."""
+    model, train, cluster = shared.model, shared.train, shared.cluster
+    closest = None
+    if not found:  # only then does anyone need to know how far the plans are from fitting
+        for base, vpp, schedule, zero in too_big[:2000]:
+            if closest is not None and time.perf_counter() > deadline:
+                break
+            choice = replace(base, **STATE_OPTIONS[zero]._asdict(), vpp=vpp, schedule=schedule)
+            closest = closer(model, train, cluster, build_plan(model, train, cluster, choice), closest)
+        for plan in too_big_plans:
+            closest = closer(model, train, cluster, plan, closest)
+    # the first plans are chosen among the DECISION_K best within the decision band of the
+    # fastest, which the cutoff keeps whatever --top asks to show; the rest follow by time
+    decision = rank(found, replace(options, top_k=DECISION_K))
+    limit = (1 + decision_band(options)) * min((f.estimate.step_time_s for f in decision), default=math.inf)
+    decision = [f for f in decision if f.estimate.step_time_s <= limit]
+    ranked = _union(decision, rank(found, replace(options, top_k=_repriced(options))))
+    if options.objective != "time":   # the fastest plans too: the leanest are judged against them
+        ranked = _union(ranked, rank(found, replace(options, top_k=_repriced(options), objective="time")))
+    simulated = {id(f): _simulated(shared, f) for f in ranked}
+    evaluated = [simulated.get(id(f), f) for f in found]
+    fitting = [f for f in simulated.values() if f.estimate.fits]
+    proven = min(fitting, key=lambda f: f.estimate.step_time_s) if fitting else None
+    chosen = [simulated[id(f)] for f in decision if simulated[id(f)].estimate.fits]
+    # variants of the few best simulated plans only: each simulation costs milliseconds to tens of them
+    best = sorted(chosen, key=lambda f: f.estimate.step_time_s)[:VARIANTS_OF]
+    variants = [f for f in _simulated_variants(shared, options, best) if f.estimate.fits]
+    chosen += variants
+    # the proof line names the fastest of every simulated plan, not only of the decision's
+    fastest = min(fitting + variants, key=lambda f: f.estimate.step_time_s, default=None)
+    ordered, equivalent = robust_first(rank(chosen, replace(options, top_k=len(chosen))),
+                                       options.error_band if options.objective == "time" else 0.0)
+    first = ordered[:equivalent]
+    shown = {id(f) for f in first}
+    others = [f for f in fitting + variants if id(f) not in shown]
+    rest = rank(others, replace(options, top_k=len(others)))
+    # the decision's and the table's rows, each price once, none beaten in both time and memory
+    plans = undominated(one_row_per_price(_union(first, rest)))[:options.top_k]
+    decided = {f.plan for f in first}
+    equivalent = next((i for i, f in enumerate(plans) if f.plan not in decided), len(plans))
+    return SearchResult(plans=plans, stats=stats, evaluated=evaluated + variants, closest=closest,
+                        equivalent=equivalent, error_band=options.error_band, fastest=fastest,
+                        proven_fastest=proven)
+
+
+def _simulated(shared: SharedModels, found: Found) -> Found:
+    """A plan priced by simulation; one whose simulated memory overflows with the last rank's
+    short chunk last (apply_split) laid out with its short chunks first, which the closed form
+    bounded (partition.short_chunks_first)."""
+    model, train, cluster = shared.model, shared.train, shared.cluster
+    est = estimate(model, train, cluster, found.plan)
+    if not est.fits and found.plan.vpp > 1:
+        plan = short_chunks_first(found.plan)
+        if plan != found.plan and (alt := estimate(model, train, cluster, plan)).fits:
+            return Found(plan=plan, estimate=alt, alternatives=found.alternatives)
+    return Found(plan=found.plan, estimate=est, alternatives=found.alternatives)
+
+
+def _union(first: list[Found], more: list[Found]) -> list[Found]:
+    """`first`, then the plans of `more` not in it, each once, in their orders."""
+    seen = {id(f) for f in first}
+    return first + [f for f in more if id(f) not in seen]
+
+
+def _simulated_variants(shared: SharedModels, options: SearchOptions, ranked: list[Found]) -> list[Found]:
+    """Schedules without a closed form (ZBV) compete by simulation: each of the best closed-form
+    plans with a pipeline, laid out for the schedule (its virtual stages, layers split evenly,
+    the same recomputation per rank), priced by the event simulator. They are outside the
+    closed-form proof; SearchResult.proven_fastest is what the proof is about."""
+    if options.fixed.keys() & {"schedule", "vpp"}:
+        return []
+    model, train, cluster = shared.model, shared.train, shared.cluster
+    out, seen = [], set()
+    for schedule in Schedule:
+        if schedule.traits.closed_form or (options.schedules is not None and schedule not in options.schedules):
+            continue
+        for f in ranked:
+            if f.plan.pp < 2 or model.num_layers < f.plan.pp * max(2, schedule.traits.min_vpp):
+                continue
+            variant = under_schedule(model, f.plan, schedule)
+            if variant in seen or check_structure(model, train, cluster, variant):
+                continue
+            if options.space is not None and options.space.problems(variant):
+                continue
+            seen.add(variant)
+            out.append(Found(plan=variant, estimate=estimate(model, train, cluster, variant)))
+    return out
+
+

@@ -1,0 +1,209 @@
+"""The CP-SAT model of a layer split (planner.partition): per pipeline rank its layer and
+recomputed-layer counts, the framework's rules on them (`SplitRules`), each rank's memory under
+its cap, and the step time the cost model computes, as planner.shapes reads it off the cost
+model, in integer nanoseconds."""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from ortools.sat.python import cp_model
+
+from costmodel.pipeline_closed_form import scaled_closed_form
+from costmodel.plan import Plan, Recompute, even_layers
+from costmodel.specs import ModelSpec
+from planner.bounds import MemoryFit, min_max_time_s
+from planner.shapes import RankShape
+
+NS = 1e9
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SplitRules:
+    """How a framework splits layers and recomputes them (planner.candidates.FrameworkSpace):
+    split free | even (costmodel.plan.even_layers); recompute_counts free | every_nth (every
+    k-th layer of each rank, k the same everywhere: torchtitan's layer-level checkpointing) | block (the
+    first k layers of every virtual stage, k the same everywhere: Megatron's block method) | all."""
+
+    split: str = "free"
+    recompute_counts: str = "free"
+
+
+FREE = SplitRules()
+
+
+def recomputes_all(plan: Plan, rules: SplitRules) -> bool:
+    """Whether every layer of the plan's recompute mode is recomputed: the framework's rule, or
+    selective recomputation under the block method (Megatron applies it to every layer)."""
+    if plan.recompute is Recompute.NONE:
+        return False
+    return rules.recompute_counts == "all" or (rules.recompute_counts == "block"
+                                               and plan.recompute is Recompute.SELECTIVE)
+
+
+def narrow(cm: cp_model.CpModel, plan: Plan, rules: SplitRules, L, n, total: int,
+            block_k: int | None = None) -> None:
+    """The framework's rules on the split (`SplitRules`) as constraints; `block_k` fixes the
+    block method's shared count (partition._solve_per_block_count)."""
+    pp, v = plan.pp, plan.vpp
+    if rules.split == "even":
+        for r, layers in enumerate(even_layers(total, pp)):
+            cm.Add(L[r] == layers)
+    if recomputes_all(plan, rules):
+        for r in range(pp):
+            cm.Add(n[r] == L[r])
+    elif rules.recompute_counts == "every_nth" and plan.recompute is not Recompute.NONE:
+        k = cm.NewIntVar(1, total, "k")   # every k-th layer of each rank (torchtitan)
+        for r in range(pp):
+            cm.AddDivisionEquality(n[r], L[r], k)
+    elif rules.recompute_counts == "block" and plan.recompute is not Recompute.NONE:
+        k = cm.NewIntVar(1, total, "k") if block_k is None else cm.NewConstant(block_k)   # the first k of every virtual stage
+        for r in range(pp):
+            if v == 1:
+                cm.AddMinEquality(n[r], [k, L[r]])
+            else:   # a rank's virtual stages split its layers evenly (apply_split): k <= the shortest
+                cm.Add(n[r] == v * k)
+                cm.Add(k * v <= L[r])
+
+
+def _ns(x: float) -> int:
+    return round(x * NS)
+
+
+class SplitModel:
+    """The CP-SAT model of one outer choice's split under `rules` (the block method's shared
+    count fixed to `block_k` where given), its objective at most `ceiling` where given."""
+
+    def __init__(self, model: ModelSpec, plan: Plan, ranks: list[RankShape], fit: MemoryFit, cutoff_s: float,
+                 rules: SplitRules, block_k: int | None = None, ceiling: int | None = None):
+        total, v, m = model.num_layers, plan.vpp, plan.num_micro_batches
+        self.cm = cm = cp_model.CpModel()
+        self.L = L = [cm.NewIntVar(v, total, f"L{r}") for r in range(plan.pp)]
+        self.n = n = [cm.NewIntVar(0, total, f"n{r}") for r in range(plan.pp)]
+        z = [cm.NewBoolVar(f"z{r}") for r in range(plan.pp)]
+        cm.Add(sum(L) == total)
+        # check_plan: the dense first layers on the first stage; apply_split gives the first rank's
+        # shortest chunk, floor(L / vpp), to it
+        cm.Add(L[plan.stage_rank(0)] >= model.first_k_dense * plan.vpp)
+        for r in range(plan.pp):
+            cm.Add(n[r] <= L[r])
+            cm.Add(n[r] <= total * z[r])
+            cm.Add(n[r] >= z[r])
+        if plan.recompute is Recompute.NONE:
+            cm.Add(sum(n) == 0)
+        else:
+            cm.Add(sum(n) >= 1)
+        narrow(cm, plan, rules, L, n, total, block_k)
+        t_vars, f_vars, dp_vars, opt_vars = [], [], [], []
+        for r, rs in enumerate(ranks):
+            mem = rs.memory
+            cm.Add(round(mem.base) + round(mem.per_layer) * L[r] + round(mem.per_recomputed) * n[r]
+                   + round(mem.jump) * z[r] <= int(fit.caps[r]))
+            t_vars.append(_affine_var(cm, rs.t, L[r], n[r], v, total, f"t{r}"))
+            f_vars.append(_affine_var(cm, rs.f, L[r], n[r], v, total, f"f{r}"))
+            opt_vars.append(_affine_var(cm, (*rs.opt, 0.0), L[r], n[r], v, total, f"o{r}"))
+            dp_vars.append(_dp_rank(cm, rs, L[r], n[r], total, v, r))
+        T = _max_var(cm, t_vars, "T")
+        F = _max_var(cm, f_vars, "F")
+        DP = _max_var(cm, dp_vars, "DP")
+        OPT = _max_var(cm, opt_vars, "OPT")
+        even = even_layers(total, plan.pp)
+        for r in range(plan.pp):
+            cm.AddHint(L[r], max(v, even[r]))
+        traits = plan.schedule.traits
+        scale = v if traits.fill_divided_by_vpp else 1
+        step = scaled_closed_form(traits, m, T.var, sum(f.var for f in f_vars), F.var, v) + scale * (DP.var + OPT.var)
+        # integer nanoseconds round each coefficient: allow that much slack in both bounds below
+        slack = (scale * m + 3 * plan.pp + 3) * (2 * total + 2)
+        slowest = min_max_time_s([r.t for r in ranks], plan, fit, total)
+        cm.Add(T.var >= math.floor(slowest * NS) - slack)  # the exact min-max of the slowest rank
+        if math.isfinite(cutoff_s):
+            cm.Add(step <= math.floor(scale * cutoff_s * NS) + slack)
+        # ties (equal predicted time) go to the split that recomputes fewer layers
+        objective = (total + 1) * step + sum(n)
+        if ceiling is not None:
+            cm.Add(objective <= ceiling)
+        cm.Minimize(objective)
+
+    def solve(self, deadline: float, attempts: list[tuple[dict, float | None]]) -> tuple[cp_model.CpSolver, int]:
+        """The attempts (ATTEMPTS) in turn until one proves optimality or infeasibility, one
+        without a budget up to the deadline. With the bounds above the model is small and tight,
+        and presolve usually costs more than it saves."""
+        for attempt, budget in attempts:
+            solver, status = solve_model(self.cm, time_limit_s=max(0.1, deadline - time.perf_counter()),
+                                    deterministic_limit=budget, **attempt)
+            if status in (cp_model.OPTIMAL, cp_model.INFEASIBLE):
+                break
+        return solver, status
+
+    def solution(self, solver: cp_model.CpSolver) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Layers and recomputed layers per rank of the solver's best solution."""
+        return tuple(solver.Value(x) for x in self.L), tuple(solver.Value(x) for x in self.n)
+
+
+def solve_model(cm: cp_model.CpModel, *, time_limit_s: float, deterministic_limit: float | None = None,
+           **parameters) -> tuple[cp_model.CpSolver, int]:
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1  # deterministic
+    # CP-SAT's own Ctrl-C handler leaves SIGINT at its default (kill, no clean-up) once a solve
+    # ends; each solve is short, so Python's handler serves between solves.
+    solver.parameters.catch_sigint_signal = False
+    for name, value in parameters.items():
+        setattr(solver.parameters, name, value)
+    solver.parameters.max_time_in_seconds = time_limit_s
+    if deterministic_limit is not None:
+        solver.parameters.max_deterministic_time = deterministic_limit
+    return solver, solver.Solve(cm)
+
+
+def _affine_var(cm: cp_model.CpModel, coef: tuple[float, float, float], L, n, lo_layers: int,
+                total: int, name: str):
+    """An IntVar equal to a + b·L + c·n (ns), with its exact range as domain (tight domains make
+    CP-SAT's propagation and optimality proof fast)."""
+    a, b, c = (_ns(x) for x in coef)
+    corners = [a + b * x + c * y for x in (lo_layers, total) for y in (0, total)]
+    var = _Bounded(cm.NewIntVar(min(corners), max(corners), name), min(corners), max(corners))
+    cm.Add(var.var == a + b * L + c * n)
+    return var
+
+
+@dataclass(frozen=True, slots=True)
+class _Bounded:
+    var: cp_model.IntVar
+    lo: int
+    hi: int
+
+
+def _max_var(cm: cp_model.CpModel, xs: list[_Bounded], name: str) -> _Bounded:
+    lo, hi = max(x.lo for x in xs), max(x.hi for x in xs)
+    var = cm.NewIntVar(lo, hi, name)
+    cm.AddMaxEquality(var, [x.var for x in xs])
+    return _Bounded(var, lo, hi)
+
+
+def _dp_rank(cm: cp_model.CpModel, rs: RankShape, L, n, total: int, v: int, r: int):
+    """sum_k mult_k · max(comm_k - window_k, bucket_k) for one rank."""
+    if not rs.dp:
+        return _Bounded(cm.NewConstant(0), 0, 0)
+    parts, lo, hi = [], 0, 0
+    # terms that hide behind nothing (window "none": exposed syncs, the contention terms) are
+    # affine in L once one layer's worth already exceeds the bucket: one variable for all of them
+    exposed = [(mult, c0, c1) for mult, (c0, c1), w, bucket in rs.dp if w == (0.0, 0.0, 0.0)
+               and c1 >= 0 and c0 + c1 * max(v, 1) >= bucket]
+    if exposed:
+        var = _affine_var(cm, (sum(m * c0 for m, c0, _ in exposed), sum(m * c1 for m, _, c1 in exposed), 0.0),
+                          L, n, v, total, f"e{r}")
+        parts.append(var.var)
+        lo, hi = lo + var.lo, hi + var.hi
+    for k, (mult, (c0, c1), (w0, w1, w2), bucket) in enumerate(rs.dp):
+        if (mult, c0, c1) in exposed and (w0, w1, w2) == (0.0, 0.0, 0.0):
+            continue
+        diff = _affine_var(cm, (c0 - w0, c1 - w1, -w2), L, n, v, total, f"d{r}_{k}")
+        b = _ns(bucket)
+        hidden = _max_var(cm, [diff, _Bounded(cm.NewConstant(b), b, b)], f"h{r}_{k}")
+        parts.append(mult * hidden.var)
+        lo, hi = lo + mult * hidden.lo, hi + mult * hidden.hi
+    out = cm.NewIntVar(lo, hi, f"dp{r}")
+    cm.Add(out == sum(parts))
+    return _Bounded(out, lo, hi)
