@@ -160,6 +160,19 @@ def _orders(degrees: dict[str, int], cluster: ClusterSpec,
     return out
 
 
+def _virtual_stages(options: SearchOptions, num_layers: int, pp: int) -> list[int]:
+    """Interleavings searched: equal chunks, the embedding and loss counted as layers or not
+    (costmodel.plan.virtual_stage_options); a --vpp the user fixes may split the layers unevenly
+    (at least one a chunk) where the framework splits them freely (our runtime, torchtitan,
+    Megatron-Core's explicit layout)."""
+    found = virtual_stage_options(num_layers, pp)
+    fixed = options.fixed.get("vpp")
+    free = options.space is None or options.space.split == "free"
+    if free and fixed is not None and fixed not in found and 2 <= fixed and pp >= 2 and pp * fixed <= num_layers:
+        found.append(fixed)
+    return found
+
+
 def allowed(options: SearchOptions, name: str, values: list) -> list:
     if name in options.fixed:
         return [v for v in values if v == options.fixed[name]]
@@ -342,8 +355,7 @@ def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8,
         if not mine():   # another process's share (placement_groups)
             continue
         m = per_replica // mbs
-        # interleaving as Megatron-LM runs it: equal chunks, the embedding and loss counted or not
-        vpps = [1] + (virtual_stage_options(L, pp) if m % pp == 0 else [])
+        vpps = [1] + (_virtual_stages(options, L, pp) if m % pp == 0 else [])
         for mode in allowed(options, "recompute", modes):
             variants = []
             for vpp in allowed(options, "vpp", vpps):

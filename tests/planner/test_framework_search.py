@@ -180,3 +180,16 @@ def test_the_stages_a_frameworks_pipeline_runs_are_those_its_export_keeps(name):
             if pp > 1:
                 assert (kept.zero_stage == zero) == (zero in module.ZERO_STAGES_WITH_PP), (pp, zero)
             assert (zero in taken) == (pp == 1 or zero in module.ZERO_STAGES_WITH_PP), (pp, zero)
+
+
+@pytest.mark.parametrize("framework", ["planner", "megatron", "torchtitan"])
+def test_a_fixed_interleaving_may_split_layers_unevenly(framework, capsys):
+    """32 layers over pp 3 x vpp 2 chunks cannot be equal; our runtime, torchtitan and Megatron-Core
+    (its explicit layout) run unequal chunks, so a --vpp the user fixes is searched (the space
+    enumerates equal chunks only)."""
+    argv = ["search", "--model", "llama3-8b", "--cluster", "1x6xH100", "--seq-len", "4096", "--global-batch", "60",
+            "--fix", "pp=3", "--fix", "vpp=2", "--framework", framework, "--json"]
+    assert main(argv) == 0
+    plan = json.loads(capsys.readouterr().out)["plans"][0]["plan"]
+    assert (plan["pp"], plan["vpp"], sum(plan["layers_per_stage"])) == (3, 2, 32)
+    assert len(set(plan["layers_per_stage"])) > 1
