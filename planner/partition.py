@@ -150,8 +150,9 @@ def _block_counts(model: ModelSpec, plan: Plan, ranks: list[RankShape], fit: Mem
     """The shared counts k worth solving (one virtual stage per rank): those under which every
     rank can hold enough layers for their sum to reach the model's (a rank of L layers keeps
     min(k, L) recomputed: its memory is affine on either side of L = k), from the least up to
-    the first under which no rank can hold more than k layers (every larger k is that split,
-    every layer recomputed)."""
+    the first under which every rank holds fewer than k layers: not even k + 1 layers, all
+    recomputed, fit any rank then, so every larger k is that split, every layer recomputed (at
+    exactly k a rank might hold k + 1 with all of them recomputed under k + 1)."""
     total = model.num_layers
     first = plan.stage_rank(0)
     counts = []
@@ -159,7 +160,7 @@ def _block_counts(model: ModelSpec, plan: Plan, ranks: list[RankShape], fit: Mem
         most = [_most_layers(rs.memory, cap, k, total) for rs, cap in zip(ranks, fit.caps)]
         if all(m >= 1 for m in most) and sum(most) >= total and most[first] >= model.first_k_dense:
             counts.append(k)
-        if max(most) <= k:
+        if max(most) < k:
             break
     return counts
 

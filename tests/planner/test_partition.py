@@ -5,6 +5,7 @@ import math
 import random
 
 import pytest
+from ortools.sat.python import cp_model
 
 from costmodel.hardware import parse_cluster
 from costmodel.memory import AffineBytes, stage_memory_at
@@ -148,6 +149,18 @@ def test_the_block_methods_shared_count_is_solved_per_count_alike():
     steps = [estimate(model, TRAIN, tight, apply_split(plan, s)).closed_form_step_time_s for s in (shared, per_count)]
     assert steps[0] == pytest.approx(steps[1], rel=1e-9)
     assert sum(shared.recomputed) == sum(per_count.recomputed)
+    # the counts skipped (no split fits under them, or every larger one is the all-recomputed
+    # split) lose nothing: every count from 1 to the layer count solved alone finds no better
+    from planner.split_model import SplitModel
+    best = math.inf
+    for k in range(1, model.num_layers + 1):
+        alone = SplitModel(model, plan, ranks, fit, math.inf, rules, block_k=k)
+        solver, status = alone.solve(math.inf, partition.ATTEMPTS)
+        if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            layers, recomputed = alone.solution(solver)
+            split = partition.Split(layers=layers, recomputed=recomputed, optimal=True)
+            best = min(best, estimate(model, TRAIN, tight, apply_split(plan, split)).closed_form_step_time_s)
+    assert best == pytest.approx(steps[1], rel=1e-9)
 
 
 def test_short_chunks_first_keeps_the_last_rank_within_the_closed_form():
