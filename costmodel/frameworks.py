@@ -198,13 +198,15 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   ranks whatever the bytes) outweighs a small model's compute; the bucket bounds that count.
 - `zero3_gathers_per_param`: DeepSpeed ZeRO-3 gathers parameter by parameter (many small
   collectives, each paying the ring latency) rather than one flat buffer per layer as FSDP does.
-- `recompute_each_chunk`: under interleaving, where a rank's recomputed layers sit. Megatron's
-  block method recomputes the first `--recompute-num-layers` of every model chunk (each virtual
-  stage builds its own TransformerBlock, whose checkpointing counts its own layers:
-  megatron/core/recompute.py, the block branch over `num_layers_per_pipeline_rank`), so a rank's count is
-  spread over its chunks; our runtime recomputes the rank's first layers in model order, its first
-  chunk first (runtime.parallel.recomputed_layers), where more micro-batches are in flight at the
-  peak (Plan.recompute_per_stage).
+- `recompute_placement`: under interleaving, which of a rank's layers are the recomputed ones
+  (Plan.recompute_per_stage). `first`: its first layers in model order, its first chunk first,
+  as our runtime (runtime.parallel.recomputed_layers). `each_chunk`: Megatron's block method
+  recomputes the first `--recompute-num-layers` of every model chunk (each virtual stage builds
+  its own TransformerBlock, whose checkpointing counts its own layers: megatron/core/recompute.py,
+  the block branch over `num_layers_per_pipeline_rank`). `every_nth`: torchtitan's layer-level
+  checkpointing wraps every n-th block a process builds, counted by one module-level counter
+  across its model chunks (`_apply_layer_sac`, `_layer_sac_count`). The first chunk holds the
+  most micro-batches at the peak, so where they sit moves the peak.
 - `grads_reduced_after_pipeline`: DeepSpeed's PipelineEngine (Megatron-DeepSpeed's pipeline)
   reduces the data-parallel gradients as an instruction of its own after the last micro-batch's
   backward (deepspeed/runtime/pipe/schedule.py TrainSchedule: ReduceTiedGrads, ReduceGrads,
@@ -292,7 +294,7 @@ class FrameworkTraits:
     dp_param_overlap: bool
     sharded_grads_under_pp: bool
     zero3_gathers_per_param: bool
-    recompute_each_chunk: bool = False
+    recompute_placement: str = "first"
     dp_collectives_per_layer: bool = False
     swiglu_saved_tensors: int = 4
     loss_grad_in_place: bool = False
@@ -351,7 +353,7 @@ RUNTIME = FrameworkTraits(name="planner", dp_grad_overlap=True, dp_param_overlap
 COMPILED_RUNTIME = replace(RUNTIME, name="planner-compiled", eager_layer=False, compiled_layer=True)
 
 _MEGATRON = dict(sharded_grads_under_pp=True, zero3_gathers_per_param=False, loss_grad_in_place=True,
-                 fused_grad_accumulation=True, recompute_each_chunk=True)
+                 fused_grad_accumulation=True, recompute_placement="each_chunk")
 _FSDP = dict(dp_grad_overlap=True, dp_param_overlap=True, zero3_gathers_per_param=False,
              fsdp_master_params=True)
 _DEEPSPEED = dict(dp_grad_overlap=True, dp_param_overlap=False, sharded_grads_under_pp=True,
@@ -379,7 +381,8 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
     FrameworkTraits(name="torchtitan", sharded_grads_under_pp=False, tp_keeps_gathered_input=True,
                     tp_backward_reduce_scatter_exposed=True,
                     cp_all_gather_kv=True, float8_casts_fused=True, float8_with_tp=True,
-                    deferred_w_keeps_graph=True, shared_expert_tp=True, eager_rms_norm_composite=True, **_FSDP),
+                    deferred_w_keeps_graph=True, shared_expert_tp=True, eager_rms_norm_composite=True,
+                    recompute_placement="every_nth", **_FSDP),
 )}
 
 

@@ -248,27 +248,35 @@ class Plan:
     def layers_on_rank(self, rank: int) -> int:
         return _layers_by_rank(self)[rank]
 
-    def recompute_per_stage(self, each_chunk: bool = False) -> tuple[int, ...]:
-        """Recomputed layers of each virtual stage: pipeline rank r recomputes the first
-        `recompute_num_layers[r]` of its layers in model order (its stages in increasing order),
-        as the runtime applies it; `each_chunk` (costmodel.frameworks `recompute_each_chunk`):
-        the same number at the start of each of its virtual stages instead (one layer of each in
-        turn, a short stage's share going to the others), Megatron's block method."""
-        left = list(self.recompute_num_layers)
+    def recompute_per_stage(self, placement: str = "first") -> tuple[int, ...]:
+        """Recomputed layers of each virtual stage, rank r recomputing recompute_num_layers[r] of
+        its layers (costmodel.frameworks `recompute_placement`):
+        - first: its first layers in model order (its stages in increasing order), as our runtime;
+        - each_chunk: the same number at the start of each of its virtual stages (one layer of each
+          in turn, a short stage's share going to the others), Megatron's block method;
+        - every_nth: every n-th of its layers counted across its stages in order (n from
+          every_nth_interval), torchtitan's layer-level checkpointing; `first` where no n says
+          the counts."""
+        stages = [[j for j in range(self.num_virtual_stages) if self.stage_rank(j) == r] for r in range(self.pp)]
         out = [0] * self.num_virtual_stages
-        if not each_chunk:
-            for j, n in enumerate(self.layers_per_stage):
-                r = self.stage_rank(j)
-                out[j] = min(n, left[r])
-                left[r] -= out[j]
-            return tuple(out)
+        interval = every_nth_interval(self) if placement == "every_nth" else None
         for r in range(self.pp):
-            stages = [j for j in range(self.num_virtual_stages) if self.stage_rank(j) == r]
-            while left[r] > 0:
-                for j in stages:
-                    if left[r] > 0 and out[j] < self.layers_per_stage[j]:
-                        out[j] += 1
-                        left[r] -= 1
+            left = min(self.recompute_num_layers[r], sum(self.layers_per_stage[j] for j in stages[r]))
+            if interval is not None:
+                seen = 0
+                for j in stages[r]:
+                    out[j] = (seen + self.layers_per_stage[j]) // interval - seen // interval
+                    seen += self.layers_per_stage[j]
+            elif placement == "each_chunk":
+                while left > 0:
+                    for j in stages[r]:
+                        if left > 0 and out[j] < self.layers_per_stage[j]:
+                            out[j] += 1
+                            left -= 1
+            else:
+                for j in stages[r]:
+                    out[j] = min(self.layers_per_stage[j], left)
+                    left -= out[j]
         return tuple(out)
 
     def degree(self, axis: str) -> int:
@@ -337,6 +345,16 @@ def _layers_by_rank(plan: Plan) -> tuple[int, ...]:
 
 
 @lru_cache(maxsize=4096)
+def every_nth_interval(plan: Plan) -> int | None:
+    """n where every rank recomputes 1 in n of its layers (torchtitan's layer-level selective
+    checkpointing, `selective_ac_option`: the n-th, 2n-th, ... layer a rank builds), the least
+    such; 1 for all; None where no n says the plan's counts."""
+    for n in range(1, max(plan.layers_on_rank(r) for r in range(plan.pp)) + 1):
+        if all(c == plan.layers_on_rank(r) // n for r, c in enumerate(plan.recompute_num_layers)):
+            return n
+    return None
+
+
 def embedding_loss_split(num_layers: int, num_stages: int) -> tuple[int, ...] | None:
     """Megatron-Core's split with the embedding and the loss each counted as a layer
     (`account_for_embedding_in_pipeline_split`, `account_for_loss_in_pipeline_split`): num_layers + 2

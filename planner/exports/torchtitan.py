@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass
 
 from costmodel.deepseek import deepseek_mechanisms
-from costmodel.plan import Plan, PlanFile, Recompute
+from costmodel.plan import Plan, PlanFile, Recompute, every_nth_interval
 from costmodel.specs import Arch, DType, ModelSpec
 from planner.exports.common import Adjusted, CannotExport, activations_on_device, to_rank_order, to_uniform_recompute
 
@@ -80,7 +80,7 @@ def nearest(pf: PlanFile) -> Adjusted:
         to_uniform_recompute(adj, Recompute.FULL, "selective recomputation (core attention): torchtitan's "
                                                   "selective modes are op-level or every n-th layer; full "
                                                   "recomputation of every layer")
-    elif plan.recompute is Recompute.FULL and _every_nth(plan) is None:
+    elif plan.recompute is Recompute.FULL and every_nth_interval(plan) is None:
         to_uniform_recompute(adj, Recompute.FULL, f"full recomputation of {list(plan.recompute_num_layers)} "
                                                   "layers per rank: torchtitan recomputes all layers or every "
                                                   "n-th; all layers")
@@ -89,15 +89,6 @@ def nearest(pf: PlanFile) -> Adjusted:
         adj.differences.append(_model_note(pf.model))
     activations_on_device(adj, NAME)
     return adj
-
-
-def _every_nth(plan: Plan) -> int | None:
-    """n where every rank recomputes 1 in n of its layers (torchtitan's layer-level selective
-    checkpointing), 1 for all, or None."""
-    for n in range(1, max(plan.layers_on_rank(r) for r in range(plan.pp)) + 1):
-        if all(c == plan.layers_on_rank(r) // n for r, c in enumerate(plan.recompute_num_layers)):
-            return n
-    return None
 
 
 def _model_note(m: ModelSpec) -> str:
@@ -167,7 +158,7 @@ def sections(pf: PlanFile, plan: Plan) -> dict[str, dict]:
     if plan.recompute is Recompute.NONE:
         checkpointing = {"mode": "none"}
     else:
-        n = _every_nth(plan)
+        n = every_nth_interval(plan)
         checkpointing = {"mode": "full"} if n == 1 else {"mode": "selective", "selective_ac_option": str(n)}
     precision = "float32" if t.compute_dtype is DType.FP32 else "bfloat16"
     doc = {
