@@ -130,6 +130,9 @@ def _solve_per_block_count(model: ModelSpec, plan: Plan, ranks: list[RankShape],
     best: Split | None = None
     ceiling, optimal = None, True
     for k in _block_counts(model, plan, ranks, fit):
+        if time.perf_counter() >= deadline:   # the counts left unsolved: not proven
+            optimal = False
+            break
         split = SplitModel(model, plan, ranks, fit, cutoff_s, rules, block_k=k, ceiling=ceiling)
         solver, status = split.solve(deadline, ATTEMPTS)
         if status == cp_model.UNKNOWN:
@@ -167,7 +170,7 @@ def _block_counts(model: ModelSpec, plan: Plan, ranks: list[RankShape], fit: Mem
 
 def _most_layers(mem, cap: float, k: int, total: int) -> int:
     """The most layers (at most `total`) a rank fits with min(k, L) of them recomputed; 0 if
-    not even one. Memory as the CP-SAT model rounds it (_SplitModel)."""
+    not even one. Memory as the CP-SAT model rounds it (split_model.SplitModel)."""
     base, per_layer, per_rec, jump = round(mem.base), round(mem.per_layer), round(mem.per_recomputed), round(mem.jump)
     def fits(layers: int) -> bool:
         return base + per_layer * layers + per_rec * min(k, layers) + jump <= int(cap)
@@ -182,28 +185,28 @@ def _most_layers(mem, cap: float, k: int, total: int) -> int:
 
 
 def short_chunks_first(plan: Plan) -> Plan:
-    """The plan with the last rank's virtual stages reordered shortest first, as apply_split lays
-    out every other rank. The closed form prices a rank's activations as its in-flight chunks
-    times its mean chunk; the first chunks are the ones most often in flight, so with the short
-    ones first that is an upper bound of what the simulation finds, and a split the search found
-    to fit fits so laid out. apply_split's short chunk last under the LM head is the faster
-    layout, tried first (search: _simulated)."""
-    last = plan.pp - 1
-    stages = [chunk * plan.pp + last for chunk in range(plan.vpp)]
-    ordered = sorted(plan.layers_per_stage[j] for j in stages)
+    """The plan with every rank's virtual stages reordered shortest first (apply_split lays out
+    all but the last rank so). The closed form prices a rank's activations as its in-flight
+    chunks times its mean chunk; the first chunks are the ones most often in flight, so with the
+    short ones first that bounds what the simulation finds, and a split the search found to fit
+    fits so laid out. apply_split's short chunk last under the LM head is the faster layout,
+    tried first (planner.repricing._simulated)."""
     per_stage = list(plan.layers_per_stage)
-    for j, count in zip(stages, ordered):
-        per_stage[j] = count
+    for r in range(plan.pp):
+        stages = [j for j in range(plan.num_virtual_stages) if plan.stage_rank(j) == r]
+        for j, count in zip(stages, sorted(per_stage[j] for j in stages)):
+            per_stage[j] = count
     return replace(plan, layers_per_stage=tuple(per_stage))
 
 
 def apply_split(plan: Plan, split: Split) -> Plan:
     """The concrete plan: rank r's layers spread evenly over its virtual stages (loop placement),
-    a short chunk first on the first rank and last on the last, where the embedding and the LM
-    head sit (costmodel.plan.embedding_loss_split is this layout)."""
+    the short chunks first (those whose micro-batches are in flight longest: short_chunks_first)
+    but on the last rank last, under the LM head (costmodel.plan.embedding_loss_split is this
+    layout)."""
     per_stage = [0] * plan.num_virtual_stages
     for r, layers in enumerate(split.layers):
-        counts = even_layers(layers, plan.vpp)
-        for chunk, count in enumerate(counts[::-1] if r == plan.pp - 1 else counts):
+        counts = sorted(even_layers(layers, plan.vpp), reverse=r == plan.pp - 1)
+        for chunk, count in enumerate(counts):
             per_stage[chunk * plan.pp + r] = count
     return replace(plan, layers_per_stage=tuple(per_stage), recompute_num_layers=split.recomputed)

@@ -1,5 +1,5 @@
 """DualPipeV in the search: a schedule without a closed form competes as a simulated variant of
-the best closed-form plans (planner.search._simulated_variants), priced as `estimate` prices it."""
+the best closed-form plans (planner.repricing._simulated_variants), priced as `estimate` prices it."""
 from __future__ import annotations
 
 from costmodel.estimate import estimate
