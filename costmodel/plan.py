@@ -257,7 +257,9 @@ class Plan:
         - every_nth: every n-th of its layers counted across its stages in order (n from
           every_nth_interval), torchtitan's layer-level checkpointing; `first` where no n says
           the counts."""
-        stages = [[j for j in range(self.num_virtual_stages) if self.stage_rank(j) == r] for r in range(self.pp)]
+        stages: list[list[int]] = [[] for _ in range(self.pp)]
+        for j in range(self.num_virtual_stages):
+            stages[self.stage_rank(j)].append(j)
         out = [0] * self.num_virtual_stages
         interval = every_nth_interval(self) if placement == "every_nth" else None
         for r in range(self.pp):
