@@ -26,11 +26,12 @@ from ortools.sat.python import cp_model
 
 from costmodel.groups import rank_caps_bytes
 from costmodel.hardware import ClusterSpec
+from costmodel.memory import AffineBytes
 from costmodel.plan import Plan, Recompute, even_layers
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.bounds import MemoryFit
 from planner.shapes import RankShape, rank_shapes
-from planner.split_model import FREE, SplitModel, SplitRules, recomputes_all
+from planner.split_model import FREE, SplitModel, SplitRules, integer_bytes, recomputes_all
 
 # CP-SAT attempts on a split model, each stopped at a deterministic-time budget (the same on
 # every machine, so the answer is too) and the last at the deadline:
@@ -168,10 +169,10 @@ def _block_counts(model: ModelSpec, plan: Plan, ranks: list[RankShape], fit: Mem
     return counts
 
 
-def _most_layers(mem, cap: float, k: int, total: int) -> int:
+def _most_layers(mem: AffineBytes, cap: float, k: int, total: int) -> int:
     """The most layers (at most `total`) a rank fits with min(k, L) of them recomputed; 0 if
-    not even one. Memory as the CP-SAT model rounds it (split_model.SplitModel)."""
-    base, per_layer, per_rec, jump = round(mem.base), round(mem.per_layer), round(mem.per_recomputed), round(mem.jump)
+    not even one. Memory in the CP-SAT model's whole bytes (split_model.integer_bytes)."""
+    base, per_layer, per_rec, jump = integer_bytes(mem)
     def fits(layers: int) -> bool:
         return base + per_layer * layers + per_rec * min(k, layers) + jump <= int(cap)
     lo, hi = 0, total   # fits() is monotone in L: each layer, recomputed or not, keeps something

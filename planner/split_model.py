@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
+from costmodel.memory import AffineBytes
 from costmodel.pipeline_closed_form import scaled_closed_form
 from costmodel.plan import Plan, Recompute, even_layers
 from costmodel.specs import ModelSpec
@@ -71,6 +72,12 @@ def _ns(x: float) -> int:
     return round(x * NS)
 
 
+def integer_bytes(mem: AffineBytes) -> tuple[int, int, int, int]:
+    """A rank's memory shape (base, per layer, per recomputed layer, the rebuilt layer's jump) in
+    the whole bytes the model constrains against the rank's cap."""
+    return round(mem.base), round(mem.per_layer), round(mem.per_recomputed), round(mem.jump)
+
+
 class SplitModel:
     """The CP-SAT model of one outer choice's split under `rules` (the block method's shared
     count fixed to `block_k` where given), its objective at most `ceiling` where given."""
@@ -98,8 +105,8 @@ class SplitModel:
         t_vars, f_vars, dp_vars, opt_vars = [], [], [], []
         for r, rs in enumerate(ranks):
             mem = rs.memory
-            cm.Add(round(mem.base) + round(mem.per_layer) * L[r] + round(mem.per_recomputed) * n[r]
-                   + round(mem.jump) * z[r] <= int(fit.caps[r]))
+            base, per_layer, per_recomputed, jump = integer_bytes(mem)
+            cm.Add(base + per_layer * L[r] + per_recomputed * n[r] + jump * z[r] <= int(fit.caps[r]))
             t_vars.append(_affine_var(cm, rs.t, L[r], n[r], v, total, f"t{r}"))
             f_vars.append(_affine_var(cm, rs.f, L[r], n[r], v, total, f"f{r}"))
             opt_vars.append(_affine_var(cm, (*rs.opt, 0.0), L[r], n[r], v, total, f"o{r}"))
