@@ -424,7 +424,16 @@ def shared_expert_split(tp: int, shared_expert_tp: bool) -> int:
 
 def framework_traits(name: str | None) -> FrameworkTraits:
     """The traits of a named framework; `GENERIC` for an empty or unknown name."""
-    return FRAMEWORKS.get((name or "").strip().lower(), GENERIC)
+    return FRAMEWORKS.get(_key(name), GENERIC)
+
+
+def framework_known(name: str | None) -> bool:
+    """Whether the name is one of FRAMEWORKS (else framework_traits gives GENERIC)."""
+    return _key(name) in FRAMEWORKS
+
+
+def _key(name: str | None) -> str:
+    return (name or "").strip().lower()
 
 
 def traits_on(traits: FrameworkTraits, device_kind: str) -> FrameworkTraits:

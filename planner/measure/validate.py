@@ -19,7 +19,7 @@ from typing import Any
 
 from costmodel.check import check_plan, world_problem
 from costmodel.estimate import Estimate, estimate
-from costmodel.frameworks import FRAMEWORKS, FrameworkTraits, framework_traits
+from costmodel.frameworks import FrameworkTraits, framework_known, framework_traits
 from costmodel.hardware import ClusterSpec, parse_cluster, profile_dir, range_problems, resolve_device, run_by
 from costmodel.inputs import UserError, read_text
 from costmodel.plan import Plan, Recompute, Schedule, virtual_stage_options
@@ -375,8 +375,9 @@ def _says_interleaved(row: dict[str, str]) -> bool:
 
 
 def _vpp_options(row: dict[str, str], model: ModelSpec, pp: int) -> list[int]:
-    """The stated V; `interleaved` (V unstated): every V >= 2 Megatron can split the layers
-    into; empty (the schedule unstated too): those and 1."""
+    """The stated V; `interleaved` (V unstated): every V >= 2 that splits the layers into equal
+    chunks, with or without the embedding and the loss counted (what the published runs' Megatron
+    versions ran; an explicit layout came later); empty (the schedule unstated too): those and 1."""
     interleavings = virtual_stage_options(model.num_layers, pp)
     if _says_interleaved(row):
         if not interleavings:
@@ -562,8 +563,7 @@ def generic_frameworks(rows: list[dict[str, str]]) -> dict[str, int]:
     the framework's."""
     found: dict[str, int] = {}
     for row in rows:
-        name = (row.get("framework") or "").strip()
-        if name.lower() not in FRAMEWORKS:
+        if not framework_known(name := (row.get("framework") or "").strip()):
             found[name] = found.get(name, 0) + 1
     return found
 
