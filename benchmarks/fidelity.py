@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 from planner.measure import fit
-from planner.measure.validate import default_runs_path, read_runs, summarize, validate_row
+from planner.measure.runs_table import default_runs_path, read_runs
+from planner.measure.validate import summarize, validate_row
 
 
 def step_time_error_pct(row: dict[str, str], metric_error_pct: float) -> float:

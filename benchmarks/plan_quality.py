@@ -25,7 +25,8 @@ from pathlib import Path
 
 from costmodel.estimate import Estimate, estimate
 from costmodel.hardware import parse_cluster
-from planner.measure.validate import best_plan_for_row, metric_step_time_s, read_runs, row_specs
+from planner.measure.fill import best_plan_for_row
+from planner.measure.runs_table import metric_step_time_s, read_runs, row_specs
 from planner.search import SearchOptions, search
 
 TOP_K = 10

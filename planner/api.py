@@ -156,7 +156,7 @@ class ValidateAnswer:
 def validate(runs: str | Path | None = None, *, time_limit_s: float = 600.0) -> ValidateAnswer:
     """`planner validate`: predicted against published step times of a runs table (default: the
     shipped calibration table)."""
-    from planner.measure.validate import default_runs_path
+    from planner.measure.runs_table import default_runs_path
     from planner.measure.validate import validate as run
     rows, summary = run(Path(runs) if runs is not None else default_runs_path(), time_limit_s)
     return ValidateAnswer(rows=rows, summary=summary)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from costmodel.inputs import UserError
 from planner.measure import fit
-from planner.measure.validate import default_runs_path, read_runs
+from planner.measure.runs_table import default_runs_path, read_runs
 
 
 def parse_args() -> argparse.Namespace:

@@ -123,7 +123,8 @@ def measure_accuracy(clock: Clock) -> dict:
     """`planner validate` over the published runs, then each source predicted by a fit on the others."""
     from costmodel.inputs import UserError
     from planner.measure import fit
-    from planner.measure.validate import default_runs_path, read_runs, row_specs, validate
+    from planner.measure.runs_table import default_runs_path, read_runs, row_specs
+    from planner.measure.validate import validate
     fidelity = load_benchmark("fidelity")
     path = default_runs_path()
     csv_rows = read_runs(path)
@@ -152,7 +153,8 @@ def measure_unmodelled(clock: Clock) -> list[dict]:
     the model has no traits for, or a plan it refuses): `planner validate` row by row, a refused
     row counted apart."""
     from costmodel.inputs import UserError
-    from planner.measure.validate import read_runs, summarize, validate_row
+    from planner.measure.runs_table import read_runs
+    from planner.measure.validate import summarize, validate_row
     out = []
     for table in UNMODELLED:
         rows = read_runs(ROOT / table)
@@ -183,7 +185,7 @@ def _reasons(refused: list[str]) -> str:
 def _row(res, row: dict, left_out_log: float | None, step_error, source: str) -> dict:
     """One published run as the pages show it: validate's result, its model, the left-out error."""
     from costmodel.params import active_params, total_params
-    from planner.measure.validate import row_specs
+    from planner.measure.runs_table import row_specs
     model = row_specs(row)[0]
     total, active = total_params(model), active_params(model)
     size = f"{total / 1e9:.1f}B" + (f" ({active / 1e9:.1f}B active)" if active < total else "")

@@ -8,7 +8,8 @@ from planner.commands.common import emit_json
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from planner.measure.validate import default_runs_path, validate
+    from planner.measure.runs_table import default_runs_path
+    from planner.measure.validate import validate
     results, summary = validate(Path(args.runs) if args.runs else default_runs_path(), args.time_limit)
     if args.json:
         emit_json({"rows": [r.to_dict() for r in results], "summary": summary})

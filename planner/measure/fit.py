@@ -4,7 +4,7 @@ One parameter set per chip (A100 40/80 GB share one, H100 SXM5 and the 96 GB HBM
 500 W share one; the H200 and B200 profiles borrow H100's), never per row, source or model, each parameter inside the range published
 measurements give it (the profile's [ranges]). The objective is the mean squared log error of predicted step time,
 with each range as a prior about its centre (PRIOR_WEIGHT). Rows'
-unstated fields are filled once by the search (`planner.measure.validate.best_plan_for_row`) with the
+unstated fields are filled once by the search (`planner.measure.fill.best_plan_for_row`) with the
 profile's current values; the fit then re-prices those plans (closed-form pipeline: every
 published schedule has one, and it is what the search reasons with).
 

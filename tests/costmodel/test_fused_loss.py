@@ -13,7 +13,8 @@ from costmodel.hardware import parse_cluster
 from costmodel.memory import logits_held_bytes
 from costmodel.registry import resolve_model
 from costmodel.specs import DType, TrainSpec
-from planner.measure.validate import read_runs, validate_row
+from planner.measure.runs_table import read_runs
+from planner.measure.validate import validate_row
 from planner.space import Choice, build_plan
 
 RUNS = Path(__file__).resolve().parents[2] / "profiles" / "runs" / "published_runs.csv"

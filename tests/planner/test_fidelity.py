@@ -50,7 +50,7 @@ def test_leaving_a_source_out_of_the_fit_predicts_it(tmp_path):
     import math
 
     from planner.measure import fit
-    from planner.measure.validate import read_runs
+    from planner.measure.runs_table import read_runs
     rows = [r for r in read_runs(RUNS) if r["gpu"] == "H100-SXM5-80GB"
             and r["id"].startswith(("megatron_h100_", "mosaic_"))]
     errors = fit.leave_one_source_out(fit.fill_rows(rows))
@@ -63,7 +63,7 @@ def test_the_vendor_attention_speedup_moves_only_the_runs_that_call_it():
     a Megatron-Core run (Transformer Engine attention) gets faster with it, an llm-foundry one
     (FlashAttention-2) does not; A100 has no such kernel (bounds 1.0, not fitted)."""
     from planner.measure import fit
-    from planner.measure.validate import read_runs
+    from planner.measure.runs_table import read_runs
     ids = ("megatron_h100_7.1B", "mosaic_mpt7b_h100_128gpu")
     rows = fit.fill_rows([r for r in read_runs(RUNS) if r["id"] in ids])
     h100, a100 = (parse_cluster(f"1x8x{d}") for d in ("H100", "A100"))

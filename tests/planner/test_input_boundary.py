@@ -200,7 +200,7 @@ def test_validate_obeys_its_time_limit(capsys):
     start = time.perf_counter()
     code = main(["validate", "--time-limit", "0.5"])
     assert time.perf_counter() - start < 5
-    from planner.measure.validate import default_runs_path, read_runs
+    from planner.measure.runs_table import default_runs_path, read_runs
     _one_line(capsys, code, "stopped at --time-limit 0.5 s after", f"of {len(read_runs(default_runs_path()))} rows")
 
 

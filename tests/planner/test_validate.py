@@ -1,6 +1,7 @@
 import pytest
 
-from planner.measure.validate import attention_kernel, spearman, validate
+from planner.measure.runs_table import attention_kernel
+from planner.measure.validate import spearman, validate
 
 HEADER = ("id,source,arch,layers,hidden,ffn_hidden,heads,kv_heads,vocab,seq_len,gpu,num_gpus,"
           "gpus_per_node,tp,pp,dp,vpp,sp,cp,zero_stage,recompute,micro_batch,global_batch,"
@@ -160,7 +161,7 @@ def test_fms_fsdp_runs_its_layer_op_by_op():
 def test_a_stated_node_network_replaces_the_profiles_between_nodes():
     """node_network_gbps: the node's bandwidth to other nodes as the source states it, shared by
     its GPUs (IBM's 800 Gbit/s a node of 8 H100s: 12.5 GB/s each, not a DGX's 50)."""
-    from planner.measure.validate import row_specs
+    from planner.measure.runs_table import row_specs
     head = HEADER.split(",") + ["node_network_gbps"]
     row = dict(zip(head, GOOD.strip().replace("A100-SXM4-80GB,8,8,1,1,8", "H100-SXM5-80GB,16,8,1,1,16").split(",") + [""]))
     _, _, dgx = row_specs(row)
@@ -187,7 +188,7 @@ def test_compiled_and_async_tp_are_the_rows_traits():
     """compiled: torch.compile's fused layer and float8 casts, or torch's eager layer; async_tp:
     the sequence-parallel collectives overlapped with their GEMMs (torch's async TP, on an SM90
     profile), each a trait of the row's framework (costmodel.frameworks)."""
-    from planner.measure.validate import row_specs
+    from planner.measure.runs_table import row_specs
     stated = lambda **cells: row_specs(_tt_row(**cells))[2].framework  # noqa: E731
     default, compiled, eager, overlapped = stated(), stated(compiled="yes"), stated(compiled="no"), stated(async_tp="yes")
     assert compiled.compiled_layer and not compiled.eager_layer and compiled.float8_casts_fused

@@ -9,7 +9,7 @@ from costmodel.hf_config import model_from_hf_dict
 from costmodel.inputs import UserError
 from costmodel.params import active_params, total_params
 from costmodel.registry import MODELS
-from planner.measure.validate import row_specs
+from planner.measure.runs_table import row_specs
 
 QWEN3_235B_ROW = {
     "id": "q", "source": "x", "framework": "megatron-core", "arch": "llama", "layers": "94", "hidden": "4096",

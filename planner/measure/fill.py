@@ -1,0 +1,193 @@
+"""What a published row leaves unstated, filled as the source describes it (profiles/runs/README.md):
+the planner's own search with every stated field fixed, over the values the row's framework runs
+(its ZeRO stages under its pipeline, the schedules it offers, V searched where the row names the
+interleaved schedule without it); its best plans laid out as the framework runs them and the
+fastest that fits kept, or, where none fits, the one that overflows least (OOM rows).
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+from costmodel.check import check_plan, world_problem
+from costmodel.estimate import Estimate, estimate
+from costmodel.hardware import ClusterSpec
+from costmodel.inputs import UserError
+from costmodel.plan import Plan, Recompute, Schedule, virtual_stage_options
+from costmodel.specs import ModelSpec, TrainSpec
+from planner.exports import deepspeed, megatron, torchtitan
+from planner.measure.runs_table import int_cell
+from planner.search import SearchOptions, search
+from planner.space import Choice, build_plan, divisors
+
+MAX_MICRO_BATCH = 16
+
+
+def _options(row: dict[str, str], model: ModelSpec, tp: int, pp: int, dp: int,
+             global_batch: int) -> tuple[dict[str, list[Any]], set[str]]:
+    """Candidate values for every fillable field: the stated one, or all sensible ones."""
+    stated_sp = (row.get("sp") or "").strip().lower()
+    rc = (row.get("recompute") or "").strip()
+    per_replica = global_batch // dp
+    opts = {
+        "micro_batch": [int_cell(row, "micro_batch")] if row.get("micro_batch", "").strip()
+        else [d for d in divisors(per_replica) if d <= MAX_MICRO_BATCH],
+        "recompute": [Recompute(rc)] if rc else list(Recompute),
+        "vpp": _vpp_options(row, model, pp),
+        "sp": [stated_sp in ("yes", "true", "1")] if stated_sp else ([False, True] if tp > 1 else [False]),
+        "zero_stage": [int_cell(row, "zero_stage", low=0, high=3)] if row.get("zero_stage", "").strip()
+        else sorted(_framework_zero_stages(row, pp)),
+    }
+    fillable = {k for k in opts if not (row.get(k) or "").strip()}
+    return opts, fillable | ({"vpp"} if _says_interleaved(row) else set())
+
+
+ZERO_STAGES = frozenset({0, 1, 2, 3})
+# The export target whose ZeRO rules a row's framework follows (planner.exports: ZERO_STAGES,
+# ZERO_STAGES_WITH_PP); Megatron-DeepSpeed pipelines with DeepSpeed's PipelineEngine.
+_RULES_OF = {"megatron-core": megatron, "deepspeed": deepspeed, "megatron-deepspeed": deepspeed,
+             "torchtitan": torchtitan}
+# Megatron-LM before Megatron-Core: its distributed optimizer (ZeRO-1) alone, no FSDP
+_MEGATRON_LM_ZERO_STAGES = frozenset({0, 1})
+
+
+def _framework_zero_stages(row: dict[str, str], pp: int) -> frozenset[int]:
+    """What an unstated zero_stage may be filled with: the stages the row's framework runs under
+    its pipeline (every stage for a framework the table does not know)."""
+    name = (row.get("framework") or "").strip().lower()
+    if name == "megatron-lm":
+        return _MEGATRON_LM_ZERO_STAGES
+    rules = _RULES_OF.get(name)
+    alone = getattr(rules, "ZERO_STAGES", None) or ZERO_STAGES
+    with_pp = getattr(rules, "ZERO_STAGES_WITH_PP", None) or alone
+    return with_pp if pp > 1 else alone
+
+
+# A vpp cell for a source that names the interleaved schedule without its number of virtual stages
+INTERLEAVED_VPP = "interleaved"
+
+
+def _says_interleaved(row: dict[str, str]) -> bool:
+    return (row.get("vpp") or "").strip().lower() == INTERLEAVED_VPP
+
+
+def _vpp_options(row: dict[str, str], model: ModelSpec, pp: int) -> list[int]:
+    """The stated V; `interleaved` (V unstated): every V >= 2 that splits the layers into equal
+    chunks, with or without the embedding and the loss counted (what the published runs' Megatron
+    versions ran; an explicit layout came later); empty (the schedule unstated too): those and 1."""
+    interleavings = virtual_stage_options(model.num_layers, pp)
+    if _says_interleaved(row):
+        if not interleavings:
+            raise UserError(f"row {row['id']!r}: vpp = {INTERLEAVED_VPP} but {model.num_layers} layers "
+                            f"over pp = {pp} leave no interleaving (pp >= 2 and pp x V chunks of equal layers)")
+        return interleavings
+    if (row.get("vpp") or "").strip():
+        return [int_cell(row, "vpp")]
+    return [1] + interleavings
+
+
+# What the published frameworks' pipelines run: 1F1B, or interleaved 1F1B with virtual stages
+# (none of them ran a zero-bubble schedule); our own runtime runs them all.
+PUBLISHED_SCHEDULES = frozenset({Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED})
+
+
+def _schedules(row: dict[str, str]) -> frozenset[Schedule]:
+    """The schedules the row's pipeline may have run: interleaved 1F1B alone where it says so."""
+    return frozenset({Schedule.INTERLEAVED}) if _says_interleaved(row) else PUBLISHED_SCHEDULES
+
+
+SEARCH_FIELDS = {"micro_batch": "micro_batch_size", "recompute": "recompute", "vpp": "vpp",
+                 "sp": "sequence_parallel", "zero_stage": "zero_stage"}
+
+
+def best_plan_for_row(row: dict[str, str], model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
+                      time_limit_s: float = 20.0) -> tuple[Plan, Estimate, dict[str, Any]]:
+    """The planner's own search fills the unstated fields with every stated one fixed (and the
+    schedules the framework offers); its best plans (FRAMEWORK_LAYOUTS) are then laid out as the
+    framework runs them (equal layers per stage, every layer of the chosen recompute mode
+    recomputed, Megatron's rank order) and the fastest that fits is kept.
+    When no plan fits, the enumeration below finds the one that overflows least (OOM rows)."""
+    tp, pp, cp, ep = int_cell(row, "tp"), int_cell(row, "pp"), int_cell(row, "cp", 1), int_cell(row, "ep", 1)
+    dp = int_cell(row, "dp", cluster.world_size // (tp * pp * cp))
+    if problem := world_problem(dp, tp, pp, cp, cluster.world_size):   # dp 0: tp*pp*cp above num_gpus
+        raise UserError(f"row {row['id']!r}: {problem}")
+    deadline = time.perf_counter() + time_limit_s
+    opts, fillable = _options(row, model, tp, pp, dp, train.global_batch_size)
+    stated = {SEARCH_FIELDS[k]: v[0] for k, v in opts.items() if k not in fillable}
+    # a ZeRO stage left unstated is searched among those the framework runs: one search each
+    # where that is not every stage (the search's own ZeRO choice knows no framework)
+    zeros = [{}] if set(opts["zero_stage"]) == ZERO_STAGES or "zero_stage" not in fillable else \
+        [{"zero_stage": z} for z in opts["zero_stage"]]
+    found = []
+    for zero in zeros:
+        # the table has no offload column: none of its runs kept states or activations on the host
+        fixed = {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "ep": ep, **stated, **zero,
+                 "offload_optimizer": False, "offload_activations": False, "fp8_linears": train.float8}
+        options = SearchOptions(top_k=FRAMEWORK_LAYOUTS, fixed=fixed, max_tp=max(tp, cluster.devices_per_node),
+                                time_limit_s=time_limit_s / len(zeros), schedules=_schedules(row), error_band=0.0)
+        found += search(model, train, cluster, options).plans
+    found.sort(key=lambda f: f.estimate.step_time_s)
+    if found:
+        # plans differing only in their split or rank order lay out alike: each choice once
+        laid_out = [_as_framework_runs(model, train, cluster, choice)
+                    for choice in dict.fromkeys(_choice_of(f.plan) for f in found)]
+        fitting = [pair for pair in laid_out if pair[1].fits]
+        if fitting:
+            plan, est = min(fitting, key=lambda pair: pair[1].step_time_s)
+        else:  # the framework's layout overflows where the search's split fits
+            plan, est = found[0].plan, found[0].estimate
+    else:
+        plan, est = _least_overflow(row, model, train, cluster, opts, (tp, pp, cp, dp, ep), deadline)
+    filled = {"micro_batch": plan.micro_batch_size, "recompute": str(plan.recompute),
+              "vpp": plan.vpp, "sp": plan.sequence_parallel, "zero_stage": plan.zero_stage}
+    return plan, est, {k: v for k, v in filled.items() if k in fillable}
+
+
+# The search's best plans laid out as the framework runs them, the fastest kept: a search plan that
+# recomputes some layers may lead a no-recompute one by a hair and lose by a quarter once every
+# layer is recomputed (megatron_h100_119B: a plan recomputing 2 layers leads by a hair and,
+# every layer recomputed as Megatron runs it, loses by about a quarter). Eight reach past such
+# near-ties at a search's cost each.
+FRAMEWORK_LAYOUTS = 8
+
+
+def _choice_of(plan: Plan) -> Choice:
+    """What the framework's layout keeps of a search plan: its degrees and modes."""
+    return Choice(tp=plan.tp, pp=plan.pp, cp=plan.cp, dp=plan.dp, ep=plan.ep, zero_stage=plan.zero_stage,
+                  recompute=plan.recompute, sequence_parallel=plan.sequence_parallel,
+                  micro_batch_size=plan.micro_batch_size, vpp=plan.vpp, fp8_linears=plan.fp8_linears)
+
+
+def _as_framework_runs(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
+                       choice: Choice) -> tuple[Plan, Estimate]:
+    """A search plan's choice laid out by build_plan (equal layers per stage, every layer of its
+    recompute mode recomputed, Megatron's rank order) and priced."""
+    plan = build_plan(model, train, cluster, choice)
+    return plan, estimate(model, train, cluster, plan)
+
+
+def _least_overflow(row: dict[str, str], model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
+                    opts: dict[str, list[Any]], degrees: tuple[int, int, int, int, int],
+                    deadline: float) -> tuple[Plan, Estimate]:
+    """Nothing fits: the framework-laid-out plan of the stated fields that overflows least (of
+    those priced before the deadline: a row's time is bounded like its search)."""
+    tp, pp, cp, dp, ep = degrees
+    best: tuple[float, Plan, Estimate] | None = None
+    for mb, rc, vpp, sp, zero in itertools.product(*opts.values()):
+        if best is not None and time.perf_counter() > deadline:
+            break
+        choice = Choice(tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, zero_stage=zero, recompute=rc,
+                        sequence_parallel=sp, micro_batch_size=mb, vpp=vpp, fp8_linears=train.float8)
+        try:
+            plan = build_plan(model, train, cluster, choice)
+        except ValueError:
+            continue
+        if check_plan(model, train, cluster, plan, memory=False):
+            continue
+        est = estimate(model, train, cluster, plan)
+        if best is None or est.max_peak_memory_bytes < best[0]:
+            best = (est.max_peak_memory_bytes, plan, est)
+    if best is None:
+        raise UserError(f"row {row['id']!r}: no valid plan for the stated fields")
+    return best[1], best[2]

@@ -1,0 +1,298 @@
+"""The calibration table's rows (profiles/runs/README.md): reading and checking the CSV, one
+boundary that names the file, the line and the field; and a row read as the specs it describes
+(model, training, cluster with the inter-node network it states), priced with the traits of the
+framework that ran it and judged against the device's hard memory limit.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import math
+import re
+from dataclasses import replace
+from pathlib import Path
+
+from costmodel.frameworks import FrameworkTraits, framework_traits
+from costmodel.hardware import ClusterSpec, parse_cluster, profile_dir, run_by
+from costmodel.inputs import UserError, read_text
+from costmodel.registry import MODELS, gpt_spec, llama_spec
+from costmodel.specs import (
+    DEFAULT_EXPERT_IMBALANCE,
+    MAX_EXPERT_IMBALANCE,
+    Arch,
+    AttentionKernel,
+    DType,
+    ModelSpec,
+    TrainSpec,
+)
+from planner.specs import FP8
+
+REQUIRED = ("id", "arch", "layers", "hidden", "heads", "vocab", "seq_len", "gpu", "num_gpus",
+            "gpus_per_node", "tp", "pp", "global_batch", "metric_name", "metric_value")
+# What a published step can measure: a microsecond to 11 days a step, a thousandth of a token to
+# a billion tokens a second per GPU. Beyond them an error in percent overflows (a step of 1e308 s
+# read as -inf %) or means nothing (1e-300 s: +3.7e301 %).
+METRIC_RANGES = {"iteration_time_s": (1e-6, 1e6), "tokens_per_sec_per_gpu": (1e-3, 1e9)}
+_ARXIV_ID = re.compile(r"\b(\d{4})\.(\d{4,5})\b")
+FLASH_ATTENTION_ARXIV_ID = (2205, 14135)  # FlashAttention, Dao et al., arXiv 2205.14135
+
+def read_runs(path: Path) -> list[dict[str, str]]:
+    return [row for _, row in read_numbered_runs(path)]
+
+
+def read_numbered_runs(path: Path) -> list[tuple[int, dict[str, str]]]:
+    """(line in the file, row) for every run, checked; errors name the file and the line."""
+    text = read_text(path, "runs table")
+    numbered = []
+    try:
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        for row in reader:
+            numbered.append((reader.line_num, row))   # blank lines and quoted newlines counted
+        header = reader.fieldnames or []
+    except csv.Error as exc:
+        raise UserError(f"runs table {path} is not a readable CSV file ({exc})") from None
+    missing = [c for c in REQUIRED if c not in header]
+    if missing:
+        raise UserError(f"{path}: missing columns {', '.join(missing)}")
+    if not numbered:
+        raise UserError(f"{path}: no runs (only a header)")
+    seen: set[str] = set()
+    for line, row in numbered:
+        _check_row(path, line, row)
+        if row["id"] in seen:
+            raise UserError(f"{path} line {line}: duplicate id {row['id']!r}")
+        seen.add(row["id"])
+    return numbered
+
+
+def _check_row(path: Path, line: int, row: dict[str, str]) -> None:
+    """Every required cell present, and a metric that can be compared."""
+    where = f"{path} line {line} (row {row.get('id')!r})"
+    empty = [c for c in REQUIRED if not (row.get(c) or "").strip()]
+    if empty:
+        raise UserError(f"{where}: empty {', '.join(empty)} (an OOM row still needs its plan: tp, pp, ...)")
+    if not row["id"].isprintable():   # a table row, a JSON key and a line of the report each
+        raise UserError(f"{where}: id holds a control character (a newline?); give it on one line")
+    metric, value = row["metric_name"].strip(), row["metric_value"].strip()
+    if metric == "status":
+        if value not in ("OOM", "fits"):
+            raise UserError(f"{where}: status must be OOM or fits, not {value!r}")
+        return
+    if metric not in METRIC_RANGES:
+        raise UserError(f"{where}: unknown metric_name {metric!r} "
+                         "(iteration_time_s, tokens_per_sec_per_gpu or status)")
+    try:
+        number = float(value)
+    except ValueError:
+        raise UserError(f"{where}: metric_value {value!r} is not a number") from None
+    low, high = METRIC_RANGES[metric]
+    if not low <= number <= high:
+        raise UserError(f"{where}: metric_value {value!r} is out of range for {metric} (give {low:g} to {high:g})")
+
+
+def int_cell(row: dict[str, str], key: str, default: int | None = None, low: int = 1,
+         high: int | None = None) -> int | None:
+    """A size or degree in [low, high] (a positive integer unless said), or `default` when empty."""
+    return number_cell(row, key, int, default, low, high)
+
+
+def number_cell(row: dict[str, str], key: str, kind: type, default, low, high):
+    """An int or float cell in [low, high] (no upper limit: None), or `default` when empty."""
+    value = (row.get(key) or "").strip()
+    if not value:
+        return default
+    try:
+        number = kind(value)
+    except ValueError:
+        raise UserError(f"row {row.get('id')!r}: {key} = {value!r} is not "
+                         f"{'an integer' if kind is int else 'a number'}") from None
+    if number < low or (high is not None and number > high):
+        shown = lambda x: f"{x:g}" if isinstance(x, float) else str(x)  # noqa: E731
+        raise UserError(f"row {row.get('id')!r}: {key} = {shown(number)} is out of range "
+                         f"({f'{shown(low)} to {shown(high)}' if high is not None else f'at least {shown(low)}'})")
+    return number
+
+
+def flag_cell(row: dict[str, str], key: str, default: bool) -> bool:
+    value = (row.get(key) or "").strip().lower()
+    if not value:
+        return default
+    if value not in ("yes", "no", "true", "false", "1", "0"):
+        raise UserError(f"row {row.get('id')!r}: {key} = {value!r} is not yes or no")
+    return value in ("yes", "true", "1")
+
+
+def row_specs(row: dict[str, str]) -> tuple[ModelSpec, TrainSpec, ClusterSpec]:
+    hidden, heads, seq = int_cell(row, "hidden"), int_cell(row, "heads"), int_cell(row, "seq_len")
+    common = dict(layers=int_cell(row, "layers"), hidden=hidden, heads=heads, vocab=int_cell(row, "vocab"),
+                  ffn=int_cell(row, "ffn_hidden", 4 * hidden), source=f"published run {row['id']}")
+    if (row.get("model") or "").strip():
+        model = _named_model(row, seq)
+    elif row["arch"] == Arch.GPT:
+        model = gpt_spec(row["id"], max_pos=seq, **common)
+        if not flag_cell(row, "dropout", True):   # e.g. MPT trains without dropout
+            model = replace(model, dropout=False)
+    elif row["arch"] == Arch.LLAMA:
+        model = llama_spec(row["id"], kv_heads=int_cell(row, "kv_heads", heads), max_pos=seq, **common,
+                           **_experts(row, common["ffn"]))
+    else:
+        raise UserError(f"row {row['id']!r}: arch {row['arch']!r} is neither gpt nor llama")
+    precision = (row.get("precision") or "bf16").strip()
+    # fp8: bf16 training whose linears ran in float8 (Transformer Engine, torchao), as --dtype fp8
+    float8 = precision == FP8
+    train = TrainSpec(seq_len=seq, global_batch_size=int_cell(row, "global_batch"),
+                      compute_dtype=DType.BF16 if float8 else DType(precision), float8=float8,
+                      grad_dtype=_grad_dtype(row),
+                      attention_kernel=attention_kernel(row), expert_load_imbalance=_imbalance(row))
+    num_gpus, per_node = int_cell(row, "num_gpus"), int_cell(row, "gpus_per_node")
+    if num_gpus % per_node:
+        raise UserError(f"row {row['id']!r}: {num_gpus} GPUs is not a whole number of {per_node}-GPU nodes")
+    if row["gpu"].strip().lower() == "local":   # a published run ran on a named device, not on this machine
+        raise UserError(f"row {row['id']!r}: gpu 'local' is this machine; a published run names its device")
+    cluster = parse_cluster(f"{num_gpus // per_node}x{per_node}x{row['gpu']}")
+    # priced with the traits of the framework that ran it (unknown names: generic traits) and
+    # judged against the hard limit (what CUDA reports, less the context and NCCL reserve): the
+    # question is whether the run as published fits, not whether we would plan that close to
+    # the edge; the headroom and fragmentation margins are for the plans we emit
+    cluster = run_by(_with_fabric(cluster, row), _traits(row, cluster))
+    device = cluster.device
+    hard = replace(device, efficiency=replace(device.efficiency, allocator_fragmentation=0.0))
+    return model, train, replace(cluster, device=hard, memory_headroom=0.0)
+
+
+def _traits(row: dict[str, str], cluster: ClusterSpec) -> FrameworkTraits:
+    """The traits of the framework that ran the row, with the settings the row states that the
+    framework leaves to its user (costmodel.frameworks): optional columns fp8_param_gather (float8
+    weights gathered in float8), compiled (_compiled) and async_tp (_async_tp)."""
+    traits = framework_traits(row.get("framework"))
+    if (row.get("fp8_param_gather") or "").strip():
+        traits = replace(traits, float8_param_gather=flag_cell(row, "fp8_param_gather", False))
+    if (row.get("compiled") or "").strip():
+        traits = _compiled(traits, flag_cell(row, "compiled", False))
+    if (row.get("async_tp") or "").strip():
+        traits = _async_tp(row, traits, cluster)
+    return traits
+
+
+def _compiled(traits: FrameworkTraits, compiled: bool) -> FrameworkTraits:
+    """Optional column compiled: whether the run's transformer layers ran under torch.compile
+    (torchtitan's --training.compile). yes: inductor fuses each layer's memory-bound work and the
+    float8 casts (`compiled_layer`, `float8_casts_fused`); no: torch's eager layer, its norms, RoPE,
+    SwiGLU and casts each their own kernels (`eager_layer`, as fms-fsdp's runs)."""
+    return replace(traits, compiled_layer=compiled, eager_layer=not compiled, float8_casts_fused=compiled)
+
+
+def _async_tp(row: dict[str, str], traits: FrameworkTraits, cluster: ClusterSpec) -> FrameworkTraits:
+    """Optional column async_tp: whether the run overlapped its sequence-parallel collectives with
+    their GEMMs (`tp_comm_overlap`). torch's async TP (torchtitan's
+    --parallelism.enable_async_tensor_parallel) decomposes each all-gather and reduce-scatter
+    into tp steps over symmetric memory, each behind the matmul of a chunk already there, as
+    Transformer Engine's userbuffers do; it is an inductor pass (torchtitan refuses it without
+    --training.compile) and runs on SM90 and later, so a row stating it says compiled, and its
+    device's profile has `tp_comm_gemm_overlap`."""
+    overlap = flag_cell(row, "async_tp", False)
+    if overlap and not cluster.device.tp_comm_gemm_overlap:
+        raise UserError(f"row {row['id']!r}: async_tp = yes on {cluster.device.name}, whose profile "
+                         "runs no TP collective-GEMM overlap (tp_comm_gemm_overlap)")
+    if overlap and (row.get("compiled") or "").strip() and not flag_cell(row, "compiled", False):
+        raise UserError(f"row {row['id']!r}: async_tp = yes needs compiled = yes (torch's async TP is an inductor pass)")
+    return replace(traits, tp_comm_overlap=overlap)
+
+
+# a node's network as sources state it, in Gbit/s; a bound that keeps every later division finite
+MAX_NODE_NETWORK_GBPS = 1e6
+
+
+def _with_fabric(cluster: ClusterSpec, row: dict[str, str]) -> ClusterSpec:
+    """The row's inter-node network where the source states one other than the device profile's
+    (optional column node_network_gbps: the node's bandwidth to other nodes, Gbit/s per
+    direction, shared by its GPUs), e.g. IBM's FSDP runs over 400 and 800 Gbit/s per node
+    against a DGX's 8 NICs of 200 (A100) or 400 (H100)."""
+    gbps = number_cell(row, "node_network_gbps", float, None, 1.0, MAX_NODE_NETWORK_GBPS)
+    if gbps is None:
+        return cluster
+    if not math.isfinite(gbps):
+        raise UserError(f"row {row.get('id')!r}: node_network_gbps = {gbps!r} is not a finite number")
+    dev = cluster.device
+    per_device = gbps * 1e9 / 8 / cluster.devices_per_node
+    inter = replace(dev.inter_node, name=f"{gbps:g} Gbit/s a node", bandwidth_bytes_per_s=per_device)
+    return replace(cluster, device=replace(dev, inter_node=inter))
+
+
+def _grad_dtype(row: dict[str, str]) -> DType:
+    """The dtype gradients accumulate and reduce in (optional column grad_dtype): fp32 unless the
+    run's configuration says otherwise (Megatron-Core's grad_reduce_in_fp32=False, as NeMo's
+    performance recipes and MLPerf set it, keeps a bf16 gradient buffer)."""
+    value = (row.get("grad_dtype") or "").strip().lower()
+    if not value:
+        return DType.FP32
+    if value not in ("fp32", "bf16", "fp16"):
+        raise UserError(f"row {row.get('id')!r}: grad_dtype = {value!r} is not fp32, bf16 or fp16")
+    return DType(value)
+
+
+# the registry model's field each architecture column states
+_STATED_FIELDS = (("arch", "arch"), ("layers", "num_layers"), ("hidden", "hidden_size"), ("heads", "num_heads"),
+                  ("kv_heads", "num_kv_heads"), ("ffn_hidden", "ffn_hidden_size"), ("vocab", "vocab_size"),
+                  ("num_experts", "num_experts"), ("experts_per_token", "experts_per_token"),
+                  ("moe_ffn_hidden", "moe_ffn_hidden_size"))
+
+
+def _named_model(row: dict[str, str], seq: int) -> ModelSpec:
+    """Optional column model: the registry model (costmodel.registry) a run trained, for layouts
+    the architecture columns cannot state (heads wider than hidden / heads, per-head query and key
+    norms, latent attention, shared experts). Every architecture column the row fills must agree
+    with it, so the row reads the same to a tool that knows only the columns."""
+    name = row["model"].strip()
+    if name not in MODELS:
+        raise UserError(f"row {row['id']!r}: model {name!r} is not a registry model (see `planner models`)")
+    model = MODELS[name]
+    for column, field in _STATED_FIELDS:
+        stated = (row.get(column) or "").strip()
+        value = getattr(model, field)
+        if stated and stated != str(value):
+            raise UserError(f"row {row['id']!r}: {column} = {stated} but model {name} has {value}")
+    return replace(model, name=row["id"], max_position_embeddings=max(seq, model.max_position_embeddings),
+                   source=f"published run {row['id']} ({name}: {model.source})")
+
+
+def _experts(row: dict[str, str], ffn: int) -> dict[str, int]:
+    """A mixture of experts (optional columns num_experts, experts_per_token, moe_ffn_hidden):
+    every layer's MLP routed, expert width ffn_hidden unless stated."""
+    experts = int_cell(row, "num_experts", 0, low=0)
+    if not experts:
+        return {}
+    return {"num_experts": experts, "experts_per_token": int_cell(row, "experts_per_token", 2),
+            "moe_ffn_hidden_size": int_cell(row, "moe_ffn_hidden", ffn)}
+
+
+def _imbalance(row: dict[str, str]) -> float:
+    """Optional column expert_imbalance: the busiest expert-parallel rank's share of routed rows
+    over the mean (1 for runs with forced-balanced routing); empty: the planner's default."""
+    return number_cell(row, "expert_imbalance", float, DEFAULT_EXPERT_IMBALANCE, 1.0, MAX_EXPERT_IMBALANCE)
+
+
+def attention_kernel(row: dict[str, str]) -> AttentionKernel:
+    """A row may say `attention` (flash/eager). Otherwise runs published before FlashAttention
+    existed (arXiv ids before 2205, May 2022) used materialised-softmax attention."""
+    stated = (row.get("attention") or "").strip()
+    if stated:
+        return AttentionKernel(stated)
+    arxiv = _ARXIV_ID.search(row.get("source", ""))
+    if arxiv and (int(arxiv[1]), int(arxiv[2])) < FLASH_ATTENTION_ARXIV_ID:
+        return AttentionKernel.EAGER
+    return AttentionKernel.FLASH
+
+
+def metric_step_time_s(row: dict[str, str], value: float) -> float:
+    """A value of the row's metric (published or predicted) as a step time: an iteration time
+    as it is, tokens/s per GPU as the global batch's tokens over the whole run's rate."""
+    if row["metric_name"].strip() == "iteration_time_s":
+        return value
+    tokens = int_cell(row, "global_batch") * int_cell(row, "seq_len")
+    return tokens / (value * int_cell(row, "num_gpus"))
+
+
+def default_runs_path() -> Path:
+    """The calibration table shipped with the profiles it calibrates."""
+    return profile_dir() / "runs" / "published_runs.csv"
