@@ -18,6 +18,7 @@ bounds of the free split stay valid lower bounds of the narrowed one.
 """
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from dataclasses import dataclass, replace
@@ -26,7 +27,7 @@ from ortools.sat.python import cp_model
 
 from costmodel.groups import rank_caps_bytes
 from costmodel.hardware import ClusterSpec
-from costmodel.memory import AffineBytes
+from costmodel.memory import AffineBytes, stage_memory_shapes
 from costmodel.plan import Plan, Recompute, even_layers
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.bounds import MemoryFit
@@ -183,6 +184,32 @@ def _most_layers(mem: AffineBytes, cap: float, k: int, total: int) -> int:
         else:
             hi = mid - 1
     return lo
+
+
+def least_overflow_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> Split:
+    """The split whose worst rank overflows its budget least, every layer of the plan's recompute
+    mode recomputed: how close a choice that fits under no split comes. Each rank's memory is
+    affine and increasing in its layers (costmodel.memory.stage_memory_shapes), so adding the
+    layers one at a time where they overflow least is the min-max split (at least vpp a rank,
+    the first stage's rank holding the dense first layers, as check_plan asks)."""
+    memory = stage_memory_shapes(model, train, plan, cluster.device.efficiency.reserved_memory_bytes,
+                                 cluster.framework)
+    caps, recompute = rank_caps_bytes(plan, cluster), plan.recompute is not Recompute.NONE
+
+    def over(r: int, layers: int) -> float:
+        mem = memory[r]
+        recomputed = mem.per_recomputed * layers + mem.jump if recompute and layers else 0.0
+        return mem.base + mem.per_layer * layers + recomputed - caps[r]
+    layers = [plan.vpp] * plan.pp
+    first = plan.stage_rank(0)
+    layers[first] = max(layers[first], model.first_k_dense * plan.vpp)
+    heap = [(over(r, count + 1), r) for r, count in enumerate(layers)]
+    heapq.heapify(heap)
+    for _ in range(model.num_layers - sum(layers)):
+        _, r = heapq.heappop(heap)
+        layers[r] += 1
+        heapq.heappush(heap, (over(r, layers[r] + 1), r))
+    return Split(layers=tuple(layers), recomputed=tuple(layers) if recompute else (0,) * plan.pp, optimal=True)
 
 
 def short_chunks_first(plan: Plan) -> Plan:

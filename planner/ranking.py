@@ -11,6 +11,7 @@ from costmodel.estimate import estimate
 from costmodel.fidelity import MEMORY_ERROR_BAND
 from costmodel.plan import Plan, Recompute
 from planner.candidates import SearchOptions
+from planner.partition import apply_split, least_overflow_split
 from planner.search_state import Found
 
 
@@ -128,13 +129,18 @@ def undominated(rows: list[Found]) -> list[Found]:
     return rows[:1] + [f for f, p in zip(rows[1:], prices[1:]) if not beaten(p)]
 
 
-def closer(model, train, cluster, plan, closest: Found | None) -> Found:
-    """The candidate with everything recomputed and layers even: how far from fitting is it?"""
-    counts = tuple(plan.layers_on_rank(r) for r in range(plan.pp)) if plan.recompute is not Recompute.NONE \
-        else (0,) * plan.pp
-    probe = replace(plan, recompute_num_layers=counts)
-    est = estimate(model, train, cluster, probe, simulate=False)
-    # the least over its own budget (on a uniform cluster: the lowest peak)
-    if closest is None or est.min_headroom_fraction > closest.estimate.min_headroom_fraction:
-        return Found(plan=probe, estimate=est)
+def closer(model, train, cluster, plan, closest: Found | None, free_split: bool = False) -> Found:
+    """The candidate with every layer of its mode recomputed: how far from fitting is it? Its
+    layers even, or where the framework splits them freely (`free_split`) also split so that its
+    worst rank overflows least (planner.partition.least_overflow_split), the closer of the two."""
+    probes = [plan] + ([apply_split(plan, least_overflow_split(model, train, cluster, plan))]
+                       if free_split and plan.pp > 1 else [])
+    for probe in probes:
+        counts = tuple(probe.layers_on_rank(r) for r in range(probe.pp)) if probe.recompute is not Recompute.NONE \
+            else (0,) * probe.pp
+        probe = replace(probe, recompute_num_layers=counts)
+        est = estimate(model, train, cluster, probe, simulate=False)
+        # the least over its own budget (on a uniform cluster: the lowest peak)
+        if closest is None or est.min_headroom_fraction > closest.estimate.min_headroom_fraction:
+            closest = Found(plan=probe, estimate=est)
     return closest

@@ -33,15 +33,15 @@ def result(shared: SharedModels, options: SearchOptions, stats: SearchStats, fou
     """Re-price the best plans by simulation and rank them; when nothing fits, the closest plan
     (of those priced before the time limit, at least one)."""
     model, train, cluster = shared.model, shared.train, shared.cluster
-    closest = None
+    closest, free = None, options.space is None or options.space.split == "free"
     if not found:  # only then does anyone need to know how far the plans are from fitting
         for base, vpp, schedule, zero in too_big[:2000]:
             if closest is not None and time.perf_counter() > deadline:
                 break
             choice = replace(base, **STATE_OPTIONS[zero]._asdict(), vpp=vpp, schedule=schedule)
-            closest = closer(model, train, cluster, build_plan(model, train, cluster, choice), closest)
+            closest = closer(model, train, cluster, build_plan(model, train, cluster, choice), closest, free)
         for plan in too_big_plans:
-            closest = closer(model, train, cluster, plan, closest)
+            closest = closer(model, train, cluster, plan, closest, free)
     # the first plans are chosen among the DECISION_K best within the decision band of the
     # fastest, which the cutoff keeps whatever --top asks to show; the rest follow by time
     decision = rank(found, replace(options, top_k=DECISION_K))

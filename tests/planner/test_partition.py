@@ -218,3 +218,49 @@ def test_with_short_chunks_first_the_closed_form_bounds_every_rank(vpp, layers):
     closed = estimate(model, TRAIN, cluster, laid, simulate=False).peak_memory_bytes
     simulated = estimate(model, TRAIN, cluster, laid).peak_memory_bytes
     assert all(s <= c + 2**20 for s, c in zip(simulated, closed))
+
+
+@pytest.mark.parametrize("mode,vpp", [(Recompute.NONE, 1), (Recompute.FULL, 1), (Recompute.NONE, 2)])
+def test_least_overflow_split_is_the_min_max_over_every_split(mode, vpp):
+    """How close a choice that fits under no split comes: no split of the layers (at least vpp
+    a rank, every layer of the mode recomputed) overflows its worst rank less (every split by
+    the ranks' memory shapes, which test_rank_shapes_match_the_cost_model ties to the model),
+    and the plan so split is priced at that overflow."""
+    from costmodel.estimate import estimate
+    from costmodel.groups import rank_caps_bytes
+    from costmodel.memory import stage_memory_shapes
+    from planner.partition import apply_split, least_overflow_split
+    model, cluster = resolve_model("llama2-13b"), parse_cluster("1x8xA100-40GB")
+    train = TrainSpec(seq_len=4096, global_batch_size=32)
+    plan = build_plan(model, train, cluster, Choice(tp=2, pp=4, vpp=vpp, zero_stage=0, recompute=mode,
+                                                    micro_batch_size=4))
+    caps = rank_caps_bytes(plan, cluster)
+    memory = stage_memory_shapes(model, train, plan, cluster.device.efficiency.reserved_memory_bytes)
+    recompute = mode is not Recompute.NONE
+
+    def worst(layers):
+        return max(m.base + (m.per_layer + recompute * m.per_recomputed) * n + recompute * m.jump - cap
+                   for m, n, cap in zip(memory, layers, caps))
+    found = least_overflow_split(model, train, cluster, plan)
+    assert sum(found.layers) == model.num_layers and min(found.layers) >= vpp
+    best = min(worst(layers) for layers in itertools.product(range(vpp, model.num_layers + 1), repeat=plan.pp)
+               if sum(layers) == model.num_layers)
+    assert 0 < worst(found.layers) == pytest.approx(best)   # a case that fits nowhere, at its least
+    est = estimate(model, train, cluster, apply_split(plan, found), simulate=False)
+    assert max(p - c for p, c in zip(est.peak_memory_bytes, caps)) == pytest.approx(best)
+
+
+def test_nothing_fits_names_the_closest_split_where_the_framework_splits_freely():
+    """A choice that fits under no split is told with the split that overflows least, not the
+    even one, where the framework runs any split (ours); under an even-split framework, even."""
+    from costmodel.inputs import UserError as Refusal
+    from planner.api import search
+    fix = {"tp": 2, "pp": 4, "cp": 1, "micro_batch_size": 4, "vpp": 1, "zero_stage": 0}
+    messages = {}
+    for framework in ("planner", "deepspeed"):
+        with pytest.raises(Refusal) as refused:
+            search("llama2-13b", "1x8xA100-40GB", framework=framework, fix=fix, no_recompute=True,
+                   seq_len=4096, global_batch=32)
+        messages[framework] = str(refused.value)
+    over = {f: float(m.split(" GiB over")[0].rsplit(", ", 1)[1]) for f, m in messages.items()}
+    assert over["planner"] < over["deepspeed"], messages
