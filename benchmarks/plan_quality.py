@@ -9,7 +9,10 @@ priced as our runtime would run them (its framework traits and memory margins: t
 plan's, not another framework's kernels), the gain of the fastest and of the chosen plan (the
 most robust within the model's error band), the published configuration's rank among the
 search's top plans (">K" when it is not among them), and whether the search was proven optimal.
-The fastest plan must never be predicted slower than the published one.
+A published configuration is marked `*` where it does not fit under our memory margins and `†`
+where our runtime cannot run it as published (costmodel.check.check_plan, e.g. float8 linears
+with tensor parallelism): the search does not offer such a plan, so it may be priced faster. The
+fastest plan must never be predicted slower than a published one that our runtime runs and fits.
 
 `--fix` searches with a field fixed (`planner search --fix`'s fields; VALUE `published`: the row's
 own configuration's value), to tell which choice a gain rests on, e.g. `--fix cp=1` or
@@ -23,6 +26,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from costmodel.check import check_plan
 from costmodel.estimate import Estimate, estimate
 from costmodel.hardware import parse_cluster
 from planner.measure.fill import best_plan_for_row
@@ -43,7 +47,7 @@ def main() -> None:
     fixes = dict(f.split("=", 1) for f in args.fix)
     print(f"{'id':28} {'published tok/s':>15} {'fastest tok/s':>12} {'gain':>6} {'chosen':>7} {'rank':>5} "
           f"{'proven':>6}  chosen plan (the most robust within the error band)")
-    worse = 0
+    worse = unrunnable = 0
     for row in read_runs(Path(args.runs)):
         if args.ids is not None and row["id"] not in args.ids:
             continue
@@ -63,8 +67,11 @@ def main() -> None:
         chosen = result.plans[0]
         faster = [f for f in result.plans if f.estimate.step_time_s < published.step_time_s * (1 - 1e-9)]
         rank = f"{len(faster) + 1}" if len(faster) < TOP_K else f">{TOP_K}"
-        worse += best.step_time_s > published.step_time_s * (1 + 1e-9)
-        print(f"{row['id']:28} {published.tokens_per_s:15,.0f}{'' if published.fits else '*'} "
+        runs = not check_plan(model, train, cluster, plan, memory=False)
+        marks = ("" if published.fits else "*") + ("" if runs else "†")
+        unrunnable += not runs
+        worse += published.fits and runs and best.step_time_s > published.step_time_s * (1 + 1e-9)
+        print(f"{row['id']:28} {published.tokens_per_s:15,.0f}{marks} "
               f"{best.tokens_per_s:12,.0f} {best.tokens_per_s / published.tokens_per_s - 1:+6.1%} "
               f"{chosen.estimate.tokens_per_s / published.tokens_per_s - 1:+7.1%} {rank:>5} "
               f"{str(result.stats.optimal):>6}  {chosen.plan.short()}")
@@ -75,8 +82,9 @@ def main() -> None:
                   f"{_utilizations(best, best.step_time_s)} against the measured run's "
                   # the FLOPs the published run executed: its own framework's (what its recomputation runs)
                   f"{_utilizations(estimate(model, train, published_cluster, plan), measured_s)}")
-    print(f"\nfastest plan predicted slower than the published one: {worse} rows "
-          "(* : the published configuration does not fit under our memory margins)")
+    print(f"\nfastest plan predicted slower than the published one: {worse} rows of those our runtime runs and fits "
+          "(* : the published configuration does not fit under our memory margins; † : our runtime cannot run it "
+          f"as published, {unrunnable} rows)")
     print("command: " + " ".join(["python benchmarks/plan_quality.py", *sys.argv[1:]]))
 
 

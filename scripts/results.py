@@ -229,11 +229,11 @@ def measure_simulate_speed(clock: Clock) -> dict:
     return {"case": text.splitlines()[0], **{name: float(ms) for name, ms in SIM_LINE.findall(text)}}
 
 
-QUALITY_ROW = re.compile(r"^(\S+)\s+([\d,]+)(\*?)\s+([\d,]+)\s+([+-][\d.]+)%\s+([+-][\d.]+)%\s+(>?\d+)\s+"
+QUALITY_ROW = re.compile(r"^(\S+)\s+([\d,]+)(\*?)(†?)\s+([\d,]+)\s+([+-][\d.]+)%\s+([+-][\d.]+)%\s+(>?\d+)\s+"
                          r"(True|False)\s+(.*)$")
 
 
-NOTHING_ROW = re.compile(r"^(\S+)\s+[\d,]+\*?\s+-\s+search found nothing$")
+NOTHING_ROW = re.compile(r"^(\S+)\s+[\d,]+\*?†?\s+-\s+search found nothing$")
 
 
 def parse_plan_quality(text: str) -> dict:
@@ -244,8 +244,8 @@ def parse_plan_quality(text: str) -> dict:
             nothing.append(empty[1])
         elif m:
             rows.append({"id": m[1], "published_tok_s": int(m[2].replace(",", "")), "published_fits": not m[3],
-                         "fastest_tok_s": int(m[4].replace(",", "")), "gain_pct": float(m[5]),
-                         "chosen_pct": float(m[6]), "rank": m[7], "proven": m[8] == "True", "plan": m[9].strip()})
+                         "published_runs": not m[4], "fastest_tok_s": int(m[5].replace(",", "")), "gain_pct": float(m[6]),
+                         "chosen_pct": float(m[7]), "rank": m[8], "proven": m[9] == "True", "plan": m[10].strip()})
     worse = re.search(r"fastest plan predicted slower than the published one: (\d+) rows", text)
     return {"rows": rows, "nothing": nothing, "worse": int(worse[1]) if worse else None}
 
@@ -395,17 +395,21 @@ def plan_quality_section(q: dict, meta: dict) -> str:
              f"Rows with a plan {len(rows)}; proven optimal within the 10 s limit {sum(r['proven'] for r in rows)}; "
              f"median gain {statistics.median(r['gain_pct'] for r in rows):+.1f} %, median chosen "
              f"{statistics.median(r['chosen_pct'] for r in rows):+.1f} %; "
-             f"published configuration not fitting our memory margins {sum(not r['published_fits'] for r in rows)}; "
-             f"fastest plan predicted slower than the published one {q['worse']} rows; no plan found within the "
+             f"published configuration not fitting our memory margins {sum(not r['published_fits'] for r in rows)}, "
+             f"not run by our runtime as published {sum(not r['published_runs'] for r in rows)}; "
+             f"fastest plan predicted slower than a published one our runtime runs and fits {q['worse']} rows; "
+             "no plan found within the "
              f"10 s limit {len(q['nothing'])} rows" + (f" ({', '.join(q['nothing'])})." if q["nothing"] else "."), "",
              "<details><summary>every row</summary>", "",
              "| id | published tok/s | fastest tok/s | gain % | chosen % | rank | proven | chosen plan |",
              "|---|---:|---:|---:|---:|---:|---|---|"]
-    lines += [f"| {r['id']} | {r['published_tok_s']:,}{'' if r['published_fits'] else '*'} | {r['fastest_tok_s']:,} "
+    lines += [f"| {r['id']} | {r['published_tok_s']:,}{'' if r['published_fits'] else '*'}"
+              f"{'' if r['published_runs'] else '†'} | {r['fastest_tok_s']:,} "
               f"| {r['gain_pct']:+.1f} | {r['chosen_pct']:+.1f} | {cell(r['rank'])} | {r['proven']} | `{r['plan']}` |"
               for r in rows]
-    return "\n".join(lines + ["", "`*`: the published configuration does not fit under our memory margins.", "",
-                              "</details>"])
+    return "\n".join(lines + ["", "`*`: the published configuration does not fit under our memory margins; `†`: our "
+                              "runtime cannot run it as published (costmodel.check.check_plan: e.g. float8 linears "
+                              "with tensor parallelism), so the search does not offer it.", "", "</details>"])
 
 
 def closed_loop_section(loop: dict, meta: dict) -> str:

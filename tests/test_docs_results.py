@@ -65,12 +65,16 @@ def test_benchmark_output_parsers_read_the_printed_lines():
     quality = RESULTS["parse_plan_quality"](
         "id  published tok/s ...\n"
         "megatron_h100_1.7B                     9,999*       10,500   +5.0%   +4.0%     1   True  dp48 tp1 pp1 z1\n"
+        "mlperf31_gpt3_h100_eosdfw_4096     1,848,660†   1,521,603  -17.7%  -17.7%     1   True  dp128 tp4+sp pp8\n"
         "megatron_h100_177B                   745,685            -  search found nothing\n"
-        "\nfastest plan predicted slower than the published one: 0 rows (* : ...)\n")
+        "\nfastest plan predicted slower than the published one: 0 rows of those our runtime runs and fits (* : ...)\n")
     assert quality["worse"] == 0 and quality["rows"][0]["published_fits"] is False
-    assert len(quality["rows"]) == 1 and quality["nothing"] == ["megatron_h100_177B"]
-    assert "no plan found within the 10 s limit 1 rows (megatron_h100_177B)." in \
-        RESULTS["plan_quality_section"](quality, META)
+    assert quality["rows"][0]["published_runs"] and not quality["rows"][1]["published_runs"]
+    assert quality["rows"][1]["published_fits"] and quality["rows"][1]["gain_pct"] == -17.7
+    assert len(quality["rows"]) == 2 and quality["nothing"] == ["megatron_h100_177B"]
+    section = RESULTS["plan_quality_section"](quality, META)
+    assert "no plan found within the 10 s limit 1 rows (megatron_h100_177B)." in section
+    assert "not run by our runtime as published 1;" in section and "| 1,848,660† |" in section
     assert quality["rows"][0]["plan"] == "dp48 tp1 pp1 z1" and quality["rows"][0]["gain_pct"] == 5.0
     loop = RESULTS["parse_closed_loop"](
         "\nfresh profile out/p.toml, no calibration\nplan   predicted ms   measured ms   error %\n"
