@@ -49,11 +49,12 @@ def _layout(order: tuple[str, ...], degrees: dict[str, int]) -> tuple[str, ...]:
 
 
 def distinct_orders(degrees: dict[str, int], cluster: ClusterSpec) -> list[tuple[str, ...]]:
+    """One mesh order per distinct placement, dominated or not (a mixed cluster's replicas)."""
     return [order for order, _ in _placements(degrees, cluster)]
 
 
 def mesh_orders(degrees: dict[str, int], cluster: ClusterSpec,
-            space: FrameworkSpace | None = None) -> list[tuple[str, ...]]:
+                space: FrameworkSpace | None = None) -> list[tuple[str, ...]]:
     """Mesh axis orders worth pricing: one per distinct placement of the groups, and none whose
     every link is at least as slow as another's (costmodel.rank_time.link_costs: such a placement
     cannot give a faster plan, and memory does not depend on placement). On a mixed cluster the
