@@ -186,12 +186,14 @@ def _most_layers(mem: AffineBytes, cap: float, k: int, total: int) -> int:
     return lo
 
 
-def least_overflow_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> Split:
+def least_overflow_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> tuple[Split, float]:
     """The split whose worst rank overflows its budget least, every layer of the plan's recompute
-    mode recomputed: how close a choice that fits under no split comes. Each rank's memory is
-    affine and increasing in its layers (costmodel.memory.stage_memory_shapes), so adding the
-    layers one at a time where they overflow least is the min-max split (at least vpp a rank,
-    the first stage's rank holding the dense first layers, as check_plan asks)."""
+    mode recomputed: how close a choice that fits under no split comes, and the least share of its
+    budget a rank then leaves free (negative: over; Estimate.min_headroom_fraction of the plan so
+    split). Each rank's memory is affine and increasing in its layers
+    (costmodel.memory.stage_memory_shapes), so adding the layers one at a time where they overflow
+    least is the min-max split (at least vpp a rank, the first stage's rank holding the dense
+    first layers, as check_plan asks)."""
     memory = stage_memory_shapes(model, train, plan, cluster.device.efficiency.reserved_memory_bytes,
                                  cluster.framework)
     caps, recompute = rank_caps_bytes(plan, cluster), plan.recompute is not Recompute.NONE
@@ -209,7 +211,8 @@ def least_overflow_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpe
         _, r = heapq.heappop(heap)
         layers[r] += 1
         heapq.heappush(heap, (over(r, layers[r] + 1), r))
-    return Split(layers=tuple(layers), recomputed=tuple(layers) if recompute else (0,) * plan.pp, optimal=True)
+    split = Split(layers=tuple(layers), recomputed=tuple(layers) if recompute else (0,) * plan.pp, optimal=True)
+    return split, min(-over(r, count) / caps[r] for r, count in enumerate(layers))
 
 
 def short_chunks_first(plan: Plan) -> Plan:

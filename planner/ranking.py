@@ -132,9 +132,13 @@ def undominated(rows: list[Found]) -> list[Found]:
 def closer(model, train, cluster, plan, closest: Found | None, free_split: bool = False) -> Found:
     """The candidate with every layer of its mode recomputed: how far from fitting is it? Its
     layers even, or where the framework splits them freely (`free_split`) also split so that its
-    worst rank overflows least (planner.partition.least_overflow_split), the closer of the two."""
-    probes = [plan] + ([apply_split(plan, least_overflow_split(model, train, cluster, plan))]
-                       if free_split and plan.pp > 1 else [])
+    worst rank overflows least (planner.partition.least_overflow_split; priced only where its
+    memory shapes say it is the closer), the closer of the two."""
+    probes = [plan]
+    if free_split and plan.pp > 1:
+        split, headroom = least_overflow_split(model, train, cluster, plan)
+        if closest is None or headroom > closest.estimate.min_headroom_fraction:
+            probes.append(apply_split(plan, split))
     for probe in probes:
         counts = tuple(probe.layers_on_rank(r) for r in range(probe.pp)) if probe.recompute is not Recompute.NONE \
             else (0,) * probe.pp

@@ -241,13 +241,14 @@ def test_least_overflow_split_is_the_min_max_over_every_split(mode, vpp):
     def worst(layers):
         return max(m.base + (m.per_layer + recompute * m.per_recomputed) * n + recompute * m.jump - cap
                    for m, n, cap in zip(memory, layers, caps))
-    found = least_overflow_split(model, train, cluster, plan)
+    found, headroom = least_overflow_split(model, train, cluster, plan)
     assert sum(found.layers) == model.num_layers and min(found.layers) >= vpp
     best = min(worst(layers) for layers in itertools.product(range(vpp, model.num_layers + 1), repeat=plan.pp)
                if sum(layers) == model.num_layers)
     assert 0 < worst(found.layers) == pytest.approx(best)   # a case that fits nowhere, at its least
     est = estimate(model, train, cluster, apply_split(plan, found), simulate=False)
     assert max(p - c for p, c in zip(est.peak_memory_bytes, caps)) == pytest.approx(best)
+    assert est.min_headroom_fraction == pytest.approx(headroom)
 
 
 def test_nothing_fits_names_the_closest_split_where_the_framework_splits_freely():
