@@ -20,11 +20,12 @@ and ranked; one whose simulated memory does not fit is dropped.
 from __future__ import annotations
 
 import gc
+import itertools
 import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Iterator
+from typing import Any, Iterator
 
 from costmodel.check import offload_problems
 from costmodel.estimate import estimate
@@ -174,6 +175,8 @@ def unsatisfiable_constraints(model: ModelSpec, train: TrainSpec, cluster: Clust
     take, with the values it could take; or, when each is possible alone, that they are not
     together."""
     possible: dict[str, set] = {name: set() for name in options.fixed}
+    pinned = list(options.fixed.items())
+    together: set[int] = set()   # per choice, the pinned fields it matches (bit i: pinned[i])
     free = replace(options, fixed={})
     placements = [o for o, ok in zip(STATE_OPTIONS, states_allowed(free, cluster)) if ok]
     for base, group in time_groups(model, train, cluster, free, lambda reason: None):
@@ -184,6 +187,7 @@ def unsatisfiable_constraints(model: ModelSpec, train: TrainSpec, cluster: Clust
                 choice = replace(base, vpp=vpp, schedule=schedule, **states._asdict())
                 for name, seen in possible.items():
                     seen.add(getattr(choice, name))
+                together.add(sum(1 << i for i, (name, value) in enumerate(pinned) if getattr(choice, name) == value))
     if cluster.is_mixed:   # replicas on groups (planner.shares): no pipeline
         for tp, cp, dp, _, sps in replica_degrees(model, train, cluster, free):
             values = {"pp": {1}, "tp": {tp}, "cp": {cp}, "dp": {dp}, "sequence_parallel": set(sps), "vpp": {1},
@@ -202,10 +206,23 @@ def unsatisfiable_constraints(model: ModelSpec, train: TrainSpec, cluster: Clust
             shown = ", ".join(str(v) for v in sorted(possible[name]))
             problems.append(f"{name}={value} is not possible for {model.name} on {cluster.name} "
                             f"(the search considers: {shown})")
-    if not problems and options.fixed:
-        pinned = ", ".join(f"{k}={v}" for k, v in options.fixed.items())
-        problems.append(f"each of {pinned} is possible, but not all together")
+    if not problems and options.fixed and not cluster.is_mixed:
+        shown = ", ".join(f"{k}={v}" for k, v in _fewest_apart(pinned, together))
+        problems.append(f"{shown} are not possible together for {model.name} on {cluster.name}, though each is alone")
+    elif not problems and options.fixed:
+        problems.append(f"each of {', '.join(f'{k}={v}' for k, v in pinned)} is possible, but not all together")
     return problems
+
+
+def _fewest_apart(pinned: list[tuple[str, Any]], together: set[int]) -> list[tuple[str, Any]]:
+    """The smallest set of pinned fields no enumerated choice matches all of (`together`: each
+    choice's matches as bits): the pair, or more, to name instead of every field."""
+    for size in range(2, len(pinned) + 1):
+        for subset in itertools.combinations(range(len(pinned)), size):
+            mask = sum(1 << i for i in subset)
+            if not any(m & mask == mask for m in together):
+                return [pinned[i] for i in subset]
+    return pinned
 
 
 def _say(options: SearchOptions, text: str) -> None:

@@ -69,7 +69,10 @@ def test_a_model_too_large_for_the_devices_trains_with_its_states_on_the_host(ca
     (["--fix", "zero=1", "--zero", "2"], "contradictory constraints"),
     # values no plan can take (pp must divide the 8 devices), and values possible only apart
     (["--fix", "pp=3"], "pp=3 is not possible for llama3-8b on 1x8xH100"),
-    (["--fix", "tp=8", "--fix", "pp=2"], "each of tp=8, pp=2 is possible, but not all together"),
+    (["--fix", "tp=8", "--fix", "pp=2"], "tp=8, pp=2 are not possible together for llama3-8b on 1x8xH100"),
+    # of more pins, the fewest that do not go together are named
+    (["--fix", "mbs=1", "--fix", "tp=8", "--fix", "zero=1", "--fix", "pp=2"],
+     "contradictory constraints: tp=8, pp=2 are not possible together"),
     # a schedule priced only by simulation competes as a variant; pinned, the user is told how to use it
     (["--schedule", "dualpipev"], "schedule=dualpipev has no closed-form pipeline time, so the search cannot pin it"),
 ])
