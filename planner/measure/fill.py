@@ -21,7 +21,7 @@ from planner.measure.runs_table import int_cell
 from planner.search import SearchOptions, search
 from planner.space import Choice, build_plan, divisors
 
-MAX_MICRO_BATCH = 16
+MAX_MICRO_BATCH = 16   # an unstated micro_batch is filled from the divisors of a replica's batch up to this
 
 
 def _options(row: dict[str, str], model: ModelSpec, tp: int, pp: int, dp: int,
