@@ -45,9 +45,7 @@ from planner.candidates import (
 )
 from planner.halves import HALVES, in_halves
 from planner.partition import FREE, SolverTimeout, SplitRules, apply_split, solve_split
-from planner.ranking import (
-    kth_best_s,
-)
+from planner.ranking import kth_best_s
 from planner.repricing import result
 from planner.search_order import Queue
 from planner.search_state import Found, SearchResult, SearchStats, SharedModels
