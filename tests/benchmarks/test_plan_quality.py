@@ -31,3 +31,17 @@ def test_a_fixed_field_holds_and_the_measured_run_is_compared():
     measured_s = float(re.search(r"against ([\d.]+) s measured", tokens_row).group(1))
     hfu = float(re.search(r"measured run's MFU [\d.]+ / HFU ([\d.]+)", tokens_row).group(1))
     assert measured_s == 26.72 and 0.6 < hfu < 0.75
+
+
+def test_a_published_configuration_our_runtime_cannot_run_is_marked_and_not_held_against_the_search():
+    """MLPerf's GPT-3 on 512 H100: float8 linears under TP 4, which our runtime does not run
+    (check_plan), priced faster than any plan the search may offer: marked †, not counted."""
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--ids", "mlperf41_gpt3_h100_eos_512", "--time-limit-s", "5"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    row = next(ln for ln in proc.stdout.splitlines() if ln.startswith("mlperf41_"))
+    cells = row.split()
+    published, fastest = (float(c.rstrip("*†").replace(",", "")) for c in cells[1:3])
+    assert cells[1].endswith("†") and fastest < published
+    assert "slower than the published one: 0 rows of those our runtime runs and fits" in proc.stdout
+    assert "cannot run it as published, 1 rows" in proc.stdout
