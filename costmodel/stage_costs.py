@@ -53,7 +53,8 @@ def stage_costs(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Cluster
     sent_held = send_bytes(model, train, plan) if (
         plan.schedule.traits.multi_stage and cluster.framework.pipeline_sends_held) else 0.0
     out = []
-    for j, (layers, rc) in enumerate(zip(plan.layers_per_stage, plan.recompute_per_stage(cluster.framework.recompute_placement))):
+    recomputed = plan.recompute_per_stage(cluster.framework.recompute_placement)
+    for j, (layers, rc) in enumerate(zip(plan.layers_per_stage, recomputed)):
         first, last = j == 0, j == n - 1
         rtm = rtms[plan.stage_rank(j)]
         send_s = rtm.pp_send_s

@@ -199,9 +199,7 @@ def least_overflow_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpe
     caps, recompute = rank_caps_bytes(plan, cluster), plan.recompute is not Recompute.NONE
 
     def over(r: int, layers: int) -> float:
-        mem = memory[r]
-        recomputed = mem.per_recomputed * layers + mem.jump if recompute and layers else 0.0
-        return mem.base + mem.per_layer * layers + recomputed - caps[r]
+        return memory[r].at(layers, layers if recompute else 0) - caps[r]
     layers = [plan.vpp] * plan.pp
     first = plan.stage_rank(0)
     layers[first] = max(layers[first], model.first_k_dense * plan.vpp)

@@ -239,8 +239,7 @@ def test_least_overflow_split_is_the_min_max_over_every_split(mode, vpp):
     recompute = mode is not Recompute.NONE
 
     def worst(layers):
-        return max(m.base + (m.per_layer + recompute * m.per_recomputed) * n + recompute * m.jump - cap
-                   for m, n, cap in zip(memory, layers, caps))
+        return max(m.at(n, n if recompute else 0) - cap for m, n, cap in zip(memory, layers, caps))
     found, headroom = least_overflow_split(model, train, cluster, plan)
     assert sum(found.layers) == model.num_layers and min(found.layers) >= vpp
     best = min(worst(layers) for layers in itertools.product(range(vpp, model.num_layers + 1), repeat=plan.pp)
