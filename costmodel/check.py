@@ -19,7 +19,8 @@ from costmodel.groups import (
 )
 from costmodel.hardware import ClusterSpec, DeviceProfile
 from costmodel.placement import expert_layout
-from costmodel.plan import AXES, DEFAULT_AXIS_ORDER, Plan, Recompute, Schedule
+from costmodel.plan import AXES, DEFAULT_AXIS_ORDER, Plan, Recompute
+from costmodel.schedules import Schedule
 from costmodel.specs import ModelSpec, PositionKind, TrainSpec
 from costmodel.units import GIB
 

@@ -15,8 +15,9 @@ With m micro-batches and per-micro-batch rank times t_r (forward + backward on r
 """
 from __future__ import annotations
 
-from costmodel.plan import Plan, ScheduleTraits
+from costmodel.plan import Plan
 from costmodel.rank_time import RankTimes
+from costmodel.schedules import ScheduleTraits
 
 
 def pipeline_time_s(plan: Plan, ranks: list[RankTimes]) -> tuple[float, int]:

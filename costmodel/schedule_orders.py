@@ -30,7 +30,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from costmodel.plan import Plan, Schedule
+from costmodel.plan import Plan
+from costmodel.schedules import Schedule
 
 Action = tuple[int, str, int]   # (virtual stage, "F" | "B" | "I" | "W", micro-batch)
 

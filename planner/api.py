@@ -20,8 +20,9 @@ from costmodel.check import check_structure
 from costmodel.estimate import Estimate, estimate
 from costmodel.hardware import ClusterSpec
 from costmodel.inputs import UserError
-from costmodel.plan import Plan, Recompute, Schedule
+from costmodel.plan import Plan, Recompute
 from costmodel.resilience import LLAMA3, Failures
+from costmodel.schedules import Schedule
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.compare import Comparison, comparisons
 from planner.no_plan import infeasible_message

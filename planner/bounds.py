@@ -20,8 +20,9 @@ from costmodel.kernels import host_optimizer_step_s, optimizer_step_s, step_host
 from costmodel.memory import AffineBytes, state_bytes_for
 from costmodel.params import layer_expert_params, layer_params
 from costmodel.pipeline_closed_form import closed_form_s, fill_s
-from costmodel.plan import Plan, Recompute, Schedule
+from costmodel.plan import Plan, Recompute
 from costmodel.rank_time import RankTimeModel, Spans, dp_bucket_s, dp_terms, rank_time_model, spans
+from costmodel.schedules import Schedule
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.shapes import RankShape
 from planner.space import degrees_plan

@@ -25,7 +25,8 @@ from costmodel.check import (
 from costmodel.fidelity import MODEL_ERROR_BAND
 from costmodel.groups import group_orders, placement_problems, places_replicas
 from costmodel.hardware import ClusterSpec
-from costmodel.plan import AXES, Plan, Recompute, Schedule, default_schedule, virtual_stage_options
+from costmodel.plan import AXES, Plan, Recompute, virtual_stage_options
+from costmodel.schedules import Schedule, default_schedule
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.mesh_orders import distinct_orders, mesh_orders
 from planner.space import Choice, degrees_plan, divisors

@@ -8,7 +8,8 @@ from costmodel.check import check_structure
 from costmodel.estimate import estimate, simulate_plan
 from costmodel.groups import representative
 from costmodel.hardware import ClusterSpec
-from costmodel.plan import Plan, Schedule
+from costmodel.plan import Plan
+from costmodel.schedules import Schedule
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.space import under_schedule
 from reports.bubble import Variant

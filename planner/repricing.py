@@ -10,7 +10,8 @@ from dataclasses import replace
 
 from costmodel.check import check_structure
 from costmodel.estimate import estimate
-from costmodel.plan import Plan, Schedule
+from costmodel.plan import Plan
+from costmodel.schedules import Schedule
 from planner.candidates import STATE_OPTIONS, SearchOptions
 from planner.partition import short_chunks_first
 from planner.ranking import DECISION_K, closer, decision_band, one_row_per_price, rank, robust_first, undominated

@@ -30,7 +30,8 @@ from typing import Any, Iterator
 from costmodel.check import offload_problems
 from costmodel.estimate import estimate
 from costmodel.hardware import ClusterSpec
-from costmodel.plan import Plan, Schedule
+from costmodel.plan import Plan
+from costmodel.schedules import Schedule
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.bounds import MemoryFit, lower_bound_with_memory_s
 from planner.candidates import (

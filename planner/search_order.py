@@ -18,7 +18,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Iterable, Iterator
 
-from costmodel.plan import Plan, Schedule
+from costmodel.plan import Plan
+from costmodel.schedules import Schedule
 from planner.bounds import MemoryFit, time_floor_s
 from planner.candidates import Group
 from planner.search_state import SearchStats, SharedModels

@@ -10,10 +10,11 @@ from costmodel.estimate import Estimate
 from costmodel.groups import rank_caps_bytes, rank_groups, views
 from costmodel.hardware import ClusterSpec
 from costmodel.memory import keeps_whole_grads_under_pp, stage_memory_shapes_by_zero
-from costmodel.plan import Plan, Schedule
+from costmodel.plan import Plan
 from costmodel.rank_time import RankTimeModel, Spans, fastest_of, rank_time_model, spans
 from costmodel.rank_time.parts import TimeShape, rank_time_parts
 from costmodel.rank_time.times import parts_time_model
+from costmodel.schedules import Schedule
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.bounds import (
     MemoryFit,

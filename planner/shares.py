@@ -24,8 +24,9 @@ from costmodel.estimate import estimate
 from costmodel.groups import group_plan, group_replicas, group_train, placement_problems, replica_view
 from costmodel.hardware import ClusterSpec
 from costmodel.memory import stage_memory_shapes
-from costmodel.plan import Plan, Recompute, Schedule
+from costmodel.plan import Plan, Recompute
 from costmodel.rank_time import rank_time_model, spans
+from costmodel.schedules import Schedule
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.bounds import MemoryFit, time_floor_s, zero_floor_s
 from planner.candidates import MAX_MICRO_BATCH, SearchOptions, allowed, replica_degrees

@@ -8,7 +8,8 @@ from costmodel.check import world_problem
 from costmodel.groups import placement_problems, replica_samples
 from costmodel.hardware import ClusterSpec
 from costmodel.inputs import UserError
-from costmodel.plan import DEFAULT_AXIS_ORDER, Plan, Recompute, Schedule, default_schedule, even_layers
+from costmodel.plan import DEFAULT_AXIS_ORDER, Plan, Recompute, even_layers
+from costmodel.schedules import Schedule, default_schedule
 from costmodel.specs import ModelSpec, TrainSpec
 
 

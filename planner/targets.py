@@ -17,7 +17,8 @@ from types import ModuleType
 from costmodel.frameworks import FRAMEWORKS, RUNTIME, FrameworkTraits
 from costmodel.hardware import ClusterSpec, run_by
 from costmodel.inputs import UserError
-from costmodel.plan import Plan, PlanFile, Schedule
+from costmodel.plan import Plan, PlanFile
+from costmodel.schedules import Schedule
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.candidates import FrameworkSpace, SearchOptions
 from planner.exports import TARGETS, CannotExport, deepspeed, megatron, torchtitan

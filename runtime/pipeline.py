@@ -27,7 +27,8 @@ import torch.distributed as dist
 from torch.distributed import pipelining
 from torch.distributed.pipelining import PipelineStage
 
-from costmodel.plan import Plan, ScheduleTraits
+from costmodel.plan import Plan
+from costmodel.schedules import ScheduleTraits
 from runtime.moe import MoE, counted_routes
 
 

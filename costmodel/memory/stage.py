@@ -17,7 +17,8 @@ from costmodel.memory.activations import (
 )
 from costmodel.memory.states import reduces_every_micro_batch, state_bytes_for
 from costmodel.params import fsdp_unit_params, layer_params, rank_params_at
-from costmodel.plan import Plan, Recompute, stage_owner
+from costmodel.plan import Plan, Recompute
+from costmodel.schedules import stage_owner
 from costmodel.specs import ModelSpec, TrainSpec
 
 

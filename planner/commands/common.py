@@ -9,7 +9,8 @@ from typing import Any
 from costmodel.hardware import DEFAULT_MEMORY_HEADROOM, ClusterSpec
 from costmodel.hardware.profile_check import LINK_BYTES_PER_S_RANGE
 from costmodel.inputs import MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_SEQ_LEN, UserError
-from costmodel.plan import DEFAULT_AXIS_ORDER, Recompute, Schedule
+from costmodel.plan import DEFAULT_AXIS_ORDER, Recompute
+from costmodel.schedules import Schedule
 from costmodel.specs import (
     DEFAULT_EXPERT_IMBALANCE,
     AttentionKernel,

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from costmodel.inputs import UserError
-from costmodel.plan import PlanFile, Recompute, Schedule
+from costmodel.plan import PlanFile, Recompute
+from costmodel.schedules import Schedule
 from costmodel.training_cost import GPU_HOUR_USD_RANGE, TOKENS_RANGE
 from costmodel.units import GIB
 from planner import outputs

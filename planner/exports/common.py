@@ -12,7 +12,8 @@ from costmodel.estimate import Estimate, estimate
 from costmodel.frameworks import framework_traits
 from costmodel.hardware import run_by
 from costmodel.inputs import UserError
-from costmodel.plan import Plan, PlanFile, Recompute, Schedule, even_layers
+from costmodel.plan import Plan, PlanFile, Recompute, even_layers
+from costmodel.schedules import Schedule
 from costmodel.units import GIB
 
 

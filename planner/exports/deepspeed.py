@@ -18,7 +18,8 @@ What DeepSpeed cannot say of our plans, and the nearest it runs (each a line of 
 """
 from __future__ import annotations
 
-from costmodel.plan import Plan, PlanFile, Recompute, Schedule, even_layers
+from costmodel.plan import Plan, PlanFile, Recompute, even_layers
+from costmodel.schedules import Schedule
 from costmodel.specs import DType
 from planner import outputs
 from planner.exports.common import (

@@ -26,8 +26,9 @@ import shlex
 from costmodel.frameworks import framework_traits, tp_comm_overlaps
 from costmodel.hardware import ClusterSpec, run_by
 from costmodel.moe_dispatch import limits_groups
-from costmodel.plan import Plan, PlanFile, Recompute, Schedule, embedding_loss_split
+from costmodel.plan import Plan, PlanFile, Recompute, embedding_loss_split
 from costmodel.rank_time import spans
+from costmodel.schedules import Schedule
 from costmodel.specs import Arch, DType, FfnKind, ModelSpec, NormKind, PositionKind
 from planner.exports.common import (
     Adjusted,

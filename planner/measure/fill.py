@@ -14,7 +14,8 @@ from costmodel.check import check_plan, world_problem
 from costmodel.estimate import Estimate, estimate
 from costmodel.hardware import ClusterSpec
 from costmodel.inputs import UserError
-from costmodel.plan import Plan, Recompute, Schedule, virtual_stage_options
+from costmodel.plan import Plan, Recompute, virtual_stage_options
+from costmodel.schedules import Schedule
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.exports import deepspeed, megatron, torchtitan
 from planner.measure.runs_table import int_cell

@@ -3,8 +3,9 @@ import pytest
 from costmodel.check import check_memory, check_plan
 from costmodel.estimate import estimate
 from costmodel.pipeline_closed_form import pipeline_time_s
-from costmodel.plan import Recompute, Schedule
+from costmodel.plan import Recompute
 from costmodel.rank_time import RankTimes
+from costmodel.schedules import Schedule
 from planner.space import Choice, build_plan
 
 

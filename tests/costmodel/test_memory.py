@@ -5,8 +5,9 @@ from costmodel.frameworks import GENERIC, RUNTIME, framework_traits
 from costmodel.hardware import parse_cluster
 from costmodel.memory import in_flight_micro_batches, layer_activation_bytes, state_bytes, state_bytes_for
 from costmodel.params import total_params
-from costmodel.plan import Recompute, Schedule
+from costmodel.plan import Recompute
 from costmodel.registry import MODELS
+from costmodel.schedules import Schedule
 from costmodel.specs import AttentionKernel, DType, TrainSpec
 from planner.space import Choice, build_plan
 

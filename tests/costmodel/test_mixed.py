@@ -11,8 +11,9 @@ from costmodel.check import check_structure
 from costmodel.estimate import estimate
 from costmodel.groups import placement_lines, rank_groups, replica_groups, replica_samples, stages_on
 from costmodel.hardware import DeviceGroup, cluster_from_dict, mixed_cluster, parse_cluster
-from costmodel.plan import Recompute, Schedule
+from costmodel.plan import Recompute
 from costmodel.registry import resolve_model
+from costmodel.schedules import Schedule
 from costmodel.specs import TrainSpec
 from planner.space import Choice, build_plan
 

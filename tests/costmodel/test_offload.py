@@ -115,7 +115,8 @@ def test_offloaded_activations_move_the_layers_saved_tensors_and_cost_two_copies
 
 
 def test_offloaded_activations_are_an_alternative_to_recomputation():
-    from costmodel.plan import Recompute, Schedule
+    from costmodel.plan import Recompute
+    from costmodel.schedules import Schedule
     cluster = parse_cluster("1x8xH100")
     plan = _plan(cluster, pp=2, recompute=Recompute.FULL, offload_activations=True)
     assert check_plan(MODEL, TRAIN, cluster, plan, memory=False) == [

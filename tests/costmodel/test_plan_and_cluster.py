@@ -8,7 +8,8 @@ import pytest
 from costmodel.check import check_plan
 from costmodel.hardware import PROFILE_FORMAT_VERSION, known_profiles, parse_cluster
 from costmodel.placement import axis_span
-from costmodel.plan import PlanFile, Schedule
+from costmodel.plan import PlanFile
+from costmodel.schedules import Schedule
 from planner.space import Choice, build_plan
 
 PROFILES = Path(__file__).resolve().parents[2] / "profiles"

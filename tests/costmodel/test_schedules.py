@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch.distributed import pipelining as tp
 
-from costmodel.plan import Schedule
 from costmodel.schedule_orders import rank_orders
+from costmodel.schedules import Schedule
 from planner.space import degrees_plan
 
 MULTI = {Schedule.INTERLEAVED: tp.ScheduleInterleaved1F1B,
@@ -71,7 +71,7 @@ def test_every_schedule_is_described_once_and_runs_on_torch():
     can look up, and rules that check_plan and the search share."""
     from torch.distributed import pipelining
 
-    from costmodel.plan import SCHEDULE_TRAITS, Schedule
+    from costmodel.schedules import SCHEDULE_TRAITS, Schedule
     assert set(SCHEDULE_TRAITS) == set(Schedule)
     for schedule, traits in SCHEDULE_TRAITS.items():
         assert isinstance(getattr(pipelining, traits.torch_class), type), schedule

@@ -9,7 +9,7 @@ import pytest
 from costmodel.estimate import estimate, simulate_plan
 from costmodel.memory import backward_working_bytes, in_flight_micro_batches
 from costmodel.pipeline_simulation import BACKWARD, BACKWARD_INPUT, FORWARD, SEND, StageCost, simulate
-from costmodel.plan import Schedule
+from costmodel.schedules import Schedule
 from planner.space import Choice, build_plan, degrees_plan
 
 

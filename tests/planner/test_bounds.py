@@ -9,8 +9,9 @@ import pytest
 
 from costmodel.estimate import estimate
 from costmodel.hardware import parse_cluster
-from costmodel.plan import Recompute, Schedule
+from costmodel.plan import Recompute
 from costmodel.registry import resolve_model
+from costmodel.schedules import Schedule
 from costmodel.specs import TrainSpec
 from planner.bounds import MemoryFit, lower_bound_s, lower_bound_with_memory_s, time_floor_s
 from planner.candidates import STATE_OPTIONS, SearchOptions, States

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from costmodel.plan import Plan, Schedule
+from costmodel.plan import Plan
+from costmodel.schedules import Schedule
 from planner.cli import main
 
 

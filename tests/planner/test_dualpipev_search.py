@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from costmodel.estimate import estimate
 from costmodel.hardware import parse_cluster
-from costmodel.plan import Schedule
 from costmodel.registry import resolve_model
+from costmodel.schedules import Schedule
 from costmodel.specs import TrainSpec
 from planner.search import SearchOptions, search
 

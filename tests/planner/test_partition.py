@@ -10,7 +10,7 @@ from ortools.sat.python import cp_model
 from costmodel.hardware import parse_cluster
 from costmodel.memory import AffineBytes, stage_memory_at
 from costmodel.params import rank_params
-from costmodel.plan import Recompute, Schedule
+from costmodel.plan import Recompute
 from costmodel.rank_time import (
     after_pipeline_s,
     dp_exposed_s,
@@ -20,6 +20,7 @@ from costmodel.rank_time import (
     spans,
 )
 from costmodel.registry import resolve_model
+from costmodel.schedules import Schedule
 from costmodel.specs import TrainSpec
 from planner import partition
 from planner.bounds import MemoryFit, min_max_time_s

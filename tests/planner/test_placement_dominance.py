@@ -7,9 +7,10 @@ import pytest
 
 from costmodel.estimate import estimate
 from costmodel.hardware import parse_cluster
-from costmodel.plan import Recompute, Schedule
+from costmodel.plan import Recompute
 from costmodel.rank_time import link_costs, spans
 from costmodel.registry import resolve_model
+from costmodel.schedules import Schedule
 from costmodel.specs import TrainSpec
 from planner.space import Choice, build_plan
 

@@ -11,8 +11,9 @@ from costmodel.check import check_structure
 from costmodel.estimate import estimate
 from costmodel.groups import group_orders, group_replicas, replica_groups
 from costmodel.hardware import DeviceGroup, mixed_cluster, parse_cluster
-from costmodel.plan import Plan, Recompute, Schedule
+from costmodel.plan import Plan, Recompute
 from costmodel.registry import gpt_spec, llama_spec
+from costmodel.schedules import Schedule
 from costmodel.specs import TrainSpec
 from planner.search import SearchOptions, search
 from planner.space import divisors

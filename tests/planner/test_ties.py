@@ -25,7 +25,7 @@ def test_a_schedule_without_closed_form_competes_by_simulation():
     """ZBV has no closed form: it is priced by simulation as a variant of the best plans, and
     the proof stays about the fastest closed-form plan. (Not llama-70b on 64 A100s: its best
     plans recompute, which torch's zero-bubble schedules cannot.)"""
-    from costmodel.plan import Schedule
+    from costmodel.schedules import Schedule
     model, cluster = resolve_model("llama2-13b"), parse_cluster("4x8xA100")
     # states on the device: the fastest plans offloading theirs hold too much under ZBV to fit;
     # a two-stage pipeline without TP or recomputation, whose ZBV layout fits: the fastest plans

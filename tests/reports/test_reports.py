@@ -8,8 +8,9 @@ from pathlib import Path
 
 from costmodel.estimate import estimate
 from costmodel.hardware import parse_cluster
-from costmodel.plan import PlanFile, Schedule
+from costmodel.plan import PlanFile
 from costmodel.registry import resolve_model
+from costmodel.schedules import Schedule
 from costmodel.specs import TrainSpec
 from planner.cli import main
 from planner.space import Choice, build_plan

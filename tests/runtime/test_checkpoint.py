@@ -10,7 +10,8 @@ import shutil
 import pytest
 from parity import SEED, plan_file
 
-from costmodel.plan import Recompute, Schedule
+from costmodel.plan import Recompute
+from costmodel.schedules import Schedule
 from costmodel.specs import Optimizer
 from planner.space import Choice
 from runtime import checkpoint

@@ -19,7 +19,8 @@ import torch
 from parity import SEED, plan_file, reference
 
 from costmodel.hardware import parse_cluster
-from costmodel.plan import Recompute, Schedule
+from costmodel.plan import Recompute
+from costmodel.schedules import Schedule
 from costmodel.specs import DType
 from planner.space import Choice
 from runtime.fork import run_forked

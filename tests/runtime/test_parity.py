@@ -13,7 +13,8 @@ from parity import assert_parity, distributed, plan_file, reference
 from costmodel.check import check_structure
 from costmodel.groups import replica_samples
 from costmodel.hardware import DeviceGroup, mixed_cluster
-from costmodel.plan import Recompute, Schedule
+from costmodel.plan import Recompute
+from costmodel.schedules import Schedule
 from costmodel.specs import AttentionKernel, DType, FfnKind, Optimizer, PositionKind, RouterScoring
 from planner.space import Choice
 from runtime.fork import run_forked

@@ -9,7 +9,7 @@ import pytest
 import torch
 from parity import plan_file
 
-from costmodel.plan import Schedule
+from costmodel.schedules import Schedule
 from planner.space import Choice
 from runtime.fork import run_forked
 from runtime.job import build_job
