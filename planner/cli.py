@@ -129,8 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_export_args(p)
     p.set_defaults(parser=p, func=cmd_export)
 
-    from planner.commands.run import EPILOG as RUN_EPILOG
-    from planner.commands.run import add_run_args, cmd_run
+    from planner.commands.run import cmd_run
+    from planner.commands.run_args import EPILOG as RUN_EPILOG
+    from planner.commands.run_args import add_run_args
     p = sub.add_parser("run", help="execute a plan with torch.distributed, measure it, compare with the estimate",
                        epilog=RUN_EPILOG, formatter_class=raw)
     add_run_args(p)
