@@ -1,5 +1,5 @@
-"""The user documents: scripts/results.py's page writers on a tiny fake input (no check is run),
-and the README's shape (short, few dates, the two set-up commands CI and users rely on)."""
+"""The user documents: the page writers of scripts/results.py (scripts/results_pages.py) on a tiny
+fake input (no check is run), and the README's shape (short, few dates, the two set-up commands CI and users rely on)."""
 from __future__ import annotations
 
 import re
