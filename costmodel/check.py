@@ -36,7 +36,7 @@ def world_problem(dp: int, tp: int, pp: int, cp: int, world: int) -> str | None:
 def check_structure(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> list[str]:
     problems: list[str] = []
     add = problems.append
-    for name in ("dp", "tp", "pp", "cp", "ep", "etp", "vpp", "micro_batch_size", "num_micro_batches"):
+    for name in ("dp", "tp", "pp", "cp", "ep", "etp", "vpp", "micro_batch_size", "num_micro_batches", "dp_replicate"):
         if getattr(plan, name) < 1:
             add(f"{name} must be at least 1 (got {getattr(plan, name)})")
     if problems:
@@ -80,6 +80,10 @@ def check_structure(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
     if plan.zero_stage not in (0, 1, 2, 3):
         add(f"zero_stage must be 0, 1, 2 or 3 (got {plan.zero_stage})")
     problems += offload_problems(cluster, plan.zero_stage, plan.offload_optimizer)
+    problems += hsdp_problems(model, plan.dp, plan.dp_replicate, plan.zero_stage, cluster.framework)
+    if plan.dp_replicate > 1 and cluster.is_mixed:
+        add(f"dp_replicate={plan.dp_replicate} (hybrid sharding) on a mixed cluster: its replicas' spans over "
+            "the device groups are not modelled")
     problems += activation_offload_problems(cluster, plan.offload_activations, plan.recompute, plan.schedule,
                                             plan.tp)
     if plan.fp8_linears:
@@ -129,6 +133,25 @@ def mtp_cp_problems(model: ModelSpec, cp: int, traits: FrameworkTraits) -> list[
     if model.mtp_depth and cp > 1 and not traits.mtp_with_cp:
         return [f"cp={cp} with multi-token prediction: {traits.name} does not shift its labels "
                 "across the context-parallel chunks (Megatron-Core does: --framework megatron)"]
+    return []
+
+
+def hsdp_problems(model: ModelSpec, dp: int, dp_replicate: int, zero_stage: int,
+                  traits: FrameworkTraits) -> list[str]:
+    """Hybrid sharding (Plan.dp_replicate): replicas of ZeRO shard groups of dp / dp_replicate
+    data-parallel ranks each, under a framework that runs it (`hybrid_shard`)."""
+    if dp_replicate == 1:
+        return []
+    what = f"dp_replicate={dp_replicate} (hybrid sharding)"
+    if not traits.hybrid_shard:
+        return [f"{what}: {traits.name} does not shard over part of the data-parallel ranks "
+                "(torchtitan, FSDP frameworks and this planner's runtime do)"]
+    if dp % dp_replicate or dp == dp_replicate:
+        return [f"{what} must divide dp={dp} and leave a shard group of at least 2 ranks"]
+    if zero_stage < 1:
+        return [f"{what} needs ZeRO >= 1 (zero_stage {zero_stage} shards nothing)"]
+    if model.is_moe:
+        return [f"{what} with experts: the experts' hybrid sharding is not modelled"]
     return []
 
 

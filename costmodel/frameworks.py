@@ -196,6 +196,14 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   issues a reduce-scatter (or an all-reduce) and an all-gather per unit. A unit per layer below
   ZeRO-3 would pay each collective's latency once per layer, which on gloo (a rendezvous of the
   ranks whatever the bytes) outweighs a small model's compute; the bucket bounds that count.
+- `hybrid_shard`: the framework can shard ZeRO's states over part of the data-parallel ranks and
+  replicate the shards over the rest (HSDP, Plan.dp_replicate): torchtitan's
+  `data_parallel_replicate_degree` x `data_parallel_shard_degree` (FSDP2 over a 2-D mesh: each
+  gradient reduce-scattered inside its shard group, then the shard all-reduced over the
+  replicas), FSDP1's `HYBRID_SHARD` (fms-fsdp's `sharding_strategy = "hsdp"`, Composer's
+  `sharding_strategy: HYBRID_SHARD`), and our runtime (runtime.parallel: FSDP2 over the same 2-D
+  mesh). Megatron-Core's distributed optimizer instances and DeepSpeed's hpZ are other mechanisms,
+  not priced here.
 - `zero3_gathers_per_param`: DeepSpeed ZeRO-3 gathers parameter by parameter (many small
   collectives, each paying the ring latency) rather than one flat buffer per layer as FSDP does.
 - `recompute_placement`: under interleaving, which of a rank's layers are the recomputed ones
@@ -332,6 +340,7 @@ class FrameworkTraits:
     shared_expert_tp: bool = False
     grads_reduced_after_pipeline: bool = False
     grad_overlap_zero3_only: bool = False
+    hybrid_shard: bool = False
 
 
 GENERIC = FrameworkTraits(name="generic", dp_grad_overlap=True, dp_param_overlap=True,
@@ -347,14 +356,15 @@ RUNTIME = FrameworkTraits(name="planner", dp_grad_overlap=True, dp_param_overlap
                           fsdp_master_params=True, sp_regather_exposed=True, vocab_parallel_loss=False,
                           deferred_w_keeps_graph=True, cp_all_gather_kv=True,
                           float8_casts_fused=True, dp_collectives_per_layer=True, eager_layer=True,
-                          recompute_early_stop=True, one_replica_fsdp=True, ep_folds_over_tp=True)
+                          recompute_early_stop=True, one_replica_fsdp=True, ep_folds_over_tp=True,
+                          hybrid_shard=True)
 
 # The same executor with its layers compiled (planner run --compile).
 COMPILED_RUNTIME = replace(RUNTIME, name="planner-compiled", eager_layer=False, compiled_layer=True)
 
 _MEGATRON = dict(sharded_grads_under_pp=True, zero3_gathers_per_param=False, loss_grad_in_place=True,
                  fused_grad_accumulation=True, recompute_placement="each_chunk")
-_FSDP = dict(dp_grad_overlap=True, dp_param_overlap=True, zero3_gathers_per_param=False,
+_FSDP = dict(dp_grad_overlap=True, dp_param_overlap=True, zero3_gathers_per_param=False, hybrid_shard=True,
              fsdp_master_params=True)
 _DEEPSPEED = dict(dp_grad_overlap=True, dp_param_overlap=False, sharded_grads_under_pp=True,
                   zero3_gathers_per_param=True, grads_reduced_after_pipeline=True)

@@ -276,13 +276,14 @@ class RankParams:
 
     @property
     def replicated(self) -> int:
-        """What every data-parallel rank holds alike (ZeRO shards it over dp x cp)."""
+        """What every data-parallel rank holds alike (ZeRO shards it over Plan.zero_ranks)."""
         return self.total - self.experts
 
     def zero_shard(self, plan: Plan, traits: FrameworkTraits = RUNTIME) -> float:
-        """A ZeRO shard of these parameters: the replicated ones over dp x cp, the experts over
+        """A ZeRO shard of these parameters: the replicated ones over the shard group's
+        ranks (Plan.zero_ranks: dp x cp, dp / dp_replicate x cp under hybrid sharding), the experts over
         the ranks that hold the same ones (expert_dp)."""
-        return self.replicated / (plan.dp * plan.cp) + self.experts / expert_dp(plan, traits)
+        return self.replicated / plan.zero_ranks + self.experts / expert_dp(plan, traits)
 
 
 def folds_ep(plan: Plan, traits: FrameworkTraits) -> bool:

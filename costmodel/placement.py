@@ -42,7 +42,14 @@ def group_span(order: tuple[str, ...], degrees: tuple[int, ...], axes: tuple[str
     spreads over nodes. All groups are alike when devices_per_node divides the strides, the usual
     case; otherwise this describes the first group."""
     strides = axis_strides(order, degrees)
-    members = [(strides[axis], degree) for axis, degree in zip(order, degrees) if axis in axes]
+    return _members_span(tuple((strides[axis], degree) for axis, degree in zip(order, degrees) if axis in axes),
+                         devices_per_node)
+
+
+@lru_cache(maxsize=8192)
+def _members_span(members: tuple[tuple[int, int], ...], devices_per_node: int) -> AxisSpan:
+    """group_span of the group whose axes are (stride, degree) pairs: many meshes share one
+    (the axes outside the group change only their own strides), so this is what is cached."""
     if prod(d for _, d in members) > 256:   # a data-parallel group at 16k devices: thousands of ranks
         ranks = np.zeros(1, dtype=np.int64)
         for stride, degree in members:

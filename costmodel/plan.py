@@ -62,6 +62,12 @@ class Plan:
     `group_order`: on a mixed cluster, the order in which its device groups take the ranks (a
     permutation of ClusterSpec.groups; costmodel.groups): the pipeline's stages run on the
     groups in that order. Empty (and absent from plan.json): the groups as the cluster lists them.
+    `dp_replicate`: hybrid sharding (HSDP): ZeRO shards the states over dp / dp_replicate
+    consecutive data-parallel ranks (with the cp ranks) and keeps dp_replicate replicas of each
+    shard, the outer data-parallel axis; a gradient is reduce-scattered inside its shard group and
+    the shard then all-reduced over the replicas (costmodel.rank_time.spans: `shard`, `replicas`).
+    Only under a framework that runs it (costmodel.frameworks `hybrid_shard`), with ZeRO >= 1, on a
+    dense model. Absent from a plan.json (left out at 1): 1, every data-parallel rank one shard.
     `micro_batch_sizes`: on a mixed cluster without a pipeline (pp = 1, each data-parallel
     replica inside one group), the micro-batch size of the replicas of each group (in
     ClusterSpec.groups order): every replica runs the same `num_micro_batches` (FSDP2's
@@ -92,11 +98,23 @@ class Plan:
     offload_activations: bool = False
     group_order: tuple[int, ...] = ()
     micro_batch_sizes: tuple[int, ...] = ()
+    dp_replicate: int = 1
 
     @property
     def edp(self) -> int:
         """Data-parallel ranks holding the same experts (the expert gradients' group)."""
         return self.dp // self.ep if self.ep > 0 else self.dp
+
+    @property
+    def dp_shard(self) -> int:
+        """Data-parallel ranks a ZeRO shard group holds (dp without hybrid sharding)."""
+        return self.dp // self.dp_replicate if self.dp_replicate > 0 else self.dp
+
+    @property
+    def zero_ranks(self) -> int:
+        """Ranks over which ZeRO shards the replicated parameters' states: the shard group's
+        data-parallel ranks times cp (context-parallel ranks hold the same weights)."""
+        return self.dp_shard * self.cp
 
     @property
     def world_size(self) -> int:
@@ -176,6 +194,7 @@ class Plan:
         off += " fp8" if self.fp8_linears else ""
         off += " act-offload" if self.offload_activations else ""
         mbs = "/".join(map(str, self.micro_batch_sizes)) if self.micro_batch_sizes else str(self.micro_batch_size)
+        off = f" hsdp{self.dp_replicate}x{self.dp_shard}" + off if self.dp_replicate > 1 else off
         return (f"{text} z{self.zero_stage}{off}{rc} mbs{mbs}x{self.num_micro_batches}"
                 f" {self.schedule}{mesh}")
 
@@ -188,8 +207,9 @@ class Plan:
         for key in ("group_order", "micro_batch_sizes"):   # a uniform cluster's plan.json stays as older readers know it
             if not out[key]:
                 del out[key]
-        if out["etp"] == 1:   # so does a plan without expert tensor parallelism
-            del out["etp"]
+        for key in ("etp", "dp_replicate"):   # so does a plan without expert TP or hybrid sharding
+            if out[key] == 1:
+                del out[key]
         return out
 
     @classmethod

@@ -108,7 +108,7 @@ def search(model: ModelLike, cluster: str | ClusterSpec, *, framework: str = PLA
 def predict(model: ModelLike, cluster: str | ClusterSpec, plan: Plan | dict[str, Any] | None = None, *,
             framework: str = PLANNER, tp: int = 1, pp: int = 1, cp: int = 1, dp: int | None = None, ep: int = 1,
             zero: int = 1, recompute: str = "none", sp: bool | None = None, mbs: int = 1, vpp: int = 1,
-            schedule: str | None = None, **train: Any) -> PredictAnswer:
+            schedule: str | None = None, dp_replicate: int = 1, **train: Any) -> PredictAnswer:
     """One plan's estimate: a `Plan` (or its dict, as plan.json holds it), else the degrees
     given here (the CLI's defaults). Raises UserError for a plan that is not valid or that the
     framework cannot run; a plan that does not fit is answered (`fits` False)."""
@@ -118,7 +118,8 @@ def predict(model: ModelLike, cluster: str | ClusterSpec, plan: Plan | dict[str,
     if plan is None:
         plan = build_plan(spec, train_spec, parsed, Choice(
             tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, zero_stage=zero, recompute=Recompute(recompute), sequence_parallel=sp,
-            micro_batch_size=mbs, vpp=vpp, schedule=None if schedule is None else Schedule(schedule)))
+            micro_batch_size=mbs, vpp=vpp, schedule=None if schedule is None else Schedule(schedule),
+            dp_replicate=dp_replicate))
     if problems := check_structure(spec, train_spec, parsed, plan):
         raise UserError("invalid plan: " + "; ".join(problems))
     refuse_unless_runs(framework, spec, train_spec, parsed, plan)

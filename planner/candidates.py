@@ -15,6 +15,7 @@ from costmodel.check import (
     cp_problems,
     ep_problems,
     fp8_problems,
+    hsdp_problems,
     moe_tp_problem,
     mtp_cp_problems,
     offload_problems,
@@ -192,10 +193,39 @@ def placement_groups(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, o
                 prune("global batch not divisible by dp")
             elif options.fixed.get("dp", dp) == dp:
                 for ep, etp in _expert_grids(model, cluster, options, tp, cp, pp, dp):
-                    for fp8 in allowed(options, "fp8_linears", _fp8_options(model, train, cluster, tp)):
-                        for act in allowed(options, "offload_activations", _act_offload_options(cluster, tp)):
-                            yield from _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep,
-                                                           fp8, act, etp, mine)
+                    for fp8, act, rep in itertools.product(
+                            allowed(options, "fp8_linears", _fp8_options(model, train, cluster, tp)),
+                            allowed(options, "offload_activations", _act_offload_options(cluster, tp)),
+                            replica_counts(model, cluster, options, tp, cp, dp, ep)):
+                        yield from _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep,
+                                                       fp8, act, etp, mine, rep)
+
+
+def replica_counts(model: ModelSpec, cluster: ClusterSpec, options: SearchOptions, tp: int, cp: int, dp: int,
+                   ep: int) -> list[int]:
+    """Hybrid sharding's replica counts the space holds (Plan.dp_replicate): 1, and where the
+    framework runs it (costmodel.frameworks `hybrid_shard`) on a dense model and a uniform
+    cluster (costmodel.check), every count whose shard groups (tp x cp x dp / r ranks each) fill
+    HYBRID_SHARD_NODES whole nodes with two replicas or more; a pinned count (--fix
+    dp_replicate=R) wherever check_plan takes it."""
+    traits = cluster.framework
+    if "dp_replicate" in options.fixed:
+        r = options.fixed["dp_replicate"]
+        return [r] if r == 1 or not hsdp_problems(model, dp, r, 3, traits) else []
+    if not traits.hybrid_shard or model.is_moe or ep > 1 or cluster.is_mixed:
+        return [1]
+    out = [1]
+    for r in divisors(dp)[1:-1]:
+        nodes, rest = divmod(tp * cp * dp // r, cluster.devices_per_node)
+        if not rest and nodes in HYBRID_SHARD_NODES:
+            out.append(r)
+    return out
+
+
+# The shard groups hybrid sharding is searched with, in nodes: a node's NVLink domain, as FSDP1's
+# HYBRID_SHARD takes it, or a few nodes' (torchtitan's dp_shard spans any); larger groups approach
+# full sharding, whose rings span every replica anyway
+HYBRID_SHARD_NODES = frozenset({1, 2, 4, 8})
 
 
 def _expert_grids(model: ModelSpec, cluster: ClusterSpec, options: SearchOptions, tp: int, cp: int, pp: int,
@@ -283,7 +313,7 @@ def _group_orders(cluster: ClusterSpec, options: SearchOptions, tp: int, cp: int
                                                         cluster)]
 
 
-def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8, act, etp=1, mine=lambda: True):
+def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8, act, etp=1, mine=lambda: True, rep=1):
     L, per_replica = model.num_layers, train.global_batch_size // dp
     modes = [Recompute.NONE] if options.no_recompute else list(Recompute)
     if options.space is not None and options.space.recompute_modes is not None:
@@ -294,7 +324,8 @@ def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8,
     sps = dominant(options, "sequence_parallel", [True, False] if not sp_problems(train, tp, cp) else [False],
                    True if options.space is None or options.space.sequence_parallel else False)
     sps = [sp for sp in sps if not moe_tp_problem(model, tp, sp)]
-    orders = mesh_orders({"tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep, "etp": etp}, cluster, options.space)
+    orders = mesh_orders({"tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep, "etp": etp, "dp_replicate": rep}, cluster,
+                         options.space)
     group_orders = _group_orders(cluster, options, tp, cp, pp, dp)
     if not group_orders or not orders:
         return
@@ -322,4 +353,5 @@ def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8,
                 yield Group(Choice(tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, etp=etp, zero_stage=0, recompute=mode,
                                    sequence_parallel=sp,
                                    micro_batch_size=mbs, vpp=1, schedule=None, mesh_axis_order=orders[0],
-                                   fp8_linears=fp8, offload_activations=act, group_order=groups), variants, orders)
+                                   fp8_linears=fp8, offload_activations=act, group_order=groups, dp_replicate=rep),
+                            variants, orders)

@@ -28,7 +28,8 @@ def _placements(degrees: dict[str, int], cluster: ClusterSpec,
         if cluster.is_mixed and order[0] != "pp":
             continue
         layout = _layout(order, degrees)
-        if (layouts is not None and layout not in layouts) or layout in seen or not _lays_out_ep(order, degrees, cluster):
+        if (layouts is not None and layout not in layouts) or layout in seen or not _lays_out_ep(order, degrees, cluster) \
+                or not shards_whole_nodes(order, degrees):
             continue
         seen.add(layout)
         placed.setdefault(spans(degrees_plan(**degrees, mesh_axis_order=order), cluster), order)
@@ -41,6 +42,17 @@ def _lays_out_ep(order: tuple[str, ...], degrees: dict[str, int], cluster: Clust
     ep, etp = degrees.get("ep", 1), degrees.get("etp", 1)
     return ep * etp == 1 or expert_layout(order, tuple(degrees[a] for a in order), ep, cluster.framework.ep_folds_over_tp,
                                           etp) is not None
+
+
+def shards_whole_nodes(order: tuple[str, ...], degrees: dict[str, int]) -> bool:
+    """Under hybrid sharding (degrees' dp_replicate > 1), whether each shard group is a block of
+    consecutive ranks, the pipeline outside the data-parallel axis and TP and CP inside it: then
+    its tp x cp x dp / r ranks fill whole nodes (planner.candidates.replica_counts takes only such
+    counts); otherwise its ranks are strided over nodes it shares with other groups."""
+    if degrees.get("dp_replicate", 1) == 1:
+        return True
+    i = order.index("dp")
+    return all(degrees[a] == 1 or (order.index(a) > i) == (a != "pp") for a in ("pp", "cp", "tp"))
 
 
 def _layout(order: tuple[str, ...], degrees: dict[str, int]) -> tuple[str, ...]:

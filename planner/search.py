@@ -181,7 +181,8 @@ def unsatisfiable_constraints(model: ModelSpec, train: TrainSpec, cluster: Clust
     for base, group in time_groups(model, train, cluster, free, lambda reason: None):
         for vpp, schedule in group:
             for states in placements:
-                if not states_for_group(states, base.dp * base.cp > 1):
+                if not states_for_group(states, base.dp * base.cp > 1) or (base.dp_replicate > 1
+                                                                           and states.zero_stage == 0):
                     continue
                 choice = replace(base, vpp=vpp, schedule=schedule, **states._asdict())
                 for name, seen in possible.items():
@@ -190,7 +191,7 @@ def unsatisfiable_constraints(model: ModelSpec, train: TrainSpec, cluster: Clust
     if cluster.is_mixed:   # replicas on groups (planner.shares): no pipeline
         for tp, cp, dp, _, sps in replica_degrees(model, train, cluster, free):
             values = {"pp": {1}, "tp": {tp}, "cp": {cp}, "dp": {dp}, "sequence_parallel": set(sps), "vpp": {1},
-                      "ep": {1}, "etp": {1}, "schedule": {Schedule.ONE_F_ONE_B}, "micro_batch_size": set(range(1, MAX_MICRO_BATCH + 1)),
+                      "ep": {1}, "etp": {1}, "dp_replicate": {1}, "schedule": {Schedule.ONE_F_ONE_B}, "micro_batch_size": set(range(1, MAX_MICRO_BATCH + 1)),
                       "zero_stage": {o.zero_stage for o in placements if not o.offload_optimizer}}
             for name, seen in possible.items():
                 seen |= values.get(name, set())
@@ -201,6 +202,9 @@ def unsatisfiable_constraints(model: ModelSpec, train: TrainSpec, cluster: Clust
                             f"unpinned, it lays its best plans out under {value} and prices them by simulation "
                             f"(the table's rows say their schedule); to price one plan under it: planner predict "
                             f"--schedule {value}")
+        elif name == "dp_replicate" and value != 1 and not cluster.framework.hybrid_shard:
+            problems.append(f"dp_replicate={value}: {cluster.framework.name} does not shard over part of the "
+                            "data-parallel ranks (hybrid sharding: --framework torchtitan or planner)")
         elif value not in possible[name]:
             shown = ", ".join(str(v) for v in sorted(possible[name]))
             problems.append(f"{name}={value} is not possible for {model.name} on {cluster.name} "

@@ -95,6 +95,9 @@ class SharedModels:
         # is named as its alternative (`zero1_twin`), not searched again
         one, two = STATE_OPTIONS.index(States(1, False)), STATE_OPTIONS.index(States(2, False))
         self._twin = (one, two) if self.zero_allowed[one] and self.zero_allowed[two] else None
+        # hybrid sharding weighed with FSDP (ZeRO-3), as torchtitan and FSDP1's HYBRID_SHARD run it,
+        # where it keeps each micro-batch's gathers inside the shard group; pinned, with any ZeRO >= 1
+        self._hybrid_zero = 1 if "dp_replicate" in options.fixed else 3
         self._times: dict[tuple, TimedChoice] = {}
         self._zero: dict[tuple, float] = {}
         self._memory: dict[tuple, tuple[MemoryFit, Plan]] = {}
@@ -118,7 +121,8 @@ class SharedModels:
         space = self.options.space
         with_pp = space.zero_stages_with_pp if space is not None and base.pp > 1 else None
         return [i for i, (o, ok) in enumerate(zip(STATE_OPTIONS, self.zero_allowed))
-                if ok and i != skip and states_for_group(o, sharded) and (with_pp is None or o.zero_stage in with_pp)]
+                if ok and i != skip and states_for_group(o, sharded) and (with_pp is None or o.zero_stage in with_pp)
+                and (base.dp_replicate == 1 or o.zero_stage >= self._hybrid_zero)]
 
     def zero1_twin(self, plan: Plan) -> tuple[Plan, ...]:
         """(the plan under ZeRO-2,) where it was left out for pricing as this ZeRO-1 plan."""
@@ -129,8 +133,8 @@ class SharedModels:
 
     def time_model(self, base: Choice) -> "TimedChoice":
         """`base`: a choice with one virtual stage and no schedule (time_groups)."""
-        key = (base.tp, base.cp, base.pp, base.dp, (base.ep, base.etp), base.micro_batch_size, base.sequence_parallel,
-               base.recompute, base.fp8_linears, base.offload_activations, base.mesh_axis_order)
+        key = (base.tp, base.cp, base.pp, base.dp, (base.ep, base.etp, base.dp_replicate), base.micro_batch_size,
+               base.sequence_parallel, base.recompute, base.fp8_linears, base.offload_activations, base.mesh_axis_order)
         if key not in self._times:
             if self.cluster.is_mixed:
                 probe = replace(self._probe(base), mesh_axis_order=base.mesh_axis_order)
@@ -147,17 +151,18 @@ class SharedModels:
 
     def _probe(self, base: Choice) -> Plan:
         """A plan of the choice under some placement (the same choice under another differs only in its order)."""
-        key = (base.tp, base.cp, base.pp, base.dp, (base.ep, base.etp), base.micro_batch_size, base.sequence_parallel,
-               base.recompute, base.fp8_linears, base.offload_activations)
+        key = (base.tp, base.cp, base.pp, base.dp, (base.ep, base.etp, base.dp_replicate), base.micro_batch_size,
+               base.sequence_parallel, base.recompute, base.fp8_linears, base.offload_activations)
         if key not in self._probes:
             self._probes[key] = build_plan(self.model, self.train, self.cluster, base)
         return self._probes[key]
 
     def _spans(self, base: Choice, order: tuple[str, ...]) -> Spans:
-        key = (base.tp, base.cp, base.pp, base.dp, (base.ep, base.etp), order)
+        key = (base.tp, base.cp, base.pp, base.dp, (base.ep, base.etp, base.dp_replicate), order)
         if key not in self._order_spans:
             self._order_spans[key] = spans(degrees_plan(dp=base.dp, tp=base.tp, pp=base.pp, cp=base.cp, ep=base.ep,
-                                                        etp=base.etp, mesh_axis_order=order), self.cluster)
+                                                        etp=base.etp, mesh_axis_order=order,
+                                                        dp_replicate=base.dp_replicate), self.cluster)
         return self._order_spans[key]
 
     def _rtm(self, base: Choice, sp: Spans, shape: TimeShape | None = None) -> RankTimeModel:
@@ -184,7 +189,7 @@ class SharedModels:
         return slowest_rank_floor_s(self.model, [models[g].per_layer.total_s for g in rank_groups(probe, self.cluster)])
 
     def _zero_floors_s(self, c: Choice, num_micro_batches: int, sp: Spans) -> tuple[float, ...]:
-        key = (c.tp, c.pp, c.dp * c.cp, num_micro_batches, sp.dp, sp.edp, c.ep, c.etp)
+        key = (c.tp, c.pp, c.dp * c.cp, num_micro_batches, sp.dp, sp.edp, sp.shard, sp.replicas, c.ep, c.etp)
         if key not in self._zero:
             self._zero[key] = tuple(min(zero_floor_s(self.model, self.train, view, c.tp, c.pp, c.dp * c.cp,
                                                      o.zero_stage, num_micro_batches, sp, c.ep, o.offload_optimizer,
@@ -250,7 +255,8 @@ class SharedModels:
         base = group.base
         for vpp in dict.fromkeys(v for v, _ in group.variants):
             for z in zeros:
-                key = (base.tp, base.cp, base.pp, base.dp, (base.ep, base.etp), z, vpp, base.group_order)
+                key = (base.tp, base.cp, base.pp, base.dp, (base.ep, base.etp, base.dp_replicate), z, vpp,
+                       base.group_order)
                 if key not in self._floors:
                     probe = self._vpp_probes.get(key[:5] + (vpp,))
                     if probe is None:
@@ -265,7 +271,8 @@ class SharedModels:
         """planner.bounds.states_floor's fit under STATE_OPTIONS[zero] (`plan`: the choice under
         any placement of states). It reads only the degrees, the placement of states and the
         virtual stages (and the groups' order, for the caps), which many choices share."""
-        key = (base.tp, base.cp, base.pp, base.dp, (base.ep, base.etp), zero, plan.vpp, base.group_order)
+        key = (base.tp, base.cp, base.pp, base.dp, (base.ep, base.etp, base.dp_replicate), zero, plan.vpp,
+               base.group_order)
         if key not in self._floors:
             placed = replace(plan, **STATE_OPTIONS[zero]._asdict())
             floor = states_floor(self.model, self.train, placed, self.cluster.device.efficiency.reserved_memory_bytes,
@@ -275,8 +282,8 @@ class SharedModels:
 
     @staticmethod
     def _memory_key(c: Choice, vpp: int, schedule: Schedule, zero: int) -> tuple:
-        return (c.tp, c.cp, c.pp, c.dp, (c.ep, c.etp), zero, c.recompute, c.sequence_parallel, c.micro_batch_size, vpp,
-                schedule, c.fp8_linears, c.offload_activations, c.group_order)
+        return (c.tp, c.cp, c.pp, c.dp, (c.ep, c.etp, c.dp_replicate), zero, c.recompute, c.sequence_parallel,
+                c.micro_batch_size, vpp, schedule, c.fp8_linears, c.offload_activations, c.group_order)
 
     def pipeline_floor_s(self, base: Choice, zero: int, plan: Plan, fit: MemoryFit,
                          enough_s: float = math.inf) -> float:
@@ -312,7 +319,7 @@ class SharedModels:
     def _optimizer_floors_s(self, c: Choice) -> tuple[float, ...]:
         """planner.bounds.optimizer_floor_s per state placement (STATE_OPTIONS); 0 where the
         search does not allow it."""
-        key = (c.tp, c.pp, c.dp * c.cp, c.ep, c.etp)
+        key = (c.tp, c.pp, c.dp * c.cp, c.dp_replicate, c.ep, c.etp)
         if key not in self._optimizer:
             self._optimizer[key] = tuple(
                 optimizer_floor_s(self.model, self.train, self.cluster, c.tp, c.pp, c.dp * c.cp, o.zero_stage, c.ep,

@@ -36,6 +36,7 @@ class Choice:
     offload_activations: bool = False   # the layers' saved activations on the host
     group_order: tuple[int, ...] = ()   # a mixed cluster's groups along the ranks (Plan.group_order)
     micro_batch_sizes: tuple[int, ...] = ()   # per group, replicas on a mixed cluster (Plan.micro_batch_sizes)
+    dp_replicate: int = 1   # hybrid sharding: replicas of the ZeRO shard groups (Plan.dp_replicate)
 
 
 def build_plan(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, choice: Choice) -> Plan:
@@ -76,7 +77,8 @@ def build_plan(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, choice:
                  vpp=choice.vpp, layers_per_stage=layers, mesh_axis_order=tuple(choice.mesh_axis_order),
                  ep=choice.ep, etp=choice.etp, offload_optimizer=choice.offload_optimizer,
                  fp8_linears=choice.fp8_linears,
-                 offload_activations=choice.offload_activations, group_order=tuple(choice.group_order))
+                 offload_activations=choice.offload_activations, group_order=tuple(choice.group_order),
+                 dp_replicate=choice.dp_replicate)
     if choice.recompute is Recompute.NONE:
         counts = (0,) * choice.pp
     else:
@@ -115,7 +117,7 @@ def _shared_micro_batches(train: TrainSpec, cluster: ClusterSpec, choice: Choice
 def degrees_plan(*, dp: int, tp: int, pp: int, cp: int, zero_stage: int = 0, num_micro_batches: int = 1,
                  mesh_axis_order: tuple[str, ...] = DEFAULT_AXIS_ORDER, num_layers: int | None = None,
                  ep: int = 1, offload_optimizer: bool = False, group_order: tuple[int, ...] = (),
-                 etp: int = 1) -> Plan:
+                 etp: int = 1, dp_replicate: int = 1) -> Plan:
     """A concrete plan that fixes only degrees (and ZeRO stage / micro-batch count): for asking
     the cost model questions that depend on nothing else, such as placement or DP collectives."""
     layers = num_layers or pp
@@ -123,7 +125,7 @@ def degrees_plan(*, dp: int, tp: int, pp: int, cp: int, zero_stage: int = 0, num
                 recompute_num_layers=(0,) * pp, sequence_parallel=False, micro_batch_size=1,
                 num_micro_batches=num_micro_batches, schedule=default_schedule(1), vpp=1,
                 layers_per_stage=even_layers(layers, pp), mesh_axis_order=mesh_axis_order, ep=ep, etp=etp,
-                offload_optimizer=offload_optimizer, group_order=group_order)
+                offload_optimizer=offload_optimizer, group_order=group_order, dp_replicate=dp_replicate)
 
 
 def divisors(n: int) -> list[int]:

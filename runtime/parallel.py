@@ -14,6 +14,9 @@ and pipelining; all match a single process, see shared/reference/torch-on-cpu-no
           once per step (Megatron-LM's distributed optimizer).
   ZeRO-0: replicate everything, all-reduce gradients once per step (DDP): FSDP2 over a
           (dp, 1) mesh, i.e. HSDP whose shard group has one member.
+Hybrid sharding (Plan.dp_replicate = r > 1, ZeRO >= 1) is the same FSDP2 over a 2-D mesh: dp
+cut into dp_out (r replicas, outer) and dp_in (the shard group, inner, with cp), so each
+reduce-scatter inside the group is followed by an all-reduce over the replicas.
 An FSDP unit is a layer under ZeRO-3 and expert parallelism; below ZeRO-3 it groups consecutive
 layers up to a bucket's size (costmodel.params.fsdp_unit_layers, Megatron-Core's DDP bucket),
 from the last layer back, the first few (all of a stage's small layers) left to the stage's root
@@ -101,6 +104,11 @@ def mesh_layout(plan: Plan, fold: bool = False) -> tuple[tuple[str, ...], tuple[
     """(axis names, sizes) of the world mesh, outermost first: the plan's axes, each one an
     expert-parallel group cuts as two (expert_layout_for), and the free unit axes."""
     layout = expert_layout_for(plan, fold)
+    if layout is None and plan.dp_replicate > 1:   # hybrid sharding: the replicas outer, the shard group inner
+        names = [d for a in plan.mesh_axis_order for d in (("dp_out", "dp_in") if a == "dp" else (a,))]
+        sizes = [s for a in plan.mesh_axis_order
+                 for s in ((plan.dp_replicate, plan.dp_shard) if a == "dp" else (plan.degree(a),))]
+        return (*names, UNIT_AXIS), (*sizes, 1)
     if layout is None:
         order = plan.mesh_axis_order
         return (*order, UNIT_AXIS), (*(plan.degree(a) for a in order), 1)
@@ -115,11 +123,11 @@ def build_mesh(plan: Plan, device_type: str, fold: bool = False) -> DeviceMesh:
     unit dim, so never empty)."""
     names, shape = mesh_layout(plan, fold)
     mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
+    for axis in plan.mesh_axis_order:   # a plan axis cut in two (EP, hybrid sharding): its parts as one
+        if axis not in names:
+            mesh[root_dims(mesh, axis)]._flatten(axis)
     layout = expert_layout_for(plan, fold)
     if layout is not None:
-        for axis in plan.mesh_axis_order:
-            if axis not in names:
-                mesh[root_dims(mesh, axis)]._flatten(axis)
         for group, axes in (("ep", layout.ep_axes), ("etp", layout.etp_axes)):
             if axes:
                 mesh[in_root_order(mesh, *map(_root_name, axes))]._flatten(group)
@@ -237,7 +245,15 @@ def _sliced(mesh: DeviceMesh, *names: str) -> DeviceMesh:
 
 
 def dp_mesh_for(mesh: DeviceMesh, plan: Plan) -> DeviceMesh:
-    """ZeRO shards over dp x cp (CP ranks hold the same weights), as costmodel.memory counts."""
+    """ZeRO shards over dp x cp (CP ranks hold the same weights), as costmodel.memory counts;
+    under hybrid sharding (Plan.dp_replicate) over the shard group's dp_in x cp ranks, the dp_out
+    replicas the outer dim of FSDP2's 2-D mesh (HSDP: reduce-scatter inside the shard group, then
+    all-reduce over the replicas)."""
+    if plan.dp_replicate > 1:
+        if plan.cp == 1:
+            return _sliced(mesh, "dp_out", "dp_in")
+        mesh[in_root_order(mesh, "dp_in", "cp")]._flatten("dp_in_cp")
+        return _sliced(mesh, "dp_out", "dp_in_cp")
     if plan.cp == 1:
         return _sliced(mesh, "dp", UNIT_AXIS) if plan.zero_stage == 0 else _sliced(mesh, "dp")
     flat = mesh[in_root_order(mesh, "dp", "cp")]._flatten("dp_cp")

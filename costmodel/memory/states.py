@@ -63,10 +63,11 @@ def reduces_every_micro_batch(plan: Plan, traits: FrameworkTraits) -> bool:
 def state_bytes_for(train: TrainSpec, plan: Plan, n: float, traits: FrameworkTraits = RUNTIME,
                     *, experts: float = 0.0) -> tuple[float, float, float]:
     """States of `n` parameter elements on a device, `experts` of them routed experts: CP ranks
-    hold the same weights, so ZeRO shards the others over dp x cp, and the experts over the
+    hold the same weights, so ZeRO shards the others over dp x cp (the shard group's dp / dp_replicate
+    x cp under hybrid sharding: Plan.zero_ranks), and the experts over the
     edp x cp ranks that hold the same ones (Plan.ep)."""
     replicated = n - experts
-    out = state_bytes_from_counts(train, plan, replicated, replicated / (plan.dp * plan.cp), traits)
+    out = state_bytes_from_counts(train, plan, replicated, replicated / plan.zero_ranks, traits)
     if not experts:
         return out
     more = state_bytes_from_counts(train, plan, experts, experts / expert_dp(plan, traits), traits)

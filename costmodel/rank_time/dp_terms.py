@@ -147,7 +147,7 @@ def grads_overlap_backward(plan: Plan, traits: FrameworkTraits) -> bool:
     return traits.dp_grad_overlap
 
 
-def dp_term_comm_s(term: DpTerm, n_params: float, cluster: ClusterSpec, span: AxisSpan,
+def dp_term_comm_s(term: DpTerm, n_params: float, cluster: ClusterSpec, span: "DpSpan",
                    unit_params: float) -> float:
     """Seconds of one synchronisation of `n_params` parameters; `unit_params`: one layer's. At
     the device's `dp_comm` over the links' fitted efficiency and latency alike
@@ -156,12 +156,30 @@ def dp_term_comm_s(term: DpTerm, n_params: float, cluster: ClusterSpec, span: Ax
     TP plans too slow."""
     scale = term.scale / cluster.device.efficiency.dp_comm
     if not term.pieces_per_layer:
-        return scale * term.units * sum(collective_time_s(kind, bpp * n_params / term.units, span, cluster)
+        return scale * term.units * sum(_collective_s(kind, bpp * n_params / term.units, span, cluster)
                                         for kind, bpp in term.collectives)
     k = term.pieces_per_layer
-    per_unit = sum(k * collective_time_s(kind, bpp * unit_params / k, span, cluster)
+    per_unit = sum(k * _collective_s(kind, bpp * unit_params / k, span, cluster)
                    for kind, bpp in term.collectives)
     return scale * n_params / unit_params * per_unit
+
+
+@dataclass(frozen=True, slots=True)
+class DpSpan:
+    """Where a gradient group's collectives run: its ZeRO shard group, and under hybrid sharding
+    (Plan.dp_replicate) the replicas each reduced shard is then all-reduced over."""
+    group: AxisSpan
+    replicas: AxisSpan
+
+
+def _collective_s(kind: Collective, num_bytes: float, span: DpSpan, cluster: ClusterSpec) -> float:
+    """One collective of a DP term over its shard group; a reduce-scatter under hybrid sharding
+    also all-reduces the 1/group shard it leaves over the replicas (FSDP2's HSDP, FSDP1's
+    HYBRID_SHARD)."""
+    out = collective_time_s(kind, num_bytes, span.group, cluster)
+    if kind is Collective.REDUCE_SCATTER and span.replicas.size > 1:
+        out += collective_time_s(Collective.ALL_REDUCE, num_bytes / span.group.size, span.replicas, cluster)
+    return out
 
 
 def dp_window_s(term: DpTerm, times: RankTimes, overlap: float) -> float:
@@ -204,7 +222,7 @@ def dp_unit_layers(model: ModelSpec, plan: Plan, traits: FrameworkTraits) -> int
 
 
 def dp_groups(model: ModelSpec, plan: Plan, sp: Spans, held: RankParams,
-              traits: FrameworkTraits) -> list[tuple[float, float, AxisSpan]]:
+              traits: FrameworkTraits) -> list[tuple[float, float, DpSpan]]:
     """(parameters, one DP unit's of them, span) per gradient group of a device holding `held`:
     everything over dp x cp; under expert parallelism the routed experts over edp x cp apart. A
     unit of several layers (dp_unit_layers) counts its collectives by the rank's parameters over
@@ -212,10 +230,10 @@ def dp_groups(model: ModelSpec, plan: Plan, sp: Spans, held: RankParams,
     beside a root of about one unit's size, within a unit's latency otherwise."""
     layer = layer_params(model, plan.tp, plan.ep, plan.etp, traits.shared_expert_tp)
     if plan.ep * plan.etp == 1:
-        return [(held.total, dp_unit_layers(model, plan, traits) * layer, sp.dp)]
-    experts = layer_expert_params(model, plan.ep, plan.etp)
-    return [(held.replicated, layer - experts, sp.dp),
-            (held.experts, experts, sp.edp)]
+        return [(held.total, dp_unit_layers(model, plan, traits) * layer, DpSpan(sp.shard, sp.replicas))]
+    experts = layer_expert_params(model, plan.ep, plan.etp)   # no hybrid sharding (check.hsdp_problems)
+    return [(held.replicated, layer - experts, DpSpan(sp.dp, sp.replicas)),
+            (held.experts, experts, DpSpan(sp.edp, sp.replicas))]
 
 
 def tp_replica_sync_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec, sp: Spans,
@@ -237,7 +255,7 @@ def tp_replica_sync_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: C
     # (expert_dp) holds every rank with the same experts, nothing left to sum over TP
     experts = 0 if folds_ep(plan, cluster.framework) else layer_expert_params(model, plan.ep, plan.etp)
     whole = moe_tp_replicated_params(model, cluster.framework.shared_expert_tp)
-    shard = (whole + qk_norm_params(model) + mla) / (plan.dp * plan.cp if sharded else 1)
+    shard = (whole + qk_norm_params(model) + mla) / (plan.zero_ranks if sharded else 1)
     if experts:
         shard += experts / (expert_dp(plan, cluster.framework) if sharded else 1)
     return collective_time_s(Collective.ALL_REDUCE, layers * shard * train.grad_dtype.num_bytes, sp.tp, cluster)

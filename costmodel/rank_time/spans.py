@@ -21,6 +21,11 @@ class Spans:
     ep: AxisSpan  # the token all-to-all group (placement.expert_layout)
     etp: AxisSpan  # the ranks splitting each expert (expert TP), which gather the routed rows
     edp: AxisSpan  # the experts' gradient group: the ranks holding the same experts
+    # hybrid sharding (Plan.dp_replicate): the ZeRO shard group (dp / dp_replicate inner
+    # data-parallel ranks x cp) and the replicas of a shard (the outer dp_replicate ranks);
+    # without it the shard group is dp and the replicas one rank
+    shard: AxisSpan
+    replicas: AxisSpan
 
 
 def split_dp_axis(order: tuple[str, ...], degrees: tuple[int, ...], ep: int) -> tuple[tuple, tuple]:
@@ -32,7 +37,7 @@ def split_dp_axis(order: tuple[str, ...], degrees: tuple[int, ...], ep: int) -> 
 
 def spans(plan: Plan, cluster: ClusterSpec) -> Spans:
     return _spans(plan.mesh_axis_order, tuple(plan.degree(a) for a in plan.mesh_axis_order), plan.ep,
-                  cluster.devices_per_node, folds_ep(plan, cluster.framework), plan.etp)
+                  cluster.devices_per_node, folds_ep(plan, cluster.framework), plan.etp, plan.dp_replicate)
 
 
 _ONE = AxisSpan(size=1, members_per_node=1, num_nodes=1)
@@ -40,19 +45,35 @@ _ONE = AxisSpan(size=1, members_per_node=1, num_nodes=1)
 
 @lru_cache(maxsize=16384)
 def _spans(mesh_order: tuple[str, ...], mesh_degrees: tuple[int, ...], ep: int, dpn: int,
-           fold: bool = False, etp: int = 1) -> Spans:
+           fold: bool = False, etp: int = 1, dp_replicate: int = 1) -> Spans:
     """Cached per layout (the search asks for the same few thousand many times; each group_span
     walks its group's ranks, thousands of them at 16k devices). The expert groups as
     placement.expert_layout lays them out: carved from dp, or folded over TP, CP and DP
     (params.folds_ep)."""
     dp = group_span(mesh_order, mesh_degrees, ("dp", "cp"), dpn)
     tp, cp, pp = (group_span(mesh_order, mesh_degrees, (a,), dpn) for a in ("tp", "cp", "pp"))
+    shard, replicas = _hybrid_spans(mesh_order, mesh_degrees, dp_replicate, dpn) if dp_replicate > 1 else (dp, _ONE)
     if ep * etp == 1:   # the experts' group is the gradient group and EP is one rank
-        return Spans(tp=tp, cp=cp, pp=pp, dp=dp, ep=_ONE, etp=_ONE, edp=dp)
+        return Spans(tp=tp, cp=cp, pp=pp, dp=dp, ep=_ONE, etp=_ONE, edp=dp, shard=shard, replicas=replicas)
     layout = expert_layout(mesh_order, mesh_degrees, ep, fold, etp)
     return Spans(tp=tp, cp=cp, pp=pp, dp=dp, ep=group_span(layout.order, layout.degrees, layout.ep_axes, dpn),
                  etp=group_span(layout.order, layout.degrees, layout.etp_axes, dpn) if etp > 1 else _ONE,
-                 edp=group_span(layout.order, layout.degrees, layout.edp_axes, dpn))
+                 edp=group_span(layout.order, layout.degrees, layout.edp_axes, dpn), shard=shard, replicas=replicas)
+
+
+REPLICATE_AXIS, SHARD_AXIS = "dp_replicate", "dp_shard"   # hybrid sharding's two parts of dp
+
+
+def _hybrid_spans(order: tuple[str, ...], degrees: tuple[int, ...], dp_replicate: int,
+                  dpn: int) -> tuple[AxisSpan, AxisSpan]:
+    """The shard group and the replicas of hybrid sharding: the dp axis split into dp_replicate
+    (outer) x dp / dp_replicate (inner), as runtime.parallel.build_mesh and torchtitan's mesh
+    (dp_replicate, dp_shard, cp, tp) lay them out."""
+    i = order.index("dp")
+    split_order = order[:i] + (REPLICATE_AXIS, SHARD_AXIS) + order[i + 1:]
+    split = degrees[:i] + (dp_replicate, degrees[i] // dp_replicate) + degrees[i + 1:]
+    return (group_span(split_order, split, (SHARD_AXIS, "cp"), dpn),
+            group_span(split_order, split, (REPLICATE_AXIS,), dpn))
 
 
 def link_costs(sp: Spans, cluster: ClusterSpec) -> tuple[float, ...]:
@@ -63,7 +84,7 @@ def link_costs(sp: Spans, cluster: ClusterSpec) -> tuple[float, ...]:
     whose every entry is at least another's is never faster (the search drops it). Keep this in
     step with the functions below that take a span."""
     out: list[float] = []
-    for span in (sp.tp, sp.cp, sp.pp, sp.dp, sp.ep, sp.etp, sp.edp):
+    for span in (sp.tp, sp.cp, sp.pp, sp.dp, sp.ep, sp.etp, sp.edp, sp.shard, sp.replicas):
         out.extend(_group_link_costs(span, cluster))
     for tier in (cluster.pipeline_tier(sp.pp.num_nodes), cluster.device.tier_for(sp.cp.num_nodes)):
         out.extend(_affine(lambda b: p2p_time_s(b, tier)))  # noqa: B023

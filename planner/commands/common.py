@@ -92,6 +92,11 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                         "divides the experts' width")
     g.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=1,
                    help="0 replicated (DDP), 1 optimizer sharded, 2 +gradients, 3 +weights (FSDP)")
+    g.add_argument("--dp-replicate", type=DEGREE, default=1, metavar="R",
+                   help="hybrid sharding (HSDP): ZeRO shards over dp/R data-parallel ranks and keeps R replicas "
+                        "of each shard, the gradient shards all-reduced over them (torchtitan's "
+                        "data_parallel_replicate_degree; --framework torchtitan or this planner's runtime; "
+                        "--zero >= 1, dense models; default 1: one shard group of all dp ranks)")
     g.add_argument("--offload-optimizer", action="store_true",
                    help="keep the sharded optimizer states (fp32 master weights, moments, reduced gradients) in "
                         "host memory and step them on the host, ZeRO-Offload as FSDP2's CPUOffloadPolicy runs it; "
@@ -142,7 +147,8 @@ def choice_from_args(args: argparse.Namespace) -> Choice:
                   schedule=Schedule(args.schedule) if args.schedule else None,
                   mesh_axis_order=tuple(a.strip() for a in args.mesh_order.split(",")),
                   group_order=parse_group_order(args.group_order),
-                  micro_batch_sizes=parse_ints(args.group_mbs, "--group-mbs", "1,3"))
+                  micro_batch_sizes=parse_ints(args.group_mbs, "--group-mbs", "1,3"),
+                  dp_replicate=args.dp_replicate)
 
 
 def _vpp(args: argparse.Namespace) -> int:

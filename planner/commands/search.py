@@ -39,7 +39,8 @@ from planner.search import (
 _YES_NO = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 # --fix KEY=VALUE: the plan field it pins and how to read the value
 FIXABLE = {"dp": ("dp", int), "tp": ("tp", int), "pp": ("pp", int), "cp": ("cp", int), "ep": ("ep", int),
-           "etp": ("etp", int), "vpp": ("vpp", int), "mbs": ("micro_batch_size", int), "zero": ("zero_stage", int),
+           "etp": ("etp", int), "dp_replicate": ("dp_replicate", int), "vpp": ("vpp", int),
+           "mbs": ("micro_batch_size", int), "zero": ("zero_stage", int),
            "schedule": ("schedule", Schedule), "recompute": ("recompute", Recompute),
            "sp": ("sequence_parallel", lambda v: _YES_NO[v.lower()]),
            "offload": ("offload_optimizer", lambda v: _YES_NO[v.lower()]),

@@ -111,6 +111,14 @@ def activations_on_device(adj: Adjusted, target: str) -> None:
                    offload_activations=False)
 
 
+def one_shard_group(adj: Adjusted, target: str, what: str) -> None:
+    """Hybrid sharding (Plan.dp_replicate) where the target has none: ZeRO over every
+    data-parallel rank, as `what` shards."""
+    if adj.plan.dp_replicate > 1:
+        adj.change(f"hybrid sharding (dp_replicate={adj.plan.dp_replicate}): {target} shards {what} over all "
+                   "data-parallel ranks; one shard group", dp_replicate=1)
+
+
 def recompute_is_uniform(plan: Plan) -> bool:
     """Every rank recomputes all its layers (or there is no recomputation)."""
     return plan.recompute is Recompute.NONE or all(

@@ -26,6 +26,7 @@ from planner.exports.common import (
     Adjusted,
     activations_on_device,
     fold_cp_into_dp,
+    one_shard_group,
     recompute_is_uniform,
     to_even_layers,
     to_rank_order,
@@ -43,6 +44,7 @@ ORDER = ("pp", "dp", "cp", "tp")   # DeepSpeed's PipeModelDataParallelTopology: 
 
 def nearest(pf: PlanFile) -> Adjusted:
     adj = Adjusted(pf.plan)
+    one_shard_group(adj, "DeepSpeed", "ZeRO")
     layers = pf.model.num_layers
     plan = adj.plan
     if plan.pp > 1 and (plan.schedule is not Schedule.ONE_F_ONE_B or plan.vpp > 1):

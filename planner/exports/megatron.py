@@ -35,6 +35,7 @@ from planner.exports.common import (
     CannotExport,
     activations_on_device,
     layout,
+    one_shard_group,
     recompute_is_uniform,
     to_rank_order,
     to_schedule,
@@ -56,6 +57,7 @@ def nearest(pf: PlanFile) -> Adjusted:
         raise CannotExport("megatron cannot run this plan: Megatron-LM has no attention and MLP in parallel "
                            "on the layer input (the model's parallel residual)")
     adj = Adjusted(pf.plan)
+    one_shard_group(adj, "Megatron-LM", "its distributed optimizer")
     layers = pf.model.num_layers
     plan = adj.plan
     if plan.schedule is Schedule.GPIPE:

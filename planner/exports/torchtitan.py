@@ -10,6 +10,7 @@ torchtitan cannot say, and the nearest it runs (each a line of the export):
   layers per rank is said as every n-th layer where the ranks' shares allow it, else all layers;
   our selective (core attention) is none of torchtitan's, so full.
 - Rank order: pp, dp_replicate, dp_shard, cp, tp (outermost first); other mesh orders become it.
+  Hybrid sharding (Plan.dp_replicate) is its data_parallel_replicate x data_parallel_shard.
 - Models: the Llama 3 flavours are named; any other model needs a flavour (or a train spec) of
   its own in torchtitan, whose dimensions the export lists.
 """
@@ -139,8 +140,8 @@ def sections(pf: PlanFile, plan: Plan) -> dict[str, dict]:
     local = plan.micro_batch_size * plan.num_micro_batches if plan.pp > 1 else plan.micro_batch_size
     zero0 = plan.zero_stage == 0
     parallelism = {
-        "data_parallel_replicate_degree": plan.dp if zero0 else 1,
-        "data_parallel_shard_degree": 1 if zero0 else plan.dp,
+        "data_parallel_replicate_degree": plan.dp if zero0 else plan.dp_replicate,
+        "data_parallel_shard_degree": 1 if zero0 else plan.dp_shard,
         "fsdp_reshard_after_forward": "always" if plan.zero_stage == 3 else "never",
         "tensor_parallel_degree": plan.tp,
         "context_parallel_degree": plan.cp,

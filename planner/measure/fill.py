@@ -123,7 +123,7 @@ def best_plan_for_row(row: dict[str, str], model: ModelSpec, train: TrainSpec, c
     found = []
     for zero in zeros:
         # the table has no offload column: none of its runs kept states or activations on the host
-        fixed = {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "ep": ep, **stated, **zero,
+        fixed = {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "ep": ep, "dp_replicate": _replicas(row, dp), **stated, **zero,
                  "offload_optimizer": False, "offload_activations": False, "fp8_linears": train.float8}
         options = SearchOptions(top_k=FRAMEWORK_LAYOUTS, fixed=fixed, max_tp=max(tp, cluster.devices_per_node),
                                 time_limit_s=time_limit_s / len(zeros), schedules=_schedules(row), error_band=0.0)
@@ -145,6 +145,13 @@ def best_plan_for_row(row: dict[str, str], model: ModelSpec, train: TrainSpec, c
     return plan, est, {k: v for k, v in filled.items() if k in fillable}
 
 
+def _replicas(row: dict[str, str], dp: int) -> int:
+    """Optional column dp_replicate: hybrid sharding's replicas of the ZeRO shard groups
+    (Plan.dp_replicate; FSDP's HYBRID_SHARD, torchtitan's data_parallel_replicate_degree); empty:
+    one shard group of every data-parallel rank."""
+    return int_cell(row, "dp_replicate", 1, high=dp)
+
+
 # The search's best plans laid out as the framework runs them, the fastest kept: a search plan that
 # recomputes some layers may lead a no-recompute one by a hair and lose by a quarter once every
 # layer is recomputed (megatron_h100_119B: a plan recomputing 2 layers leads by a hair and,
@@ -157,7 +164,8 @@ def _choice_of(plan: Plan) -> Choice:
     """What the framework's layout keeps of a search plan: its degrees and modes."""
     return Choice(tp=plan.tp, pp=plan.pp, cp=plan.cp, dp=plan.dp, ep=plan.ep, zero_stage=plan.zero_stage,
                   recompute=plan.recompute, sequence_parallel=plan.sequence_parallel,
-                  micro_batch_size=plan.micro_batch_size, vpp=plan.vpp, fp8_linears=plan.fp8_linears)
+                  micro_batch_size=plan.micro_batch_size, vpp=plan.vpp, fp8_linears=plan.fp8_linears,
+                  dp_replicate=plan.dp_replicate)
 
 
 def _as_framework_runs(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
@@ -179,7 +187,8 @@ def _least_overflow(row: dict[str, str], model: ModelSpec, train: TrainSpec, clu
         if best is not None and time.perf_counter() > deadline:
             break
         choice = Choice(tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, zero_stage=zero, recompute=rc,
-                        sequence_parallel=sp, micro_batch_size=mb, vpp=vpp, fp8_linears=train.float8)
+                        sequence_parallel=sp, micro_batch_size=mb, vpp=vpp, fp8_linears=train.float8,
+                        dp_replicate=_replicas(row, dp))
         try:
             plan = build_plan(model, train, cluster, choice)
         except ValueError:

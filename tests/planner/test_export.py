@@ -54,6 +54,10 @@ FOLDED = {"mixtral_ep_folded": ["--model", "mixtral-8x7b", "--cluster", "2x8xH10
 # interleaved virtual stages of unequal layers (4 ranks x 2 chunks): Megatron's explicit layout
 PLANS["llama8b_interleaved_uneven"] = ["--model", "llama3-8b", "--cluster", "1x8xH100", "--tp", "2", "--pp", "4",
                                        "--vpp", "2", "--zero", "1", "--seq-len", "4096", "--global-batch", "64"]
+# hybrid sharding: ZeRO-3 inside each node's 8 ranks, 2 replicas (torchtitan's replicate x shard;
+# Megatron and DeepSpeed shard over every data-parallel rank: one shard group there)
+PLANS["llama8b_hsdp"] = ["--model", "llama3-8b", "--cluster", "2x8xH100", "--zero", "3", "--dp-replicate", "2",
+                         "--seq-len", "4096", "--global-batch", "64"]
 # splits only the search writes: the plan's fields replaced
 UNEVEN = {"llama13b_gpipe_zero0_uneven": {"layers_per_stage": [9, 10, 10, 11], "recompute_num_layers": [9, 10, 10, 11]},
           "llama8b_interleaved_uneven": {"layers_per_stage": [3, 4, 5, 4, 4, 4, 5, 3]}}
@@ -133,7 +137,7 @@ def test_torchtitan_reads_the_job_file(plan_paths, tmp_path, capsys, name):
                         world_size=pf.cluster.world_size)   # torchtitan's own rules on the degrees
     assert (dims.tp, dims.pp, dims.cp, dims.ep) == (plan["tp"], plan["pp"], plan["cp"], plan["ep"])
     assert dims.dp_replicate * dims.dp_shard == plan["dp"]
-    assert (dims.dp_replicate > 1) == (plan["zero_stage"] == 0)
+    assert dims.dp_replicate == (plan["dp"] if plan["zero_stage"] == 0 else plan.get("dp_replicate", 1))
     assert job.training.seq_len == pf.train.seq_len and job.training.global_batch_size == pf.train.global_batch_size
     assert job.training.enable_cpu_offload == plan["offload_optimizer"]
     fp8 = plan["fp8_linears"]
@@ -151,6 +155,13 @@ def test_torchtitan_reads_the_job_file(plan_paths, tmp_path, capsys, name):
     assert mode == ("none" if plan["recompute"] == "none" else "full" if all(
         c == n for c, n in zip(plan["recompute_num_layers"], _layers_by_rank(plan))) else "selective")
     assert all(isinstance(d, str) and d for d in doc["differences"])
+
+
+@pytest.mark.parametrize("target", ["megatron", "deepspeed"])
+def test_hybrid_sharding_becomes_one_shard_group_where_the_target_has_none(plan_paths, tmp_path, capsys, target):
+    doc = _export(capsys, plan_paths["llama8b_hsdp"], target, tmp_path / f"out.{target}")
+    assert "dp_replicate" not in doc["plan"] and doc["plan"]["zero_stage"] >= 1
+    assert any(d.startswith("hybrid sharding (dp_replicate=2)") for d in doc["differences"]), doc["differences"]
 
 
 def _layers_by_rank(plan: dict) -> list[int]:

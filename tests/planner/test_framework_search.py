@@ -102,11 +102,29 @@ def test_megatron_cores_mixtral_8x22b_mapping_fits_as_megatron(capsys):
      "--framework torchtitan: torchtitan cannot run this plan: it has no model of the gpt kind"),
     (["search", "--model", "llama3-8b", "--cluster", "1x8xH100", "--framework", "megatron", "--export", "deepspeed"],
      "contradictory flags: --export deepspeed"),
+    (["search", "--model", "llama3-8b", "--cluster", "4x8xH100", "--framework", "megatron", "--fix", "dp_replicate=2"],
+     "dp_replicate=2: megatron-core does not shard over part of the data-parallel ranks"),
+    (["predict", "--model", "llama3-8b", "--cluster", "4x8xH100", "--framework", "deepspeed", "--dp-replicate", "2"],
+     "dp_replicate=2 (hybrid sharding): deepspeed does not shard over part of the data-parallel ranks"),
 ])
 def test_bad_framework_input_is_one_line_and_exit_2(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err, err
+
+
+@pytest.mark.parametrize("framework", ["torchtitan", "planner"])
+def test_the_search_weighs_hybrid_sharding_where_the_framework_runs_it(framework, tmp_path, capsys):
+    """Llama 3 8B on 64 nodes: ZeRO over a node's 8 ranks or a few nodes', replicated over the rest,
+    is among the plans the search ranks; pinned, it is the plan written and exported."""
+    from planner import api
+    found = api.search("llama3-8b", "64x8xH100", framework=framework, top=5).plans
+    assert any(f.plan.dp_replicate > 1 for f in found), [f.plan.short() for f in found]
+    out = tmp_path / "plan.json"
+    assert main(["search", "--model", "llama3-8b", "--cluster", "64x8xH100", "--framework", framework,
+                 "--fix", "dp_replicate=64", "--out", str(out), "--json"]) == 0
+    plan = PlanFile.load(out).plan
+    assert plan.dp_replicate == 64 and plan.zero_stage >= 1 and f"hsdp64x{plan.dp // 64}" in plan.short()
 
 
 def test_float8_with_tensor_parallelism_is_a_frameworks_not_the_runtimes(capsys):

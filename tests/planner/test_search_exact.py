@@ -15,6 +15,8 @@ from costmodel.plan import Plan, Recompute
 from costmodel.registry import gpt_spec, llama_spec
 from costmodel.schedules import Schedule
 from costmodel.specs import TrainSpec
+from planner.candidates import replica_counts
+from planner.mesh_orders import shards_whole_nodes
 from planner.search import SearchOptions, search
 from planner.space import divisors
 
@@ -51,18 +53,22 @@ def brute_force_best(model, train, cluster, states=ON_DEVICE, acts=(False,), gro
         dp = world // (tp * cp * pp)
         if train.global_batch_size % dp:
             continue
-        for ep, mbs in itertools.product(divisors(dp), divisors(train.global_batch_size // dp)):
+        # hybrid sharding's replica counts: the space's own (planner.candidates.replica_counts), every
+        # one of them searched exactly
+        for ep, mbs, rep in ((e, b, r) for e, b in itertools.product(divisors(dp), divisors(train.global_batch_size // dp))
+                             for r in replica_counts(model, cluster, SearchOptions(), tp, cp, dp, e)):
             m = train.global_batch_size // dp // mbs
             for vpp, sched in [(1, s) for s in (Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.ZB_H1)] + \
                               [(v, Schedule.INTERLEAVED) for v in (2, 4)]:
-                for order in _distinct_orders({"pp": pp, "dp": dp, "cp": cp, "tp": tp}):
+                for order in [o for o in _distinct_orders({"pp": pp, "dp": dp, "cp": cp, "tp": tp})
+                              if shards_whole_nodes(o, {"pp": pp, "dp": dp, "cp": cp, "tp": tp, "dp_replicate": rep})]:
                     for (zero, offload), act, sp, mode in itertools.product(states, acts, (False, True), list(Recompute)):
                         for layers in compositions(model.num_layers, pp * vpp) if pp * vpp <= model.num_layers else []:
                             base = Plan(dp=dp, tp=tp, pp=pp, cp=cp, zero_stage=zero, recompute=mode,
                                         recompute_num_layers=(0,) * pp, sequence_parallel=sp,
                                         micro_batch_size=mbs, num_micro_batches=m, schedule=sched, vpp=vpp,
                                         layers_per_stage=layers, mesh_axis_order=order, ep=ep,
-                                        offload_optimizer=offload, offload_activations=act)
+                                        offload_optimizer=offload, offload_activations=act, dp_replicate=rep)
                             ranges = [range(base.layers_on_rank(r) + 1) if mode is not Recompute.NONE else [0]
                                       for r in range(pp)]
                             for counts, groups in itertools.product(itertools.product(*ranges), group_orders):

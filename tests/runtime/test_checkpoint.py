@@ -128,6 +128,19 @@ def test_a_checkpoint_resumes_under_another_plan(tmp_path, saved, resumed):
     assert rest == pytest.approx(whole[3:], rel=1e-5)
 
 
+def test_hybrid_sharding_resumes_exactly_and_under_full_sharding(tmp_path):
+    """HSDP's states are DTensors over a 2-D mesh (replicated over dp_out, sharded over dp_in):
+    DCP saves one copy and resumes them under the same plan bit for bit, and under ZeRO-3 over
+    all four ranks."""
+    hybrid = _plan(Choice(zero_stage=3, dp_replicate=2), world=4)
+    whole = _losses(hybrid, steps=5)
+    first = _losses(hybrid, tmp_path / "a", steps=3)
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    assert first + _losses(hybrid, tmp_path / "a", steps=5, resume=True) == whole
+    rest = _losses(_plan(Choice(zero_stage=3), world=4), tmp_path / "b", steps=5, resume=True)
+    assert rest == pytest.approx(whole[3:], rel=1e-5)
+
+
 def test_keep_prunes_old_checkpoints_and_partial_ones_are_never_picked(tmp_path):
     pf = _plan(Choice(zero_stage=1, micro_batch_size=2))
     cfg = RunConfig(steps=4, warmup=0, seed=SEED, lr=LR, quiet=True, checkpoint_dir=str(tmp_path),

@@ -43,6 +43,9 @@ CASES = {
     "zero1": (Choice(zero_stage=1, micro_batch_size=2), 2, {}),
     "zero2": (Choice(zero_stage=2, micro_batch_size=2), 2, {}),
     "zero3": (Choice(zero_stage=3, micro_batch_size=2), 2, {}),
+    # hybrid sharding: two replicas of 2-rank shard groups (FSDP2 over a 2-D mesh)
+    "hsdp2x2_zero1": (Choice(zero_stage=1, dp_replicate=2), 4, {}),
+    "hsdp2x2_zero3": (Choice(zero_stage=3, dp_replicate=2), 4, {}),
     # tensor parallel, with and without sequence parallelism; DDP (ZeRO-0) x TP
     "tp": (Choice(tp=2, sequence_parallel=False), 2, {}),
     "tp_sp": (Choice(tp=2), 2, {}),

@@ -107,14 +107,19 @@ def test_machine_mismatches_are_refused(tmp_path, capsys):
         assert "no GPU" in _refused([str(gpu)], capsys)
 
 
-def test_dry_run_checks_llama70b_states_per_rank(tmp_path, capsys):
+@pytest.mark.parametrize("flags, stages", [(["--pp", "4", "--zero", "1", "--recompute", "selective"], 4),
+                                           (["--zero", "3", "--dp-replicate", "2", "--recompute", "full"], 1)],
+                         ids=["pp4_zero1", "zero3_hybrid_sharding"])
+def test_dry_run_checks_llama70b_states_per_rank(tmp_path, capsys, flags, stages):
+    """The runtime's states per stage equal the cost model's; under hybrid sharding each rank
+    holds its shard group's 1/4 (dp 8 over two replicas), not 1/8."""
     plan = tmp_path / "70b.json"
-    assert main(["predict", "--model", "llama-70b", "--cluster", "8x8xA100", "--tp", "8", "--pp", "4",
-                 "--zero", "1", "--recompute", "selective", "--out", str(plan), "--json"]) == 0
+    assert main(["predict", "--model", "llama-70b", "--cluster", "8x8xA100", "--tp", "8", *flags,
+                 "--out", str(plan), "--json"]) == 0
     capsys.readouterr()
     assert main(["run", str(plan), "--dry-run", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
-    assert [r["stage"] for r in rows] == [0, 1, 2, 3]
+    assert [r["stage"] for r in rows] == list(range(stages))
     for row in rows:
         for key in ("params_bytes", "grads_bytes", "optimizer_bytes"):
             assert abs(row[key]["error_pct"]) < 0.01, (row["stage"], key, row[key])
