@@ -26,6 +26,7 @@ from costmodel.check import (
 from costmodel.fidelity import MODEL_ERROR_BAND
 from costmodel.groups import group_orders, placement_problems, places_replicas
 from costmodel.hardware import ClusterSpec
+from costmodel.memory import keeps_whole_grads_under_pp
 from costmodel.plan import AXES, Plan, Recompute, virtual_stage_options
 from costmodel.schedules import Schedule, default_schedule
 from costmodel.specs import ModelSpec, TrainSpec
@@ -196,13 +197,13 @@ def placement_groups(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, o
                     for fp8, act, rep in itertools.product(
                             allowed(options, "fp8_linears", _fp8_options(model, train, cluster, tp)),
                             allowed(options, "offload_activations", _act_offload_options(cluster, tp)),
-                            replica_counts(model, cluster, options, tp, cp, dp, ep)):
+                            replica_counts(model, cluster, options, tp, cp, dp, ep, pp)):
                         yield from _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep,
                                                        fp8, act, etp, mine, rep)
 
 
 def replica_counts(model: ModelSpec, cluster: ClusterSpec, options: SearchOptions, tp: int, cp: int, dp: int,
-                   ep: int) -> list[int]:
+                   ep: int, pp: int = 1) -> list[int]:
     """Hybrid sharding's replica counts the space holds (Plan.dp_replicate): 1, and where the
     framework runs it (costmodel.frameworks `hybrid_shard`) on a dense model and a uniform
     cluster (costmodel.check), every count whose shard groups (tp x cp x dp / r ranks each) fill
@@ -212,7 +213,7 @@ def replica_counts(model: ModelSpec, cluster: ClusterSpec, options: SearchOption
     if "dp_replicate" in options.fixed:
         r = options.fixed["dp_replicate"]
         return [r] if r == 1 or not hsdp_problems(model, dp, r, 3, traits) else []
-    if not traits.hybrid_shard or model.is_moe or ep > 1 or cluster.is_mixed:
+    if not traits.hybrid_shard or model.is_moe or ep > 1 or cluster.is_mixed or keeps_whole_grads_under_pp(pp, traits):
         return [1]
     out = [1]
     for r in divisors(dp)[1:-1]:

@@ -171,7 +171,9 @@ def ranked_for_robustness(plans: list[Found]) -> str:
 
 def write_csv(path: str, result: SearchResult, overwrite: bool) -> None:
     import pandas as pd  # only this option needs pandas (slow to import)
-    rows = [{**f.plan.to_dict(), "step_time_s": f.estimate.step_time_s, "tokens_per_s": f.estimate.tokens_per_s,
+    # every row every field: plan.json leaves out etp and dp_replicate at 1, a table does not
+    rows = [{**f.plan.to_dict(), "etp": f.plan.etp, "dp_replicate": f.plan.dp_replicate,
+             "step_time_s": f.estimate.step_time_s, "tokens_per_s": f.estimate.tokens_per_s,
              "mfu": f.estimate.mfu, "max_peak_memory_gib": f.estimate.max_peak_memory_bytes / GIB,
              "bubble_fraction": f.estimate.bubble_fraction} for f in result.evaluated]
     outputs.write_file(path, pd.DataFrame(rows).sort_values("step_time_s").to_csv(index=False), overwrite)

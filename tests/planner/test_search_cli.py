@@ -85,7 +85,8 @@ def test_csv_has_every_evaluated_plan(tmp_path, capsys):
     path = tmp_path / "all.csv"
     assert main(SEARCH + ["--csv", str(path), "--top", "2"]) == 0
     rows = list(csv.DictReader(open(path)))
-    assert len(rows) >= 2 and {"tp", "pp", "step_time_s", "mfu"} <= set(rows[0])
+    assert len(rows) >= 2 and {"tp", "pp", "etp", "dp_replicate", "step_time_s", "mfu"} <= set(rows[0])
+    assert all(row["dp_replicate"].isdigit() and row["etp"].isdigit() for row in rows)   # no empty cells
 
 
 def test_memory_objective_trades_a_little_time_for_memory(capsys):

@@ -56,7 +56,7 @@ def brute_force_best(model, train, cluster, states=ON_DEVICE, acts=(False,), gro
         # hybrid sharding's replica counts: the space's own (planner.candidates.replica_counts), every
         # one of them searched exactly
         for ep, mbs, rep in ((e, b, r) for e, b in itertools.product(divisors(dp), divisors(train.global_batch_size // dp))
-                             for r in replica_counts(model, cluster, SearchOptions(), tp, cp, dp, e)):
+                             for r in replica_counts(model, cluster, SearchOptions(), tp, cp, dp, e, pp)):
             m = train.global_batch_size // dp // mbs
             for vpp, sched in [(1, s) for s in (Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.ZB_H1)] + \
                               [(v, Schedule.INTERLEAVED) for v in (2, 4)]:
