@@ -193,8 +193,9 @@ class Plan:
         off = "+offload" if self.offload_optimizer else ""
         off += " fp8" if self.fp8_linears else ""
         off += " act-offload" if self.offload_activations else ""
+        # hybrid sharding: replicas x shard group, after the ZeRO stage it shards
+        off = (f" hsdp{self.dp_replicate}x{self.dp_shard}" if self.dp_replicate > 1 else "") + off
         mbs = "/".join(map(str, self.micro_batch_sizes)) if self.micro_batch_sizes else str(self.micro_batch_size)
-        off = f" hsdp{self.dp_replicate}x{self.dp_shard}" + off if self.dp_replicate > 1 else off
         return (f"{text} z{self.zero_stage}{off}{rc} mbs{mbs}x{self.num_micro_batches}"
                 f" {self.schedule}{mesh}")
 

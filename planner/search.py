@@ -191,7 +191,8 @@ def unsatisfiable_constraints(model: ModelSpec, train: TrainSpec, cluster: Clust
     if cluster.is_mixed:   # replicas on groups (planner.shares): no pipeline
         for tp, cp, dp, _, sps in replica_degrees(model, train, cluster, free):
             values = {"pp": {1}, "tp": {tp}, "cp": {cp}, "dp": {dp}, "sequence_parallel": set(sps), "vpp": {1},
-                      "ep": {1}, "etp": {1}, "dp_replicate": {1}, "schedule": {Schedule.ONE_F_ONE_B}, "micro_batch_size": set(range(1, MAX_MICRO_BATCH + 1)),
+                      "ep": {1}, "etp": {1}, "dp_replicate": {1}, "schedule": {Schedule.ONE_F_ONE_B},
+                      "micro_batch_size": set(range(1, MAX_MICRO_BATCH + 1)),
                       "zero_stage": {o.zero_stage for o in placements if not o.offload_optimizer}}
             for name, seen in possible.items():
                 seen |= values.get(name, set())

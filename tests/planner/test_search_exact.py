@@ -55,7 +55,8 @@ def brute_force_best(model, train, cluster, states=ON_DEVICE, acts=(False,), gro
             continue
         # hybrid sharding's replica counts: the space's own (planner.candidates.replica_counts), every
         # one of them searched exactly
-        for ep, mbs, rep in ((e, b, r) for e, b in itertools.product(divisors(dp), divisors(train.global_batch_size // dp))
+        per_replica = train.global_batch_size // dp
+        for ep, mbs, rep in ((e, b, r) for e, b in itertools.product(divisors(dp), divisors(per_replica))
                              for r in replica_counts(model, cluster, SearchOptions(), tp, cp, dp, e, pp)):
             m = train.global_batch_size // dp // mbs
             for vpp, sched in [(1, s) for s in (Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.ZB_H1)] + \
