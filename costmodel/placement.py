@@ -104,6 +104,17 @@ def _cut(order: tuple[str, ...], degrees: tuple[int, ...], i: int, inner: int) -
             degrees[:i] + (degrees[i] // inner, inner) + degrees[i + 1:])
 
 
+def hybrid_layout(order: tuple[str, ...], degrees: tuple[int, ...],
+                  dp_replicate: int) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """The mesh of hybrid sharding (Plan.dp_replicate): dp cut into `dp.out`, its dp_replicate
+    replicas (outer), and `dp.in`, the shard group's dp / dp_replicate ranks (inner), as
+    torchtitan's mesh (dp_replicate, dp_shard, cp, tp) lays them out. The shard group is dp.in
+    with cp, the replicas dp.out (costmodel.rank_time.spans prices them, runtime.parallel builds
+    them)."""
+    i = order.index("dp")
+    return _cut(order, degrees, i, degrees[i] // dp_replicate)
+
+
 def _take_inner(order: tuple[str, ...], degrees: tuple[int, ...], count: int,
                 taken: tuple[str, ...]) -> tuple[tuple, tuple, tuple] | None:
     """The `count` innermost ranks outside the axes already `taken`: whole inner axes, then the

@@ -64,7 +64,7 @@ from costmodel.deepseek import dense_layer_model
 from costmodel.layout import Style, dense_blocks
 from costmodel.memory import runtime_wraps_in_fsdp
 from costmodel.params import fsdp_unit_layers
-from costmodel.placement import ExpertLayout, expert_layout
+from costmodel.placement import ExpertLayout, expert_layout, hybrid_layout
 from costmodel.plan import Plan, Recompute
 from costmodel.specs import DType, ModelSpec, TrainSpec
 from runtime.latent_attention import HeadsInput, LatentAttention
@@ -95,8 +95,9 @@ def expert_layout_for(plan: Plan, fold: bool) -> ExpertLayout | None:
 
 
 def _root_name(axis: str) -> str:
-    """A world-mesh dim of an expert layout's axis: a cut plan axis as `<axis>_out`, `<axis>_in`
-    (the carved layout's edp and ep are dp's outer and inner parts)."""
+    """A world-mesh dim of a cut layout's axis (expert parallelism, hybrid sharding): a cut plan
+    axis as `<axis>_out`, `<axis>_in` (the carved layout's edp and ep are dp's outer and inner
+    parts)."""
     return {"edp": "dp_out", "ep": "dp_in"}.get(axis, axis.replace(".", "_"))
 
 
@@ -105,10 +106,9 @@ def mesh_layout(plan: Plan, fold: bool = False) -> tuple[tuple[str, ...], tuple[
     expert-parallel group cuts as two (expert_layout_for), and the free unit axes."""
     layout = expert_layout_for(plan, fold)
     if layout is None and plan.dp_replicate > 1:   # hybrid sharding: the replicas outer, the shard group inner
-        names = [d for a in plan.mesh_axis_order for d in (("dp_out", "dp_in") if a == "dp" else (a,))]
-        sizes = [s for a in plan.mesh_axis_order
-                 for s in ((plan.dp_replicate, plan.dp_shard) if a == "dp" else (plan.degree(a),))]
-        return (*names, UNIT_AXIS), (*sizes, 1)
+        order = plan.mesh_axis_order
+        names, sizes = hybrid_layout(order, tuple(plan.degree(a) for a in order), plan.dp_replicate)
+        return (*map(_root_name, names), UNIT_AXIS), (*sizes, 1)
     if layout is None:
         order = plan.mesh_axis_order
         return (*order, UNIT_AXIS), (*(plan.degree(a) for a in order), 1)

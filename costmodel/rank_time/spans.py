@@ -8,7 +8,7 @@ from functools import lru_cache
 from costmodel.comm import HOST_COPIES, Collective, all_reduce_algorithms_s, collective_time_s, p2p_time_s, ring_time_s
 from costmodel.hardware import ClusterSpec
 from costmodel.params import folds_ep
-from costmodel.placement import AxisSpan, expert_layout, group_span, stage_pair_span
+from costmodel.placement import AxisSpan, expert_layout, group_span, hybrid_layout, stage_pair_span
 from costmodel.plan import Plan
 
 
@@ -61,19 +61,11 @@ def _spans(mesh_order: tuple[str, ...], mesh_degrees: tuple[int, ...], ep: int, 
                  edp=group_span(layout.order, layout.degrees, layout.edp_axes, dpn), shard=shard, replicas=replicas)
 
 
-REPLICATE_AXIS, SHARD_AXIS = "dp_replicate", "dp_shard"   # hybrid sharding's two parts of dp
-
-
 def _hybrid_spans(order: tuple[str, ...], degrees: tuple[int, ...], dp_replicate: int,
                   dpn: int) -> tuple[AxisSpan, AxisSpan]:
-    """The shard group and the replicas of hybrid sharding: the dp axis split into dp_replicate
-    (outer) x dp / dp_replicate (inner), as runtime.parallel.build_mesh and torchtitan's mesh
-    (dp_replicate, dp_shard, cp, tp) lay them out."""
-    i = order.index("dp")
-    split_order = order[:i] + (REPLICATE_AXIS, SHARD_AXIS) + order[i + 1:]
-    split = degrees[:i] + (dp_replicate, degrees[i] // dp_replicate) + degrees[i + 1:]
-    return (group_span(split_order, split, (SHARD_AXIS, "cp"), dpn),
-            group_span(split_order, split, (REPLICATE_AXIS,), dpn))
+    """The shard group and the replicas of hybrid sharding (placement.hybrid_layout)."""
+    split_order, split = hybrid_layout(order, degrees, dp_replicate)
+    return group_span(split_order, split, ("dp.in", "cp"), dpn), group_span(split_order, split, ("dp.out",), dpn)
 
 
 def link_costs(sp: Spans, cluster: ClusterSpec) -> tuple[float, ...]:
