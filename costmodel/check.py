@@ -18,6 +18,7 @@ from costmodel.groups import (
     views,
 )
 from costmodel.hardware import ClusterSpec, DeviceProfile
+from costmodel.memory import StageMemory
 from costmodel.placement import expert_layout
 from costmodel.plan import AXES, DEFAULT_AXIS_ORDER, Plan, Recompute
 from costmodel.schedules import Schedule
@@ -331,16 +332,8 @@ def check_memory(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan:
                 for g in range(len(cluster.groups))
                 for problem in check_memory(model, group_train(train, plan, cluster, g), replica_view(cluster, g),
                                             group_plan(plan, cluster, g))]
-    problems = []
     ranks = rank_views(plan, cluster)
-    for rank, (mem, view) in enumerate(zip(memory_per_rank(model, train, cluster, plan), ranks)):
-        capacity = view.memory_budget_bytes
-        if mem.total_bytes > capacity:
-            problems.append(f"pipeline stage {rank} needs {mem.total_bytes / GIB:.1f} GiB per device, "
-                            f"{(mem.total_bytes - capacity) / GIB:.1f} GiB over the "
-                            f"{capacity / GIB:.1f} GiB a plan may use of {view.device.name} "
-                            f"({view.device.usable_memory_bytes / GIB:.2f} GiB less "
-                            f"{view.memory_headroom:.0%} headroom and the allocator's fragmentation)")
+    problems = _device_overflow(memory_per_rank(model, train, cluster, plan), ranks)
     if offloads(plan) and _no_host(cluster, "offload") is None:
         for rank, (host, view) in enumerate(zip(host_bytes_per_rank(model, train, plan, cluster.framework), ranks)):
             if host > view.host_budget_bytes:
@@ -350,6 +343,21 @@ def check_memory(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan:
                                 f"{view.device.host.memory_bytes / GIB:,.0f} GiB may use")
                 break
     return problems
+
+
+def _device_overflow(mems: list[StageMemory], ranks: list[ClusterSpec]) -> list[str]:
+    """One line for the pipeline ranks over their device's budget: the rank furthest over, in
+    full, and how many others are over too (a deep pipeline would otherwise repeat it per rank)."""
+    over = [(mem.total_bytes - view.memory_budget_bytes, rank, mem, view)
+            for rank, (mem, view) in enumerate(zip(mems, ranks)) if mem.total_bytes > view.memory_budget_bytes]
+    if not over:
+        return []
+    excess, rank, mem, view = max(over, key=lambda o: (o[0], -o[1]))
+    others = "" if len(over) == 1 else f"; {len(over)} of {len(ranks)} pipeline stages are over"
+    return [f"pipeline stage {rank} needs {mem.total_bytes / GIB:.1f} GiB per device, {excess / GIB:.1f} GiB over the "
+            f"{view.memory_budget_bytes / GIB:.1f} GiB a plan may use of {view.device.name} "
+            f"({view.device.usable_memory_bytes / GIB:.2f} GiB less {view.memory_headroom:.0%} headroom and the "
+            f"allocator's fragmentation){others}"]
 
 
 def check_plan(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan,

@@ -6,10 +6,13 @@ from pathlib import Path
 import pytest
 
 from costmodel.check import check_plan
+from costmodel.estimate import memory_per_rank
+from costmodel.groups import rank_views
 from costmodel.hardware import PROFILE_FORMAT_VERSION, known_profiles, parse_cluster
 from costmodel.placement import axis_span
 from costmodel.plan import PlanFile
 from costmodel.schedules import Schedule
+from costmodel.units import GIB
 from planner.space import Choice, build_plan
 
 PROFILES = Path(__file__).resolve().parents[2] / "profiles"
@@ -95,6 +98,15 @@ def test_plan_over_memory_says_by_how_much(llama70b, a100_64, train_4k):
     plan = build_plan(llama70b, train_4k, a100_64, Choice(tp=1, pp=1, zero_stage=0))
     problems = check_plan(llama70b, train_4k, a100_64, plan)
     assert problems and re.search(r"stage 0 needs [\d.]+ GiB per device, [\d.]+ GiB over", problems[0])
+
+
+def test_a_deep_pipeline_over_memory_is_one_line_naming_the_worst_stage(llama70b, a100_64, train_4k):
+    plan = build_plan(llama70b, train_4k, a100_64, Choice(tp=1, pp=8, zero_stage=0))
+    problems = check_plan(llama70b, train_4k, a100_64, plan)
+    worst = max(m.total_bytes - v.memory_budget_bytes
+                for m, v in zip(memory_per_rank(llama70b, train_4k, a100_64, plan), rank_views(plan, a100_64)))
+    assert len(problems) == 1 and "of 8 pipeline stages are over" in problems[0]
+    assert f"{worst / GIB:.1f} GiB over" in problems[0]
 
 
 def test_a_profile_with_a_misspelt_or_cut_key_is_one_line(tmp_path, capsys):
