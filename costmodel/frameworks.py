@@ -28,7 +28,11 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   `tp_comm_gemm_overlap` (Hopper and Blackwell): NVIDIA ships userbuffer configurations for H100,
   B200 and GB200 only (Megatron-Bridge `training/comm_overlap.py` presets, NeMo's
   `tp_overlap_configs/userbuffers.py`), and no published Megatron run on A100 used it, so an
-  A100 plan is priced, and exported, without it.
+  A100 plan is priced, and exported, without it. Only where the TP group lies within one node's
+  NVLink domain: userbuffers exchange through CUDA multicast or IPC handles, which do not reach
+  across InfiniBand (TransformerEngine#1071: "only possible with single-node tensor-parallelism";
+  multi-node NVLink came with TE 2.2, #1470), and torch's async TP runs on symmetric memory, also
+  intra-node; a TP group over nodes runs its collectives through NCCL, exposed.
 - `tp_backward_reduce_scatter_exposed`: where the TP collectives are overlapped, whether the
   backward's reduce-scatters still run alone. torch's async TP (inductor's micro-pipeline pass,
   torchtitan's `enable_async_tensor_parallel`) fuses a reduce-scatter with the matmul that feeds
@@ -403,27 +407,37 @@ def composite_rms_norm(traits: FrameworkTraits) -> bool:
     return traits.cpu_kernels or (traits.eager_rms_norm_composite and traits.eager_layer and not traits.compiled_layer)
 
 
-def tp_comm_overlaps(traits: FrameworkTraits, device_overlaps: bool, tp: int, sequence_parallel: bool) -> bool:
+def tp_comm_overlaps(traits: FrameworkTraits, device_overlaps: bool, tp: int, sequence_parallel: bool,
+                     *, tp_within_node: bool) -> bool:
     """Whether the framework overlaps a plan's tensor-parallel collectives with its GEMMs on this
-    device (`tp_comm_overlap`, and the device profile's `tp_comm_gemm_overlap`)."""
-    return traits.tp_comm_overlap and device_overlaps and sequence_parallel and tp > 1
+    device (`tp_comm_overlap`, and the device profile's `tp_comm_gemm_overlap`): only a TP group
+    within one node's NVLink domain (`tp_within_node`)."""
+    return traits.tp_comm_overlap and device_overlaps and sequence_parallel and tp > 1 and tp_within_node
+
+
+def tp_in_one_node(tp: int, devices_per_node: int) -> bool:
+    """Whether a TP group (innermost in every rank order a TP-overlapping framework runs) lies
+    within one node: whole groups of tp fill each node."""
+    return tp <= devices_per_node and devices_per_node % tp == 0
 
 
 def tp_comm_exposed_shares(traits: FrameworkTraits, device_overlaps: bool, tp: int,
-                           sequence_parallel: bool) -> tuple[float, float]:
+                           sequence_parallel: bool, *, tp_within_node: bool) -> tuple[float, float]:
     """The (forward, backward) shares of a layer's tensor-parallel collectives left exposed:
     one ring step of tp where the framework overlaps them (tp_comm_hidden_share), and in
     backward half of them whole where its reduce-scatters run alone
     (`tp_backward_reduce_scatter_exposed`: the all-gathers and reduce-scatters move equal bytes)."""
-    forward = 1.0 - tp_comm_hidden_share(traits, device_overlaps, tp, sequence_parallel)
+    forward = 1.0 - tp_comm_hidden_share(traits, device_overlaps, tp, sequence_parallel, tp_within_node=tp_within_node)
     backward = (forward + 1.0) / 2 if traits.tp_backward_reduce_scatter_exposed else forward
     return forward, backward
 
 
-def tp_comm_hidden_share(traits: FrameworkTraits, device_overlaps: bool, tp: int, sequence_parallel: bool) -> float:
+def tp_comm_hidden_share(traits: FrameworkTraits, device_overlaps: bool, tp: int, sequence_parallel: bool,
+                         *, tp_within_node: bool) -> float:
     """The share of a layer's tensor-parallel collectives the framework hides behind its GEMMs
     (`tp_comm_overlap`: all but one ring-exchange step of tp)."""
-    return (tp - 1) / tp if tp_comm_overlaps(traits, device_overlaps, tp, sequence_parallel) else 0.0
+    overlaps = tp_comm_overlaps(traits, device_overlaps, tp, sequence_parallel, tp_within_node=tp_within_node)
+    return (tp - 1) / tp if overlaps else 0.0
 
 
 def shared_expert_split(tp: int, shared_expert_tp: bool) -> int:

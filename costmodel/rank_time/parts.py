@@ -12,7 +12,7 @@ from typing import Callable
 from costmodel.comm import Collective, collective_time_s
 from costmodel.deepseek import dense_layer_model
 from costmodel.flops import stops_before_final_linear
-from costmodel.frameworks import composite_rms_norm, tp_comm_exposed_shares
+from costmodel.frameworks import composite_rms_norm, tp_comm_exposed_shares, tp_in_one_node
 from costmodel.hardware import ClusterSpec
 from costmodel.kernels import KernelKey, KernelTimes, embedding_kernel_times, head_kernel_times, layer_kernel_times
 from costmodel.kernels.gemm import gemm_s
@@ -269,7 +269,8 @@ def _kernel_parts(model: ModelSpec, train: TrainSpec, shape: KernelKey, cluster:
         mtp_proj_s = gemm_s(shape.micro_batch_size * train.seq_len // shape.cp, 2 * h, -(-h // shape.tp), dev, train)
     tp, cp, mbs = shape.tp, shape.cp, shape.micro_batch_size
     # the shares of TP collectives the framework leaves beside its GEMMs (costmodel.frameworks)
-    exposed, exposed_backward = tp_comm_exposed_shares(fw, dev.tp_comm_gemm_overlap, tp, shape.sequence_parallel)
+    exposed, exposed_backward = tp_comm_exposed_shares(fw, dev.tp_comm_gemm_overlap, tp, shape.sequence_parallel,
+                                                       tp_within_node=tp_in_one_node(tp, cluster.devices_per_node))
     return _KernelParts(
         layer=layer, early=early, exposed=exposed, exposed_backward=exposed_backward,
         embedding=embedding_kernel_times(model, train, shape, dev),

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import shlex
 
-from costmodel.frameworks import framework_traits, tp_comm_overlaps
+from costmodel.frameworks import framework_traits, tp_comm_overlaps, tp_in_one_node
 from costmodel.hardware import ClusterSpec, run_by
 from costmodel.moe_dispatch import limits_groups
 from costmodel.plan import Plan, PlanFile, Recompute, embedding_loss_split
@@ -194,7 +194,7 @@ def arguments(pf: PlanFile, plan: Plan) -> list[tuple[str, str | None]]:
     if plan.sequence_parallel and plan.tp > 1:
         args += [("--sequence-parallel", None)]
     if tp_comm_overlaps(framework_traits(FRAMEWORK), pf.cluster.device.tp_comm_gemm_overlap, plan.tp,
-                        plan.sequence_parallel):   # Transformer Engine's overlap where it was priced
+                        plan.sequence_parallel, tp_within_node=tp_in_one_node(plan.tp, pf.cluster.devices_per_node)):   # Transformer Engine's overlap where it was priced
         args += [("--tp-comm-overlap", None)]
     if layout(plan, plan.mesh_axis_order) == layout(plan, TP_PP_DP_ORDER) != layout(plan, DEFAULT_ORDER):
         args += [("--use-tp-pp-dp-mapping", None)]

@@ -63,9 +63,29 @@ def test_torch_async_tp_leaves_the_backward_reduce_scatters_exposed():
     from costmodel.frameworks import tp_comm_exposed_shares
     te = framework_traits("megatron-core")
     titan = replace(framework_traits("torchtitan"), tp_comm_overlap=True)
-    assert tp_comm_exposed_shares(te, True, 8, True) == (1 / 8, 1 / 8)
-    assert tp_comm_exposed_shares(titan, True, 8, True) == (1 / 8, (1 + 1 / 8) / 2)
-    assert tp_comm_exposed_shares(titan, False, 8, True) == (1.0, 1.0)   # no overlap on this device
+    assert tp_comm_exposed_shares(te, True, 8, True, tp_within_node=True) == (1 / 8, 1 / 8)
+    assert tp_comm_exposed_shares(titan, True, 8, True, tp_within_node=True) == (1 / 8, (1 + 1 / 8) / 2)
+    assert tp_comm_exposed_shares(titan, False, 8, True, tp_within_node=True) == (1.0, 1.0)   # not on this device
+    assert tp_comm_exposed_shares(te, True, 16, True, tp_within_node=False) == (1.0, 1.0)   # not over nodes
+
+
+def test_tensor_parallelism_over_nodes_is_priced_and_exported_without_the_overlap():
+    """Userbuffers and symmetric memory stay within a node's NVLink domain: a TP16 plan on
+    8-GPU nodes under Megatron pays its collectives whole, and its export has no --tp-comm-overlap."""
+    from costmodel.frameworks import tp_in_one_node
+    assert tp_in_one_node(8, 8) and tp_in_one_node(4, 8) and not tp_in_one_node(16, 8) and not tp_in_one_node(4, 6)
+    model = resolve_model("gpt3-175b")
+    cluster = replace(parse_cluster("16x8xH100"), framework=framework_traits("megatron-core"))
+    exposed_s, flags = {}, {}
+    for tp in (8, 16):
+        plan = build_plan(model, TRAIN, cluster, Choice(tp=tp, pp=4, zero_stage=1, micro_batch_size=1,
+                                                        sequence_parallel=True))
+        exposed_s[tp] = estimate(model, TRAIN, cluster, plan).time_breakdown_s["comm/tp_exposed"]
+        pf = PlanFile(model=model, train=TRAIN, cluster=cluster, plan=plan)
+        flags[tp] = [name for name, _ in megatron.arguments(pf, plan)]
+    # TP16 moves about as many bytes per rank as TP8, over InfiniBand and all of them exposed
+    assert exposed_s[16] > 5 * exposed_s[8]
+    assert "--tp-comm-overlap" in flags[8] and "--tp-comm-overlap" not in flags[16]
 
 
 def test_a_fused_loss_is_one_pass_over_16_bit_logits():
