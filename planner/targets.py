@@ -98,17 +98,35 @@ def options_for(name: str, model: ModelSpec, train: TrainSpec, cluster: ClusterS
     if options.schedules is not None:
         schedules = options.schedules if schedules is None else schedules & options.schedules
     split, recompute = _SPLITS[name]
-    # whether it has sequence parallelism: asked of its export on a TP plan with SP
-    sp_probe = replace(degrees_plan(dp=1, tp=2, pp=1, cp=1, num_layers=model.num_layers), sequence_parallel=True)
-    has_sp = _module(name).nearest(PlanFile(plan=sp_probe, model=model, train=train, cluster=cluster)
-                                   ).plan.sequence_parallel
     module = _module(name)
     space = FrameworkSpace(name=name, mesh_orders=_ORDERS[name], split=split, recompute_counts=recompute,
-                           sequence_parallel=has_sp, zero_stages=getattr(module, "ZERO_STAGES", None),
+                           sequence_parallel=has_sequence_parallel(name, model, train, cluster),
+                           zero_stages=getattr(module, "ZERO_STAGES", None),
                            zero_stages_with_pp=getattr(module, "ZERO_STAGES_WITH_PP", None),
                            recompute_modes=getattr(module, "RECOMPUTE_MODES", None),
                            problems=lambda plan: changes(name, model, train, cluster, plan))
     return replace(options, schedules=schedules, space=space)
+
+
+def has_sequence_parallel(name: str, model: ModelSpec, train: TrainSpec, cluster: ClusterSpec) -> bool:
+    """Whether the framework runs sequence parallelism: asked of its export on a TP plan with SP."""
+    if name == PLANNER:
+        return True
+    probe = replace(degrees_plan(dp=1, tp=2, pp=1, cp=1, num_layers=model.num_layers), sequence_parallel=True)
+    return _module(name).nearest(PlanFile(plan=probe, model=model, train=train, cluster=cluster)).plan.sequence_parallel
+
+
+def default_zero_stage(name: str, pp: int) -> int:
+    """predict's ZeRO stage where --zero is not given: 1 (sharded optimizer states, Megatron's
+    distributed optimizer, DeepSpeed's stage 1) where the framework runs it at this pipeline
+    depth, else the highest stage it runs (torchtitan: FSDP2's full sharding)."""
+    if name == PLANNER:
+        return 1
+    module = _module(name)
+    stages = getattr(module, "ZERO_STAGES", None) or frozenset(range(4))
+    if pp > 1 and (with_pp := getattr(module, "ZERO_STAGES_WITH_PP", None)) is not None:
+        stages = stages & with_pp
+    return 1 if 1 in stages else max(stages)
 
 
 def refuse_unless_runs(name: str, model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> None:

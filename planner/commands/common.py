@@ -90,8 +90,9 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    help="expert tensor-parallel degree (mixtures of experts, --framework megatron): each routed "
                         "expert's projections split over the etp innermost ranks, the ep group the next ones; "
                         "divides the experts' width")
-    g.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=1,
-                   help="0 replicated (DDP), 1 optimizer sharded, 2 +gradients, 3 +weights (FSDP)")
+    g.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=None,
+                   help="0 replicated (DDP), 1 optimizer sharded, 2 +gradients, 3 +weights (FSDP) (default 1; "
+                        "--framework torchtitan: 3, FSDP2's full sharding, as it runs no stage 1)")
     g.add_argument("--dp-replicate", type=DEGREE, default=1, metavar="R",
                    help="hybrid sharding (HSDP): ZeRO shards over dp/R data-parallel ranks and keeps R replicas "
                         "of each shard, the gradient shards all-reduced over them (torchtitan's "
@@ -108,7 +109,8 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--recompute-layers", type=int_in(0, MAX_LAYERS),
                    help="layers recomputed per pipeline rank (default: all of them)")
     g.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None,
-                   help="sequence parallelism (default: on when tp > 1)")
+                   help="sequence parallelism (default: on when tp > 1 and the framework runs it; "
+                        "--framework deepspeed: off)")
     g.add_argument("--mbs", type=int_in(1, MAX_GLOBAL_BATCH), default=1, help="micro-batch size in sequences")
     g.add_argument("--vpp", type=DEGREE, default=None,
                    help="virtual stages per pipeline rank (default: the one a V-shaped --schedule has, 2; else 1)")
@@ -138,12 +140,16 @@ def specs_from_args(args: argparse.Namespace) -> tuple[ModelSpec, TrainSpec, Clu
                        framework=framework_of(args))
 
 
-def choice_from_args(args: argparse.Namespace) -> Choice:
-    return Choice(tp=args.tp, pp=args.pp, cp=args.cp, dp=args.dp, ep=args.ep, etp=args.etp, zero_stage=args.zero,
+def choice_from_args(args: argparse.Namespace, zero_default: int, sp_allowed: bool) -> Choice:
+    """The plan the flags give; an unset --zero is `zero_default`, an unset --sp off where the
+    framework has no sequence parallelism (`sp_allowed`), else on when tp > 1."""
+    zero = zero_default if args.zero is None else args.zero
+    sp = args.sp if args.sp is not None or sp_allowed else False
+    return Choice(tp=args.tp, pp=args.pp, cp=args.cp, dp=args.dp, ep=args.ep, etp=args.etp, zero_stage=zero,
                   offload_optimizer=args.offload_optimizer, fp8_linears=args.dtype == FP8,
                   offload_activations=args.offload_activations,
                   recompute=Recompute(args.recompute), recompute_layers=args.recompute_layers,
-                  sequence_parallel=args.sp, micro_batch_size=args.mbs, vpp=_vpp(args),
+                  sequence_parallel=sp, micro_batch_size=args.mbs, vpp=_vpp(args),
                   schedule=Schedule(args.schedule) if args.schedule else None,
                   mesh_axis_order=tuple(a.strip() for a in args.mesh_order.split(",")),
                   group_order=parse_group_order(args.group_order),

@@ -12,10 +12,10 @@ from costmodel.inputs import UserError
 from costmodel.plan import PlanFile
 from planner import outputs
 from planner.args import failures_from_args, refuse_ignored
-from planner.commands.common import choice_from_args, emit_json, specs_from_args
+from planner.commands.common import choice_from_args, emit_json, framework_of, specs_from_args
 from planner.commands.search import training_cost_of
 from planner.space import build_plan
-from planner.targets import name_for, refuse_unless_runs
+from planner.targets import default_zero_stage, has_sequence_parallel, name_for, refuse_unless_runs
 
 # predict --plan takes all of these from the file
 SPEC_AND_PLAN_FLAGS = {"model", "cluster", "seq_len", "global_batch", "dtype", "grad_dtype", "attention",
@@ -41,7 +41,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
         model, train, cluster, plan = pf.model, pf.train, pf.cluster, pf.plan
     else:
         model, train, cluster = specs_from_args(args)
-        plan = build_plan(model, train, cluster, choice_from_args(args))
+        name = framework_of(args)
+        choice = choice_from_args(args, default_zero_stage(name, args.pp),
+                                  has_sequence_parallel(name, model, train, cluster))
+        plan = build_plan(model, train, cluster, choice)
     problems = check_structure(model, train, cluster, plan)
     if problems:
         raise UserError("invalid plan: " + "; ".join(problems))

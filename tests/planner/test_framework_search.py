@@ -211,3 +211,15 @@ def test_a_fixed_interleaving_may_split_layers_unevenly(framework, capsys):
     plan = json.loads(capsys.readouterr().out)["plans"][0]["plan"]
     assert (plan["pp"], plan["vpp"], sum(plan["layers_per_stage"])) == (3, 2, 32)
     assert len(set(plan["layers_per_stage"])) > 1
+
+
+@pytest.mark.parametrize("framework,zero,sp", [("planner", 1, True), ("megatron", 1, True),
+                                               ("torchtitan", 3, True), ("deepspeed", 1, False)])
+def test_predicts_unset_flags_follow_the_framework(framework, zero, sp, capsys):
+    """A plan given by its degrees alone runs under each framework: an unset --zero is a stage it
+    runs (torchtitan has no stage 1), an unset --sp is off where it has no sequence parallelism."""
+    assert main(["predict", "--model", "llama3-8b", "--cluster", "4x8xH100", "--tp", "8",
+                 "--framework", framework, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)["plan"]
+    assert plan["zero_stage"] == zero and plan["sequence_parallel"] is sp
+    assert targets.default_zero_stage("megatron", pp=2) == 1 and targets.default_zero_stage("torchtitan", pp=2) == 3
