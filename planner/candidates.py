@@ -39,6 +39,16 @@ MAX_MICRO_BATCH = 64
 MAX_CP = 8
 
 
+REASON_CHARS = 80
+
+
+def reason_key(problem: str) -> str:
+    """A refusal as the search counts it: before its parenthesis, cut at a word within
+    REASON_CHARS, so that refusals alike but for their figures count together."""
+    head = problem.split(" (")[0]
+    return head if len(head) <= REASON_CHARS else head[:REASON_CHARS].rsplit(" ", 1)[0] + " ..."
+
+
 class States(NamedTuple):
     """Where a plan keeps its training states: the ZeRO stage, and whether the sharded ones (and
     their optimizer step) sit on the host (Plan.offload_optimizer)."""
@@ -186,7 +196,7 @@ def placement_groups(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, o
     mine = lambda: next(listed) % count == index  # noqa: E731
     for tp, cp in _tp_cp(model, train, cluster, options):
         if refused := mtp_cp_problems(model, cp, cluster.framework):   # none of its choices is a plan
-            prune(refused[0].split(" (")[0][:60])
+            prune(reason_key(refused[0]))
             continue
         for pp in allowed(options, "pp", [p for p in divisors(world // (tp * cp)) if p <= L]):
             dp = world // (tp * cp * pp)

@@ -8,10 +8,19 @@ from costmodel.units import GIB
 from planner.search_state import SearchResult
 
 
+def ruled_out(pruned_by_reason: dict[str, int], shown: int = 3) -> str:
+    """What ruled the candidates out, the most frequent reasons first, with their counts."""
+    if not pruned_by_reason:
+        return "the space holds no candidate (relax what is pinned: --fix, --max-tp, --schedule)"
+    reasons = sorted(pruned_by_reason.items(), key=lambda item: (-item[1], item[0]))
+    text = "; ".join(f"{reason} ({count:,} candidates)" for reason, count in reasons[:shown])
+    more = f"; {len(reasons) - shown} more reasons" if len(reasons) > shown else ""
+    return f"every candidate was ruled out: {text}{more}"
+
+
 def infeasible_message(result: SearchResult, cluster_name: str) -> str:
     if result.closest is None:
-        return ("no plan satisfies the constraints (see pruned_by_reason with --json); "
-                "relax --fix / --max-tp / --schedule")
+        return "no plan satisfies the constraints: " + ruled_out(result.stats.pruned_by_reason)
     est, plan = result.closest.estimate, result.closest.plan
     tried = "; with states or activations on the host nothing fits either" if result.offloaded_because else ""
     if offloads(plan) and est.host_memory_bytes and est.min_headroom_fraction >= 0:

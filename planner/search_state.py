@@ -25,7 +25,15 @@ from planner.bounds import (
     time_floor_s,
     zero_floor_s,
 )
-from planner.candidates import STATE_OPTIONS, Group, SearchOptions, States, states_allowed, states_for_group
+from planner.candidates import (
+    STATE_OPTIONS,
+    Group,
+    SearchOptions,
+    States,
+    reason_key,
+    states_allowed,
+    states_for_group,
+)
 from planner.shapes import pipeline_rows
 from planner.space import Choice, build_plan, degrees_plan
 
@@ -215,7 +223,7 @@ class SharedModels:
                 self._built[key] = "does not divide"
             else:
                 problems = check_structure(self.model, self.train, self.cluster, plan)
-                self._built[key] = problems[0].split(" (")[0][:60] if problems else plan
+                self._built[key] = reason_key(problems[0]) if problems else plan
         return self._built[key]
 
     def add_memory(self, base: Choice, plan: Plan) -> tuple[MemoryFit, Plan | None]:

@@ -1,5 +1,6 @@
 import csv
 import json
+import re
 
 import pytest
 
@@ -109,3 +110,23 @@ def test_the_memory_line_says_where_the_capacity_comes_from(capsys, cluster, bas
     assert main(["search", "--model", "debug-tiny", "--cluster", cluster, "--top", "1"]) == 0
     line = next(ln for ln in capsys.readouterr().out.splitlines() if "memory:" in ln)
     assert basis in line
+
+
+def test_a_space_with_no_plan_says_what_ruled_its_candidates_out(capsys):
+    """No candidate passes the structural rules (3 sequences cannot split over any data-parallel
+    degree of 512 devices): the one line names the rule and how often it ruled, not flags the
+    user never gave."""
+    assert main(["search", "--model", "llama3-70b", "--cluster", "64x8xH100", "--framework", "megatron",
+                 "--global-batch", "3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert re.search(r"no plan satisfies the constraints: every candidate was ruled out: "
+                     r"global batch not divisible by dp \([\d,]+ candidates\)", err)
+    assert "--fix" not in err
+
+
+def test_a_refusal_is_counted_by_its_words_not_its_figures():
+    from planner.candidates import REASON_CHARS, reason_key
+    long = "cp=2 with multi-token prediction: " + "word " * 40 + "(cp 2)"
+    assert reason_key("pp=3 does not divide 8 (layers 80)") == "pp=3 does not divide 8"
+    assert len(reason_key(long)) <= REASON_CHARS + 4 and reason_key(long).endswith(" ...")
