@@ -225,7 +225,14 @@ def arguments(pf: PlanFile, plan: Plan) -> list[tuple[str, str | None]]:
         if plan.zero_stage >= 1:   # weights kept and gathered in float8, as NVIDIA's float8 recipes run
             args += [("--fp8-param-gather", None)]
     args += [("--tokenizer-type", "NullTokenizer"), ("--vocab-size", str(m.vocab_size)), ("--mock-data", None)]
-    return args
+    return args + RUN_LENGTH
+
+
+# A throughput run's length and learning rate: pretrain_gpt.py stops on a missing --train-iters
+# (update_train_iters divides --train-samples, None) and --lr (the scheduler compares it with
+# --min-lr); no evaluation on the mock data, step times logged every ten iterations
+RUN_LENGTH = [("--train-iters", "100"), ("--eval-iters", "0"), ("--lr", "0.0003"), ("--log-interval", "10"),
+              ("--log-throughput", None)]
 
 
 def _dispatcher(m: ModelSpec, plan: Plan, cluster: ClusterSpec) -> list[tuple[str, str | None]]:
@@ -277,7 +284,8 @@ def render(pf: PlanFile, plan: Plan) -> tuple[str, str]:
     lines = ["#!/usr/bin/env bash",
              f"# Megatron-LM run of {plan.short()} for {pf.model.name} on {c.num_nodes}x{c.devices_per_node} "
              f"{c.device.name} (planner export). Run on every node from a Megatron-LM checkout, with",
-             "# NODE_RANK and MASTER_ADDR set; replace --mock-data and the NullTokenizer with your data.",
+             "# NODE_RANK and MASTER_ADDR set; replace --mock-data and the NullTokenizer with your data, and the",
+             "# 100 iterations at a constant learning rate (a throughput run) with your schedule.",
              "set -euo pipefail",
              *(["# Megatron-LM's argument checks require it with TP or CP (before Blackwell) and without Megatron-FSDP",
                 "export CUDA_DEVICE_MAX_CONNECTIONS=1"] if _one_connection(plan) else []),

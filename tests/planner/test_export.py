@@ -192,7 +192,8 @@ RENAMED = {"--norm-epsilon": "layernorm_epsilon", "--num-experts": "num_moe_expe
 TRAINING = {"--seq-length", "--max-position-embeddings", "--position-embedding-type", "--rotary-base",
             "--rotary-percent", "--use-rope-scaling", "--rope-scaling-factor", "--openai-gelu",   # GPTModel's
             "--untie-embeddings-and-output-weights", "--micro-batch-size", "--global-batch-size",
-            "--tokenizer-type", "--vocab-size", "--mock-data", "--use-tp-pp-dp-mapping", "--group-query-attention"}
+            "--tokenizer-type", "--vocab-size", "--mock-data", "--use-tp-pp-dp-mapping", "--group-query-attention",
+            "--train-iters", "--eval-iters", "--log-interval", "--log-throughput"}   # training.config's
 
 
 def _megatron_args(text: str) -> dict[str, str | None]:
@@ -271,6 +272,8 @@ def test_megatron_core_accepts_the_arguments(plan_paths, tmp_path, capsys, monke
     if pf.model.is_moe:   # Megatron's default is the dense TP size: the export always says it
         assert config.expert_tensor_parallel_size == plan.get("etp", 1)
     assert config.sequence_parallel == (plan["sequence_parallel"] and plan["tp"] > 1)
+    # pretrain_gpt.py stops without a run length and a learning rate (update_train_iters, the scheduler)
+    assert int(args["--train-iters"]) > 0 and float(args["--lr"]) > 0 and args["--eval-iters"] == "0"
     assert (config.virtual_pipeline_model_parallel_size or 1) == plan["vpp"]
     dp = pf.cluster.world_size // (plan["tp"] * plan["pp"] * plan["cp"])
     if pf.model.is_moe:
