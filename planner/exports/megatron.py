@@ -231,8 +231,8 @@ def arguments(pf: PlanFile, plan: Plan) -> list[tuple[str, str | None]]:
 # A throughput run's length and learning rate: pretrain_gpt.py stops on a missing --train-iters
 # (update_train_iters divides --train-samples, None) and --lr (the scheduler compares it with
 # --min-lr); no evaluation on the mock data, step times logged every ten iterations
-RUN_LENGTH = [("--train-iters", "100"), ("--eval-iters", "0"), ("--lr", "0.0003"), ("--log-interval", "10"),
-              ("--log-throughput", None)]
+RUN_LENGTH = [("--train-iters", "100"), ("--eval-iters", "0"), ("--lr", "0.0003"), ("--lr-decay-style", "constant"),
+              ("--log-interval", "10"), ("--log-throughput", None)]
 
 
 def _dispatcher(m: ModelSpec, plan: Plan, cluster: ClusterSpec) -> list[tuple[str, str | None]]:

@@ -193,7 +193,7 @@ TRAINING = {"--seq-length", "--max-position-embeddings", "--position-embedding-t
             "--rotary-percent", "--use-rope-scaling", "--rope-scaling-factor", "--openai-gelu",   # GPTModel's
             "--untie-embeddings-and-output-weights", "--micro-batch-size", "--global-batch-size",
             "--tokenizer-type", "--vocab-size", "--mock-data", "--use-tp-pp-dp-mapping", "--group-query-attention",
-            "--train-iters", "--eval-iters", "--log-interval", "--log-throughput"}   # training.config's
+            "--train-iters", "--eval-iters", "--lr-decay-style", "--log-interval", "--log-throughput"}
 
 
 def _megatron_args(text: str) -> dict[str, str | None]:
