@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from costmodel.plan import PlanFile, Recompute
+from costmodel.estimate import estimate
+from costmodel.plan import Plan, PlanFile, Recompute
 from costmodel.units import GIB
 from planner.exports import deepspeed, megatron, torchtitan
 from planner.exports.common import (
@@ -44,4 +45,10 @@ def export_plan(pf: PlanFile, target: str) -> Export:
     text, launch = module.render(pf, adjusted.plan)
     return Export(target=target, text=text, suffix=module.SUFFIX, launch=launch, plan=adjusted.plan,
                   differences=tuple(adjusted.differences), estimate=est,
-                  planned=est if adjusted.plan == pf.plan else priced(pf, pf.plan, module.FRAMEWORK))
+                  planned=est if searched_for_target(pf, adjusted.plan, module.FRAMEWORK)
+                  else estimate(pf.model, pf.train, pf.cluster, pf.plan))
+
+
+def searched_for_target(pf: PlanFile, plan: Plan, framework: str) -> bool:
+    """Whether the export is the plan file's plan, priced with the same framework's traits."""
+    return plan == pf.plan and pf.cluster.framework.name == framework

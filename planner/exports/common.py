@@ -47,7 +47,7 @@ class Export:
     plan: Plan                     # what the exported configuration runs
     differences: tuple[str, ...]   # what of the plan the target cannot say, and what it runs instead
     estimate: Estimate             # the exported plan as the target's framework runs it (its traits)
-    planned: Estimate              # the original plan as priced for it (the same traits)
+    planned: Estimate              # the plan file's plan as it was priced (its own framework's traits)
 
 
 def priced(pf: PlanFile, plan: Plan, framework: str) -> Estimate:

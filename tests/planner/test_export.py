@@ -486,3 +486,17 @@ def test_a_deepseek_plan_exports_its_mechanisms_to_megatron(tmp_path, capsys):
     capsys.readouterr()
     assert main(["export", str(plan), "--to", "torchtitan", "--out", str(tmp_path / "job.toml")]) == 2
     assert "latent attention" in capsys.readouterr().err
+
+
+def test_an_export_to_another_framework_is_measured_against_the_plan_as_searched(plan_paths, tmp_path, capsys):
+    """A plan searched for Megatron exported to DeepSpeed: the loss is told against the plan as it
+    was searched (Megatron's traits), not against that plan priced as DeepSpeed would run it,
+    which DeepSpeed cannot."""
+    from costmodel.estimate import estimate
+    pf = PlanFile.load(plan_paths["searched-megatron"])
+    doc = _export(capsys, plan_paths["searched-megatron"], "deepspeed", tmp_path / "c.json")
+    searched_s = estimate(pf.model, pf.train, pf.cluster, pf.plan).step_time_s
+    assert doc["planned"]["step_time_s"] == pytest.approx(searched_s) != doc["estimate"]["step_time_s"]
+    assert main(["export", str(plan_paths["searched-megatron"]), "--to", "deepspeed", "--out",
+                 str(tmp_path / "d.json")]) == 0
+    assert "the plan as searched for megatron" in capsys.readouterr().out
