@@ -23,7 +23,8 @@ class Choice:
     dp: int | None = None  # None: world size / (tp*pp*cp)
     zero_stage: int = 1
     recompute: Recompute = Recompute.NONE
-    recompute_layers: int | None = None  # per pipeline rank; None: all of the rank's layers
+    recompute_layers: int | tuple[int, ...] | None = None  # per pipeline rank (one count or one each); None: all
+    layers_per_stage: tuple[int, ...] = ()   # per virtual stage in pipeline order; (): as even as they go
     sequence_parallel: bool | None = None  # None: on whenever tp > 1 (Megatron's recommendation)
     micro_batch_size: int = 1
     vpp: int = 1
@@ -52,13 +53,7 @@ def build_plan(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, choice:
     if choice.pp * choice.vpp > model.num_layers:
         raise UserError(f"pp*vpp = {choice.pp * choice.vpp:,} pipeline stages, but the model has only "
                          f"{model.num_layers} layers")
-    if choice.recompute_layers is not None:
-        if choice.recompute is Recompute.NONE:
-            raise UserError("--recompute-layers needs --recompute selective or full")
-        most = -(-model.num_layers // choice.pp)
-        if choice.recompute_layers > most:
-            raise UserError(f"--recompute-layers {choice.recompute_layers}: a pipeline rank holds at most "
-                             f"{most} layers")
+    _check_layer_counts(model, choice)
     if choice.micro_batch_sizes:
         num_micro_batches = _shared_micro_batches(train, cluster, choice, dp)
     else:
@@ -68,7 +63,8 @@ def build_plan(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, choice:
                              f"replicas of micro-batches of {choice.micro_batch_size}")
         num_micro_batches = per_replica // choice.micro_batch_size
     schedule = choice.schedule or default_schedule(choice.vpp)
-    layers = dense_layers_first(even_layers(model.num_layers, choice.pp * choice.vpp), model.first_k_dense)
+    layers = choice.layers_per_stage or dense_layers_first(even_layers(model.num_layers, choice.pp * choice.vpp),
+                                                           model.first_k_dense)
     probe = Plan(dp=dp, tp=choice.tp, pp=choice.pp, cp=choice.cp, zero_stage=choice.zero_stage,
                  recompute=choice.recompute, recompute_num_layers=(0,) * choice.pp,
                  sequence_parallel=False,
@@ -82,10 +78,34 @@ def build_plan(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, choice:
     if choice.recompute is Recompute.NONE:
         counts = (0,) * choice.pp
     else:
-        counts = tuple(probe.layers_on_rank(r) if choice.recompute_layers is None
-                       else min(choice.recompute_layers, probe.layers_on_rank(r)) for r in range(choice.pp))
+        wanted = choice.recompute_layers
+        counts = tuple(probe.layers_on_rank(r) if wanted is None
+                       else min(wanted if isinstance(wanted, int) else wanted[r], probe.layers_on_rank(r))
+                       for r in range(choice.pp))
     sp = choice.sequence_parallel if choice.sequence_parallel is not None else choice.tp > 1
     return replace(probe, recompute_num_layers=counts, sequence_parallel=sp)
+
+
+def _check_layer_counts(model: ModelSpec, choice: Choice) -> None:
+    """--recompute-layers and --layers against the plan's pipeline, one line each."""
+    if choice.layers_per_stage:
+        stages = choice.pp * choice.vpp
+        if len(choice.layers_per_stage) != stages or sum(choice.layers_per_stage) != model.num_layers:
+            raise UserError(f"--layers {','.join(map(str, choice.layers_per_stage))}: expected {stages} counts "
+                            f"(pp x vpp virtual stages, in pipeline order) adding up to the model's "
+                            f"{model.num_layers} layers")
+    wanted = choice.recompute_layers
+    if wanted is None:
+        return
+    if choice.recompute is Recompute.NONE:
+        raise UserError("--recompute-layers needs --recompute selective or full")
+    counts = (wanted,) if isinstance(wanted, int) else wanted
+    if not isinstance(wanted, int) and len(counts) != choice.pp:
+        raise UserError(f"--recompute-layers {','.join(map(str, counts))}: one count, or one per pipeline rank "
+                        f"({choice.pp})")
+    most = -(-model.num_layers // choice.pp)
+    if max(counts) > most:
+        raise UserError(f"--recompute-layers {max(counts)}: a pipeline rank holds at most {most} layers")
 
 
 def dense_layers_first(layers: tuple[int, ...], dense: int) -> tuple[int, ...]:

@@ -106,8 +106,13 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    help="copy what the layers save for backward (not their weights) to host memory and back, an "
                         "alternative to --recompute; needs a device profile with a [host] (GPUs)")
     g.add_argument("--recompute", choices=[r.value for r in Recompute], default="none")
-    g.add_argument("--recompute-layers", type=int_in(0, MAX_LAYERS),
-                   help="layers recomputed per pipeline rank (default: all of them)")
+    g.add_argument("--recompute-layers", metavar="N|N,N,...",
+                   help="layers recomputed per pipeline rank: one count for every rank, or one per rank as the "
+                        "search prints them (rc=full:2/19/21/21/19 is 2,19,21,21,19; default: all of them)")
+    g.add_argument("--layers", metavar="N,N,...",
+                   help="layers per virtual stage in pipeline order, pp x vpp counts adding up to the model's "
+                        "layers, as the search prints them (layers/stage [...]; default: as even as they go, "
+                        "a mixture's dense first layers on the first stage)")
     g.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None,
                    help="sequence parallelism (default: on when tp > 1 and the framework runs it; "
                         "--framework deepspeed: off)")
@@ -148,13 +153,22 @@ def choice_from_args(args: argparse.Namespace, zero_default: int, sp_allowed: bo
     return Choice(tp=args.tp, pp=args.pp, cp=args.cp, dp=args.dp, ep=args.ep, etp=args.etp, zero_stage=zero,
                   offload_optimizer=args.offload_optimizer, fp8_linears=args.dtype == FP8,
                   offload_activations=args.offload_activations,
-                  recompute=Recompute(args.recompute), recompute_layers=args.recompute_layers,
+                  recompute=Recompute(args.recompute), recompute_layers=_recompute_layers(args.recompute_layers),
+                  layers_per_stage=parse_ints(args.layers, "--layers", "20,20,20,20"),
                   sequence_parallel=sp, micro_batch_size=args.mbs, vpp=_vpp(args),
                   schedule=Schedule(args.schedule) if args.schedule else None,
                   mesh_axis_order=tuple(a.strip() for a in args.mesh_order.split(",")),
                   group_order=parse_group_order(args.group_order),
                   micro_batch_sizes=parse_ints(args.group_mbs, "--group-mbs", "1,3"),
                   dp_replicate=args.dp_replicate)
+
+
+def _recompute_layers(text: str | None) -> int | tuple[int, ...] | None:
+    """--recompute-layers: one count for every pipeline rank, or one per rank."""
+    counts = parse_ints(text, "--recompute-layers", "2 or 2,19,21,21")
+    if min(counts, default=0) < 0 or max(counts, default=0) > MAX_LAYERS:
+        raise UserError(f"--recompute-layers {text!r}: each count must be in 0..{MAX_LAYERS:,}")
+    return None if not counts else counts[0] if len(counts) == 1 and "," not in text else counts
 
 
 def _vpp(args: argparse.Namespace) -> int:

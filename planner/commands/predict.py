@@ -19,7 +19,7 @@ from planner.targets import default_zero_stage, has_sequence_parallel, name_for,
 
 # predict --plan takes all of these from the file
 SPEC_AND_PLAN_FLAGS = {"model", "cluster", "seq_len", "global_batch", "dtype", "grad_dtype", "attention",
-                       "memory_headroom", "framework", "dp", "tp", "pp", "cp", "zero", "recompute", "recompute_layers",
+                       "memory_headroom", "framework", "dp", "tp", "pp", "cp", "zero", "recompute", "recompute_layers", "layers",
                        "sp", "mbs", "vpp", "schedule", "mesh_order", "offload_optimizer", "offload_activations"}
 
 

@@ -1,5 +1,6 @@
 """The command line as a user meets it: output shapes, JSON contract, one-line errors, exit 2."""
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -99,3 +100,25 @@ def test_closed_pipe_is_not_a_traceback():
     cmd = f"{sys.executable} -m planner {' '.join(PREDICT)} | head -1"
     out = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True)
     assert out.stdout.startswith("model") and "Traceback" not in out.stderr
+
+
+def test_predict_takes_a_searched_split_and_per_rank_recomputation(capsys):
+    """A plan as the search prints it (layers/stage [...], rc=full:3/0) is one predict away: --layers
+    and a --recompute-layers list give exactly that plan."""
+    flags = ["predict", "--model", "llama-70b", "--cluster", "4x8xA100", "--tp", "8", "--pp", "2", "--vpp", "2",
+             "--layers", "21,20,20,19", "--recompute", "full", "--recompute-layers", "3,0", "--json"]
+    assert main(flags) == 0
+    plan = json.loads(capsys.readouterr().out)["plan"]
+    assert plan["layers_per_stage"] == [21, 20, 20, 19] and plan["recompute_num_layers"] == [3, 0]
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--layers", "40,40,1"], r"--layers 40,40,1: expected 2 counts .* adding up to the model's 80 layers"),
+    (["--layers", "41,40"], r"--layers 41,40: expected 2 counts"),
+    (["--recompute", "full", "--recompute-layers", "1,2,3"], r"one count, or one per pipeline rank \(2\)"),
+    (["--recompute", "full", "--recompute-layers", "1,x"], r"--recompute-layers '1,x': expected whole numbers"),
+])
+def test_bad_layer_counts_are_one_line(extra, message, capsys):
+    assert main(["predict", "--model", "llama-70b", "--cluster", "4x8xA100", "--tp", "8", "--pp", "2", *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and re.search(message, err), err
