@@ -28,6 +28,19 @@ def _repriced(options: SearchOptions) -> int:
 
 
 
+def _as_run(plan: Plan, options: SearchOptions) -> Plan | None:
+    """The plan in a rank order the framework runs it in, None where it runs it in none: a
+    closest plan the framework cannot run would be advice it cannot take (plans whose states
+    alone overflow were never put to its verdict)."""
+    if options.space is None:
+        return plan
+    for order in (plan.mesh_axis_order, *options.space.mesh_orders):
+        placed = replace(plan, mesh_axis_order=order)
+        if not options.space.problems(placed):
+            return placed
+    return None
+
+
 def result(shared: SharedModels, options: SearchOptions, stats: SearchStats, found: list[Found],
             too_big: list[tuple[Choice, int, Schedule, int]], too_big_plans: list[Plan],
             deadline: float) -> SearchResult:
@@ -39,10 +52,13 @@ def result(shared: SharedModels, options: SearchOptions, stats: SearchStats, fou
         for base, vpp, schedule, zero in too_big[:2000]:
             if closest is not None and time.perf_counter() > deadline:
                 break
-            choice = replace(base, **STATE_OPTIONS[zero]._asdict(), vpp=vpp, schedule=schedule)
-            closest = closer(model, train, cluster, build_plan(model, train, cluster, choice), closest, free)
+            plan = build_plan(model, train, cluster, replace(base, **STATE_OPTIONS[zero]._asdict(), vpp=vpp,
+                                                             schedule=schedule))
+            if (plan := _as_run(plan, options)) is not None:
+                closest = closer(model, train, cluster, plan, closest, free)
         for plan in too_big_plans:
-            closest = closer(model, train, cluster, plan, closest, free)
+            if (plan := _as_run(plan, options)) is not None:
+                closest = closer(model, train, cluster, plan, closest, free)
     # the first plans are chosen among the DECISION_K best within the decision band of the
     # fastest, which the cutoff keeps whatever --top asks to show; the rest follow by time
     decision = rank(found, replace(options, top_k=DECISION_K))

@@ -169,10 +169,11 @@ def _merged(halves: list[_Half]) -> SearchStats:
 
 
 def unsatisfiable_constraints(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
-                              options: SearchOptions) -> list[str]:
+                              options: SearchOptions, ruled_out: bool = False) -> list[str]:
     """When the constraints leave no candidate at all: each fixed field whose value no plan can
-    take, with the values it could take; or, when each is possible alone, that they are not
-    together."""
+    take, with the values it could take; or, when each is possible alone and no candidate was
+    ruled out by a rule the search names (`ruled_out`: those rules are the better answer), that
+    they are not together."""
     possible: dict[str, set] = {name: set() for name in options.fixed}
     pinned = list(options.fixed.items())
     together: set[int] = set()   # per choice, the pinned fields it matches (bit i: pinned[i])
@@ -210,6 +211,8 @@ def unsatisfiable_constraints(model: ModelSpec, train: TrainSpec, cluster: Clust
             shown = ", ".join(str(v) for v in sorted(possible[name]))
             problems.append(f"{name}={value} is not possible for {model.name} on {cluster.name} "
                             f"(the search considers: {shown})")
+    if ruled_out and not problems:
+        return []
     if not problems and options.fixed and not cluster.is_mixed:
         shown = ", ".join(f"{k}={v}" for k, v in _fewest_apart(pinned, together))
         problems.append(f"{shown} are not possible together for {model.name} on {cluster.name}, though each is alone")

@@ -204,7 +204,8 @@ def run_search(args: argparse.Namespace, model, train, cluster) -> SearchResult:
                     if result.stats.enumerated else "the space was still being listed")
             raise UserError(f"no plan found within the --time-limit of {args.time_limit:g} s ({left}); raise it")
         if result.closest is None:
-            problems = unsatisfiable_constraints(model, train, cluster, options)
+            problems = unsatisfiable_constraints(model, train, cluster, options,
+                                                 ruled_out=bool(result.stats.pruned_by_reason))
             if problems:
                 raise UserError("contradictory constraints: " + "; ".join(problems))
         raise UserError(infeasible_message(result, cluster.name))

@@ -4,6 +4,7 @@ included runtime cannot fit fit under the framework that ran them; bad input is 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -223,3 +224,17 @@ def test_predicts_unset_flags_follow_the_framework(framework, zero, sp, capsys):
     plan = json.loads(capsys.readouterr().out)["plan"]
     assert plan["zero_stage"] == zero and plan["sequence_parallel"] is sp
     assert targets.default_zero_stage("megatron", pp=2) == 1 and targets.default_zero_stage("torchtitan", pp=2) == 3
+
+
+def test_the_closest_plan_when_nothing_fits_is_one_the_framework_runs(capsys):
+    """Llama 3 405B on 32 H100s fits nowhere; under DeepSpeed the closest plan told is one
+    DeepSpeed runs (no context parallelism, which it has not), and a pinned degree it cannot run
+    is named as the reason, not as a contradiction of the pins."""
+    assert main(["search", "--model", "llama3-405b", "--cluster", "4x8xH100", "--framework", "deepspeed"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    closest = re.search(r"the closest plan \((.*?)\) needs", err).group(1)
+    assert "cp" not in closest and "+sp" not in closest, err
+    assert main(["search", "--model", "llama3-70b", "--cluster", "8x8xH100", "--framework", "deepspeed",
+                 "--fix", "cp=2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "every candidate was ruled out: deepspeed cannot run: cp=2" in err and "together" not in err
