@@ -91,7 +91,7 @@ def check_structure(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
         problems += fp8_problems(model, train, cluster, plan.tp)
     if sorted(plan.mesh_axis_order) != sorted(AXES):
         add(f"mesh_axis_order must order exactly {', '.join(AXES)} (got {', '.join(plan.mesh_axis_order)})")
-    problems += _check_pipeline(model, plan)
+    problems += _check_pipeline(model, plan, cluster.framework)
     problems += _check_recompute(plan)
     return problems
 
@@ -290,7 +290,7 @@ def sp_problems(train: TrainSpec, tp: int, cp: int) -> list[str]:
     return [f"sequence parallelism needs tp={tp} to divide the local sequence {local}"] if local % tp else []
 
 
-def _check_pipeline(model: ModelSpec, plan: Plan) -> list[str]:
+def _check_pipeline(model: ModelSpec, plan: Plan, traits: FrameworkTraits) -> list[str]:
     problems: list[str] = []
     add = problems.append
     if len(plan.layers_per_stage) != plan.pp * plan.vpp:
@@ -305,7 +305,8 @@ def _check_pipeline(model: ModelSpec, plan: Plan) -> list[str]:
         add(f"the first pipeline stage holds {plan.layers_per_stage[0]} layers, fewer than the model's "
             f"{model.first_k_dense} dense first layers (first_k_dense)")
     problems += plan.schedule.traits.problems(str(plan.schedule), plan.pp, plan.vpp, plan.num_micro_batches,
-                                              plan.recompute is not Recompute.NONE and any(plan.recompute_num_layers))
+                                              plan.recompute is not Recompute.NONE and any(plan.recompute_num_layers),
+                                              torch_pipelining=not traits.own_pipeline_schedules)
     return problems
 
 

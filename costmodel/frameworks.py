@@ -284,6 +284,12 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   into and out of its flat buffers, which a plan with more replicas pays inside its collectives'
   fitted time; here they are priced alone, at the profile's FSDP rates
   (costmodel.rank_time.one_replica_fsdp_s). Our runtime's trait.
+- `own_pipeline_schedules`: the framework runs pipeline schedules of its own rather than
+  `torch.distributed.pipelining`'s, whose Schedule1F1B refuses fewer micro-batches than stages.
+  Megatron's 1F1B warms up min(p - rank - 1, m) micro-batches (schedules.py,
+  forward_backward_pipelining_without_interleaving) and DeepSpeed's TrainSchedule runs
+  2(m + p - 1) steps for any m, so a step of fewer micro-batches than stages runs there, its
+  bubble (p - 1)/(m + p - 1) priced as any 1F1B's. Off for our runtime and torchtitan.
 - `recompute_early_stop`: a fully recomputed layer stops before its last projection. Our runtime
   wraps each layer in torch's non-reentrant checkpoint (`checkpoint_wrapper`), whose early stop
   (on by default) ends the recomputation once every tensor the backward needs is saved again; the
@@ -345,6 +351,7 @@ class FrameworkTraits:
     grads_reduced_after_pipeline: bool = False
     grad_overlap_zero3_only: bool = False
     hybrid_shard: bool = False
+    own_pipeline_schedules: bool = True
 
 
 GENERIC = FrameworkTraits(name="generic", dp_grad_overlap=True, dp_param_overlap=True,
@@ -361,7 +368,7 @@ RUNTIME = FrameworkTraits(name="planner", dp_grad_overlap=True, dp_param_overlap
                           deferred_w_keeps_graph=True, cp_all_gather_kv=True,
                           float8_casts_fused=True, dp_collectives_per_layer=True, eager_layer=True,
                           recompute_early_stop=True, one_replica_fsdp=True, ep_folds_over_tp=True,
-                          hybrid_shard=True)
+                          hybrid_shard=True, own_pipeline_schedules=False)
 
 # The same executor with its layers compiled (planner run --compile).
 COMPILED_RUNTIME = replace(RUNTIME, name="planner-compiled", eager_layer=False, compiled_layer=True)
@@ -396,7 +403,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
                     tp_backward_reduce_scatter_exposed=True,
                     cp_all_gather_kv=True, float8_casts_fused=True, float8_with_tp=True,
                     deferred_w_keeps_graph=True, shared_expert_tp=True, eager_rms_norm_composite=True,
-                    recompute_placement="every_nth", **_FSDP),
+                    recompute_placement="every_nth", own_pipeline_schedules=False, **_FSDP),
 )}
 
 

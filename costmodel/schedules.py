@@ -67,8 +67,12 @@ class ScheduleTraits:
     def accepts_vpp(self, vpp: int) -> bool:
         return vpp >= self.min_vpp and (self.max_vpp is None or vpp <= self.max_vpp)
 
-    def problems(self, name: str, pp: int, vpp: int, num_micro_batches: int, recomputes: bool) -> list[str]:
-        """Why a plan cannot run this schedule (check_plan's and the search's one rule set)."""
+    def problems(self, name: str, pp: int, vpp: int, num_micro_batches: int, recomputes: bool, *,
+                 torch_pipelining: bool) -> list[str]:
+        """Why a plan cannot run this schedule (check_plan's and the search's one rule set). The
+        micro-batch count's lower bound is torch's (`torch_pipelining`: our runtime, torchtitan);
+        Megatron's and DeepSpeed's own 1F1B run fewer micro-batches than stages
+        (FrameworkTraits.own_pipeline_schedules)."""
         out = []
         if self.needs_pp and pp < 2:
             out.append(f"schedule {name} needs pp > 1")
@@ -80,7 +84,7 @@ class ScheduleTraits:
             out.append(f"schedule {name} needs {want} (virtual stages per rank; got {vpp})")
         if self.micro_batches_multiple_of_pp and pp > 1 and num_micro_batches % pp:
             out.append(f"schedule {name} needs num_micro_batches ({num_micro_batches}) divisible by pp ({pp})")
-        if self.micro_batches_at_least_pp and num_micro_batches < pp:
+        if self.micro_batches_at_least_pp and num_micro_batches < pp and torch_pipelining:
             out.append(f"schedule {name} needs at least as many micro-batches as pipeline stages "
                        f"({num_micro_batches} < pp {pp}; torch's Schedule1F1B refuses fewer)")
         if self.micro_batches_at_least_stages and num_micro_batches < pp * vpp:

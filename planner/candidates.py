@@ -160,7 +160,7 @@ def _schedules(pp: int, vpp: int, mode: Recompute,
     # interleaving is offered only when pp divides the micro-batches) that have a closed form:
     # ZBV is priced only by simulation
     valid = [s for s in Schedule if s.traits.closed_form and (allowed is None or s in allowed)
-             and not s.traits.problems(str(s), pp, vpp, pp, mode is not Recompute.NONE)]
+             and not s.traits.problems(str(s), pp, vpp, pp, mode is not Recompute.NONE, torch_pipelining=True)]
     dominant = [s for s in valid if s.traits.dominated_by not in valid] or valid
     return tuple(valid), tuple(dominant)   # cached: never handed out to be changed
 
@@ -349,7 +349,9 @@ def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8,
             variants = []
             for vpp in allowed(options, "vpp", vpps):
                 valid, best = _schedules(pp, vpp, mode, options.schedules)
-                runnable = tuple(s for s in valid if not s.traits.problems(str(s), pp, vpp, m, mode is not Recompute.NONE))
+                runnable = tuple(s for s in valid if not s.traits.problems(
+                    str(s), pp, vpp, m, mode is not Recompute.NONE,
+                    torch_pipelining=not cluster.framework.own_pipeline_schedules))
                 if runnable != valid:   # a rule on the micro-batch count (1F1B: m >= pp): dominance among the rest
                     valid = runnable
                     best = tuple(s for s in valid if s.traits.dominated_by not in valid) or valid

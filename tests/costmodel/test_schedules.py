@@ -104,6 +104,6 @@ def test_micro_batch_rules_are_torch_s(schedule, v):
     Interleaving's m % pp rule is stricter than torch's, never looser."""
     for p in (2, 4):
         for m in range(1, 13):
-            ours = bool(schedule.traits.problems(str(schedule), p, v, m, False))
+            ours = bool(schedule.traits.problems(str(schedule), p, v, m, False, torch_pipelining=True))
             theirs = _torch_refuses(schedule, p, m, v)
             assert ours if theirs else (not ours or schedule is Schedule.INTERLEAVED), (schedule, p, m, ours, theirs)
