@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
-from costmodel.check import offload_problems
+from costmodel.check import offload_problems, tp_problems
 from costmodel.estimate import estimate
 from costmodel.hardware import ClusterSpec
 from costmodel.plan import Plan
@@ -209,8 +209,9 @@ def unsatisfiable_constraints(model: ModelSpec, train: TrainSpec, cluster: Clust
                             "data-parallel ranks (hybrid sharding: --framework torchtitan or planner)")
         elif value not in possible[name]:
             shown = ", ".join(str(v) for v in sorted(possible[name]))
-            problems.append(f"{name}={value} is not possible for {model.name} on {cluster.name} "
-                            f"(the search considers: {shown})")
+            why = _why_not(model, train, name, value)
+            problems.append(f"{name}={value} is not possible for {model.name} on {cluster.name}"
+                            + (f": {why}" if why else f" (the search considers: {shown})"))
     if ruled_out and not problems:
         return []
     if not problems and options.fixed and not cluster.is_mixed:
@@ -219,6 +220,15 @@ def unsatisfiable_constraints(model: ModelSpec, train: TrainSpec, cluster: Clust
     elif not problems and options.fixed:
         problems.append(f"each of {', '.join(f'{k}={v}' for k, v in pinned)} is possible, but not all together")
     return problems
+
+
+def _why_not(model: ModelSpec, train: TrainSpec, name: str, value: Any) -> str:
+    """The rule that keeps one pinned value out of every plan, where one does."""
+    if name == "fp8_linears" and value and not train.float8:
+        return "float8 linears need --dtype fp8"
+    if name == "tp" and (found := tp_problems(model, value)):
+        return found[0]
+    return ""
 
 
 def _fewest_apart(pinned: list[tuple[str, Any]], together: set[int]) -> list[tuple[str, Any]]:

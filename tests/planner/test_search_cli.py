@@ -130,3 +130,13 @@ def test_a_refusal_is_counted_by_its_words_not_its_figures():
     long = "cp=2 with multi-token prediction: " + "word " * 40 + "(cp 2)"
     assert reason_key("pp=3 does not divide 8 (layers 80)") == "pp=3 does not divide 8"
     assert len(reason_key(long)) <= REASON_CHARS + 4 and reason_key(long).endswith(" ...")
+
+
+@pytest.mark.parametrize("pins,message", [
+    (["--fix", "fp8=yes"], r"fp8_linears=True is not possible .*: float8 linears need --dtype fp8"),
+    (["--fix", "tp=16", "--max-tp", "16"], r"tp=16 is not possible .*: tp=16 does not divide the model's num_kv_heads"),
+])
+def test_a_pin_no_plan_takes_names_the_rule(pins, message, capsys):
+    assert main(["search", "--model", "llama3-70b", "--cluster", "8x8xH100", *pins]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert re.search(message, err), err
