@@ -132,4 +132,12 @@ def default_zero_stage(name: str, pp: int) -> int:
 def refuse_unless_runs(name: str, model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> None:
     """A fixed plan (predict) the framework would have to change: one line with its reasons."""
     if found := changes(name, model, train, cluster, plan):
-        raise UserError(f"--framework {name} cannot run this plan as it is: {'; '.join(found)}")
+        raise UserError(f"--framework {name} cannot run this plan as it is: "
+                        + "; ".join(_as_reason(change) for change in found))
+
+
+def _as_reason(change: str) -> str:
+    """An export's difference ("what: why; what it runs instead") as a reason that names the
+    replacement apart, so that several read as one list."""
+    why, _, instead = change.rpartition("; ")
+    return f"{why} (it would run {instead})" if why else change

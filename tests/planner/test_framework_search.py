@@ -107,6 +107,9 @@ def test_megatron_cores_mixtral_8x22b_mapping_fits_as_megatron(capsys):
      "dp_replicate=2: megatron-core does not shard over part of the data-parallel ranks"),
     (["predict", "--model", "llama3-8b", "--cluster", "4x8xH100", "--framework", "deepspeed", "--dp-replicate", "2"],
      "dp_replicate=2 (hybrid sharding): deepspeed does not shard over part of the data-parallel ranks"),
+    (["predict", "--model", "llama3-8b", "--cluster", "4x8xH100", "--framework", "deepspeed", "--tp", "8", "--pp", "2",
+      "--zero", "3", "--sp"], "pipeline engine runs ZeRO-0/1 (it would run ZeRO-1); sequence parallelism: DeepSpeed's "
+                              "AutoTP has none (it would run tensor parallelism without it)"),
 ])
 def test_bad_framework_input_is_one_line_and_exit_2(argv, message, capsys):
     assert main(argv) == 2
