@@ -30,18 +30,21 @@ from planner.space import Choice
 from planner.specs import FP8, build_specs
 
 
-def add_train_args(p: argparse.ArgumentParser) -> None:
+def add_train_args(p: argparse.ArgumentParser, cluster: bool = True) -> None:
+    """The model, cluster and training flags. Without `cluster` (a sweep sizes its own clusters)
+    --cluster and --group-link stay out of --help and are refused by the command in one line."""
     p.add_argument("--model", help="registry name (see `planner models`) or path to a HF config.json")
-    p.add_argument("--cluster", help="NODESxGPUS_PER_NODExDEVICE, e.g. 8x8xA100 (see `planner devices`); a mixed "
+    shown = (lambda text: text) if cluster else (lambda text: argparse.SUPPRESS)
+    p.add_argument("--cluster", help=shown("NODESxGPUS_PER_NODExDEVICE, e.g. 8x8xA100 (see `planner devices`); a mixed "
                                      "cluster joins groups with '+', e.g. 4x8xA100+4x8xH100 (same devices per node: "
                                      "each pipeline stage runs on one group, layers split by each group's speed and "
                                      "memory; without a pipeline each data-parallel replica runs on one group, "
-                                     "its micro-batch size the group's)")
+                                     "its micro-batch size the group's)"))
     low, high = (b / 1e9 for b in LINK_BYTES_PER_S_RANGE)
     p.add_argument("--group-link", type=float_in(low, high, " GB/s"), metavar="GB_PER_S",
-                   help="mixed clusters: the link between the groups in GB/s per device and direction (default: "
-                        "the slowest group's own inter-node link); pipeline sends and the gradient collectives of "
-                        "replicas on different groups cross it")
+                   help=shown("mixed clusters: the link between the groups in GB/s per device and direction "
+                              "(default: the slowest group's own inter-node link); pipeline sends and the gradient "
+                              "collectives of replicas on different groups cross it"))
     p.add_argument("--seq-len", type=int_in(1, MAX_SEQ_LEN), help="tokens per sequence (default: the model's published recipe)")
     p.add_argument("--global-batch", type=int_in(1, MAX_GLOBAL_BATCH), help="sequences per optimizer step (default: published recipe)")
     p.add_argument("--dtype", choices=[d.value for d in DType] + [FP8], default="bf16",

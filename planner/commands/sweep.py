@@ -44,7 +44,7 @@ curve is its largest size that keeps {100 * KNEE_EFFICIENCY:.0f}% of the smalles
 
 
 def add_sweep_args(p: argparse.ArgumentParser) -> None:
-    add_train_args(p)
+    add_train_args(p, cluster=False)
     add_framework_arg(p)
     g = p.add_argument_group("sizes and cost")
     g.add_argument("--device", required=True, metavar="D[,D2...]",

@@ -74,3 +74,9 @@ def test_search_and_predict_say_what_training_takes(command, capsys):
     assert training["num_gpus"] == 8 and training["cost_usd"] == pytest.approx(training["gpu_hours"] * 2)
     assert main([command[0], *flags, *command[1:], "--gpu-hour-usd", "2"]) == 2
     assert "--gpu-hour-usd prices the --tokens" in capsys.readouterr().err
+
+
+def test_the_help_leaves_out_the_flags_a_sweep_refuses(capsys):
+    assert main(["sweep", "--help"]) == 0
+    text = capsys.readouterr().out
+    assert "--device" in text and "--cluster" not in text and "--group-link" not in text
