@@ -108,7 +108,8 @@ def add_constraint_args(p: argparse.ArgumentParser, default_time_limit_s: float,
     c.add_argument("--schedule", choices=[s.value for s in Schedule], help="only this pipeline schedule")
     c.add_argument("--no-recompute", action="store_true", help="never recompute activations")
     c.add_argument("--time-limit", type=positive_float, default=default_time_limit_s, metavar="S",
-                   help="stop after S seconds with the best plan found, reported as not proven optimal "
+                   help="stop after S seconds with the best plan found, reported as not proven optimal; an "
+                        "error where none was found yet (a very large space can take seconds to list) "
                         f"(default {default_time_limit_s:g})")
     if objective:   # sweep has its own (planner.objective)
         c.add_argument("--objective", choices=["time", "memory", "cost"], default="time",
