@@ -91,7 +91,8 @@ def summary_lines(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan
           if plan.offload_activations and not plan.offload_optimizer else []),
         f"         memory: {_memory_basis(cluster)}; MFU counts 6N{' (N: active parameters)' if model.is_moe else ''} "
         f"+ {_attention_flops_phrase(model)} FLOPs per token (full s² "
-        f"attention, Megatron Eq. 7 / PaLM){' against the bf16 peak, float8 linears included' if plan.fp8_linears else ''}"
+        f"attention, Megatron Eq. 7 / PaLM; a causal kernel runs half of it), HFU those and the recomputed"
+        f"{' against the bf16 peak, float8 linears included' if plan.fp8_linears else ''}"
         f"; expected error +-{100 * MODEL_ERROR_BAND:.1f}% (costmodel.fidelity)",
         "long run   " + resilience.summary_line(resilience.checkpoint_cost(
             model, train, cluster.world_size, est.step_time_s, est.tokens_per_s, failures)),
