@@ -8,6 +8,7 @@ Llama-style model) is refused by name.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -26,8 +27,17 @@ _INERT = {"_name_or_path", "output_router_logits", "architectures", "model_type"
           "tokenizer_class", "problem_type", "auto_map", "quantization_config"}
 
 
+# the spec's names for the config keys its own checks name (costmodel.specs.ModelSpec)
+_CONFIG_KEYS = {"num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads",
+                "experts_per_token": "num_experts_per_tok", "num_layers": "num_hidden_layers",
+                "ffn_hidden_size": "intermediate_size"}
+
+
 def model_from_hf_config(path: Path) -> ModelSpec:
-    return model_from_hf_dict(read_json_object(path, "model config"), str(path), path.parent.name or path.stem)
+    """A config.json file; the model is named after its folder (a Hugging Face snapshot's), or
+    after the file where it is not called config.json."""
+    name = path.parent.name if path.stem == "config" else path.stem
+    return model_from_hf_dict(read_json_object(path, "model config"), str(path), name or path.stem)
 
 
 def model_from_hf_dict(cfg: dict[str, Any], where: str = "model config", name: str = "") -> ModelSpec:
@@ -46,10 +56,13 @@ def model_from_hf_dict(cfg: dict[str, Any], where: str = "model config", name: s
     reader = _Reader(cfg, where)
     try:
         spec = readers[kind](name, reader)
-    except UserError:   # already names the file
-        raise
-    except ValueError as exc:   # the spec's own checks (head counts dividing, limits)
-        raise UserError(f"{where}: {exc}") from None
+    except ValueError as exc:   # the readers' own errors name the file; the spec's checks do not
+        text = str(exc)
+        if text.startswith(where):
+            raise
+        for field, key in _CONFIG_KEYS.items():
+            text = re.sub(rf"\b{field}\b", key, text)
+        raise UserError(f"{where}: {text}") from None
     reader.refuse_unread()
     return spec
 

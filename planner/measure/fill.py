@@ -18,7 +18,7 @@ from costmodel.plan import Plan, Recompute, virtual_stage_options
 from costmodel.schedules import Schedule
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.exports import deepspeed, megatron, torchtitan
-from planner.measure.runs_table import int_cell
+from planner.measure.runs_table import choice_cell, flag_cell, int_cell
 from planner.search import SearchOptions, search
 from planner.space import Choice, build_plan, divisors
 
@@ -28,15 +28,15 @@ MAX_MICRO_BATCH = 16   # an unstated micro_batch is filled from the divisors of 
 def _options(row: dict[str, str], model: ModelSpec, tp: int, pp: int, dp: int,
              global_batch: int) -> tuple[dict[str, list[Any]], set[str]]:
     """Candidate values for every fillable field: the stated one, or all sensible ones."""
-    stated_sp = (row.get("sp") or "").strip().lower()
-    rc = (row.get("recompute") or "").strip()
+    stated_sp = (row.get("sp") or "").strip()
+    rc = choice_cell(row, "recompute", tuple(r.value for r in Recompute), "")
     per_replica = global_batch // dp
     opts = {
         "micro_batch": [int_cell(row, "micro_batch")] if row.get("micro_batch", "").strip()
         else [d for d in divisors(per_replica) if d <= MAX_MICRO_BATCH],
         "recompute": [Recompute(rc)] if rc else list(Recompute),
         "vpp": _vpp_options(row, model, pp),
-        "sp": [stated_sp in ("yes", "true", "1")] if stated_sp else ([False, True] if tp > 1 else [False]),
+        "sp": [flag_cell(row, "sp", False)] if stated_sp else ([False, True] if tp > 1 else [False]),
         "zero_stage": [int_cell(row, "zero_stage", low=0, high=3)] if row.get("zero_stage", "").strip()
         else sorted(_framework_zero_stages(row, pp)),
     }
@@ -183,6 +183,7 @@ def _least_overflow(row: dict[str, str], model: ModelSpec, train: TrainSpec, clu
     those priced before the deadline: a row's time is bounded like its search)."""
     tp, pp, cp, dp, ep = degrees
     best: tuple[float, Plan, Estimate] | None = None
+    first_problem = ""   # why the first choice of the stated fields is no plan, for the error
     for mb, rc, vpp, sp, zero in itertools.product(*opts.values()):
         if best is not None and time.perf_counter() > deadline:
             break
@@ -191,13 +192,15 @@ def _least_overflow(row: dict[str, str], model: ModelSpec, train: TrainSpec, clu
                         dp_replicate=_replicas(row, dp))
         try:
             plan = build_plan(model, train, cluster, choice)
-        except ValueError:
+        except ValueError as exc:
+            first_problem = first_problem or str(exc)
             continue
-        if check_plan(model, train, cluster, plan, memory=False):
+        if problems := check_plan(model, train, cluster, plan, memory=False):
+            first_problem = first_problem or problems[0]
             continue
         est = estimate(model, train, cluster, plan)
         if best is None or est.max_peak_memory_bytes < best[0]:
             best = (est.max_peak_memory_bytes, plan, est)
     if best is None:
-        raise UserError(f"row {row['id']!r}: no valid plan for the stated fields")
+        raise UserError(f"row {row['id']!r}: no valid plan for the stated fields: {first_problem}")
     return best[1], best[2]

@@ -122,22 +122,26 @@ def flag_cell(row: dict[str, str], key: str, default: bool) -> bool:
     return value in ("yes", "true", "1")
 
 
+def choice_cell(row: dict[str, str], key: str, allowed: tuple[str, ...], default: str) -> str:
+    """A cell that names one of `allowed` (lower case), or `default` when empty."""
+    value = (row.get(key) or "").strip().lower()
+    if not value:
+        return default
+    if value not in allowed:
+        raise UserError(f"row {row.get('id')!r}: {key} = {value!r} is not one of {', '.join(allowed)}")
+    return value
+
+
 def row_specs(row: dict[str, str]) -> tuple[ModelSpec, TrainSpec, ClusterSpec]:
-    hidden, heads, seq = int_cell(row, "hidden"), int_cell(row, "heads"), int_cell(row, "seq_len")
-    common = dict(layers=int_cell(row, "layers"), hidden=hidden, heads=heads, vocab=int_cell(row, "vocab"),
-                  ffn=int_cell(row, "ffn_hidden", 4 * hidden), source=f"published run {row['id']}")
-    if (row.get("model") or "").strip():
-        model = _named_model(row, seq)
-    elif row["arch"] == Arch.GPT:
-        model = gpt_spec(row["id"], max_pos=seq, **common)
-        if not flag_cell(row, "dropout", True):   # e.g. MPT trains without dropout
-            model = replace(model, dropout=False)
-    elif row["arch"] == Arch.LLAMA:
-        model = llama_spec(row["id"], kv_heads=int_cell(row, "kv_heads", heads), max_pos=seq, **common,
-                           **_experts(row, common["ffn"]))
-    else:
-        raise UserError(f"row {row['id']!r}: arch {row['arch']!r} is neither gpt nor llama")
-    precision = (row.get("precision") or "bf16").strip()
+    seq = int_cell(row, "seq_len")
+    try:
+        model = _row_model(row, seq)
+    except ValueError as exc:   # the spec's own checks, said in the table's column names
+        text = str(exc).replace(f"model {row['id']!r}", f"row {row['id']!r}")
+        for column, field in _STATED_FIELDS:
+            text = re.sub(rf"\b{field}\b", column, text)
+        raise UserError(text) from None
+    precision = choice_cell(row, "precision", (*(d.value for d in DType), FP8), "bf16")
     # fp8: bf16 training whose linears ran in float8 (Transformer Engine, torchao), as --dtype fp8
     float8 = precision == FP8
     train = TrainSpec(seq_len=seq, global_batch_size=int_cell(row, "global_batch"),
@@ -158,6 +162,22 @@ def row_specs(row: dict[str, str]) -> tuple[ModelSpec, TrainSpec, ClusterSpec]:
     device = cluster.device
     hard = replace(device, efficiency=replace(device.efficiency, allocator_fragmentation=0.0))
     return model, train, replace(cluster, device=hard, memory_headroom=0.0)
+
+
+def _row_model(row: dict[str, str], seq: int) -> ModelSpec:
+    """The model a row states: a registry name (column model) or its architecture columns."""
+    if (row.get("model") or "").strip():
+        return _named_model(row, seq)
+    hidden, heads = int_cell(row, "hidden"), int_cell(row, "heads")
+    common = dict(layers=int_cell(row, "layers"), hidden=hidden, heads=heads, vocab=int_cell(row, "vocab"),
+                  ffn=int_cell(row, "ffn_hidden", 4 * hidden), source=f"published run {row['id']}")
+    if row["arch"] == Arch.GPT:
+        model = gpt_spec(row["id"], max_pos=seq, **common)
+        return model if flag_cell(row, "dropout", True) else replace(model, dropout=False)   # MPT: no dropout
+    if row["arch"] == Arch.LLAMA:
+        return llama_spec(row["id"], kv_heads=int_cell(row, "kv_heads", heads), max_pos=seq, **common,
+                          **_experts(row, common["ffn"]))
+    raise UserError(f"row {row['id']!r}: arch {row['arch']!r} is neither gpt nor llama")
 
 
 def _traits(row: dict[str, str], cluster: ClusterSpec) -> FrameworkTraits:

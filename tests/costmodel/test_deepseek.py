@@ -55,7 +55,7 @@ def test_a_bad_config_is_one_line_exit_2(tmp_path, capsys):
                              ({"q_lora_rank": 128}, "q_lora_rank 128 must be below hidden_size 64"),
                              ({"q_lora_rank": -3}, "q_lora_rank must not be negative"),
                              ({"v_head_dim": 0}, "v_head_dim must be a positive integer, not 0"),
-                             ({"num_key_value_heads": 2}, "num_kv_heads 2 must equal num_heads 4")):
+                             ({"num_key_value_heads": 2}, "num_key_value_heads 2 must equal num_attention_heads 4")):
         cfg = tmp_path / "config.json"
         cfg.write_text(json.dumps({**base, **changes}))
         assert main(["predict", "--model", str(cfg), "--cluster", "1x8xH100", "--seq-len", "64",

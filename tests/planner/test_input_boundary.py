@@ -115,7 +115,7 @@ def test_named_case_is_one_line_and_exit_2(files, capsys, argv, phrases):
     _one_line(capsys, main([filled(a) for a in argv]), *phrases)
 
 
-@pytest.mark.parametrize("config, limit", [({**LLAMA, "num_hidden_layers": 10**9}, "num_layers"),
+@pytest.mark.parametrize("config, limit", [({**LLAMA, "num_hidden_layers": 10**9}, "num_hidden_layers"),
                                            (None, "world size")])
 def test_huge_inputs_end_at_once(tmp_path, capsys, config, limit):
     """10^9 layers or 8 x 10^8 devices end at once, not after minutes of work before --time-limit is looked at."""
@@ -156,7 +156,7 @@ def _runs_table(tmp_path: Path, name: str, edit) -> Path:
     ("header.csv", lambda rows: [], ["no runs (only a header)"]),
     ("negative.csv", lambda rows: [{**rows[0], "metric_value": "-3"}], ["line 2", "is out of range for iteration_time_s"]),
     ("dupes.csv", lambda rows: [rows[0], rows[0]], ["line 3", "duplicate id"]),
-    ("huge.csv", lambda rows: [{**rows[0], "layers": "1000000000"}], ["line 2", "num_layers", "limit"]),
+    ("huge.csv", lambda rows: [{**rows[0], "layers": "1000000000"}], ["line 2", "layers 1,000,000,000", "limit"]),
 ])
 def test_bad_runs_tables(tmp_path, capsys, name, edit, phrases):
     path = _runs_table(tmp_path, name, edit)
@@ -237,3 +237,15 @@ def test_colliding_outputs_are_refused_before_the_search(tmp_path, capsys):
     same = str(tmp_path / "x.json")
     _one_line(capsys, main(["search", "--model", "debug-tiny", "--cluster", CPU, "--out", same, "--report", same]),
               "name the same path")
+
+
+def test_a_config_file_names_the_model_and_its_own_keys(tmp_path, capsys):
+    """A config.json elsewhere than a snapshot folder is named after its file, and the spec's own
+    checks speak of the file and of the config's keys, not the planner's fields."""
+    (tmp_path / "my-model.json").write_text(json.dumps({**LLAMA, "num_key_value_heads": 5}))
+    _one_line(capsys, main(["predict", "--model", str(tmp_path / "my-model.json"), "--cluster", "1x8xH100"]),
+              "my-model.json: model 'my-model': num_attention_heads", "num_key_value_heads 5")
+    from costmodel.hf_config import model_from_hf_config
+    (tmp_path / "snap").mkdir()
+    (tmp_path / "snap" / "config.json").write_text(json.dumps(LLAMA))
+    assert model_from_hf_config(tmp_path / "snap" / "config.json").name == "snap"

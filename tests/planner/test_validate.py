@@ -102,6 +102,13 @@ GOOD = "ok,x,gpt,24,2048,,16,16,51200,2048,A100-SXM4-80GB,8,8,1,1,8,,,1,1,,,64,b
     (HEADER + ",async_tp\n" + GOOD.replace("\n", ",yes\n"), "async_tp = yes on A100-SXM4-80GB, whose profile runs no TP"),
     (HEADER + ",compiled,async_tp\n" + GOOD.replace("A100-SXM4-80GB", "H100").replace("\n", ",no,yes\n"),
      "async_tp = yes needs compiled = yes"),
+    (HEADER + "\n" + GOOD.replace(",bf16,", ",fp4,"), "precision = 'fp4' is not one of fp32, bf16, fp16, fp8"),
+    (HEADER + "\n" + GOOD.replace(",1,1,,,64,", ",1,1,sometimes,,64,"),
+     "recompute = 'sometimes' is not one of none, selective, full"),
+    (HEADER + "\n" + GOOD.replace(",8,,,1,1,", ",8,,maybe,1,1,"), "sp = 'maybe' is not yes or no"),
+    (HEADER + "\n" + GOOD.replace(",16,16,51200,", ",7,7,51200,"), "row 'ok': hidden 2048 is not a multiple of heads 7"),
+    (HEADER + "\n" + GOOD.replace(",1,1,,,64,", ",1,1,,4,6,"),
+     "no valid plan for the stated fields: global batch 6 does not split into dp=8"),
 ])
 def test_bad_tables_are_one_line_and_exit_2(tmp_path, capsys, text, message):
     from planner.cli import main
