@@ -70,8 +70,13 @@ def result(shared: SharedModels, options: SearchOptions, stats: SearchStats, fou
     simulated = {id(f): _simulated(shared, f) for f in ranked}
     evaluated = [simulated.get(id(f), f) for f in found]
     fitting = [f for f in simulated.values() if f.estimate.fits]
+    # a plan that fit under the closed form's memory may overflow once simulated: not feasible
+    stats.num_feasible -= len(simulated) - len(fitting)
     proven = min(fitting, key=lambda f: f.estimate.step_time_s) if fitting else None
-    chosen = [simulated[id(f)] for f in decision if simulated[id(f)].estimate.fits]
+    # the plans the first is chosen from: every simulated plan that fits within the decision band
+    # of the fastest of them (the table's rows within the band are then all among them)
+    near_s = (1 + decision_band(options)) * min((f.estimate.step_time_s for f in fitting), default=math.inf)
+    chosen = [f for f in fitting if f.estimate.step_time_s <= near_s]
     # variants of the few best simulated plans only: each simulation costs milliseconds to tens of them
     best = sorted(chosen, key=lambda f: f.estimate.step_time_s)[:VARIANTS_OF]
     variants = [f for f in _simulated_variants(shared, options, best) if f.estimate.fits]

@@ -172,11 +172,12 @@ def ranked_for_robustness(plans: list[Found]) -> str:
 
 def write_csv(path: str, result: SearchResult, overwrite: bool) -> None:
     import pandas as pd  # only this option needs pandas (slow to import)
-    # every row every field: plan.json leaves out etp and dp_replicate at 1, a table does not
+    # every row every field: plan.json leaves out etp and dp_replicate at 1, a table does not; every
+    # plan the search priced, those that overflow once simulated marked by `fits`
     rows = [{**f.plan.to_dict(), "etp": f.plan.etp, "dp_replicate": f.plan.dp_replicate,
              "step_time_s": f.estimate.step_time_s, "tokens_per_s": f.estimate.tokens_per_s,
              "mfu": f.estimate.mfu, "max_peak_memory_gib": f.estimate.max_peak_memory_bytes / GIB,
-             "bubble_fraction": f.estimate.bubble_fraction} for f in result.evaluated]
+             "bubble_fraction": f.estimate.bubble_fraction, "fits": f.estimate.fits} for f in result.evaluated]
     outputs.write_file(path, pd.DataFrame(rows).sort_values("step_time_s").to_csv(index=False), overwrite)
 
 

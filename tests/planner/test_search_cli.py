@@ -138,3 +138,15 @@ def test_a_pin_no_plan_takes_names_the_rule(pins, message, capsys):
     assert main(["search", "--model", "llama3-70b", "--cluster", "8x8xH100", *pins]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert re.search(message, err), err
+
+
+def test_the_csv_marks_plans_that_overflow_once_simulated(tmp_path, capsys):
+    """Every priced plan is a row, and the one that fits under the closed form's memory but not
+    once simulated says so; the summary's feasible count is of those that fit."""
+    import pandas as pd
+    out = tmp_path / "plans.csv"
+    assert main(["search", "--model", "llama-70b", "--cluster", "4x8xH100", "--fix", "pp=4", "--fix", "vpp=2",
+                 "--fix", "tp=4", "--zero", "1", "--csv", str(out)]) == 0
+    rows = pd.read_csv(out)
+    feasible = int(re.search(r"([\d,]+) feasible", capsys.readouterr().out).group(1).replace(",", ""))
+    assert (~rows.fits).sum() >= 1 and feasible == rows.fits.sum()
