@@ -38,8 +38,9 @@ class Comparison:
             return f"vs {self.against}: not comparable here: {self.lines[0]}"
         fits = "" if self.estimate.fits else " (does not fit)"
         speed = "slower" if self.delta_s >= 0 else "faster"
-        band = " (within the model's error band, where the first is chosen as the more robust)" \
-            if self.within_band else ""
+        band = (" (within the model's error band, where the first is chosen as the more robust)"
+                if self.within_band and self.estimate.fits else
+                " (it does not fit, so it is not a plan)" if self.delta_s < 0 and not self.estimate.fits else "")
         return (f"vs {self.against} ({self.plan.short()}{fits}): {abs(self.delta_s) * 1e3:,.0f} ms {speed} per step"
                 + band + (f" [{self.note}]" if self.note else ""))
 

@@ -76,3 +76,13 @@ def test_search_compares_the_first_plan_with_another_layout_and_the_recipe(capsy
 
 def _plan(d: dict) -> Plan:
     return Plan.from_dict(d, "plan")
+
+
+def test_a_recipe_that_does_not_fit_is_not_called_equivalent(capsys):
+    """NeMo's Llama 2 70B layout placed on 32 H100s overflows: faster on paper, it is said not to
+    be a plan, not to lie within the error band where the first is the more robust."""
+    assert main(["search", "--model", "llama-70b", "--cluster", "4x8xH100", "--fix", "pp=4", "--fix", "vpp=2",
+                 "--fix", "tp=4", "--zero", "1"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("vs recipe: NeMo"))
+    assert "(does not fit)" in line and "faster per step (it does not fit, so it is not a plan)" in line
+    assert "more robust" not in line
