@@ -84,7 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(parser=p, func=cmd_sweep)
 
     p = sub.add_parser("validate", help="predicted vs published step time for measured runs (CSV)",
-                       description="Empty plan cells are filled with the planner's best choice (vpp = "
+                       description="tp, pp and global_batch are required; the other empty plan cells "
+                                   "(micro_batch, recompute, vpp, sp, zero_stage) are filled with the "
+                                   "planner's best choice (vpp = "
                                    "interleaved: the schedule stated, V not; V >= 2 is searched); "
                                    "status=OOM rows are right when the plan is predicted not to fit. Each "
                                    "row is priced as its framework runs plans; a framework the model does "

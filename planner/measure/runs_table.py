@@ -70,7 +70,9 @@ def _check_row(path: Path, line: int, row: dict[str, str]) -> None:
     where = f"{path} line {line} (row {row.get('id')!r})"
     empty = [c for c in REQUIRED if not (row.get(c) or "").strip()]
     if empty:
-        raise UserError(f"{where}: empty {', '.join(empty)} (an OOM row still needs its plan: tp, pp, ...)")
+        raise UserError(f"{where}: empty {', '.join(empty)} (required of every row, an OOM row too: the "
+                        "model, cluster, tp, pp, global batch and metric; the other plan cells may be left "
+                        "empty and are filled)")
     if not row["id"].isprintable():   # a table row, a JSON key and a line of the report each
         raise UserError(f"{where}: id holds a control character (a newline?); give it on one line")
     metric, value = row["metric_name"].strip(), row["metric_value"].strip()
