@@ -86,7 +86,7 @@ def nearest(pf: PlanFile) -> Adjusted:
                                                   "layers per rank: torchtitan recomputes all layers or every "
                                                   "n-th; all layers")
     to_rank_order(adj, (ORDER,), "torchtitan lays ranks out as pp>dp>cp>tp")
-    if pf.model.is_moe or not any(f.matches(pf.model) for f in FLAVOURS):
+    if pf.model.is_moe or pf.model.qkv_bias or not any(f.matches(pf.model) for f in FLAVOURS):
         adj.differences.append(_model_note(pf.model))
     activations_on_device(adj, NAME)
     return adj
@@ -96,9 +96,10 @@ def _model_note(m: ModelSpec) -> str:
     dims = (f"dim={m.hidden_size}, n_layers={m.num_layers}, n_heads={m.num_heads}, n_kv_heads={m.num_kv_heads}, "
             f"ffn hidden {m.ffn_hidden_size}, vocab_size={m.vocab_size}, rope_theta={m.rope_theta:g}, "
             f"norm_eps={m.norm_eps:g}")
-    if m.qk_norm or m.explicit_head_dim is not None:   # beyond what llama3's model builds
-        dims += f", head_dim {m.head_dim}{', Q/K norms per head' if m.qk_norm else ''}"
-        return (f"model {m.name}: torchtitan's llama3 model has no such heads; register a train spec named "
+    if m.qk_norm or m.explicit_head_dim is not None or m.qkv_bias:   # beyond what llama3's model builds
+        dims += (f", head_dim {m.head_dim}{', Q/K norms per head' if m.qk_norm else ''}"
+                 f"{', biases on the Q, K and V projections' if m.qkv_bias else ''}")
+        return (f"model {m.name}: torchtitan's llama3 model has no such attention; register a train spec named "
                 f"'{m.name}' ({dims}) before running")
     if m.is_moe:
         return (f"model {m.name}: torchtitan 0.2 has no model of this kind; register a train spec named "

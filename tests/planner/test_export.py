@@ -500,3 +500,23 @@ def test_an_export_to_another_framework_is_measured_against_the_plan_as_searched
     assert main(["export", str(plan_paths["searched-megatron"]), "--to", "deepspeed", "--out",
                  str(tmp_path / "d.json")]) == 0
     assert "the plan as searched for megatron" in capsys.readouterr().out
+
+
+def test_a_model_with_attention_biases_is_named_a_model_torchtitan_must_register(tmp_path):
+    """Qwen2's biases on Q, K and V are not in torchtitan's llama3 model: the export says the train
+    spec to register, with them, rather than a flavour that would drop them."""
+    from costmodel.hardware import parse_cluster
+    from costmodel.hf_config import model_from_hf_config
+    from costmodel.specs import TrainSpec
+    from planner.exports import torchtitan
+    from planner.space import Choice, build_plan
+    config = {"model_type": "qwen2", "hidden_size": 1024, "intermediate_size": 2816, "num_attention_heads": 16,
+              "num_key_value_heads": 16, "num_hidden_layers": 8, "vocab_size": 32000, "hidden_act": "silu",
+              "tie_word_embeddings": False}
+    (tmp_path / "qwen2-mini.json").write_text(json.dumps(config))
+    model, train = model_from_hf_config(tmp_path / "qwen2-mini.json"), TrainSpec(seq_len=1024, global_batch_size=8)
+    cluster = parse_cluster("1x8xH100")
+    plan = build_plan(model, train, cluster, Choice(zero_stage=2))
+    differences = torchtitan.nearest(PlanFile(plan=plan, model=model, train=train, cluster=cluster)).differences
+    assert any("register a train spec named 'qwen2-mini'" in d and "biases on the Q, K and V" in d
+               for d in differences), differences
