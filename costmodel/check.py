@@ -6,7 +6,7 @@ can act on; an empty list means the plan is valid (and fits, when memory is chec
 from __future__ import annotations
 
 from costmodel.estimate import host_bytes_per_rank, memory_per_rank, offloads
-from costmodel.frameworks import RUNTIME, FrameworkTraits
+from costmodel.frameworks import RUNTIME, FrameworkTraits, shards_in_part
 from costmodel.groups import (
     group_plan,
     group_train,
@@ -144,9 +144,12 @@ def hsdp_problems(model: ModelSpec, dp: int, dp_replicate: int, zero_stage: int,
     if dp_replicate == 1:
         return []
     what = f"dp_replicate={dp_replicate} (hybrid sharding)"
-    if not traits.hybrid_shard:
+    if traits.partial_distributed_optimizer and not traits.hybrid_shard and zero_stage != 1:
+        return [f"{what}: {traits.name} shards over part of the data-parallel ranks at ZeRO-1 only "
+                f"(distributed optimizer instances; zero_stage {zero_stage})"]
+    if not shards_in_part(traits, zero_stage):
         return [f"{what}: {traits.name} does not shard over part of the data-parallel ranks "
-                "(torchtitan, FSDP frameworks and this planner's runtime do)"]
+                "(torchtitan, FSDP frameworks, Megatron-Core at ZeRO-1 and this planner's runtime do)"]
     if dp % dp_replicate or dp == dp_replicate:
         return [f"{what} must divide dp={dp} and leave a shard group of at least 2 ranks"]
     if zero_stage < 1:

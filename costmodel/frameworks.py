@@ -206,8 +206,14 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   gradient reduce-scattered inside its shard group, then the shard all-reduced over the
   replicas), FSDP1's `HYBRID_SHARD` (fms-fsdp's `sharding_strategy = "hsdp"`, Composer's
   `sharding_strategy: HYBRID_SHARD`), and our runtime (runtime.parallel: FSDP2 over the same 2-D
-  mesh). Megatron-Core's distributed optimizer instances and DeepSpeed's hpZ are other mechanisms,
-  not priced here.
+  mesh). DeepSpeed's hpZ is another mechanism, not priced here.
+- `partial_distributed_optimizer`: hybrid sharding at ZeRO-1 only: Megatron-Core's
+  `--num-distributed-optimizer-instances R` shards the distributed optimizer over (dp x cp) / R
+  consecutive ranks of the data-parallel group (parallel_state's intra-partial data-parallel
+  groups: the shard group is dp.in with cp, as `hybrid_layout` cuts it), reduce-scatters the
+  gradients inside an instance and all-reduces the shard over the R instances, and gathers the
+  updated weights inside it; the same collectives as HSDP's at ZeRO-1. Megatron-FSDP's stages are
+  not offered with it.
 - `zero3_gathers_per_param`: DeepSpeed ZeRO-3 gathers parameter by parameter (many small
   collectives, each paying the ring latency) rather than one flat buffer per layer as FSDP does.
 - `recompute_placement`: under interleaving, which of a rank's layers are the recomputed ones
@@ -351,6 +357,7 @@ class FrameworkTraits:
     grads_reduced_after_pipeline: bool = False
     grad_overlap_zero3_only: bool = False
     hybrid_shard: bool = False
+    partial_distributed_optimizer: bool = False
     own_pipeline_schedules: bool = True
 
 
@@ -391,7 +398,8 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
                     float8_param_gather=True, float8_experts=True, float8_saved_inputs=True, ep_folds_over_tp=True, expert_tensor_parallel=True,
                     dp_sync_per_chunk=True,
                     dispatch_per_node=True, moe_probs_in_activation=True,
-                    grouped_expert_gemm=True, mtp_with_cp=True, shared_expert_tp=True, **_MEGATRON),
+                    grouped_expert_gemm=True, mtp_with_cp=True, shared_expert_tp=True,
+                    partial_distributed_optimizer=True, **_MEGATRON),
     FrameworkTraits(name="megatron-deepspeed", **{**_DEEPSPEED, "loss_grad_in_place": True,
                                                    "grad_overlap_zero3_only": True}),
     FrameworkTraits(name="deepspeed", **_DEEPSPEED),
@@ -405,6 +413,12 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
                     deferred_w_keeps_graph=True, shared_expert_tp=True, eager_rms_norm_composite=True,
                     recompute_placement="every_nth", own_pipeline_schedules=False, **_FSDP),
 )}
+
+
+def shards_in_part(traits: FrameworkTraits, zero_stage: int) -> bool:
+    """Whether the framework shards ZeRO's states over part of the data-parallel ranks at this
+    stage: hybrid sharding (`hybrid_shard`) at any, Megatron's optimizer instances at ZeRO-1."""
+    return traits.hybrid_shard or (traits.partial_distributed_optimizer and zero_stage == 1)
 
 
 def composite_rms_norm(traits: FrameworkTraits) -> bool:

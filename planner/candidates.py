@@ -24,6 +24,7 @@ from costmodel.check import (
     tp_problems,
 )
 from costmodel.fidelity import MODEL_ERROR_BAND
+from costmodel.frameworks import FrameworkTraits, shards_in_part
 from costmodel.groups import group_orders, placement_problems, places_replicas
 from costmodel.hardware import ClusterSpec
 from costmodel.memory import keeps_whole_grads_under_pp
@@ -220,10 +221,12 @@ def replica_counts(model: ModelSpec, cluster: ClusterSpec, options: SearchOption
     HYBRID_SHARD_NODES whole nodes with two replicas or more; a pinned count (--fix
     dp_replicate=R) wherever check_plan takes it."""
     traits = cluster.framework
+    stage = hybrid_zero_stage(traits, options)
     if "dp_replicate" in options.fixed:
         r = options.fixed["dp_replicate"]
-        return [r] if r == 1 or not hsdp_problems(model, dp, r, 3, traits) else []
-    if not traits.hybrid_shard or model.is_moe or ep > 1 or cluster.is_mixed or keeps_whole_grads_under_pp(pp, traits):
+        return [r] if r == 1 or not hsdp_problems(model, dp, r, stage, traits) else []
+    if (not shards_in_part(traits, stage) or model.is_moe or ep > 1 or cluster.is_mixed
+            or keeps_whole_grads_under_pp(pp, traits)):
         return [1]
     out = [1]
     for r in divisors(dp)[1:-1]:
@@ -231,6 +234,14 @@ def replica_counts(model: ModelSpec, cluster: ClusterSpec, options: SearchOption
         if not rest and nodes in HYBRID_SHARD_NODES:
             out.append(r)
     return out
+
+
+def hybrid_zero_stage(traits: FrameworkTraits, options: SearchOptions) -> int:
+    """The least ZeRO stage hybrid sharding is weighed with: FSDP's (ZeRO-3) where the framework
+    shards in part at every stage (torchtitan, FSDP1's HYBRID_SHARD: each micro-batch's gathers
+    stay inside the shard group), the distributed optimizer's (ZeRO-1) where only there
+    (Megatron-Core's optimizer instances); pinned (--fix dp_replicate), any ZeRO >= 1."""
+    return 1 if "dp_replicate" in options.fixed or not traits.hybrid_shard else 3
 
 
 # The shard groups hybrid sharding is searched with, in nodes: a node's NVLink domain, as FSDP1's

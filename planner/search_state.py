@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 
 from costmodel.check import check_structure
 from costmodel.estimate import Estimate
+from costmodel.frameworks import shards_in_part
 from costmodel.groups import rank_caps_bytes, rank_groups, views
 from costmodel.hardware import ClusterSpec
 from costmodel.memory import keeps_whole_grads_under_pp, stage_memory_shapes_by_zero
@@ -30,6 +31,7 @@ from planner.candidates import (
     Group,
     SearchOptions,
     States,
+    hybrid_zero_stage,
     reason_key,
     states_allowed,
     states_for_group,
@@ -103,9 +105,7 @@ class SharedModels:
         # is named as its alternative (`zero1_twin`), not searched again
         one, two = STATE_OPTIONS.index(States(1, False)), STATE_OPTIONS.index(States(2, False))
         self._twin = (one, two) if self.zero_allowed[one] and self.zero_allowed[two] else None
-        # hybrid sharding weighed with FSDP (ZeRO-3), as torchtitan and FSDP1's HYBRID_SHARD run it,
-        # where it keeps each micro-batch's gathers inside the shard group; pinned, with any ZeRO >= 1
-        self._hybrid_zero = 1 if "dp_replicate" in options.fixed else 3
+        self._hybrid_zero = hybrid_zero_stage(cluster.framework, options)
         self._times: dict[tuple, TimedChoice] = {}
         self._zero: dict[tuple, float] = {}
         self._memory: dict[tuple, tuple[MemoryFit, Plan]] = {}
@@ -130,7 +130,8 @@ class SharedModels:
         with_pp = space.zero_stages_with_pp if space is not None and base.pp > 1 else None
         return [i for i, (o, ok) in enumerate(zip(STATE_OPTIONS, self.zero_allowed))
                 if ok and i != skip and states_for_group(o, sharded) and (with_pp is None or o.zero_stage in with_pp)
-                and (base.dp_replicate == 1 or o.zero_stage >= self._hybrid_zero)]
+                and (base.dp_replicate == 1 or (o.zero_stage >= self._hybrid_zero
+                                                and shards_in_part(self.cluster.framework, o.zero_stage)))]
 
     def zero1_twin(self, plan: Plan) -> tuple[Plan, ...]:
         """(the plan under ZeRO-2,) where it was left out for pricing as this ZeRO-1 plan."""

@@ -99,8 +99,9 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dp-replicate", type=DEGREE, default=1, metavar="R",
                    help="hybrid sharding (HSDP): ZeRO shards over dp/R data-parallel ranks and keeps R replicas "
                         "of each shard, the gradient shards all-reduced over them (torchtitan's "
-                        "data_parallel_replicate_degree; --framework torchtitan or this planner's runtime; "
-                        "--zero >= 1, dense models; default 1: one shard group of all dp ranks)")
+                        "data_parallel_replicate_degree, --framework torchtitan or this planner's runtime, "
+                        "--zero >= 1; Megatron-Core's --num-distributed-optimizer-instances R, --framework "
+                        "megatron, --zero 1; dense models; default 1: one shard group of all dp ranks)")
     g.add_argument("--offload-optimizer", action="store_true",
                    help="keep the sharded optimizer states (fp32 master weights, moments, reduced gradients) in "
                         "host memory and step them on the host, ZeRO-Offload as FSDP2's CPUOffloadPolicy runs it; "

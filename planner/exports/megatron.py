@@ -57,7 +57,8 @@ def nearest(pf: PlanFile) -> Adjusted:
         raise CannotExport("megatron cannot run this plan: Megatron-LM has no attention and MLP in parallel "
                            "on the layer input (the model's parallel residual)")
     adj = Adjusted(pf.plan)
-    one_shard_group(adj, "Megatron-LM", "its distributed optimizer")
+    if pf.plan.zero_stage != 1:   # ZeRO-1: --num-distributed-optimizer-instances
+        one_shard_group(adj, "Megatron-LM", "Megatron-FSDP")
     layers = pf.model.num_layers
     plan = adj.plan
     if plan.schedule is Schedule.GPIPE:
@@ -201,6 +202,8 @@ def arguments(pf: PlanFile, plan: Plan) -> list[tuple[str, str | None]]:
     if plan.zero_stage == 1:
         args += [("--use-distributed-optimizer", None), ("--overlap-grad-reduce", None),
                  ("--overlap-param-gather", None)]
+        if plan.dp_replicate > 1:   # instances of (dp x cp) / R consecutive data-parallel ranks
+            args += [("--num-distributed-optimizer-instances", str(plan.dp_replicate))]
         if plan.offload_optimizer:   # Megatron's argument checks want the precision-aware optimizer with it
             args += [("--optimizer-cpu-offload", None), ("--optimizer-offload-fraction", "1.0"),
                      ("--use-precision-aware-optimizer", None)]

@@ -81,7 +81,8 @@ def test_hybrid_sharding_trades_memory_for_network_traffic():
 
 
 @pytest.mark.parametrize("change, framework, why", [
-    (dict(dp_replicate=2), "megatron-core", "megatron-core does not shard over part of the data-parallel ranks"),
+    (dict(dp_replicate=2), "megatron-lm", "megatron-lm does not shard over part of the data-parallel ranks"),
+    (dict(dp_replicate=2), "megatron-core", "megatron-core shards over part of the data-parallel ranks at ZeRO-1 only"),
     (dict(dp_replicate=3), "torchtitan", "must divide dp=128"),
     (dict(dp_replicate=128), "torchtitan", "leave a shard group of at least 2 ranks"),
     (dict(dp_replicate=2, zero_stage=0), "torchtitan", "needs ZeRO >= 1"),

@@ -103,8 +103,8 @@ def test_megatron_cores_mixtral_8x22b_mapping_fits_as_megatron(capsys):
      "--framework torchtitan: torchtitan cannot run this plan: it has no model of the gpt kind"),
     (["search", "--model", "llama3-8b", "--cluster", "1x8xH100", "--framework", "megatron", "--export", "deepspeed"],
      "contradictory flags: --export deepspeed"),
-    (["search", "--model", "llama3-8b", "--cluster", "4x8xH100", "--framework", "megatron", "--fix", "dp_replicate=2"],
-     "dp_replicate=2: megatron-core does not shard over part of the data-parallel ranks"),
+    (["search", "--model", "llama3-8b", "--cluster", "4x8xH100", "--framework", "deepspeed", "--fix", "dp_replicate=2"],
+     "dp_replicate=2: deepspeed does not shard over part of the data-parallel ranks"),
     (["predict", "--model", "llama3-8b", "--cluster", "4x8xH100", "--framework", "deepspeed", "--dp-replicate", "2"],
      "dp_replicate=2 (hybrid sharding): deepspeed does not shard over part of the data-parallel ranks"),
     (["predict", "--model", "llama3-8b", "--cluster", "4x8xH100", "--framework", "deepspeed", "--tp", "8", "--pp", "2",
@@ -255,3 +255,20 @@ def test_fewer_micro_batches_than_stages_run_under_frameworks_with_their_own_1f1
         assert code == 0 and json.loads(out.out)["estimate"]["bubble_fraction"] > 0.5
     else:
         assert code == 2 and "torch's Schedule1F1B refuses fewer" in out.err
+
+
+def test_megatron_shards_its_distributed_optimizer_over_instances(tmp_path, capsys):
+    """Pinned hybrid sharding under Megatron is its partial distributed optimizer: ZeRO-1 over
+    instances of dp / R ranks, all-reduced over the R instances, exported as
+    --num-distributed-optimizer-instances, which Megatron-Core's DDP config takes."""
+    out, script = tmp_path / "plan.json", tmp_path / "run.sh"
+    assert main(["search", "--model", "llama3-8b", "--cluster", "8x8xH100", "--framework", "megatron",
+                 "--fix", "dp_replicate=2", "--out", str(out), "--export", "megatron", "--export-out", str(script),
+                 "--json"]) == 0
+    plan = PlanFile.load(out).plan
+    assert plan.dp_replicate == 2 and plan.zero_stage == 1
+    assert "--num-distributed-optimizer-instances 2" in script.read_text()
+    pytest.importorskip("megatron.core", reason="megatron-core (test extra) is not installed")
+    from megatron.core.distributed import DistributedDataParallelConfig
+    assert DistributedDataParallelConfig(use_distributed_optimizer=True,
+                                         num_distributed_optimizer_instances=2).num_distributed_optimizer_instances == 2
