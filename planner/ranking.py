@@ -19,8 +19,7 @@ def robust_first(ranked: list[Found], band: float) -> tuple[list[Found], int]:
     """The plans within `band` of the fastest, most robust first: states on the device, bf16
     linears, a memory margin larger than the memory model's error (MEMORY_ERROR_BAND of its peak),
     a larger margin (in steps of that error's share of the device: closer margins are not told
-    apart; among margins within the error, each a risk of running out, simply the larger), then
-    fewer moving parts (context, pipeline and virtual stages, tensor ranks, hybrid
+    apart), then fewer moving parts (context, pipeline and virtual stages, tensor ranks, hybrid
     sharding, a zero-bubble schedule), then time; the rest by time after them. Returns the order and how
     many are equivalent."""
     if not ranked or band <= 0:
@@ -35,9 +34,7 @@ def robust_first(ranked: list[Found], band: float) -> tuple[list[Found], int]:
         # states kept on the device before states on the host: offloading trades device memory
         # for a dependence on the host's link and cores, priced from datasheets no run has checked
         # likewise bf16 linears before float8 ones, whose speed no run of ours has measured
-        # margins within the memory model's error are each a risk of running out: the larger the safer
-        at_risk = margin < MEMORY_ERROR_BAND * peak
-        return (p.offload_optimizer, p.fp8_linears, at_risk, -margin if at_risk else -steps, p.cp, p.pp * p.vpp,
+        return (p.offload_optimizer, p.fp8_linears, margin < MEMORY_ERROR_BAND * peak, -steps, p.cp, p.pp * p.vpp,
                 p.tp, p.dp_replicate > 1, p.schedule.defers_weight_grad, e.step_time_s)
 
     near.sort(key=robustness)

@@ -73,10 +73,9 @@ def result(shared: SharedModels, options: SearchOptions, stats: SearchStats, fou
     # a plan that fit under the closed form's memory may overflow once simulated: not feasible
     stats.num_feasible -= len(simulated) - len(fitting)
     proven = min(fitting, key=lambda f: f.estimate.step_time_s) if fitting else None
-    # the plans the first is chosen from: every simulated plan that fits within the decision band
-    # of the fastest of them (the table's rows within the band are then all among them)
-    near_s = (1 + decision_band(options)) * min((f.estimate.step_time_s for f in fitting), default=math.inf)
-    chosen = [f for f in fitting if f.estimate.step_time_s <= near_s]
+    # the first is chosen among the decision's plans that fit once simulated: those the cutoff keeps
+    # whatever --top asks to show (a display flag never changes the decision)
+    chosen = [simulated[id(f)] for f in decision if simulated[id(f)].estimate.fits]
     # variants of the few best simulated plans only: each simulation costs milliseconds to tens of them
     best = sorted(chosen, key=lambda f: f.estimate.step_time_s)[:VARIANTS_OF]
     variants = [f for f in _simulated_variants(shared, options, best) if f.estimate.fits]

@@ -300,13 +300,11 @@ def cmd_search(args: argparse.Namespace) -> int:
     if result.equivalent > 1:
         from costmodel.fidelity import MEMORY_ERROR_BAND
         from planner.ranking import memory_margin
-        spare, peak, capacity = memory_margin(best.estimate)
-        how = ("within the memory model's error of its peak, the largest margin of them"
-               if spare < MEMORY_ERROR_BAND * peak else
-               f"margins are told apart in steps of the memory model's error, +-{100 * MEMORY_ERROR_BAND:.1f}% = "
-               f"{MEMORY_ERROR_BAND * capacity / GIB:.1f} GiB here; then fewer moving parts")
+        spare, _, capacity = memory_margin(best.estimate)
         print(f"{result.equivalent} plans within +-{100 * result.error_band:.1f}% of the fastest are equivalent "
-              f"under that error: the first is the most robust ({spare / GIB:.1f} GiB to spare, {how})")
+              f"under that error: the first is the most robust ({spare / GIB:.1f} GiB to spare; margins are told "
+              f"apart in steps of the memory model's error, +-{100 * MEMORY_ERROR_BAND:.1f}% = "
+              f"{MEMORY_ERROR_BAND * capacity / GIB:.1f} GiB here, closer ones alike; then fewer moving parts)")
     if left_out:
         print(left_out)
     if robust := ranked_for_robustness(result.plans):

@@ -131,7 +131,7 @@ def test_bad_mixtures_of_experts_are_one_line(tmp_path, capsys):
     from planner.cli import main
     base = {"model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
             "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 256, "num_local_experts": 4}
-    for changes, message in (({"num_experts_per_tok": 5}, "experts_per_token 5 must be between 1 and num_experts 4"),
+    for changes, message in (({"num_experts_per_tok": 5}, "num_experts_per_tok 5 must be between 1 and num_experts 4"),
                              ({"num_experts_per_tok": 2, "router_jitter_noise": 0.1}, "router_jitter_noise"),
                              ({"num_experts_per_tok": 2}, "with experts needs sequence parallelism")):
         cfg = tmp_path / "config.json"

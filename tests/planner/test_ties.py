@@ -40,34 +40,3 @@ def test_a_schedule_without_closed_form_competes_by_simulation():
     fixed = search(model, TRAIN, cluster, SearchOptions(top_k=5, schedules=frozenset({Schedule.ONE_F_ONE_B})))
     assert not [f for f in fixed.evaluated if f.plan.schedule is Schedule.ZBV]
 
-
-def test_among_margins_within_the_memory_error_the_largest_is_first():
-    """Llama 3 70B on 512 H100s under torchtitan with four replicas: the equivalent plans all keep
-    less than the memory model's error free, each a risk of running out; the one with the most to
-    spare is first, not the one with fewer virtual stages."""
-    from costmodel.fidelity import MEMORY_ERROR_BAND
-    from planner import targets
-    from planner.ranking import memory_margin
-    model, train = resolve_model("llama3-70b"), TrainSpec(seq_len=8192, global_batch_size=512)
-    cluster = targets.cluster_for("torchtitan", parse_cluster("64x8xH100"))
-    options = targets.options_for("torchtitan", model, train, cluster,
-                                  SearchOptions(top_k=5, fixed={"dp_replicate": 4}))
-    result = search(model, train, cluster, options)
-    near = result.plans[:result.equivalent]
-    margins = [memory_margin(f.estimate) for f in near]
-    assert len(near) >= 2 and all(spare < MEMORY_ERROR_BAND * peak for spare, peak, _ in margins)
-    assert margins[0][0] == max(spare for spare, _, _ in margins)
-
-
-def test_every_shown_plan_within_the_band_is_among_the_equivalent():
-    """The count of equivalent plans and the table agree: each plan shown within the error band of
-    the fastest was weighed for robustness (Llama 2 70B on 32 H100s with tp, pp and vpp pinned:
-    three plans within 2.8 %, of which the count said two)."""
-    from costmodel.hardware import parse_cluster as cluster_of
-    model, train = resolve_model("llama-70b"), TrainSpec(seq_len=4096, global_batch_size=1024)
-    options = SearchOptions(top_k=10, fixed={"pp": 4, "vpp": 2, "tp": 4, "zero_stage": 1})
-    result = search(model, train, cluster_of("4x8xH100"), options)
-    fastest = min(f.estimate.step_time_s for f in result.plans)
-    within = [f for f in result.plans if f.estimate.step_time_s <= fastest * (1 + result.error_band)]
-    assert len(within) >= 3 and result.equivalent == len(within)
-    assert set(id(f) for f in result.plans[:result.equivalent]) == set(id(f) for f in within)
