@@ -27,7 +27,6 @@ def _repriced(options: SearchOptions) -> int:
     return max(REPRICED, options.top_k)
 
 
-
 def _as_run(plan: Plan, options: SearchOptions) -> Plan | None:
     """The plan in a rank order the framework runs it in, None where it runs it in none: a
     closest plan the framework cannot run would be advice it cannot take (plans whose states

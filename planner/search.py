@@ -29,6 +29,7 @@ from typing import Any, Iterator
 
 from costmodel.check import offload_problems, tp_problems
 from costmodel.estimate import estimate
+from costmodel.frameworks import shards_in_part
 from costmodel.hardware import ClusterSpec
 from costmodel.plan import Plan
 from costmodel.schedules import Schedule
@@ -204,9 +205,10 @@ def unsatisfiable_constraints(model: ModelSpec, train: TrainSpec, cluster: Clust
                             f"unpinned, it lays its best plans out under {value} and prices them by simulation "
                             f"(the table's rows say their schedule); to price one plan under it: planner predict "
                             f"--schedule {value}")
-        elif name == "dp_replicate" and value != 1 and not cluster.framework.hybrid_shard:
+        elif name == "dp_replicate" and value != 1 and not shards_in_part(cluster.framework, 1):
             problems.append(f"dp_replicate={value}: {cluster.framework.name} does not shard over part of the "
-                            "data-parallel ranks (hybrid sharding: --framework torchtitan or planner)")
+                            "data-parallel ranks (hybrid sharding: --framework torchtitan or planner; "
+                            "optimizer instances at ZeRO-1: --framework megatron)")
         elif value not in possible[name]:
             shown = ", ".join(str(v) for v in sorted(possible[name]))
             why = _why_not(model, train, name, value)
