@@ -245,12 +245,7 @@ def _grad_dtype(row: dict[str, str]) -> DType:
     """The dtype gradients accumulate and reduce in (optional column grad_dtype): fp32 unless the
     run's configuration says otherwise (Megatron-Core's grad_reduce_in_fp32=False, as NeMo's
     performance recipes and MLPerf set it, keeps a bf16 gradient buffer)."""
-    value = (row.get("grad_dtype") or "").strip().lower()
-    if not value:
-        return DType.FP32
-    if value not in ("fp32", "bf16", "fp16"):
-        raise UserError(f"row {row.get('id')!r}: grad_dtype = {value!r} is not fp32, bf16 or fp16")
-    return DType(value)
+    return DType(choice_cell(row, "grad_dtype", ("fp32", "bf16", "fp16"), "fp32"))
 
 
 # the registry model's field each architecture column states
