@@ -189,12 +189,14 @@ def time_groups(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, option
 def placement_groups(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: SearchOptions,
                      prune: Callable[[str], None], share: tuple[int, int] = (0, 1)) -> Iterator[Group]:
     """time_groups' choices, those that differ only in their mesh order as one Group. `share`
-    (i, n): the groups of every n-th set of degrees and micro-batch size, from the i-th in listing
-    order (planner.halves)."""
+    (i, n): the groups of every n-th (tp, cp, ep, etp, micro-batch size), from the i-th in
+    listing order, at every pp (planner.halves)."""
     world, L = cluster.world_size, model.num_layers
     index, count = share
-    listed = itertools.count()
-    mine = lambda: next(listed) % count == index  # noqa: E731
+    # the kernel times and rank time models of one (tp, cp, ep, etp, micro-batch size), which
+    # read no pp or dp, are priced in one process only
+    owner: dict[tuple, int] = {}
+    mine = lambda shape: owner.setdefault(shape, len(owner) % count) == index  # noqa: E731
     for tp, cp in _tp_cp(model, train, cluster, options):
         if refused := mtp_cp_problems(model, cp, cluster.framework):   # none of its choices is a plan
             prune(reason_key(refused[0]))
@@ -335,7 +337,8 @@ def _group_orders(cluster: ClusterSpec, options: SearchOptions, tp: int, cp: int
                                                         cluster)]
 
 
-def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8, act, etp=1, mine=lambda: True, rep=1):
+def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8, act, etp=1, mine=lambda shape: True,
+                        rep=1):
     L, per_replica = model.num_layers, train.global_batch_size // dp
     modes = [Recompute.NONE] if options.no_recompute else list(Recompute)
     if options.space is not None and options.space.recompute_modes is not None:
@@ -346,14 +349,16 @@ def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8,
     sps = dominant(options, "sequence_parallel", [True, False] if not sp_problems(train, tp, cp) else [False],
                    True if options.space is None or options.space.sequence_parallel else False)
     sps = [sp for sp in sps if not moe_tp_problem(model, tp, sp)]
-    orders = mesh_orders({"tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep, "etp": etp, "dp_replicate": rep}, cluster,
-                         options.space)
-    group_orders = _group_orders(cluster, options, tp, cp, pp, dp)
-    if not group_orders or not orders:
-        return
+    orders = group_orders = None   # placed once some micro-batch size is this process's
     for mbs in allowed(options, "micro_batch_size", [b for b in divisors(per_replica) if b <= MAX_MICRO_BATCH]):
-        if not mine():   # another process's share (placement_groups)
+        if not mine((tp, cp, ep, etp, mbs)):   # another process's share (placement_groups)
             continue
+        if orders is None:
+            orders = mesh_orders({"tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep, "etp": etp, "dp_replicate": rep},
+                                 cluster, options.space)
+            group_orders = _group_orders(cluster, options, tp, cp, pp, dp)
+        if not group_orders or not orders:
+            return
         m = per_replica // mbs
         vpps = [1] + (_virtual_stages(options, L, pp) if m % pp == 0 else [])
         for mode in allowed(options, "recompute", modes):

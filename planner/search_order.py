@@ -1,7 +1,10 @@
 """The order the branch and bound takes candidates in: by their lower bounds, built lazily.
 
-Each Group (outer choices alike but for mesh order, virtual stages, schedule and state
-placement) enters the queue with floors below every candidate of it (SharedModels.group_floors_s:
+Groups that differ only in their recompute mode and whether activations go to the host enter
+the queue as one family, with the floor of their relaxation: no recomputation, activations kept,
+every variant of any of them (each only adds time: a recomputed layer, a copy to the host). Taken,
+a family prices its groups. Each Group (outer choices alike but for mesh order, virtual stages,
+schedule and state placement) enters the queue with floors below every candidate of it (SharedModels.group_floors_s:
 per variant the least pipeline floor over its orders, per state placement one that reads no
 placement). Taken, a group puts each of its variants under each state placement in the queue;
 such a choice, taken, is checked for memory once (memory does not depend on the order), and only
@@ -18,14 +21,14 @@ import time
 from dataclasses import dataclass, replace
 from typing import Iterable, Iterator
 
-from costmodel.plan import Plan
+from costmodel.plan import Plan, Recompute
 from costmodel.schedules import Schedule
 from planner.bounds import MemoryFit, time_floor_s
 from planner.candidates import Group
 from planner.search_state import SearchStats, SharedModels
 from planner.space import Choice
 
-_GROUP, _CHOICE, _CANDIDATE = 0, 1, 2   # at equal bounds the coarser item opens first
+_FAMILY, _GROUP, _CHOICE, _CANDIDATE = -1, 0, 1, 2   # at equal bounds the coarser item opens first
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +56,7 @@ class Queue:
         self.heap: list[tuple] = []
         self._placed: dict[int, list[Choice]] = {}
         self.num_candidates = self.taken = 0
+        families: dict[tuple, list[tuple[int, Group, list[int]]]] = {}
         for index, group in enumerate(groups):
             if time.perf_counter() > deadline:   # a space too large to list within the limit: no bound
                 stats.optimal, stats.enumerated = False, False
@@ -67,10 +71,29 @@ class Queue:
                 self.taken += count
                 self.roomless += [(group.base, vpp, schedule, z) for vpp, schedule in group.variants for z in zeros]
                 continue
-            pipeline, after = shared.group_floors_s(group)
-            floor = min(pipeline) + min(after[z] for z in zeros)
-            self.heap.append((floor, _GROUP, (index,), (group, pipeline, after, zeros)))
+            families.setdefault(_family_key(group), []).append((index, group, zeros))
+        for members in families.values():
+            if time.perf_counter() > deadline:   # as above: the rest are never priced
+                stats.optimal, stats.enumerated = False, False
+                break
+            self.heap.append(self._family(members))
         heapq.heapify(self.heap)
+
+    def _family(self, members: list[tuple[int, Group, list[int]]]) -> tuple:
+        """The queue's entry of groups alike but for recompute mode and activation offload: one
+        group as itself; more under the floor of their relaxation (its variants all theirs)."""
+        if len(members) == 1:
+            return self._group(*members[0])
+        first = members[0][1]
+        relaxed = replace(first.base, recompute=Recompute.NONE, offload_activations=False)
+        variants = list(dict.fromkeys(v for _, group, _ in members for v in group.variants))
+        pipeline, after = self.shared.group_floors_s(Group(relaxed, variants, first.orders))
+        floor = min(pipeline) + min(after[z] for _, _, zeros in members for z in zeros)
+        return floor, _FAMILY, (members[0][0],), members
+
+    def _group(self, index: int, group: Group, zeros: list[int]) -> tuple:
+        pipeline, after = self.shared.group_floors_s(group)
+        return min(pipeline) + min(after[z] for z in zeros), _GROUP, (index,), (group, pipeline, after, zeros)
 
     def in_order(self) -> Iterator[Candidate]:
         """Candidates by bound; the caller stops once one reaches its cutoff."""
@@ -81,6 +104,10 @@ class Queue:
                 yield item
             elif kind == _CHOICE:
                 self._place(seq, *item, floor)
+            elif kind == _FAMILY:
+                for entry in map(lambda member: self._group(*member), item):
+                    assert entry[0] >= floor - 1e-9 * abs(floor), "a family's floor above one of its groups'"
+                    heapq.heappush(self.heap, entry)
             else:
                 group, pipeline, after, zeros = item
                 for v in range(len(group.variants)):
@@ -141,3 +168,12 @@ class Queue:
             self.too_big.append((base, vpp, schedule, z))
             return [], None, None
         return runs, fit, fitted
+
+
+def _family_key(group: Group) -> tuple:
+    """What the groups of a family share: every field of their choice but the recompute mode and
+    activation offload, and their mesh orders."""
+    c = group.base
+    return (c.tp, c.pp, c.cp, c.dp, c.zero_stage, c.recompute_layers, c.layers_per_stage, c.sequence_parallel,
+            c.micro_batch_size, c.vpp, c.schedule, c.mesh_axis_order, c.ep, c.etp, c.offload_optimizer,
+            c.fp8_linears, c.group_order, c.micro_batch_sizes, c.dp_replicate, tuple(group.orders))

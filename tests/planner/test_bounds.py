@@ -210,3 +210,34 @@ def test_the_states_floor_is_below_every_rank_s_memory_with_a_shared_expert(fram
                                   plan.layers_on_rank(r))) for r in range(plan.pp)]
     assert optimizer_floor_s(model, TRAIN, cluster, plan.tp, plan.pp, plan.dp * plan.cp, zero, plan.ep) \
         <= max(steps) * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("model_name, cluster_name, framework", [
+    ("llama2-13b", "4x8xH100", "planner"), ("deepseek-v2-lite", "4x8xA100", "megatron"),
+    ("mixtral-8x7b", "2x8xH100", "megatron"), ("llama2-13b", "2x8xA100+2x8xH100", "planner")])
+def test_a_family_s_floor_is_below_each_of_its_groups_floors(model_name, cluster_name, framework):
+    """Groups alike but for recompute mode and activation offload enter the queue as one family
+    under the floor of their relaxation (planner.search_order); the search opens a family only
+    when its floor is reached, so that floor must be at or below each of its groups' own, for
+    the families it never opens too."""
+    import time
+
+    from planner.candidates import placement_groups
+    from planner.search_order import _FAMILY, _GROUP, Queue
+    from planner.search_state import SearchStats
+    from planner.specs import build_specs
+    from planner.targets import options_for
+    model, train, cluster = build_specs(model_name, cluster_name, framework=framework)
+    options = options_for(framework, model, train, cluster, SearchOptions())
+    shared = SharedModels(model, train, cluster, options)
+    queue = Queue(shared, placement_groups(model, train, cluster, options, lambda reason: None), SearchStats(),
+                  time.perf_counter() + 600)
+    families = [(floor, members) for floor, kind, _, members in queue.heap if kind == _FAMILY]
+    modes = set()
+    for floor, members in families:
+        for member in members:
+            own, kind, _, (group, *_) = queue._group(*member)
+            assert kind == _GROUP and own >= floor
+            modes.add((group.base.recompute, group.base.offload_activations))
+    assert len(families) > 20 and {mode for mode, _ in modes} == set(Recompute)
+    assert (Recompute.NONE, True) in modes or framework == "megatron"   # offloaded activations: our runtime's
