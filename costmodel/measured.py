@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -109,6 +110,9 @@ class MeasuredRun:
         elif max(self.step_time_s, *self.step_times_s) > STEP_S_MAX or self.tokens_per_s > TOKENS_PER_S_MAX:
             out.append(f"step times must be at most {STEP_S_MAX:g} s and tokens_per_s at most {TOKENS_PER_S_MAX:g} "
                        "(not a measurement: a fit or a figure of them overflows)")
+        elif not math.isclose(self.step_time_s, statistics.median(self.step_times_s), rel_tol=1e-6):
+            out.append(f"step_time_s {self.step_time_s:g} is not the median of step_times_s "
+                       f"({statistics.median(self.step_times_s):g}), as `planner run` writes it")
         pp = self.plan.get("pp")
         if not isinstance(pp, int) or isinstance(pp, bool) or pp < 1:
             return out + ["plan.pp must be a positive integer"]

@@ -34,11 +34,13 @@ def infeasible_message(result: SearchResult, cluster_name: str) -> str:
     over = (est.peak_memory_bytes[rank] - capacity) / GIB
     states = (parts["params"] + parts["grads"] + parts["optimizer"]) / GIB
     hints = ["more devices (a larger cluster than " + cluster_name + ")"]
-    if plan.zero_stage < 3 and plan.dp * plan.cp > 1:
+    # a lever is named where what it shrinks is at least a tenth of the overflow
+    weights, acts = (parts["params"] + parts["grads"]) / GIB, parts["activations"] / GIB
+    if plan.zero_stage < 3 and plan.dp * plan.cp > 1 and weights >= 0.1 * over:
         hints.append("ZeRO-3 (shards weights too)")
-    if plan.recompute is not Recompute.FULL:
+    if plan.recompute is not Recompute.FULL and acts >= 0.1 * over:
         hints.append("full recomputation")
-    if plan.micro_batch_size > 1:
+    if plan.micro_batch_size > 1 and acts >= 0.1 * over:
         hints.append("a smaller micro-batch")
     if plan.schedule.traits.in_flight == "all" and plan.pp > 1:
         hints.append(f"a 1F1B schedule (GPipe holds all {plan.num_micro_batches} micro-batches' activations)")

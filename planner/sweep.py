@@ -71,8 +71,24 @@ class SweepResult:
     objective: str = "cost"
     budget_usd: float | None = None
 
+    def limits(self) -> str:
+        """The deadline and budget the answer keeps, as a summary says them ("" without either)."""
+        return " and ".join(([] if self.deadline_days is None else [f"{self.deadline_days:g} days"])
+                            + ([] if self.budget_usd is None else [f"${self.budget_usd:,.0f}"]))
+
+    def outside(self, row: SweepRow) -> str:
+        """Why a priced size is not an answer under the deadline or budget ("" when it is one)."""
+        if row.cost is None:
+            return ""
+        if self.deadline_days is not None and row.cost.days > self.deadline_days:
+            return f"past the {self.deadline_days:g}-day deadline"
+        if self.budget_usd is not None and (row.cost.cost_usd or 0.0) > self.budget_usd:
+            return f"over the ${self.budget_usd:,.0f} budget"
+        return ""
+
     def to_dict(self) -> dict[str, Any]:
-        return {"rows": [r.to_dict() for r in self.rows], "best": None if self.best is None else self.best.to_dict(),
+        rows = [{**r.to_dict(), "outside_limits": self.outside(r) or None} for r in self.rows]
+        return {"rows": rows, "best": None if self.best is None else self.best.to_dict(),
                 "knee_gpus": self.knees, "knee_efficiency": KNEE_EFFICIENCY, "deadline_days": self.deadline_days,
                 "objective": self.objective, "budget_usd": self.budget_usd,
                 "why_none": self.why_none or None, "wall_s": self.wall_s}
@@ -97,6 +113,11 @@ class SweepSpec:
     def __post_init__(self) -> None:
         if not self.devices or not self.nodes:
             raise UserError("a sweep needs at least one device and one node count (--device, --nodes)")
+        if len(set(self.devices)) != len(self.devices):
+            raise UserError(f"--device {','.join(self.devices)}: give each device once")
+        if mixed := next((d for d in self.devices if "+" in d), None):
+            raise UserError(f"--device {mixed}: a sweep sizes clusters of one device each; list devices with "
+                            "commas (A100,H100), or search a mixed cluster with planner search --cluster")
         if len(set(self.nodes)) != len(self.nodes) or any(n < 1 for n in self.nodes):
             raise UserError(f"--nodes {','.join(map(str, self.nodes))}: give each node count once, each >= 1")
         if len(self.gpu_hour_usd) not in (0, 1, len(self.devices)):

@@ -13,6 +13,7 @@ from costmodel.memory import cp_gathered_kv_bytes, expert_state_bytes
 from costmodel.params import expert_dp, folds_ep
 from costmodel.pipeline_closed_form import uniform_1f1b_bubble_fraction
 from costmodel.plan import Plan
+from costmodel.rank_time import spans
 from costmodel.specs import ModelSpec, TrainSpec
 from costmodel.units import GIB, MIB
 from reports.bubble import Variant, bubble_figures, schedule_table
@@ -224,11 +225,26 @@ def _measured(doc: Document, m: MeasuredRun) -> None:
             rows.append([f"stage {stage} {key} (s)", f"{predicted[key][stage]:.4f}", f"{parts[key][stage]:.4f}",
                          part_error(predicted[key][stage], parts[key][stage], err["stage_breakdown_s"][key][stage],
                                     est["step_time_s"])])
-    doc.table(["quantity", "predicted", "measured", "error"], rows)
+    doc.table(["quantity", "predicted", "measured", "measured vs predicted"], rows)
     doc.text(f"Measured on {m.device} over {m.steps} steps after {m.warmup_steps} warm-up; memory: "
              f"{m.memory_source}. Losses {shown_loss(m.losses[0])} -> {shown_loss(m.losses[-1])}. Per stage: its own "
              f"work (compute and TP/CP collectives), the DP gradient reduction after the pipeline (inside the "
              f"backward pass when there is no pipeline), the optimizer, and the wait (bubble and PP transfers).")
+
+
+_GROUP_OF = {"comm/tp_exposed": "tp", "comm/cp_exposed": "cp", "comm/ep_exposed": "ep", "comm/pp_exposed": "pp",
+             "comm/dp_exposed": "dp"}
+
+
+def _comm_remedy(inp: ReportInput, worst: str) -> str:
+    """What would shrink the exposed communication `worst`: a group that spans nodes could be
+    placed inside one; one already inside a node needs a smaller degree (or a faster link)."""
+    axis = _GROUP_OF.get(worst)
+    if axis is None or inp.cluster.is_mixed:
+        return "a faster link for that group"
+    if getattr(spans(inp.plan, inp.cluster), axis).crosses_nodes:
+        return "a faster link for that group or a placement that keeps it inside a node"
+    return f"its group already lies inside a node: a smaller {axis.upper()} degree or a faster link"
 
 
 def _what_would_change_it(doc: Document, inp: ReportInput, variants) -> None:
@@ -244,14 +260,15 @@ def _what_would_change_it(doc: Document, inp: ReportInput, variants) -> None:
                      f"zero-bubble schedule shrink it{tip}.")
     headroom = e.min_headroom_fraction
     if headroom < 0.1:
+        room = "more devices per model replica (TP or PP)" + (" or a higher ZeRO stage" if p.zero_stage < 3
+                                                               and p.dp * p.cp > 1 else "")
         notes.append(f"Memory binds ({100 * headroom:.0f}% headroom): a larger micro-batch or less "
-                     f"recomputation would not fit; more devices per model replica (TP or PP) or a higher "
-                     f"ZeRO stage would free room.")
+                     f"recomputation would not fit; {room} would free room.")
     comm = _share(e, "comm/")
     if comm > 0.1:
         worst = max((k for k in e.time_breakdown_s if k.startswith("comm/")), key=e.time_breakdown_s.get)
-        notes.append(f"Exposed communication is {100 * comm:.0f}% of the step, mostly {worst}: a faster "
-                     f"link for that group or a placement that keeps it inside a node would help.")
+        notes.append(f"Exposed communication is {100 * comm:.0f}% of the step, mostly {worst}: "
+                     f"{_comm_remedy(inp, worst)} would help.")
     if e.time_breakdown_s["compute/recompute"] > 0.02 * e.step_time_s:
         notes.append(f"Recomputation costs {100 * e.time_breakdown_s['compute/recompute'] / e.step_time_s:.0f}% "
                      f"of the step, the price of fitting in memory.")

@@ -65,9 +65,9 @@ def _memory(e: Estimate) -> list[dict[str, Any]]:
 
 def sweep_page_data(result) -> dict[str, Any]:
     """What the page shows of a sweep (planner.sweep.SweepResult): its rows and each device's knee."""
-    rows = [r.to_dict() for r in result.rows]
-    best = None if result.best is None else result.best.to_dict()
+    whole = result.to_dict()   # the rows as --json prints them, each marked if outside the limits
+    rows, best = whole["rows"], whole["best"]
     return {"title": "planner sweep: the best plan at each size", "summary": None, "bubble_definition": None,
             "ranking": [], "kinds": {}, "timelines": [], "memory": [], "memory_colours": {},
             "sweep": {"rows": rows, "knees": result.knees, "best": best,
-                      "deadline_days": result.deadline_days}}
+                      "deadline_days": result.deadline_days, "budget_usd": result.budget_usd}}

@@ -19,8 +19,10 @@ def write_sweep_report(result, out_dir: Path) -> list[str]:
         doc.text("Knee of each device's curve (its largest size that keeps the smallest size's throughput per "
                  "GPU within the knee's efficiency): " + ", ".join(f"{d} at {g:,} GPUs" for d, g in result.knees.items())
                  + ".")
-    doc.table(["device", "GPUs", "plan", "step s", "tokens/s per GPU", "MFU %", "days", "GPU-hours", "cost $"],
-              [_row(r.to_dict()) for r in result.rows])
+    limited = bool(result.limits())
+    doc.table(["device", "GPUs", "plan", "step s", "tokens/s per GPU", "MFU %", "days", "GPU-hours", "cost $"]
+              + (["within limits"] if limited else []),
+              [_row(r.to_dict()) + ([result.outside(r) or "yes"] if limited else []) for r in result.rows])
     for fmt in ("png", "svg"):
         (out_dir / f"scaling.{fmt}").write_bytes(draw_scaling(result, fmt))
     doc.image("scaling", "Tokens/s per GPU and the run's cost (or GPU-hours) against GPUs, one line per device, "
@@ -35,7 +37,9 @@ def _answer(result) -> str:
         return f"No size answers: {result.why_none}"
     b = result.best.to_dict()
     cost = "" if b["cost_usd"] is None else f", ${b['cost_usd']:,.0f}"
-    return (f"Answer (objective {result.objective}): {b['num_gpus']:,} x {b['device']}, plan {b['plan_label']}, "
+    within = f" within {result.limits()}" if result.limits() else ""
+    return (f"Answer (objective {result.objective}{within}): {b['num_gpus']:,} x {b['device']}, "
+            f"plan {b['plan_label']}, "
             f"{b['days']:,.1f} days, {b['gpu_hours']:,.0f} GPU-hours{cost}.")
 
 

@@ -18,6 +18,10 @@ EPILOG = """examples:
 a new file, never the original; then plan with --cluster 1x2xmine-calibrated.toml."""
 
 
+POOR_FIT_PCT = 15.0   # a fit still this far off, on average, is no calibration to trust
+MIN_RUNS = 3          # fewer runs than this leave most factors at their priors
+
+
 def add_calibrate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("runs", nargs="+", help="run directories written by `planner run --out`")
     p.add_argument("--profile", required=True, help="the profile to calibrate (name or .toml path)")
@@ -59,8 +63,20 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     device = replace(device, name=out.stem)
     after = summary(runs, device)
     command = "planner calibrate " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "planner calibrate"
-    profile_file.write(out, calibrated_profile(base_path, device, params, runs, before, after, command),
-                       args.overwrite)
+    try:
+        profile_file.write(out, calibrated_profile(base_path, device, params, runs, before, after, command),
+                           args.overwrite)
+    except UserError as e:   # the fitted numbers, not the file: said as what the runs made of them
+        detail = str(e).removeprefix(f"{out}: ")
+        raise UserError(f"the runs fit {base.name} only with values outside their ranges ({detail}): they are "
+                        "far from anything it can price; check that they ran on this machine, as their "
+                        "measured.json says; nothing written") from None
+    if len(runs) < MIN_RUNS:
+        print(f"warning: a fit to {len(runs)} plan{'s' if len(runs) > 1 else ''} may not carry to others; "
+              f"{MIN_RUNS} or more that differ (TP, PP, micro-batch) pin its factors down", file=sys.stderr)
+    if after["mape_pct"] > POOR_FIT_PCT:
+        print(f"warning: still {after['mape_pct']:.1f}% off on average after the fit: the profile cannot price "
+              "these runs; measure again (an idle machine), or check that they ran here", file=sys.stderr)
     print(table(("step time", "before", "after"),
                 [("MAPE", f"{before['mape_pct']:.1f}%", f"{after['mape_pct']:.1f}%"),
                  ("max |error|", f"{before['max_abs_error_pct']:.1f}%", f"{after['max_abs_error_pct']:.1f}%")]))

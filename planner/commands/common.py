@@ -112,7 +112,8 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--recompute", choices=[r.value for r in Recompute], default="none")
     g.add_argument("--recompute-layers", metavar="N|N,N,...",
                    help="layers recomputed per pipeline rank: one count for every rank, or one per rank as the "
-                        "search prints them (rc=full:2/19/21/21/19 is 2,19,21,21,19; default: all of them)")
+                        "search prints them (rc=full[3,2,3,1] is 3,2,3,1; rc=full:8/80, 8 of each rank's 80 "
+                        "layers, is 8; default: all of them)")
     g.add_argument("--layers", metavar="N,N,...",
                    help="layers per virtual stage in pipeline order, pp x vpp counts adding up to the model's "
                         "layers, as the search prints them (layers/stage [...]; default: as even as they go, "

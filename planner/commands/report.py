@@ -23,7 +23,15 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.measured:
         measured = MeasuredRun.load(Path(args.measured))
         if measured.plan != pf.plan.to_dict():
-            raise UserError(f"{args.measured} was measured for another plan ({measured.plan})")
+            raise UserError(f"{args.measured} was measured for another plan than {args.plan}: "
+                            + _differences(measured.plan, pf.plan.to_dict()))
     est = estimate(pf.model, pf.train, pf.cluster, pf.plan)
     write_report_dir(args.out, args.overwrite, pf.model, pf.train, pf.cluster, pf.plan, est, measured=measured)
     return 0
+
+
+def _differences(measured: dict, planned: dict, shown: int = 4) -> str:
+    """The plan fields a measured run and a plan disagree on, the run's value first."""
+    names = [k for k in dict.fromkeys([*planned, *measured]) if measured.get(k) != planned.get(k)]
+    said = [f"{k} {measured.get(k)!r} there, {planned.get(k)!r} here" for k in names[:shown]]
+    return "; ".join(said) + (f" (and {len(names) - shown} more fields)" if len(names) > shown else "")

@@ -289,7 +289,7 @@ def _keep_partial(pf: PlanFile, args: argparse.Namespace, out: Path, wall_s: flo
 def _print_comparison(record, out: Path) -> None:
     from reports.tables import table
     from runtime.measure import comparison_rows
-    print(table(("", "predicted", "measured", "error"), comparison_rows(record)))
+    print(table(("", "predicted", "measured", "measured vs predicted"), comparison_rows(record)))
     if record.probe_layer_now_s:
         from planner.measure.machine_speed import describe
         print("\n" + describe(record.probe_layer_now_s, record.probe_layer_profiled_s))
@@ -316,5 +316,5 @@ def _dry_run(args: argparse.Namespace, pf: PlanFile) -> int:
                          else f"{v['error_pct']:+.2f}%"))
     print(f"dry run of {pf.plan.short()} ({pf.model.name}, world {pf.plan.world_size}): the first rank "
           "of each pipeline stage built on the meta device under a fake process group")
-    print(table(("stage", "rank", "state", "runtime GiB", "predicted GiB", "error"), body))
+    print(table(("stage", "rank", "state", "runtime GiB", "predicted GiB", "runtime vs predicted"), body))
     return 0

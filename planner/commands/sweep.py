@@ -78,6 +78,8 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    if not args.model:
+        raise UserError("sweep needs --model (a name from `planner models`, or a Hugging Face config.json)")
     if args.cluster:
         raise UserError("sweep sizes clusters from --device, --nodes and --gpus-per-node; leave out --cluster")
     if args.group_link is not None:
@@ -115,8 +117,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         from reports.sweep_report import write_sweep_report
         with outputs.staged_dir(args.report, args.overwrite, outputs.REPORT_FILES) as staging:
             write_sweep_report(result, staging)
-    if result.best is None and (result.deadline_days is not None or result.budget_usd is not None):
-        raise UserError(result.why_none)
     if args.json:
         emit_json(result.to_dict())
     else:
@@ -147,7 +147,8 @@ def table_lines(result: SweepResult) -> list[str]:
     table = []
     for row in result.rows:
         d = row.to_dict()
-        mark = ("*" if row is result.best else "") + (" knee" if result.knees.get(row.device) == row.num_gpus else "")
+        mark = (("*" if row is result.best else "x" if result.outside(row) else "")
+                + (" knee" if result.knees.get(row.device) == row.num_gpus else ""))
         if row.found is None:
             table.append([mark, row.device, f"{row.num_gpus:,}", row.reason, "", "", "", "", "", "", ""])
             continue
@@ -160,12 +161,13 @@ def table_lines(result: SweepResult) -> list[str]:
     if result.best is not None:
         b = result.best
         assert b.cost is not None
-        within = " and ".join(([] if result.deadline_days is None else [f"{result.deadline_days:g} days"])
-                              + ([] if result.budget_usd is None else [f"${result.budget_usd:,.0f}"]))
+        within = result.limits()
         lines.append(f"* {'fastest' if result.objective == 'time' else 'cheapest'}"
                      f"{'' if not within else f' within {within}'}: "
                      f"{b.num_gpus:,} {b.device}, {b.cost.days:,.1f} days, {b.cost.gpu_hours:,.0f} GPU-hours"
                      + ("" if b.cost.cost_usd is None else f", ${b.cost.cost_usd:,.0f}"))
+    if any(result.outside(r) for r in result.rows):
+        lines.append(f"x: outside {result.limits()} (past the deadline or over the budget)")
     lines.append(f"knee: the largest size that keeps {100 * KNEE_EFFICIENCY:.0f}% of the smallest size's tokens/s "
                  f"per GPU" + "".join(f"; {dev} {gpus:,} GPUs" for dev, gpus in result.knees.items()))
     if any(not r.proven for r in result.rows if r.found is not None):

@@ -41,6 +41,7 @@ def test_deadline_devices_csv_and_plot(capsys, tmp_path):
         ("A100-SXM4-80GB", 8), ("A100-SXM4-80GB", 16), ("H100-SXM5-80GB", 8), ("H100-SXM5-80GB", 16)}
     within = [r for r in doc["rows"] if r["days"] <= 30]
     assert doc["best"]["cost_usd"] == min(r["cost_usd"] for r in within)
+    assert all((r["outside_limits"] is None) == (r in within) for r in doc["rows"])
     assert len(list(csv.DictReader(table.open()))) == 4
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -59,6 +60,8 @@ def test_the_table_names_the_cheapest_and_the_knee(capsys):
     (["--device", "Z100", "--nodes", "1"], "Z100"),
     (["--device", "H100", "--nodes", "1", "--cluster", "1x8xH100"], "leave out --cluster"),
     (["--device", "A100,H100", "--nodes", "1", "--gpu-hour-usd", "1,2,3"], "3 prices for 2 devices"),
+    (["--device", "A100,A100", "--nodes", "1"], "--device A100,A100: give each device once"),
+    (["--device", "A100+H100", "--nodes", "1"], "--device A100+H100: a sweep sizes clusters of one device each"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
     assert main([*BASE, *argv]) == 2
@@ -80,3 +83,21 @@ def test_the_help_leaves_out_the_flags_a_sweep_refuses(capsys):
     assert main(["sweep", "--help"]) == 0
     text = capsys.readouterr().out
     assert "--device" in text and "--cluster" not in text and "--group-link" not in text
+
+
+def test_without_a_model_the_sweep_asks_for_it_not_for_a_cluster(capsys):
+    assert main(["sweep", "--device", "H100", "--nodes", "1", "--tokens", "1e11"]) == 2
+    assert "sweep needs --model" in capsys.readouterr().err
+
+
+def test_no_size_within_the_deadline_still_shows_the_sizes_and_marks_them(capsys):
+    """The table (or --json) is what the user reads to move the deadline: shown, each size
+    marked outside it, then the one-line answer that none meets it, exit 2."""
+    assert main([*BASE, "--device", "H100", "--nodes", "1,2", "--deadline-days", "0.001"]) == 2
+    captured = capsys.readouterr()
+    sizes = [line for line in captured.out.splitlines() if "1f1b" in line]
+    assert len(sizes) == 2 and all(line.startswith("x") for line in sizes)
+    assert "x: outside 0.001 days" in captured.out and "no size meets the deadline" in captured.err
+    assert main([*BASE, "--device", "H100", "--nodes", "1", "--deadline-days", "0.001", "--json"]) == 2
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["best"] is None and doc["rows"][0]["outside_limits"] == "past the 0.001-day deadline"

@@ -102,7 +102,12 @@ def test_report_command_puts_measured_beside_predicted(tmp_path, capsys):
     other = dict(measured.to_dict(), plan={**measured.plan, "zero_stage": 1})
     (tmp_path / "other.json").write_text(json.dumps(other))
     assert main(["report", str(plan_path), "--measured", str(tmp_path / "other.json"), "--out", str(out), "--overwrite"]) == 2
-    assert "another plan" in capsys.readouterr().err
+    assert "zero_stage 1 there, 2 here" in capsys.readouterr().err   # the field, not the whole plan
+    scaled = dict(measured.to_dict(), step_time_s=1e6)   # not the median of its step times
+    (tmp_path / "edited.json").write_text(json.dumps(scaled))
+    assert main(["report", str(plan_path), "--measured", str(tmp_path / "edited.json"), "--out", str(out),
+                 "--overwrite"]) == 2
+    assert "step_time_s 1e+06 is not the median of step_times_s (150)" in capsys.readouterr().err
 
 
 def test_pareto_front():
@@ -173,3 +178,25 @@ def test_experts_and_context_parallelism_show_in_the_ledger_and_memory_parts(tmp
         assert f"Routed experts: {experts / 2**30:.1f} GiB" in md
         kv = cp_gathered_kv_bytes(pf.model, pf.train, pf.plan, pf.cluster.framework)
         assert (f"{kv / 2**20:.1f} MiB per micro-batch" in md) == (name == "cp") and (kv > 0) == (name == "cp")
+
+
+def test_the_advice_on_exposed_communication_knows_where_the_group_lies():
+    """A TP group already inside a node is not told to move inside one; one spread over nodes is."""
+    from types import SimpleNamespace
+
+    from reports.build import _comm_remedy
+    model, cluster = resolve_model("llama-70b"), parse_cluster("8x8xA100")
+    train = TrainSpec(seq_len=4096, global_batch_size=1024)
+    for tp, inside in ((8, True), (16, False)):
+        plan = build_plan(model, train, cluster, Choice(tp=tp, pp=4, zero_stage=1))
+        said = _comm_remedy(SimpleNamespace(plan=plan, cluster=cluster), "comm/tp_exposed")
+        assert ("already lies inside a node: a smaller TP degree" in said) == inside
+        assert ("a placement that keeps it inside a node" in said) != inside
+
+
+def test_no_plan_names_only_the_levers_that_shrink_what_overflows(capsys):
+    """At a million tokens the activations overflow, not the weights: ZeRO-3 is no lever."""
+    assert main(["search", "--model", "llama3-8b", "--cluster", "1x8xH100", "--seq-len", "1000000",
+                 "--global-batch", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "nothing fits" in err and "ZeRO-3" not in err and "more devices" in err
