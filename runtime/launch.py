@@ -47,6 +47,9 @@ class StepsConfig:
     checkpoint_every: int = 0
     keep: int = 2
     resume: bool = False
+    # resume where a checkpoint is present, else start from step 0 (a job a scheduler may start
+    # again from scratch); without either, a directory of earlier checkpoints is refused
+    resume_if_present: bool = False
     checkpoint_async: bool = False   # write in the background (runtime.checkpoint.Saver)
     hang_timeout: float = 0.0   # runtime.watchdog: seconds without progress before a rank gives up; 0: off
     max_nonfinite_steps: int = 1   # runtime.health: steps in a row with a non-finite loss or gradient norm that stop the run
@@ -81,6 +84,7 @@ class WorkerArgs(StepsConfig):
         if self.checkpoint_dir:
             args += ["--checkpoint-dir", self.checkpoint_dir, "--checkpoint-every", str(self.checkpoint_every),
                      "--keep", str(self.keep)] + (["--resume"] if self.resume else []) \
+                + (["--resume-if-present"] if self.resume_if_present else []) \
                 + (["--checkpoint-async"] if self.checkpoint_async else [])
         return args
 
@@ -95,6 +99,7 @@ class WorkerArgs(StepsConfig):
                            ("--hang-timeout", float), ("--max-nonfinite-steps", int)):
             p.add_argument(name, type=kind, default=getattr(cls, name[2:].replace("-", "_")))
         p.add_argument("--resume", action="store_true")
+        p.add_argument("--resume-if-present", action="store_true")
         p.add_argument("--checkpoint-async", action="store_true")
         p.add_argument("--compile", action="store_true")
         return cls(**vars(p.parse_args(argv)))

@@ -196,11 +196,22 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
 
 def _resume(job: Job, optimizer, pf: PlanFile, cfg: RunConfig, total: int) -> int:
     """The step to start from: 0, or the step of the newest verified checkpoint with --resume
-    (its weights, optimizer states and, under the plan it was saved with, this rank's RNG)."""
-    if not cfg.checkpoint_dir or not (cfg.resume or restart_count()):   # a restart resumes by itself
+    (its weights, optimizer states and, under the plan it was saved with, this rank's RNG), with
+    --resume-if-present where there is one. A first attempt without either in a directory of
+    earlier checkpoints stops: its own would sit among theirs, and a later resume take theirs."""
+    if not cfg.checkpoint_dir:
         return 0
+    root = Path(cfg.checkpoint_dir)
+    if not (cfg.resume or restart_count()):   # a restart resumes by itself
+        earlier = checkpoint.any_attempt(root)
+        if not earlier:
+            return 0
+        if not cfg.resume_if_present:
+            raise checkpoint.CheckpointError(
+                f"--checkpoint-dir {root} holds checkpoints of an earlier run ({', '.join(earlier[-3:])}): launch "
+                "with --resume or --resume-if-present to continue from them, or clear it")
     # every file's size, and each rank a share of the checksums: a damaged newer one is skipped
-    path, _, skipped = checkpoint.resume_point(Path(cfg.checkpoint_dir), pf, total, checkpoint.verify_together)
+    path, _, skipped = checkpoint.resume_point(root, pf, total, checkpoint.verify_together)
     if skipped and dist.get_rank() == 0:
         print(f"[planner run] {checkpoint.skipped_line(skipped, path)}", file=sys.stderr, flush=True)
     return 0 if path is None else checkpoint.load(path, job.modules, optimizer, pf)

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
                         data=args.data, data_dtype=args.data_dtype, fault=args.fault_spec(),
                         partial=out / PARTIAL, checkpoint_dir=args.checkpoint_dir,
                         checkpoint_every=args.checkpoint_every, keep=args.keep, resume=args.resume,
-                        checkpoint_async=args.checkpoint_async, hang_timeout=args.hang_timeout,
+                        resume_if_present=args.resume_if_present, checkpoint_async=args.checkpoint_async, hang_timeout=args.hang_timeout,
                         max_nonfinite_steps=args.max_nonfinite_steps, compile=args.compile)
         raw = run_rank(pf, cfg)
         if raw is not None:

@@ -30,7 +30,7 @@ from planner.commands.run_args import (
     PRINT_LAUNCH_IGNORES,
 )
 from planner.commands.run_dirs import RunRefused, copy_plan, held_dirs
-from runtime.launch import PARTIAL, RUN_STOPPED
+from runtime.launch import PARTIAL
 
 
 def _load(path: str) -> PlanFile:
@@ -55,7 +55,7 @@ def _worker_args(args: argparse.Namespace, pf: PlanFile, out: Path):
                       data_dtype=args.data_dtype, fault=args.inject_fault,
                       checkpoint_dir=str(Path(args.checkpoint_dir).resolve()) if args.checkpoint_dir else None,
                       checkpoint_every=_checkpoint_every(args, pf), keep=args.keep, resume=args.resume,
-                      checkpoint_async=args.checkpoint_async, max_restarts=args.max_restarts, hang_timeout=args.hang_timeout,
+                      resume_if_present=args.resume_if_present, checkpoint_async=args.checkpoint_async, max_restarts=args.max_restarts, hang_timeout=args.hang_timeout,
                       max_nonfinite_steps=args.max_nonfinite_steps, compile=args.compile)
 
 
@@ -79,6 +79,16 @@ def _node_names(pf: PlanFile) -> list[str]:
         return [""] * pf.cluster.num_nodes
     from costmodel.groups import node_groups
     return [f" ({pf.cluster.groups[g].device.name} node)" for g in node_groups(pf.plan, pf.cluster)]
+
+
+def _refuse_earlier_checkpoints(args: argparse.Namespace) -> None:
+    """A printed launch into a --checkpoint-dir this machine sees holding checkpoints: refused
+    without --resume or --resume-if-present, as a local run is (its ranks would refuse it too)."""
+    from runtime import checkpoint
+    if args.checkpoint_dir and not (args.resume or args.resume_if_present):
+        if earlier := checkpoint.any_attempt(Path(args.checkpoint_dir)):
+            raise RunRefused(f"--checkpoint-dir {args.checkpoint_dir} holds checkpoints ({', '.join(earlier[-3:])}); "
+                             "pass --resume or --resume-if-present to continue from them, or clear it")
 
 
 def _print_launch(args: argparse.Namespace, pf: PlanFile, worker) -> None:
@@ -180,6 +190,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _dry_run(args, pf)
     out = Path(args.out or f"runs/{pf.model.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     if args.print_launch:
+        _refuse_earlier_checkpoints(args)
         _print_launch(args, pf, _worker_args(args, pf, out))
         return 0
     with held_dirs(args, pf, out) as resume_step:   # one run at a time in each directory: a second is refused
@@ -218,12 +229,10 @@ def _run_locked(args: argparse.Namespace, pf: PlanFile, out: Path, worker, resum
     try:
         with outputs.new_stream(out / "run.log", args.overwrite) as log:
             wall_s = run_local(nproc, worker, threads, log)
-    except RunFailed as exc:
-        if any(why in str(exc) for why in RUN_STOPPED):   # the run itself broke, not the user's command: exit 1
-            stopped = Stopped(str(exc))
-            _keep_partial(pf, args, out, time.perf_counter() - start, stopped)
-            raise stopped from None
-        raise RunRefused(str(exc)) from None
+    except RunFailed as exc:   # a rank failed, died or hung: the run broke, not the user's command (exit 1)
+        stopped = Stopped(str(exc))
+        _keep_partial(pf, args, out, time.perf_counter() - start, stopped)
+        raise stopped from None
     except BaseException as exc:
         if not isinstance(exc, Exception):   # Ctrl-C or SIGTERM: keep what was measured so far
             _keep_partial(pf, args, out, time.perf_counter() - start, exc)

@@ -65,9 +65,10 @@ def test_a_failing_rank_ends_the_job_and_is_named(tmp_path, fault, expected):
     proc = _run(str(plan), "--steps", "3", "--warmup", "1", "--out", str(tmp_path / "run"),
                 "--inject-fault", fault, "--hang-timeout", "5")
     assert time.monotonic() - start < 60   # the bound is 30 s of job time; launch adds a few
-    assert proc.returncode == 2
+    assert proc.returncode == 1   # the run broke, not the command line (2)
     last = proc.stderr.strip().splitlines()[-1]
-    assert expected in last and "Traceback" not in proc.stderr.split("planner run: error")[-1]
+    assert expected in last and last.startswith("planner run: stopped:")
+    assert "Traceback" not in proc.stderr.split("planner run: stopped")[-1]
 
 
 def _refused(args: list[str], capsys) -> str:
@@ -309,3 +310,28 @@ def test_print_launch_for_a_hostfile_runs_and_a_pytorchjob_parses(tmp_path, caps
     assert "needs --image" in capsys.readouterr().err
     assert main(["run", "--print-launch", str(plan)]) == 0   # the flag before the plan, as before
     capsys.readouterr()
+
+
+def test_a_printed_launch_keeps_the_resume_rule_of_a_local_run(tmp_path, capsys, monkeypatch):
+    """--resume-if-present reaches the ranks; a --checkpoint-dir of earlier checkpoints is refused
+    here without a resume flag, and by the ranks themselves where this machine cannot see it."""
+    from types import SimpleNamespace
+
+    from runtime import checkpoint
+    from runtime.train import _resume
+    plan = _plan(tmp_path)
+    capsys.readouterr()
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "step-000008").mkdir(parents=True)
+    argv = ["run", str(plan), "--print-launch", "--checkpoint-dir", str(ckpt)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "holds checkpoints (step-000008); pass --resume or --resume-if-present" in err
+    assert main([*argv, "--resume-if-present"]) == 0
+    assert "--resume-if-present" in capsys.readouterr().out
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    cfg = SimpleNamespace(checkpoint_dir=str(ckpt), resume=False, resume_if_present=False)
+    with pytest.raises(checkpoint.CheckpointError, match="holds checkpoints of an earlier run"):
+        _resume(None, None, None, cfg, 10)
+    empty = SimpleNamespace(checkpoint_dir=str(tmp_path / "none"), resume=False, resume_if_present=True)
+    assert _resume(None, None, None, empty, 10) == 0   # nothing to resume: from step 0

@@ -45,8 +45,9 @@ def test_run_log_is_published_whole_and_its_write_failure_is_one_line(tmp_path, 
     seen: list = []
     _stand_in(monkeypatch, seen)
     out = tmp_path / "run"
-    assert main(["run", str(plan), "--steps", "1", "--warmup", "0", "--out", str(out)]) == 2
-    assert "rank 0 failed: stand-in" in _one_line(capsys)
+    assert main(["run", str(plan), "--steps", "1", "--warmup", "0", "--out", str(out)]) == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("planner run: stopped: rank 0 failed: stand-in")
     assert (out / "run.log").read_text() == "a line of the ranks\n" and ".lock" in seen[0][1]
     assert not list(out.glob(".run.log.*"))   # the temporary name is gone once published
 
@@ -80,8 +81,8 @@ def test_another_plan_file_in_the_run_directory_is_refused_before_the_run(tmp_pa
     assert f"--out {out} holds another plan.json; pass --overwrite" in _one_line(capsys)
     assert seen == [] and (out / "plan.json").read_text() == "{}\n"
     (out / "plan.json").write_text(plan.read_text())   # the same plan, e.g. run from the directory itself
-    assert main(["run", str(out / "plan.json"), "--steps", "1", "--out", str(out)]) == 2
-    assert "stand-in" in _one_line(capsys) and len(seen) == 1
+    assert main(["run", str(out / "plan.json"), "--steps", "1", "--out", str(out)]) == 1   # ran, then failed
+    assert "stand-in" in capsys.readouterr().err and len(seen) == 1
 
 
 def test_a_checkpoint_directory_in_use_is_refused_in_one_line(tmp_path, plan, capsys, monkeypatch):
@@ -95,6 +96,6 @@ def test_a_checkpoint_directory_in_use_is_refused_in_one_line(tmp_path, plan, ca
         assert _one_line(capsys) == (f"planner run: error: --checkpoint-dir {ckpt} is in use by another run "
                                      f"(pid {os.getpid()}); wait for it to end or choose another directory")
     assert seen == [] and not ckpt.exists() and not (tmp_path / "run").exists()
-    assert main([*argv, "--out", str(ckpt)]) == 2   # one directory for both: one lock, held once
-    assert "stand-in" in _one_line(capsys) and ".lock" in seen[0][1]
+    assert main([*argv, "--out", str(ckpt)]) == 1   # one directory for both: one lock, held once; ran
+    assert "stand-in" in capsys.readouterr().err and ".lock" in seen[0][1]
     assert not (ckpt / outputs.LOCK_NAME).exists()   # released with the run
