@@ -227,8 +227,17 @@ def arguments(pf: PlanFile, plan: Plan) -> list[tuple[str, str | None]]:
         args += [("--fp8-format", "hybrid"), ("--fp8-recipe", "tensorwise")]
         if plan.zero_stage >= 1:   # weights kept and gathered in float8, as NVIDIA's float8 recipes run
             args += [("--fp8-param-gather", None)]
-    args += [("--tokenizer-type", "NullTokenizer"), ("--vocab-size", str(m.vocab_size)), ("--mock-data", None)]
+    args += [("--tokenizer-type", "NullTokenizer"), ("--vocab-size", str(m.vocab_size)),
+             ("--make-vocab-size-divisible-by", str(vocab_divisor(m.vocab_size, plan.tp))), ("--mock-data", None)]
     return args + RUN_LENGTH
+
+
+def vocab_divisor(vocab_size: int, tp: int) -> int:
+    """Megatron pads the vocabulary to a multiple of --make-vocab-size-divisible-by x TP (128 x TP
+    by default: 129,024 rows for Llama 3's 128,256 at TP 8); the largest divisor up to 128 that
+    leaves it unpadded, so the run's embedding and head are the ones priced (1 where TP does not
+    divide it: padded to a multiple of TP, each rank's share rounded up as the model prices it)."""
+    return next((d for d in range(128, 0, -1) if vocab_size % (d * tp) == 0), 1)
 
 
 # A throughput run's length and learning rate: pretrain_gpt.py stops on a missing --train-iters

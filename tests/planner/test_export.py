@@ -192,7 +192,8 @@ RENAMED = {"--norm-epsilon": "layernorm_epsilon", "--num-experts": "num_moe_expe
 TRAINING = {"--seq-length", "--max-position-embeddings", "--position-embedding-type", "--rotary-base",
             "--rotary-percent", "--use-rope-scaling", "--rope-scaling-factor", "--openai-gelu",   # GPTModel's
             "--untie-embeddings-and-output-weights", "--micro-batch-size", "--global-batch-size",
-            "--tokenizer-type", "--vocab-size", "--mock-data", "--use-tp-pp-dp-mapping", "--group-query-attention",
+            "--tokenizer-type", "--vocab-size", "--make-vocab-size-divisible-by", "--mock-data", "--use-tp-pp-dp-mapping",
+            "--group-query-attention",
             "--train-iters", "--eval-iters", "--lr-decay-style", "--log-interval", "--log-throughput"}
 
 
@@ -223,6 +224,9 @@ def test_megatron_core_accepts_the_arguments(plan_paths, tmp_path, capsys, monke
     pf, plan = PlanFile.load(_path(plan_paths, name, "megatron")), doc["plan"]
     _exact_if_searched(doc, pf, name)
     args = _megatron_args(out.read_text())
+    # Megatron pads the vocabulary to a multiple of the divisor x TP: the rows priced, unpadded
+    multiple = int(args["--make-vocab-size-divisible-by"]) * plan["tp"]
+    assert -(-pf.model.vocab_size // multiple) * multiple == pf.model.vocab_size or multiple == plan["tp"]
     tc_fields = {f.name for f in dataclasses.fields(TransformerConfig)}
     ddp_fields = {f.name for f in dataclasses.fields(DistributedDataParallelConfig)}
     opt_fields = {f.name for f in dataclasses.fields(OptimizerConfig)}
