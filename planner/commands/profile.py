@@ -40,7 +40,8 @@ def add_profile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None,
                    help="profile to write (default: this machine's cached `local` profile, "
                         f"{machine.cache_dir() / 'profiles'}/local-KEY.toml, KEY a hash of the processor, core "
-                        "count, torch build and GPU model)")
+                        "count, torch build and GPU model, which a new measurement replaces: --overwrite is for "
+                        "an --out file)")
     p.add_argument("--nproc", type=DEGREE, default=None,
                    help="local ranks measured together (default 2, or 1 on a machine with one GPU)")
     p.add_argument("--name", help="device name in the profile (default: the file name; `local` for the cache)")

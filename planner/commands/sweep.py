@@ -166,6 +166,8 @@ def table_lines(result: SweepResult) -> list[str]:
                      f"{'' if not within else f' within {within}'}: "
                      f"{b.num_gpus:,} {b.device}, {b.cost.days:,.1f} days, {b.cost.gpu_hours:,.0f} GPU-hours"
                      + ("" if b.cost.cost_usd is None else f", ${b.cost.cost_usd:,.0f}"))
+    if any(r.found is not None and r.found.plan.fp8_linears for r in result.rows):
+        lines.append("MFU % against each device's bf16 peak, float8 linears included (the float8 peak is twice it)")
     if any(result.outside(r) for r in result.rows):
         lines.append(f"x: outside {result.limits()} (past the deadline or over the budget)")
     lines.append(f"knee: the largest size that keeps {100 * KNEE_EFFICIENCY:.0f}% of the smallest size's tokens/s "
