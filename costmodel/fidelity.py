@@ -15,3 +15,17 @@ MODEL_ERROR_BAND = 0.051
 # max 4.8 %): memory margins that differ by less than this share of the device are not told
 # apart by the evidence, and a plan whose margin is below it may not fit (planner.ranking).
 MEMORY_ERROR_BAND = 0.048
+
+PUBLISHED = "leave-one-source-out on published runs"
+
+
+def error_band(cluster) -> tuple[float, str]:
+    """(the step-time error a search or a prediction on `cluster` quotes, where it comes from):
+    MODEL_ERROR_BAND, or on a profile fitted to its own probe steps (`planner profile` of a
+    machine) the larger of it and those steps' error after the fit, which the published runs,
+    measured on other hardware, do not bound."""
+    devices = [g.device for g in cluster.groups] or [cluster.device]
+    probes = max(d.probe_error for d in devices)
+    if probes > MODEL_ERROR_BAND:
+        return probes, "this machine's profile: its probe steps after the fit"
+    return MODEL_ERROR_BAND, PUBLISHED

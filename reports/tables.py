@@ -5,7 +5,7 @@ from typing import Any, Sequence
 
 from costmodel import resilience
 from costmodel.estimate import Estimate
-from costmodel.fidelity import MODEL_ERROR_BAND
+from costmodel.fidelity import PUBLISHED, error_band
 from costmodel.groups import placement_lines, short_device_name, stages_on, views
 from costmodel.hardware import ClusterSpec
 from costmodel.plan import Plan
@@ -93,10 +93,16 @@ def summary_lines(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan
         f"+ {_attention_flops_phrase(model)} FLOPs per token (full s² "
         f"attention, Megatron Eq. 7 / PaLM; a causal kernel runs half of it), HFU those and the recomputed"
         f"{' against the bf16 peak, float8 linears included' if plan.fp8_linears else ''}"
-        f"; expected error +-{100 * MODEL_ERROR_BAND:.1f}% (costmodel.fidelity)",
+        f"; expected error +-{100 * error_band(cluster)[0]:.1f}% ({_band_source(cluster)})",
         "long run   " + resilience.summary_line(resilience.checkpoint_cost(
             model, train, cluster.world_size, est.step_time_s, est.tokens_per_s, failures)),
     ])
+
+
+def _band_source(cluster: ClusterSpec) -> str:
+    """Where the quoted error comes from (costmodel.fidelity.error_band)."""
+    source = error_band(cluster)[1]
+    return "costmodel.fidelity" if source == PUBLISHED else source
 
 
 def _capacity_source(device) -> str:

@@ -259,10 +259,26 @@ def _profile_from(path: Path, raw: dict[str, Any]) -> DeviceProfile:
         gelu_s_per_element=_gelu_rates(raw.get("measured", {}).get("gelu_s_per_element", {})),
         probe_fit_version=(_whole(path, "probes", raw["probes"], "fit_version", 1)
                            if isinstance(raw.get("probes"), dict) else 0),
+        probe_error=_probe_error(path, raw.get("probes")),
         ranges=_ranges(path, raw.get("ranges", {})),
         dtype_efficiency=tuple((k, replace(efficiency, **{f: float(v[f]) for f in DTYPE_FIELDS},
                                            **{f: float(v[f]) for f in OPTIONAL_DTYPE_FIELDS if f in v}))
                                for k, v in eff.items() if isinstance(v, dict)))
+
+
+def _probe_error(path: Path, probes: Any) -> float:
+    """Mean |predicted / measured - 1| of the [probes] steps (0 without any)."""
+    steps = probes.get("steps", []) if isinstance(probes, dict) else []
+    if not isinstance(steps, list) or not all(isinstance(s, dict) for s in steps):
+        raise UserError(f"{path}: probes.steps is not a list of tables")
+    pairs = [(s.get("predicted_s"), s.get("measured_s")) for s in steps]
+    if any(not (_positive(p) and _positive(m)) for p, m in pairs):
+        raise UserError(f"{path}: probes.steps: each needs predicted_s and measured_s, positive numbers")
+    return sum(abs(p / m - 1) for p, m in pairs) / len(pairs) if pairs else 0.0
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
 def _ranges(path: Path, raw: Any) -> tuple[tuple[str, ParameterRange], ...]:

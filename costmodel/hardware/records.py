@@ -211,6 +211,9 @@ class DeviceProfile:
     sdpa_curves: tuple[tuple[str, tuple[tuple[float, float, float], ...]], ...] = ()
     # the cost model the profile's probes were fitted under (PROBE_FIT_VERSION; 0: no probes)
     probe_fit_version: int = 0
+    # step-time MAPE (a fraction) of its probe training steps, predicted after the fit against
+    # measured ([probes] steps): how well this profile prices training here (0: no probes)
+    probe_error: float = 0.0
     # [ranges]: per FITTED_PARAMS name, the published range its fitted value must lie inside
     ranges: tuple[tuple[str, ParameterRange], ...] = ()
     # the tiers and fabric as a switch graph, rebuilt with every copy (dataclasses.replace

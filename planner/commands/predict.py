@@ -7,7 +7,7 @@ from pathlib import Path
 
 from costmodel.check import check_memory, check_structure
 from costmodel.estimate import estimate
-from costmodel.fidelity import MODEL_ERROR_BAND
+from costmodel.fidelity import error_band
 from costmodel.inputs import UserError
 from costmodel.plan import PlanFile
 from planner import outputs
@@ -59,7 +59,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.json:
         from costmodel.resilience import checkpoint_cost
         emit_json({"plan": plan.to_dict(), "framework": name_for(cluster.framework), "estimate": est.to_dict(),
-                   "error_band": MODEL_ERROR_BAND,
+                   "error_band": error_band(cluster)[0],
                     "checkpoint": checkpoint_cost(model, train, cluster.world_size, est.step_time_s,
                                                   est.tokens_per_s, failures_from_args(args)).to_dict(),
                    **({} if cost is None else {"training": cost.to_dict()})})

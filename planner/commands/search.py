@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from costmodel.fidelity import error_band
 from costmodel.inputs import UserError
 from costmodel.plan import PlanFile, Recompute
 from costmodel.schedules import Schedule
@@ -199,6 +201,7 @@ def check_outputs(args: argparse.Namespace) -> None:
 def run_search(args: argparse.Namespace, model, train, cluster) -> SearchResult:
     from planner.targets import options_for
     options = options_for(framework_of(args), model, train, cluster, parse_options(args))
+    options = replace(options, error_band=error_band(cluster)[0])
     result = search(model, train, cluster, options)
     if not result.plans:
         if not result.stats.optimal:
@@ -292,7 +295,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         label, fastest = "fastest closed-form plan", proven
     print(f"{label} ({fastest.plan.short()}, {fastest.estimate.step_time_s:.3f} s) {proof}, "
           f"within the model's measured error of +-{100 * result.error_band:.1f}% "
-          f"(leave-one-source-out on published runs): {stats.num_candidates:,} candidates, "
+          f"({error_band(cluster)[1]}): {stats.num_candidates:,} candidates, "
           f"{stats.num_solved:,} solved exactly, {stats.num_feasible:,} feasible, {stats.wall_s:.2f} s")
     if result.offloaded_because:
         print(f"the host holds what the devices cannot: {result.offloaded_because} (on-device plans are "
