@@ -23,7 +23,7 @@ from typing import Any
 
 from costmodel.inputs import UserError, dataclass_from_json, read_json_object, write_text_atomic
 
-MEASURED_FORMAT_VERSION = 6
+MEASURED_FORMAT_VERSION = 7
 STAGE_PARTS = ("work", "dp_sync", "optimizer", "wait")   # runtime.measure's split of a stage's step
 # Parts of a step predicted below this share of it are compared in milliseconds, not percent.
 SMALL_PART_SHARE = 0.05
@@ -95,6 +95,9 @@ class MeasuredRun:
     # a run stopped because its loss or gradient norm was not finite: the step, the ranks that saw
     # it, the loss, the norm and how many such steps came in a row (runtime.health.nonfinite_step)
     diverged: dict[str, Any] | None = None
+    # on a CPU, more rank threads than the machine's cores: the ranks shared cores, which no
+    # profile prices (calibrate refuses such runs)
+    oversubscribed: bool = False
 
     def __post_init__(self) -> None:
         """Consistent as `planner run` writes it; what reports and calibrate index into."""
@@ -174,11 +177,12 @@ class MeasuredRun:
             raise UserError(f"{where}: not a measured.json (a JSON object is expected)")
         data = dict(data)
         version = data.pop("version", None)
-        if version not in (1, 2, 3, 4, 5, MEASURED_FORMAT_VERSION):
+        if version not in (1, 2, 3, 4, 5, 6, MEASURED_FORMAT_VERSION):
             raise UserError(f"{where}: measured.json version {version!r}; this planner reads versions 1 "
                              f"to {MEASURED_FORMAT_VERSION} (written by `planner run`)")
         # Fields added later have defaults: peak_reserved_bytes (v1), complete (v2), rank_forward_s (v3),
-        # checkpoint_wait_s (v4), probe_layer_now_s and probe_layer_profiled_s (v5), grad_norms and diverged (v6).
+        # checkpoint_wait_s (v4), probe_layer_now_s and probe_layer_profiled_s (v5), grad_norms and diverged (v6),
+        # oversubscribed (v7).
         return dataclass_from_json(cls, data, where)
 
     @classmethod

@@ -39,7 +39,7 @@ def _diverged(record: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def measured_record(pf: PlanFile, raw: dict[str, Any], *, steps: int, warmup: int,
-                    wall_s: float, complete: bool = True) -> MeasuredRun:
+                    wall_s: float, complete: bool = True, oversubscribed: bool = False) -> MeasuredRun:
     est: Estimate = estimate(pf.model, pf.train, pf.cluster, pf.plan)
     step_s = statistics.median(raw["step_times_s"])
     # over every device's peak together, as costmodel.estimate takes it (a mixed cluster's differ)
@@ -84,6 +84,7 @@ def measured_record(pf: PlanFile, raw: dict[str, Any], *, steps: int, warmup: in
         "model": pf.model.name,
         "cluster": pf.cluster.name,
         "complete": complete,
+        "oversubscribed": oversubscribed,
     })
 
 

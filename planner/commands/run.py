@@ -157,6 +157,11 @@ def _check_machine(args: argparse.Namespace, pf: PlanFile) -> tuple[int, int]:
     return nproc, threads
 
 
+def _shares_cores(pf: PlanFile, nproc: int, threads: int) -> bool:
+    """CPU ranks whose threads outnumber this machine's cores."""
+    return pf.cluster.device.kind == "cpu" and nproc * threads > (os.cpu_count() or 1)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     if args.dry_run and args.print_launch:
         raise RunRefused("--dry-run and --print-launch are two modes; choose one")
@@ -210,6 +215,15 @@ def priced_as_run(pf: PlanFile, compiled: bool) -> PlanFile:
 def _run_locked(args: argparse.Namespace, pf: PlanFile, out: Path, worker, resume_step: int) -> int:
     """The run, measured into `out`, which this process holds."""
     nproc, threads = _check_machine(args, pf)
+    dev = pf.cluster.device
+    if dev.kind == "cpu" and not dev.machine_key:   # a shipped profile of some other processor
+        print(f"planner run: warning: the plan's profile {dev.name} describes another machine ({dev.path}), not "
+              "this one: the comparison says how far this machine is from it; plan with --cluster 1xNxlocal for "
+              "this machine's prediction", file=sys.stderr)
+    if _shares_cores(pf, nproc, threads):
+        print(f"planner run: warning: {nproc} ranks x {threads} thread(s) on {os.cpu_count()} cores: they share "
+              "cores, which no profile prices (the run is marked oversubscribed; calibrate refuses it)",
+              file=sys.stderr)
     pf = priced_as_run(pf, args.compile)
     if args.data:   # refuse a bad token file here, not once per rank
         from runtime.data import TokenSource
@@ -241,7 +255,8 @@ def _run_locked(args: argparse.Namespace, pf: PlanFile, out: Path, worker, resum
     raw = json.loads((out / "raw.json").read_text())
     copy_plan(args, out)
     timed = len(raw["step_times_s"])   # a resumed run measures the steps it ran
-    record = measured_record(pf, raw, steps=timed, warmup=len(raw["losses"]) - timed, wall_s=wall_s)
+    record = measured_record(pf, raw, steps=timed, warmup=len(raw["losses"]) - timed, wall_s=wall_s,
+                             oversubscribed=_shares_cores(pf, nproc, threads))
     outputs.write_file(out / "measured.json", outputs.json_text(record.to_dict()), args.overwrite)
     (out / PARTIAL).unlink(missing_ok=True)
     record = _with_machine_moment(record, pf, threads, out)

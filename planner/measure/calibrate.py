@@ -59,6 +59,9 @@ def load_run(path: Path, device: Path | None = None) -> Run:
     if not measured.complete:
         raise UserError(f"{path}: the run was interrupted after {measured.steps} step(s) (measured.json is "
                          "marked incomplete); calibrate on complete runs (run it again)")
+    if measured.oversubscribed:
+        raise UserError(f"{path}: its {measured.world_size} ranks shared this machine's cores (more rank threads "
+                         "than cores), which no profile prices; calibrate on runs with at most one thread per core")
     data = read_json_object(path / "plan.json", "plan file")
     if device is not None and isinstance(data.get("cluster"), dict):
         data["cluster"]["device"] = str(device)

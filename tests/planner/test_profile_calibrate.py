@@ -270,3 +270,15 @@ def test_calibrate_warns_of_a_fit_to_too_few_plans(measured, tmp_path, capsys):
     runs = _fake_runs(tmp_path, base)[:2]
     assert main(["calibrate", *map(str, runs), "--profile", base.path, "--out", str(tmp_path / "cal.toml")]) == 0
     assert "warning: a fit to 2 plans may not carry to others" in capsys.readouterr().err
+
+
+def test_calibrate_refuses_a_run_whose_ranks_shared_cores(measured, tmp_path, capsys):
+    """A run of more rank threads than cores (planner run --nproc beyond them) timed the sharing,
+    which no profile prices: named, not fitted."""
+    import json
+    base = parse_cluster(f"1x2x{measured}").device
+    runs = _fake_runs(tmp_path, base)
+    record = json.loads((runs[1] / "measured.json").read_text())
+    (runs[1] / "measured.json").write_text(json.dumps({**record, "oversubscribed": True}))
+    assert main(["calibrate", *map(str, runs), "--profile", base.path, "--out", str(tmp_path / "cal.toml")]) == 2
+    assert f"{runs[1]}: its 2 ranks shared this machine's cores" in capsys.readouterr().err
