@@ -23,7 +23,6 @@ from costmodel.check import (
     sp_problems,
     tp_problems,
 )
-from costmodel.fidelity import MODEL_ERROR_BAND
 from costmodel.frameworks import FrameworkTraits, shards_in_part
 from costmodel.groups import group_orders, placement_problems, places_replicas
 from costmodel.hardware import ClusterSpec
@@ -112,9 +111,10 @@ class SearchOptions:
     # the schedules a plan may use (None: every one the runtime runs); e.g. the ones the
     # framework of a published run offers, for `planner validate`
     schedules: frozenset | None = None
-    # plans within this fraction of the fastest are equivalent under the evidence (the model's
-    # leave-one-source-out error, costmodel.fidelity); the most robust of them is shown first
-    error_band: float = MODEL_ERROR_BAND
+    # plans within this fraction of the fastest are equivalent under the evidence; the most robust
+    # of them is shown first. None: the cluster's (costmodel.fidelity.error_band: the model's
+    # leave-one-source-out error, or a measured machine's own probe error where larger)
+    error_band: float | None = None
     progress: Callable[[str], None] | None = None
     # the framework that will run the plan when not our runtime (planner.targets)
     space: FrameworkSpace | None = None
@@ -193,8 +193,8 @@ def placement_groups(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, o
     listing order, at every pp (planner.halves)."""
     world, L = cluster.world_size, model.num_layers
     index, count = share
-    # the kernel times and rank time models of one (tp, cp, ep, etp, micro-batch size), which
-    # read no pp or dp, are priced in one process only
+    # the kernel times of one (tp, cp, ep, etp, micro-batch size), which read no pp or dp, and its
+    # rank time models (which read only whether there is a pipeline) are priced in one process
     owner: dict[tuple, int] = {}
     mine = lambda shape: owner.setdefault(shape, len(owner) % count) == index  # noqa: E731
     for tp, cp in _tp_cp(model, train, cluster, options):
@@ -337,6 +337,13 @@ def _group_orders(cluster: ClusterSpec, options: SearchOptions, tp: int, cp: int
                                                         cluster)]
 
 
+def _orders(cluster: ClusterSpec, options: SearchOptions, tp: int, cp: int, pp: int, dp: int, ep: int, etp: int,
+            rep: int) -> tuple[list, list]:
+    """The mesh orders and (mixed clusters) group orders a set of degrees is priced under."""
+    degrees = {"tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep, "etp": etp, "dp_replicate": rep}
+    return mesh_orders(degrees, cluster, options.space), _group_orders(cluster, options, tp, cp, pp, dp)
+
+
 def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8, act, etp=1, mine=lambda shape: True,
                         rep=1):
     L, per_replica = model.num_layers, train.global_batch_size // dp
@@ -349,16 +356,11 @@ def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8,
     sps = dominant(options, "sequence_parallel", [True, False] if not sp_problems(train, tp, cp) else [False],
                    True if options.space is None or options.space.sequence_parallel else False)
     sps = [sp for sp in sps if not moe_tp_problem(model, tp, sp)]
-    orders = group_orders = None   # placed once some micro-batch size is this process's
-    for mbs in allowed(options, "micro_batch_size", [b for b in divisors(per_replica) if b <= MAX_MICRO_BATCH]):
-        if not mine((tp, cp, ep, etp, mbs)):   # another process's share (placement_groups)
-            continue
-        if orders is None:
-            orders = mesh_orders({"tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep, "etp": etp, "dp_replicate": rep},
-                                 cluster, options.space)
-            group_orders = _group_orders(cluster, options, tp, cp, pp, dp)
-        if not group_orders or not orders:
-            return
+    # every size asked, in listing order, so that both processes' shares agree (placement_groups)
+    sizes = [b for b in allowed(options, "micro_batch_size", [b for b in divisors(per_replica) if b <= MAX_MICRO_BATCH])
+             if mine((tp, cp, ep, etp, b))]
+    orders, group_orders = _orders(cluster, options, tp, cp, pp, dp, ep, etp, rep) if sizes else ([], [])
+    for mbs in sizes if orders and group_orders else []:
         m = per_replica // mbs
         vpps = [1] + (_virtual_stages(options, L, pp) if m % pp == 0 else [])
         for mode in allowed(options, "recompute", modes):

@@ -29,6 +29,7 @@ from typing import Any, Iterator
 
 from costmodel.check import offload_problems, tp_problems
 from costmodel.estimate import estimate
+from costmodel.fidelity import error_band
 from costmodel.frameworks import shards_in_part
 from costmodel.hardware import ClusterSpec
 from costmodel.plan import Plan
@@ -58,7 +59,10 @@ from planner.space import Choice
 
 def search(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
            options: SearchOptions = SearchOptions()) -> SearchResult:
-    """`_search_levers` with the cyclic garbage collector held back (`_few_collections`)."""
+    """`_search_levers` with the cyclic garbage collector held back (`_few_collections`), under
+    the cluster's error band unless the options set one."""
+    if options.error_band is None:
+        options = replace(options, error_band=error_band(cluster)[0])
     with _few_collections():
         return _search_levers(model, train, cluster, options)
 
@@ -131,7 +135,7 @@ class _Half:
 
 def _half(shared: SharedModels, options: SearchOptions, index: int, deadline: float) -> _Half:
     """The branch and bound over the `index`-th half of the listing (planner.halves: every other
-    set of degrees and micro-batch size, planner.candidates.placement_groups' `share`); the
+    shape, planner.candidates.placement_groups' `share`); the
     listing's own refusals (a batch dp does not divide) are counted by the first half only."""
     stats = SearchStats()
     refused = []

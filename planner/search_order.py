@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Iterable, Iterator
 
 from costmodel.plan import Plan, Recompute
@@ -43,9 +43,10 @@ class Candidate:
 
 
 class Queue:
-    """Candidates in order of their bounds. Three kinds of entries: a Group (its floor: its least
-    variant's and state placement's), one variant and state placement of a group (both floors
-    summed; checked for memory when taken), and a candidate (its own order's bound).
+    """Candidates in order of their bounds. Four kinds of entries: a family of groups (the floor
+    of their relaxation), a Group (its floor: its least variant's and state placement's), one
+    variant and state placement of a group (both floors summed; checked for memory when taken),
+    and a candidate (its own order's bound).
     `num_candidates` counts every candidate of every group, `taken` those that left the queue or
     were pruned before entering it."""
 
@@ -170,10 +171,13 @@ class Queue:
         return runs, fit, fitted
 
 
+# every field of a choice but those a family's groups differ in (read once: a field added to
+# Choice joins the key by itself)
+_FAMILY_FIELDS = tuple(f.name for f in fields(Choice) if f.name not in ("recompute", "offload_activations"))
+
+
 def _family_key(group: Group) -> tuple:
     """What the groups of a family share: every field of their choice but the recompute mode and
     activation offload, and their mesh orders."""
     c = group.base
-    return (c.tp, c.pp, c.cp, c.dp, c.zero_stage, c.recompute_layers, c.layers_per_stage, c.sequence_parallel,
-            c.micro_batch_size, c.vpp, c.schedule, c.mesh_axis_order, c.ep, c.etp, c.offload_optimizer,
-            c.fp8_linears, c.group_order, c.micro_batch_sizes, c.dp_replicate, tuple(group.orders))
+    return (*(getattr(c, name) for name in _FAMILY_FIELDS), tuple(group.orders))

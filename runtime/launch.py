@@ -123,12 +123,12 @@ def die_with_parent() -> None:
         os._exit(1)
 
 
-# how a rank's error begins when its training diverged (runtime.train.Diverged): the command line
-# tells it apart from a failure of the run's machinery
+# how a rank's error begins when its training diverged (runtime.train.Diverged)
 DIVERGED = "training diverged"
 # how a rank's error begins when storage refused a checkpoint (runtime.checkpoint.CheckpointWriteFailed)
 CHECKPOINT_WRITE_FAILED = "checkpoint write failed"
-# failures of the run itself (not of the command line or the launch): planner run exits 1
+# causes a failure's message names first, before a peer's that merely followed them
+# (failure_message); every failed run ends planner run with exit 1
 RUN_STOPPED = (DIVERGED, CHECKPOINT_WRITE_FAILED)
 
 

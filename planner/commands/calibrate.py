@@ -30,11 +30,9 @@ def add_calibrate_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from planner.measure import profile_file
     from planner.measure.calibrate import (
         calibrated_profile,
         fit_by_dtype,
-        load_run,
         merge_repeats,
         summary,
     )
@@ -45,15 +43,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if out.resolve() == base_path.resolve():
         raise UserError("--out must differ from the profile: calibration never overwrites it")
     outputs.out_file(out, "--out", args.overwrite, ".toml")
-    if twice := [r for i, r in enumerate(args.runs) if Path(r).resolve() in {Path(q).resolve() for q in args.runs[:i]}]:
-        raise UserError(f"{twice[0]} is given twice: one run counted as two repeats of its plan")
-    runs = [load_run(Path(r)) for r in args.runs]
-    for path, run in zip(args.runs, runs):   # timings of one kind of device say nothing of another's
-        ran_on = run.pf.cluster.device
-        if ran_on.kind != base.kind:
-            raise UserError(f"{path} ran on {ran_on.name} (a {ran_on.kind}); it cannot calibrate {base.name} "
-                            f"(a {base.kind}): calibrate a profile with runs measured on that device")
-    loaded = [replace(r, pf=replace(r.pf, cluster=replace(r.pf.cluster, device=base))) for r in runs]
+    loaded = _load_runs(args.runs, base)
     runs = merge_repeats(loaded)
     before = summary(runs, base)
     repeats = f" of {len(runs)} plans (a plan's repeated runs by the geometric mean of their steps)" \
@@ -63,23 +53,49 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     device = replace(device, name=out.stem)
     after = summary(runs, device)
     command = "planner calibrate " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "planner calibrate"
-    try:
-        profile_file.write(out, calibrated_profile(base_path, device, params, runs, before, after, command),
-                           args.overwrite)
-    except UserError as e:   # the fitted numbers, not the file: said as what the runs made of them
-        detail = str(e).removeprefix(f"{out}: ")
-        raise UserError(f"the runs fit {base.name} only with values outside their ranges ({detail}): they are "
-                        "far from anything it can price; check that they ran on this machine, as their "
-                        "measured.json says; nothing written") from None
-    if len(runs) < MIN_RUNS:
-        print(f"warning: a fit to {len(runs)} plan{'s' if len(runs) > 1 else ''} may not carry to others; "
-              f"{MIN_RUNS} or more that differ (TP, PP, micro-batch) pin its factors down", file=sys.stderr)
-    if after["mape_pct"] > POOR_FIT_PCT:
-        print(f"warning: still {after['mape_pct']:.1f}% off on average after the fit: the profile cannot price "
-              "these runs; measure again (an idle machine), or check that they ran here", file=sys.stderr)
+    _write(out, calibrated_profile(base_path, device, params, runs, before, after, command), base.name,
+           args.overwrite)
+    _warn_of_a_weak_fit(len(runs), after["mape_pct"])
     print(table(("step time", "before", "after"),
                 [("MAPE", f"{before['mape_pct']:.1f}%", f"{after['mape_pct']:.1f}%"),
                  ("max |error|", f"{before['max_abs_error_pct']:.1f}%", f"{after['max_abs_error_pct']:.1f}%")]))
     print("fitted: " + ", ".join(f"{k} {v:.4g}" for k, v in params.items()))
     print(f"wrote {out}")
     return 0
+
+
+def _load_runs(paths: list[str], base):
+    """The run directories, once each, measured on the profile's kind of device, read under it."""
+    from planner.measure.calibrate import load_run
+    if twice := [r for i, r in enumerate(paths) if Path(r).resolve() in {Path(q).resolve() for q in paths[:i]}]:
+        raise UserError(f"{twice[0]} is given twice: one run counted as two repeats of its plan")
+    runs = [load_run(Path(r)) for r in paths]
+    for path, run in zip(paths, runs):   # timings of one kind of device say nothing of another's
+        ran_on = run.pf.cluster.device
+        if ran_on.kind != base.kind:
+            raise UserError(f"{path} ran on {ran_on.name} (a {ran_on.kind}); it cannot calibrate {base.name} "
+                            f"(a {base.kind}): calibrate a profile with runs measured on that device")
+    return [replace(r, pf=replace(r.pf, cluster=replace(r.pf.cluster, device=base))) for r in runs]
+
+
+def _write(out: Path, doc, base_name: str, overwrite: bool) -> None:
+    """The calibrated profile, once the reader takes it: fitted values outside their ranges are
+    the runs' doing (said so, not as a fault of the file being written)."""
+    from planner.measure import profile_file
+    try:
+        profile_file.checked(out, doc)
+    except UserError as e:
+        detail = str(e).removeprefix(f"{out}: ")
+        raise UserError(f"the runs fit {base_name} only with values outside their ranges ({detail}): they are "
+                        "far from anything it can price; check that they ran on this machine, as their "
+                        "measured.json says; nothing written") from None
+    profile_file.write(out, doc, overwrite)
+
+
+def _warn_of_a_weak_fit(num_plans: int, after_mape_pct: float) -> None:
+    if num_plans < MIN_RUNS:
+        print(f"warning: a fit to {num_plans} plan{'s' if num_plans > 1 else ''} may not carry to others; "
+              f"{MIN_RUNS} or more that differ (TP, PP, micro-batch) pin its factors down", file=sys.stderr)
+    if after_mape_pct > POOR_FIT_PCT:
+        print(f"warning: still {after_mape_pct:.1f}% off on average after the fit: the profile cannot price "
+              "these runs; measure again (an idle machine), or check that they ran here", file=sys.stderr)

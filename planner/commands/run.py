@@ -157,6 +157,28 @@ def _check_machine(args: argparse.Namespace, pf: PlanFile) -> tuple[int, int]:
     return nproc, threads
 
 
+def _say_start(args: argparse.Namespace, pf: PlanFile, out: Path, worker, nproc: int, resume_step: int) -> None:
+    # the ranks check the checksums, and take an older checkpoint where these fail
+    resumed = f", resuming after step {resume_step} (if its checksums verify)" if resume_step else ""
+    if args.checkpoint_dir:
+        resumed += f", checkpoints every {worker.checkpoint_every} steps and at the end in {args.checkpoint_dir}"
+    print(f"planner run: {pf.plan.short()} on {nproc} local rank(s), {args.warmup} warm-up + "
+          f"{args.steps} steps{resumed}; log in {out / 'run.log'}", file=sys.stderr)
+
+
+def _warn_of_another_machine(pf: PlanFile, nproc: int, threads: int) -> None:
+    """A run that will not measure the machine its profile describes: said before it starts."""
+    dev = pf.cluster.device
+    if dev.kind == "cpu" and not dev.machine_key:   # a shipped profile of some other processor
+        print(f"planner run: warning: the plan's profile {dev.name} describes another machine ({dev.path}), not "
+              "this one: the comparison says how far this machine is from it; plan with --cluster 1xNxlocal for "
+              "this machine's prediction", file=sys.stderr)
+    if _shares_cores(pf, nproc, threads):
+        print(f"planner run: warning: {nproc} ranks x {threads} thread(s) on {os.cpu_count()} cores: they share "
+              "cores, which no profile prices (the run is marked oversubscribed; calibrate refuses it)",
+              file=sys.stderr)
+
+
 def _shares_cores(pf: PlanFile, nproc: int, threads: int) -> bool:
     """CPU ranks whose threads outnumber this machine's cores."""
     return pf.cluster.device.kind == "cpu" and nproc * threads > (os.cpu_count() or 1)
@@ -184,6 +206,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise RunRefused("--checkpoint-dir is empty; give a directory")
     if not args.checkpoint_dir:
         refuse_ignored(args.given, CHECKPOINT_FLAGS, "they need --checkpoint-dir")
+    if args.resume and args.resume_if_present:
+        raise RunRefused("--resume and --resume-if-present: choose one (the second starts afresh without a checkpoint)")
     if args.checkpoint_every:
         refuse_ignored(args.given, FAILURE_FLAGS, "--checkpoint-every sets the interval they would choose")
     pf = _load(args.plan)
@@ -215,15 +239,7 @@ def priced_as_run(pf: PlanFile, compiled: bool) -> PlanFile:
 def _run_locked(args: argparse.Namespace, pf: PlanFile, out: Path, worker, resume_step: int) -> int:
     """The run, measured into `out`, which this process holds."""
     nproc, threads = _check_machine(args, pf)
-    dev = pf.cluster.device
-    if dev.kind == "cpu" and not dev.machine_key:   # a shipped profile of some other processor
-        print(f"planner run: warning: the plan's profile {dev.name} describes another machine ({dev.path}), not "
-              "this one: the comparison says how far this machine is from it; plan with --cluster 1xNxlocal for "
-              "this machine's prediction", file=sys.stderr)
-    if _shares_cores(pf, nproc, threads):
-        print(f"planner run: warning: {nproc} ranks x {threads} thread(s) on {os.cpu_count()} cores: they share "
-              "cores, which no profile prices (the run is marked oversubscribed; calibrate refuses it)",
-              file=sys.stderr)
+    _warn_of_another_machine(pf, nproc, threads)
     pf = priced_as_run(pf, args.compile)
     if args.data:   # refuse a bad token file here, not once per rank
         from runtime.data import TokenSource
@@ -234,11 +250,7 @@ def _run_locked(args: argparse.Namespace, pf: PlanFile, out: Path, worker, resum
         print(f"planner run: warning: predicted not to fit: {problem}", file=sys.stderr)
     from runtime.launch import RunFailed, run_local
     from runtime.measure import measured_record
-    resumed = f", resuming after step {resume_step}" if resume_step else ""
-    if args.checkpoint_dir:
-        resumed += f", checkpoints every {worker.checkpoint_every} steps and at the end in {args.checkpoint_dir}"
-    print(f"planner run: {pf.plan.short()} on {nproc} local rank(s), {args.warmup} warm-up + "
-          f"{args.steps} steps{resumed}; log in {out / 'run.log'}", file=sys.stderr)
+    _say_start(args, pf, out, worker, nproc, resume_step)
     start = time.perf_counter()
     try:
         with outputs.new_stream(out / "run.log", args.overwrite) as log:

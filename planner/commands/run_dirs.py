@@ -46,8 +46,6 @@ def checkpoints(args: argparse.Namespace, pf: PlanFile, held: contextlib.ExitSta
         raise RunRefused(f"--checkpoint-dir {root} is a file; give a directory")
     if problem := outputs.writable_dir_problem(root):
         raise RunRefused(f"--checkpoint-dir: {problem}")
-    if args.resume and args.resume_if_present:
-        raise RunRefused("--resume and --resume-if-present: choose one (the second starts afresh without a checkpoint)")
     existed = root.exists()
     held.enter_context(outputs.run_dir_lock(root, "--checkpoint-dir"))   # before it is read or cleared
     earlier = checkpoint.any_attempt(root)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -201,7 +200,6 @@ def check_outputs(args: argparse.Namespace) -> None:
 def run_search(args: argparse.Namespace, model, train, cluster) -> SearchResult:
     from planner.targets import options_for
     options = options_for(framework_of(args), model, train, cluster, parse_options(args))
-    options = replace(options, error_band=error_band(cluster)[0])
     result = search(model, train, cluster, options)
     if not result.plans:
         if not result.stats.optimal:

@@ -117,16 +117,20 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         from reports.sweep_report import write_sweep_report
         with outputs.staged_dir(args.report, args.overwrite, outputs.REPORT_FILES) as staging:
             write_sweep_report(result, staging)
-    if args.json:
-        emit_json(result.to_dict())
-    else:
-        print("\n".join(table_lines(result)))
-        print(f"{len(result.rows)} sizes in {time.perf_counter() - start:.1f} s"
-              + "".join(f"; wrote {p}" for p in (args.csv, args.plot) if p)
-              + (f"; wrote {args.report}/index.html" if args.report else ""))
+    _show(args, result, time.perf_counter() - start)
     if result.best is None:
         raise UserError(result.why_none)
     return 0
+
+
+def _show(args: argparse.Namespace, result: SweepResult, wall_s: float) -> None:
+    """The sizes as --json or the table, shown whether or not one meets the limits."""
+    if args.json:
+        emit_json(result.to_dict())
+        return
+    print("\n".join(table_lines(result)))
+    print(f"{len(result.rows)} sizes in {wall_s:.1f} s" + "".join(f"; wrote {p}" for p in (args.csv, args.plot) if p)
+          + (f"; wrote {args.report}/index.html" if args.report else ""))
 
 
 COLUMNS = ("device", "num_gpus", "plan_label", "step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu",

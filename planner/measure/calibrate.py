@@ -357,4 +357,20 @@ def calibrated_profile(base_path: Path, device: DeviceProfile, params: dict[str,
     for key, value in (("latency_s", tier.latency_s), ("p2p_latency_s", tier.p2p_latency_s)):
         if value is not None and key in node:
             pf_io.set_value(node, key, value, f"calibrated: measured x {params.get('comm_latency', 1.0):.3g}")
+    if "probes" in doc:
+        _reprice_probes(doc["probes"], device)
     return doc
+
+
+def _reprice_probes(probes, device: DeviceProfile) -> None:
+    """The stored probe steps' predictions under the calibrated device (the error a search on the
+    profile quotes is theirs: costmodel.fidelity.error_band); a step no current probe plan is
+    named by is dropped, its price under the calibration unknown."""
+    from planner.measure.probes import probe_name, probe_plans
+    accelerated = {d: True for d, _ in device.dtype_efficiency}
+    plans = {probe_name(pf): pf for ranks in (1, 2) for pf in probe_plans(device, accelerated, ranks)}
+    kept = [step for step in probes.get("steps", []) if step["plan"] in plans]
+    for step in kept:
+        pf = plans[step["plan"]]
+        step["predicted_s"] = float(f"{estimate(pf.model, pf.train, pf.cluster, pf.plan).step_time_s:.6g}")
+    probes["steps"] = kept

@@ -57,10 +57,14 @@ def write(path: Path, doc: tomlkit.TOMLDocument, overwrite: bool = True) -> Devi
     unless `overwrite`): never half a profile, and never one the reader would refuse (a fitted
     number out of its range is an error here, named). Returns the profile as the reader reads it."""
     from planner import outputs
-    text = tomlkit.dumps(doc)
-    device = parse_profile(text, path)
-    outputs.write_file(path, text, overwrite)
+    device = checked(path, doc)
+    outputs.write_file(path, tomlkit.dumps(doc), overwrite)
     return device
+
+
+def checked(path: Path, doc: tomlkit.TOMLDocument) -> DeviceProfile:
+    """The profile `doc` as the reader would read it from `path`, or its refusal (UserError)."""
+    return parse_profile(tomlkit.dumps(doc), path)
 
 
 def parse(text: str) -> tomlkit.TOMLDocument:

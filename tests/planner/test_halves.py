@@ -84,3 +84,23 @@ def test_the_process_count_is_one_or_two(monkeypatch):
     monkeypatch.setenv("PLANNER_SEARCH_PROCESSES", "4")
     with pytest.raises(UserError, match="PLANNER_SEARCH_PROCESSES='4': the search runs in 1 or 2 processes"):
         halves.in_halves(lambda i: i)
+
+
+@pytest.mark.parametrize("model_name,cluster,framework", [
+    ("llama2-13b", "2x8xA100+2x8xH100", "planner"), ("llama2-7b", "1x8xA100+1x8xH100", "planner"),
+    ("llama2-13b", "4x8xH100", "megatron"), ("deepseek-v2-lite", "4x8xA100", "megatron")])
+def test_the_two_halves_list_the_whole_space_once(model_name, cluster, framework):
+    """Each half lists every other shape at every pp: together each group of the whole listing
+    once (a mixed cluster, whose degree sets often place no replicas, once made the two
+    processes' shares disagree: groups lost in both, others listed twice)."""
+    from planner.candidates import placement_groups
+    from planner.specs import build_specs
+    from planner.targets import options_for
+    model, train, parsed = build_specs(model_name, cluster, framework=framework)
+    options = options_for(framework, model, train, parsed, SearchOptions())
+
+    def listed(share):
+        return [(g.base, tuple(g.variants), tuple(g.orders))
+                for g in placement_groups(model, train, parsed, options, lambda reason: None, share)]
+    whole, first, second = listed((0, 1)), listed((0, 2)), listed((1, 2))
+    assert sorted(map(repr, first + second)) == sorted(map(repr, whole)) and first and second

@@ -210,6 +210,14 @@ def test_calibrate_recovers_a_known_slowdown_and_keeps_the_original(measured, tm
     assert after < min(5.0, before / 4), (before, after)
     cal = load_profile(out)
     assert "calibrated" in cal.efficiency.source and cal.name == "cal"
+    # its probe steps priced again under the calibration, whose error a search on it quotes
+    from costmodel.estimate import estimate
+    from planner.measure.probes import probe_name, probe_plans
+    steps = tomllib.loads(out.read_text())["probes"]["steps"]
+    plans = {probe_name(pf): pf for pf in probe_plans(cal, {"fp32": True, "bf16": True}, 1)}
+    repriced = [(s["predicted_s"], plans[s["plan"]]) for s in steps if s["plan"] in plans]
+    assert repriced and all(p == pytest.approx(estimate(pf.model, pf.train, pf.cluster, pf.plan).step_time_s, rel=1e-5)
+                            for p, pf in repriced)
     # the written file carries the per-dtype efficiencies the fit scaled, not the base's
     assert cal.for_dtype(DType.FP32).efficiency.gemm != pytest.approx(base.for_dtype(DType.FP32).efficiency.gemm)
     assert main(["calibrate", *map(str, runs), "--profile", base.path, "--out", base.path]) == 2
