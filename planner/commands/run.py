@@ -239,13 +239,13 @@ def priced_as_run(pf: PlanFile, compiled: bool) -> PlanFile:
 def _run_locked(args: argparse.Namespace, pf: PlanFile, out: Path, worker, resume_step: int) -> int:
     """The run, measured into `out`, which this process holds."""
     nproc, threads = _check_machine(args, pf)
-    _warn_of_another_machine(pf, nproc, threads)
     pf = priced_as_run(pf, args.compile)
     if args.data:   # refuse a bad token file here, not once per rank
         from runtime.data import TokenSource
         every = (args.warmup + args.steps) * pf.train.global_batch_size * pf.train.seq_len + 1
         TokenSource(pf.model.vocab_size, pf.train.seq_len, args.seed, Path(args.data), args.data_dtype,
                     checked_tokens=every)
+    _warn_of_another_machine(pf, nproc, threads)   # once nothing more is refused
     for problem in check_memory(pf.model, pf.train, pf.cluster, pf.plan):
         print(f"planner run: warning: predicted not to fit: {problem}", file=sys.stderr)
     from runtime.launch import RunFailed, run_local
