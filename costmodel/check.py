@@ -44,7 +44,9 @@ def check_structure(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
         return problems
     for view in views(cluster):
         if view.device.peak_flops_per_s.get(str(train.compute_dtype), 0) <= 0:
-            add(f"device {view.device.name} has no {train.compute_dtype} support in its profile")
+            has = [d for d, peak in view.device.peak_flops_per_s.items() if peak > 0]
+            add(f"device {view.device.name} has no {train.compute_dtype} support in its profile (--dtype "
+                f"{' or '.join(has)})")
     if model.position_kind is PositionKind.LEARNED and train.seq_len > model.max_position_embeddings:
         add(f"seq_len {train.seq_len} is longer than the model's {model.max_position_embeddings} learned positions")
     if model.sliding_window is not None and train.seq_len > model.sliding_window:

@@ -280,7 +280,8 @@ class DeviceProfile:
     def peak_for(self, dtype: DType) -> float:
         peak = self.peak_flops_per_s.get(str(dtype), 0.0)
         if peak <= 0:
-            raise UserError(f"device {self.name} has no {dtype} support in its profile")
+            has = " or ".join(d for d, p in self.peak_flops_per_s.items() if p > 0)
+            raise UserError(f"device {self.name} has no {dtype} support in its profile (--dtype {has})")
         return peak
 
 

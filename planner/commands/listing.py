@@ -5,7 +5,7 @@ import argparse
 
 from costmodel.hardware import known_profiles
 from costmodel.params import active_params, total_params
-from costmodel.registry import MODELS, model_names
+from costmodel.registry import ALIASES, MODELS, model_names
 from costmodel.units import GIB
 from planner.commands.common import emit_json
 
@@ -14,7 +14,8 @@ def cmd_models(args: argparse.Namespace) -> int:
     rows = []
     for name in model_names():
         m = MODELS[name]
-        rows.append({"name": name, "params": total_params(m), "active_params": active_params(m),
+        rows.append({"name": name, "aliases": sorted(a for a, target in ALIASES.items() if target == name),
+                     "params": total_params(m), "active_params": active_params(m),
                      "experts": f"{m.experts_per_token}/{m.num_experts}" if m.is_moe else "",
                      "layers": m.num_layers,
                      "hidden": m.hidden_size, "heads": m.num_heads, "kv_heads": m.num_kv_heads,
@@ -25,14 +26,20 @@ def cmd_models(args: argparse.Namespace) -> int:
         return 0
     from reports.tables import table
     print(table(("model", "params", "active", "experts", "layers", "hidden", "heads/kv", "ffn", "vocab", "source"),
-                [(r["name"], f"{r['params'] / 1e9:,.2f}B", f"{r['active_params'] / 1e9:,.2f}B", r["experts"],
+                [(r["name"], _count(r["params"]), _count(r["active_params"]), r["experts"],
                   r["layers"], r["hidden"], f"{r['heads']}/{r['kv_heads']}", r["ffn"], r["vocab"], r["source"])
                  for r in rows]))
     print("\nmixtures of experts (experts: per token / in all): expert parallelism --ep N carved from dp; under "
           "tensor parallelism (with SP) each TP rank keeps the whole mixture (expert TP 1); --framework megatron "
           "folds EP over the tp x cp x dp ranks (up to all of a pipeline stage's)")
-    print("\naliases: llama-70b -> llama2-70b, llama-7b, llama-13b, gpt3; or --model path/to/config.json")
+    print("\naliases: " + ", ".join(f"{a} -> {t}" for a, t in sorted(ALIASES.items()))
+          + "; or --model path/to/config.json")
     return 0
+
+
+def _count(params: int) -> str:
+    """A parameter count as model cards say it: billions, or millions below a tenth of one."""
+    return f"{params / 1e9:,.2f}B" if params >= 1e8 else f"{params / 1e6:,.1f}M"
 
 
 def cmd_devices(args: argparse.Namespace) -> int:

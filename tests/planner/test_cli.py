@@ -89,7 +89,14 @@ def test_validate_rejects_missing_columns(tmp_path, capsys):
 
 def test_models_and_devices_list(capsys):
     assert main(["models"]) == 0
-    assert "llama3-405b" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "llama3-405b" in out and "llama-70b -> llama2-70b" in out
+    assert next(line for line in out.splitlines() if line.startswith("debug-small")).split()[1] == "4.2M"
+    assert main(["models", "--json"]) == 0
+    models = {m["name"]: m for m in json.loads(capsys.readouterr().out)["models"]}
+    assert models["llama2-70b"]["aliases"] == ["llama-70b"] and models["llama3-8b"]["aliases"] == []
+    assert main(["search", "--model", "llama3-8b", "--cluster", "1x8xV100"]) == 2   # Volta has no bf16
+    assert "(--dtype fp16 or fp32)" in capsys.readouterr().err
     assert main(["devices", "--json"]) == 0
     names = [d["name"] for d in json.loads(capsys.readouterr().out)["devices"]]
     assert "H100-SXM5-80GB" in names
