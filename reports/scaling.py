@@ -1,5 +1,6 @@
 """The sweep's scaling curve: tokens/s per GPU and cost (or GPU-hours) against GPUs, one line
-per device, each device's knee marked (planner.sweep)."""
+per device, each device's knee marked, sizes past the deadline or over the budget drawn hollow,
+the answer starred (planner.sweep)."""
 from __future__ import annotations
 
 import io
@@ -22,6 +23,7 @@ def draw_scaling(result, fmt: str) -> bytes:
         speed.plot(gpus, [r.found.estimate.tokens_per_s / r.num_gpus for r in rows], "o-", color=colour, label=device)
         money.plot(gpus, [(r.cost.cost_usd if priced else r.cost.gpu_hours) for r in rows], "o-", color=colour,
                    label=device)
+        _hollow_outside(result, rows, speed, money, priced, colour)
         knee = result.knees.get(device)
         for r in rows:
             if r.num_gpus == knee:
@@ -34,11 +36,14 @@ def draw_scaling(result, fmt: str) -> bytes:
         ax.grid(True, alpha=0.3)
     speed.set_ylabel("tokens/s per GPU (predicted)")
     money.set_ylabel("cost of the run, USD" if priced else "GPU-hours of the run")
+    if any(result.outside(r) for r in result.rows):   # one legend entry for every device's hollow points
+        money.plot([], [], "o", color="grey", markerfacecolor="white", label=f"outside {result.limits()}")
     if result.best is not None:
         best = result.best
+        limits = result.limits()
         money.plot([best.num_gpus], [best.cost.cost_usd if priced else best.cost.gpu_hours], "*", markersize=14,
-                   color="black", label="cheapest" + ("" if result.deadline_days is None
-                                                      else f" within {result.deadline_days:g} days"))
+                   color="black", label=("cheapest" if result.objective == "cost" else "ends soonest")
+                   + (f" within {limits}" if limits else ""))
     speed.legend(fontsize=8)
     money.legend(fontsize=8)
     fig.suptitle("planner sweep: the best plan at each size")
@@ -47,3 +52,15 @@ def draw_scaling(result, fmt: str) -> bytes:
     fig.savefig(buffer, format=fmt, dpi=130, bbox_inches="tight")
     plt.close(fig)
     return buffer.getvalue()
+
+
+def _hollow_outside(result, rows, speed, money, priced: bool, colour: str) -> None:
+    """White-filled markers over the sizes that miss the deadline or the budget (not answers)."""
+    outside = [r for r in rows if result.outside(r)]
+    if not outside:
+        return
+    gpus = [r.num_gpus for r in outside]
+    speed.plot(gpus, [r.found.estimate.tokens_per_s / r.num_gpus for r in outside], "o", color=colour,
+               markerfacecolor="white")
+    money.plot(gpus, [(r.cost.cost_usd if priced else r.cost.gpu_hours) for r in outside], "o", color=colour,
+               markerfacecolor="white")

@@ -46,6 +46,19 @@ def test_deadline_devices_csv_and_plot(capsys, tmp_path):
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_picture_draws_sizes_past_the_limits_hollow_and_names_the_answer(capsys, tmp_path, monkeypatch):
+    import matplotlib
+    monkeypatch.setitem(matplotlib.rcParams, "svg.fonttype", "none")   # the legend as searchable text
+    picture = tmp_path / "s.svg"
+    doc = _sweep(capsys, "--device", "H100", "--nodes", "1,2", "--objective", "time", "--gpu-hour-usd", "2",
+                 "--budget-usd", "1e9", "--deadline-days", "10", "--plot", str(picture))["doc"]
+    outside = [r for r in doc["rows"] if r["outside_limits"]]
+    assert outside and doc["best"]["num_gpus"] == 16   # 8 GPUs take past 10 days
+    svg = picture.read_text()
+    assert "outside 10 days and $1,000,000,000" in svg and "ends soonest within 10 days" in svg
+    assert "cheapest" not in svg
+
+
 def test_the_table_names_the_cheapest_and_the_knee(capsys):
     assert main([*BASE, "--device", "H100", "--nodes", "1,2"]) == 0
     out = capsys.readouterr().out
