@@ -70,4 +70,5 @@ def sweep_page_data(result) -> dict[str, Any]:
     return {"title": "planner sweep: the best plan at each size", "summary": None, "bubble_definition": None,
             "ranking": [], "kinds": {}, "timelines": [], "memory": [], "memory_colours": {},
             "sweep": {"rows": rows, "knees": result.knees, "best": best,
-                      "deadline_days": result.deadline_days, "budget_usd": result.budget_usd}}
+                      "deadline_days": result.deadline_days, "budget_usd": result.budget_usd,
+                      "objective": result.objective}}

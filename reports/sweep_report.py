@@ -26,7 +26,7 @@ def write_sweep_report(result, out_dir: Path) -> list[str]:
     for fmt in ("png", "svg"):
         (out_dir / f"scaling.{fmt}").write_bytes(draw_scaling(result, fmt))
     doc.image("scaling", "Tokens/s per GPU and the run's cost (or GPU-hours) against GPUs, one line per device, "
-                         "each device's knee marked.")
+                         "each device's knee marked, the sizes outside the limits hollow, the answer starred.")
     (out_dir / "index.md").write_text(doc.markdown() + "\n")
     (out_dir / "index.html").write_text(page(sweep_page_data(result), doc.html()) + "\n")
     return sorted(p.name for p in out_dir.iterdir())

@@ -186,9 +186,13 @@
                          fill: "none", stroke: c, "stroke-width": 2}, svg);
       mine.forEach(function (r) {
         var knee = S.knees[dev] === r.num_gpus, best = S.best && S.best.device === dev && S.best.num_gpus === r.num_gpus;
-        svgEl("circle", {cx: x(r.num_gpus), cy: y(r[key]), r: best ? 7 : knee ? 6 : 4, fill: best ? "#000" : c,
+        /* a size past the deadline or over the budget is not an answer: hollow, its reason in the tip */
+        svgEl("circle", {cx: x(r.num_gpus), cy: y(r[key]), r: best ? 7 : knee ? 6 : 4,
+                         fill: best ? "#000" : r.outside_limits ? "#fff" : c, stroke: c, "stroke-width": 1.5,
                          "class": "pt", "data-tip": dev + ", " + num(r.num_gpus, 0) + " GPUs" + (knee ? " (knee)" : "") +
-                         (best ? " (cheapest)" : "") + "\n" + r.plan_label + "\n" + sweepLine(r)}, svg);
+                         (best ? " (" + (S.objective === "time" ? "ends soonest" : "cheapest") + ")" : "") +
+                         (r.outside_limits ? " (" + r.outside_limits + ")" : "") +
+                         "\n" + r.plan_label + "\n" + sweepLine(r)}, svg);
       });
       text(svg, W - right - 8, top + 14 + 16 * k, dev, "end").setAttribute("style", "fill:" + c);
     });

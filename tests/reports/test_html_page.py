@@ -82,8 +82,9 @@ def test_the_data_blob_cannot_close_its_script_element():
         data_blob({"step_time_s": float("nan")})
 
 
-def _passes_its_self_test(chromium: str, page: Path, profile: Path) -> None:
-    """Loaded with #selftest: no error caught, no console error, every check of the page's own passed."""
+def _passes_its_self_test(chromium: str, page: Path, profile: Path) -> str:
+    """Loaded with #selftest: no error caught, no console error, every check of the page's own passed;
+    returns the page's DOM as drawn."""
     done = SCREENSHOT["browse"](chromium, page, profile, "--enable-logging=stderr", "--v=0", "--dump-dom",
                                 fragment="#selftest")
     assert done.returncode == 0, done.stderr[-2000:]
@@ -91,6 +92,7 @@ def _passes_its_self_test(chromium: str, page: Path, profile: Path) -> None:
     errors = re.search(r"<pre id=\"report-errors\">(.*?)</pre>", done.stdout, re.S).group(1)
     assert status == {"status": "ok", "errors": "0", "selftest": "passed"}, errors
     assert not re.search(r"CONSOLE.*(Uncaught|Error)", done.stderr), done.stderr[-2000:]
+    return done.stdout
 
 
 def test_in_chromium_the_page_renders_without_error_and_passes_its_self_test(report, chromium, tmp_path):
@@ -103,10 +105,13 @@ def test_in_chromium_the_page_renders_without_error_and_passes_its_self_test(rep
 def test_sweep_report_draws_the_curve_of_its_rows(chromium, tmp_path, capsys):
     out = tmp_path / "sweep"
     assert main(["sweep", "--model", "llama3-8b", "--seq-len", "4096", "--global-batch", "64", "--tokens", "1e11",
-                 "--device", "H100", "--nodes", "1,2", "--report", str(out), "--json"]) == 0
+                 "--device", "H100", "--nodes", "1,2", "--deadline-days", "10", "--report", str(out), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert {"index.html", "index.md", "scaling.png", "scaling.svg"} <= {p.name for p in out.iterdir()}
     blob = re.search(r"id='report-data'>(.*?)</script>", (out / "index.html").read_text(), re.S).group(1)
     assert json.loads(blob)["sweep"]["rows"] == rows
     assert "(scaling.png)" in (out / "index.md").read_text()
-    _passes_its_self_test(chromium, out / "index.html", tmp_path / "profile")
+    dom = _passes_its_self_test(chromium, out / "index.html", tmp_path / "profile")
+    points = re.findall(r"<circle [^>]*class=\"pt\"[^>]*>", dom)
+    hollow = [c for c in points if 'fill="#fff"' in c]   # 8 GPUs take past the 10-day deadline
+    assert len(hollow) == 1 and "past the 10-day deadline" in hollow[0] and "8 GPUs" in hollow[0]
