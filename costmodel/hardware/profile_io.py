@@ -6,6 +6,7 @@ import math
 import statistics
 import tomllib
 from dataclasses import replace
+from functools import partial
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 from costmodel import inputs, machine
 from costmodel.hardware.fabric import FabricSpec
 from costmodel.hardware.profile_check import profile_problems
+from costmodel.hardware.profile_fields import flag, names, peaks, real, text, whole
 from costmodel.hardware.records import (
     DTYPE_FIELDS,
     FITTED_PARAMS,
@@ -42,7 +44,8 @@ def _middle_tiers(path: Path, tiers: list[dict[str, Any]], efficiency: float) ->
             continue
         if not isinstance(raw.get("max_nodes"), int) or raw["max_nodes"] < 2:
             raise UserError(f"{path}: [[network]] scope {raw['scope']!r} needs max_nodes >= 2 (the nodes it connects)")
-        out.append(replace(_tier(raw, float(raw.get("efficiency", efficiency))), max_nodes=raw["max_nodes"]))
+        tier_efficiency = real(path, f"network {raw.get('name', raw['scope'])}", raw, "efficiency", efficiency)
+        out.append(replace(_tier(path, raw, tier_efficiency), max_nodes=raw["max_nodes"]))
     return tuple(sorted(out, key=lambda t: t.max_nodes))
 
 
@@ -69,31 +72,14 @@ def _fabric(path: Path, raw: Any) -> FabricSpec:
     return FabricSpec(rail_optimized=rail, nodes_per_leaf=leaf, spine_oversubscription=float(ratio), source=source)
 
 
-def _whole(path: Path, table: str, raw: dict[str, Any], key: str, default: int | None = None) -> int:
-    """A count or a size in bytes: an integer, or a float with a whole value (a profile written by
-    hand may say 2.0e9); not an infinity or a NaN, which int() cannot take. Its range is the
-    profile check's (profile_problems). Absent: `default`, or the KeyError a missing key is."""
-    value = raw[key] if default is None else raw.get(key, default)
-    if (isinstance(value, bool) or not isinstance(value, (int, float))
-            or (isinstance(value, float) and not (math.isfinite(value) and value.is_integer()))):
-        raise UserError(f"{path}: [{table}] {key} is a whole number, got {value!r}")
-    return int(value)
-
-
-def _flag(path: Path, table: str, raw: dict[str, Any], key: str) -> bool:
-    """An optional true/false key of a profile table (absent: false)."""
-    value = raw.get(key, False)
-    if not isinstance(value, bool):
-        raise UserError(f"{path}: [{table}] {key} is true or false, got {value!r}")
-    return value
-
-
-def _tier(raw: dict[str, Any], efficiency: float) -> NetworkTier:
+def _tier(path: Path, raw: dict[str, Any], efficiency: float) -> NetworkTier:
+    where = f"network {raw.get('name', raw.get('scope', '?'))}"
     p2p = raw.get("p2p_latency_s")
-    return NetworkTier(name=raw["name"], bandwidth_bytes_per_s=float(raw["bandwidth_bytes_per_s"]),
-                       latency_s=float(raw["latency_s"]), efficiency=efficiency,
-                       base_latency_s=float(raw.get("base_latency_s", 0.0)),
-                       p2p_latency_s=None if p2p is None else float(p2p),
+    return NetworkTier(name=text(path, where, raw, "name"),
+                       bandwidth_bytes_per_s=real(path, where, raw, "bandwidth_bytes_per_s"),
+                       latency_s=real(path, where, raw, "latency_s"), efficiency=efficiency,
+                       base_latency_s=real(path, where, raw, "base_latency_s", 0.0),
+                       p2p_latency_s=None if p2p is None else real(path, where, raw, "p2p_latency_s"),
                        kind_factors=_kind_factors(raw))
 
 
@@ -218,32 +204,36 @@ def parse_profile(text: str, path: Path) -> DeviceProfile:
 
 
 def _profile_from(path: Path, raw: dict[str, Any]) -> DeviceProfile:
-    dev, eff, net = raw["device"], raw["efficiency"], {t["scope"]: t for t in raw["network"]}
-    efficiency = Efficiency(gemm=float(eff["gemm"]), attention=float(eff["attention"]),
-                            memory=float(eff["memory"]), kernel_overhead_s=float(eff["kernel_overhead_s"]),
-                            reserved_memory_bytes=_whole(path, "efficiency", eff, "reserved_memory_bytes"),
-                            source=eff["source"], overlap=float(eff.get("overlap", 1.0)),
-                            dp_comm=float(eff.get("dp_comm", 1.0)), pp_stage=float(eff.get("pp_stage", 1.0)),
-                            allocator_fragmentation=float(eff.get("allocator_fragmentation", 0.0)),
-                            comm_contention=float(eff.get("comm_contention", 0.0)),
-                            vendor_attention_speedup=float(eff.get("vendor_attention_speedup", 1.0)),
-                            step_overhead_s=float(eff.get("step_overhead_s", 0.0)),
-                            recompute_cost=float(eff.get("recompute_cost", 1.0)))
+    dev, eff = raw["device"], raw["efficiency"]
+    if not isinstance(raw["network"], list) or not all(isinstance(t, dict) for t in raw["network"]):
+        raise UserError(f"{path}: network is a list of [[network]] tables")
+    net = {text(path, "network", t, "scope"): t for t in raw["network"]}
+    num = partial(real, path, "efficiency", eff)
+    efficiency = Efficiency(gemm=num("gemm"), attention=num("attention"), memory=num("memory"),
+                            kernel_overhead_s=num("kernel_overhead_s"),
+                            reserved_memory_bytes=whole(path, "efficiency", eff, "reserved_memory_bytes"),
+                            source=text(path, "efficiency", eff, "source"), overlap=num("overlap", 1.0),
+                            dp_comm=num("dp_comm", 1.0), pp_stage=num("pp_stage", 1.0),
+                            allocator_fragmentation=num("allocator_fragmentation", 0.0),
+                            comm_contention=num("comm_contention", 0.0),
+                            vendor_attention_speedup=num("vendor_attention_speedup", 1.0),
+                            step_overhead_s=num("step_overhead_s", 0.0), recompute_cost=num("recompute_cost", 1.0))
+    intra, inter = num("intra_node_comm"), num("inter_node_comm")
     return DeviceProfile(
-        name=dev["name"], aliases=tuple(dev.get("aliases", ())),
-        peak_flops=tuple((k, float(v)) for k, v in dev["peak_flops_per_s"].items()),
-        memory_bytes=_whole(path, "device", dev, "memory_bytes"),
-        reported_memory_bytes=_whole(path, "device", dev, "reported_memory_bytes", 0),
-        num_sms=_whole(path, "device", dev, "num_sms", 0),
-        tp_comm_gemm_overlap=_flag(path, "device", dev, "tp_comm_gemm_overlap"),
-        memory_bandwidth_bytes_per_s=float(dev["memory_bandwidth_bytes_per_s"]),
-        intra_node=_tier(net["node"], eff["intra_node_comm"]),
-        inter_node=_tier(net["cluster"], eff["inter_node_comm"]),
-        middle_tiers=_middle_tiers(path, raw["network"], eff["inter_node_comm"]),
+        name=text(path, "device", dev, "name"), aliases=names(path, "device", dev, "aliases"),
+        peak_flops=peaks(path, dev),
+        memory_bytes=whole(path, "device", dev, "memory_bytes"),
+        reported_memory_bytes=whole(path, "device", dev, "reported_memory_bytes", 0),
+        num_sms=whole(path, "device", dev, "num_sms", 0),
+        tp_comm_gemm_overlap=flag(path, "device", dev, "tp_comm_gemm_overlap"),
+        memory_bandwidth_bytes_per_s=real(path, "device", dev, "memory_bandwidth_bytes_per_s"),
+        intra_node=_tier(path, _scope(path, net, "node"), intra),
+        inter_node=_tier(path, _scope(path, net, "cluster"), inter),
+        middle_tiers=_middle_tiers(path, raw["network"], inter),
         fabric=_fabric(path, raw.get("fabric")),
-        efficiency=efficiency, path=str(path), kind=dev.get("kind", "gpu"), host=_host(path, raw.get("host")),
-        threads_per_rank=_whole(path, "measured", raw.get("measured", {}), "threads_per_rank",
-                                _whole(path, "device", dev, "threads_per_rank", 0)),
+        efficiency=efficiency, path=str(path), kind=text(path, "device", dev, "kind", "gpu"), host=_host(path, raw.get("host")),
+        threads_per_rank=whole(path, "measured", raw.get("measured", {}), "threads_per_rank",
+                                whole(path, "device", dev, "threads_per_rank", 0)),
         gemm_curves=tuple((k.removeprefix("gemm_"), _curve(v)) for k, v in raw.get("measured", {}).items()
                           if k.startswith("gemm_")),
         sdpa_curves=tuple((k, _sdpa_points(path, k, v)) for k, v in raw.get("measured", {}).items()
@@ -257,13 +247,20 @@ def _profile_from(path: Path, raw: dict[str, Any]) -> DeviceProfile:
         fsdp_sync_s_per_param=_rate_table(raw, "fsdp_sync_s_per_param",
                                           [fsdp_sync_key(k, str(d)) for k in FSDP_SYNC_KINDS for d in DType]),
         gelu_s_per_element=_gelu_rates(raw.get("measured", {}).get("gelu_s_per_element", {})),
-        probe_fit_version=(_whole(path, "probes", raw["probes"], "fit_version", 1)
+        probe_fit_version=(whole(path, "probes", raw["probes"], "fit_version", 1)
                            if isinstance(raw.get("probes"), dict) else 0),
         probe_error=_probe_error(path, raw.get("probes")),
         ranges=_ranges(path, raw.get("ranges", {})),
-        dtype_efficiency=tuple((k, replace(efficiency, **{f: float(v[f]) for f in DTYPE_FIELDS},
-                                           **{f: float(v[f]) for f in OPTIONAL_DTYPE_FIELDS if f in v}))
+        dtype_efficiency=tuple((k, replace(efficiency, **{f: real(path, f"efficiency.{k}", v, f) for f in DTYPE_FIELDS},
+                                           **{f: real(path, f"efficiency.{k}", v, f)
+                                              for f in OPTIONAL_DTYPE_FIELDS if f in v}))
                                for k, v in eff.items() if isinstance(v, dict)))
+
+
+def _scope(path: Path, net: dict[str, dict[str, Any]], scope: str) -> dict[str, Any]:
+    if scope not in net:
+        raise UserError(f"{path}: no [[network]] table with scope = \"{scope}\"")
+    return net[scope]
 
 
 def _probe_error(path: Path, probes: Any) -> float:
@@ -326,11 +323,12 @@ def _gelu_rates(raw: Any) -> tuple[tuple[str, float, float], ...]:
 def _host(path: Path, raw: dict[str, Any] | None) -> HostSpec | None:
     if raw is None:
         return None
-    return HostSpec(memory_bytes=_whole(path, "host", raw, "memory_bytes"),
-                    memory_bandwidth_bytes_per_s=float(raw["memory_bandwidth_bytes_per_s"]),
-                    memory_efficiency=float(raw["memory_efficiency"]),
-                    link_bandwidth_bytes_per_s=float(raw["link_bandwidth_bytes_per_s"]),
-                    link_efficiency=float(raw["link_efficiency"]), source=str(raw["source"]))
+    num = partial(real, path, "host", raw)
+    return HostSpec(memory_bytes=whole(path, "host", raw, "memory_bytes"),
+                    memory_bandwidth_bytes_per_s=num("memory_bandwidth_bytes_per_s"),
+                    memory_efficiency=num("memory_efficiency"),
+                    link_bandwidth_bytes_per_s=num("link_bandwidth_bytes_per_s"),
+                    link_efficiency=num("link_efficiency"), source=text(path, "host", raw, "source"))
 
 
 def known_profiles() -> dict[str, DeviceProfile]:

@@ -206,3 +206,26 @@ def test_a_measured_run_beyond_any_measurement_is_refused(tmp_path, capsys, fiel
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "measured.json: step times must be at most 1e+06 s" in err, err
+
+
+@pytest.mark.parametrize("old, new, named", [
+    ("\nintra_node_comm = 0.831", '\nintra_node_comm = "0.831"', "[efficiency] intra_node_comm is a number"),
+    ("\ngemm = 0.629", '\ngemm = "fast"', "[efficiency] gemm is a number"),
+    ("\ngemm = 0.629", "\ngemm = true", "[efficiency] gemm is a number"),
+    ("memory_efficiency = 0.8", 'memory_efficiency = "0.8"', "[host] memory_efficiency is a number"),
+    ("bf16 = 989.4e12", 'bf16 = "989.4e12"', "[device.peak_flops_per_s] bf16 is a number"),
+    ("bf16 = 989.4e12", "bf61 = 989.4e12", "peak_flops_per_s: unknown dtype(s) bf61"),
+    ('aliases = ["H100", "H100-80GB"]', 'aliases = "H100"', "[device] aliases is a list of names"),
+    ('name = "nvlink4"', "", "[network node] name is missing"),
+    ("\ngemm = 0.629", "\ngemm = 7.48", "efficiency.gemm = 7.48 is out of range"),   # of a datasheet peak
+    ("reserved_memory_bytes = 2_147_483_648", "reserved_memory_bytes = 200_000_000_000",
+     "efficiency.reserved_memory_bytes = 200000000000 is out of range")])
+def test_a_profile_value_of_the_wrong_kind_is_named_by_its_table_and_key(tmp_path, capsys, old, new, named):
+    """A string where a number belongs reached the cost model's comparisons (an internal error); a
+    list where a table belongs said only "'list' object has no attribute 'items'"."""
+    text = (profile_dir() / "H100-SXM5-80GB.toml").read_text()
+    assert old in text
+    (tmp_path / "odd.toml").write_text(text.replace(old, new, 1))
+    assert main(["predict", "--model", "llama-7b", "--cluster", f"2x8x{tmp_path / 'odd.toml'}"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and str(tmp_path / "odd.toml") in err and named in err, err
