@@ -98,6 +98,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                      budget_usd=args.budget_usd, objective=args.objective,
                      framework=framework_of(args), failures=failures_from_args(args), time_limit_s=args.time_limit)
 
+    _one_profile_each(spec.devices)
+
     def specs(name: str):
         args.cluster = name
         try:
@@ -179,3 +181,16 @@ def table_lines(result: SweepResult) -> list[str]:
     if any(not r.proven for r in result.rows if r.found is not None):
         lines.append("some sizes were not proven optimal within the --time-limit (proven_optimal in --json)")
     return lines
+
+
+def _one_profile_each(devices: tuple[str, ...]) -> None:
+    """Rows, scaling and knees are kept per profile name: two entries of --device that resolve to
+    one name (aliases of one profile, or a copy that kept its [device] name) would share them."""
+    from costmodel.hardware.profile_io import resolve_device
+    seen: dict[str, str] = {}
+    for device in devices:
+        name = resolve_device(device).name
+        if name in seen:
+            raise UserError(f"--device {seen[name]} and {device} are both the profile {name!r}: give each "
+                            "device once, and a copied profile its own [device] name")
+        seen[name] = device

@@ -75,6 +75,8 @@ def test_the_table_names_the_cheapest_and_the_knee(capsys):
     (["--device", "A100,H100", "--nodes", "1", "--gpu-hour-usd", "1,2,3"], "3 prices for 2 devices"),
     (["--device", "A100,A100", "--nodes", "1"], "--device A100,A100: give each device once"),
     (["--device", "A100+H100", "--nodes", "1"], "--device A100+H100: a sweep sizes clusters of one device each"),
+    (["--device", "A100,A100-80GB", "--nodes", "1"],   # two aliases of one profile: one curve, not two
+     "--device A100 and A100-80GB are both the profile 'A100-SXM4-80GB'"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
     assert main([*BASE, *argv]) == 2
