@@ -117,7 +117,9 @@ def config(pf: PlanFile, plan: Plan) -> dict:
 
 def render(pf: PlanFile, plan: Plan) -> tuple[str, str]:
     c = pf.cluster
+    # a PipelineModule only with a pipeline: DeepSpeed's pipeline engine refuses ZeRO-2/3
+    script = (f"with pp={plan.pp} it builds a PipelineModule(num_stages={plan.pp}, partition_method='uniform')"
+              if plan.pp > 1 else "it wraps the model with deepspeed.initialize, no PipelineModule")
     launch = (f"deepspeed --num_nodes {c.num_nodes} --num_gpus {c.devices_per_node} train.py --deepspeed "
-              f"--deepspeed_config FILE (train.py: your script; with pp={plan.pp} it builds a PipelineModule("
-              f"num_stages={plan.pp}, partition_method='uniform'))")
+              f"--deepspeed_config FILE (train.py: your script; {script})")
     return outputs.json_text(config(pf, plan)), launch

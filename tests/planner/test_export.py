@@ -354,6 +354,8 @@ def test_deepspeed_reads_the_config(plan_paths, tmp_path, capsys, monkeypatch, n
     assert config.tensor_parallel_config.autotp_size == (plan["tp"] if plan["tp"] > 1 else 0)
     assert config.pipeline["stages"] == (plan["pp"] if plan["pp"] > 1 else "auto")
     assert plan["cp"] == 1 and plan["vpp"] == 1 and not (plan["tp"] > 1 and plan["sequence_parallel"])
+    # a PipelineModule only with a pipeline (its engine refuses ZeRO-2/3)
+    assert ("PipelineModule(num_stages=" in doc["launch"]) == (plan["pp"] > 1), doc["launch"]
 
 
 # --- what the export says, and bad input ----------------------------------------------------
