@@ -3,7 +3,6 @@ band the most robust first; the cutoff the branch and bound prunes against; the 
 to fitting when none does."""
 from __future__ import annotations
 
-import heapq
 import math
 from dataclasses import replace
 
@@ -58,20 +57,6 @@ def decision_band(options: SearchOptions) -> float:
     """How far above the fastest a plan may be and still be chosen first: the model's error band
     (robust-first) for time, MEMORY_BAND for memory."""
     return options.error_band if options.objective == "time" else MEMORY_BAND
-
-
-def kth_best_s(found: list[Found], options: SearchOptions) -> float:
-    """No candidate whose bound reaches this can enter the answer: neither the `top_k` rows nor
-    the DECISION_K plans the first is chosen from."""
-    k = max(options.top_k, DECISION_K)
-    distinct = {price(f) for f in found}   # identically priced plans are one row (rank)
-    if len(distinct) < k:
-        return math.inf
-    times = heapq.nsmallest(k, (t for t, _ in distinct))
-    cutoff = times[-1]
-    if options.objective == "memory":
-        cutoff = max(cutoff, (1 + MEMORY_BAND) * times[0])
-    return cutoff
 
 
 def outer_key(plan: Plan) -> Plan:

@@ -42,9 +42,11 @@ def _as_run(plan: Plan, options: SearchOptions) -> Plan | None:
 
 def result(shared: SharedModels, options: SearchOptions, stats: SearchStats, found: list[Found],
             too_big: list[tuple[Choice, int, Schedule, int]], too_big_plans: list[Plan],
-            deadline: float) -> SearchResult:
+            deadline: float, complete_below_s: float = math.inf) -> SearchResult:
     """Re-price the best plans by simulation and rank them; when nothing fits, the closest plan
-    (of those priced before the time limit, at least one)."""
+    (of those priced before the time limit, at least one). The table's rows after the first are
+    those the search found every faster plan for: at most `complete_below_s` in the closed form
+    (planner.cutoff)."""
     model, train, cluster = shared.model, shared.train, shared.cluster
     closest, free = None, options.space is None or options.space.split == "free"
     if not found:  # only then does anyone need to know how far the plans are from fitting
@@ -86,6 +88,8 @@ def result(shared: SharedModels, options: SearchOptions, stats: SearchStats, fou
     first = ordered[:equivalent]
     shown = {id(f) for f in first}
     others = [f for f in fitting + variants if id(f) not in shown]
+    closed_s = {f.plan: f.estimate.step_time_s for f in found}   # variants of the best are kept
+    others = [f for f in others if closed_s.get(f.plan, 0.0) <= complete_below_s]
     rest = rank(others, replace(options, top_k=len(others)))
     # the decision's and the table's rows, each price once, none beaten in both time and memory
     plans = undominated(one_row_per_price(_union(first, rest)))[:options.top_k]

@@ -46,9 +46,9 @@ from planner.candidates import (
     states_for_group,
     time_groups,
 )
+from planner.cutoff import Cutoff
 from planner.halves import HALVES, in_halves
 from planner.partition import FREE, SolverTimeout, SplitRules, apply_split, solve_split
-from planner.ranking import kth_best_s
 from planner.repricing import result
 from planner.search_order import Queue
 from planner.search_state import Found, SearchResult, SearchStats, SharedModels
@@ -117,7 +117,7 @@ def _search(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: S
     stats = _merged(halves)
     found = [f for h in halves for f in h.found]
     result = _after_branch_and_bound(shared, options, stats, found, [c for h in halves for c in h.too_big],
-                                     deadline)
+                                     deadline, [h.cutoff for h in halves])
     if not stats.enumerated:
         stats.lower_bound_s = 0.0   # what was never listed has no bound
     stats.wall_s = time.perf_counter() - start
@@ -131,6 +131,7 @@ class _Half:
     found: list[Found]
     too_big: list[tuple[Choice, int, Schedule, int]]
     stats: SearchStats
+    cutoff: Cutoff
 
 
 def _half(shared: SharedModels, options: SearchOptions, index: int, deadline: float) -> _Half:
@@ -151,8 +152,9 @@ def _half(shared: SharedModels, options: SearchOptions, index: int, deadline: fl
     stats.num_candidates = queue.num_candidates + len(refused)
     _say(options, f"{queue.num_candidates:,} valid candidates in this half of the space; "
                   "solving in order of their lower bound")
-    found = _branch_and_bound(shared, options, stats, queue, deadline)
-    return _Half(found, queue.too_big + queue.roomless, stats)
+    cutoff = Cutoff(options)
+    found = _branch_and_bound(shared, options, stats, queue, deadline, cutoff)
+    return _Half(found, queue.too_big + queue.roomless, stats, cutoff)
 
 
 def _merged(halves: list[_Half]) -> SearchStats:
@@ -253,9 +255,10 @@ def _say(options: SearchOptions, text: str) -> None:
         options.progress(text)
 
 
-def _branch_and_bound(shared: SharedModels, options, stats, queue: Queue, deadline: float) -> list[Found]:
+def _branch_and_bound(shared: SharedModels, options, stats, queue: Queue, deadline: float,
+                      cutoffs: Cutoff) -> list[Found]:
     found: list[Found] = []
-    cutoff = kth_best_s(found, options)
+    cutoff = cutoffs.s
     examined = 0
     for candidate in queue.in_order():
         if candidate.bound_s >= cutoff:
@@ -279,31 +282,37 @@ def _branch_and_bound(shared: SharedModels, options, stats, queue: Queue, deadli
             queue.too_big.append((c.base, c.vpp, c.schedule, c.zero))
         elif isinstance(outcome, Found):
             found.append(outcome)
-            cutoff = kth_best_s(found, options)
+            cutoffs.add(outcome)
+            cutoff = cutoffs.s
     if queue.taken < queue.num_candidates and "time limit" not in stats.pruned_by_reason:
         stats.prune("bound", queue.num_candidates - queue.taken)
     return found
 
 
 def _after_branch_and_bound(shared: SharedModels, options: SearchOptions, stats: SearchStats, found: list[Found],
-                            too_big: list[tuple[Choice, int, Schedule, int]], deadline: float) -> SearchResult:
-    """A mixed cluster's replicas on groups, then the ranking of every plan found."""
-    shares, too_big_shares = _replicas_on_groups(shared, options, stats, found, deadline)
+                            too_big: list[tuple[Choice, int, Schedule, int]], deadline: float,
+                            cutoffs: list[Cutoff]) -> SearchResult:
+    """A mixed cluster's replicas on groups, then the ranking of every plan found: complete below
+    the lowest of the searches' cutoffs, where every faster plan was examined."""
+    joint = Cutoff(options)
+    for f in found:
+        joint.add(f)
+    shares, too_big_shares = _replicas_on_groups(shared, options, stats, deadline, joint)
     found += shares
     if stats.optimal:
         stats.lower_bound_s = min((f.estimate.step_time_s for f in found), default=math.inf)
-    return result(shared, options, stats, found, too_big, too_big_shares, deadline)
+    complete_below_s = min([c.s for c in cutoffs] + ([joint.s] if shared.cluster.is_mixed else []))
+    return result(shared, options, stats, found, too_big, too_big_shares, deadline, complete_below_s)
 
 
-def _replicas_on_groups(shared: SharedModels, options: SearchOptions, stats: SearchStats, found: list[Found],
-                        deadline: float) -> tuple[list[Found], list[Plan]]:
+def _replicas_on_groups(shared: SharedModels, options: SearchOptions, stats: SearchStats, deadline: float,
+                        cutoff: Cutoff) -> tuple[list[Found], list[Plan]]:
     """A mixed cluster's plans without a pipeline, replicas on groups with their own batch
     shares (planner.shares), under the cutoff the rest of the space left."""
     if not shared.cluster.is_mixed:
         return [], []
     stages = sorted({o.zero_stage for o, ok in zip(STATE_OPTIONS, shared.zero_allowed) if ok and not o.offload_optimizer})
-    return search_shares(shared.model, shared.train, shared.cluster, options, stages, stats, kth_best_s(found, options),
-                         deadline, lambda more: kth_best_s(found + more, options))
+    return search_shares(shared.model, shared.train, shared.cluster, options, stages, stats, cutoff, deadline)
 
 
 def _examine(shared: SharedModels, stats: SearchStats, base: Choice, zero: int, plan: Plan, fit: MemoryFit,

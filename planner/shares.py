@@ -30,6 +30,7 @@ from costmodel.schedules import Schedule
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.bounds import MemoryFit, time_floor_s, zero_floor_s
 from planner.candidates import MAX_MICRO_BATCH, SearchOptions, allowed, replica_degrees
+from planner.cutoff import Cutoff
 from planner.search_state import Found, SearchStats
 from planner.space import degrees_plan, divisors
 
@@ -174,11 +175,11 @@ TOO_BIG_KEPT = 200
 
 
 def search_shares(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: SearchOptions,
-                  zero_stages: list[int], stats: SearchStats, cutoff_s: float, deadline: float,
-                  kth_best) -> tuple[list[Found], list[Plan]]:
-    """The best plans of this part of the space under the cutoff (`kth_best(found)` tightens it
-    as plans are found), and some that fit nowhere (for the closest when nothing fits at all);
-    the candidates are counted in `stats`."""
+                  zero_stages: list[int], stats: SearchStats, cutoffs: Cutoff,
+                  deadline: float) -> tuple[list[Found], list[Plan]]:
+    """The best plans of this part of the space under the cutoff (tightened as plans are found),
+    and some that fit nowhere (for the closest when nothing fits at all); the candidates are
+    counted in `stats`."""
     if not cluster.is_mixed or options.fixed.get("pp", 1) != 1 or options.fixed.get("ep", 1) != 1:
         return [], []
     if not zero_stages or any(options.fixed.get(k) for k in ("offload_optimizer", "offload_activations", "fp8_linears")):
@@ -199,8 +200,7 @@ def search_shares(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, opti
     candidates.sort(key=lambda c: c[0])
     found: list[Found] = []
     for index, (bound_s, skeleton, zero) in enumerate(candidates):
-        cutoff = min(cutoff_s, kth_best(found))
-        if bound_s >= cutoff:
+        if bound_s >= cutoffs.s:
             stats.prune("bound", len(candidates) - index)
             break
         if time.perf_counter() > deadline:
@@ -225,4 +225,5 @@ def search_shares(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, opti
             continue
         stats.num_feasible += 1
         found.append(Found(plan=plan, estimate=est))
+        cutoffs.add(found[-1])
     return found, too_big

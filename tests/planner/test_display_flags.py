@@ -51,3 +51,17 @@ def test_no_two_rows_are_priced_the_same_and_the_twins_are_named(model, cluster,
     assert twinned
     for p in twinned:
         assert any(a["zero_stage"] != p["plan"]["zero_stage"] for a in p["alternatives"]), p["plan"]
+
+
+def test_the_top_rows_are_the_same_whatever_top_asks_for(capsys):
+    """--top k lists the k best rows the model prices: the first k rows of --top 2k. The cutoff
+    counted every plan found (a layout's ZeRO-0/1 twins, its recompute variants), so at --top 5 it
+    pruned two layouts faster than the table's last rows, one of them leaner too
+    (planner.cutoff)."""
+    args = ["search", "--model", "mixtral-8x7b", "--cluster", "2x8xH100", "--framework", "megatron", "--json"]
+    rows = {}
+    for top in (5, 10):
+        assert main([*args, "--top", str(top)]) == 0
+        rows[top] = [(_short(p["plan"]), round(p["estimate"]["step_time_s"], 6))
+                     for p in json.loads(capsys.readouterr().out)["plans"]]
+    assert len(rows[5]) == 5 and rows[10][:5] == rows[5]

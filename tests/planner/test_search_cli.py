@@ -146,7 +146,7 @@ def test_the_csv_marks_plans_that_overflow_once_simulated(tmp_path, capsys):
     import pandas as pd
     out = tmp_path / "plans.csv"
     assert main(["search", "--model", "llama-70b", "--cluster", "4x8xH100", "--fix", "pp=4", "--fix", "vpp=2",
-                 "--fix", "tp=4", "--zero", "1", "--csv", str(out)]) == 0
+                 "--fix", "tp=4", "--fix", "cp=2", "--zero", "1", "--csv", str(out)]) == 0
     rows = pd.read_csv(out)
     feasible = int(re.search(r"([\d,]+) feasible", capsys.readouterr().out).group(1).replace(",", ""))
     assert (~rows.fits).sum() >= 1 and feasible == rows.fits.sum()
