@@ -1,15 +1,15 @@
 """The branch and bound's cutoff: the step time no candidate reaching it can enter the answer,
 which is the DECISION_K fastest rows the first plan is chosen from and the `--top` rows of the
-table, as planner.ranking lists them: one row per layout (outer_key), one per price.
+table, counted as planner.ranking lists them: one row per layout (outer_key), one per price (a
+layout's ZeRO twins and recompute variants are one row, so they do not tighten it).
 
-Counting every plan found instead (a layout's ZeRO-0/1 twins, its recompute variants) set the
-cutoff at a near-duplicate of the first row and pruned faster layouts than the table's last
-rows. The table then leaves out rows another row beats in both time and memory (undominated);
-it shows only rows at or under the cutoff (`complete_below_s`), where every faster plan was
-examined, so it may list fewer than `--top` rows but never a wrong one; the cutoff counts
-TABLE_ROWS_PER_SHOWN rows per row asked for, so that it seldom does. (Counting only
-undominated rows would prove more rows, but a space whose fastest plans are also its leanest
-has few of them, and the search then examines everything: 405B on 16,384 GPUs took minutes.)"""
+The table also leaves out rows another row beats in both time and memory (undominated). A plan
+found later may beat several rows at once, so the number of such rows under a cutoff can fall;
+counting them would make the cutoff rise again after plans were pruned against it, and a space
+whose fastest plans are also its leanest has so few that nothing is pruned. So the cutoff counts
+rows before that filter and keeps its lowest value, and the table shows only rows at or under it
+(`complete_below_s`), where every faster plan was examined: it may list fewer than `--top` rows,
+never a wrong one."""
 from __future__ import annotations
 
 import heapq
@@ -19,10 +19,11 @@ from planner.candidates import SearchOptions
 from planner.ranking import DECISION_K, MEMORY_BAND, outer_key, price
 from planner.search_state import Found
 
-# Rows proven per row asked for: about half the rows near the fastest are beaten in time and
-# memory by a faster one and left out (llama-70b on 8x8xA100: 4 of --top 5 shown with one row
-# per row asked, 5 with two, for 15 % more search).
-TABLE_ROWS_PER_SHOWN = 2
+# Rows proven per row asked for. About half the rows near the fastest are beaten in time and
+# memory by a faster one and left out, but proving more is dear where each row is a large CP-SAT
+# split (deepseek-v3 on 256x8xH100 under megatron: 1.5 solves 125 splits in 15 s, 1 solves 76 in
+# 4.4 s, for one more row). A table shorter than --top says so (planner.commands.search).
+TABLE_ROWS_PER_SHOWN = 1
 
 
 class Cutoff:

@@ -89,7 +89,9 @@ def result(shared: SharedModels, options: SearchOptions, stats: SearchStats, fou
     shown = {id(f) for f in first}
     others = [f for f in fitting + variants if id(f) not in shown]
     closed_s = {f.plan: f.estimate.step_time_s for f in found}   # variants of the best are kept
-    others = [f for f in others if closed_s.get(f.plan, 0.0) <= complete_below_s]
+    within = [f for f in others if closed_s.get(f.plan, 0.0) <= complete_below_s]
+    cut = complete_below_s if len(within) < len(others) else None
+    others = within
     rest = rank(others, replace(options, top_k=len(others)))
     # the decision's and the table's rows, each price once, none beaten in both time and memory
     plans = undominated(one_row_per_price(_union(first, rest)))[:options.top_k]
@@ -97,7 +99,7 @@ def result(shared: SharedModels, options: SearchOptions, stats: SearchStats, fou
     equivalent = next((i for i, f in enumerate(plans) if f.plan not in decided), len(plans))
     return SearchResult(plans=plans, stats=stats, evaluated=evaluated + variants, closest=closest,
                         equivalent=equivalent, error_band=options.error_band, fastest=fastest,
-                        proven_fastest=proven)
+                        proven_fastest=proven, rows_proven_to_s=cut)
 
 
 def _simulated(shared: SharedModels, found: Found) -> Found:

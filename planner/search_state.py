@@ -83,6 +83,9 @@ class SearchResult:
     # the fastest closed-form plan, which the optimality proof is about (differs from `fastest`
     # when a schedule priced only by simulation, ZBV, beat it)
     proven_fastest: Found | None = None
+    # the closed-form step time up to which the rows are proven (planner.cutoff), when plans found
+    # slower than it were left out of the table; None when none was
+    rows_proven_to_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
