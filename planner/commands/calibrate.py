@@ -69,13 +69,9 @@ def _load_runs(paths: list[str], base):
     from planner.measure.calibrate import load_run
     if twice := [r for i, r in enumerate(paths) if Path(r).resolve() in {Path(q).resolve() for q in paths[:i]}]:
         raise UserError(f"{twice[0]} is given twice: one run counted as two repeats of its plan")
-    runs = [load_run(Path(r)) for r in paths]
-    for path, run in zip(paths, runs):   # timings of one kind of device say nothing of another's
-        ran_on = run.pf.cluster.device
-        if ran_on.kind != base.kind:
-            raise UserError(f"{path} ran on {ran_on.name} (a {ran_on.kind}); it cannot calibrate {base.name} "
-                            f"(a {base.kind}): calibrate a profile with runs measured on that device")
-    return [replace(r, pf=replace(r.pf, cluster=replace(r.pf.cluster, device=base))) for r in runs]
+    # read under the profile being calibrated: the profile a run's plan.json names is a path on
+    # the machine and in the directory it ran from, and its figures are the ones being replaced
+    return [load_run(Path(r), device=Path(base.path), kind=base.kind) for r in paths]
 
 
 def _write(out: Path, doc, base_name: str, overwrite: bool) -> None:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from scipy.optimize import minimize
 
+from costmodel.check import check_structure
 from costmodel.estimate import Estimate, estimate
 from costmodel.hardware import DTYPE_FIELDS, DeviceProfile
 from costmodel.inputs import UserError, read_json_object
@@ -48,9 +49,10 @@ class Run:
     measured: MeasuredRun | None = None
 
 
-def load_run(path: Path, device: Path | None = None) -> Run:
+def load_run(path: Path, device: Path | None = None, kind: str | None = None) -> Run:
     """A `planner run` directory. `device`: the profile to read its plan under instead of the one
-    its plan.json names (runs measured on another machine name a path of that machine)."""
+    its plan.json names (runs measured on another machine name a path of that machine); `kind`:
+    the kind of device (gpu, cpu) its timings must come from to be read under it."""
     path = Path(path)
     for name in ("plan.json", "measured.json"):
         if not (path / name).exists():
@@ -62,11 +64,19 @@ def load_run(path: Path, device: Path | None = None) -> Run:
     if measured.oversubscribed:
         raise UserError(f"{path}: its {measured.world_size} ranks shared this machine's cores (more rank threads "
                          "than cores), which no profile prices; calibrate on runs with at most one thread per core")
+    ran_on = "cpu" if measured.device == "cpu" else "gpu"   # measured.json: "cpu" or the GPU's name
+    if kind is not None and ran_on != kind:   # timings of one kind of device say nothing of another's
+        raise UserError(f"{path} ran on {measured.cluster} (a {ran_on}); it cannot calibrate {device} (a {kind}): "
+                        "calibrate a profile with runs measured on that kind of device")
     data = read_json_object(path / "plan.json", "plan file")
     if device is not None and isinstance(data.get("cluster"), dict):
         data["cluster"]["device"] = str(device)
-    return Run(path=path, pf=PlanFile.from_dict(data, str(path / "plan.json")), measured_step_s=measured.step_time_s,
-               measured=measured)
+    pf = PlanFile.from_dict(data, str(path / "plan.json"))
+    if problems := check_structure(pf.model, pf.train, pf.cluster, pf.plan):
+        raise UserError(f"{path / 'plan.json'} is not a valid plan: " + "; ".join(problems))
+    if measured.plan != pf.plan.to_dict():   # a plan.json edited, or copied from another run
+        raise UserError(f"{path}: measured.json was measured for another plan than its plan.json")
+    return Run(path=path, pf=pf, measured_step_s=measured.step_time_s, measured=measured)
 
 
 def merge_repeats(runs: list[Run]) -> list[Run]:

@@ -290,3 +290,27 @@ def test_calibrate_refuses_a_run_whose_ranks_shared_cores(measured, tmp_path, ca
     (runs[1] / "measured.json").write_text(json.dumps({**record, "oversubscribed": True}))
     assert main(["calibrate", *map(str, runs), "--profile", base.path, "--out", str(tmp_path / "cal.toml")]) == 2
     assert f"{runs[1]}: its 2 ranks shared this machine's cores" in capsys.readouterr().err
+
+
+def test_calibrate_reads_runs_under_the_profile_it_fits_and_checks_their_plans(measured, tmp_path, capsys):
+    """The profile a run's plan.json names is a path of the machine and directory it ran from:
+    runs copied elsewhere are read under --profile. A plan.json edited, or not the plan its
+    measured.json timed, is refused naming the file, as predict and report refuse it."""
+    import json
+    base = parse_cluster(f"1x2x{measured}").device
+    runs = _fake_runs(tmp_path, base)
+    for run in runs:   # as if measured on another machine
+        doc = json.loads((run / "plan.json").read_text())
+        (run / "plan.json").write_text(json.dumps({**doc, "cluster": {**doc["cluster"], "device": "/gone/box.toml"}}))
+    out = tmp_path / "cal.toml"
+    assert main(["calibrate", *map(str, runs), "--profile", base.path, "--out", str(out)]) == 0
+    capsys.readouterr()
+    doc = json.loads((runs[0] / "plan.json").read_text())
+    (runs[0] / "plan.json").write_text(json.dumps({**doc, "plan": {**doc["plan"], "tp": 3}}))
+    assert main(["calibrate", *map(str, runs), "--profile", base.path, "--out", str(tmp_path / "x.toml")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and f"{runs[0] / 'plan.json'} is not a valid plan" in err, err
+    (runs[0] / "plan.json").write_text(json.dumps({**doc, "plan": {**doc["plan"], "micro_batch_size": 1,
+                                                                     "num_micro_batches": 8}}))
+    assert main(["calibrate", *map(str, runs), "--profile", base.path, "--out", str(tmp_path / "y.toml")]) == 2
+    assert "measured.json was measured for another plan than its plan.json" in capsys.readouterr().err
