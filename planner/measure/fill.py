@@ -30,6 +30,9 @@ def _options(row: dict[str, str], model: ModelSpec, tp: int, pp: int, dp: int,
     """Candidate values for every fillable field: the stated one, or all sensible ones."""
     stated_sp = (row.get("sp") or "").strip()
     rc = choice_cell(row, "recompute", tuple(r.value for r in Recompute), "")
+    if global_batch % dp:
+        raise UserError(f"row {row['id']!r}: global_batch {global_batch} does not split over dp = {dp} "
+                        "data-parallel replicas")
     per_replica = global_batch // dp
     opts = {
         "micro_batch": [int_cell(row, "micro_batch")] if row.get("micro_batch", "").strip()

@@ -108,6 +108,8 @@ def number_cell(row: dict[str, str], key: str, kind: type, default, low, high):
     except ValueError:
         raise UserError(f"row {row.get('id')!r}: {key} = {value!r} is not "
                          f"{'an integer' if kind is int else 'a number'}") from None
+    if not math.isfinite(number):   # float('nan') and float('inf') parse, and NaN passes every comparison
+        raise UserError(f"row {row.get('id')!r}: {key} = {value} is not a finite number")
     if number < low or (high is not None and number > high):
         shown = lambda x: f"{x:g}" if isinstance(x, float) else str(x)  # noqa: E731
         raise UserError(f"row {row.get('id')!r}: {key} = {shown(number)} is out of range "
@@ -153,7 +155,8 @@ def row_specs(row: dict[str, str]) -> tuple[ModelSpec, TrainSpec, ClusterSpec]:
     num_gpus, per_node = int_cell(row, "num_gpus"), int_cell(row, "gpus_per_node")
     if num_gpus % per_node:
         raise UserError(f"row {row['id']!r}: {num_gpus} GPUs is not a whole number of {per_node}-GPU nodes")
-    if row["gpu"].strip().lower() == "local":   # a published run ran on a named device, not on this machine
+    row = {**row, "gpu": row["gpu"].strip()}   # stripped as every other cell is
+    if row["gpu"].lower() == "local":   # a published run ran on a named device, not on this machine
         raise UserError(f"row {row['id']!r}: gpu 'local' is this machine; a published run names its device")
     cluster = parse_cluster(f"{num_gpus // per_node}x{per_node}x{row['gpu']}")
     # priced with the traits of the framework that ran it (unknown names: generic traits) and
@@ -233,8 +236,6 @@ def _with_fabric(cluster: ClusterSpec, row: dict[str, str]) -> ClusterSpec:
     gbps = number_cell(row, "node_network_gbps", float, None, 1.0, MAX_NODE_NETWORK_GBPS)
     if gbps is None:
         return cluster
-    if not math.isfinite(gbps):
-        raise UserError(f"row {row.get('id')!r}: node_network_gbps = {gbps!r} is not a finite number")
     dev = cluster.device
     per_device = gbps * 1e9 / 8 / cluster.devices_per_node
     inter = replace(dev.inter_node, name=f"{gbps:g} Gbit/s a node", bandwidth_bytes_per_s=per_device)
@@ -292,7 +293,7 @@ def _imbalance(row: dict[str, str]) -> float:
 def attention_kernel(row: dict[str, str]) -> AttentionKernel:
     """A row may say `attention` (flash/eager). Otherwise runs published before FlashAttention
     existed (arXiv ids before 2205, May 2022) used materialised-softmax attention."""
-    stated = (row.get("attention") or "").strip()
+    stated = choice_cell(row, "attention", tuple(k.value for k in AttentionKernel), "")
     if stated:
         return AttentionKernel(stated)
     arxiv = _ARXIV_ID.search(row.get("source", ""))

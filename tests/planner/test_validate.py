@@ -108,7 +108,11 @@ GOOD = "ok,x,gpt,24,2048,,16,16,51200,2048,A100-SXM4-80GB,8,8,1,1,8,,,1,1,,,64,b
     (HEADER + "\n" + GOOD.replace(",8,,,1,1,", ",8,,maybe,1,1,"), "sp = 'maybe' is not yes or no"),
     (HEADER + "\n" + GOOD.replace(",16,16,51200,", ",7,7,51200,"), "row 'ok': hidden 2048 is not a multiple of heads 7"),
     (HEADER + "\n" + GOOD.replace(",1,1,,,64,", ",1,1,,4,6,"),
-     "no valid plan for the stated fields: global batch 6 does not split into dp=8"),
+     "row 'ok': global_batch 6 does not split over dp = 8 data-parallel replicas"),
+    (HEADER + "\n" + GOOD.replace(",1,1,,,64,", ",1,1,,,7,"),   # micro-batch unstated: none to fill it with
+     "row 'ok': global_batch 7 does not split over dp = 8 data-parallel replicas"),
+    (HEADER + ",attention\n" + GOOD.replace("\n", ",sdpa\n"), "row 'ok': attention = 'sdpa' is not one of"),
+    (HEADER + ",expert_imbalance\n" + GOOD.replace("\n", ",nan\n"), "expert_imbalance = nan is not a finite"),
 ])
 def test_bad_tables_are_one_line_and_exit_2(tmp_path, capsys, text, message):
     from planner.cli import main
@@ -218,3 +222,10 @@ def test_async_tp_hides_most_of_the_tp_collectives():
     assert exposed(overlapped) == pytest.approx(exposed(vanilla) * (1 / 8 + 9 / 16 + 1 / 8) / 3, rel=0.05)
     saved_s = vanilla.estimate.step_time_s - overlapped.estimate.step_time_s
     assert saved_s == pytest.approx(exposed(vanilla) - exposed(overlapped), rel=0.1)
+
+
+def test_a_device_cell_is_stripped_as_every_other_cell(tmp_path):
+    path = tmp_path / "runs.csv"
+    path.write_text(HEADER + "\n" + GOOD.replace(",A100-SXM4-80GB,", ", A100-SXM4-80GB ,"))
+    (result,), _ = validate(path)
+    assert result.fits
