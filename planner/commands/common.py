@@ -86,9 +86,10 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--pp", type=DEGREE, default=1, help="pipeline-parallel degree")
     g.add_argument("--cp", type=DEGREE, default=1, help="context-parallel degree")
     g.add_argument("--ep", type=DEGREE, default=1,
-                   help="expert-parallel degree (mixtures of experts): each layer's experts sharded over "
-                        "ep consecutive data-parallel ranks (divides dp), or under --framework megatron the ep "
-                        "innermost of the tp x cp x dp ranks (MoE parallel folding); divides the number of experts")
+                   help="expert-parallel degree (mixtures of experts; divides the number of experts): each "
+                        "layer's experts sharded over the ep innermost of the tp x cp x dp ranks (MoE parallel "
+                        "folding: the included runtime and --framework megatron), or under --framework torchtitan "
+                        "and deepspeed over ep consecutive data-parallel ranks (divides dp)")
     g.add_argument("--etp", type=DEGREE, default=1,
                    help="expert tensor-parallel degree (mixtures of experts, --framework megatron): each routed "
                         "expert's projections split over the etp innermost ranks, the ep group the next ones; "

@@ -29,9 +29,9 @@ def cmd_models(args: argparse.Namespace) -> int:
                 [(r["name"], _count(r["params"]), _count(r["active_params"]), r["experts"],
                   r["layers"], r["hidden"], f"{r['heads']}/{r['kv_heads']}", r["ffn"], r["vocab"], r["source"])
                  for r in rows]))
-    print("\nmixtures of experts (experts: per token / in all): expert parallelism --ep N carved from dp; under "
-          "tensor parallelism (with SP) each TP rank keeps the whole mixture (expert TP 1); --framework megatron "
-          "folds EP over the tp x cp x dp ranks (up to all of a pipeline stage's)")
+    print("\nmixtures of experts (experts: per token / in all): expert parallelism --ep N folded over the "
+          "tp x cp x dp ranks (up to all of a pipeline stage's) by the included runtime and --framework megatron, "
+          "carved from dp by torchtitan and deepspeed; --etp splits each expert (megatron)")
     print("\naliases: " + ", ".join(f"{a} -> {t}" for a, t in sorted(ALIASES.items()))
           + "; or --model path/to/config.json")
     return 0

@@ -53,7 +53,8 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top", type=int_in(1, MAX_TOP), default=5, help="how many plans to rank (default 5)")
     p.add_argument("--out", help="write the best plan with its specs to this plan.json")
     p.add_argument("--json", action="store_true", help='print {"plans", "search"} as JSON on stdout')
-    p.add_argument("--csv", help="write every plan the solver evaluated to this CSV")
+    p.add_argument("--csv", help="write every plan the search found to fit to this CSV, with its price (the "
+                                 "re-priced ones as simulated, `fits` false where they no longer fit)")
     p.add_argument("--report", metavar="DIR", help="write bubble, memory and ranking reports of the result to DIR: "
                                                    "index.html (one self-contained interactive page), index.md "
                                                    "and PNG/SVG figures")
@@ -106,7 +107,9 @@ def add_constraint_args(p: argparse.ArgumentParser, default_time_limit_s: float,
                         "only when nothing fits; act_offload=yes|no likewise for the layers' saved "
                         "activations); fp8=yes|no with --dtype fp8")
     c.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="only this ZeRO stage (= --fix zero=Z)")
-    c.add_argument("--schedule", choices=[s.value for s in Schedule], help="only this pipeline schedule")
+    c.add_argument("--schedule", choices=[s.value for s in Schedule if s.traits.closed_form],
+                   help="only this pipeline schedule (ZBV and DualPipeV have no closed form to search by: they "
+                        "compete as simulated variants of the best plans; price one with planner predict)")
     c.add_argument("--no-recompute", action="store_true", help="never recompute activations")
     c.add_argument("--time-limit", type=positive_float, default=default_time_limit_s, metavar="S",
                    help="stop after S seconds with the best plan found, reported as not proven optimal; an "

@@ -75,7 +75,8 @@ def test_a_model_too_large_for_the_devices_trains_with_its_states_on_the_host(ca
     (["--fix", "mbs=1", "--fix", "tp=8", "--fix", "zero=1", "--fix", "pp=2"],
      "contradictory constraints: tp=8, pp=2 are not possible together"),
     # a schedule priced only by simulation competes as a variant; pinned, the user is told how to use it
-    (["--schedule", "dualpipev"], "schedule=dualpipev has no closed-form pipeline time, so the search cannot pin it"),
+    (["--fix", "schedule=dualpipev"], "schedule=dualpipev has no closed-form pipeline time, so the search cannot pin it"),
+    (["--schedule", "zbv"], "argument --schedule: invalid choice: 'zbv' (choose from 'gpipe', '1f1b'"),   # not offered
 ])
 def test_contradictions_are_named(capsys, extra, message):
     assert main(SEARCH + extra) == 2
