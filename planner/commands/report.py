@@ -6,7 +6,7 @@ from pathlib import Path
 
 from costmodel.check import check_structure
 from costmodel.estimate import estimate
-from costmodel.inputs import UserError
+from costmodel.inputs import UserError, read_json_object
 from costmodel.measured import MeasuredRun
 from costmodel.plan import PlanFile
 from planner import outputs
@@ -25,9 +25,28 @@ def cmd_report(args: argparse.Namespace) -> int:
         if measured.plan != pf.plan.to_dict():
             raise UserError(f"{args.measured} was measured for another plan than {args.plan}: "
                             + _differences(measured.plan, pf.plan.to_dict()))
+        _same_model_and_training(Path(args.measured), args.plan, pf)
     est = estimate(pf.model, pf.train, pf.cluster, pf.plan)
     write_report_dir(args.out, args.overwrite, pf.model, pf.train, pf.cluster, pf.plan, est, measured=measured)
     return 0
+
+
+def _same_model_and_training(measured: Path, plan_path: str, pf: PlanFile) -> None:
+    """A run's measured.json records its plan and its model's name; the plan.json `planner run`
+    wrote beside it holds the model and training it ran: another width or sequence under the
+    same name is refused too. (Its device is the report's: the run's may name another machine's path.)"""
+    beside = measured.parent / "plan.json"
+    if not beside.is_file():
+        return
+    data = read_json_object(beside, "plan file")
+    if isinstance(data.get("cluster"), dict):
+        data["cluster"] = pf.cluster.to_dict()
+    ran = PlanFile.from_dict(data, str(beside))
+    for what, theirs, ours in (("model", ran.model.to_dict(), pf.model.to_dict()),
+                               ("training", ran.train.to_dict(), pf.train.to_dict())):
+        if theirs != ours:
+            raise UserError(f"{measured} was measured for another {what} than {plan_path} ({beside}): "
+                            + _differences(theirs, ours))
 
 
 def _differences(measured: dict, planned: dict, shown: int = 4) -> str:

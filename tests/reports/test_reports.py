@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 from costmodel.estimate import estimate
@@ -108,6 +109,14 @@ def test_report_command_puts_measured_beside_predicted(tmp_path, capsys):
     assert main(["report", str(plan_path), "--measured", str(tmp_path / "edited.json"), "--out", str(out),
                  "--overwrite"]) == 2
     assert "step_time_s 1e+06 is not the median of step_times_s (150)" in capsys.readouterr().err
+    # the same plan for another sequence length: the run's plan.json beside its measured.json says so
+    longer = tmp_path / "longer" / "plan.json"
+    longer.parent.mkdir()
+    replace(pf, train=replace(pf.train, seq_len=2 * pf.train.seq_len)).save(longer)
+    assert main(["report", str(longer), "--measured", str(tmp_path / "measured.json"), "--out", str(out),
+                 "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert "was measured for another training than" in err and f"seq_len {pf.train.seq_len} there" in err, err
 
 
 def test_pareto_front():
