@@ -3,7 +3,7 @@
 Each half (every other TP, CP, EP and expert-TP degree and micro-batch size, in listing order,
 with every pipeline depth of it: planner.candidates.placement_groups' `share`, so that each
 process prices the kernels of its own shapes) is its own exact branch and bound with its own
-cutoff, the K-th best of its own plans: a cutoff no tighter than the whole search's would be, so
+cutoff, from its own plans (planner.cutoff): a cutoff no tighter than the whole search's would be, so
 each half examines every plan of its share that one search over the whole space would, and the
 best plans of the two together are the best of the space. The halves are the same on every
 machine: where there is no fork (or no second core), or where PLANNER_SEARCH_PROCESSES=1 asks for

@@ -92,7 +92,7 @@ def solve_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
                 cutoff_s: float = math.inf, fit: MemoryFit | None = None,
                 rules: SplitRules = FREE) -> Split | None:
     """The best (layers, recomputed) per rank for `plan`'s outer choices, or None if no split
-    fits with a step time of at most `cutoff_s` (the branch and bound's K-th best so far: the
+    fits with a step time of at most `cutoff_s` (the branch and bound's cutoff so far: the
     solver then only has to show nothing beats it). The objective leaves out the plan's
     constant terms (>= 0), so None never hides a plan that would beat the cutoff."""
     ranks = ranks or rank_shapes(model, train, cluster, plan)

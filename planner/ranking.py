@@ -1,6 +1,6 @@
 """Ranking found plans: by step time, ties by memory and simplicity; within the model's error
-band the most robust first; the cutoff the branch and bound prunes against; the plan closest
-to fitting when none does."""
+band the most robust first; the plan closest to fitting when none does (the cutoff the branch
+and bound prunes against: planner.cutoff)."""
 from __future__ import annotations
 
 import math

@@ -8,8 +8,8 @@ some split of it fits). Candidates are taken in order of that bound; each is che
 once per placement-free choice, bounded again with the slowest
 rank's least time over every split that fits (planner.bounds.pipeline_floor_s) and the full
 per-rank shapes, and only then solved exactly by CP-SAT (layer split and per-rank recompute under
-the memory cap, told the K-th best so far as a cutoff). The search stops once the bound of the
-next candidate is no better than the K-th best plan found, so the result is the optimum over the
+the memory cap, told the cutoff so far: planner.cutoff). The search stops once the bound of the
+next candidate is no better than the cutoff (the K-th best row found), so the result is the optimum over the
 whole space whenever every CP-SAT solve proved optimality.
 
 All of this reasons with the closed-form pipeline (`estimate(..., simulate=False)`), which the
@@ -256,9 +256,9 @@ def _say(options: SearchOptions, text: str) -> None:
 
 
 def _branch_and_bound(shared: SharedModels, options, stats, queue: Queue, deadline: float,
-                      cutoffs: Cutoff) -> list[Found]:
+                      pruning: Cutoff) -> list[Found]:
     found: list[Found] = []
-    cutoff = cutoffs.s
+    cutoff = pruning.s
     examined = 0
     for candidate in queue.in_order():
         if candidate.bound_s >= cutoff:
@@ -282,8 +282,8 @@ def _branch_and_bound(shared: SharedModels, options, stats, queue: Queue, deadli
             queue.too_big.append((c.base, c.vpp, c.schedule, c.zero))
         elif isinstance(outcome, Found):
             found.append(outcome)
-            cutoffs.add(outcome)
-            cutoff = cutoffs.s
+            pruning.add(outcome)
+            cutoff = pruning.s
     if queue.taken < queue.num_candidates and "time limit" not in stats.pruned_by_reason:
         stats.prune("bound", queue.num_candidates - queue.taken)
     return found
@@ -295,13 +295,16 @@ def _after_branch_and_bound(shared: SharedModels, options: SearchOptions, stats:
     """A mixed cluster's replicas on groups, then the ranking of every plan found: complete below
     the lowest of the searches' cutoffs, where every faster plan was examined."""
     joint = Cutoff(options)
-    for f in found:
-        joint.add(f)
+    if shared.cluster.is_mixed:
+        for f in found:
+            joint.add(f)
+        cutoffs = [*cutoffs, joint]
     shares, too_big_shares = _replicas_on_groups(shared, options, stats, deadline, joint)
     found += shares
     if stats.optimal:
         stats.lower_bound_s = min((f.estimate.step_time_s for f in found), default=math.inf)
-    complete_below_s = min([c.s for c in cutoffs] + ([joint.s] if shared.cluster.is_mixed else []))
+    # a search stopped by its time limit proved nothing past where it stopped: its rows are the best found
+    complete_below_s = min(c.s for c in cutoffs) if stats.optimal else math.inf
     return result(shared, options, stats, found, too_big, too_big_shares, deadline, complete_below_s)
 
 
@@ -342,7 +345,7 @@ def _examine(shared: SharedModels, stats: SearchStats, base: Choice, zero: int, 
     if split is None:
         if math.isinf(cutoff):
             return None
-        stats.prune("bound")  # no split that fits beats the K-th best
+        stats.prune("bound")  # no split that fits beats the cutoff
         return False
     stats.optimal &= split.optimal
     concrete = apply_split(plan, split)

@@ -175,7 +175,7 @@ TOO_BIG_KEPT = 200
 
 
 def search_shares(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: SearchOptions,
-                  zero_stages: list[int], stats: SearchStats, cutoffs: Cutoff,
+                  zero_stages: list[int], stats: SearchStats, pruning: Cutoff,
                   deadline: float) -> tuple[list[Found], list[Plan]]:
     """The best plans of this part of the space under the cutoff (tightened as plans are found),
     and some that fit nowhere (for the closest when nothing fits at all); the candidates are
@@ -200,7 +200,7 @@ def search_shares(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, opti
     candidates.sort(key=lambda c: c[0])
     found: list[Found] = []
     for index, (bound_s, skeleton, zero) in enumerate(candidates):
-        if bound_s >= cutoffs.s:
+        if bound_s >= pruning.s:
             stats.prune("bound", len(candidates) - index)
             break
         if time.perf_counter() > deadline:
@@ -225,5 +225,5 @@ def search_shares(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, opti
             continue
         stats.num_feasible += 1
         found.append(Found(plan=plan, estimate=est))
-        cutoffs.add(found[-1])
+        pruning.add(found[-1])
     return found, too_big

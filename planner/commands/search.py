@@ -257,6 +257,7 @@ def cmd_search(args: argparse.Namespace) -> int:
                     "comparisons": [c.to_dict() for c in compared],
                     "search": {**stats.to_dict(), "framework": framework_of(args), "equivalent_plans": result.equivalent,
                                "error_band": result.error_band, "offloaded_because": result.offloaded_because,
+                               "rows_proven_to_s": result.rows_proven_to_s,
                                "fastest": None if result.fastest is None else
                                {"plan": result.fastest.plan.to_dict(), "estimate": result.fastest.estimate.to_dict()}},
                     # the first plan's checkpoint interval and throughput with failures (costmodel.resilience)

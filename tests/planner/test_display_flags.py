@@ -55,16 +55,25 @@ def test_no_two_rows_are_priced_the_same_and_the_twins_are_named(model, cluster,
 
 
 def test_the_top_rows_are_the_same_whatever_top_asks_for(capsys):
-    """--top k lists rows the search proved: the first rows of --top 2k. The cutoff counted every
-    plan found (a layout's ZeRO-0/1 twins, its recompute variants), so at --top 5 it pruned two
-    layouts faster than the table's last rows, one of them leaner too (planner.cutoff); a table
-    shorter than asked says why."""
+    """--top k lists rows the search proved (planner.cutoff), here the first rows of --top 2k, and
+    a table shorter than asked says why. (Each layout's best plan counts once: no faster layout is
+    pruned for a variant of a listed one.)"""
     args = ["search", "--model", "mixtral-8x7b", "--cluster", "2x8xH100", "--framework", "megatron"]
-    rows = {}
+    rows, proven_to_s = {}, {}
     for top in (5, 10):
         assert main([*args, "--top", str(top), "--json"]) == 0
-        rows[top] = [(_short(p["plan"]), round(p["estimate"]["step_time_s"], 6))
-                     for p in json.loads(capsys.readouterr().out)["plans"]]
+        doc = json.loads(capsys.readouterr().out)
+        rows[top] = [(_short(p["plan"]), round(p["estimate"]["step_time_s"], 6)) for p in doc["plans"]]
+        proven_to_s[top] = doc["search"]["rows_proven_to_s"]
     assert rows[10][:len(rows[5])] == rows[5] and 3 <= len(rows[5]) < 5
+    assert proven_to_s[5] < proven_to_s[10]
     assert main([*args, "--top", "5"]) == 0
     assert f"{len(rows[5])} rows of --top 5: the search proves the order of plans up to" in capsys.readouterr().out
+
+
+def test_the_row_at_the_proven_bound_is_listed(capsys):
+    """The cutoff is the k-th row's own time, not rounded, so that row is listed."""
+    assert main(["search", "--model", "llama-70b", "--cluster", "8x8xA100", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    bound = doc["search"]["rows_proven_to_s"]
+    assert bound is not None and bound == doc["plans"][-1]["estimate"]["closed_form_step_time_s"]
