@@ -20,82 +20,21 @@ record measures it, and it keeps the profile's sourced value; CPU runs measure t
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import statistics
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from scipy.optimize import minimize
 
-from costmodel.check import check_structure
-from costmodel.estimate import Estimate, estimate
+from costmodel.estimate import estimate
 from costmodel.hardware import DTYPE_FIELDS, DeviceProfile
-from costmodel.inputs import UserError, read_json_object
-from costmodel.measured import MeasuredRun
-from costmodel.plan import PlanFile, Recompute
+from costmodel.inputs import UserError
+from costmodel.plan import Recompute
+from planner.measure.run_dirs import Run, load_run, merge_repeats, predict_with  # noqa: F401 (imported from here too)
 
 PARAMS = ("compute", "memory", "kernel_overhead_s", "intra_node_comm", "comm_latency", "overlap")
-
-
-@dataclass(frozen=True)
-class Run:
-    """A plan and its measured step time (`measured`: the whole record, for `planner run`'s runs;
-    None for the profiler's probes, which time steps only)."""
-    path: Path
-    pf: PlanFile
-    measured_step_s: float
-    measured: MeasuredRun | None = None
-
-
-def load_run(path: Path, device: Path | None = None, kind: str | None = None) -> Run:
-    """A `planner run` directory. `device`: the profile to read its plan under instead of the one
-    its plan.json names (runs measured on another machine name a path of that machine); `kind`:
-    the kind of device (gpu, cpu) its timings must come from to be read under it."""
-    path = Path(path)
-    for name in ("plan.json", "measured.json"):
-        if not (path / name).exists():
-            raise UserError(f"{path} is not a run directory of `planner run` (no {name})")
-    measured = MeasuredRun.load(path / "measured.json")
-    if not measured.complete:
-        raise UserError(f"{path}: the run was interrupted after {measured.steps} step(s) (measured.json is "
-                         "marked incomplete); calibrate on complete runs (run it again)")
-    if measured.oversubscribed:
-        raise UserError(f"{path}: its {measured.world_size} ranks shared this machine's cores (more rank threads "
-                         "than cores), which no profile prices; calibrate on runs with at most one thread per core")
-    ran_on = "cpu" if measured.device == "cpu" else "gpu"   # measured.json: "cpu" or the GPU's name
-    if kind is not None and ran_on != kind:   # timings of one kind of device say nothing of another's
-        raise UserError(f"{path} ran on {measured.cluster} (a {ran_on}); it cannot calibrate {device} (a {kind}): "
-                        "calibrate a profile with runs measured on that kind of device")
-    data = read_json_object(path / "plan.json", "plan file")
-    if device is not None and isinstance(data.get("cluster"), dict):
-        data["cluster"]["device"] = str(device)
-    pf = PlanFile.from_dict(data, str(path / "plan.json"))
-    if problems := check_structure(pf.model, pf.train, pf.cluster, pf.plan):
-        raise UserError(f"{path / 'plan.json'} is not a valid plan: " + "; ".join(problems))
-    if measured.plan != pf.plan.to_dict():   # a plan.json edited, or copied from another run
-        raise UserError(f"{path}: measured.json was measured for another plan than its plan.json")
-    return Run(path=path, pf=pf, measured_step_s=measured.step_time_s, measured=measured)
-
-
-def merge_repeats(runs: list[Run]) -> list[Run]:
-    """One run per plan: runs of the same plan file (model, training, plan and cluster alike)
-    become one whose step time is their geometric mean (the fit's errors are logarithms). The fit
-    weighs plans, not repetitions: unmerged, a plan run N times would count N times against the
-    others, and N runs of every plan would weaken the prior N-fold (PRIOR_WEIGHT was chosen on one
-    run per plan)."""
-    groups: dict[str, list[Run]] = {}
-    for r in runs:
-        groups.setdefault(json.dumps(r.pf.to_dict(), sort_keys=True), []).append(r)
-    return [g[0] if len(g) == 1 else
-            replace(g[0], measured_step_s=math.exp(statistics.fmean(math.log(r.measured_step_s) for r in g)))
-            for g in groups.values()]
-
-
-def predict_with(run: Run, device: DeviceProfile) -> Estimate:
-    pf = run.pf
-    return estimate(pf.model, pf.train, replace(pf.cluster, device=device), pf.plan)
 
 
 IDENTITY = {"compute": 1.0, "memory": 1.0, "intra_node_comm": 1.0, "comm_latency": 1.0, "dp_comm": 1.0,
@@ -149,6 +88,19 @@ BOUNDS = {"compute": (0.05, 2.0), "memory": (0.05, 2.0), "kernel_overhead_s": (1
 GRID = 17   # points per parameter of a one- or two-parameter fit's starting grid
 
 
+def _peak_caps(base: DeviceProfile, dtype: str | None, limits: dict) -> dict[str, tuple[float, float]]:
+    """A datasheet GPU's GEMM, attention and memory efficiencies stay at most 1 of its peak, as
+    the profile reader checks (costmodel.hardware.profile_check); a measured profile's peak is
+    its own best GEMM, which it may pass."""
+    if base.kind != "gpu" or base.machine_key:
+        return {}
+    effs = [dict(base.dtype_efficiency).get(dtype, base.efficiency)] if dtype else \
+        [base.efficiency, *(e for _, e in base.dtype_efficiency)]
+    compute, memory = max(max(e.gemm, e.attention) for e in effs), max(e.memory for e in effs)
+    return {"compute": (limits["compute"][0], min(limits["compute"][1], 1.0 / compute)),
+            "memory": (limits["memory"][0], min(limits["memory"][1], 1.0 / memory))}
+
+
 def fit(runs: list[Run], base: DeviceProfile, names: tuple[str, ...] = PARAMS,
         max_iter: int = 3000, dtype: str | None = None, prior_weight: float = 0.0,
         bounds: dict[str, tuple[float, float]] | None = None) -> tuple[DeviceProfile, dict[str, float]]:
@@ -173,6 +125,7 @@ def fit(runs: list[Run], base: DeviceProfile, names: tuple[str, ...] = PARAMS,
     lo, hi = limits["intra_node_comm"]
     limits["intra_node_comm"] = (lo, min(hi, 1.0 / base.intra_node.efficiency))
     start["intra_node_comm"] = min(1.0, limits["intra_node_comm"][1])
+    limits.update(_peak_caps(base, dtype, limits))
     bounds = [(to_z(k, limits[k][0]), to_z(k, limits[k][1])) for k in names]
     x0 = [to_z(k, start[k]) for k in names]
 

@@ -314,3 +314,15 @@ def test_calibrate_reads_runs_under_the_profile_it_fits_and_checks_their_plans(m
                                                                      "num_micro_batches": 8}}))
     assert main(["calibrate", *map(str, runs), "--profile", base.path, "--out", str(tmp_path / "y.toml")]) == 2
     assert "measured.json was measured for another plan than its plan.json" in capsys.readouterr().err
+
+
+def test_a_datasheet_gpu_fit_stays_within_its_peak():
+    """calibrate's compute and memory factors stop where a datasheet GPU profile's efficiencies
+    reach its peak, which the profile reader refuses beyond: the fit is bounded, not the runs blamed."""
+    from costmodel.hardware.profile_check import profile_problems
+    from planner.measure.calibrate import BOUNDS, _peak_caps, with_params
+    base = parse_cluster("1x8xH100").device
+    caps = _peak_caps(base, None, BOUNDS)
+    assert caps["compute"][1] < BOUNDS["compute"][1] and caps["memory"][1] < BOUNDS["memory"][1]
+    assert not profile_problems(with_params(base, {"compute": caps["compute"][1], "memory": caps["memory"][1]}))
+    assert profile_problems(with_params(base, {"compute": 1.01 * caps["compute"][1]}))
