@@ -1,5 +1,5 @@
-"""One profile value by its table and key, checked for its kind: every error names the file, the
-table and the key (a string where a number belongs reached the cost model's comparisons)."""
+"""One profile value by its table and key, checked for its kind before any check of its range:
+every error names the file, the table and the key."""
 from __future__ import annotations
 
 import math

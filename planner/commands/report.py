@@ -8,7 +8,7 @@ from costmodel.check import check_structure
 from costmodel.estimate import estimate
 from costmodel.inputs import UserError, read_json_object
 from costmodel.measured import MeasuredRun
-from costmodel.plan import PlanFile
+from costmodel.plan import PLAN_FORMAT_VERSION, PlanFile
 from planner import outputs
 from planner.commands.common import write_report_dir
 
@@ -39,6 +39,8 @@ def _same_model_and_training(measured: Path, plan_path: str, pf: PlanFile) -> No
     if not beside.is_file():
         return
     data = read_json_object(beside, "plan file")
+    if data.get("version") != PLAN_FORMAT_VERSION:   # a run of an older planner: its plan file is not read
+        return
     if isinstance(data.get("cluster"), dict):
         data["cluster"] = pf.cluster.to_dict()
     ran = PlanFile.from_dict(data, str(beside))

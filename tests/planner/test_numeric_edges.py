@@ -221,8 +221,8 @@ def test_a_measured_run_beyond_any_measurement_is_refused(tmp_path, capsys, fiel
     ("reserved_memory_bytes = 2_147_483_648", "reserved_memory_bytes = 200_000_000_000",
      "efficiency.reserved_memory_bytes = 200000000000 is out of range")])
 def test_a_profile_value_of_the_wrong_kind_is_named_by_its_table_and_key(tmp_path, capsys, old, new, named):
-    """A string where a number belongs reached the cost model's comparisons (an internal error); a
-    list where a table belongs said only "'list' object has no attribute 'items'"."""
+    """A string where a number belongs, a list where a table belongs, an unknown dtype or a value
+    no device has is one line naming the file, the table and the key."""
     text = (profile_dir() / "H100-SXM5-80GB.toml").read_text()
     assert old in text
     (tmp_path / "odd.toml").write_text(text.replace(old, new, 1))
