@@ -131,7 +131,7 @@ def refit(profile: Path):
 def load_passes(out: Path) -> dict[str, list]:
     """Every plan's runs, one per pass; refused unless every plan has as many passes and each
     pass ran the first pass's plan (a matrix that stopped part-way must be run again)."""
-    from planner.measure.calibrate import load_run
+    from planner.measure.run_dirs import load_run
     passes = {name: [load_run(d) for d in passes_of(out, name)] for name, *_ in MATRIX}
     counts = {len(runs) for runs in passes.values()}
     if len(counts) > 1:
@@ -145,7 +145,7 @@ def load_passes(out: Path) -> dict[str, list]:
 
 def plan_runs(out: Path) -> dict[str, object]:
     """One run per plan, its passes merged (planner.measure.calibrate.merge_repeats: the geometric mean)."""
-    from planner.measure.calibrate import merge_repeats
+    from planner.measure.run_dirs import merge_repeats
     return {name: merge_repeats(runs)[0] for name, runs in load_passes(out).items()}
 
 

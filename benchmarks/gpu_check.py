@@ -175,7 +175,7 @@ def replay(results: Path, profile: Path) -> list[dict]:
     current cost model with `profile`'s stored probes fitted again (planner.measure.probes.refit_stored):
     no GPU needed, so a change of the model is checked against what a GPU measured."""
     from planner.measure import probes
-    from planner.measure.calibrate import load_run, predict_with
+    from planner.measure.run_dirs import load_run, predict_with
     from runtime.measure import predicted_tensor_peaks_bytes
     device, _, _, after, used, stored = probes.refit_stored(profile)
     print(f"{profile}: {used} of {stored} stored probes fitted again ({after['mape_pct']:.1f}% MAPE on them)",

@@ -19,10 +19,10 @@ from planner.candidates import SearchOptions
 from planner.ranking import DECISION_K, MEMORY_BAND, outer_key, price
 from planner.search_state import Found
 
-# Rows proven per row asked for. About half the rows near the fastest are beaten in time and
-# memory by a faster one and left out, but proving more is dear where each row is a large CP-SAT
-# split (deepseek-v3 on 256x8xH100 under megatron: 1.5 solves 125 splits in 15 s, 1 solves 76 in
-# 4.4 s, for one more row). A table shorter than --top says so (planner.commands.search).
+# Rows proven per row asked for. Some rows near the fastest are beaten in time and memory by a
+# faster one and left out, but each row proven more costs CP-SAT layer-split solves, seconds on
+# the largest MoE spaces (benchmarks/search_speed.py); a table shorter than --top says so
+# (planner.commands.search).
 TABLE_ROWS_PER_SHOWN = 1
 
 

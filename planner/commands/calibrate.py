@@ -30,12 +30,8 @@ def add_calibrate_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from planner.measure.calibrate import (
-        calibrated_profile,
-        fit_by_dtype,
-        merge_repeats,
-        summary,
-    )
+    from planner.measure.calibrate import calibrated_profile, fit_by_dtype, summary
+    from planner.measure.run_dirs import merge_repeats
     from reports.tables import table
     base = resolve_device(args.profile)
     base_path = Path(base.path)
@@ -66,7 +62,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 def _load_runs(paths: list[str], base):
     """The run directories, once each, measured on the profile's kind of device, read under it."""
-    from planner.measure.calibrate import load_run
+    from planner.measure.run_dirs import load_run
     if twice := [r for i, r in enumerate(paths) if Path(r).resolve() in {Path(q).resolve() for q in paths[:i]}]:
         raise UserError(f"{twice[0]} is given twice: one run counted as two repeats of its plan")
     # read under the profile being calibrated: the profile a run's plan.json names is a path on

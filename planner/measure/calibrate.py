@@ -32,7 +32,7 @@ from costmodel.estimate import estimate
 from costmodel.hardware import DTYPE_FIELDS, DeviceProfile
 from costmodel.inputs import UserError
 from costmodel.plan import Recompute
-from planner.measure.run_dirs import Run, load_run, merge_repeats, predict_with  # noqa: F401 (imported from here too)
+from planner.measure.run_dirs import Run, predict_with
 
 PARAMS = ("compute", "memory", "kernel_overhead_s", "intra_node_comm", "comm_latency", "overlap")
 

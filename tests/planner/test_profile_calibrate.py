@@ -228,7 +228,8 @@ def test_calibration_fits_each_dtype_apart(measured, tmp_path):
     compute factor alone is fitted: these runs' times (a short profile measured here, beside other
     work) do not tell compute, memory and per-kernel cost apart, and with all three free the fit
     traded them (bf16's compute factor once came out 1.7 for a truth of 0.5, its MAPE still down)."""
-    from planner.measure.calibrate import fit_by_dtype, load_run, summary, with_params
+    from planner.measure.calibrate import fit_by_dtype, summary, with_params
+    from planner.measure.run_dirs import load_run
     base = parse_cluster(f"1x2x{measured}").device
     truth = with_params(base, {"compute": 0.5}, dtype="bf16")
     dirs = _fake_runs(tmp_path, truth, DType.FP32) + _fake_runs(tmp_path, truth, DType.BF16)
@@ -245,7 +246,8 @@ def test_gpu_runs_fit_the_allocators_fragmentation_and_keep_the_fixed_reserve(tm
     the allocator's fragmentation from their ratio (1.15 -> 0.15) and leaves the context-and-NCCL
     reserve, which no allocator statistic sees, at the profile's value (fitted, it would take on
     the tensors' under-prediction, here about -2 GiB, and come to nothing)."""
-    from planner.measure.calibrate import fit_by_dtype, load_run
+    from planner.measure.calibrate import fit_by_dtype
+    from planner.measure.run_dirs import load_run
     model, cluster = resolve_model("debug-small"), parse_cluster("1x1xA100")
     train = TrainSpec(seq_len=128, global_batch_size=4)
     plan = build_plan(model, train, cluster, Choice())

@@ -112,7 +112,7 @@ def test_the_calibrated_profile_keeps_the_fitted_cost(tmp_path, capsys):
 
 def test_calibrate_merges_repeated_runs_of_a_plan_into_their_geometric_mean():
     """A plan run twice counts once (planner.measure.calibrate.merge_repeats), at the geometric mean."""
-    from planner.measure.calibrate import merge_repeats
+    from planner.measure.run_dirs import merge_repeats
     base = parse_cluster("1x2xxeon-amx").device
     runs = _runs(base, DType.FP32, recomputes=False)
     again = [replace(runs[0], path=Path("again"), measured_step_s=4 * runs[0].measured_step_s)]
