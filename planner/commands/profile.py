@@ -49,8 +49,9 @@ def add_profile_args(p: argparse.ArgumentParser) -> None:
     speed.add_argument("--quick", action="store_true", help="a shorter budget (30 s on a CPU, 45 s on a GPU)")
     speed.add_argument("--thorough", action="store_true", help="a few minutes (240 s on a CPU): larger sizes")
     p.add_argument("--budget-s", type=positive_float, default=None,
-                   help=f"the total time the profile may take, instead of the mode's (default 45 s on a CPU, "
-                        f"90 s on a GPU); at least {MIN_BUDGET_S:.0f} s: the fit alone keeps {FIT_RESERVE_S:.0f}")
+                   help=f"the time the command may take, start-up included, instead of the mode's (default "
+                        f"45 s on a CPU, 90 s on a GPU); at least {MIN_BUDGET_S:.0f} s: start-up takes seconds and "
+                        f"the fit keeps {FIT_RESERVE_S:.0f}. A shorter budget measures fewer sizes and probes")
     add_overwrite_arg(p)
 
 
@@ -108,8 +109,8 @@ def _setup(args: argparse.Namespace) -> Setup:
     mode = "quick" if args.quick else "thorough" if args.thorough else "default"
     budget_s = getattr(args, "budget_s", None)
     if budget_s is not None and budget_s < MIN_BUDGET_S:
-        raise UserError(f"--budget-s {budget_s:g}: at least {MIN_BUDGET_S:.0f} s (the probes' fit alone keeps "
-                         f"{FIT_RESERVE_S:.0f} s)")
+        raise UserError(f"--budget-s {budget_s:g}: at least {MIN_BUDGET_S:.0f} s (start-up takes seconds and "
+                         f"the probes' fit keeps {FIT_RESERVE_S:.0f})")
     flags = (" --quick" if args.quick else " --thorough" if args.thorough else "") + \
         (f" --budget-s {budget_s:g}" if budget_s is not None else "")
     command = f"planner profile{'' if cached else f' --out {out}'} --nproc {nproc}{flags}"
@@ -130,7 +131,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 # What the fit of the probes needs at most, kept out of the probes' share of the total.
 FIT_RESERVE_S = 6.0
-MIN_BUDGET_S = 12.0   # --budget-s: below it the fit's reserve leaves the measurements next to nothing
+MIN_BUDGET_S = 20.0   # --budget-s: below it start-up and the fit's reserve leave the measurements next to nothing
 
 
 def _base_profile(setup: Setup, micro: dict) -> DeviceProfile:
@@ -139,15 +140,17 @@ def _base_profile(setup: Setup, micro: dict) -> DeviceProfile:
         return profile_file.write(Path(tmp) / "base.toml", measured_profile(setup, micro))
 
 
-def _probe_budget_s(budget, start: float, ranks: int, nproc: int, second_pass_s: float = 0.0) -> float:
-    """The probes' share, or more when the microbenchmarks finished early: what is left of the
-    total less the fit's reserve and half the CPU's second pass's limit (it measures the points
-    the first pass measured, so it mostly takes about half its limit), split between the
-    one-rank and the N-rank probes."""
-    left = budget.total_s - (time.perf_counter() - start) - FIT_RESERVE_S - second_pass_s / 2
+def _left_s(end_s: float) -> float:
+    return max(0.0, end_s - time.perf_counter())
+
+
+def _probe_budget_s(end_s: float, ranks: int, nproc: int, second_pass_s: float = 0.0) -> float:
+    """What the microbenchmarks left of the budget (ending at `end_s`, perf_counter) less the
+    fit's reserve and half the CPU's second pass's limit (it measures the points the first pass
+    measured, so it mostly takes about half its limit), split between the one-rank and the
+    N-rank probes; 0 when nothing is left (each group still measures its first probe)."""
     share = 0.5 if ranks == 1 and nproc > 1 else 1.0
-    from runtime.profiler import PHASE_SHARES
-    return max(budget.total_s * PHASE_SHARES["probes"] * share, left * share)
+    return max(0.0, _left_s(end_s) - FIT_RESERVE_S - second_pass_s / 2) * share
 
 
 def measure_local() -> Path:
@@ -166,8 +169,9 @@ def profile_machine(setup: Setup) -> None:
     from runtime import profiler as prof
     from runtime.fork import run_forked
     budget = prof.BUDGETS[(setup.mode, setup.device_type)]
-    if setup.budget_s is not None:
-        budget = dataclasses.replace(budget, total_s=setup.budget_s)
+    end_s = setup.started_s + (setup.budget_s or budget.total_s)
+    # the microbenchmarks' shares are of what start-up (importing torch: seconds) left
+    budget = dataclasses.replace(budget, total_s=_left_s(end_s))
     dtypes = list(prof.DTYPES)
     weights = {**{f"gemm {d}": prof.PHASE_SHARES["gemm"] / len(dtypes) for d in dtypes},
                **{k: v for k, v in prof.PHASE_SHARES.items() if k not in ("gemm", "probes")},
@@ -180,7 +184,7 @@ def profile_machine(setup: Setup) -> None:
                **({"second pass": sum(prof.PHASE_SHARES[k] for k in prof.CURVE_PHASES) / 4}
                   if setup.device_type == "cpu" else {})}
     progress = Progress(weights)
-    start = time.perf_counter()
+    start = setup.started_s
     try:
         micro = run_forked(setup.nproc, prof.measure_rank, dtypes, setup.device_type, setup.threads, budget,
                            progress.report, probes.LAYER_PROBE, device_type=setup.device_type)[0]
@@ -195,15 +199,14 @@ def profile_machine(setup: Setup) -> None:
             phase = f"probes {ranks}"
             plans = probes.probe_plans(base, accelerated, ranks)
             raws = run_forked(ranks, prof.probe_rank, plans, setup.threads,
-                              _probe_budget_s(budget, start, ranks, setup.nproc, second_pass_s),
+                              _probe_budget_s(end_s, ranks, setup.nproc, second_pass_s),
                               partial(progress.report, phase), device_type=setup.device_type)[0]
             progress.report(phase, 1.0, f"{len(plans)} probe plans on {ranks} rank(s)")
             measured += probes.results(plans, raws)
             skipped += [probes.probe_name(pf) for pf, raw in zip(plans, raws) if raw is None]
-        if second_pass_s > 0:
-            micro = run_forked(setup.nproc, prof.second_pass_rank, micro, setup.threads, budget.point_s,
-                               second_pass_s, partial(progress.report, "second pass"), probes.LAYER_PROBE)[0]
-            progress.report("second pass", 1.0, "curves measured again")
+        if setup.device_type == "cpu":
+            micro = _second_pass(setup, micro, min(second_pass_s, _left_s(end_s) - FIT_RESERVE_S),
+                                 second_pass_s, budget.point_s, progress)
             base = _base_profile(setup, micro)
         progress.report("fit", 0.0, f"fitting {len(measured)} probe steps")
         fitted = probes.fit_probes(measured, base, micro.get("layer_ops"))
@@ -214,6 +217,22 @@ def profile_machine(setup: Setup) -> None:
                                                    elapsed_s=time.perf_counter() - start, skipped=skipped),
                        setup.overwrite)
     _summary(setup, micro, measured, fitted, skipped)
+
+
+def _second_pass(setup: Setup, micro: dict, limit_s: float, planned_s: float, point_s: float, progress) -> dict:
+    """A CPU's curves measured again within `limit_s` where the probes left at least half the
+    `planned_s` reserved for it (it has parts measured whatever its limit: seconds), else the
+    first pass's, sorted."""
+    from planner.measure import probes
+    from runtime import profiler as prof
+    from runtime.fork import run_forked
+    if planned_s <= 0 or limit_s < planned_s / 2:
+        progress.report("second pass", 1.0, "no time left for a second pass")
+        return {**micro, "gemm": prof.sorted_gemm(micro["gemm"])}
+    micro = run_forked(setup.nproc, prof.second_pass_rank, micro, setup.threads, point_s, limit_s,
+                       partial(progress.report, "second pass"), probes.LAYER_PROBE)[0]
+    progress.report("second pass", 1.0, "curves measured again")
+    return micro
 
 
 def _summary(setup: Setup, micro: dict, measured, fitted, skipped: list[str]) -> None:

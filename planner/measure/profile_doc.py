@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from costmodel import machine
@@ -25,6 +25,7 @@ class Setup:
     command: str
     budget_s: float | None = None   # --budget-s: the total, instead of the mode's
     overwrite: bool = True          # the cached profile is replaced; an --out file only with --overwrite
+    started_s: float = field(default_factory=time.perf_counter)   # the budget counts from here
 
 
 def measured_profile(setup: Setup, micro: dict, probed=None, elapsed_s: float = 0.0, skipped: tuple[str, ...] | list[str] = ()):

@@ -87,17 +87,21 @@ def gemm_curve(shapes, dtype: torch.dtype, device: torch.device, phase_s: float,
     in the shapes' order (a second pass pairs its points with them: best_of).
     Against `reference` (fp32's curve), a dtype below ACCELERATED_RATIO of it
     (at ACCELERATED_CHECK_FLOPS and up) is marked not accelerated and measured with a quarter
-    of the point budget from then on."""
-    start, points, accelerated = time.perf_counter(), [], True
+    of the point budget from then on. A curve the budget stops before those sizes is judged at
+    its largest point: unjudged, a slow dtype would be probed as a fast one (seconds per step)."""
+    start, points, accelerated, judged = time.perf_counter(), [], True, False
     for i, (m, k, n) in enumerate(shapes):
         flops = 2.0 * m * k * n
         expected = CALLS_PER_POINT * flops / points[-1][1] if points else 0.0
         if _agree(_over(expected, start, phase_s, point_s)):
+            if reference and points and not judged:
+                accelerated = not _agree(points[-1][1] < ACCELERATED_RATIO * interpolate(reference, points[-1][0]))
             return Curve(tuple(points), flops, accelerated)
         points.append(gemm_point(m, k, n, dtype, device))
-        if reference and accelerated and flops >= ACCELERATED_CHECK_FLOPS and \
-                _agree(points[-1][1] < ACCELERATED_RATIO * interpolate(reference, flops)):
-            accelerated, point_s = False, point_s / 4
+        if reference and accelerated and flops >= ACCELERATED_CHECK_FLOPS:
+            judged = True
+            if _agree(points[-1][1] < ACCELERATED_RATIO * interpolate(reference, flops)):
+                accelerated, point_s = False, point_s / 4
         report((i + 1) / len(shapes), f"GEMM {m}x{k}x{n}")
     return Curve(tuple(points), None, accelerated)
 

@@ -17,7 +17,7 @@ from runtime.model import DROPOUT_P
 from runtime.optimizer import adamw
 from runtime.profiler.attention import backward_s
 from runtime.profiler.curves import op_overhead_s
-from runtime.profiler.timing import DTYPES, _sync, best_s
+from runtime.profiler.timing import DTYPES, _agree, _sync, best_s
 
 # AdamW timed over 4M fp32 parameters in 16 tensors (64 MiB of weights, gradients and moments:
 # beyond the caches, as a model's are); on a GPU over 128M in 32 (2 GiB): at 4M the step is
@@ -96,9 +96,10 @@ def grad_accumulate_s_per_param(device: torch.device, dtypes: list[str]) -> dict
 # 11.3M parameters in 32 tensors on a CPU (45 MB in fp32, past a 32 MB last-level cache, as the
 # closed loops' models are), 235M on a GPU; one warm-up round, then the median of four
 FSDP_HIDDEN, FSDP_LAYERS, FSDP_TOKENS, FSDP_ROUNDS = {"cpu": 448, "cuda": 2048}, 4, 8, 5
+FSDP_MIN_ROUNDS = 3   # the first warms up: a median of two at least
 
 
-def fsdp_sync_s_per_param(device: torch.device, dtypes: list[str]) -> dict[str, float]:
+def fsdp_sync_s_per_param(device: torch.device, dtypes: list[str], phase_s: float = float("inf")) -> dict[str, float]:
     """Seconds per parameter of FSDP2's reduce and gather on a one-rank group, per compute dtype
     ({"reduce.bf16": ..., "gather.bf16": ..., "reduce.fp32": ...}), wrapped as the runtime wraps
     a one-replica plan below ZeRO-3 (runtime.parallel.apply_data_parallel: units of a bucket's
@@ -106,8 +107,9 @@ def fsdp_sync_s_per_param(device: torch.device, dtypes: list[str]) -> dict[str, 
     fp32): the reduce is the last micro-batch's backward with gradient sync on less one with it
     off (its fp32 accumulated gradients copied; a reduce every micro-batch copies 16-bit ones, a little less),
     the gather the first forward after the parameters were resharded less a forward on whole ones;
-    the medians over FSDP_ROUNDS rounds of three micro-batches after the first (0 where the
-    difference drowns in noise; measured once, not again in the second pass). Each rank times its
+    the medians over the rounds of three micro-batches after the first (0 where the difference
+    drowns in noise; measured once, not again in the second pass): FSDP_ROUNDS, or as many as an
+    even share of `phase_s` per dtype leaves time for, FSDP_MIN_ROUNDS at least. Each rank times its
     own one-rank group, all at once, as a run's ranks share the cores. With no collective on a
     one-rank group these copies are what its sync costs (costmodel.rank_time.one_replica_fsdp_s
     prices them from this)."""
@@ -115,11 +117,11 @@ def fsdp_sync_s_per_param(device: torch.device, dtypes: list[str]) -> dict[str, 
     groups = [dist.new_group([r]) for r in range(dist.get_world_size())]   # every rank creates every group
     mesh = DeviceMesh.from_group(groups[dist.get_rank()], device.type)
     h = FSDP_HIDDEN[device.type]
-    out = {}
-    for name in _measured_dtypes(dtypes):
+    out, names, start = {}, _measured_dtypes(dtypes), time.perf_counter()
+    for i, name in enumerate(names):
         model = fsdp_stack(h, FSDP_LAYERS, DTYPES[name], mesh, device)
         x = torch.randn(FSDP_TOKENS, h, device=device)
-        rounds = [fsdp_round(model, x, device) for _ in range(FSDP_ROUNDS)][1:]
+        rounds = _fsdp_rounds(model, x, device, start + phase_s * (i + 1) / len(names))[1:]
         params = sum(p.numel() for p in model.parameters())
         for kind, (a, b) in (("reduce", ("synced backward", "unsynced backward")),
                              ("gather", ("first forward", "later forward"))):
@@ -132,6 +134,19 @@ def fsdp_sync_s_per_param(device: torch.device, dtypes: list[str]) -> dict[str, 
     for group in groups:
         dist.destroy_process_group(group)
     return out
+
+
+def _fsdp_rounds(model, x: torch.Tensor, device: torch.device, end_s: float) -> list[dict[str, float]]:
+    """fsdp_round repeated up to FSDP_ROUNDS times while the next round, as long as the last,
+    ends before `end_s` (perf_counter), FSDP_MIN_ROUNDS whatever the time; every rank stops
+    with the others."""
+    rounds, last_s = [], 0.0
+    while len(rounds) < FSDP_ROUNDS and not _agree(len(rounds) >= FSDP_MIN_ROUNDS
+                                                  and time.perf_counter() + last_s > end_s):
+        t0 = time.perf_counter()
+        rounds.append(fsdp_round(model, x, device))
+        last_s = time.perf_counter() - t0
+    return rounds
 
 
 def fsdp_stack(hidden: int, layers: int, dtype: torch.dtype, mesh, device: torch.device,
@@ -217,10 +232,13 @@ def gelu_s_per_element(device: torch.device) -> dict[str, list[float]]:
     return out
 
 
-def per_unit_costs(device: torch.device, dtypes: list[str]) -> dict:
-    """The profile's per-operator, per-parameter and per-element costs (seconds)."""
-    return {"overhead_s": op_overhead_s(device), "optimizer_s_per_param": optimizer_s_per_param(device),
-            "grad_accumulate_s_per_param": grad_accumulate_s_per_param(device, dtypes),
-            "fsdp_sync_s_per_param": fsdp_sync_s_per_param(device, dtypes),
-            "dropout_s_per_element": dropout_s_per_element(device),
-            "gelu_s_per_element": gelu_s_per_element(device)}
+def per_unit_costs(device: torch.device, dtypes: list[str], phase_s: float = float("inf")) -> dict:
+    """The profile's per-operator, per-parameter and per-element costs (seconds); FSDP's one-rank
+    costs, the only ones that take seconds, within what `phase_s` leaves of the others."""
+    start = time.perf_counter()
+    out = {"overhead_s": op_overhead_s(device), "optimizer_s_per_param": optimizer_s_per_param(device),
+           "grad_accumulate_s_per_param": grad_accumulate_s_per_param(device, dtypes),
+           "dropout_s_per_element": dropout_s_per_element(device),
+           "gelu_s_per_element": gelu_s_per_element(device)}
+    left_s = phase_s - (time.perf_counter() - start)
+    return {**out, "fsdp_sync_s_per_param": fsdp_sync_s_per_param(device, dtypes, left_s)}

@@ -109,7 +109,8 @@ def measure_rank(dtypes: list[str], device_type: str, threads: int, budget: Budg
         out["layer_ops"] = layer_ops(layer, out["gemm"], say("attention"))
     first_pass_s = time.perf_counter() - curves_start   # the curves' time: what a second pass may take again
     dist.barrier()
-    out.update(per_unit_costs(device, dtypes))
+    out.update(per_unit_costs(device, dtypes, budget.phase_s("units")))
+    say("units")(1.0, "per-parameter and per-element costs")
     if dist.get_world_size() > 1:
         with warnings.catch_warnings():   # gloo's *_tensor collectives are "deprecated" in 2.13, still the API
             warnings.simplefilter("ignore", FutureWarning)
@@ -253,14 +254,14 @@ def probe_rank(plans: list, threads: int, phase_s: float, report) -> list[dict |
     holds what a step adds to its kernels: autograd and module overhead per kernel, collectives
     inside FSDP / DTensor / pipelining, how much communication hides. PROBE_WARMUP warm-up and
     PROBE_STEPS timed steps each, the median kept; plans the phase budget leaves no time for are skipped
-    (None) on every rank."""
+    (None) on every rank, all but the first (the fit needs a probe of each world size)."""
     from runtime.train import RunConfig, run_rank  # the runtime's own step, as `planner run` runs it
     torch.set_num_threads(threads)
     start, results = time.perf_counter(), []
     for i, pf in enumerate(plans):
         spent = time.perf_counter() - start
         expected = spent / i if i else 0.0
-        if _agree(spent + expected > phase_s):
+        if i and _agree(spent + expected > phase_s):   # the first is measured whatever the time
             results.append(None)
             continue
         with warnings.catch_warnings():   # FSDP's and pipelining's notices are the user's business in a run

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 import tomllib
 from dataclasses import replace
 from pathlib import Path
@@ -17,17 +18,22 @@ from costmodel.plan import PlanFile
 from costmodel.registry import resolve_model
 from costmodel.specs import DType, TrainSpec
 from planner.cli import main
+from planner.commands.profile import MIN_BUDGET_S
 from planner.space import Choice, build_plan
 from runtime.measure import measured_record
 
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory, machine_lock) -> Path:
-    """One short profile of this machine for the module (a 15 s budget: about 20 s with start-up
-    and the fit), taken with no other test running (tests/conftest.py)."""
+    """One short profile of this machine for the module (the shortest budget, start-up and the fit
+    included), taken with no other test running (tests/conftest.py)."""
     out = tmp_path_factory.mktemp("profile") / "box.toml"
     with machine_lock():
-        assert main(["profile", "--out", str(out), "--budget-s", "15"]) == 0
+        start = time.perf_counter()
+        assert main(["profile", "--out", str(out), "--budget-s", f"{MIN_BUDGET_S:g}"]) == 0
+    # the budget holds: what overruns it is a probe or a pass its floor measures whatever the time
+    # (a run of a 15 s budget once took 35 s: the probes kept their share after slow microbenchmarks)
+    assert time.perf_counter() - start < 1.5 * MIN_BUDGET_S
     return out
 
 
@@ -104,7 +110,7 @@ def test_profile_writes_a_usable_measured_profile(measured, capsys):
 def test_a_budget_too_short_for_the_fit_is_refused_before_measuring(tmp_path, capsys):
     assert main(["profile", "--out", str(tmp_path / "p.toml"), "--budget-s", "5"]) == 2
     err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and "at least 12 s" in err and not (tmp_path / "p.toml").exists()
+    assert len(err.strip().splitlines()) == 1 and f"at least {MIN_BUDGET_S:.0f} s" in err and not (tmp_path / "p.toml").exists()
 
 
 def test_an_existing_profile_is_not_overwritten(measured, capsys):
