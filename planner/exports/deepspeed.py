@@ -13,7 +13,8 @@ What DeepSpeed cannot say of our plans, and the nearest it runs (each a line of 
 - recomputation is per layer block, all or nothing: all layers in full where the plan recomputes
   any (our selective, core attention only, has no DeepSpeed equivalent);
 - rank order: pipe, data, model (outermost first: pp>dp>tp); other mesh orders become it;
-- experts: DeepSpeed-MoE takes its expert-parallel size in the model code, not in this file;
+- experts: DeepSpeed-MoE takes its expert-parallel size in the model code, not in this file,
+  and its engine refuses MoE layers under ZeRO-3: ZeRO-2;
 - float8 linears: DeepSpeed's config has none (Transformer Engine goes in the model code): bf16.
 """
 from __future__ import annotations
@@ -64,6 +65,9 @@ def nearest(pf: PlanFile) -> Adjusted:
                    zero_stage=1)
     if adj.plan.tp > 1 and adj.plan.zero_stage == 3:
         adj.change("zero 3 with tensor parallelism: DeepSpeed's AutoTP trains with ZeRO-0/1/2; ZeRO-2",
+                   zero_stage=2)
+    if pf.model.is_moe and adj.plan.zero_stage == 3:
+        adj.change("zero 3 with experts: DeepSpeed's engine refuses MoE layers under ZeRO-3; ZeRO-2",
                    zero_stage=2)
     if adj.plan.tp > 1 and adj.plan.sequence_parallel:
         adj.change("sequence parallelism: DeepSpeed's AutoTP has none; tensor parallelism without it",

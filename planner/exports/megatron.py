@@ -18,6 +18,8 @@ What Megatron-LM cannot say of our plans, and the nearest it runs (each a line o
 - Offloaded states: Megatron-Core offloads the distributed optimizer's states and step
   (`--optimizer-cpu-offload`, all of them: `--optimizer-offload-fraction 1.0`); Megatron-FSDP
   has no such option, so offloading ZeRO-2/3 become offloading ZeRO-1.
+- Gradients are kept in fp32 or in the parameters' 16-bit dtype (`--grad-reduce-in-bf16`); a plan
+  with other gradients is refused.
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from costmodel.moe_dispatch import limits_groups
 from costmodel.plan import Plan, PlanFile, Recompute, embedding_loss_split
 from costmodel.rank_time import spans
 from costmodel.schedules import Schedule
-from costmodel.specs import Arch, DType, FfnKind, ModelSpec, NormKind, PositionKind
+from costmodel.specs import Arch, AttentionKernel, DType, FfnKind, ModelSpec, NormKind, PositionKind, TrainSpec
 from planner.exports.common import (
     Adjusted,
     CannotExport,
@@ -56,6 +58,7 @@ def nearest(pf: PlanFile) -> Adjusted:
     if pf.model.parallel_residual:
         raise CannotExport("megatron cannot run this plan: Megatron-LM has no attention and MLP in parallel "
                            "on the layer input (the model's parallel residual)")
+    _refuse_gradient_dtype(pf.train)
     adj = Adjusted(pf.plan)
     if pf.plan.zero_stage != 1:   # ZeRO-1: --num-distributed-optimizer-instances
         one_shard_group(adj, "Megatron-LM", "Megatron-FSDP")
@@ -91,6 +94,24 @@ def nearest(pf: PlanFile) -> Adjusted:
                   "Megatron-LM orders ranks tp-cp-ep-dp-pp (or tp-cp-ep-pp-dp); the default")
     activations_on_device(adj, NAME)
     return adj
+
+
+def _refuse_gradient_dtype(t: TrainSpec) -> None:
+    """Megatron-LM keeps gradients in the parameters' 16-bit dtype or in fp32
+    (--accumulate-allreduce-grads-in-fp32, which bf16 turns on unless --grad-reduce-in-bf16)."""
+    if t.grad_dtype not in (DType.FP32, t.compute_dtype):
+        raise CannotExport(f"megatron cannot run this plan: it keeps gradients in fp32 or in the parameters' "
+                           f"{t.compute_dtype}, not in {t.grad_dtype}")
+
+
+def _precision_arguments(t: TrainSpec) -> list[tuple[str, str | None]]:
+    """The compute dtype, and the gradients' where it is not Megatron's default for it."""
+    if t.compute_dtype is DType.BF16:
+        return [("--bf16", None)] + ([("--grad-reduce-in-bf16", None)] if t.grad_dtype is DType.BF16 else [])
+    if t.compute_dtype is DType.FP16:
+        return [("--fp16", None)] + ([("--accumulate-allreduce-grads-in-fp32", None)]
+                                     if t.grad_dtype is DType.FP32 else [])
+    return []
 
 
 def _counts_embedding_and_loss(plan: Plan) -> bool:
@@ -174,6 +195,8 @@ def arguments(pf: PlanFile, plan: Plan) -> list[tuple[str, str | None]]:
                  ("--expert-model-parallel-size", str(plan.ep)), ("--expert-tensor-parallel-size", str(plan.etp))]
         if m.shared_expert_ffn_hidden_size:
             args += [("--moe-shared-expert-intermediate-size", str(m.shared_expert_ffn_hidden_size))]
+            if m.shared_expert_gate:   # Qwen2-MoE's sigmoid gate on the shared expert
+                args += [("--moe-shared-expert-gate", None)]
         if not m.moe_norm_topk_prob:
             args += [("--moe-router-pre-softmax", None)]
     args += _deepseek_arguments(m)
@@ -209,8 +232,9 @@ def arguments(pf: PlanFile, plan: Plan) -> list[tuple[str, str | None]]:
                      ("--use-precision-aware-optimizer", None)]
     elif plan.zero_stage >= 2:
         strategy = "optim_grads" if plan.zero_stage == 2 else "optim_grads_params"
+        # Megatron-FSDP saves and loads only its own checkpoint format (validate_args asserts it)
         args += [("--use-megatron-fsdp", None), ("--data-parallel-sharding-strategy", strategy),
-                 ("--overlap-grad-reduce", None), ("--overlap-param-gather", None)]
+                 ("--overlap-grad-reduce", None), ("--overlap-param-gather", None), ("--ckpt-format", "fsdp_dtensor")]
     else:
         args += [("--overlap-grad-reduce", None)]
     if plan.recompute is Recompute.SELECTIVE:
@@ -219,10 +243,9 @@ def arguments(pf: PlanFile, plan: Plan) -> list[tuple[str, str | None]]:
         args += [("--recompute-granularity", "full"), ("--recompute-method", "block"),
                  ("--recompute-num-layers", str(_full_recompute_layers(plan)))]
     args += [("--micro-batch-size", str(plan.micro_batch_size)), ("--global-batch-size", str(t.global_batch_size))]
-    if t.compute_dtype is DType.BF16:
-        args += [("--bf16", None)]
-    elif t.compute_dtype is DType.FP16:
-        args += [("--fp16", None)]
+    args += _precision_arguments(t)
+    if t.attention_kernel is AttentionKernel.EAGER:   # scores materialised, as priced
+        args += [("--attention-backend", "unfused")]
     if plan.fp8_linears:   # Transformer Engine: e4m3 forward, e5m2 gradients, a current scale per tensor
         args += [("--fp8-format", "hybrid"), ("--fp8-recipe", "tensorwise")]
         if plan.zero_stage >= 1:   # weights kept and gathered in float8, as NVIDIA's float8 recipes run

@@ -11,8 +11,12 @@ torchtitan cannot say, and the nearest it runs (each a line of the export):
   our selective (core attention) is none of torchtitan's, so full.
 - Rank order: pp, dp_replicate, dp_shard, cp, tp (outermost first); other mesh orders become it.
   Hybrid sharding (Plan.dp_replicate) is its data_parallel_replicate x data_parallel_shard.
+- DDP (ZeRO-0 with replicas) runs on a one-dimensional mesh only: with TP, PP, CP or EP beside
+  it, the replicas become FSDP2 without resharding after forward (ZeRO-2).
 - Models: the Llama 3 flavours are named; any other model needs a flavour (or a train spec) of
   its own in torchtitan, whose dimensions the export lists.
+- Refused: fp16 (its mixed precision is bf16 or fp32), gradients reduced in other than fp32
+  (`training.mixed_precision_reduce`), and unfused (eager) attention (its models call SDPA).
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ from dataclasses import dataclass
 
 from costmodel.deepseek import deepseek_mechanisms
 from costmodel.plan import Plan, PlanFile, Recompute, every_nth_interval
-from costmodel.specs import Arch, DType, ModelSpec
+from costmodel.specs import Arch, AttentionKernel, DType, ModelSpec, TrainSpec
 from planner.exports.common import Adjusted, CannotExport, activations_on_device, to_rank_order, to_uniform_recompute
 
 NAME = "torchtitan"
@@ -68,11 +72,15 @@ def nearest(pf: PlanFile) -> Adjusted:
     if deepseek := deepseek_mechanisms(pf.model):   # its llama3 job file would describe another model
         raise CannotExport(f"torchtitan cannot run this plan: this export writes a llama3 job, without "
                            f"{', '.join(deepseek)}")
+    _refuse_precision(pf.train)
     adj = Adjusted(pf.plan)
     plan = adj.plan
     if plan.zero_stage not in ZERO_STAGES:   # ZeRO-1
         adj.change("zero 1: torchtitan's FSDP2 without resharding after forward is ZeRO-2 (gradients "
                    "reduce-scattered every micro-batch)", zero_stage=2)
+    elif plan.zero_stage == 0 and plan.dp > 1 and max(plan.tp, plan.pp, plan.cp, plan.ep) > 1:
+        adj.change("zero 0 beside other parallelism: torchtitan's DDP runs on a one-dimensional mesh only; "
+                   "FSDP2 without resharding after forward (ZeRO-2)", zero_stage=2)
     if plan.tp > 1 and not plan.sequence_parallel:
         adj.change("tensor parallelism without sequence parallelism: torchtitan always shards the sequence "
                    "between TP regions; with SP", sequence_parallel=True)
@@ -90,6 +98,18 @@ def nearest(pf: PlanFile) -> Adjusted:
         adj.differences.append(_model_note(pf.model))
     activations_on_device(adj, NAME)
     return adj
+
+
+def _refuse_precision(t: TrainSpec) -> None:
+    """What torchtitan's configuration cannot say at all (its mixed precision's literals)."""
+    if t.compute_dtype is DType.FP16:
+        raise CannotExport("torchtitan cannot run this plan: its mixed precision is bf16 or fp32, not fp16")
+    if t.grad_dtype is not DType.FP32:
+        raise CannotExport(f"torchtitan cannot run this plan: it reduces gradients in fp32 "
+                           f"(training.mixed_precision_reduce), not {t.grad_dtype}")
+    if t.attention_kernel is AttentionKernel.EAGER:
+        raise CannotExport("torchtitan cannot run this plan: its models call fused attention (SDPA), not "
+                           "eager attention")
 
 
 def _model_note(m: ModelSpec) -> str:

@@ -127,6 +127,10 @@ def test_torchtitan_reads_the_job_file(plan_paths, tmp_path, capsys, name):
     if pf.model.arch != "llama":
         pytest.skip("torchtitan has no gpt model")
     out = tmp_path / "job.toml"
+    if pf.train.grad_dtype != "fp32":   # its mixed_precision_reduce is a literal "float32"
+        assert main(["export", str(_path(plan_paths, name, "torchtitan")), "--to", "torchtitan", "--out", str(out)]) == 2
+        assert "it reduces gradients in fp32 (training.mixed_precision_reduce), not bf16" in capsys.readouterr().err
+        return
     doc = _export(capsys, _path(plan_paths, name, "torchtitan"), "torchtitan", out)
     _exact_if_searched(doc, pf, name)
     job = config.ConfigManager().parse_args(["--job.config_file", str(out)])   # unknown keys raise
@@ -193,7 +197,7 @@ TRAINING = {"--seq-length", "--max-position-embeddings", "--position-embedding-t
             "--rotary-percent", "--use-rope-scaling", "--rope-scaling-factor", "--openai-gelu",   # GPTModel's
             "--untie-embeddings-and-output-weights", "--micro-batch-size", "--global-batch-size",
             "--tokenizer-type", "--vocab-size", "--make-vocab-size-divisible-by", "--mock-data", "--use-tp-pp-dp-mapping",
-            "--group-query-attention",
+            "--group-query-attention", "--ckpt-format",
             "--train-iters", "--eval-iters", "--lr-decay-style", "--log-interval", "--log-throughput"}
 
 
@@ -242,6 +246,11 @@ def test_megatron_core_accepts_the_arguments(plan_paths, tmp_path, capsys, monke
             tc.update(bf16=True, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16)
         elif flag == "--qk-layernorm":
             tc["qk_layernorm"] = True
+        elif flag in ("--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32"):   # arguments.py's
+            ddp["grad_reduce_in_fp32"] = flag == "--accumulate-allreduce-grads-in-fp32"
+        elif flag == "--attention-backend":
+            from megatron.core.transformer.enums import AttnBackend
+            tc["attention_backend"] = AttnBackend[value]
         elif flag == "--num-layers-per-virtual-pipeline-stage":
             tc["virtual_pipeline_model_parallel_size"] = pf.model.num_layers // (plan["pp"] * int(value))
         else:
@@ -289,6 +298,10 @@ def test_megatron_core_accepts_the_arguments(plan_paths, tmp_path, capsys, monke
         assert [sum(min(n, plan["layers_per_stage"][v * plan["pp"] + r]) for v in range(plan["vpp"]))
                 for r in range(plan["pp"])] == plan["recompute_num_layers"]
     assert ("--use-distributed-optimizer" in args) == (plan["zero_stage"] == 1)
+    # Megatron-FSDP checkpoints only in its own format (validate_args asserts it)
+    assert (args.get("--ckpt-format") == "fsdp_dtensor") == (plan["zero_stage"] >= 2)
+    # bf16 keeps gradients in fp32 unless told otherwise (arguments.py)
+    assert ("--grad-reduce-in-bf16" in args) == (pf.train.grad_dtype.value == "bf16")
     # Megatron-LM's validate_args asserts CUDA_DEVICE_MAX_CONNECTIONS=1 under TP or CP (before
     # Blackwell) unless Megatron-FSDP runs
     needs_one = (plan["tp"] > 1 or plan["cp"] > 1) and plan["zero_stage"] < 2
@@ -381,6 +394,18 @@ def test_search_exports_its_best_plan(tmp_path, capsys):
     assert main(["search", "--model", "llama3-8b", "--cluster", "1x8xH100", "--export", "torchtitan",
                  "--export-out", str(out)]) == 0
     assert "wrote" in capsys.readouterr().out and out.read_text().startswith("# torchtitan job")
+
+
+@pytest.mark.parametrize("flags,said", [
+    (["--model", "llama3-8b", "--attention", "eager", "--tp", "2"], "--attention-backend unfused"),   # scores materialised
+    (["--model", "qwen1.5-moe-a2.7b", "--ep", "4"], "--moe-shared-expert-gate"),   # Qwen2-MoE's gated shared expert
+])
+def test_megatron_says_what_the_plan_was_priced_with(tmp_path, capsys, flags, said):
+    plan, out = tmp_path / "plan.json", tmp_path / "run.sh"
+    assert main(["predict", *flags, "--cluster", "1x8xH100", "--seq-len", "2048", "--global-batch", "64",
+                 "--framework", "megatron", "--out", str(plan)]) == 0
+    assert main(["export", str(plan), "--to", "megatron", "--out", str(out)]) == 0
+    assert said in out.read_text()
 
 
 @pytest.mark.parametrize("argv,message", [

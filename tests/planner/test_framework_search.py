@@ -98,9 +98,19 @@ def test_megatron_cores_mixtral_8x22b_mapping_fits_as_megatron(capsys):
     (["search", "--model", "llama3-8b", "--cluster", "1x8xH100", "--schedule", "zb-h1", "--framework", "deepspeed"],
      "--framework deepspeed: schedule zb-h1 is not one it runs (1f1b)"),
     (["search", "--model", "llama3-8b", "--cluster", "1x8xA100+1x8xH100", "--framework", "megatron"],
-     "--framework megatron: a mixed cluster"),
+     "megatron cannot run a mixed cluster"),
     (["search", "--model", "gpt3", "--cluster", "16x8xA100", "--framework", "torchtitan"],
      "--framework torchtitan: torchtitan cannot run this plan: it has no model of the gpt kind"),
+    (["search", "--model", "llama3-8b", "--cluster", "1x8xH100", "--framework", "torchtitan", "--dtype", "fp16"],
+     "--framework torchtitan: torchtitan cannot run this plan: its mixed precision is bf16 or fp32, not fp16"),
+    (["search", "--model", "llama3-8b", "--cluster", "1x8xH100", "--framework", "torchtitan", "--grad-dtype", "bf16"],
+     "it reduces gradients in fp32 (training.mixed_precision_reduce), not bf16"),
+    (["predict", "--model", "llama3-8b", "--cluster", "1x8xH100", "--framework", "torchtitan", "--tp", "2",
+      "--zero", "0"], "--framework torchtitan cannot run this plan as it is: zero 0 beside other parallelism"),
+    (["predict", "--model", "mixtral-8x7b", "--cluster", "8x8xH100", "--framework", "deepspeed", "--ep", "8",
+      "--zero", "3"], "--framework deepspeed cannot run this plan as it is: zero 3 with experts"),
+    (["search", "--model", "llama3-8b", "--cluster", "1x8xH100", "--framework", "megatron", "--grad-dtype", "fp16"],
+     "megatron cannot run this plan: it keeps gradients in fp32 or in the parameters' bf16, not in fp16"),
     (["search", "--model", "llama3-8b", "--cluster", "1x8xH100", "--framework", "megatron", "--export", "deepspeed"],
      "contradictory flags: --export deepspeed"),
     (["search", "--model", "llama3-8b", "--cluster", "4x8xH100", "--framework", "deepspeed", "--fix", "dp_replicate=2"],
@@ -167,13 +177,15 @@ def test_the_stages_and_modes_a_framework_declares_are_those_its_export_keeps():
     from planner.space import Choice, build_plan
     from planner.specs import build_specs
     model, train, cluster = build_specs("llama3-8b", "2x8xH100", framework="torchtitan")
-    for pp in (1, 2):
+    for tp, pp in ((1, 1), (2, 1), (1, 2)):
         for zero in range(4):
             for mode in Recompute:
-                plan = build_plan(model, train, cluster, Choice(tp=2, pp=pp, zero_stage=zero, recompute=mode,
+                plan = build_plan(model, train, cluster, Choice(tp=tp, pp=pp, zero_stage=zero, recompute=mode,
                                                                 mesh_axis_order=torchtitan.ORDER))
                 kept = torchtitan.nearest(PlanFile(plan=plan, model=model, train=train, cluster=cluster)).plan
-                assert (kept.zero_stage == zero) == (zero in torchtitan.ZERO_STAGES)
+                # DDP (zero 0) only on a one-dimensional mesh: beside TP or PP it is ZeRO-2
+                one_dimensional = zero != 0 or tp == pp == 1
+                assert (kept.zero_stage == zero) == (zero in torchtitan.ZERO_STAGES and one_dimensional)
                 assert (kept.recompute is mode) == (mode in torchtitan.RECOMPUTE_MODES)
     options = targets.options_for("torchtitan", model, train, cluster, SearchOptions())
     assert options.space.zero_stages == torchtitan.ZERO_STAGES
