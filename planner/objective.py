@@ -62,7 +62,10 @@ def refuse_bad_combinations(args: argparse.Namespace, command: str) -> None:
     priced = args.gpu_hour_usd is not None
     if args.objective == "cost" and "objective" in getattr(args, "given", {"objective"}):
         if tokens is None or not priced:
-            raise UserError(f"{command} --objective cost prices a training run: give --tokens N and --gpu-hour-usd P")
+            missing = " and ".join(f for f, gone in (("--tokens N", tokens is None), ("--gpu-hour-usd P", not priced))
+                                   if gone)
+            raise UserError(f"{command} --objective cost prices a training run of --tokens N at --gpu-hour-usd P: "
+                            f"give {missing}")
     if args.deadline_days is not None and tokens is None:
         raise UserError("--deadline-days limits the days to train --tokens N; give --tokens")
     if args.budget_usd is not None and not (tokens is not None and priced):

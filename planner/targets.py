@@ -74,8 +74,9 @@ def cluster_for(name: str, cluster: ClusterSpec) -> ClusterSpec:
     if name == PLANNER:
         return cluster
     if cluster.is_mixed:
-        raise UserError(f"--framework {name}: a mixed cluster ({cluster.name}) is planned for the included "
-                        "runtime only (the frameworks' configurations assume one device kind)")
+        raise UserError(f"{name} cannot run a mixed cluster ({cluster.name}): its configuration assumes one "
+                        "device kind; mixed clusters are planned for the included runtime only (no --framework "
+                        "or --export)")
     return run_by(cluster, traits_for(name))
 
 

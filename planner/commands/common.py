@@ -25,6 +25,7 @@ from planner.args import (
     float_in,
     fraction,
     int_in,
+    refuse_ignored,
 )
 from planner.space import Choice
 from planner.specs import FP8, build_specs
@@ -137,7 +138,7 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--group-mbs", default=None, metavar="B,B,...",
                    help="mixed clusters without a pipeline (--pp 1): the micro-batch size of each group's data-parallel "
                         "replicas, in --cluster order, e.g. 1,3: the faster group's replicas take the larger share of "
-                        "the global batch (their losses weighted by it); --mbs is then ignored")
+                        "the global batch (their losses weighted by it); not with --mbs")
 
 
 def specs_from_args(args: argparse.Namespace) -> tuple[ModelSpec, TrainSpec, ClusterSpec]:
@@ -154,6 +155,8 @@ def specs_from_args(args: argparse.Namespace) -> tuple[ModelSpec, TrainSpec, Clu
 def choice_from_args(args: argparse.Namespace, zero_default: int, sp_allowed: bool) -> Choice:
     """The plan the flags give; an unset --zero is `zero_default`, an unset --sp off where the
     framework has no sequence parallelism (`sp_allowed`), else on when tp > 1."""
+    if args.group_mbs is not None:
+        refuse_ignored(getattr(args, "given", {}), {"mbs"}, "--group-mbs sets each group's micro-batch size")
     zero = zero_default if args.zero is None else args.zero
     sp = args.sp if args.sp is not None or sp_allowed else False
     return Choice(tp=args.tp, pp=args.pp, cp=args.cp, dp=args.dp, ep=args.ep, etp=args.etp, zero_stage=zero,

@@ -17,8 +17,9 @@ SWEEP = ["sweep", "--model", "llama3-8b", "--device", "H100", "--nodes", "1,2", 
 
 
 @pytest.mark.parametrize("argv, message", [
-    (SEARCH + ["--objective", "cost"], "search --objective cost prices a training run: give --tokens N and --gpu"),
-    (SEARCH + ["--objective", "cost", "--tokens", "1e11"], "give --tokens N and --gpu-hour-usd P"),
+    (SEARCH + ["--objective", "cost"], "search --objective cost prices a training run of --tokens N at --gpu-hour-usd "
+                                       "P: give --tokens N and --gpu-hour-usd P"),
+    (SEARCH + ["--objective", "cost", "--tokens", "1e11"], "give --gpu-hour-usd P"),
     (SEARCH + ["--deadline-days", "3"], "--deadline-days limits the days to train --tokens N; give --tokens"),
     (SEARCH + ["--tokens", "1e11", "--budget-usd", "9"], "--budget-usd limits the cost of training --tokens N at"),
     (SWEEP + ["--objective", "cost"], "sweep --objective cost prices a training run"),
