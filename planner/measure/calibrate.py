@@ -235,14 +235,32 @@ def fit_by_dtype(runs: list[Run], base: DeviceProfile, rounds: int = 2, max_iter
             if not mine:
                 continue
             names = compute_params if len(mine) >= len(compute_params) else compute_params[:1]
-            device, _ = fit(mine, device, names, max_iter, dtype=d, prior_weight=prior_weight, bounds=bounds)
+            device, _ = fit(mine, device, names, max_iter, dtype=d, prior_weight=prior_weight,
+                            bounds=_left_of_bounds(base, device, d, bounds))
         if fit_recompute and recomputing:
             device, _ = fit(recomputing, device, (RECOMPUTE_PARAM,), max_iter, prior_weight=prior_weight)
         for some, names in comm_fits:
-            device, _ = fit(some, device, names, max_iter, prior_weight=prior_weight)
+            device, _ = fit(some, device, names, max_iter, prior_weight=prior_weight,
+                            bounds=_left_of_bounds(base, device, dtypes[0], bounds))
     if (fragmentation := measured_fragmentation(runs)) is not None:
         device = replace(device, efficiency=replace(device.efficiency, allocator_fragmentation=fragmentation))
     return device, _factors(base, device, dtypes)
+
+
+# the parameters fitted as factors on the device a fit starts from (the others are values)
+FACTOR_PARAMS = ("compute", "memory", "intra_node_comm", "comm_latency", "dp_comm", "pp_stage")
+
+
+def _left_of_bounds(base: DeviceProfile, device: DeviceProfile, dtype: str,
+                    bounds: dict[str, tuple[float, float]] | None) -> dict[str, tuple[float, float]]:
+    """BOUNDS (with `bounds` over them) for a fit that starts from `device`, a later round's: its
+    factors multiply those of the rounds before, and the product against `base` stays in range."""
+    limits, so_far = {**BOUNDS, **(bounds or {})}, _factors(base, device, [dtype])
+    out = {}
+    for name in FACTOR_PARAMS:
+        done = so_far.get(f"{name}@{dtype}", so_far.get(name, 1.0))
+        out[name] = (limits[name][0] / done, limits[name][1] / done)
+    return out
 
 
 def _comm_fits(multi: list[Run], base: DeviceProfile, fit_pp_stage: bool,

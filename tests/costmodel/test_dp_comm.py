@@ -152,6 +152,22 @@ def test_calibrating_cpu_runs_finds_the_stages_factor():
     assert device.efficiency.pp_stage == 1.0 and "pp_stage" not in params
 
 
+def test_later_rounds_keep_the_factors_within_their_bounds_against_the_base():
+    """A second round fits on the first's device: its factors multiply the first's, and the
+    product stays inside BOUNDS (stages 3x over their price once ended at pp_stage 2.4 > 2.0)."""
+    from planner.measure.calibrate import BOUNDS, fit_by_dtype
+    base = load_profile(PROFILE)
+    base = replace(base, efficiency=replace(base.efficiency, overlap=0.0))
+    truth = replace(base, efficiency=replace(base.efficiency, pp_stage=3.0))
+    runs = _runs(base, truth, ({"micro_batch_size": 2}, {"micro_batch_size": 1}, {"pp": 2, "micro_batch_size": 1},
+                               {"pp": 2, "micro_batch_size": 2}))
+    device, params = fit_by_dtype(runs, base, rounds=3, prior_weight=0.0, compute_params=("compute",))
+    for name, factor in params.items():
+        lo, hi = BOUNDS[name.split("@")[0]]
+        assert lo * (1 - 1e-9) <= factor <= hi * (1 + 1e-9), name
+    assert params["pp_stage"] == pytest.approx(BOUNDS["pp_stage"][1], rel=0.02)   # at its bound: the runs ask more
+
+
 def _runs(base, truth, choices) -> list:
     """Runs of `choices` on `base`'s device as `truth` prices them: measurements a fit should find."""
     from costmodel.plan import PlanFile
