@@ -9,6 +9,7 @@ import csv
 import io
 import math
 import re
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,6 +30,12 @@ from planner.specs import FP8
 
 REQUIRED = ("id", "arch", "layers", "hidden", "heads", "vocab", "seq_len", "gpu", "num_gpus",
             "gpus_per_node", "tp", "pp", "global_batch", "metric_name", "metric_value")
+# every other column a row may fill (the rest of the plan is searched where empty); source, notes,
+# framework, confidence and memory_kind are the row's provenance, read by people
+OPTIONAL = ("source", "framework", "confidence", "notes", "model", "ffn_hidden", "kv_heads", "num_experts",
+            "experts_per_token", "moe_ffn_hidden", "expert_imbalance", "dropout", "dp", "dp_replicate", "vpp",
+            "sp", "cp", "ep", "zero_stage", "recompute", "micro_batch", "precision", "grad_dtype", "attention",
+            "fp8_param_gather", "compiled", "async_tp", "node_network_gbps", "memory_gb", "memory_kind")
 # What a published step can measure: a microsecond to 11 days a step, a thousandth of a token to
 # a billion tokens a second per GPU. Beyond them an error in percent overflows (a step of 1e308 s
 # read as -inf %) or means nothing (1e-300 s: +3.7e301 %).
@@ -54,6 +61,11 @@ def read_numbered_runs(path: Path) -> list[tuple[int, dict[str, str]]]:
     missing = [c for c in REQUIRED if c not in header]
     if missing:
         raise UserError(f"{path}: missing columns {', '.join(missing)}")
+    unknown = [c for c in header if c not in REQUIRED + OPTIONAL]
+    if unknown:   # a misspelt column leaves its values unread (the plan searched instead): said, not
+        # refused, since a table may carry columns of its own (a source's extra figures)
+        print(f"note: {path}: column{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} not read "
+              f"(the columns read: {', '.join(REQUIRED + OPTIONAL)})", file=sys.stderr)
     if not numbered:
         raise UserError(f"{path}: no runs (only a header)")
     seen: set[str] = set()
@@ -90,6 +102,10 @@ def _check_row(path: Path, line: int, row: dict[str, str]) -> None:
     low, high = METRIC_RANGES[metric]
     if not low <= number <= high:
         raise UserError(f"{where}: metric_value {value!r} is out of range for {metric} (give {low:g} to {high:g})")
+    try:   # provenance, but a number where given
+        number_cell(row, "memory_gb", float, None, 1e-3, 1e5)
+    except UserError as exc:
+        raise UserError(f"{path} line {line}: {exc}") from None
 
 
 def int_cell(row: dict[str, str], key: str, default: int | None = None, low: int = 1,
@@ -177,8 +193,9 @@ def _row_model(row: dict[str, str], seq: int) -> ModelSpec:
     common = dict(layers=int_cell(row, "layers"), hidden=hidden, heads=heads, vocab=int_cell(row, "vocab"),
                   ffn=int_cell(row, "ffn_hidden", 4 * hidden), source=f"published run {row['id']}")
     if row["arch"] == Arch.GPT:
-        model = gpt_spec(row["id"], max_pos=seq, **common)
-        return model if flag_cell(row, "dropout", True) else replace(model, dropout=False)   # MPT: no dropout
+        # grouped-query attention where kv_heads says so (Nemotron-4's LayerNorm GPT); MPT: no dropout
+        model = replace(gpt_spec(row["id"], max_pos=seq, **common), num_kv_heads=int_cell(row, "kv_heads", heads))
+        return model if flag_cell(row, "dropout", True) else replace(model, dropout=False)
     if row["arch"] == Arch.LLAMA:
         return llama_spec(row["id"], kv_heads=int_cell(row, "kv_heads", heads), max_pos=seq, **common,
                           **_experts(row, common["ffn"]))

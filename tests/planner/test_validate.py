@@ -113,6 +113,7 @@ GOOD = "ok,x,gpt,24,2048,,16,16,51200,2048,A100-SXM4-80GB,8,8,1,1,8,,,1,1,,,64,b
      "row 'ok': global_batch 7 does not split over dp = 8 data-parallel replicas"),
     (HEADER + ",attention\n" + GOOD.replace("\n", ",sdpa\n"), "row 'ok': attention = 'sdpa' is not one of"),
     (HEADER + ",expert_imbalance\n" + GOOD.replace("\n", ",nan\n"), "expert_imbalance = nan is not a finite"),
+    (HEADER + ",memory_gb\n" + GOOD.replace("\n", ",abc\n"), "line 2: row 'ok': memory_gb = 'abc' is not a number"),
 ])
 def test_bad_tables_are_one_line_and_exit_2(tmp_path, capsys, text, message):
     from planner.cli import main
@@ -229,3 +230,22 @@ def test_a_device_cell_is_stripped_as_every_other_cell(tmp_path):
     path.write_text(HEADER + "\n" + GOOD.replace(",A100-SXM4-80GB,", ", A100-SXM4-80GB ,"))
     (result,), _ = validate(path)
     assert result.fits
+
+
+def test_a_column_that_is_not_read_is_said(tmp_path, capsys):
+    """A misspelt column leaves its values unread and the plan searched: said on stderr."""
+    from planner.cli import main
+    path = tmp_path / "runs.csv"
+    path.write_text(HEADER + ",micro_bacth\n" + GOOD.replace("\n", ",2\n"))
+    assert main(["validate", str(path)]) == 0
+    assert "column 'micro_bacth' not read" in capsys.readouterr().err
+
+
+def test_a_gpt_row_with_fewer_kv_heads_is_priced_with_them(tmp_path):
+    """Grouped-query attention on a LayerNorm GPT (Nemotron-4's): the row's kv_heads, not heads."""
+    from planner.measure.validate import validate
+    rows = [GOOD.replace("ok,", "mha,", 1), GOOD.replace("ok,", "gqa,", 1).replace(",16,16,51200,", ",16,4,51200,")]
+    path = tmp_path / "runs.csv"
+    path.write_text(HEADER + "\n" + "".join(rows))
+    (mha, gqa), _ = validate(path)
+    assert gqa.plan is not None and gqa.predicted != mha.predicted
