@@ -4,7 +4,8 @@
 
 Prints, per row, the error of `planner validate` with the profiles as shipped (in sample: the
 profiles were fitted on this table) and the error when the row's whole source is left out of
-the fit (`planner.measure.fit.leave_one_source_out`), then both summaries. `--fit` also prints the
+the fit (`planner.measure.fit.leave_one_source_out`), then both summaries, and the predicted
+memory against the rows that state what they used. `--fit` also prints the
 per-chip values a fit on the whole table gives (what profiles/*.toml hold, copied by hand).
 About a minute on a 2-core machine.
 """
@@ -59,6 +60,12 @@ def main() -> None:
           f"max |error| {max(map(abs, stepped)):.1f}%")
     print(f"leave one source out ({len({r.source for r in filled})} sources): rows {held['n']}  "
           f"MAPE {held['mape_pct']:.1f}%  max |error| {held['max_abs_error_pct']:.1f}% (of step time)")
+    if in_sample["memory_rows"]:
+        memory = [(row["id"], res.memory_error_pct) for res, row in zip(results, rows) if res.memory_error_pct is not None]
+        print(f"memory, predicted allocator reservation against the {in_sample['memory_rows']} rows stating one and "
+              f"every cell that sets it: MAPE {in_sample['memory_mape_pct']:.1f}%  mean "
+              f"{in_sample['memory_mean_error_pct']:+.1f}% (- predicted too small): "
+              + ", ".join(f"{i} {e:+.0f}%" for i, e in memory))
     problems = in_sample["profile_problems"]
     print(f"fitted values outside their published ranges or at a bound: {len(problems)}"
           + "".join(f"\n  {p}" for p in problems))

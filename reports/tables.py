@@ -146,6 +146,10 @@ def validate_table(results: Sequence[Any], summary: dict[str, Any]) -> str:
     text += (f"\n\nrows {s['n']}   MAPE {shown(s['mape_pct'], '.1f')}%   max |error| "
              f"{shown(s['max_abs_error_pct'], '.1f')}%   Spearman {shown(s['spearman'], '.3f')}   "
              f"status rows {s['num_status_correct']}/{s['num_status_rows']} correct")
+    if s.get("memory_rows"):
+        text += (f"\nmemory (rows stating memory_gb and every cell that sets it: {s['memory_rows']}): predicted "
+                 f"allocator reservation MAPE {s['memory_mape_pct']:.1f}%, max |error| "
+                 f"{s['memory_max_abs_error_pct']:.1f}%, mean {s['memory_mean_error_pct']:+.1f}% (- predicted too small)")
     if s.get("generic_frameworks"):
         from costmodel.frameworks import FRAMEWORKS
         named = ", ".join(f"{name or '(unstated)'} ({n} row{'s' if n > 1 else ''})"

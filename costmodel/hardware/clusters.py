@@ -92,6 +92,14 @@ class ClusterSpec:
         usable = self.device.usable_memory_bytes * (1.0 - self.memory_headroom) - fixed
         return usable / (1.0 + eff.allocator_fragmentation) + fixed
 
+    def allocator_reserved_bytes(self, total_bytes: float) -> float:
+        """What torch's caching allocator reserves (torch.cuda.max_memory_reserved, the figure
+        torchtitan and Megatron-LM log) for a stage whose predicted total is `total_bytes`:
+        memory_budget_bytes's accounting read the other way, the fixed reserve (CUDA context,
+        NCCL's buffers) outside it."""
+        eff = self.device.efficiency
+        return (total_bytes - eff.reserved_memory_bytes) * (1.0 + eff.allocator_fragmentation)
+
     def host_for(self, what: str) -> HostSpec:
         """The node's host, which `what` (an offloaded thing) needs; ValueError without one."""
         if self.device.host is None:

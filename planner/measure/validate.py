@@ -9,7 +9,7 @@ predicted not to fit; errors are signed, (predicted - published) / published.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,9 @@ class RowResult:
     filled: dict[str, Any]
     plan: Plan
     estimate: Estimate
+    # the predicted allocator reservation's error against the row's memory_gb, where it states one
+    # and every cell that sets memory (None: no figure, or a filled cell: memory_compared)
+    memory_error_pct: float | None = None
 
     @property
     def published_mfu(self) -> float | None:
@@ -48,7 +51,7 @@ class RowResult:
                 "predicted": self.predicted, "error_pct": self.error_pct, "fits": self.fits,
                 "filled": self.filled, "plan": self.plan.to_dict(),
                 "step_time_s": self.estimate.step_time_s, "mfu": self.estimate.mfu,
-                "published_mfu": self.published_mfu}
+                "published_mfu": self.published_mfu, "memory_error_pct": self.memory_error_pct}
 
 
 ROW_SEARCH_LIMIT_S = 20.0   # a row's search for its unstated fields
@@ -71,7 +74,26 @@ def validate_row(row: dict[str, str], time_limit_s: float = ROW_SEARCH_LIMIT_S) 
     published = float(raw)
     return RowResult(id=row["id"], metric=metric, published=published, predicted=predicted,
                      error_pct=100.0 * (predicted - published) / published, fits=est.fits,
-                     filled=filled, plan=plan, estimate=est)
+                     filled=filled, plan=plan, estimate=est,
+                     memory_error_pct=memory_error_pct(row, cluster, est, filled, plan))
+
+
+def memory_error_pct(row: dict[str, str], cluster, est: Estimate, filled: dict[str, Any], plan: Plan) -> float | None:
+    """The predicted peak reservation of the fullest stage against the row's memory_gb (GB,
+    read as the allocator's peak reservation, max over ranks), (predicted - published) /
+    published; None without a figure, or where a filled cell sets the memory (a searched
+    micro-batch or recomputation is the planner's plan, not the run's)."""
+    stated = (row.get("memory_gb") or "").strip()
+    moot = {"vpp"} if plan.pp == 1 else set()   # filled where they change nothing
+    moot |= {"sp"} if plan.tp == 1 else set()
+    if not stated or set(filled) - moot:
+        return None
+    # the profile's fragmentation, which row_specs sets aside to judge the fit at the hard limit
+    fragmentation = resolve_device(row["gpu"].strip()).efficiency.allocator_fragmentation
+    as_profiled = replace(cluster, device=replace(cluster.device, efficiency=replace(
+        cluster.device.efficiency, allocator_fragmentation=fragmentation)))
+    predicted = as_profiled.allocator_reserved_bytes(max(est.peak_memory_bytes))
+    return 100.0 * (predicted - float(stated) * 1e9) / (float(stated) * 1e9)
 
 
 def _step_time(result: RowResult, row: dict[str, str], which: str) -> float:
@@ -99,9 +121,18 @@ def summarize(results: list[RowResult], rows: list[dict[str, str]]) -> dict[str,
                              [_step_time(r, row, "published") for r, row in timed]),
         "num_status_rows": len(status),
         "num_status_correct": sum(1 for r in status if (r.published == "OOM") == (not r.fits)),
+        **_memory_summary(results),
         "profile_problems": profile_range_problems(rows),
         "generic_frameworks": generic_frameworks(rows),
     }
+
+
+def _memory_summary(results: list[RowResult]) -> dict[str, Any]:
+    errors = [r.memory_error_pct for r in results if r.memory_error_pct is not None]
+    return {"memory_rows": len(errors),
+            "memory_mape_pct": sum(map(abs, errors)) / len(errors) if errors else None,
+            "memory_max_abs_error_pct": max(map(abs, errors)) if errors else None,
+            "memory_mean_error_pct": sum(errors) / len(errors) if errors else None}
 
 
 def generic_frameworks(rows: list[dict[str, str]]) -> dict[str, int]:

@@ -249,3 +249,18 @@ def test_a_gpt_row_with_fewer_kv_heads_is_priced_with_them(tmp_path):
     path.write_text(HEADER + "\n" + "".join(rows))
     (mha, gqa), _ = validate(path)
     assert gqa.plan is not None and gqa.predicted != mha.predicted
+
+
+def test_a_stated_memory_is_compared_where_the_row_states_what_sets_it(tmp_path):
+    """memory_gb against the predicted allocator reservation; not where the micro-batch was
+    searched (the planner's plan, not the run's)."""
+    from planner.measure.validate import validate
+    stated = GOOD.replace("ok,", "stated,", 1).replace(",1,1,,,64,", ",1,1,none,2,64,").replace("\n", ",20\n")
+    searched = GOOD.replace("ok,", "searched,", 1).replace("\n", ",20\n")
+    path = tmp_path / "runs.csv"
+    path.write_text(HEADER + ",memory_gb\n" + stated + searched)
+    (row, other), summary = validate(path)
+    from costmodel.hardware import parse_cluster
+    reserved = parse_cluster("1x8xA100-SXM4-80GB").allocator_reserved_bytes(max(row.estimate.peak_memory_bytes))
+    assert row.memory_error_pct == pytest.approx(100 * (reserved - 20e9) / 20e9)
+    assert other.memory_error_pct is None and summary["memory_rows"] == 1
