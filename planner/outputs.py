@@ -21,7 +21,7 @@ from typing import Any
 from costmodel.inputs import UserError
 
 REPORT_FILES = ("index.html", "index.md")
-RUN_FILES = ("measured.json", "run.log")
+RUN_FILES = ("measured.json", "run.log", "raw.json")   # raw.json: rank 0's figures, replaced by each run
 
 
 def writable_dir_problem(directory: Path) -> str | None:
@@ -224,8 +224,8 @@ def _rename_no_replace(tmp: Path, final: Path, cause: OSError) -> None:
 def staged_dir(final: str | Path, overwrite: bool, claims: tuple[str, ...] = ()) -> Iterator[Path]:
     """A temporary sibling of `final` to write a directory's files into; when the block ends well
     they are published into `final` (the `claims` first and not over anything, so of two commands
-    filling one directory one is refused; the rest replace what is there). A failed write leaves
-    no file, whole or truncated, under a final name."""
+    filling one directory one is refused; the rest replace what is there only with `overwrite`).
+    A failed write leaves no file, whole or truncated, under a final name."""
     final = Path(final)
     try:
         make_dir(final.parent)
@@ -245,6 +245,10 @@ def staged_dir(final: str | Path, overwrite: bool, claims: tuple[str, ...] = ())
 def _publish_dir(tmp: Path, final: Path, overwrite: bool, claims: tuple[str, ...]) -> None:
     make_dir(final)
     names = sorted(p.name for p in tmp.iterdir())
+    taken = [n for n in names if n not in claims and (final / n).exists()] if not overwrite else []
+    if taken:   # a report's figures beside the user's own files of those names
+        raise UserError(f"{final} holds {', '.join(taken)}, which this command writes; nothing written: pass "
+                        "--overwrite to replace them, or choose another directory")
     claimed: list[str] = []
     try:
         for name in (n for n in claims if n in names):

@@ -188,6 +188,26 @@ def test_a_report_another_command_published_first_is_left_whole(tmp_path, capsys
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json", "report"]   # no staging left
 
 
+def test_a_report_beside_files_of_its_figures_names_replaces_none(tmp_path, capsys, monkeypatch, plan_file):
+    """A directory holding the user's bubble.svg: refused before anything is published, the file
+    left; with --overwrite, replaced."""
+    import reports.build
+
+    def quick_report(inp, out_dir: Path) -> list[str]:
+        for name in ("index.html", "index.md", "bubble.svg"):
+            (out_dir / name).write_text("ours")
+        return sorted(p.name for p in out_dir.iterdir())
+    monkeypatch.setattr(reports.build, "write_report", quick_report)
+    report = tmp_path / "report"
+    report.mkdir()
+    (report / "bubble.svg").write_text("mine")
+    assert main(["report", str(plan_file), "--out", str(report)]) == 2
+    _one_line(capsys, f"{report} holds bubble.svg, which this command writes; nothing written")
+    assert [p.name for p in report.iterdir()] == ["bubble.svg"] and (report / "bubble.svg").read_text() == "mine"
+    assert main(["report", str(plan_file), "--out", str(report), "--overwrite"]) == 0
+    assert (report / "bubble.svg").read_text() == "ours"
+
+
 def test_a_run_directory_in_use_is_refused(tmp_path, capsys, plan_file):
     """The first run is simulated by holding the lock here (flock: another open file, refused)."""
     run_dir = tmp_path / "run"
