@@ -47,6 +47,12 @@ def shown_loss(value: float | None) -> str:
     return "not finite" if value is None else f"{value:.4f}"
 
 
+def shown_mfu(mfu: float, digits: int = 1) -> str:
+    """A measured MFU; above 100 % the profile's peak (on a measured profile its best GEMM, which
+    a short budget may have measured at small sizes only) is below what the run reached."""
+    return f"{100 * mfu:.{digits}f}%" + (" (above the profile's peak: profile again, longer)" if mfu > 1 else "")
+
+
 def _number(value: Any, none_ok: bool = False) -> bool:
     if value is None:
         return none_ok

@@ -8,7 +8,7 @@ from pathlib import Path
 from costmodel.estimate import Estimate, simulate_plan
 from costmodel.groups import placement_lines, representative, short_device_name
 from costmodel.hardware import ClusterSpec
-from costmodel.measured import MeasuredRun, part_error, shown_loss
+from costmodel.measured import MeasuredRun, part_error, shown_loss, shown_mfu
 from costmodel.memory import cp_gathered_kv_bytes, expert_state_bytes
 from costmodel.params import expert_dp, folds_ep
 from costmodel.pipeline_closed_form import uniform_1f1b_bubble_fraction
@@ -213,7 +213,7 @@ def _measured(doc: Document, m: MeasuredRun) -> None:
     pct = lambda v: "-" if v is None else f"{v:+.1f}%"  # noqa: E731
     rows = [["step time (s)", f"{est['step_time_s']:.4f}", f"{m.step_time_s:.4f}", pct(err["step_time_s"])],
             ["tokens/s", f"{est['tokens_per_s']:,.0f}", f"{m.tokens_per_s:,.0f}", pct(err["tokens_per_s"])],
-            ["MFU", f"{100 * est['mfu']:.2f}%", f"{100 * m.mfu:.2f}%", pct(err["mfu"])]]
+            ["MFU", f"{100 * est['mfu']:.2f}%", shown_mfu(m.mfu, 2), pct(err["mfu"])]]
     for r, pred in enumerate(m.predicted_memory_compared_bytes):
         meas = m.peak_memory_bytes[r] if m.peak_memory_bytes else None
         rows.append([f"peak memory stage {r} (MiB)", f"{pred / MIB:,.1f}",
@@ -226,6 +226,9 @@ def _measured(doc: Document, m: MeasuredRun) -> None:
                          part_error(predicted[key][stage], parts[key][stage], err["stage_breakdown_s"][key][stage],
                                     est["step_time_s"])])
     doc.table(["quantity", "predicted", "measured", "measured vs predicted"], rows)
+    if not m.complete:   # the steps before the signal: fewer, and warm-up's effects weigh more
+        cause = f"it diverged at step {m.diverged['step']}" if m.diverged else "it was interrupted"
+        doc.text(f"An incomplete run: {cause}; these are the {m.steps} timed steps measured before.")
     doc.text(f"Measured on {m.device} over {m.steps} steps after {m.warmup_steps} warm-up; memory: "
              f"{m.memory_source}. Losses {shown_loss(m.losses[0])} -> {shown_loss(m.losses[-1])}. Per stage: its own "
              f"work (compute and TP/CP collectives), the DP gradient reduction after the pipeline (inside the "

@@ -12,7 +12,7 @@ from typing import Any
 from costmodel.estimate import Estimate, estimate
 from costmodel.flops import model_flops_per_step, utilization
 from costmodel.groups import world_peak_flops_per_s
-from costmodel.measured import MeasuredRun, finite_or_none, part_error, shown_loss
+from costmodel.measured import MeasuredRun, finite_or_none, part_error, shown_loss, shown_mfu
 from costmodel.plan import PlanFile
 from costmodel.units import MIB
 
@@ -145,7 +145,7 @@ def comparison_rows(m: MeasuredRun) -> list[tuple[str, str, str, str]]:
              pct(err["step_time_s"])),
             *([steps_row(m.step_times_s)] if len(m.step_times_s) > 1 else []),
             ("tokens/s", f"{est['tokens_per_s']:,.0f}", f"{m.tokens_per_s:,.0f}", pct(err["tokens_per_s"])),
-            ("MFU", f"{100 * est['mfu']:.1f}%", f"{100 * m.mfu:.1f}%", pct(err["mfu"]))]
+            ("MFU", f"{100 * est['mfu']:.1f}%", shown_mfu(m.mfu), pct(err["mfu"]))]
     parts, predicted = m.stage_breakdown_s, m.predicted_stage_breakdown_s
     for stage in range(len(parts["work"]) if parts else 0):
         for key, label in PARTS.items():

@@ -98,6 +98,11 @@ def test_report_command_puts_measured_beside_predicted(tmp_path, capsys):
     out = tmp_path / "rep"
     assert main(["report", str(plan_path), "--measured", str(tmp_path / "measured.json"), "--out", str(out)]) == 0
     md = (out / "index.md").read_text()
+    assert "incomplete run" not in md
+    # an interrupted run's steps are said to be that
+    measured_record(pf, raw, steps=1, warmup=1, wall_s=300.0, complete=False).save(tmp_path / "cut.json")
+    assert main(["report", str(plan_path), "--measured", str(tmp_path / "cut.json"), "--out", str(tmp_path / "cut")]) == 0
+    assert "An incomplete run: it was interrupted; these are the 1 timed steps" in (tmp_path / "cut" / "index.md").read_text()
     assert "## Predicted and measured" in md and "| step time (s) |" in md and "150.0000" in md
     assert (out / "measured.png").exists() and "(measured.png)" in md
     other = dict(measured.to_dict(), plan={**measured.plan, "zero_stage": 1})
@@ -209,3 +214,9 @@ def test_no_plan_names_only_the_levers_that_shrink_what_overflows(capsys):
                  "--global-batch", "8"]) == 2
     err = capsys.readouterr().err
     assert "nothing fits" in err and "ZeRO-3" not in err and "more devices" in err
+
+
+def test_a_measured_mfu_above_the_peak_says_the_profile_is_short():
+    from costmodel.measured import shown_mfu
+    assert shown_mfu(0.684) == "68.4%"
+    assert shown_mfu(1.075, 2) == "107.50% (above the profile's peak: profile again, longer)"
