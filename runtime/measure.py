@@ -92,6 +92,14 @@ PARTS = {"work": "work (compute + TP/CP)", "dp_sync": "DP gradient sync", "optim
          "wait": "wait (bubble, PP transfer, host)"}
 
 
+def part_labels(pp: int) -> dict[str, str]:
+    """PARTS as a plan times them: without a pipeline the DP reduction runs inside the backward
+    pass (its time in the work); with one, after the pipeline (with a one-rank FSDP group's)."""
+    if pp == 1:
+        return {**PARTS, "work": "work (compute + TP/CP + DP sync)", "dp_sync": "DP sync after backward"}
+    return {**PARTS, "dp_sync": "DP sync after pipeline"}
+
+
 def _stage_parts(pf: PlanFile, est: Estimate, raw: dict[str, Any], step_s: float):
     """Per pipeline stage, the step split as the runtime times it, measured and predicted:
     the stage's own work, the data-parallel reduction after the pipeline, the optimizer step
@@ -148,7 +156,7 @@ def comparison_rows(m: MeasuredRun) -> list[tuple[str, str, str, str]]:
             ("MFU", f"{100 * est['mfu']:.1f}%", shown_mfu(m.mfu), pct(err["mfu"]))]
     parts, predicted = m.stage_breakdown_s, m.predicted_stage_breakdown_s
     for stage in range(len(parts["work"]) if parts else 0):
-        for key, label in PARTS.items():
+        for key, label in part_labels(m.plan.get("pp", 1)).items():
             p, q = predicted[key][stage], parts[key][stage]
             rows.append((f"stage {stage} {label}", f"{p * 1e3:,.1f} ms", f"{q * 1e3:,.1f} ms",
                          part_error(p, q, err["stage_breakdown_s"][key][stage], est["step_time_s"])))

@@ -55,9 +55,9 @@ def _near_zero_parts_run():
 def test_parts_predicted_near_zero_compare_in_milliseconds():
     from runtime.measure import comparison_rows
     rows = {r[0]: r[3] for r in comparison_rows(_near_zero_parts_run())}
-    assert rows["stage 0 DP gradient sync"] == "+2.0 ms"
+    assert rows["stage 0 DP sync after backward"] == "+2.0 ms"   # no pipeline: the sync inside the backward is work
     assert rows["stage 0 wait (bubble, PP transfer, host)"] == "+18.0 ms"
-    assert rows["stage 0 work (compute + TP/CP)"].endswith("%")
+    assert rows["stage 0 work (compute + TP/CP + DP sync)"].endswith("%")
     assert not any("timed steps" in r for r in rows)   # one timed step: no range to show
 
 
