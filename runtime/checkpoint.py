@@ -119,8 +119,8 @@ def resume_point(root: Path, pf: PlanFile, total_steps: int, verify=manifest.pro
         raise CheckpointError(f"{root}: no checkpoint passes verification ({'; '.join(skipped)})")
     step = check_resumable(path, pf)
     if step >= total_steps:
-        raise CheckpointError(f"checkpoint {path} is after step {step}; --warmup + --steps = {total_steps} "
-                              "trains nothing more (raise --steps)")
+        raise CheckpointError(f"checkpoint {path} is at step {step}, and --warmup + --steps = {total_steps} ends "
+                              f"{'there' if step == total_steps else 'before it'}: nothing more to train (raise --steps)")
     return path, step, skipped
 
 

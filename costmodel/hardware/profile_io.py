@@ -100,7 +100,7 @@ def _kind_factors(raw: dict[str, Any]) -> tuple[tuple[str, float, float], ...]:
     return tuple(out)
 
 
-def _sdpa_numbers(path: Path, key: str, points: Any, width: int, what: str) -> list[list[float]]:
+def _measured_points(path: Path, key: str, points: Any, width: int, what: str) -> list[list[float]]:
     """[measured] `key` as a list of points of `width` positive finite numbers, else one error
     naming the file, the key and the point."""
     if not isinstance(points, list):
@@ -116,16 +116,16 @@ def _sdpa_numbers(path: Path, key: str, points: Any, width: int, what: str) -> l
 
 def _sdpa_points(path: Path, key: str, points: Any) -> tuple[tuple[float, float, float], ...]:
     """[measured] sdpa_*: (sequence, head dim, seconds per head), sorted."""
-    checked = _sdpa_numbers(path, key, points, 3, "sequence, head dim, seconds per head")
+    checked = _measured_points(path, key, points, 3, "sequence, head dim, seconds per head")
     return tuple(sorted((s, d, t) for s, d, t in checked))
 
 
-def _curve(points: list[list[float]]) -> tuple[tuple[float, float], ...]:
+def _curve(path: Path, key: str, points: Any) -> tuple[tuple[float, float], ...]:
     """Sorted by size, one rate per size: several GEMM shapes share a FLOP count (tokens x hidden
     x n in different orders) and the cost model knows the count only, so their median stands for
     it (interpolation among duplicates would otherwise land on whichever sorted first)."""
     by_size: dict[float, list[float]] = {}
-    for x, y in points:
+    for x, y in _measured_points(path, key, points, 2, "size, rate"):
         by_size.setdefault(float(x), []).append(float(y))
     return tuple((x, statistics.median(ys)) for x, ys in sorted(by_size.items()))
 
@@ -234,11 +234,11 @@ def _profile_from(path: Path, raw: dict[str, Any]) -> DeviceProfile:
         efficiency=efficiency, path=str(path), kind=text(path, "device", dev, "kind", "gpu"), host=_host(path, raw.get("host")),
         threads_per_rank=whole(path, "measured", raw.get("measured", {}), "threads_per_rank",
                                 whole(path, "device", dev, "threads_per_rank", 0)),
-        gemm_curves=tuple((k.removeprefix("gemm_"), _curve(v)) for k, v in raw.get("measured", {}).items()
+        gemm_curves=tuple((k.removeprefix("gemm_"), _curve(path, k, v)) for k, v in raw.get("measured", {}).items()
                           if k.startswith("gemm_")),
         sdpa_curves=tuple((k, _sdpa_points(path, k, v)) for k, v in raw.get("measured", {}).items()
                           if k.startswith("sdpa_")),
-        memory_curve=_curve(raw.get("measured", {}).get("memory_bound", [])),
+        memory_curve=_curve(path, "memory_bound", raw.get("measured", {}).get("memory_bound", [])),
         machine_key=str(raw.get("measured", {}).get("machine_key", "")),
         machine=str(raw.get("measured", {}).get("machine", "")),
         optimizer_s_per_param=float(raw.get("measured", {}).get("optimizer_s_per_param", 0.0)),

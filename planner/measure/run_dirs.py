@@ -32,6 +32,8 @@ def load_run(path: Path, device: Path | None = None, kind: str | None = None) ->
     its plan.json names (runs measured on another machine name a path of that machine); `kind`:
     the kind of device (gpu, cpu) its timings must come from to be read under it."""
     path = Path(path)
+    if not path.exists():
+        raise UserError(f"{path}: no such run directory")
     for name in ("plan.json", "measured.json"):
         if not (path / name).exists():
             raise UserError(f"{path} is not a run directory of `planner run` (no {name})")

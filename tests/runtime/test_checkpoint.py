@@ -209,7 +209,7 @@ def test_planner_run_saves_and_resumes(dp_run, tmp_path, capsys):
     assert len(measured["checkpoint_wait_s"]) == 1   # one save, at the end: the time the step stood still
     assert main(["run", str(tmp_path / "tp.json"), "--warmup", "0", "--out", str(tmp_path / "d"),
                  "--checkpoint-dir", str(ckpt), "--steps", "6", "--resume"]) == 2
-    assert "trains nothing more" in capsys.readouterr().err
+    assert "is at step 6, and --warmup + --steps = 6 ends there: nothing more to train" in capsys.readouterr().err
     for flags, text in ((["--keep", "3"], "need --checkpoint-dir"), (["--resume"], "need --checkpoint-dir"),
                         (["--checkpoint-async"], "need --checkpoint-dir"),
                         (["--device-mtbf-hours", "100"], "need --checkpoint-dir"),
