@@ -190,7 +190,7 @@ def parse_cluster(text: str, group_link_bytes_per_s: float | None = None) -> Clu
     if group_link_bytes_per_s is not None:
         raise UserError(f"cluster {text!r} has one group: a link between groups needs a mixed cluster (A+B)")
     nodes, per_node, device = _parse_group(text, text)
-    return ClusterSpec(device=resolve_device(device), num_nodes=nodes, devices_per_node=per_node)
+    return ClusterSpec(device=resolve_device(device).per_node(per_node), num_nodes=nodes, devices_per_node=per_node)
 
 
 MAX_GROUPS = 4   # the search tries every order of the groups along the pipeline (4! = 24)
@@ -217,7 +217,7 @@ def _parse_mixed(text: str, parts: list[str], link_bytes_per_s: float | None) ->
     groups = []
     for part, (nodes, _, device) in zip(parts, parsed):
         try:
-            groups.append(DeviceGroup(device=resolve_device(device), num_nodes=nodes))
+            groups.append(DeviceGroup(device=resolve_device(device).per_node(parsed[0][1]), num_nodes=nodes))
         except ValueError as exc:
             raise type(exc)(f"cluster {text!r}, group {part.strip()!r}: {exc}") from None
     try:

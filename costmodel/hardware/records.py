@@ -178,6 +178,9 @@ class DeviceProfile:
     # ECC and the driver's own reservations); 0: unknown, the datasheet figure is used
     reported_memory_bytes: int = 0
     num_sms: int = 0   # streaming multiprocessors (GEMM wave quantisation); 0: not modelled
+    # a CPU's: the ranks memory_bytes is one share of (its RAM divided among the ranks measured
+    # together); a cluster of another count per node divides the RAM among its own (per_node)
+    memory_ranks: int = 0
     # tensor-parallel collectives overlapped with their GEMMs run on this device: Transformer
     # Engine's userbuffers as its vendor ships them, torch's async TP on symmetric memory (SM90
     # and later); a framework overlaps them where its traits say so (costmodel.frameworks
@@ -242,6 +245,14 @@ class DeviceProfile:
     @property
     def usable_memory_bytes(self) -> int:
         return self.reported_memory_bytes or self.memory_bytes
+
+    def per_node(self, devices_per_node: int) -> DeviceProfile:
+        """This device as one of `devices_per_node` on a node: a CPU's share of the node's RAM
+        (memory_ranks) is that RAM divided among them; another device is itself."""
+        if not self.memory_ranks or devices_per_node == self.memory_ranks:
+            return self
+        return replace(self, memory_bytes=self.memory_bytes * self.memory_ranks // devices_per_node,
+                       memory_ranks=devices_per_node)
 
     def tier_for(self, num_nodes: int, same_rail: bool = True) -> NetworkTier:
         """The slowest tier a group spread over `num_nodes` nodes crosses (its nodes taken as

@@ -92,6 +92,8 @@ def _device_rows(setup: Setup, micro: dict, memory) -> list[pf_io.Row]:
             ("memory_bytes", int(ram // setup.nproc if cpu else _cuda_memory()),
              f"this machine's RAM / {setup.nproc} ranks (a choice)" if cpu
              else "device memory (torch.cuda.get_device_properties)"),
+            *([("memory_ranks", setup.nproc, "the ranks the RAM is divided among; a cluster of another count "
+                                              "per node divides it among its own")] if cpu else []),
             ("memory_bandwidth_bytes_per_s", max(r for _, r in memory), "measured: best rate of the memory-bound kernel mix below")]
 
 

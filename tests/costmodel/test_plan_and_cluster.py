@@ -139,3 +139,22 @@ def test_a_third_network_tier_is_a_profile_change(tmp_path):
     (tmp_path / "bad.toml").write_text(text + rack.replace("max_nodes = 4\n", ""))
     with pytest.raises(ValueError, match="max_nodes"):
         parse_cluster(f"16x8x{tmp_path / 'bad.toml'}")
+
+
+def test_a_cpu_profile_s_ram_is_divided_among_the_cluster_s_ranks_per_node():
+    """xeon-amx's 12 GiB is half the machine's RAM (memory_ranks 2): one rank has all of it,
+    four a quarter each; a GPU's memory is its own whatever the count."""
+    from costmodel.hardware import parse_cluster
+    shares = {n: parse_cluster(f"1x{n}xxeon-amx").device.memory_bytes for n in (1, 2, 4)}
+    assert shares[1] == 2 * shares[2] == 4 * shares[4] == 24 * 2**30
+    assert parse_cluster("1x4xH100").device.memory_bytes == parse_cluster("1x8xH100").device.memory_bytes
+
+
+def test_memory_ranks_belong_to_a_cpu(tmp_path):
+    from costmodel.hardware import load_profile
+    from costmodel.inputs import UserError
+    text = (Path(__file__).parents[2] / "profiles" / "A100-SXM4-80GB.toml").read_text()
+    bad = tmp_path / "gpu.toml"
+    bad.write_text(text.replace("[device]\n", "[device]\nmemory_ranks = 2\n", 1))
+    with pytest.raises(UserError, match="memory_ranks = 2 is out of range"):
+        load_profile(bad)

@@ -40,6 +40,7 @@ def measured(tmp_path_factory, machine_lock) -> Path:
 def test_profile_writes_a_usable_measured_profile(measured, capsys):
     raw = tomllib.loads(measured.read_text())
     assert raw["device"]["kind"] == "cpu" and raw["measured"]["threads_per_rank"] >= 1
+    assert raw["device"]["memory_ranks"] == 2   # its RAM share divided among 2 ranks, for other counts to divide again
     for key in ("gemm_fp32", "gemm_bf16", "memory_bound", "collective_all_reduce", "collective_p2p"):
         assert len(raw["measured"][key]) >= 4, key
     assert "measured" in raw["efficiency"]["source"] and "planner profile" in raw["measured"]["command"]
