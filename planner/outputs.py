@@ -124,6 +124,7 @@ def write_file(path: str | Path, data: str | bytes, overwrite: bool) -> None:
             f.flush()
             os.fsync(f.fileno())   # a full disk says so here, not after the file is published
         publish(tmp, path, overwrite)
+        _remember(path)
     except OSError as exc:
         raise WriteFailed(path, exc) from None
     finally:
@@ -245,10 +246,11 @@ def staged_dir(final: str | Path, overwrite: bool, claims: tuple[str, ...] = ())
 def _publish_dir(tmp: Path, final: Path, overwrite: bool, claims: tuple[str, ...]) -> None:
     make_dir(final)
     names = sorted(p.name for p in tmp.iterdir())
-    taken = [n for n in names if n not in claims and (final / n).exists()] if not overwrite else []
+    taken = [n for n in names if n not in claims and (final / n).exists() and not _ours(final / n)] \
+        if not overwrite else []
     if taken:   # a report's figures beside the user's own files of those names
-        raise UserError(f"{final} holds {', '.join(taken)}, which this command writes; nothing written: pass "
-                        "--overwrite to replace them, or choose another directory")
+        raise UserError(f"{final} holds {', '.join(taken)}, which this report would replace; the report is not "
+                        "written: pass --overwrite to replace them, or choose another directory")
     claimed: list[str] = []
     try:
         for name in (n for n in claims if n in names):
@@ -261,6 +263,25 @@ def _publish_dir(tmp: Path, final: Path, overwrite: bool, claims: tuple[str, ...
     for name in names:
         if name not in claimed:
             os.replace(tmp / name, final / name)
+    for name in names:
+        _remember(final / name)
+
+
+# path -> modification time of what this process published there: a command's own earlier file
+# (sweep --plot DIR/scaling.png --report DIR) is not a user's file its report would replace
+_WRITTEN: dict[Path, int] = {}
+
+
+def _remember(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        _WRITTEN[path.resolve()] = path.stat().st_mtime_ns
+
+
+def _ours(path: Path) -> bool:
+    try:
+        return _WRITTEN.get(path.resolve()) == path.stat().st_mtime_ns
+    except OSError:
+        return False
 
 
 LOCK_NAME = ".lock"

@@ -57,6 +57,11 @@ class ClusterSpec:
             raise UserError("a cluster needs at least one node and one device per node")
         if self.groups:
             _check_groups(self)
+        # a CPU's RAM share divided among this cluster's ranks per node, whichever path built it
+        # (a flag, a plan file, the profiler's probes): DeviceProfile.per_node
+        object.__setattr__(self, "device", self.device.per_node(self.devices_per_node))
+        object.__setattr__(self, "groups", tuple(replace(g, device=g.device.per_node(self.devices_per_node))
+                                                 for g in self.groups))
         inputs.check_limit("cluster", "world size", self.num_nodes * self.devices_per_node,
                            inputs.MAX_WORLD_SIZE)
         if not 0.0 <= self.memory_headroom < 1.0:
@@ -190,7 +195,7 @@ def parse_cluster(text: str, group_link_bytes_per_s: float | None = None) -> Clu
     if group_link_bytes_per_s is not None:
         raise UserError(f"cluster {text!r} has one group: a link between groups needs a mixed cluster (A+B)")
     nodes, per_node, device = _parse_group(text, text)
-    return ClusterSpec(device=resolve_device(device).per_node(per_node), num_nodes=nodes, devices_per_node=per_node)
+    return ClusterSpec(device=resolve_device(device), num_nodes=nodes, devices_per_node=per_node)
 
 
 MAX_GROUPS = 4   # the search tries every order of the groups along the pipeline (4! = 24)
@@ -217,7 +222,7 @@ def _parse_mixed(text: str, parts: list[str], link_bytes_per_s: float | None) ->
     groups = []
     for part, (nodes, _, device) in zip(parts, parsed):
         try:
-            groups.append(DeviceGroup(device=resolve_device(device).per_node(parsed[0][1]), num_nodes=nodes))
+            groups.append(DeviceGroup(device=resolve_device(device), num_nodes=nodes))
         except ValueError as exc:
             raise type(exc)(f"cluster {text!r}, group {part.strip()!r}: {exc}") from None
     try:

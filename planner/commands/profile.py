@@ -131,6 +131,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 # What the fit of the probes needs at most, kept out of the probes' share of the total.
 FIT_RESERVE_S = 6.0
+GROUP_START_S = 1.0   # a forked group's start (fork, gloo's group), in no phase's share
 MIN_BUDGET_S = 20.0   # --budget-s: below it start-up and the fit's reserve leave the measurements next to nothing
 
 
@@ -150,7 +151,8 @@ def _probe_budget_s(end_s: float, ranks: int, nproc: int, second_pass_s: float =
     measured, so it mostly takes about half its limit), split between the one-rank and the
     N-rank probes; 0 when nothing is left (each group still measures its first probe)."""
     share = 0.5 if ranks == 1 and nproc > 1 else 1.0
-    return max(0.0, _left_s(end_s) - FIT_RESERVE_S - second_pass_s / 2) * share
+    starts = (2 if ranks == 1 and nproc > 1 else 1) + (second_pass_s > 0)   # forked groups still to start
+    return max(0.0, _left_s(end_s) - FIT_RESERVE_S - second_pass_s / 2 - starts * GROUP_START_S) * share
 
 
 def measure_local() -> Path:
@@ -220,13 +222,13 @@ def profile_machine(setup: Setup) -> None:
 
 
 def _second_pass(setup: Setup, micro: dict, limit_s: float, planned_s: float, point_s: float, progress) -> dict:
-    """A CPU's curves measured again within `limit_s` where the probes left at least half the
-    `planned_s` reserved for it (it has parts measured whatever its limit: seconds), else the
+    """A CPU's curves measured again within `limit_s` where the probes left at least a quarter of
+    the `planned_s` reserved for it (it has parts measured whatever its limit: seconds), else the
     first pass's, sorted."""
     from planner.measure import probes
     from runtime import profiler as prof
     from runtime.fork import run_forked
-    if planned_s <= 0 or limit_s < planned_s / 2:
+    if planned_s <= 0 or limit_s < planned_s / 4:
         progress.report("second pass", 1.0, "no time left for a second pass")
         return {**micro, "gemm": prof.sorted_gemm(micro["gemm"])}
     micro = run_forked(setup.nproc, prof.second_pass_rank, micro, setup.threads, point_s, limit_s,

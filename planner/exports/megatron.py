@@ -59,6 +59,9 @@ def nearest(pf: PlanFile) -> Adjusted:
         raise CannotExport("megatron cannot run this plan: Megatron-LM has no attention and MLP in parallel "
                            "on the layer input (the model's parallel residual)")
     _refuse_gradient_dtype(pf.train)
+    if pf.train.attention_kernel is AttentionKernel.EAGER and pf.plan.cp > 1:
+        raise CannotExport("megatron cannot run this plan: its context parallelism runs in Transformer Engine's "
+                           "fused attention only, not eager (unfused) attention")
     adj = Adjusted(pf.plan)
     if pf.plan.zero_stage != 1:   # ZeRO-1: --num-distributed-optimizer-instances
         one_shard_group(adj, "Megatron-LM", "Megatron-FSDP")

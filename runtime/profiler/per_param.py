@@ -96,7 +96,7 @@ def grad_accumulate_s_per_param(device: torch.device, dtypes: list[str]) -> dict
 # 11.3M parameters in 32 tensors on a CPU (45 MB in fp32, past a 32 MB last-level cache, as the
 # closed loops' models are), 235M on a GPU; one warm-up round, then the median of four
 FSDP_HIDDEN, FSDP_LAYERS, FSDP_TOKENS, FSDP_ROUNDS = {"cpu": 448, "cuda": 2048}, 4, 8, 5
-FSDP_MIN_ROUNDS = 3   # the first warms up: a median of two at least
+FSDP_MIN_ROUNDS = 2   # the first warms up: one measured at least (a slow dtype's round takes a second)
 
 
 def fsdp_sync_s_per_param(device: torch.device, dtypes: list[str], phase_s: float = float("inf")) -> dict[str, float]:

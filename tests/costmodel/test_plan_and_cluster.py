@@ -158,3 +158,12 @@ def test_memory_ranks_belong_to_a_cpu(tmp_path):
     bad.write_text(text.replace("[device]\n", "[device]\nmemory_ranks = 2\n", 1))
     with pytest.raises(UserError, match="memory_ranks = 2 is out of range"):
         load_profile(bad)
+
+
+def test_a_plan_file_keeps_the_cpu_ram_division(tmp_path):
+    """The division is the cluster's, whichever path builds it: a saved plan read back too."""
+    from planner.cli import main
+    out = tmp_path / "p4.json"
+    assert main(["predict", "--model", "debug-small", "--cluster", "1x4xxeon-amx", "--dtype", "fp32",
+                 "--out", str(out)]) == 0
+    assert PlanFile.load(out).cluster.device.memory_bytes == 6 * 2**30

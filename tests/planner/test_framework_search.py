@@ -109,6 +109,8 @@ def test_megatron_cores_mixtral_8x22b_mapping_fits_as_megatron(capsys):
       "--zero", "0"], "--framework torchtitan cannot run this plan as it is: zero 0 beside other parallelism"),
     (["predict", "--model", "mixtral-8x7b", "--cluster", "8x8xH100", "--framework", "deepspeed", "--ep", "8",
       "--zero", "3"], "--framework deepspeed cannot run this plan as it is: zero 3 with experts"),
+    (["predict", "--model", "llama3-8b", "--cluster", "1x8xH100", "--framework", "megatron", "--attention", "eager",
+      "--cp", "2", "--tp", "2", "--recompute", "full"], "its context parallelism runs in Transformer Engine's fused"),
     (["search", "--model", "llama3-8b", "--cluster", "1x8xH100", "--framework", "megatron", "--grad-dtype", "fp16"],
      "megatron cannot run this plan: it keeps gradients in fp32 or in the parameters' bf16, not in fp16"),
     (["search", "--model", "llama3-8b", "--cluster", "1x8xH100", "--framework", "megatron", "--export", "deepspeed"],

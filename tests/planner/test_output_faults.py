@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from costmodel.inputs import UserError
 from planner import outputs
 from planner.cli import main
 
@@ -202,10 +203,26 @@ def test_a_report_beside_files_of_its_figures_names_replaces_none(tmp_path, caps
     report.mkdir()
     (report / "bubble.svg").write_text("mine")
     assert main(["report", str(plan_file), "--out", str(report)]) == 2
-    _one_line(capsys, f"{report} holds bubble.svg, which this command writes; nothing written")
+    _one_line(capsys, f"{report} holds bubble.svg, which this report would replace; the report is not written")
     assert [p.name for p in report.iterdir()] == ["bubble.svg"] and (report / "bubble.svg").read_text() == "mine"
     assert main(["report", str(plan_file), "--out", str(report), "--overwrite"]) == 0
     assert (report / "bubble.svg").read_text() == "ours"
+
+
+def test_a_file_this_command_wrote_is_not_a_user_s(tmp_path):
+    """sweep --plot DIR/scaling.png --report DIR: the report may replace the picture the same
+    command wrote a moment before; a file changed since is the user's again."""
+    report = tmp_path / "sw"
+    outputs.write_file(report / "scaling.png", b"plot", overwrite=False)
+    with outputs.staged_dir(report, False, outputs.REPORT_FILES) as staging:
+        (staging / "index.md").write_text("report")
+        (staging / "scaling.png").write_bytes(b"report's")
+    assert (report / "scaling.png").read_bytes() == b"report's"
+    (report / "scaling.png").write_bytes(b"the user's")
+    os.utime(report / "scaling.png", ns=(1, 1))
+    with pytest.raises(UserError, match="holds scaling.png, which this report would replace"):
+        with outputs.staged_dir(report, False, ()) as staging:
+            (staging / "scaling.png").write_bytes(b"again")
 
 
 def test_a_run_directory_in_use_is_refused(tmp_path, capsys, plan_file):

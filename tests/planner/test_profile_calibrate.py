@@ -33,7 +33,7 @@ def measured(tmp_path_factory, machine_lock) -> Path:
         assert main(["profile", "--out", str(out), "--budget-s", f"{MIN_BUDGET_S:g}"]) == 0
     # the budget holds: what overruns it is a probe or a pass its floor measures whatever the time
     # (a run of a 15 s budget once took 35 s: the probes kept their share after slow microbenchmarks)
-    assert time.perf_counter() - start < 1.5 * MIN_BUDGET_S
+    assert time.perf_counter() - start < 1.75 * MIN_BUDGET_S
     return out
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -62,4 +63,4 @@ def test_the_second_pass_comes_after_the_probes_and_the_fit_reads_its_curves(tmp
 def _medians(points):
     """As the loader reads a curve: one rate per FLOP count (costmodel.hardware.profile_io._curve)."""
     from costmodel.hardware.profile_io import _curve
-    return _curve([list(p) for p in points])
+    return _curve(Path("test"), "gemm_fp32", [list(p) for p in points])
