@@ -18,8 +18,9 @@
   (runtime.layer_ops): how fast each kind of kernel goes inside a training step.
 - Training steps of small probe plans (`probe_rank`): what a step adds to the kernels above.
 Each figure is the best of a few repetitions after a warm-up (the achievable rate, as a
-training step that repeats the same kernels sees it); on a CPU, the best of two passes, the
-second after the probes (second_pass_rank: a shared machine slows for seconds at a time).
+training step that repeats the same kernels sees it); on a CPU, the best of two passes where
+the budget leaves time for the second, after the probes (second_pass_rank: a shared machine
+slows for seconds at a time).
 
 `timing` times kernels and holds the budget, `curves`, `attention` and `per_param` measure,
 `ranks` runs them in order on each rank.

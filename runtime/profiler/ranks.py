@@ -172,8 +172,9 @@ def second_pass_rank(micro: dict, threads: int, point_s: float, limit_s: float, 
 
 # A CPU shared with other tenants slows by tens of percent for one to several seconds at a time,
 # each core on its own. A profile whose fp32 GEMMs fell in such a stretch prices every fp32 plan
-# slow. So on a CPU each curve and the per-operator, dropout and GeLU costs are measured twice,
-# and each point keeps the faster pass: a stretch rarely spans both, and best-of is what each
+# slow. So on a CPU each curve and the per-operator, dropout and GeLU costs are measured twice
+# where the budget leaves time (planner.commands.profile._second_pass), and each point keeps
+# the faster pass: a stretch rarely spans both, and best-of is what each
 # point already keeps (a whole profile in a slow stretch is not caught: the runs then beat it).
 # The second pass runs after the probes, some 25 s after the first, since passes a few seconds
 # apart can fall in the same slow stretch. It may take this much of the first's time (it
