@@ -147,9 +147,10 @@ def _left_s(end_s: float) -> float:
 
 def _probe_budget_s(end_s: float, ranks: int, nproc: int, second_pass_s: float = 0.0) -> float:
     """What the microbenchmarks left of the budget (ending at `end_s`, perf_counter) less the
-    fit's reserve and half the CPU's second pass's limit (it measures the points the first pass
-    measured, so it mostly takes about half its limit), split between the one-rank and the
-    N-rank probes; 0 when nothing is left (each group still measures its first probe)."""
+    fit's reserve, half the CPU's second pass's limit (it measures the points the first pass
+    measured, so it mostly takes about half its limit) and the start of each forked group still
+    to run, split between the one-rank and the N-rank probes; 0 when nothing is left (each group
+    still measures its first probe)."""
     share = 0.5 if ranks == 1 and nproc > 1 else 1.0
     starts = (2 if ranks == 1 and nproc > 1 else 1) + (second_pass_s > 0)   # forked groups still to start
     return max(0.0, _left_s(end_s) - FIT_RESERVE_S - second_pass_s / 2 - starts * GROUP_START_S) * share

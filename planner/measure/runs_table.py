@@ -61,11 +61,6 @@ def read_numbered_runs(path: Path) -> list[tuple[int, dict[str, str]]]:
     missing = [c for c in REQUIRED if c not in header]
     if missing:
         raise UserError(f"{path}: missing columns {', '.join(missing)}")
-    unknown = [c for c in header if c not in REQUIRED + OPTIONAL]
-    if unknown:   # a misspelt column leaves its values unread (the plan searched instead): said, not
-        # refused, since a table may carry columns of its own (a source's extra figures)
-        print(f"note: {path}: column{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} not read "
-              f"(the columns read: {', '.join(REQUIRED + OPTIONAL)})", file=sys.stderr)
     if not numbered:
         raise UserError(f"{path}: no runs (only a header)")
     seen: set[str] = set()
@@ -74,6 +69,11 @@ def read_numbered_runs(path: Path) -> list[tuple[int, dict[str, str]]]:
         if row["id"] in seen:
             raise UserError(f"{path} line {line}: duplicate id {row['id']!r}")
         seen.add(row["id"])
+    unknown = [c for c in header if c.strip() and c not in REQUIRED + OPTIONAL]
+    if unknown:   # a misspelt column leaves its values unread (the plan searched instead): said, not
+        # refused, since a table may carry columns of its own (a source's extra figures)
+        print(f"note: {path}: column{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} not read "
+              f"(the columns read: {', '.join(REQUIRED + OPTIONAL)})", file=sys.stderr)
     return numbered
 
 
