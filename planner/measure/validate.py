@@ -34,7 +34,7 @@ class RowResult:
     plan: Plan
     estimate: Estimate
     # the predicted allocator reservation's error against the row's memory_gb, where it states one
-    # and every cell that sets memory (None: no figure, or a filled cell: memory_compared)
+    # and every cell that sets memory (None: no figure, or a filled cell that sets it: memory_error_pct)
     memory_error_pct: float | None = None
 
     @property
