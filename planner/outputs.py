@@ -21,6 +21,11 @@ from typing import Any
 from costmodel.inputs import UserError
 
 REPORT_FILES = ("index.html", "index.md")
+# every figure a report may hold (reports.style.save writes NAME.png and NAME.svg): an earlier
+# report's figures that a new one over it does not draw are removed, so the directory is one report
+REPORT_FIGURES = tuple(f"{stem}.{ext}" for stem in ("ledger", "bubble_schedules", "bubble_warmup", "memory_stages",
+                                                    "memory_over_time", "ranking_scatter", "measured", "scaling")
+                       for ext in ("png", "svg"))
 RUN_FILES = ("measured.json", "run.log", "raw.json")   # raw.json: rank 0's figures, replaced by each run
 
 
@@ -222,10 +227,13 @@ def _rename_no_replace(tmp: Path, final: Path, cause: OSError) -> None:
 
 
 @contextlib.contextmanager
-def staged_dir(final: str | Path, overwrite: bool, claims: tuple[str, ...] = ()) -> Iterator[Path]:
+def staged_dir(final: str | Path, overwrite: bool, claims: tuple[str, ...] = (),
+               retired: tuple[str, ...] = ()) -> Iterator[Path]:
     """A temporary sibling of `final` to write a directory's files into; when the block ends well
     they are published into `final` (the `claims` first and not over anything, so of two commands
     filling one directory one is refused; the rest replace what is there only with `overwrite`).
+    `retired`: names an earlier product of this kind may have left there; where one replaces an
+    earlier product (a claim was there), those of them it does not write are removed.
     A failed write leaves no file, whole or truncated, under a final name."""
     final = Path(final)
     try:
@@ -236,7 +244,11 @@ def staged_dir(final: str | Path, overwrite: bool, claims: tuple[str, ...] = ())
     try:
         try:
             yield tmp
+            earlier = any((final / name).exists() for name in claims)
+            names = {p.name for p in tmp.iterdir()}
             _publish_dir(tmp, final, overwrite, claims)
+            if earlier:
+                _remove_stale(names, final, retired)
         except OSError as exc:
             raise WriteFailed(final, exc) from None
     finally:
@@ -265,6 +277,14 @@ def _publish_dir(tmp: Path, final: Path, overwrite: bool, claims: tuple[str, ...
             os.replace(tmp / name, final / name)
     for name in names:
         _remember(final / name)
+
+
+def _remove_stale(written: set[str], final: Path, retired: tuple[str, ...]) -> None:
+    """The `retired` names in `final` that the product just published there did not write: an
+    earlier product's files, which would sit beside it as if they were its own."""
+    for name in retired:
+        if name not in written:
+            (final / name).unlink(missing_ok=True)
 
 
 # path -> modification time of what this process published there: a command's own earlier file

@@ -216,7 +216,7 @@ def write_report_dir(out: str, overwrite: bool, model, train, cluster, plan, est
     from planner.report_plans import schedule_variants
     from reports.build import ReportInput, write_report
     print(f"writing the report to {out}/ ...", file=sys.stderr)
-    with outputs.staged_dir(out, overwrite, outputs.REPORT_FILES) as staging:
+    with outputs.staged_dir(out, overwrite, outputs.REPORT_FILES, outputs.REPORT_FIGURES) as staging:
         files = write_report(ReportInput(model=model, train=train, cluster=cluster, plan=plan, estimate=est,
                                          variants=schedule_variants(model, train, cluster, plan), **extra), staging)
     print(f"wrote {len(files)} files to {out}/ (open {out}/index.html)", file=sys.stderr)

@@ -117,7 +117,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         outputs.write_file(args.plot, draw_scaling(result, args.plot.suffix.lstrip(".").lower()), args.overwrite)
     if args.report:
         from reports.sweep_report import write_sweep_report
-        with outputs.staged_dir(args.report, args.overwrite, outputs.REPORT_FILES) as staging:
+        with outputs.staged_dir(args.report, args.overwrite, outputs.REPORT_FILES,
+                                 outputs.REPORT_FIGURES) as staging:
             write_sweep_report(result, staging)
     _show(args, result, time.perf_counter() - start)
     if result.best is None:

@@ -14,6 +14,7 @@ from costmodel.registry import resolve_model
 from costmodel.schedules import Schedule
 from costmodel.specs import TrainSpec
 from planner.cli import main
+from planner.outputs import REPORT_FIGURES
 from planner.space import Choice, build_plan
 from reports.build import ReportInput, write_report
 from reports.ranking import pareto_front
@@ -122,6 +123,13 @@ def test_report_command_puts_measured_beside_predicted(tmp_path, capsys):
                  "--overwrite"]) == 2
     err = capsys.readouterr().err
     assert "was measured for another training than" in err and f"seq_len {pf.train.seq_len} there" in err, err
+    # a report over it without the measured run leaves none of the earlier one's figures behind
+    figures = {f.name for f in out.iterdir() if f.suffix in (".png", ".svg")}
+    assert figures <= set(REPORT_FIGURES) and "measured.png" in figures
+    (out / "notes.txt").write_text("the user's")
+    assert main(["report", str(plan_path), "--out", str(out), "--overwrite"]) == 0
+    assert not (out / "measured.png").exists() and not (out / "measured.svg").exists()
+    assert (out / "notes.txt").exists() and "(measured.png)" not in (out / "index.md").read_text()
 
 
 def test_pareto_front():
