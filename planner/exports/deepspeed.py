@@ -108,6 +108,10 @@ def config(pf: PlanFile, plan: Plan) -> dict:
         cfg["bf16"] = {"enabled": True}
     elif t.compute_dtype is DType.FP16:
         cfg["fp16"] = {"enabled": True}
+    if t.compute_dtype is not DType.FP32:
+        # the dtype the gradients are kept and added in, as priced: DeepSpeed's own default has
+        # been the model's dtype or fp32 by version and ZeRO stage (engine.get_data_types)
+        cfg["data_types"] = {"grad_accum_dtype": t.grad_dtype.value}
     if plan.tp > 1:
         cfg["tensor_parallel"] = {"autotp_size": plan.tp}
     if plan.pp > 1:

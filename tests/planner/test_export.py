@@ -362,6 +362,7 @@ def test_deepspeed_reads_the_config(plan_paths, tmp_path, capsys, monkeypatch, n
     config = DeepSpeedConfig(str(out), mpu=SimpleNamespace(get_data_parallel_world_size=lambda: plan["dp"]))
     assert config.train_batch_size == plan["dp"] * plan["micro_batch_size"] * plan["num_micro_batches"]
     assert config.zero_optimization_stage == plan["zero_stage"]
+    assert config.grad_accum_dtype == PlanFile.load(_path(plan_paths, name, "deepspeed")).train.grad_dtype.value
     assert (config.zero_config.offload_optimizer is not None) == plan["offload_optimizer"]
     assert not plan["fp8_linears"]   # no float8 in DeepSpeed's config: the export said so and priced bf16
     assert config.tensor_parallel_config.autotp_size == (plan["tp"] if plan["tp"] > 1 else 0)
