@@ -33,7 +33,7 @@ from costmodel.specs import DType
 
 
 def profile_dir() -> Path:
-    """Where the shipped profiles live (and where `planner profile` writes by default)."""
+    """Where the shipped profiles live (part of the installed package: nothing writes there)."""
     return Path(str(resources.files("profiles")))
 
 

@@ -25,8 +25,17 @@ MIN_RUNS = 3          # fewer runs than this leave most factors at their priors
 def add_calibrate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("runs", nargs="+", help="run directories written by `planner run --out`")
     p.add_argument("--profile", required=True, help="the profile to calibrate (name or .toml path)")
-    p.add_argument("--out", help="calibrated profile to write (default: NAME-calibrated.toml beside it)")
+    p.add_argument("--out", help="calibrated profile to write (default: NAME-calibrated.toml beside it; for a "
+                                 "shipped profile, in the current directory)")
     add_overwrite_arg(p)
+
+
+def _default_out(base_path: Path) -> Path:
+    """NAME-calibrated.toml beside the profile, or in the current directory for a shipped one
+    (the installed package's directory is no place for a user's file)."""
+    from costmodel.hardware.profile_io import profile_dir
+    name = f"{base_path.stem}-calibrated.toml"
+    return Path(name) if base_path.parent.resolve() == profile_dir().resolve() else base_path.with_name(name)
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -35,7 +44,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from reports.tables import table
     base = resolve_device(args.profile)
     base_path = Path(base.path)
-    out = Path(args.out) if args.out else base_path.with_name(f"{base_path.stem}-calibrated.toml")
+    out = Path(args.out) if args.out else _default_out(base_path)
     if out.resolve() == base_path.resolve():
         raise UserError("--out must differ from the profile: calibration never overwrites it")
     outputs.out_file(out, "--out", args.overwrite, ".toml")

@@ -335,3 +335,13 @@ def test_a_datasheet_gpu_fit_stays_within_its_peak():
     assert caps["compute"][1] < BOUNDS["compute"][1] and caps["memory"][1] < BOUNDS["memory"][1]
     assert not profile_problems(with_params(base, {"compute": caps["compute"][1], "memory": caps["memory"][1]}))
     assert profile_problems(with_params(base, {"compute": 1.01 * caps["compute"][1]}))
+
+
+def test_a_shipped_profile_is_calibrated_into_the_current_directory(tmp_path):
+    """Without --out the calibrated profile lies beside a user's profile, but never inside the
+    installed package's profiles: a shipped one's goes to the current directory."""
+    from costmodel.hardware import resolve_device
+    from planner.commands.calibrate import _default_out
+    shipped = Path(resolve_device("H100-SXM5-80GB").path)
+    assert _default_out(shipped) == Path("H100-SXM5-80GB-calibrated.toml")
+    assert _default_out(tmp_path / "mine.toml") == tmp_path / "mine-calibrated.toml"
