@@ -80,6 +80,15 @@ class Progress:
         sys.stderr.write(f"\r[{'#' * filled}{' ' * (30 - filled)}] {elapsed:5.1f} s  ETA {eta} s  {what:<44.44}")
         sys.stderr.flush()
 
+    def caught_up(self, phases: list[str], what: str) -> None:
+        """`phases` done (forked ranks showed them on their own copies of the bar): the bar is
+        redrawn on a terminal; a log, which has their lines already, gets none."""
+        for phase in phases:
+            self.done[phase] = 1.0
+        self._last = phases[-1] if phases else self._last
+        if phases:
+            self.report(phases[-1], 1.0, what)
+
     def close(self) -> None:
         if sys.stderr.isatty():
             sys.stderr.write("\n")
@@ -193,9 +202,9 @@ def profile_machine(setup: Setup) -> None:
                            progress.report, probes.LAYER_PROBE, device_type=setup.device_type)[0]
         second_pass_s = micro.pop("second_pass_limit_s", 0.0)
         base = _base_profile(setup, micro)
-        for phase in weights:   # the ranks reported on their own copies of the bar
-            if not phase.startswith(("probes", "fit", "second pass")):
-                progress.report(phase, 1.0, "microbenchmarks done")
+        # the ranks reported on their own copies of the bar
+        progress.caught_up([p for p in weights if not p.startswith(("probes", "fit", "second pass"))],
+                           "microbenchmarks done")
         accelerated = {d: micro["gemm"][d].accelerated for d in dtypes}
         measured, skipped = [], []
         for ranks in sorted({1, setup.nproc}):
@@ -204,7 +213,7 @@ def profile_machine(setup: Setup) -> None:
             raws = run_forked(ranks, prof.probe_rank, plans, setup.threads,
                               _probe_budget_s(end_s, ranks, setup.nproc, second_pass_s),
                               partial(progress.report, phase), device_type=setup.device_type)[0]
-            progress.report(phase, 1.0, f"{len(plans)} probe plans on {ranks} rank(s)")
+            progress.caught_up([phase], f"{len(plans)} probe plans on {ranks} rank(s)")
             measured += probes.results(plans, raws)
             skipped += [probes.probe_name(pf) for pf, raw in zip(plans, raws) if raw is None]
         if setup.device_type == "cpu":

@@ -280,6 +280,10 @@ def test_progress_in_a_log_gives_each_phase_a_line_with_its_eta(capsys):
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 2 and lines[0].endswith("ETA ? s: gemm fp32")
     assert "ETA" in lines[1] and "?" not in lines[1] and lines[1].endswith(": memory")
+    # the phases forked ranks showed on their own copies: no line again, and the next phase's ETA
+    # counts them done
+    progress.caught_up(["gemm fp32", "memory"], "microbenchmarks done")
+    assert capsys.readouterr().err == "" and progress.done == {"gemm fp32": 1.0, "memory": 1.0}
 
 
 def test_calibrate_warns_of_a_fit_to_too_few_plans(measured, tmp_path, capsys):
