@@ -13,8 +13,8 @@ What Megatron-LM cannot say of our plans, and the nearest it runs (each a line o
   stage's layers, the embedding in the first, the loss in the last).
 - Recomputation is per (virtual) stage and the same on every rank (`--recompute-num-layers` with
   the block method): per-rank counts become the largest of them on every rank.
-- Rank order: tp-cp-ep-dp-pp (the default) or tp-cp-ep-pp-dp (`--use-tp-pp-dp-mapping`); other
-  mesh orders become the default.
+- Rank order: tp-cp-ep-dp-pp (the default) or tp-cp-ep-pp-dp (`--use-tp-pp-dp-mapping`, which
+  Megatron-LM refuses beside context or expert parallelism); other mesh orders become the default.
 - Offloaded states: Megatron-Core offloads the distributed optimizer's states and step
   (`--optimizer-cpu-offload`, all of them: `--optimizer-offload-fraction 1.0`); Megatron-FSDP
   has no such option, so offloading ZeRO-2/3 become offloading ZeRO-1.
@@ -93,8 +93,12 @@ def nearest(pf: PlanFile) -> Adjusted:
         adj.change(f"full recomputation of {list(plan.recompute_num_layers)} layers per rank: Megatron-LM "
                    f"recomputes the same number in every (virtual) stage; the first {n} of each",
                    recompute_num_layers=_block_counts(plan, n))
-    to_rank_order(adj, (DEFAULT_ORDER, TP_PP_DP_ORDER),
-                  "Megatron-LM orders ranks tp-cp-ep-dp-pp (or tp-cp-ep-pp-dp); the default")
+    if plan.cp > 1 or plan.ep > 1:   # validate_args: "can't be used with tp-pp-dp mapping"
+        to_rank_order(adj, (DEFAULT_ORDER,), "Megatron-LM orders ranks tp-cp-ep-dp-pp beside context or expert "
+                                             "parallelism (its tp-pp-dp mapping refuses them); that order")
+    else:
+        to_rank_order(adj, (DEFAULT_ORDER, TP_PP_DP_ORDER),
+                      "Megatron-LM orders ranks tp-cp-ep-dp-pp (or tp-cp-ep-pp-dp); the default")
     activations_on_device(adj, NAME)
     return adj
 

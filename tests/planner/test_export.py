@@ -320,6 +320,23 @@ def test_a_folded_expert_layout_is_megatron_s_only(plan_paths, tmp_path, capsys,
     assert len(err.splitlines()) == 1 and f"{target} cannot run this plan" in err and "ep=8" in err
 
 
+def test_megatron_s_tp_pp_dp_mapping_is_never_written_beside_context_or_expert_parallelism(tmp_path, capsys):
+    """Megatron-LM's validate_args refuses --use-tp-pp-dp-mapping with CP or EP > 1: such a plan
+    is exported in the default order (a difference, said), and the search for Megatron never
+    picks that order for them."""
+    plan_path = tmp_path / "cp.json"
+    assert main(["predict", "--model", "llama3-8b", "--cluster", "2x8xA100", "--pp", "4", "--cp", "2",
+                 "--mesh-order", "dp,pp,cp,tp", "--out", str(plan_path), "--json"]) == 0
+    doc = _export(capsys, plan_path, "megatron", tmp_path / "cp.sh")
+    assert "--use-tp-pp-dp-mapping" not in (tmp_path / "cp.sh").read_text()
+    assert any(d.startswith("mesh order dp>pp>cp>tp") for d in doc["differences"]), doc["differences"]
+    searched = tmp_path / "searched.sh"
+    assert main(["search", "--model", "llama3-8b", "--cluster", "2x8xA100", "--fix", "cp=2", "--fix", "pp=4",
+                 "--export", "megatron", "--export-out", str(searched)]) == 0
+    assert "--context-parallel-size 2" in searched.read_text()
+    assert "--use-tp-pp-dp-mapping" not in searched.read_text()
+
+
 def _megatron_lays_out_the_experts(args: dict, plan: dict, world: int, dp: int) -> None:
     """Megatron-Core's parallel_state builds the expert grid the export asks for: the plan's expert
     TP, its expert data-parallel size world / (etp x ep x pp) whole, and its pipeline groups the
