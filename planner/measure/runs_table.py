@@ -52,7 +52,8 @@ def read_numbered_runs(path: Path) -> list[tuple[int, dict[str, str]]]:
     text = read_text(path, "runs table")
     numbered = []
     try:
-        reader = csv.DictReader(io.StringIO(text, newline=""))
+        # a row a spreadsheet cut short of its trailing empty cells reads them as empty
+        reader = csv.DictReader(io.StringIO(text, newline=""), restval="")
         for row in reader:
             numbered.append((reader.line_num, row))   # blank lines and quoted newlines counted
         header = reader.fieldnames or []
@@ -61,6 +62,14 @@ def read_numbered_runs(path: Path) -> list[tuple[int, dict[str, str]]]:
     missing = [c for c in REQUIRED if c not in header]
     if missing:
         raise UserError(f"{path}: missing columns {', '.join(missing)}")
+    twice = sorted({c for c in header if c.strip() and header.count(c) > 1})
+    if twice:   # csv keeps the last cell of a name: the first would go unread
+        raise UserError(f"{path}: column{'s' if len(twice) > 1 else ''} {', '.join(map(repr, twice))} "
+                        f"appear{'' if len(twice) > 1 else 's'} more than once in the header")
+    for line, row in numbered:
+        if row.get(None):   # DictReader's key for the cells past the header's
+            raise UserError(f"{path} line {line}: {len(header) + len(row[None])} cells, the header names "
+                            f"{len(header)}")
     if not numbered:
         raise UserError(f"{path}: no runs (only a header)")
     seen: set[str] = set()
@@ -174,7 +183,14 @@ def row_specs(row: dict[str, str]) -> tuple[ModelSpec, TrainSpec, ClusterSpec]:
     row = {**row, "gpu": row["gpu"].strip()}   # stripped as every other cell is
     if row["gpu"].lower() == "local":   # a published run ran on a named device, not on this machine
         raise UserError(f"row {row['id']!r}: gpu 'local' is this machine; a published run names its device")
-    cluster = parse_cluster(f"{num_gpus // per_node}x{per_node}x{row['gpu']}")
+    try:
+        cluster = parse_cluster(f"{num_gpus // per_node}x{per_node}x{row['gpu']}")
+    except UserError as exc:
+        raise UserError(f"row {row['id']!r}: gpu: {exc}") from None
+    if cluster.device.peak_flops_per_s.get(str(train.compute_dtype), 0) <= 0:
+        has = " or ".join(d for d, peak in cluster.device.peak_flops_per_s.items() if peak > 0)
+        raise UserError(f"row {row['id']!r}: precision {precision}: {cluster.device.name} has no "
+                        f"{train.compute_dtype} in its profile ({has})")
     # priced with the traits of the framework that ran it (unknown names: generic traits) and
     # judged against the hard limit (what CUDA reports, less the context and NCCL reserve): the
     # question is whether the run as published fits, not whether we would plan that close to
@@ -193,6 +209,9 @@ def _row_model(row: dict[str, str], seq: int) -> ModelSpec:
     common = dict(layers=int_cell(row, "layers"), hidden=hidden, heads=heads, vocab=int_cell(row, "vocab"),
                   ffn=int_cell(row, "ffn_hidden", 4 * hidden), source=f"published run {row['id']}")
     if row["arch"] == Arch.GPT:
+        if stated := [c for c in _EXPERT_COLUMNS if (row.get(c) or "").strip()]:
+            raise UserError(f"row {row['id']!r}: {', '.join(stated)} describe a mixture of experts, which only "
+                            "llama rows have (arch = gpt is a dense GPT)")
         # grouped-query attention where kv_heads says so (Nemotron-4's LayerNorm GPT); MPT: no dropout
         model = replace(gpt_spec(row["id"], max_pos=seq, **common), num_kv_heads=int_cell(row, "kv_heads", heads))
         return model if flag_cell(row, "dropout", True) else replace(model, dropout=False)
@@ -289,6 +308,9 @@ def _named_model(row: dict[str, str], seq: int) -> ModelSpec:
             raise UserError(f"row {row['id']!r}: {column} = {stated} but model {name} has {value}")
     return replace(model, name=row["id"], max_position_embeddings=max(seq, model.max_position_embeddings),
                    source=f"published run {row['id']} ({name}: {model.source})")
+
+
+_EXPERT_COLUMNS = ("num_experts", "experts_per_token", "moe_ffn_hidden")
 
 
 def _experts(row: dict[str, str], ffn: int) -> dict[str, int]:

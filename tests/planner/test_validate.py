@@ -114,6 +114,13 @@ GOOD = "ok,x,gpt,24,2048,,16,16,51200,2048,A100-SXM4-80GB,8,8,1,1,8,,,1,1,,,64,b
     (HEADER + ",attention\n" + GOOD.replace("\n", ",sdpa\n"), "row 'ok': attention = 'sdpa' is not one of"),
     (HEADER + ",expert_imbalance\n" + GOOD.replace("\n", ",nan\n"), "expert_imbalance = nan is not a finite"),
     (HEADER + ",memory_gb\n" + GOOD.replace("\n", ",abc\n"), "line 2: row 'ok': memory_gb = 'abc' is not a number"),
+    (HEADER + ",tp\n" + GOOD.replace("\n", ",2\n"), "runs.csv: column 'tp' appears more than once in the header"),
+    (HEADER + "\n" + GOOD.replace("\n", ",x,y\n"), "runs.csv line 2: 28 cells, the header names 26"),
+    (HEADER + ",num_experts\n" + GOOD.replace("\n", ",8\n"),
+     "row 'ok': num_experts describe a mixture of experts, which only llama rows have"),
+    (HEADER + "\n" + GOOD.replace("A100-SXM4-80GB", "FooGPU"), "row 'ok': gpu: unknown device 'FooGPU'"),
+    (HEADER + "\n" + GOOD.replace("A100-SXM4-80GB", "V100"),
+     "row 'ok': precision bf16: V100-SXM2-32GB has no bf16 in its profile (fp16 or fp32)"),
 ])
 def test_bad_tables_are_one_line_and_exit_2(tmp_path, capsys, text, message):
     from planner.cli import main
@@ -264,3 +271,11 @@ def test_a_stated_memory_is_compared_where_the_row_states_what_sets_it(tmp_path)
     reserved = parse_cluster("1x8xA100-SXM4-80GB").allocator_reserved_bytes(max(row.estimate.peak_memory_bytes))
     assert row.memory_error_pct == pytest.approx(100 * (reserved - 20e9) / 20e9)
     assert other.memory_error_pct is None and summary["memory_rows"] == 1
+
+
+def test_a_row_cut_short_of_its_empty_trailing_cells_reads_them_as_empty(tmp_path):
+    """A spreadsheet drops a row's trailing empty cells: those columns are read as unstated."""
+    path = tmp_path / "runs.csv"
+    path.write_text(HEADER + ",notes,memory_gb\n" + GOOD)
+    results, summary = validate(path)
+    assert summary["n"] == 1 and results[0].filled and results[0].memory_error_pct is None
