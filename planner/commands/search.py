@@ -39,9 +39,9 @@ from planner.search import (
 
 _YES_NO = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 # --fix KEY=VALUE: the plan field it pins and how to read the value
-FIXABLE = {"dp": ("dp", int), "tp": ("tp", int), "pp": ("pp", int), "cp": ("cp", int), "ep": ("ep", int),
-           "etp": ("etp", int), "dp_replicate": ("dp_replicate", int), "vpp": ("vpp", int),
-           "mbs": ("micro_batch_size", int), "zero": ("zero_stage", int),
+FIXABLE = {"dp": ("dp", DEGREE), "tp": ("tp", DEGREE), "pp": ("pp", DEGREE), "cp": ("cp", DEGREE),
+           "ep": ("ep", DEGREE), "etp": ("etp", DEGREE), "dp_replicate": ("dp_replicate", DEGREE),
+           "vpp": ("vpp", DEGREE), "mbs": ("micro_batch_size", DEGREE), "zero": ("zero_stage", int_in(0, 3)),
            "schedule": ("schedule", Schedule), "recompute": ("recompute", Recompute),
            "sp": ("sequence_parallel", lambda v: _YES_NO[v.lower()]),
            "offload": ("offload_optimizer", lambda v: _YES_NO[v.lower()]),
@@ -134,8 +134,14 @@ def parse_options(args: argparse.Namespace) -> SearchOptions:
             raise UserError(f"--fix {key} given twice; say it once")
         try:
             fixed[name] = parse(value)
+        except argparse.ArgumentTypeError as exc:
+            raise UserError(f"--fix {item!r}: {exc}") from None
         except (ValueError, KeyError):
             raise UserError(f"--fix {item!r}: {value!r} is not a valid {key}") from None
+    if fixed.get("fp8_linears") and getattr(args, "dtype", None) != "fp8":
+        raise UserError("--fix fp8=yes needs --dtype fp8 (float8 linears in a bf16 run)")
+    if fixed.get("vpp", 1) > 1 and fixed.get("pp") == 1:
+        raise UserError(f"contradictory constraints: --fix vpp={fixed['vpp']} needs a pipeline, --fix pp=1 has none")
     for name, value in (("zero_stage", args.zero), ("schedule", args.schedule and Schedule(args.schedule))):
         if value is not None:
             if name in fixed and fixed[name] != value:
