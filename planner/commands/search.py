@@ -221,13 +221,18 @@ def run_search(args: argparse.Namespace, model, train, cluster) -> SearchResult:
             if problems:
                 raise UserError("contradictory constraints: " + "; ".join(problems))
         raise UserError(infeasible_message(result, cluster.name))
+    return result
+
+
+def _write_files(args: argparse.Namespace, model, train, cluster, result: SearchResult) -> None:
+    """--out: the first ranked plan (after the limits of --deadline-days and --budget-usd);
+    --csv: every plan the search priced."""
     if args.out:
         pf = PlanFile(plan=result.plans[0].plan, model=model, train=train, cluster=cluster)
         outputs.write_file(args.out, outputs.json_text(pf.to_dict()), args.overwrite)
         print(f"wrote {args.out}", file=sys.stderr)
     if args.csv:
         write_csv(args.csv, result, args.overwrite)
-    return result
 
 
 
@@ -241,11 +246,15 @@ def cmd_search(args: argparse.Namespace) -> int:
                             f"--framework {args.framework} searches for another; give one")
         args.framework = args.export
     refuse_bad_combinations(args, "search")
+    if args.tokens is None:   # said before the search (training_cost_of says it again for predict)
+        refuse_ignored(args.given, {"gpu_hour_usd"}, "--gpu-hour-usd prices the --tokens to train")
     model, train, cluster = specs_from_args(args)
     result = run_search(args, model, train, cluster)
     goal, left_out = _within_limits(args, model, train, cluster, result)
     stats = result.stats
     best = result.plans[0]
+    cost = training_cost_of(args, model, train, cluster, best.estimate)   # refuses before anything is written
+    _write_files(args, model, train, cluster, result)
     compared = comparisons(model, train, cluster, result)
     runner_up_text = "\n".join(c.text() for c in compared)
     if args.report:   # with --json too: stdout holds the JSON, the report goes to its directory
@@ -253,7 +262,6 @@ def cmd_search(args: argparse.Namespace) -> int:
                       runners_up=[(f.plan, f.estimate) for f in result.plans[1:]],
                       candidates=[f.estimate for f in result.evaluated], runner_up_text=runner_up_text)
     exported = _export_best(args, model, train, cluster, best.plan)
-    cost = training_cost_of(args, model, train, cluster, best.estimate)
     if args.json:
         emit_json({"plans": [{"plan": f.plan.to_dict(), "estimate": f.estimate.to_dict(),
                               "alternatives": [a.to_dict() for a in f.alternatives],

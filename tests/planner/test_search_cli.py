@@ -157,3 +157,20 @@ def test_the_csv_marks_plans_that_overflow_once_simulated(tmp_path, capsys):
     rows = pd.read_csv(out)
     feasible = int(re.search(r"([\d,]+) feasible", capsys.readouterr().out).group(1).replace(",", ""))
     assert (~rows.fits).sum() >= 1 and feasible == rows.fits.sum()
+
+
+def test_out_holds_the_first_plan_within_the_deadline(tmp_path, capsys):
+    """--deadline-days leaves plans out of the table: --out and --export hold the first it keeps."""
+    out, script = tmp_path / "plan.json", tmp_path / "run.sh"
+    assert main(["search", "--model", "llama3-8b", "--cluster", "2x8xA100", "--framework", "megatron", "--fix", "pp=4",
+                 "--fix", "vpp=2", "--top", "3", "--tokens", "1e10", "--deadline-days", "2", "--out", str(out),
+                 "--export", "megatron", "--export-out", str(script), "--json"]) == 0
+    first = json.loads(capsys.readouterr().out)["plans"][0]["plan"]
+    assert json.loads(out.read_text())["plan"] == first
+    assert f"--micro-batch-size {first['micro_batch_size']} " in script.read_text()
+
+
+def test_a_flag_that_would_be_ignored_is_refused_before_anything_is_written(tmp_path, capsys):
+    assert main(SEARCH + ["--out", str(tmp_path / "p.json"), "--report", str(tmp_path / "rep"),
+                          "--gpu-hour-usd", "2"]) == 2
+    assert "--gpu-hour-usd would be ignored" in capsys.readouterr().err and not list(tmp_path.iterdir())
