@@ -145,11 +145,15 @@ def specs_from_args(args: argparse.Namespace) -> tuple[ModelSpec, TrainSpec, Clu
     if not args.model or not args.cluster:
         raise UserError("--model and --cluster are required"
                         + (" (or --plan plan.json)" if args.command == "predict" else ""))
-    return build_specs(args.model, args.cluster, seq_len=args.seq_len, global_batch=args.global_batch,
-                       dtype=args.dtype, grad_dtype=args.grad_dtype, attention=args.attention,
-                       expert_imbalance=args.expert_imbalance, memory_headroom=args.memory_headroom,
-                       group_link_bytes_per_s=None if args.group_link is None else args.group_link * 1e9,
-                       framework=framework_of(args))
+    specs = build_specs(args.model, args.cluster, seq_len=args.seq_len, global_batch=args.global_batch,
+                        dtype=args.dtype, grad_dtype=args.grad_dtype, attention=args.attention,
+                        expert_imbalance=args.expert_imbalance, memory_headroom=args.memory_headroom,
+                        group_link_bytes_per_s=None if args.group_link is None else args.group_link * 1e9,
+                        framework=framework_of(args))
+    if not specs[0].is_moe:
+        refuse_ignored(getattr(args, "given", {}), {"expert_imbalance"},
+                       f"it loads the experts of a mixture, and {specs[0].name} is dense")
+    return specs
 
 
 def choice_from_args(args: argparse.Namespace, zero_default: int, sp_allowed: bool) -> Choice:

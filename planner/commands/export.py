@@ -13,7 +13,7 @@ from costmodel.inputs import UserError
 from costmodel.plan import PlanFile
 from costmodel.units import GIB
 from planner import outputs
-from planner.args import add_overwrite_arg
+from planner.args import add_overwrite_arg, refuse_ignored
 from planner.exports import TARGETS, Export, export_plan
 from planner.targets import name_for
 
@@ -41,6 +41,8 @@ def add_export_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    if not args.out:
+        refuse_ignored(args.given, {"overwrite"}, "without --out nothing is written")
     out = outputs.out_file(args.out, "--out", args.overwrite)
     pf = PlanFile.load(Path(args.plan))
     if problems := check_structure(pf.model, pf.train, pf.cluster, pf.plan):

@@ -18,9 +18,10 @@ from planner.space import build_plan
 from planner.targets import default_zero_stage, has_sequence_parallel, name_for, refuse_unless_runs
 
 # predict --plan takes all of these from the file
-SPEC_AND_PLAN_FLAGS = {"model", "cluster", "seq_len", "global_batch", "dtype", "grad_dtype", "attention",
-                       "memory_headroom", "framework", "dp", "tp", "pp", "cp", "zero", "recompute", "recompute_layers", "layers",
-                       "sp", "mbs", "vpp", "schedule", "mesh_order", "offload_optimizer", "offload_activations"}
+# what --plan leaves a flag to say: where the plan file goes, the output's form, and the run it is
+# priced for (its tokens, price and failures); every other flag sets a spec or the plan
+WITH_PLAN_FILE = {"plan", "out", "overwrite", "json", "tokens", "gpu_hour_usd", "device_mtbf_hours",
+                  "storage_mb_s_per_device"}
 
 
 EPILOG_PREDICT = """examples:
@@ -35,7 +36,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         refuse_ignored(args.given, {"overwrite"}, "without --out nothing is written")
     out = outputs.out_file(args.out, "--out", args.overwrite, ".json")
     if args.plan:
-        refuse_ignored(args.given, SPEC_AND_PLAN_FLAGS, "--plan takes the model, cluster, training and plan "
+        refuse_ignored(args.given, set(args.given) - WITH_PLAN_FILE, "--plan takes the model, cluster, training and plan "
                        "from the file (leave out --plan to give them as flags)")
         pf = PlanFile.load(Path(args.plan))
         model, train, cluster, plan = pf.model, pf.train, pf.cluster, pf.plan

@@ -38,6 +38,12 @@ def test_predict_writes_a_plan_that_predict_reads_back(tmp_path, capsys):
     first = json.loads(capsys.readouterr().out)
     assert main(["predict", "--plan", str(path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == first
+    # every flag that sets a spec or the plan is refused beside --plan; the run's tokens are not
+    for flag in (["--ep", "2"], ["--expert-imbalance", "2"], ["--etp", "2"], ["--dp-replicate", "2"],
+                 ["--group-link", "50"], ["--tp", "2"]):
+        assert main(["predict", "--plan", str(path), *flag]) == 2
+        assert f"{flag[0]} would be ignored: --plan takes" in capsys.readouterr().err
+    assert main(["predict", "--plan", str(path), "--tokens", "1e9", "--json"]) == 0
 
 
 @pytest.mark.parametrize("args,message", [
@@ -57,6 +63,10 @@ def test_predict_writes_a_plan_that_predict_reads_back(tmp_path, capsys):
     (["predict", "--model", "llama-70b", "--cluster", "1x8xA100", "--zero", "0"], "stage 0 needs"),
     (["predict", "--plan", "/nonexistent/plan.json"], "does not exist"),
     (["predict", "--model", "llama-70b", "--cluster", "1x8xV100", "--tp", "8"], "no bf16 support"),
+    (["predict", "--model", "llama3-8b", "--cluster", "1x8xH100", "--expert-imbalance", "2"],
+     "--expert-imbalance would be ignored: it loads the experts of a mixture, and llama3-8b is dense"),
+    (["export", "/nonexistent/plan.json", "--to", "megatron", "--overwrite"],
+     "--overwrite would be ignored: without --out nothing is written"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, args, message):
     assert main(args) == 2
