@@ -167,7 +167,10 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   replica), and an expert's states are sharded over the tp x cp x dp / ep ranks holding it
   (costmodel.params.expert_dp). Our runtime folds it the same way (runtime.parallel lays out the
   groups expert_layout gives) and runs a plan made for a framework that carves EP from data
-  parallelism (ep consecutive dp ranks, the mixture whole on every TP rank) carved.
+  parallelism (ep consecutive dp ranks, the mixture whole on every TP rank) carved. torchtitan
+  0.2 folds the same way at its expert TP 1 (ParallelDims.build_mesh unflattens the same ranks,
+  pp>dp_replicate>dp_shard>cp>tp, as pp>dp_replicate>efsdp>ep>etp: the EP group is the ep
+  innermost, TP first), which its export writes (expert_tensor_parallel_degree = 1).
 - `expert_tensor_parallel`: each routed expert can be split over etp ranks (Plan.etp; Megatron-Core's
   `--expert-tensor-parallel-size`: TEGroupedMLP's projections column- then row-parallel over the
   expert TP group, the routed rows all-gathered over it after the all-to-all and reduce-scattered
@@ -411,7 +414,8 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
                     tp_backward_reduce_scatter_exposed=True,
                     cp_all_gather_kv=True, float8_casts_fused=True, float8_with_tp=True,
                     deferred_w_keeps_graph=True, shared_expert_tp=True, eager_rms_norm_composite=True,
-                    recompute_placement="every_nth", own_pipeline_schedules=False, **_FSDP),
+                    ep_folds_over_tp=True, recompute_placement="every_nth", own_pipeline_schedules=False,
+                    **_FSDP),
 )}
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -310,14 +311,29 @@ def test_megatron_core_accepts_the_arguments(plan_paths, tmp_path, capsys, monke
         assert config.kv_channels == pf.model.head_dim and config.qk_layernorm
 
 
-@pytest.mark.parametrize("target", ["torchtitan", "deepspeed"])
-def test_a_folded_expert_layout_is_megatron_s_only(plan_paths, tmp_path, capsys, target):
-    """EP beyond dp, folded over the TP ranks, is a layout only Megatron-Core runs: another
-    target's export says so in one line, exit 2."""
+def test_a_folded_expert_layout_is_not_deepspeed_s(plan_paths, tmp_path, capsys):
+    """EP beyond dp, folded over the TP ranks, is a layout DeepSpeed does not run: its export says
+    so in one line, exit 2."""
     capsys.readouterr()
-    assert main(["export", str(plan_paths["mixtral_ep_folded"]), "--to", target, "--out", str(tmp_path / "f")]) == 2
+    assert main(["export", str(plan_paths["mixtral_ep_folded"]), "--to", "deepspeed", "--out", str(tmp_path / "f")]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and f"{target} cannot run this plan" in err and "ep=8" in err
+    assert len(err.splitlines()) == 1 and "deepspeed cannot run this plan" in err and "ep=8" in err
+
+
+def test_torchtitan_folds_experts_over_tp_as_the_plan_is_priced(plan_paths, tmp_path, capsys):
+    """torchtitan 0.2 at expert TP 1 lays EP over the innermost ranks, TP first (its sparse mesh
+    unflattens the dense one's ranks): the plan priced folded is its job file, and its
+    ParallelDims takes the degrees."""
+    parallel_dims = pytest.importorskip("torchtitan.distributed.parallel_dims", reason="torchtitan is not installed")
+    out = tmp_path / "job.toml"
+    doc = _export(capsys, plan_paths["mixtral_ep_folded"], "torchtitan", out)
+    plan = doc["plan"]
+    assert (plan["tp"], plan["pp"], plan["ep"], plan.get("etp", 1)) == (2, 2, 8, 1)
+    job = tomllib.loads(out.read_text())["parallelism"]
+    assert (job["expert_parallel_degree"], job["expert_tensor_parallel_degree"]) == (8, 1)
+    dims = parallel_dims.ParallelDims(dp_replicate=1, dp_shard=plan["dp"], cp=plan["cp"], tp=plan["tp"],
+                                      pp=plan["pp"], ep=plan["ep"], etp=1, world_size=16)
+    assert dims.ep == 8
 
 
 def test_megatron_s_tp_pp_dp_mapping_is_never_written_beside_context_or_expert_parallelism(tmp_path, capsys):
