@@ -81,21 +81,22 @@ def cluster_for(name: str, cluster: ClusterSpec) -> ClusterSpec:
 
 
 def options_for(name: str, model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
-                options: SearchOptions) -> SearchOptions:
+                options: SearchOptions, flag: str = "--framework") -> SearchOptions:
     """The search's options narrowed to what the framework runs. Refuses a model the framework
-    cannot build at all, and a --schedule it does not run, in one line naming it."""
+    cannot build at all, and a --schedule it does not run, in one line naming it (and the flag
+    that chose it: --framework, or search's --export)."""
     if name == PLANNER:
         return options
     probe = degrees_plan(dp=cluster.world_size, tp=1, pp=1, cp=1, num_layers=model.num_layers)
     try:
         _module(name).nearest(PlanFile(plan=probe, model=model, train=train, cluster=cluster))
     except CannotExport as exc:
-        raise UserError(f"--framework {name}: {exc}") from None
+        raise UserError(f"{flag} {name}: {exc}") from None
     schedules = _SCHEDULES[name]
     fixed = options.fixed.get("schedule")
     if schedules is not None and fixed is not None and fixed not in schedules:
         runs = ", ".join(sorted(str(s) for s in schedules))
-        raise UserError(f"--framework {name}: schedule {fixed} is not one it runs ({runs})")
+        raise UserError(f"{flag} {name}: schedule {fixed} is not one it runs ({runs})")
     if options.schedules is not None:
         schedules = options.schedules if schedules is None else schedules & options.schedules
     split, recompute = _SPLITS[name]

@@ -205,6 +205,8 @@ def parse_ints(text: str | None, flag: str, example: str) -> tuple[int, ...]:
         raise UserError(f"{flag} {text!r}: expected whole numbers joined by commas, e.g. {example}") from None
     if flag == "--group-mbs" and min(values) < 1:
         raise UserError(f"{flag} {text!r}: every micro-batch size must be at least 1")
+    if min(values) < 0:   # a count of layers or a group's number
+        raise UserError(f"{flag} {text!r}: {min(values)} is negative")
     return values
 
 

@@ -91,11 +91,11 @@ def summary_lines(result: Export, pf: PlanFile, out: Path | None) -> list[str]:
                  f"{est.tokens_per_s:,.0f} tokens/s, MFU {100 * est.mfu:.1f}%, peak "
                  f"{max(est.peak_memory_bytes) / GIB:.1f} of {est.memory_capacity_bytes / GIB:.1f} GiB"
                  + ("" if planned is est else
-                    f"; the plan as searched for {name_for(pf.cluster.framework)}: {planned.step_time_s:.3f} s "
+                    f"; the plan as priced for {name_for(pf.cluster.framework)}: {planned.step_time_s:.3f} s "
                     f"({change:+.1f}% for the export)"))
     lines.append(f"launch: {result.launch}")
     if result.plan != pf.plan:
-        lines.append(f"the plan was searched for {name_for(pf.cluster.framework)}, so this is the plan nearest to it, "
+        lines.append(f"the plan was made for {name_for(pf.cluster.framework)}, so this is the plan nearest to it, "
                      f"not {result.target}'s own best: `planner search ... --framework {result.target}` "
                      f"(or --export {result.target}) searches what {result.target} runs")
     if out is not None:

@@ -208,7 +208,8 @@ def check_outputs(args: argparse.Namespace) -> None:
 
 def run_search(args: argparse.Namespace, model, train, cluster) -> SearchResult:
     from planner.targets import options_for
-    options = options_for(framework_of(args), model, train, cluster, parse_options(args))
+    flag = "--export" if args.export and "framework" not in args.given else "--framework"
+    options = options_for(framework_of(args), model, train, cluster, parse_options(args), flag)
     result = search(model, train, cluster, options)
     if not result.plans:
         if not result.stats.optimal:

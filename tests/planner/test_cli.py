@@ -65,6 +65,8 @@ def test_predict_writes_a_plan_that_predict_reads_back(tmp_path, capsys):
     (["predict", "--model", "llama-70b", "--cluster", "1x8xV100", "--tp", "8"], "no bf16 support"),
     (["predict", "--model", "llama3-8b", "--cluster", "1x8xH100", "--expert-imbalance", "2"],
      "--expert-imbalance would be ignored: it loads the experts of a mixture, and llama3-8b is dense"),
+    (["predict", "--model", "llama3-8b", "--cluster", "1x8xH100", "--pp", "2", "--layers", "40,-8"],
+     "--layers '40,-8': -8 is negative"),
     (["export", "/nonexistent/plan.json", "--to", "megatron", "--overwrite"],
      "--overwrite would be ignored: without --out nothing is written"),
 ])

@@ -564,7 +564,7 @@ def test_an_export_to_another_framework_is_measured_against_the_plan_as_searched
     assert doc["planned"]["step_time_s"] == pytest.approx(searched_s) != doc["estimate"]["step_time_s"]
     assert main(["export", str(plan_paths["searched-megatron"]), "--to", "deepspeed", "--out",
                  str(tmp_path / "d.json")]) == 0
-    assert "the plan as searched for megatron" in capsys.readouterr().out
+    assert "the plan as priced for megatron" in capsys.readouterr().out
 
 
 def test_a_model_with_attention_biases_is_named_a_model_torchtitan_must_register(tmp_path):

@@ -174,3 +174,8 @@ def test_a_flag_that_would_be_ignored_is_refused_before_anything_is_written(tmp_
     assert main(SEARCH + ["--out", str(tmp_path / "p.json"), "--report", str(tmp_path / "rep"),
                           "--gpu-hour-usd", "2"]) == 2
     assert "--gpu-hour-usd would be ignored" in capsys.readouterr().err and not list(tmp_path.iterdir())
+
+
+def test_a_framework_chosen_by_export_is_named_by_that_flag(capsys):
+    assert main(["search", "--model", "megatron-1.7b", "--cluster", "1x8xH100", "--export", "torchtitan"]) == 2
+    assert capsys.readouterr().err.startswith("planner search: error: --export torchtitan: torchtitan cannot run")
