@@ -169,7 +169,9 @@ def _qwen2_moe(name: str, r: _Reader) -> ModelSpec:
     if not r.value("qkv_bias", bool, True):
         raise UserError(f"{r.where}: qkv_bias false is not supported")
     moe = r.positive("moe_intermediate_size")
-    shared = r.positive("shared_expert_intermediate_size", None) or 0
+    # transformers' Qwen2MoeSparseMoeBlock always builds the shared expert, its width defaulting
+    # to 5632 where a config leaves it out: read as stated, never as none
+    shared = r.positive("shared_expert_intermediate_size")
     spec = _qwen2(name, r)
     return replace(spec, ffn_hidden_size=moe, num_experts=r.positive("num_experts"),
                    experts_per_token=r.positive("num_experts_per_tok"), moe_ffn_hidden_size=moe,

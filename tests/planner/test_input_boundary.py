@@ -249,3 +249,14 @@ def test_a_config_file_names_the_model_and_its_own_keys(tmp_path, capsys):
     (tmp_path / "snap").mkdir()
     (tmp_path / "snap" / "config.json").write_text(json.dumps(LLAMA))
     assert model_from_hf_config(tmp_path / "snap" / "config.json").name == "snap"
+
+
+def test_a_qwen2_moe_config_without_its_shared_expert_width_is_refused(tmp_path, capsys):
+    """transformers builds Qwen2-MoE's shared expert whatever the config says (5632 wide if
+    unstated): a config leaving the width out is refused by name, not priced without it."""
+    cfg = {"model_type": "qwen2_moe", "hidden_size": 1024, "intermediate_size": 2816, "moe_intermediate_size": 704,
+           "num_attention_heads": 16, "num_key_value_heads": 16, "num_hidden_layers": 4, "num_experts": 8,
+           "num_experts_per_tok": 2, "vocab_size": 32000, "max_position_embeddings": 4096}
+    (tmp_path / "qmoe.json").write_text(json.dumps(cfg))
+    _one_line(capsys, main(["predict", "--model", str(tmp_path / "qmoe.json"), "--cluster", "1x8xH100"]),
+              "qmoe.json", "shared_expert_intermediate_size")
