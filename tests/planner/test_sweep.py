@@ -77,6 +77,10 @@ def test_the_table_names_the_cheapest_and_the_knee(capsys):
     (["--device", "A100+H100", "--nodes", "1"], "--device A100+H100: a sweep sizes clusters of one device each"),
     (["--device", "A100,A100-80GB", "--nodes", "1"],   # two aliases of one profile: one curve, not two
      "--device A100 and A100-80GB are both the profile 'A100-SXM4-80GB'"),
+    # a pin no plan takes is named as search names it, not as plans that overflow
+    (["--device", "H100", "--nodes", "1", "--fix", "schedule=zbv"],
+     "contradictory constraints: schedule=zbv has no closed-form pipeline time"),
+    (["--device", "H100", "--nodes", "1", "--fix", "mbs=0"], "--fix 'mbs=0': 0 is not a positive integer"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
     assert main([*BASE, *argv]) == 2
