@@ -41,6 +41,8 @@ SUFFIX = ".json"
 # the ZeRO stages its pipeline engine runs
 ZERO_STAGES_WITH_PP = frozenset({0, 1})
 ORDER = ("pp", "dp", "cp", "tp")   # DeepSpeed's PipeModelDataParallelTopology: pipe, data, model
+# without ZeRO, the gradient dtype DeepSpeed takes beside each model dtype other than its own
+_ZERO0_WIDER = {DType.BF16: (DType.FP32,)}
 
 
 def nearest(pf: PlanFile) -> Adjusted:
@@ -69,6 +71,11 @@ def nearest(pf: PlanFile) -> Adjusted:
     if pf.model.is_moe and adj.plan.zero_stage == 3:
         adj.change("zero 3 with experts: DeepSpeed's engine refuses MoE layers under ZeRO-3; ZeRO-2",
                    zero_stage=2)
+    t = pf.train
+    if adj.plan.zero_stage == 0 and t.grad_dtype not in (t.compute_dtype, *_ZERO0_WIDER.get(t.compute_dtype, ())):
+        # engine._do_optimizer_sanity_check: without ZeRO, gradients in the model's dtype, or bf16's in fp32
+        adj.change(f"zero 0 with {t.compute_dtype} compute and {t.grad_dtype} gradients: DeepSpeed adds gradients "
+                   "in another dtype than the model's only under ZeRO (or bf16's in fp32); ZeRO-1", zero_stage=1)
     if adj.plan.tp > 1 and adj.plan.sequence_parallel:
         adj.change("sequence parallelism: DeepSpeed's AutoTP has none; tensor parallelism without it",
                    sequence_parallel=False)

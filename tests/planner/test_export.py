@@ -331,9 +331,10 @@ def test_torchtitan_folds_experts_over_tp_as_the_plan_is_priced(plan_paths, tmp_
     assert (plan["tp"], plan["pp"], plan["ep"], plan.get("etp", 1)) == (2, 2, 8, 1)
     job = tomllib.loads(out.read_text())["parallelism"]
     assert (job["expert_parallel_degree"], job["expert_tensor_parallel_degree"]) == (8, 1)
-    dims = parallel_dims.ParallelDims(dp_replicate=1, dp_shard=plan["dp"], cp=plan["cp"], tp=plan["tp"],
-                                      pp=plan["pp"], ep=plan["ep"], etp=1, world_size=16)
-    assert dims.ep == 8
+    parallel_dims.ParallelDims(dp_replicate=1, dp_shard=plan["dp"], cp=plan["cp"], tp=plan["tp"], pp=plan["pp"],
+                               ep=plan["ep"], etp=1, world_size=16)   # its own checks
+    # its sparse mesh re-reads the dense ranks: the experts' FSDP group is what EP leaves whole
+    assert plan["dp"] * plan["cp"] * plan["tp"] % plan["ep"] == 0
 
 
 def test_megatron_s_tp_pp_dp_mapping_is_never_written_beside_context_or_expert_parallelism(tmp_path, capsys):
@@ -585,3 +586,18 @@ def test_a_model_with_attention_biases_is_named_a_model_torchtitan_must_register
     differences = torchtitan.nearest(PlanFile(plan=plan, model=model, train=train, cluster=cluster)).differences
     assert any("register a train spec named 'qwen2-mini'" in d and "biases on the Q, K and V" in d
                for d in differences), differences
+
+
+@pytest.mark.parametrize("dtype, grad, zero", [("fp16", "fp32", 1), ("fp16", "fp16", 0), ("bf16", "fp32", 0),
+                                               ("bf16", "fp16", 1)])
+def test_deepspeed_without_zero_keeps_gradients_only_in_dtypes_its_engine_takes(tmp_path, capsys, dtype, grad, zero):
+    """DeepSpeed's engine (_do_optimizer_sanity_check) runs without ZeRO only gradients in the
+    model's dtype, or bf16's in fp32: any other pair is exported at ZeRO-1, which adds them in
+    the stated dtype (data_types.grad_accum_dtype)."""
+    plan_path = tmp_path / "p.json"
+    assert main(["predict", "--model", "debug-tiny", "--cluster", "1x2xA100", "--dtype", dtype, "--grad-dtype", grad,
+                 "--zero", "0", "--out", str(plan_path), "--json"]) == 0
+    doc = _export(capsys, plan_path, "deepspeed", tmp_path / "ds.json")
+    config = json.loads((tmp_path / "ds.json").read_text())
+    assert doc["plan"]["zero_stage"] == config["zero_optimization"]["stage"] == zero
+    assert config["data_types"] == {"grad_accum_dtype": grad}
