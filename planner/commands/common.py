@@ -89,8 +89,8 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ep", type=DEGREE, default=1,
                    help="expert-parallel degree (mixtures of experts; divides the number of experts): each "
                         "layer's experts sharded over the ep innermost of the tp x cp x dp ranks (MoE parallel "
-                        "folding: the included runtime and --framework megatron), or under --framework torchtitan "
-                        "and deepspeed over ep consecutive data-parallel ranks (divides dp)")
+                        "folding: the included runtime, --framework megatron and torchtitan), or under --framework "
+                        "deepspeed over ep consecutive data-parallel ranks (divides dp)")
     g.add_argument("--etp", type=DEGREE, default=1,
                    help="expert tensor-parallel degree (mixtures of experts, --framework megatron): each routed "
                         "expert's projections split over the etp innermost ranks, the ep group the next ones; "
