@@ -67,7 +67,7 @@ def read_numbered_runs(path: Path) -> list[tuple[int, dict[str, str]]]:
         raise UserError(f"{path}: column{'s' if len(twice) > 1 else ''} {', '.join(map(repr, twice))} "
                         f"appear{'' if len(twice) > 1 else 's'} more than once in the header")
     for line, row in numbered:
-        if row.get(None):   # DictReader's key for the cells past the header's
+        if any(c.strip() for c in row.get(None) or ()):   # DictReader's key for cells past the header's
             raise UserError(f"{path} line {line}: {len(header) + len(row[None])} cells, the header names "
                             f"{len(header)}")
     if not numbered:
@@ -318,6 +318,8 @@ def _experts(row: dict[str, str], ffn: int) -> dict[str, int]:
     every layer's MLP routed, expert width ffn_hidden unless stated."""
     experts = int_cell(row, "num_experts", 0, low=0)
     if not experts:
+        if stated := [c for c in _EXPERT_COLUMNS[1:] if (row.get(c) or "").strip()]:
+            raise UserError(f"row {row['id']!r}: {', '.join(stated)} without num_experts (a dense model has none)")
         return {}
     return {"num_experts": experts, "experts_per_token": int_cell(row, "experts_per_token", 2),
             "moe_ffn_hidden_size": int_cell(row, "moe_ffn_hidden", ffn)}

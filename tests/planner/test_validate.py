@@ -118,6 +118,8 @@ GOOD = "ok,x,gpt,24,2048,,16,16,51200,2048,A100-SXM4-80GB,8,8,1,1,8,,,1,1,,,64,b
     (HEADER + "\n" + GOOD.replace("\n", ",x,y\n"), "runs.csv line 2: 28 cells, the header names 26"),
     (HEADER + ",num_experts\n" + GOOD.replace("\n", ",8\n"),
      "row 'ok': num_experts describe a mixture of experts, which only llama rows have"),
+    (HEADER + ",experts_per_token\n" + GOOD.replace(",gpt,", ",llama,").replace("\n", ",2\n"),
+     "row 'ok': experts_per_token without num_experts"),
     (HEADER + "\n" + GOOD.replace("A100-SXM4-80GB", "FooGPU"), "row 'ok': gpu: unknown device 'FooGPU'"),
     (HEADER + "\n" + GOOD.replace("A100-SXM4-80GB", "V100"),
      "row 'ok': precision bf16: V100-SXM2-32GB has no bf16 in its profile (fp16 or fp32)"),
@@ -279,3 +281,5 @@ def test_a_row_cut_short_of_its_empty_trailing_cells_reads_them_as_empty(tmp_pat
     path.write_text(HEADER + ",notes,memory_gb\n" + GOOD)
     results, summary = validate(path)
     assert summary["n"] == 1 and results[0].filled and results[0].memory_error_pct is None
+    path.write_text(HEADER + "\n" + GOOD.replace("\n", ",\n"))   # and a stray empty cell past the header's
+    assert validate(path)[1]["n"] == 1
