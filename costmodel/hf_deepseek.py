@@ -84,7 +84,9 @@ def _experts(r: Any, version: int, experts: int, moe: int) -> dict[str, Any]:
     if not _TOPK_METHODS[method]:
         groups = topk_groups = 1
     return dict(num_experts=experts, experts_per_token=r.positive("num_experts_per_tok"), moe_ffn_hidden_size=moe,
-                shared_expert_ffn_hidden_size=(r.value("n_shared_experts", int | None, None) or 0) * moe,
+                # required: transformers' default (1, or 2 for V2) and DeepSeek's own (none) differ;
+                # null is DeepSeek's none
+                shared_expert_ffn_hidden_size=(r.value("n_shared_experts", int | None) or 0) * moe,
                 first_k_dense=r.value("first_k_dense_replace", int, 0),
                 router_scoring=RouterScoring(scoring), num_expert_groups=groups, topk_groups=topk_groups,
                 routed_scaling_factor=r.value("routed_scaling_factor", float, 1.0),

@@ -43,7 +43,7 @@ def test_a_bad_config_is_one_line_exit_2(tmp_path, capsys):
             "intermediate_size": 96, "vocab_size": 256, "kv_lora_rank": 16, "q_lora_rank": 24,
             "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16, "n_routed_experts": 4,
             "num_experts_per_tok": 2, "moe_intermediate_size": 32, "n_group": 2, "topk_group": 1,
-            "first_k_dense_replace": 1}
+            "first_k_dense_replace": 1, "n_shared_experts": 1}
     for changes, message in (({"qk_rope_head_dim": 7}, "qk_rope_head_dim 7 must be even"),
                              ({"topk_method": "random"}, "topk_method 'random' is not supported"),
                              ({"moe_layer_freq": 2}, "moe_layer_freq other than 1"),
@@ -62,6 +62,10 @@ def test_a_bad_config_is_one_line_exit_2(tmp_path, capsys):
                      "--global-batch", "8"]) == 2
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1
+    # the shared experts' count is read as stated (transformers' default and DeepSeek's differ)
+    cfg.write_text(json.dumps({k: v for k, v in base.items() if k != "n_shared_experts"}))
+    assert main(["predict", "--model", str(cfg), "--cluster", "1x8xH100", "--seq-len", "64", "--global-batch", "8"]) == 2
+    assert "n_shared_experts is missing" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("cluster, flags, message", [
