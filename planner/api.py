@@ -25,7 +25,7 @@ from costmodel.resilience import LLAMA3, Failures
 from costmodel.schedules import Schedule
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.compare import Comparison, comparisons
-from planner.no_plan import infeasible_message
+from planner.no_plan import no_plan_reason
 from planner.search import Found, SearchOptions, SearchResult
 from planner.space import Choice, build_plan
 from planner.specs import ModelLike, build_specs
@@ -100,7 +100,7 @@ def search(model: ModelLike, cluster: str | ClusterSpec, *, framework: str = PLA
     result = run(spec, train_spec, parsed, options)
     if not result.plans:
         raise UserError(f"no plan found within the time limit of {time_limit_s:g} s" if not result.stats.optimal
-                        else infeasible_message(result, parsed.name))
+                        else no_plan_reason(spec, train_spec, parsed, options, result))
     return SearchAnswer(model=spec, train=train_spec, cluster=parsed, framework=framework, result=result,
                         comparisons=tuple(comparisons(spec, train_spec, parsed, result)))
 

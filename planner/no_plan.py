@@ -5,6 +5,7 @@ from __future__ import annotations
 from costmodel.estimate import offloads
 from costmodel.plan import Recompute
 from costmodel.units import GIB
+from planner.search import SearchOptions, unsatisfiable_constraints
 from planner.search_state import SearchResult
 
 
@@ -48,3 +49,14 @@ def infeasible_message(result: SearchResult, cluster_name: str) -> str:
             f"on pipeline stage {rank}, {over:.1f} GiB over the {capacity / GIB:.0f} GiB device "
             f"({states:.1f} GiB of it model states, {parts['activations'] / GIB:.1f} GiB activations){tried}; "
             f"would help: {', '.join(hints)}")
+
+
+def no_plan_reason(model, train, cluster, options: SearchOptions, result: SearchResult) -> str:
+    """Why a search that ran to its end found no plan: the pins no plan can take (contradictory
+    constraints), else what overflows in the closest candidate."""
+    if result.closest is None:
+        problems = unsatisfiable_constraints(model, train, cluster, options,
+                                             ruled_out=bool(result.stats.pruned_by_reason))
+        if problems:
+            return "contradictory constraints: " + "; ".join(problems)
+    return infeasible_message(result, cluster.name)

@@ -20,8 +20,8 @@ from costmodel.inputs import UserError
 from costmodel.resilience import LLAMA3, Failures, checkpoint_cost
 from costmodel.specs import ModelSpec, TrainSpec
 from costmodel.training_cost import TrainingCost, training_cost
-from planner.no_plan import infeasible_message
-from planner.search import Found, SearchOptions, search, unsatisfiable_constraints
+from planner.no_plan import no_plan_reason
+from planner.search import Found, SearchOptions, search
 from planner.targets import PLANNER, options_for
 
 KNEE_EFFICIENCY = 0.9   # per-GPU throughput kept, against the device's smallest size, at the knee
@@ -168,17 +168,6 @@ def sweep(spec: SweepSpec, specs: Specs, options: SearchOptions = SearchOptions(
                        wall_s=time.perf_counter() - start, objective=spec.objective, budget_usd=spec.budget_usd)
 
 
-def _no_plan(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: SearchOptions, result) -> str:
-    """Why a size has no plan: the --fix pins no plan there can take (as search says them), else
-    what overflows."""
-    if result.closest is None:
-        problems = unsatisfiable_constraints(model, train, cluster, options,
-                                             ruled_out=bool(result.stats.pruned_by_reason))
-        if problems:
-            return "contradictory constraints: " + "; ".join(problems)
-    return infeasible_message(result, cluster.name)
-
-
 def _row(spec: SweepSpec, model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: SearchOptions,
          left_s: float, price: float | None) -> SweepRow:
     narrowed = options_for(spec.framework, model, train, cluster, replace(options, time_limit_s=left_s, top_k=1))
@@ -186,7 +175,7 @@ def _row(spec: SweepSpec, model: ModelSpec, train: TrainSpec, cluster: ClusterSp
     common = dict(device=cluster.device.name, num_nodes=cluster.num_nodes, gpus_per_node=cluster.devices_per_node)
     if not result.plans:
         reason = ("no plan found within the sweep's time limit" if not result.stats.optimal
-                  else _no_plan(model, train, cluster, narrowed, result))
+                  else no_plan_reason(model, train, cluster, narrowed, result))
         return SweepRow(**common, found=None, proven=result.stats.optimal, reason=reason, cost=None)
     best = result.plans[0]
     est = best.estimate

@@ -27,14 +27,13 @@ from planner.args import (
 )
 from planner.commands.common import emit_json, framework_of, specs_from_args, write_report_dir
 from planner.compare import comparisons
-from planner.no_plan import infeasible_message
+from planner.no_plan import no_plan_reason
 from planner.objective import RunGoal, keep_within, refuse_bad_combinations
 from planner.search import (
     Found,
     SearchOptions,
     SearchResult,
     search,
-    unsatisfiable_constraints,
 )
 
 _YES_NO = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
@@ -138,10 +137,6 @@ def parse_options(args: argparse.Namespace) -> SearchOptions:
             raise UserError(f"--fix {item!r}: {exc}") from None
         except (ValueError, KeyError):
             raise UserError(f"--fix {item!r}: {value!r} is not a valid {key}") from None
-    if fixed.get("fp8_linears") and getattr(args, "dtype", None) != "fp8":
-        raise UserError("--fix fp8=yes needs --dtype fp8 (float8 linears in a bf16 run)")
-    if fixed.get("vpp", 1) > 1 and fixed.get("pp") == 1:
-        raise UserError(f"contradictory constraints: --fix vpp={fixed['vpp']} needs a pipeline, --fix pp=1 has none")
     for name, value in (("zero_stage", args.zero), ("schedule", args.schedule and Schedule(args.schedule))):
         if value is not None:
             if name in fixed and fixed[name] != value:
@@ -216,12 +211,7 @@ def run_search(args: argparse.Namespace, model, train, cluster) -> SearchResult:
             left = (f"{result.stats.pruned_by_reason.get('time limit', 0):,} candidates left"
                     if result.stats.enumerated else "the space was still being listed")
             raise UserError(f"no plan found within the --time-limit of {args.time_limit:g} s ({left}); raise it")
-        if result.closest is None:
-            problems = unsatisfiable_constraints(model, train, cluster, options,
-                                                 ruled_out=bool(result.stats.pruned_by_reason))
-            if problems:
-                raise UserError("contradictory constraints: " + "; ".join(problems))
-        raise UserError(infeasible_message(result, cluster.name))
+        raise UserError(no_plan_reason(model, train, cluster, options, result))
     return result
 
 
