@@ -16,7 +16,7 @@ from costmodel.check import check_memory, check_structure, fp8_problems
 from costmodel.frameworks import RUNTIME
 from costmodel.plan import PlanFile
 from costmodel.units import GIB
-from planner import outputs
+from planner import outputs, run_lock
 from planner.args import (
     Stopped,
     failures_from_args,
@@ -263,7 +263,7 @@ def _run_locked(args: argparse.Namespace, pf: PlanFile, out: Path, worker, resum
         if not isinstance(exc, Exception):   # Ctrl-C or SIGTERM: keep what was measured so far
             _keep_partial(pf, args, out, time.perf_counter() - start, exc)
         raise
-    outputs.check_held(out)
+    run_lock.check_held(out)
     raw = json.loads((out / "raw.json").read_text())
     copy_plan(args, out)
     timed = len(raw["step_times_s"])   # a resumed run measures the steps it ran
@@ -300,7 +300,7 @@ def _keep_partial(pf: PlanFile, args: argparse.Namespace, out: Path, wall_s: flo
     """The timed steps rank 0 recorded before the signal, as measured.json marked incomplete."""
     from runtime.measure import measured_record
     try:
-        outputs.check_held(out)
+        run_lock.check_held(out)
     except outputs.WriteFailed as gone:
         exc.add_note(str(gone))
         return

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from costmodel.inputs import UserError
 from costmodel.plan import PlanFile
-from planner import outputs
+from planner import outputs, run_lock
 
 PLAN_COPY = "plan.json"
 
@@ -30,7 +30,7 @@ def held_dirs(args: argparse.Namespace, pf: PlanFile, out: Path) -> Iterator[int
         resume_step = checkpoints(args, pf, held) if args.checkpoint_dir else 0
         outputs.out_dir(out, "--out", args.overwrite, outputs.RUN_FILES)
         if not (args.checkpoint_dir and Path(args.checkpoint_dir).resolve() == out.resolve()):
-            held.enter_context(outputs.run_dir_lock(out))
+            held.enter_context(run_lock.run_dir_lock(out))
         outputs.out_dir(out, "--out", args.overwrite, outputs.RUN_FILES)   # again, held: a run may have ended
         _refuse_another_plan(args, out)
         yield resume_step
@@ -47,7 +47,7 @@ def checkpoints(args: argparse.Namespace, pf: PlanFile, held: contextlib.ExitSta
     if problem := outputs.writable_dir_problem(root):
         raise RunRefused(f"--checkpoint-dir: {problem}")
     existed = root.exists()
-    held.enter_context(outputs.run_dir_lock(root, "--checkpoint-dir"))   # before it is read or cleared
+    held.enter_context(run_lock.run_dir_lock(root, "--checkpoint-dir"))   # before it is read or cleared
     earlier = checkpoint.any_attempt(root)
     if args.resume and checkpoint.latest(root) is None and not earlier:
         raise RunRefused(f"--resume: {root} holds no checkpoint ({'it is empty' if existed else 'it does not exist'}"

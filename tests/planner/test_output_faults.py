@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from costmodel.inputs import UserError
-from planner import outputs
+from planner import outputs, run_lock
 from planner.cli import main
 
 CPU = "1x2xxeon-amx"
@@ -228,7 +228,7 @@ def test_a_file_this_command_wrote_is_not_a_user_s(tmp_path):
 def test_a_run_directory_in_use_is_refused(tmp_path, capsys, plan_file):
     """The first run is simulated by holding the lock here (flock: another open file, refused)."""
     run_dir = tmp_path / "run"
-    with outputs.run_dir_lock(run_dir):
+    with run_lock.run_dir_lock(run_dir):
         assert main(["run", str(plan_file), "--nproc", "2", "--out", str(run_dir)]) == 2
         _one_line(capsys, f"--out {run_dir} is in use by another run (pid {os.getpid()})")
     assert not run_dir.exists()   # made for the lock, left empty: removed with it
@@ -244,9 +244,9 @@ def test_a_full_disk_under_the_lock_is_one_line_before_the_run(tmp_path, monkeyp
         @staticmethod
         def write(fd, data):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    monkeypatch.setattr(outputs, "os", FullDisk())
+    monkeypatch.setattr(run_lock, "os", FullDisk())
     with pytest.raises(outputs.WriteFailed, match=r"cannot write .*fresh/\.lock: No space left"):
-        with outputs.run_dir_lock(tmp_path / "fresh"):
+        with run_lock.run_dir_lock(tmp_path / "fresh"):
             pytest.fail("the run started")
     assert not (tmp_path / "fresh").exists()
 
@@ -256,16 +256,16 @@ def test_a_run_directory_removed_or_moved_while_held_is_said_not_recreated(tmp_p
     """`planner run` asks check_held before it publishes measured.json: a directory removed or
     moved while the run held it was recreated with the record in it, apart from its run.log."""
     held = tmp_path / "run"
-    with outputs.run_dir_lock(held):
-        outputs.check_held(held)   # still the directory it locked
+    with run_lock.run_dir_lock(held):
+        run_lock.check_held(held)   # still the directory it locked
         if how == "removed":
             shutil.rmtree(held)
         else:
             held.rename(tmp_path / "elsewhere")
         held.mkdir()   # what a rank's write_text_atomic does next
         with pytest.raises(outputs.WriteFailed, match=r"cannot write .*run: it was removed or moved while the run held"):
-            outputs.check_held(held)
-    outputs.check_held(held)   # held by no run of this process: nothing to say
+            run_lock.check_held(held)
+    run_lock.check_held(held)   # held by no run of this process: nothing to say
 
 
 def test_a_directory_replaced_by_a_file_is_said_so(tmp_path):
@@ -281,9 +281,9 @@ def test_a_directory_replaced_by_a_file_is_said_so(tmp_path):
 
 def test_a_stale_lock_file_is_taken(tmp_path):
     """A run killed outright leaves its lock file; the kernel dropped its lock with the process."""
-    (tmp_path / outputs.LOCK_NAME).write_text("999999999\n")
-    with outputs.run_dir_lock(tmp_path):
-        assert (tmp_path / outputs.LOCK_NAME).read_text() == f"{os.getpid()}\n"
+    (tmp_path / run_lock.LOCK_NAME).write_text("999999999\n")
+    with run_lock.run_dir_lock(tmp_path):
+        assert (tmp_path / run_lock.LOCK_NAME).read_text() == f"{os.getpid()}\n"
 
 
 class _Broken(io.StringIO):
@@ -339,11 +339,11 @@ def test_a_run_refused_before_it_starts_leaves_no_directory(tmp_path, capsys, pl
     """`planner run` without --out makes runs/<model>-<time>: a run refused after it took the lock
     leaves no empty directory behind; a directory holding a run's files stays."""
     run_dir = tmp_path / "fresh"
-    with outputs.run_dir_lock(run_dir):
-        assert (run_dir / outputs.LOCK_NAME).exists()
+    with run_lock.run_dir_lock(run_dir):
+        assert (run_dir / run_lock.LOCK_NAME).exists()
     assert not run_dir.exists()
     kept = tmp_path / "kept"
-    with outputs.run_dir_lock(kept):
+    with run_lock.run_dir_lock(kept):
         (kept / "run.log").write_text("a run's file")
     assert [p.name for p in kept.iterdir()] == ["run.log"]
 
@@ -376,7 +376,7 @@ INTERNAL_WRITERS = {
     "reports/style.py": "figures into the staging directory planner.outputs.staged_dir publishes",
     "reports/scaling.py": "a figure into memory (savefig to a buffer), published by planner.outputs.write_file",
     "runtime/worker.py": "raw.json, the restart marker and errors/rankN.txt: a rank's hand-off to the launcher "
-                         "inside the run directory the run holds (planner.outputs.run_dir_lock)",
+                         "inside the run directory the run holds (planner.run_lock.run_dir_lock)",
     "runtime/watchdog.py": "errors/rankN.txt: a hung rank's diagnosis for the launcher, in the held run directory",
     "runtime/health.py": "partial.json of a diverged run, for the launcher, in the held run directory",
     "runtime/train.py": "partial.json after each step, for the launcher, in the held run directory",

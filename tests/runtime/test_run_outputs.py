@@ -12,7 +12,7 @@ import pytest
 from parity import plan_file
 
 import runtime.launch
-from planner import outputs
+from planner import outputs, run_lock
 from planner.cli import main
 from planner.space import Choice
 from runtime.launch import RunFailed
@@ -91,11 +91,11 @@ def test_a_checkpoint_directory_in_use_is_refused_in_one_line(tmp_path, plan, ca
     _stand_in(monkeypatch, seen)
     ckpt = tmp_path / "ckpt"
     argv = ["run", str(plan), "--steps", "1", "--warmup", "0", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1"]
-    with outputs.run_dir_lock(ckpt, "--checkpoint-dir"):
+    with run_lock.run_dir_lock(ckpt, "--checkpoint-dir"):
         assert main([*argv, "--out", str(tmp_path / "run")]) == 2
         assert _one_line(capsys) == (f"planner run: error: --checkpoint-dir {ckpt} is in use by another run "
                                      f"(pid {os.getpid()}); wait for it to end or choose another directory")
     assert seen == [] and not ckpt.exists() and not (tmp_path / "run").exists()
     assert main([*argv, "--out", str(ckpt)]) == 1   # one directory for both: one lock, held once; ran
     assert "stand-in" in capsys.readouterr().err and ".lock" in seen[0][1]
-    assert not (ckpt / outputs.LOCK_NAME).exists()   # released with the run
+    assert not (ckpt / run_lock.LOCK_NAME).exists()   # released with the run
