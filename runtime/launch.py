@@ -183,13 +183,20 @@ def sbatch_script(pf: PlanFile, worker: WorkerArgs) -> str:
         ""])
 
 
+def clear_earlier_run(out: Path) -> None:
+    """What an earlier run left in a reused --out (--overwrite): its results, so that a run that
+    ends before measuring a step is not shown with them, and its ranks' errors, so that it does
+    not blame them."""
+    for stale in [out / "measured.json", out / "raw.json", out / PARTIAL, out / RESTARTED,
+                  *out.glob("errors/rank*.txt")]:
+        stale.unlink(missing_ok=True)
+
+
 def run_local(nproc: int, worker: WorkerArgs, threads_per_rank: int, log: TextIO) -> float:
     """Run torchrun, tee its output to `log` (OUT/run.log, which the caller opened without
     replacing another run's: planner.outputs.new_stream) and stderr; returns the wall time."""
     worker.out.mkdir(parents=True, exist_ok=True)
-    for stale in [worker.out / "raw.json", worker.out / PARTIAL, worker.out / RESTARTED,
-                  *worker.out.glob("errors/rank*.txt")]:
-        stale.unlink(missing_ok=True)   # a reused --out must not blame an old run
+    clear_earlier_run(worker.out)
     # expandable segments: the fragmentation the GPU profiles price (1.05-1.10 of allocated
     # bytes with them, 1.15-1.3 without); a user's own setting wins. Ignored on CPU.
     env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",

@@ -99,3 +99,15 @@ def test_a_checkpoint_directory_in_use_is_refused_in_one_line(tmp_path, plan, ca
     assert main([*argv, "--out", str(ckpt)]) == 1   # one directory for both: one lock, held once; ran
     assert "stand-in" in capsys.readouterr().err and ".lock" in seen[0][1]
     assert not (ckpt / run_lock.LOCK_NAME).exists()   # released with the run
+
+
+def test_a_reused_run_directory_keeps_no_earlier_result(tmp_path):
+    """--overwrite into an earlier run's directory: its measured.json, raw figures and ranks' errors
+    go before the ranks start (a run stopped before its first step would otherwise sit beside
+    them), the plan a user keeps there stays."""
+    from runtime.launch import clear_earlier_run
+    for name in ("measured.json", "raw.json", "plan.json", "errors/rank1.txt"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text("{}")
+    clear_earlier_run(tmp_path)
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["plan.json"]
