@@ -1,7 +1,7 @@
 """Checkpoints of a run: sharded with `torch.distributed.checkpoint` (each rank writes its own
 part), resumable onto the same plan or onto another plan of the same model.
 
-Layout: DIR/step-000006/ holds DCP's files, `plan.json` (what was running), one RNG file per rank,
+Layout: DIR/step-000006/ holds DCP's files, `plan.json` (what was running, and the seed and token file it read), one RNG file per rank,
 `MANIFEST.json` (every file's size and SHA-256, runtime.manifest) and `COMPLETE`. A checkpoint is written into DIR/.step-000006.partial/ and renamed by rank 0 once
 every rank has finished its part, so a half-written checkpoint is never the one a resume picks;
 a complete one whose files no longer match its manifest is skipped for the newest that does.
@@ -70,6 +70,23 @@ def any_attempt(root: Path) -> list[str]:
 def latest(root: Path) -> Path | None:
     steps = complete_steps(root)
     return step_dir(root, steps[-1]) if steps else None
+
+
+def token_source(seed: int, data: str | None, data_dtype: str) -> dict:
+    """What the token stream of a run depends on (runtime.data.TokenSource), as a checkpoint keeps it."""
+    return {"seed": seed, "data": data, "data_dtype": data_dtype if data else None}
+
+
+def other_tokens(path: Path, tokens: dict) -> str | None:
+    """How the checkpoint at `path` was fed otherwise than `tokens` says, or None (the same, or a
+    checkpoint that did not record it)."""
+    try:
+        saved = json.loads((path / "plan.json").read_text()).get("tokens")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(saved, dict) or saved == tokens:
+        return None
+    return ", ".join(f"{k} {saved.get(k)!r} there, {v!r} here" for k, v in tokens.items() if saved.get(k) != v)
 
 
 def check_resumable(path: Path, pf: PlanFile) -> int:
@@ -163,8 +180,10 @@ class Saver:
     Either way a checkpoint is committed only whole, so an interrupted write is never resumed from.
     `wait_s` records, per save, the seconds this rank's training stood still for it."""
 
-    def __init__(self, root: Path, pf: PlanFile, keep: int, background: bool = False, resumed_step: int = 0) -> None:
+    def __init__(self, root: Path, pf: PlanFile, keep: int, background: bool = False, resumed_step: int = 0,
+                 tokens: dict | None = None) -> None:
         self.root, self.pf, self.keep = root, pf, keep
+        self.tokens = tokens   # where the run's tokens come from (token_source), recorded for a resume
         # a resume takes the newest checkpoint that passes verification, so every complete one after
         # it failed (its line names them): none counts toward --keep until this run writes its step
         self.failed = {s for s in complete_steps(root) if s > resumed_step} if resumed_step else set()
@@ -212,7 +231,8 @@ class Saver:
                 getattr(writing, "upload_completion", writing).result()
             dist.barrier()
             if dist.get_rank() == 0:
-                record = {"step": step, "model": self.pf.model.to_dict(), "plan": self.pf.to_dict()}
+                record = {"step": step, "model": self.pf.model.to_dict(), "plan": self.pf.to_dict(),
+                          **({} if self.tokens is None else {"tokens": self.tokens})}
                 (partial / "plan.json").write_text(json.dumps(record, indent=1))
             dist.barrier()
             files = _hashed_together(partial)

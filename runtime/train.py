@@ -136,7 +136,8 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
     total = cfg.warmup + cfg.steps
     start = _resume(job, optimizer, pf, cfg, total)
     saver = (checkpoint.Saver(Path(cfg.checkpoint_dir), pf, cfg.keep, background=cfg.checkpoint_async,
-                              resumed_step=start) if cfg.checkpoint_dir else None)
+                              resumed_step=start, tokens=checkpoint.token_source(cfg.seed, cfg.data, cfg.data_dtype))
+             if cfg.checkpoint_dir else None)
     if cfg.hang_timeout and cfg.partial is not None:   # the launcher's errors file names the cause
         watchdog.watch(job.modules.values(), cfg.partial.parent / "errors" / f"rank{dist.get_rank()}.txt",
                        cfg.hang_timeout)

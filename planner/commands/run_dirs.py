@@ -67,6 +67,10 @@ def checkpoints(args: argparse.Namespace, pf: PlanFile, held: contextlib.ExitSta
         raise RunRefused(f"--resume: {exc}") from None
     if skipped:
         print(f"planner run: {checkpoint.skipped_line(skipped, path)}", file=sys.stderr)
+    tokens = checkpoint.token_source(args.seed, str(Path(args.data).resolve()) if args.data else None, args.data_dtype)
+    if path is not None and (differ := checkpoint.other_tokens(path, tokens)):
+        print(f"planner run: warning: {path} was trained on other tokens ({differ}): from step {step} on "
+              "this run draws another stream than that run would have", file=sys.stderr)
     return step
 
 

@@ -201,9 +201,12 @@ def test_planner_run_saves_and_resumes(dp_run, tmp_path, capsys):
     assert main(["run", str(dp), "--warmup", "0", "--out", str(tmp_path / "b"),
                  "--checkpoint-dir", str(ckpt), "--steps", "6"]) == 2
     assert "holds checkpoints (step-000004); pass --resume" in capsys.readouterr().err
-    resumed = run("tp.json", "c", "--steps", "6", "--resume", "--checkpoint-async")
+    resumed = run("tp.json", "c", "--steps", "6", "--resume", "--checkpoint-async", "--seed", "3")
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming after step 4" in resumed.stderr
+    # another seed draws another token stream from the checkpoint on: said, and recorded
+    assert "was trained on other tokens (seed 0 there, 3 here)" in resumed.stderr, resumed.stderr
+    assert json.loads((checkpoint.step_dir(ckpt, 6) / "plan.json").read_text())["tokens"]["seed"] == 3
     measured = json.loads((tmp_path / "c" / "measured.json").read_text())
     assert len(measured["losses"]) == 2 and checkpoint.complete_steps(ckpt) == [4, 6]
     assert len(measured["checkpoint_wait_s"]) == 1   # one save, at the end: the time the step stood still
