@@ -96,11 +96,12 @@ def step_health(job: Job, loss: torch.Tensor | None) -> StepHealth:
 
 
 def nonfinite_step(step: int, health: StepHealth, count: int, limit: int, partial: Path | None,
-                   figures: Callable[[], dict | None]) -> None:
+                   figures: Callable[[], dict | None], tag: str) -> None:
     """A step whose loss or gradient norm is not finite: its update was skipped (runtime.health);
     after --max-nonfinite-steps in a row the run stops, rank 0 keeping the figures so far marked
-    `diverged` (what planner run turns into measured.json), and no checkpoint of this state."""
-    where = f"step {step + 1} on rank {health.bad_ranks[0] if health.bad_ranks else 0}"
+    `diverged` (what planner run turns into measured.json; its step counts the warm-up), and no
+    checkpoint of this state. `tag`: the step as the progress lines name it."""
+    where = f"{tag} on rank {health.bad_ranks[0] if health.bad_ranks else 0}"
     what = f"loss {health.loss}, gradient norm {health.grad_norm}"
     if count < limit:
         if dist.get_rank() == 0:

@@ -169,15 +169,14 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
             mine.append(forward.total_s)
             sync.append(_per_stage_max(job, job.clock.dp_sync_s))
             optim.append(_per_stage_max(job, job.clock.optimizer_s))
+        tag = f"warm-up {step + 1}/{cfg.warmup}" if step < cfg.warmup else f"step {step - cfg.warmup + 1}/{cfg.steps}"
         if dist.get_rank() == 0 and not cfg.quiet:
-            tag = (f"warm-up {step + 1}/{cfg.warmup}" if step < cfg.warmup
-                   else f"step {step - cfg.warmup + 1}/{cfg.steps}")
             print(f"[planner run] {tag}: loss {step_loss:.4f}, grad norm {health.grad_norm:.4g}, "
                   f"{step_s * 1e3:.1f} ms", file=sys.stderr, flush=True)
         nonfinite = 0 if health.finite else nonfinite + 1
         if nonfinite:   # every rank decides alike (the values are global), before this state is saved
             nonfinite_step(step, health, nonfinite, cfg.max_nonfinite_steps, cfg.partial, lambda: _figures(
-                job, device, memory, losses, times or every_s, busy, sync, optim, mine, saver, grad_norms))
+                job, device, memory, losses, times or every_s, busy, sync, optim, mine, saver, grad_norms), tag)
         if saver and (step + 1 == total or (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0)):
             with watchdog.paused():
                 saver.save(step + 1, job.modules, optimizer)
