@@ -182,6 +182,8 @@ class MeasuredRun:
         if not isinstance(data, dict):
             raise UserError(f"{where}: not a measured.json (a JSON object is expected)")
         data = dict(data)
+        if {"train", "cluster"} <= set(data) and "step_times_s" not in data:
+            raise UserError(f"{where}: a plan file, not a measured.json (the record `planner run` writes of a run)")
         version = data.pop("version", None)
         if version not in (1, 2, 3, 4, 5, 6, MEASURED_FORMAT_VERSION):
             raise UserError(f"{where}: measured.json version {version!r}; this planner reads versions 1 "

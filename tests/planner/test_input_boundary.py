@@ -68,6 +68,8 @@ CASES = [  # (argv with {names} for fixture files, phrases the line must hold)
     (["predict", "--plan", "{twice.json}"], ["twice.json", "key 'tp' is given twice"]),
     (["report", "{plan}", "--measured", "{measured_list.json}", "--out", "{dir}/r"],
      ["measured_list.json", "a JSON object is expected, not a list"]),
+    (["report", "{plan}", "--measured", "{plan}", "--out", "{dir}/r"],
+     ["plan.json: a plan file, not a measured.json"]),
     (["predict", "--plan", "{dir}"], ["a-dir", "is a directory"]),
     (["predict", "--plan", "{loop}"], ["loop1", "symbolic links"]),
     (["predict", "--plan", "{garbage.npy}"], ["garbage.npy", "not a text file"]),
