@@ -61,6 +61,9 @@ def checkpoints(args: argparse.Namespace, pf: PlanFile, held: contextlib.ExitSta
         for name in earlier:
             shutil.rmtree(root / name)
         return 0
+    for name in earlier:   # an interrupted write, never resumed; under the lock no run is writing it
+        if name.startswith(".") and name.endswith(".partial"):
+            shutil.rmtree(root / name, ignore_errors=True)
     try:   # sizes against the manifest here; the ranks compare the checksums before loading
         path, step, skipped = checkpoint.resume_point(root, pf, args.warmup + args.steps)
     except checkpoint.CheckpointError as exc:

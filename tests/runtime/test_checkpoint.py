@@ -201,8 +201,10 @@ def test_planner_run_saves_and_resumes(dp_run, tmp_path, capsys):
     assert main(["run", str(dp), "--warmup", "0", "--out", str(tmp_path / "b"),
                  "--checkpoint-dir", str(ckpt), "--steps", "6"]) == 2
     assert "holds checkpoints (step-000004); pass --resume" in capsys.readouterr().err
+    (ckpt / ".step-000005.partial" / "rng").mkdir(parents=True)   # an interrupted write: never resumed, removed
     resumed = run("tp.json", "c", "--steps", "6", "--resume", "--checkpoint-async", "--seed", "3")
     assert resumed.returncode == 0, resumed.stderr
+    assert not (ckpt / ".step-000005.partial").exists()
     assert "resuming after step 4" in resumed.stderr
     # another seed draws another token stream from the checkpoint on: said, and recorded
     assert "was trained on other tokens (seed 0 there, 3 here)" in resumed.stderr, resumed.stderr
