@@ -30,7 +30,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 
 from costmodel.inputs import UserError
 from costmodel.plan import PlanFile
-from costmodel.specs import ModelSpec
+from costmodel.specs import ModelSpec, TrainSpec
 from runtime import manifest
 from runtime.launch import CHECKPOINT_WRITE_FAILED
 
@@ -72,9 +72,12 @@ def latest(root: Path) -> Path | None:
     return step_dir(root, steps[-1]) if steps else None
 
 
-def token_source(seed: int, data: str | None, data_dtype: str) -> dict:
-    """What the token stream of a run depends on (runtime.data.TokenSource), as a checkpoint keeps it."""
-    return {"seed": seed, "data": data, "data_dtype": data_dtype if data else None}
+def token_source(seed: int, data: str | None, data_dtype: str, train: TrainSpec) -> dict:
+    """What the token stream of a run depends on, as a checkpoint keeps it: a token file (and its
+    dtype), else the seed of the synthetic tokens (runtime.data.TokenSource); the sequences a step
+    takes, and their length."""
+    return {"data": data, "data_dtype": data_dtype if data else None, "seed": None if data else seed,
+            "global_batch": train.global_batch_size, "seq_len": train.seq_len}
 
 
 def other_tokens(path: Path, tokens: dict) -> str | None:
@@ -86,7 +89,8 @@ def other_tokens(path: Path, tokens: dict) -> str | None:
         return None
     if not isinstance(saved, dict) or saved == tokens:
         return None
-    return ", ".join(f"{k} {saved.get(k)!r} there, {v!r} here" for k, v in tokens.items() if saved.get(k) != v)
+    return ", ".join(f"{k} {saved.get(k)!r} there, {v!r} here" for k, v in tokens.items()
+                     if saved.get(k) != v and not (k == "data_dtype" and saved.get("data") != tokens["data"]))
 
 
 def check_resumable(path: Path, pf: PlanFile) -> int:

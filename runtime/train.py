@@ -136,7 +136,7 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
     total = cfg.warmup + cfg.steps
     start = _resume(job, optimizer, pf, cfg, total)
     saver = (checkpoint.Saver(Path(cfg.checkpoint_dir), pf, cfg.keep, background=cfg.checkpoint_async,
-                              resumed_step=start, tokens=checkpoint.token_source(cfg.seed, cfg.data, cfg.data_dtype))
+                              resumed_step=start, tokens=checkpoint.token_source(cfg.seed, cfg.data, cfg.data_dtype, pf.train))
              if cfg.checkpoint_dir else None)
     if cfg.hang_timeout and cfg.partial is not None:   # the launcher's errors file names the cause
         watchdog.watch(job.modules.values(), cfg.partial.parent / "errors" / f"rank{dist.get_rank()}.txt",
@@ -148,7 +148,8 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
         if step == cfg.warmup and device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         watchdog.beat()
-        watchdog.at_step(step + 1)
+        tag = watchdog.step_label(step, cfg.warmup, cfg.steps)
+        watchdog.at_step(step + 1, tag)
         _maybe_fail(cfg.fault, step)
         dist.barrier()
         job.clock.reset()
@@ -169,7 +170,6 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
             mine.append(forward.total_s)
             sync.append(_per_stage_max(job, job.clock.dp_sync_s))
             optim.append(_per_stage_max(job, job.clock.optimizer_s))
-        tag = f"warm-up {step + 1}/{cfg.warmup}" if step < cfg.warmup else f"step {step - cfg.warmup + 1}/{cfg.steps}"
         if dist.get_rank() == 0 and not cfg.quiet:
             print(f"[planner run] {tag}: loss {step_loss:.4f}, grad norm {health.grad_norm:.4g}, "
                   f"{step_s * 1e3:.1f} ms", file=sys.stderr, flush=True)

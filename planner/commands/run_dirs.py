@@ -61,20 +61,28 @@ def checkpoints(args: argparse.Namespace, pf: PlanFile, held: contextlib.ExitSta
         for name in earlier:
             shutil.rmtree(root / name)
         return 0
-    for name in earlier:   # an interrupted write, never resumed; under the lock no run is writing it
-        if name.startswith(".") and name.endswith(".partial"):
-            shutil.rmtree(root / name, ignore_errors=True)
     try:   # sizes against the manifest here; the ranks compare the checksums before loading
         path, step, skipped = checkpoint.resume_point(root, pf, args.warmup + args.steps)
     except checkpoint.CheckpointError as exc:
         raise RunRefused(f"--resume: {exc}") from None
     if skipped:
         print(f"planner run: {checkpoint.skipped_line(skipped, path)}", file=sys.stderr)
-    tokens = checkpoint.token_source(args.seed, str(Path(args.data).resolve()) if args.data else None, args.data_dtype)
-    if path is not None and (differ := checkpoint.other_tokens(path, tokens)):
+    if path is not None:
+        _resuming(args, pf, root, path, step, earlier)
+    return step
+
+
+def _resuming(args: argparse.Namespace, pf: PlanFile, root: Path, path: Path, step: int, earlier: list[str]) -> None:
+    """A resume from `path` (step `step`) about to start: interrupted writes' folders, which no
+    resume takes, removed under the directory's lock; a token stream other than the checkpoint's said."""
+    from runtime import checkpoint
+    for name in earlier:
+        if name.startswith(".") and name.endswith(".partial"):
+            shutil.rmtree(root / name, ignore_errors=True)
+    data = str(Path(args.data).resolve()) if args.data else None
+    if differ := checkpoint.other_tokens(path, checkpoint.token_source(args.seed, data, args.data_dtype, pf.train)):
         print(f"planner run: warning: {path} was trained on other tokens ({differ}): from step {step} on "
               "this run draws another stream than that run would have", file=sys.stderr)
-    return step
 
 
 def copy_plan(args: argparse.Namespace, out: Path) -> None:

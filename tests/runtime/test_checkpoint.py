@@ -207,7 +207,7 @@ def test_planner_run_saves_and_resumes(dp_run, tmp_path, capsys):
     assert not (ckpt / ".step-000005.partial").exists()
     assert "resuming after step 4" in resumed.stderr
     # another seed draws another token stream from the checkpoint on: said, and recorded
-    assert "was trained on other tokens (seed 0 there, 3 here)" in resumed.stderr, resumed.stderr
+    assert "was trained on other tokens (seed 0 there, 3 here)" in resumed.stderr, resumed.stderr   # tp.json: same batch
     assert json.loads((checkpoint.step_dir(ckpt, 6) / "plan.json").read_text())["tokens"]["seed"] == 3
     measured = json.loads((tmp_path / "c" / "measured.json").read_text())
     assert len(measured["losses"]) == 2 and checkpoint.complete_steps(ckpt) == [4, 6]
@@ -288,3 +288,17 @@ def test_a_checkpoint_saved_before_a_model_field_existed_still_resumes(tmp_path)
         del saved["model"][key]
     record.write_text(json.dumps(saved))
     assert checkpoint.check_resumable(tmp_path / "step-000001", pf) == 1
+
+
+def test_what_a_checkpoint_was_fed_is_compared_with_what_a_resume_feeds(tmp_path):
+    """A token file's stream does not depend on the seed; the sequences a step takes do."""
+    from costmodel.specs import TrainSpec
+    train = TrainSpec(seq_len=64, global_batch_size=16)
+    (tmp_path / "plan.json").write_text(json.dumps({"tokens": checkpoint.token_source(0, "/d/t.bin", "uint16", train)}))
+    assert checkpoint.other_tokens(tmp_path, checkpoint.token_source(3, "/d/t.bin", "uint16", train)) is None
+    assert checkpoint.other_tokens(tmp_path, checkpoint.token_source(3, None, "uint16", train)) == \
+        "data '/d/t.bin' there, None here, seed None there, 3 here"
+    bigger = checkpoint.token_source(0, "/d/t.bin", "uint16", TrainSpec(seq_len=64, global_batch_size=32))
+    assert checkpoint.other_tokens(tmp_path, bigger) == "global_batch 16 there, 32 here"
+    (tmp_path / "plan.json").write_text(json.dumps({"step": 1}))   # saved before the record existed
+    assert checkpoint.other_tokens(tmp_path, bigger) is None
