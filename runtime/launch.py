@@ -305,18 +305,19 @@ def failure_message(out: Path, nproc: int) -> str:
     return f"the job of {nproc} ranks failed; see {log_path}"
 
 
-_STEP = re.compile(r"^step (\d+): (.*)$")
+_STEP = re.compile(r"^((?:step|warm-up) \d+(?:/\d+)?): (.*)$")
 
 
-def _step_and_cause(line: str) -> tuple[int | None, str]:
-    """A rank's first error line, `step N: Type: message` (runtime.worker, runtime.watchdog)."""
+def _step_and_cause(line: str) -> tuple[str | None, str]:
+    """A rank's first error line, `step 3/8: Type: message` (runtime.worker, runtime.watchdog):
+    the step as the progress lines name it, and the cause."""
     m = _STEP.match(line)
-    return (int(m.group(1)), m.group(2)) if m else (None, line)
+    return (m.group(1), m.group(2)) if m else (None, line)
 
 
 def _failed(rank: int, line: str) -> str:
     step, cause = _step_and_cause(line)
-    return f"rank {rank} failed{f' at step {step}' if step else ''}: {cause}"
+    return f"rank {rank} failed{f' at {step}' if step else ''}: {cause}"
 
 
 def _died(rank: int, code: int, causes: list) -> str:
@@ -330,6 +331,6 @@ def _died(rank: int, code: int, causes: list) -> str:
     if step is None and JOIN_WAITING in cause:
         return (f"rank {rank} did not join the process group (stopped or stuck at start-up: rank {peer} "
                 f"{cause.removeprefix('RankHung: ')}, --hang-timeout); it was then ended ({how})")
-    at = f" at step {step}" if step else ""
+    at = f" at {step}" if step else ""
     return (f"rank {rank} made no progress{at} (hung or stopped: rank {peer} {cause.removeprefix('RankHung: ')}, "
             f"--hang-timeout); it was then ended ({how})")

@@ -26,11 +26,17 @@ from costmodel.inputs import write_text_atomic
 _last = [time.monotonic()]
 _paused = [0]
 _step = [0]   # the step this rank is in (1-based; 0: before the first), for the causes it reports
+_label = [""]   # that step as the progress lines name it (step_label)
 
 
-def at_step(step: int) -> None:
-    """The training loop entered `step` (1-based)."""
-    _step[0] = step
+def step_label(step: int, warmup: int, steps: int) -> str:
+    """Step `step` (0-based, warm-up first) as a run's progress lines and errors name it."""
+    return f"warm-up {step + 1}/{warmup}" if step < warmup else f"step {step - warmup + 1}/{steps}"
+
+
+def at_step(step: int, label: str = "") -> None:
+    """The training loop entered `step` (1-based), named `label` (step_label) in its causes."""
+    _step[0], _label[0] = step, label or f"step {step}"
 
 
 def current_step() -> int:
@@ -38,8 +44,9 @@ def current_step() -> int:
 
 
 def with_step(cause: str) -> str:
-    """A rank's cause line as the launcher reads it: `step N: cause` once training has begun."""
-    return f"step {_step[0]}: {cause}" if _step[0] else cause
+    """A rank's cause line as the launcher reads it: `step 3/8: cause` (or `warm-up 1/2: cause`)
+    once training has begun."""
+    return f"{_label[0]}: {cause}" if _step[0] else cause
 
 
 def beat(*_args, **_kwargs) -> None:

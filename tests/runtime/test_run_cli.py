@@ -52,11 +52,11 @@ def test_run_measures_and_compares(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("fault, expected", [
-    ("1:1:raise", "rank 1 failed at step 2: RuntimeError: injected fault"),
+    ("1:1:raise", "rank 1 failed at step 1/3: RuntimeError: injected fault"),   # as its progress lines count
     ("0:1:exit", "rank 0 died (exit code 3) without a Python error"),
     ("1:1:kill", "rank 1 died (signal 9) without a Python error"),
     # alive but silent: the watchdog names it, not the peer that waits for it
-    pytest.param("1:1:hang", "rank 1 failed at step 2: RankHung: no progress for",
+    pytest.param("1:1:hang", "rank 1 failed at step 1/3: RankHung: no progress for",
                  marks=pytest.mark.alone),   # two timeouts race: the watchdog's 5 s, the peer's 6 s
 ])
 def test_a_failing_rank_ends_the_job_and_is_named(tmp_path, fault, expected):
