@@ -26,3 +26,12 @@ def test_results_are_json_serialisable():
     json.dumps(answer.to_dict())
     json.dumps(api.predict("llama3-8b", "1x8xH100", plan=answer.best.plan.to_dict(), seq_len=2048,
                            global_batch=32).to_dict())
+
+
+def test_a_pin_no_plan_takes_is_named_as_the_cli_names_it():
+    import pytest
+
+    from costmodel.inputs import UserError
+    from planner import api
+    with pytest.raises(UserError, match="contradictory constraints: fp8_linears=True is not possible"):
+        api.search("llama3-8b", "1x8xH100", fix={"fp8_linears": True})

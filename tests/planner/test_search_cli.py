@@ -81,7 +81,7 @@ def test_a_model_too_large_for_the_devices_trains_with_its_states_on_the_host(ca
     (["--fix", "mbs=0"], "--fix 'mbs=0': 0 is not a positive integer (give 1 to 1,048,576)"),
     (["--fix", "zero=7"], "--fix 'zero=7': 7 is too large (give 0 to 3)"),
     (["--fix", "dp=999999999999999999999"], "is too large (give 1 to 1,048,576)"),
-    (["--fix", "vpp=2", "--fix", "pp=1"], "contradictory constraints: "),
+    (["--fix", "vpp=2", "--fix", "pp=1"], "contradictory constraints: vpp=2, pp=1 are not possible together"),
 ])
 def test_contradictions_are_named(capsys, extra, message):
     assert main(SEARCH + extra) == 2
