@@ -12,6 +12,7 @@ Examples that run: docs/api.md (tests/planner/test_api.py runs them).
 """
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from planner.compare import Comparison, comparisons
 from planner.no_plan import no_plan_reason
 from planner.search import Found, SearchOptions, SearchResult
 from planner.space import Choice, build_plan
-from planner.specs import ModelLike, build_specs
+from planner.specs import ModelLike, build_specs, enum_value
 from planner.sweep import SweepResult, SweepSpec
 from planner.targets import PLANNER, options_for, refuse_unless_runs
 
@@ -85,6 +86,25 @@ class PredictAnswer:
         return {"plan": self.plan.to_dict(), "framework": self.framework, "estimate": self.estimate.to_dict()}
 
 
+def _fixed(fix: dict[str, Any] | None) -> dict[str, Any]:
+    """`fix` as the search pins fields: keyed by the plan's field names ("zero_stage") or the
+    CLI's --fix names ("zero"), a value as the field holds it or as the CLI writes it ("1f1b",
+    "yes"); an unknown key or a value no field takes is a UserError naming it."""
+    from planner.commands.search import FIXABLE
+    fields = {name: parse for name, parse in FIXABLE.values()}
+    out: dict[str, Any] = {}
+    for key, value in (fix or {}).items():
+        name, parse = FIXABLE[key] if key in FIXABLE else (key, fields.get(key))
+        if parse is None:
+            raise UserError(f"fix: unknown key {key!r}; keys: {', '.join(FIXABLE)} (or their plan fields: "
+                            f"{', '.join(fields)})")
+        try:   # a bool as the field holds it; a number or a name (an enum's too) as the CLI parses it
+            out[name] = value if isinstance(value, bool) else parse(str(value))
+        except (ValueError, KeyError, TypeError, argparse.ArgumentTypeError) as exc:
+            raise UserError(f"fix: {key}={value!r}: {exc}") from None
+    return out
+
+
 def search(model: ModelLike, cluster: str | ClusterSpec, *, framework: str = PLANNER, top: int = 5,
            fix: dict[str, Any] | None = None, time_limit_s: float = 60.0, max_tp: int | None = None,
            no_recompute: bool = False, **train: Any) -> SearchAnswer:
@@ -92,10 +112,13 @@ def search(model: ModelLike, cluster: str | ClusterSpec, *, framework: str = PLA
     stops the search). `fix`: plan fields pinned, e.g. {"pp": 4, "zero_stage": 1}; `train`:
     seq_len, global_batch, dtype, memory_headroom... as the CLI's flags. Raises UserError when
     nothing fits (with the closest plan) or the constraints contradict."""
+    from planner.args import MAX_TOP
     from planner.search import search as run
+    if not 1 <= top <= MAX_TOP:
+        raise UserError(f"top {top}: give 1 to {MAX_TOP}")
     spec, train_spec, parsed = build_specs(model, cluster, framework=framework, **train)
     options = options_for(framework, spec, train_spec, parsed,
-                          SearchOptions(top_k=top, fixed=dict(fix or {}), time_limit_s=time_limit_s, max_tp=max_tp,
+                          SearchOptions(top_k=top, fixed=_fixed(fix), time_limit_s=time_limit_s, max_tp=max_tp,
                                         no_recompute=no_recompute))
     result = run(spec, train_spec, parsed, options)
     if not result.plans:
@@ -107,19 +130,25 @@ def search(model: ModelLike, cluster: str | ClusterSpec, *, framework: str = PLA
 
 def predict(model: ModelLike, cluster: str | ClusterSpec, plan: Plan | dict[str, Any] | None = None, *,
             framework: str = PLANNER, tp: int = 1, pp: int = 1, cp: int = 1, dp: int | None = None, ep: int = 1,
-            zero: int = 1, recompute: str = "none", sp: bool | None = None, mbs: int = 1, vpp: int = 1,
-            schedule: str | None = None, dp_replicate: int = 1, **train: Any) -> PredictAnswer:
+            zero: int | None = None, recompute: str = "none", sp: bool | None = None, mbs: int = 1,
+            vpp: int | None = None, schedule: str | None = None, dp_replicate: int = 1, **train: Any) -> PredictAnswer:
     """One plan's estimate: a `Plan` (or its dict, as plan.json holds it), else the degrees
-    given here (the CLI's defaults). Raises UserError for a plan that is not valid or that the
-    framework cannot run; a plan that does not fit is answered (`fits` False)."""
+    given here, with the CLI's defaults (zero: the framework's; vpp: the one count the schedule
+    allows, else 1; sp: on with TP where the framework has it). Raises UserError for a plan that
+    is not valid or that the framework cannot run; a plan that does not fit is answered (`fits` False)."""
+    from planner.targets import default_zero_stage, has_sequence_parallel
     spec, train_spec, parsed = build_specs(model, cluster, framework=framework, **train)
     if isinstance(plan, dict):
         plan = Plan.from_dict(plan, "plan")
     if plan is None:
+        kind = None if schedule is None else enum_value(Schedule, schedule, "schedule")
+        if vpp is None:
+            vpp = kind.traits.min_vpp if kind is not None and kind.traits.min_vpp == kind.traits.max_vpp else 1
         plan = build_plan(spec, train_spec, parsed, Choice(
-            tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, zero_stage=zero, recompute=Recompute(recompute), sequence_parallel=sp,
-            micro_batch_size=mbs, vpp=vpp, schedule=None if schedule is None else Schedule(schedule),
-            dp_replicate=dp_replicate))
+            tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, zero_stage=default_zero_stage(framework, pp) if zero is None else zero,
+            recompute=enum_value(Recompute, recompute, "recompute"),
+            sequence_parallel=sp if sp is not None or has_sequence_parallel(framework, spec, train_spec, parsed)
+            else False, micro_batch_size=mbs, vpp=vpp, schedule=kind, dp_replicate=dp_replicate))
     if problems := check_structure(spec, train_spec, parsed, plan):
         raise UserError("invalid plan: " + "; ".join(problems))
     refuse_unless_runs(framework, spec, train_spec, parsed, plan)
@@ -143,7 +172,7 @@ def sweep(model: ModelLike, devices: str | list[str], nodes: list[int], tokens: 
                      framework=framework, failures=failures,
                      time_limit_s=time_limit_s)
     return run(spec, lambda name: build_specs(model, name, framework=framework, **train),
-               SearchOptions(fixed=dict(fix or {})))
+               SearchOptions(fixed=_fixed(fix)))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 from costmodel.check import float8_device_problem
 from costmodel.groups import views
@@ -29,6 +30,16 @@ def model_of(model: ModelLike) -> ModelSpec:
                     f"ModelSpec, got {type(model).__name__}")
 
 
+def enum_value(kind: type, value: Any, what: str):
+    """`value` as the enum `kind` (the API's and the CLI's strings), or a UserError naming `what`
+    and the values it takes."""
+    try:
+        return kind(value)
+    except ValueError:
+        extra = f", {FP8}" if kind is DType and what == "dtype" else ""
+        raise UserError(f"{what} {value!r} is not one of {', '.join(str(k.value) for k in kind)}{extra}") from None
+
+
 def build_specs(model: ModelLike, cluster: str | ClusterSpec, *, seq_len: int | None = None,
                 global_batch: int | None = None, dtype: str = "bf16", grad_dtype: str = "fp32",
                 attention: str = "flash", expert_imbalance: float = DEFAULT_EXPERT_IMBALANCE,
@@ -46,8 +57,9 @@ def build_specs(model: ModelLike, cluster: str | ClusterSpec, *, seq_len: int | 
         raise UserError(f"--dtype fp8: {problem}")
     train = TrainSpec(seq_len=seq if seq_len is None else seq_len,
                       global_batch_size=batch if global_batch is None else global_batch,
-                      compute_dtype=DType.BF16 if float8 else DType(dtype), grad_dtype=DType(grad_dtype),
-                      float8=float8, attention_kernel=AttentionKernel(attention),
+                      compute_dtype=DType.BF16 if float8 else enum_value(DType, dtype, "dtype"),
+                      grad_dtype=enum_value(DType, grad_dtype, "grad_dtype"), float8=float8,
+                      attention_kernel=enum_value(AttentionKernel, attention, "attention"),
                       expert_load_imbalance=expert_imbalance)
     return spec, train, parsed
 
