@@ -317,7 +317,7 @@ def cmd_search(args: argparse.Namespace) -> int:
               f"{MEMORY_ERROR_BAND * capacity / GIB:.1f} GiB here, closer ones alike; then fewer moving parts)")
     if left_out:
         print(left_out)
-    if result.rows_proven_to_s is not None and len(result.plans) < args.top:
+    if result.rows_proven_to_s is not None and len(result.plans) < args.top and not left_out:
         print(f"{len(result.plans)} rows of --top {args.top}: the search proves the order of plans up to "
               f"{result.rows_proven_to_s:.3f} s (closed form) and lists no row above it, nor one a listed row "
               f"beats in both time and memory; a larger --top proves more")
@@ -341,7 +341,10 @@ def _within_limits(args: argparse.Namespace, model, train, cluster, result: Sear
         return None, ""
     goal = RunGoal(tokens=args.tokens, gpu_hour_usd=args.gpu_hour_usd, deadline_days=args.deadline_days,
                    budget_usd=args.budget_usd, failures=failures_from_args(args))
+    decided = {f.plan for f in result.plans[:result.equivalent]}
     result.plans, left_out = keep_within(goal, model, train, cluster, result.plans, result.fastest)
+    # the equivalent plans that are left: the first rows of those the search found alike
+    result.equivalent = next((i for i, f in enumerate(result.plans) if f.plan not in decided), len(result.plans))
     return goal, left_out
 
 

@@ -164,8 +164,10 @@ def test_out_holds_the_first_plan_within_the_deadline(tmp_path, capsys):
     assert main(["search", "--model", "llama3-8b", "--cluster", "2x8xA100", "--framework", "megatron", "--fix", "pp=4",
                  "--fix", "vpp=2", "--top", "3", "--tokens", "1e10", "--deadline-days", "2", "--out", str(out),
                  "--export", "megatron", "--export-out", str(script), "--json"]) == 0
-    first = json.loads(capsys.readouterr().out)["plans"][0]["plan"]
+    doc = json.loads(capsys.readouterr().out)
+    first = doc["plans"][0]["plan"]
     assert json.loads(out.read_text())["plan"] == first
+    assert 1 <= doc["search"]["equivalent_plans"] <= len(doc["plans"])   # of the plans left
     assert f"--micro-batch-size {first['micro_batch_size']} " in script.read_text()
 
 
@@ -178,3 +180,12 @@ def test_a_flag_that_would_be_ignored_is_refused_before_anything_is_written(tmp_
 def test_a_framework_chosen_by_export_is_named_by_that_flag(capsys):
     assert main(["search", "--model", "megatron-1.7b", "--cluster", "1x8xH100", "--export", "torchtitan"]) == 2
     assert capsys.readouterr().err.startswith("planner search: error: --export torchtitan: torchtitan cannot run")
+
+
+def test_the_equivalent_plans_are_counted_among_those_the_limits_leave(capsys):
+    """Of two plans alike within the error band, the more robust one misses the deadline: one is
+    left, and the table and JSON say one, not two."""
+    assert main(["search", "--model", "llama3-8b", "--cluster", "2x8xA100+2x8xH100", "--tokens", "1e12",
+                 "--gpu-hour-usd", "2", "--deadline-days", "65.2", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert len(doc["plans"]) == doc["search"]["equivalent_plans"] == 1
