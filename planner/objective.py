@@ -81,9 +81,11 @@ def keep_within(goal: RunGoal, model: ModelSpec, train: TrainSpec, cluster: Clus
         return plans, ""
     quickest = fastest if fastest is not None else plans[0]
     if why := goal.misses(goal.cost(model, train, cluster, quickest.estimate)):
+        advice = (["more devices (planner sweep)"] if goal.deadline_days is not None else []) + ["fewer tokens"] + \
+            (["a later deadline"] if goal.deadline_days is not None else []) + \
+            (["a larger budget or another size or device (planner sweep)"] if goal.budget_usd is not None else [])
         raise UserError(f"no plan on {cluster.name} trains {goal.tokens:,.3g} tokens within {goal.limits()}: the "
-                        f"fastest ({quickest.plan.short()}) takes {why}; more devices (planner sweep), fewer "
-                        "tokens or a later deadline")
+                        f"fastest ({quickest.plan.short()}) takes {why}; {', '.join(advice[:-1])} or {advice[-1]}")
     kept = [f for f in plans if not goal.misses(goal.cost(model, train, cluster, f.estimate))]
     if not kept:
         kept = [quickest]

@@ -46,6 +46,11 @@ def test_search_cost_is_the_time_answer_with_its_run_priced_and_limited(capsys):
     assert main(priced + ["--deadline-days", f"{min(days) / 2:.3f}"]) == 2
     err = capsys.readouterr().err
     assert "no plan on 1x8xH100-SXM5-80GB trains 1e+11 tokens within" in err and "the fastest (" in err
+    assert err.rstrip().endswith("more devices (planner sweep), fewer tokens or a later deadline")
+    # a budget no plan meets: more devices would not help; a larger budget would
+    assert main(priced + ["--budget-usd", f"{min(costs) / 2:.0f}"]) == 2
+    assert capsys.readouterr().err.rstrip().endswith(
+        "fewer tokens or a larger budget or another size or device (planner sweep)")
 
 
 def test_sweep_objective_cost_takes_the_cheapest_size_and_time_the_soonest_within_the_budget():
