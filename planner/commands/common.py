@@ -161,6 +161,9 @@ def choice_from_args(args: argparse.Namespace, zero_default: int, sp_allowed: bo
     framework has no sequence parallelism (`sp_allowed`), else on when tp > 1."""
     if args.group_mbs is not None:
         refuse_ignored(getattr(args, "given", {}), {"mbs"}, "--group-mbs sets each group's micro-batch size")
+    if args.pp == 1:
+        refuse_ignored(getattr(args, "given", {}), {"group_order"}, "it orders the groups taking the pipeline's "
+                       "stages, and --pp is 1")
     zero = zero_default if args.zero is None else args.zero
     sp = args.sp if args.sp is not None or sp_allowed else False
     return Choice(tp=args.tp, pp=args.pp, cp=args.cp, dp=args.dp, ep=args.ep, etp=args.etp, zero_stage=zero,

@@ -68,6 +68,7 @@ def test_predict_takes_a_group_order(capsys):
     (["--group-order", "0,0"], "is not an order of the cluster's 2 groups"),
     (["--pp", "1", "--dp", "1", "--tp", "8", "--cp", "8"], "a data-parallel replica spans two device groups"),
     (["--pp", "8", "--group-mbs", "1,3"], "uneven batch shares need pp = 1"),
+    (["--pp", "1", "--dp", "8", "--tp", "8", "--group-order", "1,0"], "--group-order would be ignored: it orders"),
 ])
 def test_a_plan_that_cannot_be_placed_is_one_line(args, message, capsys):
     base = {"--dp": "2", "--tp": "2", "--pp": "8", "--cp": "2", "--zero": "1"}
