@@ -142,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, func, text in (("models", cmd_models, "list the known models"),
                              ("devices", cmd_devices, "list the known device profiles")):
         p = sub.add_parser(name, help=text)
-        p.add_argument("--json", action="store_true")
+        p.add_argument("--json", action="store_true", help=f"print {{\"{name}\": [...]}} as JSON, every field of each")
         p.set_defaults(parser=p, func=func)
     return parser
 
