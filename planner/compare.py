@@ -32,13 +32,16 @@ class Comparison:
     lines: tuple[str, ...]        # the ledger items that differ, or why there is no plan
     note: str = ""                # what was adapted from the recipe as written
     within_band: bool = False     # faster than the first by less than the model's error band
+    by_memory: bool = False       # the first was chosen for its memory (--objective memory), not robustness
 
     def headline(self) -> str:
         if self.plan is None or self.estimate is None or self.delta_s is None:
             return f"vs {self.against}: not comparable here: {self.lines[0]}"
         fits = "" if self.estimate.fits else " (does not fit)"
         speed = "slower" if self.delta_s >= 0 else "faster"
-        band = (" (within the model's error band, where the first is chosen as the more robust)"
+        chosen = ("--objective memory takes the one with less memory" if self.by_memory
+                  else "the first is chosen as the more robust")
+        band = (f" (within the model's error band, where {chosen})"
                 if self.within_band and self.estimate.fits else
                 " (it does not fit, so it is not a plan)" if self.delta_s < 0 and not self.estimate.fits else "")
         return (f"vs {self.against} ({self.plan.short()}{fits}): {abs(self.delta_s) * 1e3:,.0f} ms {speed} per step"
@@ -55,7 +58,8 @@ class Comparison:
                 "within_error_band": self.within_band, "note": self.note or None, "lines": list(self.lines)}
 
 
-def comparisons(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, result: SearchResult) -> list[Comparison]:
+def comparisons(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, result: SearchResult,
+                objective: str = "time") -> list[Comparison]:
     best = result.plans[0]
     out = []
     other = other_layout(model, train, cluster, result)
@@ -64,8 +68,8 @@ def comparisons(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, result
     for recipe in recipes_for(model):
         out.append(against_recipe(recipe, model, train, cluster, best))
     floor_s = best.estimate.step_time_s * (1 - result.error_band)
-    return [replace(c, within_band=c.delta_s is not None and c.delta_s < 0 and c.estimate.step_time_s >= floor_s)
-            for c in out]
+    return [replace(c, within_band=c.delta_s is not None and c.delta_s < 0 and c.estimate.step_time_s >= floor_s,
+                    by_memory=objective == "memory") for c in out]
 
 
 def layout(plan: Plan) -> tuple:

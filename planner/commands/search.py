@@ -165,14 +165,15 @@ def _progress():
     return say
 
 
-def ranked_for_robustness(plans: list[Found]) -> str:
+def ranked_for_robustness(plans: list[Found], objective: str = "time") -> str:
     """When row 2 is predicted faster than row 1, the line saying why it is second ("" otherwise);
     what the first plan wins by is planner.compare's."""
     if len(plans) < 2 or plans[1].estimate.step_time_s > plans[0].estimate.step_time_s - 1e-6:
         return ""
     gap = plans[0].estimate.step_time_s - plans[1].estimate.step_time_s
-    return (f"row 2 ({plans[1].plan.short()}) is predicted {gap * 1e3:,.0f} ms faster per step, within the "
-            "model's error band: ranked below the first for robustness")
+    why = ("--objective memory ranks the plans within 5% of the fastest by their memory" if objective == "memory"
+           else "within the model's error band: ranked below the first for robustness")
+    return f"row 2 ({plans[1].plan.short()}) is predicted {gap * 1e3:,.0f} ms faster per step, {why}"
 
 
 def write_csv(path: str, result: SearchResult, overwrite: bool) -> None:
@@ -246,7 +247,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     best = result.plans[0]
     cost = training_cost_of(args, model, train, cluster, best.estimate)   # refuses before anything is written
     _write_files(args, model, train, cluster, result)
-    compared = comparisons(model, train, cluster, result)
+    compared = comparisons(model, train, cluster, result, args.objective)
     runner_up_text = "\n".join(c.text() for c in compared)
     if args.report:   # with --json too: stdout holds the JSON, the report goes to its directory
         write_report_dir(args.report, args.overwrite, model, train, cluster, best.plan, best.estimate,
@@ -321,7 +322,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         print(f"{len(result.plans)} rows of --top {args.top}: the search proves the order of plans up to "
               f"{result.rows_proven_to_s:.3f} s (closed form) and lists no row above it, nor one a listed row "
               f"beats in both time and memory; a larger --top proves more")
-    if robust := ranked_for_robustness(result.plans):
+    if robust := ranked_for_robustness(result.plans, args.objective):
         print(robust)
     if compared:
         print("why the first plan: each line the other plan's figure vs the first's")

@@ -105,6 +105,11 @@ def test_memory_objective_trades_a_little_time_for_memory(capsys):
     assert lean["step_time_s"] <= 1.05 * fastest["step_time_s"] + 1e-9
     # the memory objective's plan holds under 0.9 of the fastest's peak
     assert max(lean["peak_memory_bytes"]) < 0.9 * max(fastest["peak_memory_bytes"])
+    # a faster row below the first is there for its memory, not for robustness
+    assert main(["search", "--model", "llama3-8b", "--cluster", "1x8xH100", "--objective", "memory"]) == 0
+    out = capsys.readouterr().out
+    assert "for robustness" not in out and "the first is chosen as the more robust" not in out
+    assert "--objective memory takes the one with less memory" in out
 
 
 @pytest.mark.parametrize("cluster,basis", [("1x2xxeon-amx", "per rank as the profile sets it"),
