@@ -1,7 +1,7 @@
 """Checkpoints of a run: sharded with `torch.distributed.checkpoint` (each rank writes its own
 part), resumable onto the same plan or onto another plan of the same model.
 
-Layout: DIR/step-000006/ holds DCP's files, `plan.json` (what was running, and the seed and token file it read), one RNG file per rank,
+Layout: DIR/step-000006/ holds DCP's files, `plan.json` (what was running, and what fed it: token_source), one RNG file per rank,
 `MANIFEST.json` (every file's size and SHA-256, runtime.manifest) and `COMPLETE`. A checkpoint is written into DIR/.step-000006.partial/ and renamed by rank 0 once
 every rank has finished its part, so a half-written checkpoint is never the one a resume picks;
 a complete one whose files no longer match its manifest is skipped for the newest that does.
