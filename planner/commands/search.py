@@ -86,12 +86,16 @@ def add_limit_args(g: argparse._ArgumentGroup) -> None:
                         "it are left out")
 
 
+def refuse_price_without_tokens(args: argparse.Namespace) -> None:
+    refuse_ignored(args.given, {"gpu_hour_usd"}, "--gpu-hour-usd prices the --tokens to train")
+
+
 def training_cost_of(args: argparse.Namespace, model, train, cluster, est):
     """--tokens [--gpu-hour-usd]: what training them takes with this plan (None without --tokens)."""
     from costmodel.resilience import checkpoint_cost
     from costmodel.training_cost import training_cost
     if args.tokens is None:
-        refuse_ignored(args.given, {"gpu_hour_usd"}, "--gpu-hour-usd prices the --tokens to train")
+        refuse_price_without_tokens(args)
         return None
     kept = checkpoint_cost(model, train, cluster.world_size, est.step_time_s, est.tokens_per_s, failures_from_args(args))
     return training_cost(args.tokens, cluster.world_size, kept.effective_tokens_per_s, args.gpu_hour_usd)
@@ -238,8 +242,8 @@ def cmd_search(args: argparse.Namespace) -> int:
                             f"--framework {args.framework} searches for another; give one")
         args.framework = args.export
     refuse_bad_combinations(args, "search")
-    if args.tokens is None:   # said before the search (training_cost_of says it again for predict)
-        refuse_ignored(args.given, {"gpu_hour_usd"}, "--gpu-hour-usd prices the --tokens to train")
+    if args.tokens is None:   # before the search, not after its outputs
+        refuse_price_without_tokens(args)
     model, train, cluster = specs_from_args(args)
     result = run_search(args, model, train, cluster)
     goal, left_out = _within_limits(args, model, train, cluster, result)
