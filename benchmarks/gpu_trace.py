@@ -1,11 +1,12 @@
 """Where one GPU step's time goes: a plan's training steps under torch.profiler, and the rates of
 the exact GEMM, attention, loss and norm shapes of benchmarks/gpu_check.py's model.
 
-    python benchmarks/gpu_trace.py PLAN.json [--out DIR]
+    python benchmarks/gpu_trace.py PLAN.json [--out DIR] [--compile]
 
 Writes DIR/kernel_shapes.json (per shape: best and median seconds, TFLOP/s) and DIR/kernels.json
 (per kernel and operator: device microseconds and calls over one warm-up and two timed steps,
-the model's build included), and prints the profiler's table sorted by device time. An H100's
+the model's build included), and prints the profiler's table sorted by device time. --compile
+traces the layers as `planner run --compile` runs them (runtime.compile), the shapes unchanged. An H100's
 tables (benchmarks/results/gpu-check-h100-*/run1/torch_profile_*.txt) are what
 costmodel.kernels._host_or_device and the `eager_layer` trait rest on. Needs CUDA.
 """
@@ -69,7 +70,7 @@ def shapes() -> list[dict]:
     return rows
 
 
-def trace(plan: Path, out: Path) -> None:
+def trace(plan: Path, out: Path, compile: bool) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     from costmodel.plan import PlanFile
@@ -78,9 +79,10 @@ def trace(plan: Path, out: Path) -> None:
                       WORLD_SIZE="1", LOCAL_RANK="0")
     init_distributed()
     pf = PlanFile.load(plan)
-    run_rank(pf, RunConfig(steps=2, warmup=1, quiet=True))   # CUDA, cuBLAS and cuDNN warmed up first
+    config = RunConfig(steps=2, warmup=1, quiet=True, compile=compile)
+    run_rank(pf, config)   # CUDA, cuBLAS and cuDNN warmed up (and the layer compiled) first
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        raw = run_rank(pf, RunConfig(steps=2, warmup=1, quiet=True))
+        raw = run_rank(pf, config)
         torch.cuda.synchronize()
     print("timed steps (s):", raw["step_times_s"])
     table = prof.key_averages()
@@ -94,13 +96,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("plan", type=Path, help="a single-GPU plan.json (gpu_check writes them)")
     parser.add_argument("--out", type=Path, default=Path("runs/gpu-trace"))
+    parser.add_argument("--compile", action="store_true", help="the layers compiled, as `planner run --compile`")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("gpu_trace: no CUDA device here; nothing to trace", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "kernel_shapes.json").write_text(json.dumps(shapes(), indent=1))
-    trace(args.plan, args.out)
+    trace(args.plan, args.out, args.compile)
     print(f"wrote {args.out / 'kernel_shapes.json'} and {args.out / 'kernels.json'}; command: "
           + " ".join(["python benchmarks/gpu_trace.py", *sys.argv[1:]]))
     return 0

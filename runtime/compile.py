@@ -8,9 +8,10 @@ eager around it (they are module hooks, and only the forward is compiled; the pa
 their names). Every layer runs the same code, so Dynamo compiles it once and reuses the graph
 for the other layers of the same shapes. Inductor generates C++ on a CPU and Triton on a GPU.
 
-A compiled layer never falls back to eager silently: Dynamo's recompile limit raises
-(`fail_on_recompile_limit_hit`), and a plan whose mechanism compilation cannot serve is refused
-by name (`compile_problem`) before any rank starts.
+A compiled layer never falls back to eager silently: a dense layer compiles as one graph or
+fails (`_whole_graph`), Dynamo's recompile limit raises (`fail_on_recompile_limit_hit`), and a
+plan whose mechanism compilation cannot serve is refused by name (`compile_problem`) before any
+rank starts.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from torch import nn
 from torch.distributed._functional_collectives import AsyncCollectiveTensor
 
 from costmodel.plan import Plan, Recompute
+from runtime.moe import MoE
 
 # A mixture's routing gives its experts a different number of tokens each micro-batch: Dynamo
 # marks those sizes dynamic after the first recompile, and this bounds the recompiles of one
@@ -48,13 +50,23 @@ def compile_problem(plan: Plan) -> str | None:
     return None
 
 
-def apply_compile(stage: nn.Module) -> int:
+def apply_compile(stage: nn.Module, plan: Plan) -> int:
     """Compile each of the stage's layers' forward in place; returns how many."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     torch._dynamo.config.fail_on_recompile_limit_hit = True
     for layer in stage.layers.values():
-        layer.forward = _settled(torch.compile(layer.forward))
+        layer.forward = _settled(torch.compile(layer.forward, fullgraph=_whole_graph(layer, plan)))
     return len(stage.layers)
+
+
+def _whole_graph(layer: nn.Module, plan: Plan) -> bool:
+    """Whether the layer must compile as one graph (fullgraph): a dense layer without CP can,
+    so a construct Dynamo cannot trace fails the run instead of leaving the layer eager. A side
+    effect inside a checkpointed layer once did: Dynamo ran the whole checkpoint eagerly, every
+    step, without a word (measured on an H200: a full-recompute run no faster than eager, no
+    Triton kernel in its trace). Where Dynamo must break, it may: CP's ring attention builds a
+    CausalBias, and a mixture's experts take their token counts to the host."""
+    return plan.cp == 1 and not any(isinstance(m, MoE) for m in layer.modules())
 
 
 def _settled(compiled):

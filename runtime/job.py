@@ -137,7 +137,7 @@ def build_job(pf: PlanFile, device: torch.device, *, seed: int, materialize: boo
             mtp_tensor_parallel(mod, mesh["tp"], plan.sequence_parallel)
         apply_recompute(mod, plan, rc_layers)
         if compile:
-            apply_compile(mod)
+            apply_compile(mod, plan)
         if before_data_parallel is not None:
             before_data_parallel(j, mod)
         apply_data_parallel(mod, mesh, plan, pf.train)

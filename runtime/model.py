@@ -179,8 +179,6 @@ class Attention(nn.Module):
 
     def _rope(self, x: torch.Tensor) -> torch.Tensor:
         """RoPE on the first rotary_dims of each head (all of them but for GPT-NeoX)."""
-        if self.inv_freq.device != x.device:   # once: a host-to-GPU copy in every call would make
-            self.inv_freq = self.inv_freq.to(x.device)   # the CPU wait for the GPU's queue to drain
         if self.rotary_dims == x.shape[-1]:
             return rope(x, self.inv_freq, self.positions)
         turned, kept = x.split((self.rotary_dims, x.shape[-1] - self.rotary_dims), dim=-1)
@@ -343,6 +341,9 @@ class Transformer(nn.Module):
         tied = self.embed is not None and self.output is not None and \
             self.output.weight is self.embed.tok.weight
         self.to_empty(device=device)
+        for mod in self.modules():   # RoPE's frequencies, a plain attribute to_empty leaves on the host:
+            if isinstance(mod, Attention) and mod.inv_freq is not None:   # moved here, not in the forward,
+                mod.inv_freq = mod.inv_freq.to(device)   # whose side effect a compiled checkpoint cannot trace
         if tied:
             self.output.weight = self.embed.tok.weight
         self.init_weights(seed)

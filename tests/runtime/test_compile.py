@@ -131,7 +131,7 @@ def test_a_compiled_run_is_priced_with_its_layers_fused(cluster):
     memory unchanged."""
     from costmodel.estimate import estimate
     from costmodel.frameworks import COMPILED_RUNTIME
-    from planner.commands.run import priced_as_run
+    from planner.measure.run_dirs import priced_as_run
     pf = plan_file(Choice(tp=2), world=2, compute_dtype=DType.BF16, model="llama3-8b", seq_len=4096,
                    global_batch=2)
     pf = replace(pf, cluster=parse_cluster(cluster))
@@ -144,3 +144,63 @@ def test_a_compiled_run_is_priced_with_its_layers_fused(cluster):
     assert compiled.step_time_s < eager.step_time_s
     assert compiled.peak_memory_bytes == eager.peak_memory_bytes
     assert compiled.time_breakdown_s["comm/tp_exposed"] == eager.time_breakdown_s["comm/tp_exposed"]
+
+
+def test_a_compiled_run_is_read_back_as_it_ran(tmp_path):
+    """measured.json says whether the layers were compiled, and calibrate and gpu_check's replay
+    (planner.measure.run_dirs) price the run so again: its own prediction once more, not the
+    eager layer's; an eager and a compiled run of one plan are two plans to the fit, not repeats."""
+    from costmodel.measured import MeasuredRun
+    from planner.measure.run_dirs import load_run, merge_repeats, predict_with, priced_as_run
+    from runtime.measure import measured_record
+    pf = plan_file(Choice(), world=1, compute_dtype=DType.BF16, seq_len=256, global_batch=2)
+    pf = replace(pf, cluster=parse_cluster("1x1xH100"))
+    for mode in ("eager", "compiled"):
+        priced = priced_as_run(pf, mode == "compiled")
+        raw = {"losses": [1.0], "step_times_s": [0.5], "peak_memory_bytes": [1e9], "device": "NVIDIA H100",
+               "memory_source": "torch.cuda.max_memory_allocated"}
+        pf.save(tmp_path / mode / "plan.json")
+        measured_record(priced, raw, steps=1, warmup=0, wall_s=1.0).save(tmp_path / mode / "measured.json")
+    runs = {mode: load_run(tmp_path / mode) for mode in ("eager", "compiled")}
+    assert [runs[m].compiled for m in runs] == [False, True]
+    assert MeasuredRun.load(tmp_path / "compiled" / "measured.json").compiled
+    for run in runs.values():
+        again = predict_with(run, run.pf.cluster.device).step_time_s
+        assert again == pytest.approx(run.measured.predicted["step_time_s"], rel=1e-12)
+    assert predict_with(runs["compiled"], pf.cluster.device).step_time_s < \
+        predict_with(runs["eager"], pf.cluster.device).step_time_s
+    assert len(merge_repeats(list(runs.values()))) == 2
+
+
+def test_a_dense_layer_compiles_whole_or_fails():
+    """A side effect inside a checkpointed layer (as RoPE's frequencies moved to the GPU in the
+    forward once did) makes Dynamo run the whole checkpoint eagerly: under `_whole_graph` the
+    first forward raises instead of training eagerly in silence; where breaks are allowed (CP's
+    ring attention) the same layer runs, eagerly."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    from runtime.compile import apply_compile
+
+    class SideEffect(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear, self.scale = torch.nn.Linear(8, 8), torch.ones(8, dtype=torch.float64)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if self.scale.dtype != x.dtype:
+                self.scale = self.scale.to(x.dtype)
+            return self.linear(x) * self.scale
+
+    def stage() -> torch.nn.Module:
+        mod = torch.nn.Module()
+        mod.layers = torch.nn.ModuleDict({"0": checkpoint_wrapper(SideEffect(), preserve_rng_state=True)})
+        return mod
+
+    x = torch.randn(2, 8, requires_grad=True)
+    dense = stage()
+    apply_compile(dense, plan_file(Choice(recompute=Recompute.FULL, recompute_layers=4), world=1).plan)
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="side effect"):
+        dense.layers["0"](x)
+    ring = stage()
+    apply_compile(ring, plan_file(Choice(cp=2), world=2).plan)
+    ring.layers["0"](x).sum().backward()
