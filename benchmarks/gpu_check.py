@@ -184,8 +184,11 @@ def replay(results: Path, profile: Path) -> list[dict]:
     for measured in sorted(results.rglob("measured.json")):
         run = load_run(measured.parent, device=profile)   # the runs name the GPU machine's own path
         est = predict_with(run, device)
-        rows.append({"plan": str(measured.parent.relative_to(results)), "predicted_step_s": est.step_time_s,
-                     "measured_step_s": run.measured_step_s,
+        where = measured.parent.relative_to(results)   # PLAN/MODE as the check writes it, or a plan's own folder
+        mode = "compiled" if run.compiled else "eager"
+        rows.append({"plan": str(where.parent if where.name == mode else where), "mode": mode,
+                     "predicted_step_s": est.step_time_s,
+                     "measured_step_s": run.measured_step_s, "mfu": run.measured.mfu,
                      "predicted_peak_bytes": predicted_tensor_peaks_bytes(est)[0],
                      "measured_allocated_bytes": run.measured.peak_memory_bytes[0],
                      "measured_reserved_bytes": (run.measured.peak_reserved_bytes or [None])[0]})

@@ -8,7 +8,9 @@ checkpoint saved, the seconds the slowest rank's training stood still for it); v
 `probe_layer_now_s` and `probe_layer_profiled_s` (on a CPU, the profile's probe layer timed after the run
 and as the profile timed it: how fast the machine went against its profile); version 6 `grad_norms` (every
 step's global gradient norm; a loss or norm that was not finite is null in both lists) and `diverged`
-(the step, ranks, loss and gradient norm of a run stopped because they were not finite; null otherwise). A file without a `version`, of
+(the step, ranks, loss and gradient norm of a run stopped because they were not finite; null otherwise);
+version 7 `oversubscribed`; version 8 `compiled` (the layers ran under `planner run --compile`, so
+the run is priced as costmodel.frameworks `compiled_layer`). A file without a `version`, of
 a newer version, truncated, or with missing or unknown fields is refused with one line that names the
 file and the field.
 """
@@ -23,7 +25,7 @@ from typing import Any
 
 from costmodel.inputs import UserError, dataclass_from_json, read_json_object, write_text_atomic
 
-MEASURED_FORMAT_VERSION = 7
+MEASURED_FORMAT_VERSION = 8
 STAGE_PARTS = ("work", "dp_sync", "optimizer", "wait")   # runtime.measure's split of a stage's step
 # Parts of a step predicted below this share of it are compared in milliseconds, not percent.
 SMALL_PART_SHARE = 0.05
@@ -104,6 +106,9 @@ class MeasuredRun:
     # on a CPU, more rank threads than the machine's cores: the ranks shared cores, which no
     # profile prices (calibrate refuses such runs)
     oversubscribed: bool = False
+    # the layers ran compiled (`planner run --compile`): the run is priced as the compiled runtime
+    # (planner.measure.run_dirs.priced_as_run), by its own prediction and by calibrate alike
+    compiled: bool = False
 
     def __post_init__(self) -> None:
         """Consistent as `planner run` writes it; what reports and calibrate index into."""
@@ -185,12 +190,12 @@ class MeasuredRun:
         if {"train", "cluster"} <= set(data) and "step_times_s" not in data:
             raise UserError(f"{where}: a plan file, not a measured.json (the record `planner run` writes of a run)")
         version = data.pop("version", None)
-        if version not in (1, 2, 3, 4, 5, 6, MEASURED_FORMAT_VERSION):
+        if version not in range(1, MEASURED_FORMAT_VERSION + 1):
             raise UserError(f"{where}: measured.json version {version!r}; this planner reads versions 1 "
                              f"to {MEASURED_FORMAT_VERSION} (written by `planner run`)")
         # Fields added later have defaults: peak_reserved_bytes (v1), complete (v2), rank_forward_s (v3),
         # checkpoint_wait_s (v4), probe_layer_now_s and probe_layer_profiled_s (v5), grad_norms and diverged (v6),
-        # oversubscribed (v7).
+        # oversubscribed (v7), compiled (v8).
         return dataclass_from_json(cls, data, where)
 
     @classmethod

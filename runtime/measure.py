@@ -85,6 +85,7 @@ def measured_record(pf: PlanFile, raw: dict[str, Any], *, steps: int, warmup: in
         "cluster": pf.cluster.name,
         "complete": complete,
         "oversubscribed": oversubscribed,
+        "compiled": pf.cluster.framework.compiled_layer,   # priced as it ran: planner.measure.run_dirs.priced_as_run
     })
 
 

@@ -30,6 +30,7 @@ from planner.commands.run_args import (
     PRINT_LAUNCH_IGNORES,
 )
 from planner.commands.run_dirs import RunRefused, copy_plan, held_dirs
+from planner.measure.run_dirs import priced_as_run
 from runtime.launch import PARTIAL
 
 
@@ -224,16 +225,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
     with held_dirs(args, pf, out) as resume_step:   # one run at a time in each directory: a second is refused
         return _run_locked(args, pf, out, _worker_args(args, pf, out), resume_step)
-
-
-def priced_as_run(pf: PlanFile, compiled: bool) -> PlanFile:
-    """The plan file whose estimate the run is compared with: under --compile its cluster as the
-    runtime with compiled layers drives it (costmodel.frameworks `compiled_layer`)."""
-    if not compiled:
-        return pf
-    from costmodel.frameworks import COMPILED_RUNTIME
-    from costmodel.hardware.clusters import run_by
-    return dataclasses.replace(pf, cluster=run_by(pf.cluster, COMPILED_RUNTIME))
 
 
 def _run_locked(args: argparse.Namespace, pf: PlanFile, out: Path, worker, resume_step: int) -> int:

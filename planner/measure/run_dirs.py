@@ -26,6 +26,11 @@ class Run:
     measured_step_s: float
     measured: MeasuredRun | None = None
 
+    @property
+    def compiled(self) -> bool:
+        """Whether its layers ran under `planner run --compile` (a probe's never do)."""
+        return self.measured is not None and self.measured.compiled
+
 
 def load_run(path: Path, device: Path | None = None, kind: str | None = None) -> Run:
     """A `planner run` directory. `device`: the profile to read its plan under instead of the one
@@ -67,12 +72,23 @@ def merge_repeats(runs: list[Run]) -> list[Run]:
     run per plan)."""
     groups: dict[str, list[Run]] = {}
     for r in runs:
-        groups.setdefault(json.dumps(r.pf.to_dict(), sort_keys=True), []).append(r)
+        groups.setdefault(json.dumps([r.pf.to_dict(), r.compiled], sort_keys=True), []).append(r)
     return [g[0] if len(g) == 1 else
             replace(g[0], measured_step_s=math.exp(statistics.fmean(math.log(r.measured_step_s) for r in g)))
             for g in groups.values()]
 
 
+def priced_as_run(pf: PlanFile, compiled: bool) -> PlanFile:
+    """The plan file as `planner run` ran it: under --compile its cluster as the runtime with
+    compiled layers drives it (costmodel.frameworks `compiled_layer`)."""
+    if not compiled:
+        return pf
+    from costmodel.frameworks import COMPILED_RUNTIME
+    from costmodel.hardware.clusters import run_by
+    return replace(pf, cluster=run_by(pf.cluster, COMPILED_RUNTIME))
+
+
 def predict_with(run: Run, device: DeviceProfile) -> Estimate:
-    pf = run.pf
-    return estimate(pf.model, pf.train, replace(pf.cluster, device=device), pf.plan)
+    """The run's estimate on `device`, priced as it ran (compiled or eager)."""
+    pf = priced_as_run(replace(run.pf, cluster=replace(run.pf.cluster, device=device)), run.compiled)
+    return estimate(pf.model, pf.train, pf.cluster, pf.plan)
