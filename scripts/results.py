@@ -6,7 +6,7 @@ Each check calls what its benchmark calls, or runs the benchmark and reads its p
 - accuracy in sample: `planner.measure.validate.validate` (what `python3 -m planner validate --json` prints);
 - accuracy on sources left out of the fit: `planner.measure.fit.fill_rows` and `leave_one_source_out`
   (what `python3 benchmarks/fidelity.py` prints);
-- one GPU: `benchmarks/gpu_check.py`'s `replay` of the stored H100 runs (no GPU needed);
+- one GPU: `benchmarks/gpu_check.py`'s `replay` of the stored H100 and H200 runs (no GPU needed);
 - search speed: `benchmarks/search_speed.py`'s `run`, case by case;
 - simulator speed: `python3 benchmarks/simulate_speed.py`, its printed lines;
 - `--with-plan-quality`: `python3 benchmarks/plan_quality.py --time-limit-s 10` (about 5 minutes);
@@ -36,7 +36,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # the pages beside this script
 from results_pages import (  # noqa: E402
     CMD_FIDELITY,
-    CMD_GPU,
     CMD_LOOP,
     CMD_QUALITY,
     CMD_SEARCH,
@@ -192,16 +191,19 @@ def _row(res, row: dict, left_out_log: float | None, step_error, source: str) ->
             "left_out_pct": None if left_out_log is None else 100 * (math.exp(left_out_log) - 1)}
 
 
-def measure_gpu_replay(clock: Clock) -> dict:
-    clock.tick(f"one GPU: the stored H100 runs priced again ({CMD_GPU})")
+def measure_gpu_replay(clock: Clock) -> dict[str, dict]:
+    """Each lent GPU's stored runs priced again: {GPU name: step and memory errors}."""
     gpu_check = load_benchmark("gpu_check")
-    runs = ROOT / GPU_RUNS
-    rows = gpu_check.replay(runs, runs / "run2" / "gpu.toml")
-    step = [100 * (r["predicted_step_s"] / r["measured_step_s"] - 1) for r in rows]
-    mem = [100 * (r["predicted_peak_bytes"] / r["measured_allocated_bytes"] - 1) for r in rows]
-    return {"n": len(rows), "step_mape_pct": statistics.mean(map(abs, step)), "step_max_pct": max(map(abs, step)),
-            "memory_mape_pct": statistics.mean(map(abs, mem)), "memory_max_pct": max(map(abs, mem)),
-            "too_fast": sum(e < 0 for e in step)}
+    out = {}
+    for name, (folder, profile, command) in GPU_RUNS.items():
+        clock.tick(f"one GPU: the stored {name} runs priced again ({command})")
+        rows = gpu_check.replay(ROOT / folder, ROOT / profile)
+        step = [100 * (r["predicted_step_s"] / r["measured_step_s"] - 1) for r in rows]
+        mem = [100 * (r["predicted_peak_bytes"] / r["measured_allocated_bytes"] - 1) for r in rows]
+        out[name] = {"n": len(rows), "step_mape_pct": statistics.mean(map(abs, step)),
+                     "step_max_pct": max(map(abs, step)), "memory_mape_pct": statistics.mean(map(abs, mem)),
+                     "memory_max_pct": max(map(abs, mem)), "too_fast": sum(e < 0 for e in step)}
+    return out
 
 
 def measure_search_speed(clock: Clock) -> list[dict]:

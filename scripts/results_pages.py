@@ -8,11 +8,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# the stored runs of the one lent GPU (benchmarks/results/gpu-check-h100-<date>)
-GPU_RUNS = str(min((ROOT / "benchmarks" / "results").glob("gpu-check-h100-*")).relative_to(ROOT))
+
+def _gpu_runs(name: str, profile: str) -> tuple[str, str, str]:
+    """A lent GPU's stored runs (benchmarks/results/gpu-check-<gpu>-<date>): the folder, the
+    profile its replay fits again, and the command that prints the replay."""
+    folder = str(min((ROOT / "benchmarks" / "results").glob(f"gpu-check-{name.lower()}-*")).relative_to(ROOT))
+    return folder, f"{folder}/{profile}", f"python3 benchmarks/gpu_check.py --replay {folder} --profile {folder}/{profile}"
+
+
+GPU_RUNS = {name: _gpu_runs(name, profile) for name, profile in (("H100", "run2/gpu.toml"), ("H200", "run1/gpu.toml"))}
 CMD_VALIDATE = "python3 -m planner validate --json"
 CMD_FIDELITY = "python3 benchmarks/fidelity.py"
-CMD_GPU = f"python3 benchmarks/gpu_check.py --replay {GPU_RUNS} --profile {GPU_RUNS}/run2/gpu.toml"
 CMD_SEARCH = "python3 benchmarks/search_speed.py"
 CMD_SIMULATE = "python3 benchmarks/simulate_speed.py"
 CMD_QUALITY = "python3 benchmarks/plan_quality.py --time-limit-s 10"
@@ -88,7 +94,7 @@ def per_source(rows: list[dict]) -> list[str]:
     return out
 
 
-def accuracy_section(acc: dict, gpu: dict, band: float, meta: dict) -> str:
+def accuracy_section(acc: dict, gpus: dict, band: float, meta: dict) -> str:
     s, lo = acc["summary"], acc["left_out"]
     steps = [abs(r["step_error_pct"]) for r in acc["rows"] if r["step_error_pct"] is not None]
     return "\n".join([
@@ -100,10 +106,11 @@ def accuracy_section(acc: dict, gpu: dict, band: float, meta: dict) -> str:
         f"{max(steps):.1f} | | `{CMD_FIDELITY}` |",
         f"| published runs, each source left out of the fit ({acc['num_sources']} sources; step time) | {lo['n']} | "
         f"{lo['mape_pct']:.1f} | {lo['max_abs_error_pct']:.1f} | | `{CMD_FIDELITY}` |",
-        f"| one H100, stored runs priced by this code: step time | {gpu['n']} | {gpu['step_mape_pct']:.1f} | "
-        f"{gpu['step_max_pct']:.1f} | | `{CMD_GPU}` |",
-        f"| one H100, stored runs priced by this code: peak memory | {gpu['n']} | {gpu['memory_mape_pct']:.1f} | "
-        f"{gpu['memory_max_pct']:.1f} | | (the same) |",
+        *(line for name, gpu in gpus.items() for line in (
+            f"| one {name}, stored runs priced by this code: step time | {gpu['n']} | {gpu['step_mape_pct']:.1f} | "
+            f"{gpu['step_max_pct']:.1f} | | `{GPU_RUNS[name][2]}` |",
+            f"| one {name}, stored runs priced by this code: peak memory | {gpu['n']} | {gpu['memory_mape_pct']:.1f} | "
+            f"{gpu['memory_max_pct']:.1f} | | (the same) |")),
         *(f"| runs kept out of the calibration: `{f['table']}` ({f['fits']} of {f['n']} predicted to fit"
           + (f"; {len(f['refused'])} refused: {cell(reasons(f['refused']))}" if f["refused"] else "")
           + f") | {f['n']} | {f['mape_pct']:.1f} | {f['max_abs_error_pct']:.1f} | {f['spearman']:.3f} | "
@@ -113,9 +120,9 @@ def accuracy_section(acc: dict, gpu: dict, band: float, meta: dict) -> str:
         f"Published runs: `profiles/runs/published_runs.csv` ({s['n']} timed rows; every row in "
         "[validation.md](validation.md)); the profiles were fitted on this table, so the in-sample rows flatter "
         "and the left-out ones are the error to expect on a kind of run the table does not hold. "
-        f"{gpu['too_fast']} of the {gpu['n']} H100 runs are predicted too fast. The H100 runs were measured "
-        f"once on a lent GPU ({GPU_RUNS}/README.md); the replay prices them with the current cost model and runs "
-        "nothing on a GPU.", "",
+        + " ".join(f"{gpu['too_fast']} of the {gpu['n']} {name} runs are predicted too fast." for name, gpu in gpus.items())
+        + " The GPU runs were measured on lent GPUs (" + ", ".join(f"{folder}/README.md" for folder, _, _ in GPU_RUNS.values())
+        + "); each replay prices them with the current cost model and runs nothing on a GPU.", "",
         f"The search's error band (`costmodel/fidelity.py` `MODEL_ERROR_BAND`) is {100 * band:.1f} %; the "
         f"leave-one-source-out MAPE measured here is {lo['mape_pct']:.1f} %"
         + (" (the same)." if abs(100 * band - lo["mape_pct"]) < 0.05 else " (they differ: the band is set by hand)."),

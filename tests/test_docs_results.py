@@ -41,7 +41,8 @@ def test_validation_page_has_a_row_per_run_and_escapes_cells():
 def test_results_page_keeps_unmeasured_optional_sections_and_replaces_the_rest():
     gpu = {"n": 2, "step_mape_pct": 10.0, "step_max_pct": 20.0, "memory_mape_pct": 1.0, "memory_max_pct": 2.0,
            "too_fast": 2}
-    accuracy = RESULTS["wrap"]("accuracy", RESULTS["accuracy_section"](_accuracy(), gpu, 0.035, META))
+    accuracy = RESULTS["wrap"]("accuracy", RESULTS["accuracy_section"](_accuracy(), {"H100": gpu, "H200": gpu},
+                                                                         0.035, META))
     search = [{"model": "m", "cluster": "1x8xH100", "target_s": 1.0, "finished": True, "wall_s": 0.5,
                "command_s": 1.2, "num_candidates": 1234, "num_solved": 3, "optimal": True},
               {"model": "m", "cluster": "2x8xH100", "target_s": 1.0, "finished": False, "command_s": 9.0}]
@@ -53,6 +54,8 @@ def test_results_page_keeps_unmeasured_optional_sections_and_replaces_the_rest()
     kept = RESULTS["kept_sections"](old)
     text = RESULTS["results_md"]({**kept, "accuracy": accuracy, "speed": speed}, META, "python3 scripts/results.py")
     assert "stale" not in text and "kept 1.0 %" in text
+    assert "| one H200, stored runs priced by this code: step time | 2 | 10.0 | 20.0 |" in text
+    assert "2 of the 2 H100 runs are predicted too fast. 2 of the 2 H200 runs" in text
     assert "Not measured yet: `python3 scripts/results.py --with-plan-quality`" in text
     assert "| 1x8xH100 | 1.0 | 0.50 | 1.20 | 1,234 | 3 | True |" in text and "did not finish" in text
     assert "| simulate (totals) | 17.0 |" in text
