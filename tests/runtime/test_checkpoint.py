@@ -273,7 +273,10 @@ def test_a_failed_rank_restarts_and_the_run_ends_as_an_uninterrupted_one(dp_run)
     assert restarted.returncode == 0, restarted.stderr
     assert "recovered: a rank failed and all ranks were restarted 1 time(s)" in restarted.stderr
     after = json.loads((tmp / f"restarted-{fault}" / "measured.json").read_text())["losses"]
-    assert after == losses[2:]
+    # once in a loaded CI run 4 losses came back: the attempts' own lines tell a restart spent
+    # before the fault (a start-up failure) from a resume that did not happen
+    log = (tmp / f"restarted-{fault}" / "run.log").read_text()
+    assert after == losses[2:], f"losses {after}, uninterrupted {losses}\n{restarted.stderr[-3000:]}\n{log[-3000:]}"
     assert time.perf_counter() - start < 90   # detection (5 s of silence) + one restart, never a hang
 
 
