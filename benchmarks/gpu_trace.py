@@ -3,7 +3,7 @@ the exact GEMM, attention, loss and norm shapes of benchmarks/gpu_check.py's mod
 
     python benchmarks/gpu_trace.py PLAN.json [--out DIR] [--compile]
 
-Writes DIR/kernel_shapes.json (per shape: best and median seconds, TFLOP/s) and DIR/kernels.json
+Writes DIR/kernel_shapes.json (per shape: best and median seconds, TFLOP/s) and DIR/kernels_MODE.json
 (per kernel and operator: device microseconds and calls over one warm-up and two timed steps,
 the model's build included), and prints the profiler's table sorted by device time. --compile
 traces the layers as `planner run --compile` runs them (runtime.compile), the shapes unchanged. An H100's
@@ -88,7 +88,7 @@ def trace(plan: Path, out: Path, compile: bool) -> None:
     table = prof.key_averages()
     print(table.table(sort_by="self_cuda_time_total", row_limit=45, max_name_column_width=70))
     kernels = {e.key: (e.self_device_time_total, e.count) for e in table if e.self_device_time_total}
-    (out / "kernels.json").write_text(json.dumps(kernels, indent=0))
+    (out / f"kernels_{'compiled' if compile else 'eager'}.json").write_text(json.dumps(kernels, indent=0))
     dist.destroy_process_group()
 
 
@@ -104,7 +104,8 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "kernel_shapes.json").write_text(json.dumps(shapes(), indent=1))
     trace(args.plan, args.out, args.compile)
-    print(f"wrote {args.out / 'kernel_shapes.json'} and {args.out / 'kernels.json'}; command: "
+    mode = "compiled" if args.compile else "eager"
+    print(f"wrote {args.out / 'kernel_shapes.json'} and {args.out / f'kernels_{mode}.json'}; command: "
           + " ".join(["python benchmarks/gpu_trace.py", *sys.argv[1:]]))
     return 0
 

@@ -35,12 +35,13 @@ def compile_problem(plan: Plan) -> str | None:
         # strides of every tensor it saved (inductor's assert_size_stride fails on a transposed one)
         return ("--compile: activation offloading (runtime.offload) cannot run under a compiled layer, whose "
                 "backward needs its saved tensors' strides, which the host copies do not keep; run it without --compile")
-    if plan.recompute is Recompute.SELECTIVE and plan.tp > 1:
-        # the attention core's checkpoint inside a compiled layer under TP: torch 2.13's AOTAutograd
-        # lists the TP mesh among the region's saved tensors and asserts (measured, with or without SP)
-        return ("--compile: selective recomputation under tensor parallelism fails in torch's compiled autograd "
-                "(the TP mesh among the attention core's saved tensors); use --recompute full or none, or run it "
-                "without --compile")
+    if plan.recompute is not Recompute.NONE and plan.tp > 1:
+        # a checkpoint inside a compiled layer under TP (the attention core's or the whole layer's):
+        # torch 2.13's AOTAutograd lists the TP mesh among the region's saved tensors and asserts
+        # (measured, with or without SP)
+        return (f"--compile: {plan.recompute} recomputation under tensor parallelism fails in torch's compiled "
+                "autograd (the TP mesh among the checkpointed region's saved tensors); use --recompute none, or run "
+                "it without --compile")
     if plan.schedule.traits.defers_weight_grad:
         # a compiled layer's backward is one autograd node (input and weight gradients together,
         # its saved buffers donated to it), which the split backward cannot run twice

@@ -39,7 +39,8 @@ def _diverged(record: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def measured_record(pf: PlanFile, raw: dict[str, Any], *, steps: int, warmup: int,
-                    wall_s: float, complete: bool = True, oversubscribed: bool = False) -> MeasuredRun:
+                    wall_s: float, complete: bool = True, oversubscribed: bool = False,
+                    compiled: bool = False) -> MeasuredRun:
     est: Estimate = estimate(pf.model, pf.train, pf.cluster, pf.plan)
     step_s = statistics.median(raw["step_times_s"])
     # over every device's peak together, as costmodel.estimate takes it (a mixed cluster's differ)
@@ -85,7 +86,7 @@ def measured_record(pf: PlanFile, raw: dict[str, Any], *, steps: int, warmup: in
         "cluster": pf.cluster.name,
         "complete": complete,
         "oversubscribed": oversubscribed,
-        "compiled": pf.cluster.framework.compiled_layer,   # priced as it ran: planner.measure.run_dirs.priced_as_run
+        "compiled": compiled,   # `planner run --compile`; pf is then priced so (planner.measure.run_dirs.priced_as_run)
     })
 
 

@@ -11,6 +11,7 @@ from costmodel.measured import MeasuredRun
 from costmodel.plan import PLAN_FORMAT_VERSION, PlanFile
 from planner import outputs
 from planner.commands.common import write_report_dir
+from planner.measure.run_dirs import priced_as_run
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -26,6 +27,8 @@ def cmd_report(args: argparse.Namespace) -> int:
             raise UserError(f"{args.measured} was measured for another plan than {args.plan}: "
                             + _differences(measured.plan, pf.plan.to_dict()))
         _same_model_and_training(Path(args.measured), args.plan, pf)
+    if measured is not None:   # a compiled run is compared with the compiled layers' estimate
+        pf = priced_as_run(pf, measured.compiled)
     est = estimate(pf.model, pf.train, pf.cluster, pf.plan)
     write_report_dir(args.out, args.overwrite, pf.model, pf.train, pf.cluster, pf.plan, est, measured=measured)
     return 0

@@ -259,7 +259,7 @@ def _run_locked(args: argparse.Namespace, pf: PlanFile, out: Path, worker, resum
     copy_plan(args, out)
     timed = len(raw["step_times_s"])   # a resumed run measures the steps it ran
     record = measured_record(pf, raw, steps=timed, warmup=len(raw["losses"]) - timed, wall_s=wall_s,
-                             oversubscribed=_shares_cores(pf, nproc, threads))
+                             oversubscribed=_shares_cores(pf, nproc, threads), compiled=args.compile)
     outputs.write_file(out / "measured.json", outputs.json_text(record.to_dict()), args.overwrite)
     (out / PARTIAL).unlink(missing_ok=True)
     record = _with_machine_moment(record, pf, threads, out)
@@ -305,7 +305,8 @@ def _keep_partial(pf: PlanFile, args: argparse.Namespace, out: Path, wall_s: flo
         exc.add_note(f"no step was measured (log: {out / 'run.log'})")
         return
     steps = len(raw["step_times_s"])   # a run diverged in its warm-up keeps those steps' times
-    record = measured_record(pf, raw, steps=steps, warmup=len(raw["losses"]) - steps, wall_s=wall_s, complete=False)
+    record = measured_record(pf, raw, steps=steps, warmup=len(raw["losses"]) - steps, wall_s=wall_s, complete=False,
+                             compiled=args.compile)
     copy_plan(args, out)
     outputs.write_file(out / "measured.json", outputs.json_text(record.to_dict()), args.overwrite)
     (out / PARTIAL).unlink(missing_ok=True)

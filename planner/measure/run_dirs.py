@@ -11,7 +11,8 @@ from pathlib import Path
 
 from costmodel.check import check_structure
 from costmodel.estimate import Estimate, estimate
-from costmodel.hardware import DeviceProfile
+from costmodel.frameworks import COMPILED_RUNTIME, RUNTIME
+from costmodel.hardware import DeviceProfile, run_by
 from costmodel.inputs import UserError, read_json_object
 from costmodel.measured import MeasuredRun
 from costmodel.plan import PlanFile
@@ -83,12 +84,17 @@ def priced_as_run(pf: PlanFile, compiled: bool) -> PlanFile:
     compiled layers drives it (costmodel.frameworks `compiled_layer`)."""
     if not compiled:
         return pf
-    from costmodel.frameworks import COMPILED_RUNTIME
-    from costmodel.hardware.clusters import run_by
+    if pf.cluster.groups:
+        raise UserError("--compile: a mixed cluster is priced for the eager runtime only; run it without --compile")
     return replace(pf, cluster=run_by(pf.cluster, COMPILED_RUNTIME))
 
 
 def predict_with(run: Run, device: DeviceProfile) -> Estimate:
-    """The run's estimate on `device`, priced as it ran (compiled or eager)."""
-    pf = priced_as_run(replace(run.pf, cluster=replace(run.pf.cluster, device=device)), run.compiled)
+    """The run's estimate on `device` (a profile as read, as the included runtime uses it),
+    priced as it ran: under its plan's framework, as `planner run` compared it (the vendor
+    attention that framework calls, costmodel.hardware.run_by), compiled or eager."""
+    cluster = replace(run.pf.cluster, device=device)
+    if not cluster.groups:
+        cluster = run_by(replace(cluster, framework=RUNTIME), run.pf.cluster.framework)
+    pf = priced_as_run(replace(run.pf, cluster=cluster), run.compiled)
     return estimate(pf.model, pf.train, pf.cluster, pf.plan)

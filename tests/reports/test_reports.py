@@ -132,6 +132,24 @@ def test_report_command_puts_measured_beside_predicted(tmp_path, capsys):
     assert (out / "notes.txt").exists() and "(measured.png)" not in (out / "index.md").read_text()
 
 
+def test_a_compiled_runs_report_prices_the_plan_as_it_ran(tmp_path):
+    """`report --measured` of a `planner run --compile` record: the report's estimate is the
+    compiled layers' (the record's own prediction), not the eager layer's."""
+    from costmodel.estimate import estimate
+    from planner.measure.run_dirs import priced_as_run
+    pf = _llama70b_plan()
+    pf.save(tmp_path / "plan.json")
+    raw = {"losses": [10.0, 9.5], "step_times_s": [150.0], "peak_memory_bytes": [70 * 2**30] * 8,
+           "memory_source": "torch.cuda.max_memory_allocated", "device": "A100"}
+    compiled = priced_as_run(pf, True)
+    measured_record(compiled, raw, steps=1, warmup=1, wall_s=300.0, compiled=True).save(tmp_path / "measured.json")
+    assert main(["report", str(tmp_path / "plan.json"), "--measured", str(tmp_path / "measured.json"),
+                 "--out", str(tmp_path / "rep")]) == 0
+    fused, eager = (estimate(p.model, p.train, p.cluster, p.plan).step_time_s for p in (compiled, pf))
+    md = (tmp_path / "rep" / "index.md").read_text()
+    assert f"{fused:.3f} s per step" in md and f"{eager:.3f} s per step" not in md
+
+
 def test_pareto_front():
     points = [(1.0, 5.0), (2.0, 3.0), (2.5, 4.0), (3.0, 1.0), (1.5, 6.0)]
     assert pareto_front(points) == [0, 1, 3]

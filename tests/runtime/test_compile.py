@@ -92,12 +92,13 @@ def test_every_strategy_compiled():
     (Choice(pp=2, schedule=Schedule.ZB_H1), "zb-h1 schedule"),
     (Choice(pp=2, vpp=2, schedule=Schedule.ZBV), "zbv schedule"),
     (Choice(tp=2, recompute=Recompute.SELECTIVE), "selective recomputation under tensor parallelism"),
-], ids=["activation_offload", "zb_h1", "zbv", "selective_tp2"])
+    (Choice(tp=2, recompute=Recompute.FULL, recompute_layers=4), "full recomputation under tensor parallelism"),
+], ids=["activation_offload", "zb_h1", "zbv", "selective_tp2", "full_tp2"])
 def test_what_compile_cannot_serve_is_refused_by_name(choice, why):
     """Measured: offloaded activations come back contiguous and the compiled backward asserts
     their strides; a zero-bubble schedule's input pass keeps the graph for its weight pass,
-    which a compiled backward (its buffers donated) refuses; the attention core's checkpoint
-    under TP has AOTAutograd save the TP mesh and assert. All before any rank starts."""
+    which a compiled backward (its buffers donated) refuses; a checkpoint under TP (the attention
+    core's or the layer's) has AOTAutograd save the TP mesh and assert. All before any rank starts."""
     from costmodel.inputs import UserError
     from runtime.compile import compile_problem
     from runtime.job import build_job
@@ -146,30 +147,45 @@ def test_a_compiled_run_is_priced_with_its_layers_fused(cluster):
     assert compiled.time_breakdown_s["comm/tp_exposed"] == eager.time_breakdown_s["comm/tp_exposed"]
 
 
-def test_a_compiled_run_is_read_back_as_it_ran(tmp_path):
+@pytest.mark.parametrize("framework", ["planner", "megatron"])
+def test_a_compiled_run_is_read_back_as_it_ran(tmp_path, framework):
     """measured.json says whether the layers were compiled, and calibrate and gpu_check's replay
-    (planner.measure.run_dirs) price the run so again: its own prediction once more, not the
-    eager layer's; an eager and a compiled run of one plan are two plans to the fit, not repeats."""
+    (planner.measure.run_dirs) price the run so again on the profile as read: its own
+    prediction once more (a plan made for Megatron-Core keeps that framework's vendor attention),
+    not the eager layer's; an eager and a compiled run of one plan are two plans to the fit."""
     from costmodel.measured import MeasuredRun
     from planner.measure.run_dirs import load_run, merge_repeats, predict_with, priced_as_run
+    from planner.targets import cluster_for
     from runtime.measure import measured_record
-    pf = plan_file(Choice(), world=1, compute_dtype=DType.BF16, seq_len=256, global_batch=2)
-    pf = replace(pf, cluster=parse_cluster("1x1xH100"))
+    pf = plan_file(Choice(), world=1, compute_dtype=DType.BF16, seq_len=4096, global_batch=2, model="llama3-8b")
+    profile = parse_cluster("1x1xH100").device
+    pf = replace(pf, cluster=cluster_for(framework, parse_cluster("1x1xH100")))
     for mode in ("eager", "compiled"):
-        priced = priced_as_run(pf, mode == "compiled")
         raw = {"losses": [1.0], "step_times_s": [0.5], "peak_memory_bytes": [1e9], "device": "NVIDIA H100",
                "memory_source": "torch.cuda.max_memory_allocated"}
         pf.save(tmp_path / mode / "plan.json")
-        measured_record(priced, raw, steps=1, warmup=0, wall_s=1.0).save(tmp_path / mode / "measured.json")
+        measured_record(priced_as_run(pf, mode == "compiled"), raw, steps=1, warmup=0, wall_s=1.0,
+                        compiled=mode == "compiled").save(tmp_path / mode / "measured.json")
     runs = {mode: load_run(tmp_path / mode) for mode in ("eager", "compiled")}
     assert [runs[m].compiled for m in runs] == [False, True]
     assert MeasuredRun.load(tmp_path / "compiled" / "measured.json").compiled
     for run in runs.values():
-        again = predict_with(run, run.pf.cluster.device).step_time_s
+        again = predict_with(run, profile).step_time_s
         assert again == pytest.approx(run.measured.predicted["step_time_s"], rel=1e-12)
-    assert predict_with(runs["compiled"], pf.cluster.device).step_time_s < \
-        predict_with(runs["eager"], pf.cluster.device).step_time_s
+    if framework == "planner":   # the same layers fused
+        assert predict_with(runs["compiled"], profile).step_time_s < predict_with(runs["eager"], profile).step_time_s
     assert len(merge_repeats(list(runs.values()))) == 2
+
+
+def test_a_mixed_cluster_is_not_priced_compiled():
+    """The compiled runtime's pricing is of one kind of device: a mixed cluster under --compile
+    is a user's one-line refusal, not an assertion of the pricing."""
+    from costmodel.inputs import UserError
+    from planner.measure.run_dirs import priced_as_run
+    pf = replace(plan_file(Choice(), world=2), cluster=parse_cluster("1x8xA100+1x8xH100"))
+    assert priced_as_run(pf, False) is pf
+    with pytest.raises(UserError, match="mixed cluster is priced for the eager runtime only"):
+        priced_as_run(pf, True)
 
 
 def test_a_dense_layer_compiles_whole_or_fails():
