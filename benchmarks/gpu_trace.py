@@ -70,7 +70,8 @@ def shapes() -> list[dict]:
     return rows
 
 
-def trace(plan: Path, out: Path, compile: bool) -> None:
+def trace(plan: Path, out: Path, compile: bool) -> Path:
+    """The plan's steps under torch.profiler; returns where their kernels' times were written."""
     from torch.profiler import ProfilerActivity, profile
 
     from costmodel.plan import PlanFile
@@ -88,8 +89,10 @@ def trace(plan: Path, out: Path, compile: bool) -> None:
     table = prof.key_averages()
     print(table.table(sort_by="self_cuda_time_total", row_limit=45, max_name_column_width=70))
     kernels = {e.key: (e.self_device_time_total, e.count) for e in table if e.self_device_time_total}
-    (out / f"kernels_{'compiled' if compile else 'eager'}.json").write_text(json.dumps(kernels, indent=0))
+    written = out / f"kernels_{'compiled' if compile else 'eager'}.json"
+    written.write_text(json.dumps(kernels, indent=0))
     dist.destroy_process_group()
+    return written
 
 
 def main() -> int:
@@ -103,9 +106,8 @@ def main() -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "kernel_shapes.json").write_text(json.dumps(shapes(), indent=1))
-    trace(args.plan, args.out, args.compile)
-    mode = "compiled" if args.compile else "eager"
-    print(f"wrote {args.out / 'kernel_shapes.json'} and {args.out / f'kernels_{mode}.json'}; command: "
+    kernels = trace(args.plan, args.out, args.compile)
+    print(f"wrote {args.out / 'kernel_shapes.json'} and {kernels}; command: "
           + " ".join(["python benchmarks/gpu_trace.py", *sys.argv[1:]]))
     return 0
 
