@@ -32,6 +32,7 @@ from costmodel.layout import layer_blocks
 from costmodel.specs import Arch, AttentionKernel, FfnKind, ModelSpec, NormKind, PositionKind
 from runtime.context_parallel import CpShard, cp_attention, gather_kv
 from runtime.moe import MoE
+from runtime.rope import rope, rope_frequencies
 
 INIT_STD = 0.02         # GPT-2 / Megatron-LM default
 DROPOUT_P = 0.1         # Megatron-LM's hidden and attention dropout for GPT
@@ -68,38 +69,6 @@ def each_linear(block: nn.Module, x: torch.Tensor, names: tuple[str, ...]) -> tu
     puts runtime.sequence_parallel's in its place (`project_in`): one all-gather of the sequence
     shard for the block, the shard alone kept for backward."""
     return tuple(getattr(block, name)(x) for name in names)
-
-
-def rope_frequencies(model: ModelSpec) -> torch.Tensor:
-    """RoPE's per-pair inverse frequencies, base `rope_theta`; with Llama 3.1's scaling the long
-    wavelengths (beyond original context / low_freq_factor) are divided by the factor, the short
-    ones (below original context / high_freq_factor) kept, and those between interpolated."""
-    dim = model.rotary_dims
-    # on the CPU explicitly: the model is built under `torch.device("meta")`
-    inv_freq = 1.0 / model.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device="cpu") / dim)
-    factor = model.rope_scaling_factor
-    if factor == 1.0:
-        return inv_freq
-    context, low, high = model.rope_original_max_positions, model.rope_low_freq_factor, model.rope_high_freq_factor
-    wavelength = 2 * math.pi / inv_freq
-    smooth = ((context / wavelength - low) / (high - low)).clamp(0.0, 1.0)
-    scaled = (1 - smooth) * inv_freq / factor + smooth * inv_freq
-    return torch.where(wavelength > context / low, inv_freq / factor,
-                       torch.where(wavelength < context / high, inv_freq, scaled))
-
-
-def rope(x: torch.Tensor, inv_freq: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-    """Rotary embedding (Su et al. 2021) on (batch, seq, heads, head_dim), rotate-half form, at
-    `positions` in the whole sequence (default 0, 1, ...; context parallelism holds others)."""
-    seq, dim = x.shape[1], x.shape[-1]
-    inv_freq = inv_freq.to(x.device)
-    pos = torch.arange(seq, device=x.device) if positions is None else positions.to(x.device)
-    angles = torch.outer(pos.float(), inv_freq)
-    cos = torch.cat((angles.cos(), angles.cos()), -1)[None, :, None, :].to(x.dtype)
-    sin = torch.cat((angles.sin(), angles.sin()), -1)[None, :, None, :].to(x.dtype)
-    half = dim // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), -1)
-    return x * cos + rotated * sin
 
 
 @functools.cache
