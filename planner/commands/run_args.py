@@ -82,8 +82,9 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action="store_true",
                    help="compile each transformer layer with torch.compile (inductor; torchtitan's regional compile), "
                         "the embedding, head, FSDP2 and pipeline around them eager; predicted with the layers' "
-                        "memory-bound work fused. A plan it cannot serve (activation offloading, a zero-bubble "
-                        "schedule) is refused")
+                        "memory-bound work fused; a dense layer compiles as one graph or the run fails. A plan it "
+                        "cannot serve (activation offloading, a zero-bubble schedule, recomputation under TP) is "
+                        "refused")
     add_overwrite_arg(p)
     p.add_argument("--dry-run", action="store_true",
                    help="build each stage's first rank on the meta device under a fake process group "
