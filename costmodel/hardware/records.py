@@ -178,6 +178,9 @@ class DeviceProfile:
     # ECC and the driver's own reservations); 0: unknown, the datasheet figure is used
     reported_memory_bytes: int = 0
     num_sms: int = 0   # streaming multiprocessors (GEMM wave quantisation); 0: not modelled
+    # each output tile's fixed prologue (pipeline fill) and epilogue (store) in elements of the
+    # reduction: a GEMM over K runs at K / (K + this) of its long-K rate; 0: not modelled
+    gemm_tile_setup_k: int = 0
     # a CPU's: the ranks memory_bytes is one share of (its RAM divided among the ranks measured
     # together); a cluster of another count per node divides the RAM among its own (per_node)
     memory_ranks: int = 0

@@ -27,11 +27,28 @@ def _wave_fill(tiles: int, num_sms: int) -> float:
     return tiles / (-(-tiles // num_sms) * num_sms)
 
 
+def tile_efficiency(m: int, k: int, n: int, dev: DeviceProfile, groups: int = 1) -> float:
+    """The share of the long-K rate an m x n output over a reduction of k reaches: wave
+    quantisation over the output tiles of all `groups`, times K / (K + the tile's fixed
+    prologue and epilogue, dev.gemm_tile_setup_k), which is why a GEMM with short K is slower
+    per FLOP than one with long K (benchmarks/gemm_shapes.py measures both)."""
+    wave = _wave_fill(groups * -(-m // GEMM_TILE) * -(-n // GEMM_TILE), dev.num_sms) if dev.num_sms > 0 else 1.0
+    return wave * k / (k + dev.gemm_tile_setup_k)
+
+
 def gemm_s(m: int, k: int, n: int, dev: DeviceProfile, train: TrainSpec) -> float:
+    """An m x n output reducing over k, in the compute dtype."""
     dev = dev.for_dtype(train.compute_dtype)
     a = train.compute_dtype.num_bytes
-    eff = dev.efficiency.gemm * (1.0 if dev.gemm_curve(train.compute_dtype) else wave_efficiency(m, n, dev.num_sms))
+    eff = dev.efficiency.gemm * (1.0 if dev.gemm_curve(train.compute_dtype) else tile_efficiency(m, k, n, dev))
     return compute_bound_s(2.0 * m * k * n, a * (m * k + k * n + m * n), dev, train, eff)
+
+
+def linear_shapes(m: int, k: int, n: int) -> tuple[tuple[int, int, int], ...]:
+    """(output rows, reduction, output columns) of a linear's three GEMMs over m rows of k
+    features into n: the forward X·Wᵀ, the input gradient dY·W (reduces n) and the weight
+    gradient dYᵀ·X (reduces the m rows)."""
+    return (m, k, n), (m, n, k), (n, m, k)
 
 
 # A float8 cast of a bf16 tensor (costmodel.frameworks `float8_casts_fused`): (bytes moved per
@@ -52,8 +69,7 @@ def fp8_gemm_s(m: int, k: int, n: int, dev: DeviceProfile, groups: int = 1) -> f
     fraction is assumed to carry over), 1-byte operands, a bf16 result. `groups` GEMMs of one
     shape in one grouped kernel (Transformer Engine's GroupedLinear in float8) share the SMs'
     waves as grouped_gemm_s's do."""
-    tiles = groups * -(-m // GEMM_TILE) * -(-n // GEMM_TILE)
-    eff = dev.efficiency.gemm * (_wave_fill(tiles, dev.num_sms) if dev.num_sms > 0 else 1.0)
+    eff = dev.efficiency.gemm * tile_efficiency(m, k, n, dev, groups)
     return roofline_s(2.0 * groups * m * k * n, groups * (m * k + k * n + 2 * m * n), dev, dev.peak_for("fp8"), eff)
 
 
@@ -70,9 +86,9 @@ def fp8_passes_s(m: int, k: int, n: int, dev: DeviceProfile, fused_casts: bool,
     output gradient and input for the weight gradient, where eager torchao casts again (fused,
     `float8_casts_fused`: the forward's are reused). A grouped projection casts all its groups'
     rows (and weights) in one multi-tensor cast (Transformer Engine's split_quantize)."""
-    g = fp8_gemm_s(m, k, n, dev, groups)
+    gf, gb, gw = (fp8_gemm_s(*shape, dev, groups) for shape in linear_shapes(m, k, n))
     x, w, dy = (_cast_s(groups * e, dev, fused_casts) for e in (m * k, k * n, m * n))
-    return g + x + w, g + dy + (0.0 if fused_casts else w), g + (0.0 if fused_casts else dy + x)
+    return gf + x + w, gb + dy + (0.0 if fused_casts else w), gw + (0.0 if fused_casts else dy + x)
 
 
 def float8_linear(k: int, n: int) -> bool:
@@ -126,8 +142,9 @@ def _projection_s(m: int, k: int, n: int, dev: DeviceProfile, train: TrainSpec, 
         if grouped:
             return fp8_passes_s(m, k, n, dev, fused_casts, groups)
         return tuple(groups * t for t in fp8_passes_s(m, k, n, dev, fused_casts))
-    t = grouped_gemm_s(groups, m, k, n, dev, train) if grouped and groups > 1 else groups * gemm_s(m, k, n, dev, train)
-    return t, t, t
+    if grouped and groups > 1:
+        return tuple(grouped_gemm_s(groups, *shape, dev, train) for shape in linear_shapes(m, k, n))
+    return tuple(groups * gemm_s(*shape, dev, train) for shape in linear_shapes(m, k, n))
 
 
 def final_linear_forward_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile,
@@ -162,8 +179,7 @@ def grouped_gemm_s(groups: int, m: int, k: int, n: int, dev: DeviceProfile, trai
     a = train.compute_dtype.num_bytes
     if dev.gemm_curve(train.compute_dtype) or dev.num_sms <= 0:
         return groups * gemm_s(m, k, n, dev, train)
-    tiles = groups * -(-m // GEMM_TILE) * -(-n // GEMM_TILE)
-    eff = dev.efficiency.gemm * _wave_fill(tiles, dev.num_sms)
+    eff = dev.efficiency.gemm * tile_efficiency(m, k, n, dev, groups)
     return compute_bound_s(2.0 * groups * m * k * n, groups * a * (m * k + k * n + m * n), dev, train, eff)
 
 

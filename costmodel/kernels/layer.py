@@ -16,7 +16,7 @@ from costmodel.kernels.elementwise import (
     gelu_s,
     rank_hidden_elements,
 )
-from costmodel.kernels.gemm import _linears_s, final_linear_forward_s, gemm_s
+from costmodel.kernels.gemm import _linears_s, final_linear_forward_s, gemm_s, linear_shapes
 from costmodel.kernels.roofline import KernelShape, KernelTimes, memory_bound_s
 from costmodel.params import ceil_div
 from costmodel.plan import Plan
@@ -146,7 +146,7 @@ def head_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev
     (frameworks.composite_rms_norm), at the compute dtype's width."""
     tokens = plan.micro_batch_size * train.seq_len // plan.cp
     vocab = ceil_div(model.vocab_size, plan.tp)
-    proj = gemm_s(tokens, model.hidden_size, vocab, dev, train)
+    proj_f, proj_b, proj_w = (gemm_s(*shape, dev, train) for shape in linear_shapes(tokens, model.hidden_size, vocab))
     a = train.compute_dtype.num_bytes
     loss = cross_entropy_s(tokens, vocab, train, dev, fused_loss)
     elems = tokens * model.hidden_size
@@ -156,8 +156,8 @@ def head_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev
     else:
         norm = memory_bound_s(2 * a * elems, dev, 1)
         norm_bwd = 2 * norm
-    return KernelTimes(forward_s=proj + loss + norm, backward_input_s=proj + loss + norm_bwd,
-                       backward_weight_s=proj, attention_forward_s=0.0, recompute_forward_s=0.0)
+    return KernelTimes(forward_s=proj_f + loss + norm, backward_input_s=proj_b + loss + norm_bwd,
+                       backward_weight_s=proj_w, attention_forward_s=0.0, recompute_forward_s=0.0)
 
 
 @_per_kernel_shape

@@ -246,6 +246,22 @@ def fit_by_chip(rows: list[FilledRow]) -> dict[str, dict[str, float]]:
     return {name: fit(group) for name, group in sorted(groups.items())}
 
 
+def at_bounds(rows: list[FilledRow], fitted: dict[str, dict[str, float]]) -> list[str]:
+    """The fitted values (fit_by_chip) within 1 % of a bound of their published range, as
+    costmodel.hardware.range_problems counts a shipped value at one: 'H100 comm_contention =
+    0.4 at its upper bound 0.4'."""
+    clusters = {chip(r.cluster): r.cluster for r in rows}
+    out = []
+    for name, values in sorted(fitted.items()):
+        for key in fitted_keys([r for r in rows if chip(r.cluster) == name]):
+            low, high = bounds_for(clusters[name])[key]
+            edge = 0.01 * (high - low)
+            if low < high and min(values[key] - low, high - values[key]) <= edge:
+                side = "lower" if values[key] - low <= edge else "upper"
+                out.append(f"{name} {key} = {values[key]:.4g} at its {side} bound {low if side == 'lower' else high:g}")
+    return out
+
+
 def leave_one_source_out(rows: list[FilledRow], progress: Callable[[str], None] | None = None
                          ) -> list[tuple[FilledRow, float]]:
     """Each source's rows predicted by a fit on every other source's rows of the same chip

@@ -25,8 +25,9 @@ def test_one_group_is_the_plain_gemm_and_many_share_their_waves():
     grouped = grouped_gemm_s(16, 563, 4096, 1536, H100, TRAIN)
     # 60 tiles an expert on 132 SMs: 0.45 of a wave each alone, 960 tiles grouped fill 8 waves to 0.91
     assert wave_efficiency(563, 1536, H100.num_sms) == pytest.approx(60 / 132)
-    # both compute-bound: flops at the waves' share of the GEMM rate, plus one launch a kernel
-    rate = H100.peak_for("bf16") * H100.efficiency.gemm
+    # both compute-bound: flops at the waves' share of the GEMM rate over K = 4096 (each tile's
+    # fixed prologue and epilogue: gemm_tile_setup_k), plus one launch a kernel
+    rate = H100.peak_for("bf16") * H100.efficiency.gemm * 4096 / (4096 + H100.gemm_tile_setup_k)
     flops = 2 * 563 * 4096 * 1536
     launch = H100.efficiency.kernel_overhead_s
     assert alone == pytest.approx(16 * (flops / (rate * 60 / 132) + launch), rel=1e-6)

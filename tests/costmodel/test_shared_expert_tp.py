@@ -10,7 +10,7 @@ import pytest
 
 from costmodel.frameworks import FRAMEWORKS, RUNTIME, framework_traits
 from costmodel.hardware import parse_cluster, run_by
-from costmodel.kernels.gemm import _moe_gemms_s, gemm_s, moe_tokens
+from costmodel.kernels.gemm import _moe_gemms_s, gemm_s, linear_shapes, moe_tokens
 from costmodel.memory import layer_activation_bytes, stage_memory
 from costmodel.params import (
     layer_params,
@@ -112,10 +112,11 @@ def test_split_shared_expert_gemms_run_the_gathered_rows_at_1_over_tp_of_the_wid
     whole = _moe_gemms_s(DEEPSEEK, TRAIN, dev, shard, 32, grouped=True)
     split = _moe_gemms_s(DEEPSEEK, TRAIN, dev, shard, 32, grouped=True, shared_split=tp)
 
-    def shared(m, width):
-        return 2 * gemm_s(m, h, width, dev, TRAIN) + gemm_s(m, width, h, dev, TRAIN)
-    for got_split, got_whole in zip(split, whole):
-        assert got_split - got_whole == pytest.approx(shared(tokens, fs // tp) - shared(shard, fs))
+    def shared(m, width, npass):   # gate and up (h -> width), down (width -> h), each pass in its shape
+        return (2 * gemm_s(*linear_shapes(m, h, width)[npass], dev, TRAIN)
+                + gemm_s(*linear_shapes(m, width, h)[npass], dev, TRAIN))
+    for npass, (got_split, got_whole) in enumerate(zip(split, whole)):
+        assert got_split - got_whole == pytest.approx(shared(tokens, fs // tp, npass) - shared(shard, fs, npass))
 
 
 def test_split_shared_expert_pays_a_dense_mlps_tp_collectives():

@@ -210,14 +210,14 @@ def test_a_measured_run_beyond_any_measurement_is_refused(tmp_path, capsys, fiel
 
 @pytest.mark.parametrize("old, new, named", [
     ("\nintra_node_comm = 0.831", '\nintra_node_comm = "0.831"', "[efficiency] intra_node_comm is a number"),
-    ("\ngemm = 0.629", '\ngemm = "fast"', "[efficiency] gemm is a number"),
-    ("\ngemm = 0.629", "\ngemm = true", "[efficiency] gemm is a number"),
+    ("\ngemm = 0.639", '\ngemm = "fast"', "[efficiency] gemm is a number"),
+    ("\ngemm = 0.639", "\ngemm = true", "[efficiency] gemm is a number"),
     ("memory_efficiency = 0.8", 'memory_efficiency = "0.8"', "[host] memory_efficiency is a number"),
     ("bf16 = 989.4e12", 'bf16 = "989.4e12"', "[device.peak_flops_per_s] bf16 is a number"),
     ("bf16 = 989.4e12", "bf61 = 989.4e12", "peak_flops_per_s: unknown dtype(s) bf61"),
     ('aliases = ["H100", "H100-80GB"]', 'aliases = "H100"', "[device] aliases is a list of names"),
     ('name = "nvlink4"', "", "[network node] name is missing"),
-    ("\ngemm = 0.629", "\ngemm = 7.48", "efficiency.gemm = 7.48 is out of range"),   # of a datasheet peak
+    ("\ngemm = 0.639", "\ngemm = 7.48", "efficiency.gemm = 7.48 is out of range"),   # of a datasheet peak
     ("reserved_memory_bytes = 2_147_483_648", "reserved_memory_bytes = 200_000_000_000",
      "efficiency.reserved_memory_bytes = 200000000000 is out of range")])
 def test_a_profile_value_of_the_wrong_kind_is_named_by_its_table_and_key(tmp_path, capsys, old, new, named):

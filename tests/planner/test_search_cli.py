@@ -191,6 +191,6 @@ def test_the_equivalent_plans_are_counted_among_those_the_limits_leave(capsys):
     """Of two plans alike within the error band, the more robust one misses the deadline: one is
     left, and the table and JSON say one, not two."""
     assert main(["search", "--model", "llama3-8b", "--cluster", "2x8xA100+2x8xH100", "--tokens", "1e12",
-                 "--gpu-hour-usd", "2", "--deadline-days", "65.2", "--json"]) == 0
+                 "--gpu-hour-usd", "2", "--deadline-days", "65.45", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert len(doc["plans"]) == doc["search"]["equivalent_plans"] == 1
