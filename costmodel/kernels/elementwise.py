@@ -198,20 +198,36 @@ def _elementwise_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: D
     return memory_bound_s(fwd_b, dev, fwd_k), memory_bound_s(bwd_b, dev, bwd_k)
 
 
+# The fp32 loss's passes over its logits, bytes an element (a row of a large vocabulary does not
+# stay on chip between passes): forward, torch's log-softmax reads the row for its max, again for
+# its sum of exponentials, a third time to write the result (3 x 4 + 4); backward, the NLL
+# gradient's zero-filled fp32 tensor (4), then log-softmax's backward reads the gradient for its
+# sum, the gradient and the output again, and writes (3 x 4 + 4). Megatron's vocab-parallel loss
+# moves about as much in other kernels (max, subtract, exp, sum and divide in place; the
+# gradient scaled in place). Measured on an H200 (benchmarks/results/gemm-shapes-h200-2026-12-04
+# cross_entropy.log): 8192 x 131,072 logits from bf16 15.4 ms forward and backward, which these
+# 48 bytes an element with the casts at 3.3 TB/s account for.
+SOFTMAX_FWD_BYTES, SOFTMAX_BWD_BYTES = 16, 20
+
+
 def cross_entropy_s(tokens: int, vocab: int, train: TrainSpec, dev: DeviceProfile, fused: bool = False) -> float:
     """The loss over `vocab` logits per token, forward or backward (their mean): the cast from a
     16-bit compute dtype to fp32 and back (read a, write 4 bytes; none in fp32, where `.float()`
-    is the tensor itself), then the fp32 log-softmax and its gradient (12 bytes, two kernels).
-    The softmax runs fp32 kernels whatever the compute dtype (fp32's per-kernel cost), and both
-    are vectorised kernels of the kind a measured memory curve times, so they are priced at the
-    curve itself: the probes' fitted memory factor (a small fraction of the curve on a CPU) also
-    carries what a step spends between kernels, and would price a large vocabulary's loss
-    several times too slow. fused (frameworks `fused_cross_entropy`): one kernel over the logits
-    in the compute dtype, forward reading them, backward reading them and writing the gradient."""
+    is the tensor itself), then the fp32 log-softmax and its gradient (SOFTMAX_FWD_BYTES and
+    SOFTMAX_BWD_BYTES; two kernels forward, three backward). The softmax runs fp32 kernels
+    whatever the compute dtype (fp32's per-kernel cost), and both are vectorised kernels of the
+    kind a measured memory curve times, so they are priced at the curve itself: the probes'
+    fitted memory factor (a small fraction of the curve on a CPU) also carries what a step spends
+    between kernels, and would price a large vocabulary's loss several times too slow. fused
+    (frameworks `fused_cross_entropy`): one kernel over the logits in the compute dtype, forward
+    reading them, backward reading them and writing the gradient."""
     a = train.compute_dtype.num_bytes
     if fused:
         return memory_bound_s(tokens * vocab * 1.5 * a, dev.for_dtype(train.compute_dtype), 1, native=True)
-    softmax = memory_bound_s(tokens * vocab * 3 * 4, dev.for_dtype(DType.FP32), 2, native=True)
+    elements = tokens * vocab
+    fp32 = dev.for_dtype(DType.FP32)
+    softmax = (memory_bound_s(elements * SOFTMAX_FWD_BYTES, fp32, 2, native=True)
+               + memory_bound_s(elements * SOFTMAX_BWD_BYTES, fp32, 3, native=True)) / 2
     if a >= 4:
         return softmax
-    return softmax + memory_bound_s(tokens * vocab * (a + 4), dev.for_dtype(train.compute_dtype), 1, native=True)
+    return softmax + memory_bound_s(elements * (a + 4), dev.for_dtype(train.compute_dtype), 1, native=True)
