@@ -25,7 +25,7 @@ GPU_GRID = {"m": (2048, 4096, 8192, 16384), "k": (1024, 2048, 4096, 8192, 16384)
             "n": (1024, 2048, 4096, 8192, 16384, 32768)}
 CPU_GRID = {"m": (256, 512), "k": (128, 256, 512), "n": (256, 512)}
 MAX_FLOPS = 4e12     # skip the grid's largest corner: seconds per point for nothing new
-BATCH_S = 0.02       # each timed batch runs calls back to back for about this long
+BATCH_S = 0.02       # each timed batch runs calls back to back for about this long (at most 64)
 
 
 def _layouts(m: int, k: int, n: int, dtype, device):
@@ -39,25 +39,10 @@ def _layouts(m: int, k: int, n: int, dtype, device):
             ("weight_grad", (n, m, k), lambda: dy.t() @ x)]
 
 
-def _sustained_s(fn, sync, repeat: int) -> float:
-    fn()
-    sync()
-    start = time.perf_counter()
-    fn()
-    sync()
-    calls = max(1, int(BATCH_S / max(time.perf_counter() - start, 1e-9)))
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        sync()
-        times.append((time.perf_counter() - start) / calls)
-    return statistics.median(times)
-
-
 def measure(budget_s: float, repeat: int) -> dict:
     import torch
+
+    from runtime.profiler.timing import best_s
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -69,7 +54,7 @@ def measure(budget_s: float, repeat: int) -> dict:
             print(f"budget of {budget_s:.0f} s spent after {i} of {len(shapes)} shapes", file=sys.stderr)
             break
         for name, (rows, red, cols), fn in _layouts(m, k, n, torch.bfloat16, device):
-            s = _sustained_s(fn, sync, repeat)
+            s = best_s(fn, repeat=repeat, sync=sync, batch_s=BATCH_S, pick=statistics.median)
             points.append({"layout": name, "m": rows, "k": red, "n": cols, "seconds": s,
                            "flop_per_s": 2.0 * rows * red * cols / s})
         print(f"{m}x{k}x{n}: " + ", ".join(f"{p['layout']} {p['flop_per_s'] / 1e12:.0f}" for p in points[-3:])

@@ -76,9 +76,10 @@ def _over(expected_s: float, phase_start: float, phase_s: float, point_s: float)
 
 
 def best_s(fn: Callable[[], object], repeat: int = 3, sync: Callable[[], None] = lambda: None,
-           batch_s: float = 0.0) -> float:
-    """The best of `repeat` timings of `fn` after one warm-up call. batch_s > 0: each timing is
-    of as many calls back to back as fill batch_s (at most MAX_BATCH), divided by their number."""
+           batch_s: float = 0.0, pick: Callable[[list[float]], float] = min) -> float:
+    """The best of `repeat` timings of `fn` after one warm-up call (`pick`: another statistic of
+    them, e.g. the median for sustained clocks). batch_s > 0: each timing is of as many calls
+    back to back as fill batch_s (at most MAX_BATCH), divided by their number."""
     fn()
     sync()
     calls = 1
@@ -94,7 +95,7 @@ def best_s(fn: Callable[[], object], repeat: int = 3, sync: Callable[[], None] =
             fn()
         sync()
         times.append((time.perf_counter() - start) / calls)
-    return min(times)
+    return pick(times)
 
 
 # A GPU runs the kernels a training step queues back to back; one call between two
