@@ -130,17 +130,26 @@ def _within(value: float, bounds: tuple[float, float]) -> bool:
     return bounds[0] <= value <= bounds[1]
 
 
+def bound_at(value: float, low: float, high: float) -> str | None:
+    """"lower" or "upper" where `value` sits at that bound of the range low-high, within 1 % of
+    its width (a fit's tolerance, and a profile's rounding); None inside it, or for a range of
+    one value (low == high: a fixed value, not a bound)."""
+    edge = 0.01 * (high - low)
+    if low == high or min(value - low, high - value) > edge:
+        return None
+    return "lower" if value - low <= edge else "upper"
+
+
 def range_problems(dev: DeviceProfile) -> list[str]:
-    """Fitted efficiencies outside their published range ([ranges]), or at one of its bounds: a
-    fit pinned there wants what the measurements do not allow, so a mechanism is missing (a
-    range of one value, low == high, is a fixed value, not a bound). Within 1 % of the range's
-    width of a bound counts as at it (a fit's tolerance, and the profile's rounding)."""
+    """Fitted efficiencies outside their published range ([ranges]), or at one of its bounds
+    (bound_at): a fit pinned there wants what the measurements do not allow, so a mechanism is
+    missing."""
     out = []
     for name, r in dev.ranges:
         value = dev.fitted_value(name)
         if value < r.low or value > r.high:
             out.append(f"{dev.name} {name} = {value:.4g} is outside its published range {r.low:g}-{r.high:g}")
-        elif r.low < r.high and min(value - r.low, r.high - value) <= 0.01 * (r.high - r.low):
+        elif bound_at(value, r.low, r.high):
             out.append(f"{dev.name} {name} = {value:.4g} sits at a bound of its published range {r.low:g}-{r.high:g}")
     return out
 

@@ -66,7 +66,7 @@ class Efficiency:
     gemm: float               # large-GEMM fraction of dense peak FLOP/s
     attention: float          # fused (flash) attention fraction of dense peak FLOP/s
     memory: float             # fraction of HBM bandwidth reached by memory-bound kernels
-    kernel_overhead_s: float  # fixed cost per kernel: launch, and on CPUs eager dispatch (wave tails: compute.wave_efficiency)
+    kernel_overhead_s: float  # fixed cost per kernel: launch, and on CPUs eager dispatch (wave tails: costmodel.kernels.gemm.tile_efficiency)
     reserved_memory_bytes: int  # outside PyTorch's allocator: CUDA context, NCCL buffers, workspaces
     source: str
     overlap: float = 1.0      # fraction of compute that data-parallel communication can hide behind

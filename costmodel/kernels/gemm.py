@@ -13,15 +13,6 @@ from costmodel.specs import ModelSpec, TrainSpec
 GEMM_TILE = 128  # output tile edge of the large cuBLAS/CUTLASS tensor-core kernels (128x128, 128x256)
 
 
-def wave_efficiency(m: int, n: int, num_sms: int) -> float:
-    """Wave quantisation (NVIDIA, "Matrix Multiplication Background User's Guide"): the output
-    is cut into tiles, one per SM at a time; a last partial wave leaves SMs idle. 1 for a
-    device with no SM count (measured curves already include it)."""
-    if num_sms <= 0:
-        return 1.0
-    return _wave_fill(-(-m // GEMM_TILE) * -(-n // GEMM_TILE), num_sms)
-
-
 def _wave_fill(tiles: int, num_sms: int) -> float:
     """The share of the SMs' waves `tiles` output tiles keep busy."""
     return tiles / (-(-tiles // num_sms) * num_sms)
@@ -29,7 +20,9 @@ def _wave_fill(tiles: int, num_sms: int) -> float:
 
 def tile_efficiency(m: int, k: int, n: int, dev: DeviceProfile, groups: int = 1) -> float:
     """The share of the long-K rate an m x n output over a reduction of k reaches: wave
-    quantisation over the output tiles of all `groups`, times K / (K + the tile's fixed
+    quantisation (NVIDIA, "Matrix Multiplication Background User's Guide": the output is cut
+    into tiles, one per SM at a time, and a last partial wave leaves SMs idle) over the output
+    tiles of all `groups` (none on a device without an SM count: measured curves include it), times K / (K + the tile's fixed
     prologue and epilogue, dev.gemm_tile_setup_k), which is why a GEMM with short K is slower
     per FLOP than one with long K (benchmarks/gemm_shapes.py measures both)."""
     wave = _wave_fill(groups * -(-m // GEMM_TILE) * -(-n // GEMM_TILE), dev.num_sms) if dev.num_sms > 0 else 1.0
@@ -173,7 +166,7 @@ def expert_rows(model: ModelSpec, train: TrainSpec, tokens: int, ep: int) -> flo
 def grouped_gemm_s(groups: int, m: int, k: int, n: int, dev: DeviceProfile, train: TrainSpec) -> float:
     """`groups` GEMMs of one shape in one grouped kernel (cuBLASLt / CUTLASS grouped GEMM, as
     Transformer Engine's GroupedLinear runs a device's experts): every group's output tiles share
-    the SMs' waves, so only the last wave of all of them is partial (wave_efficiency over the
+    the SMs' waves, so only the last wave of all of them is partial (tile_efficiency over the
     tiles of all groups), where one GEMM per group leaves a partial wave each."""
     dev = dev.for_dtype(train.compute_dtype)
     a = train.compute_dtype.num_bytes

@@ -25,6 +25,7 @@ import numpy as np
 from costmodel.estimate import estimate
 from costmodel.frameworks import attention_speedup
 from costmodel.hardware import FITTED_PARAMS, ClusterSpec
+from costmodel.hardware.profile_check import bound_at
 from costmodel.inputs import UserError
 from costmodel.plan import Plan
 from costmodel.specs import ModelSpec, TrainSpec
@@ -247,17 +248,14 @@ def fit_by_chip(rows: list[FilledRow]) -> dict[str, dict[str, float]]:
 
 
 def at_bounds(rows: list[FilledRow], fitted: dict[str, dict[str, float]]) -> list[str]:
-    """The fitted values (fit_by_chip) within 1 % of a bound of their published range, as
-    costmodel.hardware.range_problems counts a shipped value at one: 'H100 comm_contention =
-    0.4 at its upper bound 0.4'."""
+    """The fitted values (fit_by_chip) at a bound of their published range, as range_problems
+    counts a shipped value at one (bound_at): 'H100 comm_contention = 0.4 at its upper bound 0.4'."""
     clusters = {chip(r.cluster): r.cluster for r in rows}
     out = []
     for name, values in sorted(fitted.items()):
         for key in fitted_keys([r for r in rows if chip(r.cluster) == name]):
             low, high = bounds_for(clusters[name])[key]
-            edge = 0.01 * (high - low)
-            if low < high and min(values[key] - low, high - values[key]) <= edge:
-                side = "lower" if values[key] - low <= edge else "upper"
+            if side := bound_at(values[key], low, high):
                 out.append(f"{name} {key} = {values[key]:.4g} at its {side} bound {low if side == 'lower' else high:g}")
     return out
 

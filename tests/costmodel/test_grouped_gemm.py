@@ -10,7 +10,7 @@ import pytest
 from costmodel.estimate import estimate
 from costmodel.frameworks import FRAMEWORKS
 from costmodel.hardware import parse_cluster, run_by
-from costmodel.kernels.gemm import gemm_s, grouped_gemm_s, wave_efficiency
+from costmodel.kernels.gemm import gemm_s, grouped_gemm_s, tile_efficiency
 from costmodel.registry import resolve_model
 from costmodel.specs import TrainSpec
 from planner.space import Choice, build_plan
@@ -24,7 +24,7 @@ def test_one_group_is_the_plain_gemm_and_many_share_their_waves():
     alone = 16 * gemm_s(563, 4096, 1536, H100, TRAIN)
     grouped = grouped_gemm_s(16, 563, 4096, 1536, H100, TRAIN)
     # 60 tiles an expert on 132 SMs: 0.45 of a wave each alone, 960 tiles grouped fill 8 waves to 0.91
-    assert wave_efficiency(563, 1536, H100.num_sms) == pytest.approx(60 / 132)
+    assert tile_efficiency(563, 4096, 1536, H100) == pytest.approx(60 / 132 * 4096 / (4096 + H100.gemm_tile_setup_k))
     # both compute-bound: flops at the waves' share of the GEMM rate over K = 4096 (each tile's
     # fixed prologue and epilogue: gemm_tile_setup_k), plus one launch a kernel
     rate = H100.peak_for("bf16") * H100.efficiency.gemm * 4096 / (4096 + H100.gemm_tile_setup_k)
