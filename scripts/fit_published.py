@@ -2,6 +2,8 @@
 
     python scripts/fit_published.py [RUNS.csv]             fit, print values and per-row errors
     python scripts/fit_published.py [RUNS.csv] --evaluate  the profiles' current values, no fit
+    python scripts/fit_published.py --hold H100:comm_contention --hold H100:intra_node_comm
+                                        the shipped fit: those two held (the table pins them)
 
 One bounded parameter set per chip (A100 40/80 GB together, H100 SXM5 and HBM2e together; each
 chip's block lists the profiles whose rows it fitted), never per row, source or model; rows'
@@ -17,6 +19,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from costmodel.hardware.profile_check import bound_at
 from costmodel.inputs import UserError
 from planner.measure import fit
 from planner.measure.runs_table import default_runs_path, read_runs
@@ -29,6 +32,9 @@ def parse_args() -> argparse.Namespace:
                     help="runs table (default: profiles/runs/published_runs.csv)")
     ap.add_argument("--evaluate", action="store_true",
                     help="price every row with the profiles' current values; fit nothing")
+    ap.add_argument("--hold", action="append", default=[], metavar="CHIP:PARAM",
+                    help="keep PARAM at the profiles' value for CHIP's fit (one the whole table pins at a "
+                         "bound, held inside its range; the profiles say which), e.g. H100:comm_contention")
     return ap.parse_args()
 
 
@@ -42,17 +48,24 @@ def main() -> None:
     by_chip = defaultdict(list)
     for r in rows:
         by_chip[fit.chip(r.cluster)].append(r)
+    held = defaultdict(set)
+    for item in args.hold:
+        name, _, param = item.partition(":")
+        if name not in by_chip or param not in fit.PARAMS:
+            sys.exit(f"fit_published: --hold {item}: give CHIP:PARAM, CHIP one of {', '.join(sorted(by_chip))}, "
+                     f"PARAM one of {', '.join(fit.PARAMS)}")
+        held[name].add(param)
     for name, group in sorted(by_chip.items()):
-        values = None if args.evaluate else fit.fit(group)
+        values = None if args.evaluate else fit.fit(group, held=frozenset(held[name]))
         errors = [r.log_error(values, simulate=True) for r in group]
         s = fit.summary(errors)
         print(f"\n== {name}: {s['n']} rows, MAPE {s['mape_pct']:.1f}%, max |error| {s['max_abs_error_pct']:.1f}%")
         print(f"  profiles: {', '.join(sorted({r.cluster.device.name for r in group}))}")
-        fitted = fit.fitted_keys(group)
+        fitted = fit.fitted_keys(group, frozenset(held[name]))
         for k, v in (values or fit.current_values(group[0].cluster)).items():
             low, high = fit.bounds_for(group[0].cluster)[k]
-            edge = ("  (not fitted)" if k not in fitted else
-                    "  (at its bound)" if min(abs(v - low), abs(v - high)) <= 1e-3 * high else "")
+            edge = ("  (held)" if k in held[name] else "  (not fitted)" if k not in fitted else
+                    "  (at its bound)" if bound_at(v, low, high) else "")
             print(f"  {k} = {v:.4g}{edge}")
         for r, e in zip(group, errors):
             print(f"    {r.row['id']:42s} {100 * (math.exp(e) - 1):+6.1f}% step time")

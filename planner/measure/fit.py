@@ -148,7 +148,9 @@ class _Space:
         return np.clip([values[k] / u for k, u in zip(self.keys, self.scale)], self.low, self.high)
 
 
-def _space(rows: list[FilledRow]) -> _Space:
+def _space(rows: list[FilledRow], held: frozenset[str] = frozenset()) -> _Space:
+    """`held`: parameters kept at the profile's values (one the whole table would pin at a bound,
+    held inside its range: scripts/fit_published.py --hold)."""
     bounds = bounds_for(rows[0].cluster)
     # fused attention is identifiable only from rows that ran it, a vendor kernel's speedup only
     # from rows that called it, and only where the chip has such a kernel (bounds not one value)
@@ -160,7 +162,7 @@ def _space(rows: list[FilledRow]) -> _Space:
     # fused kernels, CUDA graphs), so a row that moves it stands for some other mechanism; it
     # keeps the profile's value, measured by gpu_check on a lent GPU
     identifiable["kernel_overhead_s"] = False
-    keys = [k for k in PARAMS if identifiable.get(k, True)]
+    keys = [k for k in PARAMS if identifiable.get(k, True) and k not in held]
     return _Space(rows=rows, start=current_values(rows[0].cluster), keys=keys,
                   low=np.array([bounds[k][0] / bounds[k][1] for k in keys]), high=np.ones(len(keys)),
                   scale=np.array([bounds[k][1] for k in keys]))
@@ -180,9 +182,9 @@ def _prior_residuals(space: _Space, x) -> np.ndarray:
     return PRIOR_WEIGHT * (x - centre) / half
 
 
-def fitted_keys(rows: list[FilledRow]) -> list[str]:
+def fitted_keys(rows: list[FilledRow], held: frozenset[str] = frozenset()) -> list[str]:
     """The parameters one chip's rows identify, which its fit sets (the rest keep their values)."""
-    return _space(rows).keys
+    return _space(rows, held).keys
 
 
 def _residuals(space: _Space, x):
@@ -217,11 +219,11 @@ def _step(jac, r, x, space: _Space):
     return dx
 
 
-def fit(rows: list[FilledRow], *, iterations: int = 8) -> dict[str, float]:
+def fit(rows: list[FilledRow], *, iterations: int = 8, held: frozenset[str] = frozenset()) -> dict[str, float]:
     """Least squares in log step time over the rows of one chip inside the published ranges:
     bounded Gauss-Newton (each step the linearised problem's bounded least squares, halved until
     the mean squared error falls), about ten evaluations of the rows per step."""
-    space = _space(rows)
+    space = _space(rows, held)
     x = space.point(space.start)
     r = _residuals(space, x)
     for _ in range(iterations):

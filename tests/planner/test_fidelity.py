@@ -77,3 +77,22 @@ def test_the_vendor_attention_speedup_moves_only_the_runs_that_call_it():
             assert fast < slow - 0.005
         else:
             assert fast == slow
+
+
+def test_a_held_parameter_keeps_the_profiles_value_and_a_pinned_one_is_named():
+    """fit(held=...) (scripts/fit_published.py --hold) fits the rest and leaves the held values
+    as the profiles state them; at_bounds names a fitted value at a bound of its range (what
+    benchmarks/fidelity.py prints), and only such a value."""
+    from planner.measure import fit
+    from planner.measure.runs_table import read_runs
+    rows = fit.fill_rows([r for r in read_runs(RUNS) if r["id"] in ("megatron_h100_7.1B", "mosaic_mpt7b_h100_128gpu")])
+    start = fit.current_values(rows[0].cluster)
+    held = frozenset({"comm_contention", "intra_node_comm"})
+    assert not held & set(fit.fitted_keys(rows, held))
+    values = fit.fit(rows, iterations=1, held=held)
+    assert all(values[k] == start[k] for k in held)
+    low, high = fit.bounds_for(rows[0].cluster)["comm_contention"]
+    pinned = fit.at_bounds(rows, {"H100": {**values, "comm_contention": high}})
+    assert f"H100 comm_contention = {high:.4g} at its upper bound {high:g}" in pinned
+    assert not [p for p in fit.at_bounds(rows, {"H100": {**values, "comm_contention": (low + high) / 2}})
+                if "comm_contention" in p]
