@@ -63,7 +63,7 @@ class NetworkTier:
 class Efficiency:
     """Achievable fractions of the datasheet peaks, and fixed overheads (see each profile's notes)."""
 
-    gemm: float               # large-GEMM fraction of dense peak FLOP/s
+    gemm: float               # long-K GEMM fraction of dense peak FLOP/s (kernels.gemm.tile_efficiency below it)
     attention: float          # fused (flash) attention fraction of dense peak FLOP/s
     memory: float             # fraction of HBM bandwidth reached by memory-bound kernels
     kernel_overhead_s: float  # fixed cost per kernel: launch, and on CPUs eager dispatch (wave tails: costmodel.kernels.gemm.tile_efficiency)
