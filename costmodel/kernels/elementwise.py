@@ -204,8 +204,8 @@ def _elementwise_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: D
 # gradient's zero-filled fp32 tensor (4), then log-softmax's backward reads the gradient for its
 # sum, the gradient and the output again, and writes (3 x 4 + 4). Megatron's vocab-parallel loss
 # moves about as much in other kernels (max, subtract, exp, sum and divide in place; the
-# gradient scaled in place). On an H200, 8192 x 131,072 logits from bf16 take 15.4 ms forward and
-# backward, which these 48 bytes an element with the casts at 3.3 TB/s account for
+# gradient scaled in place). On an H200, 8192 x 131,072 logits from bf16 take 15.35 ms forward and
+# backward, which these 48 bytes an element with the casts at 3.4 TB/s account for
 # (`python benchmarks/gemm_shapes.py --kind loss` measures it, `--replay` prices it).
 SOFTMAX_FWD_BYTES, SOFTMAX_BWD_BYTES = 16, 20
 
