@@ -34,7 +34,14 @@ from costmodel.groups import (
     world_peak_flops_per_s,
 )
 from costmodel.hardware import ClusterSpec
-from costmodel.memory import StageMemory, backward_working_bytes, host_activation_bytes, host_state_bytes, stage_memory
+from costmodel.memory import (
+    StageMemory,
+    backward_working_bytes,
+    host_activation_bytes,
+    host_state_bytes,
+    rebuilt_layer_bytes,
+    stage_memory,
+)
 from costmodel.params import ceil_div, rank_params
 from costmodel.pipeline_closed_form import pipeline_time_s
 from costmodel.pipeline_simulation import Simulation, simulate
@@ -227,9 +234,11 @@ def memory_per_rank(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
     sim = sim or simulate_plan(model, train, cluster, plan)
     reserved = [view.device.efficiency.reserved_memory_bytes for view in rank_views(plan, cluster)]
     last = plan.stage_rank(plan.num_virtual_stages - 1)
-    return [replace(stage_memory(model, train, plan, r, reserved[r], cluster.framework),
+    traits = cluster.framework
+    return [replace(stage_memory(model, train, plan, r, reserved[r], traits),
                     activations_bytes=sim.peak_activation_bytes[r]
-                    + backward_working_bytes(model, train, plan, r == last, cluster.framework))
+                    + backward_working_bytes(model, train, plan, r == last, traits,
+                                             rebuilt_layer_bytes(model, train, plan, r, traits)))
             for r in range(plan.pp)]
 
 

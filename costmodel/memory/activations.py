@@ -266,13 +266,16 @@ def logits_held_bytes(model: ModelSpec, train: TrainSpec, plan: Plan,
 
 
 def backward_working_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, last: bool,
-                           traits: FrameworkTraits = RUNTIME) -> float:
+                           traits: FrameworkTraits = RUNTIME, rebuilt_bytes: float = 0.0) -> float:
     """Transient bytes of the backward pass beyond what the forward kept: a layer's input
     gradients of its widest block (SwiGLU: gate, up and product gradients, f wide; attention:
     dQ, dK, dV and FlashAttention-2's fp32 dQ accumulator) plus its largest weight gradient in
     the compute dtype before it is added to the fp32 main gradient; on the last stage the
     loss's gradient (fp32 then cast back) over the logits, if larger. One backward runs at a
-    time, so a rank adds this once."""
+    time, so a rank adds this once. The loss's backward runs before any layer is rebuilt: on a
+    rank whose caller counts a rebuilt layer's `rebuilt_bytes` beside this, the loss's gradient
+    needs only what exceeds them (as measured on an H200: benchmarks/gpu_check.py's full
+    recomputation runs peak where the old sum of both overshot by 5 %)."""
     a, t = train.compute_dtype.num_bytes, plan.tp
     tokens = _local_tokens(train, plan)
     h, kv, f = model.hidden_size, model.kv_hidden_size, model.ffn_hidden_size
@@ -290,10 +293,20 @@ def backward_working_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, last:
     # a loss whose backward writes the gradient over its saved softmax needs only the cast; a
     # fused one writes it in the compute dtype
     in_compute_dtype = traits.loss_grad_in_place or traits.fused_cross_entropy
-    head = _logits_elems(model, train, plan, traits) * (a if in_compute_dtype else 4 + a) if last else 0.0
+    head = _logits_elems(model, train, plan, traits) * (a if in_compute_dtype else _unfused_loss_grad_bytes(a)) if last else 0.0
+    head = max(head - rebuilt_bytes, 0.0)
     # offloaded activations: the layer whose saved tensors are back on the device for its backward
     back = layer_activation_bytes(model, train, plan, Recompute.NONE, traits) if plan.offload_activations else 0.0
     return max(layer, head) + back
+
+
+def _unfused_loss_grad_bytes(compute_bytes: int) -> int:
+    """Bytes per logit torch's cross entropy holds beyond its saved log-probs while its backward
+    runs: NLL's zero-filled fp32 gradient and log-softmax's new fp32 gradient side by side, then
+    the latter beside its cast to the compute dtype (measured on an H200:
+    benchmarks/results/gemm-shapes-h200-2026-12-04/cross_entropy.json, 16 bytes a logit with the
+    test's own bf16 logits and gradient)."""
+    return max(4 + 4, 4 + compute_bytes)
 
 
 def weight_grad_input_bytes(model: ModelSpec, train: TrainSpec, plan: Plan,

@@ -152,12 +152,22 @@ def activation_shape(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
             first, last = rank == plan.stage_rank(0), rank == plan.stage_rank(plan.num_virtual_stages - 1)
             edges = passes * (edge_bytes_per_micro_batch(model, train, plan, first, last, traits)
                               + edge_weight_grad_output_bytes(model, train, plan, first, last))
+    last = rank == plan.stage_rank(plan.num_virtual_stages - 1)
+    working = backward_working_bytes(model, train, plan, last, traits)
     base = (edges + held_send_bytes(model, train, plan, rank, traits)
-            + _edge_activation_bytes(model, train, plan, rank, traits)
-            + backward_working_bytes(model, train, plan, rank == plan.stage_rank(plan.num_virtual_stages - 1),
-                                     traits))
+            + _edge_activation_bytes(model, train, plan, rank, traits) + working)
+    # a rebuilt layer and the loss's gradient are not held at once (backward_working_bytes)
+    jump = mb.jump + backward_working_bytes(model, train, plan, last, traits, mb.jump) - working
     return AffineBytes(base=base, per_layer=held * mb.per_layer + deferred,
-                       per_recomputed=held * mb.per_recomputed, jump=mb.jump)
+                       per_recomputed=held * mb.per_recomputed, jump=jump)
+
+
+def rebuilt_layer_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
+                        traits: FrameworkTraits = RUNTIME) -> float:
+    """One micro-batch's extra bytes while the rank's backward rebuilds a recomputed layer (0
+    on a rank that recomputes none)."""
+    recomputes = plan.recompute is not Recompute.NONE and plan.recompute_num_layers[rank] > 0
+    return _micro_batch_shape(model, train, plan, traits).jump if recomputes else 0.0
 
 
 def deferred_weight_passes(plan: Plan, rank: int) -> float:

@@ -97,10 +97,13 @@ def test_csv_has_every_evaluated_plan(tmp_path, capsys):
 
 
 def test_memory_objective_trades_a_little_time_for_memory(capsys):
-    assert main(SEARCH + ["--json"]) == 0
+    # at 2,048 tokens the fastest plan is ZeRO-3 at four sequences a micro-batch, 10 GiB fuller
+    # than ZeRO-2 at two, which is as fast within the model's error
+    search = [*SEARCH[:-4], "--seq-len", "2048", "--global-batch", "64"]
+    assert main(search + ["--json"]) == 0
     # the fastest plan, not the most robust one shown first (honest ties)
     fastest = json.loads(capsys.readouterr().out)["search"]["fastest"]["estimate"]
-    assert main(SEARCH + ["--json", "--objective", "memory"]) == 0
+    assert main(search + ["--json", "--objective", "memory"]) == 0
     lean = json.loads(capsys.readouterr().out)["plans"][0]["estimate"]
     assert lean["step_time_s"] <= 1.05 * fastest["step_time_s"] + 1e-9
     # the memory objective's plan holds under 0.9 of the fastest's peak
