@@ -117,10 +117,12 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   kernels around the GEMMs and attention, so that work is priced at the fused count, fewer bytes
   and fewer kernels (hence less host cost per layer on a GPU), as Megatron-Core's fused kernels
   are, on a CPU too (inductor's C++ kernels), where `cpu_kernels` otherwise counts torch's eager
-  ops. The embedding, the final norm, the head and the loss stay eager. Activation memory is
-  priced as the eager layer's, an upper bound: inductor's partitioner recomputes cheap
-  elementwise results in the backward instead of saving them, and a Llama-style layer (hidden
-  256, GQA, SwiGLU, fp32 on a CPU, 2 x 512 tokens) saved 15.5 MiB compiled against 23.3 eager.
+  ops. The embedding, the final norm, the head and the loss stay eager. Its activations are
+  the eager layer's less one f-wide tensor of the SwiGLU (COMPILED_SWIGLU_SAVED): inductor's
+  partitioner recomputes silu(gate) in the backward instead of saving it. On an H200 the compiled
+  runs of benchmarks/gpu_check.py (16 layers, f 5632) peaked 11.3-11.5 KB a token and layer
+  below the eager ones, one bf16 tensor of width f (11.26 KB); under selective recomputation
+  a hidden-wide tensor less again (15.3 KB), not modelled.
 - `deferred_w_keeps_graph`: what a zero-bubble schedule's deferred weight pass holds. Qi et al.
   keep only the projections' inputs; torch pipelining's `stage_backward_input` runs
   `autograd.grad(..., retain_graph=True)` and starts the weight pass later from graph nodes that
@@ -380,8 +382,13 @@ RUNTIME = FrameworkTraits(name="planner", dp_grad_overlap=True, dp_param_overlap
                           recompute_early_stop=True, one_replica_fsdp=True, ep_folds_over_tp=True,
                           hybrid_shard=True, own_pipeline_schedules=False)
 
+# f-wide tensors a compiled SwiGLU keeps for backward (`compiled_layer`): eager's four less
+# silu(gate), which inductor recomputes
+COMPILED_SWIGLU_SAVED = 3
+
 # The same executor with its layers compiled (planner run --compile).
-COMPILED_RUNTIME = replace(RUNTIME, name="planner-compiled", eager_layer=False, compiled_layer=True)
+COMPILED_RUNTIME = replace(RUNTIME, name="planner-compiled", eager_layer=False, compiled_layer=True,
+                           swiglu_saved_tensors=COMPILED_SWIGLU_SAVED)
 
 _MEGATRON = dict(sharded_grads_under_pp=True, zero3_gathers_per_param=False, loss_grad_in_place=True,
                  fused_grad_accumulation=True, recompute_placement="each_chunk")

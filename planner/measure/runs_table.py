@@ -13,7 +13,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from costmodel.frameworks import FrameworkTraits, framework_traits
+from costmodel.frameworks import COMPILED_SWIGLU_SAVED, FrameworkTraits, framework_traits
 from costmodel.hardware import ClusterSpec, parse_cluster, profile_dir, run_by
 from costmodel.inputs import UserError, read_text
 from costmodel.registry import MODELS, gpt_spec, llama_spec
@@ -239,8 +239,11 @@ def _compiled(traits: FrameworkTraits, compiled: bool) -> FrameworkTraits:
     """Optional column compiled: whether the run's transformer layers ran under torch.compile
     (torchtitan's --training.compile). yes: inductor fuses each layer's memory-bound work and the
     float8 casts (`compiled_layer`, `float8_casts_fused`); no: torch's eager layer, its norms, RoPE,
-    SwiGLU and casts each their own kernels (`eager_layer`, as fms-fsdp's runs)."""
-    return replace(traits, compiled_layer=compiled, eager_layer=not compiled, float8_casts_fused=compiled)
+    SwiGLU and casts each their own kernels (`eager_layer`, as fms-fsdp's runs). A compiled
+    SwiGLU keeps what a fused one does (COMPILED_SWIGLU_SAVED)."""
+    saved = min(traits.swiglu_saved_tensors, COMPILED_SWIGLU_SAVED) if compiled else traits.swiglu_saved_tensors
+    return replace(traits, compiled_layer=compiled, eager_layer=not compiled, float8_casts_fused=compiled,
+                   swiglu_saved_tensors=saved)
 
 
 def _async_tp(row: dict[str, str], traits: FrameworkTraits, cluster: ClusterSpec) -> FrameworkTraits:

@@ -128,8 +128,8 @@ def test_run_compile_refuses_in_one_line_before_any_rank(tmp_path, capsys):
 def test_a_compiled_run_is_priced_with_its_layers_fused(cluster):
     """`planner run --compile` compares with the estimate under `compiled_layer`: the layers'
     memory-bound work at the fused count (fewer bytes, fewer kernels) on a GPU and on a CPU,
-    so its forward and step are predicted faster than the eager layer's; GEMMs, attention and
-    memory unchanged."""
+    so its forward and step are predicted faster than the eager layer's, and its SwiGLU keeps
+    one f-wide tensor less (COMPILED_SWIGLU_SAVED); GEMMs, attention and communication unchanged."""
     from costmodel.estimate import estimate
     from costmodel.frameworks import COMPILED_RUNTIME
     from planner.measure.run_dirs import priced_as_run
@@ -143,7 +143,7 @@ def test_a_compiled_run_is_priced_with_its_layers_fused(cluster):
     eager, compiled = (estimate(p.model, p.train, p.cluster, p.plan) for p in (pf, compiled_pf))
     assert compiled.time_breakdown_s["compute/forward"] < 0.97 * eager.time_breakdown_s["compute/forward"]
     assert compiled.step_time_s < eager.step_time_s
-    assert compiled.peak_memory_bytes == eager.peak_memory_bytes
+    assert all(c < e for c, e in zip(compiled.peak_memory_bytes, eager.peak_memory_bytes))
     assert compiled.time_breakdown_s["comm/tp_exposed"] == eager.time_breakdown_s["comm/tp_exposed"]
 
 
