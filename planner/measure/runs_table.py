@@ -35,7 +35,11 @@ REQUIRED = ("id", "arch", "layers", "hidden", "heads", "vocab", "seq_len", "gpu"
 OPTIONAL = ("source", "framework", "confidence", "notes", "model", "ffn_hidden", "kv_heads", "num_experts",
             "experts_per_token", "moe_ffn_hidden", "expert_imbalance", "dropout", "dp", "dp_replicate", "vpp",
             "sp", "cp", "ep", "zero_stage", "recompute", "micro_batch", "precision", "grad_dtype", "attention",
-            "fp8_param_gather", "compiled", "async_tp", "node_network_gbps", "memory_gb", "memory_kind")
+            "fp8_param_gather", "compiled", "async_tp", "node_network_gbps", "memory_gb", "memory_kind",
+            "dispatcher")
+# the dispatcher column's values: Megatron-Core's all-to-all, or its flex dispatcher with DeepEP or
+# HybridEP, which send a token once to each node holding some of its experts
+DISPATCHERS = ("alltoall", "deepep", "hybridep")
 # What a published step can measure: a microsecond to 11 days a step, a thousandth of a token to
 # a billion tokens a second per GPU. Beyond them an error in percent overflows (a step of 1e308 s
 # read as -inf %) or means nothing (1e-300 s: +3.7e301 %).
@@ -224,8 +228,12 @@ def _row_model(row: dict[str, str], seq: int) -> ModelSpec:
 def _traits(row: dict[str, str], cluster: ClusterSpec) -> FrameworkTraits:
     """The traits of the framework that ran the row, with the settings the row states that the
     framework leaves to its user (costmodel.frameworks): optional columns fp8_param_gather (float8
-    weights gathered in float8), compiled (_compiled) and async_tp (_async_tp)."""
+    weights gathered in float8), compiled (_compiled), async_tp (_async_tp) and dispatcher (the
+    expert all-to-all: a per-node one, `dispatch_per_node`, unless alltoall)."""
     traits = framework_traits(row.get("framework"))
+    if (row.get("dispatcher") or "").strip():
+        dispatcher = choice_cell(row, "dispatcher", DISPATCHERS, "alltoall")
+        traits = replace(traits, dispatch_per_node=dispatcher != "alltoall")
     if (row.get("fp8_param_gather") or "").strip():
         traits = replace(traits, float8_param_gather=flag_cell(row, "fp8_param_gather", False))
     if (row.get("compiled") or "").strip():
