@@ -13,7 +13,7 @@ the search treats them as equivalent and prefers the more robust one (planner.se
 MODEL_ERROR_BAND = 0.051
 
 # The largest |error| of peak memory predicted against measured over the stored single-H100 runs
-# of our runtime (docs/results.md, `python3 benchmarks/gpu_check.py --replay ...`: MAPE 1.4 %,
+# of our runtime (docs/results.md, `python3 benchmarks/gpu_check.py --replay ...`: MAPE 0.4 %,
 # max 4.8 %): memory margins that differ by less than this share of the device are not told
 # apart by the evidence, and a plan whose margin is below it may not fit (planner.ranking).
 MEMORY_ERROR_BAND = 0.048

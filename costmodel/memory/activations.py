@@ -274,8 +274,8 @@ def backward_working_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, last:
     loss's gradient (fp32 then cast back) over the logits, if larger. One backward runs at a
     time, so a rank adds this once. The loss's backward runs before any layer is rebuilt: on a
     rank whose caller counts a rebuilt layer's `rebuilt_bytes` beside this, the loss's gradient
-    needs only what exceeds them (as measured on an H200: benchmarks/gpu_check.py's full
-    recomputation runs peak where the old sum of both overshot by 5 %)."""
+    needs only what exceeds them (benchmarks/gpu_check.py's runs with full recomputation on an
+    H200 peak at the larger of the two, not their sum)."""
     a, t = train.compute_dtype.num_bytes, plan.tp
     tokens = _local_tokens(train, plan)
     h, kv, f = model.hidden_size, model.kv_hidden_size, model.ffn_hidden_size
@@ -303,9 +303,9 @@ def backward_working_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, last:
 def _unfused_loss_grad_bytes(compute_bytes: int) -> int:
     """Bytes per logit torch's cross entropy holds beyond its saved log-probs while its backward
     runs: NLL's zero-filled fp32 gradient and log-softmax's new fp32 gradient side by side, then
-    the latter beside its cast to the compute dtype (measured on an H200:
-    benchmarks/results/gemm-shapes-h200-2026-12-04/cross_entropy.json, 16 bytes a logit with the
-    test's own bf16 logits and gradient)."""
+    the latter beside its cast to the compute dtype (`python benchmarks/gemm_shapes.py --kind
+    loss` measures it: on an H200, 16 bytes a logit with the measurement's own bf16 logits and
+    their gradient)."""
     return max(4 + 4, 4 + compute_bytes)
 
 

@@ -113,6 +113,8 @@ GOOD = "ok,x,gpt,24,2048,,16,16,51200,2048,A100-SXM4-80GB,8,8,1,1,8,,,1,1,,,64,b
      "row 'ok': global_batch 7 does not split over dp = 8 data-parallel replicas"),
     (HEADER + ",attention\n" + GOOD.replace("\n", ",sdpa\n"), "row 'ok': attention = 'sdpa' is not one of"),
     (HEADER + ",expert_imbalance\n" + GOOD.replace("\n", ",nan\n"), "expert_imbalance = nan is not a finite"),
+    (HEADER + ",dispatcher\n" + GOOD.replace("\n", ",nccl\n"),
+     "row 'ok': dispatcher = 'nccl' is not one of alltoall, deepep, hybridep"),
     (HEADER + ",memory_gb\n" + GOOD.replace("\n", ",abc\n"), "line 2: row 'ok': memory_gb = 'abc' is not a number"),
     (HEADER + ",tp\n" + GOOD.replace("\n", ",2\n"), "runs.csv: column 'tp' appears more than once in the header"),
     (HEADER + "\n" + GOOD.replace("\n", ",x,y\n"), "runs.csv line 2: 28 cells, the header names 26"),
@@ -216,6 +218,21 @@ def test_compiled_and_async_tp_are_the_rows_traits():
     assert eager.eager_layer and not eager.compiled_layer and not eager.float8_casts_fused
     assert overlapped.tp_comm_overlap and not default.tp_comm_overlap
     assert stated(async_tp="no") == default
+
+
+def test_the_dispatcher_cell_is_the_expert_all_to_all_that_ran():
+    """dispatcher: Megatron-Core's plain all-to-all sends every routed copy of a token across the
+    nodes, DeepEP and HybridEP one copy a node (frameworks `dispatch_per_node`): on an EP group
+    over four nodes the plain one moves more and takes longer; empty keeps the framework's."""
+    from planner.measure.runs_table import default_runs_path, read_runs, row_specs
+    from planner.measure.validate import validate_row
+    row = next(r for r in read_runs(default_runs_path()) if r["id"] == "modelzoo_h100_qwen3_235b_deepep_tp2pp8ep32")
+    assert row["dispatcher"] == "deepep"
+    traits = lambda cell: row_specs({**row, "dispatcher": cell})[2].framework  # noqa: E731
+    assert traits("deepep").dispatch_per_node and traits("hybridep").dispatch_per_node
+    assert not traits("alltoall").dispatch_per_node and traits("").dispatch_per_node
+    ep_s = lambda cell: validate_row({**row, "dispatcher": cell}).estimate.time_breakdown_s["comm/ep_exposed"]  # noqa: E731
+    assert ep_s("alltoall") > 1.5 * ep_s("deepep")
 
 
 def test_async_tp_hides_most_of_the_tp_collectives():
