@@ -120,9 +120,10 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   ops. The embedding, the final norm, the head and the loss stay eager. Its activations are
   the eager layer's less one f-wide tensor of the SwiGLU (COMPILED_SWIGLU_SAVED): inductor's
   partitioner recomputes silu(gate) in the backward instead of saving it. On an H200 the compiled
-  runs of benchmarks/gpu_check.py (16 layers, f 5632) peaked 11.3-11.5 KB a token and layer
-  below the eager ones, one bf16 tensor of width f (11.26 KB); under selective recomputation
-  a hidden-wide tensor less again (15.3 KB), not modelled.
+  runs of benchmarks/gpu_check.py (16 layers, f 5632) allocated 11.3-11.5 KB a token and layer
+  less than the eager ones (its --replay's allocated columns, eager less compiled, over tokens
+  and layers), one bf16 tensor of width f (11.26 KB); under selective recomputation a
+  hidden-wide tensor less again (15.3 KB), not modelled.
 - `deferred_w_keeps_graph`: what a zero-bubble schedule's deferred weight pass holds. Qi et al.
   keep only the projections' inputs; torch pipelining's `stage_backward_input` runs
   `autograd.grad(..., retain_graph=True)` and starts the weight pass later from graph nodes that
