@@ -22,8 +22,9 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
+
+from runtime.profiler.timing import best_s
 
 SHARES = (0.7, 0.85, 0.9, 0.95, 0.98)
 
@@ -81,18 +82,13 @@ def measure(model, share: float, natural_bytes: float, steps: int, tokens: int, 
     torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total))
     torch.cuda.reset_peak_memory_stats()
     retries0 = torch.cuda.memory_stats().get("num_alloc_retries", 0)
-    times = []
-    try:
-        for i in range(steps + 2):
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            step(model, tokens, hidden)
-            torch.cuda.synchronize()
-            if i >= 2:
-                times.append(time.perf_counter() - start)
+    one = lambda: step(model, tokens, hidden)  # noqa: E731
+    try:   # two warm-up steps (one here, one in best_s), then the median of `steps`
+        one()
+        step_s = best_s(one, repeat=steps, sync=torch.cuda.synchronize, pick=statistics.median)
     except torch.cuda.OutOfMemoryError:
         return {"share": share, "limit_bytes": limit, "oom": True}
-    return {"share": share, "limit_bytes": limit, "oom": False, "step_s": statistics.median(times),
+    return {"share": share, "limit_bytes": limit, "oom": False, "step_s": step_s,
             "allocated_bytes": torch.cuda.max_memory_allocated(), "reserved_bytes": torch.cuda.max_memory_reserved(),
             "alloc_retries_per_step": (torch.cuda.memory_stats().get("num_alloc_retries", 0) - retries0) / (steps + 2)}
 

@@ -166,8 +166,7 @@ def rebuilt_layer_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: in
                         traits: FrameworkTraits = RUNTIME) -> float:
     """One micro-batch's extra bytes while the rank's backward rebuilds a recomputed layer (0
     on a rank that recomputes none)."""
-    recomputes = plan.recompute is not Recompute.NONE and plan.recompute_num_layers[rank] > 0
-    return _micro_batch_shape(model, train, plan, traits).jump if recomputes else 0.0
+    return _layers_bytes(model, train, plan, plan.layers_on_rank(rank), plan.recompute_num_layers[rank], traits)[1]
 
 
 def deferred_weight_passes(plan: Plan, rank: int) -> float:
