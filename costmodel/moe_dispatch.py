@@ -11,7 +11,15 @@ there to their GPUs (DeepSeek-V3, arXiv 2412.19437 Sec. 3.2.2: "each token will 
 at most 4 nodes" over InfiniBand, then over NVLink; DeepEP's internode kernels, Megatron-Core's
 flex dispatcher: FrameworkTraits.dispatch_per_node) puts one copy of a token on the network per
 node its experts lie on, instead of top_k, while every routed copy still crosses NVLink once to
-its expert's GPU. The combine returns the same rows the same way. The experts lie consecutively
+its expert's GPU. The two legs run at once: DeepEP's internode kernels pair each channel's RDMA
+senders with warps that forward what arrives over NVLink through chunked ring buffers
+(csrc/kernels/internode.cu), and NVIDIA's Hybrid-EP overlaps its InfiniBand sends with the
+in-node forwarding the same way (DeepEP hybrid-ep branch, docs/Hybrid-EP_Implementation.md), so
+an all-to-all takes its slower leg. DeepEP's published internode rates bear this out (README, now
+docs/legacy.md: H800 with a 400 Gb/s ConnectX-7 a GPU, the DGX H100's NIC; bytes counted once per
+node a token reaches, its own node included): combine 57 GB/s at EP 32 and 50 at EP 64, which the
+slower leg gives with the H100 profile's InfiniBand efficiency (56 and 48); the legs one
+after the other would give 44 and 39. The combine returns the same rows the same way. The experts lie consecutively
 on the EP group's ranks (runtime.parallel, placement.expert_layout), num_experts/k a node:
 - node-limited routing (DeepSeek-V3 Sec. 2.1.2; ModelSpec.topk_groups of num_expert_groups):
   each token's experts are chosen within its best topk_groups groups, a group covers
@@ -89,7 +97,8 @@ def dispatch_bytes(model: ModelSpec, train: TrainSpec, rows: float, span: AxisSp
 def dispatch_combine_s(model: ModelSpec, train: TrainSpec, rows: float, span: AxisSpan,
                        cluster: ClusterSpec) -> float:
     """One direction (forward or backward) of one layer: the dispatch and the combine, two
-    all-to-alls of `rows` rows each (computation waits on both)."""
+    all-to-alls of `rows` rows each (computation waits on both); across nodes under a per-node
+    dispatcher each takes the slower of its NVLink and network legs, which overlap."""
     if not span.crosses_nodes or not per_node(model, cluster):
         whole = train.compute_dtype.num_bytes * rows * model.hidden_size
         return 2 * collective_time_s(Collective.ALL_TO_ALL, whole, span, cluster)
@@ -97,5 +106,5 @@ def dispatch_combine_s(model: ModelSpec, train: TrainSpec, rows: float, span: Ax
     m, k = span.members_per_node, span.num_nodes
     in_node = AxisSpan(size=m, members_per_node=m, num_nodes=1)
     nodes = AxisSpan(size=k, members_per_node=1, num_nodes=k, same_rail=span.same_rail)
-    return 2 * (collective_time_s(Collective.ALL_TO_ALL, parts.in_node_bytes, in_node, cluster)
-                + collective_time_s(Collective.ALL_TO_ALL, parts.cross_node_bytes, nodes, cluster))
+    return 2 * max(collective_time_s(Collective.ALL_TO_ALL, parts.in_node_bytes, in_node, cluster),
+                   collective_time_s(Collective.ALL_TO_ALL, parts.cross_node_bytes, nodes, cluster))

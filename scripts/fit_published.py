@@ -2,7 +2,7 @@
 
     python scripts/fit_published.py [RUNS.csv]             fit, print values and per-row errors
     python scripts/fit_published.py [RUNS.csv] --evaluate  the profiles' current values, no fit
-    python scripts/fit_published.py --hold H100:comm_contention --hold H100:intra_node_comm
+    python scripts/fit_published.py --hold H100:inter_node_comm --hold H100:intra_node_comm
                                         the shipped fit: those two held (the table pins them)
 
 One bounded parameter set per chip (A100 40/80 GB together, H100 SXM5 and HBM2e together; each
@@ -34,7 +34,7 @@ def parse_args() -> argparse.Namespace:
                     help="price every row with the profiles' current values; fit nothing")
     ap.add_argument("--hold", action="append", default=[], metavar="CHIP:PARAM",
                     help="keep PARAM at the profiles' value for CHIP's fit (one the whole table pins at a "
-                         "bound, held inside its range; the profiles say which), e.g. H100:comm_contention")
+                         "bound, held inside its range; the profiles say which), e.g. H100:inter_node_comm")
     return ap.parse_args()
 
 

@@ -115,7 +115,7 @@ def test_deepseeks_shared_expert_runs_in_float8_beside_its_routed_ones():
 
 
 def test_the_megatron_search_emits_float8_experts_and_ours_does_not(capsys):
-    args = ["search", "--model", "qwen3-30b-a3b", "--cluster", "2x8xH100", "--dtype", "fp8", "--top", "3", "--json"]
+    args = ["search", "--model", "qwen3-30b-a3b", "--cluster", "4x8xH100", "--dtype", "fp8", "--top", "3", "--json"]
     assert main(args + ["--framework", "megatron"]) == 0
     plans = json.loads(capsys.readouterr().out)["plans"]
     assert plans and all(p["plan"]["fp8_linears"] for p in plans)
