@@ -207,6 +207,13 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   issues a reduce-scatter (or an all-reduce) and an all-gather per unit. A unit per layer below
   ZeRO-3 would pay each collective's latency once per layer, which on gloo (a rendezvous of the
   ranks whatever the bytes) outweighs a small model's compute; the bucket bounds that count.
+- `fsdp_block_units`: the framework's FSDP wraps each transformer block as a unit at every stage
+  that shards (FSDP1's transformer_auto_wrap_policy, as llm-foundry and fms-fsdp wrap; FSDP2's
+  fully_shard per block, as torchtitan does), so with sharded gradients and whole weights
+  (ZeRO-2: SHARD_GRAD_OP, reshard_after_forward=False) each block still gathers its weights and
+  reduce-scatters its gradients on its own, each collective paying its latency, as under ZeRO-3
+  (ZeRO-1, which these frameworks do not run, is priced alike: a pipeline's ZeRO-2 is its twin);
+  no sharding (ZeRO-0) is DDP's bucketed all-reduce.
 - `hybrid_shard`: the framework can shard ZeRO's states over part of the data-parallel ranks and
   replicate the shards over the rest (HSDP, Plan.dp_replicate): torchtitan's
   `data_parallel_replicate_degree` x `data_parallel_shard_degree` (FSDP2 over a 2-D mesh: each
@@ -327,6 +334,7 @@ class FrameworkTraits:
     zero3_gathers_per_param: bool
     recompute_placement: str = "first"
     dp_collectives_per_layer: bool = False
+    fsdp_block_units: bool = False
     swiglu_saved_tensors: int = 4
     loss_grad_in_place: bool = False
     fused_cross_entropy: bool = False
@@ -395,7 +403,7 @@ COMPILED_RUNTIME = replace(RUNTIME, name="planner-compiled", eager_layer=False, 
 _MEGATRON = dict(sharded_grads_under_pp=True, zero3_gathers_per_param=False, loss_grad_in_place=True,
                  fused_grad_accumulation=True, recompute_placement="each_chunk")
 _FSDP = dict(dp_grad_overlap=True, dp_param_overlap=True, zero3_gathers_per_param=False, hybrid_shard=True,
-             fsdp_master_params=True)
+             fsdp_master_params=True, fsdp_block_units=True)
 _DEEPSPEED = dict(dp_grad_overlap=True, dp_param_overlap=False, sharded_grads_under_pp=True,
                   zero3_gathers_per_param=True, grads_reduced_after_pipeline=True)
 

@@ -113,7 +113,8 @@ def _dp_terms(model: ModelSpec, train: TrainSpec, plan: Plan, traits: FrameworkT
     reduce_window = "backward" if grads_overlap_backward(plan, traits) else "none"
     gather_window = "forward" if traits.dp_param_overlap else "none"
     reduces = 1 if unsharded_between_micro_batches(plan, traits) else m
-    units = 1 if traits.dp_collectives_per_layer else 0   # FSDP units below ZeRO-3 too
+    # FSDP units below ZeRO-3 too: ours at every stage, per-block FSDP's where it shards
+    units = 1 if traits.dp_collectives_per_layer or (traits.fsdp_block_units and z in (1, 2)) else 0
     stages = 1
     spread = chunk_window_micro_batches(plan, traits)
     if units and whole_stage_units(model, plan, traits):
