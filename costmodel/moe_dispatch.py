@@ -18,9 +18,10 @@ in-node forwarding the same way (DeepEP hybrid-ep branch, docs/Hybrid-EP_Impleme
 an all-to-all takes its slower leg. DeepEP's published internode rates bear this out (README, now
 docs/legacy.md: H800 with a 400 Gb/s ConnectX-7 a GPU, the DGX H100's NIC; bytes counted once per
 node a token reaches, its own node included): combine 57 GB/s at EP 32 and 50 at EP 64, which the
-slower leg gives with the H100 profile's InfiniBand efficiency (56 and 48); the legs one
-after the other would give 44 and 39. The combine returns the same rows the same way. The experts lie consecutively
-on the EP group's ranks (runtime.parallel, placement.expert_layout), num_experts/k a node:
+slower leg gives with the H100 profile's InfiniBand efficiency (56 and 48); the legs one after the
+other would give 44 and 39. The combine returns the same rows the same way. The experts lie
+consecutively on the EP group's ranks (runtime.parallel, placement.expert_layout), num_experts/k a
+node:
 - node-limited routing (DeepSeek-V3 Sec. 2.1.2; ModelSpec.topk_groups of num_expert_groups):
   each token's experts are chosen within its best topk_groups groups, a group covers
   ceil(k / groups) of the k nodes, so a token's experts lie on at most
