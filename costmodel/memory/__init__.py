@@ -50,7 +50,8 @@ __all__ = [
     "edge_bytes_per_micro_batch", "edge_weight_grad_output_bytes", "expert_state_bytes", "held_send_bytes",
     "host_activation_bytes", "host_state_bytes", "in_flight_micro_batches", "layer_activation_bytes",
     "logits_held_bytes", "loss_vocab", "micro_batch_activation_bytes", "optimizer_bytes_per_param",
-    "rebuilt_layer_bytes", "reduces_every_micro_batch", "runtime_wraps_in_fsdp", "send_bytes", "stage_memory", "stage_memory_at",
+    "rebuilt_layer_bytes", "reduces_every_micro_batch", "runtime_wraps_in_fsdp", "send_bytes", "stage_memory",
+    "stage_memory_at",
     "stage_memory_shapes", "stage_memory_shapes_by_zero", "state_bytes", "state_bytes_for",
     "state_bytes_from_counts", "unsharded_between_micro_batches", "keeps_whole_grads_under_pp", "weight_grad_input_bytes",
     "weight_grad_output_bytes"]

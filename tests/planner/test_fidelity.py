@@ -24,9 +24,10 @@ def test_published_runs_stay_within_the_measured_fidelity(validated):
     results, summary = validated
     assert summary["n"] == sum(1 for r in results if r.error_pct is not None) == 195
     # the worst rows are MPT-30B at 8k tokens on 8 A100 (+28 % tokens/s, a run near its memory
-    # limit), the model zoo's Qwen3-235B-A22B at TP2 PP8 EP32 with DeepEP on 256 H100 (+22 % iteration time), then
-    # Megatron-LM's 1.7B on 48 H100 (-16 % iteration time: micro-batch and recomputation unstated,
-    # filled by the search); the fit stays inside the published ranges of its parameters, away
+    # limit), then Megatron-Bridge's Qwen3-30B-A3B with Hybrid-EP on two H100 nodes (+16 %
+    # tokens/s: its dispatch slower than its kernels' overlapped legs) and Megatron-LM's 1.7B on
+    # 48 H100 (-16 % iteration time: micro-batch and recomputation unstated, filled by the
+    # search); the fit stays inside the published ranges of its parameters, away
     # from their bounds (profiles' [ranges]; tests/costmodel/test_profile_ranges.py)
     assert summary["mape_pct"] <= 5.0
     assert summary["max_abs_error_pct"] <= 28.0

@@ -119,6 +119,11 @@ def test_every_integer_flag_is_bounded_where_it_is_read(command, bases, capsys):
             assert any(word in err[0] for word in RANGE_WORDS), where
 
 
+def _with_shipped_gemm(old: str, profile_text: str) -> str:
+    """`old` with `<shipped>` read as the profile's fitted gemm value (a refit changes it)."""
+    return old.replace("<shipped>", re.search(r"^gemm = ([0-9.]+)", profile_text, re.M).group(1))
+
+
 @pytest.mark.parametrize("old, new, name", [
     ("\nbandwidth_bytes_per_s = ", "\nbandwidth_bytes_per_s = 1e-300 #", "bandwidth_bytes_per_s"),
     ("\nbandwidth_bytes_per_s = ", "\nbandwidth_bytes_per_s = 1e308 #", "bandwidth_bytes_per_s"),
@@ -138,7 +143,7 @@ def test_a_profile_rate_beyond_its_range_is_refused(tmp_path, capsys, old, new, 
     """A step's times divide by these rates: the solver's coefficients and the tables hold them
     only within the checked ranges (costmodel.hardware.profile_check)."""
     text = (profile_dir() / "H100-SXM5-80GB.toml").read_text()
-    old = old.replace("<shipped>", re.search(r"^gemm = ([0-9.]+)", text, re.M).group(1))   # as fitted
+    old = _with_shipped_gemm(old, text)
     assert old in text
     (tmp_path / "odd.toml").write_text(text.replace(old, new, 1))
     assert main(["predict", "--model", "llama-7b", "--cluster", f"2x8x{tmp_path / 'odd.toml'}"]) == 2
@@ -226,7 +231,7 @@ def test_a_profile_value_of_the_wrong_kind_is_named_by_its_table_and_key(tmp_pat
     """A string where a number belongs, a list where a table belongs, an unknown dtype or a value
     no device has is one line naming the file, the table and the key."""
     text = (profile_dir() / "H100-SXM5-80GB.toml").read_text()
-    old = old.replace("<shipped>", re.search(r"^gemm = ([0-9.]+)", text, re.M).group(1))   # as fitted
+    old = _with_shipped_gemm(old, text)
     assert old in text
     (tmp_path / "odd.toml").write_text(text.replace(old, new, 1))
     assert main(["predict", "--model", "llama-7b", "--cluster", f"2x8x{tmp_path / 'odd.toml'}"]) == 2
