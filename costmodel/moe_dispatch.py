@@ -10,8 +10,8 @@ A dispatcher that sends a token once to each node holding some of its experts an
 there to their GPUs (DeepSeek-V3, arXiv 2412.19437 Sec. 3.2.2: "each token will be dispatched to
 at most 4 nodes" over InfiniBand, then over NVLink; DeepEP's internode kernels, Megatron-Core's
 flex dispatcher: FrameworkTraits.dispatch_per_node) puts one copy of a token on the network per
-node its experts lie on, instead of top_k, while every routed copy still crosses NVLink once to
-its expert's GPU. The two legs run at once: DeepEP's internode kernels pair each channel's RDMA
+node its experts lie on, instead of top_k, and delivers it over NVLink once to each rank holding
+some of its experts (which permutes it to them), not once per expert. The two legs run at once: DeepEP's internode kernels pair each channel's RDMA
 senders with warps that forward what arrives over NVLink through chunked ring buffers
 (csrc/kernels/internode.cu), and NVIDIA's Hybrid-EP overlaps its InfiniBand sends with the
 in-node forwarding the same way (DeepEP hybrid-ep branch, docs/Hybrid-EP_Implementation.md), so
@@ -19,7 +19,11 @@ an all-to-all takes its slower leg. DeepEP's published internode rates bear this
 docs/legacy.md: H800 with a 400 Gb/s ConnectX-7 a GPU, the DGX H100's NIC; bytes counted once per
 node a token reaches, its own node included): combine 57 GB/s at EP 32 and 50 at EP 64, which the
 slower leg gives with the H100 profile's InfiniBand efficiency (56 and 48); the legs one after the
-other would give 44 and 39. The combine returns the same rows the same way. The experts lie
+other would give 44 and 39. The NVLink leg is the dispatcher's own kernels on the few SMs it is
+given, not NCCL's ring, so it runs at their published forwarding rate (the node tier's
+forward_bytes_per_s): Hybrid-EP's H100 table shows it binding over 2 nodes (EP 16: 63-77 GB/s,
+below the 85 its InfiniBand alone would give) and not over 4 or 8. The combine returns the same
+rows the same way. The experts lie
 consecutively on the EP group's ranks (runtime.parallel, placement.expert_layout), num_experts/k a
 node:
 - node-limited routing (DeepSeek-V3 Sec. 2.1.2; ModelSpec.topk_groups of num_expert_groups):
@@ -29,7 +33,8 @@ node:
   may hit fewer nodes);
 - otherwise, routing spread evenly over the experts (the balancing loss's aim), a node holds none
   of a token's top_k distinct experts with probability C(E - E/k, top_k) / C(E, top_k), so a
-  token reaches k (1 - that) nodes on average.
+  token reaches k (1 - that) nodes on average; the same over the ranks gives its deliveries
+  (under node-limited routing, over the ranks of the nodes it can reach).
 Without such a dispatcher every routed row is sent alone.
 """
 from __future__ import annotations
@@ -64,14 +69,29 @@ def per_node(model: ModelSpec, cluster: ClusterSpec) -> bool:
     return cluster.framework.dispatch_per_node and model.is_moe
 
 
+def _spread(num_experts: float, holders: float, top_k: int) -> float:
+    """The holders (nodes or ranks, num_experts / holders experts each) a token's top_k distinct
+    experts lie on, routing spread evenly: a holder has none with probability
+    C(E - E/holders, top_k) / C(E, top_k)."""
+    per_holder = num_experts / holders
+    missed = prod((num_experts - per_holder - i) / (num_experts - i) for i in range(top_k))
+    return holders * (1 - max(missed, 0.0))
+
+
 def token_nodes(model: ModelSpec, num_nodes: int) -> float:
     """A token's copies on the network under a per-node dispatcher over an EP group on `num_nodes`
     nodes: the nodes its experts lie on (the module's docstring derives both cases)."""
     if limits_groups(model):
         return min(model.experts_per_token, routing_nodes(model, num_nodes))
-    total, per_node = model.num_experts, model.num_experts / num_nodes
-    missed = prod((total - per_node - i) / (total - i) for i in range(model.experts_per_token))
-    return num_nodes * (1 - max(missed, 0.0))
+    return _spread(model.num_experts, num_nodes, model.experts_per_token)
+
+
+def token_ranks(model: ModelSpec, span: AxisSpan) -> float:
+    """A token's copies a per-node dispatcher delivers to the ranks of the EP group laid out as
+    `span`: one per rank some of its experts lie on (its experts then permuted on that rank), the
+    routing spread evenly over the ranks of the nodes it can reach."""
+    reach = routing_nodes(model, span.num_nodes) / span.num_nodes if limits_groups(model) else 1.0
+    return min(model.experts_per_token, _spread(model.num_experts * reach, span.size * reach, model.experts_per_token))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -84,15 +104,30 @@ class DispatchBytes:
 
 def dispatch_bytes(model: ModelSpec, train: TrainSpec, rows: float, span: AxisSpan,
                    cluster: ClusterSpec) -> DispatchBytes:
-    """The bytes of one all-to-all of `rows` routed rows over the EP group laid out as `span`:
-    all of them on the in-node part (copies forwarded to their experts) and token_nodes / top_k
-    of them across nodes with a per-node dispatcher; otherwise comm's plain split (1/k in the
-    node, the whole buffer over the nodes)."""
+    """The bytes of one all-to-all of `rows` routed rows over the EP group laid out as `span`. A
+    per-node dispatcher delivers token_ranks / top_k of them to the ranks over NVLink (its own
+    copies included, as its benchmarks count them) and sends token_nodes / top_k across nodes;
+    otherwise comm's plain split (1/k in the node, the whole buffer over the nodes)."""
     whole = train.compute_dtype.num_bytes * rows * model.hidden_size
     k = span.num_nodes
-    if k == 1 or not per_node(model, cluster):
+    if not per_node(model, cluster):
         return DispatchBytes(in_node_bytes=whole / k, cross_node_bytes=whole if k > 1 else 0.0)
-    return DispatchBytes(in_node_bytes=whole, cross_node_bytes=whole * token_nodes(model, k) / model.experts_per_token)
+    delivered = whole * token_ranks(model, span) / model.experts_per_token
+    crossing = whole * token_nodes(model, k) / model.experts_per_token if k > 1 else 0.0
+    return DispatchBytes(in_node_bytes=delivered, cross_node_bytes=crossing)
+
+
+def _forward_s(delivered_bytes: float, members_per_node: int, cluster: ClusterSpec) -> float:
+    """A per-node dispatcher's NVLink leg across nodes: the bytes delivered to a rank at the rate
+    the dispatcher's kernels forward at while their network leg runs (the node tier's
+    forward_bytes_per_s), or as the tier's all-to-all where no rate is published."""
+    if members_per_node == 1:
+        return 0.0
+    tier = cluster.device.intra_node
+    if tier.forward_bytes_per_s > 0:
+        return tier.base_latency_s + delivered_bytes / tier.forward_bytes_per_s
+    in_node = AxisSpan(size=members_per_node, members_per_node=members_per_node, num_nodes=1)
+    return collective_time_s(Collective.ALL_TO_ALL, delivered_bytes, in_node, cluster)
 
 
 def dispatch_combine_s(model: ModelSpec, train: TrainSpec, rows: float, span: AxisSpan,
@@ -100,12 +135,13 @@ def dispatch_combine_s(model: ModelSpec, train: TrainSpec, rows: float, span: Ax
     """One direction (forward or backward) of one layer: the dispatch and the combine, two
     all-to-alls of `rows` rows each (computation waits on both); across nodes under a per-node
     dispatcher each takes the slower of its NVLink and network legs, which overlap."""
-    if not span.crosses_nodes or not per_node(model, cluster):
+    if not per_node(model, cluster):
         whole = train.compute_dtype.num_bytes * rows * model.hidden_size
         return 2 * collective_time_s(Collective.ALL_TO_ALL, whole, span, cluster)
     parts = dispatch_bytes(model, train, rows, span, cluster)
-    m, k = span.members_per_node, span.num_nodes
-    in_node = AxisSpan(size=m, members_per_node=m, num_nodes=1)
+    if not span.crosses_nodes:
+        return 2 * collective_time_s(Collective.ALL_TO_ALL, parts.in_node_bytes, span, cluster)
+    k = span.num_nodes
     nodes = AxisSpan(size=k, members_per_node=1, num_nodes=k, same_rail=span.same_rail)
-    return 2 * max(collective_time_s(Collective.ALL_TO_ALL, parts.in_node_bytes, in_node, cluster),
+    return 2 * max(_forward_s(parts.in_node_bytes, span.members_per_node, cluster),
                    collective_time_s(Collective.ALL_TO_ALL, parts.cross_node_bytes, nodes, cluster))

@@ -80,7 +80,8 @@ def _tier(path: Path, raw: dict[str, Any], efficiency: float) -> NetworkTier:
                        latency_s=real(path, where, raw, "latency_s"), efficiency=efficiency,
                        base_latency_s=real(path, where, raw, "base_latency_s", 0.0),
                        p2p_latency_s=None if p2p is None else real(path, where, raw, "p2p_latency_s"),
-                       kind_factors=_kind_factors(raw))
+                       kind_factors=_kind_factors(raw),
+                       forward_bytes_per_s=real(path, where, raw, "forward_bytes_per_s", 0.0))
 
 
 def _kind_factors(raw: dict[str, Any]) -> tuple[tuple[str, float, float], ...]:
@@ -150,7 +151,7 @@ PROFILE_KEYS = {
                "num_sms", "gemm_tile_setup_k",
                "memory_bandwidth_bytes_per_s", "threads_per_rank", "tp_comm_gemm_overlap"},
     "network": {"scope", "name", "bandwidth_bytes_per_s", "latency_s", "base_latency_s", "p2p_latency_s", "max_nodes", "efficiency",
-                "kind_factors"},
+                "kind_factors", "forward_bytes_per_s"},
     "efficiency": {"gemm", "attention", "memory", "kernel_overhead_s", "intra_node_comm", "inter_node_comm",
                    "reserved_memory_bytes", "source", "overlap", "dp_comm", "pp_stage", "allocator_fragmentation",
                    "comm_contention", "vendor_attention_speedup", "step_overhead_s", "recompute_cost"},

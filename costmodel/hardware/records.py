@@ -39,6 +39,10 @@ class NetworkTier:
     # the tier's joint one (costmodel.comm.kind_factors), where the backend runs the kinds
     # differently (gloo's reduce-scatter); empty (every kind at the tier's) for a datasheet tier
     kind_factors: tuple[tuple[str, float, float], ...] = ()
+    # the node tier's: what a per-node expert dispatcher (DeepEP, Hybrid-EP) delivers to each GPU
+    # over it a second while its network leg runs, its own copies included (as the dispatcher's
+    # benchmarks count them; costmodel.moe_dispatch); 0: not published, priced as the tier's all-to-all
+    forward_bytes_per_s: float = 0.0
 
     @property
     def effective_bandwidth_bytes_per_s(self) -> float:

@@ -10,7 +10,7 @@ import pytest
 from costmodel.comm import Collective, collective_time_s
 from costmodel.frameworks import FRAMEWORKS, RUNTIME
 from costmodel.hardware import parse_cluster
-from costmodel.moe_dispatch import dispatch_bytes, dispatch_combine_s, routing_nodes, token_nodes
+from costmodel.moe_dispatch import dispatch_bytes, dispatch_combine_s, routing_nodes, token_nodes, token_ranks
 from costmodel.placement import AxisSpan
 from costmodel.registry import resolve_model
 from costmodel.specs import TrainSpec
@@ -35,7 +35,8 @@ def test_a_tokens_experts_lie_on_at_most_topk_groups_groups_nodes(nodes, reached
 def test_cross_node_bytes_are_min_top_k_nodes_copies_per_token():
     whole = 2 * ROWS * V3.hidden_size       # bf16
     eight = dispatch_bytes(V3, TRAIN, ROWS, _span(8), CORE)
-    assert (eight.in_node_bytes, eight.cross_node_bytes) == (whole, whole * 4 / 8)
+    assert eight.cross_node_bytes == whole * 4 / 8
+    assert eight.in_node_bytes == pytest.approx(whole * token_ranks(V3, _span(8)) / 8)
     sixteen = dispatch_bytes(V3, TRAIN, ROWS, _span(16), CORE)   # 8 nodes reachable: no saving
     assert sixteen.cross_node_bytes == whole
     # every routed row alone without a per-node dispatcher (comm's plain split)
@@ -54,7 +55,7 @@ def test_without_groups_a_token_reaches_the_nodes_its_experts_lie_on_on_average(
     nodes = 8 * (1 - comb(224, 8) / comb(256, 8))
     assert token_nodes(free, 8) == pytest.approx(nodes, rel=1e-12) and nodes == pytest.approx(5.295, abs=1e-3)
     spread = dispatch_bytes(free, TRAIN, ROWS, _span(8), CORE)
-    assert (spread.in_node_bytes, spread.cross_node_bytes) == (whole, pytest.approx(whole * nodes / 8))
+    assert spread.cross_node_bytes == pytest.approx(whole * nodes / 8)
     assert token_nodes(resolve_model("qwen3-235b-a22b"), 4) == pytest.approx(4 * (1 - comb(96, 8) / comb(128, 8)))
     assert token_nodes(free, 1) == pytest.approx(1.0) and token_nodes(V3, 8) == 4   # limited: the bound
 
@@ -79,3 +80,40 @@ def test_across_nodes_the_slower_leg_gives_deepeps_published_internode_rates(nod
     logical_bytes = dispatch_bytes(V3, TRAIN, rows, _span(nodes), CORE).cross_node_bytes
     one_all_to_all_s = dispatch_combine_s(V3, TRAIN, rows, _span(nodes), CORE) / 2
     assert logical_bytes / one_all_to_all_s / 1e9 == pytest.approx(published_gb_s, rel=0.06)
+
+
+def test_a_per_node_dispatcher_delivers_a_token_once_to_each_rank_its_experts_lie_on():
+    """DeepEP and Hybrid-EP send a token once to each rank holding some of its experts, which
+    permutes it to them: Qwen3-30B-A3B's top-8 of 128 experts over EP 16 (8 a rank) reach
+    16 x (1 - C(120, 8) / C(128, 8)) = 6.60 ranks, not 8; DeepSeek-V3's node-limited routing
+    spreads its 8 over the 32 ranks of the 4 nodes it reaches at EP 64."""
+    from math import comb
+    qwen = resolve_model("qwen3-30b-a3b")
+    assert token_ranks(qwen, _span(2)) == pytest.approx(16 * (1 - comb(120, 8) / comb(128, 8)))
+    assert token_ranks(qwen, _span(2)) == pytest.approx(6.597, abs=1e-3)
+    assert token_ranks(V3, _span(8)) == pytest.approx(32 * (1 - comb(124, 8) / comb(128, 8)))
+    whole = 2 * ROWS * qwen.hidden_size
+    assert dispatch_bytes(qwen, TRAIN, ROWS, _span(2), CORE).in_node_bytes == pytest.approx(whole * 6.597 / 8, rel=1e-3)
+
+
+# Hybrid-EP's H100 table (DeepEP hybrid-ep branch, docs/README_Hybrid-EP.md): 4096 tokens, hidden
+# 7168, top-8 of 128 experts (8 a rank), kernel time at 8 and 16 SMs, bf16 dispatch and combine,
+# GB/s of bytes counted once per node a token reaches (tests/test_hybrid_ep.py)
+HYBRID_EP_H100_GB_S = {2: (62.95, 76.8), 4: (51.0, 57.69), 8: (46.0, 51.03)}
+
+
+@pytest.mark.parametrize("nodes", sorted(HYBRID_EP_H100_GB_S))
+def test_the_forwarding_leg_binds_at_two_nodes_as_hybrid_eps_h100_table_shows(nodes):
+    """Over 2 nodes the NVLink forwarding (the H100 profile's forward_bytes_per_s) is the slower
+    leg, below the 85 GB/s InfiniBand alone would give; over 4 and 8 the network leg is."""
+    model = replace(resolve_model("qwen3-235b-a22b"), hidden_size=7168)
+    hybrid = replace(CORE, framework=FRAMEWORKS["megatron-core"])
+    rows = 4096 * model.experts_per_token
+    counted = 2 * 4096 * token_nodes(model, nodes) * model.hidden_size
+    rate_gb_s = counted / (dispatch_combine_s(model, TRAIN, rows, _span(nodes), hybrid) / 2) / 1e9
+    low, high = HYBRID_EP_H100_GB_S[nodes]
+    assert low * 0.97 <= rate_gb_s <= high * 1.03
+    network_alone = replace(hybrid, device=replace(hybrid.device, intra_node=replace(
+        hybrid.device.intra_node, forward_bytes_per_s=1e15)))
+    faster = counted / (dispatch_combine_s(model, TRAIN, rows, _span(nodes), network_alone) / 2) / 1e9
+    assert (faster > 1.1 * rate_gb_s) == (nodes == 2)
