@@ -119,9 +119,13 @@ def test_every_integer_flag_is_bounded_where_it_is_read(command, bases, capsys):
             assert any(word in err[0] for word in RANGE_WORDS), where
 
 
-def _with_shipped_gemm(old: str, profile_text: str) -> str:
-    """`old` with `<shipped>` read as the profile's fitted gemm value (a refit changes it)."""
-    return old.replace("<shipped>", re.search(r"^gemm = ([0-9.]+)", profile_text, re.M).group(1))
+def _with_shipped(old: str, profile_text: str) -> str:
+    """`old` ("\nKEY = <shipped>") with `<shipped>` read as the profile's fitted value of KEY (a
+    refit changes it)."""
+    if "<shipped>" not in old:
+        return old
+    key = old.strip().split(" = ")[0]
+    return old.replace("<shipped>", re.search(rf"^{key} = ([0-9.]+)", profile_text, re.M).group(1))
 
 
 @pytest.mark.parametrize("old, new, name", [
@@ -143,7 +147,7 @@ def test_a_profile_rate_beyond_its_range_is_refused(tmp_path, capsys, old, new, 
     """A step's times divide by these rates: the solver's coefficients and the tables hold them
     only within the checked ranges (costmodel.hardware.profile_check)."""
     text = (profile_dir() / "H100-SXM5-80GB.toml").read_text()
-    old = _with_shipped_gemm(old, text)
+    old = _with_shipped(old, text)
     assert old in text
     (tmp_path / "odd.toml").write_text(text.replace(old, new, 1))
     assert main(["predict", "--model", "llama-7b", "--cluster", f"2x8x{tmp_path / 'odd.toml'}"]) == 2
@@ -216,7 +220,7 @@ def test_a_measured_run_beyond_any_measurement_is_refused(tmp_path, capsys, fiel
 
 
 @pytest.mark.parametrize("old, new, named", [
-    ("\nintra_node_comm = 0.831", '\nintra_node_comm = "0.831"', "[efficiency] intra_node_comm is a number"),
+    ("\nintra_node_comm = <shipped>", '\nintra_node_comm = "0.8"', "[efficiency] intra_node_comm is a number"),
     ("\ngemm = <shipped>", '\ngemm = "fast"', "[efficiency] gemm is a number"),
     ("\ngemm = <shipped>", "\ngemm = true", "[efficiency] gemm is a number"),
     ("memory_efficiency = 0.8", 'memory_efficiency = "0.8"', "[host] memory_efficiency is a number"),
@@ -231,7 +235,7 @@ def test_a_profile_value_of_the_wrong_kind_is_named_by_its_table_and_key(tmp_pat
     """A string where a number belongs, a list where a table belongs, an unknown dtype or a value
     no device has is one line naming the file, the table and the key."""
     text = (profile_dir() / "H100-SXM5-80GB.toml").read_text()
-    old = _with_shipped_gemm(old, text)
+    old = _with_shipped(old, text)
     assert old in text
     (tmp_path / "odd.toml").write_text(text.replace(old, new, 1))
     assert main(["predict", "--model", "llama-7b", "--cluster", f"2x8x{tmp_path / 'odd.toml'}"]) == 2
