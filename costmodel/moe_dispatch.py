@@ -89,9 +89,18 @@ def token_nodes(model: ModelSpec, num_nodes: int) -> float:
 def token_ranks(model: ModelSpec, span: AxisSpan) -> float:
     """A token's copies a per-node dispatcher delivers to the ranks of the EP group laid out as
     `span`: one per rank some of its experts lie on (its experts then permuted on that rank), the
-    routing spread evenly over the ranks of the nodes it can reach."""
-    reach = routing_nodes(model, span.num_nodes) / span.num_nodes if limits_groups(model) else 1.0
-    return min(model.experts_per_token, _spread(model.num_experts * reach, span.size * reach, model.experts_per_token))
+    routing spread evenly. Under node-limited routing its experts lie in topk_groups of the
+    num_expert_groups groups (consecutive blocks of experts): over at least as many ranks as
+    groups, on the ranks of those groups; over fewer (several groups a rank), on the ranks the
+    chosen groups lie on."""
+    e, k, n = model.num_experts, model.experts_per_token, span.size
+    if not limits_groups(model):
+        return _spread(e, n, k)
+    groups, chosen = model.num_expert_groups, model.topk_groups
+    if n >= groups:
+        return _spread(e * chosen / groups, n * chosen / groups, k)
+    ranks = _spread(groups, n, chosen)
+    return min(ranks, _spread(e * chosen / groups, ranks, k))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -69,7 +69,10 @@ def profile_problems(dev: DeviceProfile) -> list[str]:  # noqa: C901 - one check
         need(f"network {tier.name} latency_s", tier.latency_s, 0 <= tier.latency_s <= OPERATION_S_MAX)
         need(f"network {tier.name} base_latency_s", tier.base_latency_s, 0 <= tier.base_latency_s <= OPERATION_S_MAX)
         need(f"network {tier.name} efficiency", tier.efficiency, RATIO_RANGE[0] <= tier.efficiency <= 1)
-        if tier.forward_bytes_per_s:
+        if tier.forward_bytes_per_s and tier is not dev.intra_node:
+            out.append(f"network {tier.name} forward_bytes_per_s: only the node tier's is read (a per-node "
+                       "expert dispatcher forwards within the node)")
+        elif tier.forward_bytes_per_s:
             need(f"network {tier.name} forward_bytes_per_s", tier.forward_bytes_per_s,
                  _within(tier.forward_bytes_per_s, LINK_BYTES_PER_S_RANGE))
         if tier.p2p_latency_s is not None:
