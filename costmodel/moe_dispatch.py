@@ -11,8 +11,9 @@ there to their GPUs (DeepSeek-V3, arXiv 2412.19437 Sec. 3.2.2: "each token will 
 at most 4 nodes" over InfiniBand, then over NVLink; DeepEP's internode kernels, Megatron-Core's
 flex dispatcher: FrameworkTraits.dispatch_per_node) puts one copy of a token on the network per
 node its experts lie on, instead of top_k, and delivers it over NVLink once to each rank holding
-some of its experts (which permutes it to them), not once per expert. The two legs run at once: DeepEP's internode kernels pair each channel's RDMA
-senders with warps that forward what arrives over NVLink through chunked ring buffers
+some of its experts (which permutes it to them), not once per expert. The two legs run at once:
+DeepEP's internode kernels pair each channel's RDMA senders with warps that forward what arrives
+over NVLink through chunked ring buffers
 (csrc/kernels/internode.cu), and NVIDIA's Hybrid-EP overlaps its InfiniBand sends with the
 in-node forwarding the same way (DeepEP hybrid-ep branch, docs/Hybrid-EP_Implementation.md), so
 an all-to-all takes its slower leg. DeepEP's published internode rates bear this out (README, now
@@ -23,9 +24,8 @@ other would give 44 and 39. The NVLink leg is the dispatcher's own kernels on th
 given, not NCCL's ring, so it runs at their published forwarding rate (the node tier's
 forward_bytes_per_s): Hybrid-EP's H100 table shows it binding over 2 nodes (EP 16: 63-77 GB/s,
 below the 85 its InfiniBand alone would give) and not over 4 or 8. The combine returns the same
-rows the same way. The experts lie
-consecutively on the EP group's ranks (runtime.parallel, placement.expert_layout), num_experts/k a
-node:
+rows the same way. The experts lie consecutively on the EP group's ranks (runtime.parallel,
+placement.expert_layout), num_experts/k a node:
 - node-limited routing (DeepSeek-V3 Sec. 2.1.2; ModelSpec.topk_groups of num_expert_groups):
   each token's experts are chosen within its best topk_groups groups, a group covers
   ceil(k / groups) of the k nodes, so a token's experts lie on at most
@@ -34,7 +34,7 @@ node:
 - otherwise, routing spread evenly over the experts (the balancing loss's aim), a node holds none
   of a token's top_k distinct experts with probability C(E - E/k, top_k) / C(E, top_k), so a
   token reaches k (1 - that) nodes on average; the same over the ranks gives its deliveries
-  (under node-limited routing, over the ranks of the nodes it can reach).
+  (under node-limited routing, over the ranks of its chosen groups: token_ranks).
 Without such a dispatcher every routed row is sent alone.
 """
 from __future__ import annotations
