@@ -51,6 +51,11 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   Megatron-Core's bias_swiglu keep the 2f-wide first projection and the product).
 - `loss_grad_in_place`: Megatron's vocab-parallel cross entropy writes the logits' gradient over
   the softmax it saved; `torch.nn.functional.cross_entropy` allocates a new fp32 gradient.
+- `dtensor_loss_parallel`: under TP the loss runs as torch's DTensor loss parallel
+  (`torch.distributed.tensor.parallel.loss_parallel`, on by default in torchtitan): its backward
+  (`_nll_loss_and_log_softmax_backward`) allocates a zero-filled fp32 gradient, exp of the saved
+  fp32 log-probs and their sum before scaling it, 12 bytes a logit beside the saved 4, where
+  `torch.nn.functional.cross_entropy` holds 8 (costmodel.memory.backward_working_bytes).
 - `fused_cross_entropy`: the loss is one fused kernel over the logits in the compute dtype:
   flash-attn's `CrossEntropyLoss`, the default `loss_fn: fused_crossentropy` of llm-foundry's MPT
   models (`ComposerMPTCausalLM`, the MPT benchmark tables' runs). It keeps the 16-bit logits and
@@ -337,6 +342,7 @@ class FrameworkTraits:
     fsdp_block_units: bool = False
     swiglu_saved_tensors: int = 4
     loss_grad_in_place: bool = False
+    dtensor_loss_parallel: bool = False
     fused_cross_entropy: bool = False
     fsdp_master_params: bool = False
     vendor_attention: bool = False
@@ -427,7 +433,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
                     fused_cross_entropy=True, **_FSDP),
     FrameworkTraits(name="fms-fsdp", sharded_grads_under_pp=True, eager_layer=True, eager_rms_norm_composite=True,
                     **_FSDP),
-    FrameworkTraits(name="torchtitan", sharded_grads_under_pp=False, tp_keeps_gathered_input=True,
+    FrameworkTraits(name="torchtitan", sharded_grads_under_pp=False, tp_keeps_gathered_input=True, dtensor_loss_parallel=True,
                     tp_backward_reduce_scatter_exposed=True,
                     cp_all_gather_kv=True, float8_casts_fused=True, float8_with_tp=True,
                     deferred_w_keeps_graph=True, shared_expert_tp=True, eager_rms_norm_composite=True,

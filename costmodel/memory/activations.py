@@ -290,14 +290,23 @@ def backward_working_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, last:
     attention = a * tokens * (q + 2 * kv) / t + 4 * tokens * q / t
     widest_weight = max(mlp_weight, a * h * (q + 2 * kv) / t)
     layer = max(mlp, attention) + widest_weight
-    # a loss whose backward writes the gradient over its saved softmax needs only the cast; a
-    # fused one writes it in the compute dtype
-    in_compute_dtype = traits.loss_grad_in_place or traits.fused_cross_entropy
-    head = _logits_elems(model, train, plan, traits) * (a if in_compute_dtype else _unfused_loss_grad_bytes(a)) if last else 0.0
+    head = _logits_elems(model, train, plan, traits) * _loss_grad_bytes(a, plan, traits) if last else 0.0
     head = max(head - rebuilt_bytes, 0.0)
     # offloaded activations: the layer whose saved tensors are back on the device for its backward
     back = layer_activation_bytes(model, train, plan, Recompute.NONE, traits) if plan.offload_activations else 0.0
     return max(layer, head) + back
+
+
+def _loss_grad_bytes(compute_bytes: int, plan: Plan, traits: FrameworkTraits) -> int:
+    """Bytes per logit the loss's backward holds beyond its saved log-probs: the cast alone for
+    a loss that writes the gradient over its saved softmax, the compute dtype for a fused one,
+    torch's DTensor loss parallel's three fp32 tensors under TP (frameworks
+    `dtensor_loss_parallel`), else torch's cross entropy's."""
+    if traits.loss_grad_in_place or traits.fused_cross_entropy:
+        return compute_bytes
+    if traits.dtensor_loss_parallel and plan.tp > 1:
+        return 3 * 4
+    return _unfused_loss_grad_bytes(compute_bytes)
 
 
 def _unfused_loss_grad_bytes(compute_bytes: int) -> int:
