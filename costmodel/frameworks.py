@@ -160,8 +160,9 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
 - `dispatch_per_node`: the expert all-to-all sends a token once to each node holding some of its
   experts and forwards it inside the node (DeepSeek-V3, arXiv 2412.19437 Sec. 3.2.2; DeepEP,
   which Megatron-Core runs as its flex token dispatcher), so a token's network copies are the
-  nodes its experts lie on, bounded under node-limited routing, and its NVLink and network legs
-  overlap (costmodel.moe_dispatch). Our runtime's all-to-all (runtime.moe) sends every routed row
+  nodes its experts lie on, bounded under node-limited routing; it delivers a token once to each
+  rank holding some of its experts, and across nodes its NVLink leg (at the node tier's
+  forward_bytes_per_s where published) and network leg overlap (costmodel.moe_dispatch). Our runtime's all-to-all (runtime.moe) sends every routed row
   alone.
 - `moe_probs_in_activation`: each routed row's gating weight multiplies inside the experts' fused
   SwiGLU (Megatron-Core's TEGroupedMLP calls `weighted_bias_swiglu_impl` with the permuted
