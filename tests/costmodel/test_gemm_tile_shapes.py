@@ -32,3 +32,20 @@ def test_a_linear_prices_its_gradients_in_their_own_shapes():
     # the forward reduces over 1024 features; both gradients over long ones, so they run faster
     assert fwd == pytest.approx(gemm_s(8192, 1024, 28672, H100, TRAIN))
     assert dgrad == pytest.approx(gemm_s(8192, 28672, 1024, H100, TRAIN)) and wgrad < fwd and dgrad < fwd
+
+
+# OpenXLA's measured bf16 matmul table (matmul_interpolator_data.h, kDefaultMatmulPTable): batch 4
+# of 4096 x 4096 outputs over k = 512, 1024, 2048, 4096, in TFLOP/s (profiles/B200.toml cites it)
+XLA_K_SWEEP = {"B200": (1090.6, 1350.5, 1539.9, 1670.5), "H100": (620.4, 722.3, 759.5, 788.7)}
+
+
+@pytest.mark.parametrize("device", ["B200", "H100"])
+def test_the_tile_setup_reproduces_the_published_k_sweep(device):
+    """Blackwell's tensor cores do twice the Hopper's work per SM and cycle while a tile's fill and
+    store take as long: its short-K GEMMs fall further below the long-K rate, which the profile's
+    setup length (360 against 150) must give within 3 % at every K of the sweep."""
+    dev = parse_cluster(f"1x8x{device}").device
+    measured = XLA_K_SWEEP[device]
+    for k, rate in zip((512, 1024, 2048), measured):
+        model = tile_efficiency(4096, k, 4096, dev, groups=4) / tile_efficiency(4096, 4096, 4096, dev, groups=4)
+        assert model == pytest.approx(rate / measured[-1], rel=0.03), k
