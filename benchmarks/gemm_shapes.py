@@ -114,25 +114,24 @@ def _loss_point(tokens: int, vocab: int, fp32: bool, repeat: int) -> dict:
             "peak_bytes": torch.cuda.max_memory_allocated()}
 
 
-def fit_tile_setup(points: list[dict], num_sms: int, peak: float) -> tuple[float, int, int]:
+def fit_tile_setup(points: list[dict], num_sms: int, peak: float, tile: int) -> tuple[float, int, int]:
     """(share of peak, tile setup in elements of K, GEMMs fitted): least squares in log time of
     peak x share x waves x K / (K + setup) over the GEMMs with two or more waves of output tiles
-    (fewer, cuBLAS splits K and a call's microseconds of launch weigh in), setup searched 0-1000."""
+    (fewer, cuBLAS splits K and a call's microseconds of launch weigh in), setup searched 0-1000;
+    `tile`: the output tile edge the profile counts waves in."""
     import math
 
-    from costmodel.kernels.gemm import GEMM_TILE
-    full = [p for p in points if -(-p["m"] // GEMM_TILE) * -(-p["n"] // GEMM_TILE) >= 2 * num_sms]
+    full = [p for p in points if -(-p["m"] // tile) * -(-p["n"] // tile) >= 2 * num_sms]
 
     def logs(setup: int) -> list[float]:
-        dev_free = [p["flop_per_s"] / (peak * _waves(p, num_sms) * p["k"] / (p["k"] + setup)) for p in full]
+        dev_free = [p["flop_per_s"] / (peak * _waves(p, num_sms, tile) * p["k"] / (p["k"] + setup)) for p in full]
         return [math.log(r) for r in dev_free]
     best = min(range(0, 1001), key=lambda c: statistics.pvariance(logs(c)))
     return math.exp(statistics.fmean(logs(best))), best, len(full)
 
 
-def _waves(p: dict, num_sms: int) -> float:
-    from costmodel.kernels.gemm import GEMM_TILE
-    tiles = -(-p["m"] // GEMM_TILE) * -(-p["n"] // GEMM_TILE)
+def _waves(p: dict, num_sms: int, tile: int) -> float:
+    tiles = -(-p["m"] // tile) * -(-p["n"] // tile)
     return tiles / (-(-tiles // num_sms) * num_sms)
 
 
@@ -182,7 +181,7 @@ def replay(results: dict, profile: str) -> None:
         print(f"  k={k:<6} {statistics.median(r):.3f}  ({min(r):.3f}-{max(r):.3f}, {len(r)} GEMMs)")
     flat = [statistics.median(by_k[k]) for k in sorted(by_k)]
     print(f"spread of the medians over k: {max(flat) / min(flat) - 1:+.1%} (0: the shape model explains K)")
-    share, setup, n = fit_tile_setup(results["points"], dev.num_sms, peak)
+    share, setup, n = fit_tile_setup(results["points"], dev.num_sms, peak, dev.gemm_tile)
     print(f"fit over the {n} GEMMs with two or more waves: peak x {share:.3f} x waves x K / (K + {setup})")
 
 

@@ -47,6 +47,7 @@ def profile_problems(dev: DeviceProfile) -> list[str]:  # noqa: C901 - one check
     need("threads_per_rank", dev.threads_per_rank, 0 <= dev.threads_per_rank <= COUNT_MAX)
     need("num_sms", dev.num_sms, 0 <= dev.num_sms <= COUNT_MAX)
     need("gemm_tile_setup_k", dev.gemm_tile_setup_k, 0 <= dev.gemm_tile_setup_k <= COUNT_MAX)
+    need("gemm_tile", dev.gemm_tile, 1 <= dev.gemm_tile <= COUNT_MAX)
     need("memory_ranks", dev.memory_ranks,   # a CPU's RAM shared by its ranks; a GPU's memory is its own
          0 <= dev.memory_ranks <= COUNT_MAX and (dev.kind == "cpu" or dev.memory_ranks == 0))
     need("reported_memory_bytes", dev.reported_memory_bytes, 0 <= dev.reported_memory_bytes <= MEMORY_BYTES_MAX)

@@ -185,6 +185,9 @@ class DeviceProfile:
     # each output tile's fixed prologue (pipeline fill) and epilogue (store) in elements of the
     # reduction: a GEMM over K runs at K / (K + this) of its long-K rate; 0: not modelled
     gemm_tile_setup_k: int = 0
+    # edge of the square output tile one SM computes at a time in the large GEMM kernels (wave
+    # quantisation counts these tiles over num_sms)
+    gemm_tile: int = 128
     # a CPU's: the ranks memory_bytes is one share of (its RAM divided among the ranks measured
     # together); a cluster of another count per node divides the RAM among its own (per_node)
     memory_ranks: int = 0

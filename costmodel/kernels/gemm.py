@@ -10,8 +10,6 @@ from costmodel.layout import Linear, Style, dense_blocks
 from costmodel.params import ceil_div
 from costmodel.specs import ModelSpec, TrainSpec
 
-GEMM_TILE = 128  # output tile edge of the large cuBLAS/CUTLASS tensor-core kernels (128x128, 128x256)
-
 
 def _wave_fill(tiles: int, num_sms: int) -> float:
     """The share of the SMs' waves `tiles` output tiles keep busy."""
@@ -21,11 +19,12 @@ def _wave_fill(tiles: int, num_sms: int) -> float:
 def tile_efficiency(m: int, k: int, n: int, dev: DeviceProfile, groups: int = 1) -> float:
     """The share of the long-K rate an m x n output over a reduction of k reaches: wave
     quantisation (NVIDIA, "Matrix Multiplication Background User's Guide": the output is cut
-    into tiles, one per SM at a time, and a last partial wave leaves SMs idle) over the output
+    into dev.gemm_tile-square tiles, one per SM at a time, and a last partial wave leaves SMs idle) over the output
     tiles of all `groups` (none on a device without an SM count: measured curves include it), times K / (K + the tile's fixed
     prologue and epilogue, dev.gemm_tile_setup_k), which is why a GEMM with short K is slower
     per FLOP than one with long K (benchmarks/gemm_shapes.py measures both)."""
-    wave = _wave_fill(groups * -(-m // GEMM_TILE) * -(-n // GEMM_TILE), dev.num_sms) if dev.num_sms > 0 else 1.0
+    tile = dev.gemm_tile
+    wave = _wave_fill(groups * -(-m // tile) * -(-n // tile), dev.num_sms) if dev.num_sms > 0 else 1.0
     return wave * k / (k + dev.gemm_tile_setup_k)
 
 
