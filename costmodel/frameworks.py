@@ -142,6 +142,13 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   one activation per send until the step's end. Our runtime's stages issue their sends themselves
   and let each go once delivered (runtime.pipeline), as Megatron's schedules do: not held
   (`python benchmarks/memory.py pipeline`, tests/runtime/test_run_cli.py).
+- `recv_buffers_kept`: torch's PipelineStage makes its receive buffers once, at its first step,
+  one per micro-batch: the activation of every stage after the first and the output gradient of
+  every stage before the last (torch/distributed/pipelining/stage.py, `_setup_forward_recv_info`,
+  `_setup_backward_recv_info`), and keeps them across steps; torchtitan runs it as it is. Our
+  runtime empties each once its micro-batch's backward is done (runtime.pipeline), and Megatron
+  allocates a receive when it comes: four boundary tensors in flight
+  (costmodel.memory.stage.pipeline_buffer_bytes).
 - `cp_all_gather_kv`: how context parallelism exchanges keys and values. Our runtime
   (runtime.context_parallel) all-gathers the whole sequence's K/V before attention and
   reduce-scatters their gradients, neither overlapped, and keeps the gathered K/V for backward
@@ -356,6 +363,7 @@ class FrameworkTraits:
     eager_rms_norm_composite: bool = False
     deferred_w_keeps_graph: bool = False
     pipeline_sends_held: bool = False
+    recv_buffers_kept: bool = False
     cp_all_gather_kv: bool = False
     float8_casts_fused: bool = False
     float8_with_tp: bool = False
@@ -434,7 +442,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
                     fused_cross_entropy=True, **_FSDP),
     FrameworkTraits(name="fms-fsdp", sharded_grads_under_pp=True, eager_layer=True, eager_rms_norm_composite=True,
                     **_FSDP),
-    FrameworkTraits(name="torchtitan", sharded_grads_under_pp=False, tp_keeps_gathered_input=True,
+    FrameworkTraits(name="torchtitan", sharded_grads_under_pp=False, recv_buffers_kept=True, tp_keeps_gathered_input=True,
                     tp_backward_reduce_scatter_exposed=True, dtensor_loss_parallel=True,
                     cp_all_gather_kv=True, float8_casts_fused=True, float8_with_tp=True,
                     deferred_w_keeps_graph=True, shared_expert_tp=True, eager_rms_norm_composite=True,

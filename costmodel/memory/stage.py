@@ -209,8 +209,29 @@ def micro_batch_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan,
     return held + edge_bytes_per_micro_batch(model, train, plan, first, last, traits), rebuilt
 
 
-def buffer_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, traits: FrameworkTraits = RUNTIME) -> float:
-    """Communication buffers: pipeline send/receive, and where every micro-batch reduces,
+def pipeline_buffer_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
+                          traits: FrameworkTraits = RUNTIME) -> float:
+    """A pipeline rank's send and receive buffers: one activation and one gradient each way in
+    flight, or, where the framework keeps torch's PipelineStage receive buffers (frameworks
+    `recv_buffers_kept`), one per micro-batch for the output gradient of every local stage before
+    the last and for the activation of every local stage after the first, less those of the
+    micro-batches in flight: a received activation is the stage's first saved input, which the
+    activations already count."""
+    if plan.pp == 1:
+        return 0.0
+    sp = plan.tp if plan.sequence_parallel else 1
+    boundary = train.compute_dtype.num_bytes * _local_tokens(train, plan) * model.hidden_size / sp
+    if not traits.recv_buffers_kept:
+        return 4 * boundary
+    stages = [j for j in range(plan.num_virtual_stages) if plan.stage_rank(j) == rank]
+    activations = sum(j > 0 for j in stages) * max(0.0, plan.num_micro_batches - in_flight_micro_batches(plan, rank))
+    gradients = sum(j < plan.num_virtual_stages - 1 for j in stages) * plan.num_micro_batches
+    return boundary * (activations + gradients)
+
+
+def buffer_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, traits: FrameworkTraits = RUNTIME,
+                 rank: int = 0) -> float:
+    """Communication buffers: pipeline send/receive (pipeline_buffer_bytes, of rank `rank`), and where every micro-batch reduces,
     ZeRO-3's gathered layers (the current one and the prefetched next one) and one FSDP unit's
     gradient in the reduce dtype, the reduce-scatter's input (params.fsdp_unit_params: a layer
     under ZeRO-3, a stage of small layers whole below it); none of these where a pipeline keeps
@@ -220,10 +241,7 @@ def buffer_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, traits: Framewo
     16 % below the prediction, ZeRO-0 within 2 % of it, as with a unit a layer: `python
     benchmarks/memory.py dp`)."""
     a = train.compute_dtype.num_bytes
-    sp = plan.tp if plan.sequence_parallel else 1
-    total = 0.0
-    if plan.pp > 1:
-        total += 4 * a * _local_tokens(train, plan) * model.hidden_size / sp
+    total = pipeline_buffer_bytes(model, train, plan, rank, traits)
     if reduces_every_micro_batch(plan, traits):
         layer = layer_params(model, plan.tp, plan.ep, plan.etp, traits.shared_expert_tp)
         gathered = 2 * layer * a if plan.zero_stage >= 3 else 0
@@ -247,7 +265,7 @@ def stage_memory_at(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int, l
     weights, grads, optim = state_bytes_for(train, plan, held.total, traits, experts=held.experts)
     return StageMemory(params_bytes=weights, grads_bytes=grads, optimizer_bytes=optim,
                        activations_bytes=activation_bytes(model, train, plan, rank, layers, recomputed, traits),
-                       buffers_bytes=buffer_bytes(model, train, plan, traits),
+                       buffers_bytes=buffer_bytes(model, train, plan, traits, rank),
                        reserved_bytes=reserved_bytes)
 
 
@@ -282,9 +300,9 @@ def stage_memory_shapes_by_zero(model: ModelSpec, train: TrainSpec, plans: list[
         # states are linear in each kind of parameter: bytes per replicated one and per expert one
         per_param = sum(state_bytes_for(train, sharded, 1.0, traits))
         per_expert = sum(state_bytes_for(train, sharded, 1.0, traits, experts=1.0))
-        fixed = buffer_bytes(model, train, sharded, traits) + reserved_bytes
-        out.append([AffineBytes(base=fixed + per_param * edge + per_expert * edge_experts + act.base,
+        fixed = [buffer_bytes(model, train, sharded, traits, rank) + reserved_bytes for rank in range(plan.pp)]
+        out.append([AffineBytes(base=fixed[rank] + per_param * edge + per_expert * edge_experts + act.base,
                                 per_layer=per_param * per_layer + per_expert * experts + act.per_layer,
                                 per_recomputed=act.per_recomputed, jump=act.jump)
-                    for (edge, edge_experts, per_layer, experts), act in ranks])
+                    for rank, ((edge, edge_experts, per_layer, experts), act) in enumerate(ranks)])
     return out

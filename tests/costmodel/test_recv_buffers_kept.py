@@ -1,0 +1,57 @@
+"""torch's PipelineStage makes one receive buffer per micro-batch, for the activation of every
+stage after the first and the output gradient of every stage before the last, and keeps them
+across steps (costmodel.frameworks `recv_buffers_kept`, torchtitan); our runtime and Megatron hold
+four boundary tensors in flight. A received activation is the stage's first saved input, so
+those of the micro-batches in flight are the activations' already."""
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from costmodel.frameworks import framework_traits
+from costmodel.hardware import parse_cluster
+from costmodel.memory import in_flight_micro_batches
+from costmodel.memory.stage import pipeline_buffer_bytes
+from costmodel.registry import resolve_model
+from costmodel.specs import DType, TrainSpec
+from planner.measure.runs_table import read_runs
+from planner.measure.validate import validate_row
+from planner.space import Choice, build_plan
+
+RUNS = Path(__file__).resolve().parents[2] / "profiles" / "runs" / "published_runs.csv"
+MODEL = resolve_model("llama3-8b")
+TRAIN = TrainSpec(seq_len=4096, global_batch_size=64, compute_dtype=DType.BF16)
+BOUNDARY = 2 * 4096 * MODEL.hidden_size / 2   # one sequence, bf16, sequence-parallel over TP 2
+
+
+def _plan(framework: str, vpp: int):
+    cluster = replace(parse_cluster("1x8xH100"), framework=framework_traits(framework))
+    # the schedule left to its default: interleaved 1F1B with virtual stages, 1F1B without
+    return build_plan(MODEL, TRAIN, cluster, Choice(tp=2, pp=4, vpp=vpp, micro_batch_size=1, sequence_parallel=True))
+
+
+@pytest.mark.parametrize("vpp", [1, 2])
+def test_torchtitan_keeps_a_receive_buffer_per_micro_batch(vpp):
+    plan, titan = _plan("torchtitan", vpp), framework_traits("torchtitan")
+    m = plan.num_micro_batches
+    assert m == 64   # 64 sequences over DP 1, one a micro-batch
+    for rank in range(4):
+        stages = [j for j in range(4 * vpp) if plan.stage_rank(j) == rank]
+        idle = m - in_flight_micro_batches(plan, rank)
+        expected = (sum(j > 0 for j in stages) * idle + sum(j < 4 * vpp - 1 for j in stages) * m) * BOUNDARY
+        assert pipeline_buffer_bytes(MODEL, TRAIN, plan, rank, titan) == pytest.approx(expected)
+    # the first rank receives no activation under 1F1B, only the gradients: 64 of them
+    if vpp == 1:
+        assert pipeline_buffer_bytes(MODEL, TRAIN, plan, 0, titan) == pytest.approx(m * BOUNDARY)
+
+
+def test_frameworks_that_free_their_receives_hold_four_boundaries():
+    for name in ("planner", "megatron-core"):
+        plan = _plan(name, 1)
+        for rank in range(4):
+            assert pipeline_buffer_bytes(MODEL, TRAIN, plan, rank, framework_traits(name)) == pytest.approx(4 * BOUNDARY)
+
+
+def test_torchtitans_interleaved_405b_row_is_priced_within_3_percent_of_its_measured_memory():
+    row = next(r for r in read_runs(RUNS) if r["id"] == "tt25a_l31_405b_512_3d_i1f1b_fp8")
+    assert abs(validate_row(row).memory_error_pct) < 3   # -2 % with four boundaries in flight
