@@ -229,9 +229,10 @@ def pipeline_buffer_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: 
     return boundary * (activations + gradients)
 
 
-def buffer_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, traits: FrameworkTraits = RUNTIME,
-                 rank: int = 0) -> float:
-    """Communication buffers: pipeline send/receive (pipeline_buffer_bytes, of rank `rank`), and where every micro-batch reduces,
+def buffer_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
+                 traits: FrameworkTraits = RUNTIME) -> float:
+    """Communication buffers of pipeline rank `rank`: its pipeline sends and receives
+    (pipeline_buffer_bytes), and where every micro-batch reduces,
     ZeRO-3's gathered layers (the current one and the prefetched next one) and one FSDP unit's
     gradient in the reduce dtype, the reduce-scatter's input (params.fsdp_unit_params: a layer
     under ZeRO-3, a stage of small layers whole below it); none of these where a pipeline keeps
@@ -265,7 +266,7 @@ def stage_memory_at(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int, l
     weights, grads, optim = state_bytes_for(train, plan, held.total, traits, experts=held.experts)
     return StageMemory(params_bytes=weights, grads_bytes=grads, optimizer_bytes=optim,
                        activations_bytes=activation_bytes(model, train, plan, rank, layers, recomputed, traits),
-                       buffers_bytes=buffer_bytes(model, train, plan, traits, rank),
+                       buffers_bytes=buffer_bytes(model, train, plan, rank, traits),
                        reserved_bytes=reserved_bytes)
 
 
@@ -300,7 +301,7 @@ def stage_memory_shapes_by_zero(model: ModelSpec, train: TrainSpec, plans: list[
         # states are linear in each kind of parameter: bytes per replicated one and per expert one
         per_param = sum(state_bytes_for(train, sharded, 1.0, traits))
         per_expert = sum(state_bytes_for(train, sharded, 1.0, traits, experts=1.0))
-        fixed = [buffer_bytes(model, train, sharded, traits, rank) + reserved_bytes for rank in range(plan.pp)]
+        fixed = [buffer_bytes(model, train, sharded, rank, traits) + reserved_bytes for rank in range(plan.pp)]
         out.append([AffineBytes(base=fixed[rank] + per_param * edge + per_expert * edge_experts + act.base,
                                 per_layer=per_param * per_layer + per_expert * experts + act.per_layer,
                                 per_recomputed=act.per_recomputed, jump=act.jump)
