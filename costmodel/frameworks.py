@@ -139,9 +139,10 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   interleaved 1F1B, ZB-H1 and ZBV) keeps the Work of every send, and with it the tensor sent,
   until the step ends ("send ops should be waited on before step() exits"); its single-stage
   schedules (GPipe, 1F1B) wait each send at once. Run as it is, a 2-stage ZBV run's ranks grow by
-  one activation per send until the step's end. Our runtime's stages issue their sends themselves
-  and let each go once delivered (runtime.pipeline), as Megatron's schedules do: not held
-  (`python benchmarks/memory.py pipeline`, tests/runtime/test_run_cli.py).
+  one activation per send until the step's end, and torchtitan runs it as it is: held. Our
+  runtime's stages issue their sends themselves and let each go once delivered
+  (runtime.pipeline), as Megatron's schedules do: not held (`python benchmarks/memory.py
+  pipeline`, tests/runtime/test_run_cli.py).
 - `recv_buffers_kept`: torch's PipelineStage makes its receive buffers once, at its first step,
   one per micro-batch: the activation of every stage after the first and the output gradient of
   every stage before the last (torch/distributed/pipelining/stage.py, `_setup_forward_recv_info`,
@@ -442,7 +443,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
                     fused_cross_entropy=True, **_FSDP),
     FrameworkTraits(name="fms-fsdp", sharded_grads_under_pp=True, eager_layer=True, eager_rms_norm_composite=True,
                     **_FSDP),
-    FrameworkTraits(name="torchtitan", sharded_grads_under_pp=False, recv_buffers_kept=True, tp_keeps_gathered_input=True,
+    FrameworkTraits(name="torchtitan", sharded_grads_under_pp=False, recv_buffers_kept=True, pipeline_sends_held=True, tp_keeps_gathered_input=True,
                     tp_backward_reduce_scatter_exposed=True, dtensor_loss_parallel=True,
                     cp_all_gather_kv=True, float8_casts_fused=True, float8_with_tp=True,
                     deferred_w_keeps_graph=True, shared_expert_tp=True, eager_rms_norm_composite=True,

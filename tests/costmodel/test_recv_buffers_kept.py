@@ -52,4 +52,6 @@ def test_frameworks_that_free_their_receives_hold_four_boundaries():
 
 def test_torchtitans_interleaved_405b_row_is_priced_within_3_percent_of_its_measured_memory():
     row = next(r for r in read_runs(RUNS) if r["id"] == "tt25a_l31_405b_512_3d_i1f1b_fp8")
-    assert abs(validate_row(row).memory_error_pct) < 3   # -2 % with four boundaries in flight
+    # +2.7 % with the sends torch's multi-stage runner holds (pipeline_sends_held); without the
+    # kept receives, four boundaries in flight, -2 %
+    assert abs(validate_row(row).memory_error_pct) < 3
