@@ -219,8 +219,7 @@ def pipeline_buffer_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: 
     activations already count."""
     if plan.pp == 1:
         return 0.0
-    sp = plan.tp if plan.sequence_parallel else 1
-    boundary = train.compute_dtype.num_bytes * _local_tokens(train, plan) * model.hidden_size / sp
+    boundary = send_bytes(model, train, plan)
     if not traits.recv_buffers_kept:
         return 4 * boundary
     stages = [j for j in range(plan.num_virtual_stages) if plan.stage_rank(j) == rank]
