@@ -6,7 +6,7 @@ Compiling is the cost here: the cases share one forked process group (two gloo r
 one after another, and one inductor cache for the session (TORCHINDUCTOR_CACHE_DIR in a
 temporary directory), so a layer graph compiled for one case serves the next. The default run
 holds data parallelism (DDP and ZeRO-3), tensor + sequence parallelism and both pipeline
-schedules (about 50 s on 2 cores, --durations); the rest of the issue's list (CP, EP, full
+schedules (about 30 s on 2 cores, --durations); the rest of the issue's list (CP, EP, full
 recomputation) runs with PLANNER_COMPILE_ALL=1: about 130 s more, most of it the mixture's
 recompiles for its experts' varying token counts."""
 from __future__ import annotations
@@ -44,10 +44,17 @@ MORE = {
 
 @pytest.fixture(scope="module", autouse=True)
 def _inductor_cache(tmp_path_factory):
-    """One inductor cache for this module's compiles (the forked ranks inherit the variable)."""
-    saved = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    """One inductor cache for this module's compiles (the forked ranks inherit the variable),
+    and inductor compiling in each rank's own process: its default on a multi-core machine is a
+    pool of compile workers per process, whose threads a rank forked from a threaded parent
+    would start beside OpenMP's (a rank died of SIGSEGV here once in CI; pytorch#148651 and
+    #121197 advise compile_threads = 1 under fork)."""
+    import torch._inductor.config as inductor
+    saved, threads = os.environ.get("TORCHINDUCTOR_CACHE_DIR"), inductor.compile_threads
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path_factory.mktemp("inductor"))
+    inductor.compile_threads = 1
     yield
+    inductor.compile_threads = threads
     if saved is None:
         del os.environ["TORCHINDUCTOR_CACHE_DIR"]
     else:
