@@ -347,6 +347,11 @@ def _orders(cluster: ClusterSpec, options: SearchOptions, tp: int, cp: int, pp: 
 def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8, act, etp=1, mine=lambda shape: True,
                         rep=1):
     L, per_replica = model.num_layers, train.global_batch_size // dp
+    # every size asked, in listing order, so that both processes' shares agree (placement_groups)
+    sizes = [b for b in allowed(options, "micro_batch_size", [b for b in divisors(per_replica) if b <= MAX_MICRO_BATCH])
+             if mine((tp, cp, ep, etp, b))]
+    if not sizes:   # the other process's share
+        return
     modes = [Recompute.NONE] if options.no_recompute else list(Recompute)
     if options.space is not None and options.space.recompute_modes is not None:
         modes = [mode for mode in modes if mode in options.space.recompute_modes]
@@ -356,10 +361,7 @@ def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8,
     sps = dominant(options, "sequence_parallel", [True, False] if not sp_problems(train, tp, cp) else [False],
                    True if options.space is None or options.space.sequence_parallel else False)
     sps = [sp for sp in sps if not moe_tp_problem(model, tp, sp)]
-    # every size asked, in listing order, so that both processes' shares agree (placement_groups)
-    sizes = [b for b in allowed(options, "micro_batch_size", [b for b in divisors(per_replica) if b <= MAX_MICRO_BATCH])
-             if mine((tp, cp, ep, etp, b))]
-    orders, group_orders = _orders(cluster, options, tp, cp, pp, dp, ep, etp, rep) if sizes else ([], [])
+    orders, group_orders = _orders(cluster, options, tp, cp, pp, dp, ep, etp, rep)
     for mbs in sizes if orders and group_orders else []:
         m = per_replica // mbs
         vpps = [1] + (_virtual_stages(options, L, pp) if m % pp == 0 else [])

@@ -2,6 +2,8 @@
 bytes their routing moves) and the LM head, in bf16/fp32 and float8."""
 from __future__ import annotations
 
+from functools import lru_cache
+
 from costmodel.flops import final_linear
 from costmodel.frameworks import shared_expert_split
 from costmodel.hardware import DeviceProfile
@@ -124,6 +126,7 @@ def _linears_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: Devic
     return fwd, bwd_in, bwd_w
 
 
+@lru_cache(maxsize=16384)   # the search prices the same projection under many expert and context layouts
 def _projection_s(m: int, k: int, n: int, dev: DeviceProfile, train: TrainSpec, fp8: bool, fused_casts: bool,
                   groups: int = 1, grouped: bool = True) -> tuple[float, float, float]:
     """(forward, input-gradient, weight-gradient) seconds of one projection over m rows (of
@@ -175,6 +178,7 @@ def grouped_gemm_s(groups: int, m: int, k: int, n: int, dev: DeviceProfile, trai
     return compute_bound_s(2.0 * groups * m * k * n, groups * a * (m * k + k * n + m * n), dev, train, eff)
 
 
+@lru_cache(maxsize=4096)   # the same mixture's GEMMs under many dense and context layouts
 def _moe_gemms_s(model: ModelSpec, train: TrainSpec, dev: DeviceProfile, tokens: int, ep: int,
                  grouped: bool = False, fp8: bool = False, fused_casts: bool = False,
                  etp: int = 1, shared_split: int = 1) -> tuple[float, float, float]:
