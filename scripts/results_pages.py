@@ -81,12 +81,14 @@ def validation_md(acc: dict, meta: dict) -> str:
     return "\n".join(head + body) + "\n"
 
 
-def per_source(rows: list[dict]) -> list[str]:
+def per_group(rows: list[dict], key: str) -> list[str]:
+    """The timed rows' step-time errors per value of `key` (their source, or the framework whose
+    traits priced them), in sample and with each source left out."""
     groups: dict[str, list[dict]] = {}
     for r in rows:
         if r["step_error_pct"] is not None:
-            groups.setdefault(r["source"], []).append(r)
-    out = ["| source | rows | in sample: MAPE / worst % | left out: MAPE / worst % |", "|---|---:|---:|---:|"]
+            groups.setdefault(r[key] or "-", []).append(r)
+    out = [f"| {key} | rows | in sample: MAPE / worst % | left out: MAPE / worst % |", "|---|---:|---:|---:|"]
     for source, rs in sorted(groups.items()):
         ins, lo = [r["step_error_pct"] for r in rs], [r["left_out_pct"] for r in rs if r["left_out_pct"] is not None]
         out.append(f"| {cell(source)} | {len(rs)} | {statistics.mean(map(abs, ins)):.1f} / {pct(max(ins, key=abs))} | "
@@ -126,7 +128,10 @@ def accuracy_section(acc: dict, gpus: dict, band: float, meta: dict) -> str:
         f"The search's error band (`costmodel/fidelity.py` `MODEL_ERROR_BAND`) is {100 * band:.1f} %; the "
         f"leave-one-source-out MAPE measured here is {lo['mape_pct']:.1f} %"
         + (" (the same)." if abs(100 * band - lo["mape_pct"]) < 0.05 else " (they differ: the band is set by hand)."),
-        "", "Per source (step time; + predicted too slow):", "", *per_source(acc["rows"])])
+        "", "Per source (step time; + predicted too slow):", "", *per_group(acc["rows"], "source"),
+        "", "Per framework that ran the rows, whose traits price them (step time). `--framework megatron` plans are "
+        "priced as megatron-core and `torchtitan` as torchtitan; `deepspeed` as deepspeed, which no row ran: "
+        "megatron-deepspeed shares its pipeline and ZeRO traits.", "", *per_group(acc["rows"], "framework")])
 
 
 def speed_section(search: list[dict], sim: dict, meta: dict) -> str:
