@@ -89,9 +89,9 @@ def per_group(rows: list[dict], key: str) -> list[str]:
         if r["step_error_pct"] is not None:
             groups.setdefault(r[key] or "-", []).append(r)
     out = [f"| {key} | rows | in sample: MAPE / worst % | left out: MAPE / worst % |", "|---|---:|---:|---:|"]
-    for source, rs in sorted(groups.items()):
+    for value, rs in sorted(groups.items()):
         ins, lo = [r["step_error_pct"] for r in rs], [r["left_out_pct"] for r in rs if r["left_out_pct"] is not None]
-        out.append(f"| {cell(source)} | {len(rs)} | {statistics.mean(map(abs, ins)):.1f} / {pct(max(ins, key=abs))} | "
+        out.append(f"| {cell(value)} | {len(rs)} | {statistics.mean(map(abs, ins)):.1f} / {pct(max(ins, key=abs))} | "
                    + (f"{statistics.mean(map(abs, lo)):.1f} / {pct(max(lo, key=abs))} |" if lo else "- |"))
     return out
 
@@ -129,9 +129,19 @@ def accuracy_section(acc: dict, gpus: dict, band: float, meta: dict) -> str:
         f"leave-one-source-out MAPE measured here is {lo['mape_pct']:.1f} %"
         + (" (the same)." if abs(100 * band - lo["mape_pct"]) < 0.05 else " (they differ: the band is set by hand)."),
         "", "Per source (step time; + predicted too slow):", "", *per_group(acc["rows"], "source"),
-        "", "Per framework that ran the rows, whose traits price them (step time). `--framework megatron` plans are "
-        "priced as megatron-core and `torchtitan` as torchtitan; `deepspeed` as deepspeed, which no row ran: "
-        "megatron-deepspeed shares its pipeline and ZeRO traits.", "", *per_group(acc["rows"], "framework")])
+        "", "Per framework that ran the rows, whose traits price them (step time). " + framework_line(acc["rows"]),
+        "", *per_group(acc["rows"], "framework")])
+
+
+def framework_line(rows: list[dict]) -> str:
+    """Which traits each `planner search --framework` target prices its plans with (planner.targets),
+    and which of them no published row ran."""
+    from planner.targets import TARGETS, traits_for
+    ran = {r["framework"] for r in rows if r["step_error_pct"] is not None}
+    names = {name: traits_for(name).name for name in TARGETS}
+    unrun = [traits for traits in names.values() if traits not in ran]
+    return ("`--framework` " + ", ".join(f"`{name}` plans are priced as {traits}" for name, traits in names.items())
+            + (f"; no row here ran {' or '.join(unrun)}." if unrun else "."))
 
 
 def speed_section(search: list[dict], sim: dict, meta: dict) -> str:
