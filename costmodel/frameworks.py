@@ -170,8 +170,8 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   which Megatron-Core runs as its flex token dispatcher), so a token's network copies are the
   nodes its experts lie on, bounded under node-limited routing; it delivers a token once to each
   rank holding some of its experts, and across nodes its NVLink leg (at the node tier's
-  forward_bytes_per_s where published) and network leg overlap (costmodel.moe_dispatch). Our runtime's all-to-all (runtime.moe) sends every routed row
-  alone.
+  forward_bytes_per_s where published) and network leg overlap (costmodel.moe_dispatch). Our
+  runtime's all-to-all (runtime.moe) sends every routed row alone.
 - `moe_probs_in_activation`: each routed row's gating weight multiplies inside the experts' fused
   SwiGLU (Megatron-Core's TEGroupedMLP calls `weighted_bias_swiglu_impl` with the permuted
   probabilities; the combine then only scatter-adds), so a routed slot keeps its probability and
@@ -444,7 +444,8 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
     FrameworkTraits(name="fms-fsdp", sharded_grads_under_pp=True, eager_layer=True, eager_rms_norm_composite=True,
                     **_FSDP),
     FrameworkTraits(name="torchtitan", sharded_grads_under_pp=False, tp_keeps_gathered_input=True,
-                    recv_buffers_kept=True, pipeline_sends_held=True, tp_backward_reduce_scatter_exposed=True, dtensor_loss_parallel=True,
+                    recv_buffers_kept=True, pipeline_sends_held=True, tp_backward_reduce_scatter_exposed=True,
+                    dtensor_loss_parallel=True,
                     cp_all_gather_kv=True, float8_casts_fused=True, float8_with_tp=True,
                     deferred_w_keeps_graph=True, shared_expert_tp=True, eager_rms_norm_composite=True,
                     ep_folds_over_tp=True, recompute_placement="every_nth", own_pipeline_schedules=False,
