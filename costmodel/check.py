@@ -20,7 +20,7 @@ from costmodel.groups import (
 from costmodel.hardware import ClusterSpec, DeviceProfile
 from costmodel.memory import StageMemory
 from costmodel.placement import expert_layout
-from costmodel.plan import AXES, DEFAULT_AXIS_ORDER, Plan, Recompute
+from costmodel.plan import AXES, DEFAULT_AXIS_ORDER, Plan, Recompute, embedding_loss_split
 from costmodel.schedules import Schedule
 from costmodel.specs import ModelSpec, PositionKind, TrainSpec
 from costmodel.units import GIB
@@ -302,8 +302,10 @@ def _check_pipeline(model: ModelSpec, plan: Plan, traits: FrameworkTraits) -> li
         add(f"layers_per_stage has {len(plan.layers_per_stage)} entries; pp*vpp = {plan.pp * plan.vpp}")
     elif sum(plan.layers_per_stage) != model.num_layers:
         add(f"layers_per_stage sums to {sum(plan.layers_per_stage)}, the model has {model.num_layers} layers")
-    elif min(plan.layers_per_stage) < 1:
-        add("every pipeline stage needs at least one layer")
+    elif min(plan.layers_per_stage) < 1 and not _empty_ends_allowed(plan, traits):
+        add(f"every pipeline stage needs at least one layer under {traits.name}" + (
+            " but the first and the last, holding the embedding and the loss alone in a split of equal units"
+            if traits.empty_end_stages else ""))
     elif plan.layers_per_stage[0] < model.first_k_dense:
         # the dense first layers are priced on the first stage, on the first rank
         # (costmodel.params.rank_params_at, costmodel.rank_time's first edge)
@@ -313,6 +315,13 @@ def _check_pipeline(model: ModelSpec, plan: Plan, traits: FrameworkTraits) -> li
                                               plan.recompute is not Recompute.NONE and any(plan.recompute_num_layers),
                                               torch_pipelining=not traits.own_pipeline_schedules)
     return problems
+
+
+def _empty_ends_allowed(plan: Plan, traits: FrameworkTraits) -> bool:
+    """Whether the plan's stages without a layer are the first and the last of Megatron-Core's
+    split with the embedding and the loss counted as a layer each (`empty_end_stages`)."""
+    split = plan.layers_per_stage
+    return traits.empty_end_stages and split == embedding_loss_split(sum(split), len(split))
 
 
 def _check_recompute(plan: Plan) -> list[str]:

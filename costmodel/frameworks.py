@@ -324,6 +324,11 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   forward_backward_pipelining_without_interleaving) and DeepSpeed's TrainSchedule runs
   2(m + p - 1) steps for any m, so a step of fewer micro-batches than stages runs there, its
   bubble (p - 1)/(m + p - 1) priced as any 1F1B's. Off for our runtime and torchtitan.
+- `empty_end_stages`: the first and the last virtual pipeline stage may hold no layer, only the
+  embedding or the final norm, head and loss. Megatron-Core counts the embedding and the loss as
+  a layer each under `--account-for-embedding-in-pipeline-split` and
+  `--account-for-loss-in-pipeline-split`, so 94 layers split into pp 32 x vpp 3 = 96 stages of
+  one unit (the Megatron-MoE model zoo's Qwen3-235B layout); elsewhere every stage needs a layer.
 - `recompute_early_stop`: a fully recomputed layer stops before its last projection. Our runtime
   wraps each layer in torch's non-reentrant checkpoint (`checkpoint_wrapper`), whose early stop
   (on by default) ends the recomputation once every tensor the backward needs is saved again; the
@@ -390,6 +395,7 @@ class FrameworkTraits:
     hybrid_shard: bool = False
     partial_distributed_optimizer: bool = False
     own_pipeline_schedules: bool = True
+    empty_end_stages: bool = False
 
 
 GENERIC = FrameworkTraits(name="generic", dp_grad_overlap=True, dp_param_overlap=True,
@@ -435,7 +441,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
                     dp_sync_per_chunk=True,
                     dispatch_per_node=True, moe_probs_in_activation=True,
                     grouped_expert_gemm=True, mtp_with_cp=True, shared_expert_tp=True,
-                    partial_distributed_optimizer=True, **_MEGATRON),
+                    partial_distributed_optimizer=True, empty_end_stages=True, **_MEGATRON),
     FrameworkTraits(name="megatron-deepspeed", **{**_DEEPSPEED, "loss_grad_in_place": True,
                                                    "grad_overlap_zero3_only": True}),
     FrameworkTraits(name="deepspeed", **_DEEPSPEED),

@@ -247,10 +247,11 @@ def embedding_loss_split(num_layers: int, num_stages: int) -> tuple[int, ...] | 
     """Megatron-Core's split with the embedding and the loss each counted as a layer
     (`account_for_embedding_in_pipeline_split`, `account_for_loss_in_pipeline_split`): num_layers + 2
     units in equal (virtual) stages, the first and the last one layer short, as NeMo's Llama 3.1
-    405B recipes run 126 layers on pp 8 x vpp 8. None where the units do not divide equally or a
-    stage would hold no layer."""
+    405B recipes run 126 layers on pp 8 x vpp 8; at one unit a stage the first and the last hold
+    the embedding or the loss alone (the model zoo's Qwen3-235B: 94 layers on pp 32 x vpp 3). None
+    where the units do not divide equally."""
     units, rest = divmod(num_layers + 2, num_stages)
-    if rest or units < 2 or num_stages < 2:
+    if rest or units < 1 or num_stages < 2:
         return None
     return (units - 1,) + (units,) * (num_stages - 2) + (units - 1,)
 

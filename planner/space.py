@@ -50,7 +50,7 @@ def build_plan(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, choice:
     # before anything is sized by these degrees: a typo of 10^9 must not allocate 10^9 entries
     if problem := world_problem(dp, choice.tp, choice.pp, choice.cp, cluster.world_size):
         raise UserError(problem)
-    if choice.pp * choice.vpp > model.num_layers:
+    if choice.pp * choice.vpp > model.num_layers + 2:
         raise UserError(f"pp*vpp = {choice.pp * choice.vpp:,} pipeline stages, but the model has only "
                          f"{model.num_layers} layers")
     _check_layer_counts(model, choice)

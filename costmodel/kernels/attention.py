@@ -8,6 +8,7 @@ from functools import lru_cache
 
 from costmodel.hardware import DeviceProfile
 from costmodel.kernels.elementwise import dropout_s
+from costmodel.kernels.gemm import grouped_gemm_s
 from costmodel.kernels.roofline import KernelShape, compute_bound_s, interpolate, memory_bound_s
 from costmodel.specs import AttentionKernel, ModelSpec, TrainSpec
 
@@ -66,14 +67,32 @@ def _attention_core_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev
         merge = _ring_merge_s(plan, b * heads * s_q * d, dev) if cp_ring else 0.0
         return fwd + merge, bwd + 2 * merge   # a GPU's flash kernel draws any dropout inside it
     scores = b * heads * s_q * s_k
-    matmuls = compute_bound_s(flops, a * (2 * scores + 4 * b * heads * s_q * d), dev, train,
-                              dev.efficiency.gemm, 2)
+    if dev.kind == "gpu" and not cpu_kernels and not dev.gemm_curve(train.compute_dtype):
+        matmuls_fwd, matmuls_bwd = _batched_products_s(b * heads, s_q, s_k, int(d), dev, train)
+    else:
+        matmuls_fwd = compute_bound_s(flops, a * (2 * scores + 4 * b * heads * s_q * d), dev, train,
+                                      dev.efficiency.gemm, 2)
+        matmuls_bwd = 2 * matmuls_fwd
     drop = 1 if model.dropout else 0
     softmax_fwd = memory_bound_s(scores * (2 * a + drop * (2 * a + 1)), dev, 1 + drop)
     softmax_bwd = memory_bound_s(scores * (3 * a + drop * (2 * a + 1)), dev, 1 + drop)
     # the mask over the scores the runtime computes: with CP, each chunk against the keys before it
     dropped = b * heads * rank_scores(train, plan, cp_ring)
-    return matmuls + softmax_fwd + dropout_s(drop * dropped, dev), 2 * matmuls + softmax_bwd
+    return matmuls_fwd + softmax_fwd + dropout_s(drop * dropped, dev), matmuls_bwd + softmax_bwd
+
+
+def _batched_products_s(heads: int, s_q: int, s_k: int, d: int, dev: DeviceProfile,
+                        train: TrainSpec) -> tuple[float, float]:
+    """(forward, backward) of eager attention's products on a GPU, each one strided-batched GEMM
+    over the heads (torch.baddbmm / bmm, as Megatron's unfused path calls them): forward the
+    scores Q·Kᵀ, which reduce over only the head dim, and P·V; backward dP = dO·Vᵀ (again over the
+    head dim), dV = Pᵀ·dO, dQ = dS·K and dK = dSᵀ·Q. A reduction as short as a head (64-128) pays
+    the tile's fixed cost nearly as often as its multiply-adds (gemm.tile_efficiency), so these
+    products run well under the rate of a layer's projections."""
+    over_head = grouped_gemm_s(heads, s_q, d, s_k, dev, train)      # Q·Kᵀ and dO·Vᵀ
+    over_keys = grouped_gemm_s(heads, s_q, s_k, d, dev, train)      # P·V and dS·K
+    over_queries = grouped_gemm_s(heads, s_k, s_q, d, dev, train)   # Pᵀ·dO and dSᵀ·Q
+    return over_head + over_keys, over_head + over_keys + 2 * over_queries
 
 
 def sdpa_head_s(points: tuple[tuple[float, float, float], ...], seq_len: float, head_dim: int) -> float:

@@ -167,3 +167,22 @@ def test_a_plan_file_keeps_the_cpu_ram_division(tmp_path):
     assert main(["predict", "--model", "debug-small", "--cluster", "1x4xxeon-amx", "--dtype", "fp32",
                  "--out", str(out)]) == 0
     assert PlanFile.load(out).cluster.device.memory_bytes == 6 * 2**30
+
+
+def test_only_megatron_core_runs_stages_that_hold_the_embedding_or_the_loss_alone(train_4k):
+    """32 layers + the embedding and the loss on pp 2 x vpp 17: one unit a virtual stage, the
+    first and the last without a layer (Megatron-Core's account-for-embedding/loss split). Other
+    frameworks need a layer in every stage, and Megatron-Core too anywhere but at the ends."""
+    from dataclasses import replace
+
+    from costmodel.frameworks import FRAMEWORKS
+    from costmodel.hardware import run_by
+    from costmodel.registry import resolve_model
+    model, cluster = resolve_model("llama3-8b"), parse_cluster("1x8xH100")
+    plan = build_plan(model, train_4k, cluster, Choice(tp=4, pp=2, vpp=17, zero_stage=1))
+    assert plan.layers_per_stage == (0,) + (1,) * 32 + (0,)
+    assert check_plan(model, train_4k, run_by(cluster, FRAMEWORKS["megatron-core"]), plan) == []
+    assert any("needs at least one layer under planner" in p for p in check_plan(model, train_4k, cluster, plan))
+    middle_empty = replace(plan, layers_per_stage=(1,) * 16 + (0,) + (1,) * 16 + (0,))
+    assert any("needs at least one layer" in p
+               for p in check_plan(model, train_4k, run_by(cluster, FRAMEWORKS["megatron-core"]), middle_empty))

@@ -51,7 +51,12 @@ FOLDED = {"mixtral_ep_folded": ["--model", "mixtral-8x7b", "--cluster", "2x8xH10
           # expert tensor parallelism: each expert split over 2 of the TP ranks, EP 4 over the next ranks
           "mixtral_etp": ["--model", "mixtral-8x7b", "--cluster", "2x8xH100", "--tp", "4", "--pp", "2", "--ep", "4",
                           "--etp", "2", "--zero", "1", "--seq-len", "4096", "--global-batch", "64",
-                          "--framework", "megatron"]}
+                          "--framework", "megatron"],
+          # one layer a virtual stage, the first and the last holding the embedding and the loss alone
+          # (32 layers + 2 on pp 2 x vpp 17), as the model zoo runs Qwen3-235B's 94 on pp 32 x vpp 3
+          "llama8b_empty_end_stages": ["--model", "llama3-8b", "--cluster", "1x8xH100", "--tp", "4", "--pp", "2",
+                                       "--vpp", "17", "--zero", "1", "--seq-len", "4096", "--global-batch", "64",
+                                       "--framework", "megatron"]}
 # interleaved virtual stages of unequal layers (4 ranks x 2 chunks): Megatron's explicit layout
 PLANS["llama8b_interleaved_uneven"] = ["--model", "llama3-8b", "--cluster", "1x8xH100", "--tp", "2", "--pp", "4",
                                        "--vpp", "2", "--zero", "1", "--seq-len", "4096", "--global-batch", "64"]
@@ -263,7 +268,7 @@ def test_megatron_core_accepts_the_arguments(plan_paths, tmp_path, capsys, monke
     if plan["pp"] > 1:
         tc.setdefault("pipeline_dtype", torch.float32)
     config = TransformerConfig(**tc)   # Megatron-Core's own checks (__post_init__)
-    if name == "llama405b_embedding_loss_split":   # 126 layers + embedding + loss = 2 per chunk
+    if name in ("llama405b_embedding_loss_split", "llama8b_empty_end_stages"):   # embedding + layers + loss
         assert config.account_for_embedding_in_pipeline_split and config.account_for_loss_in_pipeline_split
     if name == "llama8b_interleaved_uneven":   # the layout Megatron-Core parsed is the plan's split
         layout = config.pipeline_model_parallel_layout.layout   # [pp rank][virtual stage]: layer types
