@@ -256,14 +256,19 @@ def embedding_loss_split(num_layers: int, num_stages: int) -> tuple[int, ...] | 
     return (units - 1,) + (units,) * (num_stages - 2) + (units - 1,)
 
 
-def virtual_stage_options(num_layers: int, pp: int) -> list[int]:
+def virtual_stage_options(num_layers: int, pp: int, empty_ends: bool = False) -> list[int]:
     """Virtual stages per pipeline rank (vpp > 1) as Megatron-Core interleaves them: pp x vpp
     chunks of equal layers, or equal once the embedding and the loss count as a layer each
-    (embedding_loss_split)."""
+    (embedding_loss_split); with `empty_ends` (the framework's `empty_end_stages`) also one unit
+    a chunk, the first and the last holding the embedding and the loss alone."""
     if pp < 2:
         return []
-    return [v for v in range(2, num_layers // pp + 1)
-            if num_layers % (pp * v) == 0 or embedding_loss_split(num_layers, pp * v)]
+    found = [v for v in range(2, num_layers // pp + 1)
+             if num_layers % (pp * v) == 0 or embedding_loss_split(num_layers, pp * v)]
+    units, rest = divmod(num_layers + 2, pp)
+    if empty_ends and not rest and units >= 2 and units not in found:
+        found.append(units)
+    return found
 
 
 def even_layers(num_layers: int, num_stages: int) -> tuple[int, ...]:

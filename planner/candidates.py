@@ -120,12 +120,13 @@ class SearchOptions:
     space: FrameworkSpace | None = None
 
 
-def _virtual_stages(options: SearchOptions, num_layers: int, pp: int) -> list[int]:
+def _virtual_stages(options: SearchOptions, num_layers: int, pp: int, empty_ends: bool) -> list[int]:
     """Interleavings searched: equal chunks, the embedding and loss counted as layers or not
-    (costmodel.plan.virtual_stage_options); a --vpp the user fixes may split the layers unevenly
+    (costmodel.plan.virtual_stage_options; one unit a chunk where the framework runs stages
+    without a layer, `empty_ends`); a --vpp the user fixes may split the layers unevenly
     (at least one a chunk) where the framework splits them freely (our runtime, torchtitan,
     Megatron-Core's explicit layout)."""
-    found = virtual_stage_options(num_layers, pp)
+    found = virtual_stage_options(num_layers, pp, empty_ends)
     fixed = options.fixed.get("vpp")
     free = options.space is None or options.space.split == "free"
     if free and fixed is not None and fixed not in found and 2 <= fixed and pp >= 2 and pp * fixed <= num_layers:
@@ -364,7 +365,7 @@ def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8,
     orders, group_orders = _orders(cluster, options, tp, cp, pp, dp, ep, etp, rep)
     for mbs in sizes if orders and group_orders else []:
         m = per_replica // mbs
-        vpps = [1] + (_virtual_stages(options, L, pp) if m % pp == 0 else [])
+        vpps = [1] + (_virtual_stages(options, L, pp, cluster.framework.empty_end_stages) if m % pp == 0 else [])
         for mode in allowed(options, "recompute", modes):
             variants = []
             for vpp in allowed(options, "vpp", vpps):

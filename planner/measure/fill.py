@@ -12,6 +12,7 @@ from typing import Any
 
 from costmodel.check import check_plan, world_problem
 from costmodel.estimate import Estimate, estimate
+from costmodel.frameworks import framework_traits
 from costmodel.hardware import ClusterSpec
 from costmodel.inputs import UserError
 from costmodel.plan import Plan, Recompute, virtual_stage_options
@@ -80,7 +81,8 @@ def _vpp_options(row: dict[str, str], model: ModelSpec, pp: int) -> list[int]:
     """The stated V; `interleaved` (V unstated): every V >= 2 that splits the layers into equal
     chunks, with or without the embedding and the loss counted (what the published runs' Megatron
     versions ran; an explicit layout came later); empty (the schedule unstated too): those and 1."""
-    interleavings = virtual_stage_options(model.num_layers, pp)
+    empty_ends = framework_traits((row.get("framework") or "").strip() or None).empty_end_stages
+    interleavings = virtual_stage_options(model.num_layers, pp, empty_ends)
     if _says_interleaved(row):
         if not interleavings:
             raise UserError(f"row {row['id']!r}: vpp = {INTERLEAVED_VPP} but {model.num_layers} layers "

@@ -186,3 +186,12 @@ def test_only_megatron_core_runs_stages_that_hold_the_embedding_or_the_loss_alon
     middle_empty = replace(plan, layers_per_stage=(1,) * 16 + (0,) + (1,) * 16 + (0,))
     assert any("needs at least one layer" in p
                for p in check_plan(model, train_4k, run_by(cluster, FRAMEWORKS["megatron-core"]), middle_empty))
+
+
+def test_one_unit_a_chunk_is_an_interleaving_only_where_the_ends_may_hold_no_layer():
+    from costmodel.plan import embedding_loss_split, virtual_stage_options
+    assert 3 not in virtual_stage_options(94, 32)
+    assert 3 in virtual_stage_options(94, 32, empty_ends=True)   # the model zoo's Qwen3-235B
+    assert embedding_loss_split(94, 96) == (0,) + (1,) * 94 + (0,)
+    # Llama 3.1 405B on pp 8: 2, 4 and 8 chunks of equal units, and 16 of one
+    assert virtual_stage_options(126, 8) == [2, 4, 8] and virtual_stage_options(126, 8, empty_ends=True) == [2, 4, 8, 16]
