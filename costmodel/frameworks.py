@@ -143,6 +143,12 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   runtime's stages issue their sends themselves and let each go once delivered
   (runtime.pipeline), as Megatron's schedules do: not held (`python benchmarks/memory.py
   pipeline`, tests/runtime/test_run_cli.py).
+- `pipe_engine_sends`: what DeepSpeed's PipelineEngine sends between stages (runtime/pipe/
+  engine.py: `is_pipe_partitioned` follows model parallelism, `is_grad_partitioned` is False): the
+  activation split over the TP ranks and gathered again after the receive, with the s x s
+  attention mask in 16 bits beside it every micro-batch (GPT-NeoX and Megatron-DeepSpeed pass
+  (hidden, mask) through the pipeline), and the gradient back whole from every TP rank. Megatron
+  and our runtime send each rank's 1/t slice both ways.
 - `recv_buffers_kept`: torch's PipelineStage makes its receive buffers once, at its first step,
   one per micro-batch: the activation of every stage after the first and the output gradient of
   every stage before the last (torch/distributed/pipelining/stage.py, `_setup_forward_recv_info`,
@@ -396,6 +402,7 @@ class FrameworkTraits:
     partial_distributed_optimizer: bool = False
     own_pipeline_schedules: bool = True
     empty_end_stages: bool = False
+    pipe_engine_sends: bool = False
 
 
 GENERIC = FrameworkTraits(name="generic", dp_grad_overlap=True, dp_param_overlap=True,
@@ -427,7 +434,7 @@ _MEGATRON = dict(sharded_grads_under_pp=True, zero3_gathers_per_param=False, los
 _FSDP = dict(dp_grad_overlap=True, dp_param_overlap=True, zero3_gathers_per_param=False, hybrid_shard=True,
              fsdp_master_params=True, fsdp_block_units=True)
 _DEEPSPEED = dict(dp_grad_overlap=True, dp_param_overlap=False, sharded_grads_under_pp=True,
-                  zero3_gathers_per_param=True, grads_reduced_after_pipeline=True)
+                  zero3_gathers_per_param=True, grads_reduced_after_pipeline=True, pipe_engine_sends=True)
 
 FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
     RUNTIME,

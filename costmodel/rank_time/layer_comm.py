@@ -192,10 +192,16 @@ def _gathered_logits_gather_s(model: ModelSpec, train: TrainSpec, plan: Plan, cl
 def _pp_send_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
                span: AxisSpan) -> float:
     """One micro-batch's activations (or their gradient) to the next stage; with TP each rank
-    sends only its 1/t slice (SC'21 scatter/gather optimisation)."""
+    sends only its 1/t slice (SC'21 scatter/gather optimisation). DeepSpeed's PipelineEngine
+    (`pipe_engine_sends`) sends the 1/t slice forward with the s x s attention mask in 16 bits
+    beside it, and the whole gradient back from every TP rank: priced as the mean of the two, the
+    simulation's one send a way."""
     if plan.pp == 1:
         return 0.0
     tier = cluster.pipeline_tier(span.num_nodes)
-    num_bytes = (train.compute_dtype.num_bytes * plan.micro_batch_size * train.seq_len // plan.cp
-                 * model.hidden_size / plan.tp)
-    return p2p_time_s(num_bytes, tier)
+    whole = (train.compute_dtype.num_bytes * plan.micro_batch_size * train.seq_len // plan.cp
+             * model.hidden_size)
+    if not cluster.framework.pipe_engine_sends:
+        return p2p_time_s(whole / plan.tp, tier)
+    mask = 2.0 * (train.seq_len // plan.cp) * train.seq_len
+    return (p2p_time_s(whole / plan.tp + mask, tier) + p2p_time_s(whole, tier)) / 2

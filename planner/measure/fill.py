@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from dataclasses import replace
 from typing import Any
 
 from costmodel.check import check_plan, world_problem
@@ -19,7 +20,7 @@ from costmodel.plan import Plan, Recompute, virtual_stage_options
 from costmodel.schedules import Schedule
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.exports import deepspeed, megatron, torchtitan
-from planner.measure.runs_table import choice_cell, flag_cell, int_cell
+from planner.measure.runs_table import choice_cell, flag_cell, int_cell, split_cell
 from planner.search import SearchOptions, search
 from planner.space import Choice, build_plan, divisors
 
@@ -111,8 +112,9 @@ def best_plan_for_row(row: dict[str, str], model: ModelSpec, train: TrainSpec, c
                       time_limit_s: float = 20.0) -> tuple[Plan, Estimate, dict[str, Any]]:
     """The planner's own search fills the unstated fields with every stated one fixed (and the
     schedules the framework offers); its best plans (FRAMEWORK_LAYOUTS) are then laid out as the
-    framework runs them (equal layers per stage, every layer of the chosen recompute mode
-    recomputed, Megatron's rank order) and the fastest that fits is kept.
+    framework runs them (equal layers per stage, or the split the row states in layers_per_stage;
+    every layer of the chosen recompute mode recomputed, Megatron's rank order) and the fastest
+    that fits is kept.
     When no plan fits, the enumeration below finds the one that overflows least (OOM rows)."""
     tp, pp, cp, ep = int_cell(row, "tp"), int_cell(row, "pp"), int_cell(row, "cp", 1), int_cell(row, "ep", 1)
     dp = int_cell(row, "dp", cluster.world_size // (tp * pp * cp))
@@ -136,7 +138,8 @@ def best_plan_for_row(row: dict[str, str], model: ModelSpec, train: TrainSpec, c
     found.sort(key=lambda f: f.estimate.step_time_s)
     if found:
         # plans differing only in their split or rank order lay out alike: each choice once
-        laid_out = [_as_framework_runs(model, train, cluster, choice)
+        split = split_cell(row, "layers_per_stage", model.num_layers, pp)
+        laid_out = [_as_framework_runs(model, train, cluster, replace(choice, layers_per_stage=split))
                     for choice in dict.fromkeys(_choice_of(f.plan) for f in found)]
         fitting = [pair for pair in laid_out if pair[1].fits]
         if fitting:
@@ -194,7 +197,8 @@ def _least_overflow(row: dict[str, str], model: ModelSpec, train: TrainSpec, clu
             break
         choice = Choice(tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, zero_stage=zero, recompute=rc,
                         sequence_parallel=sp, micro_batch_size=mb, vpp=vpp, fp8_linears=train.float8,
-                        dp_replicate=_replicas(row, dp))
+                        dp_replicate=_replicas(row, dp),
+                        layers_per_stage=split_cell(row, "layers_per_stage", model.num_layers, pp))
         try:
             plan = build_plan(model, train, cluster, choice)
         except ValueError as exc:

@@ -36,7 +36,7 @@ OPTIONAL = ("source", "framework", "confidence", "notes", "model", "ffn_hidden",
             "experts_per_token", "moe_ffn_hidden", "expert_imbalance", "dropout", "dp", "dp_replicate", "vpp",
             "sp", "cp", "ep", "zero_stage", "recompute", "micro_batch", "precision", "grad_dtype", "attention",
             "fp8_param_gather", "compiled", "async_tp", "node_network_gbps", "memory_gb", "memory_kind",
-            "dispatcher")
+            "dispatcher", "layers_per_stage")
 # the dispatcher column's values: Megatron-Core's all-to-all, or its flex dispatcher with DeepEP or
 # HybridEP, which send a token once to each node holding some of its experts
 DISPATCHERS = ("alltoall", "deepep", "hybridep")
@@ -144,6 +144,28 @@ def number_cell(row: dict[str, str], key: str, kind: type, default, low, high):
         raise UserError(f"row {row.get('id')!r}: {key} = {shown(number)} is out of range "
                          f"({f'{shown(low)} to {shown(high)}' if high is not None else f'at least {shown(low)}'})")
     return number
+
+
+def split_cell(row: dict[str, str], key: str, num_layers: int, pp: int) -> tuple[int, ...]:
+    """A layer count per (virtual) pipeline stage, in pipeline order, as "11,12,12,9": the split
+    the run's framework made (DeepSpeed's PipelineModule partitions by its partition_method, not
+    evenly); () when empty. pp x vpp counts, so vpp must be stated beside it (1 where empty)."""
+    value = (row.get(key) or "").strip()
+    if not value:
+        return ()
+    where = f"row {row.get('id')!r}: {key} = {value!r}"
+    try:
+        counts = tuple(int(part) for part in value.split(","))
+    except ValueError:
+        raise UserError(f"{where} is not comma-separated integers") from None
+    if min(counts) < 0 or sum(counts) != num_layers:
+        raise UserError(f"{where} must be counts of at least 0 adding up to the model's {num_layers} layers")
+    vpp = (row.get("vpp") or "").strip()
+    stages = pp * (int_cell(row, "vpp") if vpp.isdigit() else 1)
+    if vpp and not vpp.isdigit() or len(counts) != stages:
+        raise UserError(f"{where} must give pp x vpp = {stages} counts with vpp stated as a number"
+                        if not vpp or vpp.isdigit() else f"{where} needs vpp stated as a number, not {vpp!r}")
+    return counts
 
 
 def flag_cell(row: dict[str, str], key: str, default: bool) -> bool:

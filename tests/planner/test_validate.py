@@ -123,6 +123,12 @@ GOOD = "ok,x,gpt,24,2048,,16,16,51200,2048,A100-SXM4-80GB,8,8,1,1,8,,,1,1,,,64,b
     (HEADER + ",experts_per_token\n" + GOOD.replace(",gpt,", ",llama,").replace("\n", ",2\n"),
      "row 'ok': experts_per_token without num_experts"),
     (HEADER + "\n" + GOOD.replace("A100-SXM4-80GB", "FooGPU"), "row 'ok': gpu: unknown device 'FooGPU'"),
+    (HEADER + ",layers_per_stage\n" + GOOD.replace("\n", ",12;12\n"),
+     "row 'ok': layers_per_stage = '12;12' is not comma-separated integers"),
+    (HEADER + ",layers_per_stage\n" + GOOD.replace("\n", ',"12,11"\n'),
+     "row 'ok': layers_per_stage = '12,11' must be counts of at least 0 adding up to the model's 24 layers"),
+    (HEADER + ",layers_per_stage\n" + GOOD.replace("\n", ',"12,12"\n'),
+     "row 'ok': layers_per_stage = '12,12' must give pp x vpp = 1 counts"),
     (HEADER + "\n" + GOOD.replace("A100-SXM4-80GB", "V100"),
      "row 'ok': precision bf16: V100-SXM2-32GB has no bf16 in its profile (fp16 or fp32)"),
 ])
@@ -300,3 +306,14 @@ def test_a_row_cut_short_of_its_empty_trailing_cells_reads_them_as_empty(tmp_pat
     assert summary["n"] == 1 and results[0].filled and results[0].memory_error_pct is None
     path.write_text(HEADER + "\n" + GOOD.replace("\n", ",\n"))   # and a stray empty cell past the header's
     assert validate(path)[1]["n"] == 1
+
+
+def test_a_stated_split_is_the_plan_s(tmp_path):
+    """layers_per_stage: the split the run's framework made (DeepSpeed's partition_method), priced
+    as stated; the stage holding more layers sets the pace."""
+    path = tmp_path / "runs.csv"
+    row = "r,x,gpt,24,2048,,16,16,51200,2048,A100-SXM4-80GB,8,8,1,2,4,1,,1,1,none,1,64,bf16,iteration_time_s,1.0"
+    path.write_text(HEADER + ",layers_per_stage\n" + row + ',"12,12"\n' + row.replace("r,", "u,", 1) + ',"9,15"\n')
+    even, uneven = validate(path)[0]
+    assert even.plan.layers_per_stage == (12, 12) and uneven.plan.layers_per_stage == (9, 15)
+    assert uneven.estimate.step_time_s > even.estimate.step_time_s

@@ -1,0 +1,26 @@
+"""DeepSpeed's PipelineEngine sends the activation split over TP with the attention mask beside
+it, and the gradient back whole from every TP rank (costmodel.frameworks `pipe_engine_sends`)."""
+import pytest
+
+from costmodel.comm import p2p_time_s
+from costmodel.frameworks import FRAMEWORKS
+from costmodel.hardware import parse_cluster, run_by
+from costmodel.registry import resolve_model
+from costmodel.rank_time.layer_comm import _pp_send_s
+from costmodel.rank_time.spans import spans
+from costmodel.specs import TrainSpec
+from planner.space import Choice, build_plan
+
+
+def test_deepspeed_sends_the_gradient_whole_and_the_mask_forward():
+    model, train = resolve_model("llama2-7b"), TrainSpec(seq_len=2048, global_batch_size=64)
+    cluster = parse_cluster("2x8xA100")
+    plan = build_plan(model, train, cluster, Choice(tp=2, pp=4, zero_stage=1, micro_batch_size=2))
+    span = spans(plan, cluster).pp
+    tier = cluster.pipeline_tier(span.num_nodes)
+    whole = 2 * 2 * 2048 * model.hidden_size   # bf16, micro-batch 2
+    megatron = _pp_send_s(model, train, plan, run_by(cluster, FRAMEWORKS["megatron-core"]), span)
+    deepspeed = _pp_send_s(model, train, plan, run_by(cluster, FRAMEWORKS["megatron-deepspeed"]), span)
+    assert megatron == pytest.approx(p2p_time_s(whole / 2, tier))
+    assert deepspeed == pytest.approx((p2p_time_s(whole / 2 + 2 * 2048 * 2048, tier) + p2p_time_s(whole, tier)) / 2)
+    assert deepspeed > 1.4 * megatron
