@@ -3,10 +3,9 @@
 `MODEL_ERROR_BAND` is the leave-one-source-out MAPE of step time over the published runs
 (profiles/runs/published_runs.csv): each source's runs predicted by a fit on the other sources.
 `python benchmarks/fidelity.py` prints it (its "leave one source out" line): 5.0 % over the
-table's 196 runs from 14 sources, each shipped efficiency inside its published range and none at
-a bound (`planner validate` names any that is; the H100's DP contention is held inside its range
-where the table's fit would pin it, and fidelity.py names it); docs/results.md says whether the
-two still agree.
+table's 197 runs from 14 sources, each shipped efficiency inside its published range and none at
+a bound, the whole table's fit too (`planner validate` names any that is, fidelity.py any the
+whole table's fit pins); docs/results.md says whether the two still agree.
 Plans whose predicted step times differ by less than this are not told apart by the evidence, so
 the search treats them as equivalent and prefers the more robust one (planner.search).
 """

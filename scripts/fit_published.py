@@ -3,7 +3,7 @@
     python scripts/fit_published.py [RUNS.csv]             fit, print values and per-row errors
     python scripts/fit_published.py [RUNS.csv] --evaluate  the profiles' current values, no fit
     python scripts/fit_published.py --hold H100:comm_contention
-                                        the shipped fit: the H100's DP contention held (the table pins it)
+                                        one parameter held at its profile's value, the rest fitted
 
 One bounded parameter set per chip (A100 40/80 GB together, H100 SXM5 and HBM2e together; each
 chip's block lists the profiles whose rows it fitted), never per row, source or model; rows'

@@ -63,7 +63,8 @@ def dp_terms(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpe
     """The synchronisations of `_dp_terms` under the cluster's framework, and for each one that
     hides behind compute a term for what hiding costs: NCCL's kernels take SMs and memory
     bandwidth from the GEMMs they run beside, so the compute slows by the device's
-    `comm_contention` (fitted; 0 where unknown) x the collective's time. Counted as exposed."""
+    `comm_contention` (fitted; 0 where unknown) x the collective's time. Counted as exposed. A
+    hidden TP collective costs the same (costmodel.rank_time.parts: _contended)."""
     terms = _dp_terms(model, train, plan, cluster.framework)
     if plan.offload_optimizer:
         terms = _with_host_copies(terms, plan, cluster.framework)

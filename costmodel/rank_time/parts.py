@@ -13,7 +13,7 @@ from costmodel.comm import Collective, collective_time_s
 from costmodel.deepseek import dense_layer_model
 from costmodel.flops import stops_before_final_linear
 from costmodel.frameworks import composite_rms_norm, tp_comm_exposed_shares, tp_in_one_node
-from costmodel.hardware import ClusterSpec
+from costmodel.hardware import ClusterSpec, DeviceProfile
 from costmodel.kernels import KernelKey, KernelTimes, embedding_kernel_times, head_kernel_times, layer_kernel_times
 from costmodel.kernels.gemm import gemm_s
 from costmodel.placement import AxisSpan
@@ -271,6 +271,7 @@ def _kernel_parts(model: ModelSpec, train: TrainSpec, shape: KernelKey, cluster:
     # the shares of TP collectives the framework leaves beside its GEMMs (costmodel.frameworks)
     exposed, exposed_backward = tp_comm_exposed_shares(fw, dev.tp_comm_gemm_overlap, tp, shape.sequence_parallel,
                                                        tp_within_node=tp_in_one_node(tp, cluster.devices_per_node))
+    exposed, exposed_backward = _contended(exposed, dev), _contended(exposed_backward, dev)
     return _KernelParts(
         layer=layer, early=early, exposed=exposed, exposed_backward=exposed_backward,
         embedding=embedding_kernel_times(model, train, shape, dev),
@@ -293,3 +294,12 @@ def mtp_tp_s(model: ModelSpec, train: TrainSpec, plan: _TpShape, cluster: Cluste
     return (_tp_block_collective_s(model, train, plan, cluster, span, output=False, width=2 * h)
             + _tp_block_collective_s(model, train, plan, cluster, span, output=True, width=2 * h)
             + gathers * collective_time_s(Collective.ALL_GATHER, _tp_hidden_bytes(model, train, plan), span, cluster))
+
+
+def _contended(exposed: float, dev: DeviceProfile) -> float:
+    """The time a TP collective costs per second of it, `exposed` of it beside the GEMMs: that
+    share whole, and the hidden rest at the device's `comm_contention`, as a hidden DP
+    collective costs (costmodel.rank_time.dp_terms): the GEMMs it overlaps give it SMs and
+    memory bandwidth whichever group it runs on (Transformer Engine's userbuffers overlap,
+    torch's async TP)."""
+    return exposed + dev.efficiency.comm_contention * (1.0 - exposed)

@@ -22,16 +22,28 @@ TRAIN = TrainSpec(seq_len=4096, global_batch_size=1024)
 CHOICE = Choice(tp=8, pp=2, zero_stage=1, micro_batch_size=1, sequence_parallel=True)
 
 
-def _tp_exposed_s(cluster_text: str, framework: str) -> float:
+def _tp_exposed_s(cluster_text: str, framework: str, contention: float | None = None) -> float:
     cluster = replace(parse_cluster(cluster_text), framework=framework_traits(framework))
+    if contention is not None:
+        dev = cluster.device
+        cluster = replace(cluster, device=replace(dev, efficiency=replace(dev.efficiency, comm_contention=contention)))
     plan = build_plan(MODEL, TRAIN, cluster, CHOICE)
     return estimate(MODEL, TRAIN, cluster, plan).time_breakdown_s["comm/tp_exposed"]
 
 
 def test_the_overlap_hides_tp_collectives_where_the_device_runs_it():
     # H100: all but one ring step of tp=8 hidden; A100: exposed as without the overlap
-    assert _tp_exposed_s("8x8xH100", "megatron-core") < 0.25 * _tp_exposed_s("8x8xH100", "megatron-lm")
+    assert _tp_exposed_s("8x8xH100", "megatron-core", 0.0) < 0.25 * _tp_exposed_s("8x8xH100", "megatron-lm")
     assert _tp_exposed_s("8x8xA100", "megatron-core") == pytest.approx(_tp_exposed_s("8x8xA100", "megatron-lm"))
+
+
+def test_hidden_tp_collectives_cost_the_device_s_contention():
+    """What hides behind the GEMMs slows them by comm_contention of its time, as hidden DP
+    collectives do: the exposed share grows from s to s + c (1 - s)."""
+    hidden, c = _tp_exposed_s("8x8xH100", "megatron-core", 0.0), 0.3
+    whole = _tp_exposed_s("8x8xH100", "megatron-core", 1.0)   # every second of it paid
+    assert _tp_exposed_s("8x8xH100", "megatron-core", c) == pytest.approx(hidden + c * (whole - hidden))
+    assert _tp_exposed_s("8x8xH100", "megatron-lm", c) == pytest.approx(_tp_exposed_s("8x8xH100", "megatron-lm", 0.0))
 
 
 @pytest.mark.parametrize("device,overlaps", [("A100-SXM4-80GB", False), ("H100-SXM5-80GB", True),
