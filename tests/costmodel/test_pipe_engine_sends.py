@@ -5,9 +5,9 @@ import pytest
 from costmodel.comm import p2p_time_s
 from costmodel.frameworks import FRAMEWORKS
 from costmodel.hardware import parse_cluster, run_by
-from costmodel.registry import resolve_model
 from costmodel.rank_time.layer_comm import _pp_send_s
 from costmodel.rank_time.spans import spans
+from costmodel.registry import resolve_model
 from costmodel.specs import TrainSpec
 from planner.space import Choice, build_plan
 

@@ -22,18 +22,17 @@ def validated():
 
 def test_published_runs_stay_within_the_measured_fidelity(validated):
     results, summary = validated
-    assert summary["n"] == sum(1 for r in results if r.error_pct is not None) == 196
+    assert summary["n"] == sum(1 for r in results if r.error_pct is not None) == 197
     # the worst rows are MPT-30B at 8k tokens on 8 A100 (+28 % tokens/s, a run near its memory
-    # limit), GPT-NeoX-20B on DeepSpeed's pipeline over 96 A100 (+21 % tokens/s, not found), then
-    # Megatron-Bridge's Qwen3-30B-A3B with Hybrid-EP on two H100 nodes (+16 %
-    # tokens/s: its dispatch slower than its kernels' overlapped legs) and Megatron-LM's 1.7B on
-    # 48 H100 (-16 % iteration time: micro-batch and recomputation unstated, filled by the
-    # search); the fit stays inside the published ranges of its parameters, away
-    # from their bounds (profiles' [ranges]; tests/costmodel/test_profile_ranges.py)
+    # limit), Megatron-LM's 1.7B on 48 H100 (-19 % iteration time: micro-batch and recomputation
+    # unstated, filled by the search) and GPT-NeoX-20B on DeepSpeed's pipeline over 96 A100 (+17 %
+    # tokens/s: gpt-neox's unfused kernels and per-layer syncs unpriced); the fit stays inside the
+    # published ranges of its parameters, away from their bounds (profiles' [ranges];
+    # tests/costmodel/test_profile_ranges.py)
     assert summary["mape_pct"] <= 5.0
     assert summary["max_abs_error_pct"] <= 28.0
     assert summary["spearman"] >= 0.99
-    assert sum(r.fits for r in results if r.error_pct is not None) == 196
+    assert sum(r.fits for r in results if r.error_pct is not None) == 197
     assert summary["num_status_correct"] == summary["num_status_rows"]
 
 

@@ -246,13 +246,17 @@ def test_async_tp_hides_most_of_the_tp_collectives():
     of each sequence-parallel collective, except the backward's reduce-scatters, which torch's
     pass leaves unfused (frameworks `tp_backward_reduce_scatter_exposed`): of the forward's, the
     backward's and the full recomputation's collectives (equal bytes each) 1/8, (1 + 1/8)/2 and
-    1/8 stay exposed."""
+    1/8 stay exposed; the hidden rest slows the GEMMs by the device's comm_contention of its time
+    (costmodel.rank_time.parts._contended)."""
+    from costmodel.hardware import resolve_device
     from planner.measure.validate import validate_row
     vanilla = validate_row(_tt_row(compiled="yes", async_tp="no"))
     overlapped = validate_row(_tt_row(compiled="yes", async_tp="yes"))
     exposed = lambda r: r.estimate.time_breakdown_s["comm/tp_exposed"]  # noqa: E731
+    c = resolve_device("H100-HBM2e-96GB").efficiency.comm_contention
+    paid = [share + c * (1 - share) for share in (1 / 8, 9 / 16, 1 / 8)]
     assert exposed(vanilla) > 1.0   # seconds: 70B's activations over NVLink, 16 x 8k tokens a rank
-    assert exposed(overlapped) == pytest.approx(exposed(vanilla) * (1 / 8 + 9 / 16 + 1 / 8) / 3, rel=0.05)
+    assert exposed(overlapped) == pytest.approx(exposed(vanilla) * sum(paid) / 3, rel=0.05)
     saved_s = vanilla.estimate.step_time_s - overlapped.estimate.step_time_s
     assert saved_s == pytest.approx(exposed(vanilla) - exposed(overlapped), rel=0.1)
 
