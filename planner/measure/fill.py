@@ -20,7 +20,7 @@ from costmodel.plan import Plan, Recompute, virtual_stage_options
 from costmodel.schedules import Schedule
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.exports import deepspeed, megatron, torchtitan
-from planner.measure.runs_table import choice_cell, flag_cell, int_cell, split_cell
+from planner.measure.runs_table import choice_cell, flag_cell, int_cell
 from planner.search import SearchOptions, search
 from planner.space import Choice, build_plan, divisors
 
@@ -138,7 +138,7 @@ def best_plan_for_row(row: dict[str, str], model: ModelSpec, train: TrainSpec, c
     found.sort(key=lambda f: f.estimate.step_time_s)
     if found:
         # plans differing only in their split or rank order lay out alike: each choice once
-        split = split_cell(row, "layers_per_stage", model.num_layers, pp)
+        split = _stated_split(row, "layers_per_stage", model.num_layers, pp)
         laid_out = [_as_framework_runs(model, train, cluster, replace(choice, layers_per_stage=split))
                     for choice in dict.fromkeys(_choice_of(f.plan) for f in found)]
         fitting = [pair for pair in laid_out if pair[1].fits]
@@ -158,6 +158,29 @@ def _replicas(row: dict[str, str], dp: int) -> int:
     (Plan.dp_replicate; FSDP's HYBRID_SHARD, torchtitan's data_parallel_replicate_degree); empty:
     one shard group of every data-parallel rank."""
     return int_cell(row, "dp_replicate", 1, high=dp)
+
+
+def _stated_split(row: dict[str, str], key: str, num_layers: int, pp: int) -> tuple[int, ...]:
+    """A layer count per (virtual) pipeline stage, in pipeline order, as "11,12,12,9": the split
+    the run's framework made (DeepSpeed's PipelineModule partitions by its partition_method, not
+    evenly); () when empty. pp x vpp counts, so vpp must be stated beside it (1 where empty)."""
+    value = (row.get(key) or "").strip()
+    if not value:
+        return ()
+    where = f"row {row.get('id')!r}: {key} = {value!r}"
+    try:
+        counts = tuple(int(part) for part in value.split(","))
+    except ValueError:
+        raise UserError(f"{where} is not comma-separated integers") from None
+    if min(counts) < 0 or sum(counts) != num_layers:
+        raise UserError(f"{where} must be counts of at least 0 adding up to the model's {num_layers} layers")
+    vpp = (row.get("vpp") or "").strip()
+    if vpp and not vpp.isdigit():
+        raise UserError(f"{where} needs vpp stated as a number, not {vpp!r}")
+    stages = pp * (int_cell(row, "vpp") if vpp else 1)
+    if len(counts) != stages:
+        raise UserError(f"{where} must give pp x vpp = {stages} counts")
+    return counts
 
 
 # The search's best plans laid out as the framework runs them, the fastest kept: a search plan that
@@ -198,7 +221,7 @@ def _least_overflow(row: dict[str, str], model: ModelSpec, train: TrainSpec, clu
         choice = Choice(tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, zero_stage=zero, recompute=rc,
                         sequence_parallel=sp, micro_batch_size=mb, vpp=vpp, fp8_linears=train.float8,
                         dp_replicate=_replicas(row, dp),
-                        layers_per_stage=split_cell(row, "layers_per_stage", model.num_layers, pp))
+                        layers_per_stage=_stated_split(row, "layers_per_stage", model.num_layers, pp))
         try:
             plan = build_plan(model, train, cluster, choice)
         except ValueError as exc:

@@ -146,28 +146,6 @@ def number_cell(row: dict[str, str], key: str, kind: type, default, low, high):
     return number
 
 
-def split_cell(row: dict[str, str], key: str, num_layers: int, pp: int) -> tuple[int, ...]:
-    """A layer count per (virtual) pipeline stage, in pipeline order, as "11,12,12,9": the split
-    the run's framework made (DeepSpeed's PipelineModule partitions by its partition_method, not
-    evenly); () when empty. pp x vpp counts, so vpp must be stated beside it (1 where empty)."""
-    value = (row.get(key) or "").strip()
-    if not value:
-        return ()
-    where = f"row {row.get('id')!r}: {key} = {value!r}"
-    try:
-        counts = tuple(int(part) for part in value.split(","))
-    except ValueError:
-        raise UserError(f"{where} is not comma-separated integers") from None
-    if min(counts) < 0 or sum(counts) != num_layers:
-        raise UserError(f"{where} must be counts of at least 0 adding up to the model's {num_layers} layers")
-    vpp = (row.get("vpp") or "").strip()
-    stages = pp * (int_cell(row, "vpp") if vpp.isdigit() else 1)
-    if vpp and not vpp.isdigit() or len(counts) != stages:
-        raise UserError(f"{where} must give pp x vpp = {stages} counts with vpp stated as a number"
-                        if not vpp or vpp.isdigit() else f"{where} needs vpp stated as a number, not {vpp!r}")
-    return counts
-
-
 def flag_cell(row: dict[str, str], key: str, default: bool) -> bool:
     value = (row.get(key) or "").strip().lower()
     if not value:

@@ -126,6 +126,14 @@ def _tokens(seq: int = 96) -> torch.Tensor:
     return torch.randint(0, 256, (2, seq), generator=torch.Generator().manual_seed(0))
 
 
+def _same_logits(got: torch.Tensor, expected: torch.Tensor) -> bool:
+    """Equal to fp32 rounding: within 2e-4 of the logits' largest magnitude. The same model in two
+    codebases sums in other orders (GEMM blocking by thread count, oneDNN's AMX paths on some
+    CPUs): up to 5e-5 of it seen on an AMX Xeon in the full suite, 0 alone; a wrong mapping of
+    one weight errs by the logits' own size."""
+    return (got - expected).abs().max().item() < 2e-4 * expected.abs().max().item()
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_logits_equal_transformers_on_shared_weights(tmp_path, name):
     cfg, cls_name = CASES[name]
@@ -138,7 +146,7 @@ def test_logits_equal_transformers_on_shared_weights(tmp_path, name):
     with torch.no_grad():
         expected = theirs(x).logits
         got = ours(x)
-    assert (got - expected).abs().max().item() < 2e-5
+    assert _same_logits(got, expected)
     assert count_params(ours) == theirs.num_parameters()
 
 
@@ -154,7 +162,7 @@ def test_weights_go_back_to_transformers(tmp_path, name):
                                  model_type="falcon" if cfg["model_type"] == "falcon" else None), strict=True)
     x = _tokens()
     with torch.no_grad():
-        assert (ours(x) - theirs(x).logits).abs().max().item() < 2e-5
+        assert _same_logits(ours(x), theirs(x).logits)
 
 
 def test_the_numerics_matter(tmp_path):
