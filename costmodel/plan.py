@@ -265,9 +265,9 @@ def virtual_stage_options(num_layers: int, pp: int, empty_ends: bool = False) ->
         return []
     found = [v for v in range(2, num_layers // pp + 1)
              if num_layers % (pp * v) == 0 or embedding_loss_split(num_layers, pp * v)]
-    units, rest = divmod(num_layers + 2, pp)
-    if empty_ends and not rest and units >= 2 and units not in found:
-        found.append(units)
+    chunks, rest = divmod(num_layers + 2, pp)   # per rank, one unit each
+    if empty_ends and not rest and chunks >= 2 and chunks not in found:
+        found.append(chunks)
     return found
 
 

@@ -215,13 +215,13 @@ def _least_overflow(row: dict[str, str], model: ModelSpec, train: TrainSpec, clu
     tp, pp, cp, dp, ep = degrees
     best: tuple[float, Plan, Estimate] | None = None
     first_problem = ""   # why the first choice of the stated fields is no plan, for the error
+    split = _stated_split(row, "layers_per_stage", model.num_layers, pp)
     for mb, rc, vpp, sp, zero in itertools.product(*opts.values()):
         if best is not None and time.perf_counter() > deadline:
             break
         choice = Choice(tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, zero_stage=zero, recompute=rc,
                         sequence_parallel=sp, micro_batch_size=mb, vpp=vpp, fp8_linears=train.float8,
-                        dp_replicate=_replicas(row, dp),
-                        layers_per_stage=_stated_split(row, "layers_per_stage", model.num_layers, pp))
+                        dp_replicate=_replicas(row, dp), layers_per_stage=split)
         try:
             plan = build_plan(model, train, cluster, choice)
         except ValueError as exc:
