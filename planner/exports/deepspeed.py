@@ -3,8 +3,10 @@ model as a `deepspeed.pipe.PipelineModule` when the plan has a pipeline.
 
 What DeepSpeed cannot say of our plans, and the nearest it runs (each a line of the export):
 - its pipeline engine runs one 1F1B-style schedule with one stage per rank: GPipe, interleaved
-  and zero-bubble schedules become 1F1B, one stage per rank; its partitioner balances layers
-  ("uniform"), so other splits become the even one;
+  and zero-bubble schedules become 1F1B, one stage per rank; its partitioner, told the
+  transformer block's class (`partition_method='type:<class>'`), balances blocks over the stages,
+  so other splits become the even one ('uniform' would count the embedding and the head as
+  items too and shift the blocks);
 - with a pipeline, ZeRO-2/3 are not run (its pipeline engine takes ZeRO-0/1): ZeRO-1;
 - tensor parallelism is AutoTP (`tensor_parallel.autotp_size`), which has no sequence
   parallelism and no ZeRO-3: without SP, and ZeRO-2 at most;
@@ -56,7 +58,7 @@ def nearest(pf: PlanFile) -> Adjusted:
                     "with one stage per rank")
     if adj.plan.pp > 1 and adj.plan.layers_per_stage != even_layers(layers, adj.plan.pp):
         to_even_layers(adj, layers, f"layers per stage {list(adj.plan.layers_per_stage)}: DeepSpeed's "
-                                    "partitioner splits layers evenly ('uniform')")
+                                    "partitioner balances transformer blocks ('type:<block class>')")
     if adj.plan.cp > 1:
         fold_cp_into_dp(adj, pf.train.global_batch_size,
                         f"cp={adj.plan.cp}: DeepSpeed has no K/V-exchanging context parallelism (Ulysses "
@@ -133,8 +135,17 @@ def config(pf: PlanFile, plan: Plan) -> dict:
 def render(pf: PlanFile, plan: Plan) -> tuple[str, str]:
     c = pf.cluster
     # a PipelineModule only with a pipeline: DeepSpeed's pipeline engine refuses ZeRO-2/3
-    script = (f"with pp={plan.pp} it builds a PipelineModule(num_stages={plan.pp}, partition_method='uniform')"
+    script = (f"with pp={plan.pp} it builds a PipelineModule(num_stages={plan.pp}, partition_method="
+              f"'type:<your transformer block class>'): {_blocks_per_stage(pf.model.num_layers, plan.pp)}"
               if plan.pp > 1 else "it wraps the model with deepspeed.initialize, no PipelineModule")
     launch = (f"deepspeed --num_nodes {c.num_nodes} --num_gpus {c.devices_per_node} train.py --deepspeed "
               f"--deepspeed_config FILE (train.py: your script; {script})")
     return outputs.json_text(config(pf, plan)), launch
+
+
+def _blocks_per_stage(num_layers: int, pp: int) -> str:
+    """What that partition method gives each stage: the plan's even split (DeepSpeed's balancer
+    places a remainder itself; the fullest stage, which sets the pace, holds as many)."""
+    per, rest = divmod(num_layers, pp)
+    return (f"{per} blocks a stage" if not rest
+            else f"{per} or {per + 1} blocks a stage, {rest} of them {per + 1}")
