@@ -409,6 +409,9 @@ def test_deepspeed_reads_the_config(plan_paths, tmp_path, capsys, monkeypatch, n
     assert plan["cp"] == 1 and plan["vpp"] == 1 and not (plan["tp"] > 1 and plan["sequence_parallel"])
     # a PipelineModule only with a pipeline (its engine refuses ZeRO-2/3)
     assert ("PipelineModule(num_stages=" in doc["launch"]) == (plan["pp"] > 1), doc["launch"]
+    if plan["pp"] > 1:   # blocks balanced as the plan splits them, not every list item ('uniform')
+        per = max(plan["layers_per_stage"])
+        assert "partition_method='type:" in doc["launch"] and f"{per} blocks a stage" in doc["launch"], doc["launch"]
 
 
 # --- what the export says, and bad input ----------------------------------------------------
