@@ -149,6 +149,11 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   attention mask in 16 bits beside it every micro-batch (GPT-NeoX and Megatron-DeepSpeed pass
   (hidden, mask) through the pipeline), and the gradient back whole from every TP rank. Megatron
   and our runtime send each rank's 1/t slice both ways.
+- `bf16_optimizer_all_reduce`: DeepSpeed runs bf16 at ZeRO-1 with fp32 gradients through its
+  BF16_Optimizer (runtime/engine.py `_do_optimizer_sanity_check`), which all-reduces the whole
+  fp32 gradients after the backward (`allreduce_gradients` -> `buffered_allreduce_fallback` over
+  `get_grads_for_reduction`; under a pipeline `_bf16_reduce_grads`), not overlapped, before each
+  rank steps its partition and all-gathers the weights: twice a reduce-scatter's bytes, exposed.
 - `recv_buffers_kept`: torch's PipelineStage makes its receive buffers once, at its first step,
   one per micro-batch: the activation of every stage after the first and the output gradient of
   every stage before the last (torch/distributed/pipelining/stage.py, `_setup_forward_recv_info`,
@@ -403,6 +408,7 @@ class FrameworkTraits:
     own_pipeline_schedules: bool = True
     empty_end_stages: bool = False
     pipe_engine_sends: bool = False
+    bf16_optimizer_all_reduce: bool = False
 
 
 GENERIC = FrameworkTraits(name="generic", dp_grad_overlap=True, dp_param_overlap=True,
@@ -434,7 +440,8 @@ _MEGATRON = dict(sharded_grads_under_pp=True, zero3_gathers_per_param=False, los
 _FSDP = dict(dp_grad_overlap=True, dp_param_overlap=True, zero3_gathers_per_param=False, hybrid_shard=True,
              fsdp_master_params=True, fsdp_block_units=True)
 _DEEPSPEED = dict(dp_grad_overlap=True, dp_param_overlap=False, sharded_grads_under_pp=True,
-                  zero3_gathers_per_param=True, grads_reduced_after_pipeline=True, pipe_engine_sends=True)
+                  zero3_gathers_per_param=True, grads_reduced_after_pipeline=True, pipe_engine_sends=True,
+                  bf16_optimizer_all_reduce=True)
 
 FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
     RUNTIME,

@@ -124,6 +124,10 @@ def _dp_terms(model: ModelSpec, train: TrainSpec, plan: Plan, traits: FrameworkT
     if z == 0:
         return (DpTerm(multiplier=1, collectives=((ar, g),), window=reduce_window, pieces_per_layer=units,
                        units=stages, window_micro_batches=spread),)
+    if z == 1 and bf16_optimizer_all_reduces(train, traits):
+        return (DpTerm(multiplier=1, collectives=((ar, 4),), window="none", pieces_per_layer=units, units=stages),
+                DpTerm(multiplier=1, collectives=((ag, w),), window=gather_window, pieces_per_layer=units,
+                       units=stages, window_micro_batches=spread))
     if z in (1, 2):
         return (DpTerm(multiplier=1 if z == 1 else reduces, collectives=((rs, g),), window=reduce_window,
                        pieces_per_layer=units, units=stages, window_micro_batches=spread if reduces == 1 or z == 1 else 1.0),
@@ -137,6 +141,13 @@ def _dp_terms(model: ModelSpec, train: TrainSpec, plan: Plan, traits: FrameworkT
                                 pieces_per_layer=pieces))
     return (forward, DpTerm(multiplier=m, collectives=((ag, w),), window="backward", pieces_per_layer=pieces),
             DpTerm(multiplier=reduces, collectives=((rs, g),), window=reduce_window, pieces_per_layer=pieces))
+
+
+def bf16_optimizer_all_reduces(train: TrainSpec, traits: FrameworkTraits) -> bool:
+    """Whether ZeRO-1 runs as DeepSpeed's BF16_Optimizer (`bf16_optimizer_all_reduce`: bf16
+    compute with fp32 gradients), all-reducing them whole in fp32 after the backward."""
+    return (traits.bf16_optimizer_all_reduce and train.compute_dtype is DType.BF16
+            and train.grad_dtype is DType.FP32)
 
 
 def grads_overlap_backward(plan: Plan, traits: FrameworkTraits) -> bool:

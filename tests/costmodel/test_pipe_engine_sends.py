@@ -24,3 +24,18 @@ def test_deepspeed_sends_the_gradient_whole_and_the_mask_forward():
     assert megatron == pytest.approx(p2p_time_s(whole / 2, tier))
     assert deepspeed == pytest.approx((p2p_time_s(whole / 2 + 2 * 2048 * 2048, tier) + p2p_time_s(whole, tier)) / 2)
     assert deepspeed > 1.4 * megatron
+
+
+@pytest.mark.parametrize("grad_dtype,kind", [("fp32", "all_reduce"), ("bf16", "reduce_scatter")])
+def test_deepspeed_bf16_zero1_all_reduces_fp32_gradients_after_the_backward(grad_dtype, kind):
+    """bf16 with fp32 gradients at ZeRO-1 is DeepSpeed's BF16_Optimizer: the whole fp32 gradients
+    all-reduced after the backward, exposed; with bf16 gradients its ZeRO optimizer reduce-scatters."""
+    from costmodel.rank_time.dp_terms import dp_terms
+    from costmodel.specs import DType
+    model = resolve_model("llama2-7b")
+    train = TrainSpec(seq_len=2048, global_batch_size=64, grad_dtype=DType(grad_dtype))
+    cluster = run_by(parse_cluster("2x8xA100"), FRAMEWORKS["deepspeed"])
+    plan = build_plan(model, train, cluster, Choice(tp=1, pp=1, zero_stage=1, micro_batch_size=2))
+    reduce = next(t for t in dp_terms(model, train, plan, cluster) if t.scale == 1.0 and t.collectives[0][0] != "all_gather")
+    assert str(reduce.collectives[0][0]) == kind
+    assert (reduce.collectives[0][1], reduce.window) == ((4, "none") if kind == "all_reduce" else (2, reduce.window))
