@@ -111,7 +111,7 @@ def _dp_terms(model: ModelSpec, train: TrainSpec, plan: Plan, traits: FrameworkT
         w = 1   # weights gathered in float8 (costmodel.frameworks)
     ar, ag, rs = Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.REDUCE_SCATTER
     z = plan.zero_stage
-    reduce_window = "backward" if grads_overlap_backward(plan, traits) else "none"
+    reduce_window = "backward" if grads_overlap_backward(plan, traits, train) else "none"
     gather_window = "forward" if traits.dp_param_overlap else "none"
     reduces = 1 if unsharded_between_micro_batches(plan, traits) else m
     # FSDP units below ZeRO-3 too: ours at every stage, per-block FSDP's where it shards
@@ -125,7 +125,8 @@ def _dp_terms(model: ModelSpec, train: TrainSpec, plan: Plan, traits: FrameworkT
         return (DpTerm(multiplier=1, collectives=((ar, g),), window=reduce_window, pieces_per_layer=units,
                        units=stages, window_micro_batches=spread),)
     if z == 1 and bf16_optimizer_all_reduces(train, traits):
-        return (DpTerm(multiplier=1, collectives=((ar, 4),), window="none", pieces_per_layer=units, units=stages),
+        return (DpTerm(multiplier=1, collectives=((ar, 4),), window=reduce_window, pieces_per_layer=units,
+                       units=stages),
                 DpTerm(multiplier=1, collectives=((ag, w),), window=gather_window, pieces_per_layer=units,
                        units=stages, window_micro_batches=spread))
     if z in (1, 2):
@@ -150,10 +151,13 @@ def bf16_optimizer_all_reduces(train: TrainSpec, traits: FrameworkTraits) -> boo
             and train.grad_dtype is DType.FP32)
 
 
-def grads_overlap_backward(plan: Plan, traits: FrameworkTraits) -> bool:
+def grads_overlap_backward(plan: Plan, traits: FrameworkTraits, train: TrainSpec) -> bool:
     """Whether the framework reduces gradients during the backward for this plan (costmodel.
-    frameworks: dp_grad_overlap, less DeepSpeed's pipeline and its overlap_comm default)."""
+    frameworks: dp_grad_overlap, less DeepSpeed's pipeline, its overlap_comm default and its
+    BF16_Optimizer's all-reduce after the backward)."""
     if traits.grads_reduced_after_pipeline and plan.pp > 1:
+        return False
+    if plan.zero_stage == 1 and bf16_optimizer_all_reduces(train, traits):
         return False
     if traits.grad_overlap_zero3_only and plan.zero_stage < 3:
         return False
