@@ -263,12 +263,11 @@ def virtual_stage_options(num_layers: int, pp: int, empty_ends: bool = False) ->
     a chunk, the first and the last holding the embedding and the loss alone."""
     if pp < 2:
         return []
-    found = [v for v in range(2, num_layers // pp + 1)
-             if num_layers % (pp * v) == 0 or embedding_loss_split(num_layers, pp * v)]
-    chunks, rest = divmod(num_layers + 2, pp)   # per rank, one unit each
-    if empty_ends and not rest and chunks >= 2 and chunks not in found:
-        found.append(chunks)
-    return found
+
+    def loss_split(v: int) -> bool:
+        split = embedding_loss_split(num_layers, pp * v)
+        return split is not None and (empty_ends or min(split) >= 1)
+    return [v for v in range(2, (num_layers + 2) // pp + 1) if num_layers % (pp * v) == 0 or loss_split(v)]
 
 
 def even_layers(num_layers: int, num_stages: int) -> tuple[int, ...]:

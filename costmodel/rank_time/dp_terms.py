@@ -124,13 +124,10 @@ def _dp_terms(model: ModelSpec, train: TrainSpec, plan: Plan, traits: FrameworkT
     if z == 0:
         return (DpTerm(multiplier=1, collectives=((ar, g),), window=reduce_window, pieces_per_layer=units,
                        units=stages, window_micro_batches=spread),)
-    if z == 1 and bf16_optimizer_all_reduces(train, traits):
-        return (DpTerm(multiplier=1, collectives=((ar, 4),), window=reduce_window, pieces_per_layer=units,
-                       units=stages),
-                DpTerm(multiplier=1, collectives=((ag, w),), window=gather_window, pieces_per_layer=units,
-                       units=stages, window_micro_batches=spread))
     if z in (1, 2):
-        return (DpTerm(multiplier=1 if z == 1 else reduces, collectives=((rs, g),), window=reduce_window,
+        # DeepSpeed's BF16_Optimizer all-reduces the fp32 gradients whole where ZeRO-1 reduce-scatters
+        reduction = (ar, 4) if z == 1 and bf16_optimizer_all_reduces(train, traits) else (rs, g)
+        return (DpTerm(multiplier=1 if z == 1 else reduces, collectives=(reduction,), window=reduce_window,
                        pieces_per_layer=units, units=stages, window_micro_batches=spread if reduces == 1 or z == 1 else 1.0),
                 DpTerm(multiplier=1, collectives=((ag, w),), window=gather_window, pieces_per_layer=units,
                        units=stages, window_micro_batches=spread))

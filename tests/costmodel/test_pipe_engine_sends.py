@@ -38,4 +38,5 @@ def test_deepspeed_bf16_zero1_all_reduces_fp32_gradients_after_the_backward(grad
     plan = build_plan(model, train, cluster, Choice(tp=1, pp=1, zero_stage=1, micro_batch_size=2))
     reduce = next(t for t in dp_terms(model, train, plan, cluster) if t.scale == 1.0 and t.collectives[0][0] != "all_gather")
     assert str(reduce.collectives[0][0]) == kind
-    assert (reduce.collectives[0][1], reduce.window) == ((4, "none") if kind == "all_reduce" else (2, reduce.window))
+    # its ZeRO optimizer overlaps the reduce-scatter (our export's overlap_comm); BF16_Optimizer does not
+    assert (reduce.collectives[0][1], reduce.window) == ((4, "none") if kind == "all_reduce" else (2, "backward"))
