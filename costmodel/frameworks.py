@@ -154,6 +154,15 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   fp32 gradients after the backward (`allreduce_gradients` -> `buffered_allreduce_fallback` over
   `get_grads_for_reduction`; under a pipeline `_bf16_reduce_grads`), not overlapped, before each
   rank steps its partition and all-gathers the weights: twice a reduce-scatter's bytes, exposed.
+- `ep_a2a_overlap`: Megatron-Core's `--overlap-moe-expert-parallel-comm` (usually with
+  `--delay-wgrad-compute`), off by default: each steady-state step pairs one micro-batch's
+  forward with another's backward layer by layer (pipeline_parallel/combined_1f1b.py,
+  TransformerLayerSchedulePlan.run), every expert all-to-all on a communication stream under the
+  other micro-batch's attention or experts; warmup forwards and cooldown backwards run alone, and
+  an interleaved pipeline warms up one virtual micro-batch more to pair them (schedules.py), which
+  it then holds. It needs EP > 1, no full recomputation, and a virtual pipeline where pp > 1
+  (TransformerConfig's checks). Priced by costmodel.rank_time.ep_overlap; set per run by the runs
+  table's `ep_overlap` column.
 - `recv_buffers_kept`: torch's PipelineStage makes its receive buffers once, at its first step,
   one per micro-batch: the activation of every stage after the first and the output gradient of
   every stage before the last (torch/distributed/pipelining/stage.py, `_setup_forward_recv_info`,
@@ -409,6 +418,7 @@ class FrameworkTraits:
     empty_end_stages: bool = False
     pipe_engine_sends: bool = False
     bf16_optimizer_all_reduce: bool = False
+    ep_a2a_overlap: bool = False
 
 
 GENERIC = FrameworkTraits(name="generic", dp_grad_overlap=True, dp_param_overlap=True,

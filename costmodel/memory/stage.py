@@ -72,10 +72,12 @@ def _crossing_edges(p: int, v: int, v_placement: bool) -> tuple[int, ...]:
     return tuple(out)
 
 
-def in_flight_micro_batches(plan: Plan, rank: int) -> float:
+def in_flight_micro_batches(plan: Plan, rank: int, traits: FrameworkTraits = RUNTIME) -> float:
     """Micro-batches whose activations a pipeline rank holds at its peak, in units of the
     rank's whole layer set (Narayanan et al. SC'21 Sec. 2.2; Korthikanti et al. Sec. 4.2.3 for
-    the interleaved schedule: p·(1 + (p-1)/(p·v)) on the first rank)."""
+    the interleaved schedule: p·(1 + (p-1)/(p·v)) on the first rank). Megatron-Core's expert
+    all-to-all overlap (`ep_a2a_overlap`) warms an interleaved pipeline up one virtual micro-batch
+    more and holds it (costmodel.rank_time.ep_overlap)."""
     m, p, v = plan.num_micro_batches, plan.pp, plan.vpp
     kind = plan.schedule.traits.in_flight
     if kind == "all" and p > 1:   # pp = 1 accumulates one micro-batch at a time
@@ -83,7 +85,8 @@ def in_flight_micro_batches(plan: Plan, rank: int) -> float:
     # torch's interleaved zero-bubble order holds as many chunks as interleaved 1F1B, at most
     # (with v > 1 the 1F1B count below would be short: tests/costmodel/test_memory.py)
     if kind == "interleaved" or (kind == "1f1b" and v > 1):
-        chunks = min(m * v, 2 * (p - rank - 1) + (v - 1) * p + 1)
+        paired = traits.ep_a2a_overlap and plan.ep > 1
+        chunks = min(m * v, 2 * (p - rank - 1) + (v - 1) * p + 1 + paired)
         return chunks / v
     if kind == "v":
         return min(m, p)
@@ -125,7 +128,7 @@ def host_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: 
     if not plan.offload_activations:
         return 0.0
     full = layer_activation_bytes(model, train, plan, Recompute.NONE, traits)
-    return in_flight_micro_batches(plan, rank) * layers * full
+    return in_flight_micro_batches(plan, rank, traits) * layers * full
 
 
 def _layers_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, layers: int,
@@ -143,7 +146,7 @@ def activation_shape(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
     """A rank's peak activations: every in-flight micro-batch's layers, one layer being rebuilt,
     and the embedding / LM-head tensors of the first / last rank."""
     mb = micro_batch or _micro_batch_shape(model, train, plan, traits)
-    held = in_flight_micro_batches(plan, rank)
+    held = in_flight_micro_batches(plan, rank, traits)
     deferred = edges = 0.0
     if plan.schedule.defers_weight_grad:
         passes = deferred_weight_passes(plan, rank)
@@ -191,7 +194,7 @@ def _edge_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank:
     one micro-batch (all of them under GPipe)."""
     total = 0.0
     if rank == plan.stage_rank(0):
-        total += in_flight_micro_batches(plan, rank) * edge_bytes_per_micro_batch(model, train, plan, True, False,
+        total += in_flight_micro_batches(plan, rank, traits) * edge_bytes_per_micro_batch(model, train, plan, True, False,
                                                                                    traits)
     if rank == plan.stage_rank(plan.num_virtual_stages - 1):
         held = plan.num_micro_batches if plan.schedule.traits.in_flight == "all" and plan.pp > 1 else 1
@@ -223,7 +226,7 @@ def pipeline_buffer_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: 
     if not traits.recv_buffers_kept:
         return 4 * boundary
     stages = [j for j in range(plan.num_virtual_stages) if plan.stage_rank(j) == rank]
-    activations = sum(j > 0 for j in stages) * max(0.0, plan.num_micro_batches - in_flight_micro_batches(plan, rank))
+    activations = sum(j > 0 for j in stages) * max(0.0, plan.num_micro_batches - in_flight_micro_batches(plan, rank, traits))
     gradients = sum(j < plan.num_virtual_stages - 1 for j in stages) * plan.num_micro_batches
     return boundary * (activations + gradients)
 

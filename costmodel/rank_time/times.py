@@ -144,8 +144,11 @@ def _times(fwd: float = 0.0, bwd: float = 0.0, bwd_w: float = 0.0, rc: float = 0
 def rank_time_model(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
                     sp: Spans) -> RankTimeModel:
     """Depends on the plan's degrees, micro-batch, SP, recompute mode and placement only, not on
-    its layer split or recompute counts (TimeShape; of the spans those of TP, CP, EP and PP)."""
-    return shape_time_model(model, train, TimeShape.of(plan), cluster, sp, plan.vpp)
+    its layer split or recompute counts (TimeShape; of the spans those of TP, CP, EP and PP), and
+    where the framework overlaps the expert all-to-alls, on its micro-batch and stage counts
+    (costmodel.rank_time.ep_overlap)."""
+    from costmodel.rank_time.ep_overlap import with_ep_overlap  # it builds on this module's records
+    return with_ep_overlap(shape_time_model(model, train, TimeShape.of(plan), cluster, sp, plan.vpp), plan, cluster)
 
 
 def shape_time_model(model: ModelSpec, train: TrainSpec, shape: TimeShape, cluster: ClusterSpec, sp: Spans,

@@ -36,7 +36,7 @@ OPTIONAL = ("source", "framework", "confidence", "notes", "model", "ffn_hidden",
             "experts_per_token", "moe_ffn_hidden", "expert_imbalance", "dropout", "dp", "dp_replicate", "vpp",
             "sp", "cp", "ep", "zero_stage", "recompute", "micro_batch", "precision", "grad_dtype", "attention",
             "fp8_param_gather", "compiled", "async_tp", "node_network_gbps", "memory_gb", "memory_kind",
-            "dispatcher", "layers_per_stage")
+            "dispatcher", "layers_per_stage", "ep_overlap")
 # the dispatcher column's values: Megatron-Core's all-to-all, or its flex dispatcher with DeepEP or
 # HybridEP, which send a token once to each node holding some of its experts
 DISPATCHERS = ("alltoall", "deepep", "hybridep")
@@ -228,8 +228,9 @@ def _row_model(row: dict[str, str], seq: int) -> ModelSpec:
 def _traits(row: dict[str, str], cluster: ClusterSpec) -> FrameworkTraits:
     """The traits of the framework that ran the row, with the settings the row states that the
     framework leaves to its user (costmodel.frameworks): optional columns fp8_param_gather (float8
-    weights gathered in float8), compiled (_compiled), async_tp (_async_tp) and dispatcher (the
-    expert all-to-all: a per-node one, `dispatch_per_node`, unless alltoall)."""
+    weights gathered in float8), compiled (_compiled), async_tp (_async_tp), dispatcher (the
+    expert all-to-all: a per-node one, `dispatch_per_node`, unless alltoall) and ep_overlap
+    (_ep_overlap)."""
     traits = framework_traits(row.get("framework"))
     if (row.get("dispatcher") or "").strip():
         dispatcher = choice_cell(row, "dispatcher", DISPATCHERS, "alltoall")
@@ -240,6 +241,8 @@ def _traits(row: dict[str, str], cluster: ClusterSpec) -> FrameworkTraits:
         traits = _compiled(traits, flag_cell(row, "compiled", False))
     if (row.get("async_tp") or "").strip():
         traits = _async_tp(row, traits, cluster)
+    if (row.get("ep_overlap") or "").strip():
+        traits = replace(traits, ep_a2a_overlap=_ep_overlap(row, traits))
     return traits
 
 
@@ -269,6 +272,34 @@ def _async_tp(row: dict[str, str], traits: FrameworkTraits, cluster: ClusterSpec
     if overlap and (row.get("compiled") or "").strip() and not flag_cell(row, "compiled", False):
         raise UserError(f"row {row['id']!r}: async_tp = yes needs compiled = yes (torch's async TP is an inductor pass)")
     return replace(traits, tp_comm_overlap=overlap)
+
+
+# the plan cells a row overlapping its expert all-to-alls states: the search that fills the others
+# prices a plan's layers before its micro-batch and stage counts, which the overlap reads
+_EP_OVERLAP_STATED = ("micro_batch", "recompute", "vpp", "zero_stage")
+
+
+def _ep_overlap(row: dict[str, str], traits: FrameworkTraits) -> bool:
+    """Optional column ep_overlap: whether the run overlapped its expert all-to-alls with another
+    micro-batch's compute (Megatron-Core's --overlap-moe-expert-parallel-comm,
+    `ep_a2a_overlap`), with the checks Megatron-Core's TransformerConfig makes of it."""
+    overlap = flag_cell(row, "ep_overlap", False)
+    if not overlap:
+        return False
+    where = f"row {row['id']!r}: ep_overlap = yes"
+    if traits.name != "megatron-core":
+        raise UserError(f"{where} is Megatron-Core's --overlap-moe-expert-parallel-comm; framework "
+                        f"{row.get('framework')!r} has no such overlap")
+    if int_cell(row, "ep", 1) < 2:
+        raise UserError(f"{where} needs expert parallelism (ep of 2 or more)")
+    missing = [c for c in _EP_OVERLAP_STATED if not (row.get(c) or "").strip()]
+    if missing:
+        raise UserError(f"{where} needs {', '.join(missing)} stated: the search does not price the overlap")
+    if row["recompute"].strip().lower() == "full":
+        raise UserError(f"{where} runs without full recomputation (Megatron-Core refuses the two together)")
+    if int_cell(row, "pp", 1) > 1 and int_cell(row, "vpp", 1) < 2:
+        raise UserError(f"{where} needs an interleaved pipeline (vpp of 2 or more) where pp > 1, as Megatron-Core does")
+    return True
 
 
 # a node's network as sources state it, in Gbit/s; a bound that keeps every later division finite
