@@ -20,7 +20,7 @@ from costmodel.groups import (
 from costmodel.hardware import ClusterSpec, DeviceProfile
 from costmodel.memory import StageMemory
 from costmodel.placement import expert_layout
-from costmodel.plan import AXES, DEFAULT_AXIS_ORDER, Plan, Recompute, embedding_loss_split
+from costmodel.plan import AXES, DEFAULT_AXIS_ORDER, Plan, Recompute
 from costmodel.schedules import Schedule
 from costmodel.specs import ModelSpec, PositionKind, TrainSpec
 from costmodel.units import GIB
@@ -304,7 +304,7 @@ def _check_pipeline(model: ModelSpec, plan: Plan, traits: FrameworkTraits) -> li
         add(f"layers_per_stage sums to {sum(plan.layers_per_stage)}, the model has {model.num_layers} layers")
     elif min(plan.layers_per_stage) < 1 and not _empty_ends_allowed(plan, traits):
         add(f"every pipeline stage needs at least one layer under {traits.name}" + (
-            " but the first and the last, holding the embedding and the loss alone in a split of equal units"
+            " but the first and the last, which may hold the embedding, or the MTP modules and the loss, alone"
             if traits.empty_end_stages else ""))
     elif plan.layers_per_stage[0] < model.first_k_dense:
         # the dense first layers are priced on the first stage, on the first rank
@@ -318,10 +318,13 @@ def _check_pipeline(model: ModelSpec, plan: Plan, traits: FrameworkTraits) -> li
 
 
 def _empty_ends_allowed(plan: Plan, traits: FrameworkTraits) -> bool:
-    """Whether the plan's stages without a layer are the first and the last of Megatron-Core's
-    split with the embedding and the loss counted as a layer each (`empty_end_stages`)."""
+    """Whether the plan's stages without a layer are the first and the last only, where the
+    framework runs such stages (`empty_end_stages`): Megatron-Core's split with the embedding and
+    the loss counted as a layer each, or its explicit --pipeline-model-parallel-layout, whose
+    first stage may hold the embedding alone and whose last the MTP modules and the loss alone
+    (Megatron-Bridge's DeepSeek-V3 layout Et|(tt|)*30mL)."""
     split = plan.layers_per_stage
-    return traits.empty_end_stages and split == embedding_loss_split(sum(split), len(split))
+    return traits.empty_end_stages and all(n > 0 for n in split[1:-1])
 
 
 def _check_recompute(plan: Plan) -> list[str]:

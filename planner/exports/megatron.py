@@ -129,9 +129,11 @@ def _counts_embedding_and_loss(plan: Plan) -> bool:
 
 
 def _first_and_last_apart(plan: Plan) -> bool:
-    """One chunk per rank, the stages between the first and the last equal
-    (--decoder-first/last-pipeline-num-layers)."""
-    return plan.vpp == 1 and plan.pp > 1 and len(set(plan.layers_per_stage[1:-1])) <= 1
+    """One chunk per rank, the stages between the first and the last equal, every stage holding
+    a layer (--decoder-first/last-pipeline-num-layers; a stage holding the embedding, or the MTP
+    modules and the loss, alone is the explicit layout's)."""
+    return (plan.vpp == 1 and plan.pp > 1 and len(set(plan.layers_per_stage[1:-1])) <= 1
+            and min(plan.layers_per_stage) > 0)
 
 
 def pipeline_layout(plan: Plan, mtp_depth: int = 0) -> str:

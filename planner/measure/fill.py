@@ -141,7 +141,10 @@ def best_plan_for_row(row: dict[str, str], model: ModelSpec, train: TrainSpec, c
         split = _stated_split(row, "layers_per_stage", model.num_layers, pp)
         laid_out = [_as_framework_runs(model, train, cluster, replace(choice, layers_per_stage=split))
                     for choice in dict.fromkeys(_choice_of(f.plan) for f in found)]
-        fitting = [pair for pair in laid_out if pair[1].fits]
+        problems = [check_plan(model, train, cluster, plan, memory=False) for plan, _ in laid_out]
+        if split and all(problems):   # the stated split, which the search did not choose
+            raise UserError(f"row {row['id']!r}: no valid plan for the stated fields: {problems[0][0]}")
+        fitting = [pair for pair, problem in zip(laid_out, problems) if pair[1].fits and not problem]
         if fitting:
             plan, est = min(fitting, key=lambda pair: pair[1].step_time_s)
         else:  # the framework's layout overflows where the search's split fits

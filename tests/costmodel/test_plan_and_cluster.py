@@ -186,6 +186,11 @@ def test_only_megatron_core_runs_stages_that_hold_the_embedding_or_the_loss_alon
     middle_empty = replace(plan, layers_per_stage=(1,) * 16 + (0,) + (1,) * 16 + (0,))
     assert any("needs at least one layer" in p
                for p in check_plan(model, train_4k, run_by(cluster, FRAMEWORKS["megatron-core"]), middle_empty))
+    # an explicit layout's last stage holding the loss alone (Megatron-Bridge's DeepSeek-V3: ...|mL)
+    two = build_plan(model, train_4k, cluster, Choice(tp=4, pp=2, zero_stage=1))
+    loss_alone = replace(two, layers_per_stage=(32, 0))
+    assert check_plan(model, train_4k, run_by(cluster, FRAMEWORKS["megatron-core"]), loss_alone) == []
+    assert any("needs at least one layer" in p for p in check_plan(model, train_4k, cluster, loss_alone))
 
 
 def test_one_unit_a_chunk_is_an_interleaving_only_where_the_ends_may_hold_no_layer():

@@ -56,7 +56,10 @@ FOLDED = {"mixtral_ep_folded": ["--model", "mixtral-8x7b", "--cluster", "2x8xH10
           # (32 layers + 2 on pp 2 x vpp 17), as the model zoo runs Qwen3-235B's 94 on pp 32 x vpp 3
           "llama8b_empty_end_stages": ["--model", "llama3-8b", "--cluster", "1x8xH100", "--tp", "4", "--pp", "2",
                                        "--vpp", "17", "--zero", "1", "--seq-len", "4096", "--global-batch", "64",
-                                       "--framework", "megatron"]}
+                                       "--framework", "megatron"],
+          # an explicit layout whose last stage holds the loss alone (Megatron-Bridge's DeepSeek-V3: ...|mL)
+          "llama8b_loss_alone": ["--model", "llama3-8b", "--cluster", "1x8xH100", "--tp", "4", "--pp", "2",
+                                 "--zero", "1", "--seq-len", "4096", "--global-batch", "64", "--framework", "megatron"]}
 # interleaved virtual stages of unequal layers (4 ranks x 2 chunks): Megatron's explicit layout
 PLANS["llama8b_interleaved_uneven"] = ["--model", "llama3-8b", "--cluster", "1x8xH100", "--tp", "2", "--pp", "4",
                                        "--vpp", "2", "--zero", "1", "--seq-len", "4096", "--global-batch", "64"]
@@ -66,7 +69,8 @@ PLANS["llama8b_hsdp"] = ["--model", "llama3-8b", "--cluster", "2x8xH100", "--zer
                          "--seq-len", "4096", "--global-batch", "64"]
 # splits only the search writes: the plan's fields replaced
 UNEVEN = {"llama13b_gpipe_zero0_uneven": {"layers_per_stage": [9, 10, 10, 11], "recompute_num_layers": [9, 10, 10, 11]},
-          "llama8b_interleaved_uneven": {"layers_per_stage": [3, 4, 5, 4, 4, 4, 5, 3]}}
+          "llama8b_interleaved_uneven": {"layers_per_stage": [3, 4, 5, 4, 4, 4, 5, 3]},
+          "llama8b_loss_alone": {"layers_per_stage": [32, 0]}}
 # a Qwen3-shaped model (heads of 128 over a 1024-wide model, per-head Q/K norms), from its config.json
 QWEN3 = {"model_type": "qwen3", "hidden_size": 1024, "head_dim": 128, "num_attention_heads": 16,
          "num_key_value_heads": 8, "intermediate_size": 3072, "num_hidden_layers": 8, "vocab_size": 151936,
@@ -270,7 +274,7 @@ def test_megatron_core_accepts_the_arguments(plan_paths, tmp_path, capsys, monke
     config = TransformerConfig(**tc)   # Megatron-Core's own checks (__post_init__)
     if name in ("llama405b_embedding_loss_split", "llama8b_empty_end_stages"):   # embedding + layers + loss
         assert config.account_for_embedding_in_pipeline_split and config.account_for_loss_in_pipeline_split
-    if name == "llama8b_interleaved_uneven":   # the layout Megatron-Core parsed is the plan's split
+    if name in ("llama8b_interleaved_uneven", "llama8b_loss_alone"):   # the layout Megatron-Core parsed is the plan's split
         layout = config.pipeline_model_parallel_layout.layout   # [pp rank][virtual stage]: layer types
         assert [len([t for t in layout[r][v] if t.name == "decoder"]) for v in range(plan["vpp"])
                 for r in range(plan["pp"])] == plan["layers_per_stage"] == UNEVEN[name]["layers_per_stage"]

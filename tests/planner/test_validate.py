@@ -321,3 +321,14 @@ def test_a_stated_split_is_the_plan_s(tmp_path):
     even, uneven = validate(path)[0]
     assert even.plan.layers_per_stage == (12, 12) and uneven.plan.layers_per_stage == (9, 15)
     assert uneven.estimate.step_time_s > even.estimate.step_time_s
+
+
+def test_a_stated_split_the_framework_cannot_run_is_one_line_also_where_cells_are_searched(tmp_path):
+    """The search fills a row's unstated cells and lays its plans out on the stated split, which it
+    did not choose: a split its framework cannot run is the row's error, not a price."""
+    from costmodel.inputs import UserError
+    path = tmp_path / "runs.csv"
+    row = "r,x,gpt,24,2048,,16,16,51200,2048,A100-SXM4-80GB,8,8,1,2,4,1,,1,1,,1,64,bf16,iteration_time_s,1.0"
+    path.write_text(HEADER + ",layers_per_stage\n" + row + ',"24,0"\n')
+    with pytest.raises(UserError, match="row 'r': no valid plan for the stated fields: every pipeline stage needs"):
+        validate(path)
