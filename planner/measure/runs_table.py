@@ -292,7 +292,8 @@ def _ep_overlap(row: dict[str, str], traits: FrameworkTraits) -> bool:
                         f"{row.get('framework')!r} has no such overlap")
     if int_cell(row, "ep", 1) < 2:
         raise UserError(f"{where} needs expert parallelism (ep of 2 or more)")
-    missing = [c for c in _EP_OVERLAP_STATED if not (row.get(c) or "").strip()]
+    needed = _EP_OVERLAP_STATED + (("sp",) if int_cell(row, "tp", 1) > 1 else ())
+    missing = [c for c in needed if not (row.get(c) or "").strip()]
     if missing:
         raise UserError(f"{where} needs {', '.join(missing)} stated: the search does not price the overlap")
     if row["recompute"].strip().lower() == "full":

@@ -76,6 +76,7 @@ ROW = {"id": "r", "framework": "megatron-core", "ep": "32", "pp": "8", "vpp": "4
     ({"framework": "torchtitan"}, "has no such overlap"),
     ({"ep": "1"}, "needs expert parallelism"),
     ({"micro_batch": ""}, "needs micro_batch stated"),
+    ({"tp": "2"}, "needs sp stated"),
     ({"recompute": "full"}, "without full recomputation"),
     ({"vpp": "1"}, "needs an interleaved pipeline"),
 ])
