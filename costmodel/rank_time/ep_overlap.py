@@ -14,11 +14,13 @@ interleaved 1F1B's warmup, so that every steady step's two halves are independen
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from costmodel.hardware import ClusterSpec
 from costmodel.plan import Plan
-from costmodel.rank_time.times import RankTimeModel, RankTimes, _rank_times
+
+if TYPE_CHECKING:   # costmodel.rank_time.times applies the factor (and imports this module)
+    from costmodel.rank_time.times import RankTimes
 
 
 def unpaired_share(plan: Plan) -> float:
@@ -38,20 +40,12 @@ def overlapped_ep_s(ep_s: float, cover_s: float, unpaired: float, contention: fl
     return unpaired * ep_s + (1.0 - unpaired) * paired
 
 
-def with_ep_overlap(rtm: RankTimeModel, plan: Plan, cluster: ClusterSpec) -> RankTimeModel:
-    """The rank's time model with its expert all-to-alls overlapped where the framework does
-    (`ep_a2a_overlap`, EP > 1): every part's all-to-all time scaled as a layer's
-    (overlapped_ep_s, its cover the layer's forward and backward compute)."""
-    layer = rtm.per_layer
+def ep_overlap_factor(layer: "RankTimes", plan: Plan, cluster: ClusterSpec) -> float:
+    """What the rank's expert all-to-all time is multiplied by where the framework overlaps it
+    (`ep_a2a_overlap`, EP > 1): a layer's (`layer`: its per-micro-batch times) as
+    overlapped_ep_s runs it, its cover the layer's forward and backward compute; 1 elsewhere."""
     if not (cluster.framework.ep_a2a_overlap and plan.ep > 1) or layer.ep_comm_s <= 0.0:
-        return rtm
+        return 1.0
     contention = cluster.device.efficiency.comm_contention
     cover_s = layer.forward_s + layer.backward_s
-    k = overlapped_ep_s(layer.ep_comm_s, cover_s, unpaired_share(plan), contention) / layer.ep_comm_s
-    return replace(rtm, per_layer=_ep_scaled(layer, k), per_recomputed_layer=_ep_scaled(rtm.per_recomputed_layer, k),
-                   first_edge=_ep_scaled(rtm.first_edge, k), last_edge=_ep_scaled(rtm.last_edge, k))
-
-
-def _ep_scaled(times: RankTimes, k: float) -> RankTimes:
-    return _rank_times(times.forward_s, times.backward_s, times.backward_weight_s, times.recompute_s,
-                       times.tp_comm_s, times.cp_comm_s, times.pp_comm_s, times.ep_comm_s * k, times.offload_s)
+    return overlapped_ep_s(layer.ep_comm_s, cover_s, unpaired_share(plan), contention) / layer.ep_comm_s

@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 
 from costmodel.hardware import ClusterSpec
 from costmodel.plan import Plan, Recompute
+from costmodel.rank_time.ep_overlap import ep_overlap_factor
 from costmodel.rank_time.parts import ComputeParts, RankTimeParts, TimeShape, rank_time_parts
 from costmodel.rank_time.spans import Spans
 from costmodel.specs import ModelSpec, TrainSpec
@@ -109,6 +110,16 @@ class RankTimeModel:
         return RankTimeModel(per_layer=self.per_layer, per_recomputed_layer=self.per_recomputed_layer,
                              first_edge=self.first_edge, last_edge=self.last_edge, pp_send_s=pp_send_s, vpp=self.vpp)
 
+    def with_ep_scaled(self, k: float) -> "RankTimeModel":
+        """The same rank with every part's expert all-to-all time times k (an overlap's share)."""
+        if k == 1.0:
+            return self
+
+        def scaled(times: RankTimes) -> RankTimes:
+            return replace(times, ep_comm_s=times.ep_comm_s * k)
+        return replace(self, per_layer=scaled(self.per_layer), per_recomputed_layer=scaled(self.per_recomputed_layer),
+                       first_edge=scaled(self.first_edge), last_edge=scaled(self.last_edge))
+
     def at(self, layers: int, recomputed: int, first: bool, last: bool) -> RankTimes:
         times = self.per_layer.scaled(layers) + self.per_recomputed_layer.scaled(recomputed)
         if first:
@@ -147,8 +158,8 @@ def rank_time_model(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Clu
     its layer split or recompute counts (TimeShape; of the spans those of TP, CP, EP and PP), and
     where the framework overlaps the expert all-to-alls, on its micro-batch and stage counts
     (costmodel.rank_time.ep_overlap)."""
-    from costmodel.rank_time.ep_overlap import with_ep_overlap  # it builds on this module's records
-    return with_ep_overlap(shape_time_model(model, train, TimeShape.of(plan), cluster, sp, plan.vpp), plan, cluster)
+    rtm = shape_time_model(model, train, TimeShape.of(plan), cluster, sp, plan.vpp)
+    return rtm.with_ep_scaled(ep_overlap_factor(rtm.per_layer, plan, cluster))
 
 
 def shape_time_model(model: ModelSpec, train: TrainSpec, shape: TimeShape, cluster: ClusterSpec, sp: Spans,
