@@ -30,7 +30,9 @@ placement.expert_layout), num_experts/k a node:
   each token's experts are chosen within its best topk_groups groups, a group covers
   ceil(k / groups) of the k nodes, so a token's experts lie on at most
   min(k, topk_groups x ceil(k / groups)) nodes, and min(top_k, that) bounds its copies (a token
-  may hit fewer nodes);
+  may hit fewer nodes); where several groups share a node (k < groups), its copies are the nodes
+  its topk_groups groups lie on, k (1 - C(groups - groups/k, topk_groups) / C(groups, topk_groups))
+  on average, the chosen groups spread evenly (DeepSeek-V3's 8 groups on 4 nodes: 3.14, not 4);
 - otherwise, routing spread evenly over the experts (the balancing loss's aim), a node holds none
   of a token's top_k distinct experts with probability C(E - E/k, top_k) / C(E, top_k), so a
   token reaches k (1 - that) nodes on average; the same over the ranks gives its deliveries
@@ -82,6 +84,8 @@ def token_nodes(model: ModelSpec, num_nodes: int) -> float:
     """A token's copies on the network under a per-node dispatcher over an EP group on `num_nodes`
     nodes: the nodes its experts lie on (the module's docstring derives both cases)."""
     if limits_groups(model):
+        if num_nodes < model.num_expert_groups:   # several groups a node: the nodes its groups lie on
+            return _spread(model.num_expert_groups, num_nodes, model.topk_groups)
         return min(model.experts_per_token, routing_nodes(model, num_nodes))
     return _spread(model.num_experts, num_nodes, model.experts_per_token)
 

@@ -144,9 +144,12 @@ def best_plan_for_row(row: dict[str, str], model: ModelSpec, train: TrainSpec, c
         problems = [check_plan(model, train, cluster, plan, memory=False) for plan, _ in laid_out]
         if split and all(problems):   # the stated split, which the search did not choose
             raise UserError(f"row {row['id']!r}: no valid plan for the stated fields: {problems[0][0]}")
-        fitting = [pair for pair, problem in zip(laid_out, problems) if pair[1].fits and not problem]
+        valid = [pair for pair, problem in zip(laid_out, problems) if not problem]
+        fitting = [pair for pair in valid if pair[1].fits]
         if fitting:
             plan, est = min(fitting, key=lambda pair: pair[1].step_time_s)
+        elif split:   # the stated split overflows: priced as stated, the least overflowing
+            plan, est = min(valid, key=lambda pair: pair[1].max_peak_memory_bytes)
         else:  # the framework's layout overflows where the search's split fits
             plan, est = found[0].plan, found[0].estimate
     else:

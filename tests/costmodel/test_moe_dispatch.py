@@ -60,6 +60,17 @@ def test_without_groups_a_token_reaches_the_nodes_its_experts_lie_on_on_average(
     assert token_nodes(free, 1) == pytest.approx(1.0) and token_nodes(V3, 8) == 4   # limited: the bound
 
 
+def test_where_groups_share_a_node_a_token_reaches_the_nodes_its_chosen_groups_lie_on():
+    """DeepSeek-V3's 4 of 8 groups over 4 nodes (2 groups a node): a node holds none of the
+    chosen groups with probability C(6, 4) / C(8, 4), so 4 x (1 - 15/70) = 3.14 nodes, not the
+    bound's 4; over 2 nodes 2 x (1 - 1/70); over 8 or more nodes a group a node, the bound."""
+    from math import comb
+    assert token_nodes(V3, 4) == pytest.approx(4 * (1 - comb(6, 4) / comb(8, 4)))
+    assert token_nodes(V3, 2) == pytest.approx(2 * (1 - 1 / comb(8, 4)))
+    assert token_nodes(V3, 4) < routing_nodes(V3, 4) == 4
+    assert token_nodes(V3, 16) == 8
+
+
 def test_the_time_is_comms_all_to_all_where_nothing_is_saved_and_less_where_it_is():
     whole = 2 * ROWS * V3.hidden_size
     runtime = replace(CORE, framework=RUNTIME)

@@ -332,3 +332,14 @@ def test_a_stated_split_the_framework_cannot_run_is_one_line_also_where_cells_ar
     path.write_text(HEADER + ",layers_per_stage\n" + row + ',"24,0"\n')
     with pytest.raises(UserError, match="row 'r': no valid plan for the stated fields: every pipeline stage needs"):
         validate(path)
+
+
+def test_a_stated_split_that_overflows_is_priced_as_stated_not_as_the_search_s(tmp_path):
+    """A run's stated split (layers_per_stage) is the plan even where it overflows and the
+    search's own split would fit: the row is called not fitting, never quietly re-split."""
+    path = tmp_path / "runs.csv"
+    row = "r,x,gpt,24,3072,,24,24,51200,2048,A100-SXM4-40GB,8,8,1,2,4,1,,1,0,,1,64,bf16,iteration_time_s,1.0"
+    path.write_text(HEADER + ",layers_per_stage\n" + row + ',"23,1"\n' + row.replace("r,", "u,", 1) + ',"12,12"\n')
+    lopsided, even = validate(path)[0]
+    assert lopsided.plan.layers_per_stage == (23, 1) and not lopsided.fits
+    assert even.plan.layers_per_stage == (12, 12) and even.fits
