@@ -348,7 +348,10 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   embedding or the final norm, head and loss. Megatron-Core counts the embedding and the loss as
   a layer each under `--account-for-embedding-in-pipeline-split` and
   `--account-for-loss-in-pipeline-split`, so 94 layers split into pp 32 x vpp 3 = 96 stages of
-  one unit (the Megatron-MoE model zoo's Qwen3-235B layout); elsewhere every stage needs a layer.
+  one unit (the Megatron-MoE model zoo's Qwen3-235B layout), and its explicit
+  `--pipeline-model-parallel-layout` may give the first stage the embedding alone or the last the
+  MTP modules and the loss alone (Megatron-Bridge's DeepSeek-V3 `...|mL`); elsewhere every stage
+  needs a layer.
 - `recompute_early_stop`: a fully recomputed layer stops before its last projection. Our runtime
   wraps each layer in torch's non-reentrant checkpoint (`checkpoint_wrapper`), whose early stop
   (on by default) ends the recomputation once every tensor the backward needs is saved again; the

@@ -85,8 +85,8 @@ def in_flight_micro_batches(plan: Plan, rank: int, traits: FrameworkTraits = RUN
     # torch's interleaved zero-bubble order holds as many chunks as interleaved 1F1B, at most
     # (with v > 1 the 1F1B count below would be short: tests/costmodel/test_memory.py)
     if kind == "interleaved" or (kind == "1f1b" and v > 1):
-        paired = traits.ep_a2a_overlap and plan.ep > 1
-        chunks = min(m * v, 2 * (p - rank - 1) + (v - 1) * p + 1 + paired)
+        overlap_warmup = 1 if traits.ep_a2a_overlap and plan.ep > 1 else 0   # one more to pair
+        chunks = min(m * v, 2 * (p - rank - 1) + (v - 1) * p + 1 + overlap_warmup)
         return chunks / v
     if kind == "v":
         return min(m, p)
