@@ -11,7 +11,7 @@ this gives Megatron's 72·B·s·l·h²·(1 + s/6h + V/12lh) per step (tested).
 from __future__ import annotations
 
 from costmodel.deepseek import dense_layer_model
-from costmodel.layout import Linear, dense_blocks
+from costmodel.layout import MLA_UP_PROJECTIONS, Linear, dense_blocks
 from costmodel.params import active_moe_params
 from costmodel.plan import Plan, Recompute
 from costmodel.specs import ModelSpec, TrainSpec
@@ -100,23 +100,49 @@ def model_flops_per_step(model: ModelSpec, train: TrainSpec) -> int:
     return (1 + BACKWARD_FACTOR) * forward
 
 
-def recompute_flops_per_step(model: ModelSpec, train: TrainSpec, plan: Plan, early_stop: bool = False) -> int:
+def recompute_flops_per_step(model: ModelSpec, train: TrainSpec, plan: Plan, early_stop: bool = False,
+                             modules: tuple[str, ...] = ("core_attn",)) -> int:
     """Extra forward work re-done in backward: whole layers (full; less the last projection where
-    the recomputation stops early) or the attention core (selective), for the layers the plan
-    recomputes on each pipeline rank, over all DP replicas."""
+    the recomputation stops early) or, selective, the framework's modules (`modules`:
+    selective_layer_flops), for the layers the plan recomputes on each pipeline rank, over all DP
+    replicas."""
     if plan.recompute is Recompute.NONE:
         return 0
     b, s = train.global_batch_size, train.seq_len
-    per_layer = (layer_forward_flops(model, b, s) - skipped_recompute_flops(model, b * s, plan, early_stop)
-                 if plan.recompute is Recompute.FULL else attention_core_forward_flops(model, b, s))
+    if plan.recompute is Recompute.FULL:
+        per_layer = layer_forward_flops(model, b, s) - skipped_recompute_flops(model, b * s, plan, early_stop)
+        dense = 0
+    else:   # the dense first layers' modules beyond an expert layer's (a dense MLP: mlp)
+        per_layer = selective_layer_flops(model, b, s, modules)
+        dense = (model.first_k_dense * (selective_layer_flops(dense_layer_model(model), b, s, modules) - per_layer)
+                 if model.first_k_dense else 0)
     # recompute_num_layers counts layers of one pipeline rank; every rank sees the whole batch.
-    return per_layer * sum(plan.recompute_num_layers)
+    return per_layer * sum(plan.recompute_num_layers) + dense
 
 
-def executed_flops_per_step(model: ModelSpec, train: TrainSpec, plan: Plan, early_stop: bool = False) -> int:
+# the projections each recomputed module re-runs (costmodel.kernels.recompute_modules): the latent
+# attention's up-projections, a dense layer's MLP
+_MODULE_LINEARS = {"mla_up_proj": ("attention", MLA_UP_PROJECTIONS), "mlp": ("mlp", None)}
+
+
+def selective_layer_flops(model: ModelSpec, num_sequences: int, seq_len: int, modules: tuple[str, ...]) -> int:
+    """A layer's forward FLOPs its selective recomputation re-runs: the attention core
+    (core_attn), the projections of mla_up_proj and mlp where the layer has them; the norms and
+    the experts' activation are memory-bound, no FLOPs."""
+    tokens = num_sequences * seq_len
+    total = attention_core_forward_flops(model, num_sequences, seq_len) if "core_attn" in modules else 0
+    for name, (block_name, names) in _MODULE_LINEARS.items():
+        if name in modules:
+            total += sum(linear_forward_flops(lin, tokens) for block in dense_blocks(model) if block.name == block_name
+                         for lin in block.linears if names is None or lin.name in names)
+    return total
+
+
+def executed_flops_per_step(model: ModelSpec, train: TrainSpec, plan: Plan, early_stop: bool = False,
+                            modules: tuple[str, ...] = ("core_attn",)) -> int:
     """Hardware FLOPs (HFU numerator): model FLOPs plus recomputation, as the framework runs it
-    (`early_stop`: costmodel.frameworks `recompute_early_stop`)."""
-    return model_flops_per_step(model, train) + recompute_flops_per_step(model, train, plan, early_stop)
+    (`early_stop`: costmodel.frameworks `recompute_early_stop`; `modules`: its `selective_modules`)."""
+    return model_flops_per_step(model, train) + recompute_flops_per_step(model, train, plan, early_stop, modules)
 
 
 def utilization(flops: float, step_s: float, world_size: int, peak_flops_per_s: float) -> float:

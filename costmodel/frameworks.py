@@ -163,6 +163,14 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   it then holds. It needs EP > 1, no full recomputation, and a virtual pipeline where pp > 1
   (TransformerConfig's checks). Priced by costmodel.rank_time.ep_overlap; set per run by the runs
   table's `ep_overlap` column.
+- `selective_modules`: what a plan's selective recomputation re-runs, Megatron-Core's
+  `--recompute-modules` (TransformerConfig.recompute_modules; default `core_attn`, the attention
+  core of Korthikanti et al.): `mla_up_proj` the latent attention's up-projections and RoPE (Q, K
+  and V freed after the attention core), `mlp` a dense layer's MLP (not a mixture's), `moe_act`
+  the experts' activation (the fc2 input freed), `layernorm` the norms Transformer Engine's spec
+  keeps apart from a linear (latent attention's input norm, a mixture's pre-MLP norm). Each keeps
+  its inputs and re-runs its forward in backward (costmodel.kernels.recompute_modules). Set per
+  run by the runs table's `recompute_modules` column; the search keeps the default.
 - `recv_buffers_kept`: torch's PipelineStage makes its receive buffers once, at its first step,
   one per micro-batch: the activation of every stage after the first and the output gradient of
   every stage before the last (torch/distributed/pipelining/stage.py, `_setup_forward_recv_info`,
@@ -422,6 +430,7 @@ class FrameworkTraits:
     pipe_engine_sends: bool = False
     bf16_optimizer_all_reduce: bool = False
     ep_a2a_overlap: bool = False
+    selective_modules: tuple[str, ...] = ("core_attn",)
 
 
 GENERIC = FrameworkTraits(name="generic", dp_grad_overlap=True, dp_param_overlap=True,

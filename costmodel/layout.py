@@ -62,6 +62,11 @@ def layer_blocks(model: ModelSpec) -> tuple[Block, ...]:
     return (Block(name="attention", linears=attn), Block(name="mlp", linears=mlp))
 
 
+# the latent attention's up-projections (`wq` without query compression), which Megatron-Core's
+# `mla_up_proj` recomputation re-runs
+MLA_UP_PROJECTIONS = ("wq", "wq_b", "wkv_b")
+
+
 def mla_linears(model: ModelSpec) -> tuple[Linear, ...]:
     """Multi-head latent attention in its training (non-absorbed) form, DeepSeek-V2 Sec. 2.1.2
     and transformers' DeepseekV3Attention: the input down to the query latent (q_lora_rank; none

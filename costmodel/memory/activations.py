@@ -32,7 +32,8 @@ def _cp_cpu_mask_elements(train: TrainSpec, plan: Plan, traits: FrameworkTraits)
 
 
 def _moe_saved_bytes(model: ModelSpec, train: TrainSpec, tokens: int, ep: int, traits: FrameworkTraits,
-                     etp: int = 1, shared_split: int = 1, input_bytes: int | None = None) -> float:
+                     etp: int = 1, shared_split: int = 1, input_bytes: int | None = None,
+                     act_recomputed: bool = False) -> float:
     """What runtime.moe keeps for backward in one layer (measured per tensor by
     tests/runtime/test_activation_memory.py): the router's fp32 probabilities, the chosen experts
     (int64) and their fp32 weights (and their sum where renormalised); per routed slot (tokens·k)
@@ -49,13 +50,15 @@ def _moe_saved_bytes(model: ModelSpec, train: TrainSpec, tokens: int, ep: int, t
     its gate on the rank's shard. input_bytes: bytes per element of what the experts' projections
     keep of their inputs (the rows and the SwiGLU product): the compute dtype's, or float8's where
     the framework keeps float8 inputs (_linear_input_bytes); the shared expert then keeps its own
-    float8 copy of the MLP input as well."""
+    float8 copy of the MLP input as well. act_recomputed: the experts' activation re-run in backward
+    (Megatron-Core's `moe_act`), their SwiGLU product (fc2's input) not kept."""
     a, h, k, e = train.compute_dtype.num_bytes, model.hidden_size, model.experts_per_token, model.num_experts
     x = a if input_bytes is None else input_bytes
     router = tokens * (4 * e + 8 * k + 4 * k + (4 if model.moe_norm_topk_prob else 0))
     per_slot = 4 + 4 if traits.moe_probs_in_activation else a * (2 * h + 1) + 16
     swiglu = (traits.swiglu_saved_tensors - 1) * a + x   # the product is the down projection's input
-    per_row = etp * (x * h + swiglu * model.moe_ffn_hidden_size // etp + (16 if ep * etp > 1 else 0))
+    routed = swiglu - (x if act_recomputed else 0)
+    per_row = etp * (x * h + routed * model.moe_ffn_hidden_size // etp + (16 if ep * etp > 1 else 0))
     fs = model.shared_expert_ffn_hidden_size
     shared = tokens * (shared_split * swiglu * ceil_div(fs, shared_split)
                        + (a * (h + 1) if model.shared_expert_gate else 0) + (x * h if fs and x != a else 0))
@@ -71,8 +74,10 @@ def _linear_input_bytes(train: TrainSpec, plan: Plan, traits: FrameworkTraits) -
 
 def layer_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, mode: Recompute,
                            traits: FrameworkTraits = RUNTIME) -> float:
-    """Bytes one layer keeps for backward, for one micro-batch, on one device."""
+    """Bytes one layer keeps for backward, for one micro-batch, on one device. Under selective
+    recomputation the framework's modules (frameworks `selective_modules`) keep their inputs only."""
     a = train.compute_dtype.num_bytes
+    selective = traits.selective_modules if mode is Recompute.SELECTIVE else ()
     lin = _linear_input_bytes(train, plan, traits)
     t, sp = plan.tp, plan.tp if plan.sequence_parallel else 1
     b, s = plan.micro_batch_size, train.seq_len // plan.cp
@@ -99,9 +104,12 @@ def layer_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, mode:
     # router takes the 16-bit input)
     mlp_lin = a if model.is_moe else lin
     mlp_input = 0.0 if model.shared_norm and not _gathers_per_block(plan, traits) else mlp_lin * tokens * h / mlp_input_split
-    replicated = (tokens * h * (norms + 2 * drop) / sp + lin * tokens * h / _proj_input_split(plan, traits)
-                  + mlp_input)
-    qkv = ((mla_saved_bytes(model, train, plan, traits) if model.is_mla else a * tokens * (q + 2 * kv) / t)
+    attn_input = lin * tokens * h / _proj_input_split(plan, traits)
+    if "layernorm" in selective:   # the norms apart from a linear: a latent attention's, a mixture's
+        attn_input, mlp_input = (0.0 if model.is_mla else attn_input), (0.0 if model.is_moe else mlp_input)
+    replicated = tokens * h * (norms + 2 * drop) / sp + attn_input + mlp_input
+    up_proj = "mla_up_proj" in selective
+    qkv = ((mla_saved_bytes(model, train, plan, traits, up_proj) if model.is_mla else a * tokens * (q + 2 * kv) / t)
            + cp_gathered_kv_bytes(model, train, plan, traits))
     if model.arch is Arch.GPT and model.position_kind is PositionKind.ROPE:
         # a fused QKV (GPT-NeoX): attention keeps the rotated Q and K, and V, a view, keeps the
@@ -119,9 +127,12 @@ def layer_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, mode:
     # output) is the down projection's input
     expert_lin = lin if traits.float8_experts else a
     mlp = (_moe_saved_bytes(model, train, moe_tokens(tokens, t), plan.ep, traits, plan.etp,
-                            shared_expert_split(t, traits.shared_expert_tp), expert_lin) if model.is_moe else
+                            shared_expert_split(t, traits.shared_expert_tp), expert_lin, "moe_act" in selective)
+           if model.is_moe else
            ((traits.swiglu_saved_tensors if model.ffn_kind.gated else 2) - 1 + lin / a) * a * tokens * f / t)
-    if mode is Recompute.SELECTIVE:
+    if "mlp" in selective and not model.is_moe:   # the MLP keeps its input (mlp_input) only
+        mlp = 0.0
+    if "core_attn" in selective:
         core = 0.0
     elif train.attention_kernel is AttentionKernel.FLASH and not (drop and traits.cpu_kernels):
         core = 4.0 * b * (model.num_heads // t) * s  # fp32 log-sum-exp per query row
@@ -134,7 +145,8 @@ def layer_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, mode:
     return replicated + qkv + out_proj_input + mlp + core
 
 
-def mla_saved_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, traits: FrameworkTraits) -> float:
+def mla_saved_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, traits: FrameworkTraits,
+                    up_proj_recomputed: bool = False) -> float:
     """What non-absorbed multi-head latent attention keeps for backward in one micro-batch besides
     its input, the output projection's input and RoPE's tables (DeepSeek-V2 Sec. 2.1.2;
     runtime.latent_attention, measured per tensor by tests/runtime/test_activation_memory.py),
@@ -150,7 +162,10 @@ def mla_saved_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, traits: Fram
       attention, frameworks `vendor_attention`) takes V zero-padded to the Q/K size and keeps its
       padded output apart from the output projection's input (under CP the caller counts each
       chunk's output at V's size: the padding's excess here).
-    The RoPE key before rotation is not kept (RoPE's backward needs only its cos and sin)."""
+    The RoPE key before rotation is not kept (RoPE's backward needs only its cos and sin).
+    up_proj_recomputed (Megatron-Core's `mla_up_proj`): the up-projections and RoPE re-run in
+    backward, keeping their inputs, the latents (under SP gathered whole, in place of the normed
+    ones; else the down-projections' outputs): the heads' Q, K and V and the normed latents freed."""
     a, t = train.compute_dtype.num_bytes, plan.tp
     tokens = plan.micro_batch_size * train.seq_len // plan.cp
     shard = tokens / t if plan.sequence_parallel else tokens
@@ -163,6 +178,8 @@ def mla_saved_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, traits: Fram
     flash = train.attention_kernel is AttentionKernel.FLASH
     padded = flash and not traits.vendor_attention and v != qk
     out = (qk if plan.cp == 1 else qk - v) if padded else 0
+    if up_proj_recomputed:   # the padded kernel's output, the attention core's, stays
+        return down + (a * tokens * (q + kv) if plan.sequence_parallel else 0.0) + a * tokens * heads * out
     return down + a * tokens * ((q + kv) + heads * (2 * qk + (qk if padded else v) + out))
 
 

@@ -16,6 +16,7 @@ from costmodel.frameworks import composite_rms_norm, tp_comm_exposed_shares, tp_
 from costmodel.hardware import ClusterSpec, DeviceProfile
 from costmodel.kernels import KernelKey, KernelTimes, embedding_kernel_times, head_kernel_times, layer_kernel_times
 from costmodel.kernels.gemm import gemm_s
+from costmodel.kernels.recompute_modules import selective_recompute_s
 from costmodel.placement import AxisSpan
 from costmodel.plan import Plan, Recompute
 from costmodel.rank_time.layer_comm import (
@@ -101,6 +102,7 @@ class ComputeParts:
 
     shape: TimeShape
     layer: KernelTimes
+    selective_s: float   # what the framework's selective recomputation re-runs of the layer
     exposed: float   # the share of forward TP collectives the framework leaves exposed
     exposed_backward: float   # and of backward ones
     early: bool      # a full recomputation stops before the layer's last projection
@@ -134,6 +136,7 @@ class _KernelParts:
     """ComputeParts' fields that read no more of the plan than its kernels do (KernelKey)."""
 
     layer: KernelTimes
+    selective_s: float
     early: bool
     exposed: float
     exposed_backward: float
@@ -241,7 +244,7 @@ def _compute_parts(model: ModelSpec, train: TrainSpec, shape: TimeShape, cluster
     dev = cluster.device
     k = kernels
     return ComputeParts(
-        shape=shape, layer=k.layer, exposed=k.exposed, exposed_backward=k.exposed_backward, early=k.early,
+        shape=shape, layer=k.layer, selective_s=k.selective_s, exposed=k.exposed, exposed_backward=k.exposed_backward, early=k.early,
         # Efficiency.recompute_cost: 1, or calibrate's fit
         again=dev.for_dtype(train.compute_dtype).efficiency.recompute_cost,
         offload_s=_activation_offload_s(model, train, shape, cluster) if shape.offload_activations else 0.0,
@@ -273,7 +276,9 @@ def _kernel_parts(model: ModelSpec, train: TrainSpec, shape: KernelKey, cluster:
                                                        tp_within_node=tp_in_one_node(tp, cluster.devices_per_node))
     exposed, exposed_backward = _contended(exposed, dev), _contended(exposed_backward, dev)
     return _KernelParts(
-        layer=layer, early=early, exposed=exposed, exposed_backward=exposed_backward,
+        layer=layer, early=early,
+        selective_s=selective_recompute_s(model, train, shape, dev, fw.selective_modules, layer,
+                                          fw.float8_casts_fused), exposed=exposed, exposed_backward=exposed_backward,
         embedding=embedding_kernel_times(model, train, shape, dev),
         head=head_kernel_times(model, train, shape, dev, fw.cpu_kernels, fw.fused_cross_entropy,
                                composite_rms_norm(fw)),

@@ -179,7 +179,17 @@ def parts_time_model(parts: RankTimeParts, c: ComputeParts, sp: Spans, vpp: int 
         unrecomputed = c.unrecomputed[key] = _unrecomputed(parts, c, sp)
     per_layer, first_edge, last_edge, comm = unrecomputed
     return RankTimeModel(per_layer=per_layer, per_recomputed_layer=_recomputed_layer(c, *comm).scaled(c.stage),
-                         first_edge=first_edge, last_edge=last_edge, pp_send_s=parts.pp_send_s(c, sp.pp), vpp=vpp)
+                         first_edge=first_edge + _dense_selective(parts.model, c), last_edge=last_edge,
+                         pp_send_s=parts.pp_send_s(c, sp.pp), vpp=vpp)
+
+
+def _dense_selective(model: ModelSpec, c: ComputeParts) -> RankTimes:
+    """What the dense first layers' selective recomputation re-runs beyond an expert layer's (a
+    dense MLP under Megatron-Core's `mlp`; recompute_modules), at the stage factor: Megatron-Core
+    recomputes selectively every layer. Their full recomputation is priced as an expert layer's."""
+    if c.dense is None or c.shape.recompute is not Recompute.SELECTIVE or c.dense.selective_s == c.selective_s:
+        return ZERO_TIMES
+    return _times(rc=c.again * (c.dense.selective_s - c.selective_s) * model.first_k_dense).scaled(c.stage)
 
 
 def _unrecomputed(parts: RankTimeParts, c: ComputeParts, sp: Spans) -> tuple:
@@ -223,8 +233,8 @@ def _recomputed_layer(c: ComputeParts, tp: float, tp_output_s: float, cp_fwd: fl
         # stopping early, it never runs the collective after the MLP's row-parallel projection
         skipped_tp = tp_output_s * c.exposed if c.early and c.shape.tp > 1 else 0.0
         return _times(rc=c.again * layer.recompute_forward_s, tp=tp - skipped_tp, cp=cp_fwd, ep=ep)
-    if c.shape.recompute is Recompute.SELECTIVE:
-        return _times(rc=c.again * layer.attention_forward_s)
+    if c.shape.recompute is Recompute.SELECTIVE:   # the framework's modules (frameworks `selective_modules`)
+        return _times(rc=c.again * c.selective_s)
     return ZERO_TIMES
 
 

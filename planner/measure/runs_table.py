@@ -16,6 +16,7 @@ from pathlib import Path
 from costmodel.frameworks import COMPILED_SWIGLU_SAVED, FrameworkTraits, framework_traits
 from costmodel.hardware import ClusterSpec, parse_cluster, profile_dir, run_by
 from costmodel.inputs import UserError, read_text
+from costmodel.kernels.recompute_modules import SELECTIVE_MODULES, UNPRICED_MODULES
 from costmodel.registry import MODELS, gpt_spec, llama_spec
 from costmodel.specs import (
     DEFAULT_EXPERT_IMBALANCE,
@@ -36,7 +37,7 @@ OPTIONAL = ("source", "framework", "confidence", "notes", "model", "ffn_hidden",
             "experts_per_token", "moe_ffn_hidden", "expert_imbalance", "dropout", "dp", "dp_replicate", "vpp",
             "sp", "cp", "ep", "zero_stage", "recompute", "micro_batch", "precision", "grad_dtype", "attention",
             "fp8_param_gather", "compiled", "async_tp", "node_network_gbps", "memory_gb", "memory_kind",
-            "dispatcher", "layers_per_stage", "ep_overlap")
+            "dispatcher", "layers_per_stage", "ep_overlap", "recompute_modules")
 # the dispatcher column's values: Megatron-Core's all-to-all, or its flex dispatcher with DeepEP or
 # HybridEP, which send a token once to each node holding some of its experts
 DISPATCHERS = ("alltoall", "deepep", "hybridep")
@@ -199,7 +200,7 @@ def row_specs(row: dict[str, str]) -> tuple[ModelSpec, TrainSpec, ClusterSpec]:
     # judged against the hard limit (what CUDA reports, less the context and NCCL reserve): the
     # question is whether the run as published fits, not whether we would plan that close to
     # the edge; the headroom and fragmentation margins are for the plans we emit
-    cluster = run_by(_with_fabric(cluster, row), _traits(row, cluster))
+    cluster = run_by(_with_fabric(cluster, row), _traits(row, cluster, model))
     device = cluster.device
     hard = replace(device, efficiency=replace(device.efficiency, allocator_fragmentation=0.0))
     return model, train, replace(cluster, device=hard, memory_headroom=0.0)
@@ -225,12 +226,12 @@ def _row_model(row: dict[str, str], seq: int) -> ModelSpec:
     raise UserError(f"row {row['id']!r}: arch {row['arch']!r} is neither gpt nor llama")
 
 
-def _traits(row: dict[str, str], cluster: ClusterSpec) -> FrameworkTraits:
+def _traits(row: dict[str, str], cluster: ClusterSpec, model: ModelSpec) -> FrameworkTraits:
     """The traits of the framework that ran the row, with the settings the row states that the
     framework leaves to its user (costmodel.frameworks): optional columns fp8_param_gather (float8
     weights gathered in float8), compiled (_compiled), async_tp (_async_tp), dispatcher (the
-    expert all-to-all: a per-node one, `dispatch_per_node`, unless alltoall) and ep_overlap
-    (_ep_overlap)."""
+    expert all-to-all: a per-node one, `dispatch_per_node`, unless alltoall), ep_overlap
+    (_ep_overlap) and recompute_modules (_recompute_modules)."""
     traits = framework_traits(row.get("framework"))
     if (row.get("dispatcher") or "").strip():
         dispatcher = choice_cell(row, "dispatcher", DISPATCHERS, "alltoall")
@@ -243,6 +244,8 @@ def _traits(row: dict[str, str], cluster: ClusterSpec) -> FrameworkTraits:
         traits = _async_tp(row, traits, cluster)
     if (row.get("ep_overlap") or "").strip():
         traits = replace(traits, ep_a2a_overlap=_ep_overlap(row, traits))
+    if (row.get("recompute_modules") or "").strip():
+        traits = replace(traits, selective_modules=_recompute_modules(row, traits, model))
     return traits
 
 
@@ -301,6 +304,32 @@ def _ep_overlap(row: dict[str, str], traits: FrameworkTraits) -> bool:
     if int_cell(row, "pp", 1) > 1 and int_cell(row, "vpp", 1) < 2:
         raise UserError(f"{where} needs an interleaved pipeline (vpp of 2 or more) where pp > 1, as Megatron-Core does")
     return True
+
+
+def _recompute_modules(row: dict[str, str], traits: FrameworkTraits, model: ModelSpec) -> tuple[str, ...]:
+    """Optional column recompute_modules: the modules the run's selective recomputation re-ran,
+    joined by '+' (Megatron-Core's --recompute-modules, e.g. mla_up_proj+mlp; frameworks
+    `selective_modules`), with the checks Megatron-Core's TransformerConfig makes of them."""
+    names = tuple(n.strip() for n in row["recompute_modules"].split("+"))
+    where = f"row {row['id']!r}: recompute_modules = {row['recompute_modules'].strip()!r}"
+    if traits.name != "megatron-core":
+        raise UserError(f"{where} is Megatron-Core's --recompute-modules; framework {row.get('framework')!r} "
+                        "has no such option")
+    if (row.get("recompute") or "").strip().lower() != "selective":
+        raise UserError(f"{where} needs recompute = selective (Megatron-Core reads the modules under "
+                        "--recompute-granularity selective only)")
+    for name in names:
+        if name in UNPRICED_MODULES:
+            raise UserError(f"{where}: the model does not price recomputing {name!r}")
+        if name not in SELECTIVE_MODULES:
+            raise UserError(f"{where}: unknown module {name!r} (known: {', '.join(SELECTIVE_MODULES)})")
+    if len(set(names)) < len(names):
+        raise UserError(f"{where} names a module twice")
+    if "mla_up_proj" in names and not model.is_mla:
+        raise UserError(f"{where}: mla_up_proj needs multi-latent attention")
+    if "moe_act" in names and not model.is_moe:
+        raise UserError(f"{where}: moe_act needs a mixture of experts")
+    return names
 
 
 # a node's network as sources state it, in Gbit/s; a bound that keeps every later division finite

@@ -1,0 +1,78 @@
+"""What selective recomputation re-runs in backward, module by module, as Megatron-Core's
+`--recompute-modules` names them (costmodel.frameworks `selective_modules`; TransformerConfig
+at Megatron-LM d98e8a64): each module keeps its inputs and re-runs its forward once its output's
+gradient arrives. The memory each frees: costmodel.memory.activations.layer_activation_bytes."""
+from __future__ import annotations
+
+from costmodel.hardware import DeviceProfile
+from costmodel.kernels.elementwise import gelu_s
+from costmodel.kernels.gemm import _local_shape, _projection_s, expert_rows, linear_tokens, moe_tokens
+from costmodel.kernels.roofline import KernelShape, KernelTimes, memory_bound_s
+from costmodel.layout import MLA_UP_PROJECTIONS, dense_blocks
+from costmodel.specs import ModelSpec, TrainSpec
+
+# the modules the model prices, in Megatron-Core's names
+SELECTIVE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act")
+# Megatron-Core's other names: a whole mixture (its dispatch and combine again) or shared expert
+UNPRICED_MODULES = ("moe", "shared_experts")
+
+
+def selective_recompute_s(model: ModelSpec, train: TrainSpec, shape: KernelShape, dev: DeviceProfile,
+                          modules: tuple[str, ...], layer: KernelTimes, fused_casts: bool) -> float:
+    """A layer's forward work its selective recomputation re-runs, per micro-batch on one device:
+    the sum over `modules` of module_forward_s (core_attn: the attention core, `layer`'s)."""
+    return sum(module_forward_s(model, train, shape, dev, name, layer, fused_casts) for name in modules)
+
+
+def module_forward_s(model: ModelSpec, train: TrainSpec, shape: KernelShape, dev: DeviceProfile, name: str,
+                     layer: KernelTimes, fused_casts: bool) -> float:
+    """One module's forward, where the layer has it (Megatron-Core skips a module a layer lacks):
+    - core_attn: the attention core;
+    - mla_up_proj: the query and key/value up-projections, and RoPE with the concatenations (a
+      pass reading and writing Q and K);
+    - mlp: a dense layer's MLP projections and activation (a mixture's MLP is not one);
+    - moe_act: the experts' SwiGLU over the device's routed rows (reads the 2f-wide fc1 output,
+      writes f);
+    - layernorm: the norms Transformer Engine keeps apart from a linear, a latent attention's
+      input norm and a mixture's pre-MLP norm (each reads and writes the rank's hidden states)."""
+    a, tp = train.compute_dtype.num_bytes, shape.tp
+    tokens = shape.micro_batch_size * train.seq_len // shape.cp
+    if name == "core_attn":
+        return layer.attention_forward_s
+    if name == "mla_up_proj":
+        if not model.is_mla:
+            return 0.0
+        gemms = _linears_forward_s(model, train, shape, dev, tokens, fused_casts, "attention", MLA_UP_PROJECTIONS)
+        return gemms + memory_bound_s(2 * 2 * a * tokens * model.num_heads * model.head_dim / tp, dev, 2)
+    if name == "mlp":
+        if model.is_moe:
+            return 0.0
+        activation = (memory_bound_s(3 * a * tokens * model.ffn_hidden_size / tp, dev, 1) if model.ffn_kind.gated
+                      else gelu_s(model, shape, tokens, dev)[0])
+        return _linears_forward_s(model, train, shape, dev, tokens, fused_casts, "mlp") + activation
+    if name == "moe_act":
+        if not model.is_moe:
+            return 0.0
+        # under expert TP etp times the rows, each 1/etp of the width
+        rows = expert_rows(model, train, moe_tokens(tokens, tp), shape.ep)
+        return memory_bound_s(3 * a * rows * model.moe_ffn_hidden_size, dev, 1)
+    if name == "layernorm":
+        norms = int(model.is_mla) + int(model.is_moe)
+        shard = tokens / tp if shape.sequence_parallel else tokens
+        return norms * memory_bound_s(2 * a * shard * model.hidden_size, dev, 1)
+    raise ValueError(f"selective recomputation of module {name!r}: not one of {SELECTIVE_MODULES}")
+
+
+def _linears_forward_s(model: ModelSpec, train: TrainSpec, shape: KernelShape, dev: DeviceProfile, tokens: int,
+                       fused_casts: bool, block_name: str, names: tuple[str, ...] | None = None) -> float:
+    """Forward GEMMs of a block's projections (those named, or all), as the layer prices them."""
+    total = 0.0
+    for block in dense_blocks(model):
+        if block.name != block_name:
+            continue
+        for lin in block.linears:
+            if names is None or lin.name in names:
+                k, n = _local_shape(lin, shape.tp)
+                m = linear_tokens(lin, tokens, shape.tp, shape.sequence_parallel)
+                total += _projection_s(m, k, n, dev, train, shape.fp8_linears, fused_casts)[0]
+    return total
