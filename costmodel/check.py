@@ -22,6 +22,7 @@ from costmodel.memory import StageMemory
 from costmodel.placement import expert_layout
 from costmodel.plan import AXES, DEFAULT_AXIS_ORDER, Plan, Recompute
 from costmodel.schedules import Schedule
+from costmodel.selective_modules import DEFAULT_SELECTIVE_MODULES, module_problems
 from costmodel.specs import ModelSpec, PositionKind, TrainSpec
 from costmodel.units import GIB
 
@@ -95,6 +96,8 @@ def check_structure(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
         add(f"mesh_axis_order must order exactly {', '.join(AXES)} (got {', '.join(plan.mesh_axis_order)})")
     problems += _check_pipeline(model, plan, cluster.framework)
     problems += _check_recompute(plan)
+    if (modules := cluster.framework.selective_modules) != DEFAULT_SELECTIVE_MODULES:
+        problems += [f"recompute_modules: {p}" for p in module_problems(modules, cluster.framework.name, model)]
     return problems
 
 

@@ -374,6 +374,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from costmodel.selective_modules import DEFAULT_SELECTIVE_MODULES
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FrameworkTraits:
@@ -430,7 +432,7 @@ class FrameworkTraits:
     pipe_engine_sends: bool = False
     bf16_optimizer_all_reduce: bool = False
     ep_a2a_overlap: bool = False
-    selective_modules: tuple[str, ...] = ("core_attn",)
+    selective_modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES
 
 
 GENERIC = FrameworkTraits(name="generic", dp_grad_overlap=True, dp_param_overlap=True,

@@ -12,6 +12,7 @@ from costmodel.groups import views
 from costmodel.hardware import DEFAULT_MEMORY_HEADROOM, ClusterSpec, parse_cluster
 from costmodel.inputs import UserError
 from costmodel.registry import default_recipe, resolve_model
+from costmodel.selective_modules import module_problems
 from costmodel.specs import DEFAULT_EXPERT_IMBALANCE, AttentionKernel, DType, ModelSpec, TrainSpec
 
 FP8 = "fp8"   # dtype fp8: bf16 beside float8 linears (TrainSpec.float8), not a DType of its own
@@ -44,13 +45,21 @@ def build_specs(model: ModelLike, cluster: str | ClusterSpec, *, seq_len: int | 
                 global_batch: int | None = None, dtype: str = "bf16", grad_dtype: str = "fp32",
                 attention: str = "flash", expert_imbalance: float = DEFAULT_EXPERT_IMBALANCE,
                 memory_headroom: float = DEFAULT_MEMORY_HEADROOM, group_link_bytes_per_s: float | None = None,
-                framework: str = "planner") -> tuple[ModelSpec, TrainSpec, ClusterSpec]:
+                framework: str = "planner", recompute_modules: tuple[str, ...] = ()) -> tuple[ModelSpec, TrainSpec, ClusterSpec]:
+    """recompute_modules: what the framework's selective recomputation re-runs (Megatron-Core's
+    --recompute-modules; empty: its default)."""
     from planner.targets import NAMES, cluster_for
     if framework not in NAMES:
         raise UserError(f"framework {framework!r} is not one of {', '.join(NAMES)}")
     spec = model_of(model)
     parsed = cluster if isinstance(cluster, ClusterSpec) else parse_cluster(cluster, group_link_bytes_per_s)
     parsed = cluster_for(framework, dataclasses.replace(parsed, memory_headroom=memory_headroom))
+    if recompute_modules:
+        if problems := module_problems(recompute_modules, parsed.framework.name, spec):
+            raise UserError(f"--recompute-modules {','.join(recompute_modules)}: {problems[0]}"
+                            + (" (--framework megatron)" if framework != "megatron" else ""))
+        parsed = dataclasses.replace(parsed, framework=dataclasses.replace(parsed.framework,
+                                                                           selective_modules=recompute_modules))
     seq, batch = default_recipe(spec)
     float8 = dtype == FP8
     if float8 and (problem := next(filter(None, (float8_device_problem(v.device) for v in views(parsed))), None)):

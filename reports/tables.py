@@ -9,6 +9,7 @@ from costmodel.fidelity import PUBLISHED, error_band
 from costmodel.groups import placement_lines, short_device_name, stages_on, views
 from costmodel.hardware import ClusterSpec
 from costmodel.plan import Plan
+from costmodel.selective_modules import DEFAULT_SELECTIVE_MODULES
 from costmodel.specs import ModelSpec, TrainSpec
 from costmodel.units import GIB
 
@@ -68,12 +69,19 @@ def share_step_lines(cluster: ClusterSpec, est: Estimate) -> list[str]:
         + f", peak {s['peak_memory_bytes'] / GIB:.1f} of {s['capacity_bytes'] / GIB:.1f} GiB" for s in est.group_shares)]
 
 
+def _modules_said(cluster: ClusterSpec) -> str:
+    """The selective recomputation's modules, where the run names them (--recompute-modules)."""
+    modules = cluster.framework.selective_modules
+    return "" if modules == DEFAULT_SELECTIVE_MODULES else f", selective recomputation of {'+'.join(modules)}"
+
+
 def summary_lines(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan,
                   est: Estimate, failures: resilience.Failures = resilience.LLAMA3) -> str:
     return "\n".join([
         f"model    {model.name}   train seq {train.seq_len} x global batch {train.global_batch_size} "
         f"({train.compute_dtype}, {train.optimizer}, {train.attention_kernel} attention)",
-        f"cluster  {cluster.name} ({cluster.world_size} devices)   priced as {cluster.framework.name} runs plans",
+        f"cluster  {cluster.name} ({cluster.world_size} devices)   priced as {cluster.framework.name} runs plans"
+        + _modules_said(cluster),
         f"plan     {plan.short()}   layers/stage {list(plan.layers_per_stage)}   "
         f"mesh {'>'.join(plan.mesh_axis_order)}",
         *(f"groups   {line}" for line in placement_lines(plan, cluster, train.global_batch_size)),

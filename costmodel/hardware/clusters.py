@@ -13,6 +13,7 @@ from costmodel.frameworks import FRAMEWORKS, RUNTIME, FrameworkTraits, attention
 from costmodel.hardware.profile_io import profile_dir, resolve_device
 from costmodel.hardware.records import DEFAULT_MEMORY_HEADROOM, DeviceProfile, HostSpec, NetworkTier
 from costmodel.inputs import UserError
+from costmodel.selective_modules import DEFAULT_SELECTIVE_MODULES, module_problems
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -141,6 +142,8 @@ class ClusterSpec:
             out["memory_headroom"] = self.memory_headroom
         if self.framework.name != RUNTIME.name:   # the software it is priced for, when not our runtime
             out["framework"] = self.framework.name
+        if self.framework.selective_modules != DEFAULT_SELECTIVE_MODULES:   # Megatron-Core's --recompute-modules
+            out["recompute_modules"] = list(self.framework.selective_modules)
         if self.groups:   # nor these, for a uniform cluster
             out["groups"] = [{"num_nodes": g.num_nodes, "device": _device_ref(g.device)} for g in self.groups]
             assert self.group_link is not None
@@ -247,7 +250,7 @@ def mixed_cluster(groups: list[DeviceGroup], devices_per_node: int, link_bytes_p
 
 def cluster_from_dict(data: Any, where: str = "cluster") -> ClusterSpec:
     required = {"num_nodes", "devices_per_node", "device"}
-    optional = {"memory_headroom", "groups", "group_link_bytes_per_s", "framework"}
+    optional = {"memory_headroom", "groups", "group_link_bytes_per_s", "framework", "recompute_modules"}
     if not isinstance(data, dict) or not required <= set(data) <= required | optional:
         raise UserError(f"{where}: expected an object with keys num_nodes, devices_per_node, device "
                          f"(and optionally memory_headroom, framework; groups and group_link_bytes_per_s for "
@@ -256,8 +259,9 @@ def cluster_from_dict(data: Any, where: str = "cluster") -> ClusterSpec:
         headroom = inputs.value(data, "memory_headroom", float, where, DEFAULT_MEMORY_HEADROOM)
         per_node = inputs.positive_field(data, "devices_per_node", where)
         if "groups" in data or "group_link_bytes_per_s" in data:
-            if "framework" in data:
-                raise UserError(f"{where}: framework: a mixed cluster is priced for the included runtime only")
+            if "framework" in data or "recompute_modules" in data:
+                key = "framework" if "framework" in data else "recompute_modules"
+                raise UserError(f"{where}: {key}: a mixed cluster is priced for the included runtime only")
             return _mixed_from_dict(data, where, per_node, headroom)
         cluster = ClusterSpec(device=resolve_device(inputs.value(data, "device", str, where)),
                               num_nodes=inputs.positive_field(data, "num_nodes", where),
@@ -265,10 +269,24 @@ def cluster_from_dict(data: Any, where: str = "cluster") -> ClusterSpec:
         name = inputs.value(data, "framework", str, where, RUNTIME.name)
         if name not in FRAMEWORKS:
             raise UserError(f"{where}: framework {name!r} is not one of {', '.join(sorted(FRAMEWORKS))}")
-        return cluster if name == RUNTIME.name else run_by(cluster, FRAMEWORKS[name])
+        traits = _with_modules(FRAMEWORKS[name], data, where)
+        return cluster if name == RUNTIME.name else run_by(cluster, traits)
     except ValueError as exc:   # a profile's own errors name their file; the device's are ours
         text = str(exc)
         raise UserError(text if text.startswith(where) else f"{where}: {text}") from None
+
+
+def _with_modules(traits: FrameworkTraits, data: dict, where: str) -> FrameworkTraits:
+    """The framework's traits with the selective recomputation's modules the file names
+    (optional key recompute_modules: Megatron-Core's --recompute-modules)."""
+    if "recompute_modules" not in data:
+        return traits
+    names = data["recompute_modules"]
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise UserError(f"{where}: recompute_modules: expected a list of module names, got {names!r}")
+    if problems := module_problems(tuple(names), traits.name):
+        raise UserError(f"{where}: recompute_modules: {problems[0]}")
+    return replace(traits, selective_modules=tuple(names))
 
 
 def _mixed_from_dict(data: dict, where: str, per_node: int, headroom: float) -> ClusterSpec:

@@ -9,12 +9,8 @@ from costmodel.kernels.elementwise import gelu_s
 from costmodel.kernels.gemm import _local_shape, _projection_s, expert_rows, linear_tokens, moe_tokens
 from costmodel.kernels.roofline import KernelShape, KernelTimes, memory_bound_s
 from costmodel.layout import MLA_UP_PROJECTIONS, dense_blocks
+from costmodel.selective_modules import SELECTIVE_MODULES
 from costmodel.specs import ModelSpec, TrainSpec
-
-# the modules the model prices, in Megatron-Core's names
-SELECTIVE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act")
-# Megatron-Core's other names: a whole mixture (its dispatch and combine again) or shared expert
-UNPRICED_MODULES = ("moe", "shared_experts")
 
 
 def selective_recompute_s(model: ModelSpec, train: TrainSpec, shape: KernelShape, dev: DeviceProfile,

@@ -73,6 +73,16 @@ def add_framework_arg(p: argparse.ArgumentParser) -> None:
                         "the default), megatron (Megatron-LM on Megatron-Core), torchtitan or deepspeed. Plans "
                         "are then only those it runs as they are (its schedules, layer splits, recomputation, "
                         "ZeRO stages, rank orders), priced as it runs them (costmodel/frameworks.py)")
+    p.add_argument("--recompute-modules", type=_module_names, default=(), metavar="M,M,...",
+                   help="--framework megatron: what its selective recomputation re-runs, Megatron-Core's "
+                        "--recompute-modules (default core_attn, the attention core): core_attn, mla_up_proj (latent "
+                        "attention's up-projections: DeepSeek-V3's recipes), mlp (a dense layer's MLP), moe_act "
+                        "(the experts' activation), layernorm; plans recomputing selectively are priced and "
+                        "exported with these, e.g. mla_up_proj,mlp")
+
+
+def _module_names(text: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in text.split(","))
 
 
 def framework_of(args: argparse.Namespace) -> str:
@@ -149,7 +159,7 @@ def specs_from_args(args: argparse.Namespace) -> tuple[ModelSpec, TrainSpec, Clu
                         dtype=args.dtype, grad_dtype=args.grad_dtype, attention=args.attention,
                         expert_imbalance=args.expert_imbalance, memory_headroom=args.memory_headroom,
                         group_link_bytes_per_s=None if args.group_link is None else args.group_link * 1e9,
-                        framework=framework_of(args))
+                        framework=framework_of(args), recompute_modules=getattr(args, "recompute_modules", ()))
     if not specs[0].is_moe:
         refuse_ignored(getattr(args, "given", {}), {"expert_imbalance"},
                        f"it loads the experts of a mixture, and {specs[0].name} is dense")

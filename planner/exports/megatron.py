@@ -31,6 +31,7 @@ from costmodel.moe_dispatch import limits_groups
 from costmodel.plan import Plan, PlanFile, Recompute, embedding_loss_split
 from costmodel.rank_time import spans
 from costmodel.schedules import Schedule
+from costmodel.selective_modules import DEFAULT_SELECTIVE_MODULES
 from costmodel.specs import Arch, AttentionKernel, DType, FfnKind, ModelSpec, NormKind, PositionKind, TrainSpec
 from planner.exports.common import (
     Adjusted,
@@ -248,6 +249,8 @@ def arguments(pf: PlanFile, plan: Plan) -> list[tuple[str, str | None]]:
         args += [("--overlap-grad-reduce", None)]
     if plan.recompute is Recompute.SELECTIVE:
         args += [("--recompute-granularity", "selective")]
+        if (modules := pf.cluster.framework.selective_modules) != DEFAULT_SELECTIVE_MODULES:
+            args += [("--recompute-modules", " ".join(modules))]
     elif plan.recompute is Recompute.FULL:
         args += [("--recompute-granularity", "full"), ("--recompute-method", "block"),
                  ("--recompute-num-layers", str(_full_recompute_layers(plan)))]
@@ -323,6 +326,10 @@ def _one_connection(plan: Plan) -> bool:
     return (plan.tp > 1 or plan.cp > 1) and plan.zero_stage < 2
 
 
+# flags of several values (argparse nargs), written space-separated in arguments()
+_LIST_FLAGS = frozenset({"--recompute-modules"})
+
+
 def render(pf: PlanFile, plan: Plan) -> tuple[str, str]:
     c = pf.cluster
     lines = ["#!/usr/bin/env bash",
@@ -339,5 +346,6 @@ def render(pf: PlanFile, plan: Plan) -> tuple[str, str]:
     args = arguments(pf, plan)
     for i, (flag, value) in enumerate(args):
         end = " \\" if i < len(args) - 1 else ""
-        lines.append(f"    {flag}{'' if value is None else ' ' + shlex.quote(value)}{end}")
+        words = [] if value is None else value.split(" ") if flag in _LIST_FLAGS else [value]
+        lines.append(f"    {' '.join([flag, *map(shlex.quote, words)])}{end}")
     return "\n".join(lines) + "\n", "bash FILE on every node (NODE_RANK, MASTER_ADDR set), from a Megatron-LM checkout"

@@ -16,8 +16,8 @@ from pathlib import Path
 from costmodel.frameworks import COMPILED_SWIGLU_SAVED, FrameworkTraits, framework_traits
 from costmodel.hardware import ClusterSpec, parse_cluster, profile_dir, run_by
 from costmodel.inputs import UserError, read_text
-from costmodel.kernels.recompute_modules import SELECTIVE_MODULES, UNPRICED_MODULES
 from costmodel.registry import MODELS, gpt_spec, llama_spec
+from costmodel.selective_modules import module_problems
 from costmodel.specs import (
     DEFAULT_EXPERT_IMBALANCE,
     MAX_EXPERT_IMBALANCE,
@@ -309,26 +309,14 @@ def _ep_overlap(row: dict[str, str], traits: FrameworkTraits) -> bool:
 def _recompute_modules(row: dict[str, str], traits: FrameworkTraits, model: ModelSpec) -> tuple[str, ...]:
     """Optional column recompute_modules: the modules the run's selective recomputation re-ran,
     joined by '+' (Megatron-Core's --recompute-modules, e.g. mla_up_proj+mlp; frameworks
-    `selective_modules`), with the checks Megatron-Core's TransformerConfig makes of them."""
+    `selective_modules`), with the checks Megatron-Core makes of them (module_problems)."""
     names = tuple(n.strip() for n in row["recompute_modules"].split("+"))
     where = f"row {row['id']!r}: recompute_modules = {row['recompute_modules'].strip()!r}"
-    if traits.name != "megatron-core":
-        raise UserError(f"{where} is Megatron-Core's --recompute-modules; framework {row.get('framework')!r} "
-                        "has no such option")
+    if problems := module_problems(names, traits.name, model):
+        raise UserError(f"{where}: {problems[0]}")
     if (row.get("recompute") or "").strip().lower() != "selective":
         raise UserError(f"{where} needs recompute = selective (Megatron-Core reads the modules under "
                         "--recompute-granularity selective only)")
-    for name in names:
-        if name in UNPRICED_MODULES:
-            raise UserError(f"{where}: the model does not price recomputing {name!r}")
-        if name not in SELECTIVE_MODULES:
-            raise UserError(f"{where}: unknown module {name!r} (known: {', '.join(SELECTIVE_MODULES)})")
-    if len(set(names)) < len(names):
-        raise UserError(f"{where} names a module twice")
-    if "mla_up_proj" in names and not model.is_mla:
-        raise UserError(f"{where}: mla_up_proj needs multi-latent attention")
-    if "moe_act" in names and not model.is_moe:
-        raise UserError(f"{where}: moe_act needs a mixture of experts")
     return names
 
 

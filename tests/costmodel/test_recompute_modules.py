@@ -105,11 +105,11 @@ ROW = {"id": "r", "framework": "megatron-core", "recompute": "selective", "recom
 
 
 @pytest.mark.parametrize("change,model,message", [
-    ({"framework": "torchtitan"}, DEEPSEEK, "has no such option"),
+    ({"framework": "torchtitan"}, DEEPSEEK, "torchtitan has no such option"),
     ({"recompute": "full"}, DEEPSEEK, "needs recompute = selective"),
     ({"recompute_modules": "mla_up_proj+moe"}, DEEPSEEK, "does not price recomputing 'moe'"),
     ({"recompute_modules": "attn"}, DEEPSEEK, "unknown module 'attn'"),
-    ({"recompute_modules": "mlp+mlp"}, DEEPSEEK, "names a module twice"),
+    ({"recompute_modules": "mlp+mlp"}, DEEPSEEK, "named twice"),
     ({}, LLAMA, "mla_up_proj needs multi-latent attention"),
     ({"recompute_modules": "moe_act"}, LLAMA, "moe_act needs a mixture of experts"),
 ])

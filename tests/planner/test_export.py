@@ -566,6 +566,41 @@ def test_a_deepseek_plan_exports_its_mechanisms_to_megatron(tmp_path, capsys):
     assert "latent attention" in capsys.readouterr().err
 
 
+def test_recomputed_modules_are_priced_kept_in_the_plan_file_and_exported(tmp_path, capsys):
+    """--recompute-modules (Megatron-Core's selective recomputation by module): the plan recomputing
+    the latent attention's up-projections and the dense MLP keeps less than the default's, the
+    plan file keeps the modules, and Megatron-LM's command line says them, as Megatron-Core's own
+    MLATransformerConfig reads them."""
+    pytest.importorskip("megatron.core", reason="megatron-core (test extra) is not installed")
+    from megatron.core.transformer.transformer_config import MLATransformerConfig
+    flags = ["predict", "--model", "deepseek-v2-lite", "--cluster", "2x8xH100", "--pp", "2", "--ep", "8", "--zero", "1",
+             "--recompute", "selective", "--seq-len", "4096", "--global-batch", "64", "--framework", "megatron", "--json"]
+    plans, peaks = {}, {}
+    for name, extra in (("default", []), ("modules", ["--recompute-modules", "mla_up_proj,mlp"])):
+        plans[name] = tmp_path / f"{name}.json"
+        assert main([*flags, *extra, "--out", str(plans[name])]) == 0
+        peaks[name] = max(json.loads(capsys.readouterr().out)["estimate"]["peak_memory_bytes"])
+    default, modules = (json.loads(plans[n].read_text()) for n in ("default", "modules"))
+    assert modules["cluster"]["recompute_modules"] == ["mla_up_proj", "mlp"] and "recompute_modules" not in default["cluster"]
+    assert PlanFile.load(plans["modules"]).cluster.framework.selective_modules == ("mla_up_proj", "mlp")
+    assert peaks["modules"] < peaks["default"]
+    out = tmp_path / "run.sh"
+    _export(capsys, plans["modules"], "megatron", out)
+    text = out.read_text()
+    assert "--recompute-modules mla_up_proj mlp" in text
+    words = shlex.split(text.split("--recompute-modules", 1)[1].split("\\", 1)[0])
+    config = MLATransformerConfig(num_layers=4, hidden_size=256, num_attention_heads=4, multi_latent_attention=True,
+                                  recompute_granularity="selective", recompute_modules=words)
+    assert config.recompute_modules == ["mla_up_proj", "mlp"]
+    _export(capsys, plans["default"], "megatron", tmp_path / "default.sh")
+    assert "--recompute-modules" not in (tmp_path / "default.sh").read_text()
+    cluster = dict(modules["cluster"], recompute_modules=["moe"])
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(dict(modules, cluster=cluster)))
+    assert main(["export", str(bad), "--to", "megatron", "--out", str(tmp_path / "bad.sh")]) == 2
+    assert "does not price recomputing 'moe'" in capsys.readouterr().err
+
+
 def test_an_export_to_another_framework_is_measured_against_the_plan_as_searched(plan_paths, tmp_path, capsys):
     """A plan searched for Megatron exported to DeepSpeed: the loss is told against the plan as it
     was searched (Megatron's traits), not against that plan priced as DeepSpeed would run it,
