@@ -169,8 +169,10 @@ Each trait is a mechanism with its source, not a per-framework fudge factor:
   and V freed after the attention core), `mlp` a dense layer's MLP (not a mixture's), `moe_act`
   the experts' activation (the fc2 input freed), `layernorm` the norms Transformer Engine's spec
   keeps apart from a linear (latent attention's input norm, a mixture's pre-MLP norm). Each keeps
-  its inputs and re-runs its forward in backward (costmodel.kernels.recompute_modules). Set per
-  run by the runs table's `recompute_modules` column; the search keeps the default.
+  its inputs and re-runs its forward in backward (costmodel.kernels.recompute_modules). Set by
+  `--recompute-modules` (search and predict under --framework megatron; a plan file's cluster
+  keeps it) and per run by the runs table's `recompute_modules` column; the search does not
+  choose among module sets.
 - `recv_buffers_kept`: torch's PipelineStage makes its receive buffers once, at its first step,
   one per micro-batch: the activation of every stage after the first and the output gradient of
   every stage before the last (torch/distributed/pipelining/stage.py, `_setup_forward_recv_info`,
