@@ -267,7 +267,8 @@ def _async_tp(row: dict[str, str], traits: FrameworkTraits, cluster: ClusterSpec
     into tp steps over symmetric memory, each behind the matmul of a chunk already there, as
     Transformer Engine's userbuffers do; it is an inductor pass (torchtitan refuses it without
     --training.compile) and runs on SM90 and later, so a row stating it says compiled, and its
-    device's profile has `tp_comm_gemm_overlap`."""
+    device's profile has `tp_comm_gemm_overlap`. `no` also states a Megatron-Core run without
+    --tp-comm-overlap (Transformer Engine's userbuffers), which the framework's traits assume."""
     overlap = flag_cell(row, "async_tp", False)
     if overlap and not cluster.device.tp_comm_gemm_overlap:
         raise UserError(f"row {row['id']!r}: async_tp = yes on {cluster.device.name}, whose profile "

@@ -22,7 +22,7 @@ def validated():
 
 def test_published_runs_stay_within_the_measured_fidelity(validated):
     results, summary = validated
-    assert summary["n"] == sum(1 for r in results if r.error_pct is not None) == 201
+    assert summary["n"] == sum(1 for r in results if r.error_pct is not None) == 206
     # the worst rows are MPT-30B at 8k tokens on 8 A100 (+28 % tokens/s, a run near its memory
     # limit), Megatron-LM's 1.7B on 48 H100 (-19 % iteration time: micro-batch and recomputation
     # unstated, filled by the search) and GPT-NeoX-20B on DeepSpeed's pipeline over 96 A100 (+17 %
@@ -32,7 +32,7 @@ def test_published_runs_stay_within_the_measured_fidelity(validated):
     assert summary["mape_pct"] <= 5.0
     assert summary["max_abs_error_pct"] <= 28.0
     assert summary["spearman"] >= 0.99
-    assert sum(r.fits for r in results if r.error_pct is not None) == 201
+    assert sum(r.fits for r in results if r.error_pct is not None) == 206
     assert summary["num_status_correct"] == summary["num_status_rows"]
 
 
@@ -56,6 +56,16 @@ def test_deepseek_v3_on_b200_runs_the_recipes_pipeline_layout(validated):
     for r in rows:
         assert [r.plan.layers_on_rank(k) for k in range(r.plan.pp)] == [4] * 15 + [1]
         assert abs(r.error_pct) <= 6
+
+
+def test_qwen3_235b_on_h100_is_priced_with_its_expert_all_to_all_overlap(validated):
+    """Megatron-Bridge's Qwen3-235B on 256 H100 (TP 2, PP 8 x VP 4, EP 32) overlaps its expert
+    all-to-alls with another micro-batch's compute (ep_overlap): priced so, each release's row is
+    within 10 % (as plain all-to-alls they were 17-26 % too slow)."""
+    results, _ = validated
+    rows = [r for r in results if "_qwen3_235b_h100_" in r.id]
+    assert len(rows) == 5
+    assert all(r.fits and abs(r.error_pct) <= 10 for r in rows)
 
 
 def test_leaving_a_source_out_of_the_fit_predicts_it(tmp_path):
