@@ -178,17 +178,17 @@ def parts_time_model(parts: RankTimeParts, c: ComputeParts, sp: Spans, vpp: int 
     if unrecomputed is None:
         unrecomputed = c.unrecomputed[key] = _unrecomputed(parts, c, sp)
     per_layer, first_edge, last_edge, comm = unrecomputed
+    if c.dense is not None and c.shape.recompute is Recompute.SELECTIVE and c.dense.selective_s != c.selective_s:
+        first_edge = first_edge + _dense_selective(parts.model, c)
     return RankTimeModel(per_layer=per_layer, per_recomputed_layer=_recomputed_layer(c, *comm).scaled(c.stage),
-                         first_edge=first_edge + _dense_selective(parts.model, c), last_edge=last_edge,
-                         pp_send_s=parts.pp_send_s(c, sp.pp), vpp=vpp)
+                         first_edge=first_edge, last_edge=last_edge, pp_send_s=parts.pp_send_s(c, sp.pp), vpp=vpp)
 
 
 def _dense_selective(model: ModelSpec, c: ComputeParts) -> RankTimes:
     """What the dense first layers' selective recomputation re-runs beyond an expert layer's (a
     dense MLP under Megatron-Core's `mlp`; recompute_modules), at the stage factor: Megatron-Core
     recomputes selectively every layer. Their full recomputation is priced as an expert layer's."""
-    if c.dense is None or c.shape.recompute is not Recompute.SELECTIVE or c.dense.selective_s == c.selective_s:
-        return ZERO_TIMES
+    assert c.dense is not None
     return _times(rc=c.again * (c.dense.selective_s - c.selective_s) * model.first_k_dense).scaled(c.stage)
 
 
