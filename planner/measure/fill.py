@@ -20,7 +20,7 @@ from costmodel.plan import Plan, Recompute, virtual_stage_options
 from costmodel.schedules import Schedule
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.exports import deepspeed, megatron, torchtitan
-from planner.measure.runs_table import choice_cell, flag_cell, int_cell
+from planner.measure.cells import choice_cell, flag_cell, int_cell
 from planner.search import SearchOptions, search
 from planner.space import Choice, build_plan, divisors
 

@@ -14,7 +14,7 @@ from costmodel.memory import in_flight_micro_batches
 from costmodel.rank_time.ep_overlap import overlapped_ep_s, unpaired_share
 from costmodel.registry import resolve_model
 from costmodel.specs import TrainSpec
-from planner.measure.runs_table import _ep_overlap
+from planner.measure.row_traits import _ep_overlap
 from planner.space import Choice, build_plan
 
 QWEN3 = resolve_model("qwen3-235b-a22b")

@@ -18,7 +18,7 @@ from costmodel.plan import Recompute
 from costmodel.rank_time.parts import TimeShape, rank_time_parts
 from costmodel.registry import resolve_model
 from costmodel.specs import TrainSpec
-from planner.measure.runs_table import _recompute_modules
+from planner.measure.row_traits import _recompute_modules
 from planner.space import Choice, build_plan
 
 DEEPSEEK, LLAMA = resolve_model("deepseek-v3"), resolve_model("llama-70b")

@@ -1,0 +1,113 @@
+"""The traits a runs-table row is priced with: its framework's (costmodel.frameworks), with the
+settings the row states that the framework leaves to its user (optional columns dispatcher,
+fp8_param_gather, compiled, async_tp, ep_overlap, recompute_modules), each checked as the
+framework checks it, in one line naming the row."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from costmodel.frameworks import COMPILED_SWIGLU_SAVED, FrameworkTraits, framework_traits
+from costmodel.hardware import ClusterSpec
+from costmodel.inputs import UserError
+from costmodel.selective_modules import module_problems
+from costmodel.specs import ModelSpec
+from planner.measure.cells import choice_cell, flag_cell, int_cell
+
+# the dispatcher column's values: Megatron-Core's all-to-all, or its flex dispatcher with DeepEP or
+# HybridEP, which send a token once to each node holding some of its experts
+DISPATCHERS = ("alltoall", "deepep", "hybridep")
+
+
+def row_traits(row: dict[str, str], cluster: ClusterSpec, model: ModelSpec) -> FrameworkTraits:
+    """The traits of the framework that ran the row, with the settings the row states that the
+    framework leaves to its user (costmodel.frameworks): optional columns fp8_param_gather (float8
+    weights gathered in float8), compiled (_compiled), async_tp (_async_tp), dispatcher (the
+    expert all-to-all: a per-node one, `dispatch_per_node`, unless alltoall), ep_overlap
+    (_ep_overlap) and recompute_modules (_recompute_modules)."""
+    traits = framework_traits(row.get("framework"))
+    if (row.get("dispatcher") or "").strip():
+        dispatcher = choice_cell(row, "dispatcher", DISPATCHERS, "alltoall")
+        traits = replace(traits, dispatch_per_node=dispatcher != "alltoall")
+    if (row.get("fp8_param_gather") or "").strip():
+        traits = replace(traits, float8_param_gather=flag_cell(row, "fp8_param_gather", False))
+    if (row.get("compiled") or "").strip():
+        traits = _compiled(traits, flag_cell(row, "compiled", False))
+    if (row.get("async_tp") or "").strip():
+        traits = _async_tp(row, traits, cluster)
+    if (row.get("ep_overlap") or "").strip():
+        traits = replace(traits, ep_a2a_overlap=_ep_overlap(row, traits))
+    if (row.get("recompute_modules") or "").strip():
+        traits = replace(traits, selective_modules=_recompute_modules(row, traits, model))
+    return traits
+
+
+def _compiled(traits: FrameworkTraits, compiled: bool) -> FrameworkTraits:
+    """Optional column compiled: whether the run's transformer layers ran under torch.compile
+    (torchtitan's --training.compile). yes: inductor fuses each layer's memory-bound work and the
+    float8 casts (`compiled_layer`, `float8_casts_fused`); no: torch's eager layer, its norms, RoPE,
+    SwiGLU and casts each their own kernels (`eager_layer`, as fms-fsdp's runs). A compiled
+    SwiGLU keeps what a fused one does (COMPILED_SWIGLU_SAVED)."""
+    saved = min(traits.swiglu_saved_tensors, COMPILED_SWIGLU_SAVED) if compiled else traits.swiglu_saved_tensors
+    return replace(traits, compiled_layer=compiled, eager_layer=not compiled, float8_casts_fused=compiled,
+                   swiglu_saved_tensors=saved)
+
+
+def _async_tp(row: dict[str, str], traits: FrameworkTraits, cluster: ClusterSpec) -> FrameworkTraits:
+    """Optional column async_tp: whether the run overlapped its sequence-parallel collectives with
+    their GEMMs (`tp_comm_overlap`). torch's async TP (torchtitan's
+    --parallelism.enable_async_tensor_parallel) decomposes each all-gather and reduce-scatter
+    into tp steps over symmetric memory, each behind the matmul of a chunk already there, as
+    Transformer Engine's userbuffers do; it is an inductor pass (torchtitan refuses it without
+    --training.compile) and runs on SM90 and later, so a row stating it says compiled, and its
+    device's profile has `tp_comm_gemm_overlap`. `no` also states a Megatron-Core run without
+    --tp-comm-overlap (Transformer Engine's userbuffers), which the framework's traits assume."""
+    overlap = flag_cell(row, "async_tp", False)
+    if overlap and not cluster.device.tp_comm_gemm_overlap:
+        raise UserError(f"row {row['id']!r}: async_tp = yes on {cluster.device.name}, whose profile "
+                         "runs no TP collective-GEMM overlap (tp_comm_gemm_overlap)")
+    if overlap and (row.get("compiled") or "").strip() and not flag_cell(row, "compiled", False):
+        raise UserError(f"row {row['id']!r}: async_tp = yes needs compiled = yes (torch's async TP is an inductor pass)")
+    return replace(traits, tp_comm_overlap=overlap)
+
+
+# the plan cells a row overlapping its expert all-to-alls states: the search that fills the others
+# prices a plan's layers before its micro-batch and stage counts, which the overlap reads
+_EP_OVERLAP_STATED = ("micro_batch", "recompute", "vpp", "zero_stage")
+
+
+def _ep_overlap(row: dict[str, str], traits: FrameworkTraits) -> bool:
+    """Optional column ep_overlap: whether the run overlapped its expert all-to-alls with another
+    micro-batch's compute (Megatron-Core's --overlap-moe-expert-parallel-comm,
+    `ep_a2a_overlap`), with the checks Megatron-Core's TransformerConfig makes of it."""
+    overlap = flag_cell(row, "ep_overlap", False)
+    if not overlap:
+        return False
+    where = f"row {row['id']!r}: ep_overlap = yes"
+    if traits.name != "megatron-core":
+        raise UserError(f"{where} is Megatron-Core's --overlap-moe-expert-parallel-comm; framework "
+                        f"{row.get('framework')!r} has no such overlap")
+    if int_cell(row, "ep", 1) < 2:
+        raise UserError(f"{where} needs expert parallelism (ep of 2 or more)")
+    needed = _EP_OVERLAP_STATED + (("sp",) if int_cell(row, "tp", 1) > 1 else ())
+    missing = [c for c in needed if not (row.get(c) or "").strip()]
+    if missing:
+        raise UserError(f"{where} needs {', '.join(missing)} stated: the search does not price the overlap")
+    if row["recompute"].strip().lower() == "full":
+        raise UserError(f"{where} runs without full recomputation (Megatron-Core refuses the two together)")
+    if int_cell(row, "pp", 1) > 1 and int_cell(row, "vpp", 1) < 2:
+        raise UserError(f"{where} needs an interleaved pipeline (vpp of 2 or more) where pp > 1, as Megatron-Core does")
+    return True
+
+
+def _recompute_modules(row: dict[str, str], traits: FrameworkTraits, model: ModelSpec) -> tuple[str, ...]:
+    """Optional column recompute_modules: the modules the run's selective recomputation re-ran,
+    joined by '+' (Megatron-Core's --recompute-modules, e.g. mla_up_proj+mlp; frameworks
+    `selective_modules`), with the checks Megatron-Core makes of them (module_problems)."""
+    names = tuple(n.strip() for n in row["recompute_modules"].split("+"))
+    where = f"row {row['id']!r}: recompute_modules = {row['recompute_modules'].strip()!r}"
+    if problems := module_problems(names, traits.name, model):
+        raise UserError(f"{where}: {problems[0]}")
+    if (row.get("recompute") or "").strip().lower() != "selective":
+        raise UserError(f"{where} needs recompute = selective (Megatron-Core reads the modules under "
+                        "--recompute-granularity selective only)")
+    return names
