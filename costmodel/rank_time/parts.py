@@ -103,6 +103,7 @@ class ComputeParts:
     shape: TimeShape
     layer: KernelTimes
     selective_s: float   # what the framework's selective recomputation re-runs of the layer
+    selective_mlp: bool  # and whether that is a dense MLP with its TP collectives (Megatron-Core's `mlp`)
     exposed: float   # the share of forward TP collectives the framework leaves exposed
     exposed_backward: float   # and of backward ones
     early: bool      # a full recomputation stops before the layer's last projection
@@ -137,6 +138,7 @@ class _KernelParts:
 
     layer: KernelTimes
     selective_s: float
+    selective_mlp: bool
     early: bool
     exposed: float
     exposed_backward: float
@@ -244,7 +246,8 @@ def _compute_parts(model: ModelSpec, train: TrainSpec, shape: TimeShape, cluster
     dev = cluster.device
     k = kernels
     return ComputeParts(
-        shape=shape, layer=k.layer, selective_s=k.selective_s, exposed=k.exposed, exposed_backward=k.exposed_backward, early=k.early,
+        shape=shape, layer=k.layer, selective_s=k.selective_s, selective_mlp=k.selective_mlp,
+        exposed=k.exposed, exposed_backward=k.exposed_backward, early=k.early,
         # Efficiency.recompute_cost: 1, or calibrate's fit
         again=dev.for_dtype(train.compute_dtype).efficiency.recompute_cost,
         offload_s=_activation_offload_s(model, train, shape, cluster) if shape.offload_activations else 0.0,
@@ -278,7 +281,8 @@ def _kernel_parts(model: ModelSpec, train: TrainSpec, shape: KernelKey, cluster:
     return _KernelParts(
         layer=layer, early=early,
         selective_s=selective_recompute_s(model, train, shape, dev, fw.selective_modules, layer,
-                                          fw.float8_casts_fused), exposed=exposed, exposed_backward=exposed_backward,
+                                          fw.float8_casts_fused),
+        selective_mlp="mlp" in fw.selective_modules and not model.is_moe, exposed=exposed, exposed_backward=exposed_backward,
         embedding=embedding_kernel_times(model, train, shape, dev),
         head=head_kernel_times(model, train, shape, dev, fw.cpu_kernels, fw.fused_cross_entropy,
                                composite_rms_norm(fw)),

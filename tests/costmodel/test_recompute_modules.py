@@ -15,6 +15,7 @@ from costmodel.kernels import expert_rows
 from costmodel.kernels.recompute_modules import module_forward_s
 from costmodel.memory import layer_activation_bytes
 from costmodel.plan import Recompute
+from costmodel.rank_time import rank_time_model, spans
 from costmodel.rank_time.parts import TimeShape, rank_time_parts
 from costmodel.registry import resolve_model
 from costmodel.specs import TrainSpec
@@ -118,3 +119,16 @@ def test_a_row_names_modules_megatron_core_recomputes(change, model, message):
     with pytest.raises(UserError, match=message):
         _recompute_modules(row, framework_traits(row["framework"]), model)
     assert _recompute_modules(ROW, MEGATRON, DEEPSEEK) == ("mla_up_proj", "mlp")
+
+
+def test_a_dense_mlp_re_run_repeats_its_tp_collectives():
+    """Megatron-Core checkpoints the whole MLP, its column-parallel fc1's all-gather (SP) and its
+    row-parallel fc2's reduce-scatter included: the re-run pays them again (exposed as the
+    framework leaves them), where the attention core's re-run has none."""
+    def recomputed(modules):
+        cluster = _cluster(modules)
+        plan = _plan(LLAMA, cluster)
+        return rank_time_model(LLAMA, TRAIN, plan, cluster, spans(plan, cluster)).per_recomputed_layer
+    assert recomputed(("core_attn",)).tp_comm_s == 0.0
+    assert recomputed(("core_attn", "mlp")).tp_comm_s > 0.0
+    assert recomputed(("core_attn", "mlp")).recompute_s > recomputed(("core_attn",)).recompute_s
