@@ -11,9 +11,10 @@ this gives Megatron's 72·B·s·l·h²·(1 + s/6h + V/12lh) per step (tested).
 from __future__ import annotations
 
 from costmodel.deepseek import dense_layer_model
-from costmodel.layout import MLA_UP_PROJECTIONS, Linear, dense_blocks
+from costmodel.layout import Linear, dense_blocks, recomputed_linears
 from costmodel.params import active_moe_params
 from costmodel.plan import Plan, Recompute
+from costmodel.selective_modules import DEFAULT_SELECTIVE_MODULES
 from costmodel.specs import ModelSpec, TrainSpec
 
 BACKWARD_FACTOR = 2  # dX and dW each cost one forward's FLOPs (SC'21 Sec. 5.1)
@@ -101,7 +102,7 @@ def model_flops_per_step(model: ModelSpec, train: TrainSpec) -> int:
 
 
 def recompute_flops_per_step(model: ModelSpec, train: TrainSpec, plan: Plan, early_stop: bool = False,
-                             modules: tuple[str, ...] = ("core_attn",)) -> int:
+                             modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES) -> int:
     """Extra forward work re-done in backward: whole layers (full; less the last projection where
     the recomputation stops early) or, selective, the framework's modules (`modules`:
     selective_layer_flops), for the layers the plan recomputes on each pipeline rank, over all DP
@@ -120,26 +121,17 @@ def recompute_flops_per_step(model: ModelSpec, train: TrainSpec, plan: Plan, ear
     return per_layer * sum(plan.recompute_num_layers) + dense
 
 
-# the projections each recomputed module re-runs (costmodel.kernels.recompute_modules): the latent
-# attention's up-projections, a dense layer's MLP
-_MODULE_LINEARS = {"mla_up_proj": ("attention", MLA_UP_PROJECTIONS), "mlp": ("mlp", None)}
-
-
 def selective_layer_flops(model: ModelSpec, num_sequences: int, seq_len: int, modules: tuple[str, ...]) -> int:
     """A layer's forward FLOPs its selective recomputation re-runs: the attention core
     (core_attn), the projections of mla_up_proj and mlp where the layer has them; the norms and
     the experts' activation are memory-bound, no FLOPs."""
     tokens = num_sequences * seq_len
     total = attention_core_forward_flops(model, num_sequences, seq_len) if "core_attn" in modules else 0
-    for name, (block_name, names) in _MODULE_LINEARS.items():
-        if name in modules:
-            total += sum(linear_forward_flops(lin, tokens) for block in dense_blocks(model) if block.name == block_name
-                         for lin in block.linears if names is None or lin.name in names)
-    return total
+    return total + sum(linear_forward_flops(lin, tokens) for name in modules for lin in recomputed_linears(model, name))
 
 
 def executed_flops_per_step(model: ModelSpec, train: TrainSpec, plan: Plan, early_stop: bool = False,
-                            modules: tuple[str, ...] = ("core_attn",)) -> int:
+                            modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES) -> int:
     """Hardware FLOPs (HFU numerator): model FLOPs plus recomputation, as the framework runs it
     (`early_stop`: costmodel.frameworks `recompute_early_stop`; `modules`: its `selective_modules`)."""
     return model_flops_per_step(model, train) + recompute_flops_per_step(model, train, plan, early_stop, modules)

@@ -67,6 +67,18 @@ def layer_blocks(model: ModelSpec) -> tuple[Block, ...]:
 MLA_UP_PROJECTIONS = ("wq", "wq_b", "wkv_b")
 
 
+def recomputed_linears(model: ModelSpec, module: str) -> tuple[Linear, ...]:
+    """The projections a selectively recomputed module re-runs (Megatron-Core's names,
+    costmodel.selective_modules): mla_up_proj the latent attention's up-projections, mlp a dense
+    MLP's (none in a mixture's layer, whose MLP dense_blocks leaves out); none for the others."""
+    wanted = {"mla_up_proj": ("attention", MLA_UP_PROJECTIONS), "mlp": ("mlp", None)}.get(module)
+    if wanted is None:
+        return ()
+    block_name, names = wanted
+    return tuple(lin for block in dense_blocks(model) if block.name == block_name
+                 for lin in block.linears if names is None or lin.name in names)
+
+
 def mla_linears(model: ModelSpec) -> tuple[Linear, ...]:
     """Multi-head latent attention in its training (non-absorbed) form, DeepSeek-V2 Sec. 2.1.2
     and transformers' DeepseekV3Attention: the input down to the query latent (q_lora_rank; none

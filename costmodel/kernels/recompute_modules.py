@@ -8,7 +8,7 @@ from costmodel.hardware import DeviceProfile
 from costmodel.kernels.elementwise import gelu_s
 from costmodel.kernels.gemm import _local_shape, _projection_s, expert_rows, linear_tokens, moe_tokens
 from costmodel.kernels.roofline import KernelShape, KernelTimes, memory_bound_s
-from costmodel.layout import MLA_UP_PROJECTIONS, dense_blocks
+from costmodel.layout import recomputed_linears
 from costmodel.selective_modules import SELECTIVE_MODULES
 from costmodel.specs import ModelSpec, TrainSpec
 
@@ -38,14 +38,14 @@ def module_forward_s(model: ModelSpec, train: TrainSpec, shape: KernelShape, dev
     if name == "mla_up_proj":
         if not model.is_mla:
             return 0.0
-        gemms = _linears_forward_s(model, train, shape, dev, tokens, fused_casts, "attention", MLA_UP_PROJECTIONS)
+        gemms = _linears_forward_s(model, train, shape, dev, tokens, fused_casts, name)
         return gemms + memory_bound_s(2 * 2 * a * tokens * model.num_heads * model.head_dim / tp, dev, 2)
     if name == "mlp":
         if model.is_moe:
             return 0.0
         activation = (memory_bound_s(3 * a * tokens * model.ffn_hidden_size / tp, dev, 1) if model.ffn_kind.gated
                       else gelu_s(model, shape, tokens, dev)[0])
-        return _linears_forward_s(model, train, shape, dev, tokens, fused_casts, "mlp") + activation
+        return _linears_forward_s(model, train, shape, dev, tokens, fused_casts, name) + activation
     if name == "moe_act":
         if not model.is_moe:
             return 0.0
@@ -60,15 +60,12 @@ def module_forward_s(model: ModelSpec, train: TrainSpec, shape: KernelShape, dev
 
 
 def _linears_forward_s(model: ModelSpec, train: TrainSpec, shape: KernelShape, dev: DeviceProfile, tokens: int,
-                       fused_casts: bool, block_name: str, names: tuple[str, ...] | None = None) -> float:
-    """Forward GEMMs of a block's projections (those named, or all), as the layer prices them."""
+                       fused_casts: bool, module: str) -> float:
+    """Forward GEMMs of the projections `module` re-runs (layout.recomputed_linears), as the
+    layer prices them."""
     total = 0.0
-    for block in dense_blocks(model):
-        if block.name != block_name:
-            continue
-        for lin in block.linears:
-            if names is None or lin.name in names:
-                k, n = _local_shape(lin, shape.tp)
-                m = linear_tokens(lin, tokens, shape.tp, shape.sequence_parallel)
-                total += _projection_s(m, k, n, dev, train, shape.fp8_linears, fused_casts)[0]
+    for lin in recomputed_linears(model, module):
+        k, n = _local_shape(lin, shape.tp)
+        m = linear_tokens(lin, tokens, shape.tp, shape.sequence_parallel)
+        total += _projection_s(m, k, n, dev, train, shape.fp8_linears, fused_casts)[0]
     return total
