@@ -95,3 +95,16 @@ def test_readme_is_short_has_few_dates_and_the_two_set_up_commands():
     assert "bash scripts/setup.sh && planner search --model llama-70b --cluster 8x8xA100" in text
     assert "bash scripts/setup.sh && python3 -m pytest -q" in text
     assert (ROOT / ".ci" / "run").read_text().strip().endswith("bash scripts/setup.sh && python3 -m pytest -q")
+
+
+def test_every_framework_trait_is_documented_once():
+    """docs/frameworks.md is the reference of FrameworkTraits: one entry per field, none for a
+    field that is gone."""
+    import dataclasses
+
+    from costmodel.frameworks import FrameworkTraits
+
+    text = (ROOT / "docs" / "frameworks.md").read_text()
+    entries = re.findall(r"^- `(\w+)`:", text, re.M)
+    fields = [f.name for f in dataclasses.fields(FrameworkTraits)]
+    assert sorted(entries) == sorted(fields)
