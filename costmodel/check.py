@@ -21,6 +21,7 @@ from costmodel.hardware import ClusterSpec, DeviceProfile
 from costmodel.memory import StageMemory
 from costmodel.placement import expert_layout
 from costmodel.plan import AXES, DEFAULT_AXIS_ORDER, Plan, Recompute
+from costmodel.rank_time.ep_overlap import plan_overlap_problems
 from costmodel.schedules import Schedule
 from costmodel.selective_modules import DEFAULT_SELECTIVE_MODULES, module_problems
 from costmodel.specs import ModelSpec, PositionKind, TrainSpec
@@ -98,6 +99,8 @@ def check_structure(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
     problems += _check_recompute(plan)
     if (modules := cluster.framework.selective_modules) != DEFAULT_SELECTIVE_MODULES:
         problems += [f"recompute_modules: {p}" for p in module_problems(modules, cluster.framework.name, model)]
+    if cluster.framework.ep_a2a_overlap:
+        problems += [f"ep_overlap: {p}" for p in plan_overlap_problems(model, train.compute_dtype, plan)]
     return problems
 
 

@@ -39,6 +39,7 @@ from costmodel.memory import (
     backward_working_bytes,
     host_activation_bytes,
     host_state_bytes,
+    overlap_warmup_bytes,
     rebuilt_layer_bytes,
     stage_memory,
 )
@@ -230,13 +231,15 @@ def host_bytes_per_rank(model: ModelSpec, train: TrainSpec, plan: Plan,
 
 def memory_per_rank(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan,
                     sim: Simulation | None = None) -> list[StageMemory]:
-    """States, buffers and reserve per formula; activations at their simulated peak."""
+    """States, buffers and reserve per formula; activations at their simulated peak (with what the
+    expert all-to-all overlap's warmup adds to the order simulated: overlap_warmup_bytes)."""
     sim = sim or simulate_plan(model, train, cluster, plan)
     reserved = [view.device.efficiency.reserved_memory_bytes for view in rank_views(plan, cluster)]
     last = plan.stage_rank(plan.num_virtual_stages - 1)
     traits = cluster.framework
     return [replace(stage_memory(model, train, plan, r, reserved[r], traits),
                     activations_bytes=sim.peak_activation_bytes[r]
+                    + overlap_warmup_bytes(model, train, plan, r, traits)
                     + backward_working_bytes(model, train, plan, r == last, traits,
                                              rebuilt_layer_bytes(model, train, plan, r, traits)))
             for r in range(plan.pp)]

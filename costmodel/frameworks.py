@@ -190,6 +190,14 @@ def shared_expert_split(tp: int, shared_expert_tp: bool) -> int:
     return tp if shared_expert_tp else 1
 
 
+def with_ep_overlap(traits: FrameworkTraits) -> FrameworkTraits:
+    """Megatron-Core's traits with its expert all-to-all overlap (`ep_a2a_overlap`) as the recipes
+    that turn it on run it: CUDA_DEVICE_MAX_CONNECTIONS raised for the overlap's streams (32 in the
+    Megatron-MoE model zoo's sbatch_benchmarking.sh and Megatron-Bridge's recipes), and without
+    Transformer Engine's TP overlap, which none of them combines with it."""
+    return replace(traits, ep_a2a_overlap=True, tp_comm_overlap=False)
+
+
 def framework_traits(name: str | None) -> FrameworkTraits:
     """The traits of a named framework; `GENERIC` for an empty or unknown name."""
     return FRAMEWORKS.get(_key(name), GENERIC)

@@ -8,11 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from costmodel.check import float8_device_problem
+from costmodel.frameworks import with_ep_overlap
 from costmodel.groups import views
 from costmodel.hardware import DEFAULT_MEMORY_HEADROOM, ClusterSpec, parse_cluster
 from costmodel.inputs import UserError
 from costmodel.registry import default_recipe, resolve_model
-from costmodel.selective_modules import module_problems
+from costmodel.selective_modules import MEGATRON_CORE, module_problems
 from costmodel.specs import DEFAULT_EXPERT_IMBALANCE, AttentionKernel, DType, ModelSpec, TrainSpec
 
 FP8 = "fp8"   # dtype fp8: bf16 beside float8 linears (TrainSpec.float8), not a DType of its own
@@ -45,9 +46,11 @@ def build_specs(model: ModelLike, cluster: str | ClusterSpec, *, seq_len: int | 
                 global_batch: int | None = None, dtype: str = "bf16", grad_dtype: str = "fp32",
                 attention: str = "flash", expert_imbalance: float = DEFAULT_EXPERT_IMBALANCE,
                 memory_headroom: float = DEFAULT_MEMORY_HEADROOM, group_link_bytes_per_s: float | None = None,
-                framework: str = "planner", recompute_modules: tuple[str, ...] = ()) -> tuple[ModelSpec, TrainSpec, ClusterSpec]:
+                framework: str = "planner", recompute_modules: tuple[str, ...] = (),
+                ep_overlap: bool = False) -> tuple[ModelSpec, TrainSpec, ClusterSpec]:
     """recompute_modules: what the framework's selective recomputation re-runs (Megatron-Core's
-    --recompute-modules; empty: its default)."""
+    --recompute-modules; empty: its default). ep_overlap: Megatron-Core's expert all-to-all overlap
+    (frameworks.with_ep_overlap; the plans it runs: costmodel.check)."""
     from planner.targets import NAMES, cluster_for
     if framework not in NAMES:
         raise UserError(f"framework {framework!r} is not one of {', '.join(NAMES)}")
@@ -60,6 +63,8 @@ def build_specs(model: ModelLike, cluster: str | ClusterSpec, *, seq_len: int | 
                             + (" (--framework megatron)" if framework != "megatron" else ""))
         parsed = dataclasses.replace(parsed, framework=dataclasses.replace(parsed.framework,
                                                                            selective_modules=recompute_modules))
+    if ep_overlap:
+        parsed = _with_ep_overlap(parsed, spec, framework, dtype)
     seq, batch = default_recipe(spec)
     float8 = dtype == FP8
     if float8 and (problem := next(filter(None, (float8_device_problem(v.device) for v in views(parsed))), None)):
@@ -72,3 +77,16 @@ def build_specs(model: ModelLike, cluster: str | ClusterSpec, *, seq_len: int | 
                       expert_load_imbalance=expert_imbalance)
     return spec, train, parsed
 
+
+
+def _with_ep_overlap(cluster: ClusterSpec, model: ModelSpec, framework: str, dtype: str) -> ClusterSpec:
+    """The cluster's framework with its expert all-to-all overlap, where it has one, the model
+    experts to overlap and the training a 16-bit compute dtype (Megatron-Core's checks)."""
+    if cluster.framework.name != MEGATRON_CORE:
+        raise UserError("--ep-overlap is Megatron-Core's --overlap-moe-expert-parallel-comm: it needs "
+                        f"--framework megatron (not {framework})")
+    if not model.is_moe:
+        raise UserError(f"--ep-overlap overlaps the expert all-to-alls, and {model.name} is dense")
+    if dtype not in (DType.BF16.value, DType.FP16.value, FP8):
+        raise UserError(f"--ep-overlap needs bf16 or fp16 compute (Megatron-Core's check), not --dtype {dtype}")
+    return dataclasses.replace(cluster, framework=with_ep_overlap(cluster.framework))

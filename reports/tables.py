@@ -69,10 +69,12 @@ def share_step_lines(cluster: ClusterSpec, est: Estimate) -> list[str]:
         + f", peak {s['peak_memory_bytes'] / GIB:.1f} of {s['capacity_bytes'] / GIB:.1f} GiB" for s in est.group_shares)]
 
 
-def _modules_said(cluster: ClusterSpec) -> str:
-    """The selective recomputation's modules, where the run names them (--recompute-modules)."""
+def _options_said(cluster: ClusterSpec) -> str:
+    """The framework's options the run sets: the selective recomputation's modules
+    (--recompute-modules) and the expert all-to-all overlap (--ep-overlap)."""
     modules = cluster.framework.selective_modules
-    return "" if modules == DEFAULT_SELECTIVE_MODULES else f", selective recomputation of {'+'.join(modules)}"
+    said = "" if modules == DEFAULT_SELECTIVE_MODULES else f", selective recomputation of {'+'.join(modules)}"
+    return said + (", expert all-to-alls overlapped" if cluster.framework.ep_a2a_overlap else "")
 
 
 def summary_lines(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan,
@@ -81,7 +83,7 @@ def summary_lines(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan
         f"model    {model.name}   train seq {train.seq_len} x global batch {train.global_batch_size} "
         f"({train.compute_dtype}, {train.optimizer}, {train.attention_kernel} attention)",
         f"cluster  {cluster.name} ({cluster.world_size} devices)   priced as {cluster.framework.name} runs plans"
-        + _modules_said(cluster),
+        + _options_said(cluster),
         f"plan     {plan.short()}   layers/stage {list(plan.layers_per_stage)}   "
         f"mesh {'>'.join(plan.mesh_axis_order)}",
         *(f"groups   {line}" for line in placement_lines(plan, cluster, train.global_batch_size)),

@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from costmodel import inputs
-from costmodel.frameworks import FRAMEWORKS, RUNTIME, FrameworkTraits, attention_speedup, traits_on
+from costmodel.frameworks import FRAMEWORKS, RUNTIME, FrameworkTraits, attention_speedup, traits_on, with_ep_overlap
 from costmodel.hardware.profile_io import profile_dir, resolve_device
 from costmodel.hardware.records import DEFAULT_MEMORY_HEADROOM, DeviceProfile, HostSpec, NetworkTier
 from costmodel.inputs import UserError
-from costmodel.selective_modules import DEFAULT_SELECTIVE_MODULES, module_problems
+from costmodel.selective_modules import DEFAULT_SELECTIVE_MODULES, MEGATRON_CORE, module_problems
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -144,6 +144,8 @@ class ClusterSpec:
             out["framework"] = self.framework.name
         if self.framework.selective_modules != DEFAULT_SELECTIVE_MODULES:   # Megatron-Core's --recompute-modules
             out["recompute_modules"] = list(self.framework.selective_modules)
+        if self.framework.ep_a2a_overlap:   # Megatron-Core's --overlap-moe-expert-parallel-comm
+            out["ep_overlap"] = True
         if self.groups:   # nor these, for a uniform cluster
             out["groups"] = [{"num_nodes": g.num_nodes, "device": _device_ref(g.device)} for g in self.groups]
             assert self.group_link is not None
@@ -250,7 +252,7 @@ def mixed_cluster(groups: list[DeviceGroup], devices_per_node: int, link_bytes_p
 
 def cluster_from_dict(data: Any, where: str = "cluster") -> ClusterSpec:
     required = {"num_nodes", "devices_per_node", "device"}
-    optional = {"memory_headroom", "groups", "group_link_bytes_per_s", "framework", "recompute_modules"}
+    optional = {"memory_headroom", "groups", "group_link_bytes_per_s", "framework", "recompute_modules", "ep_overlap"}
     if not isinstance(data, dict) or not required <= set(data) <= required | optional:
         raise UserError(f"{where}: expected an object with keys num_nodes, devices_per_node, device "
                          f"(and optionally memory_headroom, framework; groups and group_link_bytes_per_s for "
@@ -259,8 +261,7 @@ def cluster_from_dict(data: Any, where: str = "cluster") -> ClusterSpec:
         headroom = inputs.value(data, "memory_headroom", float, where, DEFAULT_MEMORY_HEADROOM)
         per_node = inputs.positive_field(data, "devices_per_node", where)
         if "groups" in data or "group_link_bytes_per_s" in data:
-            if "framework" in data or "recompute_modules" in data:
-                key = "framework" if "framework" in data else "recompute_modules"
+            if key := next((k for k in ("framework", "recompute_modules", "ep_overlap") if k in data), None):
                 raise UserError(f"{where}: {key}: a mixed cluster is priced for the included runtime only")
             return _mixed_from_dict(data, where, per_node, headroom)
         cluster = ClusterSpec(device=resolve_device(inputs.value(data, "device", str, where)),
@@ -269,7 +270,7 @@ def cluster_from_dict(data: Any, where: str = "cluster") -> ClusterSpec:
         name = inputs.value(data, "framework", str, where, RUNTIME.name)
         if name not in FRAMEWORKS:
             raise UserError(f"{where}: framework {name!r} is not one of {', '.join(sorted(FRAMEWORKS))}")
-        traits = _with_modules(FRAMEWORKS[name], data, where)
+        traits = _with_ep_overlap(_with_modules(FRAMEWORKS[name], data, where), data, where)
         return cluster if name == RUNTIME.name else run_by(cluster, traits)
     except ValueError as exc:   # a profile's own errors name their file; the device's are ours
         text = str(exc)
@@ -287,6 +288,17 @@ def _with_modules(traits: FrameworkTraits, data: dict, where: str) -> FrameworkT
     if problems := module_problems(tuple(names), traits.name):
         raise UserError(f"{where}: recompute_modules: {problems[0]}")
     return replace(traits, selective_modules=tuple(names))
+
+
+def _with_ep_overlap(traits: FrameworkTraits, data: dict, where: str) -> FrameworkTraits:
+    """The framework's traits with the expert all-to-all overlap where the file turns it on
+    (optional key ep_overlap: Megatron-Core's --overlap-moe-expert-parallel-comm)."""
+    if not inputs.value(data, "ep_overlap", bool, where, False):
+        return traits
+    if traits.name != MEGATRON_CORE:
+        raise UserError(f"{where}: ep_overlap: Megatron-Core's --overlap-moe-expert-parallel-comm; "
+                        f"{traits.name} has no such overlap")
+    return with_ep_overlap(traits)
 
 
 def _mixed_from_dict(data: dict, where: str, per_node: int, headroom: float) -> ClusterSpec:

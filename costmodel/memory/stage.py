@@ -212,6 +212,22 @@ def micro_batch_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan,
     return held + edge_bytes_per_micro_batch(model, train, plan, first, last, traits), rebuilt
 
 
+def overlap_warmup_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
+                         traits: FrameworkTraits = RUNTIME) -> float:
+    """What Megatron-Core's expert all-to-all overlap holds beyond the interleaved order the
+    pipeline simulation runs: the virtual micro-batch its warmup adds (in_flight_micro_batches),
+    one micro-batch of the rank's largest chunk; none where every chunk is in flight already."""
+    v, n = plan.vpp, plan.num_virtual_stages
+    if not (traits.ep_a2a_overlap and plan.ep > 1 and plan.pp > 1 and v > 1):
+        return 0.0
+    if 2 * (plan.pp - rank - 1) + (v - 1) * plan.pp + 1 >= plan.num_micro_batches * v:
+        return 0.0
+    recomputed = plan.recompute_per_stage(traits.recompute_placement)
+    return max(micro_batch_activation_bytes(model, train, plan, plan.layers_per_stage[j], recomputed[j], j == 0,
+                                            j == n - 1, traits)[0]
+               for j in range(n) if plan.stage_rank(j) == rank)
+
+
 def pipeline_buffer_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
                           traits: FrameworkTraits = RUNTIME) -> float:
     """A pipeline rank's send and receive buffers: one activation and one gradient each way in

@@ -17,7 +17,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from costmodel.hardware import ClusterSpec
-from costmodel.plan import Plan
+from costmodel.plan import Plan, Recompute
+from costmodel.specs import DType, ModelSpec
 
 if TYPE_CHECKING:   # costmodel.rank_time.times applies the factor (and imports this module)
     from costmodel.rank_time.times import RankTimes
@@ -49,3 +50,31 @@ def ep_overlap_factor(layer: "RankTimes", plan: Plan, cluster: ClusterSpec) -> f
     contention = cluster.device.efficiency.comm_contention
     cover_s = layer.forward_s + layer.backward_s
     return overlapped_ep_s(layer.ep_comm_s, cover_s, unpaired_share(plan), contention) / layer.ep_comm_s
+
+
+def overlap_problems(model: ModelSpec, compute_dtype: DType, *, ep: int, full_recompute: bool, pp: int,
+                     vpp: int) -> list[str]:
+    """Why Megatron-Core would refuse its expert all-to-all overlap on this model and layout: the
+    checks TransformerConfig.__post_init__ makes of `overlap_moe_expert_parallel_comm` (Megatron-LM
+    d98e8a64) that a plan decides. The token dispatcher is alltoall or flex in every plan the
+    model prices; the shared expert's own overlap is never turned on."""
+    out = []
+    if not model.is_moe:
+        out.append(f"needs a mixture of experts, and {model.name} is dense")
+    if ep < 2:
+        out.append("needs expert parallelism (ep of 2 or more)")
+    if full_recompute:
+        out.append("runs without full recomputation (Megatron-Core refuses the two together)")
+    if pp > 1 and vpp < 2:
+        out.append("needs an interleaved pipeline (vpp of 2 or more) where pp > 1, as Megatron-Core does")
+    if model.mtp_depth > 1:
+        out.append(f"takes one multi-token prediction layer at most ({model.name} has {model.mtp_depth})")
+    if compute_dtype not in (DType.BF16, DType.FP16):
+        out.append(f"needs bf16 or fp16 compute (got {compute_dtype.value})")
+    return out
+
+
+def plan_overlap_problems(model: ModelSpec, compute_dtype: DType, plan: Plan) -> list[str]:
+    """overlap_problems of a whole plan."""
+    return overlap_problems(model, compute_dtype, ep=plan.ep, full_recompute=plan.recompute is Recompute.FULL,
+                            pp=plan.pp, vpp=plan.vpp)

@@ -81,6 +81,14 @@ def add_framework_arg(p: argparse.ArgumentParser) -> None:
                         "exported with these, e.g. mla_up_proj,mlp")
 
 
+    p.add_argument("--ep-overlap", action="store_true",
+                   help="--framework megatron, a mixture of experts: overlap each expert all-to-all with another "
+                        "micro-batch's compute, Megatron-Core's --overlap-moe-expert-parallel-comm (its Qwen3 and "
+                        "DeepSeek-V3 recipes). Plans are then those it runs with it: expert parallelism, no full "
+                        "recomputation, interleaved where pipelined; priced with the overlap (and without "
+                        "Transformer Engine's TP overlap, which its recipes leave off beside it) and exported so")
+
+
 def _module_names(text: str) -> tuple[str, ...]:
     return tuple(n.strip() for n in text.split(","))
 
@@ -159,7 +167,8 @@ def specs_from_args(args: argparse.Namespace) -> tuple[ModelSpec, TrainSpec, Clu
                         dtype=args.dtype, grad_dtype=args.grad_dtype, attention=args.attention,
                         expert_imbalance=args.expert_imbalance, memory_headroom=args.memory_headroom,
                         group_link_bytes_per_s=None if args.group_link is None else args.group_link * 1e9,
-                        framework=framework_of(args), recompute_modules=getattr(args, "recompute_modules", ()))
+                        framework=framework_of(args), recompute_modules=getattr(args, "recompute_modules", ()),
+                        ep_overlap=getattr(args, "ep_overlap", False))
     if not specs[0].is_moe:
         refuse_ignored(getattr(args, "given", {}), {"expert_imbalance"},
                        f"it loads the experts of a mixture, and {specs[0].name} is dense")

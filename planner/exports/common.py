@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 
 from costmodel.check import check_structure
 from costmodel.estimate import Estimate, estimate
-from costmodel.frameworks import framework_traits
+from costmodel.frameworks import FrameworkTraits, framework_traits
 from costmodel.hardware import run_by
 from costmodel.inputs import UserError
 from costmodel.plan import Plan, PlanFile, Recompute, even_layers
@@ -50,15 +50,24 @@ class Export:
     planned: Estimate              # the plan file's plan as it was priced (its own framework's traits)
 
 
+def target_traits(pf: PlanFile, framework: str) -> FrameworkTraits:
+    """The traits a plan runs with under `framework` (a costmodel.frameworks name): the plan
+    file's own where it was priced for that framework (with the options it sets, e.g.
+    Megatron-Core's recompute modules and expert all-to-all overlap, which the export writes),
+    else the framework's defaults."""
+    own = pf.cluster.framework
+    return own if own.name == framework_traits(framework).name else framework_traits(framework)
+
+
 def priced(pf: PlanFile, plan: Plan, framework: str) -> Estimate:
-    """`plan` as the framework runs it: its traits (costmodel.frameworks) on the plan's cluster."""
-    return estimate(pf.model, pf.train, run_by(pf.cluster, framework_traits(framework)), plan)
+    """`plan` as the framework runs it: its traits (target_traits) on the plan's cluster."""
+    return estimate(pf.model, pf.train, run_by(pf.cluster, target_traits(pf, framework)), plan)
 
 
 def checked(pf: PlanFile, plan: Plan, target: str, framework: str) -> None:
     """The adjusted plan must still be a plan of this model on this cluster (memory apart), as
     the target's framework lays it out (its traits: e.g. whether it folds expert parallelism)."""
-    problems = check_structure(pf.model, pf.train, run_by(pf.cluster, framework_traits(framework)), plan)
+    problems = check_structure(pf.model, pf.train, run_by(pf.cluster, target_traits(pf, framework)), plan)
     if problems:
         raise CannotExport(f"{target} cannot run this plan: the nearest plan it can express "
                            f"({plan.short()}) is not valid: {'; '.join(problems)}")

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import shlex
 
-from costmodel.frameworks import framework_traits, tp_comm_overlaps, tp_in_one_node
+from costmodel.frameworks import FrameworkTraits, framework_traits, tp_comm_overlaps, tp_in_one_node
 from costmodel.hardware import ClusterSpec, run_by
 from costmodel.moe_dispatch import limits_groups
 from costmodel.plan import Plan, PlanFile, Recompute, embedding_loss_split
@@ -40,6 +40,7 @@ from planner.exports.common import (
     layout,
     one_shard_group,
     recompute_is_uniform,
+    target_traits,
     to_rank_order,
     to_schedule,
     to_uniform_recompute,
@@ -227,7 +228,7 @@ def arguments(pf: PlanFile, plan: Plan) -> list[tuple[str, str | None]]:
         args += [("--context-parallel-size", str(plan.cp))]
     if plan.sequence_parallel and plan.tp > 1:
         args += [("--sequence-parallel", None)]
-    if tp_comm_overlaps(framework_traits(FRAMEWORK), pf.cluster.device.tp_comm_gemm_overlap, plan.tp,
+    if tp_comm_overlaps(_traits(pf), pf.cluster.device.tp_comm_gemm_overlap, plan.tp,
                         plan.sequence_parallel, tp_within_node=tp_in_one_node(plan.tp, pf.cluster.devices_per_node)):   # Transformer Engine's overlap where it was priced
         args += [("--tp-comm-overlap", None)]
     if layout(plan, plan.mesh_axis_order) == layout(plan, TP_PP_DP_ORDER) != layout(plan, DEFAULT_ORDER):
@@ -247,6 +248,8 @@ def arguments(pf: PlanFile, plan: Plan) -> list[tuple[str, str | None]]:
                  ("--overlap-grad-reduce", None), ("--overlap-param-gather", None), ("--ckpt-format", "fsdp_dtensor")]
     else:
         args += [("--overlap-grad-reduce", None)]
+    if _traits(pf).ep_a2a_overlap:   # Megatron-Core's expert all-to-all overlap, as priced
+        args += [("--overlap-moe-expert-parallel-comm", None)]
     if plan.recompute is Recompute.SELECTIVE:
         args += [("--recompute-granularity", "selective")]
         if (modules := pf.cluster.framework.selective_modules) != DEFAULT_SELECTIVE_MODULES:
@@ -318,6 +321,20 @@ def _deepseek_arguments(m: ModelSpec) -> list[tuple[str, str | None]]:
     return args
 
 
+def _traits(pf: PlanFile) -> FrameworkTraits:
+    """The traits the exported plan is priced with (common.target_traits)."""
+    return target_traits(pf, FRAMEWORK)
+
+
+def _connections(pf: PlanFile, plan: Plan) -> str | None:
+    """CUDA_DEVICE_MAX_CONNECTIONS the run needs: 32 for the expert all-to-all overlap's streams
+    (Megatron-LM's argument checks warn below it; the Megatron-MoE model zoo and Megatron-Bridge
+    set 32), 1 where _one_connection says, else the driver's default."""
+    if _traits(pf).ep_a2a_overlap:
+        return "32"
+    return "1" if _one_connection(plan) else None
+
+
 def _one_connection(plan: Plan) -> bool:
     """Whether the run needs CUDA_DEVICE_MAX_CONNECTIONS=1: validate_args asserts it under tensor
     or context parallelism unless Megatron-FSDP (our ZeRO-2/3) runs, which wants more queues
@@ -330,6 +347,14 @@ def _one_connection(plan: Plan) -> bool:
 _LIST_FLAGS = frozenset({"--recompute-modules"})
 
 
+def _connections_lines(connections: str | None) -> list[str]:
+    if connections is None:
+        return []
+    why = ("Megatron-LM's argument checks require it with TP or CP (before Blackwell) and without Megatron-FSDP"
+           if connections == "1" else "the expert all-to-all overlap runs its communication on streams of its own")
+    return [f"# {why}", f"export CUDA_DEVICE_MAX_CONNECTIONS={connections}"]
+
+
 def render(pf: PlanFile, plan: Plan) -> tuple[str, str]:
     c = pf.cluster
     lines = ["#!/usr/bin/env bash",
@@ -338,8 +363,7 @@ def render(pf: PlanFile, plan: Plan) -> tuple[str, str]:
              "# NODE_RANK and MASTER_ADDR set; replace --mock-data and the NullTokenizer with your data, and the",
              "# 100 iterations at a constant learning rate (a throughput run) with your schedule.",
              "set -euo pipefail",
-             *(["# Megatron-LM's argument checks require it with TP or CP (before Blackwell) and without Megatron-FSDP",
-                "export CUDA_DEVICE_MAX_CONNECTIONS=1"] if _one_connection(plan) else []),
+             *_connections_lines(_connections(pf, plan)),
              f"torchrun --nnodes {c.num_nodes} --nproc-per-node {c.devices_per_node} --node-rank \"${{NODE_RANK:-0}}\" "
              "--master-addr \"${MASTER_ADDR:-localhost}\" --master-port 29500 \\",
              "    pretrain_gpt.py \\"]

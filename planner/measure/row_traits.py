@@ -9,9 +9,11 @@ from dataclasses import replace
 from costmodel.frameworks import COMPILED_SWIGLU_SAVED, FrameworkTraits, framework_traits
 from costmodel.hardware import ClusterSpec
 from costmodel.inputs import UserError
+from costmodel.rank_time.ep_overlap import overlap_problems
 from costmodel.selective_modules import module_problems
-from costmodel.specs import ModelSpec
+from costmodel.specs import DType, ModelSpec
 from planner.measure.cells import choice_cell, flag_cell, int_cell
+from planner.specs import FP8
 
 # the dispatcher column's values: Megatron-Core's all-to-all, or its flex dispatcher with DeepEP or
 # HybridEP, which send a token once to each node holding some of its experts
@@ -35,7 +37,7 @@ def row_traits(row: dict[str, str], cluster: ClusterSpec, model: ModelSpec) -> F
     if (row.get("async_tp") or "").strip():
         traits = _async_tp(row, traits, cluster)
     if (row.get("ep_overlap") or "").strip():
-        traits = replace(traits, ep_a2a_overlap=_ep_overlap(row, traits))
+        traits = replace(traits, ep_a2a_overlap=_ep_overlap(row, traits, model))
     if (row.get("recompute_modules") or "").strip():
         traits = replace(traits, selective_modules=_recompute_modules(row, traits, model))
     return traits
@@ -75,10 +77,11 @@ def _async_tp(row: dict[str, str], traits: FrameworkTraits, cluster: ClusterSpec
 _EP_OVERLAP_STATED = ("micro_batch", "recompute", "vpp", "zero_stage")
 
 
-def _ep_overlap(row: dict[str, str], traits: FrameworkTraits) -> bool:
+def _ep_overlap(row: dict[str, str], traits: FrameworkTraits, model: ModelSpec) -> bool:
     """Optional column ep_overlap: whether the run overlapped its expert all-to-alls with another
     micro-batch's compute (Megatron-Core's --overlap-moe-expert-parallel-comm,
-    `ep_a2a_overlap`), with the checks Megatron-Core's TransformerConfig makes of it."""
+    `ep_a2a_overlap`), with the checks Megatron-Core's TransformerConfig makes of it
+    (overlap_problems)."""
     overlap = flag_cell(row, "ep_overlap", False)
     if not overlap:
         return False
@@ -86,16 +89,16 @@ def _ep_overlap(row: dict[str, str], traits: FrameworkTraits) -> bool:
     if traits.name != "megatron-core":
         raise UserError(f"{where} is Megatron-Core's --overlap-moe-expert-parallel-comm; framework "
                         f"{row.get('framework')!r} has no such overlap")
-    if int_cell(row, "ep", 1) < 2:
-        raise UserError(f"{where} needs expert parallelism (ep of 2 or more)")
     needed = _EP_OVERLAP_STATED + (("sp",) if int_cell(row, "tp", 1) > 1 else ())
     missing = [c for c in needed if not (row.get(c) or "").strip()]
     if missing:
         raise UserError(f"{where} needs {', '.join(missing)} stated: the search does not price the overlap")
-    if row["recompute"].strip().lower() == "full":
-        raise UserError(f"{where} runs without full recomputation (Megatron-Core refuses the two together)")
-    if int_cell(row, "pp", 1) > 1 and int_cell(row, "vpp", 1) < 2:
-        raise UserError(f"{where} needs an interleaved pipeline (vpp of 2 or more) where pp > 1, as Megatron-Core does")
+    precision = choice_cell(row, "precision", (*(d.value for d in DType), FP8), "bf16")
+    dtype = DType.BF16 if precision == FP8 else DType(precision)   # float8 linears compute in bf16
+    if problems := overlap_problems(model, dtype, ep=int_cell(row, "ep", 1),
+                                    full_recompute=row["recompute"].strip().lower() == "full",
+                                    pp=int_cell(row, "pp", 1), vpp=int_cell(row, "vpp", 1)):
+        raise UserError(f"{where} {problems[0]}")
     return True
 
 

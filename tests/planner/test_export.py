@@ -49,6 +49,11 @@ FOLDED = {"mixtral_ep_folded": ["--model", "mixtral-8x7b", "--cluster", "2x8xH10
                                 "--ep", "8", "--zero", "1", "--seq-len", "4096", "--global-batch", "64",
                                 "--framework", "megatron"],
           # expert tensor parallelism: each expert split over 2 of the TP ranks, EP 4 over the next ranks
+          # Megatron-Core's expert all-to-all overlap: EP, an interleaved pipeline, no full recomputation
+          "mixtral_ep_overlap": ["--model", "mixtral-8x7b", "--cluster", "4x8xH100", "--tp", "2", "--pp", "2",
+                                 "--vpp", "2", "--ep", "8", "--recompute", "selective", "--zero", "1",
+                                 "--seq-len", "4096", "--global-batch", "64", "--framework", "megatron",
+                                 "--ep-overlap"],
           "mixtral_etp": ["--model", "mixtral-8x7b", "--cluster", "2x8xH100", "--tp", "4", "--pp", "2", "--ep", "4",
                           "--etp", "2", "--zero", "1", "--seq-len", "4096", "--global-batch", "64",
                           "--framework", "megatron"],
@@ -113,7 +118,11 @@ def plan_paths(tmp_path_factory) -> dict[str, Path]:
 
 
 def _exact_if_searched(doc: dict, pf: PlanFile, name: str) -> None:
-    """A plan searched for the target is exported as it is: no change, and priced as planned."""
+    """A plan searched for the target is exported as it is: no change, and priced as planned; a
+    plan priced for Megatron-Core is priced as planned too, with the options its file sets (the
+    expert all-to-all overlap)."""
+    if pf.cluster.framework.name == "megatron-core" and doc["target"] == "megatron" and not doc["differences"]:
+        assert doc["estimate"]["step_time_s"] == pytest.approx(doc["planned"]["step_time_s"])
     if name == "searched":
         assert doc["plan"] == pf.plan.to_dict()
         assert doc["estimate"]["step_time_s"] == pytest.approx(doc["planned"]["step_time_s"])
@@ -314,8 +323,13 @@ def test_megatron_core_accepts_the_arguments(plan_paths, tmp_path, capsys, monke
     assert ("--grad-reduce-in-bf16" in args) == (pf.train.grad_dtype.value == "bf16")
     # Megatron-LM's validate_args asserts CUDA_DEVICE_MAX_CONNECTIONS=1 under TP or CP (before
     # Blackwell) unless Megatron-FSDP runs
-    needs_one = (plan["tp"] > 1 or plan["cp"] > 1) and plan["zero_stage"] < 2
+    needs_one = (plan["tp"] > 1 or plan["cp"] > 1) and plan["zero_stage"] < 2 and not pf.cluster.framework.ep_a2a_overlap
     assert ("\nexport CUDA_DEVICE_MAX_CONNECTIONS=1\n" in out.read_text()) == needs_one
+    # the expert all-to-all overlap: on where priced so, with more queues (its recipes' 32) and
+    # without Transformer Engine's TP overlap beside it
+    assert config.overlap_moe_expert_parallel_comm == pf.cluster.framework.ep_a2a_overlap == (name == "mixtral_ep_overlap")
+    if config.overlap_moe_expert_parallel_comm:
+        assert "\nexport CUDA_DEVICE_MAX_CONNECTIONS=32\n" in out.read_text() and not config.tp_comm_overlap
     if pf.model.qk_norm:   # the heads as the model has them
         assert config.kv_channels == pf.model.head_dim and config.qk_layernorm
 
@@ -585,7 +599,9 @@ def test_recomputed_modules_are_priced_kept_in_the_plan_file_and_exported(tmp_pa
     assert PlanFile.load(plans["modules"]).cluster.framework.selective_modules == ("mla_up_proj", "mlp")
     assert peaks["modules"] < peaks["default"]
     out = tmp_path / "run.sh"
-    _export(capsys, plans["modules"], "megatron", out)
+    doc = _export(capsys, plans["modules"], "megatron", out)
+    # priced with the modules it writes, as planned
+    assert doc["estimate"]["step_time_s"] == pytest.approx(doc["planned"]["step_time_s"])
     text = out.read_text()
     assert "--recompute-modules mla_up_proj mlp" in text
     words = shlex.split(text.split("--recompute-modules", 1)[1].split("\\", 1)[0])

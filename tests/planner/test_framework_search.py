@@ -122,6 +122,12 @@ def test_megatron_cores_mixtral_8x22b_mapping_fits_as_megatron(capsys):
     (["predict", "--model", "llama3-8b", "--cluster", "4x8xH100", "--framework", "deepspeed", "--tp", "8", "--pp", "2",
       "--zero", "3", "--sp"], "pipeline engine runs ZeRO-0/1 (it would run ZeRO-1); sequence parallelism: DeepSpeed's "
                               "AutoTP has none (it would run tensor parallelism without it)"),
+    (["search", "--model", "mixtral-8x7b", "--cluster", "8x8xH100", "--ep-overlap"],
+     "--ep-overlap is Megatron-Core's --overlap-moe-expert-parallel-comm: it needs --framework megatron"),
+    (["search", "--model", "llama3-8b", "--cluster", "1x8xH100", "--framework", "megatron", "--ep-overlap"],
+     "--ep-overlap overlaps the expert all-to-alls, and llama3-8b is dense"),
+    (["predict", "--model", "mixtral-8x7b", "--cluster", "8x8xH100", "--framework", "megatron", "--ep-overlap",
+      "--pp", "2", "--ep", "8"], "ep_overlap: needs an interleaved pipeline (vpp of 2 or more) where pp > 1"),
 ])
 def test_bad_framework_input_is_one_line_and_exit_2(argv, message, capsys):
     assert main(argv) == 2
@@ -286,3 +292,26 @@ def test_megatron_shards_its_distributed_optimizer_over_instances(tmp_path, caps
     from megatron.core.distributed import DistributedDataParallelConfig
     assert DistributedDataParallelConfig(use_distributed_optimizer=True,
                                          num_distributed_optimizer_instances=2).num_distributed_optimizer_instances == 2
+
+
+def test_the_expert_all_to_all_overlap_is_searched_kept_and_exported(tmp_path, capsys):
+    """--ep-overlap (Megatron-Core's --overlap-moe-expert-parallel-comm): every plan listed is one
+    Megatron-Core runs with it (expert parallelism, no full recomputation, interleaved where
+    pipelined), priced with its all-to-alls hidden, said on the cluster line, kept in the plan
+    file and written by the export."""
+    flags = ["search", "--model", "mixtral-8x7b", "--cluster", "8x8xH100", "--framework", "megatron", "--json"]
+    docs = {}
+    for name, extra in (("plain", []), ("overlap", ["--ep-overlap"])):
+        assert main([*flags, *extra, "--out", str(tmp_path / f"{name}.json")]) == 0
+        docs[name] = json.loads(capsys.readouterr().out)
+    for plan in (row["plan"] for row in docs["overlap"]["plans"]):
+        assert plan["ep"] >= 2 and plan["recompute"] != "full" and (plan["pp"] == 1 or plan["vpp"] >= 2), plan
+    best = [min(row["estimate"]["step_time_s"] for row in docs[n]["plans"]) for n in ("plain", "overlap")]
+    assert best[1] < best[0]
+    pf = PlanFile.load(tmp_path / "overlap.json")
+    assert pf.cluster.framework.ep_a2a_overlap and json.loads((tmp_path / "overlap.json").read_text())["cluster"]["ep_overlap"]
+    assert main(["predict", "--plan", str(tmp_path / "overlap.json")]) == 0
+    assert "expert all-to-alls overlapped" in capsys.readouterr().out
+    assert main(["export", str(tmp_path / "overlap.json"), "--to", "megatron", "--out", str(tmp_path / "run.sh")]) == 0
+    text = (tmp_path / "run.sh").read_text()
+    assert "--overlap-moe-expert-parallel-comm" in text and "export CUDA_DEVICE_MAX_CONNECTIONS=32" in text
