@@ -128,7 +128,10 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
                     fused_cross_entropy=True, **_FSDP),
     FrameworkTraits(name="fms-fsdp", sharded_grads_under_pp=True, eager_layer=True, eager_rms_norm_composite=True,
                     **_FSDP),
+    # compiled, as its presets (compile = true) and published runs run it; a row stating compiled = no
+    # runs eager (planner.measure.row_traits)
     FrameworkTraits(name="torchtitan", sharded_grads_under_pp=False, tp_keeps_gathered_input=True,
+                    compiled_layer=True, swiglu_saved_tensors=COMPILED_SWIGLU_SAVED,
                     recv_buffers_kept=True, pipeline_sends_held=True, tp_backward_reduce_scatter_exposed=True,
                     dtensor_loss_parallel=True,
                     cp_all_gather_kv=True, float8_casts_fused=True, float8_with_tp=True,

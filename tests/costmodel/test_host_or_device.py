@@ -78,9 +78,9 @@ def test_a_framework_that_writes_rms_norm_op_by_op_pays_for_each_op():
                              False, False, False, False, False, True)           # .. composite_norm
     assert ops.forward_s > eager.forward_s and ops.backward_input_s > eager.backward_input_s
     assert composite_rms_norm(framework_traits("fms-fsdp"))                    # eager, always
-    assert not composite_rms_norm(framework_traits("torchtitan"))              # fused count unless eager
+    assert not composite_rms_norm(framework_traits("torchtitan"))              # compiled unless a run says eager
     for name in ("fms-fsdp", "torchtitan"):
         traits = framework_traits(name)
-        assert composite_rms_norm(replace(traits, eager_layer=True))
+        assert composite_rms_norm(replace(traits, eager_layer=True, compiled_layer=False))
         assert not composite_rms_norm(replace(traits, eager_layer=True, compiled_layer=True))
     assert RUNTIME.eager_layer and not composite_rms_norm(RUNTIME)              # torch's fused rms_norm

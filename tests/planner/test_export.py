@@ -164,7 +164,9 @@ def test_torchtitan_reads_the_job_file(plan_paths, tmp_path, capsys, name):
     assert job.training.seq_len == pf.train.seq_len and job.training.global_batch_size == pf.train.global_batch_size
     assert job.training.enable_cpu_offload == plan["offload_optimizer"]
     fp8 = plan["fp8_linears"]
-    assert ("quantize.linear.float8" in job.model.converters) == fp8 and job.compile.enable == fp8
+    # the layers compiled, as priced (frameworks `compiled_layer`); the loss eager
+    assert ("quantize.linear.float8" in job.model.converters) == fp8 and job.compile.enable
+    assert list(job.compile.components) == ["model"]
     if fp8:
         assert job.quantize.linear.float8.recipe_name == "tensorwise" and job.quantize.linear.float8.filter_fqns == ["output"]
     if plan["pp"] > 1:
