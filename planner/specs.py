@@ -12,6 +12,7 @@ from costmodel.frameworks import with_ep_overlap
 from costmodel.groups import views
 from costmodel.hardware import DEFAULT_MEMORY_HEADROOM, ClusterSpec, parse_cluster
 from costmodel.inputs import UserError
+from costmodel.rank_time.ep_overlap import model_overlap_problems
 from costmodel.registry import default_recipe, resolve_model
 from costmodel.selective_modules import MEGATRON_CORE, module_problems
 from costmodel.specs import DEFAULT_EXPERT_IMBALANCE, AttentionKernel, DType, ModelSpec, TrainSpec
@@ -64,7 +65,8 @@ def build_specs(model: ModelLike, cluster: str | ClusterSpec, *, seq_len: int | 
         parsed = dataclasses.replace(parsed, framework=dataclasses.replace(parsed.framework,
                                                                            selective_modules=recompute_modules))
     if ep_overlap:
-        parsed = _with_ep_overlap(parsed, spec, framework, dtype)
+        compute = DType.BF16 if dtype == FP8 else enum_value(DType, dtype, "dtype")   # float8 beside bf16
+        parsed = _with_ep_overlap(parsed, spec, framework, compute)
     seq, batch = default_recipe(spec)
     float8 = dtype == FP8
     if float8 and (problem := next(filter(None, (float8_device_problem(v.device) for v in views(parsed))), None)):
@@ -79,14 +81,13 @@ def build_specs(model: ModelLike, cluster: str | ClusterSpec, *, seq_len: int | 
 
 
 
-def _with_ep_overlap(cluster: ClusterSpec, model: ModelSpec, framework: str, dtype: str) -> ClusterSpec:
-    """The cluster's framework with its expert all-to-all overlap, where it has one, the model
-    experts to overlap and the training a 16-bit compute dtype (Megatron-Core's checks)."""
+def _with_ep_overlap(cluster: ClusterSpec, model: ModelSpec, framework: str, compute_dtype: DType) -> ClusterSpec:
+    """The cluster's framework with its expert all-to-all overlap, where the framework has one and
+    Megatron-Core's checks of model and dtype pass (model_overlap_problems; a plan's own:
+    costmodel.check)."""
     if cluster.framework.name != MEGATRON_CORE:
         raise UserError("--ep-overlap is Megatron-Core's --overlap-moe-expert-parallel-comm: it needs "
                         f"--framework megatron (not {framework})")
-    if not model.is_moe:
-        raise UserError(f"--ep-overlap overlaps the expert all-to-alls, and {model.name} is dense")
-    if dtype not in (DType.BF16.value, DType.FP16.value, FP8):
-        raise UserError(f"--ep-overlap needs bf16 or fp16 compute (Megatron-Core's check), not --dtype {dtype}")
+    if problems := model_overlap_problems(model, compute_dtype):
+        raise UserError(f"--ep-overlap {problems[0]}")
     return dataclasses.replace(cluster, framework=with_ep_overlap(cluster.framework))

@@ -52,25 +52,32 @@ def ep_overlap_factor(layer: "RankTimes", plan: Plan, cluster: ClusterSpec) -> f
     return overlapped_ep_s(layer.ep_comm_s, cover_s, unpaired_share(plan), contention) / layer.ep_comm_s
 
 
-def overlap_problems(model: ModelSpec, compute_dtype: DType, *, ep: int, full_recompute: bool, pp: int,
-                     vpp: int) -> list[str]:
-    """Why Megatron-Core would refuse its expert all-to-all overlap on this model and layout: the
-    checks TransformerConfig.__post_init__ makes of `overlap_moe_expert_parallel_comm` (Megatron-LM
-    d98e8a64) that a plan decides. The token dispatcher is alltoall or flex in every plan the
-    model prices; the shared expert's own overlap is never turned on."""
+def model_overlap_problems(model: ModelSpec, compute_dtype: DType) -> list[str]:
+    """Why Megatron-Core would refuse its expert all-to-all overlap on this model and compute dtype
+    whatever the layout (TransformerConfig.__post_init__'s checks of
+    `overlap_moe_expert_parallel_comm`, Megatron-LM d98e8a64)."""
     out = []
     if not model.is_moe:
         out.append(f"needs a mixture of experts, and {model.name} is dense")
+    if model.mtp_depth > 1:
+        out.append(f"takes one multi-token prediction layer at most ({model.name} has {model.mtp_depth})")
+    if compute_dtype not in (DType.BF16, DType.FP16):
+        out.append(f"needs bf16 or fp16 compute (got {compute_dtype.value})")
+    return out
+
+
+def overlap_problems(model: ModelSpec, compute_dtype: DType, *, ep: int, full_recompute: bool, pp: int,
+                     vpp: int) -> list[str]:
+    """model_overlap_problems, and the checks of the same TransformerConfig that a plan decides.
+    The token dispatcher is alltoall or flex in every plan the model prices; the shared expert's
+    own overlap is never turned on."""
+    out = model_overlap_problems(model, compute_dtype)
     if ep < 2:
         out.append("needs expert parallelism (ep of 2 or more)")
     if full_recompute:
         out.append("runs without full recomputation (Megatron-Core refuses the two together)")
     if pp > 1 and vpp < 2:
         out.append("needs an interleaved pipeline (vpp of 2 or more) where pp > 1, as Megatron-Core does")
-    if model.mtp_depth > 1:
-        out.append(f"takes one multi-token prediction layer at most ({model.name} has {model.mtp_depth})")
-    if compute_dtype not in (DType.BF16, DType.FP16):
-        out.append(f"needs bf16 or fp16 compute (got {compute_dtype.value})")
     return out
 
 

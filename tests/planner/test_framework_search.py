@@ -125,7 +125,7 @@ def test_megatron_cores_mixtral_8x22b_mapping_fits_as_megatron(capsys):
     (["search", "--model", "mixtral-8x7b", "--cluster", "8x8xH100", "--ep-overlap"],
      "--ep-overlap is Megatron-Core's --overlap-moe-expert-parallel-comm: it needs --framework megatron"),
     (["search", "--model", "llama3-8b", "--cluster", "1x8xH100", "--framework", "megatron", "--ep-overlap"],
-     "--ep-overlap overlaps the expert all-to-alls, and llama3-8b is dense"),
+     "--ep-overlap needs a mixture of experts, and llama3-8b is dense"),
     (["predict", "--model", "mixtral-8x7b", "--cluster", "8x8xH100", "--framework", "megatron", "--ep-overlap",
       "--pp", "2", "--ep", "8"], "ep_overlap: needs an interleaved pipeline (vpp of 2 or more) where pp > 1"),
 ])
