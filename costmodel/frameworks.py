@@ -28,7 +28,7 @@ class FrameworkTraits:
     recompute_placement: str = "first"
     dp_collectives_per_layer: bool = False
     fsdp_block_units: bool = False
-    swiglu_saved_tensors: int = 4
+    swiglu_saved_tensors: int = 4   # eager PyTorch's (EAGER_SWIGLU_SAVED)
     loss_grad_in_place: bool = False
     dtensor_loss_parallel: bool = False
     fused_cross_entropy: bool = False
@@ -95,6 +95,8 @@ RUNTIME = FrameworkTraits(name="planner", dp_grad_overlap=True, dp_param_overlap
 # f-wide tensors a compiled SwiGLU keeps for backward (`compiled_layer`): eager's four less
 # silu(gate), which inductor recomputes
 COMPILED_SWIGLU_SAVED = 3
+# eager PyTorch's: gate, up, silu(gate), their product
+EAGER_SWIGLU_SAVED = 4
 
 # The same executor with its layers compiled (planner run --compile).
 COMPILED_RUNTIME = replace(RUNTIME, name="planner-compiled", eager_layer=False, compiled_layer=True,

@@ -18,6 +18,7 @@ from costmodel.frameworks import FRAMEWORKS, RUNTIME, FrameworkTraits
 from costmodel.hardware import ClusterSpec, run_by
 from costmodel.inputs import UserError
 from costmodel.plan import Plan, PlanFile
+from costmodel.rank_time.ep_overlap import plan_overlap_problems
 from costmodel.schedules import Schedule
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.candidates import FrameworkSpace, SearchOptions
@@ -69,6 +70,16 @@ def changes(name: str, model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
     return list(adjusted.differences) if adjusted.plan != plan else []
 
 
+def _problems(name: str, model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> list[str]:
+    """The search's verdict on a plan for the framework: what it would change (changes), and the
+    rules of the options the cluster sets for it (Megatron-Core's expert all-to-all overlap), so
+    that no plan the search offers, the closest one that does not fit included, breaks them."""
+    found = changes(name, model, train, cluster, plan)
+    if cluster.framework.ep_a2a_overlap:
+        found += [f"ep_overlap: {p}" for p in plan_overlap_problems(model, train.compute_dtype, plan)]
+    return found
+
+
 def cluster_for(name: str, cluster: ClusterSpec) -> ClusterSpec:
     """The cluster as the framework drives it; a mixed cluster only by our runtime."""
     if name == PLANNER:
@@ -106,7 +117,7 @@ def options_for(name: str, model: ModelSpec, train: TrainSpec, cluster: ClusterS
                            zero_stages=getattr(module, "ZERO_STAGES", None),
                            zero_stages_with_pp=getattr(module, "ZERO_STAGES_WITH_PP", None),
                            recompute_modes=getattr(module, "RECOMPUTE_MODES", None),
-                           problems=lambda plan: changes(name, model, train, cluster, plan))
+                           problems=lambda plan: _problems(name, model, train, cluster, plan))
     return replace(options, schedules=schedules, space=space)
 
 

@@ -78,6 +78,8 @@ def overlap_problems(model: ModelSpec, compute_dtype: DType, *, ep: int, full_re
         out.append("runs without full recomputation (Megatron-Core refuses the two together)")
     if pp > 1 and vpp < 2:
         out.append("needs an interleaved pipeline (vpp of 2 or more) where pp > 1, as Megatron-Core does")
+    if model.mtp_depth and pp == 1:
+        out.append("needs a pipeline (pp of 2 or more) beside a multi-token prediction layer, as Megatron-Core does")
     return out
 
 

@@ -6,7 +6,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from costmodel.frameworks import COMPILED_SWIGLU_SAVED, FrameworkTraits, framework_traits
+from costmodel.frameworks import (
+    COMPILED_SWIGLU_SAVED,
+    EAGER_SWIGLU_SAVED,
+    FrameworkTraits,
+    framework_traits,
+    with_ep_overlap,
+)
 from costmodel.hardware import ClusterSpec
 from costmodel.inputs import UserError
 from costmodel.rank_time.ep_overlap import overlap_problems
@@ -34,10 +40,12 @@ def row_traits(row: dict[str, str], cluster: ClusterSpec, model: ModelSpec) -> F
         traits = replace(traits, float8_param_gather=flag_cell(row, "fp8_param_gather", False))
     if (row.get("compiled") or "").strip():
         traits = _compiled(traits, flag_cell(row, "compiled", False))
+    # the expert all-to-all overlap as its recipes run it (frameworks.with_ep_overlap: no TP overlap
+    # beside it), unless the row states its TP overlap (async_tp)
+    if (row.get("ep_overlap") or "").strip() and _ep_overlap(row, traits, model):
+        traits = with_ep_overlap(traits)
     if (row.get("async_tp") or "").strip():
         traits = _async_tp(row, traits, cluster)
-    if (row.get("ep_overlap") or "").strip():
-        traits = replace(traits, ep_a2a_overlap=_ep_overlap(row, traits, model))
     if (row.get("recompute_modules") or "").strip():
         traits = replace(traits, selective_modules=_recompute_modules(row, traits, model))
     return traits
@@ -49,7 +57,9 @@ def _compiled(traits: FrameworkTraits, compiled: bool) -> FrameworkTraits:
     float8 casts (`compiled_layer`, `float8_casts_fused`); no: torch's eager layer, its norms, RoPE,
     SwiGLU and casts each their own kernels (`eager_layer`, as fms-fsdp's runs). A compiled
     SwiGLU keeps what a fused one does (COMPILED_SWIGLU_SAVED)."""
-    saved = min(traits.swiglu_saved_tensors, COMPILED_SWIGLU_SAVED) if compiled else traits.swiglu_saved_tensors
+    # a framework that compiles by default (torchtitan) keeps eager's four where a row ran it eager
+    eager_saved = EAGER_SWIGLU_SAVED if traits.compiled_layer else traits.swiglu_saved_tensors
+    saved = min(traits.swiglu_saved_tensors, COMPILED_SWIGLU_SAVED) if compiled else eager_saved
     return replace(traits, compiled_layer=compiled, eager_layer=not compiled, float8_casts_fused=compiled,
                    swiglu_saved_tensors=saved)
 

@@ -105,3 +105,16 @@ def test_the_simulated_peak_holds_the_overlap_s_extra_virtual_micro_batch():
     simulated, closed = added(True), added(False)
     assert all(x > 0 for x in simulated)
     assert simulated[1:-1] == pytest.approx(closed[1:-1], rel=1e-6)
+
+
+def test_a_multi_token_prediction_layer_needs_a_pipeline_beside_the_overlap():
+    """Megatron-Core's TransformerConfig refuses the overlap with an MTP layer at pp = 1 (and more
+    than one MTP layer at any pp): the one check refuses what it refuses."""
+    from costmodel.rank_time.ep_overlap import overlap_problems
+    from costmodel.specs import DType
+    v3 = resolve_model("deepseek-v3")
+    assert v3.mtp_depth == 1
+    alone = overlap_problems(v3, DType.BF16, ep=8, full_recompute=False, pp=1, vpp=1)
+    assert alone == ["needs a pipeline (pp of 2 or more) beside a multi-token prediction layer, as Megatron-Core does"]
+    assert not overlap_problems(v3, DType.BF16, ep=8, full_recompute=False, pp=2, vpp=2)
+    assert not overlap_problems(QWEN3, DType.BF16, ep=8, full_recompute=False, pp=1, vpp=1)

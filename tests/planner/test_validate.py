@@ -222,6 +222,8 @@ def test_compiled_and_async_tp_are_the_rows_traits():
     default, compiled, eager, overlapped = stated(), stated(compiled="yes"), stated(compiled="no"), stated(async_tp="yes")
     assert compiled.compiled_layer and not compiled.eager_layer and compiled.float8_casts_fused
     assert eager.eager_layer and not eager.compiled_layer and not eager.float8_casts_fused
+    # torchtitan compiles by default; a row that ran it eager keeps eager's SwiGLU tensors
+    assert (default.swiglu_saved_tensors, compiled.swiglu_saved_tensors, eager.swiglu_saved_tensors) == (3, 3, 4)
     assert overlapped.tp_comm_overlap and not default.tp_comm_overlap
     assert stated(async_tp="no") == default
 
