@@ -144,3 +144,10 @@ def stage_owner(virtual_stage: int, pp: int, v_placement: bool) -> int:
 def default_schedule(vpp: int) -> Schedule:
     """What a plan runs when it names no schedule: interleaved 1F1B with virtual stages, else 1F1B."""
     return Schedule.INTERLEAVED if vpp > 1 else Schedule.ONE_F_ONE_B
+
+
+def interleaved_warmup_chunks(pp: int, vpp: int, rank: int) -> int:
+    """Virtual micro-batches pipeline rank `rank` holds in interleaved 1F1B when its first backward
+    starts: its warmup forwards, 2(p - r - 1) + (v - 1)p (Narayanan et al. SC'21 Sec. 2.2;
+    Megatron-Core's get_num_warmup_microbatches), and the steady state's first forward."""
+    return 2 * (pp - rank - 1) + (vpp - 1) * pp + 1

@@ -18,7 +18,7 @@ from costmodel.memory.activations import (
 from costmodel.memory.states import reduces_every_micro_batch, state_bytes_for
 from costmodel.params import fsdp_unit_params, layer_params, rank_params_at
 from costmodel.plan import Plan, Recompute
-from costmodel.schedules import stage_owner
+from costmodel.schedules import interleaved_warmup_chunks, stage_owner
 from costmodel.specs import ModelSpec, TrainSpec
 
 
@@ -86,7 +86,7 @@ def in_flight_micro_batches(plan: Plan, rank: int, traits: FrameworkTraits = RUN
     # (with v > 1 the 1F1B count below would be short: tests/costmodel/test_memory.py)
     if kind == "interleaved" or (kind == "1f1b" and v > 1):
         overlap_warmup = 1 if traits.ep_a2a_overlap and plan.ep > 1 else 0   # one more to pair
-        chunks = min(m * v, 2 * (p - rank - 1) + (v - 1) * p + 1 + overlap_warmup)
+        chunks = min(m * v, interleaved_warmup_chunks(p, v, rank) + overlap_warmup)
         return chunks / v
     if kind == "v":
         return min(m, p)
@@ -220,7 +220,7 @@ def overlap_warmup_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: i
     v, n = plan.vpp, plan.num_virtual_stages
     if not (traits.ep_a2a_overlap and plan.ep > 1 and plan.pp > 1 and v > 1):
         return 0.0
-    if 2 * (plan.pp - rank - 1) + (v - 1) * plan.pp + 1 >= plan.num_micro_batches * v:
+    if interleaved_warmup_chunks(plan.pp, v, rank) >= plan.num_micro_batches * v:
         return 0.0
     recomputed = plan.recompute_per_stage(traits.recompute_placement)
     return max(micro_batch_activation_bytes(model, train, plan, plan.layers_per_stage[j], recomputed[j], j == 0,

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from costmodel.hardware import ClusterSpec
 from costmodel.plan import Plan, Recompute
+from costmodel.schedules import interleaved_warmup_chunks
 from costmodel.specs import DType, ModelSpec
 
 if TYPE_CHECKING:   # costmodel.rank_time.times applies the factor (and imports this module)
@@ -28,7 +29,7 @@ def unpaired_share(plan: Plan) -> float:
     """The share of a rank's layer passes each way that run without a partner, on the first
     pipeline rank (the longest warmup)."""
     m, p, v = plan.num_micro_batches, plan.pp, plan.vpp
-    unpaired = 1 if p == 1 else 2 * (p - 1) + (v - 1) * p + 1
+    unpaired = 1 if p == 1 else interleaved_warmup_chunks(p, v, 0)
     return min(1.0, unpaired / (m * v))
 
 
