@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from costmodel.fidelity import error_band
 from costmodel.inputs import UserError
 from costmodel.plan import PlanFile, Recompute
 from costmodel.schedules import Schedule
@@ -26,11 +26,11 @@ from planner.args import (
     refuse_ignored,
 )
 from planner.commands.common import emit_json, framework_of, specs_from_args, write_report_dir
+from planner.commands.search_output import SearchOutcome, print_search, search_json
 from planner.compare import comparisons
 from planner.no_plan import no_plan_reason
 from planner.objective import RunGoal, keep_within, refuse_bad_combinations
 from planner.search import (
-    Found,
     SearchOptions,
     SearchResult,
     search,
@@ -169,17 +169,6 @@ def _progress():
     return say
 
 
-def ranked_for_robustness(plans: list[Found], objective: str = "time") -> str:
-    """When row 2 is predicted faster than row 1, the line saying why it is second ("" otherwise);
-    what the first plan wins by is planner.compare's."""
-    if len(plans) < 2 or plans[1].estimate.step_time_s > plans[0].estimate.step_time_s - 1e-6:
-        return ""
-    gap = plans[0].estimate.step_time_s - plans[1].estimate.step_time_s
-    why = ("--objective memory ranks the plans within 5% of the fastest by their memory" if objective == "memory"
-           else "within the model's error band: ranked below the first for robustness")
-    return f"row 2 ({plans[1].plan.short()}) is predicted {gap * 1e3:,.0f} ms faster per step, {why}"
-
-
 def write_csv(path: str, result: SearchResult, overwrite: bool) -> None:
     import pandas as pd  # only this option needs pandas (slow to import)
     # every row every field: plan.json leaves out etp and dp_replicate at 1, a table does not; every
@@ -233,8 +222,6 @@ def _write_files(args: argparse.Namespace, model, train, cluster, result: Search
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from costmodel.resilience import checkpoint_cost
-
     check_outputs(args)
     if args.export:   # the plan searched for the framework it is exported to
         if args.framework not in (None, args.export):
@@ -247,95 +234,22 @@ def cmd_search(args: argparse.Namespace) -> int:
     model, train, cluster = specs_from_args(args)
     result = run_search(args, model, train, cluster)
     goal, left_out = _within_limits(args, model, train, cluster, result)
-    stats = result.stats
     best = result.plans[0]
     cost = training_cost_of(args, model, train, cluster, best.estimate)   # refuses before anything is written
     _write_files(args, model, train, cluster, result)
-    compared = comparisons(model, train, cluster, result, args.objective)
-    runner_up_text = "\n".join(c.text() for c in compared)
+    outcome = SearchOutcome(model=model, train=train, cluster=cluster, result=result, framework=framework_of(args),
+                            objective=args.objective, top=args.top, failures=failures_from_args(args), goal=goal,
+                            left_out=left_out, compared=comparisons(model, train, cluster, result, args.objective),
+                            exported=None, cost=cost)
     if args.report:   # with --json too: stdout holds the JSON, the report goes to its directory
         write_report_dir(args.report, args.overwrite, model, train, cluster, best.plan, best.estimate,
-                      runners_up=[(f.plan, f.estimate) for f in result.plans[1:]],
-                      candidates=[f.estimate for f in result.evaluated], runner_up_text=runner_up_text)
-    exported = _export_best(args, model, train, cluster, best.plan)
+                         runners_up=[(f.plan, f.estimate) for f in result.plans[1:]],
+                         candidates=[f.estimate for f in result.evaluated], runner_up_text=outcome.runner_up_text)
+    outcome = replace(outcome, exported=_export_best(args, model, train, cluster, best.plan))
     if args.json:
-        emit_json({"plans": [{"plan": f.plan.to_dict(), "estimate": f.estimate.to_dict(),
-                              "alternatives": [a.to_dict() for a in f.alternatives],
-                              **({} if goal is None else
-                                 {"training": goal.cost(model, train, cluster, f.estimate).to_dict()})}
-                             for f in result.plans],
-                    "comparisons": [c.to_dict() for c in compared],
-                    "search": {**stats.to_dict(), "framework": framework_of(args), "equivalent_plans": result.equivalent,
-                               "error_band": result.error_band, "offloaded_because": result.offloaded_because,
-                               "rows_proven_to_s": result.rows_proven_to_s,
-                               "fastest": None if result.fastest is None else
-                               {"plan": result.fastest.plan.to_dict(), "estimate": result.fastest.estimate.to_dict()}},
-                    # the first plan's checkpoint interval and throughput with failures (costmodel.resilience)
-                    "checkpoint": checkpoint_cost(model, train, cluster.world_size, best.estimate.step_time_s,
-                                                  best.estimate.tokens_per_s, failures_from_args(args)).to_dict(),
-                    **({} if exported is None else {"export": exported}),
-                    **({} if cost is None else {"training": cost.to_dict()})})
-        return 0
-    from reports.tables import search_table, summary_lines
-    print(summary_lines(model, train, cluster, best.plan, best.estimate, failures_from_args(args)))
-    if cost is not None:
-        from costmodel.training_cost import summary_line
-        print(summary_line(cost))
-    print()
-    print(search_table(result.plans, cluster))
-    for i, f in enumerate(result.plans, 1):
-        if f.alternatives:
-            shown = ", ".join(a.short() for a in f.alternatives[:3]) + (" ..." if len(f.alternatives) > 3 else "")
-            print(f"row {i} stands for {len(f.alternatives)} more priced the same (time and memory): {shown}")
-    print()
-    fastest = result.fastest or best
-    if stats.optimal:
-        proof = "proven optimal under the cost model (closed-form pipeline; the top plans re-priced by simulation)"
-    elif not stats.enumerated:
-        proof = ("NOT proven optimal (stopped at --time-limit while the space was still being listed: "
-                 "no bound on the rest; raise --time-limit)")
+        emit_json(search_json(outcome))
     else:
-        proof = (f"NOT proven optimal (stopped at --time-limit; no unexamined plan is faster than "
-                 f"{stats.lower_bound_s:.3f} s in closed form, gap "
-                 f"{100 * ((fastest.estimate.closed_form_step_time_s or fastest.estimate.step_time_s) / stats.lower_bound_s - 1):.1f}%)")
-    label = "fastest plan"
-    proven = result.proven_fastest
-    if proven is not None and proven.plan != fastest.plan:
-        print(f"fastest plan ({fastest.plan.short()}, {fastest.estimate.step_time_s:.3f} s): "
-              f"{fastest.plan.schedule} has no closed form, so it was priced by simulation as a variant "
-              f"of the best closed-form plans, outside the proof below")
-        label, fastest = "fastest closed-form plan", proven
-    print(f"{label} ({fastest.plan.short()}, {fastest.estimate.step_time_s:.3f} s) {proof}, "
-          f"within the model's measured error of +-{100 * result.error_band:.1f}% "
-          f"({error_band(cluster)[1]}): {stats.num_candidates:,} candidates, "
-          f"{stats.num_solved:,} solved exactly, {stats.num_feasible:,} feasible, {stats.wall_s:.2f} s")
-    if result.offloaded_because:
-        print(f"the host holds what the devices cannot: {result.offloaded_because} (on-device plans are "
-              "searched first; --fix offload=yes|no and --fix act_offload=yes|no decide from the start)")
-    if result.equivalent > 1:
-        from costmodel.fidelity import MEMORY_ERROR_BAND
-        from planner.ranking import memory_margin
-        spare, _, capacity = memory_margin(best.estimate)
-        print(f"{result.equivalent} plans within +-{100 * result.error_band:.1f}% of the fastest are equivalent "
-              f"under that error: the first is the most robust ({spare / GIB:.1f} GiB to spare; margins are told "
-              f"apart in steps of the memory model's error, +-{100 * MEMORY_ERROR_BAND:.1f}% = "
-              f"{MEMORY_ERROR_BAND * capacity / GIB:.1f} GiB here, closer ones alike; then fewer moving parts)")
-    if left_out:
-        print(left_out)
-    if result.rows_proven_to_s is not None and len(result.plans) < args.top and not left_out:
-        print(f"{len(result.plans)} rows of --top {args.top}: the search proves the order of plans up to "
-              f"{result.rows_proven_to_s:.3f} s (closed form) and lists no row above it, nor one a listed row "
-              f"beats in both time and memory; a larger --top proves more")
-    if robust := ranked_for_robustness(result.plans, args.objective):
-        print(robust)
-    if compared:
-        print("why the first plan: each line the other plan's figure vs the first's")
-        print(runner_up_text)
-    if exported is not None:
-        print()
-        if exported["file"] is None:
-            print(exported["text"], end="")
-        print("\n".join(exported["summary"]))
+        print_search(outcome)
     return 0
 
 
