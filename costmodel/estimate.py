@@ -16,7 +16,9 @@ them as an oracle (equal to the simulation on uniform stages).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from costmodel.flops import executed_flops_per_step, model_flops_per_step, utilization
@@ -247,6 +249,53 @@ def memory_per_rank(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
 
 
 
+@dataclass(frozen=True, slots=True)
+class _AfterPipeline:
+    """What each rank does after (or once a step beside) its pipeline passes."""
+    accumulate_s: list[float]                 # its gradient accumulation (rank_time.grad_accumulation_s)
+    fsdp_s: list[tuple[float, float]]         # a one-replica plan's FSDP (reduce, gathers)
+    slowest: tuple[float, ...]                # the five parts of the rank that finishes last
+
+
+def _after_pipeline(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec, views: list,
+                    sp) -> _AfterPipeline:
+    """Per rank: the optimizer step, the step's host work and a TP-replicated mixture's gradient
+    all-reduce (after_pipeline_s), its gradient accumulation, priced beside them once a step
+    (rank_time.grad_accumulation_s), and FSDP's reduce and gathers where a one-replica plan is
+    wrapped (rank_time.one_replica_fsdp_parts_s); the rank that finishes last sets all five."""
+    held = [rank_params(model, plan, r, cluster.framework) for r in range(plan.pp)]
+    accumulate = [grad_accumulation_s(model, train, plan, views[r], held[r], plan.layers_on_rank(r))
+                  for r in range(plan.pp)]
+    fsdp = [one_replica_fsdp_parts_s(model, train, plan, views[r], held[r], plan.layers_on_rank(r))
+            for r in range(plan.pp)]
+    slowest = max(((*after_pipeline_s(model, train, plan, views[r], sp, held[r], plan.layers_on_rank(r)),
+                    accumulate[r], sum(fsdp[r])) for r in range(plan.pp)), key=sum)
+    return _AfterPipeline(accumulate_s=accumulate, fsdp_s=fsdp, slowest=slowest)
+
+
+def _pipeline_phase(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan, views: list,
+                    ranks: list[RankTimes], closed: float | None, critical: int | None,
+                    ledger_of: Callable[..., dict[str, float]], simulate: bool):
+    """The step's ledger, the memory per rank, each rank's idle time and the critical rank: from
+    the simulated pipeline, or from its closed form (`ledger_of`: _ledger with the terms outside
+    the pipeline bound)."""
+    if simulate:
+        sim = simulate_plan(model, train, cluster, plan)
+        critical = max(range(plan.pp), key=lambda r: sim.busy_s[r])
+        # the busiest rank's sends, and its idle time in the simulated pipeline phase
+        # (a rank busy all along idles for no time: the difference's rounding is not a bubble)
+        idle = [max(0.0, sim.time_s - busy) for busy in sim.busy_s]
+        ledger = ledger_of(ranks[critical], sim.send_s[critical], idle[critical])
+        return ledger, memory_per_rank(model, train, cluster, plan, sim), idle, critical
+    if closed is None:
+        raise ValueError(f"schedule {plan.schedule} has no closed form: simulate it")
+    crit, m = ranks[critical], plan.num_micro_batches
+    ledger = ledger_of(crit, m * crit.pp_comm_s, closed - m * crit.total_s)
+    memory = [stage_memory(model, train, plan, r, views[r].device.efficiency.reserved_memory_bytes,
+                           cluster.framework) for r in range(plan.pp)]
+    return ledger, memory, [], critical
+
+
 def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan,
              *, simulate: bool = True) -> Estimate:
     """Predict one optimizer step. The plan must pass `check_plan` structurally.
@@ -260,39 +309,14 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
     views = rank_views(plan, cluster)   # each rank priced by its device group's profile
     ranks = [rank_times(model, train, plan, views[r], sp, r) for r in range(plan.pp)]
     dp_s = max(dp_exposed_s(model, train, plan, views[r], sp, r, ranks[r]) for r in range(plan.pp))
-    # after the pipeline, per rank: (the optimizer step, the step's host work, a TP-replicated
-    # mixture's gradient all-reduce before them), and its gradient accumulation, priced beside
-    # them once a step (rank_time.grad_accumulation_s), and FSDP's reduce and gathers where a
-    # one-replica plan is wrapped (rank_time.one_replica_fsdp_parts_s); the rank that finishes
-    # last sets all five
-    held = [rank_params(model, plan, r, cluster.framework) for r in range(plan.pp)]
-    accumulate = [grad_accumulation_s(model, train, plan, views[r], held[r], plan.layers_on_rank(r))
-                  for r in range(plan.pp)]
-    fsdp = [one_replica_fsdp_parts_s(model, train, plan, views[r], held[r], plan.layers_on_rank(r))
-            for r in range(plan.pp)]
-    after = max(((*after_pipeline_s(model, train, plan, views[r], sp, held[r], plan.layers_on_rank(r)), accumulate[r],
-                  sum(fsdp[r]))
-                 for r in range(plan.pp)), key=sum)
+    after = _after_pipeline(model, train, plan, cluster, views, sp)
     # what the runtime times as a stage's DP sync: a pipeline's once-a-step reduce
-    sync_reduce = [reduce if plan.pp > 1 else 0.0 for reduce, _ in fsdp]
+    sync_reduce = [reduce if plan.pp > 1 else 0.0 for reduce, _ in after.fsdp_s]
     emb_s = _tied_embedding_sync_s(model, train, plan, views[0], sp)
     closed, critical = pipeline_time_s(plan, ranks) if plan.schedule.traits.closed_form else (None, None)
-    if simulate:
-        sim = simulate_plan(model, train, cluster, plan)
-        critical = max(range(plan.pp), key=lambda r: sim.busy_s[r])
-        # the busiest rank's sends, and its idle time in the simulated pipeline phase
-        # (a rank busy all along idles for no time: the difference's rounding is not a bubble)
-        idle = [max(0.0, sim.time_s - busy) for busy in sim.busy_s]
-        ledger = _ledger(plan, ranks[critical], sim.send_s[critical], idle[critical], dp_s, emb_s, after)
-        memory = memory_per_rank(model, train, cluster, plan, sim)
-    else:
-        if closed is None:
-            raise ValueError(f"schedule {plan.schedule} has no closed form: simulate it")
-        crit, m = ranks[critical], plan.num_micro_batches
-        ledger = _ledger(plan, crit, m * crit.pp_comm_s, closed - m * crit.total_s, dp_s, emb_s, after)
-        memory = [stage_memory(model, train, plan, r, views[r].device.efficiency.reserved_memory_bytes,
-                               cluster.framework) for r in range(plan.pp)]
-        idle = []
+    ledger_of = partial(_ledger, plan, dp_s=dp_s, emb_s=emb_s, after=after.slowest)
+    ledger, memory, idle, critical = _pipeline_phase(model, train, cluster, plan, views, ranks, closed, critical,
+                                                     ledger_of, simulate)
     step_s = sum(ledger.values())
     peak = [m.total_bytes for m in memory]
     capacity = rank_budgets_bytes(plan, cluster)
@@ -316,7 +340,7 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
         # the accumulation and the one-rank gathers (and reduce, without a pipeline) run inside the
         # rank's passes, which the runtime times as its work
         rank_work_s=[plan.num_micro_batches * (r.total_s - r.pp_comm_s) + a + gather + (reduce if plan.pp == 1 else 0.0)
-                     for r, a, (reduce, gather) in zip(ranks, accumulate, fsdp)],
+                     for r, a, (reduce, gather) in zip(ranks, after.accumulate_s, after.fsdp_s)],
         rank_fsdp_reduce_s=sync_reduce,
-        closed_form_step_time_s=None if closed is None else closed + dp_s + emb_s + sum(after),
+        closed_form_step_time_s=None if closed is None else closed + dp_s + emb_s + sum(after.slowest),
         host_memory_bytes=host, host_capacity_bytes=min(host_budgets_bytes(plan, cluster)))
