@@ -103,6 +103,7 @@ def options_for(name: str, model: ModelSpec, train: TrainSpec, cluster: ClusterS
         _module(name).nearest(PlanFile(plan=probe, model=model, train=train, cluster=cluster))
     except CannotExport as exc:
         raise UserError(f"{flag} {name}: {exc}") from None
+    options = _without_pipeline(name, model, options, flag)
     schedules = _SCHEDULES[name]
     fixed = options.fixed.get("schedule")
     if schedules is not None and fixed is not None and fixed not in schedules:
@@ -119,6 +120,18 @@ def options_for(name: str, model: ModelSpec, train: TrainSpec, cluster: ClusterS
                            recompute_modes=getattr(module, "RECOMPUTE_MODES", None),
                            problems=lambda plan: _problems(name, model, train, cluster, plan))
     return replace(options, schedules=schedules, space=space)
+
+
+def _without_pipeline(name: str, model: ModelSpec, options: SearchOptions, flag: str) -> SearchOptions:
+    """pp fixed at 1 where the framework builds the model without a pipeline (torchtitan's qwen3);
+    a --fix pp above 1 refused in one line."""
+    pipelines = getattr(_module(name), "pipelines", None)
+    if pipelines is None or pipelines(model):
+        return options
+    if options.fixed.get("pp", 1) > 1:
+        raise UserError(f"{flag} {name}: {name} builds {model.name} without a pipeline (its train spec has no "
+                        f"pipelining_fn); pp {options.fixed['pp']} is not one it runs")
+    return replace(options, fixed={**options.fixed, "pp": 1})
 
 
 def has_sequence_parallel(name: str, model: ModelSpec, train: TrainSpec, cluster: ClusterSpec) -> bool:
@@ -146,11 +159,12 @@ def refuse_unless_runs(name: str, model: ModelSpec, train: TrainSpec, cluster: C
     """A fixed plan (predict) the framework would have to change: one line with its reasons."""
     if found := changes(name, model, train, cluster, plan):
         raise UserError(f"--framework {name} cannot run this plan as it is: "
-                        + "; ".join(_as_reason(change) for change in found))
+                        + "; ".join(_as_reason(name, change) for change in found))
 
 
-def _as_reason(change: str) -> str:
+def _as_reason(name: str, change: str) -> str:
     """An export's difference ("what: why; what it runs instead") as a reason that names the
     replacement apart, so that several read as one list."""
+    change = change.removeprefix(f"{name} cannot run this plan: ")   # a refusal of the whole plan
     why, _, instead = change.rpartition("; ")
     return f"{why} (it would run {instead})" if why else change

@@ -13,20 +13,21 @@ torchtitan cannot say, and the nearest it runs (each a line of the export):
   Hybrid sharding (Plan.dp_replicate) is its data_parallel_replicate x data_parallel_shard.
 - DDP (ZeRO-0 with replicas) runs on a one-dimensional mesh only: with TP, PP, CP or EP beside
   it, the replicas become FSDP2 without resharding after forward (ZeRO-2).
-- Models: the Llama 3 flavours are named; any other model needs a flavour (or a train spec) of
-  its own in torchtitan, whose dimensions the export lists.
+- Models: torchtitan's own llama3 and qwen3 flavours are named (planner.exports.torchtitan_models);
+  its qwen3 train spec has no pipeline, so a plan of one with pp > 1 is refused. Any other model
+  needs a flavour (or a train spec) of its own in torchtitan, whose dimensions the export lists.
 - Refused: fp16 (its mixed precision is bf16 or fp32), gradients reduced in other than fp32
   (`training.mixed_precision_reduce`), and unfused (eager) attention (its models call SDPA).
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
 from costmodel.deepseek import deepseek_mechanisms
 from costmodel.plan import Plan, PlanFile, Recompute, every_nth_interval
 from costmodel.specs import Arch, AttentionKernel, DType, ModelSpec, TrainSpec
 from planner.exports.common import Adjusted, CannotExport, activations_on_device, to_rank_order, to_uniform_recompute
+from planner.exports.torchtitan_models import flavour_of
 
 NAME = "torchtitan"
 FRAMEWORK = "torchtitan"
@@ -38,41 +39,20 @@ ZERO_STAGES = frozenset({0, 2, 3})
 RECOMPUTE_MODES = frozenset({Recompute.NONE, Recompute.FULL})
 
 
-@dataclass(frozen=True)
-class Flavour:
-    """A torchtitan model flavour as torchtitan.models.llama3.llama3_args defines it (checked
-    against torchtitan itself in tests/planner/test_export.py)."""
-
-    name: str
-    flavor: str
-    dim: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    ffn_hidden: int
-    vocab_size: int
-    rope_theta: float
-
-    def matches(self, m: ModelSpec) -> bool:
-        return (m.arch is Arch.LLAMA and not m.is_moe and (m.hidden_size, m.num_layers, m.num_heads, m.num_kv_heads,
-                m.ffn_hidden_size, m.vocab_size, m.rope_theta) == (self.dim, self.n_layers, self.n_heads,
-                                                                    self.n_kv_heads, self.ffn_hidden, self.vocab_size,
-                                                                    self.rope_theta))
-
-
-FLAVOURS = (Flavour("llama3", "8B", 4096, 32, 32, 8, 14336, 128256, 500000.0),
-            Flavour("llama3", "70B", 8192, 80, 64, 8, 28672, 128256, 500000.0),
-            Flavour("llama3", "405B", 16384, 126, 128, 8, 53248, 128256, 500000.0))
-
-
 def nearest(pf: PlanFile) -> Adjusted:
     if pf.model.arch is not Arch.LLAMA:
         raise CannotExport(f"torchtitan cannot run this plan: it has no model of the {pf.model.arch} kind "
                            "(LayerNorm, learned positions, GeLU MLP)")
-    if deepseek := deepseek_mechanisms(pf.model):   # its llama3 job file would describe another model
-        raise CannotExport(f"torchtitan cannot run this plan: this export writes a llama3 job, without "
-                           f"{', '.join(deepseek)}")
+    if deepseek := deepseek_mechanisms(pf.model):   # a llama3 or qwen3 job file would describe another model
+        raise CannotExport(f"torchtitan cannot run this plan: this export writes llama3 and qwen3 jobs, without "
+                           f"{', '.join(deepseek)} (torchtitan's deepseek_v3 model computes attention with "
+                           "FlexAttention, which the cost model does not price)")
     _refuse_precision(pf.train)
+    if pf.plan.pp > 1 and not pipelines(pf.model):
+        flavour = flavour_of(pf.model)
+        raise CannotExport(f"torchtitan cannot run this plan: its {flavour.name} model ({flavour.flavor}) runs "
+                           f"without a pipeline (the {flavour.name} train spec has no pipelining_fn), not at "
+                           f"pp {pf.plan.pp}")
     adj = Adjusted(pf.plan)
     plan = adj.plan
     if plan.zero_stage not in ZERO_STAGES:   # ZeRO-1
@@ -94,10 +74,17 @@ def nearest(pf: PlanFile) -> Adjusted:
                                                   "layers per rank: torchtitan recomputes all layers or every "
                                                   "n-th; all layers")
     to_rank_order(adj, (ORDER,), "torchtitan lays ranks out as pp>dp>cp>tp")
-    if pf.model.is_moe or pf.model.qkv_bias or not any(f.matches(pf.model) for f in FLAVOURS):
+    if flavour_of(pf.model) is None:
         adj.differences.append(_model_note(pf.model))
     activations_on_device(adj, NAME)
     return adj
+
+
+def pipelines(m: ModelSpec) -> bool:
+    """Whether torchtitan splits the model over pipeline stages: not one of its own flavours whose
+    train spec has no pipelining_fn (a model of the user's runs with the spec they register)."""
+    flavour = flavour_of(m)
+    return flavour is None or flavour.pipelined
 
 
 def _refuse_precision(t: TrainSpec) -> None:
@@ -130,10 +117,9 @@ def _model_note(m: ModelSpec) -> str:
 
 
 def _model_section(m: ModelSpec) -> tuple[str, str]:
-    for f in FLAVOURS:
-        if f.matches(m):
-            return f.name, f.flavor
-    return ("llama3", m.name) if not m.is_moe else (m.name, m.name)
+    if (flavour := flavour_of(m)) is not None:
+        return flavour.name, flavour.flavor
+    return ("llama3", m.name) if not (m.is_moe or m.qk_norm or m.explicit_head_dim or m.qkv_bias) else (m.name, m.name)
 
 
 def _stage_modules(pf: PlanFile, plan: Plan) -> list[list[str]]:

@@ -197,13 +197,69 @@ def test_torchtitan_flavours_are_torchtitan_s():
     pytest.importorskip("torchtitan.config", reason="torchtitan (test extra) is not installed")
     from torchtitan.models.llama3 import llama3_args
 
-    from planner.exports.torchtitan import FLAVOURS
-    for f in FLAVOURS:
+    from planner.exports.torchtitan_models import FLAVOURS
+    for f in (f for f in FLAVOURS if f.name == "llama3"):
         args = llama3_args[f.flavor]
         hidden = int(args.ffn_dim_multiplier * int(2 * 4 * args.dim / 3))
         hidden = args.multiple_of * -(-hidden // args.multiple_of)   # torchtitan's FeedForward sizing
-        assert (args.dim, args.n_layers, args.n_heads, args.n_kv_heads, hidden, args.vocab_size, args.rope_theta) == \
-            (f.dim, f.n_layers, f.n_heads, f.n_kv_heads, f.ffn_hidden, f.vocab_size, f.rope_theta)
+        assert (args.dim, args.n_layers, args.n_heads, args.n_kv_heads, hidden, args.vocab_size, args.rope_theta,
+                args.norm_eps, args.dim // args.n_heads) == \
+            (f.dim, f.n_layers, f.n_heads, f.n_kv_heads, f.ffn_hidden, f.vocab_size, f.rope_theta, f.norm_eps,
+             f.head_dim)
+
+
+def test_torchtitan_qwen3_flavours_are_torchtitan_s():
+    """Every Qwen3 flavour torchtitan builds (but its debug models) is one of ours, with every
+    dimension its args set; its train spec has no pipeline (pipelining_fn None), as `pipelined`
+    says."""
+    pytest.importorskip("torchtitan.config", reason="torchtitan (test extra) is not installed")
+    from torchtitan.models.qwen3 import get_train_spec, qwen3_args
+
+    from planner.exports.torchtitan_models import FLAVOURS
+    ours = {f.flavor: f for f in FLAVOURS if f.name == "qwen3"}
+    assert set(ours) == {k for k in qwen3_args if not k.startswith("debug")}
+    for flavor, f in ours.items():
+        a = qwen3_args[flavor]
+        width = a.moe_inter_dim if a.moe_enabled else a.hidden_dim
+        experts = (a.moe_args.num_experts, a.moe_args.top_k) if a.moe_enabled else (0, 0)
+        assert (a.dim, a.n_layers, a.n_heads, a.n_kv_heads, a.head_dim, width, a.vocab_size, a.rope_theta,
+                a.norm_eps, a.qk_norm, a.enable_weight_tying, *experts) == \
+            (f.dim, f.n_layers, f.n_heads, f.n_kv_heads, f.head_dim, f.ffn_hidden, f.vocab_size, f.rope_theta,
+             f.norm_eps, f.qk_norm, f.tied, f.num_experts, f.top_k), flavor
+        if a.moe_enabled:   # what matches() requires of a mixture: softmax, top-k renormalised, no shared expert
+            m = a.moe_args
+            assert (m.score_func, m.route_norm, m.num_shared_experts, m.num_expert_groups) == ("softmax", True, 0, None)
+        assert not f.pipelined and get_train_spec().pipelining_fn is None
+
+
+def test_a_qwen3_plan_searched_for_torchtitan_names_its_flavour_and_no_pipeline(tmp_path, capsys):
+    """Qwen3-30B-A3B searched for torchtitan: every plan listed runs without a pipeline, the job
+    names torchtitan's own qwen3 30B-A3B flavour (no train spec to register), torchtitan's parser
+    reads it, and the export is the plan searched, priced as planned."""
+    config = pytest.importorskip("torchtitan.config", reason="torchtitan (test extra) is not installed")
+    plan, job_path = tmp_path / "plan.json", tmp_path / "job.toml"
+    assert main(["search", "--model", "qwen3-30b-a3b", "--cluster", "2x8xH100", "--framework", "torchtitan",
+                 "--top", "5", "--out", str(plan), "--json"]) == 0
+    plans = json.loads(capsys.readouterr().out)["plans"]
+    assert plans and all(p["plan"]["pp"] == 1 for p in plans)
+    doc = _export(capsys, plan, "torchtitan", job_path)
+    assert doc["differences"] == [] and doc["plan"] == PlanFile.load(plan).plan.to_dict()
+    assert doc["estimate"]["step_time_s"] == pytest.approx(doc["planned"]["step_time_s"])
+    job = config.ConfigManager().parse_args(["--job.config_file", str(job_path)])
+    assert (job.model.name, job.model.flavor) == ("qwen3", "30B-A3B")
+    assert job.parallelism.expert_parallel_degree == plans[0]["plan"]["ep"]
+
+
+def test_a_pipelined_qwen3_plan_is_refused_by_torchtitan(tmp_path, capsys):
+    plan = tmp_path / "plan.json"
+    assert main(["predict", "--model", "qwen3-30b-a3b", "--cluster", "2x8xH100", "--pp", "2", "--ep", "8",
+                 "--out", str(plan)]) == 0
+    capsys.readouterr()
+    assert main(["export", str(plan), "--to", "torchtitan", "--out", str(tmp_path / "job.toml")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("planner export: error: torchtitan cannot run this plan: its qwen3 model (30B-A3B) runs without "
+                   "a pipeline (the qwen3 train spec has no pipelining_fn), not at pp 2")
+    assert not (tmp_path / "job.toml").exists()
 
 
 # --- Megatron-LM ----------------------------------------------------------------------------

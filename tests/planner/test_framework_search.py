@@ -122,6 +122,12 @@ def test_megatron_cores_mixtral_8x22b_mapping_fits_as_megatron(capsys):
     (["predict", "--model", "llama3-8b", "--cluster", "4x8xH100", "--framework", "deepspeed", "--tp", "8", "--pp", "2",
       "--zero", "3", "--sp"], "pipeline engine runs ZeRO-0/1 (it would run ZeRO-1); sequence parallelism: DeepSpeed's "
                               "AutoTP has none (it would run tensor parallelism without it)"),
+    (["search", "--model", "qwen3-30b-a3b", "--cluster", "2x8xH100", "--framework", "torchtitan", "--fix", "pp=2"],
+     "--framework torchtitan: torchtitan builds qwen3-30b-a3b without a pipeline (its train spec has no "
+     "pipelining_fn); pp 2 is not one it runs"),
+    (["predict", "--model", "qwen3-30b-a3b", "--cluster", "2x8xH100", "--framework", "torchtitan", "--pp", "2",
+      "--ep", "8"], "--framework torchtitan cannot run this plan as it is: its qwen3 model (30B-A3B) runs without "
+                    "a pipeline (the qwen3 train spec has no pipelining_fn), not at pp 2"),
     (["search", "--model", "mixtral-8x7b", "--cluster", "8x8xH100", "--ep-overlap"],
      "--ep-overlap is Megatron-Core's --overlap-moe-expert-parallel-comm: it needs --framework megatron"),
     (["search", "--model", "llama3-8b", "--cluster", "1x8xH100", "--framework", "megatron", "--ep-overlap"],
