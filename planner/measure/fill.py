@@ -129,9 +129,8 @@ def best_plan_for_row(row: dict[str, str], model: ModelSpec, train: TrainSpec, c
         [{"zero_stage": z} for z in opts["zero_stage"]]
     found = []
     for zero in zeros:
-        # the table has no offload column: none of its runs kept states or activations on the host
         fixed = {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "ep": ep, "dp_replicate": _replicas(row, dp), **stated, **zero,
-                 "offload_optimizer": False, "offload_activations": False, "fp8_linears": train.float8}
+                 **_offloads(row), "fp8_linears": train.float8}
         options = SearchOptions(top_k=FRAMEWORK_LAYOUTS, fixed=fixed, max_tp=max(tp, cluster.devices_per_node),
                                 time_limit_s=time_limit_s / len(zeros), schedules=_schedules(row), error_band=0.0)
         found += search(model, train, cluster, options).plans
@@ -157,6 +156,14 @@ def best_plan_for_row(row: dict[str, str], model: ModelSpec, train: TrainSpec, c
     filled = {"micro_batch": plan.micro_batch_size, "recompute": str(plan.recompute),
               "vpp": plan.vpp, "sp": plan.sequence_parallel, "zero_stage": plan.zero_stage}
     return plan, est, {k: v for k, v in filled.items() if k in fillable}
+
+
+def _offloads(row: dict[str, str]) -> dict[str, bool]:
+    """Optional columns offload_optimizer and offload_activations (empty: no): states and their
+    step on the host (ZeRO-Offload, FSDP's CPUOffload), the layers' saved activations on the host
+    (DeepSpeed's cpu_checkpointing)."""
+    return {"offload_optimizer": flag_cell(row, "offload_optimizer", False),
+            "offload_activations": flag_cell(row, "offload_activations", False)}
 
 
 def _replicas(row: dict[str, str], dp: int) -> int:
@@ -202,7 +209,8 @@ def _choice_of(plan: Plan) -> Choice:
     return Choice(tp=plan.tp, pp=plan.pp, cp=plan.cp, dp=plan.dp, ep=plan.ep, zero_stage=plan.zero_stage,
                   recompute=plan.recompute, sequence_parallel=plan.sequence_parallel,
                   micro_batch_size=plan.micro_batch_size, vpp=plan.vpp, fp8_linears=plan.fp8_linears,
-                  dp_replicate=plan.dp_replicate)
+                  dp_replicate=plan.dp_replicate, offload_optimizer=plan.offload_optimizer,
+                  offload_activations=plan.offload_activations)
 
 
 def _as_framework_runs(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
@@ -227,7 +235,7 @@ def _least_overflow(row: dict[str, str], model: ModelSpec, train: TrainSpec, clu
             break
         choice = Choice(tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, zero_stage=zero, recompute=rc,
                         sequence_parallel=sp, micro_batch_size=mb, vpp=vpp, fp8_linears=train.float8,
-                        dp_replicate=_replicas(row, dp), layers_per_stage=split)
+                        dp_replicate=_replicas(row, dp), layers_per_stage=split, **_offloads(row))
         try:
             plan = build_plan(model, train, cluster, choice)
         except ValueError as exc:

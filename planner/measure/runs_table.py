@@ -36,7 +36,8 @@ OPTIONAL = ("source", "framework", "confidence", "notes", "model", "ffn_hidden",
             "experts_per_token", "moe_ffn_hidden", "expert_imbalance", "dropout", "dp", "dp_replicate", "vpp",
             "sp", "cp", "ep", "zero_stage", "recompute", "micro_batch", "precision", "grad_dtype", "attention",
             "fp8_param_gather", "compiled", "async_tp", "node_network_gbps", "memory_gb", "memory_kind",
-            "dispatcher", "layers_per_stage", "ep_overlap", "recompute_modules")
+            "dispatcher", "layers_per_stage", "ep_overlap", "recompute_modules", "offload_optimizer",
+            "offload_activations")
 # What a published step can measure: a microsecond to 11 days a step, a thousandth of a token to
 # a billion tokens a second per GPU. Beyond them an error in percent overflows (a step of 1e308 s
 # read as -inf %) or means nothing (1e-300 s: +3.7e301 %).

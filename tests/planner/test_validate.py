@@ -99,6 +99,9 @@ GOOD = "ok,x,gpt,24,2048,,16,16,51200,2048,A100-SXM4-80GB,8,8,1,1,8,,,1,1,,,64,b
     (HEADER + "\n" + GOOD.replace(",8,,,1,1,", ",8,interleaved,,1,1,"), "vpp = interleaved but 24 layers over pp = 1"),
     (HEADER + "\n" + GOOD.replace(",8,,,1,1,", ",8,2v,,1,1,"), "vpp = '2v' is not an integer"),
     (HEADER + ",compiled\n" + GOOD.replace("\n", ",maybe\n"), "compiled = 'maybe' is not yes or no"),
+    (HEADER + ",offload_optimizer\n" + GOOD.replace("\n", ",cpu\n"), "offload_optimizer = 'cpu' is not yes or no"),
+    (HEADER + ",offload_activations\n" + GOOD.replace(",1,1,,,64,", ",1,1,full,,64,").replace("\n", ",yes\n"),
+     "offload_activations with recomputation: they are alternatives"),
     (HEADER + ",async_tp\n" + GOOD.replace("\n", ",yes\n"), "async_tp = yes on A100-SXM4-80GB, whose profile runs no TP"),
     (HEADER + ",compiled,async_tp\n" + GOOD.replace("A100-SXM4-80GB", "H100").replace("\n", ",no,yes\n"),
      "async_tp = yes needs compiled = yes"),
@@ -261,6 +264,18 @@ def test_async_tp_hides_most_of_the_tp_collectives():
     assert exposed(overlapped) == pytest.approx(exposed(vanilla) * sum(paid) / 3, rel=0.05)
     saved_s = vanilla.estimate.step_time_s - overlapped.estimate.step_time_s
     assert saved_s == pytest.approx(exposed(vanilla) - exposed(overlapped), rel=0.1)
+
+
+def test_a_row_that_kept_its_states_on_the_host_is_priced_so(tmp_path):
+    """offload_optimizer = yes: the plan's states and their step on the host (ZeRO-Offload), the
+    stated field fixed in the row's search; the same row without it keeps them on the device."""
+    path = tmp_path / "runs.csv"
+    row = "r,x,gpt,24,2048,,16,16,51200,2048,A100-SXM4-80GB,8,8,1,1,8,,,1,3,full,1,64,bf16,iteration_time_s,1.0"
+    path.write_text(HEADER + ",offload_optimizer\n" + row + ",yes\n" + row.replace("r,", "d,", 1) + ",\n")
+    (host, device), _ = validate(path)
+    assert host.plan.offload_optimizer and not device.plan.offload_optimizer
+    assert host.estimate.step_time_s > device.estimate.step_time_s   # the step on the host, its copies
+    assert max(host.estimate.peak_memory_bytes) < max(device.estimate.peak_memory_bytes)
 
 
 def test_a_device_cell_is_stripped_as_every_other_cell(tmp_path):
