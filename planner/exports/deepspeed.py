@@ -18,12 +18,17 @@ What DeepSpeed cannot say of our plans, and the nearest it runs (each a line of 
 - experts: DeepSpeed-MoE takes its expert-parallel size in the model code, not in this file,
   and its engine refuses MoE layers under ZeRO-3: ZeRO-2;
 - float8 linears: DeepSpeed's config has none (Transformer Engine goes in the model code): bf16.
+
+ZeRO-3 is written with the prefetch it is priced with: the next layer's parameters gathered
+behind the current layer's compute, two layers live (`stage3_prefetch_bucket_size`,
+`stage3_max_live_parameters`), where DeepSpeed's defaults would gather a parameter or less ahead.
 """
 from __future__ import annotations
 
+from costmodel.params import layer_params
 from costmodel.plan import Plan, PlanFile, Recompute, even_layers
 from costmodel.schedules import Schedule
-from costmodel.specs import DType
+from costmodel.specs import DType, ModelSpec
 from planner import outputs
 from planner.exports.common import (
     Adjusted,
@@ -110,7 +115,8 @@ def config(pf: PlanFile, plan: Plan) -> dict:
         "zero_optimization": {"stage": plan.zero_stage, "overlap_comm": True, "contiguous_gradients": True,
                               # ZeRO-Offload: states and their step (DeepSpeed's CPU Adam) on the host
                               **({"offload_optimizer": {"device": "cpu", "pin_memory": True}}
-                                 if plan.offload_optimizer else {})},
+                                 if plan.offload_optimizer else {}),
+                              **(_zero3_prefetch(pf.model, plan) if plan.zero_stage == 3 else {})},
         "gradient_clipping": 1.0,
     }
     if t.compute_dtype is DType.BF16:
@@ -130,6 +136,15 @@ def config(pf: PlanFile, plan: Plan) -> dict:
         cfg["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False,
                                            "number_checkpoints": pf.model.num_layers}
     return cfg
+
+
+def _zero3_prefetch(model: ModelSpec, plan: Plan) -> dict[str, int]:
+    """ZeRO-3's gathers as priced: the next layer's behind the current one's compute, two layers
+    live (costmodel.memory.buffer_bytes). DeepSpeed's defaults (a prefetch bucket of 5e7 elements,
+    1e9 live parameters) would gather a parameter or less ahead, and none where two parameters
+    pass 1e9 (a 405B layer's MLP weights), leaving the gathers on the critical path."""
+    layer = layer_params(model, plan.tp, plan.ep)   # a layer as this rank gathers it
+    return {"stage3_prefetch_bucket_size": layer, "stage3_max_live_parameters": 2 * layer}
 
 
 def render(pf: PlanFile, plan: Plan) -> tuple[str, str]:

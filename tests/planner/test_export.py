@@ -479,6 +479,10 @@ def test_deepspeed_reads_the_config(plan_paths, tmp_path, capsys, monkeypatch, n
     assert config.zero_optimization_stage == plan["zero_stage"]
     assert config.grad_accum_dtype == PlanFile.load(_path(plan_paths, name, "deepspeed")).train.grad_dtype.value
     assert (config.zero_config.offload_optimizer is not None) == plan["offload_optimizer"]
+    if plan["zero_stage"] == 3:   # the next layer gathered behind the current one, two live: as priced
+        from costmodel.params import layer_params
+        layer = layer_params(PlanFile.load(_path(plan_paths, name, "deepspeed")).model, plan["tp"], plan["ep"])
+        assert (config.zero_config.prefetch_bucket_size, config.zero_config.max_live_parameters) == (layer, 2 * layer)
     assert not plan["fp8_linears"]   # no float8 in DeepSpeed's config: the export said so and priced bf16
     assert config.tensor_parallel_config.autotp_size == (plan["tp"] if plan["tp"] > 1 else 0)
     assert config.pipeline["stages"] == (plan["pp"] if plan["pp"] > 1 else "auto")
