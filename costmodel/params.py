@@ -13,7 +13,7 @@ from math import prod
 
 from costmodel.deepseek import dense_layer_model
 from costmodel.frameworks import RUNTIME, FrameworkTraits, shared_expert_split
-from costmodel.layout import Style, dense_blocks
+from costmodel.layout import Linear, Style, dense_blocks
 from costmodel.placement import ExpertLayout, expert_layout
 from costmodel.plan import Plan
 from costmodel.specs import ModelSpec, NormKind, PositionKind
@@ -128,15 +128,17 @@ def layer_params(model: ModelSpec, tp: int = 1, ep: int = 1, etp: int = 1, share
     total -= layer_expert_params(model) - layer_expert_params(model, ep, etp)
     if model.is_moe:
         total -= shared_expert_params(model) - shared_expert_params(model, shared_expert_split(tp, shared_expert_tp))
-    for block in dense_blocks(model):
-        for lin in block.linears:
-            if lin.style is Style.COLWISE:
-                total += (lin.in_features + lin.bias) * ceil_div(lin.out_features, tp)
-            elif lin.style is Style.REPLICATED:
-                total += (lin.in_features + lin.bias) * lin.out_features
-            else:  # row-parallel: weight split on input features, bias replicated
-                total += ceil_div(lin.in_features, tp) * lin.out_features + lin.bias * lin.out_features
-    return total
+    return total + sum(linear_params(lin, tp) for block in dense_blocks(model) for lin in block.linears)
+
+
+def linear_params(lin: Linear, tp: int = 1) -> int:
+    """One projection's weight and bias on one device of a TP group."""
+    if lin.style is Style.COLWISE:
+        return (lin.in_features + lin.bias) * ceil_div(lin.out_features, tp)
+    if lin.style is Style.REPLICATED:
+        return (lin.in_features + lin.bias) * lin.out_features
+    # row-parallel: weight split on input features, bias replicated
+    return ceil_div(lin.in_features, tp) * lin.out_features + lin.bias * lin.out_features
 
 
 # An FSDP unit below ZeRO-3 reaches Megatron-Core's default DDP bucket, max(40M, 1M x dp·cp)

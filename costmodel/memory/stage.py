@@ -16,10 +16,11 @@ from costmodel.memory.activations import (
     weight_grad_input_bytes,
 )
 from costmodel.memory.states import reduces_every_micro_batch, state_bytes_for
-from costmodel.params import fsdp_unit_params, layer_params, rank_params_at
+from costmodel.params import fsdp_unit_params, layer_params, rank_params, rank_params_at
 from costmodel.plan import Plan, Recompute
 from costmodel.schedules import interleaved_warmup_chunks, stage_owner
 from costmodel.specs import ModelSpec, TrainSpec
+from costmodel.zero3_coordinator import coordinates, live_params
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -264,6 +265,10 @@ def buffer_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
     if reduces_every_micro_batch(plan, traits):
         layer = layer_params(model, plan.tp, plan.ep, plan.etp, traits.shared_expert_tp)
         gathered = 2 * layer * a if plan.zero_stage >= 3 else 0
+        if coordinates(model, plan, traits):   # DeepSpeed's coordinator: what its prefetch bounds allow
+            held = rank_params(model, plan, rank, traits)
+            gathered = a * live_params(model, train, plan, traits, plan.layers_on_rank(rank),
+                                       (held.embedding, held.head))
         total += gathered + fsdp_unit_params(model, plan, traits) * train.grad_dtype.num_bytes
     return total
 

@@ -40,6 +40,7 @@ from costmodel.plan import Plan
 from costmodel.rank_time.spans import Spans
 from costmodel.rank_time.times import RankTimes
 from costmodel.specs import DType, ModelSpec, TrainSpec
+from costmodel.zero3_coordinator import coordinates, coordinator_wait_s
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -132,6 +133,8 @@ def _dp_terms(model: ModelSpec, train: TrainSpec, plan: Plan, traits: FrameworkT
                 DpTerm(multiplier=1, collectives=((ag, w),), window=gather_window, pieces_per_layer=units,
                        units=stages, window_micro_batches=spread))
     pieces = layer_param_tensors(model) if traits.zero3_gathers_per_param else 1
+    if coordinates(model, plan, traits):   # the gathers walked as DeepSpeed's coordinator runs them (dp_exposed_s)
+        return (DpTerm(multiplier=reduces, collectives=((rs, g),), window=reduce_window, pieces_per_layer=pieces),)
     # FSDP prefetches the next layer's gather behind the current one's compute in either pass
     forward = DpTerm(multiplier=m, collectives=((ag, w),), window="forward", pieces_per_layer=pieces)
     if reduces == m and reduce_window == "backward":   # backward's gathers and reductions share its window
@@ -380,8 +383,14 @@ def dp_exposed_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Cluste
     group), minus what hides."""
     if sp.dp.size == 1 and not plan.offload_optimizer:
         return 0.0
-    groups = dp_groups(model, plan, sp, rank_params(model, plan, rank, cluster.framework), cluster.framework)
+    held = rank_params(model, plan, rank, cluster.framework)
+    groups = dp_groups(model, plan, sp, held, cluster.framework)
     overlap = cluster.device.efficiency.overlap
-    return sum(t.multiplier * dp_hidden_s(sum(dp_term_comm_s(t, n, cluster, span, unit) for n, unit, span in groups),
-                                          dp_window_s(t, times, overlap), dp_bucket_s(model, plan, t, cluster, sp))
-               for t in dp_terms(model, train, plan, cluster))
+    exposed = sum(t.multiplier * dp_hidden_s(sum(dp_term_comm_s(t, n, cluster, span, unit) for n, unit, span in groups),
+                                             dp_window_s(t, times, overlap), dp_bucket_s(model, plan, t, cluster, sp))
+                  for t in dp_terms(model, train, plan, cluster))
+    if coordinates(model, plan, cluster.framework):
+        passes = (times.forward_s, times.backward_s, times.recompute_s)
+        exposed += plan.num_micro_batches * coordinator_wait_s(model, train, plan, cluster, sp.shard, rank, passes,
+                                                               (held.embedding, held.head))
+    return exposed

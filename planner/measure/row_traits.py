@@ -1,6 +1,7 @@
 """The traits a runs-table row is priced with: its framework's (costmodel.frameworks), with the
 settings the row states that the framework leaves to its user (optional columns dispatcher,
-fp8_param_gather, compiled, async_tp, ep_overlap, recompute_modules), each checked as the
+fp8_param_gather, compiled, async_tp, ep_overlap, recompute_modules, zero3_prefetch_bucket,
+zero3_max_live), each checked as the
 framework checks it, in one line naming the row."""
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from costmodel.inputs import UserError
 from costmodel.rank_time.ep_overlap import overlap_problems
 from costmodel.selective_modules import module_problems
 from costmodel.specs import DType, ModelSpec
-from planner.measure.cells import choice_cell, flag_cell, int_cell
+from costmodel.zero3_coordinator import DEEPSPEED_MAX_LIVE, DEEPSPEED_PREFETCH_BUCKET
+from planner.measure.cells import choice_cell, flag_cell, int_cell, number_cell
 from planner.specs import FP8
 
 # the dispatcher column's values: Megatron-Core's all-to-all, or its flex dispatcher with DeepEP or
@@ -48,7 +50,27 @@ def row_traits(row: dict[str, str], cluster: ClusterSpec, model: ModelSpec) -> F
         traits = _async_tp(row, traits, cluster)
     if (row.get("recompute_modules") or "").strip():
         traits = replace(traits, selective_modules=_recompute_modules(row, traits, model))
-    return traits
+    return _zero3_prefetch(row, traits)
+
+
+# the cells of DeepSpeed's ZeRO-3 prefetch knobs (costmodel.zero3_coordinator)
+ZERO3_CELLS = ("zero3_prefetch_bucket", "zero3_max_live")
+
+
+def _zero3_prefetch(row: dict[str, str], traits: FrameworkTraits) -> FrameworkTraits:
+    """A DeepSpeed (or Megatron-DeepSpeed) run's ZeRO-3 gathers as its coordinator ran them:
+    optional columns zero3_prefetch_bucket (stage3_prefetch_bucket_size, elements) and
+    zero3_max_live (stage3_max_live_parameters); empty: DeepSpeed's defaults, which a run that
+    set neither ran. Only DeepSpeed has them: another framework's row stating one is refused."""
+    stated = [c for c in ZERO3_CELLS if (row.get(c) or "").strip()]
+    if not traits.zero3_gathers_per_param:   # not DeepSpeed's ZeRO-3
+        if stated:
+            raise UserError(f"row {row['id']!r}: {stated[0]} is DeepSpeed's ZeRO-3 setting; framework "
+                            f"{traits.name!r} has none")
+        return traits
+    bucket = number_cell(row, "zero3_prefetch_bucket", float, DEEPSPEED_PREFETCH_BUCKET, 0.0, None)
+    max_live = number_cell(row, "zero3_max_live", float, DEEPSPEED_MAX_LIVE, 1.0, None)
+    return replace(traits, zero3_prefetch_bucket=bucket, zero3_max_live=max_live)
 
 
 def _compiled(traits: FrameworkTraits, compiled: bool) -> FrameworkTraits:

@@ -100,6 +100,8 @@ GOOD = "ok,x,gpt,24,2048,,16,16,51200,2048,A100-SXM4-80GB,8,8,1,1,8,,,1,1,,,64,b
     (HEADER + "\n" + GOOD.replace(",8,,,1,1,", ",8,2v,,1,1,"), "vpp = '2v' is not an integer"),
     (HEADER + ",compiled\n" + GOOD.replace("\n", ",maybe\n"), "compiled = 'maybe' is not yes or no"),
     (HEADER + ",offload_optimizer\n" + GOOD.replace("\n", ",cpu\n"), "offload_optimizer = 'cpu' is not yes or no"),
+    (HEADER + ",zero3_max_live\n" + GOOD.replace("\n", ",1e9\n"),
+     "row 'ok': zero3_max_live is DeepSpeed's ZeRO-3 setting; framework 'generic' has none"),
     (HEADER + ",offload_activations\n" + GOOD.replace(",1,1,,,64,", ",1,1,full,,64,").replace("\n", ",yes\n"),
      "offload_activations with recomputation: they are alternatives"),
     (HEADER + ",async_tp\n" + GOOD.replace("\n", ",yes\n"), "async_tp = yes on A100-SXM4-80GB, whose profile runs no TP"),
@@ -276,6 +278,20 @@ def test_a_row_that_kept_its_states_on_the_host_is_priced_so(tmp_path):
     assert host.plan.offload_optimizer and not device.plan.offload_optimizer
     assert host.estimate.step_time_s > device.estimate.step_time_s   # the step on the host, its copies
     assert max(host.estimate.peak_memory_bytes) < max(device.estimate.peak_memory_bytes)
+
+
+def test_a_deepspeed_zero3_row_gathers_as_its_coordinator_was_set(tmp_path):
+    """A Megatron-DeepSpeed ZeRO-3 row's gathers walk DeepSpeed's coordinator with the knobs it
+    states: a live bound below one weight prefetches nothing, so every gather waits in full and
+    one weight at a time is gathered; a free prefetch hides them and holds more."""
+    path = tmp_path / "runs.csv"
+    row = ("r,x,megatron-deepspeed,gpt,24,2048,,16,16,51200,2048,A100-SXM4-80GB,16,8,1,1,16,,,1,3,full,1,64,bf16,"
+           "iteration_time_s,1.0,")
+    path.write_text(HEADER.replace("id,source,", "id,source,framework,") + ",zero3_prefetch_bucket,zero3_max_live\n"
+                    + row + "5e7,1\n" + row.replace("r,", "f,", 1) + "1e12,1e12\n" + row.replace("r,", "d,", 1) + ",\n")
+    (blocked, free, defaults), _ = validate(path)
+    assert blocked.estimate.step_time_s > defaults.estimate.step_time_s >= free.estimate.step_time_s
+    assert max(blocked.estimate.peak_memory_bytes) < max(free.estimate.peak_memory_bytes)
 
 
 def test_a_device_cell_is_stripped_as_every_other_cell(tmp_path):
