@@ -26,13 +26,10 @@ from __future__ import annotations
 import shlex
 
 from costmodel.frameworks import FrameworkTraits, framework_traits, tp_comm_overlaps, tp_in_one_node
-from costmodel.hardware import ClusterSpec, run_by
-from costmodel.moe_dispatch import limits_groups
 from costmodel.plan import Plan, PlanFile, Recompute, embedding_loss_split
-from costmodel.rank_time import spans
 from costmodel.schedules import Schedule
 from costmodel.selective_modules import DEFAULT_SELECTIVE_MODULES
-from costmodel.specs import Arch, AttentionKernel, DType, FfnKind, ModelSpec, NormKind, PositionKind, TrainSpec
+from costmodel.specs import AttentionKernel, DType, ModelSpec, TrainSpec
 from planner.exports.common import (
     Adjusted,
     CannotExport,
@@ -45,6 +42,7 @@ from planner.exports.common import (
     to_schedule,
     to_uniform_recompute,
 )
+from planner.exports.megatron_model import model_arguments
 
 NAME = "megatron"
 FRAMEWORK = "megatron-core"   # costmodel.frameworks: how the exported plan is priced
@@ -163,79 +161,54 @@ def _full_recompute_layers(plan: Plan) -> int | None:
 def arguments(pf: PlanFile, plan: Plan) -> list[tuple[str, str | None]]:
     """(flag, value or None for a switch), in Megatron-LM's spelling."""
     m, t = pf.model, pf.train
-    args: list[tuple[str, str | None]] = [
-        ("--num-layers", str(m.num_layers)), ("--hidden-size", str(m.hidden_size)),
-        ("--ffn-hidden-size", str(m.ffn_hidden_size)), ("--num-attention-heads", str(m.num_heads)),
-    ]
-    if m.num_kv_heads != m.num_heads:
-        args += [("--group-query-attention", None), ("--num-query-groups", str(m.num_kv_heads))]
-    args += [("--seq-length", str(t.seq_len)),
-             ("--max-position-embeddings", str(max(t.seq_len, m.max_position_embeddings))),
-             ("--normalization", "RMSNorm" if m.norm_kind is NormKind.RMSNORM else "LayerNorm"),
-             ("--norm-epsilon", f"{m.norm_eps:g}")]
-    if m.explicit_head_dim is not None:
-        args += [("--kv-channels", str(m.head_dim))]
-    if m.position_kind is PositionKind.ROPE:
-        args += [("--position-embedding-type", "rope"), ("--rotary-base", f"{m.rope_theta:g}")]
-        if m.rotary_fraction != 1:
-            args += [("--rotary-percent", f"{m.rotary_fraction:g}")]
-        if m.rope_scaling_factor != 1:   # Llama 3.1's
-            args += [("--use-rope-scaling", None), ("--rope-scaling-factor", f"{m.rope_scaling_factor:g}")]
-    else:
-        args += [("--position-embedding-type", "learned_absolute")]
-    if m.arch is Arch.LLAMA:
-        args += [("--swiglu", None)]
-    elif m.ffn_kind is FfnKind.GELU:   # the tanh GeLU (Megatron's default is the exact one)
-        args += [("--openai-gelu", None)]
-    if m.qk_norm:
-        args += [("--qk-layernorm", None)]
-    if not m.tied_embeddings:
-        args += [("--untie-embeddings-and-output-weights", None)]
-    if not m.bias:
-        args += [("--disable-bias-linear", None)]
-    if m.qkv_bias:
-        args += [("--add-qkv-bias", None)]
-    if not m.dropout:
-        args += [("--attention-dropout", "0.0"), ("--hidden-dropout", "0.0")]
-    if m.is_moe:
-        args += [("--num-experts", str(m.num_experts)), ("--moe-router-topk", str(m.experts_per_token)),
-                 ("--moe-ffn-hidden-size", str(m.moe_ffn_hidden_size)),
-                 *_dispatcher(m, plan, pf.cluster), ("--moe-grouped-gemm", None),
-                 ("--moe-router-load-balancing-type", "aux_loss"),
-                 ("--moe-aux-loss-coeff", f"{m.router_aux_loss_coef:g}"),
-                 ("--expert-model-parallel-size", str(plan.ep)), ("--expert-tensor-parallel-size", str(plan.etp))]
-        if m.shared_expert_ffn_hidden_size:
-            args += [("--moe-shared-expert-intermediate-size", str(m.shared_expert_ffn_hidden_size))]
-            if m.shared_expert_gate:   # Qwen2-MoE's sigmoid gate on the shared expert
-                args += [("--moe-shared-expert-gate", None)]
-        if not m.moe_norm_topk_prob:
-            args += [("--moe-router-pre-softmax", None)]
-    args += _deepseek_arguments(m)
-    args += [("--tensor-model-parallel-size", str(plan.tp)), ("--pipeline-model-parallel-size", str(plan.pp))]
+    return [*model_arguments(pf, plan, framework_traits(FRAMEWORK)),
+            ("--tensor-model-parallel-size", str(plan.tp)), ("--pipeline-model-parallel-size", str(plan.pp)),
+            *_layout_arguments(m, plan), *_parallel_arguments(pf, plan), *_data_parallel_arguments(pf, plan),
+            *_recompute_arguments(pf, plan),
+            ("--micro-batch-size", str(plan.micro_batch_size)), ("--global-batch-size", str(t.global_batch_size)),
+            *_precision_arguments(t), *_kernel_arguments(pf, plan),
+            ("--tokenizer-type", "NullTokenizer"), ("--vocab-size", str(m.vocab_size)),
+            ("--make-vocab-size-divisible-by", str(vocab_divisor(m.vocab_size, plan.tp))), ("--mock-data", None),
+            *RUN_LENGTH]
+
+
+def _layout_arguments(m: ModelSpec, plan: Plan) -> list[tuple[str, str | None]]:
+    """The layer split: Megatron's even one (with the embedding and the loss counted, or not),
+    the first and last stages apart, or an explicit layout."""
     if _counts_embedding_and_loss(plan):
-        args += [("--account-for-embedding-in-pipeline-split", None), ("--account-for-loss-in-pipeline-split", None)]
-        if plan.vpp > 1:
-            args += [("--num-virtual-stages-per-pipeline-rank", str(plan.vpp))]
-    elif plan.pp > 1 and len(set(plan.layers_per_stage)) == 1:
-        if plan.vpp > 1:
-            args += [("--num-layers-per-virtual-pipeline-stage", str(plan.layers_per_stage[0]))]
-    elif _first_and_last_apart(plan):
-        args += [("--decoder-first-pipeline-num-layers", str(plan.layers_per_stage[0])),
-                 ("--decoder-last-pipeline-num-layers", str(plan.layers_per_stage[-1]))]
-    elif plan.pp > 1:
-        args += [("--pipeline-model-parallel-layout", pipeline_layout(plan, m.mtp_depth))]
+        args = [("--account-for-embedding-in-pipeline-split", None), ("--account-for-loss-in-pipeline-split", None)]
+        return args + ([("--num-virtual-stages-per-pipeline-rank", str(plan.vpp))] if plan.vpp > 1 else [])
+    if plan.pp > 1 and len(set(plan.layers_per_stage)) == 1:
+        return [("--num-layers-per-virtual-pipeline-stage", str(plan.layers_per_stage[0]))] if plan.vpp > 1 else []
+    if _first_and_last_apart(plan):
+        return [("--decoder-first-pipeline-num-layers", str(plan.layers_per_stage[0])),
+                ("--decoder-last-pipeline-num-layers", str(plan.layers_per_stage[-1]))]
+    if plan.pp > 1:
+        return [("--pipeline-model-parallel-layout", pipeline_layout(plan, m.mtp_depth))]
+    return []
+
+
+def _parallel_arguments(pf: PlanFile, plan: Plan) -> list[tuple[str, str | None]]:
+    """CP, SP, Transformer Engine's TP overlap where it was priced, and the rank order."""
+    args: list[tuple[str, str | None]] = []
     if plan.cp > 1:
         args += [("--context-parallel-size", str(plan.cp))]
     if plan.sequence_parallel and plan.tp > 1:
         args += [("--sequence-parallel", None)]
     if tp_comm_overlaps(_traits(pf), pf.cluster.device.tp_comm_gemm_overlap, plan.tp,
-                        plan.sequence_parallel, tp_within_node=tp_in_one_node(plan.tp, pf.cluster.devices_per_node)):   # Transformer Engine's overlap where it was priced
+                        plan.sequence_parallel, tp_within_node=tp_in_one_node(plan.tp, pf.cluster.devices_per_node)):
         args += [("--tp-comm-overlap", None)]
     if layout(plan, plan.mesh_axis_order) == layout(plan, TP_PP_DP_ORDER) != layout(plan, DEFAULT_ORDER):
         args += [("--use-tp-pp-dp-mapping", None)]
+    return args
+
+
+def _data_parallel_arguments(pf: PlanFile, plan: Plan) -> list[tuple[str, str | None]]:
+    """ZeRO: the distributed optimizer (ZeRO-1, its instances, its host offload) or Megatron-FSDP
+    (ZeRO-2/3), each with its overlaps; the expert all-to-all overlap where the plan file sets it."""
     if plan.zero_stage == 1:
-        args += [("--use-distributed-optimizer", None), ("--overlap-grad-reduce", None),
-                 ("--overlap-param-gather", None)]
+        args = [("--use-distributed-optimizer", None), ("--overlap-grad-reduce", None),
+                ("--overlap-param-gather", None)]
         if plan.dp_replicate > 1:   # instances of (dp x cp) / R consecutive data-parallel ranks
             args += [("--num-distributed-optimizer-instances", str(plan.dp_replicate))]
         if plan.offload_optimizer:   # Megatron's argument checks want the precision-aware optimizer with it
@@ -244,30 +217,37 @@ def arguments(pf: PlanFile, plan: Plan) -> list[tuple[str, str | None]]:
     elif plan.zero_stage >= 2:
         strategy = "optim_grads" if plan.zero_stage == 2 else "optim_grads_params"
         # Megatron-FSDP saves and loads only its own checkpoint format (validate_args asserts it)
-        args += [("--use-megatron-fsdp", None), ("--data-parallel-sharding-strategy", strategy),
-                 ("--overlap-grad-reduce", None), ("--overlap-param-gather", None), ("--ckpt-format", "fsdp_dtensor")]
+        args = [("--use-megatron-fsdp", None), ("--data-parallel-sharding-strategy", strategy),
+                ("--overlap-grad-reduce", None), ("--overlap-param-gather", None), ("--ckpt-format", "fsdp_dtensor")]
     else:
-        args += [("--overlap-grad-reduce", None)]
+        args = [("--overlap-grad-reduce", None)]
     if _traits(pf).ep_a2a_overlap:   # Megatron-Core's expert all-to-all overlap, as priced
         args += [("--overlap-moe-expert-parallel-comm", None)]
+    return args
+
+
+def _recompute_arguments(pf: PlanFile, plan: Plan) -> list[tuple[str, str | None]]:
     if plan.recompute is Recompute.SELECTIVE:
-        args += [("--recompute-granularity", "selective")]
+        args: list[tuple[str, str | None]] = [("--recompute-granularity", "selective")]
         if (modules := pf.cluster.framework.selective_modules) != DEFAULT_SELECTIVE_MODULES:
             args += [("--recompute-modules", " ".join(modules))]
-    elif plan.recompute is Recompute.FULL:
-        args += [("--recompute-granularity", "full"), ("--recompute-method", "block"),
-                 ("--recompute-num-layers", str(_full_recompute_layers(plan)))]
-    args += [("--micro-batch-size", str(plan.micro_batch_size)), ("--global-batch-size", str(t.global_batch_size))]
-    args += _precision_arguments(t)
-    if t.attention_kernel is AttentionKernel.EAGER:   # scores materialised, as priced
+        return args
+    if plan.recompute is Recompute.FULL:
+        return [("--recompute-granularity", "full"), ("--recompute-method", "block"),
+                ("--recompute-num-layers", str(_full_recompute_layers(plan)))]
+    return []
+
+
+def _kernel_arguments(pf: PlanFile, plan: Plan) -> list[tuple[str, str | None]]:
+    """Unfused attention and float8 linears, as priced."""
+    args: list[tuple[str, str | None]] = []
+    if pf.train.attention_kernel is AttentionKernel.EAGER:   # scores materialised, as priced
         args += [("--attention-backend", "unfused")]
     if plan.fp8_linears:   # Transformer Engine: e4m3 forward, e5m2 gradients, a current scale per tensor
         args += [("--fp8-format", "hybrid"), ("--fp8-recipe", "tensorwise")]
         if plan.zero_stage >= 1:   # weights kept and gathered in float8, as NVIDIA's float8 recipes run
             args += [("--fp8-param-gather", None)]
-    args += [("--tokenizer-type", "NullTokenizer"), ("--vocab-size", str(m.vocab_size)),
-             ("--make-vocab-size-divisible-by", str(vocab_divisor(m.vocab_size, plan.tp))), ("--mock-data", None)]
-    return args + RUN_LENGTH
+    return args
 
 
 def vocab_divisor(vocab_size: int, tp: int) -> int:
@@ -283,42 +263,6 @@ def vocab_divisor(vocab_size: int, tp: int) -> int:
 # --min-lr); no evaluation on the mock data, step times logged every ten iterations
 RUN_LENGTH = [("--train-iters", "100"), ("--eval-iters", "0"), ("--lr", "0.0003"), ("--lr-decay-style", "constant"),
               ("--log-interval", "10"), ("--log-throughput", None)]
-
-
-def _dispatcher(m: ModelSpec, plan: Plan, cluster: ClusterSpec) -> list[tuple[str, str | None]]:
-    """The token dispatcher the plan was priced with (costmodel.frameworks: Megatron-Core's
-    `dispatch_per_node`): DeepEP behind the flex dispatcher where the expert-parallel group
-    crosses nodes or the routing is node-limited, a token sent once to each node holding its
-    experts (costmodel.moe_dispatch); the all-to-all one otherwise (inside a node both move the
-    same bytes)."""
-    if limits_groups(m) or spans(plan, run_by(cluster, framework_traits(FRAMEWORK))).ep.crosses_nodes:
-        return [("--moe-token-dispatcher-type", "flex"), ("--moe-enable-deepep", None)]
-    return [("--moe-token-dispatcher-type", "alltoall")]
-
-
-def _deepseek_arguments(m: ModelSpec) -> list[tuple[str, str | None]]:
-    """DeepSeek-V2/V3's mechanisms in Megatron-Core's spelling (MLATransformerConfig and the MoE
-    router's fields): latent attention, dense first layers, sigmoid routing with a balancing
-    bias over expert groups, scaled routed outputs, multi-token prediction."""
-    args: list[tuple[str, str | None]] = []
-    if m.is_mla:
-        args += [("--multi-latent-attention", None), ("--kv-lora-rank", str(m.kv_lora_rank)),
-                 ("--qk-head-dim", str(m.qk_nope_head_dim)), ("--qk-pos-emb-head-dim", str(m.qk_rope_head_dim)),
-                 ("--v-head-dim", str(m.v_head_dim))]
-        if m.q_lora_rank:
-            args += [("--q-lora-rank", str(m.q_lora_rank))]
-    if m.first_k_dense:
-        args += [("--moe-layer-freq", f"([0]*{m.first_k_dense}+[1]*{m.num_layers - m.first_k_dense})")]
-    if m.router_scoring == "sigmoid":
-        args += [("--moe-router-score-function", "sigmoid"), ("--moe-router-enable-expert-bias", None)]
-    if m.num_expert_groups > 1:
-        args += [("--moe-router-num-groups", str(m.num_expert_groups)),
-                 ("--moe-router-group-topk", str(m.topk_groups))]
-    if m.routed_scaling_factor != 1.0:
-        args += [("--moe-router-topk-scaling-factor", f"{m.routed_scaling_factor:g}")]
-    if m.mtp_depth:
-        args += [("--mtp-num-layers", str(m.mtp_depth))]
-    return args
 
 
 def _traits(pf: PlanFile) -> FrameworkTraits:
