@@ -32,13 +32,24 @@ COUNT_MAX = 1_000_000
 SDPA_SIZE_MAX = 2**24   # a measured attention point's sequence or head dim (--seq-len's own limit)
 
 
-def profile_problems(dev: DeviceProfile) -> list[str]:  # noqa: C901 - one check per number
+def profile_problems(dev: DeviceProfile) -> list[str]:
     """Every number the cost model divides by or adds: finite, and positive where it is a rate.
     (A zero bandwidth would divide by zero; a negative one would make plans faster.)"""
-    out = []
-    def need(name: str, value: float, ok: bool) -> None:
+    return [*_device_problems(dev), *_network_problems(dev), *_efficiency_problems(dev), *_host_problems(dev),
+            *_measured_problems(dev)]
+
+
+class _Checks(list):
+    """The problems found so far; `need` adds one where a number is not finite or not `ok`."""
+
+    def need(self, name: str, value: float, ok: bool) -> None:
         if not (math.isfinite(value) and ok):
-            out.append(f"{name} = {value!r} is out of range")
+            self.append(f"{name} = {value!r} is out of range")
+
+
+def _device_problems(dev: DeviceProfile) -> list[str]:
+    out = _Checks()
+    need = out.need
     for dtype, flops in dev.peak_flops:
         need(f"peak_flops_per_s.{dtype}", flops, _within(flops, PEAK_FLOPS_PER_S_RANGE))
     need("memory_bytes", dev.memory_bytes, 0 < dev.memory_bytes <= MEMORY_BYTES_MAX)
@@ -64,6 +75,12 @@ def profile_problems(dev: DeviceProfile) -> list[str]:  # noqa: C901 - one check
         out.append(f"device.name {dev.name!r} is not a name")
     if dev.kind not in ("gpu", "cpu"):
         out.append(f"device.kind = {dev.kind!r} is neither gpu nor cpu")
+    return out
+
+
+def _network_problems(dev: DeviceProfile) -> list[str]:
+    out = _Checks()
+    need = out.need
     for tier in (dev.intra_node, dev.inter_node, *dev.middle_tiers):
         need(f"network {tier.name} bandwidth_bytes_per_s", tier.bandwidth_bytes_per_s,
              _within(tier.bandwidth_bytes_per_s, LINK_BYTES_PER_S_RANGE))
@@ -87,6 +104,12 @@ def profile_problems(dev: DeviceProfile) -> list[str]:  # noqa: C901 - one check
     need("fabric.nodes_per_leaf", dev.fabric.nodes_per_leaf, dev.fabric.nodes_per_leaf >= 1)
     need("fabric.spine_oversubscription", dev.fabric.spine_oversubscription,
          1 <= dev.fabric.spine_oversubscription <= RATIO_RANGE[1])
+    return out
+
+
+def _efficiency_problems(dev: DeviceProfile) -> list[str]:
+    out = _Checks()
+    need = out.need
     for label, eff in (("efficiency", dev.efficiency), *((f"efficiency.{d}", e) for d, e in dev.dtype_efficiency)):
         for name in ("gemm", "attention", "memory", "vendor_attention_speedup", "recompute_cost"):
             need(f"{label}.{name}", getattr(eff, name), _within(getattr(eff, name), RATIO_RANGE))
@@ -105,16 +128,28 @@ def profile_problems(dev: DeviceProfile) -> list[str]:  # noqa: C901 - one check
     # device-wide factors (no per-dtype table holds them): checked once
     for name in ("dp_comm", "pp_stage"):
         need(f"efficiency.{name}", getattr(dev.efficiency, name), _within(getattr(dev.efficiency, name), RATIO_RANGE))
-    if (host := dev.host) is not None:
-        need("host.memory_bytes", host.memory_bytes, 0 < host.memory_bytes <= MEMORY_BYTES_MAX)
-        need("host.memory_bandwidth_bytes_per_s", host.memory_bandwidth_bytes_per_s,
+    return out
+
+
+def _host_problems(dev: DeviceProfile) -> list[str]:
+    out = _Checks()
+    if (host := dev.host) is None:
+        return out
+    out.need("host.memory_bytes", host.memory_bytes, 0 < host.memory_bytes <= MEMORY_BYTES_MAX)
+    out.need("host.memory_bandwidth_bytes_per_s", host.memory_bandwidth_bytes_per_s,
              _within(host.memory_bandwidth_bytes_per_s, MEMORY_BYTES_PER_S_RANGE))
-        need("host.link_bandwidth_bytes_per_s", host.link_bandwidth_bytes_per_s,
+    out.need("host.link_bandwidth_bytes_per_s", host.link_bandwidth_bytes_per_s,
              _within(host.link_bandwidth_bytes_per_s, LINK_BYTES_PER_S_RANGE))
-        for name in ("memory_efficiency", "link_efficiency"):
-            need(f"host.{name}", getattr(host, name), RATIO_RANGE[0] <= getattr(host, name) <= 1)
-        if dev.kind == "cpu":
-            out.append("[host] on a cpu profile: its ranks already run on the host, nothing is offloaded")
+    for name in ("memory_efficiency", "link_efficiency"):
+        out.need(f"host.{name}", getattr(host, name), RATIO_RANGE[0] <= getattr(host, name) <= 1)
+    if dev.kind == "cpu":
+        out.append("[host] on a cpu profile: its ranks already run on the host, nothing is offloaded")
+    return out
+
+
+def _measured_problems(dev: DeviceProfile) -> list[str]:
+    """A measured profile's curves: SDPA's in forward and backward pairs, every point in range."""
+    out = []
     sdpa = dict(dev.sdpa_curves)
     for key in sdpa:   # the pricing reads a forward and its backward together (compute._measured_sdpa_s)
         partner = key.removesuffix("_forward") + "_backward" if key.endswith("_forward") else \
