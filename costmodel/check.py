@@ -5,6 +5,7 @@ can act on; an empty list means the plan is valid (and fits, when memory is chec
 """
 from __future__ import annotations
 
+from costmodel.check_levers import activation_offload_problems, fp8_problems, no_host_problem, offload_problems
 from costmodel.estimate import host_bytes_per_rank, memory_per_rank, offloads
 from costmodel.frameworks import RUNTIME, FrameworkTraits, shards_in_part
 from costmodel.groups import (
@@ -17,12 +18,11 @@ from costmodel.groups import (
     replica_view,
     views,
 )
-from costmodel.hardware import ClusterSpec, DeviceProfile
+from costmodel.hardware import ClusterSpec
 from costmodel.memory import StageMemory
 from costmodel.placement import expert_layout
 from costmodel.plan import AXES, DEFAULT_AXIS_ORDER, Plan, Recompute
 from costmodel.rank_time.ep_overlap import plan_overlap_problems
-from costmodel.schedules import Schedule
 from costmodel.selective_modules import DEFAULT_SELECTIVE_MODULES, module_problems
 from costmodel.specs import ModelSpec, PositionKind, TrainSpec
 from costmodel.units import GIB
@@ -37,64 +37,97 @@ def world_problem(dp: int, tp: int, pp: int, cp: int, world: int) -> str | None:
 
 
 def check_structure(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> list[str]:
-    problems: list[str] = []
-    add = problems.append
-    for name in ("dp", "tp", "pp", "cp", "ep", "etp", "vpp", "micro_batch_size", "num_micro_batches", "dp_replicate"):
-        if getattr(plan, name) < 1:
-            add(f"{name} must be at least 1 (got {getattr(plan, name)})")
-    if problems:
+    if problems := _degree_problems(plan):
         return problems
-    for view in views(cluster):
-        if view.device.peak_flops_per_s.get(str(train.compute_dtype), 0) <= 0:
-            has = [d for d, peak in view.device.peak_flops_per_s.items() if peak > 0]
-            add(f"device {view.device.name} has no {train.compute_dtype} support in its profile (--dtype "
-                f"{' or '.join(has)})")
-    if model.position_kind is PositionKind.LEARNED and train.seq_len > model.max_position_embeddings:
-        add(f"seq_len {train.seq_len} is longer than the model's {model.max_position_embeddings} learned positions")
-    if model.sliding_window is not None and train.seq_len > model.sliding_window:
-        add(f"seq_len {train.seq_len} is longer than the model's attention window {model.sliding_window}: "
-            "sliding-window attention beyond the window is neither priced nor run; use --seq-len "
-            f"{model.sliding_window} or less")
+    problems = _spec_problems(model, train, cluster)
     if problem := world_problem(plan.dp, plan.tp, plan.pp, plan.cp, cluster.world_size):
-        add(problem)
+        problems.append(problem)
     elif cluster.is_mixed or plan.group_order or plan.micro_batch_sizes:
         problems += placement_problems(plan, cluster)
     placed = not problems
-    problems += tp_problems(model, plan.tp)
-    problems += cp_problems(model, train, plan.cp)
-    problems += mtp_cp_problems(model, plan.cp, cluster.framework)
-    problems += shared_expert_tp_problems(model, plan.tp, cluster.framework)
-    problems += ep_problems(model, plan.ep, dp=plan.dp, tp=plan.tp, cp=plan.cp, pp=plan.pp,
-                            order=plan.mesh_axis_order, traits=cluster.framework, etp=plan.etp)
+    return [*problems, *_parallel_problems(model, train, cluster, plan),
+            *_batch_problems(model, train, cluster, plan, placed), *_state_problems(model, train, cluster, plan),
+            *_schedule_problems(model, train, cluster, plan)]
+
+
+def _degree_problems(plan: Plan) -> list[str]:
+    return [f"{name} must be at least 1 (got {getattr(plan, name)})"
+            for name in ("dp", "tp", "pp", "cp", "ep", "etp", "vpp", "micro_batch_size", "num_micro_batches",
+                         "dp_replicate") if getattr(plan, name) < 1]
+
+
+def _spec_problems(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec) -> list[str]:
+    """What the specs ask of the devices and of the model, whatever the plan."""
+    problems = []
+    for view in views(cluster):
+        if view.device.peak_flops_per_s.get(str(train.compute_dtype), 0) <= 0:
+            has = [d for d, peak in view.device.peak_flops_per_s.items() if peak > 0]
+            problems.append(f"device {view.device.name} has no {train.compute_dtype} support in its profile (--dtype "
+                            f"{' or '.join(has)})")
+    if model.position_kind is PositionKind.LEARNED and train.seq_len > model.max_position_embeddings:
+        problems.append(f"seq_len {train.seq_len} is longer than the model's {model.max_position_embeddings} "
+                        "learned positions")
+    if model.sliding_window is not None and train.seq_len > model.sliding_window:
+        problems.append(f"seq_len {train.seq_len} is longer than the model's attention window {model.sliding_window}: "
+                        "sliding-window attention beyond the window is neither priced nor run; use --seq-len "
+                        f"{model.sliding_window} or less")
+    return problems
+
+
+def _parallel_problems(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> list[str]:
+    """TP, CP, EP and SP against the model and the framework."""
+    problems = [*tp_problems(model, plan.tp), *cp_problems(model, train, plan.cp),
+                *mtp_cp_problems(model, plan.cp, cluster.framework),
+                *shared_expert_tp_problems(model, plan.tp, cluster.framework),
+                *ep_problems(model, plan.ep, dp=plan.dp, tp=plan.tp, cp=plan.cp, pp=plan.pp,
+                             order=plan.mesh_axis_order, traits=cluster.framework, etp=plan.etp)]
     if plan.sequence_parallel:
         problems += sp_problems(train, plan.tp, plan.cp)
     if problem := moe_tp_problem(model, plan.tp, plan.sequence_parallel):
-        add(problem)
-    batch = plan.dp * plan.micro_batch_size * plan.num_micro_batches
+        problems.append(problem)
+    return problems
+
+
+def _batch_problems(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan, placed: bool) -> list[str]:
+    """The replicas' samples against the global batch (a mixed cluster's replicas each their share)."""
     if plan.micro_batch_sizes:   # each replica its group's share (unplaced: placement_problems said why)
+        problems = []
         if model.is_moe:
-            add("micro_batch_sizes with experts: the router's balancing loss is not weighted by the replicas' shares")
+            problems.append("micro_batch_sizes with experts: the router's balancing loss is not weighted by the "
+                            "replicas' shares")
         samples = replica_samples(plan, cluster) if placed else []
         if samples and sum(samples) != train.global_batch_size:
-            add(f"the replicas' samples {'+'.join(map(str, samples))} = {sum(samples)} "
-                f"(micro_batch_sizes {list(plan.micro_batch_sizes)} x {plan.num_micro_batches} micro-batches) "
-                f"do not add up to the global batch {train.global_batch_size}")
-    elif batch != train.global_batch_size:
-        add(f"dp*micro_batch_size*num_micro_batches = {plan.dp}*{plan.micro_batch_size}*"
-            f"{plan.num_micro_batches} = {batch} does not equal the global batch {train.global_batch_size}")
-    if plan.zero_stage not in (0, 1, 2, 3):
-        add(f"zero_stage must be 0, 1, 2 or 3 (got {plan.zero_stage})")
+            problems.append(f"the replicas' samples {'+'.join(map(str, samples))} = {sum(samples)} "
+                            f"(micro_batch_sizes {list(plan.micro_batch_sizes)} x {plan.num_micro_batches} "
+                            f"micro-batches) do not add up to the global batch {train.global_batch_size}")
+        return problems
+    batch = plan.dp * plan.micro_batch_size * plan.num_micro_batches
+    if batch != train.global_batch_size:
+        return [f"dp*micro_batch_size*num_micro_batches = {plan.dp}*{plan.micro_batch_size}*"
+                f"{plan.num_micro_batches} = {batch} does not equal the global batch {train.global_batch_size}"]
+    return []
+
+
+def _state_problems(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> list[str]:
+    """ZeRO, hybrid sharding, what goes to the host, float8."""
+    problems = [] if plan.zero_stage in (0, 1, 2, 3) else [f"zero_stage must be 0, 1, 2 or 3 (got {plan.zero_stage})"]
     problems += offload_problems(cluster, plan.zero_stage, plan.offload_optimizer)
     problems += hsdp_problems(model, plan.dp, plan.dp_replicate, plan.zero_stage, cluster.framework)
     if plan.dp_replicate > 1 and cluster.is_mixed:
-        add(f"dp_replicate={plan.dp_replicate} (hybrid sharding) on a mixed cluster: its replicas' spans over "
-            "the device groups are not modelled")
+        problems.append(f"dp_replicate={plan.dp_replicate} (hybrid sharding) on a mixed cluster: its replicas' "
+                        "spans over the device groups are not modelled")
     problems += activation_offload_problems(cluster, plan.offload_activations, plan.recompute, plan.schedule,
                                             plan.tp)
     if plan.fp8_linears:
         problems += fp8_problems(model, train, cluster, plan.tp)
+    return problems
+
+
+def _schedule_problems(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> list[str]:
+    """The rank order, the pipeline and recomputation, and the framework options the cluster sets."""
+    problems = []
     if sorted(plan.mesh_axis_order) != sorted(AXES):
-        add(f"mesh_axis_order must order exactly {', '.join(AXES)} (got {', '.join(plan.mesh_axis_order)})")
+        problems.append(f"mesh_axis_order must order exactly {', '.join(AXES)} (got {', '.join(plan.mesh_axis_order)})")
     problems += _check_pipeline(model, plan, cluster.framework)
     problems += _check_recompute(plan)
     if (modules := cluster.framework.selective_modules) != DEFAULT_SELECTIVE_MODULES:
@@ -219,81 +252,6 @@ def ep_problems(model: ModelSpec, ep: int, *, dp: int, tp: int = 1, cp: int = 1,
     return out
 
 
-def _no_host(cluster: ClusterSpec, lever: str) -> str | None:
-    """Why nothing can be offloaded to this device's host (None: it has one; on a mixed cluster,
-    every group's device has one)."""
-    for device in (view.device for view in views(cluster)):
-        if device.host is None:
-            why = "its ranks already run on the host" if device.kind == "cpu" else "its profile has no [host] table"
-            return f"{lever}: device {device.name} cannot offload ({why})"
-    return None
-
-
-def offload_problems(cluster: ClusterSpec, zero_stage: int, offload: bool) -> list[str]:
-    """Offloading moves ZeRO's sharded states to the node's host: it needs a shard and a host."""
-    if not offload:
-        return []
-    if problem := _no_host(cluster, "offload_optimizer"):
-        return [problem]
-    if zero_stage < 1:
-        return ["offload_optimizer needs zero_stage >= 1 (the sharded optimizer states are what moves to the host)"]
-    return []
-
-
-def activation_offload_problems(cluster: ClusterSpec, offload: bool, recompute: Recompute,
-                                schedule: Schedule, tp: int = 1) -> list[str]:
-    """Activations copied to the host: a host to copy to; not with recomputation (torch's
-    checkpoint keeps its region's inputs itself, on the device), a schedule whose split backward
-    reads each saved tensor twice (zero bubble: two copies back), or tensor parallelism (its
-    activations are DTensors, which runtime.offload's hooks leave in place)."""
-    if not offload:
-        return []
-    if problem := _no_host(cluster, "offload_activations"):
-        return [problem]
-    out = []
-    if recompute is not Recompute.NONE:
-        out.append("offload_activations with recomputation: they are alternatives (torch's checkpoint keeps "
-                   "the recomputed region's inputs on the device)")
-    if schedule.defers_weight_grad:
-        out.append(f"offload_activations with schedule {schedule}: its split backward reads every saved "
-                   "tensor twice (two copies back per pass)")
-    if tp > 1:
-        out.append("offload_activations with tp > 1: tensor-parallel activations are DTensors, which the "
-                   "runtime's hooks do not move")
-    return out
-
-
-def float8_device_problem(device: DeviceProfile) -> str | None:
-    if device.kind == "cpu":
-        return (f"device {device.name} is a CPU: the runtime cannot run float8 training on CPU (float8 tensor "
-                "cores: H100, H200, B200)")
-    if device.peak_flops_per_s.get("fp8", 0) <= 0:
-        return (f"device {device.name} has no float8 tensor cores (no fp8 peak in its profile; float8 training "
-                "needs an H100, H200 or B200)")
-    return None
-
-
-def fp8_problems(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: int) -> list[str]:
-    """What float8 linears need: a device with float8 tensor cores (an fp8 peak in its profile:
-    H100, H200, B200; not A100, V100 or a CPU, where the runtime cannot run them either), a
-    training spec that accepts float8 (bf16 beside it), a dense model where the framework does
-    not run its experts in float8 (Megatron-Core does; torchao's float8 linears do not reach our
-    runtime's batched expert weights: costmodel.frameworks `float8_experts`), and no tensor
-    parallelism where the framework has none for float8 (our runtime does not apply torchao's
-    float8 tensor-parallel styles; costmodel.frameworks `float8_with_tp`)."""
-    out = []
-    if problem := next(filter(None, (float8_device_problem(view.device) for view in views(cluster))), None):
-        out.append(f"fp8_linears: {problem}")
-    if not train.float8:
-        out.append("fp8_linears: the training spec does not accept float8 numerics (--dtype fp8)")
-    if model.is_moe and not cluster.framework.float8_experts:
-        out.append(f"fp8_linears: model {model.name} is a mixture of experts; {cluster.framework.name} runs float8 "
-                   "for dense models only (Megatron-Core runs experts in float8: --framework megatron)")
-    if tp > 1 and not cluster.framework.float8_with_tp:
-        out.append("fp8_linears with tp > 1: the runtime runs float8 linears without tensor parallelism")
-    return out
-
-
 def sp_problems(train: TrainSpec, tp: int, cp: int) -> list[str]:
     if tp == 1:
         return ["sequence parallelism needs tp > 1"]
@@ -358,7 +316,7 @@ def check_memory(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan:
                                             group_plan(plan, cluster, g))]
     ranks = rank_views(plan, cluster)
     problems = _device_overflow(memory_per_rank(model, train, cluster, plan), ranks)
-    if offloads(plan) and _no_host(cluster, "offload") is None:
+    if offloads(plan) and no_host_problem(cluster, "offload") is None:
         for rank, (host, view) in enumerate(zip(host_bytes_per_rank(model, train, plan, cluster.framework), ranks)):
             if host > view.host_budget_bytes:
                 problems.append(f"offloaded {'states' if plan.offload_optimizer else 'activations'} of pipeline "

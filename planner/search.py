@@ -27,7 +27,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
-from costmodel.check import offload_problems, tp_problems
+from costmodel.check import tp_problems
+from costmodel.check_levers import offload_problems
 from costmodel.estimate import estimate
 from costmodel.fidelity import error_band
 from costmodel.frameworks import shards_in_part

@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from costmodel.check import float8_device_problem
+from costmodel.check_levers import float8_device_problem
 from costmodel.frameworks import with_ep_overlap
 from costmodel.groups import views
 from costmodel.hardware import DEFAULT_MEMORY_HEADROOM, ClusterSpec, parse_cluster

@@ -12,7 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from costmodel.check import check_memory, check_structure, fp8_problems
+from costmodel.check import check_memory, check_structure
+from costmodel.check_levers import fp8_problems
 from costmodel.frameworks import RUNTIME
 from costmodel.plan import PlanFile
 from costmodel.units import GIB
