@@ -5,13 +5,11 @@ from costmodel.memory.activations import (
     backward_working_bytes,
     cp_gathered_kv_bytes,
     edge_bytes_per_micro_batch,
-    edge_weight_grad_output_bytes,
     layer_activation_bytes,
     logits_held_bytes,
     loss_vocab,
-    weight_grad_input_bytes,
-    weight_grad_output_bytes,
 )
+from costmodel.memory.deferred import edge_weight_grad_output_bytes, weight_grad_input_bytes, weight_grad_output_bytes
 from costmodel.memory.stage import (
     AffineBytes,
     StageMemory,

@@ -14,7 +14,6 @@ from __future__ import annotations
 from costmodel.deepseek import dense_layer_model
 from costmodel.frameworks import RUNTIME, FrameworkTraits, shared_expert_split
 from costmodel.kernels import cp_chunk_scores, expert_rows, moe_tokens
-from costmodel.layout import Style, layer_blocks
 from costmodel.params import ceil_div
 from costmodel.plan import Plan, Recompute
 from costmodel.specs import Arch, AttentionKernel, ModelSpec, NormKind, PositionKind, TrainSpec
@@ -99,12 +98,12 @@ def layer_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, mode:
     # its shared expert is split over TP, which gathers its input as a dense MLP does; one norm
     # shared by both branches gives them one input, unless each block gathers its own (SP)
     split_shared = traits.shared_expert_tp and model.shared_expert_ffn_hidden_size > 0
-    mlp_input_split = t if model.is_moe and not split_shared else _proj_input_split(plan, traits)
+    mlp_input_split = t if model.is_moe and not split_shared else proj_input_split(plan, traits)
     # the projections' inputs: float8 where the framework keeps float8 (not a mixture's, whose
     # router takes the 16-bit input)
     mlp_lin = a if model.is_moe else lin
     mlp_input = 0.0 if model.shared_norm and not _gathers_per_block(plan, traits) else mlp_lin * tokens * h / mlp_input_split
-    attn_input = lin * tokens * h / _proj_input_split(plan, traits)
+    attn_input = lin * tokens * h / proj_input_split(plan, traits)
     if "layernorm" in selective:   # the norms apart from a linear: a latent attention's, a mixture's
         attn_input, mlp_input = (0.0 if model.is_mla else attn_input), (0.0 if model.is_moe else mlp_input)
     replicated = tokens * h * (norms + 2 * drop) / sp + attn_input + mlp_input
@@ -198,7 +197,7 @@ def _gathers_per_block(plan: Plan, traits: FrameworkTraits) -> bool:
     return plan.tp > 1 and plan.sequence_parallel and traits.tp_keeps_gathered_input
 
 
-def _proj_input_split(plan: Plan, traits: FrameworkTraits) -> int:
+def proj_input_split(plan: Plan, traits: FrameworkTraits) -> int:
     """Over how many ranks the saved input of a column-parallel projection is split: the
     sequence shards under SP, unless the framework keeps the gathered input (frameworks)."""
     return plan.tp if plan.sequence_parallel and not traits.tp_keeps_gathered_input else 1
@@ -248,10 +247,10 @@ def _mtp_own_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, traits: Frame
     norm_input, norm_copy = (4, 4) if cpu_rms else (a, 0)
     shared_hidden = sp == 1 and norm_input == a
     norms = 2 * (norm_input + norm_copy) + norm_copy + (0 if shared_hidden else norm_input)
-    return _local_tokens(train, plan) * model.hidden_size * (norms / sp + 3 * a)
+    return local_tokens(train, plan) * model.hidden_size * (norms / sp + 3 * a)
 
 
-def _local_tokens(train: TrainSpec, plan: Plan) -> int:
+def local_tokens(train: TrainSpec, plan: Plan) -> int:
     """Tokens of one micro-batch on one device: its sequences, each cut into cp pieces."""
     return plan.micro_batch_size * (train.seq_len // plan.cp)
 
@@ -259,7 +258,7 @@ def _local_tokens(train: TrainSpec, plan: Plan) -> int:
 def _logits_elems(model: ModelSpec, train: TrainSpec, plan: Plan, traits: FrameworkTraits = RUNTIME) -> float:
     """Logits of one micro-batch on one device: its vocabulary shard, or the whole vocabulary
     where the framework gathers them before the loss (frameworks.vocab_parallel_loss)."""
-    return _local_tokens(train, plan) * loss_vocab(model, plan, traits)
+    return local_tokens(train, plan) * loss_vocab(model, plan, traits)
 
 
 def loss_vocab(model: ModelSpec, plan: Plan, traits: FrameworkTraits = RUNTIME) -> int:
@@ -277,7 +276,7 @@ def logits_held_bytes(model: ModelSpec, train: TrainSpec, plan: Plan,
     that same output, and a log-sum-exp per row."""
     a = train.compute_dtype.num_bytes
     if traits.fused_cross_entropy:
-        return _logits_elems(model, train, plan, traits) * a + 4 * _local_tokens(train, plan)
+        return _logits_elems(model, train, plan, traits) * a + 4 * local_tokens(train, plan)
     kept_output = a if plan.pp > 1 else 0
     return _logits_elems(model, train, plan, traits) * (4 + kept_output)
 
@@ -294,7 +293,7 @@ def backward_working_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, last:
     needs only what exceeds them (benchmarks/gpu_check.py's runs with full recomputation on an
     H200 peak at the larger of the two, not their sum)."""
     a, t = train.compute_dtype.num_bytes, plan.tp
-    tokens = _local_tokens(train, plan)
+    tokens = local_tokens(train, plan)
     h, kv, f = model.hidden_size, model.kv_hidden_size, model.ffn_hidden_size
     mlp_weight = a * h * f / t
     if model.is_moe:   # one expert's backward at a time; it may have got every token of the shard
@@ -333,74 +332,3 @@ def _unfused_loss_grad_bytes(compute_bytes: int) -> int:
     loss` measures it: on an H200, 16 bytes a logit with the measurement's own bf16 logits and
     their gradient)."""
     return max(4 + 4, 4 + compute_bytes)
-
-
-def weight_grad_input_bytes(model: ModelSpec, train: TrainSpec, plan: Plan,
-                            traits: FrameworkTraits = RUNTIME) -> float:
-    """Per layer and micro-batch, what a deferred weight-gradient pass (ZB-H1, ZBV) still needs
-    once the input-gradient pass has freed the rest: the input of every projection (the two
-    norm outputs feeding QKV and the MLP, the attention output, the MLP's activated product);
-    the whole layer where the framework keeps the graph (frameworks.deferred_w_keeps_graph).
-    A mixture's projections are its experts': each routed row's input and activated product
-    (costmodel.kernels.expert_rows), and the shared expert's product."""
-    if traits.deferred_w_keeps_graph:
-        return (layer_activation_bytes(model, train, plan, plan.recompute, traits)
-                + weight_grad_output_bytes(model, train, plan, traits))
-    a, t = train.compute_dtype.num_bytes, plan.tp
-    tokens = _local_tokens(train, plan)
-    if model.is_moe:
-        routed = moe_tokens(tokens, t)
-        mlp = (plan.etp * expert_rows(model, train, routed, plan.ep)
-               * (model.hidden_size + model.moe_ffn_hidden_size // plan.etp)
-               + routed * model.shared_expert_ffn_hidden_size)
-    else:
-        mlp = tokens * model.ffn_hidden_size / t
-    return a * (tokens * (2 * model.hidden_size / _proj_input_split(plan, traits) + model.attention_output_size / t)
-                + mlp)
-
-
-def weight_grad_output_bytes(model: ModelSpec, train: TrainSpec, plan: Plan,
-                             traits: FrameworkTraits = RUNTIME) -> float:
-    """Per layer and micro-batch, the output gradients torch pipelining's input pass captures
-    for a deferred weight pass (`stage_backward_input` hooks): every projection's (a column-
-    parallel one's 1/t slice, a row-parallel one's whole partial output) and the two norm scales'.
-    A mixture's in place of the MLP's (runtime.moe, whole on each TP rank over its shard): the
-    router's logits, each routed row's three expert projections (costmodel.kernels.expert_rows),
-    the shared expert's three (split over TP where the framework splits it: _moe_output_grad_elements)
-    and its gate's. Measured on a 2-stage ZB-H1 run: 232 MiB held per
-    micro-batch, 228 MiB by this count; per tensor, what `stage_backward_input` captures of one
-    layer equals this count for debug-small, debug-moe and a Mixtral-style layer
-    (tests/runtime/test_schedule_memory.py)."""
-    sp = plan.tp if plan.sequence_parallel else 1
-    width = model.layer_norms * model.hidden_size / sp
-    for block in layer_blocks(model):
-        if not (model.is_moe and block.name == "mlp"):
-            width += sum(lin.out_features / plan.tp if lin.style is Style.COLWISE else lin.out_features
-                         for lin in block.linears)
-    tokens = _local_tokens(train, plan)
-    return train.compute_dtype.num_bytes * (tokens * width
-                                            + _moe_output_grad_elements(model, train, plan, tokens, traits))
-
-
-def _moe_output_grad_elements(model: ModelSpec, train: TrainSpec, plan: Plan, tokens: int,
-                              traits: FrameworkTraits = RUNTIME) -> float:
-    """The elements of a mixture's projection outputs per micro-batch (weight_grad_output_bytes).
-    A shared expert split over TP (frameworks `shared_expert_tp`) runs over the shards gathered:
-    its column-parallel outputs at 1/split of its width, its row-parallel one a whole partial sum."""
-    if not model.is_moe:
-        return 0.0
-    h, fs, routed = model.hidden_size, model.shared_expert_ffn_hidden_size, moe_tokens(tokens, plan.tp)
-    split = shared_expert_split(plan.tp, traits.shared_expert_tp)
-    shared = routed * split * (2 * ceil_div(fs, split) + h) if fs else 0
-    return (shared + routed * (model.num_experts + (1 if model.shared_expert_gate else 0))
-            + plan.etp * expert_rows(model, train, routed, plan.ep) * (2 * model.moe_ffn_hidden_size // plan.etp + h))
-
-
-def edge_weight_grad_output_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, first: bool,
-                                   last: bool) -> float:
-    """The same for the embedding (its whole output) and the final norm and output projection
-    (its vocabulary slice)."""
-    sp = plan.tp if plan.sequence_parallel else 1
-    width = (model.hidden_size if first else 0) + \
-        (model.hidden_size / sp + ceil_div(model.vocab_size, plan.tp) if last else 0)
-    return train.compute_dtype.num_bytes * _local_tokens(train, plan) * width

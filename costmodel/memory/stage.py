@@ -8,13 +8,12 @@ from functools import lru_cache
 
 from costmodel.frameworks import RUNTIME, FrameworkTraits
 from costmodel.memory.activations import (
-    _local_tokens,
     backward_working_bytes,
     edge_bytes_per_micro_batch,
-    edge_weight_grad_output_bytes,
     layer_activation_bytes,
-    weight_grad_input_bytes,
+    local_tokens,
 )
+from costmodel.memory.deferred import edge_weight_grad_output_bytes, weight_grad_input_bytes
 from costmodel.memory.states import reduces_every_micro_batch, state_bytes_for
 from costmodel.params import fsdp_unit_params, layer_params, rank_params, rank_params_at
 from costmodel.plan import Plan, Recompute
@@ -47,7 +46,7 @@ class StageMemory:
 def send_bytes(model: ModelSpec, train: TrainSpec, plan: Plan) -> float:
     """One activation (or its gradient) a pipeline stage sends: this rank's sequence shard under SP."""
     sp = plan.tp if plan.sequence_parallel else 1
-    return train.compute_dtype.num_bytes * _local_tokens(train, plan) * model.hidden_size / sp
+    return train.compute_dtype.num_bytes * local_tokens(train, plan) * model.hidden_size / sp
 
 
 def held_send_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
