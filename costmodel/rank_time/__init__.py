@@ -1,10 +1,17 @@
 """Per pipeline rank: the time of one micro-batch (compute and the communication on its critical
 path, `times`, `layer_comm`), the groups each axis spans (`spans`), and the data-parallel
-synchronisation left exposed after overlap (`dp_terms`).
+synchronisation left exposed after overlap (`dp_terms`), and what runs once a step beside the
+pipeline (`after_pipeline`).
 """
+from costmodel.rank_time.after_pipeline import (
+    after_pipeline_s,
+    grad_accumulation_s,
+    one_replica_fsdp_parts_s,
+    one_replica_fsdp_s,
+    tp_replica_sync_s,
+)
 from costmodel.rank_time.dp_terms import (
     DpTerm,
-    after_pipeline_s,
     dp_bucket_s,
     dp_exposed_s,
     dp_groups,
@@ -13,10 +20,6 @@ from costmodel.rank_time.dp_terms import (
     dp_terms,
     dp_unit_layers,
     dp_window_s,
-    grad_accumulation_s,
-    one_replica_fsdp_parts_s,
-    one_replica_fsdp_s,
-    tp_replica_sync_s,
 )
 from costmodel.rank_time.spans import Spans, link_costs, spans, split_dp_axis, stage_pair_all_reduce_s
 from costmodel.rank_time.times import ZERO_TIMES, RankTimeModel, RankTimes, fastest_of, rank_time_model, rank_times

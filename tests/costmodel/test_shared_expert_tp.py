@@ -20,7 +20,7 @@ from costmodel.params import (
     shared_expert_params,
 )
 from costmodel.rank_time import spans
-from costmodel.rank_time.dp_terms import tp_replica_sync_s
+from costmodel.rank_time.after_pipeline import tp_replica_sync_s
 from costmodel.rank_time.layer_comm import _tp_block_collective_s, _tp_layer_comm_s
 from costmodel.registry import resolve_model
 from costmodel.specs import TrainSpec
