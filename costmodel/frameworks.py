@@ -25,9 +25,9 @@ class FrameworkTraits:
     dp_param_overlap: bool
     sharded_grads_under_pp: bool
     zero3_gathers_per_param: bool
-    # DeepSpeed's coordinator's stage3_prefetch_bucket_size (elements; 0: a whole unit ahead) and
+    # DeepSpeed's coordinator's stage3_prefetch_bucket_size (elements; None: a whole unit ahead, FSDP's) and
     # stage3_max_live_parameters (costmodel.zero3_coordinator)
-    zero3_prefetch_bucket: float = 0.0
+    zero3_prefetch_bucket: float | None = None
     zero3_max_live: float = 1e9
     recompute_placement: str = "first"
     dp_collectives_per_layer: bool = False

@@ -1,21 +1,20 @@
 """DeepSpeed's ZeRO-3 parameter gathers as its coordinator runs them
-(deepspeed/runtime/zero/partitioned_param_coordinator.py, `fetch_sub_module`; the same logic from
-0.6 to 0.19). Module by module in the order the first step traced: a module's weights are
-gathered on demand unless a prefetch brought them; when a module starts, its weights there, the
-next weights of the trace are prefetched on the one gather stream, min(max_live - available,
-bucket) elements of them and at least one weight where that is positive; a module's weights are
-released after it unless the trace uses them again within max_reuse_distance parameters or a
-prefetch passed their next use while they were there. A
-gather hides only behind the modules that run between its prefetch and its use: with
-DeepSpeed's default bucket of 5e7 elements (less than one 4096 x 14336 weight, 58.7e6) that is
-the one module before it, and none where that module's weights alone reach max_live (1e9 by
-default; a 25,600-wide model's MLP weights are 2.6e9 each).
+(deepspeed/runtime/zero/partitioned_param_coordinator.py, `fetch_sub_module` and
+`__params_to_release`; the same logic from 0.6 to 0.19). DeepSpeed hooks every module, in the
+order the first step traced: a module's weights are gathered on demand unless a prefetch brought
+them, and at every module's start, weightless ones included (the layer, its norms, whose small
+weights persist, the attention and MLP blocks, the attention core), the next weights of the
+trace are prefetched on the one gather stream: min(max_live - available, bucket) elements of them,
+at least one weight where that is positive. A module's weights are released after it unless the
+trace uses them again within fewer than max_reuse_distance parameters, or a prefetch passed their
+next use while they were there. So the prefetch runs ahead a few weights per layer until the
+live weights reach max_live (1e9 by default), and a weight of max_live or more blocks it.
 
-FrameworkTraits.zero3_prefetch_bucket 0 is the whole-unit prefetch FSDP runs and
-planner.exports.deepspeed writes (a layer ahead, two layers live), which
-costmodel.rank_time.dp_terms prices; a published DeepSpeed run that set no stage3 knobs ran
-DeepSpeed's defaults (planner.measure.row_traits). Mixtures of experts are not walked: DeepSpeed's
-engine refuses them under ZeRO-3.
+FrameworkTraits.zero3_prefetch_bucket None is the whole-unit prefetch FSDP runs, which
+costmodel.rank_time.dp_terms prices, and what planner.exports.deepspeed writes DeepSpeed's knobs
+for; a published DeepSpeed run ran its own knobs, DeepSpeed's defaults unless it set them
+(planner.measure.row_traits). Mixtures of experts are not walked: DeepSpeed's engine refuses them
+under ZeRO-3.
 """
 from __future__ import annotations
 
@@ -43,21 +42,28 @@ DEEPSPEED_MAX_REUSE = 1_000_000_000
 class Use:
     """One module's run in the step's trace."""
     module: int        # which module of the rank (layer x its modules): weights gathered once are its
-    params: int        # its weights on this device (0: the attention core, compute only)
+    params: int        # its weights on this device (0: a weightless module, the attention core among them)
     compute_s: float   # the run's compute
 
 
 def coordinates(model: ModelSpec, plan: Plan, traits: FrameworkTraits) -> bool:
-    """Whether the plan's ZeRO-3 gathers run as DeepSpeed's coordinator with a bounded prefetch."""
-    return plan.zero_stage == 3 and traits.zero3_prefetch_bucket > 0 and not model.is_moe
+    """Whether the plan's ZeRO-3 gathers run as DeepSpeed's coordinator with the traits' knobs."""
+    return plan.zero_stage == 3 and traits.zero3_prefetch_bucket is not None and not model.is_moe
+
+
+# the weightless modules whose hooks run before a layer's attention projections (the layer, its
+# norm, whose weights persist, the attention block) and before its MLP's (the norm, the MLP block)
+HOOKS_BEFORE_ATTENTION, HOOKS_BEFORE_MLP = 3, 2
 
 
 def layer_modules(model: ModelSpec, tp: int, num_sequences: int, seq_len: int) -> tuple[tuple[int, int], ...]:
-    """(weights on this device, forward FLOPs) of one layer's modules in forward order: the
-    attention's projections, its core before the output projection, the MLP's projections."""
+    """(weights on this device, forward FLOPs) of one layer's hooked modules in forward order: the
+    weightless ones before each block, the attention's projections with its core before the output
+    projection, the MLP's projections."""
     tokens = num_sequences * seq_len
     out = []
     for block in dense_blocks(model):
+        out += [(0, 0)] * (HOOKS_BEFORE_ATTENTION if block.name == "attention" else HOOKS_BEFORE_MLP)
         last = len(block.linears) - 1
         for i, lin in enumerate(block.linears):
             if block.name == "attention" and i == last:
@@ -95,7 +101,7 @@ def step_trace(model: ModelSpec, train: TrainSpec, plan: Plan, layers: int, time
 
 @lru_cache(maxsize=512)
 def _kept(trace: tuple[Use, ...], max_reuse: float) -> tuple[bool, ...]:
-    """Per use, whether its weights stay for the module's next use: the trace uses no more than
+    """Per use, whether its weights stay for the module's next use: the trace uses fewer than
     max_reuse parameters in between (a module's last use releases them)."""
     prefix = [0]
     for use in trace:
@@ -104,7 +110,7 @@ def _kept(trace: tuple[Use, ...], max_reuse: float) -> tuple[bool, ...]:
     last: dict[int, int] = {}
     for k, use in enumerate(trace):
         if (before := last.get(use.module)) is not None:
-            kept[before] = prefix[k] - prefix[before + 1] <= max_reuse
+            kept[before] = prefix[k] - prefix[before + 1] < max_reuse
         last[use.module] = k
     return tuple(kept)
 
@@ -142,7 +148,9 @@ def walk(trace: tuple[Use, ...], gather_s: tuple[float, ...], bucket: float, max
                 pinned[nxt.module] = queue - 1
         peak = max(peak, live)
         t += use.compute_s
-        if use.params and not kept[k] and pinned.get(use.module, -1) <= k:   # released: gathered again at its next use
+        # released, to be gathered again at its next use (a prefetch that passed a later use keeps
+        # them for it; DeepSpeed compares that use with its step counter, already at k + 1)
+        if use.params and not kept[k] and pinned.get(use.module, -1) <= k + 1:
             there.discard(use.module)
             live -= use.params
     return t - sum(use.compute_s for use in trace), peak

@@ -2,6 +2,7 @@
 hides (what runs once after the pipeline: costmodel.rank_time.after_pipeline)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from costmodel.comm import HOST_COPIES, Collective, collective_time_s
@@ -36,7 +37,7 @@ class DpTerm:
 
     multiplier: int
     collectives: tuple[tuple[Collective, float], ...]
-    window: str  # "forward", "backward", or "none" (after the backward pass, exposed)
+    window: str  # "forward", "backward", "none" (after the backward pass, exposed), or "walked" (zero3_coordinator)
     pieces_per_layer: int = 0
     units: int = 1
     scale: float = 1.0   # a fraction of the collectives' time (the contention terms below)
@@ -116,8 +117,11 @@ def _dp_terms(model: ModelSpec, train: TrainSpec, plan: Plan, traits: FrameworkT
                 DpTerm(multiplier=1, collectives=((ag, w),), window=gather_window, pieces_per_layer=units,
                        units=stages, window_micro_batches=spread))
     pieces = layer_param_tensors(model) if traits.zero3_gathers_per_param else 1
-    if coordinates(model, plan, traits):   # the gathers walked as DeepSpeed's coordinator runs them (dp_exposed_s)
-        return (DpTerm(multiplier=reduces, collectives=((rs, g),), window=reduce_window, pieces_per_layer=pieces),)
+    if coordinates(model, plan, traits):
+        # the gathers' wait walked as DeepSpeed's coordinator runs them (dp_exposed_s); their term
+        # ("walked": hidden here) stays for the compute they contend with, a forward's and a backward's
+        return (DpTerm(multiplier=2 * m, collectives=((ag, w),), window="walked", pieces_per_layer=pieces),
+                DpTerm(multiplier=reduces, collectives=((rs, g),), window=reduce_window, pieces_per_layer=pieces))
     # FSDP prefetches the next layer's gather behind the current one's compute in either pass
     forward = DpTerm(multiplier=m, collectives=((ag, w),), window="forward", pieces_per_layer=pieces)
     if reduces == m and reduce_window == "backward":   # backward's gathers and reductions share its window
@@ -188,6 +192,8 @@ def dp_window_s(term: DpTerm, times: RankTimes, overlap: float) -> float:
     and communication share the cores, as gloo ranks on a CPU do)."""
     if term.window == "none":
         return 0.0
+    if term.window == "walked":   # its wait is costmodel.zero3_coordinator's, added apart
+        return math.inf
     window = times.forward_s if term.window == "forward" else times.backward_s + times.recompute_s
     return overlap * term.window_micro_batches * window
 
@@ -240,6 +246,8 @@ def dp_bucket_s(model: ModelSpec, plan: Plan, term: DpTerm, cluster: ClusterSpec
                 groups: list | None = None) -> float:
     """One DP unit's collectives of a term (in each gradient group; dp_unit_layers). `groups`:
     dp_groups of a middle rank holding one layer, where the caller has them."""
+    if term.window == "walked":   # the coordinator's wait has no bucket of its own to bound it by
+        return 0.0
     if groups is None:
         groups = dp_groups(model, plan, sp, rank_params_at(model, plan, 1, False, False, cluster.framework),
                            cluster.framework)

@@ -20,8 +20,9 @@ What DeepSpeed cannot say of our plans, and the nearest it runs (each a line of 
 - float8 linears: DeepSpeed's config has none (Transformer Engine goes in the model code): bf16.
 
 ZeRO-3 is written with the prefetch it is priced with: the next layer's parameters gathered
-behind the current layer's compute, two layers live (`stage3_prefetch_bucket_size`,
-`stage3_max_live_parameters`), where DeepSpeed's defaults would gather a parameter or less ahead.
+behind the current layer's compute, two layers live, a layer's weights kept from its recomputed
+forward to its backward (`stage3_prefetch_bucket_size`, `stage3_max_live_parameters`,
+`stage3_max_reuse_distance`), where DeepSpeed's defaults prefetch by its own bounds.
 """
 from __future__ import annotations
 
@@ -140,11 +141,14 @@ def config(pf: PlanFile, plan: Plan) -> dict:
 
 def _zero3_prefetch(model: ModelSpec, plan: Plan) -> dict[str, int]:
     """ZeRO-3's gathers as priced: the next layer's behind the current one's compute, two layers
-    live (costmodel.memory.buffer_bytes). DeepSpeed's defaults (a prefetch bucket of 5e7 elements,
-    1e9 live parameters) would gather a parameter or less ahead, and none where two parameters
-    pass 1e9 (a 405B layer's MLP weights), leaving the gathers on the critical path."""
+    live (costmodel.memory.buffer_bytes), a layer's weights kept from its recomputed forward for
+    its backward. DeepSpeed's defaults (costmodel.zero3_coordinator: a prefetch bucket of 5e7
+    elements, 1e9 live parameters, weights kept for any use within 1e9) prefetch less than a layer
+    where a layer passes 5e8 parameters, none behind a weight of 1e9 or more, and keep more than
+    two where layers are small."""
     layer = layer_params(model, plan.tp, plan.ep)   # a layer as this rank gathers it
-    return {"stage3_prefetch_bucket_size": layer, "stage3_max_live_parameters": 2 * layer}
+    return {"stage3_prefetch_bucket_size": layer, "stage3_max_live_parameters": 2 * layer,
+            "stage3_max_reuse_distance": layer}
 
 
 def render(pf: PlanFile, plan: Plan) -> tuple[str, str]:

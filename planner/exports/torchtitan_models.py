@@ -1,8 +1,12 @@
 """The models torchtitan 0.2 builds itself: the flavours of its llama3 and qwen3 train specs
 (torchtitan.models.llama3.llama3_args, torchtitan.models.qwen3.qwen3_args), each matched to a
-ModelSpec by every dimension its args set; tests/planner/test_export.py checks each against
-torchtitan's own args. A model no flavour matches needs a train spec of the user's (the export
-says which dimensions)."""
+ModelSpec by what sets its shapes and its cost: widths, heads, head width, vocabulary, RoPE base
+and fraction, norm epsilon, Q/K norms, tied embeddings, attention window, a mixture's experts and
+routing; tests/planner/test_export.py checks each against torchtitan's own args. Not compared,
+as they change numerics and not cost: RoPE scaling (torchtitan's llama3 flavours are Llama 3.1's,
+scaled by 8) and a mixture's load balancing (torchtitan's qwen3 biases its router, where
+Qwen3's config states an auxiliary loss). A model no flavour matches needs a train spec of the
+user's (the export says which dimensions)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,7 +35,8 @@ class Flavour:
     pipelined: bool = True
 
     def matches(self, m: ModelSpec) -> bool:
-        if m.arch is not Arch.LLAMA or m.is_mla or m.qkv_bias or m.mtp_depth or m.first_k_dense:
+        if (m.arch is not Arch.LLAMA or m.is_mla or m.qkv_bias or m.mtp_depth or m.first_k_dense
+                or m.sliding_window is not None or m.rotary_fraction != 1):
             return False
         shape = (m.hidden_size, m.num_layers, m.num_heads, m.num_kv_heads, m.ffn_hidden_size, m.vocab_size,
                  m.rope_theta, m.norm_eps, m.head_dim, m.qk_norm, m.tied_embeddings, m.num_experts)
@@ -41,7 +46,8 @@ class Flavour:
             return False
         return not m.is_moe or (m.experts_per_token == self.top_k and m.moe_ffn_hidden_size == self.ffn_hidden
                                 and m.moe_norm_topk_prob and m.router_scoring is RouterScoring.SOFTMAX
-                                and m.shared_expert_ffn_hidden_size == 0 and m.num_expert_groups == 1)
+                                and m.shared_expert_ffn_hidden_size == 0 and m.num_expert_groups == 1
+                                and m.routed_scaling_factor == 1.0)
 
 
 def _llama3(flavor: str, dim: int, n_layers: int, n_heads: int, ffn_hidden: int) -> Flavour:

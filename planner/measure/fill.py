@@ -160,8 +160,9 @@ def best_plan_for_row(row: dict[str, str], model: ModelSpec, train: TrainSpec, c
 
 def _offloads(row: dict[str, str]) -> dict[str, bool]:
     """Optional columns offload_optimizer and offload_activations (empty: no): states and their
-    step on the host (ZeRO-Offload, FSDP's CPUOffload), the layers' saved activations on the host
-    (DeepSpeed's cpu_checkpointing)."""
+    step on the host (ZeRO-Offload, FSDP's CPUOffload); the layers' saved activations on the host
+    instead of recomputing them. DeepSpeed's cpu_checkpointing, the checkpointed inputs of full
+    recomputation on the host, is neither (no plan has it)."""
     return {"offload_optimizer": flag_cell(row, "offload_optimizer", False),
             "offload_activations": flag_cell(row, "offload_activations", False)}
 

@@ -68,7 +68,7 @@ def _zero3_prefetch(row: dict[str, str], traits: FrameworkTraits) -> FrameworkTr
             raise UserError(f"row {row['id']!r}: {stated[0]} is DeepSpeed's ZeRO-3 setting; framework "
                             f"{traits.name!r} has none")
         return traits
-    bucket = number_cell(row, "zero3_prefetch_bucket", float, DEEPSPEED_PREFETCH_BUCKET, 0.0, None)
+    bucket = number_cell(row, "zero3_prefetch_bucket", float, DEEPSPEED_PREFETCH_BUCKET, 0.0, None)   # 0: no prefetch
     max_live = number_cell(row, "zero3_max_live", float, DEEPSPEED_MAX_LIVE, 1.0, None)
     return replace(traits, zero3_prefetch_bucket=bucket, zero3_max_live=max_live)
 

@@ -228,7 +228,8 @@ def test_torchtitan_qwen3_flavours_are_torchtitan_s():
              f.norm_eps, f.qk_norm, f.tied, f.num_experts, f.top_k), flavor
         if a.moe_enabled:   # what matches() requires of a mixture: softmax, top-k renormalised, no shared expert
             m = a.moe_args
-            assert (m.score_func, m.route_norm, m.num_shared_experts, m.num_expert_groups) == ("softmax", True, 0, None)
+            assert (m.score_func, m.route_norm, m.num_shared_experts, m.num_expert_groups, m.route_scale) == \
+                ("softmax", True, 0, None, 1.0)
         assert not f.pipelined and get_train_spec().pipelining_fn is None
 
 
@@ -480,9 +481,7 @@ def test_deepspeed_reads_the_config(plan_paths, tmp_path, capsys, monkeypatch, n
     assert config.grad_accum_dtype == PlanFile.load(_path(plan_paths, name, "deepspeed")).train.grad_dtype.value
     assert (config.zero_config.offload_optimizer is not None) == plan["offload_optimizer"]
     if plan["zero_stage"] == 3:   # the next layer gathered behind the current one, two live: as priced
-        from costmodel.params import layer_params
-        layer = layer_params(PlanFile.load(_path(plan_paths, name, "deepspeed")).model, plan["tp"], plan["ep"])
-        assert (config.zero_config.prefetch_bucket_size, config.zero_config.max_live_parameters) == (layer, 2 * layer)
+        _zero3_runs_as_priced(config.zero_config, PlanFile.load(_path(plan_paths, name, "deepspeed")))
     assert not plan["fp8_linears"]   # no float8 in DeepSpeed's config: the export said so and priced bf16
     assert config.tensor_parallel_config.autotp_size == (plan["tp"] if plan["tp"] > 1 else 0)
     assert config.pipeline["stages"] == (plan["pp"] if plan["pp"] > 1 else "auto")
@@ -492,6 +491,29 @@ def test_deepspeed_reads_the_config(plan_paths, tmp_path, capsys, monkeypatch, n
     if plan["pp"] > 1:   # blocks balanced as the plan splits them, not every list item ('uniform')
         per = max(plan["layers_per_stage"])
         assert "partition_method='type:" in doc["launch"] and f"{per} blocks a stage" in doc["launch"], doc["launch"]
+
+
+def _zero3_runs_as_priced(zero, pf: PlanFile) -> None:
+    """DeepSpeed's coordinator walked with the knobs the config sets (costmodel.zero3_coordinator)
+    holds about the two gathered layers the plan is priced with (besides the embedding or head,
+    fetched whole when used), and gathers each weight twice a micro-batch as FSDP's unit is priced:
+    for the forward, and for the recomputed forward, whose weights its backward reuses."""
+    from dataclasses import replace
+
+    from costmodel.params import layer_params, rank_params
+    from costmodel.plan import Recompute
+    from costmodel.zero3_coordinator import step_trace, walk
+    layer = layer_params(pf.model, pf.plan.tp, pf.plan.ep)
+    assert (zero.prefetch_bucket_size, zero.max_live_parameters, zero.max_reuse_distance) == (layer, 2 * layer, layer)
+    plan = replace(pf.plan, recompute=Recompute.FULL)
+    held = rank_params(pf.model, plan, 0, pf.cluster.framework)
+    trace = step_trace(pf.model, pf.train, plan, plan.layers_on_rank(0), (0.0, 0.0, 0.0), (held.embedding, held.head))
+    # no compute and a second a gather: the wait counts the gathers
+    gathers, peak = walk(trace, tuple(1.0 for _ in trace), zero.prefetch_bucket_size, zero.max_live_parameters,
+                         zero.max_reuse_distance)
+    weights = sum(1 for use in trace if use.params and use.module >= 0) // 3   # a pass's layer weights
+    assert gathers == 2 * weights + 3   # the embedding at both ends, the head once for its two uses
+    assert peak <= 3 * layer + max(held.embedding, held.head)
 
 
 # --- what the export says, and bad input ----------------------------------------------------

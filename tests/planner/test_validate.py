@@ -282,16 +282,20 @@ def test_a_row_that_kept_its_states_on_the_host_is_priced_so(tmp_path):
 
 def test_a_deepspeed_zero3_row_gathers_as_its_coordinator_was_set(tmp_path):
     """A Megatron-DeepSpeed ZeRO-3 row's gathers walk DeepSpeed's coordinator with the knobs it
-    states: a live bound below one weight prefetches nothing, so every gather waits in full and
-    one weight at a time is gathered; a free prefetch hides them and holds more."""
+    states: a live bound below one weight prefetches only while nothing is live, so the gathers
+    wait and few weights are held; a free prefetch hides them and holds more."""
     path = tmp_path / "runs.csv"
     row = ("r,x,megatron-deepspeed,gpt,24,2048,,16,16,51200,2048,A100-SXM4-80GB,16,8,1,1,16,,,1,3,full,1,64,bf16,"
            "iteration_time_s,1.0,")
     path.write_text(HEADER.replace("id,source,", "id,source,framework,") + ",zero3_prefetch_bucket,zero3_max_live\n"
-                    + row + "5e7,1\n" + row.replace("r,", "f,", 1) + "1e12,1e12\n" + row.replace("r,", "d,", 1) + ",\n")
-    (blocked, free, defaults), _ = validate(path)
+                    + row + "5e7,1\n" + row.replace("r,", "f,", 1) + "1e12,1e12\n" + row.replace("r,", "d,", 1) + ",\n"
+                    + row.replace("r,", "n,", 1) + "0,\n")
+    (blocked, free, defaults, none), _ = validate(path)
     assert blocked.estimate.step_time_s > defaults.estimate.step_time_s >= free.estimate.step_time_s
     assert max(blocked.estimate.peak_memory_bytes) < max(free.estimate.peak_memory_bytes)
+    # a bucket of 0 is DeepSpeed's "no prefetch": every gather on demand (the blocked row still
+    # prefetches a weight at a weightless module's hook while nothing is live)
+    assert none.estimate.step_time_s > blocked.estimate.step_time_s
 
 
 def test_a_device_cell_is_stripped_as_every_other_cell(tmp_path):
