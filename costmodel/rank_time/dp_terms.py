@@ -120,6 +120,7 @@ def _dp_terms(model: ModelSpec, train: TrainSpec, plan: Plan, traits: FrameworkT
     if coordinates(model, plan, traits):
         # the gathers' wait walked as DeepSpeed's coordinator runs them (dp_exposed_s); their term
         # ("walked": hidden here) stays for the compute they contend with, a forward's and a backward's
+        # (no host copy exposed with them: ZeRO-Offload keeps the 16-bit weights on the device)
         return (DpTerm(multiplier=2 * m, collectives=((ag, w),), window="walked", pieces_per_layer=pieces),
                 DpTerm(multiplier=reduces, collectives=((rs, g),), window=reduce_window, pieces_per_layer=pieces))
     # FSDP prefetches the next layer's gather behind the current one's compute in either pass
