@@ -1,8 +1,7 @@
 """The traits a runs-table row is priced with: its framework's (costmodel.frameworks), with the
 settings the row states that the framework leaves to its user (optional columns dispatcher,
 fp8_param_gather, compiled, async_tp, ep_overlap, recompute_modules, zero3_prefetch_bucket,
-zero3_max_live), each checked as the
-framework checks it, in one line naming the row."""
+zero3_max_live), each checked as the framework checks it, in one line naming the row."""
 from __future__ import annotations
 
 from dataclasses import replace
