@@ -75,7 +75,7 @@ def nearest(pf: PlanFile) -> Adjusted:
                                                   "n-th; all layers")
     to_rank_order(adj, (ORDER,), "torchtitan lays ranks out as pp>dp>cp>tp")
     if flavour_of(pf.model) is None:
-        adj.differences.append(_model_note(pf.model))
+        adj.differences.append(_model_note(pf.model, adj.plan.pp))
     activations_on_device(adj, NAME)
     return adj
 
@@ -99,10 +99,18 @@ def _refuse_precision(t: TrainSpec) -> None:
                            "eager attention")
 
 
-def _model_note(m: ModelSpec) -> str:
+def _model_note(m: ModelSpec, pp: int) -> str:
     dims = (f"dim={m.hidden_size}, n_layers={m.num_layers}, n_heads={m.num_heads}, n_kv_heads={m.num_kv_heads}, "
             f"ffn hidden {m.ffn_hidden_size}, vocab_size={m.vocab_size}, rope_theta={m.rope_theta:g}, "
             f"norm_eps={m.norm_eps:g}")
+    if m.qk_norm and not m.qkv_bias:   # what torchtitan's qwen3 model builds (Qwen3ModelArgs)
+        experts = (f", moe_enabled with {m.num_experts} experts of width {m.moe_ffn_hidden_size}, top-"
+                   f"{m.experts_per_token}" if m.is_moe else "")
+        pipeline = (f"; with its pipelining_fn (torchtitan's pipeline_llm) for pp {pp}: the qwen3 spec has none"
+                    if pp > 1 else "")
+        return (f"model {m.name}: no torchtitan qwen3 flavour has its dimensions; register a train spec named "
+                f"'{m.name}' built on torchtitan.models.qwen3 ({dims}, head_dim={m.head_dim}, qk_norm{experts})"
+                f"{pipeline} before running")
     if m.qk_norm or m.explicit_head_dim is not None or m.qkv_bias:   # beyond what llama3's model builds
         dims += (f", head_dim {m.head_dim}{', Q/K norms per head' if m.qk_norm else ''}"
                  f"{', biases on the Q, K and V projections' if m.qkv_bias else ''}")

@@ -251,6 +251,18 @@ def test_a_qwen3_plan_searched_for_torchtitan_names_its_flavour_and_no_pipeline(
     assert job.parallelism.expert_parallel_degree == plans[0]["plan"]["ep"]
 
 
+def test_a_qwen3_shaped_model_of_no_flavour_is_registered_on_torchtitan_s_qwen3(plan_paths, tmp_path, capsys):
+    """A Qwen3-shaped model of the user's (heads of 128 over 1024 wide, per-head Q/K norms) that no
+    flavour matches: the job names a train spec of its own, to build on torchtitan's qwen3 model,
+    and with a pipeline the note says that spec needs a pipelining_fn (the qwen3 spec has none)."""
+    doc = _export(capsys, plan_paths["qwen3_tp2_pp2"], "torchtitan", tmp_path / "job.toml")
+    note = next(d for d in doc["differences"] if "register a train spec" in d)
+    assert "built on torchtitan.models.qwen3" in note and "head_dim=128, qk_norm" in note
+    assert "pipelining_fn (torchtitan's pipeline_llm) for pp 2" in note
+    assert tomllib.loads((tmp_path / "job.toml").read_text())["model"]["name"] == PlanFile.load(
+        plan_paths["qwen3_tp2_pp2"]).model.name
+
+
 def test_a_pipelined_qwen3_plan_is_refused_by_torchtitan(tmp_path, capsys):
     plan = tmp_path / "plan.json"
     assert main(["predict", "--model", "qwen3-30b-a3b", "--cluster", "2x8xH100", "--pp", "2", "--ep", "8",
