@@ -174,6 +174,6 @@ def live_params(model: ModelSpec, train: TrainSpec, plan: Plan, traits: Framewor
                 edges: tuple[int, int]) -> int:
     """The most weights the coordinator holds gathered at once on a rank of `layers` layers (its
     prefetches follow the parameter counts, not the times)."""
-    trace = step_trace(model, train, plan, layers, (1.0, 2.0, 1.0), edges)
+    trace = step_trace(model, train, plan, layers, (0.0, 0.0, 0.0), edges)   # no times: none is read
     return walk(trace, tuple(0.0 for _ in trace), traits.zero3_prefetch_bucket, traits.zero3_max_live,
                 DEEPSPEED_MAX_REUSE)[1]

@@ -262,12 +262,13 @@ def buffer_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
     a = train.compute_dtype.num_bytes
     total = pipeline_buffer_bytes(model, train, plan, rank, traits)
     if reduces_every_micro_batch(plan, traits):
-        layer = layer_params(model, plan.tp, plan.ep, plan.etp, traits.shared_expert_tp)
-        gathered = 2 * layer * a if plan.zero_stage >= 3 else 0
         if coordinates(model, plan, traits):   # DeepSpeed's coordinator: what its prefetch bounds allow
             held = rank_params(model, plan, rank, traits)
             gathered = a * live_params(model, train, plan, traits, plan.layers_on_rank(rank),
                                        (held.embedding, held.head))
+        else:
+            layer = layer_params(model, plan.tp, plan.ep, plan.etp, traits.shared_expert_tp)
+            gathered = 2 * layer * a if plan.zero_stage >= 3 else 0
         total += gathered + fsdp_unit_params(model, plan, traits) * train.grad_dtype.num_bytes
     return total
 
