@@ -15,8 +15,8 @@ from __future__ import annotations
 import heapq
 import math
 
-from planner.candidates import SearchOptions
 from planner.ranking import DECISION_K, MEMORY_BAND, outer_key, price
+from planner.search_options import SearchOptions
 from planner.search_state import Found
 
 # Rows proven per row asked for. Some rows near the fastest are beaten in time and memory by a

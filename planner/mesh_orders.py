@@ -14,7 +14,7 @@ from costmodel.rank_time import Spans, link_costs, spans
 from planner.space import degrees_plan
 
 if TYPE_CHECKING:
-    from planner.candidates import FrameworkSpace
+    from planner.search_options import FrameworkSpace
 
 
 def _placements(degrees: dict[str, int], cluster: ClusterSpec,

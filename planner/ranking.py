@@ -9,8 +9,8 @@ from dataclasses import replace
 from costmodel.estimate import estimate
 from costmodel.fidelity import MEMORY_ERROR_BAND
 from costmodel.plan import Plan, Recompute
-from planner.candidates import SearchOptions
 from planner.partition import apply_split, least_overflow_split
+from planner.search_options import SearchOptions
 from planner.search_state import Found
 
 

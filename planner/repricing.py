@@ -12,9 +12,9 @@ from costmodel.check import check_structure
 from costmodel.estimate import estimate
 from costmodel.plan import Plan
 from costmodel.schedules import Schedule
-from planner.candidates import STATE_OPTIONS, SearchOptions
 from planner.partition import short_chunks_first
 from planner.ranking import DECISION_K, closer, decision_band, one_row_per_price, rank, robust_first, undominated
+from planner.search_options import STATE_OPTIONS, SearchOptions
 from planner.search_state import Found, SearchResult, SearchStats, SharedModels
 from planner.space import Choice, build_plan, under_schedule
 

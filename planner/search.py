@@ -37,20 +37,12 @@ from costmodel.plan import Plan
 from costmodel.schedules import Schedule
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.bounds import MemoryFit, lower_bound_with_memory_s
-from planner.candidates import (
-    MAX_MICRO_BATCH,
-    STATE_OPTIONS,
-    SearchOptions,
-    placement_groups,
-    replica_degrees,
-    states_allowed,
-    states_for_group,
-    time_groups,
-)
+from planner.candidates import placement_groups, replica_degrees, time_groups
 from planner.cutoff import Cutoff
 from planner.halves import HALVES, in_halves
 from planner.partition import FREE, SolverTimeout, SplitRules, apply_split, solve_split
 from planner.repricing import result
+from planner.search_options import MAX_MICRO_BATCH, STATE_OPTIONS, SearchOptions, states_allowed, states_for_group
 from planner.search_order import Queue
 from planner.search_state import Found, SearchResult, SearchStats, SharedModels
 from planner.shapes import rank_shapes

@@ -26,16 +26,8 @@ from planner.bounds import (
     time_floor_s,
     zero_floor_s,
 )
-from planner.candidates import (
-    STATE_OPTIONS,
-    Group,
-    SearchOptions,
-    States,
-    hybrid_zero_stage,
-    reason_key,
-    states_allowed,
-    states_for_group,
-)
+from planner.candidates import Group, hybrid_zero_stage
+from planner.search_options import STATE_OPTIONS, SearchOptions, States, reason_key, states_allowed, states_for_group
 from planner.shapes import pipeline_rows
 from planner.space import Choice, build_plan, degrees_plan
 

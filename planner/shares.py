@@ -29,8 +29,9 @@ from costmodel.rank_time import rank_time_model, spans
 from costmodel.schedules import Schedule
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.bounds import MemoryFit, time_floor_s, zero_floor_s
-from planner.candidates import MAX_MICRO_BATCH, SearchOptions, allowed, replica_degrees
+from planner.candidates import replica_degrees
 from planner.cutoff import Cutoff
+from planner.search_options import MAX_MICRO_BATCH, SearchOptions, allowed
 from planner.search_state import Found, SearchStats
 from planner.space import degrees_plan, divisors
 

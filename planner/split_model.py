@@ -22,7 +22,7 @@ NS = 1e9
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SplitRules:
-    """How a framework splits layers and recomputes them (planner.candidates.FrameworkSpace):
+    """How a framework splits layers and recomputes them (planner.search_options.FrameworkSpace):
     split free | even (costmodel.plan.even_layers); recompute_counts free | every_nth (every
     k-th layer of each rank, k the same everywhere: torchtitan's layer-level checkpointing) | block (the
     first k layers of every virtual stage, k the same everywhere: Megatron's block method) | all."""

@@ -21,8 +21,8 @@ from costmodel.plan import Plan, PlanFile
 from costmodel.rank_time.ep_overlap import plan_overlap_problems
 from costmodel.schedules import Schedule
 from costmodel.specs import ModelSpec, TrainSpec
-from planner.candidates import FrameworkSpace, SearchOptions
 from planner.exports import TARGETS, CannotExport, deepspeed, megatron, torchtitan
+from planner.search_options import FrameworkSpace, SearchOptions
 from planner.space import degrees_plan
 
 PLANNER = "planner"

@@ -240,7 +240,8 @@ def test_multi_token_prediction_under_cp_is_refused_where_the_labels_do_not_cros
         found = [p for p in check_structure(model, train, cluster, plan) if "multi-token prediction" in p]
         assert bool(found) is refused, (framework, found)
     # the search lists no such choice (it would only be refused later), and says why once per cp
-    from planner.candidates import SearchOptions, placement_groups
+    from planner.candidates import placement_groups
+    from planner.search_options import SearchOptions
     for framework, refused in (("planner", True), ("megatron-core", False)):
         cluster = run_by(parse_cluster("1x4xH100"), FRAMEWORKS[framework])
         reasons: list[str] = []

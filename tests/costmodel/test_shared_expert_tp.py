@@ -162,7 +162,8 @@ def test_a_tp_that_does_not_divide_the_shared_expert_is_refused_where_it_is_spli
     """Megatron-Core's column-parallel fc1 divides the shared expert's width by tp: such a plan
     is one line, and the search lists no such tp; our runtime keeps it whole and takes it."""
     from costmodel.check import check_structure
-    from planner.candidates import SearchOptions, placement_groups
+    from planner.candidates import placement_groups
+    from planner.search_options import SearchOptions
     model = replace(resolve_model("deepseek-v2-lite"), shared_expert_ffn_hidden_size=2820)   # 4 | 2820, 8 does not
     train = TrainSpec(seq_len=4096, global_batch_size=64)
     for framework, refused in (("megatron-core", True), ("planner", False)):

@@ -14,7 +14,7 @@ from costmodel.registry import resolve_model
 from costmodel.schedules import Schedule
 from costmodel.specs import TrainSpec
 from planner.bounds import MemoryFit, lower_bound_s, lower_bound_with_memory_s, time_floor_s
-from planner.candidates import STATE_OPTIONS, SearchOptions, States
+from planner.search_options import STATE_OPTIONS, SearchOptions, States
 from planner.search_state import SharedModels
 from planner.shapes import rank_shapes
 from planner.space import Choice, build_plan
@@ -166,7 +166,8 @@ def test_a_group_s_floors_are_below_each_of_its_candidates_bounds(model_name, cl
     """The branch and bound takes a Group by floors that price none of its mesh orders
     (SharedModels.group_floors_s); each candidate's own bound (its order's rank time model and
     ZeRO floor, planner.search_order) is at or above the floor of its variant and placement."""
-    from planner.candidates import placement_groups, states_for_group
+    from planner.candidates import placement_groups
+    from planner.search_options import states_for_group
     from planner.specs import build_specs
     from planner.targets import options_for
     model, train, cluster = build_specs(model_name, cluster_name, framework=framework)

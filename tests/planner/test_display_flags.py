@@ -8,9 +8,9 @@ import pytest
 
 from costmodel.plan import Plan
 from costmodel.schedules import Schedule
-from planner.candidates import SearchOptions
 from planner.cli import main
 from planner.cutoff import Cutoff
+from planner.search_options import SearchOptions
 
 
 def _short(plan: dict) -> str:

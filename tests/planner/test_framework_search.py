@@ -211,7 +211,7 @@ def test_the_stages_a_frameworks_pipeline_runs_are_those_its_export_keeps(name):
     """A target's ZERO_STAGES_WITH_PP leave the listing of its pipelined choices (SharedModels.
     placements): exactly the ZeRO stages its `nearest` keeps under a pipeline, and every stage
     without one."""
-    from planner.candidates import STATE_OPTIONS
+    from planner.search_options import STATE_OPTIONS
     from planner.search_state import SharedModels
     from planner.space import Choice, build_plan
     from planner.specs import build_specs

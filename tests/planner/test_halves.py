@@ -11,8 +11,8 @@ from costmodel.hardware import parse_cluster
 from costmodel.registry import resolve_model
 from costmodel.specs import TrainSpec
 from planner import halves
-from planner.candidates import SearchOptions
 from planner.search import search
+from planner.search_options import SearchOptions
 
 forks = pytest.mark.skipif(not (sys.platform == "linux" and (os.cpu_count() or 1) >= 2),
                            reason="no fork or a single core: the halves run one after the other")

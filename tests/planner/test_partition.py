@@ -189,9 +189,9 @@ def test_the_search_keeps_a_split_whose_short_last_chunk_overflows():
     """On a device whose budget lies between the two layouts' simulated peaks, the re-pricing
     keeps the plan laid out shortest first instead of dropping it."""
     from costmodel.estimate import estimate
-    from planner.candidates import SearchOptions
     from planner.partition import Split, apply_split, short_chunks_first
     from planner.repricing import _simulated
+    from planner.search_options import SearchOptions
     from planner.search_state import Found, SharedModels
     model, cluster = resolve_model("llama3-8b"), parse_cluster("1x8xH100")
     plan = build_plan(model, TRAIN, cluster, Choice(tp=2, pp=4, vpp=2, zero_stage=1, recompute=Recompute.NONE))

@@ -138,7 +138,7 @@ def test_a_space_with_no_plan_says_what_ruled_its_candidates_out():
 
 
 def test_a_refusal_is_counted_by_its_words_not_its_figures():
-    from planner.candidates import REASON_CHARS, reason_key
+    from planner.search_options import REASON_CHARS, reason_key
     long = "cp=2 with multi-token prediction: " + "word " * 40 + "(cp 2)"
     assert reason_key("pp=3 does not divide 8 (layers 80)") == "pp=3 does not divide 8"
     assert len(reason_key(long)) <= REASON_CHARS + 4 and reason_key(long).endswith(" ...")
