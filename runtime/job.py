@@ -24,6 +24,7 @@ from runtime.compile import apply_compile, compile_problem
 from runtime.context_parallel import CpShard
 from runtime.float8 import apply_float8
 from runtime.latent_attention import LatentAttention
+from runtime.mesh import build_mesh, in_root_order, mesh_coords
 from runtime.model import Transformer
 from runtime.moe import MoE
 from runtime.mtp import MtpHead, mtp_tensor_parallel
@@ -33,10 +34,7 @@ from runtime.parallel import (
     apply_expert_parallel,
     apply_recompute,
     apply_tensor_parallel,
-    build_mesh,
-    in_root_order,
     local_tensor,
-    mesh_coords,
     recomputed_layers,
 )
 from runtime.pipeline import StepClock, build_schedule, local_stages, stage_layer_ids

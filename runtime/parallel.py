@@ -27,9 +27,7 @@ them for the plan's framework: carved from data parallelism (ep consecutive dp r
 ranks hold the mixture whole and sum its gradients over TP) or, where the framework folds EP
 (Megatron-Core's MoE parallel folding), the ep innermost of the tp x cp x dp ranks, TP first;
 under expert tensor parallelism (Plan.etp, folded only) the etp innermost ranks split each
-expert's width and the EP group is the next ep. A plan axis a group cuts is two world-mesh
-dims, flattened back under its own name; "ep", "etp" and "edp" (the ranks holding the same
-expert shards) are flattened from their dims. Each layer's experts are a DTensor sharded on dim
+expert's width and the EP group is the next ep (runtime.mesh lays the groups out). Each layer's experts are a DTensor sharded on dim
 0 over "ep" (torchtitan's layout) and on their width over "etp", and FSDP2 shards them further
 over "edp" in a unit of their own; every EP and etp rank's tokens reach them through the
 all-to-all and the gather, so their gradients are scaled (runtime.moe.Experts,
@@ -48,7 +46,7 @@ import warnings
 import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
@@ -64,85 +62,19 @@ from costmodel.deepseek import dense_layer_model
 from costmodel.layout import Style, dense_blocks
 from costmodel.memory import runtime_wraps_in_fsdp
 from costmodel.params import fsdp_unit_layers
-from costmodel.placement import ExpertLayout, expert_layout, hybrid_layout
 from costmodel.plan import Plan, Recompute
 from costmodel.specs import DType, ModelSpec, TrainSpec
 from runtime.latent_attention import HeadsInput, LatentAttention
+from runtime.mesh import dp_mesh_for, expert_dp_mesh_for, sliced_mesh
 from runtime.moe import Experts, MoE
 from runtime.sequence_parallel import ColwiseWeights, GatheredColumns
 
-UNIT_AXIS = "dp_unit"   # size-1 shard axis that turns FSDP2 into plain replication (ZeRO-0)
-EP_UNIT_AXIS = "ep_unit"   # size-1 dim in every "edp" group, so that one is never empty
 TORCH_DTYPES = {DType.FP32: torch.float32, DType.BF16: torch.bfloat16, DType.FP16: torch.float16}
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
     """This rank's shard of a DTensor (the tensor itself otherwise)."""
     return t.to_local() if isinstance(t, DTensor) else t
-
-
-def expert_layout_for(plan: Plan, fold: bool) -> ExpertLayout | None:
-    """The plan's expert-parallel and expert-TP groups (costmodel.placement.expert_layout, the
-    layout the cost model prices): carved from dp, or folded over tp x cp x dp where `fold` (the
-    framework's `ep_folds_over_tp`; expert TP needs it); None without either."""
-    if plan.ep * plan.etp == 1:
-        return None
-    order = plan.mesh_axis_order
-    layout = expert_layout(order, tuple(plan.degree(a) for a in order), plan.ep, fold, plan.etp)
-    assert layout is not None, \
-        f"etp x ep = {plan.etp} x {plan.ep} has no layout over {order} (check_structure refuses it)"
-    return layout
-
-
-def _root_name(axis: str) -> str:
-    """A world-mesh dim of a cut layout's axis (expert parallelism, hybrid sharding): a cut plan
-    axis as `<axis>_out`, `<axis>_in` (the carved layout's edp and ep are dp's outer and inner
-    parts)."""
-    return {"edp": "dp_out", "ep": "dp_in"}.get(axis, axis.replace(".", "_"))
-
-
-def mesh_layout(plan: Plan, fold: bool = False) -> tuple[tuple[str, ...], tuple[int, ...]]:
-    """(axis names, sizes) of the world mesh, outermost first: the plan's axes, each one an
-    expert-parallel group cuts as two (expert_layout_for), and the free unit axes."""
-    layout = expert_layout_for(plan, fold)
-    if layout is None and plan.dp_replicate > 1:   # hybrid sharding: the replicas outer, the shard group inner
-        order = plan.mesh_axis_order
-        names, sizes = hybrid_layout(order, tuple(plan.degree(a) for a in order), plan.dp_replicate)
-        return (*map(_root_name, names), UNIT_AXIS), (*sizes, 1)
-    if layout is None:
-        order = plan.mesh_axis_order
-        return (*order, UNIT_AXIS), (*(plan.degree(a) for a in order), 1)
-    return (*map(_root_name, layout.order), EP_UNIT_AXIS, UNIT_AXIS), (*layout.degrees, 1, 1)
-
-
-def build_mesh(plan: Plan, device_type: str, fold: bool = False) -> DeviceMesh:
-    """The world mesh in the plan's axis order (outermost first), the same row-major rank layout
-    `costmodel.placement` prices. Under expert parallelism a cut plan axis is its two parts
-    flattened, "ep" the expert-parallel group's dims flattened (where ep > 1), "etp" the expert-TP
-    group's (where etp > 1) and "edp" those of the ranks holding the same expert shards (with a
-    unit dim, so never empty)."""
-    names, shape = mesh_layout(plan, fold)
-    mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
-    for axis in plan.mesh_axis_order:   # a plan axis cut in two (EP, hybrid sharding): its parts as one
-        if axis not in names:
-            mesh[root_dims(mesh, axis)]._flatten(axis)
-    layout = expert_layout_for(plan, fold)
-    if layout is not None:
-        for group, axes in (("ep", layout.ep_axes), ("etp", layout.etp_axes)):
-            if axes:
-                mesh[in_root_order(mesh, *map(_root_name, axes))]._flatten(group)
-        mesh[in_root_order(mesh, *map(_root_name, layout.edp_axes), EP_UNIT_AXIS)]._flatten("edp")
-    return mesh
-
-
-def root_dims(mesh: DeviceMesh, axis: str) -> tuple[str, ...]:
-    """The world mesh's dims of a plan axis: itself, or its two parts where EP cut it."""
-    return (axis,) if axis in mesh.mesh_dim_names else (f"{axis}_out", f"{axis}_in")
-
-
-def mesh_coords(mesh: DeviceMesh, plan: Plan) -> dict[str, int]:
-    """This rank's coordinate on each of the plan's axes."""
-    return {axis: _sliced(mesh, axis).get_local_rank() for axis in plan.mesh_axis_order}
 
 
 def _layer_tp_plan(spec: ModelSpec, sp: bool) -> dict:
@@ -238,42 +170,6 @@ def apply_recompute(stage: nn.Module, plan: Plan, layer_ids: list[int]) -> None:
             stage.layers[key].attention.selective_recompute = True
 
 
-def _sliced(mesh: DeviceMesh, *names: str) -> DeviceMesh:
-    with warnings.catch_warnings():   # slicing a flattened dim from the root: fine in 2.13
-        warnings.filterwarnings("ignore", message=".*flattened dim.*")
-        return mesh[names if len(names) > 1 else names[0]]
-
-
-def dp_mesh_for(mesh: DeviceMesh, plan: Plan) -> DeviceMesh:
-    """ZeRO shards over dp x cp (CP ranks hold the same weights), as costmodel.memory counts;
-    under hybrid sharding (Plan.dp_replicate) over the shard group's dp_in x cp ranks, the dp_out
-    replicas the outer dim of FSDP2's 2-D mesh (HSDP: reduce-scatter inside the shard group, then
-    all-reduce over the replicas)."""
-    if plan.dp_replicate > 1:
-        if plan.cp == 1:
-            return _sliced(mesh, "dp_out", "dp_in")
-        mesh[in_root_order(mesh, "dp_in", "cp")]._flatten("dp_in_cp")
-        return _sliced(mesh, "dp_out", "dp_in_cp")
-    if plan.cp == 1:
-        return _sliced(mesh, "dp", UNIT_AXIS) if plan.zero_stage == 0 else _sliced(mesh, "dp")
-    flat = mesh[in_root_order(mesh, "dp", "cp")]._flatten("dp_cp")
-    return flat if plan.zero_stage > 0 else _sliced(mesh, "dp_cp", UNIT_AXIS)
-
-
-def expert_dp_mesh_for(mesh: DeviceMesh, plan: Plan) -> DeviceMesh:
-    """The experts' ZeRO group: the ranks holding the same experts (build_mesh's "edp": edp x cp
-    where EP is carved from dp, the rest of tp x cp x dp where it folds), as costmodel.memory
-    counts (params.expert_dp)."""
-    return _sliced(mesh, "edp") if plan.zero_stage > 0 else _sliced(mesh, "edp", UNIT_AXIS)
-
-
-def in_root_order(mesh: DeviceMesh, *names: str) -> tuple[str, ...]:
-    """Mesh dims as a slice must name them: the world mesh's own dims (a plan axis EP cut as its
-    two parts, root_dims), in its order (the plan's mesh order)."""
-    dims = [d for name in names for d in root_dims(mesh, name)]
-    return tuple(sorted(dims, key=mesh.mesh_dim_names.index))
-
-
 def _expert_shard_dim(group: int):
     """FSDP2 shards dim 0 by default, padding it to a multiple of the group: with fewer local
     experts than ranks holding them (Mixtral's 8 experts over ep8: one each) every rank would
@@ -304,9 +200,9 @@ def apply_expert_parallel(stage: nn.Module, mesh: DeviceMesh, plan: Plan) -> Non
     if ep * etp == 1:
         return
     dims = (["ep"] if ep > 1 else []) + (["etp"] if etp > 1 else [])
-    experts_mesh = _sliced(mesh, *dims)
-    ep_index = _sliced(mesh, "ep").get_local_rank() if ep > 1 else 0
-    etp_index = _sliced(mesh, "etp").get_local_rank() if etp > 1 else 0
+    experts_mesh = sliced_mesh(mesh, *dims)
+    ep_index = sliced_mesh(mesh, "ep").get_local_rank() if ep > 1 else 0
+    etp_index = sliced_mesh(mesh, "etp").get_local_rank() if etp > 1 else 0
     for moe in (m for m in stage.modules() if isinstance(m, MoE)):
         local = moe.num_experts // ep
         for name, full in list(moe.experts.named_parameters(recurse=False)):
@@ -320,10 +216,10 @@ def apply_expert_parallel(stage: nn.Module, mesh: DeviceMesh, plan: Plan) -> Non
             setattr(moe.experts, name, nn.Parameter(DTensor.from_local(
                 part, experts_mesh, placements, run_check=False, shape=full.shape, stride=full.stride())))
         if ep > 1:
-            moe.ep_group, moe.ep = _sliced(mesh, "ep").get_group(), ep
+            moe.ep_group, moe.ep = sliced_mesh(mesh, "ep").get_group(), ep
         if etp > 1:
-            moe.etp_group, moe.etp = _sliced(mesh, "etp").get_group(), etp
-        moe.experts.grad_scale = _sliced(mesh, "edp").size() / (plan.dp * plan.cp)
+            moe.etp_group, moe.etp = sliced_mesh(mesh, "etp").get_group(), etp
+        moe.experts.grad_scale = sliced_mesh(mesh, "edp").size() / (plan.dp * plan.cp)
 
 
 def apply_data_parallel(stage: nn.Module, mesh: DeviceMesh, plan: Plan, train: TrainSpec) -> None:
@@ -346,7 +242,7 @@ def apply_data_parallel(stage: nn.Module, mesh: DeviceMesh, plan: Plan, train: T
             for experts in (m for m in layer.modules() if isinstance(m, Experts)):
                 fully_shard(experts, mesh=expert_dp_mesh_for(mesh, plan), reshard_after_forward=reshard,
                             mp_policy=mp, offload_policy=offload,
-                            shard_placement_fn=_expert_shard_dim(_sliced(mesh, "edp").size()))
+                            shard_placement_fn=_expert_shard_dim(sliced_mesh(mesh, "edp").size()))
     shard_layer_units(list(stage.layers.values()), fsdp_unit_layers(stage.spec, plan), mesh=dp_mesh,
                       reshard_after_forward=reshard, mp_policy=mp, offload_policy=offload)
     fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp, offload_policy=offload)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -43,6 +42,7 @@ from runtime.launch import StepsConfig
 from runtime.memtrack import TensorBytesTracker, state_tensors
 from runtime.optimizer import adamw
 from runtime.parallel import gradient_sync_every_micro_batch
+from runtime.rank_figures import gather_params, per_stage_max, rank0_figures, slowest_s
 
 TIMED_STEP = "planner::timed_step"   # the profiler's range around a step's timed work
 
@@ -160,22 +160,22 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
             _drain(device)
         elapsed = time.perf_counter() - start
         memory = tracked if track else memory
-        step_loss, step_s = health.loss, _slowest_s(elapsed)
+        step_loss, step_s = health.loss, slowest_s(elapsed)
         losses.append(step_loss)
         grad_norms.append(health.grad_norm)
         every_s.append(step_s)
         if step >= cfg.warmup:
             times.append(step_s)
-            busy.append(_per_stage_max(job, job.clock.busy_s))
+            busy.append(per_stage_max(job, job.clock.busy_s))
             mine.append(forward.total_s)
-            sync.append(_per_stage_max(job, job.clock.dp_sync_s))
-            optim.append(_per_stage_max(job, job.clock.optimizer_s))
+            sync.append(per_stage_max(job, job.clock.dp_sync_s))
+            optim.append(per_stage_max(job, job.clock.optimizer_s))
         if dist.get_rank() == 0 and not cfg.quiet:
             print(f"[planner run] {tag}: loss {step_loss:.4f}, grad norm {health.grad_norm:.4g}, "
                   f"{step_s * 1e3:.1f} ms", file=sys.stderr, flush=True)
         nonfinite = 0 if health.finite else nonfinite + 1
         if nonfinite:   # every rank decides alike (the values are global), before this state is saved
-            nonfinite_step(step, health, nonfinite, cfg.max_nonfinite_steps, cfg.partial, lambda: _figures(
+            nonfinite_step(step, health, nonfinite, cfg.max_nonfinite_steps, cfg.partial, lambda: rank0_figures(
                 job, device, memory, losses, times or every_s, busy, sync, optim, mine, saver, grad_norms), tag)
         if saver and (step + 1 == total or (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0)):
             with watchdog.paused():
@@ -183,14 +183,14 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
         if cfg.after_step is not None:
             cfg.after_step(step)
         if cfg.partial is not None and step >= cfg.warmup and step < cfg.warmup + cfg.steps - 1:
-            raw = _figures(job, device, memory, losses, times, busy, sync, optim, mine, saver, grad_norms)
+            raw = rank0_figures(job, device, memory, losses, times, busy, sync, optim, mine, saver, grad_norms)
             if raw is not None:   # untimed, after the step: what an interrupted run keeps
                 write_text_atomic(cfg.partial, json.dumps(raw))
     if saver:
         with watchdog.paused():
             saver.close()
-    raw = _figures(job, device, memory, losses, times, busy, sync, optim, mine, saver, grad_norms)
-    params = _gather_params(job) if cfg.collect_params else None
+    raw = rank0_figures(job, device, memory, losses, times, busy, sync, optim, mine, saver, grad_norms)
+    params = gather_params(job) if cfg.collect_params else None
     return None if raw is None else {**raw, "params": params}
 
 
@@ -254,50 +254,6 @@ def _slow_down(job: Job) -> None:
             layer.register_forward_hook(lambda *_: time.sleep(0.02), prepend=True)
 
 
-def _per_rank_median(values: list[float]) -> list[float]:
-    """Every rank's median of its own values, gathered in rank order."""
-    table = torch.zeros(dist.get_world_size(), dtype=torch.float64)
-    table[dist.get_rank()] = statistics.median(values) if values else 0.0
-    dist.all_reduce(table)
-    return table.tolist()
-
-
-def _figures(job: Job, device: torch.device, memory: float | None, losses, times, busy, sync,
-             optim, mine, saver: checkpoint.Saver | None = None, grad_norms=None) -> dict | None:
-    """Rank 0's raw figures of the steps so far (every rank takes part: peaks are all-reduced)."""
-    reserved = None
-    if device.type == "cuda":
-        memory = torch.cuda.max_memory_allocated()
-        reserved = _peak_per_stage(job, torch.cuda.max_memory_reserved())   # the allocator's own share too
-    peak = _peak_per_stage(job, memory)
-    rank_forward = _per_rank_median(mine)
-    saves = _slowest_rank(saver.wait_s) if saver and saver.wait_s else None
-    if dist.get_rank() != 0:
-        return None
-    return {"losses": losses, "grad_norms": grad_norms, "step_times_s": times, "peak_memory_bytes": peak,
-            "peak_reserved_bytes": reserved,
-            # the median, as for the step time (runtime.measure), so that work <= step holds
-            "stage_busy_s": [statistics.median(col) for col in zip(*busy)] if busy else None,
-            "stage_dp_sync_s": [statistics.median(col) for col in zip(*sync)] if sync else None,
-            "stage_optimizer_s": [statistics.median(col) for col in zip(*optim)] if optim else None,
-            "rank_forward_s": rank_forward,
-            "checkpoint_wait_s": saves,
-            "memory_source": ("torch.cuda.max_memory_allocated" if device.type == "cuda" else
-                              "live tensor bytes over the last warm-up step, tracked by "
-                              "runtime.memtrack (CPU: tensors only, no allocator or interpreter "
-                              "overhead)" if memory is not None else
-                              "not measured (a CPU's is taken over a warm-up step: none ran here; --warmup >= 1 "
-                              "in a run from step 0, which a resumed one is not)"),
-            "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu"}
-
-
-def _slowest_rank(values: list[float]) -> list[float]:
-    """Each entry's maximum over the ranks (every rank has as many)."""
-    t = torch.tensor(values, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.tolist()
-
-
 def restart_count() -> int:
     """How often torchrun has restarted this job's ranks (torchrun --max-restarts)."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -344,45 +300,3 @@ def _step(job: Job, optimizer, tokens, labels, track: bool):
         health, _ = _step(job, optimizer, tokens, labels, False)
     return health, float(tracker.peak_bytes)
 
-
-def _slowest_s(elapsed_s: float) -> float:
-    """The slowest rank's step time."""
-    slowest = torch.tensor([elapsed_s])
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)   # CPU tensors: gloo, also under "cpu:gloo,cuda:nccl"
-    return float(slowest[0])
-
-
-def _per_stage_max(job: Job, value: float) -> list[float]:
-    """Per pipeline rank, the largest value over its ranks (one small all-reduce, untimed)."""
-    table = torch.zeros(job.plan.pp, dtype=torch.float64)
-    table[job.coords["pp"]] = value
-    dist.all_reduce(table, op=dist.ReduceOp.MAX)
-    return table.tolist()
-
-
-def _peak_per_stage(job: Job, memory: float | None) -> list[float] | None:
-    """Per pipeline rank, the largest peak over its ranks."""
-    if memory is None:
-        return None
-    table = torch.zeros(job.plan.pp, dtype=torch.float64)
-    table[job.coords["pp"]] = memory
-    dist.all_reduce(table, op=dist.ReduceOp.MAX)
-    return table.tolist()
-
-
-def _gather_params(job: Job) -> dict[str, torch.Tensor] | None:
-    """Full parameters by name on rank 0 (DTensor.full_tensor inside each stage, then objects
-    across pipeline ranks). For tests: it gathers everything."""
-    mine = {}
-    for mod in job.modules.values():
-        for name, p in mod.named_parameters():
-            full = p.full_tensor() if hasattr(p, "full_tensor") else p
-            mine[name.replace("_checkpoint_wrapped_module.", "")] = full.detach().float().cpu()
-    gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, mine)
-    if dist.get_rank() != 0:
-        return None
-    out: dict[str, torch.Tensor] = {}
-    for part in gathered:
-        out.update(part)
-    return out

@@ -44,7 +44,7 @@ def tp_replica_sync_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: C
     mla = mla_down_params(model) if plan.sequence_parallel else 0
     if plan.tp == 1 or not (model.is_moe or model.qk_norm or mla):
         return 0.0
-    # ZeRO-0 keeps whole gradients (FSDP2 over a unit shard axis: runtime.parallel.dp_mesh_for)
+    # ZeRO-0 keeps whole gradients (FSDP2 over a unit shard axis: runtime.mesh.dp_mesh_for)
     sharded = plan.zero_stage > 0
     # experts folded over TP (params.folds_ep) are each on one TP rank: their gradient group
     # (expert_dp) holds every rank with the same experts, nothing left to sum over TP

@@ -30,7 +30,7 @@ class Spans:
 
 def split_dp_axis(order: tuple[str, ...], degrees: tuple[int, ...], ep: int) -> tuple[tuple, tuple]:
     """The mesh with its dp axis split into edp (outer) and ep (inner): EP groups are consecutive
-    data-parallel ranks, as runtime.parallel.build_mesh lays them out."""
+    data-parallel ranks, as runtime.mesh.build_mesh lays them out."""
     layout = expert_layout(order, degrees, ep, False)
     return layout.order, layout.degrees
 
