@@ -88,7 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "(micro_batch, recompute, vpp, sp, zero_stage) are filled with the "
                                    "planner's best choice (vpp = "
                                    "interleaved: the schedule stated, V not; V >= 2 is searched); "
-                                   "status=OOM rows are right when the plan is predicted not to fit. Each "
+                                   "status=OOM rows are right when the plan is predicted not to fit (judged "
+                                   "at the device's limit; a run past the budget the search plans with is "
+                                   "said: its speed at the allocator's edge is not priced). Each "
                                    "row is priced as its framework runs plans; a framework the model does "
                                    "not know gets generic traits, and the summary names it.")
     p.add_argument("runs", nargs="?", default=None,

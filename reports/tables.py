@@ -148,6 +148,8 @@ def validate_table(results: Sequence[Any], summary: dict[str, Any]) -> str:
         filled = " ".join(f"{k}={v}" for k, v in r.filled.items())
         # a run priced as not fitting: by how much (its tightest stage's peak over what CUDA leaves)
         fits = "yes" if r.fits else f"no: {_tightest(r.estimate, ' of ', '.1f')} GiB"
+        if r.past_budget is not None:   # fits the device, not the budget the planner plans with
+            fits = f"yes, past budget: {r.past_budget[0] / GIB:.1f} of {r.past_budget[1] / GIB:.1f} GiB"
         rows.append((r.id, r.metric, pub, pred, err, fits, filled))
     text = table(("id", "metric", "published", "predicted", "error %", "fits", "filled (planner's choice)"), rows)
     s = summary
@@ -160,6 +162,9 @@ def validate_table(results: Sequence[Any], summary: dict[str, Any]) -> str:
         text += (f"\nmemory (rows stating memory_gb and every cell that sets it: {s['memory_rows']}): predicted "
                  f"allocator reservation MAPE {s['memory_mape_pct']:.1f}%, max |error| "
                  f"{s['memory_max_abs_error_pct']:.1f}%, mean {s['memory_mean_error_pct']:+.1f}% (- predicted too small)")
+    if s.get("past_budget_rows"):
+        text += (f"\nfitting the device but past the budget the planner plans with (headroom, allocator "
+                 f"fragmentation; speed at the allocator's edge unpriced): {', '.join(s['past_budget_rows'])}")
     if s.get("generic_frameworks"):
         from costmodel.frameworks import FRAMEWORKS
         named = ", ".join(f"{name or '(unstated)'} ({n} row{'s' if n > 1 else ''})"

@@ -186,7 +186,8 @@ def _row(res, row: dict, left_out_log: float | None, step_error, source: str) ->
     return {"id": res.id, "source": source, "framework": row.get("framework") or "",
             "model": f"{row['arch']} {size}, seq {row['seq_len']}", "gpus": int(row["num_gpus"]),
             "device": row["gpu"], "metric": res.metric, "published": res.published, "predicted": res.predicted,
-            "error_pct": res.error_pct, "fits": res.fits, "filled": res.filled,
+            "error_pct": res.error_pct, "fits": res.fits, "past_budget": res.past_budget is not None,
+            "filled": res.filled,
             "step_error_pct": None if res.error_pct is None else step_error(row, res.error_pct),
             "left_out_pct": None if left_out_log is None else 100 * (math.exp(left_out_log) - 1)}
 

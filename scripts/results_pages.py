@@ -125,12 +125,27 @@ def accuracy_section(acc: dict, gpus: dict, band: float, meta: dict) -> str:
         + " ".join(f"{gpu['too_fast']} of the {gpu['n']} {name} runs are predicted too fast." for name, gpu in gpus.items())
         + " The GPU runs were measured on lent GPUs (" + ", ".join(f"{folder}/README.md" for folder, _, _ in GPU_RUNS.values())
         + "); each replay prices them with the current cost model and runs nothing on a GPU.", "",
+        *edge_line(acc["rows"]),
         f"The search's error band (`costmodel/fidelity.py` `MODEL_ERROR_BAND`) is {100 * band:.1f} %; the "
         f"leave-one-source-out MAPE measured here is {lo['mape_pct']:.1f} %"
         + (" (the same)." if abs(100 * band - lo["mape_pct"]) < 0.05 else " (they differ: the band is set by hand)."),
         "", "Per source (step time; + predicted too slow):", "", *per_group(acc["rows"], "source"),
         "", "Per framework that ran the rows, whose traits price them (step time). " + framework_line(acc["rows"]),
         "", *per_group(acc["rows"], "framework")])
+
+
+def edge_line(rows: list[dict]) -> list[str]:
+    """The runs that fit the device but not the budget the search plans with, and their errors."""
+    edge = [r for r in rows if r.get("past_budget") and r["step_error_pct"] is not None]
+    if not edge:
+        return []
+    errors = [r["step_error_pct"] for r in edge]
+    return [f"{len(edge)} runs fit the device but not the budget the search plans with (its headroom and the "
+            f"profile's allocator fragmentation), where the caching allocator may free and retry, a cost the model "
+            f"does not price: step time MAPE {statistics.mean(map(abs, errors)):.1f} %, mean "
+            f"{statistics.mean(errors):+.1f} % (- predicted too fast), against "
+            f"{statistics.mean(abs(r['step_error_pct']) for r in rows if r['step_error_pct'] is not None):.1f} % "
+            f"over every run; `planner validate` marks them `past budget`.", ""]
 
 
 def framework_line(rows: list[dict]) -> str:

@@ -15,7 +15,8 @@ from typing import Any
 
 from costmodel.estimate import Estimate
 from costmodel.frameworks import framework_known
-from costmodel.hardware import range_problems, resolve_device
+from costmodel.groups import rank_budgets_bytes
+from costmodel.hardware import DEFAULT_MEMORY_HEADROOM, ClusterSpec, range_problems, resolve_device
 from costmodel.inputs import UserError
 from costmodel.plan import Plan
 from planner.measure.fill import best_plan_for_row
@@ -36,6 +37,9 @@ class RowResult:
     # the predicted allocator reservation's error against the row's memory_gb, where it states one
     # and every cell that sets memory (None: no figure, or a filled cell that sets it: memory_error_pct)
     memory_error_pct: float | None = None
+    # a run that fits the device but not the budget the planner plans with: (the tightest stage's
+    # predicted total, its budget) in bytes (past_budget); None within it, or not fitting at all
+    past_budget: tuple[float, float] | None = None
 
     @property
     def published_mfu(self) -> float | None:
@@ -51,7 +55,8 @@ class RowResult:
                 "predicted": self.predicted, "error_pct": self.error_pct, "fits": self.fits,
                 "filled": self.filled, "plan": self.plan.to_dict(),
                 "step_time_s": self.estimate.step_time_s, "mfu": self.estimate.mfu,
-                "published_mfu": self.published_mfu, "memory_error_pct": self.memory_error_pct}
+                "published_mfu": self.published_mfu, "memory_error_pct": self.memory_error_pct,
+                "past_planner_budget": self.past_budget is not None}
 
 
 ROW_SEARCH_LIMIT_S = 20.0   # a row's search for its unstated fields
@@ -75,7 +80,29 @@ def validate_row(row: dict[str, str], time_limit_s: float = ROW_SEARCH_LIMIT_S) 
     return RowResult(id=row["id"], metric=metric, published=published, predicted=predicted,
                      error_pct=100.0 * (predicted - published) / published, fits=est.fits,
                      filled=filled, plan=plan, estimate=est,
-                     memory_error_pct=memory_error_pct(row, cluster, est, filled, plan))
+                     memory_error_pct=memory_error_pct(row, cluster, est, filled, plan),
+                     past_budget=past_budget(row, cluster, est, plan))
+
+
+def _as_profiled(row: dict[str, str], cluster: ClusterSpec, headroom: float = 0.0) -> ClusterSpec:
+    """The row's cluster with its profile's allocator fragmentation, which row_specs sets aside to
+    judge the fit at the hard limit, and `headroom`."""
+    fragmentation = resolve_device(row["gpu"].strip()).efficiency.allocator_fragmentation
+    return replace(cluster, memory_headroom=headroom, device=replace(cluster.device, efficiency=replace(
+        cluster.device.efficiency, allocator_fragmentation=fragmentation)))
+
+
+def past_budget(row: dict[str, str], cluster: ClusterSpec, est: Estimate, plan: Plan) -> tuple[float, float] | None:
+    """Where a run fits the device (what validate judges) but a stage's predicted total passes the
+    budget the planner plans with (the default headroom, the profile's allocator fragmentation:
+    ClusterSpec.memory_budget_bytes), that stage's (total, budget) in bytes, the tightest one's: a
+    run at the allocator's edge, whose caching allocator may free and retry (a cost the model does
+    not price) and which the search would not emit. None within the budget or past the device."""
+    if not est.fits:
+        return None
+    budgets = rank_budgets_bytes(plan, _as_profiled(row, cluster, DEFAULT_MEMORY_HEADROOM))
+    over = [(peak / budget, peak, budget) for peak, budget in zip(est.peak_memory_bytes, budgets) if peak > budget]
+    return max(over)[1:] if over else None
 
 
 def memory_error_pct(row: dict[str, str], cluster, est: Estimate, filled: dict[str, Any], plan: Plan) -> float | None:
@@ -88,11 +115,7 @@ def memory_error_pct(row: dict[str, str], cluster, est: Estimate, filled: dict[s
     moot |= {"sp"} if plan.tp == 1 else set()
     if not stated or set(filled) - moot:
         return None
-    # the profile's fragmentation, which row_specs sets aside to judge the fit at the hard limit
-    fragmentation = resolve_device(row["gpu"].strip()).efficiency.allocator_fragmentation
-    as_profiled = replace(cluster, device=replace(cluster.device, efficiency=replace(
-        cluster.device.efficiency, allocator_fragmentation=fragmentation)))
-    predicted = as_profiled.allocator_reserved_bytes(max(est.peak_memory_bytes))
+    predicted = _as_profiled(row, cluster).allocator_reserved_bytes(max(est.peak_memory_bytes))
     return 100.0 * (predicted - float(stated) * 1e9) / (float(stated) * 1e9)
 
 
@@ -122,6 +145,7 @@ def summarize(results: list[RowResult], rows: list[dict[str, str]]) -> dict[str,
         "num_status_rows": len(status),
         "num_status_correct": sum(1 for r in status if (r.published == "OOM") == (not r.fits)),
         **_memory_summary(results),
+        "past_budget_rows": [r.id for r in results if r.past_budget is not None],
         "profile_problems": profile_range_problems(rows),
         "generic_frameworks": generic_frameworks(rows),
     }

@@ -380,3 +380,23 @@ def test_a_stated_split_that_overflows_is_priced_as_stated_not_as_the_search_s(t
     lopsided, even = validate(path)[0]
     assert lopsided.plan.layers_per_stage == (23, 1) and not lopsided.fits
     assert even.plan.layers_per_stage == (12, 12) and even.fits
+
+
+def test_a_run_that_fits_the_device_but_not_the_planner_s_budget_is_said(tmp_path):
+    """MPT-30B at 8k on eight A100s fits the device but not the budget the search plans with (its
+    headroom and the profile's fragmentation): flagged in the row, the table and the summary, with
+    the search's own budget; its 4k sibling, inside it, is not."""
+    from costmodel.hardware import parse_cluster
+    from planner.measure.runs_table import default_runs_path
+    from reports.tables import validate_table
+    wanted = ("mpt_30b_a100_80gb_s8192_g8", "mpt_30b_a100_80gb_s4096_g8")
+    path = tmp_path / "runs.csv"
+    lines = default_runs_path().read_text().splitlines()
+    path.write_text("\n".join([lines[0]] + [line for line in lines if line.split(",", 1)[0] in wanted]) + "\n")
+    (edge, inside), summary = validate(path)
+    peak, budget = edge.past_budget
+    assert edge.fits and peak == max(edge.estimate.peak_memory_bytes) > budget
+    assert budget == pytest.approx(parse_cluster("1x8xA100-SXM4-80GB").memory_budget_bytes)
+    assert inside.fits and inside.past_budget is None
+    assert summary["past_budget_rows"] == [edge.id] and edge.to_dict()["past_planner_budget"]
+    assert f"yes, past budget: {peak / 2**30:.1f} of {budget / 2**30:.1f} GiB" in validate_table((edge, inside), summary)
