@@ -62,7 +62,7 @@ def main() -> None:
           f"max |error| {max(map(abs, stepped)):.1f}%")
     print(f"leave one source out ({len({r.source for r in filled})} sources): rows {held['n']}  "
           f"MAPE {held['mape_pct']:.1f}%  max |error| {held['max_abs_error_pct']:.1f}% (of step time)")
-    if in_sample["past_budget_rows"]:
+    if in_sample["past_budget_ids"]:
         past = [(res.id, step_time_error_pct(row, res.error_pct)) for res, row in zip(results, rows)
                 if res.past_budget is not None and res.error_pct is not None]
         print("fitting the device but past the budget the planner plans with (allocator's edge, unpriced): "

@@ -109,7 +109,7 @@ def hybrid_layout(order: tuple[str, ...], degrees: tuple[int, ...],
     """The mesh of hybrid sharding (Plan.dp_replicate): dp cut into `dp.out`, its dp_replicate
     replicas (outer), and `dp.in`, the shard group's dp / dp_replicate ranks (inner), as
     torchtitan's mesh (dp_replicate, dp_shard, cp, tp) lays them out. The shard group is dp.in
-    with cp, the replicas dp.out (costmodel.rank_time.spans prices them, runtime.parallel builds
+    with cp, the replicas dp.out (costmodel.rank_time.spans prices them, runtime.mesh builds
     them)."""
     i = order.index("dp")
     return _cut(order, degrees, i, degrees[i] // dp_replicate)

@@ -162,9 +162,9 @@ def validate_table(results: Sequence[Any], summary: dict[str, Any]) -> str:
         text += (f"\nmemory (rows stating memory_gb and every cell that sets it: {s['memory_rows']}): predicted "
                  f"allocator reservation MAPE {s['memory_mape_pct']:.1f}%, max |error| "
                  f"{s['memory_max_abs_error_pct']:.1f}%, mean {s['memory_mean_error_pct']:+.1f}% (- predicted too small)")
-    if s.get("past_budget_rows"):
+    if s.get("past_budget_ids"):
         text += (f"\nfitting the device but past the budget the planner plans with (headroom, allocator "
-                 f"fragmentation; speed at the allocator's edge unpriced): {', '.join(s['past_budget_rows'])}")
+                 f"fragmentation; speed at the allocator's edge unpriced): {', '.join(s['past_budget_ids'])}")
     if s.get("generic_frameworks"):
         from costmodel.frameworks import FRAMEWORKS
         named = ", ".join(f"{name or '(unstated)'} ({n} row{'s' if n > 1 else ''})"

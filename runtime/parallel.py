@@ -187,7 +187,7 @@ def apply_expert_parallel(stage: nn.Module, mesh: DeviceMesh, plan: Plan) -> Non
     tensor parallelism (Plan.etp): the gate and up projections' rows and the down projection's
     columns, this rank's 1/etp of the expert's width (column- then row-parallel, as
     Megatron-Core's TEGroupedMLP over its expert-TP group). They are a DTensor sharded on dim 0
-    over "ep" and on the width over "etp" (build_mesh), so DCP reshards them between layouts.
+    over "ep" and on the width over "etp" (runtime.mesh.build_mesh), so DCP reshards them between layouts.
     Each mixture gets the groups its all-to-alls and its row gather run over (runtime.moe).
 
     Every EP rank's tokens reach an expert through the all-to-all (and every etp rank's through

@@ -140,7 +140,8 @@ def edge_line(rows: list[dict]) -> list[str]:
     if not edge:
         return []
     errors = [r["step_error_pct"] for r in edge]
-    return [f"{len(edge)} runs fit the device but not the budget the search plans with (its headroom and the "
+    runs = f"{len(edge)} run{'s' if len(edge) > 1 else ''}"
+    return [f"{runs} fit{'' if len(edge) > 1 else 's'} the device but not the budget the search plans with (its headroom and the "
             f"profile's allocator fragmentation), where the caching allocator may free and retry, a cost the model "
             f"does not price: step time MAPE {statistics.mean(map(abs, errors)):.1f} %, mean "
             f"{statistics.mean(errors):+.1f} % (- predicted too fast), against "

@@ -21,7 +21,8 @@ def _accuracy() -> dict:
            "filled": {}, "step_error_pct": None, "left_out_pct": None}
     tokens = {**row, "id": "run_c", "source": "pytorch/torchtitan", "metric": "tokens_per_sec_per_gpu",
               "published": 3000.0, "predicted": 3100.0, "error_pct": 3.3, "step_error_pct": -3.2, "left_out_pct": 4.0}
-    return {"rows": [row, oom, tokens], "num_sources": 2,
+    edge = {**tokens, "id": "run_d", "past_budget": True, "step_error_pct": -8.0, "left_out_pct": -9.0}
+    return {"rows": [row, oom, tokens, edge], "num_sources": 2,
             "summary": {"n": 2, "mape_pct": 2.75, "max_abs_error_pct": 3.3, "spearman": 1.0,
                         "num_status_rows": 1, "num_status_correct": 1},
             "left_out": {"n": 2, "mape_pct": 3.5, "max_abs_error_pct": 4.0}}
@@ -31,7 +32,7 @@ def test_validation_page_has_a_row_per_run_and_escapes_cells():
     text = RESULTS["validation_md"](_accuracy(), META)
     table = [line for line in text.splitlines() if line.startswith("| ")]
     assert table[0].startswith("| id | source | model | GPUs | device | framework | published | predicted | error %")
-    assert len(table) == 1 + 3
+    assert len(table) == 1 + len(_accuracy()["rows"])
     assert "| run_a | nvidia/megatron-lm | gpt 1.7B, seq 4096 | 48 | H100-SXM5-80GB | megatron-core | 0.450 s | " \
            "0.440 s | -2.2 | -3.0 | micro_batch=4, sp=False |" in text
     assert "run\\|b" in text and "| OOM | OOM | - | - | - |" in text
@@ -61,6 +62,8 @@ def test_results_page_keeps_unmeasured_optional_sections_and_replaces_the_rest()
     assert "| simulate (totals) | 17.0 |" in text
     assert "the leave-one-source-out MAPE measured here is 3.5 % (the same)" in text
     assert "| nvidia/megatron-lm | 1 | 2.2 / -2.2 | 3.0 / -3.0 |" in text
+    assert "1 run fits the device but not the budget the search plans with" in text
+    assert "step time MAPE 8.0 %, mean -8.0 % (- predicted too fast), against 4.5 % over every run" in text
     assert RESULTS["kept_sections"](text).keys() == {"accuracy", "speed", "closed-loop"}   # not the placeholder
 
 

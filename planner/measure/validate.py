@@ -56,7 +56,7 @@ class RowResult:
                 "filled": self.filled, "plan": self.plan.to_dict(),
                 "step_time_s": self.estimate.step_time_s, "mfu": self.estimate.mfu,
                 "published_mfu": self.published_mfu, "memory_error_pct": self.memory_error_pct,
-                "past_planner_budget": self.past_budget is not None}
+                "past_budget": None if self.past_budget is None else list(self.past_budget)}
 
 
 ROW_SEARCH_LIMIT_S = 20.0   # a row's search for its unstated fields
@@ -69,7 +69,8 @@ def validate_row(row: dict[str, str], time_limit_s: float = ROW_SEARCH_LIMIT_S) 
     if metric == "status":
         predicted = "fits" if est.fits else "OOM"
         return RowResult(id=row["id"], metric=metric, published=raw, predicted=predicted,
-                         error_pct=None, fits=est.fits, filled=filled, plan=plan, estimate=est)
+                         error_pct=None, fits=est.fits, filled=filled, plan=plan, estimate=est,
+                         past_budget=past_budget(row, cluster, est, plan))
     if metric == "iteration_time_s":
         predicted = est.step_time_s
     elif metric == "tokens_per_sec_per_gpu":
@@ -97,7 +98,8 @@ def past_budget(row: dict[str, str], cluster: ClusterSpec, est: Estimate, plan: 
     budget the planner plans with (the default headroom, the profile's allocator fragmentation:
     ClusterSpec.memory_budget_bytes), that stage's (total, budget) in bytes, the tightest one's: a
     run at the allocator's edge, whose caching allocator may free and retry (a cost the model does
-    not price) and which the search would not emit. None within the budget or past the device."""
+    not price) and which the search would not emit. None within the budget or past the device.
+    Device memory only: an offloading run's host memory has no allocator of this kind."""
     if not est.fits:
         return None
     budgets = rank_budgets_bytes(plan, _as_profiled(row, cluster, DEFAULT_MEMORY_HEADROOM))
@@ -145,7 +147,7 @@ def summarize(results: list[RowResult], rows: list[dict[str, str]]) -> dict[str,
         "num_status_rows": len(status),
         "num_status_correct": sum(1 for r in status if (r.published == "OOM") == (not r.fits)),
         **_memory_summary(results),
-        "past_budget_rows": [r.id for r in results if r.past_budget is not None],
+        "past_budget_ids": [r.id for r in results if r.past_budget is not None],
         "profile_problems": profile_range_problems(rows),
         "generic_frameworks": generic_frameworks(rows),
     }
