@@ -63,21 +63,23 @@ def validation_md(acc: dict, meta: dict) -> str:
             "`published` and `predicted` are the row's metric (an iteration time, or tokens/s per GPU); `error %` is "
             "of that metric, (predicted - published) / published, as `planner validate` prints it (for tokens/s, + "
             "is predicted too fast). `left out %` is the step time's error when the row's whole source is left out "
-            f"of the efficiency fit (`{CMD_FIDELITY}`; + is predicted too slow). `filled` lists the plan fields the "
-            "row left empty and the planner chose.", "",
+            f"of the efficiency fit (`{CMD_FIDELITY}`; + is predicted too slow). `memory`: whether the run is "
+            "predicted to fit the device, and `past budget` where it fits but passes the budget the search plans "
+            "with (the allocator's edge). `filled` lists the plan fields the row left empty and the planner chose.", "",
             f"In sample: {s['n']} rows, MAPE {pct(s['mape_pct'], False)} %, max |error| "
             f"{pct(s['max_abs_error_pct'], False)} %, Spearman {s['spearman']:.3f}. Left out ({acc['num_sources']} "
             f"sources): MAPE {lo['mape_pct']:.1f} %, max |error| {lo['max_abs_error_pct']:.1f} % of step time.", "",
             "| id | source | model | GPUs | device | framework | published | predicted | error % | left out % "
-            "| filled |",
-            "|---|---|---|---:|---|---|---:|---:|---:|---:|---|"]
+            "| memory | filled |",
+            "|---|---|---|---:|---|---|---:|---:|---:|---:|---|---|"]
     body = []
     for r in acc["rows"]:
         filled = ", ".join(f"{k}={v}" for k, v in r["filled"].items()) or "-"
         body.append("| " + " | ".join(cell(x) for x in (
             r["id"], r["source"], r["model"], r["gpus"], r["device"], r["framework"] or "-",
             metric_value(r["metric"], r["published"]), metric_value(r["metric"], r["predicted"]),
-            pct(r["error_pct"]), pct(r["left_out_pct"]), filled)) + " |")
+            pct(r["error_pct"]), pct(r["left_out_pct"]),
+            "past budget" if r.get("past_budget") else "fits" if r["fits"] else "does not fit", filled)) + " |")
     return "\n".join(head + body) + "\n"
 
 

@@ -17,7 +17,7 @@ def _accuracy() -> dict:
            "gpus": 48, "device": "H100-SXM5-80GB", "metric": "iteration_time_s", "published": 0.45,
            "predicted": 0.44, "error_pct": -2.2, "fits": True, "filled": {"micro_batch": 4, "sp": False},
            "step_error_pct": -2.2, "left_out_pct": -3.0}
-    oom = {**row, "id": "run|b", "metric": "status", "published": "OOM", "predicted": "OOM", "error_pct": None,
+    oom = {**row, "id": "run|b", "metric": "status", "published": "OOM", "predicted": "OOM", "error_pct": None, "fits": False,
            "filled": {}, "step_error_pct": None, "left_out_pct": None}
     tokens = {**row, "id": "run_c", "source": "pytorch/torchtitan", "metric": "tokens_per_sec_per_gpu",
               "published": 3000.0, "predicted": 3100.0, "error_pct": 3.3, "step_error_pct": -3.2, "left_out_pct": 4.0}
@@ -34,8 +34,9 @@ def test_validation_page_has_a_row_per_run_and_escapes_cells():
     assert table[0].startswith("| id | source | model | GPUs | device | framework | published | predicted | error %")
     assert len(table) == 1 + len(_accuracy()["rows"])
     assert "| run_a | nvidia/megatron-lm | gpt 1.7B, seq 4096 | 48 | H100-SXM5-80GB | megatron-core | 0.450 s | " \
-           "0.440 s | -2.2 | -3.0 | micro_batch=4, sp=False |" in text
-    assert "run\\|b" in text and "| OOM | OOM | - | - | - |" in text
+           "0.440 s | -2.2 | -3.0 | fits | micro_batch=4, sp=False |" in text
+    assert "| +3.3 | -9.0 | past budget | micro_batch=4, sp=False |" in text
+    assert "run\\|b" in text and "| OOM | OOM | - | - | does not fit | - |" in text
     assert "3,000 tok/s/GPU" in text and "Fake CPU, 2 cores" in text and "2000-01-01" in text
 
 
