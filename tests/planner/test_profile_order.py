@@ -54,6 +54,8 @@ def test_the_second_pass_comes_after_the_probes_and_the_fit_reads_its_curves(tmp
     real_left_s = cmd._left_s
     monkeypatch.setattr(cmd, "_left_s", lambda end_s: max(real_left_s(end_s), cmd.FIT_RESERVE_S + 5.0))
     monkeypatch.setattr(probes, "fit_probes", fit_probes)
+    # the order is checked, not the curves' quality: half the command's least budget for them
+    monkeypatch.setattr(cmd, "MIN_BUDGET_S", cmd.MIN_BUDGET_S / 2)
     args = argparse.Namespace(out=tmp_path / "box.toml", nproc=2, name=None, quick=False, thorough=False,
                               overwrite=False, budget_s=cmd.MIN_BUDGET_S)
     cmd.profile_machine(cmd._setup(args))
