@@ -1,11 +1,22 @@
 """Why a search found no plan, in one line: the closest plan, what overflows and what would
-help (the command line, the sweep and the Python API all say it this way)."""
+help, or the pinned fields no plan can take (the command line, the sweep and the Python API all
+say it this way)."""
 from __future__ import annotations
 
+import itertools
+from dataclasses import replace
+from typing import Any
+
+from costmodel.check import tp_problems
 from costmodel.estimate import offloads
+from costmodel.frameworks import shards_in_part
+from costmodel.hardware import ClusterSpec
 from costmodel.plan import Recompute
+from costmodel.schedules import Schedule
+from costmodel.specs import ModelSpec, TrainSpec
 from costmodel.units import GIB
-from planner.search import SearchOptions, unsatisfiable_constraints
+from planner.candidates import replica_degrees, time_groups
+from planner.search_options import MAX_MICRO_BATCH, STATE_OPTIONS, SearchOptions, states_allowed, states_for_group
 from planner.search_state import SearchResult
 
 
@@ -60,3 +71,78 @@ def no_plan_reason(model, train, cluster, options: SearchOptions, result: Search
         if problems:
             return "contradictory constraints: " + "; ".join(problems)
     return infeasible_message(result, cluster.name)
+
+
+def unsatisfiable_constraints(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
+                              options: SearchOptions, ruled_out: bool = False) -> list[str]:
+    """When the constraints leave no candidate at all: each fixed field whose value no plan can
+    take, with the values it could take; or, when each is possible alone and no candidate was
+    ruled out by a rule the search names (`ruled_out`: those rules are the better answer), that
+    they are not together."""
+    possible: dict[str, set] = {name: set() for name in options.fixed}
+    pinned = list(options.fixed.items())
+    together: set[int] = set()   # per choice, the pinned fields it matches (bit i: pinned[i])
+    free = replace(options, fixed={})
+    placements = [o for o, ok in zip(STATE_OPTIONS, states_allowed(free, cluster)) if ok]
+    for base, group in time_groups(model, train, cluster, free, lambda reason: None):
+        for vpp, schedule in group:
+            for states in placements:
+                if not states_for_group(states, base.dp * base.cp > 1) or (base.dp_replicate > 1
+                                                                           and states.zero_stage == 0):
+                    continue
+                choice = replace(base, vpp=vpp, schedule=schedule, **states._asdict())
+                for name, seen in possible.items():
+                    seen.add(getattr(choice, name))
+                together.add(sum(1 << i for i, (name, value) in enumerate(pinned) if getattr(choice, name) == value))
+    if cluster.is_mixed:   # replicas on groups (planner.shares): no pipeline
+        for tp, cp, dp, _, sps in replica_degrees(model, train, cluster, free):
+            values = {"pp": {1}, "tp": {tp}, "cp": {cp}, "dp": {dp}, "sequence_parallel": set(sps), "vpp": {1},
+                      "ep": {1}, "etp": {1}, "dp_replicate": {1}, "schedule": {Schedule.ONE_F_ONE_B},
+                      "micro_batch_size": set(range(1, MAX_MICRO_BATCH + 1)),
+                      "zero_stage": {o.zero_stage for o in placements if not o.offload_optimizer}}
+            for name, seen in possible.items():
+                seen |= values.get(name, set())
+    problems = []
+    for name, value in options.fixed.items():
+        if name == "schedule" and not Schedule(value).traits.closed_form:
+            problems.append(f"schedule={value} has no closed-form pipeline time, so the search cannot pin it: "
+                            f"unpinned, it lays its best plans out under {value} and prices them by simulation "
+                            f"(the table's rows say their schedule); to price one plan under it: planner predict "
+                            f"--schedule {value}")
+        elif name == "dp_replicate" and value != 1 and not shards_in_part(cluster.framework, 1):
+            problems.append(f"dp_replicate={value}: {cluster.framework.name} does not shard over part of the "
+                            "data-parallel ranks (hybrid sharding: --framework torchtitan or planner; "
+                            "optimizer instances at ZeRO-1: --framework megatron)")
+        elif value not in possible[name]:
+            shown = ", ".join(str(v) for v in sorted(possible[name]))
+            why = _why_not(model, train, name, value)
+            problems.append(f"{name}={value} is not possible for {model.name} on {cluster.name}"
+                            + (f": {why}" if why else f" (the search considers: {shown})"))
+    if ruled_out and not problems:
+        return []
+    if not problems and options.fixed and not cluster.is_mixed:
+        shown = ", ".join(f"{k}={v}" for k, v in _fewest_apart(pinned, together))
+        problems.append(f"{shown} are not possible together for {model.name} on {cluster.name}, though each is alone")
+    elif not problems and options.fixed:
+        problems.append(f"each of {', '.join(f'{k}={v}' for k, v in pinned)} is possible, but not all together")
+    return problems
+
+
+def _why_not(model: ModelSpec, train: TrainSpec, name: str, value: Any) -> str:
+    """The rule that keeps one pinned value out of every plan, where one does."""
+    if name == "fp8_linears" and value and not train.float8:
+        return "float8 linears need --dtype fp8"
+    if name == "tp" and (found := tp_problems(model, value)):
+        return found[0]
+    return ""
+
+
+def _fewest_apart(pinned: list[tuple[str, Any]], together: set[int]) -> list[tuple[str, Any]]:
+    """The smallest set of pinned fields no enumerated choice matches all of (`together`: each
+    choice's matches as bits): the pair, or more, to name instead of every field."""
+    for size in range(2, len(pinned) + 1):
+        for subset in itertools.combinations(range(len(pinned)), size):
+            mask = sum(1 << i for i in subset)
+            if not any(m & mask == mask for m in together):
+                return [pinned[i] for i in subset]
+    return pinned

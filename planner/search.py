@@ -20,29 +20,26 @@ and ranked; one whose simulated memory does not fit is dropped.
 from __future__ import annotations
 
 import gc
-import itertools
 import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any, Iterator
+from typing import Iterator
 
-from costmodel.check import tp_problems
 from costmodel.check_levers import offload_problems
 from costmodel.estimate import estimate
 from costmodel.fidelity import error_band
-from costmodel.frameworks import shards_in_part
 from costmodel.hardware import ClusterSpec
 from costmodel.plan import Plan
 from costmodel.schedules import Schedule
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.bounds import MemoryFit, lower_bound_with_memory_s
-from planner.candidates import placement_groups, replica_degrees, time_groups
+from planner.candidates import placement_groups
 from planner.cutoff import Cutoff
 from planner.halves import HALVES, in_halves
 from planner.partition import FREE, SolverTimeout, SplitRules, apply_split, solve_split
 from planner.repricing import result
-from planner.search_options import MAX_MICRO_BATCH, STATE_OPTIONS, SearchOptions, states_allowed, states_for_group
+from planner.search_options import STATE_OPTIONS, SearchOptions
 from planner.search_order import Queue
 from planner.search_state import Found, SearchResult, SearchStats, SharedModels
 from planner.shapes import rank_shapes
@@ -166,81 +163,6 @@ def _merged(halves: list[_Half]) -> SearchStats:
                                   else min((f.estimate.step_time_s for f in h.found), default=math.inf)
                                   for h in halves)
     return stats
-
-
-def unsatisfiable_constraints(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
-                              options: SearchOptions, ruled_out: bool = False) -> list[str]:
-    """When the constraints leave no candidate at all: each fixed field whose value no plan can
-    take, with the values it could take; or, when each is possible alone and no candidate was
-    ruled out by a rule the search names (`ruled_out`: those rules are the better answer), that
-    they are not together."""
-    possible: dict[str, set] = {name: set() for name in options.fixed}
-    pinned = list(options.fixed.items())
-    together: set[int] = set()   # per choice, the pinned fields it matches (bit i: pinned[i])
-    free = replace(options, fixed={})
-    placements = [o for o, ok in zip(STATE_OPTIONS, states_allowed(free, cluster)) if ok]
-    for base, group in time_groups(model, train, cluster, free, lambda reason: None):
-        for vpp, schedule in group:
-            for states in placements:
-                if not states_for_group(states, base.dp * base.cp > 1) or (base.dp_replicate > 1
-                                                                           and states.zero_stage == 0):
-                    continue
-                choice = replace(base, vpp=vpp, schedule=schedule, **states._asdict())
-                for name, seen in possible.items():
-                    seen.add(getattr(choice, name))
-                together.add(sum(1 << i for i, (name, value) in enumerate(pinned) if getattr(choice, name) == value))
-    if cluster.is_mixed:   # replicas on groups (planner.shares): no pipeline
-        for tp, cp, dp, _, sps in replica_degrees(model, train, cluster, free):
-            values = {"pp": {1}, "tp": {tp}, "cp": {cp}, "dp": {dp}, "sequence_parallel": set(sps), "vpp": {1},
-                      "ep": {1}, "etp": {1}, "dp_replicate": {1}, "schedule": {Schedule.ONE_F_ONE_B},
-                      "micro_batch_size": set(range(1, MAX_MICRO_BATCH + 1)),
-                      "zero_stage": {o.zero_stage for o in placements if not o.offload_optimizer}}
-            for name, seen in possible.items():
-                seen |= values.get(name, set())
-    problems = []
-    for name, value in options.fixed.items():
-        if name == "schedule" and not Schedule(value).traits.closed_form:
-            problems.append(f"schedule={value} has no closed-form pipeline time, so the search cannot pin it: "
-                            f"unpinned, it lays its best plans out under {value} and prices them by simulation "
-                            f"(the table's rows say their schedule); to price one plan under it: planner predict "
-                            f"--schedule {value}")
-        elif name == "dp_replicate" and value != 1 and not shards_in_part(cluster.framework, 1):
-            problems.append(f"dp_replicate={value}: {cluster.framework.name} does not shard over part of the "
-                            "data-parallel ranks (hybrid sharding: --framework torchtitan or planner; "
-                            "optimizer instances at ZeRO-1: --framework megatron)")
-        elif value not in possible[name]:
-            shown = ", ".join(str(v) for v in sorted(possible[name]))
-            why = _why_not(model, train, name, value)
-            problems.append(f"{name}={value} is not possible for {model.name} on {cluster.name}"
-                            + (f": {why}" if why else f" (the search considers: {shown})"))
-    if ruled_out and not problems:
-        return []
-    if not problems and options.fixed and not cluster.is_mixed:
-        shown = ", ".join(f"{k}={v}" for k, v in _fewest_apart(pinned, together))
-        problems.append(f"{shown} are not possible together for {model.name} on {cluster.name}, though each is alone")
-    elif not problems and options.fixed:
-        problems.append(f"each of {', '.join(f'{k}={v}' for k, v in pinned)} is possible, but not all together")
-    return problems
-
-
-def _why_not(model: ModelSpec, train: TrainSpec, name: str, value: Any) -> str:
-    """The rule that keeps one pinned value out of every plan, where one does."""
-    if name == "fp8_linears" and value and not train.float8:
-        return "float8 linears need --dtype fp8"
-    if name == "tp" and (found := tp_problems(model, value)):
-        return found[0]
-    return ""
-
-
-def _fewest_apart(pinned: list[tuple[str, Any]], together: set[int]) -> list[tuple[str, Any]]:
-    """The smallest set of pinned fields no enumerated choice matches all of (`together`: each
-    choice's matches as bits): the pair, or more, to name instead of every field."""
-    for size in range(2, len(pinned) + 1):
-        for subset in itertools.combinations(range(len(pinned)), size):
-            mask = sum(1 << i for i in subset)
-            if not any(m & mask == mask for m in together):
-                return [pinned[i] for i in subset]
-    return pinned
 
 
 def _say(options: SearchOptions, text: str) -> None:
