@@ -27,9 +27,9 @@ them for the plan's framework: carved from data parallelism (ep consecutive dp r
 ranks hold the mixture whole and sum its gradients over TP) or, where the framework folds EP
 (Megatron-Core's MoE parallel folding), the ep innermost of the tp x cp x dp ranks, TP first;
 under expert tensor parallelism (Plan.etp, folded only) the etp innermost ranks split each
-expert's width and the EP group is the next ep (runtime.mesh lays the groups out). Each layer's experts are a DTensor sharded on dim
-0 over "ep" (torchtitan's layout) and on their width over "etp", and FSDP2 shards them further
-over "edp" in a unit of their own; every EP and etp rank's tokens reach them through the
+expert's width and the EP group is the next ep (runtime.mesh lays the groups out). Each layer's
+experts are a DTensor sharded on dim 0 over "ep" (torchtitan's layout) and on their width over
+"etp", and FSDP2 shards them further over "edp" in a unit of their own; every EP and etp rank's tokens reach them through the
 all-to-all and the gather, so their gradients are scaled (runtime.moe.Experts,
 apply_expert_parallel) before FSDP2 averages them over edp.
 Mixed precision follows the TrainSpec: parameters gathered in compute_dtype, gradients reduced

@@ -127,7 +127,7 @@ def accuracy_section(acc: dict, gpus: dict, band: float, meta: dict) -> str:
         + " ".join(f"{gpu['too_fast']} of the {gpu['n']} {name} runs are predicted too fast." for name, gpu in gpus.items())
         + " The GPU runs were measured on lent GPUs (" + ", ".join(f"{folder}/README.md" for folder, _, _ in GPU_RUNS.values())
         + "); each replay prices them with the current cost model and runs nothing on a GPU.", "",
-        *edge_line(acc["rows"]),
+        *edge_line(acc["rows"], statistics.mean(steps)),
         f"The search's error band (`costmodel/fidelity.py` `MODEL_ERROR_BAND`) is {100 * band:.1f} %; the "
         f"leave-one-source-out MAPE measured here is {lo['mape_pct']:.1f} %"
         + (" (the same)." if abs(100 * band - lo["mape_pct"]) < 0.05 else " (they differ: the band is set by hand)."),
@@ -136,19 +136,19 @@ def accuracy_section(acc: dict, gpus: dict, band: float, meta: dict) -> str:
         "", *per_group(acc["rows"], "framework")])
 
 
-def edge_line(rows: list[dict]) -> list[str]:
-    """The runs that fit the device but not the budget the search plans with, and their errors."""
+def edge_line(rows: list[dict], mape_pct: float) -> list[str]:
+    """The runs that fit the device but not the budget the search plans with, and their errors
+    beside `mape_pct`, every timed run's step-time MAPE."""
     edge = [r for r in rows if r.get("past_budget") and r["step_error_pct"] is not None]
     if not edge:
         return []
     errors = [r["step_error_pct"] for r in edge]
     runs = f"{len(edge)} run{'s' if len(edge) > 1 else ''}"
-    return [f"{runs} fit{'' if len(edge) > 1 else 's'} the device but not the budget the search plans with (its headroom and the "
-            f"profile's allocator fragmentation), where the caching allocator may free and retry, a cost the model "
-            f"does not price: step time MAPE {statistics.mean(map(abs, errors)):.1f} %, mean "
-            f"{statistics.mean(errors):+.1f} % (- predicted too fast), against "
-            f"{statistics.mean(abs(r['step_error_pct']) for r in rows if r['step_error_pct'] is not None):.1f} % "
-            f"over every run; `planner validate` marks them `past budget`.", ""]
+    return [f"{runs} fit{'' if len(edge) > 1 else 's'} the device but not the budget the search plans with (its "
+            "headroom and the profile's allocator fragmentation), where the caching allocator may free and retry, "
+            f"a cost the model does not price: step time MAPE {statistics.mean(map(abs, errors)):.1f} %, mean "
+            f"{statistics.mean(errors):+.1f} % (- predicted too fast), against {mape_pct:.1f} % over every run; "
+            "`planner validate` marks them `past budget`.", ""]
 
 
 def framework_line(rows: list[dict]) -> str:

@@ -17,8 +17,8 @@ def _accuracy() -> dict:
            "gpus": 48, "device": "H100-SXM5-80GB", "metric": "iteration_time_s", "published": 0.45,
            "predicted": 0.44, "error_pct": -2.2, "fits": True, "filled": {"micro_batch": 4, "sp": False},
            "step_error_pct": -2.2, "left_out_pct": -3.0}
-    oom = {**row, "id": "run|b", "metric": "status", "published": "OOM", "predicted": "OOM", "error_pct": None, "fits": False,
-           "filled": {}, "step_error_pct": None, "left_out_pct": None}
+    oom = {**row, "id": "run|b", "metric": "status", "published": "OOM", "predicted": "OOM", "error_pct": None,
+           "fits": False, "filled": {}, "step_error_pct": None, "left_out_pct": None}
     tokens = {**row, "id": "run_c", "source": "pytorch/torchtitan", "metric": "tokens_per_sec_per_gpu",
               "published": 3000.0, "predicted": 3100.0, "error_pct": 3.3, "step_error_pct": -3.2, "left_out_pct": 4.0}
     edge = {**tokens, "id": "run_d", "past_budget": True, "step_error_pct": -8.0, "left_out_pct": -9.0}

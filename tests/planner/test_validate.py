@@ -399,4 +399,5 @@ def test_a_run_that_fits_the_device_but_not_the_planner_s_budget_is_said(tmp_pat
     assert budget == pytest.approx(parse_cluster("1x8xA100-SXM4-80GB").memory_budget_bytes)
     assert inside.fits and inside.past_budget is None
     assert summary["past_budget_ids"] == [edge.id] and edge.to_dict()["past_budget"] == [peak, budget]
-    assert f"yes, past budget: {peak / 2**30:.1f} of {budget / 2**30:.1f} GiB" in validate_table((edge, inside), summary)
+    shown = f"yes, past budget: {peak / 2**30:.1f} of {budget / 2**30:.1f} GiB"
+    assert shown in validate_table((edge, inside), summary)
