@@ -8,7 +8,7 @@ what glibc's freed-memory policy costs a CPU training step (host).
 dp: two-rank data-parallel plans of the closed loops' unseen models (benchmarks/closed_loop.py:
 the hidden Llama and the held-out GPT) in bf16 on 2 gloo ranks (dp2, a datasheet CPU profile:
 memory does not depend on its speeds), sequence 128, one micro-batch of 1 or 4 a rank,
-ZeRO-0/1/2. Their layers are far below an FSDP unit's bucket (costmodel.params.fsdp_unit_layers),
+ZeRO-0/1/2. Their layers are far below an FSDP unit's bucket (costmodel.fsdp_units.fsdp_unit_layers),
 so each rank's model is one unit, whose once-a-step reduction copies all its gradients at once
 (costmodel.memory.buffer_bytes says why that copy is not priced apart). About two minutes.
 

@@ -1,7 +1,7 @@
 """The search space: every outer choice the search considers (degrees, micro-batch, recompute
 mode, virtual stages, schedule, SP, placement), within what the user fixed or narrowed and less
 the choices another dominates under the model (planner.search_options). The rules of a valid plan are asked of
-costmodel.check (tp_problems, cp_problems, ep_problems, sp_problems) and the schedule traits, not copied.
+costmodel.check_degrees (tp_problems, cp_problems, ep_problems, sp_problems) and the schedule traits, not copied.
 """
 from __future__ import annotations
 
@@ -10,11 +10,9 @@ from dataclasses import replace
 from functools import lru_cache
 from typing import Callable, Iterator, NamedTuple
 
-from costmodel.check import (
-    activation_offload_problems,
+from costmodel.check_degrees import (
     cp_problems,
     ep_problems,
-    fp8_problems,
     hsdp_problems,
     moe_tp_problem,
     mtp_cp_problems,
@@ -22,6 +20,7 @@ from costmodel.check import (
     sp_problems,
     tp_problems,
 )
+from costmodel.check_levers import activation_offload_problems, fp8_problems
 from costmodel.frameworks import FrameworkTraits, shards_in_part
 from costmodel.groups import group_orders, placement_problems, places_replicas
 from costmodel.hardware import ClusterSpec

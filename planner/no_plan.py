@@ -7,7 +7,7 @@ import itertools
 from dataclasses import replace
 from typing import Any
 
-from costmodel.check import tp_problems
+from costmodel.check_degrees import tp_problems
 from costmodel.estimate import offloads
 from costmodel.frameworks import shards_in_part
 from costmodel.hardware import ClusterSpec

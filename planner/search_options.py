@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
-from costmodel.check import offload_problems
+from costmodel.check_levers import offload_problems
 from costmodel.hardware import ClusterSpec
 from costmodel.plan import Plan
 

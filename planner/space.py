@@ -30,8 +30,8 @@ class Choice:
     vpp: int = 1
     schedule: Schedule | None = None  # None: interleaved-1f1b when vpp > 1, else 1f1b
     mesh_axis_order: tuple[str, ...] = DEFAULT_AXIS_ORDER
-    ep: int = 1   # expert-parallel degree (mixtures of experts; costmodel.check.ep_problems)
-    etp: int = 1   # expert tensor-parallel degree (costmodel.check.etp_problems)
+    ep: int = 1   # expert-parallel degree (mixtures of experts; costmodel.check_degrees.ep_problems)
+    etp: int = 1   # expert tensor-parallel degree (costmodel.check_degrees.etp_problems)
     offload_optimizer: bool = False   # ZeRO-Offload: sharded states and their step on the host
     fp8_linears: bool = False   # the layers' linears in float8 (torchao tensorwise)
     offload_activations: bool = False   # the layers' saved activations on the host

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from costmodel.check import moe_tp_problem
+from costmodel.check_degrees import moe_tp_problem
 from costmodel.groups import replica_samples
 from costmodel.inputs import UserError
 from costmodel.plan import Plan, PlanFile

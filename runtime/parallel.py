@@ -18,7 +18,7 @@ Hybrid sharding (Plan.dp_replicate = r > 1, ZeRO >= 1) is the same FSDP2 over a 
 cut into dp_out (r replicas, outer) and dp_in (the shard group, inner, with cp), so each
 reduce-scatter inside the group is followed by an all-reduce over the replicas.
 An FSDP unit is a layer under ZeRO-3 and expert parallelism; below ZeRO-3 it groups consecutive
-layers up to a bucket's size (costmodel.params.fsdp_unit_layers, Megatron-Core's DDP bucket),
+layers up to a bucket's size (costmodel.fsdp_units.fsdp_unit_layers, Megatron-Core's DDP bucket),
 from the last layer back, the first few (all of a stage's small layers) left to the stage's root
 unit with the embedding and head: each unit is a collective, and a collective's latency, not its
 bytes, decides the small models' steps.
@@ -59,9 +59,9 @@ from torch.distributed.tensor.parallel import (
 )
 
 from costmodel.deepseek import dense_layer_model
+from costmodel.fsdp_units import fsdp_unit_layers
 from costmodel.layout import Style, dense_blocks
 from costmodel.memory import runtime_wraps_in_fsdp
-from costmodel.params import fsdp_unit_layers
 from costmodel.plan import Plan, Recompute
 from costmodel.specs import DType, ModelSpec, TrainSpec
 from runtime.latent_attention import HeadsInput, LatentAttention
@@ -81,7 +81,7 @@ def _layer_tp_plan(spec: ModelSpec, sp: bool) -> dict:
     """Column-parallel projections first, the row-parallel one last, per costmodel.layout. A
     mixture of experts is not split by the dense TP plan: under SP it takes this rank's sequence
     shard as a plain tensor and routes those tokens (Megatron-Core's MoELayer refuses TP without
-    SP in training, as costmodel.check.moe_tp_problem does), its router and shared expert whole
+    SP in training, as costmodel.check_degrees.moe_tp_problem does), its router and shared expert whole
     on every TP rank (their gradients summed over TP: sync_replicated_over_tp), its routed
     experts too unless EP or expert TP folds over TP (apply_expert_parallel splits them). Latent
     attention's down-projections (replicated) stay whole; its column-parallel projections only

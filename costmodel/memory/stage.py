@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from costmodel.frameworks import RUNTIME, FrameworkTraits
+from costmodel.fsdp_units import fsdp_unit_params
 from costmodel.memory.activations import (
     backward_working_bytes,
     edge_bytes_per_micro_batch,
@@ -15,7 +16,7 @@ from costmodel.memory.activations import (
 )
 from costmodel.memory.deferred import edge_weight_grad_output_bytes, weight_grad_input_bytes
 from costmodel.memory.states import reduces_every_micro_batch, state_bytes_for
-from costmodel.params import fsdp_unit_params, layer_params, rank_params, rank_params_at
+from costmodel.params import layer_params, rank_params, rank_params_at
 from costmodel.plan import Plan, Recompute
 from costmodel.schedules import interleaved_warmup_chunks, stage_owner
 from costmodel.specs import ModelSpec, TrainSpec
@@ -252,7 +253,7 @@ def buffer_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
     """Communication buffers of pipeline rank `rank`: its pipeline sends and receives
     (pipeline_buffer_bytes), and where every micro-batch reduces,
     ZeRO-3's gathered layers (the current one and the prefetched next one) and one FSDP unit's
-    gradient in the reduce dtype, the reduce-scatter's input (params.fsdp_unit_params: a layer
+    gradient in the reduce dtype, the reduce-scatter's input (fsdp_units.fsdp_unit_params: a layer
     under ZeRO-3, a stage of small layers whole below it); none of these where a pipeline keeps
     weights and gradients whole (state_bytes_for). A once-a-step reduction's input is not counted:
     it comes after the backward has freed the activations, which the peak counts instead (the

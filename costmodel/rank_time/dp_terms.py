@@ -7,17 +7,16 @@ from dataclasses import dataclass, replace
 
 from costmodel.comm import HOST_COPIES, Collective, collective_time_s
 from costmodel.frameworks import FrameworkTraits
+from costmodel.fsdp_units import fsdp_unit_layers, whole_stage_units
 from costmodel.hardware import ClusterSpec
 from costmodel.memory import reduces_every_micro_batch, unsharded_between_micro_batches
 from costmodel.params import (
     RankParams,
-    fsdp_unit_layers,
     layer_expert_params,
     layer_param_tensors,
     layer_params,
     rank_params,
     rank_params_at,
-    whole_stage_units,
 )
 from costmodel.placement import AxisSpan
 from costmodel.plan import Plan
@@ -220,7 +219,7 @@ def dp_hidden_s(comm_s: float, window_s: float, bucket_s: float) -> float:
 
 
 def dp_unit_layers(model: ModelSpec, plan: Plan, traits: FrameworkTraits) -> int:
-    """Layers a DP unit of dp_groups holds: the framework's FSDP unit (params.fsdp_unit_layers),
+    """Layers a DP unit of dp_groups holds: the framework's FSDP unit (fsdp_units.fsdp_unit_layers),
     one layer where a stage is one unit whole (DpTerm.units prices those) or the framework
     buckets otherwise (pieces_per_layer 0: the unit is then the last bucket's, dp_bucket_s)."""
     if not traits.dp_collectives_per_layer or whole_stage_units(model, plan, traits):

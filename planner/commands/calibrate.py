@@ -39,7 +39,8 @@ def _default_out(base_path: Path) -> Path:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from planner.measure.calibrate import calibrated_profile, fit_by_dtype, summary
+    from planner.measure.calibrate import fit_by_dtype, summary
+    from planner.measure.calibrated_profile import calibrated_profile
     from planner.measure.run_dirs import merge_repeats
     from reports.tables import table
     base = resolve_device(args.profile)

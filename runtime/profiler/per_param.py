@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from costmodel.fsdp_units import bucket_layers
 from costmodel.hardware import GELU_APPROXIMATIONS, fsdp_sync_key
-from costmodel.params import bucket_layers
 from runtime.model import DROPOUT_P
 from runtime.optimizer import adamw
 from runtime.profiler.attention import backward_s
@@ -154,7 +154,7 @@ def fsdp_stack(hidden: int, layers: int, dtype: torch.dtype, mesh, device: torch
     """`layers` GPT-shaped linear stacks (QKV, output, FFN up and down: 14 hidden^2 parameters
     each), and an output projection to `vocab` words if any, under FSDP2 as
     runtime.parallel.apply_data_parallel wraps a one-replica plan below ZeRO-3: units of a
-    bucket's layers (costmodel.params.bucket_layers: on a CPU's stack all in the root, on a GPU's
+    bucket's layers (costmodel.fsdp_units.bucket_layers: on a CPU's stack all in the root, on a GPU's
     a layer each) and the root on `mesh`, parameters kept whole after the forward, in `dtype`,
     reduced in fp32."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard

@@ -8,7 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from costmodel.check import check_structure, ep_problems
+from costmodel.check import check_structure
+from costmodel.check_degrees import ep_problems
 from costmodel.estimate import estimate
 from costmodel.frameworks import RUNTIME, framework_traits
 from costmodel.hardware import parse_cluster

@@ -1,5 +1,5 @@
 """FSDP units of a bucket's layers below ZeRO-3 (runtime.parallel.fsdp_units,
-costmodel.params.fsdp_unit_layers): the units the runtime wraps are the ones the cost model prices,
+costmodel.fsdp_units.fsdp_unit_layers): the units the runtime wraps are the ones the cost model prices,
 and a plan whose units hold several layers still trains as one process does."""
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import torch.distributed as dist
 from parity import assert_parity, plan_file
 from torch import nn
 
-import costmodel.params as params
+import costmodel.fsdp_units as fsdp_units
 from costmodel.comm import Collective, collective_time_s
-from costmodel.params import fsdp_unit_layers, layer_params, rank_params, whole_stage_units
+from costmodel.fsdp_units import fsdp_unit_layers, whole_stage_units
+from costmodel.params import layer_params, rank_params
 from costmodel.rank_time import dp_exposed_s, dp_terms, rank_times, spans
 from costmodel.registry import resolve_model
 from costmodel.specs import DType
@@ -71,8 +72,8 @@ def test_the_runtime_wraps_the_units_the_model_prices(monkeypatch, zero, bucket,
     """debug-tiny (4 layers of 49k parameters) on two ranks; `bucket`: layers a unit takes, by
     shrinking the bucket (three: layers 1-3 one unit, layer 0 with the root)."""
     if bucket:
-        monkeypatch.setattr(params, "FSDP_UNIT_MIN_PARAMS", bucket * layer_params(resolve_model("debug-tiny")))
-        monkeypatch.setattr(params, "FSDP_UNIT_MIN_PARAMS_PER_RANK", 1)
+        monkeypatch.setattr(fsdp_units, "FSDP_UNIT_MIN_PARAMS", bucket * layer_params(resolve_model("debug-tiny")))
+        monkeypatch.setattr(fsdp_units, "FSDP_UNIT_MIN_PARAMS_PER_RANK", 1)
     pf = plan_file(Choice(zero_stage=zero), world=2, compute_dtype=DType.BF16)
     assert _units_per_stage(pf) == [units]
     term = dp_terms(pf.model, pf.train, pf.plan, pf.cluster)[0]
@@ -98,8 +99,8 @@ def test_a_stage_that_is_one_unit_pays_one_collectives_latency():
 @pytest.mark.parametrize("zero", [1, 2])
 def test_units_of_several_layers_train_as_one_process(monkeypatch, zero):
     """Layers 1-3 one FSDP unit (a list of modules), layer 0 with the embedding in the root."""
-    monkeypatch.setattr(params, "FSDP_UNIT_MIN_PARAMS", 3 * layer_params(resolve_model("debug-tiny")))
-    monkeypatch.setattr(params, "FSDP_UNIT_MIN_PARAMS_PER_RANK", 1)
+    monkeypatch.setattr(fsdp_units, "FSDP_UNIT_MIN_PARAMS", 3 * layer_params(resolve_model("debug-tiny")))
+    monkeypatch.setattr(fsdp_units, "FSDP_UNIT_MIN_PARAMS_PER_RANK", 1)
     pf = plan_file(Choice(zero_stage=zero, micro_batch_size=2), world=2)
     assert fsdp_unit_layers(pf.model, pf.plan) == 3
     assert_parity(pf)
