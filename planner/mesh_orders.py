@@ -28,8 +28,9 @@ def _placements(degrees: dict[str, int], cluster: ClusterSpec,
         if cluster.is_mixed and order[0] != "pp":
             continue
         layout = _layout(order, degrees)
-        runs = _lays_out_ep(order, degrees, cluster) and shards_whole_nodes(order, degrees)
-        if (layouts is not None and layout not in layouts) or layout in seen or not runs:
+        if (layouts is not None and layout not in layouts) or layout in seen:
+            continue
+        if not (_lays_out_ep(order, degrees, cluster) and shards_whole_nodes(order, degrees)):
             continue
         seen.add(layout)
         placed.setdefault(spans(degrees_plan(**degrees, mesh_axis_order=order), cluster), order)

@@ -23,22 +23,24 @@ from costmodel.plan import Plan
 from costmodel.specs import ModelSpec, NormKind, TrainSpec
 
 
-def _per_kernel_shape(fn):
-    """Called with a Plan and any profile; cached on the plan fields kernel times depend on and
-    on the profile as the plan's compute dtype sees it (the search asks for the same shapes
-    across many candidates). On a GPU, the host's and the device's times combined
-    (_host_or_device) inside the cache: a hit costs one lookup, as on a CPU."""
-    @lru_cache(maxsize=4096)
-    def cached(model: ModelSpec, train: TrainSpec, key: "KernelKey", dev: DeviceProfile, *how) -> KernelTimes:
-        times = fn(model, train, key, dev, *how)
-        if dev.kind == "cpu" or dev.efficiency.kernel_overhead_s <= 0:
-            return times
-        return _host_or_device(times, fn(model, train, key, _without_kernel_overhead(dev), *how))
+def _cached_on(key_of):
+    """Called with a Plan and any profile; cached on `key_of(plan)`, the plan fields the kernel
+    times depend on, and on the profile as the plan's compute dtype sees it (the search asks for
+    the same shapes across many candidates). On a GPU, the host's and the device's times
+    combined (_host_or_device) inside the cache: a hit costs one lookup, as on a CPU."""
+    def decorate(fn):
+        @lru_cache(maxsize=4096)
+        def cached(model: ModelSpec, train: TrainSpec, key: "KernelKey", dev: DeviceProfile, *how) -> KernelTimes:
+            times = fn(model, train, key, dev, *how)
+            if dev.kind == "cpu" or dev.efficiency.kernel_overhead_s <= 0:
+                return times
+            return _host_or_device(times, fn(model, train, key, _without_kernel_overhead(dev), *how))
 
-    @wraps(fn)
-    def by_plan(model: ModelSpec, train: TrainSpec, plan: Plan, dev: DeviceProfile, *how) -> KernelTimes:
-        return cached(model, train, KernelKey.of(plan), dev.for_dtype(train.compute_dtype), *how)
-    return by_plan
+        @wraps(fn)
+        def by_plan(model: ModelSpec, train: TrainSpec, plan: Plan, dev: DeviceProfile, *how) -> KernelTimes:
+            return cached(model, train, key_of(plan), dev.for_dtype(train.compute_dtype), *how)
+        return by_plan
+    return decorate
 
 
 def _host_or_device(both: KernelTimes, device: KernelTimes) -> KernelTimes:
@@ -81,6 +83,18 @@ class KernelKey:
     def of(cls, plan: Plan) -> "KernelKey":
         return cls(plan.tp, plan.cp, plan.ep, plan.etp, plan.sequence_parallel, plan.micro_batch_size,
                    plan.fp8_linears)
+
+    @classmethod
+    def edge_of(cls, plan: Plan) -> "KernelKey":
+        """The fields the embedding and the LM head read: tp (the vocabulary shard), cp and the
+        micro-batch (their tokens). Neither routes experts or runs in float8, and both are
+        priced over the micro-batch's tokens with SP or without; keyed on these alone, one
+        search prices them once per shape, not once per expert layout."""
+        return cls(plan.tp, plan.cp, 1, 1, False, plan.micro_batch_size, False)
+
+
+_per_kernel_shape = _cached_on(KernelKey.of)
+_per_edge_shape = _cached_on(KernelKey.edge_of)
 
 
 @_per_kernel_shape
@@ -137,7 +151,7 @@ def layer_parts_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: De
     return {"gemm": fwd + bwd_in + bwd_w, "sdpa": attn_fwd + attn_bwd, "memory": elementwise + elementwise_bwd}
 
 
-@_per_kernel_shape
+@_per_edge_shape
 def head_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile,
                       cpu_kernels: bool = False, fused_loss: bool = False, composite_norm: bool = False) -> KernelTimes:
     """Final norm, output projection (vocab-parallel) and cross entropy (fp32 softmax, or one
@@ -160,7 +174,7 @@ def head_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev
                        backward_weight_s=proj_w, attention_forward_s=0.0, recompute_forward_s=0.0)
 
 
-@_per_kernel_shape
+@_per_edge_shape
 def embedding_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile) -> KernelTimes:
     """Lookup (a gather) forward, scatter-add of the gradient backward: memory-bound. torch's
     embedding backward (`embedding_dense_backward`, as nn.Embedding and the vocab-parallel one

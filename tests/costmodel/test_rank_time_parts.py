@@ -60,3 +60,17 @@ def test_the_kernels_of_a_model_without_experts_read_no_ep():
                                  (embedding_kernel_times, ()), (head_kernel_times, ())):
                 one, eight = (kernels(model, train, p, cluster.device, *how) for p in plans)
                 assert one == eight
+
+
+def test_the_embedding_and_head_read_no_expert_layout_sp_or_float8():
+    """Their caches key on tp, cp and the micro-batch alone (KernelKey.edge_of): the uncached
+    kernels of a mixture under every expert layout, SP and float8 choice are one shape's."""
+    model, cluster = resolve_model("deepseek-v3"), parse_cluster("64x8xH100")
+    train, dev = TrainSpec(seq_len=4096, global_batch_size=512, float8=True), cluster.device
+    for kernels, how in ((embedding_kernel_times, ()), (head_kernel_times, ()), (head_kernel_times, (False, True))):
+        for tp, cp, mbs in itertools.product((1, 4), (1, 2), (1, 2)):
+            base = degrees_plan(dp=512 // (tp * cp), tp=tp, pp=1, cp=cp)
+            times = {kernels.__wrapped__(model, train, replace(base, ep=ep, etp=etp, sequence_parallel=sp and tp > 1,
+                                                               fp8_linears=fp8, micro_batch_size=mbs), dev, *how)
+                     for ep, etp, sp, fp8 in itertools.product((1, 8), (1, 2), (False, True), (False, True))}
+            assert len(times) == 1
