@@ -24,9 +24,9 @@ other would give 44 and 39. The NVLink leg is the dispatcher's own kernels on th
 given, not NCCL's ring, so it runs at their published forwarding rate (the node tier's
 forward_bytes_per_s): Hybrid-EP's H100 table shows it binding over 2 nodes (EP 16: 63-77 GB/s in
 kernel time, 61-67 through the torch API Megatron-Core calls less a copy priced as the
-permutation, below the 85 its InfiniBand alone would give) and not over 4 or 8. The combine returns the same
-rows the same way. The experts lie consecutively on the EP group's ranks (runtime.parallel,
-placement.expert_layout), num_experts/k a node:
+permutation, below the 85 its InfiniBand alone would give) and not over 4 or 8. The combine
+returns the same rows the same way. The experts lie consecutively on the EP group's ranks
+(runtime.parallel, placement.expert_layout), num_experts/k a node:
 - node-limited routing (DeepSeek-V3 Sec. 2.1.2; ModelSpec.topk_groups of num_expert_groups):
   each token's experts are chosen within its best topk_groups groups, a group covers
   ceil(k / groups) of the k nodes, so a token's experts lie on at most
