@@ -4,6 +4,8 @@
     python scripts/fit_published.py [RUNS.csv] --evaluate  the profiles' current values, no fit
     python scripts/fit_published.py --hold H100:comm_contention
                                         one parameter held at its profile's value, the rest fitted
+    python scripts/fit_published.py --release H100:kernel_overhead_s
+                                        one the fit keeps by default fitted too
 
 One bounded parameter set per chip (A100 40/80 GB together, H100 SXM5 and HBM2e together; each
 chip's block lists the profiles whose rows it fitted), never per row, source or model; rows'
@@ -35,7 +37,22 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--hold", action="append", default=[], metavar="CHIP:PARAM",
                     help="keep PARAM at the profiles' value for CHIP's fit (one the whole table pins at a "
                          "bound, held inside its range; the profiles say which), e.g. H100:inter_node_comm")
+    ap.add_argument("--release", action="append", default=[], metavar="CHIP:PARAM",
+                    help="fit PARAM for CHIP too, one the fit keeps at the profile's value by default "
+                         "(kernel_overhead_s: the profiles say what the rows give it), e.g. H100:kernel_overhead_s")
     return ap.parse_args()
+
+
+def _per_chip(items: list[str], flag: str, chips) -> dict[str, set[str]]:
+    """CHIP:PARAM items of a flag, by chip; a malformed one ends the script with one line."""
+    out = defaultdict(set)
+    for item in items:
+        name, _, param = item.partition(":")
+        if name not in chips or param not in fit.PARAMS:
+            sys.exit(f"fit_published: {flag} {item}: give CHIP:PARAM, CHIP one of {', '.join(sorted(chips))}, "
+                     f"PARAM one of {', '.join(fit.PARAMS)}")
+        out[name].add(param)
+    return out
 
 
 def main() -> None:
@@ -48,20 +65,15 @@ def main() -> None:
     by_chip = defaultdict(list)
     for r in rows:
         by_chip[fit.chip(r.cluster)].append(r)
-    held = defaultdict(set)
-    for item in args.hold:
-        name, _, param = item.partition(":")
-        if name not in by_chip or param not in fit.PARAMS:
-            sys.exit(f"fit_published: --hold {item}: give CHIP:PARAM, CHIP one of {', '.join(sorted(by_chip))}, "
-                     f"PARAM one of {', '.join(fit.PARAMS)}")
-        held[name].add(param)
+    held, released = _per_chip(args.hold, "--hold", by_chip), _per_chip(args.release, "--release", by_chip)
     for name, group in sorted(by_chip.items()):
-        values = None if args.evaluate else fit.fit(group, held=frozenset(held[name]))
+        kept, freed = frozenset(held[name]), frozenset(released[name])
+        values = None if args.evaluate else fit.fit(group, held=kept, released=freed)
         errors = [r.log_error(values, simulate=True) for r in group]
         s = fit.summary(errors)
         print(f"\n== {name}: {s['n']} rows, MAPE {s['mape_pct']:.1f}%, max |error| {s['max_abs_error_pct']:.1f}%")
         print(f"  profiles: {', '.join(sorted({r.cluster.device.name for r in group}))}")
-        fitted = fit.fitted_keys(group, frozenset(held[name]))
+        fitted = fit.fitted_keys(group, kept, freed)
         for k, v in (values or fit.current_values(group[0].cluster)).items():
             low, high = fit.bounds_for(group[0].cluster)[k]
             edge = ("  (held)" if k in held[name] else "  (not fitted)" if k not in fitted else

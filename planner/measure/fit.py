@@ -148,9 +148,11 @@ class _Space:
         return np.clip([values[k] / u for k, u in zip(self.keys, self.scale)], self.low, self.high)
 
 
-def _space(rows: list[FilledRow], held: frozenset[str] = frozenset()) -> _Space:
+def _space(rows: list[FilledRow], held: frozenset[str] = frozenset(),
+           released: frozenset[str] = frozenset()) -> _Space:
     """`held`: parameters kept at the profile's values (one the whole table would pin at a bound,
-    held inside its range: scripts/fit_published.py --hold)."""
+    held inside its range: scripts/fit_published.py --hold); `released`: ones kept by default,
+    fitted on request (--release)."""
     bounds = bounds_for(rows[0].cluster)
     # fused attention is identifiable only from rows that ran it, a vendor kernel's speedup only
     # from rows that called it, and only where the chip has such a kernel (bounds not one value)
@@ -158,11 +160,12 @@ def _space(rows: list[FilledRow], held: frozenset[str] = frozenset()) -> _Space:
     identifiable = {"attention": bool(flash),
                     "vendor_attention_speedup": bounds["vendor_attention_speedup"][0] < bounds["vendor_attention_speedup"][1]
                     and any(r.cluster.framework.vendor_attention for r in flash)}
-    # the per-kernel host cost keeps the profile's value: only Hopper's MoE rows at small
-    # micro-batches move it (Qwen3-30B-A3B on 8 B200 at micro-batch 1 is host-bound under it), a
-    # free fit over the H100 chip's rows gives the profile's 30 us (30.6), and none of A100's
-    # rows moves it; gpu_check measures it on a lent GPU
-    identifiable["kernel_overhead_s"] = False
+    # the per-kernel host cost keeps the profile's value unless released: only Hopper's MoE rows
+    # at small micro-batches move it (Qwen3-30B-A3B on 8 B200 at micro-batch 1 is host-bound under
+    # it), a fit over the H100 chip's rows gives the profile's 30 us (30.6: fit_published.py
+    # --release H100:kernel_overhead_s), and none of A100's rows moves it; gpu_check measures it
+    # on a lent GPU
+    identifiable["kernel_overhead_s"] = "kernel_overhead_s" in released
     keys = [k for k in PARAMS if identifiable.get(k, True) and k not in held]
     return _Space(rows=rows, start=current_values(rows[0].cluster), keys=keys,
                   low=np.array([bounds[k][0] / bounds[k][1] for k in keys]), high=np.ones(len(keys)),
@@ -183,9 +186,10 @@ def _prior_residuals(space: _Space, x) -> np.ndarray:
     return PRIOR_WEIGHT * (x - centre) / half
 
 
-def fitted_keys(rows: list[FilledRow], held: frozenset[str] = frozenset()) -> list[str]:
+def fitted_keys(rows: list[FilledRow], held: frozenset[str] = frozenset(),
+                released: frozenset[str] = frozenset()) -> list[str]:
     """The parameters one chip's rows identify, which its fit sets (the rest keep their values)."""
-    return _space(rows, held).keys
+    return _space(rows, held, released).keys
 
 
 def _residuals(space: _Space, x):
@@ -220,11 +224,12 @@ def _step(jac, r, x, space: _Space):
     return dx
 
 
-def fit(rows: list[FilledRow], *, iterations: int = 8, held: frozenset[str] = frozenset()) -> dict[str, float]:
+def fit(rows: list[FilledRow], *, iterations: int = 8, held: frozenset[str] = frozenset(),
+        released: frozenset[str] = frozenset()) -> dict[str, float]:
     """Least squares in log step time over the rows of one chip inside the published ranges:
     bounded Gauss-Newton (each step the linearised problem's bounded least squares, halved until
     the mean squared error falls), about ten evaluations of the rows per step."""
-    space = _space(rows, held)
+    space = _space(rows, held, released)
     x = space.point(space.start)
     r = _residuals(space, x)
     for _ in range(iterations):
