@@ -137,8 +137,10 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in [
          source="project debug model (tests and local runs)"),
 ]}
 
+# Llama 2's sizes keep their short names; Llama 3's sizes that Llama 2 lacks take theirs.
 ALIASES: dict[str, str] = {"llama-70b": "llama2-70b", "llama-7b": "llama2-7b",
-                           "llama-13b": "llama2-13b", "gpt3": "gpt3-175b"}
+                           "llama-13b": "llama2-13b", "llama-8b": "llama3-8b",
+                           "llama-405b": "llama3-405b", "gpt3": "gpt3-175b"}
 
 # Published pre-training recipes: (seq_len, global batch in sequences), used as defaults.
 RECIPES: dict[str, tuple[int, int]] = {

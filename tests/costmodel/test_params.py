@@ -47,6 +47,8 @@ def test_tensor_parallel_shards_the_projections_exactly():
 
 def test_alias_and_unknown_model():
     assert resolve_model("llama-70b") is MODELS["llama2-70b"]
+    assert resolve_model("Llama-405B") is MODELS["llama3-405b"]
+    assert resolve_model("llama-8b") is MODELS["llama3-8b"]
     with pytest.raises(ValueError, match="unknown model 'gpt5'.*llama3-8b"):
         resolve_model("gpt5")
 
