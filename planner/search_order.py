@@ -19,6 +19,7 @@ from __future__ import annotations
 import heapq
 import time
 from dataclasses import dataclass, fields, replace
+from operator import attrgetter
 from typing import Iterable, Iterator
 
 from costmodel.plan import Plan, Recompute
@@ -173,11 +174,10 @@ class Queue:
 
 # every field of a choice but those a family's groups differ in (read once: a field added to
 # Choice joins the key by itself)
-_FAMILY_FIELDS = tuple(f.name for f in fields(Choice) if f.name not in ("recompute", "offload_activations"))
+_FAMILY_FIELDS = attrgetter(*(f.name for f in fields(Choice) if f.name not in ("recompute", "offload_activations")))
 
 
 def _family_key(group: Group) -> tuple:
     """What the groups of a family share: every field of their choice but the recompute mode and
     activation offload, and their mesh orders."""
-    c = group.base
-    return (*(getattr(c, name) for name in _FAMILY_FIELDS), tuple(group.orders))
+    return _FAMILY_FIELDS(group.base), tuple(group.orders)

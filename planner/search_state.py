@@ -113,20 +113,28 @@ class SharedModels:
         self._vpp_probes: dict[tuple, Plan] = {}
         self._rtms: dict[tuple, RankTimeModel] = {}
         self._optimizer: dict[tuple, tuple[float, ...]] = {}
+        self._placements: dict[tuple, list[int]] = {}
+        self._rooms: dict[tuple, bool] = {}
         self._parts = rank_time_parts(model, train, cluster)
 
     def placements(self, base: Choice) -> list[int]:
         """The state placements (STATE_OPTIONS indices) the search takes for the choice: ZeRO
         needs a group to shard over (states_for_group), ZeRO-2 is ZeRO-1's alternative where it
         prices alike, and a framework's pipeline runs only some stages (FrameworkSpace)."""
-        sharded = base.dp * base.cp > 1
-        skip = self._twin[1] if self._twin and keeps_whole_grads_under_pp(base.pp, self.cluster.framework) else None
-        space = self.options.space
-        with_pp = space.zero_stages_with_pp if space is not None and base.pp > 1 else None
-        return [i for i, (o, ok) in enumerate(zip(STATE_OPTIONS, self.zero_allowed))
+        # they read only these (keeps_whole_grads_under_pp: whether there is a pipeline)
+        key = (base.dp * base.cp > 1, base.pp > 1, base.dp_replicate)
+        got = self._placements.get(key)
+        if got is None:
+            sharded, piped, replicas = key
+            skip = self._twin[1] if self._twin and keeps_whole_grads_under_pp(base.pp, self.cluster.framework) else None
+            space = self.options.space
+            with_pp = space.zero_stages_with_pp if space is not None and piped else None
+            got = self._placements[key] = [
+                i for i, (o, ok) in enumerate(zip(STATE_OPTIONS, self.zero_allowed))
                 if ok and i != skip and states_for_group(o, sharded) and (with_pp is None or o.zero_stage in with_pp)
-                and (base.dp_replicate == 1 or (o.zero_stage >= self._hybrid_zero
-                                                and shards_in_part(self.cluster.framework, o.zero_stage)))]
+                and (replicas == 1 or (o.zero_stage >= self._hybrid_zero
+                                       and shards_in_part(self.cluster.framework, o.zero_stage)))]
+        return got
 
     def zero1_twin(self, plan: Plan) -> tuple[Plan, ...]:
         """(the plan under ZeRO-2,) where it was left out for pricing as this ZeRO-1 plan."""
@@ -257,7 +265,17 @@ class SharedModels:
         if self.cluster.is_mixed:   # each group order its own caps: add_memory asks
             return True
         base = group.base
-        for vpp in dict.fromkeys(v for v, _ in group.variants):
+        vpps = tuple(dict.fromkeys(v for v, _ in group.variants))
+        # what the answer reads: the degrees, the groups' order, the virtual stages, the placements
+        room = (base.tp, base.cp, base.pp, base.dp, base.ep, base.etp, base.dp_replicate, base.group_order, vpps,
+                tuple(zeros))
+        got = self._rooms.get(room)
+        if got is None:
+            got = self._rooms[room] = self._has_room(base, vpps, zeros)
+        return got
+
+    def _has_room(self, base: Choice, vpps: tuple[int, ...], zeros: list[int]) -> bool:
+        for vpp in vpps:
             for z in zeros:
                 key = (base.tp, base.cp, base.pp, base.dp, (base.ep, base.etp, base.dp_replicate), z, vpp,
                        base.group_order)

@@ -106,7 +106,7 @@ def test_models_and_devices_list(capsys):
     assert next(line for line in out.splitlines() if line.startswith("debug-small")).split()[1] == "4.2M"
     assert main(["models", "--json"]) == 0
     models = {m["name"]: m for m in json.loads(capsys.readouterr().out)["models"]}
-    assert models["llama2-70b"]["aliases"] == ["llama-70b"] and models["llama3-8b"]["aliases"] == []
+    assert models["llama2-70b"]["aliases"] == ["llama-70b"] and models["llama3-8b"]["aliases"] == ["llama-8b"] and models["llama2-13b"]["aliases"] == ["llama-13b"]
     assert main(["search", "--model", "llama3-8b", "--cluster", "1x8xV100"]) == 2   # Volta has no bf16
     assert "(--dtype fp16 or fp32)" in capsys.readouterr().err
     assert main(["devices", "--json"]) == 0
