@@ -6,6 +6,7 @@ import argparse
 import sys
 import time
 from dataclasses import replace
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -37,15 +38,28 @@ from planner.search import (
 )
 
 _YES_NO = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+def _yes_no(value: str) -> bool:
+    return _YES_NO[value.lower()]
+
+
 # --fix KEY=VALUE: the plan field it pins and how to read the value
 FIXABLE = {"dp": ("dp", DEGREE), "tp": ("tp", DEGREE), "pp": ("pp", DEGREE), "cp": ("cp", DEGREE),
            "ep": ("ep", DEGREE), "etp": ("etp", DEGREE), "dp_replicate": ("dp_replicate", DEGREE),
            "vpp": ("vpp", DEGREE), "mbs": ("micro_batch_size", DEGREE), "zero": ("zero_stage", int_in(0, 3)),
            "schedule": ("schedule", Schedule), "recompute": ("recompute", Recompute),
-           "sp": ("sequence_parallel", lambda v: _YES_NO[v.lower()]),
-           "offload": ("offload_optimizer", lambda v: _YES_NO[v.lower()]),
-           "fp8": ("fp8_linears", lambda v: _YES_NO[v.lower()]),
-           "act_offload": ("offload_activations", lambda v: _YES_NO[v.lower()])}
+           "sp": ("sequence_parallel", _yes_no),
+           "offload": ("offload_optimizer", _yes_no),
+           "fp8": ("fp8_linears", _yes_no),
+           "act_offload": ("offload_activations", _yes_no)}
+
+
+def _valid_values(parse: Any) -> str:
+    """What a --fix key takes, where it is a name: '; one of ...' (degrees and stages say it themselves)."""
+    if isinstance(parse, type) and issubclass(parse, Enum):
+        return f"; one of {', '.join(str(m.value) for m in parse)}"
+    return "; yes or no" if parse is _yes_no else ""
 
 
 def add_search_args(p: argparse.ArgumentParser) -> None:
@@ -140,7 +154,7 @@ def parse_options(args: argparse.Namespace) -> SearchOptions:
         except argparse.ArgumentTypeError as exc:
             raise UserError(f"--fix {item!r}: {exc}") from None
         except (ValueError, KeyError):
-            raise UserError(f"--fix {item!r}: {value!r} is not a valid {key}") from None
+            raise UserError(f"--fix {item!r}: {value!r} is not a valid {key}{_valid_values(parse)}") from None
     for name, value in (("zero_stage", args.zero), ("schedule", args.schedule and Schedule(args.schedule))):
         if value is not None:
             if name in fixed and fixed[name] != value:
