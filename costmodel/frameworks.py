@@ -127,9 +127,11 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
                     dispatch_per_node=True, moe_probs_in_activation=True,
                     grouped_expert_gemm=True, mtp_with_cp=True, shared_expert_tp=True,
                     partial_distributed_optimizer=True, empty_end_stages=True, **_MEGATRON),
+    # Megatron's layer as Megatron-DeepSpeed keeps it: apex's fused norms, SwiGLU and RoPE in torch ops
     FrameworkTraits(name="megatron-deepspeed", **{**_DEEPSPEED, "loss_grad_in_place": True,
-                                                   "grad_overlap_zero3_only": True}),
-    FrameworkTraits(name="deepspeed", **_DEEPSPEED),
+                                                   "grad_overlap_zero3_only": True, "eager_layer": True}),
+    # a Hugging Face-style model under DeepSpeed's engine: every op eager, RMSNorm op by op in fp32
+    FrameworkTraits(name="deepspeed", eager_layer=True, eager_rms_norm_composite=True, **_DEEPSPEED),
     FrameworkTraits(name="composer-fsdp", sharded_grads_under_pp=True, flash_attention_1=True,
                     fused_cross_entropy=True, **_FSDP),
     FrameworkTraits(name="fms-fsdp", sharded_grads_under_pp=True, eager_layer=True, eager_rms_norm_composite=True,

@@ -1,7 +1,8 @@
 """The traits a runs-table row is priced with: its framework's (costmodel.frameworks), with the
 settings the row states that the framework leaves to its user (optional columns dispatcher,
-fp8_param_gather, compiled, async_tp, ep_overlap, recompute_modules, zero3_prefetch_bucket,
-zero3_max_live), each checked as the framework checks it, in one line naming the row."""
+fp8_param_gather, compiled, async_tp, dp_overlap, vendor_attention, ep_overlap,
+recompute_modules, zero3_prefetch_bucket, zero3_max_live), each checked as the framework checks
+it, in one line naming the row."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -31,8 +32,9 @@ def row_traits(row: dict[str, str], cluster: ClusterSpec, model: ModelSpec) -> F
     """The traits of the framework that ran the row, with the settings the row states that the
     framework leaves to its user (costmodel.frameworks): optional columns fp8_param_gather (float8
     weights gathered in float8), compiled (_compiled), async_tp (_async_tp), dispatcher (the
-    expert all-to-all: a per-node one, `dispatch_per_node`, unless alltoall), ep_overlap
-    (_ep_overlap) and recompute_modules (_recompute_modules)."""
+    expert all-to-all: a per-node one, `dispatch_per_node`, unless alltoall), dp_overlap
+    (_dp_overlap), vendor_attention (_vendor_attention), ep_overlap (_ep_overlap) and
+    recompute_modules (_recompute_modules)."""
     traits = framework_traits(row.get("framework"))
     if (row.get("dispatcher") or "").strip():
         dispatcher = choice_cell(row, "dispatcher", DISPATCHERS, "alltoall")
@@ -47,6 +49,10 @@ def row_traits(row: dict[str, str], cluster: ClusterSpec, model: ModelSpec) -> F
         traits = with_ep_overlap(traits)
     if (row.get("async_tp") or "").strip():
         traits = _async_tp(row, traits, cluster)
+    if (row.get("dp_overlap") or "").strip():
+        traits = _dp_overlap(row, traits)
+    if (row.get("vendor_attention") or "").strip():
+        traits = _vendor_attention(row, traits)
     if (row.get("recompute_modules") or "").strip():
         traits = replace(traits, selective_modules=_recompute_modules(row, traits, model))
     return _zero3_prefetch(row, traits)
@@ -101,6 +107,32 @@ def _async_tp(row: dict[str, str], traits: FrameworkTraits, cluster: ClusterSpec
     if overlap and (row.get("compiled") or "").strip() and not flag_cell(row, "compiled", False):
         raise UserError(f"row {row['id']!r}: async_tp = yes needs compiled = yes (torch's async TP is an inductor pass)")
     return replace(traits, tp_comm_overlap=overlap)
+
+
+def _dp_overlap(row: dict[str, str], traits: FrameworkTraits) -> FrameworkTraits:
+    """Optional column dp_overlap: whether the run hid its data-parallel collectives behind
+    compute, the gradients' reduction during backward and the updated weights' gather during the
+    next forward (`dp_grad_overlap`, `dp_param_overlap`). `no` states a Megatron-Core run without
+    --overlap-grad-reduce and --overlap-param-gather (off by default), whose reduce-scatter or
+    all-reduce follows the backward and whose all-gather follows the optimizer step; the
+    framework's traits assume both. `yes` on a framework that cannot overlap is refused."""
+    overlap = flag_cell(row, "dp_overlap", False)
+    if overlap and not (traits.dp_grad_overlap and traits.dp_param_overlap):
+        raise UserError(f"row {row['id']!r}: dp_overlap = yes, but framework {traits.name!r} does not "
+                        "hide its data-parallel collectives")
+    return replace(traits, dp_grad_overlap=overlap, dp_param_overlap=overlap)
+
+
+def _vendor_attention(row: dict[str, str], traits: FrameworkTraits) -> FrameworkTraits:
+    """Optional column vendor_attention: whether the run's attention was Transformer Engine's
+    cuDNN fused kernel (`vendor_attention`), which Megatron-Core's traits assume. `no` states a
+    run that turned it off (NVTE_FUSED_ATTN=0: TE then calls flash-attn's FlashAttention-2);
+    `yes` on a framework without Transformer Engine's attention is refused."""
+    fused = flag_cell(row, "vendor_attention", False)
+    if fused and not traits.vendor_attention:
+        raise UserError(f"row {row['id']!r}: vendor_attention = yes, but framework {traits.name!r} does not "
+                        "call Transformer Engine's fused attention")
+    return replace(traits, vendor_attention=fused)
 
 
 # the plan cells a row overlapping its expert all-to-alls states: the search that fills the others

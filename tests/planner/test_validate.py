@@ -192,6 +192,27 @@ def test_fms_fsdp_runs_its_layer_op_by_op():
     assert step_s[0] > 1.02 * step_s[1]
 
 
+def test_the_deepspeed_frameworks_run_their_layers_op_by_op():
+    """Megatron-DeepSpeed keeps apex's fused norms but runs SwiGLU and RoPE as torch ops; a
+    Hugging Face model under DeepSpeed runs its RMSNorm op by op too (costmodel.frameworks): FlagPerf's
+    Megatron-DeepSpeed and DeepSpeed runs, priced with fused layers, were 15-22 % too fast."""
+    from costmodel.frameworks import composite_rms_norm, framework_traits
+    from planner.measure.runs_table import default_runs_path, read_runs
+    from planner.measure.validate import validate_row
+    mds, ds = framework_traits("megatron-deepspeed"), framework_traits("deepspeed")
+    assert mds.eager_layer and not composite_rms_norm(mds)
+    assert ds.eager_layer and composite_rms_norm(ds)
+    from dataclasses import replace
+
+    from costmodel.estimate import estimate
+    from planner.measure.runs_table import row_specs
+    row = next(r for r in read_runs(default_runs_path()) if r["id"] == "flagperf_chatglm3_6b_ds_h100_g8")
+    result = validate_row(row)
+    model, train, cluster = row_specs(row)
+    fused = replace(cluster, framework=replace(cluster.framework, eager_layer=False, eager_rms_norm_composite=False))
+    assert result.estimate.step_time_s > 1.1 * estimate(model, train, fused, result.plan).step_time_s
+
+
 def test_a_stated_node_network_replaces_the_profiles_between_nodes():
     """node_network_gbps: the node's bandwidth to other nodes as the source states it, shared by
     its GPUs (IBM's 800 Gbit/s a node of 8 H100s: 12.5 GB/s each, not a DGX's 50)."""
@@ -231,6 +252,46 @@ def test_compiled_and_async_tp_are_the_rows_traits():
     assert (default.swiglu_saved_tensors, compiled.swiglu_saved_tensors, eager.swiglu_saved_tensors) == (3, 3, 4)
     assert overlapped.tp_comm_overlap and not default.tp_comm_overlap
     assert stated(async_tp="no") == default
+
+
+def _megatron_row(**cells) -> dict:
+    """A Megatron-Core run on 64 H100 (FlagPerf's Llama 3 70B case): TP 8, PP 4, DP 2."""
+    from planner.measure.runs_table import default_runs_path, read_runs
+    row = next(r for r in read_runs(default_runs_path()) if r["id"] == "flagperf_llama3_70b_h100_bf16_g64")
+    return {**row, **cells}
+
+
+def test_dp_overlap_no_leaves_the_data_parallel_collectives_after_the_backward():
+    """dp_overlap: whether the run hid its gradients' reduction and its weights' gather behind
+    compute (Megatron-Core's --overlap-grad-reduce / --overlap-param-gather, off by default); `no`
+    leaves both exposed, and `yes` on a framework that cannot overlap them is the row's error."""
+    from costmodel.inputs import UserError
+    from planner.measure.runs_table import row_specs
+    from planner.measure.validate import validate_row
+    traits = lambda **cells: row_specs(_megatron_row(**cells))[2].framework  # noqa: E731
+    assert traits(dp_overlap="yes").dp_grad_overlap and traits(dp_overlap="yes").dp_param_overlap
+    assert not traits(dp_overlap="no").dp_grad_overlap and not traits(dp_overlap="no").dp_param_overlap
+    dp_s = lambda cell: validate_row(_megatron_row(dp_overlap=cell)).estimate.time_breakdown_s.get("comm/dp_exposed", 0)  # noqa: E731
+    assert dp_s("no") > 2 * dp_s("yes")
+    with pytest.raises(UserError, match="row 'r': dp_overlap = yes, but framework 'megatron-lm'"):
+        row_specs(_megatron_row(id="r", framework="megatron-lm", dp_overlap="yes"))
+
+
+def test_vendor_attention_no_runs_flash_attention_2_under_transformer_engine():
+    """vendor_attention = no: a Megatron-Core run with Transformer Engine's cuDNN attention off
+    (NVTE_FUSED_ATTN=0) ran FlashAttention-2, the profile's attention without the vendor speedup;
+    `yes` where the framework has no such kernel is the row's error."""
+    from costmodel.hardware import resolve_device
+    from costmodel.inputs import UserError
+    from planner.measure.runs_table import row_specs
+    cluster = lambda **cells: row_specs(_megatron_row(**cells))[2]  # noqa: E731
+    fused, flash = cluster(vendor_attention="yes"), cluster(vendor_attention="no")
+    assert fused.framework.vendor_attention and not flash.framework.vendor_attention
+    profile = resolve_device("H100-SXM5-80GB").efficiency
+    assert flash.device.efficiency.attention == pytest.approx(profile.attention)
+    assert fused.device.efficiency.attention == pytest.approx(profile.attention * profile.vendor_attention_speedup)
+    with pytest.raises(UserError, match="vendor_attention = yes, but framework 'torchtitan'"):
+        row_specs(_megatron_row(framework="torchtitan", vendor_attention="yes"))
 
 
 def test_the_dispatcher_cell_is_the_expert_all_to_all_that_ran():
