@@ -194,8 +194,13 @@ def _pp_send_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterS
     """One micro-batch's activations (or their gradient) to the next stage; with TP each rank
     sends only its 1/t slice (SC'21 scatter/gather optimisation). DeepSpeed's PipelineEngine
     (`pipe_engine_sends`) sends the 1/t slice forward with the s x s attention mask in 16 bits
-    beside it, and the whole gradient back from every TP rank: priced as the mean of the two, the
-    simulation's one send a way."""
+    beside it, and the whole gradient back from every TP rank. Its schedule runs each send and
+    each receive as its own blocking instruction (SendActivation, RecvActivation, SendGrad,
+    RecvGrad: runtime/pipe/p2p.py's send and recv refuse async_op), so a stage is held for both
+    transfers it sends and both it receives, where Megatron pairs a send with a receive in one
+    batched call: priced as the two transfers' sum, the simulation's one send a way (each rank
+    pays it twice a micro-batch; a hand-off's latency is then one transfer long, a small
+    pessimism in the fill and the drain)."""
     if plan.pp == 1:
         return 0.0
     tier = cluster.pipeline_tier(span.num_nodes)
@@ -204,4 +209,4 @@ def _pp_send_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterS
     if not cluster.framework.pipe_engine_sends:
         return p2p_time_s(whole / plan.tp, tier)
     mask = 2.0 * (train.seq_len // plan.cp) * train.seq_len
-    return (p2p_time_s(whole / plan.tp + mask, tier) + p2p_time_s(whole, tier)) / 2
+    return p2p_time_s(whole / plan.tp + mask, tier) + p2p_time_s(whole, tier)
