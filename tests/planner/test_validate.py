@@ -196,16 +196,15 @@ def test_the_deepspeed_frameworks_run_their_layers_op_by_op():
     """Megatron-DeepSpeed keeps apex's fused norms but runs SwiGLU and RoPE as torch ops; a
     Hugging Face model under DeepSpeed runs its RMSNorm op by op too (costmodel.frameworks): FlagPerf's
     Megatron-DeepSpeed and DeepSpeed runs, priced with fused layers, were 15-22 % too fast."""
+    from dataclasses import replace
+
+    from costmodel.estimate import estimate
     from costmodel.frameworks import composite_rms_norm, framework_traits
-    from planner.measure.runs_table import default_runs_path, read_runs
+    from planner.measure.runs_table import default_runs_path, read_runs, row_specs
     from planner.measure.validate import validate_row
     mds, ds = framework_traits("megatron-deepspeed"), framework_traits("deepspeed")
     assert mds.eager_layer and not composite_rms_norm(mds)
     assert ds.eager_layer and composite_rms_norm(ds)
-    from dataclasses import replace
-
-    from costmodel.estimate import estimate
-    from planner.measure.runs_table import row_specs
     row = next(r for r in read_runs(default_runs_path()) if r["id"] == "flagperf_chatglm3_6b_ds_h100_g8")
     result = validate_row(row)
     model, train, cluster = row_specs(row)
