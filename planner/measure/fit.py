@@ -35,7 +35,8 @@ from costmodel.specs import ModelSpec, TrainSpec
 # outside or at a bound). Chips without rows of their own borrow another chip's fitted values.
 PARAMS = FITTED_PARAMS
 # chips without rows of their own are fitted with the bounds of the chip whose values they borrow
-BORROWS = {"H200": "H100", "B200": "H100", "V100": "A100"}
+# (the A800 and H800 are the A100 and H100 dies with NVLink cut, which their profiles state apart)
+BORROWS = {"H200": "H100", "B200": "H100", "V100": "A100", "A800": "A100", "H800": "H100"}
 
 
 def bounds_for(cluster: ClusterSpec) -> dict[str, tuple[float, float]]:

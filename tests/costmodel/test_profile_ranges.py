@@ -10,9 +10,11 @@ import pytest
 from costmodel.hardware import FITTED_PARAMS, known_profiles, load_profile, range_problems
 from costmodel.inputs import UserError
 
-# the fit's values (scripts/fit_published.py): one set for the A100 chip (40 and 80 GB), one for the
-# H100 chip (SXM5 and the HBM2e part) that the H200 and B200 borrow (B200's attention is published)
-FITTED = ("A100-SXM4-40GB", "A100-SXM4-80GB", "H100-SXM5-80GB", "H100-HBM2e-96GB", "H200-SXM-141GB", "B200")
+# the fit's values (scripts/fit_published.py): one set for the A100 chip (40 and 80 GB, and the A800), one
+# for the H100 chip (SXM5, the HBM2e part and the H800) that the H200 and B200 borrow (B200's attention is
+# published)
+FITTED = ("A100-SXM4-40GB", "A100-SXM4-80GB", "A800-SXM4-80GB", "H100-SXM5-80GB", "H100-HBM2e-96GB", "H800-SXM5-80GB",
+          "H200-SXM-141GB", "B200")
 PROFILES = known_profiles()
 
 
@@ -40,6 +42,20 @@ def test_the_h100_parts_are_one_chip_to_the_fit():
     assert current_values(hbm2e) == current_values(sxm)
     assert hbm2e.device.peak_flops_per_s["bf16"] < 0.9 * sxm.device.peak_flops_per_s["bf16"]
     assert hbm2e.device.num_sms == sxm.device.num_sms and hbm2e.device.tp_comm_gemm_overlap
+
+
+@pytest.mark.parametrize("cut,full", [("A800-SXM4-80GB", "A100-SXM4-80GB"), ("H800-SXM5-80GB", "H100-SXM5-80GB")])
+def test_the_export_parts_are_their_die_with_nvlink_cut(cut, full):
+    """The A800 and H800 are the A100 and H100 dies with NVLink cut to 400 GB/s both ways: one chip
+    to the fit, the same ranges and fitted values; the node's NVLink is the one figure that differs."""
+    from costmodel.hardware import parse_cluster
+    from planner.measure.fit import chip, current_values
+    a, b = (parse_cluster(f"1x8x{name}") for name in (cut, full))
+    assert chip(a) == chip(b)
+    assert a.device.ranges == b.device.ranges and current_values(a) == current_values(b)
+    assert a.device.intra_node.bandwidth_bytes_per_s == 200e9 < b.device.intra_node.bandwidth_bytes_per_s
+    assert a.device.peak_flops_per_s == b.device.peak_flops_per_s
+    assert a.device.memory_bandwidth_bytes_per_s == b.device.memory_bandwidth_bytes_per_s
 
 
 @pytest.mark.parametrize("param", FITTED_PARAMS)
