@@ -1,6 +1,6 @@
 """The traits a runs-table row is priced with: its framework's (costmodel.frameworks), with the
 settings the row states that the framework leaves to its user (optional columns dispatcher,
-fp8_param_gather, compiled, async_tp, dp_overlap, vendor_attention, ep_overlap,
+fp8_param_gather, compiled, async_tp, dp_overlap, vendor_attention, attention = flash1, ep_overlap,
 recompute_modules, zero3_prefetch_bucket, zero3_max_live), each checked as the framework checks
 it, in one line naming the row."""
 from __future__ import annotations
@@ -26,6 +26,9 @@ from planner.specs import FP8
 # the dispatcher column's values: Megatron-Core's all-to-all, or its flex dispatcher with DeepEP or
 # HybridEP, which send a token once to each node holding some of its experts
 DISPATCHERS = ("alltoall", "deepep", "hybridep")
+# the attention cell's value for FlashAttention's first generation: a fused kernel, priced as one
+# (runs_table.attention_kernel) at that generation's speed (_first_flash)
+FLASH_1 = "flash1"
 
 
 def row_traits(row: dict[str, str], cluster: ClusterSpec, model: ModelSpec) -> FrameworkTraits:
@@ -33,8 +36,8 @@ def row_traits(row: dict[str, str], cluster: ClusterSpec, model: ModelSpec) -> F
     framework leaves to its user (costmodel.frameworks): optional columns fp8_param_gather (float8
     weights gathered in float8), compiled (_compiled), async_tp (_async_tp), dispatcher (the
     expert all-to-all: a per-node one, `dispatch_per_node`, unless alltoall), dp_overlap
-    (_dp_overlap), vendor_attention (_vendor_attention), ep_overlap (_ep_overlap) and
-    recompute_modules (_recompute_modules)."""
+    (_dp_overlap), vendor_attention (_vendor_attention), attention (_first_flash), ep_overlap
+    (_ep_overlap) and recompute_modules (_recompute_modules)."""
     traits = framework_traits(row.get("framework"))
     if (row.get("dispatcher") or "").strip():
         dispatcher = choice_cell(row, "dispatcher", DISPATCHERS, "alltoall")
@@ -53,6 +56,8 @@ def row_traits(row: dict[str, str], cluster: ClusterSpec, model: ModelSpec) -> F
         traits = _dp_overlap(row, traits)
     if (row.get("vendor_attention") or "").strip():
         traits = _vendor_attention(row, traits)
+    if (row.get("attention") or "").strip().lower() == FLASH_1:
+        traits = _first_flash(row, traits)
     if (row.get("recompute_modules") or "").strip():
         traits = replace(traits, selective_modules=_recompute_modules(row, traits, model))
     return _zero3_prefetch(row, traits)
@@ -121,6 +126,18 @@ def _dp_overlap(row: dict[str, str], traits: FrameworkTraits) -> FrameworkTraits
         raise UserError(f"row {row['id']!r}: dp_overlap = yes, but framework {traits.name!r} does not "
                         "hide its data-parallel collectives")
     return replace(traits, dp_grad_overlap=overlap, dp_param_overlap=overlap)
+
+
+def _first_flash(row: dict[str, str], traits: FrameworkTraits) -> FrameworkTraits:
+    """attention = flash1: the run's fused attention was FlashAttention's first generation
+    (`flash_attention_1`): flash-attn 1.x, or torch's scaled_dot_product_attention before 2.2,
+    whose release brought FlashAttention-2 to it ("around 2x" faster: the PyTorch 2.2 release
+    notes). Not Transformer Engine's cuDNN kernel, so a row stating vendor_attention = yes with
+    it is refused."""
+    if flag_cell(row, "vendor_attention", False):
+        raise UserError(f"row {row['id']!r}: attention = {FLASH_1} is FlashAttention's first generation, not "
+                        "Transformer Engine's fused attention (vendor_attention = yes)")
+    return replace(traits, flash_attention_1=True, vendor_attention=False)
 
 
 def _vendor_attention(row: dict[str, str], traits: FrameworkTraits) -> FrameworkTraits:

@@ -25,7 +25,7 @@ from costmodel.specs import (
     TrainSpec,
 )
 from planner.measure.cells import choice_cell, flag_cell, int_cell, number_cell
-from planner.measure.row_traits import row_traits
+from planner.measure.row_traits import FLASH_1, row_traits
 from planner.specs import FP8
 
 REQUIRED = ("id", "arch", "layers", "hidden", "heads", "vocab", "seq_len", "gpu", "num_gpus",
@@ -252,11 +252,11 @@ def _imbalance(row: dict[str, str]) -> float:
 
 
 def attention_kernel(row: dict[str, str]) -> AttentionKernel:
-    """A row may say `attention` (flash/eager). Otherwise runs published before FlashAttention
+    """A row may say `attention` (flash/flash1/eager). Otherwise runs published before FlashAttention
     existed (arXiv ids before 2205, May 2022) used materialised-softmax attention."""
-    stated = choice_cell(row, "attention", tuple(k.value for k in AttentionKernel), "")
+    stated = choice_cell(row, "attention", (*(k.value for k in AttentionKernel), FLASH_1), "")
     if stated:
-        return AttentionKernel(stated)
+        return AttentionKernel.FLASH if stated == FLASH_1 else AttentionKernel(stated)
     arxiv = _ARXIV_ID.search(row.get("source", ""))
     if arxiv and (int(arxiv[1]), int(arxiv[2])) < FLASH_ATTENTION_ARXIV_ID:
         return AttentionKernel.EAGER

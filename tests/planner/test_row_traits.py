@@ -114,6 +114,28 @@ def test_vendor_attention_no_runs_flash_attention_2_under_transformer_engine():
         row_specs(_megatron_row(framework="torchtitan", vendor_attention="yes"))
 
 
+def test_attention_flash1_is_flash_attentions_first_generation():
+    """attention = flash1: a run whose fused attention was FlashAttention's first generation
+    (torch's SDPA before 2.2, flash-attn 1.x) is priced at that generation's speed, below the
+    profile's FlashAttention-2 and without Transformer Engine's kernel; with vendor_attention = yes
+    it is the row's error, and an unknown kernel lists the choices."""
+    from costmodel.frameworks import FLASH1_SLOWDOWN
+    from costmodel.hardware import resolve_device
+    from costmodel.inputs import UserError
+    from costmodel.specs import AttentionKernel
+    from planner.measure.runs_table import row_specs
+    _, train, first = row_specs(_megatron_row(attention="flash1"))
+    assert train.attention_kernel is AttentionKernel.FLASH
+    assert first.framework.flash_attention_1 and not first.framework.vendor_attention
+    profile = resolve_device("H100-SXM5-80GB").efficiency
+    assert first.device.efficiency.attention == pytest.approx(profile.attention / FLASH1_SLOWDOWN)
+    assert not row_specs(_megatron_row(attention="flash"))[2].framework.flash_attention_1
+    with pytest.raises(UserError, match="attention = flash1 is FlashAttention's first generation"):
+        row_specs(_megatron_row(attention="flash1", vendor_attention="yes"))
+    with pytest.raises(UserError, match="flash1"):
+        row_specs(_megatron_row(attention="flash3"))
+
+
 def test_the_dispatcher_cell_is_the_expert_all_to_all_that_ran():
     """dispatcher: Megatron-Core's plain all-to-all sends every routed copy of a token across the
     nodes, DeepEP and HybridEP one copy a node (frameworks `dispatch_per_node`): on an EP group
