@@ -39,12 +39,25 @@ def _virtual_stages(options: SearchOptions, num_layers: int, pp: int, empty_ends
     without a layer, `empty_ends`); a --vpp the user fixes may split the layers unevenly
     (at least one a chunk) where the framework splits them freely (our runtime, torchtitan,
     Megatron-Core's explicit layout)."""
-    found = virtual_stage_options(num_layers, pp, empty_ends)
+    found = list(_stage_options(num_layers, pp, empty_ends))
     fixed = options.fixed.get("vpp")
     free = options.space is None or options.space.split == "free"
     if free and fixed is not None and fixed not in found and 2 <= fixed and pp >= 2 and pp * fixed <= num_layers:
         found.append(fixed)
     return found
+
+
+@lru_cache(maxsize=4096)   # asked per group of choices: few distinct shapes of pipeline
+def _runnable(valid: tuple[Schedule, ...], pp: int, vpp: int, m: int, recomputes: bool,
+              torch_pipelining: bool) -> tuple[Schedule, ...]:
+    """The schedules of `valid` whose own rules take this pipeline (costmodel.schedules: e.g. 1F1B's m >= pp)."""
+    return tuple(s for s in valid
+                 if not s.traits.problems(str(s), pp, vpp, m, recomputes, torch_pipelining=torch_pipelining))
+
+
+@lru_cache(maxsize=256)   # asked per group of choices: a few (layers, pp) pairs
+def _stage_options(num_layers: int, pp: int, empty_ends: bool) -> tuple[int, ...]:
+    return tuple(virtual_stage_options(num_layers, pp, empty_ends))
 
 
 @lru_cache(maxsize=4096)   # asked once per candidate: the traits' rules need not be re-read
@@ -106,12 +119,13 @@ def placement_groups(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, o
                 prune("global batch not divisible by dp")
             elif options.fixed.get("dp", dp) == dp:
                 for ep, etp in _expert_grids(model, cluster, options, tp, cp, pp, dp):
+                    orders: dict[int, tuple[list, list]] = {}   # per replica count: alike for every fp8 and offload
                     for fp8, act, rep in itertools.product(
                             allowed(options, "fp8_linears", _fp8_options(model, train, cluster, tp)),
                             allowed(options, "offload_activations", _act_offload_options(cluster, tp)),
                             replica_counts(model, cluster, options, tp, cp, dp, ep, pp)):
                         yield from _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep,
-                                                       fp8, act, etp, mine, rep)
+                                                       fp8, act, etp, mine, rep, orders)
 
 
 def replica_counts(model: ModelSpec, cluster: ClusterSpec, options: SearchOptions, tp: int, cp: int, dp: int,
@@ -244,7 +258,7 @@ def _orders(cluster: ClusterSpec, options: SearchOptions, tp: int, cp: int, pp: 
 
 
 def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8, act, etp=1, mine=lambda shape: True,
-                        rep=1):
+                        rep=1, orders_memo: dict | None = None):
     L, per_replica = model.num_layers, train.global_batch_size // dp
     # every size asked, in listing order, so that both processes' shares agree (placement_groups)
     sizes = [b for b in allowed(options, "micro_batch_size", [b for b in divisors(per_replica) if b <= MAX_MICRO_BATCH])
@@ -260,7 +274,10 @@ def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8,
     sps = dominant(options, "sequence_parallel", [True, False] if not sp_problems(train, tp, cp) else [False],
                    True if options.space is None or options.space.sequence_parallel else False)
     sps = [sp for sp in sps if not moe_tp_problem(model, tp, sp)]
-    orders, group_orders = _orders(cluster, options, tp, cp, pp, dp, ep, etp, rep)
+    memo = {} if orders_memo is None else orders_memo
+    if rep not in memo:
+        memo[rep] = _orders(cluster, options, tp, cp, pp, dp, ep, etp, rep)
+    orders, group_orders = memo[rep]
     for mbs in sizes if orders and group_orders else []:
         m = per_replica // mbs
         vpps = [1] + (_virtual_stages(options, L, pp, cluster.framework.empty_end_stages) if m % pp == 0 else [])
@@ -268,9 +285,8 @@ def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8,
             variants = []
             for vpp in allowed(options, "vpp", vpps):
                 valid, best = _schedules(pp, vpp, mode, options.schedules)
-                runnable = tuple(s for s in valid if not s.traits.problems(
-                    str(s), pp, vpp, m, mode is not Recompute.NONE,
-                    torch_pipelining=not cluster.framework.own_pipeline_schedules))
+                runnable = _runnable(valid, pp, vpp, m, mode is not Recompute.NONE,
+                                     not cluster.framework.own_pipeline_schedules)
                 if runnable != valid:   # a rule on the micro-batch count (1F1B: m >= pp): dominance among the rest
                     valid = runnable
                     best = tuple(s for s in valid if s.traits.dominated_by not in valid) or valid

@@ -24,6 +24,7 @@ What Megatron-LM cannot say of our plans, and the nearest it runs (each a line o
 from __future__ import annotations
 
 import shlex
+from functools import lru_cache
 
 from costmodel.frameworks import FrameworkTraits, framework_traits, tp_comm_overlaps, tp_in_one_node
 from costmodel.plan import Plan, PlanFile, Recompute, embedding_loss_split
@@ -154,8 +155,14 @@ def _block_counts(plan: Plan, n: int) -> tuple[int, ...]:
 def _full_recompute_layers(plan: Plan) -> int | None:
     """Megatron's --recompute-num-layers (block method: the first N layers of every virtual
     stage) that recomputes what the plan does on every rank, or None."""
-    return next((n for n in range(max(plan.layers_per_stage) + 1)
-                 if _block_counts(plan, n) == plan.recompute_num_layers), None)
+    return _block_layers(plan.layers_per_stage, plan.pp, plan.vpp, plan.recompute_num_layers)
+
+
+@lru_cache(maxsize=4096)   # asked of every full-recompute plan the search checks: few distinct splits
+def _block_layers(layers_per_stage: tuple[int, ...], pp: int, vpp: int, counts: tuple[int, ...]) -> int | None:
+    def block(n: int) -> tuple[int, ...]:
+        return tuple(sum(min(n, layers_per_stage[v * pp + r]) for v in range(vpp)) for r in range(pp))
+    return next((n for n in range(max(layers_per_stage) + 1) if block(n) == counts), None)
 
 
 def arguments(pf: PlanFile, plan: Plan) -> list[tuple[str, str | None]]:
