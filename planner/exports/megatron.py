@@ -149,7 +149,11 @@ def pipeline_layout(plan: Plan, mtp_depth: int = 0) -> str:
 
 def _block_counts(plan: Plan, n: int) -> tuple[int, ...]:
     """Layers each rank recomputes when every (virtual) stage recomputes its first n."""
-    return tuple(sum(min(n, plan.layers_per_stage[v * plan.pp + r]) for v in range(plan.vpp)) for r in range(plan.pp))
+    return _blocks(plan.layers_per_stage, plan.pp, plan.vpp, n)
+
+
+def _blocks(layers_per_stage: tuple[int, ...], pp: int, vpp: int, n: int) -> tuple[int, ...]:
+    return tuple(sum(min(n, layers_per_stage[v * pp + r]) for v in range(vpp)) for r in range(pp))
 
 
 def _full_recompute_layers(plan: Plan) -> int | None:
@@ -160,9 +164,8 @@ def _full_recompute_layers(plan: Plan) -> int | None:
 
 @lru_cache(maxsize=4096)   # asked of every full-recompute plan the search checks: few distinct splits
 def _block_layers(layers_per_stage: tuple[int, ...], pp: int, vpp: int, counts: tuple[int, ...]) -> int | None:
-    def block(n: int) -> tuple[int, ...]:
-        return tuple(sum(min(n, layers_per_stage[v * pp + r]) for v in range(vpp)) for r in range(pp))
-    return next((n for n in range(max(layers_per_stage) + 1) if block(n) == counts), None)
+    return next((n for n in range(max(layers_per_stage) + 1) if _blocks(layers_per_stage, pp, vpp, n) == counts),
+                None)
 
 
 def arguments(pf: PlanFile, plan: Plan) -> list[tuple[str, str | None]]:
