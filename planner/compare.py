@@ -42,7 +42,7 @@ class Comparison:
         chosen = ("--objective memory takes the one with less memory" if self.by_memory
                   else "the first is chosen as the more robust")
         band = (f" (within the model's error band, where {chosen})"
-                if self.within_band and self.estimate.fits else
+                if self.within_band else
                 " (it does not fit, so it is not a plan)" if self.delta_s < 0 and not self.estimate.fits else "")
         return (f"vs {self.against} ({self.plan.short()}{fits}): {abs(self.delta_s) * 1e3:,.0f} ms {speed} per step"
                 + band + (f" [{self.note}]" if self.note else ""))
@@ -65,10 +65,13 @@ def comparisons(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, result
     other = other_layout(model, train, cluster, result)
     if other is not None:
         out.append(_priced(OTHER_LAYOUT, best, other.plan, other.estimate))
-    for recipe in recipes_for(model):
-        out.append(against_recipe(recipe, model, train, cluster, best))
+    recipes = [against_recipe(recipe, model, train, cluster, best) for recipe in recipes_for(model)]
+    # the recipes placed on this cluster; where none can be, each says why
+    out += [c for c in recipes if c.plan is not None] or recipes
     floor_s = best.estimate.step_time_s * (1 - result.error_band)
-    return [replace(c, within_band=c.delta_s is not None and c.delta_s < 0 and c.estimate.step_time_s >= floor_s,
+    # only a plan that fits can be equivalent to the first (one that does not is not a plan)
+    return [replace(c, within_band=c.delta_s is not None and c.delta_s < 0 and c.estimate.step_time_s >= floor_s
+                    and c.estimate.fits,
                     by_memory=objective == "memory") for c in out]
 
 

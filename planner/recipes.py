@@ -18,6 +18,7 @@ from planner.space import Choice, build_plan
 from planner.targets import changes, name_for
 
 RECIPES_PATH = Path(__file__).with_name("recipes.toml")
+GRAD_DTYPES = ("fp32", "bf16", "fp16")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -42,12 +43,15 @@ class Recipe:
     mbs: int
     gbs: int
     seq_len: int
+    grad_dtype: str = "fp32"   # what its gradients are reduced in (Megatron's grad_reduce_in_fp32)
 
     def __post_init__(self) -> None:
         if self.tp * self.pp * self.cp * self.dp != self.num_gpus:
             raise ValueError(f"tp*pp*cp*dp = {self.tp * self.pp * self.cp * self.dp} but num_gpus {self.num_gpus}")
         if self.recompute not in {r.value for r in Recompute}:
             raise ValueError(f"recompute {self.recompute!r} is not one of none, selective, full")
+        if self.grad_dtype not in GRAD_DTYPES:
+            raise ValueError(f"grad_dtype {self.grad_dtype!r} is not one of {', '.join(GRAD_DTYPES)}")
 
     def layout(self) -> str:
         parts = [f"tp{self.tp}", f"pp{self.pp}"] + [f"{k}{v}" for k, v in
@@ -106,6 +110,9 @@ def adapted(recipe: Recipe, train: TrainSpec, cluster: ClusterSpec, plan: Plan) 
         changes.append(f"dp{recipe.dp} -> dp{plan.dp}")
     if (runs := name_for(cluster.framework)) != recipe.framework:   # the layout, not the framework, compared
         changes.append(f"priced as {runs} runs it, as the first plan is (written for {recipe.framework})")
+    if train.grad_dtype.value != recipe.grad_dtype:
+        changes.append(f"priced with {train.grad_dtype.value} gradients (the recipe's: {recipe.grad_dtype}, "
+                       f"--grad-dtype {recipe.grad_dtype})")
     if (train.seq_len, train.global_batch_size) != (recipe.seq_len, recipe.gbs):
         changes.append(f"priced at seq {train.seq_len} x global batch {train.global_batch_size} "
                        f"(the recipe's: {recipe.seq_len} x {recipe.gbs})")

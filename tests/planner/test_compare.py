@@ -86,3 +86,31 @@ def test_a_recipe_that_does_not_fit_is_not_called_equivalent(capsys):
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("vs recipe: NeMo"))
     assert "(does not fit)" in line and "faster per step (it does not fit, so it is not a plan)" in line
     assert "more robust" not in line
+
+
+def _recipes_shown(args: list[str], capsys) -> list[dict]:
+    assert main(args + ["--json"]) == 0
+    return [c for c in json.loads(capsys.readouterr().out)["comparisons"] if c["against"].startswith("recipe: ")]
+
+
+def test_of_several_recipes_those_placed_on_the_cluster_are_shown(capsys):
+    """Llama 3 70B on 16 H100s: NeMo's tp4 pp4 cp2 cannot be placed there, torchtitan's tp8 can:
+    only the one compared is shown; on 4 H100s neither can, and each says why."""
+    shown = _recipes_shown(["search", "--model", "llama3-70b", "--cluster", "2x8xH100"], capsys)
+    assert [c["against"].split(" (")[0] for c in shown] == ["recipe: torchtitan llama3_70b.toml"]
+    assert shown[0]["plan"] is not None
+    shown = _recipes_shown(["search", "--model", "llama3-70b", "--cluster", "1x4xH100"], capsys)
+    assert len(shown) == 2 and all(c["plan"] is None and "does not divide" in c["lines"][0] for c in shown)
+
+
+def test_a_recipe_priced_with_other_gradients_than_its_own_says_so(capsys):
+    """DGX Cloud's Llama 3.1 405B layout reduces bf16 gradients (performance mode); priced with
+    the default fp32 ones on 1,024 H100s it overflows, and the note names the difference."""
+    args = ["search", "--model", "llama3-405b", "--cluster", "128x8xH100", "--framework", "megatron",
+            "--seq-len", "8192", "--global-batch", "512"]
+    [recipe] = _recipes_shown(args, capsys)   # its pp9 recipe cannot be placed on 1,024
+    assert (recipe["plan"]["pp"], recipe["plan"]["vpp"], recipe["plan"]["cp"]) == (8, 8, 2)
+    assert "priced with fp32 gradients (the recipe's: bf16, --grad-dtype bf16)" in recipe["note"]
+    assert not recipe["fits"] and not recipe["within_error_band"]   # faster on paper, not a plan
+    [recipe] = _recipes_shown(args + ["--grad-dtype", "bf16"], capsys)
+    assert recipe["fits"] and "gradients" not in recipe["note"]
