@@ -51,7 +51,7 @@ def add_train_args(p: argparse.ArgumentParser, cluster: bool = True) -> None:
     p.add_argument("--dtype", choices=[d.value for d in DType] + [FP8], default="bf16",
                    help="compute precision; 16-bit implies fp32 master weights (default bf16). fp8: bf16 "
                         "training whose layers' linear projections may run in float8 (torchao's tensorwise "
-                        "recipe; devices with float8 tensor cores: H100, H200, B200): search weighs float8 "
+                        "recipe; devices with float8 tensor cores: H100, H800, H200, B200, GB200): search weighs float8 "
                         "against bf16 linears per plan, predict prices them in float8")
     p.add_argument("--grad-dtype", choices=[d.value for d in DType], default="fp32",
                    help="gradient accumulation/reduction precision (default fp32, as Megatron-LM)")

@@ -11,10 +11,10 @@ from costmodel.hardware import FITTED_PARAMS, known_profiles, load_profile, rang
 from costmodel.inputs import UserError
 
 # the fit's values (scripts/fit_published.py): one set for the A100 chip (40 and 80 GB, and the A800), one
-# for the H100 chip (SXM5, the HBM2e part and the H800) that the H200 and B200 borrow (B200's attention is
-# published)
+# for the H100 chip (SXM5, the HBM2e part and the H800) that the H200, B200 and GB200 borrow (Blackwell's
+# attention is published)
 FITTED = ("A100-SXM4-40GB", "A100-SXM4-80GB", "A800-SXM4-80GB", "H100-SXM5-80GB", "H100-HBM2e-96GB", "H800-SXM5-80GB",
-          "H200-SXM-141GB", "B200")
+          "H200-SXM-141GB", "B200", "GB200")
 PROFILES = known_profiles()
 
 
@@ -56,6 +56,21 @@ def test_the_export_parts_are_their_die_with_nvlink_cut(cut, full):
     assert a.device.intra_node.bandwidth_bytes_per_s == 200e9 < b.device.intra_node.bandwidth_bytes_per_s
     assert a.device.peak_flops_per_s == b.device.peak_flops_per_s
     assert a.device.memory_bandwidth_bytes_per_s == b.device.memory_bandwidth_bytes_per_s
+
+
+def test_the_gb200_is_the_b200_chip_at_a_higher_clock_in_a_rack_wide_nvlink_domain():
+    """The GB200's GPU is the B200's chip at 1,200 W: the fit's values and Blackwell's published
+    attention as the B200 has them, a higher peak, more memory, and its NVLink across a rack (a
+    node of the cluster is the NVLink domain: 64 or 72 GPUs)."""
+    from costmodel.hardware import parse_cluster
+    from planner.measure.fit import KEEPS, chip, current_values
+    gb, b = parse_cluster("4x64xGB200"), parse_cluster("32x8xB200")
+    assert chip(gb) == chip(b) == "H100" and KEEPS["GB200"] == KEEPS["B200"]
+    assert current_values(gb) == current_values(b)
+    assert gb.device.peak_flops_per_s["bf16"] > b.device.peak_flops_per_s["bf16"]
+    assert gb.device.usable_memory_bytes > b.device.usable_memory_bytes
+    assert gb.device.intra_node.bandwidth_bytes_per_s == b.device.intra_node.bandwidth_bytes_per_s
+    assert (gb.devices_per_node, gb.num_nodes) == (64, 4)
 
 
 @pytest.mark.parametrize("param", FITTED_PARAMS)
