@@ -115,7 +115,7 @@ def accuracy_section(acc: dict, gpus: dict, band: float, meta: dict) -> str:
             f"{gpu['step_max_pct']:.1f} | | `{GPU_RUNS[name][2]}` |",
             f"| one {name}, stored runs priced by this code: peak memory | {gpu['n']} | {gpu['memory_mape_pct']:.1f} | "
             f"{gpu['memory_max_pct']:.1f} | | (the same) |")),
-        *(f"| runs kept out of the calibration: `{f['table']}` ({f['fits']} of {f['n']} predicted to fit"
+        *(f"| runs kept out of the calibration: `{f['table']}` (step time; {f['fits']} of {f['n']} predicted to fit"
           + (f"; {len(f['refused'])} refused: {cell(reasons(f['refused']))}" if f["refused"] else "")
           + f") | {f['n']} | {f['mape_pct']:.1f} | {f['max_abs_error_pct']:.1f} | {f['spearman']:.3f} | "
           f"`python3 -m planner validate {f['table']}` |" for f in acc.get("unmodelled", [])), "",

@@ -38,3 +38,30 @@ def test_a_probe_step_without_its_times_is_named(tmp_path):
     box = _with_probes(tmp_path, '{plan = "a", measured_s = 1.0}')
     with pytest.raises(UserError, match="probes.steps: each needs predicted_s and measured_s"):
         parse_cluster(f"1x2x{box}")
+
+
+def test_a_device_priced_with_borrowed_values_quotes_its_own_runs_error(capsys):
+    """The GB200 is priced with the H100 chip's fitted values; its published runs, which no fit
+    reads, set the error a search on it quotes (and a mixed cluster with it)."""
+    from costmodel.fidelity import BORROWED_ERROR_BANDS
+    band, source = error_band(parse_cluster("4x64xGB200"))
+    assert (band, source) == BORROWED_ERROR_BANDS["GB200"] and band > MODEL_ERROR_BAND
+    assert "gb200_runs.csv" in source
+    assert error_band(parse_cluster("4x64xGB200+4x64xH100"))[0] == band
+    assert main(["predict", "--model", "llama3-8b", "--cluster", "1x8xGB200", "--tp", "1", "--mbs", "1",
+                 "--json"]) == 0
+    assert f'"error_band": {band}' in capsys.readouterr().out
+
+
+def test_the_borrowed_band_is_the_step_time_error_of_the_device_s_runs():
+    """BORROWED_ERROR_BANDS quotes what `planner validate` gives on the device's runs table."""
+    from costmodel.fidelity import BORROWED_ERROR_BANDS
+    from planner.measure.runs_table import read_runs
+    from planner.measure.validate import validate_row
+    rows = read_runs(Path(__file__).resolve().parents[2] / "profiles" / "runs" / "gb200_runs.csv")
+    errors = []
+    for row in rows:
+        e = validate_row(row).error_pct
+        errors.append(abs(e if row["metric_name"] == "iteration_time_s" else 100 * (1 / (1 + e / 100) - 1)))
+    assert len(rows) == 46
+    assert sum(errors) / len(errors) / 100 == pytest.approx(BORROWED_ERROR_BANDS["GB200"][0], abs=0.0015)
