@@ -21,15 +21,7 @@ from pathlib import Path
 
 from planner.measure import fit
 from planner.measure.runs_table import default_runs_path, read_runs
-from planner.measure.validate import summarize, validate_row
-
-
-def step_time_error_pct(row: dict[str, str], metric_error_pct: float) -> float:
-    """`validate`'s error is of the published metric; a throughput's error as one of step time
-    (+ predicted too slow): +27.9 % tokens/s is -21.8 % step time."""
-    if row["metric_name"].strip() == "iteration_time_s":
-        return metric_error_pct
-    return 100 * (1 / (1 + metric_error_pct / 100) - 1)
+from planner.measure.validate import step_time_error_pct, summarize, validate_row
 
 
 def main() -> None:

@@ -13,12 +13,11 @@ from costmodel.check import check_structure
 from costmodel.hardware import ClusterSpec
 from costmodel.inputs import UserError, dataclass_from_json
 from costmodel.plan import Plan, Recompute
-from costmodel.specs import ModelSpec, TrainSpec
+from costmodel.specs import DType, ModelSpec, TrainSpec
 from planner.space import Choice, build_plan
 from planner.targets import changes, name_for
 
 RECIPES_PATH = Path(__file__).with_name("recipes.toml")
-GRAD_DTYPES = ("fp32", "bf16", "fp16")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -50,8 +49,8 @@ class Recipe:
             raise ValueError(f"tp*pp*cp*dp = {self.tp * self.pp * self.cp * self.dp} but num_gpus {self.num_gpus}")
         if self.recompute not in {r.value for r in Recompute}:
             raise ValueError(f"recompute {self.recompute!r} is not one of none, selective, full")
-        if self.grad_dtype not in GRAD_DTYPES:
-            raise ValueError(f"grad_dtype {self.grad_dtype!r} is not one of {', '.join(GRAD_DTYPES)}")
+        if self.grad_dtype not in (dtypes := [d.value for d in DType]):
+            raise ValueError(f"grad_dtype {self.grad_dtype!r} is not one of {', '.join(dtypes)}")
 
     def layout(self) -> str:
         parts = [f"tp{self.tp}", f"pp{self.pp}"] + [f"{k}{v}" for k, v in

@@ -127,8 +127,7 @@ def measure_accuracy(clock: Clock) -> dict:
     from costmodel.inputs import UserError
     from planner.measure import fit
     from planner.measure.runs_table import default_runs_path, read_runs, row_specs
-    from planner.measure.validate import validate
-    fidelity = load_benchmark("fidelity")
+    from planner.measure.validate import step_time_error_pct, validate
     path = default_runs_path()
     csv_rows = read_runs(path)
     clock.tick(f"accuracy in sample: {len(csv_rows)} published runs ({CMD_VALIDATE})")
@@ -142,24 +141,24 @@ def measure_accuracy(clock: Clock) -> dict:
               for res, row in zip(results, csv_rows) if res.error_pct is not None
               for m, t, c in [row_specs(row)]]
     loso = {r.row["id"]: e for r, e in fit.leave_one_source_out(filled, progress=clock.tick)}
-    rows = [_row(res, row, loso.get(res.id), fidelity.step_time_error_pct, fit.source_group(row["source"]))
+    rows = [_row(res, row, loso.get(res.id), step_time_error_pct, fit.source_group(row["source"]))
             for res, row in zip(results, csv_rows)]
     return {"rows": rows, "summary": summary, "left_out": fit.summary(list(loso.values())),
             "num_sources": len({r.source for r in filled}),
-            "unmodelled": measure_unmodelled(clock, fidelity.step_time_error_pct)}
+            "unmodelled": measure_unmodelled(clock)}
 
 
 UNMODELLED = ("profiles/runs/unmodelled_runs.csv", "profiles/runs/gb200_runs.csv")
 
 
-def measure_unmodelled(clock: Clock, step_error) -> list[dict]:
+def measure_unmodelled(clock: Clock) -> list[dict]:
     """The published runs kept out of the calibration (profiles/runs/unmodelled_runs.csv: software
     the model has no traits for, or a plan it refuses; gb200_runs.csv: a device priced with another
     chip's fitted values, its runs the check of that): `planner validate` row by row, a refused row
-    counted apart. Errors of step time (`step_error`: fidelity.step_time_error_pct)."""
+    counted apart. Errors of step time."""
     from costmodel.inputs import UserError
     from planner.measure.runs_table import read_runs
-    from planner.measure.validate import summarize, validate_row
+    from planner.measure.validate import step_time_error_pct, summarize, validate_row
     out = []
     for table in UNMODELLED:
         rows = read_runs(ROOT / table)
@@ -172,7 +171,7 @@ def measure_unmodelled(clock: Clock, step_error) -> list[dict]:
             except UserError as exc:
                 refused.append(f"{row['id']}: {str(exc).split(': ', 1)[-1]}")
         s = summarize(results, kept)
-        steps = [abs(step_error(row, r.error_pct)) for r, row in zip(results, kept) if r.error_pct is not None]
+        steps = [abs(step_time_error_pct(row, r.error_pct)) for r, row in zip(results, kept) if r.error_pct is not None]
         out.append({"table": table, "n": s["n"], "mape_pct": sum(steps) / len(steps), "max_abs_error_pct": max(steps),
                     "spearman": s["spearman"], "fits": sum(r.fits for r in results if r.error_pct is not None),
                     "refused": refused})

@@ -125,6 +125,14 @@ def _step_time(result: RowResult, row: dict[str, str], which: str) -> float:
     return metric_step_time_s(row, float(getattr(result, which)))
 
 
+def step_time_error_pct(row: dict[str, str], metric_error_pct: float) -> float:
+    """`validate`'s error is of the published metric; a throughput's error as one of step time
+    (+ predicted too slow): +27.9 % tokens/s is -21.8 % step time."""
+    if row["metric_name"].strip() == "iteration_time_s":
+        return metric_error_pct
+    return 100 * (1 / (1 + metric_error_pct / 100) - 1)
+
+
 def spearman(xs: list[float], ys: list[float]) -> float | None:
     """Spearman's rank correlation (average ranks for ties), by scipy; None where it is
     undefined (fewer than two rows, or a column of one value)."""

@@ -57,11 +57,8 @@ def test_the_borrowed_band_is_the_step_time_error_of_the_device_s_runs():
     """BORROWED_ERROR_BANDS quotes what `planner validate` gives on the device's runs table."""
     from costmodel.fidelity import BORROWED_ERROR_BANDS
     from planner.measure.runs_table import read_runs
-    from planner.measure.validate import validate_row
+    from planner.measure.validate import step_time_error_pct, validate_row
     rows = read_runs(Path(__file__).resolve().parents[2] / "profiles" / "runs" / "gb200_runs.csv")
-    errors = []
-    for row in rows:
-        e = validate_row(row).error_pct
-        errors.append(abs(e if row["metric_name"] == "iteration_time_s" else 100 * (1 / (1 + e / 100) - 1)))
+    errors = [abs(step_time_error_pct(row, validate_row(row).error_pct)) for row in rows]
     assert len(rows) == 46
     assert sum(errors) / len(errors) / 100 == pytest.approx(BORROWED_ERROR_BANDS["GB200"][0], abs=0.0015)
