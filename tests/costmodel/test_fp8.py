@@ -57,10 +57,10 @@ def test_who_may_run_float8():
     assert not check_plan(LLAMA, train, h100, build_plan(LLAMA, train, h100, Choice(fp8_linears=True)), memory=False)
     problems = check_plan(LLAMA, train, a100, build_plan(LLAMA, train, a100, Choice(fp8_linears=True)), memory=False)
     assert problems == ["fp8_linears: device A100-SXM4-80GB has no float8 tensor cores (no fp8 peak in its profile; "
-                        "float8 training needs an H100, H200 or B200)"]
+                        "float8 training needs an H100, H800, H200, B200 or GB200)"]
     problems = check_plan(LLAMA, train, cpu, build_plan(LLAMA, train, cpu, Choice(fp8_linears=True)), memory=False)
     assert problems == ["fp8_linears: device xeon-amx is a CPU: the runtime cannot run float8 training on CPU "
-                        "(float8 tensor cores: H100, H200, B200)"]
+                        "(float8 tensor cores: H100, H800, H200, B200, GB200)"]
     plan = build_plan(LLAMA, train, h100, Choice(tp=2, fp8_linears=True))
     assert check_plan(LLAMA, train, h100, plan, memory=False) == [
         "fp8_linears with tp > 1: the runtime runs float8 linears without tensor parallelism"]
@@ -76,7 +76,7 @@ def test_float8_on_a_device_without_it_is_one_line_and_exit_2(capsys, command):
     assert main([command, "--model", "llama3-8b", "--cluster", "8x8xA100", "--dtype", "fp8"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"planner {command}: error: --dtype fp8: device A100-SXM4-80GB has no float8 tensor cores (no fp8 "
-                   "peak in its profile; float8 training needs an H100, H200 or B200)"]
+                   "peak in its profile; float8 training needs an H100, H800, H200, B200 or GB200)"]
 
 
 def test_the_search_weighs_float8_only_where_accepted():
