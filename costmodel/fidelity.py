@@ -20,9 +20,10 @@ MEMORY_ERROR_BAND = 0.048
 PUBLISHED = "leave-one-source-out on published runs"
 
 # Devices priced with another chip's fitted values (planner.measure.fit BORROWS) and checked on their
-# own published runs, which no fit reads: those runs' step-time MAPE, kept apart from the calibration
-# (`python3 -m planner validate profiles/runs/gb200_runs.csv`; docs/results.md), the error a search or
-# a prediction on them quotes where it is the larger.
+# own published runs, which no fit reads: those runs' MAPE of step time (docs/results.md's line for
+# profiles/runs/gb200_runs.csv, `python3 scripts/results.py`; `planner validate` on the table gives the
+# error of each row's published metric), the error a search or a prediction on them quotes where it
+# is the larger.
 BORROWED_ERROR_BANDS = {
     "GB200": (0.078, "its 46 published runs, priced with the H100 chip's fitted values: profiles/runs/gb200_runs.csv"),
 }
