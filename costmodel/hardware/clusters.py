@@ -75,6 +75,22 @@ class ClusterSpec:
     def is_mixed(self) -> bool:
         return bool(self.groups)
 
+    @property
+    def node_note(self) -> str:
+        """One line where the nodes asked for are smaller than the NVLink domain their devices share
+        across hosts (DeviceProfile.nvlink_domain_devices): those nodes are priced as hosts joined
+        by the network, which the domain's NVLink would join; empty otherwise."""
+        domain = self.device.nvlink_domain_devices
+        # a node of half a domain or more is one (a rack of which a job uses 64 of 72, NVL36)
+        if not domain or self.num_nodes == 1 or 2 * self.devices_per_node >= domain:
+            return ""
+        racks = -(-self.world_size // domain)
+        layout = (f"{racks}x{self.world_size // racks}x{self.device.name}" if self.world_size % racks == 0
+                  else f"NODESx{domain}x{self.device.name}")
+        return (f"{self.device.name}'s NVLink joins up to {domain} devices across hosts; nodes of "
+                f"{self.devices_per_node} are priced as hosts joined by the network (a node here is the "
+                f"NVLink domain: e.g. {layout})")
+
     def pipeline_tier(self, num_nodes: int, same_rail: bool = True) -> NetworkTier:
         """The tier a pipeline send over `num_nodes` nodes takes (`same_rail`: DeviceProfile.tier_for):
         the device's, or in a mixed cluster's group view the slower of it and the link between

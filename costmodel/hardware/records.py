@@ -196,6 +196,10 @@ class DeviceProfile:
     # and later); a framework overlaps them where its traits say so (costmodel.frameworks
     # `tp_comm_overlap`), and the Megatron export asks for --tp-comm-overlap where this is set
     tp_comm_gemm_overlap: bool = False
+    # devices one NVLink domain joins, where it spans several hosts (GB200 NVL72: 72 over 18 trays of
+    # 4); a node of the cluster is then the domain, and a smaller one prices hosts joined by the network
+    # (ClusterSpec.node_note); 0: the node's own devices
+    nvlink_domain_devices: int = 0
     # the node's host, where offloaded states live; None: nothing can be offloaded (a CPU
     # profile's ranks already run on the host)
     host: HostSpec | None = None

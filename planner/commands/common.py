@@ -172,6 +172,8 @@ def specs_from_args(args: argparse.Namespace) -> tuple[ModelSpec, TrainSpec, Clu
     if not specs[0].is_moe:
         refuse_ignored(getattr(args, "given", {}), {"expert_imbalance"},
                        f"it loads the experts of a mixture, and {specs[0].name} is dense")
+    if note := specs[2].node_note:
+        print(f"planner {args.command}: note: {note}", file=sys.stderr)
     return specs
 
 

@@ -73,6 +73,20 @@ def test_the_gb200_is_the_b200_chip_at_a_higher_clock_in_a_rack_wide_nvlink_doma
     assert (gb.devices_per_node, gb.num_nodes) == (64, 4)
 
 
+def test_gb200_nodes_smaller_than_the_nvlink_domain_are_said_to_be_priced_as_trays(capsys):
+    """A GB200 cluster written as its 4-GPU trays prices them joined by InfiniBand, which the rack's
+    NVLink joins: one line on stderr says so and names the layout that is the domain; a rack's 64 of
+    72 GPUs (NVIDIA's multi-rack runs), one node, or a GPU without such a domain say nothing."""
+    from costmodel.hardware import parse_cluster
+    from planner.cli import main
+    assert parse_cluster("64x4xGB200").node_note.endswith("(a node here is the NVLink domain: e.g. 4x64xGB200)")
+    assert not any(parse_cluster(c).node_note for c in ("4x64xGB200", "1x8xGB200", "2x36xGB200", "32x8xB200"))
+    assert main(["predict", "--model", "llama3-8b", "--cluster", "2x4xGB200", "--tp", "1", "--mbs", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "planner predict: note: GB200's NVLink joins up to 72 devices across hosts; nodes of 4" in err
+    assert "e.g. 1x8xGB200" in err
+
+
 @pytest.mark.parametrize("param", FITTED_PARAMS)
 @pytest.mark.parametrize("name", FITTED)
 def test_fitted_values_lie_inside_their_ranges(name, param):
