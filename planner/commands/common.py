@@ -159,7 +159,9 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                         "the global batch (their losses weighted by it); not with --mbs")
 
 
-def specs_from_args(args: argparse.Namespace) -> tuple[ModelSpec, TrainSpec, ClusterSpec]:
+def specs_from_args(args: argparse.Namespace, note: bool = True) -> tuple[ModelSpec, TrainSpec, ClusterSpec]:
+    """The specs the flags give; `note`: say on stderr where the cluster's nodes are smaller than
+    its devices' NVLink domain (print_node_note)."""
     if not args.model or not args.cluster:
         raise UserError("--model and --cluster are required"
                         + (" (or --plan plan.json)" if args.command == "predict" else ""))
@@ -172,9 +174,16 @@ def specs_from_args(args: argparse.Namespace) -> tuple[ModelSpec, TrainSpec, Clu
     if not specs[0].is_moe:
         refuse_ignored(getattr(args, "given", {}), {"expert_imbalance"},
                        f"it loads the experts of a mixture, and {specs[0].name} is dense")
-    if note := specs[2].node_note:
-        print(f"planner {args.command}: note: {note}", file=sys.stderr)
+    if note:
+        print_node_note(args, specs[2])
     return specs
+
+
+def print_node_note(args: argparse.Namespace, cluster: ClusterSpec) -> bool:
+    """ClusterSpec.node_note on stderr, where there is one; whether there was."""
+    if text := cluster.node_note:
+        print(f"planner {args.command}: note: {text}", file=sys.stderr)
+    return bool(text)
 
 
 def choice_from_args(args: argparse.Namespace, zero_default: int, sp_allowed: bool) -> Choice:

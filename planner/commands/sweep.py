@@ -22,7 +22,14 @@ from planner.args import (
     positive_float,
     refuse_ignored,
 )
-from planner.commands.common import add_framework_arg, add_train_args, emit_json, framework_of, specs_from_args
+from planner.commands.common import (
+    add_framework_arg,
+    add_train_args,
+    emit_json,
+    framework_of,
+    print_node_note,
+    specs_from_args,
+)
 from planner.commands.search import add_constraint_args, parse_options
 from planner.objective import refuse_bad_combinations
 from planner.sweep import KNEE_EFFICIENCY, SweepResult, SweepSpec, sweep
@@ -100,10 +107,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     _one_profile_each(spec.devices)
 
+    noted = []   # the sizes share their nodes: a note once
+
     def specs(name: str):
         args.cluster = name
         try:
-            return specs_from_args(args)
+            found = specs_from_args(args, note=False)
+            if not noted and print_node_note(args, found[2]):
+                noted.append(name)
+            return found
         finally:
             args.cluster = None
 
