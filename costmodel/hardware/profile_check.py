@@ -100,8 +100,9 @@ def _network_problems(dev: DeviceProfile) -> list[str]:
                 out.append(f"network {tier.name} kind_factors: {kind!r} is none of {', '.join(RING_COLLECTIVES)}")
             need(f"network {tier.name} kind_factors.{kind}.latency", latency, _within(latency, RATIO_RANGE))
             need(f"network {tier.name} kind_factors.{kind}.bandwidth", bandwidth, _within(bandwidth, RATIO_RANGE))
-    # a leaf connects at least one node; a spine gives a device at most its NIC's bandwidth
+    # an NVLink domain across hosts holds some devices, or none is stated
     need("device.nvlink_domain_devices", dev.nvlink_domain_devices, dev.nvlink_domain_devices >= 0)
+    # a leaf connects at least one node; a spine gives a device at most its NIC's bandwidth
     need("fabric.nodes_per_leaf", dev.fabric.nodes_per_leaf, dev.fabric.nodes_per_leaf >= 1)
     need("fabric.spine_oversubscription", dev.fabric.spine_oversubscription,
          1 <= dev.fabric.spine_oversubscription <= RATIO_RANGE[1])
