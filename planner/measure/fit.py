@@ -40,7 +40,8 @@ BORROWS = {"H200": "H100", "B200": "H100", "GB200": "H100", "V100": "A100", "A80
 # of those, the values a chip keeps its own of, published rather than fitted on the other chip's
 # rows: Blackwell's attention (FlashAttention-2 untuned for it, cuDNN's kernel at about 0.55 of peak:
 # profiles/B200.toml), which the fit prices its rows with
-KEEPS = {"B200": ("attention", "vendor_attention_speedup"), "GB200": ("attention", "vendor_attention_speedup")}
+BLACKWELL_ATTENTION = ("attention", "vendor_attention_speedup")
+KEEPS = {"B200": BLACKWELL_ATTENTION, "GB200": BLACKWELL_ATTENTION}
 
 
 def bounds_for(cluster: ClusterSpec) -> dict[str, tuple[float, float]]:
@@ -56,8 +57,13 @@ def chip(cluster: ClusterSpec) -> str:
     """The chip a profile's rows are fitted with: the die its name starts with (H100-SXM5-80GB and
     H100-HBM2e-96GB are one GH100, whose memory, clock under its power limit and network their
     profiles state apart), or the chip whose values it borrows."""
-    name = cluster.device.name.split("-")[0]
+    name = _die(cluster)
     return BORROWS.get(name, name)
+
+
+def _die(cluster: ClusterSpec) -> str:
+    """The die a profile's name starts with (H100-SXM5-80GB: H100)."""
+    return cluster.device.name.split("-")[0]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -109,7 +115,7 @@ def current_values(cluster: ClusterSpec) -> dict[str, float]:
 
 def with_values(cluster: ClusterSpec, values: dict[str, float]) -> ClusterSpec:
     """The cluster with the chip's fitted `values`, less those its profile keeps (KEEPS)."""
-    if kept := KEEPS.get(cluster.device.name.split("-")[0]):
+    if kept := KEEPS.get(_die(cluster)):
         values = {**values, **{k: v for k, v in current_values(cluster).items() if k in kept}}
     dev = cluster.device
     speedup = values["vendor_attention_speedup"]
