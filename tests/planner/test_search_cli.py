@@ -1,6 +1,7 @@
 import csv
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -117,10 +118,15 @@ def test_memory_objective_trades_a_little_time_for_memory(capsys):
 
 @pytest.mark.parametrize("cluster,basis", [("1x2xxeon-amx", "per rank as the profile sets it"),
                                            ("1x8xH100", "as CUDA reports it"),
-                                           ("1x8xB200", "as the datasheet gives it")])
-def test_the_memory_line_says_where_the_capacity_comes_from(capsys, cluster, basis):
+                                           ("1x8xB200", "as CUDA reports it"),
+                                           ("1x8x{datasheet_only}", "as the datasheet gives it")])
+def test_the_memory_line_says_where_the_capacity_comes_from(capsys, tmp_path, cluster, basis):
     """A CPU profile's capacity is a share of the machine's RAM, not anything CUDA reports; a GPU
-    profile without torch.cuda's figure states its datasheet's."""
+    profile without torch.cuda's figure (a user's own) states its datasheet's."""
+    b200 = (Path(__file__).parents[2] / "profiles" / "B200.toml").read_text().splitlines(keepends=True)
+    datasheet_only = tmp_path / "datasheet-only.toml"
+    datasheet_only.write_text("".join(ln for ln in b200 if not ln.startswith("reported_memory_bytes")))
+    cluster = cluster.format(datasheet_only=datasheet_only)
     assert main(["search", "--model", "debug-tiny", "--cluster", cluster, "--top", "1"]) == 0
     line = next(ln for ln in capsys.readouterr().out.splitlines() if "memory:" in ln)
     assert basis in line
