@@ -181,6 +181,10 @@ class DeviceProfile:
     # what the runtime can allocate on: torch.cuda's total_memory (less than the datasheet:
     # ECC and the driver's own reservations); 0: unknown, the datasheet figure is used
     reported_memory_bytes: int = 0
+    # the best bf16 matmul any shape reaches, a fraction of dense peak (the MAMF table): a chip that
+    # borrows another's fitted GEMM fraction keeps the lender's share of it (planner.measure.fit
+    # gemm_scale); 0: not published
+    best_matmul_fraction: float = 0.0
     num_sms: int = 0   # streaming multiprocessors (GEMM wave quantisation); 0: not modelled
     # each output tile's fixed prologue (pipeline fill) and epilogue (store) in elements of the
     # reduction: a GEMM over K runs at K / (K + this) of its long-K rate; 0: not modelled

@@ -14,6 +14,7 @@ error a user should expect on a run of a kind the table does not hold.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from collections import defaultdict
@@ -24,7 +25,7 @@ import numpy as np
 
 from costmodel.estimate import estimate
 from costmodel.frameworks import attention_speedup
-from costmodel.hardware import FITTED_PARAMS, ClusterSpec
+from costmodel.hardware import FITTED_PARAMS, ClusterSpec, resolve_device
 from costmodel.hardware.profile_check import bound_at
 from costmodel.inputs import UserError
 from costmodel.plan import Plan
@@ -64,6 +65,22 @@ def chip(cluster: ClusterSpec) -> str:
 def _die(cluster: ClusterSpec) -> str:
     """The die a profile's name starts with (H100-SXM5-80GB: H100)."""
     return cluster.device.name.split("-")[0]
+
+
+def gemm_scale(cluster: ClusterSpec) -> float:
+    """A borrowing chip's GEMM fraction over the one fitted on its lender's rows: the two chips' best
+    matmuls as fractions of their peaks (best_matmul_fraction, the MAMF table), since training's GEMMs
+    run at a share of what the chip's best matmul reaches (a GB200 at 1,200 W reaches 0.73 of its
+    higher peak where the H100 reaches 0.80); 1 where its die is the lender's or either is unpublished."""
+    lender = chip(cluster)
+    own = cluster.device.best_matmul_fraction
+    theirs = _best_matmul_fraction(lender) if lender != _die(cluster) and own else 0.0
+    return own / theirs if theirs else 1.0
+
+
+@functools.cache
+def _best_matmul_fraction(device: str) -> float:
+    return resolve_device(device).best_matmul_fraction
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -107,7 +124,7 @@ def _attention_factor(cluster: ClusterSpec) -> float:
 def current_values(cluster: ClusterSpec) -> dict[str, float]:
     dev = cluster.device
     eff = dev.efficiency
-    return {"gemm": eff.gemm, "attention": eff.attention / _attention_factor(cluster), "memory": eff.memory,
+    return {"gemm": eff.gemm / gemm_scale(cluster), "attention": eff.attention / _attention_factor(cluster), "memory": eff.memory,
             "comm_contention": eff.comm_contention, "vendor_attention_speedup": eff.vendor_attention_speedup,
             "kernel_overhead_s": eff.kernel_overhead_s, "intra_node_comm": dev.intra_node.efficiency,
             "inter_node_comm": dev.inter_node.efficiency}
@@ -119,7 +136,7 @@ def with_values(cluster: ClusterSpec, values: dict[str, float]) -> ClusterSpec:
         values = {**values, **{k: v for k, v in current_values(cluster).items() if k in kept}}
     dev = cluster.device
     speedup = values["vendor_attention_speedup"]
-    eff = dataclasses.replace(dev.efficiency, gemm=values["gemm"],
+    eff = dataclasses.replace(dev.efficiency, gemm=values["gemm"] * gemm_scale(cluster),
                               attention=values["attention"] * attention_speedup(cluster.framework, speedup),
                               memory=values["memory"], kernel_overhead_s=values["kernel_overhead_s"],
                               comm_contention=values["comm_contention"], vendor_attention_speedup=speedup)
