@@ -81,7 +81,8 @@ def summary_lines(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan
                   est: Estimate, failures: resilience.Failures = resilience.LLAMA3) -> str:
     return "\n".join([
         f"model    {model.name}   train seq {train.seq_len} x global batch {train.global_batch_size} "
-        f"({train.compute_dtype}, {train.optimizer}, {train.attention_kernel} attention)",
+        f"({train.compute_dtype}{' with float8 linears' if plan.fp8_linears else ''}, {train.optimizer}, "
+        f"{train.attention_kernel} attention)",
         f"cluster  {cluster.name} ({cluster.world_size} devices)   priced as {cluster.framework.name} runs plans"
         + _options_said(cluster),
         f"plan     {plan.short()}   layers/stage {list(plan.layers_per_stage)}   "

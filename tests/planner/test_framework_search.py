@@ -164,6 +164,9 @@ def test_float8_with_tensor_parallelism_is_a_frameworks_not_the_runtimes(capsys)
     assert json.loads(capsys.readouterr().out)["plan"]["fp8_linears"]
     assert main(flags) == 2
     assert "the runtime runs float8 linears without tensor parallelism" in capsys.readouterr().err
+    # the table's first line says the plan's linears run in float8, not only its compute dtype
+    assert main([*flags[:-1], "--framework", "megatron"]) == 0
+    assert "(bf16 with float8 linears, adamw," in capsys.readouterr().out.splitlines()[0]
 
 
 def test_published_fp8_runs_are_read_with_float8_linears(tmp_path):
