@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from costmodel.fidelity import MODEL_ERROR_BAND, PUBLISHED, error_band
+from costmodel.fidelity import BORROWED_ERROR_BANDS, MODEL_ERROR_BAND, PUBLISHED, error_band
 from costmodel.hardware import parse_cluster
 from costmodel.inputs import UserError
 from planner.cli import main
@@ -43,7 +43,6 @@ def test_a_probe_step_without_its_times_is_named(tmp_path):
 def test_a_device_priced_with_borrowed_values_quotes_its_own_runs_error(capsys):
     """The GB200 is priced with the H100 chip's fitted values; its published runs, which no fit
     reads, set the error a search on it quotes (and a mixed cluster with it)."""
-    from costmodel.fidelity import BORROWED_ERROR_BANDS
     band, source = error_band(parse_cluster("4x64xGB200"))
     assert (band, source) == BORROWED_ERROR_BANDS["GB200"] and band > MODEL_ERROR_BAND
     assert "gb200_runs.csv" in source
@@ -53,12 +52,18 @@ def test_a_device_priced_with_borrowed_values_quotes_its_own_runs_error(capsys):
     assert f'"error_band": {band}' in capsys.readouterr().out
 
 
-def test_the_borrowed_band_is_the_step_time_error_of_the_device_s_runs():
-    """BORROWED_ERROR_BANDS quotes what `planner validate` gives on the device's runs table."""
-    from costmodel.fidelity import BORROWED_ERROR_BANDS
+@pytest.mark.parametrize("device", sorted(BORROWED_ERROR_BANDS))
+def test_the_borrowed_band_is_the_step_time_error_of_the_device_s_runs(device):
+    """BORROWED_ERROR_BANDS quotes what `planner validate` gives on the device's runs table, the one
+    its source names, every row of it on that device."""
+    import re
+
     from planner.measure.runs_table import read_runs
     from planner.measure.validate import step_time_error_pct, validate_row
-    rows = read_runs(Path(__file__).resolve().parents[2] / "profiles" / "runs" / "gb200_runs.csv")
+    band, source = BORROWED_ERROR_BANDS[device]
+    table = re.search(r"profiles/runs/\S+\.csv", source)[0]
+    rows = read_runs(Path(__file__).resolve().parents[2] / table)
     errors = [abs(step_time_error_pct(row, validate_row(row).error_pct)) for row in rows]
-    assert len(rows) == 46
-    assert sum(errors) / len(errors) / 100 == pytest.approx(BORROWED_ERROR_BANDS["GB200"][0], abs=0.0015)
+    assert {row["gpu"] for row in rows} == {device}
+    assert f"its {len(rows)} published runs" in source
+    assert sum(errors) / len(errors) / 100 == pytest.approx(band, abs=0.0015)
