@@ -4,7 +4,7 @@ and the command line ask them before a plan exists)."""
 from __future__ import annotations
 
 from costmodel.groups import views
-from costmodel.hardware import ClusterSpec, DeviceProfile
+from costmodel.hardware import ClusterSpec, DeviceProfile, float8_devices
 from costmodel.plan import Recompute
 from costmodel.schedules import Schedule
 from costmodel.specs import ModelSpec, TrainSpec
@@ -57,16 +57,16 @@ def activation_offload_problems(cluster: ClusterSpec, offload: bool, recompute: 
 def float8_device_problem(device: DeviceProfile) -> str | None:
     if device.kind == "cpu":
         return (f"device {device.name} is a CPU: the runtime cannot run float8 training on CPU (float8 tensor "
-                "cores: H100, H800, H200, B200, GB200)")
+                f"cores: {float8_devices()})")
     if device.peak_flops_per_s.get("fp8", 0) <= 0:
         return (f"device {device.name} has no float8 tensor cores (no fp8 peak in its profile; float8 training "
-                "needs an H100, H800, H200, B200 or GB200)")
+                f"needs one of {float8_devices()})")
     return None
 
 
 def fp8_problems(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: int) -> list[str]:
     """What float8 linears need: a device with float8 tensor cores (an fp8 peak in its profile:
-    H100, H800, H200, B200, GB200; not A100, V100 or a CPU, where the runtime cannot run them either), a
+    costmodel.hardware.float8_devices; not A100, V100 or a CPU, where the runtime cannot run them either), a
     training spec that accepts float8 (bf16 beside it), a dense model where the framework does
     not run its experts in float8 (Megatron-Core does; torchao's float8 linears do not reach our
     runtime's batched expert weights: costmodel.frameworks `float8_experts`), and no tensor

@@ -19,6 +19,7 @@ from costmodel.hardware.profile_io import (
     PROBE_FIT_VERSION,
     PROFILE_FORMAT_VERSION,
     PROFILE_KEYS,
+    float8_devices,
     known_profiles,
     load_profile,
     local_profile,
@@ -48,4 +49,4 @@ __all__ = [
     "OPTIONAL_DTYPE_FIELDS", "PROBE_FIT_VERSION", "PROFILE_FORMAT_VERSION", "PROFILE_KEYS", "RING_COLLECTIVES",
     "ClusterSpec", "DeviceGroup", "DeviceProfile", "Efficiency", "Fabric", "FabricSpec", "HostSpec", "NetworkTier", "ParameterRange",
     "cluster_from_dict", "fabric_graph", "fsdp_sync_key", "known_profiles", "load_profile", "local_profile",
-    "mixed_cluster", "parse_cluster", "parse_profile", "profile_dir", "profile_problems", "range_problems", "resolve_device", "run_by", "sdpa_key"]
+    "float8_devices", "mixed_cluster", "parse_cluster", "parse_profile", "profile_dir", "profile_problems", "range_problems", "resolve_device", "run_by", "sdpa_key"]

@@ -272,6 +272,17 @@ def known_profiles() -> dict[str, DeviceProfile]:
     return {p.name: p for p in (load_profile(f) for f in sorted(profile_dir().glob("*.toml")))}
 
 
+def float8_devices() -> str:
+    """The shipped GPUs with float8 tensor cores (an fp8 peak in their profile), by die, slowest first:
+    "H100, H200, H800, B200, GB200"."""
+    peaks: dict[str, float] = {}
+    for p in known_profiles().values():
+        if p.kind == "gpu" and p.peak_flops_per_s.get("fp8", 0) > 0:
+            die = p.name.split("-")[0]
+            peaks[die] = max(peaks.get(die, 0.0), p.peak_flops_per_s["bf16"])
+    return ", ".join(sorted(peaks, key=lambda die: (peaks[die], die)))
+
+
 def local_profile() -> DeviceProfile:
     """This machine's measured profile from the cache; LocalProfileMissing (the command line
     then measures it) when there is none, it is unreadable, or it was measured elsewhere."""

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from costmodel.hardware import DEFAULT_MEMORY_HEADROOM, ClusterSpec
+from costmodel.hardware import DEFAULT_MEMORY_HEADROOM, ClusterSpec, float8_devices
 from costmodel.hardware.profile_check import LINK_BYTES_PER_S_RANGE
 from costmodel.inputs import MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_SEQ_LEN, UserError
 from costmodel.plan import DEFAULT_AXIS_ORDER, Recompute
@@ -51,7 +51,7 @@ def add_train_args(p: argparse.ArgumentParser, cluster: bool = True) -> None:
     p.add_argument("--dtype", choices=[d.value for d in DType] + [FP8], default="bf16",
                    help="compute precision; 16-bit implies fp32 master weights (default bf16). fp8: bf16 "
                         "training whose layers' linear projections may run in float8 (torchao's tensorwise "
-                        "recipe; devices with float8 tensor cores: H100, H800, H200, B200, GB200): search weighs float8 "
+                        f"recipe; devices with float8 tensor cores: {float8_devices()}): search weighs float8 "
                         "against bf16 linears per plan, predict prices them in float8")
     p.add_argument("--grad-dtype", choices=[d.value for d in DType], default="fp32",
                    help="gradient accumulation/reduction precision (default fp32, as Megatron-LM)")

@@ -8,7 +8,7 @@ import pytest
 from costmodel.check import check_plan
 from costmodel.estimate import estimate
 from costmodel.frameworks import RUNTIME, framework_traits
-from costmodel.hardware import parse_cluster
+from costmodel.hardware import float8_devices, parse_cluster
 from costmodel.plan import Recompute
 from costmodel.registry import resolve_model
 from costmodel.specs import DType, TrainSpec
@@ -17,6 +17,8 @@ from planner.search import SearchOptions, search
 from planner.space import Choice, build_plan
 
 LLAMA = resolve_model("llama3-8b")
+# the shipped GPUs whose profiles give a float8 peak, as the messages name them
+FLOAT8_DEVICES = float8_devices()
 
 
 def _tokens_per_s(cluster, train, **choice) -> float:
@@ -57,10 +59,10 @@ def test_who_may_run_float8():
     assert not check_plan(LLAMA, train, h100, build_plan(LLAMA, train, h100, Choice(fp8_linears=True)), memory=False)
     problems = check_plan(LLAMA, train, a100, build_plan(LLAMA, train, a100, Choice(fp8_linears=True)), memory=False)
     assert problems == ["fp8_linears: device A100-SXM4-80GB has no float8 tensor cores (no fp8 peak in its profile; "
-                        "float8 training needs an H100, H800, H200, B200 or GB200)"]
+                        f"float8 training needs one of {FLOAT8_DEVICES})"]
     problems = check_plan(LLAMA, train, cpu, build_plan(LLAMA, train, cpu, Choice(fp8_linears=True)), memory=False)
     assert problems == ["fp8_linears: device xeon-amx is a CPU: the runtime cannot run float8 training on CPU "
-                        "(float8 tensor cores: H100, H800, H200, B200, GB200)"]
+                        f"(float8 tensor cores: {FLOAT8_DEVICES})"]
     plan = build_plan(LLAMA, train, h100, Choice(tp=2, fp8_linears=True))
     assert check_plan(LLAMA, train, h100, plan, memory=False) == [
         "fp8_linears with tp > 1: the runtime runs float8 linears without tensor parallelism"]
@@ -76,7 +78,7 @@ def test_float8_on_a_device_without_it_is_one_line_and_exit_2(capsys, command):
     assert main([command, "--model", "llama3-8b", "--cluster", "8x8xA100", "--dtype", "fp8"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"planner {command}: error: --dtype fp8: device A100-SXM4-80GB has no float8 tensor cores (no fp8 "
-                   "peak in its profile; float8 training needs an H100, H800, H200, B200 or GB200)"]
+                   f"peak in its profile; float8 training needs one of {FLOAT8_DEVICES})"]
 
 
 def test_the_search_weighs_float8_only_where_accepted():
@@ -91,3 +93,9 @@ def test_the_search_weighs_float8_only_where_accepted():
     assert accepted.stats.num_candidates > plain.stats.num_candidates   # tp = 1 choices twice
     pinned = search(LLAMA, replace(train, float8=True), cluster, replace(options, fixed={"fp8_linears": False}))
     assert not any(f.plan.fp8_linears for f in pinned.evaluated)
+
+
+def test_the_float8_devices_named_are_the_shipped_profiles_with_a_float8_peak():
+    """Messages and --dtype's help name the devices from the profiles, not a list kept by hand."""
+    assert FLOAT8_DEVICES.split(", ")[:5] == ["H100", "H200", "H800", "B200", "GB200"]
+    assert "A100" not in FLOAT8_DEVICES and "V100" not in FLOAT8_DEVICES and "xeon" not in FLOAT8_DEVICES
