@@ -37,12 +37,13 @@ from costmodel.specs import ModelSpec, TrainSpec
 PARAMS = FITTED_PARAMS
 # chips without rows of their own are fitted with the bounds of the chip whose values they borrow
 # (the A800 and H800 are the A100 and H100 dies with NVLink cut, which their profiles state apart)
-BORROWS = {"H200": "H100", "B200": "H100", "GB200": "H100", "V100": "A100", "A800": "A100", "H800": "H100"}
+BORROWS = {"H200": "H100", "B200": "H100", "GB200": "H100", "B300": "H100", "GB300": "H100", "V100": "A100",
+           "A800": "A100", "H800": "H100"}
 # of those, the values a chip keeps its own of, published rather than fitted on the other chip's
 # rows: Blackwell's attention (FlashAttention-2 untuned for it, cuDNN's kernel at about 0.55 of peak:
 # profiles/B200.toml), which the fit prices its rows with
 BLACKWELL_ATTENTION = ("attention", "vendor_attention_speedup")
-KEEPS = {"B200": BLACKWELL_ATTENTION, "GB200": BLACKWELL_ATTENTION}
+KEEPS = {die: BLACKWELL_ATTENTION for die in ("B200", "GB200", "B300", "GB300")}
 
 
 def bounds_for(cluster: ClusterSpec) -> dict[str, tuple[float, float]]:

@@ -97,5 +97,5 @@ def test_the_search_weighs_float8_only_where_accepted():
 
 def test_the_float8_devices_named_are_the_shipped_profiles_with_a_float8_peak():
     """Messages and --dtype's help name the devices from the profiles, not a list kept by hand."""
-    assert FLOAT8_DEVICES.split(", ")[:5] == ["H100", "H200", "H800", "B200", "GB200"]
+    assert FLOAT8_DEVICES.split(", ") == ["H100", "H200", "H800", "B200", "B300", "GB200", "GB300"]
     assert "A100" not in FLOAT8_DEVICES and "V100" not in FLOAT8_DEVICES and "xeon" not in FLOAT8_DEVICES

@@ -11,10 +11,10 @@ from costmodel.hardware import FITTED_PARAMS, known_profiles, load_profile, rang
 from costmodel.inputs import UserError
 
 # the fit's values (scripts/fit_published.py): one set for the A100 chip (40 and 80 GB, and the A800), one
-# for the H100 chip (SXM5, the HBM2e part and the H800) that the H200, B200 and GB200 borrow (Blackwell's
+# for the H100 chip (SXM5, the HBM2e part and the H800) that the H200 and the Blackwells borrow (Blackwell's
 # attention is published)
 FITTED = ("A100-SXM4-40GB", "A100-SXM4-80GB", "A800-SXM4-80GB", "H100-SXM5-80GB", "H100-HBM2e-96GB", "H800-SXM5-80GB",
-          "H200-SXM-141GB", "B200", "GB200")
+          "H200-SXM-141GB", "B200", "GB200", "B300", "GB300")
 PROFILES = known_profiles()
 
 
@@ -123,13 +123,15 @@ def test_a_borrowed_gemm_fraction_keeps_the_lender_s_share_of_the_chip_s_best_ma
     """The GEMM fraction fitted on the H100 chip's rows reaches the B200 and GB200 scaled by their best
     matmuls against the H100's (the MAMF table): their GEMMs run at the H100's share of what each chip's
     best matmul reaches, so the GB200's higher peak at 1,200 W buys what its matmuls show (1,822 against
-    the B200's 1,745 TFLOPS), not its peak's 11 %. A chip whose figure is unpublished keeps the value."""
+    the B200's 1,745 TFLOPS), not its peak's 11 %. A chip whose figure is unpublished (the H800, the GB300
+    at 1,400 W) keeps the value."""
     from costmodel.hardware import parse_cluster
     from planner.measure.fit import current_values, gemm_scale, with_values
-    h100, b200, gb200, h800 = (parse_cluster(c) for c in ("1x8xH100", "1x8xB200", "1x64xGB200", "1x8xH800"))
-    assert gemm_scale(h100) == gemm_scale(h800) == 1.0
+    h100, b200, gb200, h800, b300, gb300 = (parse_cluster(c) for c in ("1x8xH100", "1x8xB200", "1x64xGB200",
+                                                                        "1x8xH800", "1x8xB300", "1x64xGB300"))
+    assert gemm_scale(h100) == gemm_scale(h800) == gemm_scale(gb300) == 1.0
     assert gemm_scale(gb200) == pytest.approx(0.729 / 0.803)
-    for cluster in (b200, gb200):   # the shipped value is the chip's, scaled
+    for cluster in (b200, gb200, b300, gb300):   # the shipped value is the chip's, scaled
         assert cluster.device.efficiency.gemm == pytest.approx(h100.device.efficiency.gemm * gemm_scale(cluster), abs=1e-3)
     best = {c: c.device.efficiency.gemm * c.device.peak_flops_per_s["bf16"] for c in (b200, gb200)}
     assert best[gb200] / best[b200] == pytest.approx(1822 / 1745, rel=3e-3)
