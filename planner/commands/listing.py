@@ -45,7 +45,8 @@ def _count(params: int) -> str:
 def cmd_devices(args: argparse.Namespace) -> int:
     profiles = known_profiles()
     rows = [{"name": p.name, "aliases": list(p.aliases), "peak_flops_per_s": p.peak_flops_per_s,
-             "memory_bytes": p.memory_bytes, "memory_bandwidth_bytes_per_s": p.memory_bandwidth_bytes_per_s,
+             "memory_bytes": p.memory_bytes, "usable_memory_bytes": p.usable_memory_bytes,
+             "memory_bandwidth_bytes_per_s": p.memory_bandwidth_bytes_per_s,
              "intra_node_bytes_per_s": p.intra_node.bandwidth_bytes_per_s,
              "inter_node_bytes_per_s": p.inter_node.bandwidth_bytes_per_s, "profile": p.path}
             for p in profiles.values()]
@@ -55,8 +56,10 @@ def cmd_devices(args: argparse.Namespace) -> int:
     from reports.tables import table
     print(table(("device", "aliases", "bf16 TFLOP/s", "memory GiB", "HBM GB/s", "node GB/s", "net GB/s"),
                 [(r["name"], ",".join(r["aliases"]), f"{r['peak_flops_per_s'].get('bf16', 0) / 1e12:,.1f}",
-                  f"{r['memory_bytes'] / GIB:.0f}", f"{r['memory_bandwidth_bytes_per_s'] / 1e9:,.0f}",
+                  f"{r['usable_memory_bytes'] / GIB:.1f}", f"{r['memory_bandwidth_bytes_per_s'] / 1e9:,.0f}",
                   f"{r['intra_node_bytes_per_s'] / 1e9:,.0f}", f"{r['inter_node_bytes_per_s'] / 1e9:,.1f}")
                  for r in rows]))
-    print("\nbandwidths are per device, per direction; a path to a .toml profile works as a device")
+    print("\nmemory: what torch.cuda reports where the profile gives it (else the datasheet's), the capacity a "
+          "search budgets from, before its headroom and fragmentation; bandwidths are per device, per direction; "
+          "a path to a .toml profile works as a device")
     return 0

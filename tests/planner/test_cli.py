@@ -110,8 +110,12 @@ def test_models_and_devices_list(capsys):
     assert main(["search", "--model", "llama3-8b", "--cluster", "1x8xV100"]) == 2   # Volta has no bf16
     assert "(--dtype fp16 or fp32)" in capsys.readouterr().err
     assert main(["devices", "--json"]) == 0
-    names = [d["name"] for d in json.loads(capsys.readouterr().out)["devices"]]
-    assert "H100-SXM5-80GB" in names
+    devices = {d["name"]: d for d in json.loads(capsys.readouterr().out)["devices"]}
+    assert "H100-SXM5-80GB" in devices
+    # the memory a search budgets from: what torch.cuda reports, where the profile gives it
+    assert devices["B200"]["usable_memory_bytes"] == 191_502_483_456 < devices["B200"]["memory_bytes"] * 1.07
+    assert main(["devices"]) == 0
+    assert next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("B200 ")).split()[3] == "178.4"
 
 
 def test_closed_pipe_is_not_a_traceback():
