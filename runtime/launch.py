@@ -142,7 +142,8 @@ def local_command(nproc: int, worker: WorkerArgs) -> list[str]:
 
 
 def node_commands(pf: PlanFile, worker: WorkerArgs, hosts: list[str] | None = None) -> list[str]:
-    """One torchrun command per node, c10d rendezvous on the first node, which is told it hosts
+    """One torchrun command per host (a node, or a host of one: ClusterSpec.launch_hosts), c10d
+    rendezvous on the first, which is told it hosts
     the store (torchrun's own guess compares the endpoint with the machine's hostname and misses
     an address on a secondary interface). With the nodes' `hosts`, each node also says which
     address is its own (--local-addr: else torchrun gives the ranks the machine's FQDN to meet
@@ -157,25 +158,30 @@ def node_commands(pf: PlanFile, worker: WorkerArgs, hosts: list[str] | None = No
             return [f"--master-addr={master}", f"--master-port={PORT}"]
         return ["--rdzv-backend=c10d", f"--rdzv-endpoint={master}:{PORT}", "--rdzv-id=planner",
                 f"--rdzv-conf=is_host={'true' if i == 0 else 'false'}"]
-    return [" ".join(["torchrun", f"--nnodes={c.num_nodes}", f"--node-rank={i}",
-                      f"--nproc-per-node={c.devices_per_node}", f"--max-restarts={worker.max_restarts}",
+    count, per_host = c.launch_hosts
+    return [" ".join(["torchrun", f"--nnodes={count}", f"--node-rank={i}",
+                      f"--nproc-per-node={per_host}", f"--max-restarts={worker.max_restarts}",
                       *meet(i), *([f"--local-addr={hosts[i]}"] if hosts else []),
                       *map(shlex.quote, worker.argv())])
-            for i in range(c.num_nodes)]
+            for i in range(count)]
 
 
 def sbatch_script(pf: PlanFile, worker: WorkerArgs) -> str:
     c = pf.cluster
-    run = " ".join(["torchrun", f"--nnodes={c.num_nodes}", f"--nproc-per-node={c.devices_per_node}",
+    count, per_host = c.launch_hosts
+    run = " ".join(["torchrun", f"--nnodes={count}", f"--nproc-per-node={per_host}",
                     f"--max-restarts={worker.max_restarts}",
                     "--rdzv-backend=c10d", f'--rdzv-endpoint="$MASTER_ADDR:{PORT}"',
                     "--rdzv-id=$SLURM_JOB_ID", *map(shlex.quote, worker.argv())])
     return "\n".join([
         "#!/bin/bash",
         f"#SBATCH --job-name=planner-{pf.model.name}",
-        f"#SBATCH --nodes={c.num_nodes}",
+        f"#SBATCH --nodes={count}",
         "#SBATCH --ntasks-per-node=1",
-        f"#SBATCH --gpus-per-node={c.devices_per_node}",
+        f"#SBATCH --gpus-per-node={per_host}",
+        # a node of the plan is an NVLink domain of several hosts: Slurm keeps each one's hosts in a
+        # segment of one rack (as NVIDIA's launchers do on GB200 NVL72)
+        *([f"#SBATCH --segment={c.devices_per_node // per_host}"] if per_host < c.devices_per_node else []),
         "#SBATCH --exclusive",
         'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "export MASTER_ADDR",

@@ -18,7 +18,9 @@ from runtime.launch import PORT, WorkerArgs, node_commands
 
 def read_hostfile(path: Path, pf: PlanFile) -> list[str]:
     """One host per line (`host` or MPI's `host slots=N`; `#` comments): as many hosts as the
-    plan's nodes, each with the plan's devices per node, each name resolvable here."""
+    plan's (ClusterSpec.launch_hosts: its nodes, or their hosts where a node is an NVLink domain of
+    several), each with that many devices, each name resolvable here."""
+    count, per_host = pf.cluster.launch_hosts
     try:
         text = path.read_text()
     except OSError as exc:
@@ -33,13 +35,12 @@ def read_hostfile(path: Path, pf: PlanFile) -> list[str]:
             key, _, value = field.partition("=")
             if key != "slots" or not value.isdigit():
                 raise UserError(f"hostfile {path}:{number}: {field!r} is not slots=N")
-            if int(value) != pf.cluster.devices_per_node:
+            if int(value) != per_host:
                 raise UserError(f"hostfile {path}:{number}: {host} has slots={value}, but the plan puts "
-                                 f"{pf.cluster.devices_per_node} ranks on every node")
+                                 f"{per_host} ranks on every host")
         hosts.append(host)
-    if len(hosts) != pf.cluster.num_nodes:
-        raise UserError(f"hostfile {path}: {len(hosts)} host(s), but the plan's cluster has "
-                         f"{pf.cluster.num_nodes} node(s)")
+    if len(hosts) != count:
+        raise UserError(f"hostfile {path}: {len(hosts)} host(s), but the plan's cluster has {count} host(s)")
     for host in hosts:
         try:
             socket.getaddrinfo(host, PORT)
@@ -55,20 +56,22 @@ def hostfile_commands(pf: PlanFile, worker: WorkerArgs, hosts: list[str]) -> lis
 
 
 def pytorchjob_yaml(pf: PlanFile, worker: WorkerArgs, image: str) -> str:
-    """A PyTorchJob: one Master and num_nodes - 1 Workers, each a pod with the node's GPUs
-    running torchrun (the operator sets MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK)."""
+    """A PyTorchJob: one Master and the other hosts as Workers (ClusterSpec.launch_hosts), each a pod
+    with its host's GPUs running torchrun (the operator sets MASTER_ADDR, MASTER_PORT, WORLD_SIZE and
+    RANK)."""
     c = pf.cluster
-    command = ["torchrun", f"--nnodes={c.num_nodes}", "--node-rank=$(RANK)", f"--nproc-per-node={c.devices_per_node}",
+    count, per_host = c.launch_hosts
+    command = ["torchrun", f"--nnodes={count}", "--node-rank=$(RANK)", f"--nproc-per-node={per_host}",
                f"--max-restarts={worker.max_restarts}", "--rdzv-backend=c10d",
                "--rdzv-endpoint=$(MASTER_ADDR):$(MASTER_PORT)", "--rdzv-id=planner", *worker.argv()]
 
     def replica(count: int) -> dict:
-        gpus = {"nvidia.com/gpu": c.devices_per_node} if c.device.kind != "cpu" else {}
+        gpus = {"nvidia.com/gpu": per_host} if c.device.kind != "cpu" else {}
         container = {"name": "pytorch", "image": image, "command": command, "resources": {"limits": gpus}}
         return {"replicas": count, "restartPolicy": "OnFailure", "template": {"spec": {"containers": [container]}}}
     specs = {"Master": replica(1)}
-    if c.num_nodes > 1:
-        specs["Worker"] = replica(c.num_nodes - 1)
+    if count > 1:
+        specs["Worker"] = replica(count - 1)
     job = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
            "metadata": {"name": f"planner-{pf.model.name}".lower().replace(".", "-").replace("_", "-")[:63]},
            "spec": {"pytorchReplicaSpecs": specs}}

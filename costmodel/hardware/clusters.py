@@ -91,6 +91,20 @@ class ClusterSpec:
                 f"{self.devices_per_node} are priced as hosts joined by the network (a node here is the "
                 f"NVLink domain: e.g. {layout})")
 
+    @property
+    def launch_hosts(self) -> tuple[int, int]:
+        """(hosts, devices on each) a launcher starts ranks on (torchrun's --nnodes and --nproc-per-node):
+        a node each, or where a node is an NVLink domain of several hosts (DeviceProfile.devices_per_host:
+        a GB200 NVL72 rack's trays of 4) its hosts. A node that is not whole hosts is refused: no
+        launcher starts a different number of ranks on each host."""
+        host = self.device.devices_per_host
+        if not host or self.devices_per_node <= host:
+            return self.num_nodes, self.devices_per_node
+        if self.devices_per_node % host:
+            raise UserError(f"{self.device.name}'s hosts hold {host} devices each: nodes of {self.devices_per_node} "
+                            f"are not whole hosts, so no launcher can start them (nodes of a multiple of {host})")
+        return self.world_size // host, host
+
     def pipeline_tier(self, num_nodes: int, same_rail: bool = True) -> NetworkTier:
         """The tier a pipeline send over `num_nodes` nodes takes (`same_rail`: DeviceProfile.tier_for):
         the device's, or in a mixed cluster's group view the slower of it and the link between

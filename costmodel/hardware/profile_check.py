@@ -57,6 +57,7 @@ def _device_problems(dev: DeviceProfile) -> list[str]:
          _within(dev.memory_bandwidth_bytes_per_s, MEMORY_BYTES_PER_S_RANGE))
     need("threads_per_rank", dev.threads_per_rank, 0 <= dev.threads_per_rank <= COUNT_MAX)
     need("num_sms", dev.num_sms, 0 <= dev.num_sms <= COUNT_MAX)
+    need("devices_per_host", dev.devices_per_host, 0 <= dev.devices_per_host <= COUNT_MAX)
     need("best_matmul_fraction", dev.best_matmul_fraction, 0 <= dev.best_matmul_fraction <= 1)
     need("gemm_tile_setup_k", dev.gemm_tile_setup_k, 0 <= dev.gemm_tile_setup_k <= COUNT_MAX)
     need("gemm_tile", dev.gemm_tile, 1 <= dev.gemm_tile <= COUNT_MAX)

@@ -204,6 +204,10 @@ class DeviceProfile:
     # 4); a node of the cluster is then the domain, and a smaller one prices hosts joined by the network
     # (ClusterSpec.node_note); 0: the node's own devices
     nvlink_domain_devices: int = 0
+    # devices one host (its OS, one torchrun) holds where a node of the cluster is an NVLink domain of
+    # several hosts (GB200 NVL72: a compute tray of 4); a launcher starts ranks per host
+    # (ClusterSpec.launch_hosts); 0: the node is one host
+    devices_per_host: int = 0
     # the node's host, where offloaded states live; None: nothing can be offloaded (a CPU
     # profile's ranks already run on the host)
     host: HostSpec | None = None

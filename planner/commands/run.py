@@ -76,9 +76,9 @@ def _checkpoint_every(args: argparse.Namespace, pf: PlanFile) -> int:
 
 
 def _node_names(pf: PlanFile) -> list[str]:
-    """What each node must be: on a mixed cluster, a node of its group's device."""
+    """What each host a launcher starts must be: on a mixed cluster, a node of its group's device."""
     if not pf.cluster.is_mixed:
-        return [""] * pf.cluster.num_nodes
+        return [""] * pf.cluster.launch_hosts[0]
     from costmodel.groups import node_groups
     return [f" ({pf.cluster.groups[g].device.name} node)" for g in node_groups(pf.plan, pf.cluster)]
 
@@ -112,9 +112,9 @@ def _print_launch(args: argparse.Namespace, pf: PlanFile, worker) -> None:
         print(pytorchjob_yaml(pf, worker, args.image), end="")
         return
     from runtime.launch import node_commands, sbatch_script
-    print(f"# {pf.plan.short()} on {pf.cluster.num_nodes} node(s): run on node i (MASTER_ADDR = node 0)")
+    print(f"# {pf.plan.short()} on {pf.cluster.launch_hosts[0]} host(s): run on host i (MASTER_ADDR = host 0)")
     for i, cmd in enumerate(node_commands(pf, worker)):
-        print(f"# node {i}{names[i]}\n{cmd}")
+        print(f"# host {i}{names[i]}\n{cmd}")
     if not pf.cluster.is_mixed:   # slurm orders the nodes itself
         print("\n# or submit with sbatch:\n" + sbatch_script(pf, worker))
 

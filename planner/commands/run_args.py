@@ -25,7 +25,7 @@ EPILOG = """examples:
   planner search --model debug-tiny --cluster 1x2xlocal --out plan.json && planner run plan.json
   planner run plan.json --steps 20 --warmup 3 --out runs/tiny
   planner run plan.json --dry-run          (plans too big for this machine: states per rank on meta)
-  planner run plan.json --print-launch     (torchrun per node and an sbatch script)
+  planner run plan.json --print-launch     (torchrun per host and an sbatch script)
   planner run plan.json --print-launch --launcher hostfile --hostfile hosts.txt
   planner run plan.json --print-launch --launcher k8s --image registry/planner:0.1   (a Kubeflow PyTorchJob)
 
@@ -93,7 +93,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                    help="print how to launch the plan on its cluster instead of running it (--launcher); "
                         "paths in the commands must be on storage every node sees")
     p.add_argument("--launcher", choices=["slurm", "hostfile", "k8s"],
-                   help="with --print-launch: slurm (default: a torchrun command per node and an sbatch "
+                   help="with --print-launch: slurm (default: a torchrun command per host and an sbatch "
                         "script), hostfile (torchrun per host of --hostfile), k8s (a Kubeflow PyTorchJob YAML "
                         "for --image)")
     p.add_argument("--hostfile", metavar="F",

@@ -157,7 +157,8 @@ def render(pf: PlanFile, plan: Plan) -> tuple[str, str]:
     script = (f"with pp={plan.pp} it builds a PipelineModule(num_stages={plan.pp}, partition_method="
               f"'type:<your transformer block class>'): {_blocks_per_stage(pf.model.num_layers, plan.pp)}"
               if plan.pp > 1 else "it wraps the model with deepspeed.initialize, no PipelineModule")
-    launch = (f"deepspeed --num_nodes {c.num_nodes} --num_gpus {c.devices_per_node} train.py --deepspeed "
+    hosts, per_host = c.launch_hosts
+    launch = (f"deepspeed --num_nodes {hosts} --num_gpus {per_host} train.py --deepspeed "
               f"--deepspeed_config FILE (train.py: your script; {script})")
     return outputs.json_text(config(pf, plan)), launch
 

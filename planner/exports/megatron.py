@@ -311,14 +311,15 @@ def _connections_lines(connections: str | None) -> list[str]:
 
 def render(pf: PlanFile, plan: Plan) -> tuple[str, str]:
     c = pf.cluster
+    hosts, per_host = c.launch_hosts
     lines = ["#!/usr/bin/env bash",
              f"# Megatron-LM run of {plan.short()} for {pf.model.name} on {c.num_nodes}x{c.devices_per_node} "
-             f"{c.device.name} (planner export). Run on every node from a Megatron-LM checkout, with",
+             f"{c.device.name} (planner export). Run on every host ({hosts} of {per_host} GPUs) from a Megatron-LM checkout, with",
              "# NODE_RANK and MASTER_ADDR set; replace --mock-data and the NullTokenizer with your data, and the",
              "# 100 iterations at a constant learning rate (a throughput run) with your schedule.",
              "set -euo pipefail",
              *_connections_lines(_connections(pf, plan)),
-             f"torchrun --nnodes {c.num_nodes} --nproc-per-node {c.devices_per_node} --node-rank \"${{NODE_RANK:-0}}\" "
+             f"torchrun --nnodes {hosts} --nproc-per-node {per_host} --node-rank \"${{NODE_RANK:-0}}\" "
              "--master-addr \"${MASTER_ADDR:-localhost}\" --master-port 29500 \\",
              "    pretrain_gpt.py \\"]
     args = arguments(pf, plan)
@@ -326,4 +327,4 @@ def render(pf: PlanFile, plan: Plan) -> tuple[str, str]:
         end = " \\" if i < len(args) - 1 else ""
         words = [] if value is None else value.split(" ") if flag in _LIST_FLAGS else [value]
         lines.append(f"    {' '.join([flag, *map(shlex.quote, words)])}{end}")
-    return "\n".join(lines) + "\n", "bash FILE on every node (NODE_RANK, MASTER_ADDR set), from a Megatron-LM checkout"
+    return "\n".join(lines) + "\n", f"bash FILE on every host ({hosts} of {per_host} GPUs; NODE_RANK, MASTER_ADDR set), from a Megatron-LM checkout"

@@ -203,6 +203,7 @@ def render(pf: PlanFile, plan: Plan) -> tuple[str, str]:
     for section, values in sections(pf, plan).items():
         lines.append(f"\n[{section}]")
         lines += [f"{key} = {_value(value)}" for key, value in values.items()]
-    launch = (f"torchrun --nnodes {c.num_nodes} --nproc-per-node {c.devices_per_node} -m torchtitan.train "
-              "--job.config_file FILE (on every node, with torchrun's rendezvous flags)")
+    hosts, per_host = c.launch_hosts
+    launch = (f"torchrun --nnodes {hosts} --nproc-per-node {per_host} -m torchtitan.train "
+              "--job.config_file FILE (on every host, with torchrun's rendezvous flags)")
     return "\n".join(lines) + "\n", launch

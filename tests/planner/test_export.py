@@ -553,6 +553,22 @@ def test_search_exports_its_best_plan(tmp_path, capsys):
     assert "wrote" in capsys.readouterr().out and out.read_text().startswith("# torchtitan job")
 
 
+@pytest.mark.parametrize("target,launch", [
+    ("megatron", "torchrun --nnodes 32 --nproc-per-node 4"), ("torchtitan", "torchrun --nnodes 32 --nproc-per-node 4"),
+    ("deepspeed", "deepspeed --num_nodes 32 --num_gpus 4")])
+def test_an_nvlink_domain_node_is_launched_host_by_host(tmp_path, capsys, target, launch):
+    """A GB200 node is a rack's NVLink domain; its 4-GPU trays are the hosts a launcher starts ranks
+    on. A node that is not whole trays is refused in one line."""
+    out = tmp_path / "job"
+    assert main(["search", "--model", "llama3-8b", "--cluster", "2x64xGB200", "--top", "1", "--export", target,
+                 "--export-out", str(out)]) == 0
+    assert launch in capsys.readouterr().out + out.read_text()
+    assert main(["search", "--model", "llama3-8b", "--cluster", "1x6xGB200", "--top", "1", "--export", target]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith("GB200's hosts hold 4 devices each: nodes of 6 are not whole hosts, so no launcher can "
+                            "start them (nodes of a multiple of 4)")
+
+
 @pytest.mark.parametrize("flags,said", [
     (["--model", "llama3-8b", "--attention", "eager", "--tp", "2"], "--attention-backend unfused"),   # scores materialised
     (["--model", "qwen1.5-moe-a2.7b", "--ep", "4"], "--moe-shared-expert-gate"),   # Qwen2-MoE's gated shared expert

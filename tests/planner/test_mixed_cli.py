@@ -99,7 +99,7 @@ def test_the_launch_keeps_node_ranks_in_group_order(mixed_plan, capsys):
     assert "sbatch" not in out and "--rdzv-backend=c10d" not in out
     order = json.loads(mixed_plan.read_text())["plan"].get("group_order", [0, 1])
     first = ["A100-SXM4-80GB", "H100-SXM5-80GB"][order[0]]
-    assert f"# node 0 ({first} node)" in out and "--node-rank=7" in out and "--master-addr=" in out
+    assert f"# host 0 ({first} node)" in out and "--node-rank=7" in out and "--master-addr=" in out
 
 
 @pytest.mark.parametrize("mutate,message", [

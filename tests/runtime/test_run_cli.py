@@ -175,6 +175,19 @@ def test_print_launch_gives_one_torchrun_per_node_and_sbatch(tmp_path, capsys):
     assert "#SBATCH --nodes=8" in out and "--gpus-per-node=8" in out and "srun torchrun" in out
 
 
+def test_print_launch_starts_an_nvlink_domain_node_host_by_host(tmp_path, capsys):
+    """A GB200 node of the plan is a rack's NVLink domain of 4-GPU trays: torchrun runs a tray at a
+    time, and Slurm keeps a node's trays in one segment, as NVIDIA's launchers do."""
+    plan = tmp_path / "gb200.json"
+    assert main(["predict", "--model", "llama3-8b", "--cluster", "2x8xGB200", "--tp", "2", "--mbs", "1",
+                 "--out", str(plan), "--json"]) == 0
+    capsys.readouterr()
+    assert main(["run", str(plan), "--print-launch"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("torchrun --nnodes=4 --node-rank=") == 4 and "--nproc-per-node=4" in out
+    assert "#SBATCH --nodes=4" in out and "#SBATCH --gpus-per-node=4" in out and "#SBATCH --segment=2" in out
+
+
 def test_dry_run_shards_zero_over_dp_times_cp(tmp_path, capsys):
     """cp ranks hold the same weights, so ZeRO shards over dp x cp, in the runtime as in costmodel."""
     plan = tmp_path / "cp.json"
@@ -300,7 +313,7 @@ def test_print_launch_for_a_hostfile_runs_and_a_pytorchjob_parses(tmp_path, caps
     container = specs["Worker"]["template"]["spec"]["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 8 and "--nnodes=8" in container["command"]
     for text, message in (("localhost slots=4\n", "has slots=4, but the plan puts 2"),
-                          ("localhost\nlocalhost\n", "2 host(s), but the plan's cluster has 1 node(s)"),
+                          ("localhost\nlocalhost\n", "2 host(s), but the plan's cluster has 1 host(s)"),
                           ("no-such-host.invalid\n", "cannot be resolved from here")):
         hosts.write_text(text)
         assert main(["run", str(plan), "--print-launch", "--launcher", "hostfile", "--hostfile", str(hosts)]) == 2
