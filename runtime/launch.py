@@ -142,10 +142,10 @@ def local_command(nproc: int, worker: WorkerArgs) -> list[str]:
 
 
 def node_commands(pf: PlanFile, worker: WorkerArgs, hosts: list[str] | None = None) -> list[str]:
-    """One torchrun command per host (a node, or a host of one: ClusterSpec.launch_hosts), c10d
-    rendezvous on the first, which is told it hosts
-    the store (torchrun's own guess compares the endpoint with the machine's hostname and misses
-    an address on a secondary interface). With the nodes' `hosts`, each node also says which
+    """One torchrun command per host (a node, or each host of a node that spans several:
+    ClusterSpec.launch_hosts), c10d rendezvous on the first, which is told it hosts the store
+    (torchrun's own guess compares the endpoint with the machine's hostname and misses an address
+    on a secondary interface). With the `hosts`' names, each host also says which
     address is its own (--local-addr: else torchrun gives the ranks the machine's FQDN to meet
     at, which may be another interface); without, the first is $MASTER_ADDR."""
     c = pf.cluster

@@ -65,10 +65,10 @@ def pytorchjob_yaml(pf: PlanFile, worker: WorkerArgs, image: str) -> str:
                f"--max-restarts={worker.max_restarts}", "--rdzv-backend=c10d",
                "--rdzv-endpoint=$(MASTER_ADDR):$(MASTER_PORT)", "--rdzv-id=planner", *worker.argv()]
 
-    def replica(count: int) -> dict:
+    def replica(replicas: int) -> dict:
         gpus = {"nvidia.com/gpu": per_host} if c.device.kind != "cpu" else {}
         container = {"name": "pytorch", "image": image, "command": command, "resources": {"limits": gpus}}
-        return {"replicas": count, "restartPolicy": "OnFailure", "template": {"spec": {"containers": [container]}}}
+        return {"replicas": replicas, "restartPolicy": "OnFailure", "template": {"spec": {"containers": [container]}}}
     specs = {"Master": replica(1)}
     if count > 1:
         specs["Worker"] = replica(count - 1)

@@ -155,8 +155,8 @@ UNMODELLED = ("profiles/runs/unmodelled_runs.csv", "profiles/runs/gb200_runs.csv
 def measure_unmodelled(clock: Clock) -> list[dict]:
     """The published runs kept out of the calibration (profiles/runs/unmodelled_runs.csv: software
     the model has no traits for, or a plan it refuses; gb200_runs.csv, b300_runs.csv, gb300_runs.csv:
-    a device priced with another chip's fitted values, its runs the check of that): `planner validate` row by row, a refused row
-    counted apart. Errors of step time."""
+    a device priced with another chip's fitted values, its runs the check of that): `planner
+    validate` row by row, a refused row counted apart. Errors of step time."""
     from costmodel.inputs import UserError
     from planner.measure.runs_table import read_runs
     from planner.measure.validate import step_time_error_pct, summarize, validate_row

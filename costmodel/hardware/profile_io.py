@@ -276,12 +276,11 @@ def known_profiles() -> dict[str, DeviceProfile]:
 
 def float8_devices() -> str:
     """The shipped GPUs with float8 tensor cores (an fp8 peak in their profile), by die, slowest first:
-    "H100, H200, H800, B200, GB200"."""
+    "H100, H200, H800, B200, ..."."""
     peaks: dict[str, float] = {}
     for p in known_profiles().values():
         if p.kind == "gpu" and p.peak_flops_per_s.get("fp8", 0) > 0:
-            die = p.name.split("-")[0]
-            peaks[die] = max(peaks.get(die, 0.0), p.peak_flops_per_s["bf16"])
+            peaks[p.die] = max(peaks.get(p.die, 0.0), p.peak_flops_per_s["bf16"])
     return ", ".join(sorted(peaks, key=lambda die: (peaks[die], die)))
 
 

@@ -265,6 +265,11 @@ class DeviceProfile:
         object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self) if f.compare)))
 
     @property
+    def die(self) -> str:
+        """The die a profile's name starts with (H100-SXM5-80GB: H100), what the fit groups by."""
+        return self.name.split("-")[0]
+
+    @property
     def usable_memory_bytes(self) -> int:
         return self.reported_memory_bytes or self.memory_bytes
 

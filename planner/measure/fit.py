@@ -59,13 +59,8 @@ def chip(cluster: ClusterSpec) -> str:
     """The chip a profile's rows are fitted with: the die its name starts with (H100-SXM5-80GB and
     H100-HBM2e-96GB are one GH100, whose memory, clock under its power limit and network their
     profiles state apart), or the chip whose values it borrows."""
-    name = _die(cluster)
+    name = cluster.device.die
     return BORROWS.get(name, name)
-
-
-def _die(cluster: ClusterSpec) -> str:
-    """The die a profile's name starts with (H100-SXM5-80GB: H100)."""
-    return cluster.device.name.split("-")[0]
 
 
 def gemm_scale(cluster: ClusterSpec) -> float:
@@ -75,7 +70,7 @@ def gemm_scale(cluster: ClusterSpec) -> float:
     higher peak where the H100 reaches 0.80); 1 where its die is the lender's or either is unpublished."""
     lender = chip(cluster)
     own = cluster.device.best_matmul_fraction
-    theirs = _best_matmul_fraction(lender) if lender != _die(cluster) and own else 0.0
+    theirs = _best_matmul_fraction(lender) if lender != cluster.device.die and own else 0.0
     return own / theirs if theirs else 1.0
 
 
@@ -133,7 +128,7 @@ def current_values(cluster: ClusterSpec) -> dict[str, float]:
 
 def with_values(cluster: ClusterSpec, values: dict[str, float]) -> ClusterSpec:
     """The cluster with the chip's fitted `values`, less those its profile keeps (KEEPS)."""
-    if kept := KEEPS.get(_die(cluster)):
+    if kept := KEEPS.get(cluster.device.die):
         values = {**values, **{k: v for k, v in current_values(cluster).items() if k in kept}}
     dev = cluster.device
     speedup = values["vendor_attention_speedup"]
