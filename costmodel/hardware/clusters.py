@@ -77,12 +77,18 @@ class ClusterSpec:
 
     @property
     def node_note(self) -> str:
-        """One line where the nodes asked for are smaller than the NVLink domain their devices share
-        across hosts (DeviceProfile.nvlink_domain_devices): those nodes are priced as hosts joined
-        by the network, which the domain's NVLink would join; empty otherwise."""
+        """One line where the nodes asked for do not match the NVLink domain of their devices
+        (DeviceProfile.nvlink_domain_devices): larger than any system of the device has, they are
+        priced as if NVLink joined them all; smaller than a domain shared across hosts, they are
+        priced as hosts joined by the network, which the domain's NVLink would join. Empty otherwise."""
         domain = self.device.nvlink_domain_devices
+        if domain and self.devices_per_node > domain:
+            return (f"{self.device.name}'s NVLink joins at most {domain} devices; nodes of {self.devices_per_node} "
+                    f"are priced as one NVLink domain, which no {self.device.name} system has (e.g. "
+                    f"{-(-self.world_size // domain)}x{domain}x{self.device.name})")
         # a node of half a domain or more is one (a rack of which a job uses 64 of 72, NVL36)
-        if not domain or self.num_nodes == 1 or 2 * self.devices_per_node >= domain:
+        spans_hosts = domain > (self.device.devices_per_host or domain)
+        if not spans_hosts or self.num_nodes == 1 or 2 * self.devices_per_node >= domain:
             return ""
         racks = -(-self.world_size // domain)
         layout = (f"{racks}x{self.world_size // racks}x{self.device.name}" if self.world_size % racks == 0

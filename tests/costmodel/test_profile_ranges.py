@@ -73,6 +73,17 @@ def test_the_gb200_is_the_b200_chip_at_a_higher_clock_in_a_rack_wide_nvlink_doma
     assert (gb.devices_per_node, gb.num_nodes) == (64, 4)
 
 
+def test_nodes_larger_than_any_nvlink_domain_of_the_device_are_said_to_be_priced_as_one():
+    """An HGX H100 joins 8 GPUs on NVLink: 64 to a node would be priced as one NVLink domain, which no
+    H100 system has; nodes of 8 or fewer, and a GB200 rack's 64, are what systems have."""
+    from costmodel.hardware import parse_cluster
+    assert parse_cluster("1x64xH100").node_note == (
+        "H100-SXM5-80GB's NVLink joins at most 8 devices; nodes of 64 are priced as one NVLink domain, which "
+        "no H100-SXM5-80GB system has (e.g. 8x8xH100-SXM5-80GB)")
+    assert not any(parse_cluster(c).node_note for c in ("1x8xH100", "4x4xH100", "2x8xB300", "1x64xGB200"))
+    assert all(p.nvlink_domain_devices for p in PROFILES.values() if p.kind == "gpu")
+
+
 def test_gb200_nodes_smaller_than_the_nvlink_domain_are_said_to_be_priced_as_trays(capsys):
     """A GB200 cluster written as its 4-GPU trays prices them joined by InfiniBand, which the rack's
     NVLink joins: one line on stderr says so and names the layout that is the domain; a rack's 64 of
