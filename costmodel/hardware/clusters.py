@@ -102,10 +102,15 @@ class ClusterSpec:
         """(hosts, devices on each) a launcher starts ranks on (torchrun's --nnodes and --nproc-per-node):
         a node each, or where a node is an NVLink domain of several hosts (DeviceProfile.devices_per_host:
         a GB200 NVL72 rack's trays of 4) its hosts. A node that is not whole hosts is refused: no
-        launcher starts a different number of ranks on each host."""
-        host = self.device.devices_per_host
+        launcher starts a different number of ranks on each host; so is a mixed cluster of such nodes,
+        whose launch keeps a node per host in its groups' order."""
+        device = next((g.device for g in self.groups if g.device.devices_per_host), self.device)
+        host = device.devices_per_host
         if not host or self.devices_per_node <= host:
             return self.num_nodes, self.devices_per_node
+        if self.is_mixed:
+            raise UserError(f"a mixed cluster is launched a node per host, and {device.name}'s nodes of "
+                            f"{self.devices_per_node} span hosts of {host}: launch its groups apart")
         if self.devices_per_node % host:
             raise UserError(f"{self.device.name}'s hosts hold {host} devices each: nodes of {self.devices_per_node} "
                             f"are not whole hosts, so no launcher can start them (nodes of a multiple of {host})")

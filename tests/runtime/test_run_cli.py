@@ -186,6 +186,14 @@ def test_print_launch_starts_an_nvlink_domain_node_host_by_host(tmp_path, capsys
     out = capsys.readouterr().out
     assert out.count("torchrun --nnodes=4 --node-rank=") == 4 and "--nproc-per-node=4" in out
     assert "#SBATCH --nodes=4" in out and "#SBATCH --gpus-per-node=4" in out and "#SBATCH --segment=2" in out
+    # a mixed cluster's launch keeps a node per host: one whose nodes span hosts is refused in one line
+    mixed = tmp_path / "mixed.json"
+    assert main(["search", "--model", "llama3-8b", "--cluster", "2x8xH100+2x8xGB200", "--top", "1",
+                 "--out", str(mixed)]) == 0
+    capsys.readouterr()
+    assert main(["run", str(mixed), "--print-launch"]) == 2
+    assert capsys.readouterr().err.strip() == ("planner run: error: a mixed cluster is launched a node per host, and "
+                                               "GB200's nodes of 8 span hosts of 4: launch its groups apart")
 
 
 def test_dry_run_shards_zero_over_dp_times_cp(tmp_path, capsys):
