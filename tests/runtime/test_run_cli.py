@@ -164,13 +164,17 @@ def test_dry_run_lays_out_a_megatron_plans_folded_experts(tmp_path, capsys):
         assert row["elements_unsharded"] == counted.replicated + counted.experts
         assert row["elements_shard"] == counted.zero_shard(pf.plan, pf.cluster.framework)
 
-def test_print_launch_gives_one_torchrun_per_node_and_sbatch(tmp_path, capsys):
-    plan = tmp_path / "70b.json"
-    assert main(["predict", "--model", "llama-70b", "--cluster", "8x8xA100", "--tp", "8", "--pp", "4",
-                 "--out", str(plan), "--json"]) == 0
+def _printed_launch(tmp_path, capsys, *predict: str) -> str:
+    """What `planner run --print-launch` prints for the plan `planner predict` gives with these flags."""
+    plan = tmp_path / "plan.json"
+    assert main(["predict", *predict, "--out", str(plan), "--json"]) == 0
     capsys.readouterr()
     assert main(["run", str(plan), "--print-launch"]) == 0
-    out = capsys.readouterr().out
+    return capsys.readouterr().out
+
+
+def test_print_launch_gives_one_torchrun_per_node_and_sbatch(tmp_path, capsys):
+    out = _printed_launch(tmp_path, capsys, "--model", "llama-70b", "--cluster", "8x8xA100", "--tp", "8", "--pp", "4")
     assert out.count("torchrun --nnodes=8 --node-rank=") == 8
     assert "#SBATCH --nodes=8" in out and "--gpus-per-node=8" in out and "srun torchrun" in out
 
@@ -178,12 +182,7 @@ def test_print_launch_gives_one_torchrun_per_node_and_sbatch(tmp_path, capsys):
 def test_print_launch_starts_an_nvlink_domain_node_host_by_host(tmp_path, capsys):
     """A GB200 node of the plan is a rack's NVLink domain of 4-GPU trays: torchrun runs a tray at a
     time, and Slurm keeps a node's trays in one segment, as NVIDIA's launchers do."""
-    plan = tmp_path / "gb200.json"
-    assert main(["predict", "--model", "llama3-8b", "--cluster", "2x8xGB200", "--tp", "2", "--mbs", "1",
-                 "--out", str(plan), "--json"]) == 0
-    capsys.readouterr()
-    assert main(["run", str(plan), "--print-launch"]) == 0
-    out = capsys.readouterr().out
+    out = _printed_launch(tmp_path, capsys, "--model", "llama3-8b", "--cluster", "2x8xGB200", "--tp", "2", "--mbs", "1")
     assert out.count("torchrun --nnodes=4 --node-rank=") == 4 and "--nproc-per-node=4" in out
     assert "#SBATCH --nodes=4" in out and "#SBATCH --gpus-per-node=4" in out and "#SBATCH --segment=2" in out
     # a mixed cluster's launch keeps a node per host: one whose nodes span hosts is refused in one line
