@@ -43,6 +43,7 @@ class Recipe:
     gbs: int
     seq_len: int
     grad_dtype: str = "fp32"   # what its gradients are reduced in (Megatron's grad_reduce_in_fp32)
+    ep_overlap: bool = False   # Megatron-Core's --overlap-moe-expert-parallel-comm (`--ep-overlap`)
 
     def __post_init__(self) -> None:
         if self.tp * self.pp * self.cp * self.dp != self.num_gpus:
@@ -51,6 +52,8 @@ class Recipe:
             raise ValueError(f"recompute {self.recompute!r} is not one of none, selective, full")
         if self.grad_dtype not in (dtypes := [d.value for d in DType]):
             raise ValueError(f"grad_dtype {self.grad_dtype!r} is not one of {', '.join(dtypes)}")
+        if self.ep_overlap and (self.ep == 1 or self.framework != "megatron"):
+            raise ValueError("ep_overlap is Megatron-Core's, for a recipe with expert parallelism")
 
     def layout(self) -> str:
         parts = [f"tp{self.tp}", f"pp{self.pp}"] + [f"{k}{v}" for k, v in
@@ -112,6 +115,9 @@ def adapted(recipe: Recipe, train: TrainSpec, cluster: ClusterSpec, plan: Plan) 
     if train.grad_dtype.value != recipe.grad_dtype:
         changes.append(f"priced with {train.grad_dtype.value} gradients (the recipe's: {recipe.grad_dtype}, "
                        f"--grad-dtype {recipe.grad_dtype})")
+    if recipe.ep > 1 and cluster.framework.ep_a2a_overlap != recipe.ep_overlap:
+        changes.append("priced without the expert all-to-all overlap its recipe runs (--ep-overlap)"
+                       if recipe.ep_overlap else "priced with an expert all-to-all overlap its recipe leaves off")
     if (train.seq_len, train.global_batch_size) != (recipe.seq_len, recipe.gbs):
         changes.append(f"priced at seq {train.seq_len} x global batch {train.global_batch_size} "
                        f"(the recipe's: {recipe.seq_len} x {recipe.gbs})")

@@ -114,3 +114,23 @@ def test_a_recipe_priced_with_other_gradients_than_its_own_says_so(capsys):
     assert not recipe["fits"] and not recipe["within_error_band"]   # faster on paper, not a plan
     [recipe] = _recipes_shown(args + ["--grad-dtype", "bf16"], capsys)
     assert recipe["fits"] and "gradients" not in recipe["note"]
+
+
+def test_a_recipe_priced_without_its_expert_overlap_says_so(capsys):
+    """Megatron-Bridge's Qwen3-235B layout on 256 H100s (tp2 pp8 vp4 ep32) overlaps its expert
+    all-to-all with another micro-batch's compute; priced without `--ep-overlap` its note says
+    so; with it, on the cluster it was written for, nothing is adapted and less of its expert
+    communication is exposed."""
+    args = ["search", "--model", "qwen3-235b-a22b", "--cluster", "32x8xH100", "--framework", "megatron",
+            "--seq-len", "4096", "--global-batch", "8192", "--grad-dtype", "bf16"]
+    [plain] = _recipes_shown(args, capsys)
+    assert (plain["plan"]["tp"], plain["plan"]["pp"], plain["plan"]["vpp"], plain["plan"]["ep"]) == (2, 8, 4, 32)
+    assert "priced without the expert all-to-all overlap its recipe runs (--ep-overlap)" in plain["note"]
+    [overlapped] = _recipes_shown(args + ["--ep-overlap"], capsys)
+    assert not overlapped["note"]
+    assert _recipe_ep_exposed_s(overlapped) < _recipe_ep_exposed_s(plain)
+
+
+def _recipe_ep_exposed_s(compared: dict) -> float:
+    [line] = [line for line in compared["lines"] if line.startswith("comm/ep_exposed: ")]
+    return float(line.split()[1])   # "comm/ep_exposed: <the recipe's> s vs <the first plan's> s (...)"
