@@ -1,6 +1,6 @@
 """Write docs/results.md and docs/validation.md from the product checks, measured now, here.
 
-    python3 scripts/results.py [--time-limit S] [--with-plan-quality] [--with-closed-loop]
+    python3 scripts/results.py [--time-limit S] [--with-plan-quality] [--with-claims] [--with-closed-loop]
 
 Each check calls what its benchmark calls, or runs the benchmark and reads its printed lines:
 - accuracy in sample: `planner.measure.validate.validate` (what `python3 -m planner validate --json` prints);
@@ -10,6 +10,7 @@ Each check calls what its benchmark calls, or runs the benchmark and reads its p
 - search speed: `benchmarks/search_speed.py`'s `run`, case by case;
 - simulator speed: `python3 benchmarks/simulate_speed.py`, its printed lines;
 - `--with-plan-quality`: `python3 benchmarks/plan_quality.py --time-limit-s 10` (about 5 minutes);
+- `--with-claims`: `python3 benchmarks/plan_quality.py --as-published --time-limit-s 10` (about 10 minutes);
 - `--with-closed-loop`: `python3 benchmarks/closed_loop.py --out out/closed-loop` (about 10 minutes).
 
 Both files are written whole, and only once every check asked for has ended: a time limit
@@ -35,6 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # the pages beside this script
 from results_pages import (  # noqa: E402
+    CMD_CLAIMS,
     CMD_FIDELITY,
     CMD_LOOP,
     CMD_QUALITY,
@@ -43,6 +45,7 @@ from results_pages import (  # noqa: E402
     CMD_VALIDATE,
     GPU_RUNS,
     accuracy_section,
+    claims_section,
     closed_loop_section,
     kept_sections,
     plan_quality_section,
@@ -256,6 +259,28 @@ def measure_plan_quality(clock: Clock) -> dict:
     return parse_plan_quality(run_benchmark(CMD_QUALITY.split()[1:], clock))
 
 
+CLAIM_LINE = re.compile(r"^\s+fixed \{\}: fastest (.+?), ([\d.]+) s against ([\d.]+) s measured \(([+-][\d.]+)%\)")
+FLAGGED_HEAD = re.compile(r"^the search claims more than (\d+)% over the measured run: \d+ rows$")
+FLAGGED_ROW = re.compile(r"^  (\S+) \(([+-]\d+%): (.+) against (.+)\)$")
+
+
+def parse_claims(text: str) -> dict:
+    lines = text.splitlines()
+    head = next((i for i, line in enumerate(lines) if FLAGGED_HEAD.match(line)), None)
+    if head is None:
+        raise Failed(f"{CMD_CLAIMS} printed no list of claims")
+    flagged = [{"id": m[1], "claim": m[2], "fastest": m[3], "published": m[4]}
+               for m in map(FLAGGED_ROW.match, lines[head + 1:]) if m]
+    return {"rows": [{"claim_pct": float(m[4])} for m in map(CLAIM_LINE.match, lines) if m],
+            "skipped": sum(" skipped: " in line for line in lines), "flagged": flagged,
+            "threshold_pct": int(FLAGGED_HEAD.match(lines[head])[1])}
+
+
+def measure_claims(clock: Clock) -> dict:
+    clock.tick(f"claims over measured runs, about ten minutes ({CMD_CLAIMS})")
+    return parse_claims(run_benchmark(CMD_CLAIMS.split()[1:], clock))
+
+
 LOOP_SUMMARY = re.compile(r"^MAPE ([\d.]+)%\s+max \|error\| ([\d.]+)%\s+Spearman ([-\d.na]+)\s+\((\d+) plans\)$")
 
 
@@ -294,6 +319,7 @@ def main() -> int:
     parser.add_argument("--time-limit", type=float, default=3600.0, metavar="S",
                         help="stop after S seconds in all, writing nothing (default 3600)")
     parser.add_argument("--with-plan-quality", action="store_true", help=f"also {CMD_QUALITY} (minutes)")
+    parser.add_argument("--with-claims", action="store_true", help=f"also {CMD_CLAIMS} (minutes)")
     parser.add_argument("--with-closed-loop", action="store_true", help=f"also {CMD_LOOP} (about 10 minutes)")
     args = parser.parse_args()
     if not args.time_limit > 0:
@@ -332,6 +358,7 @@ def main() -> int:
 def optional_checks(args: argparse.Namespace) -> list[tuple]:
     """(section, asked for, measure, render) of each slow check."""
     return [("plan-quality", args.with_plan_quality, measure_plan_quality, plan_quality_section),
+            ("claims", args.with_claims, measure_claims, claims_section),
             ("closed-loop", args.with_closed_loop, measure_closed_loop, closed_loop_section)]
 
 

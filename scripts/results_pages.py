@@ -22,8 +22,9 @@ CMD_FIDELITY = "python3 benchmarks/fidelity.py"
 CMD_SEARCH = "python3 benchmarks/search_speed.py"
 CMD_SIMULATE = "python3 benchmarks/simulate_speed.py"
 CMD_QUALITY = "python3 benchmarks/plan_quality.py --time-limit-s 10"
+CMD_CLAIMS = "python3 benchmarks/plan_quality.py --as-published --time-limit-s 10"
 CMD_LOOP = "python3 benchmarks/closed_loop.py --out out/closed-loop"
-OPTIONAL = ("plan-quality", "closed-loop")
+OPTIONAL = ("plan-quality", "claims", "closed-loop")
 
 
 def machine_line(m: dict) -> str:
@@ -207,6 +208,23 @@ def plan_quality_section(q: dict, meta: dict) -> str:
                               "with tensor parallelism), so the search does not offer it.", "", "</details>"])
 
 
+def claims_section(c: dict, meta: dict) -> str:
+    rows, flagged = c["rows"], c["flagged"]
+    lines = ["## Where the search claims most over a measured run", "",
+             f"Measured {machine_line(meta)}: `{CMD_CLAIMS}`.", "",
+             "For every published run of a framework the planner exports to, the search in that framework's space "
+             "(`--framework`), priced with the run's own traits and the search's memory budget, against the run's "
+             "measured step. A search finds where its model is most optimistic, so a large claimed gain is a "
+             "prediction to check with a run before it is believed.", "",
+             f"Rows searched {len(rows)} (skipped, a framework with no export target: {c['skipped']}); how much "
+             f"faster the fastest plan is predicted than the run measured: median {statistics.median(r['claim_pct'] for r in rows):+.1f} %; "
+             f"more than {c['threshold_pct']} % faster: {len(flagged)} rows.", ""]
+    if flagged:
+        lines += ["| row | claimed | the search's fastest plan | the measured run's |", "|---|---:|---|---|"]
+        lines += [f"| {f['id']} | {f['claim']} | `{f['fastest']}` | `{f['published']}` |" for f in flagged]
+    return "\n".join(lines)
+
+
 def closed_loop_section(loop: dict, meta: dict) -> str:
     lines = ["## Closed loop on this machine", "", f"Measured {machine_line(meta)}: `{CMD_LOOP}` "
              f"({loop['wall_s']} s): a fresh profile, then a model no registry or probe holds, run by `planner run` in "
@@ -239,10 +257,12 @@ def results_md(sections: dict[str, str], meta: dict, command: str) -> str:
     head = ["# Results", "",
             f"Every figure the README and `docs/` quote, written by `{command}` ({machine_line(meta)}); do not edit. "
             "Each section names the machine, the date and the command that regenerates it. Optional sections "
-            "(`--with-plan-quality`, `--with-closed-loop`) keep their last measurement until measured again.", ""]
+            "(`--with-plan-quality`, `--with-claims`, `--with-closed-loop`) keep their last measurement until measured again.", ""]
     order = ("accuracy", "speed", *OPTIONAL)
     missing = {"plan-quality": f"## Plan quality\n\n{NOT_MEASURED}: "
                                "`python3 scripts/results.py --with-plan-quality`.",
+               "claims": f"## Where the search claims most over a measured run\n\n{NOT_MEASURED}: "
+                         "`python3 scripts/results.py --with-claims`.",
                "closed-loop": f"## Closed loop on this machine\n\n{NOT_MEASURED}: "
                               "`python3 scripts/results.py --with-closed-loop` (about 10 minutes on two cores with "
                               "fast bf16, AMX or AVX-512 bf16; its bf16 plans take far longer on a CPU without)."}

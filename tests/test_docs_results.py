@@ -68,6 +68,24 @@ def test_results_page_keeps_unmeasured_optional_sections_and_replaces_the_rest()
     assert RESULTS["kept_sections"](text).keys() == {"accuracy", "speed", "closed-loop"}   # not the placeholder
 
 
+def test_the_claims_section_lists_the_rows_the_search_claims_most_over():
+    claims = RESULTS["parse_claims"](
+        "tt_405b                     54,527      100,474 +84.3%  +84.3%     3   True  dp128 tp4+sp pp1 z3\n"
+        "                             fixed {}: fastest dp128 tp4+sp pp1 z3, 20.87 s against 40.96 s measured "
+        "(+96.2%); MFU 0.600 / HFU 0.798 against the measured run's MFU 0.306 / HFU 0.407\n"
+        "mpt_30b                      skipped: composer-fsdp has no export target\n"
+        "megatron_177B              994,292    1,013,214  +1.9%   +0.8%     4   True  dp72 tp8+sp pp4x8v z1\n"
+        "                             fixed {}: fastest dp48 tp4+sp pp6x8v cp2 z1, 4.66 s against 5.26 s measured "
+        "(+12.9%); MFU 0.494 / HFU 0.494 against the measured run's MFU 0.437 / HFU 0.437\n"
+        "\nthe search claims more than 15% over the measured run: 1 rows\n"
+        "  tt_405b (+96%: dp128 tp4+sp pp1 z3 against dp8 tp8+sp pp8 z3)\ncommand: python ...\n")
+    assert claims["skipped"] == 1 and [r["claim_pct"] for r in claims["rows"]] == [96.2, 12.9]
+    text = RESULTS["claims_section"](claims, META)
+    assert "Rows searched 2 (skipped, a framework with no export target: 1)" in text
+    assert "measured: median +54.6 %; more than 15 % faster: 1 rows." in text
+    assert "| tt_405b | +96% | `dp128 tp4+sp pp1 z3` | `dp8 tp8+sp pp8 z3` |" in text
+
+
 def test_benchmark_output_parsers_read_the_printed_lines():
     quality = RESULTS["parse_plan_quality"](
         "id  published tok/s ...\n"

@@ -93,6 +93,12 @@ def _as_profiled(row: dict[str, str], cluster: ClusterSpec, headroom: float = 0.
         cluster.device.efficiency, allocator_fragmentation=fragmentation)))
 
 
+def as_searched(row: dict[str, str], cluster: ClusterSpec) -> ClusterSpec:
+    """The row's cluster (its framework's traits) under the budget a search plans with: the
+    default headroom and the profile's allocator fragmentation."""
+    return _as_profiled(row, cluster, DEFAULT_MEMORY_HEADROOM)
+
+
 def past_budget(row: dict[str, str], cluster: ClusterSpec, est: Estimate, plan: Plan) -> tuple[float, float] | None:
     """Where a run fits the device (what validate judges) but a stage's predicted total passes the
     budget the planner plans with (the default headroom, the profile's allocator fragmentation:
@@ -102,7 +108,7 @@ def past_budget(row: dict[str, str], cluster: ClusterSpec, est: Estimate, plan: 
     Device memory only: an offloading run's host memory has no allocator of this kind."""
     if not est.fits:
         return None
-    budgets = rank_budgets_bytes(plan, _as_profiled(row, cluster, DEFAULT_MEMORY_HEADROOM))
+    budgets = rank_budgets_bytes(plan, as_searched(row, cluster))
     over = [(peak / budget, peak, budget) for peak, budget in zip(est.peak_memory_bytes, budgets) if peak > budget]
     return max(over)[1:] if over else None
 

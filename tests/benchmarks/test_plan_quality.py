@@ -45,3 +45,21 @@ def test_a_published_configuration_our_runtime_cannot_run_is_marked_and_not_held
     assert cells[1].endswith("†") and fastest < published
     assert "slower than the published one: 0 rows of those our runtime runs and fits" in proc.stdout
     assert "cannot run it as published, 1 rows" in proc.stdout
+
+
+def test_as_published_searches_the_rows_framework_and_lists_its_large_claims():
+    """--as-published: torchtitan's Llama 3.1 405B 3D run on 512 H100 (pp8 at 8 micro-batches,
+    1F1B: about half its step a bubble) is searched in torchtitan's space and priced with its
+    traits; the fastest plan claims far more than 15 % over the measured step and is listed at the
+    end with both layouts; a Composer row has no export target and is skipped in one line."""
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--as-published", "--time-limit-s", "5", "--ids",
+                           "tt25a_l31_405b_512_3d_1f1b_fp8", "mpt_7b_a100_40gb_s2048_g8"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    [skipped] = [ln for ln in proc.stdout.splitlines() if ln.startswith("mpt_7b_a100_40gb_s2048_g8 ")]
+    assert skipped.split(maxsplit=1)[1] == "skipped: composer-fsdp has no export target"
+    fixed = next(ln for ln in proc.stdout.splitlines() if "fixed {" in ln)
+    step_s, measured_s = map(float, re.search(r", ([\d.]+) s against ([\d.]+) s measured", fixed).groups())
+    assert measured_s == 40.96 and step_s < measured_s / 1.15
+    flagged = proc.stdout.split("the search claims more than 15% over the measured run: 1 rows\n")[1]
+    assert flagged.startswith("  tt25a_l31_405b_512_3d_1f1b_fp8 (+") and " against dp8 tp8+sp pp8 " in flagged
