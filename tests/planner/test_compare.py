@@ -13,7 +13,7 @@ from costmodel.estimate import estimate
 from costmodel.plan import Plan
 from planner.cli import main
 from planner.compare import OTHER_LAYOUT, layout, ledger_lines
-from planner.recipes import load_recipes, place, recipes_for
+from planner.recipes import RECIPES_PATH, load_recipes, place, recipes_for
 from planner.specs import build_specs
 
 SEARCH = ["search", "--model", "llama3-8b", "--cluster", "1x8xH100", "--seq-len", "4096", "--global-batch", "64"]
@@ -25,6 +25,16 @@ def test_every_recipe_names_its_source_and_its_model():
     for r in recipes:
         assert re.search(r"github\.com/\S+ \S+ @ (tag \S+|[0-9a-f]{40})", r.source), r.source
         build_specs(r.model, f"{r.num_gpus // r.gpus_per_node}x{r.gpus_per_node}x{r.device}")   # a known model
+
+
+def test_a_recipe_that_overlaps_experts_it_does_not_have_is_refused_by_name(tmp_path):
+    from costmodel.inputs import UserError
+    text = (RECIPES_PATH.read_text().split("[[recipe]]")[1]   # NeMo's Llama 3 8B: no experts
+            .replace('framework = "megatron"', 'framework = "megatron"\nep_overlap = true'))
+    (path := tmp_path / "recipes.toml").write_text("[[recipe]]" + text)
+    with pytest.raises(UserError, match=r"recipes\.toml recipe 1: ep_overlap is Megatron-Core's, for a recipe "
+                                        r"with expert parallelism"):
+        load_recipes.__wrapped__(path)
 
 
 @pytest.mark.parametrize("model, cluster, framework, expected", [
