@@ -5,7 +5,7 @@ global batch, and compare the chosen plan with the published configuration (empt
     python benchmarks/plan_quality.py [RUNS.csv] [--time-limit-s 20] [--ids ID ...] [--fix KEY=VALUE ...]
 
 Prints, per row: predicted tokens/s of the published configuration and of the fastest plan, both
-priced as our runtime would run them (its framework traits and memory margins: the gain is the
+priced as our runtime would run them unless --as-published (its framework traits and memory margins: the gain is the
 plan's, not another framework's kernels), the gain of the fastest and of the chosen plan (the
 most robust within the model's error band), the published configuration's rank among the
 search's top plans (">K" when it is not among them), and whether the search was proven optimal.

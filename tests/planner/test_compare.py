@@ -144,3 +144,12 @@ def test_a_recipe_priced_without_its_expert_overlap_says_so(capsys):
 def _recipe_ep_exposed_s(compared: dict) -> float:
     [line] = [line for line in compared["lines"] if line.startswith("comm/ep_exposed: ")]
     return float(line.split()[1])   # "comm/ep_exposed: <the recipe's> s vs <the first plan's> s (...)"
+
+
+def test_a_recipe_without_the_expert_overlap_priced_with_it_says_so(capsys):
+    """NeMo's Mixtral 8x7B recipe leaves the expert all-to-all overlap off: a search with
+    `--ep-overlap` prices it with the overlap, and its note says that difference."""
+    [recipe] = _recipes_shown(["search", "--model", "mixtral-8x7b", "--cluster", "8x8xH100", "--framework",
+                               "megatron", "--seq-len", "8192", "--global-batch", "512", "--ep-overlap"], capsys)
+    assert recipe["plan"] is not None
+    assert recipe["note"] == "priced with an expert all-to-all overlap its recipe leaves off"
