@@ -22,17 +22,18 @@ def validated():
 
 def test_published_runs_stay_within_the_measured_fidelity(validated):
     results, summary = validated
-    assert summary["n"] == sum(1 for r in results if r.error_pct is not None) == 229
-    # the worst rows are MPT-30B at 8k tokens on 8 A100 (+28 % tokens/s, a run near its memory
-    # limit), Megatron-LM's 1.7B on 48 H100 (-19 % iteration time: micro-batch and recomputation
-    # unstated, filled by the search) and GPT-NeoX-20B on DeepSpeed's pipeline over 96 A100 (+14 %
-    # tokens/s: gpt-neox's unfused kernels and per-layer syncs unpriced); the fit stays inside the
-    # published ranges of its parameters, away from their bounds (profiles' [ranges];
+    assert summary["n"] == sum(1 for r in results if r.error_pct is not None) == 228
+    # the worst rows are Megatron-LM's 1.7B on 48 H100 (-18 % iteration time: micro-batch and
+    # recomputation unstated, filled by the search), MLPerf's GPT-3 preview on 64 B200 (+14 %
+    # tokens/s) and GPT-NeoX-20B on DeepSpeed's pipeline over 96 A100 (+13 %: gpt-neox's unfused
+    # kernels and per-layer syncs unpriced); MPT-30B at 8k tokens on 8 A100, at its allocator's
+    # edge, is kept out (unmodelled_runs.csv). The fit stays inside the published ranges of
+    # its parameters, away from their bounds (profiles' [ranges];
     # tests/costmodel/test_profile_ranges.py)
     assert summary["mape_pct"] <= 5.0
-    assert summary["max_abs_error_pct"] <= 28.0
+    assert summary["max_abs_error_pct"] <= 20.0
     assert summary["spearman"] >= 0.99
-    assert sum(r.fits for r in results if r.error_pct is not None) == 229
+    assert sum(r.fits for r in results if r.error_pct is not None) == 228
     assert summary["num_status_correct"] == summary["num_status_rows"]
 
 
