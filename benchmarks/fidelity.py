@@ -4,7 +4,9 @@
 
 Prints, per row, the error of `planner validate` with the profiles as shipped (in sample: the
 profiles were fitted on this table) and the error when the row's whole source is left out of
-the fit (`planner.measure.fit.leave_one_source_out`), then both summaries, and the predicted
+the fit (`planner.measure.fit.leave_one_source_out`), then what the table covers (its measured
+rows, those on 256 or more GPUs and those on H100-class devices: the H100 chip's fit, which the
+H800, H200 and Blackwell parts borrow), both summaries, and the predicted
 memory against the rows that state what they used, and the values of a fit on the whole
 table that sit at a bound of their published range (a mechanism missing: the profiles then
 hold those values inside it, each saying so). `--fit` also prints the
@@ -44,6 +46,9 @@ def main() -> None:
         left = 100 * (math.exp(loso[row["id"]]) - 1)
         print(f"{row['id']:42} {row['source'][:28]:28} {step_time_error_pct(row, res.error_pct):+8.1f}% {left:+8.1f}%")
     held = fit.summary(list(loso.values()))
+    measured, large, hopper = fit.coverage(filled)
+    print(f"\ntable: {measured} measured rows, {large} on 256 or more GPUs, {hopper} on H100-class devices "
+          "(the H100 chip's fit: H100, H800, H200, B200)")
     stepped = [step_time_error_pct(row, res.error_pct) for res, row in zip(results, rows) if res.error_pct is not None]
     print("\nerrors are of step time: + predicted too slow, - too fast")
     print(f"in sample (profiles as shipped): rows {in_sample['n']}  MAPE {in_sample['mape_pct']:.1f}%  "

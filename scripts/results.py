@@ -147,7 +147,7 @@ def measure_accuracy(clock: Clock) -> dict:
     rows = [_row(res, row, loso.get(res.id), step_time_error_pct, fit.source_group(row["source"]))
             for res, row in zip(results, csv_rows)]
     return {"rows": rows, "summary": summary, "left_out": fit.summary(list(loso.values())),
-            "num_sources": len({r.source for r in filled}),
+            "num_sources": len({r.source for r in filled}), "coverage": fit.coverage(filled),
             "unmodelled": measure_unmodelled(clock)}
 
 

@@ -22,7 +22,7 @@ def _accuracy() -> dict:
     tokens = {**row, "id": "run_c", "source": "pytorch/torchtitan", "metric": "tokens_per_sec_per_gpu",
               "published": 3000.0, "predicted": 3100.0, "error_pct": 3.3, "step_error_pct": -3.2, "left_out_pct": 4.0}
     edge = {**tokens, "id": "run_d", "past_budget": True, "step_error_pct": -8.0, "left_out_pct": -9.0}
-    return {"rows": [row, oom, tokens, edge], "num_sources": 2,
+    return {"rows": [row, oom, tokens, edge], "num_sources": 2, "coverage": (2, 0, 2),
             "summary": {"n": 2, "mape_pct": 2.75, "max_abs_error_pct": 3.3, "spearman": 1.0,
                         "num_status_rows": 1, "num_status_correct": 1},
             "left_out": {"n": 2, "mape_pct": 3.5, "max_abs_error_pct": 4.0}}
@@ -62,6 +62,7 @@ def test_results_page_keeps_unmeasured_optional_sections_and_replaces_the_rest()
     assert "| 1x8xH100 | 1.0 | 0.50 | 1.20 | 1,234 | 3 | True |" in text and "did not finish" in text
     assert "| simulate (totals) | 17.0 |" in text
     assert "the leave-one-source-out MAPE measured here is 3.5 % (the same)" in text
+    assert "(2 timed rows, 0 of them on 256 or more GPUs and 2 on H100-class devices" in text
     assert "| nvidia/megatron-lm | 1 | 2.2 / -2.2 | 3.0 / -3.0 |" in text
     assert "1 run fits the device but not the budget the search plans with" in text
     assert "step time MAPE 8.0 %, mean -8.0 % (- predicted too fast), against 4.5 % over every run" in text

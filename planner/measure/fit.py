@@ -63,6 +63,15 @@ def chip(cluster: ClusterSpec) -> str:
     return BORROWS.get(name, name)
 
 
+def coverage(filled: list["FilledRow"]) -> tuple[int, int, int]:
+    """What a runs table covers: its measured rows (not status rows), those on 256 or more GPUs,
+    and those fitted with the H100 chip's values (H100, H800, H200 and the Blackwell parts that
+    borrow them: `chip`)."""
+    timed = [r for r in filled if r.row["metric_name"].strip() != "status"]
+    return (len(timed), sum(r.cluster.world_size >= 256 for r in timed),
+            sum(chip(r.cluster) == "H100" for r in timed))
+
+
 def gemm_scale(cluster: ClusterSpec) -> float:
     """A borrowing chip's GEMM fraction over the one fitted on its lender's rows: the two chips' best
     matmuls as fractions of their peaks (best_matmul_fraction, the MAMF table), since training's GEMMs

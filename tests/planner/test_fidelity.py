@@ -37,6 +37,19 @@ def test_published_runs_stay_within_the_measured_fidelity(validated):
     assert summary["num_status_correct"] == summary["num_status_rows"]
 
 
+def test_the_table_covers_the_scale_a_planner_is_used_at(validated):
+    """At least 150 measured rows, 60 of them on 256 or more GPUs and 60 on H100-class devices
+    (the H100 chip's fit), counted as fidelity.py and docs/results.md count them."""
+    from planner.measure import fit
+    from planner.measure.runs_table import read_runs, row_specs
+    results, _ = validated
+    filled = [fit.FilledRow(row=row, model=m, train=t, cluster=c, plan=res.plan)
+              for res, row in zip(results, read_runs(RUNS)) for m, t, c in [row_specs(row)]]
+    measured, large, hopper = fit.coverage(filled)
+    assert measured == 228 and measured < len(filled)   # the OOM row is not a measured one
+    assert large >= 60 and hopper >= 60
+
+
 def test_the_corrected_megatron_rows_are_zero_1_and_fit(validated):
     """The megatron_h100 rows state ZeRO-1 (--overlap-param-gather needs the distributed
     optimizer): at ZeRO-1 each fits without full recomputation forced on it."""
