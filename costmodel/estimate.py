@@ -60,6 +60,7 @@ from costmodel.rank_time import (
     spans,
     stage_pair_all_reduce_s,
 )
+from costmodel.selective_modules import priced_modules
 from costmodel.specs import ModelSpec, TrainSpec
 from costmodel.stage_costs import stage_costs
 
@@ -323,8 +324,9 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
     host = host_bytes_per_rank(model, train, plan, cluster.framework)
     host_capacity = host_budgets_bytes(plan, cluster) if offloads(plan) else [0.0] * plan.pp
     model_flops = float(model_flops_per_step(model, train))
-    executed = float(executed_flops_per_step(model, train, plan, cluster.framework.recompute_early_stop,
-                                               cluster.framework.selective_modules))
+    fw = cluster.framework
+    executed = float(executed_flops_per_step(model, train, plan, fw.recompute_early_stop,
+                                               priced_modules(fw.selective_modules, fw.selective_op_policy)))
     world_peak = world_peak_flops_per_s(cluster, train.compute_dtype)
     return Estimate(
         step_time_s=step_s, tokens_per_s=train.tokens_per_step / step_s,

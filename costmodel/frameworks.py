@@ -78,6 +78,8 @@ class FrameworkTraits:
     bf16_optimizer_all_reduce: bool = False
     ep_a2a_overlap: bool = False
     selective_modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES
+    # its selective recomputation is torchtitan's per-op policy, not modules (costmodel.selective_ops)
+    selective_op_policy: bool = False
 
 
 GENERIC = FrameworkTraits(name="generic", dp_grad_overlap=True, dp_param_overlap=True,
@@ -145,7 +147,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
                     cp_all_gather_kv=True, float8_casts_fused=True, float8_with_tp=True,
                     deferred_w_keeps_graph=True, shared_expert_tp=True, eager_rms_norm_composite=True,
                     ep_folds_over_tp=True, recompute_placement="every_nth", own_pipeline_schedules=False,
-                    **_FSDP),
+                    selective_op_policy=True, **_FSDP),
 )}
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from functools import lru_cache
 
+from costmodel.selective_modules import OP_POLICY
 from costmodel.specs import Arch, ModelSpec
 
 
@@ -70,7 +71,10 @@ MLA_UP_PROJECTIONS = ("wq", "wq_b", "wkv_b")
 def recomputed_linears(model: ModelSpec, module: str) -> tuple[Linear, ...]:
     """The projections a selectively recomputed module re-runs (Megatron-Core's names,
     costmodel.selective_modules): mla_up_proj the latent attention's up-projections, mlp a dense
-    MLP's (none in a mixture's layer, whose MLP dense_blocks leaves out); none for the others."""
+    MLP's (none in a mixture's layer, whose MLP dense_blocks leaves out), op_policy torchtitan's
+    every second projection in forward order; none for the others."""
+    if module == OP_POLICY:   # torchtitan's per-op policy: every second one in forward order
+        return tuple(lin for block in dense_blocks(model) for lin in block.linears)[1::2]
     wanted = {"mla_up_proj": ("attention", MLA_UP_PROJECTIONS), "mlp": ("mlp", None)}.get(module)
     if wanted is None:
         return ()

@@ -12,6 +12,15 @@ SELECTIVE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act")
 # Megatron-Core's other names: a whole mixture (its dispatch and combine again) or shared expert
 UNPRICED_MODULES = ("moe", "shared_experts")
 MEGATRON_CORE = "megatron-core"
+# torchtitan's per-op selective checkpointing (costmodel.selective_ops), priced as one more module:
+# not a name a user can give (module_problems refuses it as unknown)
+OP_POLICY = "op_policy"
+
+
+def priced_modules(selective_modules: tuple[str, ...], op_policy: bool) -> tuple[str, ...]:
+    """What a framework's selective recomputation re-runs, as the pricing names it: torchtitan's
+    per-op policy (frameworks `selective_op_policy`), else its modules (`selective_modules`)."""
+    return (OP_POLICY,) if op_policy else selective_modules
 
 
 def module_problems(names: tuple[str, ...], framework: str, model: ModelSpec | None = None) -> list[str]:

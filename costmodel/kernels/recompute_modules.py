@@ -4,12 +4,13 @@ at Megatron-LM d98e8a64): each module keeps its inputs and re-runs its forward o
 gradient arrives. The memory each frees: costmodel.memory.activations.layer_activation_bytes."""
 from __future__ import annotations
 
+from costmodel import selective_ops
 from costmodel.hardware import DeviceProfile
 from costmodel.kernels.elementwise import gelu_s
 from costmodel.kernels.gemm import _local_shape, _projection_s, expert_rows, linear_tokens, moe_tokens
 from costmodel.kernels.roofline import KernelShape, KernelTimes, memory_bound_s
 from costmodel.layout import recomputed_linears
-from costmodel.selective_modules import SELECTIVE_MODULES
+from costmodel.selective_modules import OP_POLICY, SELECTIVE_MODULES
 from costmodel.specs import ModelSpec, TrainSpec
 
 
@@ -30,11 +31,16 @@ def module_forward_s(model: ModelSpec, train: TrainSpec, shape: KernelShape, dev
     - moe_act: the experts' SwiGLU over the device's routed rows (reads the 2f-wide fc1 output,
       writes f);
     - layernorm: the norms Transformer Engine keeps apart from a linear, a latent attention's
-      input norm and a mixture's pre-MLP norm (each reads and writes the rank's hidden states)."""
+      input norm and a mixture's pre-MLP norm (each reads and writes the rank's hidden states);
+    - op_policy: torchtitan's per-op policy, every second projection and the elementwise ops
+      (costmodel.selective_ops)."""
     a, tp = train.compute_dtype.num_bytes, shape.tp
     tokens = shape.micro_batch_size * train.seq_len // shape.cp
     if name == "core_attn":
         return layer.attention_forward_s
+    if name == OP_POLICY:
+        return (_linears_forward_s(model, train, shape, dev, tokens, fused_casts, name)
+                + selective_ops.elementwise_recompute_s(model, train, shape, dev))
     if name == "mla_up_proj":
         if not model.is_mla:
             return 0.0

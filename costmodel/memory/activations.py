@@ -11,6 +11,7 @@ Tests check the published coefficients.
 """
 from __future__ import annotations
 
+from costmodel import selective_ops
 from costmodel.deepseek import dense_layer_model
 from costmodel.frameworks import RUNTIME, FrameworkTraits, shared_expert_split
 from costmodel.kernels import cp_chunk_scores, expert_rows, moe_tokens
@@ -74,7 +75,8 @@ def _linear_input_bytes(train: TrainSpec, plan: Plan, traits: FrameworkTraits) -
 def layer_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, mode: Recompute,
                            traits: FrameworkTraits = RUNTIME) -> float:
     """Bytes one layer keeps for backward, for one micro-batch, on one device. Under selective
-    recomputation the framework's modules (frameworks `selective_modules`) keep their inputs only."""
+    recomputation the framework's modules (frameworks `selective_modules`) keep their inputs only,
+    or torchtitan's per-op policy keeps what costmodel.selective_ops says."""
     a = train.compute_dtype.num_bytes
     selective = traits.selective_modules if mode is Recompute.SELECTIVE else ()
     lin = _linear_input_bytes(train, plan, traits)
@@ -141,6 +143,8 @@ def layer_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, mode:
             core += out_proj_input + a * _cp_cpu_mask_elements(train, plan, traits)
     else:  # softmax output (+ dropout mask and output), over local queries x all keys
         core = b * (model.num_heads / t) * s * train.seq_len * (a + (drop + a if drop else 0))
+    if mode is Recompute.SELECTIVE and traits.selective_op_policy:   # torchtitan's per-op policy
+        return selective_ops.saved_bytes(model, train, plan) + (mlp if model.is_moe else 0.0)
     return replicated + qkv + out_proj_input + mlp + core
 
 

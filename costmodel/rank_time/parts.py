@@ -32,6 +32,7 @@ from costmodel.rank_time.layer_comm import (
     _tp_hidden_bytes,
     _tp_layer_comm_s,
 )
+from costmodel.selective_modules import OP_POLICY, priced_modules
 from costmodel.specs import ModelSpec, TrainSpec
 
 MAX_SHAPES = 1 << 14   # per model, recipe and cluster; a full cache starts over
@@ -278,11 +279,13 @@ def _kernel_parts(model: ModelSpec, train: TrainSpec, shape: KernelKey, cluster:
     exposed, exposed_backward = tp_comm_exposed_shares(fw, dev.tp_comm_gemm_overlap, tp, shape.sequence_parallel,
                                                        tp_within_node=tp_in_one_node(tp, cluster.devices_per_node))
     exposed, exposed_backward = _contended(exposed, dev), _contended(exposed_backward, dev)
+    modules = priced_modules(fw.selective_modules, fw.selective_op_policy)
     return _KernelParts(
         layer=layer, early=early,
-        selective_s=selective_recompute_s(model, train, shape, dev, fw.selective_modules, layer,
-                                          fw.float8_casts_fused),
-        selective_mlp="mlp" in fw.selective_modules and not model.is_moe, exposed=exposed, exposed_backward=exposed_backward,
+        selective_s=selective_recompute_s(model, train, shape, dev, modules, layer, fw.float8_casts_fused),
+        # a dense MLP's re-run, or the per-op policy's, repeats TP collectives (times._recomputed_layer)
+        selective_mlp=("mlp" in modules or OP_POLICY in modules) and not model.is_moe,
+        exposed=exposed, exposed_backward=exposed_backward,
         embedding=embedding_kernel_times(model, train, shape, dev),
         head=head_kernel_times(model, train, shape, dev, fw.cpu_kernels, fw.fused_cross_entropy,
                                composite_rms_norm(fw)),

@@ -22,7 +22,7 @@ def validated():
 
 def test_published_runs_stay_within_the_measured_fidelity(validated):
     results, summary = validated
-    assert summary["n"] == sum(1 for r in results if r.error_pct is not None) == 228
+    assert summary["n"] == sum(1 for r in results if r.error_pct is not None) == 234
     # the worst rows are Megatron-LM's 1.7B on 48 H100 (-18 % iteration time: micro-batch and
     # recomputation unstated, filled by the search), MLPerf's GPT-3 preview on 64 B200 (+14 %
     # tokens/s) and GPT-NeoX-20B on DeepSpeed's pipeline over 96 A100 (+13 %: gpt-neox's unfused
@@ -33,7 +33,7 @@ def test_published_runs_stay_within_the_measured_fidelity(validated):
     assert summary["mape_pct"] <= 5.0
     assert summary["max_abs_error_pct"] <= 20.0
     assert summary["spearman"] >= 0.99
-    assert sum(r.fits for r in results if r.error_pct is not None) == 228
+    assert sum(r.fits for r in results if r.error_pct is not None) == 234
     assert summary["num_status_correct"] == summary["num_status_rows"]
 
 
@@ -46,8 +46,18 @@ def test_the_table_covers_the_scale_a_planner_is_used_at(validated):
     filled = [fit.FilledRow(row=row, model=m, train=t, cluster=c, plan=res.plan)
               for res, row in zip(results, read_runs(RUNS)) for m, t, c in [row_specs(row)]]
     measured, large, hopper = fit.coverage(filled)
-    assert measured == 228 and measured < len(filled)   # the OOM row is not a measured one
+    assert measured == 234 and measured < len(filled)   # the OOM row is not a measured one
     assert large >= 60 and hopper >= 60
+
+
+def test_torchtitan_s_per_op_checkpointing_holds_the_memory_its_8b_runs_reported(validated):
+    """torchtitan's selective 'op' policy (costmodel.selective_ops) on its 8B FSDP runs of 8 and
+    128 H100s (docs/performance.md @ d4c86e375 Tables 1 and 3): each fits, its reservation within
+    8 % of the one reported (priced as Megatron's selective, they were 62 % over and did not fit)."""
+    results, _ = validated
+    rows = [r for r in results if r.id.startswith("tt25a_l31_8b_")]
+    assert len(rows) == 6 and all(r.fits for r in rows)
+    assert all(abs(r.memory_error_pct) <= 8.0 for r in rows)
 
 
 def test_the_corrected_megatron_rows_are_zero_1_and_fit(validated):
