@@ -4,8 +4,9 @@
 (profiles/runs/published_runs.csv): each source's runs predicted by a fit on the other sources.
 `python benchmarks/fidelity.py` prints it (its "leave one source out" line): 5.0 % over the
 table's 234 runs from 15 sources, each shipped efficiency inside its published range and none at
-a bound, the whole table's fit too (`planner validate` names any that is, fidelity.py any the
-whole table's fit pins); docs/results.md says whether the two still agree.
+a bound (`planner validate` names any that is; fidelity.py any the whole table's free fit pins,
+which the profiles hold inside and say so: the H100's cuDNN speedup); docs/results.md says
+whether the two still agree.
 Plans whose predicted step times differ by less than this are not told apart by the evidence, so
 the search treats them as equivalent and prefers the more robust one (planner.search).
 """
