@@ -74,7 +74,7 @@ def recomputed_linears(model: ModelSpec, module: str) -> tuple[Linear, ...]:
     MLP's (none in a mixture's layer, whose MLP dense_blocks leaves out), op_policy torchtitan's
     every second projection in forward order; none for the others."""
     if module == OP_POLICY:   # torchtitan's per-op policy: every second one in forward order
-        return tuple(lin for block in dense_blocks(model) for lin in block.linears)[1::2]
+        return dense_linears(model)[1::2]
     wanted = {"mla_up_proj": ("attention", MLA_UP_PROJECTIONS), "mlp": ("mlp", None)}.get(module)
     if wanted is None:
         return ()
@@ -106,6 +106,12 @@ def mla_linears(model: ModelSpec) -> tuple[Linear, ...]:
 
 
 @lru_cache(maxsize=256)   # asked per kernel, count and FLOP formula: thousands of times per search
+def dense_linears(model: ModelSpec) -> tuple[Linear, ...]:
+    """The dense projections of a layer in the order its forward runs them (attention, then a
+    dense MLP)."""
+    return tuple(lin for block in dense_blocks(model) for lin in block.linears)
+
+
 def dense_blocks(model: ModelSpec) -> tuple[Block, ...]:
     """The blocks this model has as dense projections: a mixture of experts replaces the MLP
     (its router, experts and shared expert: costmodel.params.moe_params)."""

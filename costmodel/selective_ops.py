@@ -7,15 +7,13 @@ second one (counted in forward order), of the attention kernel and of TP's reduc
 re-runs everything else when backward needs it. A Llama block multiplies wq, wk, wv, wo, w1, w3,
 w2 in that order (layout.layer_blocks keeps it), so wq's, wv's, w1's and w2's outputs stay, and
 backward re-runs wk, wo and w3 with the norms, RoPE, SwiGLU's elementwise ops and, under sequence
-parallelism, the all-gathers of the blocks' inputs. A mixture's experts (grouped GEMMs) are
+parallelism, the all-gathers of the blocks' inputs (their time: costmodel.kernels.recompute_modules). A mixture's experts (grouped GEMMs) are
 priced as kept, as without recomputation. Float8 linears are counted as multiplies: torchtitan's
 published 8B runs hold the same memory with and without them (docs/performance.md @ d4c86e375
 Tables 1 and 3: 77.0 and 76.8 GiB, 62.0 and 61.8 GiB)."""
 from __future__ import annotations
 
-from costmodel.hardware import DeviceProfile
-from costmodel.kernels.roofline import KernelShape, memory_bound_s
-from costmodel.layout import Linear, Style, dense_blocks, recomputed_linears
+from costmodel.layout import Linear, Style, dense_linears, recomputed_linears
 from costmodel.plan import Plan
 from costmodel.selective_modules import OP_POLICY
 from costmodel.specs import ModelSpec, PositionKind, TrainSpec
@@ -25,7 +23,7 @@ def kept_linears(model: ModelSpec) -> tuple[Linear, ...]:
     """The projections whose outputs the policy keeps: the first and every second after it (the
     others: layout.recomputed_linears)."""
     again = recomputed_linears(model, OP_POLICY)
-    return tuple(lin for block in dense_blocks(model) for lin in block.linears if lin not in again)
+    return tuple(lin for lin in dense_linears(model) if lin not in again)
 
 
 def saved_bytes(model: ModelSpec, train: TrainSpec, plan: Plan) -> float:
@@ -39,23 +37,8 @@ def saved_bytes(model: ModelSpec, train: TrainSpec, plan: Plan) -> float:
     b, s = plan.micro_batch_size, train.seq_len // plan.cp
     tokens, h = b * s, model.hidden_size
     kept = sum(a * tokens * lin.out_features / (t if lin.style is Style.COLWISE else 1) for lin in kept_linears(model))
-    rows = sum(lin.style is Style.ROWWISE for block in dense_blocks(model) for lin in block.linears)
+    rows = sum(lin.style is Style.ROWWISE for lin in dense_linears(model))
     scattered = rows * a * tokens * h / sp if sp > 1 else 0.0
     attention = a * tokens * model.attention_output_size / t + 4.0 * b * (model.num_heads // t) * s
     rope = 4 * a * s * model.rotary_dims if model.position_kind is PositionKind.ROPE else 0.0
     return a * tokens * h / sp + kept + scattered + attention + rope
-
-
-def elementwise_recompute_s(model: ModelSpec, train: TrainSpec, shape: KernelShape, dev: DeviceProfile) -> float:
-    """The memory-bound ops the policy re-runs, per micro-batch on one device: the two norms
-    (each reads and writes the rank's hidden states), RoPE on Q and K, and SwiGLU's product (reads
-    the two f-wide projections, writes one); one kernel each."""
-    a, tp = train.compute_dtype.num_bytes, shape.tp
-    tokens = shape.micro_batch_size * train.seq_len // shape.cp
-    shard = tokens / tp if shape.sequence_parallel else tokens
-    norms = 2 * memory_bound_s(2 * a * shard * model.hidden_size, dev, 1)
-    rope = (memory_bound_s(2 * a * tokens * (model.q_hidden_size + model.kv_hidden_size) / tp, dev, 1)
-            if model.position_kind is PositionKind.ROPE else 0.0)
-    swiglu = (memory_bound_s(3 * a * tokens * model.ffn_hidden_size / tp, dev, 1)
-              if model.ffn_kind.gated and not model.is_moe else 0.0)
-    return norms + rope + swiglu

@@ -4,14 +4,13 @@ at Megatron-LM d98e8a64): each module keeps its inputs and re-runs its forward o
 gradient arrives. The memory each frees: costmodel.memory.activations.layer_activation_bytes."""
 from __future__ import annotations
 
-from costmodel import selective_ops
 from costmodel.hardware import DeviceProfile
 from costmodel.kernels.elementwise import gelu_s
 from costmodel.kernels.gemm import _local_shape, _projection_s, expert_rows, linear_tokens, moe_tokens
 from costmodel.kernels.roofline import KernelShape, KernelTimes, memory_bound_s
 from costmodel.layout import recomputed_linears
 from costmodel.selective_modules import OP_POLICY, SELECTIVE_MODULES
-from costmodel.specs import ModelSpec, TrainSpec
+from costmodel.specs import ModelSpec, PositionKind, TrainSpec
 
 
 def selective_recompute_s(model: ModelSpec, train: TrainSpec, shape: KernelShape, dev: DeviceProfile,
@@ -40,7 +39,7 @@ def module_forward_s(model: ModelSpec, train: TrainSpec, shape: KernelShape, dev
         return layer.attention_forward_s
     if name == OP_POLICY:
         return (_linears_forward_s(model, train, shape, dev, tokens, fused_casts, name)
-                + selective_ops.elementwise_recompute_s(model, train, shape, dev))
+                + _op_policy_elementwise_s(model, train, shape, dev, tokens))
     if name == "mla_up_proj":
         if not model.is_mla:
             return 0.0
@@ -49,8 +48,8 @@ def module_forward_s(model: ModelSpec, train: TrainSpec, shape: KernelShape, dev
     if name == "mlp":
         if model.is_moe:
             return 0.0
-        activation = (memory_bound_s(3 * a * tokens * model.ffn_hidden_size / tp, dev, 1) if model.ffn_kind.gated
-                      else gelu_s(model, shape, tokens, dev)[0])
+        activation = _swiglu_s(model, train, shape, dev, tokens) if model.ffn_kind.gated \
+            else gelu_s(model, shape, tokens, dev)[0]
         return _linears_forward_s(model, train, shape, dev, tokens, fused_casts, name) + activation
     if name == "moe_act":
         if not model.is_moe:
@@ -63,6 +62,25 @@ def module_forward_s(model: ModelSpec, train: TrainSpec, shape: KernelShape, dev
         shard = tokens / tp if shape.sequence_parallel else tokens
         return norms * memory_bound_s(2 * a * shard * model.hidden_size, dev, 1)
     raise ValueError(f"selective recomputation of module {name!r}: not one of {SELECTIVE_MODULES}")
+
+
+def _swiglu_s(model: ModelSpec, train: TrainSpec, shape: KernelShape, dev: DeviceProfile, tokens: int) -> float:
+    """A dense MLP's SwiGLU product: reads the two f-wide projections, writes one; one kernel."""
+    return memory_bound_s(3 * train.compute_dtype.num_bytes * tokens * model.ffn_hidden_size / shape.tp, dev, 1)
+
+
+def _op_policy_elementwise_s(model: ModelSpec, train: TrainSpec, shape: KernelShape, dev: DeviceProfile,
+                             tokens: int) -> float:
+    """The memory-bound ops torchtitan's per-op policy re-runs (costmodel.selective_ops): the two
+    norms (each reads and writes the rank's hidden states), RoPE on Q and K and a dense MLP's
+    SwiGLU product; one kernel each."""
+    a, tp = train.compute_dtype.num_bytes, shape.tp
+    shard = tokens / tp if shape.sequence_parallel else tokens
+    norms = 2 * memory_bound_s(2 * a * shard * model.hidden_size, dev, 1)
+    rope = (memory_bound_s(2 * a * tokens * (model.q_hidden_size + model.kv_hidden_size) / tp, dev, 1)
+            if model.position_kind is PositionKind.ROPE else 0.0)
+    swiglu = _swiglu_s(model, train, shape, dev, tokens) if model.ffn_kind.gated and not model.is_moe else 0.0
+    return norms + rope + swiglu
 
 
 def _linears_forward_s(model: ModelSpec, train: TrainSpec, shape: KernelShape, dev: DeviceProfile, tokens: int,

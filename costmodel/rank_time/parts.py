@@ -104,7 +104,7 @@ class ComputeParts:
     shape: TimeShape
     layer: KernelTimes
     selective_s: float   # what the framework's selective recomputation re-runs of the layer
-    selective_mlp: bool  # and whether that is a dense MLP with its TP collectives (Megatron-Core's `mlp`)
+    selective_tp: bool  # and whether that re-run repeats TP collectives (a dense MLP's, torchtitan's op policy)
     exposed: float   # the share of forward TP collectives the framework leaves exposed
     exposed_backward: float   # and of backward ones
     early: bool      # a full recomputation stops before the layer's last projection
@@ -139,7 +139,7 @@ class _KernelParts:
 
     layer: KernelTimes
     selective_s: float
-    selective_mlp: bool
+    selective_tp: bool
     early: bool
     exposed: float
     exposed_backward: float
@@ -247,7 +247,7 @@ def _compute_parts(model: ModelSpec, train: TrainSpec, shape: TimeShape, cluster
     dev = cluster.device
     k = kernels
     return ComputeParts(
-        shape=shape, layer=k.layer, selective_s=k.selective_s, selective_mlp=k.selective_mlp,
+        shape=shape, layer=k.layer, selective_s=k.selective_s, selective_tp=k.selective_tp,
         exposed=k.exposed, exposed_backward=k.exposed_backward, early=k.early,
         # Efficiency.recompute_cost: 1, or calibrate's fit
         again=dev.for_dtype(train.compute_dtype).efficiency.recompute_cost,
@@ -284,7 +284,7 @@ def _kernel_parts(model: ModelSpec, train: TrainSpec, shape: KernelKey, cluster:
         layer=layer, early=early,
         selective_s=selective_recompute_s(model, train, shape, dev, modules, layer, fw.float8_casts_fused),
         # a dense MLP's re-run, or the per-op policy's, repeats TP collectives (times._recomputed_layer)
-        selective_mlp=("mlp" in modules or OP_POLICY in modules) and not model.is_moe,
+        selective_tp=("mlp" in modules or OP_POLICY in modules) and not model.is_moe,
         exposed=exposed, exposed_backward=exposed_backward,
         embedding=embedding_kernel_times(model, train, shape, dev),
         head=head_kernel_times(model, train, shape, dev, fw.cpu_kernels, fw.fused_cross_entropy,

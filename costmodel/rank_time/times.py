@@ -234,9 +234,10 @@ def _recomputed_layer(c: ComputeParts, tp: float, tp_output_s: float, cp_fwd: fl
         skipped_tp = tp_output_s * c.exposed if c.early and c.shape.tp > 1 else 0.0
         return _times(rc=c.again * layer.recompute_forward_s, tp=tp - skipped_tp, cp=cp_fwd, ep=ep)
     if c.shape.recompute is Recompute.SELECTIVE:   # the framework's modules (frameworks `selective_modules`)
-        # a dense MLP re-run repeats its TP collectives: the output's, and under SP its input's
-        # all-gather of as many bytes
-        mlp_tp = (2 if c.shape.sequence_parallel else 1) * tp_output_s * c.exposed if c.selective_mlp else 0.0
+        # a re-run dense MLP (or torchtitan's per-op policy, which re-runs the blocks' inputs' gathers
+        # and wo's output) repeats TP collectives: the output's, and under SP an input's all-gather of as
+        # many bytes
+        mlp_tp = (2 if c.shape.sequence_parallel else 1) * tp_output_s * c.exposed if c.selective_tp else 0.0
         return _times(rc=c.again * c.selective_s, tp=mlp_tp)
     return ZERO_TIMES
 
