@@ -36,10 +36,11 @@ FREE = SplitRules()
 
 def recomputes_all(plan: Plan, rules: SplitRules) -> bool:
     """Whether every layer of the plan's recompute mode is recomputed: the framework's rule, or
-    selective recomputation under the block method (Megatron applies it to every layer)."""
+    selective recomputation where the framework applies it to every layer (Megatron's core
+    attention beside the block method; torchtitan's per-op policy beside every n-th layer)."""
     if plan.recompute is Recompute.NONE:
         return False
-    return rules.recompute_counts == "all" or (rules.recompute_counts == "block"
+    return rules.recompute_counts == "all" or (rules.recompute_counts in ("block", "every_nth")
                                                and plan.recompute is Recompute.SELECTIVE)
 
 

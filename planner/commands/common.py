@@ -129,7 +129,11 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--offload-activations", action="store_true",
                    help="copy what the layers save for backward (not their weights) to host memory and back, an "
                         "alternative to --recompute; needs a device profile with a [host] (GPUs)")
-    g.add_argument("--recompute", choices=[r.value for r in Recompute], default="none")
+    g.add_argument("--recompute", choices=[r.value for r in Recompute], default="none",
+                   help="activations recomputed in backward: none; selective, what the framework's selective "
+                        "mode re-runs (ours and Megatron's: the attention core, see --recompute-modules; "
+                        "torchtitan's: its per-op policy, every second matmul, on every layer); full, whole "
+                        "layers (--recompute-layers how many)")
     g.add_argument("--recompute-layers", metavar="N|N,N,...",
                    help="layers recomputed per pipeline rank: one count for every rank, or one per rank as the "
                         "search prints them (rc=full[3,2,3,1] is 3,2,3,1; rc=full:8/80, 8 of each rank's 80 "

@@ -6,9 +6,11 @@ torchtitan cannot say, and the nearest it runs (each a line of the export):
 - ZeRO-1: torchtitan's FSDP2 without resharding after forward is ZeRO-2 (gradients reduce-
   scattered every micro-batch); ZeRO-0 is replication (`data_parallel_replicate_degree`).
 - Tensor parallelism always comes with sequence parallelism there.
-- Recomputation: none, full, every n-th layer, or an op-level policy. Full recomputation of some
-  layers per rank is said as every n-th layer where the ranks' shares allow it, else all layers;
-  our selective (core attention) is none of torchtitan's, so full.
+- Recomputation: none, full, every n-th layer, or its per-op policy on every layer. Full
+  recomputation of some layers per rank is said as every n-th layer where the ranks' shares allow
+  it, else all layers. Selective recomputation is the per-op policy (`selective_ac_option = "op"`:
+  every second matmul's output recomputed, attention and the rest of its save list kept), on every
+  layer; a plan searched for our runtime (core attention recomputed) says what changes.
 - Rank order: pp, dp_replicate, dp_shard, cp, tp (outermost first); other mesh orders become it.
   Hybrid sharding (Plan.dp_replicate) is its data_parallel_replicate x data_parallel_shard.
 - DDP (ZeRO-0 with replicas) runs on a one-dimensional mesh only: with TP, PP, CP or EP beside
@@ -26,7 +28,14 @@ import json
 from costmodel.deepseek import deepseek_mechanisms
 from costmodel.plan import Plan, PlanFile, Recompute, every_nth_interval
 from costmodel.specs import Arch, AttentionKernel, DType, ModelSpec, TrainSpec
-from planner.exports.common import Adjusted, CannotExport, activations_on_device, to_rank_order, to_uniform_recompute
+from planner.exports.common import (
+    Adjusted,
+    CannotExport,
+    activations_on_device,
+    recompute_is_uniform,
+    to_rank_order,
+    to_uniform_recompute,
+)
 from planner.exports.torchtitan_models import flavour_of
 
 NAME = "torchtitan"
@@ -36,7 +45,7 @@ ORDER = ("pp", "dp", "cp", "tp")   # torchtitan's world mesh: pp, dp_replicate, 
 # the ZeRO stages and recompute modes it runs, whatever else a plan holds (`nearest` moves the
 # others; planner.targets keeps the search from listing them)
 ZERO_STAGES = frozenset({0, 2, 3})
-RECOMPUTE_MODES = frozenset({Recompute.NONE, Recompute.FULL})
+RECOMPUTE_MODES = frozenset({Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL})
 
 
 def nearest(pf: PlanFile) -> Adjusted:
@@ -65,10 +74,8 @@ def nearest(pf: PlanFile) -> Adjusted:
         adj.change("tensor parallelism without sequence parallelism: torchtitan always shards the sequence "
                    "between TP regions; with SP", sequence_parallel=True)
     plan = adj.plan
-    if plan.recompute not in RECOMPUTE_MODES:   # selective
-        to_uniform_recompute(adj, Recompute.FULL, "selective recomputation (core attention): torchtitan's "
-                                                  "selective modes are op-level or every n-th layer; full "
-                                                  "recomputation of every layer")
+    if plan.recompute is Recompute.SELECTIVE:
+        _per_op_policy(adj, pf)
     elif plan.recompute is Recompute.FULL and every_nth_interval(plan) is None:
         to_uniform_recompute(adj, Recompute.FULL, f"full recomputation of {list(plan.recompute_num_layers)} "
                                                   "layers per rank: torchtitan recomputes all layers or every "
@@ -78,6 +85,19 @@ def nearest(pf: PlanFile) -> Adjusted:
         adj.differences.append(_model_note(pf.model, adj.plan.pp))
     activations_on_device(adj, NAME)
     return adj
+
+
+def _per_op_policy(adj: Adjusted, pf: PlanFile) -> None:
+    """Selective recomputation as torchtitan runs it: its per-op policy, wrapped round every layer."""
+    plan = adj.plan
+    if not recompute_is_uniform(plan):
+        to_uniform_recompute(adj, Recompute.SELECTIVE, f"selective recomputation of {list(plan.recompute_num_layers)} "
+                                                       "layers per rank: torchtitan's per-op policy wraps every "
+                                                       "layer; all layers")
+    if pf.cluster.framework.name != FRAMEWORK:   # the plan was priced with our runtime's selective
+        adj.differences.append("selective recomputation: torchtitan's per-op policy (selective_ac_option 'op') "
+                               "recomputes every second matmul and keeps attention's output, where the plan "
+                               "recomputed core attention; priced as torchtitan runs it")
 
 
 def pipelines(m: ModelSpec) -> bool:
@@ -173,6 +193,8 @@ def sections(pf: PlanFile, plan: Plan) -> dict[str, dict]:
         })
     if plan.recompute is Recompute.NONE:
         checkpointing = {"mode": "none"}
+    elif plan.recompute is Recompute.SELECTIVE:   # every layer (nearest)
+        checkpointing = {"mode": "selective", "selective_ac_option": "op"}
     else:
         n = every_nth_interval(plan)
         checkpointing = {"mode": "full"} if n == 1 else {"mode": "selective", "selective_ac_option": str(n)}

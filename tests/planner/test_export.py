@@ -176,10 +176,43 @@ def test_torchtitan_reads_the_job_file(plan_paths, tmp_path, capsys, name):
         assert layers == list(range(pf.model.num_layers))
         assert [sum(n.startswith("layers.") for n in s) for s in stages] == plan["layers_per_stage"]
         assert job.training.local_batch_size == plan["micro_batch_size"] * plan["num_micro_batches"]
-    mode = job.activation_checkpoint.mode
-    assert mode == ("none" if plan["recompute"] == "none" else "full" if all(
-        c == n for c, n in zip(plan["recompute_num_layers"], _layers_by_rank(plan))) else "selective")
+    ac = job.activation_checkpoint
+    if plan["recompute"] == "selective":   # torchtitan's per-op policy, on every layer
+        assert (ac.mode, ac.selective_ac_option) == ("selective", "op")
+        assert plan["recompute_num_layers"] == _layers_by_rank(plan)
+    elif plan["recompute"] == "full" and plan["recompute_num_layers"] != _layers_by_rank(plan):
+        n = int(ac.selective_ac_option)   # every n-th layer each rank builds
+        assert ac.mode == "selective" and plan["recompute_num_layers"] == [c // n for c in _layers_by_rank(plan)]
+    else:
+        assert ac.mode == plan["recompute"]
     assert all(isinstance(d, str) and d for d in doc["differences"])
+
+
+def test_torchtitan_s_per_op_policy_is_searched_and_exported_as_searched(tmp_path, capsys):
+    """torchtitan's selective recomputation is its per-op policy on every layer: the search under
+    --framework torchtitan weighs it, the export writes it
+    unchanged as `selective_ac_option = "op"`, and a plan of ours recomputing core attention on
+    some layers becomes the per-op policy on all, each change a line."""
+    config = pytest.importorskip("torchtitan.config", reason="torchtitan (test extra) is not installed")
+    plan = tmp_path / "plan.json"
+    assert main(["search", "--model", "llama3-70b", "--cluster", "8x8xA100", "--framework", "torchtitan",
+                 "--fix", "recompute=selective", "--fix", "pp=4", "--top", "1", "--out", str(plan), "--json"]) == 0
+    searched = PlanFile.load(plan).plan
+    assert searched.recompute.value == "selective"
+    assert searched.recompute_num_layers == tuple(searched.layers_on_rank(r) for r in range(searched.pp))
+    doc = _export(capsys, plan, "torchtitan", tmp_path / "job.toml")
+    assert doc["differences"] == [] and doc["plan"] == searched.to_dict()
+    ac = config.ConfigManager().parse_args(["--job.config_file", str(tmp_path / "job.toml")]).activation_checkpoint
+    assert (ac.mode, ac.selective_ac_option) == ("selective", "op")
+    ours = tmp_path / "ours.json"
+    assert main(["predict", "--model", "llama3-8b", "--cluster", "1x8xH100", "--tp", "2", "--pp", "2",
+                 "--recompute", "selective", "--recompute-layers", "3,5", "--seq-len", "4096", "--global-batch", "64",
+                 "--out", str(ours), "--json"]) == 0
+    capsys.readouterr()
+    doc = _export(capsys, ours, "torchtitan", tmp_path / "ours.toml")
+    assert doc["plan"]["recompute"] == "selective" and doc["plan"]["recompute_num_layers"] == [16, 16]
+    assert any(d.startswith("selective recomputation of [3, 5] layers per rank") for d in doc["differences"])
+    assert any("torchtitan's per-op policy (selective_ac_option 'op')" in d for d in doc["differences"])
 
 
 @pytest.mark.parametrize("target", ["megatron", "deepspeed"])
