@@ -51,6 +51,9 @@ class Collective(StrEnum):
     HOST_TO_DEVICE = "host_to_device"   # an offloaded shard copied in (see the module docstring)
     DEVICE_TO_HOST = "device_to_host"   # a reduced gradient shard copied out
     HOST_ADD = "host_add"               # a copied-out gradient shard added to the host's on its cores
+    # FSDP2's gathered parameters copied out on the compute stream (costmodel.kernels.optimizer:
+    # gather_copy_out_s): device work, not a collective, beside the gather it follows
+    GATHER_COPY_OUT = "gather_copy_out"
 
 
 # what offloading adds beside the collectives: copies over PCIe and the host's own work

@@ -6,9 +6,10 @@ critical pipeline rank's (the busiest in the simulation) work over all micro-bat
 compute and the communication on its path, then its idle time in the pipeline (the bubble), then
 what happens once per step (exposed data-parallel synchronisation, tied-embedding sync, the
 gradient sync of parameters whole on every TP rank (a mixture, Q/K norms), optimizer), and the
-gradient accumulation and, on a plan of one data-parallel replica, FSDP's one-rank reduce and
-gathers, which run inside the passes but are booked once a step beside them
-(costmodel.rank_time.grad_accumulation_s, one_replica_fsdp_s). Peak activation memory per rank is the simulated peak.
+gradient accumulation, on a plan of one data-parallel replica FSDP's one-rank reduce and
+gathers, and with more replicas FSDP2's copies of what it gathers, which run inside the passes
+but are booked once a step beside them (costmodel.rank_time.grad_accumulation_s,
+one_replica_fsdp_s, dp_exposed_parts_s). Peak activation memory per rank is the simulated peak.
 
 The closed forms of costmodel.pipeline_closed_form are kept beside it as `closed_form_step_time_s`: the
 search optimises layer splits against them (they are affine enough for CP-SAT) and the tests use
@@ -53,7 +54,7 @@ from costmodel.rank_time import (
     RankTimes,
     Spans,
     after_pipeline_s,
-    dp_exposed_s,
+    dp_exposed_parts_s,
     grad_accumulation_s,
     one_replica_fsdp_parts_s,
     rank_times,
@@ -86,8 +87,8 @@ class Estimate:
     rank_time_per_micro_batch_s: list[float] = field(default_factory=list)
     bubble_fraction_per_rank: list[float] = field(default_factory=list)   # the same, each rank's (simulated)
     # per pipeline rank, seconds per step of its own work: compute, the TP/CP collectives and
-    # the gradient accumulation inside it (what the runtime times as a stage's busy time), and
-    # FSDP's one-rank gathers and, without a pipeline, its one-rank reduce
+    # the gradient accumulation inside it (what the runtime times as a stage's busy time), FSDP's
+    # one-rank gathers and, without a pipeline, its one-rank reduce, and FSDP2's copy-outs
     rank_work_s: list[float] = field(default_factory=list)
     # per pipeline rank, a pipeline's once-a-step one-rank FSDP reduce, which the runtime times
     # as the stage's DP sync (runtime.pipeline's perform_reduce_grad); 0 without a pipeline
@@ -179,7 +180,7 @@ def _tied_embedding_sync_s(model: ModelSpec, train: TrainSpec, plan: Plan, clust
     return stage_pair_all_reduce_s(num_bytes, sp, cluster)
 
 
-def _ledger(plan: Plan, critical: RankTimes, pp_s: float, bubble_s: float, dp_s: float,
+def _ledger(plan: Plan, critical: RankTimes, pp_s: float, bubble_s: float, dp_s: tuple[float, float],
             emb_s: float, after: tuple[float, float, float, float, float]) -> dict[str, float]:
     m = plan.num_micro_batches
     optim_s, host_s, replica_s, accumulate_s, fsdp_s = after
@@ -189,13 +190,14 @@ def _ledger(plan: Plan, critical: RankTimes, pp_s: float, bubble_s: float, dp_s:
         "compute/recompute": m * critical.recompute_s,
         "grads/accumulation": accumulate_s,
         "grads/fsdp_one_rank": fsdp_s,
+        "params/fsdp_copy_out": dp_s[1],
         "comm/tp_exposed": m * critical.tp_comm_s,
         "comm/cp_exposed": m * critical.cp_comm_s,
         "comm/ep_exposed": m * critical.ep_comm_s,
         "comm/activation_offload": m * critical.offload_s,
         "comm/pp_exposed": pp_s,
         "pipeline/bubble": bubble_s,
-        "comm/dp_exposed": dp_s,
+        "comm/dp_exposed": dp_s[0],
         "comm/embedding_sync": emb_s,
         "comm/tp_replica_sync": replica_s,
         "optimizer/step": optim_s,
@@ -297,6 +299,13 @@ def _pipeline_phase(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
     return ledger, memory, [], critical
 
 
+def _closed_form_step_s(plan: Plan, crit: RankTimes, closed: float, ledger_of: Callable[..., dict[str, float]]) -> float:
+    """The step with the pipeline's closed form: its ledger's sum, as `estimate(simulate=False)`
+    sums it (the search's times, to the last bit)."""
+    m = plan.num_micro_batches
+    return sum(ledger_of(crit, m * crit.pp_comm_s, closed - m * crit.total_s).values())
+
+
 def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan,
              *, simulate: bool = True) -> Estimate:
     """Predict one optimizer step. The plan must pass `check_plan` structurally.
@@ -309,14 +318,15 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
     sp = spans(plan, cluster)
     views = rank_views(plan, cluster)   # each rank priced by its device group's profile
     ranks = [rank_times(model, train, plan, views[r], sp, r) for r in range(plan.pp)]
-    dp_s = max(dp_exposed_s(model, train, plan, views[r], sp, r, ranks[r]) for r in range(plan.pp))
+    dp_parts = [dp_exposed_parts_s(model, train, plan, views[r], sp, r, ranks[r]) for r in range(plan.pp)]
+    dp_s = max(dp_parts, key=sum)   # the rank whose collectives and FSDP2 copy-outs take longest
     after = _after_pipeline(model, train, plan, cluster, views, sp)
     # what the runtime times as a stage's DP sync: a pipeline's once-a-step reduce
     sync_reduce = [reduce if plan.pp > 1 else 0.0 for reduce, _ in after.fsdp_s]
     emb_s = _tied_embedding_sync_s(model, train, plan, views[0], sp)
-    closed, critical = pipeline_time_s(plan, ranks) if plan.schedule.traits.closed_form else (None, None)
+    closed, closed_critical = pipeline_time_s(plan, ranks) if plan.schedule.traits.closed_form else (None, None)
     ledger_of = partial(_ledger, plan, dp_s=dp_s, emb_s=emb_s, after=after.slowest)
-    ledger, memory, idle, critical = _pipeline_phase(model, train, cluster, plan, views, ranks, closed, critical,
+    ledger, memory, idle, critical = _pipeline_phase(model, train, cluster, plan, views, ranks, closed, closed_critical,
                                                      ledger_of, simulate)
     step_s = sum(ledger.values())
     peak = [m.total_bytes for m in memory]
@@ -339,10 +349,11 @@ def estimate(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pla
         memory_breakdown_bytes=[m.to_dict() for m in memory], critical_rank=critical,
         rank_time_per_micro_batch_s=[r.total_s for r in ranks],
         bubble_fraction_per_rank=[s / step_s for s in idle],
-        # the accumulation and the one-rank gathers (and reduce, without a pipeline) run inside the
-        # rank's passes, which the runtime times as its work
+        # the accumulation, the one-rank gathers (and reduce, without a pipeline) and FSDP2's copy-outs
+        # run inside the rank's passes, which the runtime times as its work
         rank_work_s=[plan.num_micro_batches * (r.total_s - r.pp_comm_s) + a + gather + (reduce if plan.pp == 1 else 0.0)
-                     for r, a, (reduce, gather) in zip(ranks, after.accumulate_s, after.fsdp_s)],
+                     + copy for r, a, (reduce, gather), (_, copy) in zip(ranks, after.accumulate_s, after.fsdp_s, dp_parts)],
         rank_fsdp_reduce_s=sync_reduce,
-        closed_form_step_time_s=None if closed is None else closed + dp_s + emb_s + sum(after.slowest),
+        closed_form_step_time_s=None if closed is None else _closed_form_step_s(plan, ranks[closed_critical], closed,
+                                                                                 ledger_of),
         host_memory_bytes=host, host_capacity_bytes=min(host_budgets_bytes(plan, cluster)))

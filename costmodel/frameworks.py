@@ -61,6 +61,10 @@ class FrameworkTraits:
     recompute_early_stop: bool = False
     fused_grad_accumulation: bool = False
     one_replica_fsdp: bool = False
+    # FSDP2 copies each all-gather's output into the parameters on the compute stream, exposed
+    # (costmodel.kernels.optimizer: COPY_OUT_PASSES); FSDP1 and DeepSpeed gather into the flat
+    # buffer the parameters view
+    fsdp_copy_out: bool = False
     compiled_layer: bool = False
     dp_sync_per_chunk: bool = False
     dispatch_per_node: bool = False
@@ -95,7 +99,7 @@ RUNTIME = FrameworkTraits(name="planner", dp_grad_overlap=True, dp_param_overlap
                           fsdp_master_params=True, sp_regather_exposed=True, vocab_parallel_loss=False,
                           deferred_w_keeps_graph=True, cp_all_gather_kv=True,
                           float8_casts_fused=True, dp_collectives_per_layer=True, eager_layer=True,
-                          recompute_early_stop=True, one_replica_fsdp=True, ep_folds_over_tp=True,
+                          recompute_early_stop=True, one_replica_fsdp=True, fsdp_copy_out=True, ep_folds_over_tp=True,
                           hybrid_shard=True, own_pipeline_schedules=False)
 
 # f-wide tensors a compiled SwiGLU keeps for backward (`compiled_layer`): eager's four less
@@ -147,7 +151,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
                     cp_all_gather_kv=True, float8_casts_fused=True, float8_with_tp=True,
                     deferred_w_keeps_graph=True, shared_expert_tp=True, eager_rms_norm_composite=True,
                     ep_folds_over_tp=True, recompute_placement="every_nth", own_pipeline_schedules=False,
-                    selective_op_policy=True, **_FSDP),
+                    selective_op_policy=True, fsdp_copy_out=True, **_FSDP),
 )}
 
 

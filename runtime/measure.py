@@ -108,7 +108,8 @@ def _stage_parts(pf: PlanFile, est: Estimate, raw: dict[str, Any], step_s: float
     (with its zero_grad, which sets the gradients to None: microseconds), and the rest (waiting
     in the bubble, point-to-point transfers, the step's own host work: the ledger's host/step,
     which the runtime does not time apart). Without a pipeline FSDP
-    reduces gradients inside the backward pass, so the prediction's DP time joins the work."""
+    reduces gradients inside the backward pass, so the prediction's DP time joins the work; FSDP2's
+    copy-outs run inside the passes either way (Estimate.rank_work_s holds them)."""
     work = raw.get("stage_busy_s")
     if work is None:
         return None, None

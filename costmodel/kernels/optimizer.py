@@ -46,12 +46,24 @@ def gradient_cast_s(num_params: float, incoming: DType, accumulator: DType, num_
     return _traffic_s(num_params * (incoming.num_bytes + accumulator.num_bytes), num_tensors, dev)
 
 
+# FSDP2's copy of an all-gather's output into the tensors the parameters view
+# (foreach_all_gather_copy_out: torch.ops.fsdp.split_with_sizes_copy, run on the compute stream
+# once it has waited on the gather's event; torch 2.13's _fsdp_collectives): the gathered bytes
+# read and written once each
+COPY_OUT_PASSES = 2
+
 # FSDP2's own passes over a unit's parameters where its group has one rank, bytes per parameter
 # by the compute dtype's width w: the reduce copies the gradients into its fp32 flat buffer and
 # out into the fp32 sharded gradients (read and write each: 16); the gather casts the fp32 shard
 # into the all-gather's input (4 + w; no cast in fp32) and, with no all-gather on one rank, copies
-# it into the output the parameters view (2w) (torch 2.13's _fsdp_param_group)
-FSDP_SYNC_BYTES = {"reduce": lambda w: 16, "gather": lambda w: 2 * w + (4 + w if w < 4 else 0)}
+# it out (COPY_OUT_PASSES x w) (torch 2.13's _fsdp_param_group)
+FSDP_SYNC_BYTES = {"reduce": lambda w: 16, "gather": lambda w: COPY_OUT_PASSES * w + (4 + w if w < 4 else 0)}
+
+
+def gather_copy_out_s(gathered_bytes: float, dev: DeviceProfile) -> float:
+    """FSDP2's copy-out of one all-gather of `gathered_bytes` (COPY_OUT_PASSES) at the profile's
+    bandwidth: on the compute stream, so nothing hides it."""
+    return _traffic_s(COPY_OUT_PASSES * gathered_bytes, 0, dev)
 
 
 def fsdp_sync_s(kind: str, num_params: float, compute: DType, num_tensors: float, dev: DeviceProfile) -> float:

@@ -13,6 +13,7 @@ from costmodel.rank_time.after_pipeline import (
 from costmodel.rank_time.dp_terms import (
     DpTerm,
     dp_bucket_s,
+    dp_exposed_parts_s,
     dp_exposed_s,
     dp_groups,
     dp_hidden_s,
@@ -26,6 +27,6 @@ from costmodel.rank_time.times import ZERO_TIMES, RankTimeModel, RankTimes, fast
 
 __all__ = [
     "DpTerm", "RankTimeModel", "RankTimes", "Spans", "ZERO_TIMES", "after_pipeline_s", "dp_bucket_s",
-    "dp_exposed_s", "dp_groups", "dp_hidden_s", "dp_term_comm_s", "dp_terms", "dp_unit_layers", "dp_window_s",
+    "dp_exposed_parts_s", "dp_exposed_s", "dp_groups", "dp_hidden_s", "dp_term_comm_s", "dp_terms", "dp_unit_layers", "dp_window_s",
     "fastest_of", "grad_accumulation_s", "link_costs", "one_replica_fsdp_parts_s", "one_replica_fsdp_s",
     "rank_time_model", "rank_times", "spans", "split_dp_axis", "stage_pair_all_reduce_s", "tp_replica_sync_s"]

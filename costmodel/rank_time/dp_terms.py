@@ -9,6 +9,7 @@ from costmodel.comm import HOST_COPIES, Collective, collective_time_s
 from costmodel.frameworks import FrameworkTraits
 from costmodel.fsdp_units import fsdp_unit_layers, whole_stage_units
 from costmodel.hardware import ClusterSpec
+from costmodel.kernels.optimizer import gather_copy_out_s
 from costmodel.memory import reduces_every_micro_batch, unsharded_between_micro_batches
 from costmodel.params import (
     RankParams,
@@ -50,6 +51,8 @@ def dp_terms(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpe
     `comm_contention` (fitted; 0 where unknown) x the collective's time. Counted as exposed. A
     hidden TP collective costs the same (costmodel.rank_time.parts: _contended)."""
     terms = _dp_terms(model, train, plan, cluster.framework)
+    if cluster.framework.fsdp_copy_out:
+        terms += _copy_outs(terms)
     if plan.offload_optimizer:
         terms = _with_host_copies(terms, plan, cluster.framework)
     contention = cluster.device.efficiency.comm_contention
@@ -59,6 +62,18 @@ def dp_terms(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpe
     return terms + tuple(replace(t, window="none", scale=contention,
                                  collectives=tuple(c for c in t.collectives if c[0] not in HOST_COPIES))
                          for t in terms if t.window != "none")
+
+
+def _copy_outs(terms: tuple[DpTerm, ...]) -> tuple[DpTerm, ...]:
+    """FSDP2's copy-out after each of the terms' all-gathers (frameworks `fsdp_copy_out`): on the
+    compute stream, so exposed (window "none"), at the device's bandwidth (dp_term_comm_s)."""
+    return tuple(DpTerm(multiplier=t.multiplier, collectives=((Collective.GATHER_COPY_OUT, bpp),), window="none")
+                 for t in terms for kind, bpp in t.collectives if kind is Collective.ALL_GATHER)
+
+
+def copies_out(term: DpTerm) -> bool:
+    """Whether the term is FSDP2's copy-out (_copy_outs), which holds nothing else."""
+    return any(kind is Collective.GATHER_COPY_OUT for kind, _ in term.collectives)
 
 
 def _with_host_copies(terms: tuple[DpTerm, ...], plan: Plan, traits: FrameworkTraits) -> tuple[DpTerm, ...]:
@@ -158,6 +173,8 @@ def dp_term_comm_s(term: DpTerm, n_params: float, cluster: ClusterSpec, span: "D
     (costmodel.hardware.Efficiency.dp_comm): scaling the bandwidth alone left TP's collectives to
     tell the links' latency from their efficiency, which one message size cannot, and priced
     TP plans too slow."""
+    if copies_out(term):   # device work (_copy_outs): no link, no latency
+        return term.scale * sum(gather_copy_out_s(bpp * n_params, cluster.device) for _, bpp in term.collectives)
     scale = term.scale / cluster.device.efficiency.dp_comm
     if not term.pieces_per_layer:
         return scale * term.units * sum(_collective_s(kind, bpp * n_params / term.units, span, cluster)
@@ -257,17 +274,28 @@ def dp_bucket_s(model: ModelSpec, plan: Plan, term: DpTerm, cluster: ClusterSpec
 def dp_exposed_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
                  sp: Spans, rank: int, times: RankTimes) -> float:
     """Gradient reduction and parameter gathers over the dp x cp group (and the experts' edp x cp
-    group), minus what hides."""
+    group), minus what hides, with FSDP2's copy-outs (dp_exposed_parts_s)."""
+    return sum(dp_exposed_parts_s(model, train, plan, cluster, sp, rank, times))
+
+
+def dp_exposed_parts_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
+                       sp: Spans, rank: int, times: RankTimes) -> tuple[float, float]:
+    """(the collectives' exposed time, FSDP2's copy-outs after its gathers: _copy_outs)."""
     if sp.dp.size == 1 and not plan.offload_optimizer:
-        return 0.0
+        return 0.0, 0.0
     held = rank_params(model, plan, rank, cluster.framework)
     groups = dp_groups(model, plan, sp, held, cluster.framework)
     overlap = cluster.device.efficiency.overlap
-    exposed = sum(t.multiplier * dp_hidden_s(sum(dp_term_comm_s(t, n, cluster, span, unit) for n, unit, span in groups),
-                                             dp_window_s(t, times, overlap), dp_bucket_s(model, plan, t, cluster, sp))
-                  for t in dp_terms(model, train, plan, cluster))
+    exposed, copies = 0.0, 0.0
+    for t in dp_terms(model, train, plan, cluster):
+        s = t.multiplier * dp_hidden_s(sum(dp_term_comm_s(t, n, cluster, span, unit) for n, unit, span in groups),
+                                       dp_window_s(t, times, overlap), dp_bucket_s(model, plan, t, cluster, sp))
+        if copies_out(t):
+            copies += s
+        else:
+            exposed += s
     if coordinates(model, plan, cluster.framework):
         passes = (times.forward_s, times.backward_s, times.recompute_s)
         exposed += plan.num_micro_batches * coordinator_wait_s(model, train, plan, cluster, sp.shard, rank, passes,
                                                                (held.embedding, held.head))
-    return exposed
+    return exposed, copies
