@@ -46,6 +46,12 @@ ATTEMPTS: list[tuple[dict, float | None]] = [
     ({"symmetry_level": 4, "cp_model_probing_level": 0}, 0.3),
     ({}, None),
 ]
+# A budgeted attempt also stops at this many wall seconds per deterministic second: CP-SAT's
+# deterministic clock can fall far behind the wall's (a pp 12 split of Llama 3.1 405B on 1,152
+# H100s under full recomputation spent 7.8 s without presolve to reach 0.05 deterministic
+# seconds; with presolve the same model is proven in 0.03 s). Generous, so that an ordinary
+# model never reaches it and the answer stays the same on every machine.
+WALL_PER_DETERMINISTIC_S = 20.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -105,7 +111,7 @@ def solve_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
     deadline = time.perf_counter() + time_limit_s
     split = SplitModel(model, plan, ranks, fit, cutoff_s, rules)
     shared_count = _shared_block_count(plan, rules)
-    solver, status = split.solve(deadline, ATTEMPTS[:2] if shared_count else ATTEMPTS)
+    solver, status = split.solve(deadline, ATTEMPTS[:2] if shared_count else ATTEMPTS, WALL_PER_DETERMINISTIC_S)
     if shared_count and status not in (cp_model.OPTIMAL, cp_model.INFEASIBLE):
         return _solve_per_block_count(model, plan, ranks, fit, cutoff_s, rules, deadline)
     if status == cp_model.UNKNOWN:
@@ -136,7 +142,7 @@ def _solve_per_block_count(model: ModelSpec, plan: Plan, ranks: list[RankShape],
             optimal = False
             break
         split = SplitModel(model, plan, ranks, fit, cutoff_s, rules, block_k=k, ceiling=ceiling)
-        solver, status = split.solve(deadline, ATTEMPTS)
+        solver, status = split.solve(deadline, ATTEMPTS, WALL_PER_DETERMINISTIC_S)
         if status == cp_model.UNKNOWN:
             optimal = False
             continue

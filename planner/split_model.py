@@ -134,13 +134,16 @@ class SplitModel:
             cm.Add(objective <= ceiling)
         cm.Minimize(objective)
 
-    def solve(self, deadline: float, attempts: list[tuple[dict, float | None]]) -> tuple[cp_model.CpSolver, int]:
+    def solve(self, deadline: float, attempts: list[tuple[dict, float | None]],
+              wall_per_deterministic_s: float = math.inf) -> tuple[cp_model.CpSolver, int]:
         """The attempts (ATTEMPTS) in turn until one proves optimality or infeasibility, one
-        without a budget up to the deadline. With the bounds above the model is small and tight,
-        and presolve usually costs more than it saves."""
+        without a budget up to the deadline; a budgeted one also stops after
+        `wall_per_deterministic_s` x its budget of wall time. With the bounds above the model is
+        small and tight, and presolve usually costs more than it saves."""
         for attempt, budget in attempts:
-            solver, status = solve_model(self.cm, time_limit_s=max(0.1, deadline - time.perf_counter()),
-                                    deterministic_limit=budget, **attempt)
+            left_s = max(0.1, deadline - time.perf_counter())
+            wall_s = left_s if budget is None else min(left_s, max(0.1, wall_per_deterministic_s * budget))
+            solver, status = solve_model(self.cm, time_limit_s=wall_s, deterministic_limit=budget, **attempt)
             if status in (cp_model.OPTIMAL, cp_model.INFEASIBLE):
                 break
         return solver, status
