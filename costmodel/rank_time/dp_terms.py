@@ -49,7 +49,8 @@ def dp_terms(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpe
     hides behind compute a term for what hiding costs: NCCL's kernels take SMs and memory
     bandwidth from the GEMMs they run beside, so the compute slows by the device's
     `comm_contention` (fitted; 0 where unknown) x the collective's time. Counted as exposed. A
-    hidden TP collective costs the same (costmodel.rank_time.parts: _contended)."""
+    hidden TP collective costs the same (costmodel.rank_time.parts: _contended). Under FSDP2 each
+    gather is followed by its copy-out on the compute stream (_copy_outs)."""
     terms = _dp_terms(model, train, plan, cluster.framework)
     if cluster.framework.fsdp_copy_out:
         terms += _copy_outs(terms)
