@@ -65,6 +65,11 @@ class FrameworkTraits:
     # (costmodel.kernels.optimizer: COPY_OUT_PASSES); FSDP1 and DeepSpeed gather into the flat
     # buffer the parameters view
     fsdp_copy_out: bool = False
+    # FSDP2 reshards the parameters after every backward that reduces its gradients (FSDP2's default,
+    # which torchtitan's train loop keeps), so without a pipeline holding them ZeRO-2 gathers them
+    # again for each micro-batch's forward; our runtime keeps them gathered until the last one
+    # (runtime.train: set_reshard_after_backward)
+    reshards_after_backward: bool = False
     compiled_layer: bool = False
     dp_sync_per_chunk: bool = False
     dispatch_per_node: bool = False
@@ -151,7 +156,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
                     cp_all_gather_kv=True, float8_casts_fused=True, float8_with_tp=True,
                     deferred_w_keeps_graph=True, shared_expert_tp=True, eager_rms_norm_composite=True,
                     ep_folds_over_tp=True, recompute_placement="every_nth", own_pipeline_schedules=False,
-                    selective_op_policy=True, fsdp_copy_out=True, **_FSDP),
+                    selective_op_policy=True, fsdp_copy_out=True, reshards_after_backward=True, **_FSDP),
 )}
 
 

@@ -127,10 +127,12 @@ def _dp_terms(model: ModelSpec, train: TrainSpec, plan: Plan, traits: FrameworkT
     if z in (1, 2):
         # DeepSpeed's BF16_Optimizer all-reduces the fp32 gradients whole where ZeRO-1 reduce-scatters
         reduction = (ar, 4) if z == 1 and bf16_optimizer_all_reduces(train, traits) else (rs, g)
+        # resharded after each reducing backward (frameworks `reshards_after_backward`): gathered again
+        gathers = reduces if z == 2 and traits.reshards_after_backward else 1
         return (DpTerm(multiplier=1 if z == 1 else reduces, collectives=(reduction,), window=reduce_window,
                        pieces_per_layer=units, units=stages, window_micro_batches=spread if reduces == 1 or z == 1 else 1.0),
-                DpTerm(multiplier=1, collectives=((ag, w),), window=gather_window, pieces_per_layer=units,
-                       units=stages, window_micro_batches=spread))
+                DpTerm(multiplier=gathers, collectives=((ag, w),), window=gather_window, pieces_per_layer=units,
+                       units=stages, window_micro_batches=spread if gathers == 1 else 1.0))
     pieces = layer_param_tensors(model) if traits.zero3_gathers_per_param else 1
     if coordinates(model, plan, traits):
         # the gathers' wait walked as DeepSpeed's coordinator runs them (dp_exposed_s); their term

@@ -56,3 +56,18 @@ def test_fewer_micro_batches_copy_out_fewer_times():
 @pytest.mark.parametrize("name", ["composer-fsdp", "fms-fsdp", "megatron-core", "deepspeed"])
 def test_frameworks_that_gather_into_the_parameters_buffer_copy_nothing(name):
     assert not FRAMEWORKS[name].fsdp_copy_out
+
+
+def test_torchtitan_s_zero2_gathers_again_for_each_micro_batch_our_runtime_once():
+    """torchtitan leaves FSDP2 resharding after every backward that reduces (its train loop never
+    calls set_reshard_after_backward), so without a pipeline its ZeRO-2 gathers the parameters for
+    each micro-batch's forward, with a copy-out each time; our runtime keeps them gathered until the
+    last micro-batch and gathers once a step."""
+    titan, _, plan = _ledger(FRAMEWORKS["torchtitan"], 2, 1)
+    ours = _ledger(RUNTIME, 2, 1)[0]
+    assert plan.num_micro_batches == 4
+    once = _ledger(replace(FRAMEWORKS["torchtitan"], reshards_after_backward=False), 2, 1)[0]
+    copies = titan.time_breakdown_s["params/fsdp_copy_out"]
+    assert copies == pytest.approx(4 * once.time_breakdown_s["params/fsdp_copy_out"], rel=1e-6)
+    assert copies == pytest.approx(4 * ours.time_breakdown_s["params/fsdp_copy_out"], rel=1e-6)
+    assert titan.step_time_s > once.step_time_s
