@@ -1,6 +1,8 @@
 """FSDP2 copies each all-gather's output into the parameters' own tensors on the compute stream
 (`fsdp_copy_out`; torch's foreach_all_gather_copy_out): the gathered bytes read and written once
-each, after every gather, exposed. FSDP1 and Megatron gather into the buffer the parameters view."""
+each, after every gather, exposed. FSDP1 and Megatron gather into the buffer the parameters view.
+How often it gathers is the framework's: torchtitan's ZeRO-2 again for every micro-batch
+(`reshards_after_backward`), our runtime's once a step."""
 from __future__ import annotations
 
 from dataclasses import replace
