@@ -46,9 +46,9 @@ def main() -> None:
         left = 100 * (math.exp(loso[row["id"]]) - 1)
         print(f"{row['id']:42} {row['source'][:28]:28} {step_time_error_pct(row, res.error_pct):+8.1f}% {left:+8.1f}%")
     held = fit.summary(list(loso.values()))
-    measured, large, hopper = fit.coverage(filled)
+    measured, large, hopper, dies = fit.coverage(filled)
     print(f"\ntable: {measured} measured rows, {large} on 256 or more GPUs, {hopper} on H100-class devices "
-          "(the H100 chip's fit: H100, H800, H200, B200)")
+          f"(the H100 chip's fit: {dies})")
     stepped = [step_time_error_pct(row, res.error_pct) for res, row in zip(results, rows) if res.error_pct is not None]
     print("\nerrors are of step time: + predicted too slow, - too fast")
     print(f"in sample (profiles as shipped): rows {in_sample['n']}  MAPE {in_sample['mape_pct']:.1f}%  "

@@ -105,13 +105,14 @@ def mla_linears(model: ModelSpec) -> tuple[Linear, ...]:
             Linear(name="wo", in_features=model.attention_output_size, out_features=h, style=row, bias=False))
 
 
-@lru_cache(maxsize=256)   # asked per kernel, count and FLOP formula: thousands of times per search
+@lru_cache(maxsize=256)
 def dense_linears(model: ModelSpec) -> tuple[Linear, ...]:
     """The dense projections of a layer in the order its forward runs them (attention, then a
     dense MLP)."""
     return tuple(lin for block in dense_blocks(model) for lin in block.linears)
 
 
+@lru_cache(maxsize=256)   # asked per kernel, count and FLOP formula: thousands of times per search
 def dense_blocks(model: ModelSpec) -> tuple[Block, ...]:
     """The blocks this model has as dense projections: a mixture of experts replaces the MLP
     (its router, experts and shared expert: costmodel.params.moe_params)."""

@@ -7,8 +7,8 @@ second one (counted in forward order), of the attention kernel and of TP's reduc
 re-runs everything else when backward needs it. A Llama block multiplies wq, wk, wv, wo, w1, w3,
 w2 in that order (layout.layer_blocks keeps it), so wq's, wv's, w1's and w2's outputs stay, and
 backward re-runs wk, wo and w3 with the norms, RoPE, SwiGLU's elementwise ops and, under sequence
-parallelism, the all-gathers of the blocks' inputs (their time: costmodel.kernels.recompute_modules). A mixture's experts (grouped GEMMs) are
-priced as kept, as without recomputation. Float8 linears are counted as multiplies: torchtitan's
+parallelism, the all-gathers of the blocks' inputs (their time: costmodel.kernels.recompute_modules).
+A mixture's experts (grouped GEMMs) are priced as kept, as without recomputation. Float8 linears are counted as multiplies: torchtitan's
 published 8B runs hold the same memory with and without them (docs/performance.md @ d4c86e375
 Tables 1 and 3: 77.0 and 76.8 GiB, 62.0 and 61.8 GiB)."""
 from __future__ import annotations

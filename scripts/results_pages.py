@@ -123,8 +123,8 @@ def accuracy_section(acc: dict, gpus: dict, band: float, meta: dict) -> str:
         *([f"Fitted values at a bound of their published range (profiles' `[ranges]`; each a mechanism the fit "
            f"hides): {cell('; '.join(s['profile_problems']))}.", ""] if s.get("profile_problems") else []),
         f"Published runs: `profiles/runs/published_runs.csv` ({s['n']} timed rows, {acc['coverage'][1]} of them on "
-        f"256 or more GPUs and {acc['coverage'][2]} on H100-class devices (the H100 chip's fit: H100, H800, H200, "
-        "B200); every row in "
+        f"256 or more GPUs and {acc['coverage'][2]} on H100-class devices (the H100 chip's fit: "
+        f"{acc['coverage'][3]}); every row in "
         "[validation.md](validation.md)); the profiles were fitted on this table, so the in-sample rows flatter "
         "and the left-out ones are the error to expect on a kind of run the table does not hold. "
         + " ".join(f"{gpu['too_fast']} of the {gpu['n']} {name} runs are predicted too fast." for name, gpu in gpus.items())

@@ -22,7 +22,7 @@ def _accuracy() -> dict:
     tokens = {**row, "id": "run_c", "source": "pytorch/torchtitan", "metric": "tokens_per_sec_per_gpu",
               "published": 3000.0, "predicted": 3100.0, "error_pct": 3.3, "step_error_pct": -3.2, "left_out_pct": 4.0}
     edge = {**tokens, "id": "run_d", "past_budget": True, "step_error_pct": -8.0, "left_out_pct": -9.0}
-    return {"rows": [row, oom, tokens, edge], "num_sources": 2, "coverage": (2, 0, 2),
+    return {"rows": [row, oom, tokens, edge], "num_sources": 2, "coverage": (2, 0, 2, "H100"),
             "summary": {"n": 2, "mape_pct": 2.75, "max_abs_error_pct": 3.3, "spearman": 1.0,
                         "num_status_rows": 1, "num_status_correct": 1},
             "left_out": {"n": 2, "mape_pct": 3.5, "max_abs_error_pct": 4.0}}

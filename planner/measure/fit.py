@@ -63,13 +63,14 @@ def chip(cluster: ClusterSpec) -> str:
     return BORROWS.get(name, name)
 
 
-def coverage(filled: list["FilledRow"]) -> tuple[int, int, int]:
+def coverage(filled: list["FilledRow"]) -> tuple[int, int, int, str]:
     """What a runs table covers: its measured rows (not status rows), those on 256 or more GPUs,
-    and those fitted with the H100 chip's values (H100, H800, H200 and the Blackwell parts that
-    borrow them: `chip`)."""
+    those fitted with the H100 chip's values (H100 and the parts that borrow them: `chip`), and
+    those parts' dies, named as the table holds them."""
     timed = [r for r in filled if r.row["metric_name"].strip() != "status"]
-    return (len(timed), sum(r.cluster.world_size >= 256 for r in timed),
-            sum(chip(r.cluster) == "H100" for r in timed))
+    hopper = [r for r in timed if chip(r.cluster) == "H100"]
+    return (len(timed), sum(r.cluster.world_size >= 256 for r in timed), len(hopper),
+            ", ".join(sorted({r.cluster.device.die for r in hopper})))
 
 
 def gemm_scale(cluster: ClusterSpec) -> float:

@@ -45,9 +45,10 @@ def test_the_table_covers_the_scale_a_planner_is_used_at(validated):
     results, _ = validated
     filled = [fit.FilledRow(row=row, model=m, train=t, cluster=c, plan=res.plan)
               for res, row in zip(results, read_runs(RUNS)) for m, t, c in [row_specs(row)]]
-    measured, large, hopper = fit.coverage(filled)
+    measured, large, hopper, dies = fit.coverage(filled)
     assert measured == 234 and measured < len(filled)   # the OOM row is not a measured one
     assert large >= 60 and hopper >= 60
+    assert dies == "B200, H100, H200, H800"
 
 
 def test_torchtitan_s_per_op_checkpointing_holds_the_memory_its_8b_runs_reported(validated):
