@@ -37,11 +37,12 @@ class StageCost:
     recompute_s: float
     backward_s: float          # inputs and weights, without recomputation
     backward_weight_s: float   # the part of backward_s a zero-bubble schedule defers
-    send_s: float              # one activation (or gradient) transfer to the neighbour stage
+    send_s: float              # its output to the next stage's rank (its input's gradient too, unless send_back_s)
     activation_bytes: float    # held from forward to backward
     transient_bytes: float     # extra while its backward runs (the recomputed layer)
     weight_input_bytes: float = 0.0  # held from backward-for-inputs to backward-for-weights
     sent_held_bytes: float = 0.0     # each send to another rank, held until the step ends
+    send_back_s: float | None = None  # its input's gradient to the previous stage's rank (None: send_s)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -94,7 +95,8 @@ def _simulate(plan: Plan, costs: list[StageCost], keep_events: bool) -> Simulati
     fwd_cross = [j < n - 1 and owner[j + 1] != owner[j] for j in range(n)]
     bwd_cross = [j > 0 and owner[j - 1] != owner[j] for j in range(n)]
     fwd_send = [c.send_s if cross else 0.0 for c, cross in zip(costs, fwd_cross)]
-    bwd_send = [c.send_s if cross else 0.0 for c, cross in zip(costs, bwd_cross)]
+    bwd_send = [(c.send_s if c.send_back_s is None else c.send_back_s) if cross else 0.0
+                for c, cross in zip(costs, bwd_cross)]
     fwd_hold = [c.sent_held_bytes if cross else 0.0 for c, cross in zip(costs, fwd_cross)]
     bwd_hold = [c.sent_held_bytes if cross else 0.0 for c, cross in zip(costs, bwd_cross)]
     fwd_ready = [[-1.0] * m for _ in range(n)]   # stage j's output for micro-batch i has arrived

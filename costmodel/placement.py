@@ -30,6 +30,13 @@ class AxisSpan:
         return self.num_nodes > 1
 
 
+def same_node(span: AxisSpan, i: int, j: int) -> bool:
+    """Whether members i and j of a group laid out as `span` share a node: its members fill the
+    nodes `members_per_node` at a time, in order (the axes inside the group's fill a node
+    before the group's next member)."""
+    return not span.crosses_nodes or i // span.members_per_node == j // span.members_per_node
+
+
 def axis_strides(order: tuple[str, ...], degrees: tuple[int, ...]) -> dict[str, int]:
     """Rank distance between neighbours along each axis."""
     return {axis: prod(degrees[i + 1:]) for i, axis in enumerate(order)}

@@ -54,10 +54,11 @@ def stage_costs(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Cluster
         plan.schedule.traits.multi_stage and cluster.framework.pipeline_sends_held) else 0.0
     out = []
     recomputed = plan.recompute_per_stage(cluster.framework.recompute_placement)
+    sends = _boundary_sends(plan, rtms)
     for j, (layers, rc) in enumerate(zip(plan.layers_per_stage, recomputed)):
         first, last = j == 0, j == n - 1
         rtm = rtms[plan.stage_rank(j)]
-        send_s = rtm.pp_send_s
+        send_s, send_back_s = sends[j]
         t = rtm.at(layers, rc, first, last)
         compute = t.forward_s + t.backward_s + t.recompute_s
         comm = t.tp_comm_s + t.cp_comm_s + t.ep_comm_s + t.offload_s
@@ -69,7 +70,20 @@ def stage_costs(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Cluster
         weight_s = backward_s if keeps_graph and first else t.backward_weight_s
         out.append(StageCost(forward_s=t.forward_s * (1 + share), recompute_s=t.recompute_s * (1 + share),
                              backward_s=backward_s, backward_weight_s=weight_s, send_s=send_s,
+                             send_back_s=send_back_s,
                              activation_bytes=held, transient_bytes=transient,
                              weight_input_bytes=held + kept_grads(layers, first, last) if keeps_graph
                              else w_inputs * layers, sent_held_bytes=sent_held))
     return out
+
+
+def _boundary_sends(plan: Plan, rtms: list[RankTimeModel]) -> list[tuple[float, float]]:
+    """Per virtual stage, (its output to the next stage's rank, its input's gradient to the
+    previous one's), each on its own link (RankTimeModel.sends_s: NVLink where the two ranks
+    share a node)."""
+    n = plan.num_virtual_stages
+    if plan.pp == 1:
+        return [(0.0, 0.0)] * n
+    ranks = [plan.stage_rank(j) for j in range(n)]
+    return [(rtms[r].sends_s[r][0] if j < n - 1 else 0.0, rtms[r].sends_s[r][1] if j > 0 else 0.0)
+            for j, r in enumerate(ranks)]

@@ -87,9 +87,14 @@ def pipeline_rows(rtm: RankTimeModel, plan: Plan) -> tuple[list[tuple], list[tup
     """Per pipeline rank, the t and f coefficients of RankShape (what the pipeline bound needs),
     without the optimizer and DP parts."""
     first, last = plan.stage_rank(0), plan.stage_rank(plan.num_virtual_stages - 1)
-    kinds = {(r == first, r == last) for r in range(plan.pp)}
-    rows = {kind: _pipeline_rows(rtm, plan, rtm.at(0, 0, *kind)) for kind in kinds}
-    per_rank = [rows[r == first, r == last] for r in range(plan.pp)]
+    rows: dict[tuple, tuple] = {}
+    per_rank = []
+    for r in range(plan.pp):
+        own = rtm.for_rank(r)   # its own sends (costmodel.rank_time.RankTimeModel.sends_s)
+        kind = (r == first, r == last, own.pp_comm_s)
+        if kind not in rows:
+            rows[kind] = _pipeline_rows(own, plan, own.at(0, 0, r == first, r == last))
+        per_rank.append(rows[kind])
     return [t for t, _ in per_rank], [f for _, f in per_rank]
 
 
@@ -159,12 +164,13 @@ def rank_shapes(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
     memory = memory or stage_memory_shapes(model, train, plan, cluster.device.efficiency.reserved_memory_bytes,
                                           cluster.framework)
     first, last = plan.stage_rank(0), plan.stage_rank(plan.num_virtual_stages - 1)
-    times: dict[tuple[bool, bool], tuple] = {}
+    times: dict[tuple[bool, bool, float], tuple] = {}
     out = []
     for r, mem in enumerate(memory):
-        key = (r == first, r == last)
+        own = rtm.for_rank(r)   # its own sends (costmodel.rank_time.RankTimeModel.sends_s)
+        key = (r == first, r == last, own.pp_comm_s)
         if key not in times:
-            times[key] = _time_shape(model, train, cluster, plan, rtm, *key, dp_shape)
+            times[key] = _time_shape(model, train, cluster, plan, own, r == first, r == last, dp_shape)
         t, f, opt, dp = times[key]
         out.append(RankShape(t, f, opt, dp, mem))
     return out

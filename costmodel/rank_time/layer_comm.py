@@ -10,7 +10,7 @@ from costmodel.layout import Block, dense_blocks
 from costmodel.memory import layer_activation_bytes
 from costmodel.moe_dispatch import dispatch_combine_s
 from costmodel.params import ceil_div
-from costmodel.placement import AxisSpan
+from costmodel.placement import AxisSpan, same_node
 from costmodel.plan import Plan, Recompute
 from costmodel.specs import ModelSpec, TrainSpec
 
@@ -189,24 +189,43 @@ def _gathered_logits_gather_s(model: ModelSpec, train: TrainSpec, plan: Plan, cl
     return collective_time_s(Collective.ALL_GATHER, gathered, span, cluster)
 
 
-def _pp_send_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
-               span: AxisSpan) -> float:
-    """One micro-batch's activations (or their gradient) to the next stage; with TP each rank
-    sends only its 1/t slice (SC'21 scatter/gather optimisation). DeepSpeed's PipelineEngine
-    (`pipe_engine_sends`) sends the 1/t slice forward with the s x s attention mask in 16 bits
-    beside it, and the whole gradient back from every TP rank. Its schedule runs each send and
-    each receive as its own blocking instruction (SendActivation, RecvActivation, SendGrad,
-    RecvGrad: runtime/pipe/p2p.py's send and recv refuse async_op), so a stage is held for both
-    transfers it sends and both it receives, where Megatron pairs a send with a receive in one
-    batched call: priced as the two transfers' sum, the simulation's one send a way (each rank
-    pays it twice a micro-batch; a hand-off's latency is then one transfer long, a small
-    pessimism in the fill and the drain)."""
+def pp_rank_sends_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
+                    span: AxisSpan) -> tuple[tuple[float, float], ...]:
+    """Per pipeline rank, (its send to the next rank, its send to the previous one), round the
+    ring (interleaved chunks hand on from the last rank to the first), each on its own link
+    (pp_sends_s, placement.same_node): RankTimeModel.sends_s. A mixed cluster's pipelines cross
+    the groups' link: every send at its tier. Without a pipeline, none."""
     if plan.pp == 1:
-        return 0.0
-    tier = cluster.pipeline_tier(span.num_nodes)
+        return ()
+    within, across = pp_sends_s(model, train, plan, cluster, span)
+    p = span.size   # the pipeline's degree (`plan` may be a shape that only says there is one)
+    if cluster.pipeline_link is not None:
+        return ((across, across),) * p
+
+    def send_s(r: int, k: int) -> float:
+        return within if same_node(span, r, k % p) else across
+    return tuple((send_s(r, r + 1), send_s(r, r - 1)) for r in range(p))
+
+
+def pp_sends_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
+               span: AxisSpan) -> tuple[float, float]:
+    """(within a node, across nodes): one micro-batch's activations (or their gradient) to a
+    neighbouring stage's rank on the same node (its NVLink) and on another (the tier the
+    pipeline's group crosses); with TP each rank sends only its 1/t slice (SC'21 scatter/gather
+    optimisation). DeepSpeed's PipelineEngine (`pipe_engine_sends`) sends the 1/t slice forward
+    with the s x s attention mask in 16 bits beside it, and the whole gradient back from every
+    TP rank. Its schedule runs each send and each receive as its own blocking instruction
+    (SendActivation, RecvActivation, SendGrad, RecvGrad: runtime/pipe/p2p.py's send and recv
+    refuse async_op), so a stage is held for both transfers it sends and both it receives, where
+    Megatron pairs a send with a receive in one batched call: priced as the two transfers' sum,
+    the simulation's one send a way (each rank pays it twice a micro-batch; a hand-off's latency
+    is then one transfer long, a small pessimism in the fill and the drain)."""
     whole = (train.compute_dtype.num_bytes * plan.micro_batch_size * train.seq_len // plan.cp
              * model.hidden_size)
-    if not cluster.framework.pipe_engine_sends:
-        return p2p_time_s(whole / plan.tp, tier)
     mask = 2.0 * (train.seq_len // plan.cp) * train.seq_len
-    return p2p_time_s(whole / plan.tp + mask, tier) + p2p_time_s(whole, tier)
+
+    def send_s(tier) -> float:
+        if not cluster.framework.pipe_engine_sends:
+            return p2p_time_s(whole / plan.tp, tier)
+        return p2p_time_s(whole / plan.tp + mask, tier) + p2p_time_s(whole, tier)
+    return send_s(cluster.pipeline_tier(1)), send_s(cluster.pipeline_tier(span.num_nodes))

@@ -26,11 +26,11 @@ from costmodel.rank_time.layer_comm import (
     _ep_layer_comm_s,
     _gathered_logits_gather_s,
     _gathered_logits_loss_s,
-    _pp_send_s,
     _sp_regather_s,
     _tp_block_collective_s,
     _tp_hidden_bytes,
     _tp_layer_comm_s,
+    pp_rank_sends_s,
 )
 from costmodel.selective_modules import OP_POLICY, priced_modules
 from costmodel.specs import ModelSpec, TrainSpec
@@ -227,11 +227,12 @@ class RankTimeParts:
                                                                   span, etp_span)
         return got
 
-    def pp_send_s(self, c: ComputeParts, span: AxisSpan) -> float:
-        """One activation to the next stage, the pipeline's group being `span`."""
+    def pp_sends_s(self, c: ComputeParts, span: AxisSpan) -> tuple[tuple[float, float], ...]:
+        """Per pipeline rank, its sends to the next and the previous rank, the pipeline's group
+        being `span` (pp_rank_sends_s)."""
         got = c.pp.by_span.get(span)
         if got is None:
-            got = c.pp.by_span[span] = _pp_send_s(self.model, self.train, c.pp.key, self.cluster, span)
+            got = c.pp.by_span[span] = pp_rank_sends_s(self.model, self.train, c.pp.key, self.cluster, span)
         return got
 
 

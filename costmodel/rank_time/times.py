@@ -81,34 +81,44 @@ ZERO_TIMES = RankTimes(forward_s=0.0, backward_s=0.0, backward_weight_s=0.0, rec
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RankTimeModel:
     """A rank's micro-batch time is affine in its layer count and recomputed-layer count, plus
-    the embedding / LM-head work of the first / last rank. The search reads this shape."""
+    the embedding / LM-head work of the first / last rank. The search reads this shape. The
+    ranks differ in their sends (`sends_s`): the end stages send one way only, and where a node
+    holds several ranks of the pipeline some neighbours are on NVLink and others are not. Unless
+    `for_rank` names one rank, its sends are the ranks' mean, what they send together."""
 
     per_layer: RankTimes
     per_recomputed_layer: RankTimes
     first_edge: RankTimes
     last_edge: RankTimes
-    pp_send_s: float  # one activation (or its gradient) to the neighbouring stage
+    # per pipeline rank, (one activation to the next rank, one gradient to the previous), round the
+    # ring (layer_comm.pp_rank_sends_s); empty without a pipeline
+    sends_s: tuple[tuple[float, float], ...]
     vpp: int
+    rank: int | None = None   # the pipeline rank priced (for_rank); None: the ranks' mean
 
     @property
     def pp_comm_s(self) -> float:
         return self.pp_comm_with_s(self.vpp)
 
     def pp_comm_with_s(self, vpp: int) -> float:
-        """Forward and backward sends at every virtual-stage boundary of the rank, were it to
-        hold `vpp` virtual stages."""
-        return 2 * vpp * self.pp_send_s
+        """Its sends per micro-batch, were it to hold `vpp` virtual stages (_rank_sends_s)."""
+        if not self.sends_s:
+            return 0.0
+        if self.rank is not None:
+            return _rank_sends_s(self.sends_s, self.rank, vpp)
+        return sum(_rank_sends_s(self.sends_s, r, vpp) for r in range(len(self.sends_s))) / len(self.sends_s)
 
     def with_vpp(self, vpp: int) -> "RankTimeModel":
         """The same rank with `vpp` virtual stages (only its pipeline sends change)."""
         return replace(self, vpp=vpp)
 
-    def with_pp_send_s(self, pp_send_s: float) -> "RankTimeModel":
-        """The same rank under another placement of the pipeline axis (only its sends change)."""
-        if pp_send_s == self.pp_send_s:
-            return self
-        return RankTimeModel(per_layer=self.per_layer, per_recomputed_layer=self.per_recomputed_layer,
-                             first_edge=self.first_edge, last_edge=self.last_edge, pp_send_s=pp_send_s, vpp=self.vpp)
+    def with_pp_sends(self, sends_s: tuple[tuple[float, float], ...]) -> "RankTimeModel":
+        """The same ranks under another placement of the pipeline axis (only their sends change)."""
+        return self if sends_s == self.sends_s else replace(self, sends_s=sends_s)
+
+    def for_rank(self, rank: int) -> "RankTimeModel":
+        """Pipeline rank `rank`'s model: its own sends in place of the ranks' mean."""
+        return replace(self, rank=rank) if self.sends_s and self.rank != rank else self
 
     def with_ep_scaled(self, k: float) -> "RankTimeModel":
         """The same rank with every part's expert all-to-all time times k (an overlap's share)."""
@@ -142,9 +152,20 @@ def fastest_of(models: list[RankTimeModel]) -> RankTimeModel:
         parts = [getattr(m, name) for m in models]
         return RankTimes(**{f: (max if f == "backward_weight_s" else min)(getattr(p, f) for p in parts)
                             for f in RankTimes.__slots__})
+    sends = tuple(tuple(min(pair) for pair in zip(*pairs)) for pairs in zip(*(m.sends_s for m in models)))
     return RankTimeModel(per_layer=least("per_layer"), per_recomputed_layer=least("per_recomputed_layer"),
-                         first_edge=least("first_edge"), last_edge=least("last_edge"),
-                         pp_send_s=min(m.pp_send_s for m in models), vpp=models[0].vpp)
+                         first_edge=least("first_edge"), last_edge=least("last_edge"), sends_s=sends,
+                         vpp=models[0].vpp)
+
+
+def _rank_sends_s(sends_s: tuple[tuple[float, float], ...], rank: int, vpp: int) -> float:
+    """A pipeline rank's sends per micro-batch over `vpp` chunks: each chunk's output to the
+    next rank and its input's gradient to the previous one, but for the last stage's output and
+    the first stage's gradient, which go nowhere (the last rank's last chunk, the first rank's
+    first)."""
+    forward, backward = sends_s[rank]
+    last = len(sends_s) - 1
+    return vpp * (forward + backward) - (forward if rank == last else 0.0) - (backward if rank == 0 else 0.0)
 
 
 def _times(fwd: float = 0.0, bwd: float = 0.0, bwd_w: float = 0.0, rc: float = 0.0,
@@ -181,7 +202,7 @@ def parts_time_model(parts: RankTimeParts, c: ComputeParts, sp: Spans, vpp: int 
     if c.dense is not None and c.shape.recompute is Recompute.SELECTIVE and c.dense.selective_s != c.selective_s:
         first_edge = first_edge + _dense_selective(parts.model, c)
     return RankTimeModel(per_layer=per_layer, per_recomputed_layer=_recomputed_layer(c, *comm).scaled(c.stage),
-                         first_edge=first_edge, last_edge=last_edge, pp_send_s=parts.pp_send_s(c, sp.pp), vpp=vpp)
+                         first_edge=first_edge, last_edge=last_edge, sends_s=parts.pp_sends_s(c, sp.pp), vpp=vpp)
 
 
 def _dense_selective(model: ModelSpec, c: ComputeParts) -> RankTimes:
@@ -270,5 +291,5 @@ def _mtp_times(model: ModelSpec, c: ComputeParts, proj_tp: float, layer: RankTim
 def rank_times(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
                sp: Spans, rank: int) -> RankTimes:
     first, last = plan.stage_rank(0), plan.stage_rank(plan.num_virtual_stages - 1)
-    return rank_time_model(model, train, plan, cluster, sp).at(
+    return rank_time_model(model, train, plan, cluster, sp).for_rank(rank).at(
         plan.layers_on_rank(rank), plan.recompute_num_layers[rank], rank == first, rank == last)

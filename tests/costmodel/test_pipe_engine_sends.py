@@ -6,7 +6,7 @@ import pytest
 from costmodel.comm import p2p_time_s
 from costmodel.frameworks import FRAMEWORKS
 from costmodel.hardware import parse_cluster, run_by
-from costmodel.rank_time.layer_comm import _pp_send_s
+from costmodel.rank_time.layer_comm import pp_sends_s
 from costmodel.rank_time.spans import spans
 from costmodel.registry import resolve_model
 from costmodel.specs import TrainSpec
@@ -20,8 +20,9 @@ def test_deepspeed_sends_the_gradient_whole_and_the_mask_forward():
     span = spans(plan, cluster).pp
     tier = cluster.pipeline_tier(span.num_nodes)
     whole = 2 * 2 * 2048 * model.hidden_size   # bf16, micro-batch 2
-    megatron = _pp_send_s(model, train, plan, run_by(cluster, FRAMEWORKS["megatron-core"]), span)
-    deepspeed = _pp_send_s(model, train, plan, run_by(cluster, FRAMEWORKS["megatron-deepspeed"]), span)
+    # a send between nodes (the pipeline's 4 stages are 2 on each node)
+    megatron = pp_sends_s(model, train, plan, run_by(cluster, FRAMEWORKS["megatron-core"]), span)[1]
+    deepspeed = pp_sends_s(model, train, plan, run_by(cluster, FRAMEWORKS["megatron-deepspeed"]), span)[1]
     assert megatron == pytest.approx(p2p_time_s(whole / 2, tier))
     # a stage blocks for what it receives as well as what it sends: both transfers each way
     assert deepspeed == pytest.approx(p2p_time_s(whole / 2 + 2 * 2048 * 2048, tier) + p2p_time_s(whole, tier))

@@ -141,7 +141,7 @@ def test_a_rank_time_model_reads_pp_only_as_a_pipeline_and_never_dp(name):
     only in dp and in pp (beyond having a pipeline) under the same spans, and between pipeline
     spans up to its sends."""
     from costmodel.rank_time import rank_time_model, spans
-    from costmodel.rank_time.layer_comm import _pp_send_s
+    from costmodel.rank_time.layer_comm import pp_rank_sends_s
     model, cluster = resolve_model(name), parse_cluster("8x8xH100")
     train = TrainSpec(seq_len=4096, global_batch_size=256)
     for recompute in Recompute:
@@ -151,11 +151,11 @@ def test_a_rank_time_model_reads_pp_only_as_a_pipeline_and_never_dp(name):
         sp = spans(plans[0], cluster)
         models = [rank_time_model(model, train, plan, cluster, sp) for plan in plans]
         assert len({plan.dp for plan in plans}) == 3 and models[1] == models[0] == models[2]
-        # the pipeline's span only for its sends (costmodel.rank_time.layer_comm._pp_send_s)
+        # the pipeline's span only for its sends (costmodel.rank_time.layer_comm.pp_rank_sends_s)
         across = dataclasses.replace(sp, pp=spans(dataclasses.replace(plans[2], mesh_axis_order=("tp", "cp", "dp", "pp")),
                                                   cluster).pp)
-        assert across.pp != sp.pp and rank_time_model(model, train, plans[0], cluster, across) == dataclasses.replace(
-            models[0], pp_send_s=_pp_send_s(model, train, plans[0], cluster, across.pp))
+        assert across.pp != sp.pp and rank_time_model(model, train, plans[0], cluster, across) == (
+            models[0].with_pp_sends(pp_rank_sends_s(model, train, plans[0], cluster, across.pp)))
 
 
 @pytest.mark.parametrize("model_name, cluster_name, framework", [
