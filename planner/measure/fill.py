@@ -127,12 +127,17 @@ def best_plan_for_row(row: dict[str, str], model: ModelSpec, train: TrainSpec, c
     # where that is not every stage (the search's own ZeRO choice knows no framework)
     zeros = [{}] if set(opts["zero_stage"]) == ZERO_STAGES or "zero_stage" not in fillable else \
         [{"zero_stage": z} for z in opts["zero_stage"]]
+    # an unstated recompute mode: one search each, for the framework recomputes every layer of the
+    # mode, where the search's best may recompute a few and so hide each mode's own best plan
+    # behind one that is faster and leaner only as the search splits it
+    modes = [{"recompute": r} for r in opts["recompute"]] if "recompute" in fillable else [{}]
     found = []
-    for zero in zeros:
+    for zero, mode in itertools.product(zeros, modes):
         fixed = {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "ep": ep, "dp_replicate": _replicas(row, dp), **stated, **zero,
-                 **_offloads(row), "fp8_linears": train.float8}
+                 **mode, **_offloads(row), "fp8_linears": train.float8}
         options = SearchOptions(top_k=FRAMEWORK_LAYOUTS, fixed=fixed, max_tp=max(tp, cluster.devices_per_node),
-                                time_limit_s=time_limit_s / len(zeros), schedules=_schedules(row), error_band=0.0)
+                                time_limit_s=time_limit_s / (len(zeros) * len(modes)), schedules=_schedules(row),
+                                error_band=0.0)
         found += search(model, train, cluster, options).plans
     found.sort(key=lambda f: f.estimate.step_time_s)
     if found:
