@@ -79,11 +79,17 @@ def stage_costs(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Cluster
 
 def _boundary_sends(plan: Plan, rtms: list[RankTimeModel]) -> list[tuple[float, float]]:
     """Per virtual stage, (its output to the next stage's rank, its input's gradient to the
-    previous one's), each on its own link (RankTimeModel.sends_s: NVLink where the two ranks
-    share a node)."""
-    n = plan.num_virtual_stages
-    if plan.pp == 1:
+    previous stage's rank), each on its own link (RankTimeModel.sends_s: NVLink where the two
+    ranks share a node). A V placement (ZBV, DualPipeV) sends its second chunk's outputs to the
+    previous rank; two stages on one rank send nothing (the simulation's own rule)."""
+    n, p = plan.num_virtual_stages, plan.pp
+    if p == 1:
         return [(0.0, 0.0)] * n
     ranks = [plan.stage_rank(j) for j in range(n)]
-    return [(rtms[r].sends_s[r][0] if j < n - 1 else 0.0, rtms[r].sends_s[r][1] if j > 0 else 0.0)
-            for j, r in enumerate(ranks)]
+
+    def to(j: int, k: int) -> float:
+        if not 0 <= k < n or ranks[k] == ranks[j]:
+            return 0.0
+        r = ranks[j]
+        return rtms[r].sends_s[r][0 if ranks[k] == (r + 1) % p else 1]
+    return [(to(j, j + 1), to(j, j - 1)) for j in range(n)]

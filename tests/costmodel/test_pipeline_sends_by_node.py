@@ -75,3 +75,12 @@ def test_four_stages_a_node_price_each_rank_s_own_sends():
     # the closed form's critical rank pays its own sends
     est = estimate(model, train, cluster, plan, simulate=False)
     assert est.time_breakdown_s["comm/pp_exposed"] in [pytest.approx(s) for s in sim.send_s]
+
+
+def test_a_v_placement_sends_its_second_chunk_back_down_the_ranks():
+    """ZBV's stages 0-3 run on ranks 0-3 and 4-7 on ranks 3-0: stage 4's output goes to rank 2."""
+    model, train, cluster, plan, sp, (within, across) = _setup("2x8xH100", tp=4, pp=4, schedule=Schedule.ZBV, vpp=2)
+    costs = stage_costs(model, train, plan, cluster)
+    assert [plan.stage_rank(j) for j in range(8)] == [0, 1, 2, 3, 3, 2, 1, 0]
+    assert [c.send_s for c in costs[:-1]] == [within, across, within, 0.0, within, across, within]
+    assert [c.send_back_s for c in costs[1:]] == [within, across, within, 0.0, within, across, within]
