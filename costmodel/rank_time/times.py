@@ -3,6 +3,7 @@ path, as a model affine in the layers and recomputed layers a rank holds."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from costmodel.hardware import ClusterSpec
 from costmodel.plan import Plan, Recompute
@@ -106,7 +107,9 @@ class RankTimeModel:
             return 0.0
         if self.rank is not None:
             return _rank_sends_s(self.sends_s, self.rank, vpp)
-        return sum(_rank_sends_s(self.sends_s, r, vpp) for r in range(len(self.sends_s))) / len(self.sends_s)
+        # the ranks' _rank_sends_s summed: every pair vpp times, less the two sends to nowhere
+        sends = self.sends_s
+        return (vpp * _pairs_sum_s(sends) - sends[-1][0] - sends[0][1]) / len(sends)
 
     def with_vpp(self, vpp: int) -> "RankTimeModel":
         """The same rank with `vpp` virtual stages (only its pipeline sends change)."""
@@ -156,6 +159,11 @@ def fastest_of(models: list[RankTimeModel]) -> RankTimeModel:
     return RankTimeModel(per_layer=least("per_layer"), per_recomputed_layer=least("per_recomputed_layer"),
                          first_edge=least("first_edge"), last_edge=least("last_edge"), sends_s=sends,
                          vpp=models[0].vpp)
+
+
+@lru_cache(maxsize=4096)
+def _pairs_sum_s(sends_s: tuple[tuple[float, float], ...]) -> float:
+    return sum(forward + backward for forward, backward in sends_s)
 
 
 def _rank_sends_s(sends_s: tuple[tuple[float, float], ...], rank: int, vpp: int) -> float:
