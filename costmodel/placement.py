@@ -24,6 +24,9 @@ class AxisSpan:
     members_per_node: int
     num_nodes: int
     same_rail: bool = True
+    # the node of each member, in the axis's order, where a rule reads it (the pipeline's sends:
+    # same_node); empty otherwise
+    nodes: tuple[int, ...] = ()
 
     @property
     def crosses_nodes(self) -> bool:
@@ -31,10 +34,9 @@ class AxisSpan:
 
 
 def same_node(span: AxisSpan, i: int, j: int) -> bool:
-    """Whether members i and j of a group laid out as `span` share a node: its members fill the
-    nodes `members_per_node` at a time, in order (the axes inside the group's fill a node
-    before the group's next member)."""
-    return not span.crosses_nodes or i // span.members_per_node == j // span.members_per_node
+    """Whether members i and j of a group laid out as `span` share a node (its `nodes`,
+    axis_nodes); on one node all do."""
+    return not span.crosses_nodes or span.nodes[i] == span.nodes[j]
 
 
 def axis_strides(order: tuple[str, ...], degrees: tuple[int, ...]) -> dict[str, int]:
@@ -76,6 +78,13 @@ def _members_span(members: tuple[tuple[int, int], ...], devices_per_node: int) -
     rails = list(nodes.values())
     return AxisSpan(size=len(ranks), members_per_node=max(len(r) for r in rails), num_nodes=len(nodes),
                     same_rail=all(r == rails[0] for r in rails))
+
+
+@lru_cache(maxsize=8192)
+def axis_nodes(order: tuple[str, ...], degrees: tuple[int, ...], axis: str, devices_per_node: int) -> tuple[int, ...]:
+    """The node of each member of the `axis` group holding rank 0, in the axis's order."""
+    stride = axis_strides(order, degrees)[axis]
+    return tuple(j * stride // devices_per_node for j in range(degrees[order.index(axis)]))
 
 
 def axis_span(order: tuple[str, ...], degrees: tuple[int, ...], axis: str,

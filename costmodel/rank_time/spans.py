@@ -2,13 +2,13 @@
 costs on each."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from costmodel.comm import HOST_COPIES, Collective, all_reduce_algorithms_s, collective_time_s, p2p_time_s, ring_time_s
 from costmodel.hardware import ClusterSpec
 from costmodel.params import folds_ep
-from costmodel.placement import AxisSpan, expert_layout, group_span, hybrid_layout, stage_pair_span
+from costmodel.placement import AxisSpan, axis_nodes, expert_layout, group_span, hybrid_layout, stage_pair_span
 from costmodel.plan import Plan
 
 
@@ -52,6 +52,8 @@ def _spans(mesh_order: tuple[str, ...], mesh_degrees: tuple[int, ...], ep: int, 
     (params.folds_ep)."""
     dp = group_span(mesh_order, mesh_degrees, ("dp", "cp"), dpn)
     tp, cp, pp = (group_span(mesh_order, mesh_degrees, (a,), dpn) for a in ("tp", "cp", "pp"))
+    if pp.crosses_nodes:   # which neighbours share a node (layer_comm.pp_rank_sends_s)
+        pp = replace(pp, nodes=axis_nodes(mesh_order, mesh_degrees, "pp", dpn))
     shard, replicas = _hybrid_spans(mesh_order, mesh_degrees, dp_replicate, dpn) if dp_replicate > 1 else (dp, _ONE)
     if ep * etp == 1:   # the experts' group is the gradient group and EP is one rank
         return Spans(tp=tp, cp=cp, pp=pp, dp=dp, ep=_ONE, etp=_ONE, edp=dp, shard=shard, replicas=replicas)

@@ -84,3 +84,13 @@ def test_a_v_placement_sends_its_second_chunk_back_down_the_ranks():
     assert [plan.stage_rank(j) for j in range(8)] == [0, 1, 2, 3, 3, 2, 1, 0]
     assert [c.send_s for c in costs[:-1]] == [within, across, within, 0.0, within, across, within]
     assert [c.send_back_s for c in costs[1:]] == [within, across, within, 0.0, within, across, within]
+
+
+def test_nodes_that_hold_uneven_shares_of_the_pipeline():
+    """72-GPU racks, stages 16 ranks apart: the racks hold 5, 4, 5 and 4 stages, read off the
+    ranks themselves (placement.axis_nodes), not a count per node."""
+    model, train, cluster, plan, sp, (within, across) = _setup("4x72xGB200", tp=4, pp=18)
+    assert sp.pp.nodes == (0,) * 5 + (1,) * 4 + (2,) * 5 + (3,) * 4
+    costs = stage_costs(model, train, plan, cluster)
+    assert [j for j, c in enumerate(costs[:-1]) if c.send_s == across] == [4, 8, 13]
+    assert [j for j, c in enumerate(costs[1:], start=1) if c.send_back_s == across] == [5, 9, 14]
