@@ -190,7 +190,7 @@ class SharedModels:
             rtm = self._rtms.get(key)
             if rtm is None:
                 rtm = self._rtms[key] = parts_time_model(self._parts, c, sp, base.vpp)
-            got = self._rtms[placed] = rtm.with_pp_sends(self._parts.pp_sends_s(c, sp.pp))
+            got = self._rtms[placed] = rtm.with_pp_sends(self._parts.pp_rank_sends_s(c, sp.pp))
         return got
 
     def _slowest_floor_s(self, probe: Plan, models: list[RankTimeModel]) -> float:

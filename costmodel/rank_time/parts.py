@@ -227,7 +227,7 @@ class RankTimeParts:
                                                                   span, etp_span)
         return got
 
-    def pp_sends_s(self, c: ComputeParts, span: AxisSpan) -> tuple[tuple[float, float], ...]:
+    def pp_rank_sends_s(self, c: ComputeParts, span: AxisSpan) -> tuple[tuple[float, float], ...]:
         """Per pipeline rank, its sends to the next and the previous rank, the pipeline's group
         being `span` (pp_rank_sends_s)."""
         got = c.pp.by_span.get(span)

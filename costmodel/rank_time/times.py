@@ -210,7 +210,7 @@ def parts_time_model(parts: RankTimeParts, c: ComputeParts, sp: Spans, vpp: int 
     if c.dense is not None and c.shape.recompute is Recompute.SELECTIVE and c.dense.selective_s != c.selective_s:
         first_edge = first_edge + _dense_selective(parts.model, c)
     return RankTimeModel(per_layer=per_layer, per_recomputed_layer=_recomputed_layer(c, *comm).scaled(c.stage),
-                         first_edge=first_edge, last_edge=last_edge, sends_s=parts.pp_sends_s(c, sp.pp), vpp=vpp)
+                         first_edge=first_edge, last_edge=last_edge, sends_s=parts.pp_rank_sends_s(c, sp.pp), vpp=vpp)
 
 
 def _dense_selective(model: ModelSpec, c: ComputeParts) -> RankTimes:
