@@ -218,8 +218,8 @@ def pp_sends_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterS
     (SendActivation, RecvActivation, SendGrad, RecvGrad: runtime/pipe/p2p.py's send and recv
     refuse async_op), so a stage is held for both transfers it sends and both it receives, where
     Megatron pairs a send with a receive in one batched call: priced as the two transfers' sum,
-    the simulation's one send a way (each rank pays it twice a micro-batch; a hand-off's latency
-    is then one transfer long, a small pessimism in the fill and the drain)."""
+    the simulation's one send a way (a middle rank pays it twice a micro-batch, an end rank once;
+    a hand-off's latency is then one transfer long, a small pessimism in the fill and the drain)."""
     whole = (train.compute_dtype.num_bytes * plan.micro_batch_size * train.seq_len // plan.cp
              * model.hidden_size)
     mask = 2.0 * (train.seq_len // plan.cp) * train.seq_len
