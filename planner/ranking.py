@@ -48,15 +48,10 @@ def memory_margin(est) -> tuple[float, float, float]:
 
 
 MEMORY_BAND = 0.05   # `--objective memory`: the leanest plan within this of the fastest
-# The first plan is chosen among this many best plans (those within the decision band of the
-# fastest), which the search finds whatever `--top` asks to show: a display flag never changes it.
+# The first plan is chosen among this many best plans (by the closed form; within the error band
+# of the fastest once simulated), which the search finds whatever `--top` asks to show: a display
+# flag never changes it.
 DECISION_K = 5
-
-
-def decision_band(options: SearchOptions) -> float:
-    """How far above the fastest a plan may be and still be chosen first: the model's error band
-    (robust-first) for time, MEMORY_BAND for memory."""
-    return options.error_band if options.objective == "time" else MEMORY_BAND
 
 
 def outer_key(plan: Plan) -> Plan:

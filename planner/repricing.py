@@ -13,7 +13,7 @@ from costmodel.estimate import estimate
 from costmodel.plan import Plan
 from costmodel.schedules import Schedule
 from planner.partition import short_chunks_first
-from planner.ranking import DECISION_K, closer, decision_band, one_row_per_price, rank, robust_first, undominated
+from planner.ranking import DECISION_K, closer, one_row_per_price, rank, robust_first, undominated
 from planner.search_options import STATE_OPTIONS, SearchOptions
 from planner.search_state import Found, SearchResult, SearchStats, SharedModels
 from planner.space import Choice, build_plan, under_schedule
@@ -60,11 +60,10 @@ def result(shared: SharedModels, options: SearchOptions, stats: SearchStats, fou
         for plan in too_big_plans:
             if (plan := _as_run(plan, options)) is not None:
                 closest = closer(model, train, cluster, plan, closest, free)
-    # the first plans are chosen among the DECISION_K best within the decision band of the
-    # fastest, which the cutoff keeps whatever --top asks to show; the rest follow by time
+    # the first plans are chosen among the DECISION_K best, which the cutoff keeps whatever --top
+    # asks to show, by their simulated times (robust_first's band, rank's): a closed-form band
+    # here could leave out the plan the simulation finds fastest. The rest follow by time
     decision = rank(found, replace(options, top_k=DECISION_K))
-    limit = (1 + decision_band(options)) * min((f.estimate.step_time_s for f in decision), default=math.inf)
-    decision = [f for f in decision if f.estimate.step_time_s <= limit]
     ranked = _union(decision, rank(found, replace(options, top_k=_repriced(options))))
     if options.objective != "time":   # the fastest plans too: the leanest are judged against them
         ranked = _union(ranked, rank(found, replace(options, top_k=_repriced(options), objective="time")))
