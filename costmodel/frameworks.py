@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from costmodel.selective_modules import DEFAULT_SELECTIVE_MODULES
+from costmodel.specs import ModelSpec, NormKind
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -45,6 +46,12 @@ class FrameworkTraits:
     cpu_kernels: bool = False
     eager_layer: bool = False
     eager_rms_norm_composite: bool = False
+    # Megatron-LM's own model (megatron/model, transformer_impl 'local'): a Llama-style layer's
+    # RMSNorm, RoPE and SwiGLU are torch ops (rms_norm.py's fp32 RMSNorm, rotary_pos_embedding's
+    # apply_rotary_pos_emb, ParallelMLP's chunk-silu-multiply), its QKV and gate/up one fused
+    # projection each; a GPT layer keeps apex's LayerNorm and the bias-GeLU and bias-dropout-add
+    # fusions (eager_layer_ops)
+    llama_ops_eager: bool = False
     deferred_w_keeps_graph: bool = False
     pipeline_sends_held: bool = False
     recv_buffers_kept: bool = False
@@ -129,8 +136,10 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
     RUNTIME,
     COMPILED_RUNTIME,
     GENERIC,
-    FrameworkTraits(name="megatron-lm", dp_grad_overlap=False, dp_param_overlap=False,
-                    **_MEGATRON),
+    # its own model (megatron/model): fp32 RMSNorm in torch ops (megatron/model/rms_norm.py, NVIDIA/Megatron-LM
+    # 20b7a548, 2023-09) unless a row states its fork's fused one (rms_norm = fused)
+    FrameworkTraits(name="megatron-lm", dp_grad_overlap=False, dp_param_overlap=False, llama_ops_eager=True,
+                    eager_rms_norm_composite=True, **_MEGATRON),
     FrameworkTraits(name="megatron-core", dp_grad_overlap=True, dp_param_overlap=True, tp_comm_overlap=True,
                     swiglu_saved_tensors=3, vendor_attention=True, float8_casts_fused=True, float8_with_tp=True,
                     float8_param_gather=True, float8_experts=True, float8_saved_inputs=True, ep_folds_over_tp=True, expert_tensor_parallel=True,
@@ -169,8 +178,17 @@ def shards_in_part(traits: FrameworkTraits, zero_stage: int) -> bool:
 def composite_rms_norm(traits: FrameworkTraits) -> bool:
     """Whether RMSNorm's time is torch's ops in fp32 rather than one fused kernel's: torch's CPU
     kernels (`cpu_kernels`), or an eager GPU layer whose framework writes RMSNorm op by op
-    (`eager_rms_norm_composite`); a compiled layer's is fused."""
-    return traits.cpu_kernels or (traits.eager_rms_norm_composite and traits.eager_layer and not traits.compiled_layer)
+    (`eager_rms_norm_composite`, `llama_ops_eager`); a compiled layer's is fused."""
+    eager = traits.eager_layer or traits.llama_ops_eager
+    return traits.cpu_kernels or (traits.eager_rms_norm_composite and eager and not traits.compiled_layer)
+
+
+def eager_layer_ops(traits: FrameworkTraits, model: ModelSpec) -> bool:
+    """Whether a layer's memory-bound work runs as separate eager kernels (its time counted op by
+    op: costmodel.kernels.elementwise.eager_elementwise_traffic): an eager layer (`eager_layer`), or
+    a Llama-style layer (RMSNorm) under a framework that writes those pieces in torch ops
+    (`llama_ops_eager`)."""
+    return traits.eager_layer or (traits.llama_ops_eager and model.norm_kind is NormKind.RMSNORM)
 
 
 def tp_comm_overlaps(traits: FrameworkTraits, device_overlaps: bool, tp: int, sequence_parallel: bool,

@@ -137,8 +137,8 @@ def _cuda_rms_norm(a: int) -> tuple[tuple[float, int], tuple[float, int]]:
 
 
 def eager_elementwise_traffic(model: ModelSpec, train: TrainSpec, plan: KernelShape, tokens: int,
-                              a: int = CPU_ELEMENT_BYTES, cpu: bool = True,
-                              composite_norm: bool = False) -> tuple[float, int, float, int]:
+                              a: int = CPU_ELEMENT_BYTES, cpu: bool = True, composite_norm: bool = False,
+                              fused_projections: bool = False) -> tuple[float, int, float, int]:
     """(forward bytes, kernels, backward bytes, kernels) of a layer's memory-bound work as torch's
     eager kernels run the runtime's layer (costmodel.frameworks `eager_layer`): RMSNorm (composite
     in fp32 on a CPU, fused on a GPU), RoPE and SwiGLU op by op, and the gradient sums autograd
@@ -146,7 +146,9 @@ def eager_elementwise_traffic(model: ModelSpec, train: TrainSpec, plan: KernelSh
     dropout, GeLU, Q/K norms, routing) keep the fused count, their backward twice their forward.
     `a`: bytes per compute-dtype element (a CPU's pricing counts every element at fp32's width,
     CPU_ELEMENT_BYTES; the test counts the real bytes). composite_norm: a GPU layer's RMSNorm op
-    by op as the CPU's (frameworks.composite_rms_norm)."""
+    by op as the CPU's (frameworks.composite_rms_norm). fused_projections: the framework runs the
+    projections that share an input as one (Megatron's fused QKV and gate/up: frameworks
+    `llama_ops_eager`), so autograd adds no gradients of that input."""
     t, c = plan.tp, 1 if train.compute_dtype.num_bytes < 4 else 0
     rep = rank_hidden_elements(model, plan, tokens)
     fwd_b = bwd_b = 0.0
@@ -159,8 +161,9 @@ def eager_elementwise_traffic(model: ModelSpec, train: TrainSpec, plan: KernelSh
         fwd_b, fwd_k = model.layer_norms * 2 * a * rep, model.layer_norms
         bwd_b, bwd_k = 2 * fwd_b, 2 * fwd_k
     # residual adds, and backward the sums over projections that share an input (q/k/v, gate/up)
-    shared = sum(sum(1 for lin in b.linears if lin.style is not Style.ROWWISE and lin.in_features == model.hidden_size)
-                 - 1 for b in dense_blocks(model))
+    shared = 0 if fused_projections else sum(
+        sum(1 for lin in b.linears if lin.style is not Style.ROWWISE and lin.in_features == model.hidden_size) - 1
+        for b in dense_blocks(model))
     fwd_b, fwd_k = fwd_b + 2 * 3 * a * rep, fwd_k + 2
     bwd_b, bwd_k = bwd_b + (2 + shared) * 3 * a * rep, bwd_k + 2 + shared
     width = tokens * _mlp_width(model) / t
@@ -185,14 +188,16 @@ def eager_elementwise_traffic(model: ModelSpec, train: TrainSpec, plan: KernelSh
 
 
 def _elementwise_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile, tokens: int,
-                   cpu_kernels: bool, eager: bool, composite_norm: bool = False) -> tuple[float, float]:
+                   cpu_kernels: bool, eager: bool, composite_norm: bool = False,
+                   fused_projections: bool = False) -> tuple[float, float]:
     """(forward, backward) of a layer's memory-bound work: counted op by op where eager kernels
     run it (torch's CPU kernels, cpu_kernels; a GPU's eager layer, its RMSNorm fused or, with
-    composite_norm, op by op), else as fused kernels."""
+    composite_norm, op by op; fused_projections: eager_elementwise_traffic's), else as fused
+    kernels."""
     if cpu_kernels or eager:
         fwd_b, fwd_k, bwd_b, bwd_k = eager_elementwise_traffic(
             model, train, plan, tokens, CPU_ELEMENT_BYTES if cpu_kernels else train.compute_dtype.num_bytes,
-            cpu=cpu_kernels, composite_norm=composite_norm)
+            cpu=cpu_kernels, composite_norm=composite_norm, fused_projections=fused_projections)
         return memory_bound_s(fwd_b, dev, fwd_k), memory_bound_s(bwd_b, dev, bwd_k)
     fwd_b, fwd_k, bwd_b, bwd_k = _fused_elementwise(model, train, plan, tokens)
     return memory_bound_s(fwd_b, dev, fwd_k), memory_bound_s(bwd_b, dev, bwd_k)

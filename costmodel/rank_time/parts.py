@@ -12,7 +12,7 @@ from typing import Callable
 from costmodel.comm import Collective, collective_time_s
 from costmodel.deepseek import dense_layer_model
 from costmodel.flops import stops_before_final_linear
-from costmodel.frameworks import composite_rms_norm, tp_comm_exposed_shares, tp_in_one_node
+from costmodel.frameworks import composite_rms_norm, eager_layer_ops, tp_comm_exposed_shares, tp_in_one_node
 from costmodel.hardware import ClusterSpec, DeviceProfile
 from costmodel.kernels import KernelKey, KernelTimes, embedding_kernel_times, head_kernel_times, layer_kernel_times
 from costmodel.kernels.gemm import gemm_s
@@ -267,10 +267,10 @@ def _kernel_parts(model: ModelSpec, train: TrainSpec, shape: KernelKey, cluster:
     # a full recomputation that stops before the layer's last projection (and its TP collective)
     early = fw.recompute_early_stop and stops_before_final_linear(model, shape)
     layer = layer_kernel_times(model, train, shape, dev, not fw.cp_all_gather_kv, fw.float8_casts_fused,
-                               fw.cpu_kernels, fw.eager_layer, early, fw.compiled_layer,
+                               fw.cpu_kernels, eager_layer_ops(fw, model), early, fw.compiled_layer,
                                not fw.vendor_attention,   # torch's SDPA: one head size
                                fw.grouped_expert_gemm, fw.shared_expert_tp,
-                               composite_rms_norm(fw))
+                               composite_rms_norm(fw), fw.llama_ops_eager)
     mtp_proj_s = 0.0
     if model.mtp_depth:   # the MTP modules' 2h -> h projection, column-parallel over TP
         h = model.hidden_size

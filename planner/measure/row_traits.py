@@ -1,8 +1,8 @@
 """The traits a runs-table row is priced with: its framework's (costmodel.frameworks), with the
 settings the row states that the framework leaves to its user (optional columns dispatcher,
 fp8_param_gather, compiled, async_tp, dp_overlap, vendor_attention, attention = flash1, ep_overlap,
-recompute_modules, zero3_prefetch_bucket, zero3_max_live), each checked as the framework checks
-it, in one line naming the row."""
+recompute_modules, zero3_prefetch_bucket, zero3_max_live, rms_norm), each checked as the framework
+checks it, in one line naming the row."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -18,7 +18,7 @@ from costmodel.hardware import ClusterSpec
 from costmodel.inputs import UserError
 from costmodel.rank_time.ep_overlap import overlap_problems
 from costmodel.selective_modules import module_problems
-from costmodel.specs import DType, ModelSpec
+from costmodel.specs import DType, ModelSpec, NormKind
 from costmodel.zero3_coordinator import DEEPSPEED_MAX_LIVE, DEEPSPEED_PREFETCH_BUCKET
 from planner.measure.cells import choice_cell, flag_cell, int_cell, number_cell
 from planner.specs import FP8
@@ -26,6 +26,9 @@ from planner.specs import FP8
 # the dispatcher column's values: Megatron-Core's all-to-all, or its flex dispatcher with DeepEP or
 # HybridEP, which send a token once to each node holding some of its experts
 DISPATCHERS = ("alltoall", "deepep", "hybridep")
+# the rms_norm column's values: one fused kernel (apex's FusedRMSNorm, Transformer Engine's), or
+# torch's ops in fp32 (transformers' LlamaRMSNorm, Megatron-LM's own megatron/model/rms_norm.py)
+RMS_NORMS = ("fused", "torch")
 # the attention cell's value for FlashAttention's first generation: a fused kernel, priced as one
 # (runs_table.attention_kernel) at that generation's speed (_first_flash)
 FLASH_1 = "flash1"
@@ -37,7 +40,7 @@ def row_traits(row: dict[str, str], cluster: ClusterSpec, model: ModelSpec) -> F
     weights gathered in float8), compiled (_compiled), async_tp (_async_tp), dispatcher (the
     expert all-to-all: a per-node one, `dispatch_per_node`, unless alltoall), dp_overlap
     (_dp_overlap), vendor_attention (_vendor_attention), attention (_first_flash), ep_overlap
-    (_ep_overlap) and recompute_modules (_recompute_modules)."""
+    (_ep_overlap), recompute_modules (_recompute_modules) and rms_norm (_rms_norm)."""
     traits = framework_traits(row.get("framework"))
     if (row.get("dispatcher") or "").strip():
         dispatcher = choice_cell(row, "dispatcher", DISPATCHERS, "alltoall")
@@ -60,7 +63,24 @@ def row_traits(row: dict[str, str], cluster: ClusterSpec, model: ModelSpec) -> F
         traits = _first_flash(row, traits)
     if (row.get("recompute_modules") or "").strip():
         traits = replace(traits, selective_modules=_recompute_modules(row, traits, model))
+    if (row.get("rms_norm") or "").strip():
+        traits = _rms_norm(row, traits, model)
     return _zero3_prefetch(row, traits)
+
+
+def _rms_norm(row: dict[str, str], traits: FrameworkTraits, model: ModelSpec) -> FrameworkTraits:
+    """Optional column rms_norm: how the run's eager layer computed RMSNorm, where its framework
+    leaves that to the model's code (`eager_rms_norm_composite`): `fused`, one kernel each way
+    (apex's FusedRMSNorm, as BAAI's FlagScale fork of Megatron-LM runs it), or `torch`, its ops
+    in fp32. Refused on a model without RMSNorm, and under a framework whose layer is fused or
+    compiled (its norm is one kernel whatever the row says)."""
+    how = choice_cell(row, "rms_norm", RMS_NORMS, "fused")
+    if model.norm_kind is not NormKind.RMSNORM:
+        raise UserError(f"row {row['id']!r}: rms_norm = {how}, but the model's norm is {model.norm_kind}")
+    if not (traits.eager_layer or traits.llama_ops_eager) or traits.compiled_layer:
+        raise UserError(f"row {row['id']!r}: rms_norm = {how}, but framework {traits.name!r} runs a fused "
+                        "layer, its RMSNorm one kernel")
+    return replace(traits, eager_rms_norm_composite=how == "torch")
 
 
 # the cells of DeepSpeed's ZeRO-3 prefetch knobs (costmodel.zero3_coordinator)

@@ -169,3 +169,24 @@ def test_async_tp_hides_most_of_the_tp_collectives():
     assert exposed(overlapped) == pytest.approx(exposed(vanilla) * sum(paid) / 3, rel=0.05)
     saved_s = vanilla.estimate.step_time_s - overlapped.estimate.step_time_s
     assert saved_s == pytest.approx(exposed(vanilla) - exposed(overlapped), rel=0.1)
+
+
+def test_rms_norm_states_how_a_megatron_lm_fork_ran_its_norm():
+    """rms_norm: Megatron-LM's own RMSNorm is torch ops in fp32 (the framework's default); BAAI's
+    FlagScale fork calls apex's fused kernel (`fused`, as its FlagPerf rows state). Refused on a
+    LayerNorm model and under a fused layer."""
+    from costmodel.frameworks import composite_rms_norm
+    from costmodel.inputs import UserError
+    from planner.measure.runs_table import default_runs_path, read_runs, row_specs
+    from planner.measure.validate import validate_row
+    row = next(r for r in read_runs(default_runs_path()) if r["id"] == "flagperf_aquila2_7b_a800_tp2pp2dp2_mbs4")
+    traits = lambda **cells: row_specs({**row, **cells})[2].framework  # noqa: E731
+    assert not composite_rms_norm(traits())                      # the row states fused
+    assert composite_rms_norm(traits(rms_norm="")) and composite_rms_norm(traits(rms_norm="torch"))
+    step_s = lambda cell: validate_row({**row, "rms_norm": cell}).estimate.step_time_s  # noqa: E731
+    assert step_s("torch") > 1.05 * step_s("fused")
+    with pytest.raises(UserError, match="row 'r': rms_norm = fused, but framework 'megatron-core' runs a fused layer"):
+        row_specs({**row, "id": "r", "framework": "megatron-core"})
+    gpt = next(r for r in read_runs(default_runs_path()) if r["id"] == "sc21_t1_18")
+    with pytest.raises(UserError, match="row 'g': rms_norm = torch, but the model's norm is layernorm"):
+        row_specs({**gpt, "id": "g", "rms_norm": "torch"})
