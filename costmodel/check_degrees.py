@@ -57,7 +57,7 @@ def hsdp_problems(model: ModelSpec, dp: int, dp_replicate: int, zero_stage: int,
     what = f"dp_replicate={dp_replicate} (hybrid sharding)"
     if traits.partial_distributed_optimizer and not traits.hybrid_shard and zero_stage != 1:
         return [f"{what}: {traits.name} shards over part of the data-parallel ranks at ZeRO-1 only "
-                f"(distributed optimizer instances; zero_stage {zero_stage})"]
+                f"(zero_stage {zero_stage})"]
     if not shards_in_part(traits, zero_stage):
         return [f"{what}: {traits.name} does not shard over part of the data-parallel ranks "
                 "(torchtitan, FSDP frameworks, Megatron-Core at ZeRO-1 and this planner's runtime do)"]

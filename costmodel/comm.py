@@ -54,6 +54,8 @@ class Collective(StrEnum):
     # FSDP2's gathered parameters copied out on the compute stream (costmodel.kernels.optimizer:
     # gather_copy_out_s): device work, not a collective, beside the gather it follows
     GATHER_COPY_OUT = "gather_copy_out"
+    # each of the n ranks broadcasts its 1/n shard of the buffer in turn (owner_broadcasts_s)
+    OWNER_BROADCASTS = "owner_broadcasts"
 
 
 # what offloading adds beside the collectives: copies over PCIe and the host's own work
@@ -164,6 +166,8 @@ def collective_time_s(kind: Collective, num_bytes: float, span: AxisSpan,
         return host_copy_s(num_bytes / span.size, cluster)
     if kind is Collective.ALL_REDUCE:
         return min(all_reduce_algorithms_s(num_bytes, span, cluster))
+    if kind is Collective.OWNER_BROADCASTS:
+        return owner_broadcasts_s(num_bytes, span, cluster)
     intra, inter = cluster.device.intra_node, cluster.device.tier_for(span.num_nodes, span.same_rail)
     if not span.crosses_nodes:
         return ring_time_s(kind, num_bytes, span.size, intra)
@@ -171,6 +175,23 @@ def collective_time_s(kind: Collective, num_bytes: float, span: AxisSpan,
     if kind is Collective.ALL_TO_ALL:   # 1/k of the buffer stays in the node, (k-1)/k leaves it
         return ring_time_s(kind, num_bytes / k, m, intra) + ring_time_s(kind, num_bytes, k, inter)
     return _cross_node_ring_s(kind, num_bytes, span, intra, inter)
+
+
+def owner_broadcasts_s(num_bytes: float, span: AxisSpan, cluster: ClusterSpec) -> float:
+    """A buffer sharded over the span's n ranks made whole by n broadcasts, one from each shard's
+    owner (InternEvo's hybrid ZeRO, costmodel.frameworks `owner_broadcasts`), where a ring
+    all-gather makes one collective of it. The bytes are the all-gather's; each broadcast runs
+    along NCCL's ring through all n ranks, so each pays the pass's latency."""
+    n = span.size
+    if n <= 1 or num_bytes <= 0:
+        return 0.0
+    gather = Collective.ALL_GATHER
+    intra, inter = cluster.device.intra_node, cluster.device.tier_for(span.num_nodes, span.same_rail)
+    if span.crosses_nodes:
+        latency = cross_node_ring_latency_s(gather, n, span.num_nodes, intra, inter)
+    else:
+        latency = intra.base_latency_s + (n - 1) * intra.latency_for(gather)
+    return collective_time_s(gather, num_bytes, span, cluster) + (n - 1) * latency
 
 
 def all_reduce_algorithms_s(num_bytes: float, span: AxisSpan, cluster: ClusterSpec) -> tuple[float, float]:

@@ -96,6 +96,10 @@ class FrameworkTraits:
     selective_modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES
     # its selective recomputation is torchtitan's per-op policy, not modules (costmodel.selective_ops)
     selective_op_policy: bool = False
+    # InternEvo's hybrid ZeRO-1 (internlm/solver/optimizer/hybrid_zero_optim.py): gradients all-reduced
+    # whole over every data-parallel rank, and the updated shards broadcast after the step, one
+    # broadcast per ZeRO rank (costmodel.comm: owner_broadcasts_s), not overlapped
+    owner_broadcasts: bool = False
 
 
 GENERIC = FrameworkTraits(name="generic", dp_grad_overlap=True, dp_param_overlap=True,
@@ -166,6 +170,14 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
                     deferred_w_keeps_graph=True, shared_expert_tp=True, eager_rms_norm_composite=True,
                     ep_folds_over_tp=True, recompute_placement="every_nth", own_pipeline_schedules=False,
                     selective_op_policy=True, fsdp_copy_out=True, reshards_after_backward=True, **_FSDP),
+    # InternEvo (first published as InternLM, 2023): its own layer with apex's fused RMSNorm, FlashAttention's
+    # fused QKV projection, rotary kernel and cross entropy, the SwiGLU in torch ops (internlm/model/linear.py
+    # FeedForward: F.silu(w1(x)) * w2(x)), each norm's input cast to fp32 first; ZeRO-1 over all or part of the
+    # data-parallel ranks (`zero1`: partial_distributed_optimizer) with the owner broadcasts above. Its
+    # gradients are reduced during the last micro-batch's backward only (skip_grad_reduce before it)
+    FrameworkTraits(name="internevo", dp_grad_overlap=True, dp_param_overlap=False, sharded_grads_under_pp=True,
+                    zero3_gathers_per_param=False, fused_cross_entropy=True, partial_distributed_optimizer=True,
+                    owner_broadcasts=True, eager_layer=True),
 )}
 
 

@@ -124,6 +124,12 @@ def _dp_terms(model: ModelSpec, train: TrainSpec, plan: Plan, traits: FrameworkT
     if z == 0:
         return (DpTerm(multiplier=1, collectives=((ar, g),), window=reduce_window, pieces_per_layer=units,
                        units=stages, window_micro_batches=spread),)
+    if z == 1 and traits.owner_broadcasts:
+        # gradients all-reduced whole over every data-parallel rank; the updated shards broadcast
+        # by their owners after the step, exposed
+        return (DpTerm(multiplier=1, collectives=((ar, g),), window=reduce_window, pieces_per_layer=units,
+                       units=stages, window_micro_batches=spread),
+                DpTerm(multiplier=1, collectives=((Collective.OWNER_BROADCASTS, w),), window="none"))
     if z in (1, 2):
         # DeepSpeed's BF16_Optimizer all-reduces the fp32 gradients whole where ZeRO-1 reduce-scatters
         reduction = (ar, 4) if z == 1 and bf16_optimizer_all_reduces(train, traits) else (rs, g)
@@ -191,15 +197,19 @@ def dp_term_comm_s(term: DpTerm, n_params: float, cluster: ClusterSpec, span: "D
 @dataclass(frozen=True, slots=True)
 class DpSpan:
     """Where a gradient group's collectives run: its ZeRO shard group, and under hybrid sharding
-    (Plan.dp_replicate) the replicas each reduced shard is then all-reduced over."""
+    (Plan.dp_replicate) the replicas each reduced shard is then all-reduced over; `whole` is the
+    group with its replicas (an all-reduce of whole gradients runs over it)."""
     group: AxisSpan
     replicas: AxisSpan
+    whole: AxisSpan
 
 
 def _collective_s(kind: Collective, num_bytes: float, span: DpSpan, cluster: ClusterSpec) -> float:
     """One collective of a DP term over its shard group; a reduce-scatter under hybrid sharding
     also all-reduces the 1/group shard it leaves over the replicas (FSDP2's HSDP, FSDP1's
-    HYBRID_SHARD)."""
+    HYBRID_SHARD); an all-reduce runs over the whole group."""
+    if kind is Collective.ALL_REDUCE:
+        return collective_time_s(kind, num_bytes, span.whole, cluster)
     out = collective_time_s(kind, num_bytes, span.group, cluster)
     if kind is Collective.REDUCE_SCATTER and span.replicas.size > 1:
         out += collective_time_s(Collective.ALL_REDUCE, num_bytes / span.group.size, span.replicas, cluster)
@@ -256,10 +266,10 @@ def dp_groups(model: ModelSpec, plan: Plan, sp: Spans, held: RankParams,
     beside a root of about one unit's size, within a unit's latency otherwise."""
     layer = layer_params(model, plan.tp, plan.ep, plan.etp, traits.shared_expert_tp)
     if plan.ep * plan.etp == 1:
-        return [(held.total, dp_unit_layers(model, plan, traits) * layer, DpSpan(sp.shard, sp.replicas))]
+        return [(held.total, dp_unit_layers(model, plan, traits) * layer, DpSpan(sp.shard, sp.replicas, sp.dp))]
     experts = layer_expert_params(model, plan.ep, plan.etp)   # no hybrid sharding (check.hsdp_problems)
-    return [(held.replicated, layer - experts, DpSpan(sp.dp, sp.replicas)),
-            (held.experts, experts, DpSpan(sp.edp, sp.replicas))]
+    return [(held.replicated, layer - experts, DpSpan(sp.dp, sp.replicas, sp.dp)),
+            (held.experts, experts, DpSpan(sp.edp, sp.replicas, sp.edp))]
 
 
 def dp_bucket_s(model: ModelSpec, plan: Plan, term: DpTerm, cluster: ClusterSpec, sp: Spans,
