@@ -65,8 +65,12 @@ HOST_COPIES = (Collective.HOST_TO_DEVICE, Collective.DEVICE_TO_HOST, Collective.
 def ring_time_s(kind: Collective, num_bytes: float, n: int, tier: NetworkTier) -> float:
     if n <= 1 or num_bytes <= 0:
         return 0.0
-    return (tier.base_latency_s + _passes(kind) * (n - 1) * tier.latency_for(kind)
-            + _ring_transfer_s(kind, num_bytes, n, tier))
+    return ring_latency_s(kind, n, tier) + _ring_transfer_s(kind, num_bytes, n, tier)
+
+
+def ring_latency_s(kind: Collective, n: int, tier: NetworkTier) -> float:
+    """A ring collective's latency over n ranks of one tier: the base once, a step a rank a pass."""
+    return tier.base_latency_s + _passes(kind) * (n - 1) * tier.latency_for(kind)
 
 
 def _passes(kind: Collective) -> int:
@@ -190,7 +194,7 @@ def owner_broadcasts_s(num_bytes: float, span: AxisSpan, cluster: ClusterSpec) -
     if span.crosses_nodes:
         latency = cross_node_ring_latency_s(gather, n, span.num_nodes, intra, inter)
     else:
-        latency = intra.base_latency_s + (n - 1) * intra.latency_for(gather)
+        latency = ring_latency_s(gather, n, intra)
     return collective_time_s(gather, num_bytes, span, cluster) + (n - 1) * latency
 
 
