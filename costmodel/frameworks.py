@@ -170,7 +170,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
                     deferred_w_keeps_graph=True, shared_expert_tp=True, eager_rms_norm_composite=True,
                     ep_folds_over_tp=True, recompute_placement="every_nth", own_pipeline_schedules=False,
                     selective_op_policy=True, fsdp_copy_out=True, reshards_after_backward=True, **_FSDP),
-    # InternEvo (first published as InternLM, 2023): its own layer with apex's fused RMSNorm, FlashAttention's
+    # InternEvo (InternLM's training framework): its own layer with apex's fused RMSNorm, FlashAttention's
     # fused QKV projection, rotary kernel and cross entropy, the SwiGLU in torch ops (internlm/model/linear.py
     # FeedForward: F.silu(w1(x)) * w2(x)), each norm's input cast to fp32 first; ZeRO-1 over all or part of the
     # data-parallel ranks (`zero1`: partial_distributed_optimizer) with the owner broadcasts above. Its

@@ -194,7 +194,7 @@ def dp_term_comm_s(term: DpTerm, n_params: float, cluster: ClusterSpec, span: "D
     return scale * n_params / unit_params * per_unit
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class DpSpan:
     """Where a gradient group's collectives run: its ZeRO shard group, and under hybrid sharding
     (Plan.dp_replicate) the replicas each reduced shard is then all-reduced over; `whole` is the
@@ -266,10 +266,10 @@ def dp_groups(model: ModelSpec, plan: Plan, sp: Spans, held: RankParams,
     beside a root of about one unit's size, within a unit's latency otherwise."""
     layer = layer_params(model, plan.tp, plan.ep, plan.etp, traits.shared_expert_tp)
     if plan.ep * plan.etp == 1:
-        return [(held.total, dp_unit_layers(model, plan, traits) * layer, DpSpan(sp.shard, sp.replicas, sp.dp))]
+        return [(held.total, dp_unit_layers(model, plan, traits) * layer, DpSpan(group=sp.shard, replicas=sp.replicas, whole=sp.dp))]
     experts = layer_expert_params(model, plan.ep, plan.etp)   # no hybrid sharding (check.hsdp_problems)
-    return [(held.replicated, layer - experts, DpSpan(sp.dp, sp.replicas, sp.dp)),
-            (held.experts, experts, DpSpan(sp.edp, sp.replicas, sp.edp))]
+    return [(held.replicated, layer - experts, DpSpan(group=sp.dp, replicas=sp.replicas, whole=sp.dp)),
+            (held.experts, experts, DpSpan(group=sp.edp, replicas=sp.replicas, whole=sp.edp))]
 
 
 def dp_bucket_s(model: ModelSpec, plan: Plan, term: DpTerm, cluster: ClusterSpec, sp: Spans,

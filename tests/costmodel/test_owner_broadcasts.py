@@ -13,9 +13,11 @@ from costmodel.comm import Collective, collective_time_s, owner_broadcasts_s
 from costmodel.estimate import estimate
 from costmodel.frameworks import FRAMEWORKS
 from costmodel.hardware import parse_cluster, run_by
+from costmodel.params import rank_params
 from costmodel.placement import AxisSpan
 from costmodel.plan import Recompute
-from costmodel.rank_time.dp_terms import dp_terms
+from costmodel.rank_time.dp_terms import dp_groups, dp_term_comm_s, dp_terms
+from costmodel.rank_time.spans import spans
 from costmodel.registry import resolve_model
 from costmodel.specs import DType, TrainSpec
 from planner.space import Choice, build_plan
@@ -26,8 +28,12 @@ TRAIN = TrainSpec(seq_len=2048, global_batch_size=8192, grad_dtype=DType.BF16)
 
 
 def _pass_latency_s(span: AxisSpan) -> float:
-    """One ring pass through the span's ranks: NCCL's base latency once, a step a rank."""
-    intra, inter = CLUSTER.device.intra_node, CLUSTER.device.tier_for(span.num_nodes, span.same_rail)
+    """One ring pass through the span's ranks: NCCL's base latency once, a step a rank (the
+    network's between nodes)."""
+    intra = CLUSTER.device.intra_node
+    if span.num_nodes == 1:
+        return intra.base_latency_s + (span.size - 1) * intra.latency_s
+    inter = CLUSTER.device.tier_for(span.num_nodes, span.same_rail)
     hops = (span.size - span.num_nodes) * intra.latency_s + (span.num_nodes - 1) * inter.latency_s
     return max(intra.base_latency_s, inter.base_latency_s) + hops
 
@@ -73,6 +79,14 @@ def test_zero1_within_a_node_keeps_the_all_reduce_over_every_rank_and_the_broadc
     exposed = {name: estimate(MODEL, TRAIN, cluster, plan).time_breakdown_s["comm/dp_exposed"]
                for name, plan in (("all", whole), ("node", in_node))}
     assert exposed["node"] < exposed["all"] / 10
+    # the gradients' all-reduce spans all 1,024 ranks in both (128 nodes), not the 8 of a shard group
+    sp = spans(in_node, cluster)
+    assert sp.shard.num_nodes == 1 and sp.dp.num_nodes == 128
+    held = rank_params(MODEL, in_node, 0, cluster.framework)
+    (n, unit, span), = dp_groups(MODEL, in_node, sp, held, cluster.framework)
+    reduce = next(t for t in dp_terms(MODEL, TRAIN, in_node, cluster) if t.collectives[0][0] is Collective.ALL_REDUCE)
+    assert dp_term_comm_s(reduce, n, cluster, span, unit) == pytest.approx(
+        collective_time_s(Collective.ALL_REDUCE, 2 * n, sp.dp, cluster) / cluster.device.efficiency.dp_comm)
     # a Megatron-style partial optimizer reduce-scatters in the group, all-reduces the shard: cheaper still
     megatron = run_by(CLUSTER, replace(FRAMEWORKS["internevo"], owner_broadcasts=False))
     assert estimate(MODEL, TRAIN, megatron, in_node).time_breakdown_s["comm/dp_exposed"] < exposed["node"]
