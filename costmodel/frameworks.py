@@ -172,7 +172,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
                     selective_op_policy=True, fsdp_copy_out=True, reshards_after_backward=True, **_FSDP),
     # InternEvo (InternLM's training framework): its own layer with apex's fused RMSNorm, FlashAttention's
     # fused QKV projection, rotary kernel and cross entropy, the SwiGLU in torch ops (internlm/model/linear.py
-    # FeedForward: F.silu(w1(x)) * w2(x)), each norm's input cast to fp32 first; ZeRO-1 over all or part of the
+    # FeedForward: F.silu(w1(x)) * w2(x)), each norm's input cast to fp32 first (unpriced); ZeRO-1 over all or part of the
     # data-parallel ranks (`zero1`: partial_distributed_optimizer) with the owner broadcasts above. Its
     # gradients are reduced during the last micro-batch's backward only (skip_grad_reduce before it)
     FrameworkTraits(name="internevo", dp_grad_overlap=True, dp_param_overlap=False, sharded_grads_under_pp=True,
