@@ -9,7 +9,9 @@ rows, those on 256 or more GPUs and those on H100-class devices: the H100 chip's
 H800, H200 and Blackwell parts borrow), both summaries, and the predicted
 memory against the rows that state what they used, and the values of a fit on the whole
 table that sit at a bound of their published range (a mechanism missing: the profiles then
-hold those values inside it, each saying so). `--fit` also prints the
+hold those values inside it, each saying so). Last, for each family of rows that differ only in
+their micro-batch count, a micro-batch's cost and what a step adds once, measured and predicted
+(planner.measure.step_split). `--fit` also prints the
 per-chip values a fit on the whole table gives (what profiles/*.toml hold, copied by hand).
 About a minute on a 2-core machine.
 """
@@ -23,6 +25,7 @@ from pathlib import Path
 
 from planner.measure import fit
 from planner.measure.runs_table import default_runs_path, read_runs
+from planner.measure.step_split import step_splits
 from planner.measure.validate import step_time_error_pct, summarize, validate_row
 
 
@@ -77,6 +80,12 @@ def main() -> None:
     pinned = fit.at_bounds(filled, fitted)
     print(f"the whole table's fit at a bound of a published range (shipped values held inside): {len(pinned)}"
           + "".join(f"\n  {p}" for p in pinned))
+    splits = step_splits(rows, results)
+    print(f"\nfamilies at two or more micro-batch counts m (least squares t = a·m + b; errors + predicted too slow): {len(splits)}")
+    for f in splits:
+        print(f"  {f.label}: m {', '.join(map(str, f.micro_batches))}: a {f.measured_per_micro_batch_s:.4f} s measured, "
+              f"{f.per_micro_batch_error_pct:+.1f}%; b {f.measured_per_step_s:.3f} s measured, "
+              f"{f.per_step_error_s:+.3f} s")
     if args.fit:
         for name, values in fitted.items():
             print(f"fit on the whole table, {name}: " + ", ".join(f"{k} = {v:.4g}" for k, v in values.items()))

@@ -136,7 +136,23 @@ def accuracy_section(acc: dict, gpus: dict, band: float, meta: dict) -> str:
         + (" (the same)." if abs(100 * band - lo["mape_pct"]) < 0.05 else " (they differ: the band is set by hand)."),
         "", "Per source (step time; + predicted too slow):", "", *per_group(acc["rows"], "source"),
         "", "Per framework that ran the rows, whose traits price them (step time). " + framework_line(acc["rows"]),
-        "", *per_group(acc["rows"], "framework")])
+        "", *per_group(acc["rows"], "framework"), *split_lines(acc.get("splits", []))])
+
+
+def split_lines(splits: list[dict]) -> list[str]:
+    """The families of rows that differ only in their micro-batch count m, each split into what a
+    micro-batch costs (a) and what a step adds once (b): t = a·m + b by least squares through the
+    measured and through the predicted step times (planner.measure.step_split)."""
+    if not splits:
+        return []
+    return ["", f"Per micro-batch and per step: the {len(splits)} families of rows that differ only in their "
+            "micro-batch count m, each step time split as a·m + b by least squares, measured and predicted "
+            f"(`{CMD_FIDELITY}`; + predicted too slow). An error in b grows with the cluster, which runs fewer "
+            "micro-batches a rank.", "",
+            "| family | m | a measured, s | a error % | b measured, s | b error, s |", "|---|---|---:|---:|---:|---:|",
+            *(f"| {cell(f['label'])} | {', '.join(map(str, f['micro_batches']))} | {f['per_micro_batch_s']:.4f} | "
+              f"{pct(f['per_micro_batch_error_pct'])} | {f['per_step_s']:.3f} | {f['per_step_error_s']:+.3f} |"
+              for f in splits)]
 
 
 def edge_line(rows: list[dict], mape_pct: float) -> list[str]:

@@ -69,6 +69,15 @@ def test_results_page_keeps_unmeasured_optional_sections_and_replaces_the_rest()
     assert RESULTS["kept_sections"](text).keys() == {"accuracy", "speed", "closed-loop"}   # not the placeholder
 
 
+def test_the_accuracy_section_splits_families_per_micro_batch_and_per_step():
+    split = {"label": "mlperf 96x12288 H100 | tp4", "micro_batches": (8, 128), "per_micro_batch_s": 0.0844,
+             "per_micro_batch_error_pct": 3.6, "per_step_s": 0.285, "per_step_error_s": -0.09}
+    text = RESULTS["accuracy_section"]({**_accuracy(), "splits": [split]}, {}, 0.035, META)
+    assert "the 1 families of rows that differ only in their micro-batch count m" in text
+    assert "| mlperf 96x12288 H100 \\| tp4 | 8, 128 | 0.0844 | +3.6 | 0.285 | -0.090 |" in text
+    assert "Per micro-batch and per step" not in RESULTS["accuracy_section"](_accuracy(), {}, 0.035, META)
+
+
 def test_the_claims_section_lists_the_rows_the_search_claims_most_over():
     claims = RESULTS["parse_claims"](
         "tt_405b                     54,527      100,474 +84.3%  +84.3%     3   True  dp128 tp4+sp pp1 z3\n"
