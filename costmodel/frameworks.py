@@ -91,6 +91,13 @@ class FrameworkTraits:
     own_pipeline_schedules: bool = True
     empty_end_stages: bool = False
     pipe_engine_sends: bool = False
+    # Megatron-Core's interleaved schedule with overlap_p2p_comm (Megatron-LM's default under a virtual
+    # pipeline, `--no-overlap-p2p-communication` turns it off; NeMo's, Megatron-Bridge's and MLPerf's
+    # configs set it): a steady-state chunk's sends and receives are posted without waiting, behind the
+    # next chunk's compute; the warm-up's and the flush's are waited for before the next chunk
+    # (overlap_p2p_comm_warmup_flush, off by default). megatron/core/pipeline_parallel/schedules.py,
+    # forward_backward_pipelining_with_interleaving (costmodel.rank_time.layer_comm: blocking_send_share)
+    steady_sends_overlap: bool = False
     bf16_optimizer_all_reduce: bool = False
     ep_a2a_overlap: bool = False
     selective_modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES
@@ -150,7 +157,8 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
                     dp_sync_per_chunk=True,
                     dispatch_per_node=True, moe_probs_in_activation=True,
                     grouped_expert_gemm=True, mtp_with_cp=True, shared_expert_tp=True,
-                    partial_distributed_optimizer=True, empty_end_stages=True, **_MEGATRON),
+                    partial_distributed_optimizer=True, empty_end_stages=True, steady_sends_overlap=True,
+                    **_MEGATRON),
     # Megatron's layer as Megatron-DeepSpeed keeps it: apex's fused norms, SwiGLU and RoPE in torch ops
     FrameworkTraits(name="megatron-deepspeed", **{**_DEEPSPEED, "loss_grad_in_place": True,
                                                    "grad_overlap_zero3_only": True, "eager_layer": True}),

@@ -35,6 +35,8 @@ def stage_costs(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Cluster
         rtms = [models[view] for view in views]
     else:
         rtms = [rtm or rank_time_model(model, train, plan, cluster, sp)] * plan.pp
+    # the sends each rank waits for at this plan's micro-batches (RankTimeModel.send_share)
+    rtms = [r.with_schedule(plan.vpp, plan.num_micro_batches) for r in rtms]
     n = plan.num_virtual_stages
     defers = plan.schedule.defers_weight_grad
     # torch pipelining keeps a deferred weight pass's whole graph (costmodel.frameworks)
@@ -91,5 +93,6 @@ def _boundary_sends(plan: Plan, rtms: list[RankTimeModel]) -> list[tuple[float, 
         if not 0 <= k < n or ranks[k] == ranks[j]:
             return 0.0
         r = ranks[j]
-        return rtms[r].sends_s[r][0 if ranks[k] == (r + 1) % p else 1]
+        # the share of it the sender waits for (RankTimeModel.send_share)
+        return rtms[r].send_share * rtms[r].sends_s[r][0 if ranks[k] == (r + 1) % p else 1]
     return [(to(j, j + 1), to(j, j - 1)) for j in range(n)]

@@ -51,10 +51,10 @@ def time_floor_s(model: ModelSpec, rtm: RankTimeModel, pp: int, num_micro_batche
     rc = 0 if recompute is Recompute.NONE else 1
     per_layer, first, last = rtm.per_layer, rtm.first_edge, rtm.last_edge
     total = (model.num_layers * per_layer.total_s + rc * rtm.per_recomputed_layer.total_s
-             + first.total_s + last.total_s + pp * rtm.pp_comm_with_s(vpp))
+             + first.total_s + last.total_s + pp * rtm.pp_comm_with_s(vpp, num_micro_batches))
     traits = schedule.traits
     fill = (model.num_layers * fill_s(traits, per_layer) + rc * fill_s(traits, rtm.per_recomputed_layer)
-            + fill_s(traits, first) + fill_s(traits, last) + pp * rtm.pp_comm_with_s(vpp))
+            + fill_s(traits, first) + fill_s(traits, last) + pp * rtm.pp_comm_with_s(vpp, num_micro_batches))
     slowest = max(total / pp, slowest_floor_s)
     return closed_form_s(traits, num_micro_batches, slowest, fill, slowest, vpp)
 

@@ -314,7 +314,7 @@ class SharedModels:
         timed = self.time_model(base)
         key = (base, plan.vpp, plan.schedule)
         if key not in self._rows:
-            self._rows[key] = pipeline_rows(timed.rtm.with_vpp(plan.vpp), plan)
+            self._rows[key] = pipeline_rows(timed.rtm.with_schedule(plan.vpp, plan.num_micro_batches), plan)
         ts, fs = self._rows[key]
         zero_s = timed.zero_floors_s[zero]
         return pipeline_floor_s(ts, fs, plan, fit, self.model.num_layers, enough_s - zero_s) + zero_s

@@ -86,6 +86,7 @@ def _pipeline_rows(rtm: RankTimeModel, plan: Plan, edge: RankTimes) -> tuple[tup
 def pipeline_rows(rtm: RankTimeModel, plan: Plan) -> tuple[list[tuple], list[tuple]]:
     """Per pipeline rank, the t and f coefficients of RankShape (what the pipeline bound needs),
     without the optimizer and DP parts."""
+    rtm = rtm.with_schedule(plan.vpp, plan.num_micro_batches)   # the sends waited for at its micro-batches
     first, last = plan.stage_rank(0), plan.stage_rank(plan.num_virtual_stages - 1)
     rows: dict[tuple, tuple] = {}
     per_rank = []
@@ -159,7 +160,8 @@ def rank_shapes(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
         views = rank_views(plan, cluster)
         by_view = {view: rank_shapes(model, train, view, plan, memory) for view in set(views)}
         return [by_view[view][r] for r, view in enumerate(views)]
-    rtm = rtm or rank_time_model(model, train, plan, cluster, spans(plan, cluster))
+    rtm = (rtm or rank_time_model(model, train, plan, cluster, spans(plan, cluster))).with_schedule(
+        plan.vpp, plan.num_micro_batches)
     dp_shape = _dp_shape(model, train, cluster, plan)
     memory = memory or stage_memory_shapes(model, train, plan, cluster.device.efficiency.reserved_memory_bytes,
                                           cluster.framework)

@@ -207,6 +207,23 @@ def pp_rank_sends_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Clu
     return tuple((send_s(r, r + 1), send_s(r, r - 1)) for r in range(p))
 
 
+def send_cost_share(pp: int, vpp: int, num_micro_batches: int, hidden_cost: float | None) -> float:
+    """The share of a pipeline rank's sends that its step pays: all of them (1), or under a
+    framework that overlaps the steady state's (frameworks `steady_sends_overlap`, Megatron-Core's
+    interleaved schedule) the warm-up's and the flush's whole and the rest at `hidden_cost` (the
+    device's comm_contention: the compute a second of communication hidden behind it slows, as
+    for DP's and TP's). The first rank, which has the most, runs min(m·v, 2(p-1) + (v-1)·p) of
+    its m·v chunk forwards before its first backward, and as many backwards after its last
+    forward (schedules.py, get_pp_rank_microbatches). Priced as that share of every send, so the
+    simulation and the closed form charge a step alike (in the simulation the fill's hand-offs
+    are then a little quick, the steady state's a little slow). `hidden_cost` None: every send is
+    waited for."""
+    if hidden_cost is None or vpp == 1:
+        return 1.0
+    waited = min(1.0, (2 * (pp - 1) + (vpp - 1) * pp) / (num_micro_batches * vpp))
+    return waited + (1.0 - waited) * hidden_cost
+
+
 def pp_sends_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
                span: AxisSpan) -> tuple[float, float]:
     """(within a node, across nodes): one micro-batch's activations (or their gradient) to a

@@ -8,6 +8,7 @@ from functools import lru_cache
 from costmodel.hardware import ClusterSpec
 from costmodel.plan import Plan, Recompute
 from costmodel.rank_time.ep_overlap import ep_overlap_factor
+from costmodel.rank_time.layer_comm import send_cost_share
 from costmodel.rank_time.parts import ComputeParts, RankTimeParts, TimeShape, rank_time_parts
 from costmodel.rank_time.spans import Spans
 from costmodel.specs import ModelSpec, TrainSpec
@@ -96,24 +97,44 @@ class RankTimeModel:
     sends_s: tuple[tuple[float, float], ...]
     vpp: int
     rank: int | None = None   # the pipeline rank priced (for_rank); None: the ranks' mean
+    # None: it waits for every send; else its framework waits only for the warm-up's and flush's
+    # sends of an interleaved schedule (frameworks `steady_sends_overlap`) and a second of the rest,
+    # hidden behind compute, costs this (the device's comm_contention): layer_comm.send_cost_share
+    hidden_send_cost: float | None = None
+    num_micro_batches: int = 1
 
     @property
     def pp_comm_s(self) -> float:
         return self.pp_comm_with_s(self.vpp)
 
-    def pp_comm_with_s(self, vpp: int) -> float:
-        """Its sends per micro-batch, were it to hold `vpp` virtual stages (_rank_sends_s)."""
+    @property
+    def send_share(self) -> float:
+        """The share of its sends' time a rank's step pays (layer_comm.send_cost_share)."""
+        return self.send_share_with(self.vpp, self.num_micro_batches)
+
+    def send_share_with(self, vpp: int, num_micro_batches: int) -> float:
+        return send_cost_share(len(self.sends_s), vpp, num_micro_batches, self.hidden_send_cost)
+
+    def pp_comm_with_s(self, vpp: int, num_micro_batches: int | None = None) -> float:
+        """Its sends per micro-batch as its step pays them (send_share_with), were it to hold `vpp`
+        virtual stages (_rank_sends_s) and run `num_micro_batches` (default: its own)."""
         if not self.sends_s:
             return 0.0
+        m = self.num_micro_batches if num_micro_batches is None else num_micro_batches
         if self.rank is not None:
-            return _rank_sends_s(self.sends_s, self.rank, vpp)
+            return self.send_share_with(vpp, m) * _rank_sends_s(self.sends_s, self.rank, vpp)
         # the ranks' _rank_sends_s summed: every pair vpp times, less the two sends to nowhere
         sends = self.sends_s
-        return (vpp * _pairs_sum_s(sends) - sends[-1][0] - sends[0][1]) / len(sends)
+        return self.send_share_with(vpp, m) * (vpp * _pairs_sum_s(sends) - sends[-1][0] - sends[0][1]) / len(sends)
 
     def with_vpp(self, vpp: int) -> "RankTimeModel":
         """The same rank with `vpp` virtual stages (only its pipeline sends change)."""
         return replace(self, vpp=vpp)
+
+    def with_schedule(self, vpp: int, num_micro_batches: int) -> "RankTimeModel":
+        """The same rank with `vpp` virtual stages and `num_micro_batches` a step (only the sends
+        it waits for change)."""
+        return replace(self, vpp=vpp, num_micro_batches=num_micro_batches)
 
     def with_pp_sends(self, sends_s: tuple[tuple[float, float], ...]) -> "RankTimeModel":
         """The same ranks under another placement of the pipeline axis (only their sends change)."""
@@ -158,7 +179,19 @@ def fastest_of(models: list[RankTimeModel]) -> RankTimeModel:
     sends = tuple(tuple(min(pair) for pair in zip(*pairs)) for pairs in zip(*(m.sends_s for m in models)))
     return RankTimeModel(per_layer=least("per_layer"), per_recomputed_layer=least("per_recomputed_layer"),
                          first_edge=least("first_edge"), last_edge=least("last_edge"), sends_s=sends,
-                         vpp=models[0].vpp)
+                         vpp=models[0].vpp, hidden_send_cost=_least_cost(models),
+                         num_micro_batches=models[0].num_micro_batches)
+
+
+def _hidden_send_cost(cluster: ClusterSpec) -> float | None:
+    """What a second of a send hidden behind compute costs where the framework hides some
+    (frameworks `steady_sends_overlap`): the device's comm_contention; None where it hides none."""
+    return cluster.device.efficiency.comm_contention if cluster.framework.steady_sends_overlap else None
+
+
+def _least_cost(models: list[RankTimeModel]) -> float | None:
+    costs = [m.hidden_send_cost for m in models]
+    return None if None in costs else min(costs)
 
 
 @lru_cache(maxsize=4096)
@@ -184,7 +217,8 @@ def _times(fwd: float = 0.0, bwd: float = 0.0, bwd_w: float = 0.0, rc: float = 0
 def rank_time_model(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
                     sp: Spans) -> RankTimeModel:
     """Depends on the plan's degrees, micro-batch, SP, recompute mode and placement only, not on
-    its layer split or recompute counts (TimeShape; of the spans those of TP, CP, EP and PP), and
+    its layer split or recompute counts, nor on its micro-batches a step (the sends a rank waits
+    for read them: RankTimeModel.with_schedule) (TimeShape; of the spans those of TP, CP, EP and PP), and
     where the framework overlaps the expert all-to-alls, on its micro-batch and stage counts
     (costmodel.rank_time.ep_overlap)."""
     rtm = shape_time_model(model, train, TimeShape.of(plan), cluster, sp, plan.vpp)
@@ -210,7 +244,8 @@ def parts_time_model(parts: RankTimeParts, c: ComputeParts, sp: Spans, vpp: int 
     if c.dense is not None and c.shape.recompute is Recompute.SELECTIVE and c.dense.selective_s != c.selective_s:
         first_edge = first_edge + _dense_selective(parts.model, c)
     return RankTimeModel(per_layer=per_layer, per_recomputed_layer=_recomputed_layer(c, *comm).scaled(c.stage),
-                         first_edge=first_edge, last_edge=last_edge, sends_s=parts.pp_rank_sends_s(c, sp.pp), vpp=vpp)
+                         first_edge=first_edge, last_edge=last_edge, sends_s=parts.pp_rank_sends_s(c, sp.pp), vpp=vpp,
+                         hidden_send_cost=_hidden_send_cost(parts.cluster))
 
 
 def _dense_selective(model: ModelSpec, c: ComputeParts) -> RankTimes:
@@ -299,5 +334,6 @@ def _mtp_times(model: ModelSpec, c: ComputeParts, proj_tp: float, layer: RankTim
 def rank_times(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
                sp: Spans, rank: int) -> RankTimes:
     first, last = plan.stage_rank(0), plan.stage_rank(plan.num_virtual_stages - 1)
-    return rank_time_model(model, train, plan, cluster, sp).for_rank(rank).at(
+    rtm = rank_time_model(model, train, plan, cluster, sp).with_schedule(plan.vpp, plan.num_micro_batches)
+    return rtm.for_rank(rank).at(
         plan.layers_on_rank(rank), plan.recompute_num_layers[rank], rank == first, rank == last)
