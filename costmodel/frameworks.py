@@ -93,10 +93,11 @@ class FrameworkTraits:
     pipe_engine_sends: bool = False
     # Megatron-Core's interleaved schedule with overlap_p2p_comm (Megatron-LM's default under a virtual
     # pipeline, `--no-overlap-p2p-communication` turns it off; NeMo's, Megatron-Bridge's and MLPerf's
-    # configs set it): a steady-state chunk's sends and receives are posted without waiting, behind the
-    # next chunk's compute; the warm-up's and the flush's are waited for before the next chunk
-    # (overlap_p2p_comm_warmup_flush, off by default). megatron/core/pipeline_parallel/schedules.py,
-    # forward_backward_pipelining_with_interleaving (costmodel.rank_time.layer_comm: blocking_send_share)
+    # configs set it) posts a steady-state chunk's sends and receives without waiting; since core_v0.18
+    # (#4047, deallocate_pipeline_outputs, which Megatron-LM's training sets) it waits for the activation
+    # sends at once, so only the gradient sends run beside the next chunk's compute; the warm-up's and the
+    # flush's are waited for (overlap_p2p_comm_warmup_flush is off by default). megatron/core/
+    # pipeline_parallel/schedules.py (costmodel.rank_time.layer_comm: send_cost_share)
     steady_sends_overlap: bool = False
     bf16_optimizer_all_reduce: bool = False
     ep_a2a_overlap: bool = False

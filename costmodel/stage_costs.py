@@ -93,6 +93,7 @@ def _boundary_sends(plan: Plan, rtms: list[RankTimeModel]) -> list[tuple[float, 
         if not 0 <= k < n or ranks[k] == ranks[j]:
             return 0.0
         r = ranks[j]
-        # the share of it the sender waits for (RankTimeModel.send_share)
-        return rtms[r].send_share * rtms[r].sends_s[r][0 if ranks[k] == (r + 1) % p else 1]
+        send = rtms[r].sends_s[r][0 if ranks[k] == (r + 1) % p else 1]
+        # an input's gradient: the share of it the step pays (RankTimeModel.send_share)
+        return send if k == j + 1 else rtms[r].send_share * send
     return [(to(j, j + 1), to(j, j - 1)) for j in range(n)]

@@ -40,7 +40,8 @@ def lower_bound_s(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan
 def time_floor_s(model: ModelSpec, rtm: RankTimeModel, pp: int, num_micro_batches: int, schedule: Schedule,
                  vpp: int, recompute: Recompute, slowest_floor_s: float = 0.0) -> float:
     """A valid lower bound on the pipeline's time over every layer split and recompute count
-    (`rtm` may be priced for any number of virtual stages: `vpp` is what counts).
+    (`rtm` may be priced for any number of virtual stages and micro-batches: `vpp` and
+    `num_micro_batches` are what count, the sends a step pays reading both).
 
     With per-rank micro-batch times t_r and T = max t_r >= sum(t)/pp, the pipeline takes
     m·T + (sum(t) - T)/v >= (m - 1/v)·sum(t)/pp + sum(t)/v (1F1B, GPipe: v = 1; interleaved: v),

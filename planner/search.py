@@ -244,7 +244,7 @@ def _examine(shared: SharedModels, stats: SearchStats, base: Choice, zero: int, 
         return False
     if plan.mesh_axis_order != base.mesh_axis_order:
         plan = replace(plan, mesh_axis_order=base.mesh_axis_order)
-    rtm = shared.time_model(base).rtm.with_schedule(plan.vpp, plan.num_micro_batches)
+    rtm = shared.plan_rtm(shared.time_model(base).rtm, plan)
     shapes = rank_shapes(model, train, cluster, plan, memory=fit.memory, rtm=rtm)
     if lower_bound_with_memory_s(shapes, plan, fit, model.num_layers) >= cutoff:
         stats.prune("bound")

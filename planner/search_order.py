@@ -132,8 +132,8 @@ class Queue:
             if order not in runs:
                 continue
             timed = shared.time_model(placed)
-            bound = (time_floor_s(shared.model, timed.rtm, base.pp, m, schedule, vpp, base.recompute,
-                                  timed.slowest_floor_s) + timed.zero_floors_s[z])
+            bound = (time_floor_s(shared.model, shared.floor_rtm(timed.rtm, base.ep), base.pp, m, schedule, vpp,
+                                  base.recompute, timed.slowest_floor_s) + timed.zero_floors_s[z])
             assert bound >= floor - 1e-9 * abs(floor), "a placement-free floor above a candidate's bound"
             heapq.heappush(self.heap, (bound, _CANDIDATE, (seq[0], o, v, z),
                                        Candidate(bound, placed, vpp, schedule, z, fit, plan)))

@@ -13,6 +13,7 @@ from costmodel.hardware import ClusterSpec
 from costmodel.memory import keeps_whole_grads_under_pp, stage_memory_shapes_by_zero
 from costmodel.plan import Plan
 from costmodel.rank_time import RankTimeModel, Spans, fastest_of, rank_time_model, spans
+from costmodel.rank_time.ep_overlap import ep_overlap_factor, ep_overlap_floor_factor
 from costmodel.rank_time.parts import TimeShape, rank_time_parts
 from costmodel.rank_time.times import parts_time_model
 from costmodel.schedules import Schedule
@@ -82,7 +83,7 @@ class SearchResult:
 
 @dataclass(frozen=True, slots=True)
 class TimedChoice:
-    rtm: RankTimeModel  # priced with one virtual stage (RankTimeModel.with_vpp adds more)
+    rtm: RankTimeModel  # priced with one virtual stage (RankTimeModel.with_schedule reads a plan's)
     zero_floors_s: tuple[float, ...]  # planner.bounds.zero_floor_s per state placement (STATE_OPTIONS)
     slowest_floor_s: float = 0.0      # a mixed cluster's planner.bounds.slowest_rank_floor_s
 
@@ -192,6 +193,17 @@ class SharedModels:
                 rtm = self._rtms[key] = parts_time_model(self._parts, c, sp, base.vpp)
             got = self._rtms[placed] = rtm.with_pp_sends(self._parts.pp_rank_sends_s(c, sp.pp))
         return got
+
+    def plan_rtm(self, rtm: RankTimeModel, plan: Plan) -> RankTimeModel:
+        """A shared rank time model (time_model) as `plan` is priced (rank_time_model): its
+        virtual stages and micro-batches, and the expert all-to-all overlap they decide."""
+        rtm = rtm.with_schedule(plan.vpp, plan.num_micro_batches)
+        return rtm.with_ep_scaled(ep_overlap_factor(rtm.per_layer, plan, self.cluster))
+
+    def floor_rtm(self, rtm: RankTimeModel, ep: int) -> RankTimeModel:
+        """A shared rank time model for a bound over plans of any schedule and micro-batch count:
+        the expert all-to-all overlap at its least (ep_overlap_floor_factor)."""
+        return rtm.with_ep_scaled(ep_overlap_floor_factor(rtm.per_layer, ep, self.cluster))
 
     def _slowest_floor_s(self, probe: Plan, models: list[RankTimeModel]) -> float:
         """On a mixed cluster, each rank takes its group's time per layer; which groups hold how
@@ -314,7 +326,7 @@ class SharedModels:
         timed = self.time_model(base)
         key = (base, plan.vpp, plan.schedule)
         if key not in self._rows:
-            self._rows[key] = pipeline_rows(timed.rtm.with_schedule(plan.vpp, plan.num_micro_batches), plan)
+            self._rows[key] = pipeline_rows(self.plan_rtm(timed.rtm, plan), plan)
         ts, fs = self._rows[key]
         zero_s = timed.zero_floors_s[zero]
         return pipeline_floor_s(ts, fs, plan, fit, self.model.num_layers, enough_s - zero_s) + zero_s
@@ -329,12 +341,13 @@ class SharedModels:
         m = self.train.global_batch_size // base.dp // base.micro_batch_size
         if self.cluster.is_mixed:
             timed = [self.time_model(replace(base, mesh_axis_order=order)) for order in group.orders]
-            pipeline = [min(time_floor_s(self.model, t.rtm, base.pp, m, schedule, vpp, base.recompute,
+            pipeline = [min(time_floor_s(self.model, self.floor_rtm(t.rtm, base.ep), base.pp, m, schedule, vpp, base.recompute,
                                          t.slowest_floor_s) for t in timed) for vpp, schedule in group.variants]
             return pipeline, tuple(min(t.zero_floors_s[z] for t in timed) for z in range(len(STATE_OPTIONS)))
         shape = TimeShape.of(base)   # the orders' alike
         rtms = {id(r): r for r in (self._rtm(base, self._spans(base, order), shape) for order in group.orders)}.values()
-        pipeline = [min(time_floor_s(self.model, rtm, base.pp, m, schedule, vpp, base.recompute) for rtm in rtms)
+        pipeline = [min(time_floor_s(self.model, self.floor_rtm(rtm, base.ep), base.pp, m, schedule, vpp, base.recompute)
+                        for rtm in rtms)
                     for vpp, schedule in group.variants]
         return pipeline, self._optimizer_floors_s(base)
 

@@ -46,11 +46,21 @@ def ep_overlap_factor(layer: "RankTimes", plan: Plan, cluster: ClusterSpec) -> f
     """What the rank's expert all-to-all time is multiplied by where the framework overlaps it
     (`ep_a2a_overlap`, EP > 1): a layer's (`layer`: its per-micro-batch times) as
     overlapped_ep_s runs it, its cover the layer's forward and backward compute; 1 elsewhere."""
-    if not (cluster.framework.ep_a2a_overlap and plan.ep > 1) or layer.ep_comm_s <= 0.0:
+    return _factor(layer, plan.ep, cluster, unpaired_share(plan))
+
+
+def ep_overlap_floor_factor(layer: "RankTimes", ep: int, cluster: ClusterSpec) -> float:
+    """ep_overlap_factor's least over every schedule and micro-batch count (no pass unpaired: the
+    factor grows with their share), what a lower bound over plans the search has not fixed reads."""
+    return _factor(layer, ep, cluster, 0.0)
+
+
+def _factor(layer: "RankTimes", ep: int, cluster: ClusterSpec, unpaired: float) -> float:
+    if not (cluster.framework.ep_a2a_overlap and ep > 1) or layer.ep_comm_s <= 0.0:
         return 1.0
     contention = cluster.device.efficiency.comm_contention
     cover_s = layer.forward_s + layer.backward_s
-    return overlapped_ep_s(layer.ep_comm_s, cover_s, unpaired_share(plan), contention) / layer.ep_comm_s
+    return overlapped_ep_s(layer.ep_comm_s, cover_s, unpaired, contention) / layer.ep_comm_s
 
 
 def model_overlap_problems(model: ModelSpec, compute_dtype: DType) -> list[str]:

@@ -12,6 +12,7 @@ from costmodel.moe_dispatch import dispatch_combine_s
 from costmodel.params import ceil_div
 from costmodel.placement import AxisSpan, same_node
 from costmodel.plan import Plan, Recompute
+from costmodel.schedules import interleaved_warmup_chunks
 from costmodel.specs import ModelSpec, TrainSpec
 
 
@@ -207,20 +208,18 @@ def pp_rank_sends_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Clu
     return tuple((send_s(r, r + 1), send_s(r, r - 1)) for r in range(p))
 
 
-def send_cost_share(pp: int, vpp: int, num_micro_batches: int, hidden_cost: float | None) -> float:
-    """The share of a pipeline rank's sends that its step pays: all of them (1), or under a
-    framework that overlaps the steady state's (frameworks `steady_sends_overlap`, Megatron-Core's
-    interleaved schedule) the warm-up's and the flush's whole and the rest at `hidden_cost` (the
-    device's comm_contention: the compute a second of communication hidden behind it slows, as
-    for DP's and TP's). The first rank, which has the most, runs min(m·v, 2(p-1) + (v-1)·p) of
-    its m·v chunk forwards before its first backward, and as many backwards after its last
-    forward (schedules.py, get_pp_rank_microbatches). Priced as that share of every send, so the
-    simulation and the closed form charge a step alike (in the simulation the fill's hand-offs
-    are then a little quick, the steady state's a little slow). `hidden_cost` None: every send is
-    waited for."""
-    if hidden_cost is None or vpp == 1:
+def send_cost_share(pp: int, vpp: int, num_micro_batches: int, hidden_cost: float) -> float:
+    """The share of a pipeline rank's gradient sends (to the previous stage) that its step pays
+    under Megatron-Core's interleaved schedule (frameworks `steady_sends_overlap`): those of the
+    first rank's flush whole (it has the most: 2(p-1) + (v-1)·p of its m·v chunks, as many as its
+    warm-up forwards, schedules.interleaved_warmup_chunks), the steady state's at `hidden_cost`
+    (the device's comm_contention: what a second of communication hidden behind compute costs,
+    as for DP's and TP's collectives). Its activation sends are waited for in the steady state too
+    (the step pays them whole). Priced as that share of every gradient send, so the simulation and
+    the closed forms charge a step alike. `hidden_cost` 1: every send is waited for."""
+    if hidden_cost >= 1.0 or vpp == 1:
         return 1.0
-    waited = min(1.0, (2 * (pp - 1) + (vpp - 1) * pp) / (num_micro_batches * vpp))
+    waited = min(1.0, (interleaved_warmup_chunks(pp, vpp, 0) - 1) / (num_micro_batches * vpp))
     return waited + (1.0 - waited) * hidden_cost
 
 

@@ -97,10 +97,10 @@ class RankTimeModel:
     sends_s: tuple[tuple[float, float], ...]
     vpp: int
     rank: int | None = None   # the pipeline rank priced (for_rank); None: the ranks' mean
-    # None: it waits for every send; else its framework waits only for the warm-up's and flush's
-    # sends of an interleaved schedule (frameworks `steady_sends_overlap`) and a second of the rest,
-    # hidden behind compute, costs this (the device's comm_contention): layer_comm.send_cost_share
-    hidden_send_cost: float | None = None
+    # what a second of a gradient send hidden behind compute costs where its framework hides the steady
+    # state's (frameworks `steady_sends_overlap`: the device's comm_contention); 1: every send is waited
+    # for (layer_comm.send_cost_share). The share hidden falls with the step's micro-batches.
+    hidden_send_cost: float = 1.0
     num_micro_batches: int = 1
 
     @property
@@ -109,31 +109,26 @@ class RankTimeModel:
 
     @property
     def send_share(self) -> float:
-        """The share of its sends' time a rank's step pays (layer_comm.send_cost_share)."""
-        return self.send_share_with(self.vpp, self.num_micro_batches)
-
-    def send_share_with(self, vpp: int, num_micro_batches: int) -> float:
-        return send_cost_share(len(self.sends_s), vpp, num_micro_batches, self.hidden_send_cost)
+        """The share of its gradient sends' time a rank's step pays (layer_comm.send_cost_share)."""
+        return send_cost_share(len(self.sends_s), self.vpp, self.num_micro_batches, self.hidden_send_cost)
 
     def pp_comm_with_s(self, vpp: int, num_micro_batches: int | None = None) -> float:
-        """Its sends per micro-batch as its step pays them (send_share_with), were it to hold `vpp`
-        virtual stages (_rank_sends_s) and run `num_micro_batches` (default: its own)."""
+        """Its sends per micro-batch as its step pays them (send_share: the gradient sends' share),
+        were it to hold `vpp` virtual stages (_rank_sends_s) and run `num_micro_batches` (default:
+        its own)."""
         if not self.sends_s:
             return 0.0
         m = self.num_micro_batches if num_micro_batches is None else num_micro_batches
+        share = send_cost_share(len(self.sends_s), vpp, m, self.hidden_send_cost)
+        sends = self.sends_s if share == 1.0 else tuple((forward, share * back) for forward, back in self.sends_s)
         if self.rank is not None:
-            return self.send_share_with(vpp, m) * _rank_sends_s(self.sends_s, self.rank, vpp)
+            return _rank_sends_s(sends, self.rank, vpp)
         # the ranks' _rank_sends_s summed: every pair vpp times, less the two sends to nowhere
-        sends = self.sends_s
-        return self.send_share_with(vpp, m) * (vpp * _pairs_sum_s(sends) - sends[-1][0] - sends[0][1]) / len(sends)
-
-    def with_vpp(self, vpp: int) -> "RankTimeModel":
-        """The same rank with `vpp` virtual stages (only its pipeline sends change)."""
-        return replace(self, vpp=vpp)
+        return (vpp * _pairs_sum_s(sends) - sends[-1][0] - sends[0][1]) / len(sends)
 
     def with_schedule(self, vpp: int, num_micro_batches: int) -> "RankTimeModel":
         """The same rank with `vpp` virtual stages and `num_micro_batches` a step (only the sends
-        it waits for change)."""
+        its step pays change): how a plan's model is read from the models the search shares."""
         return replace(self, vpp=vpp, num_micro_batches=num_micro_batches)
 
     def with_pp_sends(self, sends_s: tuple[tuple[float, float], ...]) -> "RankTimeModel":
@@ -179,19 +174,14 @@ def fastest_of(models: list[RankTimeModel]) -> RankTimeModel:
     sends = tuple(tuple(min(pair) for pair in zip(*pairs)) for pairs in zip(*(m.sends_s for m in models)))
     return RankTimeModel(per_layer=least("per_layer"), per_recomputed_layer=least("per_recomputed_layer"),
                          first_edge=least("first_edge"), last_edge=least("last_edge"), sends_s=sends,
-                         vpp=models[0].vpp, hidden_send_cost=_least_cost(models),
+                         vpp=models[0].vpp, hidden_send_cost=min(m.hidden_send_cost for m in models),
                          num_micro_batches=models[0].num_micro_batches)
 
 
-def _hidden_send_cost(cluster: ClusterSpec) -> float | None:
-    """What a second of a send hidden behind compute costs where the framework hides some
-    (frameworks `steady_sends_overlap`): the device's comm_contention; None where it hides none."""
-    return cluster.device.efficiency.comm_contention if cluster.framework.steady_sends_overlap else None
-
-
-def _least_cost(models: list[RankTimeModel]) -> float | None:
-    costs = [m.hidden_send_cost for m in models]
-    return None if None in costs else min(costs)
+def _hidden_send_cost(cluster: ClusterSpec) -> float:
+    """What a second of a gradient send hidden behind compute costs where the framework hides the
+    steady state's (frameworks `steady_sends_overlap`): the device's comm_contention; 1 elsewhere."""
+    return cluster.device.efficiency.comm_contention if cluster.framework.steady_sends_overlap else 1.0
 
 
 @lru_cache(maxsize=4096)

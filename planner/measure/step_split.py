@@ -1,14 +1,15 @@
 """What a micro-batch costs and what a step adds once, measured against predicted.
 
-Rows of one source that run the same model and layout on the same device and framework, and
+Rows of one source and software release that run the same model and layout on the same device and framework, and
 differ only in how many micro-batches m a step runs (a cluster grown with the global batch
 held, or the batch grown on one cluster), have a step time affine in m: t = a·m + b, where a is
 a micro-batch's work on the critical rank and b what the step adds once (the pipeline's fill and
 drain, the exposed data-parallel synchronisation, the optimizer, the host's step). A
 least-squares line through the family's measured times and one through its predicted times
 separate an error in a (the kernels, the per-micro-batch communication) from an error in b,
-which a fit of efficiencies to step times cannot: a larger cluster runs fewer micro-batches a
-rank, so a model right on average and wrong in b is wrong in the direction of scale.
+which a fit of efficiencies to step times cannot. b is the same each step, so its share of the
+step grows with the cluster, which runs fewer micro-batches a rank: a model right on average and
+wrong in b is wrong in the direction of scale.
 """
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.measure.fit import source_group
 from planner.measure.validate import RowResult, step_time_error_pct
 
-# the cells, beside the publication (fit.source_group) and the resolved plan, that make two rows one workload
+# the cells, beside the run's source (less the system it names: one submission's clusters) and the
+# resolved plan, that make two rows one workload
 _WORKLOAD = ("framework", "arch", "layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab",
              "seq_len", "gpu", "gpus_per_node", "precision")
 
@@ -55,9 +56,16 @@ def _plan_key(result: RowResult) -> tuple:
             p.micro_batch_size, str(p.schedule), p.fp8_linears)
 
 
+def _software(source: str) -> str:
+    """A row's source less the system it ran on (MLPerf's `, system ...`): one round, submitter
+    and software release, whose clusters of different sizes make one family; a version or tag
+    the source names keeps releases apart."""
+    return source.split(", system ")[0].strip()
+
+
 def _label(row: dict[str, str], result: RowResult) -> str:
     p = result.plan
-    return (f"{source_group(row['source'])} {row['layers']}x{row['hidden']} {row['gpu']} {row['framework']} "
+    return (f"{_software(row['source'])[:64]}: {row['layers']}x{row['hidden']} {row['gpu']} {row['framework']} "
             f"tp{p.tp} pp{p.pp}x{p.vpp} cp{p.cp} mbs{p.micro_batch_size} z{p.zero_stage} {row['precision']}")
 
 
@@ -75,7 +83,7 @@ def step_splits(rows: list[dict[str, str]], results: list[RowResult]) -> list[St
     for row, result in zip(rows, results):
         if result.error_pct is None:
             continue
-        key = (source_group(row["source"]), *(row[k].strip() for k in _WORKLOAD), _plan_key(result))
+        key = (_software(row["source"]), *(row[k].strip() for k in _WORKLOAD), _plan_key(result))
         families[key].append((row, result))
     out = []
     for members in families.values():

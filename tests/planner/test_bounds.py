@@ -242,3 +242,44 @@ def test_a_family_s_floor_is_below_each_of_its_groups_floors(model_name, cluster
             modes.add((group.base.recompute, group.base.offload_activations))
     assert len(families) > 20 and {mode for mode, _ in modes} == set(Recompute)
     assert (Recompute.NONE, True) in modes or framework == "megatron"   # offloaded activations: our runtime's
+
+
+@pytest.mark.parametrize("name,cluster_name,choice,gbs", [
+    # Megatron-Core's expert all-to-all overlap, whose share hidden grows with the micro-batches
+    ("deepseek-v2-lite", "4x8xH100", dict(tp=1, pp=1, ep=16, micro_batch_size=1), 256),
+    ("deepseek-v2-lite", "4x8xH100", dict(tp=1, pp=1, ep=32, micro_batch_size=1), 256),
+    # its interleaved schedule's gradient sends, hidden past the flush's share
+    ("llama2-13b", "4x8xH100", dict(tp=2, pp=4, vpp=5, micro_batch_size=1, sequence_parallel=True), 256),
+])
+def test_the_searchs_shared_models_bound_megatron_cores_overlaps_from_below(name, cluster_name, choice, gbs):
+    """The search shares one rank time model between plans of different micro-batch counts
+    (planner.search_state.SharedModels); what Megatron-Core hides (expert all-to-alls, pipeline
+    gradient sends) depends on that count, so a bound read from the shared model takes the least
+    it hides and a plan's rows take its own: neither may exceed the plan's price."""
+    from costmodel.frameworks import FRAMEWORKS, with_ep_overlap
+    from costmodel.hardware import run_by
+    from planner.shapes import pipeline_rows
+    model, train = resolve_model(name), TrainSpec(seq_len=4096, global_batch_size=gbs)
+    traits = FRAMEWORKS["megatron-core"]
+    cluster = run_by(parse_cluster(cluster_name), with_ep_overlap(traits) if model.is_moe else traits)
+    for z in (0, 1):
+        c = Choice(zero_stage=z, **choice)
+        plan = build_plan(model, train, cluster, c)
+        shared = SharedModels(model, train, cluster, SearchOptions())
+        base = dataclasses.replace(c, dp=plan.dp, vpp=1, schedule=None, zero_stage=0)
+        timed = shared.time_model(base)
+        zero = timed.zero_floors_s[STATE_OPTIONS.index(States(z, False))]
+        priced = estimate(model, train, cluster, plan, simulate=False).closed_form_step_time_s
+        floor = time_floor_s(model, shared.floor_rtm(timed.rtm, base.ep), plan.pp, plan.num_micro_batches,
+                             plan.schedule, plan.vpp, plan.recompute) + zero
+        assert floor <= priced * (1 + 1e-12)
+        assert lower_bound_s(model, train, cluster, plan) <= priced * (1 + 1e-12)
+        # the plan's own rows are its price's: the shared model read as the plan is priced
+        ts, _ = pipeline_rows(shared.plan_rtm(timed.rtm, plan), plan)
+        exact, _ = pipeline_rows(rank_time_model_of(model, train, cluster, plan), plan)
+        assert ts == exact
+
+
+def rank_time_model_of(model, train, cluster, plan):
+    from costmodel.rank_time import rank_time_model, spans
+    return rank_time_model(model, train, plan, cluster, spans(plan, cluster))

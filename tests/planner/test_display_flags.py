@@ -67,6 +67,8 @@ def test_the_top_rows_are_the_same_whatever_top_asks_for(capsys):
         doc = json.loads(capsys.readouterr().out)
         rows[top] = [(_short(p["plan"]), round(p["estimate"]["step_time_s"], 6)) for p in doc["plans"]]
         proven_to_s[top] = doc["search"]["rows_proven_to_s"]
+    # how many rows the search proves depends on the profile's fitted values (3 before the refit with
+    # Megatron-Core's hidden gradient sends): at least two, so the order is checked
     assert rows[10][:len(rows[5])] == rows[5] and 2 <= len(rows[5]) < 5
     assert proven_to_s[5] < proven_to_s[10]
     assert main([*args, "--top", "5"]) == 0
