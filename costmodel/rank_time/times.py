@@ -99,7 +99,7 @@ class RankTimeModel:
     rank: int | None = None   # the pipeline rank priced (for_rank); None: the ranks' mean
     # what a second of a gradient send hidden behind compute costs where its framework hides the steady
     # state's (frameworks `steady_sends_overlap`: the device's comm_contention); 1: every send is waited
-    # for (layer_comm.send_cost_share). The share hidden falls with the step's micro-batches.
+    # for (layer_comm.send_cost_share). The share hidden grows with the step's micro-batches.
     hidden_send_cost: float = 1.0
     num_micro_batches: int = 1
 
@@ -206,11 +206,11 @@ def _times(fwd: float = 0.0, bwd: float = 0.0, bwd_w: float = 0.0, rc: float = 0
 
 def rank_time_model(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,
                     sp: Spans) -> RankTimeModel:
-    """Depends on the plan's degrees, micro-batch, SP, recompute mode and placement only, not on
-    its layer split or recompute counts, nor on its micro-batches a step (the sends a rank waits
-    for read them: RankTimeModel.with_schedule) (TimeShape; of the spans those of TP, CP, EP and PP), and
-    where the framework overlaps the expert all-to-alls, on its micro-batch and stage counts
-    (costmodel.rank_time.ep_overlap)."""
+    """Depends on the plan's degrees, micro-batch, SP, recompute mode and placement only (TimeShape;
+    of the spans those of TP, CP, EP and PP), not on its layer split or recompute counts, and where
+    the framework overlaps the expert all-to-alls, on its micro-batch and stage counts
+    (costmodel.rank_time.ep_overlap). The sends a step pays read its micro-batches too, which the
+    model takes from RankTimeModel.with_schedule (rank_times, stage_costs), not from here."""
     rtm = shape_time_model(model, train, TimeShape.of(plan), cluster, sp, plan.vpp)
     return rtm.with_ep_scaled(ep_overlap_factor(rtm.per_layer, plan, cluster))
 

@@ -1,8 +1,8 @@
 """What a micro-batch costs and what a step adds once, measured against predicted.
 
-Rows of one source and software release that run the same model and layout on the same device and framework, and
-differ only in how many micro-batches m a step runs (a cluster grown with the global batch
-held, or the batch grown on one cluster), have a step time affine in m: t = a·m + b, where a is
+Rows of one source and software release that run the same model and layout on the same device
+and framework, and differ only in how many micro-batches m a step runs (a cluster grown with the
+global batch held, or the batch grown on one cluster), have a step time affine in m: t = a·m + b, where a is
 a micro-batch's work on the critical rank and b what the step adds once (the pipeline's fill and
 drain, the exposed data-parallel synchronisation, the optimizer, the host's step). A
 least-squares line through the family's measured times and one through its predicted times

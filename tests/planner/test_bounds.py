@@ -276,10 +276,10 @@ def test_the_searchs_shared_models_bound_megatron_cores_overlaps_from_below(name
         assert lower_bound_s(model, train, cluster, plan) <= priced * (1 + 1e-12)
         # the plan's own rows are its price's: the shared model read as the plan is priced
         ts, _ = pipeline_rows(shared.plan_rtm(timed.rtm, plan), plan)
-        exact, _ = pipeline_rows(rank_time_model_of(model, train, cluster, plan), plan)
+        exact, _ = pipeline_rows(_rank_time_model_of(model, train, cluster, plan), plan)
         assert ts == exact
 
 
-def rank_time_model_of(model, train, cluster, plan):
+def _rank_time_model_of(model, train, cluster, plan):
     from costmodel.rank_time import rank_time_model, spans
     return rank_time_model(model, train, plan, cluster, spans(plan, cluster))
