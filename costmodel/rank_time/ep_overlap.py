@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from costmodel.hardware import ClusterSpec
 from costmodel.plan import Plan, Recompute
+from costmodel.rank_time.contention import partly_hidden_cost
 from costmodel.schedules import interleaved_warmup_chunks
 from costmodel.specs import DType, ModelSpec
 
@@ -38,7 +39,7 @@ def overlapped_ep_s(ep_s: float, cover_s: float, unpaired: float, contention: fl
     in the `unpaired` share of passes; paired, hidden behind the partner's layer compute
     (`cover_s`) at `contention` a second, and what outlasts it exposed."""
     hidden = min(ep_s, cover_s)
-    paired = (ep_s - hidden) + contention * hidden
+    paired = ep_s * partly_hidden_cost((ep_s - hidden) / ep_s, contention) if ep_s > 0 else 0.0
     return unpaired * ep_s + (1.0 - unpaired) * paired
 
 

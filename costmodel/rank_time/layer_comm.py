@@ -12,6 +12,7 @@ from costmodel.moe_dispatch import dispatch_combine_s
 from costmodel.params import ceil_div
 from costmodel.placement import AxisSpan, same_node
 from costmodel.plan import Plan, Recompute
+from costmodel.rank_time.contention import partly_hidden_cost
 from costmodel.schedules import interleaved_warmup_chunks
 from costmodel.specs import ModelSpec, TrainSpec
 
@@ -220,7 +221,7 @@ def send_cost_share(pp: int, vpp: int, num_micro_batches: int, hidden_cost: floa
     if hidden_cost >= 1.0 or vpp == 1:
         return 1.0
     waited = min(1.0, (interleaved_warmup_chunks(pp, vpp, 0) - 1) / (num_micro_batches * vpp))
-    return waited + (1.0 - waited) * hidden_cost
+    return partly_hidden_cost(waited, hidden_cost)
 
 
 def pp_sends_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec,

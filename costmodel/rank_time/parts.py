@@ -19,6 +19,7 @@ from costmodel.kernels.gemm import gemm_s
 from costmodel.kernels.recompute_modules import selective_recompute_s
 from costmodel.placement import AxisSpan
 from costmodel.plan import Plan, Recompute
+from costmodel.rank_time.contention import partly_hidden_cost
 from costmodel.rank_time.layer_comm import (
     _activation_offload_s,
     _cp_layer_comm_s,
@@ -315,4 +316,4 @@ def _contended(exposed: float, dev: DeviceProfile) -> float:
     collective costs (costmodel.rank_time.dp_terms): the GEMMs it overlaps give it SMs and
     memory bandwidth whichever group it runs on (Transformer Engine's userbuffers overlap,
     torch's async TP)."""
-    return exposed + dev.efficiency.comm_contention * (1.0 - exposed)
+    return partly_hidden_cost(exposed, dev.efficiency.comm_contention)
