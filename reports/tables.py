@@ -85,7 +85,7 @@ def summary_lines(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan
         f"{train.attention_kernel} attention)",
         f"cluster  {cluster.name} ({cluster.world_size} devices)   priced as {cluster.framework.name} runs plans"
         + _options_said(cluster),
-        f"plan     {plan.short()}   layers/stage {list(plan.layers_per_stage)}   "
+        f"plan     {plan.short()}   layers/stage {','.join(map(str, plan.layers_per_stage))}   "
         f"mesh {'>'.join(plan.mesh_axis_order)}",
         *(f"groups   {line}" for line in placement_lines(plan, cluster, train.global_batch_size)),
         *(f"groups   {line}" for line in share_step_lines(cluster, est)),

@@ -140,7 +140,7 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                         "layers, is 8; default: all of them)")
     g.add_argument("--layers", metavar="N,N,...",
                    help="layers per virtual stage in pipeline order, pp x vpp counts adding up to the model's "
-                        "layers, as the search prints them (layers/stage [...]; default: as even as they go, "
+                        "layers, as the search prints them (layers/stage 21,20,20,19; default: as even as they go, "
                         "a mixture's dense first layers on the first stage)")
     g.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None,
                    help="sequence parallelism (default: on when tp > 1 and the framework runs it; "

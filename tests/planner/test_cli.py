@@ -126,13 +126,16 @@ def test_closed_pipe_is_not_a_traceback():
 
 
 def test_predict_takes_a_searched_split_and_per_rank_recomputation(capsys):
-    """A plan as the search prints it (layers/stage [...], rc=full:3/0) is one predict away: --layers
+    """A plan as the search prints it (layers/stage 21,20,20,19, rc=full:3/0) is one predict away: --layers
     and a --recompute-layers list give exactly that plan."""
     flags = ["predict", "--model", "llama-70b", "--cluster", "4x8xA100", "--tp", "8", "--pp", "2", "--vpp", "2",
              "--layers", "21,20,20,19", "--recompute", "full", "--recompute-layers", "3,0", "--json"]
     assert main(flags) == 0
     plan = json.loads(capsys.readouterr().out)["plan"]
     assert plan["layers_per_stage"] == [21, 20, 20, 19] and plan["recompute_num_layers"] == [3, 0]
+    # and the table prints the split as --layers takes it
+    assert main(flags[:-1]) == 0
+    assert "layers/stage 21,20,20,19 " in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("extra,message", [
