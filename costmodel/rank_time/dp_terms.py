@@ -32,8 +32,9 @@ class DpTerm:
     """One data-parallel synchronisation, `multiplier` times per step: collectives whose size is
     `bytes_per_param` x the rank's parameters, hidden behind the rank's forward or backward.
     `pieces_per_layer` 0: large buckets, `units` collectives' latency for the rank (one per stage
-    it runs where each stage is one FSDP unit: dp_unit_layers); n >= 1: one unit (dp_groups) at a
-    time, each in n collectives, every one paying the ring's latency."""
+    it runs where each stage is one FSDP unit: dp_unit_layers; one per model chunk where the
+    framework syncs each on its own: chunk_collectives); n >= 1: one unit (dp_groups) at a time,
+    each in n collectives, every one paying the ring's latency."""
 
     multiplier: int
     collectives: tuple[tuple[Collective, float], ...]
@@ -121,6 +122,8 @@ def _dp_terms(model: ModelSpec, train: TrainSpec, plan: Plan, traits: FrameworkT
     if units and whole_stage_units(model, plan, traits):
         # one unit a stage: its reduction follows the whole backward, its gather precedes the forward
         units, stages, reduce_window, gather_window = 0, plan.vpp, "none", "none"
+    elif not units and traits.dp_sync_per_chunk:
+        stages = chunk_collectives(plan)
     if z == 0:
         return (DpTerm(multiplier=1, collectives=((ar, g),), window=reduce_window, pieces_per_layer=units,
                        units=stages, window_micro_batches=spread),)
@@ -153,6 +156,21 @@ def _dp_terms(model: ModelSpec, train: TrainSpec, plan: Plan, traits: FrameworkT
                                 pieces_per_layer=pieces))
     return (forward, DpTerm(multiplier=m, collectives=((ag, w),), window="backward", pieces_per_layer=pieces),
             DpTerm(multiplier=reduces, collectives=((rs, g),), window=reduce_window, pieces_per_layer=pieces))
+
+
+def chunk_collectives(plan: Plan) -> int:
+    """How many collectives of each kind a rank's once-a-step data-parallel sync runs where the
+    framework syncs each model chunk on its own (`dp_sync_per_chunk`, Megatron-Core): each chunk
+    has its own gradient buffer, and under a pipeline each is one collective: Megatron-Core
+    buckets neither a later pipeline rank's buffers (its sync hides in the drain) nor an
+    interleaved rank's later chunks (`disable_bucketing`, megatron/core/distributed/
+    distributed_data_parallel.py). Each pays the ring's latency, milliseconds over hundreds of
+    nodes (costmodel.comm). Not priced: the first rank's first chunk, and a plan without a
+    pipeline, in buckets of max(40M, 1M x dp) parameters (one or two more collectives on a deep
+    pipeline's first rank; tens without one, where at our ring latency over a 72-GPU NVLink
+    domain MLPerf's Llama 3.1 8B on 512 GB200 was priced 2.3x its measured step: a collective
+    latency the model overstates there)."""
+    return plan.vpp if plan.pp > 1 else 1
 
 
 def bf16_optimizer_all_reduces(train: TrainSpec, traits: FrameworkTraits) -> bool:
@@ -278,6 +296,8 @@ def dp_bucket_s(model: ModelSpec, plan: Plan, term: DpTerm, cluster: ClusterSpec
     dp_groups of a middle rank holding one layer, where the caller has them."""
     if term.window == "walked":   # the coordinator's wait has no bucket of its own to bound it by
         return 0.0
+    if term.pieces_per_layer == 0:   # the last bucket to reduce (the first to gather): one collective
+        term = replace(term, units=1)
     if groups is None:
         groups = dp_groups(model, plan, sp, rank_params_at(model, plan, 1, False, False, cluster.framework),
                            cluster.framework)

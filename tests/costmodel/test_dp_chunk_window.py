@@ -9,10 +9,19 @@ from dataclasses import replace
 
 import pytest
 
+from costmodel.comm import Collective, cross_node_ring_latency_s
 from costmodel.estimate import estimate
 from costmodel.frameworks import FRAMEWORKS
 from costmodel.hardware import parse_cluster, run_by
-from costmodel.rank_time.dp_terms import chunk_window_micro_batches, dp_terms
+from costmodel.params import rank_params
+from costmodel.rank_time.dp_terms import (
+    chunk_collectives,
+    chunk_window_micro_batches,
+    dp_groups,
+    dp_term_comm_s,
+    dp_terms,
+)
+from costmodel.rank_time.spans import spans
 from costmodel.registry import resolve_model
 from costmodel.specs import TrainSpec
 from planner.space import Choice, build_plan
@@ -45,3 +54,28 @@ def test_interleaving_hides_more_of_the_zero1_collectives_under_megatron_core_on
     exposed = estimate(MODEL, TRAIN, cluster, plan).time_breakdown_s["comm/dp_exposed"]
     whole = run_by(parse_cluster("16x8xH100"), replace(CORE, dp_sync_per_chunk=False))
     assert exposed < estimate(MODEL, TRAIN, whole, plan).time_breakdown_s["comm/dp_exposed"]
+
+
+
+def test_each_chunk_is_a_collective_that_pays_the_ring_latency():
+    """Each model chunk's buffer is one reduce-scatter and one gather (Megatron-Core buckets no
+    later pipeline rank's buffers, nor an interleaved rank's later chunks): vpp of each kind, the
+    same bytes as one over the stage, vpp - 1 more latencies of the ring."""
+    cluster = run_by(parse_cluster("64x8xH100"), CORE)
+    plan = _plan(cluster, 5)
+    assert chunk_collectives(plan) == 5 and chunk_collectives(replace(plan, pp=1, vpp=1)) == 1
+    (n, unit, span), = dp_groups(MODEL, plan, spans(plan, cluster), rank_params(MODEL, plan, 1, CORE), CORE)
+    group, device = span.group, cluster.device
+    checked = set()
+    for term in dp_terms(MODEL, TRAIN, plan, cluster):
+        kind, _ = term.collectives[0]
+        if term.window == "none" or kind not in (Collective.REDUCE_SCATTER, Collective.ALL_GATHER):
+            continue
+        assert term.units == 5
+        latency = cross_node_ring_latency_s(kind, group.size, group.num_nodes, device.intra_node,
+                                            device.tier_for(group.num_nodes, group.same_rail))
+        extra = (dp_term_comm_s(term, n, cluster, span, unit)
+                 - dp_term_comm_s(replace(term, units=1), n, cluster, span, unit))
+        assert extra == pytest.approx(4 * latency, rel=1e-6)
+        checked.add(kind)
+    assert checked == {Collective.REDUCE_SCATTER, Collective.ALL_GATHER}
