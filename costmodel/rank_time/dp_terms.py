@@ -165,11 +165,11 @@ def chunk_collectives(plan: Plan) -> int:
     buckets neither a later pipeline rank's buffers (its sync hides in the drain) nor an
     interleaved rank's later chunks (`disable_bucketing`, megatron/core/distributed/
     distributed_data_parallel.py). Each pays the ring's latency, milliseconds over hundreds of
-    nodes (costmodel.comm). Not priced: the first rank's first chunk, and a plan without a
-    pipeline, in buckets of max(40M, 1M x dp) parameters (one or two more collectives on a deep
-    pipeline's first rank; tens without one, where at our ring latency over a 72-GPU NVLink
-    domain MLPerf's Llama 3.1 8B on 512 GB200 was priced 2.3x its measured step: a collective
-    latency the model overstates there)."""
+    nodes (costmodel.comm). Not priced: the buckets of max(40M, 1M x dp) parameters Megatron-Core
+    cuts the first rank's first chunk into (one or two more collectives on a deep pipeline), and
+    a plan without a pipeline into (tens: priced so, MLPerf's Llama 3.1 8B on 512 GB200 came out
+    at 2.3x its measured step, our ring latency over NVLink domains of 64-72 GPUs being too high
+    for it)."""
     return plan.vpp if plan.pp > 1 else 1
 
 

@@ -56,7 +56,6 @@ def test_interleaving_hides_more_of_the_zero1_collectives_under_megatron_core_on
     assert exposed < estimate(MODEL, TRAIN, whole, plan).time_breakdown_s["comm/dp_exposed"]
 
 
-
 def test_each_chunk_is_a_collective_that_pays_the_ring_latency():
     """Each model chunk's buffer is one reduce-scatter and one gather (Megatron-Core buckets no
     later pipeline rank's buffers, nor an interleaved rank's later chunks): vpp of each kind, the
