@@ -167,9 +167,9 @@ def chunk_collectives(plan: Plan) -> int:
     distributed_data_parallel.py). Each pays the ring's latency, milliseconds over hundreds of
     nodes (costmodel.comm). Not priced: the buckets of max(40M, 1M x dp) parameters Megatron-Core
     cuts the first rank's first chunk into (one or two more collectives on a deep pipeline), and
-    a plan without a pipeline into (tens: priced so, MLPerf's Llama 3.1 8B on 512 GB200 came out
-    at 2.3x its measured step, our ring latency over NVLink domains of 64-72 GPUs being too high
-    for it)."""
+    a plan without a pipeline into (tens, each at a ring latency the model overstates over the
+    NVLink domains of 64-72 GPUs that GB200 and GB300 runs use: priced so, their pure data-parallel
+    published runs came out far too slow)."""
     return plan.vpp if plan.pp > 1 else 1
 
 
