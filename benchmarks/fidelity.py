@@ -9,11 +9,13 @@ rows, those on 256 or more GPUs and those on H100-class devices: the H100 chip's
 H800, H200 and Blackwell parts borrow), both summaries, and the predicted
 memory against the rows that state what they used, and the values of a fit on the whole
 table that sit at a bound of their published range (a mechanism missing: the profiles then
-hold those values inside it, each saying so). Last, for each family of rows that differ only in
+hold those values inside it, each saying so), and the rows on 1,024 or more GPUs predicted by a
+fit on the smaller runs alone (`leave_scale_out`: the model carried to the scale a planner is used
+for). Last, for each family of rows that differ only in
 their micro-batch count, a micro-batch's cost and what a step adds once, measured and predicted
 (planner.measure.step_split). `--fit` also prints the
 per-chip values a fit on the whole table gives (what profiles/*.toml hold, copied by hand).
-About a minute on a 2-core machine.
+About a minute and a half on a 2-core machine.
 """
 from __future__ import annotations
 
@@ -62,6 +64,12 @@ def main() -> None:
           f"max |error| {max(map(abs, stepped)):.1f}%")
     print(f"leave one source out ({len({r.source for r in filled})} sources): rows {held['n']}  "
           f"MAPE {held['mape_pct']:.1f}%  max |error| {held['max_abs_error_pct']:.1f}% (of step time)")
+    scaled = fit.leave_scale_out(filled)
+    out, seen = fit.summary([e for _, e in scaled]), fit.summary([r.log_error(simulate=True) for r, _ in scaled])
+    print(f"fit on the runs below {fit.SCALE_OUT_GPUS:,} GPUs alone, the {out['n']} on {fit.SCALE_OUT_GPUS:,} or more "
+          f"predicted: MAPE {out['mape_pct']:.1f}%  max |error| {out['max_abs_error_pct']:.1f}%  "
+          f"mean {out['mean_error_pct']:+.1f}% (of step time; in sample: {seen['mape_pct']:.1f}%, "
+          f"{seen['max_abs_error_pct']:.1f}%, {seen['mean_error_pct']:+.1f}%)")
     if in_sample["past_budget_ids"]:
         past = [(res.id, step_time_error_pct(row, res.error_pct)) for res, row in zip(results, rows)
                 if res.past_budget is not None and res.error_pct is not None]

@@ -4,8 +4,8 @@
 
 Each check calls what its benchmark calls, or runs the benchmark and reads its printed lines:
 - accuracy in sample: `planner.measure.validate.validate` (what `python3 -m planner validate --json` prints);
-- accuracy on sources left out of the fit: `planner.measure.fit.fill_rows` and `leave_one_source_out`
-  (what `python3 benchmarks/fidelity.py` prints), and its families split per micro-batch and per step
+- accuracy on sources left out of the fit: `planner.measure.fit.fill_rows` and `leave_one_source_out`,
+  and at scale, `leave_scale_out` (what `python3 benchmarks/fidelity.py` prints), and its families split per micro-batch and per step
   (`planner.measure.step_split`);
 - one GPU: `benchmarks/gpu_check.py`'s `replay` of the stored H100 and H200 runs (no GPU needed);
 - search speed: `benchmarks/search_speed.py`'s `run`, case by case;
@@ -146,12 +146,16 @@ def measure_accuracy(clock: Clock) -> dict:
               for res, row in zip(results, csv_rows) if res.error_pct is not None
               for m, t, c in [row_specs(row)]]
     loso = {r.row["id"]: e for r, e in fit.leave_one_source_out(filled, progress=clock.tick)}
+    clock.tick(f"accuracy at scale: the runs on {fit.SCALE_OUT_GPUS:,} or more GPUs by a fit on the smaller ones ({CMD_FIDELITY})")
+    scaled = fit.leave_scale_out(filled, progress=clock.tick)
     rows = [_row(res, row, loso.get(res.id), step_time_error_pct, fit.source_group(row["source"]))
             for res, row in zip(results, csv_rows)]
     splits = [{"label": f.label, "micro_batches": f.micro_batches, "per_micro_batch_s": f.measured_per_micro_batch_s,
                "per_micro_batch_error_pct": f.per_micro_batch_error_pct, "per_step_s": f.measured_per_step_s,
                "per_step_error_s": f.per_step_error_s} for f in step_splits(csv_rows, results)]
     return {"rows": rows, "summary": summary, "left_out": fit.summary(list(loso.values())),
+            "scale_out": {**fit.summary([e for _, e in scaled]), "min_gpus": fit.SCALE_OUT_GPUS,
+                          "in_sample": fit.summary([r.log_error(simulate=True) for r, _ in scaled])},
             "num_sources": len({r.source for r in filled}), "coverage": fit.coverage(filled),
             "splits": splits, "unmodelled": measure_unmodelled(clock)}
 

@@ -111,6 +111,7 @@ def accuracy_section(acc: dict, gpus: dict, band: float, meta: dict) -> str:
         f"{max(steps):.1f} | | `{CMD_FIDELITY}` |",
         f"| published runs, each source left out of the fit ({acc['num_sources']} sources; step time) | {lo['n']} | "
         f"{lo['mape_pct']:.1f} | {lo['max_abs_error_pct']:.1f} | | `{CMD_FIDELITY}` |",
+        *scale_out_row(acc.get("scale_out")),
         *(line for name, gpu in gpus.items() for line in (
             f"| one {name}, stored runs priced by this code: step time | {gpu['n']} | {gpu['step_mape_pct']:.1f} | "
             f"{gpu['step_max_pct']:.1f} | | `{GPU_RUNS[name][2]}` |",
@@ -137,6 +138,18 @@ def accuracy_section(acc: dict, gpus: dict, band: float, meta: dict) -> str:
         "", "Per source (step time; + predicted too slow):", "", *per_group(acc["rows"], "source"),
         "", "Per framework that ran the rows, whose traits price them (step time). " + framework_line(acc["rows"]),
         "", *per_group(acc["rows"], "framework"), *split_lines(acc.get("splits", []))])
+
+
+def scale_out_row(scaled: dict | None) -> list[str]:
+    """The accuracy table's row for the large runs predicted by a fit on the smaller ones
+    (planner.measure.fit.leave_scale_out), with the same rows in sample beside it."""
+    if not scaled or not scaled["n"]:
+        return []
+    seen = scaled["in_sample"]
+    return [f"| published runs on {scaled['min_gpus']:,} or more GPUs, predicted by a fit on the runs below "
+            f"alone (step time; mean {scaled['mean_error_pct']:+.1f} %, + too slow; the same runs in sample: "
+            f"{seen['mape_pct']:.1f} / {seen['max_abs_error_pct']:.1f} %) | {scaled['n']} | {scaled['mape_pct']:.1f} | "
+            f"{scaled['max_abs_error_pct']:.1f} | | `{CMD_FIDELITY}` |"]
 
 
 def split_lines(splits: list[dict]) -> list[str]:

@@ -78,6 +78,15 @@ def test_the_accuracy_section_splits_families_per_micro_batch_and_per_step():
     assert "Per micro-batch and per step" not in RESULTS["accuracy_section"](_accuracy(), {}, 0.035, META)
 
 
+def test_the_accuracy_section_shows_the_runs_at_scale_predicted_by_the_smaller_ones():
+    scaled = {"n": 66, "mape_pct": 4.31, "max_abs_error_pct": 13.1, "mean_error_pct": -0.84, "min_gpus": 1024,
+              "in_sample": {"n": 66, "mape_pct": 4.08, "max_abs_error_pct": 12.9, "mean_error_pct": -0.5}}
+    text = RESULTS["accuracy_section"]({**_accuracy(), "scale_out": scaled}, {}, 0.035, META)
+    assert ("| published runs on 1,024 or more GPUs, predicted by a fit on the runs below alone (step time; "
+            "mean -0.8 %, + too slow; the same runs in sample: 4.1 / 12.9 %) | 66 | 4.3 | 13.1 | |") in text
+    assert "1,024 or more" not in RESULTS["accuracy_section"](_accuracy(), {}, 0.035, META)
+
+
 def test_the_claims_section_lists_the_rows_the_search_claims_most_over():
     claims = RESULTS["parse_claims"](
         "tt_405b                     54,527      100,474 +84.3%  +84.3%     3   True  dp128 tp4+sp pp1 z3\n"

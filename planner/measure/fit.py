@@ -9,7 +9,9 @@ profile's current values; the fit then re-prices those plans (closed-form pipeli
 published schedule has one, and it is what the search reasons with).
 
 `leave_one_source_out` refits without each source in turn and predicts that source's rows: the
-error a user should expect on a run of a kind the table does not hold.
+error a user should expect on a run of a kind the table does not hold. `leave_scale_out` fits on
+the runs below a size (SCALE_OUT_GPUS) and predicts the larger ones: the error at the scale a
+planner is used for, from a fit that never saw it.
 """
 from __future__ import annotations
 
@@ -333,7 +335,36 @@ def leave_one_source_out(rows: list[FilledRow], progress: Callable[[str], None] 
     return out
 
 
+# where a planner is used most, and where a model fitted on smaller runs must still hold
+SCALE_OUT_GPUS = 1024
+
+
+def leave_scale_out(rows: list[FilledRow], min_gpus: int = SCALE_OUT_GPUS,
+                    progress: Callable[[str], None] | None = None) -> list[tuple[FilledRow, float]]:
+    """The rows on `min_gpus` or more GPUs predicted by a fit (fit, to convergence) on each chip's
+    rows below that size alone (simulated, as `validate` prices them): how the model carries from
+    the runs a team can afford to measure to the cluster it plans for. A chip with no row below
+    `min_gpus` predicts none of its rows (its profile's values were fitted on them)."""
+    groups: dict[str, list[FilledRow]] = defaultdict(list)
+    for r in rows:
+        groups[chip(r.cluster)].append(r)
+    out = []
+    for name, group in sorted(groups.items()):
+        small = [g for g in group if g.cluster.world_size < min_gpus]
+        large = [g for g in group if g.cluster.world_size >= min_gpus]
+        if not small or not large:
+            continue
+        if progress:
+            progress(f"{name}: fitting the {len(small)} runs below {min_gpus} GPUs")
+        values = fit(small)
+        out += [(g, g.log_error(values, simulate=True)) for g in large]
+    return out
+
+
 def summary(errors: list[float]) -> dict[str, Any]:
-    """MAPE and max |error| of step time, in percent, from log errors."""
-    pct = [100 * abs(math.exp(e) - 1) for e in errors]
-    return {"n": len(pct), "mape_pct": sum(pct) / len(pct), "max_abs_error_pct": max(pct)}
+    """MAPE, max |error| and mean signed error of step time, in percent, from log errors (+ predicted
+    too slow)."""
+    signed = [100 * (math.exp(e) - 1) for e in errors]
+    pct = [abs(e) for e in signed]
+    return {"n": len(pct), "mape_pct": sum(pct) / len(pct), "max_abs_error_pct": max(pct),
+            "mean_error_pct": sum(signed) / len(signed)}

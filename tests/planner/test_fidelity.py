@@ -146,3 +146,26 @@ def test_a_held_parameter_keeps_the_profiles_value_and_a_pinned_one_is_named():
     assert f"H100 comm_contention = {high:.4g} at its upper bound {high:g}" in pinned
     assert not [p for p in fit.at_bounds(rows, {"H100": {**values, "comm_contention": (low + high) / 2}})
                 if "comm_contention" in p]
+
+
+def test_the_runs_at_scale_are_predicted_by_a_fit_that_never_saw_them():
+    """planner.measure.fit.leave_scale_out on a small table: Megatron's H100 weak-scaling rows on
+    1,024 or more GPUs (1,536 to 6,144) predicted by a fit on that table's smaller rows (48 to 768
+    GPUs) and llm-foundry's (128 to 512) stay within 15 %. Doubling the large rows' published times
+    moves their predicted errors by exactly log 2: the fit did not see them."""
+    import dataclasses
+    import math
+
+    from planner.measure import fit
+    from planner.measure.runs_table import read_runs
+    rows = fit.fill_rows([r for r in read_runs(RUNS) if r["gpu"] == "H100-SXM5-80GB"
+                          and r["id"].startswith(("megatron_h100_", "mosaic_"))])
+    errors = fit.leave_scale_out(rows, min_gpus=1024)
+    assert sorted(r.row["id"] for r, _ in errors) == sorted(
+        r.row["id"] for r in rows if int(r.row["num_gpus"]) >= 1024) == [
+        "megatron_h100_119B", "megatron_h100_177B", "megatron_h100_314B", "megatron_h100_462B"]
+    assert max(abs(math.exp(e) - 1) for _, e in errors) <= 0.15
+    slowed = [dataclasses.replace(r, row={**r.row, "metric_value": str(2 * float(r.row["metric_value"]))})
+              if int(r.row["num_gpus"]) >= 1024 else r for r in rows]
+    for (_, e), (_, e2) in zip(errors, fit.leave_scale_out(slowed, min_gpus=1024)):
+        assert e2 == pytest.approx(e - math.log(2), abs=1e-9)
