@@ -67,6 +67,11 @@ class FrameworkTraits:
     expert_tensor_parallel: bool = False
     recompute_early_stop: bool = False
     fused_grad_accumulation: bool = False
+    # Transformer Engine computes the bias gradient of a linear that adds its own bias inside the
+    # weight-gradient GEMM (cuBLASLt's BGRADB epilogue; in float8 its cast); in Megatron-Core that is
+    # the QKV projection's only: the others return their bias to Megatron's bias-GeLU and
+    # bias-dropout-add, whose gradient autograd reduces (costmodel.kernels.elementwise: bias_grad_traffic)
+    qkv_bias_grad_in_gemm: bool = False
     one_replica_fsdp: bool = False
     # FSDP2 copies each all-gather's output into the parameters on the compute stream, exposed
     # (costmodel.kernels.optimizer: COPY_OUT_PASSES); FSDP1 and DeepSpeed gather into the flat
@@ -159,7 +164,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
                     dispatch_per_node=True, moe_probs_in_activation=True,
                     grouped_expert_gemm=True, mtp_with_cp=True, shared_expert_tp=True,
                     partial_distributed_optimizer=True, empty_end_stages=True, steady_sends_overlap=True,
-                    **_MEGATRON),
+                    qkv_bias_grad_in_gemm=True, **_MEGATRON),
     # Megatron's layer as Megatron-DeepSpeed keeps it: apex's fused norms, SwiGLU and RoPE in torch ops
     FrameworkTraits(name="megatron-deepspeed", **{**_DEEPSPEED, "loss_grad_in_place": True,
                                                    "grad_overlap_zero3_only": True, "eager_layer": True}),

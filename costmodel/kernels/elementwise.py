@@ -3,7 +3,7 @@ loss, as fused (GPU frameworks) or eager (the runtime on a CPU) kernels."""
 from __future__ import annotations
 
 from costmodel.hardware import DeviceProfile
-from costmodel.kernels.gemm import _moe_routing_bytes, moe_tokens
+from costmodel.kernels.gemm import _moe_routing_bytes, linear_tokens, moe_tokens
 from costmodel.kernels.roofline import KernelShape, memory_bound_s
 from costmodel.layout import Style, dense_blocks
 from costmodel.specs import DType, FfnKind, ModelSpec, NormKind, PositionKind, TrainSpec
@@ -46,8 +46,33 @@ def rank_hidden_elements(model: ModelSpec, plan: KernelShape, tokens: int) -> fl
     return tokens * model.hidden_size / (plan.tp if plan.sequence_parallel else 1)
 
 
+def bias_grad_traffic(model: ModelSpec, plan: KernelShape, tokens: int, a: int,
+                      qkv_in_gemm: bool = False) -> tuple[float, int]:
+    """(bytes, kernels) of the dense projections' bias gradients in backward, each a reduction
+    reading the rows of its output gradient this rank holds: autograd's sum where the bias is added
+    outside the GEMM (torch's linear backward, Megatron's bias-GeLU and bias-dropout-add fusions,
+    megatron/core/fusions). A column-parallel projection's gradient is every token's (gathered
+    under SP) over its 1/tp of the outputs; a row-parallel one's is the rank's sequence shard under
+    SP, every token without, over all outputs. `qkv_in_gemm` (frameworks `qkv_bias_grad_in_gemm`):
+    the attention's input projections compute theirs in the weight-gradient GEMM, at no cost of
+    their own. A mixture's experts are not counted."""
+    out, kernels = 0.0, 0
+    for block in dense_blocks(model):
+        for lin in block.linears:
+            if not lin.bias or (qkv_in_gemm and block.name == "attention" and lin.style is not Style.ROWWISE):
+                continue
+            if lin.style is Style.ROWWISE:
+                rows, width = tokens // (plan.tp if plan.sequence_parallel else 1), lin.out_features
+            elif lin.style is Style.COLWISE:
+                rows, width = tokens, -(-lin.out_features // plan.tp)
+            else:
+                rows, width = linear_tokens(lin, tokens, plan.tp, plan.sequence_parallel), lin.out_features
+            out, kernels = out + a * rows * width, kernels + 1
+    return out, kernels
+
+
 def _fused_elementwise(model: ModelSpec, train: TrainSpec, plan: KernelShape,
-                       tokens: int) -> tuple[float, int, float, int]:
+                       tokens: int, qkv_bias_in_gemm: bool = False) -> tuple[float, int, float, int]:
     """(forward bytes, kernels, backward bytes, kernels) of a layer's memory-bound work as fused
     kernels run it (Megatron-Core and Transformer Engine, compiled code), each kernel's bytes
     read + written, its backward counted as its own kernel reads and writes:
@@ -65,7 +90,8 @@ def _fused_elementwise(model: ModelSpec, train: TrainSpec, plan: KernelShape,
     - a mixture's routing (costmodel.kernels.gemm._moe_routing_bytes) backward at twice its
       forward: the permutations' gradients, the probabilities' gradient re-reading the routed
       outputs and the router's backward (counted at once its forward, the published Qwen3 MoE
-      runs are priced 12-25 % too fast).
+      runs are priced 12-25 % too fast);
+    - the biases' gradients (bias_grad_traffic; `qkv_bias_in_gemm`: its qkv_in_gemm).
     Without sequence parallelism every TP rank repeats the norms, adds and dropouts on all
     tokens."""
     a, t = train.compute_dtype.num_bytes, plan.tp
@@ -86,7 +112,8 @@ def _fused_elementwise(model: ModelSpec, train: TrainSpec, plan: KernelShape,
     if model.position_kind is PositionKind.ROPE:   # on the rotated share of each head's dimensions
         rotated = 2 * a * tokens * _rotated(model) / t
         fwd, bwd, fwd_k, bwd_k = fwd + rotated, bwd + rotated, fwd_k + 1, bwd_k + 1
-    return fwd, fwd_k, bwd, bwd_k
+    bias_bytes, bias_kernels = bias_grad_traffic(model, plan, tokens, a, qkv_bias_in_gemm)
+    return fwd, fwd_k, bwd + bias_bytes, bwd_k + bias_kernels
 
 
 def _mlp_width(model: ModelSpec) -> int:
@@ -184,22 +211,23 @@ def eager_elementwise_traffic(model: ModelSpec, train: TrainSpec, plan: KernelSh
         rest, rest_k = rest + 2 * a * tokens * (model.q_hidden_size + model.kv_hidden_size) / t, rest_k + 2
     routing_bytes, routing_kernels = _moe_routing_bytes(model, train, moe_tokens(tokens, t), plan.ep, plan.etp)
     rest, rest_k = rest + routing_bytes, rest_k + routing_kernels
-    return fwd_b + rest, fwd_k + rest_k, bwd_b + 2 * rest, bwd_k + 2 * rest_k
+    bias_bytes, bias_kernels = bias_grad_traffic(model, plan, tokens, a)
+    return fwd_b + rest, fwd_k + rest_k, bwd_b + 2 * rest + bias_bytes, bwd_k + 2 * rest_k + bias_kernels
 
 
 def _elementwise_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile, tokens: int,
                    cpu_kernels: bool, eager: bool, composite_norm: bool = False,
-                   fused_projections: bool = False) -> tuple[float, float]:
+                   fused_projections: bool = False, qkv_bias_in_gemm: bool = False) -> tuple[float, float]:
     """(forward, backward) of a layer's memory-bound work: counted op by op where eager kernels
     run it (torch's CPU kernels, cpu_kernels; a GPU's eager layer, its RMSNorm fused or, with
     composite_norm, op by op; fused_projections: eager_elementwise_traffic's), else as fused
-    kernels."""
+    kernels; `qkv_bias_in_gemm`: bias_grad_traffic's qkv_in_gemm for the fused ones."""
     if cpu_kernels or eager:
         fwd_b, fwd_k, bwd_b, bwd_k = eager_elementwise_traffic(
             model, train, plan, tokens, CPU_ELEMENT_BYTES if cpu_kernels else train.compute_dtype.num_bytes,
             cpu=cpu_kernels, composite_norm=composite_norm, fused_projections=fused_projections)
         return memory_bound_s(fwd_b, dev, fwd_k), memory_bound_s(bwd_b, dev, bwd_k)
-    fwd_b, fwd_k, bwd_b, bwd_k = _fused_elementwise(model, train, plan, tokens)
+    fwd_b, fwd_k, bwd_b, bwd_k = _fused_elementwise(model, train, plan, tokens, qkv_bias_in_gemm)
     return memory_bound_s(fwd_b, dev, fwd_k), memory_bound_s(bwd_b, dev, bwd_k)
 
 

@@ -201,7 +201,7 @@ def _space(rows: list[FilledRow], held: frozenset[str] = frozenset(),
                     and any(r.cluster.framework.vendor_attention for r in flash)}
     # the per-kernel host cost keeps the profile's value unless released: only Hopper's MoE rows
     # at small micro-batches move it (Qwen3-30B-A3B on 8 B200 at micro-batch 1 is host-bound under
-    # it), a fit over the H100 chip's rows gives the profile's 30 us (30.6: fit_published.py
+    # it), a fit over the H100 chip's rows gives the profile's 30 us (30.2: fit_published.py
     # --release H100:kernel_overhead_s), and none of A100's rows moves it; gpu_check measures it
     # on a lent GPU
     identifiable["kernel_overhead_s"] = "kernel_overhead_s" in released
