@@ -247,15 +247,35 @@ def parse_cluster(text: str, group_link_bytes_per_s: float | None = None) -> Clu
 MAX_GROUPS = 4   # the search tries every order of the groups along the pipeline (4! = 24)
 
 
+_COUNT_RE = re.compile(r"^(\d+)x([^x\d].*)$")
+
+
 def _parse_group(text: str, part: str) -> tuple[int, int, str]:
     match = _CLUSTER_RE.match(part.strip())
     if not match:
         raise UserError(f"malformed cluster {text!r}: expected NODESxGPUS_PER_NODExDEVICE, "
-                         "e.g. 8x8xA100, 1x2xpath/to/profile.toml, or groups joined by '+' (4x8xA100+4x8xH100)")
+                         "e.g. 8x8xA100, 1x2xpath/to/profile.toml, or groups joined by '+' (4x8xA100+4x8xH100)"
+                         + _nodes_hint(part.strip()))
     nodes, per_node = int(match[1]), int(match[2])
     if nodes <= 0 or per_node <= 0:
         raise UserError(f"malformed cluster {text!r}: node and device counts must be positive (group {part.strip()!r})")
     return nodes, per_node, match[3]
+
+
+def _nodes_hint(part: str) -> str:
+    """For a device count without nodes ('2048xH100'), the same devices in nodes of the device's
+    NVLink domain: '; 2048 H100 are 256x8xH100'; empty where the count does not split so."""
+    match = _COUNT_RE.match(part)
+    if not match:
+        return ""
+    try:
+        per_node = resolve_device(match[2]).nvlink_domain_devices
+    except UserError:
+        return ""
+    count = int(match[1])
+    if per_node <= 0 or count <= 0 or count % per_node:
+        return ""
+    return f"; {count} {match[2]} are {count // per_node}x{per_node}x{match[2]}"
 
 
 def _parse_mixed(text: str, parts: list[str], link_bytes_per_s: float | None) -> ClusterSpec:

@@ -53,6 +53,11 @@ def test_cluster_strings():
             parse_cluster(bad)
     with pytest.raises(ValueError, match="unknown device 'Z80'.*H100-SXM5-80GB"):
         parse_cluster("1x8xZ80")
+    # a device count without nodes: the same devices in nodes of the device's NVLink domain
+    with pytest.raises(ValueError, match="; 2048 H100 are 256x8xH100$"):
+        parse_cluster("2048xH100")
+    with pytest.raises(ValueError, match=r"\(4x8xA100\+4x8xH100\)$"):
+        parse_cluster("12xA100")   # not a whole number of 8-GPU nodes: no hint
 
 
 def test_every_profile_number_cites_its_source():
