@@ -62,11 +62,9 @@ def main() -> None:
     except UserError as e:
         print(f"fit_published: {e}", file=sys.stderr)
         sys.exit(2)
-    by_chip = defaultdict(list)
-    for r in rows:
-        by_chip[fit.chip(r.cluster)].append(r)
+    by_chip = fit.by_chip(rows)
     held, released = _per_chip(args.hold, "--hold", by_chip), _per_chip(args.release, "--release", by_chip)
-    for name, group in sorted(by_chip.items()):
+    for name, group in by_chip.items():
         kept, freed = frozenset(held[name]), frozenset(released[name])
         values = None if args.evaluate else fit.fit(group, held=kept, released=freed)
         errors = [r.log_error(values, simulate=True) for r in group]

@@ -287,11 +287,16 @@ def fit(rows: list[FilledRow], *, iterations: int = 8, held: frozenset[str] = fr
     return space.values(x)
 
 
-def fit_by_chip(rows: list[FilledRow]) -> dict[str, dict[str, float]]:
+def by_chip(rows: list[FilledRow]) -> dict[str, list[FilledRow]]:
+    """The rows grouped by the chip whose one parameter set prices them (chip), in name order."""
     groups: dict[str, list[FilledRow]] = defaultdict(list)
     for r in rows:
         groups[chip(r.cluster)].append(r)
-    return {name: fit(group) for name, group in sorted(groups.items())}
+    return dict(sorted(groups.items()))
+
+
+def fit_by_chip(rows: list[FilledRow]) -> dict[str, dict[str, float]]:
+    return {name: fit(group) for name, group in by_chip(rows).items()}
 
 
 def at_bounds(rows: list[FilledRow], fitted: dict[str, dict[str, float]]) -> list[str]:
@@ -315,10 +320,7 @@ def leave_one_source_out(rows: list[FilledRow], progress: Callable[[str], None] 
     exact refit's first step, second-order close to it where the fit moves little. A chip with
     no other source keeps its profile's values for those rows."""
     out = []
-    groups: dict[str, list[FilledRow]] = defaultdict(list)
-    for r in rows:
-        groups[chip(r.cluster)].append(r)
-    for name, group in sorted(groups.items()):
+    for name, group in by_chip(rows).items():
         space = _space(group)
         x = space.point(fit(group))
         r = _residuals(space, x)
@@ -345,11 +347,8 @@ def leave_scale_out(rows: list[FilledRow], min_gpus: int = SCALE_OUT_GPUS,
     rows below that size alone (simulated, as `validate` prices them): how the model carries from
     the runs a team can afford to measure to the cluster it plans for. A chip with no row below
     `min_gpus` predicts none of its rows (its profile's values were fitted on them)."""
-    groups: dict[str, list[FilledRow]] = defaultdict(list)
-    for r in rows:
-        groups[chip(r.cluster)].append(r)
     out = []
-    for name, group in sorted(groups.items()):
+    for name, group in by_chip(rows).items():
         small = [g for g in group if g.cluster.world_size < min_gpus]
         large = [g for g in group if g.cluster.world_size >= min_gpus]
         if not small or not large:
