@@ -72,6 +72,11 @@ class FrameworkTraits:
     # the QKV projection's only: the others return their bias to Megatron's bias-GeLU and
     # bias-dropout-add, whose gradient autograd reduces (costmodel.kernels.elementwise: bias_grad_traffic)
     qkv_bias_grad_in_gemm: bool = False
+    # the run captures each whole iteration in a CUDA graph (Megatron-Core's cuda_graph_scope
+    # full_iteration, MLPerf's FULL_CUDA_GRAPH): its kernels launch from the graph and the step's
+    # host work is the graph's launch, so neither the per-kernel nor the per-step host cost is paid
+    # (DeviceProfile.graphed). A runs-table setting (column cuda_graph), never a searched plan's
+    iteration_graph: bool = False
     one_replica_fsdp: bool = False
     # FSDP2 copies each all-gather's output into the parameters on the compute stream, exposed
     # (costmodel.kernels.optimizer: COPY_OUT_PASSES); FSDP1 and DeepSpeed gather into the flat

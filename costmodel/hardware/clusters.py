@@ -69,6 +69,8 @@ class ClusterSpec:
             raise UserError(f"memory headroom {self.memory_headroom} must be in [0, 1)")
         # torch's kernels differ by device kind (costmodel.frameworks.traits_on)
         object.__setattr__(self, "framework", traits_on(self.framework, self.device.kind))
+        if self.framework.iteration_graph:   # launched from a CUDA graph: no host costs
+            object.__setattr__(self, "device", self.device.graphed())
         object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self) if f.compare)))
 
     @property

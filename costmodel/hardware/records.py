@@ -137,7 +137,7 @@ OPTIONAL_DTYPE_FIELDS = ("step_overhead_s", "recompute_cost")
 # the efficiency parameters a published-runs fit sets (planner.measure.fit) and that a
 # profile's [ranges] bound with published measurements
 FITTED_PARAMS = ("gemm", "attention", "memory", "kernel_overhead_s", "intra_node_comm", "inter_node_comm",
-                 "comm_contention", "vendor_attention_speedup")
+                 "comm_contention", "vendor_attention_speedup", "step_overhead_s")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -250,6 +250,14 @@ class DeviceProfile:
 
     def __hash__(self) -> int:
         return self._hash
+
+    def graphed(self) -> "DeviceProfile":
+        """The device as a whole-iteration CUDA graph drives it (frameworks `iteration_graph`): no
+        host cost per kernel (kernel_overhead_s) nor per step (step_overhead_s)."""
+        def bare(eff: "Efficiency") -> "Efficiency":
+            return replace(eff, kernel_overhead_s=0.0, step_overhead_s=0.0)
+        return replace(self, efficiency=bare(self.efficiency),
+                       dtype_efficiency=tuple((d, bare(e)) for d, e in self.dtype_efficiency))
 
     def fitted_value(self, name: str) -> float:
         """A FITTED_PARAMS value as the profile holds it (the links' efficiencies on their tiers)."""

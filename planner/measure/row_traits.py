@@ -1,7 +1,7 @@
 """The traits a runs-table row is priced with: its framework's (costmodel.frameworks), with the
 settings the row states that the framework leaves to its user (optional columns dispatcher,
 fp8_param_gather, compiled, async_tp, dp_overlap, vendor_attention, attention = flash1, ep_overlap,
-recompute_modules, zero3_prefetch_bucket, zero3_max_live, rms_norm), each checked as the framework
+recompute_modules, zero3_prefetch_bucket, zero3_max_live, rms_norm, cuda_graph), each checked as the framework
 checks it, in one line naming the row."""
 from __future__ import annotations
 
@@ -32,6 +32,10 @@ RMS_NORMS = ("fused", "torch")
 # the attention cell's value for FlashAttention's first generation: a fused kernel, priced as one
 # (runs_table.attention_kernel) at that generation's speed (_first_flash)
 FLASH_1 = "flash1"
+# the cuda_graph column's values: each whole iteration captured in one CUDA graph (frameworks
+# `iteration_graph`), or none; graphs of parts of a layer (Transformer Engine's scopes attn,
+# moe_router) are not priced and are stated as none
+CUDA_GRAPHS = ("full", "none")
 
 
 def row_traits(row: dict[str, str], cluster: ClusterSpec, model: ModelSpec) -> FrameworkTraits:
@@ -40,7 +44,8 @@ def row_traits(row: dict[str, str], cluster: ClusterSpec, model: ModelSpec) -> F
     weights gathered in float8), compiled (_compiled), async_tp (_async_tp), dispatcher (the
     expert all-to-all: a per-node one, `dispatch_per_node`, unless alltoall), dp_overlap
     (_dp_overlap), vendor_attention (_vendor_attention), attention (_first_flash), ep_overlap
-    (_ep_overlap), recompute_modules (_recompute_modules) and rms_norm (_rms_norm)."""
+    (_ep_overlap), recompute_modules (_recompute_modules), rms_norm (_rms_norm) and cuda_graph
+    (`full`: each whole iteration a CUDA graph, `iteration_graph`)."""
     traits = framework_traits(row.get("framework"))
     if (row.get("dispatcher") or "").strip():
         dispatcher = choice_cell(row, "dispatcher", DISPATCHERS, "alltoall")
@@ -65,6 +70,8 @@ def row_traits(row: dict[str, str], cluster: ClusterSpec, model: ModelSpec) -> F
         traits = replace(traits, selective_modules=_recompute_modules(row, traits, model))
     if (row.get("rms_norm") or "").strip():
         traits = _rms_norm(row, traits, model)
+    if (row.get("cuda_graph") or "").strip():
+        traits = replace(traits, iteration_graph=choice_cell(row, "cuda_graph", CUDA_GRAPHS, "none") == "full")
     return _zero3_prefetch(row, traits)
 
 

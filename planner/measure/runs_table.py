@@ -38,7 +38,7 @@ OPTIONAL = ("source", "framework", "confidence", "notes", "model", "ffn_hidden",
             "fp8_param_gather", "compiled", "async_tp", "dp_overlap", "vendor_attention",
             "node_network_gbps", "memory_gb", "memory_kind",
             "dispatcher", "layers_per_stage", "ep_overlap", "recompute_modules", "offload_optimizer",
-            "offload_activations", "zero3_prefetch_bucket", "zero3_max_live", "rms_norm")
+            "offload_activations", "zero3_prefetch_bucket", "zero3_max_live", "rms_norm", "cuda_graph")
 # What a published step can measure: a microsecond to 11 days a step, a thousandth of a token to
 # a billion tokens a second per GPU. Beyond them an error in percent overflows (a step of 1e308 s
 # read as -inf %) or means nothing (1e-300 s: +3.7e301 %).

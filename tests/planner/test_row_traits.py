@@ -190,3 +190,31 @@ def test_rms_norm_states_how_a_megatron_lm_fork_ran_its_norm():
     gpt = next(r for r in read_runs(default_runs_path()) if r["id"] == "sc21_t1_18")
     with pytest.raises(UserError, match="row 'g': rms_norm = torch, but the model's norm is layernorm"):
         row_specs({**gpt, "id": "g", "rms_norm": "torch"})
+
+
+def test_a_whole_iteration_cuda_graph_pays_no_host_cost():
+    """A row stating cuda_graph = full (MLPerf's FULL_CUDA_GRAPH) is priced without the per-kernel
+    and the per-step host cost (frameworks `iteration_graph`, DeviceProfile.graphed): its step is the
+    same plan's on a device with both set to zero, shorter by at least the step's host work; a value
+    other than full or none is one line naming the row."""
+    from dataclasses import replace
+
+    from costmodel.estimate import estimate
+    from costmodel.inputs import UserError
+    from planner.measure.runs_table import default_runs_path, read_runs, row_specs
+    from planner.measure.validate import best_plan_for_row
+    row = next(r for r in read_runs(default_runs_path()) if r["id"] == "mlperf51_l405b_b200_uf_256")
+    assert row["cuda_graph"] == "full"
+    model, train, graphed = row_specs(row)
+    _, _, plain = row_specs({**row, "cuda_graph": ""})
+    assert graphed.framework.iteration_graph and not plain.framework.iteration_graph
+    eff = graphed.device.efficiency
+    assert eff.kernel_overhead_s == eff.step_overhead_s == 0.0 < plain.device.efficiency.step_overhead_s
+    plan = best_plan_for_row(row, model, train, graphed)[0]
+    bare = replace(plain, device=replace(plain.device, efficiency=replace(
+        plain.device.efficiency, kernel_overhead_s=0.0, step_overhead_s=0.0)))
+    assert estimate(model, train, graphed, plan).step_time_s == pytest.approx(estimate(model, train, bare, plan).step_time_s)
+    assert (estimate(model, train, plain, plan).step_time_s - estimate(model, train, graphed, plan).step_time_s
+            >= plain.device.efficiency.step_overhead_s)
+    with pytest.raises(UserError, match="row 'mlperf51_l405b_b200_uf_256': cuda_graph = 'layer' is not one of full, none"):
+        row_specs({**row, "cuda_graph": "layer"})
