@@ -34,12 +34,13 @@ def test_a_fixed_field_holds_and_the_measured_run_is_compared():
 
 
 def test_a_published_configuration_our_runtime_cannot_run_is_marked_and_not_held_against_the_search():
-    """MLPerf's GPT-3 on 512 H100: float8 linears under TP 4, which our runtime does not run
-    (check_plan), priced faster than any plan the search may offer: marked †, not counted."""
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--ids", "mlperf41_gpt3_h100_eos_512", "--time-limit-s", "5"],
-                          capture_output=True, text=True, timeout=300)
+    """NeMo's Llama 3.1 405B on 512 H100 (dgxc-benchmarking v25.04.01): float8 linears under TP 8,
+    which our runtime does not run (check_plan), priced faster than any plan the search may offer:
+    marked †, not counted."""
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--ids", "dgxc_v250401_llama31_405b_h100_fp8_g512",
+                           "--time-limit-s", "5"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    row = next(ln for ln in proc.stdout.splitlines() if ln.startswith("mlperf41_"))
+    row = next(ln for ln in proc.stdout.splitlines() if ln.startswith("dgxc_v250401_"))
     cells = row.split()
     published, fastest = (float(c.rstrip("*†").replace(",", "")) for c in cells[1:3])
     assert cells[1].endswith("†") and fastest < published

@@ -108,7 +108,8 @@ def test_the_steps_host_work_is_its_own_ledger_entry_and_not_the_optimizers():
                                         dtype_efficiency=()))
     model, train = MODELS["debug-tiny"], TrainSpec(seq_len=32, global_batch_size=8)
     plan = build_plan(model, train, slow, Choice(pp=2, schedule=Schedule.ONE_F_ONE_B))
-    fast = estimate(model, train, replace(slow, device=replace(slow.device, efficiency=base.device.efficiency)), plan)
+    fast = estimate(model, train, replace(slow, device=replace(slow.device, efficiency=replace(
+        base.device.efficiency, step_overhead_s=0.0))), plan)
     est = estimate(model, train, slow, plan)
     assert est.time_breakdown_s["host/step"] == 0.25
     assert est.time_breakdown_s["optimizer/step"] == fast.time_breakdown_s["optimizer/step"]
