@@ -64,8 +64,8 @@ def main() -> None:
           f"max |error| {max(map(abs, stepped)):.1f}%")
     print(f"leave one source out ({len({r.source for r in filled})} sources): rows {held['n']}  "
           f"MAPE {held['mape_pct']:.1f}%  max |error| {held['max_abs_error_pct']:.1f}% (of step time)")
-    scaled = fit.leave_scale_out(filled)
-    out, seen = fit.summary([e for _, e in scaled]), fit.summary([r.log_error(simulate=True) for r, _ in scaled])
+    out = fit.scale_out_summary(filled)
+    seen = out["in_sample"]
     print(f"fit on the runs below {fit.SCALE_OUT_GPUS:,} GPUs alone, the {out['n']} on {fit.SCALE_OUT_GPUS:,} or more "
           f"predicted: MAPE {out['mape_pct']:.1f}%  max |error| {out['max_abs_error_pct']:.1f}%  "
           f"mean {out['mean_error_pct']:+.1f}% (of step time; in sample: {seen['mape_pct']:.1f}%, "

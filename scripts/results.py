@@ -147,15 +147,14 @@ def measure_accuracy(clock: Clock) -> dict:
               for m, t, c in [row_specs(row)]]
     loso = {r.row["id"]: e for r, e in fit.leave_one_source_out(filled, progress=clock.tick)}
     clock.tick(f"accuracy at scale: the runs on {fit.SCALE_OUT_GPUS:,} or more GPUs by a fit on the smaller ones ({CMD_FIDELITY})")
-    scaled = fit.leave_scale_out(filled, progress=clock.tick)
+    scaled = fit.scale_out_summary(filled, progress=clock.tick)
     rows = [_row(res, row, loso.get(res.id), step_time_error_pct, fit.source_group(row["source"]))
             for res, row in zip(results, csv_rows)]
     splits = [{"label": f.label, "micro_batches": f.micro_batches, "per_micro_batch_s": f.measured_per_micro_batch_s,
                "per_micro_batch_error_pct": f.per_micro_batch_error_pct, "per_step_s": f.measured_per_step_s,
                "per_step_error_s": f.per_step_error_s} for f in step_splits(csv_rows, results)]
     return {"rows": rows, "summary": summary, "left_out": fit.summary(list(loso.values())),
-            "scale_out": {**fit.summary([e for _, e in scaled]), "min_gpus": fit.SCALE_OUT_GPUS,
-                          "in_sample": fit.summary([r.log_error(simulate=True) for r, _ in scaled])},
+            "scale_out": scaled,
             "num_sources": len({r.source for r in filled}), "coverage": fit.coverage(filled),
             "splits": splits, "unmodelled": measure_unmodelled(clock)}
 

@@ -251,13 +251,15 @@ class DeviceProfile:
     def __hash__(self) -> int:
         return self._hash
 
+    def with_efficiency(self, **changes: float) -> "DeviceProfile":
+        """This profile with `changes` made to its efficiency and to every dtype's own."""
+        return replace(self, efficiency=replace(self.efficiency, **changes),
+                       dtype_efficiency=tuple((d, replace(e, **changes)) for d, e in self.dtype_efficiency))
+
     def graphed(self) -> "DeviceProfile":
         """The device as a whole-iteration CUDA graph drives it (frameworks `iteration_graph`): no
         host cost per kernel (kernel_overhead_s) nor per step (step_overhead_s)."""
-        def bare(eff: "Efficiency") -> "Efficiency":
-            return replace(eff, kernel_overhead_s=0.0, step_overhead_s=0.0)
-        return replace(self, efficiency=bare(self.efficiency),
-                       dtype_efficiency=tuple((d, bare(e)) for d, e in self.dtype_efficiency))
+        return self.with_efficiency(kernel_overhead_s=0.0, step_overhead_s=0.0)
 
     def fitted_value(self, name: str) -> float:
         """A FITTED_PARAMS value as the profile holds it (the links' efficiencies on their tiers)."""

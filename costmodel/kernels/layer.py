@@ -62,8 +62,7 @@ def _host_or_device(both: KernelTimes, device: KernelTimes) -> KernelTimes:
 
 @lru_cache(maxsize=64)
 def _without_kernel_overhead(dev: DeviceProfile) -> DeviceProfile:
-    return replace(dev, efficiency=replace(dev.efficiency, kernel_overhead_s=0.0),
-                   dtype_efficiency=tuple((d, replace(e, kernel_overhead_s=0.0)) for d, e in dev.dtype_efficiency))
+    return dev.with_efficiency(kernel_overhead_s=0.0)
 
 
 @dataclass(frozen=True, slots=True)

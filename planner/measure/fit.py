@@ -361,6 +361,15 @@ def leave_scale_out(rows: list[FilledRow], min_gpus: int = SCALE_OUT_GPUS,
     return out
 
 
+def scale_out_summary(rows: list[FilledRow], min_gpus: int = SCALE_OUT_GPUS,
+                      progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """leave_scale_out's rows summarised (summary), with `min_gpus` and the same rows in sample
+    (`in_sample`: priced with the values fitted on the whole table)."""
+    scaled = leave_scale_out(rows, min_gpus, progress)
+    return {**summary([e for _, e in scaled]), "min_gpus": min_gpus,
+            "in_sample": summary([r.log_error(simulate=True) for r, _ in scaled])}
+
+
 def summary(errors: list[float]) -> dict[str, Any]:
     """MAPE, max |error| and mean signed error of step time, in percent, from log errors (+ predicted
     too slow)."""
