@@ -154,6 +154,10 @@ _DEEPSPEED = dict(dp_grad_overlap=True, dp_param_overlap=False, sharded_grads_un
                   zero3_gathers_per_param=True, grads_reduced_after_pipeline=True, pipe_engine_sends=True,
                   bf16_optimizer_all_reduce=True)
 
+# PyTorch's FSDP1 (FlatParameter units, BACKWARD_PRE prefetch, limit_all_gathers) over an eager model
+_FSDP1_EAGER = FrameworkTraits(name="pytorch-fsdp", sharded_grads_under_pp=True, eager_layer=True,
+                               eager_rms_norm_composite=True, **_FSDP)
+
 FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
     RUNTIME,
     COMPILED_RUNTIME,
@@ -177,8 +181,9 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
     FrameworkTraits(name="deepspeed", eager_layer=True, eager_rms_norm_composite=True, **_DEEPSPEED),
     FrameworkTraits(name="composer-fsdp", sharded_grads_under_pp=True, flash_attention_1=True,
                     fused_cross_entropy=True, **_FSDP),
-    FrameworkTraits(name="fms-fsdp", sharded_grads_under_pp=True, eager_layer=True, eager_rms_norm_composite=True,
-                    **_FSDP),
+    _FSDP1_EAGER,
+    # IBM's foundation-model-stack: FSDP1 over its eager Llama
+    replace(_FSDP1_EAGER, name="fms-fsdp"),
     # compiled, as its presets (compile = true) and published runs run it; a row stating compiled = no
     # runs eager (planner.measure.row_traits)
     FrameworkTraits(name="torchtitan", sharded_grads_under_pp=False, tp_keeps_gathered_input=True,
