@@ -40,6 +40,9 @@ class FrameworkTraits:
     fsdp_master_params: bool = False
     vendor_attention: bool = False
     flash_attention_1: bool = False
+    # MosaicML's Triton port of FlashAttention (llm-foundry's attn_impl triton, flash_attn_triton.py):
+    # the first generation's algorithm at its own speed (FLASH_TRITON_SLOWDOWN)
+    flash_attention_triton: bool = False
     tp_keeps_gathered_input: bool = False
     sp_regather_exposed: bool = False
     vocab_parallel_loss: bool = True
@@ -179,7 +182,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
                                                    "grad_overlap_zero3_only": True, "eager_layer": True}),
     # a Hugging Face-style model under DeepSpeed's engine: every op eager, RMSNorm op by op in fp32
     FrameworkTraits(name="deepspeed", eager_layer=True, eager_rms_norm_composite=True, **_DEEPSPEED),
-    FrameworkTraits(name="composer-fsdp", sharded_grads_under_pp=True, flash_attention_1=True,
+    FrameworkTraits(name="composer-fsdp", sharded_grads_under_pp=True, flash_attention_triton=True,
                     fused_cross_entropy=True, **_FSDP),
     _FSDP1_EAGER,
     # IBM's foundation-model-stack: FSDP1 over its eager Llama
@@ -296,12 +299,18 @@ def traits_on(traits: FrameworkTraits, device_kind: str) -> FrameworkTraits:
 
 # FlashAttention-2 over the first generation, fwd + bwd (Dao 2023, arXiv 2307.08691: "around 2x")
 FLASH1_SLOWDOWN = 2.0
+# FlashAttention-2 over FlashAttention in Triton (the same paper, Sec. 4.1: "1.3-1.5x faster ... in the
+# forward pass and around 2x faster in the backward pass"), weighted by the passes' FLOPs (the
+# backward's 2.5 forwards, costmodel.kernels.attention FLASH_BACKWARD_FACTOR): (1.4 + 2.5 x 2) / 3.5
+FLASH_TRITON_SLOWDOWN = (1.4 + 2.5 * 2.0) / 3.5
 
 
 def attention_speedup(traits: FrameworkTraits, vendor_speedup: float) -> float:
     """What a framework's attention gains over FlashAttention-2: the device's vendor speedup
     where it calls the vendor's kernel (`vendor_attention`), a loss where its kernel is of the
-    first generation (`flash_attention_1`), else nothing."""
+    first generation (`flash_attention_1`) or its Triton port (`flash_attention_triton`), else nothing."""
     if traits.vendor_attention:
         return vendor_speedup
-    return 1.0 / FLASH1_SLOWDOWN if traits.flash_attention_1 else 1.0
+    if traits.flash_attention_1:
+        return 1.0 / FLASH1_SLOWDOWN
+    return 1.0 / FLASH_TRITON_SLOWDOWN if traits.flash_attention_triton else 1.0

@@ -164,7 +164,7 @@ def _first_flash(row: dict[str, str], traits: FrameworkTraits) -> FrameworkTrait
     if flag_cell(row, "vendor_attention", False):
         raise UserError(f"row {row['id']!r}: attention = {FLASH_1} is FlashAttention's first generation, not "
                         "Transformer Engine's fused attention (vendor_attention = yes)")
-    return replace(traits, flash_attention_1=True, vendor_attention=False)
+    return replace(traits, flash_attention_1=True, flash_attention_triton=False, vendor_attention=False)
 
 
 def _vendor_attention(row: dict[str, str], traits: FrameworkTraits) -> FrameworkTraits:

@@ -136,6 +136,25 @@ def test_attention_flash1_is_flash_attentions_first_generation():
         row_specs(_megatron_row(attention="flash3"))
 
 
+def test_llm_foundry_s_triton_attention_runs_at_its_published_speed():
+    """Composer's llm-foundry rows ran MosaicML's Triton port of FlashAttention (attn_impl triton),
+    which the FlashAttention-2 paper measured 1.3-1.5x slower forward and about 2x slower backward
+    than FlashAttention-2: priced at that pair weighted by the passes' FLOPs, between
+    FlashAttention-2 and the first generation's CUDA kernel; a composer row stating flash1 gets the
+    CUDA kernel's speed instead."""
+    from costmodel.frameworks import FLASH1_SLOWDOWN, FLASH_TRITON_SLOWDOWN, attention_speedup, framework_traits
+    from costmodel.kernels.attention import FLASH_BACKWARD_FACTOR
+    from planner.measure.runs_table import row_specs
+    composer = framework_traits("composer-fsdp")
+    assert composer.flash_attention_triton and not composer.flash_attention_1
+    assert FLASH_TRITON_SLOWDOWN == pytest.approx((1.4 + FLASH_BACKWARD_FACTOR * 2.0) / (1 + FLASH_BACKWARD_FACTOR))
+    assert 1.0 < FLASH_TRITON_SLOWDOWN < FLASH1_SLOWDOWN
+    assert attention_speedup(composer, 1.7) == pytest.approx(1 / FLASH_TRITON_SLOWDOWN)
+    first = row_specs(_megatron_row(framework="composer-fsdp", attention="flash1"))[2].framework
+    assert first.flash_attention_1 and not first.flash_attention_triton
+    assert attention_speedup(first, 1.7) == pytest.approx(1 / FLASH1_SLOWDOWN)
+
+
 def test_the_dispatcher_cell_is_the_expert_all_to_all_that_ran():
     """dispatcher: Megatron-Core's plain all-to-all sends every routed copy of a token across the
     nodes, DeepEP and HybridEP one copy a node (frameworks `dispatch_per_node`): on an EP group
