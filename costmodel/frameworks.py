@@ -121,6 +121,11 @@ class FrameworkTraits:
     # whole over every data-parallel rank, and the updated shards broadcast after the step, one
     # broadcast per ZeRO rank (costmodel.comm: owner_broadcasts_s), not overlapped
     owner_broadcasts: bool = False
+    # InternEvo's layer (internlm/model/modeling_internlm.py, dropout_selective_checkpoint on by default
+    # without full checkpointing): each RMSNorm's input cast to fp32 first (`norm(residual.float())`), and
+    # the dropout, residual add, cast and norm checkpointed, re-run in backward
+    # (costmodel.kernels.elementwise: fp32_norm_recompute_traffic)
+    norm_fp32_recomputed: bool = False
 
 
 GENERIC = FrameworkTraits(name="generic", dp_grad_overlap=True, dp_param_overlap=True,
@@ -199,12 +204,13 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
                     selective_op_policy=True, fsdp_copy_out=True, reshards_after_backward=True, **_FSDP),
     # InternEvo (InternLM's training framework): its own layer with apex's fused RMSNorm, FlashAttention's
     # fused QKV projection, rotary kernel and cross entropy, the SwiGLU in torch ops (internlm/model/linear.py
-    # FeedForward: F.silu(w1(x)) * w2(x)), each norm's input cast to fp32 first (unpriced); ZeRO-1 over all or part of the
+    # FeedForward: F.silu(w1(x)) * w2(x)), each norm's input cast to fp32 and the norms re-run in backward
+    # (`norm_fp32_recomputed`); ZeRO-1 over all or part of the
     # data-parallel ranks (`zero1`: partial_distributed_optimizer) with the owner broadcasts above. Its
     # gradients are reduced during the last micro-batch's backward only (skip_grad_reduce before it)
     FrameworkTraits(name="internevo", dp_grad_overlap=True, dp_param_overlap=False, sharded_grads_under_pp=True,
                     zero3_gathers_per_param=False, fused_cross_entropy=True, partial_distributed_optimizer=True,
-                    owner_broadcasts=True, eager_layer=True),
+                    owner_broadcasts=True, eager_layer=True, norm_fp32_recomputed=True),
 )}
 
 

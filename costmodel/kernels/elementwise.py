@@ -163,9 +163,21 @@ def _cuda_rms_norm(a: int) -> tuple[tuple[float, int], tuple[float, int]]:
     return (2 * a, 1), (5 * a, 2)
 
 
+def fp32_norm_recompute_traffic(a: int) -> tuple[tuple[float, int], tuple[float, int]]:
+    """((forward bytes, kernels), (backward bytes, kernels)) per hidden element that one RMSNorm
+    adds where its input is cast to fp32 first and the cast and norm are checkpointed
+    (frameworks `norm_fp32_recomputed`), over the fused norm of `a`-byte elements
+    (_cuda_rms_norm). Forward: the cast (read a, write 4) and the norm reading fp32 (4 - a
+    more). Backward: the cast and the norm re-run (a + 4 each), the norm's two backward kernels
+    reading the fp32 input and writing an fp32 gradient (3 x (4 - a) more), and the cast's
+    gradient back to the compute dtype (read 4, write a): 8 bytes and one kernel forward, 24
+    bytes and three kernels backward, whatever a."""
+    return ((a + 4) + (4 - a), 1), ((a + 4) + (4 + a) + 3 * (4 - a) + (4 + a), 3)
+
+
 def eager_elementwise_traffic(model: ModelSpec, train: TrainSpec, plan: KernelShape, tokens: int,
                               a: int = CPU_ELEMENT_BYTES, cpu: bool = True, composite_norm: bool = False,
-                              fused_projections: bool = False) -> tuple[float, int, float, int]:
+                              fused_projections: bool = False, fp32_norms: bool = False) -> tuple[float, int, float, int]:
     """(forward bytes, kernels, backward bytes, kernels) of a layer's memory-bound work as torch's
     eager kernels run the runtime's layer (costmodel.frameworks `eager_layer`): RMSNorm (composite
     in fp32 on a CPU, fused on a GPU), RoPE and SwiGLU op by op, and the gradient sums autograd
@@ -175,7 +187,9 @@ def eager_elementwise_traffic(model: ModelSpec, train: TrainSpec, plan: KernelSh
     CPU_ELEMENT_BYTES; the test counts the real bytes). composite_norm: a GPU layer's RMSNorm op
     by op as the CPU's (frameworks.composite_rms_norm). fused_projections: the framework runs the
     projections that share an input as one (Megatron's fused QKV and gate/up: frameworks
-    `llama_ops_eager`), so autograd adds no gradients of that input."""
+    `llama_ops_eager`), so autograd adds no gradients of that input. fp32_norms: each RMSNorm's
+    input cast to fp32 and norm and cast re-run in backward, with the residual add checkpointed
+    beside the second (frameworks `norm_fp32_recomputed`: fp32_norm_recompute_traffic)."""
     t, c = plan.tp, 1 if train.compute_dtype.num_bytes < 4 else 0
     rep = rank_hidden_elements(model, plan, tokens)
     fwd_b = bwd_b = 0.0
@@ -184,6 +198,10 @@ def eager_elementwise_traffic(model: ModelSpec, train: TrainSpec, plan: KernelSh
         (nf, kf), (nb, kb) = _cpu_rms_norm(a, c) if cpu or composite_norm else _cuda_rms_norm(a)
         fwd_b, fwd_k, bwd_b, bwd_k = model.layer_norms * nf * rep, model.layer_norms * kf, \
             model.layer_norms * nb * rep, model.layer_norms * kb
+        if fp32_norms:
+            (ef, ekf), (eb, ekb) = fp32_norm_recompute_traffic(a)
+            fwd_b, fwd_k = fwd_b + model.layer_norms * ef * rep, fwd_k + model.layer_norms * ekf
+            bwd_b, bwd_k = bwd_b + (model.layer_norms * eb + 3 * a) * rep, bwd_k + model.layer_norms * ekb + 1
     else:
         fwd_b, fwd_k = model.layer_norms * 2 * a * rep, model.layer_norms
         bwd_b, bwd_k = 2 * fwd_b, 2 * fwd_k
@@ -217,15 +235,17 @@ def eager_elementwise_traffic(model: ModelSpec, train: TrainSpec, plan: KernelSh
 
 def _elementwise_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev: DeviceProfile, tokens: int,
                    cpu_kernels: bool, eager: bool, composite_norm: bool = False,
-                   fused_projections: bool = False, qkv_bias_in_gemm: bool = False) -> tuple[float, float]:
+                   fused_projections: bool = False, qkv_bias_in_gemm: bool = False,
+                   fp32_norms: bool = False) -> tuple[float, float]:
     """(forward, backward) of a layer's memory-bound work: counted op by op where eager kernels
     run it (torch's CPU kernels, cpu_kernels; a GPU's eager layer, its RMSNorm fused or, with
-    composite_norm, op by op; fused_projections: eager_elementwise_traffic's), else as fused
-    kernels; `qkv_bias_in_gemm`: bias_grad_traffic's qkv_in_gemm for the fused ones."""
+    composite_norm, op by op; fused_projections and fp32_norms: eager_elementwise_traffic's), else
+    as fused kernels; `qkv_bias_in_gemm`: bias_grad_traffic's qkv_in_gemm for the fused ones."""
     if cpu_kernels or eager:
         fwd_b, fwd_k, bwd_b, bwd_k = eager_elementwise_traffic(
             model, train, plan, tokens, CPU_ELEMENT_BYTES if cpu_kernels else train.compute_dtype.num_bytes,
-            cpu=cpu_kernels, composite_norm=composite_norm, fused_projections=fused_projections)
+            cpu=cpu_kernels, composite_norm=composite_norm, fused_projections=fused_projections,
+            fp32_norms=fp32_norms and not cpu_kernels)
         return memory_bound_s(fwd_b, dev, fwd_k), memory_bound_s(bwd_b, dev, bwd_k)
     fwd_b, fwd_k, bwd_b, bwd_k = _fused_elementwise(model, train, plan, tokens, qkv_bias_in_gemm)
     return memory_bound_s(fwd_b, dev, fwd_k), memory_bound_s(bwd_b, dev, bwd_k)

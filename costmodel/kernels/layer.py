@@ -102,7 +102,8 @@ def layer_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, de
                        eager: bool = False, early_stop: bool = False, compiled: bool = False,
                        padded_values: bool = False, grouped_experts: bool = False,
                        shared_expert_tp: bool = False, composite_norm: bool = False,
-                       fused_projections: bool = False, qkv_bias_in_gemm: bool = False) -> KernelTimes:
+                       fused_projections: bool = False, qkv_bias_in_gemm: bool = False,
+                       fp32_norms: bool = False) -> KernelTimes:
     """cp_ring: context parallelism as a ring of partial kernels (else all-gathered K/V,
     costmodel.frameworks `cp_all_gather_kv`); fused_casts: float8 casts as compiled or
     Transformer Engine kernels run them (`float8_casts_fused`); cpu_kernels: the runtime's eager
@@ -117,13 +118,15 @@ def layer_kernel_times(model: ModelSpec, train: TrainSpec, plan: KernelShape, de
     split over the TP group (`shared_expert_tp`). composite_norm: an eager GPU layer's RMSNorm op
     by op (frameworks.composite_rms_norm). fused_projections: an eager layer's QKV and gate/up each
     one projection (`llama_ops_eager`: no autograd sums of their shared input). qkv_bias_in_gemm:
-    the QKV projection's bias gradient inside its weight-gradient GEMM (`qkv_bias_grad_in_gemm`)."""
+    the QKV projection's bias gradient inside its weight-gradient GEMM (`qkv_bias_grad_in_gemm`).
+    fp32_norms: an eager layer's norms on fp32 copies of their inputs, re-run in backward
+    (`norm_fp32_recomputed`)."""
     tokens = plan.micro_batch_size * train.seq_len // plan.cp
     fwd, bwd_in, bwd_w = _linears_s(model, train, plan, dev, tokens, fused_casts, grouped_experts, shared_expert_tp)
     attn_fwd, attn_bwd = _attention_core_s(model, train, plan, dev, cp_ring, cpu_kernels, padded_values)
     elementwise, elementwise_bwd = _elementwise_s(model, train, plan, dev, tokens, cpu_kernels and not compiled,
                                                   eager and not compiled, composite_norm and not compiled,
-                                                  fused_projections, qkv_bias_in_gemm)
+                                                  fused_projections, qkv_bias_in_gemm, fp32_norms)
     # the two branches' dropout (runtime.model: after attention and after the MLP)
     dropped = 2 * rank_hidden_elements(model, plan, tokens) if model.dropout else 0
     gelu_fwd, gelu_bwd = gelu_s(model, plan, tokens, dev)

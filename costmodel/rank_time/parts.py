@@ -271,7 +271,8 @@ def _kernel_parts(model: ModelSpec, train: TrainSpec, shape: KernelKey, cluster:
                                fw.cpu_kernels, eager_layer_ops(fw, model), early, fw.compiled_layer,
                                not fw.vendor_attention,   # torch's SDPA: one head size
                                fw.grouped_expert_gemm, fw.shared_expert_tp,
-                               composite_rms_norm(fw), fw.llama_ops_eager, fw.qkv_bias_grad_in_gemm)
+                               composite_rms_norm(fw), fw.llama_ops_eager, fw.qkv_bias_grad_in_gemm,
+                               fw.norm_fp32_recomputed)
     mtp_proj_s = 0.0
     if model.mtp_depth:   # the MTP modules' 2h -> h projection, column-parallel over TP
         h = model.hidden_size
