@@ -193,9 +193,13 @@ def test_search_is_deterministic():
 
 
 def _mixed(memory_a: int, memory_b: int):
-    """One node of two A100s and one of two H100s, each device of exactly the given memory."""
-    return mixed_cluster([DeviceGroup(device=_tight(parse_cluster("1x2xA100"), memory_a).device, num_nodes=1),
-                          DeviceGroup(device=_tight(parse_cluster("1x2xH100"), memory_b).device, num_nodes=1)],
+    """One node of two A100s and one of two H100s, each device of exactly the given memory, both
+    at the H100's per-kernel host cost: this tiny model's kernels are host-bound, and at the
+    A100's own cost its layouts would be chosen by that alone (fewer kernels a device: a pipeline)."""
+    h100 = _tight(parse_cluster("1x2xH100"), memory_b).device
+    a100 = _tight(parse_cluster("1x2xA100"), memory_a).device
+    a100 = a100.with_efficiency(kernel_overhead_s=h100.efficiency.kernel_overhead_s)
+    return mixed_cluster([DeviceGroup(device=a100, num_nodes=1), DeviceGroup(device=h100, num_nodes=1)],
                          2, memory_headroom=0.0)
 
 
