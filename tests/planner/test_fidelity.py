@@ -196,7 +196,7 @@ def test_internevo_s_fp32_norms_free_the_fit_they_pinned(monkeypatch):
     """InternEvo's layer casts each RMSNorm's input to fp32 and re-runs dropout, cast and norm in
     backward (dropout_selective_checkpoint: frameworks `norm_fp32_recomputed`). An A100 fit on its
     16 rows beside SC'21's and Korthikanti's Megatron runs then holds every value inside its
-    published range; priced as plain fused norms, its TP 2 rows run 7-10 % slower than priced and
+    published range; priced as plain fused norms, its TP 2 rows run 6-10 % slower than priced and
     the same fit pins attention and compute-communication contention at their bounds to slow them."""
     from dataclasses import replace
 
