@@ -200,11 +200,11 @@ def _space(rows: list[FilledRow], held: frozenset[str] = frozenset(),
     identifiable = {"attention": bool(flash),
                     "vendor_attention_speedup": bounds["vendor_attention_speedup"][0] < bounds["vendor_attention_speedup"][1]
                     and any(r.cluster.framework.vendor_attention for r in flash)}
-    # the per-kernel host cost keeps the profile's value unless released: only Hopper's MoE rows
-    # at small micro-batches move it (Qwen3-30B-A3B on 8 B200 at micro-batch 1 is host-bound under
-    # it), a fit over the H100 chip's rows gives the profile's 30 us (29.9: fit_published.py
-    # --release H100:kernel_overhead_s), and none of A100's rows moves it; gpu_check measures it
-    # on a lent GPU
+    # the per-kernel host cost keeps the profile's value unless released: few rows move it, the
+    # host-bound ones (Hopper's MoE rows at small micro-batches, Qwen3-30B-A3B on 8 B200 at
+    # micro-batch 1; the A100's eager Megatron layers at TP 4, Skywork's and FlagPerf's), and the
+    # profiles ship what a fit that releases it gives (fit_published.py --release CHIP:kernel_overhead_s:
+    # 29.9 us for the H100 chip, 78.7 us for the A100); gpu_check measures it on a lent GPU
     identifiable["kernel_overhead_s"] = "kernel_overhead_s" in released
     keys = [k for k in PARAMS if identifiable.get(k, True) and k not in held]
     return _Space(rows=rows, start=current_values(rows[0].cluster), keys=keys,
