@@ -26,8 +26,8 @@ PUBLISHED = "leave-one-source-out on published runs"
 # is the larger.
 BORROWED_ERROR_BANDS = {
     "GB200": (0.062, "its 46 published runs, priced with the H100 chip's fitted values: profiles/runs/gb200_runs.csv"),
-    "B300": (0.088, "its 15 published runs, priced with the H100 chip's fitted values: profiles/runs/b300_runs.csv"),
-    "GB300": (0.119, "its 33 published runs, priced with the H100 chip's fitted values: profiles/runs/gb300_runs.csv"),
+    "B300": (0.084, "its 15 published runs, priced with the H100 chip's fitted values: profiles/runs/b300_runs.csv"),
+    "GB300": (0.111, "its 33 published runs, priced with the H100 chip's fitted values: profiles/runs/gb300_runs.csv"),
 }
 
 

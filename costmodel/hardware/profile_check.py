@@ -129,6 +129,7 @@ def _efficiency_problems(dev: DeviceProfile) -> list[str]:
             need(f"{label}.{name}", getattr(eff, name), 0 <= getattr(eff, name) <= OPERATION_S_MAX)
         need(f"{label}.comm_contention", eff.comm_contention, 0 <= eff.comm_contention <= FACTOR_MAX)
         need(f"{label}.overlap", eff.overlap, 0 <= eff.overlap <= 1)
+        need(f"{label}.attention_backward_ratio", eff.attention_backward_ratio, 0 < eff.attention_backward_ratio <= 1)
     # device-wide factors (no per-dtype table holds them): checked once
     for name in ("dp_comm", "pp_stage"):
         need(f"efficiency.{name}", getattr(dev.efficiency, name), _within(getattr(dev.efficiency, name), RATIO_RANGE))

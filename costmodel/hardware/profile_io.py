@@ -90,7 +90,8 @@ PROFILE_KEYS = {
                 "kind_factors", "forward_bytes_per_s"},
     "efficiency": {"gemm", "attention", "memory", "kernel_overhead_s", "intra_node_comm", "inter_node_comm",
                    "reserved_memory_bytes", "source", "overlap", "dp_comm", "pp_stage", "allocator_fragmentation",
-                   "comm_contention", "vendor_attention_speedup", "step_overhead_s", "recompute_cost"},
+                   "comm_contention", "vendor_attention_speedup", "attention_backward_ratio", "step_overhead_s",
+                   "recompute_cost"},
 }
 
 
@@ -155,6 +156,7 @@ def _profile_from(path: Path, raw: dict[str, Any]) -> DeviceProfile:
                             allocator_fragmentation=num("allocator_fragmentation", 0.0),
                             comm_contention=num("comm_contention", 0.0),
                             vendor_attention_speedup=num("vendor_attention_speedup", 1.0),
+                            attention_backward_ratio=num("attention_backward_ratio", 1.0),
                             step_overhead_s=num("step_overhead_s", 0.0), recompute_cost=num("recompute_cost", 1.0))
     intra, inter = num("intra_node_comm"), num("inter_node_comm")
     return DeviceProfile(

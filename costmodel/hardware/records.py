@@ -95,6 +95,10 @@ class Efficiency:
     # how much faster the vendor's fused attention (cuDNN, FlashAttention-3) runs than the
     # FlashAttention-2 kernel `attention` describes, for frameworks that use it; 1: none
     vendor_attention_speedup: float = 1.0
+    # the attention kernel's backward rate over its forward's (published per chip, not fitted): the
+    # backward's extra non-matmul work (dS, dQ's accumulation, on Blackwell shared-memory traffic) runs
+    # its five products slower than the forward's two; `attention` (and its vendor speedup) is the forward's
+    attention_backward_ratio: float = 1.0
     # host work once per training step outside the layers' kernels and the optimizer's (the
     # runtime's barrier, the loss's reduction, the batch, zero_grad): fitted by a measured
     # profile's probes, whose small steps show it (planner.measure.probes.compute_params); 0 in datasheets

@@ -44,8 +44,8 @@ def _attention_core_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev
                       cp_ring: bool, cpu_kernels: bool = False, padded_values: bool = False) -> tuple[float, float]:
     """(forward, backward) of scores, softmax and weighted sum for local heads and queries
     (context parallelism: against the keys before them; a ring merges partial outputs). On a GPU
-    the profile's attention efficiency is a long sequence's, times the tile efficiency at this
-    one (flash_tile_efficiency). On a CPU whose profile timed SDPA (planner profile), torch's
+    the profile's attention efficiency is a long sequence's forward, times the tile efficiency at
+    this one (flash_tile_efficiency), and the backward runs at its attention_backward_ratio of that. On a CPU whose profile timed SDPA (planner profile), torch's
     SDPA as the runtime calls it is priced at those times (_measured_sdpa_s); without them a CPU's
     flash kernel is priced at the profile's attention ratio to its GEMM curve. `padded_values`:
     values as wide as queries and keys (latent attention's, padded: runtime.latent_attention)."""
@@ -63,7 +63,7 @@ def _attention_core_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev
         eff = dev.efficiency.attention * (flash_tile_efficiency(tiled) if dev.kind == "gpu" else 1.0)
         fwd = compute_bound_s(flops * CAUSAL_FRACTION, a * 4 * b * heads * s_q * d, dev, train, eff)
         bwd = compute_bound_s(flops * CAUSAL_FRACTION * FLASH_BACKWARD_FACTOR, a * 8 * b * heads * s_q * d,
-                              dev, train, eff)
+                              dev, train, eff * dev.efficiency.attention_backward_ratio)
         merge = _ring_merge_s(plan, b * heads * s_q * d, dev) if cp_ring else 0.0
         return fwd + merge, bwd + 2 * merge   # a GPU's flash kernel draws any dropout inside it
     scores = b * heads * s_q * s_k

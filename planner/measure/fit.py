@@ -204,7 +204,7 @@ def _space(rows: list[FilledRow], held: frozenset[str] = frozenset(),
     # host-bound ones (Hopper's MoE rows at small micro-batches, Qwen3-30B-A3B on 8 B200 at
     # micro-batch 1; the A100's eager Megatron layers at TP 4, Skywork's and FlagPerf's), and the
     # profiles ship what a fit that releases it gives (fit_published.py --release CHIP:kernel_overhead_s:
-    # 29.9 us for the H100 chip, 78.7 us for the A100); gpu_check measures it on a lent GPU
+    # 29.9 us for the H100 chip, 78.5 us for the A100); gpu_check measures it on a lent GPU
     identifiable["kernel_overhead_s"] = "kernel_overhead_s" in released
     keys = [k for k in PARAMS if identifiable.get(k, True) and k not in held]
     return _Space(rows=rows, start=current_values(rows[0].cluster), keys=keys,
