@@ -153,6 +153,9 @@ def _efficiency(micro: dict, device, how: str, probes: int, device_type: str):
         ("attention", eff.attention if eff else micro["attention"][first],
          f"measured causal SDPA / GEMM ({first}) x the gemm factor"
          + ("; a CPU's attention is priced at [measured] sdpa_* instead" if micro.get("sdpa") else "")),
+        *([("attention_backward_ratio", micro["attention_backward"][first],
+            f"measured ({first}'s): causal SDPA's backward rate over its forward's, [measured] attention_backward_ratio")]
+          if micro.get("attention_backward") else []),
         ("memory", eff.memory if eff else 1.0, (measured_share("memory-bound") if micro.get("layer_ops") else
                                                 f"{fitted}: share of the measured memory-bound curve") if eff
          else "the measured memory-bound curve already is the achieved rate"),
@@ -209,6 +212,10 @@ def _measured_rows(setup: Setup, micro: dict, memory, net: _Net, date: str, iden
             if micro.get("attention_long_sequence") else "")),
         *([("attention_long_sequence", True, "GPU: see attention_efficiency; older GPU profiles lack it (planner.measure.probes.long_sequence_attention)")]
           if micro.get("attention_long_sequence") else []),
+        *([("attention_backward_ratio", dict(micro["attention_backward"]), "GPU: causal SDPA's backward rate "
+            "(counted as 2.5 forwards) over its forward's, the median over the shapes; older GPU profiles lack "
+            "it and price the backward at the forward's rate")]
+          if micro.get("attention_backward") else []),
         *([("layer_ops", micro["layer_ops"], "a probe layer's forward and backward, each kernel timed where it "
             "runs, seconds by kind (runtime.layer_ops; the faster of two passes): the GEMM and memory factors "
             "under [efficiency.<dtype>] are its kernels priced at the curves over these (planner.measure.probes.layer_factors)")]

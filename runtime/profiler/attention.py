@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from costmodel.hardware import sdpa_key
-from costmodel.kernels import flash_tile_efficiency, interpolate, sdpa_head_s
+from costmodel.kernels import FLASH_BACKWARD_FACTOR, flash_tile_efficiency, interpolate, sdpa_head_s
 from runtime.model import DROPOUT_P
 from runtime.profiler.timing import CALLS_PER_POINT, DTYPES, _agree, _over, _timed, best_s
 
@@ -96,21 +96,30 @@ def sdpa_gemm_ratio(forward: list[tuple[float, float, float]], gemm: tuple[tuple
 
 
 def attention_efficiency(dtype: torch.dtype, device: torch.device, gemm: tuple[tuple[float, float], ...],
-                         phase_s: float, point_s: float) -> float:
-    """On a GPU: causal SDPA rate over the GEMM rate at the same FLOPs (counting the half a causal
-    kernel computes), the median over the shapes the budget allows (the smallest always), each
-    shape's ratio divided by the flash kernel's tile efficiency at its length
-    (costmodel.kernels.flash_tile_efficiency), which the pricing applies per plan: the profile
-    holds a long sequence's ratio, as the datasheet profiles do. (A CPU's SDPA is timed outright:
-    sdpa_curves.)"""
-    start, ratios = time.perf_counter(), []
+                         phase_s: float, point_s: float) -> tuple[float, float]:
+    """On a GPU: (the causal SDPA forward's rate over the GEMM rate at the same FLOPs, counting
+    the half a causal kernel computes; its backward's rate over the forward's, the backward
+    counted as FLASH_BACKWARD_FACTOR forwards), each the median over the shapes the budget allows
+    (the smallest always). Each shape's forward ratio is divided by the flash kernel's tile
+    efficiency at its length (costmodel.kernels.flash_tile_efficiency), which the pricing applies
+    per plan: the profile holds a long sequence's ratio, as the datasheet profiles do, and the
+    backward's as [efficiency] attention_backward_ratio (at most 1). (A CPU's SDPA is timed
+    outright: sdpa_curves.)"""
+    start, ratios, backward = time.perf_counter(), [], []
     for b, h, s, d in GPU_ATTENTION_SHAPES:
         tile = flash_tile_efficiency(s)
         flops = 0.5 * 4.0 * b * h * s * s * d
-        expected = CALLS_PER_POINT * flops / (interpolate(gemm, flops) * min(ratios) * tile) if ratios else 0.0
+        # the forward alone, then with its backward (about 1 + 1 + FLASH_BACKWARD_FACTOR forwards)
+        expected = (CALLS_PER_POINT * (2 + FLASH_BACKWARD_FACTOR) * flops
+                    / (interpolate(gemm, flops) * min(ratios) * tile)) if ratios else 0.0
         if _agree(_over(expected, start, phase_s, point_s)):
             break
-        q, k, v = (torch.randn(b, h, s, d, dtype=dtype, device=device) for _ in range(3))
-        t = best_s(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), **_timed(device))
-        ratios.append(flops / t / interpolate(gemm, flops) / tile)
-    return float(np.median(ratios))
+        q, k, v = (torch.randn(b, h, s, d, dtype=dtype, device=device, requires_grad=True) for _ in range(3))
+        grad = torch.randn_like(q)
+        with torch.no_grad():
+            forward = best_s(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), **_timed(device))
+        both = best_s(lambda: torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                                                  (q, k, v), grad), **_timed(device))
+        ratios.append(flops / forward / interpolate(gemm, flops) / tile)
+        backward.append(FLASH_BACKWARD_FACTOR * forward / backward_s(both, forward))
+    return float(np.median(ratios)), min(1.0, float(np.median(backward)))

@@ -81,6 +81,8 @@ def measure_rank(dtypes: list[str], device_type: str, threads: int, budget: Budg
         (lambda phase: (lambda frac, what: None))
     # a GPU's attention ratios are a long sequence's (attention_efficiency)
     out: dict = {"gemm": {}, "attention": {}, "attention_long_sequence": device.type == "cuda"}
+    if device.type == "cuda":   # its SDPA backward's rate over the forward's (attention_efficiency)
+        out["attention_backward"] = {}
     shapes, fp32, spent_s = gemm_shapes(device.type), (), 0.0
     curves_start = time.perf_counter()
     for i, name in enumerate(dtypes):
@@ -99,7 +101,8 @@ def measure_rank(dtypes: list[str], device_type: str, threads: int, budget: Budg
         dist.barrier()
         share_s, gemm = budget.phase_s("attention") / len(dtypes), tuple(sorted(out["gemm"][name].points))
         if device.type == "cuda":
-            out["attention"][name] = attention_efficiency(DTYPES[name], device, gemm, share_s, budget.point_s)
+            out["attention"][name], out["attention_backward"][name] = attention_efficiency(
+                DTYPES[name], device, gemm, share_s, budget.point_s)
         else:
             curves = sdpa_curves(name, device, share_s, budget.point_s)
             out["sdpa"].update(curves)

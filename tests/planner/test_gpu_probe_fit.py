@@ -69,3 +69,32 @@ def test_a_gpu_profiles_attention_ratio_is_a_long_sequences_and_not_counted_twic
     assert probes.unfitted(device, measured).efficiency.attention == pytest.approx(raw / legacy)
     assert probes.long_sequence_attention(raw, device, {**measured, "attention_long_sequence": True}) == raw
     assert probes.long_sequence_attention(raw, replace(device, kind="cpu"), measured) == raw
+
+
+def test_a_gpu_profile_measures_and_writes_its_attention_backward_ratio(tmp_path, monkeypatch):
+    """`planner profile` on a GPU times causal SDPA's backward beside its forward (runtime.profiler.
+    attention_efficiency, run here on the CPU at small shapes) and writes their rate ratio as
+    [efficiency] attention_backward_ratio, which the pricing applies to every backward; a profile
+    written before (the stored H100's) has none and prices the backward at the forward's rate."""
+    import tomlkit
+    import torch
+
+    from planner.measure import profile_doc, profile_file
+    from runtime.profiler import attention as profiler_attention
+    monkeypatch.setattr(profiler_attention, "GPU_ATTENTION_SHAPES", ((1, 2, 128, 32), (1, 2, 256, 32)))
+    gemm = ((1e6, 1e10), (1e9, 2e10))
+    forward, backward = profiler_attention.attention_efficiency(torch.float32, torch.device("cpu"), gemm, 30.0, 1.0)
+    assert forward > 0 and 0 < backward <= 1
+
+    device, *_ = probes.refit_stored(H100)
+    assert device.efficiency.attention_backward_ratio == 1.0
+    raw = tomllib.loads(H100.read_text())
+    micro = {"attention": raw["measured"]["attention_efficiency"], "overhead_s": raw["measured"]["op_overhead_s"],
+             "attention_backward": {"fp32": 0.8, "bf16": 0.85}}
+    doc = profile_file.document(["test"])
+    doc.add("efficiency", profile_doc._efficiency(micro, device, "test", 12, "cuda"))
+    raw["efficiency"] = tomllib.loads(tomlkit.dumps(doc))["efficiency"]
+    (tmp_path / "p.toml").write_text(tomlkit.dumps(raw))
+    loaded = load_profile(tmp_path / "p.toml")
+    assert loaded.efficiency.attention_backward_ratio == pytest.approx(0.8)
+    assert dict(loaded.dtype_efficiency)["bf16"].attention_backward_ratio == pytest.approx(0.8)
