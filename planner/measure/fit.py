@@ -42,8 +42,8 @@ PARAMS = FITTED_PARAMS
 BORROWS = {"H200": "H100", "B200": "H100", "GB200": "H100", "B300": "H100", "GB300": "H100", "V100": "A100",
            "A800": "A100", "H800": "H100"}
 # of those, the values a chip keeps its own of, published rather than fitted on the other chip's
-# rows: Blackwell's attention (FlashAttention-2 untuned for it, cuDNN's kernel at about 0.55 of peak:
-# profiles/B200.toml), which the fit prices its rows with
+# rows: Blackwell's attention (FlashAttention-2 untuned for it, cuDNN's forward at about 0.61 of a
+# B200's peak and its backward at 0.79 of that: profiles/B200.toml), which the fit prices its rows with
 BLACKWELL_ATTENTION = ("attention", "vendor_attention_speedup")
 KEEPS = {die: BLACKWELL_ATTENTION for die in ("B200", "GB200", "B300", "GB300")}
 
