@@ -45,10 +45,11 @@ def _attention_core_s(model: ModelSpec, train: TrainSpec, plan: KernelShape, dev
     """(forward, backward) of scores, softmax and weighted sum for local heads and queries
     (context parallelism: against the keys before them; a ring merges partial outputs). On a GPU
     the profile's attention efficiency is a long sequence's forward, times the tile efficiency at
-    this one (flash_tile_efficiency), and the backward runs at its attention_backward_ratio of that. On a CPU whose profile timed SDPA (planner profile), torch's
-    SDPA as the runtime calls it is priced at those times (_measured_sdpa_s); without them a CPU's
-    flash kernel is priced at the profile's attention ratio to its GEMM curve. `padded_values`:
-    values as wide as queries and keys (latent attention's, padded: runtime.latent_attention)."""
+    this one (flash_tile_efficiency); the backward runs at attention_backward_ratio of that. On a
+    CPU whose profile timed SDPA (planner profile), torch's SDPA as the runtime calls it is priced
+    at those times (_measured_sdpa_s); without them a CPU's flash kernel is priced at the
+    profile's attention ratio to its GEMM curve. `padded_values`: values as wide as queries and
+    keys (latent attention's, padded: runtime.latent_attention)."""
     b, heads, d = plan.micro_batch_size, model.num_heads // plan.tp, _head_dim(model, padded_values)
     s_q, s_k, a = train.seq_len // plan.cp, train.seq_len, train.compute_dtype.num_bytes
     flops = 4.0 * b * heads * s_q * s_k * d
