@@ -81,5 +81,6 @@ def fp8_problems(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: i
         out.append(f"fp8_linears: model {model.name} is a mixture of experts; {cluster.framework.name} runs float8 "
                    "for dense models only (Megatron-Core runs experts in float8: --framework megatron)")
     if tp > 1 and not cluster.framework.float8_with_tp:
-        out.append("fp8_linears with tp > 1: the runtime runs float8 linears without tensor parallelism")
+        who = "the runtime" if cluster.framework.name in ("planner", "planner-compiled") else cluster.framework.name
+        out.append(f"fp8_linears with tp > 1: {who} runs float8 linears without tensor parallelism")
     return out

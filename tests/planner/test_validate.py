@@ -155,6 +155,20 @@ def test_unknown_framework_gets_generic_traits(tmp_path):
     assert summary["n"] == 1 and results[0].error_pct is not None
 
 
+def test_an_unknown_framework_s_float8_rows_under_tp_and_with_experts_are_priced(tmp_path):
+    """Generic traits run float8 under tensor parallelism and in a mixture's experts, as
+    Transformer Engine and torchao do, so a row of a framework the model does not know that states
+    either is priced, not refused (our runtime's own limit is named as the runtime's)."""
+    dense = "d,x,llama,32,4096,14336,32,8,128256,8192,H100-SXM5-80GB,64,8,4,2,8,,yes,1,1,none,1,256,fp8,iteration_time_s,4.0"
+    moe = "m,x,llama,32,4096,14336,32,8,128256,4096,H100-SXM5-80GB,64,8,2,1,32,,yes,1,1,none,1,256,fp8,iteration_time_s,4.0"
+    path = tmp_path / "runs.csv"
+    path.write_text(HEADER + ",framework,num_experts,experts_per_token,moe_ffn_hidden,ep\n"
+                    + dense + ",some-new-trainer,,,,\n" + moe + ",some-new-trainer,8,2,14336,8\n")
+    results, summary = validate(path)
+    assert summary["n"] == 2 and all(r.error_pct is not None and r.plan.fp8_linears for r in results)
+    assert results[0].plan.tp == 4 and results[1].plan.ep == 8
+
+
 def test_the_rows_priced_with_generic_traits_are_said(tmp_path):
     """A framework the model does not know (or none stated) is priced with generic traits; the
     summary and the table name it with its row count, so its errors are not read as the
