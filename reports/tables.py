@@ -5,7 +5,7 @@ from typing import Any, Sequence
 
 from costmodel import resilience
 from costmodel.estimate import Estimate
-from costmodel.fidelity import PUBLISHED, error_band
+from costmodel.fidelity import PUBLISHED, error_band, long_sequence_caveat
 from costmodel.groups import placement_lines, short_device_name, stages_on, views
 from costmodel.hardware import ClusterSpec
 from costmodel.plan import Plan
@@ -104,7 +104,8 @@ def summary_lines(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan
         f"+ {_attention_flops_phrase(model)} FLOPs per token (full s² "
         f"attention, Megatron Eq. 7 / PaLM; a causal kernel runs half of it), HFU those and the recomputed"
         f"{' against the bf16 peak, float8 linears included' if plan.fp8_linears else ''}"
-        f"; expected error +-{100 * error_band(cluster)[0]:.1f}% ({_band_source(cluster)})",
+        f"; expected error +-{100 * error_band(cluster)[0]:.1f}% ({_band_source(cluster)})"
+        f"{long_sequence_caveat(train.seq_len)}",
         "long run   " + resilience.summary_line(resilience.checkpoint_cost(
             model, train, cluster.world_size, est.step_time_s, est.tokens_per_s, failures)),
     ])

@@ -67,3 +67,21 @@ def test_the_borrowed_band_is_the_step_time_error_of_the_device_s_runs(device):
     assert {row["gpu"] for row in rows} == {device}
     assert f"its {len(rows)} published runs" in source
     assert sum(errors) / len(errors) / 100 == pytest.approx(band, abs=0.0015)
+
+
+def test_a_prediction_past_the_calibrated_sequence_lengths_says_so(capsys):
+    """The quoted band comes from the published runs, the longest 32k tokens; a prediction at a
+    longer sequence says the band does not cover it (long-context runs kept apart ran slower than
+    priced), and one within it says nothing more."""
+    from costmodel.fidelity import LONGEST_CALIBRATED_SEQ
+    from planner.measure.runs_table import read_runs
+    runs = Path(__file__).resolve().parents[2] / "profiles" / "runs"
+    assert LONGEST_CALIBRATED_SEQ == max(int(r["seq_len"]) for r in read_runs(runs / "published_runs.csv"))
+    assert min(int(r["seq_len"]) for r in read_runs(runs / "unmodelled_runs.csv")
+               if r["id"].startswith(("nemo2403_longseq", "tt25a_l31_405b_512_4d_cp"))) <= 2 * LONGEST_CALIBRATED_SEQ
+    flags = ["predict", "--model", "llama3-8b", "--cluster", "1x8xH100", "--tp", "2", "--cp", "4", "--mbs", "1",
+             "--global-batch", "8", "--framework", "megatron", "--recompute", "full"]
+    assert main([*flags, "--seq-len", "65536"]) == 0
+    assert "65,536 tokens is past the 32,768 of the runs it comes from" in capsys.readouterr().out
+    assert main([*flags, "--seq-len", "8192"]) == 0
+    assert "past the" not in capsys.readouterr().out
