@@ -26,13 +26,19 @@ PUBLISHED = "leave-one-source-out on published runs"
 LONGEST_CALIBRATED_SEQ = 32768
 
 
-def long_sequence_caveat(seq_len: int) -> str:
-    """What a prediction at `seq_len` adds to its quoted error: nothing within the calibrated
-    lengths, else that the band does not cover it."""
+def long_sequence_note(seq_len: int) -> str | None:
+    """What a prediction at `seq_len` says beside its quoted error: nothing within the calibrated
+    lengths, else that the band does not cover it (the JSON's `error_band_note`)."""
     if seq_len <= LONGEST_CALIBRATED_SEQ:
-        return ""
-    return (f"; {seq_len:,} tokens is past the {LONGEST_CALIBRATED_SEQ:,} of the runs it comes from: longer runs "
+        return None
+    return (f"{seq_len:,} tokens is past the {LONGEST_CALIBRATED_SEQ:,} of the runs it comes from: longer runs "
             "kept apart ran 8-49 % slower than priced (profiles/runs/unmodelled_runs.csv)")
+
+
+def long_sequence_caveat(seq_len: int) -> str:
+    """long_sequence_note as the summary line's tail: "; " and the note, or nothing."""
+    note = long_sequence_note(seq_len)
+    return f"; {note}" if note else ""
 
 # Devices priced with another chip's fitted values (planner.measure.fit BORROWS) and checked on their
 # own published runs, which no fit reads: those runs' MAPE of step time (docs/results.md's line for

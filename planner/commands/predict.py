@@ -7,7 +7,7 @@ from pathlib import Path
 
 from costmodel.check import check_memory, check_structure
 from costmodel.estimate import estimate
-from costmodel.fidelity import error_band
+from costmodel.fidelity import error_band, long_sequence_note
 from costmodel.inputs import UserError
 from costmodel.plan import PlanFile
 from planner import outputs
@@ -60,7 +60,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.json:
         from costmodel.resilience import checkpoint_cost
         emit_json({"plan": plan.to_dict(), "framework": name_for(cluster.framework), "estimate": est.to_dict(),
-                   "error_band": error_band(cluster)[0],
+                   "error_band": error_band(cluster)[0], "error_band_note": long_sequence_note(train.seq_len),
                     "checkpoint": checkpoint_cost(model, train, cluster.world_size, est.step_time_s,
                                                   est.tokens_per_s, failures_from_args(args)).to_dict(),
                    **({} if cost is None else {"training": cost.to_dict()})})

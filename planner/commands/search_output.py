@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from costmodel.fidelity import error_band
+from costmodel.fidelity import error_band, long_sequence_note
 from costmodel.hardware import ClusterSpec
 from costmodel.specs import ModelSpec, TrainSpec
 from costmodel.units import GIB
@@ -51,7 +51,8 @@ def search_json(o: SearchOutcome) -> dict[str, Any]:
                   for f in result.plans],
         "comparisons": [c.to_dict() for c in o.compared],
         "search": {**result.stats.to_dict(), "framework": o.framework, "equivalent_plans": result.equivalent,
-                   "error_band": result.error_band, "offloaded_because": result.offloaded_because,
+                   "error_band": result.error_band, "error_band_note": long_sequence_note(o.train.seq_len),
+                   "offloaded_because": result.offloaded_because,
                    "rows_proven_to_s": result.rows_proven_to_s,
                    "fastest": None if fastest is None else
                    {"plan": fastest.plan.to_dict(), "estimate": fastest.estimate.to_dict()}},

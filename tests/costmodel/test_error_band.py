@@ -85,3 +85,9 @@ def test_a_prediction_past_the_calibrated_sequence_lengths_says_so(capsys):
     assert "65,536 tokens is past the 32,768 of the runs it comes from" in capsys.readouterr().out
     assert main([*flags, "--seq-len", "8192"]) == 0
     assert "past the" not in capsys.readouterr().out
+    # the JSON says it as error_band_note (null within the calibrated lengths)
+    import json
+    assert main([*flags, "--seq-len", "65536", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["error_band_note"].startswith("65,536 tokens is past the 32,768")
+    assert main([*flags, "--seq-len", "8192", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["error_band_note"] is None
