@@ -35,8 +35,8 @@ def _rates(dev, seq: int, vendor: bool) -> tuple[float, float]:
 @pytest.mark.parametrize("vendor,published", [(True, B200_CUDNN), (False, B200_FLASH2)], ids=["cudnn", "flash2"])
 def test_the_b200_prices_the_published_forward_and_backward(vendor, published):
     """Both kernels' forward and backward rates on a B200 at 16k-64k within 6 % of the benchmark, one
-    published backward ratio (0.79) serving both. One rate for both passes (0.555 of peak, before) priced
-    cuDNN's forward 10-11 % slow and its backward 12-15 % fast."""
+    published backward ratio (0.79) serving both. One rate for both passes, a forward figure's (0.555 of
+    peak), would price cuDNN's forward 10-14 % slow and its backward 10-15 % fast."""
     dev = parse_cluster("1x8xB200").device
     for seq, (forward, backward) in published.items():
         model_forward, model_backward = _rates(dev, seq, vendor)
