@@ -128,11 +128,13 @@ class FrameworkTraits:
     norm_fp32_recomputed: bool = False
 
 
-# float8 under TP and in experts as every framework that publishes float8 runs them (Transformer
-# Engine, torchao): a row of an unknown framework that states either is priced, not refused
+# float8 as every framework that publishes float8 runs runs it (Transformer Engine, torchao under
+# torch.compile): under TP and in experts, so a row of an unknown framework that states either is
+# priced, not refused, and with fused casts (eager torchao's six kernels a cast, 33 bytes an element,
+# price a 175B layout three times slower than any run of it measured)
 GENERIC = FrameworkTraits(name="generic", dp_grad_overlap=True, dp_param_overlap=True,
                           sharded_grads_under_pp=True, zero3_gathers_per_param=False, float8_with_tp=True,
-                          float8_experts=True)
+                          float8_experts=True, float8_casts_fused=True)
 
 # This project's executor: FSDP2 for every ZeRO stage (bucketed overlap of reduce-scatter and
 # prefetched all-gathers, fp32 sharded parameters), DTensor TP without overlap (SP keeping the
