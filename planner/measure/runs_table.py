@@ -44,7 +44,14 @@ OPTIONAL = ("source", "framework", "confidence", "notes", "model", "ffn_hidden",
 # read as -inf %) or means nothing (1e-300 s: +3.7e301 %).
 METRIC_RANGES = {"iteration_time_s": (1e-6, 1e6), "tokens_per_sec_per_gpu": (1e-3, 1e9)}
 _ARXIV_ID = re.compile(r"\b(\d{4})\.(\d{4,5})\b")
-FLASH_ATTENTION_ARXIV_ID = (2205, 14135)  # FlashAttention, Dao et al., arXiv 2205.14135
+# FlashAttention was published in May 2022 (arXiv 2205.14135), but the training frameworks took it up
+# only from December 2022: Megatron-LM's integration (NVIDIA/Megatron-LM#267) was opened 2022-12-09
+# and merged in 2023, BigScience's Megatron-DeepSpeed port (#357, 2022-12-12) was never merged, and
+# DeepSpeed answered a request for it (#2552, 2022-11-25) with "working on it". A run an arXiv paper
+# describes before 2023 trained before any of them had it; from 2023 papers describe runs with it
+# (LLaMA's xformers kernel, 2302.13971; Pythia's FlashAttention, 2304.01373), or state eager
+# (the PyTorch FSDP paper's GPT-175B, 2304.11277: the runs table's `attention` column)
+FLASH_IN_FRAMEWORKS_ARXIV_ID = (2301, 0)
 
 def read_runs(path: Path) -> list[dict[str, str]]:
     return [row for _, row in read_numbered_runs(path)]
@@ -252,13 +259,14 @@ def _imbalance(row: dict[str, str]) -> float:
 
 
 def attention_kernel(row: dict[str, str]) -> AttentionKernel:
-    """A row may say `attention` (flash/flash1/eager). Otherwise runs published before FlashAttention
-    existed (arXiv ids before 2205, May 2022) used materialised-softmax attention."""
+    """A row may say `attention` (flash/flash1/eager). Otherwise runs an arXiv paper published before
+    the training frameworks had FlashAttention (ids before 2301: FLASH_IN_FRAMEWORKS_ARXIV_ID) used
+    materialised-softmax attention."""
     stated = choice_cell(row, "attention", (*(k.value for k in AttentionKernel), FLASH_1), "")
     if stated:
         return AttentionKernel.FLASH if stated == FLASH_1 else AttentionKernel(stated)
     arxiv = _ARXIV_ID.search(row.get("source", ""))
-    if arxiv and (int(arxiv[1]), int(arxiv[2])) < FLASH_ATTENTION_ARXIV_ID:
+    if arxiv and (int(arxiv[1]), int(arxiv[2])) < FLASH_IN_FRAMEWORKS_ARXIV_ID:
         return AttentionKernel.EAGER
     return AttentionKernel.FLASH
 

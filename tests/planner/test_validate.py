@@ -17,6 +17,9 @@ def test_spearman():
 def test_attention_kernel_by_publication():
     assert attention_kernel({"source": "Narayanan et al. (arXiv 2104.04473)"}) == "eager"
     assert attention_kernel({"source": "Korthikanti et al. (arXiv 2205.05198)"}) == "eager"
+    # published after FlashAttention (2205.14135) but trained before the frameworks had it (2301)
+    assert attention_kernel({"source": "a 2022 run (arXiv 2211.01234)"}) == "eager"
+    assert attention_kernel({"source": "Touvron et al. (arXiv 2302.13971)"}) == "flash"
     assert attention_kernel({"source": "Megatron-LM README"}) == "flash"
     assert attention_kernel({"source": "x", "attention": "eager"}) == "eager"
 
