@@ -128,13 +128,15 @@ class FrameworkTraits:
     norm_fp32_recomputed: bool = False
 
 
-# float8 as every framework that publishes float8 runs runs it (Transformer Engine, torchao under
-# torch.compile): under TP and in experts, so a row of an unknown framework that states either is
-# priced, not refused, and with fused casts (eager torchao's six kernels a cast, 33 bytes an element,
-# price a 175B layout three times slower than any run of it measured)
+# Fused kernels for a layer's memory-bound work, so a fused SwiGLU's three saved tensors (gate and up,
+# its output for the down projection's weight gradient; silu(gate) recomputed in its backward), not
+# eager PyTorch's four. float8 as every framework that publishes float8 runs runs it (Transformer
+# Engine, torchao under torch.compile): under TP and in experts, so a row of an unknown framework
+# that states either is priced, not refused, and with fused casts (eager torchao's six kernels a
+# cast, 33 bytes an element, price a 175B layout three times slower than any run of it measured)
 GENERIC = FrameworkTraits(name="generic", dp_grad_overlap=True, dp_param_overlap=True,
                           sharded_grads_under_pp=True, zero3_gathers_per_param=False, float8_with_tp=True,
-                          float8_experts=True, float8_casts_fused=True)
+                          float8_experts=True, float8_casts_fused=True, swiglu_saved_tensors=3)
 
 # This project's executor: FSDP2 for every ZeRO stage (bucketed overlap of reduce-scatter and
 # prefetched all-gathers, fp32 sharded parameters), DTensor TP without overlap (SP keeping the

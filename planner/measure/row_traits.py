@@ -115,10 +115,9 @@ def _compiled(traits: FrameworkTraits, compiled: bool) -> FrameworkTraits:
     (torchtitan's --training.compile). yes: inductor fuses each layer's memory-bound work and the
     float8 casts (`compiled_layer`, `float8_casts_fused`); no: torch's eager layer, its norms, RoPE,
     SwiGLU and casts each their own kernels (`eager_layer`, as fms-fsdp's runs). A compiled
-    SwiGLU keeps what a fused one does (COMPILED_SWIGLU_SAVED)."""
-    # a framework that compiles by default (torchtitan) keeps eager's four where a row ran it eager
-    eager_saved = EAGER_SWIGLU_SAVED if traits.compiled_layer else traits.swiglu_saved_tensors
-    saved = min(traits.swiglu_saved_tensors, COMPILED_SWIGLU_SAVED) if compiled else eager_saved
+    SwiGLU keeps what a fused one does (COMPILED_SWIGLU_SAVED), an eager one eager PyTorch's
+    (EAGER_SWIGLU_SAVED), whatever the framework's own layer keeps."""
+    saved = min(traits.swiglu_saved_tensors, COMPILED_SWIGLU_SAVED) if compiled else EAGER_SWIGLU_SAVED
     return replace(traits, compiled_layer=compiled, eager_layer=not compiled, float8_casts_fused=compiled,
                    swiglu_saved_tensors=saved)
 
