@@ -11,11 +11,12 @@ memory against the rows that state what they used, and the values of a fit on th
 table that sit at a bound of their published range (a mechanism missing: the profiles then
 hold those values inside it, each saying so), and the rows on 1,024 or more GPUs predicted by a
 fit on the smaller runs alone (`leave_scale_out`: the model carried to the scale a planner is used
-for). Last, for each family of rows that differ only in
-their micro-batch count, a micro-batch's cost and what a step adds once, measured and predicted
-(planner.measure.step_split). `--fit` also prints the
+for), and the measured rows priced as a framework the model does not know
+(planner.measure.unknown_framework: what stating the framework is worth). Last, for each family
+of rows that differ only in their micro-batch count, a micro-batch's cost and what a step adds
+once, measured and predicted (planner.measure.step_split). `--fit` also prints the
 per-chip values a fit on the whole table gives (what profiles/*.toml hold, copied by hand).
-About a minute and a half on a 2-core machine.
+About two minutes on a 2-core machine.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from pathlib import Path
 from planner.measure import fit
 from planner.measure.runs_table import default_runs_path, read_runs
 from planner.measure.step_split import step_splits
+from planner.measure.unknown_framework import price_as_unknown, summary_line
 from planner.measure.validate import step_time_error_pct, summarize, validate_row
 
 
@@ -81,6 +83,7 @@ def main() -> None:
               f"every cell that sets it: MAPE {in_sample['memory_mape_pct']:.1f}%  mean "
               f"{in_sample['memory_mean_error_pct']:+.1f}% (- predicted too small): "
               + ", ".join(f"{i} {e:+.0f}%" for i, e in memory))
+    print(summary_line(price_as_unknown(rows, results)))
     problems = in_sample["profile_problems"]
     print(f"fitted values outside their published ranges or at a bound: {len(problems)}"
           + "".join(f"\n  {p}" for p in problems))

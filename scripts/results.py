@@ -6,7 +6,8 @@ Each check calls what its benchmark calls, or runs the benchmark and reads its p
 - accuracy in sample: `planner.measure.validate.validate` (what `python3 -m planner validate --json` prints);
 - accuracy on sources left out of the fit: `planner.measure.fit.fill_rows` and `leave_one_source_out`,
   and at scale, `leave_scale_out` (what `python3 benchmarks/fidelity.py` prints), and its families split per micro-batch and per step
-  (`planner.measure.step_split`);
+  (`planner.measure.step_split`), and its rows priced as a framework the model does not know
+  (`planner.measure.unknown_framework`);
 - one GPU: `benchmarks/gpu_check.py`'s `replay` of the stored H100 and H200 runs (no GPU needed);
 - search speed: `benchmarks/search_speed.py`'s `run`, case by case;
 - simulator speed: `python3 benchmarks/simulate_speed.py`, its printed lines;
@@ -132,6 +133,7 @@ def measure_accuracy(clock: Clock) -> dict:
     from planner.measure import fit
     from planner.measure.runs_table import default_runs_path, read_runs, row_specs
     from planner.measure.step_split import step_splits
+    from planner.measure.unknown_framework import price_as_unknown
     from planner.measure.validate import step_time_error_pct, validate
     path = default_runs_path()
     csv_rows = read_runs(path)
@@ -150,11 +152,13 @@ def measure_accuracy(clock: Clock) -> dict:
     scaled = fit.scale_out_summary(filled, progress=clock.tick)
     rows = [_row(res, row, loso.get(res.id), step_time_error_pct, fit.source_group(row["source"]))
             for res, row in zip(results, csv_rows)]
+    clock.tick(f"accuracy, frameworks unknown: every measured row priced with generic traits ({CMD_FIDELITY})")
+    unknown = price_as_unknown(csv_rows, results).to_dict()
     splits = [{"label": f.label, "micro_batches": f.micro_batches, "per_micro_batch_s": f.measured_per_micro_batch_s,
                "per_micro_batch_error_pct": f.per_micro_batch_error_pct, "per_step_s": f.measured_per_step_s,
                "per_step_error_s": f.per_step_error_s} for f in step_splits(csv_rows, results)]
     return {"rows": rows, "summary": summary, "left_out": fit.summary(list(loso.values())),
-            "scale_out": scaled,
+            "scale_out": scaled, "unknown_framework": unknown,
             "num_sources": len({r.source for r in filled}), "coverage": fit.coverage(filled),
             "splits": splits, "unmodelled": measure_unmodelled(clock)}
 

@@ -112,6 +112,7 @@ def accuracy_section(acc: dict, gpus: dict, band: float, meta: dict) -> str:
         f"| published runs, each source left out of the fit ({acc['num_sources']} sources; step time) | {lo['n']} | "
         f"{lo['mape_pct']:.1f} | {lo['max_abs_error_pct']:.1f} | | `{CMD_FIDELITY}` |",
         *scale_out_row(acc.get("scale_out")),
+        *unknown_framework_row(acc.get("unknown_framework")),
         *(line for name, gpu in gpus.items() for line in (
             f"| one {name}, stored runs priced by this code: step time | {gpu['n']} | {gpu['step_mape_pct']:.1f} | "
             f"{gpu['step_max_pct']:.1f} | | `{GPU_RUNS[name][2]}` |",
@@ -150,6 +151,18 @@ def scale_out_row(scaled: dict | None) -> list[str]:
             f"alone (step time; mean {scaled['mean_error_pct']:+.1f} %, + too slow; the same runs in sample: "
             f"{seen['mape_pct']:.1f} / {seen['max_abs_error_pct']:.1f} %) | {scaled['n']} | {scaled['mape_pct']:.1f} | "
             f"{scaled['max_abs_error_pct']:.1f} | | `{CMD_FIDELITY}` |"]
+
+
+def unknown_framework_row(unknown: dict | None) -> list[str]:
+    """The accuracy table's row for the measured runs priced as a framework the model does not
+    know (planner.measure.unknown_framework), with each framework's signed mean."""
+    if not unknown or not unknown["n"]:
+        return []
+    means = ", ".join(f"{k} {v:+.1f} %" for k, v in unknown["mean_error_by_framework_pct"].items())
+    return [f"| published runs priced as a framework the model does not know (generic traits; step time; "
+            f"{unknown['refused']} refused: their columns state a setting only their framework has; mean by the "
+            f"framework that ran them, + too slow: {means}) | {unknown['n']} | {unknown['mape_pct']:.1f} | "
+            f"{unknown['max_abs_error_pct']:.1f} | | `{CMD_FIDELITY}` |"]
 
 
 def split_lines(splits: list[dict]) -> list[str]:

@@ -87,6 +87,14 @@ def test_the_accuracy_section_shows_the_runs_at_scale_predicted_by_the_smaller_o
     assert "1,024 or more" not in RESULTS["accuracy_section"](_accuracy(), {}, 0.035, META)
 
 
+def test_the_accuracy_section_shows_the_runs_priced_as_an_unknown_framework_s():
+    unknown = {"n": 232, "refused": 36, "mape_pct": 23.4, "max_abs_error_pct": 200.4,
+               "mean_error_by_framework_pct": {"megatron-core": 35.2, "torchtitan": -4.7}}
+    text = RESULTS["accuracy_section"]({**_accuracy(), "unknown_framework": unknown}, {}, 0.035, META)
+    assert "does not know" in text and "| 232 | 23.4 | 200.4 |" in text and "megatron-core +35.2 %" in text
+    assert "does not know" not in RESULTS["accuracy_section"](_accuracy(), {}, 0.035, META)
+
+
 def test_the_claims_section_lists_the_rows_the_search_claims_most_over():
     claims = RESULTS["parse_claims"](
         "tt_405b                     54,527      100,474 +84.3%  +84.3%     3   True  dp128 tp4+sp pp1 z3\n"
