@@ -172,7 +172,8 @@ def validate_table(results: Sequence[Any], summary: dict[str, Any]) -> str:
         named = ", ".join(f"{name or '(unstated)'} ({n} row{'s' if n > 1 else ''})"
                           for name, n in s["generic_frameworks"].items())
         text += (f"\npriced with generic traits (a framework the model does not know): {named}; known: "
-                 + ", ".join(sorted(FRAMEWORKS)))
+                 + ", ".join(sorted(FRAMEWORKS)) + " (how far generic traits price the calibration table's runs "
+                 "from their own frameworks': docs/results.md, python3 benchmarks/fidelity.py)")
     if s.get("profile_problems"):
         text += ("\nfitted values against their published ranges (profiles' [ranges]; each a mechanism the fit "
                  "hides):\n" + "\n".join(f"  {p}" for p in s["profile_problems"]))

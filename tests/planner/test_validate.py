@@ -186,6 +186,7 @@ def test_the_rows_priced_with_generic_traits_are_said(tmp_path):
     text = validate_table(results, summary)
     assert "priced with generic traits (a framework the model does not know): some-new-trainer (2 rows), " \
            "(unstated) (1 row); known: " in text and "megatron-lm" in text.rsplit("known:", 1)[1]
+    assert "benchmarks/fidelity.py" in text.rsplit("known:", 1)[1]   # where what generic traits cost is measured
 
 
 def test_a_stated_node_network_replaces_the_profiles_between_nodes():
