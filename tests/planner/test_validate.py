@@ -351,8 +351,9 @@ def test_an_unknown_framework_s_float8_run_is_priced_faster_than_its_bf16_run():
     against 0.68). With eager torchao's casts (six kernels, 33 bytes an element, every weight cast
     each micro-batch) its float8 step was priced 1.8x its bf16 step."""
     import csv
-    from planner.measure.validate import validate_row
+
     from planner.measure.runs_table import default_runs_path
+    from planner.measure.validate import validate_row
     with open(default_runs_path()) as f:
         row = next(r for r in csv.DictReader(f) if r["id"] == "mlperf31_gpt3_h100_eos_512")
     unknown = {**row, "framework": "some-new-trainer"}
