@@ -21,6 +21,7 @@ from costmodel.schedules import Schedule
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.exports import deepspeed, megatron, torchtitan
 from planner.measure.cells import choice_cell, flag_cell, int_cell
+from planner.measure.runs_table import SELECTIVE_AND_SP_ARXIV_ID, published_before
 from planner.search import SearchOptions, search
 from planner.space import Choice, build_plan, divisors
 
@@ -29,8 +30,11 @@ MAX_MICRO_BATCH = 16   # an unstated micro_batch is filled from the divisors of 
 
 def _options(row: dict[str, str], model: ModelSpec, tp: int, pp: int, dp: int,
              global_batch: int) -> tuple[dict[str, list[Any]], set[str]]:
-    """Candidate values for every fillable field: the stated one, or all sensible ones."""
+    """Candidate values for every fillable field: the stated one, or all sensible ones; for a run
+    a paper describes before selective recomputation and sequence parallelism existed
+    (SELECTIVE_AND_SP_ARXIV_ID), neither."""
     stated_sp = (row.get("sp") or "").strip()
+    older = published_before(row, SELECTIVE_AND_SP_ARXIV_ID)
     rc = choice_cell(row, "recompute", tuple(r.value for r in Recompute), "")
     if global_batch % dp:
         raise UserError(f"row {row['id']!r}: global_batch {global_batch} does not split over dp = {dp} "
@@ -39,9 +43,9 @@ def _options(row: dict[str, str], model: ModelSpec, tp: int, pp: int, dp: int,
     opts = {
         "micro_batch": [int_cell(row, "micro_batch")] if row.get("micro_batch", "").strip()
         else [d for d in divisors(per_replica) if d <= MAX_MICRO_BATCH],
-        "recompute": [Recompute(rc)] if rc else list(Recompute),
+        "recompute": [Recompute(rc)] if rc else [r for r in Recompute if not (older and r is Recompute.SELECTIVE)],
         "vpp": _vpp_options(row, model, pp),
-        "sp": [flag_cell(row, "sp", False)] if stated_sp else ([False, True] if tp > 1 else [False]),
+        "sp": [flag_cell(row, "sp", False)] if stated_sp else ([False, True] if tp > 1 and not older else [False]),
         "zero_stage": [int_cell(row, "zero_stage", low=0, high=3)] if row.get("zero_stage", "").strip()
         else sorted(_framework_zero_stages(row, pp)),
     }
@@ -122,7 +126,8 @@ def best_plan_for_row(row: dict[str, str], model: ModelSpec, train: TrainSpec, c
         raise UserError(f"row {row['id']!r}: {problem}")
     deadline = time.perf_counter() + time_limit_s
     opts, fillable = _options(row, model, tp, pp, dp, train.global_batch_size)
-    stated = {SEARCH_FIELDS[k]: v[0] for k, v in opts.items() if k not in fillable}
+    # stated, and an unstated sp with one option left (a run from before sequence parallelism)
+    stated = {SEARCH_FIELDS[k]: v[0] for k, v in opts.items() if k not in fillable or (k == "sp" and len(v) == 1)}
     # a ZeRO stage left unstated is searched among those the framework runs: one search each
     # where that is not every stage (the search's own ZeRO choice knows no framework)
     zeros = [{}] if set(opts["zero_stage"]) == ZERO_STAGES or "zero_stage" not in fillable else \

@@ -52,6 +52,9 @@ _ARXIV_ID = re.compile(r"\b(\d{4})\.(\d{4,5})\b")
 # (LLaMA's xformers kernel, 2302.13971; Pythia's FlashAttention, 2304.01373), or state eager
 # (the PyTorch FSDP paper's GPT-175B, 2304.11277: the runs table's `attention` column)
 FLASH_IN_FRAMEWORKS_ARXIV_ID = (2301, 0)
+# Selective recomputation and sequence parallelism came with Korthikanti et al. (arXiv 2205.05198)
+# and Megatron-LM's release of them; a run a paper describes before it had neither mode
+SELECTIVE_AND_SP_ARXIV_ID = (2205, 5198)
 
 def read_runs(path: Path) -> list[dict[str, str]]:
     return [row for _, row in read_numbered_runs(path)]
@@ -265,10 +268,14 @@ def attention_kernel(row: dict[str, str]) -> AttentionKernel:
     stated = choice_cell(row, "attention", (*(k.value for k in AttentionKernel), FLASH_1), "")
     if stated:
         return AttentionKernel.FLASH if stated == FLASH_1 else AttentionKernel(stated)
+    return AttentionKernel.EAGER if published_before(row, FLASH_IN_FRAMEWORKS_ARXIV_ID) else AttentionKernel.FLASH
+
+
+def published_before(row: dict[str, str], arxiv_id: tuple[int, int]) -> bool:
+    """Whether the row's source names an arXiv paper older than `arxiv_id` (yymm, number): a run
+    that paper describes trained before what appeared there or later."""
     arxiv = _ARXIV_ID.search(row.get("source", ""))
-    if arxiv and (int(arxiv[1]), int(arxiv[2])) < FLASH_IN_FRAMEWORKS_ARXIV_ID:
-        return AttentionKernel.EAGER
-    return AttentionKernel.FLASH
+    return bool(arxiv) and (int(arxiv[1]), int(arxiv[2])) < arxiv_id
 
 
 def metric_step_time_s(row: dict[str, str], value: float) -> float:

@@ -24,6 +24,22 @@ def test_attention_kernel_by_publication():
     assert attention_kernel({"source": "x", "attention": "eager"}) == "eager"
 
 
+def test_a_run_from_before_selective_recomputation_and_sp_is_filled_without_them():
+    """Selective recomputation and sequence parallelism came with Korthikanti et al. (arXiv
+    2205.05198): a run a 2021 paper describes, its recompute and sp unstated, is filled with
+    full recomputation or none and no SP (the planner's best choice today is selective with SP,
+    priced about a quarter faster); the same row from a 2023 paper keeps every mode."""
+    from planner.measure.validate import validate_row
+    row = dict(id="x", source="a 2021 run (arXiv 2112.01234)", framework="megatron-lm", arch="gpt", layers="96",
+               hidden="12288", ffn_hidden="", heads="96", kv_heads="", vocab="51200", seq_len="2048",
+               gpu="A100-SXM4-80GB", num_gpus="512", gpus_per_node="8", tp="8", pp="8", dp="8", vpp="", sp="",
+               cp="1", zero_stage="0", recompute="", micro_batch="1", global_batch="512", precision="fp16",
+               metric_name="iteration_time_s", metric_value="10")
+    old, new = validate_row(row), validate_row({**row, "source": "a 2023 run (arXiv 2305.01234)"})
+    assert old.filled["recompute"] in ("none", "full") and old.filled["sp"] is False and old.fits
+    assert new.filled["sp"] is True
+
+
 def test_oom_rows_and_filled_cells(tmp_path):
     """A 70B GPT on 8 GPUs, no sharding: predicted not to fit, so the OOM row is right; the empty
     micro_batch and recompute cells are filled and reported as the planner's choice."""
