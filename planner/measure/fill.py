@@ -13,7 +13,7 @@ from typing import Any
 
 from costmodel.check import check_plan, world_problem
 from costmodel.estimate import Estimate, estimate
-from costmodel.frameworks import framework_traits
+from costmodel.frameworks import FrameworkTraits, framework_traits
 from costmodel.hardware import ClusterSpec
 from costmodel.inputs import UserError
 from costmodel.plan import Plan, Recompute, virtual_stage_options
@@ -86,7 +86,7 @@ def _vpp_options(row: dict[str, str], model: ModelSpec, pp: int) -> list[int]:
     """The stated V; `interleaved` (V unstated): every V >= 2 that splits the layers into equal
     chunks, with or without the embedding and the loss counted (what the published runs' Megatron
     versions ran; an explicit layout came later); empty (the schedule unstated too): those and 1."""
-    empty_ends = framework_traits((row.get("framework") or "").strip() or None).empty_end_stages
+    empty_ends = _row_framework(row).empty_end_stages
     interleavings = virtual_stage_options(model.num_layers, pp, empty_ends)
     if _says_interleaved(row):
         if not interleavings:
@@ -95,7 +95,17 @@ def _vpp_options(row: dict[str, str], model: ModelSpec, pp: int) -> list[int]:
         return interleavings
     if (row.get("vpp") or "").strip():
         return [int_cell(row, "vpp")]
-    return [1] + interleavings
+    return [1] + ([] if _one_f_one_b_only(row) else interleavings)
+
+
+def _row_framework(row: dict[str, str]) -> FrameworkTraits:
+    return framework_traits((row.get("framework") or "").strip() or None)
+
+
+def _one_f_one_b_only(row: dict[str, str]) -> bool:
+    """Whether the row's framework pipelines with DeepSpeed's PipelineEngine (`pipe_engine_sends`),
+    which runs one 1F1B-style schedule with one stage per rank (planner.exports.deepspeed)."""
+    return _row_framework(row).pipe_engine_sends
 
 
 # What the published frameworks' pipelines run: 1F1B, or interleaved 1F1B with virtual stages
@@ -104,8 +114,11 @@ PUBLISHED_SCHEDULES = frozenset({Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED})
 
 
 def _schedules(row: dict[str, str]) -> frozenset[Schedule]:
-    """The schedules the row's pipeline may have run: interleaved 1F1B alone where it says so."""
-    return frozenset({Schedule.INTERLEAVED}) if _says_interleaved(row) else PUBLISHED_SCHEDULES
+    """The schedules the row's pipeline may have run: interleaved 1F1B alone where it says so,
+    1F1B alone under DeepSpeed's PipelineEngine where it does not."""
+    if _says_interleaved(row):
+        return frozenset({Schedule.INTERLEAVED})
+    return frozenset({Schedule.ONE_F_ONE_B}) if _one_f_one_b_only(row) else PUBLISHED_SCHEDULES
 
 
 SEARCH_FIELDS = {"micro_batch": "micro_batch_size", "recompute": "recompute", "vpp": "vpp",

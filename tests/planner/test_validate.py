@@ -40,6 +40,22 @@ def test_a_run_from_before_selective_recomputation_and_sp_is_filled_without_them
     assert new.filled["sp"] is True
 
 
+def test_an_unstated_vpp_under_deepspeed_s_pipeline_engine_is_filled_with_its_1f1b():
+    """DeepSpeed's PipelineEngine runs one 1F1B schedule, one stage per rank
+    (planner.exports.deepspeed): a Megatron-DeepSpeed or DeepSpeed row that leaves vpp empty is
+    filled with 1F1B, where a Megatron-LM row of the same layout fills interleaving (a GPT-3 175B
+    layout, TP 8 x PP 8 on 512 A100s: Megatron-DeepSpeed's was filled V = 2 and priced 2.4 % fast)."""
+    from planner.measure.validate import validate_row
+    row = dict(id="x", source="x", framework="megatron-lm", arch="gpt", layers="96", hidden="12288", ffn_hidden="",
+               heads="96", kv_heads="", vocab="51200", seq_len="2048", gpu="A100-SXM4-80GB", num_gpus="512",
+               gpus_per_node="8", tp="8", pp="8", dp="8", vpp="", sp="no", cp="1", zero_stage="1", recompute="full",
+               micro_batch="1", global_batch="512", precision="bf16", metric_name="iteration_time_s", metric_value="60")
+    assert validate_row(row).filled["vpp"] > 1
+    for framework in ("megatron-deepspeed", "deepspeed"):
+        res = validate_row({**row, "framework": framework})
+        assert res.filled["vpp"] == 1 and str(res.plan.schedule) == "1f1b"
+
+
 def test_oom_rows_and_filled_cells(tmp_path):
     """A 70B GPT on 8 GPUs, no sharding: predicted not to fit, so the OOM row is right; the empty
     micro_batch and recompute cells are filled and reported as the planner's choice."""
