@@ -28,13 +28,22 @@ from planner.space import Choice, build_plan, divisors
 MAX_MICRO_BATCH = 16   # an unstated micro_batch is filled from the divisors of a replica's batch up to this
 
 
+# Frameworks whose activation checkpointing wraps whole layers (DeepSpeed's engine over a Hugging
+# Face-style model, PyTorch FSDP's checkpoint wrapper in llm-foundry, fms-fsdp and the FSDP paper's
+# runs) and whose tensor parallelism, where they have one, has no sequence parallelism (DeepSpeed's
+# AutoTP: planner.exports.deepspeed): neither Megatron's selective recomputation nor its SP
+_WHOLE_LAYER_CHECKPOINTING = frozenset({"deepspeed", "composer-fsdp", "fms-fsdp", "pytorch-fsdp"})
+
+
 def _options(row: dict[str, str], model: ModelSpec, tp: int, pp: int, dp: int,
              global_batch: int) -> tuple[dict[str, list[Any]], set[str]]:
-    """Candidate values for every fillable field: the stated one, or all sensible ones; for a run
-    a paper describes before selective recomputation and sequence parallelism existed
-    (SELECTIVE_AND_SP_ARXIV_ID), neither."""
+    """Candidate values for every fillable field: the stated one, or all sensible ones; neither
+    selective recomputation nor sequence parallelism for a run a paper describes before they
+    existed (SELECTIVE_AND_SP_ARXIV_ID) or for a framework that has neither
+    (_WHOLE_LAYER_CHECKPOINTING)."""
     stated_sp = (row.get("sp") or "").strip()
-    older = published_before(row, SELECTIVE_AND_SP_ARXIV_ID)
+    without_megatron_modes = (published_before(row, SELECTIVE_AND_SP_ARXIV_ID)
+                              or (row.get("framework") or "").strip().lower() in _WHOLE_LAYER_CHECKPOINTING)
     rc = choice_cell(row, "recompute", tuple(r.value for r in Recompute), "")
     if global_batch % dp:
         raise UserError(f"row {row['id']!r}: global_batch {global_batch} does not split over dp = {dp} "
@@ -43,9 +52,11 @@ def _options(row: dict[str, str], model: ModelSpec, tp: int, pp: int, dp: int,
     opts = {
         "micro_batch": [int_cell(row, "micro_batch")] if row.get("micro_batch", "").strip()
         else [d for d in divisors(per_replica) if d <= MAX_MICRO_BATCH],
-        "recompute": [Recompute(rc)] if rc else [r for r in Recompute if not (older and r is Recompute.SELECTIVE)],
+        "recompute": [Recompute(rc)] if rc else [r for r in Recompute
+                                                  if not (without_megatron_modes and r is Recompute.SELECTIVE)],
         "vpp": _vpp_options(row, model, pp),
-        "sp": [flag_cell(row, "sp", False)] if stated_sp else ([False, True] if tp > 1 and not older else [False]),
+        "sp": [flag_cell(row, "sp", False)] if stated_sp
+        else ([False, True] if tp > 1 and not without_megatron_modes else [False]),
         "zero_stage": [int_cell(row, "zero_stage", low=0, high=3)] if row.get("zero_stage", "").strip()
         else sorted(_framework_zero_stages(row, pp)),
     }

@@ -56,6 +56,23 @@ def test_an_unstated_vpp_under_deepspeed_s_pipeline_engine_is_filled_with_its_1f
         assert res.filled["vpp"] == 1 and str(res.plan.schedule) == "1f1b"
 
 
+def test_a_framework_without_megatron_s_modes_is_filled_without_them():
+    """DeepSpeed's AutoTP has no sequence parallelism and its engine checkpoints whole layers
+    (planner.exports.deepspeed); so do PyTorch FSDP's checkpoint wrappers: a `deepspeed` row that
+    leaves recompute and sp empty is filled without SP or selective recomputation, where a
+    Megatron-LM row of the same layout fills SP."""
+    from planner.measure.validate import validate_row
+    row = dict(id="x", source="x", framework="megatron-lm", arch="llama", layers="80", hidden="8192",
+               ffn_hidden="28672", heads="64", kv_heads="8", vocab="32000", seq_len="4096", gpu="A100-SXM4-80GB",
+               num_gpus="64", gpus_per_node="8", tp="8", pp="1", dp="8", vpp="", sp="", cp="1", zero_stage="1",
+               recompute="", micro_batch="1", global_batch="256", precision="bf16", metric_name="iteration_time_s",
+               metric_value="60")
+    assert validate_row(row).filled["sp"] is True
+    for framework in ("deepspeed", "pytorch-fsdp"):
+        filled = validate_row({**row, "framework": framework}).filled
+        assert filled["sp"] is False and filled["recompute"] != "selective"
+
+
 def test_oom_rows_and_filled_cells(tmp_path):
     """A 70B GPT on 8 GPUs, no sharding: predicted not to fit, so the OOM row is right; the empty
     micro_batch and recompute cells are filled and reported as the planner's choice."""
