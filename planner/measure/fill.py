@@ -68,7 +68,10 @@ ZERO_STAGES = frozenset({0, 1, 2, 3})
 # The export target whose ZeRO rules a row's framework follows (planner.exports: ZERO_STAGES,
 # ZERO_STAGES_WITH_PP); Megatron-DeepSpeed pipelines with DeepSpeed's PipelineEngine.
 _RULES_OF = {"megatron-core": megatron, "deepspeed": deepspeed, "megatron-deepspeed": deepspeed,
-             "torchtitan": torchtitan}
+             "torchtitan": torchtitan,
+             # PyTorch FSDP's sharding strategies (NO_SHARD, SHARD_GRAD_OP, FULL_SHARD), torchtitan's
+             # FSDP2's: no ZeRO-1
+             "composer-fsdp": torchtitan, "fms-fsdp": torchtitan, "pytorch-fsdp": torchtitan}
 # Megatron-LM before Megatron-Core: its distributed optimizer (ZeRO-1) alone, no FSDP
 _MEGATRON_LM_ZERO_STAGES = frozenset({0, 1})
 

@@ -128,6 +128,16 @@ def test_an_unstated_zero_stage_is_filled_with_one_the_framework_runs(tmp_path):
     assert filled["megatron-core"] == filled["megatron-deepspeed"] == (1, False)
 
 
+def test_an_unstated_zero_stage_of_a_pytorch_fsdp_run_is_one_of_fsdp_s_strategies(tmp_path):
+    """PyTorch FSDP shards everything, gradients and states, or nothing (FULL_SHARD,
+    SHARD_GRAD_OP, NO_SHARD): a `pytorch-fsdp`, `fms-fsdp` or `composer-fsdp` row that leaves its
+    stage empty is filled with 0, 2 or 3, never ZeRO-1, as torchtitan's FSDP2."""
+    from planner.measure.fill import _framework_zero_stages
+    for framework in ("pytorch-fsdp", "fms-fsdp", "composer-fsdp", "torchtitan"):
+        assert _framework_zero_stages({"framework": framework}, pp=1) == frozenset({0, 2, 3})
+    assert 1 in _framework_zero_stages({"framework": "megatron-core"}, pp=1)
+
+
 GOOD = "ok,x,gpt,24,2048,,16,16,51200,2048,A100-SXM4-80GB,8,8,1,1,8,,,1,1,,,64,bf16,iteration_time_s,1.0\n"
 
 
