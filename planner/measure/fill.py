@@ -33,6 +33,8 @@ MAX_MICRO_BATCH = 16   # an unstated micro_batch is filled from the divisors of 
 # runs) and whose tensor parallelism, where they have one, has no sequence parallelism (DeepSpeed's
 # AutoTP: planner.exports.deepspeed): neither Megatron's selective recomputation nor its SP
 _WHOLE_LAYER_CHECKPOINTING = frozenset({"deepspeed", "composer-fsdp", "fms-fsdp", "pytorch-fsdp"})
+# torchtitan's tensor parallelism always shards the norms' sequence (planner.exports.torchtitan)
+_TP_WITH_SP = frozenset({"torchtitan"})
 
 
 def _options(row: dict[str, str], model: ModelSpec, tp: int, pp: int, dp: int,
@@ -40,10 +42,12 @@ def _options(row: dict[str, str], model: ModelSpec, tp: int, pp: int, dp: int,
     """Candidate values for every fillable field: the stated one, or all sensible ones; neither
     selective recomputation nor sequence parallelism for a run a paper describes before they
     existed (SELECTIVE_AND_SP_ARXIV_ID) or for a framework that has neither
-    (_WHOLE_LAYER_CHECKPOINTING)."""
+    (_WHOLE_LAYER_CHECKPOINTING); sequence parallelism alone where the framework's TP has it
+    always (_TP_WITH_SP)."""
     stated_sp = (row.get("sp") or "").strip()
-    without_megatron_modes = (published_before(row, SELECTIVE_AND_SP_ARXIV_ID)
-                              or (row.get("framework") or "").strip().lower() in _WHOLE_LAYER_CHECKPOINTING)
+    name = (row.get("framework") or "").strip().lower()
+    without_megatron_modes = published_before(row, SELECTIVE_AND_SP_ARXIV_ID) or name in _WHOLE_LAYER_CHECKPOINTING
+    sp_options = [False] if tp == 1 or without_megatron_modes else [True] if name in _TP_WITH_SP else [False, True]
     rc = choice_cell(row, "recompute", tuple(r.value for r in Recompute), "")
     if global_batch % dp:
         raise UserError(f"row {row['id']!r}: global_batch {global_batch} does not split over dp = {dp} "
@@ -55,8 +59,7 @@ def _options(row: dict[str, str], model: ModelSpec, tp: int, pp: int, dp: int,
         "recompute": [Recompute(rc)] if rc else [r for r in Recompute
                                                   if not (without_megatron_modes and r is Recompute.SELECTIVE)],
         "vpp": _vpp_options(row, model, pp),
-        "sp": [flag_cell(row, "sp", False)] if stated_sp
-        else ([False, True] if tp > 1 and not without_megatron_modes else [False]),
+        "sp": [flag_cell(row, "sp", False)] if stated_sp else sp_options,
         "zero_stage": [int_cell(row, "zero_stage", low=0, high=3)] if row.get("zero_stage", "").strip()
         else sorted(_framework_zero_stages(row, pp)),
     }
@@ -153,7 +156,7 @@ def best_plan_for_row(row: dict[str, str], model: ModelSpec, train: TrainSpec, c
         raise UserError(f"row {row['id']!r}: {problem}")
     deadline = time.perf_counter() + time_limit_s
     opts, fillable = _options(row, model, tp, pp, dp, train.global_batch_size)
-    # stated, and an unstated sp with one option left (a run from before sequence parallelism)
+    # stated, and an unstated sp with one option left (a run or a framework without SP, or whose TP has it always)
     stated = {SEARCH_FIELDS[k]: v[0] for k, v in opts.items() if k not in fillable or (k == "sp" and len(v) == 1)}
     # a ZeRO stage left unstated is searched among those the framework runs: one search each
     # where that is not every stage (the search's own ZeRO choice knows no framework)

@@ -73,6 +73,18 @@ def test_a_framework_without_megatron_s_modes_is_filled_without_them():
         assert filled["sp"] is False and filled["recompute"] != "selective"
 
 
+def test_torchtitan_s_tensor_parallelism_is_filled_with_sp_as_it_always_runs():
+    """torchtitan's TP shards the norms' sequence whatever else it does (planner.exports.torchtitan):
+    an empty sp of a torchtitan row at TP > 1 is filled yes, even where no SP would price faster."""
+    from costmodel.registry import MODELS
+    from planner.measure.fill import _options
+    row = {"id": "x", "framework": "torchtitan", "sp": "", "recompute": "full", "micro_batch": "1", "vpp": "",
+           "zero_stage": "3"}
+    opts, fillable = _options(row, MODELS["llama3-70b"], tp=8, pp=1, dp=8, global_batch=64)
+    assert opts["sp"] == [True] and "sp" in fillable
+    assert _options({**row, "framework": "megatron-core"}, MODELS["llama3-70b"], 8, 1, 8, 64)[0]["sp"] == [False, True]
+
+
 def test_oom_rows_and_filled_cells(tmp_path):
     """A 70B GPT on 8 GPUs, no sharding: predicted not to fit, so the OOM row is right; the empty
     micro_batch and recompute cells are filled and reported as the planner's choice."""
