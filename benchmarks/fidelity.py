@@ -83,7 +83,7 @@ def main() -> None:
               f"every cell that sets it: MAPE {in_sample['memory_mape_pct']:.1f}%  mean "
               f"{in_sample['memory_mean_error_pct']:+.1f}% (- predicted too small): "
               + ", ".join(f"{i} {e:+.0f}%" for i, e in memory))
-    print(summary_line(price_as_unknown(rows, results)))
+    print(summary_line(price_as_unknown(rows)))
     problems = in_sample["profile_problems"]
     print(f"fitted values outside their published ranges or at a bound: {len(problems)}"
           + "".join(f"\n  {p}" for p in problems))

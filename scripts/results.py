@@ -153,7 +153,7 @@ def measure_accuracy(clock: Clock) -> dict:
     rows = [_row(res, row, loso.get(res.id), step_time_error_pct, fit.source_group(row["source"]))
             for res, row in zip(results, csv_rows)]
     clock.tick(f"accuracy, frameworks unknown: every measured row priced with generic traits ({CMD_FIDELITY})")
-    unknown = price_as_unknown(csv_rows, results).to_dict()
+    unknown = price_as_unknown(csv_rows).to_dict()
     splits = [{"label": f.label, "micro_batches": f.micro_batches, "per_micro_batch_s": f.measured_per_micro_batch_s,
                "per_micro_batch_error_pct": f.per_micro_batch_error_pct, "per_step_s": f.measured_per_step_s,
                "per_step_error_s": f.per_step_error_s} for f in step_splits(csv_rows, results)]

@@ -44,17 +44,17 @@ OPTIONAL = ("source", "framework", "confidence", "notes", "model", "ffn_hidden",
 # read as -inf %) or means nothing (1e-300 s: +3.7e301 %).
 METRIC_RANGES = {"iteration_time_s": (1e-6, 1e6), "tokens_per_sec_per_gpu": (1e-3, 1e9)}
 _ARXIV_ID = re.compile(r"\b(\d{4})\.(\d{4,5})\b")
-# FlashAttention was published in May 2022 (arXiv 2205.14135), but the training frameworks took it up
-# only from December 2022: Megatron-LM's integration (NVIDIA/Megatron-LM#267) was opened 2022-12-09
-# and merged in 2023, BigScience's Megatron-DeepSpeed port (#357, 2022-12-12) was never merged, and
-# DeepSpeed answered a request for it (#2552, 2022-11-25) with "working on it". A run an arXiv paper
-# describes before 2023 trained before any of them had it; from 2023 papers describe runs with it
-# (LLaMA's xformers kernel, 2302.13971; Pythia's FlashAttention, 2304.01373), or state eager
-# (the PyTorch FSDP paper's GPT-175B, 2304.11277: the runs table's `attention` column)
+# FlashAttention (arXiv 2205.14135) reached the training frameworks only at the end of 2022
+# (Megatron-LM's integration, NVIDIA/Megatron-LM#267; BigScience's Megatron-DeepSpeed port #357,
+# never merged; DeepSpeed's request #2552, still open then): a run an arXiv paper describes before
+# 2023 trained without it. Papers from 2023 on describe runs with a fused kernel (LLaMA's xformers
+# kernel, 2302.13971; Pythia's FlashAttention, 2304.01373) or state eager (the PyTorch FSDP paper's
+# GPT-175B, 2304.11277: the runs table's `attention` column)
 FLASH_IN_FRAMEWORKS_ARXIV_ID = (2301, 0)
 # Selective recomputation and sequence parallelism came with Korthikanti et al. (arXiv 2205.05198)
 # and Megatron-LM's release of them; a run a paper describes before it had neither mode
 SELECTIVE_AND_SP_ARXIV_ID = (2205, 5198)
+
 
 def read_runs(path: Path) -> list[dict[str, str]]:
     return [row for _, row in read_numbered_runs(path)]

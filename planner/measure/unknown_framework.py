@@ -16,7 +16,7 @@ import statistics
 from dataclasses import dataclass
 
 from costmodel.inputs import UserError
-from planner.measure.validate import RowResult, step_time_error_pct, validate_row
+from planner.measure.validate import step_time_error_pct, validate_row
 
 UNKNOWN_FRAMEWORK = "a-framework-the-model-does-not-know"
 
@@ -35,13 +35,13 @@ class GenericPricing:
                 "mean_error_by_framework_pct": self.mean_error_by_framework_pct}
 
 
-def price_as_unknown(rows: list[dict[str, str]], results: list[RowResult]) -> GenericPricing:
-    """The measured rows (those `results`, their own validation, timed) priced again under a
-    framework the model does not know."""
+def price_as_unknown(rows: list[dict[str, str]]) -> GenericPricing:
+    """The measured rows (not the `status` ones) priced again under a framework the model does
+    not know."""
     by_framework: dict[str, list[float]] = {}
     refused = 0
-    for row, own in zip(rows, results):
-        if own.error_pct is None:
+    for row in rows:
+        if row["metric_name"].strip() == "status":
             continue
         try:
             res = validate_row({**row, "framework": UNKNOWN_FRAMEWORK})

@@ -23,7 +23,7 @@ def test_rows_are_priced_with_generic_traits_and_a_framework_s_own_setting_is_re
                     "status,OOM,\n")
     rows = read_runs(path)
     results = [validate_row(r) for r in rows]
-    priced = price_as_unknown(rows, results)
+    priced = price_as_unknown(rows)
     assert (priced.n, priced.refused) == (1, 1)
     assert list(priced.mean_error_by_framework_pct) == ["megatron-core"]
     own = results[0].error_pct
