@@ -3,6 +3,7 @@ activations on the host, and float8 linears (costmodel.check applies them to a p
 and the command line ask them before a plan exists)."""
 from __future__ import annotations
 
+from costmodel.frameworks import COMPILED_RUNTIME, RUNTIME
 from costmodel.groups import views
 from costmodel.hardware import ClusterSpec, DeviceProfile, float8_devices
 from costmodel.plan import Recompute
@@ -81,6 +82,7 @@ def fp8_problems(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: i
         out.append(f"fp8_linears: model {model.name} is a mixture of experts; {cluster.framework.name} runs float8 "
                    "for dense models only (Megatron-Core runs experts in float8: --framework megatron)")
     if tp > 1 and not cluster.framework.float8_with_tp:
-        who = "the runtime" if cluster.framework.name in ("planner", "planner-compiled") else cluster.framework.name
+        ours = cluster.framework.name in (RUNTIME.name, COMPILED_RUNTIME.name)
+        who = "the runtime" if ours else cluster.framework.name
         out.append(f"fp8_linears with tp > 1: {who} runs float8 linears without tensor parallelism")
     return out

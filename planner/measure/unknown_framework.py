@@ -7,13 +7,12 @@ sharding, DeepSpeed's ZeRO-3 buckets) is refused under generic traits and counte
 The signed mean per framework that ran the rows says how far generic traits sit from each one's
 own: a tuned framework's runs read slow, an eager one's fast. benchmarks/fidelity.py prints it and
 docs/results.md holds it, so that a default of the generic traits that prices some class of run
-far off shows as a figure (generic traits' eager float8 casts once priced MLPerf's GPT-3 175B float8
-step 3.2x Megatron-Core's own pricing of it).
+far off shows as a figure.
 """
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from costmodel.inputs import UserError
 from planner.measure.validate import step_time_error_pct, validate_row
@@ -30,9 +29,7 @@ class GenericPricing:
     mean_error_by_framework_pct: dict[str, float]   # signed, of step time (+ predicted too slow)
 
     def to_dict(self) -> dict:
-        return {"n": self.n, "refused": self.refused, "mape_pct": self.mape_pct,
-                "max_abs_error_pct": self.max_abs_error_pct,
-                "mean_error_by_framework_pct": self.mean_error_by_framework_pct}
+        return asdict(self)
 
 
 def price_as_unknown(rows: list[dict[str, str]]) -> GenericPricing:
