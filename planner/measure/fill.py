@@ -21,7 +21,7 @@ from costmodel.schedules import Schedule
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.exports import deepspeed, megatron, torchtitan
 from planner.measure.cells import choice_cell, flag_cell, int_cell
-from planner.measure.runs_table import SELECTIVE_AND_SP_ARXIV_ID, published_before
+from planner.measure.runs_table import SELECTIVE_AND_SP_ARXIV_ID, framework_name, published_before
 from planner.search import SearchOptions, search
 from planner.space import Choice, build_plan, divisors
 
@@ -45,7 +45,7 @@ def _options(row: dict[str, str], model: ModelSpec, tp: int, pp: int, dp: int,
     (_WHOLE_LAYER_CHECKPOINTING); sequence parallelism alone where the framework's TP has it
     always (_TP_WITH_SP)."""
     stated_sp = (row.get("sp") or "").strip()
-    name = _framework_name(row)
+    name = framework_name(row)
     without_megatron_modes = published_before(row, SELECTIVE_AND_SP_ARXIV_ID) or name in _WHOLE_LAYER_CHECKPOINTING
     sp_options = [False] if tp == 1 or without_megatron_modes else [True] if name in _TP_WITH_SP else [False, True]
     rc = choice_cell(row, "recompute", tuple(r.value for r in Recompute), "")
@@ -82,7 +82,7 @@ _MEGATRON_LM_ZERO_STAGES = frozenset({0, 1})
 def _framework_zero_stages(row: dict[str, str], pp: int) -> frozenset[int]:
     """What an unstated zero_stage may be filled with: the stages the row's framework runs under
     its pipeline (every stage for a framework the table does not know)."""
-    name = _framework_name(row)
+    name = framework_name(row)
     if name == "megatron-lm":
         return _MEGATRON_LM_ZERO_STAGES
     rules = _RULES_OF.get(name)
@@ -115,12 +115,8 @@ def _vpp_options(row: dict[str, str], model: ModelSpec, pp: int) -> list[int]:
     return [1] + ([] if _one_f_one_b_only(row) else interleavings)
 
 
-def _framework_name(row: dict[str, str]) -> str:
-    return (row.get("framework") or "").strip().lower()
-
-
 def _row_framework(row: dict[str, str]) -> FrameworkTraits:
-    return framework_traits(_framework_name(row) or None)
+    return framework_traits(framework_name(row) or None)
 
 
 def _one_f_one_b_only(row: dict[str, str]) -> bool:

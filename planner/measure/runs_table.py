@@ -181,13 +181,25 @@ def _row_model(row: dict[str, str], seq: int) -> ModelSpec:
         if stated := [c for c in _EXPERT_COLUMNS if (row.get(c) or "").strip()]:
             raise UserError(f"row {row['id']!r}: {', '.join(stated)} describe a mixture of experts, which only "
                             "llama rows have (arch = gpt is a dense GPT)")
-        # grouped-query attention where kv_heads says so (Nemotron-4's LayerNorm GPT); MPT: no dropout
+        # grouped-query attention where kv_heads says so (Nemotron-4's LayerNorm GPT)
         model = replace(gpt_spec(row["id"], max_pos=seq, **common), num_kv_heads=int_cell(row, "kv_heads", heads))
-        return model if flag_cell(row, "dropout", True) else replace(model, dropout=False)
+        dropout = flag_cell(row, "dropout", framework_name(row) not in WITHOUT_DROPOUT_FRAMEWORKS)
+        return model if dropout else replace(model, dropout=False)
     if row["arch"] == Arch.LLAMA:
         return llama_spec(row["id"], kv_heads=int_cell(row, "kv_heads", heads), max_pos=seq, **common,
                           **_experts(row, common["ffn"]))
     raise UserError(f"row {row['id']!r}: arch {row['arch']!r} is neither gpt nor llama")
+
+
+# Frameworks whose GPT configurations train without dropout, so a GPT row of theirs without a
+# dropout column is priced without it (elsewhere Megatron's default 0.1): llm-foundry's MPT
+# configurations, which composer-fsdp runs, set attn_pdrop, resid_pdrop and emb_pdrop to 0
+WITHOUT_DROPOUT_FRAMEWORKS = frozenset({"composer-fsdp"})
+
+
+def framework_name(row: dict[str, str]) -> str:
+    """The row's framework column as the tables compare it (stripped, lower case; empty: unstated)."""
+    return (row.get("framework") or "").strip().lower()
 
 
 # a node's network as sources state it, in Gbit/s; a bound that keeps every later division finite

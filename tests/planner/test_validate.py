@@ -319,6 +319,19 @@ def test_a_column_that_is_not_read_is_said(tmp_path, capsys):
     assert "column 'micro_bacth' not read" in capsys.readouterr().err
 
 
+def test_a_gpt_row_without_a_dropout_cell_is_priced_with_its_framework_s_default():
+    """llm-foundry's MPT configurations (composer-fsdp) train without dropout; Megatron's GPT with
+    0.1. A stated cell wins either way."""
+    from planner.measure.runs_table import row_specs
+    head = HEADER.split(",") + ["dropout"]
+    row = dict(zip(head, GOOD.strip().split(",") + [""]))
+    assert row["arch"] == "gpt"
+    for framework, default in (("composer-fsdp", False), ("megatron-lm", True), ("other", True)):
+        assert row_specs({**row, "framework": framework})[0].dropout is default
+        for cell, stated in (("yes", True), ("no", False)):
+            assert row_specs({**row, "framework": framework, "dropout": cell})[0].dropout is stated
+
+
 def test_a_gpt_row_with_fewer_kv_heads_is_priced_with_them(tmp_path):
     """Grouped-query attention on a LayerNorm GPT (Nemotron-4's): the row's kv_heads, not heads."""
     from planner.measure.validate import validate
