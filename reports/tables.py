@@ -174,6 +174,9 @@ def validate_table(results: Sequence[Any], summary: dict[str, Any]) -> str:
         text += (f"\npriced with generic traits (a framework the model does not know): {named}; known: "
                  + ", ".join(sorted(FRAMEWORKS)) + " (how far generic traits price the calibration table's runs "
                  "from their own frameworks': docs/results.md, python3 benchmarks/fidelity.py)")
+    if s.get("networks_from_notes"):
+        text += ("\npriced over the network of the cloud instance their notes name (not a DGX's; "
+                 "planner.measure.instances): " + ", ".join(f"{i} ({n})" for i, n in s["networks_from_notes"].items()))
     if s.get("profile_problems"):
         text += ("\nfitted values against their published ranges (profiles' [ranges]; each a mechanism the fit "
                  "hides):\n" + "\n".join(f"  {p}" for p in s["profile_problems"]))

@@ -319,6 +319,29 @@ def test_a_column_that_is_not_read_is_said(tmp_path, capsys):
     assert "column 'micro_bacth' not read" in capsys.readouterr().err
 
 
+def test_a_cloud_instance_the_notes_name_sets_the_network_between_nodes(tmp_path):
+    """A source that names its instance (AWS's p4d.24xlarge: 400 Gbit/s of EFA a node, 6.25 GB/s
+    a GPU) and not its network is priced over that network, and the table says so; a stated
+    node_network_gbps wins, and notes naming instances of different networks name none."""
+    from planner.measure.runs_table import row_specs
+    from reports.tables import validate_table
+    head = HEADER.split(",") + ["node_network_gbps", "notes"]
+    row = dict(zip(head, GOOD.strip().replace("A100-SXM4-80GB,8,8,1,1,8", "A100-SXM4-40GB,16,8,1,1,16").split(",")
+                   + ["", "64 p4d.24xlarge instances"]))
+    def per_gpu(r):
+        return row_specs(r)[2].device.tier_for(2).bandwidth_bytes_per_s
+    assert per_gpu(row) == pytest.approx(6.25e9)
+    assert per_gpu({**row, "notes": "P4de nodes"}) == pytest.approx(6.25e9)
+    assert per_gpu({**row, "notes": ""}) == pytest.approx(25e9)
+    assert per_gpu({**row, "notes": "p4d, later p5.48xlarge"}) == pytest.approx(25e9)
+    assert per_gpu({**row, "node_network_gbps": "800"}) == pytest.approx(12.5e9)
+    path = tmp_path / "runs.csv"
+    path.write_text(",".join(head) + "\n" + ",".join(row[c] for c in head) + "\n")
+    results, summary = validate(path)
+    assert summary["networks_from_notes"] == {"ok": "p4d.24xlarge: 400 Gbit/s a node"}
+    assert "ok (p4d.24xlarge: 400 Gbit/s a node)" in validate_table(results, summary)
+
+
 def test_a_gpt_row_without_a_dropout_cell_is_priced_with_its_framework_s_default():
     """llm-foundry's MPT configurations (composer-fsdp) train without dropout; Megatron's GPT with
     0.1. A stated cell wins either way."""
