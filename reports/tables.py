@@ -141,13 +141,24 @@ def _memory_basis(cluster: ClusterSpec) -> str:
                      f"allocator fragmentation" for g, view in enumerate(views(cluster)))
 
 
+def _runs(counts: Sequence[int]) -> str:
+    """A split as runs of equal counts: (7, 8, 8, 8, 7) -> 7,8*3,7."""
+    runs: list[list[int]] = []
+    for c in counts:
+        if runs and runs[-1][0] == c:
+            runs[-1][1] += 1
+        else:
+            runs.append([c, 1])
+    return ",".join(f"{c}*{n}" if n > 1 else str(c) for c, n in runs)
+
+
 def validate_table(results: Sequence[Any], summary: dict[str, Any]) -> str:
     rows = []
     for r in results:
         err = "" if r.error_pct is None else f"{r.error_pct:+.1f}"
         pub = r.published if isinstance(r.published, str) else f"{r.published:.4g}"
         pred = r.predicted if isinstance(r.predicted, str) else f"{r.predicted:.4g}"
-        filled = " ".join(f"{k}={v}" for k, v in r.filled.items())
+        filled = " ".join(f"{k}={_runs(v) if isinstance(v, tuple) else v}" for k, v in r.filled.items())
         # a run priced as not fitting: by how much (its tightest stage's peak over what CUDA leaves)
         fits = "yes" if r.fits else f"no: {_tightest(r.estimate, ' of ', '.1f')} GiB"
         if r.past_budget is not None:   # fits the device, not the budget the planner plans with

@@ -13,7 +13,7 @@ from typing import Any
 
 from costmodel.check import check_plan, world_problem
 from costmodel.estimate import Estimate, estimate
-from costmodel.frameworks import FrameworkTraits, framework_traits
+from costmodel.frameworks import FrameworkTraits, framework_known, framework_traits
 from costmodel.hardware import ClusterSpec
 from costmodel.inputs import UserError
 from costmodel.plan import Plan, Recompute, virtual_stage_options
@@ -175,11 +175,14 @@ def best_plan_for_row(row: dict[str, str], model: ModelSpec, train: TrainSpec, c
                                 error_band=0.0)
         found += search(model, train, cluster, options).plans
     found.sort(key=lambda f: f.estimate.step_time_s)
+    split = _stated_split(row, "layers_per_stage", model.num_layers, pp)
     if found:
         # plans differing only in their split or rank order lay out alike: each choice once
-        split = _stated_split(row, "layers_per_stage", model.num_layers, pp)
+        searched = {_choice_of(f.plan): f.plan.layers_per_stage for f in reversed(found)}   # each choice's best split
         laid_out = [_as_framework_runs(model, train, cluster, replace(choice, layers_per_stage=split))
                     for choice in dict.fromkeys(_choice_of(f.plan) for f in found)]
+        if not split and not framework_known(framework_name(row)):
+            laid_out = [_rebalanced(model, train, cluster, plan, est, searched) for plan, est in laid_out]
         problems = [check_plan(model, train, cluster, plan, memory=False) for plan, _ in laid_out]
         if split and all(problems):   # the stated split, which the search did not choose
             raise UserError(f"row {row['id']!r}: no valid plan for the stated fields: {problems[0][0]}")
@@ -195,7 +198,10 @@ def best_plan_for_row(row: dict[str, str], model: ModelSpec, train: TrainSpec, c
         plan, est = _least_overflow(row, model, train, cluster, opts, (tp, pp, cp, dp, ep), deadline)
     filled = {"micro_batch": plan.micro_batch_size, "recompute": str(plan.recompute),
               "vpp": plan.vpp, "sp": plan.sequence_parallel, "zero_stage": plan.zero_stage}
-    return plan, est, {k: v for k, v in filled.items() if k in fillable}
+    filled = {k: v for k, v in filled.items() if k in fillable}
+    if plan.layers_per_stage != build_plan(model, train, cluster, _choice_of(plan)).layers_per_stage and not split:
+        filled["layers_per_stage"] = plan.layers_per_stage   # the search's (_rebalanced, or the fallback above)
+    return plan, est, filled
 
 
 def _offloads(row: dict[str, str]) -> dict[str, bool]:
@@ -252,6 +258,18 @@ def _choice_of(plan: Plan) -> Choice:
                   micro_batch_size=plan.micro_batch_size, vpp=plan.vpp, fp8_linears=plan.fp8_linears,
                   dp_replicate=plan.dp_replicate, offload_optimizer=plan.offload_optimizer,
                   offload_activations=plan.offload_activations)
+
+
+def _rebalanced(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan, est: Estimate,
+                searched: dict[Choice, tuple[int, ...]]) -> tuple[Plan, Estimate]:
+    """A framework the model does not know, whose even split overflows: split as the search split
+    it. No column states a split, and such frameworks take other splits (torchtitan's and
+    DeepSpeed's pipelines any, Megatron-Core its first and last stage's), as experts use them where
+    memory makes them (Llama 3's stages a layer lighter at either end)."""
+    if est.fits:
+        return plan, est
+    choice = _choice_of(plan)
+    return _as_framework_runs(model, train, cluster, replace(choice, layers_per_stage=searched[choice]))
 
 
 def _as_framework_runs(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,

@@ -73,6 +73,26 @@ def test_a_framework_without_megatron_s_modes_is_filled_without_them():
         assert filled["sp"] is False and filled["recompute"] != "selective"
 
 
+def test_an_unknown_framework_s_layers_are_split_as_the_planner_would_split_them():
+    """The reference format has no column for a pipeline's split: a framework the model does not
+    know is split as the planner splits it where the even split overflows. Llama 3.1 405B without
+    recomputation, TP 8 x PP 16 over 8,192 H100s (32 micro-batches a step): evenly split it fits
+    only under ZeRO-2, whose per-micro-batch reduce-scatters cost a quarter of the step; with the
+    first stages a layer lighter it fits under ZeRO-1, which is filled."""
+    from planner.measure.validate import validate_row
+    row = dict(id="x", source="x", framework="some-trainer", arch="llama", layers="126", hidden="16384",
+               ffn_hidden="53248", heads="128", kv_heads="8", vocab="128256", seq_len="8192", gpu="H100-SXM5-80GB",
+               num_gpus="8192", gpus_per_node="8", tp="8", pp="16", dp="64", vpp="", sp="", cp="1", zero_stage="",
+               recompute="none", micro_batch="1", global_batch="2048", precision="bf16",
+               metric_name="iteration_time_s", metric_value="20")
+    free = validate_row(row)
+    assert free.fits and free.filled["zero_stage"] == 1
+    assert len(set(free.plan.layers_per_stage[1:-1])) > 1   # not the even split
+    assert free.filled["layers_per_stage"] == free.plan.layers_per_stage   # and said
+    zero2 = validate_row({**row, "zero_stage": "2"})
+    assert zero2.fits and free.predicted < 0.9 * zero2.predicted
+
+
 def test_torchtitan_s_tensor_parallelism_is_filled_with_sp_as_it_always_runs():
     """torchtitan's TP shards the norms' sequence whatever else it does (planner.exports.torchtitan):
     an empty sp of a torchtitan row at TP > 1 is filled yes, even where no SP would price faster."""
