@@ -233,10 +233,14 @@ def _with_fabric(cluster: ClusterSpec, row: dict[str, str]) -> ClusterSpec:
 
 
 def _grad_dtype(row: dict[str, str]) -> DType:
-    """The dtype gradients accumulate and reduce in (optional column grad_dtype): fp32 unless the
-    run's configuration says otherwise (Megatron-Core's grad_reduce_in_fp32=False, as NeMo's
-    performance recipes and MLPerf set it, keeps a bf16 gradient buffer)."""
-    return DType(choice_cell(row, "grad_dtype", ("fp32", "bf16", "fp16"), "fp32"))
+    """The dtype gradients accumulate and reduce in (optional column grad_dtype) unless the run's
+    configuration says otherwise (Megatron-Core's grad_reduce_in_fp32=False, as NeMo's performance
+    recipes and MLPerf set it, keeps a bf16 gradient buffer): fp32 where Megatron-LM forces it
+    (bf16 training turns accumulate_allreduce_grads_in_fp32 on), the parameters' fp16 in an fp16
+    run (that flag stays off; DeepSpeed's fp16 optimizer and FSDP's mixed precision reduce in the
+    parameters' dtype)."""
+    default = "fp16" if (row.get("precision") or "").strip() == "fp16" else "fp32"
+    return DType(choice_cell(row, "grad_dtype", ("fp32", "bf16", "fp16"), default))
 
 
 # the registry model's field each architecture column states
