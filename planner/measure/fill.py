@@ -199,7 +199,7 @@ def best_plan_for_row(row: dict[str, str], model: ModelSpec, train: TrainSpec, c
     filled = {"micro_batch": plan.micro_batch_size, "recompute": str(plan.recompute),
               "vpp": plan.vpp, "sp": plan.sequence_parallel, "zero_stage": plan.zero_stage}
     filled = {k: v for k, v in filled.items() if k in fillable}
-    if plan.layers_per_stage != build_plan(model, train, cluster, _choice_of(plan)).layers_per_stage and not split:
+    if not split and plan.layers_per_stage != build_plan(model, train, cluster, _choice_of(plan)).layers_per_stage:
         filled["layers_per_stage"] = plan.layers_per_stage   # the search's (_rebalanced, or the fallback above)
     return plan, est, filled
 

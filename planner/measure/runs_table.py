@@ -145,7 +145,7 @@ def row_specs(row: dict[str, str]) -> tuple[ModelSpec, TrainSpec, ClusterSpec]:
     float8 = precision == FP8
     train = TrainSpec(seq_len=seq, global_batch_size=int_cell(row, "global_batch"),
                       compute_dtype=DType.BF16 if float8 else DType(precision), float8=float8,
-                      grad_dtype=_grad_dtype(row),
+                      grad_dtype=_grad_dtype(row, precision),
                       attention_kernel=attention_kernel(row), expert_load_imbalance=_imbalance(row))
     num_gpus, per_node = int_cell(row, "num_gpus"), int_cell(row, "gpus_per_node")
     if num_gpus % per_node:
@@ -232,14 +232,14 @@ def _with_fabric(cluster: ClusterSpec, row: dict[str, str]) -> ClusterSpec:
     return replace(cluster, device=replace(dev, inter_node=inter))
 
 
-def _grad_dtype(row: dict[str, str]) -> DType:
+def _grad_dtype(row: dict[str, str], precision: str) -> DType:
     """The dtype gradients accumulate and reduce in (optional column grad_dtype) unless the run's
     configuration says otherwise (Megatron-Core's grad_reduce_in_fp32=False, as NeMo's performance
     recipes and MLPerf set it, keeps a bf16 gradient buffer): fp32 where Megatron-LM forces it
     (bf16 training turns accumulate_allreduce_grads_in_fp32 on), the parameters' fp16 in an fp16
     run (that flag stays off; DeepSpeed's fp16 optimizer and FSDP's mixed precision reduce in the
     parameters' dtype)."""
-    default = "fp16" if (row.get("precision") or "").strip() == "fp16" else "fp32"
+    default = DType.FP16.value if precision == DType.FP16.value else DType.FP32.value
     return DType(choice_cell(row, "grad_dtype", ("fp32", "bf16", "fp16"), default))
 
 

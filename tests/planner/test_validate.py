@@ -1,5 +1,6 @@
 import pytest
 
+from costmodel.specs import DType
 from planner.measure.runs_table import attention_kernel
 from planner.measure.validate import spearman, validate
 
@@ -360,6 +361,18 @@ def test_a_cloud_instance_the_notes_name_sets_the_network_between_nodes(tmp_path
     results, summary = validate(path)
     assert summary["networks_from_notes"] == {"ok": "p4d.24xlarge: 400 Gbit/s a node"}
     assert "ok (p4d.24xlarge: 400 Gbit/s a node)" in validate_table(results, summary)
+
+
+def test_an_fp16_run_s_gradients_are_fp16_unless_it_says_otherwise():
+    """Megatron-LM turns fp32 gradient accumulation and all-reduce on for bf16 only; an fp16 run
+    keeps its gradients in fp16, as DeepSpeed's fp16 optimizer and FSDP's mixed precision do."""
+    from planner.measure.runs_table import row_specs
+    head = HEADER.split(",") + ["grad_dtype"]
+    row = dict(zip(head, GOOD.strip().split(",") + [""]))
+    assert row_specs(row)[1].grad_dtype is DType.FP32   # bf16: Megatron's fp32
+    assert row_specs({**row, "precision": "fp16"})[1].grad_dtype is DType.FP16
+    assert row_specs({**row, "precision": "fp16", "grad_dtype": "fp32"})[1].grad_dtype is DType.FP32
+    assert row_specs({**row, "grad_dtype": "bf16"})[1].grad_dtype is DType.BF16
 
 
 def test_a_gpt_row_without_a_dropout_cell_is_priced_with_its_framework_s_default():
