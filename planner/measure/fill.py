@@ -264,8 +264,8 @@ def _rebalanced(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
                 searched: dict[Choice, tuple[int, ...]]) -> tuple[Plan, Estimate]:
     """A framework the model does not know, whose even split overflows: split as the search split
     it. No column states a split, and such frameworks take other splits (torchtitan's and
-    DeepSpeed's pipelines any, Megatron-Core its first and last stage's), as experts use them where
-    memory makes them (Llama 3's stages a layer lighter at either end)."""
+    DeepSpeed's pipelines any, Megatron-Core its first and last stage's), which experts use where
+    memory makes them: a layer fewer on the stages that hold the most micro-batches in flight."""
     if est.fits:
         return plan, est
     choice = _choice_of(plan)
