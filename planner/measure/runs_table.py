@@ -25,7 +25,7 @@ from costmodel.specs import (
     TrainSpec,
 )
 from planner.measure.cells import choice_cell, flag_cell, int_cell, number_cell
-from planner.measure.instances import instance_in_notes
+from planner.measure.instances import Instance, instance_in_notes
 from planner.measure.row_traits import FLASH_1, row_traits
 from planner.specs import FP8
 
@@ -207,25 +207,30 @@ def framework_name(row: dict[str, str]) -> str:
 MAX_NODE_NETWORK_GBPS = 1e6
 
 
-def node_network_gbps(row: dict[str, str]) -> tuple[float, str] | None:
+def node_network_gbps(row: dict[str, str]) -> float | None:
     """The node's network to other nodes where the source states one other than the device
-    profile's, Gbit/s per direction shared by its GPUs, and where it comes from: the optional
-    column node_network_gbps (e.g. IBM's FSDP runs over 400 and 800 Gbit/s per node against a
-    DGX's 8 NICs of 200 for an A100 or 400 for an H100), else a cloud instance the row's notes
-    name (planner.measure.instances); None: the profile's."""
+    profile's, Gbit/s per direction shared by its GPUs: the optional column node_network_gbps
+    (e.g. IBM's FSDP runs over 400 and 800 Gbit/s per node against a DGX's 8 NICs of 200 for an
+    A100 or 400 for an H100), else that of the cloud instance the row's notes name
+    (instance_from_notes); None: the profile's."""
     gbps = number_cell(row, "node_network_gbps", float, None, 1.0, MAX_NODE_NETWORK_GBPS)
-    if gbps is not None:
-        return gbps, "node_network_gbps"
-    if instance := instance_in_notes(row.get("notes") or ""):
-        return instance.node_network_gbps, instance.name
-    return None
+    if gbps is None and (instance := instance_from_notes(row)):
+        return instance.node_network_gbps
+    return gbps
+
+
+def instance_from_notes(row: dict[str, str]) -> Instance | None:
+    """The cloud instance whose network a row is priced over: one its notes name
+    (planner.measure.instances), where no node_network_gbps cell states the network."""
+    if (row.get("node_network_gbps") or "").strip():
+        return None
+    return instance_in_notes(row.get("notes") or "")
 
 
 def _with_fabric(cluster: ClusterSpec, row: dict[str, str]) -> ClusterSpec:
     """The cluster over the row's network between nodes (node_network_gbps)."""
-    if (stated := node_network_gbps(row)) is None:
+    if (gbps := node_network_gbps(row)) is None:
         return cluster
-    gbps = stated[0]
     dev = cluster.device
     per_device = gbps * 1e9 / 8 / cluster.devices_per_node
     inter = replace(dev.inter_node, name=f"{gbps:g} Gbit/s a node", bandwidth_bytes_per_s=per_device)

@@ -15,6 +15,7 @@ import statistics
 from dataclasses import asdict, dataclass
 
 from costmodel.inputs import UserError
+from planner.measure.runs_table import framework_name
 from planner.measure.validate import step_time_error_pct, validate_row
 
 UNKNOWN_FRAMEWORK = "a-framework-the-model-does-not-know"
@@ -45,7 +46,7 @@ def price_as_unknown(rows: list[dict[str, str]]) -> GenericPricing:
         except UserError:
             refused += 1
             continue
-        name = (row.get("framework") or "").strip() or "(unstated)"
+        name = framework_name(row) or "(unstated)"
         by_framework.setdefault(name, []).append(step_time_error_pct(row, res.error_pct))
     errors = [abs(e) for es in by_framework.values() for e in es]
     return GenericPricing(n=len(errors), refused=refused,

@@ -20,7 +20,7 @@ from costmodel.hardware import DEFAULT_MEMORY_HEADROOM, ClusterSpec, range_probl
 from costmodel.inputs import UserError
 from costmodel.plan import Plan
 from planner.measure.fill import best_plan_for_row
-from planner.measure.runs_table import metric_step_time_s, node_network_gbps, read_numbered_runs, row_specs
+from planner.measure.runs_table import instance_from_notes, metric_step_time_s, read_numbered_runs, row_specs
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -171,11 +171,8 @@ def summarize(results: list[RowResult], rows: list[dict[str, str]]) -> dict[str,
 def networks_from_notes(rows: list[dict[str, str]]) -> dict[str, str]:
     """Row id -> the cloud instance its notes name, for the rows priced over that instance's
     network (runs_table.node_network_gbps): said, since no column states it."""
-    found = {}
-    for row in rows:
-        if (network := node_network_gbps(row)) is not None and network[1] != "node_network_gbps":
-            found[row["id"]] = f"{network[1]}: {network[0]:g} Gbit/s a node"
-    return found
+    return {row["id"]: f"{instance.name}: {instance.node_network_gbps:g} Gbit/s a node"
+            for row in rows if (instance := instance_from_notes(row))}
 
 
 def _memory_summary(results: list[RowResult]) -> dict[str, Any]:
