@@ -55,6 +55,11 @@ class FrameworkTraits:
     # projection each; a GPT layer keeps apex's LayerNorm and the bias-GeLU and bias-dropout-add
     # fusions (eager_layer_ops)
     llama_ops_eager: bool = False
+    # Megatron-LM before Megatron-Core could wrap its model in torch's DistributedDataParallel
+    # (--DDP-impl torch, ZeRO-0 only) instead of its own DDP, which all-reduces after the backward:
+    # torch's all-reduces its buckets during the last micro-batch's backward (the others run under
+    # no_sync). A runs-table row states it (dp_overlap = yes at zero_stage 0)
+    torch_ddp_option: bool = False
     deferred_w_keeps_graph: bool = False
     pipeline_sends_held: bool = False
     recv_buffers_kept: bool = False
@@ -180,7 +185,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
     # its own model (megatron/model): fp32 RMSNorm in torch ops (megatron/model/rms_norm.py, NVIDIA/Megatron-LM
     # 20b7a548, 2023-09) unless a row states its fork's fused one (rms_norm = fused)
     FrameworkTraits(name="megatron-lm", dp_grad_overlap=False, dp_param_overlap=False, llama_ops_eager=True,
-                    eager_rms_norm_composite=True, **_MEGATRON),
+                    eager_rms_norm_composite=True, torch_ddp_option=True, **_MEGATRON),
     FrameworkTraits(name="megatron-core", dp_grad_overlap=True, dp_param_overlap=True, tp_comm_overlap=True,
                     swiglu_saved_tensors=3, vendor_attention=True, float8_casts_fused=True, float8_with_tp=True,
                     float8_param_gather=True, float8_experts=True, float8_saved_inputs=True, ep_folds_over_tp=True, expert_tensor_parallel=True,

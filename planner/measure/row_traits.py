@@ -1,7 +1,7 @@
 """The traits a runs-table row is priced with: its framework's (costmodel.frameworks), with the
 settings the row states that the framework leaves to its user (optional columns dispatcher,
-fp8_param_gather, compiled, async_tp, dp_overlap, vendor_attention, attention = flash1, ep_overlap,
-recompute_modules, zero3_prefetch_bucket, zero3_max_live, rms_norm, cuda_graph), each checked as the framework
+fp8_param_gather, compiled, async_tp, dp_overlap, grad_accumulation_fusion, vendor_attention, attention = flash1,
+ep_overlap, recompute_modules, zero3_prefetch_bucket, zero3_max_live, rms_norm, cuda_graph), each checked as the framework
 checks it, in one line naming the row."""
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def row_traits(row: dict[str, str], cluster: ClusterSpec, model: ModelSpec) -> F
     framework leaves to its user (costmodel.frameworks): optional columns fp8_param_gather (float8
     weights gathered in float8), compiled (_compiled), async_tp (_async_tp), dispatcher (the
     expert all-to-all: a per-node one, `dispatch_per_node`, unless alltoall), dp_overlap
-    (_dp_overlap), vendor_attention (_vendor_attention), attention (_first_flash), ep_overlap
+    (_dp_overlap), grad_accumulation_fusion (_grad_accumulation_fusion), vendor_attention (_vendor_attention), attention (_first_flash), ep_overlap
     (_ep_overlap), recompute_modules (_recompute_modules), rms_norm (_rms_norm) and cuda_graph
     (`full`: each whole iteration a CUDA graph, `iteration_graph`)."""
     traits = framework_traits(row.get("framework"))
@@ -62,6 +62,8 @@ def row_traits(row: dict[str, str], cluster: ClusterSpec, model: ModelSpec) -> F
         traits = _async_tp(row, traits, cluster)
     if (row.get("dp_overlap") or "").strip():
         traits = _dp_overlap(row, traits)
+    if (row.get("grad_accumulation_fusion") or "").strip():
+        traits = _grad_accumulation_fusion(row, traits)
     if (row.get("vendor_attention") or "").strip():
         traits = _vendor_attention(row, traits)
     if (row.get("attention") or "").strip().lower() == FLASH_1:
@@ -146,12 +148,36 @@ def _dp_overlap(row: dict[str, str], traits: FrameworkTraits) -> FrameworkTraits
     next forward (`dp_grad_overlap`, `dp_param_overlap`). `no` states a Megatron-Core run without
     --overlap-grad-reduce and --overlap-param-gather (off by default), whose reduce-scatter or
     all-reduce follows the backward and whose all-gather follows the optimizer step; the
-    framework's traits assume both. `yes` on a framework that cannot overlap is refused."""
+    framework's traits assume both. `yes` under Megatron-LM before Megatron-Core states its torch
+    DDP (`torch_ddp_option`: --DDP-impl torch), which only a run without a pipeline or sharded
+    states could use as it overlaps: its pipeline schedules never enter torch's no_sync, so the
+    all-reduce would run every micro-batch, which is not priced. `yes` on a framework that cannot
+    overlap is refused."""
     overlap = flag_cell(row, "dp_overlap", False)
+    if overlap and traits.torch_ddp_option and not traits.dp_grad_overlap:
+        if (row.get("zero_stage") or "").strip() != "0" or (row.get("pp") or "").strip() != "1":
+            raise UserError(f"row {row['id']!r}: dp_overlap = yes, but framework {traits.name!r} overlaps only "
+                            "torch DDP's all-reduce (--DDP-impl torch), which needs zero_stage 0 and pp 1 stated")
+        return replace(traits, dp_grad_overlap=True)
     if overlap and not (traits.dp_grad_overlap and traits.dp_param_overlap):
         raise UserError(f"row {row['id']!r}: dp_overlap = yes, but framework {traits.name!r} does not "
                         "hide its data-parallel collectives")
     return replace(traits, dp_grad_overlap=overlap, dp_param_overlap=overlap)
+
+
+def _grad_accumulation_fusion(row: dict[str, str], traits: FrameworkTraits) -> FrameworkTraits:
+    """Optional column grad_accumulation_fusion: whether the run's weight-gradient GEMMs added into
+    the step's gradient buffer themselves (`fused_grad_accumulation`: Megatron's
+    gradient_accumulation_fusion, on by default since it reached Megatron-LM's main branch on
+    2022-02-22). `no` states a Megatron run without it (Megatron-LM before then, or
+    --no-gradient-accumulation-fusion): each micro-batch's gradients are added into the buffer
+    by a kernel of their own, a pass over the rank's gradients (costmodel.rank_time.
+    grad_accumulation_s). `yes` under a framework without the fusion is refused."""
+    fused = flag_cell(row, "grad_accumulation_fusion", False)
+    if fused and not traits.fused_grad_accumulation:
+        raise UserError(f"row {row['id']!r}: grad_accumulation_fusion = yes, but framework {traits.name!r} "
+                        "adds each micro-batch's gradients in a pass of their own")
+    return replace(traits, fused_grad_accumulation=fused)
 
 
 def _first_flash(row: dict[str, str], traits: FrameworkTraits) -> FrameworkTraits:

@@ -36,7 +36,7 @@ REQUIRED = ("id", "arch", "layers", "hidden", "heads", "vocab", "seq_len", "gpu"
 OPTIONAL = ("source", "framework", "confidence", "notes", "model", "ffn_hidden", "kv_heads", "num_experts",
             "experts_per_token", "moe_ffn_hidden", "expert_imbalance", "dropout", "dp", "dp_replicate", "vpp",
             "sp", "cp", "ep", "zero_stage", "recompute", "micro_batch", "precision", "grad_dtype", "attention",
-            "fp8_param_gather", "compiled", "async_tp", "dp_overlap", "vendor_attention",
+            "fp8_param_gather", "compiled", "async_tp", "dp_overlap", "grad_accumulation_fusion", "vendor_attention",
             "node_network_gbps", "memory_gb", "memory_kind",
             "dispatcher", "layers_per_stage", "ep_overlap", "recompute_modules", "offload_optimizer",
             "offload_activations", "zero3_prefetch_bucket", "zero3_max_live", "rms_norm", "cuda_graph")

@@ -97,6 +97,47 @@ def test_dp_overlap_no_leaves_the_data_parallel_collectives_after_the_backward()
         row_specs(_megatron_row(id="r", framework="megatron-lm", dp_overlap="yes"))
 
 
+def _sc21_row(size: str, **cells) -> dict:
+    """A row of Narayanan et al.'s SC'21 Table 1 (Megatron-LM of 2021, fp16, full recomputation)."""
+    from planner.measure.runs_table import default_runs_path, read_runs
+    row = next(r for r in read_runs(default_runs_path()) if r["id"] == f"sc21_t1_{size}")
+    return {**row, **cells}
+
+
+def test_megatron_lm_s_torch_ddp_all_reduces_during_the_last_backward():
+    """Megatron-LM before Megatron-Core ran torch's DDP where asked (--DDP-impl torch): without a
+    pipeline, every micro-batch but the last under no_sync, the all-reduce behind the last
+    backward; its own DDP all-reduced after the backward. A row states it with dp_overlap = yes,
+    which needs zero_stage 0 and pp 1 (its pipeline schedules never enter no_sync)."""
+    from costmodel.inputs import UserError
+    from planner.measure.runs_table import row_specs
+    from planner.measure.validate import validate_row
+    assert row_specs(_sc21_row("18", dp_overlap="yes"))[2].framework.dp_grad_overlap
+    assert not row_specs(_sc21_row("18", dp_overlap=""))[2].framework.dp_grad_overlap
+    dp_s = lambda cell: validate_row(_sc21_row("18", dp_overlap=cell)).estimate.time_breakdown_s.get("comm/dp_exposed", 0)  # noqa: E731
+    assert dp_s("") > 2 * dp_s("yes")
+    for cells in ({"zero_stage": "1"}, {"zero_stage": ""}, {"pp": "2", "dp": "16"}):
+        with pytest.raises(UserError, match="row 'sc21_t1_18': dp_overlap = yes, but framework 'megatron-lm' "
+                                            "overlaps only torch DDP's all-reduce"):
+            row_specs(_sc21_row("18", dp_overlap="yes", **cells))
+
+
+def test_a_run_without_gradient_accumulation_fusion_adds_every_micro_batch_s_gradients():
+    """grad_accumulation_fusion = no (Megatron-LM before 2022-02-22): each micro-batch's gradients
+    are added into the step's by a kernel of their own, a pass over the rank's gradients (SC'21's
+    530B: 280 micro-batches of 1.9 billion fp16 gradients a rank, seconds a step); empty: the
+    framework's fused accumulation, only the embedding's gradient added (0.2 s). yes under a framework
+    without the fusion is refused."""
+    from costmodel.inputs import UserError
+    from planner.measure.runs_table import row_specs
+    from planner.measure.validate import validate_row
+    assert not row_specs(_sc21_row("530"))[2].framework.fused_grad_accumulation
+    add_s = lambda cell: validate_row(_sc21_row("530", grad_accumulation_fusion=cell)).estimate.time_breakdown_s["grads/accumulation"]  # noqa: E731
+    assert add_s("no") > max(1.0, 5 * add_s(""))
+    with pytest.raises(UserError, match="row 'r': grad_accumulation_fusion = yes, but framework 'deepspeed'"):
+        row_specs(_megatron_row(id="r", framework="deepspeed", grad_accumulation_fusion="yes"))
+
+
 def test_vendor_attention_no_runs_flash_attention_2_under_transformer_engine():
     """vendor_attention = no: a Megatron-Core run with Transformer Engine's cuDNN attention off
     (NVTE_FUSED_ATTN=0) ran FlashAttention-2, the profile's attention without the vendor speedup;
