@@ -1,10 +1,14 @@
 """Cells of a runs-table row read as numbers, flags and choices, each error naming the row and
-the column (planner.measure.runs_table's one boundary)."""
+the column (planner.measure.runs_table's one boundary); and the date the arXiv paper a row's
+source names gives its run."""
 from __future__ import annotations
 
 import math
+import re
 
 from costmodel.inputs import UserError
+
+_ARXIV_ID = re.compile(r"\b(\d{4})\.(\d{4,5})\b")
 
 
 def int_cell(row: dict[str, str], key: str, default: int | None = None, low: int = 1,
@@ -49,3 +53,10 @@ def choice_cell(row: dict[str, str], key: str, allowed: tuple[str, ...], default
     if value not in allowed:
         raise UserError(f"row {row.get('id')!r}: {key} = {value!r} is not one of {', '.join(allowed)}")
     return value
+
+
+def published_before(row: dict[str, str], arxiv_id: tuple[int, int]) -> bool:
+    """Whether the row's source names an arXiv paper older than `arxiv_id` (yymm, number): a run
+    that paper describes trained before what appeared there or later."""
+    arxiv = _ARXIV_ID.search(row.get("source", ""))
+    return bool(arxiv) and (int(arxiv[1]), int(arxiv[2])) < arxiv_id

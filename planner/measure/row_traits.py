@@ -20,7 +20,7 @@ from costmodel.rank_time.ep_overlap import overlap_problems
 from costmodel.selective_modules import module_problems
 from costmodel.specs import DType, ModelSpec, NormKind
 from costmodel.zero3_coordinator import DEEPSPEED_MAX_LIVE, DEEPSPEED_PREFETCH_BUCKET
-from planner.measure.cells import choice_cell, flag_cell, int_cell, number_cell
+from planner.measure.cells import choice_cell, flag_cell, int_cell, number_cell, published_before
 from planner.specs import FP8
 
 # the dispatcher column's values: Megatron-Core's all-to-all, or its flex dispatcher with DeepEP or
@@ -36,6 +36,9 @@ FLASH_1 = "flash1"
 # `iteration_graph`), or none; graphs of parts of a layer (Transformer Engine's scopes attn,
 # moe_router) are not priced and are stated as none
 CUDA_GRAPHS = ("full", "none")
+# Megatron's gradient accumulation fusion reached Megatron-LM's main branch on 2022-02-22
+# (NVIDIA/Megatron-LM 9c5a830f25): a run an arXiv paper before 2203 describes ran without it
+FUSED_GRAD_ACCUMULATION_ARXIV_ID = (2203, 0)
 
 
 def row_traits(row: dict[str, str], cluster: ClusterSpec, model: ModelSpec) -> FrameworkTraits:
@@ -64,6 +67,8 @@ def row_traits(row: dict[str, str], cluster: ClusterSpec, model: ModelSpec) -> F
         traits = _dp_overlap(row, traits)
     if (row.get("grad_accumulation_fusion") or "").strip():
         traits = _grad_accumulation_fusion(row, traits)
+    elif traits.fused_grad_accumulation and published_before(row, FUSED_GRAD_ACCUMULATION_ARXIV_ID):
+        traits = replace(traits, fused_grad_accumulation=False)
     if (row.get("vendor_attention") or "").strip():
         traits = _vendor_attention(row, traits)
     if (row.get("attention") or "").strip().lower() == FLASH_1:
@@ -172,7 +177,9 @@ def _grad_accumulation_fusion(row: dict[str, str], traits: FrameworkTraits) -> F
     2022-02-22). `no` states a Megatron run without it (Megatron-LM before then, or
     --no-gradient-accumulation-fusion): each micro-batch's gradients are added into the buffer
     by a kernel of their own, a pass over the rank's gradients (costmodel.rank_time.
-    grad_accumulation_s). `yes` under a framework without the fusion is refused."""
+    grad_accumulation_s). Empty: the framework's, less the fusion for a run an arXiv paper from
+    before it describes (FUSED_GRAD_ACCUMULATION_ARXIV_ID). `yes` under a framework without the
+    fusion is refused."""
     fused = flag_cell(row, "grad_accumulation_fusion", False)
     if fused and not traits.fused_grad_accumulation:
         raise UserError(f"row {row['id']!r}: grad_accumulation_fusion = yes, but framework {traits.name!r} "

@@ -24,7 +24,7 @@ from costmodel.specs import (
     ModelSpec,
     TrainSpec,
 )
-from planner.measure.cells import choice_cell, flag_cell, int_cell, number_cell
+from planner.measure.cells import choice_cell, flag_cell, int_cell, number_cell, published_before
 from planner.measure.instances import Instance, instance_in_notes
 from planner.measure.row_traits import FLASH_1, row_traits
 from planner.specs import FP8
@@ -44,7 +44,6 @@ OPTIONAL = ("source", "framework", "confidence", "notes", "model", "ffn_hidden",
 # a billion tokens a second per GPU. Beyond them an error in percent overflows (a step of 1e308 s
 # read as -inf %) or means nothing (1e-300 s: +3.7e301 %).
 METRIC_RANGES = {"iteration_time_s": (1e-6, 1e6), "tokens_per_sec_per_gpu": (1e-3, 1e9)}
-_ARXIV_ID = re.compile(r"\b(\d{4})\.(\d{4,5})\b")
 # FlashAttention (arXiv 2205.14135) reached the training frameworks only at the end of 2022
 # (Megatron-LM's integration, NVIDIA/Megatron-LM#267; BigScience's Megatron-DeepSpeed port #357,
 # never merged; DeepSpeed's request #2552, still open then): a run an arXiv paper describes before
@@ -302,13 +301,6 @@ def attention_kernel(row: dict[str, str]) -> AttentionKernel:
     if stated:
         return AttentionKernel.FLASH if stated == FLASH_1 else AttentionKernel(stated)
     return AttentionKernel.EAGER if published_before(row, FLASH_IN_FRAMEWORKS_ARXIV_ID) else AttentionKernel.FLASH
-
-
-def published_before(row: dict[str, str], arxiv_id: tuple[int, int]) -> bool:
-    """Whether the row's source names an arXiv paper older than `arxiv_id` (yymm, number): a run
-    that paper describes trained before what appeared there or later."""
-    arxiv = _ARXIV_ID.search(row.get("source", ""))
-    return bool(arxiv) and (int(arxiv[1]), int(arxiv[2])) < arxiv_id
 
 
 def metric_step_time_s(row: dict[str, str], value: float) -> float:

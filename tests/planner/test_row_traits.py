@@ -125,15 +125,21 @@ def test_megatron_lm_s_torch_ddp_all_reduces_during_the_last_backward():
 def test_a_run_without_gradient_accumulation_fusion_adds_every_micro_batch_s_gradients():
     """grad_accumulation_fusion = no (Megatron-LM before 2022-02-22): each micro-batch's gradients
     are added into the step's by a kernel of their own, a pass over the rank's gradients (SC'21's
-    530B: 280 micro-batches of 1.9 billion fp16 gradients a rank, seconds a step); empty: the
-    framework's fused accumulation, only the embedding's gradient added (0.2 s). yes under a framework
-    without the fusion is refused."""
+    530B: 280 micro-batches of 1.9 billion fp16 gradients a rank, seconds a step); yes: the
+    framework's fused accumulation, only the embedding's gradient added (0.2 s); empty: the
+    framework's, unless an arXiv paper from before the fusion describes the run. yes under a
+    framework without the fusion is refused."""
     from costmodel.inputs import UserError
-    from planner.measure.runs_table import row_specs
+    from planner.measure.runs_table import default_runs_path, read_runs, row_specs
     from planner.measure.validate import validate_row
-    assert not row_specs(_sc21_row("530"))[2].framework.fused_grad_accumulation
+    fused = lambda row: row_specs(row)[2].framework.fused_grad_accumulation  # noqa: E731
+    assert not fused(_sc21_row("530")) and fused(_sc21_row("530", grad_accumulation_fusion="yes"))
+    # empty: the framework's, less the fusion where the source is an arXiv paper from before it
+    assert not fused(_sc21_row("530", grad_accumulation_fusion=""))   # arXiv 2104.04473
+    korthikanti = next(r for r in read_runs(default_runs_path()) if r["id"] == "korthikanti_530B_full")
+    assert fused(korthikanti) and not korthikanti["grad_accumulation_fusion"]   # arXiv 2205.05198
     add_s = lambda cell: validate_row(_sc21_row("530", grad_accumulation_fusion=cell)).estimate.time_breakdown_s["grads/accumulation"]  # noqa: E731
-    assert add_s("no") > max(1.0, 5 * add_s(""))
+    assert add_s("no") > max(1.0, 5 * add_s("yes"))
     with pytest.raises(UserError, match="row 'r': grad_accumulation_fusion = yes, but framework 'deepspeed'"):
         row_specs(_megatron_row(id="r", framework="deepspeed", grad_accumulation_fusion="yes"))
 
