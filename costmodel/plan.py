@@ -10,7 +10,7 @@ from typing import Any
 
 from costmodel.hardware import ClusterSpec, cluster_from_dict
 from costmodel.inputs import UserError, dataclass_from_json, read_json_object, write_text_atomic
-from costmodel.schedules import Schedule, stage_owner
+from costmodel.schedules import Schedule, owned_stages, stage_owner
 from costmodel.specs import ModelSpec, TrainSpec
 
 PLAN_FORMAT_VERSION = 1
@@ -127,6 +127,10 @@ class Plan:
     def stage_rank(self, virtual_stage: int) -> int:
         """Pipeline rank of a virtual stage: loop placement, or V placement (ZBV, DualPipeV)."""
         return stage_owner(virtual_stage, self.pp, self.schedule.traits.v_placement)
+
+    def stages_of_rank(self, rank: int) -> tuple[int, ...]:
+        """The virtual stages pipeline rank `rank` holds, in pipeline order."""
+        return owned_stages(rank, self.pp, self.vpp, self.schedule.traits.v_placement)
 
     def layers_on_rank(self, rank: int) -> int:
         return _layers_by_rank(self)[rank]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import lru_cache
 
 
 class Schedule(StrEnum):
@@ -139,6 +140,13 @@ def stage_owner(virtual_stage: int, pp: int, v_placement: bool) -> int:
     if v_placement:
         return virtual_stage if virtual_stage < pp else 2 * pp - 1 - virtual_stage
     return virtual_stage % pp
+
+
+@lru_cache(maxsize=4096)
+def owned_stages(rank: int, pp: int, vpp: int, v_placement: bool) -> tuple[int, ...]:
+    """The virtual stages pipeline rank `rank` holds, in pipeline order (stage_owner's inverse;
+    the search asks for the same ranks of the same shapes many times)."""
+    return tuple(j for j in range(pp * vpp) if stage_owner(j, pp, v_placement) == rank)
 
 
 def default_schedule(vpp: int) -> Schedule:

@@ -228,7 +228,7 @@ def short_chunks_first(plan: Plan) -> Plan:
     tried first (planner.repricing._simulated)."""
     per_stage = list(plan.layers_per_stage)
     for r in range(plan.pp):
-        stages = [j for j in range(plan.num_virtual_stages) if plan.stage_rank(j) == r]
+        stages = plan.stages_of_rank(r)
         for j, count in zip(stages, sorted(per_stage[j] for j in stages)):
             per_stage[j] = count
     return replace(plan, layers_per_stage=tuple(per_stage))

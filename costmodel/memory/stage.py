@@ -226,7 +226,7 @@ def overlap_warmup_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: i
     recomputed = plan.recompute_per_stage(traits.recompute_placement)
     return max(micro_batch_activation_bytes(model, train, plan, plan.layers_per_stage[j], recomputed[j], j == 0,
                                             j == n - 1, traits)[0]
-               for j in range(n) if plan.stage_rank(j) == rank)
+               for j in plan.stages_of_rank(rank))
 
 
 def pipeline_buffer_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
@@ -242,7 +242,7 @@ def pipeline_buffer_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: 
     boundary = send_bytes(model, train, plan)
     if not traits.recv_buffers_kept:
         return 4 * boundary
-    stages = [j for j in range(plan.num_virtual_stages) if plan.stage_rank(j) == rank]
+    stages = plan.stages_of_rank(rank)
     activations = sum(j > 0 for j in stages) * max(0.0, plan.num_micro_batches - in_flight_micro_batches(plan, rank, traits))
     gradients = sum(j < plan.num_virtual_stages - 1 for j in stages) * plan.num_micro_batches
     return boundary * (activations + gradients)

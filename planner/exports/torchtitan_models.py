@@ -10,6 +10,7 @@ user's (the export says which dimensions)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from costmodel.specs import Arch, ModelSpec, RouterScoring
 
@@ -74,5 +75,6 @@ FLAVOURS = (_llama3("8B", 4096, 32, 32, 14336), _llama3("70B", 8192, 80, 64, 286
             _qwen3("235B-A22B", 4096, 94, 64, 4, 1536, num_experts=128, rope_theta=5000000.0))
 
 
+@lru_cache(maxsize=256)   # the search asks for each candidate's model
 def flavour_of(m: ModelSpec) -> Flavour | None:
     return next((f for f in FLAVOURS if f.matches(m)), None)
