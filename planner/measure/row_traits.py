@@ -36,8 +36,8 @@ FLASH_1 = "flash1"
 # `iteration_graph`), or none; graphs of parts of a layer (Transformer Engine's scopes attn,
 # moe_router) are not priced and are stated as none
 CUDA_GRAPHS = ("full", "none")
-# Megatron's gradient accumulation fusion reached Megatron-LM's main branch on 2022-02-22
-# (NVIDIA/Megatron-LM 9c5a830f25): a run an arXiv paper before 2203 describes ran without it
+# arXiv ids before this one describe Megatron runs on a Megatron-LM without the gradient
+# accumulation fusion (NVIDIA/Megatron-LM 9c5a830f25 merged it into the main branch in 2202)
 FUSED_GRAD_ACCUMULATION_ARXIV_ID = (2203, 0)
 
 
@@ -46,8 +46,8 @@ def row_traits(row: dict[str, str], cluster: ClusterSpec, model: ModelSpec) -> F
     framework leaves to its user (costmodel.frameworks): optional columns fp8_param_gather (float8
     weights gathered in float8), compiled (_compiled), async_tp (_async_tp), dispatcher (the
     expert all-to-all: a per-node one, `dispatch_per_node`, unless alltoall), dp_overlap
-    (_dp_overlap), grad_accumulation_fusion (_grad_accumulation_fusion), vendor_attention (_vendor_attention), attention (_first_flash), ep_overlap
-    (_ep_overlap), recompute_modules (_recompute_modules), rms_norm (_rms_norm) and cuda_graph
+    (_dp_overlap), grad_accumulation_fusion (_grad_accumulation_fusion), vendor_attention
+    (_vendor_attention), attention (_first_flash), ep_overlap (_ep_overlap), recompute_modules (_recompute_modules), rms_norm (_rms_norm) and cuda_graph
     (`full`: each whole iteration a CUDA graph, `iteration_graph`)."""
     traits = framework_traits(row.get("framework"))
     if (row.get("dispatcher") or "").strip():
@@ -154,10 +154,10 @@ def _dp_overlap(row: dict[str, str], traits: FrameworkTraits) -> FrameworkTraits
     --overlap-grad-reduce and --overlap-param-gather (off by default), whose reduce-scatter or
     all-reduce follows the backward and whose all-gather follows the optimizer step; the
     framework's traits assume both. `yes` under Megatron-LM before Megatron-Core states its torch
-    DDP (`torch_ddp_option`: --DDP-impl torch), which only a run without a pipeline or sharded
-    states could use as it overlaps: its pipeline schedules never enter torch's no_sync, so the
-    all-reduce would run every micro-batch, which is not priced. `yes` on a framework that cannot
-    overlap is refused."""
+    DDP (`torch_ddp_option`: --DDP-impl torch), which hides the all-reduce behind the last
+    backward only without a pipeline (Megatron-LM's pipeline schedules never enter no_sync: an
+    all-reduce every micro-batch, not priced) and without sharded states (its distributed
+    optimizer asserts its own DDP). `yes` on a framework that cannot overlap is refused."""
     overlap = flag_cell(row, "dp_overlap", False)
     if overlap and traits.torch_ddp_option and not traits.dp_grad_overlap:
         if (row.get("zero_stage") or "").strip() != "0" or (row.get("pp") or "").strip() != "1":
@@ -173,8 +173,8 @@ def _dp_overlap(row: dict[str, str], traits: FrameworkTraits) -> FrameworkTraits
 def _grad_accumulation_fusion(row: dict[str, str], traits: FrameworkTraits) -> FrameworkTraits:
     """Optional column grad_accumulation_fusion: whether the run's weight-gradient GEMMs added into
     the step's gradient buffer themselves (`fused_grad_accumulation`: Megatron's
-    gradient_accumulation_fusion, on by default since it reached Megatron-LM's main branch on
-    2022-02-22). `no` states a Megatron run without it (Megatron-LM before then, or
+    gradient_accumulation_fusion, on by default since NVIDIA/Megatron-LM 9c5a830f25). `no` states
+    a Megatron run without it (a Megatron-LM before that commit, or
     --no-gradient-accumulation-fusion): each micro-batch's gradients are added into the buffer
     by a kernel of their own, a pass over the rank's gradients (costmodel.rank_time.
     grad_accumulation_s). Empty: the framework's, less the fusion for a run an arXiv paper from

@@ -123,7 +123,7 @@ def test_megatron_lm_s_torch_ddp_all_reduces_during_the_last_backward():
 
 
 def test_a_run_without_gradient_accumulation_fusion_adds_every_micro_batch_s_gradients():
-    """grad_accumulation_fusion = no (Megatron-LM before 2022-02-22): each micro-batch's gradients
+    """grad_accumulation_fusion = no (a Megatron-LM before the fusion): each micro-batch's gradients
     are added into the step's by a kernel of their own, a pass over the rank's gradients (SC'21's
     530B: 280 micro-batches of 1.9 billion fp16 gradients a rank, seconds a step); yes: the
     framework's fused accumulation, only the embedding's gradient added (0.2 s); empty: the
