@@ -45,8 +45,8 @@ def stage_layer_ids(plan: Plan) -> list[list[int]]:
 
 
 def local_stages(plan: Plan, pp_rank: int) -> list[int]:
-    """Virtual stages this pipeline rank runs, in increasing stage order."""
-    return [j for j in range(plan.num_virtual_stages) if plan.stage_rank(j) == pp_rank]
+    """Virtual stages this pipeline rank runs, in increasing stage order (Plan.stages_of_rank)."""
+    return list(plan.stages_of_rank(pp_rank))
 
 
 @dataclass
