@@ -6,7 +6,7 @@ import math
 import statistics
 import tomllib
 from dataclasses import replace
-from functools import partial
+from functools import lru_cache, partial
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -118,9 +118,13 @@ def load_profile(path: Path) -> DeviceProfile:
     return parse_profile(inputs.read_text(path, "profile"), path)
 
 
+@lru_cache(maxsize=64)
 def parse_profile(text: str, path: Path) -> DeviceProfile:
     """A profile's text, checked as `load_profile` checks a file (`path` names it in errors);
-    the writer checks what it is about to write with it, so no profile is written unreadable."""
+    the writer checks what it is about to write with it, so no profile is written unreadable.
+    Cached by text and path (a DeviceProfile is immutable): resolving a device name reads every
+    shipped profile, and a search or a validation resolves hundreds; a file read again with other
+    text is parsed again, a refused one is never cached."""
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
