@@ -18,6 +18,7 @@ from costmodel.units import GIB
 from planner.candidates import replica_degrees, time_groups
 from planner.search_options import MAX_MICRO_BATCH, STATE_OPTIONS, SearchOptions, states_allowed, states_for_group
 from planner.search_state import SearchResult
+from planner.space import Choice
 
 
 def ruled_out(pruned_by_reason: dict[str, int], shown: int = 3) -> str:
@@ -90,10 +91,12 @@ def unsatisfiable_constraints(model: ModelSpec, train: TrainSpec, cluster: Clust
                 if not states_for_group(states, base.dp * base.cp > 1) or (base.dp_replicate > 1
                                                                            and states.zero_stage == 0):
                     continue
-                choice = replace(base, vpp=vpp, schedule=schedule, **states._asdict())
+                # the choice's fields, read without building it (hundreds of thousands of choices)
+                chosen = {"vpp": vpp, "schedule": schedule, **states._asdict()}
                 for name, seen in possible.items():
-                    seen.add(getattr(choice, name))
-                together.add(sum(1 << i for i, (name, value) in enumerate(pinned) if getattr(choice, name) == value))
+                    seen.add(_field(base, chosen, name))
+                together.add(sum(1 << i for i, (name, value) in enumerate(pinned)
+                                 if _field(base, chosen, name) == value))
     if cluster.is_mixed:   # replicas on groups (planner.shares): no pipeline
         for tp, cp, dp, _, sps in replica_degrees(model, train, cluster, free):
             values = {"pp": {1}, "tp": {tp}, "cp": {cp}, "dp": {dp}, "sequence_parallel": set(sps), "vpp": {1},
@@ -126,6 +129,11 @@ def unsatisfiable_constraints(model: ModelSpec, train: TrainSpec, cluster: Clust
     elif not problems and options.fixed:
         problems.append(f"each of {', '.join(f'{k}={v}' for k, v in pinned)} is possible, but not all together")
     return problems
+
+
+def _field(base: Choice, chosen: dict[str, Any], name: str) -> Any:
+    """Field `name` of `replace(base, **chosen)`."""
+    return chosen[name] if name in chosen else getattr(base, name)
 
 
 def _why_not(model: ModelSpec, train: TrainSpec, name: str, value: Any) -> str:
