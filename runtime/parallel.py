@@ -233,6 +233,12 @@ def apply_data_parallel(stage: nn.Module, mesh: DeviceMesh, plan: Plan, train: T
     if train.compute_dtype is not DType.FP32:
         mp = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[train.compute_dtype],
                                   reduce_dtype=TORCH_DTYPES[train.grad_dtype])
+    if plan.tp > 1:
+        # TP hands the stage's output over as DTensor.to_local()'s view, on which FSDP2 warns (once
+        # per rank, in run.log) that an in-place op would drop its backward hook: nothing writes a
+        # stage's output in place (the loss and the pipeline's send read it), and the parity tests
+        # prove the gradients of TP under every ZeRO stage
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
     dp_mesh = dp_mesh_for(mesh, plan)
     reshard = plan.zero_stage == 3
     offload = (CPUOffloadPolicy(pin_memory=mesh.device_type == "cuda") if plan.offload_optimizer
