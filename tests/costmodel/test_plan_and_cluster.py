@@ -165,6 +165,25 @@ def test_memory_ranks_belong_to_a_cpu(tmp_path):
         load_profile(bad)
 
 
+def test_a_profile_rewritten_in_place_is_read_as_it_now_is(tmp_path):
+    """Profiles are parsed once per text (costmodel.hardware.profile_io.parse_profile): the same
+    path with other text is parsed again, and a refused text stays refused however often it is read."""
+    from costmodel.hardware import load_profile
+    from costmodel.inputs import UserError
+    text = (PROFILES / "A100-SXM4-80GB.toml").read_text()
+    path = tmp_path / "edited.toml"
+    path.write_text(text)
+    before = load_profile(path).efficiency.gemm
+    path.write_text(re.sub(r"\ngemm = [0-9.]+", "\ngemm = 0.5", text, count=1))
+    assert load_profile(path).efficiency.gemm == 0.5 != before
+    path.write_text(text.replace("[device]\n", "[device]\nmemory_ranks = 2\n", 1))
+    for _ in range(2):
+        with pytest.raises(UserError, match="memory_ranks = 2 is out of range"):
+            load_profile(path)
+    path.write_text(text)
+    assert load_profile(path).efficiency.gemm == before
+
+
 def test_a_plan_file_keeps_the_cpu_ram_division(tmp_path):
     """The division is the cluster's, whichever path builds it: a saved plan read back too."""
     from planner.cli import main
