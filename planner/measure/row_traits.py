@@ -47,8 +47,9 @@ def row_traits(row: dict[str, str], cluster: ClusterSpec, model: ModelSpec) -> F
     weights gathered in float8), compiled (_compiled), async_tp (_async_tp), dispatcher (the
     expert all-to-all: a per-node one, `dispatch_per_node`, unless alltoall), dp_overlap
     (_dp_overlap), grad_accumulation_fusion (_grad_accumulation_fusion), vendor_attention
-    (_vendor_attention), attention (_first_flash), ep_overlap (_ep_overlap), recompute_modules (_recompute_modules), rms_norm (_rms_norm) and cuda_graph
-    (`full`: each whole iteration a CUDA graph, `iteration_graph`)."""
+    (_vendor_attention), attention (_first_flash), ep_overlap (_ep_overlap), recompute_modules
+    (_recompute_modules), rms_norm (_rms_norm) and cuda_graph (`full`: each whole iteration a
+    CUDA graph, `iteration_graph`)."""
     traits = framework_traits(row.get("framework"))
     if (row.get("dispatcher") or "").strip():
         dispatcher = choice_cell(row, "dispatcher", DISPATCHERS, "alltoall")
