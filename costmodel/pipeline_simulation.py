@@ -87,7 +87,10 @@ def simulate(plan: Plan, costs: list[StageCost], *, keep_events: bool = True) ->
 
 def _simulate(plan: Plan, costs: list[StageCost], keep_events: bool) -> Simulation:
     """The event loop, written out in one function on purpose: it runs tens of thousands of
-    times per call."""
+    times per call. Each rank runs its operations until one's input has not arrived, then the
+    next rank takes over. A rank's held activation bytes are summed as it goes: its operations
+    run one after another, a free at one's end before the next one's allocation, so the running
+    sum is its memory curve."""
     orders = rank_orders(plan)
     n, m, p = plan.num_virtual_stages, plan.num_micro_batches, plan.pp
     owner = [plan.stage_rank(j) for j in range(n)]
@@ -99,29 +102,38 @@ def _simulate(plan: Plan, costs: list[StageCost], keep_events: bool) -> Simulati
                 for c, cross in zip(costs, bwd_cross)]
     fwd_hold = [c.sent_held_bytes if cross else 0.0 for c, cross in zip(costs, fwd_cross)]
     bwd_hold = [c.sent_held_bytes if cross else 0.0 for c, cross in zip(costs, bwd_cross)]
-    fwd_ready = [[-1.0] * m for _ in range(n)]   # stage j's output for micro-batch i has arrived
-    bwd_ready = [[-1.0] * m for _ in range(n)]   # stage j's input gradient for i has arrived
+    # when micro-batch i's k-th hop has arrived (slot k·m + i; -1 before): its path runs forward
+    # through the n stages and back, so stage j's forward reads hop j and gives hop j + 1, its
+    # backward reads hop 2n - 1 - j and gives hop 2n - j; hop 0, the input, is there from the start
+    arrived = [0.0] * m + [-1.0] * (2 * n * m)
+    back = (2 * n - 1) * m
     clock, pos = [0.0] * p, [0] * p
     busy, sends = [0.0] * p, [0.0] * p
+    level, peak = [0.0] * p, [0.0] * p
     events: list[Event] | None = [] if keep_events else None
-    deltas: list[list[tuple[float, float]]] = [[] for _ in range(p)]
+    curves: list[list[tuple[float, float]]] = [[(0.0, 0.0)] for _ in range(p)]
     remaining = sum(len(o) for o in orders)
     while remaining:
         progressed = 0
         for r in range(p):
             ops, i, t = orders[r], pos[r], clock[r]
-            log = deltas[r]
+            held, top, curve = level[r], peak[r], curves[r]
             while i < len(ops):
                 stage, kind, mb = ops[i]
                 c = costs[stage]
-                # each span inline (events only when kept): this loop runs tens of thousands of times
+                # each span inline (events and curves only when kept): this loop runs tens of thousands of times
                 if kind == "F":
-                    ready = 0.0 if stage == 0 else fwd_ready[stage - 1][mb]
+                    hop = stage * m + mb
+                    ready = arrived[hop]
                     if ready < 0:
                         break
-                    t = max(t, ready)
-                    log.append((t, c.activation_bytes))
+                    if ready > t:
+                        t = ready
+                    held += c.activation_bytes
+                    if held > top:
+                        top = held
                     if events is not None:
+                        curve.append((t, held))
                         events.append((r, stage, FORWARD, mb, t, t + c.forward_s))
                     t = t + c.forward_s
                     send = fwd_send[stage]
@@ -131,21 +143,33 @@ def _simulate(plan: Plan, costs: list[StageCost], keep_events: bool) -> Simulati
                             events.append((r, stage, SEND, mb, t, t + send))
                         t = t + send
                     if fwd_hold[stage]:
-                        log.append((t, fwd_hold[stage]))
-                    fwd_ready[stage][mb] = t
+                        held += fwd_hold[stage]
+                        if held > top:
+                            top = held
+                        if events is not None:
+                            curve.append((t, held))
+                    arrived[hop + m] = t
                     busy[r] += c.forward_s + send
                 elif kind == "W":
                     if events is not None:
                         events.append((r, stage, BACKWARD_WEIGHT, mb, t, t + c.backward_weight_s))
                     t = t + c.backward_weight_s
-                    log.append((t, -c.weight_input_bytes))
+                    held -= c.weight_input_bytes
+                    if events is not None:
+                        curve.append((t, held))
                     busy[r] += c.backward_weight_s
                 else:
-                    ready = fwd_ready[stage][mb] if stage == n - 1 else bwd_ready[stage + 1][mb]
+                    hop = back - stage * m + mb
+                    ready = arrived[hop]
                     if ready < 0:
                         break
-                    t = max(t, ready)
-                    log.append((t, c.transient_bytes))
+                    if ready > t:
+                        t = ready
+                    held += c.transient_bytes
+                    if held > top:
+                        top = held
+                    if events is not None:
+                        curve.append((t, held))
                     if c.recompute_s:
                         if events is not None:
                             events.append((r, stage, RECOMPUTE, mb, t, t + c.recompute_s))
@@ -156,7 +180,11 @@ def _simulate(plan: Plan, costs: list[StageCost], keep_events: bool) -> Simulati
                     t = t + work
                     # a deferred weight pass keeps its projections' inputs until it runs
                     kept = c.weight_input_bytes if kind != "B" else 0.0
-                    log.append((t, kept - c.activation_bytes - c.transient_bytes))
+                    held += kept - c.activation_bytes - c.transient_bytes
+                    if held > top:
+                        top = held
+                    if events is not None:
+                        curve.append((t, held))
                     send = bwd_send[stage]
                     if send:
                         sends[r] += send
@@ -164,29 +192,19 @@ def _simulate(plan: Plan, costs: list[StageCost], keep_events: bool) -> Simulati
                             events.append((r, stage, SEND, mb, t, t + send))
                         t = t + send
                     if bwd_hold[stage]:
-                        log.append((t, bwd_hold[stage]))
-                    bwd_ready[stage][mb] = t
+                        held += bwd_hold[stage]
+                        if held > top:
+                            top = held
+                        if events is not None:
+                            curve.append((t, held))
+                    arrived[hop + m] = t
                     busy[r] += c.recompute_s + work + send
                 i += 1
             progressed += i - pos[r]
-            pos[r], clock[r] = i, t
+            pos[r], clock[r], level[r], peak[r] = i, t, held, top
         remaining -= progressed
         if not progressed:
             raise AssertionError(f"schedule {plan.schedule} deadlocks: operation order is inconsistent")
-    peaks, curves = zip(*(_memory_curve(d, keep_events) for d in deltas))
     return Simulation(time_s=max(clock), events=tuple(events or ()), busy_s=tuple(busy),
-                      send_s=tuple(sends), peak_activation_bytes=peaks, memory_curves=curves)
-
-
-def _memory_curve(deltas: list[tuple[float, float]], keep: bool) -> tuple[float, tuple]:
-    """Peak and step curve of held activation bytes. A rank logs its changes in time order
-    (its operations run one after another; a free at an operation's end precedes the next
-    operation's allocation), so a running sum suffices."""
-    level, peak, curve = 0.0, 0.0, [(0.0, 0.0)]
-    for t, d in deltas:
-        level += d
-        if level > peak:
-            peak = level
-        if keep:
-            curve.append((t, level))
-    return peak, tuple(curve)
+                      send_s=tuple(sends), peak_activation_bytes=tuple(peak),
+                      memory_curves=tuple(map(tuple, curves)))

@@ -28,6 +28,7 @@ W (backward for weights); zero-bubble schedules split B into I then a deferred W
 """
 from __future__ import annotations
 
+from collections import deque
 from functools import lru_cache
 
 from costmodel.plan import Plan
@@ -82,27 +83,33 @@ def _interleaved(r: int, p: int, m: int, v: int, zero_bubble: bool) -> list[Acti
     def bwd_stage(k: int) -> int:
         return (v - 1 - (k - warmup) // per_round % v) * p + r
 
-    next_mb: dict[tuple[str, int], int] = {}
-
-    def take(kind: str, stage: int) -> Action:
-        i = next_mb.get((kind, stage), 0)
-        next_mb[(kind, stage)] = i + 1
-        return (stage, kind, i)
-
+    # the next micro-batch of each local stage, per kind (its stage // p indexes the lists)
+    next_f, next_b, next_w = [0] * v, [0] * v, [0] * v
     ops: list[Action] = []
     backward_kind = "I" if zero_bubble else "B"
-    pending_w: list[int] = []   # op indices whose W is still to run
+    pending_w: deque[int] = deque()   # op indices whose W is still to run
     for k in range(warmup + total):
         if k < total:
-            ops.append(take("F", fwd_stage(k)))
+            stage = fwd_stage(k)
+            ops.append((stage, "F", next_f[stage // p]))
+            next_f[stage // p] += 1
         if k >= warmup:
-            ops.append(take(backward_kind, bwd_stage(k)))
+            stage = bwd_stage(k)
+            ops.append((stage, backward_kind, next_b[stage // p]))
+            next_b[stage // p] += 1
             pending_w.append(k)
             if zero_bubble and k - warmup >= r:
-                ops.append(take("W", bwd_stage(pending_w.pop(0))))
+                ops.append(_weight_pass(bwd_stage(pending_w.popleft()), p, next_w))
     while zero_bubble and pending_w:
-        ops.append(take("W", bwd_stage(pending_w.pop(0))))
+        ops.append(_weight_pass(bwd_stage(pending_w.popleft()), p, next_w))
     return ops
+
+
+def _weight_pass(stage: int, p: int, next_w: list[int]) -> Action:
+    """The W of a local stage's next deferred backward."""
+    mb = next_w[stage // p]
+    next_w[stage // p] = mb + 1
+    return stage, "W", mb
 
 
 def _zbv(r: int, p: int, m: int) -> list[Action]:
