@@ -143,9 +143,12 @@ def _layers_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, layers: int,
 
 def activation_shape(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
                      micro_batch: AffineBytes | None = None,
-                     traits: FrameworkTraits = RUNTIME) -> AffineBytes:
+                     traits: FrameworkTraits = RUNTIME,
+                     backward: tuple[float, float] | None = None) -> AffineBytes:
     """A rank's peak activations: every in-flight micro-batch's layers, one layer being rebuilt,
-    and the embedding / LM-head tensors of the first / last rank."""
+    and the embedding / LM-head tensors of the first / last rank. `backward`: the rank's
+    backward_working_bytes alone and beside the rebuilt layer (_backward_bytes), where the
+    caller has them."""
     mb = micro_batch or _micro_batch_shape(model, train, plan, traits)
     held = in_flight_micro_batches(plan, rank, traits)
     deferred = edges = 0.0
@@ -157,13 +160,21 @@ def activation_shape(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
             edges = passes * (edge_bytes_per_micro_batch(model, train, plan, first, last, traits)
                               + edge_weight_grad_output_bytes(model, train, plan, first, last))
     last = rank == plan.stage_rank(plan.num_virtual_stages - 1)
-    working = backward_working_bytes(model, train, plan, last, traits)
+    working, beside_rebuilt = backward or _backward_bytes(model, train, plan, last, mb, traits)
     base = (edges + held_send_bytes(model, train, plan, rank, traits)
             + _edge_activation_bytes(model, train, plan, rank, traits) + working)
     # a rebuilt layer and the loss's gradient are not held at once (backward_working_bytes)
-    jump = mb.jump + backward_working_bytes(model, train, plan, last, traits, mb.jump) - working
+    jump = mb.jump + beside_rebuilt - working
     return AffineBytes(base=base, per_layer=held * mb.per_layer + deferred,
                        per_recomputed=held * mb.per_recomputed, jump=jump)
+
+
+def _backward_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, last: bool, mb: AffineBytes,
+                    traits: FrameworkTraits) -> tuple[float, float]:
+    """A rank's backward_working_bytes alone and beside the layer it rebuilds (its micro-batch's
+    jump): the same for every rank but the last."""
+    return (backward_working_bytes(model, train, plan, last, traits),
+            backward_working_bytes(model, train, plan, last, traits, mb.jump))
 
 
 def rebuilt_layer_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
@@ -260,8 +271,15 @@ def buffer_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
     closed loops' two models in bf16, dp2, micro-batch 1, a stage one unit: ZeRO-1 measured 9 and
     16 % below the prediction, ZeRO-0 within 2 % of it, as with a unit a layer: `python
     benchmarks/memory.py dp`)."""
+    return pipeline_buffer_bytes(model, train, plan, rank, traits) + _state_buffer_bytes(model, train, plan, rank, traits)
+
+
+def _state_buffer_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
+                        traits: FrameworkTraits = RUNTIME) -> float:
+    """buffer_bytes' part that the placement of states decides: ZeRO-3's gathered layers and
+    the reduce-scatter's input, where every micro-batch reduces."""
     a = train.compute_dtype.num_bytes
-    total = pipeline_buffer_bytes(model, train, plan, rank, traits)
+    total = 0.0
     if reduces_every_micro_batch(plan, traits):
         if coordinates(model, plan, traits):   # DeepSpeed's coordinator: what its prefetch bounds allow
             held = rank_params(model, plan, rank, traits)
@@ -313,19 +331,22 @@ def stage_memory_shapes_by_zero(model: ModelSpec, train: TrainSpec, plans: list[
     # (edge's replicated and expert parameters, replicated per layer, experts per layer): one per
     # kind of rank (an edge holds experts where the first layers are dense or MTP modules follow)
     params: dict[tuple[bool, bool], tuple[int, int, int, int]] = {}
+    backward = {last_rank: _backward_bytes(model, train, plan, last_rank, mb, traits) for last_rank in (False, True)}
     ranks = []
     for rank in range(plan.pp):
         kind = (rank == first, rank == last)
         if kind not in params:
             edge, one = rank_params_at(model, plan, 0, *kind, traits), rank_params_at(model, plan, 1, *kind, traits)
             params[kind] = edge.replicated, edge.experts, one.replicated - edge.replicated, one.experts - edge.experts
-        ranks.append((params[kind], activation_shape(model, train, plan, rank, mb, traits)))
+        ranks.append((params[kind], activation_shape(model, train, plan, rank, mb, traits, backward[kind[1]])))
+    pipeline_buffers = [pipeline_buffer_bytes(model, train, plan, rank, traits) for rank in range(plan.pp)]
     out = []
     for sharded in plans:
         # states are linear in each kind of parameter: bytes per replicated one and per expert one
         per_param = sum(state_bytes_for(train, sharded, 1.0, traits))
         per_expert = sum(state_bytes_for(train, sharded, 1.0, traits, experts=1.0))
-        fixed = [buffer_bytes(model, train, sharded, rank, traits) + reserved_bytes for rank in range(plan.pp)]
+        fixed = [pipeline_buffers[rank] + _state_buffer_bytes(model, train, sharded, rank, traits) + reserved_bytes
+                 for rank in range(plan.pp)]
         out.append([AffineBytes(base=fixed[rank] + per_param * edge + per_expert * edge_experts + act.base,
                                 per_layer=per_param * per_layer + per_expert * experts + act.per_layer,
                                 per_recomputed=act.per_recomputed, jump=act.jump)
