@@ -7,11 +7,13 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import replace
+from functools import partial
 
 from costmodel.check import check_structure
 from costmodel.estimate import estimate
 from costmodel.plan import Plan
 from costmodel.schedules import Schedule
+from planner.halves import map_in_halves
 from planner.partition import short_chunks_first
 from planner.ranking import DECISION_K, closer, one_row_per_price, rank, robust_first, undominated
 from planner.search_options import STATE_OPTIONS, SearchOptions
@@ -67,7 +69,8 @@ def result(shared: SharedModels, options: SearchOptions, stats: SearchStats, fou
     ranked = _union(decision, rank(found, replace(options, top_k=_repriced(options))))
     if options.objective != "time":   # the fastest plans too: the leanest are judged against them
         ranked = _union(ranked, rank(found, replace(options, top_k=_repriced(options), objective="time")))
-    simulated = {id(f): _simulated(shared, f) for f in ranked}
+    # each simulation costs milliseconds to tens of them: half of them on the second core
+    simulated = {id(f): priced for f, priced in zip(ranked, map_in_halves(partial(_simulated, shared), ranked))}
     evaluated = [simulated.get(id(f), f) for f in found]
     fitting = [f for f in simulated.values() if f.estimate.fits]
     # a plan that fit under the closed form's memory may overflow once simulated: not feasible
@@ -136,7 +139,7 @@ def _simulated_variants(shared: SharedModels, options: SearchOptions, ranked: li
     if options.fixed.keys() & {"schedule", "vpp"}:
         return []
     model, train, cluster = shared.model, shared.train, shared.cluster
-    out, seen = [], set()
+    variants, seen = [], set()
     for schedule in Schedule:
         if schedule.traits.closed_form or (options.schedules is not None and schedule not in options.schedules):
             continue
@@ -149,7 +152,8 @@ def _simulated_variants(shared: SharedModels, options: SearchOptions, ranked: li
             if options.space is not None and options.space.problems(variant):
                 continue
             seen.add(variant)
-            out.append(Found(plan=variant, estimate=estimate(model, train, cluster, variant)))
-    return out
+            variants.append(variant)
+    return map_in_halves(lambda variant: Found(plan=variant, estimate=estimate(model, train, cluster, variant)),
+                         variants)
 
 

@@ -62,6 +62,15 @@ def test_an_error_in_the_first_half_ends_the_second(tmp_path):
         os.kill(int(marker.read_text()), 0)
 
 
+@forks
+@pytest.mark.parametrize("count", [0, 1, 2, 5])
+def test_a_list_mapped_in_halves_keeps_its_order(count):
+    got = halves.map_in_halves(lambda x: (x * x, os.getpid()), list(range(count)))
+    assert [value for value, _ in got] == [x * x for x in range(count)]
+    # every other item in the child, from the second on, where there are two to share
+    assert [pid == os.getpid() for _, pid in got] == [i % 2 == 0 or count < 2 for i in range(count)]
+
+
 @pytest.mark.parametrize("model_name,cluster", [("llama2-13b", "4x8xH100"), ("mixtral-8x7b", "4x8xH100")])
 def test_forked_halves_give_the_answer_of_one_process(monkeypatch, model_name, cluster):
     model, parsed = resolve_model(model_name), parse_cluster(cluster)
