@@ -23,8 +23,6 @@ import math
 import time
 from dataclasses import dataclass, replace
 
-from ortools.sat.python import cp_model
-
 from costmodel.groups import rank_caps_bytes
 from costmodel.hardware import ClusterSpec
 from costmodel.memory import AffineBytes, stage_memory_shapes
@@ -32,7 +30,7 @@ from costmodel.plan import Plan, Recompute, even_layers
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.bounds import MemoryFit
 from planner.shapes import RankShape, rank_shapes
-from planner.split_model import FREE, SplitModel, SplitRules, integer_bytes, recomputes_all
+from planner.split_model import FREE, SplitModel, SplitRules, cp_sat, integer_bytes, recomputes_all
 
 # CP-SAT attempts on a split model, each stopped at a deterministic-time budget (the same on
 # every machine, so the answer is too) and the last at the deadline:
@@ -109,6 +107,7 @@ def solve_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
     if plan.pp == 1:
         return _scan_single_rank(ranks[0], plan, total, fit.caps[0], cutoff_s, _single_rank_counts(plan, rules, total))
     deadline = time.perf_counter() + time_limit_s
+    cp_model = cp_sat()
     split = SplitModel(model, plan, ranks, fit, cutoff_s, rules)
     shared_count = _shared_block_count(plan, rules)
     solver, status = split.solve(deadline, ATTEMPTS[:2] if shared_count else ATTEMPTS, WALL_PER_DETERMINISTIC_S)
@@ -136,7 +135,7 @@ def _solve_per_block_count(model: ModelSpec, plan: Plan, ranks: list[RankShape],
     fraction of a second), over the counts some split fits (_block_counts), each solve held
     below the best so far; the best of them."""
     best: Split | None = None
-    ceiling, optimal = None, True
+    ceiling, optimal, cp_model = None, True, cp_sat()
     for k in _block_counts(model, plan, ranks, fit):
         if time.perf_counter() >= deadline:   # the counts left unsolved: not proven
             optimal = False

@@ -45,6 +45,7 @@ from planner.search_state import Found, SearchResult, SearchStats, SharedModels
 from planner.shapes import rank_shapes
 from planner.shares import search_shares
 from planner.space import Choice
+from planner.split_model import cp_sat
 
 
 def search(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
@@ -103,6 +104,7 @@ def _search(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: S
     start = time.perf_counter()
     shared = SharedModels(model, train, cluster, options)
     deadline = start + options.time_limit_s
+    cp_sat()   # imported once, before the second half forks, rather than in each half
     halves = in_halves(lambda i: _half(shared, options if i == 0 else replace(options, progress=None), i, deadline))
     stats = _merged(halves)
     found = [f for h in halves for f in h.found]

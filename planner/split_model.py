@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-
-from ortools.sat.python import cp_model
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from costmodel.memory import AffineBytes
 from costmodel.pipeline_closed_form import scaled_closed_form
@@ -17,7 +17,18 @@ from costmodel.specs import ModelSpec
 from planner.bounds import MemoryFit, min_max_time_s
 from planner.shapes import RankShape
 
+if TYPE_CHECKING:
+    from ortools.sat.python import cp_model
+
 NS = 1e9
+
+
+def cp_sat() -> ModuleType:
+    """OR-Tools' CP-SAT module (ortools.sat.python.cp_model), imported when the first split is
+    solved: with the pandas it imports, it is most of the command line's start-up, which the
+    commands that solve no split (predict, report, export, models, --help) need not pay."""
+    from ortools.sat.python import cp_model
+    return cp_model
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -86,7 +97,7 @@ class SplitModel:
     def __init__(self, model: ModelSpec, plan: Plan, ranks: list[RankShape], fit: MemoryFit, cutoff_s: float,
                  rules: SplitRules, block_k: int | None = None, ceiling: int | None = None):
         total, v, m = model.num_layers, plan.vpp, plan.num_micro_batches
-        self.cm = cm = cp_model.CpModel()
+        self.cm = cm = cp_sat().CpModel()
         self.L = L = [cm.NewIntVar(v, total, f"L{r}") for r in range(plan.pp)]
         self.n = n = [cm.NewIntVar(0, total, f"n{r}") for r in range(plan.pp)]
         z = [cm.NewBoolVar(f"z{r}") for r in range(plan.pp)]
@@ -144,7 +155,7 @@ class SplitModel:
             left_s = max(0.1, deadline - time.perf_counter())
             wall_s = left_s if budget is None else min(left_s, max(0.1, wall_per_deterministic_s * budget))
             solver, status = solve_model(self.cm, time_limit_s=wall_s, deterministic_limit=budget, **attempt)
-            if status in (cp_model.OPTIMAL, cp_model.INFEASIBLE):
+            if status in (cp_sat().OPTIMAL, cp_sat().INFEASIBLE):
                 break
         return solver, status
 
@@ -155,7 +166,7 @@ class SplitModel:
 
 def solve_model(cm: cp_model.CpModel, *, time_limit_s: float, deterministic_limit: float | None = None,
            **parameters) -> tuple[cp_model.CpSolver, int]:
-    solver = cp_model.CpSolver()
+    solver = cp_sat().CpSolver()
     solver.parameters.num_workers = 1  # deterministic
     # CP-SAT's own Ctrl-C handler leaves SIGINT at its default (kill, no clean-up) once a solve
     # ends; each solve is short, so Python's handler serves between solves.
