@@ -58,10 +58,7 @@ def map_in_halves(fn: Callable[[T], U], items: list[T]) -> list[U]:
     if len(items) < 2:
         return [fn(x) for x in items]
     halves = in_halves(lambda i: [fn(x) for x in items[i::HALVES]])
-    out: list[U] = []
-    for i in range(len(items)):
-        out.append(halves[i % HALVES][i // HALVES])
-    return out
+    return [halves[i % HALVES][i // HALVES] for i in range(len(items))]
 
 
 def _forks() -> bool:
