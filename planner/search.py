@@ -54,6 +54,7 @@ def search(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
     the cluster's error band unless the options set one."""
     if options.error_band is None:
         options = replace(options, error_band=error_band(cluster)[0])
+    cp_sat()   # the solver's import: before the search's clock, and once, not in each forked half
     with _few_collections():
         return _search_levers(model, train, cluster, options)
 
@@ -104,7 +105,6 @@ def _search(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: S
     start = time.perf_counter()
     shared = SharedModels(model, train, cluster, options)
     deadline = start + options.time_limit_s
-    cp_sat()   # imported once, before the second half forks, rather than in each half
     halves = in_halves(lambda i: _half(shared, options if i == 0 else replace(options, progress=None), i, deadline))
     stats = _merged(halves)
     found = [f for h in halves for f in h.found]
