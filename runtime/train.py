@@ -171,8 +171,10 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
             sync.append(per_stage_max(job, job.clock.dp_sync_s))
             optim.append(per_stage_max(job, job.clock.optimizer_s))
         if dist.get_rank() == 0 and not cfg.quiet:
+            # the step whose live tensors runtime.memtrack follows is slower for it: say why
+            tracked_note = " (every live tensor tracked for the memory figure: slower)" if track else ""
             print(f"[planner run] {tag}: loss {step_loss:.4f}, grad norm {health.grad_norm:.4g}, "
-                  f"{step_s * 1e3:.1f} ms", file=sys.stderr, flush=True)
+                  f"{step_s * 1e3:.1f} ms{tracked_note}", file=sys.stderr, flush=True)
         nonfinite = 0 if health.finite else nonfinite + 1
         if nonfinite:   # every rank decides alike (the values are global), before this state is saved
             nonfinite_step(step, health, nonfinite, cfg.max_nonfinite_steps, cfg.partial, lambda: rank0_figures(
