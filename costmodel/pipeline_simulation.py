@@ -73,9 +73,10 @@ _CACHE_SIZE = 256
 
 def simulate(plan: Plan, costs: list[StageCost], *, keep_events: bool = True) -> Simulation:
     """Run the plan's schedule over `costs` (one per virtual stage). Without `keep_events` only
-    the totals are kept (what the search needs), which is several times faster. Plans that
-    differ only where the pipeline phase cannot see it (ZeRO stage, a placement with the same
-    send costs) share one simulation: the result depends on the schedule's shape and the costs."""
+    the totals are kept (what the search needs), about twice as fast (benchmarks/simulate_speed.py).
+    Plans that differ only where the pipeline phase cannot see it (ZeRO stage, a placement with
+    the same send costs) share one simulation: the result depends on the schedule's shape and
+    the costs."""
     key = (plan.pp, plan.vpp, plan.num_micro_batches, plan.schedule, tuple(costs), keep_events)
     hit = _CACHE.get(key)
     if hit is None:
