@@ -151,11 +151,13 @@ class SplitModel:
         without a budget up to the deadline; a budgeted one also stops after
         `wall_per_deterministic_s` x its budget of wall time. With the bounds above the model is
         small and tight, and presolve usually costs more than it saves."""
+        cp_model = cp_sat()
+        settled = (cp_model.OPTIMAL, cp_model.INFEASIBLE)
         for attempt, budget in attempts:
             left_s = max(0.1, deadline - time.perf_counter())
             wall_s = left_s if budget is None else min(left_s, max(0.1, wall_per_deterministic_s * budget))
             solver, status = solve_model(self.cm, time_limit_s=wall_s, deterministic_limit=budget, **attempt)
-            if status in (cp_sat().OPTIMAL, cp_sat().INFEASIBLE):
+            if status in settled:
                 break
         return solver, status
 
