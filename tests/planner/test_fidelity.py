@@ -20,6 +20,23 @@ def validated():
     return validate(RUNS)
 
 
+@pytest.fixture(scope="module")
+def filled(validated):
+    """Every row with the plan validate filled it with, as planner.measure.fit.fill_rows fills it (the
+    same best_plan_for_row; scripts/results.py relies on it too), in the table's order: the fits
+    below take their small tables from it rather than search each row again."""
+    from planner.measure import fit
+    from planner.measure.runs_table import read_runs, row_specs
+    results, _ = validated
+    return [fit.FilledRow(row=row, model=m, train=t, cluster=c, plan=res.plan)
+            for res, row in zip(results, read_runs(RUNS)) for m, t, c in [row_specs(row)]]
+
+
+def _measured(filled, keep) -> list:
+    """The measured rows (fill_rows skips the status ones) that `keep` takes, in the table's order."""
+    return [r for r in filled if r.row["metric_name"].strip() != "status" and keep(r.row)]
+
+
 def test_published_runs_stay_within_the_measured_fidelity(validated):
     results, summary = validated
     assert summary["n"] == sum(1 for r in results if r.error_pct is not None) == 268
@@ -37,14 +54,10 @@ def test_published_runs_stay_within_the_measured_fidelity(validated):
     assert summary["num_status_correct"] == summary["num_status_rows"]
 
 
-def test_the_table_covers_the_scale_a_planner_is_used_at(validated):
+def test_the_table_covers_the_scale_a_planner_is_used_at(filled):
     """At least 150 measured rows, 60 of them on 256 or more GPUs and 60 on H100-class devices
     (the H100 chip's fit), counted as fidelity.py and docs/results.md count them."""
     from planner.measure import fit
-    from planner.measure.runs_table import read_runs, row_specs
-    results, _ = validated
-    filled = [fit.FilledRow(row=row, model=m, train=t, cluster=c, plan=res.plan)
-              for res, row in zip(results, read_runs(RUNS)) for m, t, c in [row_specs(row)]]
     measured, large, hopper, dies = fit.coverage(filled)
     assert measured == 268 and measured < len(filled)   # the OOM rows are not measured ones
     assert large >= 60 and hopper >= 60
@@ -93,16 +106,14 @@ def test_qwen3_235b_on_h100_is_priced_with_its_expert_all_to_all_overlap(validat
     assert all(r.fits and abs(r.error_pct) <= 10 for r in rows)
 
 
-def test_leaving_a_source_out_of_the_fit_predicts_it(tmp_path):
+def test_leaving_a_source_out_of_the_fit_predicts_it(filled):
     """planner.measure.fit on a small table: the Megatron H100 rows predicted by a fit on the other H100
     sources (llm-foundry) stay within 25 % (the full table's figures: benchmarks/fidelity.py)."""
     import math
 
     from planner.measure import fit
-    from planner.measure.runs_table import read_runs
-    rows = [r for r in read_runs(RUNS) if r["gpu"] == "H100-SXM5-80GB"
-            and r["id"].startswith(("megatron_h100_", "mosaic_"))]
-    errors = fit.leave_one_source_out(fit.fill_rows(rows))
+    rows = _measured(filled, lambda r: r["gpu"] == "H100-SXM5-80GB" and r["id"].startswith(("megatron_h100_", "mosaic_")))
+    errors = fit.leave_one_source_out(rows)
     held = [e for r, e in errors if r.row["id"].startswith("megatron_h100_")]
     assert len(held) == 9 and max(abs(math.exp(e) - 1) for e in held) <= 0.25
 
@@ -148,7 +159,7 @@ def test_a_held_parameter_keeps_the_profiles_value_and_a_pinned_one_is_named():
                 if "comm_contention" in p]
 
 
-def test_the_runs_at_scale_are_predicted_by_a_fit_that_never_saw_them():
+def test_the_runs_at_scale_are_predicted_by_a_fit_that_never_saw_them(filled):
     """planner.measure.fit.leave_scale_out on a small table: Megatron's H100 weak-scaling rows on
     1,024 or more GPUs (1,536 to 6,144) predicted by a fit on that table's smaller rows (48 to 768
     GPUs) and llm-foundry's (128 to 512) stay within 15 %. Doubling the large rows' published times
@@ -157,9 +168,7 @@ def test_the_runs_at_scale_are_predicted_by_a_fit_that_never_saw_them():
     import math
 
     from planner.measure import fit
-    from planner.measure.runs_table import read_runs
-    rows = fit.fill_rows([r for r in read_runs(RUNS) if r["gpu"] == "H100-SXM5-80GB"
-                          and r["id"].startswith(("megatron_h100_", "mosaic_"))])
+    rows = _measured(filled, lambda r: r["gpu"] == "H100-SXM5-80GB" and r["id"].startswith(("megatron_h100_", "mosaic_")))
     errors = fit.leave_scale_out(rows, min_gpus=1024)
     assert sorted(r.row["id"] for r, _ in errors) == sorted(
         r.row["id"] for r in rows if int(r.row["num_gpus"]) >= 1024) == [
@@ -171,7 +180,7 @@ def test_the_runs_at_scale_are_predicted_by_a_fit_that_never_saw_them():
         assert e2 == pytest.approx(e - math.log(2), abs=1e-9)
 
 
-def test_zero3_over_hundreds_of_ranks_is_predicted_by_a_fit_that_never_saw_it():
+def test_zero3_over_hundreds_of_ranks_is_predicted_by_a_fit_that_never_saw_it(filled):
     """The PyTorch FSDP paper's GPT-175B under full sharding alone over 128 to 512 A100s (one and
     two sequences a GPU), predicted by an A100 fit on SC'21's, Korthikanti's and llm-foundry's rows
     (planner.measure.fit.leave_one_source_out on that table): within 10 % each (-6 to -8 %), and the error moves
@@ -180,9 +189,8 @@ def test_zero3_over_hundreds_of_ranks_is_predicted_by_a_fit_that_never_saw_it():
     import math
 
     from planner.measure import fit
-    from planner.measure.runs_table import read_runs
-    rows = fit.fill_rows([r for r in read_runs(RUNS) if r["id"].startswith(("fsdp23_", "sc21_", "korthikanti_"))
-                          or (r["id"].startswith("mpt_") and "a100_80gb" in r["id"])])
+    rows = _measured(filled, lambda r: r["id"].startswith(("fsdp23_", "sc21_", "korthikanti_"))
+                     or (r["id"].startswith("mpt_") and "a100_80gb" in r["id"]))
     errors = {r.row["id"]: 100 * (math.exp(e) - 1) for r, e in fit.leave_one_source_out(rows)
               if r.row["id"].startswith("fsdp23_")}
     assert len(errors) == 9
@@ -192,7 +200,7 @@ def test_zero3_over_hundreds_of_ranks_is_predicted_by_a_fit_that_never_saw_it():
         assert abs(drift) <= 3.0
 
 
-def test_internevo_s_fp32_norms_free_the_fit_they_pinned(monkeypatch):
+def test_internevo_s_fp32_norms_free_the_fit_they_pinned(filled, monkeypatch):
     """InternEvo's layer casts each RMSNorm's input to fp32 and re-runs dropout, cast and norm in
     backward (dropout_selective_checkpoint: frameworks `norm_fp32_recomputed`). An A100 fit on its
     16 rows beside SC'21's and Korthikanti's Megatron runs then holds every value inside its
@@ -204,29 +212,30 @@ def test_internevo_s_fp32_norms_free_the_fit_they_pinned(monkeypatch):
     from planner.measure import fit
     from planner.measure.runs_table import read_runs
 
-    def pinned() -> list[str]:
-        rows = fit.fill_rows([r for r in read_runs(RUNS) if r["id"].startswith(("internevo_", "sc21_", "korthikanti_"))])
+    def pinned(rows) -> list[str]:
         assert len(rows) == 36
         return fit.at_bounds(rows, {"A100": fit.fit(rows)})
 
-    assert pinned() == []
+    sources = ("internevo_", "sc21_", "korthikanti_")
+    assert pinned(_measured(filled, lambda r: r["id"].startswith(sources))) == []
     monkeypatch.setitem(frameworks.FRAMEWORKS, "internevo",
                         replace(frameworks.FRAMEWORKS["internevo"], norm_fp32_recomputed=False))
-    assert {p.split(" = ")[0] for p in pinned()} == {"A100 attention"}
+    # filled again: each row's plan and price under the plain norms
+    plain = fit.fill_rows([r for r in read_runs(RUNS) if r["id"].startswith(sources)])
+    assert {p.split(" = ")[0] for p in pinned(plain)} == {"A100 attention"}
 
 
-def test_the_a100_s_per_kernel_cost_is_what_two_sources_host_bound_rows_give_it():
+def test_the_a100_s_per_kernel_cost_is_what_two_sources_host_bound_rows_give_it(filled):
     """Megatron-LM's own Llama layer (Skywork-13B on A800s) and Megatron-DeepSpeed's (FlagPerf's
     Llama-2-7B on A100s) run their norms, RoPE and SwiGLU as eager torch ops; at TP 4 each kernel
     is small and the host's per-kernel cost bounds the layer. Either source beside SC'21's and
     Korthikanti's runs, with the per-kernel cost fitted too, gives it 76-85 us, what the A100
     profiles ship (79 us, the whole table's --release fit), every value inside its range."""
     from planner.measure import fit
-    from planner.measure.runs_table import read_runs
 
     shipped = parse_cluster("1x8xA100-SXM4-80GB").device.efficiency.kernel_overhead_s
     for source in ("skywork", "flagperf_llama2_7b_mds"):
-        rows = fit.fill_rows([r for r in read_runs(RUNS) if r["id"].startswith((source, "sc21_", "korthikanti_"))])
+        rows = _measured(filled, lambda r: r["id"].startswith((source, "sc21_", "korthikanti_")))
         values = fit.fit(rows, released=frozenset({"kernel_overhead_s"}))
         assert fit.at_bounds(rows, {"A100": values}) == []
         assert 0.85 * shipped <= values["kernel_overhead_s"] <= 1.15 * shipped
