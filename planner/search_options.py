@@ -5,11 +5,14 @@ placements it weighs (States), and the filters every enumeration applies (allowe
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 from costmodel.check_levers import offload_problems
 from costmodel.hardware import ClusterSpec
 from costmodel.plan import Plan
+
+if TYPE_CHECKING:
+    from planner.space import Choice
 
 MAX_MICRO_BATCH = 64
 
@@ -50,6 +53,12 @@ def states_allowed(options: "SearchOptions", cluster: ClusterSpec) -> tuple[bool
                  and not offload_problems(cluster, o.zero_stage, o.offload_optimizer) for o in STATE_OPTIONS)
 
 
+def replicas_beside_parallelism(c: Plan | Choice) -> bool:
+    """Whether data-parallel replicas share the mesh with TP, PP, CP or EP (FrameworkSpace's
+    zero_stages_beside_parallelism)."""
+    return c.dp > 1 and max(c.tp, c.pp, c.cp, c.ep) > 1
+
+
 def states_for_group(states: States, sharded: bool) -> bool:
     """Whether a placement is its own plan for a choice with (`sharded`) or without a ZeRO group:
     without one ZeRO-1 and -2 on the device are stage 0's plan, but ZeRO-3 is not (FSDP2 still
@@ -74,6 +83,8 @@ class FrameworkSpace:
     # search lists no other, which its `problems` would refuse one by one
     zero_stages: frozenset | None = None
     zero_stages_with_pp: frozenset | None = None   # those it runs with a pipeline (None: zero_stages)
+    # those it runs where data parallelism shares the mesh with TP, PP, CP or EP (None: zero_stages)
+    zero_stages_beside_parallelism: frozenset | None = None
     recompute_modes: frozenset | None = None
     problems: Callable[[Plan], list[str]] = lambda plan: []
 

@@ -28,7 +28,15 @@ from planner.bounds import (
     zero_floor_s,
 )
 from planner.candidates import Group, hybrid_zero_stage
-from planner.search_options import STATE_OPTIONS, SearchOptions, States, reason_key, states_allowed, states_for_group
+from planner.search_options import (
+    STATE_OPTIONS,
+    SearchOptions,
+    States,
+    reason_key,
+    replicas_beside_parallelism,
+    states_allowed,
+    states_for_group,
+)
 from planner.shapes import pipeline_rows
 from planner.space import Choice, build_plan, degrees_plan
 
@@ -121,18 +129,22 @@ class SharedModels:
     def placements(self, base: Choice) -> list[int]:
         """The state placements (STATE_OPTIONS indices) the search takes for the choice: ZeRO
         needs a group to shard over (states_for_group), ZeRO-2 is ZeRO-1's alternative where it
-        prices alike, and a framework's pipeline runs only some stages (FrameworkSpace)."""
+        prices alike, and a framework's pipeline, or its replicas beside other parallelism, run only
+        some stages (FrameworkSpace)."""
         # they read only these (keeps_whole_grads_under_pp: whether there is a pipeline)
-        key = (base.dp * base.cp > 1, base.pp > 1, base.dp_replicate)
+        key = (base.dp * base.cp > 1, base.pp > 1, base.dp_replicate,
+               replicas_beside_parallelism(base))
         got = self._placements.get(key)
         if got is None:
-            sharded, piped, replicas = key
+            sharded, piped, replicas, beside = key
             skip = self._twin[1] if self._twin and keeps_whole_grads_under_pp(base.pp, self.cluster.framework) else None
             space = self.options.space
             with_pp = space.zero_stages_with_pp if space is not None and piped else None
+            with_others = space.zero_stages_beside_parallelism if space is not None and beside else None
             got = self._placements[key] = [
                 i for i, (o, ok) in enumerate(zip(STATE_OPTIONS, self.zero_allowed))
                 if ok and i != skip and states_for_group(o, sharded) and (with_pp is None or o.zero_stage in with_pp)
+                and (with_others is None or o.zero_stage in with_others)
                 and (replicas == 1 or (o.zero_stage >= self._hybrid_zero
                                        and shards_in_part(self.cluster.framework, o.zero_stage)))]
         return got

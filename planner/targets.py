@@ -117,6 +117,7 @@ def options_for(name: str, model: ModelSpec, train: TrainSpec, cluster: ClusterS
                            sequence_parallel=has_sequence_parallel(name, model, train, cluster),
                            zero_stages=getattr(module, "ZERO_STAGES", None),
                            zero_stages_with_pp=getattr(module, "ZERO_STAGES_WITH_PP", None),
+                           zero_stages_beside_parallelism=getattr(module, "ZERO_STAGES_BESIDE_PARALLELISM", None),
                            recompute_modes=getattr(module, "RECOMPUTE_MODES", None),
                            problems=lambda plan: _problems(name, model, train, cluster, plan))
     return replace(options, schedules=schedules, space=space)

@@ -37,6 +37,7 @@ from planner.exports.common import (
     to_uniform_recompute,
 )
 from planner.exports.torchtitan_models import flavour_of
+from planner.search_options import replicas_beside_parallelism
 
 NAME = "torchtitan"
 FRAMEWORK = "torchtitan"
@@ -45,6 +46,9 @@ ORDER = ("pp", "dp", "cp", "tp")   # torchtitan's world mesh: pp, dp_replicate, 
 # the ZeRO stages and recompute modes it runs, whatever else a plan holds (`nearest` moves the
 # others; planner.targets keeps the search from listing them)
 ZERO_STAGES = frozenset({0, 2, 3})
+# those it runs where replicas share the mesh with TP, PP, CP or EP: DDP runs on a
+# one-dimensional mesh only
+ZERO_STAGES_BESIDE_PARALLELISM = frozenset({2, 3})
 RECOMPUTE_MODES = frozenset({Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL})
 
 
@@ -67,7 +71,7 @@ def nearest(pf: PlanFile) -> Adjusted:
     if plan.zero_stage not in ZERO_STAGES:   # ZeRO-1
         adj.change("zero 1: torchtitan's FSDP2 without resharding after forward is ZeRO-2 (gradients "
                    "reduce-scattered every micro-batch)", zero_stage=2)
-    elif plan.zero_stage == 0 and plan.dp > 1 and max(plan.tp, plan.pp, plan.cp, plan.ep) > 1:
+    elif plan.zero_stage not in ZERO_STAGES_BESIDE_PARALLELISM and replicas_beside_parallelism(plan):
         adj.change("zero 0 beside other parallelism: torchtitan's DDP runs on a one-dimensional mesh only; "
                    "FSDP2 without resharding after forward (ZeRO-2)", zero_stage=2)
     if plan.tp > 1 and not plan.sequence_parallel:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -231,6 +232,31 @@ def test_the_stages_a_frameworks_pipeline_runs_are_those_its_export_keeps(name):
             if pp > 1:
                 assert (kept.zero_stage == zero) == (zero in module.ZERO_STAGES_WITH_PP), (pp, zero)
             assert (zero in taken) == (pp == 1 or zero in module.ZERO_STAGES_WITH_PP), (pp, zero)
+
+
+def test_the_stages_torchtitan_s_replicas_run_beside_other_parallelism_are_those_its_export_keeps():
+    """torchtitan's ZERO_STAGES_BESIDE_PARALLELISM leave the listing of choices whose replicas
+    share the mesh with TP, PP or CP (SharedModels.placements): exactly the ZeRO stages its
+    `nearest` keeps there (DDP only on a one-dimensional mesh), and its ZERO_STAGES elsewhere."""
+    from planner.exports import torchtitan
+    from planner.search_options import STATE_OPTIONS
+    from planner.search_state import SharedModels
+    from planner.space import Choice, build_plan
+    from planner.specs import build_specs
+    model, train, cluster = build_specs("llama3-8b", "2x8xH100", framework="torchtitan")
+    options = targets.options_for("torchtitan", model, train, cluster, SearchOptions())
+    shared = SharedModels(model, train, cluster, options)
+    for degrees in ({"dp": 16}, {"tp": 2, "dp": 8}, {"pp": 2, "dp": 8}, {"cp": 2, "dp": 8}, {"tp": 8, "pp": 2, "dp": 1}):
+        choice = Choice(**degrees, mesh_axis_order=torchtitan.ORDER)
+        taken = {STATE_OPTIONS[i].zero_stage for i in shared.placements(choice)}
+        beside = choice.dp > 1 and len(degrees) > 1   # a degree beside dp above 1
+        for zero in torchtitan.ZERO_STAGES:
+            plan = build_plan(model, train, cluster, replace(choice, zero_stage=zero))
+            kept = torchtitan.nearest(PlanFile(plan=plan, model=model, train=train, cluster=cluster)).plan
+            assert (kept.zero_stage == zero) == (not beside or zero in torchtitan.ZERO_STAGES_BESIDE_PARALLELISM)
+            # without replicas, ZeRO-0 stands for every stage that shards nothing (states_for_group)
+            if choice.dp > 1:
+                assert (zero in taken) == (kept.zero_stage == zero), (degrees, zero)
 
 
 @pytest.mark.parametrize("framework", ["planner", "megatron", "torchtitan"])
