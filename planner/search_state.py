@@ -132,8 +132,7 @@ class SharedModels:
         prices alike, and a framework's pipeline, or its replicas beside other parallelism, run only
         some stages (FrameworkSpace)."""
         # they read only these (keeps_whole_grads_under_pp: whether there is a pipeline)
-        key = (base.dp * base.cp > 1, base.pp > 1, base.dp_replicate,
-               replicas_beside_parallelism(base))
+        key = (base.dp * base.cp > 1, base.pp > 1, base.dp_replicate, replicas_beside_parallelism(base))
         got = self._placements.get(key)
         if got is None:
             sharded, piped, replicas, beside = key
