@@ -23,6 +23,7 @@ from planner.exports import deepspeed, megatron, torchtitan
 from planner.measure.cells import choice_cell, flag_cell, int_cell
 from planner.measure.runs_table import SELECTIVE_AND_SP_ARXIV_ID, framework_name, published_before
 from planner.search import SearchOptions, search
+from planner.search_options import replicas_beside_parallelism
 from planner.space import Choice, build_plan, divisors
 
 MAX_MICRO_BATCH = 16   # an unstated micro_batch is filled from the divisors of a replica's batch up to this
@@ -38,12 +39,12 @@ _TP_WITH_SP = frozenset({"torchtitan"})
 
 
 def _options(row: dict[str, str], model: ModelSpec, tp: int, pp: int, dp: int,
-             global_batch: int) -> tuple[dict[str, list[Any]], set[str]]:
+             global_batch: int, beside: bool) -> tuple[dict[str, list[Any]], set[str]]:
     """Candidate values for every fillable field: the stated one, or all sensible ones; neither
     selective recomputation nor sequence parallelism for a run a paper describes before they
     existed (SELECTIVE_AND_SP_ARXIV_ID) or for a framework that has neither
     (_WHOLE_LAYER_CHECKPOINTING); sequence parallelism alone where the framework's TP has it
-    always (_TP_WITH_SP)."""
+    always (_TP_WITH_SP). `beside`: the replicas share the mesh with TP, PP, CP or EP."""
     stated_sp = (row.get("sp") or "").strip()
     name = framework_name(row)
     without_megatron_modes = published_before(row, SELECTIVE_AND_SP_ARXIV_ID) or name in _WHOLE_LAYER_CHECKPOINTING
@@ -61,7 +62,7 @@ def _options(row: dict[str, str], model: ModelSpec, tp: int, pp: int, dp: int,
         "vpp": _vpp_options(row, model, pp),
         "sp": [flag_cell(row, "sp", False)] if stated_sp else sp_options,
         "zero_stage": [int_cell(row, "zero_stage", low=0, high=3)] if row.get("zero_stage", "").strip()
-        else sorted(_framework_zero_stages(row, pp)),
+        else sorted(_framework_zero_stages(row, pp, beside)),
     }
     fillable = {k for k in opts if not (row.get(k) or "").strip()}
     return opts, fillable | ({"vpp"} if _says_interleaved(row) else set())
@@ -79,16 +80,20 @@ _RULES_OF = {"megatron-core": megatron, "deepspeed": deepspeed, "megatron-deepsp
 _MEGATRON_LM_ZERO_STAGES = frozenset({0, 1})
 
 
-def _framework_zero_stages(row: dict[str, str], pp: int) -> frozenset[int]:
+def _framework_zero_stages(row: dict[str, str], pp: int, beside: bool = False) -> frozenset[int]:
     """What an unstated zero_stage may be filled with: the stages the row's framework runs under
-    its pipeline (every stage for a framework the table does not know)."""
+    its pipeline, and torchtitan's where its replicas share the mesh with other parallelism
+    (`beside`: its DDP runs on a one-dimensional mesh; a rule of torchtitan's own, not of the
+    FSDP strategies the other FSDP frameworks share with it); every stage for a framework the
+    table does not know."""
     name = framework_name(row)
     if name == "megatron-lm":
         return _MEGATRON_LM_ZERO_STAGES
     rules = _RULES_OF.get(name)
     alone = getattr(rules, "ZERO_STAGES", None) or ZERO_STAGES
     with_pp = getattr(rules, "ZERO_STAGES_WITH_PP", None) or alone
-    return with_pp if pp > 1 else alone
+    stages = with_pp if pp > 1 else alone
+    return stages & torchtitan.ZERO_STAGES_BESIDE_PARALLELISM if name == "torchtitan" and beside else stages
 
 
 # A vpp cell for a source that names the interleaved schedule without its number of virtual stages
@@ -155,7 +160,8 @@ def best_plan_for_row(row: dict[str, str], model: ModelSpec, train: TrainSpec, c
     if problem := world_problem(dp, tp, pp, cp, cluster.world_size):   # dp 0: tp*pp*cp above num_gpus
         raise UserError(f"row {row['id']!r}: {problem}")
     deadline = time.perf_counter() + time_limit_s
-    opts, fillable = _options(row, model, tp, pp, dp, train.global_batch_size)
+    beside = replicas_beside_parallelism(Choice(tp=tp, pp=pp, cp=cp, dp=dp, ep=ep))
+    opts, fillable = _options(row, model, tp, pp, dp, train.global_batch_size, beside)
     # stated, and an unstated sp with one option left (a run or a framework without SP, or whose TP has it always)
     stated = {SEARCH_FIELDS[k]: v[0] for k, v in opts.items() if k not in fillable or (k == "sp" and len(v) == 1)}
     # a ZeRO stage left unstated is searched among those the framework runs: one search each

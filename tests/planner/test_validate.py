@@ -171,6 +171,23 @@ def test_an_unstated_zero_stage_of_a_pytorch_fsdp_run_is_one_of_fsdp_s_strategie
     assert 1 in _framework_zero_stages({"framework": "megatron-core"}, pp=1)
 
 
+def test_an_unstated_zero_stage_of_torchtitan_beside_tensor_parallelism_is_fsdp(tmp_path):
+    """torchtitan runs DDP (ZeRO-0) on a one-dimensional mesh only: a torchtitan row at TP 2 that
+    leaves its stage empty is filled with FSDP2 (ZeRO-2 here), though ZeRO-0 would price faster
+    (32 micro-batches a replica: one gradient reduction a step against one a micro-batch) and
+    fills the same row at TP 1 and PyTorch FSDP's at TP 2 (NO_SHARD beside TP is not bound so)."""
+    row = ("t,x,llama,16,2048,5632,16,16,32000,2048,H100-SXM5-80GB,8,8,TP,1,DP,,,1,,none,1,128,bf16,"
+           "iteration_time_s,1.0,FW\n")
+    filled = {}
+    for framework, tp in (("torchtitan", 2), ("torchtitan", 1), ("pytorch-fsdp", 2)):
+        path = tmp_path / f"{framework}{tp}.csv"
+        path.write_text(HEADER + ",framework\n" + row.replace("FW", framework).replace(",TP,", f",{tp},")
+                        .replace(",DP,", f",{8 // tp},"))
+        (result,), _ = validate(path)
+        filled[framework, tp] = result.filled["zero_stage"]
+    assert filled == {("torchtitan", 2): 2, ("torchtitan", 1): 0, ("pytorch-fsdp", 2): 0}
+
+
 GOOD = "ok,x,gpt,24,2048,,16,16,51200,2048,A100-SXM4-80GB,8,8,1,1,8,,,1,1,,,64,bf16,iteration_time_s,1.0\n"
 
 
