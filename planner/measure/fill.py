@@ -39,7 +39,7 @@ _TP_WITH_SP = frozenset({"torchtitan"})
 
 
 def _options(row: dict[str, str], model: ModelSpec, tp: int, pp: int, dp: int,
-             global_batch: int, beside: bool) -> tuple[dict[str, list[Any]], set[str]]:
+             global_batch: int, beside: bool = False) -> tuple[dict[str, list[Any]], set[str]]:
     """Candidate values for every fillable field: the stated one, or all sensible ones; neither
     selective recomputation nor sequence parallelism for a run a paper describes before they
     existed (SELECTIVE_AND_SP_ARXIV_ID) or for a framework that has neither
