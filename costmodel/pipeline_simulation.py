@@ -73,7 +73,8 @@ _CACHE_SIZE = 256
 
 def simulate(plan: Plan, costs: list[StageCost], *, keep_events: bool = True) -> Simulation:
     """Run the plan's schedule over `costs` (one per virtual stage). Without `keep_events` only
-    the totals are kept (what the search needs), about twice as fast (benchmarks/simulate_speed.py).
+    the totals are kept (what the search needs), which is faster (benchmarks/simulate_speed.py
+    times both).
     Plans that differ only where the pipeline phase cannot see it (ZeRO stage, a placement with
     the same send costs) share one simulation: the result depends on the schedule's shape and
     the costs."""

@@ -135,7 +135,8 @@ def _solve_per_block_count(model: ModelSpec, plan: Plan, ranks: list[RankShape],
     fraction of a second), over the counts some split fits (_block_counts), each solve held
     below the best so far; the best of them."""
     best: Split | None = None
-    ceiling, optimal, cp_model = None, True, cp_sat()
+    cp_model = cp_sat()
+    ceiling, optimal = None, True
     for k in _block_counts(model, plan, ranks, fit):
         if time.perf_counter() >= deadline:   # the counts left unsolved: not proven
             optimal = False
