@@ -9,6 +9,7 @@ from costmodel.moe_dispatch import limits_groups
 from costmodel.plan import Plan, PlanFile
 from costmodel.rank_time import spans
 from costmodel.specs import Arch, FfnKind, ModelSpec, NormKind, PositionKind, TrainSpec
+from planner.exports.common import CannotExport
 
 
 def model_arguments(pf: PlanFile, plan: Plan, traits: FrameworkTraits) -> list[tuple[str, str | None]]:
@@ -47,7 +48,11 @@ def _model_arguments(m: ModelSpec, t: TrainSpec) -> list[tuple[str, str | None]]
 def _position_arguments(m: ModelSpec) -> list[tuple[str, str | None]]:
     if m.position_kind is not PositionKind.ROPE:
         return [("--position-embedding-type", "learned_absolute")]
-    args: list[tuple[str, str | None]] = [("--position-embedding-type", "rope"), ("--rotary-base", f"{m.rope_theta:g}")]
+    if m.rope_theta != int(m.rope_theta):   # Megatron-LM parses --rotary-base as an int
+        raise CannotExport(f"megatron cannot run this model: its --rotary-base is an integer, and the model's "
+                           f"rope_theta is {m.rope_theta:g}")
+    args: list[tuple[str, str | None]] = [("--position-embedding-type", "rope"),
+                                          ("--rotary-base", str(int(m.rope_theta)))]
     if m.rotary_fraction != 1:
         args += [("--rotary-percent", f"{m.rotary_fraction:g}")]
     if m.rope_scaling_factor != 1:   # Llama 3.1's

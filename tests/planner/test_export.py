@@ -310,6 +310,18 @@ def test_a_pipelined_qwen3_plan_is_refused_by_torchtitan(tmp_path, capsys):
 
 # --- Megatron-LM ----------------------------------------------------------------------------
 
+def test_a_rotary_base_megatron_cannot_parse_is_refused(plan_paths):
+    """Megatron-LM reads --rotary-base as an int: Mixtral's 1e6 is written whole, a fraction refused."""
+    import dataclasses
+
+    from planner.exports.common import CannotExport
+    from planner.exports.megatron_model import _position_arguments
+    model = PlanFile.load(plan_paths["mixtral_ep_folded"]).model
+    assert ("--rotary-base", "1000000") in _position_arguments(model)
+    with pytest.raises(CannotExport, match="rope_theta is 10000.5"):
+        _position_arguments(dataclasses.replace(model, rope_theta=10_000.5))
+
+
 # Megatron-LM's flag -> Megatron-Core config field where the names differ (arguments.py does the same)
 RENAMED = {"--norm-epsilon": "layernorm_epsilon", "--num-experts": "num_moe_experts", "--fp8-format": "fp8",
            "--decoder-first-pipeline-num-layers": "num_layers_in_first_pipeline_stage",
@@ -322,6 +334,10 @@ TRAINING = {"--seq-length", "--max-position-embeddings", "--position-embedding-t
             "--tokenizer-type", "--vocab-size", "--make-vocab-size-divisible-by", "--mock-data", "--use-tp-pp-dp-mapping",
             "--group-query-attention", "--ckpt-format",
             "--train-iters", "--eval-iters", "--lr-decay-style", "--log-interval", "--log-throughput"}
+# those Megatron-LM's arguments.py parses with type=int (an int() of "1e+06" stops the job)
+INTEGER_TRAINING = {"--seq-length", "--max-position-embeddings", "--rotary-base", "--micro-batch-size",
+                    "--global-batch-size", "--vocab-size", "--make-vocab-size-divisible-by", "--train-iters",
+                    "--eval-iters", "--log-interval"}
 
 
 def _megatron_args(text: str) -> dict[str, str | None]:
@@ -360,6 +376,7 @@ def test_megatron_core_accepts_the_arguments(plan_paths, tmp_path, capsys, monke
     tc, ddp, opt = {}, {}, {}
     for flag, value in args.items():
         if flag in TRAINING:
+            assert flag not in INTEGER_TRAINING or value.isdigit(), f"{flag} {value}: Megatron-LM parses an int"
             continue
         if flag == "--swiglu":
             tc.update(gated_linear_unit=True, activation_func=F.silu)
