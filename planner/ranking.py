@@ -3,7 +3,6 @@ band the most robust first; the plan closest to fitting when none does (the cuto
 and bound prunes against: planner.cutoff)."""
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 from costmodel.estimate import estimate
@@ -16,11 +15,12 @@ from planner.search_state import Found
 
 def robust_first(ranked: list[Found], band: float) -> tuple[list[Found], int]:
     """The plans within `band` of the fastest, most robust first: states on the device, bf16
-    linears, a memory margin larger than the memory model's error (MEMORY_ERROR_BAND of its peak),
-    a larger margin (in steps of that error's share of the device: closer margins are not told
-    apart), then fewer moving parts (context, pipeline and virtual stages, tensor ranks, hybrid
-    sharding, a zero-bubble schedule), then time; the rest by time after them. Returns the order and how
-    many are equivalent."""
+    linears, a memory margin of at least the memory model's largest measured error
+    (MEMORY_ERROR_BAND of its peak: safe), among the plans short of it the larger margin, then
+    fewer moving parts (context, pipeline and virtual stages, tensor ranks, hybrid sharding, a
+    zero-bubble schedule), then time; the rest by time after them. Safe margins are not told
+    apart: beyond the largest error, more memory to spare buys nothing the evidence can show.
+    Returns the order and how many are equivalent."""
     if not ranked or band <= 0:
         return ranked, min(len(ranked), 1)
     limit = ranked[0].estimate.step_time_s * (1 + band)
@@ -28,12 +28,12 @@ def robust_first(ranked: list[Found], band: float) -> tuple[list[Found], int]:
 
     def robustness(f: Found) -> tuple:
         e, p = f.estimate, f.plan
-        margin, peak, capacity = memory_margin(e)
-        steps = math.floor(margin / (MEMORY_ERROR_BAND * capacity))
+        margin, peak, _ = memory_margin(e)
+        safe = margin >= MEMORY_ERROR_BAND * peak
         # states kept on the device before states on the host: offloading trades device memory
         # for a dependence on the host's link and cores, priced from datasheets no run has checked
         # likewise bf16 linears before float8 ones, whose speed no run of ours has measured
-        return (p.offload_optimizer, p.fp8_linears, margin < MEMORY_ERROR_BAND * peak, -steps, p.cp, p.pp * p.vpp,
+        return (p.offload_optimizer, p.fp8_linears, not safe, 0.0 if safe else -margin, p.cp, p.pp * p.vpp,
                 p.tp, p.dp_replicate > 1, p.schedule.defers_weight_grad, e.step_time_s)
 
     near.sort(key=robustness)

@@ -91,9 +91,11 @@ def result(shared: SharedModels, options: SearchOptions, stats: SearchStats, fou
     # each simulated plan's closed-form time (a plan laid out again by _simulated included);
     # the variants of the best are simulated only and kept
     closed_s = {id(simulated[id(f)]): f.estimate.step_time_s for f in ranked}
-    plans, cut = _proven_rows(first, fitting + variants, closed_s, complete_below_s, options)
+    rows, cut = _proven_rows(first, fitting + variants, closed_s, complete_below_s, options)
     decided = {f.plan for f in first}
-    equivalent = next((i for i, f in enumerate(plans) if f.plan not in decided), len(plans))
+    # counted before --top cuts the table: a display flag never changes what the evidence ties
+    equivalent = next((i for i, f in enumerate(rows) if f.plan not in decided), len(rows))
+    plans = rows[:options.top_k]
     return SearchResult(plans=plans, stats=stats, evaluated=evaluated + variants, closest=closest,
                         equivalent=equivalent, error_band=options.error_band, fastest=fastest,
                         proven_fastest=proven, rows_proven_to_s=cut)
@@ -101,15 +103,15 @@ def result(shared: SharedModels, options: SearchOptions, stats: SearchStats, fou
 
 def _proven_rows(first: list[Found], fitting: list[Found], closed_s: dict[int, float], complete_below_s: float,
                  options: SearchOptions) -> tuple[list[Found], float | None]:
-    """The table: the decision's rows, then the others whose closed-form time the search proved
-    (at most `complete_below_s`), each price once, none beaten in both time and memory; and the
-    bound when it left a plan out (None when none)."""
+    """The table before --top cuts it: the decision's rows, then the others whose closed-form time
+    the search proved (at most `complete_below_s`), each price once, none beaten in both time and
+    memory; and the bound when it left a plan out (None when none)."""
     shown = {id(f) for f in first}
     others = [f for f in fitting if id(f) not in shown]
     within = [f for f in others if closed_s.get(id(f), 0.0) <= complete_below_s]
     rest = rank(within, replace(options, top_k=len(within)))
-    plans = undominated(one_row_per_price(_union(first, rest)))[:options.top_k]
-    return plans, (complete_below_s if len(within) < len(others) else None)
+    rows = undominated(one_row_per_price(_union(first, rest)))
+    return rows, (complete_below_s if len(within) < len(others) else None)
 
 
 def _simulated(shared: SharedModels, found: Found) -> Found:

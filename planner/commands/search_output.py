@@ -76,7 +76,7 @@ def print_search(o: SearchOutcome) -> None:
     print()
     for line in _proof_lines(o.result, o.cluster):
         print(line)
-    for line in (_equivalence_line(o.result), o.left_out, _rows_line(o),
+    for line in (_equivalence_line(o.result, o.top), o.left_out, _rows_line(o),
                  ranked_for_robustness(o.result.plans, o.objective)):
         if line:
             print(line)
@@ -136,17 +136,21 @@ def _proof_lines(result: SearchResult, cluster: ClusterSpec) -> list[str]:
     return lines
 
 
-def _equivalence_line(result: SearchResult) -> str:
+def _equivalence_line(result: SearchResult, top: int) -> str:
     """How many plans the model's error cannot tell apart, and why the first of them leads."""
     if result.equivalent <= 1:
         return ""
     from costmodel.fidelity import MEMORY_ERROR_BAND
     from planner.ranking import memory_margin
-    spare, _, capacity = memory_margin(result.plans[0].estimate)
+    spare, peak, _ = memory_margin(result.plans[0].estimate)
+    listed = f" (--top {top} lists {len(result.plans)} of them)" if result.equivalent > len(result.plans) else ""
+    safe = (f"a margin of the memory model's largest error, {100 * MEMORY_ERROR_BAND:.1f}% of the peak = "
+            f"{MEMORY_ERROR_BAND * peak / GIB:.1f} GiB here")
+    why = (f"{safe}, is safe and larger ones are not told apart" if spare >= MEMORY_ERROR_BAND * peak
+           else f"short of {safe}, the larger margin leads")
     return (f"{result.equivalent} plans within +-{100 * result.error_band:.1f}% of the fastest are equivalent "
-            f"under that error: the first is the most robust ({spare / GIB:.1f} GiB to spare; margins are told "
-            f"apart in steps of the memory model's error, +-{100 * MEMORY_ERROR_BAND:.1f}% = "
-            f"{MEMORY_ERROR_BAND * capacity / GIB:.1f} GiB here, closer ones alike; then fewer moving parts)")
+            f"under that error{listed}: the first is the most robust ({spare / GIB:.1f} GiB to spare; {why}; "
+            "then fewer moving parts, then time)")
 
 
 def _rows_line(o: SearchOutcome) -> str:

@@ -197,18 +197,19 @@ def test_a_framework_chosen_by_export_is_named_by_that_flag(capsys):
 
 
 def test_the_equivalent_plans_are_counted_among_those_the_limits_leave(capsys):
-    """Of two plans alike within the error band, the more robust one misses the deadline: one is
-    left, and the table and JSON say one, not two."""
-    # llama-70b on 12x8xA100: two plans alike, the more robust first and a little slower; the
-    # deadline falls between their training days, read from the search without it
-    args = ["search", "--model", "llama-70b", "--cluster", "12x8xA100", "--tokens", "1e11", "--gpu-hour-usd", "2",
+    """Of the plans alike within the error band, the most robust one misses the deadline: the
+    others are left, and the JSON counts them, not it."""
+    # llama-70b on 8x8xA100: the most robust plan of the band (the safe memory margin) is a little
+    # slower than the others; the deadline falls between their training days, read from the search
+    args = ["search", "--model", "llama-70b", "--cluster", "8x8xA100", "--tokens", "1e11", "--gpu-hour-usd", "2",
             "--json"]
     assert main(args) == 0
     doc = json.loads(capsys.readouterr().out)
-    robust, fastest = doc["plans"][0], doc["plans"][1]
-    assert doc["search"]["equivalent_plans"] == 2 and robust["training"]["days"] > fastest["training"]["days"]
-    deadline = (robust["training"]["days"] + fastest["training"]["days"]) / 2
+    robust, *others = doc["plans"][:doc["search"]["equivalent_plans"]]
+    slowest_other = max(p["training"]["days"] for p in others)
+    assert others and robust["training"]["days"] > slowest_other
+    deadline = (robust["training"]["days"] + slowest_other) / 2
     assert main(args + ["--deadline-days", f"{deadline:.6f}"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert len(doc["plans"]) == doc["search"]["equivalent_plans"] == 1
-    assert doc["plans"][0]["plan"] == fastest["plan"]
+    assert robust["plan"] not in [p["plan"] for p in doc["plans"]]
+    assert [p["plan"] for p in doc["plans"][:doc["search"]["equivalent_plans"]]] == [p["plan"] for p in others]

@@ -40,3 +40,36 @@ def test_a_schedule_without_closed_form_competes_by_simulation():
     fixed = search(model, TRAIN, cluster, SearchOptions(top_k=5, schedules=frozenset({Schedule.ONE_F_ONE_B})))
     assert not [f for f in fixed.evaluated if f.plan.schedule is Schedule.ZBV]
 
+
+
+def _found(step_s: float, peak_gib: float, pp: int = 1):
+    """A found plan as robust_first reads it: its degrees, step time and tightest rank's peak on
+    an 80 GiB device."""
+    from types import SimpleNamespace
+
+    from costmodel.units import GIB
+    from planner.search_state import Found
+    from planner.space import degrees_plan
+    plan = degrees_plan(dp=8 // pp, tp=1, pp=pp, cp=1, num_layers=32)
+    estimate = SimpleNamespace(step_time_s=step_s, tightest_rank=0, capacity_per_rank_bytes=[80 * GIB],
+                               peak_memory_bytes=[peak_gib * GIB])
+    return Found(plan=plan, estimate=estimate)
+
+
+def test_safe_margins_are_not_told_apart_and_short_ones_are():
+    """A margin of the memory model's largest error (MEMORY_ERROR_BAND of the peak) is safe; safe
+    plans are ordered by moving parts, then time, whatever else they spare; short of it, the
+    larger margin leads, before fewer moving parts."""
+    from planner.ranking import robust_first
+    # both safe (15.3 and 15.5 GiB to spare, either side of four steps of the band's 3.84 GiB of the
+    # device): the faster leads
+    fast, leaner = _found(31.73, 64.7), _found(31.96, 64.5)
+    order, equivalent = robust_first([fast, leaner], 0.04)
+    assert equivalent == 2 and order == [fast, leaner]
+    # both short of the safe margin: the one with more to spare leads, its deeper pipeline notwithstanding
+    deep, shallow = _found(104.26, 78.0, pp=4), _found(104.76, 79.3, pp=2)
+    order, _ = robust_first([deep, shallow], 0.04)
+    assert order == [deep, shallow]
+    # a safe plan leads a short one, the faster plan though it is
+    safe, short = _found(105.0, 70.0, pp=4), _found(104.0, 78.5)
+    assert robust_first([short, safe], 0.04)[0] == [safe, short]
