@@ -189,7 +189,9 @@ class MeasuredRun:
         data = dict(data)
         if {"train", "cluster"} <= set(data) and "step_times_s" not in data:
             raise UserError(f"{where}: a plan file, not a measured.json (the record `planner run` writes of a run)")
-        version = data.pop("version", None)
+        if "version" not in data:
+            raise UserError(f"{where}: not a measured.json (it has no version; `planner run` writes one with each run)")
+        version = data.pop("version")
         if version not in range(1, MEASURED_FORMAT_VERSION + 1):
             raise UserError(f"{where}: measured.json version {version!r}; this planner reads versions 1 "
                              f"to {MEASURED_FORMAT_VERSION} (written by `planner run`)")

@@ -42,6 +42,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
         model, train, cluster, plan = pf.model, pf.train, pf.cluster, pf.plan
     else:
         model, train, cluster = specs_from_args(args)
+        if not cluster.is_mixed:
+            refuse_ignored(args.given, {"group_order", "group_mbs"},
+                           f"it is for a mixed cluster (groups joined by +), and {args.cluster} has one group")
         name = framework_of(args)
         choice = choice_from_args(args, default_zero_stage(name, args.pp),
                                   has_sequence_parallel(name, model, train, cluster))

@@ -3,6 +3,7 @@ ranked table and why the runner-up lost (planner/cli.py prints the summary and p
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from dataclasses import replace
@@ -187,7 +188,9 @@ def write_csv(path: str, result: SearchResult, overwrite: bool) -> None:
     import pandas as pd  # only this option needs pandas (slow to import)
     # every row every field: plan.json leaves out etp and dp_replicate at 1, a table does not; every
     # plan the search priced, those that overflow once simulated marked by `fits`
-    rows = [{**f.plan.to_dict(), "etp": f.plan.etp, "dp_replicate": f.plan.dp_replicate,
+    # lists (layers per stage, mesh order) as JSON in their cells, as plan.json writes them
+    rows = [{**{k: json.dumps(v) if isinstance(v, (list, tuple, dict)) else v for k, v in f.plan.to_dict().items()},
+             "etp": f.plan.etp, "dp_replicate": f.plan.dp_replicate,
              "step_time_s": f.estimate.step_time_s, "tokens_per_s": f.estimate.tokens_per_s,
              "mfu": f.estimate.mfu, "max_peak_memory_gib": f.estimate.max_peak_memory_bytes / GIB,
              "bubble_fraction": f.estimate.bubble_fraction, "fits": f.estimate.fits} for f in result.evaluated]
@@ -232,6 +235,7 @@ def _write_files(args: argparse.Namespace, model, train, cluster, result: Search
         print(f"wrote {args.out}", file=sys.stderr)
     if args.csv:
         write_csv(args.csv, result, args.overwrite)
+        print(f"wrote {args.csv} ({len(result.evaluated):,} plans priced)", file=sys.stderr)
 
 
 

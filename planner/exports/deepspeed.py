@@ -68,7 +68,7 @@ def nearest(pf: PlanFile) -> Adjusted:
     if adj.plan.cp > 1:
         fold_cp_into_dp(adj, pf.train.global_batch_size,
                         f"cp={adj.plan.cp}: DeepSpeed has no K/V-exchanging context parallelism (Ulysses "
-                        "exchanges heads); its ranks become data-parallel replicas")
+                        f"exchanges heads); dp={adj.plan.dp * adj.plan.cp}, cp=1")
     plan = adj.plan
     if plan.pp > 1 and plan.zero_stage not in ZERO_STAGES_WITH_PP:
         adj.change(f"zero {plan.zero_stage} with a pipeline: DeepSpeed's pipeline engine runs ZeRO-0/1; ZeRO-1",

@@ -33,7 +33,7 @@ def files(tmp_path: Path, capsys) -> dict[str, Path]:
         "null_ffn.json": {**LLAMA, "intermediate_size": None},
         "huge_layers.json": {**LLAMA, "num_hidden_layers": 10**9},
         "plan_str_dp.json": {**doc, "plan": {**doc["plan"], "dp": "2"}},
-        "plan_null.json": {**doc, "plan": None}, "measured_list.json": [],
+        "plan_null.json": {**doc, "plan": None}, "measured_list.json": [], "unversioned.json": {"step_times_s": [1.0]},
     }.items():
         out[name] = tmp_path / name
         out[name].write_text(json.dumps(content))
@@ -70,6 +70,8 @@ CASES = [  # (argv with {names} for fixture files, phrases the line must hold)
      ["measured_list.json", "a JSON object is expected, not a list"]),
     (["report", "{plan}", "--measured", "{plan}", "--out", "{dir}/r"],
      ["plan.json: a plan file, not a measured.json"]),
+    (["report", "{plan}", "--measured", "{unversioned.json}", "--out", "{dir}/r"],
+     ["unversioned.json: not a measured.json (it has no version"]),
     (["predict", "--plan", "{dir}"], ["a-dir", "is a directory"]),
     (["predict", "--plan", "{loop}"], ["loop1", "symbolic links"]),
     (["predict", "--plan", "{garbage.npy}"], ["garbage.npy", "not a text file"]),

@@ -64,6 +64,13 @@ def test_predict_takes_a_group_order(capsys):
     assert doc["plan"]["group_order"] == [1, 0] and doc["estimate"]["rank_groups"] == [1] * 4 + [0] * 4
 
 
+@pytest.mark.parametrize("flag", ["--group-order", "--group-mbs"])
+def test_a_mixed_cluster_s_flag_on_one_group_names_the_flag(flag, capsys):
+    assert main(["predict", "--model", "llama-7b", "--cluster", "1x8xH100", flag, "1,3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{flag} would be ignored: it is for a mixed cluster (groups joined by +), and 1x8xH100 has one group" in err
+
+
 @pytest.mark.parametrize("args,message", [
     (["--group-order", "0,0"], "is not an order of the cluster's 2 groups"),
     (["--pp", "1", "--dp", "1", "--tp", "8", "--cp", "8"], "a data-parallel replica spans two device groups"),

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from costmodel.plan import DEFAULT_AXIS_ORDER
 from planner.cli import main
 
 SEARCH = ["search", "--model", "llama3-8b", "--cluster", "1x8xH100", "--seq-len", "4096", "--global-batch", "64"]
@@ -95,6 +96,9 @@ def test_csv_has_every_evaluated_plan(tmp_path, capsys):
     rows = list(csv.DictReader(open(path)))
     assert len(rows) >= 2 and {"tp", "pp", "etp", "dp_replicate", "step_time_s", "mfu"} <= set(rows[0])
     assert all(row["dp_replicate"].isdigit() and row["etp"].isdigit() for row in rows)   # no empty cells
+    # lists as JSON, as plan.json writes them: a reader gets the plan's values back
+    assert all(sorted(json.loads(row["mesh_axis_order"])) == sorted(DEFAULT_AXIS_ORDER) for row in rows)
+    assert f"wrote {path} ({len(rows):,} plans priced)" in capsys.readouterr().err
 
 
 def test_memory_objective_trades_a_little_time_for_memory(capsys):
