@@ -190,7 +190,8 @@ class MeasuredRun:
         if {"train", "cluster"} <= set(data) and "step_times_s" not in data:
             raise UserError(f"{where}: a plan file, not a measured.json (the record `planner run` writes of a run)")
         if "version" not in data:
-            raise UserError(f"{where}: not a measured.json (it has no version; `planner run` writes one with each run)")
+            raise UserError(f"{where}: has no version; this planner reads measured.json versions 1 to "
+                            f"{MEASURED_FORMAT_VERSION} (written by `planner run`)")
         version = data.pop("version")
         if version not in range(1, MEASURED_FORMAT_VERSION + 1):
             raise UserError(f"{where}: measured.json version {version!r}; this planner reads versions 1 "

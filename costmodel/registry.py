@@ -162,6 +162,11 @@ def model_names() -> list[str]:
     return sorted(MODELS)
 
 
+def has_recipe(model: ModelSpec) -> bool:
+    """Whether default_recipe is the model's own published recipe (not the SC'21 fallback)."""
+    return model.name in RECIPES
+
+
 def default_recipe(model: ModelSpec) -> tuple[int, int]:
     """(seq_len, global_batch_size) of the model's published recipe, else Megatron's SC'21 setting."""
     return RECIPES.get(model.name, (min(2048, model.max_position_embeddings), 512))

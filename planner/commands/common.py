@@ -10,12 +10,14 @@ from costmodel.hardware import DEFAULT_MEMORY_HEADROOM, ClusterSpec, float8_devi
 from costmodel.hardware.profile_check import LINK_BYTES_PER_S_RANGE
 from costmodel.inputs import MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_SEQ_LEN, UserError
 from costmodel.plan import DEFAULT_AXIS_ORDER, Recompute
+from costmodel.registry import has_recipe
 from costmodel.schedules import Schedule
 from costmodel.specs import (
     DEFAULT_EXPERT_IMBALANCE,
     AttentionKernel,
     DType,
     ModelSpec,
+    PositionKind,
     TrainSpec,
 )
 from planner import outputs
@@ -181,6 +183,22 @@ def specs_from_args(args: argparse.Namespace, note: bool = True) -> tuple[ModelS
     if note:
         print_node_note(args, specs[2])
     return specs
+
+
+def print_training_note(args: argparse.Namespace, model: ModelSpec, train: TrainSpec) -> None:
+    """On stderr, once there is an answer (an error stays one line): a sequence length or batch
+    the user left to a fallback (the model has no published recipe here), and a sequence past
+    the positions a RoPE model was trained for (a learned table refuses it: costmodel.check)."""
+    unstated = [flag for flag, dest in (("--seq-len", "seq_len"), ("--global-batch", "global_batch"))
+                if getattr(args, dest, None) is None]
+    if unstated and not has_recipe(model):
+        print(f"planner {args.command}: note: {model.name} has no published recipe here, so {' and '.join(unstated)} "
+              f"take Megatron's SC'21 setting: seq {train.seq_len} x global batch {train.global_batch_size}",
+              file=sys.stderr)
+    if model.position_kind is PositionKind.ROPE and train.seq_len > model.max_position_embeddings:
+        print(f"planner {args.command}: note: seq {train.seq_len:,} is past the {model.max_position_embeddings:,} "
+              f"positions {model.name} was trained for: priced as given (a long-context extension's cost)",
+              file=sys.stderr)
 
 
 def print_node_note(args: argparse.Namespace, cluster: ClusterSpec) -> bool:

@@ -12,7 +12,13 @@ from costmodel.inputs import UserError
 from costmodel.plan import PlanFile
 from planner import outputs
 from planner.args import failures_from_args, refuse_ignored
-from planner.commands.common import choice_from_args, emit_json, framework_of, specs_from_args
+from planner.commands.common import (
+    choice_from_args,
+    emit_json,
+    framework_of,
+    print_training_note,
+    specs_from_args,
+)
 from planner.commands.search import training_cost_of
 from planner.space import build_plan
 from planner.targets import default_zero_stage, has_sequence_parallel, name_for, refuse_unless_runs
@@ -28,6 +34,9 @@ EPILOG_PREDICT = """examples:
   planner predict --model llama-70b --cluster 8x8xA100 --tp 8 --pp 4 --zero 1 --recompute selective --mbs 1
   planner predict --model llama3-8b --cluster 1x8xH100 --tp 2 --json
   planner predict --plan plan.json            (the specs recorded in the plan file)
+
+exit status: 0 when the plan fits; 2 for a bad flag or file, and for a plan that does not fit
+(its figures are printed first, the reason last, and no --out file is written)
 """
 
 
@@ -54,6 +63,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
         raise UserError("invalid plan: " + "; ".join(problems))
     refuse_unless_runs(name_for(cluster.framework), model, train, cluster, plan)
     est = estimate(model, train, cluster, plan)
+    if not args.plan:
+        print_training_note(args, model, train)
     cost = training_cost_of(args, model, train, cluster, est)
     over = check_memory(model, train, cluster, plan)
     if out and not over:   # a plan that does not fit is an error: no plan file is written for it

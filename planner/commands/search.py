@@ -27,7 +27,7 @@ from planner.args import (
     positive_float,
     refuse_ignored,
 )
-from planner.commands.common import emit_json, framework_of, specs_from_args, write_report_dir
+from planner.commands.common import emit_json, framework_of, print_training_note, specs_from_args, write_report_dir
 from planner.commands.search_output import SearchOutcome, print_search, search_json
 from planner.compare import comparisons
 from planner.no_plan import no_plan_reason
@@ -251,6 +251,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         refuse_price_without_tokens(args)
     model, train, cluster = specs_from_args(args)
     result = run_search(args, model, train, cluster)
+    print_training_note(args, model, train)
     goal, left_out = _within_limits(args, model, train, cluster, result)
     best = result.plans[0]
     cost = training_cost_of(args, model, train, cluster, best.estimate)   # refuses before anything is written

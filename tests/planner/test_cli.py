@@ -22,6 +22,21 @@ def test_predict_prints_a_full_ledger(capsys):
         assert text in out
 
 
+def test_a_fallback_recipe_and_a_sequence_past_the_positions_are_noted(capsys):
+    """What the user did not choose is said: the SC'21 setting for a model without a published
+    recipe, and a RoPE model priced past the positions it was trained for; nothing when given."""
+    assert main(["predict", "--model", "megatron-1.7b", "--cluster", "1x8xA100", "--dp", "8"]) == 0
+    err = capsys.readouterr().err
+    assert ("note: megatron-1.7b has no published recipe here, so --seq-len and --global-batch take Megatron's "
+            "SC'21 setting: seq 2048 x global batch 512") in err
+    assert main(["predict", "--model", "megatron-1.7b", "--cluster", "1x8xA100", "--dp", "8", "--seq-len", "1024",
+                 "--global-batch", "64"]) == 0
+    assert "note:" not in capsys.readouterr().err
+    assert main(["predict", "--model", "llama-7b", "--cluster", "1x8xH100", "--tp", "8", "--seq-len", "8192",
+                 "--global-batch", "8"]) == 0
+    assert "note: seq 8,192 is past the 4,096 positions llama2-7b was trained for" in capsys.readouterr().err
+
+
 def test_predict_json_contract(capsys):
     assert main(PREDICT + ["--json"]) == 0
     doc = json.loads(capsys.readouterr().out)

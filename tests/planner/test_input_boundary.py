@@ -71,7 +71,7 @@ CASES = [  # (argv with {names} for fixture files, phrases the line must hold)
     (["report", "{plan}", "--measured", "{plan}", "--out", "{dir}/r"],
      ["plan.json: a plan file, not a measured.json"]),
     (["report", "{plan}", "--measured", "{unversioned.json}", "--out", "{dir}/r"],
-     ["unversioned.json: not a measured.json (it has no version"]),
+     ["unversioned.json: has no version; this planner reads measured.json versions 1 to"]),
     (["predict", "--plan", "{dir}"], ["a-dir", "is a directory"]),
     (["predict", "--plan", "{loop}"], ["loop1", "symbolic links"]),
     (["predict", "--plan", "{garbage.npy}"], ["garbage.npy", "not a text file"]),

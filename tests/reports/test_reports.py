@@ -168,7 +168,7 @@ def test_measured_json_is_strict_and_versioned(tmp_path, capsys):
     (tmp_path / "old.json").write_text(json.dumps({**old, "version": 1}))
     assert MeasuredRun.load(tmp_path / "old.json").peak_reserved_bytes is None
     unversioned = {k: v for k, v in record.items() if k != "version"}
-    for name, text, why in (("bare.json", json.dumps(unversioned), "version None"),
+    for name, text, why in (("bare.json", json.dumps(unversioned), "has no version"),
                             ("new.json", json.dumps({**record, "version": MEASURED_FORMAT_VERSION + 1}), "version"),
                             ("cut.json", json.dumps(record)[:500], "truncated"),
                             ("odd.json", json.dumps({**record, "stepz": 1}), "unknown keys ['stepz']"),
