@@ -8,7 +8,8 @@ each half examines every plan of its share that one search over the whole space 
 best plans of the two together are the best of the space. The halves are the same on every
 machine: where there is no fork (or no second core), or where PLANNER_SEARCH_PROCESSES=1 asks for
 one process (the test suite's workers, which keep every core busy already), they run one after
-the other, with the same answer.
+the other, with the same answer. The repricing's simulations and a report's figures
+(reports.document.Document.draw_figures) are shared between the two processes the same way.
 """
 from __future__ import annotations
 

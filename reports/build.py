@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from costmodel.estimate import Estimate, simulate_plan
 from costmodel.groups import placement_lines, representative, short_device_name
@@ -40,8 +41,9 @@ class ReportInput:
     measured: MeasuredRun | None = None
 
 
-def write_report(inp: ReportInput, out_dir: Path) -> list[str]:
-    """Returns the files written (relative to out_dir)."""
+def write_report(inp: ReportInput, out_dir: Path, map_draws: Callable[[Callable, list], list] | None = None) -> list[str]:
+    """Returns the files written (relative to out_dir). `map_draws`: how the figures are drawn
+    (Document.draw_figures: one after another unless it maps them over processes)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     doc = Document(f"Plan report: {inp.model.name} on {inp.cluster.name}")
     _summary(doc, inp)
@@ -53,8 +55,9 @@ def write_report(inp: ReportInput, out_dir: Path) -> list[str]:
         _ranking(doc, inp, out_dir)
     if inp.measured:
         _measured(doc, inp.measured)
-        doc.image(*measured_figure(inp.measured, out_dir))
+        doc.figures(lambda: [measured_figure(inp.measured, out_dir)])
     _what_would_change_it(doc, inp, variants)
+    doc.draw_figures(map_draws)
     (out_dir / "index.md").write_text(doc.markdown() + "\n")
     (out_dir / "index.html").write_text(page(plan_page_data(inp, variants), doc.html()) + "\n")
     return sorted(p.name for p in out_dir.iterdir())
@@ -124,7 +127,7 @@ def _where_time_goes(doc: Document, inp: ReportInput, out_dir: Path) -> None:
     doc.table(["ledger item", "seconds", "% of step"],
               [[k, f"{v:.4f}", f"{100 * v / e.step_time_s:.1f}"] for k, v in e.time_breakdown_s.items() if v]
               + [["total", f"{e.step_time_s:.4f}", "100.0"]])
-    doc.image(*ledger_figure(e, out_dir))
+    doc.figures(lambda: [ledger_figure(e, out_dir)])
 
 
 def _share(e: Estimate, prefix: str) -> float:
@@ -148,8 +151,7 @@ def _bubble(doc: Document, inp: ReportInput, variants, out_dir: Path) -> None:
                  f"the last) and torch's operation order, gives the figures below.")
     doc.table(*schedule_table(variants))
     if p > 1:
-        for stem, caption in bubble_figures(variants, out_dir):
-            doc.image(stem, caption)
+        doc.figures(lambda: bubble_figures(variants, out_dir))
 
 
 def _memory(doc: Document, inp: ReportInput, variants, out_dir: Path) -> None:
@@ -169,8 +171,7 @@ def _memory(doc: Document, inp: ReportInput, variants, out_dir: Path) -> None:
     for line in _parallel_memory_notes(inp, tight):
         doc.text(line)
     doc.table(*memory_table(plans[0]))
-    for stem, caption in memory_figures(plans, out_dir):
-        doc.image(stem, caption)
+    doc.figures(lambda: memory_figures(plans, out_dir))
 
 
 def _parallel_memory_notes(inp: ReportInput, rank: int) -> list[str]:
@@ -204,7 +205,7 @@ def _ranking(doc: Document, inp: ReportInput, out_dir: Path) -> None:
     doc.table(["#", "plan", "step s", "tokens/s", "MFU %", "peak GiB", "bubble %"], rows)
     if inp.runner_up_text:
         doc.text(inp.runner_up_text)
-    doc.image(*ranking_figure(inp.candidates, [inp.estimate] + [e for _, e in inp.runners_up], out_dir))
+    doc.figures(lambda: [ranking_figure(inp.candidates, [inp.estimate] + [e for _, e in inp.runners_up], out_dir)])
 
 
 def _measured(doc: Document, m: MeasuredRun) -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 
 @dataclass
@@ -22,6 +22,20 @@ class Document:
 
     def image(self, stem: str, caption: str) -> None:
         self.blocks.append(("img", (stem, caption)))
+
+    def figures(self, draw: Callable[[], list[tuple[str, str]]]) -> None:
+        """The images `draw` saves, by (file stem, caption), in this place: drawn by draw_figures."""
+        self.blocks.append(("draw", draw))
+
+    def draw_figures(self, map_draws: Callable[[Callable, list], list] | None = None) -> None:
+        """Every figure left to draw, drawn by `map_draws(fn, items)` (a map, which may run items
+        in another process: the figures are independent files), then placed as images in order."""
+        draws = [value for kind, value in self.blocks if kind == "draw"]
+        drawn = iter((map_draws or _serial)(_call, draws))
+        blocks: list[tuple[str, Any]] = []
+        for kind, value in self.blocks:
+            blocks += [("img", image) for image in next(drawn)] if kind == "draw" else [(kind, value)]
+        self.blocks = blocks
 
     def markdown(self) -> str:
         out = [f"# {self.title}", ""]
@@ -61,3 +75,12 @@ class Document:
                 out.append(f"<figure><a href='{stem}.svg'><img src='{stem}.png' alt='{e(caption)}'></a>"
                            f"<figcaption>{e(caption)}</figcaption></figure>")
         return "\n".join(out)
+
+
+def _call(draw: Callable[[], Any]) -> Any:
+    return draw()
+
+
+def _serial(fn: Callable, items: list) -> list:
+    return [fn(x) for x in items]
+

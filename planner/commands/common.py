@@ -274,10 +274,12 @@ def emit_json(doc: Any) -> None:
 def write_report_dir(out: str, overwrite: bool, model, train, cluster, plan, est, **extra) -> None:
     """The report rendered beside `out` and published into it whole (planner.outputs.staged_dir)."""
     from planner import outputs
+    from planner.halves import map_in_halves
     from planner.report_plans import schedule_variants
     from reports.build import ReportInput, write_report
     print(f"writing the report to {out}/ ...", file=sys.stderr)
     with outputs.staged_dir(out, overwrite, outputs.REPORT_FILES, outputs.REPORT_FIGURES) as staging:
         files = write_report(ReportInput(model=model, train=train, cluster=cluster, plan=plan, estimate=est,
-                                         variants=schedule_variants(model, train, cluster, plan), **extra), staging)
+                                         variants=schedule_variants(model, train, cluster, plan), **extra), staging,
+                             map_draws=map_in_halves)   # the figures drawn on two cores
     print(f"wrote {len(files)} files to {out}/ (open {out}/index.html)", file=sys.stderr)

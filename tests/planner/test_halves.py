@@ -113,3 +113,20 @@ def test_the_two_halves_list_the_whole_space_once(model_name, cluster, framework
                 for g in placement_groups(model, train, parsed, options, lambda reason: None, share)]
     whole, first, second = listed((0, 1)), listed((0, 2)), listed((1, 2))
     assert sorted(map(repr, first + second)) == sorted(map(repr, whole)) and first and second
+
+
+@forks
+def test_a_report_drawn_on_two_cores_is_the_one_drawn_on_one(tmp_path, monkeypatch, capsys):
+    """The report's figures are drawn half in a forked process: the same files, the same page."""
+    from planner.cli import main
+    plan = tmp_path / "plan.json"
+    assert main(["predict", "--model", "llama-7b", "--cluster", "1x8xA100", "--pp", "2", "--tp", "2", "--dp", "2",
+                 "--out", str(plan)]) == 0
+    for processes in ("1", "2"):
+        monkeypatch.setenv("PLANNER_SEARCH_PROCESSES", processes)
+        assert main(["report", str(plan), "--out", str(tmp_path / processes)]) == 0
+    one, two = tmp_path / "1", tmp_path / "2"
+    names = sorted(p.name for p in one.iterdir())
+    assert names == sorted(p.name for p in two.iterdir()) and "bubble_warmup.png" in names
+    assert (one / "index.md").read_text() == (two / "index.md").read_text()
+    assert all((one / n).read_bytes() == (two / n).read_bytes() for n in names if n.endswith(".png"))

@@ -172,7 +172,7 @@ def test_a_report_another_command_published_first_is_left_whole(tmp_path, capsys
     report = tmp_path / "report"
     publish_dir = outputs._publish_dir
 
-    def quick_report(inp, out_dir: Path) -> list[str]:   # the files of a report, without drawing them
+    def quick_report(inp, out_dir: Path, map_draws=None) -> list[str]:   # the files of a report, without drawing them
         for name in ("index.html", "index.md", "bubble.svg"):
             (out_dir / name).write_text("ours")
         return sorted(p.name for p in out_dir.iterdir())
@@ -194,7 +194,7 @@ def test_a_report_beside_files_of_its_figures_names_replaces_none(tmp_path, caps
     left; with --overwrite, replaced."""
     import reports.build
 
-    def quick_report(inp, out_dir: Path) -> list[str]:
+    def quick_report(inp, out_dir: Path, map_draws=None) -> list[str]:
         for name in ("index.html", "index.md", "bubble.svg"):
             (out_dir / name).write_text("ours")
         return sorted(p.name for p in out_dir.iterdir())
