@@ -191,7 +191,7 @@ def _branch_and_bound(shared: SharedModels, options, stats, queue: Queue, deadli
         examined += 1
         if examined % 500 == 0:
             _say(options, f"examined {examined:,}, solved {stats.num_solved}, best so far "
-                          f"{min((f.estimate.step_time_s for f in found), default=math.inf):.3f} s")
+                          f"{min((f.estimate.step_time_s for f in found), default=math.inf):.3f} s (closed form)")
         c = candidate
         outcome = _examine(shared, stats, c.base, c.zero, c.plan, c.fit, cutoff, deadline)
         if outcome is None:
