@@ -140,9 +140,11 @@ class SharedModels:
             space = self.options.space
             with_pp = space.zero_stages_with_pp if space is not None and piped else None
             with_others = space.zero_stages_beside_parallelism if space is not None and beside else None
+            # without a group ZeRO-1 and -2 are stage 0's plan, which stands for them where it is allowed
+            alone = sharded or not self.zero_allowed[STATE_OPTIONS.index(States(0, False))]
             got = self._placements[key] = [
                 i for i, (o, ok) in enumerate(zip(STATE_OPTIONS, self.zero_allowed))
-                if ok and i != skip and states_for_group(o, sharded) and (with_pp is None or o.zero_stage in with_pp)
+                if ok and i != skip and states_for_group(o, alone) and (with_pp is None or o.zero_stage in with_pp)
                 and (with_others is None or o.zero_stage in with_others)
                 and (replicas == 1 or (o.zero_stage >= self._hybrid_zero
                                        and shards_in_part(self.cluster.framework, o.zero_stage)))]

@@ -31,7 +31,7 @@ NAMES = (PLANNER, *TARGETS)
 # The schedules each target's pipeline runs (its export module's docstring says why)
 _SCHEDULES = {
     "megatron": frozenset({Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED}),
-    "torchtitan": None,   # torch.distributed.pipelining: every schedule of ours
+    "torchtitan": torchtitan.SCHEDULES,   # torch.distributed.pipelining's that take compiled stages
     "deepspeed": frozenset({Schedule.ONE_F_ONE_B}),
 }
 # how each splits layers and recomputes them (planner.partition.SplitRules)
@@ -115,7 +115,8 @@ def options_for(name: str, model: ModelSpec, train: TrainSpec, cluster: ClusterS
     module = _module(name)
     space = FrameworkSpace(name=name, mesh_orders=_ORDERS[name], split=split, recompute_counts=recompute,
                            sequence_parallel=has_sequence_parallel(name, model, train, cluster),
-                           zero_stages=getattr(module, "ZERO_STAGES", None),
+                           zero_stages=module.zero_stages(train) if hasattr(module, "zero_stages")
+                           else getattr(module, "ZERO_STAGES", None),
                            zero_stages_with_pp=getattr(module, "ZERO_STAGES_WITH_PP", None),
                            zero_stages_beside_parallelism=getattr(module, "ZERO_STAGES_BESIDE_PARALLELISM", None),
                            recompute_modes=getattr(module, "RECOMPUTE_MODES", None),

@@ -9,7 +9,9 @@ What DeepSpeed cannot say of our plans, and the nearest it runs (each a line of 
   items too and shift the blocks);
 - with a pipeline, ZeRO-2/3 are not run (its pipeline engine takes ZeRO-0/1): ZeRO-1;
 - tensor parallelism is AutoTP (`tensor_parallel.autotp_size`), which has no sequence
-  parallelism and no ZeRO-3: without SP, and ZeRO-2 at most;
+  parallelism and no ZeRO-3: without SP, and ZeRO-2 at most. Under AutoTP DeepSpeed counts the
+  tensor-parallel ranks in `train_batch_size` too, so the file leaves it out (DeepSpeed derives
+  it from the micro-batch and accumulation steps, which say the plan's global batch);
 - context parallelism is not ours (DeepSpeed-Ulysses exchanges heads, not K/V): its ranks become
   data-parallel replicas;
 - recomputation is per layer block, all or nothing: all layers in full where the plan recomputes
@@ -29,7 +31,7 @@ from __future__ import annotations
 from costmodel.params import layer_params
 from costmodel.plan import Plan, PlanFile, Recompute, even_layers
 from costmodel.schedules import Schedule
-from costmodel.specs import DType, ModelSpec
+from costmodel.specs import DType, ModelSpec, TrainSpec
 from planner import outputs
 from planner.exports.common import (
     Adjusted,
@@ -49,8 +51,12 @@ SUFFIX = ".json"
 # the ZeRO stages its pipeline engine runs
 ZERO_STAGES_WITH_PP = frozenset({0, 1})
 ORDER = ("pp", "dp", "cp", "tp")   # DeepSpeed's PipeModelDataParallelTopology: pipe, data, model
-# without ZeRO, the gradient dtype DeepSpeed takes beside each model dtype other than its own
-_ZERO0_WIDER = {DType.BF16: (DType.FP32,)}
+
+
+def zero_stages(train: TrainSpec) -> frozenset[int]:
+    """The ZeRO stages it runs for this training (`nearest` moves the others; planner.targets
+    keeps the search from listing them): without ZeRO, only gradients in the model's dtype."""
+    return frozenset({0, 1, 2, 3}) if train.grad_dtype is train.compute_dtype else frozenset({1, 2, 3})
 
 
 def nearest(pf: PlanFile) -> Adjusted:
@@ -80,10 +86,11 @@ def nearest(pf: PlanFile) -> Adjusted:
         adj.change("zero 3 with experts: DeepSpeed's engine refuses MoE layers under ZeRO-3; ZeRO-2",
                    zero_stage=2)
     t = pf.train
-    if adj.plan.zero_stage == 0 and t.grad_dtype not in (t.compute_dtype, *_ZERO0_WIDER.get(t.compute_dtype, ())):
-        # engine._do_optimizer_sanity_check: without ZeRO, gradients in the model's dtype, or bf16's in fp32
+    if adj.plan.zero_stage not in zero_stages(t):
+        # engine._do_optimizer_sanity_check: without ZeRO, gradients in the model's dtype only (0.19
+        # raises NotImplementedError for bf16's in fp32, which older versions took)
         adj.change(f"zero 0 with {t.compute_dtype} compute and {t.grad_dtype} gradients: DeepSpeed adds gradients "
-                   "in another dtype than the model's only under ZeRO (or bf16's in fp32); ZeRO-1", zero_stage=1)
+                   "in another dtype than the model's only under ZeRO; ZeRO-1", zero_stage=1)
     if adj.plan.tp > 1 and adj.plan.sequence_parallel:
         adj.change("sequence parallelism: DeepSpeed's AutoTP has none; tensor parallelism without it",
                    sequence_parallel=False)
@@ -110,7 +117,8 @@ def nearest(pf: PlanFile) -> Adjusted:
 def config(pf: PlanFile, plan: Plan) -> dict:
     t = pf.train
     cfg: dict = {
-        "train_batch_size": t.global_batch_size,
+        # under AutoTP DeepSpeed counts the world's ranks in it (no mpu): derived, not given
+        **({"train_batch_size": t.global_batch_size} if plan.tp == 1 else {}),
         "train_micro_batch_size_per_gpu": plan.micro_batch_size,
         "gradient_accumulation_steps": plan.num_micro_batches,
         "zero_optimization": {"stage": plan.zero_stage, "overlap_comm": True, "contiguous_gradients": True,
@@ -131,8 +139,8 @@ def config(pf: PlanFile, plan: Plan) -> dict:
     if plan.tp > 1:
         cfg["tensor_parallel"] = {"autotp_size": plan.tp}
     if plan.pp > 1:
-        cfg["pipeline"] = {"stages": plan.pp, "partition": "uniform",
-                           "activation_checkpoint_interval": 1 if plan.recompute is Recompute.FULL else 0}
+        # what its pipeline engine reads here; stages and their partition are the PipelineModule's
+        cfg["pipeline"] = {"activation_checkpoint_interval": 1 if plan.recompute is Recompute.FULL else 0}
     if plan.recompute is Recompute.FULL:
         cfg["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False,
                                            "number_checkpoints": pf.model.num_layers}
@@ -158,6 +166,10 @@ def render(pf: PlanFile, plan: Plan) -> tuple[str, str]:
               f"'type:<your transformer block class>'): {_blocks_per_stage(pf.model.num_layers, plan.pp)}"
               if plan.pp > 1 else "it wraps the model with deepspeed.initialize, no PipelineModule")
     hosts, per_host = c.launch_hosts
+    if plan.tp > 1:
+        script += (f"; train_batch_size is left for DeepSpeed to derive: under AutoTP it counts all "
+                   f"{c.world_size} ranks, where {plan.micro_batch_size} x {plan.num_micro_batches} steps x "
+                   f"dp {plan.dp} = {pf.train.global_batch_size} sequences a step")
     launch = (f"deepspeed --num_nodes {hosts} --num_gpus {per_host} train.py --deepspeed "
               f"--deepspeed_config FILE (train.py: your script; {script})")
     return outputs.json_text(config(pf, plan)), launch

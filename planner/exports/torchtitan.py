@@ -11,6 +11,9 @@ torchtitan cannot say, and the nearest it runs (each a line of the export):
   it, else all layers. Selective recomputation is the per-op policy (`selective_ac_option = "op"`:
   every second matmul's output recomputed, attention and the rest of its save list kept), on every
   layer; a plan searched for our runtime (core attention recomputed) says what changes.
+- Schedules: its layers are compiled (`[compile]`, as priced), and torch's zero-bubble and
+  DualPipeV schedule classes refuse compiled stage modules (`_check_torch_compile_compatibility`):
+  ZB-H1 runs as 1F1B, ZBV and DualPipeV as interleaved 1F1B with their two virtual stages.
 - Rank order: pp, dp_replicate, dp_shard, cp, tp (outermost first); other mesh orders become it.
   Hybrid sharding (Plan.dp_replicate) is its data_parallel_replicate x data_parallel_shard.
 - DDP (ZeRO-0 with replicas) runs on a one-dimensional mesh only: with TP, PP, CP or EP beside
@@ -27,6 +30,7 @@ import json
 
 from costmodel.deepseek import deepseek_mechanisms
 from costmodel.plan import Plan, PlanFile, Recompute, every_nth_interval
+from costmodel.schedules import Schedule
 from costmodel.specs import Arch, AttentionKernel, DType, ModelSpec, TrainSpec
 from planner.exports.common import (
     Adjusted,
@@ -34,6 +38,7 @@ from planner.exports.common import (
     activations_on_device,
     recompute_is_uniform,
     to_rank_order,
+    to_schedule,
     to_uniform_recompute,
 )
 from planner.exports.torchtitan_models import flavour_of
@@ -50,6 +55,8 @@ ZERO_STAGES = frozenset({0, 2, 3})
 # one-dimensional mesh only
 ZERO_STAGES_BESIDE_PARALLELISM = frozenset({2, 3})
 RECOMPUTE_MODES = frozenset({Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL})
+# the torch schedules that take compiled stage modules (the others raise at construction)
+SCHEDULES = frozenset({Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED})
 
 
 def nearest(pf: PlanFile) -> Adjusted:
@@ -84,11 +91,26 @@ def nearest(pf: PlanFile) -> Adjusted:
         to_uniform_recompute(adj, Recompute.FULL, f"full recomputation of {list(plan.recompute_num_layers)} "
                                                   "layers per rank: torchtitan recomputes all layers or every "
                                                   "n-th; all layers")
+    _compiled_schedule(adj, pf.model.num_layers)
     to_rank_order(adj, (ORDER,), "torchtitan lays ranks out as pp>dp>cp>tp")
     if flavour_of(pf.model) is None:
         adj.differences.append(_model_note(pf.model, adj.plan.pp))
     activations_on_device(adj, NAME)
     return adj
+
+
+def _compiled_schedule(adj: Adjusted, num_layers: int) -> None:
+    """A schedule whose torch class takes compiled stages: ZB-H1 as 1F1B, the V-shaped ones as
+    interleaved 1F1B over the same two virtual stages."""
+    plan = adj.plan
+    if plan.pp == 1 or plan.schedule in SCHEDULES:
+        return
+    why = (f"schedule {plan.schedule}: torch's {plan.schedule.traits.torch_class} refuses the compiled layers "
+           "torchtitan runs")
+    if plan.vpp > 1:
+        to_schedule(adj, num_layers, Schedule.INTERLEAVED, plan.vpp, f"{why}; interleaved-1f1b")
+    else:
+        to_schedule(adj, num_layers, Schedule.ONE_F_ONE_B, 1, f"{why}; 1f1b")
 
 
 def _per_op_policy(adj: Adjusted, pf: PlanFile) -> None:

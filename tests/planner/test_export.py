@@ -296,6 +296,28 @@ def test_a_qwen3_shaped_model_of_no_flavour_is_registered_on_torchtitan_s_qwen3(
         plan_paths["qwen3_tp2_pp2"]).model.name
 
 
+@pytest.mark.parametrize("schedule, runs, vpp", [("zb-h1", "Schedule1F1B", 1), ("zbv", "ScheduleInterleaved1F1B", 2),
+                                                  ("dualpipev", "ScheduleInterleaved1F1B", 2)])
+def test_torchtitan_runs_a_zero_bubble_plan_with_a_schedule_that_takes_its_compiled_layers(
+        tmp_path, capsys, schedule, runs, vpp):
+    """torch's zero-bubble and DualPipeV classes refuse compiled stage modules, and torchtitan
+    compiles its layers (as priced): the export runs the plan with 1F1B or interleaved 1F1B and
+    says why; torchtitan's search lists none of them."""
+    from torch.distributed.pipelining.schedules import get_schedule_class
+
+    from planner.exports import torchtitan
+    plan = tmp_path / "plan.json"
+    assert main(["predict", "--model", "llama3-8b", "--cluster", "2x8xH100", "--tp", "2", "--pp", "2", "--dp", "4",
+                 "--schedule", schedule, "--seq-len", "4096", "--global-batch", "64", "--out", str(plan)]) == 0
+    doc = _export(capsys, plan, "torchtitan", tmp_path / "job.toml")
+    job = tomllib.loads((tmp_path / "job.toml").read_text())
+    assert job["compile"]["enable"] and doc["plan"]["vpp"] == vpp
+    assert get_schedule_class(job["parallelism"]["pipeline_parallel_schedule"]).__name__ == runs
+    assert any("refuses the compiled layers torchtitan runs" in d for d in doc["differences"]), doc["differences"]
+    assert {s.traits.torch_class for s in torchtitan.SCHEDULES} == {"ScheduleGPipe", "Schedule1F1B",
+                                                                   "ScheduleInterleaved1F1B"}
+
+
 def test_a_pipelined_qwen3_plan_is_refused_by_torchtitan(tmp_path, capsys):
     plan = tmp_path / "plan.json"
     assert main(["predict", "--model", "qwen3-30b-a3b", "--cluster", "2x8xH100", "--pp", "2", "--ep", "8",
@@ -536,9 +558,17 @@ def test_deepspeed_reads_the_config(plan_paths, tmp_path, capsys, monkeypatch, n
     doc = _export(capsys, _path(plan_paths, name, "deepspeed"), "deepspeed", out)
     plan = doc["plan"]
     _exact_if_searched(doc, PlanFile.load(_path(plan_paths, name, "deepspeed")), name)
-    # DeepSpeed's batch arithmetic over its data-parallel ranks, its ZeRO, TP and precision models
-    config = DeepSpeedConfig(str(out), mpu=SimpleNamespace(get_data_parallel_world_size=lambda: plan["dp"]))
-    assert config.train_batch_size == plan["dp"] * plan["micro_batch_size"] * plan["num_micro_batches"]
+    # DeepSpeed's batch arithmetic, its ZeRO, TP and precision models: a pipeline's grid (no tensor axis) gives the
+    # data-parallel size (the mpu below); without one, AutoTP passes no mpu and DeepSpeed counts
+    # every rank of the world, so the file leaves train_batch_size for it to derive
+    world = plan["dp"] * plan["tp"] * plan["pp"]
+    monkeypatch.setattr(ds_config.dist, "get_world_size", lambda *a, **k: world)
+    grid = SimpleNamespace(get_data_parallel_world_size=lambda: world // plan["pp"]) if plan["pp"] > 1 else None
+    config = DeepSpeedConfig(str(out), mpu=grid)
+    assert config.train_batch_size == world // plan["pp"] * plan["micro_batch_size"] * plan["num_micro_batches"]
+    assert ("train_batch_size" in json.loads(out.read_text())) == (plan["tp"] == 1)
+    global_batch = PlanFile.load(_path(plan_paths, name, "deepspeed")).train.global_batch_size
+    assert plan["dp"] * plan["micro_batch_size"] * plan["num_micro_batches"] == global_batch
     assert config.zero_optimization_stage == plan["zero_stage"]
     assert config.grad_accum_dtype == PlanFile.load(_path(plan_paths, name, "deepspeed")).train.grad_dtype.value
     assert (config.zero_config.offload_optimizer is not None) == plan["offload_optimizer"]
@@ -546,7 +576,7 @@ def test_deepspeed_reads_the_config(plan_paths, tmp_path, capsys, monkeypatch, n
         _zero3_runs_as_priced(config.zero_config, PlanFile.load(_path(plan_paths, name, "deepspeed")))
     assert not plan["fp8_linears"]   # no float8 in DeepSpeed's config: the export said so and priced bf16
     assert config.tensor_parallel_config.autotp_size == (plan["tp"] if plan["tp"] > 1 else 0)
-    assert config.pipeline["stages"] == (plan["pp"] if plan["pp"] > 1 else "auto")
+    assert config.pipeline["stages"] == "auto"   # the PipelineModule's num_stages says it (the launch line)
     assert plan["cp"] == 1 and plan["vpp"] == 1 and not (plan["tp"] > 1 and plan["sequence_parallel"])
     # a PipelineModule only with a pipeline (its engine refuses ZeRO-2/3)
     assert ("PipelineModule(num_stages=" in doc["launch"]) == (plan["pp"] > 1), doc["launch"]
@@ -813,12 +843,13 @@ def test_a_model_with_attention_biases_is_named_a_model_torchtitan_must_register
                for d in differences), differences
 
 
-@pytest.mark.parametrize("dtype, grad, zero", [("fp16", "fp32", 1), ("fp16", "fp16", 0), ("bf16", "fp32", 0),
-                                               ("bf16", "fp16", 1)])
+@pytest.mark.parametrize("dtype, grad, zero", [("fp16", "fp32", 1), ("fp16", "fp16", 0), ("bf16", "fp32", 1),
+                                               ("bf16", "bf16", 0), ("bf16", "fp16", 1)])
 def test_deepspeed_without_zero_keeps_gradients_only_in_dtypes_its_engine_takes(tmp_path, capsys, dtype, grad, zero):
     """DeepSpeed's engine (_do_optimizer_sanity_check) runs without ZeRO only gradients in the
-    model's dtype, or bf16's in fp32: any other pair is exported at ZeRO-1, which adds them in
-    the stated dtype (data_types.grad_accum_dtype)."""
+    model's dtype (0.19 raises NotImplementedError for bf16's in fp32, which older versions took):
+    any other pair is exported at ZeRO-1, which adds them in the stated dtype
+    (data_types.grad_accum_dtype)."""
     plan_path = tmp_path / "p.json"
     assert main(["predict", "--model", "debug-tiny", "--cluster", "1x2xA100", "--dtype", dtype, "--grad-dtype", grad,
                  "--zero", "0", "--out", str(plan_path), "--json"]) == 0
