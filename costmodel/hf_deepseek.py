@@ -107,4 +107,9 @@ def _rope(r: Any) -> dict[str, Any]:
         if (kind := scaling.get("rope_type", scaling.get("type", "default"))) not in ("default", "yarn"):
             raise UserError(f"{at}: rope_type {kind!r} is not supported (default and yarn are)")
         theta = inputs.value(scaling, "rope_theta", float, at, theta)
+        if kind == "yarn":
+            return {"rope_theta": theta if theta is not None else 10_000.0,
+                    "yarn_factor": inputs.value(scaling, "factor", float, at, 1.0),
+                    "yarn_mscale": inputs.value(scaling, "mscale", float, at, 1.0),
+                    "yarn_mscale_all_dim": inputs.value(scaling, "mscale_all_dim", float, at, 0.0)}
     return {"rope_theta": theta if theta is not None else 10_000.0}

@@ -50,18 +50,20 @@ _QWEN_MOE = dict(rope_theta=1_000_000.0, norm_eps=1e-6, qkv_bias=True, num_exper
 
 # DeepSeek-V3 (arXiv 2412.19437) and DeepSeek-V2-Lite (arXiv 2405.04434 App. B): latent
 # attention (costmodel.deepseek), dense first layers, fine-grained routed experts and shared ones
-# (n_shared_experts x moe_intermediate_size wide), RMSNorm eps 1e-6, RoPE base 1e4 (their YaRN
-# scaling changes no cost). V3: 671B parameters, 37B active, plus a 14B MTP module (11.5B of its
+# (n_shared_experts x moe_intermediate_size wide), RMSNorm eps 1e-6, RoPE base 1e4 with YaRN
+# (factor 40; mscale 1.0 / 1.0 for V3, 0.707 / 0.707 for V2-Lite: their config.json), which
+# changes no cost. V3: 671B parameters, 37B active, plus a 14B MTP module (11.5B of its
 # own beside the embedding and head it shares: the model card's README_WEIGHTS.md).
 _DEEPSEEK = dict(rope_theta=10_000.0, norm_eps=1e-6, kv_lora_rank=512, qk_nope_head_dim=128,
                  qk_rope_head_dim=64, v_head_dim=128)
 _DEEPSEEK_V3 = dict(_DEEPSEEK, q_lora_rank=1536, num_experts=256, experts_per_token=8, moe_ffn_hidden_size=2048,
                     shared_expert_ffn_hidden_size=2048, first_k_dense=3, router_scoring=RouterScoring.SIGMOID,
                     num_expert_groups=8, topk_groups=4, routed_scaling_factor=2.5, mtp_depth=1,
-                    router_aux_loss_coef=0.001)
+                    router_aux_loss_coef=0.001, yarn_factor=40.0, yarn_mscale=1.0, yarn_mscale_all_dim=1.0)
 _DEEPSEEK_V2_LITE = dict(_DEEPSEEK, num_experts=64, experts_per_token=6, moe_ffn_hidden_size=1408,
                          shared_expert_ffn_hidden_size=2 * 1408, first_k_dense=1, moe_norm_topk_prob=False,
-                         router_aux_loss_coef=0.001)
+                         router_aux_loss_coef=0.001, yarn_factor=40.0, yarn_mscale=0.707,
+                         yarn_mscale_all_dim=0.707)
 
 # Qwen3 MoE (Qwen3 technical report, arXiv 2505.09388, Table 2): 128 routed experts, 8 per token
 # with renormalised top-k weights, no shared expert; 128-wide heads independent of the hidden size,

@@ -111,6 +111,13 @@ class ModelSpec:
     rope_low_freq_factor: float = 1.0
     rope_high_freq_factor: float = 4.0
     rope_original_max_positions: int = 8192
+    # DeepSeek's YaRN (HF rope_type "yarn"; factor 1: none): the context-extension factor and the
+    # terms of latent attention's softmax scale, (0.1 mscale_all_dim ln factor + 1)^2 over its
+    # head width; the correction range is DeepSeek's, Megatron-Core's default too (4,096 original
+    # positions, beta_fast 32, beta_slow 1).
+    yarn_factor: float = 1.0
+    yarn_mscale: float = 1.0
+    yarn_mscale_all_dim: float = 0.0
     # Mistral-style sliding-window attention (None: full causal). The cost model and the runtime
     # handle sequences up to the window, where it is full causal attention (costmodel.check).
     sliding_window: int | None = None
@@ -185,6 +192,8 @@ class ModelSpec:
         for name in ("rope_theta", "norm_eps", "rope_original_max_positions"):
             if not getattr(self, name) > 0:
                 raise UserError(f"model {self.name!r}: {name} must be positive")
+        if self.yarn_factor < 1.0:
+            raise UserError(f"model {self.name!r}: yarn_factor must be at least 1 (1: no YaRN scaling)")
         if self.rope_scaling_factor < 1.0:
             raise UserError(f"model {self.name!r}: rope_scaling_factor must be at least 1 (1: no scaling)")
         if self.rope_scaling_factor > 1.0 and not 0 < self.rope_low_freq_factor < self.rope_high_freq_factor:

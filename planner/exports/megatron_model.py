@@ -101,6 +101,9 @@ def _deepseek_arguments(m: ModelSpec) -> list[tuple[str, str | None]]:
                  ("--v-head-dim", str(m.v_head_dim))]
         if m.q_lora_rank:
             args += [("--q-lora-rank", str(m.q_lora_rank))]
+        # YaRN as MLATransformerConfig takes it (Megatron-LM's defaults, 1 / 1 / 0, are no scaling)
+        args += [("--rotary-scaling-factor", f"{m.yarn_factor:g}"), ("--mscale", f"{m.yarn_mscale:g}"),
+                 ("--mscale-all-dim", f"{m.yarn_mscale_all_dim:g}")]
     if m.first_k_dense:
         args += [("--moe-layer-freq", f"([0]*{m.first_k_dense}+[1]*{m.num_layers - m.first_k_dense})")]
     if m.router_scoring == "sigmoid":

@@ -736,7 +736,10 @@ def test_a_deepseek_plan_exports_its_mechanisms_to_megatron(tmp_path, capsys):
               "moe_layer_freq": eval(args["--moe-layer-freq"], {"__builtins__": {}}),   # Megatron-LM's moe_freq_type
               "num_moe_experts": int(args["--num-experts"]), "moe_router_topk": int(args["--moe-router-topk"]),
               "moe_ffn_hidden_size": int(args["--moe-ffn-hidden-size"]),
-              "moe_shared_expert_intermediate_size": int(args["--moe-shared-expert-intermediate-size"])}
+              "moe_shared_expert_intermediate_size": int(args["--moe-shared-expert-intermediate-size"]),
+              # its YaRN, which Megatron-LM's own defaults (factor 1, mscale_all_dim 0) would undo
+              "rotary_scaling_factor": float(args["--rotary-scaling-factor"]), "mscale": float(args["--mscale"]),
+              "mscale_all_dim": float(args["--mscale-all-dim"])}
     assert "--q-lora-rank" not in args   # V2-Lite projects Q from the input
     config = MLATransformerConfig(num_layers=int(args["--num-layers"]), hidden_size=int(args["--hidden-size"]),
                                   num_attention_heads=int(args["--num-attention-heads"]),
@@ -745,6 +748,8 @@ def test_a_deepseek_plan_exports_its_mechanisms_to_megatron(tmp_path, capsys):
         (m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim)
     assert config.moe_layer_freq == [0] * m.first_k_dense + [1] * (m.num_layers - m.first_k_dense)
     assert config.num_moe_experts == m.num_experts and config.moe_ffn_hidden_size == m.moe_ffn_hidden_size
+    assert (config.rope_type, config.rotary_scaling_factor, config.mscale, config.mscale_all_dim) == \
+        ("yarn", 40.0, 0.707, 0.707)   # DeepSeek-V2-Lite's config.json
     v3 = tmp_path / "v3.json"
     assert main(["predict", "--model", "deepseek-v3", "--cluster", "256x8xH100", "--pp", "16", "--ep", "64",
                  "--zero", "1", "--seq-len", "4096", "--global-batch", "15360", "--framework", "megatron",
