@@ -86,7 +86,8 @@ def _dispatcher(m: ModelSpec, plan: Plan, cluster: ClusterSpec, traits: Framewor
     experts (costmodel.moe_dispatch); the all-to-all one otherwise (inside a node both move the
     same bytes)."""
     if limits_groups(m) or spans(plan, run_by(cluster, traits)).ep.crosses_nodes:
-        return [("--moe-token-dispatcher-type", "flex"), ("--moe-enable-deepep", None)]
+        # DeepEP behind the flex dispatcher (Megatron-Core deprecates --moe-enable-deepep for this)
+        return [("--moe-token-dispatcher-type", "flex"), ("--moe-flex-dispatcher-backend", "deepep")]
     return [("--moe-token-dispatcher-type", "alltoall")]
 
 

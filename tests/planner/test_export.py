@@ -770,8 +770,9 @@ def test_a_deepseek_plan_exports_its_mechanisms_to_megatron(tmp_path, capsys):
     # node-limited routing was priced with a dispatcher that sends a token once per node
     # (costmodel.moe_dispatch): Megatron-Core's flex dispatcher over DeepEP; V2-Lite routes over
     # all its experts and keeps the all-to-all one
-    assert v3_args["--moe-token-dispatcher-type"] == "flex" and "--moe-enable-deepep" in v3_args
-    assert args["--moe-token-dispatcher-type"] == "alltoall" and "--moe-enable-deepep" not in args
+    assert v3_args["--moe-token-dispatcher-type"] == "flex" and v3_args["--moe-flex-dispatcher-backend"] == "deepep"
+    assert "--moe-enable-deepep" not in v3_args   # deprecated in Megatron-Core for the backend flag
+    assert args["--moe-token-dispatcher-type"] == "alltoall" and "--moe-flex-dispatcher-backend" not in args
     capsys.readouterr()
     assert main(["export", str(plan), "--to", "torchtitan", "--out", str(tmp_path / "job.toml")]) == 2
     assert "latent attention" in capsys.readouterr().err
