@@ -9,7 +9,9 @@ What DeepSpeed cannot say of our plans, and the nearest it runs (each a line of 
   items too and shift the blocks);
 - with a pipeline, ZeRO-2/3 are not run (its pipeline engine takes ZeRO-0/1): ZeRO-1;
 - tensor parallelism is AutoTP (`tensor_parallel.autotp_size`), which has no sequence
-  parallelism and no ZeRO-3: without SP, and ZeRO-2 at most. Under AutoTP DeepSpeed counts the
+  parallelism and no ZeRO-3: without SP, and ZeRO-2 at most. It does not combine with the
+  pipeline engine (the engine replaces the PipelineModule's grid with AutoTP's data x tensor
+  groups over the whole world): a plan with both is refused. Under AutoTP DeepSpeed counts the
   tensor-parallel ranks in `train_batch_size` too, so the file leaves it out (DeepSpeed derives
   it from the micro-batch and accumulation steps, which say the plan's global batch);
 - context parallelism is not ours (DeepSpeed-Ulysses exchanges heads, not K/V): its ranks become
@@ -35,6 +37,7 @@ from costmodel.specs import DType, ModelSpec, TrainSpec
 from planner import outputs
 from planner.exports.common import (
     Adjusted,
+    CannotExport,
     activations_on_device,
     fold_cp_into_dp,
     one_shard_group,
@@ -60,6 +63,10 @@ def zero_stages(train: TrainSpec) -> frozenset[int]:
 
 
 def nearest(pf: PlanFile) -> Adjusted:
+    if pf.plan.tp > 1 and pf.plan.pp > 1:   # engine._configure_tensor_parallel_states replaces the grid
+        raise CannotExport(f"deepspeed cannot run this plan: its AutoTP (tp {pf.plan.tp}) does not combine with its "
+                           f"pipeline engine (pp {pf.plan.pp}): AutoTP makes its own data x tensor groups over the "
+                           "whole world in place of the PipelineModule's grid")
     adj = Adjusted(pf.plan)
     one_shard_group(adj, "DeepSpeed", "ZeRO")
     layers = pf.model.num_layers

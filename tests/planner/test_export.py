@@ -480,8 +480,12 @@ def test_megatron_core_accepts_the_arguments(plan_paths, tmp_path, capsys, monke
 def test_a_folded_expert_layout_is_not_deepspeed_s(plan_paths, tmp_path, capsys):
     """EP beyond dp, folded over the TP ranks, is a layout DeepSpeed does not run: its export says
     so in one line, exit 2."""
+    plan = tmp_path / "folded.json"   # without a pipeline: AutoTP beside one is refused first
+    assert main(["predict", "--model", "mixtral-8x7b", "--cluster", "2x8xH100", "--tp", "4", "--ep", "8", "--zero", "1",
+                 "--recompute", "full", "--seq-len", "4096", "--global-batch", "64", "--framework", "megatron",
+                 "--out", str(plan)]) == 0
     capsys.readouterr()
-    assert main(["export", str(plan_paths["mixtral_ep_folded"]), "--to", "deepspeed", "--out", str(tmp_path / "f")]) == 2
+    assert main(["export", str(plan), "--to", "deepspeed", "--out", str(tmp_path / "f")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "deepspeed cannot run this plan" in err and "ep=8" in err
 
@@ -555,6 +559,12 @@ def test_deepspeed_reads_the_config(plan_paths, tmp_path, capsys, monkeypatch, n
     # no process group here: rank 0 of a job whose data-parallel size the mpu below gives
     monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)
     out = tmp_path / "ds_config.json"
+    planned = PlanFile.load(_path(plan_paths, name, "deepspeed")).plan
+    if planned.tp > 1 and planned.pp > 1:   # the engine replaces the pipeline's grid with AutoTP's groups
+        capsys.readouterr()
+        assert main(["export", str(_path(plan_paths, name, "deepspeed")), "--to", "deepspeed", "--out", str(out)]) == 2
+        assert "AutoTP (tp" in capsys.readouterr().err and not out.exists()
+        return
     doc = _export(capsys, _path(plan_paths, name, "deepspeed"), "deepspeed", out)
     plan = doc["plan"]
     _exact_if_searched(doc, PlanFile.load(_path(plan_paths, name, "deepspeed")), name)
@@ -616,8 +626,11 @@ def test_differences_are_listed_and_the_nearest_plan_is_priced(plan_paths, tmp_p
     assert any(d.startswith("schedule zb-h1") for d in doc["differences"])
     assert any(d.startswith("zero 3 under pipeline parallelism") for d in doc["differences"])
     assert doc["estimate"]["fits"] and doc["estimate"]["step_time_s"] != doc["planned"]["step_time_s"]
-    doc = _export(capsys, plan_paths["llama70b"], "deepspeed", tmp_path / "b.json")
-    assert doc["plan"]["cp"] == 1 and doc["plan"]["dp"] == 4 and doc["estimate"]["fits"]
+    cp_plan = tmp_path / "cp.json"
+    assert main(["predict", "--model", "llama3-8b", "--cluster", "1x8xH100", "--cp", "2", "--dp", "4", "--zero", "3",
+                 "--recompute", "full", "--seq-len", "8192", "--global-batch", "32", "--out", str(cp_plan)]) == 0
+    doc = _export(capsys, cp_plan, "deepspeed", tmp_path / "b.json")
+    assert doc["plan"]["cp"] == 1 and doc["plan"]["dp"] == 8 and doc["estimate"]["fits"]
     doc = _export(capsys, plan_paths["mixtral"], "torchtitan", tmp_path / "c.toml")
     assert any("register a train spec" in d for d in doc["differences"])
     # as a person reads it: the file on stdout, the summary on stderr
