@@ -111,10 +111,10 @@ class ModelSpec:
     rope_low_freq_factor: float = 1.0
     rope_high_freq_factor: float = 4.0
     rope_original_max_positions: int = 8192
-    # DeepSeek's YaRN (HF rope_type "yarn"; factor 1: none): the context-extension factor and the
-    # terms of latent attention's softmax scale, (0.1 mscale_all_dim ln factor + 1)^2 over its
-    # head width; the correction range is DeepSeek's, Megatron-Core's default too (4,096 original
-    # positions, beta_fast 32, beta_slow 1).
+    # DeepSeek's YaRN (HF rope_type "yarn"; factor 1: none): the context-extension factor and its
+    # two magnitude terms (latent attention's softmax scale gains (0.1 mscale_all_dim ln factor
+    # + 1)^2, the rotary embedding the ratio of the mscale term to that one); the correction range
+    # is DeepSeek's, Megatron-Core's default too (4,096 original positions, beta_fast 32, beta_slow 1).
     yarn_factor: float = 1.0
     yarn_mscale: float = 1.0
     yarn_mscale_all_dim: float = 0.0
