@@ -143,7 +143,8 @@ def local_command(nproc: int, worker: WorkerArgs) -> list[str]:
 
 def node_commands(pf: PlanFile, worker: WorkerArgs, hosts: list[str] | None = None) -> list[str]:
     """One torchrun command per host (a node, or each host of a node that spans several:
-    ClusterSpec.launch_hosts), c10d rendezvous on the first, which is told it hosts the store
+    ClusterSpec.launch_hosts), under `env` with what run_local sets (launch_env; `env` keeps the
+    line one command, as `exec` or ssh take it), c10d rendezvous on the first, which is told it hosts the store
     (torchrun's own guess compares the endpoint with the machine's hostname and misses an address
     on a secondary interface). With the `hosts`' names, each host also says which
     address is its own (--local-addr: else torchrun gives the ranks the machine's FQDN to meet
@@ -159,11 +160,37 @@ def node_commands(pf: PlanFile, worker: WorkerArgs, hosts: list[str] | None = No
         return ["--rdzv-backend=c10d", f"--rdzv-endpoint={master}:{PORT}", "--rdzv-id=planner",
                 f"--rdzv-conf=is_host={'true' if i == 0 else 'false'}"]
     count, per_host = c.launch_hosts
-    return [" ".join(["torchrun", f"--nnodes={count}", f"--node-rank={i}",
+    return [" ".join(["env", _exports(pf), "torchrun", f"--nnodes={count}", f"--node-rank={i}",
                       f"--nproc-per-node={per_host}", f"--max-restarts={worker.max_restarts}",
                       *meet(i), *([f"--local-addr={hosts[i]}"] if hosts else []),
                       *map(shlex.quote, worker.argv())])
             for i in range(count)]
+
+
+# the caching allocator's expandable segments: the GPU profiles price fragmentation with them
+ALLOC_CONF = "expandable_segments:True"
+
+
+def job_name(pf: PlanFile) -> str:
+    """The job's name for a scheduler: planner-<model> as a DNS-1035 label (Kubernetes' rule for a
+    PyTorchJob: lowercase letters, digits and '-', a letter first, 63 at most), whatever the
+    model's name (a config.json's may hold '/')."""
+    name = re.sub(r"[^a-z0-9-]+", "-", f"planner-{pf.model.name}".lower())
+    return re.sub(r"-+", "-", name)[:63].strip("-")
+
+
+def launch_env(pf: PlanFile) -> dict[str, str]:
+    """What run_local sets for the ranks beside torchrun, as a launch on other machines must too:
+    the caching allocator's expandable segments, whose fragmentation the GPU profiles price, and a
+    CPU rank's threads, as its profile measured them (torchrun would set 1)."""
+    env = {"PYTORCH_CUDA_ALLOC_CONF": ALLOC_CONF}
+    if pf.cluster.device.kind == "cpu":
+        env["OMP_NUM_THREADS"] = str(pf.cluster.device.threads_per_rank or 1)
+    return env
+
+
+def _exports(pf: PlanFile) -> str:
+    return " ".join(f"{k}={shlex.quote(v)}" for k, v in launch_env(pf).items())
 
 
 def sbatch_script(pf: PlanFile, worker: WorkerArgs) -> str:
@@ -175,16 +202,16 @@ def sbatch_script(pf: PlanFile, worker: WorkerArgs) -> str:
                     "--rdzv-id=$SLURM_JOB_ID", *map(shlex.quote, worker.argv())])
     return "\n".join([
         "#!/bin/bash",
-        f"#SBATCH --job-name=planner-{pf.model.name}",
+        f"#SBATCH --job-name={job_name(pf)}",
         f"#SBATCH --nodes={count}",
         "#SBATCH --ntasks-per-node=1",
-        f"#SBATCH --gpus-per-node={per_host}",
+        *([f"#SBATCH --gpus-per-node={per_host}"] if c.device.kind != "cpu" else []),
         # a node of the plan is an NVLink domain of several hosts: Slurm keeps each one's hosts in a
         # segment of one rack (as NVIDIA's launchers do on GB200 NVL72)
         *([f"#SBATCH --segment={c.devices_per_node // per_host}"] if per_host < c.devices_per_node else []),
         "#SBATCH --exclusive",
         'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        "export MASTER_ADDR",
+        f"export MASTER_ADDR {_exports(pf)}",
         f"srun {run}",
         ""])
 
@@ -205,7 +232,7 @@ def run_local(nproc: int, worker: WorkerArgs, threads_per_rank: int, log: TextIO
     clear_earlier_run(worker.out)
     # expandable segments: the fragmentation the GPU profiles price (1.05-1.10 of allocated
     # bytes with them, 1.15-1.3 without); a user's own setting wins. Ignored on CPU.
-    env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+    env = {"PYTORCH_CUDA_ALLOC_CONF": ALLOC_CONF,
            **os.environ, "OMP_NUM_THREADS": str(threads_per_rank),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
                                                        os.environ.get("PYTHONPATH")]))}

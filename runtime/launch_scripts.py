@@ -13,7 +13,7 @@ import yaml
 
 from costmodel.inputs import UserError
 from costmodel.plan import PlanFile
-from runtime.launch import PORT, WorkerArgs, node_commands
+from runtime.launch import PORT, WorkerArgs, job_name, launch_env, node_commands
 
 
 def read_hostfile(path: Path, pf: PlanFile) -> list[str]:
@@ -67,12 +67,12 @@ def pytorchjob_yaml(pf: PlanFile, worker: WorkerArgs, image: str) -> str:
 
     def replica(replicas: int) -> dict:
         gpus = {"nvidia.com/gpu": per_host} if c.device.kind != "cpu" else {}
-        container = {"name": "pytorch", "image": image, "command": command, "resources": {"limits": gpus}}
+        container = {"name": "pytorch", "image": image, "command": command, "resources": {"limits": gpus},
+                     "env": [{"name": k, "value": v} for k, v in launch_env(pf).items()]}
         return {"replicas": replicas, "restartPolicy": "OnFailure", "template": {"spec": {"containers": [container]}}}
     specs = {"Master": replica(1)}
     if count > 1:
         specs["Worker"] = replica(count - 1)
-    job = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
-           "metadata": {"name": f"planner-{pf.model.name}".lower().replace(".", "-").replace("_", "-")[:63]},
+    job = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": job_name(pf)},
            "spec": {"pytorchReplicaSpecs": specs}}
     return yaml.safe_dump(job, sort_keys=False)

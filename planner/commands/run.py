@@ -108,6 +108,13 @@ def _print_launch(args: argparse.Namespace, pf: PlanFile, worker) -> None:
         return
     if args.launcher == "k8s":
         from runtime.launch_scripts import pytorchjob_yaml
+        if not args.image.strip():
+            raise RunRefused("--image is empty: the PyTorchJob's containers need an image with the planner installed")
+        if args.checkpoint_dir and not (args.resume or args.resume_if_present):
+            # restartPolicy OnFailure starts a failed pod's torchrun afresh: its ranks would find this
+            # run's own checkpoints and refuse them without a resume flag
+            raise RunRefused("--launcher k8s with --checkpoint-dir: a pod Kubernetes restarts finds this run's "
+                             "checkpoints; pass --resume-if-present (or --resume)")
         print(f"# {pf.plan.short()}: kubectl apply -f this (Kubeflow training operator)")
         print(pytorchjob_yaml(pf, worker, args.image), end="")
         return

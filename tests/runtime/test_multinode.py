@@ -42,7 +42,7 @@ def _commands(tmp_path: Path, nodes, capsys, steps: int) -> tuple[Path, list[str
     out = tmp_path / "run"
     assert main(["run", str(plan), "--print-launch", "--launcher", "hostfile", "--hostfile", str(hosts),
                  "--steps", str(steps), "--warmup", "0", "--out", str(out)]) == 0
-    commands = [line for line in capsys.readouterr().out.splitlines() if line.startswith("torchrun ")]
+    commands = [line for line in capsys.readouterr().out.splitlines() if line.startswith("env ") and " torchrun " in line]
     assert len(commands) == 2 and f"--rdzv-endpoint={nodes[0].address}:" in commands[0]
     return out, commands
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -175,8 +176,10 @@ def _printed_launch(tmp_path, capsys, *predict: str) -> str:
 
 def test_print_launch_gives_one_torchrun_per_node_and_sbatch(tmp_path, capsys):
     out = _printed_launch(tmp_path, capsys, "--model", "llama-70b", "--cluster", "8x8xA100", "--tp", "8", "--pp", "4")
-    assert out.count("torchrun --nnodes=8 --node-rank=") == 8
+    # each with the allocator setting the GPU profiles price fragmentation with, as a local run sets it
+    assert out.count("env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True torchrun --nnodes=8 --node-rank=") == 8
     assert "#SBATCH --nodes=8" in out and "--gpus-per-node=8" in out and "srun torchrun" in out
+    assert "export MASTER_ADDR PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in out
 
 
 def test_print_launch_starts_an_nvlink_domain_node_host_by_host(tmp_path, capsys):
@@ -193,6 +196,20 @@ def test_print_launch_starts_an_nvlink_domain_node_host_by_host(tmp_path, capsys
     assert main(["run", str(mixed), "--print-launch"]) == 2
     assert capsys.readouterr().err.strip() == ("planner run: error: a mixed cluster is launched a node per host, and "
                                                "GB200's nodes of 8 span hosts of 4: launch its groups apart")
+
+
+def test_a_job_name_is_a_label_whatever_the_model_is_called(tmp_path):
+    """A config.json's model name may hold '/' and capitals; a PyTorchJob's name is a DNS-1035
+    label (the training operator's webhook refuses others), and sbatch takes the same."""
+    import dataclasses
+
+    from costmodel.plan import PlanFile
+    from runtime.launch import job_name
+    pf = PlanFile.load(_plan(tmp_path))
+    named = dataclasses.replace(pf, model=dataclasses.replace(pf.model, name="meta-llama/Meta-Llama-3-8B_v2."))
+    assert job_name(named) == "planner-meta-llama-meta-llama-3-8b-v2"
+    long = dataclasses.replace(pf, model=dataclasses.replace(pf.model, name="x" * 54 + "-" + "y" * 20))
+    assert len(job_name(long)) <= 63 and not job_name(long).endswith("-")
 
 
 def test_dry_run_shards_zero_over_dp_times_cp(tmp_path, capsys):
@@ -305,7 +322,8 @@ def test_print_launch_for_a_hostfile_runs_and_a_pytorchjob_parses(tmp_path, caps
     assert main(["run", str(plan), "--print-launch", "--launcher", "hostfile", "--hostfile", str(hosts), "--steps", "2",
                  "--warmup", "0", "--out", str(out)]) == 0
     command = capsys.readouterr().out.strip().splitlines()[-1]
-    assert command.startswith("torchrun --nnodes=1 --node-rank=0 --nproc-per-node=2")
+    assert command.startswith("env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True OMP_NUM_THREADS=")
+    assert " torchrun --nnodes=1 --node-rank=0 --nproc-per-node=2" in command
     proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert len(json.loads((out / "raw.json").read_text())["losses"]) == 2
@@ -319,6 +337,21 @@ def test_print_launch_for_a_hostfile_runs_and_a_pytorchjob_parses(tmp_path, caps
     assert job["kind"] == "PyTorchJob" and specs["Master"]["replicas"] == 1 and specs["Worker"]["replicas"] == 7
     container = specs["Worker"]["template"]["spec"]["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 8 and "--nnodes=8" in container["command"]
+    assert {"name": "PYTORCH_CUDA_ALLOC_CONF", "value": "expandable_segments:True"} in container["env"]
+    assert re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", job["metadata"]["name"])   # a DNS-1035 label
+    # a pod Kubernetes restarts would find this run's checkpoints: a resume flag is asked for; no empty image
+    k8s = ["run", str(big), "--print-launch", "--launcher", "k8s", "--image"]
+    assert main([*k8s, "registry.example/planner:0.1", "--checkpoint-dir", str(tmp_path / "ck")]) == 2
+    assert "pass --resume-if-present" in capsys.readouterr().err
+    assert main([*k8s, "registry.example/planner:0.1", "--checkpoint-dir", str(tmp_path / "ck"),
+                 "--resume-if-present"]) == 0
+    assert "--resume-if-present" in capsys.readouterr().out
+    assert main([*k8s, " "]) == 2 and "--image is empty" in capsys.readouterr().err
+    # a CPU plan's sbatch asks for no GPU and gives each rank its profile's threads
+    assert main(["run", str(plan), "--print-launch"]) == 0
+    out = capsys.readouterr().out
+    assert "--gpus-per-node" not in out and "export MASTER_ADDR PYTORCH_CUDA_ALLOC_CONF" in out and \
+        "OMP_NUM_THREADS=" in out
     for text, message in (("localhost slots=4\n", "has slots=4, but the plan puts 2"),
                           ("localhost\nlocalhost\n", "2 host(s), but the plan's cluster has 1 host(s)"),
                           ("no-such-host.invalid\n", "cannot be resolved from here")):
