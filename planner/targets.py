@@ -115,8 +115,7 @@ def options_for(name: str, model: ModelSpec, train: TrainSpec, cluster: ClusterS
     module = _module(name)
     space = FrameworkSpace(name=name, mesh_orders=_ORDERS[name], split=split, recompute_counts=recompute,
                            sequence_parallel=has_sequence_parallel(name, model, train, cluster),
-                           zero_stages=module.zero_stages(train) if hasattr(module, "zero_stages")
-                           else getattr(module, "ZERO_STAGES", None),
+                           zero_stages=_zero_stages(module, train),
                            zero_stages_with_pp=getattr(module, "ZERO_STAGES_WITH_PP", None),
                            zero_stages_beside_parallelism=getattr(module, "ZERO_STAGES_BESIDE_PARALLELISM", None),
                            recompute_modes=getattr(module, "RECOMPUTE_MODES", None),
@@ -144,6 +143,14 @@ def has_sequence_parallel(name: str, model: ModelSpec, train: TrainSpec, cluster
     return _module(name).nearest(PlanFile(plan=probe, model=model, train=train, cluster=cluster)).plan.sequence_parallel
 
 
+def _zero_stages(module, train: TrainSpec | None = None) -> frozenset[int] | None:
+    """The ZeRO stages a target runs (None: every one): its `zero_stages(train)` where they depend
+    on the training (DeepSpeed's ZeRO-0 and the gradients' dtype), else its ZERO_STAGES."""
+    if train is not None and hasattr(module, "zero_stages"):
+        return module.zero_stages(train)
+    return getattr(module, "ZERO_STAGES", None)
+
+
 def default_zero_stage(name: str, pp: int) -> int:
     """predict's ZeRO stage where --zero is not given: 1 (sharded optimizer states, Megatron's
     distributed optimizer, DeepSpeed's stage 1) where the framework runs it at this pipeline
@@ -151,7 +158,7 @@ def default_zero_stage(name: str, pp: int) -> int:
     if name == PLANNER:
         return 1
     module = _module(name)
-    stages = getattr(module, "ZERO_STAGES", None) or frozenset(range(4))
+    stages = _zero_stages(module) or frozenset(range(4))
     if pp > 1 and (with_pp := getattr(module, "ZERO_STAGES_WITH_PP", None)) is not None:
         stages = stages & with_pp
     return 1 if 1 in stages else max(stages)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import html
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -31,7 +32,7 @@ class Document:
         """Every figure left to draw, drawn by `map_draws(fn, items)` (a map, which may run items
         in another process: the figures are independent files), then placed as images in order."""
         draws = [value for kind, value in self.blocks if kind == "draw"]
-        drawn = iter((map_draws or _serial)(_call, draws))
+        drawn = iter((map_draws or _serial)(operator.call, draws))
         blocks: list[tuple[str, Any]] = []
         for kind, value in self.blocks:
             blocks += [("img", image) for image in next(drawn)] if kind == "draw" else [(kind, value)]
@@ -75,10 +76,6 @@ class Document:
                 out.append(f"<figure><a href='{stem}.svg'><img src='{stem}.png' alt='{e(caption)}'></a>"
                            f"<figcaption>{e(caption)}</figcaption></figure>")
         return "\n".join(out)
-
-
-def _call(draw: Callable[[], Any]) -> Any:
-    return draw()
 
 
 def _serial(fn: Callable, items: list) -> list:

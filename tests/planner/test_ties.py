@@ -61,8 +61,8 @@ def test_safe_margins_are_not_told_apart_and_short_ones_are():
     plans are ordered by moving parts, then time, whatever else they spare; short of it, the
     larger margin leads, before fewer moving parts."""
     from planner.ranking import robust_first
-    # both safe (15.3 and 15.5 GiB to spare, either side of four steps of the band's 3.84 GiB of the
-    # device): the faster leads
+    # both safe (15.3 and 15.5 GiB to spare, far past the 3.1 GiB the error asks): the faster leads,
+    # however the 0.2 GiB between them falls
     fast, leaner = _found(31.73, 64.7), _found(31.96, 64.5)
     order, equivalent = robust_first([fast, leaner], 0.04)
     assert equivalent == 2 and order == [fast, leaner]
