@@ -8,7 +8,7 @@ from costmodel.estimate import Estimate
 from costmodel.fidelity import PUBLISHED, error_band, long_sequence_caveat
 from costmodel.groups import placement_lines, short_device_name, stages_on, views
 from costmodel.hardware import ClusterSpec
-from costmodel.plan import Plan
+from costmodel.plan import DEFAULT_AXIS_ORDER, Plan
 from costmodel.selective_modules import DEFAULT_SELECTIVE_MODULES
 from costmodel.specs import ModelSpec, TrainSpec
 from costmodel.units import GIB
@@ -85,8 +85,9 @@ def summary_lines(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan
         f"{train.attention_kernel} attention)",
         f"cluster  {cluster.name} ({cluster.world_size} devices)   priced as {cluster.framework.name} runs plans"
         + _options_said(cluster),
-        f"plan     {plan.short()}   layers/stage {','.join(map(str, plan.layers_per_stage))}   "
-        f"mesh {'>'.join(plan.mesh_axis_order)}",
+        f"plan     {plan.short()}   layers/stage {','.join(map(str, plan.layers_per_stage))}"
+        # short() names a mesh order other than the default; the default is named here
+        + (f"   mesh {'>'.join(plan.mesh_axis_order)}" if plan.mesh_axis_order == DEFAULT_AXIS_ORDER else ""),
         *(f"groups   {line}" for line in placement_lines(plan, cluster, train.global_batch_size)),
         *(f"groups   {line}" for line in share_step_lines(cluster, est)),
         f"step     {est.step_time_s:.3f} s   {est.tokens_per_s:,.0f} tokens/s   "
