@@ -141,6 +141,12 @@ def local_command(nproc: int, worker: WorkerArgs) -> list[str]:
             f"--monitor-interval={MONITOR_INTERVAL_S}", f"--max-restarts={worker.max_restarts}", *worker.argv()]
 
 
+# torchrun's c10d rendezvous gives the hosts their ranks in the order of their addresses as
+# strings (--local-addr, else the host's FQDN: torch.distributed.elastic's DynamicRendezvousHandler
+# sorts its participants), whatever --node-rank says
+C10D_HOST_ORDER = "c10d numbers hosts in the order of their names (as strings), whatever the order they are listed in"
+
+
 def node_commands(pf: PlanFile, worker: WorkerArgs, hosts: list[str] | None = None) -> list[str]:
     """One torchrun command per host (a node, or each host of a node that spans several:
     ClusterSpec.launch_hosts), under `env` with what run_local sets (launch_env; `env` keeps the
@@ -153,14 +159,15 @@ def node_commands(pf: PlanFile, worker: WorkerArgs, hosts: list[str] | None = No
     master = hosts[0] if hosts else "$MASTER_ADDR"
 
     def meet(i: int) -> list[str]:
-        # c10d numbers nodes as they join; a mixed cluster's node ranks must follow its groups
-        # (costmodel.groups.node_groups), which only the static rendezvous keeps
+        # c10d numbers hosts by address (C10D_HOST_ORDER) and ignores --node-rank; a mixed
+        # cluster's node ranks must follow its groups (costmodel.groups.node_groups), which only
+        # the static rendezvous keeps
         if c.is_mixed:
-            return [f"--master-addr={master}", f"--master-port={PORT}"]
+            return [f"--node-rank={i}", f"--master-addr={master}", f"--master-port={PORT}"]
         return ["--rdzv-backend=c10d", f"--rdzv-endpoint={master}:{PORT}", "--rdzv-id=planner",
                 f"--rdzv-conf=is_host={'true' if i == 0 else 'false'}"]
     count, per_host = c.launch_hosts
-    return [" ".join(["env", _exports(pf), "torchrun", f"--nnodes={count}", f"--node-rank={i}",
+    return [" ".join(["env", _exports(pf), "torchrun", f"--nnodes={count}",
                       f"--nproc-per-node={per_host}", f"--max-restarts={worker.max_restarts}",
                       *meet(i), *([f"--local-addr={hosts[i]}"] if hosts else []),
                       *map(shlex.quote, worker.argv())])
@@ -209,6 +216,7 @@ def sbatch_script(pf: PlanFile, worker: WorkerArgs) -> str:
         # a node of the plan is an NVLink domain of several hosts: Slurm keeps each one's hosts in a
         # segment of one rack (as NVIDIA's launchers do on GB200 NVL72)
         *([f"#SBATCH --segment={c.devices_per_node // per_host}"] if per_host < c.devices_per_node else []),
+        *([f"# {C10D_HOST_ORDER}: each segment's hosts must sort together"] if per_host < c.devices_per_node else []),
         "#SBATCH --exclusive",
         'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         f"export MASTER_ADDR {_exports(pf)}",

@@ -13,7 +13,7 @@ import yaml
 
 from costmodel.inputs import UserError
 from costmodel.plan import PlanFile
-from runtime.launch import PORT, WorkerArgs, job_name, launch_env, node_commands
+from runtime.launch import C10D_HOST_ORDER, PORT, WorkerArgs, job_name, launch_env, node_commands
 
 
 def read_hostfile(path: Path, pf: PlanFile) -> list[str]:
@@ -41,12 +41,34 @@ def read_hostfile(path: Path, pf: PlanFile) -> list[str]:
         hosts.append(host)
     if len(hosts) != count:
         raise UserError(f"hostfile {path}: {len(hosts)} host(s), but the plan's cluster has {count} host(s)")
+    if len(set(hosts)) != len(hosts):
+        twice = next(h for h in hosts if hosts.count(h) > 1)
+        raise UserError(f"hostfile {path}: {twice} is listed twice; each line is a host of its own")
+    _check_domains_sort_together(path, hosts, pf.cluster.devices_per_node // per_host)
     for host in hosts:
         try:
             socket.getaddrinfo(host, PORT)
         except OSError:
             raise UserError(f"hostfile {path}: host {host!r} cannot be resolved from here") from None
     return hosts
+
+
+def _check_domains_sort_together(path: Path, hosts: list[str], hosts_per_domain: int) -> None:
+    """Where a node of the plan is an NVLink domain of several hosts (a GB200 NVL72 rack's trays),
+    the hostfile lists each domain's hosts one after the other; c10d ranks the hosts by name
+    (runtime.launch.C10D_HOST_ORDER), so the hosts of each domain must also be neighbours in that
+    order, or a tensor-parallel group would span two domains over the scale-out network."""
+    if hosts_per_domain == 1:
+        return
+    def domains(order: list[str]) -> list[frozenset[str]]:
+        return [frozenset(order[i:i + hosts_per_domain]) for i in range(0, len(order), hosts_per_domain)]
+    listed = {host: domain for domain in domains(hosts) for host in domain}
+    for domain in domains(sorted(hosts)):
+        first, *rest = sorted(domain)
+        if other := next((h for h in rest if listed[h] != listed[first]), None):
+            raise UserError(f"hostfile {path}: {first} and {other} would share an NVLink domain of "
+                            f"{hosts_per_domain} hosts: {C10D_HOST_ORDER}; list each domain's hosts by names "
+                            "or addresses that sort together")
 
 
 def hostfile_commands(pf: PlanFile, worker: WorkerArgs, hosts: list[str]) -> list[str]:
@@ -57,11 +79,11 @@ def hostfile_commands(pf: PlanFile, worker: WorkerArgs, hosts: list[str]) -> lis
 
 def pytorchjob_yaml(pf: PlanFile, worker: WorkerArgs, image: str) -> str:
     """A PyTorchJob: one Master and the other hosts as Workers (ClusterSpec.launch_hosts), each a pod
-    with its host's GPUs running torchrun (the operator sets MASTER_ADDR, MASTER_PORT, WORLD_SIZE and
-    RANK)."""
+    with its host's GPUs running torchrun (the operator sets MASTER_ADDR and MASTER_PORT; c10d ranks
+    the pods)."""
     c = pf.cluster
     count, per_host = c.launch_hosts
-    command = ["torchrun", f"--nnodes={count}", "--node-rank=$(RANK)", f"--nproc-per-node={per_host}",
+    command = ["torchrun", f"--nnodes={count}", f"--nproc-per-node={per_host}",
                f"--max-restarts={worker.max_restarts}", "--rdzv-backend=c10d",
                "--rdzv-endpoint=$(MASTER_ADDR):$(MASTER_PORT)", "--rdzv-id=planner", *worker.argv()]
 

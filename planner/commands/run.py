@@ -118,11 +118,15 @@ def _print_launch(args: argparse.Namespace, pf: PlanFile, worker) -> None:
         print(f"# {pf.plan.short()}: kubectl apply -f this (Kubeflow training operator)")
         print(pytorchjob_yaml(pf, worker, args.image), end="")
         return
-    from runtime.launch import node_commands, sbatch_script
-    print(f"# {pf.plan.short()} on {pf.cluster.launch_hosts[0]} host(s): run on host i (MASTER_ADDR = host 0)")
+    from runtime.launch import C10D_HOST_ORDER, node_commands, sbatch_script
+    count, per_host = pf.cluster.launch_hosts
+    print(f"# {pf.plan.short()} on {count} host(s): run on host i (MASTER_ADDR = host 0)")
+    if per_host < pf.cluster.devices_per_node and not pf.cluster.is_mixed:
+        print(f"# a node of the plan is an NVLink domain of {pf.cluster.devices_per_node // per_host} hosts, and "
+              f"{C10D_HOST_ORDER}: each domain's hosts must sort together")
     for i, cmd in enumerate(node_commands(pf, worker)):
         print(f"# host {i}{names[i]}\n{cmd}")
-    if not pf.cluster.is_mixed:   # slurm orders the nodes itself
+    if not pf.cluster.is_mixed:   # a mixed cluster's node ranks follow its groups, which slurm does not know
         print("\n# or submit with sbatch:\n" + sbatch_script(pf, worker))
 
 

@@ -177,7 +177,9 @@ def _printed_launch(tmp_path, capsys, *predict: str) -> str:
 def test_print_launch_gives_one_torchrun_per_node_and_sbatch(tmp_path, capsys):
     out = _printed_launch(tmp_path, capsys, "--model", "llama-70b", "--cluster", "8x8xA100", "--tp", "8", "--pp", "4")
     # each with the allocator setting the GPU profiles price fragmentation with, as a local run sets it
-    assert out.count("env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True torchrun --nnodes=8 --node-rank=") == 8
+    assert out.count("env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True torchrun --nnodes=8 --nproc-per-node=8") == 8
+    # c10d ranks the hosts itself and ignores --node-rank (torchrun warns so): none is passed
+    assert "--node-rank" not in out and out.count("--rdzv-conf=is_host=true") == 1
     assert "#SBATCH --nodes=8" in out and "--gpus-per-node=8" in out and "srun torchrun" in out
     assert "export MASTER_ADDR PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in out
 
@@ -186,8 +188,20 @@ def test_print_launch_starts_an_nvlink_domain_node_host_by_host(tmp_path, capsys
     """A GB200 node of the plan is a rack's NVLink domain of 4-GPU trays: torchrun runs a tray at a
     time, and Slurm keeps a node's trays in one segment, as NVIDIA's launchers do."""
     out = _printed_launch(tmp_path, capsys, "--model", "llama3-8b", "--cluster", "2x8xGB200", "--tp", "2", "--mbs", "1")
-    assert out.count("torchrun --nnodes=4 --node-rank=") == 4 and "--nproc-per-node=4" in out
+    assert out.count("expandable_segments:True torchrun --nnodes=4 --nproc-per-node=4") == 4
     assert "#SBATCH --nodes=4" in out and "#SBATCH --gpus-per-node=4" in out and "#SBATCH --segment=2" in out
+    # c10d ranks the hosts by name: where that order splits a domain listed in a hostfile, the TP
+    # groups of its ranks would cross the scale-out network; refused, naming two such hosts
+    plan = tmp_path / "plan.json"
+    hosts = tmp_path / "hosts.txt"
+    launch = ["run", str(plan), "--print-launch", "--launcher", "hostfile", "--hostfile", str(hosts)]
+    hosts.write_text("127.0.0.1\n127.0.0.2\n127.0.0.10\n127.0.0.11\n")
+    assert main(launch) == 2
+    assert "127.0.0.1 and 127.0.0.10 would share an NVLink domain of 2 hosts" in capsys.readouterr().err
+    hosts.write_text("127.0.0.1\n127.0.0.1\n127.0.0.10\n127.0.0.11\n")
+    assert main(launch) == 2 and "127.0.0.1 is listed twice" in capsys.readouterr().err
+    hosts.write_text("127.0.0.1\n127.0.0.10\n127.0.0.11\n127.0.0.2\n")   # the same domains as c10d's order
+    assert main(launch) == 0 and capsys.readouterr().out.count("--local-addr=127.0.0.1 ") == 1
     # a mixed cluster's launch keeps a node per host: one whose nodes span hosts is refused in one line
     mixed = tmp_path / "mixed.json"
     assert main(["search", "--model", "llama3-8b", "--cluster", "2x8xH100+2x8xGB200", "--top", "1",
@@ -323,7 +337,7 @@ def test_print_launch_for_a_hostfile_runs_and_a_pytorchjob_parses(tmp_path, caps
                  "--warmup", "0", "--out", str(out)]) == 0
     command = capsys.readouterr().out.strip().splitlines()[-1]
     assert command.startswith("env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True OMP_NUM_THREADS=")
-    assert " torchrun --nnodes=1 --node-rank=0 --nproc-per-node=2" in command
+    assert " torchrun --nnodes=1 --nproc-per-node=2" in command
     proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert len(json.loads((out / "raw.json").read_text())["losses"]) == 2
