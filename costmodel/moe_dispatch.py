@@ -30,8 +30,12 @@ returns the same rows the same way. The experts lie consecutively on the EP grou
 - node-limited routing (DeepSeek-V3 Sec. 2.1.2; ModelSpec.topk_groups of num_expert_groups):
   each token's experts are chosen within its best topk_groups groups, a group covers
   ceil(k / groups) of the k nodes, so a token's experts lie on at most
-  min(k, topk_groups x ceil(k / groups)) nodes, and min(top_k, that) bounds its copies (a token
-  may hit fewer nodes); where several groups share a node (k < groups), its copies are the nodes
+  min(k, topk_groups x ceil(k / groups)) nodes (routing_nodes). The router ranks groups by their
+  best experts, so each chosen group holds about top_k / topk_groups of them, spread over the
+  group's nodes: over 16 nodes (a group on 2) 4 x 2 (1 - 16/32 x 15/31) = 6.06 copies, not the
+  bound's 8; over 32, 7.10 (V3's router on 20,000 tokens of random sigmoid scores: 5.73 and
+  6.85, and 3.97 over 8 nodes, where this gives the bound, 4); where several groups share a
+  node (k < groups), its copies are the nodes
   its topk_groups groups lie on, k (1 - C(groups - groups/k, topk_groups) / C(groups, topk_groups))
   on average, the chosen groups spread evenly (DeepSeek-V3's 8 groups on 4 nodes: 3.14, not 4);
 - otherwise, routing spread evenly over the experts (the balancing loss's aim), a node holds none
@@ -66,10 +70,15 @@ def limits_groups(model: ModelSpec) -> bool:
     return 1 < model.num_expert_groups and model.topk_groups < model.num_expert_groups
 
 
-def per_node(model: ModelSpec, cluster: ClusterSpec) -> bool:
-    """Whether the dispatch sends a token once per node: a per-node dispatcher, and experts to
-    route to (a dense layer of a mixture, DeepSeek's first ones, routes nothing)."""
-    return cluster.framework.dispatch_per_node and model.is_moe
+def per_node(model: ModelSpec, cluster: ClusterSpec, span: AxisSpan) -> bool:
+    """Whether the dispatch over the EP group laid out as `span` sends a token once per node and
+    rank: a per-node dispatcher where the framework runs one (Megatron-Core's flex dispatcher with
+    DeepEP, which planner.exports.megatron writes exactly where this holds: the group crosses
+    nodes or the routing is node-limited; inside a node its all-to-all dispatcher sends every
+    routed row), and experts to route to (a dense layer of a mixture, DeepSeek's first ones,
+    routes nothing)."""
+    return (cluster.framework.dispatch_per_node and model.is_moe
+            and (limits_groups(model) or span.crosses_nodes))
 
 
 def _spread(num_experts: float, holders: float, top_k: int) -> float:
@@ -81,13 +90,23 @@ def _spread(num_experts: float, holders: float, top_k: int) -> float:
     return holders * (1 - max(missed, 0.0))
 
 
+def _in_chosen_groups(model: ModelSpec, holders: float) -> float:
+    """The holders (at least one a group: nodes or ranks) a token's experts lie on under node-limited
+    routing: the router picks the topk_groups groups by their best experts' scores (DeepSeek-V3
+    Sec. 2.1.2: the sum of each group's top 2), so each chosen group holds about top_k /
+    topk_groups of the token's experts, spread over that group's holders."""
+    groups, chosen = model.num_expert_groups, model.topk_groups
+    per_group = max(1, round(model.experts_per_token / chosen))
+    return chosen * _spread(model.num_experts / groups, holders / groups, per_group)
+
+
 def token_nodes(model: ModelSpec, num_nodes: int) -> float:
     """A token's copies on the network under a per-node dispatcher over an EP group on `num_nodes`
-    nodes: the nodes its experts lie on (the module's docstring derives both cases)."""
+    nodes: the nodes its experts lie on (the module's docstring derives the cases)."""
     if limits_groups(model):
         if num_nodes < model.num_expert_groups:   # several groups a node: the nodes its groups lie on
             return _spread(model.num_expert_groups, num_nodes, model.topk_groups)
-        return min(model.experts_per_token, routing_nodes(model, num_nodes))
+        return _in_chosen_groups(model, num_nodes)
     return _spread(model.num_experts, num_nodes, model.experts_per_token)
 
 
@@ -103,7 +122,7 @@ def token_ranks(model: ModelSpec, span: AxisSpan) -> float:
         return _spread(e, n, k)
     groups, chosen = model.num_expert_groups, model.topk_groups
     if n >= groups:
-        return _spread(e * chosen / groups, n * chosen / groups, k)
+        return _in_chosen_groups(model, n)
     ranks = _spread(groups, n, chosen)
     return min(ranks, _spread(e * chosen / groups, ranks, k))
 
@@ -124,7 +143,7 @@ def dispatch_bytes(model: ModelSpec, train: TrainSpec, rows: float, span: AxisSp
     otherwise comm's plain split (1/k in the node, the whole buffer over the nodes)."""
     whole = train.compute_dtype.num_bytes * rows * model.hidden_size
     k = span.num_nodes
-    if not per_node(model, cluster):
+    if not per_node(model, cluster, span):
         return DispatchBytes(in_node_bytes=whole / k, cross_node_bytes=whole if k > 1 else 0.0)
     delivered = whole * token_ranks(model, span) / model.experts_per_token
     crossing = whole * token_nodes(model, k) / model.experts_per_token if k > 1 else 0.0
@@ -149,7 +168,7 @@ def dispatch_combine_s(model: ModelSpec, train: TrainSpec, rows: float, span: Ax
     """One direction (forward or backward) of one layer: the dispatch and the combine, two
     all-to-alls of `rows` rows each (computation waits on both); across nodes under a per-node
     dispatcher each takes the slower of its NVLink and network legs, which overlap."""
-    if not per_node(model, cluster):
+    if not per_node(model, cluster, span):
         whole = train.compute_dtype.num_bytes * rows * model.hidden_size
         return 2 * collective_time_s(Collective.ALL_TO_ALL, whole, span, cluster)
     parts = dispatch_bytes(model, train, rows, span, cluster)
