@@ -44,6 +44,7 @@ from costmodel.memory import (
     host_state_bytes,
     overlap_warmup_bytes,
     rebuilt_layer_bytes,
+    reserved_bytes,
     stage_memory,
 )
 from costmodel.params import ceil_div, rank_params
@@ -239,7 +240,8 @@ def memory_per_rank(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
     """States, buffers and reserve per formula; activations at their simulated peak (with what the
     expert all-to-all overlap's warmup adds to the order simulated: overlap_warmup_bytes)."""
     sim = sim or simulate_plan(model, train, cluster, plan)
-    reserved = [view.device.efficiency.reserved_memory_bytes for view in rank_views(plan, cluster)]
+    reserved = [reserved_bytes(model, train, plan, view.device, view.framework, cluster.devices_per_node)
+                for view in rank_views(plan, cluster)]
     last = plan.stage_rank(plan.num_virtual_stages - 1)
     traits = cluster.framework
     return [replace(stage_memory(model, train, plan, r, reserved[r], traits),
@@ -294,7 +296,8 @@ def _pipeline_phase(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, pl
         raise ValueError(f"schedule {plan.schedule} has no closed form: simulate it")
     crit, m = ranks[critical], plan.num_micro_batches
     ledger = ledger_of(crit, m * crit.pp_comm_s, closed - m * crit.total_s)
-    memory = [stage_memory(model, train, plan, r, views[r].device.efficiency.reserved_memory_bytes,
+    memory = [stage_memory(model, train, plan, r, reserved_bytes(model, train, plan, views[r].device, views[r].framework,
+                                                                cluster.devices_per_node),
                            cluster.framework) for r in range(plan.pp)]
     return ledger, memory, [], critical
 

@@ -70,6 +70,10 @@ class FrameworkTraits:
     float8_experts: bool = False
     float8_saved_inputs: bool = False
     tp_comm_overlap: bool = False
+    # the overlap runs on Transformer Engine's userbuffers (Megatron-Core's --tp-comm-overlap), which
+    # hold buffers of their own outside torch's allocator (costmodel.memory.reserved_bytes); torch's
+    # async TP (a torchtitan row's async_tp) overlaps on symmetric memory without them
+    tp_overlap_userbuffers: bool = False
     tp_backward_reduce_scatter_exposed: bool = False
     ep_folds_over_tp: bool = False
     expert_tensor_parallel: bool = False
@@ -109,6 +113,10 @@ class FrameworkTraits:
     own_pipeline_schedules: bool = True
     empty_end_stages: bool = False
     pipe_engine_sends: bool = False
+    # Megatron-LM before Megatron-Core (SC'21 Sec. 4.1, `scatter_gather_tensors_in_pipeline`, on by
+    # default): without SP each TP rank sends 1/t of the replicated activation and the receiver
+    # all-gathers it; Megatron-Core, torch's pipelining and our runtime send what the stage holds
+    pipeline_send_scatter: bool = False
     # Megatron-Core's interleaved schedule with overlap_p2p_comm (Megatron-LM's default under a virtual
     # pipeline, `--no-overlap-p2p-communication` turns it off; NeMo's, Megatron-Bridge's and MLPerf's
     # configs set it) posts a steady-state chunk's sends and receives without waiting; since core_v0.18
@@ -185,8 +193,9 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
     # its own model (megatron/model): fp32 RMSNorm in torch ops (megatron/model/rms_norm.py, NVIDIA/Megatron-LM
     # 20b7a548, 2023-09) unless a row states its fork's fused one (rms_norm = fused)
     FrameworkTraits(name="megatron-lm", dp_grad_overlap=False, dp_param_overlap=False, llama_ops_eager=True,
-                    eager_rms_norm_composite=True, torch_ddp_option=True, **_MEGATRON),
+                    eager_rms_norm_composite=True, torch_ddp_option=True, pipeline_send_scatter=True, **_MEGATRON),
     FrameworkTraits(name="megatron-core", dp_grad_overlap=True, dp_param_overlap=True, tp_comm_overlap=True,
+                    tp_overlap_userbuffers=True,
                     swiglu_saved_tensors=3, vendor_attention=True, float8_casts_fused=True, float8_with_tp=True,
                     float8_param_gather=True, float8_experts=True, float8_saved_inputs=True, ep_folds_over_tp=True, expert_tensor_parallel=True,
                     dp_sync_per_chunk=True,

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 
 from costmodel.groups import rank_caps_bytes
 from costmodel.hardware import ClusterSpec
-from costmodel.memory import AffineBytes, stage_memory_shapes
+from costmodel.memory import AffineBytes, reserved_bytes, stage_memory_shapes
 from costmodel.plan import Plan, Recompute, even_layers
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.bounds import MemoryFit
@@ -200,7 +200,8 @@ def least_overflow_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpe
     (costmodel.memory.stage_memory_shapes), so adding the layers one at a time where they overflow
     least is the min-max split (at least vpp a rank, the first stage's rank holding the dense
     first layers, as check_plan asks)."""
-    memory = stage_memory_shapes(model, train, plan, cluster.device.efficiency.reserved_memory_bytes,
+    memory = stage_memory_shapes(model, train, plan, reserved_bytes(model, train, plan, cluster.device, cluster.framework,
+                                                                    cluster.devices_per_node),
                                  cluster.framework)
     caps, recompute = rank_caps_bytes(plan, cluster), plan.recompute is not Recompute.NONE
 

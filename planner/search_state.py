@@ -10,7 +10,7 @@ from costmodel.estimate import Estimate
 from costmodel.frameworks import shards_in_part
 from costmodel.groups import rank_caps_bytes, rank_groups, views
 from costmodel.hardware import ClusterSpec
-from costmodel.memory import keeps_whole_grads_under_pp, stage_memory_shapes_by_zero
+from costmodel.memory import keeps_whole_grads_under_pp, reserved_bytes, stage_memory_shapes_by_zero
 from costmodel.plan import Plan
 from costmodel.rank_time import RankTimeModel, Spans, fastest_of, rank_time_model, spans
 from costmodel.rank_time.ep_overlap import ep_overlap_factor, ep_overlap_floor_factor
@@ -273,7 +273,8 @@ class SharedModels:
         # the shapes do not depend on the groups' order (a mixed cluster's), only the caps do
         missing = [i for i in plans if key(i)[:-1] not in self._shapes]
         if missing:
-            reserved = self.cluster.device.efficiency.reserved_memory_bytes
+            reserved = reserved_bytes(self.model, self.train, plan, self.cluster.device, traits,
+                                      self.cluster.devices_per_node)   # the same for every ZeRO stage
             shapes = stage_memory_shapes_by_zero(self.model, self.train, [plans[i] for i in missing], reserved, traits)
             self._shapes.update(zip([key(i)[:-1] for i in missing], shapes))
         for i in indices:

@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 from costmodel.groups import rank_views
 from costmodel.hardware import ClusterSpec
-from costmodel.memory import AffineBytes, stage_memory_shapes
+from costmodel.memory import AffineBytes, reserved_bytes, stage_memory_shapes
 from costmodel.params import rank_params_at
 from costmodel.pipeline_closed_form import fill_s
 from costmodel.plan import Plan
@@ -148,6 +148,10 @@ def _dp_shape(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Pl
     return out
 
 
+def _reserved(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSpec) -> float:
+    return reserved_bytes(model, train, plan, cluster.device, cluster.framework, cluster.devices_per_node)
+
+
 def rank_shapes(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan,
                 memory: list[AffineBytes] | None = None, rtm: RankTimeModel | None = None) -> list[RankShape]:
     """`memory` (the plan's `stage_memory_shapes`) and `rtm` (its rank time model): when the
@@ -155,7 +159,7 @@ def rank_shapes(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
     not taken: the groups' differ), and memory is priced with the first group's reserve, as
     costmodel.groups.rank_caps_bytes budgets it."""
     if cluster.is_mixed:
-        memory = memory or stage_memory_shapes(model, train, plan, cluster.device.efficiency.reserved_memory_bytes,
+        memory = memory or stage_memory_shapes(model, train, plan, _reserved(model, train, plan, cluster),
                                                cluster.framework)
         views = rank_views(plan, cluster)
         by_view = {view: rank_shapes(model, train, view, plan, memory) for view in set(views)}
@@ -163,7 +167,7 @@ def rank_shapes(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
     rtm = (rtm or rank_time_model(model, train, plan, cluster, spans(plan, cluster))).with_schedule(
         plan.vpp, plan.num_micro_batches)
     dp_shape = _dp_shape(model, train, cluster, plan)
-    memory = memory or stage_memory_shapes(model, train, plan, cluster.device.efficiency.reserved_memory_bytes,
+    memory = memory or stage_memory_shapes(model, train, plan, _reserved(model, train, plan, cluster),
                                           cluster.framework)
     first, last = plan.stage_rank(0), plan.stage_rank(plan.num_virtual_stages - 1)
     times: dict[tuple[bool, bool, float], tuple] = {}

@@ -23,7 +23,7 @@ from costmodel.check import check_structure
 from costmodel.estimate import estimate
 from costmodel.groups import group_plan, group_replicas, group_train, placement_problems, replica_view
 from costmodel.hardware import ClusterSpec
-from costmodel.memory import stage_memory_shapes
+from costmodel.memory import reserved_bytes, stage_memory_shapes
 from costmodel.plan import Plan, Recompute
 from costmodel.rank_time import rank_time_model, spans
 from costmodel.schedules import Schedule
@@ -165,7 +165,8 @@ def _group_least_recompute(model: ModelSpec, train: TrainSpec, cluster: ClusterS
                            group: int) -> int | None:
     view, gplan = replica_view(cluster, group), group_plan(plan, cluster, group)
     shapes = stage_memory_shapes(model, group_train(train, plan, cluster, group), gplan,
-                                 view.device.efficiency.reserved_memory_bytes, view.framework)
+                                 reserved_bytes(model, train, gplan, view.device, view.framework, cluster.devices_per_node),
+                                 view.framework)
     least = int(MemoryFit(shapes, gplan, [view.memory_budget_bytes], model.num_layers)
                 .least_recomputed[0, model.num_layers])
     return None if least < 0 else least

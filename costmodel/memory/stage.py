@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
-from costmodel.frameworks import RUNTIME, FrameworkTraits
+from costmodel.frameworks import RUNTIME, FrameworkTraits, tp_comm_overlaps, tp_in_one_node
 from costmodel.fsdp_units import fsdp_unit_params
 from costmodel.memory.activations import (
     backward_working_bytes,
@@ -21,6 +22,9 @@ from costmodel.plan import Plan, Recompute
 from costmodel.schedules import interleaved_warmup_chunks, stage_owner
 from costmodel.specs import ModelSpec, TrainSpec
 from costmodel.zero3_coordinator import coordinates, live_params
+
+if TYPE_CHECKING:
+    from costmodel.hardware import DeviceProfile
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -290,6 +294,30 @@ def _state_buffer_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: in
             gathered = 2 * layer * a if plan.zero_stage >= 3 else 0
         total += gathered + fsdp_unit_params(model, plan, traits) * train.grad_dtype.num_bytes
     return total
+
+
+# Transformer Engine's TP-overlap communicators (transformer_engine/pytorch/module/base.py
+# initialize_ub, which Megatron-Core's --tp-comm-overlap calls with the shape seq x micro-batch / cp
+# by hidden): 12 of them (qkv, proj, fc1 and fc2 forward, their data and weight gradients), each a
+# buffer of that whole shape, registered outside torch's allocator; under float8 the 8 all-gather
+# ones hold 1-byte elements
+TP_OVERLAP_BUFFERS, TP_OVERLAP_GATHERS = 12, 8
+
+
+def reserved_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, device: DeviceProfile,
+                   traits: FrameworkTraits, devices_per_node: int) -> float:
+    """What a rank holds outside torch's allocator: the device's reserve (CUDA context, NCCL's
+    buffers: Efficiency.reserved_memory_bytes) and, where the framework overlaps TP with TE's
+    userbuffers (`tp_overlap_userbuffers` where frameworks.tp_comm_overlaps holds), their buffers."""
+    reserve = device.efficiency.reserved_memory_bytes
+    if not (traits.tp_overlap_userbuffers
+            and tp_comm_overlaps(traits, device.tp_comm_gemm_overlap, plan.tp, plan.sequence_parallel,
+                                 tp_within_node=tp_in_one_node(plan.tp, devices_per_node))):
+        return reserve
+    a = train.compute_dtype.num_bytes
+    per_element = (TP_OVERLAP_GATHERS * (1 if plan.fp8_linears else a)
+                   + (TP_OVERLAP_BUFFERS - TP_OVERLAP_GATHERS) * a)
+    return reserve + per_element * local_tokens(train, plan) * model.hidden_size
 
 
 def stage_memory(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,

@@ -7,7 +7,7 @@ from costmodel.comm import Collective, collective_time_s, host_copy_s, p2p_time_
 from costmodel.hardware import ClusterSpec
 from costmodel.kernels import KernelTimes, cross_entropy_s, expert_rows, moe_tokens
 from costmodel.layout import Block, dense_blocks
-from costmodel.memory import layer_activation_bytes
+from costmodel.memory import layer_activation_bytes, send_bytes
 from costmodel.moe_dispatch import dispatch_combine_s
 from costmodel.params import ceil_div
 from costmodel.placement import AxisSpan, same_node
@@ -228,8 +228,11 @@ def pp_sends_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterS
                span: AxisSpan) -> tuple[float, float]:
     """(within a node, across nodes): one micro-batch's activations (or their gradient) to a
     neighbouring stage's rank on the same node (its NVLink) and on another (the tier the
-    pipeline's group crosses); with TP each rank sends only its 1/t slice (SC'21 scatter/gather
-    optimisation). DeepSpeed's PipelineEngine (`pipe_engine_sends`) sends the 1/t slice forward
+    pipeline's group crosses): what the stage hands on (costmodel.memory.send_bytes), its 1/t
+    sequence shard under SP and the whole activation without (Megatron-Core's get_tensor_shapes
+    divides the sequence by TP only under sequence parallelism), except where the framework
+    scatters the replicated activation over TP (`pipeline_send_scatter`: SC'21's Megatron-LM;
+    the receiver's all-gather over NVLink is not counted). DeepSpeed's PipelineEngine (`pipe_engine_sends`) sends the 1/t slice forward
     with the s x s attention mask in 16 bits beside it, and the whole gradient back from every
     TP rank. Its schedule runs each send and each receive as its own blocking instruction
     (SendActivation, RecvActivation, SendGrad, RecvGrad: runtime/pipe/p2p.py's send and recv
@@ -242,7 +245,9 @@ def pp_sends_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterS
     mask = 2.0 * (train.seq_len // plan.cp) * train.seq_len
 
     def send_s(tier) -> float:
-        if not cluster.framework.pipe_engine_sends:
+        if cluster.framework.pipeline_send_scatter:
             return p2p_time_s(whole / plan.tp, tier)
+        if not cluster.framework.pipe_engine_sends:
+            return p2p_time_s(send_bytes(model, train, plan), tier)
         return p2p_time_s(whole / plan.tp + mask, tier) + p2p_time_s(whole, tier)
     return send_s(cluster.pipeline_tier(1)), send_s(cluster.pipeline_tier(span.num_nodes))

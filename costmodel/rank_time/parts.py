@@ -95,6 +95,7 @@ class _PpShape:
     cp: int
     pp: int
     micro_batch_size: int
+    sequence_parallel: bool   # a stage sends its sequence shard under SP, the whole activation without
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -258,7 +259,7 @@ def _compute_parts(model: ModelSpec, train: TrainSpec, shape: TimeShape, cluster
         # Efficiency.pp_stage
         stage=dev.efficiency.pp_stage if shape.pp > 1 else 1.0, mtp_proj_s=k.mtp_proj_s, tp=k.tp, cp=k.cp,
         ep=axis(_EpShape(shape.tp, shape.cp, shape.ep, shape.micro_batch_size, shape.etp)),
-        pp=axis(_PpShape(shape.tp, shape.cp, shape.pp, shape.micro_batch_size)), dense=dense,
+        pp=axis(_PpShape(shape.tp, shape.cp, shape.pp, shape.micro_batch_size, shape.sequence_parallel)), dense=dense,
         unrecomputed=unrecomputed)
 
 

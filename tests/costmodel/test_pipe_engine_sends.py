@@ -1,6 +1,8 @@
 """DeepSpeed's PipelineEngine sends the activation split over TP with the attention mask beside
 it, and the gradient back whole from every TP rank, each send and each receive its own blocking
 instruction (costmodel.frameworks `pipe_engine_sends`)."""
+from dataclasses import replace
+
 import pytest
 
 from costmodel.comm import p2p_time_s
@@ -23,7 +25,15 @@ def test_deepspeed_sends_the_gradient_whole_and_the_mask_forward():
     # a send between nodes (the pipeline's 4 stages are 2 on each node)
     megatron = pp_sends_s(model, train, plan, run_by(cluster, FRAMEWORKS["megatron-core"]), span)[1]
     deepspeed = pp_sends_s(model, train, plan, run_by(cluster, FRAMEWORKS["megatron-deepspeed"]), span)[1]
-    assert megatron == pytest.approx(p2p_time_s(whole / 2, tier))
+    assert plan.sequence_parallel and megatron == pytest.approx(p2p_time_s(whole / 2, tier))
+    # without SP every TP rank holds the whole activation, and Megatron-Core sends it whole
+    # (get_tensor_shapes divides the sequence by TP only under SP)
+    whole_plan = replace(plan, sequence_parallel=False)
+    assert pp_sends_s(model, train, whole_plan, run_by(cluster, FRAMEWORKS["megatron-core"]), span)[1] == (
+        pytest.approx(p2p_time_s(whole, tier)))
+    # SC'21's Megatron-LM scattered it over TP (scatter_gather_tensors_in_pipeline)
+    assert pp_sends_s(model, train, whole_plan, run_by(cluster, FRAMEWORKS["megatron-lm"]), span)[1] == (
+        pytest.approx(p2p_time_s(whole / 2, tier)))
     # a stage blocks for what it receives as well as what it sends: both transfers each way
     assert deepspeed == pytest.approx(p2p_time_s(whole / 2 + 2 * 2048 * 2048, tier) + p2p_time_s(whole, tier))
     assert deepspeed > 2.8 * megatron
