@@ -70,15 +70,19 @@ def limits_groups(model: ModelSpec) -> bool:
     return 1 < model.num_expert_groups and model.topk_groups < model.num_expert_groups
 
 
-def per_node(model: ModelSpec, cluster: ClusterSpec, span: AxisSpan) -> bool:
-    """Whether the dispatch over the EP group laid out as `span` sends a token once per node and
-    rank: a per-node dispatcher where the framework runs one (Megatron-Core's flex dispatcher with
-    DeepEP, which planner.exports.megatron writes exactly where this holds: the group crosses
-    nodes or the routing is node-limited; inside a node its all-to-all dispatcher sends every
-    routed row), and experts to route to (a dense layer of a mixture, DeepSeek's first ones,
-    routes nothing)."""
-    return (cluster.framework.dispatch_per_node and model.is_moe
-            and (limits_groups(model) or span.crosses_nodes))
+def per_node(model: ModelSpec, cluster: ClusterSpec) -> bool:
+    """Whether the dispatch sends a token once per node: a per-node dispatcher, and experts to
+    route to (a dense layer of a mixture, DeepSeek's first ones, routes nothing)."""
+    return cluster.framework.dispatch_per_node and model.is_moe
+
+
+def needs_per_node_dispatcher(model: ModelSpec, cluster: ClusterSpec, span: AxisSpan) -> bool:
+    """Whether the plan's price over the EP group laid out as `span` needs the per-node
+    dispatcher (Megatron-Core's flex dispatcher, planner.exports.megatron): it crosses nodes, or
+    a token's experts share ranks, so that sending it once to each moves fewer bytes than every
+    routed row, which the all-to-all dispatcher sends (Qwen3's top-8 of 128 experts over EP 8:
+    5.3 ranks a token; Mixtral's top-2 of 8 over EP 8: 2, the same bytes either way)."""
+    return per_node(model, cluster) and (span.crosses_nodes or token_ranks(model, span) < model.experts_per_token - 1e-9)
 
 
 def _spread(num_experts: float, holders: float, top_k: int) -> float:
@@ -143,7 +147,7 @@ def dispatch_bytes(model: ModelSpec, train: TrainSpec, rows: float, span: AxisSp
     otherwise comm's plain split (1/k in the node, the whole buffer over the nodes)."""
     whole = train.compute_dtype.num_bytes * rows * model.hidden_size
     k = span.num_nodes
-    if not per_node(model, cluster, span):
+    if not per_node(model, cluster):
         return DispatchBytes(in_node_bytes=whole / k, cross_node_bytes=whole if k > 1 else 0.0)
     delivered = whole * token_ranks(model, span) / model.experts_per_token
     crossing = whole * token_nodes(model, k) / model.experts_per_token if k > 1 else 0.0
@@ -168,7 +172,7 @@ def dispatch_combine_s(model: ModelSpec, train: TrainSpec, rows: float, span: Ax
     """One direction (forward or backward) of one layer: the dispatch and the combine, two
     all-to-alls of `rows` rows each (computation waits on both); across nodes under a per-node
     dispatcher each takes the slower of its NVLink and network legs, which overlap."""
-    if not per_node(model, cluster, span):
+    if not per_node(model, cluster):
         whole = train.compute_dtype.num_bytes * rows * model.hidden_size
         return 2 * collective_time_s(Collective.ALL_TO_ALL, whole, span, cluster)
     parts = dispatch_bytes(model, train, rows, span, cluster)

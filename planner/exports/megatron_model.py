@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from costmodel.frameworks import FrameworkTraits
 from costmodel.hardware import ClusterSpec, run_by
-from costmodel.moe_dispatch import per_node
+from costmodel.moe_dispatch import needs_per_node_dispatcher
 from costmodel.plan import Plan, PlanFile
 from costmodel.rank_time import spans
 from costmodel.specs import Arch, FfnKind, ModelSpec, NormKind, PositionKind, TrainSpec
@@ -80,12 +80,12 @@ def _moe_arguments(pf: PlanFile, plan: Plan, traits: FrameworkTraits) -> list[tu
 
 
 def _dispatcher(m: ModelSpec, plan: Plan, cluster: ClusterSpec, traits: FrameworkTraits) -> list[tuple[str, str | None]]:
-    """The token dispatcher the plan was priced with (costmodel.moe_dispatch.per_node): DeepEP
-    behind the flex dispatcher where the expert-parallel group crosses nodes or the routing is
-    node-limited, a token sent once to each node and rank holding its experts; the all-to-all
-    one otherwise, every routed row sent."""
+    """The token dispatcher the plan was priced with (costmodel.moe_dispatch): DeepEP behind the
+    flex dispatcher, a token sent once to each node and rank holding its experts, wherever that
+    moves fewer bytes than every routed row or the group crosses nodes
+    (needs_per_node_dispatcher); the all-to-all one otherwise, which then moves the same bytes."""
     run = run_by(cluster, traits)
-    if per_node(m, run, spans(plan, run).ep):
+    if needs_per_node_dispatcher(m, run, spans(plan, run).ep):
         # DeepEP behind the flex dispatcher (Megatron-Core deprecates --moe-enable-deepep for this)
         return [("--moe-token-dispatcher-type", "flex"), ("--moe-flex-dispatcher-backend", "deepep")]
     return [("--moe-token-dispatcher-type", "alltoall")]

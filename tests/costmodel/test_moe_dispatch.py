@@ -169,22 +169,25 @@ def test_the_forwarding_leg_binds_at_two_nodes_as_hybrid_eps_h100_table_shows(no
     assert (faster > 1.1 * rate_gb_s) == (nodes == 2)
 
 
-def test_within_a_node_megatron_core_sends_every_routed_row_unless_routing_is_node_limited():
-    """One node, no network leg: Megatron-Core's all-to-all dispatcher (what its export writes
-    there) sends every routed row, top_k copies a token, as our runtime does; only node-limited
-    routing (DeepSeek-V3, exported with the flex dispatcher and DeepEP) sends a token once to each
-    rank holding its experts (token_ranks per token)."""
+def test_within_a_node_a_per_node_dispatcher_moves_its_deliveries_not_every_routed_copy():
+    """One node, no network leg: the all-to-all of the rows a rank delivers (token_ranks per
+    token), not of top_k copies a token as Megatron's alltoall dispatcher sends; the export then
+    writes the flex dispatcher (needs_per_node_dispatcher), and the all-to-all one only where
+    both move the same bytes (Mixtral's top-2 of 8 experts over EP 8: one expert a rank)."""
+    from costmodel.moe_dispatch import needs_per_node_dispatcher
     qwen = resolve_model("qwen3-30b-a3b")
     whole = 2 * ROWS * qwen.hidden_size
+    delivered = whole * token_ranks(qwen, _span(1)) / qwen.experts_per_token
+    assert delivered < 0.7 * whole
     assert dispatch_combine_s(qwen, TRAIN, ROWS, _span(1), CORE) == pytest.approx(
-        2 * collective_time_s(Collective.ALL_TO_ALL, whole, _span(1), CORE))
+        2 * collective_time_s(Collective.ALL_TO_ALL, delivered, _span(1), CORE))
     plain = replace(CORE, framework=RUNTIME)
     assert dispatch_combine_s(qwen, TRAIN, ROWS, _span(1), plain) == pytest.approx(
         2 * collective_time_s(Collective.ALL_TO_ALL, whole, _span(1), plain))
-    v3_whole = 2 * ROWS * V3.hidden_size
-    delivered = v3_whole * token_ranks(V3, _span(1)) / V3.experts_per_token
-    assert delivered == v3_whole / 2 and dispatch_combine_s(V3, TRAIN, ROWS, _span(1), CORE) == pytest.approx(
-        2 * collective_time_s(Collective.ALL_TO_ALL, delivered, _span(1), CORE))
+    mixtral = resolve_model("mixtral-8x7b")
+    assert needs_per_node_dispatcher(qwen, CORE, _span(1)) and needs_per_node_dispatcher(V3, CORE, _span(1))
+    assert not needs_per_node_dispatcher(mixtral, CORE, _span(1)) and needs_per_node_dispatcher(mixtral, CORE, _span(2))
+    assert not needs_per_node_dispatcher(qwen, plain, _span(2))
 
 
 @pytest.mark.parametrize("old, new", [

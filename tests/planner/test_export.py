@@ -780,12 +780,13 @@ def test_a_deepseek_plan_exports_its_mechanisms_to_megatron(tmp_path, capsys):
     layout.validate_layer_layout(num_layers=61, mtp_num_layers=1)
     assert tuple(len([t for t in stage if t.name == "decoder"]) for (stage,) in layout.layout) == \
         PlanFile.load(v3).plan.layers_per_stage
-    # node-limited routing was priced with a dispatcher that sends a token once per node
-    # (costmodel.moe_dispatch): Megatron-Core's flex dispatcher over DeepEP; V2-Lite routes over
-    # all its experts and keeps the all-to-all one
+    # both were priced with a dispatcher that sends a token once to each node and rank holding its
+    # experts (costmodel.moe_dispatch): Megatron-Core's flex dispatcher over DeepEP, for V3 across
+    # nodes and for V2-Lite's top-6 of 64 experts inside one (4.5 ranks a token, not 6); the
+    # all-to-all dispatcher only where both move the same bytes (needs_per_node_dispatcher)
     assert v3_args["--moe-token-dispatcher-type"] == "flex" and v3_args["--moe-flex-dispatcher-backend"] == "deepep"
     assert "--moe-enable-deepep" not in v3_args   # deprecated in Megatron-Core for the backend flag
-    assert args["--moe-token-dispatcher-type"] == "alltoall" and "--moe-flex-dispatcher-backend" not in args
+    assert args["--moe-token-dispatcher-type"] == "flex" and args["--moe-flex-dispatcher-backend"] == "deepep"
     capsys.readouterr()
     assert main(["export", str(plan), "--to", "torchtitan", "--out", str(tmp_path / "job.toml")]) == 2
     assert "latent attention" in capsys.readouterr().err
