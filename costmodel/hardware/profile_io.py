@@ -87,7 +87,7 @@ PROFILE_KEYS = {
                "memory_bandwidth_bytes_per_s", "threads_per_rank", "tp_comm_gemm_overlap", "nvlink_domain_devices",
                "devices_per_host"},
     "network": {"scope", "name", "bandwidth_bytes_per_s", "latency_s", "base_latency_s", "p2p_latency_s", "max_nodes", "efficiency",
-                "kind_factors", "forward_bytes_per_s"},
+                "kind_factors", "forward_bytes_per_s", "post_overhead_s"},
     "efficiency": {"gemm", "attention", "memory", "kernel_overhead_s", "intra_node_comm", "inter_node_comm",
                    "reserved_memory_bytes", "source", "overlap", "dp_comm", "pp_stage", "allocator_fragmentation",
                    "comm_contention", "vendor_attention_speedup", "attention_backward_ratio", "step_overhead_s",

@@ -60,7 +60,8 @@ def read_tier(path: Path, raw: dict[str, Any], efficiency: float) -> NetworkTier
                        base_latency_s=real(path, where, raw, "base_latency_s", 0.0),
                        p2p_latency_s=None if p2p is None else real(path, where, raw, "p2p_latency_s"),
                        kind_factors=_kind_factors(raw),
-                       forward_bytes_per_s=real(path, where, raw, "forward_bytes_per_s", 0.0))
+                       forward_bytes_per_s=real(path, where, raw, "forward_bytes_per_s", 0.0),
+                       post_overhead_s=real(path, where, raw, "post_overhead_s", 0.0))
 
 
 def _kind_factors(raw: dict[str, Any]) -> tuple[tuple[str, float, float], ...]:

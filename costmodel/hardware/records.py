@@ -43,6 +43,10 @@ class NetworkTier:
     # over it a second while its network leg runs, its own copies included (as the dispatcher's
     # benchmarks count them; costmodel.moe_dispatch); 0: not published, priced as the tier's all-to-all
     forward_bytes_per_s: float = 0.0
+    # the scale-out tier's: what posting a step to the network costs the host-driven proxy (NCCL's
+    # getNetOverhead, x3 under its Simple protocol: 3 us on Intel and Arm hosts, 6 us on AMD), the
+    # least each in-node step of a ring that crosses nodes costs (costmodel.comm); 0: none
+    post_overhead_s: float = 0.0
 
     @property
     def effective_bandwidth_bytes_per_s(self) -> float:

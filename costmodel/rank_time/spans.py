@@ -5,7 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from costmodel.comm import HOST_COPIES, Collective, all_reduce_algorithms_s, collective_time_s, p2p_time_s, ring_time_s
+from costmodel.comm import (
+    HOST_COPIES,
+    Collective,
+    all_reduce_algorithms_s,
+    collective_time_s,
+    gather_algorithms_s,
+    p2p_time_s,
+    ring_time_s,
+)
 from costmodel.hardware import ClusterSpec
 from costmodel.params import folds_ep
 from costmodel.placement import AxisSpan, axis_nodes, expert_layout, group_span, hybrid_layout, stage_pair_span
@@ -99,10 +107,14 @@ def _group_link_costs(span: AxisSpan, cluster: ClusterSpec) -> tuple[float, ...]
     out: list[float] = []
     # host copies depend on a group's size, not on where its ranks sit: the same for every
     # placement of the same degrees
-    for kind in (k for k in Collective if k not in HOST_COPIES and k is not Collective.ALL_REDUCE):
+    gathers = (Collective.ALL_GATHER, Collective.REDUCE_SCATTER)
+    for kind in (k for k in Collective if k not in HOST_COPIES and k is not Collective.ALL_REDUCE and k not in gathers):
         out.extend(_affine(lambda b: collective_time_s(kind, b, span, cluster)))  # noqa: B023
     for algorithm in range(2):   # an all-reduce is the faster of ring and tree: both compared
         out.extend(_affine(lambda b: all_reduce_algorithms_s(b, span, cluster)[algorithm]))  # noqa: B023
+    for kind in gathers:   # across nodes, the faster of ring and PAT: both compared
+        for algorithm in range(2):
+            out.extend(_affine(lambda b: gather_algorithms_s(kind, b, span, cluster)[algorithm]))  # noqa: B023
     return tuple(out)
 
 

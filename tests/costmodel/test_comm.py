@@ -56,7 +56,9 @@ def test_a_group_uneven_over_its_nodes_pays_a_step_per_rank_it_has():
 
 
 def test_the_bandwidth_part_stays_hierarchical():
-    """Doubling the buffer adds the in-node ring's and the 1/m shard's inter-node transfer."""
+    """Doubling the buffer adds the in-node ring's and the 1/m shard's inter-node transfer, both:
+    the published runs' collectives move slower than nccl-tests' peak, where NCCL pipelines the
+    two (costmodel.comm._cross_node_transfer_s)."""
     span = AxisSpan(size=64, members_per_node=8, num_nodes=8)
     extra = (collective_time_s(Collective.ALL_GATHER, 2e9, span, CLUSTER)
              - collective_time_s(Collective.ALL_GATHER, 1e9, span, CLUSTER))
@@ -148,3 +150,41 @@ def test_a_profile_from_before_the_kinds_is_refitted_with_them():
     assert rs[0] > 1 and rs[1] < 1   # gloo's reduce-scatter: slower than the joint fit both ways
     own = (("all_gather", 2.0, 0.5),)
     assert unfitted(replace(dev, intra_node=replace(dev.intra_node, kind_factors=own)), measured).intra_node.kind_factors == own
+
+
+@pytest.mark.parametrize("kind", [Collective.ALL_GATHER, Collective.REDUCE_SCATTER])
+def test_one_rank_a_node_gathers_with_pat_where_it_is_faster(kind):
+    """NCCL 2.23+ runs PAT for an all-gather or reduce-scatter with one rank a node (tuning.cc:
+    8 us, the tree's network latency / 3.5 a doubling of the nodes, 2.8 us a rank, 0.75 of the
+    ring's bandwidth): over 512 nodes its latency is 1.5 ms where the ring's 511 network steps
+    take 7.2 ms, so it is taken up to large buffers; over 8 nodes, or with 8 ranks a node, the
+    ring. Gloo has no PAT."""
+    from costmodel.comm import gather_algorithms_s
+    cluster = parse_cluster("512x8xH100")
+    span = AxisSpan(size=512, members_per_node=1, num_nodes=512)
+    ring, pat = gather_algorithms_s(kind, 1e6, span, cluster)
+    transfer = 511 / 512 * 1e6 / INTER.effective_bandwidth_bytes_per_s
+    assert pat == pytest.approx(8e-6 + 9 * INTER.latency_s / 3.5 + 512 * 2.8e-6 + transfer / 0.75)
+    assert pat < ring and collective_time_s(kind, 1e6, span, cluster) == pat
+    huge = 1e12   # transfer-bound: the ring's bandwidth wins
+    assert collective_time_s(kind, huge, span, cluster) == gather_algorithms_s(kind, huge, span, cluster)[0]
+    eight = AxisSpan(size=8, members_per_node=1, num_nodes=8)
+    assert min(gather_algorithms_s(kind, 1e8, eight, cluster)) == gather_algorithms_s(kind, 1e8, eight, cluster)[0]
+    dense = AxisSpan(size=4096, members_per_node=8, num_nodes=512)
+    assert len(set(gather_algorithms_s(kind, 1e6, dense, cluster))) == 1
+    cpu = parse_cluster("4x1xxeon-amx")
+    assert len(set(gather_algorithms_s(kind, 1e6, AxisSpan(size=4, members_per_node=1, num_nodes=4), cpu))) == 1
+
+
+def test_an_in_node_step_of_a_ring_across_nodes_costs_at_least_the_network_s_post_overhead():
+    """NCCL charges every step of a ring that crosses nodes at least its network post overhead
+    (getNetOverhead x 3 under Simple): 6 us on the AMD hosts of a DGX A100, above NVLink's 3.4 us
+    step; 3 us on the Intel hosts of a DGX H100, below it."""
+    a100 = parse_cluster("64x8xA100")
+    assert a100.device.inter_node.post_overhead_s == 6e-6 and INTER.post_overhead_s == 3e-6
+    span = AxisSpan(size=512, members_per_node=8, num_nodes=64)
+    one, two = (collective_time_s(Collective.ALL_GATHER, b, span, a100) for b in (1e6, 2e6))
+    base = max(a100.device.intra_node.base_latency_s, a100.device.inter_node.base_latency_s)
+    assert one - (two - one) == pytest.approx(base + (511 - 63) * 6e-6 + 63 * a100.device.inter_node.latency_s)
+    assert latency_s(Collective.ALL_GATHER, span) == pytest.approx(BASE + (511 - 63) * INTRA.latency_s
+                                                                    + 63 * INTER.latency_s)
