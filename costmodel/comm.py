@@ -221,20 +221,19 @@ def gather_algorithms_s(kind: Collective, num_bytes: float, span: AxisSpan,
 def owner_broadcasts_s(num_bytes: float, span: AxisSpan, cluster: ClusterSpec) -> float:
     """A buffer sharded over the span's n ranks made whole by n broadcasts, one from each shard's
     owner (InternEvo's hybrid ZeRO, costmodel.frameworks `owner_broadcasts`), where a ring
-    all-gather makes one collective of it. The bytes are the all-gather's; each broadcast runs
-    along NCCL's ring through all n ranks, so each pays the pass's latency."""
+    all-gather makes one collective of it. The bytes are the ring all-gather's (NCCL broadcasts
+    along its ring; PAT gathers only); each broadcast runs through all n ranks, so each pays the
+    pass's latency, without the network's post overhead (tuning.cc prices ncclFuncBroadcast's
+    steps on a branch of their own)."""
     n = span.size
     if n <= 1 or num_bytes <= 0:
         return 0.0
     gather = Collective.ALL_GATHER
     intra, inter = cluster.device.intra_node, cluster.device.tier_for(span.num_nodes, span.same_rail)
     if span.crosses_nodes:
-        # NCCL prices a broadcast's steps on a branch of their own, without the network's post
-        # overhead (tuning.cc: ncclFuncBroadcast and ncclFuncReduce)
         latency = cross_node_ring_latency_s(gather, n, span.num_nodes, intra, replace(inter, post_overhead_s=0.0))
-    else:
-        latency = ring_latency_s(gather, n, intra)
-    return collective_time_s(gather, num_bytes, span, cluster) + (n - 1) * latency
+        return _cross_node_transfer_s(gather, num_bytes, span, intra, inter) + n * latency
+    return ring_time_s(gather, num_bytes, n, intra) + (n - 1) * ring_latency_s(gather, n, intra)
 
 
 def all_reduce_algorithms_s(num_bytes: float, span: AxisSpan, cluster: ClusterSpec) -> tuple[float, float]:

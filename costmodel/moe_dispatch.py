@@ -101,7 +101,7 @@ def _in_chosen_groups(model: ModelSpec, holders: float) -> float:
     topk_groups of the token's experts, spread over that group's holders."""
     groups, chosen = model.num_expert_groups, model.topk_groups
     per_group = max(1, round(model.experts_per_token / chosen))
-    return chosen * _spread(model.num_experts / groups, holders / groups, per_group)
+    return min(model.experts_per_token, chosen * _spread(model.num_experts / groups, holders / groups, per_group))
 
 
 def token_nodes(model: ModelSpec, num_nodes: int) -> float:

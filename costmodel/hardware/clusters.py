@@ -141,13 +141,15 @@ class ClusterSpec:
         usable = self.device.usable_memory_bytes * (1.0 - self.memory_headroom) - fixed
         return usable / (1.0 + eff.allocator_fragmentation) + fixed
 
-    def allocator_reserved_bytes(self, total_bytes: float) -> float:
+    def allocator_reserved_bytes(self, total_bytes: float, outside_bytes: float | None = None) -> float:
         """What torch's caching allocator reserves (torch.cuda.max_memory_reserved, the figure
         torchtitan and Megatron-LM log) for a stage whose predicted total is `total_bytes`:
-        memory_budget_bytes's accounting read the other way, the fixed reserve (CUDA context,
-        NCCL's buffers) outside it."""
+        memory_budget_bytes's accounting read the other way, what sits outside it (`outside_bytes`:
+        the stage's reserved bytes, costmodel.memory.reserved_bytes; by default the device's fixed
+        reserve, the CUDA context and NCCL's buffers) taken off."""
         eff = self.device.efficiency
-        return (total_bytes - eff.reserved_memory_bytes) * (1.0 + eff.allocator_fragmentation)
+        outside = eff.reserved_memory_bytes if outside_bytes is None else outside_bytes
+        return (total_bytes - outside) * (1.0 + eff.allocator_fragmentation)
 
     def host_for(self, what: str) -> HostSpec:
         """The node's host, which `what` (an offloaded thing) needs; ValueError without one."""

@@ -115,7 +115,11 @@ def _print_launch(args: argparse.Namespace, pf: PlanFile, worker) -> None:
             # run's own checkpoints and refuse them without a resume flag
             raise RunRefused("--launcher k8s with --checkpoint-dir: a pod Kubernetes restarts finds this run's "
                              "checkpoints; pass --resume-if-present (or --resume)")
+        from runtime.launch import C10D_HOST_ORDER
         print(f"# {pf.plan.short()}: kubectl apply -f this (Kubeflow training operator)")
+        if pf.cluster.launch_hosts[1] < pf.cluster.devices_per_node:
+            print(f"# a node of the plan is an NVLink domain of {pf.cluster.devices_per_node // pf.cluster.launch_hosts[1]} "
+                  f"pods' hosts, and {C10D_HOST_ORDER}: schedule each domain's pods, named in that order, on one rack")
         print(pytorchjob_yaml(pf, worker, args.image), end="")
         return
     from runtime.launch import C10D_HOST_ORDER, node_commands, sbatch_script

@@ -123,7 +123,10 @@ def memory_error_pct(row: dict[str, str], cluster, est: Estimate, filled: dict[s
     moot |= {"sp"} if plan.tp == 1 else set()
     if not stated or set(filled) - moot:
         return None
-    predicted = _as_profiled(row, cluster).allocator_reserved_bytes(max(est.peak_memory_bytes))
+    tight = max(range(len(est.peak_memory_bytes)), key=est.peak_memory_bytes.__getitem__)
+    # Transformer Engine's userbuffers sit outside the allocator with the device's reserve
+    predicted = _as_profiled(row, cluster).allocator_reserved_bytes(est.peak_memory_bytes[tight],
+                                                                    est.memory_breakdown_bytes[tight]["reserved"])
     return 100.0 * (predicted - float(stated) * 1e9) / (float(stated) * 1e9)
 
 

@@ -32,7 +32,7 @@ def test_a_tokens_experts_lie_on_at_most_topk_groups_groups_nodes(nodes, reached
     assert routing_nodes(V3, nodes) == reached
 
 
-def test_cross_node_bytes_are_min_top_k_nodes_copies_per_token():
+def test_cross_node_bytes_are_a_copy_per_node_a_token_reaches():
     whole = 2 * ROWS * V3.hidden_size       # bf16
     eight = dispatch_bytes(V3, TRAIN, ROWS, _span(8), CORE)
     assert eight.cross_node_bytes == whole * 4 / 8

@@ -43,9 +43,10 @@ def _pass_latency_s(span: AxisSpan) -> float:
                                   AxisSpan(size=1024, members_per_node=8, num_nodes=128)])
 def test_n_broadcasts_move_an_all_gathers_bytes_and_pay_a_pass_each(span):
     num_bytes = 14e9
-    gather = collective_time_s(Collective.ALL_GATHER, num_bytes, span, CLUSTER)
+    transfer = (collective_time_s(Collective.ALL_GATHER, 2 * num_bytes, span, CLUSTER)
+                - collective_time_s(Collective.ALL_GATHER, num_bytes, span, CLUSTER))
     broadcasts = owner_broadcasts_s(num_bytes, span, CLUSTER)
-    assert broadcasts == pytest.approx(gather + (span.size - 1) * _pass_latency_s(span))
+    assert broadcasts == pytest.approx(transfer + span.size * _pass_latency_s(span))
     assert collective_time_s(Collective.OWNER_BROADCASTS, num_bytes, span, CLUSTER) == broadcasts
 
 
@@ -96,3 +97,13 @@ def test_internevo_shards_over_part_of_the_ranks_at_zero1_only():
     traits = FRAMEWORKS["internevo"]
     assert hsdp_problems(MODEL, 1024, 128, 1, traits) == []
     assert "at ZeRO-1 only" in hsdp_problems(MODEL, 1024, 128, 2, traits)[0]
+
+
+def test_broadcasts_with_one_rank_a_node_stay_on_the_ring():
+    """NCCL broadcasts along its ring; PAT gathers only: with one rank a node the broadcasts are
+    the ring's transfer and n passes at any size, affine in the bytes (placement dominance
+    compares them as such)."""
+    span = AxisSpan(size=64, members_per_node=1, num_nodes=64)
+    one, two, big = (owner_broadcasts_s(b, span, CLUSTER) for b in (1.0, 2.0, 1e9))
+    assert big == pytest.approx(one + (1e9 - 1.0) * (two - one), rel=1e-6)
+    assert one == pytest.approx(64 * _pass_latency_s(span), rel=1e-6)

@@ -202,6 +202,8 @@ def test_print_launch_starts_an_nvlink_domain_node_host_by_host(tmp_path, capsys
     assert main(launch) == 2 and "127.0.0.1 is listed twice" in capsys.readouterr().err
     hosts.write_text("127.0.0.1\n127.0.0.10\n127.0.0.11\n127.0.0.2\n")   # the same domains as c10d's order
     assert main(launch) == 0 and capsys.readouterr().out.count("--local-addr=127.0.0.1 ") == 1
+    assert main(["run", str(plan), "--print-launch", "--launcher", "k8s", "--image", "registry.example/planner:0.1"]) == 0
+    assert "an NVLink domain of 2 pods' hosts" in capsys.readouterr().out
     # a mixed cluster's launch keeps a node per host: one whose nodes span hosts is refused in one line
     mixed = tmp_path / "mixed.json"
     assert main(["search", "--model", "llama3-8b", "--cluster", "2x8xH100+2x8xGB200", "--top", "1",
