@@ -267,12 +267,11 @@ def _cross_node_transfer_s(kind: Collective, num_bytes: float, span: AxisSpan, i
     accounts for the first and last parts. The two legs are added, though NCCL's flat ring
     pipelines them over its channels and nccl-tests reaches the slower leg's rate alone (8 NDR
     NICs give 4-node DGX H100 all-reduces ~365 GB/s of bus bandwidth, NVIDIA/nccl-tests#309):
-    priced at the slower leg and refitted, the published runs are fitted worse (leave-one-source-out
-    MAPE 4.2 %, max 17.3 %, against the sum's 4.0 % and 13.9 %), the A100's inter_node_comm falls
-    to its 0.80 bound and the H100's attention rate to 0.316, which prices NeMo's long-context runs
-    at FlashAttention-2's rate up to 10 % slow (the sum's 0.330: 7 %). The runs' collectives,
-    overlapped with compute and each other at their bucket sizes, move slower than nccl-tests' peak
-    by a mechanism not modelled; the sum stands in for it."""
+    priced at the slower leg and refitted, the published runs are fitted worse (a larger
+    leave-one-source-out error, the A100's inter_node_comm at its lower bound, the H100's attention
+    rate below what NeMo's long-context runs show; commit 397fa8c gives the figures). The runs'
+    collectives, overlapped with compute and each other at their bucket sizes, move slower than
+    nccl-tests' peak by a mechanism not modelled; the sum stands in for it."""
     m, k = span.members_per_node, span.num_nodes
     return _ring_transfer_s(kind, num_bytes, m, intra) + _ring_transfer_s(kind, num_bytes / m, k, inter)
 

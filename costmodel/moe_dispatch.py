@@ -34,7 +34,8 @@ returns the same rows the same way. The experts lie consecutively on the EP grou
   best experts, so each chosen group holds about top_k / topk_groups of them, spread over the
   group's nodes: over 16 nodes (a group on 2) 4 x 2 (1 - 16/32 x 15/31) = 6.06 copies, not the
   bound's 8; over 32, 7.10 (V3's router on 20,000 tokens of random sigmoid scores: 5.73 and
-  6.85, and 3.97 over 8 nodes, where this gives the bound, 4); where several groups share a
+  6.85, and 3.97 over 8 nodes, where this gives the bound, 4: tests/costmodel/test_moe_dispatch.py
+  simulates it); where several groups share a
   node (k < groups), its copies are the nodes
   its topk_groups groups lie on, k (1 - C(groups - groups/k, topk_groups) / C(groups, topk_groups))
   on average, the chosen groups spread evenly (DeepSeek-V3's 8 groups on 4 nodes: 3.14, not 4);

@@ -147,6 +147,13 @@ def local_command(nproc: int, worker: WorkerArgs) -> list[str]:
 C10D_HOST_ORDER = "c10d numbers hosts in the order of their names (as strings), whatever the order they are listed in"
 
 
+def domain_hosts(cluster) -> int:
+    """The hosts of one node of the plan: 1, or where a node is an NVLink domain of several hosts
+    (a GB200 NVL72 rack's trays: ClusterSpec.launch_hosts) their count, whose order the launch
+    must keep together (C10D_HOST_ORDER)."""
+    return cluster.devices_per_node // cluster.launch_hosts[1]
+
+
 def node_commands(pf: PlanFile, worker: WorkerArgs, hosts: list[str] | None = None) -> list[str]:
     """One torchrun command per host (a node, or each host of a node that spans several:
     ClusterSpec.launch_hosts), under `env` with what run_local sets (launch_env; `env` keeps the
@@ -215,8 +222,8 @@ def sbatch_script(pf: PlanFile, worker: WorkerArgs) -> str:
         *([f"#SBATCH --gpus-per-node={per_host}"] if c.device.kind != "cpu" else []),
         # a node of the plan is an NVLink domain of several hosts: Slurm keeps each one's hosts in a
         # segment of one rack (as NVIDIA's launchers do on GB200 NVL72)
-        *([f"#SBATCH --segment={c.devices_per_node // per_host}"] if per_host < c.devices_per_node else []),
-        *([f"# {C10D_HOST_ORDER}: each segment's hosts must sort together"] if per_host < c.devices_per_node else []),
+        *([f"#SBATCH --segment={domain_hosts(c)}", f"# {C10D_HOST_ORDER}: each segment's hosts must sort together"]
+          if domain_hosts(c) > 1 else []),
         "#SBATCH --exclusive",
         'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         f"export MASTER_ADDR {_exports(pf)}",

@@ -13,7 +13,7 @@ import yaml
 
 from costmodel.inputs import UserError
 from costmodel.plan import PlanFile
-from runtime.launch import C10D_HOST_ORDER, PORT, WorkerArgs, job_name, launch_env, node_commands
+from runtime.launch import C10D_HOST_ORDER, PORT, WorkerArgs, domain_hosts, job_name, launch_env, node_commands
 
 
 def read_hostfile(path: Path, pf: PlanFile) -> list[str]:
@@ -44,7 +44,7 @@ def read_hostfile(path: Path, pf: PlanFile) -> list[str]:
     if len(set(hosts)) != len(hosts):
         twice = next(h for h in hosts if hosts.count(h) > 1)
         raise UserError(f"hostfile {path}: {twice} is listed twice; each line is a host of its own")
-    _check_domains_sort_together(path, hosts, pf.cluster.devices_per_node // per_host)
+    _check_domains_sort_together(path, hosts, domain_hosts(pf.cluster))
     for host in hosts:
         try:
             socket.getaddrinfo(host, PORT)

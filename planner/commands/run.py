@@ -115,18 +115,17 @@ def _print_launch(args: argparse.Namespace, pf: PlanFile, worker) -> None:
             # run's own checkpoints and refuse them without a resume flag
             raise RunRefused("--launcher k8s with --checkpoint-dir: a pod Kubernetes restarts finds this run's "
                              "checkpoints; pass --resume-if-present (or --resume)")
-        from runtime.launch import C10D_HOST_ORDER
+        from runtime.launch import C10D_HOST_ORDER, domain_hosts
         print(f"# {pf.plan.short()}: kubectl apply -f this (Kubeflow training operator)")
-        if pf.cluster.launch_hosts[1] < pf.cluster.devices_per_node:
-            print(f"# a node of the plan is an NVLink domain of {pf.cluster.devices_per_node // pf.cluster.launch_hosts[1]} "
-                  f"pods' hosts, and {C10D_HOST_ORDER}: schedule each domain's pods, named in that order, on one rack")
+        if domain_hosts(pf.cluster) > 1:
+            print(f"# a node of the plan is an NVLink domain of {domain_hosts(pf.cluster)} pods' hosts, and "
+                  f"{C10D_HOST_ORDER}: schedule each domain's pods, named in that order, on one rack")
         print(pytorchjob_yaml(pf, worker, args.image), end="")
         return
-    from runtime.launch import C10D_HOST_ORDER, node_commands, sbatch_script
-    count, per_host = pf.cluster.launch_hosts
-    print(f"# {pf.plan.short()} on {count} host(s): run on host i (MASTER_ADDR = host 0)")
-    if per_host < pf.cluster.devices_per_node and not pf.cluster.is_mixed:
-        print(f"# a node of the plan is an NVLink domain of {pf.cluster.devices_per_node // per_host} hosts, and "
+    from runtime.launch import C10D_HOST_ORDER, domain_hosts, node_commands, sbatch_script
+    print(f"# {pf.plan.short()} on {pf.cluster.launch_hosts[0]} host(s): run on host i (MASTER_ADDR = host 0)")
+    if not pf.cluster.is_mixed and domain_hosts(pf.cluster) > 1:
+        print(f"# a node of the plan is an NVLink domain of {domain_hosts(pf.cluster)} hosts, and "
               f"{C10D_HOST_ORDER}: each domain's hosts must sort together")
     for i, cmd in enumerate(node_commands(pf, worker)):
         print(f"# host {i}{names[i]}\n{cmd}")
