@@ -62,6 +62,11 @@ class FrameworkTraits:
     torch_ddp_option: bool = False
     deferred_w_keeps_graph: bool = False
     pipeline_sends_held: bool = False
+    # the pipeline's last stage keeps its output, the logits, for the backward call (torch pipelining
+    # and DeepSpeed's pipe engine hold the stage's outputs until its backward); Megatron's schedules
+    # get the loss from the model's last stage, and the logits die once the loss has cast them to fp32
+    # (costmodel.memory.activations: logits_held_bytes)
+    pipeline_output_kept: bool = True
     recv_buffers_kept: bool = False
     cp_all_gather_kv: bool = False
     float8_casts_fused: bool = False
@@ -69,6 +74,12 @@ class FrameworkTraits:
     float8_param_gather: bool = False
     float8_experts: bool = False
     float8_saved_inputs: bool = False
+    # Transformer Engine keeps each linear's float8 weight and its transpose from the first
+    # micro-batch to the step's last (Megatron-Core passes is_first_microbatch; TE's
+    # module/linear.py caches the quantized weight as _fp8_workspaces["weight"]), unless the weights
+    # are float8 already (`float8_param_gather`): two bytes an element beside the 16-bit weights
+    # (costmodel.memory.states: float8_weight_cache_bytes)
+    float8_weight_cache: bool = False
     tp_comm_overlap: bool = False
     # the overlap runs on Transformer Engine's userbuffers (Megatron-Core's --tp-comm-overlap), which
     # hold buffers of their own outside torch's allocator (costmodel.memory.reserved_bytes); torch's
@@ -175,7 +186,7 @@ COMPILED_RUNTIME = replace(RUNTIME, name="planner-compiled", eager_layer=False, 
                            swiglu_saved_tensors=COMPILED_SWIGLU_SAVED)
 
 _MEGATRON = dict(sharded_grads_under_pp=True, zero3_gathers_per_param=False, loss_grad_in_place=True,
-                 fused_grad_accumulation=True, recompute_placement="each_chunk")
+                 fused_grad_accumulation=True, recompute_placement="each_chunk", pipeline_output_kept=False)
 _FSDP = dict(dp_grad_overlap=True, dp_param_overlap=True, zero3_gathers_per_param=False, hybrid_shard=True,
              fsdp_master_params=True, fsdp_block_units=True)
 _DEEPSPEED = dict(dp_grad_overlap=True, dp_param_overlap=False, sharded_grads_under_pp=True,
@@ -197,8 +208,8 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {t.name: t for t in (
     FrameworkTraits(name="megatron-core", dp_grad_overlap=True, dp_param_overlap=True, tp_comm_overlap=True,
                     tp_overlap_userbuffers=True,
                     swiglu_saved_tensors=3, vendor_attention=True, float8_casts_fused=True, float8_with_tp=True,
-                    float8_param_gather=True, float8_experts=True, float8_saved_inputs=True, ep_folds_over_tp=True, expert_tensor_parallel=True,
-                    dp_sync_per_chunk=True,
+                    float8_param_gather=True, float8_experts=True, float8_saved_inputs=True, float8_weight_cache=True,
+                    ep_folds_over_tp=True, expert_tensor_parallel=True, dp_sync_per_chunk=True,
                     dispatch_per_node=True, moe_probs_in_activation=True,
                     grouped_expert_gemm=True, mtp_with_cp=True, shared_expert_tp=True,
                     partial_distributed_optimizer=True, empty_end_stages=True, steady_sends_overlap=True,

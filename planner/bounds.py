@@ -17,7 +17,7 @@ import numpy as np
 from costmodel.frameworks import FrameworkTraits
 from costmodel.hardware import ClusterSpec
 from costmodel.kernels import host_optimizer_step_s, optimizer_step_s, step_host_s
-from costmodel.memory import AffineBytes, state_bytes_for
+from costmodel.memory import AffineBytes, float8_weight_cache_bytes, state_bytes_for
 from costmodel.params import layer_expert_params, layer_params
 from costmodel.pipeline_closed_form import closed_form_s, fill_s
 from costmodel.plan import Plan, Recompute
@@ -155,8 +155,8 @@ def states_floor(model: ModelSpec, train: TrainSpec, plan: Plan, reserved_bytes:
     experts = layer_expert_params(model, plan.ep, plan.etp)
     per_param = sum(state_bytes_for(train, plan, 1.0, traits))
     per_expert = sum(state_bytes_for(train, plan, 1.0, traits, experts=1.0))
-    per_layer = (per_param * (layer_params(model, plan.tp, plan.ep, plan.etp, traits.shared_expert_tp) - experts)
-                 + per_expert * experts)
+    layer = layer_params(model, plan.tp, plan.ep, plan.etp, traits.shared_expert_tp)
+    per_layer = per_param * (layer - experts) + per_expert * experts + float8_weight_cache_bytes(plan, traits) * layer
     return AffineBytes(base=reserved_bytes, per_layer=per_layer, per_recomputed=0.0, jump=0.0)
 
 

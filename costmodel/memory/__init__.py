@@ -33,6 +33,7 @@ from costmodel.memory.stage import (
 from costmodel.memory.states import (
     ADAM_MOMENT_BYTES,
     expert_state_bytes,
+    float8_weight_cache_bytes,
     host_state_bytes,
     keeps_whole_grads_under_pp,
     optimizer_bytes_per_param,
@@ -47,7 +48,7 @@ from costmodel.memory.states import (
 __all__ = [
     "ADAM_MOMENT_BYTES", "AffineBytes", "StageMemory", "activation_bytes", "activation_shape",
     "backward_working_bytes", "buffer_bytes", "cp_gathered_kv_bytes", "deferred_weight_passes",
-    "edge_bytes_per_micro_batch", "edge_weight_grad_output_bytes", "expert_state_bytes", "held_send_bytes",
+    "edge_bytes_per_micro_batch", "edge_weight_grad_output_bytes", "expert_state_bytes", "float8_weight_cache_bytes", "held_send_bytes",
     "host_activation_bytes", "host_state_bytes", "in_flight_micro_batches", "layer_activation_bytes",
     "logits_held_bytes", "loss_vocab", "micro_batch_activation_bytes", "overlap_warmup_bytes", "optimizer_bytes_per_param",
     "rebuilt_layer_bytes", "reduces_every_micro_batch", "reserved_bytes", "runtime_wraps_in_fsdp", "send_bytes", "stage_memory",

@@ -274,14 +274,15 @@ def logits_held_bytes(model: ModelSpec, train: TrainSpec, plan: Plan,
                       traits: FrameworkTraits = RUNTIME) -> float:
     """What the loss keeps of one micro-batch's logits until its backward: the fp32 log-probs
     cross entropy saves (4 bytes whatever the compute dtype: the loss runs in fp32), and, under
-    a pipeline, the last stage's output in the compute dtype, which torch pipelining (like
-    Megatron's schedules) keeps for the backward call. Without a pipeline the 16-bit logits die
-    once upcast. A fused loss (frameworks `fused_cross_entropy`) keeps the logits themselves,
-    that same output, and a log-sum-exp per row."""
+    a pipeline that keeps its last stage's output for the backward call (torch pipelining,
+    DeepSpeed's engine: frameworks `pipeline_output_kept`), that output in the compute dtype.
+    Otherwise the 16-bit logits die once upcast (Megatron's last stage returns the loss). A fused
+    loss (frameworks `fused_cross_entropy`) keeps the logits themselves, that same output, and a
+    log-sum-exp per row."""
     a = train.compute_dtype.num_bytes
     if traits.fused_cross_entropy:
         return _logits_elems(model, train, plan, traits) * a + 4 * local_tokens(train, plan)
-    kept_output = a if plan.pp > 1 else 0
+    kept_output = a if plan.pp > 1 and traits.pipeline_output_kept else 0
     return _logits_elems(model, train, plan, traits) * (4 + kept_output)
 
 
@@ -290,7 +291,8 @@ def backward_working_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, last:
     """Transient bytes of the backward pass beyond what the forward kept: a layer's input
     gradients of its widest block (SwiGLU: gate, up and product gradients, f wide; attention:
     dQ, dK, dV and FlashAttention-2's fp32 dQ accumulator) plus its largest weight gradient in
-    the compute dtype before it is added to the fp32 main gradient; on the last stage the
+    the compute dtype before it is added to the fp32 main gradient (none where the weight-gradient
+    GEMM adds into that gradient itself: frameworks `fused_grad_accumulation`); on the last stage the
     loss's gradient (fp32 then cast back) over the logits, if larger. One backward runs at a
     time, so a rank adds this once. The loss's backward runs before any layer is rebuilt: on a
     rank whose caller counts a rebuilt layer's `rebuilt_bytes` beside this, the loss's gradient
@@ -308,7 +310,7 @@ def backward_working_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, last:
     mlp = (traits.swiglu_saved_tensors - 1 if model.ffn_kind.gated else 2) * a * tokens * f / t
     q = model.q_hidden_size
     attention = a * tokens * (q + 2 * kv) / t + 4 * tokens * q / t
-    widest_weight = max(mlp_weight, a * h * (q + 2 * kv) / t)
+    widest_weight = 0.0 if traits.fused_grad_accumulation else max(mlp_weight, a * h * (q + 2 * kv) / t)
     layer = max(mlp, attention) + widest_weight
     head = _logits_elems(model, train, plan, traits) * _loss_grad_bytes(a, plan, traits) if last else 0.0
     head = max(head - rebuilt_bytes, 0.0)

@@ -16,7 +16,7 @@ from costmodel.memory.activations import (
     local_tokens,
 )
 from costmodel.memory.deferred import edge_weight_grad_output_bytes, weight_grad_input_bytes
-from costmodel.memory.states import reduces_every_micro_batch, state_bytes_for
+from costmodel.memory.states import float8_weight_cache_bytes, reduces_every_micro_batch, state_bytes_for
 from costmodel.params import layer_params, rank_params, rank_params_at
 from costmodel.plan import Plan, Recompute
 from costmodel.schedules import interleaved_warmup_chunks, stage_owner
@@ -334,6 +334,7 @@ def stage_memory_at(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int, l
     first, last = plan.stage_rank(0), plan.stage_rank(plan.num_virtual_stages - 1)
     held = rank_params_at(model, plan, layers, rank == first, rank == last, traits)
     weights, grads, optim = state_bytes_for(train, plan, held.total, traits, experts=held.experts)
+    weights += float8_weight_cache_bytes(plan, traits) * (held.layers + held.experts)
     return StageMemory(params_bytes=weights, grads_bytes=grads, optimizer_bytes=optim,
                        activations_bytes=activation_bytes(model, train, plan, rank, layers, recomputed, traits),
                        buffers_bytes=buffer_bytes(model, train, plan, rank, traits),
@@ -356,16 +357,18 @@ def stage_memory_shapes_by_zero(model: ModelSpec, train: TrainSpec, plans: list[
     plan = plans[0]
     first, last = plan.stage_rank(0), plan.stage_rank(plan.num_virtual_stages - 1)
     mb = _micro_batch_shape(model, train, plan, traits)
-    # (edge's replicated and expert parameters, replicated per layer, experts per layer): one per
-    # kind of rank (an edge holds experts where the first layers are dense or MTP modules follow)
-    params: dict[tuple[bool, bool], tuple[int, int, int, int]] = {}
+    # (edge's replicated and expert parameters, replicated per layer, experts per layer, the edge's
+    # layer parameters): one per kind of rank (an edge holds experts and layers where the first
+    # layers are dense or MTP modules follow)
+    params: dict[tuple[bool, bool], tuple[int, int, int, int, int]] = {}
     backward = {last_rank: _backward_bytes(model, train, plan, last_rank, mb, traits) for last_rank in (False, True)}
     ranks = []
     for rank in range(plan.pp):
         kind = (rank == first, rank == last)
         if kind not in params:
             edge, one = rank_params_at(model, plan, 0, *kind, traits), rank_params_at(model, plan, 1, *kind, traits)
-            params[kind] = edge.replicated, edge.experts, one.replicated - edge.replicated, one.experts - edge.experts
+            params[kind] = (edge.replicated, edge.experts, one.replicated - edge.replicated, one.experts - edge.experts,
+                            edge.layers + edge.experts)
         ranks.append((params[kind], activation_shape(model, train, plan, rank, mb, traits, backward[kind[1]])))
     pipeline_buffers = [pipeline_buffer_bytes(model, train, plan, rank, traits) for rank in range(plan.pp)]
     out = []
@@ -373,10 +376,12 @@ def stage_memory_shapes_by_zero(model: ModelSpec, train: TrainSpec, plans: list[
         # states are linear in each kind of parameter: bytes per replicated one and per expert one
         per_param = sum(state_bytes_for(train, sharded, 1.0, traits))
         per_expert = sum(state_bytes_for(train, sharded, 1.0, traits, experts=1.0))
+        cache = float8_weight_cache_bytes(sharded, traits)
         fixed = [pipeline_buffers[rank] + _state_buffer_bytes(model, train, sharded, rank, traits) + reserved_bytes
                  for rank in range(plan.pp)]
-        out.append([AffineBytes(base=fixed[rank] + per_param * edge + per_expert * edge_experts + act.base,
-                                per_layer=per_param * per_layer + per_expert * experts + act.per_layer,
+        out.append([AffineBytes(base=(fixed[rank] + per_param * edge + per_expert * edge_experts + cache * edge_layers
+                                      + act.base),
+                                per_layer=(per_param + cache) * per_layer + (per_expert + cache) * experts + act.per_layer,
                                 per_recomputed=act.per_recomputed, jump=act.jump)
-                    for rank, ((edge, edge_experts, per_layer, experts), act) in enumerate(ranks)])
+                    for rank, ((edge, edge_experts, per_layer, experts, edge_layers), act) in enumerate(ranks)])
     return out

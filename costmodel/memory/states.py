@@ -24,6 +24,23 @@ def optimizer_bytes_per_param(train: TrainSpec) -> int:
     return master + moments
 
 
+# Transformer Engine's cached float8 weight: the row-wise copy the forward GEMM reads and the
+# column-wise (transposed) one the input-gradient GEMM reads, a byte an element each
+FLOAT8_WEIGHT_CACHE_BYTES = 2
+
+
+def float8_weight_cache_bytes(plan: Plan, traits: FrameworkTraits = RUNTIME) -> int:
+    """Bytes per element of a layer's linear weights (routed experts' included) that the
+    framework keeps beside its 16-bit weights for the step: Transformer Engine's float8 copies,
+    cached from the first micro-batch on (frameworks `float8_weight_cache`), where the weights are
+    not float8 themselves (`float8_param_gather`, which needs the distributed optimizer). The
+    embedding and the output layer are no float8 linears."""
+    fp8_weights = traits.float8_param_gather and plan.zero_stage >= 1
+    if plan.fp8_linears and traits.float8_weight_cache and not fp8_weights:
+        return FLOAT8_WEIGHT_CACHE_BYTES
+    return 0
+
+
 def state_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
                 traits: FrameworkTraits = RUNTIME) -> tuple[float, float, float]:
     """(weights, gradients, optimizer states) on one device of pipeline rank `rank`."""

@@ -215,3 +215,76 @@ def test_an_unknown_framework_s_fused_swiglu_keeps_what_megatron_core_s_does():
     assert fused == pytest.approx(layer_activation_bytes(m, train, plan, Recompute.NONE, core))
     eager = layer_activation_bytes(m, train, plan, Recompute.NONE, _compiled(generic, compiled=False))
     assert eager - fused == pytest.approx(2 * 8192 * m.ffn_hidden_size / 8)
+
+
+def test_megatron_s_last_stage_keeps_the_fp32_softmax_and_not_the_logits():
+    """Megatron's last stage returns the loss (its schedule keeps that), and the vocab-parallel
+    cross entropy saves the fp32 softmax of its own cast: the 16-bit logits are not held under a
+    pipeline as torch pipelining and DeepSpeed's engine hold them (frameworks `pipeline_output_kept`)."""
+    from costmodel.memory import logits_held_bytes
+    m, cluster = MODELS["llama2-7b"], parse_cluster("1x8xA100")
+    train = TrainSpec(seq_len=1024, global_batch_size=8)
+    piped = build_plan(m, train, cluster, Choice(dp=4, pp=2, micro_batch_size=1))
+    elems = 1024 * m.vocab_size
+    assert logits_held_bytes(m, train, piped, framework_traits("megatron-core")) == elems * 4
+    assert logits_held_bytes(m, train, piped, framework_traits("megatron-lm")) == elems * 4
+    assert logits_held_bytes(m, train, piped, framework_traits("deepspeed")) == elems * (4 + 2)
+
+
+def test_a_fused_weight_gradient_holds_no_16_bit_copy_in_the_backward():
+    """With gradient-accumulation fusion the weight-gradient GEMM adds into the fp32 main
+    gradient itself: the backward's working memory is the widest block's input gradients alone,
+    the compute-dtype weight gradient of the widest weight gone (frameworks `fused_grad_accumulation`)."""
+    import dataclasses
+
+    from costmodel.memory import backward_working_bytes
+    m, cluster = MODELS["llama2-7b"], parse_cluster("1x8xA100")
+    train = TrainSpec(seq_len=1024, global_batch_size=8)
+    plan = build_plan(m, train, cluster, Choice(dp=2, tp=4, micro_batch_size=1))
+    fused = framework_traits("megatron-core")
+    unfused = dataclasses.replace(fused, fused_grad_accumulation=False)
+    # the widest weight, bf16, over TP 4: Llama 2 7B's QKV projection (3h) is wider than its MLP's (f)
+    widest_weight = 2 * m.hidden_size * max(m.ffn_hidden_size, 3 * m.hidden_size) / 4
+    assert backward_working_bytes(m, train, plan, False, unfused) - backward_working_bytes(m, train, plan, False, fused) \
+        == pytest.approx(widest_weight)
+
+
+@pytest.mark.parametrize("model_name,choice", [
+    ("llama2-13b", Choice(tp=4, pp=2, dp=4, fp8_linears=True)),
+    ("mixtral-8x7b", Choice(tp=2, pp=2, ep=4, dp=8, fp8_linears=True, recompute=Recompute.FULL)),
+])
+def test_transformer_engine_s_cached_float8_weights_are_held_without_float8_parameters(model_name, choice):
+    """Megatron-Core's float8 linears keep Transformer Engine's float8 weight and its transpose
+    through the step (2 bytes a layer weight, experts' included) unless the weights are float8
+    themselves (--fp8-param-gather, with the distributed optimizer); torchtitan's torchao keeps
+    none. The search's affine shapes and its states floor count them as the estimate does."""
+    import dataclasses
+
+    from costmodel.memory import stage_memory_at, stage_memory_shapes
+    from costmodel.params import rank_params
+    from planner.bounds import states_floor
+    model = MODELS[model_name]
+    train = TrainSpec(seq_len=4096, global_batch_size=64)
+    for framework, cached in (("megatron-core", True), ("torchtitan", False)):
+        traits = framework_traits(framework)
+        cluster = dataclasses.replace(parse_cluster("4x8xH100"), framework=traits)
+        for zero in (0, 1):
+            fp8 = build_plan(model, train, cluster, dataclasses.replace(choice, zero_stage=zero))
+            bf16 = dataclasses.replace(fp8, fp8_linears=False)
+            for rank in range(fp8.pp):
+                held = rank_params(model, fp8, rank, traits)
+                layers = fp8.layers_on_rank(rank)
+                extra = (stage_memory_at(model, train, fp8, rank, layers, 0, 0.0, traits).params_bytes
+                         - stage_memory_at(model, train, bf16, rank, layers, 0, 0.0, traits).params_bytes)
+                expected = 2 * (held.layers + held.experts) if cached and zero == 0 else 0
+                assert extra == pytest.approx(expected)
+            shapes = stage_memory_shapes(model, train, fp8, 0.0, traits)
+            floor = states_floor(model, train, fp8, 0.0, traits)
+            for rank, shape in enumerate(shapes):
+                for layers in (1, 5):
+                    recomputed = layers if fp8.recompute is Recompute.FULL else 0
+                    mem = stage_memory_at(model, train, fp8, rank, layers, recomputed, 0.0, traits).total_bytes
+                    shaped = (shape.base + shape.per_layer * layers + shape.per_recomputed * recomputed
+                              + shape.jump * (recomputed > 0))
+                    assert shaped == pytest.approx(mem)
+                assert floor.per_layer <= shape.per_layer + shape.per_recomputed
