@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -68,6 +69,41 @@ def machine_alone(alone: bool = True):
 def pytest_configure(config):
     config.addinivalue_line("markers", "alone: measures the machine or bounds a wall-clock time; "
                                        "no other test runs beside it")
+    if not hasattr(config, "workerinput"):   # the session's own process: before its workers start
+        _suite_temp_dir(config)
+
+
+# --- The suite's temporary files ----------------------------------------------------------------
+# Every temporary file of a run (its tests' tmp_path, the machine's locks above, the tracebacks of
+# the bugs that the tests of planner's bug report raise on purpose, the launched ranks' files) goes
+# into one directory, TMPDIR for the workers and every process they start, removed when the run
+# passes and kept, named, when it does not.
+def _suite_temp_dir(config) -> None:
+    path = tempfile.mkdtemp(prefix="planner-tests-")
+    config.stash[_TEMP_DIR] = path
+    os.environ["TMPDIR"] = path
+    tempfile.tempdir = None   # read TMPDIR again
+
+
+_TEMP_DIR = pytest.StashKey[str]()
+
+
+def pytest_unconfigure(config):
+    path = config.stash.get(_TEMP_DIR, None)
+    if path is None:
+        return
+    if config.stash.get(_FAILED, False):
+        print(f"\nthe run's temporary files are kept in {path}")
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+_FAILED = pytest.StashKey[bool]()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if not hasattr(session.config, "workerinput"):
+        session.config.stash[_FAILED] = exitstatus != 0
 
 
 @pytest.fixture(autouse=True)
