@@ -14,9 +14,14 @@ measured it.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from costmodel.selective_modules import DEFAULT_SELECTIVE_MODULES
 from costmodel.specs import ModelSpec, NormKind
+
+if TYPE_CHECKING:
+    from costmodel.hardware.records import DeviceProfile
+    from costmodel.plan import Plan
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -80,6 +85,10 @@ class FrameworkTraits:
     # are float8 already (`float8_param_gather`): two bytes an element beside the 16-bit weights
     # (costmodel.memory.states: float8_weight_cache_bytes)
     float8_weight_cache: bool = False
+    # Transformer Engine keeps a transposed copy of a float8 tensor that GEMMs read both ways where the
+    # chip's float8 GEMMs take the TN layout only (Hopper); set from the cluster's device
+    # (DeviceProfile.float8_gemm_any_layout, traits_on), not a framework's choice
+    float8_transposed_copy: bool = True
     tp_comm_overlap: bool = False
     # the overlap runs on Transformer Engine's userbuffers (Megatron-Core's --tp-comm-overlap), which
     # hold buffers of their own outside torch's allocator (costmodel.memory.reserved_bytes); torch's
@@ -329,10 +338,23 @@ def _key(name: str | None) -> str:
     return (name or "").strip().lower()
 
 
-def traits_on(traits: FrameworkTraits, device_kind: str) -> FrameworkTraits:
-    """A framework's traits with torch's kernels on this kind of device (`cpu_kernels`)."""
-    cpu = device_kind == "cpu"
-    return traits if traits.cpu_kernels == cpu else replace(traits, cpu_kernels=cpu)
+def float8_params(plan: Plan, traits: FrameworkTraits) -> bool:
+    """Whether the plan's weights are kept and all-gathered in float8 (`float8_param_gather`,
+    Megatron-Core's --fp8-param-gather): float8 linears under the distributed optimizer (ZeRO
+    1 and up) with the optimizer on the device; Megatron-LM takes an offloaded optimizer's float8
+    weights with the delayed recipe only (megatron/training/arguments.py), which the export does
+    not write (planner.exports.megatron)."""
+    return plan.fp8_linears and traits.float8_param_gather and plan.zero_stage >= 1 and not plan.offload_optimizer
+
+
+def traits_on(traits: FrameworkTraits, device: DeviceProfile) -> FrameworkTraits:
+    """A framework's traits with torch's kernels on this kind of device (`cpu_kernels`) and
+    Transformer Engine's float8 copies as this chip needs them (`float8_transposed_copy`)."""
+    cpu = device.kind == "cpu"
+    transposed = not device.float8_gemm_any_layout
+    if traits.cpu_kernels == cpu and traits.float8_transposed_copy == transposed:
+        return traits
+    return replace(traits, cpu_kernels=cpu, float8_transposed_copy=transposed)
 
 
 # FlashAttention-2 over the first generation, fwd + bwd (Dao 2023, arXiv 2307.08691: "around 2x")

@@ -23,7 +23,7 @@ from functools import lru_cache
 
 from costmodel.comm import Collective, collective_time_s
 from costmodel.flops import attention_core_forward_flops, linear_forward_flops
-from costmodel.frameworks import FrameworkTraits
+from costmodel.frameworks import FrameworkTraits, float8_params
 from costmodel.hardware import ClusterSpec
 from costmodel.layout import dense_blocks
 from costmodel.params import linear_params
@@ -162,7 +162,7 @@ def coordinator_wait_s(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: 
     group, each at the device's DP efficiency (costmodel.hardware.Efficiency.dp_comm), in the
     compute dtype or float8 where the framework gathers float8 weights."""
     traits = cluster.framework
-    w = 1 if plan.fp8_linears and traits.float8_param_gather else train.compute_dtype.num_bytes
+    w = 1 if float8_params(plan, traits) else train.compute_dtype.num_bytes
     trace = step_trace(model, train, plan, plan.layers_on_rank(rank), times, edges)
     dp_comm = cluster.device.efficiency.dp_comm
     gather_s = tuple(collective_time_s(Collective.ALL_GATHER, w * use.params, shard, cluster) / dp_comm

@@ -293,8 +293,8 @@ class SharedModels:
         base = group.base
         vpps = tuple(dict.fromkeys(v for v, _ in group.variants))
         # what the answer reads: the degrees, the groups' order, the virtual stages, the placements
-        room = (base.tp, base.cp, base.pp, base.dp, base.ep, base.etp, base.dp_replicate, base.group_order, vpps,
-                tuple(zeros))
+        room = (base.tp, base.cp, base.pp, base.dp, base.ep, base.etp, base.dp_replicate, base.fp8_linears,
+                base.group_order, vpps, tuple(zeros))
         got = self._rooms.get(room)
         if got is None:
             got = self._rooms[room] = self._has_room(base, vpps, zeros)
@@ -303,12 +303,11 @@ class SharedModels:
     def _has_room(self, base: Choice, vpps: tuple[int, ...], zeros: list[int]) -> bool:
         for vpp in vpps:
             for z in zeros:
-                key = (base.tp, base.cp, base.pp, base.dp, (base.ep, base.etp, base.dp_replicate), z, vpp,
-                       base.group_order)
+                key = self._floor_key(base, z, vpp)
                 if key not in self._floors:
-                    probe = self._vpp_probes.get(key[:5] + (vpp,))
+                    probe = self._vpp_probes.get(key[:6] + (vpp,))
                     if probe is None:
-                        probe = self._vpp_probes[key[:5] + (vpp,)] = build_plan(
+                        probe = self._vpp_probes[key[:6] + (vpp,)] = build_plan(
                             self.model, self.train, self.cluster, replace(base, vpp=vpp))
                     self._states_fit(base, z, probe, rank_caps_bytes(probe, self.cluster))
                 if self._floors[key].fits:
@@ -319,14 +318,21 @@ class SharedModels:
         """planner.bounds.states_floor's fit under STATE_OPTIONS[zero] (`plan`: the choice under
         any placement of states). It reads only the degrees, the placement of states and the
         virtual stages (and the groups' order, for the caps), which many choices share."""
-        key = (base.tp, base.cp, base.pp, base.dp, (base.ep, base.etp, base.dp_replicate), zero, plan.vpp,
-               base.group_order)
+        key = self._floor_key(base, zero, plan.vpp)
         if key not in self._floors:
             placed = replace(plan, **STATE_OPTIONS[zero]._asdict())
             floor = states_floor(self.model, self.train, placed, self.cluster.device.efficiency.reserved_memory_bytes,
                                  self.cluster.framework)
             self._floors[key] = MemoryFit([floor] * placed.pp, placed, caps, self.model.num_layers)
         return self._floors[key]
+
+    @staticmethod
+    def _floor_key(c: Choice, zero: int, vpp: int) -> tuple:
+        """What states_floor reads of a choice: its degrees, float8 linears (the float8 weights a
+        framework caches: costmodel.memory.float8_weight_cache_bytes), placement of states and
+        virtual stages, and the groups' order (for the caps); its first six, with the virtual
+        stages, key the probe plan."""
+        return (c.tp, c.cp, c.pp, c.dp, (c.ep, c.etp, c.dp_replicate), c.fp8_linears, zero, vpp, c.group_order)
 
     @staticmethod
     def _memory_key(c: Choice, vpp: int, schedule: Schedule, zero: int) -> tuple:

@@ -67,8 +67,9 @@ class ClusterSpec:
                            inputs.MAX_WORLD_SIZE)
         if not 0.0 <= self.memory_headroom < 1.0:
             raise UserError(f"memory headroom {self.memory_headroom} must be in [0, 1)")
-        # torch's kernels differ by device kind (costmodel.frameworks.traits_on)
-        object.__setattr__(self, "framework", traits_on(self.framework, self.device.kind))
+        # torch's kernels differ by device kind, Transformer Engine's float8 copies by chip
+        # (costmodel.frameworks.traits_on)
+        object.__setattr__(self, "framework", traits_on(self.framework, self.device))
         if self.framework.iteration_graph:   # launched from a CUDA graph: no host costs
             object.__setattr__(self, "device", self.device.graphed())
         object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self) if f.compare)))

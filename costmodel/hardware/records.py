@@ -208,6 +208,11 @@ class DeviceProfile:
     # and later); a framework overlaps them where its traits say so (costmodel.frameworks
     # `tp_comm_overlap`), and the Megatron export asks for --tp-comm-overlap where this is set
     tp_comm_gemm_overlap: bool = False
+    # the float8 GEMMs take either operand transposed (compute capability 10.x, Blackwell's datacenter
+    # parts: Transformer Engine's is_non_tn_fp8_gemm_supported), so a float8 tensor read both ways keeps
+    # one copy; Hopper's take the TN layout only, and Transformer Engine keeps a transposed copy beside
+    # each such tensor (costmodel.frameworks `float8_transposed_copy`)
+    float8_gemm_any_layout: bool = False
     # devices one NVLink domain joins, where it spans several hosts (GB200 NVL72: 72 over 18 trays of
     # 4); a node of the cluster is then the domain, and a smaller one prices hosts joined by the network
     # (ClusterSpec.node_note); 0: the node's own devices

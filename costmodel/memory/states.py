@@ -10,7 +10,7 @@ shard as the master weight and holds whole gradients under a pipeline until its 
 """
 from __future__ import annotations
 
-from costmodel.frameworks import RUNTIME, FrameworkTraits
+from costmodel.frameworks import RUNTIME, FrameworkTraits, float8_params
 from costmodel.params import expert_dp, rank_params
 from costmodel.plan import Plan
 from costmodel.specs import DType, ModelSpec, Optimizer, TrainSpec
@@ -24,20 +24,16 @@ def optimizer_bytes_per_param(train: TrainSpec) -> int:
     return master + moments
 
 
-# Transformer Engine's cached float8 weight: the row-wise copy the forward GEMM reads and the
-# column-wise (transposed) one the input-gradient GEMM reads, a byte an element each
-FLOAT8_WEIGHT_CACHE_BYTES = 2
-
-
 def float8_weight_cache_bytes(plan: Plan, traits: FrameworkTraits = RUNTIME) -> int:
     """Bytes per element of a layer's linear weights (routed experts' included) that the
-    framework keeps beside its 16-bit weights for the step: Transformer Engine's float8 copies,
-    cached from the first micro-batch on (frameworks `float8_weight_cache`), where the weights are
-    not float8 themselves (`float8_param_gather`, which needs the distributed optimizer). The
-    embedding and the output layer are no float8 linears."""
-    fp8_weights = traits.float8_param_gather and plan.zero_stage >= 1
-    if plan.fp8_linears and traits.float8_weight_cache and not fp8_weights:
-        return FLOAT8_WEIGHT_CACHE_BYTES
+    framework keeps beside its 16-bit weights for the step: Transformer Engine's float8 copy,
+    cached from the first micro-batch on (frameworks `float8_weight_cache`), a byte an element,
+    and on a chip whose float8 GEMMs take the TN layout only (Hopper) its transpose beside it
+    (`float8_transposed_copy`), for the input gradient's GEMM. None where the weights are float8
+    themselves (costmodel.frameworks.float8_params). The embedding and the output layer are no
+    float8 linears."""
+    if plan.fp8_linears and traits.float8_weight_cache and not float8_params(plan, traits):
+        return 1 + traits.float8_transposed_copy
     return 0
 
 

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, replace
 
 from costmodel.comm import HOST_COPIES, Collective, collective_time_s
-from costmodel.frameworks import FrameworkTraits
+from costmodel.frameworks import FrameworkTraits, float8_params
 from costmodel.fsdp_units import fsdp_unit_layers, whole_stage_units
 from costmodel.hardware import ClusterSpec
 from costmodel.kernels.optimizer import gather_copy_out_s
@@ -108,8 +108,8 @@ def _dp_terms(model: ModelSpec, train: TrainSpec, plan: Plan, traits: FrameworkT
     gradients whole between a pipeline's micro-batches reduce-scatters once per step instead; one
     that does not overlap a collective leaves it after the backward pass (window "none")."""
     g, w, m = train.grad_dtype.num_bytes, train.compute_dtype.num_bytes, plan.num_micro_batches
-    if plan.fp8_linears and traits.float8_param_gather:
-        w = 1   # weights gathered in float8 (costmodel.frameworks)
+    if float8_params(plan, traits):
+        w = 1   # weights gathered in float8
     ar, ag, rs = Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.REDUCE_SCATTER
     z = plan.zero_stage
     reduce_window = "backward" if grads_overlap_backward(plan, traits, train) else "none"

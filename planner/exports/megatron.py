@@ -26,7 +26,7 @@ from __future__ import annotations
 import shlex
 from functools import lru_cache
 
-from costmodel.frameworks import FrameworkTraits, framework_traits, tp_comm_overlaps, tp_in_one_node
+from costmodel.frameworks import FrameworkTraits, float8_params, framework_traits, tp_comm_overlaps, tp_in_one_node
 from costmodel.plan import Plan, PlanFile, Recompute, embedding_loss_split
 from costmodel.schedules import Schedule
 from costmodel.selective_modules import DEFAULT_SELECTIVE_MODULES
@@ -255,8 +255,8 @@ def _kernel_arguments(pf: PlanFile, plan: Plan) -> list[tuple[str, str | None]]:
         args += [("--attention-backend", "unfused")]
     if plan.fp8_linears:   # Transformer Engine: e4m3 forward, e5m2 gradients, a current scale per tensor
         args += [("--fp8-format", "hybrid"), ("--fp8-recipe", "tensorwise")]
-        if plan.zero_stage >= 1:   # weights kept and gathered in float8, as NVIDIA's float8 recipes run
-            args += [("--fp8-param-gather", None)]
+        if float8_params(plan, _traits(pf)):   # weights kept and gathered in float8, as NVIDIA's
+            args += [("--fp8-param-gather", None)]     # float8 recipes run
     return args
 
 

@@ -288,3 +288,20 @@ def test_transformer_engine_s_cached_float8_weights_are_held_without_float8_para
                               + shape.jump * (recomputed > 0))
                     assert shaped == pytest.approx(mem)
                 assert floor.per_layer <= shape.per_layer + shape.per_recomputed
+
+
+def test_blackwell_keeps_one_float8_copy_of_a_cached_weight():
+    """Hopper's float8 GEMMs take the TN layout only, so Transformer Engine keeps a transposed
+    copy beside each cached float8 weight; Blackwell's (compute capability 10.x) take any layout
+    and one copy serves both (TE's is_non_tn_fp8_gemm_supported; the profile's
+    float8_gemm_any_layout, which the cluster's traits read)."""
+    import dataclasses
+
+    from costmodel.memory import float8_weight_cache_bytes
+    traits = framework_traits("megatron-core")
+    train = TrainSpec(seq_len=4096, global_batch_size=64)
+    for device, copies in (("H100", 2), ("H200", 2), ("B200", 1), ("GB200", 1), ("B300", 1), ("GB300", 1)):
+        cluster = dataclasses.replace(parse_cluster(f"1x4x{device}"), framework=traits)
+        plan = build_plan(MODELS["llama2-7b"], train, cluster, Choice(tp=2, dp=2, zero_stage=0, fp8_linears=True))
+        assert cluster.framework.float8_transposed_copy == (copies == 2), device
+        assert float8_weight_cache_bytes(plan, cluster.framework) == copies, device

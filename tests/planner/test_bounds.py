@@ -283,3 +283,27 @@ def test_the_searchs_shared_models_bound_megatron_cores_overlaps_from_below(name
 def _rank_time_model_of(model, train, cluster, plan):
     from costmodel.rank_time import rank_time_model, spans
     return rank_time_model(model, train, plan, cluster, spans(plan, cluster))
+
+
+def test_a_float8_choice_s_states_floor_is_not_a_16_bit_one_s():
+    """Megatron-Core's float8 linears hold Transformer Engine's cached float8 weights beside the
+    16-bit ones at ZeRO-0, so the states floor of a float8 choice is above the same degrees'
+    16-bit one: asked first, it must not stand for the other (a 16-bit choice that fits would
+    be priced nowhere)."""
+    from costmodel.frameworks import framework_traits
+    from costmodel.groups import rank_caps_bytes
+    from planner.bounds import states_floor
+    model = resolve_model("llama3-70b")
+    train = TrainSpec(seq_len=4096, global_batch_size=64)
+    cluster = dataclasses.replace(parse_cluster("5x2xH200"), framework=framework_traits("megatron-core"))
+    shared = SharedModels(model, train, cluster, SearchOptions())
+    reserved = cluster.device.efficiency.reserved_memory_bytes
+    fits = {}
+    for fp8 in (True, False):   # float8 first, as the search may ask
+        choice = Choice(tp=2, pp=5, dp=1, zero_stage=0, fp8_linears=fp8)
+        plan = build_plan(model, train, cluster, choice)
+        fit = shared._states_fit(choice, 0, plan, rank_caps_bytes(plan, cluster))
+        assert fit.memory[0].per_layer == pytest.approx(states_floor(model, train, plan, reserved,
+                                                                     cluster.framework).per_layer)
+        fits[fp8] = fit.fits
+    assert fits == {True: False, False: True}

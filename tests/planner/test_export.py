@@ -877,3 +877,24 @@ def test_deepspeed_without_zero_keeps_gradients_only_in_dtypes_its_engine_takes(
     config = json.loads((tmp_path / "ds.json").read_text())
     assert doc["plan"]["zero_stage"] == config["zero_optimization"]["stage"] == zero
     assert config["data_types"] == {"grad_accum_dtype": grad}
+
+
+@pytest.mark.parametrize("offload", [False, True])
+def test_float8_weights_are_gathered_in_float8_only_with_the_optimizer_on_the_device(tmp_path, offload):
+    """Megatron-LM takes --fp8-param-gather with an offloaded optimizer under the delayed recipe
+    only (megatron/training/arguments.py), and the export writes the tensorwise one: an offloaded
+    float8 plan is exported without it and priced so, keeping Transformer Engine's cached float8
+    weights beside its 16-bit ones (costmodel.frameworks.float8_params)."""
+    from costmodel.frameworks import float8_params
+    from costmodel.memory import float8_weight_cache_bytes
+    from planner.exports.megatron import arguments
+    path = tmp_path / "plan.json"
+    flags = ["--offload-optimizer"] if offload else []
+    assert main(["predict", "--model", "llama3-8b", "--cluster", "1x8xH100", "--tp", "2", "--zero", "1", *flags,
+                 "--dtype", "fp8", "--seq-len", "4096", "--global-batch", "64", "--framework", "megatron",
+                 "--out", str(path), "--json"]) == 0
+    pf = PlanFile.load(path)
+    names = [name for name, _ in arguments(pf, pf.plan)]
+    traits = pf.cluster.framework
+    assert ("--fp8-param-gather" in names) == float8_params(pf.plan, traits) == (not offload)
+    assert float8_weight_cache_bytes(pf.plan, traits) == (2 if offload else 0)   # Hopper: the copy and its transpose
