@@ -157,11 +157,6 @@ def _check_pipeline(model: ModelSpec, plan: Plan, traits: FrameworkTraits) -> li
         add(f"every pipeline stage needs at least one layer under {traits.name}" + (
             " but the first and the last, which may hold the embedding, or the MTP modules and the loss, alone"
             if traits.empty_end_stages else ""))
-    elif plan.layers_per_stage[0] < model.first_k_dense:
-        # the dense first layers are priced on the first stage, on the first rank
-        # (costmodel.params.rank_params_at, costmodel.rank_time's first edge)
-        add(f"the first pipeline stage holds {plan.layers_per_stage[0]} layers, fewer than the model's "
-            f"{model.first_k_dense} dense first layers (first_k_dense)")
     problems += plan.schedule.traits.problems(str(plan.schedule), plan.pp, plan.vpp, plan.num_micro_batches,
                                               plan.recompute is not Recompute.NONE and any(plan.recompute_num_layers),
                                               torch_pipelining=not traits.own_pipeline_schedules)

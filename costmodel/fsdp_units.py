@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from costmodel.frameworks import RUNTIME, FrameworkTraits
-from costmodel.params import ceil_div, layer_params, rank_params_at
+from costmodel.params import ceil_div, dense_layers_by_stage, layer_params, rank_params_at
 from costmodel.plan import Plan
 from costmodel.specs import ModelSpec
 
@@ -47,8 +47,8 @@ def fsdp_unit_params(model: ModelSpec, plan: Plan, traits: FrameworkTraits = RUN
     stage is one unit whole, the largest (virtual) stage's, embedding and head included. A
     framework without such units (costmodel.frameworks `dp_collectives_per_layer`): a layer."""
     if whole_stage_units(model, plan, traits):
-        last = plan.num_virtual_stages - 1
-        return max(rank_params_at(model, plan, layers, j == 0, j == last, traits).total
+        last, dense = plan.num_virtual_stages - 1, dense_layers_by_stage(model, plan)
+        return max(rank_params_at(model, plan, layers, j == 0, j == last, traits, dense[j]).total
                    for j, layers in enumerate(plan.layers_per_stage))
     k = fsdp_unit_layers(model, plan) if traits.dp_collectives_per_layer else 1
     return k * layer_params(model, plan.tp, plan.ep, plan.etp, traits.shared_expert_tp)

@@ -271,19 +271,39 @@ def expert_dp(plan: Plan, traits: FrameworkTraits = RUNTIME) -> int:
 
 
 def rank_params_at(model: ModelSpec, plan: Plan, layers: int, first: bool, last: bool,
-                   traits: FrameworkTraits = RUNTIME) -> RankParams:
-    """Parameters of a pipeline rank holding `layers` layers (and the embedding / head). The
-    first rank's first `first_k_dense` layers are dense (its first virtual stage holds them:
-    costmodel.rank_time prices them there too); the last rank holds the MTP modules (Megatron-Core
-    places them on the last stage), their routed experts with the layers' and the rest with the head,
+                   traits: FrameworkTraits = RUNTIME, dense: int | None = None) -> RankParams:
+    """Parameters of a pipeline rank holding `layers` layers (and the embedding / head), `dense`
+    of them DeepSeek's dense first layers (dense_layers_on_rank; by default all on the first
+    rank, as the search places them); the last rank holds the MTP modules (Megatron-Core places
+    them on the last stage), their routed experts with the layers' and the rest with the head,
     and, on a separate last stage, its own copy of the embedding they read (Megatron-Core's, as a
     tied head's; one weight where the head is tied). The shared expert as the framework `traits`
     holds it (layer_params)."""
     pipelined = plan.stage_rank(0) != plan.stage_rank(plan.num_virtual_stages - 1)
-    replicated, experts, dense_extra, extra_expert_layers, embedding, head = _rank_param_parts(
+    replicated, experts, dense_extra, mtp, embedding, head = _rank_param_parts(
         model, plan.tp, plan.ep, plan.etp, pipelined, first, last, traits.shared_expert_tp)
-    return RankParams(layers=layers * replicated + dense_extra, experts=(layers + extra_expert_layers) * experts,
+    dense = (model.first_k_dense if first else 0) if dense is None else dense
+    return RankParams(layers=layers * replicated + dense * dense_extra, experts=(layers + mtp - dense) * experts,
                       embedding=embedding, head=head)
+
+
+def dense_layers_by_stage(model: ModelSpec, plan: Plan) -> tuple[int, ...]:
+    """Per virtual stage (pipeline order), how many of DeepSeek's dense first layers
+    (ModelSpec.first_k_dense: the model's first layers) it holds: Megatron-Core's published
+    DeepSeek-V3 layout Et|(tt|)*30mL puts one on the first stage and two on the second."""
+    start, out = 0, []
+    for n in plan.layers_per_stage:
+        out.append(max(0, min(start + n, model.first_k_dense) - start))
+        start += n
+    return tuple(out)
+
+
+def dense_layers_on_rank(model: ModelSpec, plan: Plan, rank: int) -> int:
+    """How many of the dense first layers pipeline rank `rank` holds over its virtual stages."""
+    if not model.first_k_dense:
+        return 0
+    by_stage = dense_layers_by_stage(model, plan)
+    return sum(by_stage[j] for j in plan.stages_of_rank(rank))
 
 
 @lru_cache(maxsize=4096)
@@ -291,24 +311,24 @@ def _rank_param_parts(model: ModelSpec, tp: int, ep: int, etp: int, pipelined: b
                       last: bool, shared_expert_tp: bool) -> tuple[int, int, int, int, int, int]:
     """rank_params_at's terms that do not depend on the layer count (the search asks for tens of
     thousands of ranks of a few kinds): per layer, the replicated and the expert parameters;
-    what the dense first layers add; the expert layers beyond the rank's layers (MTP's less the
-    dense ones); the embedding and the head with the MTP modules' replicated parameters."""
+    what a dense first layer adds; the MTP modules' expert layers; the embedding and the head
+    with the MTP modules' replicated parameters."""
     experts = layer_expert_params(model, ep, etp)
     replicated = layer_params(model, tp, ep, etp, shared_expert_tp) - experts
-    dense = model.first_k_dense if first else 0
     mtp = model.mtp_depth if last else 0
-    dense_layer = layer_params(dense_layer_model(model), tp) if dense else 0
+    dense_layer = layer_params(dense_layer_model(model), tp) if model.first_k_dense else 0
     mtp_replicated = mtp_params(model, tp, ep, etp, shared_expert_tp) - model.mtp_depth * experts if mtp else 0
     if mtp and pipelined and not model.tied_embeddings:
         mtp_replicated += embedding_params(model, tp)
-    return (replicated, experts, dense * (dense_layer - replicated), mtp - dense,
+    return (replicated, experts, dense_layer - replicated if model.first_k_dense else 0, mtp,
             embedding_params(model, tp) if first else 0,
             (head_params(model, tp, pipelined=pipelined) + mtp_replicated) if last else 0)
 
 
 def rank_params(model: ModelSpec, plan: Plan, rank: int, traits: FrameworkTraits = RUNTIME) -> RankParams:
     first, last = plan.stage_rank(0), plan.stage_rank(plan.num_virtual_stages - 1)
-    return rank_params_at(model, plan, plan.layers_on_rank(rank), rank == first, rank == last, traits)
+    return rank_params_at(model, plan, plan.layers_on_rank(rank), rank == first, rank == last, traits,
+                          dense_layers_on_rank(model, plan, rank))
 
 
 def optimized_params(held: RankParams, plan: Plan, traits: FrameworkTraits = RUNTIME) -> float:

@@ -18,6 +18,7 @@ from costmodel.memory import (
     weight_grad_input_bytes,
     weight_grad_output_bytes,
 )
+from costmodel.params import dense_layers_by_stage
 from costmodel.pipeline_simulation import StageCost
 from costmodel.plan import Plan
 from costmodel.rank_time import RankTimeModel, rank_time_model, spans
@@ -57,16 +58,17 @@ def stage_costs(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: Cluster
     out = []
     recomputed = plan.recompute_per_stage(cluster.framework.recompute_placement)
     sends = _boundary_sends(plan, rtms)
+    dense = dense_layers_by_stage(model, plan)
     for j, (layers, rc) in enumerate(zip(plan.layers_per_stage, recomputed)):
         first, last = j == 0, j == n - 1
         rtm = rtms[plan.stage_rank(j)]
         send_s, send_back_s = sends[j]
-        t = rtm.at(layers, rc, first, last)
+        t = rtm.at(layers, rc, first, last, dense[j])
         compute = t.forward_s + t.backward_s + t.recompute_s
         comm = t.tp_comm_s + t.cp_comm_s + t.ep_comm_s + t.offload_s
         share = comm / compute if compute else 0.0
         held, transient = micro_batch_activation_bytes(model, train, plan, layers, rc, first, last,
-                                                         cluster.framework)
+                                                         cluster.framework, dense[j])
         backward_s = t.backward_s * (1 + share)
         # torch's first stage runs its whole backward in the weight slot (kept_grads)
         weight_s = backward_s if keeps_graph and first else t.backward_weight_s

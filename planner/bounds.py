@@ -50,12 +50,14 @@ def time_floor_s(model: ModelSpec, rtm: RankTimeModel, pp: int, num_micro_batche
     the mode recomputes). `slowest_floor_s`: another lower bound on T (a mixed cluster's,
     `slowest_rank_floor_s`); the bound grows with T (m >= 1 >= 1/v), so the larger one holds."""
     rc = 0 if recompute is Recompute.NONE else 1
-    per_layer, first, last = rtm.per_layer, rtm.first_edge, rtm.last_edge
+    per_layer, first, last, dense = rtm.per_layer, rtm.first_edge, rtm.last_edge, rtm.first_k_dense
     total = (model.num_layers * per_layer.total_s + rc * rtm.per_recomputed_layer.total_s
-             + first.total_s + last.total_s + pp * rtm.pp_comm_with_s(vpp, num_micro_batches))
+             + first.total_s + last.total_s + dense * rtm.dense_layer.total_s
+             + pp * rtm.pp_comm_with_s(vpp, num_micro_batches))
     traits = schedule.traits
     fill = (model.num_layers * fill_s(traits, per_layer) + rc * fill_s(traits, rtm.per_recomputed_layer)
-            + fill_s(traits, first) + fill_s(traits, last) + pp * rtm.pp_comm_with_s(vpp, num_micro_batches))
+            + fill_s(traits, first) + fill_s(traits, last) + dense * fill_s(traits, rtm.dense_layer)
+            + pp * rtm.pp_comm_with_s(vpp, num_micro_batches))
     slowest = max(total / pp, slowest_floor_s)
     return closed_form_s(traits, num_micro_batches, slowest, fill, slowest, vpp)
 

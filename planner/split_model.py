@@ -102,8 +102,9 @@ class SplitModel:
         self.n = n = [cm.NewIntVar(0, total, f"n{r}") for r in range(plan.pp)]
         z = [cm.NewBoolVar(f"z{r}") for r in range(plan.pp)]
         cm.Add(sum(L) == total)
-        # check_plan: the dense first layers on the first stage; apply_split gives the first rank's
-        # shortest chunk, floor(L / vpp), to it
+        # the dense first layers on the first stage, where the search's shapes price them
+        # (costmodel.params.rank_params_at's default); apply_split gives the first rank's shortest
+        # chunk, floor(L / vpp), to it
         cm.Add(L[plan.stage_rank(0)] >= model.first_k_dense * plan.vpp)
         for r in range(plan.pp):
             cm.Add(n[r] <= L[r])

@@ -208,7 +208,10 @@ def proj_input_split(plan: Plan, traits: FrameworkTraits) -> int:
 
 
 def edge_bytes_per_micro_batch(model: ModelSpec, train: TrainSpec, plan: Plan, first: bool,
-                               last: bool, traits: FrameworkTraits = RUNTIME) -> float:
+                               last: bool, traits: FrameworkTraits = RUNTIME, dense: int | None = None) -> float:
+    """Per micro-batch, what the embedding keeps on the first stage, the head and the loss on the
+    last, and what the dense first layers the stage or rank holds (`dense`; by default all of them
+    on the first) and the MTP modules add (deepseek_edge_bytes)."""
     a, b, s = train.compute_dtype.num_bytes, plan.micro_batch_size, train.seq_len // plan.cp
     sp = plan.tp if plan.sequence_parallel else 1
     tokens = b * s
@@ -217,19 +220,21 @@ def edge_bytes_per_micro_batch(model: ModelSpec, train: TrainSpec, plan: Plan, f
         total += tokens * model.hidden_size * (a + model.dropout) / sp
     if last:
         total += logits_held_bytes(model, train, plan, traits) + a * tokens * model.hidden_size * (1 + 1 / sp)
-    return total + deepseek_edge_bytes(model, train, plan, first, last, traits)
+    return total + deepseek_edge_bytes(model, train, plan, first, last, traits, dense)
 
 
 def deepseek_edge_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, first: bool, last: bool,
-                        traits: FrameworkTraits = RUNTIME) -> float:
-    """Per micro-batch, the first rank's dense first layers against as many expert layers
-    (costmodel.params.rank_params_at places them there), in the plan's recompute mode (taken to
-    cover them where the plan recomputes); and on the last rank each MTP module's layer (an expert
-    layer), its own logits as the loss keeps them and the rest of the module (_mtp_own_bytes)."""
+                        traits: FrameworkTraits = RUNTIME, dense: int | None = None) -> float:
+    """Per micro-batch, `dense` of the dense first layers (by default all of them, on the first
+    rank: costmodel.params.dense_layers_on_rank) against as many expert layers, in the plan's
+    recompute mode (taken to cover them where the plan recomputes); and on the last rank each MTP
+    module's layer (an expert layer), its own logits as the loss keeps them and the rest of the
+    module (_mtp_own_bytes)."""
     total = 0.0
-    if first and model.first_k_dense:
-        dense = layer_activation_bytes(dense_layer_model(model), train, plan, plan.recompute, traits)
-        total += model.first_k_dense * (dense - layer_activation_bytes(model, train, plan, plan.recompute, traits))
+    dense = (model.first_k_dense if first else 0) if dense is None else dense
+    if dense:
+        dense_layer = layer_activation_bytes(dense_layer_model(model), train, plan, plan.recompute, traits)
+        total += dense * (dense_layer - layer_activation_bytes(model, train, plan, plan.recompute, traits))
     if last and model.mtp_depth:
         total += model.mtp_depth * (layer_activation_bytes(model, train, plan, plan.recompute, traits)
                                     + _mtp_own_bytes(model, train, plan, traits)

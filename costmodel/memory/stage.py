@@ -17,7 +17,7 @@ from costmodel.memory.activations import (
 )
 from costmodel.memory.deferred import edge_weight_grad_output_bytes, weight_grad_input_bytes
 from costmodel.memory.states import float8_weight_cache_bytes, reduces_every_micro_batch, state_bytes_for
-from costmodel.params import layer_params, rank_params, rank_params_at
+from costmodel.params import dense_layers_by_stage, dense_layers_on_rank, layer_params, rank_params, rank_params_at
 from costmodel.plan import Plan, Recompute
 from costmodel.schedules import interleaved_warmup_chunks, stage_owner
 from costmodel.specs import ModelSpec, TrainSpec
@@ -161,7 +161,8 @@ def activation_shape(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
         deferred = passes * weight_grad_input_bytes(model, train, plan, traits)
         if traits.deferred_w_keeps_graph:   # the embedding's and the loss's tensors too
             first, last = rank == plan.stage_rank(0), rank == plan.stage_rank(plan.num_virtual_stages - 1)
-            edges = passes * (edge_bytes_per_micro_batch(model, train, plan, first, last, traits)
+            edges = passes * (edge_bytes_per_micro_batch(model, train, plan, first, last, traits,
+                                                         dense_layers_on_rank(model, plan, rank))
                               + edge_weight_grad_output_bytes(model, train, plan, first, last))
     last = rank == plan.stage_rank(plan.num_virtual_stages - 1)
     working, beside_rebuilt = backward or _backward_bytes(model, train, plan, last, mb, traits)
@@ -205,13 +206,15 @@ def activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
 
 def _edge_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
                            traits: FrameworkTraits = RUNTIME) -> float:
-    """Embedding output on the first stage (per in-flight micro-batch); final norm, logits and
-    fp32 softmax on the last (Megatron's vocab-parallel cross entropy works in fp32), held for
-    one micro-batch (all of them under GPipe)."""
+    """Embedding output on the first stage and what the rank's dense first layers add (per
+    in-flight micro-batch); final norm, logits and fp32 softmax on the last (Megatron's
+    vocab-parallel cross entropy works in fp32), held for one micro-batch (all of them under
+    GPipe)."""
     total = 0.0
-    if rank == plan.stage_rank(0):
-        total += in_flight_micro_batches(plan, rank, traits) * edge_bytes_per_micro_batch(model, train, plan, True, False,
-                                                                                   traits)
+    first, dense = rank == plan.stage_rank(0), dense_layers_on_rank(model, plan, rank)
+    if first or dense:
+        total += in_flight_micro_batches(plan, rank, traits) * edge_bytes_per_micro_batch(model, train, plan, first, False,
+                                                                                   traits, dense)
     if rank == plan.stage_rank(plan.num_virtual_stages - 1):
         held = plan.num_micro_batches if plan.schedule.traits.in_flight == "all" and plan.pp > 1 else 1
         total += held * edge_bytes_per_micro_batch(model, train, plan, False, True, traits)
@@ -220,12 +223,13 @@ def _edge_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank:
 
 def micro_batch_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, layers: int,
                                  recomputed: int, first: bool, last: bool,
-                                 traits: FrameworkTraits = RUNTIME) -> tuple[float, float]:
+                                 traits: FrameworkTraits = RUNTIME, dense: int | None = None) -> tuple[float, float]:
     """(bytes one micro-batch holds on a stage of `layers` layers, `recomputed` of them
-    recomputed; extra bytes while its backward rebuilds a recomputed layer). The simulator
-    counts these per in-flight micro-batch; `activation_bytes` is its closed form."""
+    recomputed, `dense` of them dense first layers (by default all of them, on the first stage);
+    extra bytes while its backward rebuilds a recomputed layer). The simulator counts these per
+    in-flight micro-batch; `activation_bytes` is its closed form."""
     held, rebuilt = _layers_bytes(model, train, plan, layers, recomputed, traits)
-    return held + edge_bytes_per_micro_batch(model, train, plan, first, last, traits), rebuilt
+    return held + edge_bytes_per_micro_batch(model, train, plan, first, last, traits, dense), rebuilt
 
 
 def overlap_warmup_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
@@ -238,9 +242,9 @@ def overlap_warmup_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: i
         return 0.0
     if interleaved_warmup_chunks(plan.pp, v, rank) >= plan.num_micro_batches * v:
         return 0.0
-    recomputed = plan.recompute_per_stage(traits.recompute_placement)
+    recomputed, dense = plan.recompute_per_stage(traits.recompute_placement), dense_layers_by_stage(model, plan)
     return max(micro_batch_activation_bytes(model, train, plan, plan.layers_per_stage[j], recomputed[j], j == 0,
-                                            j == n - 1, traits)[0]
+                                            j == n - 1, traits, dense[j])[0]
                for j in plan.stages_of_rank(rank))
 
 
@@ -332,7 +336,8 @@ def stage_memory_at(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int, l
     """Memory of pipeline rank `rank` were it to hold `layers` layers, `recomputed` of them
     recomputed (the search reads the same quantity as `stage_memory_shapes`)."""
     first, last = plan.stage_rank(0), plan.stage_rank(plan.num_virtual_stages - 1)
-    held = rank_params_at(model, plan, layers, rank == first, rank == last, traits)
+    held = rank_params_at(model, plan, layers, rank == first, rank == last, traits,
+                          dense_layers_on_rank(model, plan, rank))
     weights, grads, optim = state_bytes_for(train, plan, held.total, traits, experts=held.experts)
     weights += float8_weight_cache_bytes(plan, traits) * (held.layers + held.experts)
     return StageMemory(params_bytes=weights, grads_bytes=grads, optimizer_bytes=optim,

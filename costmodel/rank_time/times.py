@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from costmodel.hardware import ClusterSpec
+from costmodel.params import dense_layers_on_rank
 from costmodel.plan import Plan, Recompute
 from costmodel.rank_time.ep_overlap import ep_overlap_factor
 from costmodel.rank_time.layer_comm import send_cost_share
@@ -83,7 +84,8 @@ ZERO_TIMES = RankTimes(forward_s=0.0, backward_s=0.0, backward_weight_s=0.0, rec
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RankTimeModel:
     """A rank's micro-batch time is affine in its layer count and recomputed-layer count, plus
-    the embedding / LM-head work of the first / last rank. The search reads this shape. The
+    the embedding / LM-head work of the first / last rank and what each of DeepSeek's dense first
+    layers it holds adds (`dense_layer`). The search reads this shape. The
     ranks differ in their sends (`sends_s`): the end stages send one way only, and where a node
     holds several ranks of the pipeline some neighbours are on NVLink and others are not. Unless
     `for_rank` names one rank, its sends are the ranks' mean, what they send together."""
@@ -102,6 +104,10 @@ class RankTimeModel:
     # for (layer_comm.send_cost_share). The share hidden grows with the step's micro-batches.
     hidden_send_cost: float = 1.0
     num_micro_batches: int = 1
+    # a dense first layer's time less an expert layer's (ModelSpec.first_k_dense), at the stage
+    # factor; `first_k_dense` of them, on the first rank unless a split says otherwise (`at`)
+    dense_layer: RankTimes = ZERO_TIMES
+    first_k_dense: int = 0
 
     @property
     def pp_comm_s(self) -> float:
@@ -147,10 +153,17 @@ class RankTimeModel:
         def scaled(times: RankTimes) -> RankTimes:
             return replace(times, ep_comm_s=times.ep_comm_s * k)
         return replace(self, per_layer=scaled(self.per_layer), per_recomputed_layer=scaled(self.per_recomputed_layer),
-                       first_edge=scaled(self.first_edge), last_edge=scaled(self.last_edge))
+                       first_edge=scaled(self.first_edge), last_edge=scaled(self.last_edge),
+                       dense_layer=scaled(self.dense_layer))
 
-    def at(self, layers: int, recomputed: int, first: bool, last: bool) -> RankTimes:
+    def at(self, layers: int, recomputed: int, first: bool, last: bool, dense: int | None = None) -> RankTimes:
+        """The time of a rank (or a virtual stage) of `layers` layers, `recomputed` of them
+        recomputed, `dense` of them dense first layers (costmodel.params.dense_layers_on_rank;
+        by default all of them on the first rank, as the search places them)."""
         times = self.per_layer.scaled(layers) + self.per_recomputed_layer.scaled(recomputed)
+        dense = (self.first_k_dense if first else 0) if dense is None else dense
+        if dense:
+            times = times + self.dense_layer.scaled(dense)
         if first:
             times = times + self.first_edge
         if last:
@@ -175,7 +188,8 @@ def fastest_of(models: list[RankTimeModel]) -> RankTimeModel:
     return RankTimeModel(per_layer=least("per_layer"), per_recomputed_layer=least("per_recomputed_layer"),
                          first_edge=least("first_edge"), last_edge=least("last_edge"), sends_s=sends,
                          vpp=models[0].vpp, hidden_send_cost=min(m.hidden_send_cost for m in models),
-                         num_micro_batches=models[0].num_micro_batches)
+                         num_micro_batches=models[0].num_micro_batches, dense_layer=least("dense_layer"),
+                         first_k_dense=models[0].first_k_dense)
 
 
 def _hidden_send_cost(cluster: ClusterSpec) -> float:
@@ -230,36 +244,36 @@ def parts_time_model(parts: RankTimeParts, c: ComputeParts, sp: Spans, vpp: int 
     unrecomputed = c.unrecomputed.get(key)
     if unrecomputed is None:
         unrecomputed = c.unrecomputed[key] = _unrecomputed(parts, c, sp)
-    per_layer, first_edge, last_edge, comm = unrecomputed
+    per_layer, first_edge, last_edge, comm, dense_layer = unrecomputed
     if c.dense is not None and c.shape.recompute is Recompute.SELECTIVE and c.dense.selective_s != c.selective_s:
-        first_edge = first_edge + _dense_selective(parts.model, c)
+        dense_layer = dense_layer + _dense_selective(c)
     return RankTimeModel(per_layer=per_layer, per_recomputed_layer=_recomputed_layer(c, *comm).scaled(c.stage),
                          first_edge=first_edge, last_edge=last_edge, sends_s=parts.pp_rank_sends_s(c, sp.pp), vpp=vpp,
-                         hidden_send_cost=_hidden_send_cost(parts.cluster))
+                         hidden_send_cost=_hidden_send_cost(parts.cluster), dense_layer=dense_layer,
+                         first_k_dense=parts.model.first_k_dense)
 
 
-def _dense_selective(model: ModelSpec, c: ComputeParts) -> RankTimes:
-    """What the dense first layers' selective recomputation re-runs beyond an expert layer's (a
+def _dense_selective(c: ComputeParts) -> RankTimes:
+    """What a dense first layer's selective recomputation re-runs beyond an expert layer's (a
     dense MLP under Megatron-Core's `mlp`; recompute_modules), at the stage factor: Megatron-Core
     recomputes selectively every layer. Their full recomputation is priced as an expert layer's."""
     assert c.dense is not None
-    return _times(rc=c.again * (c.dense.selective_s - c.selective_s) * model.first_k_dense).scaled(c.stage)
+    return _times(rc=c.again * (c.dense.selective_s - c.selective_s)).scaled(c.stage)
 
 
 def _unrecomputed(parts: RankTimeParts, c: ComputeParts, sp: Spans) -> tuple:
     """(a layer's time, the first and the last rank's edges, at the stage factor; the layer's
-    collectives a recomputed layer reads: _layer_times)."""
+    collectives a recomputed layer reads: _layer_times; what a dense first layer adds, at the
+    stage factor)."""
     model = parts.model
     per_layer, comm, tp_edges = _layer_times(parts, c, sp)
     embed_pass = _times(c.embedding.forward_s, c.embedding.backward_s, c.embedding.backward_weight_s, tp=tp_edges[0])
     head_pass = _times(c.head.forward_s + c.loss_s, c.head.backward_s + c.loss_s, c.head.backward_weight_s,
                        tp=tp_edges[0] + tp_edges[1])
-    first_edge = embed_pass
-    if model.first_k_dense:
-        first_edge = first_edge + _dense_first_layers(model, parts.dense(), c.dense, sp, per_layer)
+    dense_layer = _dense_first_layer(parts.dense(), c.dense, sp, per_layer) if model.first_k_dense else ZERO_TIMES
     last_edge = head_pass + _mtp_times(model, c, tp_edges[2], per_layer, embed_pass + head_pass)
     stage = c.stage
-    return per_layer.scaled(stage), first_edge.scaled(stage), last_edge.scaled(stage), comm
+    return per_layer.scaled(stage), embed_pass.scaled(stage), last_edge.scaled(stage), comm, dense_layer.scaled(stage)
 
 
 def _layer_times(parts: RankTimeParts, c: ComputeParts,
@@ -296,16 +310,15 @@ def _recomputed_layer(c: ComputeParts, tp: float, tp_output_s: float, cp_fwd: fl
     return ZERO_TIMES
 
 
-def _dense_first_layers(model: ModelSpec, dense: RankTimeParts, c: ComputeParts, sp: Spans,
-                        expert_layer: RankTimes) -> RankTimes:
-    """The first rank's dense first layers (ModelSpec.first_k_dense) against as many expert
-    layers: priced as the first (virtual) stage's, a dense layer's time less an expert layer's
-    (kernels and communication) for each. Their recomputation is priced as an expert layer's.
-    `dense`, `c`: the parts of costmodel.deepseek.dense_layer_model(model) and its compute."""
+def _dense_first_layer(dense: RankTimeParts, c: ComputeParts, sp: Spans, expert_layer: RankTimes) -> RankTimes:
+    """A dense first layer (ModelSpec.first_k_dense) against an expert layer: a dense layer's
+    time less an expert layer's (kernels and communication), before the stage factor. Its
+    recomputation is priced as an expert layer's. `dense`, `c`: the parts of
+    costmodel.deepseek.dense_layer_model(model) and its compute."""
     # a dense layer's time as its own rank time model gives it (at the stage factor), the factor
-    # taken back off: rank_time_model applies it once, to the first edge
+    # taken back off: _unrecomputed applies it once
     layer = _layer_times(dense, c, sp)[0].scaled(c.stage).scaled(1 / c.stage)
-    return (layer + expert_layer.scaled(-1.0)).scaled(model.first_k_dense)
+    return layer + expert_layer.scaled(-1.0)
 
 
 def _mtp_times(model: ModelSpec, c: ComputeParts, proj_tp: float, layer: RankTimes, edges: RankTimes) -> RankTimes:
@@ -325,5 +338,5 @@ def rank_times(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterS
                sp: Spans, rank: int) -> RankTimes:
     first, last = plan.stage_rank(0), plan.stage_rank(plan.num_virtual_stages - 1)
     rtm = rank_time_model(model, train, plan, cluster, sp).with_schedule(plan.vpp, plan.num_micro_batches)
-    return rtm.for_rank(rank).at(
-        plan.layers_on_rank(rank), plan.recompute_num_layers[rank], rank == first, rank == last)
+    return rtm.for_rank(rank).at(plan.layers_on_rank(rank), plan.recompute_num_layers[rank], rank == first,
+                                 rank == last, dense_layers_on_rank(model, plan, rank))

@@ -13,6 +13,7 @@ from costmodel.deepseek import dense_layer_model
 from costmodel.flops import model_flops_per_step
 from costmodel.inputs import UserError
 from costmodel.params import layer_params, mtp_params, rank_params_at
+from costmodel.plan import Recompute
 from costmodel.registry import resolve_model
 from costmodel.specs import TrainSpec
 from planner.cli import main
@@ -151,25 +152,55 @@ def test_deepseeks_published_layout_is_priced(capsys):
     assert estimate["time_breakdown_s"]["comm/ep_exposed"] > 0
 
 
-def test_a_first_rank_without_room_for_the_dense_layers_is_refused():
+# Megatron-Core's published DeepSeek-V3 layout, Et|(tt|)*30mL: the embedding with one layer, thirty
+# stages of two, the MTP module and the loss alone (Megatron-MoE-ModelZoo best_practice/deepseek-v3)
+V3_LAYOUT = (1,) + (2,) * 30 + (0,)
+
+
+def test_dense_first_layers_are_priced_on_the_stages_that_hold_them():
+    """Where a split spreads DeepSeek's 3 dense first layers over stages (the published layout:
+    one on the first rank's first stage, two on the second rank's), each rank's parameters,
+    time and activations carry the dense layers it holds, and the whole model is the same: the
+    ranks' parameters sum to those of the split that keeps them on the first stage. Every
+    stage's time stays positive (a first stage of one layer once carried all three layers'
+    correction below zero, and the simulation deadlocked)."""
     from costmodel.check import check_structure
-    from costmodel.plan import even_layers
+    from costmodel.estimate import estimate
+    from costmodel.memory import activation_bytes
+    from costmodel.params import dense_layers_by_stage, dense_layers_on_rank, rank_params
+    from costmodel.rank_time import rank_times, spans
+    from costmodel.stage_costs import stage_costs
     from planner.space import Choice, build_plan
     from planner.specs import build_specs
-    model, train, cluster = build_specs("deepseek-v3", "256x8xH100")
-    plan = build_plan(model, train, cluster, Choice(pp=16, ep=64))
-    assert not check_structure(model, train, cluster, plan)
-    short = dataclasses.replace(plan, layers_per_stage=(2, 4) + plan.layers_per_stage[2:])
-    assert any("holds 2 layers, fewer than the model's 3 dense first layers" in p
-               for p in check_structure(model, train, cluster, short))
-    # interleaved: the first rank holds 7 or more layers, its first virtual stage 1 (whose time the dense
-    # layers' correction would have driven below zero: the simulation then deadlocked)
-    interleaved = build_plan(model, train, cluster, Choice(pp=8, vpp=7, ep=64))
-    assert interleaved.layers_per_stage[0] == 3   # build_plan's split puts them there
-    interleaved = dataclasses.replace(interleaved, layers_per_stage=even_layers(61, 56))
-    assert interleaved.layers_per_stage[0] == 1 and interleaved.layers_on_rank(0) >= 3
-    assert any("first pipeline stage holds 1 layers, fewer than the model's 3" in p
-               for p in check_structure(model, train, cluster, interleaved))
+    model, train, cluster = build_specs("deepseek-v3", "128x8xH100", framework="megatron", seq_len=4096,
+                                        global_batch=8192)
+    traits = cluster.framework
+    first = build_plan(model, train, cluster, Choice(tp=2, pp=8, vpp=4, ep=64, zero_stage=1,
+                                                       recompute=Recompute.FULL))
+    def split(layers: tuple[int, ...]):   # every layer recomputed, as `first`
+        plan = dataclasses.replace(first, layers_per_stage=layers)
+        return dataclasses.replace(plan, recompute_num_layers=tuple(plan.layers_on_rank(r) for r in range(plan.pp)))
+    spread = split(V3_LAYOUT)
+    assert not check_structure(model, train, cluster, spread)
+    assert dense_layers_by_stage(model, spread)[:3] == (1, 2, 0)
+    assert [dense_layers_on_rank(model, spread, r) for r in range(8)] == [1, 2, 0, 0, 0, 0, 0, 0]
+    assert [dense_layers_on_rank(model, first, r) for r in range(8)] == [3, 0, 0, 0, 0, 0, 0, 0]
+    total = lambda plan: sum(rank_params(model, plan, r, traits).total for r in range(plan.pp))  # noqa: E731
+    assert total(spread) == total(first)
+    sp = spans(spread, cluster)
+    moved = split((3,) + (2,) * 29 + (1, 0))   # rank 1's first stage: 2 expert layers
+    dense_less_expert = (layer_params(dense_layer_model(model), 2)
+                         - layer_params(model, 2, 64, 1, traits.shared_expert_tp))   # a layer on a TP 2, EP 64 rank
+    assert rank_params(model, spread, 1, traits).total - rank_params(model, moved, 1, traits).total \
+        == 2 * dense_less_expert
+    assert rank_times(model, train, spread, cluster, sp, 1).total_s != rank_times(model, train, moved, cluster, sp, 1).total_s
+    kept = lambda plan: dataclasses.replace(plan, recompute=Recompute.NONE, recompute_num_layers=(0,) * 8)  # noqa: E731
+    assert activation_bytes(model, train, kept(spread), 1, spread.layers_on_rank(1), 0, traits) \
+        != activation_bytes(model, train, kept(moved), 1, moved.layers_on_rank(1), 0, traits)
+    assert all(c.forward_s > 0 and c.backward_s > 0 for c in stage_costs(model, train, spread, cluster)[:-1])
+    # the published layout lightens the first rank (one layer beside the embedding) and the last
+    # (the MTP module and the loss alone), which the split that keeps the dense layers first cannot
+    assert estimate(model, train, cluster, spread).step_time_s < estimate(model, train, cluster, first).step_time_s
 
 
 def test_latent_down_projections_are_summed_over_tp_under_sequence_parallelism():
