@@ -3,7 +3,7 @@
 `MODEL_ERROR_BAND` is the leave-one-source-out MAPE of step time over the published runs
 (profiles/runs/published_runs.csv): each source's runs predicted by a fit on the other sources.
 `python benchmarks/fidelity.py` prints it (its "leave one source out" line): 4.0 % over the
-table's 268 runs from 18 sources, each shipped efficiency inside its published range and none at
+table's 269 runs from 18 sources, each shipped efficiency inside its published range and none at
 a bound (`planner validate` names any that is; fidelity.py any the whole table's free fit pins:
 none); docs/results.md says whether the two still agree.
 Plans whose predicted step times differ by less than this are not told apart by the evidence, so
