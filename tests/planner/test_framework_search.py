@@ -95,6 +95,25 @@ def test_megatron_cores_mixtral_8x22b_mapping_fits_as_megatron(capsys):
     assert estimate["fits"] and max(estimate["peak_memory_bytes"]) > 0.9 * 69.7 * 2**30   # near the edge, as run
 
 
+# Megatron-Bridge's DeepSeek-V3 on 1,024 H100s (the calibration row mb2509_deepseek_h100_fp8_g1024)
+V3_H100 = ["--model", "deepseek-v3", "--cluster", "128x8xH100", "--seq-len", "4096", "--global-batch", "8192",
+           "--framework", "megatron", "--dtype", "fp8", "--recompute-modules", "mla_up_proj,mlp", "--ep-overlap",
+           "--grad-dtype", "bf16"]
+
+
+def test_deepseek_v3_s_published_degrees_are_searched_with_room_for_the_first_rank(capsys):
+    """TP2 PP8 VP4 EP64 with selective recomputation: the search keeps the 3 dense first layers
+    on the first stage, its rank's other stages sharing the rest (planner.partition.apply_split),
+    not 3 layers on each of its 4 stages, 12 on a rank that then fits only with CP 2 (35.8 s a step
+    against 26 s); Megatron's own layout, the dense layers over two stages, is priced by predict
+    (tests/costmodel/test_deepseek.py)."""
+    fixed = [f"--fix={kv}" for kv in ("tp=2", "pp=8", "vpp=4", "ep=64", "mbs=1", "zero=1", "recompute=selective",
+                                      "fp8=true", "etp=1")]
+    assert main(["search", *V3_H100, *fixed, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)["plans"][0]["plan"]
+    assert plan["cp"] == 1 and plan["layers_per_stage"][0] == 3 and sum(plan["layers_per_stage"][0::8]) < 12
+
+
 @pytest.mark.parametrize("argv,message", [
     (["search", "--model", "llama3-8b", "--cluster", "1x8xH100", "--framework", "nemo"],
      "argument --framework: invalid choice: 'nemo'"),
@@ -365,3 +384,21 @@ def test_the_expert_all_to_all_overlap_is_searched_kept_and_exported(tmp_path, c
     assert main(["export", str(tmp_path / "overlap.json"), "--to", "megatron", "--out", str(tmp_path / "run.sh")]) == 0
     text = (tmp_path / "run.sh").read_text()
     assert "--overlap-moe-expert-parallel-comm" in text and "export CUDA_DEVICE_MAX_CONNECTIONS=32" in text
+
+
+def test_a_closest_plan_that_fits_as_predict_lays_it_out_is_said_so():
+    """Where the search's own splits leave no plan but the closest one, laid out as predict lays it
+    out, fits, the message says so and how to price it, never a negative overflow."""
+    from costmodel.estimate import estimate
+    from planner.no_plan import infeasible_message
+    from planner.search_state import Found, SearchResult, SearchStats
+    from planner.space import Choice, build_plan
+    from planner.specs import build_specs
+    model, train, cluster = build_specs("llama3-8b", "1x8xH100", seq_len=4096, global_batch=64)
+    plan = build_plan(model, train, cluster, Choice(tp=2, pp=2, dp=2))
+    est = estimate(model, train, cluster, plan)
+    assert est.fits
+    text = infeasible_message(SearchResult(plans=[], stats=SearchStats(), evaluated=[], closest=Found(plan=plan, estimate=est)),
+                              cluster.name)
+    layers = ",".join(str(n) for n in plan.layers_per_stage)
+    assert "fits as `planner predict` lays it out" in text and f"--layers {layers}" in text and "over" not in text
