@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from costmodel.check_degrees import tp_problems
-from costmodel.estimate import offloads
+from costmodel.estimate import estimate, offloads
 from costmodel.frameworks import shards_in_part
 from costmodel.hardware import ClusterSpec
 from costmodel.plan import Recompute
@@ -45,7 +45,7 @@ def infeasible_message(result: SearchResult, cluster_name: str) -> str:
     rank = est.tightest_rank   # against its own device (a mixed cluster's groups differ)
     parts, capacity = est.memory_breakdown_bytes[rank], est.capacity_per_rank_bytes[rank]
     over = (est.peak_memory_bytes[rank] - capacity) / GIB
-    if over <= 0:   # laid out as predict lays it out, it fits: a split the search does not take
+    if over <= 0:   # laid out and simulated as predict prices it, it fits: a split the search does not take
         layers = ",".join(str(n) for n in plan.layers_per_stage)
         return (f"nothing fits as the search splits layers; the closest plan ({plan.short()}) fits as `planner "
                 f"predict` lays it out, layers/stage {layers}: {est.peak_memory_bytes[rank] / GIB:.1f} GiB on "
@@ -78,6 +78,9 @@ def no_plan_reason(model, train, cluster, options: SearchOptions, result: Search
                                              ruled_out=bool(result.stats.pruned_by_reason))
         if problems:
             return "contradictory constraints: " + "; ".join(problems)
+    elif result.closest.estimate.fits:   # in the closed form: as predict prices it, with its simulation
+        simulated = estimate(model, train, cluster, result.closest.plan)
+        result = replace(result, closest=replace(result.closest, estimate=simulated))
     return infeasible_message(result, cluster.name)
 
 

@@ -30,15 +30,7 @@ from costmodel.plan import Plan, Recompute, even_layers
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.bounds import MemoryFit
 from planner.shapes import RankShape, rank_shapes
-from planner.split_model import (
-    FREE,
-    SplitModel,
-    SplitRules,
-    cp_sat,
-    first_rank_least_layers,
-    integer_bytes,
-    recomputes_all,
-)
+from planner.split_model import FREE, SplitModel, SplitRules, cp_sat, integer_bytes, recomputes_all
 
 # CP-SAT attempts on a split model, each stopped at a deterministic-time budget (the same on
 # every machine, so the answer is too) and the last at the deadline:
@@ -216,7 +208,8 @@ def least_overflow_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpe
     def over(r: int, layers: int) -> float:
         return memory[r].at(layers, layers if recompute else 0) - caps[r]
     layers = [plan.vpp] * plan.pp
-    layers[plan.stage_rank(0)] = first_rank_least_layers(model, plan)
+    first = plan.stage_rank(0)
+    layers[first] = max(layers[first], model.first_k_dense * plan.vpp)
     heap = [(over(r, count + 1), r) for r, count in enumerate(layers)]
     heapq.heapify(heap)
     for _ in range(model.num_layers - sum(layers)):
@@ -242,17 +235,14 @@ def short_chunks_first(plan: Plan) -> Plan:
     return replace(plan, layers_per_stage=tuple(per_stage))
 
 
-def apply_split(plan: Plan, split: Split, dense: int) -> Plan:
+def apply_split(plan: Plan, split: Split) -> Plan:
     """The concrete plan: rank r's layers spread evenly over its virtual stages (loop placement),
     the short chunks first (those whose micro-batches are in flight longest: short_chunks_first)
     but on the last rank last, under the LM head (costmodel.plan.embedding_loss_split is this
-    layout). The first stage holds at least the `dense` dense first layers (first_rank_least_layers),
-    the first rank's other stages sharing the rest."""
+    layout)."""
     per_stage = [0] * plan.num_virtual_stages
     for r, layers in enumerate(split.layers):
         counts = sorted(even_layers(layers, plan.vpp), reverse=r == plan.pp - 1)
-        if r == plan.stage_rank(0) and counts[0] < dense:
-            counts = [dense, *sorted(even_layers(layers - dense, plan.vpp - 1))]
         for chunk, count in enumerate(counts):
             per_stage[chunk * plan.pp + r] = count
     return replace(plan, layers_per_stage=tuple(per_stage), recompute_num_layers=split.recomputed)

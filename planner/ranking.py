@@ -118,7 +118,7 @@ def closer(model, train, cluster, plan, closest: Found | None, free_split: bool 
     if free_split and plan.pp > 1:
         split, headroom = least_overflow_split(model, train, cluster, plan)
         if closest is None or headroom > closest.estimate.min_headroom_fraction:
-            probes.append(apply_split(plan, split, model.first_k_dense))
+            probes.append(apply_split(plan, split))
     for probe in probes:
         counts = tuple(probe.layers_on_rank(r) for r in range(probe.pp)) if probe.recompute is not Recompute.NONE \
             else (0,) * probe.pp

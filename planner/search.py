@@ -265,7 +265,7 @@ def _examine(shared: SharedModels, stats: SearchStats, base: Choice, zero: int, 
         stats.prune("bound")  # no split that fits beats the cutoff
         return False
     stats.optimal &= split.optimal
-    concrete = apply_split(plan, split, model.first_k_dense)
+    concrete = apply_split(plan, split)
     space = shared.options.space
     if space is not None and (changes := space.problems(concrete)):   # the split rules and the export disagree
         raise RuntimeError(f"the split solved for {space.name} is not one it runs ({concrete.short()}): {changes[0]}")

@@ -45,14 +45,6 @@ class SplitRules:
 FREE = SplitRules()
 
 
-def first_rank_least_layers(model: ModelSpec, plan: Plan) -> int:
-    """The fewest layers the first stage's rank may hold: one a virtual stage, and its first
-    stage all of a mixture's dense first layers (where the search's shapes price them:
-    costmodel.params.rank_params_at's default), its other stages at least one each
-    (planner.partition.apply_split lays them out so)."""
-    return max(plan.vpp, model.first_k_dense + plan.vpp - 1)
-
-
 def recomputes_all(plan: Plan, rules: SplitRules) -> bool:
     """Whether every layer of the plan's recompute mode is recomputed: the framework's rule, or
     selective recomputation where the framework applies it to every layer (Megatron's core
@@ -110,7 +102,10 @@ class SplitModel:
         self.n = n = [cm.NewIntVar(0, total, f"n{r}") for r in range(plan.pp)]
         z = [cm.NewBoolVar(f"z{r}") for r in range(plan.pp)]
         cm.Add(sum(L) == total)
-        cm.Add(L[plan.stage_rank(0)] >= first_rank_least_layers(model, plan))
+        # the dense first layers on the first stage, where the search's shapes price them
+        # (costmodel.params.rank_params_at's default); apply_split gives the first rank's shortest
+        # chunk, floor(L / vpp), to it
+        cm.Add(L[plan.stage_rank(0)] >= model.first_k_dense * plan.vpp)
         for r in range(plan.pp):
             cm.Add(n[r] <= L[r])
             cm.Add(n[r] <= total * z[r])

@@ -148,26 +148,27 @@ def _layers_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, layers: int,
 def activation_shape(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
                      micro_batch: AffineBytes | None = None,
                      traits: FrameworkTraits = RUNTIME,
-                     backward: tuple[float, float] | None = None) -> AffineBytes:
+                     backward: tuple[float, float] | None = None, dense: int | None = None) -> AffineBytes:
     """A rank's peak activations: every in-flight micro-batch's layers, one layer being rebuilt,
-    and the embedding / LM-head tensors of the first / last rank. `backward`: the rank's
-    backward_working_bytes alone and beside the rebuilt layer (_backward_bytes), where the
-    caller has them."""
+    and the embedding / LM-head tensors of the first / last rank, and what its `dense` dense
+    first layers add (by default as the plan's split places them: dense_layers_on_rank).
+    `backward`: the rank's backward_working_bytes alone and beside the rebuilt layer
+    (_backward_bytes), where the caller has them."""
     mb = micro_batch or _micro_batch_shape(model, train, plan, traits)
     held = in_flight_micro_batches(plan, rank, traits)
+    dense = dense_layers_on_rank(model, plan, rank) if dense is None else dense
     deferred = edges = 0.0
     if plan.schedule.defers_weight_grad:
         passes = deferred_weight_passes(plan, rank)
         deferred = passes * weight_grad_input_bytes(model, train, plan, traits)
         if traits.deferred_w_keeps_graph:   # the embedding's and the loss's tensors too
             first, last = rank == plan.stage_rank(0), rank == plan.stage_rank(plan.num_virtual_stages - 1)
-            edges = passes * (edge_bytes_per_micro_batch(model, train, plan, first, last, traits,
-                                                         dense_layers_on_rank(model, plan, rank))
+            edges = passes * (edge_bytes_per_micro_batch(model, train, plan, first, last, traits, dense)
                               + edge_weight_grad_output_bytes(model, train, plan, first, last))
     last = rank == plan.stage_rank(plan.num_virtual_stages - 1)
     working, beside_rebuilt = backward or _backward_bytes(model, train, plan, last, mb, traits)
     base = (edges + held_send_bytes(model, train, plan, rank, traits)
-            + _edge_activation_bytes(model, train, plan, rank, traits) + working)
+            + _edge_activation_bytes(model, train, plan, rank, dense, traits) + working)
     # a rebuilt layer and the loss's gradient are not held at once (backward_working_bytes)
     jump = mb.jump + beside_rebuilt - working
     return AffineBytes(base=base, per_layer=held * mb.per_layer + deferred,
@@ -204,14 +205,14 @@ def activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
     return activation_shape(model, train, plan, rank, traits=traits).at(layers, recomputed)
 
 
-def _edge_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int,
+def _edge_activation_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int, dense: int,
                            traits: FrameworkTraits = RUNTIME) -> float:
     """Embedding output on the first stage and what the rank's dense first layers add (per
     in-flight micro-batch); final norm, logits and fp32 softmax on the last (Megatron's
     vocab-parallel cross entropy works in fp32), held for one micro-batch (all of them under
     GPipe)."""
     total = 0.0
-    first, dense = rank == plan.stage_rank(0), dense_layers_on_rank(model, plan, rank)
+    first = rank == plan.stage_rank(0)
     if first or dense:
         total += in_flight_micro_batches(plan, rank, traits) * edge_bytes_per_micro_batch(model, train, plan, first, False,
                                                                                    traits, dense)
@@ -374,7 +375,10 @@ def stage_memory_shapes_by_zero(model: ModelSpec, train: TrainSpec, plans: list[
             edge, one = rank_params_at(model, plan, 0, *kind, traits), rank_params_at(model, plan, 1, *kind, traits)
             params[kind] = (edge.replicated, edge.experts, one.replicated - edge.replicated, one.experts - edge.experts,
                             edge.layers + edge.experts)
-        ranks.append((params[kind], activation_shape(model, train, plan, rank, mb, traits, backward[kind[1]])))
+        # the dense first layers where the search's splits keep them, on the first stage (the
+        # parameters' default, rank_params_at), whatever the probe plan's own split
+        dense = model.first_k_dense if kind[0] else 0
+        ranks.append((params[kind], activation_shape(model, train, plan, rank, mb, traits, backward[kind[1]], dense)))
     pipeline_buffers = [pipeline_buffer_bytes(model, train, plan, rank, traits) for rank in range(plan.pp)]
     out = []
     for sharded in plans:

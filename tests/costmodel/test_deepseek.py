@@ -279,3 +279,21 @@ def test_multi_token_prediction_under_cp_is_refused_where_the_labels_do_not_cros
         cps = {g.base.cp for g in placement_groups(model, train, cluster, SearchOptions(), reasons.append)}
         assert (cps == {1}) is refused and (max(cps) > 1) is not refused, (framework, cps)
         assert bool([r for r in reasons if "multi-token prediction" in r]) is refused
+
+
+def test_the_search_s_memory_shapes_price_the_dense_layers_where_its_splits_keep_them():
+    """The search's affine memory shapes price the dense first layers on the first stage's rank,
+    where its splits keep them (and where their parameters are priced), whatever split the probe
+    plan they are read from has: a probe that spreads them (an even split of 61 layers over 32
+    stages) gives the same shapes as one that keeps them first."""
+    from costmodel.memory import stage_memory_shapes
+    from costmodel.plan import even_layers
+    from planner.space import Choice, build_plan
+    from planner.specs import build_specs
+    model, train, cluster = build_specs("deepseek-v3", "128x8xH100", framework="megatron", seq_len=4096,
+                                        global_batch=8192)
+    first = build_plan(model, train, cluster, Choice(tp=2, pp=8, vpp=4, ep=64, zero_stage=1))
+    spread = dataclasses.replace(first, layers_per_stage=even_layers(61, 32))
+    assert first.layers_per_stage[0] == 3 and spread.layers_per_stage[0] == 1
+    shapes = [stage_memory_shapes(model, train, plan, 0.0, cluster.framework) for plan in (first, spread)]
+    assert shapes[0] == shapes[1]

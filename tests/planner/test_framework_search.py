@@ -101,17 +101,21 @@ V3_H100 = ["--model", "deepseek-v3", "--cluster", "128x8xH100", "--seq-len", "40
            "--grad-dtype", "bf16"]
 
 
-def test_deepseek_v3_s_published_degrees_are_searched_with_room_for_the_first_rank(capsys):
-    """TP2 PP8 VP4 EP64 with selective recomputation: the search keeps the 3 dense first layers
-    on the first stage, its rank's other stages sharing the rest (planner.partition.apply_split),
-    not 3 layers on each of its 4 stages, 12 on a rank that then fits only with CP 2 (35.8 s a step
-    against 26 s); Megatron's own layout, the dense layers over two stages, is priced by predict
-    (tests/costmodel/test_deepseek.py)."""
-    fixed = [f"--fix={kv}" for kv in ("tp=2", "pp=8", "vpp=4", "ep=64", "mbs=1", "zero=1", "recompute=selective",
-                                      "fp8=true", "etp=1")]
-    assert main(["search", *V3_H100, *fixed, "--json"]) == 0
-    plan = json.loads(capsys.readouterr().out)["plans"][0]["plan"]
-    assert plan["cp"] == 1 and plan["layers_per_stage"][0] == 3 and sum(plan["layers_per_stage"][0::8]) < 12
+def test_a_layout_the_search_does_not_split_but_predict_fits_is_named_with_its_layers(capsys):
+    """TP2 PP8 VP4 EP64 CP1 with selective recomputation: the search keeps the 3 dense first
+    layers on the first stage and every stage of the first rank as long (12 layers there), which
+    does not fit; laid out as predict lays it out (the dense layers first, the rank's other stages
+    shorter) it does, and the message says so with the layers to price it, not an overflow below
+    zero (the search cannot bound a long first stage's memory in its closed form)."""
+    fixed = [f"--fix={kv}" for kv in ("tp=2", "pp=8", "vpp=4", "ep=64", "cp=1", "mbs=1", "zero=1",
+                                      "recompute=selective", "fp8=true", "etp=1")]
+    assert main(["search", *V3_H100, *fixed]) == 2
+    err = capsys.readouterr().err
+    assert "fits as `planner predict` lays it out" in err and " over " not in err
+    layers = re.search(r"--layers ([0-9,]+)", err)[1]
+    assert main(["predict", *V3_H100, "--tp", "2", "--pp", "8", "--vpp", "4", "--ep", "64", "--zero", "1",
+                 "--recompute", "selective", "--layers", layers, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["estimate"]["fits"]
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -125,7 +125,7 @@ def test_split_solver_falls_back_to_presolve_with_the_same_answer(monkeypatch):
     second = solve_split(model, TRAIN, tight, plan)
     assert first is not None and first.optimal and second.optimal
     assert first.layers == second.layers and sum(first.recomputed) == sum(second.recomputed)
-    one, two = (estimate(model, TRAIN, tight, partition.apply_split(plan, split, model.first_k_dense), simulate=False)
+    one, two = (estimate(model, TRAIN, tight, partition.apply_split(plan, split), simulate=False)
                 for split in (first, second))
     assert one.fits and two.fits
     assert one.step_time_s == pytest.approx(two.step_time_s, rel=1e-9)
@@ -153,7 +153,7 @@ def test_the_block_methods_shared_count_is_solved_per_count_alike():
         k = max(split.recomputed)
         assert split.recomputed == tuple(min(k, layers) for layers in split.layers)
     assert 0 < sum(per_count.recomputed) < model.num_layers   # the cap binds, not every layer
-    steps = [estimate(model, TRAIN, tight, apply_split(plan, s, model.first_k_dense)).closed_form_step_time_s for s in (shared, per_count)]
+    steps = [estimate(model, TRAIN, tight, apply_split(plan, s)).closed_form_step_time_s for s in (shared, per_count)]
     assert steps[0] == pytest.approx(steps[1], rel=1e-9)
     assert sum(shared.recomputed) == sum(per_count.recomputed)
     # the counts skipped (no split fits under them, or every larger one is the all-recomputed
@@ -166,7 +166,7 @@ def test_the_block_methods_shared_count_is_solved_per_count_alike():
         if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             layers, recomputed = alone.solution(solver)
             split = partition.Split(layers=layers, recomputed=recomputed, optimal=True)
-            best = min(best, estimate(model, TRAIN, tight, apply_split(plan, split, model.first_k_dense)).closed_form_step_time_s)
+            best = min(best, estimate(model, TRAIN, tight, apply_split(plan, split)).closed_form_step_time_s)
     assert best == pytest.approx(steps[1], rel=1e-9)
 
 
@@ -180,7 +180,7 @@ def test_short_chunks_first_keeps_the_last_rank_within_the_closed_form():
     from planner.partition import Split, apply_split, short_chunks_first
     model, cluster = resolve_model("llama3-8b"), parse_cluster("1x8xH100")
     plan = build_plan(model, TRAIN, cluster, Choice(tp=2, pp=4, vpp=2, zero_stage=1, recompute=Recompute.NONE))
-    long_first = apply_split(plan, Split(layers=(7, 7, 7, 11), recomputed=(0,) * 4, optimal=True), model.first_k_dense)
+    long_first = apply_split(plan, Split(layers=(7, 7, 7, 11), recomputed=(0,) * 4, optimal=True))
     short_first = short_chunks_first(long_first)
     assert (long_first.layers_per_stage[3], long_first.layers_per_stage[7]) == (6, 5)
     assert (short_first.layers_per_stage[3], short_first.layers_per_stage[7]) == (5, 6)
@@ -201,7 +201,7 @@ def test_the_search_keeps_a_split_whose_short_last_chunk_overflows():
     from planner.search_state import Found, SharedModels
     model, cluster = resolve_model("llama3-8b"), parse_cluster("1x8xH100")
     plan = build_plan(model, TRAIN, cluster, Choice(tp=2, pp=4, vpp=2, zero_stage=1, recompute=Recompute.NONE))
-    long_first = apply_split(plan, Split(layers=(7, 7, 7, 11), recomputed=(0,) * 4, optimal=True), model.first_k_dense)
+    long_first = apply_split(plan, Split(layers=(7, 7, 7, 11), recomputed=(0,) * 4, optimal=True))
     peaks = [max(estimate(model, TRAIN, cluster, p).peak_memory_bytes) for p in (long_first, short_chunks_first(long_first))]
     assert peaks[1] < peaks[0]
     device = dataclasses.replace(cluster.device, reported_memory_bytes=int(sum(peaks) / 2), memory_bytes=int(sum(peaks) / 2),
@@ -221,7 +221,7 @@ def test_with_short_chunks_first_the_closed_form_bounds_every_rank(vpp, layers):
     from planner.partition import Split, apply_split, short_chunks_first
     model, cluster = resolve_model("llama3-8b"), parse_cluster("1x8xH100")
     plan = build_plan(model, TRAIN, cluster, Choice(tp=2, pp=4, vpp=vpp, zero_stage=1, recompute=Recompute.NONE))
-    laid = short_chunks_first(apply_split(plan, Split(layers=layers, recomputed=(0,) * 4, optimal=True), model.first_k_dense))
+    laid = short_chunks_first(apply_split(plan, Split(layers=layers, recomputed=(0,) * 4, optimal=True)))
     closed = estimate(model, TRAIN, cluster, laid, simulate=False).peak_memory_bytes
     simulated = estimate(model, TRAIN, cluster, laid).peak_memory_bytes
     assert all(s <= c + 2**20 for s, c in zip(simulated, closed))
@@ -252,7 +252,7 @@ def test_least_overflow_split_is_the_min_max_over_every_split(mode, vpp):
     best = min(worst(layers) for layers in itertools.product(range(vpp, model.num_layers + 1), repeat=plan.pp)
                if sum(layers) == model.num_layers)
     assert 0 < worst(found.layers) == pytest.approx(best)   # a case that fits nowhere, at its least
-    est = estimate(model, train, cluster, apply_split(plan, found, model.first_k_dense), simulate=False)
+    est = estimate(model, train, cluster, apply_split(plan, found), simulate=False)
     assert max(p - c for p, c in zip(est.peak_memory_bytes, caps)) == pytest.approx(best)
     assert est.min_headroom_fraction == pytest.approx(headroom)
 
@@ -271,22 +271,3 @@ def test_nothing_fits_names_the_closest_split_where_the_framework_splits_freely(
         messages[framework] = str(refused.value)
     over = {f: float(m.split(" GiB over")[0].rsplit(", ", 1)[1]) for f, m in messages.items()}
     assert over["planner"] < over["deepspeed"], messages
-
-
-def test_the_first_stage_holds_the_dense_first_layers_and_its_rank_s_other_stages_the_rest():
-    """apply_split spreads a rank's layers evenly, short stages first; on the first rank the
-    first stage takes a mixture's dense first layers where its even share is shorter, the rank's
-    other stages sharing the rest (planner.split_model.first_rank_least_layers)."""
-    from planner.partition import Split, apply_split
-    from planner.split_model import first_rank_least_layers
-    model = resolve_model("deepseek-v3")
-    cluster = parse_cluster("32x8xH100")
-    plan = build_plan(model, TRAIN, cluster, Choice(pp=8, vpp=4, ep=8))
-    assert first_rank_least_layers(model, plan) == 3 + 4 - 1
-    split = Split(layers=(9, 8, 8, 8, 8, 8, 8, 4), recomputed=(0,) * 8, optimal=True)
-    laid = apply_split(plan, split, model.first_k_dense)
-    assert [laid.layers_per_stage[j] for j in plan.stages_of_rank(0)] == [3, 2, 2, 2]
-    assert [laid.layers_per_stage[j] for j in plan.stages_of_rank(1)] == [2, 2, 2, 2]
-    long = Split(layers=(13, 8, 8, 8, 8, 8, 4, 4), recomputed=(0,) * 8, optimal=True)
-    assert [apply_split(plan, long, model.first_k_dense).layers_per_stage[j] for j in plan.stages_of_rank(0)] \
-        == [3, 3, 3, 4]   # even, short first: the first already holds them
