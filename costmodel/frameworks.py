@@ -79,10 +79,10 @@ class FrameworkTraits:
     float8_param_gather: bool = False
     float8_experts: bool = False
     float8_saved_inputs: bool = False
-    # Transformer Engine keeps each linear's float8 weight and its transpose from the first
-    # micro-batch to the step's last (Megatron-Core passes is_first_microbatch; TE's
-    # module/linear.py caches the quantized weight as _fp8_workspaces["weight"]), unless the weights
-    # are float8 already (`float8_param_gather`): two bytes an element beside the 16-bit weights
+    # Transformer Engine keeps each linear's float8 weight (and on Hopper its transpose:
+    # `float8_transposed_copy`) from the first micro-batch to the step's last (Megatron-Core passes
+    # is_first_microbatch; TE's module/linear.py caches the quantized weight as
+    # _fp8_workspaces["weight"]), unless the weights are float8 already (`float8_param_gather`)
     # (costmodel.memory.states: float8_weight_cache_bytes)
     float8_weight_cache: bool = False
     # Transformer Engine keeps a transposed copy of a float8 tensor that GEMMs read both ways where the

@@ -49,9 +49,9 @@ def infeasible_message(result: SearchResult, cluster_name: str) -> str:
         layers = ",".join(str(n) for n in plan.layers_per_stage)
         return (f"nothing fits as the search splits layers; the closest plan ({plan.short()}) fits as `planner "
                 f"predict` lays it out, layers/stage {layers}: {est.peak_memory_bytes[rank] / GIB:.1f} GiB on "
-                f"pipeline stage {rank} of {capacity / GIB:.0f} GiB (the search keeps a mixture's dense first "
-                f"layers on its first stage with every chunk of the first rank as long; `planner predict --layers "
-                f"{layers}` prices this one)")
+                f"pipeline stage {rank} of {capacity / GIB:.0f} GiB (the search splits a rank's layers evenly "
+                f"over its virtual stages, the first rank's each at least as long as a mixture's dense first "
+                f"layers; `planner predict --layers {layers}` prices this one)")
     states = (parts["params"] + parts["grads"] + parts["optimizer"]) / GIB
     hints = ["more devices (a larger cluster than " + cluster_name + ")"]
     # a lever is named where what it shrinks is at least a tenth of the overflow

@@ -111,7 +111,7 @@ def test_a_layout_the_search_does_not_split_but_predict_fits_is_named_with_its_l
                                       "recompute=selective", "fp8=true", "etp=1")]
     assert main(["search", *V3_H100, *fixed]) == 2
     err = capsys.readouterr().err
-    assert "fits as `planner predict` lays it out" in err and " over " not in err
+    assert "fits as `planner predict` lays it out" in err and "GiB over" not in err
     layers = re.search(r"--layers ([0-9,]+)", err)[1]
     assert main(["predict", *V3_H100, "--tp", "2", "--pp", "8", "--vpp", "4", "--ep", "64", "--zero", "1",
                  "--recompute", "selective", "--layers", layers, "--json"]) == 0
@@ -405,4 +405,4 @@ def test_a_closest_plan_that_fits_as_predict_lays_it_out_is_said_so():
     text = infeasible_message(SearchResult(plans=[], stats=SearchStats(), evaluated=[], closest=Found(plan=plan, estimate=est)),
                               cluster.name)
     layers = ",".join(str(n) for n in plan.layers_per_stage)
-    assert "fits as `planner predict` lays it out" in text and f"--layers {layers}" in text and "over" not in text
+    assert "fits as `planner predict` lays it out" in text and f"--layers {layers}" in text and "GiB over" not in text
