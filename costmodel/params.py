@@ -282,9 +282,16 @@ def rank_params_at(model: ModelSpec, plan: Plan, layers: int, first: bool, last:
     pipelined = plan.stage_rank(0) != plan.stage_rank(plan.num_virtual_stages - 1)
     replicated, experts, dense_extra, mtp, embedding, head = _rank_param_parts(
         model, plan.tp, plan.ep, plan.etp, pipelined, first, last, traits.shared_expert_tp)
-    dense = (model.first_k_dense if first else 0) if dense is None else dense
+    dense = dense_layers_held(model.first_k_dense, first, dense)
     return RankParams(layers=layers * replicated + dense * dense_extra, experts=(layers + mtp - dense) * experts,
                       embedding=embedding, head=head)
+
+
+def dense_layers_held(first_k_dense: int, first: bool, dense: int | None) -> int:
+    """The dense first layers a rank or stage holds: `dense` where its split says
+    (dense_layers_on_rank, dense_layers_by_stage), else all of them on the first, where the
+    search's splits keep them."""
+    return (first_k_dense if first else 0) if dense is None else dense
 
 
 def dense_layers_by_stage(model: ModelSpec, plan: Plan) -> tuple[int, ...]:

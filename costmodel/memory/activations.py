@@ -15,7 +15,7 @@ from costmodel import selective_ops
 from costmodel.deepseek import dense_layer_model
 from costmodel.frameworks import RUNTIME, FrameworkTraits, shared_expert_split
 from costmodel.kernels import cp_chunk_scores, expert_rows, moe_tokens
-from costmodel.params import ceil_div
+from costmodel.params import ceil_div, dense_layers_held
 from costmodel.plan import Plan, Recompute
 from costmodel.specs import Arch, AttentionKernel, ModelSpec, NormKind, PositionKind, TrainSpec
 
@@ -231,7 +231,7 @@ def deepseek_edge_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, first: b
     module's layer (an expert layer), its own logits as the loss keeps them and the rest of the
     module (_mtp_own_bytes)."""
     total = 0.0
-    dense = (model.first_k_dense if first else 0) if dense is None else dense
+    dense = dense_layers_held(model.first_k_dense, first, dense)
     if dense:
         dense_layer = layer_activation_bytes(dense_layer_model(model), train, plan, plan.recompute, traits)
         total += dense * (dense_layer - layer_activation_bytes(model, train, plan, plan.recompute, traits))

@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from costmodel.hardware import ClusterSpec
-from costmodel.params import dense_layers_on_rank
+from costmodel.params import dense_layers_held, dense_layers_on_rank
 from costmodel.plan import Plan, Recompute
 from costmodel.rank_time.ep_overlap import ep_overlap_factor
 from costmodel.rank_time.layer_comm import send_cost_share
@@ -161,7 +161,7 @@ class RankTimeModel:
         recomputed, `dense` of them dense first layers (costmodel.params.dense_layers_on_rank;
         by default all of them on the first rank, as the search places them)."""
         times = self.per_layer.scaled(layers) + self.per_recomputed_layer.scaled(recomputed)
-        dense = (self.first_k_dense if first else 0) if dense is None else dense
+        dense = dense_layers_held(self.first_k_dense, first, dense)
         if dense:
             times = times + self.dense_layer.scaled(dense)
         if first:
