@@ -79,6 +79,10 @@ def build_plan(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, choice:
         counts = (0,) * choice.pp
     else:
         wanted = choice.recompute_layers
+        if wanted is not None and not isinstance(wanted, int) and (
+                over := [r for r in range(choice.pp) if wanted[r] > probe.layers_on_rank(r)]):
+            raise UserError(f"--recompute-layers {','.join(map(str, wanted))}: pipeline rank {over[0]} holds "
+                            f"{probe.layers_on_rank(over[0])} layers, not {wanted[over[0]]}")
         counts = tuple(probe.layers_on_rank(r) if wanted is None
                        else min(wanted if isinstance(wanted, int) else wanted[r], probe.layers_on_rank(r))
                        for r in range(choice.pp))
@@ -103,8 +107,8 @@ def _check_layer_counts(model: ModelSpec, choice: Choice) -> None:
     if not isinstance(wanted, int) and len(counts) != choice.pp:
         raise UserError(f"--recompute-layers {','.join(map(str, counts))}: one count, or one per pipeline rank "
                         f"({choice.pp})")
-    most = -(-model.num_layers // choice.pp)
-    if max(counts) > most:
+    most = -(-model.num_layers // choice.pp)   # an even split's; --layers' own are checked on the plan
+    if max(counts) > most and not choice.layers_per_stage:
         raise UserError(f"--recompute-layers {max(counts)}: a pipeline rank holds at most {most} layers")
 
 

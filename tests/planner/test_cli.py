@@ -151,6 +151,12 @@ def test_predict_takes_a_searched_split_and_per_rank_recomputation(capsys):
     # and the table prints the split as --layers takes it
     assert main(flags[:-1]) == 0
     assert "layers/stage 21,20,20,19 " in capsys.readouterr().out
+    # a rank the split makes longer than an even one recomputes as many as it holds, not more
+    uneven = [*flags[:11], "--layers", "22,22,22,14", "--recompute", "full", "--recompute-layers"]
+    assert main([*uneven, "44,0", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["plan"]["recompute_num_layers"] == [44, 0]
+    assert main([*uneven, "45,0"]) == 2
+    assert "--recompute-layers 45,0: pipeline rank 0 holds 44 layers, not 45" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("extra,message", [
