@@ -133,9 +133,11 @@ def max_layers_that_fit(mem: AffineBytes, cap: float, can_recompute: bool, total
     return best
 
 
-def split_exists(memory: list[AffineBytes], plan: Plan, caps: Sequence[float], total: int) -> bool:
-    """Exact: some split of `total` layers (at least vpp per rank) fits every rank (`memory`:
-    costmodel.memory.stage_memory_shapes; `caps`: each rank's budget)."""
+def split_exists(memory: list[AffineBytes], plan: Plan, caps: Sequence[float], total: int,
+                 layer_bounds: Sequence[tuple[int, int]] | None = None) -> bool:
+    """Exact: some split of `total` layers (at least vpp per rank, within `layer_bounds` per
+    rank where given) fits every rank (`memory`: costmodel.memory.stage_memory_shapes; `caps`:
+    each rank's budget)."""
     can_recompute, seen = plan.recompute is not Recompute.NONE, {}
     most = []
     for m, cap in zip(memory, caps):   # ranks alike share one answer (by identity: they are alive here)
@@ -143,7 +145,10 @@ def split_exists(memory: list[AffineBytes], plan: Plan, caps: Sequence[float], t
         if key not in seen:
             seen[key] = max_layers_that_fit(m, cap, can_recompute, total)
         most.append(seen[key])
-    return min(most) >= plan.vpp and sum(most) >= total
+    if layer_bounds is None:
+        return min(most) >= plan.vpp and sum(most) >= total
+    return (all(n >= lo for n, (lo, _) in zip(most, layer_bounds)) and sum(lo for lo, _ in layer_bounds) <= total
+            and sum(min(n, hi) for n, (_, hi) in zip(most, layer_bounds)) >= total)
 
 
 def states_floor(model: ModelSpec, train: TrainSpec, plan: Plan, reserved_bytes: float,
@@ -218,12 +223,15 @@ class MemoryFit:
     change it, so the search computes it once for all placements. `caps`: one budget for every
     rank, or one per rank (a mixed cluster's groups, costmodel.groups.rank_caps_bytes). The
     recompute figures are worked out when first asked for (many choices that fit are never
-    examined further)."""
+    examined further). `layer_bounds`: per rank, the least and most layers a split may give it
+    (planner.dense_spreads: where the dense first layers lie), by default vpp and all of them."""
 
-    def __init__(self, memory: list[AffineBytes], plan: Plan, caps: float | Sequence[float], total: int) -> None:
+    def __init__(self, memory: list[AffineBytes], plan: Plan, caps: float | Sequence[float], total: int,
+                 layer_bounds: Sequence[tuple[int, int]] | None = None) -> None:
         self.memory = memory  # costmodel.memory.stage_memory_shapes
         self.caps = [float(caps)] * len(memory) if isinstance(caps, (int, float)) else [float(c) for c in caps]
-        self.fits = split_exists(memory, plan, self.caps, total)  # some split fits (exact)
+        self.layer_bounds = layer_bounds
+        self.fits = split_exists(memory, plan, self.caps, total, layer_bounds)  # some split fits (exact)
         self._plan, self._total = plan, total
 
     @functools.cached_property
@@ -252,20 +260,23 @@ def min_max_time_s(ts: list[tuple], plan: Plan, fit: MemoryFit, total: int) -> f
     """The least possible max_r t_r over every split that fits (exact over integer layer and
     recompute counts, up to the relaxation that a rank may take any layer count whose time fits):
     a rank's fastest way to hold L layers recomputes as few as fit, so for a candidate T each rank
-    holds at most max{L : t_min(L) <= T} layers, and T is feasible when those sum to `total`.
-    `ts`: per rank, (t0, t1, t2) of RankShape.t (a mixed cluster's groups differ in all three)."""
+    holds at most max{L : t_min(L) <= T} layers (within the fit's layer bounds), and T is feasible
+    when those sum to `total`. `ts`: per rank, (t0, t1, t2) of RankShape.t (a mixed cluster's groups differ in all three)."""
     need = fit.least_recomputed
     c = np.array(ts)
     t = c[:, 0:1] + c[:, 1:2] * np.arange(total + 1)[None, :] + c[:, 2:3] * need
     t = np.where(need >= 0, t, np.inf)
-    t[:, :plan.vpp] = np.inf  # every virtual stage holds a layer
+    bounds = fit.layer_bounds or [(plan.vpp, total)] * plan.pp   # every virtual stage holds a layer
+    for r, (lo, hi) in enumerate(bounds):
+        t[r, :lo] = np.inf
+        t[r, hi + 1:] = np.inf
     # t[r, L]: fastest way for rank r to hold at least L layers, nondecreasing in L. Within T,
     # rank r holds #{L >= 1 : t[r, L] <= T} layers; those sum to `total` from the total-th
-    # smallest t[r, L >= 1] on, and every rank holds its vpp layers from max_r t[r, vpp] on.
+    # smallest t[r, L >= 1] on, and every rank holds its least layers from max_r t[r, least] on.
     t = np.minimum.accumulate(t[:, ::-1], axis=1)[:, ::-1]
     slots = t[:, 1:].ravel()
     enough = np.partition(slots, total - 1)[total - 1]
-    return float(max(enough, t[:, plan.vpp].max()))
+    return float(max(enough, max(t[r, lo] for r, (lo, _) in enumerate(bounds))))
 
 
 def pipeline_floor_s(ts: list[tuple], fs: list[tuple], plan: Plan, fit: MemoryFit, total: int,

@@ -29,6 +29,7 @@ from costmodel.memory import AffineBytes, reserved_bytes, stage_memory_shapes
 from costmodel.plan import Plan, Recompute, even_layers
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.bounds import MemoryFit
+from planner.dense_spreads import DenseChoice, DenseSpread
 from planner.shapes import RankShape, rank_shapes
 from planner.split_model import FREE, SplitModel, SplitRules, cp_sat, integer_bytes, recomputes_all
 
@@ -94,12 +95,15 @@ def _scan_single_rank(shape: RankShape, plan: Plan, total: int, cap: float, cuto
 def solve_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan,
                 time_limit_s: float = 10.0, ranks: list[RankShape] | None = None,
                 cutoff_s: float = math.inf, fit: MemoryFit | None = None,
-                rules: SplitRules = FREE) -> Split | None:
+                rules: SplitRules = FREE, dense: DenseChoice | None = None) -> Split | None:
     """The best (layers, recomputed) per rank for `plan`'s outer choices, or None if no split
     fits with a step time of at most `cutoff_s` (the branch and bound's cutoff so far: the
     solver then only has to show nothing beats it). The objective leaves out the plan's
-    constant terms (>= 0), so None never hides a plan that would beat the cutoff."""
-    ranks = ranks or rank_shapes(model, train, cluster, plan)
+    constant terms (>= 0), so None never hides a plan that would beat the cutoff. `dense`: where
+    the split may put the dense first layers (planner.dense_spreads.DenseChoice; `ranks` and
+    `fit` priced so), by default all on the first stage."""
+    dense = dense or DenseChoice((DenseSpread((model.first_k_dense,)),))
+    ranks = ranks or rank_shapes(model, train, cluster, plan, dense=dense.spreads[0].per_rank(plan.pp))
     total = model.num_layers
     fit = fit or MemoryFit([r.memory for r in ranks], plan, rank_caps_bytes(plan, cluster), total)
     if not fit.fits:
@@ -108,11 +112,11 @@ def solve_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
         return _scan_single_rank(ranks[0], plan, total, fit.caps[0], cutoff_s, _single_rank_counts(plan, rules, total))
     deadline = time.perf_counter() + time_limit_s
     cp_model = cp_sat()
-    split = SplitModel(model, plan, ranks, fit, cutoff_s, rules)
+    split = SplitModel(model, plan, ranks, fit, cutoff_s, rules, dense=dense)
     shared_count = _shared_block_count(plan, rules)
     solver, status = split.solve(deadline, ATTEMPTS[:2] if shared_count else ATTEMPTS, WALL_PER_DETERMINISTIC_S)
     if shared_count and status not in (cp_model.OPTIMAL, cp_model.INFEASIBLE):
-        return _solve_per_block_count(model, plan, ranks, fit, cutoff_s, rules, deadline)
+        return _solve_per_block_count(model, plan, ranks, fit, cutoff_s, rules, deadline, dense)
     if status == cp_model.UNKNOWN:
         raise SolverTimeout(plan.short())
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -130,18 +134,18 @@ def _shared_block_count(plan: Plan, rules: SplitRules) -> bool:
 
 
 def _solve_per_block_count(model: ModelSpec, plan: Plan, ranks: list[RankShape], fit: MemoryFit, cutoff_s: float,
-                           rules: SplitRules, deadline: float) -> Split | None:
+                           rules: SplitRules, deadline: float, dense: DenseChoice) -> Split | None:
     """The block method's split solved once per shared count k (each model then settles in a
     fraction of a second), over the counts some split fits (_block_counts), each solve held
     below the best so far; the best of them."""
     best: Split | None = None
     cp_model = cp_sat()
     ceiling, optimal = None, True
-    for k in _block_counts(model, plan, ranks, fit):
+    for k in _block_counts(model, plan, fit, dense.spreads):
         if time.perf_counter() >= deadline:   # the counts left unsolved: not proven
             optimal = False
             break
-        split = SplitModel(model, plan, ranks, fit, cutoff_s, rules, block_k=k, ceiling=ceiling)
+        split = SplitModel(model, plan, ranks, fit, cutoff_s, rules, block_k=k, ceiling=ceiling, dense=dense)
         solver, status = split.solve(deadline, ATTEMPTS, WALL_PER_DETERMINISTIC_S)
         if status == cp_model.UNKNOWN:
             optimal = False
@@ -157,19 +161,21 @@ def _solve_per_block_count(model: ModelSpec, plan: Plan, ranks: list[RankShape],
     return None if best is None else replace(best, optimal=optimal)
 
 
-def _block_counts(model: ModelSpec, plan: Plan, ranks: list[RankShape], fit: MemoryFit) -> list[int]:
+def _block_counts(model: ModelSpec, plan: Plan, fit: MemoryFit, spreads: tuple[DenseSpread, ...]) -> list[int]:
     """The shared counts k worth solving (one virtual stage per rank): those under which every
     rank can hold enough layers for their sum to reach the model's (a rank of L layers keeps
     min(k, L) recomputed: its memory is affine on either side of L = k), from the least up to
     the first under which every rank holds fewer than k layers: not even k + 1 layers, all
     recomputed, fit any rank then, so every larger k is that split, every layer recomputed (at
-    exactly k a rank might hold k + 1 with all of them recomputed under k + 1)."""
+    exactly k a rank might hold k + 1 with all of them recomputed under k + 1). The ranks that
+    hold the dense first layers hold at least as many layers under one of the `spreads`. Memory
+    is the fit's (where the dense layers may move, each rank's least over where they go)."""
     total = model.num_layers
-    first = plan.stage_rank(0)
     counts = []
     for k in range(1, total + 1):
-        most = [_most_layers(rs.memory, cap, k, total) for rs, cap in zip(ranks, fit.caps)]
-        if all(m >= 1 for m in most) and sum(most) >= total and most[first] >= model.first_k_dense:
+        most = [_most_layers(memory, cap, k, total) for memory, cap in zip(fit.memory, fit.caps)]
+        if (all(m >= 1 for m in most) and sum(most) >= total
+                and any(all(m >= d for m, d in zip(most, s.per_stage)) for s in spreads)):
             counts.append(k)
         if max(most) < k:
             break

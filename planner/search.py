@@ -31,18 +31,20 @@ from costmodel.estimate import estimate
 from costmodel.fidelity import error_band
 from costmodel.hardware import ClusterSpec
 from costmodel.plan import Plan
+from costmodel.rank_time import RankTimeModel
 from costmodel.schedules import Schedule
 from costmodel.specs import ModelSpec, TrainSpec
-from planner.bounds import MemoryFit, lower_bound_with_memory_s
+from planner.bounds import MemoryFit, lower_bound_with_memory_s, min_max_time_s
 from planner.candidates import placement_groups
 from planner.cutoff import Cutoff
+from planner.dense_spreads import DenseChoice, DenseDelta, dense_spreads, reachable
 from planner.halves import HALVES, in_halves
 from planner.partition import FREE, SolverTimeout, SplitRules, apply_split, solve_split
 from planner.repricing import result
 from planner.search_options import STATE_OPTIONS, SearchOptions
 from planner.search_order import Queue
 from planner.search_state import Found, SearchResult, SearchStats, SharedModels
-from planner.shapes import rank_shapes
+from planner.shapes import RankShape, rank_shapes
 from planner.shares import search_shares
 from planner.space import Choice
 from planner.split_model import cp_sat
@@ -237,9 +239,9 @@ def _replicas_on_groups(shared: SharedModels, options: SearchOptions, stats: Sea
 
 def _examine(shared: SharedModels, stats: SearchStats, base: Choice, zero: int, plan: Plan, fit: MemoryFit,
              cutoff: float, deadline: float) -> Found | bool | None:
-    """A candidate some split of which fits: the pipeline floor, then the full bound, then
-    CP-SAT. The plan found, False when pruned (bound, solver time limit), None when no split fits
-    after all."""
+    """A candidate some split of which fits: the pipeline floor, then the full bound (per spread of
+    the dense first layers where a mixture's may move: planner.dense_spreads), then CP-SAT. The
+    plan found, False when pruned (bound, solver time limit), None when no split fits after all."""
     model, train, cluster = shared.model, shared.train, shared.cluster
     if shared.pipeline_floor_s(base, zero, plan, fit, cutoff) >= cutoff:
         stats.prune("bound")
@@ -247,13 +249,21 @@ def _examine(shared: SharedModels, stats: SearchStats, base: Choice, zero: int, 
     if plan.mesh_axis_order != base.mesh_axis_order:
         plan = replace(plan, mesh_axis_order=base.mesh_axis_order)
     rtm = shared.plan_rtm(shared.time_model(base).rtm, plan)
-    shapes = rank_shapes(model, train, cluster, plan, memory=fit.memory, rtm=rtm)
-    if lower_bound_with_memory_s(shapes, plan, fit, model.num_layers) >= cutoff:
-        stats.prune("bound")
-        return False
+    if len(dense_spreads(model, plan)) == 1:
+        shapes, dense = rank_shapes(model, train, cluster, plan, memory=fit.memory, rtm=rtm), None
+        if lower_bound_with_memory_s(shapes, plan, fit, model.num_layers) >= cutoff:
+            stats.prune("bound")
+            return False
+    else:
+        chosen = _dense_choice(shared, base, zero, plan, fit, rtm, cutoff)
+        if chosen is None:
+            stats.prune("bound")
+            return False
+        shapes, dense, fit = chosen
     try:
         split = solve_split(model, train, cluster, plan, ranks=shapes, cutoff_s=cutoff, fit=fit,
-                            time_limit_s=max(1.0, deadline - time.perf_counter()), rules=_rules(shared.options))
+                            time_limit_s=max(1.0, deadline - time.perf_counter()), rules=_rules(shared.options),
+                            dense=dense)
     except SolverTimeout:
         stats.optimal = False
         stats.prune("solver time limit")
@@ -265,6 +275,9 @@ def _examine(shared: SharedModels, stats: SearchStats, base: Choice, zero: int, 
         stats.prune("bound")  # no split that fits beats the cutoff
         return False
     stats.optimal &= split.optimal
+    if dense is not None and not any(s.admits(split.layers, plan.vpp) for s in dense.spreads):
+        raise RuntimeError(f"the split {split.layers} solved for {plan.short()} puts the dense first layers "
+                           f"in none of the spreads {[s.per_stage for s in dense.spreads]}")
     concrete = apply_split(plan, split)
     space = shared.options.space
     if space is not None and (changes := space.problems(concrete)):   # the split rules and the export disagree
@@ -274,6 +287,36 @@ def _examine(shared: SharedModels, stats: SearchStats, base: Choice, zero: int, 
         return None
     stats.num_feasible += 1
     return Found(plan=concrete, estimate=est, alternatives=shared.zero1_twin(concrete))
+
+
+def _dense_choice(shared: SharedModels, base: Choice, zero: int, plan: Plan, fit: MemoryFit, rtm: RankTimeModel,
+                  cutoff: float) -> tuple[list[RankShape], DenseChoice, MemoryFit] | None:
+    """Where a mixture's dense first layers may go (planner.dense_spreads): the spreads some split
+    of which fits with a bound below the cutoff, and the shapes, choice and fit CP-SAT solves them
+    with (one spread: its own; several: the shapes with none, what each adds, `fit`: each rank's
+    least); None when no spread is left."""
+    model, train, cluster, total = shared.model, shared.train, shared.cluster, shared.model.num_layers
+    memory = shared.spread_memory(base, zero, plan)
+    live = []
+    for spread in dense_spreads(model, plan):
+        held = spread.per_rank(plan.pp)
+        spread_fit = MemoryFit(memory[held], plan, fit.caps, total, spread.layer_bounds(plan.pp, plan.vpp, total))
+        if not spread_fit.fits:
+            continue
+        shapes = rank_shapes(model, train, cluster, plan, memory=spread_fit.memory, rtm=rtm, dense=held)
+        if lower_bound_with_memory_s(shapes, plan, spread_fit, total) < cutoff:
+            live.append((spread, shapes, spread_fit))
+    if not live:
+        return None
+    if len(live) == 1:
+        spread, shapes, spread_fit = live[0]
+        return shapes, DenseChoice((spread,)), spread_fit
+    none, most = (0,) * plan.pp, reachable(model, plan)
+    without, full = (rank_shapes(model, train, cluster, plan, memory=memory[held], rtm=rtm, dense=held)
+                     for held in (none, most))
+    deltas = tuple(DenseDelta.between(a, b, count) if count else None for a, b, count in zip(without, full, most))
+    slowest_s = min(min_max_time_s([r.t for r in shapes], plan, spread_fit, total) for _, shapes, spread_fit in live)
+    return without, DenseChoice(tuple(spread for spread, _, _ in live), deltas, slowest_s), fit
 
 
 def _rules(options: SearchOptions) -> SplitRules:

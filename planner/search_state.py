@@ -10,7 +10,7 @@ from costmodel.estimate import Estimate
 from costmodel.frameworks import shards_in_part
 from costmodel.groups import rank_caps_bytes, rank_groups, views
 from costmodel.hardware import ClusterSpec
-from costmodel.memory import keeps_whole_grads_under_pp, reserved_bytes, stage_memory_shapes_by_zero
+from costmodel.memory import keeps_whole_grads_under_pp, reserved_bytes, stage_memory_shapes_by_dense
 from costmodel.plan import Plan
 from costmodel.rank_time import RankTimeModel, Spans, fastest_of, rank_time_model, spans
 from costmodel.rank_time.ep_overlap import ep_overlap_factor, ep_overlap_floor_factor
@@ -28,6 +28,7 @@ from planner.bounds import (
     zero_floor_s,
 )
 from planner.candidates import Group, hybrid_zero_stage
+from planner.dense_spreads import dense_spreads, least_memory_shapes_by_zero, least_pipeline_rows, reachable
 from planner.search_options import (
     STATE_OPTIONS,
     SearchOptions,
@@ -37,7 +38,6 @@ from planner.search_options import (
     states_allowed,
     states_for_group,
 )
-from planner.shapes import pipeline_rows
 from planner.space import Choice, build_plan, degrees_plan
 
 
@@ -114,6 +114,7 @@ class SharedModels:
         self._zero: dict[tuple, float] = {}
         self._memory: dict[tuple, tuple[MemoryFit, Plan]] = {}
         self._shapes: dict[tuple, list] = {}   # memory shapes by _memory_key less the group order
+        self._spread_shapes: dict[tuple, list] = {}   # and a spread of the dense first layers (spread_fit)
         self._rows: dict[tuple, tuple[list, list]] = {}
         self._probes: dict[tuple, Plan] = {}
         self._built: dict[tuple, Plan | str] = {}
@@ -275,7 +276,7 @@ class SharedModels:
         if missing:
             reserved = reserved_bytes(self.model, self.train, plan, self.cluster.device, traits,
                                       self.cluster.devices_per_node)   # the same for every ZeRO stage
-            shapes = stage_memory_shapes_by_zero(self.model, self.train, [plans[i] for i in missing], reserved, traits)
+            shapes = least_memory_shapes_by_zero(self.model, self.train, [plans[i] for i in missing], reserved, traits)
             self._shapes.update(zip([key(i)[:-1] for i in missing], shapes))
         for i in indices:
             if i in plans:
@@ -283,6 +284,22 @@ class SharedModels:
             else:
                 self._memory[key(i)] = floors[i], plan if i == current else None
         return self._memory[key(current)]
+
+    def spread_memory(self, base: Choice, zero: int, plan: Plan) -> dict[tuple[int, ...], list]:
+        """The memory shapes of `plan` per placement of the dense first layers (per rank, how many
+        it holds): every spread's (planner.dense_spreads), none anywhere, and each rank's most
+        (`reachable`), priced at once, sharing the ranks' activations."""
+        key = self._memory_key(base, plan.vpp, plan.schedule, zero)[:-1]
+        got = self._spread_shapes.get(key)
+        if got is None:
+            reserved = reserved_bytes(self.model, self.train, plan, self.cluster.device, self.cluster.framework,
+                                      self.cluster.devices_per_node)
+            placements = list(dict.fromkeys([*(s.per_rank(plan.pp) for s in dense_spreads(self.model, plan)),
+                                             (0,) * plan.pp, reachable(self.model, plan)]))
+            shapes = stage_memory_shapes_by_dense(self.model, self.train, [plan], reserved, self.cluster.framework,
+                                                  placements)
+            got = self._spread_shapes[key] = {p: by_zero[0] for p, by_zero in zip(placements, shapes)}
+        return got
 
     def states_room(self, group: Group, zeros: list[int]) -> bool:
         """Whether the training states alone leave some variant of the group, under one of the
@@ -346,7 +363,7 @@ class SharedModels:
         timed = self.time_model(base)
         key = (base, plan.vpp, plan.schedule)
         if key not in self._rows:
-            self._rows[key] = pipeline_rows(self.plan_rtm(timed.rtm, plan), plan)
+            self._rows[key] = least_pipeline_rows(self.model, self.plan_rtm(timed.rtm, plan), plan)
         ts, fs = self._rows[key]
         zero_s = timed.zero_floors_s[zero]
         return pipeline_floor_s(ts, fs, plan, fit, self.model.num_layers, enough_s - zero_s) + zero_s

@@ -5,7 +5,7 @@ functions (tests/planner/test_partition.py checks the affinity at many points)."
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 from costmodel.groups import rank_views
 from costmodel.hardware import ClusterSpec
@@ -83,28 +83,37 @@ def _pipeline_rows(rtm: RankTimeModel, plan: Plan, edge: RankTimes) -> tuple[tup
             Coefficients(*(fill_s(plan.schedule.traits, p) for p in parts)))
 
 
-def pipeline_rows(rtm: RankTimeModel, plan: Plan) -> tuple[list[tuple], list[tuple]]:
+def pipeline_rows(rtm: RankTimeModel, plan: Plan, dense: Sequence[int] | None = None) -> tuple[list[tuple], list[tuple]]:
     """Per pipeline rank, the t and f coefficients of RankShape (what the pipeline bound needs),
-    without the optimizer and DP parts."""
+    without the optimizer and DP parts; `dense`: per rank, the dense first layers it holds (by
+    default all on the first rank)."""
     rtm = rtm.with_schedule(plan.vpp, plan.num_micro_batches)   # the sends waited for at its micro-batches
     first, last = plan.stage_rank(0), plan.stage_rank(plan.num_virtual_stages - 1)
+    dense = _dense_per_rank(rtm.first_k_dense, plan, dense)
     rows: dict[tuple, tuple] = {}
     per_rank = []
     for r in range(plan.pp):
         own = rtm.for_rank(r)   # its own sends (costmodel.rank_time.RankTimeModel.sends_s)
-        kind = (r == first, r == last, own.pp_comm_s)
+        kind = (r == first, r == last, own.pp_comm_s, dense[r])
         if kind not in rows:
-            rows[kind] = _pipeline_rows(own, plan, own.at(0, 0, r == first, r == last))
+            rows[kind] = _pipeline_rows(own, plan, own.at(0, 0, r == first, r == last, dense[r]))
         per_rank.append(rows[kind])
     return [t for t, _ in per_rank], [f for _, f in per_rank]
 
 
+def _dense_per_rank(first_k_dense: int, plan: Plan, dense: Sequence[int] | None) -> Sequence[int]:
+    """`dense` where given, else all of the dense first layers on the first rank."""
+    first = plan.stage_rank(0)
+    return dense or [first_k_dense if r == first else 0 for r in range(plan.pp)]
+
+
 def _time_shape(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan, rtm: RankTimeModel,
-                first: bool, last: bool, dp_shape: list) -> tuple:
-    """(t, f, opt, dp) of a rank: the same on every rank in the middle of the pipeline."""
-    edge_times = rtm.at(0, 0, first, last)
+                first: bool, last: bool, dp_shape: list, dense: int) -> tuple:
+    """(t, f, opt, dp) of a rank holding `dense` dense first layers: the same on every rank in the
+    middle of the pipeline that holds none."""
+    edge_times = rtm.at(0, 0, first, last, dense)
     t, f = _pipeline_rows(rtm, plan, edge_times)
-    held = {L: rank_params_at(model, plan, L, first, last, cluster.framework) for L in (0, 1, 2)}
+    held = {L: rank_params_at(model, plan, L, first, last, cluster.framework, dense) for L in (0, 1, 2)}
     sp = spans(plan, cluster)
     # what a rank does after the pipeline: a TP-replicated mixture's gradient sync, then the
     # optimizer and the step's host work; and its gradient accumulation and a one-replica plan's
@@ -153,30 +162,33 @@ def _reserved(model: ModelSpec, train: TrainSpec, plan: Plan, cluster: ClusterSp
 
 
 def rank_shapes(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan,
-                memory: list[AffineBytes] | None = None, rtm: RankTimeModel | None = None) -> list[RankShape]:
+                memory: list[AffineBytes] | None = None, rtm: RankTimeModel | None = None,
+                dense: Sequence[int] | None = None) -> list[RankShape]:
     """`memory` (the plan's `stage_memory_shapes`) and `rtm` (its rank time model): when the
-    caller already has them. On a mixed cluster each rank's shape is its group's (`rtm` is then
-    not taken: the groups' differ), and memory is priced with the first group's reserve, as
-    costmodel.groups.rank_caps_bytes budgets it."""
+    caller already has them; `dense`: per rank, how many of DeepSeek's dense first layers it
+    holds (by default all on the first rank). On a mixed cluster each rank's shape is its group's
+    (`rtm` is then not taken: the groups' differ), and memory is priced with the first group's
+    reserve, as costmodel.groups.rank_caps_bytes budgets it."""
+    dense = _dense_per_rank(model.first_k_dense, plan, dense)
     if cluster.is_mixed:
         memory = memory or stage_memory_shapes(model, train, plan, _reserved(model, train, plan, cluster),
-                                               cluster.framework)
+                                               cluster.framework, dense)
         views = rank_views(plan, cluster)
-        by_view = {view: rank_shapes(model, train, view, plan, memory) for view in set(views)}
+        by_view = {view: rank_shapes(model, train, view, plan, memory, dense=dense) for view in set(views)}
         return [by_view[view][r] for r, view in enumerate(views)]
     rtm = (rtm or rank_time_model(model, train, plan, cluster, spans(plan, cluster))).with_schedule(
         plan.vpp, plan.num_micro_batches)
     dp_shape = _dp_shape(model, train, cluster, plan)
     memory = memory or stage_memory_shapes(model, train, plan, _reserved(model, train, plan, cluster),
-                                          cluster.framework)
+                                          cluster.framework, dense)
     first, last = plan.stage_rank(0), plan.stage_rank(plan.num_virtual_stages - 1)
-    times: dict[tuple[bool, bool, float], tuple] = {}
+    times: dict[tuple[bool, bool, float, int], tuple] = {}
     out = []
     for r, mem in enumerate(memory):
         own = rtm.for_rank(r)   # its own sends (costmodel.rank_time.RankTimeModel.sends_s)
-        key = (r == first, r == last, own.pp_comm_s)
+        key = (r == first, r == last, own.pp_comm_s, dense[r])
         if key not in times:
-            times[key] = _time_shape(model, train, cluster, plan, own, r == first, r == last, dp_shape)
+            times[key] = _time_shape(model, train, cluster, plan, own, r == first, r == last, dp_shape, dense[r])
         t, f, opt, dp = times[key]
         out.append(RankShape(t, f, opt, dp, mem))
     return out

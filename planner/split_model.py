@@ -15,6 +15,7 @@ from costmodel.pipeline_closed_form import scaled_closed_form
 from costmodel.plan import Plan, Recompute, even_layers
 from costmodel.specs import ModelSpec
 from planner.bounds import MemoryFit, min_max_time_s
+from planner.dense_spreads import DenseChoice, DenseDelta, DenseSpread
 from planner.shapes import RankShape
 
 if TYPE_CHECKING:
@@ -95,17 +96,18 @@ class SplitModel:
     count fixed to `block_k` where given), its objective at most `ceiling` where given."""
 
     def __init__(self, model: ModelSpec, plan: Plan, ranks: list[RankShape], fit: MemoryFit, cutoff_s: float,
-                 rules: SplitRules, block_k: int | None = None, ceiling: int | None = None):
+                 rules: SplitRules, block_k: int | None = None, ceiling: int | None = None,
+                 dense: DenseChoice | None = None):
         total, v, m = model.num_layers, plan.vpp, plan.num_micro_batches
         self.cm = cm = cp_sat().CpModel()
         self.L = L = [cm.NewIntVar(v, total, f"L{r}") for r in range(plan.pp)]
         self.n = n = [cm.NewIntVar(0, total, f"n{r}") for r in range(plan.pp)]
         z = [cm.NewBoolVar(f"z{r}") for r in range(plan.pp)]
         cm.Add(sum(L) == total)
-        # the dense first layers on the first stage, where the search's shapes price them
-        # (costmodel.params.rank_params_at's default); apply_split gives the first rank's shortest
-        # chunk, floor(L / vpp), to it
-        cm.Add(L[plan.stage_rank(0)] >= model.first_k_dense * plan.vpp)
+        # the dense first layers where the ranks' shapes price them (planner.dense_spreads; by
+        # default all on the first stage, the first rank's shortest chunk under apply_split)
+        dense = dense or DenseChoice((DenseSpread((model.first_k_dense,)),))
+        held = dense.constrain(cm, L, plan.vpp, total)
         for r in range(plan.pp):
             cm.Add(n[r] <= L[r])
             cm.Add(n[r] <= total * z[r])
@@ -119,11 +121,15 @@ class SplitModel:
         for r, rs in enumerate(ranks):
             mem = rs.memory
             base, per_layer, per_recomputed, jump = integer_bytes(mem)
-            cm.Add(base + per_layer * L[r] + per_recomputed * n[r] + jump * z[r] <= int(fit.caps[r]))
-            t_vars.append(_affine_var(cm, rs.t, L[r], n[r], v, total, f"t{r}"))
-            f_vars.append(_affine_var(cm, rs.f, L[r], n[r], v, total, f"f{r}"))
-            opt_vars.append(_affine_var(cm, (*rs.opt, 0.0), L[r], n[r], v, total, f"o{r}"))
-            dp_vars.append(_dp_rank(cm, rs, L[r], n[r], total, v, r))
+            delta = dense.deltas[r] if held[r] else None
+            d, most = held[r] or (0, 0)
+            per_dense = round(delta.memory_bytes) if delta else 0
+            cm.Add(base + per_layer * L[r] + per_recomputed * n[r] + jump * z[r] + per_dense * d <= int(fit.caps[r]))
+            t_vars.append(_affine_var(cm, rs.t, L[r], n[r], v, total, f"t{r}", _dense(delta, "t_s", d, most)))
+            f_vars.append(_affine_var(cm, rs.f, L[r], n[r], v, total, f"f{r}", _dense(delta, "f_s", d, most)))
+            opt_vars.append(_affine_var(cm, (*rs.opt, 0.0), L[r], n[r], v, total, f"o{r}",
+                                        _dense(delta, "opt_s", d, most)))
+            dp_vars.append(_dp_rank(cm, rs, L[r], n[r], total, v, r, delta, d, most))
         T = _max_var(cm, t_vars, "T")
         F = _max_var(cm, f_vars, "F")
         DP = _max_var(cm, dp_vars, "DP")
@@ -135,8 +141,8 @@ class SplitModel:
         scale = v if traits.fill_divided_by_vpp else 1
         step = scaled_closed_form(traits, m, T.var, sum(f.var for f in f_vars), F.var, v) + scale * (DP.var + OPT.var)
         # integer nanoseconds round each coefficient: allow that much slack in both bounds below
-        slack = (scale * m + 3 * plan.pp + 3) * (2 * total + 2)
-        slowest = min_max_time_s([r.t for r in ranks], plan, fit, total)
+        slack = (scale * m + 3 * plan.pp + 3) * (2 * total + 2 + model.first_k_dense)
+        slowest = min_max_time_s([r.t for r in ranks], plan, fit, total) if len(dense.spreads) == 1 else dense.slowest_s
         cm.Add(T.var >= math.floor(slowest * NS) - slack)  # the exact min-max of the slowest rank
         if math.isfinite(cutoff_s):
             cm.Add(step <= math.floor(scale * cutoff_s * NS) + slack)
@@ -183,14 +189,22 @@ def solve_model(cm: cp_model.CpModel, *, time_limit_s: float, deterministic_limi
 
 
 def _affine_var(cm: cp_model.CpModel, coef: tuple[float, float, float], L, n, lo_layers: int,
-                total: int, name: str):
-    """An IntVar equal to a + b·L + c·n (ns), with its exact range as domain (tight domains make
-    CP-SAT's propagation and optimality proof fast)."""
+                total: int, name: str, dense: tuple[float, object, int] | None = None):
+    """An IntVar equal to a + b·L + c·n (ns), + e·d where `dense` is (e, the rank's dense layers
+    d, the most it may hold), with its exact range as domain (tight domains make CP-SAT's
+    propagation and optimality proof fast)."""
     a, b, c = (_ns(x) for x in coef)
-    corners = [a + b * x + c * y for x in (lo_layers, total) for y in (0, total)]
+    e, d, most = dense or (0.0, 0, 0)
+    e = _ns(e)
+    corners = [a + b * x + c * y + e * w for x in (lo_layers, total) for y in (0, total) for w in (0, most)]
     var = _Bounded(cm.NewIntVar(min(corners), max(corners), name), min(corners), max(corners))
-    cm.Add(var.var == a + b * L + c * n)
+    cm.Add(var.var == a + b * L + c * n + e * d)
     return var
+
+
+def _dense(delta: DenseDelta | None, field: str, d, most: int) -> tuple[float, object, int] | None:
+    """_affine_var's dense term of one of the delta's fields, None without one."""
+    return None if delta is None else (getattr(delta, field), d, most)
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,24 +221,29 @@ def _max_var(cm: cp_model.CpModel, xs: list[_Bounded], name: str) -> _Bounded:
     return _Bounded(var, lo, hi)
 
 
-def _dp_rank(cm: cp_model.CpModel, rs: RankShape, L, n, total: int, v: int, r: int):
-    """sum_k mult_k · max(comm_k - window_k, bucket_k) for one rank."""
+def _dp_rank(cm: cp_model.CpModel, rs: RankShape, L, n, total: int, v: int, r: int,
+             delta: DenseDelta | None = None, d=0, most: int = 0):
+    """sum_k mult_k · max(comm_k - window_k, bucket_k) for one rank (each term's comm and window
+    moved by the rank's dense layers d where `delta` says by how much)."""
     if not rs.dp:
         return _Bounded(cm.NewConstant(0), 0, 0)
+    moves = delta.dp if delta else ((0.0, 0.0),) * len(rs.dp)
     parts, lo, hi = [], 0, 0
     # terms that hide behind nothing (window "none": exposed syncs, the contention terms) are
     # affine in L once one layer's worth already exceeds the bucket: one variable for all of them
-    exposed = [(mult, c0, c1) for mult, (c0, c1), w, bucket in rs.dp if w == (0.0, 0.0, 0.0)
-               and c1 >= 0 and c0 + c1 * max(v, 1) >= bucket]
+    exposed = [k for k, ((mult, (c0, c1), w, bucket), (dc, dw)) in enumerate(zip(rs.dp, moves))
+               if w == (0.0, 0.0, 0.0) and dw == 0.0 and c1 >= 0 and c0 + min(0.0, dc * most) + c1 * max(v, 1) >= bucket]
     if exposed:
-        var = _affine_var(cm, (sum(m * c0 for m, c0, _ in exposed), sum(m * c1 for m, _, c1 in exposed), 0.0),
-                          L, n, v, total, f"e{r}")
+        terms = [(rs.dp[k].multiplier, rs.dp[k].comm, moves[k][0]) for k in exposed]
+        var = _affine_var(cm, (sum(m * c0 for m, (c0, _), _ in terms), sum(m * c1 for m, (_, c1), _ in terms), 0.0),
+                          L, n, v, total, f"e{r}", (sum(m * dc for m, _, dc in terms), d, most) if delta else None)
         parts.append(var.var)
         lo, hi = lo + var.lo, hi + var.hi
-    for k, (mult, (c0, c1), (w0, w1, w2), bucket) in enumerate(rs.dp):
-        if (mult, c0, c1) in exposed and (w0, w1, w2) == (0.0, 0.0, 0.0):
+    for k, ((mult, (c0, c1), (w0, w1, w2), bucket), (dc, dw)) in enumerate(zip(rs.dp, moves)):
+        if k in exposed:
             continue
-        diff = _affine_var(cm, (c0 - w0, c1 - w1, -w2), L, n, v, total, f"d{r}_{k}")
+        diff = _affine_var(cm, (c0 - w0, c1 - w1, -w2), L, n, v, total, f"d{r}_{k}",
+                           (dc - dw, d, most) if delta else None)
         b = _ns(bucket)
         hidden = _max_var(cm, [diff, _Bounded(cm.NewConstant(b), b, b)], f"h{r}_{k}")
         parts.append(mult * hidden.var)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from costmodel.frameworks import RUNTIME, FrameworkTraits, tp_comm_overlaps, tp_in_one_node
 from costmodel.fsdp_units import fsdp_unit_params
@@ -348,39 +348,58 @@ def stage_memory_at(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int, l
 
 
 def stage_memory_shapes(model: ModelSpec, train: TrainSpec, plan: Plan,
-                        reserved_bytes: float, traits: FrameworkTraits = RUNTIME) -> list[AffineBytes]:
+                        reserved_bytes: float, traits: FrameworkTraits = RUNTIME,
+                        dense: Sequence[int] | None = None) -> list[AffineBytes]:
     """Per pipeline rank, its total memory as an affine function of its layer and
     recomputed-layer counts: `stage_memory_at(...).total_bytes` for every (L, n) at once. States
-    are linear in the rank's parameters, which are affine in L."""
-    return stage_memory_shapes_by_zero(model, train, [plan], reserved_bytes, traits)[0]
+    are linear in the rank's parameters, which are affine in L. `dense`: per rank, how many of
+    DeepSeek's dense first layers it holds (by default all of them on the first)."""
+    return stage_memory_shapes_by_zero(model, train, [plan], reserved_bytes, traits, dense)[0]
 
 
 def stage_memory_shapes_by_zero(model: ModelSpec, train: TrainSpec, plans: list[Plan],
-                                reserved_bytes: float,
-                                traits: FrameworkTraits = RUNTIME) -> list[list[AffineBytes]]:
+                                reserved_bytes: float, traits: FrameworkTraits = RUNTIME,
+                                dense: Sequence[int] | None = None) -> list[list[AffineBytes]]:
     """`stage_memory_shapes` of plans that differ only in their ZeRO stage (activations, the
     costly part, do not depend on it and are computed once)."""
+    plan = plans[0]
+    first = plan.stage_rank(0)
+    # the dense first layers where the search's split puts them, whatever the probe plan's own
+    # split: by default all on the first rank (the parameters' default, rank_params_at)
+    dense = dense or [model.first_k_dense if rank == first else 0 for rank in range(plan.pp)]
+    return stage_memory_shapes_by_dense(model, train, plans, reserved_bytes, traits, [dense])[0]
+
+
+def stage_memory_shapes_by_dense(model: ModelSpec, train: TrainSpec, plans: list[Plan], reserved_bytes: float,
+                                 traits: FrameworkTraits, placements: Sequence[Sequence[int]]
+                                 ) -> list[list[list[AffineBytes]]]:
+    """`stage_memory_shapes_by_zero` per placement of DeepSeek's dense first layers (per rank, how
+    many it holds), each rank's activations priced once per count of them."""
     plan = plans[0]
     first, last = plan.stage_rank(0), plan.stage_rank(plan.num_virtual_stages - 1)
     mb = _micro_batch_shape(model, train, plan, traits)
     # (edge's replicated and expert parameters, replicated per layer, experts per layer, the edge's
     # layer parameters): one per kind of rank (an edge holds experts and layers where the first
     # layers are dense or MTP modules follow)
-    params: dict[tuple[bool, bool], tuple[int, int, int, int, int]] = {}
+    params: dict[tuple[bool, bool, int], tuple[int, int, int, int, int]] = {}
+    activations: dict[tuple[int, int], AffineBytes] = {}
     backward = {last_rank: _backward_bytes(model, train, plan, last_rank, mb, traits) for last_rank in (False, True)}
-    ranks = []
-    for rank in range(plan.pp):
-        kind = (rank == first, rank == last)
-        if kind not in params:
-            edge, one = rank_params_at(model, plan, 0, *kind, traits), rank_params_at(model, plan, 1, *kind, traits)
-            params[kind] = (edge.replicated, edge.experts, one.replicated - edge.replicated, one.experts - edge.experts,
-                            edge.layers + edge.experts)
-        # the dense first layers where the search's splits keep them, on the first stage (the
-        # parameters' default, rank_params_at), whatever the probe plan's own split
-        dense = model.first_k_dense if kind[0] else 0
-        ranks.append((params[kind], activation_shape(model, train, plan, rank, mb, traits, backward[kind[1]], dense)))
+    by_placement = []
+    for dense in placements:
+        ranks = []
+        for rank in range(plan.pp):
+            kind = (rank == first, rank == last, dense[rank])
+            if kind not in params:
+                edge, one = (rank_params_at(model, plan, layers, *kind[:2], traits, kind[2]) for layers in (0, 1))
+                params[kind] = (edge.replicated, edge.experts, one.replicated - edge.replicated,
+                                one.experts - edge.experts, edge.layers + edge.experts)
+            if (rank, dense[rank]) not in activations:
+                activations[rank, dense[rank]] = activation_shape(model, train, plan, rank, mb, traits,
+                                                                  backward[kind[1]], dense[rank])
+            ranks.append((params[kind], activations[rank, dense[rank]]))
+        by_placement.append(ranks)
     pipeline_buffers = [pipeline_buffer_bytes(model, train, plan, rank, traits) for rank in range(plan.pp)]
-    out = []
+    out: list[list[list[AffineBytes]]] = [[] for _ in placements]
     for sharded in plans:
         # states are linear in each kind of parameter: bytes per replicated one and per expert one
         per_param = sum(state_bytes_for(train, sharded, 1.0, traits))
@@ -388,9 +407,11 @@ def stage_memory_shapes_by_zero(model: ModelSpec, train: TrainSpec, plans: list[
         cache = float8_weight_cache_bytes(sharded, traits)
         fixed = [pipeline_buffers[rank] + _state_buffer_bytes(model, train, sharded, rank, traits) + reserved_bytes
                  for rank in range(plan.pp)]
-        out.append([AffineBytes(base=(fixed[rank] + per_param * edge + per_expert * edge_experts + cache * edge_layers
-                                      + act.base),
-                                per_layer=(per_param + cache) * per_layer + (per_expert + cache) * experts + act.per_layer,
-                                per_recomputed=act.per_recomputed, jump=act.jump)
-                    for rank, ((edge, edge_experts, per_layer, experts, edge_layers), act) in enumerate(ranks)])
+        for shapes, ranks in zip(out, by_placement):
+            shapes.append([AffineBytes(base=(fixed[rank] + per_param * edge + per_expert * edge_experts
+                                             + cache * edge_layers + act.base),
+                                       per_layer=((per_param + cache) * per_layer + (per_expert + cache) * experts
+                                                  + act.per_layer),
+                                       per_recomputed=act.per_recomputed, jump=act.jump)
+                           for rank, ((edge, edge_experts, per_layer, experts, edge_layers), act) in enumerate(ranks)])
     return out
