@@ -294,6 +294,13 @@ def dense_layers_held(first_k_dense: int, first: bool, dense: int | None) -> int
     return (first_k_dense if first else 0) if dense is None else dense
 
 
+def dense_layers_first_rank(first_k_dense: int, plan: Plan) -> tuple[int, ...]:
+    """Per pipeline rank, the dense first layers it holds when all of them are on the first
+    (`dense_layers_held`'s default, rank by rank)."""
+    first = plan.stage_rank(0)
+    return tuple(first_k_dense if rank == first else 0 for rank in range(plan.pp))
+
+
 def dense_layers_by_stage(model: ModelSpec, plan: Plan) -> tuple[int, ...]:
     """Per virtual stage (pipeline order), how many of DeepSeek's dense first layers
     (ModelSpec.first_k_dense: the model's first layers) it holds: Megatron-Core's published

@@ -5,13 +5,15 @@ apply_split gives each rank's layers evenly to its virtual stages, shortest firs
 (rank s's first chunk) holds floor(L_s / vpp) layers. A spread (d_0, ..., d_j) says stages 0..j-1
 hold only dense layers, d_s = floor(L_s / vpp) of them, and stage j the d_j left, among others:
 Megatron-Core's DeepSeek-V3 layout on 1,024 H100s, Et|(tt|)*30mL, is (1, 2) at PP8 VP4. The
-search solves one split per spread (the ranks' shapes differ in their dense layers: parameters,
-activations and time), the dense layers kept off the last rank, which holds the head. A rank's
-cost is linear in its dense layers, so its least over every spread is at none or at the most it
-can hold (`reachable`): the bounds the search prunes with take that least.
+dense layers stay off the last rank, which holds the head. A rank's shape (time, fill, optimizer,
+DP terms, memory) is linear in its dense layers: one CP-SAT model chooses the spread
+(`DenseChoice`: the shapes with none and what each adds, `DenseDelta`), and the bounds the search
+prunes with before the spread is chosen take each rank's least, at the fewest or the most dense
+layers a spread gives it (`dense_range`).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from itertools import combinations
 
@@ -55,13 +57,19 @@ class DenseSpread:
         return all(lo <= n <= hi for n, (lo, hi) in zip(layers, self.layer_bounds(len(layers), vpp, sum(layers))))
 
 
+def first_stage_spread(model: ModelSpec) -> DenseSpread:
+    """All of the dense first layers on the first stage (costmodel.params.rank_params_at's
+    default); a dense model's (0,)."""
+    return DenseSpread((model.first_k_dense,))
+
+
 def dense_spreads(model: ModelSpec, plan: Plan) -> list[DenseSpread]:
-    """The spreads a split of `plan` may take, all on the first stage first (the default of
-    costmodel.params.rank_params_at); one for a dense model (no dense layers) and without a
-    pipeline."""
+    """The spreads a split of `plan` may take, all on the first stage first; that one alone for a
+    dense model or one dense layer, without a pipeline (or with two ranks: never on the last), and
+    beyond MOST_SPREAD_DENSE dense layers."""
     k = model.first_k_dense
-    if plan.pp == 1 or k <= 1 or k > MOST_SPREAD_DENSE:
-        return [DenseSpread((k,))]
+    if plan.pp <= 2 or k <= 1 or k > MOST_SPREAD_DENSE:
+        return [first_stage_spread(model)]
     out = []
     for parts in range(1, min(k, plan.pp - 1) + 1):
         for cuts in combinations(range(1, k), parts - 1):
@@ -70,27 +78,39 @@ def dense_spreads(model: ModelSpec, plan: Plan) -> list[DenseSpread]:
     return out
 
 
+def dense_range(model: ModelSpec, plan: Plan) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Per rank, the fewest and the most dense first layers the spreads give it."""
+    counts = [spread.per_rank(plan.pp) for spread in dense_spreads(model, plan)]
+    return tuple(map(min, zip(*counts))), tuple(map(max, zip(*counts)))
+
+
 def reachable(model: ModelSpec, plan: Plan) -> tuple[int, ...]:
     """Per rank, the most dense first layers some spread gives it (0 on ranks none reaches)."""
-    most = [0] * plan.pp
-    for spread in dense_spreads(model, plan):
-        for r, d in enumerate(spread.per_rank(plan.pp)):
-            most[r] = max(most[r], d)
-    return tuple(most)
+    return dense_range(model, plan)[1]
+
+
+def spread_memory_shapes(model: ModelSpec, train: TrainSpec, plan: Plan, reserved_bytes: float,
+                         traits: FrameworkTraits) -> dict[tuple[int, ...], list[AffineBytes]]:
+    """The memory shapes of `plan` per placement of the dense first layers (per rank, how many it
+    holds): every spread's, none anywhere and each rank's most (`reachable`: with none, the
+    shapes DenseDelta reads), priced at once, sharing the ranks' activations."""
+    placements = list(dict.fromkeys([*(s.per_rank(plan.pp) for s in dense_spreads(model, plan)),
+                                     (0,) * plan.pp, reachable(model, plan)]))
+    shapes = stage_memory_shapes_by_dense(model, train, [plan], reserved_bytes, traits, placements)
+    return {placed: by_zero[0] for placed, by_zero in zip(placements, shapes)}
 
 
 def least_memory_shapes_by_zero(model: ModelSpec, train: TrainSpec, plans: list[Plan], reserved_bytes: float,
                                 traits: FrameworkTraits) -> list[list[AffineBytes]]:
     """costmodel.memory.stage_memory_shapes_by_zero with the dense first layers where the search's
     split puts them: where it may spread them, each rank's least over every spread (its memory is
-    linear in its dense layers: the least is at none or at the most it can hold, `reachable`), a
-    bound below each spread's shapes."""
+    linear in its dense layers: the least is at the fewest or the most it holds, `dense_range`),
+    a bound below each spread's shapes."""
     plan = plans[0]
     if len(dense_spreads(model, plan)) == 1:
         return stage_memory_shapes_by_zero(model, train, plans, reserved_bytes, traits)
-    ends = stage_memory_shapes_by_dense(model, train, plans, reserved_bytes, traits,
-                                        [(0,) * plan.pp, reachable(model, plan)])
-    return [[_least_bytes(a, b) for a, b in zip(none, most)] for none, most in zip(*ends)]
+    ends = stage_memory_shapes_by_dense(model, train, plans, reserved_bytes, traits, dense_range(model, plan))
+    return [[_least_bytes(a, b) for a, b in zip(fewest, most)] for fewest, most in zip(*ends)]
 
 
 def _least_bytes(a: AffineBytes, b: AffineBytes) -> AffineBytes:
@@ -102,12 +122,17 @@ def _least_bytes(a: AffineBytes, b: AffineBytes) -> AffineBytes:
 
 def least_pipeline_rows(model: ModelSpec, rtm: RankTimeModel, plan: Plan) -> tuple[list, list]:
     """planner.shapes.pipeline_rows, each rank's least over every spread of the dense first
-    layers (linear in them: at none or at the most it can hold)."""
+    layers (linear in them: at the fewest or the most it holds, `dense_range`)."""
     if len(dense_spreads(model, plan)) == 1:
         return pipeline_rows(rtm, plan)
-    (t0, f0), (t1, f1) = (pipeline_rows(rtm, plan, dense) for dense in ((0,) * plan.pp, reachable(model, plan)))
-    return ([min(a, b, key=lambda c: c.base) for a, b in zip(t0, t1)],
-            [min(a, b, key=lambda c: c.base) for a, b in zip(f0, f1)])
+    (t0, f0), (t1, f1) = (pipeline_rows(rtm, plan, dense) for dense in dense_range(model, plan))
+    return [_least_row(a, b) for a, b in zip(t0, t1)], [_least_row(a, b) for a, b in zip(f0, f1)]
+
+
+def _least_row(a: tuple, b: tuple) -> tuple:
+    """The lower of two rows (planner.shapes.Coefficients) that differ in their base alone."""
+    assert a[1:] == b[1:], (a, b)
+    return a if a[0] <= b[0] else b
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,18 +145,20 @@ class DenseDelta:
     f_s: float
     opt_s: float
     memory_bytes: float
-    dp: tuple[tuple[float, float], ...]   # per DP term: (comm, window)
+    dp_s: tuple[tuple[float, float], ...]   # per DP term: (comm, window)
 
     @staticmethod
     def between(none: RankShape, most: RankShape, count: int) -> DenseDelta:
         """The delta from a rank's shape with none of them to its shape with `count`."""
         def per(a: float, b: float) -> float:
             return 0.0 if a == b else (b - a) / count   # a window that hides everything stays so
-        assert (none.t[1:], none.memory.per_layer, len(none.dp)) == (most.t[1:], most.memory.per_layer, len(most.dp))
+        assert (none.t[1:], none.f[1:], none.memory.per_layer, len(none.dp)) == \
+            (most.t[1:], most.f[1:], most.memory.per_layer, len(most.dp)), (none, most)
+        assert math.isclose(none.opt.slope, most.opt.slope, rel_tol=1e-9, abs_tol=1e-15), (none.opt, most.opt)
         return DenseDelta(t_s=per(none.t.base, most.t.base), f_s=per(none.f.base, most.f.base),
                           opt_s=per(none.opt.intercept, most.opt.intercept),
                           memory_bytes=per(none.memory.base, most.memory.base),
-                          dp=tuple((per(a.comm.intercept, b.comm.intercept), per(a.window.base, b.window.base))
+                          dp_s=tuple((per(a.comm.intercept, b.comm.intercept), per(a.window.base, b.window.base))
                                    for a, b in zip(none.dp, most.dp)))
 
 

@@ -29,7 +29,7 @@ from costmodel.memory import AffineBytes, reserved_bytes, stage_memory_shapes
 from costmodel.plan import Plan, Recompute, even_layers
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.bounds import MemoryFit
-from planner.dense_spreads import DenseChoice, DenseSpread
+from planner.dense_spreads import DenseChoice, DenseSpread, first_stage_spread
 from planner.shapes import RankShape, rank_shapes
 from planner.split_model import FREE, SplitModel, SplitRules, cp_sat, integer_bytes, recomputes_all
 
@@ -102,7 +102,7 @@ def solve_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
     constant terms (>= 0), so None never hides a plan that would beat the cutoff. `dense`: where
     the split may put the dense first layers (planner.dense_spreads.DenseChoice; `ranks` and
     `fit` priced so), by default all on the first stage."""
-    dense = dense or DenseChoice((DenseSpread((model.first_k_dense,)),))
+    dense = dense or DenseChoice((first_stage_spread(model),))
     ranks = ranks or rank_shapes(model, train, cluster, plan, dense=dense.spreads[0].per_rank(plan.pp))
     total = model.num_layers
     fit = fit or MemoryFit([r.memory for r in ranks], plan, rank_caps_bytes(plan, cluster), total)

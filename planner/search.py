@@ -256,7 +256,9 @@ def _examine(shared: SharedModels, stats: SearchStats, base: Choice, zero: int, 
             return False
     else:
         chosen = _dense_choice(shared, base, zero, plan, fit, rtm, cutoff)
-        if chosen is None:
+        if chosen == "memory":   # the least over the spreads fitted, no spread does
+            return None
+        if chosen == "bound":
             stats.prune("bound")
             return False
         shapes, dense, fit = chosen
@@ -290,24 +292,25 @@ def _examine(shared: SharedModels, stats: SearchStats, base: Choice, zero: int, 
 
 
 def _dense_choice(shared: SharedModels, base: Choice, zero: int, plan: Plan, fit: MemoryFit, rtm: RankTimeModel,
-                  cutoff: float) -> tuple[list[RankShape], DenseChoice, MemoryFit] | None:
+                  cutoff: float) -> tuple[list[RankShape], DenseChoice, MemoryFit] | str:
     """Where a mixture's dense first layers may go (planner.dense_spreads): the spreads some split
     of which fits with a bound below the cutoff, and the shapes, choice and fit CP-SAT solves them
     with (one spread: its own; several: the shapes with none, what each adds, `fit`: each rank's
-    least); None when no spread is left."""
+    least); "memory" when no spread fits, "bound" when every one that does reaches the cutoff."""
     model, train, cluster, total = shared.model, shared.train, shared.cluster, shared.model.num_layers
     memory = shared.spread_memory(base, zero, plan)
-    live = []
+    live, fitting = [], False
     for spread in dense_spreads(model, plan):
         held = spread.per_rank(plan.pp)
         spread_fit = MemoryFit(memory[held], plan, fit.caps, total, spread.layer_bounds(plan.pp, plan.vpp, total))
         if not spread_fit.fits:
             continue
+        fitting = True
         shapes = rank_shapes(model, train, cluster, plan, memory=spread_fit.memory, rtm=rtm, dense=held)
         if lower_bound_with_memory_s(shapes, plan, spread_fit, total) < cutoff:
             live.append((spread, shapes, spread_fit))
     if not live:
-        return None
+        return "bound" if fitting else "memory"
     if len(live) == 1:
         spread, shapes, spread_fit = live[0]
         return shapes, DenseChoice((spread,)), spread_fit

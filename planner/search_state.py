@@ -10,7 +10,7 @@ from costmodel.estimate import Estimate
 from costmodel.frameworks import shards_in_part
 from costmodel.groups import rank_caps_bytes, rank_groups, views
 from costmodel.hardware import ClusterSpec
-from costmodel.memory import keeps_whole_grads_under_pp, reserved_bytes, stage_memory_shapes_by_dense
+from costmodel.memory import keeps_whole_grads_under_pp, reserved_bytes
 from costmodel.plan import Plan
 from costmodel.rank_time import RankTimeModel, Spans, fastest_of, rank_time_model, spans
 from costmodel.rank_time.ep_overlap import ep_overlap_factor, ep_overlap_floor_factor
@@ -28,7 +28,7 @@ from planner.bounds import (
     zero_floor_s,
 )
 from planner.candidates import Group, hybrid_zero_stage
-from planner.dense_spreads import dense_spreads, least_memory_shapes_by_zero, least_pipeline_rows, reachable
+from planner.dense_spreads import least_memory_shapes_by_zero, least_pipeline_rows, spread_memory_shapes
 from planner.search_options import (
     STATE_OPTIONS,
     SearchOptions,
@@ -286,20 +286,14 @@ class SharedModels:
         return self._memory[key(current)]
 
     def spread_memory(self, base: Choice, zero: int, plan: Plan) -> dict[tuple[int, ...], list]:
-        """The memory shapes of `plan` per placement of the dense first layers (per rank, how many
-        it holds): every spread's (planner.dense_spreads), none anywhere, and each rank's most
-        (`reachable`), priced at once, sharing the ranks' activations."""
+        """planner.dense_spreads.spread_memory_shapes of the candidate, once per choice."""
         key = self._memory_key(base, plan.vpp, plan.schedule, zero)[:-1]
-        got = self._spread_shapes.get(key)
-        if got is None:
+        if key not in self._spread_shapes:
             reserved = reserved_bytes(self.model, self.train, plan, self.cluster.device, self.cluster.framework,
                                       self.cluster.devices_per_node)
-            placements = list(dict.fromkeys([*(s.per_rank(plan.pp) for s in dense_spreads(self.model, plan)),
-                                             (0,) * plan.pp, reachable(self.model, plan)]))
-            shapes = stage_memory_shapes_by_dense(self.model, self.train, [plan], reserved, self.cluster.framework,
-                                                  placements)
-            got = self._spread_shapes[key] = {p: by_zero[0] for p, by_zero in zip(placements, shapes)}
-        return got
+            self._spread_shapes[key] = spread_memory_shapes(self.model, self.train, plan, reserved,
+                                                            self.cluster.framework)
+        return self._spread_shapes[key]
 
     def states_room(self, group: Group, zeros: list[int]) -> bool:
         """Whether the training states alone leave some variant of the group, under one of the

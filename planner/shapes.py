@@ -10,7 +10,7 @@ from typing import NamedTuple, Sequence
 from costmodel.groups import rank_views
 from costmodel.hardware import ClusterSpec
 from costmodel.memory import AffineBytes, reserved_bytes, stage_memory_shapes
-from costmodel.params import rank_params_at
+from costmodel.params import dense_layers_first_rank, rank_params_at
 from costmodel.pipeline_closed_form import fill_s
 from costmodel.plan import Plan
 from costmodel.rank_time import (
@@ -89,7 +89,7 @@ def pipeline_rows(rtm: RankTimeModel, plan: Plan, dense: Sequence[int] | None = 
     default all on the first rank)."""
     rtm = rtm.with_schedule(plan.vpp, plan.num_micro_batches)   # the sends waited for at its micro-batches
     first, last = plan.stage_rank(0), plan.stage_rank(plan.num_virtual_stages - 1)
-    dense = _dense_per_rank(rtm.first_k_dense, plan, dense)
+    dense = dense or dense_layers_first_rank(rtm.first_k_dense, plan)
     rows: dict[tuple, tuple] = {}
     per_rank = []
     for r in range(plan.pp):
@@ -101,26 +101,23 @@ def pipeline_rows(rtm: RankTimeModel, plan: Plan, dense: Sequence[int] | None = 
     return [t for t, _ in per_rank], [f for _, f in per_rank]
 
 
-def _dense_per_rank(first_k_dense: int, plan: Plan, dense: Sequence[int] | None) -> Sequence[int]:
-    """`dense` where given, else all of the dense first layers on the first rank."""
-    first = plan.stage_rank(0)
-    return dense or [first_k_dense if r == first else 0 for r in range(plan.pp)]
-
-
 def _time_shape(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan, rtm: RankTimeModel,
                 first: bool, last: bool, dp_shape: list, dense: int) -> tuple:
     """(t, f, opt, dp) of a rank holding `dense` dense first layers: the same on every rank in the
     middle of the pipeline that holds none."""
     edge_times = rtm.at(0, 0, first, last, dense)
     t, f = _pipeline_rows(rtm, plan, edge_times)
-    held = {L: rank_params_at(model, plan, L, first, last, cluster.framework, dense) for L in (0, 1, 2)}
+    # read at layer counts a rank holding `dense` dense layers can have (fewer would leave it
+    # negative expert parameters, where the optimizer's per-step floor bends the line)
+    lo = max(1, dense)
+    held = {L: rank_params_at(model, plan, L, first, last, cluster.framework, dense) for L in (0, 1, lo, lo + 1)}
     sp = spans(plan, cluster)
     # what a rank does after the pipeline: a TP-replicated mixture's gradient sync, then the
     # optimizer and the step's host work; and its gradient accumulation and a one-replica plan's
     # FSDP reduce and gathers, priced beside them
     opt = Linear(*affine(lambda L: sum(after_pipeline_s(model, train, plan, cluster, sp, held[L], L))
                          + grad_accumulation_s(model, train, plan, cluster, held[L], L)
-                         + one_replica_fsdp_s(model, train, plan, cluster, held[L], L), 1, 2))
+                         + one_replica_fsdp_s(model, train, plan, cluster, held[L], L), lo, lo + 1))
     # DP collectives per gradient group: comm = alpha + beta·P in the group's parameters P,
     # each affine in L (P = edge + L·per layer), so their sum is too
     overlap = cluster.device.efficiency.overlap
@@ -169,7 +166,7 @@ def rank_shapes(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
     holds (by default all on the first rank). On a mixed cluster each rank's shape is its group's
     (`rtm` is then not taken: the groups' differ), and memory is priced with the first group's
     reserve, as costmodel.groups.rank_caps_bytes budgets it."""
-    dense = _dense_per_rank(model.first_k_dense, plan, dense)
+    dense = dense or dense_layers_first_rank(model.first_k_dense, plan)
     if cluster.is_mixed:
         memory = memory or stage_memory_shapes(model, train, plan, _reserved(model, train, plan, cluster),
                                                cluster.framework, dense)

@@ -15,7 +15,7 @@ from costmodel.pipeline_closed_form import scaled_closed_form
 from costmodel.plan import Plan, Recompute, even_layers
 from costmodel.specs import ModelSpec
 from planner.bounds import MemoryFit, min_max_time_s
-from planner.dense_spreads import DenseChoice, DenseDelta, DenseSpread
+from planner.dense_spreads import DenseChoice, DenseDelta, first_stage_spread
 from planner.shapes import RankShape
 
 if TYPE_CHECKING:
@@ -106,8 +106,8 @@ class SplitModel:
         cm.Add(sum(L) == total)
         # the dense first layers where the ranks' shapes price them (planner.dense_spreads; by
         # default all on the first stage, the first rank's shortest chunk under apply_split)
-        dense = dense or DenseChoice((DenseSpread((model.first_k_dense,)),))
-        held = dense.constrain(cm, L, plan.vpp, total)
+        dense = dense or DenseChoice((first_stage_spread(model),))
+        dense_terms = dense.constrain(cm, L, plan.vpp, total)
         for r in range(plan.pp):
             cm.Add(n[r] <= L[r])
             cm.Add(n[r] <= total * z[r])
@@ -121,14 +121,14 @@ class SplitModel:
         for r, rs in enumerate(ranks):
             mem = rs.memory
             base, per_layer, per_recomputed, jump = integer_bytes(mem)
-            delta = dense.deltas[r] if held[r] else None
-            d, most = held[r] or (0, 0)
+            delta = dense.deltas[r] if dense_terms[r] else None
+            d, most = dense_terms[r] or (0, 0)
             per_dense = round(delta.memory_bytes) if delta else 0
             cm.Add(base + per_layer * L[r] + per_recomputed * n[r] + jump * z[r] + per_dense * d <= int(fit.caps[r]))
-            t_vars.append(_affine_var(cm, rs.t, L[r], n[r], v, total, f"t{r}", _dense(delta, "t_s", d, most)))
-            f_vars.append(_affine_var(cm, rs.f, L[r], n[r], v, total, f"f{r}", _dense(delta, "f_s", d, most)))
+            t_vars.append(_affine_var(cm, rs.t, L[r], n[r], v, total, f"t{r}", delta and (delta.t_s, d, most)))
+            f_vars.append(_affine_var(cm, rs.f, L[r], n[r], v, total, f"f{r}", delta and (delta.f_s, d, most)))
             opt_vars.append(_affine_var(cm, (*rs.opt, 0.0), L[r], n[r], v, total, f"o{r}",
-                                        _dense(delta, "opt_s", d, most)))
+                                        delta and (delta.opt_s, d, most)))
             dp_vars.append(_dp_rank(cm, rs, L[r], n[r], total, v, r, delta, d, most))
         T = _max_var(cm, t_vars, "T")
         F = _max_var(cm, f_vars, "F")
@@ -202,10 +202,6 @@ def _affine_var(cm: cp_model.CpModel, coef: tuple[float, float, float], L, n, lo
     return var
 
 
-def _dense(delta: DenseDelta | None, field: str, d, most: int) -> tuple[float, object, int] | None:
-    """_affine_var's dense term of one of the delta's fields, None without one."""
-    return None if delta is None else (getattr(delta, field), d, most)
-
 
 @dataclass(frozen=True, slots=True)
 class _Bounded:
@@ -227,7 +223,7 @@ def _dp_rank(cm: cp_model.CpModel, rs: RankShape, L, n, total: int, v: int, r: i
     moved by the rank's dense layers d where `delta` says by how much)."""
     if not rs.dp:
         return _Bounded(cm.NewConstant(0), 0, 0)
-    moves = delta.dp if delta else ((0.0, 0.0),) * len(rs.dp)
+    moves = delta.dp_s if delta else ((0.0, 0.0),) * len(rs.dp)
     parts, lo, hi = [], 0, 0
     # terms that hide behind nothing (window "none": exposed syncs, the contention terms) are
     # affine in L once one layer's worth already exceeds the bucket: one variable for all of them

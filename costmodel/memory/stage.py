@@ -17,7 +17,14 @@ from costmodel.memory.activations import (
 )
 from costmodel.memory.deferred import edge_weight_grad_output_bytes, weight_grad_input_bytes
 from costmodel.memory.states import float8_weight_cache_bytes, reduces_every_micro_batch, state_bytes_for
-from costmodel.params import dense_layers_by_stage, dense_layers_on_rank, layer_params, rank_params, rank_params_at
+from costmodel.params import (
+    dense_layers_by_stage,
+    dense_layers_first_rank,
+    dense_layers_on_rank,
+    layer_params,
+    rank_params,
+    rank_params_at,
+)
 from costmodel.plan import Plan, Recompute
 from costmodel.schedules import interleaved_warmup_chunks, stage_owner
 from costmodel.specs import ModelSpec, TrainSpec
@@ -362,11 +369,9 @@ def stage_memory_shapes_by_zero(model: ModelSpec, train: TrainSpec, plans: list[
                                 dense: Sequence[int] | None = None) -> list[list[AffineBytes]]:
     """`stage_memory_shapes` of plans that differ only in their ZeRO stage (activations, the
     costly part, do not depend on it and are computed once)."""
-    plan = plans[0]
-    first = plan.stage_rank(0)
     # the dense first layers where the search's split puts them, whatever the probe plan's own
     # split: by default all on the first rank (the parameters' default, rank_params_at)
-    dense = dense or [model.first_k_dense if rank == first else 0 for rank in range(plan.pp)]
+    dense = dense or dense_layers_first_rank(model.first_k_dense, plans[0])
     return stage_memory_shapes_by_dense(model, train, plans, reserved_bytes, traits, [dense])[0]
 
 

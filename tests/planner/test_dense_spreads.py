@@ -1,6 +1,7 @@
 """The spreads of DeepSeek's dense first layers the search solves (planner.dense_spreads): each is
 the layout apply_split makes of the splits its constraints admit, its ranks' shapes are the cost
 model's for those splits, and the bounds the search prunes with lie below every spread."""
+import dataclasses
 import random
 
 import pytest
@@ -8,9 +9,17 @@ from ortools.sat.python import cp_model
 
 from costmodel.hardware import parse_cluster
 from costmodel.memory import reserved_bytes, stage_memory_at, stage_memory_shapes
-from costmodel.params import dense_layers_by_stage
+from costmodel.params import dense_layers_by_stage, rank_params
 from costmodel.plan import Recompute
-from costmodel.rank_time import rank_time_model, rank_times, spans
+from costmodel.rank_time import (
+    after_pipeline_s,
+    dp_exposed_s,
+    grad_accumulation_s,
+    one_replica_fsdp_s,
+    rank_time_model,
+    rank_times,
+    spans,
+)
 from costmodel.registry import resolve_model
 from costmodel.specs import TrainSpec
 from planner.dense_spreads import (
@@ -91,6 +100,14 @@ def test_a_spread_s_rank_shapes_are_the_cost_model_s(spread):
             assert shape.memory.at(L, L) == pytest.approx(mem)
             times = rank_times(V3, TRAIN, concrete, CLUSTER, sp, rank)
             assert shape.t.base + shape.t.per_layer * L + shape.t.per_recomputed * L == pytest.approx(times.total_s)
+            held = rank_params(V3, concrete, rank)
+            after = (sum(after_pipeline_s(V3, TRAIN, concrete, CLUSTER, sp, held, L))
+                     + grad_accumulation_s(V3, TRAIN, concrete, CLUSTER, held, L)
+                     + one_replica_fsdp_s(V3, TRAIN, concrete, CLUSTER, held, L))
+            assert shape.opt.intercept + shape.opt.slope * L == pytest.approx(after)
+            dp = sum(mult * max(c0 + c1 * L - (w0 + w1 * L + w2 * L), bucket)
+                     for mult, (c0, c1), (w0, w1, w2), bucket in shape.dp)
+            assert dp == pytest.approx(dp_exposed_s(V3, TRAIN, concrete, CLUSTER, sp, rank, times), abs=1e-12)
 
 
 def test_the_bounds_lie_below_every_spread():
@@ -113,44 +130,51 @@ def test_the_bounds_lie_below_every_spread():
     assert moved   # the dense layers move something
 
 
-@pytest.mark.parametrize("recompute,mbs,pp,vpp", [(Recompute.FULL, 1, 8, 4), (Recompute.FULL, 2, 8, 2),
-                                                   (Recompute.FULL, 1, 16, 1)])
-def test_one_model_over_every_spread_finds_the_best_of_the_spreads_solved_alone(recompute, mbs, pp, vpp):
+@pytest.mark.parametrize("dense,framework,zero,mbs,pp,vpp", [
+    (3, None, 1, 1, 8, 4), (3, None, 1, 2, 8, 2), (3, None, 1, 1, 16, 1),
+    # two dense layers under ZeRO-3: a rank's optimizer step read where it holds them (a review's case)
+    (2, "torchtitan", 3, 1, 4, 1),
+])
+def test_one_model_over_every_spread_finds_the_best_of_the_spreads_solved_alone(dense, framework, zero, mbs, pp, vpp):
     """The search solves a candidate's spreads in one CP-SAT model (the shapes with no dense
     layer and what each adds): its optimum is the least of each spread's own, under the closed
     form the search ranks by."""
     from costmodel.estimate import estimate
+    from costmodel.frameworks import FRAMEWORKS
     from costmodel.groups import rank_caps_bytes
+    from costmodel.hardware.clusters import run_by
     from planner.bounds import MemoryFit, min_max_time_s
     from planner.dense_spreads import DenseChoice, DenseDelta
     from planner.partition import solve_split
-    plan = build_plan(V3, TRAIN, CLUSTER, Choice(tp=2, pp=pp, vpp=vpp, ep=64, zero_stage=1, recompute=recompute,
-                                                 micro_batch_size=mbs))
-    total, caps = V3.num_layers, rank_caps_bytes(plan, CLUSTER)
-    reserved = reserved_bytes(V3, TRAIN, plan, CLUSTER.device, CLUSTER.framework, CLUSTER.devices_per_node)
+    model = dataclasses.replace(V3, first_k_dense=dense)
+    cluster = run_by(CLUSTER, FRAMEWORKS[framework]) if framework else CLUSTER
+    plan = build_plan(model, TRAIN, cluster, Choice(tp=2, pp=pp, vpp=vpp, ep=64, zero_stage=zero,
+                                                    recompute=Recompute.FULL, micro_batch_size=mbs))
+    total, caps = model.num_layers, rank_caps_bytes(plan, cluster)
+    reserved = reserved_bytes(model, TRAIN, plan, cluster.device, cluster.framework, cluster.devices_per_node)
 
     def closed_form_s(split):
-        return estimate(V3, TRAIN, CLUSTER, apply_split(plan, split), simulate=False).step_time_s
+        return estimate(model, TRAIN, cluster, apply_split(plan, split), simulate=False).step_time_s
 
     alone, slowest = [], []
-    for spread in dense_spreads(V3, plan):
+    for spread in dense_spreads(model, plan):
         held = spread.per_rank(plan.pp)
-        memory = stage_memory_shapes(V3, TRAIN, plan, reserved, CLUSTER.framework, held)
+        memory = stage_memory_shapes(model, TRAIN, plan, reserved, cluster.framework, held)
         fit = MemoryFit(memory, plan, caps, total, spread.layer_bounds(plan.pp, plan.vpp, total))
-        shapes = rank_shapes(V3, TRAIN, CLUSTER, plan, memory=memory, dense=held)
-        split = solve_split(V3, TRAIN, CLUSTER, plan, ranks=shapes, fit=fit, dense=DenseChoice((spread,)))
+        shapes = rank_shapes(model, TRAIN, cluster, plan, memory=memory, dense=held)
+        split = solve_split(model, TRAIN, cluster, plan, ranks=shapes, fit=fit, dense=DenseChoice((spread,)))
         if split is not None:
             alone.append(closed_form_s(split))
             slowest.append(min_max_time_s([r.t for r in shapes], plan, fit, total))
     assert len(alone) >= 2, alone   # the spreads compete
-    least = least_memory_shapes_by_zero(V3, TRAIN, [plan], reserved, CLUSTER.framework)[0]
-    none, most = (0,) * plan.pp, reachable(V3, plan)
-    without, full = (rank_shapes(V3, TRAIN, CLUSTER, plan, dense=held,
-                                 memory=stage_memory_shapes(V3, TRAIN, plan, reserved, CLUSTER.framework, held))
+    least = least_memory_shapes_by_zero(model, TRAIN, [plan], reserved, cluster.framework)[0]
+    none, most = (0,) * plan.pp, reachable(model, plan)
+    without, full = (rank_shapes(model, TRAIN, cluster, plan, dense=held,
+                                 memory=stage_memory_shapes(model, TRAIN, plan, reserved, cluster.framework, held))
                      for held in (none, most))
     deltas = tuple(DenseDelta.between(a, b, n) if n else None for a, b, n in zip(without, full, most))
-    choice = DenseChoice(tuple(dense_spreads(V3, plan)), deltas, min(slowest))
-    joint = solve_split(V3, TRAIN, CLUSTER, plan, ranks=without, fit=MemoryFit(least, plan, caps, total),
+    choice = DenseChoice(tuple(dense_spreads(model, plan)), deltas, min(slowest))
+    joint = solve_split(model, TRAIN, cluster, plan, ranks=without, fit=MemoryFit(least, plan, caps, total),
                         dense=choice)
     assert joint is not None and joint.optimal
     assert any(s.admits(joint.layers, plan.vpp) for s in choice.spreads)

@@ -120,6 +120,18 @@ def test_the_search_spreads_deepseek_s_dense_layers_over_the_first_stages(capsys
     assert default["fits"] and found["estimate"]["step_time_s"] < default["step_time_s"]
 
 
+def test_a_choice_that_fits_no_spread_of_the_dense_layers_is_too_big_not_bounded(capsys):
+    """TP4 PP4 VP2 EP64 at 5,120 tokens: the least memory over where the dense layers may go
+    fits, no spread of them does. The choice counts as too big (the closest plan says by how
+    much), not as pruned by the bound (which left the message saying vpp 2 was impossible)."""
+    fixed = [f"--fix={kv}" for kv in ("tp=4", "pp=4", "vpp=2", "ep=64", "cp=1", "mbs=1", "zero=1", "etp=1",
+                                      "recompute=selective", "offload=no", "act_offload=no")]
+    assert main(["search", "--model", "deepseek-v3", "--cluster", "128x8xH100", "--seq-len", "5120",
+                 "--global-batch", "8192", "--framework", "megatron", *fixed]) == 2
+    err = capsys.readouterr().err
+    assert "nothing fits: the closest plan" in err and "GiB over" in err and "contradictory" not in err, err
+
+
 @pytest.mark.parametrize("argv,message", [
     (["search", "--model", "llama3-8b", "--cluster", "1x8xH100", "--framework", "nemo"],
      "argument --framework: invalid choice: 'nemo'"),
