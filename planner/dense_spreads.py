@@ -181,10 +181,12 @@ class DenseChoice:
             return [None] * len(L)
         chosen = [cm.NewBoolVar(f"spread{i}") for i in range(len(self.spreads))]
         cm.AddExactlyOne(chosen)
-        for y, spread in zip(chosen, self.spreads):
-            for x, (lo, hi) in zip(L, spread.layer_bounds(len(L), vpp, total)):
-                cm.Add(x >= lo).OnlyEnforceIf(y)
-                cm.Add(x <= hi).OnlyEnforceIf(y)
+        # each rank's bounds as sums over the choice (exactly one holds): linear, so the
+        # relaxation CP-SAT proves optimality with keeps them
+        bounds = [s.layer_bounds(len(L), vpp, total) for s in self.spreads]
+        for r, x in enumerate(L):
+            cm.Add(x >= sum(b[r][0] * y for b, y in zip(bounds, chosen)))
+            cm.Add(x <= sum(b[r][1] * y for b, y in zip(bounds, chosen)))
         out = []
         for r in range(len(L)):
             counts = [s.per_rank(len(L))[r] for s in self.spreads]
