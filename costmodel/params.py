@@ -274,7 +274,7 @@ def rank_params_at(model: ModelSpec, plan: Plan, layers: int, first: bool, last:
                    traits: FrameworkTraits = RUNTIME, dense: int | None = None) -> RankParams:
     """Parameters of a pipeline rank holding `layers` layers (and the embedding / head), `dense`
     of them DeepSeek's dense first layers (dense_layers_on_rank; by default all on the first
-    rank, as the search places them); the last rank holds the MTP modules (Megatron-Core places
+    rank, dense_layers_held); the last rank holds the MTP modules (Megatron-Core places
     them on the last stage), their routed experts with the layers' and the rest with the head,
     and, on a separate last stage, its own copy of the embedding they read (Megatron-Core's, as a
     tied head's; one weight where the head is tied). The shared expert as the framework `traits`
@@ -289,8 +289,8 @@ def rank_params_at(model: ModelSpec, plan: Plan, layers: int, first: bool, last:
 
 def dense_layers_held(first_k_dense: int, first: bool, dense: int | None) -> int:
     """The dense first layers a rank or stage holds: `dense` where its split says
-    (dense_layers_on_rank, dense_layers_by_stage), else all of them on the first, where the
-    search's splits keep them."""
+    (dense_layers_on_rank, dense_layers_by_stage; the search's spreads, planner.dense_spreads),
+    else all of them on the first."""
     return (first_k_dense if first else 0) if dense is None else dense
 
 

@@ -231,7 +231,9 @@ class MemoryFit:
         self.memory = memory  # costmodel.memory.stage_memory_shapes
         self.caps = [float(caps)] * len(memory) if isinstance(caps, (int, float)) else [float(c) for c in caps]
         self.layer_bounds = layer_bounds
-        self.fits = split_exists(memory, plan, self.caps, total, layer_bounds)  # some split fits (exact)
+        # some split fits these shapes (exact; a relaxation where they are each rank's least over
+        # where the dense first layers may go: planner.dense_spreads)
+        self.fits = split_exists(memory, plan, self.caps, total, layer_bounds)
         self._plan, self._total = plan, total
 
     @functools.cached_property
@@ -261,7 +263,8 @@ def min_max_time_s(ts: list[tuple], plan: Plan, fit: MemoryFit, total: int) -> f
     recompute counts, up to the relaxation that a rank may take any layer count whose time fits):
     a rank's fastest way to hold L layers recomputes as few as fit, so for a candidate T each rank
     holds at most max{L : t_min(L) <= T} layers (within the fit's layer bounds), and T is feasible
-    when those sum to `total`. `ts`: per rank, (t0, t1, t2) of RankShape.t (a mixed cluster's groups differ in all three)."""
+    when those sum to `total`. `ts`: per rank, (t0, t1, t2) of RankShape.t (a mixed cluster's
+    groups differ in all three)."""
     need = fit.least_recomputed
     c = np.array(ts)
     t = c[:, 0:1] + c[:, 1:2] * np.arange(total + 1)[None, :] + c[:, 2:3] * need

@@ -5,7 +5,8 @@ apply_split gives each rank's layers evenly to its virtual stages, shortest firs
 (rank s's first chunk) holds floor(L_s / vpp) layers. A spread (d_0, ..., d_j) says stages 0..j-1
 hold only dense layers, d_s = floor(L_s / vpp) of them, and stage j the d_j left, among others:
 Megatron-Core's DeepSeek-V3 layout on 1,024 H100s, Et|(tt|)*30mL, is (1, 2) at PP8 VP4. The
-dense layers stay off the last rank, which holds the head. A rank's shape (time, fill, optimizer,
+dense layers stay off the last rank, which holds the head (the loop placement the search
+splits; it lays V-shaped schedules out by simulation only). A rank's shape (time, fill, optimizer,
 DP terms, memory) is linear in its dense layers: one CP-SAT model chooses the spread
 (`DenseChoice`: the shapes with none and what each adds, `DenseDelta`), and the bounds the search
 prunes with before the spread is chosen take each rank's least, at the fewest or the most dense
@@ -26,7 +27,8 @@ from planner.shapes import RankShape, pipeline_rows
 
 # Spreads are the compositions of first_k_dense (2^(k-1) of them); published mixtures have at
 # most three dense first layers (DeepSeek-V3, GLM-4.5: 3; DeepSeek-V2, Kimi K2: 1). Beyond this
-# many the search keeps them all on the first stage, as it did before spreading them.
+# many the search keeps them all on the first stage: the spreads, and the joint model's Booleans,
+# would double with each further layer.
 MOST_SPREAD_DENSE = 4
 
 
@@ -110,13 +112,14 @@ def least_memory_shapes_by_zero(model: ModelSpec, train: TrainSpec, plans: list[
     if len(dense_spreads(model, plan)) == 1:
         return stage_memory_shapes_by_zero(model, train, plans, reserved_bytes, traits)
     ends = stage_memory_shapes_by_dense(model, train, plans, reserved_bytes, traits, dense_range(model, plan))
-    return [[_least_bytes(a, b) for a, b in zip(fewest, most)] for fewest, most in zip(*ends)]
+    return [[_lower(a, b) for a, b in zip(fewest, most)] for fewest, most in zip(*ends)]
 
 
-def _least_bytes(a: AffineBytes, b: AffineBytes) -> AffineBytes:
-    """The lower of two shapes that differ in their base alone (a rank's dense layers move only
-    that)."""
-    assert (a.per_layer, a.per_recomputed, a.jump) == (b.per_layer, b.per_recomputed, b.jump), (a, b)
+def _lower(a, b):
+    """The lower of two shapes (costmodel.memory.AffineBytes, planner.shapes.Coefficients) that
+    differ in their base alone: a rank's dense layers move only that."""
+    assert (a.per_layer, a.per_recomputed, getattr(a, "jump", 0.0)) == \
+        (b.per_layer, b.per_recomputed, getattr(b, "jump", 0.0)), (a, b)
     return a if a.base <= b.base else b
 
 
@@ -126,13 +129,7 @@ def least_pipeline_rows(model: ModelSpec, rtm: RankTimeModel, plan: Plan) -> tup
     if len(dense_spreads(model, plan)) == 1:
         return pipeline_rows(rtm, plan)
     (t0, f0), (t1, f1) = (pipeline_rows(rtm, plan, dense) for dense in dense_range(model, plan))
-    return [_least_row(a, b) for a, b in zip(t0, t1)], [_least_row(a, b) for a, b in zip(f0, f1)]
-
-
-def _least_row(a: tuple, b: tuple) -> tuple:
-    """The lower of two rows (planner.shapes.Coefficients) that differ in their base alone."""
-    assert a[1:] == b[1:], (a, b)
-    return a if a[0] <= b[0] else b
+    return [_lower(a, b) for a, b in zip(t0, t1)], [_lower(a, b) for a, b in zip(f0, f1)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,8 +149,10 @@ class DenseDelta:
         """The delta from a rank's shape with none of them to its shape with `count`."""
         def per(a: float, b: float) -> float:
             return 0.0 if a == b else (b - a) / count   # a window that hides everything stays so
-        assert (none.t[1:], none.f[1:], none.memory.per_layer, len(none.dp)) == \
-            (most.t[1:], most.f[1:], most.memory.per_layer, len(most.dp)), (none, most)
+        def fixed(s: RankShape) -> tuple:   # what the dense layers leave alone
+            return (s.t[1:], s.f[1:], s.memory.per_layer, s.memory.per_recomputed, s.memory.jump,
+                    [(t.multiplier, t.comm.slope, t.window[1:], t.bucket) for t in s.dp])
+        assert fixed(none) == fixed(most), (none, most)
         assert math.isclose(none.opt.slope, most.opt.slope, rel_tol=1e-9, abs_tol=1e-15), (none.opt, most.opt)
         return DenseDelta(t_s=per(none.t.base, most.t.base), f_s=per(none.f.base, most.f.base),
                           opt_s=per(none.opt.intercept, most.opt.intercept),

@@ -113,8 +113,10 @@ class SharedModels:
         self._times: dict[tuple, TimedChoice] = {}
         self._zero: dict[tuple, float] = {}
         self._memory: dict[tuple, tuple[MemoryFit, Plan]] = {}
-        self._shapes: dict[tuple, list] = {}   # memory shapes by _memory_key less the group order
-        self._spread_shapes: dict[tuple, list] = {}   # and a spread of the dense first layers (spread_fit)
+        # memory shapes by _memory_key less the group order (a mixture's: each rank's least over
+        # the spreads of its dense first layers), and per placement of them (spread_memory)
+        self._shapes: dict[tuple, list] = {}
+        self._spread_shapes: dict[tuple, dict] = {}
         self._rows: dict[tuple, tuple[list, list]] = {}
         self._probes: dict[tuple, Plan] = {}
         self._built: dict[tuple, Plan | str] = {}
@@ -257,11 +259,12 @@ class SharedModels:
         return self._built[key]
 
     def add_memory(self, base: Choice, plan: Plan) -> tuple[MemoryFit, Plan | None]:
-        """Memory fit of `plan`, and of the same choice under the other state placements (ZeRO
-        stages, offload) the search will come to (they share the costly activation shapes). A
-        placement whose states alone leave no split room (planner.bounds.states_floor) gets
-        that floor as its fit and no plan (none is needed: it fits nowhere); its activations
-        are never priced."""
+        """Memory fit of `plan` (where a mixture's dense first layers may spread, each rank's
+        least over the spreads: planner.dense_spreads.least_memory_shapes_by_zero), and of the
+        same choice under the other state placements (ZeRO stages, offload) the search will come
+        to (they share the costly activation shapes). A placement whose states alone leave no
+        split room (planner.bounds.states_floor) gets that floor as its fit and no plan (none is
+        needed: it fits nowhere); its activations are never priced."""
         key = lambda i: self._memory_key(base, plan.vpp, plan.schedule, i)  # noqa: E731
         current = STATE_OPTIONS.index(States(plan.zero_stage, plan.offload_optimizer))
         taken = self.placements(base)
@@ -273,10 +276,9 @@ class SharedModels:
                  for i in indices if floors[i].fits}
         # the shapes do not depend on the groups' order (a mixed cluster's), only the caps do
         missing = [i for i in plans if key(i)[:-1] not in self._shapes]
-        if missing:
-            reserved = reserved_bytes(self.model, self.train, plan, self.cluster.device, traits,
-                                      self.cluster.devices_per_node)   # the same for every ZeRO stage
-            shapes = least_memory_shapes_by_zero(self.model, self.train, [plans[i] for i in missing], reserved, traits)
+        if missing:   # one reserve for every ZeRO stage
+            shapes = least_memory_shapes_by_zero(self.model, self.train, [plans[i] for i in missing],
+                                                 self._reserved_bytes(plan), traits)
             self._shapes.update(zip([key(i)[:-1] for i in missing], shapes))
         for i in indices:
             if i in plans:
@@ -289,11 +291,14 @@ class SharedModels:
         """planner.dense_spreads.spread_memory_shapes of the candidate, once per choice."""
         key = self._memory_key(base, plan.vpp, plan.schedule, zero)[:-1]
         if key not in self._spread_shapes:
-            reserved = reserved_bytes(self.model, self.train, plan, self.cluster.device, self.cluster.framework,
-                                      self.cluster.devices_per_node)
-            self._spread_shapes[key] = spread_memory_shapes(self.model, self.train, plan, reserved,
+            self._spread_shapes[key] = spread_memory_shapes(self.model, self.train, plan, self._reserved_bytes(plan),
                                                             self.cluster.framework)
         return self._spread_shapes[key]
+
+    def _reserved_bytes(self, plan: Plan) -> float:
+        """costmodel.memory.reserved_bytes of the plan on this cluster (its ZeRO stage aside)."""
+        return reserved_bytes(self.model, self.train, plan, self.cluster.device, self.cluster.framework,
+                              self.cluster.devices_per_node)
 
     def states_room(self, group: Group, zeros: list[int]) -> bool:
         """Whether the training states alone leave some variant of the group, under one of the

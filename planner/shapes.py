@@ -83,7 +83,8 @@ def _pipeline_rows(rtm: RankTimeModel, plan: Plan, edge: RankTimes) -> tuple[tup
             Coefficients(*(fill_s(plan.schedule.traits, p) for p in parts)))
 
 
-def pipeline_rows(rtm: RankTimeModel, plan: Plan, dense: Sequence[int] | None = None) -> tuple[list[tuple], list[tuple]]:
+def pipeline_rows(rtm: RankTimeModel, plan: Plan,
+                  dense: Sequence[int] | None = None) -> tuple[list[tuple], list[tuple]]:
     """Per pipeline rank, the t and f coefficients of RankShape (what the pipeline bound needs),
     without the optimizer and DP parts; `dense`: per rank, the dense first layers it holds (by
     default all on the first rank)."""

@@ -79,10 +79,7 @@ def build_plan(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, choice:
         counts = (0,) * choice.pp
     else:
         wanted = choice.recompute_layers
-        if wanted is not None and not isinstance(wanted, int) and (
-                over := [r for r in range(choice.pp) if wanted[r] > probe.layers_on_rank(r)]):
-            raise UserError(f"--recompute-layers {','.join(map(str, wanted))}: pipeline rank {over[0]} holds "
-                            f"{probe.layers_on_rank(over[0])} layers, not {wanted[over[0]]}")
+        _check_recompute_counts(wanted, probe)
         counts = tuple(probe.layers_on_rank(r) if wanted is None
                        else min(wanted if isinstance(wanted, int) else wanted[r], probe.layers_on_rank(r))
                        for r in range(choice.pp))
@@ -103,13 +100,24 @@ def _check_layer_counts(model: ModelSpec, choice: Choice) -> None:
         return
     if choice.recompute is Recompute.NONE:
         raise UserError("--recompute-layers needs --recompute selective or full")
-    counts = (wanted,) if isinstance(wanted, int) else wanted
-    if not isinstance(wanted, int) and len(counts) != choice.pp:
-        raise UserError(f"--recompute-layers {','.join(map(str, counts))}: one count, or one per pipeline rank "
+    if not isinstance(wanted, int) and len(wanted) != choice.pp:
+        raise UserError(f"--recompute-layers {','.join(map(str, wanted))}: one count, or one per pipeline rank "
                         f"({choice.pp})")
-    most = -(-model.num_layers // choice.pp)   # an even split's; --layers' own are checked on the plan
-    if max(counts) > most and not choice.layers_per_stage:
-        raise UserError(f"--recompute-layers {max(counts)}: a pipeline rank holds at most {most} layers")
+
+
+def _check_recompute_counts(wanted: int | tuple[int, ...] | None, plan: Plan) -> None:
+    """--recompute-layers against the layers the plan's ranks hold (its split: --layers, or the
+    default with a mixture's dense first layers first): one count at most the longest rank's, a
+    list each rank's own at most."""
+    if wanted is None:
+        return
+    held = [plan.layers_on_rank(r) for r in range(plan.pp)]
+    if isinstance(wanted, int):
+        if wanted > max(held):
+            raise UserError(f"--recompute-layers {wanted}: a pipeline rank holds at most {max(held)} layers")
+    elif over := [r for r in range(plan.pp) if wanted[r] > held[r]]:
+        raise UserError(f"--recompute-layers {','.join(map(str, wanted))}: pipeline rank {over[0]} holds "
+                        f"{held[over[0]]} layers, not {wanted[over[0]]}")
 
 
 def dense_layers_first(layers: tuple[int, ...], dense: int) -> tuple[int, ...]:

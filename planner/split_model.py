@@ -202,7 +202,6 @@ def _affine_var(cm: cp_model.CpModel, coef: tuple[float, float, float], L, n, lo
     return var
 
 
-
 @dataclass(frozen=True, slots=True)
 class _Bounded:
     var: cp_model.IntVar
@@ -227,8 +226,9 @@ def _dp_rank(cm: cp_model.CpModel, rs: RankShape, L, n, total: int, v: int, r: i
     parts, lo, hi = [], 0, 0
     # terms that hide behind nothing (window "none": exposed syncs, the contention terms) are
     # affine in L once one layer's worth already exceeds the bucket: one variable for all of them
-    exposed = [k for k, ((mult, (c0, c1), w, bucket), (dc, dw)) in enumerate(zip(rs.dp, moves))
-               if w == (0.0, 0.0, 0.0) and dw == 0.0 and c1 >= 0 and c0 + min(0.0, dc * most) + c1 * max(v, 1) >= bucket]
+    exposed = [k for k, ((_, (c0, c1), w, bucket), (dc, dw)) in enumerate(zip(rs.dp, moves))
+               if w == (0.0, 0.0, 0.0) and dw == 0.0 and c1 >= 0
+               and c0 + min(0.0, dc * most) + c1 * max(v, 1) >= bucket]
     if exposed:
         terms = [(rs.dp[k].multiplier, rs.dp[k].comm, moves[k][0]) for k in exposed]
         var = _affine_var(cm, (sum(m * c0 for m, (c0, _), _ in terms), sum(m * c1 for m, (_, c1), _ in terms), 0.0),

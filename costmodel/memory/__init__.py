@@ -54,6 +54,7 @@ __all__ = [
     "logits_held_bytes", "loss_vocab", "micro_batch_activation_bytes", "overlap_warmup_bytes", "optimizer_bytes_per_param",
     "rebuilt_layer_bytes", "reduces_every_micro_batch", "reserved_bytes", "runtime_wraps_in_fsdp", "send_bytes", "stage_memory",
     "stage_memory_at",
-    "stage_memory_shapes", "stage_memory_shapes_by_dense", "stage_memory_shapes_by_zero", "state_bytes", "state_bytes_for",
+    "stage_memory_shapes", "stage_memory_shapes_by_dense", "stage_memory_shapes_by_zero", "state_bytes",
+    "state_bytes_for",
     "state_bytes_from_counts", "unsharded_between_micro_batches", "keeps_whole_grads_under_pp", "weight_grad_input_bytes",
     "weight_grad_output_bytes"]

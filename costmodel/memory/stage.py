@@ -369,8 +369,8 @@ def stage_memory_shapes_by_zero(model: ModelSpec, train: TrainSpec, plans: list[
                                 dense: Sequence[int] | None = None) -> list[list[AffineBytes]]:
     """`stage_memory_shapes` of plans that differ only in their ZeRO stage (activations, the
     costly part, do not depend on it and are computed once)."""
-    # the dense first layers where the search's split puts them, whatever the probe plan's own
-    # split: by default all on the first rank (the parameters' default, rank_params_at)
+    # the dense first layers where the caller's split puts them (per rank), whatever the probe
+    # plan's own split: by default all on the first rank (the parameters' default, rank_params_at)
     dense = dense or dense_layers_first_rank(model.first_k_dense, plans[0])
     return stage_memory_shapes_by_dense(model, train, plans, reserved_bytes, traits, [dense])[0]
 

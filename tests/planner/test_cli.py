@@ -157,6 +157,14 @@ def test_predict_takes_a_searched_split_and_per_rank_recomputation(capsys):
     assert json.loads(capsys.readouterr().out)["plan"]["recompute_num_layers"] == [44, 0]
     assert main([*uneven, "45,0"]) == 2
     assert "--recompute-layers 45,0: pipeline rank 0 holds 44 layers, not 45" in capsys.readouterr().err
+    # one count for every rank: at most the longest rank's
+    assert main([*uneven, "45"]) == 2
+    assert "--recompute-layers 45: a pipeline rank holds at most 44 layers" in capsys.readouterr().err
+    # DeepSeek-V3's default layout puts its 3 dense first layers on the first stage: rank 0 holds 9
+    v3 = ["predict", "--model", "deepseek-v3", "--cluster", "128x8xH100", "--tp", "2", "--pp", "8", "--vpp", "4",
+          "--ep", "64", "--recompute", "full", "--json", "--recompute-layers"]
+    assert main([*v3, "9,7,7,8,8,8,7,7"]) == 0
+    assert json.loads(capsys.readouterr().out)["plan"]["recompute_num_layers"] == [9, 7, 7, 8, 8, 8, 7, 7]
 
 
 @pytest.mark.parametrize("extra,message", [

@@ -113,7 +113,7 @@ def test_the_search_spreads_deepseek_s_dense_layers_over_the_first_stages(capsys
     layers = tuple(found["plan"]["layers_per_stage"])
     starts = [sum(layers[:j]) for j in range(len(layers))]
     by_stage = [max(0, min(start + n, 3) - start) for start, n in zip(starts, layers)]
-    assert by_stage[0] < 3 and sum(by_stage[:8]) == 3, layers   # on the first ranks' first stages
+    assert 0 < by_stage[0] < 3 and by_stage[1] > 0, layers   # spread over the first two ranks' first stages
     assert main(["predict", *V3_H100, "--tp", "2", "--pp", "8", "--vpp", "4", "--ep", "64", "--zero", "1",
                  "--recompute", "selective", "--json"]) == 0
     default = json.loads(capsys.readouterr().out)["estimate"]

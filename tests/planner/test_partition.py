@@ -25,7 +25,7 @@ from costmodel.schedules import Schedule
 from costmodel.specs import TrainSpec
 from planner import partition
 from planner.bounds import MemoryFit, min_max_time_s
-from planner.dense_spreads import DenseChoice, DenseSpread
+from planner.dense_spreads import DenseChoice, first_stage_spread
 from planner.partition import solve_split
 from planner.shapes import Coefficients, rank_shapes
 from planner.space import Choice, build_plan
@@ -148,7 +148,8 @@ def test_the_block_methods_shared_count_is_solved_per_count_alike():
     ranks = rank_shapes(model, TRAIN, tight, plan)
     fit = MemoryFit([r.memory for r in ranks], plan, partition.rank_caps_bytes(plan, tight), model.num_layers)
     shared = solve_split(model, TRAIN, tight, plan, rules=rules)
-    per_count = _solve_per_block_count(model, plan, ranks, fit, math.inf, rules, math.inf, DenseChoice((DenseSpread((0,)),)))
+    per_count = _solve_per_block_count(model, plan, ranks, fit, math.inf, rules, math.inf,
+                                       DenseChoice((first_stage_spread(model),)))
     for split in (shared, per_count):
         assert split is not None and split.optimal
         k = max(split.recomputed)
