@@ -103,7 +103,10 @@ def solve_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
     the split may put the dense first layers (planner.dense_spreads.DenseChoice; `ranks` and
     `fit` priced so), by default all on the first stage."""
     dense = dense or DenseChoice((first_stage_spread(model),))
-    ranks = ranks or rank_shapes(model, train, cluster, plan, dense=dense.spreads[0].per_rank(plan.pp))
+    if ranks is None:
+        if len(dense.spreads) > 1:   # the joint model reads the shapes with no dense layer its caller prices
+            raise ValueError("solve_split over several spreads needs the ranks' shapes (planner.search._dense_choice)")
+        ranks = rank_shapes(model, train, cluster, plan, dense=dense.spreads[0].per_rank(plan.pp))
     total = model.num_layers
     fit = fit or MemoryFit([r.memory for r in ranks], plan, rank_caps_bytes(plan, cluster), total)
     if not fit.fits:
