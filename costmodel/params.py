@@ -224,6 +224,13 @@ class RankParams:
     embedding: int
     head: int
     experts: int = 0
+    mtp_linears: int = 0   # of `head`: the MTP modules' own linear weights, run in float8 as the layers' are
+
+    @property
+    def float8_linears(self) -> int:
+        """The weights a float8 recipe runs its GEMMs with (the layers', the experts', the MTP
+        modules'; not the embedding or the output head): what a framework's float8 cache copies."""
+        return self.layers + self.experts + self.mtp_linears
 
     @property
     def total(self) -> int:
@@ -280,11 +287,11 @@ def rank_params_at(model: ModelSpec, plan: Plan, layers: int, first: bool, last:
     tied head's; one weight where the head is tied). The shared expert as the framework `traits`
     holds it (layer_params)."""
     pipelined = plan.stage_rank(0) != plan.stage_rank(plan.num_virtual_stages - 1)
-    replicated, experts, dense_extra, mtp, embedding, head = _rank_param_parts(
+    replicated, experts, dense_extra, mtp, embedding, head, mtp_linears = _rank_param_parts(
         model, plan.tp, plan.ep, plan.etp, pipelined, first, last, traits.shared_expert_tp)
     dense = dense_layers_held(model.first_k_dense, first, dense)
     return RankParams(layers=layers * replicated + dense * dense_extra, experts=(layers + mtp - dense) * experts,
-                      embedding=embedding, head=head)
+                      embedding=embedding, head=head, mtp_linears=mtp_linears)
 
 
 def dense_layers_held(first_k_dense: int, first: bool, dense: int | None) -> int:
@@ -322,11 +329,13 @@ def dense_layers_on_rank(model: ModelSpec, plan: Plan, rank: int) -> int:
 
 @lru_cache(maxsize=4096)
 def _rank_param_parts(model: ModelSpec, tp: int, ep: int, etp: int, pipelined: bool, first: bool,
-                      last: bool, shared_expert_tp: bool) -> tuple[int, int, int, int, int, int]:
+                      last: bool, shared_expert_tp: bool) -> tuple[int, int, int, int, int, int, int]:
     """rank_params_at's terms that do not depend on the layer count (the search asks for tens of
     thousands of ranks of a few kinds): per layer, the replicated and the expert parameters;
     what a dense first layer adds; the MTP modules' expert layers; the embedding and the head
-    with the MTP modules' replicated parameters."""
+    with the MTP modules' replicated parameters; of those, the MTP modules' linears (their
+    projection and their layer's replicated part: Megatron-Core runs the MTP layer under the
+    float8 context, multi_token_prediction.py)."""
     experts = layer_expert_params(model, ep, etp)
     replicated = layer_params(model, tp, ep, etp, shared_expert_tp) - experts
     mtp = model.mtp_depth if last else 0
@@ -334,9 +343,10 @@ def _rank_param_parts(model: ModelSpec, tp: int, ep: int, etp: int, pipelined: b
     mtp_replicated = mtp_params(model, tp, ep, etp, shared_expert_tp) - model.mtp_depth * experts if mtp else 0
     if mtp and pipelined and not model.tied_embeddings:
         mtp_replicated += embedding_params(model, tp)
+    mtp_linears = mtp * (ceil_div(model.hidden_size, tp) * 2 * model.hidden_size + replicated)
     return (replicated, experts, dense_layer - replicated if model.first_k_dense else 0, mtp,
             embedding_params(model, tp) if first else 0,
-            (head_params(model, tp, pipelined=pipelined) + mtp_replicated) if last else 0)
+            (head_params(model, tp, pipelined=pipelined) + mtp_replicated) if last else 0, mtp_linears)
 
 
 def rank_params(model: ModelSpec, plan: Plan, rank: int, traits: FrameworkTraits = RUNTIME) -> RankParams:

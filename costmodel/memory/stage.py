@@ -347,7 +347,7 @@ def stage_memory_at(model: ModelSpec, train: TrainSpec, plan: Plan, rank: int, l
     held = rank_params_at(model, plan, layers, rank == first, rank == last, traits,
                           dense_layers_on_rank(model, plan, rank))
     weights, grads, optim = state_bytes_for(train, plan, held.total, traits, experts=held.experts)
-    weights += float8_weight_cache_bytes(plan, traits) * (held.layers + held.experts)
+    weights += float8_weight_cache_bytes(plan, traits) * held.float8_linears
     return StageMemory(params_bytes=weights, grads_bytes=grads, optimizer_bytes=optim,
                        activations_bytes=activation_bytes(model, train, plan, rank, layers, recomputed, traits),
                        buffers_bytes=buffer_bytes(model, train, plan, rank, traits),
@@ -397,7 +397,7 @@ def stage_memory_shapes_by_dense(model: ModelSpec, train: TrainSpec, plans: list
             if kind not in params:
                 edge, one = (rank_params_at(model, plan, layers, *kind[:2], traits, kind[2]) for layers in (0, 1))
                 params[kind] = (edge.replicated, edge.experts, one.replicated - edge.replicated,
-                                one.experts - edge.experts, edge.layers + edge.experts)
+                                one.experts - edge.experts, edge.float8_linears)
             if (rank, dense[rank]) not in activations:
                 activations[rank, dense[rank]] = activation_shape(model, train, plan, rank, mb, traits,
                                                                   backward[kind[1]], dense[rank])

@@ -138,6 +138,11 @@ def test_dense_first_layers_and_mtp_sit_on_the_first_and_last_ranks():
     assert last.experts == 4 * experts   # three layers' and the MTP layer's
     # the head (norm, output), the MTP module's own parameters and its copy of the embedding
     assert last.head - (h + 129280 * h) - 129280 * h == mtp_params(V3, 1, 64) - experts
+    # of which the MTP module's linears (its projection, its layer's attention and shared expert)
+    # run in float8 as the layers' do: the float8 caches copy them, not the norms or the head
+    assert last.mtp_linears == 2 * h * h + layer_params(V3, 1, 64) - experts
+    assert first.mtp_linears == middle.mtp_linears == 0
+    assert last.float8_linears == last.layers + last.experts + last.mtp_linears
 
 
 def test_deepseeks_published_layout_is_priced(capsys):
