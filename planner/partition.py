@@ -29,7 +29,7 @@ from costmodel.memory import AffineBytes, reserved_bytes, stage_memory_shapes
 from costmodel.plan import Plan, Recompute, even_layers
 from costmodel.specs import ModelSpec, TrainSpec
 from planner.bounds import MemoryFit
-from planner.dense_spreads import DenseChoice, DenseSpread, first_stage_spread
+from planner.dense_spreads import DenseChoice, DenseSpread, dense_spreads, first_stage_spread
 from planner.shapes import RankShape, rank_shapes
 from planner.split_model import FREE, SplitModel, SplitRules, cp_sat, integer_bytes, recomputes_all
 
@@ -207,26 +207,41 @@ def least_overflow_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpe
     budget a rank then leaves free (negative: over; Estimate.min_headroom_fraction of the plan so
     split). Each rank's memory is affine and increasing in its layers
     (costmodel.memory.stage_memory_shapes), so adding the layers one at a time where they overflow
-    least is the min-max split (at least vpp a rank, the first stage's rank holding the dense
-    first layers, as check_plan asks)."""
-    memory = stage_memory_shapes(model, train, plan, reserved_bytes(model, train, plan, cluster.device, cluster.framework,
-                                                                    cluster.devices_per_node),
-                                 cluster.framework)
+    least, within each rank's layer bounds, is the min-max split; of those, the best over where
+    the split may put the dense first layers (planner.dense_spreads, as the search's)."""
+    reserved = reserved_bytes(model, train, plan, cluster.device, cluster.framework, cluster.devices_per_node)
     caps, recompute = rank_caps_bytes(plan, cluster), plan.recompute is not Recompute.NONE
+    best: tuple[float, tuple[int, ...]] | None = None
+    for spread in dense_spreads(model, plan):
+        memory = stage_memory_shapes(model, train, plan, reserved, cluster.framework, dense=spread.per_rank(plan.pp))
+        bounds = spread.layer_bounds(plan.pp, plan.vpp, model.num_layers)
+        layers = _least_overflow(lambda r, n: memory[r].at(n, n if recompute else 0) - caps[r], bounds,
+                                 model.num_layers)
+        if layers is not None:
+            headroom = min((caps[r] - memory[r].at(n, n if recompute else 0)) / caps[r] for r, n in enumerate(layers))
+            if best is None or headroom > best[0]:
+                best = (headroom, layers)
+    if best is None:   # every rank at its spread's most holds fewer layers than the model has
+        raise ValueError(f"no split of {model.num_layers} layers within the layer bounds of {plan.short()}")
+    headroom, layers = best
+    split = Split(layers=layers, recomputed=layers if recompute else (0,) * plan.pp, optimal=True)
+    return split, headroom
 
-    def over(r: int, layers: int) -> float:
-        return memory[r].at(layers, layers if recompute else 0) - caps[r]
-    layers = [plan.vpp] * plan.pp
-    first = plan.stage_rank(0)
-    layers[first] = max(layers[first], model.first_k_dense * plan.vpp)
-    heap = [(over(r, count + 1), r) for r, count in enumerate(layers)]
+
+def _least_overflow(over, bounds: tuple[tuple[int, int], ...], total: int) -> tuple[int, ...] | None:
+    """Per rank, layers within its (least, most) `bounds` summing to `total` that minimise the
+    largest over(rank, layers) (increasing in the layers), or None if the bounds admit none."""
+    layers = [lo for lo, _ in bounds]
+    if sum(layers) > total or sum(hi for _, hi in bounds) < total:
+        return None
+    heap = [(over(r, n + 1), r) for r, n in enumerate(layers) if n < bounds[r][1]]
     heapq.heapify(heap)
-    for _ in range(model.num_layers - sum(layers)):
+    for _ in range(total - sum(layers)):
         _, r = heapq.heappop(heap)
         layers[r] += 1
-        heapq.heappush(heap, (over(r, layers[r] + 1), r))
-    split = Split(layers=tuple(layers), recomputed=tuple(layers) if recompute else (0,) * plan.pp, optimal=True)
-    return split, min(-over(r, count) / caps[r] for r, count in enumerate(layers))
+        if layers[r] < bounds[r][1]:
+            heapq.heappush(heap, (over(r, layers[r] + 1), r))
+    return tuple(layers)
 
 
 def short_chunks_first(plan: Plan) -> Plan:

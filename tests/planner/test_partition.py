@@ -259,6 +259,40 @@ def test_least_overflow_split_is_the_min_max_over_every_split(mode, vpp):
     assert est.min_headroom_fraction == pytest.approx(headroom)
 
 
+def test_least_overflow_split_spreads_the_dense_first_layers_as_the_search_may():
+    """With DeepSeek's dense first layers, the closest split is the least over every split the
+    search may take, wherever apply_split then puts the dense layers (never on the last rank),
+    and closer than any with all of them on the first stage."""
+    from costmodel.estimate import estimate
+    from costmodel.groups import rank_caps_bytes
+    from costmodel.memory import reserved_bytes, stage_memory_shapes
+    from costmodel.params import dense_layers_on_rank
+    from planner.partition import Split, apply_split, least_overflow_split
+    model = dataclasses.replace(resolve_model("deepseek-v2-lite"), first_k_dense=3, num_layers=12)
+    cluster, train = parse_cluster("1x8xA100-40GB"), TrainSpec(seq_len=4096, global_batch_size=64)
+    plan = build_plan(model, train, cluster, Choice(tp=1, pp=4, vpp=2, ep=2, zero_stage=0, recompute=Recompute.NONE,
+                                                    micro_batch_size=2))
+    caps = rank_caps_bytes(plan, cluster)
+    reserved = reserved_bytes(model, train, plan, cluster.device, cluster.framework, cluster.devices_per_node)
+    worst_by_placement: dict[tuple[int, ...], list[float]] = {}
+    for layers in itertools.product(range(plan.vpp, model.num_layers + 1), repeat=plan.pp):
+        if sum(layers) != model.num_layers:
+            continue
+        laid = apply_split(plan, Split(layers=layers, recomputed=(0,) * plan.pp, optimal=True))
+        placed = tuple(dense_layers_on_rank(model, laid, r) for r in range(plan.pp))
+        if placed[-1]:
+            continue
+        memory = stage_memory_shapes(model, train, plan, reserved, cluster.framework, dense=placed)
+        worst_by_placement.setdefault(placed, []).append(max(m.at(n, 0) - c for m, n, c in zip(memory, layers, caps)))
+    assert len(worst_by_placement) == 4   # every composition of the three dense layers over the first ranks
+    best = min(min(w) for w in worst_by_placement.values())
+    found, headroom = least_overflow_split(model, train, cluster, plan)
+    est = estimate(model, train, cluster, apply_split(plan, found), simulate=False)
+    assert 0 < max(p - c for p, c in zip(est.peak_memory_bytes, caps)) == pytest.approx(best)
+    assert best < min(worst_by_placement[(3, 0, 0, 0)])
+    assert est.min_headroom_fraction == pytest.approx(headroom)
+
+
 def test_nothing_fits_names_the_closest_split_where_the_framework_splits_freely():
     """A choice that fits under no split is told with the split that overflows least, not the
     even one, where the framework runs any split (ours); under an even-split framework, even."""
