@@ -15,7 +15,7 @@ from costmodel.specs import ModelSpec, TrainSpec
 from costmodel.units import GIB
 from planner.ranking import price
 from planner.recipes import Recipe, adapted, place, recipes_for
-from planner.search_state import Found, SearchResult
+from planner.search_result import Found, SearchResult
 
 OTHER_LAYOUT = "runner-up of another layout"
 SHOWN_MORE, SHOWN_LESS = 4, 2   # ledger items where the other plan spends more, and less

@@ -17,7 +17,7 @@ import math
 
 from planner.ranking import DECISION_K, MEMORY_BAND, outer_key, price
 from planner.search_options import SearchOptions
-from planner.search_state import Found
+from planner.search_result import Found
 
 # Rows proven per row asked for. Some rows near the fastest are beaten in time and memory by a
 # faster one and left out, but each row proven more costs CP-SAT layer-split solves, seconds on

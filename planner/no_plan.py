@@ -17,7 +17,7 @@ from costmodel.specs import ModelSpec, TrainSpec
 from costmodel.units import GIB
 from planner.candidates import replica_degrees, time_groups
 from planner.search_options import MAX_MICRO_BATCH, STATE_OPTIONS, SearchOptions, states_allowed, states_for_group
-from planner.search_state import SearchResult
+from planner.search_result import SearchResult
 from planner.space import Choice
 
 

@@ -74,7 +74,7 @@ def refuse_bad_combinations(args: argparse.Namespace, command: str) -> None:
 
 def keep_within(goal: RunGoal, model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plans: list,
                 fastest) -> tuple[list, str]:
-    """search: the ranked plans (planner.search_state.Found) whose run meets the goal's limits, in
+    """search: the ranked plans (planner.search_result.Found) whose run meets the goal's limits, in
     their order, and a line saying how many were left out ("" when none). Days grow with the
     step time, so when the fastest plan misses a limit every plan does: one line, exit 2."""
     if goal.deadline_days is None and goal.budget_usd is None:

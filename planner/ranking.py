@@ -10,7 +10,7 @@ from costmodel.fidelity import MEMORY_ERROR_BAND
 from costmodel.plan import Plan, Recompute
 from planner.partition import apply_split, least_overflow_split
 from planner.search_options import SearchOptions
-from planner.search_state import Found
+from planner.search_result import Found
 
 
 def robust_first(ranked: list[Found], band: float) -> tuple[list[Found], int]:

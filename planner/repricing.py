@@ -17,7 +17,8 @@ from planner.halves import map_in_halves
 from planner.partition import short_chunks_first
 from planner.ranking import DECISION_K, closer, one_row_per_price, rank, robust_first, undominated
 from planner.search_options import STATE_OPTIONS, SearchOptions
-from planner.search_state import Found, SearchResult, SearchStats, SharedModels
+from planner.search_result import Found, SearchResult, SearchStats
+from planner.search_state import SharedModels
 from planner.space import Choice, build_plan, under_schedule
 
 REPRICED = 20   # closed-form best plans re-priced by simulation for the final ranking

@@ -43,7 +43,8 @@ from planner.partition import FREE, SolverTimeout, SplitRules, apply_split, solv
 from planner.repricing import result
 from planner.search_options import STATE_OPTIONS, SearchOptions
 from planner.search_order import Queue
-from planner.search_state import Found, SearchResult, SearchStats, SharedModels
+from planner.search_result import Found, SearchResult, SearchStats
+from planner.search_state import SharedModels
 from planner.shapes import RankShape, rank_shapes
 from planner.shares import search_shares
 from planner.space import Choice

@@ -26,7 +26,8 @@ from costmodel.plan import Plan, Recompute
 from costmodel.schedules import Schedule
 from planner.bounds import MemoryFit, time_floor_s
 from planner.candidates import Group
-from planner.search_state import SearchStats, SharedModels
+from planner.search_result import SearchStats
+from planner.search_state import SharedModels
 from planner.space import Choice
 
 _FAMILY, _GROUP, _CHOICE, _CANDIDATE = -1, 0, 1, 2   # at equal bounds the coarser item opens first

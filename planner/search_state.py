@@ -1,12 +1,11 @@
-"""What a search produces (Found, SearchStats, SearchResult) and what many of its candidates
-share, computed once (SharedModels: rank time models, ZeRO floors, memory fits)."""
+"""What many of a search's candidates share, computed once (SharedModels: rank time models,
+ZeRO floors, memory fits; what the search produces is planner.search_result's)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from costmodel.check import check_structure
-from costmodel.estimate import Estimate
 from costmodel.frameworks import shards_in_part
 from costmodel.groups import rank_caps_bytes, rank_groups, views
 from costmodel.hardware import ClusterSpec
@@ -39,54 +38,6 @@ from planner.search_options import (
     states_for_group,
 )
 from planner.space import Choice, build_plan, degrees_plan
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Found:
-    plan: Plan
-    estimate: Estimate
-    # plans the model prices identically (same step time and peak memory), shown as this one row
-    alternatives: tuple[Plan, ...] = ()
-
-
-@dataclass(kw_only=True)
-class SearchStats:
-    wall_s: float = 0.0
-    num_candidates: int = 0
-    num_feasible: int = 0
-    num_solved: int = 0
-    pruned_by_reason: dict[str, int] = field(default_factory=dict)
-    optimal: bool = True
-    lower_bound_s: float = 0.0  # no plan left unexamined can beat this (equals the best when optimal)
-    enumerated: bool = True     # False: the time limit fell while the space was being listed (no bound)
-
-    def prune(self, reason: str, count: int = 1) -> None:
-        self.pruned_by_reason[reason] = self.pruned_by_reason.get(reason, 0) + count
-
-    def to_dict(self) -> dict:
-        return {"wall_s": self.wall_s, "num_candidates": self.num_candidates,
-                "num_feasible": self.num_feasible, "num_solved": self.num_solved,
-                "pruned_by_reason": dict(sorted(self.pruned_by_reason.items())), "optimal": self.optimal,
-                "lower_bound_s": self.lower_bound_s, "enumerated": self.enumerated}
-
-
-@dataclass(kw_only=True)
-class SearchResult:
-    plans: list[Found]
-    stats: SearchStats
-    evaluated: list[Found]         # every plan the solver produced, for --csv
-    closest: Found | None = None   # when nothing fits: the plan that overflows least
-    equivalent: int = 1            # the first plans within the error band of the fastest
-    error_band: float = 0.0
-    fastest: Found | None = None   # the fastest plan found (plans[0] is the most robust)
-    # why states or activations went to the host ("": the user decided, or nothing did)
-    offloaded_because: str = ""
-    # the fastest closed-form plan, which the optimality proof is about (differs from `fastest`
-    # when a schedule priced only by simulation, ZBV, beat it)
-    proven_fastest: Found | None = None
-    # the closed-form step time up to which the rows are proven (planner.cutoff), when plans found
-    # slower than it were left out of the table; None when none was
-    rows_proven_to_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,9 +252,8 @@ class SharedModels:
                               self.cluster.devices_per_node)
 
     def states_room(self, group: Group, zeros: list[int]) -> bool:
-        """Whether the training states alone leave some variant of the group, under one of the
-        state placements `zeros`, room for a layer split (`_states_fit`, which add_memory asks
-        first; memory depends on no mesh order). A group without is priced nowhere."""
+        """Whether the states alone leave a variant of the group, under a placement in `zeros`, room
+        for a split (`_states_fit`, asked first by add_memory; no mesh order). If not, not priced."""
         if self.cluster.is_mixed:   # each group order its own caps: add_memory asks
             return True
         base = group.base

@@ -32,7 +32,7 @@ from planner.bounds import MemoryFit, time_floor_s, zero_floor_s
 from planner.candidates import replica_degrees
 from planner.cutoff import Cutoff
 from planner.search_options import MAX_MICRO_BATCH, SearchOptions, allowed
-from planner.search_state import Found, SearchStats
+from planner.search_result import Found, SearchStats
 from planner.space import degrees_plan, divisors
 
 

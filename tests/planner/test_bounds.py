@@ -225,7 +225,7 @@ def test_a_family_s_floor_is_below_each_of_its_groups_floors(model_name, cluster
 
     from planner.candidates import placement_groups
     from planner.search_order import _FAMILY, _GROUP, Queue
-    from planner.search_state import SearchStats
+    from planner.search_result import SearchStats
     from planner.specs import build_specs
     from planner.targets import options_for
     model, train, cluster = build_specs(model_name, cluster_name, framework=framework)

@@ -409,7 +409,7 @@ def test_a_closest_plan_that_fits_as_predict_lays_it_out_is_said_so():
     out, fits, the message says so and how to price it, never a negative overflow."""
     from costmodel.estimate import estimate
     from planner.no_plan import infeasible_message
-    from planner.search_state import Found, SearchResult, SearchStats
+    from planner.search_result import Found, SearchResult, SearchStats
     from planner.space import Choice, build_plan
     from planner.specs import build_specs
     model, train, cluster = build_specs("llama3-8b", "1x8xH100", seq_len=4096, global_batch=64)

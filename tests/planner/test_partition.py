@@ -200,7 +200,8 @@ def test_the_search_keeps_a_split_whose_short_last_chunk_overflows():
     from planner.partition import Split, apply_split, short_chunks_first
     from planner.repricing import _simulated
     from planner.search_options import SearchOptions
-    from planner.search_state import Found, SharedModels
+    from planner.search_result import Found
+    from planner.search_state import SharedModels
     model, cluster = resolve_model("llama3-8b"), parse_cluster("1x8xH100")
     plan = build_plan(model, TRAIN, cluster, Choice(tp=2, pp=4, vpp=2, zero_stage=1, recompute=Recompute.NONE))
     long_first = apply_split(plan, Split(layers=(7, 7, 7, 11), recomputed=(0,) * 4, optimal=True))

@@ -48,7 +48,7 @@ def _found(step_s: float, peak_gib: float, pp: int = 1):
     from types import SimpleNamespace
 
     from costmodel.units import GIB
-    from planner.search_state import Found
+    from planner.search_result import Found
     from planner.space import degrees_plan
     plan = degrees_plan(dp=8 // pp, tp=1, pp=pp, cp=1, num_layers=32)
     estimate = SimpleNamespace(step_time_s=step_s, tightest_rank=0, capacity_per_rank_bytes=[80 * GIB],
