@@ -1,7 +1,9 @@
 """The search's last stage: its best closed-form plans priced by the event simulation and
 ranked (planner.search). A plan whose simulated memory overflows is laid out again with the last
 rank's short chunks first, which the closed form bounds, and dropped only if that overflows too;
-schedules without a closed form (ZBV, DualPipeV) compete as simulated variants of the best."""
+schedules without a closed form (ZBV, DualPipeV) compete as simulated variants of the best, and
+so do the best interleaved plans laid out again where the closed form misses their phase lock
+(planner.relayout)."""
 from __future__ import annotations
 
 import math
@@ -16,6 +18,7 @@ from costmodel.schedules import Schedule
 from planner.halves import map_in_halves
 from planner.partition import short_chunks_first
 from planner.ranking import DECISION_K, closer, one_row_per_price, rank, robust_first, undominated
+from planner.relayout import phase_locked, relaid
 from planner.search_options import STATE_OPTIONS, SearchOptions
 from planner.search_result import Found, SearchResult, SearchStats
 from planner.search_state import SharedModels
@@ -83,16 +86,20 @@ def result(shared: SharedModels, options: SearchOptions, stats: SearchStats, fou
     # variants of the few best simulated plans only: each simulation costs milliseconds to tens of them
     best = sorted(chosen, key=lambda f: f.estimate.step_time_s)[:VARIANTS_OF]
     variants = [f for f in _simulated_variants(shared, options, best) if f.estimate.fits]
+    # each simulated plan's closed-form time (a plan laid out again by _simulated included); the
+    # best whose interleaved pipeline the closed form found faster than it runs, laid out again
+    closed_of = {id(simulated[id(f)]): f.estimate.step_time_s for f in ranked}
+    locked = [f for f in best if phase_locked(f, closed_of[id(f)])]
+    variants += [r for r in map_in_halves(lambda f: relaid(model, train, cluster, options, f, deadline), locked)
+                 if r is not None]
     chosen += variants
     # the proof line names the fastest of every simulated plan, not only of the decision's
     fastest = min(fitting + variants, key=lambda f: f.estimate.step_time_s, default=None)
     ordered, equivalent = robust_first(rank(chosen, replace(options, top_k=len(chosen))),
                                        options.error_band if options.objective == "time" else 0.0)
     first = ordered[:equivalent]
-    # each simulated plan's closed-form time (a plan laid out again by _simulated included);
     # the variants of the best are simulated only and kept
-    closed_s = {id(simulated[id(f)]): f.estimate.step_time_s for f in ranked}
-    rows, cut = _proven_rows(first, fitting + variants, closed_s, complete_below_s, options)
+    rows, cut = _proven_rows(first, fitting + variants, closed_of, complete_below_s, options)
     decided = {f.plan for f in first}
     # counted before --top cuts the table: a display flag never changes what the evidence ties
     equivalent = next((i for i, f in enumerate(rows) if f.plan not in decided), len(rows))

@@ -114,16 +114,19 @@ def _proof(result: SearchResult, fastest: Found) -> str:
 
 def _proof_lines(result: SearchResult, cluster: ClusterSpec) -> list[str]:
     """The line saying whether the fastest plan is proven fastest, and of how many candidates;
-    before it, where a schedule priced only by simulation won, the line saying the proof is
-    about the fastest closed-form plan."""
+    before it, where a plan priced only by simulation won (a schedule without a closed form, a
+    layout laid out again by simulation), the line saying the proof is about the fastest
+    closed-form plan."""
     fastest = result.fastest or result.plans[0]
     proof = _proof(result, fastest)   # its gap is the fastest plan's, whichever the line names
     lines, label = [], "fastest plan"
     proven = result.proven_fastest
     if proven is not None and proven.plan != fastest.plan:
-        lines.append(f"fastest plan ({fastest.plan.short()}, {fastest.estimate.step_time_s:.3f} s): "
-                     f"{fastest.plan.schedule} has no closed form, so it was priced by simulation as a variant "
-                     f"of the best closed-form plans, outside the proof below")
+        why = (f"its layers were laid out again by simulation, which found the closed form of its {fastest.plan.schedule} "
+               "too fast on the stages the search split (planner.relayout)" if fastest.plan.schedule.traits.closed_form
+               else f"{fastest.plan.schedule} has no closed form, so it was priced by simulation")
+        lines.append(f"fastest plan ({fastest.plan.short()}, {fastest.estimate.step_time_s:.3f} s): {why}, "
+                     "as a variant of the best closed-form plans, outside the proof below")
         label, fastest = "fastest closed-form plan", proven
     stats = result.stats
     lines.append(f"{label} ({fastest.plan.short()}, {fastest.estimate.step_time_s:.3f} s) {proof}, "
