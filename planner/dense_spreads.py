@@ -43,9 +43,10 @@ class DenseSpread:
 
     def layer_bounds(self, pp: int, vpp: int, total: int) -> tuple[tuple[int, int], ...]:
         """Per rank, the least and most layers under which apply_split lays the dense layers out
-        so: each wholly dense first chunk exactly as long, the last at least; vpp elsewhere."""
+        so: each wholly dense first chunk exactly as long, the last at least (and a layer a
+        virtual stage); vpp elsewhere."""
         *whole, last = self.per_stage
-        bounds = [(vpp * d, vpp * d + vpp - 1) for d in whole] + [(vpp * last, total)]
+        bounds = [(vpp * d, vpp * d + vpp - 1) for d in whole] + [(max(vpp, vpp * last), total)]
         return tuple(bounds) + ((vpp, total),) * (pp - len(bounds))
 
     def constrain(self, cm, L, vpp: int, total: int) -> None:

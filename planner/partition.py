@@ -201,14 +201,16 @@ def _most_layers(mem: AffineBytes, cap: float, k: int, total: int) -> int:
     return lo
 
 
-def least_overflow_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> tuple[Split, float]:
+def least_overflow_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
+                         plan: Plan) -> tuple[Split, float] | None:
     """The split whose worst rank overflows its budget least, every layer of the plan's recompute
     mode recomputed: how close a choice that fits under no split comes, and the least share of its
     budget a rank then leaves free (negative: over; Estimate.min_headroom_fraction of the plan so
     split). Each rank's memory is affine and increasing in its layers
     (costmodel.memory.stage_memory_shapes), so adding the layers one at a time where they overflow
     least, within each rank's layer bounds, is the min-max split; of those, the best over where
-    the split may put the dense first layers (planner.dense_spreads, as the search's)."""
+    the split may put the dense first layers (planner.dense_spreads, as the search's). None where
+    no spread's bounds admit a split (too many virtual stages for the dense layers' chunks)."""
     reserved = reserved_bytes(model, train, plan, cluster.device, cluster.framework, cluster.devices_per_node)
     caps, recompute = rank_caps_bytes(plan, cluster), plan.recompute is not Recompute.NONE
     best: tuple[float, tuple[int, ...]] | None = None
@@ -221,8 +223,8 @@ def least_overflow_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpe
             headroom = min((caps[r] - memory[r].at(n, n if recompute else 0)) / caps[r] for r, n in enumerate(layers))
             if best is None or headroom > best[0]:
                 best = (headroom, layers)
-    if best is None:   # every rank at its spread's most holds fewer layers than the model has
-        raise ValueError(f"no split of {model.num_layers} layers within the layer bounds of {plan.short()}")
+    if best is None:
+        return None
     headroom, layers = best
     split = Split(layers=layers, recomputed=layers if recompute else (0,) * plan.pp, optimal=True)
     return split, headroom

@@ -115,8 +115,8 @@ def closer(model, train, cluster, plan, closest: Found | None, free_split: bool 
     worst rank overflows least (planner.partition.least_overflow_split; priced only where its
     memory shapes say it is the closer), the closer of the two."""
     probes = [plan]
-    if free_split and plan.pp > 1:
-        split, headroom = least_overflow_split(model, train, cluster, plan)
+    if free_split and plan.pp > 1 and (least := least_overflow_split(model, train, cluster, plan)) is not None:
+        split, headroom = least
         if closest is None or headroom > closest.estimate.min_headroom_fraction:
             probes.append(apply_split(plan, split))
     for probe in probes:

@@ -294,6 +294,26 @@ def test_least_overflow_split_spreads_the_dense_first_layers_as_the_search_may()
     assert est.min_headroom_fraction == pytest.approx(headroom)
 
 
+def test_the_closest_split_keeps_a_layer_a_virtual_stage_and_is_none_where_no_spread_splits():
+    """Llama 3 8B at PP8 VP3 (its first rank the tightest): no rank of the closest split holds
+    fewer layers than virtual stages, and the plan so split is one our runtime runs. DeepSeek-V3
+    at PP7 VP9 under Megatron (which offers it: its end stages may be empty): every spread of
+    the three dense first layers asks for more than 61 layers (whole dense chunks of 9), so
+    there is no closest split, and none is made up."""
+    from costmodel.check import check_structure
+    from planner.partition import apply_split, least_overflow_split
+    from planner.specs import build_specs
+    model, train, cluster = build_specs("llama3-8b", "1x8xA100-40GB", seq_len=32768, global_batch=64)
+    plan = build_plan(model, train, cluster, Choice(tp=1, pp=8, vpp=3, recompute=Recompute.FULL))
+    found, _ = least_overflow_split(model, train, cluster, plan)
+    assert min(found.layers) >= plan.vpp and sum(found.layers) == model.num_layers
+    assert not check_structure(model, train, cluster, apply_split(plan, found))
+    model, train, cluster = build_specs("deepseek-v3", "7x8xA100-40GB", seq_len=4096, global_batch=56,
+                                        framework="megatron")
+    plan = build_plan(model, train, cluster, Choice(tp=1, pp=7, vpp=9, ep=8, recompute=Recompute.FULL))
+    assert least_overflow_split(model, train, cluster, plan) is None
+
+
 def test_nothing_fits_names_the_closest_split_where_the_framework_splits_freely():
     """A choice that fits under no split is told with the split that overflows least, not the
     even one, where the framework runs any split (ours); under an even-split framework, even."""
