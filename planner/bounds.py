@@ -14,6 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
+from costmodel.deepseek import dense_layer_model
 from costmodel.frameworks import FrameworkTraits
 from costmodel.hardware import ClusterSpec
 from costmodel.kernels import host_optimizer_step_s, optimizer_step_s, step_host_s
@@ -152,19 +153,28 @@ def split_exists(memory: list[AffineBytes], plan: Plan, caps: Sequence[float], t
 
 
 def states_floor(model: ModelSpec, train: TrainSpec, plan: Plan, reserved_bytes: float,
-                 traits: FrameworkTraits) -> AffineBytes:
+                 traits: FrameworkTraits, dense_layers: int | None = None) -> AffineBytes:
     """Below every pipeline rank's memory shape (costmodel.memory.stage_memory_shapes) at every
     layer and recompute count, without pricing activations: the reserve and the training states
     of the rank's layers, at the same bytes per parameter the shapes take. What it leaves out
     never subtracts: the embedding / head states, the buffers, and activations (a recomputed
     layer keeps its checkpoint, >= 0). So when `split_exists` finds no split under this floor,
-    none fits the plan (the search skips pricing its activations)."""
+    none fits the plan (the search skips pricing its activations). A mixture's dense first
+    layers may weigh less a device than its expert layers (all of a dense MLP against a share of
+    the experts): the base gives back what each of the rank's may weigh less (`dense_layers`:
+    the most a split gives it, planner.dense_spreads.reachable; by default all of them)."""
     experts = layer_expert_params(model, plan.ep, plan.etp)
     per_param = sum(state_bytes_for(train, plan, 1.0, traits))
     per_expert = sum(state_bytes_for(train, plan, 1.0, traits, experts=1.0))
+    cache = float8_weight_cache_bytes(plan, traits)
     layer = layer_params(model, plan.tp, plan.ep, plan.etp, traits.shared_expert_tp)
-    per_layer = per_param * (layer - experts) + per_expert * experts + float8_weight_cache_bytes(plan, traits) * layer
-    return AffineBytes(base=reserved_bytes, per_layer=per_layer, per_recomputed=0.0, jump=0.0)
+    per_layer = per_param * (layer - experts) + per_expert * experts + cache * layer
+    base = reserved_bytes
+    dense_layers = model.first_k_dense if dense_layers is None else dense_layers
+    if dense_layers:
+        dense = (per_param + cache) * layer_params(dense_layer_model(model), plan.tp)
+        base -= dense_layers * max(0.0, per_layer - dense)
+    return AffineBytes(base=base, per_layer=per_layer, per_recomputed=0.0, jump=0.0)
 
 
 def _columns(memory: list[AffineBytes], caps: Sequence[float]) -> np.ndarray:

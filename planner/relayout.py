@@ -6,7 +6,7 @@ split gives each rank's layers evenly to its virtual stages. Interleaved 1F1B ha
 its virtual stages, so a stage much heavier than the others of its phase (the last, which holds
 the output head, the loss and DeepSeek's MTP modules) holds every rank back each time it runs,
 however light the rest of its rank: the event simulation then finds the pipeline slower than the
-closed form said (DeepSeek-V3 at PP8 VP4: 26.5 s simulated, 21.5 s closed form), and the layouts
+closed form said (DeepSeek-V3 at PP8 VP4: a 26.7 s step simulated, 21.9 s in closed form), and the layouts
 that avoid it, such as Megatron-Core's for V3 whose last stage holds the MTP module and the loss
 alone (Et|(tt|)*30mL), lie outside the search's splits. Where a plan's simulated step exceeds its
 closed form by more than PHASE_LOCK_GAP, a descent by simulation moves one layer at a time off

@@ -25,7 +25,7 @@ from planner.search_state import SharedModels
 from planner.space import Choice, build_plan, under_schedule
 
 REPRICED = 20   # closed-form best plans re-priced by simulation for the final ranking
-VARIANTS_OF = 5   # best simulated plans laid out for schedules without a closed form (ZBV)
+VARIANTS_OF = 5   # best simulated plans laid out for schedules without a closed form (ZBV) or again (relayout)
 
 
 def _repriced(options: SearchOptions) -> int:

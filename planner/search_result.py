@@ -49,7 +49,8 @@ class SearchResult:
     # why states or activations went to the host ("": the user decided, or nothing did)
     offloaded_because: str = ""
     # the fastest closed-form plan, which the optimality proof is about (differs from `fastest`
-    # when a schedule priced only by simulation, ZBV, beat it)
+    # when a variant priced by simulation alone beat it: a schedule without a closed form, ZBV,
+    # or a plan laid out again, planner.relayout)
     proven_fastest: Found | None = None
     # the closed-form step time up to which the rows are proven (planner.cutoff), when plans found
     # slower than it were left out of the table; None when none was

@@ -27,7 +27,7 @@ from planner.bounds import (
     zero_floor_s,
 )
 from planner.candidates import Group, hybrid_zero_stage
-from planner.dense_spreads import least_memory_shapes_by_zero, least_pipeline_rows, spread_memory_shapes
+from planner.dense_spreads import least_memory_shapes_by_zero, least_pipeline_rows, reachable, spread_memory_shapes
 from planner.search_options import (
     STATE_OPTIONS,
     SearchOptions,
@@ -281,15 +281,15 @@ class SharedModels:
         return False
 
     def _states_fit(self, base: Choice, zero: int, plan: Plan, caps: list[float]) -> MemoryFit:
-        """planner.bounds.states_floor's fit under STATE_OPTIONS[zero] (`plan`: the choice under
-        any placement of states). It reads only the degrees, the placement of states and the
-        virtual stages (and the groups' order, for the caps), which many choices share."""
+        """planner.bounds.states_floor's fit under STATE_OPTIONS[zero] (`plan`: the choice, any states'
+        placement); it reads the degrees, states' placement, virtual stages, caps: many choices share it."""
         key = self._floor_key(base, zero, plan.vpp)
         if key not in self._floors:
             placed = replace(plan, **STATE_OPTIONS[zero]._asdict())
-            floor = states_floor(self.model, self.train, placed, self.cluster.device.efficiency.reserved_memory_bytes,
-                                 self.cluster.framework)
-            self._floors[key] = MemoryFit([floor] * placed.pp, placed, caps, self.model.num_layers)
+            floors = {d: states_floor(self.model, self.train, placed, self.cluster.device.efficiency.reserved_memory_bytes,
+                                      self.cluster.framework, d) for d in set(reachable(self.model, placed))}
+            self._floors[key] = MemoryFit([floors[d] for d in reachable(self.model, placed)], placed, caps,
+                                          self.model.num_layers)
         return self._floors[key]
 
     @staticmethod

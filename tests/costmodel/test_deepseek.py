@@ -142,7 +142,11 @@ def test_dense_first_layers_and_mtp_sit_on_the_first_and_last_ranks():
     # run in float8 as the layers' do: the float8 caches copy them, not the norms or the head
     assert last.mtp_linears == 2 * h * h + layer_params(V3, 1, 64) - experts
     assert first.mtp_linears == middle.mtp_linears == 0
-    assert last.float8_linears == last.layers + last.experts + last.mtp_linears
+    # under TP 2: the projection (2h -> h, column-parallel) and the layer's replicated part halved
+    tp2 = build_plan(*build_specs("deepseek-v3", "256x8xH100"), Choice(pp=16, ep=64, tp=2))
+    split = rank_params_at(V3, tp2, 3, False, True)
+    assert split.mtp_linears == h // 2 * 2 * h + layer_params(V3, 2, 64) - experts
+    assert split.float8_linears == split.layers + split.experts + split.mtp_linears
 
 
 def test_deepseeks_published_layout_is_priced(capsys):

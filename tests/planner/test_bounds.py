@@ -285,6 +285,33 @@ def _rank_time_model_of(model, train, cluster, plan):
     return rank_time_model(model, train, plan, cluster, spans(plan, cluster))
 
 
+@pytest.mark.parametrize("tp,pp,ep,zero,fp8", [(2, 16, 32, 0, True), (2, 16, 32, 1, True), (2, 8, 64, 1, True),
+                                                (2, 8, 64, 0, False)])
+def test_the_states_floors_are_below_every_rank_wherever_a_split_puts_the_dense_layers(tp, pp, ep, zero, fp8):
+    """DeepSeek-V3's dense first layers weigh less a device than its expert layers here (a whole
+    dense MLP over TP against 256/EP experts): each rank's floor, as the search builds them (less
+    what the dense layers it may hold may weigh less), lies below its memory under every spread
+    of them, at every layer count. It once priced every layer as an expert layer, up to 4.5 GiB
+    above a rank holding two dense layers."""
+    from costmodel.frameworks import framework_traits
+    from costmodel.memory import stage_memory_shapes
+    from planner.bounds import states_floor
+    from planner.dense_spreads import dense_spreads, reachable
+    traits = framework_traits("megatron-core")
+    model, train = resolve_model("deepseek-v3"), TrainSpec(seq_len=4096, global_batch_size=1024)
+    cluster = dataclasses.replace(parse_cluster("128x8xH100"), framework=traits)
+    plan = build_plan(model, train, cluster, Choice(tp=tp, pp=pp, ep=ep, fp8_linears=fp8, zero_stage=zero,
+                                                    recompute=Recompute.FULL))
+    floors = [states_floor(model, train, plan, 0.0, traits, d) for d in reachable(model, plan)]
+    assert floors[-1].base == 0.0   # no dense layer reaches the last rank: its floor gives nothing back
+    for spread in dense_spreads(model, plan):
+        shapes = stage_memory_shapes(model, train, plan, 0.0, traits, dense=spread.per_rank(pp))
+        for floor, shape, (lo, _) in zip(floors, shapes, spread.layer_bounds(pp, plan.vpp, model.num_layers)):
+            for layers in (lo, lo + 1, 8, 16):
+                below = floor.base + floor.per_layer * layers
+                assert below <= min(shape.at(layers, 0), shape.at(layers, layers)) + 1.0, (spread, layers)
+
+
 def test_a_float8_choice_s_states_floor_is_not_a_16_bit_one_s():
     """Megatron-Core's float8 linears hold Transformer Engine's cached float8 weights beside the
     16-bit ones at ZeRO-0, so the states floor of a float8 choice is above the same degrees'
