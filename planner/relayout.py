@@ -2,19 +2,20 @@
 the pipeline's phase lock.
 
 The search's closed form prices an interleaved pipeline by rank totals, m·max_r t_r, and its
-split gives each rank's layers evenly to its virtual stages. Interleaved 1F1B has no slack between
-its virtual stages, so a stage much heavier than the others of its phase (the last, which holds
-the output head, the loss and DeepSeek's MTP modules) holds every rank back each time it runs,
-however light the rest of its rank: the event simulation then finds the pipeline slower than the
-closed form said (DeepSeek-V3 at PP8 VP4: a 26.7 s step simulated, 21.9 s in closed form), and the layouts
-that avoid it, such as Megatron-Core's for V3 whose last stage holds the MTP module and the loss
-alone (Et|(tt|)*30mL), lie outside the search's splits. Where a plan's simulated step exceeds its
-closed form by more than PHASE_LOCK_GAP, a descent by simulation moves one layer at a time off
-its heaviest stages onto its lightest (the layers stay in order: only the counts per stage move;
-the first and last may be left without a layer where the framework runs that) while the
-simulated step falls and the plan fits and runs under the framework. The plans it finds are
-outside the closed-form proof, as the schedules priced by simulation only are
-(planner.repricing)."""
+split gives each rank's layers evenly to its virtual stages. Interleaved 1F1B has no slack
+between its virtual stages, so a stage much heavier than the others of its phase (the last,
+which holds the output head, the loss and DeepSeek's MTP modules) holds every rank back each
+time it runs, however light the rest of its rank. The event simulation then finds the step
+slower than the closed form said (DeepSeek-V3 at PP8 VP4: 26.7 s simulated, 21.9 s in closed
+form), and the layouts that avoid it, such as Megatron-Core's for V3 whose last stage holds the
+MTP module and the loss alone (Et|(tt|)*30mL), lie outside the search's splits.
+
+Where a plan's simulated step exceeds its closed form by more than PHASE_LOCK_GAP, a descent by
+simulation moves one layer at a time off its heaviest stages onto its lightest (the layers stay
+in order: only the counts per stage move; the first and last stage may be left without a layer
+where the framework runs that) while the simulated step falls and the plan fits and runs under
+the framework. The plans it finds are outside the closed-form proof, as the schedules priced by
+simulation only are (planner.repricing)."""
 from __future__ import annotations
 
 import time
