@@ -55,8 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="write the plan with its specs to this plan.json")
     add_overwrite_arg(p)
     p.add_argument("--json", action="store_true",
-                   help='print {"plan", "framework", "estimate", "error_band", "error_band_note", "checkpoint"} (and "training" with '
-                        '--tokens) as JSON on stdout')
+                   help='print {"plan", "framework", "estimate", "error_band", "error_band_note", "checkpoint", "relaid": '
+                        'the same degrees laid out faster by simulation, or null} (and "training" with --tokens) as JSON '
+                        'on stdout')
     add_failure_args(p)
     from planner.commands.search import add_cost_args
     add_cost_args(p)

@@ -22,7 +22,7 @@ import time
 from dataclasses import replace
 
 from costmodel.check import check_structure
-from costmodel.estimate import estimate
+from costmodel.estimate import Estimate, estimate
 from costmodel.hardware import ClusterSpec
 from costmodel.plan import Plan
 from costmodel.specs import ModelSpec, TrainSpec
@@ -89,3 +89,28 @@ def _with_stages(plan: Plan, per_stage: tuple[int, ...]) -> Plan:
     counts = tuple(moved.layers_on_rank(r) if n == plan.layers_on_rank(r) else min(n, moved.layers_on_rank(r))
                    for r, n in enumerate(plan.recompute_num_layers))
     return replace(moved, recompute_num_layers=counts)
+
+
+def layout_hint(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, options: SearchOptions, plan: Plan,
+                est: Estimate, seconds: float = 5.0) -> Found | None:
+    """For a plan priced as given (planner predict): the same degrees laid out again by the
+    descent, where that runs at least PHASE_LOCK_GAP faster and fits; else None."""
+    if plan.pp == 1 or not est.fits:
+        return None
+    found = relaid(model, train, cluster, options, Found(plan=plan, estimate=est), time.perf_counter() + seconds)
+    return found if found is not None and found.estimate.step_time_s < est.step_time_s * (1 - PHASE_LOCK_GAP) else None
+
+
+def hint_line(plan: Plan, est: Estimate, relaid_found: Found) -> str:
+    """The line predict prints: the faster layout's flags (--layers, and --recompute-layers where a
+    rank recomputes part of its layers) and time, and where the plan was phase-locked, by how much."""
+    better = relaid_found.plan
+    flags = f"--layers {','.join(map(str, better.layers_per_stage))}"
+    if any(0 < n < better.layers_on_rank(r) for r, n in enumerate(better.recompute_num_layers)):
+        flags += f" --recompute-layers {','.join(map(str, better.recompute_num_layers))}"
+    gain = relaid_found.estimate.step_time_s / est.step_time_s - 1
+    closed = est.closed_form_step_time_s
+    why = (f" (a heavy stage holds this interleaved pipeline back: simulated {100 * (est.step_time_s / closed - 1):.1f}% "
+           "above its rank totals' closed form)" if closed and phase_locked(Found(plan=plan, estimate=est), closed) else "")
+    return (f"layout   the same degrees laid out again by simulation run {relaid_found.estimate.step_time_s:.3f} s "
+            f"({100 * gain:+.1f}%){why}: {flags}")

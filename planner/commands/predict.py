@@ -20,8 +20,10 @@ from planner.commands.common import (
     specs_from_args,
 )
 from planner.commands.search import training_cost_of
+from planner.relayout import hint_line, layout_hint
+from planner.search_options import SearchOptions
 from planner.space import build_plan
-from planner.targets import default_zero_stage, has_sequence_parallel, name_for, refuse_unless_runs
+from planner.targets import default_zero_stage, has_sequence_parallel, name_for, options_for, refuse_unless_runs
 
 # predict --plan takes all of these from the file
 # what --plan leaves a flag to say: where the plan file goes, the output's form, and the run it is
@@ -71,9 +73,13 @@ def cmd_predict(args: argparse.Namespace) -> int:
         pf = PlanFile(plan=plan, model=model, train=train, cluster=cluster)
         outputs.write_file(out, outputs.json_text(pf.to_dict()), args.overwrite)
         print(f"wrote {out}", file=sys.stderr)
+    # the same degrees laid out again where a heavy stage holds an interleaved pipeline back
+    hint = None if over else layout_hint(model, train, cluster, options_for(
+        name_for(cluster.framework), model, train, cluster, SearchOptions()), plan, est)
     if args.json:
         from costmodel.resilience import checkpoint_cost
         emit_json({"plan": plan.to_dict(), "framework": name_for(cluster.framework), "estimate": est.to_dict(),
+                   "relaid": None if hint is None else {"plan": hint.plan.to_dict(), "estimate": hint.estimate.to_dict()},
                    "error_band": error_band(cluster)[0], "error_band_note": long_sequence_note(train.seq_len),
                     "checkpoint": checkpoint_cost(model, train, cluster.world_size, est.step_time_s,
                                                   est.tokens_per_s, failures_from_args(args)).to_dict(),
@@ -81,6 +87,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     else:
         from reports.tables import ledger_table, memory_table, summary_lines
         print(summary_lines(model, train, cluster, plan, est, failures_from_args(args)))
+        if hint is not None:
+            print(hint_line(plan, est, hint))
         if cost is not None:
             from costmodel.training_cost import summary_line
             print(summary_line(cost))

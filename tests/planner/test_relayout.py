@@ -113,3 +113,28 @@ def test_a_framework_that_splits_evenly_keeps_its_even_layout():
     free = relaid(model, train, cluster, SearchOptions(), found, time.perf_counter() + 60)
     assert free is not None and free.estimate.step_time_s < found.estimate.step_time_s
     assert relaid(model, train, cluster, options, found, time.perf_counter() + 60) is None
+
+
+def test_predict_names_a_faster_layout_of_the_same_degrees_and_its_flags_give_it(capsys):
+    """predict on DeepSeek-V3 with Bridge's degrees and the default layout (three dense layers
+    on the first stage: its rank holds nine): the same degrees laid out again run at least 5 %
+    faster, and the --layers (and --recompute-layers) the line names price exactly that."""
+    degrees = ["--tp", "2", "--pp", "8", "--vpp", "4", "--ep", "64", "--zero", "1", "--recompute", "selective"]
+    assert main(["predict", *V3_H100, *degrees, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    relaid_plan, relaid_estimate = doc["relaid"]["plan"], doc["relaid"]["estimate"]
+    assert relaid_estimate["fits"] and relaid_estimate["step_time_s"] < 0.95 * doc["estimate"]["step_time_s"]
+    assert main(["predict", *V3_H100, *degrees]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("layout"))
+    flags = line.split(": ", 1)[1].split()
+    assert flags[:2] == ["--layers", ",".join(map(str, relaid_plan["layers_per_stage"]))]
+    assert main(["predict", *V3_H100, *degrees, *flags, "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["estimate"]["step_time_s"] == pytest.approx(relaid_estimate["step_time_s"])
+    assert again["relaid"] is None
+
+
+def test_predict_names_no_layout_where_the_even_one_is_as_good(capsys):
+    assert main(["predict", "--model", "llama-70b", "--cluster", "8x8xA100", "--tp", "4", "--pp", "4", "--vpp", "5",
+                 "--zero", "1", "--recompute", "full", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["relaid"] is None
