@@ -73,7 +73,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         pf = PlanFile(plan=plan, model=model, train=train, cluster=cluster)
         outputs.write_file(out, outputs.json_text(pf.to_dict()), args.overwrite)
         print(f"wrote {out}", file=sys.stderr)
-    # the same degrees laid out again where a heavy stage holds an interleaved pipeline back
+    # a faster layout of the same degrees, where the descent finds one (planner.relayout)
     hint = None if over else layout_hint(model, train, cluster, options_for(
         name_for(cluster.framework), model, train, cluster, SearchOptions()), plan, est)
     if args.json:
