@@ -32,7 +32,7 @@ from planner.search_options import SearchOptions
 from planner.search_result import Found
 
 # a simulated step this much above the plan's closed form: its layout, not noise (the closed
-# form and the simulation agree within 0.1 % on even interleaved layouts)
+# form and the simulation agree on even interleaved layouts: benchmarks/phase_lock.py)
 PHASE_LOCK_GAP = 0.02
 DONORS, RECEIVERS = 3, 4   # the heaviest stages a layer may leave, the lightest it may join
 MOST_EVALUATIONS = 60      # simulations per plan (about 15 ms each for DeepSeek-V3 on 1,024 GPUs)

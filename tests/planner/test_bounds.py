@@ -291,8 +291,8 @@ def test_the_states_floors_are_below_every_rank_wherever_a_split_puts_the_dense_
     """DeepSeek-V3's dense first layers weigh less a device than its expert layers here (a whole
     dense MLP over TP against 256/EP experts): each rank's floor, as the search builds them (less
     what the dense layers it may hold may weigh less), lies below its memory under every spread
-    of them, at every layer count. It once priced every layer as an expert layer, up to 4.5 GiB
-    above a rank holding two dense layers."""
+    of them, at every layer count (pricing every layer as an expert layer puts it above a rank
+    holding dense layers in three of these layouts)."""
     from costmodel.frameworks import framework_traits
     from costmodel.memory import stage_memory_shapes
     from planner.bounds import states_floor
