@@ -111,7 +111,7 @@ def adapted(recipe: Recipe, train: TrainSpec, cluster: ClusterSpec, plan: Plan) 
     if plan.dp != recipe.dp:
         changes.append(f"dp{recipe.dp} -> dp{plan.dp}")
     if (runs := name_for(cluster.framework)) != recipe.framework:   # the layout, not the framework, compared
-        changes.append(f"priced as {runs} runs it, as the first plan is (written for {recipe.framework})")
+        changes.append(f"a {recipe.framework} recipe priced as {runs} runs it, as the first plan is")
     if train.grad_dtype.value != recipe.grad_dtype:
         changes.append(f"priced with {train.grad_dtype.value} gradients (the recipe's: {recipe.grad_dtype}, "
                        f"--grad-dtype {recipe.grad_dtype})")

@@ -158,3 +158,8 @@ def to_rank_order(adj: Adjusted, orders: tuple[tuple[str, ...], ...], what: str)
     plan = adj.plan
     if layout(plan, plan.mesh_axis_order) not in {layout(plan, o) for o in orders}:
         adj.change(f"mesh order {'>'.join(plan.mesh_axis_order)}: {what}", mesh_axis_order=orders[0])
+
+
+def on_hosts(hosts: int, per_host: int) -> str:
+    """Where a launch runs: "each of the 8 hosts (8 GPUs each)", or "the host (8 GPUs)"."""
+    return f"the host ({per_host} GPUs)" if hosts == 1 else f"each of the {hosts} hosts ({per_host} GPUs each)"

@@ -36,6 +36,7 @@ from planner.exports.common import (
     CannotExport,
     activations_on_device,
     layout,
+    on_hosts,
     one_shard_group,
     recompute_is_uniform,
     target_traits,
@@ -314,7 +315,7 @@ def render(pf: PlanFile, plan: Plan) -> tuple[str, str]:
     hosts, per_host = c.launch_hosts
     lines = ["#!/usr/bin/env bash",
              f"# Megatron-LM run of {plan.short()} for {pf.model.name} on {c.num_nodes}x{c.devices_per_node} "
-             f"{c.device.name} (planner export). Run on every host ({hosts} of {per_host} GPUs) from a Megatron-LM checkout, with",
+             f"{c.device.name} (planner export). Run on {on_hosts(hosts, per_host)} from a Megatron-LM checkout, with",
              "# NODE_RANK and MASTER_ADDR set; replace --mock-data and the NullTokenizer with your data, and the",
              "# 100 iterations at a constant learning rate (a throughput run) with your schedule.",
              "set -euo pipefail",
@@ -327,4 +328,4 @@ def render(pf: PlanFile, plan: Plan) -> tuple[str, str]:
         end = " \\" if i < len(args) - 1 else ""
         words = [] if value is None else value.split(" ") if flag in _LIST_FLAGS else [value]
         lines.append(f"    {' '.join([flag, *map(shlex.quote, words)])}{end}")
-    return "\n".join(lines) + "\n", f"bash FILE on every host ({hosts} of {per_host} GPUs; NODE_RANK, MASTER_ADDR set), from a Megatron-LM checkout"
+    return "\n".join(lines) + "\n", f"bash FILE on {on_hosts(hosts, per_host)} with NODE_RANK and MASTER_ADDR set, from a Megatron-LM checkout"

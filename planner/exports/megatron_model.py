@@ -97,7 +97,10 @@ def _deepseek_arguments(m: ModelSpec) -> list[tuple[str, str | None]]:
     bias over expert groups, scaled routed outputs, multi-token prediction."""
     args: list[tuple[str, str | None]] = []
     if m.is_mla:
-        args += [("--multi-latent-attention", None), ("--kv-lora-rank", str(m.kv_lora_rank)),
+        # --qk-layernorm under MLA is the latents' RMSNorms (gpt_layer_specs: the up-projections
+        # become TELayerNormColumnParallelLinear), which DeepSeek's layers have and the cost
+        # model prices (costmodel.params.mla_norm_params); without it Megatron drops them
+        args += [("--multi-latent-attention", None), ("--qk-layernorm", None), ("--kv-lora-rank", str(m.kv_lora_rank)),
                  ("--qk-head-dim", str(m.qk_nope_head_dim)), ("--qk-pos-emb-head-dim", str(m.qk_rope_head_dim)),
                  ("--v-head-dim", str(m.v_head_dim))]
         if m.q_lora_rank:

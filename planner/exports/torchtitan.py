@@ -36,6 +36,7 @@ from planner.exports.common import (
     Adjusted,
     CannotExport,
     activations_on_device,
+    on_hosts,
     recompute_is_uniform,
     to_rank_order,
     to_schedule,
@@ -244,14 +245,22 @@ def sections(pf: PlanFile, plan: Plan) -> dict[str, dict]:
     return doc
 
 
+# The TOML job config and its keys are torchtitan 0.2.x's: later torchtitan (from its
+# 2026-02-23 config refactor, commit 9810191) reads Python config dataclasses (--module/--config)
+# and no longer takes --job.config_file
+TOML_RELEASES = ("for torchtitan 0.2.x (a TOML job config, run with --job.config_file; "
+                 "later releases take Python configs)")
+
+
 def render(pf: PlanFile, plan: Plan) -> tuple[str, str]:
     c = pf.cluster
     lines = [f"# torchtitan job for {plan.short()}: {pf.model.name} on {c.num_nodes}x{c.devices_per_node} "
-             f"{c.device.name} (planner export)"]
+             f"{c.device.name} (planner export)", f"# {TOML_RELEASES}"]
     for section, values in sections(pf, plan).items():
         lines.append(f"\n[{section}]")
         lines += [f"{key} = {_value(value)}" for key, value in values.items()]
     hosts, per_host = c.launch_hosts
     launch = (f"torchrun --nnodes {hosts} --nproc-per-node {per_host} -m torchtitan.train "
-              "--job.config_file FILE (on every host, with torchrun's rendezvous flags)")
+              f"--job.config_file FILE (on {on_hosts(hosts, per_host)}, with torchrun's rendezvous flags; "
+              "torchtitan 0.2.x)")
     return "\n".join(lines) + "\n", launch

@@ -752,8 +752,11 @@ def test_a_deepseek_plan_exports_its_mechanisms_to_megatron(tmp_path, capsys):
               "moe_shared_expert_intermediate_size": int(args["--moe-shared-expert-intermediate-size"]),
               # its YaRN, which Megatron-LM's own defaults (factor 1, mscale_all_dim 0) would undo
               "rotary_scaling_factor": float(args["--rotary-scaling-factor"]), "mscale": float(args["--mscale"]),
-              "mscale_all_dim": float(args["--mscale-all-dim"])}
+              "mscale_all_dim": float(args["--mscale-all-dim"]), "qk_layernorm": "--qk-layernorm" in args}
     assert "--q-lora-rank" not in args   # V2-Lite projects Q from the input
+    # the latents' RMSNorms (kv_a_layernorm; V3 also q_a_layernorm): Megatron-Core builds them
+    # only under --qk-layernorm (gpt_layer_specs), and the cost model prices them
+    assert "--qk-layernorm" in args
     config = MLATransformerConfig(num_layers=int(args["--num-layers"]), hidden_size=int(args["--hidden-size"]),
                                   num_attention_heads=int(args["--num-attention-heads"]),
                                   ffn_hidden_size=int(args["--ffn-hidden-size"]), **fields)
@@ -772,7 +775,7 @@ def test_a_deepseek_plan_exports_its_mechanisms_to_megatron(tmp_path, capsys):
     assert (v3_args["--q-lora-rank"], v3_args["--moe-router-score-function"], v3_args["--moe-router-num-groups"],
             v3_args["--moe-router-group-topk"], v3_args["--moe-router-topk-scaling-factor"],
             v3_args["--mtp-num-layers"]) == ("1536", "sigmoid", "8", "4", "2.5", "1")
-    assert "--moe-router-enable-expert-bias" in v3_args
+    assert "--moe-router-enable-expert-bias" in v3_args and "--qk-layernorm" in v3_args
     # 61 layers over 16 stages, the dense first three on the first: Megatron-Core's explicit layout,
     # the multi-token-prediction module after the last stage's layers
     from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
