@@ -39,12 +39,18 @@ from planner.split_model import FREE, SplitModel, SplitRules, cp_sat, integer_by
 #   an order of magnitude longer in presolve on the large ones (megatron_h100_70B);
 # - a few models with deep pipelines and full recomputation need more: symmetry breaking without
 #   probing settles some that the defaults alone do not (sc21_t1_530) but leaves others unproven
-#   that the defaults prove (sc21_t1_1T); chained as below, both are proven.
+#   that the defaults prove (sc21_t1_1T); chained as below, both are proven;
+# - presolve's dual reductions can loop for seconds of wall time at no deterministic time on the
+#   block method's models at a fixed count (DeepSeek-V3 at pp 32 under Megatron: 2.5 s each to
+#   show a count cannot beat the best so far, 0.2 s without them), so that attempt comes first
+#   without them (keep_all_feasible_solutions_in_presolve), then as before.
 ATTEMPTS: list[tuple[dict, float | None]] = [
     ({"cp_model_presolve": False}, 0.05),
+    ({"symmetry_level": 4, "cp_model_probing_level": 0, "keep_all_feasible_solutions_in_presolve": True}, 0.3),
     ({"symmetry_level": 4, "cp_model_probing_level": 0}, 0.3),
     ({}, None),
 ]
+BUDGETED = [attempt for attempt in ATTEMPTS if attempt[1] is not None]
 # A budgeted attempt also stops at this many wall seconds per deterministic second: CP-SAT's
 # deterministic clock can fall far behind the wall's (a pp 12 split of Llama 3.1 405B on 1,152
 # H100s under full recomputation spent 7.8 s without presolve to reach 0.05 deterministic
@@ -117,7 +123,7 @@ def solve_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
     cp_model = cp_sat()
     split = SplitModel(model, plan, ranks, fit, cutoff_s, rules, dense=dense)
     shared_count = _shared_block_count(plan, rules)
-    solver, status = split.solve(deadline, ATTEMPTS[:2] if shared_count else ATTEMPTS, WALL_PER_DETERMINISTIC_S)
+    solver, status = split.solve(deadline, BUDGETED if shared_count else ATTEMPTS, WALL_PER_DETERMINISTIC_S)
     if shared_count and status not in (cp_model.OPTIMAL, cp_model.INFEASIBLE):
         return _solve_per_block_count(model, plan, ranks, fit, cutoff_s, rules, deadline, dense)
     if status == cp_model.UNKNOWN:
