@@ -73,8 +73,15 @@ def result(shared: SharedModels, options: SearchOptions, stats: SearchStats, fou
     ranked = _union(decision, rank(found, replace(options, top_k=_repriced(options))))
     if options.objective != "time":   # the fastest plans too: the leanest are judged against them
         ranked = _union(ranked, rank(found, replace(options, top_k=_repriced(options), objective="time")))
-    # each simulation costs milliseconds to tens of them: half of them on the second core
-    simulated = {id(f): priced for f, priced in zip(ranked, map_in_halves(partial(_simulated, shared), ranked))}
+    # each simulation costs milliseconds to tens of them: half of them on the second core. The
+    # decision's plans and the REPRICED best are always priced (a fraction of a second); the rest
+    # a larger --top shows, while the time limit lasts
+    priced = map_in_halves(partial(_simulated_by, shared, deadline, max(len(decision), REPRICED)),
+                           list(enumerate(ranked)))
+    simulated = {id(f): p for f, p in zip(ranked, priced) if p is not None}
+    unpriced = [f for f, p in zip(ranked, priced) if p is None]
+    if unpriced:   # the rows' order is proven below the fastest left unpriced, no further
+        complete_below_s = min(complete_below_s, math.nextafter(min(f.estimate.step_time_s for f in unpriced), 0.0))
     evaluated = [simulated.get(id(f), f) for f in found]
     fitting = [f for f in simulated.values() if f.estimate.fits]
     # a plan that fit under the closed form's memory may overflow once simulated: not feasible
@@ -88,7 +95,7 @@ def result(shared: SharedModels, options: SearchOptions, stats: SearchStats, fou
     variants = [f for f in _simulated_variants(shared, options, best) if f.estimate.fits]
     # each simulated plan's closed-form time (a plan laid out again by _simulated included); the
     # best whose interleaved pipeline the closed form found faster than it runs, laid out again
-    closed_of = {id(simulated[id(f)]): f.estimate.step_time_s for f in ranked}
+    closed_of = {id(simulated[id(f)]): f.estimate.step_time_s for f in ranked if id(f) in simulated}
     locked = [f for f in best if phase_locked(f, closed_of[id(f)])]
     variants += [r for r in map_in_halves(lambda f: relaid(model, train, cluster, options, f, deadline), locked)
                  if r is not None]
@@ -100,13 +107,14 @@ def result(shared: SharedModels, options: SearchOptions, stats: SearchStats, fou
     first = ordered[:equivalent]
     # the variants of the best are simulated only and kept
     rows, cut = _proven_rows(first, fitting + variants, closed_of, complete_below_s, options)
+    cut = complete_below_s if unpriced else cut   # plans left out unpriced bound the rows too
     decided = {f.plan for f in first}
     # counted before --top cuts the table: a display flag never changes what the evidence ties
     equivalent = next((i for i, f in enumerate(rows) if f.plan not in decided), len(rows))
     plans = rows[:options.top_k]
     return SearchResult(plans=plans, stats=stats, evaluated=evaluated + variants, closest=closest,
                         equivalent=equivalent, error_band=options.error_band, fastest=fastest,
-                        proven_fastest=proven, rows_proven_to_s=cut)
+                        proven_fastest=proven, rows_proven_to_s=cut, unpriced=len(unpriced))
 
 
 def _proven_rows(first: list[Found], fitting: list[Found], closed_s: dict[int, float], complete_below_s: float,
@@ -133,6 +141,15 @@ def _simulated(shared: SharedModels, found: Found) -> Found:
         if plan != found.plan and (alt := estimate(model, train, cluster, plan)).fits:
             return Found(plan=plan, estimate=alt, alternatives=found.alternatives)
     return Found(plan=found.plan, estimate=est, alternatives=found.alternatives)
+
+
+def _simulated_by(shared: SharedModels, deadline: float, always: int, item: tuple[int, Found]) -> Found | None:
+    """`_simulated` of the item-th plan; None for one past the first `always` once the deadline
+    has passed (the search's time limit bounds the repricing of the rows --top adds)."""
+    index, found = item
+    if index >= always and time.perf_counter() > deadline:
+        return None
+    return _simulated(shared, found)
 
 
 def _union(first: list[Found], more: list[Found]) -> list[Found]:

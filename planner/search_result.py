@@ -55,3 +55,5 @@ class SearchResult:
     # the closed-form step time up to which the rows are proven (planner.cutoff), when plans found
     # slower than it were left out of the table; None when none was
     rows_proven_to_s: float | None = None
+    # plans found but not re-priced by simulation before the time limit (left out of the table)
+    unpriced: int = 0

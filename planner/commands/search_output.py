@@ -53,7 +53,7 @@ def search_json(o: SearchOutcome) -> dict[str, Any]:
         "search": {**result.stats.to_dict(), "framework": o.framework, "equivalent_plans": result.equivalent,
                    "error_band": result.error_band, "error_band_note": long_sequence_note(o.train.seq_len),
                    "offloaded_because": result.offloaded_because,
-                   "rows_proven_to_s": result.rows_proven_to_s,
+                   "rows_proven_to_s": result.rows_proven_to_s, "unpriced_plans": result.unpriced,
                    "fastest": None if fastest is None else
                    {"plan": fastest.plan.to_dict(), "estimate": fastest.estimate.to_dict()},
                    # what `optimal` is about: the fastest closed-form plan (`fastest` may be a variant
@@ -168,9 +168,11 @@ def _rows_line(o: SearchOutcome) -> str:
     result = o.result
     if result.rows_proven_to_s is None or len(result.plans) >= o.top or o.left_out:
         return ""
+    more = (f"{result.unpriced:,} more plans found were not re-priced by simulation within --time-limit, "
+            "which a larger one lists" if result.unpriced else "a larger --top proves more")
     return (f"{len(result.plans)} rows of --top {o.top}: the search proves the order of plans up to "
             f"{result.rows_proven_to_s:.3f} s (closed form) and lists no row above it, nor one a listed row "
-            f"beats in both time and memory; a larger --top proves more")
+            f"beats in both time and memory; {more}")
 
 
 def ranked_for_robustness(plans: list[Found], objective: str = "time") -> str:

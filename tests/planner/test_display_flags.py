@@ -87,3 +87,31 @@ def test_the_row_at_the_proven_bound_is_listed(capsys):
     doc = json.loads(capsys.readouterr().out)
     bound = doc["search"]["rows_proven_to_s"]
     assert bound is not None and all(p["estimate"]["closed_form_step_time_s"] <= bound for p in doc["plans"])
+
+
+def test_rows_past_the_time_limit_are_left_unpriced_and_said(capsys, monkeypatch):
+    """The search's time limit bounds the repricing too: past it, only the decision's plans and
+    the REPRICED best are simulated (a fraction of a second), the rows a larger --top would add
+    are left out, the table's proven bound stops below the fastest of them, and the line and the
+    JSON say how many. (The deadline is made to have passed once the repricing starts.)"""
+    import planner.repricing as repricing
+
+    class Late:
+        @staticmethod
+        def perf_counter() -> float:
+            return float("inf")
+    args = ["search", "--model", "llama-70b", "--cluster", "8x8xA100", "--top", "200"]
+    assert main([*args, "--json"]) == 0
+    full = json.loads(capsys.readouterr().out)
+    assert full["search"]["unpriced_plans"] == 0
+    monkeypatch.setattr(repricing, "time", Late)
+    assert main([*args, "--json"]) == 0
+    late = json.loads(capsys.readouterr().out)
+    assert late["plans"][0] == full["plans"][0]   # the decision is priced whatever the clock says
+    unpriced, bound = late["search"]["unpriced_plans"], late["search"]["rows_proven_to_s"]
+    assert unpriced > 0 and bound is not None and len(late["plans"]) <= repricing.REPRICED
+    assert all(p["estimate"]["closed_form_step_time_s"] <= bound for p in late["plans"])
+    assert [p["plan"] for p in late["plans"]] == [p["plan"] for p in full["plans"][:len(late["plans"])]]
+    assert main(args) == 0
+    assert f"{unpriced:,} more plans found were not re-priced by simulation within --time-limit" in \
+        capsys.readouterr().out
