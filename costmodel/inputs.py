@@ -83,12 +83,13 @@ def read_json_object(path: Path | str, what: str) -> dict[str, Any]:
         data = json.loads(text, object_pairs_hook=_unique_keys)
     except DuplicateKey as exc:
         raise UserError(f"{what} {path}: key {exc.args[0]!r} is given twice in one object (which one was meant?)") from None
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{what} {path}: not valid JSON (truncated? {exc.msg} at line {exc.lineno})") from None
+    except json.JSONDecodeError as exc:   # "truncated?" only where the text ends early
+        cut = " (truncated?)" if exc.pos >= len(text.rstrip()) else ""
+        raise UserError(f"{what} {path}: not valid JSON{cut}: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
     except RecursionError:
         raise UserError(f"{what} {path}: nested too deeply to be a {what}") from None
     except ValueError as exc:   # e.g. an integer of over 4,300 digits
-        raise UserError(f"{what} {path}: not readable JSON ({str(exc)[:80]})") from None
+        raise UserError(f"{what} {path}: not readable JSON ({str(exc).split(';')[0]})") from None
     if not isinstance(data, dict):
         raise UserError(f"{what} {path}: a JSON object is expected, not {_kind(data)}")
     return data

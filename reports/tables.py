@@ -83,7 +83,7 @@ def summary_lines(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan
         f"model    {model.name}   train seq {train.seq_len} x global batch {train.global_batch_size} "
         f"({train.compute_dtype}{' with float8 linears' if plan.fp8_linears else ''}, {train.optimizer}, "
         f"{train.attention_kernel} attention)",
-        f"cluster  {cluster.name} ({cluster.world_size} devices)   priced as {cluster.framework.name} runs plans"
+        f"cluster  {cluster.name} ({cluster.world_size} device{'s' if cluster.world_size != 1 else ''})   priced as {cluster.framework.name} runs plans"
         + _options_said(cluster),
         f"plan     {plan.short()}   layers/stage {','.join(map(str, plan.layers_per_stage))}"
         # short() names a mesh order other than the default; the default is named here

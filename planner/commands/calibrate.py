@@ -48,7 +48,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else _default_out(base_path)
     if out.resolve() == base_path.resolve():
         raise UserError("--out must differ from the profile: calibration never overwrites it")
-    outputs.out_file(out, "--out", args.overwrite, ".toml")
+    # without --out the default path is named as such: the user never typed it
+    outputs.out_file(out, "--out" if args.out else "the default --out (NAME-calibrated.toml beside the profile)",
+                     args.overwrite, ".toml")
     loaded = _load_runs(args.runs, base)
     runs = merge_repeats(loaded)
     before = summary(runs, base)

@@ -168,8 +168,10 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
 def specs_from_args(args: argparse.Namespace, note: bool = True) -> tuple[ModelSpec, TrainSpec, ClusterSpec]:
     """The specs the flags give; `note`: say on stderr where the cluster's nodes are smaller than
     its devices' NVLink domain (print_node_note)."""
-    if not args.model or not args.cluster:
-        raise UserError("--model and --cluster are required"
+    if empty := [flag for flag, value in (("--model", args.model), ("--cluster", args.cluster)) if value == ""]:
+        raise UserError(f"{empty[0]} is empty")
+    if missing := [flag for flag, value in (("--model", args.model), ("--cluster", args.cluster)) if value is None]:
+        raise UserError(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} required"
                         + (" (or --plan plan.json)" if args.command == "predict" else ""))
     specs = build_specs(args.model, args.cluster, seq_len=args.seq_len, global_batch=args.global_batch,
                         dtype=args.dtype, grad_dtype=args.grad_dtype, attention=args.attention,

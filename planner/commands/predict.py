@@ -62,7 +62,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         plan = build_plan(model, train, cluster, choice)
     problems = check_structure(model, train, cluster, plan)
     if problems:
-        raise UserError("invalid plan: " + "; ".join(problems))
+        raise UserError((f"{args.plan} is not a valid plan: " if args.plan else "invalid plan: ") + "; ".join(problems))
     refuse_unless_runs(name_for(cluster.framework), model, train, cluster, plan)
     est = estimate(model, train, cluster, plan)
     if not args.plan:

@@ -221,7 +221,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.checkpoint_dir is not None and not args.checkpoint_dir.strip():
         raise RunRefused("--checkpoint-dir is empty; give a directory")
     if not args.checkpoint_dir:
-        refuse_ignored(args.given, CHECKPOINT_FLAGS, "they need --checkpoint-dir")
+        refuse_ignored(args.given, CHECKPOINT_FLAGS, "checkpointing and resuming need --checkpoint-dir")
     if args.resume and args.resume_if_present:
         raise RunRefused("--resume and --resume-if-present: choose one (the second starts afresh without a checkpoint)")
     if args.checkpoint_every:

@@ -66,7 +66,7 @@ def _valid_values(parse: Any) -> str:
 def add_search_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top", type=int_in(1, MAX_TOP), default=5, help="how many plans to rank (default 5)")
     p.add_argument("--out", help="write the best plan with its specs to this plan.json")
-    p.add_argument("--json", action="store_true", help='print {"plans", "search"} as JSON on stdout')
+    p.add_argument("--json", action="store_true", help='print {"plans", "comparisons", "search", "checkpoint"} as JSON on stdout')
     p.add_argument("--csv", help="write every plan the search found to fit to this CSV, with its price (the "
                                  "re-priced ones as simulated, `fits` false where they no longer fit)")
     p.add_argument("--report", metavar="DIR", help="write bubble, memory and ranking reports of the result to DIR: "
@@ -203,9 +203,11 @@ def check_outputs(args: argparse.Namespace) -> None:
         refuse_ignored(args.given, {"overwrite"}, "without --out, --csv, --report or --export-out nothing is written")
     if not args.export:
         refuse_ignored(args.given, {"export_out"}, "--export-out names the file of --export TARGET")
-    given = [Path(p).resolve() for p in (args.out, args.csv, args.report, args.export_out) if p]
-    if len(set(given)) < len(given):
-        raise UserError("--out, --csv, --report and --export-out name the same path; give each its own")
+    given = [(flag, Path(p).resolve()) for flag, p in (("--out", args.out), ("--csv", args.csv),
+                                                      ("--report", args.report), ("--export-out", args.export_out)) if p]
+    for i, (flag, path) in enumerate(given):
+        if same := [other for other, p in given[i + 1:] if p == path]:
+            raise UserError(f"{flag} and {' and '.join(same)} name the same path ({path}); give each its own")
     args.out = outputs.out_file(args.out, "--out", args.overwrite, ".json")
     args.csv = outputs.out_file(args.csv, "--csv", args.overwrite, ".csv")
     args.export_out = outputs.out_file(args.export_out, "--export-out", args.overwrite)

@@ -144,7 +144,7 @@ def _show(args: argparse.Namespace, result: SweepResult, wall_s: float) -> None:
         emit_json(result.to_dict())
         return
     print("\n".join(table_lines(result)))
-    print(f"{len(result.rows)} sizes in {wall_s:.1f} s" + "".join(f"; wrote {p}" for p in (args.csv, args.plot) if p)
+    print(f"{len(result.rows)} size{'s' if len(result.rows) != 1 else ''} in {wall_s:.1f} s" + "".join(f"; wrote {p}" for p in (args.csv, args.plot) if p)
           + (f"; wrote {args.report}/index.html" if args.report else ""))
 
 

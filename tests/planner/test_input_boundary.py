@@ -249,8 +249,9 @@ def test_odd_profiles_are_refused_naming_the_number(tmp_path, capsys):
 
 def test_colliding_outputs_are_refused_before_the_search(tmp_path, capsys):
     same = str(tmp_path / "x.json")
-    _one_line(capsys, main(["search", "--model", "debug-tiny", "--cluster", CPU, "--out", same, "--report", same]),
-              "name the same path")
+    _one_line(capsys, main(["search", "--model", "debug-tiny", "--cluster", CPU, "--out", same, "--csv",
+                            str(tmp_path / "y.csv"), "--report", same]),
+              "--out and --report name the same path")   # the two that collide, not --csv
 
 
 def test_a_config_file_names_the_model_and_its_own_keys(tmp_path, capsys):
@@ -274,3 +275,27 @@ def test_a_qwen2_moe_config_without_its_shared_expert_width_is_refused(tmp_path,
     (tmp_path / "qmoe.json").write_text(json.dumps(cfg))
     _one_line(capsys, main(["predict", "--model", str(tmp_path / "qmoe.json"), "--cluster", "1x8xH100"]),
               "qmoe.json", "shared_expert_intermediate_size")
+
+
+def test_a_plan_file_error_names_the_file_and_a_json_error_its_place(tmp_path, capsys):
+    """predict --plan names the plan file whose plan is invalid, as run, report and export do; a
+    JSON syntax error says where it is, and asks "truncated?" only where the text ends early."""
+    assert main(["predict", "--model", "debug-tiny", "--cluster", CPU, "--out", str(tmp_path / "p.json")]) == 0
+    capsys.readouterr()
+    doc = json.loads((tmp_path / "p.json").read_text())
+    doc["plan"]["tp"] = -4
+    (tmp_path / "neg.json").write_text(json.dumps(doc))
+    _one_line(capsys, main(["predict", "--plan", str(tmp_path / "neg.json")]),
+              f"{tmp_path / 'neg.json'} is not a valid plan", "tp must be at least 1")
+    text = (tmp_path / "p.json").read_text()
+    (tmp_path / "comma.json").write_text(text.replace('"version": 1,', '"version": 1,,', 1))
+    err = _one_line(capsys, main(["predict", "--plan", str(tmp_path / "comma.json")]), "comma.json", "not valid JSON",
+                    "line ")
+    assert "truncated" not in err
+    (tmp_path / "cut.json").write_text(text[:len(text) // 2])
+    _one_line(capsys, main(["predict", "--plan", str(tmp_path / "cut.json")]), "cut.json", "(truncated?)")
+
+
+def test_an_empty_model_or_cluster_is_said_to_be_empty(capsys):
+    _one_line(capsys, main(["search", "--model", "llama-70b", "--cluster", ""]), "--cluster is empty")
+    _one_line(capsys, main(["predict", "--cluster", CPU]), "--model is required", "--plan")
