@@ -118,13 +118,16 @@ def check_resumable(path: Path, pf: PlanFile) -> int:
     return step
 
 
-def resume_point(root: Path, pf: PlanFile, total_steps: int, verify=manifest.problem
+def resume_point(root: Path, pf: PlanFile, total_steps: int, verify=manifest.problem, confirm=None
                  ) -> tuple[Path | None, int, list[str]]:
     """(checkpoint, step it was taken after, why each newer one was skipped) to resume from: the
     newest complete checkpoint that `verify` (path -> problem or None) passes; (None, 0, []) where
     there is none. A CheckpointError where checkpoints exist but none can be resumed (never a
     silent fresh start) or the chosen one already reaches `total_steps`. The launcher asks before
-    starting the ranks (sizes), the ranks again before loading (sizes and checksums, shared)."""
+    starting the ranks (sizes), the ranks again before loading (sizes and checksums, shared).
+    `confirm` (path -> problem or None): a further check of a checkpoint that would end the run
+    before it starts (at or past `total_steps`), so that no refusal rests on one the ranks would
+    skip (the launcher's: every checksum of that one checkpoint)."""
     steps = complete_steps(root)
     if not steps:
         if earlier := any_attempt(root):
@@ -133,7 +136,9 @@ def resume_point(root: Path, pf: PlanFile, total_steps: int, verify=manifest.pro
     skipped = []
     for candidate in reversed(steps):
         path = step_dir(root, candidate)
-        if (bad := verify(path)) is None:
+        if (bad := verify(path)) is None and confirm is not None and candidate >= total_steps:
+            bad = confirm(path)
+        if bad is None:
             break
         skipped.append(f"checkpoint {path}: {bad}")
     else:

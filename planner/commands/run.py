@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -33,6 +34,10 @@ from planner.commands.run_args import (
 from planner.commands.run_dirs import RunRefused, copy_plan, held_dirs
 from planner.measure.run_dirs import priced_as_run
 from runtime.launch import PARTIAL
+
+# a rank's refusal of the checkpoints --resume hands it (runtime.checkpoint.CheckpointError, whose
+# checksums only the ranks compare): a fault of the input, said as one line with exit 2
+CHECKPOINT_REFUSED = re.compile(r"CheckpointError: (.*?)(?: \(log: [^()]*\))?$")
 
 
 def _load(path: str) -> PlanFile:
@@ -262,6 +267,8 @@ def _run_locked(args: argparse.Namespace, pf: PlanFile, out: Path, worker, resum
         with outputs.new_stream(out / "run.log", args.overwrite) as log:
             wall_s = run_local(nproc, worker, threads, log)
     except RunFailed as exc:   # a rank failed, died or hung: the run broke, not the user's command (exit 1)
+        if found := CHECKPOINT_REFUSED.search(str(exc)):   # but a resumed checkpoint the ranks refused is the input's
+            raise RunRefused(f"--checkpoint-dir: {found.group(1)} (log: {out / 'run.log'})") from None
         stopped = Stopped(str(exc))
         _keep_partial(pf, args, out, time.perf_counter() - start, stopped)
         raise stopped from None

@@ -40,7 +40,7 @@ def checkpoints(args: argparse.Namespace, pf: PlanFile, held: contextlib.ExitSta
     """Check --checkpoint-dir before any rank starts: writable; then, under its lock (`held`),
     earlier checkpoints resumed (--resume), replaced (--overwrite) or refused; the one a resume
     takes readable. Returns the step the run resumes after (0: from the start)."""
-    from runtime import checkpoint
+    from runtime import checkpoint, manifest
     root = Path(args.checkpoint_dir)
     if root.exists() and not root.is_dir():
         raise RunRefused(f"--checkpoint-dir {root} is a file; give a directory")
@@ -61,8 +61,10 @@ def checkpoints(args: argparse.Namespace, pf: PlanFile, held: contextlib.ExitSta
         for name in earlier:
             shutil.rmtree(root / name)
         return 0
-    try:   # sizes against the manifest here; the ranks compare the checksums before loading
-        path, step, skipped = checkpoint.resume_point(root, pf, args.warmup + args.steps)
+    try:   # sizes against the manifest here; the ranks compare the checksums before loading (and this
+        # process, of a checkpoint it would refuse the run on: runtime.manifest's whole-file check)
+        path, step, skipped = checkpoint.resume_point(root, pf, args.warmup + args.steps,
+                                                      confirm=lambda at: manifest.problem(at, (0, 1)))
     except checkpoint.CheckpointError as exc:
         raise RunRefused(f"--resume: {exc}") from None
     if skipped:

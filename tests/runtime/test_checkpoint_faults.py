@@ -193,3 +193,45 @@ def test_a_load_failure_past_verification_names_the_checkpoint_and_the_rank(save
     monkeypatch.setattr(manifest, "problem", lambda *_args: None)
     with pytest.raises(RankFailed, match=r"CheckpointError: checkpoint \S+step-000002: cannot be loaded \(rank \d: \w+"):
         _losses(pf, ckpt, steps=4, resume=True)
+
+
+def test_checkpoints_the_ranks_refuse_are_the_inputs_fault_one_line_with_exit_2(tmp_path, capsys, monkeypatch):
+    """Only the ranks compare the checksums (each its share): when they find no checkpoint that
+    passes, the run's input is at fault, not the run: one line naming the checkpoint and the
+    file, exit 2, and no second note about steps never measured."""
+    out = tmp_path / "run"
+    (out / "errors").mkdir(parents=True)
+    cause = (f"CheckpointError: {tmp_path / 'c'}: no checkpoint passes verification (checkpoint "
+             f"{tmp_path / 'c' / 'step-000004'}: __0_0.distcp does not match its sha256 in manifest.json "
+             "(corrupted on storage))")
+    for rank in (0, 1):
+        (out / "errors" / f"rank{rank}.txt").write_text(f"{cause}\n\ntraceback\n")
+    message = failure_message(out, 2)
+
+    def failing(*_args):
+        raise RunFailed(message)
+    import runtime.launch
+    monkeypatch.setattr(runtime.launch, "run_local", failing)
+    monkeypatch.setattr(checkpoint, "resume_point", lambda *_args, **_kw: (None, 0, []))   # the launcher's sizes pass
+    plan = tmp_path / "plan.json"
+    _plan().save(plan)
+    (tmp_path / "c").mkdir()
+    capsys.readouterr()
+    assert main(["run", str(plan), "--steps", "4", "--warmup", "0", "--checkpoint-dir", str(tmp_path / "c"),
+                 "--resume-if-present", "--out", str(out), "--overwrite"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "does not match its sha256" in err[-1] and err[-1].count("(log: ") == 1
+    assert "no step was measured" not in "".join(err) and "Traceback" not in "".join(err)
+
+
+def test_a_run_is_not_refused_on_a_checkpoint_the_ranks_would_skip(saved, tmp_path):
+    """The launcher checks sizes only, but before it refuses a run because the newest checkpoint
+    already reaches --steps, it compares that checkpoint's checksums: a corrupted one is skipped,
+    as the ranks would, and the run resumes from the older."""
+    pf = saved[0]
+    ckpt = _copy(saved, tmp_path)
+    _flip(_largest_shard(ckpt / "step-000004"))
+    with pytest.raises(checkpoint.CheckpointError, match="nothing more to train"):
+        checkpoint.resume_point(ckpt, pf, 4)   # sizes alone: step 4 is taken, and it ends the run
+    path, step, skipped = checkpoint.resume_point(ckpt, pf, 4, confirm=lambda at: manifest.problem(at, (0, 1)))
+    assert (path, step) == (ckpt / "step-000002", 2) and "does not match its sha256" in skipped[0]
