@@ -13,7 +13,7 @@ from functools import partial
 
 from costmodel.check import check_structure
 from costmodel.estimate import estimate
-from costmodel.plan import Plan
+from costmodel.plan import Plan, Recompute
 from costmodel.schedules import Schedule
 from planner.halves import map_in_halves
 from planner.partition import short_chunks_first
@@ -25,6 +25,8 @@ from planner.search_state import SharedModels
 from planner.space import Choice, build_plan, under_schedule
 
 REPRICED = 20   # closed-form best plans re-priced by simulation for the final ranking
+CLOSEST_CANDIDATES = 2000   # of the choices that did not fit, those the closest plan is looked for among
+_LEAST_KEPT_FIRST = {Recompute.FULL: 0, Recompute.SELECTIVE: 1, Recompute.NONE: 2}
 VARIANTS_OF = 5   # best simulated plans laid out for schedules without a closed form (ZBV) or again (relayout)
 
 
@@ -56,7 +58,9 @@ def result(shared: SharedModels, options: SearchOptions, stats: SearchStats, fou
     model, train, cluster = shared.model, shared.train, shared.cluster
     closest, free = None, options.space is None or options.space.split == "free"
     if not found:  # only then does anyone need to know how far the plans are from fitting
-        for base, vpp, schedule, zero in too_big[:2000]:
+        # the fully recomputed first: each keeps less than its twin that recomputes less, and the
+        # queue's order (by time bound) would put the unrecomputed first, filling the list
+        for base, vpp, schedule, zero in sorted(too_big, key=lambda c: _LEAST_KEPT_FIRST[c[0].recompute])[:CLOSEST_CANDIDATES]:
             if closest is not None and time.perf_counter() > deadline:
                 break
             plan = build_plan(model, train, cluster, replace(base, **STATE_OPTIONS[zero]._asdict(), vpp=vpp,

@@ -55,6 +55,18 @@ def test_nothing_fits_explains_why(capsys):
     assert "nothing fits: the closest plan" in err and "GiB over" in err and "more devices" in err
 
 
+def test_the_closest_plan_is_looked_for_among_the_fully_recomputed_first(capsys, monkeypatch):
+    """Of the choices that did not fit, the queue meets the unrecomputed first (they bound time
+    lowest); the closest plan is looked for among the fully recomputed first, which keep least.
+    With room for only a few candidates, the closest plan quoted recomputes every layer."""
+    import planner.repricing as repricing
+    monkeypatch.setattr(repricing, "CLOSEST_CANDIDATES", 3)
+    assert main(["search", "--model", "llama2-7b", "--cluster", "1x8xA100", "--seq-len", "1048576",
+                 "--global-batch", "8", "--fix", "offload=no", "--fix", "act_offload=no"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "nothing fits: the closest plan (" in err and " rc=full" in err.split("needs")[0], err
+
+
 def test_a_model_too_large_for_the_devices_trains_with_its_states_on_the_host(capsys):
     """Llama 2 70B on two A100s: no plan keeps its states on the devices; offloaded, ZeRO-3 holds
     a layer at a time there and 560 GB per device on the host."""
