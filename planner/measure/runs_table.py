@@ -61,14 +61,18 @@ def read_runs(path: Path) -> list[dict[str, str]]:
 
 
 def read_numbered_runs(path: Path) -> list[tuple[int, dict[str, str]]]:
-    """(line in the file, row) for every run, checked; errors name the file and the line."""
+    """(line in the file, row) for every run, by the line it starts on, checked; errors name the
+    file and the line (the lines, where a quoted cell runs over several: an unclosed quote)."""
     text = read_text(path, "runs table")
-    numbered = []
+    numbered, ends = [], {}
     try:
         # a row a spreadsheet cut short of its trailing empty cells reads them as empty
         reader = csv.DictReader(io.StringIO(text, newline=""), restval="")
-        for row in reader:
-            numbered.append((reader.line_num, row))   # blank lines and quoted newlines counted
+        end, lines = 1, text.splitlines()   # the header's last line
+        for row in reader:   # blank lines and quoted newlines counted
+            start, end = _first_line(lines, end), reader.line_num
+            numbered.append((start, row))
+            ends[start] = end
         header = reader.fieldnames or []
     except csv.Error as exc:
         raise UserError(f"runs table {path} is not a readable CSV file ({exc})") from None
@@ -81,13 +85,13 @@ def read_numbered_runs(path: Path) -> list[tuple[int, dict[str, str]]]:
                         f"appear{'' if len(twice) > 1 else 's'} more than once in the header")
     for line, row in numbered:
         if any(c.strip() for c in row.get(None) or ()):   # DictReader's key for cells past the header's
-            raise UserError(f"{path} line {line}: {len(header) + len(row[None])} cells, the header names "
-                            f"{len(header)}")
+            raise UserError(f"{_lines(path, line, ends[line])}: {len(header) + len(row[None])} cells, the header "
+                            f"names {len(header)}")
     if not numbered:
         raise UserError(f"{path}: no runs (only a header)")
     seen: set[str] = set()
     for line, row in numbered:
-        _check_row(path, line, row)
+        _check_row(path, line, row, ends[line])
         if row["id"] in seen:
             raise UserError(f"{path} line {line}: duplicate id {row['id']!r}")
         seen.add(row["id"])
@@ -99,9 +103,25 @@ def read_numbered_runs(path: Path) -> list[tuple[int, dict[str, str]]]:
     return numbered
 
 
-def _check_row(path: Path, line: int, row: dict[str, str]) -> None:
+def _first_line(lines: list[str], after: int) -> int:
+    """The line a row starts on: the first after line `after` (the previous row's last) with
+    anything on it (DictReader skips blank lines)."""
+    line = after + 1
+    while line <= len(lines) and not lines[line - 1].strip():
+        line += 1
+    return line
+
+
+def _lines(path: Path, start: int, end: int) -> str:
+    """Where a row is: its line, or its lines and why a row would span several."""
+    if end <= start:
+        return f"{path} line {start}"
+    return f"{path} lines {start}-{end} (one row: a quoted cell runs over {end - start + 1} lines; an unclosed quote?)"
+
+
+def _check_row(path: Path, line: int, row: dict[str, str], end: int = 0) -> None:
     """Every required cell present, and a metric that can be compared."""
-    where = f"{path} line {line} (row {row.get('id')!r})"
+    where = f"{_lines(path, line, end)} (row {row.get('id')!r})"
     empty = [c for c in REQUIRED if not (row.get(c) or "").strip()]
     if empty:
         raise UserError(f"{where}: empty {', '.join(empty)} (required of every row, an OOM row too: the "

@@ -235,6 +235,9 @@ GOOD = "ok,x,gpt,24,2048,,16,16,51200,2048,A100-SXM4-80GB,8,8,1,1,8,,,1,1,,,64,b
     (HEADER + ",memory_gb\n" + GOOD.replace("\n", ",abc\n"), "line 2: row 'ok': memory_gb = 'abc' is not a number"),
     (HEADER + ",tp\n" + GOOD.replace("\n", ",2\n"), "runs.csv: column 'tp' appears more than once in the header"),
     (HEADER + "\n" + GOOD.replace("\n", ",x,y\n"), "runs.csv line 2: 28 cells, the header names 26"),
+    # a quote left open runs the row into the next line: the row's lines are named, and why
+    (HEADER + "\n" + GOOD.replace(",gpt,", ',"gpt,', 1) + GOOD.replace("ok", "next", 1),
+     "runs.csv lines 2-3 (one row: a quoted cell runs over 2 lines; an unclosed quote?)"),
     (HEADER + ",num_experts\n" + GOOD.replace("\n", ",8\n"),
      "row 'ok': num_experts describe a mixture of experts, which only llama rows have"),
     (HEADER + ",experts_per_token\n" + GOOD.replace(",gpt,", ",llama,").replace("\n", ",2\n"),
