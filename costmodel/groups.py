@@ -172,11 +172,15 @@ def _replica_view(cluster: ClusterSpec, group: int) -> ClusterSpec:
     return replace(view, device=replace(view.device, inter_node=slowest, middle_tiers=()))
 
 
+# the per-group micro-batch sizes as both a plan file and the command line name them
+_SIZES = "micro_batch_sizes (--group-mbs)"
+
+
 def placement_problems(plan: Plan, cluster: ClusterSpec) -> list[str]:
     """Why a plan cannot be placed on a mixed cluster (check_plan's rule)."""
     if not cluster.is_mixed:
         return ([f"group_order {list(plan.group_order)} needs a mixed cluster"] if plan.group_order else []) + \
-            ([f"micro_batch_sizes {list(plan.micro_batch_sizes)} needs a mixed cluster (one size per device "
+            ([f"{_SIZES} {list(plan.micro_batch_sizes)} needs a mixed cluster (one size per device "
               "group)"] if plan.micro_batch_sizes else [])
     n = len(cluster.groups)
     if plan.group_order and sorted(plan.group_order) != list(range(n)):
@@ -184,7 +188,7 @@ def placement_problems(plan: Plan, cluster: ClusterSpec) -> list[str]:
     if places_replicas(plan, cluster):
         return _replica_problems(plan, cluster)
     if plan.micro_batch_sizes:
-        return [f"micro_batch_sizes {list(plan.micro_batch_sizes)}: uneven batch shares need pp = 1 (each "
+        return [f"{_SIZES} {list(plan.micro_batch_sizes)}: uneven batch shares need pp = 1 (each "
                 "data-parallel replica on one group); a pipeline's stages span the groups"]
     groups = rank_groups(plan, cluster)
     if None in groups:
@@ -199,7 +203,7 @@ def _replica_problems(plan: Plan, cluster: ClusterSpec) -> list[str]:
         return [f"a data-parallel replica spans two device groups of {cluster.name} (without a pipeline each "
                 "replica must run on one group: its tp x cp ranks inside a group, dp outermost)"]
     if sizes and (len(sizes) != n or min(sizes) < 1):
-        return [f"micro_batch_sizes {list(sizes)} needs one positive size per group ({n})"]
+        return [f"{_SIZES} {list(sizes)} needs one positive size per group ({n})"]
     if sizes and plan.micro_batch_size != max(sizes):
         return [f"micro_batch_size {plan.micro_batch_size} must be the largest of micro_batch_sizes {list(sizes)}"]
     if plan.ep > 1:

@@ -37,6 +37,11 @@ from runtime.launch import PARTIAL
 
 # a rank's refusal of the checkpoints --resume hands it (runtime.checkpoint.CheckpointError, whose
 # checksums only the ranks compare): a fault of the input, said as one line with exit 2
+# a container image reference as the OCI distribution spec and Docker read one: lower-case path
+# components (a registry host may carry a port), a tag of at most 128 word characters, dots and
+# dashes, a digest
+IMAGE_REFERENCE = re.compile(r"(?:[a-zA-Z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:[._-]+[a-z0-9]+)*(?:/[a-z0-9]+(?:[._-]+[a-z0-9]+)*)*"
+                             r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?")
 CHECKPOINT_REFUSED = re.compile(r"CheckpointError: (.*?)(?: \(log: [^()]*\))?$")
 
 
@@ -115,6 +120,9 @@ def _print_launch(args: argparse.Namespace, pf: PlanFile, worker) -> None:
         from runtime.launch_scripts import pytorchjob_yaml
         if not args.image.strip():
             raise RunRefused("--image is empty: the PyTorchJob's containers need an image with the planner installed")
+        if not IMAGE_REFERENCE.fullmatch(args.image):
+            raise RunRefused(f"--image {args.image!r} is not a container image reference "
+                             "([registry/]name[:tag][@sha256:digest], lower-case name, no spaces)")
         if args.checkpoint_dir and not (args.resume or args.resume_if_present):
             # restartPolicy OnFailure starts a failed pod's torchrun afresh: its ranks would find this
             # run's own checkpoints and refuse them without a resume flag

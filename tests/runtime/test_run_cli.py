@@ -363,6 +363,10 @@ def test_print_launch_for_a_hostfile_runs_and_a_pytorchjob_parses(tmp_path, caps
                  "--resume-if-present"]) == 0
     assert "--resume-if-present" in capsys.readouterr().out
     assert main([*k8s, " "]) == 2 and "--image is empty" in capsys.readouterr().err
+    for image in ("bad image:@@", "img:", "registry.example/planner:a:b"):   # not written into the YAML unread
+        assert main([*k8s, image]) == 2 and "is not a container image reference" in capsys.readouterr().err
+    assert main([*k8s, "nvcr.io/nvidia/pytorch:24.09-py3"]) == 0 and "nvcr.io/nvidia/pytorch:24.09-py3" in \
+        capsys.readouterr().out
     # a CPU plan's sbatch asks for no GPU and gives each rank its profile's threads
     assert main(["run", str(plan), "--print-launch"]) == 0
     out = capsys.readouterr().out
