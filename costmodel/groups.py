@@ -205,7 +205,7 @@ def _replica_problems(plan: Plan, cluster: ClusterSpec) -> list[str]:
     if sizes and (len(sizes) != n or min(sizes) < 1):
         return [f"{_SIZES} {list(sizes)} needs one positive size per group ({n})"]
     if sizes and plan.micro_batch_size != max(sizes):
-        return [f"micro_batch_size {plan.micro_batch_size} must be the largest of micro_batch_sizes {list(sizes)}"]
+        return [f"micro_batch_size {plan.micro_batch_size} must be the largest of {_SIZES} {list(sizes)}"]
     if plan.ep > 1:
         return [f"ep={plan.ep} with replicas on device groups: expert parallelism across groups is not priced"]
     if plan.offload_optimizer or plan.offload_activations or plan.fp8_linears:

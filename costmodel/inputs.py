@@ -10,6 +10,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import stat
 import types
 import typing
@@ -77,15 +78,23 @@ def read_text(path: Path | str, what: str) -> str:
         raise UserError(f"{what} {path} is not a text file (not UTF-8)") from None
 
 
+def _cut_short(text: str, exc: json.JSONDecodeError) -> bool:
+    """Whether a JSON error is where a text cut short would put it: a string left open, or nothing
+    but the rest of one token (a number, a literal, a key) after the error's place."""
+    if exc.msg.startswith("Extra data"):   # what follows a whole value: nothing was cut
+        return False
+    return exc.msg.startswith("Unterminated string") or re.fullmatch(r'[^\s{}\[\],:"]*\s*', text[exc.pos:]) is not None
+
+
 def read_json_object(path: Path | str, what: str) -> dict[str, Any]:
     text = read_text(path, what)
     try:
         data = json.loads(text, object_pairs_hook=_unique_keys)
     except DuplicateKey as exc:
         raise UserError(f"{what} {path}: key {exc.args[0]!r} is given twice in one object (which one was meant?)") from None
-    except json.JSONDecodeError as exc:   # "truncated?" only where the text ends early
-        cut = " (truncated?)" if exc.pos >= len(text.rstrip()) else ""
-        raise UserError(f"{what} {path}: not valid JSON{cut}: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
+    except json.JSONDecodeError as exc:   # "truncated?" only where the text may end early
+        cut = " (truncated?)" if _cut_short(text, exc) else ""
+        raise UserError(f"{what} {path}: not valid JSON{cut}: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
     except RecursionError:
         raise UserError(f"{what} {path}: nested too deeply to be a {what}") from None
     except ValueError as exc:   # e.g. an integer of over 4,300 digits

@@ -50,7 +50,6 @@ ATTEMPTS: list[tuple[dict, float | None]] = [
     ({"symmetry_level": 4, "cp_model_probing_level": 0}, 0.3),
     ({}, None),
 ]
-BUDGETED = [attempt for attempt in ATTEMPTS if attempt[1] is not None]
 # A budgeted attempt also stops at this many wall seconds per deterministic second: CP-SAT's
 # deterministic clock can fall far behind the wall's (a pp 12 split of Llama 3.1 405B on 1,152
 # H100s under full recomputation spent 7.8 s without presolve to reach 0.05 deterministic
@@ -123,7 +122,8 @@ def solve_split(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan: 
     cp_model = cp_sat()
     split = SplitModel(model, plan, ranks, fit, cutoff_s, rules, dense=dense)
     shared_count = _shared_block_count(plan, rules)
-    solver, status = split.solve(deadline, BUDGETED if shared_count else ATTEMPTS, WALL_PER_DETERMINISTIC_S)
+    budgeted = [attempt for attempt in ATTEMPTS if attempt[1] is not None]   # ATTEMPTS as it is now
+    solver, status = split.solve(deadline, budgeted if shared_count else ATTEMPTS, WALL_PER_DETERMINISTIC_S)
     if shared_count and status not in (cp_model.OPTIMAL, cp_model.INFEASIBLE):
         return _solve_per_block_count(model, plan, ranks, fit, cutoff_s, rules, deadline, dense)
     if status == cp_model.UNKNOWN:

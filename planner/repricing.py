@@ -74,14 +74,13 @@ def result(shared: SharedModels, options: SearchOptions, stats: SearchStats, fou
     # asks to show, by their simulated times (robust_first's band, rank's): a closed-form band
     # here could leave out the plan the simulation finds fastest. The rest follow by time
     decision = rank(found, replace(options, top_k=DECISION_K))
-    ranked = _union(decision, rank(found, replace(options, top_k=_repriced(options))))
-    if options.objective != "time":   # the fastest plans too: the leanest are judged against them
-        ranked = _union(ranked, rank(found, replace(options, top_k=_repriced(options), objective="time")))
-    # each simulation costs milliseconds to tens of them: half of them on the second core. The
-    # decision's plans and the REPRICED best are always priced (a fraction of a second); the rest
-    # a larger --top shows, while the time limit lasts
-    priced = map_in_halves(partial(_simulated_by, shared, deadline, max(len(decision), REPRICED)),
-                           list(enumerate(ranked)))
+    # the decision's plans and the REPRICED best (and fastest, under another objective: the leanest
+    # are judged against them) are always simulated, a fraction of a second; the rest a larger
+    # --top shows, first in the list, while the time limit lasts
+    always = _union(decision, _best(found, options, REPRICED))
+    ranked = _union(always, _best(found, options, _repriced(options)))
+    # each simulation costs milliseconds to tens of them: half of them on the second core
+    priced = map_in_halves(partial(_simulated_by, shared, deadline, len(always)), list(enumerate(ranked)))
     simulated = {id(f): p for f, p in zip(ranked, priced) if p is not None}
     unpriced = [f for f, p in zip(ranked, priced) if p is None]
     if unpriced:   # the rows' order is proven below the fastest left unpriced, no further
@@ -145,6 +144,14 @@ def _simulated(shared: SharedModels, found: Found) -> Found:
         if plan != found.plan and (alt := estimate(model, train, cluster, plan)).fits:
             return Found(plan=plan, estimate=alt, alternatives=found.alternatives)
     return Found(plan=found.plan, estimate=est, alternatives=found.alternatives)
+
+
+def _best(found: list[Found], options: SearchOptions, k: int) -> list[Found]:
+    """The k best by the search's objective, and, under another than time, the k fastest after them."""
+    best = rank(found, replace(options, top_k=k))
+    if options.objective != "time":
+        best = _union(best, rank(found, replace(options, top_k=k, objective="time")))
+    return best
 
 
 def _simulated_by(shared: SharedModels, deadline: float, always: int, item: tuple[int, Found]) -> Found | None:

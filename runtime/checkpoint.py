@@ -43,6 +43,13 @@ class CheckpointError(UserError):
     """A checkpoint that cannot be resumed from: the message names the directory or file."""
 
 
+class CheckpointRefused(CheckpointError):
+    """The checkpoints a resume is handed cannot be taken: none complete, none that passes
+    verification, one saved for another model or already at the run's end, or an earlier run's
+    without a resume flag. The input's fault, however late the ranks find it (planner run's exit
+    2); a checkpoint that verified and then fails to load stays a CheckpointError (exit 1)."""
+
+
 class CheckpointWriteFailed(RuntimeError):
     """Storage refused a checkpoint's write (a full disk, a lost mount): the run stops (planner run
     exits 1 naming the file); the checkpoints already committed stay as they were."""
@@ -98,7 +105,7 @@ def check_resumable(path: Path, pf: PlanFile) -> int:
     otherwise (never a silent fresh start)."""
     for name in (COMPLETE, ".metadata", "plan.json"):
         if not (path / name).is_file():
-            raise CheckpointError(f"checkpoint {path}: {name} is missing (not a complete checkpoint)")
+            raise CheckpointRefused(f"checkpoint {path}: {name} is missing (not a complete checkpoint)")
     try:
         saved = json.loads((path / "plan.json").read_text())
         step = int(saved["step"])
@@ -113,7 +120,7 @@ def check_resumable(path: Path, pf: PlanFile) -> int:
         theirs, ours = spec.to_dict(), pf.model.to_dict()
         differ = [k for k in ours if k != "source" and theirs[k] != ours[k]]
         if differ:
-            raise CheckpointError(f"checkpoint {path}: saved for model {spec.name}, this plan trains "
+            raise CheckpointRefused(f"checkpoint {path}: saved for model {spec.name}, this plan trains "
                                   f"{pf.model.name} ({', '.join(differ)} differ)")
     return step
 
@@ -131,7 +138,7 @@ def resume_point(root: Path, pf: PlanFile, total_steps: int, verify=manifest.pro
     steps = complete_steps(root)
     if not steps:
         if earlier := any_attempt(root):
-            raise CheckpointError(f"{root}: no complete checkpoint to resume from (only {', '.join(earlier)})")
+            raise CheckpointRefused(f"{root}: no complete checkpoint to resume from (only {', '.join(earlier)})")
         return None, 0, []
     skipped = []
     for candidate in reversed(steps):
@@ -142,10 +149,10 @@ def resume_point(root: Path, pf: PlanFile, total_steps: int, verify=manifest.pro
             break
         skipped.append(f"checkpoint {path}: {bad}")
     else:
-        raise CheckpointError(f"{root}: no checkpoint passes verification ({'; '.join(skipped)})")
+        raise CheckpointRefused(f"{root}: no checkpoint passes verification ({'; '.join(skipped)})")
     step = check_resumable(path, pf)
     if step >= total_steps:
-        raise CheckpointError(f"checkpoint {path} is at step {step}, and --warmup + --steps = {total_steps} ends "
+        raise CheckpointRefused(f"checkpoint {path} is at step {step}, and --warmup + --steps = {total_steps} ends "
                               f"{'there' if step == total_steps else 'before it'}: nothing more to train (raise --steps)")
     return path, step, skipped
 

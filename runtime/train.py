@@ -209,7 +209,7 @@ def _resume(job: Job, optimizer, pf: PlanFile, cfg: RunConfig, total: int) -> in
         if not earlier:
             return 0
         if not cfg.resume_if_present:
-            raise checkpoint.CheckpointError(
+            raise checkpoint.CheckpointRefused(
                 f"--checkpoint-dir {root} holds checkpoints of an earlier run ({', '.join(earlier[-3:])}): launch "
                 "with --resume or --resume-if-present to continue from them, or clear it")
     # every file's size, and each rank a share of the checksums: a damaged newer one is skipped

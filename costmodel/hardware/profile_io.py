@@ -128,7 +128,7 @@ def parse_profile(text: str, path: Path) -> DeviceProfile:
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise UserError(f"{path}: not a valid profile (TOML: {exc})") from None
+        raise UserError(f"{path}: not a valid profile (truncated? {exc})") from None
     version = raw.get("format_version", PROFILE_FORMAT_VERSION)
     if version != PROFILE_FORMAT_VERSION:
         raise UserError(f"{path}: profile format version {version!r}; this planner reads version "

@@ -46,6 +46,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if not args.out:
         refuse_ignored(args.given, {"overwrite"}, "without --out nothing is written")
     out = outputs.out_file(args.out, "--out", args.overwrite, ".json")
+    if args.plan == "":
+        raise UserError("--plan is empty")
     if args.plan:
         refuse_ignored(args.given, set(args.given) - WITH_PLAN_FILE, "--plan takes the model, cluster, training and plan "
                        "from the file (leave out --plan to give them as flags)")

@@ -35,14 +35,18 @@ from planner.commands.run_dirs import RunRefused, copy_plan, held_dirs
 from planner.measure.run_dirs import priced_as_run
 from runtime.launch import PARTIAL
 
-# a rank's refusal of the checkpoints --resume hands it (runtime.checkpoint.CheckpointError, whose
-# checksums only the ranks compare): a fault of the input, said as one line with exit 2
-# a container image reference as the OCI distribution spec and Docker read one: lower-case path
-# components (a registry host may carry a port), a tag of at most 128 word characters, dots and
-# dashes, a digest
-IMAGE_REFERENCE = re.compile(r"(?:[a-zA-Z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:[._-]+[a-z0-9]+)*(?:/[a-z0-9]+(?:[._-]+[a-z0-9]+)*)*"
-                             r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?")
-CHECKPOINT_REFUSED = re.compile(r"CheckpointError: (.*?)(?: \(log: [^()]*\))?$")
+# a rank's refusal of the checkpoints --resume hands it (runtime.checkpoint.CheckpointRefused,
+# whose checksums only the ranks compare), as runtime.launch's failure message words it: a fault
+# of the input, said as one line with exit 2
+CHECKPOINT_REFUSED = re.compile(r"rank \d+ failed(?: at [^:]*)?: CheckpointRefused: (.*)", re.DOTALL)
+# a container image reference as the distribution spec's grammar reads one: a registry (a host
+# with a dot or a port, or localhost) before lower-case path components, a tag of at most 128
+# word characters, dots and dashes, a digest of any algorithm
+_DOMAIN = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)"
+_PATH = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+IMAGE_REFERENCE = re.compile(rf"(?:(?:localhost|{_DOMAIN}(?:\.{_DOMAIN})+|{_DOMAIN}(?:\.{_DOMAIN})*:[0-9]+)/)?"
+                             rf"{_PATH}(?:/{_PATH})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?"
+                             r"(?:@[a-z0-9]+(?:[.+_-][a-z0-9]+)*:[A-Za-z0-9=_-]{32,})?")
 
 
 def _load(path: str) -> PlanFile:
@@ -275,8 +279,9 @@ def _run_locked(args: argparse.Namespace, pf: PlanFile, out: Path, worker, resum
         with outputs.new_stream(out / "run.log", args.overwrite) as log:
             wall_s = run_local(nproc, worker, threads, log)
     except RunFailed as exc:   # a rank failed, died or hung: the run broke, not the user's command (exit 1)
-        if found := CHECKPOINT_REFUSED.search(str(exc)):   # but a resumed checkpoint the ranks refused is the input's
-            raise RunRefused(f"--checkpoint-dir: {found.group(1)} (log: {out / 'run.log'})") from None
+        if found := CHECKPOINT_REFUSED.fullmatch(str(exc)):   # but checkpoints the ranks refused are the input's
+            cause = found.group(1).rpartition(" (log: ")[0] or found.group(1)
+            raise RunRefused(f"--checkpoint-dir: {cause} (log: {out / 'run.log'})") from None
         stopped = Stopped(str(exc))
         _keep_partial(pf, args, out, time.perf_counter() - start, stopped)
         raise stopped from None

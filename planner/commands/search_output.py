@@ -169,7 +169,7 @@ def _rows_line(o: SearchOutcome) -> str:
     if result.rows_proven_to_s is None or len(result.plans) >= o.top or o.left_out:
         return ""
     more = (f"{result.unpriced:,} more plans found were not re-priced by simulation within --time-limit, "
-            "which a larger one lists" if result.unpriced else "a larger --top proves more")
+            "which a larger --time-limit may list" if result.unpriced else "a larger --top proves more")
     return (f"{len(result.plans)} rows of --top {o.top}: the search proves the order of plans up to "
             f"{result.rows_proven_to_s:.3f} s (closed form) and lists no row above it, nor one a listed row "
             f"beats in both time and memory; {more}")

@@ -162,4 +162,5 @@ def to_rank_order(adj: Adjusted, orders: tuple[tuple[str, ...], ...], what: str)
 
 def on_hosts(hosts: int, per_host: int) -> str:
     """Where a launch runs: "each of the 8 hosts (8 GPUs each)", or "the host (8 GPUs)"."""
-    return f"the host ({per_host} GPUs)" if hosts == 1 else f"each of the {hosts} hosts ({per_host} GPUs each)"
+    gpus = f"{per_host} GPU{'s' if per_host != 1 else ''}"
+    return f"the host ({gpus})" if hosts == 1 else f"each of the {hosts} hosts ({gpus} each)"

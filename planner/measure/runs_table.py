@@ -68,7 +68,8 @@ def read_numbered_runs(path: Path) -> list[tuple[int, dict[str, str]]]:
     try:
         # a row a spreadsheet cut short of its trailing empty cells reads them as empty
         reader = csv.DictReader(io.StringIO(text, newline=""), restval="")
-        end, lines = 1, text.splitlines()   # the header's last line
+        # the lines as csv reads them (a quoted cell may hold any other line break), the header's last
+        end, lines = 1, io.StringIO(text, newline="").readlines()
         for row in reader:   # blank lines and quoted newlines counted
             start, end = _first_line(lines, end), reader.line_num
             numbered.append((start, row))
@@ -105,9 +106,9 @@ def read_numbered_runs(path: Path) -> list[tuple[int, dict[str, str]]]:
 
 def _first_line(lines: list[str], after: int) -> int:
     """The line a row starts on: the first after line `after` (the previous row's last) with
-    anything on it (DictReader skips blank lines)."""
+    anything on it, a space included (DictReader skips only empty lines)."""
     line = after + 1
-    while line <= len(lines) and not lines[line - 1].strip():
+    while line <= len(lines) and not lines[line - 1].rstrip("\r\n"):
         line += 1
     return line
 

@@ -100,7 +100,7 @@ def test_rows_past_the_time_limit_are_left_unpriced_and_said(capsys, monkeypatch
         @staticmethod
         def perf_counter() -> float:
             return float("inf")
-    args = ["search", "--model", "llama-70b", "--cluster", "8x8xA100", "--top", "200"]
+    args = ["search", "--model", "llama-70b", "--cluster", "8x8xA100", "--top", "40"]
     assert main([*args, "--json"]) == 0
     full = json.loads(capsys.readouterr().out)
     assert full["search"]["unpriced_plans"] == 0
@@ -115,3 +115,17 @@ def test_rows_past_the_time_limit_are_left_unpriced_and_said(capsys, monkeypatch
     assert main(args) == 0
     assert f"{unpriced:,} more plans found were not re-priced by simulation within --time-limit" in \
         capsys.readouterr().out
+    # under another objective the fastest are simulated too, whatever the clock: the fastest plan
+    # named and the rows' bound are the same as without a time limit
+    monkeypatch.undo()
+    lean = [*args, "--objective", "memory", "--json"]
+    assert main(lean) == 0
+    full = json.loads(capsys.readouterr().out)
+    monkeypatch.setattr(repricing, "time", Late)
+    assert main(lean) == 0
+    late = json.loads(capsys.readouterr().out)
+    assert late["search"]["fastest"] == full["search"]["fastest"] and late["plans"][0] == full["plans"][0]
+    # the rows after the decision's (the leanest, whatever their time) are within the time bound
+    bound, decided = late["search"]["rows_proven_to_s"], late["search"]["equivalent_plans"]
+    assert bound is not None and all(p["estimate"]["closed_form_step_time_s"] <= bound
+                                     for p in late["plans"][decided:] if p["estimate"]["closed_form_step_time_s"])

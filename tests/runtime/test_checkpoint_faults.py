@@ -201,7 +201,7 @@ def test_checkpoints_the_ranks_refuse_are_the_inputs_fault_one_line_with_exit_2(
     file, exit 2, and no second note about steps never measured."""
     out = tmp_path / "run"
     (out / "errors").mkdir(parents=True)
-    cause = (f"CheckpointError: {tmp_path / 'c'}: no checkpoint passes verification (checkpoint "
+    cause = (f"CheckpointRefused: {tmp_path / 'c'}: no checkpoint passes verification (checkpoint "
              f"{tmp_path / 'c' / 'step-000004'}: __0_0.distcp does not match its sha256 in manifest.json "
              "(corrupted on storage))")
     for rank in (0, 1):
@@ -222,6 +222,15 @@ def test_checkpoints_the_ranks_refuse_are_the_inputs_fault_one_line_with_exit_2(
     err = capsys.readouterr().err.strip().splitlines()
     assert "does not match its sha256" in err[-1] and err[-1].count("(log: ") == 1
     assert "no step was measured" not in "".join(err) and "Traceback" not in "".join(err)
+    # a checkpoint that verified and then failed to load is no refusal: the run broke (exit 1)
+    for rank in (0, 1):
+        (out / "errors" / f"rank{rank}.txt").write_text(
+            f"CheckpointError: checkpoint {tmp_path / 'c' / 'step-000004'}: cannot be loaded (rank {rank}: "
+            "OutOfMemoryError: CUDA out of memory)\n\ntraceback\n")
+    message = failure_message(out, 2)
+    assert main(["run", str(plan), "--steps", "4", "--warmup", "0", "--checkpoint-dir", str(tmp_path / "c"),
+                 "--resume-if-present", "--out", str(out), "--overwrite"]) == 1
+    assert "cannot be loaded" in capsys.readouterr().err
 
 
 def test_a_run_is_not_refused_on_a_checkpoint_the_ranks_would_skip(saved, tmp_path):
@@ -235,3 +244,25 @@ def test_a_run_is_not_refused_on_a_checkpoint_the_ranks_would_skip(saved, tmp_pa
         checkpoint.resume_point(ckpt, pf, 4)   # sizes alone: step 4 is taken, and it ends the run
     path, step, skipped = checkpoint.resume_point(ckpt, pf, 4, confirm=lambda at: manifest.problem(at, (0, 1)))
     assert (path, step) == (ckpt / "step-000002", 2) and "does not match its sha256" in skipped[0]
+
+
+def test_planner_run_resumes_past_a_corrupted_checkpoint_at_steps_instead_of_refusing(saved, tmp_path, capsys,
+                                                                                        monkeypatch):
+    """The launcher's own check, as planner run makes it: the newest checkpoint (step 4, corrupted)
+    would end a 4-step run, so its checksums are compared before any refusal; it is skipped and
+    the ranks are launched to resume after step 2 (the launch itself is stubbed)."""
+    pf = saved[0]
+    ckpt = _copy(saved, tmp_path)
+    _flip(_largest_shard(ckpt / "step-000004"))
+
+    def stopped(*_args):
+        raise RunFailed("rank 0 failed: RuntimeError: stopped by the test")
+    import runtime.launch
+    monkeypatch.setattr(runtime.launch, "run_local", stopped)
+    plan = tmp_path / "plan.json"
+    pf.save(plan)
+    capsys.readouterr()
+    assert main(["run", str(plan), "--steps", "4", "--warmup", "0", "--checkpoint-dir", str(ckpt), "--resume",
+                 "--out", str(tmp_path / "run")]) == 1   # launched: not refused (exit 2) on step 4
+    err = capsys.readouterr().err
+    assert "does not match its sha256" in err and "skipped for step-000002" in err and "resuming after step 2" in err
