@@ -245,9 +245,9 @@ def sections(pf: PlanFile, plan: Plan) -> dict[str, dict]:
     return doc
 
 
-# The TOML job config and its keys are torchtitan 0.2.x's: later torchtitan (from its
-# 2026-02-23 config refactor, commit 9810191) reads Python config dataclasses (--module/--config)
-# and no longer takes --job.config_file
+# The TOML job config and its keys are torchtitan 0.2.x's: later torchtitan (from its config
+# refactor, pytorch/torchtitan#2386) reads Python config dataclasses (--module/--config) and no
+# longer takes --job.config_file
 TOML_RELEASES = ("for torchtitan 0.2.x (a TOML job config, run with --job.config_file; "
                  "later releases take Python configs)")
 
