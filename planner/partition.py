@@ -41,9 +41,10 @@ from planner.split_model import FREE, SplitModel, SplitRules, cp_sat, integer_by
 #   probing settles some that the defaults alone do not (sc21_t1_530) but leaves others unproven
 #   that the defaults prove (sc21_t1_1T); chained as below, both are proven;
 # - presolve's dual reductions can loop for seconds of wall time at no deterministic time on the
-#   block method's models at a fixed count (DeepSeek-V3 at pp 32 under Megatron: 2.5 s each to
-#   show a count cannot beat the best so far, 0.2 s without them), so that attempt comes first
-#   without them (keep_all_feasible_solutions_in_presolve), then as before.
+#   block method's models at a fixed count, where the solve must show that a count cannot beat the
+#   best so far (deep pipelines: benchmarks/search_speed.py's deepseek-v3 128x8xH100 --framework
+#   megatron case spent most of its time there), so that attempt comes first without them
+#   (keep_all_feasible_solutions_in_presolve), then as before.
 ATTEMPTS: list[tuple[dict, float | None]] = [
     ({"cp_model_presolve": False}, 0.05),
     ({"symmetry_level": 4, "cp_model_probing_level": 0, "keep_all_feasible_solutions_in_presolve": True}, 0.3),

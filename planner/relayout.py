@@ -35,7 +35,7 @@ from planner.search_result import Found
 # form and the simulation agree on even interleaved layouts: benchmarks/phase_lock.py)
 PHASE_LOCK_GAP = 0.02
 DONORS, RECEIVERS = 3, 4   # the heaviest stages a layer may leave, the lightest it may join
-MOST_EVALUATIONS = 60      # simulations per plan (about 15 ms each for DeepSeek-V3 on 1,024 GPUs)
+MOST_EVALUATIONS = 60      # simulations per plan (each a whole estimate: benchmarks/simulate_speed.py times one)
 LAYOUT_GAIN = 0.02         # a layout predict names runs at least this much faster than the one given
 
 

@@ -120,7 +120,7 @@ def _lines(path: Path, start: int, end: int) -> str:
     return f"{path} lines {start}-{end} (one row: a quoted cell runs over {end - start + 1} lines; an unclosed quote?)"
 
 
-def _check_row(path: Path, line: int, row: dict[str, str], end: int = 0) -> None:
+def _check_row(path: Path, line: int, row: dict[str, str], end: int) -> None:
     """Every required cell present, and a metric that can be compared."""
     where = f"{_lines(path, line, end)} (row {row.get('id')!r})"
     empty = [c for c in REQUIRED if not (row.get(c) or "").strip()]
