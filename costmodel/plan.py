@@ -260,18 +260,29 @@ def embedding_loss_split(num_layers: int, num_stages: int) -> tuple[int, ...] | 
     return (units - 1,) + (units,) * (num_stages - 2) + (units - 1,)
 
 
-def virtual_stage_options(num_layers: int, pp: int, empty_ends: bool = False) -> list[int]:
+def virtual_stage_options(num_layers: int, pp: int, empty_ends: bool = False, mtp_depth: int = 0) -> list[int]:
     """Virtual stages per pipeline rank (vpp > 1) as Megatron-Core interleaves them: pp x vpp
     chunks of equal layers, or equal once the embedding and the loss count as a layer each
     (embedding_loss_split); with `empty_ends` (the framework's `empty_end_stages`) also one unit
-    a chunk, the first and the last holding the embedding and the loss alone."""
+    a chunk, the first and the last holding the embedding and the loss alone. A model with
+    multi-token prediction (`mtp_depth` modules, on the last stage) also splits equally with each
+    module counted as a unit beside the embedding and the loss, as Megatron-Core's explicit
+    pipeline layout places them: NVIDIA's H100 recipes for DeepSeek-V3 run its 61 layers,
+    embedding, MTP module and loss as 64 units in 32 chunks, "Et|(tt|)*30mL" (Megatron-Bridge
+    src/megatron/bridge/perf_recipes/deepseek/h100/deepseek_v3.py)."""
     if pp < 2:
         return []
 
     def loss_split(v: int) -> bool:
         split = embedding_loss_split(num_layers, pp * v)
         return split is not None and (empty_ends or min(split) >= 1)
-    return [v for v in range(2, (num_layers + 2) // pp + 1) if num_layers % (pp * v) == 0 or loss_split(v)]
+
+    def mtp_split(v: int) -> bool:
+        units, rest = divmod(num_layers + 2 + mtp_depth, pp * v)
+        ends = (units - 1, units - 1 - mtp_depth)   # the first chunk's layers and the last's
+        return mtp_depth > 0 and not rest and min(ends) >= (0 if empty_ends else 1)
+    return [v for v in range(2, (num_layers + 2 + mtp_depth) // pp + 1)
+            if num_layers % (pp * v) == 0 or loss_split(v) or mtp_split(v)]
 
 
 def even_layers(num_layers: int, num_stages: int) -> tuple[int, ...]:

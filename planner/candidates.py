@@ -33,13 +33,14 @@ from planner.search_options import MAX_CP, MAX_MICRO_BATCH, SearchOptions, allow
 from planner.space import Choice, degrees_plan, divisors
 
 
-def _virtual_stages(options: SearchOptions, num_layers: int, pp: int, empty_ends: bool) -> list[int]:
-    """Interleavings searched: equal chunks, the embedding and loss counted as layers or not
-    (costmodel.plan.virtual_stage_options; one unit a chunk where the framework runs stages
+def _virtual_stages(options: SearchOptions, num_layers: int, pp: int, empty_ends: bool,
+                    mtp_depth: int = 0) -> list[int]:
+    """Interleavings searched: equal chunks, the embedding, loss and MTP modules counted as layers
+    or not (costmodel.plan.virtual_stage_options; one unit a chunk where the framework runs stages
     without a layer, `empty_ends`); a --vpp the user fixes may split the layers unevenly
     (at least one a chunk) where the framework splits them freely (our runtime, torchtitan,
     Megatron-Core's explicit layout)."""
-    found = list(_stage_options(num_layers, pp, empty_ends))
+    found = list(_stage_options(num_layers, pp, empty_ends, mtp_depth))
     fixed = options.fixed.get("vpp")
     free = options.space is None or options.space.split == "free"
     if free and fixed is not None and fixed not in found and 2 <= fixed and pp >= 2 and pp * fixed <= num_layers:
@@ -56,8 +57,8 @@ def _runnable(valid: tuple[Schedule, ...], pp: int, vpp: int, m: int, recomputes
 
 
 @lru_cache(maxsize=256)   # asked per group of choices: a few (layers, pp) pairs
-def _stage_options(num_layers: int, pp: int, empty_ends: bool) -> tuple[int, ...]:
-    return tuple(virtual_stage_options(num_layers, pp, empty_ends))
+def _stage_options(num_layers: int, pp: int, empty_ends: bool, mtp_depth: int) -> tuple[int, ...]:
+    return tuple(virtual_stage_options(num_layers, pp, empty_ends, mtp_depth))
 
 
 @lru_cache(maxsize=4096)   # asked once per candidate: the traits' rules need not be re-read
@@ -280,7 +281,8 @@ def _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep, fp8,
     orders, group_orders = memo[rep]
     for mbs in sizes if orders and group_orders else []:
         m = per_replica // mbs
-        vpps = [1] + (_virtual_stages(options, L, pp, cluster.framework.empty_end_stages) if m % pp == 0 else [])
+        vpps = [1] + (_virtual_stages(options, L, pp, cluster.framework.empty_end_stages, model.mtp_depth)
+                      if m % pp == 0 else [])
         for mode in allowed(options, "recompute", modes):
             variants = []
             for vpp in allowed(options, "vpp", vpps):

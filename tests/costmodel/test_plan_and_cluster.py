@@ -224,3 +224,16 @@ def test_one_unit_a_chunk_is_an_interleaving_only_where_the_ends_may_hold_no_lay
     assert embedding_loss_split(94, 96) == (0,) + (1,) * 94 + (0,)
     # Llama 3.1 405B on pp 8: 2, 4 and 8 chunks of equal units, and 16 of one
     assert virtual_stage_options(126, 8) == [2, 4, 8] and virtual_stage_options(126, 8, empty_ends=True) == [2, 4, 8, 16]
+
+
+def test_an_mtp_module_counts_as_a_unit_of_the_last_chunk():
+    """DeepSeek-V3's 61 layers split equally on no pp x vpp that divides a power of two, until its
+    MTP module counts beside the embedding and the loss: 64 units, NVIDIA's H100 layout
+    "Et|(tt|)*30mL" on pp 8 x vpp 4 (and --ep-overlap, which needs an interleaving, has a space)."""
+    from costmodel.plan import virtual_stage_options
+    assert virtual_stage_options(61, 8, empty_ends=True) == []
+    # two units a chunk leave the last chunk the MTP module and the loss alone: an empty end
+    assert virtual_stage_options(61, 8, empty_ends=True, mtp_depth=1) == [2, 4]
+    assert virtual_stage_options(61, 8, mtp_depth=1) == [2]
+    assert virtual_stage_options(61, 16, mtp_depth=1) == []
+    assert virtual_stage_options(61, 16, empty_ends=True, mtp_depth=1) == [2]
