@@ -10,6 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from costmodel.check import check_structure
+from costmodel.check_levers import fp8_problems
 from costmodel.hardware import ClusterSpec
 from costmodel.inputs import UserError, dataclass_from_json
 from costmodel.plan import Plan, Recompute
@@ -76,8 +77,9 @@ def recipes_for(model: ModelSpec) -> list[Recipe]:
 
 def place(recipe: Recipe, model: ModelSpec, train: TrainSpec, cluster: ClusterSpec) -> tuple[Plan | None, str]:
     """The recipe's layout on `cluster` for `train`: tp, pp, vpp, cp, ep, ZeRO, recomputation and
-    micro-batch size as written, dp = devices / (tp*pp*cp). Returns (plan, "") or (None, why it
-    is not comparable here)."""
+    micro-batch size as written, dp = devices / (tp*pp*cp), its linears in float8 where the user
+    accepts them (`--dtype fp8`) and the layout allows, as the plans it is compared with may run
+    theirs. Returns (plan, "") or (None, why it is not comparable here)."""
     inner = recipe.tp * recipe.pp * recipe.cp
     if cluster.is_mixed:
         return None, "a recipe is written for one kind of device; this cluster mixes several"
@@ -88,7 +90,8 @@ def place(recipe: Recipe, model: ModelSpec, train: TrainSpec, cluster: ClusterSp
         return None, f"ep{recipe.ep} is carved from data parallelism, and this cluster leaves dp{dp}"
     choice = Choice(tp=recipe.tp, pp=recipe.pp, cp=recipe.cp, dp=dp, ep=recipe.ep, zero_stage=recipe.zero,
                     recompute=Recompute(recipe.recompute), sequence_parallel=recipe.sp and recipe.tp > 1,
-                    micro_batch_size=recipe.mbs, vpp=recipe.vpp)
+                    micro_batch_size=recipe.mbs, vpp=recipe.vpp,
+                    fp8_linears=train.float8 and not fp8_problems(model, train, cluster, recipe.tp))
     try:
         plan = build_plan(model, train, cluster, choice)
     except UserError as exc:
@@ -112,6 +115,8 @@ def adapted(recipe: Recipe, train: TrainSpec, cluster: ClusterSpec, plan: Plan) 
         changes.append(f"dp{recipe.dp} -> dp{plan.dp}")
     if (runs := name_for(cluster.framework)) != recipe.framework:   # the layout, not the framework, compared
         changes.append(f"a {recipe.framework} recipe priced as {runs} runs it, as the first plan is")
+    if plan.fp8_linears:
+        changes.append("its linears in float8, as --dtype fp8 asks")
     if train.grad_dtype.value != recipe.grad_dtype:
         changes.append(f"priced with {train.grad_dtype.value} gradients (the recipe's: {recipe.grad_dtype}, "
                        f"--grad-dtype {recipe.grad_dtype})")

@@ -194,9 +194,12 @@ def print_training_note(args: argparse.Namespace, model: ModelSpec, train: Train
     unstated = [flag for flag, dest in (("--seq-len", "seq_len"), ("--global-batch", "global_batch"))
                 if getattr(args, dest, None) is None]
     if unstated and not has_recipe(model):
-        print(f"planner {args.command}: note: {model.name} has no published recipe here, so {' and '.join(unstated)} "
-              f"take Megatron's SC'21 setting: seq {train.seq_len} x global batch {train.global_batch_size}",
-              file=sys.stderr)
+        from planner.recipes import recipes_for
+        others = "".join(f"; {r.name} runs seq {r.seq_len} x global batch {r.gbs} (--seq-len {r.seq_len} "
+                         f"--global-batch {r.gbs})" for r in recipes_for(model))
+        print(f"planner {args.command}: note: {model.name} has no pre-training recipe of its authors here, so "
+              f"{' and '.join(unstated)} take Megatron's SC'21 setting: seq {train.seq_len} x global batch "
+              f"{train.global_batch_size}{others}", file=sys.stderr)
     if model.position_kind is PositionKind.ROPE and train.seq_len > model.max_position_embeddings:
         print(f"planner {args.command}: note: seq {train.seq_len:,} is past the {model.max_position_embeddings:,} "
               f"positions {model.name} was trained for: priced as given (a long-context extension's cost)",

@@ -27,8 +27,12 @@ def test_a_fallback_recipe_and_a_sequence_past_the_positions_are_noted(capsys):
     recipe, and a RoPE model priced past the positions it was trained for; nothing when given."""
     assert main(["predict", "--model", "megatron-1.7b", "--cluster", "1x8xA100", "--dp", "8"]) == 0
     err = capsys.readouterr().err
-    assert ("note: megatron-1.7b has no published recipe here, so --seq-len and --global-batch take Megatron's "
-            "SC'21 setting: seq 2048 x global batch 512") in err
+    assert ("note: megatron-1.7b has no pre-training recipe of its authors here, so --seq-len and --global-batch "
+            "take Megatron's SC'21 setting: seq 2048 x global batch 512\n") in err
+    # a framework's recipe for the model, which search compares with, is named with its setting
+    assert main(["predict", "--model", "mixtral-8x7b", "--cluster", "8x8xH100", "--framework", "megatron",
+                 "--dp", "8", "--pp", "8", "--ep", "8"]) == 0
+    assert "NeMo mixtral_8x7b pretrain recipe runs seq 8192 x global batch 512 (--seq-len 8192" in capsys.readouterr().err
     assert main(["predict", "--model", "megatron-1.7b", "--cluster", "1x8xA100", "--dp", "8", "--seq-len", "1024",
                  "--global-batch", "64"]) == 0
     assert "note:" not in capsys.readouterr().err
