@@ -224,11 +224,19 @@ def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
         return EXIT_STOPPED
     except outputs.WriteFailed as exc:
         return write_failed(f"planner {args.command}", exc)
+    except OSError as exc:
+        if exc.errno in PATH_ERRNOS and exc.filename:   # a path the user gave that the system cannot take
+            print(f"planner {args.command}: error: {exc.filename}: {exc.strerror}", file=sys.stderr)
+            return EXIT_USAGE
+        return report_bug(f"planner {args.command}", exc)
     except Exception as exc:   # anything else is ours to fix, never the user's mistake
         return report_bug(f"planner {args.command}", exc)
 
 
 EXIT_WRITE = 1
+# what a path given on the command line can make the system refuse, wherever the command first
+# touches it: a name over the file system's limit, a symbolic link loop
+PATH_ERRNOS = (errno.ENAMETOOLONG, errno.ELOOP)
 
 
 def _flushed(who: str, code: int) -> int:
@@ -270,3 +278,8 @@ def report_bug(who: str, exc: BaseException) -> int:
     print(f"{who}: internal error, a bug in the planner (not in your input): {type(exc).__name__}: {exc}{where}; "
           f"{saved}; please report it", file=sys.stderr)
     return EXIT_BUG
+
+
+if __name__ == "__main__":   # `python -m planner.cli`, as `python -m planner` runs
+    from planner.__main__ import entry
+    sys.exit(entry())

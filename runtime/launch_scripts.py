@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from costmodel.inputs import UserError
+from costmodel.inputs import UserError, read_text
 from costmodel.plan import PlanFile
 from runtime.launch import C10D_HOST_ORDER, PORT, WorkerArgs, domain_hosts, job_name, launch_env, node_commands
 
@@ -21,10 +21,7 @@ def read_hostfile(path: Path, pf: PlanFile) -> list[str]:
     plan's (ClusterSpec.launch_hosts: its nodes, or their hosts where a node is an NVLink domain of
     several), each with that many devices, each name resolvable here."""
     count, per_host = pf.cluster.launch_hosts
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise UserError(f"hostfile {path}: cannot be read ({exc.strerror})") from None
+    text = read_text(path, "hostfile")
     hosts = []
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].split()

@@ -16,6 +16,7 @@ from pathlib import Path
 from costmodel.check import check_memory, check_structure
 from costmodel.check_levers import fp8_problems
 from costmodel.frameworks import RUNTIME
+from costmodel.inputs import UserError
 from costmodel.plan import PlanFile
 from costmodel.units import GIB
 from planner import outputs, run_lock
@@ -63,13 +64,22 @@ def _load(path: str) -> PlanFile:
     return pf
 
 
+def _resolved(path: str | Path, flag: str) -> Path:
+    """The absolute path the ranks are given; a symbolic link loop on the way is the user's path
+    (pathlib raises RuntimeError for it), said in one line."""
+    try:
+        return Path(path).resolve()
+    except RuntimeError:
+        raise UserError(f"{flag} {path}: a symbolic link on the way loops") from None
+
+
 def _worker_args(args: argparse.Namespace, pf: PlanFile, out: Path):
     from runtime.launch import WorkerArgs
-    return WorkerArgs(plan=Path(args.plan).resolve(), out=out.resolve(), steps=args.steps,
+    return WorkerArgs(plan=_resolved(args.plan, "plan"), out=_resolved(out, "--out"), steps=args.steps,
                       warmup=args.warmup, seed=args.seed, lr=args.lr,
-                      data=str(Path(args.data).resolve()) if args.data else None,
+                      data=str(_resolved(args.data, "--data")) if args.data else None,
                       data_dtype=args.data_dtype, fault=args.inject_fault,
-                      checkpoint_dir=str(Path(args.checkpoint_dir).resolve()) if args.checkpoint_dir else None,
+                      checkpoint_dir=str(_resolved(args.checkpoint_dir, "--checkpoint-dir")) if args.checkpoint_dir else None,
                       checkpoint_every=_checkpoint_every(args, pf), keep=args.keep, resume=args.resume,
                       resume_if_present=args.resume_if_present, checkpoint_async=args.checkpoint_async, max_restarts=args.max_restarts, hang_timeout=args.hang_timeout,
                       max_nonfinite_steps=args.max_nonfinite_steps, compile=args.compile)
@@ -217,6 +227,19 @@ def _shares_cores(pf: PlanFile, nproc: int, threads: int) -> bool:
     return pf.cluster.device.kind == "cpu" and nproc * threads > (os.cpu_count() or 1)
 
 
+
+RUN_DIR_STEM_CHARS = 64
+
+
+def run_dir_stem(model_name: str) -> str:
+    """The default run directory's stem from the plan's model name (a config path's or a
+    hand-edited plan's may hold separators, '..' or hundreds of characters): runs of anything
+    but letters, digits, '.', '_' and '-' become '-', at most RUN_DIR_STEM_CHARS, 'model' if
+    nothing is left; the directory stays inside runs/."""
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", model_name).strip(".-")[:RUN_DIR_STEM_CHARS].strip(".-")
+    return stem or "model"
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     if args.dry_run and args.print_launch:
         raise RunRefused("--dry-run and --print-launch are two modes; choose one")
@@ -250,7 +273,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise RunRefused(problem)
     if args.dry_run:
         return _dry_run(args, pf)
-    out = Path(args.out or f"runs/{pf.model.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    out = Path(args.out or f"runs/{run_dir_stem(pf.model.name)}-{time.strftime('%Y%m%d-%H%M%S')}")
     if args.print_launch:
         _refuse_earlier_checkpoints(args)
         _print_launch(args, pf, _worker_args(args, pf, out))

@@ -90,6 +90,7 @@ def read_numbered_runs(path: Path) -> list[tuple[int, dict[str, str]]]:
                             f"names {len(header)}")
     if not numbered:
         raise UserError(f"{path}: no runs (only a header)")
+    _check_end(path, text, len(header), numbered[-1][0], ends[numbered[-1][0]])
     seen: set[str] = set()
     for line, row in numbered:
         _check_row(path, line, row, ends[line])
@@ -102,6 +103,27 @@ def read_numbered_runs(path: Path) -> list[tuple[int, dict[str, str]]]:
         print(f"note: {path}: column{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} not read "
               f"(the columns read: {', '.join(REQUIRED + OPTIONAL)})", file=sys.stderr)
     return numbered
+
+
+def _check_end(path: Path, text: str, num_columns: int, last_line: int, last_end: int) -> None:
+    """A table cut short (a copy or a download stopped early) reads as a shorter last row, its
+    last cell cut: refused where the file says so, ending inside a quoted cell or without a line
+    break after a row of fewer cells than the header's (a short row that ends its line is a
+    spreadsheet's, read with empty cells)."""
+    try:
+        list(csv.reader(io.StringIO(text, newline=""), strict=True))
+    except csv.Error as exc:
+        if "unexpected end of data" in str(exc):
+            if last_end > last_line:   # the row's lines say where the quote opened
+                raise UserError(f"{_lines(path, last_line, last_end)}: the file ends inside it (truncated?)") from None
+            raise UserError(f"{path} line {last_line}: the file ends inside a quoted cell (truncated? an unclosed "
+                            "quote?)") from None
+    if text.endswith(("\n", "\r")):
+        return
+    *_, last = csv.reader(io.StringIO(text, newline=""))
+    if len(last) < num_columns:
+        raise UserError(f"{path} line {last_line}: the last row holds {len(last)} of the header's {num_columns} "
+                        "cells and the file ends without a line break (truncated?)")
 
 
 def _first_line(lines: list[str], after: int) -> int:

@@ -144,6 +144,38 @@ def test_closed_pipe_is_not_a_traceback():
     assert out.stdout.startswith("model") and "Traceback" not in out.stderr
 
 
+def test_the_cli_module_runs_as_the_command_does():
+    """`python -m planner.cli` is the command, as `python -m planner` is."""
+    out = subprocess.run([sys.executable, "-m", "planner.cli", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.startswith("usage: planner")
+
+
+def test_a_path_the_system_refuses_is_the_users_one_line(tmp_path, capsys):
+    """A name over the file system's limit, or a symbolic link loop, where a command first touches
+    it: one line naming the path, exit 2 (not a bug report)."""
+    long_name = str(tmp_path / ("z" * 300 + ".json"))
+    assert main([*PREDICT, "--out", long_name]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.endswith(".json: File name too long") and "internal error" not in err
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    plan = tmp_path / "plan.json"
+    assert main([*PREDICT, "--out", str(plan)]) == 0
+    capsys.readouterr()
+    assert main(["run", str(plan), "--data", str(loop), "--print-launch"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--data" in err and "loops" in err and "internal error" not in err
+
+
+def test_a_run_directory_takes_a_safe_stem_of_the_model_name():
+    """A plan's model name (a config path's, or edited by hand) never leaves runs/ or grows past a name."""
+    from planner.commands.run import RUN_DIR_STEM_CHARS, run_dir_stem
+    assert run_dir_stem("llama3-70b") == "llama3-70b"
+    assert run_dir_stem("../../escape") == "escape" and run_dir_stem("a/b") == "a-b"
+    assert run_dir_stem("") == run_dir_stem("..") == "model"
+    assert len(run_dir_stem("x" * 300)) == RUN_DIR_STEM_CHARS
+
+
 def test_predict_takes_a_searched_split_and_per_rank_recomputation(capsys):
     """A plan as the search prints it (layers/stage 21,20,20,19, rc=full:3/0) is one predict away: --layers
     and a --recompute-layers list give exactly that plan."""

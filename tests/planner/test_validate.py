@@ -238,6 +238,11 @@ GOOD = "ok,x,gpt,24,2048,,16,16,51200,2048,A100-SXM4-80GB,8,8,1,1,8,,,1,1,,,64,b
     # a quote left open runs the row into the next line: the row's lines are named, and why
     (HEADER + "\n" + GOOD.replace(",gpt,", ',"gpt,', 1) + GOOD.replace("ok", "next", 1),
      "runs.csv lines 2-3 (one row: a quoted cell runs over 2 lines; an unclosed quote?)"),
+    # a table cut short: inside a quoted cell, or in its last row's cells before the line ends
+    (HEADER + "\n" + GOOD.replace(",gpt,", ',"gpt,', 1).rstrip("\n"),
+     "runs.csv line 2: the file ends inside a quoted cell (truncated? an unclosed quote?)"),
+    (HEADER + "\n" + GOOD[:GOOD.index(",bf16,")],
+     "runs.csv line 2: the last row holds 23 of the header's 26 cells and the file ends without a line break"),
     (HEADER + ",num_experts\n" + GOOD.replace("\n", ",8\n"),
      "row 'ok': num_experts describe a mixture of experts, which only llama rows have"),
     (HEADER + ",experts_per_token\n" + GOOD.replace(",gpt,", ",llama,").replace("\n", ",2\n"),

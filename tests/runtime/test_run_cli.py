@@ -373,9 +373,10 @@ def test_print_launch_for_a_hostfile_runs_and_a_pytorchjob_parses(tmp_path, caps
     assert "--gpus-per-node" not in out and "export MASTER_ADDR PYTORCH_CUDA_ALLOC_CONF" in out and \
         "OMP_NUM_THREADS=" in out
     for text, message in (("localhost slots=4\n", "has slots=4, but the plan puts 2"),
+                          ("h\xe9te\n".encode("latin-1"), "is not a text file (not UTF-8)"),
                           ("localhost\nlocalhost\n", "2 host(s), but the plan's cluster has 1 host(s)"),
                           ("no-such-host.invalid\n", "cannot be resolved from here")):
-        hosts.write_text(text)
+        hosts.write_bytes(text) if isinstance(text, bytes) else hosts.write_text(text)
         assert main(["run", str(plan), "--print-launch", "--launcher", "hostfile", "--hostfile", str(hosts)]) == 2
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1
