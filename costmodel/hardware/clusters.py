@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -214,8 +215,9 @@ def run_by(cluster: ClusterSpec, traits: FrameworkTraits) -> ClusterSpec:
 
 
 def _device_ref(dev: DeviceProfile) -> str:
-    """A shipped profile by its name; any other (e.g. one `planner profile` wrote) by its path."""
-    return dev.name if Path(dev.path).parent == profile_dir() else dev.path
+    """A shipped profile by its name; any other (e.g. one `planner profile` wrote) by its absolute
+    path, so that a plan written with a profile given relative to one directory loads from any."""
+    return dev.name if Path(dev.path).parent == profile_dir() else os.path.abspath(dev.path)
 
 
 def _check_groups(cluster: ClusterSpec) -> None:

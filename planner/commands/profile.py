@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import sys
 import tempfile
 import time
@@ -95,6 +96,21 @@ class Progress:
         sys.stderr.flush()
 
 
+def _check_own_name(name: str, given: str, cached: bool) -> None:
+    """A measured profile's [device] name is written into plans, tables and sweeps beside the
+    shipped ones: a name of its own (a shipped device's name or alias would label this machine's
+    figures as that GPU's, and resolve to the shipped profile), of letters, digits, '.', '_', '-'."""
+    from costmodel.hardware.profile_io import known_profiles
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
+        raise UserError(f"{given} {name!r}: a device name is letters, digits, '.', '_' and '-'")
+    if name.lower() == machine.LOCAL and not cached:
+        raise UserError(f"{given} {name!r} is the cached profile's (`local`); give --name another")
+    for shipped in known_profiles().values():
+        if name.lower() in (n.lower() for n in (shipped.name, *shipped.aliases)):
+            raise UserError(f"{given} {name!r} names the shipped device {shipped.name}; give this machine's "
+                            "profile a name of its own (--name)")
+
+
 def _setup(args: argparse.Namespace) -> Setup:
     import torch
     cuda = torch.cuda.is_available()
@@ -123,7 +139,9 @@ def _setup(args: argparse.Namespace) -> Setup:
     flags = (" --quick" if args.quick else " --thorough" if args.thorough else "") + \
         (f" --budget-s {budget_s:g}" if budget_s is not None else "")
     command = f"planner profile{'' if cached else f' --out {out}'} --nproc {nproc}{flags}"
-    return Setup(out=out, name=args.name or ("local" if cached else out.stem), mode=mode, nproc=nproc,
+    name = args.name or ("local" if cached else out.stem)
+    _check_own_name(name, "--name" if args.name else "the name from --out's file name", cached)
+    return Setup(out=out, name=name, mode=mode, nproc=nproc,
                  device_type="cuda" if cuda else "cpu",
                  threads=1 if cuda else max(1, (os.cpu_count() or 1) // nproc), command=command,
                  budget_s=budget_s, overwrite=cached or args.overwrite)

@@ -237,3 +237,17 @@ def test_an_mtp_module_counts_as_a_unit_of_the_last_chunk():
     assert virtual_stage_options(61, 8, mtp_depth=1) == [2]
     assert virtual_stage_options(61, 16, mtp_depth=1) == []
     assert virtual_stage_options(61, 16, empty_ends=True, mtp_depth=1) == [2]
+
+
+def test_a_user_profile_given_relative_is_written_absolute(tmp_path, monkeypatch):
+    """A plan made with `--cluster 1x8xmy.toml` in one directory loads from any other."""
+    from costmodel.hardware.clusters import cluster_from_dict, parse_cluster
+    text = (Path(__file__).resolve().parents[2] / "profiles" / "A100-SXM4-80GB.toml").read_text()
+    (tmp_path / "my.toml").write_text(text.replace('name = "A100-SXM4-80GB"', 'name = "my-gpu"', 1)
+                                      .replace('aliases = ["A100", "A100-80GB"]', "aliases = []", 1))
+    monkeypatch.chdir(tmp_path)
+    written = parse_cluster("1x8xmy.toml").to_dict()
+    assert written["device"] == str(tmp_path / "my.toml")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert cluster_from_dict(written).device.name == "my-gpu"

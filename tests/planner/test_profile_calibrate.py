@@ -116,6 +116,20 @@ def test_a_budget_too_short_for_the_fit_is_refused_before_measuring(tmp_path, ca
     assert len(err.strip().splitlines()) == 1 and f"at least {MIN_BUDGET_S:.0f} s" in err and not (tmp_path / "p.toml").exists()
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--name", "A100"], "--name 'A100' names the shipped device A100-SXM4-80GB"),
+    (["--name", "x/y"], "--name 'x/y': a device name is letters, digits"),
+    (["--name", "local"], "--name 'local' is the cached profile's"),
+])
+def test_a_measured_profile_takes_a_name_of_its_own(tmp_path, capsys, args, message):
+    """This machine's figures are never labelled as a shipped GPU's, nor named for a path."""
+    assert main(["profile", "--out", str(tmp_path / "p.toml"), *args]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and message in err and not (tmp_path / "p.toml").exists()
+    assert main(["profile", "--out", str(tmp_path / "H100.toml")]) == 2
+    assert "the name from --out's file name 'H100' names the shipped device H100-SXM5-80GB" in capsys.readouterr().err
+
+
 def test_an_existing_profile_is_not_overwritten(measured, capsys):
     assert main(["profile", "--out", str(measured)]) == 2
     assert "--overwrite" in capsys.readouterr().err
