@@ -70,6 +70,9 @@ def infeasible_message(result: SearchResult, cluster_name: str) -> str:
             f"would help: {', '.join(hints)}")
 
 
+CONTRADICTORY = "contradictory constraints: "   # how no_plan_reason begins where the pins admit no plan
+
+
 def no_plan_reason(model, train, cluster, options: SearchOptions, result: SearchResult) -> str:
     """Why a search that ran to its end found no plan: the pins no plan can take (contradictory
     constraints), else what overflows in the closest candidate."""
@@ -77,7 +80,7 @@ def no_plan_reason(model, train, cluster, options: SearchOptions, result: Search
         problems = unsatisfiable_constraints(model, train, cluster, options,
                                              ruled_out=bool(result.stats.pruned_by_reason))
         if problems:
-            return "contradictory constraints: " + "; ".join(problems)
+            return CONTRADICTORY + "; ".join(problems)
     elif result.closest.estimate.fits:   # in the closed form: as predict prices it, with its simulation
         simulated = estimate(model, train, cluster, result.closest.plan)
         result = replace(result, closest=replace(result.closest, estimate=simulated))

@@ -31,6 +31,7 @@ from planner.commands.common import (
     specs_from_args,
 )
 from planner.commands.search import add_constraint_args, parse_options
+from planner.no_plan import CONTRADICTORY
 from planner.objective import refuse_bad_combinations
 from planner.sweep import KNEE_EFFICIENCY, SweepResult, SweepSpec, sweep
 
@@ -122,6 +123,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     options = replace(parse_options(args), progress=None)   # one line per size, not per search
     start = time.perf_counter()
     result = sweep(spec, specs, options, progress=lambda text: print(f"sweep {text}", file=sys.stderr, flush=True))
+    if all(row.reason.startswith(CONTRADICTORY) for row in result.rows):   # the pins, not a size: said once
+        raise UserError(result.rows[-1].reason + " (at every size; nothing written)")
     if args.csv:
         outputs.write_file(args.csv, to_csv(result), args.overwrite)
     if args.plot:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from planner.commands.common import emit_json
@@ -10,7 +11,8 @@ from planner.commands.common import emit_json
 def cmd_validate(args: argparse.Namespace) -> int:
     from planner.measure.runs_table import default_runs_path
     from planner.measure.validate import validate
-    results, summary = validate(Path(args.runs) if args.runs else default_runs_path(), args.time_limit)
+    results, summary = validate(Path(args.runs) if args.runs else default_runs_path(), args.time_limit,
+                                progress=lambda text: print(f"validate {text}", file=sys.stderr, flush=True))
     if args.json:
         emit_json({"rows": [r.to_dict() for r in results], "summary": summary})
     else:

@@ -9,6 +9,7 @@ predicted not to fit; errors are signed, (predicted - published) / published.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -207,13 +208,22 @@ def profile_range_problems(rows: list[dict[str, str]]) -> list[str]:
     return [p for name in sorted(devices) for p in range_problems(devices[name])]
 
 
-def validate(path: Path, time_limit_s: float = 600.0) -> tuple[list[RowResult], dict[str, Any]]:
+PROGRESS_EVERY_S = 2.0   # validate's progress: a line at most this often
+
+
+def validate(path: Path, time_limit_s: float = 600.0,
+             progress: Callable[[str], None] | None = None) -> tuple[list[RowResult], dict[str, Any]]:
     """Every row, within `time_limit_s` in all (each row's search gets what is left, at most
-    ROW_SEARCH_LIMIT_S), or an UserError saying where it stopped."""
+    ROW_SEARCH_LIMIT_S), or an UserError saying where it stopped. `progress` hears the row
+    reached, at most every PROGRESS_EVERY_S seconds."""
     numbered = read_numbered_runs(path)
     results = []
-    deadline = time.perf_counter() + time_limit_s
-    for line, row in numbered:
+    start = last = time.perf_counter()
+    deadline = start + time_limit_s
+    for n, (line, row) in enumerate(numbered, 1):
+        if progress and (now := time.perf_counter()) - last >= PROGRESS_EVERY_S:
+            progress(f"[{now - start:6.1f} s] row {n:,} of {len(numbered):,} ({row['id']})")
+            last = now
         left = deadline - time.perf_counter()
         if left <= 0:
             raise UserError(f"{path}: stopped at --time-limit {time_limit_s:g} s after {len(results)} of "

@@ -111,6 +111,19 @@ def test_validate_json_contract(tmp_path):
     assert doc["summary"]["n"] == len(rows[::25]) == len(doc["rows"])
 
 
+def test_validate_says_which_row_it_has_reached(tmp_path, monkeypatch):
+    """Long work shows progress: the row reached, by its id, on the progress callback."""
+    import planner.measure.validate as validate
+    header, *rows = [line for line in RUNS.read_text().splitlines() if line.strip()]
+    table = tmp_path / "runs.csv"
+    table.write_text("\n".join([header, *rows[:3]]) + "\n")
+    monkeypatch.setattr(validate, "PROGRESS_EVERY_S", 0.0)
+    heard = []
+    validate.validate(table, progress=heard.append)
+    assert [line.split("] ", 1)[1] for line in heard] == [f"row {n} of 3 ({row.split(',')[0]})"
+                                                         for n, row in enumerate(rows[:3], 1)]
+
+
 def test_validate_rejects_missing_columns(tmp_path, capsys):
     bad = tmp_path / "runs.csv"
     bad.write_text("id,arch,layers\nx,gpt,2\n")

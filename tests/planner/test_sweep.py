@@ -120,3 +120,13 @@ def test_no_size_within_the_deadline_still_shows_the_sizes_and_marks_them(capsys
     assert main([*BASE, "--device", "H100", "--nodes", "1", "--deadline-days", "0.001", "--json"]) == 2
     doc = json.loads(capsys.readouterr().out)
     assert doc["best"] is None and doc["rows"][0]["outside_limits"] == "past the 0.001-day deadline"
+
+
+def test_pins_no_size_can_take_are_one_error_and_nothing_is_written(capsys, tmp_path):
+    """A --fix that rules out every size (tp=3 on 32 heads) is the user's constraint, not a size's
+    result: one error line after the sizes' progress, exit 2, no table, CSV or report."""
+    assert main(["sweep", "--model", "llama3-8b", "--device", "A100", "--nodes", "1,2", "--tokens", "1e12",
+                 "--fix", "tp=3", "--csv", str(tmp_path / "s.csv"), "--report", str(tmp_path / "rep")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip().splitlines()[-1].startswith("planner sweep: error: contradictory constraints: tp=3")
+    assert "(at every size; nothing written)" in err and not list(tmp_path.iterdir())
