@@ -45,7 +45,8 @@ def add_profile_args(p: argparse.ArgumentParser) -> None:
                         "an --out file)")
     p.add_argument("--nproc", type=DEGREE, default=None,
                    help="local ranks measured together (default 2, or 1 on a machine with one GPU)")
-    p.add_argument("--name", help="device name in the profile (default: the file name; `local` for the cache)")
+    p.add_argument("--name", help="device name in the profile: letters, digits, '.', '_', '-', not a shipped "
+                                  "device's name or alias (default: the file name; `local` for the cache)")
     speed = p.add_mutually_exclusive_group()
     speed.add_argument("--quick", action="store_true", help="a shorter budget (30 s on a CPU, 45 s on a GPU)")
     speed.add_argument("--thorough", action="store_true", help="a few minutes (240 s on a CPU): larger sizes")
