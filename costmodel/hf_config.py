@@ -51,6 +51,9 @@ def model_from_hf_dict(cfg: dict[str, Any], where: str = "model config", name: s
                "phi3": _phi3, "gemma": _gemma, "gpt2": _gpt2, "gpt_neox": _gpt_neox, "falcon": _falcon,
                "qwen3": _qwen3, "qwen3_moe": _qwen3_moe,
                "deepseek_v2": partial(deepseek, version=2), "deepseek_v3": partial(deepseek, version=3)}
+    if not kind:
+        raise UserError(f"{where}: no model_type (a Hugging Face config names its architecture there; "
+                        f"supported: {', '.join(readers)})")
     if kind not in readers:
         raise UserError(f"{where}: model_type {kind!r} is not supported (supported: {', '.join(readers)})")
     reader = _Reader(cfg, where)

@@ -40,6 +40,8 @@ def load_run(path: Path, device: Path | None = None, kind: str | None = None) ->
     path = Path(path)
     if not path.exists():
         raise UserError(f"{path}: no such run directory")
+    if not path.is_dir():   # a run's own file (measured.json, plan.json) given for its directory
+        raise UserError(f"{path} is a file; give the run's directory (`planner run --out`), {path.parent}")
     for name in ("plan.json", "measured.json"):
         if not (path / name).exists():
             raise UserError(f"{path} is not a run directory of `planner run` (no {name})")

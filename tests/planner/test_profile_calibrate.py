@@ -307,6 +307,10 @@ def test_calibrate_warns_of_a_fit_to_too_few_plans(measured, tmp_path, capsys):
     runs = _fake_runs(tmp_path, base)[:2]
     assert main(["calibrate", *map(str, runs), "--profile", base.path, "--out", str(tmp_path / "cal.toml")]) == 0
     assert "warning: a fit to 2 plans may not carry to others" in capsys.readouterr().err
+    # a run's own file given for its directory is named as such
+    assert main(["calibrate", str(runs[0] / "measured.json"), "--profile", base.path]) == 2
+    assert f"measured.json is a file; give the run's directory (`planner run --out`), {runs[0]}" in \
+        capsys.readouterr().err
 
 
 def test_calibrate_refuses_a_run_whose_ranks_shared_cores(measured, tmp_path, capsys):

@@ -236,6 +236,9 @@ def test_gpt_neox_counts_exactly_as_transformers_and_prices_its_mechanisms(tmp_p
     from costmodel.inputs import UserError
     with pytest.raises(UserError, match="hidden_dropout in a GPT-NeoX model is not supported"):
         resolve_model(str(_config(tmp_path, bad)))
+    unnamed = {k: v for k, v in NEOX_20B.items() if k != "model_type"}
+    with pytest.raises(UserError, match=r"config.json: no model_type \(a Hugging Face config names"):
+        resolve_model(str(_config(tmp_path, unnamed)))
 
 
 def test_gemma_7b_heads_sized_apart_count_exactly_as_transformers(tmp_path):
