@@ -247,42 +247,36 @@ def every_nth_interval(plan: Plan) -> int | None:
     return None
 
 
-def embedding_loss_split(num_layers: int, num_stages: int) -> tuple[int, ...] | None:
+def embedding_loss_split(num_layers: int, num_stages: int, mtp_depth: int = 0) -> tuple[int, ...] | None:
     """Megatron-Core's split with the embedding and the loss each counted as a layer
     (`account_for_embedding_in_pipeline_split`, `account_for_loss_in_pipeline_split`): num_layers + 2
     units in equal (virtual) stages, the first and the last one layer short, as NeMo's Llama 3.1
     405B recipes run 126 layers on pp 8 x vpp 8; at one unit a stage the first and the last hold
-    the embedding or the loss alone (the model zoo's Qwen3-235B: 94 layers on pp 32 x vpp 3). None
-    where the units do not divide equally."""
-    units, rest = divmod(num_layers + 2, num_stages)
-    if rest or units < 1 or num_stages < 2:
+    the embedding or the loss alone (the model zoo's Qwen3-235B: 94 layers on pp 32 x vpp 3).
+    `mtp_depth` multi-token-prediction modules count as units of the last stage too, as
+    Megatron-Core's explicit pipeline layout places them: NVIDIA's H100 recipes for DeepSeek-V3
+    run its 61 layers, embedding, MTP module and loss as 64 units in 32 chunks, "Et|(tt|)*30mL"
+    (Megatron-Bridge src/megatron/bridge/perf_recipes/deepseek/h100/deepseek_v3.py). None where
+    the units do not divide equally or leave the last stage fewer than none."""
+    units, rest = divmod(num_layers + 2 + mtp_depth, num_stages)
+    if rest or units < 1 + mtp_depth or num_stages < 2:
         return None
-    return (units - 1,) + (units,) * (num_stages - 2) + (units - 1,)
+    return (units - 1,) + (units,) * (num_stages - 2) + (units - 1 - mtp_depth,)
 
 
 def virtual_stage_options(num_layers: int, pp: int, empty_ends: bool = False, mtp_depth: int = 0) -> list[int]:
     """Virtual stages per pipeline rank (vpp > 1) as Megatron-Core interleaves them: pp x vpp
-    chunks of equal layers, or equal once the embedding and the loss count as a layer each
-    (embedding_loss_split); with `empty_ends` (the framework's `empty_end_stages`) also one unit
-    a chunk, the first and the last holding the embedding and the loss alone. A model with
-    multi-token prediction (`mtp_depth` modules, on the last stage) also splits equally with each
-    module counted as a unit beside the embedding and the loss, as Megatron-Core's explicit
-    pipeline layout places them: NVIDIA's H100 recipes for DeepSeek-V3 run its 61 layers,
-    embedding, MTP module and loss as 64 units in 32 chunks, "Et|(tt|)*30mL" (Megatron-Bridge
-    src/megatron/bridge/perf_recipes/deepseek/h100/deepseek_v3.py)."""
+    chunks of equal layers, or equal once the embedding and the loss (and a model's MTP modules)
+    count as a layer each (embedding_loss_split); with `empty_ends` (the framework's
+    `empty_end_stages`) also chunks whose first or last holds no layer beside those units."""
     if pp < 2:
         return []
 
-    def loss_split(v: int) -> bool:
-        split = embedding_loss_split(num_layers, pp * v)
+    def loss_split(v: int, mtp: int) -> bool:
+        split = embedding_loss_split(num_layers, pp * v, mtp)
         return split is not None and (empty_ends or min(split) >= 1)
-
-    def mtp_split(v: int) -> bool:
-        units, rest = divmod(num_layers + 2 + mtp_depth, pp * v)
-        ends = (units - 1, units - 1 - mtp_depth)   # the first chunk's layers and the last's
-        return mtp_depth > 0 and not rest and min(ends) >= (0 if empty_ends else 1)
     return [v for v in range(2, (num_layers + 2 + mtp_depth) // pp + 1)
-            if num_layers % (pp * v) == 0 or loss_split(v) or mtp_split(v)]
+            if num_layers % (pp * v) == 0 or loss_split(v, 0) or (mtp_depth > 0 and loss_split(v, mtp_depth))]
 
 
 def even_layers(num_layers: int, num_stages: int) -> tuple[int, ...]:

@@ -14,7 +14,7 @@ from costmodel.plan import Plan
 from costmodel.specs import ModelSpec, TrainSpec
 from costmodel.units import GIB
 from planner.ranking import price
-from planner.recipes import Recipe, adapted, place, recipes_for
+from planner.recipes import Recipe, adapted, float8_variants, place, recipes_for
 from planner.search_result import Found, SearchResult
 
 OTHER_LAYOUT = "runner-up of another layout"
@@ -99,11 +99,13 @@ def other_layout(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, resul
 def against_recipe(recipe: Recipe, model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
                    best: Found) -> Comparison:
     label = f"recipe: {recipe.name} ({recipe.source})"
-    plan, why = place(recipe, model, train, cluster)
-    if plan is None:
+    placed = [place(recipe, model, train, cluster, fp8) for fp8 in float8_variants(recipe, model, train, cluster)]
+    priced = [(plan, estimate(model, train, cluster, plan)) for plan, _ in placed if plan is not None]
+    if not priced:
         return Comparison(against=label, plan=None, estimate=None, delta_s=None,
-                          lines=(f"{recipe.layout()} on {cluster.name}: {why}",))
-    est = estimate(model, train, cluster, plan)
+                          lines=(f"{recipe.layout()} on {cluster.name}: {placed[0][1]}",))
+    # in bf16 or float8 linears, the faster that fits (else the leaner), as the search weighs them
+    plan, est = min(priced, key=lambda p: (not p[1].fits, p[1].step_time_s if p[1].fits else p[1].max_peak_memory_bytes))
     compared = _priced(label, best, plan, est, adapted(recipe, train, cluster, plan))
     if est.fits:
         return compared

@@ -35,6 +35,8 @@ def writable_dir_problem(directory: Path) -> str | None:
     and on some read-only mounts."""
     probe_dir = directory
     while not probe_dir.exists():
+        if probe_dir.is_symlink():   # a link to nothing, or to itself: mkdir would find a file there
+            return f"{probe_dir} is a symbolic link that leads nowhere (a loop, or a missing target)"
         if probe_dir.parent == probe_dir:
             return f"{directory} cannot be created"
         probe_dir = probe_dir.parent

@@ -75,11 +75,12 @@ def recipes_for(model: ModelSpec) -> list[Recipe]:
     return [r for r in load_recipes() if r.model == model.name]
 
 
-def place(recipe: Recipe, model: ModelSpec, train: TrainSpec, cluster: ClusterSpec) -> tuple[Plan | None, str]:
+def place(recipe: Recipe, model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
+          fp8_linears: bool = False) -> tuple[Plan | None, str]:
     """The recipe's layout on `cluster` for `train`: tp, pp, vpp, cp, ep, ZeRO, recomputation and
-    micro-batch size as written, dp = devices / (tp*pp*cp), its linears in float8 where the user
-    accepts them (`--dtype fp8`) and the layout allows, as the plans it is compared with may run
-    theirs. Returns (plan, "") or (None, why it is not comparable here)."""
+    micro-batch size as written, dp = devices / (tp*pp*cp), its linears in float8 if asked
+    (float8_variants says where they may be). Returns (plan, "") or (None, why it is not
+    comparable here)."""
     inner = recipe.tp * recipe.pp * recipe.cp
     if cluster.is_mixed:
         return None, "a recipe is written for one kind of device; this cluster mixes several"
@@ -90,8 +91,7 @@ def place(recipe: Recipe, model: ModelSpec, train: TrainSpec, cluster: ClusterSp
         return None, f"ep{recipe.ep} is carved from data parallelism, and this cluster leaves dp{dp}"
     choice = Choice(tp=recipe.tp, pp=recipe.pp, cp=recipe.cp, dp=dp, ep=recipe.ep, zero_stage=recipe.zero,
                     recompute=Recompute(recipe.recompute), sequence_parallel=recipe.sp and recipe.tp > 1,
-                    micro_batch_size=recipe.mbs, vpp=recipe.vpp,
-                    fp8_linears=train.float8 and not fp8_problems(model, train, cluster, recipe.tp))
+                    micro_batch_size=recipe.mbs, vpp=recipe.vpp, fp8_linears=fp8_linears)
     try:
         plan = build_plan(model, train, cluster, choice)
     except UserError as exc:
@@ -101,6 +101,13 @@ def place(recipe: Recipe, model: ModelSpec, train: TrainSpec, cluster: ClusterSp
     if found := changes(name_for(cluster.framework), model, train, cluster, plan):
         return None, f"{name_for(cluster.framework)} would have to change it: {found[0]}"
     return plan, ""
+
+
+def float8_variants(recipe: Recipe, model: ModelSpec, train: TrainSpec, cluster: ClusterSpec) -> tuple[bool, ...]:
+    """The recipe's linears as the plans it is compared with may run theirs: in bf16, and in
+    float8 too where the user accepts it (`--dtype fp8`) and the layout allows
+    (check_levers.fp8_problems); the comparison prices each and keeps the faster that fits."""
+    return (False, True) if train.float8 and not fp8_problems(model, train, cluster, recipe.tp) else (False,)
 
 
 def adapted(recipe: Recipe, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> str:
@@ -116,7 +123,7 @@ def adapted(recipe: Recipe, train: TrainSpec, cluster: ClusterSpec, plan: Plan) 
     if (runs := name_for(cluster.framework)) != recipe.framework:   # the layout, not the framework, compared
         changes.append(f"a {recipe.framework} recipe priced as {runs} runs it, as the first plan is")
     if plan.fp8_linears:
-        changes.append("its linears in float8, as --dtype fp8 asks")
+        changes.append("its linears in float8 (--dtype fp8): faster than in bf16, or fitting where bf16 does not")
     if train.grad_dtype.value != recipe.grad_dtype:
         changes.append(f"priced with {train.grad_dtype.value} gradients (the recipe's: {recipe.grad_dtype}, "
                        f"--grad-dtype {recipe.grad_dtype})")

@@ -103,8 +103,8 @@ def _check_own_name(name: str, given: str, cached: bool) -> None:
     shipped ones: a name of its own (a shipped device's name or alias would label this machine's
     figures as that GPU's, and resolve to the shipped profile), of letters, digits, '.', '_', '-'."""
     from costmodel.hardware.profile_io import known_profiles
-    if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
-        raise UserError(f"{given} {name!r}: a device name is letters, digits, '.', '_' and '-'")
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", name) or not re.search(r"[A-Za-z0-9]", name):
+        raise UserError(f"{given} {name!r}: a device name is letters, digits, '.', '_' and '-', with a letter or digit")
     if name.lower() == machine.LOCAL and not cached:
         raise UserError(f"{given} {name!r} is the cached profile's (`local`); give --name another")
     for shipped in known_profiles().values():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import json
 import os
 import re
@@ -65,8 +66,14 @@ def _load(path: str) -> PlanFile:
 
 
 def _resolved(path: str | Path, flag: str) -> Path:
-    """The absolute path the ranks are given; a symbolic link loop on the way is the user's path
-    (pathlib raises RuntimeError for it), said in one line."""
+    """The absolute path the ranks are given; a symbolic link loop on the way is the user's path,
+    said in one line (the system's ELOOP; pathlib before Python 3.13 raises RuntimeError for it,
+    from 3.13 returns the path as it stands)."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UserError(f"{flag} {path}: a symbolic link on the way loops") from None
     try:
         return Path(path).resolve()
     except RuntimeError:
@@ -225,7 +232,6 @@ def _warn_of_another_machine(pf: PlanFile, nproc: int, threads: int) -> None:
 def _shares_cores(pf: PlanFile, nproc: int, threads: int) -> bool:
     """CPU ranks whose threads outnumber this machine's cores."""
     return pf.cluster.device.kind == "cpu" and nproc * threads > (os.cpu_count() or 1)
-
 
 
 RUN_DIR_STEM_CHARS = 64

@@ -121,9 +121,10 @@ def _check_end(path: Path, text: str, num_columns: int, last_line: int, last_end
     if text.endswith(("\n", "\r")):
         return
     *_, last = csv.reader(io.StringIO(text, newline=""))
-    if len(last) < num_columns:
+    if len(last) < num_columns and any(cell.strip() for cell in last):   # a line of spaces: _check_row's
         raise UserError(f"{path} line {last_line}: the last row holds {len(last)} of the header's {num_columns} "
-                        "cells and the file ends without a line break (truncated?)")
+                        "cells and the file ends without a line break (truncated? if the row is whole, end "
+                        "the file with a line break)")
 
 
 def _first_line(lines: list[str], after: int) -> int:

@@ -178,6 +178,8 @@ def test_a_path_the_system_refuses_is_the_users_one_line(tmp_path, capsys):
     assert main(["run", str(plan), "--data", str(loop), "--print-launch"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--data" in err and "loops" in err and "internal error" not in err
+    assert main([*PREDICT, "--out", str(loop / "x.json")]) == 2   # a file to write under the loop
+    assert "loop is a symbolic link that leads nowhere" in capsys.readouterr().err
 
 
 def test_a_run_directory_takes_a_safe_stem_of_the_model_name():

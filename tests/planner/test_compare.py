@@ -155,3 +155,14 @@ def test_a_recipe_without_the_expert_overlap_priced_with_it_says_so(capsys):
                                "megatron", "--seq-len", "8192", "--global-batch", "512", "--ep-overlap"], capsys)
     assert recipe["plan"] is not None
     assert recipe["note"] == "priced with an expert all-to-all overlap its recipe leaves off"
+
+
+@pytest.mark.parametrize("model, cluster, fp8", [("llama3-70b", "8x8xH100", True), ("qwen3-30b-a3b", "2x8xH100", False)])
+def test_under_float8_a_recipe_runs_the_faster_of_its_linears(capsys, model, cluster, fp8):
+    """Under --dtype fp8 the plans may run float8 linears: a recipe's layout is priced both ways
+    and keeps the faster that fits, as the search weighs them (NeMo's Llama 3 70B gains from
+    float8; Qwen3-30B-A3B's small expert GEMMs lose more to the casts than they save), and says so."""
+    shown = _recipes_shown(["search", "--model", model, "--cluster", cluster, "--framework", "megatron",
+                            "--dtype", "fp8"], capsys)
+    assert shown and all(c["plan"]["fp8_linears"] is fp8 for c in shown)
+    assert all(("its linears in float8 (--dtype fp8)" in (c["note"] or "")) is fp8 for c in shown)

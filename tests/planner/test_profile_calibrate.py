@@ -120,6 +120,7 @@ def test_a_budget_too_short_for_the_fit_is_refused_before_measuring(tmp_path, ca
     (["--name", "A100"], "--name 'A100' names the shipped device A100-SXM4-80GB"),
     (["--name", "x/y"], "--name 'x/y': a device name is letters, digits"),
     (["--name", "local"], "--name 'local' is the cached profile's"),
+    (["--name", ".."], "--name '..': a device name is letters, digits"),
 ])
 def test_a_measured_profile_takes_a_name_of_its_own(tmp_path, capsys, args, message):
     """This machine's figures are never labelled as a shipped GPU's, nor named for a path."""

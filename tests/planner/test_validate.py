@@ -243,6 +243,7 @@ GOOD = "ok,x,gpt,24,2048,,16,16,51200,2048,A100-SXM4-80GB,8,8,1,1,8,,,1,1,,,64,b
      "runs.csv line 2: the file ends inside a quoted cell (truncated? an unclosed quote?)"),
     (HEADER + "\n" + GOOD[:GOOD.index(",bf16,")],
      "runs.csv line 2: the last row holds 23 of the header's 26 cells and the file ends without a line break"),
+    (HEADER + "\n" + GOOD + "   ", "runs.csv line 3 (row '   '): empty id, arch"),   # spaces, not a row cut short
     (HEADER + ",num_experts\n" + GOOD.replace("\n", ",8\n"),
      "row 'ok': num_experts describe a mixture of experts, which only llama rows have"),
     (HEADER + ",experts_per_token\n" + GOOD.replace(",gpt,", ",llama,").replace("\n", ",2\n"),
