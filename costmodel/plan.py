@@ -257,7 +257,7 @@ def embedding_loss_split(num_layers: int, num_stages: int, mtp_depth: int = 0) -
     Megatron-Core's explicit pipeline layout places them: NVIDIA's H100 recipes for DeepSeek-V3
     run its 61 layers, embedding, MTP module and loss as 64 units in 32 chunks, "Et|(tt|)*30mL"
     (Megatron-Bridge src/megatron/bridge/perf_recipes/deepseek/h100/deepseek_v3.py). None where
-    the units do not divide equally or leave the last stage fewer than none."""
+    the units do not divide equally, or a stage's units cannot hold the MTP modules and the loss."""
     units, rest = divmod(num_layers + 2 + mtp_depth, num_stages)
     if rest or units < 1 + mtp_depth or num_stages < 2:
         return None

@@ -123,7 +123,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     options = replace(parse_options(args), progress=None)   # one line per size, not per search
     start = time.perf_counter()
     result = sweep(spec, specs, options, progress=lambda text: print(f"sweep {text}", file=sys.stderr, flush=True))
-    if all(row.reason.startswith(CONTRADICTORY) for row in result.rows):   # the pins, not a size: said once
+    if result.rows and all(row.reason.startswith(CONTRADICTORY) for row in result.rows):   # the pins, not a size
         raise UserError(result.rows[-1].reason + " (at every size; nothing written)")
     if args.csv:
         outputs.write_file(args.csv, to_csv(result), args.overwrite)
