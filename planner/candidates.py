@@ -122,7 +122,7 @@ def placement_groups(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, o
                 for ep, etp in _expert_grids(model, cluster, options, tp, cp, pp, dp):
                     orders: dict[int, tuple[list, list]] = {}   # per replica count: alike for every fp8 and offload
                     for fp8, act, rep in itertools.product(
-                            allowed(options, "fp8_linears", _fp8_options(model, train, cluster, tp)),
+                            allowed(options, "fp8_linears", fp8_options(model, train, cluster, tp)),
                             allowed(options, "offload_activations", _act_offload_options(cluster, tp)),
                             replica_counts(model, cluster, options, tp, cp, dp, ep, pp)):
                         yield from _groups_for_degrees(model, train, cluster, options, tp, cp, pp, dp, ep,
@@ -225,7 +225,7 @@ def replica_degrees(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
         yield tp, cp, dp, distinct_orders({"tp": tp, "cp": cp, "pp": 1, "dp": dp, "ep": 1}, cluster), sps
 
 
-def _fp8_options(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: int) -> list[bool]:
+def fp8_options(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, tp: int) -> list[bool]:
     """Float8 linears where the user accepts them and check_plan would (costmodel.check.fp8_problems);
     bf16 linears always: casts can cost more than a small GEMM saves."""
     return [False, True] if train.float8 and not fp8_problems(model, train, cluster, tp) else [False]

@@ -10,11 +10,11 @@ from functools import lru_cache
 from pathlib import Path
 
 from costmodel.check import check_structure
-from costmodel.check_levers import fp8_problems
 from costmodel.hardware import ClusterSpec
 from costmodel.inputs import UserError, dataclass_from_json
 from costmodel.plan import Plan, Recompute
 from costmodel.specs import DType, ModelSpec, TrainSpec
+from planner.candidates import fp8_options
 from planner.space import Choice, build_plan
 from planner.targets import changes, name_for
 
@@ -103,11 +103,11 @@ def place(recipe: Recipe, model: ModelSpec, train: TrainSpec, cluster: ClusterSp
     return plan, ""
 
 
-def float8_variants(recipe: Recipe, model: ModelSpec, train: TrainSpec, cluster: ClusterSpec) -> tuple[bool, ...]:
-    """The recipe's linears as the plans it is compared with may run theirs: in bf16, and in
-    float8 too where the user accepts it (`--dtype fp8`) and the layout allows
-    (check_levers.fp8_problems); the comparison prices each and keeps the faster that fits."""
-    return (False, True) if train.float8 and not fp8_problems(model, train, cluster, recipe.tp) else (False,)
+def float8_variants(recipe: Recipe, model: ModelSpec, train: TrainSpec, cluster: ClusterSpec) -> list[bool]:
+    """The recipe's linears as the plans it is compared with may run theirs (the search's own
+    choices, planner.candidates.fp8_options); the comparison prices each and keeps the faster
+    that fits."""
+    return fp8_options(model, train, cluster, recipe.tp)
 
 
 def adapted(recipe: Recipe, train: TrainSpec, cluster: ClusterSpec, plan: Plan) -> str:

@@ -67,17 +67,14 @@ def _load(path: str) -> PlanFile:
 
 def _resolved(path: str | Path, flag: str) -> Path:
     """The absolute path the ranks are given; a symbolic link loop on the way is the user's path,
-    said in one line (the system's ELOOP; pathlib before Python 3.13 raises RuntimeError for it,
-    from 3.13 returns the path as it stands)."""
+    said in one line. Asked of the system (ELOOP), before pathlib meets it: pathlib raises
+    RuntimeError for a loop up to Python 3.12 and returns the path as it stands from 3.13."""
     try:
         os.stat(path)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise UserError(f"{flag} {path}: a symbolic link on the way loops") from None
-    try:
-        return Path(path).resolve()
-    except RuntimeError:
-        raise UserError(f"{flag} {path}: a symbolic link on the way loops") from None
+    return Path(path).resolve()
 
 
 def _worker_args(args: argparse.Namespace, pf: PlanFile, out: Path):
