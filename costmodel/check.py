@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from costmodel.check_degrees import (
     cp_problems,
+    dispatcher_problems,
     ep_problems,
     hsdp_problems,
     moe_tp_problem,
@@ -89,7 +90,8 @@ def _parallel_problems(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec,
                 *mtp_cp_problems(model, plan.cp, cluster.framework),
                 *shared_expert_tp_problems(model, plan.tp, cluster.framework),
                 *ep_problems(model, plan.ep, dp=plan.dp, tp=plan.tp, cp=plan.cp, pp=plan.pp,
-                             order=plan.mesh_axis_order, traits=cluster.framework, etp=plan.etp)]
+                             order=plan.mesh_axis_order, traits=cluster.framework, etp=plan.etp),
+                *dispatcher_problems(model, plan.ep, plan.etp, cluster.framework, cluster.devices_per_node)]
     if plan.sequence_parallel:
         problems += sp_problems(train, plan.tp, plan.cp)
     if problem := moe_tp_problem(model, plan.tp, plan.sequence_parallel):

@@ -4,6 +4,7 @@ them to a plan; the search enumerates from them (planner.candidates asks these, 
 from __future__ import annotations
 
 from costmodel.frameworks import RUNTIME, FrameworkTraits, shards_in_part
+from costmodel.memory.dispatcher import DEEPEP_RECV_ROWS, uses_per_node_dispatcher
 from costmodel.placement import expert_layout
 from costmodel.plan import AXES, DEFAULT_AXIS_ORDER
 from costmodel.specs import ModelSpec, TrainSpec
@@ -120,6 +121,19 @@ def ep_problems(model: ModelSpec, ep: int, *, dp: int, tp: int = 1, cp: int = 1,
                    "axes, then a divisor of the next, never part of the pipeline, and all of the ranks inside it "
                    "where ranks lie outside it)")
     return out
+
+
+def dispatcher_problems(model: ModelSpec, ep: int, etp: int, traits: FrameworkTraits,
+                        devices_per_node: int) -> list[str]:
+    """An expert group the framework runs with DeepEP (memory.dispatcher.uses_per_node_dispatcher)
+    has a size DeepEP has a configuration for; it refuses others at start-up."""
+    group = ep * etp
+    if group in DEEPEP_RECV_ROWS or not uses_per_node_dispatcher(model, traits, group, devices_per_node):
+        return []
+    sizes = ", ".join(map(str, DEEPEP_RECV_ROWS))
+    grid = f"etp x ep = {etp} x {ep}" if etp > 1 else f"ep={ep}"
+    return [f"{grid}: {traits.name} runs this expert group with DeepEP (the flex dispatcher), which runs "
+            f"groups of {sizes} ranks only"]
 
 
 def sp_problems(train: TrainSpec, tp: int, cp: int) -> list[str]:

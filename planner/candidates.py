@@ -12,6 +12,7 @@ from typing import Callable, Iterator, NamedTuple
 
 from costmodel.check_degrees import (
     cp_problems,
+    dispatcher_problems,
     ep_problems,
     hsdp_problems,
     moe_tp_problem,
@@ -175,13 +176,18 @@ def _expert_grids(model: ModelSpec, cluster: ClusterSpec, options: SearchOptions
     pairs = [(ep, 1) for ep in allowed(options, "ep", _eps(model, cluster, options, tp, cp, pp, dp))]
     traits = cluster.framework
     if not (model.is_moe and traits.expert_tensor_parallel):
-        return [p for p in pairs if p[1] in allowed(options, "etp", [1])]
+        return [p for p in pairs if p[1] in allowed(options, "etp", [1]) and _dispatchable(model, cluster, *p)]
     orders = tuple(options.space.mesh_orders if options.space is not None else itertools.permutations(AXES))
     for etp in (e for e in divisors(tp)[1:] if not model.moe_ffn_hidden_size % e):
         pairs += [(ep, etp) for ep in allowed(options, "ep", divisors(tp * cp * dp // etp))
                   if any(not ep_problems(model, ep, dp=dp, tp=tp, cp=cp, pp=pp, order=o, traits=traits, etp=etp)
                          for o in orders)]
-    return [p for p in pairs if p[1] in allowed(options, "etp", [p[1]])]
+    return [p for p in pairs if p[1] in allowed(options, "etp", [p[1]]) and _dispatchable(model, cluster, *p)]
+
+
+def _dispatchable(model: ModelSpec, cluster: ClusterSpec, ep: int, etp: int) -> bool:
+    """Whether the framework's expert dispatcher runs a group of etp x ep ranks."""
+    return not dispatcher_problems(model, ep, etp, cluster.framework, cluster.devices_per_node)
 
 
 def _eps(model: ModelSpec, cluster: ClusterSpec, options: SearchOptions, tp: int, cp: int, pp: int,

@@ -16,6 +16,7 @@ from costmodel.memory.activations import (
     local_tokens,
 )
 from costmodel.memory.deferred import edge_weight_grad_output_bytes, weight_grad_input_bytes
+from costmodel.memory.dispatcher import dispatcher_buffer_bytes
 from costmodel.memory.states import float8_weight_cache_bytes, reduces_every_micro_batch, state_bytes_for
 from costmodel.params import (
     dense_layers_by_stage,
@@ -319,9 +320,11 @@ TP_OVERLAP_BUFFERS, TP_OVERLAP_GATHERS = 12, 8
 def reserved_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, device: DeviceProfile,
                    traits: FrameworkTraits, devices_per_node: int) -> float:
     """What a rank holds outside torch's allocator: the device's reserve (CUDA context, NCCL's
-    buffers: Efficiency.reserved_memory_bytes) and, where the framework overlaps TP with TE's
-    userbuffers (`tp_overlap_userbuffers` where frameworks.tp_comm_overlaps holds), their buffers."""
-    reserve = device.efficiency.reserved_memory_bytes
+    buffers: Efficiency.reserved_memory_bytes), the expert dispatcher's buffers where the framework
+    runs DeepEP (memory.dispatcher) and, where the framework overlaps TP with TE's userbuffers
+    (`tp_overlap_userbuffers` where frameworks.tp_comm_overlaps holds), their buffers."""
+    reserve = (device.efficiency.reserved_memory_bytes
+               + dispatcher_buffer_bytes(model, traits, plan.ep, plan.etp, devices_per_node))
     if not (traits.tp_overlap_userbuffers
             and tp_comm_overlaps(traits, device.tp_comm_gemm_overlap, plan.tp, plan.sequence_parallel,
                                  tp_within_node=tp_in_one_node(plan.tp, devices_per_node))):
