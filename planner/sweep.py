@@ -48,7 +48,8 @@ class SweepRow:
         return {"num_gpus": self.num_gpus, "num_nodes": self.num_nodes, "gpus_per_node": self.gpus_per_node,
                 "device": self.device, "plan": None if self.found is None else self.found.plan.to_dict(),
                 "plan_label": None if self.found is None else self.found.plan.short(),
-                "proven_optimal": self.proven, "reason": self.reason or None,
+                # a size without a plan has no optimum to prove: its reason says whether none fits
+                "proven_optimal": None if self.found is None else self.proven, "reason": self.reason or None,
                 "step_time_s": None if est is None else est.step_time_s,
                 "tokens_per_s": None if est is None else est.tokens_per_s,
                 "tokens_per_s_per_gpu": None if est is None else est.tokens_per_s / self.num_gpus,

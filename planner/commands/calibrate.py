@@ -79,7 +79,12 @@ def _load_runs(paths: list[str], base):
         raise UserError(f"{twice[0]} is given twice: one run counted as two repeats of its plan")
     # read under the profile being calibrated: the profile a run's plan.json names is a path on
     # the machine and in the directory it ran from, and its figures are the ones being replaced
-    return [load_run(Path(r), device=Path(base.path), kind=base.kind) for r in paths]
+    runs = [load_run(Path(r), device=Path(base.path), kind=base.kind) for r in paths]
+    for run in runs:
+        if run.measured.warmup_steps == 0:
+            print(f"warning: {run.path} ran no warm-up step: its first timed step carries the start-up costs, "
+                  "which bias the fit slow (run it again with --warmup 1 or more)", file=sys.stderr)
+    return runs
 
 
 def _write(out: Path, doc, base_name: str, overwrite: bool) -> None:

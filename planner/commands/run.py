@@ -211,6 +211,11 @@ def _say_start(args: argparse.Namespace, pf: PlanFile, out: Path, worker, nproc:
         resumed += f", checkpoints every {worker.checkpoint_every} steps and at the end in {args.checkpoint_dir}"
     print(f"planner run: {pf.plan.short()} on {nproc} local rank(s), {args.warmup} warm-up + "
           f"{args.steps} steps{resumed}; log in {out / 'run.log'}", file=sys.stderr)
+    if args.warmup == 0 and not resume_step:
+        print("planner run: warning: --warmup 0: the first timed step carries the start-up costs (lazy "
+              "initialisation, the allocator's first growth), so the step reads slow, and a CPU's memory is "
+              "measured over a warm-up step; use --warmup 1 or more for a run to compare or calibrate on",
+              file=sys.stderr)
 
 
 def _warn_of_another_machine(pf: PlanFile, nproc: int, threads: int) -> None:

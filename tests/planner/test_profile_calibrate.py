@@ -208,7 +208,7 @@ def _fake_runs(tmp_path: Path, truth, dtype: DType = DType.FP32) -> list[Path]:
         est = estimate(model, train, replace(base, device=truth), plan)
         raw = {"losses": [1.0], "step_times_s": [est.step_time_s], "peak_memory_bytes": None,
                "memory_source": "tensors", "device": "cpu"}
-        measured_record(pf, raw, steps=1, warmup=0, wall_s=1.0).save(d / "measured.json")
+        measured_record(pf, raw, steps=1, warmup=1, wall_s=1.0).save(d / "measured.json")
         dirs.append(d)
     return dirs
 
@@ -312,6 +312,19 @@ def test_calibrate_warns_of_a_fit_to_too_few_plans(measured, tmp_path, capsys):
     assert main(["calibrate", str(runs[0] / "measured.json"), "--profile", base.path]) == 2
     assert f"measured.json is a file; give the run's directory (`planner run --out`), {runs[0]}" in \
         capsys.readouterr().err
+
+
+def test_calibrate_warns_of_a_run_without_warm_up(measured, tmp_path, capsys):
+    """A run whose first timed step was its first step (planner run --warmup 0) timed the start-up
+    costs too: fitted, with a warning that names it."""
+    import json
+    base = parse_cluster(f"1x2x{measured}").device
+    runs = _fake_runs(tmp_path, base)
+    record = json.loads((runs[2] / "measured.json").read_text())
+    (runs[2] / "measured.json").write_text(json.dumps({**record, "warmup_steps": 0}))
+    assert main(["calibrate", *map(str, runs), "--profile", base.path, "--out", str(tmp_path / "cal.toml")]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: {runs[2]} ran no warm-up step" in err and str(runs[1]) not in err
 
 
 def test_calibrate_refuses_a_run_whose_ranks_shared_cores(measured, tmp_path, capsys):

@@ -130,3 +130,12 @@ def test_pins_no_size_can_take_are_one_error_and_nothing_is_written(capsys, tmp_
     out, err = capsys.readouterr()
     assert out == "" and err.strip().splitlines()[-1].startswith("planner sweep: error: contradictory constraints: tp=3")
     assert "(at every size; nothing written)" in err and not list(tmp_path.iterdir())
+
+
+def test_a_size_without_a_plan_says_why_and_claims_no_optimum(capsys):
+    """Llama 3 405B on one node of H100s: no plan, its reason in the row, and no proven optimum
+    (there is none to prove)."""
+    assert main(["sweep", "--model", "llama3-405b", "--seq-len", "4096", "--global-batch", "64", "--tokens", "1e11",
+                 "--device", "H100", "--nodes", "1", "--json"]) == 2
+    row = json.loads(capsys.readouterr().out)["rows"][0]
+    assert row["plan"] is None and row["proven_optimal"] is None and row["reason"].startswith("nothing fits")

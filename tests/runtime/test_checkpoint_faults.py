@@ -182,6 +182,8 @@ def test_a_stopped_run_is_one_line_with_exit_1(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err.strip().splitlines()
     stopped = [e for e in err if "stopped:" in e]
     assert stopped == err[-1:] and "checkpoint write failed on rank 1" in stopped[0] and "Traceback" not in "".join(err)
+    # a run from step 0 without warm-up is told what its first step's time carries
+    assert any("warning: --warmup 0: the first timed step carries the start-up costs" in e for e in err)
 
 
 def test_a_load_failure_past_verification_names_the_checkpoint_and_the_rank(saved, tmp_path, monkeypatch):
