@@ -19,26 +19,44 @@ MEMORY_ERROR_BAND = 0.048
 
 PUBLISHED = "leave-one-source-out on published runs"
 
-# The longest sequence of the published runs the band comes from (profiles/runs/published_runs.csv).
-# Longer ones are kept apart (unmodelled_runs.csv: NeMo's long-sequence tables, torchtitan's CP runs,
-# 64k tokens to 1M), priced up to 49 % fast in tokens/s (`python3 -m planner validate
-# profiles/runs/unmodelled_runs.csv`): a prediction past this length says it is outside the band
-# (long_sequence_note).
+# The longest sequences of the published runs the band comes from (profiles/runs/published_runs.csv),
+# by the attention kernel that priced them: FlashAttention or torch's SDPA (composer's and torchtitan's
+# runs reach 32k tokens), and the vendor's fused attention (Transformer Engine's cuDNN kernel, which
+# Megatron-Core calls on Hopper and Blackwell: its runs reach 8k). Longer ones are kept apart
+# (unmodelled_runs.csv: NeMo's long-sequence tables, torchtitan's CP runs, 16k tokens to 1M), priced
+# fast in tokens/s (`python3 -m planner validate profiles/runs/unmodelled_runs.csv`): torchtitan's
+# 26-45 % from 64k; with the vendor's kernel NeMo's B200 runs (25.04) 8-16 % from 16k and its H100
+# runs (24.03, a container whose cuDNN rate is not known) 24-48 %. A prediction past its kernel's
+# length says it is outside the band (long_sequence_note).
 LONGEST_CALIBRATED_SEQ = 32768
+LONGEST_CALIBRATED_VENDOR_SEQ = 8192
 
 
-def long_sequence_note(seq_len: int) -> str | None:
-    """What a prediction at `seq_len` says beside its quoted error: nothing within the calibrated
-    lengths, else that the band does not cover it (the JSON's `error_band_note`)."""
+def runs_vendor_attention(cluster) -> bool:
+    """Whether the cluster's framework prices attention with the vendor's fused kernel on its device
+    (frameworks.attention_speedup: a speedup over FlashAttention-2 where the device has one)."""
+    return cluster.framework.vendor_attention and cluster.device.efficiency.vendor_attention_speedup != 1.0
+
+
+def long_sequence_note(seq_len: int, cluster=None) -> str | None:
+    """What a prediction at `seq_len` on `cluster` says beside its quoted error: nothing within the
+    lengths calibrated for its attention kernel, else that the band does not cover it (the JSON's
+    `error_band_note`)."""
+    if cluster is not None and runs_vendor_attention(cluster):
+        if seq_len <= LONGEST_CALIBRATED_VENDOR_SEQ:
+            return None
+        return (f"{seq_len:,} tokens is past the {LONGEST_CALIBRATED_VENDOR_SEQ:,} of the runs with the vendor's "
+                "fused attention it comes from: longer ones kept apart were priced up to 48 % fast "
+                "(profiles/runs/unmodelled_runs.csv)")
     if seq_len <= LONGEST_CALIBRATED_SEQ:
         return None
     return (f"{seq_len:,} tokens is past the {LONGEST_CALIBRATED_SEQ:,} of the runs it comes from: longer runs "
             "kept apart were priced up to 49 % fast (profiles/runs/unmodelled_runs.csv)")
 
 
-def long_sequence_caveat(seq_len: int) -> str:
+def long_sequence_caveat(seq_len: int, cluster=None) -> str:
     """long_sequence_note as the summary line's tail: "; " and the note, or nothing."""
-    note = long_sequence_note(seq_len)
+    note = long_sequence_note(seq_len, cluster)
     return f"; {note}" if note else ""
 
 # Devices priced with another chip's fitted values (planner.measure.fit BORROWS) and checked on their

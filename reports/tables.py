@@ -106,7 +106,7 @@ def summary_lines(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, plan
         f"attention, Megatron Eq. 7 / PaLM; a causal kernel runs half of it), HFU those and the recomputed"
         f"{' against the bf16 peak, float8 linears included' if plan.fp8_linears else ''}"
         f"; expected error +-{100 * error_band(cluster)[0]:.1f}% ({_band_source(cluster)})"
-        f"{long_sequence_caveat(train.seq_len)}",
+        f"{long_sequence_caveat(train.seq_len, cluster)}",
         "long run   " + resilience.summary_line(resilience.checkpoint_cost(
             model, train, cluster.world_size, est.step_time_s, est.tokens_per_s, failures)),
     ])

@@ -82,7 +82,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         from costmodel.resilience import checkpoint_cost
         emit_json({"plan": plan.to_dict(), "framework": name_for(cluster.framework), "estimate": est.to_dict(),
                    "relaid": None if hint is None else {"plan": hint.plan.to_dict(), "estimate": hint.estimate.to_dict()},
-                   "error_band": error_band(cluster)[0], "error_band_note": long_sequence_note(train.seq_len),
+                   "error_band": error_band(cluster)[0], "error_band_note": long_sequence_note(train.seq_len, cluster),
                     "checkpoint": checkpoint_cost(model, train, cluster.world_size, est.step_time_s,
                                                   est.tokens_per_s, failures_from_args(args)).to_dict(),
                    **({} if cost is None else {"training": cost.to_dict()})})

@@ -51,7 +51,7 @@ def search_json(o: SearchOutcome) -> dict[str, Any]:
                   for f in result.plans],
         "comparisons": [c.to_dict() for c in o.compared],
         "search": {**result.stats.to_dict(), "framework": o.framework, "equivalent_plans": result.equivalent,
-                   "error_band": result.error_band, "error_band_note": long_sequence_note(o.train.seq_len),
+                   "error_band": result.error_band, "error_band_note": long_sequence_note(o.train.seq_len, o.cluster),
                    "offloaded_because": result.offloaded_because,
                    "rows_proven_to_s": result.rows_proven_to_s, "unpriced_plans": result.unpriced,
                    "fastest": None if fastest is None else

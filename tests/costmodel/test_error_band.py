@@ -80,7 +80,7 @@ def test_a_prediction_past_the_calibrated_sequence_lengths_says_so(capsys):
     assert min(int(r["seq_len"]) for r in read_runs(runs / "unmodelled_runs.csv")
                if r["id"].startswith(("nemo2403_longseq", "tt25a_l31_405b_512_4d_cp"))) <= 2 * LONGEST_CALIBRATED_SEQ
     flags = ["predict", "--model", "llama3-8b", "--cluster", "1x8xH100", "--tp", "2", "--cp", "4", "--mbs", "1",
-             "--global-batch", "8", "--framework", "megatron", "--recompute", "full"]
+             "--global-batch", "8", "--recompute", "full"]
     assert main([*flags, "--seq-len", "65536"]) == 0
     assert "65,536 tokens is past the 32,768 of the runs it comes from" in capsys.readouterr().out
     assert main([*flags, "--seq-len", "8192"]) == 0
@@ -91,3 +91,20 @@ def test_a_prediction_past_the_calibrated_sequence_lengths_says_so(capsys):
     assert json.loads(capsys.readouterr().out)["error_band_note"].startswith("65,536 tokens is past the 32,768")
     assert main([*flags, "--seq-len", "8192", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["error_band_note"] is None
+
+
+def test_vendor_attention_is_calibrated_to_its_own_longest_runs(capsys):
+    """Transformer Engine's cuDNN attention (Megatron-Core on Hopper and Blackwell) is priced at the
+    vendor's rate, which the published runs bound only as far as the longest run that used it: a
+    prediction under it past that length says so; FlashAttention's (our runtime's) does not yet."""
+    from costmodel.fidelity import LONGEST_CALIBRATED_VENDOR_SEQ, runs_vendor_attention
+    from planner.measure.runs_table import read_runs, row_specs
+    runs = Path(__file__).resolve().parents[2] / "profiles" / "runs" / "published_runs.csv"
+    vendor = [int(row["seq_len"]) for row in read_runs(runs) if runs_vendor_attention(row_specs(row)[2])]
+    assert vendor and LONGEST_CALIBRATED_VENDOR_SEQ == max(vendor)
+    flags = ["predict", "--model", "llama3-8b", "--cluster", "1x8xH100", "--tp", "2", "--cp", "2", "--mbs", "1",
+             "--global-batch", "8", "--seq-len", "16384", "--recompute", "full"]
+    assert main([*flags, "--framework", "megatron"]) == 0
+    assert "16,384 tokens is past the 8,192 of the runs with the vendor's fused attention" in capsys.readouterr().out
+    assert main(flags) == 0
+    assert "past the" not in capsys.readouterr().out
