@@ -44,8 +44,9 @@ def rank0_figures(job: Job, device: torch.device, memory: float | None, losses, 
                               "live tensor bytes over the last warm-up step, tracked by "
                               "runtime.memtrack (CPU: tensors only, no allocator or interpreter "
                               "overhead)" if memory is not None else
-                              "not measured (a CPU's is taken over a warm-up step: none ran here; --warmup >= 1 "
-                              "in a run from step 0, which a resumed one is not)"),
+                              "not measured (a CPU's is taken over a warm-up step of an uncompiled run, "
+                              "torch.compile refusing the tracker: none ran here; --warmup >= 1 in a run from "
+                              "step 0, which a resumed one is not)"),
             "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu"}
 
 

@@ -144,7 +144,8 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
     for step in range(start, total):
         first, count = local_slice(step, pf.train.global_batch_size, pf.plan.dp, job.coords["dp"], job.samples)
         tokens, labels = map(job.local_tokens, source.batch(first, count))
-        track = step == cfg.warmup - 1 and device.type == "cpu"
+        # torch.compile refuses a step under the tracker's dispatch mode: a compiled run's CPU memory is not taken
+        track = step == cfg.warmup - 1 and device.type == "cpu" and not cfg.compile
         if step == cfg.warmup and device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         watchdog.beat()

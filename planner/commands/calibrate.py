@@ -81,9 +81,14 @@ def _load_runs(paths: list[str], base):
     # the machine and in the directory it ran from, and its figures are the ones being replaced
     runs = [load_run(Path(r), device=Path(base.path), kind=base.kind) for r in paths]
     for run in runs:
-        if run.measured.warmup_steps == 0:
-            print(f"warning: {run.path} ran no warm-up step: its first timed step carries the start-up costs, "
-                  "which bias the fit slow (run it again with --warmup 1 or more)", file=sys.stderr)
+        if run.measured.warmup_steps:
+            continue
+        if run.compiled:   # its first timed step compiled every layer: seconds to minutes, no step's cost
+            raise UserError(f"{run.path}: a compiled run without a warm-up step timed the layers' compilation in "
+                            "its first step; calibrate on a run from step 0 with --warmup 1 or more")
+        print(f"warning: {run.path} ran no warm-up step: its first timed step carries the start-up costs, which "
+              "bias the fit slow (calibrate on a run from step 0 with --warmup 1 or more: a resumed run takes "
+              "none)", file=sys.stderr)
     return runs
 
 

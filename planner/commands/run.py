@@ -279,6 +279,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         from runtime.compile import compile_problem
         if problem := compile_problem(pf.plan):
             raise RunRefused(problem)
+        if args.warmup == 0 and not (args.resume or args.resume_if_present or args.dry_run):
+            raise RunRefused("--compile with --warmup 0: the first step compiles every layer (seconds to minutes), "
+                             "which a timed step would measure; use --warmup 1 or more")
     if args.dry_run:
         return _dry_run(args, pf)
     out = Path(args.out or f"runs/{run_dir_stem(pf.model.name)}-{time.strftime('%Y%m%d-%H%M%S')}")

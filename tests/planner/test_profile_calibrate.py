@@ -325,6 +325,10 @@ def test_calibrate_warns_of_a_run_without_warm_up(measured, tmp_path, capsys):
     assert main(["calibrate", *map(str, runs), "--profile", base.path, "--out", str(tmp_path / "cal.toml")]) == 0
     err = capsys.readouterr().err
     assert f"warning: {runs[2]} ran no warm-up step" in err and str(runs[1]) not in err
+    # compiled, its first timed step compiled the layers: no step's cost at all
+    (runs[2] / "measured.json").write_text(json.dumps({**record, "warmup_steps": 0, "compiled": True}))
+    assert main(["calibrate", *map(str, runs), "--profile", base.path, "--out", str(tmp_path / "cal2.toml")]) == 2
+    assert f"{runs[2]}: a compiled run without a warm-up step" in capsys.readouterr().err
 
 
 def test_calibrate_refuses_a_run_whose_ranks_shared_cores(measured, tmp_path, capsys):
