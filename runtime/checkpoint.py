@@ -74,6 +74,13 @@ def any_attempt(root: Path) -> list[str]:
     return sorted(d.name for d in root.iterdir() if d.name.startswith(("step-", ".step-")))
 
 
+def interrupted_only(root: Path) -> bool:
+    """Whether `root` holds checkpoint writes and all of them were cut short (.step-N.partial
+    folders, which no run resumes from), and nothing else that looks like a checkpoint."""
+    earlier = any_attempt(root)
+    return bool(earlier) and all(name.startswith(".") and name.endswith(".partial") for name in earlier)
+
+
 def latest(root: Path) -> Path | None:
     steps = complete_steps(root)
     return step_dir(root, steps[-1]) if steps else None

@@ -207,8 +207,8 @@ def _resume(job: Job, optimizer, pf: PlanFile, cfg: RunConfig, total: int) -> in
     root = Path(cfg.checkpoint_dir)
     if not (cfg.resume or restart_count()):   # a restart resumes by itself
         earlier = checkpoint.any_attempt(root)
-        if not earlier:
-            return 0
+        if not earlier or (cfg.resume_if_present and checkpoint.interrupted_only(root)):
+            return 0   # nothing, or only interrupted writes (the saver replaces a step's own)
         if not cfg.resume_if_present:
             raise checkpoint.CheckpointRefused(
                 f"--checkpoint-dir {root} holds checkpoints of an earlier run ({', '.join(earlier[-3:])}): launch "

@@ -117,6 +117,10 @@ def _refuse_earlier_checkpoints(args: argparse.Namespace) -> None:
     from runtime import checkpoint
     if args.checkpoint_dir and not (args.resume or args.resume_if_present):
         if earlier := checkpoint.any_attempt(Path(args.checkpoint_dir)):
+            if checkpoint.interrupted_only(Path(args.checkpoint_dir)):
+                raise RunRefused(f"--checkpoint-dir {args.checkpoint_dir} holds only interrupted checkpoint writes "
+                                 f"({', '.join(earlier[-3:])}), which no run resumes from; pass --resume-if-present "
+                                 "to start from step 0, or clear it")
             raise RunRefused(f"--checkpoint-dir {args.checkpoint_dir} holds checkpoints ({', '.join(earlier[-3:])}); "
                              "pass --resume or --resume-if-present to continue from them, or clear it")
 

@@ -8,7 +8,6 @@ from planner.args import (
     MAX_RESTARTS,
     MAX_STEPS,
     add_failure_args,
-    add_overwrite_arg,
     float_in,
     int_in,
     seed_int,
@@ -85,7 +84,9 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                         "memory-bound work fused; a dense layer compiles as one graph or the run fails. A plan it "
                         "cannot serve (activation offloading, a zero-bubble schedule, recomputation under TP) is "
                         "refused")
-    add_overwrite_arg(p)
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an earlier run's results in --out and, without --resume, the checkpoints in "
+                        "--checkpoint-dir (said, naming them; refused otherwise)")
     p.add_argument("--dry-run", action="store_true",
                    help="build each stage's first rank on the meta device under a fake process group "
                         "and compare its states with the estimate; runs nothing")

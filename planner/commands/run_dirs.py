@@ -52,12 +52,24 @@ def checkpoints(args: argparse.Namespace, pf: PlanFile, held: contextlib.ExitSta
     if args.resume and checkpoint.latest(root) is None and not earlier:
         raise RunRefused(f"--resume: {root} holds no checkpoint ({'it is empty' if existed else 'it does not exist'}"
                          "); check the path, or pass --resume-if-present to start from step 0 when there is none")
+    interrupted_only = checkpoint.interrupted_only(root)
+    if interrupted_only and not (args.overwrite or args.resume or args.resume_if_present):
+        # writes a stop cut short (.step-N.partial): no run resumes from them
+        raise RunRefused(f"--checkpoint-dir {root} holds only interrupted checkpoint writes "
+                         f"({', '.join(earlier[-3:])}), which no run resumes from; pass --resume-if-present or "
+                         "--overwrite to start from step 0 (they are cleared)")
     if args.resume_if_present:
-        args.resume = bool(earlier)
+        args.resume = bool(earlier) and not interrupted_only
     if not args.resume:
-        if earlier and not args.overwrite:
+        if earlier and not args.overwrite and not interrupted_only:
             raise RunRefused(f"--checkpoint-dir {root} holds checkpoints ({', '.join(earlier[-3:])}); pass "
                              "--resume to continue from them or --overwrite to replace them")
+        if interrupted_only:
+            print(f"planner run: clearing interrupted checkpoint writes in {root} ({', '.join(earlier[-3:])}); "
+                  "starting from step 0", file=sys.stderr)
+        elif earlier:
+            print(f"planner run: --overwrite: removing the {len(earlier)} earlier checkpoint(s) in {root} "
+                  f"({', '.join(earlier[-3:])})", file=sys.stderr)
         for name in earlier:
             shutil.rmtree(root / name)
         return 0
@@ -66,7 +78,8 @@ def checkpoints(args: argparse.Namespace, pf: PlanFile, held: contextlib.ExitSta
         path, step, skipped = checkpoint.resume_point(root, pf, args.warmup + args.steps,
                                                       confirm=lambda at: manifest.problem(at, (0, 1)))
     except checkpoint.CheckpointError as exc:
-        raise RunRefused(f"--resume: {exc}") from None
+        hint = "; pass --resume-if-present or --overwrite to start from step 0" if interrupted_only else ""
+        raise RunRefused(f"--resume: {exc}{hint}") from None
     if skipped:
         print(f"planner run: {checkpoint.skipped_line(skipped, path)}", file=sys.stderr)
     if path is not None:

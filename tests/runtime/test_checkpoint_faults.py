@@ -268,3 +268,34 @@ def test_planner_run_resumes_past_a_corrupted_checkpoint_at_steps_instead_of_ref
                  "--out", str(tmp_path / "run")]) == 1   # launched: not refused (exit 2) on step 4
     err = capsys.readouterr().err
     assert "does not match its sha256" in err and "skipped for step-000002" in err and "resuming after step 2" in err
+
+
+def test_only_interrupted_writes_are_no_checkpoint_to_resume(tmp_path, capsys, monkeypatch):
+    """A stop during the first save leaves .step-000001.partial alone: a plain rerun is told
+    that no run resumes from it and how to start afresh, --resume the same, and
+    --resume-if-present starts from step 0 with the writes cleared (said); the ranks agree."""
+    ckpt = tmp_path / "c"
+    (ckpt / ".step-000001.partial").mkdir(parents=True)
+    plan = tmp_path / "plan.json"
+    _plan().save(plan)
+    started = []
+    import runtime.launch
+    monkeypatch.setattr(runtime.launch, "run_local", lambda *args: started.append(args) or None)
+    base = ["run", str(plan), "--steps", "2", "--checkpoint-dir", str(ckpt)]
+    capsys.readouterr()
+    assert main([*base, "--out", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert "holds only interrupted checkpoint writes (.step-000001.partial)" in err and "--resume-if-present" in err
+    assert main([*base, "--resume", "--out", str(tmp_path / "b")]) == 2
+    assert "start from step 0" in capsys.readouterr().err and not started
+    main([*base, "--resume-if-present", "--out", str(tmp_path / "d")])   # the faked launch measures nothing
+    assert "clearing interrupted checkpoint writes" in capsys.readouterr().err
+    assert started and not (ckpt / ".step-000001.partial").exists()
+    # --overwrite replaces complete checkpoints too, naming them
+    (ckpt / "step-000004").mkdir()
+    main([*base, "--overwrite", "--out", str(tmp_path / "e")])
+    assert f"--overwrite: removing the 1 earlier checkpoint(s) in {ckpt} (step-000004)" in capsys.readouterr().err
+    # the ranks, launched by hand with --resume-if-present (--print-launch), start from step 0 too
+    (ckpt / ".step-000001.partial").mkdir()
+    cfg = RunConfig(steps=1, warmup=0, seed=SEED, lr=LR, quiet=True, resume_if_present=True, checkpoint_dir=str(ckpt))
+    assert len(run_forked(2, run_rank, _plan(), cfg)[0]["losses"]) == 1

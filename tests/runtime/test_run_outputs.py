@@ -113,13 +113,13 @@ def test_a_reused_run_directory_keeps_no_earlier_result(tmp_path):
     assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["plan.json"]
 
 
-@pytest.mark.parametrize("flag", ["--resume", "--resume-if-present"])
-def test_a_checkpoint_directory_of_only_an_interrupted_write_is_no_fresh_start(tmp_path, plan, capsys, flag):
-    """Its folder is no checkpoint: a resume is refused, never started from step 0, and the
-    folder is left for the user to see."""
+def test_a_checkpoint_directory_of_only_an_interrupted_write_is_no_checkpoint_to_resume(tmp_path, plan, capsys):
+    """Its folder is no checkpoint: --resume is refused, never started from step 0, and the
+    folder is left for the user to see (--resume-if-present starts from step 0, said:
+    tests/runtime/test_checkpoint_faults.py)."""
     partial = tmp_path / "ckpt" / ".step-000002.partial"
     (partial / "rng").mkdir(parents=True)
     assert main(["run", str(plan), "--steps", "4", "--out", str(tmp_path / "run"), "--checkpoint-dir",
-                 str(tmp_path / "ckpt"), flag]) == 2
+                 str(tmp_path / "ckpt"), "--resume"]) == 2
     assert "no complete checkpoint to resume from (only .step-000002.partial)" in capsys.readouterr().err
     assert partial.exists()
