@@ -63,6 +63,10 @@ def local_slice(step: int, global_batch_size: int, dp: int, dp_rank: int,
     return step * global_batch_size + dp_rank * per_rank, per_rank
 
 
+NPY_MAGIC = b"\x93NUMPY"      # numpy.lib.format.MAGIC_PREFIX
+ZIP_MAGIC = b"PK\x03\x04"      # numpy.savez's archive
+
+
 def _open_tokens(path: Path, dtype: str) -> np.ndarray:
     if not path.exists():
         raise UserError(f"token file {path} does not exist")
@@ -70,13 +74,24 @@ def _open_tokens(path: Path, dtype: str) -> np.ndarray:
         raise UserError(f"token file {path} is not a file")
     if dtype not in TOKEN_DTYPES:
         raise UserError(f"token dtype must be one of {sorted(TOKEN_DTYPES)} (got {dtype!r})")
+    # the file's own first bytes say what it is, whatever its name: a raw file read as tokens
+    # would train its header as tokens
+    with open(path, "rb") as f:
+        head = f.read(len(NPY_MAGIC))
+    if head.startswith(ZIP_MAGIC):
+        raise UserError(f"token file {path} is a zip archive (an .npz?): save the token ids as one array with "
+                        "numpy.save (.npy) or as raw uint16/uint32 (.bin)")
+    npy = head == NPY_MAGIC
+    if path.suffix == ".npy" and not npy:
+        raise UserError(f"token file {path} is not a .npy array (no NumPy header): a raw file is read by "
+                        "another name, e.g. .bin, with --data-dtype")
     try:
-        if path.suffix != ".npy":
+        if not npy:
             return np.memmap(path, dtype=TOKEN_DTYPES[dtype], mode="r")
         tokens = np.load(path, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError, EOFError) as exc:   # numpy's words for a file it cannot map
-        raise UserError(f"token file {path} is not a {'.npy array' if path.suffix == '.npy' else dtype + ' file'} "
-                         f"({str(exc).splitlines()[0][:120]})") from None
+        raise UserError(f"token file {path} is not a {'.npy array' if npy else dtype + ' file'} "
+                        f"({str(exc).splitlines()[0]})") from None
     if tokens.ndim != 1 or tokens.dtype not in (np.uint16, np.uint32, np.int32, np.int64):
         raise UserError(f"token file {path}: expected a 1-D array of integer token ids, got {tokens.dtype} {tokens.shape}")
     return tokens

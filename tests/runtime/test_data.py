@@ -36,3 +36,19 @@ def test_bad_token_files_are_clear_errors(tmp_path):
     np.save(tmp_path / "short.npy", np.arange(3, dtype=np.uint16))
     with pytest.raises(ValueError, match="fewer than seq_len"):
         TokenSource(256, 4, seed=0, path=tmp_path / "short.npy")
+
+
+def test_a_token_files_header_not_its_name_says_what_it_is(tmp_path):
+    """A .npy array by another name is read as an array (never its header as tokens); a file
+    named .npy without NumPy's header, and an .npz archive, are refused by what they are."""
+    tokens = np.arange(1000, dtype=np.uint16) % 200
+    np.save(tmp_path / "t.npy", tokens)
+    (tmp_path / "t.npy").rename(tmp_path / "tokens_npy.dat")
+    renamed = TokenSource(256, 10, seed=0, path=tmp_path / "tokens_npy.dat")
+    assert renamed.sample(5).tolist() == list(range(50, 61))
+    (tmp_path / "junk.npy").write_bytes(b"not an array at all" * 10)
+    with pytest.raises(ValueError, match="junk.npy is not a .npy array \\(no NumPy header\\)"):
+        TokenSource(256, 10, seed=0, path=tmp_path / "junk.npy")
+    np.savez(tmp_path / "t.npz", tokens=tokens)
+    with pytest.raises(ValueError, match="is a zip archive"):
+        TokenSource(256, 10, seed=0, path=tmp_path / "t.npz")
