@@ -66,6 +66,9 @@ class WorkerArgs(StepsConfig):
     # slows that rank's layers on every attempt (a straggler, runtime.train._slow_down)
     fault: str | None = None
     max_restarts: int = 0      # torchrun restarts the ranks this often; they resume from the checkpoint
+    # rank 0 also writes measured.json and plan.json beside raw.json: a launch `planner run` does
+    # not drive, printed by --print-launch, whose run directory `planner report` and `calibrate` read
+    record: bool = False
 
     def argv(self) -> list[str]:
         args = ["-m", "runtime.worker", "--plan", str(self.plan), "--out", str(self.out),
@@ -81,6 +84,8 @@ class WorkerArgs(StepsConfig):
             args += ["--max-nonfinite-steps", str(self.max_nonfinite_steps)]
         if self.compile:
             args.append("--compile")
+        if self.record:
+            args.append("--record")
         if self.checkpoint_dir:
             args += ["--checkpoint-dir", self.checkpoint_dir, "--checkpoint-every", str(self.checkpoint_every),
                      "--keep", str(self.keep)] + (["--resume"] if self.resume else []) \
@@ -102,6 +107,7 @@ class WorkerArgs(StepsConfig):
         p.add_argument("--resume-if-present", action="store_true")
         p.add_argument("--checkpoint-async", action="store_true")
         p.add_argument("--compile", action="store_true")
+        p.add_argument("--record", action="store_true")
         return cls(**vars(p.parse_args(argv)))
 
     def fault_spec(self) -> tuple[int, int, str] | None:

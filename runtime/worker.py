@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import traceback
 
 import torch
@@ -25,7 +26,20 @@ from runtime.nodes import gather_places, lost_node
 from runtime.train import RunConfig, init_distributed, restart_count, run_rank
 
 
+def _record(pf: PlanFile, raw: dict, args: WorkerArgs, wall_s: float) -> None:
+    """What `planner run` writes after its local ranks end, written by rank 0 of a launch it does
+    not drive (WorkerArgs.record): measured.json, and the plan beside it."""
+    from runtime.measure import measured_record
+    timed = len(raw["step_times_s"])   # a resumed run measures the steps it ran
+    record = measured_record(pf, raw, steps=timed, warmup=len(raw["losses"]) - timed, wall_s=wall_s,
+                             compiled=args.compile)
+    write_text_atomic(args.out / "measured.json", json.dumps(record.to_dict(), indent=2, allow_nan=False) + "\n")
+    if args.plan.resolve() != (args.out / "plan.json").resolve():
+        write_text_atomic(args.out / "plan.json", args.plan.read_text())
+
+
 def main(argv: list[str] | None = None) -> int:
+    start = time.perf_counter()
     die_with_parent()
     args = WorkerArgs.parse(argv)
     out = args.out
@@ -52,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         if raw is not None:
             raw.pop("params", None)
             write_text_atomic(out / "raw.json", json.dumps(raw, indent=2))
+            if args.record:
+                _record(pf, raw, args, time.perf_counter() - start)
         dist.barrier()   # no rank tears gloo down while a peer still talks to it
         dist.destroy_process_group()
         return 0

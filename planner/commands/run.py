@@ -291,7 +291,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = Path(args.out or f"runs/{run_dir_stem(pf.model.name)}-{time.strftime('%Y%m%d-%H%M%S')}")
     if args.print_launch:
         _refuse_earlier_checkpoints(args)
-        _print_launch(args, pf, _worker_args(args, pf, out))
+        # no `planner run` waits for these ranks: rank 0 writes measured.json itself
+        _print_launch(args, pf, dataclasses.replace(_worker_args(args, pf, out), record=True))
         return 0
     with held_dirs(args, pf, out) as resume_step:   # one run at a time in each directory: a second is refused
         return _run_locked(args, pf, out, _worker_args(args, pf, out), resume_step)

@@ -92,7 +92,8 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                         "and compare its states with the estimate; runs nothing")
     p.add_argument("--print-launch", action="store_true",
                    help="print how to launch the plan on its cluster instead of running it (--launcher); "
-                        "paths in the commands must be on storage every node sees")
+                        "paths in the commands must be on storage every node sees. Its rank 0 writes --out's "
+                        "measured.json and plan.json, which `planner report` and `calibrate` read")
     p.add_argument("--launcher", choices=["slurm", "hostfile", "k8s"],
                    help="with --print-launch: slurm (default: a torchrun command per host and an sbatch "
                         "script), hostfile (torchrun per host of --hostfile), k8s (a Kubeflow PyTorchJob YAML "

@@ -343,6 +343,12 @@ def test_print_launch_for_a_hostfile_runs_and_a_pytorchjob_parses(tmp_path, caps
     proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert len(json.loads((out / "raw.json").read_text())["losses"]) == 2
+    # no `planner run` waited for these ranks: rank 0 wrote the run directory report and calibrate read
+    assert (out / "plan.json").read_text() == plan.read_text()
+    from runtime.measure import MeasuredRun
+    assert MeasuredRun.load(out / "measured.json").steps == 2
+    assert main(["report", str(out / "plan.json"), "--measured", str(out / "measured.json"),
+                 "--out", str(tmp_path / "report")]) == 0
     big = tmp_path / "70b.json"
     assert main(["predict", "--model", "llama-70b", "--cluster", "8x8xA100", "--tp", "8", "--pp", "4",
                  "--recompute", "full", "--out", str(big), "--json"]) == 0
