@@ -36,7 +36,8 @@ def add_export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--to", required=True, choices=list(TARGETS), help="the framework whose configuration to write")
     p.add_argument("--out", help="write the configuration here (default: print it on stdout, the summary on stderr)")
     p.add_argument("--json", action="store_true",
-                   help='print {"target", "plan", "differences", "launch", "estimate", "planned", "file"} as JSON')
+                   help='print {"target", "plan", "differences", "launch", "estimate", "planned", "file"} as JSON, '
+                        'and "text", the exported file\'s contents, without --out')
     add_overwrite_arg(p)
 
 

@@ -76,7 +76,8 @@ def nearest(pf: PlanFile) -> Adjusted:
         to_schedule(adj, layers, Schedule.ONE_F_ONE_B, 1, "schedule zb-h1: not in Megatron-LM; 1f1b instead")
     elif plan.schedule in (Schedule.ZBV, Schedule.DUALPIPEV):
         to_schedule(adj, layers, Schedule.INTERLEAVED, plan.vpp, f"schedule {plan.schedule}: not in Megatron-LM; "
-                    "interleaved-1f1b over the same two chunks per rank")
+                    "interleaved-1f1b with two chunks per rank, which it places on ranks r and r + p (the V on r "
+                    "and 2p - 1 - r: the last layers and the head move from the first rank to the last)")
     plan = adj.plan
     if plan.zero_stage not in ZERO_STAGES_WITH_PP and plan.pp > 1:
         adj.change(f"zero {plan.zero_stage} under pipeline parallelism: Megatron-FSDP does not run with a "
