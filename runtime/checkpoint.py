@@ -74,6 +74,13 @@ def any_attempt(root: Path) -> list[str]:
     return sorted(d.name for d in root.iterdir() if d.name.startswith(("step-", ".step-")))
 
 
+def _unfingerprinted(plan_doc: dict) -> dict:
+    """A plan file's dict without its profile's fingerprint: the same plan on a profile measured
+    again is the same plan to resume (its random streams included)."""
+    cluster = {k: v for k, v in plan_doc.get("cluster", {}).items() if k != "device_sha256"}
+    return {**plan_doc, "cluster": cluster}
+
+
 def interrupted_only(root: Path) -> bool:
     """Whether `root` holds checkpoint writes and all of them were cut short (.step-N.partial
     folders, which no run resumes from), and nothing else that looks like a checkpoint."""
@@ -360,7 +367,7 @@ def load(path: Path, modules: dict[int, nn.Module], optimizer, pf: PlanFile) -> 
     set_state_dict(parent, optimizer, model_state_dict=back, optim_state_dict=back_o, options=_OPTIONS)
     saved_plan = json.loads((path / "plan.json").read_text())["plan"]
     rng = path / "rng" / f"rank-{dist.get_rank():05d}.pt"
-    if saved_plan == pf.to_dict() and rng.is_file():
+    if _unfingerprinted(saved_plan) == _unfingerprinted(pf.to_dict()) and rng.is_file():
         try:
             torch.set_rng_state(torch.load(rng))
         except Exception as exc:   # noqa: BLE001 - torch.load raises many kinds on a damaged file

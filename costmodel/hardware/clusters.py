@@ -2,6 +2,7 @@
 (`8x8xA100`, `4x8xA100+4x8xH100`, a plan file's `cluster` object)."""
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import re
@@ -185,6 +186,8 @@ class ClusterSpec:
     def to_dict(self) -> dict[str, Any]:
         out = {"num_nodes": self.num_nodes, "devices_per_node": self.devices_per_node,
                "device": _device_ref(self.device)}
+        if (print_ := profile_fingerprint(self.device)) is not None:   # a measured profile may be measured again
+            out["device_sha256"] = print_
         if self.memory_headroom != DEFAULT_MEMORY_HEADROOM:   # only off the default: readers without the key read it
             out["memory_headroom"] = self.memory_headroom
         if self.framework.name != RUNTIME.name:   # the software it is priced for, when not our runtime
@@ -212,6 +215,16 @@ def run_by(cluster: ClusterSpec, traits: FrameworkTraits) -> ClusterSpec:
     if factor != 1.0:
         dev = replace(dev, efficiency=replace(dev.efficiency, attention=dev.efficiency.attention * factor))
     return replace(cluster, device=dev, framework=traits)
+
+
+def profile_fingerprint(dev: DeviceProfile) -> str | None:
+    """The SHA-256 of a profile file that is not shipped (one `planner profile` or `calibrate`
+    wrote, which a later measurement replaces in place: the cached `local` one), which a plan
+    stores beside its path so that a reader can tell the profile changed; None for a shipped one,
+    which goes by its name."""
+    if Path(dev.path).parent == profile_dir() or not Path(dev.path).is_file():
+        return None
+    return hashlib.sha256(Path(dev.path).read_bytes()).hexdigest()
 
 
 def _device_ref(dev: DeviceProfile) -> str:
@@ -320,7 +333,8 @@ def mixed_cluster(groups: list[DeviceGroup], devices_per_node: int, link_bytes_p
 
 def cluster_from_dict(data: Any, where: str = "cluster") -> ClusterSpec:
     required = {"num_nodes", "devices_per_node", "device"}
-    optional = {"memory_headroom", "groups", "group_link_bytes_per_s", "framework", "recompute_modules", "ep_overlap"}
+    optional = {"memory_headroom", "groups", "group_link_bytes_per_s", "framework", "recompute_modules", "ep_overlap",
+                "device_sha256"}
     if not isinstance(data, dict) or not required <= set(data) <= required | optional:
         raise UserError(f"{where}: expected an object with keys num_nodes, devices_per_node, device "
                          f"(and optionally memory_headroom, framework; groups and group_link_bytes_per_s for "

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 from costmodel.hardware import DEFAULT_MEMORY_HEADROOM, ClusterSpec, float8_devices
 from costmodel.hardware.profile_check import LINK_BYTES_PER_S_RANGE
 from costmodel.inputs import MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_SEQ_LEN, UserError
-from costmodel.plan import DEFAULT_AXIS_ORDER, Recompute
+from costmodel.plan import DEFAULT_AXIS_ORDER, PlanFile, Recompute
 from costmodel.registry import has_recipe
 from costmodel.schedules import Schedule
 from costmodel.specs import (
@@ -288,3 +289,19 @@ def write_report_dir(out: str, overwrite: bool, model, train, cluster, plan, est
                                          variants=schedule_variants(model, train, cluster, plan), **extra), staging,
                              map_draws=map_in_halves)   # the figures drawn on two cores
     print(f"wrote {len(files)} files to {out}/ (open {out}/index.html)", file=sys.stderr)
+
+
+def load_plan(path: Path, command: str) -> PlanFile:
+    """A plan file the user hands a command, which warns (`command`'s name first) where the
+    measured profile it was priced with has changed since: its figures are priced again with the
+    profile as it is now."""
+    from costmodel.hardware.clusters import profile_fingerprint
+    from costmodel.inputs import read_json_object
+    data = read_json_object(path, "plan file")
+    pf = PlanFile.from_dict(data, str(path))
+    stored = data["cluster"].get("device_sha256")
+    if stored is not None and stored != profile_fingerprint(pf.cluster.device):
+        print(f"planner {command}: warning: the profile {pf.cluster.device.path} has changed since {path} was "
+              "made (measured again, or edited): its figures are priced with the profile as it is now",
+              file=sys.stderr)
+    return pf

@@ -14,6 +14,7 @@ from costmodel.plan import PlanFile
 from costmodel.units import GIB
 from planner import outputs
 from planner.args import add_overwrite_arg, refuse_ignored
+from planner.commands.common import load_plan
 from planner.exports import TARGETS, Export, export_plan
 from planner.targets import name_for
 
@@ -45,7 +46,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if not args.out:
         refuse_ignored(args.given, {"overwrite"}, "without --out nothing is written")
     out = outputs.out_file(args.out, "--out", args.overwrite)
-    pf = PlanFile.load(Path(args.plan))
+    pf = load_plan(Path(args.plan), "export")
     if problems := check_structure(pf.model, pf.train, pf.cluster, pf.plan):
         raise UserError(f"{args.plan} is not a valid plan: " + "; ".join(problems))
     if pf.cluster.is_mixed:   # their configurations know neither groups nor which node holds which stage

@@ -16,6 +16,7 @@ from planner.commands.common import (
     choice_from_args,
     emit_json,
     framework_of,
+    load_plan,
     print_training_note,
     specs_from_args,
 )
@@ -51,7 +52,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.plan:
         refuse_ignored(args.given, set(args.given) - WITH_PLAN_FILE, "--plan takes the model, cluster, training and plan "
                        "from the file (leave out --plan to give them as flags)")
-        pf = PlanFile.load(Path(args.plan))
+        pf = load_plan(Path(args.plan), "predict")
         model, train, cluster, plan = pf.model, pf.train, pf.cluster, pf.plan
     else:
         model, train, cluster = specs_from_args(args)

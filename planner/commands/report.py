@@ -10,13 +10,13 @@ from costmodel.inputs import UserError, read_json_object
 from costmodel.measured import MeasuredRun
 from costmodel.plan import PLAN_FORMAT_VERSION, PlanFile
 from planner import outputs
-from planner.commands.common import write_report_dir
+from planner.commands.common import load_plan, write_report_dir
 from planner.measure.run_dirs import priced_as_run
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     outputs.out_dir(args.out, "--out", args.overwrite, outputs.REPORT_FILES)
-    pf = PlanFile.load(Path(args.plan))
+    pf = load_plan(Path(args.plan), "report")
     problems = check_structure(pf.model, pf.train, pf.cluster, pf.plan)
     if problems:
         raise UserError(f"{args.plan} is not a valid plan: " + "; ".join(problems))

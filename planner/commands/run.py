@@ -26,7 +26,7 @@ from planner.args import (
     failures_from_args,
     refuse_ignored,
 )
-from planner.commands.common import emit_json
+from planner.commands.common import emit_json, load_plan
 from planner.commands.run_args import (
     CHECKPOINT_FLAGS,
     DRY_RUN_IGNORES,
@@ -52,7 +52,7 @@ IMAGE_REFERENCE = re.compile(rf"(?:(?:localhost|{_DOMAIN}(?:\.{_DOMAIN})+|{_DOMA
 
 
 def _load(path: str) -> PlanFile:
-    pf = PlanFile.load(Path(path))
+    pf = load_plan(Path(path), "run")
     problems = check_structure(pf.model, pf.train, pf.cluster, pf.plan)
     if problems:
         raise RunRefused(f"{path} is not a valid plan: " + "; ".join(problems))
