@@ -4,7 +4,7 @@ them to a plan; the search enumerates from them (planner.candidates asks these, 
 from __future__ import annotations
 
 from costmodel.frameworks import RUNTIME, FrameworkTraits, shards_in_part
-from costmodel.memory.dispatcher import DEEPEP_RECV_ROWS, uses_per_node_dispatcher
+from costmodel.memory.dispatcher import DEEPEP_NVL_PEERS, DEEPEP_RECV_ROWS, uses_per_node_dispatcher
 from costmodel.placement import expert_layout
 from costmodel.plan import AXES, DEFAULT_AXIS_ORDER
 from costmodel.specs import ModelSpec, TrainSpec
@@ -126,14 +126,22 @@ def ep_problems(model: ModelSpec, ep: int, *, dp: int, tp: int = 1, cp: int = 1,
 def dispatcher_problems(model: ModelSpec, ep: int, etp: int, traits: FrameworkTraits,
                         devices_per_node: int) -> list[str]:
     """An expert group the framework runs with DeepEP (memory.dispatcher.uses_per_node_dispatcher)
-    has a size DeepEP has a configuration for; it refuses others at start-up."""
+    has a size DeepEP has a configuration for (it refuses others at start-up) and, across nodes,
+    nodes of 8 GPUs: its kernels take ranks r and r + 1 .. r + 7 for one node's NVLink peers
+    (LEGACY_NUM_MAX_NVL_PEERS), so a group over nodes of fewer would reach another node by IPC."""
     group = ep * etp
-    if group in DEEPEP_RECV_ROWS or not uses_per_node_dispatcher(model, traits, group, devices_per_node):
+    if not uses_per_node_dispatcher(model, traits, group, devices_per_node):
         return []
-    sizes = ", ".join(map(str, DEEPEP_RECV_ROWS))
     grid = f"etp x ep = {etp} x {ep}" if etp > 1 else f"ep={ep}"
-    return [f"{grid}: {traits.name} runs this expert group with DeepEP (the flex dispatcher), which runs "
-            f"groups of {sizes} ranks only"]
+    if group not in DEEPEP_RECV_ROWS:
+        sizes = ", ".join(map(str, DEEPEP_RECV_ROWS))
+        return [f"{grid}: {traits.name} runs this expert group with DeepEP (the flex dispatcher), which runs "
+                f"groups of {sizes} ranks only"]
+    if group > devices_per_node and devices_per_node < DEEPEP_NVL_PEERS:
+        return [f"{grid}: {traits.name} runs this expert group with DeepEP (the flex dispatcher), whose kernels "
+                f"across nodes take nodes of {DEEPEP_NVL_PEERS} GPUs, not {devices_per_node}: use an expert group "
+                f"within a node (etp x ep <= {devices_per_node})"]
+    return []
 
 
 def sp_problems(train: TrainSpec, tp: int, cp: int) -> list[str]:

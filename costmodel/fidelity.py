@@ -9,6 +9,13 @@ none); docs/results.md says whether the two still agree.
 Plans whose predicted step times differ by less than this are not told apart by the evidence, so
 the search treats them as equivalent and prefers the more robust one (planner.search).
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from costmodel.hardware import ClusterSpec
+
 MODEL_ERROR_BAND = 0.040
 
 # The largest |error| of peak memory predicted against measured over the stored single-H100 runs
@@ -32,17 +39,17 @@ LONGEST_CALIBRATED_SEQ = 32768
 LONGEST_CALIBRATED_VENDOR_SEQ = 8192
 
 
-def runs_vendor_attention(cluster) -> bool:
+def runs_vendor_attention(cluster: ClusterSpec) -> bool:
     """Whether the cluster's framework prices attention with the vendor's fused kernel on its device
     (frameworks.attention_speedup: a speedup over FlashAttention-2 where the device has one)."""
     return cluster.framework.vendor_attention and cluster.device.efficiency.vendor_attention_speedup != 1.0
 
 
-def long_sequence_note(seq_len: int, cluster=None) -> str | None:
+def long_sequence_note(seq_len: int, cluster: ClusterSpec) -> str | None:
     """What a prediction at `seq_len` on `cluster` says beside its quoted error: nothing within the
     lengths calibrated for its attention kernel, else that the band does not cover it (the JSON's
     `error_band_note`)."""
-    if cluster is not None and runs_vendor_attention(cluster):
+    if runs_vendor_attention(cluster):
         if seq_len <= LONGEST_CALIBRATED_VENDOR_SEQ:
             return None
         return (f"{seq_len:,} tokens is past the {LONGEST_CALIBRATED_VENDOR_SEQ:,} of the runs with the vendor's "
@@ -54,7 +61,7 @@ def long_sequence_note(seq_len: int, cluster=None) -> str | None:
             "kept apart were priced up to 49 % fast (profiles/runs/unmodelled_runs.csv)")
 
 
-def long_sequence_caveat(seq_len: int, cluster=None) -> str:
+def long_sequence_caveat(seq_len: int, cluster: ClusterSpec) -> str:
     """long_sequence_note as the summary line's tail: "; " and the note, or nothing."""
     note = long_sequence_note(seq_len, cluster)
     return f"; {note}" if note else ""
@@ -71,7 +78,7 @@ BORROWED_ERROR_BANDS = {
 }
 
 
-def error_band(cluster) -> tuple[float, str]:
+def error_band(cluster: ClusterSpec) -> tuple[float, str]:
     """(the step-time error a search or a prediction on `cluster` quotes, where it comes from):
     MODEL_ERROR_BAND, or the larger error of a device the published runs do not bound: a profile
     fitted to its own probe steps (`planner profile` of a machine), those steps' error after the

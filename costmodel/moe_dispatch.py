@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from math import prod
 
 from costmodel.comm import Collective, collective_time_s
+from costmodel.frameworks import FrameworkTraits
 from costmodel.hardware import ClusterSpec
 from costmodel.params import ceil_div
 from costmodel.placement import AxisSpan
@@ -83,7 +84,13 @@ def needs_per_node_dispatcher(model: ModelSpec, cluster: ClusterSpec, span: Axis
     a token's experts share ranks, so that sending it once to each moves fewer bytes than every
     routed row, which the all-to-all dispatcher sends (Qwen3's top-8 of 128 experts over EP 8:
     5.3 ranks a token; Mixtral's top-2 of 8 over EP 8: 2, the same bytes either way)."""
-    return per_node(model, cluster) and (span.crosses_nodes or token_ranks(model, span) < model.experts_per_token - 1e-9)
+    return traits_need_per_node_dispatcher(model, cluster.framework, span)
+
+
+def traits_need_per_node_dispatcher(model: ModelSpec, traits: FrameworkTraits, span: AxisSpan) -> bool:
+    """needs_per_node_dispatcher under the framework's `traits`."""
+    return (traits.dispatch_per_node and model.is_moe
+            and (span.crosses_nodes or token_ranks(model, span) < model.experts_per_token - 1e-9))
 
 
 def _spread(num_experts: float, holders: float, top_k: int) -> float:

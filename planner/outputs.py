@@ -8,17 +8,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import json
-import math
 import os
 import secrets
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-from costmodel.inputs import UserError
+from costmodel.inputs import NotFinite, UserError, json_text  # noqa: F401 - the commands' JSON, written once
 
 REPORT_FILES = ("index.html", "index.md")
 # every figure a report may hold (reports.style.save writes NAME.png and NAME.svg): an earlier
@@ -171,30 +168,6 @@ def new_stream(path: str | Path, overwrite: bool) -> Iterator:
         stream.close()
     except OSError as exc:
         raise WriteFailed(path, exc) from None
-
-
-class NotFinite(ValueError):
-    """A number without a finite value bound for JSON where none may be: a bug, shown as one."""
-
-
-def json_text(doc: Any) -> str:
-    """Every JSON document a command writes or prints (strict: `allow_nan=False`). An infinity is
-    null: an unbounded value, documented where a field can hold one (a run that never ends: its
-    days, GPU-hours and cost, --tokens' help). A NaN is a bug (NotFinite, naming the field), never
-    written as a number or as a silent null."""
-    return json.dumps(_finite(doc, "$"), indent=2, allow_nan=False) + "\n"
-
-
-def _finite(doc: Any, where: str) -> Any:
-    if isinstance(doc, float) and not math.isfinite(doc):
-        if math.isnan(doc):
-            raise NotFinite(f"{where} is not a number (NaN) in a JSON output")
-        return None
-    if isinstance(doc, dict):
-        return {k: _finite(v, f"{where}.{k}") for k, v in doc.items()}
-    if isinstance(doc, (list, tuple)):
-        return [_finite(v, f"{where}[{i}]") for i, v in enumerate(doc)]
-    return doc
 
 
 def publish(tmp: Path, final: Path, overwrite: bool) -> None:

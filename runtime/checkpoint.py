@@ -81,11 +81,17 @@ def _unfingerprinted(plan_doc: dict) -> dict:
     return {**plan_doc, "cluster": cluster}
 
 
+def is_interrupted_write(name: str) -> bool:
+    """Whether a folder's name is a checkpoint write cut short (.step-N.partial: Saver writes there
+    and renames it when whole), which no run resumes from."""
+    return name.startswith(".") and name.endswith(".partial")
+
+
 def interrupted_only(root: Path) -> bool:
-    """Whether `root` holds checkpoint writes and all of them were cut short (.step-N.partial
-    folders, which no run resumes from), and nothing else that looks like a checkpoint."""
+    """Whether `root` holds checkpoint writes and all of them were cut short, and nothing else
+    that looks like a checkpoint."""
     earlier = any_attempt(root)
-    return bool(earlier) and all(name.startswith(".") and name.endswith(".partial") for name in earlier)
+    return bool(earlier) and all(is_interrupted_write(name) for name in earlier)
 
 
 def latest(root: Path) -> Path | None:

@@ -78,7 +78,7 @@ def _open_tokens(path: Path, dtype: str) -> np.ndarray:
     # would train its header as tokens
     with open(path, "rb") as f:
         head = f.read(len(NPY_MAGIC))
-    if head.startswith(ZIP_MAGIC):
+    if head.startswith(ZIP_MAGIC) and path.suffix in (".npy", ".npz"):   # raw ids may begin so (19280, 1027)
         raise UserError(f"token file {path} is a zip archive (an .npz?): save the token ids as one array with "
                         "numpy.save (.npy) or as raw uint16/uint32 (.bin)")
     npy = head == NPY_MAGIC

@@ -7,14 +7,38 @@ formula, one place): tokens/s = tokens per step / step time; MFU = model FLOPs p
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 from typing import Any
 
 from costmodel.estimate import Estimate, estimate
 from costmodel.flops import model_flops_per_step, utilization
+from costmodel.frameworks import COMPILED_RUNTIME
 from costmodel.groups import world_peak_flops_per_s
+from costmodel.hardware import run_by
+from costmodel.inputs import UserError
 from costmodel.measured import MeasuredRun, finite_or_none, part_error, shown_loss, shown_mfu
 from costmodel.plan import PlanFile
 from costmodel.units import MIB
+
+
+def priced_as_run(pf: PlanFile, compiled: bool) -> PlanFile:
+    """The plan file as `planner run` ran it: under --compile its cluster as the runtime with
+    compiled layers drives it (costmodel.frameworks `compiled_layer`)."""
+    if not compiled:
+        return pf
+    if pf.cluster.groups:
+        raise UserError("--compile: a mixed cluster is priced for the eager runtime only; run it without --compile")
+    return replace(pf, cluster=run_by(pf.cluster, COMPILED_RUNTIME))
+
+
+def run_record(pf: PlanFile, raw: dict[str, Any], *, wall_s: float, compiled: bool,
+               oversubscribed: bool = False) -> MeasuredRun:
+    """measured.json of a run whose rank 0 wrote `raw` (runtime.worker), as the plan ran
+    (priced_as_run): what `planner run` writes after its local ranks end, and a printed launch's
+    rank 0 for itself. A resumed run measures the steps it ran."""
+    timed = len(raw["step_times_s"])
+    return measured_record(priced_as_run(pf, compiled), raw, steps=timed, warmup=len(raw["losses"]) - timed,
+                           wall_s=wall_s, oversubscribed=oversubscribed, compiled=compiled)
 
 
 def error_pct(measured: float | None, predicted: float) -> float | None:
@@ -86,7 +110,7 @@ def measured_record(pf: PlanFile, raw: dict[str, Any], *, steps: int, warmup: in
         "cluster": pf.cluster.name,
         "complete": complete,
         "oversubscribed": oversubscribed,
-        "compiled": compiled,   # `planner run --compile`; pf is then priced so (planner.measure.run_dirs.priced_as_run)
+        "compiled": compiled,   # `planner run --compile`; pf is then priced so (priced_as_run)
     })
 
 

@@ -21,7 +21,8 @@ def per_rank_median(values: list[float]) -> list[float]:
 
 
 def rank0_figures(job: Job, device: torch.device, memory: float | None, losses, times, busy, sync,
-             optim, mine, saver: checkpoint.Saver | None = None, grad_norms=None) -> dict | None:
+             optim, mine, saver: checkpoint.Saver | None = None, grad_norms=None,
+             compiled: bool = False) -> dict | None:
     """Rank 0's raw figures of the steps so far (every rank takes part: peaks are all-reduced)."""
     reserved = None
     if device.type == "cuda":
@@ -44,9 +45,10 @@ def rank0_figures(job: Job, device: torch.device, memory: float | None, losses, 
                               "live tensor bytes over the last warm-up step, tracked by "
                               "runtime.memtrack (CPU: tensors only, no allocator or interpreter "
                               "overhead)" if memory is not None else
-                              "not measured (a CPU's is taken over a warm-up step of an uncompiled run, "
-                              "torch.compile refusing the tracker: none ran here; --warmup >= 1 in a run from "
-                              "step 0, which a resumed one is not)"),
+                              "not measured (a compiled run's: torch.compile refuses the tensor tracker's "
+                              "dispatch mode)" if compiled else
+                              "not measured (a CPU's is taken over a warm-up step: none ran here; --warmup >= 1 "
+                              "in a run from step 0, which a resumed one is not)"),
             "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu"}
 
 

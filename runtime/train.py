@@ -179,20 +179,23 @@ def run_rank(pf: PlanFile, cfg: RunConfig) -> dict | None:
         nonfinite = 0 if health.finite else nonfinite + 1
         if nonfinite:   # every rank decides alike (the values are global), before this state is saved
             nonfinite_step(step, health, nonfinite, cfg.max_nonfinite_steps, cfg.partial, lambda: rank0_figures(
-                job, device, memory, losses, times or every_s, busy, sync, optim, mine, saver, grad_norms), tag)
+                job, device, memory, losses, times or every_s, busy, sync, optim, mine, saver, grad_norms,
+                compiled=cfg.compile), tag)
         if saver and (step + 1 == total or (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0)):
             with watchdog.paused():
                 saver.save(step + 1, job.modules, optimizer)
         if cfg.after_step is not None:
             cfg.after_step(step)
         if cfg.partial is not None and step >= cfg.warmup and step < cfg.warmup + cfg.steps - 1:
-            raw = rank0_figures(job, device, memory, losses, times, busy, sync, optim, mine, saver, grad_norms)
+            raw = rank0_figures(job, device, memory, losses, times, busy, sync, optim, mine, saver, grad_norms,
+                        compiled=cfg.compile)
             if raw is not None:   # untimed, after the step: what an interrupted run keeps
                 write_text_atomic(cfg.partial, json.dumps(raw))
     if saver:
         with watchdog.paused():
             saver.close()
-    raw = rank0_figures(job, device, memory, losses, times, busy, sync, optim, mine, saver, grad_norms)
+    raw = rank0_figures(job, device, memory, losses, times, busy, sync, optim, mine, saver, grad_norms,
+                        compiled=cfg.compile)
     params = gather_params(job) if cfg.collect_params else None
     return None if raw is None else {**raw, "params": params}
 
@@ -201,14 +204,17 @@ def _resume(job: Job, optimizer, pf: PlanFile, cfg: RunConfig, total: int) -> in
     """The step to start from: 0, or the step of the newest verified checkpoint with --resume
     (its weights, optimizer states and, under the plan it was saved with, this rank's RNG), with
     --resume-if-present where there is one. A first attempt without either in a directory of
-    earlier checkpoints stops: its own would sit among theirs, and a later resume take theirs."""
+    earlier checkpoints stops: its own would sit among theirs, and a later resume take theirs.
+    Writes cut short alone are no checkpoint: --resume-if-present and a restart start from step 0."""
     if not cfg.checkpoint_dir:
         return 0
     root = Path(cfg.checkpoint_dir)
+    if checkpoint.interrupted_only(root) and (cfg.resume_if_present or restart_count()):
+        return 0   # only writes cut short, which no run resumes from (the saver replaces a step's own)
     if not (cfg.resume or restart_count()):   # a restart resumes by itself
         earlier = checkpoint.any_attempt(root)
-        if not earlier or (cfg.resume_if_present and checkpoint.interrupted_only(root)):
-            return 0   # nothing, or only interrupted writes (the saver replaces a step's own)
+        if not earlier:
+            return 0
         if not cfg.resume_if_present:
             raise checkpoint.CheckpointRefused(
                 f"--checkpoint-dir {root} holds checkpoints of an earlier run ({', '.join(earlier[-3:])}): launch "

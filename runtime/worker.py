@@ -17,7 +17,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from costmodel.inputs import write_text_atomic
+from costmodel.inputs import json_text, write_text_atomic
 from costmodel.plan import PlanFile
 from runtime import watchdog
 from runtime.host_memory import keep_freed_memory
@@ -27,15 +27,19 @@ from runtime.train import RunConfig, init_distributed, restart_count, run_rank
 
 
 def _record(pf: PlanFile, raw: dict, args: WorkerArgs, wall_s: float) -> None:
-    """What `planner run` writes after its local ranks end, written by rank 0 of a launch it does
-    not drive (WorkerArgs.record): measured.json, and the plan beside it."""
-    from runtime.measure import measured_record
-    timed = len(raw["step_times_s"])   # a resumed run measures the steps it ran
-    record = measured_record(pf, raw, steps=timed, warmup=len(raw["losses"]) - timed, wall_s=wall_s,
-                             compiled=args.compile)
-    write_text_atomic(args.out / "measured.json", json.dumps(record.to_dict(), indent=2, allow_nan=False) + "\n")
-    if args.plan.resolve() != (args.out / "plan.json").resolve():
-        write_text_atomic(args.out / "plan.json", args.plan.read_text())
+    """What `planner run` writes after its local ranks end (runtime.measure.run_record), written by
+    rank 0 of a launch it does not drive (WorkerArgs.record), once every rank is done: measured.json
+    and the plan beside it, replacing an earlier launch's. The run is trained and its raw.json
+    written: a failure here is a warning, never a failed (or restarted) run."""
+    from runtime.measure import run_record
+    try:
+        record = run_record(pf, raw, wall_s=wall_s, compiled=args.compile)
+        write_text_atomic(args.out / "measured.json", json_text(record.to_dict()))
+        if args.plan.resolve() != (args.out / "plan.json").resolve():
+            write_text_atomic(args.out / "plan.json", args.plan.read_text())
+    except Exception as exc:   # noqa: BLE001 - the training succeeded; its record is said to be missing
+        print(f"planner worker: warning: measured.json not written ({type(exc).__name__}: {exc}); the run's "
+              f"figures are in {args.out / 'raw.json'}", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,10 +70,10 @@ def main(argv: list[str] | None = None) -> int:
         if raw is not None:
             raw.pop("params", None)
             write_text_atomic(out / "raw.json", json.dumps(raw, indent=2))
-            if args.record:
-                _record(pf, raw, args, time.perf_counter() - start)
         dist.barrier()   # no rank tears gloo down while a peer still talks to it
         dist.destroy_process_group()
+        if raw is not None and args.record:   # after the group: no peer waits on it, no timeout
+            _record(pf, raw, args, time.perf_counter() - start)
         return 0
     except BaseException as exc:   # noqa: BLE001 - recorded for the launcher, then re-raised
         errors = out / "errors"

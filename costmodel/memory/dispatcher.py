@@ -22,9 +22,9 @@ from __future__ import annotations
 from math import ceil
 
 from costmodel.frameworks import FrameworkTraits
-from costmodel.moe_dispatch import token_ranks
+from costmodel.moe_dispatch import traits_need_per_node_dispatcher
 from costmodel.placement import AxisSpan
-from costmodel.specs import ModelSpec
+from costmodel.specs import ModelSpec, TrainSpec
 
 # group size -> (NVLink receive rows, RDMA receive rows): the larger of DeepEP's dispatch and
 # combine configurations (Buffer.get_dispatch_config / get_combine_config), the RDMA rows aligned
@@ -37,38 +37,46 @@ DEEPEP_NVL_PEERS = 8                 # LEGACY_NUM_MAX_NVL_PEERS
 DEEPEP_WORKSPACE_BYTES = 32 * 2**20  # LEGACY_NUM_WORKSPACE_BYTES
 NVSHMEM_GRANULARITY_BYTES = 2**29    # NVSHMEM_CUMEM_GRANULARITY as DeepEP sets it
 _TOPK, _SCALES, _SOURCE_META, _INT4 = 128, 128, 8, 16   # kNumMaxTopK, kNumMaxScales, sizeof(SourceMeta)
+_ALIGNMENT = 128                     # LEGACY_NUM_BUFFER_ALIGNMENT_BYTES
 
 
 def uses_per_node_dispatcher(model: ModelSpec, traits: FrameworkTraits, group_size: int,
                              devices_per_node: int) -> bool:
-    """Whether the framework runs the expert group of `group_size` ranks (ep x etp) with DeepEP:
-    it dispatches per node, and the group crosses nodes or a token's experts share its ranks
-    (moe_dispatch.needs_per_node_dispatcher, for a group packed into as few nodes as it takes)."""
-    if not (traits.dispatch_per_node and model.is_moe) or group_size == 1:
+    """Whether the framework runs the expert group of `group_size` ranks (ep x etp) with DeepEP
+    (moe_dispatch.needs_per_node_dispatcher, for the group packed into as few nodes as it takes:
+    what the reserve depends on, the same for every mesh order the search lays out)."""
+    if group_size == 1:
         return False
-    if group_size > devices_per_node:
-        return True
-    span = AxisSpan(size=group_size, members_per_node=group_size, num_nodes=1)
-    return token_ranks(model, span) < model.experts_per_token - 1e-9
+    per_node = min(group_size, devices_per_node)
+    span = AxisSpan(size=group_size, members_per_node=per_node, num_nodes=ceil(group_size / per_node))
+    return traits_need_per_node_dispatcher(model, traits, span)
 
 
-def deepep_buffer_bytes(hidden_size: int, group_size: int) -> float:
-    """DeepEP's buffers for an expert group of `group_size` ranks (the module's docstring); a size
-    DeepEP has no configuration for is refused before it is priced (check_degrees.dispatcher_problems)."""
+def deepep_buffer_bytes(hidden_size: int, group_size: int, value_bytes: int = 2) -> float:
+    """DeepEP's buffers for an expert group of `group_size` ranks dispatching values of
+    `value_bytes` (Megatron-Core's hidden_bytes: hidden x the larger of that and 2; the module's
+    docstring); a size DeepEP has no configuration for is refused before it is priced
+    (check_degrees.dispatcher_problems)."""
     nvl_rows, rdma_rows = DEEPEP_RECV_ROWS[group_size]
-    hidden_bytes = 2 * hidden_size
+    hidden_bytes = max(value_bytes, 2) * hidden_size
     nvl_ranks = min(group_size, DEEPEP_NVL_PEERS)
     rdma_ranks = max(group_size // DEEPEP_NVL_PEERS, 1)
     row = hidden_bytes + _SOURCE_META + _TOPK * 8 + _TOPK * 4 + _SCALES * 4
-    nvl = DEEPEP_CHANNELS * nvl_ranks * ((2 * rdma_ranks + 3) * 4 + nvl_rows * row)
+    nvl = _aligned(DEEPEP_CHANNELS * nvl_ranks * ((2 * rdma_ranks + 3) * 4 + nvl_rows * row))
     if group_size <= DEEPEP_NVL_PEERS:
         return nvl + DEEPEP_WORKSPACE_BYTES
-    rdma = DEEPEP_CHANNELS * rdma_ranks * ((2 * DEEPEP_NVL_PEERS + 2) * 2 * 4 + rdma_rows * 2 * (row + _INT4))
+    rdma = _aligned(DEEPEP_CHANNELS * rdma_ranks * ((2 * DEEPEP_NVL_PEERS + 2) * 2 * 4
+                                                   + rdma_rows * 2 * (row + _INT4)))
     heap = ceil(rdma / NVSHMEM_GRANULARITY_BYTES) * NVSHMEM_GRANULARITY_BYTES
     return nvl + DEEPEP_WORKSPACE_BYTES + heap
 
 
-def dispatcher_buffer_bytes(model: ModelSpec, traits: FrameworkTraits, ep: int, etp: int,
+def _aligned(num_bytes: int) -> int:
+    """A size hint rounded up to DeepEP's 128-byte buffer alignment."""
+    return ceil(num_bytes / _ALIGNMENT) * _ALIGNMENT
+
+
+def dispatcher_buffer_bytes(model: ModelSpec, train: TrainSpec, traits: FrameworkTraits, ep: int, etp: int,
                             devices_per_node: int) -> float:
     """What the plan's expert dispatcher holds outside torch's allocator: DeepEP's buffers where
     the framework runs the group with it, nothing for an all-to-all over NCCL (whose buffers are
@@ -76,4 +84,4 @@ def dispatcher_buffer_bytes(model: ModelSpec, traits: FrameworkTraits, ep: int, 
     group = ep * etp
     if not uses_per_node_dispatcher(model, traits, group, devices_per_node):
         return 0.0
-    return deepep_buffer_bytes(model.hidden_size, group)
+    return deepep_buffer_bytes(model.hidden_size, group, train.compute_dtype.num_bytes)

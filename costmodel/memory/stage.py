@@ -324,7 +324,7 @@ def reserved_bytes(model: ModelSpec, train: TrainSpec, plan: Plan, device: Devic
     runs DeepEP (memory.dispatcher) and, where the framework overlaps TP with TE's userbuffers
     (`tp_overlap_userbuffers` where frameworks.tp_comm_overlaps holds), their buffers."""
     reserve = (device.efficiency.reserved_memory_bytes
-               + dispatcher_buffer_bytes(model, traits, plan.ep, plan.etp, devices_per_node))
+               + dispatcher_buffer_bytes(model, train, traits, plan.ep, plan.etp, devices_per_node))
     if not (traits.tp_overlap_userbuffers
             and tp_comm_overlaps(traits, device.tp_comm_gemm_overlap, plan.tp, plan.sequence_parallel,
                                  tp_within_node=tp_in_one_node(plan.tp, devices_per_node))):

@@ -11,7 +11,7 @@ from costmodel.measured import MeasuredRun
 from costmodel.plan import PLAN_FORMAT_VERSION, PlanFile
 from planner import outputs
 from planner.commands.common import load_plan, write_report_dir
-from planner.measure.run_dirs import priced_as_run
+from runtime.measure import priced_as_run
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -34,8 +34,8 @@ from planner.commands.run_args import (
     PRINT_LAUNCH_IGNORES,
 )
 from planner.commands.run_dirs import RunRefused, copy_plan, held_dirs
-from planner.measure.run_dirs import priced_as_run
 from runtime.launch import PARTIAL
+from runtime.measure import priced_as_run
 
 # a rank's refusal of the checkpoints --resume hands it (runtime.checkpoint.CheckpointRefused,
 # whose checksums only the ranks compare), as runtime.launch's failure message words it: a fault
@@ -215,7 +215,10 @@ def _say_start(args: argparse.Namespace, pf: PlanFile, out: Path, worker, nproc:
         resumed += f", checkpoints every {worker.checkpoint_every} steps and at the end in {args.checkpoint_dir}"
     print(f"planner run: {pf.plan.short()} on {nproc} local rank(s), {args.warmup} warm-up + "
           f"{args.steps} steps{resumed}; log in {out / 'run.log'}", file=sys.stderr)
-    if args.warmup == 0 and not resume_step:
+    if args.compile and resume_step >= args.warmup:
+        print("planner run: warning: a resumed run takes no warm-up step, so its first timed step compiles the "
+              "layers (calibrate refuses such a run)", file=sys.stderr)
+    elif args.warmup == 0 and not resume_step:
         print("planner run: warning: --warmup 0: the first timed step carries the start-up costs (lazy "
               "initialisation, the allocator's first growth), so the step reads slow, and a CPU's memory is "
               "measured over a warm-up step; use --warmup 1 or more for a run to compare or calibrate on",
@@ -300,8 +303,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_locked(args: argparse.Namespace, pf: PlanFile, out: Path, worker, resume_step: int) -> int:
     """The run, measured into `out`, which this process holds."""
+    if args.compile and args.warmup == 0 and resume_step == 0:   # --resume-if-present found nothing
+        raise RunRefused("--compile with --warmup 0: the first step compiles every layer (seconds to minutes), "
+                         "which a timed step would measure; use --warmup 1 or more")
     nproc, threads = _check_machine(args, pf)
-    pf = priced_as_run(pf, args.compile)
+    loaded, pf = pf, priced_as_run(pf, args.compile)
     if args.data:   # refuse a bad token file here, not once per rank
         from runtime.data import TokenSource
         every = (args.warmup + args.steps) * pf.train.global_batch_size * pf.train.seq_len + 1
@@ -311,7 +317,7 @@ def _run_locked(args: argparse.Namespace, pf: PlanFile, out: Path, worker, resum
     for problem in check_memory(pf.model, pf.train, pf.cluster, pf.plan):
         print(f"planner run: warning: predicted not to fit: {problem}", file=sys.stderr)
     from runtime.launch import RunFailed, run_local
-    from runtime.measure import measured_record
+    from runtime.measure import run_record
     _say_start(args, pf, out, worker, nproc, resume_step)
     start = time.perf_counter()
     try:
@@ -331,9 +337,8 @@ def _run_locked(args: argparse.Namespace, pf: PlanFile, out: Path, worker, resum
     run_lock.check_held(out)
     raw = json.loads((out / "raw.json").read_text())
     copy_plan(args, out)
-    timed = len(raw["step_times_s"])   # a resumed run measures the steps it ran
-    record = measured_record(pf, raw, steps=timed, warmup=len(raw["losses"]) - timed, wall_s=wall_s,
-                             oversubscribed=_shares_cores(pf, nproc, threads), compiled=args.compile)
+    record = run_record(loaded, raw, wall_s=wall_s, compiled=args.compile,
+                        oversubscribed=_shares_cores(pf, nproc, threads))
     outputs.write_file(out / "measured.json", outputs.json_text(record.to_dict()), args.overwrite)
     (out / PARTIAL).unlink(missing_ok=True)
     record = _with_machine_moment(record, pf, threads, out)

@@ -39,10 +39,11 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                    help="local processes (default: the plan's world size); needed to oversubscribe CPU cores")
     p.add_argument("--steps", type=int_in(1, MAX_STEPS), default=10, help="timed training steps (default 10)")
     p.add_argument("--warmup", type=int_in(0, MAX_STEPS), default=2,
-                   help="untimed steps first (default 2; the last one measures memory on CPU)")
+                   help="untimed steps first (default 2; on a CPU the last one measures memory, unless --compile)")
     p.add_argument("--seed", type=seed_int, default=0, help="initialisation and synthetic data seed")
     p.add_argument("--lr", type=float_in(*LR_RANGE), default=3e-4, help="learning rate (default 3e-4)")
-    p.add_argument("--data", help="token file: .npy, or raw .bin of --data-dtype (default: synthetic tokens)")
+    p.add_argument("--data", help="token file: a .npy array (told by its header, whatever its name), or raw token "
+                                  "ids of --data-dtype (e.g. .bin) (default: synthetic tokens)")
     p.add_argument("--data-dtype", choices=["uint16", "uint32"], default="uint16")
     p.add_argument("--out", help="directory for measured.json and run.log (default runs/<model>-<time>)")
     p.add_argument("--checkpoint-dir", metavar="DIR",

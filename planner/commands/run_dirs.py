@@ -78,7 +78,7 @@ def checkpoints(args: argparse.Namespace, pf: PlanFile, held: contextlib.ExitSta
         path, step, skipped = checkpoint.resume_point(root, pf, args.warmup + args.steps,
                                                       confirm=lambda at: manifest.problem(at, (0, 1)))
     except checkpoint.CheckpointError as exc:
-        hint = "; pass --resume-if-present or --overwrite to start from step 0" if interrupted_only else ""
+        hint = "; pass --resume-if-present in its place to start from step 0" if interrupted_only else ""
         raise RunRefused(f"--resume: {exc}{hint}") from None
     if skipped:
         print(f"planner run: {checkpoint.skipped_line(skipped, path)}", file=sys.stderr)
@@ -92,7 +92,7 @@ def _resuming(args: argparse.Namespace, pf: PlanFile, root: Path, path: Path, st
     resume takes, removed under the directory's lock; a token stream other than the checkpoint's said."""
     from runtime import checkpoint
     for name in earlier:
-        if name.startswith(".") and name.endswith(".partial"):
+        if checkpoint.is_interrupted_write(name):
             shutil.rmtree(root / name, ignore_errors=True)
     data = str(Path(args.data).resolve()) if args.data else None
     if differ := checkpoint.other_tokens(path, checkpoint.token_source(args.seed, data, args.data_dtype, pf.train)):

@@ -11,11 +11,12 @@ from pathlib import Path
 
 from costmodel.check import check_structure
 from costmodel.estimate import Estimate, estimate
-from costmodel.frameworks import COMPILED_RUNTIME, RUNTIME
+from costmodel.frameworks import RUNTIME
 from costmodel.hardware import DeviceProfile, run_by
 from costmodel.inputs import UserError, read_json_object
 from costmodel.measured import MeasuredRun
 from costmodel.plan import PlanFile
+from runtime.measure import priced_as_run
 
 
 @dataclass(frozen=True)
@@ -79,16 +80,6 @@ def merge_repeats(runs: list[Run]) -> list[Run]:
     return [g[0] if len(g) == 1 else
             replace(g[0], measured_step_s=math.exp(statistics.fmean(math.log(r.measured_step_s) for r in g)))
             for g in groups.values()]
-
-
-def priced_as_run(pf: PlanFile, compiled: bool) -> PlanFile:
-    """The plan file as `planner run` ran it: under --compile its cluster as the runtime with
-    compiled layers drives it (costmodel.frameworks `compiled_layer`)."""
-    if not compiled:
-        return pf
-    if pf.cluster.groups:
-        raise UserError("--compile: a mixed cluster is priced for the eager runtime only; run it without --compile")
-    return replace(pf, cluster=run_by(pf.cluster, COMPILED_RUNTIME))
 
 
 def predict_with(run: Run, device: DeviceProfile) -> Estimate:

@@ -19,16 +19,14 @@ CORE = FRAMEWORKS["megatron-core"]
 
 
 def test_deepseek_v3_ep64_holds_deepeps_hinted_buffers():
-    """DeepEP's hints for 64 ranks at hidden 7168 (bf16 rows of 14,336 bytes): 10 channels x 8
-    NVLink peers x 288 rows of the row, its 8-byte source record and 128 int64 indices, float32
-    weights and scales; the RDMA part (10 x 8 nodes x 128 rows, send and receive: 336 MB) takes one
-    512 MiB step of NVSHMEM's heap; the 32 MiB workspace."""
-    row = 14336 + 8 + 128 * 8 + 128 * 4 + 128 * 4
-    nvl = 10 * 8 * ((2 * 8 + 3) * 4 + 288 * row)
-    assert deepep_buffer_bytes(V3.hidden_size, 64) == nvl + 2**29 + 2**25
-    assert 0.85 < deepep_buffer_bytes(V3.hidden_size, 64) / 2**30 < 0.9
-    # a group in one node has no RDMA buffer
-    assert deepep_buffer_bytes(V3.hidden_size, 8) < deepep_buffer_bytes(V3.hidden_size, 16) - 2**29 + 2**26
+    """DeepEP's own hints for 64 ranks at hidden 7168 in bf16 (Config.get_nvl_buffer_size_hint and
+    get_rdma_buffer_size_hint at Megatron-Core's 20 SMs, worked by hand): 377,677,824 bytes over
+    NVLink and 336,047,360 for RDMA, which takes one 512 MiB step of NVSHMEM's heap; the 32 MiB
+    workspace. A group in one node has no RDMA buffer: 10 x 8 x 256 rows."""
+    assert deepep_buffer_bytes(V3.hidden_size, 64) == 377_677_824 + 2**29 + 2**25
+    assert deepep_buffer_bytes(V3.hidden_size, 8) == 335_709_824 + 2**25
+    # float32 values take 4 bytes a value, as Megatron-Core's get_hidden_bytes counts them
+    assert deepep_buffer_bytes(V3.hidden_size, 8, value_bytes=4) > deepep_buffer_bytes(V3.hidden_size, 8) + 2.9e8
 
 
 def test_the_buffers_are_held_where_the_framework_runs_deepep():
@@ -58,3 +56,9 @@ def test_an_expert_group_deepep_cannot_run_is_refused():
     assert any("DeepEP" in p and "ep=256" in p for p in problems), problems
     fine = build_plan(V3, train, cluster, Choice(tp=1, pp=8, ep=128, zero_stage=1, micro_batch_size=1))
     assert not any("DeepEP" in p for p in check_plan(V3, train, cluster, fine, memory=False))
+    # across nodes of 4 GPUs: DeepEP's kernels take 8 a node
+    qwen, four = resolve_model("qwen3-30b-a3b"), replace(parse_cluster("8x4xH100"), framework=CORE)
+    across = build_plan(qwen, train, four, Choice(tp=1, pp=1, ep=8, zero_stage=1, micro_batch_size=1))
+    assert any("take nodes of 8 GPUs, not 4" in p for p in check_plan(qwen, train, four, across, memory=False))
+    within = build_plan(qwen, train, four, Choice(tp=1, pp=1, ep=4, zero_stage=1, micro_batch_size=1))
+    assert not any("DeepEP" in p for p in check_plan(qwen, train, four, within, memory=False))

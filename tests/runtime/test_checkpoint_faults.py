@@ -299,3 +299,12 @@ def test_only_interrupted_writes_are_no_checkpoint_to_resume(tmp_path, capsys, m
     (ckpt / ".step-000001.partial").mkdir()
     cfg = RunConfig(steps=1, warmup=0, seed=SEED, lr=LR, quiet=True, resume_if_present=True, checkpoint_dir=str(ckpt))
     assert len(run_forked(2, run_rank, _plan(), cfg)[0]["losses"]) == 1
+    # and a restart of a run that died in its first save (torchrun --max-restarts) starts over
+    died = tmp_path / "died"
+    (died / ".step-000001.partial").mkdir(parents=True)
+    from types import SimpleNamespace
+
+    from runtime.train import _resume
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    restart = SimpleNamespace(checkpoint_dir=str(died), resume=False, resume_if_present=False)
+    assert _resume(None, None, None, restart, 10) == 0

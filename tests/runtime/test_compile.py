@@ -149,7 +149,7 @@ def test_a_compiled_run_is_priced_with_its_layers_fused(cluster):
     one f-wide tensor less (COMPILED_SWIGLU_SAVED); GEMMs, attention and communication unchanged."""
     from costmodel.estimate import estimate
     from costmodel.frameworks import COMPILED_RUNTIME
-    from planner.measure.run_dirs import priced_as_run
+    from runtime.measure import priced_as_run
     pf = plan_file(Choice(tp=2), world=2, compute_dtype=DType.BF16, model="llama3-8b", seq_len=4096,
                    global_batch=2)
     pf = replace(pf, cluster=parse_cluster(cluster))
@@ -162,6 +162,13 @@ def test_a_compiled_run_is_priced_with_its_layers_fused(cluster):
     assert compiled.step_time_s < eager.step_time_s
     assert all(c < e for c, e in zip(compiled.peak_memory_bytes, eager.peak_memory_bytes))
     assert compiled.time_breakdown_s["comm/tp_exposed"] == eager.time_breakdown_s["comm/tp_exposed"]
+    # the record a run writes (planner run, or a printed launch's rank 0) prices it as it ran
+    from runtime.measure import run_record
+    raw = {"losses": [1.0, 1.0], "step_times_s": [1.0], "peak_memory_bytes": None, "memory_source": "tensors",
+           "device": "cpu"}
+    ran = run_record(pf, raw, wall_s=1.0, compiled=True)
+    assert ran.compiled and ran.warmup_steps == 1
+    assert ran.predicted["step_time_s"] == pytest.approx(compiled.step_time_s)
 
 
 @pytest.mark.parametrize("framework", ["planner", "megatron"])
@@ -198,7 +205,7 @@ def test_a_mixed_cluster_is_not_priced_compiled():
     """The compiled runtime's pricing is of one kind of device: a mixed cluster under --compile
     is a user's one-line refusal, not an assertion of the pricing."""
     from costmodel.inputs import UserError
-    from planner.measure.run_dirs import priced_as_run
+    from runtime.measure import priced_as_run
     pf = replace(plan_file(Choice(), world=2), cluster=parse_cluster("1x8xA100+1x8xH100"))
     assert priced_as_run(pf, False) is pf
     with pytest.raises(UserError, match="mixed cluster is priced for the eager runtime only"):
