@@ -75,7 +75,12 @@ def limits_groups(model: ModelSpec) -> bool:
 def per_node(model: ModelSpec, cluster: ClusterSpec) -> bool:
     """Whether the dispatch sends a token once per node: a per-node dispatcher, and experts to
     route to (a dense layer of a mixture, DeepSeek's first ones, routes nothing)."""
-    return cluster.framework.dispatch_per_node and model.is_moe
+    return dispatches_per_node(model, cluster.framework)
+
+
+def dispatches_per_node(model: ModelSpec, traits: FrameworkTraits) -> bool:
+    """per_node under the framework's `traits`."""
+    return traits.dispatch_per_node and model.is_moe
 
 
 def needs_per_node_dispatcher(model: ModelSpec, cluster: ClusterSpec, span: AxisSpan) -> bool:
@@ -89,8 +94,8 @@ def needs_per_node_dispatcher(model: ModelSpec, cluster: ClusterSpec, span: Axis
 
 def traits_need_per_node_dispatcher(model: ModelSpec, traits: FrameworkTraits, span: AxisSpan) -> bool:
     """needs_per_node_dispatcher under the framework's `traits`."""
-    return (traits.dispatch_per_node and model.is_moe
-            and (span.crosses_nodes or token_ranks(model, span) < model.experts_per_token - 1e-9))
+    return dispatches_per_node(model, traits) and (span.crosses_nodes
+                                                   or token_ranks(model, span) < model.experts_per_token - 1e-9)
 
 
 def _spread(num_experts: float, holders: float, top_k: int) -> float:

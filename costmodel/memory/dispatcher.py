@@ -1,7 +1,7 @@
 """What the per-node expert dispatcher holds outside torch's allocator: DeepEP's communication
 buffers, which Megatron-Core's flex dispatcher allocates once for the expert group
 (megatron/core/transformer/moe/fused_a2a.py get_buffer: the larger of DeepEP's size hints for its
-dispatch and combine configurations, hidden_bytes = hidden x 2 for a bf16 or float8 dispatch).
+dispatch and combine configurations, hidden_bytes = hidden x the larger of a value's bytes and 2).
 
 DeepEP's legacy Buffer (deep_ep/buffers/legacy.py, csrc/legacy/config.hpp and buffer.hpp, at
 dd758ca) sizes them from its recommended configuration for the group's size, on Megatron-Core's

@@ -103,6 +103,10 @@ def _checkpoint_every(args: argparse.Namespace, pf: PlanFile) -> int:
                            failures_from_args(args)).interval_steps
 
 
+COMPILE_WITHOUT_WARMUP = ("--compile with --warmup 0: the first step compiles every layer (seconds to minutes), "
+                          "which a timed step would measure; use --warmup 1 or more")
+
+
 def _node_names(pf: PlanFile) -> list[str]:
     """What each host a launcher starts must be: on a mixed cluster, a node of its group's device."""
     if not pf.cluster.is_mixed:
@@ -287,8 +291,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if problem := compile_problem(pf.plan):
             raise RunRefused(problem)
         if args.warmup == 0 and not (args.resume or args.resume_if_present or args.dry_run):
-            raise RunRefused("--compile with --warmup 0: the first step compiles every layer (seconds to minutes), "
-                             "which a timed step would measure; use --warmup 1 or more")
+            raise RunRefused(COMPILE_WITHOUT_WARMUP)
     if args.dry_run:
         return _dry_run(args, pf)
     out = Path(args.out or f"runs/{run_dir_stem(pf.model.name)}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -304,8 +307,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _run_locked(args: argparse.Namespace, pf: PlanFile, out: Path, worker, resume_step: int) -> int:
     """The run, measured into `out`, which this process holds."""
     if args.compile and args.warmup == 0 and resume_step == 0:   # --resume-if-present found nothing
-        raise RunRefused("--compile with --warmup 0: the first step compiles every layer (seconds to minutes), "
-                         "which a timed step would measure; use --warmup 1 or more")
+        raise RunRefused(COMPILE_WITHOUT_WARMUP)
     nproc, threads = _check_machine(args, pf)
     loaded, pf = pf, priced_as_run(pf, args.compile)
     if args.data:   # refuse a bad token file here, not once per rank
