@@ -7,7 +7,7 @@ import itertools
 from dataclasses import replace
 from typing import Any
 
-from costmodel.check_degrees import tp_problems
+from costmodel.check_degrees import dispatcher_problems, tp_problems
 from costmodel.estimate import estimate, offloads
 from costmodel.frameworks import shards_in_part
 from costmodel.hardware import ClusterSpec
@@ -131,7 +131,7 @@ def unsatisfiable_constraints(model: ModelSpec, train: TrainSpec, cluster: Clust
                             "optimizer instances at ZeRO-1: --framework megatron)")
         elif value not in possible[name]:
             shown = ", ".join(str(v) for v in sorted(possible[name]))
-            why = _why_not(model, train, name, value)
+            why = _why_not(model, train, cluster, name, value)
             problems.append(f"{name}={value} is not possible for {model.name} on {cluster.name}"
                             + (f": {why}" if why else f" (the search considers: {shown})"))
     if ruled_out and not problems:
@@ -149,12 +149,14 @@ def _field(base: Choice, chosen: dict[str, Any], name: str) -> Any:
     return chosen[name] if name in chosen else getattr(base, name)
 
 
-def _why_not(model: ModelSpec, train: TrainSpec, name: str, value: Any) -> str:
+def _why_not(model: ModelSpec, train: TrainSpec, cluster: ClusterSpec, name: str, value: Any) -> str:
     """The rule that keeps one pinned value out of every plan, where one does."""
     if name == "fp8_linears" and value and not train.float8:
         return "float8 linears need --dtype fp8"
     if name == "tp" and (found := tp_problems(model, value)):
         return found[0]
+    if name == "ep" and (found := dispatcher_problems(model, value, 1, cluster.framework, cluster.devices_per_node)):
+        return found[0].removeprefix(f"ep={value}: ")
     return ""
 
 

@@ -62,3 +62,13 @@ def test_an_expert_group_deepep_cannot_run_is_refused():
     assert any("take nodes of 8 GPUs, not 4" in p for p in check_plan(qwen, train, four, across, memory=False))
     within = build_plan(qwen, train, four, Choice(tp=1, pp=1, ep=4, zero_stage=1, micro_batch_size=1))
     assert not any("DeepEP" in p for p in check_plan(qwen, train, four, within, memory=False))
+
+
+def test_a_pinned_expert_group_deepep_cannot_run_is_told_why(capsys):
+    """The search leaves such groups out; pinned, the one-line refusal names DeepEP's rule, not
+    just the degrees it considers."""
+    from planner.cli import main
+    assert main(["search", "--model", "qwen3-30b-a3b", "--cluster", "8x4xH100", "--framework", "megatron",
+                 "--fix", "ep=8"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "ep=8 is not possible" in err and "take nodes of 8 GPUs, not 4" in err
