@@ -28,6 +28,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from costmodel.hardware.clusters import FINGERPRINT_KEY
 from costmodel.inputs import UserError
 from costmodel.plan import PlanFile
 from costmodel.specs import ModelSpec, TrainSpec
@@ -77,7 +78,7 @@ def any_attempt(root: Path) -> list[str]:
 def _unfingerprinted(plan_doc: dict) -> dict:
     """A plan file's dict without its profile's fingerprint: the same plan on a profile measured
     again is the same plan to resume (its random streams included)."""
-    cluster = {k: v for k, v in plan_doc.get("cluster", {}).items() if k != "device_sha256"}
+    cluster = {k: v for k, v in plan_doc.get("cluster", {}).items() if k != FINGERPRINT_KEY}
     return {**plan_doc, "cluster": cluster}
 
 

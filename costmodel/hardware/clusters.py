@@ -187,7 +187,7 @@ class ClusterSpec:
         out = {"num_nodes": self.num_nodes, "devices_per_node": self.devices_per_node,
                "device": _device_ref(self.device)}
         if (print_ := profile_fingerprint(self.device)) is not None:   # a measured profile may be measured again
-            out["device_sha256"] = print_
+            out[FINGERPRINT_KEY] = print_
         if self.memory_headroom != DEFAULT_MEMORY_HEADROOM:   # only off the default: readers without the key read it
             out["memory_headroom"] = self.memory_headroom
         if self.framework.name != RUNTIME.name:   # the software it is priced for, when not our runtime
@@ -217,12 +217,20 @@ def run_by(cluster: ClusterSpec, traits: FrameworkTraits) -> ClusterSpec:
     return replace(cluster, device=dev, framework=traits)
 
 
+FINGERPRINT_KEY = "device_sha256"   # a plan file's cluster: profile_fingerprint of its device
+
+
+def _shipped(dev: DeviceProfile) -> bool:
+    """Whether the profile is one the package ships (referred to by its name)."""
+    return Path(dev.path).parent == profile_dir()
+
+
 def profile_fingerprint(dev: DeviceProfile) -> str | None:
     """The SHA-256 of a profile file that is not shipped (one `planner profile` or `calibrate`
     wrote, which a later measurement replaces in place: the cached `local` one), which a plan
     stores beside its path so that a reader can tell the profile changed; None for a shipped one,
     which goes by its name."""
-    if Path(dev.path).parent == profile_dir() or not Path(dev.path).is_file():
+    if _shipped(dev) or not Path(dev.path).is_file():
         return None
     return hashlib.sha256(Path(dev.path).read_bytes()).hexdigest()
 
@@ -230,7 +238,7 @@ def profile_fingerprint(dev: DeviceProfile) -> str | None:
 def _device_ref(dev: DeviceProfile) -> str:
     """A shipped profile by its name; any other (e.g. one `planner profile` wrote) by its absolute
     path, so that a plan written with a profile given relative to one directory loads from any."""
-    return dev.name if Path(dev.path).parent == profile_dir() else os.path.abspath(dev.path)
+    return dev.name if _shipped(dev) else os.path.abspath(dev.path)
 
 
 def _check_groups(cluster: ClusterSpec) -> None:
@@ -334,7 +342,7 @@ def mixed_cluster(groups: list[DeviceGroup], devices_per_node: int, link_bytes_p
 def cluster_from_dict(data: Any, where: str = "cluster") -> ClusterSpec:
     required = {"num_nodes", "devices_per_node", "device"}
     optional = {"memory_headroom", "groups", "group_link_bytes_per_s", "framework", "recompute_modules", "ep_overlap",
-                "device_sha256"}
+                FINGERPRINT_KEY}
     if not isinstance(data, dict) or not required <= set(data) <= required | optional:
         raise UserError(f"{where}: expected an object with keys num_nodes, devices_per_node, device "
                          f"(and optionally memory_headroom, framework; groups and group_link_bytes_per_s for "

@@ -295,11 +295,11 @@ def load_plan(path: Path, command: str) -> PlanFile:
     """A plan file the user hands a command, which warns (`command`'s name first) where the
     measured profile it was priced with has changed since: its figures are priced again with the
     profile as it is now."""
-    from costmodel.hardware.clusters import profile_fingerprint
+    from costmodel.hardware.clusters import FINGERPRINT_KEY, profile_fingerprint
     from costmodel.inputs import read_json_object
     data = read_json_object(path, "plan file")
     pf = PlanFile.from_dict(data, str(path))
-    stored = data["cluster"].get("device_sha256")
+    stored = data["cluster"].get(FINGERPRINT_KEY)
     if stored is not None and stored != profile_fingerprint(pf.cluster.device):
         print(f"planner {command}: warning: the profile {pf.cluster.device.path} has changed since {path} was "
               "made (measured again, or edited): its figures are priced with the profile as it is now",
